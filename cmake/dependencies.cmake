@@ -1,0 +1,20 @@
+# Third-party packages, all from Debian (see README for the apt line).
+find_package(Threads REQUIRED)
+find_package(nlohmann_json 3.10 REQUIRED)
+find_package(CLI11 QUIET)
+if(KILN_TESTS)
+  find_package(GTest REQUIRED)
+endif()
+
+# CUDA is optional: on when a toolkit is found, unless KILN_CUDA=OFF.
+set(KILN_HAVE_CUDA OFF)
+if(NOT KILN_CUDA STREQUAL "OFF")
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    set(KILN_HAVE_CUDA ON)
+  elseif(KILN_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "KILN_CUDA=ON but no CUDA compiler was found")
+  endif()
+endif()
+message(STATUS "kiln: CUDA backend ${KILN_HAVE_CUDA}")

@@ -1,0 +1,76 @@
+// Tensor storage (see tensor.h).
+#include "core/tensor.h"
+
+#include <cstdlib>
+#include <cstring>
+
+namespace kiln {
+
+void* aligned_alloc_bytes(size_t bytes) {
+  size_t rounded = (bytes + kTensorAlignment - 1) / kTensorAlignment * kTensorAlignment;
+  if (rounded == 0) rounded = kTensorAlignment;
+  void* p = std::aligned_alloc(kTensorAlignment, rounded);
+  if (!p) throw_error(ErrorCode::kOutOfMemory, "host allocation of ", bytes, " bytes failed");
+  return p;
+}
+
+std::string shape_to_string(const std::vector<int64_t>& shape) {
+  std::string s = "[";
+  for (size_t i = 0; i < shape.size(); ++i) {
+    if (i) s += ", ";
+    s += std::to_string(shape[i]);
+  }
+  return s + "]";
+}
+
+Tensor::Tensor(DType dtype, std::vector<int64_t> shape) : dtype_(dtype), shape_(std::move(shape)) {
+  for (auto d : shape_) KILN_CHECK(d >= 0, "negative dim in ", shape_str());
+  size_t bytes = nbytes();
+  void* p = aligned_alloc_bytes(bytes);
+  std::memset(p, 0, bytes);
+  data_ = p;
+  owner_ = std::shared_ptr<const void>(p, [](const void* q) { std::free(const_cast<void*>(q)); });
+}
+
+Tensor Tensor::view(void* data, DType dtype, std::vector<int64_t> shape,
+                    std::shared_ptr<const void> keepalive) {
+  Tensor t;
+  t.dtype_ = dtype;
+  t.shape_ = std::move(shape);
+  t.data_ = data;
+  t.owner_ = std::move(keepalive);
+  return t;
+}
+
+int64_t Tensor::numel() const {
+  int64_t n = 1;
+  for (auto d : shape_) n *= d;
+  return n;
+}
+
+Tensor Tensor::reshape(std::vector<int64_t> shape) const {
+  Tensor t = *this;
+  t.shape_ = std::move(shape);
+  KILN_CHECK(t.numel() == numel(), "reshape ", shape_str(), " -> ", t.shape_str());
+  return t;
+}
+
+Tensor Tensor::slice_rows(int64_t begin, int64_t end) const {
+  KILN_CHECK(rank() >= 1 && begin >= 0 && begin <= end && end <= shape_[0], "slice_rows ", begin,
+             ":", end, " of ", shape_str());
+  Tensor t = *this;
+  size_t row_bytes = shape_[0] ? nbytes() / size_t(shape_[0]) : 0;
+  t.data_ = static_cast<char*>(data_) + size_t(begin) * row_bytes;
+  t.shape_[0] = end - begin;
+  return t;
+}
+
+Tensor Tensor::to(DType to) const {
+  Tensor t(to, shape_);
+  dtype_convert(data_, dtype_, t.data_, to, size_t(numel()));
+  return t;
+}
+
+std::string Tensor::shape_str() const { return shape_to_string(shape_); }
+
+}  // namespace kiln

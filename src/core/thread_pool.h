@@ -1,0 +1,47 @@
+// A fixed pool of worker threads for data-parallel loops (parallel_for). The calling
+// thread takes part, so a pool of n threads runs n-1 workers. Kernels split their
+// outer loop into contiguous chunks, one per thread, so each thread streams its own
+// part of the weights. Tested in tests/core/thread_pool_test.cpp.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace kiln {
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(int num_threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int num_threads() const { return int(workers_.size()) + 1; }
+
+  // Calls fn(begin, end, thread_index) over [0, n) split into num_threads() contiguous
+  // chunks (rounded to multiples of `grain`); returns when all are done.
+  void parallel_for(int64_t n, const std::function<void(int64_t, int64_t, int)>& fn,
+                    int64_t grain = 1);
+
+  // The process-wide pool (KILN_NUM_THREADS or hardware concurrency).
+  static ThreadPool& global();
+
+ private:
+  void worker_loop(int index);
+
+  std::vector<std::thread> workers_;
+  std::mutex mu_;
+  std::condition_variable cv_start_, cv_done_;
+  const std::function<void(int64_t, int64_t, int)>* job_ = nullptr;
+  int64_t job_n_ = 0, job_grain_ = 1;
+  uint64_t generation_ = 0;
+  int pending_ = 0;
+  bool stop_ = false;
+  std::mutex run_mu_;  // one parallel_for at a time
+};
+
+}  // namespace kiln
