@@ -1,0 +1,41 @@
+// WeightSource: the one interface model builders load weights through, whatever the
+// file format (single safetensors, sharded HF checkpoint, GGUF). Names are always
+// HuggingFace names. Tested in tests/frontends/safetensors_test.cpp and gguf_test.cpp.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/tensor.h"
+
+namespace kiln {
+
+struct TensorInfo {
+  DType dtype = DType::kF32;   // what load(name, dtype) returns without conversion
+  std::vector<int64_t> shape;  // PyTorch order (outermost first)
+  size_t nbytes = 0;           // numel * dtype_size(dtype)
+  std::string storage;         // the on-disk encoding when it differs ("Q4_1"), else ""
+};
+
+class WeightSource {
+ public:
+  virtual ~WeightSource() = default;
+  virtual std::vector<std::string> names() const = 0;  // sorted
+  virtual bool has(const std::string& name) const = 0;
+  // Throws kiln::Error (kNotFound) naming the source when the tensor is absent.
+  virtual TensorInfo info(const std::string& name) const = 0;
+  // An owned, 64-byte aligned tensor converted (or dequantized) to `want`.
+  virtual Tensor load(const std::string& name, DType want) const = 0;
+  // For error messages: "safetensors 'dir/model.safetensors'".
+  virtual std::string describe() const = 0;
+};
+
+// A single .safetensors file.
+std::unique_ptr<WeightSource> open_safetensors_source(const std::string& path);
+// A sharded HF checkpoint through its model.safetensors.index.json: every shard must
+// exist and hold every tensor the index maps to it.
+std::unique_ptr<WeightSource> open_sharded_safetensors_source(const std::string& index_path);
+
+}  // namespace kiln
