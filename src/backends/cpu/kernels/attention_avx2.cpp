@@ -1,0 +1,60 @@
+// AVX2/FMA Ops for the paged-attention loop in attention_impl.h: 8-wide dot products
+// over D (two accumulators), V accumulation by FMA, and the vector exp for the scores.
+// Tested in tests/backends/cpu/attention_test.cpp.
+#include <immintrin.h>
+
+#include "backends/cpu/kernels/attention_impl.h"
+#include "backends/cpu/kernels/isa.h"
+#include "backends/cpu/kernels/vec_math_avx2.h"
+
+namespace kiln::cpu::avx2 {
+namespace {
+
+struct Avx2Ops {
+  static float dot(const float* a, const float* b, int64_t d) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= d; i += 16) {
+      s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+      s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+    }
+    for (; i + 8 <= d; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    float s = hsum(_mm256_add_ps(s0, s1));
+    for (; i < d; ++i) s += a[i] * b[i];
+    return s;
+  }
+  static void axpy(float* acc, float p, const float* v, int64_t d) {
+    const __m256 vp = vset(p);
+    int64_t i = 0;
+    for (; i + 8 <= d; i += 8)
+      _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(vp, _mm256_loadu_ps(v + i), _mm256_loadu_ps(acc + i)));
+    for (; i < d; ++i) acc[i] += p * v[i];
+  }
+  static void scale(float* acc, float s, int64_t d) {
+    const __m256 vs = vset(s);
+    int64_t i = 0;
+    for (; i + 8 <= d; i += 8) _mm256_storeu_ps(acc + i, _mm256_mul_ps(vs, _mm256_loadu_ps(acc + i)));
+    for (; i < d; ++i) acc[i] *= s;
+  }
+  static void exp_inplace(float* x, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, exp_ps(_mm256_loadu_ps(x + i)));
+    if (i < n) {
+      float buf[8] = {};
+      for (int64_t j = i; j < n; ++j) buf[j - i] = x[j];
+      _mm256_storeu_ps(buf, exp_ps(_mm256_loadu_ps(buf)));
+      for (int64_t j = i; j < n; ++j) x[j] = buf[j - i];
+    }
+  }
+};
+
+}  // namespace
+
+void paged_attention(const float* q, const float* k_cache, const float* v_cache,
+                     int64_t block_size, int64_t hq, int64_t hkv, int64_t d, float scale,
+                     bool causal, const AttentionSeq* seqs, int64_t num_seqs, float* out) {
+  paged_attention_impl<Avx2Ops>(q, k_cache, v_cache, block_size, hq, hkv, d, scale, causal, seqs,
+                                num_seqs, out);
+}
+
+}  // namespace kiln::cpu::avx2

@@ -1,0 +1,81 @@
+// Internal: the paged-attention loop, written once and instantiated per ISA with an Ops
+// type giving dot/axpy/scale/exp over contiguous floats (attention.cpp: scalar,
+// attention_avx2.cpp: AVX2). Ops types live in anonymous namespaces so each ISA's
+// instantiation has internal linkage. Tested in tests/backends/cpu/attention_test.cpp.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <memory>
+
+#include "backends/cpu/kernels/kernels.h"
+#include "core/thread_pool.h"
+
+namespace kiln::cpu {
+
+// One work item is one (query row, head): it walks the context one KV block at a time
+// with an online softmax (running max m, running sum l, unnormalized acc[D]), so a block's
+// scores are computed, exponentiated and folded into acc while its K/V rows are in cache.
+template <typename Ops>
+void paged_attention_impl(const float* q, const float* k_cache, const float* v_cache,
+                          int64_t block_size, int64_t hq, int64_t hkv, int64_t d, float scale,
+                          bool causal, const AttentionSeq* seqs, int64_t num_seqs, float* out) {
+  // rows_before[s] = query rows of sequences before s, to map a flat item to (seq, j, h).
+  std::unique_ptr<int64_t[]> rows_before(new int64_t[num_seqs + 1]);
+  rows_before[0] = 0;
+  for (int64_t s = 0; s < num_seqs; ++s) rows_before[s + 1] = rows_before[s] + seqs[s].q_len;
+  const int64_t items = rows_before[num_seqs] * hq;
+  const int64_t group = hq / hkv;
+  const int64_t kv_row = hkv * d;  // floats between consecutive tokens of a block
+
+  ThreadPool::global().parallel_for(items, [&](int64_t begin, int64_t end, int) {
+    std::unique_ptr<float[]> buf(new float[2 * d + block_size]);
+    float* qs = buf.get();
+    float* acc = qs + d;
+    float* score = acc + d;
+    int64_t seq = std::upper_bound(rows_before.get(), rows_before.get() + num_seqs + 1, begin / hq) -
+                  rows_before.get() - 1;
+    for (int64_t item = begin; item < end; ++item) {
+      const int64_t row = item / hq, h = item % hq;
+      while (row >= rows_before[seq + 1]) ++seq;
+      const AttentionSeq& sq = seqs[seq];
+      const int64_t j = row - rows_before[seq];
+      const int64_t t = sq.q_start + j;
+      const int64_t limit = causal ? sq.ctx_len - sq.q_len + j + 1 : sq.ctx_len;
+      const int64_t kvh = h / group;
+      for (int64_t i = 0; i < d; ++i) qs[i] = q[(t * hq + h) * d + i] * scale;
+      std::fill(acc, acc + d, 0.0f);
+      float m = -std::numeric_limits<float>::infinity(), l = 0.0f;
+      for (int64_t b0 = 0; b0 < limit; b0 += block_size) {
+        const int64_t n = std::min(block_size, limit - b0);
+        const int64_t base = int64_t(sq.block_table[b0 / block_size]) * block_size * kv_row + kvh * d;
+        const float* kb = k_cache + base;
+        const float* vb = v_cache + base;
+        float bmax = -std::numeric_limits<float>::infinity();
+        for (int64_t i = 0; i < n; ++i) {
+          score[i] = Ops::dot(qs, kb + i * kv_row, d);
+          bmax = std::max(bmax, score[i]);
+        }
+        const float m_new = std::max(m, bmax);
+        if (m_new > m && l > 0.0f) {
+          const float corr = std::exp(m - m_new);
+          l *= corr;
+          Ops::scale(acc, corr, d);
+        }
+        m = m_new;
+        for (int64_t i = 0; i < n; ++i) score[i] -= m;
+        Ops::exp_inplace(score, n);
+        for (int64_t i = 0; i < n; ++i) {
+          l += score[i];
+          Ops::axpy(acc, score[i], vb + i * kv_row, d);
+        }
+      }
+      float* o = out + (t * hq + h) * d;
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      for (int64_t i = 0; i < d; ++i) o[i] = acc[i] * inv;
+    }
+  });
+}
+
+}  // namespace kiln::cpu

@@ -1,0 +1,41 @@
+// Run-time ISA choice for the CPU kernels: AVX2+FMA+F16C when the CPU has them, unless
+// KILN_CPU_ISA=scalar. Tests flip it with cpu_isa_set to cover both paths.
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+#include "backends/cpu/kernels/isa.h"
+
+namespace kiln::cpu {
+namespace {
+
+CpuIsa detect() {
+  if (const char* env = std::getenv("KILN_CPU_ISA"); env && std::strcmp(env, "scalar") == 0)
+    return CpuIsa::kScalar;
+  return cpu_isa_supported(CpuIsa::kAvx2) ? CpuIsa::kAvx2 : CpuIsa::kScalar;
+}
+
+std::atomic<CpuIsa>& current() {
+  static std::atomic<CpuIsa> isa{detect()};
+  return isa;
+}
+
+}  // namespace
+
+bool cpu_isa_supported(CpuIsa isa) {
+  if (isa == CpuIsa::kScalar) return true;
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+         __builtin_cpu_supports("f16c");
+}
+
+CpuIsa cpu_isa() { return current().load(std::memory_order_relaxed); }
+
+void cpu_isa_set(CpuIsa isa) {
+  if (!cpu_isa_supported(isa)) isa = CpuIsa::kScalar;
+  current().store(isa, std::memory_order_relaxed);
+}
+
+const char* cpu_isa_name(CpuIsa isa) { return isa == CpuIsa::kAvx2 ? "avx2" : "scalar"; }
+
+}  // namespace kiln::cpu

@@ -1,0 +1,40 @@
+// Internal: the per-ISA entry points that the public kernels dispatch to. The avx2::
+// functions live in *_avx2.cpp files compiled with -mavx2 -mfma -mf16c and are only
+// called when cpu_isa() == kAvx2. Tested through the public API in tests/backends/cpu/.
+#pragma once
+
+#include "backends/cpu/kernels/kernels.h"
+
+namespace kiln::cpu {
+
+inline bool use_avx2() { return cpu_isa() == CpuIsa::kAvx2; }
+
+// Computes an m × 16 tile (m <= 6): y[r][0..16) (+)= Σ_k x[r*ldx + k] * panel[k][0..16).
+// panel points at row k0 of a packed panel; kc rows are read. If accumulate, the tile
+// starts from y; else from init (16 floats, e.g. the bias) or zero when init is null.
+using LinearMicrokernel = void (*)(int m, const float* x, int64_t ldx, const void* panel,
+                                   int64_t kc, float* y, int64_t ldy, const float* init,
+                                   bool accumulate);
+
+enum class UnaryOp : uint8_t { kGeluErf, kGeluTanh, kSilu, kTanh, kExp };
+
+namespace avx2 {
+LinearMicrokernel linear_microkernel(WeightStorage storage);
+
+void layer_norm_row(const float* x, const float* res, const float* gamma, const float* beta,
+                    float eps, int64_t dim, float* sum, float* y);
+void rms_norm_row(const float* x, const float* res, const float* w, float eps, int64_t dim,
+                  float* sum, float* y);
+
+void unary(UnaryOp op, const float* x, int64_t n, float* out);
+void add(const float* a, const float* b, int64_t n, float* out);
+void mul(const float* a, const float* b, int64_t n, float* out);
+void swiglu(const float* gate, const float* up, int64_t n, float* out);
+void softmax_row(const float* x, int64_t dim, float* out);
+
+void paged_attention(const float* q, const float* k_cache, const float* v_cache,
+                     int64_t block_size, int64_t hq, int64_t hkv, int64_t d, float scale,
+                     bool causal, const AttentionSeq* seqs, int64_t num_seqs, float* out);
+}  // namespace avx2
+
+}  // namespace kiln::cpu

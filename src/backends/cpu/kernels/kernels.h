@@ -1,0 +1,116 @@
+// Raw CPU kernels: plain functions on raw pointers, f32 activations, f32 accumulation.
+// Each op family has a portable scalar version (also the fallback) and an AVX2/FMA
+// version chosen at run time (cpu_isa()). Tested against independent references in
+// tests/backends/cpu/ (both ISAs); timed by bench/cpu_kernels_bench.cpp.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+namespace kiln::cpu {
+
+// ---- ISA selection -----------------------------------------------------------------
+enum class CpuIsa : uint8_t { kScalar, kAvx2 };
+// The ISA used by all kernels: the best the CPU supports, unless KILN_CPU_ISA=scalar.
+CpuIsa cpu_isa();
+// Forces an ISA (tests run each kernel under every supported one); kAvx2 is ignored on
+// a CPU without AVX2+FMA+F16C. Not thread-safe with respect to running kernels.
+void cpu_isa_set(CpuIsa isa);
+bool cpu_isa_supported(CpuIsa isa);
+const char* cpu_isa_name(CpuIsa isa);
+
+// ---- Linear / GEMM: y[T,N] = x[T,K] · W[N,K]ᵀ + b ---------------------------------
+enum class WeightStorage : uint8_t { kF32, kBF16, kF16 };
+const char* weight_storage_name(WeightStorage s);
+size_t weight_storage_size(WeightStorage s);
+
+// Weights repacked into column panels of kPanelWidth outputs: panel p holds outputs
+// [16p, 16p+16) as [K][16] contiguous, so the microkernel streams one panel front to
+// back and a T=1 GEMV reads every weight byte exactly once. The last panel is zero-padded.
+struct PackedWeight {
+  static constexpr int64_t kPanelWidth = 16;
+  int64_t n = 0, k = 0;
+  WeightStorage storage = WeightStorage::kF32;
+  std::shared_ptr<uint8_t[]> data;  // 64-byte aligned; panels() * k * 16 elements
+
+  int64_t panels() const { return (n + kPanelWidth - 1) / kPanelWidth; }
+  size_t bytes() const { return size_t(panels() * k * kPanelWidth) * weight_storage_size(storage); }
+  const uint8_t* panel(int64_t p) const { return data.get() + size_t(p * k * kPanelWidth) * weight_storage_size(storage); }
+};
+
+// w: PyTorch Linear layout [N, K] (out, in), f32. bf16/f16 round to nearest even.
+PackedWeight pack_weight(const float* w, int64_t n, int64_t k, WeightStorage storage);
+
+// How linear() splits and blocks the work; a builder may time several and keep the best.
+enum class LinearSplit : uint8_t { kAuto, kPanels /*threads own N panels*/, kRows /*threads own T rows*/ };
+struct LinearTactic {
+  int mr = 0;        // rows per microkernel call: 4 or 6 (0 = auto)
+  int64_t kc = 0;    // K cache block (0 = auto; >= K means unblocked)
+  LinearSplit split = LinearSplit::kAuto;
+  int threads = 0;   // 0 = the global pool's size; 1 = run on the calling thread
+};
+// The heuristic behind LinearTactic{} for a shape (with every field filled in).
+LinearTactic linear_default_tactic(int64_t t, int64_t n, int64_t k);
+
+// bias may be null. y must not alias x.
+void linear(const float* x, int64_t t, int64_t k, const PackedWeight& w, const float* bias,
+            float* y, const LinearTactic& tactic = {});
+
+// ---- Norms (rows × dim, row-major; y may alias x) ------------------------------------
+void layer_norm(const float* x, const float* gamma, const float* beta, float eps, int64_t rows,
+                int64_t dim, float* y);
+// Llama RMSNorm: y = x / sqrt(mean(x²) + eps) * w, all in f32.
+void rms_norm(const float* x, const float* w, float eps, int64_t rows, int64_t dim, float* y);
+// Fused residual add: sum = x + residual (written, may alias either), y = norm(sum).
+void add_rms_norm(const float* x, const float* residual, const float* w, float eps, int64_t rows,
+                  int64_t dim, float* sum, float* y);
+void add_layer_norm(const float* x, const float* residual, const float* gamma, const float* beta,
+                    float eps, int64_t rows, int64_t dim, float* sum, float* y);
+
+// ---- Elementwise (n elements; out may alias an input) -------------------------------
+void add(const float* a, const float* b, int64_t n, float* out);
+void mul(const float* a, const float* b, int64_t n, float* out);
+void gelu_erf(const float* x, int64_t n, float* out);   // BERT "gelu": 0.5x(1+erf(x/√2))
+void gelu_tanh(const float* x, int64_t n, float* out);  // GPT-2 "gelu_new"
+void silu(const float* x, int64_t n, float* out);
+void swiglu(const float* gate, const float* up, int64_t n, float* out);  // silu(gate)*up
+void tanh(const float* x, int64_t n, float* out);
+void exp(const float* x, int64_t n, float* out);
+// Numerically stable softmax over each row of [rows, dim] (in place allowed).
+void softmax_rows(const float* x, int64_t rows, int64_t dim, float* out);
+
+// ---- RoPE, HF Llama "rotate_half" (NeoX) convention, in place ----------------------
+// x: [T, heads, head_dim]; dims [0, rotary_dim) rotate, the rest pass through.
+// θ = float(pos) * inv_freq[i] in f32, cos/sin in f32, as HF computes them.
+void rope(float* x, int64_t t, int64_t heads, int64_t head_dim, int64_t rotary_dim,
+          const int32_t* positions, const float* inv_freq);
+
+// ---- Paged attention -----------------------------------------------------------------
+// One sequence of a batch. ctx_len counts the whole context including this step's
+// q_len new tokens, which are its last q_len positions: query j sits at position
+// ctx_len - q_len + j. Token at position p lives in block block_table[p / block_size],
+// row p % block_size.
+struct AttentionSeq {
+  int32_t q_start;  // first row of this sequence in q/out
+  int32_t q_len;
+  int32_t ctx_len;
+  const int32_t* block_table;
+};
+// q, out: [T, Hq, D]; k_cache, v_cache (one layer): [num_blocks, block_size, Hkv, D].
+// GQA: query head h reads kv head h / (Hq / Hkv). causal: query at position p sees
+// positions <= p; otherwise all ctx_len positions of its sequence. Online softmax in f32.
+void paged_attention(const float* q, const float* k_cache, const float* v_cache,
+                     int64_t block_size, int64_t hq, int64_t hkv, int64_t d, float scale,
+                     bool causal, const AttentionSeq* seqs, int64_t num_seqs, float* out);
+// Writes k, v [T, Hkv, D] into the caches at slot_mapping[i] = block * block_size + row;
+// a slot of -1 skips the token (padding).
+void kv_cache_write(const float* k, const float* v, const int64_t* slot_mapping, int64_t t,
+                    int64_t hkv, int64_t d, float* k_cache, float* v_cache);
+
+// ---- Embedding -----------------------------------------------------------------------
+// out[i] = table[ids[i]]; throws kiln::Error (kOutOfRange) naming the id and vocab size.
+void embedding(const float* table, int64_t vocab, const int32_t* ids, int64_t t, int64_t dim,
+               float* out);
+
+}  // namespace kiln::cpu

@@ -1,0 +1,201 @@
+// Linear (GEMM/GEMV with packed weights): packing, the blocking/threading driver shared
+// by every ISA, and the portable scalar microkernel (the fallback). The AVX2 microkernel
+// is in linear_avx2.cpp. Tested against a naive x·Wᵀ+b in tests/backends/cpu/linear_test.cpp.
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+
+#include "backends/cpu/kernels/isa.h"
+#include "core/dtype.h"
+#include "core/status.h"
+#include "core/thread_pool.h"
+
+namespace kiln::cpu {
+namespace {
+
+constexpr int64_t kNr = PackedWeight::kPanelWidth;
+constexpr int kMaxMr = 6;
+
+template <typename S>
+float load_weight(const S* p) {
+  if constexpr (std::is_same_v<S, float>) return *p;
+  else return S::to_f32(*p);
+}
+struct Bf16Bits {
+  uint16_t bits;
+  static float to_f32(Bf16Bits b) { return bf16_to_f32(b.bits); }
+};
+struct F16Bits {
+  uint16_t bits;
+  static float to_f32(F16Bits b) { return f16_to_f32(b.bits); }
+};
+
+// Portable microkernel; written so the compiler can vectorize the 16-wide inner loop.
+template <typename S>
+void scalar_microkernel(int m, const float* x, int64_t ldx, const void* panel_v, int64_t kc,
+                        float* y, int64_t ldy, const float* init, bool accumulate) {
+  const S* panel = static_cast<const S*>(panel_v);
+  float acc[kMaxMr][kNr];
+  for (int r = 0; r < m; ++r)
+    for (int c = 0; c < kNr; ++c)
+      acc[r][c] = accumulate ? y[r * ldy + c] : (init ? init[c] : 0.0f);
+  for (int64_t kk = 0; kk < kc; ++kk) {
+    float wrow[kNr];
+    for (int c = 0; c < kNr; ++c) wrow[c] = load_weight(panel + kk * kNr + c);
+    for (int r = 0; r < m; ++r) {
+      float xv = x[r * ldx + kk];
+      for (int c = 0; c < kNr; ++c) acc[r][c] += xv * wrow[c];
+    }
+  }
+  for (int r = 0; r < m; ++r)
+    for (int c = 0; c < kNr; ++c) y[r * ldy + c] = acc[r][c];
+}
+
+LinearMicrokernel scalar_linear_microkernel(WeightStorage s) {
+  switch (s) {
+    case WeightStorage::kF32: return scalar_microkernel<float>;
+    case WeightStorage::kBF16: return scalar_microkernel<Bf16Bits>;
+    case WeightStorage::kF16: return scalar_microkernel<F16Bits>;
+  }
+  return nullptr;
+}
+
+uint8_t* alloc_aligned(size_t bytes) {
+  void* p = std::aligned_alloc(64, std::max<size_t>(64, (bytes + 63) / 64 * 64));
+  KILN_THROW_IF(!p, kOutOfMemory, "pack_weight: cannot allocate ", bytes, " bytes");
+  return static_cast<uint8_t*>(p);
+}
+
+// Rows of the tile are processed in blocks of `mc` so the x block (mc × kc floats) stays
+// in L2 while each kc × 16 panel slice sits in L1 (the BLIS loop order without packing x:
+// x rows are already contiguous in K).
+constexpr int64_t kMc = 96;
+
+struct LinearRun {
+  const float* x;
+  int64_t t, k, n;
+  const PackedWeight* w;
+  const float* bias;
+  float* y;
+  LinearMicrokernel mk;
+  int mr;
+  int64_t kc;
+  float tail_bias[kNr];
+
+  void run(int64_t r0, int64_t r1, int64_t p0, int64_t p1) const {
+    const size_t esz = weight_storage_size(w->storage);
+    for (int64_t mc0 = r0; mc0 < r1; mc0 += kMc) {
+      const int64_t mc1 = std::min(r1, mc0 + kMc);
+      for (int64_t k0 = 0; k0 < k; k0 += kc) {
+        const int64_t kb = std::min(kc, k - k0);
+        const bool acc = k0 > 0;
+        for (int64_t p = p0; p < p1; ++p) {
+          const uint8_t* panel = w->panel(p) + size_t(k0 * kNr) * esz;
+          const int64_t cols = std::min(kNr, n - p * kNr);
+          const float* init = bias ? (cols == kNr ? bias + p * kNr : tail_bias) : nullptr;
+          for (int64_t r = mc0; r < mc1; r += mr) {
+            const int m = int(std::min<int64_t>(mr, mc1 - r));
+            float* yt = y + r * n + p * kNr;
+            if (cols == kNr) {
+              mk(m, x + r * k + k0, k, panel, kb, yt, n, init, acc);
+              continue;
+            }
+            // The zero-padded last panel computes 16 columns into a scratch tile.
+            float tile[kMaxMr * kNr];
+            if (acc)
+              for (int i = 0; i < m; ++i) std::memcpy(tile + i * kNr, yt + i * n, cols * 4);
+            mk(m, x + r * k + k0, k, panel, kb, tile, kNr, init, acc);
+            for (int i = 0; i < m; ++i) std::memcpy(yt + i * n, tile + i * kNr, cols * 4);
+          }
+        }
+      }
+    }
+  }
+};
+
+}  // namespace
+
+const char* weight_storage_name(WeightStorage s) {
+  switch (s) {
+    case WeightStorage::kF32: return "f32";
+    case WeightStorage::kBF16: return "bf16";
+    case WeightStorage::kF16: return "f16";
+  }
+  return "?";
+}
+
+size_t weight_storage_size(WeightStorage s) { return s == WeightStorage::kF32 ? 4 : 2; }
+
+PackedWeight pack_weight(const float* w, int64_t n, int64_t k, WeightStorage storage) {
+  KILN_THROW_IF(n <= 0 || k <= 0, kInvalidArgument, "pack_weight: expected N, K > 0, got N=", n,
+                " K=", k);
+  PackedWeight pw;
+  pw.n = n;
+  pw.k = k;
+  pw.storage = storage;
+  pw.data = std::shared_ptr<uint8_t[]>(alloc_aligned(pw.bytes()), [](uint8_t* p) { std::free(p); });
+  ThreadPool::global().parallel_for(pw.panels(), [&](int64_t p0, int64_t p1, int) {
+    for (int64_t p = p0; p < p1; ++p) {
+      uint8_t* dst = pw.data.get() + size_t(p * k * kNr) * weight_storage_size(storage);
+      for (int64_t c = 0; c < kNr; ++c) {
+        const int64_t row = p * kNr + c;
+        for (int64_t kk = 0; kk < k; ++kk) {
+          const float v = row < n ? w[row * k + kk] : 0.0f;
+          const int64_t i = kk * kNr + c;
+          switch (storage) {
+            case WeightStorage::kF32: reinterpret_cast<float*>(dst)[i] = v; break;
+            case WeightStorage::kBF16: reinterpret_cast<uint16_t*>(dst)[i] = f32_to_bf16(v); break;
+            case WeightStorage::kF16: reinterpret_cast<uint16_t*>(dst)[i] = f32_to_f16(v); break;
+          }
+        }
+      }
+    }
+  });
+  return pw;
+}
+
+LinearTactic linear_default_tactic(int64_t t, int64_t n, int64_t k) {
+  LinearTactic tac;
+  tac.mr = 6;
+  tac.kc = k <= 512 ? k : 256;
+  tac.threads = ThreadPool::global().num_threads();
+  const int64_t panels = (n + kNr - 1) / kNr;
+  // Threads own N panels (each streams its own contiguous slice of the weights) unless
+  // there are too few panels to balance and enough rows to split instead.
+  tac.split = (panels < 4 * tac.threads && t >= 4 * tac.mr * tac.threads) ? LinearSplit::kRows
+                                                                          : LinearSplit::kPanels;
+  return tac;
+}
+
+void linear(const float* x, int64_t t, int64_t k, const PackedWeight& w, const float* bias,
+            float* y, const LinearTactic& tactic) {
+  KILN_THROW_IF(k != w.k, kInvalidArgument, "linear: x has K=", k, " but the weight was packed with K=",
+                w.k);
+  if (t <= 0) return;
+  LinearTactic tac = linear_default_tactic(t, w.n, k);
+  if (tactic.mr) tac.mr = tactic.mr;
+  if (tactic.kc) tac.kc = tactic.kc;
+  if (tactic.split != LinearSplit::kAuto) tac.split = tactic.split;
+  if (tactic.threads) tac.threads = tactic.threads;
+  KILN_THROW_IF(tac.mr < 1 || tac.mr > kMaxMr, kInvalidArgument, "linear: tactic mr must be in [1, 6], got ",
+                tac.mr);
+
+  LinearRun run{x, t, k, w.n, &w, bias, y,
+                use_avx2() ? avx2::linear_microkernel(w.storage) : scalar_linear_microkernel(w.storage),
+                tac.mr, std::min(tac.kc, k), {}};
+  if (bias) {
+    const int64_t last = (w.panels() - 1) * kNr;
+    for (int64_t c = 0; c < kNr; ++c) run.tail_bias[c] = last + c < w.n ? bias[last + c] : 0.0f;
+  }
+  if (tac.threads <= 1) {
+    run.run(0, t, 0, w.panels());
+  } else if (tac.split == LinearSplit::kRows) {
+    ThreadPool::global().parallel_for(
+        t, [&](int64_t b, int64_t e, int) { run.run(b, e, 0, w.panels()); }, tac.mr);
+  } else {
+    ThreadPool::global().parallel_for(
+        w.panels(), [&](int64_t b, int64_t e, int) { run.run(0, t, b, e); }, 1);
+  }
+}
+
+}  // namespace kiln::cpu

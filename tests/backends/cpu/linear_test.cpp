@@ -1,0 +1,133 @@
+// Conformance of linear() (packed f32/bf16/f16 weights, every tactic) against a naive
+// double-precision x·Wᵀ+b over a table of shapes with row/column/K tails. The bound is
+// the rigorous f32 summation bound 2·K·2⁻²⁴·Σ|x·w| (+ storage rounding where compared to
+// unrounded weights).
+#include <gtest/gtest.h>
+
+#include "backends/cpu/kernels/kernels.h"
+#include "core/dtype.h"
+#include "core/status.h"
+#include "test_util.h"
+
+namespace kiln::cpu {
+namespace {
+
+using testing::expect_within;
+using testing::for_each_isa;
+using testing::random_floats;
+
+struct Ref {
+  std::vector<double> y, abs_sum;
+};
+
+// w as the kernel sees it after storage rounding (or exact when round is false).
+Ref reference(const std::vector<float>& x, const std::vector<float>& w, const float* bias, int64_t t,
+              int64_t n, int64_t k, WeightStorage storage, bool round) {
+  Ref r{std::vector<double>(t * n), std::vector<double>(t * n)};
+  std::vector<double> wr(w.size());
+  for (size_t i = 0; i < w.size(); ++i) {
+    float v = w[i];
+    if (round && storage == WeightStorage::kBF16) v = bf16_to_f32(f32_to_bf16(v));
+    if (round && storage == WeightStorage::kF16) v = f16_to_f32(f32_to_f16(v));
+    wr[i] = v;
+  }
+  for (int64_t i = 0; i < t; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double s = bias ? bias[j] : 0.0, a = bias ? std::fabs(bias[j]) : 0.0;
+      for (int64_t kk = 0; kk < k; ++kk) {
+        s += double(x[i * k + kk]) * wr[j * k + kk];
+        a += std::fabs(double(x[i * k + kk]) * wr[j * k + kk]);
+      }
+      r.y[i * n + j] = s;
+      r.abs_sum[i * n + j] = a;
+    }
+  return r;
+}
+
+void check(int64_t t, int64_t n, int64_t k, WeightStorage storage, bool with_bias,
+           const LinearTactic& tactic, uint64_t seed) {
+  SCOPED_TRACE(::testing::Message() << "T=" << t << " N=" << n << " K=" << k << " storage="
+                                    << weight_storage_name(storage) << " bias=" << with_bias
+                                    << " mr=" << tactic.mr << " kc=" << tactic.kc
+                                    << " split=" << int(tactic.split) << " threads=" << tactic.threads);
+  auto x = random_floats(t * k, seed);
+  auto w = random_floats(n * k, seed + 1);
+  auto b = random_floats(n, seed + 2);
+  const float* bias = with_bias ? b.data() : nullptr;
+  PackedWeight pw = pack_weight(w.data(), n, k, storage);
+  Ref ref = reference(x, w, bias, t, n, k, storage, /*round=*/true);
+  std::vector<double> tol(t * n);
+  for (size_t i = 0; i < tol.size(); ++i) tol[i] = 2.0 * double(k + 1) * 0x1p-24 * ref.abs_sum[i] + 1e-30;
+  std::vector<float> y(t * n, NAN);
+  linear(x.data(), t, k, pw, bias, y.data(), tactic);
+  expect_within(y, ref.y, tol, "linear");
+}
+
+TEST(Linear, ShapeTableF32) {
+  const int64_t ts[] = {1, 2, 3, 5, 7, 17, 64, 129};
+  const int64_t nks[][2] = {{1, 1}, {15, 7}, {16, 16}, {17, 33}, {48, 64}, {100, 75}, {257, 300}, {40, 700}};
+  for_each_isa([&] {
+    uint64_t seed = 1;
+    for (int64_t t : ts)
+      for (auto& nk : nks) {
+        seed += 7;
+        check(t, nk[0], nk[1], WeightStorage::kF32, (seed & 2) != 0, {}, seed);
+      }
+  });
+}
+
+TEST(Linear, ShapeTableHalfStorage) {
+  const int64_t ts[] = {1, 3, 7, 64};
+  const int64_t nks[][2] = {{15, 7}, {33, 64}, {100, 75}, {40, 700}};
+  for_each_isa([&] {
+    uint64_t seed = 100;
+    for (WeightStorage s : {WeightStorage::kBF16, WeightStorage::kF16})
+      for (int64_t t : ts)
+        for (auto& nk : nks) check(t, nk[0], nk[1], s, true, {}, seed += 7);
+  });
+}
+
+TEST(Linear, EveryTactic) {
+  for_each_isa([&] {
+    uint64_t seed = 500;
+    for (int mr : {1, 4, 6})
+      for (int64_t kc : {int64_t(16), int64_t(100), int64_t(0)})
+        for (LinearSplit split : {LinearSplit::kPanels, LinearSplit::kRows})
+          for (int threads : {0, 1}) {
+            LinearTactic tac{mr, kc, split, threads};
+            check(37, 50, 230, WeightStorage::kF32, true, tac, seed += 3);
+            check(2, 19, 230, WeightStorage::kBF16, false, tac, seed += 3);
+          }
+  });
+}
+
+// Half-size storage vs the exact f32 weights: within the storage rounding bound
+// (bf16 keeps 8 significant bits, f16 11) plus summation.
+TEST(Linear, HalfStorageVsF32Weights) {
+  const int64_t t = 5, n = 70, k = 129;
+  auto x = random_floats(t * k, 11);
+  auto w = random_floats(n * k, 12);
+  Ref exact = reference(x, w, nullptr, t, n, k, WeightStorage::kF32, false);
+  for_each_isa([&] {
+    for (auto [s, rel] : {std::pair{WeightStorage::kBF16, 0x1p-9}, std::pair{WeightStorage::kF16, 0x1p-11}}) {
+      PackedWeight pw = pack_weight(w.data(), n, k, s);
+      EXPECT_EQ(pw.bytes(), size_t(pw.panels() * 16 * k * 2));
+      std::vector<float> y(t * n);
+      linear(x.data(), t, k, pw, nullptr, y.data());
+      std::vector<double> tol(t * n);
+      for (size_t i = 0; i < tol.size(); ++i)
+        tol[i] = (rel + 2.0 * double(k) * 0x1p-24) * exact.abs_sum[i] + double(k) * 0x1p-25;
+      expect_within(y, exact.y, tol, weight_storage_name(s));
+    }
+  });
+}
+
+TEST(Linear, RejectsKMismatch) {
+  auto w = random_floats(8 * 4, 1);
+  PackedWeight pw = pack_weight(w.data(), 8, 4, WeightStorage::kF32);
+  std::vector<float> x(5), y(8);
+  EXPECT_THROW(linear(x.data(), 1, 5, pw, nullptr, y.data()), kiln::Error);
+}
+
+}  // namespace
+}  // namespace kiln::cpu
