@@ -1,0 +1,87 @@
+// The interface every backend implements (ggml's device interface is the model): it
+// says which nodes it supports, compiles a graph (weights into its own layout, a
+// memory plan), allocates KV-cache storage, and runs one engine step. Only code under
+// src/backends/<name>/ knows a backend's internals. Tested through each backend's tests.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "ir/graph.h"
+
+namespace kiln {
+
+// The ragged layout of one engine step (DESIGN.md): the new tokens of every sequence
+// are concatenated on one token axis T. For sequence s, its rows are
+// [q_start, q_start + q_len) and they are the last q_len of its ctx_len context tokens.
+struct StepSequence {
+  int32_t q_start = 0;
+  int32_t q_len = 0;
+  int32_t ctx_len = 0;
+  std::vector<int32_t> block_table;  // KV blocks holding positions [0, ctx_len)
+};
+
+struct StepInfo {
+  std::vector<StepSequence> seqs;
+  std::vector<int64_t> slot_mapping;  // [T]: pool slot for each new token's K/V, -1 = none
+  int64_t num_tokens() const { return int64_t(slot_mapping.size()); }
+};
+
+// Shape of the KV block pool the runtime asks a backend for.
+struct KvLayout {
+  int64_t num_layers = 0;
+  int64_t num_blocks = 0;
+  int64_t block_size = 16;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  size_t bytes() const {
+    return size_t(2 * num_layers * num_blocks * block_size * num_kv_heads * head_dim) * 4;
+  }
+};
+
+// Backend-owned KV storage for every layer; opaque to the runtime.
+class KvStorage {
+ public:
+  virtual ~KvStorage() = default;
+  virtual const KvLayout& layout() const = 0;
+  // Copies whole blocks src -> dst for every layer (copy-on-write of shared blocks).
+  virtual void copy_block(int32_t src, int32_t dst) = 0;
+};
+
+struct CompileOptions {
+  std::string weight_dtype = "f32";  // storage of GEMM weights: f32 | bf16 | f16
+};
+
+// Host tensors keyed by graph input/output name.
+using TensorMap = std::map<std::string, Tensor>;
+
+class CompiledGraph {
+ public:
+  virtual ~CompiledGraph() = default;
+  // Runs one step. `inputs` must hold every graph input; `kv` may be null for graphs
+  // without Attention. Returns the graph outputs (valid until the next run).
+  virtual TensorMap run(const TensorMap& inputs, const StepInfo& step, KvStorage* kv) = 0;
+  // Bytes of weights as stored by the backend, and of the activation plan's peak.
+  virtual size_t weight_bytes() const = 0;
+  virtual size_t activation_bytes() const = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual bool supports(const ir::Node& node, const ir::Graph& graph) const = 0;
+  virtual std::unique_ptr<CompiledGraph> compile(const ir::Graph& graph,
+                                                 const CompileOptions& options) = 0;
+  virtual std::unique_ptr<KvStorage> allocate_kv(const KvLayout& layout) = 0;
+};
+
+// "cpu" (always) or "cuda" (when built with CUDA); throws kUnsupported otherwise.
+std::unique_ptr<Backend> create_backend(const std::string& name);
+std::vector<std::string> available_backends();
+
+}  // namespace kiln

@@ -1,0 +1,167 @@
+// CPU backend: compiles a graph into a list of prepared op runners plus an activation
+// plan, where values whose lifetimes do not overlap share a buffer (greedy interval
+// assignment by last use). Buffers grow to the largest shape seen, so steady-state
+// decoding allocates nothing.
+#include "backends/cpu/cpu_backend.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "backends/cpu/cpu_ops.h"
+#include "core/log.h"
+#include "core/status.h"
+
+namespace kiln {
+
+namespace {
+
+class CpuCompiledGraph final : public CompiledGraph {
+ public:
+  CpuCompiledGraph(const ir::Graph& g, const CompileOptions& opt) : graph_(g) {
+    ir::verify(g);
+    for (const ir::Node& n : g.nodes()) {
+      const cpu::OpPrepare* prep = cpu::find_cpu_op(n.op);
+      if (!prep) throw_error(ErrorCode::kUnsupported, "cpu backend has no kernel for op '", n.op, "'");
+      runners_.push_back((*prep)(n, g, opt));
+    }
+    for (const ir::Node& n : g.nodes())
+      if (n.op == "Linear") {
+        const Tensor& w = g.weight(n.inputs[1]);
+        weight_bytes_ += size_t(w.numel()) * (opt.weight_dtype == "f32" ? 4 : 2);
+      }
+    plan_memory();
+  }
+
+  TensorMap run(const TensorMap& inputs, const StepInfo& step, KvStorage* kv) override {
+    std::vector<const Tensor*> vals(graph_.num_values(), nullptr);
+    for (ir::ValueId id : graph_.inputs()) {
+      const ir::Value& v = graph_.value(id);
+      auto it = inputs.find(v.name);
+      if (it == inputs.end())
+        throw_error(ErrorCode::kInvalidArgument, "missing graph input '", v.name, "'");
+      const Tensor& t = it->second;
+      if (t.dtype() != v.dtype || size_t(t.rank()) != v.shape.rank())
+        throw_error(ErrorCode::kInvalidArgument, "input '", v.name, "' must be ",
+                    dtype_name(v.dtype), v.shape.str(), ", got ", dtype_name(t.dtype()),
+                    t.shape_str());
+      for (size_t d = 0; d < v.shape.rank(); ++d)
+        if (v.shape[d].is_concrete() && v.shape[d].value != t.dim(int(d)))
+          throw_error(ErrorCode::kInvalidArgument, "input '", v.name, "' dim ", d, " must be ",
+                      v.shape[d].value, ", got ", t.shape_str());
+      vals[size_t(id)] = &t;
+    }
+    for (auto& [id, t] : weights_view()) vals[size_t(id)] = t;
+
+    auto* cpu_kv = dynamic_cast<cpu::CpuKv*>(kv);
+    if (kv && !cpu_kv) throw_error(ErrorCode::kInvalidArgument, "KV storage is not a CPU pool");
+    const auto& nodes = graph_.nodes();
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      const ir::Node& n = nodes[i];
+      cpu::OpContext ctx;
+      ctx.step = &step;
+      ctx.kv = cpu_kv;
+      for (ir::ValueId in : n.inputs) ctx.inputs.push_back(in == ir::kNoValue ? nullptr : vals[size_t(in)]);
+      ctx.alloc = [&, i](size_t o, std::vector<int64_t> shape, DType dtype) -> Tensor& {
+        ir::ValueId out = nodes[i].outputs.at(o);
+        Slot& slot = slots_[size_t(slot_of_[size_t(out)])];
+        int64_t numel = 1;
+        for (auto d : shape) numel *= d;
+        size_t bytes = size_t(numel) * dtype_size(dtype);
+        if (bytes > slot.capacity) {
+          slot.buffer = Tensor(DType::kU8, {int64_t(bytes)});
+          slot.capacity = bytes;
+        }
+        results_[size_t(out)] = Tensor::view(slot.buffer.data(), dtype, std::move(shape));
+        vals[size_t(out)] = &results_[size_t(out)];
+        return results_[size_t(out)];
+      };
+      runners_[i](ctx);
+    }
+    TensorMap out;
+    for (auto& [name, id] : graph_.outputs()) out[name] = *vals[size_t(id)];
+    return out;
+  }
+
+  size_t weight_bytes() const override { return weight_bytes_; }
+  size_t activation_bytes() const override {
+    size_t b = 0;
+    for (auto& s : slots_) b += s.capacity;
+    return b;
+  }
+
+ private:
+  struct Slot {
+    Tensor buffer;
+    size_t capacity = 0;
+  };
+
+  const std::vector<std::pair<ir::ValueId, const Tensor*>>& weights_view() {
+    if (weight_ptrs_.empty())
+      for (size_t v = 0; v < graph_.num_values(); ++v)
+        if (graph_.is_weight(ir::ValueId(v)))
+          weight_ptrs_.emplace_back(ir::ValueId(v), &graph_.weight(ir::ValueId(v)));
+    return weight_ptrs_;
+  }
+
+  void plan_memory() {
+    const auto& nodes = graph_.nodes();
+    std::vector<size_t> last_use(graph_.num_values(), 0);
+    for (size_t i = 0; i < nodes.size(); ++i)
+      for (ir::ValueId in : nodes[i].inputs)
+        if (in != ir::kNoValue) last_use[size_t(in)] = i;
+    for (auto& [name, id] : graph_.outputs()) last_use[size_t(id)] = std::numeric_limits<size_t>::max();
+    slot_of_.assign(graph_.num_values(), -1);
+    results_.resize(graph_.num_values());
+    std::vector<int> free_slots;
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      for (ir::ValueId out : nodes[i].outputs) {
+        if (free_slots.empty()) {
+          free_slots.push_back(int(slots_.size()));
+          slots_.emplace_back();
+        }
+        slot_of_[size_t(out)] = free_slots.back();
+        free_slots.pop_back();
+        if (last_use[size_t(out)] == 0) last_use[size_t(out)] = i;  // unused output
+      }
+      // Release after outputs are assigned so no output aliases an input.
+      std::vector<ir::ValueId> dying;
+      for (ir::ValueId in : nodes[i].inputs)
+        if (in != ir::kNoValue && slot_of_[size_t(in)] >= 0 && last_use[size_t(in)] == i)
+          dying.push_back(in);
+      for (ir::ValueId out : nodes[i].outputs)
+        if (last_use[size_t(out)] == i) dying.push_back(out);
+      std::sort(dying.begin(), dying.end());
+      dying.erase(std::unique(dying.begin(), dying.end()), dying.end());
+      for (ir::ValueId v : dying) free_slots.push_back(slot_of_[size_t(v)]);
+    }
+    log_debug("cpu: ", nodes.size(), " nodes share ", slots_.size(), " activation buffers");
+  }
+
+  const ir::Graph& graph_;
+  std::vector<cpu::OpRun> runners_;
+  std::vector<int> slot_of_;
+  std::vector<Slot> slots_;
+  std::vector<Tensor> results_;
+  std::vector<std::pair<ir::ValueId, const Tensor*>> weight_ptrs_;
+  size_t weight_bytes_ = 0;
+};
+
+class CpuBackend final : public Backend {
+ public:
+  std::string name() const override { return "cpu"; }
+  bool supports(const ir::Node& node, const ir::Graph&) const override {
+    return cpu::find_cpu_op(node.op) != nullptr;
+  }
+  std::unique_ptr<CompiledGraph> compile(const ir::Graph& graph, const CompileOptions& opt) override {
+    return std::make_unique<CpuCompiledGraph>(graph, opt);
+  }
+  std::unique_ptr<KvStorage> allocate_kv(const KvLayout& layout) override {
+    return std::make_unique<cpu::CpuKv>(layout);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> create_cpu_backend() { return std::make_unique<CpuBackend>(); }
+
+}  // namespace kiln

@@ -1,0 +1,52 @@
+// The CPU op table: one entry per IR op, each preparing per-node state at compile time
+// (packed weights) and running at step time. Internal to the CPU backend.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+#include "backends/cpu/kernels/kernels.h"
+
+namespace kiln::cpu {
+
+class CpuKv;
+
+// What an op sees when it runs.
+struct OpContext {
+  std::vector<const Tensor*> inputs;  // nullptr for an absent optional input
+  const StepInfo* step = nullptr;
+  CpuKv* kv = nullptr;
+  // Returns the output buffer for output i with the given shape (f32 unless told).
+  std::function<Tensor&(size_t, std::vector<int64_t>, DType)> alloc;
+  Tensor& out(size_t i, std::vector<int64_t> shape, DType dtype = DType::kF32) {
+    return alloc(i, std::move(shape), dtype);
+  }
+};
+
+using OpRun = std::function<void(OpContext&)>;
+// Builds the runner for one node; may pack weights now. Throws kUnsupported for an
+// input combination the CPU cannot run.
+using OpPrepare = std::function<OpRun(const ir::Node&, const ir::Graph&, const CompileOptions&)>;
+
+const OpPrepare* find_cpu_op(const std::string& op);
+
+// The CPU KV pool: per layer, K and V as [num_blocks, block_size, Hkv, D] f32.
+class CpuKv : public KvStorage {
+ public:
+  explicit CpuKv(const KvLayout& layout);
+  const KvLayout& layout() const override { return layout_; }
+  void copy_block(int32_t src, int32_t dst) override;
+  float* k(int64_t layer) { return k_.data_as<float>() + layer * layer_elems(); }
+  float* v(int64_t layer) { return v_.data_as<float>() + layer * layer_elems(); }
+
+ private:
+  int64_t layer_elems() const {
+    return layout_.num_blocks * layout_.block_size * layout_.num_kv_heads * layout_.head_dim;
+  }
+  KvLayout layout_;
+  Tensor k_, v_;
+};
+
+}  // namespace kiln::cpu

@@ -1,0 +1,199 @@
+// Schemas and shape inference of every IR op. Shapes are [T, features] for token-wise
+// ops (T = the ragged token axis of one engine step, DESIGN.md); attention reads the
+// step's sequence layout and KV cache from the runtime, not from graph values.
+#include "ir/op_registry.h"
+
+#include <map>
+
+#include "core/status.h"
+
+namespace kiln::ir {
+
+namespace {
+
+using In = std::vector<const Value*>;
+
+[[noreturn]] void shape_error(const Node& n, const std::string& what) {
+  throw_error(ErrorCode::kInvalidArgument, "node '", n.name, "' (", n.op, "): ", what);
+}
+
+// Concrete dims must match; symbolic dims are assumed to agree (checked at run time).
+bool dims_agree(const Dim& a, const Dim& b) {
+  if (a.is_concrete() && b.is_concrete()) return a.value == b.value;
+  return true;
+}
+
+const Value& need(const Node& n, const In& in, size_t i, const char* role) {
+  if (i >= in.size() || !in[i]) shape_error(n, str_cat("input ", i, " (", role, ") is required"));
+  return *in[i];
+}
+
+void need_rank(const Node& n, const Value& v, size_t rank, const char* role) {
+  if (v.shape.rank() != rank)
+    shape_error(n, str_cat(role, " %", v.name, " must have rank ", rank, ", got ", v.shape.str()));
+}
+
+void need_float(const Node& n, const Value& v, const char* role) {
+  if (!dtype_is_float(v.dtype))
+    shape_error(n, str_cat(role, " %", v.name, " must be a float type, got ", dtype_name(v.dtype)));
+}
+
+void need_index(const Node& n, const Value& v, const char* role) {
+  if (v.dtype != DType::kI32 || v.shape.rank() != 1)
+    shape_error(n, str_cat(role, " %", v.name, " must be i32 of rank 1, got ", dtype_name(v.dtype),
+                           v.shape.str()));
+}
+
+// Elementwise binary op: b has a's shape or is a vector over a's last dim.
+std::vector<ValueType> infer_binary(const Node& n, const In& in) {
+  const Value& a = need(n, in, 0, "a");
+  const Value& b = need(n, in, 1, "b");
+  need_float(n, a, "a");
+  bool same = a.shape.rank() == b.shape.rank();
+  for (size_t i = 0; same && i < a.shape.rank(); ++i) same = dims_agree(a.shape[i], b.shape[i]);
+  bool row = b.shape.rank() == 1 && a.shape.rank() >= 1 && dims_agree(a.shape.back(), b.shape[0]);
+  if (!same && !row)
+    shape_error(n, str_cat("cannot broadcast ", b.shape.str(), " to ", a.shape.str()));
+  return {{a.dtype, a.shape}};
+}
+
+std::vector<ValueType> infer_unary(const Node& n, const In& in) {
+  const Value& x = need(n, in, 0, "x");
+  need_float(n, x, "x");
+  return {{x.dtype, x.shape}};
+}
+
+std::vector<ValueType> infer_norm(const Node& n, const In& in) {
+  const Value& x = need(n, in, 0, "x");
+  const Value& w = need(n, in, 1, "weight");
+  need_float(n, x, "x");
+  need_rank(n, w, 1, "weight");
+  if (x.shape.rank() < 1 || !dims_agree(x.shape.back(), w.shape[0]))
+    shape_error(n, str_cat("weight ", w.shape.str(), " does not match the last dim of ", x.shape.str()));
+  if (in.size() > 2 && in[2] && !(in[2]->shape == w.shape))
+    shape_error(n, str_cat("bias ", in[2]->shape.str(), " differs from weight ", w.shape.str()));
+  return {{x.dtype, x.shape}};
+}
+
+std::vector<ValueType> infer_linear(const Node& n, const In& in) {
+  const Value& x = need(n, in, 0, "x");
+  const Value& w = need(n, in, 1, "weight");
+  need_rank(n, x, 2, "x");
+  need_rank(n, w, 2, "weight");
+  if (!dims_agree(x.shape[1], w.shape[1]))
+    shape_error(n, str_cat("x ", x.shape.str(), " times weight[out, in] ", w.shape.str(),
+                           ": inner dims differ"));
+  if (in.size() > 2 && in[2]) {
+    need_rank(n, *in[2], 1, "bias");
+    if (!dims_agree(in[2]->shape[0], w.shape[0]))
+      shape_error(n, str_cat("bias ", in[2]->shape.str(), " vs weight ", w.shape.str()));
+  }
+  return {{x.dtype, Shape{x.shape[0], w.shape[0]}}};
+}
+
+std::vector<ValueType> infer_embedding(const Node& n, const In& in) {
+  const Value& table = need(n, in, 0, "table");
+  const Value& ids = need(n, in, 1, "ids");
+  need_rank(n, table, 2, "table");
+  need_index(n, ids, "ids");
+  return {{table.dtype == DType::kF32 ? DType::kF32 : DType::kF32, Shape{ids.shape[0], table.shape[1]}}};
+}
+
+std::vector<ValueType> infer_rope(const Node& n, const In& in) {
+  const Value& x = need(n, in, 0, "x");
+  need_index(n, need(n, in, 1, "positions"), "positions");
+  const Value& inv_freq = need(n, in, 2, "inv_freq");
+  need_rank(n, x, 2, "x");
+  int64_t heads = n.attr_int("num_heads"), hd = n.attr_int("head_dim");
+  if (x.shape[1].is_concrete() && x.shape[1].value != heads * hd)
+    shape_error(n, str_cat("x ", x.shape.str(), " is not num_heads*head_dim = ", heads * hd));
+  int64_t rot = n.attr_int("rotary_dim", hd);
+  if (rot > hd || rot % 2 || (inv_freq.shape[0].is_concrete() && inv_freq.shape[0].value != rot / 2))
+    shape_error(n, str_cat("inv_freq ", inv_freq.shape.str(), " must hold rotary_dim/2 = ", rot / 2,
+                           " frequencies (head_dim ", hd, ")"));
+  return {{x.dtype, x.shape}};
+}
+
+std::vector<ValueType> infer_attention(const Node& n, const In& in) {
+  const Value& q = need(n, in, 0, "q");
+  const Value& k = need(n, in, 1, "k");
+  const Value& v = need(n, in, 2, "v");
+  int64_t hq = n.attr_int("num_heads"), hkv = n.attr_int("num_kv_heads"), d = n.attr_int("head_dim");
+  if (hq <= 0 || hkv <= 0 || d <= 0 || hq % hkv)
+    shape_error(n, str_cat("num_heads ", hq, " must be a positive multiple of num_kv_heads ", hkv));
+  need_rank(n, q, 2, "q");
+  need_rank(n, k, 2, "k");
+  need_rank(n, v, 2, "v");
+  auto check = [&](const Value& t, int64_t width, const char* role) {
+    if (t.shape[1].is_concrete() && t.shape[1].value != width)
+      shape_error(n, str_cat(role, " ", t.shape.str(), " must have ", width, " features"));
+  };
+  check(q, hq * d, "q");
+  check(k, hkv * d, "k");
+  check(v, hkv * d, "v");
+  return {{q.dtype, Shape{q.shape[0], hq * d}}};
+}
+
+std::vector<ValueType> infer_gather_rows(const Node& n, const In& in) {
+  const Value& x = need(n, in, 0, "x");
+  const Value& rows = need(n, in, 1, "rows");
+  need_rank(n, x, 2, "x");
+  need_index(n, rows, "rows");
+  return {{x.dtype, Shape{rows.shape[0], x.shape[1]}}};
+}
+
+std::vector<ValueType> infer_seq_pool(const Node& n, const In& in) {
+  const Value& x = need(n, in, 0, "x");
+  need_rank(n, x, 2, "x");
+  return {{x.dtype, Shape{"B", x.shape[1]}}};
+}
+
+std::map<std::string, OpSchema> make_registry() {
+  std::map<std::string, OpSchema> r;
+  auto add = [&](OpSchema s) { r.emplace(s.name, std::move(s)); };
+  add({"Embedding", 2, 2, {}, "out[t] = table[ids[t]]", infer_embedding});
+  add({"Add", 2, 2, {}, "a + b (b: same shape or a row vector)", infer_binary});
+  add({"Mul", 2, 2, {}, "a * b (b: same shape or a row vector)", infer_binary});
+  add({"LayerNorm", 2, 3, {"eps"}, "(x - mean) / sqrt(var + eps) * w + b over the last dim", infer_norm});
+  add({"RMSNorm", 2, 2, {"eps"}, "x / sqrt(mean(x^2) + eps) * w over the last dim", infer_norm});
+  add({"Linear", 2, 3, {}, "x[T,K] . weight[N,K]^T + bias[N]", infer_linear});
+  add({"Gelu", 1, 1, {}, "GELU; attr approximate = none (erf) | tanh", infer_unary});
+  add({"Silu", 1, 1, {}, "x * sigmoid(x)", infer_unary});
+  add({"Tanh", 1, 1, {}, "tanh(x)", infer_unary});
+  add({"Rope", 3, 3, {"num_heads", "head_dim"},
+       "rotary embedding (rotate-half convention) of x[T, heads*head_dim] at positions", infer_rope});
+  add({"Attention", 3, 3, {"layer", "num_heads", "num_kv_heads", "head_dim", "scale", "causal"},
+       "paged attention: writes k,v into the KV cache, attends over each sequence's context",
+       infer_attention});
+  add({"GatherRows", 2, 2, {}, "out[r] = x[rows[r]]", infer_gather_rows});
+  add({"SeqMeanPool", 1, 1, {}, "mean of each sequence's rows of x (one row per sequence)",
+       infer_seq_pool});
+  return r;
+}
+
+const std::map<std::string, OpSchema>& registry() {
+  static const auto r = make_registry();
+  return r;
+}
+
+}  // namespace
+
+const OpSchema* find_op_schema(const std::string& op) {
+  auto it = registry().find(op);
+  return it == registry().end() ? nullptr : &it->second;
+}
+
+const OpSchema& get_op_schema(const std::string& op) {
+  if (auto s = find_op_schema(op)) return *s;
+  std::string known;
+  for (auto& [k, v] : registry()) known += (known.empty() ? "" : ", ") + k;
+  throw_error(ErrorCode::kUnsupported, "unknown op '", op, "' (known ops: ", known, ")");
+}
+
+std::vector<std::string> registered_ops() {
+  std::vector<std::string> v;
+  for (auto& [k, s] : registry()) v.push_back(k);
+  return v;
+}
+
+}  // namespace kiln::ir

@@ -1,0 +1,166 @@
+// The Llama family (Llama 2/3, Mistral, Qwen2, SmolLM, TinyLlama): RMSNorm, RoPE with
+// optional Llama-3/linear scaling, GQA/MQA, SwiGLU MLP, optional QKV bias (Qwen2),
+// tied or untied LM head. Tested in tests/models/decoder_golden_test.cpp against
+// transformers' LlamaForCausalLM and Qwen2ForCausalLM.
+#include <cmath>
+
+#include "core/status.h"
+#include "models/model_builder.h"
+
+namespace kiln {
+
+namespace {
+
+// RoPE inverse frequencies as transformers computes them (f32 arithmetic), including
+// the rope_scaling variants kiln supports.
+Tensor rope_inv_freq(const nlohmann::json& c, int64_t head_dim) {
+  const float base = float(config_float(c, "rope_theta", 10000.0));
+  const int64_t dim = int64_t(double(head_dim) * config_float(c, "partial_rotary_factor", 1.0));
+  Tensor t(DType::kF32, {dim / 2});
+  float* f = t.data_as<float>();
+  for (int64_t i = 0; i < dim / 2; ++i)
+    f[i] = 1.0f / std::pow(base, float(2 * i) / float(dim));
+  auto it = c.find("rope_scaling");
+  if (it == c.end() || it->is_null()) return t;
+  const nlohmann::json& s = *it;
+  std::string type = s.value("rope_type", s.value("type", std::string("default")));
+  if (type == "default") return t;
+  auto num = [&](const char* k) {
+    if (!s.contains(k) || !s[k].is_number())
+      throw_error(ErrorCode::kInvalidFile, "config.json: rope_scaling (", type, ") needs '", k, "'");
+    return s[k].get<double>();
+  };
+  if (type == "linear") {
+    float factor = float(num("factor"));
+    for (int64_t i = 0; i < dim / 2; ++i) f[i] /= factor;
+    return t;
+  }
+  if (type == "llama3") {
+    // transformers' _compute_llama3_parameters: long wavelengths are divided by
+    // `factor`, short ones kept, the band between is interpolated smoothly.
+    const float factor = float(num("factor")), lo = float(num("low_freq_factor"));
+    const float hi = float(num("high_freq_factor"));
+    const float old_ctx = float(num("original_max_position_embeddings"));
+    const float lo_wavelen = old_ctx / lo, hi_wavelen = old_ctx / hi;
+    for (int64_t i = 0; i < dim / 2; ++i) {
+      float inv = f[i];
+      float wavelen = 2.0f * float(M_PI) / inv;
+      float scaled = wavelen > lo_wavelen ? inv / factor : inv;
+      if (!(wavelen < hi_wavelen) && !(wavelen > lo_wavelen)) {
+        float smooth = (old_ctx / wavelen - lo) / (hi - lo);
+        scaled = (1.0f - smooth) * scaled / factor + smooth * scaled;
+      }
+      f[i] = scaled;
+    }
+    return t;
+  }
+  throw_error(ErrorCode::kUnsupported, "config.json: rope_scaling type '", type,
+              "' is not supported (supported: default, linear, llama3)");
+}
+
+}  // namespace
+
+BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
+  BuiltModel m;
+  ModelInfo& info = m.info;
+  info.family = "llama";
+  info.vocab_size = config_int(c, "vocab_size");
+  info.hidden_size = config_int(c, "hidden_size");
+  info.num_layers = config_int(c, "num_hidden_layers");
+  info.num_heads = config_int(c, "num_attention_heads");
+  info.num_kv_heads = config_int(c, "num_key_value_heads", info.num_heads);
+  info.head_dim = config_int(c, "head_dim", info.hidden_size / info.num_heads);
+  info.max_positions = config_int(c, "max_position_embeddings", 2048);
+  info.bos_token_id = config_int(c, "bos_token_id", -1);
+  if (c.contains("eos_token_id") && c["eos_token_id"].is_array() && !c["eos_token_id"].empty())
+    info.eos_token_id = c["eos_token_id"][0].get<int64_t>();
+  else
+    info.eos_token_id = config_int(c, "eos_token_id", -1);
+  const int64_t h = info.hidden_size, v = info.vocab_size, hd = info.head_dim;
+  const int64_t hq = info.num_heads, hkv = info.num_kv_heads;
+  if (hq % hkv)
+    throw_error(ErrorCode::kInvalidFile, "config.json: num_attention_heads ", hq,
+                " is not a multiple of num_key_value_heads ", hkv);
+  const int64_t inter = config_int(c, "intermediate_size");
+  const double eps = config_float(c, "rms_norm_eps", 1e-6);
+  std::string act = config_str(c, "hidden_act", "silu");
+  if (act != "silu") throw_error(ErrorCode::kUnsupported, "llama: hidden_act '", act, "' (expected silu)");
+  const bool qkv_bias = c.value("model_type", "") == "qwen2" || c.value("attention_bias", false);
+  const bool o_bias = c.value("model_type", "") != "qwen2" && c.value("attention_bias", false);
+  const bool mlp_bias = c.value("mlp_bias", false);
+
+  std::vector<WeightSpec> specs = {
+      {"model.embed_tokens.weight", {v, h}},
+      {"model.norm.weight", {h}},
+      {"lm_head.weight", {v, h}, true, "model.embed_tokens.weight"},
+  };
+  for (int64_t l = 0; l < info.num_layers; ++l) {
+    std::string b = "model.layers." + std::to_string(l) + ".";
+    specs.push_back({b + "input_layernorm.weight", {h}});
+    specs.push_back({b + "self_attn.q_proj.weight", {hq * hd, h}});
+    specs.push_back({b + "self_attn.k_proj.weight", {hkv * hd, h}});
+    specs.push_back({b + "self_attn.v_proj.weight", {hkv * hd, h}});
+    specs.push_back({b + "self_attn.o_proj.weight", {h, hq * hd}});
+    specs.push_back({b + "self_attn.q_proj.bias", {hq * hd}, qkv_bias});
+    specs.push_back({b + "self_attn.k_proj.bias", {hkv * hd}, qkv_bias});
+    specs.push_back({b + "self_attn.v_proj.bias", {hkv * hd}, qkv_bias});
+    specs.push_back({b + "self_attn.o_proj.bias", {h}, o_bias});
+    specs.push_back({b + "post_attention_layernorm.weight", {h}});
+    specs.push_back({b + "mlp.gate_proj.weight", {inter, h}});
+    specs.push_back({b + "mlp.up_proj.weight", {inter, h}});
+    specs.push_back({b + "mlp.down_proj.weight", {h, inter}});
+    specs.push_back({b + "mlp.gate_proj.bias", {inter}, mlp_bias});
+    specs.push_back({b + "mlp.up_proj.bias", {inter}, mlp_bias});
+    specs.push_back({b + "mlp.down_proj.bias", {h}, mlp_bias});
+  }
+  auto w = load_declared_weights(specs, src);
+
+  ir::Graph& g = m.graph;
+  auto W = [&](const std::string& name) { return g.add_weight(name, w.at(name)); };
+  auto Wopt = [&](const std::string& name) { return w.count(name) ? W(name) : ir::kNoValue; };
+  auto linear = [&](ir::ValueId x, const std::string& weight, const std::string& node) {
+    std::vector<ir::ValueId> in = {x, W(weight + ".weight")};
+    ir::ValueId bias = Wopt(weight + ".bias");
+    if (bias != ir::kNoValue) in.push_back(bias);
+    return g.add("Linear", in, {}, node);
+  };
+
+  ir::ValueId tokens = g.add_input("tokens", DType::kI32, {"T"});
+  ir::ValueId positions = g.add_input("positions", DType::kI32, {"T"});
+  ir::ValueId rows = g.add_input("logit_rows", DType::kI32, {"R"});
+  ir::ValueId inv_freq = g.add_weight("rope.inv_freq", rope_inv_freq(c, hd));
+  const int64_t rotary_dim = 2 * g.weight(inv_freq).dim(0);
+  ir::ValueId x = g.add("Embedding", {W("model.embed_tokens.weight"), tokens}, {}, "embed_tokens");
+  const double scale = 1.0 / std::sqrt(double(hd));
+  for (int64_t l = 0; l < info.num_layers; ++l) {
+    std::string b = "model.layers." + std::to_string(l) + ".";
+    std::string n = "layers." + std::to_string(l) + ".";
+    ir::ValueId a = g.add("RMSNorm", {x, W(b + "input_layernorm.weight")}, {{"eps", eps}},
+                          n + "input_layernorm");
+    ir::ValueId q = linear(a, b + "self_attn.q_proj", n + "q_proj");
+    ir::ValueId k = linear(a, b + "self_attn.k_proj", n + "k_proj");
+    ir::ValueId vv = linear(a, b + "self_attn.v_proj", n + "v_proj");
+    q = g.add("Rope", {q, positions, inv_freq},
+              {{"num_heads", hq}, {"head_dim", hd}, {"rotary_dim", rotary_dim}}, n + "q_rope");
+    k = g.add("Rope", {k, positions, inv_freq},
+              {{"num_heads", hkv}, {"head_dim", hd}, {"rotary_dim", rotary_dim}}, n + "k_rope");
+    ir::ValueId att = g.add("Attention", {q, k, vv},
+                            {{"layer", l}, {"num_heads", hq}, {"num_kv_heads", hkv},
+                             {"head_dim", hd}, {"scale", scale}, {"causal", int64_t(1)}},
+                            n + "attn");
+    x = g.add("Add", {x, linear(att, b + "self_attn.o_proj", n + "o_proj")}, {}, n + "residual_1");
+    ir::ValueId f = g.add("RMSNorm", {x, W(b + "post_attention_layernorm.weight")}, {{"eps", eps}},
+                          n + "post_attention_layernorm");
+    ir::ValueId gate = g.add("Silu", {linear(f, b + "mlp.gate_proj", n + "gate_proj")}, {}, n + "act");
+    ir::ValueId up = linear(f, b + "mlp.up_proj", n + "up_proj");
+    f = linear(g.add("Mul", {gate, up}, {}, n + "gate_mul"), b + "mlp.down_proj", n + "down_proj");
+    x = g.add("Add", {x, f}, {}, n + "residual_2");
+  }
+  ir::ValueId hidden = g.add("RMSNorm", {x, W("model.norm.weight")}, {{"eps", eps}}, "norm");
+  ir::ValueId last = g.add("GatherRows", {hidden, rows}, {}, "select_rows");
+  g.add_output("hidden", hidden);
+  g.add_output("logits", linear(last, "lm_head", "lm_head"));
+  return m;
+}
+
+}  // namespace kiln

@@ -1,0 +1,118 @@
+// Declared-weight loading, config helpers and the family registry (see model_builder.h).
+#include "models/model_builder.h"
+
+#include "core/log.h"
+#include "core/status.h"
+
+namespace kiln {
+
+std::map<std::string, Tensor> load_declared_weights(const std::vector<WeightSpec>& specs,
+                                                    const WeightSource& source) {
+  std::map<std::string, Tensor> out;
+  Progress progress("loading weights", int64_t(specs.size()));
+  int64_t done = 0;
+  for (const WeightSpec& spec : specs) {
+    std::string name = spec.name;
+    if (!source.has(name)) {
+      if (!spec.tied_to.empty() && out.count(spec.tied_to)) {
+        out.emplace(spec.name, out.at(spec.tied_to));  // shares the buffer
+        progress.update(++done);
+        continue;
+      }
+      if (!spec.tied_to.empty() && source.has(spec.tied_to)) {
+        name = spec.tied_to;
+      } else if (!spec.required) {
+        progress.update(++done);
+        continue;
+      } else {
+        throw_error(ErrorCode::kNotFound, "missing tensor '", spec.name, "' (expected shape ",
+                    shape_to_string(spec.shape), ") in ", source.describe());
+      }
+    }
+    TensorInfo info = source.info(name);
+    std::vector<int64_t> want = spec.shape;
+    if (spec.transpose && want.size() == 2) std::swap(want[0], want[1]);
+    if (info.shape != want)
+      throw_error(ErrorCode::kInvalidFile, "tensor '", name, "' has shape ",
+                  shape_to_string(info.shape), " but the config implies ", shape_to_string(want),
+                  " in ", source.describe());
+    Tensor t = source.load(name, DType::kF32);
+    if (spec.transpose) {
+      Tensor tt(DType::kF32, spec.shape);
+      int64_t rows = want[0], cols = want[1];
+      const float* s = t.data_as<float>();
+      float* d = tt.data_as<float>();
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) d[c * rows + r] = s[r * cols + c];
+      t = std::move(tt);
+    }
+    out.emplace(spec.name, std::move(t));
+    progress.update(++done);
+  }
+  return out;
+}
+
+namespace {
+const nlohmann::json& config_get(const nlohmann::json& c, const std::string& key) {
+  auto it = c.find(key);
+  if (it == c.end() || it->is_null())
+    throw_error(ErrorCode::kInvalidFile, "config.json: missing key '", key, "'");
+  return *it;
+}
+}  // namespace
+
+int64_t config_int(const nlohmann::json& c, const std::string& key) {
+  const auto& v = config_get(c, key);
+  if (!v.is_number_integer())
+    throw_error(ErrorCode::kInvalidFile, "config.json: '", key, "' must be an integer, got ", v.dump());
+  return v.get<int64_t>();
+}
+int64_t config_int(const nlohmann::json& c, const std::string& key, int64_t fallback) {
+  auto it = c.find(key);
+  return it == c.end() || it->is_null() ? fallback : config_int(c, key);
+}
+double config_float(const nlohmann::json& c, const std::string& key) {
+  const auto& v = config_get(c, key);
+  if (!v.is_number())
+    throw_error(ErrorCode::kInvalidFile, "config.json: '", key, "' must be a number, got ", v.dump());
+  return v.get<double>();
+}
+double config_float(const nlohmann::json& c, const std::string& key, double fallback) {
+  auto it = c.find(key);
+  return it == c.end() || it->is_null() ? fallback : config_float(c, key);
+}
+std::string config_str(const nlohmann::json& c, const std::string& key, const std::string& fallback) {
+  auto it = c.find(key);
+  if (it == c.end() || it->is_null()) return fallback;
+  if (!it->is_string())
+    throw_error(ErrorCode::kInvalidFile, "config.json: '", key, "' must be a string, got ", it->dump());
+  return it->get<std::string>();
+}
+
+const std::vector<ModelFamily>& model_families() {
+  static const std::vector<ModelFamily> families = {
+      {"gpt2", {"gpt2"}, build_gpt2},
+      {"llama", {"llama", "mistral", "qwen2", "smollm"}, build_llama},
+      {"bert", {"bert"}, build_bert},
+  };
+  return families;
+}
+
+BuiltModel build_model(const nlohmann::json& config, const WeightSource& weights) {
+  std::string type = config_str(config, "model_type", "");
+  for (const auto& f : model_families())
+    for (const auto& t : f.model_types)
+      if (t == type) {
+        BuiltModel m = f.build(config, weights);
+        m.info.model_type = type;
+        ir::verify(m.graph);
+        return m;
+      }
+  std::string known;
+  for (const auto& f : model_families())
+    for (const auto& t : f.model_types) known += (known.empty() ? "" : ", ") + t;
+  throw_error(ErrorCode::kUnsupported, "unsupported model_type '", type,
+              "' in config.json (supported: ", known, ")");
+}
+
+}  // namespace kiln

@@ -1,0 +1,82 @@
+// What a model family provides (one file per family, registered in registry.cpp): read
+// its config, declare its weights, build its faithful IR graph. The shared helpers here
+// keep families short: declared weights are loaded and checked in one place (gemma.cpp's
+// ForEachTensor), and every error names the tensor, expected and found shapes.
+// Tested by tests/models/*_test.cpp against HuggingFace fixtures.
+#pragma once
+
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "frontends/weight_source.h"
+#include "ir/graph.h"
+
+namespace kiln {
+
+// What the runtime needs to know about a built model.
+struct ModelInfo {
+  std::string family;      // "gpt2", "llama", "bert"
+  std::string model_type;  // config.json's model_type
+  bool is_decoder = true;  // decoders have a KV cache and "logits" per requested row
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t num_layers = 0;
+  int64_t num_heads = 0;
+  int64_t num_kv_heads = 0;
+  int64_t head_dim = 0;
+  int64_t max_positions = 0;
+  int64_t num_labels = 0;  // encoders with a classification head
+  int64_t bos_token_id = -1;
+  int64_t eos_token_id = -1;
+  std::vector<std::string> labels;  // id2label, when the config has one
+};
+
+struct BuiltModel {
+  ir::Graph graph;
+  ModelInfo info;
+};
+
+// A weight a family expects. `shape` is what the graph needs; `transpose` marks
+// GPT-2's Conv1D weights stored [in, out]. An optional weight may be absent; a tied
+// weight falls back to another tensor when absent (GPT-2/Llama LM heads).
+struct WeightSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  bool required = true;
+  std::string tied_to;
+  bool transpose = false;
+};
+
+// Loads every declared weight as f32, checks shapes, and returns them by name (absent
+// optional weights are missing from the map). Errors name the tensor, the expected and
+// found shape, and the source file. Shows a progress line for slow loads.
+std::map<std::string, Tensor> load_declared_weights(const std::vector<WeightSpec>& specs,
+                                                    const WeightSource& source);
+
+// Typed config access with errors naming the key.
+int64_t config_int(const nlohmann::json& c, const std::string& key);
+int64_t config_int(const nlohmann::json& c, const std::string& key, int64_t fallback);
+double config_float(const nlohmann::json& c, const std::string& key);
+double config_float(const nlohmann::json& c, const std::string& key, double fallback);
+std::string config_str(const nlohmann::json& c, const std::string& key, const std::string& fallback);
+
+// One entry of the family registry.
+struct ModelFamily {
+  const char* name;
+  std::vector<std::string> model_types;
+  BuiltModel (*build)(const nlohmann::json& config, const WeightSource& weights);
+};
+
+const std::vector<ModelFamily>& model_families();
+// Picks the family by config["model_type"]; throws kUnsupported naming it and listing
+// the supported ones.
+BuiltModel build_model(const nlohmann::json& config, const WeightSource& weights);
+
+// Families (each in its own file).
+BuiltModel build_gpt2(const nlohmann::json& config, const WeightSource& weights);
+BuiltModel build_llama(const nlohmann::json& config, const WeightSource& weights);
+BuiltModel build_bert(const nlohmann::json& config, const WeightSource& weights);
+
+}  // namespace kiln

@@ -1,0 +1,64 @@
+// Encoder batches in one ragged step (see encoder_runner.h).
+#include "runtime/encoder_runner.h"
+
+#include "core/status.h"
+
+namespace kiln {
+
+std::vector<EncoderOutput> encode(Model& model, const std::vector<EncoderInput>& batch) {
+  const ModelInfo& info = model.info();
+  if (info.is_decoder)
+    throw_error(ErrorCode::kInvalidArgument, "encode() needs an encoder model; '", info.family,
+                "' is a decoder");
+  if (batch.empty()) return {};
+  int64_t total = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const auto& in = batch[i];
+    if (in.tokens.empty()) throw_error(ErrorCode::kInvalidArgument, "input ", i, " is empty");
+    if (int64_t(in.tokens.size()) > info.max_positions)
+      throw_error(ErrorCode::kOutOfRange, "input ", i, " has ", in.tokens.size(),
+                  " tokens; the model takes at most ", info.max_positions);
+    if (!in.token_types.empty() && in.token_types.size() != in.tokens.size())
+      throw_error(ErrorCode::kInvalidArgument, "input ", i, ": ", in.token_types.size(),
+                  " token types for ", in.tokens.size(), " tokens");
+    total += int64_t(in.tokens.size());
+  }
+  Tensor tokens(DType::kI32, {total}), positions(DType::kI32, {total}), types(DType::kI32, {total});
+  Tensor cls(DType::kI32, {int64_t(batch.size())});
+  StepInfo step;
+  step.slot_mapping.assign(size_t(total), -1);
+  int32_t t = 0;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const auto& in = batch[i];
+    int32_t n = int32_t(in.tokens.size());
+    for (int32_t j = 0; j < n; ++j) {
+      tokens.data_as<int32_t>()[t + j] = in.tokens[size_t(j)];
+      positions.data_as<int32_t>()[t + j] = j;
+      types.data_as<int32_t>()[t + j] = in.token_types.empty() ? 0 : in.token_types[size_t(j)];
+    }
+    cls.data_as<int32_t>()[i] = t;
+    step.seqs.push_back({t, n, n, {}});
+    t += n;
+  }
+  TensorMap out = model.compiled().run(
+      {{"tokens", tokens}, {"positions", positions}, {"token_types", types}, {"cls_rows", cls}},
+      step, nullptr);
+  const int64_t h = info.hidden_size;
+  std::vector<EncoderOutput> result(batch.size());
+  auto row = [](const Tensor& x, int64_t r) {
+    int64_t d = x.dim(1);
+    return std::vector<float>(x.data_as<float>() + r * d, x.data_as<float>() + (r + 1) * d);
+  };
+  const Tensor& hidden = out.at("hidden");
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const auto& s = step.seqs[i];
+    result[i].hidden.assign(hidden.data_as<float>() + s.q_start * h,
+                            hidden.data_as<float>() + (s.q_start + s.q_len) * h);
+    result[i].mean_pooled = row(out.at("mean_pooled"), int64_t(i));
+    if (out.count("pooled")) result[i].pooled = row(out.at("pooled"), int64_t(i));
+    if (out.count("logits")) result[i].logits = row(out.at("logits"), int64_t(i));
+  }
+  return result;
+}
+
+}  // namespace kiln

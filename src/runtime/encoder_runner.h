@@ -1,0 +1,28 @@
+// Runs an encoder (BERT family) over a batch of sequences in one ragged step, with no
+// padding: per sequence its hidden states, mean-pooled embedding and, when the model
+// has them, the [CLS] pooler output and classification logits. Tested in
+// tests/models/bert_golden_test.cpp.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "runtime/model.h"
+
+namespace kiln {
+
+struct EncoderInput {
+  std::vector<int32_t> tokens;
+  std::vector<int32_t> token_types;  // empty: all zeros
+};
+
+struct EncoderOutput {
+  std::vector<float> hidden;       // [len * hidden_size]
+  std::vector<float> mean_pooled;  // [hidden_size]
+  std::vector<float> pooled;       // [hidden_size] (pooler), empty without one
+  std::vector<float> logits;       // [num_labels], empty without a classifier
+};
+
+std::vector<EncoderOutput> encode(Model& model, const std::vector<EncoderInput>& batch);
+
+}  // namespace kiln

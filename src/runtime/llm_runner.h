@@ -1,0 +1,78 @@
+// Runs a decoder over many sequences at once with the paged KV cache: each step
+// concatenates every active sequence's pending tokens (a prompt chunk while prefilling,
+// one token while decoding) on one ragged token axis, writes their K/V through the
+// block tables and returns each sequence's last-token logits. The in-flight batching
+// executor (scheduler, sampling, streaming) builds on this. Tested in
+// tests/models/decoder_golden_test.cpp and tests/runtime/llm_runner_test.cpp.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "runtime/kv_cache/block_allocator.h"
+#include "runtime/model.h"
+
+namespace kiln {
+
+struct LlmRunnerOptions {
+  int32_t block_size = 16;
+  int32_t num_blocks = 0;           // 0: enough for max_total_tokens
+  int64_t max_total_tokens = 8192;  // KV budget in tokens when num_blocks is 0
+  int64_t max_step_tokens = 2048;   // token budget of one step (prompts are chunked)
+};
+
+struct SequenceOutput {
+  int32_t seq = -1;
+  std::vector<float> logits;  // [vocab] of the sequence's last token in this step,
+                              // or [n_tokens * vocab] when all_logits was asked
+};
+
+class LlmRunner {
+ public:
+  LlmRunner(Model& model, const LlmRunnerOptions& options = {});
+  ~LlmRunner();
+
+  // Queues a new sequence with its prompt as pending tokens; returns its id.
+  int32_t add_sequence(const std::vector<int32_t>& prompt);
+  // A new sequence sharing all of `parent`'s cached tokens (prefix sharing, n > 1).
+  int32_t fork_sequence(int32_t parent);
+  // Queues tokens (e.g. the one just sampled) to be fed at the next step.
+  void append_tokens(int32_t seq, const std::vector<int32_t>& tokens);
+  void remove_sequence(int32_t seq);
+  bool has_pending() const;
+
+  // One engine step over all sequences with pending tokens, within max_step_tokens.
+  // Returns an entry for every sequence whose pending tokens were all consumed (with
+  // all_logits: for every sequence that ran, with the logits of each token it fed).
+  // Throws kOutOfMemory when the KV pool cannot hold the step (nothing is changed).
+  std::vector<SequenceOutput> step(bool all_logits = false);
+
+  // Greedy decoding of every prompt for max_new_tokens (stopping a sequence at
+  // eos_token_id when >= 0). Returns the generated ids per prompt.
+  std::vector<std::vector<int32_t>> generate_greedy(const std::vector<std::vector<int32_t>>& prompts,
+                                                    int32_t max_new_tokens, int32_t eos_token_id = -1);
+
+  const KvCacheManager& kv() const { return *kv_; }
+  int32_t context_length(int32_t seq) const;
+
+ private:
+  struct Seq {
+    KvSequence kv;
+    std::vector<int32_t> pending;
+  };
+  Seq& get(int32_t seq);
+  const Seq& get(int32_t seq) const;
+
+  Model& model_;
+  LlmRunnerOptions opt_;
+  std::unique_ptr<KvStorage> storage_;
+  std::unique_ptr<KvCacheManager> kv_;
+  std::map<int32_t, Seq> seqs_;
+  int32_t next_id_ = 0;
+};
+
+int32_t argmax(const float* x, int64_t n);
+
+}  // namespace kiln

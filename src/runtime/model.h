@@ -1,0 +1,40 @@
+// A loaded, compiled model: its graph, what the runtime needs to know about it, and
+// the backend's compiled form. The public entry point the CLI and tests use to turn a
+// model path (HuggingFace directory or .gguf file) into something runnable.
+// Tested by the model golden tests in tests/models/.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "backends/backend.h"
+#include "models/model_builder.h"
+
+namespace kiln {
+
+struct ModelOptions {
+  std::string backend = "cpu";
+  std::string weight_dtype = "f32";  // GEMM weight storage: f32 | bf16 | f16
+};
+
+class Model {
+ public:
+  // `path`: a HuggingFace model directory (config.json + safetensors) or a .gguf file.
+  static std::unique_ptr<Model> load(const std::string& path, const ModelOptions& options = {});
+  // From an already built graph (tests, benchmarks with random weights).
+  static std::unique_ptr<Model> from_built(BuiltModel built, const ModelOptions& options = {});
+
+  const ModelInfo& info() const { return built_.info; }
+  const ir::Graph& graph() const { return built_.graph; }
+  Backend& backend() { return *backend_; }
+  CompiledGraph& compiled() { return *compiled_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  BuiltModel built_;
+  std::unique_ptr<Backend> backend_;
+  std::unique_ptr<CompiledGraph> compiled_;
+  std::string path_;
+};
+
+}  // namespace kiln
