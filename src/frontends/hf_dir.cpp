@@ -2,9 +2,11 @@
 #include "frontends/hf_dir.h"
 
 #include <filesystem>
+#include <vector>
 
 #include "core/mapped_file.h"
 #include "core/status.h"
+#include "frontends/gguf_hf.h"
 
 namespace kiln {
 
@@ -20,16 +22,44 @@ nlohmann::json read_json_file(const std::string& path) {
   }
 }
 
+namespace {
+
+HfModelDir open_gguf(const std::string& path, const std::string& dir) {
+  auto file = std::make_shared<const GgufFile>(GgufFile::open(path));
+  HfModelDir m;
+  m.dir = dir;
+  m.config = gguf_to_hf_config(*file);
+  m.weights = std::make_unique<GgufWeightSource>(file);
+  return m;
+}
+
+// The one *.gguf in dir, or "" when there is none (several: an error naming them).
+std::string single_gguf(const fs::path& d) {
+  std::vector<std::string> found;
+  for (const auto& e : fs::directory_iterator(d))
+    if (e.is_regular_file() && e.path().extension() == ".gguf") found.push_back(e.path().string());
+  if (found.size() > 1)
+    throw_error(ErrorCode::kInvalidArgument, "'", d.string(), "' holds ", found.size(),
+                " GGUF files (", found[0], ", ", found[1], "...); pass the one to use");
+  return found.empty() ? "" : found[0];
+}
+
+}  // namespace
+
 HfModelDir HfModelDir::open(const std::string& dir) {
+  if (fs::is_regular_file(dir) && fs::path(dir).extension() == ".gguf")
+    return open_gguf(dir, fs::path(dir).parent_path().string());
   if (!fs::is_directory(dir))
     throw_error(ErrorCode::kNotFound, "model directory '", dir, "' does not exist");
   HfModelDir m;
   m.dir = dir;
   const fs::path d(dir);
   const fs::path config = d / "config.json";
-  if (!fs::exists(config))
+  if (!fs::exists(config)) {
+    if (std::string g = single_gguf(d); !g.empty()) return open_gguf(g, dir);
     throw_error(ErrorCode::kNotFound, "'", dir,
-                "' has no config.json (expected a HuggingFace model directory)");
+                "' has no config.json (expected a HuggingFace model directory or a GGUF file)");
+  }
   m.config = read_json_file(config.string());
   if (!m.config.is_object())
     throw_error(ErrorCode::kInvalidFile, config.string(), ": expected a JSON object, found ",

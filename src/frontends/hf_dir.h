@@ -1,5 +1,6 @@
 // Opens a HuggingFace model directory: config.json plus its weights (model.safetensors
-// or a sharded index). Model builders see only HF config keys and HF tensor names.
+// or a sharded index), or a GGUF file (or a directory holding one GGUF and no
+// config.json) through its HF view. Model builders see only HF config keys and names.
 // Tested in tests/frontends/hf_dir_test.cpp.
 #pragma once
 
@@ -16,7 +17,7 @@ struct HfModelDir {
   std::unique_ptr<WeightSource> weights;
   std::string dir;
 
-  // Throws kiln::Error: kNotFound (no config.json, no weights), kInvalidFile (bad
+  // `dir` may also be a .gguf file. Throws kiln::Error: kNotFound (no config.json, no weights), kInvalidFile (bad
   // JSON, with the parser's message and byte offset), kUnsupported (pytorch_model.bin).
   static HfModelDir open(const std::string& dir);
 };

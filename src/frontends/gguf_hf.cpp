@@ -1,0 +1,271 @@
+// GGUF -> HF config and tensor names (see gguf_hf.h). Key names follow llama.cpp's
+// gguf-py constants (LLM_KV_*); HF keys follow transformers' integrations/ggml.py.
+#include "frontends/gguf_hf.h"
+
+#include <cstdio>
+#include <cstring>
+
+#include "core/status.h"
+
+namespace kiln {
+namespace {
+
+using nlohmann::json;
+
+// f32 metadata is passed on as the exact double of the float (1e-5 becomes
+// 9.999999747378752e-06), as transformers' GGUF loader does; rounding it to float
+// again gives back the same value.
+double f32_to_decimal(float f) { return double(f); }
+
+struct NameRule {
+  const char* gguf;  // suffix after "blk.N." (or a whole name when not per-layer)
+  const char* hf;
+};
+
+const NameRule kLlamaGlobal[] = {
+    {"token_embd.weight", "model.embed_tokens.weight"},
+    {"output_norm.weight", "model.norm.weight"},
+    {"output.weight", "lm_head.weight"},
+};
+const NameRule kLlamaLayer[] = {
+    {"attn_norm.weight", "input_layernorm.weight"},
+    {"attn_q.weight", "self_attn.q_proj.weight"},
+    {"attn_k.weight", "self_attn.k_proj.weight"},
+    {"attn_v.weight", "self_attn.v_proj.weight"},
+    {"attn_q.bias", "self_attn.q_proj.bias"},
+    {"attn_k.bias", "self_attn.k_proj.bias"},
+    {"attn_v.bias", "self_attn.v_proj.bias"},
+    {"attn_output.weight", "self_attn.o_proj.weight"},
+    {"ffn_norm.weight", "post_attention_layernorm.weight"},
+    {"ffn_gate.weight", "mlp.gate_proj.weight"},
+    {"ffn_up.weight", "mlp.up_proj.weight"},
+    {"ffn_down.weight", "mlp.down_proj.weight"},
+};
+const NameRule kGpt2Global[] = {
+    {"token_embd.weight", "wte.weight"},      {"position_embd.weight", "wpe.weight"},
+    {"output_norm.weight", "ln_f.weight"},    {"output_norm.bias", "ln_f.bias"},
+    {"output.weight", "lm_head.weight"},
+};
+const NameRule kGpt2Layer[] = {
+    {"attn_norm.weight", "ln_1.weight"},       {"attn_norm.bias", "ln_1.bias"},
+    {"attn_qkv.weight", "attn.c_attn.weight"}, {"attn_qkv.bias", "attn.c_attn.bias"},
+    {"attn_output.weight", "attn.c_proj.weight"}, {"attn_output.bias", "attn.c_proj.bias"},
+    {"ffn_norm.weight", "ln_2.weight"},        {"ffn_norm.bias", "ln_2.bias"},
+    {"ffn_up.weight", "mlp.c_fc.weight"},      {"ffn_up.bias", "mlp.c_fc.bias"},
+    {"ffn_down.weight", "mlp.c_proj.weight"},  {"ffn_down.bias", "mlp.c_proj.bias"},
+};
+
+bool is_llama_like(const std::string& arch) { return arch == "llama" || arch == "qwen2"; }
+
+uint32_t opt_u32(const GgufFile& f, const std::string& key, uint32_t dflt) {
+  return f.has_key(key) ? f.get_u32(key) : dflt;
+}
+
+uint32_t req_u32(const GgufFile& f, const std::string& key) {
+  if (!f.has_key(key))
+    throw_error(ErrorCode::kInvalidFile, f.path(), ": required metadata key '", key,
+                "' is missing");
+  return f.get_u32(key);
+}
+
+int64_t vocab_size(const GgufFile& f, const std::string& arch) {
+  if (f.has_key("tokenizer.ggml.tokens")) return int64_t(f.get_array_size("tokenizer.ggml.tokens"));
+  if (f.has_key(arch + ".vocab_size")) return f.get_u32(arch + ".vocab_size");
+  if (const GgufTensorInfo* t = f.find_tensor("token_embd.weight"); t && t->shape.size() == 2)
+    return t->shape[0];
+  throw_error(ErrorCode::kInvalidFile, f.path(),
+              ": cannot tell the vocabulary size (no tokenizer.ggml.tokens, ", arch,
+              ".vocab_size or token_embd.weight)");
+}
+
+void add_token_ids(const GgufFile& f, json& c) {
+  if (f.has_key("tokenizer.ggml.bos_token_id")) c["bos_token_id"] = f.get_u32("tokenizer.ggml.bos_token_id");
+  if (f.has_key("tokenizer.ggml.eos_token_id")) c["eos_token_id"] = f.get_u32("tokenizer.ggml.eos_token_id");
+}
+
+}  // namespace
+
+json gguf_to_hf_config(const GgufFile& f) {
+  if (!f.has_key("general.architecture"))
+    throw_error(ErrorCode::kInvalidFile, f.path(), ": no general.architecture key");
+  const std::string arch = f.get_string("general.architecture");
+  const std::string a = arch + ".";
+  json c;
+  if (is_llama_like(arch)) {
+    c["model_type"] = arch;
+    c["architectures"] = {arch == "llama" ? "LlamaForCausalLM" : "Qwen2ForCausalLM"};
+    c["hidden_act"] = "silu";
+    const uint32_t hidden = req_u32(f, a + "embedding_length");
+    const uint32_t heads = req_u32(f, a + "attention.head_count");
+    if (heads == 0) throw_error(ErrorCode::kInvalidFile, f.path(), ": ", a, "attention.head_count is 0");
+    c["hidden_size"] = hidden;
+    c["intermediate_size"] = req_u32(f, a + "feed_forward_length");
+    c["num_hidden_layers"] = req_u32(f, a + "block_count");
+    c["num_attention_heads"] = heads;
+    c["num_key_value_heads"] = opt_u32(f, a + "attention.head_count_kv", heads);
+    c["head_dim"] = opt_u32(f, a + "attention.key_length", hidden / heads);
+    c["rms_norm_eps"] = f.has_key(a + "attention.layer_norm_rms_epsilon")
+                            ? f32_to_decimal(f.get_f32(a + "attention.layer_norm_rms_epsilon"))
+                            : 1e-6;
+    c["rope_theta"] = f.has_key(a + "rope.freq_base") ? f32_to_decimal(f.get_f32(a + "rope.freq_base"))
+                                                      : 10000.0;
+    c["max_position_embeddings"] = opt_u32(f, a + "context_length", 2048);
+    c["vocab_size"] = vocab_size(f, arch);
+    c["tie_word_embeddings"] = f.find_tensor("output.weight") == nullptr;
+    c["attention_bias"] = f.find_tensor("blk.0.attn_q.bias") != nullptr;
+    if (f.has_key(a + "rope.scaling.type") && f.get_string(a + "rope.scaling.type") != "none") {
+      json rs;
+      rs["type"] = rs["rope_type"] = f.get_string(a + "rope.scaling.type");
+      if (f.has_key(a + "rope.scaling.factor"))
+        rs["factor"] = f32_to_decimal(f.get_f32(a + "rope.scaling.factor"));
+      if (f.has_key(a + "rope.scaling.original_context_length"))
+        rs["original_max_position_embeddings"] = f.get_u32(a + "rope.scaling.original_context_length");
+      c["rope_scaling"] = rs;
+    }
+    add_token_ids(f, c);
+    return c;
+  }
+  if (arch == "gpt2") {
+    c["model_type"] = "gpt2";
+    c["architectures"] = {"GPT2LMHeadModel"};
+    const uint32_t hidden = req_u32(f, a + "embedding_length");
+    c["n_embd"] = hidden;
+    c["n_layer"] = req_u32(f, a + "block_count");
+    c["n_head"] = req_u32(f, a + "attention.head_count");
+    c["n_positions"] = c["n_ctx"] = opt_u32(f, a + "context_length", 1024);
+    c["n_inner"] = opt_u32(f, a + "feed_forward_length", 4 * hidden);
+    c["layer_norm_epsilon"] = f.has_key(a + "attention.layer_norm_epsilon")
+                                  ? f32_to_decimal(f.get_f32(a + "attention.layer_norm_epsilon"))
+                                  : 1e-5;
+    c["activation_function"] = "gelu_new";
+    c["vocab_size"] = vocab_size(f, arch);
+    c["tie_word_embeddings"] = f.find_tensor("output.weight") == nullptr;
+    add_token_ids(f, c);
+    return c;
+  }
+  throw_error(ErrorCode::kUnsupported, f.path(), ": GGUF architecture '", arch,
+              "' has no HF mapping in kiln (supported: llama, qwen2, gpt2)");
+}
+
+std::string gguf_to_hf_name(const std::string& arch, const std::string& g) {
+  const bool llama = is_llama_like(arch);
+  if (!llama && arch != "gpt2") return "";
+  const NameRule* gb = llama ? std::begin(kLlamaGlobal) : std::begin(kGpt2Global);
+  const NameRule* ge = llama ? std::end(kLlamaGlobal) : std::end(kGpt2Global);
+  for (const NameRule* r = gb; r != ge; ++r)
+    if (g == r->gguf) return r->hf;
+  // Per-layer names: "blk.<N>.<suffix>".
+  if (g.rfind("blk.", 0) != 0) return "";
+  const size_t dot = g.find('.', 4);
+  if (dot == std::string::npos || dot == 4) return "";
+  const std::string layer = g.substr(4, dot - 4);
+  if (layer.find_first_not_of("0123456789") != std::string::npos) return "";
+  const std::string suffix = g.substr(dot + 1);
+  const NameRule* lb = llama ? std::begin(kLlamaLayer) : std::begin(kGpt2Layer);
+  const NameRule* le = llama ? std::end(kLlamaLayer) : std::end(kGpt2Layer);
+  for (const NameRule* r = lb; r != le; ++r)
+    if (suffix == r->gguf)
+      return (llama ? "model.layers." : "h.") + layer + "." + r->hf;
+  return "";
+}
+
+Tensor gguf_unpermute_rows(const Tensor& t, int n_head) {
+  const int64_t rows = t.rank() >= 1 ? t.dim(0) : 0;
+  if (n_head <= 0 || rows % (2 * int64_t(n_head)) != 0)
+    throw_error(ErrorCode::kInvalidFile, "cannot undo the rotary permutation of a tensor with ",
+                rows, " rows over ", n_head, " heads (rows must divide into 2 * heads)");
+  const int64_t head_dim = rows / n_head, half = head_dim / 2;
+  const size_t row_bytes = rows ? t.nbytes() / size_t(rows) : 0;
+  Tensor out(t.dtype(), t.shape());
+  const auto* src = static_cast<const uint8_t*>(t.data());
+  auto* dst = static_cast<uint8_t*>(out.data());
+  for (int64_t h = 0; h < n_head; ++h)
+    for (int64_t d = 0; d < half; ++d)
+      for (int64_t j = 0; j < 2; ++j)
+        std::memcpy(dst + size_t(h * head_dim + j * half + d) * row_bytes,
+                    src + size_t(h * head_dim + 2 * d + j) * row_bytes, row_bytes);
+  return out;
+}
+
+GgufWeightSource::GgufWeightSource(std::shared_ptr<const GgufFile> file) : file_(std::move(file)) {
+  const GgufFile& f = *file_;
+  const std::string arch =
+      f.has_key("general.architecture") ? f.get_string("general.architecture") : "";
+  int heads = 0, kv_heads = 0;
+  if (arch == "llama") {  // only llama's converter permutes (transformers' LlamaTensorProcessor)
+    heads = int(req_u32(f, "llama.attention.head_count"));
+    kv_heads = int(opt_u32(f, "llama.attention.head_count_kv", uint32_t(heads)));
+  }
+  for (const auto& t : f.tensors()) {
+    Mapping m;
+    m.gguf_name = t.name;
+    std::string hf = gguf_to_hf_name(arch, t.name);
+    // Tensors with no HF counterpart (rope_freqs.weight...) stay under their GGUF name.
+    if (hf.empty()) hf = t.name;
+    if (heads > 0) {
+      if (hf.find("self_attn.q_proj.") != std::string::npos) m.permute_heads = heads;
+      if (hf.find("self_attn.k_proj.") != std::string::npos) m.permute_heads = kv_heads;
+    }
+    if (arch == "gpt2" && t.shape.size() == 2 &&
+        (hf.find("c_attn.weight") != std::string::npos ||
+         hf.find("c_proj.weight") != std::string::npos ||
+         hf.find("c_fc.weight") != std::string::npos))
+      m.transpose = true;
+    map_[hf] = m;
+  }
+}
+
+std::vector<std::string> GgufWeightSource::names() const {
+  std::vector<std::string> out;
+  for (const auto& [k, v] : map_) out.push_back(k);
+  return out;
+}
+
+const GgufWeightSource::Mapping& GgufWeightSource::mapping(const std::string& name) const {
+  auto it = map_.find(name);
+  if (it == map_.end())
+    throw_error(ErrorCode::kNotFound, describe(), ": no tensor maps to HF name '", name, "'");
+  return it->second;
+}
+
+const std::string& GgufWeightSource::gguf_name(const std::string& hf_name) const {
+  return mapping(hf_name).gguf_name;
+}
+
+TensorInfo GgufWeightSource::info(const std::string& name) const {
+  const Mapping& m = mapping(name);
+  const GgufTensorInfo& t = file_->tensor_info(m.gguf_name);
+  TensorInfo i;
+  i.dtype = GgufFile::natural_dtype(t.type);
+  i.shape = t.shape;
+  if (m.transpose) std::swap(i.shape[0], i.shape[1]);
+  i.nbytes = size_t(t.numel) * dtype_size(i.dtype);
+  if (GgufFile::natural_dtype(t.type) == DType::kF32 && t.type != uint32_t(GgmlType::kF32))
+    i.storage = ggml_type_name(t.type);
+  return i;
+}
+
+Tensor GgufWeightSource::load(const std::string& name, DType want) const {
+  const Mapping& m = mapping(name);
+  Tensor t = file_->load(m.gguf_name, want);
+  if (m.permute_heads > 0) {
+    try {
+      t = gguf_unpermute_rows(t, m.permute_heads);
+    } catch (const Error& e) {
+      throw_error(ErrorCode::kInvalidFile, describe(), ": tensor '", m.gguf_name, "': ", e.what());
+    }
+  }
+  if (m.transpose) {
+    const int64_t r = t.dim(0), c = t.dim(1);
+    const size_t es = dtype_size(t.dtype());
+    Tensor out(t.dtype(), {c, r});
+    const auto* s = static_cast<const uint8_t*>(t.data());
+    auto* d = static_cast<uint8_t*>(out.data());
+    for (int64_t i = 0; i < r; ++i)
+      for (int64_t j = 0; j < c; ++j) std::memcpy(d + size_t(j * r + i) * es, s + size_t(i * c + j) * es, es);
+    t = out;
+  }
+  return t;
+}
+
+}  // namespace kiln

@@ -1,0 +1,476 @@
+// Tests of the GGUF reader, the dequantizers (against values from the Python gguf
+// package in tests/fixtures/frontends/gguf_quants.json) and the HF view, on synthetic
+// files, on corrupt input, and on the real SmolLM2 GGUF when it is present.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "frontends/gguf.h"
+#include "frontends/gguf_hf.h"
+#include "frontends/hf_dir.h"
+#include "gguf_writer.h"
+#include "test_util.h"
+
+namespace kiln {
+namespace {
+
+using test::expect_error;
+using test::GgufWriter;
+using test::raw_bytes;
+using test::TempDir;
+using test::write_file;
+
+GgufFile parse(const std::string& bytes, const std::string& label = "test.gguf") {
+  auto keep = std::make_shared<std::string>(bytes);
+  return GgufFile::from_memory(reinterpret_cast<const uint8_t*>(keep->data()), keep->size(), label,
+                               keep);
+}
+
+std::string hex_to_bytes(const std::string& hex) {
+  std::string out;
+  for (size_t i = 0; i + 1 < hex.size(); i += 2)
+    out.push_back(char(std::stoi(hex.substr(i, 2), nullptr, 16)));
+  return out;
+}
+
+nlohmann::json fixture() {
+  return read_json_file(std::string(KILN_FIXTURES_DIR) + "/frontends/gguf_quants.json");
+}
+
+std::string models_dir() {
+  const char* env = std::getenv("KILN_MODELS_DIR");
+  return env ? env : std::string(KILN_SOURCE_DIR) + "/.cache/models";
+}
+
+TEST(Gguf, MetadataOfEveryType) {
+  GgufWriter w;
+  w.kv<uint8_t>("u8", 0, 200);
+  w.kv<int8_t>("i8", 1, -5);
+  w.kv<uint16_t>("u16", 2, 60000);
+  w.kv<int16_t>("i16", 3, -300);
+  w.kv_u32("u32", 4000000000u);
+  w.kv<int32_t>("i32", 5, -7);
+  w.kv_f32("f32", 0.5f);
+  w.kv<uint8_t>("bool", 7, 1);
+  w.kv_string("str", "héllo");
+  w.kv<uint64_t>("u64", 10, 1ull << 40);
+  w.kv<int64_t>("i64", 11, -(1ll << 40));
+  w.kv<double>("f64", 12, 2.25);
+  w.kv_strings("strs", {"a", "", "ccc"});
+  w.kv_array<int32_t>("ints", 5, {1, -2, 3});
+  w.kv_array<float>("floats", 6, {1.5f, -2.f});
+  // An array of arrays of strings: [["x"], ["y", "z"]].
+  std::string nested;
+  GgufWriter::put<uint32_t>(nested, 9);
+  GgufWriter::put<uint64_t>(nested, 2);
+  for (std::vector<std::string> inner : {std::vector<std::string>{"x"}, {"y", "z"}}) {
+    GgufWriter::put<uint32_t>(nested, 8);
+    GgufWriter::put<uint64_t>(nested, inner.size());
+    for (const auto& s : inner) GgufWriter::put_str(nested, s);
+  }
+  w.kv_raw("nested", 9, nested);
+
+  GgufFile f = parse(w.bytes());
+  EXPECT_EQ(f.version(), 3u);
+  EXPECT_EQ(f.keys().size(), 16u);
+  EXPECT_EQ(f.get_u32("u8"), 200u);
+  EXPECT_EQ(f.get_i64("i8"), -5);
+  EXPECT_EQ(f.get_u32("u16"), 60000u);
+  EXPECT_EQ(f.get_i64("i16"), -300);
+  EXPECT_EQ(f.get_u32("u32"), 4000000000u);
+  EXPECT_EQ(f.get_i64("i32"), -7);
+  EXPECT_EQ(f.get_f32("f32"), 0.5f);
+  EXPECT_TRUE(f.get_bool("bool"));
+  EXPECT_EQ(f.get_string("str"), "héllo");
+  EXPECT_EQ(f.get_i64("u64"), 1ll << 40);
+  EXPECT_EQ(f.get_i64("i64"), -(1ll << 40));
+  EXPECT_EQ(f.get_f32("f64"), 2.25f);
+  EXPECT_EQ(f.get_array_strings("strs"), (std::vector<std::string>{"a", "", "ccc"}));
+  EXPECT_EQ(f.get_array_i32("ints"), (std::vector<int32_t>{1, -2, 3}));
+  EXPECT_EQ(f.get_array_f32("floats"), (std::vector<float>{1.5f, -2.f}));
+  EXPECT_EQ(f.get_array_size("ints"), 3u);
+  const GgufValue& n = f.value("nested");
+  ASSERT_EQ(n.items.size(), 2u);
+  EXPECT_EQ(n.items[1].strs, (std::vector<std::string>{"y", "z"}));
+
+  expect_error([&] { f.get_u32("i32"); }, ErrorCode::kInvalidFile, {"'i32'", "i32"});
+  expect_error([&] { f.get_string("u8"); }, ErrorCode::kInvalidFile, {"'u8'", "a string"});
+  expect_error([&] { f.get_array_strings("ints"); }, ErrorCode::kInvalidFile, {"array of i32"});
+  expect_error([&] { f.get_u32("nope"); }, ErrorCode::kNotFound, {"'nope'", "test.gguf"});
+}
+
+TEST(Gguf, PlainTensorsRoundTrip) {
+  GgufWriter w;
+  w.version = 2;
+  std::vector<float> a = {0, 1, 2, 3, 4, 5};
+  std::vector<uint16_t> h = {f32_to_f16(1.f), f32_to_f16(-2.f)};
+  std::vector<uint16_t> b = {f32_to_bf16(3.f), f32_to_bf16(0.25f)};
+  w.tensor("a", 0, {3, 2}, raw_bytes(a));  // PyTorch shape [2, 3]
+  w.tensor("h", 1, {2}, raw_bytes(h));
+  w.tensor("b", 30, {2}, raw_bytes(b));
+  GgufFile f = parse(w.bytes());
+  ASSERT_EQ(f.tensors().size(), 3u);
+  EXPECT_EQ(f.tensor_info("a").shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(f.tensor_info("a").ne, (std::vector<int64_t>{3, 2}));
+  Tensor ta = f.load("a", DType::kF32);
+  EXPECT_EQ(ta.data_as<float>()[4], 4.f);
+  EXPECT_EQ(f.load("h", DType::kF16).data_as<uint16_t>()[1], h[1]);
+  EXPECT_EQ(f.load("h", DType::kF32).data_as<float>()[1], -2.f);
+  EXPECT_EQ(f.load("b", DType::kF32).data_as<float>()[1], 0.25f);
+  EXPECT_EQ(GgufFile::natural_dtype(30), DType::kBF16);
+  expect_error([&] { f.load("zz", DType::kF32); }, ErrorCode::kNotFound, {"'zz'"});
+}
+
+// Every quant type against gguf-py's dequantization of the same random blocks.
+TEST(GgufQuants, MatchGgufPy) {
+  auto fx = fixture();
+  ASSERT_GE(fx["blocks"].size(), 10u);
+  for (const auto& b : fx["blocks"]) {
+    const std::string type = b["type"];
+    const uint32_t id = b["type_id"];
+    const std::string bytes = hex_to_bytes(b["hex"]);
+    const std::vector<float> want = b["values"].get<std::vector<float>>();
+    const GgmlTypeTraits* tr = ggml_type_traits(id);
+    ASSERT_NE(tr, nullptr) << type;
+    EXPECT_EQ(std::string(tr->name), type);
+    ASSERT_EQ(bytes.size() / tr->type_size * size_t(tr->block_size), want.size()) << type;
+    // Through a GGUF file, as a [2, n/2] tensor, so the row split is exercised too.
+    GgufWriter w;
+    w.tensor("t", id, {want.size() / 2, 2}, bytes);
+    GgufFile f = parse(w.bytes());
+    Tensor t = f.load("t", DType::kF32);
+    ASSERT_EQ(size_t(t.numel()), want.size());
+    double max_err = 0;
+    for (size_t i = 0; i < want.size(); ++i)
+      max_err = std::max(max_err, double(std::fabs(t.data_as<float>()[i] - want[i])) /
+                                      std::max(1.0, double(std::fabs(want[i]))));
+    EXPECT_LE(max_err, 1e-6) << type;
+  }
+}
+
+TEST(GgufQuants, Q8KByHand) {
+  std::string block(292, '\0');
+  float d = 0.5f;
+  std::memcpy(block.data(), &d, 4);
+  for (int j = 0; j < 256; ++j) block[4 + j] = char(int8_t(j - 128));
+  std::vector<float> y(256);
+  ggml_type_traits(uint32_t(GgmlType::kQ8_K))->to_f32(
+      reinterpret_cast<const uint8_t*>(block.data()), y.data(), 256);
+  EXPECT_EQ(y[0], -64.f);
+  EXPECT_EQ(y[255], 63.5f);
+}
+
+// --- corrupt input ---
+
+std::string one_tensor_file() {
+  GgufWriter w;
+  w.kv_string("general.architecture", "llama");
+  std::vector<float> a(8, 1.f);
+  w.tensor("w", 0, {8}, raw_bytes(a));
+  return w.bytes();
+}
+
+void expect_bad(const std::string& bytes, ErrorCode code, std::vector<std::string> needles) {
+  needles.push_back("bad.gguf");
+  expect_error([&] { parse(bytes, "bad.gguf"); }, code, needles);
+}
+
+template <typename T>
+void poke(std::string& s, size_t at, T v) {
+  std::memcpy(s.data() + at, &v, sizeof(T));
+}
+
+TEST(GgufCorrupt, BadMagic) {
+  std::string s = one_tensor_file();
+  s[0] = 'X';
+  expect_bad(s, ErrorCode::kInvalidFile, {"not a GGUF file"});
+  expect_bad("GG", ErrorCode::kInvalidFile, {"not a GGUF file"});
+}
+TEST(GgufCorrupt, BadVersion) {
+  std::string s = one_tensor_file();
+  poke<uint32_t>(s, 4, 7);
+  expect_bad(s, ErrorCode::kInvalidFile, {"version 7"});
+  poke<uint32_t>(s, 4, 1);
+  expect_bad(s, ErrorCode::kUnsupported, {"version 1"});
+}
+TEST(GgufCorrupt, AbsurdCounts) {
+  std::string s = one_tensor_file();
+  poke<uint64_t>(s, 8, 1ull << 60);  // tensor count
+  expect_bad(s, ErrorCode::kInvalidFile, {"1152921504606846976 tensors"});
+  s = one_tensor_file();
+  poke<uint64_t>(s, 16, 1ull << 60);  // kv count
+  expect_bad(s, ErrorCode::kInvalidFile, {"metadata entries"});
+}
+TEST(GgufCorrupt, AbsurdStringLength) {
+  std::string s = one_tensor_file();
+  poke<uint64_t>(s, 24, 1ull << 60);  // length of the first key
+  expect_bad(s, ErrorCode::kInvalidFile, {"length of 1152921504606846976"});
+}
+TEST(GgufCorrupt, AbsurdArrayCount) {
+  GgufWriter w;
+  std::string v;
+  GgufWriter::put<uint32_t>(v, 8);
+  GgufWriter::put<uint64_t>(v, 1ull << 60);
+  w.kv_raw("tokenizer.ggml.tokens", 9, v);
+  expect_bad(w.bytes(), ErrorCode::kInvalidFile, {"tokenizer.ggml.tokens", "1152921504606846976"});
+}
+TEST(GgufCorrupt, UnknownValueType) {
+  GgufWriter w;
+  w.kv<uint32_t>("k", 99, 0);
+  expect_bad(w.bytes(), ErrorCode::kInvalidFile, {"'k'", "unknown type 99"});
+}
+TEST(GgufCorrupt, DeepNesting) {
+  GgufWriter w;
+  std::string v;
+  for (int i = 0; i < 20; ++i) {
+    GgufWriter::put<uint32_t>(v, 9);
+    GgufWriter::put<uint64_t>(v, 1);
+  }
+  GgufWriter::put<uint32_t>(v, 4);
+  GgufWriter::put<uint64_t>(v, 0);
+  w.kv_raw("deep", 9, v);
+  expect_bad(w.bytes(), ErrorCode::kInvalidFile, {"nests arrays"});
+}
+TEST(GgufCorrupt, UnknownTensorType) {
+  GgufWriter w;
+  w.tensor("w", 77, {4}, std::string(16, '\0'));
+  expect_bad(w.bytes(), ErrorCode::kUnsupported, {"tensor 'w'", "ggml type 77"});
+}
+TEST(GgufCorrupt, TooManyDims) {
+  GgufWriter w;
+  w.tensor("w", 0, {1, 1, 1, 1, 1}, std::string(4, '\0'));
+  expect_bad(w.bytes(), ErrorCode::kInvalidFile, {"5 dimensions"});
+}
+TEST(GgufCorrupt, RowNotMultipleOfBlock) {
+  GgufWriter w;
+  w.tensor("w", 8, {31}, std::string(34, '\0'));
+  expect_bad(w.bytes(), ErrorCode::kInvalidFile, {"31 elements", "Q8_0 block size 32"});
+}
+TEST(GgufCorrupt, TruncatedTensorData) {
+  std::string s = one_tensor_file();
+  expect_bad(s.substr(0, s.size() - 4), ErrorCode::kInvalidFile,
+             {"tensor 'w'", "[0, 32)", "holds 28", "truncated"});
+}
+TEST(GgufCorrupt, MisalignedOffset) {
+  GgufWriter w;
+  w.tensor("w", 0, {1}, std::string(4, '\0'));
+  std::string s = w.bytes();
+  // The offset is the last 8 bytes of the tensor info, right before the padding.
+  const size_t info_end = 24 + 8 + 1 + 4 + 8 + 4 + 8;
+  poke<uint64_t>(s, info_end - 8, 4);
+  expect_bad(s, ErrorCode::kInvalidFile, {"offset 4", "alignment 32"});
+}
+TEST(GgufCorrupt, BadAlignment) {
+  GgufWriter w;
+  w.kv_u32("general.alignment", 48);
+  expect_bad(w.bytes(), ErrorCode::kInvalidFile, {"general.alignment", "48"});
+}
+TEST(GgufCorrupt, DuplicateKey) {
+  GgufWriter w;
+  w.kv_u32("a", 1);
+  w.kv_u32("a", 2);
+  expect_bad(w.bytes(), ErrorCode::kInvalidFile, {"'a' appears twice"});
+}
+// Every prefix of a valid file is a clean error (or, past the header, still valid).
+TEST(GgufCorrupt, EveryPrefix) {
+  const std::string s = one_tensor_file();
+  for (size_t n = 0; n < s.size(); ++n) {
+    try {
+      parse(s.substr(0, n));
+      ADD_FAILURE() << "prefix of " << n << " bytes parsed";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("test.gguf"), std::string::npos);
+    }
+  }
+}
+
+// --- the HF view ---
+
+// A llama GGUF with 2 layers of width 8, 2 heads (head_dim 4) and 1 KV head; q rows
+// hold their own row index so the un-permutation can be read off directly.
+std::string tiny_llama(bool with_output) {
+  GgufWriter w;
+  w.kv_string("general.architecture", "llama");
+  w.kv_u32("llama.embedding_length", 8);
+  w.kv_u32("llama.feed_forward_length", 16);
+  w.kv_u32("llama.block_count", 1);
+  w.kv_u32("llama.attention.head_count", 2);
+  w.kv_u32("llama.attention.head_count_kv", 1);
+  w.kv_u32("llama.context_length", 128);
+  w.kv_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+  w.kv_f32("llama.rope.freq_base", 10000.f);
+  w.kv_string("llama.rope.scaling.type", "linear");
+  w.kv_f32("llama.rope.scaling.factor", 2.f);
+  w.kv_strings("tokenizer.ggml.tokens", {"a", "b", "c", "d"});
+  w.kv_u32("tokenizer.ggml.bos_token_id", 1);
+  w.kv_u32("tokenizer.ggml.eos_token_id", 2);
+  auto rows = [](int n, int width) {
+    std::vector<float> v;
+    for (int r = 0; r < n; ++r)
+      for (int c = 0; c < width; ++c) v.push_back(float(r));
+    return raw_bytes(v);
+  };
+  w.tensor("token_embd.weight", 0, {8, 4}, rows(4, 8));
+  w.tensor("blk.0.attn_q.weight", 0, {8, 8}, rows(8, 8));
+  w.tensor("blk.0.attn_k.weight", 0, {8, 4}, rows(4, 8));
+  w.tensor("blk.0.attn_v.weight", 0, {8, 4}, rows(4, 8));
+  w.tensor("blk.0.ffn_gate.weight", 0, {8, 16}, rows(16, 8));
+  w.tensor("output_norm.weight", 0, {8}, rows(1, 8));
+  w.tensor("rope_freqs.weight", 0, {2}, rows(1, 2));
+  if (with_output) w.tensor("output.weight", 0, {8, 4}, rows(4, 8));
+  return w.bytes();
+}
+
+TEST(GgufHf, LlamaConfig) {
+  GgufFile f = parse(tiny_llama(false));
+  auto c = gguf_to_hf_config(f);
+  EXPECT_EQ(c["model_type"], "llama");
+  EXPECT_EQ(c["hidden_size"], 8);
+  EXPECT_EQ(c["intermediate_size"], 16);
+  EXPECT_EQ(c["num_hidden_layers"], 1);
+  EXPECT_EQ(c["num_attention_heads"], 2);
+  EXPECT_EQ(c["num_key_value_heads"], 1);
+  EXPECT_EQ(c["head_dim"], 4);
+  EXPECT_EQ(c["max_position_embeddings"], 128);
+  EXPECT_EQ(c["vocab_size"], 4);
+  EXPECT_EQ(float(c["rms_norm_eps"].get<double>()), 1e-5f);
+  EXPECT_EQ(c["rope_theta"], 10000.0);
+  EXPECT_EQ(c["tie_word_embeddings"], true);
+  EXPECT_EQ(c["rope_scaling"]["rope_type"], "linear");
+  EXPECT_EQ(c["rope_scaling"]["factor"], 2.0);
+  EXPECT_EQ(c["bos_token_id"], 1);
+  EXPECT_EQ(c["eos_token_id"], 2);
+  EXPECT_EQ(gguf_to_hf_config(parse(tiny_llama(true)))["tie_word_embeddings"], false);
+}
+
+TEST(GgufHf, LlamaNamesAndPermutation) {
+  auto file = std::make_shared<const GgufFile>(parse(tiny_llama(true)));
+  GgufWeightSource src(file);
+  EXPECT_TRUE(src.has("model.embed_tokens.weight"));
+  EXPECT_TRUE(src.has("model.layers.0.mlp.gate_proj.weight"));
+  EXPECT_TRUE(src.has("model.norm.weight"));
+  EXPECT_TRUE(src.has("lm_head.weight"));
+  EXPECT_TRUE(src.has("rope_freqs.weight"));  // no HF counterpart: kept under its GGUF name
+  EXPECT_EQ(src.gguf_name("model.layers.0.self_attn.v_proj.weight"), "blk.0.attn_v.weight");
+  EXPECT_EQ(src.info("model.layers.0.mlp.gate_proj.weight").shape, (std::vector<int64_t>{16, 8}));
+  // head_dim 4, half 2: HF row h*4 + j*2 + d comes from GGUF row h*4 + 2*d + j.
+  Tensor q = src.load("model.layers.0.self_attn.q_proj.weight", DType::kF32);
+  std::vector<float> got;
+  for (int r = 0; r < 8; ++r) got.push_back(q.data_as<float>()[r * 8]);
+  EXPECT_EQ(got, (std::vector<float>{0, 2, 1, 3, 4, 6, 5, 7}));
+  Tensor k = src.load("model.layers.0.self_attn.k_proj.weight", DType::kF16);  // one KV head
+  std::vector<float> gk;
+  for (int r = 0; r < 4; ++r) gk.push_back(f16_to_f32(k.data_as<uint16_t>()[r * 8 + 3]));
+  EXPECT_EQ(gk, (std::vector<float>{0, 2, 1, 3}));
+  Tensor v = src.load("model.layers.0.self_attn.v_proj.weight", DType::kF32);  // untouched
+  EXPECT_EQ(v.data_as<float>()[8], 1.f);
+  expect_error([&] { src.load("model.layers.9.mlp.up_proj.weight", DType::kF32); },
+               ErrorCode::kNotFound, {"model.layers.9.mlp.up_proj.weight"});
+}
+
+TEST(GgufHf, Gpt2TransposesConv1D) {
+  GgufWriter w;
+  w.kv_string("general.architecture", "gpt2");
+  w.kv_u32("gpt2.embedding_length", 2);
+  w.kv_u32("gpt2.block_count", 1);
+  w.kv_u32("gpt2.attention.head_count", 1);
+  w.kv_u32("gpt2.context_length", 16);
+  w.kv_f32("gpt2.attention.layer_norm_epsilon", 1e-5f);
+  std::vector<float> qkv = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11};  // [out 6, in 2]
+  w.tensor("blk.0.attn_qkv.weight", 0, {2, 6}, raw_bytes(qkv));
+  w.tensor("token_embd.weight", 0, {2, 3}, raw_bytes(std::vector<float>(6, 0.f)));
+  auto file = std::make_shared<const GgufFile>(parse(w.bytes()));
+  auto c = gguf_to_hf_config(*file);
+  EXPECT_EQ(c["model_type"], "gpt2");
+  EXPECT_EQ(c["n_embd"], 2);
+  EXPECT_EQ(c["vocab_size"], 3);
+  GgufWeightSource src(file);
+  EXPECT_EQ(src.info("h.0.attn.c_attn.weight").shape, (std::vector<int64_t>{2, 6}));
+  Tensor t = src.load("h.0.attn.c_attn.weight", DType::kF32);
+  EXPECT_EQ(t.shape(), (std::vector<int64_t>{2, 6}));
+  EXPECT_EQ(t.data_as<float>()[1], 2.f);  // HF [in, out][0][1] = GGUF [out, in][1][0]
+  EXPECT_TRUE(src.has("wte.weight"));
+}
+
+TEST(GgufHf, UnsupportedArchitecture) {
+  GgufWriter w;
+  w.kv_string("general.architecture", "mamba");
+  expect_error([&] { gguf_to_hf_config(parse(w.bytes())); }, ErrorCode::kUnsupported,
+               {"mamba", "llama"});
+}
+
+TEST(GgufHf, HfModelDirOpensGguf) {
+  TempDir dir;
+  write_file(dir.file("tiny.gguf"), tiny_llama(false));
+  auto m = HfModelDir::open(dir.path());  // no config.json: the one GGUF is used
+  EXPECT_EQ(m.config["model_type"], "llama");
+  EXPECT_TRUE(m.weights->has("model.layers.0.self_attn.q_proj.weight"));
+  auto m2 = HfModelDir::open(dir.file("tiny.gguf"));
+  EXPECT_NE(m2.weights->describe().find("tiny.gguf"), std::string::npos);
+}
+
+// --- the real SmolLM2-135M-Instruct Q4_1 GGUF (Q8_0 embeddings, Q4_1, F32) ---
+
+std::string smollm2_path() {
+  return models_dir() + "/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+
+TEST(GgufReal, SmolLM2MatchesGgufPy) {
+  if (!std::filesystem::exists(smollm2_path())) GTEST_SKIP() << "no " << smollm2_path();
+  GgufFile f = GgufFile::open(smollm2_path());
+  EXPECT_EQ(f.tensors().size(), 272u);
+  EXPECT_EQ(f.get_array_strings("tokenizer.ggml.tokens").size(), 49152u);
+  const auto real = fixture()["real"];
+  ASSERT_EQ(real.size(), 4u) << "regenerate with tests/frontends/gen_gguf_fixtures.py";
+  for (const auto& r : real) {
+    const std::string name = r["name"];
+    Tensor t = f.load(name, DType::kF32);
+    EXPECT_EQ(t.shape(), r["shape"].get<std::vector<int64_t>>()) << name;
+    const float* p = t.data_as<float>();
+    auto row0 = r["row0"].get<std::vector<float>>();
+    auto last = r["row_last"].get<std::vector<float>>();
+    for (size_t i = 0; i < row0.size(); ++i) ASSERT_EQ(p[i], row0[i]) << name << " [" << i << "]";
+    for (size_t i = 0; i < last.size(); ++i)
+      ASSERT_EQ(p[t.numel() - 64 + int64_t(i)], last[i]) << name;
+  }
+}
+
+// Against transformers' own GGUF loading (tests/fixtures/models/smollm2/reference.json).
+TEST(GgufReal, SmolLM2MatchesTransformers) {
+  const std::string ref_path = std::string(KILN_FIXTURES_DIR) + "/models/smollm2/reference.json";
+  if (!std::filesystem::exists(smollm2_path())) GTEST_SKIP() << "no " << smollm2_path();
+  if (!std::filesystem::exists(ref_path)) GTEST_SKIP() << "no " << ref_path;
+  auto ref = read_json_file(ref_path);
+  auto m = HfModelDir::open(smollm2_path());
+  for (const char* k : {"hidden_size", "intermediate_size", "num_hidden_layers",
+                        "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
+                        "max_position_embeddings", "tie_word_embeddings", "bos_token_id",
+                        "eos_token_id", "rope_theta", "rms_norm_eps"})
+    EXPECT_EQ(m.config[k], ref["derived_config"][k]) << k;
+  int checked = 0;
+  for (const auto& e : ref["gguf_fingerprint"]) {
+    const std::string hf = e["hf_name"];
+    ASSERT_TRUE(m.weights->has(hf)) << hf;
+    Tensor t = m.weights->load(hf, DType::kF32);
+    EXPECT_EQ(t.shape(), e["hf_shape"].get<std::vector<int64_t>>()) << hf;
+    double sum = 0, abs_sum = 0;
+    const float* p = t.data_as<float>();
+    for (int64_t i = 0; i < t.numel(); ++i) sum += p[i], abs_sum += std::fabs(p[i]);
+    EXPECT_NEAR(abs_sum, e["hf_abs_sum"].get<double>(), 1e-6 * abs_sum) << hf;
+    EXPECT_NEAR(sum, e["hf_sum"].get<double>(), 1e-6 * abs_sum) << hf;
+    if (e.contains("hf[:2,:4]")) {
+      const auto& corner = e["hf[:2,:4]"];
+      for (int r = 0; r < 2; ++r)
+        for (int c = 0; c < 4; ++c)
+          EXPECT_EQ(p[r * t.dim(1) + c], corner[r][c].get<float>()) << hf << " [" << r << "," << c << "]";
+    }
+    ++checked;
+  }
+  EXPECT_GE(checked, 10);
+}
+
+}  // namespace
+}  // namespace kiln
