@@ -3,6 +3,7 @@
 
 #include "core/log.h"
 #include "core/status.h"
+#include "models/random_weights.h"
 
 namespace kiln {
 
@@ -11,8 +12,17 @@ std::map<std::string, Tensor> load_declared_weights(const std::vector<WeightSpec
   std::map<std::string, Tensor> out;
   Progress progress("loading weights", int64_t(specs.size()));
   int64_t done = 0;
+  auto* random = dynamic_cast<const RandomWeightSource*>(&source);
   for (const WeightSpec& spec : specs) {
     std::string name = spec.name;
+    if (random) {
+      if (!spec.tied_to.empty() && out.count(spec.tied_to))
+        out.emplace(spec.name, out.at(spec.tied_to));
+      else if (spec.required)
+        out.emplace(spec.name, random->make(spec.name, spec.shape));
+      progress.update(++done);
+      continue;
+    }
     if (!source.has(name)) {
       if (!spec.tied_to.empty() && out.count(spec.tied_to)) {
         out.emplace(spec.name, out.at(spec.tied_to));  // shares the buffer

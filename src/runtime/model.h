@@ -8,6 +8,7 @@
 #include <string>
 
 #include "backends/backend.h"
+#include "frontends/gguf.h"
 #include "models/model_builder.h"
 
 namespace kiln {
@@ -21,7 +22,10 @@ class Model {
  public:
   // `path`: a HuggingFace model directory (config.json + safetensors) or a .gguf file.
   static std::unique_ptr<Model> load(const std::string& path, const ModelOptions& options = {});
-  // From an already built graph (tests, benchmarks with random weights).
+  // Real shapes without a checkpoint: `config` is a config.json (file, or a model
+  // directory holding one); weights are random (benchmarks).
+  static std::unique_ptr<Model> load_random(const std::string& config, const ModelOptions& options = {});
+  // From an already built graph (tests).
   static std::unique_ptr<Model> from_built(BuiltModel built, const ModelOptions& options = {});
 
   const ModelInfo& info() const { return built_.info; }
@@ -29,12 +33,18 @@ class Model {
   Backend& backend() { return *backend_; }
   CompiledGraph& compiled() { return *compiled_; }
   const std::string& path() const { return path_; }
+  // The config the graph was built from (for GGUF: the HF config derived from it).
+  const nlohmann::json& config() const { return config_; }
+  // The GGUF file the model came from, if any (the tokenizer reads its metadata).
+  std::shared_ptr<const GgufFile> gguf() const { return gguf_; }
 
  private:
   BuiltModel built_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<CompiledGraph> compiled_;
   std::string path_;
+  nlohmann::json config_;
+  std::shared_ptr<const GgufFile> gguf_;
 };
 
 }  // namespace kiln
