@@ -1,0 +1,146 @@
+// `kiln bench`: llama-bench-style prefill (pp) and decode (tg) throughput of a model
+// or of real shapes with random weights, next to this machine's measured memory
+// bandwidth, which bounds batch-1 decoding. Prints a markdown table.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <random>
+
+#include "commands.h"
+#include "core/status.h"
+#include "core/tensor.h"
+#include "core/thread_pool.h"
+#include "runtime/llm_runner.h"
+
+namespace kiln::cli {
+
+namespace {
+
+struct BenchArgs {
+  ModelArgs model;
+  std::string random_config;
+  int prompt_len = 128;
+  int gen_len = 32;
+  int batch = 1;
+  int repeats = 3;
+};
+
+using Clock = std::chrono::steady_clock;
+double secs(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// Read + write bandwidth of a triad a[i] = b[i] + s*c[i] over buffers far larger than
+// the last-level cache, on all threads (STREAM's rule: count 3 x 8 bytes per element... here f32).
+double measure_triad_gbs() {
+  const int64_t n = int64_t(64) << 20;  // 256 MiB per array
+  Tensor a(DType::kF32, {n}), b(DType::kF32, {n}), c(DType::kF32, {n});
+  auto& pool = ThreadPool::global();
+  auto run = [&] {
+    pool.parallel_for(n, [&](int64_t s, int64_t e, int) {
+      float* pa = a.data_as<float>();
+      const float* pb = b.data_as<float>();
+      const float* pc = c.data_as<float>();
+      for (int64_t i = s; i < e; ++i) pa[i] = pb[i] + 1.5f * pc[i];
+    }, 1 << 16);
+  };
+  run();  // first touch
+  std::vector<double> t;
+  for (int r = 0; r < 5; ++r) {
+    auto t0 = Clock::now();
+    run();
+    t.push_back(secs(t0, Clock::now()));
+  }
+  return 3.0 * 4.0 * double(n) / median(t) / 1e9;
+}
+
+int run_bench(const BenchArgs& a) {
+  ModelOptions mo{a.model.backend, a.model.weight_dtype};
+  auto model = a.random_config.empty() ? Model::load(a.model.model, mo)
+                                       : Model::load_random(a.random_config, mo);
+  const ModelInfo& info = model->info();
+  if (!info.is_decoder) throw_error(ErrorCode::kUnsupported, "kiln bench measures decoders for now");
+  if (a.prompt_len + a.gen_len > info.max_positions)
+    throw_error(ErrorCode::kInvalidArgument, "prompt + generated tokens (", a.prompt_len + a.gen_len,
+                ") exceed the model's ", info.max_positions, " positions");
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int32_t> tok(0, int32_t(info.vocab_size - 1));
+  std::vector<std::vector<int32_t>> prompts(size_t(a.batch));
+  for (auto& p : prompts)
+    for (int i = 0; i < a.prompt_len; ++i) p.push_back(tok(rng));
+
+  const double bw = measure_triad_gbs();
+  const double weight_bytes = double(model->compiled().weight_bytes());
+  const double kv_token_bytes = 2.0 * double(info.num_layers * info.num_kv_heads * info.head_dim) * 4;
+
+  std::vector<double> pp, tg;
+  for (int r = 0; r < a.repeats + 1; ++r) {  // repeat 0 warms up
+    LlmRunnerOptions ro;
+    ro.max_total_tokens = int64_t(a.batch) * (a.prompt_len + a.gen_len + 32);
+    LlmRunner runner(*model, ro);
+    std::vector<int32_t> ids;
+    for (auto& p : prompts) ids.push_back(runner.add_sequence(p));
+    auto t0 = Clock::now();
+    auto outs = runner.step();
+    auto t1 = Clock::now();
+    std::vector<double> steps;
+    for (int g = 0; g < a.gen_len; ++g) {
+      for (auto& o : outs) runner.append_tokens(o.seq, {argmax(o.logits.data(), int64_t(o.logits.size()))});
+      auto s0 = Clock::now();
+      outs = runner.step();
+      steps.push_back(secs(s0, Clock::now()));
+    }
+    if (r == 0) continue;
+    pp.push_back(secs(t0, t1));
+    tg.push_back(median(steps));
+  }
+  double pp_s = median(pp), tg_s = median(tg);
+  auto [pp_min, pp_max] = std::minmax_element(pp.begin(), pp.end());
+  auto [tg_min, tg_max] = std::minmax_element(tg.begin(), tg.end());
+  double ctx = a.prompt_len + a.gen_len / 2.0;
+  double step_bytes = weight_bytes + double(a.batch) * ctx * kv_token_bytes;
+  std::printf("model: %s (%s, %lld layers, hidden %lld), GEMM weights %s %.1f MiB, %d threads\n",
+              model->path().c_str(), info.family.c_str(), (long long)info.num_layers,
+              (long long)info.hidden_size, a.model.weight_dtype.c_str(), weight_bytes / (1 << 20),
+              ThreadPool::global().num_threads());
+  std::printf("ceiling: memory triad %.2f GB/s\n\n", bw);
+  std::printf("| test | batch | tokens/s | ms | spread (min-max ms) | GB/s | %% of triad |\n");
+  std::printf("|---|---|---|---|---|---|---|\n");
+  std::printf("| pp%d | %d | %.1f | %.1f | %.1f-%.1f | | |\n", a.prompt_len, a.batch,
+              a.batch * a.prompt_len / pp_s, pp_s * 1e3, *pp_min * 1e3, *pp_max * 1e3);
+  std::printf("| tg%d | %d | %.1f | %.2f /token | %.2f-%.2f | %.2f | %.0f%% |\n", a.gen_len, a.batch,
+              a.batch / tg_s, tg_s * 1e3, *tg_min * 1e3, *tg_max * 1e3, step_bytes / tg_s / 1e9,
+              100.0 * step_bytes / tg_s / 1e9 / bw);
+  std::printf("\nmedian of %d repeats after one warm-up; tg GB/s = (GEMM weights + KV read) / step time;"
+              " tokenization and sampling on the host excluded.\n", a.repeats);
+  return 0;
+}
+
+}  // namespace
+
+Runner add_bench(CLI::App& app) {
+  auto a = std::make_shared<BenchArgs>();
+  CLI::App* cmd = app.add_subcommand("bench", "prefill and decode throughput (llama-bench style)");
+  cmd->add_option("-m,--model", a->model.model, "model directory or .gguf");
+  cmd->add_option("--random-weights", a->random_config,
+                  "a config.json: benchmark its real shapes with random weights");
+  cmd->add_option("--backend", a->model.backend, "cpu")->capture_default_str();
+  cmd->add_option("--weight-dtype", a->model.weight_dtype, "f32 | bf16 | f16")
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}))
+      ->capture_default_str();
+  cmd->add_option("-p,--prompt-len", a->prompt_len, "prompt tokens (pp)")->capture_default_str();
+  cmd->add_option("-n,--gen-len", a->gen_len, "generated tokens (tg)")->capture_default_str();
+  cmd->add_option("-b,--batch", a->batch, "sequences decoded together")->capture_default_str();
+  cmd->add_option("-r,--repeats", a->repeats, "timed repeats")->check(CLI::Range(1, 100))->capture_default_str();
+  return [a] {
+    if (a->model.model.empty() == a->random_config.empty())
+      throw_error(ErrorCode::kInvalidArgument, "bench needs exactly one of --model or --random-weights");
+    return run_bench(*a);
+  };
+}
+
+}  // namespace kiln::cli

@@ -1,0 +1,132 @@
+// `kiln embed`, `kiln classify` (encoders) and `kiln tokenize`.
+#include <cmath>
+#include <cstdio>
+
+#include "commands.h"
+#include "core/status.h"
+#include "runtime/encoder_runner.h"
+#include "runtime/model_tokenizer.h"
+
+namespace kiln::cli {
+
+namespace {
+
+struct EncodeArgs {
+  ModelArgs model;
+  std::vector<std::string> texts;
+  std::vector<std::string> ids;
+  bool no_normalize = false;
+  std::string pooling = "mean";
+};
+
+std::vector<EncoderInput> encoder_inputs(const Model& model, const EncodeArgs& a) {
+  std::vector<EncoderInput> batch;
+  if (!a.texts.empty()) {
+    auto tokenizer = load_model_tokenizer(model);
+    if (!tokenizer)
+      throw_error(ErrorCode::kInvalidArgument, "'", a.model.model, "' has no tokenizer; use --ids");
+    tok::EncodeOptions eo;
+    eo.max_length = size_t(model.info().max_positions);
+    for (auto& t : a.texts) {
+      tok::Encoding e = tokenizer->encode_full(t, eo);
+      batch.push_back({e.ids, e.type_ids});
+    }
+  }
+  for (auto& s : a.ids) batch.push_back({parse_ids(s), {}});
+  if (batch.empty()) throw_error(ErrorCode::kInvalidArgument, "give at least one --text or --ids");
+  return batch;
+}
+
+void print_vector(const std::vector<float>& v) {
+  std::printf("[");
+  for (size_t i = 0; i < v.size(); ++i) std::printf("%s%.6g", i ? ", " : "", v[i]);
+  std::printf("]");
+}
+
+int run_embed(const EncodeArgs& a) {
+  auto model = Model::load(a.model.model, {a.model.backend, a.model.weight_dtype});
+  auto out = encode(*model, encoder_inputs(*model, a));
+  std::printf("[\n");
+  for (size_t i = 0; i < out.size(); ++i) {
+    std::vector<float> v = a.pooling == "cls" ? out[i].pooled : out[i].mean_pooled;
+    if (v.empty()) throw_error(ErrorCode::kUnsupported, "the model has no pooler for --pooling cls");
+    if (!a.no_normalize) {
+      double n = 0;
+      for (float x : v) n += double(x) * x;
+      float inv = n > 0 ? float(1.0 / std::sqrt(n)) : 0.0f;
+      for (float& x : v) x *= inv;
+    }
+    std::printf("  ");
+    print_vector(v);
+    std::printf("%s\n", i + 1 < out.size() ? "," : "");
+  }
+  std::printf("]\n");
+  return 0;
+}
+
+int run_classify(const EncodeArgs& a) {
+  auto model = Model::load(a.model.model, {a.model.backend, a.model.weight_dtype});
+  if (model->info().num_labels == 0)
+    throw_error(ErrorCode::kUnsupported, "'", a.model.model,
+                "' has no classification head (classifier.weight); use `kiln embed`");
+  auto out = encode(*model, encoder_inputs(*model, a));
+  for (size_t i = 0; i < out.size(); ++i) {
+    const auto& l = out[i].logits;
+    float mx = *std::max_element(l.begin(), l.end());
+    double sum = 0;
+    for (float x : l) sum += std::exp(double(x - mx));
+    size_t best = size_t(std::max_element(l.begin(), l.end()) - l.begin());
+    auto label = [&](size_t k) {
+      return k < model->info().labels.size() ? model->info().labels[k] : "LABEL_" + std::to_string(k);
+    };
+    std::printf("%zu: %s", i, label(best).c_str());
+    for (size_t k = 0; k < l.size(); ++k)
+      std::printf("  %s=%.4f", label(k).c_str(), std::exp(double(l[k] - mx)) / sum);
+    std::printf("\n");
+  }
+  return 0;
+}
+
+}  // namespace
+
+static Runner add_encoder_command(CLI::App& app, const char* name, const char* help, bool embed) {
+  auto a = std::make_shared<EncodeArgs>();
+  CLI::App* cmd = app.add_subcommand(name, help);
+  add_model_options(cmd, a->model);
+  cmd->add_option("-t,--text", a->texts, "input text (repeat for a batch)");
+  cmd->add_option("--ids", a->ids, "input as token ids \"101,2023,102\" (repeatable)");
+  if (embed) {
+    cmd->add_option("--pooling", a->pooling, "mean (sentence embeddings) or cls (pooler output)")
+        ->check(CLI::IsMember({"mean", "cls"}))
+        ->capture_default_str();
+    cmd->add_flag("--no-normalize", a->no_normalize, "do not L2-normalize the embeddings");
+  }
+  return [a, embed] { return embed ? run_embed(*a) : run_classify(*a); };
+}
+
+Runner add_embed(CLI::App& app) {
+  return add_encoder_command(app, "embed", "sentence embeddings from an encoder (BERT family)", true);
+}
+
+Runner add_classify(CLI::App& app) {
+  return add_encoder_command(app, "classify",
+                             "sequence classification (BertForSequenceClassification)", false);
+}
+
+Runner add_tokenize(CLI::App& app) {
+  auto model = std::make_shared<ModelArgs>();
+  auto text = std::make_shared<std::string>();
+  CLI::App* cmd = app.add_subcommand("tokenize", "show the token ids and pieces of a text");
+  add_model_options(cmd, *model);
+  cmd->add_option("-t,--text", *text, "text to tokenize")->required();
+  return [model, text] {
+    auto m = Model::load(model->model, {model->backend, model->weight_dtype});
+    auto tokenizer = load_model_tokenizer(*m);
+    if (!tokenizer) throw_error(ErrorCode::kNotFound, "'", model->model, "' has no tokenizer");
+    for (int32_t id : tokenizer->encode(*text))
+      std::printf("%6d  %s\n", id, tokenizer->id_to_token(id).c_str());
+    return 0;
+  };
+}
+
+}  // namespace kiln::cli

@@ -1,0 +1,118 @@
+// `kiln generate`: greedy continuation of a prompt (text through the model's own
+// tokenizer, or raw token ids), streamed as it decodes, with timing on stderr.
+#include <chrono>
+#include <cstdio>
+
+#include "commands.h"
+#include "core/status.h"
+#include "runtime/llm_runner.h"
+#include "runtime/model_tokenizer.h"
+
+namespace kiln::cli {
+
+namespace {
+
+struct GenerateArgs {
+  ModelArgs model;
+  std::string prompt;
+  std::string ids;
+  int max_tokens = 64;
+  bool ignore_eos = false;
+  bool print_ids = false;
+  bool quiet = false;
+};
+
+double seconds_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+}
+
+int run_generate(const GenerateArgs& a) {
+  auto t_load = std::chrono::steady_clock::now();
+  auto model = Model::load(a.model.model, {a.model.backend, a.model.weight_dtype});
+  auto tokenizer = load_model_tokenizer(*model);
+  double load_s = seconds_since(t_load);
+
+  std::vector<int32_t> prompt;
+  if (!a.ids.empty()) {
+    prompt = parse_ids(a.ids);
+  } else {
+    if (!tokenizer)
+      throw_error(ErrorCode::kInvalidArgument, "'", a.model.model,
+                  "' has no tokenizer; pass token ids with --ids");
+    prompt = tokenizer->encode(a.prompt);
+  }
+  if (prompt.empty()) throw_error(ErrorCode::kInvalidArgument, "the prompt encodes to no tokens");
+  for (int32_t id : prompt)
+    if (id < 0 || id >= model->info().vocab_size)
+      throw_error(ErrorCode::kOutOfRange, "token id ", id, " is outside the vocabulary (",
+                  model->info().vocab_size, ")");
+  std::vector<int32_t> stops;
+  if (!a.ignore_eos) {
+    if (tokenizer) stops = tokenizer->stop_ids();
+    else if (model->info().eos_token_id >= 0) stops.push_back(int32_t(model->info().eos_token_id));
+  }
+
+  LlmRunnerOptions ro;
+  ro.max_total_tokens = int64_t(prompt.size()) + a.max_tokens + 16;
+  LlmRunner runner(*model, ro);
+  int32_t seq = runner.add_sequence(prompt);
+  std::optional<tok::StreamDecoder> stream;
+  if (tokenizer && !a.print_ids) {
+    stream.emplace(*tokenizer);
+    if (!a.quiet) std::fputs(a.prompt.c_str(), stdout);
+  }
+  std::vector<int32_t> out;
+  auto t_start = std::chrono::steady_clock::now();
+  double prefill_s = 0;
+  while (int(out.size()) < a.max_tokens) {
+    auto res = runner.step();
+    if (out.empty()) prefill_s = seconds_since(t_start);
+    int32_t next = argmax(res.at(0).logits.data(), int64_t(res[0].logits.size()));
+    out.push_back(next);
+    if (std::find(stops.begin(), stops.end(), next) != stops.end()) break;
+    if (stream) std::fputs(stream->put(next).c_str(), stdout);
+    else std::printf("%s%d", out.size() > 1 ? " " : "", next);
+    std::fflush(stdout);
+    runner.append_tokens(seq, {next});
+  }
+  if (stream) std::fputs(stream->flush().c_str(), stdout);
+  std::printf("\n");
+  std::fflush(stdout);
+  double total_s = seconds_since(t_start);
+  if (!a.quiet) {
+    double decode_s = total_s - prefill_s;
+    size_t decoded = out.size() > 1 ? out.size() - 1 : 0;
+    std::fprintf(stderr,
+                 "[kiln] load %.2f s | prompt %zu tokens: %.1f ms (%.1f tok/s) | %zu generated: "
+                 "%.1f ms/token (%.1f tok/s)\n",
+                 load_s, prompt.size(), prefill_s * 1e3, double(prompt.size()) / prefill_s,
+                 out.size(), decoded ? decode_s * 1e3 / double(decoded) : 0.0,
+                 decoded ? double(decoded) / decode_s : 0.0);
+  }
+  return 0;
+}
+
+}  // namespace
+
+Runner add_generate(CLI::App& app) {
+  auto a = std::make_shared<GenerateArgs>();
+  CLI::App* cmd = app.add_subcommand("generate", "continue a prompt with a decoder model (greedy)");
+  add_model_options(cmd, a->model);
+  auto* p = cmd->add_option("-p,--prompt", a->prompt, "prompt text (uses the model's tokenizer)");
+  auto* i = cmd->add_option("--ids", a->ids, "prompt as token ids, e.g. \"1,2,3\" (no tokenizer needed)");
+  p->excludes(i);
+  cmd->add_option("-n,--max-tokens", a->max_tokens, "tokens to generate")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  cmd->add_flag("--ignore-eos", a->ignore_eos, "keep generating past end-of-sequence tokens");
+  cmd->add_flag("--print-ids", a->print_ids, "print generated token ids instead of text");
+  cmd->add_flag("-q,--quiet", a->quiet, "print only the generated continuation");
+  return [a, cmd] {
+    if (a->prompt.empty() && a->ids.empty())
+      throw_error(ErrorCode::kInvalidArgument, "generate needs --prompt TEXT or --ids IDS");
+    (void)cmd;
+    return run_generate(*a);
+  };
+}
+
+}  // namespace kiln::cli

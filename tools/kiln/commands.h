@@ -1,0 +1,31 @@
+// The `kiln` command line: one binary, trtexec-like subcommands. Each subcommand
+// registers its options and returns its runner. Tested by tests/tools/cli_test.sh.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+#include <string>
+
+namespace kiln::cli {
+
+using Runner = std::function<int()>;
+
+Runner add_generate(CLI::App& app);
+Runner add_embed(CLI::App& app);
+Runner add_classify(CLI::App& app);
+Runner add_tokenize(CLI::App& app);
+Runner add_inspect(CLI::App& app);
+Runner add_bench(CLI::App& app);
+
+// Options every model-loading subcommand shares.
+struct ModelArgs {
+  std::string model;
+  std::string backend = "cpu";
+  std::string weight_dtype = "f32";
+};
+void add_model_options(CLI::App* cmd, ModelArgs& args);
+
+// "1,2,3" -> ids; throws kiln::Error naming the bad entry.
+std::vector<int32_t> parse_ids(const std::string& s);
+
+}  // namespace kiln::cli

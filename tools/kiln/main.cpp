@@ -1,0 +1,74 @@
+// kiln: compile and run Transformer models. Subcommands live in cmd_*.cpp.
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "commands.h"
+#include "core/status.h"
+
+namespace kiln::cli {
+
+void add_model_options(CLI::App* cmd, ModelArgs& args) {
+  cmd->add_option("-m,--model", args.model,
+                  "model: a HuggingFace directory (config.json + *.safetensors) or a .gguf file")
+      ->required();
+  cmd->add_option("--backend", args.backend, "where to run: cpu")->capture_default_str();
+  cmd->add_option("--weight-dtype", args.weight_dtype,
+                  "storage of GEMM weights: f32 (exact), bf16 or f16 (half the memory traffic)")
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}))
+      ->capture_default_str();
+}
+
+std::vector<int32_t> parse_ids(const std::string& s) {
+  std::vector<int32_t> ids;
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    size_t end = s.find_first_of(", ", pos);
+    if (end == std::string::npos) end = s.size();
+    std::string item = s.substr(pos, end - pos);
+    if (!item.empty()) {
+      char* rest = nullptr;
+      long v = std::strtol(item.c_str(), &rest, 10);
+      if (*rest || v < 0 || v > INT32_MAX)
+        throw_error(ErrorCode::kInvalidArgument, "--ids: '", item, "' is not a token id");
+      ids.push_back(int32_t(v));
+    }
+    pos = end + 1;
+  }
+  return ids;
+}
+
+}  // namespace kiln::cli
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "kiln: a Transformer inference compiler and runtime.\n"
+      "Examples:\n"
+      "  kiln generate -m SmolLM2-135M-Instruct.Q4_1.gguf -p \"The capital of France is\"\n"
+      "  kiln embed -m all-MiniLM-L6-v2/ -t \"a sentence to embed\"\n"
+      "  kiln bench --random-weights bench/configs/gpt2-small.json\n"};
+  app.require_subcommand(1);
+  app.set_help_all_flag("--help-all", "help for every subcommand");
+  int threads = 0;
+  app.add_option("--threads", threads, "CPU threads (default: all cores)");
+  std::vector<kiln::cli::Runner> runners = {
+      kiln::cli::add_generate(app), kiln::cli::add_embed(app), kiln::cli::add_classify(app),
+      kiln::cli::add_tokenize(app), kiln::cli::add_inspect(app), kiln::cli::add_bench(app)};
+  CLI11_PARSE(app, argc, argv);
+  if (threads > 0) setenv("KILN_NUM_THREADS", std::to_string(threads).c_str(), 1);
+  try {
+    for (size_t i = 0; i < app.get_subcommands().size(); ++i) {
+      CLI::App* sub = app.get_subcommands()[i];
+      const auto& all = app.get_subcommands({});
+      for (size_t j = 0; j < all.size(); ++j)
+        if (all[j] == sub) return runners[j]();
+    }
+  } catch (const kiln::Error& e) {
+    std::fprintf(stderr, "kiln: error: %s\n", e.what());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "kiln: internal error: %s\n", e.what());
+    return 2;
+  }
+  return 0;
+}
