@@ -9,6 +9,14 @@ namespace kiln::cpu {
 
 inline bool use_avx2() { return cpu_isa() == CpuIsa::kAvx2; }
 
+// Where column c (0..15) of a panel row is stored. bf16 rows swap column groups 4-7 and
+// 8-11 so that AVX2's in-lane unpack with zero (one p5 uop per 8 values, and it is already
+// the <<16 widening) yields columns 0-7 and 8-15 in order, leaving ports 0/1 to the FMAs.
+inline int64_t panel_slot(WeightStorage s, int64_t c) {
+  if (s != WeightStorage::kBF16) return c;
+  return (c >= 4 && c < 8) ? c + 4 : (c >= 8 && c < 12) ? c - 4 : c;
+}
+
 // Computes an m × 16 tile (m <= 6): y[r][0..16) (+)= Σ_k x[r*ldx + k] * panel[k][0..16).
 // panel points at row k0 of a packed panel; kc rows are read. If accumulate, the tile
 // starts from y; else from init (16 floats, e.g. the bias) or zero when init is null.

@@ -28,6 +28,7 @@ size_t weight_storage_size(WeightStorage s);
 // Weights repacked into column panels of kPanelWidth outputs: panel p holds outputs
 // [16p, 16p+16) as [K][16] contiguous, so the microkernel streams one panel front to
 // back and a T=1 GEMV reads every weight byte exactly once. The last panel is zero-padded.
+// (bf16 rows permute columns within the 16, see panel_slot in isa.h; treat data as opaque.)
 struct PackedWeight {
   static constexpr int64_t kPanelWidth = 16;
   int64_t n = 0, k = 0;

@@ -16,32 +16,34 @@ namespace {
 constexpr int64_t kNr = PackedWeight::kPanelWidth;
 constexpr int kMaxMr = 6;
 
-template <typename S>
-float load_weight(const S* p) {
-  if constexpr (std::is_same_v<S, float>) return *p;
-  else return S::to_f32(*p);
-}
-struct Bf16Bits {
-  uint16_t bits;
-  static float to_f32(Bf16Bits b) { return bf16_to_f32(b.bits); }
+struct F32Elems {
+  using Elem = float;
+  static constexpr WeightStorage kStorage = WeightStorage::kF32;
+  static float to_f32(float v) { return v; }
 };
-struct F16Bits {
-  uint16_t bits;
-  static float to_f32(F16Bits b) { return f16_to_f32(b.bits); }
+struct Bf16Elems {
+  using Elem = uint16_t;
+  static constexpr WeightStorage kStorage = WeightStorage::kBF16;
+  static float to_f32(uint16_t v) { return bf16_to_f32(v); }
+};
+struct F16Elems {
+  using Elem = uint16_t;
+  static constexpr WeightStorage kStorage = WeightStorage::kF16;
+  static float to_f32(uint16_t v) { return f16_to_f32(v); }
 };
 
 // Portable microkernel; written so the compiler can vectorize the 16-wide inner loop.
 template <typename S>
 void scalar_microkernel(int m, const float* x, int64_t ldx, const void* panel_v, int64_t kc,
                         float* y, int64_t ldy, const float* init, bool accumulate) {
-  const S* panel = static_cast<const S*>(panel_v);
+  const auto* panel = static_cast<const typename S::Elem*>(panel_v);
   float acc[kMaxMr][kNr];
   for (int r = 0; r < m; ++r)
     for (int c = 0; c < kNr; ++c)
       acc[r][c] = accumulate ? y[r * ldy + c] : (init ? init[c] : 0.0f);
   for (int64_t kk = 0; kk < kc; ++kk) {
     float wrow[kNr];
-    for (int c = 0; c < kNr; ++c) wrow[c] = load_weight(panel + kk * kNr + c);
+    for (int c = 0; c < kNr; ++c) wrow[c] = S::to_f32(panel[kk * kNr + panel_slot(S::kStorage, c)]);
     for (int r = 0; r < m; ++r) {
       float xv = x[r * ldx + kk];
       for (int c = 0; c < kNr; ++c) acc[r][c] += xv * wrow[c];
@@ -53,9 +55,9 @@ void scalar_microkernel(int m, const float* x, int64_t ldx, const void* panel_v,
 
 LinearMicrokernel scalar_linear_microkernel(WeightStorage s) {
   switch (s) {
-    case WeightStorage::kF32: return scalar_microkernel<float>;
-    case WeightStorage::kBF16: return scalar_microkernel<Bf16Bits>;
-    case WeightStorage::kF16: return scalar_microkernel<F16Bits>;
+    case WeightStorage::kF32: return scalar_microkernel<F32Elems>;
+    case WeightStorage::kBF16: return scalar_microkernel<Bf16Elems>;
+    case WeightStorage::kF16: return scalar_microkernel<F16Elems>;
   }
   return nullptr;
 }
@@ -141,7 +143,7 @@ PackedWeight pack_weight(const float* w, int64_t n, int64_t k, WeightStorage sto
         const int64_t row = p * kNr + c;
         for (int64_t kk = 0; kk < k; ++kk) {
           const float v = row < n ? w[row * k + kk] : 0.0f;
-          const int64_t i = kk * kNr + c;
+          const int64_t i = kk * kNr + panel_slot(storage, c);
           switch (storage) {
             case WeightStorage::kF32: reinterpret_cast<float*>(dst)[i] = v; break;
             case WeightStorage::kBF16: reinterpret_cast<uint16_t*>(dst)[i] = f32_to_bf16(v); break;

@@ -18,13 +18,14 @@ struct F32 {
     hi = _mm256_load_ps(p + 8);
   }
 };
-// bf16 is the top half of an f32: zero-extend to 32 bits and shift left by 16.
+// bf16 is the top half of an f32: interleaving zeros below each value widens it. The
+// in-lane unpacks give columns 0-7 / 8-15 because packing permuted them (panel_slot).
 struct BF16 {
   using Elem = uint16_t;
   static void load(const Elem* p, __m256& lo, __m256& hi) {
     const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(p));
-    lo = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(v)), 16));
-    hi = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(v, 1)), 16));
+    lo = _mm256_castsi256_ps(_mm256_unpacklo_epi16(_mm256_setzero_si256(), v));
+    hi = _mm256_castsi256_ps(_mm256_unpackhi_epi16(_mm256_setzero_si256(), v));
   }
 };
 struct F16 {
@@ -42,6 +43,7 @@ void tile(const float* x, int64_t ldx, const typename S::Elem* panel, int64_t kc
           int64_t ldy, const float* init, bool accumulate) {
   constexpr int U = M == 1 ? 4 : (M == 2 ? 2 : 1);
   __m256 acc[U][M][2];
+#pragma GCC unroll 8
   for (int r = 0; r < M; ++r) {
     if (accumulate) {
       acc[0][r][0] = _mm256_loadu_ps(y + r * ldy);
@@ -52,13 +54,16 @@ void tile(const float* x, int64_t ldx, const typename S::Elem* panel, int64_t kc
     } else {
       acc[0][r][0] = acc[0][r][1] = _mm256_setzero_ps();
     }
+#pragma GCC unroll 8
     for (int u = 1; u < U; ++u) acc[u][r][0] = acc[u][r][1] = _mm256_setzero_ps();
   }
   int64_t kk = 0;
   for (; kk + U <= kc; kk += U) {
+#pragma GCC unroll 8
     for (int u = 0; u < U; ++u) {
       __m256 b0, b1;
       S::load(panel + (kk + u) * 16, b0, b1);
+#pragma GCC unroll 8
       for (int r = 0; r < M; ++r) {
         const __m256 a = _mm256_broadcast_ss(x + r * ldx + kk + u);
         acc[u][r][0] = _mm256_fmadd_ps(a, b0, acc[u][r][0]);
@@ -69,13 +74,16 @@ void tile(const float* x, int64_t ldx, const typename S::Elem* panel, int64_t kc
   for (; kk < kc; ++kk) {
     __m256 b0, b1;
     S::load(panel + kk * 16, b0, b1);
+#pragma GCC unroll 8
     for (int r = 0; r < M; ++r) {
       const __m256 a = _mm256_broadcast_ss(x + r * ldx + kk);
       acc[0][r][0] = _mm256_fmadd_ps(a, b0, acc[0][r][0]);
       acc[0][r][1] = _mm256_fmadd_ps(a, b1, acc[0][r][1]);
     }
   }
+#pragma GCC unroll 8
   for (int r = 0; r < M; ++r) {
+#pragma GCC unroll 8
     for (int u = 1; u < U; ++u) {
       acc[0][r][0] = _mm256_add_ps(acc[0][r][0], acc[u][r][0]);
       acc[0][r][1] = _mm256_add_ps(acc[0][r][1], acc[u][r][1]);
