@@ -223,11 +223,12 @@ void GgufFile::parse() {
     };
     const uint32_t n_dims = c.read<uint32_t>("a tensor's dimension count");
     if (n_dims > uint32_t(kMaxDims)) bad("has ", n_dims, " dimensions (at most ", kMaxDims, ")");
-    uint64_t numel = 1;
+    // numel and the product of the non-zero dims must both fit (see safetensors.cpp).
+    uint64_t numel = 1, nonzero = 1;
     for (uint32_t d = 0; d < n_dims; ++d) {
       const uint64_t ne = c.read<uint64_t>("a tensor dimension");
       if (ne > uint64_t(INT64_MAX) || __builtin_mul_overflow(numel, ne, &numel) ||
-          numel > uint64_t(INT64_MAX))
+          __builtin_mul_overflow(nonzero, ne ? ne : 1, &nonzero) || nonzero > uint64_t(INT64_MAX))
         bad("has dimensions whose element count overflows");
       t.ne.push_back(int64_t(ne));
     }

@@ -19,6 +19,8 @@ nlohmann::json read_json_file(const std::string& path) {
   } catch (const nlohmann::json::parse_error& e) {
     throw_error(ErrorCode::kInvalidFile, path, ": not valid JSON at byte ", e.byte, ": ",
                 e.what());
+  } catch (const nlohmann::json::exception& e) {
+    throw_error(ErrorCode::kInvalidFile, path, ": not valid JSON: ", e.what());
   }
 }
 

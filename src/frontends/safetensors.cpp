@@ -77,6 +77,8 @@ void SafetensorsFile::parse() {
   } catch (const json::parse_error& e) {
     throw_error(ErrorCode::kInvalidFile, p, ": header is not valid JSON (byte ", e.byte,
                 " of the header): ", e.what());
+  } catch (const json::exception& e) {  // e.g. a number too large for any JSON type
+    throw_error(ErrorCode::kInvalidFile, p, ": header is not valid JSON: ", e.what());
   }
   if (!header.is_object())
     throw_error(ErrorCode::kInvalidFile, p, ": header must be a JSON object, found ",
@@ -120,14 +122,16 @@ void SafetensorsFile::parse() {
 
     Entry e;
     e.info.dtype = known->dtype;
-    uint64_t numel = 1;
+    // numel, and the product of the non-zero dims, which must not overflow either: a
+    // shape like [0, 2^40, 2^40] holds nothing yet breaks anyone who multiplies it out.
+    uint64_t numel = 1, nonzero = 1;
     for (const auto& d : *sh) {
       if (!d.is_number_integer() || (d.is_number_integer() && !d.is_number_unsigned() &&
                                      d.get<int64_t>() < 0))
         bad("shape ", json_brief(*sh), " must hold non-negative integers");
       uint64_t n = d.get<uint64_t>();
       if (n > uint64_t(INT64_MAX) || __builtin_mul_overflow(numel, n, &numel) ||
-          numel > uint64_t(INT64_MAX))
+          __builtin_mul_overflow(nonzero, n ? n : 1, &nonzero) || nonzero > uint64_t(INT64_MAX))
         bad("shape ", json_brief(*sh), " has an element count that overflows");
       e.info.shape.push_back(int64_t(n));
     }

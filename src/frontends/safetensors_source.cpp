@@ -80,6 +80,8 @@ std::unique_ptr<WeightSource> open_sharded_safetensors_source(const std::string&
     index = json::parse(text);
   } catch (const json::parse_error& e) {
     throw_error(ErrorCode::kInvalidFile, p, ": not valid JSON (byte ", e.byte, "): ", e.what());
+  } catch (const json::exception& e) {
+    throw_error(ErrorCode::kInvalidFile, p, ": not valid JSON: ", e.what());
   }
   if (!index.is_object() || !index.contains("weight_map") || !index["weight_map"].is_object())
     throw_error(ErrorCode::kInvalidFile, p,

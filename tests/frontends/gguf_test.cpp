@@ -244,6 +244,11 @@ TEST(GgufCorrupt, TooManyDims) {
   w.tensor("w", 0, {1, 1, 1, 1, 1}, std::string(4, '\0'));
   expect_bad(w.bytes(), ErrorCode::kInvalidFile, {"5 dimensions"});
 }
+TEST(GgufCorrupt, ZeroDimWithHugeDims) {
+  GgufWriter w;
+  w.tensor("w", 0, {0, 1ull << 40, 1ull << 40}, "");
+  expect_bad(w.bytes(), ErrorCode::kInvalidFile, {"tensor 'w'", "overflows"});
+}
 TEST(GgufCorrupt, RowNotMultipleOfBlock) {
   GgufWriter w;
   w.tensor("w", 8, {31}, std::string(34, '\0'));

@@ -138,6 +138,16 @@ TEST(SafetensorsCorrupt, ShapeOverflow) {
                  ""),
              ErrorCode::kInvalidFile, {"overflows"});
 }
+TEST(SafetensorsCorrupt, ZeroDimWithHugeDims) {
+  expect_bad(safetensors_bytes(
+                 R"({"w":{"dtype":"F32","shape":[0,4294967296,4294967296],"data_offsets":[0,0]}})",
+                 ""),
+             ErrorCode::kInvalidFile, {"overflows"});
+}
+TEST(SafetensorsCorrupt, NumberTooLargeForJson) {
+  expect_bad(safetensors_bytes(R"({"w": 7E7777777})", ""), ErrorCode::kInvalidFile,
+             {"not valid JSON"});
+}
 TEST(SafetensorsCorrupt, MissingFields) {
   expect_bad(safetensors_bytes(R"({"w":{"dtype":"F32","shape":[1]}})", ""),
              ErrorCode::kInvalidFile, {"data_offsets"});
