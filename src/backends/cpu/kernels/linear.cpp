@@ -158,8 +158,10 @@ PackedWeight pack_weight(const float* w, int64_t n, int64_t k, WeightStorage sto
 
 LinearTactic linear_default_tactic(int64_t t, int64_t n, int64_t k) {
   LinearTactic tac;
+  // From cpu_kernels_bench --sweep (2 threads): 6×16 tiles win; K up to ~1k runs unblocked
+  // (the 16-wide panel slice still fits L1/L2), longer K blocks at 256 (3072->768, T=512: +25%).
   tac.mr = 6;
-  tac.kc = k <= 512 ? k : 256;
+  tac.kc = k <= 1024 ? k : 256;
   tac.threads = ThreadPool::global().num_threads();
   const int64_t panels = (n + kNr - 1) / kNr;
   // Threads own N panels (each streams its own contiguous slice of the weights) unless
