@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# End-to-end checks of the `kiln` binary: it runs the tiny fixture models, and bad
+# input gives exit code 1 with a message naming the problem (never a crash).
+set -uo pipefail
+kiln=$1
+fixtures=$2
+fail=0
+check() {  # name expected-exit expected-substring -- command...
+  local name=$1 want_rc=$2 want=$3
+  shift 4
+  out=$("$@" 2>&1)
+  rc=$?
+  if [ "$rc" != "$want_rc" ] || ! grep -qF -- "$want" <<<"$out"; then
+    echo "FAIL $name: exit $rc (want $want_rc), output:"
+    echo "$out" | head -20
+    fail=1
+  else
+    echo "ok   $name"
+  fi
+}
+check help 0 "generate" -- "$kiln" --help
+check generate-ids 0 "" -- "$kiln" generate -m "$fixtures/models/gpt2" --ids 5,6,7 -n 4 -q
+check classify-ids 0 "LABEL_" -- "$kiln" classify -m "$fixtures/models/bert" --ids 5,6,7,8
+check embed-ids 0 "[" -- "$kiln" embed -m "$fixtures/models/bert" --ids 5,6,7
+check inspect 0 "decoder" -- "$kiln" inspect -m "$fixtures/models/llama" --graph
+check missing-model 1 "does not exist" -- "$kiln" generate -m /nonexistent --ids 1
+check bad-ids 1 "not a token id" -- "$kiln" generate -m "$fixtures/models/gpt2" --ids 1,x
+check oov-id 1 "outside the vocabulary" -- "$kiln" generate -m "$fixtures/models/gpt2" --ids 999999
+check no-tokenizer 1 "has no tokenizer" -- "$kiln" generate -m "$fixtures/models/gpt2" -p hello
+check encoder-generate 1 "encoder" -- "$kiln" generate -m "$fixtures/models/bert" --ids 1,2
+check no-classifier 1 "no classification head" -- "$kiln" classify -m "$fixtures/models/gpt2" --ids 1
+check bench-tiny 0 "tg" -- "$kiln" bench --random-weights "$fixtures/../../bench/configs/tiny-llama-test.json" -p 8 -n 4 -r 1
+[ $fail = 0 ] && echo "cli: all passed"
+exit $fail
