@@ -3,7 +3,8 @@
 // CPU kernels against them: linear at T=1 (GB/s of weights, % of read bandwidth), at
 // T=128/512 (GFLOP/s, % of FMA peak), and paged-attention decode. Median of N timed repeats
 // after warm-up; every kernel output is checked against a scalar reference before timing.
-// Usage: cpu_kernels_bench [--sweep]   (--sweep also times every LinearTactic at large T)
+// Usage: cpu_kernels_bench [--sweep] [--gemv]  (--sweep: time every LinearTactic at large T;
+// --gemv: ceilings and T=1 only)
 #include <immintrin.h>
 
 #include <algorithm>
@@ -227,7 +228,11 @@ void bench_attention(double read_bw) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool sweep = argc > 1 && std::strcmp(argv[1], "--sweep") == 0;
+  bool sweep = false, only_gemv = false;
+  for (int i = 1; i < argc; ++i) {
+    sweep |= std::strcmp(argv[i], "--sweep") == 0;
+    only_gemv |= std::strcmp(argv[i], "--gemv") == 0;
+  }
   std::printf("# kiln cpu_kernels_bench  isa=%s threads=%d\n", cpu_isa_name(cpu_isa()), pool().num_threads());
   const double triad = triad_gbs();
   const double read = read_gbs();
@@ -237,6 +242,7 @@ int main(int argc, char** argv) {
   std::printf("read-only sum, 512 MB     %8.1f GB/s\n", read);
   std::printf("FMA peak (ymm, all thr)   %8.1f GFLOP/s\n", peak);
   bench_gemv(read);
+  if (only_gemv) return 0;
   bench_gemm(peak, sweep);
   bench_attention(read);
   return 0;

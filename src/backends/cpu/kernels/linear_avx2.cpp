@@ -39,9 +39,13 @@ struct F16 {
 // With few rows the 2m accumulator chains cannot hide the FMA latency (4 cycles, 2 per
 // cycle), so small m keeps U independent accumulator sets over consecutive k.
 template <typename S, int M>
+constexpr int64_t kPrefetchRowsFor = 2048 / (16 * sizeof(typename S::Elem));
+
+template <typename S, int M>
 void tile(const float* x, int64_t ldx, const typename S::Elem* panel, int64_t kc, float* y,
           int64_t ldy, const float* init, bool accumulate) {
   constexpr int U = M == 1 ? 4 : (M == 2 ? 2 : 1);
+  constexpr int64_t kPrefetchRows = kPrefetchRowsFor<S, M>;
   __m256 acc[U][M][2];
 #pragma GCC unroll 8
   for (int r = 0; r < M; ++r) {
@@ -59,6 +63,8 @@ void tile(const float* x, int64_t ldx, const typename S::Elem* panel, int64_t kc
   }
   int64_t kk = 0;
   for (; kk + U <= kc; kk += U) {
+    // Few rows = a GEMV-like stream: prefetch ~2 KB ahead so DRAM latency stays hidden.
+    if constexpr (M <= 2) _mm_prefetch(reinterpret_cast<const char*>(panel + (kk + kPrefetchRows) * 16), _MM_HINT_T0);
 #pragma GCC unroll 8
     for (int u = 0; u < U; ++u) {
       __m256 b0, b1;
