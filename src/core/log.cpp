@@ -39,7 +39,10 @@ Progress::~Progress() {
 void Progress::update(int64_t done) {
   auto now = std::chrono::steady_clock::now();
   if (!shown_ && now - start_ < std::chrono::seconds(1)) return;
+  // Redraw at most ten times a second (and always at the end).
+  if (shown_ && done < total_ && now - last_draw_ < std::chrono::milliseconds(100)) return;
   shown_ = true;
+  last_draw_ = now;
   int pct = total_ > 0 ? int(100 * done / total_) : 100;
   std::fprintf(stderr, "\r%s: %lld/%lld (%d%%)", label_.c_str(), (long long)done,
                (long long)total_, pct);

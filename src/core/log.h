@@ -37,7 +37,7 @@ class Progress {
  private:
   std::string label_;
   int64_t total_;
-  std::chrono::steady_clock::time_point start_;
+  std::chrono::steady_clock::time_point start_, last_draw_;
   bool shown_ = false;
 };
 
