@@ -53,8 +53,12 @@ const json& get_array(const json& j, const char* key, const std::string& where) 
   return *v;
 }
 
+// Ids index dense tables, so a file may not name absurd ids (a hostile 2^30 would
+// allocate gigabytes before anything else could fail).
+constexpr int64_t kMaxTokenId = (1 << 24) - 1;
+
 int32_t checked_id(int64_t id, const std::string& where) {
-  if (id < 0 || id > (1 << 30)) {
+  if (id < 0 || id > kMaxTokenId) {
     throw_error(ErrorCode::kInvalidFile, "tokenizer.json: ", where, ": token id ", id,
                 " is out of range");
   }
@@ -72,6 +76,10 @@ std::unordered_map<std::string, int32_t> read_vocab(const json& model, size_t& m
     utf8_require_valid(it.key(), "a vocabulary token");
     vocab.emplace(it.key(), id);
     max_id = std::max(max_id, static_cast<size_t>(id) + 1);
+  }
+  if (max_id > 2 * vocab.size() + 1024) {
+    throw_error(ErrorCode::kInvalidFile, "tokenizer.json: model.vocab has ", vocab.size(),
+                " tokens but ids up to ", max_id - 1, " (expected dense ids)");
   }
   return vocab;
 }
@@ -401,6 +409,10 @@ std::shared_ptr<const TokenizerImpl> load_hf_json(std::string_view tokenizer_jso
       t.rstrip = get_bool(a, "rstrip", w, false);
       t.single_word = get_bool(a, "single_word", w, false);
       t.normalized = get_bool(a, "normalized", w, !t.special);
+      if (static_cast<size_t>(t.id) > impl->vocab.size() + 2 * added->size() + 1024) {
+        throw_error(ErrorCode::kInvalidFile, "tokenizer.json: ", w, ": id ", t.id,
+                    " is far beyond the vocabulary (", impl->vocab.size(), " tokens)");
+      }
       impl->added_tokens.push_back(std::move(t));
     }
   }

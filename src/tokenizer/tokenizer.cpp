@@ -394,7 +394,7 @@ StreamDecoder::StreamDecoder(const Tokenizer& tokenizer, bool skip_special)
 
 void StreamDecoder::reset() {
   ids_.clear();
-  prefix_len_ = 0;
+  prefix_.clear();
   prefix_ids_ = 0;
 }
 
@@ -407,21 +407,33 @@ std::string StreamDecoder::put(int32_t id) {
   ids_.push_back(id);
   const std::string text = tokenizer_->decode(ids_, skip_special_);
   constexpr std::string_view kReplacement = "\xEF\xBF\xBD";
-  if (text.size() <= prefix_len_ ||
+  if (text.size() <= prefix_.size() ||
       (text.size() >= 3 && std::string_view(text).substr(text.size() - 3) == kReplacement)) {
     return {};
   }
-  std::string fresh = text.substr(prefix_len_);
+  std::string fresh = fresh_text(text);
   const size_t window = ids_.size() - prefix_ids_;
   ids_.erase(ids_.begin(), ids_.begin() + static_cast<std::ptrdiff_t>(prefix_ids_));
-  prefix_len_ = tokenizer_->decode(ids_, skip_special_).size();
+  prefix_ = tokenizer_->decode(ids_, skip_special_);
   prefix_ids_ = window;
   return fresh;
 }
 
+// What `text` adds to the released prefix. A decoder whose output for earlier tokens
+// changes with later ones (ByteFallback turns a whole invalid byte run into U+FFFDs)
+// can break the prefix; then only the part after the common prefix, cut at a
+// character boundary, is released (HF's DecodeStream errors out instead).
+std::string StreamDecoder::fresh_text(const std::string& text) const {
+  if (text.compare(0, prefix_.size(), prefix_) == 0) return text.substr(prefix_.size());
+  size_t common = 0;
+  while (common < prefix_.size() && common < text.size() && prefix_[common] == text[common]) ++common;
+  while (common > 0 && (static_cast<unsigned char>(text[common]) & 0xC0) == 0x80) --common;
+  return utf8_lossy(std::string_view(text).substr(common));
+}
+
 std::string StreamDecoder::flush() {
   const std::string text = tokenizer_->decode(ids_, skip_special_);
-  std::string rest = text.size() > prefix_len_ ? text.substr(prefix_len_) : std::string();
+  std::string rest = text.size() > prefix_.size() ? fresh_text(text) : std::string();
   reset();
   return rest;
 }

@@ -108,7 +108,8 @@ class Tokenizer {
 // Incremental detokenization for streaming generation. put() returns only text that
 // can no longer change: never a broken UTF-8 sequence, never a word the decoder would
 // still merge or clean up differently. The concatenation of every put() and the final
-// flush() equals tokenizer.decode(all ids).
+// flush() equals tokenizer.decode(all ids) (for byte fallback, unless a run of byte
+// tokens turns out invalid after part of it was released as valid text).
 class StreamDecoder {
  public:
   explicit StreamDecoder(const Tokenizer& tokenizer, bool skip_special = true);
@@ -120,7 +121,8 @@ class StreamDecoder {
   const Tokenizer* tokenizer_;
   bool skip_special_;
   std::vector<int32_t> ids_;
-  size_t prefix_len_ = 0;  // bytes of decode(ids_) already returned
+  std::string fresh_text(const std::string& text) const;
+  std::string prefix_;     // decode of the leading ids_, already returned
   size_t prefix_ids_ = 0;  // leading ids_ that only give context for the next release
 };
 
