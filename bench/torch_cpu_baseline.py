@@ -7,12 +7,17 @@ decode steps with the KV cache (tg), median of N repeats after a warm-up, on the
 number of threads. Prints a markdown table with the same columns.
 """
 import argparse
+import os
+import warnings
 import json
 import statistics
 import time
 
-import torch
-import transformers
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+warnings.filterwarnings("ignore")
+
+import torch  # noqa: E402
+import transformers  # noqa: E402
 
 
 def main():
@@ -28,7 +33,7 @@ def main():
     cfg_dict = json.load(open(a.config))
     cfg = transformers.AutoConfig.for_model(**cfg_dict)
     torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.float32,
+    model = transformers.AutoModelForCausalLM.from_config(cfg, dtype=torch.float32,
                                                           attn_implementation="sdpa").eval()
     params = sum(p.numel() for p in model.parameters())
     ids = torch.randint(0, cfg.vocab_size, (1, a.prompt_len))
