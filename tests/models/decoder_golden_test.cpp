@@ -54,6 +54,39 @@ TEST_P(DecoderGolden, LogitsMatchTransformers) {
   }
 }
 
+TEST_P(DecoderGolden, FinalHiddenStatesMatchTransformers) {
+  // Drive the compiled graph directly: one ragged step holding all three prompts.
+  const ModelInfo& info = model_->info();
+  KvLayout layout{info.num_layers, 16, 4, info.num_kv_heads, info.head_dim};
+  auto kv = model_->backend().allocate_kv(layout);
+  int64_t total = 0;
+  for (auto& p : prompts_) total += int64_t(p.size());
+  Tensor tokens(DType::kI32, {total}), positions(DType::kI32, {total}), rows(DType::kI32, {1});
+  StepInfo step;
+  int32_t t = 0, block = 0;
+  for (auto& p : prompts_) {
+    StepSequence seq{t, int32_t(p.size()), int32_t(p.size()), {}};
+    for (int32_t i = 0; i < int32_t(p.size()); ++i) {
+      if (i % 4 == 0) seq.block_table.push_back(block++);
+      tokens.data_as<int32_t>()[t + i] = p[size_t(i)];
+      positions.data_as<int32_t>()[t + i] = i;
+      step.slot_mapping.push_back(int64_t(seq.block_table.back()) * 4 + i % 4);
+    }
+    step.seqs.push_back(seq);
+    t += int32_t(p.size());
+  }
+  TensorMap out = model_->compiled().run(
+      {{"tokens", tokens}, {"positions", positions}, {"logit_rows", rows}}, step, kv.get());
+  const Tensor& hidden = out.at("hidden");
+  ASSERT_EQ(hidden.dim(0), total);
+  auto ref = ref_->f32("hidden_last");
+  const int64_t h = info.hidden_size;
+  for (size_t b = 0; b < prompts_.size(); ++b)
+    KILN_EXPECT_CLOSE(hidden.data_as<float>() + step.seqs[b].q_start * h,
+                      ref.data() + b * size_t(smax_ * h), prompts_[b].size() * size_t(h), 1e-4,
+                      GetParam() + " final hidden, prompt " + std::to_string(b));
+}
+
 TEST_P(DecoderGolden, GreedyTokensMatchTransformers) {
   auto ref = ref_->ids("greedy");
   int64_t n = ref_->shape("greedy")[1];
