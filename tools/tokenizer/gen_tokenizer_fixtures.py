@@ -226,6 +226,37 @@ def gen_trained():
               {"source": "trained by gen_tokenizer_fixtures.py", "cases": golden(tok, CORPUS)})
 
 
+def gen_sentencepiece():
+    """A tiny SentencePiece BPE model with byte fallback (Llama-2 style), its golden
+    ids from the sentencepiece library, and its pieces/scores/types as GGUF would
+    store them (tokenizer.ggml.model = "llama")."""
+    import io
+    import sentencepiece as spm
+    buf = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(CORPUS * 4), model_writer=buf, vocab_size=800, model_type="bpe",
+        byte_fallback=True, character_coverage=0.9995, split_digits=True, allow_whitespace_only_pieces=True,
+        remove_extra_whitespaces=False, normalization_rule_name="identity", minloglevel=2)
+    model = buf.getvalue()
+    os.makedirs(os.path.join(OUT, "trained"), exist_ok=True)
+    with open(os.path.join(OUT, "trained", "spm_llama.model"), "wb") as f:
+        f.write(model)
+    sp = spm.SentencePieceProcessor(model_proto=model)
+    n = sp.get_piece_size()
+    types = [3 if sp.is_control(i) else 2 if sp.is_unknown(i) else 6 if sp.is_byte(i) else
+             4 if sp.is_unused(i) else 1 for i in range(n)]
+    cases = []
+    for t in CORPUS:
+        ids = sp.encode(t)
+        cases.append({"text": t, "ids": [sp.bos_id()] + ids, "ids_no_special": ids,
+                      "decoded": sp.decode(ids), "decoded_skip": sp.decode(ids)})
+    write(os.path.join("trained", "spm_llama.golden.json"),
+          {"source": "sentencepiece " + spm.__version__, "cases": cases,
+           "gguf": {"tokens": [sp.id_to_piece(i) for i in range(n)],
+                    "scores": [sp.get_score(i) for i in range(n)], "token_type": types,
+                    "bos_id": sp.bos_id(), "eos_id": sp.eos_id(), "unk_id": sp.unk_id()}})
+
+
 def write(name, obj):
     path = os.path.join(OUT, name)
     with open(path, "w", encoding="utf-8") as f:
@@ -236,7 +267,7 @@ def write(name, obj):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--models-dir", default=os.environ.get("KILN_MODELS_DIR", os.path.join(REPO, ".cache", "models")))
-    ap.add_argument("--only", default="smollm2,minilm,trained,chat")
+    ap.add_argument("--only", default="smollm2,minilm,trained,spm,chat")
     args = ap.parse_args()
     os.makedirs(OUT, exist_ok=True)
     only = args.only.split(",")
@@ -246,6 +277,8 @@ def main():
         gen_minilm(args.models_dir)
     if "trained" in only:
         gen_trained()
+    if "spm" in only:
+        gen_sentencepiece()
     if "chat" in only:
         sys.path.insert(0, HERE)
         import gen_chat_fixtures
