@@ -30,5 +30,16 @@ check no-tokenizer 1 "has no tokenizer" -- "$kiln" generate -m "$fixtures/models
 check encoder-generate 1 "encoder" -- "$kiln" generate -m "$fixtures/models/bert" --ids 1,2
 check no-classifier 1 "no classification head" -- "$kiln" classify -m "$fixtures/models/gpt2" --ids 1
 check bench-tiny 0 "tg" -- "$kiln" bench --random-weights "$fixtures/../../bench/configs/tiny-llama-test.json" -p 8 -n 4 -r 1
+# With the real model (fetched by scripts/fetch_models.sh): text in, text out, chat.
+smol=${KILN_MODELS_DIR:-$fixtures/../../.cache/models}/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf
+if [ -f "$smol" ]; then
+  check generate-text 0 "Paris" -- "$kiln" generate -m "$smol" -p "The capital of France is" -n 3
+  check generate-chat 0 "Paris" -- "$kiln" generate -m "$smol" --chat -p "What is the capital of France?" -n 12
+  check tokenize 0 "capital" -- "$kiln" tokenize -m "$smol" -t "The capital"
+  check chat-two-turns 0 "> " -- bash -c "printf 'Hi\\nThanks\\n' | '$kiln' chat -m '$smol' -n 4"
+  check bad-utf8 1 "UTF-8" -- "$kiln" generate -m "$smol" -p $'\xff\xfe' -n 2
+else
+  echo "skip real-model CLI checks: $smol not found"
+fi
 [ $fail = 0 ] && echo "cli: all passed"
 exit $fail

@@ -7,6 +7,7 @@
 #include "core/status.h"
 #include "runtime/llm_runner.h"
 #include "runtime/model_tokenizer.h"
+#include "tokenizer/chat_template.h"
 
 namespace kiln::cli {
 
@@ -20,6 +21,8 @@ struct GenerateArgs {
   bool ignore_eos = false;
   bool print_ids = false;
   bool quiet = false;
+  bool chat = false;
+  std::string system;
 };
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
@@ -39,7 +42,15 @@ int run_generate(const GenerateArgs& a) {
     if (!tokenizer)
       throw_error(ErrorCode::kInvalidArgument, "'", a.model.model,
                   "' has no tokenizer; pass token ids with --ids");
-    prompt = tokenizer->encode(a.prompt);
+    if (a.chat) {
+      // The prompt is one user turn rendered by the model's own chat template.
+      nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+      if (!a.system.empty()) messages.push_back({{"role", "system"}, {"content", a.system}});
+      messages.push_back({{"role", "user"}, {"content", a.prompt}});
+      prompt = tokenizer->encode(tok::apply_chat_template(*tokenizer, messages), false);
+    } else {
+      prompt = tokenizer->encode(a.prompt);
+    }
   }
   if (prompt.empty()) throw_error(ErrorCode::kInvalidArgument, "the prompt encodes to no tokens");
   for (int32_t id : prompt)
@@ -59,7 +70,7 @@ int run_generate(const GenerateArgs& a) {
   std::optional<tok::StreamDecoder> stream;
   if (tokenizer && !a.print_ids) {
     stream.emplace(*tokenizer);
-    if (!a.quiet) std::fputs(a.prompt.c_str(), stdout);
+    if (!a.quiet && !a.chat) std::fputs(a.prompt.c_str(), stdout);
   }
   std::vector<int32_t> out;
   auto t_start = std::chrono::steady_clock::now();
@@ -106,6 +117,8 @@ Runner add_generate(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--ignore-eos", a->ignore_eos, "keep generating past end-of-sequence tokens");
   cmd->add_flag("--print-ids", a->print_ids, "print generated token ids instead of text");
+  cmd->add_flag("--chat", a->chat, "wrap the prompt as a user turn in the model's chat template");
+  cmd->add_option("-s,--system", a->system, "system prompt (with --chat)");
   cmd->add_flag("-q,--quiet", a->quiet, "print only the generated continuation");
   return [a, cmd] {
     if (a->prompt.empty() && a->ids.empty())

@@ -11,6 +11,7 @@ namespace kiln::cli {
 using Runner = std::function<int()>;
 
 Runner add_generate(CLI::App& app);
+Runner add_chat(CLI::App& app);
 Runner add_embed(CLI::App& app);
 Runner add_classify(CLI::App& app);
 Runner add_tokenize(CLI::App& app);

@@ -45,6 +45,7 @@ int main(int argc, char** argv) {
       "kiln: a Transformer inference compiler and runtime.\n"
       "Examples:\n"
       "  kiln generate -m SmolLM2-135M-Instruct.Q4_1.gguf -p \"The capital of France is\"\n"
+      "  kiln chat -m SmolLM2-135M-Instruct.Q4_1.gguf\n"
       "  kiln embed -m all-MiniLM-L6-v2/ -t \"a sentence to embed\"\n"
       "  kiln bench --random-weights bench/configs/gpt2-small.json\n"};
   app.require_subcommand(1);
@@ -52,7 +53,7 @@ int main(int argc, char** argv) {
   int threads = 0;
   app.add_option("--threads", threads, "CPU threads (default: all cores)");
   std::vector<kiln::cli::Runner> runners = {
-      kiln::cli::add_generate(app), kiln::cli::add_embed(app), kiln::cli::add_classify(app),
+      kiln::cli::add_generate(app), kiln::cli::add_chat(app), kiln::cli::add_embed(app), kiln::cli::add_classify(app),
       kiln::cli::add_tokenize(app), kiln::cli::add_inspect(app), kiln::cli::add_bench(app)};
   CLI11_PARSE(app, argc, argv);
   if (threads > 0) setenv("KILN_NUM_THREADS", std::to_string(threads).c_str(), 1);
