@@ -1,0 +1,38 @@
+// Accuracy evaluation of decoders on real text: perplexity over sliding windows, and a
+// comparison of two models (e.g. f32 vs a low-precision build of the same weights)
+// reporting both perplexities and the mean KL divergence of their next-token
+// distributions. Used by `kiln eval`; tested in tests/runtime/eval_test.cpp.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "runtime/model.h"
+
+namespace kiln {
+
+struct PerplexityOptions {
+  int32_t context = 256;  // tokens per window
+  int32_t stride = 128;   // tokens scored per window after the first (<= context)
+  int64_t max_tokens = 0; // 0: the whole text
+};
+
+struct PerplexityResult {
+  double nll_sum = 0;      // sum of -log p(token) over scored tokens
+  int64_t scored = 0;      // tokens scored
+  double perplexity() const;
+  double kl_sum = 0;       // with a reference model: sum over scored tokens of KL(ref || model)
+  double mean_kl() const { return scored ? kl_sum / double(scored) : 0.0; }
+  double ref_nll_sum = 0;  // the reference model's NLL over the same tokens
+  double ref_perplexity() const;
+  int64_t top1_agree = 0;  // tokens where both models' argmax agree
+};
+
+// Scores `tokens` with `model`; with `reference` also computes KL(reference || model)
+// and the reference's own perplexity on identical windows. Windows follow
+// transformers' strided-perplexity recipe: each window sees up to `context` tokens and
+// scores only the ones the previous window did not.
+PerplexityResult evaluate_perplexity(Model& model, const std::vector<int32_t>& tokens,
+                                     const PerplexityOptions& options, Model* reference = nullptr);
+
+}  // namespace kiln
