@@ -2,17 +2,29 @@
 #include "backends/backend.h"
 #include "backends/cpu/cpu_backend.h"
 #include "core/status.h"
+#ifdef KILN_HAVE_CUDA
+#include "backends/cuda/cuda_backend.h"
+#endif
 
 namespace kiln {
 
 std::unique_ptr<Backend> create_backend(const std::string& name) {
   if (name == "cpu") return create_cpu_backend();
+#ifdef KILN_HAVE_CUDA
+  if (name == "cuda") return create_cuda_backend();
+#endif
   std::string known;
   for (auto& b : available_backends()) known += (known.empty() ? "" : ", ") + b;
   throw_error(ErrorCode::kUnsupported, "unknown or unavailable backend '", name,
               "' (available: ", known, ")");
 }
 
-std::vector<std::string> available_backends() { return {"cpu"}; }
+std::vector<std::string> available_backends() {
+#ifdef KILN_HAVE_CUDA
+  return {"cpu", "cuda"};
+#else
+  return {"cpu"};
+#endif
+}
 
 }  // namespace kiln

@@ -1,0 +1,102 @@
+#!/usr/bin/env python3
+"""HuggingFace transformers baseline for `kiln bench --backend cuda`, on the same GPU.
+
+Measures the run's ceilings first (device-to-device copy GB/s counting read + write, and
+an 8192^3 bf16 GEMM in TFLOP/s on random data), then builds the architecture of a
+config.json with random weights in bf16 and measures what kiln bench measures: prefill
+of a random prompt (pp) and greedy decode steps with the KV cache (tg, eager mode),
+median of N repeats after a warm-up, synchronizing before every host clock read.
+"""
+import argparse
+import json
+import statistics
+import time
+
+import torch
+import transformers
+
+
+def ceilings():
+    n = 1 << 30  # 1 GiB
+    a = torch.empty(n, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    a.random_(0, 255)
+    for _ in range(3):
+        b.copy_(a)
+    torch.cuda.synchronize()
+    ev = [torch.cuda.Event(enable_timing=True) for _ in range(2)]
+    ts = []
+    for _ in range(10):
+        ev[0].record(); b.copy_(a); ev[1].record(); torch.cuda.synchronize()
+        ts.append(ev[0].elapsed_time(ev[1]) / 1e3)
+    copy_gbs = 2 * n / statistics.median(ts) / 1e9
+    m = 8192
+    x = torch.randn(m, m, dtype=torch.bfloat16, device="cuda")
+    y = torch.randn(m, m, dtype=torch.bfloat16, device="cuda")
+    for _ in range(3):
+        x @ y
+    torch.cuda.synchronize()
+    ts = []
+    for _ in range(10):
+        ev[0].record(); x @ y; ev[1].record(); torch.cuda.synchronize()
+        ts.append(ev[0].elapsed_time(ev[1]) / 1e3)
+    tflops = 2 * m ** 3 / statistics.median(ts) / 1e12
+    return copy_gbs, tflops
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--config", required=True)
+    ap.add_argument("-p", "--prompt-len", type=int, default=128)
+    ap.add_argument("-n", "--gen-len", type=int, default=32)
+    ap.add_argument("-r", "--repeats", type=int, default=3)
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--ceilings", action="store_true")
+    a = ap.parse_args()
+    if a.ceilings:
+        copy_gbs, tflops = ceilings()
+        print(f"ceilings ({torch.cuda.get_device_name()}): d2d copy {copy_gbs:.0f} GB/s, "
+              f"bf16 GEMM 8192^3 {tflops:.0f} TFLOP/s")
+    dtype = getattr(torch, a.dtype)
+    cfg = transformers.AutoConfig.for_model(**json.load(open(a.config)))
+    torch.manual_seed(0)
+    with torch.device("cuda"):  # random init on the GPU: seconds, not minutes, for 1B+ shapes
+        model = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=dtype,
+                                                              attn_implementation="sdpa").eval()
+    params = sum(p.numel() for p in model.parameters())
+    ids = torch.randint(0, cfg.vocab_size, (1, a.prompt_len), device="cuda")
+    pp, tg = [], []
+    with torch.inference_mode():
+        for r in range(a.repeats + 1):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            out = model(ids, use_cache=True)
+            torch.cuda.synchronize()
+            t1 = time.perf_counter()
+            past = out.past_key_values
+            nxt = out.logits[:, -1:].argmax(-1)
+            steps = []
+            for _ in range(a.gen_len):
+                s0 = time.perf_counter()
+                out = model(nxt, past_key_values=past, use_cache=True)
+                past = out.past_key_values
+                nxt = out.logits[:, -1:].argmax(-1)
+                nxt.cpu()  # the sampled id reaches the host, as in kiln
+                steps.append(time.perf_counter() - s0)
+            if r == 0:
+                continue
+            pp.append(t1 - t0)
+            tg.append(statistics.median(steps))
+    pp_s, tg_s = statistics.median(pp), statistics.median(tg)
+    print(f"baseline: torch {torch.__version__} + transformers {transformers.__version__}, eager/sdpa "
+          f"{a.dtype}, {params / 1e6:.1f} M params, {torch.cuda.get_device_name()}")
+    print("| test | batch | tokens/s | ms | spread (min-max ms) |")
+    print("|---|---|---|---|---|")
+    print(f"| pp{a.prompt_len} | 1 | {a.prompt_len / pp_s:.1f} | {pp_s * 1e3:.2f} | "
+          f"{min(pp) * 1e3:.2f}-{max(pp) * 1e3:.2f} |")
+    print(f"| tg{a.gen_len} | 1 | {1 / tg_s:.1f} | {tg_s * 1e3:.2f} /token | "
+          f"{min(tg) * 1e3:.2f}-{max(tg) * 1e3:.2f} |")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,72 @@
+// Device-side helpers shared by the CUDA kernels: conversions between the storage
+// types (f32, f16, bf16) and f32 math, the one dtype dispatch macro, warp reductions.
+// Included only by .cu files; exercised by every op test in tests/backends/cuda/.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <cstdint>
+
+#include "backends/cuda/cuda_check.h"
+#include "core/dtype.h"
+#include "core/status.h"
+
+namespace kiln::cuda {
+
+template <typename T> __device__ __forceinline__ float to_f32(T x);
+template <> __device__ __forceinline__ float to_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ float to_f32<__half>(__half x) { return __half2float(x); }
+template <> __device__ __forceinline__ float to_f32<__nv_bfloat16>(__nv_bfloat16 x) {
+  return __bfloat162float(x);
+}
+
+template <typename T> __device__ __forceinline__ T from_f32(float x);
+template <> __device__ __forceinline__ float from_f32<float>(float x) { return x; }
+template <> __device__ __forceinline__ __half from_f32<__half>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(float x) {
+  return __float2bfloat16_rn(x);
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over a block of blockDim.x threads (a multiple of 32, at most 1024); every thread
+// gets the result. `scratch` holds 32 floats of shared memory.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  const int warps = int(blockDim.x) >> 5;
+  v = lane < warps ? scratch[lane] : 0.0f;
+  return warp_sum(v);
+}
+
+inline unsigned grid_for(int64_t n, int threads, int64_t max_blocks = 65535LL * 32) {
+  int64_t b = (n + threads - 1) / threads;
+  return unsigned(b < 1 ? 1 : (b > max_blocks ? max_blocks : b));
+}
+
+}  // namespace kiln::cuda
+
+// Runs the statement with `T` bound to the storage type of a float DType; the single
+// place where a runtime dtype becomes a template argument.
+#define KILN_CUDA_DISPATCH_FLOAT(dtype, T, ...)                                        \
+  switch (dtype) {                                                                     \
+    case ::kiln::DType::kF32: { using T = float; __VA_ARGS__; break; }                  \
+    case ::kiln::DType::kF16: { using T = __half; __VA_ARGS__; break; }                 \
+    case ::kiln::DType::kBF16: { using T = __nv_bfloat16; __VA_ARGS__; break; }         \
+    default:                                                                           \
+      ::kiln::throw_error(::kiln::ErrorCode::kUnsupported, "cuda: dtype ",              \
+                          ::kiln::dtype_name(dtype), " is not a float storage type");  \
+  }

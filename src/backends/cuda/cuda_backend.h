@@ -1,0 +1,18 @@
+// The CUDA backend (built when the CUDA toolkit is found; KILN_HAVE_CUDA): kernels under
+// ops/, cuBLASLt GEMMs, a paged KV pool in the activation dtype. CompileOptions.weight_dtype
+// picks the activation/weight dtype on the device: "bf16" (the GPU default to ask for),
+// "f16", or "f32" (true f32 math, cuBLASLt without TF32: a precise reference mode).
+// Tested in tests/backends/cuda/ (op conformance vs the CPU backend, model goldens).
+#pragma once
+
+#include <memory>
+
+#include "backends/backend.h"
+
+namespace kiln {
+
+std::unique_ptr<Backend> create_cuda_backend();
+// CUDA devices usable by this process; 0 without a driver or device. Never throws.
+int cuda_device_count();
+
+}  // namespace kiln

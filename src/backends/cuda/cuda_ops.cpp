@@ -1,0 +1,290 @@
+// CUDA implementations of the IR ops (see cuda_ops.h): each prepare function uploads the
+// node's weights and returns a runner that re-derives shapes from its actual inputs, so
+// any T within the graph's symbolic shapes runs without recompiling.
+#include "backends/cuda/cuda_ops.h"
+
+#include "backends/cuda/ops/attention.h"
+#include "backends/cuda/ops/elementwise.h"
+#include "backends/cuda/ops/embedding.h"
+#include "backends/cuda/ops/norm.h"
+#include "backends/cuda/ops/rope.h"
+#include "backends/cuda/ops/rows.h"
+#include "core/status.h"
+
+namespace kiln::cuda {
+
+const void* DeviceWeights::get(const ir::Graph& g, ir::ValueId v, DType dtype) {
+  if (v == ir::kNoValue) return nullptr;
+  auto& buf = bufs_[{v, dtype}];
+  if (!buf.get()) {
+    const Tensor& t = g.weight(v);
+    Tensor host = t.dtype() == dtype ? t : t.to(dtype);
+    buf = DeviceBuffer(std::max<size_t>(host.nbytes(), 1));
+    KILN_CUDA_CHECK(cudaMemcpy(buf.get(), host.data(), host.nbytes(), cudaMemcpyHostToDevice));
+    bytes_ += host.nbytes();
+  }
+  return buf.get();
+}
+
+namespace {
+
+// The node's input i must be a weight (Linear weights, norm parameters, tables...).
+ir::ValueId need_weight(const ir::Node& n, const ir::Graph& g, size_t i, const char* role, bool optional = false) {
+  ir::ValueId v = n.input(i);
+  if (v == ir::kNoValue) {
+    if (optional) return v;
+    throw_error(ErrorCode::kInvalidArgument, "cuda: node '", n.name, "' (", n.op, ") lacks its ", role);
+  }
+  if (!g.is_weight(v))
+    throw_error(ErrorCode::kUnsupported, "cuda: node '", n.name, "' (", n.op, ") needs ", role, " %",
+                g.value(v).name, " to be a weight, not a computed value");
+  return v;
+}
+
+OpRun prepare_embedding(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) {
+  ir::ValueId tv = need_weight(n, g, 0, "table");
+  const void* table = pc.weights->get(g, tv, pc.act);
+  const int64_t vocab = g.weight(tv).dim(0), dim = g.weight(tv).dim(1);
+  return [=](OpContext& c) {
+    const DevTensor& ids = *c.inputs[1];
+    const int64_t t = ids.dim(0);
+    if (const Tensor* h = c.host_inputs[1]) {
+      const int32_t* p = h->data_as<int32_t>();
+      for (int64_t i = 0; i < t; ++i)
+        KILN_THROW_IF(p[i] < 0 || p[i] >= vocab, kOutOfRange, "embedding: token id ", p[i], " at position ", i,
+                      " is outside the vocabulary of size ", vocab);
+    }
+    DevTensor& y = c.out(0, {t, dim});
+    launch_embedding(y.dtype, table, static_cast<const int32_t*>(ids.data), t, dim, y.data, c.cx->stream);
+  };
+}
+
+template <BinaryOp kOp>
+OpRun prepare_binary(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) {
+  // A weight operand (a bias row, a scale) is uploaded in the activation dtype.
+  const void* wb = g.is_weight(n.inputs[1]) ? pc.weights->get(g, n.inputs[1], pc.act) : nullptr;
+  return [wb](OpContext& c) {
+    const DevTensor& a = *c.inputs[0];
+    const DevTensor& b = *c.inputs[1];
+    DevTensor& y = c.out(0, a.shape);
+    launch_binary(kOp, y.dtype, a.data, wb ? wb : b.data, a.numel(), b.numel(), y.data, c.cx->stream);
+  };
+}
+
+OpRun prepare_layer_norm(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) {
+  auto* w = static_cast<const float*>(pc.weights->get(g, need_weight(n, g, 1, "weight"), DType::kF32));
+  auto* b = static_cast<const float*>(pc.weights->get(g, need_weight(n, g, 2, "bias", true), DType::kF32));
+  const float eps = float(n.attr_float("eps"));
+  return [=](OpContext& c) {
+    const DevTensor& x = *c.inputs[0];
+    DevTensor& y = c.out(0, x.shape);
+    const int64_t dim = x.dim(-1);
+    launch_layer_norm(y.dtype, x.data, w, b, eps, x.numel() / dim, dim, y.data, c.cx->stream);
+  };
+}
+
+OpRun prepare_rms_norm(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) {
+  auto* w = static_cast<const float*>(pc.weights->get(g, need_weight(n, g, 1, "weight"), DType::kF32));
+  const float eps = float(n.attr_float("eps"));
+  return [=](OpContext& c) {
+    const DevTensor& x = *c.inputs[0];
+    DevTensor& y = c.out(0, x.shape);
+    const int64_t dim = x.dim(-1);
+    launch_rms_norm(y.dtype, x.data, w, eps, x.numel() / dim, dim, y.data, c.cx->stream);
+  };
+}
+
+OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) {
+  ir::ValueId wv = need_weight(n, g, 1, "weight");
+  const void* w = pc.weights->get(g, wv, pc.act);
+  const void* bias = pc.weights->get(g, need_weight(n, g, 2, "bias", true), pc.act);
+  const int64_t nn = g.weight(wv).dim(0), k = g.weight(wv).dim(1);
+  return [=](OpContext& c) {
+    const DevTensor& x = *c.inputs[0];
+    KILN_THROW_IF(x.dim(1) != k, kInvalidArgument, "linear '", n.name, "': x has ", x.dim(1),
+                  " features, the weight expects ", k);
+    DevTensor& y = c.out(0, {x.dim(0), nn});
+    c.cx->gemm->run(y.dtype, x.data, w, bias, y.data, x.dim(0), nn, k, c.cx->stream);
+  };
+}
+
+template <UnaryOp kOp>
+OpRun prepare_unary(const ir::Node&, const ir::Graph&, PrepareContext&) {
+  return [](OpContext& c) {
+    const DevTensor& x = *c.inputs[0];
+    DevTensor& y = c.out(0, x.shape);
+    launch_unary(kOp, y.dtype, x.data, x.numel(), y.data, c.cx->stream);
+  };
+}
+
+OpRun prepare_gelu(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) {
+  const std::string approx = n.attr_str("approximate", "none");
+  if (approx == "none") return prepare_unary<UnaryOp::kGeluErf>(n, g, pc);
+  if (approx == "tanh") return prepare_unary<UnaryOp::kGeluTanh>(n, g, pc);
+  throw_error(ErrorCode::kUnsupported, "cuda: Gelu approximate='", approx, "' (expected none or tanh)");
+}
+
+OpRun prepare_rope(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) {
+  auto* inv_freq = static_cast<const float*>(pc.weights->get(g, need_weight(n, g, 2, "inv_freq"), DType::kF32));
+  const int64_t heads = n.attr_int("num_heads"), hd = n.attr_int("head_dim");
+  const int64_t rot = n.attr_int("rotary_dim", hd);
+  KILN_THROW_IF(rot % 2 != 0 || rot > hd || rot <= 0, kInvalidArgument, "rope '", n.name,
+                "': rotary_dim must be even and in (0, head_dim], got rotary_dim=", rot, " head_dim=", hd);
+  return [=](OpContext& c) {
+    const DevTensor& x = *c.inputs[0];
+    const DevTensor& pos = *c.inputs[1];
+    DevTensor& y = c.out(0, x.shape);
+    launch_rope(y.dtype, x.data, y.data, static_cast<const int32_t*>(pos.data), inv_freq, x.dim(0), heads, hd, rot,
+                c.cx->stream);
+  };
+}
+
+OpRun prepare_attention(const ir::Node& n, const ir::Graph&, PrepareContext&) {
+  const int64_t layer = n.attr_int("layer"), hq = n.attr_int("num_heads");
+  const int64_t hkv = n.attr_int("num_kv_heads"), d = n.attr_int("head_dim");
+  const float scale = float(n.attr_float("scale"));
+  const bool causal = n.attr_int("causal") != 0;
+  const std::string name = n.name;
+  return [=](OpContext& c) {
+    const DevTensor& q = *c.inputs[0];
+    const DevTensor& k = *c.inputs[1];
+    const DevTensor& v = *c.inputs[2];
+    const int64_t t = q.dim(0);
+    KILN_THROW_IF(c.step->num_tokens() != t, kInvalidArgument, "attention '", name, "': the step lays out ",
+                  c.step->num_tokens(), " tokens but q has ", t, " rows");
+    DevTensor& y = c.out(0, {t, hq * d});
+    AttentionArgs a;
+    a.dtype = y.dtype;
+    a.q = q.data;
+    a.out = y.data;
+    a.hq = hq;
+    a.hkv = hkv;
+    a.d = d;
+    a.scale = scale;
+    a.causal = causal;
+    if (c.kv) {
+      KILN_THROW_IF(layer < 0 || layer >= c.kv->layout().num_layers, kInvalidArgument, "attention '", name,
+                    "': layer ", layer, " is outside the KV pool's ", c.kv->layout().num_layers, " layers");
+      launch_kv_cache_write(y.dtype, k.data, v.data, c.dev->slot_mapping, t, hkv * d, c.kv->k(layer),
+                            c.kv->v(layer), c.cx->stream);
+      a.k_cache = c.kv->k(layer);
+      a.v_cache = c.kv->v(layer);
+      a.block_size = c.kv->layout().block_size;
+    } else {
+      // No cache (encoders): K/V rows are read in place as a pool of one-token blocks;
+      // the step upload made each sequence's "block table" its own row indices.
+      a.k_cache = k.data;
+      a.v_cache = v.data;
+      a.block_size = 1;
+    }
+    a.seqs = c.dev->seqs;
+    a.block_tables = c.dev->block_tables;
+    const DevAttentionPlan& p = c.dev->plans.at({hq, hkv});
+    a.work = p.work;
+    a.num_work = p.num_work;
+    a.combine = p.combine;
+    a.num_combine = p.num_combine;
+    a.num_partials = p.num_partials;
+    a.workspace = c.dev->attn_workspace;
+    launch_attention(a, c.cx->stream);
+  };
+}
+
+OpRun prepare_gather_rows(const ir::Node&, const ir::Graph&, PrepareContext&) {
+  return [](OpContext& c) {
+    const DevTensor& x = *c.inputs[0];
+    const DevTensor& rows = *c.inputs[1];
+    const int64_t r = rows.dim(0), dim = x.dim(1);
+    if (const Tensor* h = c.host_inputs[1])
+      for (int64_t i = 0; i < r; ++i) {
+        const int32_t row = h->data_as<int32_t>()[i];
+        KILN_THROW_IF(row < 0 || row >= x.dim(0), kOutOfRange, "GatherRows: row ", row, " outside [0, ", x.dim(0), ")");
+      }
+    DevTensor& y = c.out(0, {r, dim});
+    launch_gather_rows(y.dtype, x.data, static_cast<const int32_t*>(rows.data), r, dim, y.data, c.cx->stream);
+  };
+}
+
+OpRun prepare_seq_mean_pool(const ir::Node&, const ir::Graph&, PrepareContext&) {
+  return [](OpContext& c) {
+    const DevTensor& x = *c.inputs[0];
+    const int64_t b = c.dev->num_seqs, dim = x.dim(1);
+    for (const StepSequence& ss : c.step->seqs)
+      KILN_THROW_IF(int64_t(ss.q_start) + ss.q_len > x.dim(0), kInvalidArgument, "SeqMeanPool: sequence rows [",
+                    ss.q_start, ", +", ss.q_len, ") outside the ", x.dim(0), " rows of x");
+    DevTensor& y = c.out(0, {b, dim});
+    launch_seq_mean_pool(y.dtype, x.data, reinterpret_cast<const int32_t*>(c.dev->seqs),
+                         int64_t(sizeof(AttnSeq) / sizeof(int32_t)), b, dim, y.data, c.cx->stream);
+  };
+}
+
+const std::map<std::string, OpPrepare>& op_table() {
+  static const std::map<std::string, OpPrepare> table = {
+      {"Embedding", prepare_embedding},
+      {"Add", prepare_binary<BinaryOp::kAdd>},
+      {"Mul", prepare_binary<BinaryOp::kMul>},
+      {"LayerNorm", prepare_layer_norm},
+      {"RMSNorm", prepare_rms_norm},
+      {"Linear", prepare_linear},
+      {"Gelu", prepare_gelu},
+      {"Silu", prepare_unary<UnaryOp::kSilu>},
+      {"Tanh", prepare_unary<UnaryOp::kTanh>},
+      {"Rope", prepare_rope},
+      {"Attention", prepare_attention},
+      {"GatherRows", prepare_gather_rows},
+      {"SeqMeanPool", prepare_seq_mean_pool},
+  };
+  return table;
+}
+
+}  // namespace
+
+const OpPrepare* find_cuda_op(const std::string& op) {
+  auto it = op_table().find(op);
+  return it == op_table().end() ? nullptr : &it->second;
+}
+
+bool cuda_op_supported(const ir::Node& n, const ir::Graph& g, std::string* why) {
+  auto fail = [&](std::string msg) {
+    if (why) *why = std::move(msg);
+    return false;
+  };
+  if (!find_cuda_op(n.op)) return fail(str_cat("no CUDA kernel for op '", n.op, "'"));
+  if (n.op == "Attention") {
+    const int64_t d = n.attr_int("head_dim", 0);
+    if (!attention_supports_head_dim(d)) return fail(str_cat("attention head_dim ", d, " (supported: 16, 32, 64, 128)"));
+  }
+  if (n.op == "Gelu") {
+    const std::string a = n.attr_str("approximate", "none");
+    if (a != "none" && a != "tanh") return fail(str_cat("Gelu approximate='", a, "'"));
+  }
+  auto weight_at = [&](size_t i) { return n.input(i) == ir::kNoValue || g.is_weight(n.input(i)); };
+  if ((n.op == "Linear" || n.op == "LayerNorm") && !(weight_at(1) && weight_at(2)))
+    return fail("weight/bias inputs must be weights");
+  if ((n.op == "RMSNorm" && !weight_at(1)) || (n.op == "Embedding" && !weight_at(0)) || (n.op == "Rope" && !weight_at(2)))
+    return fail("parameter inputs must be weights");
+  return true;
+}
+
+CudaKv::CudaKv(const KvLayout& layout, DType dtype, std::shared_ptr<CudaContext> cx)
+    : layout_(layout), dtype_(dtype), cx_(std::move(cx)) {
+  const size_t bytes = std::max<size_t>(size_t(layout_.num_layers) * layer_bytes(), 1);
+  k_ = DeviceBuffer(bytes);
+  v_ = DeviceBuffer(bytes);
+  KILN_CUDA_CHECK(cudaMemsetAsync(k_.get(), 0, bytes, cx_->stream));
+  KILN_CUDA_CHECK(cudaMemsetAsync(v_.get(), 0, bytes, cx_->stream));
+}
+
+void CudaKv::copy_block(int32_t src, int32_t dst) {
+  KILN_THROW_IF(src < 0 || dst < 0 || src >= layout_.num_blocks || dst >= layout_.num_blocks, kOutOfRange,
+                "KV copy_block ", src, " -> ", dst, " outside [0, ", layout_.num_blocks, ")");
+  const size_t bb = block_bytes();
+  for (int64_t l = 0; l < layout_.num_layers; ++l) {
+    KILN_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(k(l)) + size_t(dst) * bb, static_cast<char*>(k(l)) + size_t(src) * bb,
+                                    bb, cudaMemcpyDeviceToDevice, cx_->stream));
+    KILN_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(v(l)) + size_t(dst) * bb, static_cast<char*>(v(l)) + size_t(src) * bb,
+                                    bb, cudaMemcpyDeviceToDevice, cx_->stream));
+  }
+}
+
+}  // namespace kiln::cuda

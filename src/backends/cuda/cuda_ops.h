@@ -1,0 +1,109 @@
+// The CUDA op table: one entry per supported IR op, each preparing per-node state at
+// compile time (weights uploaded in their device dtype) and launching kernels at step
+// time on the context's stream. Internal to the CUDA backend; tested op by op against
+// the CPU backend in tests/backends/cuda/ops_test.cpp.
+#pragma once
+
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+#include "backends/cuda/cuda_context.h"
+#include "backends/cuda/ops/attention.h"
+
+namespace kiln::cuda {
+
+// A device tensor seen by an op: contiguous, row-major.
+struct DevTensor {
+  void* data = nullptr;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  int64_t numel() const {
+    int64_t n = 1;
+    for (auto d : shape) n *= d;
+    return n;
+  }
+  int64_t dim(int i) const { return shape[i < 0 ? shape.size() + size_t(i) : size_t(i)]; }
+};
+
+// The CUDA KV pool: per layer, K and V as [num_blocks, block_size, Hkv, D] in the
+// activation dtype (bf16/f16/f32), zero-initialized.
+class CudaKv : public KvStorage {
+ public:
+  CudaKv(const KvLayout& layout, DType dtype, std::shared_ptr<CudaContext> cx);
+  const KvLayout& layout() const override { return layout_; }
+  void copy_block(int32_t src, int32_t dst) override;
+  DType dtype() const { return dtype_; }
+  void* k(int64_t layer) const { return static_cast<char*>(k_.get()) + size_t(layer) * layer_bytes(); }
+  void* v(int64_t layer) const { return static_cast<char*>(v_.get()) + size_t(layer) * layer_bytes(); }
+
+ private:
+  size_t block_bytes() const {
+    return size_t(layout_.block_size * layout_.num_kv_heads * layout_.head_dim) * dtype_size(dtype_);
+  }
+  size_t layer_bytes() const { return size_t(layout_.num_blocks) * block_bytes(); }
+  KvLayout layout_;
+  DType dtype_;
+  std::shared_ptr<CudaContext> cx_;
+  DeviceBuffer k_, v_;
+};
+
+// One attention configuration's plan for the current step, on the device.
+struct DevAttentionPlan {
+  const AttnWork* work = nullptr;
+  int32_t num_work = 0;
+  const AttnCombine* combine = nullptr;
+  int32_t num_combine = 0;
+  int32_t num_partials = 0;
+};
+
+// The step's metadata on the device (one upload per step).
+struct DevStep {
+  const AttnSeq* seqs = nullptr;
+  int32_t num_seqs = 0;
+  const int32_t* block_tables = nullptr;
+  const int64_t* slot_mapping = nullptr;
+  std::map<std::pair<int64_t, int64_t>, DevAttentionPlan> plans;  // by (num_heads, num_kv_heads)
+  float* attn_workspace = nullptr;
+};
+
+struct OpContext {
+  std::vector<const DevTensor*> inputs;     // nullptr for an absent optional input
+  std::vector<const Tensor*> host_inputs;   // the host tensor where an input is a graph input
+  const StepInfo* step = nullptr;
+  const DevStep* dev = nullptr;
+  CudaKv* kv = nullptr;
+  CudaContext* cx = nullptr;
+  // Output i with this shape in the activation dtype.
+  std::function<DevTensor&(size_t, std::vector<int64_t>)> alloc;
+  DevTensor& out(size_t i, std::vector<int64_t> shape) { return alloc(i, std::move(shape)); }
+};
+using OpRun = std::function<void(OpContext&)>;
+
+// Weights on the device, uploaded once per (value, dtype): a tied embedding and LM head
+// share one copy.
+class DeviceWeights {
+ public:
+  const void* get(const ir::Graph& g, ir::ValueId v, DType dtype);
+  size_t bytes() const { return bytes_; }
+
+ private:
+  std::map<std::pair<ir::ValueId, DType>, DeviceBuffer> bufs_;
+  size_t bytes_ = 0;
+};
+
+struct PrepareContext {
+  DType act = DType::kBF16;
+  DeviceWeights* weights = nullptr;
+  CudaContext* cx = nullptr;
+};
+using OpPrepare = std::function<OpRun(const ir::Node&, const ir::Graph&, PrepareContext&)>;
+
+const OpPrepare* find_cuda_op(const std::string& op);
+// Whether the CUDA backend can run this node; when not, `why` says what is missing.
+bool cuda_op_supported(const ir::Node& n, const ir::Graph& g, std::string* why = nullptr);
+
+}  // namespace kiln::cuda

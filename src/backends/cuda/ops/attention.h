@@ -1,0 +1,73 @@
+// Paged attention on the device: the KV-cache write (new K/V rows into the block pool
+// through slot_mapping) and one attention kernel for prefill and decode. The host plans
+// each step once (attention_plan): a list of CTAs, each covering up to
+// kAttnItemsPerCta (query row, head) items of one sequence and one KV head over a range
+// of context positions; a sequence with few query rows and a long context is split
+// along the context (split-KV) and its partial results merged by a combine kernel.
+// Tested against the CPU backend in tests/backends/cuda/attention_test.cpp.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "core/dtype.h"
+
+namespace kiln::cuda {
+
+// (query row, head) items one CTA handles: 4 warps × 4 items.
+constexpr int kAttnItemsPerCta = 16;
+
+// One sequence of the step as the kernels read it (int32s, see StepSequence).
+struct AttnSeq {
+  int32_t q_start, q_len, ctx_len, bt_offset;  // bt_offset: into the flat block tables
+};
+// One CTA's work (times the KV heads): items [item_begin, +16) of seq, keys
+// [kv_begin, kv_end); partial >= 0 writes an unnormalized partial for the combine.
+struct AttnWork {
+  int32_t seq, item_begin, kv_begin, kv_end, partial;
+};
+struct AttnCombine {
+  int32_t seq, partial_begin, num_splits;
+};
+struct AttentionPlan {
+  std::vector<AttnWork> work;
+  std::vector<AttnCombine> combine;
+  int32_t num_partials = 0;
+};
+
+bool attention_supports_head_dim(int64_t d);
+// split_chunk: keys per split; 0 picks one so that the grid fills about 2 waves of
+// `num_sms` multiprocessors, < 0 never splits.
+AttentionPlan attention_plan(const std::vector<AttnSeq>& seqs, int64_t hq, int64_t hkv, bool causal,
+                             int num_sms, int64_t split_chunk = 0);
+// Floats of workspace the plan's partials need.
+size_t attention_workspace_floats(const AttentionPlan& plan, int64_t hkv, int64_t d);
+
+struct AttentionArgs {
+  DType dtype = DType::kBF16;       // of q, the caches and out
+  const void* q = nullptr;          // [T, hq, d]
+  const void* k_cache = nullptr;    // [blocks, block_size, hkv, d]
+  const void* v_cache = nullptr;
+  void* out = nullptr;              // [T, hq, d]
+  int64_t block_size = 16, hq = 0, hkv = 0, d = 0;
+  float scale = 1.0f;
+  bool causal = true;
+  const AttnSeq* seqs = nullptr;    // device
+  const int32_t* block_tables = nullptr;
+  const AttnWork* work = nullptr;
+  int32_t num_work = 0;
+  const AttnCombine* combine = nullptr;
+  int32_t num_combine = 0;
+  int32_t num_partials = 0;
+  float* workspace = nullptr;       // attention_workspace_floats()
+};
+void launch_attention(const AttentionArgs& a, cudaStream_t s);
+
+// k, v: [t, hkv*d] rows; slot_mapping[i] = block * block_size + row, -1 skips the token.
+void launch_kv_cache_write(DType t, const void* k, const void* v, const int64_t* slot_mapping,
+                           int64_t tokens, int64_t row_elems, void* k_cache, void* v_cache,
+                           cudaStream_t s);
+
+}  // namespace kiln::cuda

@@ -1,0 +1,23 @@
+// Casts between the float storage types on the device (graph inputs in, outputs out).
+// Tested through the op tests in tests/backends/cuda/ops_test.cpp (every graph output).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace kiln::cuda {
+
+void launch_convert(const void* src, DType from, void* dst, DType to, int64_t n, cudaStream_t s);
+
+}  // namespace kiln::cuda
+
+namespace kiln::cuda {
+
+// Fills n elements with deterministic pseudo-random values in [-1, 1) (tuning inputs:
+// never time on zeros).
+void launch_fill_random(void* dst, DType t, int64_t n, uint32_t seed, cudaStream_t s);
+
+}  // namespace kiln::cuda

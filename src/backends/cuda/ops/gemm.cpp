@@ -1,0 +1,152 @@
+// cuBLASLt GEMMs (see gemm.h); host code only, so g++ compiles it. Row-major y = x·wᵀ is computed as the column-major
+// product yᵀ[n,m] = (w as k×n)ᵀ · (x as k×m), so no operand is transposed in memory.
+// One plan (descriptor, layouts, the heuristic's algorithms) is cached per shape.
+#include <cublasLt.h>
+
+#include <algorithm>
+#include <map>
+#include <tuple>
+
+#include "backends/cuda/cuda_check.h"
+#include "core/status.h"
+#include "backends/cuda/ops/gemm.h"
+
+#define KILN_CUBLAS_CHECK(expr)                                                            \
+  do {                                                                                     \
+    const cublasStatus_t kiln_st_ = (expr);                                                \
+    if (kiln_st_ != CUBLAS_STATUS_SUCCESS) [[unlikely]]                                    \
+      ::kiln::throw_error(kiln_st_ == CUBLAS_STATUS_ALLOC_FAILED ? ::kiln::ErrorCode::kOutOfMemory \
+                                                                 : ::kiln::ErrorCode::kInternal, \
+                          __FILE__, ":", __LINE__, ": ", #expr, " failed: ",               \
+                          cublasLtGetStatusName(kiln_st_), " (", cublasLtGetStatusString(kiln_st_), ")"); \
+  } while (0)
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int kMaxTactics = 8;
+
+cudaDataType_t cuda_type(DType t) {
+  switch (t) {
+    case DType::kF32: return CUDA_R_32F;
+    case DType::kF16: return CUDA_R_16F;
+    case DType::kBF16: return CUDA_R_16BF;
+    default: throw_error(ErrorCode::kUnsupported, "cuda gemm: dtype ", dtype_name(t));
+  }
+}
+
+struct Plan {
+  cublasLtMatmulDesc_t op = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  std::vector<cublasLtMatmulHeuristicResult_t> algos;
+  int chosen = 0;
+  ~Plan() {
+    if (op) cublasLtMatmulDescDestroy(op);
+    if (a) cublasLtMatrixLayoutDestroy(a);
+    if (b) cublasLtMatrixLayoutDestroy(b);
+    if (c) cublasLtMatrixLayoutDestroy(c);
+  }
+};
+
+using Key = std::tuple<int, int64_t, int64_t, int64_t, bool>;
+
+}  // namespace
+
+struct Gemm::Impl {
+  cublasLtHandle_t handle = nullptr;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+  std::map<Key, std::unique_ptr<Plan>> plans;
+
+  Plan& plan(DType dtype, int64_t m, int64_t n, int64_t k, bool bias) {
+    auto& slot = plans[Key{int(dtype), m, n, k, bias}];
+    if (slot) return *slot;
+    auto p = std::make_unique<Plan>();
+    const cudaDataType_t t = cuda_type(dtype);
+    KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
+    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
+    if (bias) {
+      const cublasLtEpilogue_t epi = CUBLASLT_EPILOGUE_BIAS;
+      KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
+      KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &t, sizeof(t)));
+    }
+    KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, t, uint64_t(k), uint64_t(n), k));
+    KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, t, uint64_t(k), uint64_t(m), k));
+    KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, t, uint64_t(n), uint64_t(m), n));
+    cublasLtMatmulPreference_t pref = nullptr;
+    KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+    KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                                                           &workspace_bytes, sizeof(workspace_bytes)));
+    p->algos.resize(kMaxTactics);
+    int found = 0;
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle, p->op, p->a, p->b, p->c, p->c, pref,
+                                                             kMaxTactics, p->algos.data(), &found);
+    cublasLtMatmulPreferenceDestroy(pref);
+    KILN_CUBLAS_CHECK(st);
+    KILN_THROW_IF(found == 0, kUnsupported, "cuda gemm: cuBLASLt offers no algorithm for ", dtype_name(dtype),
+                  " m=", m, " n=", n, " k=", k);
+    p->algos.resize(size_t(found));
+    slot = std::move(p);
+    return *slot;
+  }
+
+  void matmul(Plan& p, int tactic, const void* x, const void* w, const void* bias, void* y, cudaStream_t s) {
+    if (bias)
+      KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    const float alpha = 1.0f, beta = 0.0f;
+    KILN_CUBLAS_CHECK(cublasLtMatmul(handle, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c,
+                                     &p.algos[size_t(tactic)].algo, workspace, workspace_bytes, s));
+  }
+};
+
+Gemm::Gemm(size_t workspace_bytes) : impl_(std::make_unique<Impl>()) {
+  KILN_CUBLAS_CHECK(cublasLtCreate(&impl_->handle));
+  impl_->workspace_bytes = workspace_bytes;
+  KILN_CUDA_CHECK(cudaMalloc(&impl_->workspace, workspace_bytes));
+}
+
+Gemm::~Gemm() {
+  impl_->plans.clear();
+  if (impl_->workspace) cudaFree(impl_->workspace);
+  if (impl_->handle) cublasLtDestroy(impl_->handle);
+}
+
+void Gemm::run(DType dtype, const void* x, const void* w, const void* bias, void* y, int64_t m, int64_t n,
+               int64_t k, cudaStream_t s) {
+  if (m == 0 || n == 0) return;
+  Plan& p = impl_->plan(dtype, m, n, k, bias != nullptr);
+  impl_->matmul(p, p.chosen, x, w, bias, y, s);
+}
+
+std::vector<Gemm::TacticTime> Gemm::tune(DType dtype, const void* x, const void* w, const void* bias, void* y,
+                                         int64_t m, int64_t n, int64_t k, cudaStream_t s, int reps) {
+  std::vector<TacticTime> times;
+  if (m == 0 || n == 0) return times;
+  Plan& p = impl_->plan(dtype, m, n, k, bias != nullptr);
+  cudaEvent_t ev[2];
+  KILN_CUDA_CHECK(cudaEventCreate(&ev[0]));
+  KILN_CUDA_CHECK(cudaEventCreate(&ev[1]));
+  for (int t = 0; t < int(p.algos.size()); ++t) {
+    impl_->matmul(p, t, x, w, bias, y, s);  // warm-up
+    std::vector<float> ms;
+    for (int r = 0; r < reps; ++r) {
+      KILN_CUDA_CHECK(cudaEventRecord(ev[0], s));
+      impl_->matmul(p, t, x, w, bias, y, s);
+      KILN_CUDA_CHECK(cudaEventRecord(ev[1], s));
+      KILN_CUDA_CHECK(cudaEventSynchronize(ev[1]));
+      float v = 0;
+      KILN_CUDA_CHECK(cudaEventElapsedTime(&v, ev[0], ev[1]));
+      ms.push_back(v);
+    }
+    std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
+    times.push_back({t, ms[ms.size() / 2]});
+  }
+  cudaEventDestroy(ev[0]);
+  cudaEventDestroy(ev[1]);
+  p.chosen = std::min_element(times.begin(), times.end(), [](auto& a, auto& b) { return a.ms < b.ms; })->tactic;
+  return times;
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,43 @@
+// Linear layers on the device through cuBLASLt: y[m,n] = x[m,k]·w[n,k]ᵀ (+ bias[n]) with
+// f16/bf16 (or f32) operands and f32 accumulation; the bias is cuBLASLt's epilogue. The
+// algorithms cublasLtMatmulAlgoGetHeuristic offers for a shape are the tactics: tune()
+// times them on the device and keeps the fastest for that shape; untuned shapes take
+// the heuristic's first. Tested against the CPU backend in tests/backends/cuda/ops_test.cpp.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/dtype.h"
+
+namespace kiln::cuda {
+
+class Gemm {
+ public:
+  explicit Gemm(size_t workspace_bytes = size_t(32) << 20);
+  ~Gemm();
+  Gemm(const Gemm&) = delete;
+  Gemm& operator=(const Gemm&) = delete;
+
+  // bias may be null; all pointers hold `dtype` elements.
+  void run(DType dtype, const void* x, const void* w, const void* bias, void* y, int64_t m, int64_t n,
+           int64_t k, cudaStream_t s);
+
+  struct TacticTime {
+    int tactic;  // index into the heuristic's list
+    float ms;    // median of the timed runs
+  };
+  // Times every tactic for this shape on the given buffers (x: m·k, y: m·n elements,
+  // any contents but not all zeros) and keeps the fastest. Synchronizes the stream.
+  std::vector<TacticTime> tune(DType dtype, const void* x, const void* w, const void* bias, void* y,
+                               int64_t m, int64_t n, int64_t k, cudaStream_t s, int reps = 5);
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace kiln::cuda

@@ -1,0 +1,137 @@
+// Paged attention conformance: the CUDA Attention op against the CPU backend's over
+// multi-step scenarios (prefill, decode, mixed chunk+decode steps) through shuffled
+// block tables, GQA/MQA/MHA, head dims 16/32/64/128, short and long (3000+) contexts,
+// with split-KV automatic, forced (64-key chunks) and off; and the encoder path (no
+// cache, bidirectional). Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <numeric>
+
+#include "cuda_test_util.h"
+
+namespace kiln::cuda {
+namespace {
+
+using namespace testing;
+
+struct Config {
+  int64_t hq, hkv, d, block_size;
+  std::vector<int32_t> prompts;  // prompt length per sequence
+};
+
+ir::Graph attention_graph(const Config& c, bool causal) {
+  ir::Graph g;
+  ir::ValueId q = g.add_input("q", DType::kF32, Shape{"T", c.hq * c.d});
+  ir::ValueId k = g.add_input("k", DType::kF32, Shape{"T", c.hkv * c.d});
+  ir::ValueId v = g.add_input("v", DType::kF32, Shape{"T", c.hkv * c.d});
+  g.add_output("y", g.add("Attention", {q, k, v},
+                          {{"layer", int64_t(0)}, {"num_heads", c.hq}, {"num_kv_heads", c.hkv}, {"head_dim", c.d},
+                           {"scale", 1.0 / std::sqrt(double(c.d))}, {"causal", int64_t(causal)}},
+                          "attn"));
+  return g;
+}
+
+// Steps of a decoder: (1) every prompt prefilled, (2) one decode token each, (3) a
+// 5-token chunk for even sequences and a decode token for odd ones.
+std::vector<StepCase> decoder_steps(const Config& c, const std::string& dt, int64_t num_blocks, std::mt19937_64& rng) {
+  std::vector<int32_t> pool(static_cast<size_t>(num_blocks));
+  std::iota(pool.begin(), pool.end(), 0);
+  std::shuffle(pool.begin(), pool.end(), rng);
+  size_t next_block = 0;
+  std::vector<std::vector<int32_t>> tables(c.prompts.size());
+  std::vector<int32_t> len(c.prompts.size(), 0);
+  std::vector<StepCase> steps;
+  for (int phase = 0; phase < 3; ++phase) {
+    StepCase sc;
+    int32_t t = 0;
+    for (size_t s = 0; s < c.prompts.size(); ++s) {
+      const int32_t n = phase == 0 ? c.prompts[s] : (phase == 2 && s % 2 == 0 ? 5 : 1);
+      for (int32_t i = 0; i < n; ++i) {
+        const int32_t p = len[s] + i;
+        if (p / c.block_size >= int64_t(tables[s].size())) tables[s].push_back(pool.at(next_block++));
+        sc.step.slot_mapping.push_back(int64_t(tables[s][size_t(p / c.block_size)]) * c.block_size + p % c.block_size);
+      }
+      len[s] += n;
+      sc.step.seqs.push_back({t, n, len[s], tables[s]});
+      t += n;
+    }
+    sc.inputs["q"] = random_tensor({t, c.hq * c.d}, rng, dt, -2, 2);
+    sc.inputs["k"] = random_tensor({t, c.hkv * c.d}, rng, dt, -2, 2);
+    sc.inputs["v"] = random_tensor({t, c.hkv * c.d}, rng, dt);
+    steps.push_back(std::move(sc));
+  }
+  return steps;
+}
+
+void check_decoder(const Config& c, const std::string& split_chunk) {
+  setenv("KILN_CUDA_SPLIT_CHUNK", split_chunk.c_str(), 1);
+  int64_t tokens = 0;
+  for (int32_t p : c.prompts) tokens += p + 6;
+  const int64_t blocks = tokens / c.block_size + int64_t(c.prompts.size()) * 2 + 4;
+  for (const auto& dt : all_dtypes()) {
+    std::mt19937_64 rng(uint64_t(c.hq * 1000 + c.d + c.prompts.size()));
+    auto steps = decoder_steps(c, dt, blocks, rng);
+    KvLayout kv{.num_layers = 1, .num_blocks = blocks, .block_size = c.block_size, .num_kv_heads = c.hkv, .head_dim = c.d};
+    std::string what = str_cat("attn hq=", c.hq, " hkv=", c.hkv, " d=", c.d, " bs=", c.block_size, " seqs=", c.prompts.size(),
+                               " max_prompt=", *std::max_element(c.prompts.begin(), c.prompts.end()), " split=", split_chunk);
+    expect_backends_match(attention_graph(c, true), steps, dt, op_tolerance(dt), what, kv);
+  }
+  unsetenv("KILN_CUDA_SPLIT_CHUNK");
+}
+
+TEST(CudaAttention, DecoderShortContexts) {
+  KILN_SKIP_WITHOUT_CUDA();
+  for (const Config& c : {Config{4, 4, 16, 16, {5, 1, 17}}, Config{4, 2, 16, 4, {13, 2}}, Config{4, 1, 32, 16, {40, 3, 1}},
+                          Config{9, 3, 64, 16, {33, 7}}, Config{32, 8, 128, 16, {50, 16, 1}}, Config{8, 8, 64, 32, {100}}})
+    for (const char* split : {"0", "-1", "16"}) check_decoder(c, split);
+}
+
+TEST(CudaAttention, DecoderLongContexts) {
+  KILN_SKIP_WITHOUT_CUDA();
+  for (const char* split : {"0", "64", "-1"}) {
+    check_decoder(Config{4, 2, 64, 16, {3000, 700}}, split);
+    check_decoder(Config{8, 1, 128, 16, {1500}}, split);
+  }
+}
+
+TEST(CudaAttention, EncoderBidirectionalWithoutCache) {
+  KILN_SKIP_WITHOUT_CUDA();
+  for (const Config& c : {Config{4, 4, 16, 1, {5, 12, 1}}, Config{12, 12, 32, 1, {128, 37}}, Config{16, 16, 64, 1, {384}}})
+    for (const auto& dt : all_dtypes()) {
+      std::mt19937_64 rng(uint64_t(c.d));
+      StepCase sc;
+      int32_t t = 0;
+      for (int32_t n : c.prompts) {
+        sc.step.seqs.push_back({t, n, n, {}});
+        t += n;
+      }
+      sc.step.slot_mapping.assign(size_t(t), -1);
+      sc.inputs["q"] = random_tensor({t, c.hq * c.d}, rng, dt, -2, 2);
+      sc.inputs["k"] = random_tensor({t, c.hkv * c.d}, rng, dt, -2, 2);
+      sc.inputs["v"] = random_tensor({t, c.hkv * c.d}, rng, dt);
+      expect_backends_match(attention_graph(c, false), {sc}, dt, op_tolerance(dt),
+                            str_cat("encoder attn h=", c.hq, " d=", c.d, " seqs=", c.prompts.size()));
+    }
+}
+
+TEST(CudaAttention, BadBlockTableIsAnError) {
+  KILN_SKIP_WITHOUT_CUDA();
+  Config c{4, 2, 16, 4, {3}};
+  ir::Graph g = attention_graph(c, true);
+  auto be = create_backend("cuda");
+  auto cg = be->compile(g, {.weight_dtype = "bf16"});
+  auto kv = be->allocate_kv({.num_layers = 1, .num_blocks = 2, .block_size = 4, .num_kv_heads = 2, .head_dim = 16});
+  std::mt19937_64 rng(1);
+  StepCase sc;
+  sc.step.seqs = {{0, 3, 3, {7}}};  // block 7 of a 2-block pool
+  sc.step.slot_mapping = {28, 29, 30};
+  sc.inputs["q"] = random_tensor({3, 64}, rng, "bf16");
+  sc.inputs["k"] = random_tensor({3, 32}, rng, "bf16");
+  sc.inputs["v"] = random_tensor({3, 32}, rng, "bf16");
+  EXPECT_THROW(cg->run(sc.inputs, sc.step, kv.get()), Error);
+}
+
+}  // namespace
+}  // namespace kiln::cuda

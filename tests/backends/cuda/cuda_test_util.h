@@ -1,0 +1,112 @@
+// Shared helpers for the CUDA tests: skipping cleanly without a GPU, seeded random
+// tensors rounded to the dtype under test, and running one graph on the CPU backend
+// (the reference) and the CUDA backend over the same steps, comparing every output
+// with a bound relative to max|ref| (ggml's test-backend-ops model).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backends/backend.h"
+#include "backends/cuda/cuda_backend.h"
+#include "ir/graph.h"
+
+namespace kiln::cuda::testing {
+
+#define KILN_SKIP_WITHOUT_CUDA()                                                          \
+  do {                                                                                    \
+    if (::kiln::cuda_device_count() == 0) GTEST_SKIP() << "no CUDA device visible: skipped"; \
+  } while (0)
+
+// Fixtures: KILN_FIXTURES_DIR from the environment (the device machine has the tree
+// elsewhere), else the source tree's.
+inline std::string fixtures_dir() {
+  if (const char* e = std::getenv("KILN_FIXTURES_DIR")) return e;
+  return KILN_FIXTURES_DIR;
+}
+
+// Per-dtype bound on max|cuda - cpu| / max|cpu| for single ops on inputs already
+// rounded to the dtype: f32 is rounding noise, f16/bf16 about 4 output ulps.
+inline double op_tolerance(const std::string& dtype) {
+  if (dtype == "f32") return 2e-5;
+  if (dtype == "f16") return 2e-3;
+  return 1e-2;
+}
+
+inline DType storage_dtype(const std::string& dtype) {
+  return dtype == "f32" ? DType::kF32 : dtype == "f16" ? DType::kF16 : DType::kBF16;
+}
+
+// A random f32 tensor whose values are exactly representable in `dtype`.
+inline Tensor random_tensor(std::vector<int64_t> shape, std::mt19937_64& rng, const std::string& dtype,
+                            float lo = -1.0f, float hi = 1.0f) {
+  Tensor t(DType::kF32, std::move(shape));
+  std::uniform_real_distribution<float> dist(lo, hi);
+  for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] = dist(rng);
+  return t.to(storage_dtype(dtype)).to(DType::kF32);
+}
+
+struct Diff {
+  double max_err = 0, max_ref = 0;
+  double rel() const { return max_ref > 0 ? max_err / max_ref : max_err; }
+};
+
+inline Diff diff(const Tensor& got, const Tensor& ref) {
+  Diff d;
+  EXPECT_EQ(got.shape(), ref.shape());
+  if (got.shape() != ref.shape()) {
+    d.max_err = INFINITY;
+    return d;
+  }
+  for (int64_t i = 0; i < ref.numel(); ++i) {
+    const double g = got.data_as<float>()[i], r = ref.data_as<float>()[i];
+    d.max_err = std::isnan(g) ? INFINITY : std::max(d.max_err, std::fabs(g - r));
+    d.max_ref = std::max(d.max_ref, std::fabs(r));
+  }
+  return d;
+}
+
+// One step of a graph run: inputs and step layout.
+struct StepCase {
+  TensorMap inputs;
+  StepInfo step;
+};
+
+// Compiles `g` on both backends (CUDA with `dtype`), runs the steps in order on each
+// (with KV pools of `kv` layout when it has layers) and checks every output of every step.
+inline void expect_backends_match(const ir::Graph& g, const std::vector<StepCase>& steps, const std::string& dtype,
+                                  double tol, const std::string& what, const KvLayout& kv = {}) {
+  auto cpu = create_backend("cpu");
+  auto gpu = create_backend("cuda");
+  auto cg = cpu->compile(g, {.weight_dtype = "f32"});
+  auto gg = gpu->compile(g, {.weight_dtype = dtype});
+  std::unique_ptr<KvStorage> ckv, gkv;
+  if (kv.num_layers > 0) {
+    ckv = cpu->allocate_kv(kv);
+    gkv = gpu->allocate_kv(kv);
+  }
+  for (size_t i = 0; i < steps.size(); ++i) {
+    TensorMap want = cg->run(steps[i].inputs, steps[i].step, ckv.get());
+    TensorMap got = gg->run(steps[i].inputs, steps[i].step, gkv.get());
+    for (auto& [name, ref] : want) {
+      ASSERT_TRUE(got.count(name)) << what << ": output " << name << " missing";
+      Diff d = diff(got.at(name), ref);
+      std::printf("  %-52s %-4s step %zu %-8s max|err| %.3g  max|ref| %.3g  rel %.3g\n", what.c_str(), dtype.c_str(), i,
+                  name.c_str(), d.max_err, d.max_ref, d.rel());
+      EXPECT_LE(d.rel(), tol) << what << " (" << dtype << ") step " << i << " output " << name;
+    }
+  }
+}
+
+inline const std::vector<std::string>& all_dtypes() {
+  static const std::vector<std::string> v = {"f32", "f16", "bf16"};
+  return v;
+}
+
+}  // namespace kiln::cuda::testing
