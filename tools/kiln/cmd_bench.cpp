@@ -129,8 +129,8 @@ Runner add_bench(CLI::App& app) {
   cmd->add_option("--random-weights", a->random_config,
                   "a config.json: benchmark its real shapes with random weights");
   cmd->add_option("--backend", a->model.backend, "cpu")->capture_default_str();
-  cmd->add_option("--weight-dtype", a->model.weight_dtype, "f32 | bf16 | f16")
-      ->check(CLI::IsMember({"f32", "bf16", "f16"}))
+  cmd->add_option("--weight-dtype", a->model.weight_dtype, "f32 | bf16 | f16 | q8 | q4")
+      ->check(CLI::IsMember({"f32", "bf16", "f16", "q8", "q4"}))
       ->capture_default_str();
   cmd->add_option("-p,--prompt-len", a->prompt_len, "prompt tokens (pp)")->capture_default_str();
   cmd->add_option("-n,--gen-len", a->gen_len, "generated tokens (tg)")->capture_default_str();

@@ -57,8 +57,8 @@ Runner add_eval(CLI::App& app) {
   add_model_options(cmd, a->model);
   cmd->add_option("--text", a->text, "UTF-8 text file")->required()->check(CLI::ExistingFile);
   cmd->add_option("--reference-dtype", a->reference_dtype,
-                  "also run the model with these weights (f32|bf16|f16) and report KL vs them")
-      ->check(CLI::IsMember({"f32", "bf16", "f16"}));
+                  "also run the model with these weights (f32|bf16|f16|q8|q4) and report KL vs them")
+      ->check(CLI::IsMember({"f32", "bf16", "f16", "q8", "q4"}));
   cmd->add_option("--context", a->opt.context, "tokens per window")->capture_default_str();
   cmd->add_option("--stride", a->opt.stride, "new tokens scored per window")->capture_default_str();
   cmd->add_option("--max-tokens", a->opt.max_tokens, "score at most this many tokens (0 = all)")

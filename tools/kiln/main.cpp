@@ -14,8 +14,8 @@ void add_model_options(CLI::App* cmd, ModelArgs& args) {
       ->required();
   cmd->add_option("--backend", args.backend, "where to run: cpu")->capture_default_str();
   cmd->add_option("--weight-dtype", args.weight_dtype,
-                  "storage of GEMM weights: f32 (exact), bf16 or f16 (half the memory traffic)")
-      ->check(CLI::IsMember({"f32", "bf16", "f16"}))
+                  "storage of GEMM weights: f32 (exact), bf16/f16 (half the memory traffic), q8/q4 (weight-only int8/int4, groups of 32)")
+      ->check(CLI::IsMember({"f32", "bf16", "f16", "q8", "q4"}))
       ->capture_default_str();
 }
 

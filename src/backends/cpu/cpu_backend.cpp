@@ -27,7 +27,9 @@ class CpuCompiledGraph final : public CompiledGraph {
     for (const ir::Node& n : g.nodes())
       if (n.op == "Linear") {
         const Tensor& w = g.weight(n.inputs[1]);
-        weight_bytes_ += size_t(w.numel()) * (opt.weight_dtype == "f32" ? 4 : 2);
+        // Bytes of the stored form: codes plus one f32 scale per 32 values for q8/q4.
+        const double bits = opt.weight_dtype == "f32" ? 32 : opt.weight_dtype == "q8" ? 9 : opt.weight_dtype == "q4" ? 5 : 16;
+        weight_bytes_ += size_t(double(w.numel()) * bits / 8);
       }
     plan_memory();
   }

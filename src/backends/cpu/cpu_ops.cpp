@@ -6,6 +6,7 @@
 #include <cstring>
 #include <map>
 
+#include "core/log.h"
 #include "core/status.h"
 
 namespace kiln::cpu {
@@ -28,8 +29,10 @@ WeightStorage storage_from_option(const std::string& s) {
   if (s == "f32") return WeightStorage::kF32;
   if (s == "bf16") return WeightStorage::kBF16;
   if (s == "f16") return WeightStorage::kF16;
+  if (s == "q8") return WeightStorage::kQ8;
+  if (s == "q4") return WeightStorage::kQ4;
   throw_error(ErrorCode::kInvalidArgument, "cpu: unknown weight dtype '", s,
-              "' (expected f32, bf16 or f16)");
+              "' (expected f32, bf16, f16, q8 or q4)");
 }
 
 OpRun prepare_embedding(const ir::Node& n, const ir::Graph& g, const CompileOptions&) {
@@ -93,8 +96,14 @@ OpRun prepare_rms_norm(const ir::Node& n, const ir::Graph& g, const CompileOptio
 OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, const CompileOptions& opt) {
   Tensor w = weight_f32(g, n.inputs[1], n, "weight");
   Tensor bias = weight_f32(g, n.input(2), n, "bias");
-  auto packed = std::make_shared<PackedWeight>(
-      pack_weight(w.data_as<float>(), w.dim(0), w.dim(1), storage_from_option(opt.weight_dtype)));
+  WeightStorage storage = storage_from_option(opt.weight_dtype);
+  if (weight_storage_quantized(storage) && w.dim(1) % kQuantGroup != 0) {
+    // Group quantization needs whole groups along K; such layers stay in bf16.
+    log_debug("cpu: ", n.name, " has K=", w.dim(1), ", not a multiple of ", kQuantGroup,
+              "; stored as bf16 instead of ", opt.weight_dtype);
+    storage = WeightStorage::kBF16;
+  }
+  auto packed = std::make_shared<PackedWeight>(pack_weight(w.data_as<float>(), w.dim(0), w.dim(1), storage));
   return [packed, bias](OpContext& c) {
     const Tensor& x = *c.inputs[0];
     Tensor& y = c.out(0, {x.dim(0), packed->n});

@@ -21,26 +21,48 @@ bool cpu_isa_supported(CpuIsa isa);
 const char* cpu_isa_name(CpuIsa isa);
 
 // ---- Linear / GEMM: y[T,N] = x[T,K] · W[N,K]ᵀ + b ---------------------------------
-enum class WeightStorage : uint8_t { kF32, kBF16, kF16 };
+// Storage of packed GEMM weights. kQ8/kQ4 are weight-only quantization: every group of
+// kQuantGroup consecutive K values of one output shares an f32 scale (symmetric, round
+// to nearest). q8 is symmetric: int8 codes in [-127, 127], w = scale * q (GGUF's Q8_0
+// grid). q4 is asymmetric: 4-bit codes in [0, 15] (two per byte), w = scale * q + min
+// (GGUF's Q4_1 grid, so Q4_1 checkpoints repack without loss). Activations and
+// accumulation stay f32.
+enum class WeightStorage : uint8_t { kF32, kBF16, kF16, kQ8, kQ4 };
+constexpr int64_t kQuantGroup = 32;
 const char* weight_storage_name(WeightStorage s);
+// Bytes per element for kF32/kBF16/kF16 (quantized storages have no whole-byte size).
 size_t weight_storage_size(WeightStorage s);
+inline bool weight_storage_quantized(WeightStorage s) {
+  return s == WeightStorage::kQ8 || s == WeightStorage::kQ4;
+}
 
 // Weights repacked into column panels of kPanelWidth outputs: panel p holds outputs
 // [16p, 16p+16) as [K][16] contiguous, so the microkernel streams one panel front to
 // back and a T=1 GEMV reads every weight byte exactly once. The last panel is zero-padded.
-// (bf16 rows permute columns within the 16, see panel_slot in isa.h; treat data as opaque.)
+// Quantized panels are a sequence of groups: kQuantGroup rows of 16 codes, then the
+// group's 16 f32 scales (and for q4 its 16 f32 mins), so one stream carries both.
 struct PackedWeight {
   static constexpr int64_t kPanelWidth = 16;
   int64_t n = 0, k = 0;
   WeightStorage storage = WeightStorage::kF32;
-  std::shared_ptr<uint8_t[]> data;  // 64-byte aligned; panels() * k * 16 elements
+  std::shared_ptr<uint8_t[]> data;  // 64-byte aligned; panels() * panel_bytes()
 
   int64_t panels() const { return (n + kPanelWidth - 1) / kPanelWidth; }
-  size_t bytes() const { return size_t(panels() * k * kPanelWidth) * weight_storage_size(storage); }
-  const uint8_t* panel(int64_t p) const { return data.get() + size_t(p * k * kPanelWidth) * weight_storage_size(storage); }
+  // Bytes from a panel's start to its row k0 (a multiple of kQuantGroup when quantized).
+  size_t offset(int64_t k0) const {
+    switch (storage) {
+      case WeightStorage::kQ8: return size_t(k0 / kQuantGroup) * (kQuantGroup * kPanelWidth + 64);
+      case WeightStorage::kQ4: return size_t(k0 / kQuantGroup) * (kQuantGroup * kPanelWidth / 2 + 128);
+      default: return size_t(k0 * kPanelWidth) * weight_storage_size(storage);
+    }
+  }
+  size_t panel_bytes() const { return offset(k); }
+  size_t bytes() const { return size_t(panels()) * panel_bytes(); }
+  const uint8_t* panel(int64_t p) const { return data.get() + size_t(p) * panel_bytes(); }
 };
 
-// w: PyTorch Linear layout [N, K] (out, in), f32. bf16/f16 round to nearest even.
+// w: PyTorch Linear layout [N, K] (out, in), f32. bf16/f16 round to nearest even;
+// kQ8/kQ4 need K to be a multiple of kQuantGroup (kInvalidArgument otherwise).
 PackedWeight pack_weight(const float* w, int64_t n, int64_t k, WeightStorage storage);
 
 // How linear() splits and blocks the work; a builder may time several and keep the best.

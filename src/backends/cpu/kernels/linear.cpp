@@ -2,6 +2,7 @@
 // by every ISA, and the portable scalar microkernel (the fallback). The AVX2 microkernel
 // is in linear_avx2.cpp. Tested against a naive x·Wᵀ+b in tests/backends/cpu/linear_test.cpp.
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -53,13 +54,103 @@ void scalar_microkernel(int m, const float* x, int64_t ldx, const void* panel_v,
     for (int c = 0; c < kNr; ++c) y[r * ldy + c] = acc[r][c];
 }
 
+// Code of column c in row r of a quantized group (see PackedWeight).
+inline int quant_code(WeightStorage s, const uint8_t* group, int64_t r, int64_t c) {
+  if (s == WeightStorage::kQ8) return int(reinterpret_cast<const int8_t*>(group)[r * kNr + c]);
+  const uint8_t b = group[r * (kNr / 2) + c % 8];
+  return int(c < 8 ? (b & 15) : (b >> 4));
+}
+
+// Bytes of one quantized group: codes, 16 scales, and for q4 16 mins.
+constexpr size_t quant_group_bytes(WeightStorage s) {
+  return s == WeightStorage::kQ8 ? kQuantGroup * kNr + 64 : kQuantGroup * kNr / 2 + 128;
+}
+
+// Quantized weights: per group, sum x*q in f32, then scale once per group and column
+// (q4 adds min * sum(x) for its offset).
+template <WeightStorage kS>
+void scalar_quant_microkernel(int m, const float* x, int64_t ldx, const void* panel_v, int64_t kc,
+                              float* y, int64_t ldy, const float* init, bool accumulate) {
+  const auto* group = static_cast<const uint8_t*>(panel_v);
+  const size_t codes = kS == WeightStorage::kQ8 ? kQuantGroup * kNr : kQuantGroup * kNr / 2;
+  float acc[kMaxMr][kNr];
+  static_assert(quant_group_bytes(kS) > 0);
+  for (int r = 0; r < m; ++r)
+    for (int c = 0; c < kNr; ++c)
+      acc[r][c] = accumulate ? y[r * ldy + c] : (init ? init[c] : 0.0f);
+  for (int64_t g0 = 0; g0 < kc; g0 += kQuantGroup, group += quant_group_bytes(kS)) {
+    const float* scale = reinterpret_cast<const float*>(group + codes);
+    for (int r = 0; r < m; ++r) {
+      float part[kNr] = {}, xsum = 0.0f;
+      for (int64_t kk = 0; kk < kQuantGroup; ++kk) {
+        const float xv = x[r * ldx + g0 + kk];
+        xsum += xv;
+        for (int c = 0; c < kNr; ++c) part[c] += xv * float(quant_code(kS, group, kk, c));
+      }
+      for (int c = 0; c < kNr; ++c) {
+        acc[r][c] += part[c] * scale[c];
+        if constexpr (kS == WeightStorage::kQ4) acc[r][c] += xsum * scale[kNr + c];  // mins
+      }
+    }
+  }
+  for (int r = 0; r < m; ++r)
+    for (int c = 0; c < kNr; ++c) y[r * ldy + c] = acc[r][c];
+}
+
 LinearMicrokernel scalar_linear_microkernel(WeightStorage s) {
   switch (s) {
     case WeightStorage::kF32: return scalar_microkernel<F32Elems>;
     case WeightStorage::kBF16: return scalar_microkernel<Bf16Elems>;
     case WeightStorage::kF16: return scalar_microkernel<F16Elems>;
+    case WeightStorage::kQ8: return scalar_quant_microkernel<WeightStorage::kQ8>;
+    case WeightStorage::kQ4: return scalar_quant_microkernel<WeightStorage::kQ4>;
   }
   return nullptr;
+}
+
+// Quantizes one column's group of kQuantGroup values into codes: symmetric for q8
+// (scale = max|w| / 127), asymmetric for q4 (scale = (max - min) / 15, offset min).
+void quantize_group(const float* w, bool valid, WeightStorage s, int* codes, float* scale, float* min) {
+  float lo = 0.0f, hi = 0.0f, amax = 0.0f;
+  if (valid) {
+    lo = hi = w[0];
+    for (int64_t i = 0; i < kQuantGroup; ++i) {
+      lo = std::min(lo, w[i]);
+      hi = std::max(hi, w[i]);
+      amax = std::max(amax, std::fabs(w[i]));
+    }
+  }
+  const bool q8 = s == WeightStorage::kQ8;
+  *scale = q8 ? amax / 127.0f : (hi - lo) / 15.0f;
+  *min = q8 ? 0.0f : lo;
+  for (int64_t i = 0; i < kQuantGroup; ++i) {
+    const float q = valid && *scale > 0.0f ? std::nearbyint((w[i] - *min) / *scale) : 0.0f;
+    codes[i] = q8 ? int(std::clamp(q, -127.0f, 127.0f)) : int(std::clamp(q, 0.0f, 15.0f));
+  }
+}
+
+void pack_quantized_panel(const float* w, int64_t n, int64_t k, int64_t p, WeightStorage s,
+                          uint8_t* dst) {
+  const size_t codes_bytes = s == WeightStorage::kQ8 ? kQuantGroup * kNr : kQuantGroup * kNr / 2;
+  int codes[kNr][kQuantGroup];
+  for (int64_t g0 = 0; g0 < k; g0 += kQuantGroup, dst += quant_group_bytes(s)) {
+    float* scales = reinterpret_cast<float*>(dst + codes_bytes);
+    float mins[kNr];
+    for (int64_t c = 0; c < kNr; ++c) {
+      const int64_t row = p * kNr + c;
+      quantize_group(w + (row < n ? row : 0) * k + g0, row < n, s, codes[c], &scales[c], &mins[c]);
+    }
+    if (s == WeightStorage::kQ4) std::memcpy(scales + kNr, mins, sizeof(mins));
+    for (int64_t r = 0; r < kQuantGroup; ++r) {
+      if (s == WeightStorage::kQ8) {
+        for (int64_t c = 0; c < kNr; ++c) reinterpret_cast<int8_t*>(dst)[r * kNr + c] = int8_t(codes[c][r]);
+      } else {
+        // Byte j of a row holds column j (low nibble) and column j + 8 (high nibble).
+        for (int64_t j = 0; j < kNr / 2; ++j)
+          dst[r * (kNr / 2) + j] = uint8_t(codes[j][r] | (codes[j + 8][r] << 4));
+      }
+    }
+  }
 }
 
 uint8_t* alloc_aligned(size_t bytes) {
@@ -85,14 +176,13 @@ struct LinearRun {
   float tail_bias[kNr];
 
   void run(int64_t r0, int64_t r1, int64_t p0, int64_t p1) const {
-    const size_t esz = weight_storage_size(w->storage);
     for (int64_t mc0 = r0; mc0 < r1; mc0 += kMc) {
       const int64_t mc1 = std::min(r1, mc0 + kMc);
       for (int64_t k0 = 0; k0 < k; k0 += kc) {
         const int64_t kb = std::min(kc, k - k0);
         const bool acc = k0 > 0;
         for (int64_t p = p0; p < p1; ++p) {
-          const uint8_t* panel = w->panel(p) + size_t(k0 * kNr) * esz;
+          const uint8_t* panel = w->panel(p) + w->offset(k0);
           const int64_t cols = std::min(kNr, n - p * kNr);
           const float* init = bias ? (cols == kNr ? bias + p * kNr : tail_bias) : nullptr;
           for (int64_t r = mc0; r < mc1; r += mr) {
@@ -122,15 +212,23 @@ const char* weight_storage_name(WeightStorage s) {
     case WeightStorage::kF32: return "f32";
     case WeightStorage::kBF16: return "bf16";
     case WeightStorage::kF16: return "f16";
+    case WeightStorage::kQ8: return "q8";
+    case WeightStorage::kQ4: return "q4";
   }
   return "?";
 }
 
-size_t weight_storage_size(WeightStorage s) { return s == WeightStorage::kF32 ? 4 : 2; }
+size_t weight_storage_size(WeightStorage s) {
+  KILN_CHECK(!weight_storage_quantized(s), "quantized storage has no element size");
+  return s == WeightStorage::kF32 ? 4 : 2;
+}
 
 PackedWeight pack_weight(const float* w, int64_t n, int64_t k, WeightStorage storage) {
   KILN_THROW_IF(n <= 0 || k <= 0, kInvalidArgument, "pack_weight: expected N, K > 0, got N=", n,
                 " K=", k);
+  KILN_THROW_IF(weight_storage_quantized(storage) && k % kQuantGroup != 0, kInvalidArgument,
+                "pack_weight: ", weight_storage_name(storage), " needs K to be a multiple of ",
+                kQuantGroup, ", got K=", k);
   PackedWeight pw;
   pw.n = n;
   pw.k = k;
@@ -138,7 +236,11 @@ PackedWeight pack_weight(const float* w, int64_t n, int64_t k, WeightStorage sto
   pw.data = std::shared_ptr<uint8_t[]>(alloc_aligned(pw.bytes()), [](uint8_t* p) { std::free(p); });
   ThreadPool::global().parallel_for(pw.panels(), [&](int64_t p0, int64_t p1, int) {
     for (int64_t p = p0; p < p1; ++p) {
-      uint8_t* dst = pw.data.get() + size_t(p * k * kNr) * weight_storage_size(storage);
+      uint8_t* dst = pw.data.get() + size_t(p) * pw.panel_bytes();
+      if (weight_storage_quantized(storage)) {
+        pack_quantized_panel(w, n, k, p, storage, dst);
+        continue;
+      }
       for (int64_t c = 0; c < kNr; ++c) {
         const int64_t row = p * kNr + c;
         for (int64_t kk = 0; kk < k; ++kk) {
@@ -148,6 +250,7 @@ PackedWeight pack_weight(const float* w, int64_t n, int64_t k, WeightStorage sto
             case WeightStorage::kF32: reinterpret_cast<float*>(dst)[i] = v; break;
             case WeightStorage::kBF16: reinterpret_cast<uint16_t*>(dst)[i] = f32_to_bf16(v); break;
             case WeightStorage::kF16: reinterpret_cast<uint16_t*>(dst)[i] = f32_to_f16(v); break;
+            default: break;
           }
         }
       }
@@ -181,6 +284,8 @@ void linear(const float* x, int64_t t, int64_t k, const PackedWeight& w, const f
   if (tactic.kc) tac.kc = tactic.kc;
   if (tactic.split != LinearSplit::kAuto) tac.split = tactic.split;
   if (tactic.threads) tac.threads = tactic.threads;
+  // Quantized panels are walked group by group: K blocks must hold whole groups.
+  if (weight_storage_quantized(w.storage)) tac.kc = std::max(kQuantGroup, tac.kc / kQuantGroup * kQuantGroup);
   KILN_THROW_IF(tac.mr < 1 || tac.mr > kMaxMr, kInvalidArgument, "linear: tactic mr must be in [1, 6], got ",
                 tac.mr);
 

@@ -99,6 +99,116 @@ void tile(const float* x, int64_t ldx, const typename S::Elem* panel, int64_t kc
   }
 }
 
+// Quantized panels (kQ8 / kQ4): codes widen to f32 in registers; each group of
+// kQuantGroup rows is summed unscaled, then folded into the tile with one FMA by the
+// group's 16 scales (q4 also adds min * sum(x) of the group), so the per-weight cost
+// is a widen + convert + FMA.
+struct Q8 {
+  static constexpr size_t kCodeBytes = kQuantGroup * 16;
+  static constexpr size_t kGroupBytes = kCodeBytes + 64;  // + 16 scales
+  static constexpr bool kHasMin = false;
+  static void load(const uint8_t* row, __m256& lo, __m256& hi) {
+    const __m128i v = _mm_load_si128(reinterpret_cast<const __m128i*>(row));
+    lo = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v));
+    hi = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(v, v)));
+  }
+  static const uint8_t* row(const uint8_t* group, int64_t r) { return group + r * 16; }
+};
+struct Q4 {
+  static constexpr size_t kCodeBytes = kQuantGroup * 8;
+  static constexpr size_t kGroupBytes = kCodeBytes + 128;  // + 16 scales + 16 mins
+  static constexpr bool kHasMin = true;
+  static void load(const uint8_t* row, __m256& lo, __m256& hi) {
+    const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row));
+    const __m128i mask = _mm_set1_epi8(15);
+    lo = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_and_si128(v, mask)));
+    hi = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(v, 4), mask)));
+  }
+  static const uint8_t* row(const uint8_t* group, int64_t r) { return group + r * 8; }
+};
+
+template <typename Q, int M>
+void quant_tile(const float* x, int64_t ldx, const uint8_t* group, int64_t kc, float* y,
+                int64_t ldy, const float* init, bool accumulate) {
+  constexpr int U = M == 1 ? 2 : 1;  // independent chains to cover FMA latency at m = 1
+  __m256 acc[M][2];
+#pragma GCC unroll 8
+  for (int r = 0; r < M; ++r) {
+    if (accumulate) {
+      acc[r][0] = _mm256_loadu_ps(y + r * ldy);
+      acc[r][1] = _mm256_loadu_ps(y + r * ldy + 8);
+    } else if (init) {
+      acc[r][0] = _mm256_loadu_ps(init);
+      acc[r][1] = _mm256_loadu_ps(init + 8);
+    } else {
+      acc[r][0] = acc[r][1] = _mm256_setzero_ps();
+    }
+  }
+  for (int64_t g0 = 0; g0 < kc; g0 += kQuantGroup, group += Q::kGroupBytes) {
+    _mm_prefetch(reinterpret_cast<const char*>(group + 2 * Q::kGroupBytes), _MM_HINT_T0);
+    __m256 part[U][M][2];
+#pragma GCC unroll 8
+    for (int u = 0; u < U; ++u)
+#pragma GCC unroll 8
+      for (int r = 0; r < M; ++r) part[u][r][0] = part[u][r][1] = _mm256_setzero_ps();
+    for (int64_t kk = 0; kk < kQuantGroup; kk += U) {
+#pragma GCC unroll 8
+      for (int u = 0; u < U; ++u) {
+        __m256 b0, b1;
+        Q::load(Q::row(group, kk + u), b0, b1);
+#pragma GCC unroll 8
+        for (int r = 0; r < M; ++r) {
+          const __m256 a = _mm256_broadcast_ss(x + r * ldx + g0 + kk + u);
+          part[u][r][0] = _mm256_fmadd_ps(a, b0, part[u][r][0]);
+          part[u][r][1] = _mm256_fmadd_ps(a, b1, part[u][r][1]);
+        }
+      }
+    }
+    const float* scale = reinterpret_cast<const float*>(group + Q::kCodeBytes);
+    const __m256 s0 = _mm256_loadu_ps(scale), s1 = _mm256_loadu_ps(scale + 8);
+#pragma GCC unroll 8
+    for (int r = 0; r < M; ++r) {
+#pragma GCC unroll 8
+      for (int u = 1; u < U; ++u) {
+        part[0][r][0] = _mm256_add_ps(part[0][r][0], part[u][r][0]);
+        part[0][r][1] = _mm256_add_ps(part[0][r][1], part[u][r][1]);
+      }
+      acc[r][0] = _mm256_fmadd_ps(part[0][r][0], s0, acc[r][0]);
+      acc[r][1] = _mm256_fmadd_ps(part[0][r][1], s1, acc[r][1]);
+      if constexpr (Q::kHasMin) {
+        const float* xr = x + r * ldx + g0;
+        __m256 xs = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(xr), _mm256_loadu_ps(xr + 8)),
+                                  _mm256_add_ps(_mm256_loadu_ps(xr + 16), _mm256_loadu_ps(xr + 24)));
+        __m128 h = _mm_add_ps(_mm256_castps256_ps128(xs), _mm256_extractf128_ps(xs, 1));
+        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_add_ss(h, _mm_movehdup_ps(h));
+        const __m256 xsum = _mm256_broadcastss_ps(h);
+        acc[r][0] = _mm256_fmadd_ps(xsum, _mm256_loadu_ps(scale + 16), acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(xsum, _mm256_loadu_ps(scale + 24), acc[r][1]);
+      }
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < M; ++r) {
+    _mm256_storeu_ps(y + r * ldy, acc[r][0]);
+    _mm256_storeu_ps(y + r * ldy + 8, acc[r][1]);
+  }
+}
+
+template <typename Q>
+void quant_microkernel(int m, const float* x, int64_t ldx, const void* panel_v, int64_t kc,
+                       float* y, int64_t ldy, const float* init, bool accumulate) {
+  const auto* group = static_cast<const uint8_t*>(panel_v);
+  switch (m) {
+    case 1: return quant_tile<Q, 1>(x, ldx, group, kc, y, ldy, init, accumulate);
+    case 2: return quant_tile<Q, 2>(x, ldx, group, kc, y, ldy, init, accumulate);
+    case 3: return quant_tile<Q, 3>(x, ldx, group, kc, y, ldy, init, accumulate);
+    case 4: return quant_tile<Q, 4>(x, ldx, group, kc, y, ldy, init, accumulate);
+    case 5: return quant_tile<Q, 5>(x, ldx, group, kc, y, ldy, init, accumulate);
+    default: return quant_tile<Q, 6>(x, ldx, group, kc, y, ldy, init, accumulate);
+  }
+}
+
 template <typename S>
 void microkernel(int m, const float* x, int64_t ldx, const void* panel_v, int64_t kc, float* y,
                  int64_t ldy, const float* init, bool accumulate) {
@@ -120,6 +230,8 @@ LinearMicrokernel linear_microkernel(WeightStorage storage) {
     case WeightStorage::kF32: return microkernel<F32>;
     case WeightStorage::kBF16: return microkernel<BF16>;
     case WeightStorage::kF16: return microkernel<F16>;
+    case WeightStorage::kQ8: return quant_microkernel<Q8>;
+    case WeightStorage::kQ4: return quant_microkernel<Q4>;
   }
   return nullptr;
 }
