@@ -16,8 +16,11 @@
 
 namespace kiln::testing {
 
+// KILN_FIXTURES_DIR (environment) overrides the source tree's fixtures, so test
+// binaries can run on another machine (e.g. the GPU host) with a copied fixture folder.
 inline std::string fixture_dir(const std::string& name) {
-  return std::string(KILN_FIXTURES_DIR) + "/models/" + name;
+  const char* env = std::getenv("KILN_FIXTURES_DIR");
+  return std::string(env ? env : KILN_FIXTURES_DIR) + "/models/" + name;
 }
 
 // Real models come from PyPI packages (see .ci/run); tests skip when absent.
