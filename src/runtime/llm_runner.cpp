@@ -79,77 +79,104 @@ bool LlmRunner::has_pending() const {
 
 int32_t LlmRunner::context_length(int32_t seq) const { return get(seq).kv.length; }
 
-std::vector<SequenceOutput> LlmRunner::step(bool all_logits) {
+// The shared body of step() and run_chunks(): capacity and position checks first so a
+// failing step changes nothing, then grow, bind the ragged inputs and run.
+TensorMap LlmRunner::run_parts(std::span<const StepChunk> chunks, bool all_logits) {
   const ModelInfo& info = model_.info();
-  // Pick each sequence's chunk within the token budget.
-  struct Part {
-    int32_t id;
-    int32_t n;
-  };
-  std::vector<Part> parts;
-  int64_t budget = opt_.max_step_tokens;
-  for (auto& [id, s] : seqs_) {
-    if (s.pending.empty() || budget <= 0) continue;
-    int32_t n = int32_t(std::min<int64_t>(int64_t(s.pending.size()), budget));
-    if (s.kv.length + n > info.max_positions)
-      throw_error(ErrorCode::kOutOfRange, "sequence ", id, " would reach ", s.kv.length + n,
-                  " tokens, beyond the model's ", info.max_positions, " positions");
-    parts.push_back({id, n});
-    budget -= n;
-  }
-  if (parts.empty()) return {};
   int32_t blocks = 0;
-  for (auto& p : parts) blocks += kv_->blocks_needed(seqs_[p.id].kv, p.n);
+  for (auto& c : chunks) {
+    const int32_t n = int32_t(c.tokens.size());
+    KILN_CHECK(n > 0, "empty step chunk");
+    if (c.kv->length + n > info.max_positions)
+      throw_error(ErrorCode::kOutOfRange, "a sequence would reach ", c.kv->length + n,
+                  " tokens, beyond the model's ", info.max_positions, " positions");
+    blocks += kv_->blocks_needed(*c.kv, n);
+  }
   if (blocks > kv_->allocator().num_free())
     throw_error(ErrorCode::kOutOfMemory, "KV cache: the step needs ", blocks, " blocks but ",
                 kv_->allocator().num_free(), " of ", kv_->allocator().num_blocks(),
                 " are free (raise the KV budget or run fewer sequences)");
 
   int64_t t_total = 0;
-  for (auto& p : parts) t_total += p.n;
+  for (auto& c : chunks) t_total += int64_t(c.tokens.size());
   Tensor tokens(DType::kI32, {t_total}), positions(DType::kI32, {t_total});
   StepInfo step;
   step.slot_mapping.resize(size_t(t_total));
   std::vector<int32_t> rows;
   int32_t t = 0;
-  for (auto& p : parts) {
-    Seq& s = seqs_[p.id];
-    int32_t start = s.kv.length;
-    KILN_CHECK(kv_->grow(s.kv, p.n), "KV grow failed after the capacity check");
-    for (int32_t i = 0; i < p.n; ++i) {
-      tokens.data_as<int32_t>()[t + i] = s.pending[size_t(i)];
+  for (auto& c : chunks) {
+    const int32_t n = int32_t(c.tokens.size());
+    KvSequence& kv = *c.kv;
+    int32_t start = kv.length;
+    KILN_CHECK(kv_->grow(kv, n), "KV grow failed after the capacity check");
+    for (int32_t i = 0; i < n; ++i) {
+      tokens.data_as<int32_t>()[t + i] = c.tokens[size_t(i)];
       positions.data_as<int32_t>()[t + i] = start + i;
-      step.slot_mapping[size_t(t + i)] = kv_->slot(s.kv, start + i);
+      step.slot_mapping[size_t(t + i)] = kv_->slot(kv, start + i);
     }
-    step.seqs.push_back({t, p.n, s.kv.length, s.kv.blocks});
-    s.pending.erase(s.pending.begin(), s.pending.begin() + p.n);
+    step.seqs.push_back({t, n, kv.length, kv.blocks});
     if (all_logits)
-      for (int32_t i = 0; i < p.n; ++i) rows.push_back(t + i);
-    else if (s.pending.empty())
-      rows.push_back(t + p.n - 1);
-    t += p.n;
+      for (int32_t i = 0; i < n; ++i) rows.push_back(t + i);
+    else if (c.want_logits)
+      rows.push_back(t + n - 1);
+    t += n;
   }
   Tensor logit_rows(DType::kI32, {int64_t(rows.size())});
   std::copy(rows.begin(), rows.end(), logit_rows.data_as<int32_t>());
-  TensorMap out = model_.compiled().run(
+  return model_.compiled().run(
       {{"tokens", tokens}, {"positions", positions}, {"logit_rows", logit_rows}}, step,
       storage_.get());
+}
+
+std::vector<std::vector<float>> LlmRunner::run_chunks(std::span<const StepChunk> chunks) {
+  if (chunks.empty()) return {};
+  TensorMap out = run_parts(chunks, false);
+  const Tensor& logits = out.at("logits");
+  const int64_t v = logits.dim(1);
+  std::vector<std::vector<float>> result;
+  int64_t row = 0;
+  for (auto& c : chunks) {
+    if (!c.want_logits) continue;
+    const float* src = logits.data_as<float>() + row * v;
+    result.emplace_back(src, src + v);
+    ++row;
+  }
+  return result;
+}
+
+std::vector<SequenceOutput> LlmRunner::step(bool all_logits) {
+  // Pick each sequence's chunk within the token budget.
+  std::vector<int32_t> ids;
+  std::vector<StepChunk> chunks;
+  int64_t budget = opt_.max_step_tokens;
+  for (auto& [id, s] : seqs_) {
+    if (s.pending.empty() || budget <= 0) continue;
+    int32_t n = int32_t(std::min<int64_t>(int64_t(s.pending.size()), budget));
+    ids.push_back(id);
+    chunks.push_back({&s.kv, std::span<const int32_t>(s.pending.data(), size_t(n)),
+                      n == int32_t(s.pending.size())});
+    budget -= n;
+  }
+  if (chunks.empty()) return {};
+  TensorMap out = run_parts(chunks, all_logits);
   const Tensor& logits = out.at("logits");
   const int64_t v = logits.dim(1);
 
   std::vector<SequenceOutput> result;
   int64_t row = 0;
-  for (auto& p : parts) {
-    const bool done = seqs_[p.id].pending.empty();
-    int64_t n = all_logits ? p.n : (done ? 1 : 0);
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const int64_t fed = int64_t(chunks[i].tokens.size());
+    int64_t n = all_logits ? fed : (chunks[i].want_logits ? 1 : 0);
     if (n > 0) {
       SequenceOutput o;
-      o.seq = p.id;
+      o.seq = ids[i];
       const float* src = logits.data_as<float>() + row * v;
       o.logits.assign(src, src + n * v);
       result.push_back(std::move(o));
     }
     row += n;
+    auto& pending = seqs_[ids[i]].pending;
+    pending.erase(pending.begin(), pending.begin() + fed);
   }
   return result;
 }

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "runtime/kv_cache/block_allocator.h"
@@ -21,6 +22,14 @@ struct LlmRunnerOptions {
   int32_t num_blocks = 0;           // 0: enough for max_total_tokens
   int64_t max_total_tokens = 8192;  // KV budget in tokens when num_blocks is 0
   int64_t max_step_tokens = 2048;   // token budget of one step (prompts are chunked)
+};
+
+// One sequence's share of an explicit step (the executor's micro-batch scheduler
+// chooses these): `tokens` are fed at positions kv->length onwards.
+struct StepChunk {
+  KvSequence* kv = nullptr;
+  std::span<const int32_t> tokens;
+  bool want_logits = false;  // the logits of the chunk's last token
 };
 
 struct SequenceOutput {
@@ -54,7 +63,16 @@ class LlmRunner {
   std::vector<std::vector<int32_t>> generate_greedy(const std::vector<std::vector<int32_t>>& prompts,
                                                     int32_t max_new_tokens, int32_t eos_token_id = -1);
 
+  // One engine step over explicit chunks whose KV the caller owns. Grows each chunk's
+  // sequence. Throws kOutOfMemory (changing nothing) when the pool cannot hold the
+  // step and kOutOfRange past the model's positions. Returns [vocab] logits for each
+  // chunk with want_logits, in order.
+  std::vector<std::vector<float>> run_chunks(std::span<const StepChunk> chunks);
+
   const KvCacheManager& kv() const { return *kv_; }
+  // The pool, for a caller that manages its own sequences (the executor).
+  KvCacheManager& kv_manager() { return *kv_; }
+  const Model& model() const { return model_; }
   int32_t context_length(int32_t seq) const;
 
  private:
@@ -62,6 +80,7 @@ class LlmRunner {
     KvSequence kv;
     std::vector<int32_t> pending;
   };
+  TensorMap run_parts(std::span<const StepChunk> chunks, bool all_logits);
   Seq& get(int32_t seq);
   const Seq& get(int32_t seq) const;
 

@@ -76,4 +76,14 @@ void KvCacheManager::free(KvSequence& seq) {
   seq.length = 0;
 }
 
+void KvCacheManager::truncate(KvSequence& seq, int32_t length) {
+  KILN_CHECK(length >= 0 && length <= seq.length, "truncate to ", length, " of ", seq.length);
+  size_t keep = size_t((length + block_size_ - 1) / block_size_);
+  while (seq.blocks.size() > keep) {
+    alloc_.release(seq.blocks.back());
+    seq.blocks.pop_back();
+  }
+  seq.length = length;
+}
+
 }  // namespace kiln

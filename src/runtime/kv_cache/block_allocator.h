@@ -53,9 +53,13 @@ class KvCacheManager {
   // A new sequence sharing every block of `seq` (each block's refcount +1).
   KvSequence fork(const KvSequence& seq);
   void free(KvSequence& seq);
+  // Keeps the first `length` positions (<= seq.length), releasing blocks past them; a
+  // later grow() overwrites the rest of the last block (copying it first if shared).
+  void truncate(KvSequence& seq, int32_t length);
 
   int32_t block_size() const { return block_size_; }
   const BlockAllocator& allocator() const { return alloc_; }
+  BlockAllocator& allocator() { return alloc_; }
 
  private:
   KvStorage* storage_;

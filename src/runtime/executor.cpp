@@ -1,0 +1,592 @@
+// Executor (see executor.h). The executor thread alone touches Impl (sequences, KV
+// pool, caches); other threads only reach the inbox, the cancel list and the stats
+// snapshot under mu_. One loop turn: take the inbox -> cancel -> expire sessions ->
+// admit (capacity) -> plan (micro-batch, reclaim or preempt until it fits) -> run ->
+// sample -> stream updates.
+#include "runtime/executor.h"
+
+#include <algorithm>
+#include <future>
+
+#include "core/status.h"
+#include "runtime/kv_cache/prefix_cache.h"
+#include "runtime/kv_cache/session_store.h"
+#include "runtime/sampling_stop.h"
+#include "tokenizer/tokenizer.h"
+
+namespace kiln {
+
+const char* finish_reason_name(FinishReason r) {
+  switch (r) {
+    case FinishReason::kStop: return "stop";
+    case FinishReason::kLength: return "length";
+    case FinishReason::kCancelled: return "cancelled";
+    case FinishReason::kError: return "error";
+    default: return "";
+  }
+}
+
+struct Executor::Choice {
+  Request* req = nullptr;
+  int32_t index = 0;
+  int64_t key = 0;
+  KvSequence kv;
+  std::vector<int32_t> tokens;  // prompt + generated; the first kv.length are computed
+  int32_t generated = 0;
+  std::unique_ptr<Sampler> sampler;
+  std::unique_ptr<tok::StreamDecoder> detok;
+  StopStringMatcher stops;
+  int32_t cached_blocks = 0;  // full blocks already offered to the prefix cache
+  bool finished = false;
+  FinishReason reason = FinishReason::kNone;
+  int32_t pending() const { return int32_t(tokens.size()) - kv.length; }
+};
+
+struct Executor::Request {
+  uint64_t id = 0;
+  GenerationRequest req;
+  UpdateCallback cb;
+  int64_t arrival = 0;
+  uint64_t seed = 0;
+  std::vector<std::unique_ptr<Choice>> choices;
+  bool forked = false;
+  bool admitted_once = false;
+  int32_t cached_tokens = 0;
+  int32_t unfinished = 1;
+  RequestUpdate update;  // collected during a loop turn, sent at its end
+  std::string error;
+  ChoiceUpdate& choice_update(int32_t index) {
+    for (auto& c : update.choices)
+      if (c.index == index) return c;
+    update.choices.push_back({});
+    update.choices.back().index = index;
+    return update.choices.back();
+  }
+};
+
+struct Executor::Impl {
+  Impl(Model& m, const tok::Tokenizer* t, const ExecutorOptions& o)
+      : model(m), tokenizer(t), opt(o), runner(m, runner_options(o)), kv(runner.kv_manager()),
+        prefix(kv), sessions(kv, o.session_idle_timeout, o.max_sessions) {
+    if (tokenizer) model_stops = tokenizer->stop_ids();
+    if (model.info().eos_token_id >= 0) model_stops.push_back(int32_t(model.info().eos_token_id));
+  }
+  ~Impl() {
+    // Sequences first: their blocks may be shared with the caches.
+    for (auto& [id, r] : requests)
+      for (auto& c : r->choices) kv.free(c->kv);
+    sessions.clear();
+    prefix.clear();
+  }
+  static LlmRunnerOptions runner_options(const ExecutorOptions& o) {
+    LlmRunnerOptions r;
+    r.block_size = o.block_size;
+    r.max_total_tokens = o.kv_tokens;
+    r.max_step_tokens = o.max_step_tokens;
+    return r;
+  }
+
+  Model& model;
+  const tok::Tokenizer* tokenizer;
+  ExecutorOptions opt;
+  LlmRunner runner;
+  KvCacheManager& kv;
+  PrefixCache prefix;
+  SessionStore sessions;
+  std::vector<int32_t> model_stops;
+  std::map<uint64_t, std::unique_ptr<Request>> requests;
+  std::vector<Choice*> waiting, running;
+  int64_t next_key = 0;
+  int64_t preemptions = 0, steps = 0, step_tokens = 0, generated = 0, last_batch = 0;
+  int64_t finished = 0, cancelled = 0, failed = 0;
+
+  bool has_work() const { return !waiting.empty() || !running.empty(); }
+
+  // ---- request lifecycle -------------------------------------------------------
+
+  void accept(std::unique_ptr<Request> r) {
+    auto c = std::make_unique<Choice>();
+    c->req = r.get();
+    c->key = next_key++;
+    c->tokens = r->req.prompt;
+    init_choice(*c, 0);
+    r->update.id = r->id;
+    r->update.prompt_tokens = int32_t(r->req.prompt.size());
+    waiting.push_back(c.get());
+    r->choices.push_back(std::move(c));
+    requests[r->id] = std::move(r);
+  }
+
+  void init_choice(Choice& c, int32_t index) {
+    const Request& r = *c.req;
+    c.index = index;
+    c.sampler = std::make_unique<Sampler>(r.req.sampling, r.seed + uint64_t(index));
+    c.sampler->add_context(r.req.prompt);
+    if (tokenizer) c.detok = std::make_unique<tok::StreamDecoder>(*tokenizer);
+    c.stops = StopStringMatcher(r.req.stop);
+  }
+
+  void drop_from(std::vector<Choice*>& v, Choice* c) { std::erase(v, c); }
+
+  // Gives a sequence's KV back: to its session (kept for the next turn) or to the pool,
+  // offering its full blocks to the prefix cache first.
+  void release_kv(Choice& c, bool keep_session) {
+    if (opt.prefix_caching) c.cached_blocks = prefix.insert(c.kv, c.tokens, c.cached_blocks);
+    if (keep_session) {
+      std::vector<int32_t> computed(c.tokens.begin(), c.tokens.begin() + c.kv.length);
+      sessions.put(c.req->req.session_id, std::move(c.kv), std::move(computed),
+                   SessionStore::Clock::now());
+      c.kv = {};
+    } else {
+      kv.free(c.kv);
+    }
+    c.cached_blocks = 0;
+  }
+
+  void finish_choice(Choice& c, FinishReason reason) {
+    if (c.finished) return;
+    Request& r = *c.req;
+    ChoiceUpdate& u = r.choice_update(c.index);
+    if (c.detok && (reason == FinishReason::kStop || reason == FinishReason::kLength) &&
+        !c.stops.matched()) {
+      u.text += c.stops.put(c.detok->flush());
+      u.text += c.stops.flush();
+    }
+    u.finish = reason;
+    c.finished = true;
+    c.reason = reason;
+    drop_from(running, &c);
+    drop_from(waiting, &c);
+    bool keep = !r.req.session_id.empty() && c.index == 0 && reason != FinishReason::kError &&
+                c.kv.length > 0;
+    release_kv(c, keep);
+    --r.unfinished;
+  }
+
+  void fail_request(Request& r, const std::string& message) {
+    if (r.error.empty()) r.error = message;
+    for (auto& c : r.choices) finish_choice(*c, FinishReason::kError);
+  }
+
+  void cancel(uint64_t id) {
+    auto it = requests.find(id);
+    if (it == requests.end()) return;
+    for (auto& c : it->second->choices) finish_choice(*c, FinishReason::kCancelled);
+  }
+
+  void cancel_all() {
+    for (auto& [id, r] : requests)
+      for (auto& c : r->choices) finish_choice(*c, FinishReason::kCancelled);
+  }
+
+  // Sends the turn's updates; returns how many requests ended.
+  int64_t flush_updates() {
+    int64_t ended = 0;
+    for (auto it = requests.begin(); it != requests.end();) {
+      Request& r = *it->second;
+      bool done = r.unfinished == 0;
+      if (!done && r.update.choices.empty()) {
+        ++it;
+        continue;
+      }
+      RequestUpdate u = std::move(r.update);
+      r.update = {};
+      r.update.id = r.id;
+      r.update.prompt_tokens = u.prompt_tokens;
+      u.done = done;
+      u.cached_tokens = r.cached_tokens;
+      if (done) {
+        u.error = r.error;
+        int32_t total = 0;
+        bool any_cancel = false;
+        for (auto& c : r.choices) {
+          total += c->generated;
+          any_cancel |= c->reason == FinishReason::kCancelled;
+        }
+        u.completion_tokens = total;
+        if (!r.error.empty()) ++failed;
+        else if (any_cancel) ++cancelled;
+        else ++finished;
+      }
+      try {
+        r.cb(std::move(u));
+      } catch (...) {
+        // A failing consumer must not take the executor thread down.
+      }
+      if (done) {
+        it = requests.erase(it);
+        ++ended;
+      } else {
+        ++it;
+      }
+    }
+    return ended;
+  }
+
+  // ---- scheduling --------------------------------------------------------------
+
+  SchedSeq sched_of(const Choice& c) const {
+    SchedSeq s;
+    s.key = c.key;
+    s.priority = c.req->req.priority;
+    s.arrival = c.req->arrival;
+    s.pending = c.pending();
+    s.decoding = c.generated > 0 && c.pending() == 1;
+    return s;
+  }
+
+  Choice* by_key(const std::vector<Choice*>& v, int64_t key) const {
+    for (Choice* c : v)
+      if (c->key == key) return c;
+    return nullptr;
+  }
+
+  bool session_eligible(const Choice& c) const {
+    return !c.req->req.session_id.empty() && c.index == 0 && !c.req->admitted_once;
+  }
+
+  // Blocks a waiting sequence will take: all its tokens minus those it can reuse, plus
+  // one for a copy-on-write of a shared partial block.
+  int32_t blocks_to_admit(const Choice& c) const {
+    const int32_t bs = kv.block_size();
+    const int32_t len = int32_t(c.tokens.size());
+    int32_t reused = 0;
+    if (session_eligible(c)) reused = sessions.peek(c.req->req.session_id, c.tokens) / bs;
+    if (reused == 0 && opt.prefix_caching) reused = prefix.peek(c.tokens, (len - 1) / bs);
+    return (len + bs - 1) / bs - reused + 1;
+  }
+
+  // Attaches reusable KV (session, else prefix cache) to a sequence being admitted.
+  void attach_kv(Choice& c) {
+    Request& r = *c.req;
+    if (c.kv.length == 0 && session_eligible(c)) c.kv = sessions.take(r.req.session_id, c.tokens);
+    if (c.kv.length == 0 && c.kv.blocks.empty() && opt.prefix_caching) {
+      const int32_t len = int32_t(c.tokens.size());
+      c.kv = prefix.match(c.tokens, (len - 1) / kv.block_size());
+    }
+    if (!r.admitted_once) r.cached_tokens = c.kv.length;
+    r.admitted_once = true;
+    c.cached_blocks = c.kv.length / kv.block_size();
+  }
+
+  void admit() {
+    if (waiting.empty()) return;
+    std::vector<SchedSeq> w;
+    for (Choice* c : waiting) {
+      SchedSeq s = sched_of(*c);
+      s.blocks_needed = blocks_to_admit(*c);
+      w.push_back(s);
+    }
+    sched_sort(w, opt.policy);
+    int64_t reserved = 0;
+    for (Choice* c : running) reserved += kv.blocks_needed(c->kv, c->pending());
+    int64_t avail = int64_t(kv.allocator().num_free()) + prefix.num_evictable() +
+                    sessions.num_reclaimable() - reserved;
+    int32_t slots = opt.max_running - int32_t(running.size());
+    std::vector<int64_t> keys = capacity_admit(w, avail, slots);
+    // Nothing running and the head still does not fit: admit it anyway; submit() made
+    // sure it fits the pool alone, and planning reclaims caches for it.
+    if (keys.empty() && running.empty()) keys.push_back(w.front().key);
+    for (int64_t key : keys) {
+      Choice* c = by_key(waiting, key);
+      drop_from(waiting, c);
+      attach_kv(*c);
+      running.push_back(c);
+    }
+  }
+
+  void preempt(Choice& c) {
+    release_kv(c, false);
+    drop_from(running, &c);
+    waiting.push_back(&c);
+    ++preemptions;
+  }
+
+  // The step's chunks, made to fit the pool: reclaim cached blocks, then sessions,
+  // then preempt the least important running sequences (recompute later).
+  std::vector<ChunkPlan> plan_step() {
+    for (;;) {
+      std::vector<SchedSeq> run;
+      for (Choice* c : running) run.push_back(sched_of(*c));
+      sched_sort(run, opt.policy);
+      std::vector<ChunkPlan> plan = micro_batch(run, opt.max_step_tokens);
+      int64_t need = 0;
+      for (auto& p : plan) need += kv.blocks_needed(by_key(running, p.key)->kv, p.tokens);
+      int64_t short_by = need - kv.allocator().num_free();
+      if (short_by > 0) short_by -= prefix.evict(int32_t(short_by));
+      if (short_by > 0) sessions.evict(int32_t(short_by));
+      if (need <= kv.allocator().num_free()) return plan;
+      Choice* victim = by_key(running, preemption_victim(run, opt.policy));
+      if (running.size() == 1) {
+        fail_request(*victim->req, str_cat("KV cache too small: the sequence needs ", need,
+                                            " more blocks but the pool has ",
+                                            kv.allocator().num_blocks(), " (raise --kv-tokens)"));
+        continue;
+      }
+      preempt(*victim);
+    }
+  }
+
+  // ---- the step ----------------------------------------------------------------
+
+  void step() {
+    admit();
+    if (running.empty()) return;
+    std::vector<ChunkPlan> plan = plan_step();
+    if (plan.empty()) return;
+    std::vector<Choice*> seqs;
+    std::vector<StepChunk> chunks;
+    for (auto& p : plan) {
+      Choice* c = by_key(running, p.key);
+      seqs.push_back(c);
+      StepChunk ch;
+      ch.kv = &c->kv;
+      ch.tokens = std::span<const int32_t>(c->tokens.data() + c->kv.length, size_t(p.tokens));
+      ch.want_logits = p.tokens == c->pending();
+      chunks.push_back(ch);
+    }
+    std::vector<std::vector<float>> logits;
+    try {
+      logits = runner.run_chunks(chunks);
+    } catch (const std::exception& e) {
+      for (Choice* c : seqs) fail_request(*c->req, str_cat("engine step failed: ", e.what()));
+      return;
+    }
+    ++steps;
+    last_batch = int64_t(chunks.size());
+    for (auto& ch : chunks) step_tokens += int64_t(ch.tokens.size());
+    size_t li = 0;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      Choice& c = *seqs[i];
+      if (opt.prefix_caching) c.cached_blocks = prefix.insert(c.kv, c.tokens, c.cached_blocks);
+      if (!chunks[i].want_logits) continue;
+      std::vector<float>& l = logits[li++];
+      if (c.finished) continue;  // failed with its request earlier in this loop
+      if (!c.req->forked) fork_choices(c, l);
+      sample(c, l);
+    }
+  }
+
+  // n > 1: the other choices share the prompt's blocks, forked once it is prefilled.
+  void fork_choices(Choice& parent, const std::vector<float>& logits) {
+    Request& r = *parent.req;
+    r.forked = true;
+    for (int32_t i = 1; i < r.req.n; ++i) {
+      auto c = std::make_unique<Choice>();
+      c->req = &r;
+      c->key = next_key++;
+      c->kv = kv.fork(parent.kv);
+      c->tokens = parent.tokens;
+      c->cached_blocks = parent.cached_blocks;
+      init_choice(*c, i);
+      std::vector<float> l = logits;
+      Choice* raw = c.get();
+      r.choices.push_back(std::move(c));
+      ++r.unfinished;
+      running.push_back(raw);
+      sample(*raw, l);
+    }
+  }
+
+  bool is_stop_id(const Request& r, int32_t t) const {
+    if (std::find(r.req.stop_ids.begin(), r.req.stop_ids.end(), t) != r.req.stop_ids.end())
+      return true;
+    return !r.req.ignore_eos && std::find(model_stops.begin(), model_stops.end(), t) != model_stops.end();
+  }
+
+  void sample(Choice& c, std::vector<float>& logits) {
+    Request& r = *c.req;
+    SampledToken st = c.sampler->sample(logits);
+    c.tokens.push_back(st.token);
+    ++c.generated;
+    ++generated;
+    ChoiceUpdate& u = r.choice_update(c.index);
+    u.tokens.push_back(st.token);
+    if (r.req.sampling.logprobs >= 0) u.logprobs.push_back(std::move(st));
+    if (is_stop_id(r, st.token)) return finish_choice(c, FinishReason::kStop);
+    if (c.detok) {
+      u.text += c.stops.put(c.detok->put(st.token));
+      if (c.stops.matched()) return finish_choice(c, FinishReason::kStop);
+    }
+    if (c.generated >= r.req.max_tokens || int64_t(c.tokens.size()) >= model.info().max_positions)
+      return finish_choice(c, FinishReason::kLength);
+  }
+};
+
+// ---- Executor: the thread-safe shell ----------------------------------------------
+
+Executor::Executor(Model& model, const tok::Tokenizer* tokenizer, const ExecutorOptions& options)
+    : opt_(options) {
+  if (opt_.block_size <= 0 || opt_.kv_tokens < opt_.block_size || opt_.max_step_tokens <= 0 ||
+      opt_.max_running <= 0)
+    throw_error(ErrorCode::kInvalidArgument, "executor options: block_size ", opt_.block_size,
+                ", kv_tokens ", opt_.kv_tokens, ", max_step_tokens ", opt_.max_step_tokens,
+                ", max_running ", opt_.max_running, " must be positive (kv_tokens >= block_size)");
+  impl_ = std::make_unique<Impl>(model, tokenizer, opt_);
+  stats_.kv_blocks_total = stats_.kv_blocks_free = impl_->kv.allocator().num_blocks();
+  thread_ = std::thread([this] { loop(); });
+}
+
+Executor::~Executor() {
+  {
+    std::lock_guard lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+const ModelInfo& Executor::model_info() const { return impl_->model.info(); }
+
+int64_t Executor::max_context() const {
+  int64_t pool = int64_t(impl_->kv.allocator().num_blocks() - 1) * opt_.block_size;
+  return std::min<int64_t>(model_info().max_positions, pool);
+}
+
+uint64_t Executor::submit(GenerationRequest request, UpdateCallback on_update) {
+  const ModelInfo& info = model_info();
+  if (request.prompt.empty()) throw_error(ErrorCode::kInvalidArgument, "the prompt is empty");
+  for (int32_t t : request.prompt)
+    if (t < 0 || t >= info.vocab_size)
+      throw_error(ErrorCode::kInvalidArgument, "token id ", t, " is outside the vocabulary (",
+                  info.vocab_size, " tokens)");
+  if (request.n < 1 || request.n > 16)
+    throw_error(ErrorCode::kInvalidArgument, "n must be in [1, 16], got ", request.n);
+  if (request.max_tokens < 1)
+    throw_error(ErrorCode::kInvalidArgument, "max_tokens must be at least 1, got ", request.max_tokens);
+  std::string bad = sampling_params_error(request.sampling);
+  if (!bad.empty()) throw_error(ErrorCode::kInvalidArgument, bad);
+  if (!request.stop.empty() && !impl_->tokenizer)
+    throw_error(ErrorCode::kInvalidArgument, "stop strings need a model with a tokenizer");
+  int64_t limit = max_context();
+  if (int64_t(request.prompt.size()) + request.max_tokens > limit)
+    throw_error(ErrorCode::kOutOfRange, "the prompt (", request.prompt.size(),
+                " tokens) plus max_tokens (", request.max_tokens, ") exceeds the context of ",
+                limit, " tokens");
+  if (!on_update) throw_error(ErrorCode::kInvalidArgument, "no update callback");
+  auto r = std::make_unique<Request>();
+  r->req = std::move(request);
+  r->cb = std::move(on_update);
+  uint64_t id;
+  {
+    std::lock_guard lk(mu_);
+    if (draining_ || stop_) throw_error(ErrorCode::kUnsupported, "the executor is shutting down");
+    id = next_id_++;
+    r->id = id;
+    r->arrival = int64_t(id);
+    r->seed = r->req.sampling.seed ? *r->req.sampling.seed
+                                   : opt_.seed ^ (id * 0x9e3779b97f4a7c15ull);
+    inbox_.push_back(std::move(r));
+    ++in_flight_;
+  }
+  cv_.notify_all();
+  return id;
+}
+
+void Executor::cancel(uint64_t id) {
+  {
+    std::lock_guard lk(mu_);
+    cancels_.push_back(id);
+  }
+  cv_.notify_all();
+}
+
+GenerationResult Executor::generate(GenerationRequest request) {
+  auto result = std::make_shared<GenerationResult>();
+  auto done = std::make_shared<std::promise<void>>();
+  auto fut = done->get_future();
+  int32_t n = request.n;
+  result->choices.resize(size_t(n));
+  submit(std::move(request), [result, done](RequestUpdate&& u) {
+    for (auto& c : u.choices) {
+      auto& out = result->choices.at(size_t(c.index));
+      out.tokens.insert(out.tokens.end(), c.tokens.begin(), c.tokens.end());
+      out.text += c.text;
+      out.logprobs.insert(out.logprobs.end(), c.logprobs.begin(), c.logprobs.end());
+      if (c.finish != FinishReason::kNone) out.finish = c.finish;
+    }
+    if (u.done) {
+      result->error = u.error;
+      result->prompt_tokens = u.prompt_tokens;
+      result->cached_tokens = u.cached_tokens;
+      result->completion_tokens = u.completion_tokens;
+      done->set_value();
+    }
+  });
+  fut.wait();
+  return std::move(*result);
+}
+
+void Executor::drain() {
+  std::unique_lock lk(mu_);
+  draining_ = true;
+  idle_cv_.wait(lk, [&] { return in_flight_ == 0; });
+}
+
+ExecutorStats Executor::stats() const {
+  std::lock_guard lk(mu_);
+  return stats_;
+}
+
+void Executor::loop() {
+  Impl& im = *impl_;
+  for (;;) {
+    std::vector<std::unique_ptr<Request>> inbox;
+    std::vector<uint64_t> cancels;
+    {
+      std::unique_lock lk(mu_);
+      // Idle: wake once a second anyway so idle sessions expire.
+      cv_.wait_for(lk, std::chrono::seconds(1), [&] {
+        return stop_ || !inbox_.empty() || !cancels_.empty() || im.has_work();
+      });
+      if (stop_) break;
+      inbox.swap(inbox_);
+      cancels.swap(cancels_);
+    }
+    for (auto& r : inbox) im.accept(std::move(r));
+    for (uint64_t id : cancels) im.cancel(id);
+    im.sessions.expire(SessionStore::Clock::now());
+    im.step();
+    int64_t ended = im.flush_updates();
+
+    std::lock_guard lk(mu_);
+    in_flight_ -= ended;
+    ExecutorStats& s = stats_;
+    s.waiting = int64_t(im.waiting.size()) + int64_t(inbox_.size());
+    s.running = int64_t(im.running.size());
+    s.kv_blocks_total = im.kv.allocator().num_blocks();
+    s.kv_blocks_free = im.kv.allocator().num_free();
+    s.kv_blocks_cached = im.prefix.num_cached();
+    s.prefix_queried_blocks = im.prefix.stats().queried_blocks;
+    s.prefix_hit_blocks = im.prefix.stats().hit_blocks;
+    s.prefix_evicted_blocks = im.prefix.stats().evicted_blocks;
+    s.sessions = im.sessions.size();
+    s.session_hits = im.sessions.stats().hits;
+    s.session_misses = im.sessions.stats().misses;
+    s.session_evictions = im.sessions.stats().evictions;
+    s.session_expiries = im.sessions.stats().expiries;
+    s.preemptions = im.preemptions;
+    s.steps = im.steps;
+    s.step_tokens = im.step_tokens;
+    s.generated_tokens = im.generated;
+    s.last_batch_seqs = im.last_batch;
+    s.requests_finished = im.finished;
+    s.requests_cancelled = im.cancelled;
+    s.requests_failed = im.failed;
+    if (ended > 0) idle_cv_.notify_all();
+  }
+  // Shutdown: everything still queued or running ends as cancelled.
+  std::vector<std::unique_ptr<Request>> inbox;
+  {
+    std::lock_guard lk(mu_);
+    inbox.swap(inbox_);
+  }
+  for (auto& r : inbox) im.accept(std::move(r));
+  im.cancel_all();
+  im.flush_updates();
+  std::lock_guard lk(mu_);
+  in_flight_ = 0;
+  idle_cv_.notify_all();
+}
+
+}  // namespace kiln

@@ -1,0 +1,142 @@
+// llm::Executor: in-flight batching. Requests (token ids + sampling parameters) are
+// submitted from any thread; one executor thread loops schedule -> one ragged engine
+// step (decodes + chunked prefills) -> sample -> stream updates through callbacks.
+// KV reuse through the prefix cache and sessions; preemption by recompute when blocks
+// run out. Tested in tests/runtime/executor_test.cpp (tiny fixture models) and through
+// the server tests.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/llm_runner.h"
+#include "runtime/sampling.h"
+#include "runtime/scheduler/policy.h"
+
+namespace kiln {
+
+namespace tok {
+class Tokenizer;
+}
+
+enum class FinishReason { kNone, kStop, kLength, kCancelled, kError };
+const char* finish_reason_name(FinishReason r);  // "stop", "length", "cancelled", "error"
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+  int32_t max_tokens = 16;
+  int32_t n = 1;                   // choices sampled from one shared prompt prefill
+  std::vector<int32_t> stop_ids;   // besides the model's end tokens
+  std::vector<std::string> stop;   // stop strings (need a tokenizer)
+  bool ignore_eos = false;         // do not stop at the model's end tokens
+  int32_t priority = 0;            // larger first under SchedulePolicy::kPriority
+  std::string session_id;          // keep this conversation's KV after the request
+};
+
+struct ChoiceUpdate {
+  int32_t index = 0;
+  std::vector<int32_t> tokens;          // newly generated
+  std::string text;                     // newly released text (tokenizer present)
+  std::vector<SampledToken> logprobs;   // one per new token when logprobs >= 0
+  FinishReason finish = FinishReason::kNone;
+};
+
+struct RequestUpdate {
+  uint64_t id = 0;
+  std::vector<ChoiceUpdate> choices;
+  bool done = false;       // the last update of this request
+  std::string error;       // with done: why the request failed
+  int32_t prompt_tokens = 0;
+  int32_t cached_tokens = 0;  // prompt tokens whose KV came from the prefix cache/session
+  int32_t completion_tokens = 0;  // with done: over all choices
+};
+// Called on the executor thread: keep it short (push into a queue).
+using UpdateCallback = std::function<void(RequestUpdate&&)>;
+
+struct ExecutorOptions {
+  int32_t block_size = 16;
+  int64_t kv_tokens = 16384;      // KV pool size in tokens
+  int64_t max_step_tokens = 512;  // token budget of one step
+  int32_t max_running = 64;       // sequences decoding at once
+  SchedulePolicy policy = SchedulePolicy::kFcfs;
+  bool prefix_caching = true;
+  std::chrono::milliseconds session_idle_timeout{30000};
+  int32_t max_sessions = 4096;
+  uint64_t seed = 0x6b696c6e;  // requests without a seed draw theirs from this
+};
+
+struct ExecutorStats {
+  int64_t waiting = 0, running = 0;
+  int64_t kv_blocks_total = 0, kv_blocks_free = 0, kv_blocks_cached = 0;
+  int64_t prefix_queried_blocks = 0, prefix_hit_blocks = 0, prefix_evicted_blocks = 0;
+  int64_t sessions = 0, session_hits = 0, session_misses = 0, session_evictions = 0,
+          session_expiries = 0;
+  int64_t preemptions = 0, steps = 0, step_tokens = 0, generated_tokens = 0;
+  int64_t last_batch_seqs = 0;
+  int64_t requests_finished = 0, requests_cancelled = 0, requests_failed = 0;
+};
+
+struct GenerationResult {
+  struct Choice {
+    std::vector<int32_t> tokens;
+    std::string text;
+    std::vector<SampledToken> logprobs;
+    FinishReason finish = FinishReason::kNone;
+  };
+  std::vector<Choice> choices;
+  std::string error;
+  int32_t prompt_tokens = 0, cached_tokens = 0, completion_tokens = 0;
+};
+
+class Executor {
+ public:
+  // `tokenizer` may be null (token ids only: no text, no stop strings).
+  Executor(Model& model, const tok::Tokenizer* tokenizer, const ExecutorOptions& options = {});
+  ~Executor();  // cancels what is left and joins the thread
+
+  // Thread-safe. Throws kiln::Error (kInvalidArgument, kOutOfRange) for a request that
+  // can never run; otherwise every request ends with exactly one update with done.
+  uint64_t submit(GenerationRequest request, UpdateCallback on_update);
+  // Thread-safe; a no-op for unknown or finished requests.
+  void cancel(uint64_t id);
+  // submit() and wait for the end.
+  GenerationResult generate(GenerationRequest request);
+  // Refuses new requests (kUnsupported) and waits until in-flight ones end.
+  void drain();
+  ExecutorStats stats() const;
+  const ExecutorOptions& options() const { return opt_; }
+  const ModelInfo& model_info() const;
+  // Longest prompt + max_tokens a request may ask for.
+  int64_t max_context() const;
+
+ private:
+  struct Choice;
+  struct Request;
+  struct Impl;
+  void loop();
+
+  ExecutorOptions opt_;
+  std::unique_ptr<Impl> impl_;  // owned by the executor thread
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::condition_variable idle_cv_;
+  std::vector<std::unique_ptr<Request>> inbox_;
+  std::vector<uint64_t> cancels_;
+  bool stop_ = false;
+  bool draining_ = false;
+  int64_t in_flight_ = 0;
+  uint64_t next_id_ = 1;
+  ExecutorStats stats_;
+  std::thread thread_;
+};
+
+}  // namespace kiln

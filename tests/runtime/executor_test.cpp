@@ -1,0 +1,250 @@
+// Executor end to end on the tiny Llama fixture: concurrent greedy requests (submitted
+// from several threads, chunked prefill, preemption under a small KV pool) produce
+// exactly the tokens each produces alone; seeds, n > 1, stop ids, cancellation, prefix
+// cache and session reuse, expiry, bad requests; and no KV block leaks afterwards.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <random>
+#include <thread>
+
+#include "core/status.h"
+#include "runtime/executor.h"
+
+namespace kiln {
+namespace {
+
+std::string fixture(const std::string& name) { return std::string(KILN_FIXTURES_DIR) + "/models/" + name; }
+
+class ExecutorTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { model_ = Model::load(fixture("llama")).release(); }
+  static void TearDownTestSuite() { delete model_; }
+
+  static std::vector<std::vector<int32_t>> prompts(int n, uint32_t seed, int min_len, int max_len) {
+    std::mt19937 rng(seed);
+    std::vector<std::vector<int32_t>> out;
+    for (int i = 0; i < n; ++i) {
+      std::vector<int32_t> p(size_t(min_len + int(rng() % uint32_t(max_len - min_len + 1))));
+      for (auto& t : p) t = int32_t(3 + rng() % 500);
+      out.push_back(p);
+    }
+    return out;
+  }
+  // The reference: each prompt alone through LlmRunner's own greedy loop.
+  static std::vector<int32_t> alone(const std::vector<int32_t>& prompt, int32_t max_tokens) {
+    LlmRunner runner(*model_);
+    return runner.generate_greedy({prompt}, max_tokens).at(0);
+  }
+  static GenerationRequest greedy(const std::vector<int32_t>& prompt, int32_t max_tokens) {
+    GenerationRequest r;
+    r.prompt = prompt;
+    r.max_tokens = max_tokens;
+    r.sampling.temperature = 0;
+    r.ignore_eos = true;
+    return r;
+  }
+  static void expect_no_leak(Executor& ex) {
+    // Updates are sent before the stats of that loop turn are published.
+    for (int i = 0; i < 200 && ex.stats().running + ex.stats().waiting > 0; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    ExecutorStats s = ex.stats();
+    EXPECT_EQ(s.kv_blocks_free + s.kv_blocks_cached, s.kv_blocks_total)
+        << "blocks held by neither a sequence nor the cache";
+  }
+
+  // Submits every request from its own thread and waits for all of them.
+  static std::vector<GenerationResult> run_concurrently(Executor& ex, std::vector<GenerationRequest> reqs) {
+    std::vector<GenerationResult> out(reqs.size());
+    std::vector<std::thread> threads;
+    for (size_t i = 0; i < reqs.size(); ++i)
+      threads.emplace_back([&, i] { out[i] = ex.generate(reqs[i]); });
+    for (auto& t : threads) t.join();
+    return out;
+  }
+
+  static Model* model_;
+};
+Model* ExecutorTest::model_ = nullptr;
+
+TEST_F(ExecutorTest, ConcurrentGreedyEqualsEachRequestAlone) {
+  auto ps = prompts(12, 1, 1, 60);
+  ExecutorOptions opt;
+  opt.max_step_tokens = 48;  // forces chunked prefill mixed with decodes
+  Executor ex(*model_, nullptr, opt);
+  std::vector<GenerationRequest> reqs;
+  for (size_t i = 0; i < ps.size(); ++i) reqs.push_back(greedy(ps[i], 8 + int32_t(i % 5) * 4));
+  auto got = run_concurrently(ex, reqs);
+  for (size_t i = 0; i < ps.size(); ++i) {
+    ASSERT_EQ(got[i].error, "");
+    ASSERT_EQ(got[i].choices.size(), 1u);
+    EXPECT_EQ(got[i].choices[0].tokens, alone(ps[i], reqs[i].max_tokens)) << "request " << i;
+    EXPECT_EQ(got[i].choices[0].finish, FinishReason::kLength);
+    EXPECT_EQ(got[i].completion_tokens, reqs[i].max_tokens);
+    EXPECT_EQ(got[i].prompt_tokens, int32_t(ps[i].size()));
+  }
+  EXPECT_GT(ex.stats().steps, 0);
+  expect_no_leak(ex);
+}
+
+TEST_F(ExecutorTest, PreemptionUnderASmallPoolKeepsOutputsExact) {
+  auto ps = prompts(8, 2, 20, 40);
+  ExecutorOptions opt;
+  opt.kv_tokens = 128;  // 8 blocks of 16: far less than 8 sequences of ~60 tokens
+  opt.max_step_tokens = 64;
+  opt.prefix_caching = false;
+  Executor ex(*model_, nullptr, opt);
+  std::vector<GenerationRequest> reqs;
+  for (auto& p : ps) reqs.push_back(greedy(p, 24));
+  auto got = run_concurrently(ex, reqs);
+  for (size_t i = 0; i < ps.size(); ++i) {
+    ASSERT_EQ(got[i].error, "") << "request " << i;
+    EXPECT_EQ(got[i].choices[0].tokens, alone(ps[i], 24)) << "request " << i;
+  }
+  EXPECT_GT(ex.stats().preemptions, 0);
+  expect_no_leak(ex);
+}
+
+TEST_F(ExecutorTest, PrefixCacheAndSessionsReuseKvWithoutChangingOutputs) {
+  auto ps = prompts(1, 3, 50, 50);
+  Executor ex(*model_, nullptr);
+  auto first = ex.generate(greedy(ps[0], 6));
+  EXPECT_EQ(first.cached_tokens, 0);
+  auto second = ex.generate(greedy(ps[0], 6));
+  EXPECT_EQ(second.cached_tokens, 48);  // three full blocks of 16 (the last token is fed)
+  EXPECT_EQ(second.choices[0].tokens, first.choices[0].tokens);
+  EXPECT_GT(ex.stats().prefix_hit_blocks, 0);
+  expect_no_leak(ex);
+
+  // Session: turn 2 extends turn 1's prompt + answer; only the new tokens are prefilled.
+  auto turn1 = greedy(prompts(1, 4, 21, 21)[0], 10);
+  turn1.session_id = "chat-1";
+  auto r1 = ex.generate(turn1);
+  auto turn2 = turn1;
+  turn2.prompt.insert(turn2.prompt.end(), r1.choices[0].tokens.begin(), r1.choices[0].tokens.end());
+  turn2.prompt.insert(turn2.prompt.end(), {7, 8, 9});
+  auto r2 = ex.generate(turn2);
+  EXPECT_EQ(r2.cached_tokens, 21 + 10 - 1);  // all but the last answer token had K/V
+  EXPECT_EQ(r2.choices[0].tokens, alone(turn2.prompt, 10));
+  EXPECT_EQ(ex.stats().session_hits, 1);
+  EXPECT_EQ(ex.stats().sessions, 1);  // holds its blocks until it expires
+}
+
+TEST_F(ExecutorTest, SessionsExpireAfterTheIdleTimeout) {
+  ExecutorOptions opt;
+  opt.session_idle_timeout = std::chrono::milliseconds(10);
+  Executor ex(*model_, nullptr, opt);
+  auto r = greedy(prompts(1, 5, 20, 20)[0], 4);
+  r.session_id = "s";
+  ex.generate(r);
+  for (int i = 0; i < 40 && ex.stats().session_expiries == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_EQ(ex.stats().session_expiries, 1);
+  EXPECT_EQ(ex.stats().sessions, 0);
+}
+
+TEST_F(ExecutorTest, SeededSamplingIsReproducibleAndNChoicesShareThePrompt) {
+  Executor ex(*model_, nullptr);
+  GenerationRequest r;
+  r.prompt = prompts(1, 6, 30, 30)[0];
+  r.max_tokens = 12;
+  r.n = 3;
+  r.ignore_eos = true;
+  r.sampling.temperature = 1.5f;
+  r.sampling.seed = 1234;
+  r.sampling.logprobs = 2;
+  auto a = ex.generate(r);
+  auto b = run_concurrently(ex, {r, greedy(r.prompt, 5), r});
+  ASSERT_EQ(a.choices.size(), 3u);
+  EXPECT_EQ(a.completion_tokens, 36);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(a.choices[size_t(i)].tokens, b[0].choices[size_t(i)].tokens);
+    EXPECT_EQ(a.choices[size_t(i)].tokens, b[2].choices[size_t(i)].tokens);
+    ASSERT_EQ(a.choices[size_t(i)].logprobs.size(), 12u);
+    EXPECT_LE(a.choices[size_t(i)].logprobs[0].logprob, 0.0f);
+    EXPECT_EQ(a.choices[size_t(i)].logprobs[0].top.size(), 2u);
+  }
+  EXPECT_NE(a.choices[0].tokens, a.choices[1].tokens);  // 12 draws at T=1.5 over 512 tokens
+  expect_no_leak(ex);
+}
+
+TEST_F(ExecutorTest, StopIdsEndTheChoice) {
+  auto p = prompts(1, 7, 10, 10)[0];
+  auto ref = alone(p, 8);
+  Executor ex(*model_, nullptr);
+  auto r = greedy(p, 8);
+  r.stop_ids = {ref[3]};
+  auto got = ex.generate(r);
+  size_t first = size_t(std::find(ref.begin(), ref.end(), ref[3]) - ref.begin());
+  EXPECT_EQ(got.choices[0].tokens, std::vector<int32_t>(ref.begin(), ref.begin() + int64_t(first) + 1));
+  EXPECT_EQ(got.choices[0].finish, FinishReason::kStop);
+}
+
+TEST_F(ExecutorTest, CancelEndsARequestCleanlyAtAnyTime) {
+  Executor ex(*model_, nullptr);
+  std::atomic<int> updates{0};
+  std::atomic<bool> done{false};
+  std::atomic<int> finish{-1};
+  auto r = greedy(prompts(1, 8, 10, 10)[0], 100);
+  uint64_t id = 0;
+  id = ex.submit(r, [&](RequestUpdate&& u) {
+    ++updates;
+    for (auto& c : u.choices)
+      if (c.finish != FinishReason::kNone) finish = int(c.finish);
+    if (u.done) done = true;
+  });
+  while (updates < 2) std::this_thread::yield();
+  ex.cancel(id);
+  for (int i = 0; i < 500 && !done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  EXPECT_TRUE(done);
+  EXPECT_EQ(finish, int(FinishReason::kCancelled));
+  ex.cancel(id);      // finished: a no-op
+  ex.cancel(999999);  // unknown: a no-op
+  EXPECT_EQ(ex.stats().requests_cancelled, 1);
+  expect_no_leak(ex);
+}
+
+TEST_F(ExecutorTest, BadRequestsAreRejectedWithClearErrors) {
+  ExecutorOptions opt;
+  opt.kv_tokens = 64;
+  Executor ex(*model_, nullptr, opt);
+  auto expect_error = [&](GenerationRequest r, const std::string& needle) {
+    try {
+      ex.generate(r);
+      ADD_FAILURE() << "accepted a request that should fail with '" << needle << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_error(greedy({}, 4), "empty");
+  expect_error(greedy({1, 512}, 4), "outside the vocabulary");
+  expect_error(greedy({1, -1}, 4), "outside the vocabulary");
+  expect_error(greedy({1, 2}, 0), "max_tokens");
+  expect_error(greedy(std::vector<int32_t>(40, 5), 40), "exceeds the context");
+  auto r = greedy({1, 2}, 4);
+  r.n = 0;
+  expect_error(r, "n must be");
+  r = greedy({1, 2}, 4);
+  r.sampling.top_p = 2;
+  expect_error(r, "top_p");
+  r = greedy({1, 2}, 4);
+  r.stop = {"x"};
+  expect_error(r, "tokenizer");
+  // Still healthy afterwards.
+  EXPECT_EQ(ex.generate(greedy({5, 6, 7}, 3)).choices[0].tokens.size(), 3u);
+}
+
+TEST_F(ExecutorTest, DrainWaitsForInFlightRequestsThenRefusesNewOnes) {
+  Executor ex(*model_, nullptr);
+  std::atomic<bool> done{false};
+  ex.submit(greedy({5, 6, 7}, 20), [&](RequestUpdate&& u) {
+    if (u.done) done = true;
+  });
+  ex.drain();
+  EXPECT_TRUE(done);
+  EXPECT_THROW(ex.generate(greedy({5, 6}, 2)), Error);
+}
+
+}  // namespace
+}  // namespace kiln
