@@ -18,6 +18,7 @@ Runner add_tokenize(CLI::App& app);
 Runner add_inspect(CLI::App& app);
 Runner add_bench(CLI::App& app);
 Runner add_eval(CLI::App& app);
+Runner add_serve(CLI::App& app);
 
 // Options every model-loading subcommand shares.
 struct ModelArgs {

@@ -54,7 +54,8 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads, "CPU threads (default: all cores)");
   std::vector<kiln::cli::Runner> runners = {
       kiln::cli::add_generate(app), kiln::cli::add_chat(app), kiln::cli::add_embed(app), kiln::cli::add_classify(app),
-      kiln::cli::add_tokenize(app), kiln::cli::add_inspect(app), kiln::cli::add_bench(app), kiln::cli::add_eval(app)};
+      kiln::cli::add_tokenize(app), kiln::cli::add_inspect(app), kiln::cli::add_bench(app), kiln::cli::add_eval(app),
+      kiln::cli::add_serve(app)};
   CLI11_PARSE(app, argc, argv);
   if (threads > 0) setenv("KILN_NUM_THREADS", std::to_string(threads).c_str(), 1);
   try {

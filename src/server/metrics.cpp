@@ -1,0 +1,125 @@
+// Metrics (see metrics.h).
+#include "server/metrics.h"
+
+#include <cstdio>
+
+#include "server/model_repository.h"
+
+namespace kiln::server {
+
+void Histogram::observe(double v) {
+  for (size_t i = 0; i < kBuckets.size(); ++i)
+    if (v <= kBuckets[i]) ++counts_[i];
+  ++count_;
+  sum_ += v;
+}
+
+static std::string num(double v) {
+  char b[64];
+  std::snprintf(b, sizeof b, "%.9g", v);
+  return b;
+}
+
+void Histogram::render(std::string& out, const std::string& name, const std::string& labels) const {
+  for (size_t i = 0; i < kBuckets.size(); ++i)
+    out += name + "_bucket{" + labels + ",le=\"" + num(kBuckets[i]) + "\"} " + std::to_string(counts_[i]) + "\n";
+  out += name + "_bucket{" + labels + ",le=\"+Inf\"} " + std::to_string(count_) + "\n";
+  out += name + "_sum{" + labels + "} " + num(sum_) + "\n";
+  out += name + "_count{" + labels + "} " + std::to_string(count_) + "\n";
+}
+
+void Metrics::count_request(const std::string& model, const std::string& endpoint, int status) {
+  std::lock_guard lk(mu_);
+  ++requests_[{model, endpoint, status}];
+}
+void Metrics::observe_ttft(const std::string& model, double s) {
+  std::lock_guard lk(mu_);
+  ttft_[model].observe(s);
+}
+void Metrics::observe_tpot(const std::string& model, double s) {
+  std::lock_guard lk(mu_);
+  tpot_[model].observe(s);
+}
+void Metrics::observe_e2e(const std::string& model, double s) {
+  std::lock_guard lk(mu_);
+  e2e_[model].observe(s);
+}
+void Metrics::add_tokens(const std::string& model, int64_t prompt, int64_t completion) {
+  std::lock_guard lk(mu_);
+  tokens_[model].first += prompt;
+  tokens_[model].second += completion;
+}
+
+// Label values are model names and fixed endpoint strings; quotes and backslashes in
+// a model name are escaped all the same.
+static std::string label(const std::string& v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '"' || c == '\\') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+std::string Metrics::render(const ModelRepository& repo) const {
+  std::string out;
+  std::lock_guard lk(mu_);
+  out += "# HELP kiln_requests_total HTTP requests by model, endpoint and status code.\n"
+         "# TYPE kiln_requests_total counter\n";
+  for (auto& [k, v] : requests_)
+    out += "kiln_requests_total{model=\"" + label(std::get<0>(k)) + "\",endpoint=\"" + std::get<1>(k) +
+           "\",status=\"" + std::to_string(std::get<2>(k)) + "\"} " + std::to_string(v) + "\n";
+  auto hist = [&](const char* name, const char* help, const std::map<std::string, Histogram>& h) {
+    out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " histogram\n";
+    for (auto& [m, x] : h) x.render(out, name, "model=\"" + label(m) + "\"");
+  };
+  hist("kiln_time_to_first_token_seconds", "Request received to first generated token.", ttft_);
+  hist("kiln_time_per_output_token_seconds", "Mean gap between output tokens after the first, per request.", tpot_);
+  hist("kiln_e2e_request_latency_seconds", "Request received to last token.", e2e_);
+  out += "# HELP kiln_prompt_tokens_total Prompt tokens of finished requests.\n# TYPE kiln_prompt_tokens_total counter\n";
+  for (auto& [m, t] : tokens_) out += "kiln_prompt_tokens_total{model=\"" + label(m) + "\"} " + std::to_string(t.first) + "\n";
+  out += "# HELP kiln_generation_tokens_total Generated tokens of finished requests.\n# TYPE kiln_generation_tokens_total counter\n";
+  for (auto& [m, t] : tokens_) out += "kiln_generation_tokens_total{model=\"" + label(m) + "\"} " + std::to_string(t.second) + "\n";
+
+  struct Series {
+    const char* name;
+    const char* type;
+    const char* help;
+    double (*get)(const ExecutorStats&);
+  };
+  static const Series series[] = {
+      {"kiln_num_requests_waiting", "gauge", "Sequences waiting for admission (queue depth).", [](const ExecutorStats& s) { return double(s.waiting); }},
+      {"kiln_num_requests_running", "gauge", "Sequences admitted and running.", [](const ExecutorStats& s) { return double(s.running); }},
+      {"kiln_batch_size", "gauge", "Sequences in the last engine step.", [](const ExecutorStats& s) { return double(s.last_batch_seqs); }},
+      {"kiln_kv_blocks_total", "gauge", "KV cache blocks in the pool.", [](const ExecutorStats& s) { return double(s.kv_blocks_total); }},
+      {"kiln_kv_blocks_free", "gauge", "KV cache blocks on the free list.", [](const ExecutorStats& s) { return double(s.kv_blocks_free); }},
+      {"kiln_kv_blocks_used", "gauge", "KV cache blocks held by sequences, sessions or the prefix cache.", [](const ExecutorStats& s) { return double(s.kv_blocks_total - s.kv_blocks_free); }},
+      {"kiln_kv_blocks_cached", "gauge", "KV cache blocks registered in the prefix cache.", [](const ExecutorStats& s) { return double(s.kv_blocks_cached); }},
+      {"kiln_prefix_cache_queries_total", "counter", "Full prompt blocks looked up in the prefix cache.", [](const ExecutorStats& s) { return double(s.prefix_queried_blocks); }},
+      {"kiln_prefix_cache_hits_total", "counter", "Prompt blocks found in the prefix cache.", [](const ExecutorStats& s) { return double(s.prefix_hit_blocks); }},
+      {"kiln_prefix_cache_hit_rate", "gauge", "Prefix cache hits / queries since start.", [](const ExecutorStats& s) { return s.prefix_queried_blocks ? double(s.prefix_hit_blocks) / double(s.prefix_queried_blocks) : 0.0; }},
+      {"kiln_prefix_cache_evictions_total", "counter", "Cached blocks evicted (LRU).", [](const ExecutorStats& s) { return double(s.prefix_evicted_blocks); }},
+      {"kiln_sessions", "gauge", "Sessions holding KV blocks.", [](const ExecutorStats& s) { return double(s.sessions); }},
+      {"kiln_session_hits_total", "counter", "Requests that reused their session's KV.", [](const ExecutorStats& s) { return double(s.session_hits); }},
+      {"kiln_session_misses_total", "counter", "Requests whose session was not held.", [](const ExecutorStats& s) { return double(s.session_misses); }},
+      {"kiln_session_evictions_total", "counter", "Sessions evicted under memory pressure.", [](const ExecutorStats& s) { return double(s.session_evictions); }},
+      {"kiln_session_expiries_total", "counter", "Sessions expired after the idle timeout.", [](const ExecutorStats& s) { return double(s.session_expiries); }},
+      {"kiln_preemptions_total", "counter", "Sequences preempted (recomputed later) for lack of KV blocks.", [](const ExecutorStats& s) { return double(s.preemptions); }},
+      {"kiln_engine_steps_total", "counter", "Engine steps run.", [](const ExecutorStats& s) { return double(s.steps); }},
+      {"kiln_engine_step_tokens_total", "counter", "Tokens fed through engine steps (prefill + decode).", [](const ExecutorStats& s) { return double(s.step_tokens); }},
+  };
+  std::vector<std::pair<std::string, ExecutorStats>> stats;
+  for (auto& m : repo.models())
+    if (m->executor) stats.emplace_back(m->name, m->executor->stats());
+  for (const Series& s : series) {
+    out += std::string("# HELP ") + s.name + " " + s.help + "\n# TYPE " + s.name + " " + s.type + "\n";
+    for (auto& [name, st] : stats) out += std::string(s.name) + "{model=\"" + label(name) + "\"} " + num(s.get(st)) + "\n";
+  }
+  return out;
+}
+
+}  // namespace kiln::server

@@ -1,0 +1,77 @@
+// ModelRepository (see model_repository.h).
+#include "server/model_repository.h"
+
+#include <chrono>
+#include <filesystem>
+
+#include "core/status.h"
+#include "runtime/model_tokenizer.h"
+
+namespace kiln::server {
+
+namespace fs = std::filesystem;
+
+ServedModel& ModelRepository::add(const std::string& path, std::string name) {
+  if (name.empty()) {
+    fs::path p = fs::path(path).lexically_normal();
+    if (p.filename().empty()) p = p.parent_path();
+    name = p.extension() == ".gguf" ? p.stem().string() : p.filename().string();
+  }
+  auto model = Model::load(path, model_opt_);
+  auto tokenizer = load_model_tokenizer(*model);
+  ServedModel& m = add_loaded(std::move(model), name, std::move(tokenizer));
+  m.path = path;
+  return m;
+}
+
+ServedModel& ModelRepository::add_loaded(std::unique_ptr<Model> model, std::string name,
+                                         std::optional<tok::Tokenizer> tokenizer) {
+  if (find(name)) throw_error(ErrorCode::kInvalidArgument, "two models are named '", name, "'");
+  auto m = std::make_unique<ServedModel>();
+  m->name = std::move(name);
+  m->model = std::move(model);
+  m->tokenizer = std::move(tokenizer);
+  m->path = m->model->path();
+  m->created = std::chrono::duration_cast<std::chrono::seconds>(
+                   std::chrono::system_clock::now().time_since_epoch()).count();
+  if (m->tokenizer && !m->tokenizer->chat_template().empty()) {
+    try {
+      m->chat_template = std::make_unique<tok::ChatTemplate>(m->tokenizer->chat_template());
+    } catch (const Error& e) {
+      // Served without chat: /v1/chat/completions then says why.
+      std::fprintf(stderr, "kiln serve: %s: chat template unusable: %s\n", m->name.c_str(), e.what());
+    }
+  }
+  if (m->model->info().is_decoder)
+    m->executor = std::make_unique<Executor>(*m->model, m->tokenizer ? &*m->tokenizer : nullptr, exec_opt_);
+  models_.push_back(std::move(m));
+  return *models_.back();
+}
+
+int ModelRepository::add_directory(const std::string& dir) {
+  if (!fs::is_directory(dir)) throw_error(ErrorCode::kNotFound, "model repository '", dir, "' is not a directory");
+  std::vector<fs::path> entries;
+  for (auto& e : fs::directory_iterator(dir)) {
+    if (e.is_regular_file() && e.path().extension() == ".gguf") entries.push_back(e.path());
+    else if (e.is_directory() && fs::exists(e.path() / "config.json")) entries.push_back(e.path());
+  }
+  std::sort(entries.begin(), entries.end());
+  for (auto& p : entries) add(p.string());
+  if (entries.empty())
+    throw_error(ErrorCode::kNotFound, "model repository '", dir,
+                "' holds no models (expected *.gguf files or directories with config.json)");
+  return int(entries.size());
+}
+
+ServedModel* ModelRepository::find(const std::string& name) {
+  for (auto& m : models_)
+    if (m->name == name) return m.get();
+  return nullptr;
+}
+
+void ModelRepository::drain() {
+  for (auto& m : models_)
+    if (m->executor) m->executor->drain();
+}
+
+}  // namespace kiln::server

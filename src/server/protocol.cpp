@@ -1,0 +1,356 @@
+// Request parsing and validation (see protocol.h). Every field is type-checked before
+// use; unknown fields are ignored as OpenAI's API does; unsupported options that would
+// change results (echo, best_of > n, logit_bias) are refused rather than ignored.
+#include "server/protocol.h"
+
+#include <cmath>
+#include <limits>
+
+namespace kiln::server {
+
+Json error_body(int status, const std::string& message, const std::string& type,
+                const std::string& param, const std::string& code) {
+  Json e = {{"message", message}, {"type", type}};
+  e["param"] = param.empty() ? Json(nullptr) : Json(param);
+  e["code"] = code.empty() ? Json(status) : Json(code);
+  return Json{{"error", e}};
+}
+
+Json error_body(const ApiError& e) { return error_body(e.status, e.what(), e.type, e.param, e.code); }
+
+Json parse_json_body(const std::string& body) {
+  if (body.empty()) throw ApiError(400, "the request body is empty; expected a JSON object");
+  Json j;
+  try {
+    j = Json::parse(body);
+  } catch (const std::exception& e) {
+    throw ApiError(400, std::string("the request body is not valid JSON: ") + e.what());
+  }
+  if (!j.is_object()) throw ApiError(400, "the request body must be a JSON object");
+  return j;
+}
+
+namespace {
+
+[[noreturn]] void bad_type(const std::string& key, const char* want) {
+  throw ApiError(400, "'" + key + "' must be " + want, key);
+}
+
+const Json* field(const Json& j, const std::string& key) {
+  auto it = j.find(key);
+  if (it == j.end() || it->is_null()) return nullptr;
+  return &*it;
+}
+
+double get_number(const Json& j, const std::string& key, double def, double lo, double hi) {
+  const Json* v = field(j, key);
+  if (!v) return def;
+  if (!v->is_number()) bad_type(key, "a number");
+  double x = v->get<double>();
+  if (!std::isfinite(x) || x < lo || x > hi)
+    throw ApiError(400, "'" + key + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                            "], got " + v->dump(),
+                   key);
+  return x;
+}
+
+int64_t get_int(const Json& j, const std::string& key, int64_t def, int64_t lo, int64_t hi) {
+  const Json* v = field(j, key);
+  if (!v) return def;
+  if (!v->is_number_integer() && !(v->is_number_float() && std::floor(v->get<double>()) == v->get<double>()))
+    bad_type(key, "an integer");
+  if (v->is_number_float()) {
+    double d = v->get<double>();
+    if (d < double(lo) || d > double(hi))
+      throw ApiError(400, "'" + key + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                              "], got " + v->dump(), key);
+    return int64_t(d);
+  }
+  // Unsigned values above INT64_MAX arrive as number_unsigned.
+  if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max()))
+    throw ApiError(400, "'" + key + "' is out of range, got " + v->dump(), key);
+  int64_t x = v->get<int64_t>();
+  if (x < lo || x > hi)
+    throw ApiError(400, "'" + key + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                            "], got " + std::to_string(x), key);
+  return x;
+}
+
+bool get_bool(const Json& j, const std::string& key, bool def) {
+  const Json* v = field(j, key);
+  if (!v) return def;
+  if (!v->is_boolean()) bad_type(key, "a boolean");
+  return v->get<bool>();
+}
+
+std::string get_string(const Json& j, const std::string& key, bool required) {
+  const Json* v = field(j, key);
+  if (!v) {
+    if (required) throw ApiError(400, "'" + key + "' is required", key);
+    return {};
+  }
+  if (!v->is_string()) bad_type(key, "a string");
+  return v->get<std::string>();
+}
+
+std::vector<int32_t> token_ids(const Json& a, const std::string& key) {
+  std::vector<int32_t> ids;
+  for (const Json& t : a) {
+    if (!t.is_number_integer()) bad_type(key, "a string or an array of token ids");
+    int64_t x = t.get<int64_t>();
+    if (x < 0 || x > std::numeric_limits<int32_t>::max())
+      throw ApiError(400, "'" + key + "' holds token id " + t.dump() + ", outside [0, 2^31)", key);
+    ids.push_back(int32_t(x));
+  }
+  return ids;
+}
+
+void parse_sampling(const Json& j, CompletionParams& p, const RequestLimits& limits) {
+  SamplingParams& s = p.sampling;
+  s.temperature = float(get_number(j, "temperature", 1.0, 0.0, 2.0));
+  s.top_p = float(get_number(j, "top_p", 1.0, 0.0, 1.0));
+  if (s.top_p <= 0) throw ApiError(400, "'top_p' must be in (0, 1]", "top_p");
+  s.top_k = int32_t(get_int(j, "top_k", 0, -1, 1 << 20));
+  s.min_p = float(get_number(j, "min_p", 0.0, 0.0, 1.0));
+  s.repetition_penalty = float(get_number(j, "repetition_penalty", 1.0, 0.01, 10.0));
+  s.presence_penalty = float(get_number(j, "presence_penalty", 0.0, -2.0, 2.0));
+  s.frequency_penalty = float(get_number(j, "frequency_penalty", 0.0, -2.0, 2.0));
+  if (field(j, "seed")) s.seed = uint64_t(get_int(j, "seed", 0, std::numeric_limits<int64_t>::min(),
+                                                   std::numeric_limits<int64_t>::max()));
+  p.n = int32_t(get_int(j, "n", 1, 1, limits.max_n));
+  if (field(j, "best_of") && get_int(j, "best_of", p.n, 1, limits.max_n) != p.n)
+    throw ApiError(400, "'best_of' other than n is not supported", "best_of");
+  if (const Json* lb = field(j, "logit_bias"); lb && !(lb->is_object() && lb->empty()))
+    throw ApiError(400, "'logit_bias' is not supported", "logit_bias");
+  if (const Json* st = field(j, "stop")) {
+    if (st->is_string()) {
+      p.stop.push_back(st->get<std::string>());
+    } else if (st->is_array()) {
+      for (const Json& x : *st) {
+        if (!x.is_string()) bad_type("stop", "a string or an array of strings");
+        p.stop.push_back(x.get<std::string>());
+      }
+    } else {
+      bad_type("stop", "a string or an array of strings");
+    }
+    if (int32_t(p.stop.size()) > limits.max_stop)
+      throw ApiError(400, "'stop' has more than " + std::to_string(limits.max_stop) + " entries", "stop");
+    for (auto& x : p.stop)
+      if (x.size() > limits.max_stop_bytes)
+        throw ApiError(400, "a 'stop' string is longer than " + std::to_string(limits.max_stop_bytes) + " bytes",
+                       "stop");
+  }
+  if (const Json* ids = field(j, "stop_token_ids")) {
+    if (!ids->is_array()) bad_type("stop_token_ids", "an array of token ids");
+    p.stop_token_ids = token_ids(*ids, "stop_token_ids");
+  }
+  p.ignore_eos = get_bool(j, "ignore_eos", false);
+  p.priority = int32_t(get_int(j, "priority", 0, -1000000, 1000000));
+  p.session_id = get_string(j, "session_id", false);
+  if (p.session_id.size() > 256) throw ApiError(400, "'session_id' is longer than 256 bytes", "session_id");
+  p.return_token_ids = get_bool(j, "return_token_ids", false);
+  p.stream = get_bool(j, "stream", false);
+  if (const Json* so = field(j, "stream_options")) {
+    if (!so->is_object()) bad_type("stream_options", "an object");
+    p.include_usage = get_bool(*so, "include_usage", false);
+  }
+}
+
+}  // namespace
+
+CompletionParams parse_completion(const Json& j, bool chat, const RequestLimits& limits) {
+  CompletionParams p;
+  p.chat = chat;
+  p.model = get_string(j, "model", true);
+  parse_sampling(j, p, limits);
+  if (chat) {
+    const Json* m = field(j, "messages");
+    if (!m) throw ApiError(400, "'messages' is required", "messages");
+    if (!m->is_array() || m->empty()) bad_type("messages", "a non-empty array of messages");
+    for (const Json& msg : *m) {
+      if (!msg.is_object()) bad_type("messages", "an array of objects");
+      std::string role = get_string(msg, "role", true);
+      if (role != "system" && role != "user" && role != "assistant" && role != "tool" && role != "developer")
+        throw ApiError(400, "unknown message role '" + role + "'", "messages");
+      const Json* c = field(msg, "content");
+      Json out = {{"role", role == "developer" ? "system" : role}};
+      if (!c) {
+        out["content"] = "";
+      } else if (c->is_string()) {
+        out["content"] = *c;
+      } else if (c->is_array()) {  // content parts: only text is understood
+        std::string text;
+        for (const Json& part : *c) {
+          if (!part.is_object() || get_string(part, "type", true) != "text")
+            throw ApiError(400, "only text content parts are supported", "messages");
+          text += get_string(part, "text", true);
+        }
+        out["content"] = text;
+      } else {
+        bad_type("messages[].content", "a string or an array of content parts");
+      }
+      p.messages.push_back(out);
+    }
+    int64_t mt = get_int(j, "max_completion_tokens", -1, 1, limits.max_tokens);
+    p.max_tokens = int32_t(get_int(j, "max_tokens", mt, 1, limits.max_tokens));
+    p.logprobs = get_bool(j, "logprobs", false);
+    int64_t top = get_int(j, "top_logprobs", 0, 0, 20);
+    if (top > 0 && !p.logprobs) throw ApiError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs");
+    p.sampling.logprobs = p.logprobs ? int32_t(top) : -1;
+  } else {
+    const Json* pr = field(j, "prompt");
+    if (!pr) throw ApiError(400, "'prompt' is required", "prompt");
+    if (pr->is_string()) {
+      p.prompt_text = pr->get<std::string>();
+    } else if (pr->is_array() && !pr->empty() && (*pr)[0].is_number_integer()) {
+      p.prompt_ids = token_ids(*pr, "prompt");
+    } else if (pr->is_array() && pr->size() == 1 && (*pr)[0].is_string()) {
+      p.prompt_text = (*pr)[0].get<std::string>();
+    } else if (pr->is_array() && pr->size() == 1 && (*pr)[0].is_array()) {
+      p.prompt_ids = token_ids((*pr)[0], "prompt");
+    } else if (pr->is_array() && pr->size() > 1) {
+      throw ApiError(400, "batched prompts are not supported: send one prompt per request (or use n)",
+                     "prompt");
+    } else {
+      bad_type("prompt", "a string or an array of token ids");
+    }
+    if (p.prompt_text.empty() && p.prompt_ids.empty()) throw ApiError(400, "'prompt' is empty", "prompt");
+    p.max_tokens = int32_t(get_int(j, "max_tokens", 16, 1, limits.max_tokens));
+    if (get_bool(j, "echo", false)) throw ApiError(400, "'echo' is not supported", "echo");
+    int64_t lp = get_int(j, "logprobs", -1, 0, 20);
+    p.logprobs = lp >= 0;
+    p.sampling.logprobs = int32_t(lp);
+  }
+  return p;
+}
+
+EmbeddingParams parse_embeddings(const Json& j, const RequestLimits& limits) {
+  EmbeddingParams p;
+  p.model = get_string(j, "model", true);
+  std::string fmt = get_string(j, "encoding_format", false);
+  if (!fmt.empty() && fmt != "float" && fmt != "base64")
+    throw ApiError(400, "'encoding_format' must be \"float\" or \"base64\"", "encoding_format");
+  p.base64 = fmt == "base64";
+  if (field(j, "dimensions")) throw ApiError(400, "'dimensions' is not supported", "dimensions");
+  const Json* in = field(j, "input");
+  if (!in) throw ApiError(400, "'input' is required", "input");
+  if (in->is_string()) {
+    p.texts.push_back(in->get<std::string>());
+  } else if (in->is_array() && !in->empty()) {
+    if ((*in)[0].is_number_integer()) {
+      p.ids.push_back(token_ids(*in, "input"));
+    } else {
+      for (const Json& x : *in) {
+        if (x.is_string()) p.texts.push_back(x.get<std::string>());
+        else if (x.is_array()) p.ids.push_back(token_ids(x, "input"));
+        else bad_type("input", "a string, an array of strings or an array of token-id arrays");
+      }
+      if (!p.texts.empty() && !p.ids.empty())
+        throw ApiError(400, "'input' mixes strings and token arrays", "input");
+    }
+  } else {
+    bad_type("input", "a string, an array of strings or an array of token-id arrays");
+  }
+  size_t n = p.texts.size() + p.ids.size();
+  if (n > limits.max_inputs)
+    throw ApiError(400, "'input' has " + std::to_string(n) + " entries, more than the limit of " +
+                            std::to_string(limits.max_inputs), "input");
+  for (auto& t : p.texts)
+    if (t.empty()) throw ApiError(400, "'input' contains an empty string", "input");
+  for (auto& t : p.ids)
+    if (t.empty()) throw ApiError(400, "'input' contains an empty token array", "input");
+  return p;
+}
+
+KserveInferParams parse_kserve_infer(const Json& j, const RequestLimits& limits) {
+  KserveInferParams p;
+  p.id = get_string(j, "id", false);
+  const Json* in = field(j, "inputs");
+  if (!in || !in->is_array() || in->size() != 1)
+    throw ApiError(400, "'inputs' must be an array with one BYTES tensor of texts", "inputs");
+  const Json& t = (*in)[0];
+  if (!t.is_object()) bad_type("inputs[0]", "an object");
+  p.input_name = get_string(t, "name", true);
+  const std::string dtype = get_string(t, "datatype", true);
+  const bool ids = dtype == "INT32" || dtype == "INT64";
+  if (dtype != "BYTES" && !ids)
+    throw ApiError(400, "inputs[0].datatype must be BYTES (texts) or INT32/INT64 (token ids)", "inputs");
+  const Json* shape = field(t, "shape");
+  const Json* data = field(t, "data");
+  if (!shape || !shape->is_array()) bad_type("inputs[0].shape", "an array of integers");
+  if (!data || !data->is_array()) bad_type("inputs[0].data", "an array");
+  std::vector<int64_t> dims;
+  int64_t elems = 1;
+  for (const Json& d : *shape) {
+    if (!d.is_number_integer() || d.get<int64_t>() < 0 || d.get<int64_t>() > (1 << 20))
+      bad_type("inputs[0].shape", "an array of non-negative integers");
+    dims.push_back(d.get<int64_t>());
+    elems *= dims.back();
+  }
+  if (ids ? dims.size() != 2 : (dims.size() < 1 || dims.size() > 2 || (dims.size() == 2 && dims[1] != 1)))
+    throw ApiError(400, ids ? "token ids must have shape [N, L]" : "texts must have shape [N] or [N, 1]", "inputs");
+  if (elems != int64_t(data->size()))
+    throw ApiError(400, "inputs[0].shape holds " + std::to_string(elems) + " elements but data has " +
+                            std::to_string(data->size()), "inputs");
+  if (dims[0] == 0 || (ids && dims[1] == 0)) throw ApiError(400, "inputs[0] is empty", "inputs");
+  if (size_t(dims[0]) > limits.max_inputs)
+    throw ApiError(400, "inputs[0] has more than " + std::to_string(limits.max_inputs) + " rows", "inputs");
+  if (ids) {
+    std::vector<int32_t> all = token_ids(*data, "inputs[0].data");
+    for (int64_t r = 0; r < dims[0]; ++r)
+      p.ids.emplace_back(all.begin() + r * dims[1], all.begin() + (r + 1) * dims[1]);
+  } else {
+    for (const Json& d : *data) {
+      if (!d.is_string()) bad_type("inputs[0].data", "an array of strings");
+      p.texts.push_back(d.get<std::string>());
+    }
+  }
+  if (const Json* outs = field(j, "outputs")) {
+    if (!outs->is_array()) bad_type("outputs", "an array");
+    for (const Json& o : *outs) {
+      if (!o.is_object()) bad_type("outputs", "an array of objects");
+      p.outputs.push_back(get_string(o, "name", true));
+    }
+  }
+  return p;
+}
+
+std::string base64_floats(const std::vector<float>& v) {
+  static const char* k = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  const auto* b = reinterpret_cast<const unsigned char*>(v.data());  // x86: little-endian
+  size_t n = v.size() * sizeof(float);
+  std::string out;
+  out.reserve((n + 2) / 3 * 4);
+  for (size_t i = 0; i < n; i += 3) {
+    uint32_t x = uint32_t(b[i]) << 16;
+    if (i + 1 < n) x |= uint32_t(b[i + 1]) << 8;
+    if (i + 2 < n) x |= b[i + 2];
+    out += k[(x >> 18) & 63];
+    out += k[(x >> 12) & 63];
+    out += i + 1 < n ? k[(x >> 6) & 63] : '=';
+    out += i + 2 < n ? k[x & 63] : '=';
+  }
+  return out;
+}
+
+bool valid_utf8(const std::string& s) {
+  size_t i = 0;
+  while (i < s.size()) {
+    unsigned char c = static_cast<unsigned char>(s[i]);
+    size_t len = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (len == 0 || i + len > s.size()) return false;
+    uint32_t cp = len == 1 ? c : len == 2 ? (c & 0x1f) : len == 3 ? (c & 0x0f) : (c & 0x07);
+    for (size_t k = 1; k < len; ++k) {
+      unsigned char d = static_cast<unsigned char>(s[i + k]);
+      if ((d >> 6) != 2) return false;
+      cp = (cp << 6) | (d & 0x3f);
+    }
+    if ((len == 2 && cp < 0x80) || (len == 3 && cp < 0x800) || (len == 4 && (cp < 0x10000 || cp > 0x10ffff)) ||
+        (cp >= 0xd800 && cp <= 0xdfff))
+      return false;
+    i += len;
+  }
+  return true;
+}
+
+}  // namespace kiln::server

@@ -1,0 +1,90 @@
+// The wire formats the server speaks, as pure functions: parsing and validating
+// OpenAI (completions, chat, embeddings) and KServe v2 request bodies into typed
+// parameters, OpenAI-style errors, and small JSON helpers for responses. No I/O, so the
+// fuzz target (fuzz/server_request_fuzz.cpp) and unit tests (tests/server/) drive it.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "runtime/sampling.h"
+
+namespace kiln::server {
+
+using Json = nlohmann::ordered_json;
+
+// A request error in OpenAI's format: {"error": {"message", "type", "param", "code"}}.
+struct ApiError : std::runtime_error {
+  ApiError(int status, std::string message, std::string param = {},
+           std::string type = "invalid_request_error", std::string code = {})
+      : std::runtime_error(message), status(status), param(std::move(param)), type(std::move(type)),
+        code(std::move(code)) {}
+  int status;
+  std::string param, type, code;
+};
+Json error_body(int status, const std::string& message, const std::string& type,
+                const std::string& param = {}, const std::string& code = {});
+Json error_body(const ApiError& e);
+
+struct RequestLimits {
+  int32_t max_tokens = 4096;  // per request
+  int32_t max_n = 16;
+  int32_t max_stop = 8;
+  size_t max_stop_bytes = 256;
+  size_t max_inputs = 256;  // embeddings / KServe batch
+};
+
+// /v1/completions and /v1/chat/completions after validation, before tokenization.
+struct CompletionParams {
+  bool chat = false;
+  std::string model;
+  std::string prompt_text;          // completions: text (when prompt_ids is empty)
+  std::vector<int32_t> prompt_ids;  // completions: a token-id prompt
+  Json messages;                    // chat
+  int32_t max_tokens = -1;          // -1: up to the context (chat default)
+  int32_t n = 1;
+  bool stream = false;
+  bool include_usage = false;       // stream_options.include_usage
+  SamplingParams sampling;
+  bool logprobs = false;            // chat: logprobs; completions: logprobs != null
+  std::vector<std::string> stop;
+  std::vector<int32_t> stop_token_ids;
+  bool ignore_eos = false;
+  int32_t priority = 0;
+  std::string session_id;
+  bool return_token_ids = false;    // extension: choices carry "token_ids"
+};
+
+// Throws ApiError naming the offending field.
+Json parse_json_body(const std::string& body);
+CompletionParams parse_completion(const Json& body, bool chat, const RequestLimits& limits);
+
+// /v1/embeddings: texts or token-id lists.
+struct EmbeddingParams {
+  std::string model;
+  std::vector<std::string> texts;
+  std::vector<std::vector<int32_t>> ids;
+  bool base64 = false;  // encoding_format "base64" (the openai client's default)
+};
+EmbeddingParams parse_embeddings(const Json& body, const RequestLimits& limits);
+
+// KServe v2 /infer for encoders: one input, a BYTES tensor [N] of texts or an
+// INT32/INT64 tensor [N, L] of token ids.
+struct KserveInferParams {
+  std::string id;
+  std::string input_name;
+  std::vector<std::string> texts;
+  std::vector<std::vector<int32_t>> ids;
+  std::vector<std::string> outputs;  // requested output names; empty: all
+};
+KserveInferParams parse_kserve_infer(const Json& body, const RequestLimits& limits);
+
+// Little-endian float32 bytes as base64 (OpenAI's embedding encoding).
+std::string base64_floats(const std::vector<float>& v);
+// True when `s` is valid UTF-8 (JSON output must be).
+bool valid_utf8(const std::string& s);
+
+}  // namespace kiln::server

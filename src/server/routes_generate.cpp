@@ -1,0 +1,372 @@
+// /v1/completions and /v1/chat/completions: parse -> tokenize (chat template) -> check
+// the context -> submit to the model's Executor -> stream SSE chunks, or one JSON body.
+// Both kinds of response are written by a chunked content provider that waits on the
+// request's update queue; a failed write (the client went away) cancels the request.
+// Non-streaming responses send a space every second while waiting (JSON allows leading
+// whitespace) so that a vanished client is noticed too.
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+
+#include "core/status.h"
+#include "server/server_internal.h"
+#include "tokenizer/chat_template.h"
+
+namespace kiln::server {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Updates from the executor thread to the HTTP thread writing the response.
+struct Channel {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<RequestUpdate> q;
+  Clock::time_point start = Clock::now();
+  Clock::time_point first_token, end;
+  bool got_first = false;
+
+  void push(RequestUpdate&& u) {
+    std::lock_guard lk(mu);
+    auto now = Clock::now();
+    for (auto& c : u.choices)
+      if (!c.tokens.empty() && !got_first) {
+        got_first = true;
+        first_token = now;
+      }
+    if (u.done) end = now;
+    q.push_back(std::move(u));
+    cv.notify_all();
+  }
+  bool pop(RequestUpdate& u, std::chrono::milliseconds timeout) {
+    std::unique_lock lk(mu);
+    if (!cv.wait_for(lk, timeout, [&] { return !q.empty(); })) return false;
+    u = std::move(q.front());
+    q.pop_front();
+    return true;
+  }
+};
+
+struct ChoiceState {
+  std::string text;
+  std::vector<int32_t> tokens;
+  Json logprobs;  // accumulated (non-streaming)
+  std::string finish;
+  bool role_sent = false;
+};
+
+// Everything the response writer needs, shared by the provider and its releaser.
+struct Call {
+  Server::Impl* srv = nullptr;
+  ServedModel* model = nullptr;
+  CompletionParams params;
+  std::shared_ptr<Channel> channel = std::make_shared<Channel>();
+  uint64_t request_id = 0;
+  std::string id;
+  int64_t created = 0;
+  std::vector<ChoiceState> choices;
+  int32_t prompt_tokens = 0, cached_tokens = 0, completion_tokens = 0;
+  bool finished = false;  // metrics and the active count are settled
+  bool cancelled = false;
+  std::mutex settle_mu;
+
+  const char* endpoint() const { return params.chat ? "/v1/chat/completions" : "/v1/completions"; }
+
+  void cancel() {
+    model->executor->cancel(request_id);
+    settle(499);
+  }
+  // Once per request: metrics and the server's count of active responses.
+  void settle(int status) {
+    std::lock_guard lk(settle_mu);
+    if (finished) return;
+    finished = true;
+    srv->metrics.count_request(model->name, endpoint(), status);
+    if (status == 200) {
+      Channel& ch = *channel;
+      std::lock_guard clk(ch.mu);
+      double e2e = std::chrono::duration<double>(ch.end - ch.start).count();
+      srv->metrics.observe_e2e(model->name, e2e);
+      if (ch.got_first) {
+        double ttft = std::chrono::duration<double>(ch.first_token - ch.start).count();
+        srv->metrics.observe_ttft(model->name, ttft);
+        int32_t most = 0;
+        for (auto& c : choices) most = std::max<int32_t>(most, int32_t(c.tokens.size()));
+        if (most > 1) srv->metrics.observe_tpot(model->name, (e2e - ttft) / double(most - 1));
+      }
+      srv->metrics.add_tokens(model->name, prompt_tokens, completion_tokens);
+    }
+    --srv->active;
+  }
+};
+
+std::string piece_of(const ServedModel& m, int32_t id) {
+  return m.tokenizer ? m.tokenizer->token_to_piece(id) : std::to_string(id);
+}
+
+Json bytes_of(const std::string& s) {
+  Json b = Json::array();
+  for (unsigned char c : s) b.push_back(int(c));
+  return b;
+}
+
+// The logprobs of one update's tokens, in the endpoint's format.
+Json logprobs_json(const ServedModel& m, const ChoiceUpdate& u, bool chat) {
+  if (chat) {
+    Json content = Json::array();
+    for (auto& lp : u.logprobs) {
+      std::string piece = piece_of(m, lp.token);
+      Json top = Json::array();
+      for (auto& t : lp.top) {
+        std::string p = piece_of(m, t.token);
+        top.push_back({{"token", p}, {"logprob", t.logprob}, {"bytes", bytes_of(p)}});
+      }
+      content.push_back({{"token", piece}, {"logprob", lp.logprob}, {"bytes", bytes_of(piece)}, {"top_logprobs", top}});
+    }
+    return Json{{"content", content}};
+  }
+  Json tokens = Json::array(), lps = Json::array(), tops = Json::array(), offsets = Json::array();
+  for (auto& lp : u.logprobs) {
+    tokens.push_back(piece_of(m, lp.token));
+    lps.push_back(lp.logprob);
+    Json top = Json::object();
+    for (auto& t : lp.top) top[piece_of(m, t.token)] = t.logprob;
+    tops.push_back(top);
+    offsets.push_back(0);
+  }
+  return Json{{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
+void append_logprobs(Json& acc, const Json& more, bool chat) {
+  if (acc.is_null()) {
+    acc = more;
+    return;
+  }
+  if (chat) {
+    for (auto& x : more["content"]) acc["content"].push_back(x);
+  } else {
+    for (const char* k : {"tokens", "token_logprobs", "top_logprobs", "text_offset"})
+      for (auto& x : more[k]) acc[k].push_back(x);
+  }
+}
+
+std::string finish_name(FinishReason r) {
+  if (r == FinishReason::kError || r == FinishReason::kCancelled) return "abort";
+  return finish_reason_name(r);
+}
+
+Json usage_json(const Call& c) {
+  return Json{{"prompt_tokens", c.prompt_tokens},
+              {"completion_tokens", c.completion_tokens},
+              {"total_tokens", c.prompt_tokens + c.completion_tokens},
+              {"prompt_tokens_details", {{"cached_tokens", c.cached_tokens}}}};
+}
+
+Json envelope(const Call& c, bool chunk) {
+  const char* object = c.params.chat ? (chunk ? "chat.completion.chunk" : "chat.completion") : "text_completion";
+  return Json{{"id", c.id}, {"object", object}, {"created", c.created}, {"model", c.model->name}};
+}
+
+// One SSE chunk for one choice's update.
+Json stream_chunk(Call& c, const ChoiceUpdate& u) {
+  Json j = envelope(c, true);
+  ChoiceState& st = c.choices.at(size_t(u.index));
+  Json choice = {{"index", u.index}};
+  if (c.params.chat) {
+    Json delta = Json::object();
+    if (!st.role_sent) {
+      delta["role"] = "assistant";
+      st.role_sent = true;
+    }
+    if (!u.text.empty() || u.finish == FinishReason::kNone) delta["content"] = u.text;
+    choice["delta"] = delta;
+  } else {
+    choice["text"] = u.text;
+  }
+  choice["logprobs"] = c.params.logprobs && !u.logprobs.empty() ? logprobs_json(*c.model, u, c.params.chat) : Json(nullptr);
+  choice["finish_reason"] = u.finish == FinishReason::kNone ? Json(nullptr) : Json(finish_name(u.finish));
+  if (c.params.return_token_ids) choice["token_ids"] = u.tokens;
+  j["choices"] = Json::array({choice});
+  return j;
+}
+
+Json final_body(Call& c) {
+  Json j = envelope(c, false);
+  Json choices = Json::array();
+  for (size_t i = 0; i < c.choices.size(); ++i) {
+    ChoiceState& st = c.choices[i];
+    Json choice = {{"index", i}};
+    if (c.params.chat) choice["message"] = {{"role", "assistant"}, {"content", st.text}};
+    else choice["text"] = st.text;
+    choice["logprobs"] = c.params.logprobs ? st.logprobs : Json(nullptr);
+    choice["finish_reason"] = st.finish.empty() ? Json(nullptr) : Json(st.finish);
+    if (c.params.return_token_ids) choice["token_ids"] = st.tokens;
+    choices.push_back(choice);
+  }
+  j["choices"] = choices;
+  j["usage"] = usage_json(c);
+  return j;
+}
+
+void absorb(Call& c, const RequestUpdate& u) {
+  for (auto& cu : u.choices) {
+    ChoiceState& st = c.choices.at(size_t(cu.index));
+    st.text += cu.text;
+    st.tokens.insert(st.tokens.end(), cu.tokens.begin(), cu.tokens.end());
+    if (c.params.logprobs && !cu.logprobs.empty())
+      append_logprobs(st.logprobs, logprobs_json(*c.model, cu, c.params.chat), c.params.chat);
+    if (cu.finish != FinishReason::kNone) st.finish = finish_name(cu.finish);
+  }
+  if (u.done) {
+    c.prompt_tokens = u.prompt_tokens;
+    c.cached_tokens = u.cached_tokens;
+    c.completion_tokens = u.completion_tokens;
+  }
+}
+
+bool write(httplib::DataSink& sink, const std::string& s) { return sink.write(s.data(), s.size()); }
+
+std::vector<int32_t> build_prompt(const ServedModel& m, const CompletionParams& p) {
+  if (p.chat) {
+    if (!m.tokenizer || !m.chat_template)
+      throw ApiError(400, "model '" + m.name + "' has no chat template; use /v1/completions", "messages");
+    tok::ChatTemplateOptions o;
+    o.bos_token = m.tokenizer->bos_token();
+    o.eos_token = m.tokenizer->eos_token();
+    std::string text = m.chat_template->render(p.messages, o);
+    return m.tokenizer->encode(text, /*add_special=*/false);
+  }
+  if (!p.prompt_ids.empty()) return p.prompt_ids;
+  if (!m.tokenizer)
+    throw ApiError(400, "model '" + m.name + "' has no tokenizer; send the prompt as an array of token ids", "prompt");
+  return m.tokenizer->encode(p.prompt_text);
+}
+
+}  // namespace
+
+void Server::Impl::handle_completion(const httplib::Request& req, httplib::Response& res, bool chat) {
+  const char* endpoint = chat ? "/v1/chat/completions" : "/v1/completions";
+  auto call = std::make_shared<Call>();
+  std::string model_name;
+  try {
+    if (draining) throw ApiError(503, "the server is shutting down", {}, "server_error");
+    Json body = parse_json_body(req.body);
+    call->params = parse_completion(body, chat, opt.limits);
+    CompletionParams& p = call->params;
+    model_name = p.model;
+    ServedModel* m = repo.find(p.model);
+    if (!m) throw ApiError(404, "model '" + p.model + "' does not exist", "model", "invalid_request_error", "model_not_found");
+    if (!m->is_decoder())
+      throw ApiError(400, "model '" + p.model + "' is an encoder; use /v1/embeddings or /v2/models/" + p.model + "/infer", "model");
+    if (p.session_id.empty()) p.session_id = req.get_header_value("X-Session-Id");
+    call->model = m;
+    std::vector<int32_t> prompt = build_prompt(*m, p);
+    if (prompt.empty()) throw ApiError(400, "the prompt encodes to no tokens", chat ? "messages" : "prompt");
+    const int64_t ctx = m->executor->max_context();
+    int64_t max_tokens = p.max_tokens;
+    if (max_tokens < 0) max_tokens = std::min<int64_t>(opt.limits.max_tokens, ctx - int64_t(prompt.size()));
+    if (max_tokens < 1 || int64_t(prompt.size()) + max_tokens > ctx)
+      throw ApiError(400, "this model's maximum context length is " + std::to_string(ctx) + " tokens; you requested " +
+                              std::to_string(int64_t(prompt.size()) + std::max<int64_t>(max_tokens, 0)) + " (" +
+                              std::to_string(prompt.size()) + " in the prompt, " + std::to_string(std::max<int64_t>(max_tokens, 0)) +
+                              " for the completion); shorten the prompt or lower max_tokens",
+                     chat ? "messages" : "prompt", "invalid_request_error", "context_length_exceeded");
+
+    GenerationRequest g;
+    g.prompt = std::move(prompt);
+    g.sampling = p.sampling;
+    g.max_tokens = int32_t(max_tokens);
+    g.n = p.n;
+    g.stop_ids = p.stop_token_ids;
+    g.stop = p.stop;
+    g.ignore_eos = p.ignore_eos;
+    g.priority = p.priority;
+    g.session_id = p.session_id;
+    call->srv = this;
+    call->choices.resize(size_t(p.n));
+    call->created = unix_now();
+    call->id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id++);
+    auto ch = call->channel;
+    ++active;
+    try {
+      call->request_id = m->executor->submit(std::move(g), [ch](RequestUpdate&& u) { ch->push(std::move(u)); });
+    } catch (...) {
+      --active;
+      throw;
+    }
+  } catch (const ApiError& e) {
+    metrics.count_request(model_name, endpoint, e.status);
+    return send_error(res, e);
+  } catch (const Error& e) {
+    int status = status_of(e);
+    metrics.count_request(model_name, endpoint, status);
+    return send_error(res, ApiError(status, e.what(), {}, status >= 500 ? "server_error" : "invalid_request_error"));
+  }
+
+  if (call->params.stream) {
+    res.set_header("Cache-Control", "no-cache");
+    res.set_chunked_content_provider(
+        "text/event-stream",
+        [call](size_t, httplib::DataSink& sink) {
+          RequestUpdate u;
+          if (!call->channel->pop(u, std::chrono::milliseconds(1000))) {
+            if (write(sink, ": keep-alive\n\n")) return true;
+            call->cancel();
+            return false;
+          }
+          absorb(*call, u);
+          std::string out;
+          for (auto& cu : u.choices) out += "data: " + dump(stream_chunk(*call, cu)) + "\n\n";
+          if (u.done) {
+            if (!u.error.empty())
+              out += "data: " + dump(error_body(500, u.error, "server_error")) + "\n\n";
+            if (call->params.include_usage) {
+              Json j = envelope(*call, true);
+              j["choices"] = Json::array();
+              j["usage"] = usage_json(*call);
+              out += "data: " + dump(j) + "\n\n";
+            }
+            out += "data: [DONE]\n\n";
+          }
+          if (!out.empty() && !write(sink, out)) {
+            call->cancel();
+            return false;
+          }
+          if (u.done) {
+            call->settle(u.error.empty() ? 200 : 500);
+            sink.done();
+          }
+          return true;
+        },
+        [call](bool success) {
+          if (!success) call->cancel();
+        });
+    return;
+  }
+  res.set_chunked_content_provider(
+      "application/json",
+      [call](size_t, httplib::DataSink& sink) {
+        RequestUpdate u;
+        if (!call->channel->pop(u, std::chrono::milliseconds(1000))) {
+          if (write(sink, " ")) return true;
+          call->cancel();
+          return false;
+        }
+        absorb(*call, u);
+        if (!u.done) return true;
+        std::string body = u.error.empty() ? dump(final_body(*call)) : dump(error_body(500, u.error, "server_error"));
+        if (!write(sink, body)) {
+          call->cancel();
+          return false;
+        }
+        call->settle(u.error.empty() ? 200 : 500);
+        sink.done();
+        return true;
+      },
+      [call](bool success) {
+        if (!success) call->cancel();
+      });
+}
+
+}  // namespace kiln::server

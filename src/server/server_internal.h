@@ -1,0 +1,62 @@
+// What the route files share: the server's state and small response helpers.
+// Internal to src/server/.
+#pragma once
+
+#include <httplib.h>
+
+#include <atomic>
+#include <chrono>
+#include <string>
+
+#include "server/metrics.h"
+#include "server/server.h"
+
+namespace kiln::server {
+
+// httplib::Server with a deeper listen backlog: Debian's compiled library listens with
+// a backlog of 5, so a burst of connections (64 clients at once) overflows the accept
+// queue and some connects fail. Linux lets listen() be called again to raise it.
+class HttpServer : public httplib::Server {
+ public:
+  void raise_backlog(int backlog);
+};
+
+struct Server::Impl {
+  ModelRepository& repo;
+  ServerOptions opt;
+  HttpServer http;
+  Metrics metrics;
+  std::atomic<bool> draining{false};
+  std::atomic<int64_t> active{0};  // generation/encode handlers still writing
+  std::atomic<uint64_t> next_id{1};
+  int port = 0;
+  std::atomic<bool> stopped{false};
+
+  Impl(ModelRepository& r, ServerOptions o) : repo(r), opt(std::move(o)) {}
+  void install_routes();
+  void handle_completion(const httplib::Request& req, httplib::Response& res, bool chat);
+  void handle_embeddings(const httplib::Request& req, httplib::Response& res);
+  void handle_kserve_infer(const httplib::Request& req, httplib::Response& res);
+  void handle_kserve_model(const httplib::Request& req, httplib::Response& res);
+};
+
+// JSON out: invalid UTF-8 (never expected, but a token piece can be a partial
+// character) is replaced instead of throwing.
+inline std::string dump(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+
+inline void send_json(httplib::Response& res, int status, const Json& j) {
+  res.status = status;
+  res.set_content(dump(j), "application/json");
+}
+
+inline void send_error(httplib::Response& res, const ApiError& e) { send_json(res, e.status, error_body(e)); }
+
+// kiln::Error from the runtime -> an HTTP status.
+int status_of(const Error& e);
+
+inline int64_t unix_now() {
+  return std::chrono::duration_cast<std::chrono::seconds>(
+             std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace kiln::server

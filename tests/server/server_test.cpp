@@ -1,0 +1,347 @@
+// The HTTP server over loopback with cpp-httplib's client: OpenAI completions (plain
+// and SSE), embeddings (float and base64), KServe v2, health, models, metrics, API
+// keys, every kind of bad input as an OpenAI-format 4xx, graceful drain; with the
+// real SmolLM2 and MiniLM (when fetched): chat, stop strings, sessions, disconnects.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "runtime/llm_runner.h"
+#include "server_util.h"
+
+namespace kiln::server {
+namespace {
+
+using namespace testing;
+
+class ServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    ExecutorOptions eo;
+    eo.kv_tokens = 2048;
+    repo_ = new ModelRepository({}, eo);
+    repo_->add(fixture("llama"), "llama");
+    repo_->add(fixture("bert"), "bert");
+    ServerOptions so;
+    so.max_body_bytes = 64 * 1024;
+    srv_ = new TestServer(*repo_, so);
+  }
+  static void TearDownTestSuite() {
+    delete srv_;
+    delete repo_;
+  }
+  static int port() { return srv_->port(); }
+  static std::vector<int32_t> alone(const std::vector<int32_t>& prompt, int n) {
+    LlmRunner runner(*repo_->find("llama")->model);
+    return runner.generate_greedy({prompt}, n).at(0);
+  }
+  static ModelRepository* repo_;
+  static TestServer* srv_;
+};
+ModelRepository* ServerTest::repo_ = nullptr;
+TestServer* ServerTest::srv_ = nullptr;
+
+Json greedy_ids(const std::vector<int32_t>& prompt, int max_tokens) {
+  return Json{{"model", "llama"}, {"prompt", prompt}, {"max_tokens", max_tokens}, {"temperature", 0},
+              {"ignore_eos", true}, {"return_token_ids", true}};
+}
+
+TEST_F(ServerTest, HealthModelsAndMetrics) {
+  EXPECT_EQ(get(port(), "/health/live").status, 200);
+  EXPECT_EQ(get(port(), "/health/ready").status, 200);
+  EXPECT_EQ(get(port(), "/v2/health/ready").status, 200);
+  auto models = get(port(), "/v1/models");
+  ASSERT_EQ(models.status, 200);
+  auto j = models.json();
+  ASSERT_EQ(j["data"].size(), 2u);
+  EXPECT_EQ(j["data"][0]["id"], "llama");
+  EXPECT_EQ(j["data"][1]["kind"], "embed");
+  auto metrics = get(port(), "/metrics");
+  ASSERT_EQ(metrics.status, 200);
+  for (const char* name : {"kiln_kv_blocks_total{model=\"llama\"} 128", "kiln_num_requests_waiting",
+                           "kiln_prefix_cache_hit_rate", "kiln_preemptions_total", "kiln_session_expiries_total"})
+    EXPECT_NE(metrics.body.find(name), std::string::npos) << name;
+}
+
+TEST_F(ServerTest, CompletionWithTokenIdsMatchesTheRunnerAlone) {
+  std::vector<int32_t> prompt = {5, 17, 33, 250, 9, 41};
+  auto r = post(port(), "/v1/completions", greedy_ids(prompt, 10));
+  ASSERT_EQ(r.status, 200) << r.body;
+  auto j = r.json();
+  EXPECT_EQ(j["object"], "text_completion");
+  EXPECT_EQ(j["choices"][0]["token_ids"].get<std::vector<int32_t>>(), alone(prompt, 10));
+  EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 6);
+  EXPECT_EQ(j["usage"]["completion_tokens"], 10);
+  EXPECT_EQ(j["usage"]["total_tokens"], 16);
+  auto metrics = get(port(), "/metrics").body;
+  EXPECT_NE(metrics.find("kiln_requests_total{model=\"llama\",endpoint=\"/v1/completions\",status=\"200\"}"),
+            std::string::npos);
+  EXPECT_NE(metrics.find("kiln_time_to_first_token_seconds_count{model=\"llama\"}"), std::string::npos);
+}
+
+TEST_F(ServerTest, StreamingDeliversEveryTokenOnceThenUsageAndDone) {
+  std::vector<int32_t> prompt = {7, 8, 9, 10};
+  Json body = greedy_ids(prompt, 12);
+  body["stream"] = true;
+  body["stream_options"] = {{"include_usage", true}};
+  body["logprobs"] = 2;
+  auto s = post_sse(port(), "/v1/completions", body);
+  ASSERT_EQ(s.status, 200);
+  EXPECT_TRUE(s.done);
+  std::vector<int32_t> ids;
+  std::string finish;
+  Json usage;
+  for (auto& e : s.events) {
+    Json j = Json::parse(e);
+    if (j.contains("usage")) usage = j["usage"];
+    for (auto& c : j["choices"]) {
+      for (auto& t : c["token_ids"]) ids.push_back(t.get<int32_t>());
+      if (!c["finish_reason"].is_null()) finish = c["finish_reason"];
+      if (!c["token_ids"].empty()) EXPECT_EQ(c["logprobs"]["top_logprobs"][0].size(), 2u);
+    }
+  }
+  EXPECT_EQ(ids, alone(prompt, 12));
+  EXPECT_EQ(finish, "length");
+  EXPECT_EQ(usage["completion_tokens"], 12);
+}
+
+TEST_F(ServerTest, NChoicesAndSeedsAreReproducible) {
+  Json body = {{"model", "llama"}, {"prompt", {1, 2, 3, 4, 5}}, {"max_tokens", 6}, {"n", 3},
+               {"seed", 99}, {"temperature", 1.0}, {"ignore_eos", true}, {"return_token_ids", true}};
+  auto a = post(port(), "/v1/completions", body).json();
+  auto b = post(port(), "/v1/completions", body).json();
+  ASSERT_EQ(a["choices"].size(), 3u);
+  EXPECT_EQ(a["choices"], b["choices"]);
+  EXPECT_EQ(a["usage"]["completion_tokens"], 18);
+}
+
+struct BadCase {
+  const char* path;
+  std::string body;
+  int status;
+  const char* needle;
+};
+
+TEST_F(ServerTest, BadInputIsAClear4xxAndTheServerIsUnaffected) {
+  std::string big(100 * 1024, 'x');
+  std::string bad_utf8 = "{\"model\":\"llama\",\"prompt\":\"a\xff\xfe\"}";
+  std::vector<BadCase> cases = {
+      {"/v1/completions", "{not json", 400, "not valid JSON"},
+      {"/v1/completions", "", 400, "empty"},
+      {"/v1/completions", "[1,2]", 400, "JSON object"},
+      {"/v1/completions", R"({"prompt":[1,2]})", 400, "'model' is required"},
+      {"/v1/completions", R"({"model":"nope","prompt":[1,2]})", 404, "does not exist"},
+      {"/v1/completions", R"({"model":"llama"})", 400, "'prompt' is required"},
+      {"/v1/completions", R"({"model":"llama","prompt":[1,2],"max_tokens":"ten"})", 400, "'max_tokens' must be an integer"},
+      {"/v1/completions", R"({"model":"llama","prompt":[1,2],"max_tokens":-5})", 400, "max_tokens"},
+      {"/v1/completions", R"({"model":"llama","prompt":[1,2],"max_tokens":100000000})", 400, "max_tokens"},
+      {"/v1/completions", R"({"model":"llama","prompt":[1,2],"temperature":-1})", 400, "temperature"},
+      {"/v1/completions", R"({"model":"llama","prompt":[1,2],"temperature":1e308})", 400, "temperature"},
+      {"/v1/completions", R"({"model":"llama","prompt":[1,2],"top_p":5})", 400, "top_p"},
+      {"/v1/completions", R"({"model":"llama","prompt":[1,2],"n":1000})", 400, "'n'"},
+      {"/v1/completions", R"({"model":"llama","prompt":[1,2],"stream":"yes"})", 400, "'stream' must be a boolean"},
+      {"/v1/completions", R"({"model":"llama","prompt":[1,2],"stop":[1]})", 400, "stop"},
+      {"/v1/completions", R"({"model":"llama","prompt":[1,99999]})", 400, "outside the vocabulary"},
+      {"/v1/completions", R"({"model":"llama","prompt":[1,-3]})", 400, "token id"},
+      {"/v1/completions", R"({"model":"llama","prompt":"text"})", 400, "no tokenizer"},
+      {"/v1/completions", R"({"model":"llama","prompt":[1,2],"max_tokens":200})", 400, "maximum context length"},
+      {"/v1/completions", R"({"model":"llama","prompt":[1,2],"echo":true})", 400, "echo"},
+      {"/v1/completions", R"({"model":"llama","prompt":[1,2],"logit_bias":{"5":1}})", 400, "logit_bias"},
+      {"/v1/completions", R"({"model":"bert","prompt":[1,2]})", 400, "encoder"},
+      {"/v1/completions", bad_utf8, 400, "not valid JSON"},
+      {"/v1/completions", "{\"model\":\"llama\",\"prompt\":\"" + big + "\"}", 413, "larger than"},
+      {"/v1/chat/completions", R"({"model":"llama","messages":[{"role":"user","content":"hi"}]})", 400, "chat template"},
+      {"/v1/chat/completions", R"({"model":"llama","messages":[]})", 400, "messages"},
+      {"/v1/chat/completions", R"({"model":"llama","messages":[{"role":"wizard","content":"hi"}]})", 400, "role"},
+      {"/v1/chat/completions", R"({"model":"llama","messages":"hi"})", 400, "messages"},
+      {"/v1/embeddings", R"({"model":"llama","input":[1,2]})", 400, "decoder"},
+      {"/v1/embeddings", R"({"model":"bert","input":[]})", 400, "input"},
+      {"/v1/embeddings", R"({"model":"bert","input":{"a":1}})", 400, "input"},
+      {"/v1/embeddings", R"({"model":"bert","input":"text"})", 400, "no tokenizer"},
+      {"/v1/embeddings", R"({"model":"bert","input":[1,2],"encoding_format":"hex"})", 400, "encoding_format"},
+      {"/v1/nothing", "{}", 404, "no route"},
+      {"/v2/models/bert/infer", R"({"inputs":[]})", 400, "inputs"},
+      {"/v2/models/bert/infer", R"({"inputs":[{"name":"ids","datatype":"INT64","shape":[1,3],"data":[1,2]}]})", 400, "elements"},
+      {"/v2/models/bert/infer", R"({"inputs":[{"name":"ids","datatype":"FP32","shape":[1],"data":[1.0]}]})", 400, "datatype"},
+      {"/v2/models/nope/infer", R"({"inputs":[{"name":"ids","datatype":"INT64","shape":[1,2],"data":[1,2]}]})", 404, "does not exist"},
+  };
+  for (auto& c : cases) {
+    auto r = post(port(), c.path, c.body);
+    EXPECT_EQ(r.status, c.status) << c.path << " " << c.body.substr(0, 120) << " -> " << r.body;
+    EXPECT_NE(r.body.find(c.needle), std::string::npos) << c.path << " " << c.body.substr(0, 120) << " -> " << r.body;
+    if (std::string(c.path).rfind("/v1/", 0) == 0 && r.status >= 400) {
+      auto j = Json::parse(r.body, nullptr, false);
+      ASSERT_FALSE(j.is_discarded()) << r.body;
+      EXPECT_TRUE(j["error"]["message"].is_string()) << r.body;
+      EXPECT_TRUE(j["error"]["type"].is_string()) << r.body;
+    }
+  }
+  EXPECT_EQ(get(port(), "/health/ready").status, 200);
+  EXPECT_EQ(post(port(), "/v1/completions", greedy_ids({3, 4}, 2)).status, 200);
+}
+
+TEST_F(ServerTest, EmbeddingsFloatAndBase64AgreeAndAreNormalized) {
+  Json body = {{"model", "bert"}, {"input", {{1, 5, 9, 2}, {1, 7, 2}}}};
+  auto f = post(port(), "/v1/embeddings", body);
+  ASSERT_EQ(f.status, 200) << f.body;
+  auto j = f.json();
+  ASSERT_EQ(j["data"].size(), 2u);
+  auto e0 = j["data"][0]["embedding"].get<std::vector<float>>();
+  ASSERT_EQ(e0.size(), 64u);
+  double norm = 0;
+  for (float x : e0) norm += double(x) * x;
+  EXPECT_NEAR(norm, 1.0, 1e-4);
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 7);
+  body["encoding_format"] = "base64";
+  auto b = post(port(), "/v1/embeddings", body).json();
+  std::string s = b["data"][0]["embedding"];
+  EXPECT_EQ(s, base64_floats(e0));
+}
+
+TEST_F(ServerTest, KserveV2MetadataAndInferOnAClassifier) {
+  auto meta = get(port(), "/v2/models/bert");
+  ASSERT_EQ(meta.status, 200);
+  EXPECT_EQ(meta.json()["outputs"][0]["name"], "logits");
+  EXPECT_EQ(get(port(), "/v2/models/bert/ready").status, 200);
+  EXPECT_EQ(get(port(), "/v2/models/nope/ready").status, 404);
+  Json body = {{"id", "req-1"},
+               {"inputs", {{{"name", "input_ids"}, {"datatype", "INT64"}, {"shape", {2, 3}}, {"data", {1, 5, 2, 1, 6, 2}}}}}};
+  auto r = post(port(), "/v2/models/bert/infer", body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  auto j = r.json();
+  EXPECT_EQ(j["id"], "req-1");
+  EXPECT_EQ(j["outputs"][0]["shape"], Json({2, 3}));
+  auto probs = j["outputs"][1]["data"].get<std::vector<float>>();
+  EXPECT_NEAR(probs[0] + probs[1] + probs[2], 1.0, 1e-5);
+  EXPECT_EQ(j["outputs"][2]["data"].size(), 2u);
+}
+
+TEST(ServerAuth, ApiKeysGuardTheApiButNotHealth) {
+  ModelRepository repo({}, {});
+  repo.add(fixture("llama"), "llama");
+  ServerOptions so;
+  so.api_keys = {"sk-test"};
+  TestServer srv(repo, so);
+  auto body = greedy_ids({1, 2, 3}, 2).dump();
+  auto r = post(srv.port(), "/v1/completions", body);
+  EXPECT_EQ(r.status, 401);
+  EXPECT_NE(r.body.find("invalid_api_key"), std::string::npos);
+  EXPECT_EQ(post(srv.port(), "/v1/completions", body, "sk-wrong").status, 401);
+  EXPECT_EQ(post(srv.port(), "/v1/completions", body, "sk-test").status, 200);
+  EXPECT_EQ(get(srv.port(), "/v1/models").status, 401);
+  EXPECT_EQ(get(srv.port(), "/health/live").status, 200);
+  EXPECT_EQ(get(srv.port(), "/metrics").status, 200);
+}
+
+TEST(ServerDrain, InFlightStreamsFinishThenTheListenerStops) {
+  ModelRepository repo({}, {});
+  repo.add(fixture("llama"), "llama");
+  TestServer srv(repo);
+  Json body = greedy_ids({1, 2, 3}, 100);
+  body["stream"] = true;
+  SseResult s;
+  std::thread client([&] { s = post_sse(srv.port(), "/v1/completions", body); });
+  while (repo.find("llama")->executor->stats().running == 0 && !s.done)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  srv.shutdown();
+  client.join();
+  EXPECT_EQ(s.status, 200);
+  EXPECT_TRUE(s.done) << "the stream was cut by shutdown";
+  size_t n = 0;
+  for (auto& e : s.events) {
+    Json j = Json::parse(e);
+    for (auto& c : j["choices"]) n += c["token_ids"].size();
+  }
+  EXPECT_EQ(n, 100u) << s.raw.substr(0, 300);
+  EXPECT_EQ(get(srv.port(), "/health/live").status, 0);  // no longer listening
+}
+
+// ---- with the real SmolLM2-135M-Instruct (text, chat template, stop strings) ----
+
+class RealModelServerTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    std::string path = real_model("smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if (path.empty()) return;
+    ExecutorOptions eo;
+    eo.kv_tokens = 4096;
+    repo_ = new ModelRepository({}, eo);
+    repo_->add(path, "smollm2");
+    srv_ = new TestServer(*repo_);
+  }
+  static void TearDownTestSuite() {
+    delete srv_;
+    delete repo_;
+    srv_ = nullptr;
+    repo_ = nullptr;
+  }
+  void SetUp() override {
+    if (!srv_) GTEST_SKIP() << "SmolLM2 not fetched (scripts/fetch_models.sh)";
+  }
+  static ModelRepository* repo_;
+  static TestServer* srv_;
+};
+ModelRepository* RealModelServerTest::repo_ = nullptr;
+TestServer* RealModelServerTest::srv_ = nullptr;
+
+TEST_F(RealModelServerTest, ChatStreamingAndNonStreamingAgree) {
+  Json body = {{"model", "smollm2"},
+               {"messages", {{{"role", "user"}, {"content", "What is the capital of France?"}}}},
+               {"max_tokens", 8},
+               {"temperature", 0}};
+  auto r = post(srv_->port(), "/v1/chat/completions", body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  auto j = r.json();
+  std::string content = j["choices"][0]["message"]["content"];
+  EXPECT_NE(content.find("Paris"), std::string::npos) << content;
+  EXPECT_GT(j["usage"]["prompt_tokens"].get<int>(), 10);
+  body["stream"] = true;
+  auto s = post_sse(srv_->port(), "/v1/chat/completions", body);
+  ASSERT_TRUE(s.done);
+  std::string streamed;
+  bool role = false;
+  for (auto& e : s.events) {
+    Json c = Json::parse(e)["choices"][0];
+    if (c["delta"].contains("role")) role = true;
+    if (c["delta"].contains("content")) streamed += c["delta"]["content"].get<std::string>();
+  }
+  EXPECT_TRUE(role);
+  EXPECT_EQ(streamed, content);
+}
+
+TEST_F(RealModelServerTest, StopStringsCutTheTextAndSessionsReuseKv) {
+  Json body = {{"model", "smollm2"}, {"prompt", "The capital of France is"}, {"max_tokens", 12}, {"temperature", 0}};
+  auto full = post(srv_->port(), "/v1/completions", body).json();
+  std::string text = full["choices"][0]["text"];
+  ASSERT_GT(text.size(), 8u);
+  std::string stop = text.substr(text.size() / 2, 3);
+  body["stop"] = {stop};
+  auto cut = post(srv_->port(), "/v1/completions", body).json();
+  EXPECT_EQ(cut["choices"][0]["text"], text.substr(0, text.find(stop)));
+  EXPECT_EQ(cut["choices"][0]["finish_reason"], "stop");
+
+  Json turn = {{"model", "smollm2"},
+               {"messages", {{{"role", "user"}, {"content", "Name a color."}}}},
+               {"max_tokens", 6}, {"temperature", 0}, {"session_id", "conv-1"}};
+  auto t1 = post(srv_->port(), "/v1/chat/completions", turn).json();
+  turn["messages"].push_back({{"role", "assistant"}, {"content", t1["choices"][0]["message"]["content"]}});
+  turn["messages"].push_back({{"role", "user"}, {"content", "Another one."}});
+  auto t2 = post(srv_->port(), "/v1/chat/completions", turn).json();
+  EXPECT_GT(t2["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>(), 10) << t2.dump();
+}
+
+TEST_F(RealModelServerTest, ClientDisconnectCancelsTheRequest) {
+  auto before = repo_->find("smollm2")->executor->stats().requests_cancelled;
+  Json body = {{"model", "smollm2"}, {"prompt", "Once upon a time"}, {"max_tokens", 200},
+               {"temperature", 0}, {"ignore_eos", true}, {"stream", true}};
+  auto s = post_sse(srv_->port(), "/v1/completions", body, /*hang_up_after=*/2);
+  EXPECT_FALSE(s.done);
+  for (int i = 0; i < 200 && repo_->find("smollm2")->executor->stats().requests_cancelled == before; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(repo_->find("smollm2")->executor->stats().requests_cancelled, before + 1);
+  EXPECT_EQ(repo_->find("smollm2")->executor->stats().running, 0);
+}
+
+}  // namespace
+}  // namespace kiln::server

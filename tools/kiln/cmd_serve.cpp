@@ -1,0 +1,127 @@
+// `kiln serve`: loads models (paths or a repository folder) and serves them over HTTP
+// (OpenAI + KServe v2, see src/server/server.h) until SIGINT/SIGTERM, then drains.
+// Tested by tests/server/ (in-process) and tests/tools/cli_test.sh.
+#include <atomic>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <thread>
+
+#include "commands.h"
+#include "core/status.h"
+#include "server/server.h"
+
+namespace kiln::cli {
+
+namespace {
+
+struct ServeArgs {
+  std::vector<std::string> models;
+  std::string repo;
+  std::string backend = "cpu";
+  std::string weight_dtype = "f32";
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::vector<std::string> api_keys;
+  int64_t kv_tokens = 16384;
+  int block_size = 16;
+  int64_t max_step_tokens = 512;
+  int max_running = 64;
+  std::string policy = "fcfs";
+  bool no_prefix_cache = false;
+  double session_timeout_s = 30;
+  size_t max_body_bytes = 1 << 20;
+  int max_tokens = 4096;
+  int http_threads = 128;
+};
+
+std::atomic<int> g_signal{0};
+extern "C" void on_signal(int sig) { g_signal = sig; }
+
+int run_serve(const ServeArgs& a) {
+  if (a.models.empty() && a.repo.empty())
+    throw_error(ErrorCode::kInvalidArgument, "serve needs -m PATH (or NAME=PATH) or --model-repo DIR");
+  ExecutorOptions eo;
+  eo.kv_tokens = a.kv_tokens;
+  eo.block_size = a.block_size;
+  eo.max_step_tokens = a.max_step_tokens;
+  eo.max_running = a.max_running;
+  eo.policy = a.policy == "priority" ? SchedulePolicy::kPriority : SchedulePolicy::kFcfs;
+  eo.prefix_caching = !a.no_prefix_cache;
+  eo.session_idle_timeout = std::chrono::milliseconds(int64_t(a.session_timeout_s * 1000));
+  server::ModelRepository repo({a.backend, a.weight_dtype}, eo);
+  for (const std::string& m : a.models) {
+    size_t eq = m.find('=');
+    if (eq != std::string::npos) repo.add(m.substr(eq + 1), m.substr(0, eq));
+    else repo.add(m);
+  }
+  if (!a.repo.empty()) repo.add_directory(a.repo);
+
+  server::ServerOptions so;
+  so.host = a.host;
+  so.port = a.port;
+  so.api_keys = a.api_keys;
+  if (const char* k = std::getenv("KILN_API_KEY"); k && *k) so.api_keys.push_back(k);
+  so.max_body_bytes = a.max_body_bytes;
+  so.limits.max_tokens = a.max_tokens;
+  so.http_threads = a.http_threads;
+  server::Server srv(repo, so);
+  int port = srv.bind();
+  for (auto& m : repo.models())
+    std::fprintf(stderr, "[kiln] serving '%s' (%s, %s)\n", m->name.c_str(), m->model->info().family.c_str(),
+                 m->is_decoder() ? "generate" : "embed");
+  std::fprintf(stderr, "[kiln] listening on http://%s:%d%s\n", a.host.c_str(), port,
+               so.api_keys.empty() ? "" : " (API key required)");
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+  std::signal(SIGPIPE, SIG_IGN);
+  std::thread watcher([&] {
+    while (g_signal == 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    std::fprintf(stderr, "[kiln] signal %d: draining in-flight requests\n", int(g_signal));
+    srv.shutdown();
+  });
+  srv.serve();
+  if (g_signal == 0) g_signal = -1;  // the listener ended on its own
+  watcher.join();
+  std::fprintf(stderr, "[kiln] stopped\n");
+  return 0;
+}
+
+}  // namespace
+
+Runner add_serve(CLI::App& app) {
+  auto a = std::make_shared<ServeArgs>();
+  CLI::App* cmd = app.add_subcommand("serve", "serve models over HTTP (OpenAI API, KServe v2, /metrics)");
+  cmd->add_option("-m,--model", a->models, "a model to serve: PATH or NAME=PATH (repeatable)");
+  cmd->add_option("--model-repo", a->repo, "a folder of models: *.gguf files and HF directories");
+  cmd->add_option("--backend", a->backend, "where to run: cpu")->capture_default_str();
+  cmd->add_option("--weight-dtype", a->weight_dtype, "GEMM weight storage: f32, bf16, f16")
+      ->check(CLI::IsMember({"f32", "bf16", "f16"}))
+      ->capture_default_str();
+  cmd->add_option("--host", a->host, "address to bind (0.0.0.0 exposes the server)")->capture_default_str();
+  cmd->add_option("--port", a->port, "TCP port")->check(CLI::Range(0, 65535))->capture_default_str();
+  cmd->add_option("--api-key", a->api_keys, "require 'Authorization: Bearer KEY' (repeatable; or $KILN_API_KEY)");
+  cmd->add_option("--kv-tokens", a->kv_tokens, "KV cache pool per model, in tokens")
+      ->check(CLI::Range(int64_t(16), int64_t(1) << 30))
+      ->capture_default_str();
+  cmd->add_option("--block-size", a->block_size, "KV block size in tokens")->check(CLI::Range(1, 1024))->capture_default_str();
+  cmd->add_option("--max-step-tokens", a->max_step_tokens, "token budget of one engine step")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 20))
+      ->capture_default_str();
+  cmd->add_option("--max-running", a->max_running, "sequences running at once")->check(CLI::Range(1, 1 << 16))->capture_default_str();
+  cmd->add_option("--policy", a->policy, "scheduling: fcfs or priority")
+      ->check(CLI::IsMember({"fcfs", "priority"}))
+      ->capture_default_str();
+  cmd->add_flag("--no-prefix-cache", a->no_prefix_cache, "disable block-level prefix caching");
+  cmd->add_option("--session-timeout", a->session_timeout_s, "idle seconds before a session's KV is dropped")
+      ->check(CLI::Range(0.0, 86400.0))
+      ->capture_default_str();
+  cmd->add_option("--max-body-bytes", a->max_body_bytes, "largest request body")->capture_default_str();
+  cmd->add_option("--max-tokens-limit", a->max_tokens, "largest max_tokens a request may ask for")
+      ->check(CLI::Range(1, 1 << 24))
+      ->capture_default_str();
+  cmd->add_option("--http-threads", a->http_threads, "connections served at once")->check(CLI::Range(4, 4096))->capture_default_str();
+  return [a] { return run_serve(*a); };
+}
+
+}  // namespace kiln::cli
