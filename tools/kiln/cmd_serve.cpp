@@ -95,8 +95,8 @@ Runner add_serve(CLI::App& app) {
   cmd->add_option("-m,--model", a->models, "a model to serve: PATH or NAME=PATH (repeatable)");
   cmd->add_option("--model-repo", a->repo, "a folder of models: *.gguf files and HF directories");
   cmd->add_option("--backend", a->backend, "where to run: cpu")->capture_default_str();
-  cmd->add_option("--weight-dtype", a->weight_dtype, "GEMM weight storage: f32, bf16, f16")
-      ->check(CLI::IsMember({"f32", "bf16", "f16"}))
+  cmd->add_option("--weight-dtype", a->weight_dtype, "GEMM weight storage: f32, bf16, f16, q8, q4")
+      ->check(CLI::IsMember({"f32", "bf16", "f16", "q8", "q4"}))
       ->capture_default_str();
   cmd->add_option("--host", a->host, "address to bind (0.0.0.0 exposes the server)")->capture_default_str();
   cmd->add_option("--port", a->port, "TCP port")->check(CLI::Range(0, 65535))->capture_default_str();
