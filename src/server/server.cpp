@@ -49,6 +49,8 @@ int Server::bind() {
     im.port = im.opt.port;
   }
   im.http.raise_backlog(1024);
+  std::string instance = im.opt.instance_name.empty() ? im.opt.host + ":" + std::to_string(im.port) : im.opt.instance_name;
+  im.http.set_default_headers({{"X-Kiln-Instance", instance}});
   return im.port;
 }
 

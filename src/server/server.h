@@ -23,6 +23,9 @@ struct ServerOptions {
   RequestLimits limits;
   int http_threads = 128;  // connections served at once (each stream holds one)
   int drain_timeout_s = 30;
+  // Sent as X-Kiln-Instance on every response (which replica answered, behind a proxy);
+  // empty: "host:port".
+  std::string instance_name;
 };
 
 class Server {

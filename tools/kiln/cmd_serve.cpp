@@ -33,6 +33,7 @@ struct ServeArgs {
   size_t max_body_bytes = 1 << 20;
   int max_tokens = 4096;
   int http_threads = 128;
+  std::string instance;
 };
 
 std::atomic<int> g_signal{0};
@@ -65,6 +66,7 @@ int run_serve(const ServeArgs& a) {
   so.max_body_bytes = a.max_body_bytes;
   so.limits.max_tokens = a.max_tokens;
   so.http_threads = a.http_threads;
+  so.instance_name = a.instance;
   server::Server srv(repo, so);
   int port = srv.bind();
   for (auto& m : repo.models())
@@ -121,6 +123,7 @@ Runner add_serve(CLI::App& app) {
       ->check(CLI::Range(1, 1 << 24))
       ->capture_default_str();
   cmd->add_option("--http-threads", a->http_threads, "connections served at once")->check(CLI::Range(4, 4096))->capture_default_str();
+  cmd->add_option("--instance-name", a->instance, "X-Kiln-Instance response header (default host:port)");
   return [a] { return run_serve(*a); };
 }
 
