@@ -9,6 +9,7 @@
 
 #include "commands.h"
 #include "core/status.h"
+#include "server/bench_client.h"
 #include "server/server.h"
 
 namespace kiln::cli {
@@ -124,7 +125,44 @@ Runner add_serve(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--http-threads", a->http_threads, "connections served at once")->check(CLI::Range(4, 4096))->capture_default_str();
   cmd->add_option("--instance-name", a->instance, "X-Kiln-Instance response header (default host:port)");
-  return [a] { return run_serve(*a); };
+
+  // `kiln serve bench`: load-test a running server (vLLM benchmark_serving-style).
+  auto b = std::make_shared<server::BenchOptions>();
+  auto json_out = std::make_shared<std::string>();
+  CLI::App* bench = cmd->add_subcommand("bench", "load-test a running server: TTFT, TPOT, ITL, throughput, goodput");
+  bench->add_option("--host", b->host, "server address")->capture_default_str();
+  bench->add_option("--port", b->port, "server port")->capture_default_str();
+  bench->add_option("--model", b->model, "model name on the server")->required();
+  bench->add_option("--api-key", b->api_key, "API key, if the server wants one");
+  bench->add_option("--requests", b->requests, "conversations to send")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  bench->add_option("-c,--concurrency", b->concurrency, "clients in flight")->check(CLI::Range(1, 4096))->capture_default_str();
+  bench->add_option("--rate", b->rate, "Poisson arrivals per second (0: send as fast as concurrency allows)")->capture_default_str();
+  bench->add_option("--input-min", b->input_min, "prompt tokens, lower bound")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  bench->add_option("--input-max", b->input_max, "prompt tokens, upper bound")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  bench->add_option("--output-min", b->output_min, "generated tokens, lower bound")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  bench->add_option("--output-max", b->output_max, "generated tokens, upper bound")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  bench->add_option("--vocab", b->vocab, "prompt ids are drawn from [10, vocab)")->check(CLI::Range(11, 1 << 24))->capture_default_str();
+  bench->add_option("--turns", b->turns, "turns per conversation (each extends the last prompt + answer)")->check(CLI::Range(1, 1000))->capture_default_str();
+  bench->add_option("--turn-tokens", b->turn_tokens, "new tokens per later turn")->check(CLI::Range(1, 1 << 20))->capture_default_str();
+  bench->add_flag("--sessions", b->sessions, "send a session id per conversation (KV reuse across turns)");
+  bench->add_option("--ttft-target-ms", b->ttft_target_ms, "goodput TTFT target")->capture_default_str();
+  bench->add_option("--tpot-target-ms", b->tpot_target_ms, "goodput TPOT target")->capture_default_str();
+  bench->add_option("--seed", b->seed, "prompt and arrival seed")->capture_default_str();
+  bench->add_option("--json", *json_out, "also write the report as JSON to this file");
+  return [a, b, bench, json_out] {
+    if (!bench->parsed()) return run_serve(*a);
+    if (b->input_min > b->input_max || b->output_min > b->output_max)
+      throw_error(ErrorCode::kInvalidArgument, "--input-min/--output-min must not exceed the max");
+    server::BenchReport r = server::run_serve_bench(*b);
+    std::fputs(r.to_text(*b).c_str(), stdout);
+    if (!json_out->empty()) {
+      FILE* f = std::fopen(json_out->c_str(), "w");
+      if (!f) throw_error(ErrorCode::kIo, "cannot write ", *json_out);
+      std::fputs(r.to_json(*b).c_str(), f);
+      std::fclose(f);
+    }
+    return r.failed == 0 ? 0 : 1;
+  };
 }
 
 }  // namespace kiln::cli
