@@ -3,14 +3,21 @@
 // buffer; buffers grow to the largest shape seen, so steady-state steps allocate
 // nothing). A step makes one host->device copy (integer inputs, the step layout, the
 // attention plans), launches every node on one stream, and copies the outputs back.
+// Decode steps (one token per sequence, with a KV pool, 16-bit) run as CUDA graphs, one
+// per batch shape (cuda_graph.h); KILN_CUDA_GRAPHS=0 runs them eagerly. Not in f32:
+// there decode GEMMs go through cuBLASLt, whose results under capture differed from
+// eager in the last bits (seen on the H200), and replay must give eager's bits.
+// KILN_CUDA_STEP_TIMES=1 logs the median device time of decode steps (CUDA events).
 #include "backends/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
 #include <set>
 
+#include "backends/cuda/cuda_graph.h"
 #include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/ops/convert.h"
 #include "core/log.h"
@@ -73,6 +80,7 @@ class CudaCompiledGraph final : public CompiledGraph {
       }
     }
     plan_memory();
+    plan_input_checks();
     vals_.resize(g.num_values());
     for (size_t v = 0; v < g.num_values(); ++v)
       if (g.is_weight(ir::ValueId(v))) {
@@ -80,6 +88,10 @@ class CudaCompiledGraph final : public CompiledGraph {
         vals_[v] = DevTensor{nullptr, w.dtype(), w.shape()};  // shape only; ops hold their own uploads
       }
     tune_gemms();
+    if (step_times_) {
+      KILN_CUDA_CHECK(cudaEventCreate(&step_ev_[0]));
+      KILN_CUDA_CHECK(cudaEventCreate(&step_ev_[1]));
+    }
     KILN_CUDA_CHECK(cudaStreamSynchronize(cx_->stream));
     log_info("cuda: compiled ", g.nodes().size(), " nodes, ", weights_.bytes() >> 20, " MiB of ",
              dtype_name(prep_.act), " weights on device ", cx_->device);
@@ -95,8 +107,73 @@ class CudaCompiledGraph final : public CompiledGraph {
                   " but the graph was compiled for ", dtype_name(prep_.act));
     cudaStream_t s = cx_->stream;
     std::vector<const Tensor*> host_vals(graph_.num_values(), nullptr);
-    stage_step(inputs, step, cuda_kv, host_vals);
+    const auto host0 = std::chrono::steady_clock::now();
+    const bool decode = stage_step(inputs, step, cuda_kv, host_vals);
+    if (step_times_) KILN_CUDA_CHECK(cudaEventRecord(step_ev_[0], s));
+    bool enqueued = false;
+    auto enqueue = [&] {
+      run_nodes(step, cuda_kv, host_vals);
+      convert_outputs();
+      enqueued = true;
+    };
+    if (decode && graphs_enabled_ && prep_.act != DType::kF32) {
+      check_graph_inputs(step, host_vals);  // the runners' own checks do not run on replay
+      graphs_.run(graph_key_, graph_buffers(cuda_kv), s, enqueue);
+      // A replay sets no shapes on the host: those of this step shape were kept.
+      auto& shapes = out_shapes_[graph_key_];
+      if (enqueued) shapes.clear();
+      size_t i = 0;
+      for (auto& [name, id] : graph_.outputs()) {
+        if (enqueued)
+          shapes.push_back(vals_[size_t(id)].shape);
+        else
+          vals_[size_t(id)].shape = shapes.at(i++);
+      }
+      if (!enqueued) out_layout();
+    } else {
+      enqueue();
+    }
+    if (step_times_) KILN_CUDA_CHECK(cudaEventRecord(step_ev_[1], s));
+    TensorMap out = fetch_outputs();
+    if (step_times_ && decode) {
+      float ms = 0;
+      KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, step_ev_[0], step_ev_[1]));
+      step_ms_[step.num_tokens()].first.push_back(ms);
+      step_ms_[step.num_tokens()].second.push_back(
+          std::chrono::duration<float, std::milli>(std::chrono::steady_clock::now() - host0).count());
+    }
+    return out;
+  }
 
+  ~CudaCompiledGraph() override {
+    // Device time of the step's kernels (graph or eager launches, uploads and the final
+    // copy back excluded) vs host time in run(): the gap is the backend's host work and
+    // the copies.
+    for (auto& [b, v] : step_ms_) {
+      auto med = [](std::vector<float> x) {
+        std::nth_element(x.begin(), x.begin() + x.size() / 2, x.end());
+        return x[x.size() / 2];
+      };
+      log_info("cuda: decode steps of ", b, " tokens: median device ", med(v.first), " ms, host run() ",
+               med(v.second), " ms over ", v.first.size(), " steps; graphs captured ", graphs_.captures(),
+               ", replayed ", graphs_.replays());
+    }
+    if (step_times_) {
+      cudaEventDestroy(step_ev_[0]);
+      cudaEventDestroy(step_ev_[1]);
+    }
+  }
+
+  size_t weight_bytes() const override { return weights_.bytes(); }
+  size_t activation_bytes() const override {
+    size_t b = 0;
+    for (auto& s : slots_) b += s.size();
+    return b;
+  }
+
+ private:
+  void run_nodes(const StepInfo& step, CudaKv* cuda_kv, const std::vector<const Tensor*>& host_vals) {
+    cudaStream_t s = cx_->stream;
     const auto& nodes = graph_.nodes();
     for (size_t i = 0; i < nodes.size(); ++i) {
       const ir::Node& n = nodes[i];
@@ -121,22 +198,59 @@ class CudaCompiledGraph final : public CompiledGraph {
       };
       runners_[i](ctx);
     }
-    return fetch_outputs();
   }
 
-  size_t weight_bytes() const override { return weights_.bytes(); }
-  size_t activation_bytes() const override {
-    size_t b = 0;
-    for (auto& s : slots_) b += s.size();
+  // Every device address a captured step bakes in: if one moved, the graph is stale.
+  StepGraphs::Buffers graph_buffers(const CudaKv* kv) const {
+    StepGraphs::Buffers b{dev_in_.get(), attn_ws_.get(), dev_out_.get()};
+    for (const DeviceBuffer& sl : slots_) b.push_back(sl.get());
+    if (kv) {
+      b.push_back(kv->k(0));
+      b.push_back(kv->v(0));
+    }
     return b;
   }
 
- private:
+  // Token ids and logit rows that reach kernels unchecked on graph replay.
+  void plan_input_checks() {
+    std::set<ir::ValueId> is_input(graph_.inputs().begin(), graph_.inputs().end());
+    for (const ir::Node& n : graph_.nodes()) {
+      if (n.op == "Embedding" && is_input.count(n.inputs[1]))
+        vocab_checks_.push_back({n.inputs[1], graph_.weight(n.inputs[0]).dim(0)});
+      if (n.op == "GatherRows" && is_input.count(n.inputs[1])) rows_checks_.push_back(n.inputs[1]);
+    }
+  }
+  void check_graph_inputs(const StepInfo& step, const std::vector<const Tensor*>& host_vals) const {
+    for (auto [id, vocab] : vocab_checks_) {
+      const Tensor& t = *host_vals[size_t(id)];
+      for (int64_t i = 0; i < t.numel(); ++i) {
+        const int32_t v = t.data_as<int32_t>()[i];
+        KILN_THROW_IF(v < 0 || v >= vocab, kOutOfRange, "embedding: token id ", v, " at position ", i,
+                      " is outside the vocabulary of size ", vocab);
+      }
+    }
+    for (ir::ValueId id : rows_checks_) {
+      const Tensor& t = *host_vals[size_t(id)];
+      for (int64_t i = 0; i < t.numel(); ++i) {
+        const int32_t row = t.data_as<int32_t>()[i];
+        KILN_THROW_IF(row < 0 || row >= step.num_tokens(), kOutOfRange, "GatherRows: row ", row, " outside [0, ",
+                      step.num_tokens(), ")");
+      }
+    }
+  }
+
   // Validates the inputs and the step, then uploads integer inputs, float inputs (as f32,
   // converted on the device), the sequence layout, block tables, slot mapping and the
   // attention plans in one copy.
-  void stage_step(const TensorMap& inputs, const StepInfo& step, CudaKv* kv, std::vector<const Tensor*>& host_vals) {
+  // Returns whether this is a decode step that may run as a CUDA graph; then the
+  // upload's layout (every offset but the block tables' length) depends only on
+  // graph_key_, which it sets.
+  bool stage_step(const TensorMap& inputs, const StepInfo& step, CudaKv* kv, std::vector<const Tensor*>& host_vals) {
     StagingWriter w(staging_);
+    bool decode = kv && !step.seqs.empty() && split_chunk_ == 0 &&
+                  step.num_tokens() == int64_t(step.seqs.size());
+    for (const StepSequence& ss : step.seqs) decode = decode && ss.q_len == 1;
+    graph_key_.clear();
     struct Pending {
       ir::ValueId id;
       size_t off;
@@ -157,6 +271,8 @@ class CudaCompiledGraph final : public CompiledGraph {
                       ", got ", t.shape_str());
       if (!dtype_is_float(t.dtype()) && t.dtype() != DType::kI32)
         throw_error(ErrorCode::kUnsupported, "cuda: input '", v.name, "' of dtype ", dtype_name(t.dtype()));
+      decode = decode && t.dtype() == DType::kI32;
+      graph_key_.insert(graph_key_.end(), t.shape().begin(), t.shape().end());
       host_vals[size_t(id)] = &t;
       pend.push_back({id, w.put(t.data(), t.nbytes()), &t});
     }
@@ -192,7 +308,6 @@ class CudaCompiledGraph final : public CompiledGraph {
         KILN_THROW_IF(sl < -1 || sl >= slots, kOutOfRange, "step: KV slot ", sl, " outside [-1, ", slots, ")");
     }
     const size_t seqs_off = w.put_vec(seqs);
-    const size_t tables_off = w.put_vec(tables);
     const size_t slots_off = w.put_vec(step.slot_mapping);
     struct PlanOff {
       size_t work, combine;
@@ -202,18 +317,27 @@ class CudaCompiledGraph final : public CompiledGraph {
     size_t ws_floats = 0;
     for (auto key : attn_keys_) {
       PlanOff po;
-      po.plan = attention_plan(seqs, key.first, key.second, true, cx_->num_sms, split_chunk_);
+      po.plan = decode ? attention_plan_decode(seqs, key.first, key.second, cx_->num_sms)
+                       : attention_plan(seqs, key.first, key.second, true, cx_->num_sms, split_chunk_);
       po.work = w.put_vec(po.plan.work);
       po.combine = w.put_vec(po.plan.combine);
       ws_floats = std::max(ws_floats, attention_workspace_floats(po.plan, key.second, attn_max_d_));
+      graph_key_.insert(graph_key_.end(), {int64_t(po.plan.work.size()), int64_t(po.plan.combine.size()),
+                                           int64_t(po.plan.num_partials)});
       plan_offs[key] = std::move(po);
     }
+    // Block tables go last: the only section whose length changes between decode steps.
+    const size_t tables_off = w.put_vec(tables);
+    graph_key_.insert(graph_key_.end(), {int64_t(seqs.size()), int64_t(tables_off)});
+    // Room for every sequence's table to reach the whole pool, so the buffer (an address
+    // a graph captured) never moves while decoding.
+    const size_t reserve = decode ? tables_off + seqs.size() * size_t(kv->layout().num_blocks) * 4 : 0;
 
     cudaStream_t s = cx_->stream;
     // The previous step's copies are complete (run() synchronizes before returning).
     pinned_in_.grow(std::max<size_t>(staging_.size(), 1));
     std::memcpy(pinned_in_.get(), staging_.data(), staging_.size());
-    dev_in_.grow(std::max<size_t>(staging_.size(), 1), s);
+    dev_in_.grow(std::max<size_t>({staging_.size(), reserve, 1}), s);
     KILN_CUDA_CHECK(cudaMemcpyAsync(dev_in_.get(), pinned_in_.get(), staging_.size(), cudaMemcpyHostToDevice, s));
     auto* base = static_cast<uint8_t*>(dev_in_.get());
     for (const Pending& p : pend) {
@@ -242,36 +366,47 @@ class CudaCompiledGraph final : public CompiledGraph {
                               po.plan.num_partials};
     attn_ws_.grow(std::max<size_t>(ws_floats * sizeof(float), 1), s);
     dev_step_.attn_workspace = static_cast<float*>(attn_ws_.get());
+    return decode;
   }
 
-  // Converts every graph output to f32 on the device and copies them back in one go.
-  TensorMap fetch_outputs() {
-    cudaStream_t s = cx_->stream;
-    size_t total = 0;
-    std::vector<size_t> offs;
+  // Converts every graph output to f32 on the device, packed in dev_out_ (part of a
+  // captured decode graph).
+  void out_layout() {
+    out_offs_.clear();
+    out_total_ = 0;
     for (auto& [name, id] : graph_.outputs()) {
-      offs.push_back(total);
-      total += (size_t(vals_[size_t(id)].numel()) * 4 + 255) / 256 * 256;
+      out_offs_.push_back(out_total_);
+      out_total_ += (size_t(vals_[size_t(id)].numel()) * 4 + 255) / 256 * 256;
     }
-    dev_out_.grow(std::max<size_t>(total, 1), s);
-    KILN_CUDA_CHECK(cudaStreamSynchronize(s));  // pending copies from pinned_out_ end before it may move
-    pinned_out_.grow(std::max<size_t>(total, 1));
+  }
+  void convert_outputs() {
+    cudaStream_t s = cx_->stream;
+    out_layout();
+    dev_out_.grow(std::max<size_t>(out_total_, 1), s);
     size_t i = 0;
     for (auto& [name, id] : graph_.outputs()) {
       const DevTensor& t = vals_[size_t(id)];
-      auto* dst = static_cast<uint8_t*>(dev_out_.get()) + offs[i++];
+      auto* dst = static_cast<uint8_t*>(dev_out_.get()) + out_offs_[i++];
       if (t.dtype == DType::kF32 || t.dtype == DType::kI32)
         KILN_CUDA_CHECK(cudaMemcpyAsync(dst, t.data, size_t(t.numel()) * 4, cudaMemcpyDeviceToDevice, s));
       else
         launch_convert(t.data, t.dtype, dst, DType::kF32, t.numel(), s);
     }
-    KILN_CUDA_CHECK(cudaMemcpyAsync(pinned_out_.get(), dev_out_.get(), total, cudaMemcpyDeviceToHost, s));
+  }
+
+  // Copies the converted outputs back in one go. vals_ keeps the shapes of the step's
+  // outputs (set by the eager or captured run of this shape, or the previous one).
+  TensorMap fetch_outputs() {
+    cudaStream_t s = cx_->stream;
+    // run() ends synchronized, so no copy into pinned_out_ is pending if it must move.
+    pinned_out_.grow(std::max<size_t>(out_total_, 1));
+    KILN_CUDA_CHECK(cudaMemcpyAsync(pinned_out_.get(), dev_out_.get(), out_total_, cudaMemcpyDeviceToHost, s));
     KILN_CUDA_CHECK(cudaStreamSynchronize(s));
     TensorMap out;
-    i = 0;
+    size_t i = 0;
     for (auto& [name, id] : graph_.outputs()) {
       const DevTensor& t = vals_[size_t(id)];
-      out[name] = Tensor::view(static_cast<uint8_t*>(pinned_out_.get()) + offs[i++],
+      out[name] = Tensor::view(static_cast<uint8_t*>(pinned_out_.get()) + out_offs_[i++],
                                t.dtype == DType::kI32 ? DType::kI32 : DType::kF32, t.shape);
     }
     return out;
@@ -351,6 +486,23 @@ class CudaCompiledGraph final : public CompiledGraph {
   PinnedBuffer pinned_in_, pinned_out_;
   DeviceBuffer dev_in_, dev_out_, attn_ws_;
   DevStep dev_step_;
+  std::vector<size_t> out_offs_;
+  size_t out_total_ = 0;
+  std::vector<std::pair<ir::ValueId, int64_t>> vocab_checks_;
+  std::vector<ir::ValueId> rows_checks_;
+  StepGraphs::Key graph_key_;
+  std::map<StepGraphs::Key, std::vector<std::vector<int64_t>>> out_shapes_;
+  StepGraphs graphs_;
+  bool step_times_ = [] {
+    const char* e = std::getenv("KILN_CUDA_STEP_TIMES");
+    return e && std::string(e) == "1";
+  }();
+  cudaEvent_t step_ev_[2] = {nullptr, nullptr};
+  std::map<int64_t, std::pair<std::vector<float>, std::vector<float>>> step_ms_;  // by tokens: device, host
+  bool graphs_enabled_ = [] {
+    const char* e = std::getenv("KILN_CUDA_GRAPHS");
+    return !(e && std::string(e) == "0");
+  }();
 };
 
 class CudaBackend final : public Backend {

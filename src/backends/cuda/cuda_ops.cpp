@@ -3,9 +3,13 @@
 // any T within the graph's symbolic shapes runs without recompiling.
 #include "backends/cuda/cuda_ops.h"
 
+#include <cstdlib>
+#include <string>
+
 #include "backends/cuda/ops/attention.h"
 #include "backends/cuda/ops/elementwise.h"
 #include "backends/cuda/ops/embedding.h"
+#include "backends/cuda/ops/gemv.h"
 #include "backends/cuda/ops/norm.h"
 #include "backends/cuda/ops/rope.h"
 #include "backends/cuda/ops/rows.h"
@@ -99,12 +103,18 @@ OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) 
   const void* w = pc.weights->get(g, wv, pc.act);
   const void* bias = pc.weights->get(g, need_weight(n, g, 2, "bias", true), pc.act);
   const int64_t nn = g.weight(wv).dim(0), k = g.weight(wv).dim(1);
+  // Few token rows (decode) stream the weights through our GEMV; KILN_CUDA_GEMV=0 keeps cuBLASLt.
+  const char* env = std::getenv("KILN_CUDA_GEMV");
+  const bool use_gemv = !(env && std::string(env) == "0");
   return [=](OpContext& c) {
     const DevTensor& x = *c.inputs[0];
     KILN_THROW_IF(x.dim(1) != k, kInvalidArgument, "linear '", n.name, "': x has ", x.dim(1),
                   " features, the weight expects ", k);
     DevTensor& y = c.out(0, {x.dim(0), nn});
-    c.cx->gemm->run(y.dtype, x.data, w, bias, y.data, x.dim(0), nn, k, c.cx->stream);
+    if (use_gemv && gemv_supports(y.dtype, x.dim(0), k))
+      launch_gemv(y.dtype, x.data, w, bias, y.data, x.dim(0), nn, k, c.cx->stream);
+    else
+      c.cx->gemm->run(y.dtype, x.data, w, bias, y.data, x.dim(0), nn, k, c.cx->stream);
   };
 }
 

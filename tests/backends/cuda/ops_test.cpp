@@ -37,7 +37,8 @@ TEST(CudaOps, Linear) {
   struct S { int64_t t, k, n; bool bias; };
   for (const auto& dt : all_dtypes())
     for (S s : {S{1, 64, 64, false}, S{7, 64, 96, true}, S{33, 576, 1536, false}, S{1, 576, 192, true},
-                S{128, 1024, 4096, true}, S{5, 4096, 512, false}}) {
+                S{128, 1024, 4096, true}, S{5, 4096, 512, false}, S{2, 2048, 1000, true},
+                S{3, 5632, 72, false}, S{4, 264, 4097, true}, S{1, 100, 30, false}}) {
       std::mt19937_64 rng(s.t * 131 + s.k + s.n);
       OneNode o;
       o.input("x", random_tensor({s.t, s.k}, rng, dt), Shape{"T", s.k});

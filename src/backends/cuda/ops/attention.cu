@@ -238,6 +238,34 @@ AttentionPlan attention_plan(const std::vector<AttnSeq>& seqs, int64_t hq, int64
   return plan;
 }
 
+AttentionPlan attention_plan_decode(const std::vector<AttnSeq>& seqs, int64_t hq, int64_t hkv, int num_sms) {
+  // One 32-key tile per split at short contexts: a decode CTA's time is a chain of
+  // dependent tile loads, so more, shorter splits finish sooner (the combine is cheap).
+  constexpr int64_t kMaxSplits = 64, kMinChunk = 32;
+  const int64_t group = hq / hkv, tiles = (group + kAttnItemsPerCta - 1) / kAttnItemsPerCta;
+  const int64_t base = std::max<int64_t>(int64_t(seqs.size()) * tiles * hkv, 1);
+  const int64_t target = 2 * int64_t(std::max(num_sms, 1));
+  const int64_t splits = tiles > 1 ? 1 : std::clamp<int64_t>((target + base - 1) / base, 1, kMaxSplits);
+  AttentionPlan plan;
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const AttnSeq& s = seqs[i];
+    if (splits == 1) {
+      for (int64_t t = 0; t < tiles; ++t)
+        plan.work.push_back({int32_t(i), int32_t(t * kAttnItemsPerCta), 0, s.ctx_len, -1});
+      continue;
+    }
+    // At least kMinChunk keys per split: short contexts leave the trailing splits empty.
+    const int64_t chunk = std::max<int64_t>(kMinChunk, ((s.ctx_len + splits - 1) / splits + 31) / 32 * 32);
+    plan.combine.push_back({int32_t(i), plan.num_partials, int32_t(splits)});
+    for (int64_t sp = 0; sp < splits; ++sp) {
+      const int64_t b = std::min<int64_t>(s.ctx_len, sp * chunk), e = std::min<int64_t>(s.ctx_len, (sp + 1) * chunk);
+      plan.work.push_back({int32_t(i), 0, int32_t(b), int32_t(e), int32_t(plan.num_partials + sp)});
+    }
+    plan.num_partials += int32_t(splits);
+  }
+  return plan;
+}
+
 size_t attention_workspace_floats(const AttentionPlan& plan, int64_t hkv, int64_t d) {
   return size_t(plan.num_partials) * size_t(hkv) * kAttnItemsPerCta * size_t(d + 2);
 }

@@ -42,6 +42,11 @@ bool attention_supports_head_dim(int64_t d);
 // `num_sms` multiprocessors, < 0 never splits.
 AttentionPlan attention_plan(const std::vector<AttnSeq>& seqs, int64_t hq, int64_t hkv, bool causal,
                              int num_sms, int64_t split_chunk = 0);
+// The plan of a pure decode step (one query row per sequence) with a fixed number of
+// splits per sequence that depends only on the batch and head shapes, not on the
+// context lengths: the grid stays the same from step to step, so a captured CUDA graph
+// can replay it (splits past the end of a short context are empty CTAs).
+AttentionPlan attention_plan_decode(const std::vector<AttnSeq>& seqs, int64_t hq, int64_t hkv, int num_sms);
 // Floats of workspace the plan's partials need.
 size_t attention_workspace_floats(const AttentionPlan& plan, int64_t hkv, int64_t d);
 

@@ -1,0 +1,83 @@
+// CUDA graphs for decode steps: one captured graph per step shape (the batch-size
+// bucket: input shapes, sequence count, attention plan sizes), replayed while the device
+// buffers it captured stay where they were. The step's inputs reach the graph through
+// fixed device buffers that the host fills before each launch. Internal to the CUDA
+// backend; tests/backends/cuda/models_test.cpp checks replayed logits are bit-identical to eager.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <functional>
+#include <map>
+#include <vector>
+
+#include "backends/cuda/cuda_check.h"
+
+namespace kiln::cuda {
+
+class StepGraphs {
+ public:
+  using Key = std::vector<int64_t>;
+  using Buffers = std::vector<const void*>;  // every device address a captured graph bakes in
+
+  StepGraphs() = default;
+  ~StepGraphs() { clear(); }
+  StepGraphs(const StepGraphs&) = delete;
+  StepGraphs& operator=(const StepGraphs&) = delete;
+
+  // Runs one step of shape `key`: replays its graph when the buffers are unchanged;
+  // otherwise the first step of a shape runs eagerly (sizing every buffer, creating
+  // cuBLASLt plans, none of which may happen inside a capture) and the next one is
+  // captured, then launched. `enqueue` puts the step's kernels on `s`.
+  void run(const Key& key, const Buffers& buffers, cudaStream_t s, const std::function<void()>& enqueue) {
+    Entry& e = graphs_[key];
+    if (e.exec && e.buffers == buffers) {
+      KILN_CUDA_CHECK(cudaGraphLaunch(e.exec, s));
+      ++replays_;
+      return;
+    }
+    if (!e.warmed) {
+      enqueue();
+      e.warmed = true;
+      return;
+    }
+    if (e.exec) KILN_CUDA_CHECK(cudaGraphExecDestroy(e.exec));
+    e.exec = nullptr;
+    KILN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+    cudaGraph_t g = nullptr;
+    try {
+      enqueue();
+    } catch (...) {
+      (void)cudaStreamEndCapture(s, &g);  // leave the stream usable; the step's error wins
+      if (g) cudaGraphDestroy(g);
+      (void)cudaGetLastError();
+      throw;
+    }
+    KILN_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+    const cudaError_t st = cudaGraphInstantiate(&e.exec, g, 0);
+    cudaGraphDestroy(g);
+    KILN_CUDA_CHECK(st);
+    e.buffers = buffers;
+    ++captures_;
+    KILN_CUDA_CHECK(cudaGraphLaunch(e.exec, s));
+  }
+
+  void clear() {
+    for (auto& [k, e] : graphs_)
+      if (e.exec) cudaGraphExecDestroy(e.exec);
+    graphs_.clear();
+  }
+  int64_t captures() const { return captures_; }
+  int64_t replays() const { return replays_; }
+
+ private:
+  struct Entry {
+    cudaGraphExec_t exec = nullptr;
+    Buffers buffers;
+    bool warmed = false;
+  };
+  std::map<Key, Entry> graphs_;
+  int64_t captures_ = 0, replays_ = 0;
+};
+
+}  // namespace kiln::cuda

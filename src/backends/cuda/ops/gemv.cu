@@ -1,0 +1,93 @@
+// Weight-streaming GEMV (see gemv.h). Each warp owns one output feature: lane j reads
+// 16-byte chunks j, j+32, ... of the weight row, kUnroll of them issued before any is
+// used so enough bytes are in flight to cover DRAM latency; x (tiny, shared by every
+// warp) comes through the read-only cache. Weights are loaded with the streaming hint
+// (evict-first) so they do not push x and the KV cache out of L2.
+#include "backends/cuda/common.cuh"
+#include "backends/cuda/ops/gemv.h"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int kWarps = 4, kUnroll = 4;
+
+template <typename T>
+__device__ __forceinline__ void fma8(float& acc, uint4 w, uint4 x) {
+  const T* wv = reinterpret_cast<const T*>(&w);
+  const T* xv = reinterpret_cast<const T*>(&x);
+#pragma unroll
+  for (int i = 0; i < 8; ++i) acc = fmaf(to_f32(wv[i]), to_f32(xv[i]), acc);
+}
+
+template <typename T, int M>
+__global__ void __launch_bounds__(kWarps * 32)
+gemv_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ y,
+            int n, int k) {
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int row = blockIdx.x * kWarps + warp;
+  if (row >= n) return;
+  const int kv = k / 8;  // 16-byte chunks per row
+  const uint4* wr = reinterpret_cast<const uint4*>(w + int64_t(row) * k);
+  const uint4* xr = reinterpret_cast<const uint4*>(x);
+  float acc[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) acc[m] = 0.0f;
+  for (int i0 = lane; i0 < kv; i0 += 32 * kUnroll) {
+    uint4 wv[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = i0 + u * 32;
+      wv[u] = i < kv ? __ldcs(wr + i) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int i = i0 + u * 32;
+      if (i < kv) {
+#pragma unroll
+        for (int m = 0; m < M; ++m) fma8<T>(acc[m], wv[u], __ldg(xr + int64_t(m) * kv + i));
+      }
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    const float v = warp_sum(acc[m]);
+    if (lane == 0) y[int64_t(m) * n + row] = from_f32<T>(bias ? v + to_f32(bias[row]) : v);
+  }
+}
+
+template <typename T>
+void launch_typed(const void* x, const void* w, const void* bias, void* y, int64_t m, int64_t n, int64_t k,
+                  cudaStream_t s) {
+  const dim3 grid(unsigned((n + kWarps - 1) / kWarps));
+  auto* xt = static_cast<const T*>(x);
+  auto* wt = static_cast<const T*>(w);
+  auto* bt = static_cast<const T*>(bias);
+  auto* yt = static_cast<T*>(y);
+  switch (m) {
+    case 1: gemv_kernel<T, 1><<<grid, kWarps * 32, 0, s>>>(xt, wt, bt, yt, int(n), int(k)); break;
+    case 2: gemv_kernel<T, 2><<<grid, kWarps * 32, 0, s>>>(xt, wt, bt, yt, int(n), int(k)); break;
+    case 3: gemv_kernel<T, 3><<<grid, kWarps * 32, 0, s>>>(xt, wt, bt, yt, int(n), int(k)); break;
+    default: gemv_kernel<T, 4><<<grid, kWarps * 32, 0, s>>>(xt, wt, bt, yt, int(n), int(k)); break;
+  }
+  KILN_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+bool gemv_supports(DType dtype, int64_t m, int64_t k) {
+  return (dtype == DType::kBF16 || dtype == DType::kF16) && m >= 1 && m <= kGemvMaxRows && k % 8 == 0 &&
+         k < (int64_t(1) << 30);
+}
+
+void launch_gemv(DType dtype, const void* x, const void* w, const void* bias, void* y, int64_t m, int64_t n,
+                 int64_t k, cudaStream_t s) {
+  KILN_THROW_IF(!gemv_supports(dtype, m, k), kInternal, "cuda gemv: unsupported ", dtype_name(dtype), " m=", m,
+                " k=", k);
+  if (n == 0) return;
+  if (dtype == DType::kBF16)
+    launch_typed<__nv_bfloat16>(x, w, bias, y, m, n, k, s);
+  else
+    launch_typed<__half>(x, w, bias, y, m, n, k, s);
+}
+
+}  // namespace kiln::cuda
