@@ -517,10 +517,22 @@ GenerationResult Executor::generate(GenerationRequest request) {
   return std::move(*result);
 }
 
-void Executor::drain() {
+bool Executor::drain(std::chrono::milliseconds timeout) {
   std::unique_lock lk(mu_);
   draining_ = true;
+  if (idle_cv_.wait_for(lk, timeout, [&] { return in_flight_ == 0; })) return true;
+  cancel_all_ = true;
+  cv_.notify_all();
   idle_cv_.wait(lk, [&] { return in_flight_ == 0; });
+  return false;
+}
+
+void Executor::cancel_all() {
+  {
+    std::lock_guard lk(mu_);
+    cancel_all_ = true;
+  }
+  cv_.notify_all();
 }
 
 ExecutorStats Executor::stats() const {
@@ -533,6 +545,7 @@ void Executor::loop() {
   for (;;) {
     std::vector<std::unique_ptr<Request>> inbox;
     std::vector<uint64_t> cancels;
+    bool everything = false;
     {
       std::unique_lock lk(mu_);
       // Idle: wake once a second anyway so idle sessions expire.
@@ -542,9 +555,11 @@ void Executor::loop() {
       if (stop_) break;
       inbox.swap(inbox_);
       cancels.swap(cancels_);
+      everything = std::exchange(cancel_all_, false);
     }
     for (auto& r : inbox) im.accept(std::move(r));
     for (uint64_t id : cancels) im.cancel(id);
+    if (everything) im.cancel_all();
     im.sessions.expire(SessionStore::Clock::now());
     im.step();
     int64_t ended = im.flush_updates();

@@ -110,8 +110,12 @@ class Executor {
   void cancel(uint64_t id);
   // submit() and wait for the end.
   GenerationResult generate(GenerationRequest request);
-  // Refuses new requests (kUnsupported) and waits until in-flight ones end.
-  void drain();
+  // Refuses new requests (kUnsupported) and waits until in-flight ones end; after
+  // `timeout` the rest are cancelled (each still gets its final update). Returns false
+  // when it had to cancel.
+  bool drain(std::chrono::milliseconds timeout = std::chrono::hours(24 * 365));
+  // Cancels every queued and running request (thread-safe).
+  void cancel_all();
   ExecutorStats stats() const;
   const ExecutorOptions& options() const { return opt_; }
   const ModelInfo& model_info() const;
@@ -132,6 +136,7 @@ class Executor {
   std::vector<std::unique_ptr<Request>> inbox_;
   std::vector<uint64_t> cancels_;
   bool stop_ = false;
+  bool cancel_all_ = false;
   bool draining_ = false;
   int64_t in_flight_ = 0;
   uint64_t next_id_ = 1;

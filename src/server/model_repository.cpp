@@ -69,9 +69,14 @@ ServedModel* ModelRepository::find(const std::string& name) {
   return nullptr;
 }
 
-void ModelRepository::drain() {
+bool ModelRepository::drain(std::chrono::milliseconds timeout) {
+  // One deadline for all executors: each waits for what is left of it.
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  bool clean = true;
   for (auto& m : models_)
-    if (m->executor) m->executor->drain();
+    if (m->executor) clean &= m->executor->drain(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                  std::max(deadline - std::chrono::steady_clock::now(), std::chrono::steady_clock::duration(0))));
+  return clean;
 }
 
 }  // namespace kiln::server

@@ -4,6 +4,7 @@
 // config.json is one model, named after the entry). Tested in tests/server/.
 #pragma once
 
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -43,8 +44,9 @@ class ModelRepository {
 
   ServedModel* find(const std::string& name);
   const std::vector<std::unique_ptr<ServedModel>>& models() const { return models_; }
-  // Stops new generation requests and waits for the in-flight ones.
-  void drain();
+  // Stops new generation requests and waits for the in-flight ones, cancelling what is
+  // still running after `timeout`. Returns false when it had to cancel.
+  bool drain(std::chrono::milliseconds timeout);
 
  private:
   ServedModel& finish_add(std::unique_ptr<ServedModel> m);

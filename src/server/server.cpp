@@ -3,6 +3,7 @@
 // Generation routes are in routes_generate.cpp, encoder routes in routes_encode.cpp.
 #include <sys/socket.h>
 
+#include <cstdio>
 #include <thread>
 
 #include "core/status.h"
@@ -62,10 +63,12 @@ void Server::shutdown() {
   Impl& im = *impl_;
   if (im.stopped.exchange(true)) return;
   im.draining = true;
-  // Executors finish what they hold; then wait for handlers still writing responses.
-  std::thread drain([&] { im.repo.drain(); });
-  drain.join();
+  // Executors finish what they hold (cancelling the rest at the deadline); then wait for
+  // handlers still writing responses.
   auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(im.opt.drain_timeout_s);
+  if (!im.repo.drain(std::chrono::seconds(im.opt.drain_timeout_s)))
+    std::fprintf(stderr, "[kiln] drain timeout: cancelled requests still running after %d s\n", im.opt.drain_timeout_s);
+  deadline = std::max(deadline, std::chrono::steady_clock::now() + std::chrono::seconds(2));
   while (im.active > 0 && std::chrono::steady_clock::now() < deadline)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   im.http.stop();

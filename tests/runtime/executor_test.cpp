@@ -246,5 +246,17 @@ TEST_F(ExecutorTest, DrainWaitsForInFlightRequestsThenRefusesNewOnes) {
   EXPECT_THROW(ex.generate(greedy({5, 6}, 2)), Error);
 }
 
+TEST_F(ExecutorTest, DrainPastItsTimeoutCancelsWhatIsLeft) {
+  Executor ex(*model_, nullptr);
+  std::atomic<int> finish{-1};
+  ex.submit(greedy({5, 6, 7}, 120), [&](RequestUpdate&& u) {
+    for (auto& c : u.choices)
+      if (c.finish != FinishReason::kNone) finish = int(c.finish);
+  });
+  EXPECT_FALSE(ex.drain(std::chrono::milliseconds(1)));
+  EXPECT_EQ(finish, int(FinishReason::kCancelled));
+  expect_no_leak(ex);
+}
+
 }  // namespace
 }  // namespace kiln

@@ -35,6 +35,7 @@ struct ServeArgs {
   int max_tokens = 4096;
   int http_threads = 128;
   std::string instance;
+  int drain_timeout_s = 30;
 };
 
 std::atomic<int> g_signal{0};
@@ -68,6 +69,7 @@ int run_serve(const ServeArgs& a) {
   so.limits.max_tokens = a.max_tokens;
   so.http_threads = a.http_threads;
   so.instance_name = a.instance;
+  so.drain_timeout_s = a.drain_timeout_s;
   server::Server srv(repo, so);
   int port = srv.bind();
   for (auto& m : repo.models())
@@ -124,6 +126,9 @@ Runner add_serve(CLI::App& app) {
       ->check(CLI::Range(1, 1 << 24))
       ->capture_default_str();
   cmd->add_option("--http-threads", a->http_threads, "connections served at once")->check(CLI::Range(4, 4096))->capture_default_str();
+  cmd->add_option("--drain-timeout", a->drain_timeout_s, "seconds in-flight requests get at shutdown before they are cancelled")
+      ->check(CLI::Range(0, 86400))
+      ->capture_default_str();
   cmd->add_option("--instance-name", a->instance, "X-Kiln-Instance response header (default host:port)");
 
   // `kiln serve bench`: load-test a running server (vLLM benchmark_serving-style).
