@@ -12,6 +12,15 @@ namespace kiln::server {
 namespace fs = std::filesystem;
 
 ServedModel& ModelRepository::add(const std::string& path, std::string name) {
+  // "random:CONFIG": the architecture of a config.json with random weights (benchmarks
+  // of real shapes without a checkpoint; no tokenizer, token ids in and out).
+  if (path.rfind("random:", 0) == 0) {
+    std::string config = path.substr(7);
+    if (name.empty()) name = fs::path(config).stem().string();
+    ServedModel& m = add_loaded(Model::load_random(config, model_opt_), name);
+    m.path = path;
+    return m;
+  }
   if (name.empty()) {
     fs::path p = fs::path(path).lexically_normal();
     if (p.filename().empty()) p = p.parent_path();

@@ -34,7 +34,8 @@ class ModelRepository {
  public:
   ModelRepository(ModelOptions model_options, ExecutorOptions executor_options)
       : model_opt_(std::move(model_options)), exec_opt_(executor_options) {}
-  // Loads `path` as `name` (empty: the file or directory name without .gguf).
+  // Loads `path` as `name` (empty: the file or directory name without .gguf);
+  // "random:CONFIG.json" builds that architecture with random weights.
   ServedModel& add(const std::string& path, std::string name = {});
   // Wraps an already loaded model (tests).
   ServedModel& add_loaded(std::unique_ptr<Model> model, std::string name,

@@ -260,6 +260,7 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
     if (!m->is_decoder())
       throw ApiError(400, "model '" + p.model + "' is an encoder; use /v1/embeddings or /v2/models/" + p.model + "/infer", "model");
     if (p.session_id.empty()) p.session_id = req.get_header_value("X-Session-Id");
+    if (!m->tokenizer) p.return_token_ids = true;  // no text to return: the ids are the output
     call->model = m;
     std::vector<int32_t> prompt = build_prompt(*m, p);
     if (prompt.empty()) throw ApiError(400, "the prompt encodes to no tokens", chat ? "messages" : "prompt");

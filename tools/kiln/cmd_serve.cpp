@@ -97,7 +97,7 @@ int run_serve(const ServeArgs& a) {
 Runner add_serve(CLI::App& app) {
   auto a = std::make_shared<ServeArgs>();
   CLI::App* cmd = app.add_subcommand("serve", "serve models over HTTP (OpenAI API, KServe v2, /metrics)");
-  cmd->add_option("-m,--model", a->models, "a model to serve: PATH or NAME=PATH (repeatable)");
+  cmd->add_option("-m,--model", a->models, "a model to serve: PATH or NAME=PATH (repeatable); PATH random:CONFIG.json = random weights");
   cmd->add_option("--model-repo", a->repo, "a folder of models: *.gguf files and HF directories");
   cmd->add_option("--backend", a->backend, "where to run: cpu")->capture_default_str();
   cmd->add_option("--weight-dtype", a->weight_dtype, "GEMM weight storage: f32, bf16, f16, q8, q4")
