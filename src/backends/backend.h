@@ -52,8 +52,13 @@ class KvStorage {
   virtual void copy_block(int32_t src, int32_t dst) = 0;
 };
 
+class Communicator;
+
 struct CompileOptions {
-  std::string weight_dtype = "f32";  // storage of GEMM weights: f32 | bf16 | f16
+  std::string weight_dtype = "f32";  // storage of GEMM weights: f32 | bf16 | f16 | q8 | q4
+  // This rank's link to the others for AllReduce nodes (tensor parallelism); null
+  // for an unsharded graph.
+  std::shared_ptr<Communicator> communicator;
 };
 
 // Host tensors keyed by graph input/output name.

@@ -168,6 +168,8 @@ std::map<std::string, OpSchema> make_registry() {
   add({"GatherRows", 2, 2, {}, "out[r] = x[rows[r]]", infer_gather_rows});
   add({"SeqMeanPool", 1, 1, {}, "mean of each sequence's rows of x (one row per sequence)",
        infer_seq_pool});
+  add({"AllReduce", 1, 1, {}, "sum of x over the tensor-parallel ranks (identity with one rank)",
+       infer_unary});
   return r;
 }
 

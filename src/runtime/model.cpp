@@ -18,6 +18,7 @@ std::unique_ptr<Model> Model::from_built(BuiltModel built, const ModelOptions& o
   m->backend_ = create_backend(options.backend);
   CompileOptions co;
   co.weight_dtype = options.weight_dtype;
+  co.communicator = options.communicator;
   m->compiled_ = m->backend_->compile(m->built_.graph, co);
   return m;
 }

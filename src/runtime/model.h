@@ -15,7 +15,8 @@ namespace kiln {
 
 struct ModelOptions {
   std::string backend = "cpu";
-  std::string weight_dtype = "f32";  // GEMM weight storage: f32 | bf16 | f16
+  std::string weight_dtype = "f32";  // GEMM weight storage: f32 | bf16 | f16 | q8 | q4
+  std::shared_ptr<Communicator> communicator;  // tensor-parallel rank link, or null
 };
 
 class Model {

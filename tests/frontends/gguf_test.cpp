@@ -453,8 +453,14 @@ TEST(GgufReal, SmolLM2MatchesTransformers) {
   for (const char* k : {"hidden_size", "intermediate_size", "num_hidden_layers",
                         "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
                         "max_position_embeddings", "tie_word_embeddings", "bos_token_id",
-                        "eos_token_id", "rope_theta", "rms_norm_eps"})
-    EXPECT_EQ(m.config[k], ref["derived_config"][k]) << k;
+                        "eos_token_id", "rope_theta", "rms_norm_eps"}) {
+    // GGUF stores these as f32; kiln writes the shortest decimal of that f32 ("1e-05")
+    // where transformers writes the f32 widened to double: equal as f32.
+    if (m.config[k].is_number_float() || ref["derived_config"][k].is_number_float())
+      EXPECT_EQ(m.config[k].get<float>(), ref["derived_config"][k].get<float>()) << k;
+    else
+      EXPECT_EQ(m.config[k], ref["derived_config"][k]) << k;
+  }
   int checked = 0;
   for (const auto& e : ref["gguf_fingerprint"]) {
     const std::string hf = e["hf_name"];

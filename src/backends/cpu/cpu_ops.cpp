@@ -6,6 +6,7 @@
 #include <cstring>
 #include <map>
 
+#include "backends/communicator.h"
 #include "core/log.h"
 #include "core/status.h"
 
@@ -223,6 +224,20 @@ OpRun prepare_seq_mean_pool(const ir::Node&, const ir::Graph&, const CompileOpti
   };
 }
 
+// AllReduce: sums x over the tensor-parallel ranks through the compile-time communicator.
+OpRun prepare_all_reduce(const ir::Node& n, const ir::Graph&, const CompileOptions& opt) {
+  std::shared_ptr<Communicator> comm = opt.communicator;
+  if (!comm)
+    throw_error(ErrorCode::kInvalidArgument, "node '", n.name,
+                "' (AllReduce) needs a communicator: this graph is a tensor-parallel shard");
+  return [comm](OpContext& c) {
+    const Tensor& x = *c.inputs[0];
+    Tensor& y = c.out(0, x.shape());
+    std::memcpy(y.data(), x.data(), x.nbytes());
+    comm->all_reduce_sum(y.data_as<float>(), y.numel());
+  };
+}
+
 const std::map<std::string, OpPrepare>& op_table() {
   static const std::map<std::string, OpPrepare> table = {
       {"Embedding", prepare_embedding},
@@ -238,6 +253,7 @@ const std::map<std::string, OpPrepare>& op_table() {
       {"Attention", prepare_attention},
       {"GatherRows", prepare_gather_rows},
       {"SeqMeanPool", prepare_seq_mean_pool},
+      {"AllReduce", prepare_all_reduce},
   };
   return table;
 }
