@@ -6,7 +6,7 @@ SUDO=""
 PKGS=(build-essential cmake ninja-build pkg-config git python3 python3-pip unzip
       libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev
       libre2-dev libutf8proc-dev libsentencepiece-dev libcpp-httplib-dev
-      nginx-light)
+      nginx-light flatbuffers-compiler libflatbuffers-dev)
 missing=()
 for p in "${PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

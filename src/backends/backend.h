@@ -54,11 +54,22 @@ class KvStorage {
 
 class Communicator;
 
+// The allowed range of one symbolic dim (an engine's optimization profile).
+struct DimRange {
+  int64_t min = 1, opt = 1, max = 1;
+};
+
 struct CompileOptions {
   std::string weight_dtype = "f32";  // storage of GEMM weights: f32 | bf16 | f16 | q8 | q4
   // This rank's link to the others for AllReduce nodes (tensor parallelism); null
   // for an unsharded graph.
   std::shared_ptr<Communicator> communicator;
+  // Tactics chosen by the builder: node name -> backend-specific tactic id. Nodes not
+  // listed use the backend's heuristic.
+  std::map<std::string, std::string> tactics;
+  // Symbolic dim -> allowed range; run() rejects inputs outside it, naming the input,
+  // its shape and the range. Empty: any size.
+  std::map<std::string, DimRange> dim_ranges;
 };
 
 // Host tensors keyed by graph input/output name.
@@ -83,6 +94,19 @@ class Backend {
   virtual std::unique_ptr<CompiledGraph> compile(const ir::Graph& graph,
                                                  const CompileOptions& options) = 0;
   virtual std::unique_ptr<KvStorage> allocate_kv(const KvLayout& layout) = 0;
+
+  // Tactic autotuning (the builder): the tactic ids worth timing for `node` (empty when
+  // the backend has one implementation), and the median seconds of one run of `node`
+  // with `tactic` when its symbolic dims take the values in `dims`.
+  virtual std::vector<std::string> node_tactics(const ir::Node& node, const ir::Graph& graph) const {
+    return {};
+  }
+  virtual double time_tactic(const ir::Node& node, const ir::Graph& graph, const std::string& tactic,
+                             const std::map<std::string, int64_t>& dims, const CompileOptions& options) {
+    return -1;
+  }
+  // Identifies the device tactics were timed on ("cpu avx2 2 threads", "NVIDIA H200").
+  virtual std::string device_name() const { return name(); }
 };
 
 // "cpu" (always) or "cuda" (when built with CUDA); throws kUnsupported otherwise.

@@ -92,6 +92,48 @@ std::vector<ValueId> Graph::add_node(const std::string& op, std::vector<ValueId>
 
 void Graph::add_output(const std::string& name, ValueId v) { outputs_.emplace_back(name, v); }
 
+void Graph::replace_uses(ValueId from, ValueId to) {
+  for (Node& n : nodes_)
+    for (ValueId& v : n.inputs)
+      if (v == from) v = to;
+  for (auto& [name, v] : outputs_)
+    if (v == from) v = to;
+}
+
+void Graph::compact() {
+  std::vector<bool> live(values_.size(), false);
+  for (ValueId v : inputs_) live[size_t(v)] = true;
+  for (auto& [name, v] : outputs_) live[size_t(v)] = true;
+  for (const Node& n : nodes_) {
+    for (ValueId v : n.inputs)
+      if (v != kNoValue) live[size_t(v)] = true;
+    for (ValueId v : n.outputs) live[size_t(v)] = true;
+  }
+  std::vector<ValueId> remap(values_.size(), kNoValue);
+  std::vector<Value> values;
+  std::unordered_map<ValueId, Tensor> weights;
+  for (size_t v = 0; v < values_.size(); ++v) {
+    if (!live[v]) continue;
+    remap[v] = ValueId(values.size());
+    if (values_[v].kind == ValueKind::kWeight) weights.emplace(remap[v], std::move(weights_.at(ValueId(v))));
+    values.push_back(std::move(values_[v]));
+  }
+  auto fix = [&](ValueId& v) {
+    if (v != kNoValue) v = remap[size_t(v)];
+  };
+  for (ValueId& v : inputs_) fix(v);
+  for (auto& [name, v] : outputs_) fix(v);
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    for (ValueId& v : nodes_[i].inputs) fix(v);
+    for (ValueId& v : nodes_[i].outputs) {
+      fix(v);
+      values[size_t(v)].producer = int32_t(i);
+    }
+  }
+  values_ = std::move(values);
+  weights_ = std::move(weights);
+}
+
 ValueId Graph::find_input(const std::string& name) const {
   for (ValueId v : inputs_)
     if (values_[size_t(v)].name == name) return v;

@@ -65,6 +65,12 @@ class Graph {
     return add_node(op, std::move(inputs), std::move(attrs), name).at(0);
   }
   void add_output(const std::string& name, ValueId v);
+  // Points every node input and graph output that reads `from` at `to` (rewrites).
+  void replace_uses(ValueId from, ValueId to);
+  // Drops values nothing references (no node reads or writes them, not a graph input
+  // or output) with their weights, and renumbers the rest densely in their old order.
+  // Node indices are unchanged; producers are recomputed. Used after rewrites.
+  void compact();
 
   const Value& value(ValueId id) const { return values_.at(size_t(id)); }
   Value& value(ValueId id) { return values_.at(size_t(id)); }

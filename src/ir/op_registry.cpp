@@ -115,23 +115,59 @@ std::vector<ValueType> infer_rope(const Node& n, const In& in) {
 }
 
 std::vector<ValueType> infer_attention(const Node& n, const In& in) {
-  const Value& q = need(n, in, 0, "q");
-  const Value& k = need(n, in, 1, "k");
-  const Value& v = need(n, in, 2, "v");
   int64_t hq = n.attr_int("num_heads"), hkv = n.attr_int("num_kv_heads"), d = n.attr_int("head_dim");
   if (hq <= 0 || hkv <= 0 || d <= 0 || hq % hkv)
     shape_error(n, str_cat("num_heads ", hq, " must be a positive multiple of num_kv_heads ", hkv));
-  need_rank(n, q, 2, "q");
-  need_rank(n, k, 2, "k");
-  need_rank(n, v, 2, "v");
   auto check = [&](const Value& t, int64_t width, const char* role) {
+    need_rank(n, t, 2, role);
     if (t.shape[1].is_concrete() && t.shape[1].value != width)
       shape_error(n, str_cat(role, " ", t.shape.str(), " must have ", width, " features"));
   };
+  const Value& q = need(n, in, 0, n.attr_int("packed_qkv", 0) ? "qkv" : "q");
+  if (n.attr_int("packed_qkv", 0)) {
+    // One [T, (hq + 2 hkv) * d] input (a merged Q/K/V projection), optionally with
+    // positions and inv_freq: RoPE is then applied to q and k inside the op.
+    if (in.size() != 1 && in.size() != 3)
+      shape_error(n, "packed_qkv attention takes qkv, optionally with positions and inv_freq");
+    check(q, (hq + 2 * hkv) * d, "qkv");
+    if (in.size() == 3) {
+      need_index(n, need(n, in, 1, "positions"), "positions");
+      const Value& inv_freq = need(n, in, 2, "inv_freq");
+      need_rank(n, inv_freq, 1, "inv_freq");
+      int64_t rot = n.attr_int("rotary_dim", d);
+      if (rot > d || rot <= 0 || rot % 2 ||
+          (inv_freq.shape[0].is_concrete() && inv_freq.shape[0].value != rot / 2))
+        shape_error(n, str_cat("inv_freq ", inv_freq.shape.str(), " must hold rotary_dim/2 = ",
+                               rot / 2, " frequencies (head_dim ", d, ")"));
+    }
+    return {{q.dtype, Shape{q.shape[0], hq * d}}};
+  }
+  if (in.size() != 3) shape_error(n, "attention takes q, k, v (or one input with packed_qkv=1)");
   check(q, hq * d, "q");
-  check(k, hkv * d, "k");
-  check(v, hkv * d, "v");
+  check(need(n, in, 1, "k"), hkv * d, "k");
+  check(need(n, in, 2, "v"), hkv * d, "v");
   return {{q.dtype, Shape{q.shape[0], hq * d}}};
+}
+
+// Residual add fused with a norm: outputs the sum (the next residual) and its norm.
+std::vector<ValueType> infer_add_norm(const Node& n, const In& in) {
+  const Value& a = need(n, in, 0, "a");
+  const Value& b = need(n, in, 1, "b");
+  if (!(a.shape == b.shape)) shape_error(n, str_cat("a ", a.shape.str(), " and b ", b.shape.str(), " differ"));
+  In norm_in = {in[0]};
+  for (size_t i = 2; i < in.size(); ++i) norm_in.push_back(in[i]);
+  auto t = infer_norm(n, norm_in);
+  return {t[0], t[0]};
+}
+
+// gate and up packed side by side ([T, 2I], from one merged Linear) -> silu(gate) * up.
+std::vector<ValueType> infer_swiglu(const Node& n, const In& in) {
+  const Value& x = need(n, in, 0, "gate_up");
+  need_rank(n, x, 2, "gate_up");
+  need_float(n, x, "gate_up");
+  if (!x.shape[1].is_concrete() || x.shape[1].value % 2)
+    shape_error(n, str_cat("gate_up ", x.shape.str(), " must have an even, concrete feature count"));
+  return {{x.dtype, Shape{x.shape[0], x.shape[1].value / 2}}};
 }
 
 std::vector<ValueType> infer_gather_rows(const Node& n, const In& in) {
@@ -154,16 +190,23 @@ std::map<std::string, OpSchema> make_registry() {
   add({"Embedding", 2, 2, {}, "out[t] = table[ids[t]]", infer_embedding});
   add({"Add", 2, 2, {}, "a + b (b: same shape or a row vector)", infer_binary});
   add({"Mul", 2, 2, {}, "a * b (b: same shape or a row vector)", infer_binary});
+  add({"AddLayerNorm", 3, 4, {"eps"}, "s = a + b; outputs s and LayerNorm(s) (fused residual add)",
+       infer_add_norm});
+  add({"AddRMSNorm", 3, 3, {"eps"}, "s = a + b; outputs s and RMSNorm(s) (fused residual add)",
+       infer_add_norm});
+  add({"SwiGLU", 1, 1, {}, "x = [gate | up] on the last dim -> silu(gate) * up", infer_swiglu});
   add({"LayerNorm", 2, 3, {"eps"}, "(x - mean) / sqrt(var + eps) * w + b over the last dim", infer_norm});
   add({"RMSNorm", 2, 2, {"eps"}, "x / sqrt(mean(x^2) + eps) * w over the last dim", infer_norm});
-  add({"Linear", 2, 3, {}, "x[T,K] . weight[N,K]^T + bias[N]", infer_linear});
+  add({"Linear", 2, 3, {}, "x[T,K] . weight[N,K]^T + bias[N]; optional attr activation = gelu_erf | gelu_tanh | silu "
+       "(an epilogue)", infer_linear});
   add({"Gelu", 1, 1, {}, "GELU; attr approximate = none (erf) | tanh", infer_unary});
   add({"Silu", 1, 1, {}, "x * sigmoid(x)", infer_unary});
   add({"Tanh", 1, 1, {}, "tanh(x)", infer_unary});
   add({"Rope", 3, 3, {"num_heads", "head_dim"},
        "rotary embedding (rotate-half convention) of x[T, heads*head_dim] at positions", infer_rope});
-  add({"Attention", 3, 3, {"layer", "num_heads", "num_kv_heads", "head_dim", "scale", "causal"},
-       "paged attention: writes k,v into the KV cache, attends over each sequence's context",
+  add({"Attention", 1, 3, {"layer", "num_heads", "num_kv_heads", "head_dim", "scale", "causal"},
+       "paged attention: writes k,v into the KV cache, attends over each sequence's context; "
+       "packed_qkv=1 takes one [T, (hq+2hkv)*d] input (+ positions, inv_freq: RoPE inside)",
        infer_attention});
   add({"GatherRows", 2, 2, {}, "out[r] = x[rows[r]]", infer_gather_rows});
   add({"SeqMeanPool", 1, 1, {}, "mean of each sequence's rows of x (one row per sequence)",

@@ -12,20 +12,57 @@
 
 namespace kiln {
 
+void Model::compile(const std::string& backend, CompileOptions options) {
+  backend_ = create_backend(backend);
+  compile_options_ = std::move(options);
+  compiled_ = backend_->compile(built_.graph, compile_options_);
+}
+
 std::unique_ptr<Model> Model::from_built(BuiltModel built, const ModelOptions& options) {
   std::unique_ptr<Model> m(new Model());
   m->built_ = std::move(built);
-  m->backend_ = create_backend(options.backend);
+  m->pass_report_ = passes::run_passes(m->built_.graph, {options.opt_level, options.disabled_passes});
+  if (options.opt_level > 0)
+    log_debug("passes:\n", passes::format_pass_report(m->pass_report_));
   CompileOptions co;
   co.weight_dtype = options.weight_dtype;
   co.communicator = options.communicator;
-  m->compiled_ = m->backend_->compile(m->built_.graph, co);
+  m->compile(options.backend, co);
+  return m;
+}
+
+std::unique_ptr<Model> Model::load_engine(const std::string& path, const ModelOptions& options) {
+  auto e = std::make_shared<EngineContents>(engine_load(path));
+  std::unique_ptr<Model> m(new Model());
+  m->built_.graph = std::move(e->graph);
+  m->built_.info = e->info;
+  m->config_ = e->config;
+  m->path_ = path;
+  CompileOptions co;
+  // GEMM weights are stored in the engine in their final precision.
+  co.weight_dtype = e->build.weight_dtype;
+  for (auto& p : e->profiles) co.dim_ranges[p.dim] = {p.min, p.opt, p.max};
+  auto backend = create_backend(options.backend);
+  const std::string device = backend->device_name();
+  for (auto& table : e->tactic_tables)
+    if (table.device == device)
+      for (auto& t : table.tactics) co.tactics[t.node] = t.tactic;
+  if (co.tactics.empty() && !e->tactic_tables.empty())
+    log_info("engine tactics were timed on '", e->tactic_tables[0].device, "', this device is '", device,
+             "': using the backend's heuristics");
+  log_info("loaded engine ", path, ": ", m->built_.info.family, ", ", m->built_.graph.nodes().size(), " nodes, ",
+           m->built_.graph.weight_bytes() >> 20, " MiB of weights (", co.weight_dtype, "), ", co.tactics.size(),
+           " tuned tactics");
+  m->engine_ = std::move(e);
+  m->compile(options.backend, co);
   return m;
 }
 
 std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& options) {
   namespace fs = std::filesystem;
   if (!fs::exists(path)) throw_error(ErrorCode::kNotFound, "model path '", path, "' does not exist");
+  if (fs::is_regular_file(path) && (is_engine_file(path) || fs::path(path).extension() == ".kiln"))
+    return load_engine(path, options);
   BuiltModel built;
   nlohmann::json config;
   std::shared_ptr<const GgufFile> gguf;
@@ -40,7 +77,7 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
     built = build_model(config, weights);
   } else {
     throw_error(ErrorCode::kUnsupported, "'", path,
-                "' is not a model directory (config.json + *.safetensors) or a .gguf file");
+                "' is not a model directory (config.json + *.safetensors), a .gguf file or a kiln engine");
   }
   log_info("loaded ", built.info.family, " model from ", path, ": ", built.graph.nodes().size(),
            " nodes, ", built.graph.weight_bytes() >> 20, " MiB of weights");

@@ -8,8 +8,10 @@
 #include <string>
 
 #include "backends/backend.h"
+#include "engine/engine.h"
 #include "frontends/gguf.h"
 #include "models/model_builder.h"
+#include "passes/pass_manager.h"
 
 namespace kiln {
 
@@ -17,11 +19,16 @@ struct ModelOptions {
   std::string backend = "cpu";
   std::string weight_dtype = "f32";  // GEMM weight storage: f32 | bf16 | f16 | q8 | q4
   std::shared_ptr<Communicator> communicator;  // tensor-parallel rank link, or null
+  // Graph optimization (src/passes): 0 runs the faithful graph as built, 1 cleans up,
+  // 2 also fuses. Ignored for engine files, which are optimized when built.
+  int opt_level = 2;
+  std::vector<std::string> disabled_passes;  // pass names to skip
 };
 
 class Model {
  public:
-  // `path`: a HuggingFace model directory (config.json + safetensors) or a .gguf file.
+  // `path`: a HuggingFace model directory (config.json + safetensors), a .gguf file, or
+  // a kiln engine file (`kiln build`; recognized by its magic, weights mmap'd in place).
   static std::unique_ptr<Model> load(const std::string& path, const ModelOptions& options = {});
   // Real shapes without a checkpoint: `config` is a config.json (file, or a model
   // directory holding one); weights are random (benchmarks).
@@ -38,6 +45,13 @@ class Model {
   const nlohmann::json& config() const { return config_; }
   // The GGUF file the model came from, if any (the tokenizer reads its metadata).
   std::shared_ptr<const GgufFile> gguf() const { return gguf_; }
+  // The engine file the model was loaded from (null otherwise); its graph field is
+  // empty (the graph lives in the model).
+  std::shared_ptr<const EngineContents> engine() const { return engine_; }
+  // The compile options the backend got (weight dtype, tactics, profile ranges).
+  const CompileOptions& compile_options() const { return compile_options_; }
+  // What the optimization passes did to the graph (empty at opt level 0).
+  const std::vector<passes::PassResult>& pass_report() const { return pass_report_; }
 
  private:
   BuiltModel built_;
@@ -46,6 +60,12 @@ class Model {
   std::string path_;
   nlohmann::json config_;
   std::shared_ptr<const GgufFile> gguf_;
+  std::vector<passes::PassResult> pass_report_;
+  std::shared_ptr<const EngineContents> engine_;
+  CompileOptions compile_options_;
+
+  static std::unique_ptr<Model> load_engine(const std::string& path, const ModelOptions& options);
+  void compile(const std::string& backend, CompileOptions options);
 };
 
 }  // namespace kiln

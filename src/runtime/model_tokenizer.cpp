@@ -1,7 +1,13 @@
 // Tokenizer lookup for a loaded model (see model_tokenizer.h).
 #include "runtime/model_tokenizer.h"
 
+#include <unistd.h>
+
 #include <filesystem>
+#include <fstream>
+
+#include "core/mapped_file.h"
+#include "core/status.h"
 
 namespace kiln {
 
@@ -33,8 +39,96 @@ tok::GgufTokenizerData gguf_tokenizer_data(const GgufFile& f) {
   return d;
 }
 
+nlohmann::json gguf_tokenizer_to_json(const tok::GgufTokenizerData& d) {
+  nlohmann::json j = {{"model", d.model}, {"pre", d.pre}, {"tokens", d.tokens}, {"scores", d.scores},
+                      {"token_type", d.token_type}, {"merges", d.merges}, {"bos_id", d.bos_id},
+                      {"eos_id", d.eos_id}, {"unk_id", d.unk_id}, {"pad_id", d.pad_id}, {"sep_id", d.sep_id},
+                      {"cls_id", d.cls_id}, {"mask_id", d.mask_id}, {"chat_template", d.chat_template}};
+  if (d.add_bos) j["add_bos"] = *d.add_bos;
+  if (d.add_eos) j["add_eos"] = *d.add_eos;
+  if (d.add_space_prefix) j["add_space_prefix"] = *d.add_space_prefix;
+  return j;
+}
+
+tok::GgufTokenizerData gguf_tokenizer_from_json(const nlohmann::json& j) {
+  tok::GgufTokenizerData d;
+  try {
+    d.model = j.at("model").get<std::string>();
+    d.pre = j.at("pre").get<std::string>();
+    d.tokens = j.at("tokens").get<std::vector<std::string>>();
+    d.scores = j.at("scores").get<std::vector<float>>();
+    d.token_type = j.at("token_type").get<std::vector<int32_t>>();
+    d.merges = j.at("merges").get<std::vector<std::string>>();
+    for (auto [k, p] : {std::pair{"bos_id", &d.bos_id}, {"eos_id", &d.eos_id}, {"unk_id", &d.unk_id},
+                        {"pad_id", &d.pad_id}, {"sep_id", &d.sep_id}, {"cls_id", &d.cls_id}, {"mask_id", &d.mask_id}})
+      *p = j.at(k).get<int32_t>();
+    d.chat_template = j.at("chat_template").get<std::string>();
+    if (j.contains("add_bos")) d.add_bos = j["add_bos"].get<bool>();
+    if (j.contains("add_eos")) d.add_eos = j["add_eos"].get<bool>();
+    if (j.contains("add_space_prefix")) d.add_space_prefix = j["add_space_prefix"].get<bool>();
+  } catch (const nlohmann::json::exception& e) {
+    throw_error(ErrorCode::kInvalidFile, "engine tokenizer (GGUF metadata): ", e.what());
+  }
+  return d;
+}
+
+std::vector<std::pair<std::string, std::string>> hf_tokenizer_files(const std::string& dir) {
+  namespace fs = std::filesystem;
+  std::vector<std::pair<std::string, std::string>> files;
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.txt",
+                        "vocab.json", "merges.txt", "tokenizer.model"})
+    if (fs::is_regular_file(fs::path(dir) / f)) files.emplace_back(f, read_text_file((fs::path(dir) / f).string()));
+  return files;
+}
+
+namespace {
+
+// An engine's embedded tokenizer: HF files (tokenizer.json directly; older layouts
+// through a temporary directory, as from_hf_dir reads them) or GGUF metadata.
+std::optional<tok::Tokenizer> engine_tokenizer(const EngineContents& e) {
+  namespace fs = std::filesystem;
+  auto file = [&](const std::string& name) -> const std::string* {
+    for (auto& [n, bytes] : e.tokenizer.files)
+      if (n == name) return &bytes;
+    return nullptr;
+  };
+  if (e.tokenizer.kind == "gguf") {
+    const std::string* j = file("gguf_tokenizer.json");
+    if (!j) throw_error(ErrorCode::kInvalidFile, "engine tokenizer: gguf_tokenizer.json is missing");
+    try {
+      return tok::Tokenizer::from_gguf(gguf_tokenizer_from_json(nlohmann::json::parse(*j)));
+    } catch (const nlohmann::json::exception& x) {
+      throw_error(ErrorCode::kInvalidFile, "engine tokenizer: ", x.what());
+    }
+  }
+  if (e.tokenizer.kind != "hf" || e.tokenizer.files.empty()) return std::nullopt;
+  if (const std::string* j = file("tokenizer.json")) {
+    const std::string* cfg = file("tokenizer_config.json");
+    return tok::Tokenizer::from_hf_json(*j, cfg ? std::string_view(*cfg) : std::string_view());
+  }
+  fs::path dir = fs::temp_directory_path() / ("kiln_tok_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  for (auto& [name, bytes] : e.tokenizer.files) {
+    if (name.find('/') != std::string::npos || name.empty() || name[0] == '.')
+      throw_error(ErrorCode::kInvalidFile, "engine tokenizer: bad file name '", name, "'");
+    std::ofstream(dir / name, std::ios::binary).write(bytes.data(), std::streamsize(bytes.size()));
+  }
+  auto cleanup = [&] { std::error_code ec; fs::remove_all(dir, ec); };
+  try {
+    auto t = tok::Tokenizer::from_hf_dir(dir);
+    cleanup();
+    return t;
+  } catch (...) {
+    cleanup();
+    throw;
+  }
+}
+
+}  // namespace
+
 std::optional<tok::Tokenizer> load_model_tokenizer(const Model& model) {
   namespace fs = std::filesystem;
+  if (model.engine()) return engine_tokenizer(*model.engine());
   if (model.gguf()) {
     if (!model.gguf()->has_key("tokenizer.ggml.tokens")) return std::nullopt;
     return tok::Tokenizer::from_gguf(gguf_tokenizer_data(*model.gguf()));

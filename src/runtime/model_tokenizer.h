@@ -16,4 +16,11 @@ std::optional<tok::Tokenizer> load_model_tokenizer(const Model& model);
 // The `tokenizer.ggml.*` metadata of a GGUF file, for tok::Tokenizer::from_gguf.
 tok::GgufTokenizerData gguf_tokenizer_data(const GgufFile& file);
 
+// GGUF tokenizer metadata <-> JSON, as engine files embed it.
+nlohmann::json gguf_tokenizer_to_json(const tok::GgufTokenizerData& data);
+tok::GgufTokenizerData gguf_tokenizer_from_json(const nlohmann::json& j);
+
+// The tokenizer files of a HF model directory that an engine embeds (name, bytes).
+std::vector<std::pair<std::string, std::string>> hf_tokenizer_files(const std::string& dir);
+
 }  // namespace kiln

@@ -41,5 +41,18 @@ if [ -f "$smol" ]; then
 else
   echo "skip real-model CLI checks: $smol not found"
 fi
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+check build 0 "fuse_add_norm" -- "$kiln" build -m "$fixtures/models/gpt2" -o "$tmp/gpt2.kiln" --profile T:1,8,16
+check generate-engine 0 "" -- "$kiln" generate -m "$tmp/gpt2.kiln" --ids 5,6,7 -n 4 -q
+check inspect-engine 0 "Attention(packed qkv) x2" -- "$kiln" inspect -m "$tmp/gpt2.kiln"
+check inspect-unfused 0 "Attention x2" -- "$kiln" inspect -m "$fixtures/models/gpt2" --opt-level 0
+check build-bert-bf16 0 "bf16" -- "$kiln" build -m "$fixtures/models/bert" -o "$tmp/bert.kiln" --dtype bf16 --no-tune
+check classify-engine 0 "LABEL_" -- "$kiln" classify -m "$tmp/bert.kiln" --ids 5,6,7,8
+check bad-pass 1 "no pass named 'fuse_all'" -- "$kiln" build -m "$fixtures/models/gpt2" -o "$tmp/x.kiln" --disable-pass fuse_all
+check bad-profile 1 "DIM:min,opt,max" -- "$kiln" build -m "$fixtures/models/gpt2" -o "$tmp/x.kiln" --profile T:9,2
+head -c 5000 "$tmp/gpt2.kiln" > "$tmp/cut.kiln"
+check truncated-engine 1 "truncated" -- "$kiln" generate -m "$tmp/cut.kiln" --ids 1
+check out-of-profile 1 "outside the engine profile" -- "$kiln" generate -m "$tmp/gpt2.kiln" --ids "$(seq -s, 1 20)" -n 1
 [ $fail = 0 ] && echo "cli: all passed"
 exit $fail

@@ -59,7 +59,7 @@ double measure_triad_gbs() {
 }
 
 int run_bench(const BenchArgs& a) {
-  ModelOptions mo{a.model.backend, a.model.weight_dtype};
+  ModelOptions mo = model_options(a.model);
   auto model = a.random_config.empty() ? Model::load(a.model.model, mo)
                                        : Model::load_random(a.random_config, mo);
   const ModelInfo& info = model->info();
@@ -132,6 +132,7 @@ Runner add_bench(CLI::App& app) {
   cmd->add_option("--weight-dtype", a->model.weight_dtype, "f32 | bf16 | f16 | q8 | q4")
       ->check(CLI::IsMember({"f32", "bf16", "f16", "q8", "q4"}))
       ->capture_default_str();
+  add_pass_options(cmd, a->model.opt_level, a->model.disabled_passes);
   cmd->add_option("-p,--prompt-len", a->prompt_len, "prompt tokens (pp)")->capture_default_str();
   cmd->add_option("-n,--gen-len", a->gen_len, "generated tokens (tg)")->capture_default_str();
   cmd->add_option("-b,--batch", a->batch, "sequences decoded together")->capture_default_str();

@@ -22,14 +22,14 @@ struct EvalArgs {
 };
 
 int run_eval(const EvalArgs& a) {
-  auto model = Model::load(a.model.model, {a.model.backend, a.model.weight_dtype});
+  auto model = Model::load(a.model.model, model_options(a.model));
   auto tokenizer = load_model_tokenizer(*model);
   if (!tokenizer) throw_error(ErrorCode::kInvalidArgument, "'", a.model.model, "' has no tokenizer");
   std::string text = read_text_file(a.text);
   std::vector<int32_t> tokens = tokenizer->encode(text, /*add_special=*/true);
   std::unique_ptr<Model> ref;
   if (!a.reference_dtype.empty())
-    ref = Model::load(a.model.model, {a.model.backend, a.reference_dtype});
+    ref = Model::load(a.model.model, {a.model.backend, a.reference_dtype, nullptr, a.model.opt_level, a.model.disabled_passes});
   auto t0 = std::chrono::steady_clock::now();
   PerplexityResult r = evaluate_perplexity(*model, tokens, a.opt, ref.get());
   double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -1,20 +1,44 @@
-// `kiln inspect`: what a model is (family, shapes, weights, memory) and, with --graph,
-// its IR one node per line.
+// `kiln inspect`: what a model or engine is (family, shapes, weights, memory), its
+// layers after fusion (op counts and what each pass did), and for engines the build
+// options, profiles and tactics; with --graph, its IR one node per line.
 #include <cstdio>
+#include <map>
 
 #include "commands.h"
 #include "runtime/model.h"
 
 namespace kiln::cli {
 
+namespace {
+
+void print_engine(const EngineContents& e, const std::string& device) {
+  const EngineBuildInfo& b = e.build;
+  std::printf("engine      built by kiln %s from %s in %.1f s: GEMM weights %s, opt level %d\n",
+              b.kiln_version.c_str(), b.source.c_str(), b.build_seconds, b.weight_dtype.c_str(), b.opt_level);
+  for (auto& line : b.pass_report) std::printf("  pass      %s\n", line.c_str());
+  for (auto& p : e.profiles)
+    std::printf("profile     %s: %s in [%lld, %lld], opt %lld\n", p.name.c_str(), p.dim.c_str(), (long long)p.min,
+                (long long)p.max, (long long)p.opt);
+  for (auto& t : e.tactic_tables) {
+    std::map<std::string, int> count;
+    for (auto& x : t.tactics) ++count[x.tactic];
+    std::printf("tactics     %zu nodes timed on '%s'%s\n", t.tactics.size(), t.device.c_str(),
+                t.device == device ? " (this device)" : " (another device: heuristics used here)");
+    for (auto& [tac, n] : count) std::printf("  %3d x %s\n", n, tac.c_str());
+  }
+  std::printf("tokenizer   %s\n", e.tokenizer.kind.empty() ? "none" : e.tokenizer.kind.c_str());
+}
+
+}  // namespace
+
 Runner add_inspect(CLI::App& app) {
   auto a = std::make_shared<ModelArgs>();
   auto graph = std::make_shared<bool>(false);
-  CLI::App* cmd = app.add_subcommand("inspect", "describe a model: family, shapes, memory, graph");
+  CLI::App* cmd = app.add_subcommand("inspect", "describe a model or engine: family, shapes, layers, memory, graph");
   add_model_options(cmd, *a);
   cmd->add_flag("--graph", *graph, "print the IR graph");
   return [a, graph] {
-    auto m = Model::load(a->model, {a->backend, a->weight_dtype});
+    auto m = Model::load(a->model, model_options(*a));
     const ModelInfo& i = m->info();
     std::printf("model       %s\n", m->path().c_str());
     std::printf("family      %s (model_type %s), %s\n", i.family.c_str(), i.model_type.c_str(),
@@ -25,10 +49,19 @@ Runner add_inspect(CLI::App& app) {
                 (long long)i.num_kv_heads, (long long)i.head_dim, (long long)i.vocab_size,
                 (long long)i.max_positions);
     if (i.num_labels) std::printf("labels      %lld\n", (long long)i.num_labels);
-    std::printf("graph       %zu nodes, %.1f MiB of f32 weights\n", m->graph().nodes().size(),
+    std::printf("graph       %zu nodes, %.1f MiB of weights\n", m->graph().nodes().size(),
                 double(m->graph().weight_bytes()) / (1 << 20));
+    std::map<std::string, int> ops;
+    for (auto& n : m->graph().nodes()) ++ops[n.op + (n.attr_int("packed_qkv", 0) ? "(packed qkv)" : "") +
+                                             (n.has_attr("activation") ? "+" + n.attr_str("activation") : "")];
+    std::printf("layers     ");
+    for (auto& [op, n] : ops) std::printf(" %s x%d", op.c_str(), n);
+    std::printf("\n");
+    for (auto& p : m->pass_report())
+      if (p.changed) std::printf("  pass      %s: %s\n", p.name.c_str(), p.stats.c_str());
+    if (m->engine()) print_engine(*m->engine(), m->backend().device_name());
     std::printf("backend     %s, GEMM weights %s: %.1f MiB\n", m->backend().name().c_str(),
-                a->weight_dtype.c_str(), double(m->compiled().weight_bytes()) / (1 << 20));
+                m->compile_options().weight_dtype.c_str(), double(m->compiled().weight_bytes()) / (1 << 20));
     std::printf("KV cache    %lld bytes per token\n",
                 (long long)(2 * i.num_layers * i.num_kv_heads * i.head_dim * 4));
     if (*graph) std::printf("\n%s", m->graph().dump().c_str());

@@ -5,6 +5,9 @@
 #include <CLI/CLI.hpp>
 #include <functional>
 #include <string>
+#include <vector>
+
+#include "runtime/model.h"
 
 namespace kiln::cli {
 
@@ -19,14 +22,20 @@ Runner add_inspect(CLI::App& app);
 Runner add_bench(CLI::App& app);
 Runner add_eval(CLI::App& app);
 Runner add_serve(CLI::App& app);
+Runner add_build(CLI::App& app);
 
 // Options every model-loading subcommand shares.
 struct ModelArgs {
   std::string model;
   std::string backend = "cpu";
   std::string weight_dtype = "f32";
+  int opt_level = 2;
+  std::vector<std::string> disabled_passes;
 };
 void add_model_options(CLI::App* cmd, ModelArgs& args);
+// --opt-level and --disable-pass (shared by the model-loading commands and build).
+void add_pass_options(CLI::App* cmd, int& opt_level, std::vector<std::string>& disabled);
+ModelOptions model_options(const ModelArgs& args);
 
 // "1,2,3" -> ids; throws kiln::Error naming the bad entry.
 std::vector<int32_t> parse_ids(const std::string& s);

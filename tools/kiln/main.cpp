@@ -10,13 +10,26 @@ namespace kiln::cli {
 
 void add_model_options(CLI::App* cmd, ModelArgs& args) {
   cmd->add_option("-m,--model", args.model,
-                  "model: a HuggingFace directory (config.json + *.safetensors) or a .gguf file")
+                  "model: a HuggingFace directory (config.json + *.safetensors), a .gguf file or a .kiln engine")
       ->required();
   cmd->add_option("--backend", args.backend, "where to run: cpu")->capture_default_str();
   cmd->add_option("--weight-dtype", args.weight_dtype,
                   "storage of GEMM weights: f32 (exact), bf16/f16 (half the memory traffic), q8/q4 (weight-only int8/int4, groups of 32)")
       ->check(CLI::IsMember({"f32", "bf16", "f16", "q8", "q4"}))
       ->capture_default_str();
+  add_pass_options(cmd, args.opt_level, args.disabled_passes);
+}
+
+void add_pass_options(CLI::App* cmd, int& opt_level, std::vector<std::string>& disabled) {
+  cmd->add_option("--opt-level", opt_level,
+                  "graph optimization: 0 none, 1 cleanup (dce, cse), 2 + fusions (ignored for engines)")
+      ->check(CLI::Range(0, 2))
+      ->capture_default_str();
+  cmd->add_option("--disable-pass", disabled, "skip a pass by name (repeatable; see kiln inspect)");
+}
+
+ModelOptions model_options(const ModelArgs& a) {
+  return {a.backend, a.weight_dtype, nullptr, a.opt_level, a.disabled_passes};
 }
 
 std::vector<int32_t> parse_ids(const std::string& s) {
@@ -47,7 +60,8 @@ int main(int argc, char** argv) {
       "  kiln generate -m SmolLM2-135M-Instruct.Q4_1.gguf -p \"The capital of France is\"\n"
       "  kiln chat -m SmolLM2-135M-Instruct.Q4_1.gguf\n"
       "  kiln embed -m all-MiniLM-L6-v2/ -t \"a sentence to embed\"\n"
-      "  kiln bench --random-weights bench/configs/gpt2-small.json\n"};
+      "  kiln bench --random-weights bench/configs/gpt2-small.json\n"
+      "  kiln build -m all-MiniLM-L6-v2/ -o minilm.kiln && kiln embed -m minilm.kiln -t \"hi\"\n"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "help for every subcommand");
   int threads = 0;
@@ -55,7 +69,7 @@ int main(int argc, char** argv) {
   std::vector<kiln::cli::Runner> runners = {
       kiln::cli::add_generate(app), kiln::cli::add_chat(app), kiln::cli::add_embed(app), kiln::cli::add_classify(app),
       kiln::cli::add_tokenize(app), kiln::cli::add_inspect(app), kiln::cli::add_bench(app), kiln::cli::add_eval(app),
-      kiln::cli::add_serve(app)};
+      kiln::cli::add_serve(app), kiln::cli::add_build(app)};
   CLI11_PARSE(app, argc, argv);
   if (threads > 0) setenv("KILN_NUM_THREADS", std::to_string(threads).c_str(), 1);
   try {

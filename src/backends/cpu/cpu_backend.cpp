@@ -5,11 +5,13 @@
 #include "backends/cpu/cpu_backend.h"
 
 #include <algorithm>
+#include <chrono>
 #include <limits>
 
 #include "backends/cpu/cpu_ops.h"
 #include "core/log.h"
 #include "core/status.h"
+#include "core/thread_pool.h"
 
 namespace kiln {
 
@@ -17,7 +19,7 @@ namespace {
 
 class CpuCompiledGraph final : public CompiledGraph {
  public:
-  CpuCompiledGraph(const ir::Graph& g, const CompileOptions& opt) : graph_(g) {
+  CpuCompiledGraph(const ir::Graph& g, const CompileOptions& opt) : graph_(g), dim_ranges_(opt.dim_ranges) {
     ir::verify(g);
     for (const ir::Node& n : g.nodes()) {
       const cpu::OpPrepare* prep = cpu::find_cpu_op(n.op);
@@ -46,10 +48,16 @@ class CpuCompiledGraph final : public CompiledGraph {
         throw_error(ErrorCode::kInvalidArgument, "input '", v.name, "' must be ",
                     dtype_name(v.dtype), v.shape.str(), ", got ", dtype_name(t.dtype()),
                     t.shape_str());
-      for (size_t d = 0; d < v.shape.rank(); ++d)
+      for (size_t d = 0; d < v.shape.rank(); ++d) {
         if (v.shape[d].is_concrete() && v.shape[d].value != t.dim(int(d)))
           throw_error(ErrorCode::kInvalidArgument, "input '", v.name, "' dim ", d, " must be ",
                       v.shape[d].value, ", got ", t.shape_str());
+        auto range = v.shape[d].is_concrete() ? dim_ranges_.end() : dim_ranges_.find(v.shape[d].sym);
+        if (range != dim_ranges_.end() && (t.dim(int(d)) < range->second.min || t.dim(int(d)) > range->second.max))
+          throw_error(ErrorCode::kOutOfRange, "input '", v.name, "' has shape ", t.shape_str(), ": ",
+                      v.shape[d].sym, " = ", t.dim(int(d)), " is outside the engine profile's range [",
+                      range->second.min, ", ", range->second.max, "] (rebuild with a wider --profile)");
+      }
       vals[size_t(id)] = &t;
     }
     for (auto& [id, t] : weights_view()) vals[size_t(id)] = t;
@@ -140,6 +148,7 @@ class CpuCompiledGraph final : public CompiledGraph {
   }
 
   const ir::Graph& graph_;
+  std::map<std::string, DimRange> dim_ranges_;
   std::vector<cpu::OpRun> runners_;
   std::vector<int> slot_of_;
   std::vector<Slot> slots_;
@@ -160,6 +169,62 @@ class CpuBackend final : public Backend {
   std::unique_ptr<KvStorage> allocate_kv(const KvLayout& layout) override {
     return std::make_unique<cpu::CpuKv>(layout);
   }
+
+  // GEMM tactics: microkernel rows (4 or 6), K blocking (heuristic or 256) and the
+  // thread split (N panels or T rows); threads stay automatic so an engine tuned on
+  // one core count still uses every core elsewhere.
+  std::vector<std::string> node_tactics(const ir::Node& node, const ir::Graph&) const override {
+    if (node.op != "Linear") return {};
+    std::vector<std::string> v;
+    for (int mr : {6, 4})
+      for (int64_t kc : {int64_t(0), int64_t(256)})
+        for (auto split : {cpu::LinearSplit::kPanels, cpu::LinearSplit::kRows})
+          v.push_back(cpu::linear_tactic_str({mr, kc, split, 0}));
+    return v;
+  }
+
+  double time_tactic(const ir::Node& node, const ir::Graph& g, const std::string& tactic,
+                     const std::map<std::string, int64_t>& dims, const CompileOptions& opt) override {
+    if (node.op != "Linear") return -1;
+    if (opt.weight_dtype != "f32" && opt.weight_dtype != "bf16" && opt.weight_dtype != "f16") return -1;
+    const Dim& rows = g.value(node.inputs[0]).shape[0];
+    const int64_t t = rows.is_concrete() ? rows.value : (dims.count(rows.sym) ? dims.at(rows.sym) : 1);
+    // Pack once per weight: the builder times every tactic of a node in a row.
+    const Tensor& w = g.weight(node.inputs[1]);
+    if (packed_src_ != w.data() || packed_dtype_ != opt.weight_dtype) {
+      Tensor wf = w.dtype() == DType::kF32 ? w : w.to(DType::kF32);
+      cpu::WeightStorage st = opt.weight_dtype == "bf16"  ? cpu::WeightStorage::kBF16
+                              : opt.weight_dtype == "f16" ? cpu::WeightStorage::kF16
+                                                          : cpu::WeightStorage::kF32;
+      packed_ = cpu::pack_weight(wf.data_as<float>(), wf.dim(0), wf.dim(1), st);
+      packed_src_ = w.data();
+      packed_dtype_ = opt.weight_dtype;
+    }
+    Tensor x(DType::kF32, {t, packed_.k}), y(DType::kF32, {t, packed_.n});
+    for (int64_t i = 0; i < x.numel(); ++i) x.data_as<float>()[i] = float((i * 7919) % 200 - 100) * 0.01f;
+    cpu::LinearTactic tac = cpu::linear_tactic_parse(tactic);
+    auto once = [&] {
+      auto t0 = std::chrono::steady_clock::now();
+      cpu::linear(x.data_as<float>(), t, packed_.k, packed_, nullptr, y.data_as<float>(), tac);
+      return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    };
+    once();  // warm-up (caches, page faults)
+    std::vector<double> times;
+    double total = 0;
+    // At least 3 runs, more for short ones, about 50 ms per tactic in all.
+    while (times.size() < 3 || (total < 0.05 && times.size() < 50)) total += times.emplace_back(once());
+    std::sort(times.begin(), times.end());
+    return times[times.size() / 2];
+  }
+
+  std::string device_name() const override {
+    return str_cat("cpu ", cpu::cpu_isa_name(cpu::cpu_isa()), " ", ThreadPool::global().num_threads(), " threads");
+  }
+
+ private:
+  const void* packed_src_ = nullptr;
+  std::string packed_dtype_;
+  cpu::PackedWeight packed_;
 };
 
 }  // namespace

@@ -3,12 +3,15 @@
 // symbolic shapes runs without recompiling.
 #include "backends/cpu/cpu_ops.h"
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <map>
 
 #include "backends/communicator.h"
 #include "core/log.h"
 #include "core/status.h"
+#include "core/thread_pool.h"
 
 namespace kiln::cpu {
 
@@ -83,6 +86,51 @@ OpRun prepare_layer_norm(const ir::Node& n, const ir::Graph& g, const CompileOpt
   };
 }
 
+// AddRMSNorm / AddLayerNorm: outputs sum = a + b and norm(sum) in one pass.
+OpRun prepare_add_norm(const ir::Node& n, const ir::Graph& g, const CompileOptions&) {
+  const bool rms = n.op == "AddRMSNorm";
+  Tensor w = weight_f32(g, n.inputs[2], n, "weight");
+  Tensor b = rms ? Tensor() : weight_f32(g, n.input(3), n, "bias");
+  if (!rms && b.empty()) b = Tensor(DType::kF32, {w.dim(0)});  // zero beta
+  float eps = float(n.attr_float("eps"));
+  return [w, b, eps, rms](OpContext& c) {
+    const Tensor& x = *c.inputs[0];
+    const Tensor& r = *c.inputs[1];
+    Tensor& sum = c.out(0, x.shape());
+    Tensor& y = c.out(1, x.shape());
+    int64_t dim = x.dim(-1), rows = x.numel() / dim;
+    if (rms)
+      add_rms_norm(x.data_as<float>(), r.data_as<float>(), w.data_as<float>(), eps, rows, dim,
+                   sum.data_as<float>(), y.data_as<float>());
+    else
+      add_layer_norm(x.data_as<float>(), r.data_as<float>(), w.data_as<float>(), b.data_as<float>(),
+                     eps, rows, dim, sum.data_as<float>(), y.data_as<float>());
+  };
+}
+
+// SwiGLU over [T, 2I] = [gate | up] rows. Short rows (decode) go in one call per row;
+// the kernel threads within a call.
+OpRun prepare_swiglu(const ir::Node&, const ir::Graph&, const CompileOptions&) {
+  return [](OpContext& c) {
+    const Tensor& x = *c.inputs[0];
+    int64_t t = x.dim(0), inter = x.dim(1) / 2;
+    Tensor& y = c.out(0, {t, inter});
+    const float* in = x.data_as<float>();
+    float* out = y.data_as<float>();
+    if (t == 1) return swiglu(in, in + inter, inter, out);  // the kernel threads the row
+    // Threads own rows; each call stays below the kernel's threading grain (nested
+    // parallel_for calls would serialize on the pool).
+    constexpr int64_t kSeg = 4096;
+    ThreadPool::global().parallel_for(t, [&](int64_t b, int64_t e, int) {
+      for (int64_t r = b; r < e; ++r)
+        for (int64_t s = 0; s < inter; s += kSeg) {
+          const float* row = in + r * 2 * inter;
+          swiglu(row + s, row + inter + s, std::min(kSeg, inter - s), out + r * inter + s);
+        }
+    });
+  };
+}
+
 OpRun prepare_rms_norm(const ir::Node& n, const ir::Graph& g, const CompileOptions&) {
   Tensor w = weight_f32(g, n.inputs[1], n, "weight");
   float eps = float(n.attr_float("eps"));
@@ -92,6 +140,13 @@ OpRun prepare_rms_norm(const ir::Node& n, const ir::Graph& g, const CompileOptio
     int64_t dim = x.dim(-1);
     rms_norm(x.data_as<float>(), w.data_as<float>(), eps, x.numel() / dim, dim, y.data_as<float>());
   };
+}
+
+// The builder's tactic for this node (CompileOptions::tactics), else the heuristic.
+LinearTactic linear_tactic_for(const ir::Node& n, const CompileOptions& opt) {
+  auto it = opt.tactics.find(n.name);
+  if (it == opt.tactics.end()) return {};
+  return linear_tactic_parse(it->second);
 }
 
 OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, const CompileOptions& opt) {
@@ -105,11 +160,24 @@ OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, const CompileOptions
     storage = WeightStorage::kBF16;
   }
   auto packed = std::make_shared<PackedWeight>(pack_weight(w.data_as<float>(), w.dim(0), w.dim(1), storage));
-  return [packed, bias](OpContext& c) {
+  // The activation epilogue (fuse_linear_activation) runs over the output right after
+  // the GEMM, while it is still in cache.
+  using Act = void (*)(const float*, int64_t, float*);
+  Act act = nullptr;
+  std::string epi = n.attr_str("activation", "");
+  if (epi == "gelu_erf") act = &gelu_erf;
+  else if (epi == "gelu_tanh") act = &gelu_tanh;
+  else if (epi == "silu") act = &silu;
+  else if (!epi.empty())
+    throw_error(ErrorCode::kUnsupported, "cpu: Linear '", n.name, "' activation '", epi,
+                "' (expected gelu_erf, gelu_tanh or silu)");
+  LinearTactic tactic = linear_tactic_for(n, opt);
+  return [packed, bias, act, tactic](OpContext& c) {
     const Tensor& x = *c.inputs[0];
     Tensor& y = c.out(0, {x.dim(0), packed->n});
     linear(x.data_as<float>(), x.dim(0), x.dim(1), *packed, f32(bias.empty() ? nullptr : &bias),
-           y.data_as<float>());
+           y.data_as<float>(), tactic);
+    if (act) act(y.data_as<float>(), y.numel(), y.data_as<float>());
   };
 }
 
@@ -143,49 +211,86 @@ OpRun prepare_rope(const ir::Node& n, const ir::Graph& g, const CompileOptions&)
   };
 }
 
-OpRun prepare_attention(const ir::Node& n, const ir::Graph&, const CompileOptions&) {
-  int64_t layer = n.attr_int("layer"), hq = n.attr_int("num_heads");
-  int64_t hkv = n.attr_int("num_kv_heads"), d = n.attr_int("head_dim");
-  float scale = float(n.attr_float("scale"));
-  bool causal = n.attr_int("causal") != 0;
-  std::string name = n.name;
-  return [=](OpContext& c) {
-    const Tensor& q = *c.inputs[0];
-    const Tensor& k = *c.inputs[1];
-    const Tensor& v = *c.inputs[2];
-    int64_t t = q.dim(0);
-    const StepInfo& step = *c.step;
-    if (step.num_tokens() != t)
-      throw_error(ErrorCode::kInvalidArgument, "attention '", name, "': the step lays out ",
-                  step.num_tokens(), " tokens but q has ", t, " rows");
-    Tensor& y = c.out(0, {t, hq * d});
-    std::vector<AttentionSeq> seqs(step.seqs.size());
-    std::vector<int32_t> identity;
-    if (c.kv) {
-      // Decoder: append this step's K/V to the pool, then attend through block tables.
-      kv_cache_write(k.data_as<float>(), v.data_as<float>(), step.slot_mapping.data(), t, hkv, d,
-                     c.kv->k(layer), c.kv->v(layer));
-      for (size_t s = 0; s < seqs.size(); ++s) {
-        auto& ss = step.seqs[s];
-        seqs[s] = {ss.q_start, ss.q_len, ss.ctx_len, ss.block_table.data()};
-      }
-      paged_attention(q.data_as<float>(), c.kv->k(layer), c.kv->v(layer), c.kv->layout().block_size,
-                      hq, hkv, d, scale, causal, seqs.data(), int64_t(seqs.size()), y.data_as<float>());
-    } else {
-      // No cache (encoders): read K/V in place as a pool of one-token blocks, so
-      // sequence s's "block table" is just its own rows.
-      identity.resize(size_t(t));
-      for (int64_t i = 0; i < t; ++i) identity[size_t(i)] = int32_t(i);
-      for (size_t s = 0; s < seqs.size(); ++s) {
-        auto& ss = step.seqs[s];
-        if (ss.ctx_len != ss.q_len)
-          throw_error(ErrorCode::kInvalidArgument, "attention '", name,
-                      "' has no KV cache, so a sequence's context must be its new tokens");
-        seqs[s] = {ss.q_start, ss.q_len, ss.ctx_len, identity.data() + ss.q_start};
-      }
-      paged_attention(q.data_as<float>(), k.data_as<float>(), v.data_as<float>(), 1, hq, hkv, d,
-                      scale, causal, seqs.data(), int64_t(seqs.size()), y.data_as<float>());
+struct AttentionParams {
+  std::string name;
+  int64_t layer, hq, hkv, d, rotary_dim;
+  float scale;
+  bool causal;
+};
+
+// Attention over contiguous q [T, hq*d], k and v [T, hkv*d].
+void run_attention(OpContext& c, const AttentionParams& p, const float* q, const float* k,
+                   const float* v, int64_t t) {
+  const StepInfo& step = *c.step;
+  if (step.num_tokens() != t)
+    throw_error(ErrorCode::kInvalidArgument, "attention '", p.name, "': the step lays out ",
+                step.num_tokens(), " tokens but q has ", t, " rows");
+  Tensor& y = c.out(0, {t, p.hq * p.d});
+  std::vector<AttentionSeq> seqs(step.seqs.size());
+  std::vector<int32_t> identity;
+  if (c.kv) {
+    // Decoder: append this step's K/V to the pool, then attend through block tables.
+    kv_cache_write(k, v, step.slot_mapping.data(), t, p.hkv, p.d, c.kv->k(p.layer), c.kv->v(p.layer));
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      auto& ss = step.seqs[s];
+      seqs[s] = {ss.q_start, ss.q_len, ss.ctx_len, ss.block_table.data()};
     }
+    paged_attention(q, c.kv->k(p.layer), c.kv->v(p.layer), c.kv->layout().block_size, p.hq, p.hkv,
+                    p.d, p.scale, p.causal, seqs.data(), int64_t(seqs.size()), y.data_as<float>());
+  } else {
+    // No cache (encoders): read K/V in place as a pool of one-token blocks, so
+    // sequence s's "block table" is just its own rows.
+    identity.resize(size_t(t));
+    for (int64_t i = 0; i < t; ++i) identity[size_t(i)] = int32_t(i);
+    for (size_t s = 0; s < seqs.size(); ++s) {
+      auto& ss = step.seqs[s];
+      if (ss.ctx_len != ss.q_len)
+        throw_error(ErrorCode::kInvalidArgument, "attention '", p.name,
+                    "' has no KV cache, so a sequence's context must be its new tokens");
+      seqs[s] = {ss.q_start, ss.q_len, ss.ctx_len, identity.data() + ss.q_start};
+    }
+    paged_attention(q, k, v, 1, p.hq, p.hkv, p.d, p.scale, p.causal, seqs.data(),
+                    int64_t(seqs.size()), y.data_as<float>());
+  }
+}
+
+OpRun prepare_attention(const ir::Node& n, const ir::Graph& g, const CompileOptions&) {
+  AttentionParams p{n.name, n.attr_int("layer"), n.attr_int("num_heads"), n.attr_int("num_kv_heads"),
+                    n.attr_int("head_dim"), 0, float(n.attr_float("scale")), n.attr_int("causal") != 0};
+  p.rotary_dim = n.attr_int("rotary_dim", p.d);
+  if (!n.attr_int("packed_qkv", 0))
+    return [p](OpContext& c) {
+      const Tensor& q = *c.inputs[0];
+      run_attention(c, p, q.data_as<float>(), c.inputs[1]->data_as<float>(),
+                    c.inputs[2]->data_as<float>(), q.dim(0));
+    };
+  // Packed q|k|v rows (fuse_qkv_attention): split them into contiguous scratch, rotate
+  // q and k there when the node carries RoPE, and run the same kernels as above. The
+  // copy is O(T * width), small next to the GEMM that produced it.
+  Tensor inv_freq = n.inputs.size() > 2 ? weight_f32(g, n.inputs[2], n, "inv_freq") : Tensor();
+  auto scratch = std::make_shared<std::vector<float>>();
+  return [p, inv_freq, scratch](OpContext& c) {
+    const Tensor& qkv = *c.inputs[0];
+    const int64_t t = qkv.dim(0), qw = p.hq * p.d, kw = p.hkv * p.d, width = qw + 2 * kw;
+    scratch->resize(size_t(t * width));
+    float* q = scratch->data();
+    float* k = q + t * qw;
+    float* v = k + t * kw;
+    const float* src = qkv.data_as<float>();
+    ThreadPool::global().parallel_for(t, [&](int64_t b, int64_t e, int) {
+      for (int64_t r = b; r < e; ++r) {
+        const float* row = src + r * width;
+        std::memcpy(q + r * qw, row, size_t(qw) * 4);
+        std::memcpy(k + r * kw, row + qw, size_t(kw) * 4);
+        std::memcpy(v + r * kw, row + qw + kw, size_t(kw) * 4);
+      }
+    }, 16);
+    if (!inv_freq.empty()) {
+      const int32_t* pos = c.inputs[1]->data_as<int32_t>();
+      rope(q, t, p.hq, p.d, p.rotary_dim, pos, inv_freq.data_as<float>());
+      rope(k, t, p.hkv, p.d, p.rotary_dim, pos, inv_freq.data_as<float>());
+    }
+    run_attention(c, p, q, k, v, t);
   };
 }
 
@@ -245,6 +350,9 @@ const std::map<std::string, OpPrepare>& op_table() {
       {"Mul", prepare_binary<true>},
       {"LayerNorm", prepare_layer_norm},
       {"RMSNorm", prepare_rms_norm},
+      {"AddLayerNorm", prepare_add_norm},
+      {"AddRMSNorm", prepare_add_norm},
+      {"SwiGLU", prepare_swiglu},
       {"Linear", prepare_linear},
       {"Gelu", prepare_gelu},
       {"Silu", prepare_unary<&silu>},
@@ -259,6 +367,43 @@ const std::map<std::string, OpPrepare>& op_table() {
 }
 
 }  // namespace
+
+std::string linear_tactic_str(const LinearTactic& t) {
+  const char* split = t.split == LinearSplit::kPanels ? "panels" : t.split == LinearSplit::kRows ? "rows" : "auto";
+  return str_cat("mr=", t.mr, ",kc=", t.kc, ",split=", split, ",threads=", t.threads);
+}
+
+LinearTactic linear_tactic_parse(const std::string& s) {
+  LinearTactic t;
+  size_t pos = 0;
+  while (pos < s.size()) {
+    size_t end = s.find(',', pos);
+    if (end == std::string::npos) end = s.size();
+    std::string item = s.substr(pos, end - pos), key, val;
+    size_t eq = item.find('=');
+    if (eq != std::string::npos) key = item.substr(0, eq), val = item.substr(eq + 1);
+    auto num = [&](int64_t lo, int64_t hi) {
+      char* rest = nullptr;
+      long long v = std::strtoll(val.c_str(), &rest, 10);
+      if (val.empty() || *rest || v < lo || v > hi)
+        throw_error(ErrorCode::kInvalidArgument, "linear tactic '", s, "': bad value in '", item, "'");
+      return int64_t(v);
+    };
+    if (key == "mr") {
+      t.mr = int(num(0, 6));
+      if (t.mr != 0 && t.mr != 4 && t.mr != 6)
+        throw_error(ErrorCode::kInvalidArgument, "linear tactic '", s, "': mr must be 0, 4 or 6");
+    } else if (key == "kc") t.kc = num(0, int64_t(1) << 40);
+    else if (key == "threads") t.threads = int(num(0, 4096));
+    else if (key == "split" && (val == "auto" || val == "panels" || val == "rows"))
+      t.split = val == "panels" ? LinearSplit::kPanels : val == "rows" ? LinearSplit::kRows : LinearSplit::kAuto;
+    else
+      throw_error(ErrorCode::kInvalidArgument, "linear tactic '", s, "': unknown field '", item,
+                  "' (expected mr=, kc=, split=auto|panels|rows, threads=)");
+    pos = end + 1;
+  }
+  return t;
+}
 
 const OpPrepare* find_cpu_op(const std::string& op) {
   auto it = op_table().find(op);

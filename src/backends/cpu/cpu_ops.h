@@ -32,6 +32,11 @@ using OpPrepare = std::function<OpRun(const ir::Node&, const ir::Graph&, const C
 
 const OpPrepare* find_cpu_op(const std::string& op);
 
+// Linear tactics as text ("mr=6,kc=256,split=panels,threads=2"), the form the engine
+// file stores. parse throws kInvalidArgument naming a bad field.
+std::string linear_tactic_str(const LinearTactic& t);
+LinearTactic linear_tactic_parse(const std::string& s);
+
 // The CPU KV pool: per layer, K and V as [num_blocks, block_size, Hkv, D] f32.
 class CpuKv : public KvStorage {
  public:

@@ -1,0 +1,87 @@
+// The engine file: everything needed to run a model, built once by `kiln build`.
+// Layout: a 64-byte header (magic, format version, section offsets, checksums), the
+// FlatBuffers metadata (engine.fbs: the optimized graph, model config and info, the
+// tokenizer, build options, profiles, per-device tactic tables), then one 64-byte-
+// aligned weight blob. Loading is an mmap; weights are used in place. Nothing read is
+// trusted: every offset, size, index and shape is checked and a bad file is a
+// kiln::Error (kInvalidFile) saying what is wrong. Tested in tests/engine/ and fuzzed
+// by fuzz/engine_load_fuzz.cpp.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/mapped_file.h"
+#include "ir/graph.h"
+#include "models/model_builder.h"
+
+namespace kiln {
+
+constexpr char kEngineMagic[8] = {'K', 'I', 'L', 'N', 'E', 'N', 'G', '\0'};
+constexpr uint32_t kEngineFormatVersion = 1;  // the header layout
+constexpr uint32_t kEngineSchemaVersion = 1;  // the FlatBuffers contents
+constexpr size_t kEngineHeaderSize = 64;
+constexpr size_t kEngineBlobAlignment = 64;
+
+struct EngineProfile {
+  std::string name;
+  std::string dim;  // symbolic dim ("T")
+  int64_t min = 1, opt = 1, max = 1;
+};
+
+struct EngineTactic {
+  std::string node, tactic;
+  double seconds = 0;
+};
+
+struct EngineTacticTable {
+  std::string device;
+  std::vector<EngineTactic> tactics;
+};
+
+struct EngineBuildInfo {
+  std::string source, kiln_version, weight_dtype = "f32";
+  int opt_level = 2;
+  std::vector<std::string> disabled_passes, pass_report;
+  double build_seconds = 0;
+};
+
+struct EngineTokenizer {
+  std::string kind;  // "" | "hf" | "gguf"
+  std::vector<std::pair<std::string, std::string>> files;  // name -> bytes
+};
+
+// What an engine holds; the builder fills it, the loader returns it.
+struct EngineContents {
+  ir::Graph graph;
+  ModelInfo info;
+  nlohmann::json config;
+  EngineTokenizer tokenizer;
+  EngineBuildInfo build;
+  std::vector<EngineProfile> profiles;
+  std::vector<EngineTacticTable> tactic_tables;
+  std::shared_ptr<const MappedFile> file;  // keeps mmap'd weights alive (loaded engines)
+};
+
+// Writes `e` to `path` (atomically: a temp file renamed into place). Returns bytes written.
+size_t engine_write(const std::string& path, const EngineContents& e);
+
+struct EngineLoadOptions {
+  bool verify_checksum = true;  // the fuzzer turns this off to reach the parser
+};
+EngineContents engine_load(const std::string& path, const EngineLoadOptions& options = {});
+// Parses an engine image already in memory; `owner` keeps `data` alive for the weight views.
+EngineContents engine_parse(const uint8_t* data, size_t size, std::shared_ptr<const void> owner,
+                            const std::string& where, const EngineLoadOptions& options = {});
+// True when `path` starts with the engine magic (a cheap sniff for Model::load).
+bool is_engine_file(const std::string& path);
+
+// ModelInfo <-> JSON, as stored in the engine.
+nlohmann::json model_info_to_json(const ModelInfo& info);
+ModelInfo model_info_from_json(const nlohmann::json& j);
+
+}  // namespace kiln

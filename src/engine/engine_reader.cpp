@@ -1,0 +1,262 @@
+// Loading an engine file (see engine.h): header checks, checksums, FlatBuffers
+// verification, then the graph is rebuilt node by node through the op registry, so
+// shape inference re-checks every node; weights become views into the mapping after
+// their offset, size, dtype and shape agree. Every failure is kInvalidFile naming the
+// file and the part. Tested in tests/engine/engine_file_test.cpp; fuzzed by
+// fuzz/engine_load_fuzz.cpp.
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+
+#include "core/status.h"
+#include "core/thread_pool.h"
+#include "engine/engine.h"
+#include "engine/engine_format.h"
+#include "engine_generated.h"
+
+namespace kiln {
+
+namespace {
+
+template <typename... Args>
+[[noreturn]] void bad(const std::string& where, const Args&... what) {
+  throw_error(ErrorCode::kInvalidFile, "engine '", where, "': ", what...);
+}
+
+std::string str(const flatbuffers::String* s) { return s ? s->str() : std::string(); }
+
+uint64_t blob_hash(const uint8_t* p, uint64_t n) {
+  const uint64_t chunks = (n + kEngineHashChunk - 1) / kEngineHashChunk;
+  std::vector<uint64_t> h(chunks);
+  ThreadPool::global().parallel_for(int64_t(chunks), [&](int64_t b, int64_t e, int) {
+    for (int64_t c = b; c < e; ++c) {
+      uint64_t off = uint64_t(c) * kEngineHashChunk;
+      h[size_t(c)] = xxhash64(p + off, std::min<uint64_t>(kEngineHashChunk, n - off));
+    }
+  });
+  return xxhash64(h.data(), h.size() * 8);
+}
+
+ir::Attr read_attr(const fb::Attr& a, const std::string& where) {
+  switch (a.kind()) {
+    case fb::AttrKind_Int: return a.i();
+    case fb::AttrKind_Float: return a.f();
+    case fb::AttrKind_String: return str(a.s());
+    case fb::AttrKind_Ints:
+      return a.ints() ? std::vector<int64_t>(a.ints()->begin(), a.ints()->end()) : std::vector<int64_t>();
+    case fb::AttrKind_Floats:
+      return a.floats() ? std::vector<double>(a.floats()->begin(), a.floats()->end()) : std::vector<double>();
+  }
+  bad(where, "attribute '", str(a.key()), "' has unknown kind ", int(a.kind()));
+}
+
+std::map<std::string, ir::Attr> read_attrs(const flatbuffers::Vector<flatbuffers::Offset<fb::Attr>>* v,
+                                           const std::string& where) {
+  std::map<std::string, ir::Attr> m;
+  if (v)
+    for (const fb::Attr* a : *v) m[str(a->key())] = read_attr(*a, where);
+  return m;
+}
+
+DType read_dtype(uint8_t d, const std::string& where, const std::string& what) {
+  if (d > uint8_t(DType::kU8)) bad(where, what, " has unknown dtype code ", int(d));
+  return DType(d);
+}
+
+ir::Graph read_graph(const fb::Graph* fg, const uint8_t* blob, uint64_t blob_size,
+                     const std::shared_ptr<const void>& owner, const std::string& where) {
+  if (!fg || !fg->inputs() || !fg->weights() || !fg->nodes() || !fg->outputs()) bad(where, "the graph is missing");
+  ir::Graph g;
+  std::vector<ir::ValueId> ids;  // file value index -> graph value id
+  for (const fb::Input* in : *fg->inputs()) {
+    Shape shape;
+    if (in->dims())
+      for (const fb::Dim* d : *in->dims()) {
+        if (d->sym() && d->sym()->size()) shape.push_back(Dim(d->sym()->str()));
+        else if (d->value() >= 0 && d->value() < (int64_t(1) << 40)) shape.push_back(Dim(d->value()));
+        else bad(where, "input '", str(in->name()), "' has a bad dim ", d->value());
+      }
+    ids.push_back(g.add_input(str(in->name()), read_dtype(in->dtype(), where, "input " + str(in->name())), shape));
+  }
+  for (const fb::Weight* w : *fg->weights()) {
+    const std::string name = str(w->name());
+    DType dt = read_dtype(w->dtype(), where, "weight '" + name + "'");
+    std::vector<int64_t> shape;
+    uint64_t numel = 1;
+    if (w->shape())
+      for (int64_t d : *w->shape()) {
+        if (d < 0 || d > (int64_t(1) << 40)) bad(where, "weight '", name, "' has a bad dim ", d);
+        numel = d == 0 ? 0 : numel;
+        if (d && numel > (uint64_t(1) << 48) / uint64_t(d)) bad(where, "weight '", name, "' is impossibly large");
+        numel *= uint64_t(d);
+        shape.push_back(d);
+      }
+    const uint64_t nbytes = numel * dtype_size(dt);
+    if (nbytes != w->nbytes())
+      bad(where, "weight '", name, "' ", dtype_name(dt), shape_to_string(shape), " needs ", nbytes,
+          " bytes, the file says ", w->nbytes());
+    if (w->offset() % kEngineBlobAlignment || w->offset() > blob_size || nbytes > blob_size - w->offset())
+      bad(where, "weight '", name, "' at blob offset ", w->offset(), " + ", nbytes,
+          " bytes lies outside the ", blob_size, "-byte weight blob (or is not 64-byte aligned)");
+    Tensor t = Tensor::view(const_cast<uint8_t*>(blob + w->offset()), dt, shape, owner);
+    ids.push_back(g.add_weight(name, std::move(t)));
+  }
+  for (const fb::Node* n : *fg->nodes()) {
+    const std::string name = str(n->name());
+    std::vector<ir::ValueId> in;
+    if (n->inputs())
+      for (int32_t i : *n->inputs()) {
+        if (i < -1 || i >= int32_t(ids.size()))
+          bad(where, "node '", name, "' reads value ", i, ", but only ", ids.size(), " are defined before it");
+        in.push_back(i < 0 ? ir::kNoValue : ids[size_t(i)]);
+      }
+    try {
+      for (ir::ValueId o : g.add_node(str(n->op()), in, read_attrs(n->attrs(), where), name)) ids.push_back(o);
+    } catch (const Error& e) {
+      bad(where, "node '", name, "': ", e.what());
+    }
+  }
+  for (const fb::Output* o : *fg->outputs()) {
+    if (o->value() < 0 || o->value() >= int32_t(ids.size()))
+      bad(where, "output '", str(o->name()), "' names value ", o->value(), " of ", ids.size());
+    g.add_output(str(o->name()), ids[size_t(o->value())]);
+  }
+  g.meta = read_attrs(fg->meta(), where);
+  try {
+    ir::verify(g);
+  } catch (const Error& e) {
+    bad(where, e.what());
+  }
+  return g;
+}
+
+std::vector<std::string> read_strings(const flatbuffers::Vector<flatbuffers::Offset<flatbuffers::String>>* v) {
+  std::vector<std::string> out;
+  if (v)
+    for (auto* s : *v) out.push_back(s->str());
+  return out;
+}
+
+}  // namespace
+
+EngineContents engine_parse(const uint8_t* data, size_t size, std::shared_ptr<const void> owner,
+                            const std::string& where, const EngineLoadOptions& options) {
+  if (std::memcmp(data, kEngineMagic, std::min<size_t>(size, 8)) != 0 || size == 0)
+    bad(where, "not a kiln engine file (no KILNENG magic); build one with `kiln build -m MODEL -o FILE.kiln`");
+  if (size < kEngineHeaderSize)
+    bad(where, "truncated: ", size, " bytes, shorter than the ", kEngineHeaderSize, "-byte header");
+  EngineHeader h;
+  std::memcpy(&h, data, sizeof h);
+  if (h.format_version != kEngineFormatVersion)
+    bad(where, "engine format version ", h.format_version, ", but this kiln reads version ", kEngineFormatVersion,
+        "; rebuild the engine with this kiln's `kiln build`");
+  if (h.header_size != kEngineHeaderSize || h.meta_offset != kEngineHeaderSize || h.meta_size == 0 ||
+      h.meta_size > (uint64_t(1) << 40) || h.blob_offset % kEngineBlobAlignment ||
+      h.blob_offset < h.meta_offset + h.meta_size || h.blob_size > (uint64_t(1) << 50))
+    bad(where, "corrupt header (metadata at ", h.meta_offset, "+", h.meta_size, ", weights at ", h.blob_offset,
+        "+", h.blob_size, ")");
+  if (h.blob_offset + h.blob_size > size)
+    bad(where, "truncated: the header says ", h.blob_offset + h.blob_size, " bytes, the file has ", size);
+  if (h.blob_offset + h.blob_size < size)
+    bad(where, "corrupt header: the weights end at ", h.blob_offset + h.blob_size, " but the file has ", size,
+        " bytes");
+  const uint8_t* meta = data + h.meta_offset;
+  if (options.verify_checksum) {
+    if (engine_meta_hash(h, meta) != h.meta_hash)
+      bad(where, "metadata checksum mismatch: the file is corrupt (rebuild it)");
+    if (blob_hash(data + h.blob_offset, h.blob_size) != h.blob_hash)
+      bad(where, "weight checksum mismatch: the file is corrupt (rebuild it)");
+  }
+  // FlatBuffers wants its buffer aligned; a memory image (fuzzer) may not be.
+  std::vector<uint64_t> aligned;
+  if (reinterpret_cast<uintptr_t>(meta) % 8) {
+    aligned.resize((h.meta_size + 7) / 8);
+    std::memcpy(aligned.data(), meta, h.meta_size);
+    meta = reinterpret_cast<const uint8_t*>(aligned.data());
+  }
+  flatbuffers::Verifier verifier(meta, h.meta_size);
+  if (!fb::VerifyEngineBuffer(verifier)) bad(where, "metadata fails FlatBuffers verification (corrupt)");
+  const fb::Engine* e = fb::GetEngine(meta);
+  if (e->schema_version() != kEngineSchemaVersion)
+    bad(where, "engine schema version ", e->schema_version(), ", this kiln reads ", kEngineSchemaVersion,
+        "; rebuild the engine");
+
+  EngineContents out;
+  try {
+    out.info = model_info_from_json(nlohmann::json::parse(str(e->model_info_json())));
+    out.config = nlohmann::json::parse(str(e->config_json()));
+  } catch (const nlohmann::json::exception& x) {
+    bad(where, "model info/config: ", x.what());
+  }
+  out.graph = read_graph(e->graph(), data + h.blob_offset, h.blob_size, owner, where);
+  out.tokenizer.kind = str(e->tokenizer_kind());
+  if (e->tokenizer_files())
+    for (const fb::File* f : *e->tokenizer_files())
+      out.tokenizer.files.emplace_back(
+          str(f->name()), f->data() ? std::string(reinterpret_cast<const char*>(f->data()->data()), f->data()->size())
+                                    : std::string());
+  if (const fb::Build* b = e->build()) {
+    out.build = {str(b->source()), str(b->kiln_version()), str(b->weight_dtype()), b->opt_level(),
+                 read_strings(b->disabled_passes()), read_strings(b->pass_report()), b->build_seconds()};
+  }
+  const std::string& wd = out.build.weight_dtype;
+  if (wd != "f32" && wd != "bf16" && wd != "f16" && wd != "q8" && wd != "q4")
+    bad(where, "unknown weight dtype '", out.build.weight_dtype, "'");
+  if (e->profiles())
+    for (const fb::Profile* p : *e->profiles())
+      if (p->dims())
+        for (const fb::ProfileDim* d : *p->dims()) {
+          if (d->min() < 0 || d->min() > d->opt() || d->opt() > d->max())
+            bad(where, "profile '", str(p->name()), "' dim ", str(d->dim()), " has min/opt/max ", d->min(), "/",
+                d->opt(), "/", d->max());
+          out.profiles.push_back({str(p->name()), str(d->dim()), d->min(), d->opt(), d->max()});
+        }
+  if (e->tactic_tables())
+    for (const fb::TacticTable* t : *e->tactic_tables()) {
+      EngineTacticTable table{str(t->device()), {}};
+      if (t->tactics())
+        for (const fb::Tactic* x : *t->tactics()) table.tactics.push_back({str(x->node()), str(x->tactic()), x->seconds()});
+      out.tactic_tables.push_back(std::move(table));
+    }
+  return out;
+}
+
+EngineContents engine_load(const std::string& path, const EngineLoadOptions& options) {
+  auto file = MappedFile::open(path);
+  EngineContents e = engine_parse(file->data(), file->size(), file, path, options);
+  e.file = file;
+  return e;
+}
+
+bool is_engine_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  char magic[8] = {};
+  return in.read(magic, 8) && std::memcmp(magic, kEngineMagic, 8) == 0;
+}
+
+nlohmann::json model_info_to_json(const ModelInfo& i) {
+  return {{"family", i.family}, {"model_type", i.model_type}, {"is_decoder", i.is_decoder},
+          {"vocab_size", i.vocab_size}, {"hidden_size", i.hidden_size}, {"num_layers", i.num_layers},
+          {"num_heads", i.num_heads}, {"num_kv_heads", i.num_kv_heads}, {"head_dim", i.head_dim},
+          {"max_positions", i.max_positions}, {"num_labels", i.num_labels}, {"bos_token_id", i.bos_token_id},
+          {"eos_token_id", i.eos_token_id}, {"labels", i.labels}};
+}
+
+ModelInfo model_info_from_json(const nlohmann::json& j) {
+  ModelInfo i;
+  i.family = j.at("family").get<std::string>();
+  i.model_type = j.at("model_type").get<std::string>();
+  i.is_decoder = j.at("is_decoder").get<bool>();
+  for (auto [k, p] : {std::pair{"vocab_size", &i.vocab_size}, {"hidden_size", &i.hidden_size},
+                      {"num_layers", &i.num_layers}, {"num_heads", &i.num_heads}, {"num_kv_heads", &i.num_kv_heads},
+                      {"head_dim", &i.head_dim}, {"max_positions", &i.max_positions}, {"num_labels", &i.num_labels},
+                      {"bos_token_id", &i.bos_token_id}, {"eos_token_id", &i.eos_token_id}}) {
+    *p = j.at(k).get<int64_t>();
+    if (*p < -1 || *p > (int64_t(1) << 40))
+      throw_error(ErrorCode::kInvalidFile, "model info: ", k, " = ", *p, " is out of range");
+  }
+  i.labels = j.at("labels").get<std::vector<std::string>>();
+  return i;
+}
+
+}  // namespace kiln

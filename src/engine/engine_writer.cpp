@@ -1,0 +1,183 @@
+// Writing an engine file (see engine.h): the graph is flattened into definition order
+// (inputs, weights, node outputs), weights are laid out 64-byte aligned in one blob
+// (tensors sharing memory, like a tied LM head, are stored once), then the header's
+// checksums are filled in from the written bytes. Tested in tests/engine/engine_file_test.cpp.
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+
+#include "core/status.h"
+#include "engine/engine.h"
+#include "engine/engine_format.h"
+#include "engine_generated.h"
+
+namespace kiln {
+
+namespace {
+
+using flatbuffers::FlatBufferBuilder;
+using flatbuffers::Offset;
+
+size_t align_up(size_t x, size_t a) { return (x + a - 1) / a * a; }
+
+Offset<fb::Attr> write_attr(FlatBufferBuilder& fb, const std::string& key, const ir::Attr& a) {
+  auto k = fb.CreateString(key);
+  if (auto p = std::get_if<int64_t>(&a)) return fb::CreateAttr(fb, k, fb::AttrKind_Int, *p);
+  if (auto p = std::get_if<double>(&a)) return fb::CreateAttr(fb, k, fb::AttrKind_Float, 0, *p);
+  if (auto p = std::get_if<std::string>(&a))
+    return fb::CreateAttr(fb, k, fb::AttrKind_String, 0, 0, fb.CreateString(*p));
+  if (auto p = std::get_if<std::vector<int64_t>>(&a))
+    return fb::CreateAttr(fb, k, fb::AttrKind_Ints, 0, 0, 0, fb.CreateVector(*p));
+  return fb::CreateAttr(fb, k, fb::AttrKind_Floats, 0, 0, 0, 0,
+                        fb.CreateVector(std::get<std::vector<double>>(a)));
+}
+
+auto write_attrs(FlatBufferBuilder& fb, const std::map<std::string, ir::Attr>& attrs) {
+  std::vector<Offset<fb::Attr>> v;
+  for (auto& [k, a] : attrs) v.push_back(write_attr(fb, k, a));
+  return fb.CreateVector(v);
+}
+
+auto write_strings(FlatBufferBuilder& fb, const std::vector<std::string>& s) {
+  std::vector<Offset<flatbuffers::String>> v;
+  for (auto& x : s) v.push_back(fb.CreateString(x));
+  return fb.CreateVector(v);
+}
+
+struct BlobEntry {
+  const Tensor* tensor;
+  uint64_t offset;
+};
+
+// Flattens the graph; fills `blob` with the weights to write, in offset order.
+Offset<fb::Graph> write_graph(FlatBufferBuilder& fb, const ir::Graph& g, std::vector<BlobEntry>& blob,
+                              uint64_t& blob_size) {
+  std::vector<int32_t> index(g.num_values(), -1);
+  int32_t next = 0;
+  std::vector<Offset<fb::Input>> inputs;
+  for (ir::ValueId v : g.inputs()) {
+    const ir::Value& val = g.value(v);
+    std::vector<Offset<fb::Dim>> dims;
+    for (auto& d : val.shape.dims())
+      dims.push_back(fb::CreateDim(fb, d.is_concrete() ? d.value : -1, d.is_concrete() ? 0 : fb.CreateString(d.sym)));
+    inputs.push_back(fb::CreateInput(fb, fb.CreateString(val.name), uint8_t(val.dtype), fb.CreateVector(dims)));
+    index[size_t(v)] = next++;
+  }
+  std::map<std::tuple<const void*, size_t, DType>, uint64_t> stored;  // dedupe shared tensors
+  std::vector<Offset<fb::Weight>> weights;
+  for (size_t v = 0; v < g.num_values(); ++v) {
+    if (!g.is_weight(ir::ValueId(v))) continue;
+    const Tensor& t = g.weight(ir::ValueId(v));
+    auto key = std::make_tuple(t.data(), t.nbytes(), t.dtype());
+    auto it = stored.find(key);
+    if (it == stored.end()) {
+      it = stored.emplace(key, blob_size).first;
+      blob.push_back({&t, blob_size});
+      blob_size = align_up(blob_size + t.nbytes(), kEngineBlobAlignment);
+    }
+    weights.push_back(fb::CreateWeight(fb, fb.CreateString(g.value(ir::ValueId(v)).name), uint8_t(t.dtype()),
+                                       fb.CreateVector(t.shape()), it->second, t.nbytes()));
+    index[v] = next++;
+  }
+  std::vector<Offset<fb::Node>> nodes;
+  for (const ir::Node& n : g.nodes()) {
+    std::vector<int32_t> in;
+    for (ir::ValueId v : n.inputs) {
+      KILN_CHECK(v == ir::kNoValue || index[size_t(v)] >= 0, "node ", n.name, " reads an undefined value");
+      in.push_back(v == ir::kNoValue ? -1 : index[size_t(v)]);
+    }
+    nodes.push_back(fb::CreateNode(fb, fb.CreateString(n.op), fb.CreateString(n.name), fb.CreateVector(in),
+                                   write_attrs(fb, n.attrs)));
+    for (ir::ValueId o : n.outputs) index[size_t(o)] = next++;
+  }
+  std::vector<Offset<fb::Output>> outputs;
+  for (auto& [name, v] : g.outputs()) outputs.push_back(fb::CreateOutput(fb, fb.CreateString(name), index[size_t(v)]));
+  return fb::CreateGraph(fb, fb.CreateVector(inputs), fb.CreateVector(weights), fb.CreateVector(nodes),
+                         fb.CreateVector(outputs), write_attrs(fb, g.meta));
+}
+
+void write_all(std::FILE* f, const void* data, size_t n, const std::string& path) {
+  if (n && std::fwrite(data, 1, n, f) != n) throw_error(ErrorCode::kIo, "cannot write '", path, "'");
+}
+
+}  // namespace
+
+size_t engine_write(const std::string& path, const EngineContents& e) {
+  ir::verify(e.graph);
+  FlatBufferBuilder fb(1 << 20);
+  std::vector<BlobEntry> blob;
+  uint64_t blob_size = 0;
+  auto graph = write_graph(fb, e.graph, blob, blob_size);
+  std::vector<Offset<fb::File>> files;
+  for (auto& [name, bytes] : e.tokenizer.files)
+    files.push_back(fb::CreateFile(fb, fb.CreateString(name),
+                                   fb.CreateVector(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size())));
+  const EngineBuildInfo& b = e.build;
+  auto build = fb::CreateBuild(fb, fb.CreateString(b.source), fb.CreateString(b.kiln_version),
+                               fb.CreateString(b.weight_dtype), b.opt_level, write_strings(fb, b.disabled_passes),
+                               write_strings(fb, b.pass_report), b.build_seconds);
+  std::map<std::string, std::vector<Offset<fb::ProfileDim>>> profiles;
+  for (auto& p : e.profiles)
+    profiles[p.name].push_back(fb::CreateProfileDim(fb, fb.CreateString(p.dim), p.min, p.opt, p.max));
+  std::vector<Offset<fb::Profile>> profs;
+  for (auto& [name, dims] : profiles) profs.push_back(fb::CreateProfile(fb, fb.CreateString(name), fb.CreateVector(dims)));
+  std::vector<Offset<fb::TacticTable>> tables;
+  for (auto& t : e.tactic_tables) {
+    std::vector<Offset<fb::Tactic>> ts;
+    for (auto& x : t.tactics)
+      ts.push_back(fb::CreateTactic(fb, fb.CreateString(x.node), fb.CreateString(x.tactic), x.seconds));
+    tables.push_back(fb::CreateTacticTable(fb, fb.CreateString(t.device), fb.CreateVector(ts)));
+  }
+  auto root = fb::CreateEngine(fb, kEngineSchemaVersion, fb.CreateString(model_info_to_json(e.info).dump()),
+                               fb.CreateString(e.config.dump()), graph, fb.CreateString(e.tokenizer.kind),
+                               fb.CreateVector(files), build, fb.CreateVector(profs), fb.CreateVector(tables));
+  fb.Finish(root, fb::EngineIdentifier());
+
+  EngineHeader h;
+  std::memcpy(h.magic, kEngineMagic, 8);
+  h.format_version = kEngineFormatVersion;
+  h.header_size = kEngineHeaderSize;
+  h.meta_offset = kEngineHeaderSize;
+  h.meta_size = fb.GetSize();
+  h.blob_offset = align_up(h.meta_offset + h.meta_size, kEngineBlobAlignment);
+  h.blob_size = blob_size;
+  h.meta_hash = engine_meta_hash(h, fb.GetBufferPointer());
+
+  // Written to a temp file and renamed, so a failed build never leaves a half file.
+  const std::string tmp = path + ".tmp";
+  std::FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) throw_error(ErrorCode::kIo, "cannot create '", tmp, "'");
+  try {
+    write_all(f, &h, sizeof h, tmp);
+    write_all(f, fb.GetBufferPointer(), fb.GetSize(), tmp);
+    static const uint8_t zeros[kEngineBlobAlignment] = {};
+    write_all(f, zeros, h.blob_offset - h.meta_offset - h.meta_size, tmp);
+    // The blob hash is computed as we write, one tensor (and its padding) at a time.
+    EngineBlobHasher hasher;
+    uint64_t at = 0;
+    for (auto& [t, offset] : blob) {
+      KILN_CHECK(offset == at, "blob layout");
+      write_all(f, t->data(), t->nbytes(), tmp);
+      hasher.update(t->data(), t->nbytes());
+      size_t pad = align_up(t->nbytes(), kEngineBlobAlignment) - t->nbytes();
+      write_all(f, zeros, pad, tmp);
+      hasher.update(zeros, pad);
+      at += t->nbytes() + pad;
+    }
+    h.blob_hash = hasher.digest();
+    if (std::fseek(f, 0, SEEK_SET) != 0) throw_error(ErrorCode::kIo, "cannot seek in '", tmp, "'");
+    write_all(f, &h, sizeof h, tmp);
+    if (std::fclose(f) != 0) throw_error(ErrorCode::kIo, "cannot write '", tmp, "'");
+  } catch (...) {
+    std::fclose(f);
+    std::remove(tmp.c_str());
+    throw;
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) throw_error(ErrorCode::kIo, "cannot rename '", tmp, "' to '", path, "': ", ec.message());
+  return size_t(h.blob_offset + h.blob_size);
+}
+
+}  // namespace kiln

@@ -1,0 +1,108 @@
+// The pass lists per optimization level (see pass_manager.h).
+#include "passes/pass_manager.h"
+
+#include <algorithm>
+#include <chrono>
+#include <functional>
+#include <sstream>
+
+#include "core/log.h"
+#include "core/status.h"
+#include "passes/pass.h"
+
+namespace kiln::passes {
+
+namespace {
+
+struct Entry {
+  int min_level;
+  std::function<std::unique_ptr<Pass>()> make;
+};
+
+// Why this order:
+// - cse and dce first, so duplicated or dead nodes do not hide single-use patterns
+//   from the fusions (a fusion only fires when the intermediate it removes has no
+//   other reader).
+// - fuse_qkv_attention before anything touches the Q/K/V Linears (an epilogue or a
+//   later merge would no longer look like three plain projections of one input).
+// - fuse_swiglu before fuse_linear_activation: otherwise Silu(gate_proj) would be
+//   absorbed as an epilogue and the gate/up pair would no longer match.
+// - fuse_add_norm is independent of the GEMM fusions; it runs after them only so the
+//   report reads in data-flow order of a block.
+// - dce last removes what the fusions left unreferenced (old weights included).
+const std::vector<std::pair<std::string, Entry>>& registry() {
+  static const std::vector<std::pair<std::string, Entry>> r = {
+      {"cse", {1, make_cse_pass}},
+      {"dce", {1, make_dce_pass}},
+      {"fuse_qkv_attention", {2, make_fuse_qkv_attention_pass}},
+      {"fuse_swiglu", {2, make_fuse_swiglu_pass}},
+      {"fuse_linear_activation", {2, make_fuse_linear_activation_pass}},
+      {"fuse_add_norm", {2, make_fuse_add_norm_pass}},
+  };
+  return r;
+}
+
+void check_options(const PassOptions& o) {
+  if (o.opt_level < 0 || o.opt_level > kMaxOptLevel)
+    throw_error(ErrorCode::kInvalidArgument, "optimization level ", o.opt_level, " is not in [0, ",
+                kMaxOptLevel, "]");
+  auto names = pass_names();
+  for (auto& d : o.disabled)
+    if (std::find(names.begin(), names.end(), d) == names.end()) {
+      std::string known;
+      for (auto& n : names) known += (known.empty() ? "" : ", ") + n;
+      throw_error(ErrorCode::kInvalidArgument, "--disable-pass: no pass named '", d, "' (passes: ", known, ")");
+    }
+}
+
+}  // namespace
+
+std::vector<std::string> pass_names() {
+  std::vector<std::string> v;
+  for (auto& [name, e] : registry()) v.push_back(name);
+  return v;
+}
+
+std::vector<std::string> pass_list(const PassOptions& o) {
+  check_options(o);
+  std::vector<std::string> v;
+  for (auto& [name, e] : registry())
+    if (e.min_level <= o.opt_level && std::find(o.disabled.begin(), o.disabled.end(), name) == o.disabled.end())
+      v.push_back(name);
+  // A final dce sweeps what the fusions orphaned.
+  if (o.opt_level >= 2 && std::find(v.begin(), v.end(), "dce") != v.end()) v.push_back("dce");
+  return v;
+}
+
+std::vector<PassResult> run_passes(ir::Graph& g, const PassOptions& o) {
+  std::vector<PassResult> results;
+  for (const std::string& name : pass_list(o)) {
+    auto it = std::find_if(registry().begin(), registry().end(), [&](auto& e) { return e.first == name; });
+    std::unique_ptr<Pass> pass = it->second.make();
+    PassResult r;
+    r.name = name;
+    r.nodes_before = g.nodes().size();
+    auto t0 = std::chrono::steady_clock::now();
+    r.changed = pass->run(g);
+    r.ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    r.nodes_after = g.nodes().size();
+    r.stats = pass->stats();
+    log_debug("pass ", name, ": ", r.stats.empty() ? "no change" : r.stats, " (", r.nodes_before, " -> ",
+              r.nodes_after, " nodes)");
+    results.push_back(std::move(r));
+  }
+  return results;
+}
+
+std::string format_pass_report(const std::vector<PassResult>& results) {
+  std::ostringstream os;
+  for (auto& r : results) {
+    char ms[32];
+    std::snprintf(ms, sizeof ms, "%.1f", r.ms);
+    os << r.name << ": " << (r.changed ? r.stats : std::string("no change")) << " (" << r.nodes_before
+       << " -> " << r.nodes_after << " nodes, " << ms << " ms)\n";
+  }
+  return os.str();
+}
+
+}  // namespace kiln::passes

@@ -1,0 +1,53 @@
+// Helpers shared by the fusion passes (see pass_util.h).
+#include "passes/pass_util.h"
+
+#include <cstring>
+
+#include "core/status.h"
+
+namespace kiln::passes {
+
+const ir::Node* producer(const ir::Graph& g, ir::ValueId v) {
+  if (v == ir::kNoValue || g.value(v).kind != ir::ValueKind::kIntermediate) return nullptr;
+  return &g.nodes().at(size_t(g.value(v).producer));
+}
+
+const ir::Node* single_use_producer(const ir::Graph& g, const ir::Uses& uses, ir::ValueId v,
+                                    const std::string& op, int32_t user) {
+  const ir::Node* p = producer(g, v);
+  if (!p || p->op != op || p->outputs.size() != 1 || !uses.only_used_by(v, user)) return nullptr;
+  return p;
+}
+
+ir::ValueId concat_weights(ir::Graph& g, const std::vector<ir::ValueId>& parts, const std::string& name) {
+  KILN_CHECK(!parts.empty(), "concat of nothing");
+  const Tensor& first = g.weight(parts[0]);
+  int64_t rows = 0;
+  for (ir::ValueId p : parts) {
+    const Tensor& t = g.weight(p);
+    bool same = t.dtype() == first.dtype() && t.rank() == first.rank();
+    for (int d = 1; same && d < t.rank(); ++d) same = t.dim(d) == first.dim(d);
+    if (!same)
+      throw_error(ErrorCode::kUnsupported, "cannot stack weight ", g.value(p).name, " ",
+                  dtype_name(t.dtype()), t.shape_str(), " onto ", g.value(parts[0]).name, " ",
+                  dtype_name(first.dtype()), first.shape_str());
+    rows += t.dim(0);
+  }
+  std::vector<int64_t> shape = first.shape();
+  shape[0] = rows;
+  Tensor out(first.dtype(), shape);
+  size_t at = 0;
+  for (ir::ValueId p : parts) {
+    const Tensor& t = g.weight(p);
+    std::memcpy(static_cast<uint8_t*>(out.data()) + at, t.data(), t.nbytes());
+    at += t.nbytes();
+  }
+  return g.add_weight(name, std::move(out));
+}
+
+std::string name_scope(const std::string& node_name) {
+  size_t dot = node_name.rfind('.');
+  return dot == std::string::npos ? node_name + "." : node_name.substr(0, dot + 1);
+}
+
+}  // namespace kiln::passes

@@ -1,0 +1,176 @@
+// Fusion passes on small graphs built in code: node counts before/after, the outputs
+// before vs after on the CPU backend (A/B within tolerance), and patterns that must
+// not fuse.
+#include <gtest/gtest.h>
+
+#include "ir/rewrite.h"
+#include "pass_test_util.h"
+#include "passes/pass.h"
+#include "passes/pass_manager.h"
+
+namespace kiln {
+namespace {
+
+using testing::count_ops;
+using testing::random_tensor;
+
+constexpr int64_t kT = 7;
+
+// Runs `pass` on a copy of g; checks the A/B outputs; returns the rewritten graph.
+ir::Graph run_ab(const ir::Graph& g, passes::Pass& pass, bool expect_change = true, double tol = 1e-5) {
+  ir::Graph opt = g;
+  EXPECT_EQ(pass.run(opt), expect_change) << pass.name();
+  EXPECT_NO_THROW(ir::verify(opt));
+  std::printf("%s: %s\n", pass.name(), pass.stats().c_str());
+  testing::expect_same_outputs(testing::run_graph(g, kT), testing::run_graph(opt, kT), tol);
+  return opt;
+}
+
+TEST(FuseAddNorm, FusesResidualAddsIntoBothNormKinds) {
+  ir::Graph g;
+  ir::ValueId x = g.add_input("x", DType::kF32, {"T", 16});
+  ir::ValueId r = g.add_input("r", DType::kF32, {"T", 16});
+  ir::ValueId s = g.add("Add", {x, r});
+  ir::ValueId n = g.add("RMSNorm", {s, g.add_weight("w", random_tensor({16}, 1, 0.1f, 1))}, {{"eps", 1e-6}});
+  ir::ValueId o = g.add("Linear", {n, g.add_weight("lw", random_tensor({16, 16}, 2))});
+  ir::ValueId s2 = g.add("Add", {s, o});  // the residual stream keeps reading the sum
+  ir::ValueId ln = g.add("LayerNorm", {s2, g.add_weight("g", random_tensor({16}, 3, 0.1f, 1)),
+                                       g.add_weight("b", random_tensor({16}, 4))}, {{"eps", 1e-5}});
+  g.add_output("ln", ln);
+  g.add_output("s2", s2);
+  auto pass = passes::make_fuse_add_norm_pass();
+  ir::Graph opt = run_ab(g, *pass);
+  EXPECT_EQ(count_ops(opt, "Add"), 0u);
+  EXPECT_EQ(count_ops(opt, "AddRMSNorm"), 1u);
+  EXPECT_EQ(count_ops(opt, "AddLayerNorm"), 1u);
+  EXPECT_EQ(pass->stats(), "fused 1 Add+RMSNorm, fused 1 Add+LayerNorm");
+}
+
+TEST(FuseAddNorm, LeavesBroadcastAddsAlone) {
+  ir::Graph g;
+  ir::ValueId x = g.add_input("x", DType::kF32, {"T", 16});
+  ir::ValueId s = g.add("Add", {x, g.add_weight("bias", random_tensor({16}, 1))});
+  g.add_output("y", g.add("RMSNorm", {s, g.add_weight("w", random_tensor({16}, 2, 0.1f, 1))}, {{"eps", 1e-6}}));
+  run_ab(g, *passes::make_fuse_add_norm_pass(), false);
+}
+
+TEST(FuseSwiGlu, MergesGateAndUpIntoOneLinear) {
+  ir::Graph g;
+  ir::ValueId x = g.add_input("x", DType::kF32, {"T", 16});
+  ir::ValueId gate = g.add("Linear", {x, g.add_weight("wg", random_tensor({24, 16}, 1))}, {}, "mlp.gate_proj");
+  ir::ValueId up = g.add("Linear", {x, g.add_weight("wu", random_tensor({24, 16}, 2))}, {}, "mlp.up_proj");
+  ir::ValueId h = g.add("Mul", {up, g.add("Silu", {gate})}, {}, "mlp.gate_mul");  // either operand order
+  g.add_output("y", g.add("Linear", {h, g.add_weight("wd", random_tensor({16, 24}, 3))}, {}, "mlp.down_proj"));
+  size_t bytes = g.weight_bytes();
+  ir::Graph opt = run_ab(g, *passes::make_fuse_swiglu_pass());
+  EXPECT_EQ(count_ops(opt, "SwiGLU"), 1u);
+  EXPECT_EQ(count_ops(opt, "Linear"), 2u);
+  EXPECT_EQ(count_ops(opt, "Silu") + count_ops(opt, "Mul"), 0u);
+  EXPECT_EQ(opt.weight_bytes(), bytes) << "the separate gate/up weights must be dropped";
+}
+
+TEST(FuseSwiGlu, DoesNotFireWhenTheGateIsReadTwice) {
+  ir::Graph g;
+  ir::ValueId x = g.add_input("x", DType::kF32, {"T", 16});
+  ir::ValueId gate = g.add("Linear", {x, g.add_weight("wg", random_tensor({24, 16}, 1))});
+  ir::ValueId up = g.add("Linear", {x, g.add_weight("wu", random_tensor({24, 16}, 2))});
+  g.add_output("y", g.add("Mul", {g.add("Silu", {gate}), up}));
+  g.add_output("gate", gate);
+  run_ab(g, *passes::make_fuse_swiglu_pass(), false);
+}
+
+// A Llama- (rope, GQA, no bias) or GPT-2/BERT-shaped (bias, no rope) attention block.
+ir::Graph attention_block(bool rope, bool bias, bool causal) {
+  const int64_t hq = 4, hkv = rope ? 2 : 4, d = 8, h = 32;
+  ir::Graph g;
+  ir::ValueId x = g.add_input("x", DType::kF32, {"T", h});
+  ir::ValueId pos = g.add_input("positions", DType::kI32, {"T"});
+  Tensor inv(DType::kF32, {d / 2});
+  for (int64_t i = 0; i < d / 2; ++i) inv.data_as<float>()[i] = 1.0f / std::pow(10000.0f, float(2 * i) / d);
+  ir::ValueId inv_freq = g.add_weight("inv_freq", inv);
+  auto proj = [&](const char* name, int64_t out, uint32_t seed) {
+    std::vector<ir::ValueId> in = {x, g.add_weight(std::string(name) + ".w", random_tensor({out, h}, seed))};
+    if (bias) in.push_back(g.add_weight(std::string(name) + ".b", random_tensor({out}, seed + 100)));
+    return g.add("Linear", in, {}, std::string("l0.") + name);
+  };
+  ir::ValueId q = proj("q_proj", hq * d, 1), k = proj("k_proj", hkv * d, 2), v = proj("v_proj", hkv * d, 3);
+  if (rope) {
+    q = g.add("Rope", {q, pos, inv_freq}, {{"num_heads", hq}, {"head_dim", d}});
+    k = g.add("Rope", {k, pos, inv_freq}, {{"num_heads", hkv}, {"head_dim", d}});
+  }
+  ir::ValueId att = g.add("Attention", {q, k, v},
+                          {{"layer", int64_t(0)}, {"num_heads", hq}, {"num_kv_heads", hkv}, {"head_dim", d},
+                           {"scale", 1.0 / std::sqrt(double(d))}, {"causal", int64_t(causal)}},
+                          "l0.attn");
+  g.add_output("y", g.add("Linear", {att, g.add_weight("o.w", random_tensor({h, hq * d}, 4))}, {}, "l0.o_proj"));
+  return g;
+}
+
+TEST(FuseQkvAttention, LlamaStyleWithRopeAndGqa) {
+  ir::Graph g = attention_block(/*rope=*/true, /*bias=*/false, /*causal=*/true);
+  ir::Graph opt = run_ab(g, *passes::make_fuse_qkv_attention_pass());
+  EXPECT_EQ(count_ops(opt, "Rope"), 0u);
+  EXPECT_EQ(count_ops(opt, "Linear"), 2u);  // qkv_proj + o_proj
+  ASSERT_EQ(count_ops(opt, "Attention"), 1u);
+  for (auto& n : opt.nodes())
+    if (n.op == "Attention") {
+      EXPECT_EQ(n.attr_int("packed_qkv"), 1);
+      EXPECT_EQ(n.inputs.size(), 3u);  // qkv, positions, inv_freq
+    }
+}
+
+TEST(FuseQkvAttention, BiasedProjectionsWithoutRope) {
+  ir::Graph g = attention_block(/*rope=*/false, /*bias=*/true, /*causal=*/false);
+  ir::Graph opt = run_ab(g, *passes::make_fuse_qkv_attention_pass());
+  EXPECT_EQ(count_ops(opt, "Linear"), 2u);
+  EXPECT_EQ(opt.nodes()[0].inputs.size(), 3u) << "the merged projection keeps the stacked bias";
+}
+
+TEST(FuseQkvAttention, DoesNotFireWhenKIsReadElsewhere) {
+  ir::Graph g = attention_block(false, true, false);
+  for (auto& n : g.nodes())
+    if (n.name == "l0.k_proj") g.add_output("k", n.outputs[0]);
+  run_ab(g, *passes::make_fuse_qkv_attention_pass(), false);
+}
+
+TEST(FuseLinearActivation, GeluAndSiluBecomeEpilogues) {
+  ir::Graph g;
+  ir::ValueId x = g.add_input("x", DType::kF32, {"T", 16});
+  ir::ValueId a = g.add("Linear", {x, g.add_weight("w1", random_tensor({32, 16}, 1)),
+                                   g.add_weight("b1", random_tensor({32}, 2))});
+  a = g.add("Gelu", {a}, {{"approximate", std::string("tanh")}});
+  ir::ValueId b = g.add("Silu", {g.add("Linear", {a, g.add_weight("w2", random_tensor({16, 32}, 3))})});
+  ir::ValueId c = g.add("Gelu", {g.add("Linear", {b, g.add_weight("w3", random_tensor({16, 16}, 4))})});
+  g.add_output("y", c);
+  auto pass = passes::make_fuse_linear_activation_pass();
+  ir::Graph opt = run_ab(g, *pass);
+  EXPECT_EQ(opt.nodes().size(), 3u);
+  EXPECT_EQ(opt.nodes()[0].attr_str("activation"), "gelu_tanh");
+  EXPECT_EQ(opt.nodes()[1].attr_str("activation"), "silu");
+  EXPECT_EQ(opt.nodes()[2].attr_str("activation"), "gelu_erf");
+}
+
+TEST(PassManager, LevelsDisableByNameAndReport) {
+  ir::Graph g = attention_block(true, false, true);
+  EXPECT_TRUE(passes::run_passes(g, {0, {}}).empty());
+  auto names = passes::pass_list({2, {"fuse_qkv_attention"}});
+  EXPECT_EQ(std::find(names.begin(), names.end(), "fuse_qkv_attention"), names.end());
+  EXPECT_EQ(names.back(), "dce");
+  ir::Graph kept = g;
+  passes::run_passes(kept, {2, {"fuse_qkv_attention"}});
+  EXPECT_EQ(count_ops(kept, "Rope"), 2u);
+  auto report = passes::run_passes(g, {2, {}});
+  std::string text = passes::format_pass_report(report);
+  std::printf("%s", text.c_str());
+  EXPECT_NE(text.find("fuse_qkv_attention: fused 1 Q/K/V"), std::string::npos) << text;
+  try {
+    passes::run_passes(g, {2, {"fuse_everything"}});
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no pass named 'fuse_everything'"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(passes::run_passes(g, {3, {}}), Error);
+}
+
+}  // namespace
+}  // namespace kiln
