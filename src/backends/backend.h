@@ -105,6 +105,12 @@ class Backend {
                              const std::map<std::string, int64_t>& dims, const CompileOptions& options) {
     return -1;
   }
+  // Whether this backend implements the fused forms a fusion pass emits (pass names
+  // from src/passes: "fuse_add_norm" -> AddRMSNorm/AddLayerNorm, "fuse_swiglu" ->
+  // SwiGLU, "fuse_qkv_attention" -> Attention{packed_qkv} with RoPE inside,
+  // "fuse_linear_activation" -> Linear{activation}). Passes a backend does not claim
+  // are skipped for it, and an engine using them is refused with a clear error.
+  virtual bool supports_fusion(const std::string& pass) const { return false; }
   // Identifies the device tactics were timed on ("cpu avx2 2 threads", "NVIDIA H200").
   virtual std::string device_name() const { return name(); }
 };

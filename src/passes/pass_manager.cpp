@@ -94,6 +94,21 @@ std::vector<PassResult> run_passes(ir::Graph& g, const PassOptions& o) {
   return results;
 }
 
+std::string fusion_of(const ir::Node& n) {
+  if (n.op == "AddRMSNorm" || n.op == "AddLayerNorm") return "fuse_add_norm";
+  if (n.op == "SwiGLU") return "fuse_swiglu";
+  if (n.op == "Attention" && n.attr_int("packed_qkv", 0)) return "fuse_qkv_attention";
+  if (n.op == "Linear" && n.has_attr("activation")) return "fuse_linear_activation";
+  return "";
+}
+
+std::vector<std::string> fusion_pass_names() {
+  std::vector<std::string> v;
+  for (auto& [name, e] : registry())
+    if (name.rfind("fuse_", 0) == 0) v.push_back(name);
+  return v;
+}
+
 std::string format_pass_report(const std::vector<PassResult>& results) {
   std::ostringstream os;
   for (auto& r : results) {

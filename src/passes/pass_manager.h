@@ -32,6 +32,11 @@ std::vector<std::string> pass_list(const PassOptions& options);
 // Runs the level's passes in order. Throws kInvalidArgument for an unknown level or a
 // disabled name that is not a pass (listing the known ones).
 std::vector<PassResult> run_passes(ir::Graph& g, const PassOptions& options);
+// The fusion pass whose output form `n` is ("fuse_add_norm" for AddRMSNorm, ...), or
+// "" for a node any backend runs. Backends opt in per pass (Backend::supports_fusion).
+std::string fusion_of(const ir::Node& n);
+std::vector<std::string> fusion_pass_names();
+
 // "fuse_add_norm: fused 24 Add+RMSNorm (0.4 ms)" lines, one per pass.
 std::string format_pass_report(const std::vector<PassResult>& results);
 

@@ -21,7 +21,15 @@ void Model::compile(const std::string& backend, CompileOptions options) {
 std::unique_ptr<Model> Model::from_built(BuiltModel built, const ModelOptions& options) {
   std::unique_ptr<Model> m(new Model());
   m->built_ = std::move(built);
-  m->pass_report_ = passes::run_passes(m->built_.graph, {options.opt_level, options.disabled_passes});
+  // Fusions the backend does not implement are skipped for it.
+  passes::PassOptions po{options.opt_level, options.disabled_passes};
+  auto backend = create_backend(options.backend);
+  for (auto& f : passes::fusion_pass_names())
+    if (!backend->supports_fusion(f)) {
+      log_debug("backend ", backend->name(), " does not implement ", f, ": skipping it");
+      po.disabled.push_back(f);
+    }
+  m->pass_report_ = passes::run_passes(m->built_.graph, po);
   if (options.opt_level > 0)
     log_debug("passes:\n", passes::format_pass_report(m->pass_report_));
   CompileOptions co;
@@ -43,6 +51,13 @@ std::unique_ptr<Model> Model::load_engine(const std::string& path, const ModelOp
   co.weight_dtype = e->build.weight_dtype;
   for (auto& p : e->profiles) co.dim_ranges[p.dim] = {p.min, p.opt, p.max};
   auto backend = create_backend(options.backend);
+  for (auto& n : m->built_.graph.nodes()) {
+    std::string f = passes::fusion_of(n);
+    if (!f.empty() && !backend->supports_fusion(f))
+      throw_error(ErrorCode::kUnsupported, "engine '", path, "' uses ", n.op, " from the ", f,
+                  " fusion, which the ", backend->name(), " backend does not implement; rebuild it with `kiln build "
+                  "--backend ", backend->name(), "` (or --disable-pass ", f, ")");
+  }
   const std::string device = backend->device_name();
   for (auto& table : e->tactic_tables)
     if (table.device == device)

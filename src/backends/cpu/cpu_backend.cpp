@@ -217,6 +217,8 @@ class CpuBackend final : public Backend {
     return times[times.size() / 2];
   }
 
+  bool supports_fusion(const std::string&) const override { return true; }  // all of them
+
   std::string device_name() const override {
     return str_cat("cpu ", cpu::cpu_isa_name(cpu::cpu_isa()), " ", ThreadPool::global().num_threads(), " threads");
   }
