@@ -94,10 +94,10 @@ int main(int argc, char** argv) {
   const int gen = 16;
   try {
     auto t0 = Clock::now();
-    auto plain = Model::load_random(config, {"cpu", "f32", 0, {}});
+    auto plain = Model::load_random(config, {"cpu", "f32", nullptr, 0, {}});
     double load_plain = secs(t0);
     t0 = Clock::now();
-    auto fused = Model::load_random(config, {"cpu", "f32", 2, {}});
+    auto fused = Model::load_random(config, {"cpu", "f32", nullptr, 2, {}});
     double load_fused = secs(t0);
     const ModelInfo& info = fused->info();
     std::mt19937 rng(7);
