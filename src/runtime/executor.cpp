@@ -9,6 +9,7 @@
 #include <future>
 
 #include "core/status.h"
+#include "core/thread_pool.h"
 #include "runtime/kv_cache/prefix_cache.h"
 #include "runtime/kv_cache/session_store.h"
 #include "runtime/sampling_stop.h"
@@ -99,6 +100,9 @@ struct Executor::Impl {
   int64_t next_key = 0;
   int64_t preemptions = 0, steps = 0, step_tokens = 0, generated = 0, last_batch = 0;
   int64_t finished = 0, cancelled = 0, failed = 0;
+  double schedule_s = 0, engine_s = 0, sample_s = 0, emit_s = 0;
+  using Clock = std::chrono::steady_clock;
+  static double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
   bool has_work() const { return !waiting.empty() || !running.empty(); }
 
@@ -330,6 +334,7 @@ struct Executor::Impl {
   // ---- the step ----------------------------------------------------------------
 
   void step() {
+    auto t0 = Clock::now();
     admit();
     if (running.empty()) return;
     std::vector<ChunkPlan> plan = plan_step();
@@ -345,30 +350,49 @@ struct Executor::Impl {
       ch.want_logits = p.tokens == c->pending();
       chunks.push_back(ch);
     }
-    std::vector<std::vector<float>> logits;
+    Tensor logits;
+    auto t1 = Clock::now();
+    schedule_s += std::chrono::duration<double>(t1 - t0).count();
     try {
-      logits = runner.run_chunks(chunks);
+      logits = runner.run_chunks_logits(chunks);
     } catch (const std::exception& e) {
       for (Choice* c : seqs) fail_request(*c->req, str_cat("engine step failed: ", e.what()));
       return;
     }
+    auto t2 = Clock::now();
+    engine_s += std::chrono::duration<double>(t2 - t1).count();
     ++steps;
     last_batch = int64_t(chunks.size());
     for (auto& ch : chunks) step_tokens += int64_t(ch.tokens.size());
-    size_t li = 0;
+    // Rows of the logits tensor, in chunk order, for the chunks that asked for them.
+    const int64_t vocab = logits.dim(1);
+    std::vector<std::pair<Choice*, float*>> rows;
+    int64_t row = 0;
     for (size_t i = 0; i < seqs.size(); ++i) {
       Choice& c = *seqs[i];
       if (opt.prefix_caching) c.cached_blocks = prefix.insert(c.kv, c.tokens, c.cached_blocks);
       if (!chunks[i].want_logits) continue;
-      std::vector<float>& l = logits[li++];
-      if (c.finished) continue;  // failed with its request earlier in this loop
-      if (!c.req->forked) fork_choices(c, l);
-      sample(c, l);
+      float* l = logits.data_as<float>() + row++ * vocab;
+      if (c.finished) continue;
+      // n > 1: the other choices fork off here and sample from their own copies first.
+      if (!c.req->forked) fork_choices(c, std::span<const float>(l, size_t(vocab)));
+      rows.emplace_back(&c, l);
     }
+    // Sampling is independent per sequence (its own sampler and row), so it runs on the
+    // thread pool; the bookkeeping after it touches shared request state and does not.
+    std::vector<SampledToken> drawn(rows.size());
+    auto draw = [&](int64_t begin, int64_t end, int) {
+      for (int64_t k = begin; k < end; ++k)
+        drawn[size_t(k)] = rows[size_t(k)].first->sampler->sample(std::span<float>(rows[size_t(k)].second, size_t(vocab)));
+    };
+    if (rows.size() >= 8) ThreadPool::global().parallel_for(int64_t(rows.size()), draw);
+    else draw(0, int64_t(rows.size()), 0);
+    for (size_t k = 0; k < rows.size(); ++k) take_token(*rows[k].first, std::move(drawn[k]));
+    sample_s += since(t2);
   }
 
   // n > 1: the other choices share the prompt's blocks, forked once it is prefilled.
-  void fork_choices(Choice& parent, const std::vector<float>& logits) {
+  void fork_choices(Choice& parent, std::span<const float> logits) {
     Request& r = *parent.req;
     r.forked = true;
     for (int32_t i = 1; i < r.req.n; ++i) {
@@ -379,12 +403,12 @@ struct Executor::Impl {
       c->tokens = parent.tokens;
       c->cached_blocks = parent.cached_blocks;
       init_choice(*c, i);
-      std::vector<float> l = logits;
+      std::vector<float> l(logits.begin(), logits.end());
       Choice* raw = c.get();
       r.choices.push_back(std::move(c));
       ++r.unfinished;
       running.push_back(raw);
-      sample(*raw, l);
+      take_token(*raw, raw->sampler->sample(l));
     }
   }
 
@@ -394,18 +418,19 @@ struct Executor::Impl {
     return !r.req.ignore_eos && std::find(model_stops.begin(), model_stops.end(), t) != model_stops.end();
   }
 
-  void sample(Choice& c, std::vector<float>& logits) {
+  // A sampled token joins its sequence: update, stop ids, text + stop strings, limits.
+  void take_token(Choice& c, SampledToken&& st) {
     Request& r = *c.req;
-    SampledToken st = c.sampler->sample(logits);
-    c.tokens.push_back(st.token);
+    const int32_t token = st.token;
+    c.tokens.push_back(token);
     ++c.generated;
     ++generated;
     ChoiceUpdate& u = r.choice_update(c.index);
-    u.tokens.push_back(st.token);
+    u.tokens.push_back(token);
     if (r.req.sampling.logprobs >= 0) u.logprobs.push_back(std::move(st));
-    if (is_stop_id(r, st.token)) return finish_choice(c, FinishReason::kStop);
+    if (is_stop_id(r, token)) return finish_choice(c, FinishReason::kStop);
     if (c.detok) {
-      u.text += c.stops.put(c.detok->put(st.token));
+      u.text += c.stops.put(c.detok->put(token));
       if (c.stops.matched()) return finish_choice(c, FinishReason::kStop);
     }
     if (c.generated >= r.req.max_tokens || int64_t(c.tokens.size()) >= model.info().max_positions)
@@ -562,7 +587,9 @@ void Executor::loop() {
     if (everything) im.cancel_all();
     im.sessions.expire(SessionStore::Clock::now());
     im.step();
+    auto t_emit = Impl::Clock::now();
     int64_t ended = im.flush_updates();
+    im.emit_s += Impl::since(t_emit);
 
     std::lock_guard lk(mu_);
     in_flight_ -= ended;
@@ -588,6 +615,10 @@ void Executor::loop() {
     s.requests_finished = im.finished;
     s.requests_cancelled = im.cancelled;
     s.requests_failed = im.failed;
+    s.schedule_s = im.schedule_s;
+    s.engine_s = im.engine_s;
+    s.sample_s = im.sample_s;
+    s.emit_s = im.emit_s;
     if (ended > 0) idle_cv_.notify_all();
   }
   // Shutdown: everything still queued or running ends as cancelled.

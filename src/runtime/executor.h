@@ -82,6 +82,9 @@ struct ExecutorStats {
           session_expiries = 0;
   int64_t preemptions = 0, steps = 0, step_tokens = 0, generated_tokens = 0;
   int64_t last_batch_seqs = 0;
+  // Executor-thread time by phase (where a step's time goes): scheduling (admit, plan,
+  // preempt), the engine step, sampling + stop checks, sending updates.
+  double schedule_s = 0, engine_s = 0, sample_s = 0, emit_s = 0;
   int64_t requests_finished = 0, requests_cancelled = 0, requests_failed = 0;
 };
 

@@ -128,10 +128,15 @@ TensorMap LlmRunner::run_parts(std::span<const StepChunk> chunks, bool all_logit
       storage_.get());
 }
 
+Tensor LlmRunner::run_chunks_logits(std::span<const StepChunk> chunks) {
+  KILN_CHECK(!chunks.empty(), "a step with no chunks");
+  TensorMap out = run_parts(chunks, false);
+  return std::move(out.at("logits"));
+}
+
 std::vector<std::vector<float>> LlmRunner::run_chunks(std::span<const StepChunk> chunks) {
   if (chunks.empty()) return {};
-  TensorMap out = run_parts(chunks, false);
-  const Tensor& logits = out.at("logits");
+  const Tensor logits = run_chunks_logits(chunks);
   const int64_t v = logits.dim(1);
   std::vector<std::vector<float>> result;
   int64_t row = 0;

@@ -68,6 +68,9 @@ class LlmRunner {
   // step and kOutOfRange past the model's positions. Returns [vocab] logits for each
   // chunk with want_logits, in order.
   std::vector<std::vector<float>> run_chunks(std::span<const StepChunk> chunks);
+  // The same, returning the [chunks with want_logits, vocab] logits tensor itself (no
+  // per-sequence copies: at batch 256 x 128k vocab those copies cost milliseconds).
+  Tensor run_chunks_logits(std::span<const StepChunk> chunks);
 
   const KvCacheManager& kv() const { return *kv_; }
   // The pool, for a caller that manages its own sequences (the executor).

@@ -70,6 +70,9 @@ class Sampler {
   std::vector<float> probs_;
 };
 
+// Index of the largest value (the lowest such index on ties; 0 when all are NaN or -inf).
+int32_t greedy_argmax(const float* x, int32_t n);
+
 // log-softmax value of logits[token] and the top-n (token, logprob) of raw logits.
 SampledToken logprobs_of(std::span<const float> logits, int32_t token, int32_t top_n);
 

@@ -119,6 +119,13 @@ std::string Metrics::render(const ModelRepository& repo) const {
     out += std::string("# HELP ") + s.name + " " + s.help + "\n# TYPE " + s.name + " " + s.type + "\n";
     for (auto& [name, st] : stats) out += std::string(s.name) + "{model=\"" + label(name) + "\"} " + num(s.get(st)) + "\n";
   }
+  out += "# HELP kiln_executor_seconds_total Executor-thread time by phase.\n# TYPE kiln_executor_seconds_total counter\n";
+  for (auto& [name, st] : stats) {
+    const std::pair<const char*, double> phases[] = {
+        {"schedule", st.schedule_s}, {"engine", st.engine_s}, {"sample", st.sample_s}, {"emit", st.emit_s}};
+    for (auto& [phase, v] : phases)
+      out += "kiln_executor_seconds_total{model=\"" + label(name) + "\",phase=\"" + phase + "\"} " + num(v) + "\n";
+  }
   return out;
 }
 

@@ -4,7 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <map>
+#include <random>
 
 #include "runtime/sampling.h"
 
@@ -92,6 +94,22 @@ TEST(Sampling, GreedyPicksTheArgmaxRegardlessOfSeed) {
   p.temperature = 0;
   auto counts = draw(p, logits_of(kProbs), 200);
   EXPECT_EQ(counts[0], 200);
+}
+
+TEST(Sampling, BlockedArgmaxEqualsAPlainScanIncludingTies) {
+  std::mt19937 rng(3);
+  for (int n : {1, 7, 8, 9, 63, 1000, 4099}) {
+    for (int trial = 0; trial < 20; ++trial) {
+      std::vector<float> x(static_cast<size_t>(n));
+      for (auto& v : x) v = float(rng() % 17);  // many ties
+      int32_t plain = 0;
+      for (int i = 1; i < n; ++i)
+        if (x[size_t(i)] > x[size_t(plain)]) plain = i;
+      EXPECT_EQ(greedy_argmax(x.data(), n), plain) << "n " << n;
+    }
+  }
+  std::vector<float> neg(5, -std::numeric_limits<float>::infinity());
+  EXPECT_EQ(greedy_argmax(neg.data(), 5), 0);
 }
 
 TEST(Sampling, SameSeedSameTokensDifferentSeedDifferent) {
