@@ -273,7 +273,27 @@ struct Executor::Impl {
     c.cached_blocks = c.kv.length / kv.block_size();
   }
 
+  // Under the priority policy a waiting sequence that does not fit displaces running
+  // ones less important than itself (recomputed later), then admission runs again.
   void admit() {
+    admit_fitting();
+    if (opt.policy != SchedulePolicy::kPriority) return;
+    for (size_t guard = running.size(); guard > 0 && !waiting.empty() && !running.empty(); --guard) {
+      std::vector<SchedSeq> w, r;
+      for (Choice* c : waiting) w.push_back(sched_of(*c));
+      for (Choice* c : running) r.push_back(sched_of(*c));
+      sched_sort(w, opt.policy);
+      int64_t victim = preemption_victim(r, opt.policy);
+      if (!priority_displaces(w.front(), *std::find_if(r.begin(), r.end(), [&](const SchedSeq& x) {
+            return x.key == victim;
+          })))
+        return;
+      preempt(*by_key(running, victim));
+      admit_fitting();
+    }
+  }
+
+  void admit_fitting() {
     if (waiting.empty()) return;
     std::vector<SchedSeq> w;
     for (Choice* c : waiting) {

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <mutex>
 #include <random>
 #include <thread>
 
@@ -244,6 +245,43 @@ TEST_F(ExecutorTest, DrainWaitsForInFlightRequestsThenRefusesNewOnes) {
   ex.drain();
   EXPECT_TRUE(done);
   EXPECT_THROW(ex.generate(greedy({5, 6}, 2)), Error);
+}
+
+TEST_F(ExecutorTest, PriorityPolicyLetsAnUrgentRequestDisplaceARunningOne) {
+  ExecutorOptions opt;
+  opt.policy = SchedulePolicy::kPriority;
+  opt.max_running = 1;  // one slot: the urgent request must preempt to get in
+  Executor ex(*model_, nullptr, opt);
+  std::mutex mu;
+  std::vector<std::string> order;
+  std::atomic<int> low_tokens{0};
+  GenerationResult low_result;
+  auto low = greedy(prompts(1, 9, 20, 20)[0], 100);
+  low.priority = 0;
+  ex.submit(low, [&](RequestUpdate&& u) {
+    for (auto& c : u.choices) {
+      low_tokens += int(c.tokens.size());
+      low_result.choices.resize(1);
+      low_result.choices[0].tokens.insert(low_result.choices[0].tokens.end(), c.tokens.begin(), c.tokens.end());
+    }
+    if (u.done) {
+      std::lock_guard lk(mu);
+      order.push_back("low");
+    }
+  });
+  while (low_tokens < 3) std::this_thread::yield();
+  auto high = greedy(prompts(1, 10, 10, 10)[0], 5);
+  high.priority = 10;
+  auto got = ex.generate(high);
+  {
+    std::lock_guard lk(mu);
+    order.push_back("high");
+  }
+  ex.drain();
+  EXPECT_EQ(order, (std::vector<std::string>{"high", "low"}));
+  EXPECT_EQ(got.choices[0].tokens, alone(high.prompt, 5));
+  EXPECT_EQ(low_result.choices[0].tokens, alone(low.prompt, 100));  // resumed exactly
+  EXPECT_GE(ex.stats().preemptions, 1);
 }
 
 TEST_F(ExecutorTest, DrainPastItsTimeoutCancelsWhatIsLeft) {

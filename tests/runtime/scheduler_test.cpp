@@ -72,6 +72,12 @@ TEST(Preemption, VictimIsTheSequenceServedLast) {
   EXPECT_EQ(preemption_victim(r, SchedulePolicy::kPriority), 3);
 }
 
+TEST(Preemption, OnlyStrictlyHigherPriorityDisplacesARunningSequence) {
+  EXPECT_TRUE(priority_displaces(seq(1, 9, 10, false, 5), seq(2, 0, 1, true, 1)));
+  EXPECT_FALSE(priority_displaces(seq(1, 9, 10, false, 5), seq(2, 0, 1, true, 5)));
+  EXPECT_FALSE(priority_displaces(seq(1, 0, 10, false, 0), seq(2, 9, 1, true, 3)));
+}
+
 TEST(StopStrings, HeldBackAcrossPiecesAndCutBeforeTheMatch) {
   StopStringMatcher m({"</end>", "STOP"});
   EXPECT_EQ(m.put("Hello </"), "Hello ");  // "</" could start "</end>"

@@ -53,4 +53,8 @@ int64_t preemption_victim(const std::vector<SchedSeq>& running, SchedulePolicy p
   return last->key;
 }
 
+bool priority_displaces(const SchedSeq& waiting, const SchedSeq& running) {
+  return waiting.priority > running.priority;
+}
+
 }  // namespace kiln

@@ -46,4 +46,8 @@ std::vector<ChunkPlan> micro_batch(const std::vector<SchedSeq>& running, int64_t
 // The running sequence to preempt when blocks run out: the one served last.
 int64_t preemption_victim(const std::vector<SchedSeq>& running, SchedulePolicy policy);
 
+// Priority policy: whether a waiting sequence that does not fit may preempt `running`
+// (strictly higher priority only, so equal priorities never thrash).
+bool priority_displaces(const SchedSeq& waiting, const SchedSeq& running);
+
 }  // namespace kiln
