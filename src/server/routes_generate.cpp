@@ -111,8 +111,11 @@ Json bytes_of(const std::string& s) {
   return b;
 }
 
-// The logprobs of one update's tokens, in the endpoint's format.
-Json logprobs_json(const ServedModel& m, const ChoiceUpdate& u, bool chat) {
+// The logprobs of one update's tokens, in the endpoint's format. Completions'
+// text_offset is the byte offset of each token's piece in the choice's text, counted
+// from `base` (the text before this update); approximate where the detokenizer merges
+// pieces (byte fallback, cleanup) or a stop string cut the text.
+Json logprobs_json(const ServedModel& m, const ChoiceUpdate& u, bool chat, size_t base = 0) {
   if (chat) {
     Json content = Json::array();
     for (auto& lp : u.logprobs) {
@@ -127,13 +130,16 @@ Json logprobs_json(const ServedModel& m, const ChoiceUpdate& u, bool chat) {
     return Json{{"content", content}};
   }
   Json tokens = Json::array(), lps = Json::array(), tops = Json::array(), offsets = Json::array();
+  size_t offset = base;
   for (auto& lp : u.logprobs) {
-    tokens.push_back(piece_of(m, lp.token));
+    std::string piece = piece_of(m, lp.token);
+    tokens.push_back(piece);
     lps.push_back(lp.logprob);
     Json top = Json::object();
     for (auto& t : lp.top) top[piece_of(m, t.token)] = t.logprob;
     tops.push_back(top);
-    offsets.push_back(0);
+    offsets.push_back(offset);
+    offset += piece.size();
   }
   return Json{{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
 }
@@ -184,7 +190,10 @@ Json stream_chunk(Call& c, const ChoiceUpdate& u) {
   } else {
     choice["text"] = u.text;
   }
-  choice["logprobs"] = c.params.logprobs && !u.logprobs.empty() ? logprobs_json(*c.model, u, c.params.chat) : Json(nullptr);
+  // absorb() already appended this update's text.
+  size_t base = st.text.size() >= u.text.size() ? st.text.size() - u.text.size() : 0;
+  choice["logprobs"] =
+      c.params.logprobs && !u.logprobs.empty() ? logprobs_json(*c.model, u, c.params.chat, base) : Json(nullptr);
   choice["finish_reason"] = u.finish == FinishReason::kNone ? Json(nullptr) : Json(finish_name(u.finish));
   if (c.params.return_token_ids) choice["token_ids"] = u.tokens;
   j["choices"] = Json::array({choice});
@@ -212,10 +221,11 @@ Json final_body(Call& c) {
 void absorb(Call& c, const RequestUpdate& u) {
   for (auto& cu : u.choices) {
     ChoiceState& st = c.choices.at(size_t(cu.index));
+    const size_t base = st.text.size();
     st.text += cu.text;
     st.tokens.insert(st.tokens.end(), cu.tokens.begin(), cu.tokens.end());
     if (c.params.logprobs && !cu.logprobs.empty())
-      append_logprobs(st.logprobs, logprobs_json(*c.model, cu, c.params.chat), c.params.chat);
+      append_logprobs(st.logprobs, logprobs_json(*c.model, cu, c.params.chat, base), c.params.chat);
     if (cu.finish != FinishReason::kNone) st.finish = finish_name(cu.finish);
   }
   if (u.done) {

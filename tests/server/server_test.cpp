@@ -321,6 +321,17 @@ TEST_F(RealModelServerTest, StopStringsCutTheTextAndSessionsReuseKv) {
   EXPECT_EQ(cut["choices"][0]["text"], text.substr(0, text.find(stop)));
   EXPECT_EQ(cut["choices"][0]["finish_reason"], "stop");
 
+  // Completions logprobs: one entry per token, offsets into the text, top alternatives.
+  Json lp = {{"model", "smollm2"}, {"prompt", "The capital of France is"}, {"max_tokens", 4}, {"temperature", 0},
+             {"logprobs", 2}};
+  auto l = post(srv_->port(), "/v1/completions", lp).json();
+  auto& lps = l["choices"][0]["logprobs"];
+  ASSERT_EQ(lps["tokens"].size(), 4u) << l.dump();
+  EXPECT_EQ(lps["text_offset"][0], 0);
+  EXPECT_EQ(lps["text_offset"][1].get<size_t>(), lps["tokens"][0].get<std::string>().size());
+  EXPECT_LE(lps["token_logprobs"][0].get<double>(), 0.0);
+  EXPECT_EQ(lps["top_logprobs"][0].size(), 2u);
+
   Json turn = {{"model", "smollm2"},
                {"messages", {{{"role", "user"}, {"content", "Name a color."}}}},
                {"max_tokens", 6}, {"temperature", 0}, {"session_id", "conv-1"}};
