@@ -2,6 +2,7 @@
 // plan, where values whose lifetimes do not overlap share a buffer (greedy interval
 // assignment by last use). Buffers grow to the largest shape seen, so steady-state
 // decoding allocates nothing.
+#include "backends/memory_plan.h"
 #include "backends/cpu/cpu_backend.h"
 
 #include <algorithm>
@@ -114,37 +115,11 @@ class CpuCompiledGraph final : public CompiledGraph {
   }
 
   void plan_memory() {
-    const auto& nodes = graph_.nodes();
-    std::vector<size_t> last_use(graph_.num_values(), 0);
-    for (size_t i = 0; i < nodes.size(); ++i)
-      for (ir::ValueId in : nodes[i].inputs)
-        if (in != ir::kNoValue) last_use[size_t(in)] = i;
-    for (auto& [name, id] : graph_.outputs()) last_use[size_t(id)] = std::numeric_limits<size_t>::max();
-    slot_of_.assign(graph_.num_values(), -1);
+    MemoryPlan plan = plan_activation_slots(graph_);
+    slot_of_ = std::move(plan.slot_of);
+    slots_.resize(size_t(plan.num_slots));
     results_.resize(graph_.num_values());
-    std::vector<int> free_slots;
-    for (size_t i = 0; i < nodes.size(); ++i) {
-      for (ir::ValueId out : nodes[i].outputs) {
-        if (free_slots.empty()) {
-          free_slots.push_back(int(slots_.size()));
-          slots_.emplace_back();
-        }
-        slot_of_[size_t(out)] = free_slots.back();
-        free_slots.pop_back();
-        if (last_use[size_t(out)] == 0) last_use[size_t(out)] = i;  // unused output
-      }
-      // Release after outputs are assigned so no output aliases an input.
-      std::vector<ir::ValueId> dying;
-      for (ir::ValueId in : nodes[i].inputs)
-        if (in != ir::kNoValue && slot_of_[size_t(in)] >= 0 && last_use[size_t(in)] == i)
-          dying.push_back(in);
-      for (ir::ValueId out : nodes[i].outputs)
-        if (last_use[size_t(out)] == i) dying.push_back(out);
-      std::sort(dying.begin(), dying.end());
-      dying.erase(std::unique(dying.begin(), dying.end()), dying.end());
-      for (ir::ValueId v : dying) free_slots.push_back(slot_of_[size_t(v)]);
-    }
-    log_debug("cpu: ", nodes.size(), " nodes share ", slots_.size(), " activation buffers");
+    log_debug("cpu: ", graph_.nodes().size(), " nodes share ", slots_.size(), " activation buffers");
   }
 
   const ir::Graph& graph_;

@@ -8,6 +8,7 @@
 // there decode GEMMs go through cuBLASLt, whose results under capture differed from
 // eager in the last bits (seen on the H200), and replay must give eager's bits.
 // KILN_CUDA_STEP_TIMES=1 logs the median device time of decode steps (CUDA events).
+#include "backends/memory_plan.h"
 #include "backends/cuda/cuda_backend.h"
 
 #include <algorithm>
@@ -437,34 +438,10 @@ class CudaCompiledGraph final : public CompiledGraph {
   }
 
   void plan_memory() {
-    const auto& nodes = graph_.nodes();
-    std::vector<size_t> last_use(graph_.num_values(), 0);
-    for (size_t i = 0; i < nodes.size(); ++i)
-      for (ir::ValueId in : nodes[i].inputs)
-        if (in != ir::kNoValue) last_use[size_t(in)] = i;
-    for (auto& [name, id] : graph_.outputs()) last_use[size_t(id)] = std::numeric_limits<size_t>::max();
-    slot_of_.assign(graph_.num_values(), -1);
-    std::vector<int> free_slots;
-    size_t num_slots = 0;
-    for (size_t i = 0; i < nodes.size(); ++i) {
-      for (ir::ValueId out : nodes[i].outputs) {
-        if (free_slots.empty()) free_slots.push_back(int(num_slots++));
-        slot_of_[size_t(out)] = free_slots.back();
-        free_slots.pop_back();
-        if (last_use[size_t(out)] == 0) last_use[size_t(out)] = i;  // unused output
-      }
-      // Release after outputs are assigned so no output aliases an input.
-      std::vector<ir::ValueId> dying;
-      for (ir::ValueId in : nodes[i].inputs)
-        if (in != ir::kNoValue && slot_of_[size_t(in)] >= 0 && last_use[size_t(in)] == i) dying.push_back(in);
-      for (ir::ValueId out : nodes[i].outputs)
-        if (last_use[size_t(out)] == i) dying.push_back(out);
-      std::sort(dying.begin(), dying.end());
-      dying.erase(std::unique(dying.begin(), dying.end()), dying.end());
-      for (ir::ValueId v : dying) free_slots.push_back(slot_of_[size_t(v)]);
-    }
-    slots_.resize(num_slots);
-    log_debug("cuda: ", nodes.size(), " nodes share ", num_slots, " activation buffers");
+    MemoryPlan plan = plan_activation_slots(graph_);
+    slot_of_ = std::move(plan.slot_of);
+    slots_.resize(size_t(plan.num_slots));
+    log_debug("cuda: ", graph_.nodes().size(), " nodes share ", plan.num_slots, " activation buffers");
   }
 
   const ir::Graph& graph_;
