@@ -198,7 +198,12 @@ TEST(ServerLoad, ConcurrentMixedTrafficIsExactAndLeavesNoTrace) {
               (long long)st.requests_finished, cancelled.load(), (long long)st.preemptions, (long long)st.steps,
               st.prefix_queried_blocks ? double(st.prefix_hit_blocks) / double(st.prefix_queried_blocks) : 0.0,
               double(rss_warm) / 1e6, double(rss_end) / 1e6);
+#if defined(__SANITIZE_ADDRESS__)
+  // ASan's quarantine keeps freed memory on purpose: RSS says nothing about leaks there
+  // (LeakSanitizer checks those at exit).
+#else
   EXPECT_LT(rss_end - rss_warm, int64_t(64) << 20) << "memory grew across the run";
+#endif
   EXPECT_EQ(get(srv.port(), "/health/ready").status, 200);
   EXPECT_EQ(post(srv.port(), "/v1/completions", body_of({1, 2, 3}, 3, false)).status, 200);
 }
