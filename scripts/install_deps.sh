@@ -3,7 +3,7 @@
 set -euo pipefail
 SUDO=""
 [ "$(id -u)" = 0 ] || SUDO=sudo
-PKGS=(build-essential cmake ninja-build pkg-config git python3 python3-pip unzip
+PKGS=(build-essential cmake ninja-build pkg-config git python3 python3-pip python3-venv unzip
       libgtest-dev libgmock-dev libbenchmark-dev nlohmann-json3-dev libcli11-dev
       libre2-dev libutf8proc-dev libsentencepiece-dev libcpp-httplib-dev
       nginx-light flatbuffers-compiler libflatbuffers-dev)
