@@ -255,7 +255,8 @@ TEST_F(ExecutorTest, PriorityPolicyLetsAnUrgentRequestDisplaceARunningOne) {
   std::mutex mu;
   std::vector<std::string> order;
   std::atomic<int> low_tokens{0};
-  GenerationResult low_result;
+  std::atomic<bool> high_submitted{false};
+  GenerationResult low_result, high_result;
   auto low = greedy(prompts(1, 9, 20, 20)[0], 100);
   low.priority = 0;
   ex.submit(low, [&](RequestUpdate&& u) {
@@ -268,18 +269,27 @@ TEST_F(ExecutorTest, PriorityPolicyLetsAnUrgentRequestDisplaceARunningOne) {
       std::lock_guard lk(mu);
       order.push_back("low");
     }
+    // Hold the executor thread (callbacks run on it, outside its locks) once a few
+    // tokens are out, until the urgent request is queued: however fast the steps are,
+    // the low request is still running when the high one arrives.
+    while (low_tokens >= 3 && !high_submitted) std::this_thread::yield();
   });
   while (low_tokens < 3) std::this_thread::yield();
   auto high = greedy(prompts(1, 10, 10, 10)[0], 5);
   high.priority = 10;
-  auto got = ex.generate(high);
-  {
-    std::lock_guard lk(mu);
-    order.push_back("high");
-  }
+  ex.submit(high, [&](RequestUpdate&& u) {
+    high_result.choices.resize(1);
+    for (auto& c : u.choices)
+      high_result.choices[0].tokens.insert(high_result.choices[0].tokens.end(), c.tokens.begin(), c.tokens.end());
+    if (u.done) {
+      std::lock_guard lk(mu);
+      order.push_back("high");
+    }
+  });
+  high_submitted = true;
   ex.drain();
   EXPECT_EQ(order, (std::vector<std::string>{"high", "low"}));
-  EXPECT_EQ(got.choices[0].tokens, alone(high.prompt, 5));
+  EXPECT_EQ(high_result.choices[0].tokens, alone(high.prompt, 5));
   EXPECT_EQ(low_result.choices[0].tokens, alone(low.prompt, 100));  // resumed exactly
   EXPECT_GE(ex.stats().preemptions, 1);
 }
