@@ -98,6 +98,34 @@ OpRun prepare_rms_norm(const ir::Node& n, const ir::Graph& g, PrepareContext& pc
   };
 }
 
+// AddLayerNorm / AddRMSNorm (pass fuse_add_norm): outputs the residual sum and its norm.
+OpRun prepare_add_norm(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) {
+  const bool rms = n.op == "AddRMSNorm";
+  auto* w = static_cast<const float*>(pc.weights->get(g, need_weight(n, g, 2, "weight"), DType::kF32));
+  auto* b = rms ? nullptr
+                : static_cast<const float*>(pc.weights->get(g, need_weight(n, g, 3, "bias", true), DType::kF32));
+  const float eps = float(n.attr_float("eps"));
+  return [=](OpContext& c) {
+    const DevTensor& x = *c.inputs[0];
+    const DevTensor& r = *c.inputs[1];
+    DevTensor& sum = c.out(0, x.shape);
+    DevTensor& y = c.out(1, x.shape);
+    const int64_t dim = x.dim(-1), rows = x.numel() / dim;
+    if (rms) launch_add_rms_norm(y.dtype, x.data, r.data, w, eps, rows, dim, sum.data, y.data, c.cx->stream);
+    else launch_add_layer_norm(y.dtype, x.data, r.data, w, b, eps, rows, dim, sum.data, y.data, c.cx->stream);
+  };
+}
+
+// SwiGLU (pass fuse_swiglu): [T, 2I] = [gate | up] -> [T, I].
+OpRun prepare_swiglu(const ir::Node&, const ir::Graph&, PrepareContext&) {
+  return [](OpContext& c) {
+    const DevTensor& x = *c.inputs[0];
+    const int64_t t = x.dim(0), inter = x.dim(1) / 2;
+    DevTensor& y = c.out(0, {t, inter});
+    launch_swiglu(y.dtype, x.data, t, inter, y.data, c.cx->stream);
+  };
+}
+
 OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) {
   ir::ValueId wv = need_weight(n, g, 1, "weight");
   const void* w = pc.weights->get(g, wv, pc.act);
@@ -235,6 +263,9 @@ const std::map<std::string, OpPrepare>& op_table() {
       {"Mul", prepare_binary<BinaryOp::kMul>},
       {"LayerNorm", prepare_layer_norm},
       {"RMSNorm", prepare_rms_norm},
+      {"AddLayerNorm", prepare_add_norm},
+      {"AddRMSNorm", prepare_add_norm},
+      {"SwiGLU", prepare_swiglu},
       {"Linear", prepare_linear},
       {"Gelu", prepare_gelu},
       {"Silu", prepare_unary<UnaryOp::kSilu>},
@@ -271,6 +302,8 @@ bool cuda_op_supported(const ir::Node& n, const ir::Graph& g, std::string* why) 
   auto weight_at = [&](size_t i) { return n.input(i) == ir::kNoValue || g.is_weight(n.input(i)); };
   if ((n.op == "Linear" || n.op == "LayerNorm") && !(weight_at(1) && weight_at(2)))
     return fail("weight/bias inputs must be weights");
+  if ((n.op == "AddRMSNorm" || n.op == "AddLayerNorm") && !(weight_at(2) && weight_at(3)))
+    return fail("norm weight/bias inputs must be weights");
   if ((n.op == "RMSNorm" && !weight_at(1)) || (n.op == "Embedding" && !weight_at(0)) || (n.op == "Rope" && !weight_at(2)))
     return fail("parameter inputs must be weights");
   return true;

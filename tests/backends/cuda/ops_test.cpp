@@ -68,6 +68,32 @@ TEST(CudaOps, Norms) {
       }
 }
 
+// The fused ops the CUDA backend claims (fuse_add_norm, fuse_swiglu): both outputs of
+// AddRMSNorm/AddLayerNorm and SwiGLU against the CPU backend.
+TEST(CudaOps, FusedAddNormAndSwiGlu) {
+  KILN_SKIP_WITHOUT_CUDA();
+  for (const auto& dt : all_dtypes())
+    for (int64_t rows : {1, 9})
+      for (int64_t dim : {64, 576}) {
+        std::mt19937_64 rng(rows * 11 + dim);
+        for (const char* op : {"AddRMSNorm", "AddLayerNorm"}) {
+          OneNode o;
+          o.input("x", random_tensor({rows, dim}, rng, dt, -3.0f, 3.0f), Shape{"T", dim});
+          o.input("r", random_tensor({rows, dim}, rng, dt, -3.0f, 3.0f), Shape{"T", dim});
+          o.weight("w", random_tensor({dim}, rng, "f32", 0.5f, 1.5f));
+          if (std::string(op) == "AddLayerNorm") o.weight("b", random_tensor({dim}, rng, "f32"));
+          auto outs = o.g.add_node(op, o.args, {{"eps", 1e-5}}, "op");
+          o.g.add_output("sum", outs[0]);
+          o.g.add_output("y", outs[1]);
+          o.check(dt, str_cat(op, " rows=", rows, " dim=", dim));
+        }
+        OneNode s;
+        s.input("x", random_tensor({rows, 2 * dim}, rng, dt, -6.0f, 6.0f), Shape{"T", 2 * dim});
+        s.node("SwiGLU");
+        s.check(dt, str_cat("SwiGLU rows=", rows, " inter=", dim));
+      }
+}
+
 TEST(CudaOps, AddMulSameShapeAndRowBroadcast) {
   KILN_SKIP_WITHOUT_CUDA();
   for (const auto& dt : all_dtypes())

@@ -31,7 +31,29 @@ __global__ void unary_kernel(const T* x, int64_t n, T* out) {
     out[i] = from_f32<T>(unary_f32<kOp>(to_f32(x[i])));
 }
 
+// SwiGLU over rows of [gate | up]: out[r, i] = silu(gate) * up. silu is rounded to T
+// before the product, as the unfused Silu -> Mul pair would store it.
+template <typename T>
+__global__ void swiglu_kernel(const T* x, int64_t rows, int64_t inter, T* out) {
+  const int64_t n = rows * inter;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / inter, c = i - r * inter;
+    const T* row = x + r * 2 * inter;
+    const float g = to_f32(from_f32<T>(unary_f32<UnaryOp::kSilu>(to_f32(row[c]))));
+    out[i] = from_f32<T>(g * to_f32(row[inter + c]));
+  }
+}
+
 }  // namespace
+
+void launch_swiglu(DType t, const void* x, int64_t rows, int64_t inter, void* out, cudaStream_t s) {
+  if (rows * inter == 0) return;
+  KILN_CUDA_DISPATCH_FLOAT(t, T, {
+    swiglu_kernel<T><<<grid_for(rows * inter, 256), 256, 0, s>>>(static_cast<const T*>(x), rows, inter,
+                                                                 static_cast<T*>(out));
+  });
+  KILN_CUDA_CHECK_LAUNCH();
+}
 
 void launch_binary(BinaryOp op, DType t, const void* a, const void* b, int64_t n, int64_t b_n,
                    void* out, cudaStream_t s) {

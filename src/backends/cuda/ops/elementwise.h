@@ -18,5 +18,7 @@ enum class UnaryOp : uint8_t { kGeluErf, kGeluTanh, kSilu, kTanh };
 void launch_binary(BinaryOp op, DType t, const void* a, const void* b, int64_t n, int64_t b_n,
                    void* out, cudaStream_t s);
 void launch_unary(UnaryOp op, DType t, const void* x, int64_t n, void* out, cudaStream_t s);
+// x: [rows, 2 * inter] = [gate | up] per row; out: [rows, inter] = silu(gate) * up.
+void launch_swiglu(DType t, const void* x, int64_t rows, int64_t inter, void* out, cudaStream_t s);
 
 }  // namespace kiln::cuda

@@ -15,5 +15,11 @@ void launch_layer_norm(DType t, const void* x, const float* gamma, const float* 
                        int64_t rows, int64_t dim, void* y, cudaStream_t s);
 void launch_rms_norm(DType t, const void* x, const float* w, float eps, int64_t rows, int64_t dim,
                      void* y, cudaStream_t s);
+// Fused residual add (AddLayerNorm / AddRMSNorm): sum = x + res (in T), y = norm(sum).
+// sum and y must not alias x or res.
+void launch_add_layer_norm(DType t, const void* x, const void* res, const float* gamma, const float* beta,
+                           float eps, int64_t rows, int64_t dim, void* sum, void* y, cudaStream_t s);
+void launch_add_rms_norm(DType t, const void* x, const void* res, const float* w, float eps, int64_t rows,
+                         int64_t dim, void* sum, void* y, cudaStream_t s);
 
 }  // namespace kiln::cuda
