@@ -103,6 +103,7 @@ TEST_F(ExecutorTest, PreemptionUnderASmallPoolKeepsOutputsExact) {
     ASSERT_EQ(got[i].error, "") << "request " << i;
     EXPECT_EQ(got[i].choices[0].tokens, alone(ps[i], 24)) << "request " << i;
   }
+  for (int i = 0; i < 500 && ex.stats().preemptions == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(2));
   EXPECT_GT(ex.stats().preemptions, 0);
   expect_no_leak(ex);
 }
@@ -115,6 +116,7 @@ TEST_F(ExecutorTest, PrefixCacheAndSessionsReuseKvWithoutChangingOutputs) {
   auto second = ex.generate(greedy(ps[0], 6));
   EXPECT_EQ(second.cached_tokens, 48);  // three full blocks of 16 (the last token is fed)
   EXPECT_EQ(second.choices[0].tokens, first.choices[0].tokens);
+  for (int i = 0; i < 500 && ex.stats().prefix_hit_blocks == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(2));
   EXPECT_GT(ex.stats().prefix_hit_blocks, 0);
   expect_no_leak(ex);
 
@@ -128,6 +130,9 @@ TEST_F(ExecutorTest, PrefixCacheAndSessionsReuseKvWithoutChangingOutputs) {
   auto r2 = ex.generate(turn2);
   EXPECT_EQ(r2.cached_tokens, 21 + 10 - 1);  // all but the last answer token had K/V
   EXPECT_EQ(r2.choices[0].tokens, alone(turn2.prompt, 10));
+  // Stats are a snapshot the executor publishes after each loop turn, so they may trail
+  // the done callback by one turn: wait for it.
+  for (int i = 0; i < 500 && ex.stats().sessions != 1; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(2));
   EXPECT_EQ(ex.stats().session_hits, 1);
   EXPECT_EQ(ex.stats().sessions, 1);  // holds its blocks until it expires
 }
@@ -187,6 +192,7 @@ TEST_F(ExecutorTest, CancelEndsARequestCleanlyAtAnyTime) {
   std::atomic<int> updates{0};
   std::atomic<bool> done{false};
   std::atomic<int> finish{-1};
+  std::atomic<bool> cancel_sent{false};
   auto r = greedy(prompts(1, 8, 10, 10)[0], 100);
   uint64_t id = 0;
   id = ex.submit(r, [&](RequestUpdate&& u) {
@@ -194,14 +200,19 @@ TEST_F(ExecutorTest, CancelEndsARequestCleanlyAtAnyTime) {
     for (auto& c : u.choices)
       if (c.finish != FinishReason::kNone) finish = int(c.finish);
     if (u.done) done = true;
+    // Hold the executor thread until the cancel is sent, so the request cannot finish
+    // on its own first however fast the steps are.
+    while (updates >= 2 && !cancel_sent) std::this_thread::yield();
   });
   while (updates < 2) std::this_thread::yield();
   ex.cancel(id);
+  cancel_sent = true;
   for (int i = 0; i < 500 && !done; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(2));
   EXPECT_TRUE(done);
   EXPECT_EQ(finish, int(FinishReason::kCancelled));
   ex.cancel(id);      // finished: a no-op
   ex.cancel(999999);  // unknown: a no-op
+  for (int i = 0; i < 500 && ex.stats().requests_cancelled == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(2));
   EXPECT_EQ(ex.stats().requests_cancelled, 1);
   expect_no_leak(ex);
 }
@@ -300,6 +311,8 @@ TEST_F(ExecutorTest, DrainPastItsTimeoutCancelsWhatIsLeft) {
   ex.submit(greedy({5, 6, 7}, 120), [&](RequestUpdate&& u) {
     for (auto& c : u.choices)
       if (c.finish != FinishReason::kNone) finish = int(c.finish);
+    // Slow consumer: 120 tokens take far longer than the 1 ms drain deadline.
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
   });
   EXPECT_FALSE(ex.drain(std::chrono::milliseconds(1)));
   EXPECT_EQ(finish, int(FinishReason::kCancelled));
