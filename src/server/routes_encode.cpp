@@ -68,15 +68,11 @@ void Server::Impl::handle_embeddings(const httplib::Request& req, httplib::Respo
     model_name = p.model;
     ServedModel& m = find_encoder(repo, p.model);
     int64_t tokens = 0;
-    ++active;
     std::vector<EncoderOutput> out;
-    try {
+    {
+      ActiveScope scope(active);
       out = run_encoder(m, encoder_inputs(m, p.texts, p.ids, &tokens));
-    } catch (...) {
-      --active;
-      throw;
     }
-    --active;
     Json data = Json::array();
     for (size_t i = 0; i < out.size(); ++i) {
       std::vector<float> e = normalized(out[i].mean_pooled);
@@ -130,15 +126,11 @@ void Server::Impl::handle_kserve_infer(const httplib::Request& req, httplib::Res
     KserveInferParams p = parse_kserve_infer(parse_json_body(req.body), opt.limits);
     ServedModel& m = find_encoder(repo, req.matches[1]);
     int64_t tokens = 0;
-    ++active;
     std::vector<EncoderOutput> out;
-    try {
+    {
+      ActiveScope scope(active);
       out = run_encoder(m, encoder_inputs(m, p.texts, p.ids, &tokens));
-    } catch (...) {
-      --active;
-      throw;
     }
-    --active;
     const ModelInfo& info = m.model->info();
     auto wanted = [&](const char* name) {
       return p.outputs.empty() || std::find(p.outputs.begin(), p.outputs.end(), name) != p.outputs.end();

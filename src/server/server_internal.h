@@ -21,6 +21,18 @@ class HttpServer : public httplib::Server {
   void raise_backlog(int backlog);
 };
 
+// Counts a handler as active for its scope (a graceful drain waits until none is).
+class ActiveScope {
+ public:
+  explicit ActiveScope(std::atomic<int64_t>& n) : n_(n) { ++n_; }
+  ~ActiveScope() { --n_; }
+  ActiveScope(const ActiveScope&) = delete;
+  ActiveScope& operator=(const ActiveScope&) = delete;
+
+ private:
+  std::atomic<int64_t>& n_;
+};
+
 struct Server::Impl {
   ModelRepository& repo;
   ServerOptions opt;
