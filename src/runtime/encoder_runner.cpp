@@ -61,4 +61,25 @@ std::vector<EncoderOutput> encode(Model& model, const std::vector<EncoderInput>&
   return result;
 }
 
+std::vector<EncoderInput> encoder_inputs_from_padded(const std::vector<int32_t>& ids,
+                                                     const std::vector<int32_t>& token_types,
+                                                     const std::vector<int32_t>& attention_mask,
+                                                     int64_t rows, int64_t cols) {
+  const size_t n = size_t(rows * cols);
+  if (rows < 0 || cols < 0 || ids.size() != n || attention_mask.size() != n ||
+      (!token_types.empty() && token_types.size() != n))
+    throw_error(ErrorCode::kInvalidArgument, "padded batch [", rows, ", ", cols, "] needs ", n,
+                " ids, mask entries and token types; got ", ids.size(), ", ", attention_mask.size(),
+                " and ", token_types.size());
+  std::vector<EncoderInput> batch(static_cast<size_t>(rows));
+  for (int64_t b = 0; b < rows; ++b)
+    for (int64_t s = 0; s < cols; ++s) {
+      const size_t i = size_t(b * cols + s);
+      if (!attention_mask[i]) continue;
+      batch[size_t(b)].tokens.push_back(ids[i]);
+      batch[size_t(b)].token_types.push_back(token_types.empty() ? 0 : token_types[i]);
+    }
+  return batch;
+}
+
 }  // namespace kiln

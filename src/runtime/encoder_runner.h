@@ -25,4 +25,12 @@ struct EncoderOutput {
 
 std::vector<EncoderOutput> encode(Model& model, const std::vector<EncoderInput>& batch);
 
+// HuggingFace's padded layout ([rows, cols] ids, token types and attention mask, row
+// major) to ragged inputs: each row keeps the tokens its mask marks. `token_types` may
+// be empty (all zeros). Throws kInvalidArgument when the sizes disagree.
+std::vector<EncoderInput> encoder_inputs_from_padded(const std::vector<int32_t>& ids,
+                                                     const std::vector<int32_t>& token_types,
+                                                     const std::vector<int32_t>& attention_mask,
+                                                     int64_t rows, int64_t cols);
+
 }  // namespace kiln

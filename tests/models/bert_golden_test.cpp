@@ -13,21 +13,12 @@ namespace {
 
 using testing::Reference;
 
-// Reads the padded reference batch back into ragged inputs (valid tokens only).
+// The padded reference batch as ragged inputs (valid tokens only).
 std::vector<EncoderInput> reference_inputs(const Reference& ref, int64_t* smax) {
-  auto ids = ref.ids("input_ids");
-  auto types = ref.ids("token_type_ids");
-  auto mask = ref.ids("attention_mask");
   auto shape = ref.shape("input_ids");
   *smax = shape[1];
-  std::vector<EncoderInput> batch(static_cast<size_t>(shape[0]));
-  for (int64_t b = 0; b < shape[0]; ++b)
-    for (int64_t s = 0; s < shape[1]; ++s)
-      if (mask[size_t(b * shape[1] + s)]) {
-        batch[size_t(b)].tokens.push_back(ids[size_t(b * shape[1] + s)]);
-        batch[size_t(b)].token_types.push_back(types[size_t(b * shape[1] + s)]);
-      }
-  return batch;
+  return encoder_inputs_from_padded(ref.ids("input_ids"), ref.ids("token_type_ids"),
+                                    ref.ids("attention_mask"), shape[0], shape[1]);
 }
 
 void check_encoder(Model& model, const Reference& ref, const std::string& name, double tol) {

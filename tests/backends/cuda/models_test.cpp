@@ -174,17 +174,9 @@ TEST_P(CudaBertGolden, TinyClassifierMatchesTransformers) {
   const std::string dtype = GetParam();
   auto model = Model::load(fixtures_dir() + "/models/bert", {.backend = "cuda", .weight_dtype = dtype});
   Ref ref("bert");
-  auto ids = ref.ids("input_ids");
-  auto types = ref.ids("token_type_ids");
-  auto mask = ref.ids("attention_mask");
   auto shape = ref.shape("input_ids");
-  std::vector<EncoderInput> batch(static_cast<size_t>(shape[0]));
-  for (int64_t b = 0; b < shape[0]; ++b)
-    for (int64_t s = 0; s < shape[1]; ++s)
-      if (mask[size_t(b * shape[1] + s)]) {
-        batch[size_t(b)].tokens.push_back(ids[size_t(b * shape[1] + s)]);
-        batch[size_t(b)].token_types.push_back(types[size_t(b * shape[1] + s)]);
-      }
+  std::vector<EncoderInput> batch = encoder_inputs_from_padded(
+      ref.ids("input_ids"), ref.ids("token_type_ids"), ref.ids("attention_mask"), shape[0], shape[1]);
   auto out = encode(*model, batch);
   const int64_t h = model->info().hidden_size;
   const double tol = model_tolerance(dtype);
