@@ -88,6 +88,11 @@ std::vector<ValueType> infer_linear(const Node& n, const In& in) {
     if (!dims_agree(in[2]->shape[0], w.shape[0]))
       shape_error(n, str_cat("bias ", in[2]->shape.str(), " vs weight ", w.shape.str()));
   }
+  if (n.attr_str("activation", "") == "swiglu") {  // [gate | up] rows -> silu(gate) * up
+    if (!w.shape[0].is_concrete() || w.shape[0].value % 2 != 0)
+      shape_error(n, str_cat("activation swiglu needs an even number of weight rows, got ", w.shape.str()));
+    return {{x.dtype, Shape{x.shape[0], Dim(w.shape[0].value / 2)}}};
+  }
   return {{x.dtype, Shape{x.shape[0], w.shape[0]}}};
 }
 
@@ -198,7 +203,7 @@ std::map<std::string, OpSchema> make_registry() {
   add({"LayerNorm", 2, 3, {"eps"}, "(x - mean) / sqrt(var + eps) * w + b over the last dim", infer_norm});
   add({"RMSNorm", 2, 2, {"eps"}, "x / sqrt(mean(x^2) + eps) * w over the last dim", infer_norm});
   add({"Linear", 2, 3, {}, "x[T,K] . weight[N,K]^T + bias[N]; optional attr activation = gelu_erf | gelu_tanh | silu "
-       "(an epilogue)", infer_linear});
+       "| swiglu (an epilogue; swiglu: silu(first N/2 outputs) * last N/2 -> [T, N/2])", infer_linear});
   add({"Gelu", 1, 1, {}, "GELU; attr approximate = none (erf) | tanh", infer_unary});
   add({"Silu", 1, 1, {}, "x * sigmoid(x)", infer_unary});
   add({"Tanh", 1, 1, {}, "tanh(x)", infer_unary});

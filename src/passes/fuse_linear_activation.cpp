@@ -1,4 +1,4 @@
-// Bias + activation epilogue: Gelu/Silu(Linear(x)) becomes Linear{activation=...}, so
+// Bias + activation epilogue: Gelu/Silu/SwiGLU(Linear(x)) becomes Linear{activation=...}, so
 // a backend applies the activation while the GEMM's output tile is still hot (cuBLASLt
 // epilogues on CUDA) and no separate intermediate is planned. Tested in
 // tests/passes/fusion_test.cpp.
@@ -10,9 +10,12 @@ namespace {
 
 constexpr const char* kName = "fuse_linear_activation";
 
-// The epilogue name for an activation node, or "" when it has none.
+// The epilogue name for an activation node, or "" when it has none. SwiGLU (from
+// fuse_swiglu, after a merged gate|up Linear) becomes the "swiglu" epilogue, which
+// halves the Linear's output.
 std::string epilogue_of(const ir::Node& act) {
   if (act.op == "Silu") return "silu";
+  if (act.op == "SwiGLU") return "swiglu";
   if (act.op != "Gelu") return "";
   std::string approx = act.attr_str("approximate", "none");
   return approx == "none" ? "gelu_erf" : approx == "tanh" ? "gelu_tanh" : "";
@@ -28,7 +31,7 @@ class FuseLinearActivation final : public Pass {
     size_t fused = 0;
     for (size_t i = 0; i < g.nodes().size(); ++i) {
       const ir::Node& act = g.nodes()[i];
-      if (act.op != "Gelu" && act.op != "Silu") continue;
+      if (act.op != "Gelu" && act.op != "Silu" && act.op != "SwiGLU") continue;
       std::string epi = epilogue_of(act);
       const ir::Node* lin = producer(g, act.inputs[0]);
       if (!lin || lin->op != "Linear") {
@@ -41,6 +44,7 @@ class FuseLinearActivation final : public Pass {
       }
       ir::Node& l = g.nodes()[size_t(node_index(g, lin))];
       l.attrs["activation"] = epi;
+      if (epi == "swiglu") g.value(l.outputs[0]).shape = g.value(act.outputs[0]).shape;  // [T, N/2]
       g.replace_uses(act.outputs[0], l.outputs[0]);
       dead[i] = true;
       ++fused;

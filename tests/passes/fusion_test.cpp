@@ -69,6 +69,21 @@ TEST(FuseSwiGlu, MergesGateAndUpIntoOneLinear) {
   EXPECT_EQ(opt.weight_bytes(), bytes) << "the separate gate/up weights must be dropped";
 }
 
+TEST(FuseLinearActivation, SwiGluBecomesTheMergedGemmsEpilogue) {
+  ir::Graph g;
+  ir::ValueId x = g.add_input("x", DType::kF32, {"T", 16});
+  ir::ValueId gate = g.add("Linear", {x, g.add_weight("wg", random_tensor({24, 16}, 1))}, {}, "mlp.gate_proj");
+  ir::ValueId up = g.add("Linear", {x, g.add_weight("wu", random_tensor({24, 16}, 2))}, {}, "mlp.up_proj");
+  ir::ValueId h = g.add("Mul", {g.add("Silu", {gate}), up});
+  g.add_output("y", g.add("Linear", {h, g.add_weight("wd", random_tensor({16, 24}, 3))}));
+  ir::Graph merged = run_ab(g, *passes::make_fuse_swiglu_pass());
+  ir::Graph opt = run_ab(merged, *passes::make_fuse_linear_activation_pass());
+  EXPECT_EQ(count_ops(opt, "SwiGLU"), 0u);
+  ASSERT_EQ(count_ops(opt, "Linear"), 2u);
+  EXPECT_EQ(opt.nodes()[0].attr_str("activation"), "swiglu");
+  EXPECT_EQ(opt.value(opt.nodes()[0].outputs[0]).shape.str(), Shape({"T", 24}).str());
+}
+
 TEST(FuseSwiGlu, DoesNotFireWhenTheGateIsReadTwice) {
   ir::Graph g;
   ir::ValueId x = g.add_input("x", DType::kF32, {"T", 16});

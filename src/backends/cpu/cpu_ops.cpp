@@ -110,14 +110,8 @@ OpRun prepare_add_norm(const ir::Node& n, const ir::Graph& g, const CompileOptio
 
 // SwiGLU over [T, 2I] = [gate | up] rows. Short rows (decode) go in one call per row;
 // the kernel threads within a call.
-OpRun prepare_swiglu(const ir::Node&, const ir::Graph&, const CompileOptions&) {
-  return [](OpContext& c) {
-    const Tensor& x = *c.inputs[0];
-    int64_t t = x.dim(0), inter = x.dim(1) / 2;
-    Tensor& y = c.out(0, {t, inter});
-    const float* in = x.data_as<float>();
-    float* out = y.data_as<float>();
-    if (t == 1) return swiglu(in, in + inter, inter, out);  // the kernel threads the row
+void swiglu_rows(const float* in, int64_t t, int64_t inter, float* out) {
+  if (t == 1) return swiglu(in, in + inter, inter, out);  // the kernel threads the row
     // Threads own rows; each call stays below the kernel's threading grain (nested
     // parallel_for calls would serialize on the pool).
     constexpr int64_t kSeg = 4096;
@@ -128,6 +122,14 @@ OpRun prepare_swiglu(const ir::Node&, const ir::Graph&, const CompileOptions&) {
           swiglu(row + s, row + inter + s, std::min(kSeg, inter - s), out + r * inter + s);
         }
     });
+}
+
+OpRun prepare_swiglu(const ir::Node&, const ir::Graph&, const CompileOptions&) {
+  return [](OpContext& c) {
+    const Tensor& x = *c.inputs[0];
+    const int64_t t = x.dim(0), inter = x.dim(1) / 2;
+    Tensor& y = c.out(0, {t, inter});
+    swiglu_rows(x.data_as<float>(), t, inter, y.data_as<float>());
   };
 }
 
@@ -168,10 +170,22 @@ OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, const CompileOptions
   if (epi == "gelu_erf") act = &gelu_erf;
   else if (epi == "gelu_tanh") act = &gelu_tanh;
   else if (epi == "silu") act = &silu;
-  else if (!epi.empty())
+  else if (epi != "swiglu" && !epi.empty())
     throw_error(ErrorCode::kUnsupported, "cpu: Linear '", n.name, "' activation '", epi,
-                "' (expected gelu_erf, gelu_tanh or silu)");
+                "' (expected gelu_erf, gelu_tanh, silu or swiglu)");
   LinearTactic tactic = linear_tactic_for(n, opt);
+  if (epi == "swiglu") {
+    // [gate | up] into scratch, then silu(gate) * up into the [T, N/2] output.
+    auto scratch = std::make_shared<std::vector<float>>();
+    return [packed, bias, tactic, scratch](OpContext& c) {
+      const Tensor& x = *c.inputs[0];
+      const int64_t t = x.dim(0), inter = packed->n / 2;
+      Tensor& y = c.out(0, {t, inter});
+      scratch->resize(static_cast<size_t>(t * packed->n));
+      linear(x.data_as<float>(), t, x.dim(1), *packed, f32(bias.empty() ? nullptr : &bias), scratch->data(), tactic);
+      swiglu_rows(scratch->data(), t, inter, y.data_as<float>());
+    };
+  }
   return [packed, bias, act, tactic](OpContext& c) {
     const Tensor& x = *c.inputs[0];
     Tensor& y = c.out(0, {x.dim(0), packed->n});
