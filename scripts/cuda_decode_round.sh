@@ -27,6 +27,14 @@ for c in gpt2-small tinyllama-1.1b; do
   KILN_LOG=info KILN_CUDA_STEP_TIMES=1 timeout 100 "$bin/kiln" bench --backend cuda --weight-dtype bf16 \
     --random-weights "$cfgs/$c.json" -r 1 2>&1 | grep -E "decode steps|tg32" | tee -a "$out/bench.log"
 done
+# Per-op device time of a decode step (KILN_CUDA_PROFILE: eager launches queued behind a
+# spin kernel, CUDA events between nodes).
+for c in gpt2-small tinyllama-1.1b; do
+  echo "== kiln $c profile" | tee -a "$out/bench.log"
+  KILN_LOG=info KILN_CUDA_PROFILE=1 timeout 100 "$bin/kiln" bench --backend cuda --weight-dtype bf16 \
+    --random-weights "$cfgs/$c.json" -r 1 2>&1 | grep -A40 "profile of .* decode" | grep -E "^ |profile" \
+    | tee -a "$out/bench.log"
+done
 bench "tinyllama-1.1b batch 4" "$cfgs/tinyllama-1.1b.json" -- -b 4
 bench "tinyllama-1.1b graphs=0" "$cfgs/tinyllama-1.1b.json" KILN_CUDA_GRAPHS=0
 echo "== ceilings" | tee -a "$out/bench.log"

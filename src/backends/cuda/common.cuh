@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/ops/elementwise.h"
 #include "core/dtype.h"
 #include "core/status.h"
 
@@ -50,6 +51,19 @@ __device__ __forceinline__ float block_sum(float v, float* scratch) {
   const int warps = int(blockDim.x) >> 5;
   v = lane < warps ? scratch[lane] : 0.0f;
   return warp_sum(v);
+}
+
+// The activations in f32, with the CPU reference's formulas (erfc form of GELU,
+// x/(1+e^-2u) for GELU-tanh); shared by the elementwise kernels and GEMV epilogues.
+template <UnaryOp kOp>
+__device__ __forceinline__ float unary_f32(float x) {
+  if constexpr (kOp == UnaryOp::kGeluErf) return 0.5f * x * erfcf(-x * 0.70710678118654752f);
+  if constexpr (kOp == UnaryOp::kGeluTanh) {
+    const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
+    return x / (1.0f + expf(-2.0f * u));
+  }
+  if constexpr (kOp == UnaryOp::kSilu) return x / (1.0f + expf(-x));
+  return tanhf(x);
 }
 
 inline unsigned grid_for(int64_t n, int threads, int64_t max_blocks = 65535LL * 32) {

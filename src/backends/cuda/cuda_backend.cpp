@@ -8,6 +8,10 @@
 // there decode GEMMs go through cuBLASLt, whose results under capture differed from
 // eager in the last bits (seen on the H200), and replay must give eager's bits.
 // KILN_CUDA_STEP_TIMES=1 logs the median device time of decode steps (CUDA events).
+// KILN_CUDA_PROFILE=1 is the layer profiler (like trtexec --dumpProfile): every step runs
+// eagerly behind a short spin kernel, so its launches are queued before the first kernel
+// starts and the kernels then run back to back as in a graph; CUDA events between the
+// nodes give each node's device time, summed per op and shape and logged at exit.
 #include "backends/memory_plan.h"
 #include "backends/cuda/cuda_backend.h"
 
@@ -117,7 +121,7 @@ class CudaCompiledGraph final : public CompiledGraph {
       convert_outputs();
       enqueued = true;
     };
-    if (decode && graphs_enabled_ && prep_.act != DType::kF32) {
+    if (decode && graphs_enabled_ && !profile_ && prep_.act != DType::kF32) {
       check_graph_inputs(step, host_vals);  // the runners' own checks do not run on replay
       graphs_.run(graph_key_, graph_buffers(cuda_kv), s, enqueue);
       // A replay sets no shapes on the host: those of this step shape were kept.
@@ -136,6 +140,7 @@ class CudaCompiledGraph final : public CompiledGraph {
     }
     if (step_times_) KILN_CUDA_CHECK(cudaEventRecord(step_ev_[1], s));
     TensorMap out = fetch_outputs();
+    if (profile_) collect_profile(decode);
     if (step_times_ && decode) {
       float ms = 0;
       KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, step_ev_[0], step_ev_[1]));
@@ -163,6 +168,8 @@ class CudaCompiledGraph final : public CompiledGraph {
       cudaEventDestroy(step_ev_[0]);
       cudaEventDestroy(step_ev_[1]);
     }
+    log_profile();
+    for (cudaEvent_t e : prof_ev_) cudaEventDestroy(e);
   }
 
   size_t weight_bytes() const override { return weights_.bytes(); }
@@ -176,8 +183,17 @@ class CudaCompiledGraph final : public CompiledGraph {
   void run_nodes(const StepInfo& step, CudaKv* cuda_kv, const std::vector<const Tensor*>& host_vals) {
     cudaStream_t s = cx_->stream;
     const auto& nodes = graph_.nodes();
+    if (profile_) {
+      while (prof_ev_.size() < nodes.size() + 1) {
+        prof_ev_.emplace_back();
+        KILN_CUDA_CHECK(cudaEventCreate(&prof_ev_.back()));
+      }
+      launch_spin(3000, s);  // long enough to queue a whole step's launches
+      KILN_CUDA_CHECK(cudaEventRecord(prof_ev_[0], s));
+    }
     for (size_t i = 0; i < nodes.size(); ++i) {
       const ir::Node& n = nodes[i];
+      if (profile_ && i > 0) KILN_CUDA_CHECK(cudaEventRecord(prof_ev_[i], s));
       OpContext ctx;
       ctx.step = &step;
       ctx.dev = &dev_step_;
@@ -197,13 +213,60 @@ class CudaCompiledGraph final : public CompiledGraph {
         t.data = slot.get();
         return t;
       };
+      ctx.scratch = [&](size_t bytes) {
+        op_scratch_.grow(std::max<size_t>(bytes, 1), s);
+        return op_scratch_.get();
+      };
       runners_[i](ctx);
+    }
+    if (profile_) KILN_CUDA_CHECK(cudaEventRecord(prof_ev_[nodes.size()], s));
+  }
+
+  // Adds the last step's per-node times (its events have completed) to the profile.
+  void collect_profile(bool decode) {
+    const auto& nodes = graph_.nodes();
+    auto& prof = profile_steps_[decode ? 0 : 1];
+    ++prof.steps;
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      float ms = 0;
+      KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, prof_ev_[i], prof_ev_[i + 1]));
+      const ir::Node& n = nodes[i];
+      std::string key = n.op;
+      if (n.op == "Linear") {
+        const Tensor& w = graph_.weight(n.inputs[1]);
+        key += str_cat(" ", w.dim(0), "x", w.dim(1));
+      }
+      auto& e = prof.by_key[key];
+      e.first += double(ms);
+      ++e.second;
+    }
+  }
+  void log_profile() const {
+    for (int k = 0; k < 2; ++k) {
+      const auto& prof = profile_steps_[k];
+      if (prof.steps == 0) continue;
+      double total = 0;
+      std::vector<std::pair<double, std::string>> rows;
+      for (auto& [key, e] : prof.by_key) {
+        total += e.first;
+        rows.push_back({e.first, key});
+      }
+      std::sort(rows.rbegin(), rows.rend());
+      std::string table = str_cat("cuda profile of ", prof.steps, k == 0 ? " decode" : " other",
+                                  " steps (device us per step; nodes per step):");
+      for (auto& [ms, key] : rows) {
+        const auto& e = prof.by_key.at(key);
+        table += str_cat("\n  ", key, ": ", ms * 1000.0 / double(prof.steps), " us (",
+                         e.second / prof.steps, " nodes, ", 100.0 * ms / total, "%)");
+      }
+      table += str_cat("\n  total: ", total * 1000.0 / double(prof.steps), " us");
+      log_info(table);
     }
   }
 
   // Every device address a captured step bakes in: if one moved, the graph is stale.
   StepGraphs::Buffers graph_buffers(const CudaKv* kv) const {
-    StepGraphs::Buffers b{dev_in_.get(), attn_ws_.get(), dev_out_.get()};
+    StepGraphs::Buffers b{dev_in_.get(), attn_ws_.get(), dev_out_.get(), op_scratch_.get()};
     for (const DeviceBuffer& sl : slots_) b.push_back(sl.get());
     if (kv) {
       b.push_back(kv->k(0));
@@ -461,7 +524,7 @@ class CudaCompiledGraph final : public CompiledGraph {
   std::map<ir::ValueId, DeviceBuffer> input_bufs_;
   std::vector<uint8_t> staging_;
   PinnedBuffer pinned_in_, pinned_out_;
-  DeviceBuffer dev_in_, dev_out_, attn_ws_;
+  DeviceBuffer dev_in_, dev_out_, attn_ws_, op_scratch_;
   DevStep dev_step_;
   std::vector<size_t> out_offs_;
   size_t out_total_ = 0;
@@ -476,6 +539,16 @@ class CudaCompiledGraph final : public CompiledGraph {
   }();
   cudaEvent_t step_ev_[2] = {nullptr, nullptr};
   std::map<int64_t, std::pair<std::vector<float>, std::vector<float>>> step_ms_;  // by tokens: device, host
+  bool profile_ = [] {
+    const char* e = std::getenv("KILN_CUDA_PROFILE");
+    return e && std::string(e) == "1";
+  }();
+  std::vector<cudaEvent_t> prof_ev_;
+  struct Profile {
+    int64_t steps = 0;
+    std::map<std::string, std::pair<double, int64_t>> by_key;  // ms, nodes
+  };
+  Profile profile_steps_[2];  // decode steps, other steps
   bool graphs_enabled_ = [] {
     const char* e = std::getenv("KILN_CUDA_GRAPHS");
     return !(e && std::string(e) == "0");
@@ -488,10 +561,11 @@ class CudaBackend final : public Backend {
   bool supports(const ir::Node& node, const ir::Graph& graph) const override {
     return cuda_op_supported(node, graph);
   }
-  // Fused residual add + norm and SwiGLU have kernels here; the packed-QKV attention and
-  // Linear activation epilogues do not yet, so those passes are skipped for CUDA.
+  // Every fused form has kernels here: residual add + norm, SwiGLU, packed-QKV attention
+  // (RoPE and the KV write in one kernel), Linear activation epilogues (in the GEMV).
   bool supports_fusion(const std::string& pass) const override {
-    return pass == "fuse_add_norm" || pass == "fuse_swiglu";
+    return pass == "fuse_add_norm" || pass == "fuse_swiglu" || pass == "fuse_qkv_attention" ||
+           pass == "fuse_linear_activation";
   }
   std::unique_ptr<CompiledGraph> compile(const ir::Graph& graph, const CompileOptions& opt) override {
     auto g = std::make_unique<CudaCompiledGraph>(graph, opt, context());

@@ -134,15 +134,37 @@ OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) 
   // Few token rows (decode) stream the weights through our GEMV; KILN_CUDA_GEMV=0 keeps cuBLASLt.
   const char* env = std::getenv("KILN_CUDA_GEMV");
   const bool use_gemv = !(env && std::string(env) == "0");
+  // The activation epilogue (pass fuse_linear_activation): inside the GEMV; after a
+  // cuBLASLt GEMM, one elementwise pass in place.
+  const std::string act = n.attr_str("activation", "");
+  GemvEpilogue epi = GemvEpilogue::kNone;
+  UnaryOp unary = UnaryOp::kSilu;
+  if (act == "gelu_erf") epi = GemvEpilogue::kGeluErf, unary = UnaryOp::kGeluErf;
+  else if (act == "gelu_tanh") epi = GemvEpilogue::kGeluTanh, unary = UnaryOp::kGeluTanh;
+  else if (act == "silu") epi = GemvEpilogue::kSilu, unary = UnaryOp::kSilu;
+  else if (act == "swiglu") epi = GemvEpilogue::kSwiGlu;
+  else if (!act.empty())
+    throw_error(ErrorCode::kUnsupported, "cuda: Linear '", n.name, "' activation '", act,
+                "' (expected gelu_erf, gelu_tanh, silu or swiglu)");
+  const bool swiglu = epi == GemvEpilogue::kSwiGlu;
+  KILN_THROW_IF(swiglu && nn % 2 != 0, kInvalidArgument, "linear '", n.name, "': swiglu needs an even number of rows");
+  const int64_t out_n = swiglu ? nn / 2 : nn;
   return [=](OpContext& c) {
     const DevTensor& x = *c.inputs[0];
     KILN_THROW_IF(x.dim(1) != k, kInvalidArgument, "linear '", n.name, "': x has ", x.dim(1),
                   " features, the weight expects ", k);
-    DevTensor& y = c.out(0, {x.dim(0), nn});
-    if (use_gemv && gemv_supports(y.dtype, x.dim(0), k))
-      launch_gemv(y.dtype, x.data, w, bias, y.data, x.dim(0), nn, k, c.cx->stream);
-    else
-      c.cx->gemm->run(y.dtype, x.data, w, bias, y.data, x.dim(0), nn, k, c.cx->stream);
+    const int64_t t = x.dim(0);
+    DevTensor& y = c.out(0, {t, out_n});
+    if (use_gemv && gemv_supports(y.dtype, t, k)) {
+      launch_gemv(y.dtype, x.data, w, bias, y.data, t, out_n, k, c.cx->stream, epi);
+    } else if (swiglu) {  // [gate | up] into scratch, then silu(gate) * up
+      void* gu = c.scratch(size_t(t * nn) * dtype_size(y.dtype));
+      c.cx->gemm->run(y.dtype, x.data, w, bias, gu, t, nn, k, c.cx->stream);
+      launch_swiglu(y.dtype, gu, t, out_n, y.data, c.cx->stream);
+    } else {
+      c.cx->gemm->run(y.dtype, x.data, w, bias, y.data, t, nn, k, c.cx->stream);
+      if (epi != GemvEpilogue::kNone) launch_unary(unary, y.dtype, y.data, y.numel(), y.data, c.cx->stream);
+    }
   };
 }
 
@@ -177,19 +199,29 @@ OpRun prepare_rope(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) {
   };
 }
 
-OpRun prepare_attention(const ir::Node& n, const ir::Graph&, PrepareContext&) {
+// Attention over the paged KV cache. Separate q, k, v inputs, or (packed_qkv=1, pass
+// fuse_qkv_attention) one [T, (hq + 2 hkv) d] input whose q and k are rotated in place
+// and whose k, v go to the cache in one kernel (launch_qkv_prep); the packed input has
+// no other reader (cuda_op_supported checks), so rotating it in place is safe.
+OpRun prepare_attention(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) {
   const int64_t layer = n.attr_int("layer"), hq = n.attr_int("num_heads");
   const int64_t hkv = n.attr_int("num_kv_heads"), d = n.attr_int("head_dim");
   const float scale = float(n.attr_float("scale"));
   const bool causal = n.attr_int("causal") != 0;
+  const bool packed = n.attr_int("packed_qkv", 0) != 0;
+  const int64_t rot = n.attr_int("rotary_dim", d);
+  const float* inv_freq =
+      packed && n.input(2) != ir::kNoValue
+          ? static_cast<const float*>(pc.weights->get(g, need_weight(n, g, 2, "inv_freq"), DType::kF32))
+          : nullptr;
   const std::string name = n.name;
   return [=](OpContext& c) {
     const DevTensor& q = *c.inputs[0];
-    const DevTensor& k = *c.inputs[1];
-    const DevTensor& v = *c.inputs[2];
-    const int64_t t = q.dim(0);
+    const int64_t t = q.dim(0), width = packed ? (hq + 2 * hkv) * d : hq * d;
     KILN_THROW_IF(c.step->num_tokens() != t, kInvalidArgument, "attention '", name, "': the step lays out ",
                   c.step->num_tokens(), " tokens but q has ", t, " rows");
+    KILN_THROW_IF(q.dim(1) != width, kInvalidArgument, "attention '", name, "': input rows have ", q.dim(1),
+                  " features, expected ", width);
     DevTensor& y = c.out(0, {t, hq * d});
     AttentionArgs a;
     a.dtype = y.dtype;
@@ -200,20 +232,37 @@ OpRun prepare_attention(const ir::Node& n, const ir::Graph&, PrepareContext&) {
     a.d = d;
     a.scale = scale;
     a.causal = causal;
+    const size_t es = dtype_size(y.dtype);
+    const void* k = packed ? static_cast<const char*>(q.data) + size_t(hq * d) * es : c.inputs[1]->data;
+    const void* v = packed ? static_cast<const char*>(k) + size_t(hkv * d) * es : c.inputs[2]->data;
+    if (packed) a.q_stride = width;
     if (c.kv) {
       KILN_THROW_IF(layer < 0 || layer >= c.kv->layout().num_layers, kInvalidArgument, "attention '", name,
                     "': layer ", layer, " is outside the KV pool's ", c.kv->layout().num_layers, " layers");
-      launch_kv_cache_write(y.dtype, k.data, v.data, c.dev->slot_mapping, t, hkv * d, c.kv->k(layer),
-                            c.kv->v(layer), c.cx->stream);
+      if (packed) {
+        QkvPrepArgs qa{y.dtype, q.data, t, hq, hkv, d, rot,
+                       inv_freq ? static_cast<const int32_t*>(c.inputs[1]->data) : nullptr, inv_freq,
+                       c.dev->slot_mapping, c.kv->k(layer), c.kv->v(layer)};
+        launch_qkv_prep(qa, c.cx->stream);
+      } else {
+        launch_kv_cache_write(y.dtype, k, v, c.dev->slot_mapping, t, hkv * d, c.kv->k(layer), c.kv->v(layer),
+                              c.cx->stream);
+      }
       a.k_cache = c.kv->k(layer);
       a.v_cache = c.kv->v(layer);
       a.block_size = c.kv->layout().block_size;
     } else {
       // No cache (encoders): K/V rows are read in place as a pool of one-token blocks;
       // the step upload made each sequence's "block table" its own row indices.
-      a.k_cache = k.data;
-      a.v_cache = v.data;
+      if (packed && inv_freq) {
+        QkvPrepArgs qa{y.dtype, q.data, t, hq, hkv, d, rot, static_cast<const int32_t*>(c.inputs[1]->data),
+                       inv_freq, nullptr, nullptr, nullptr};
+        launch_qkv_prep(qa, c.cx->stream);
+      }
+      a.k_cache = k;
+      a.v_cache = v;
       a.block_size = 1;
+      if (packed) a.kv_stride = width;
     }
     a.seqs = c.dev->seqs;
     a.block_tables = c.dev->block_tables;
@@ -294,6 +343,16 @@ bool cuda_op_supported(const ir::Node& n, const ir::Graph& g, std::string* why) 
   if (n.op == "Attention") {
     const int64_t d = n.attr_int("head_dim", 0);
     if (!attention_supports_head_dim(d)) return fail(str_cat("attention head_dim ", d, " (supported: 16, 32, 64, 128)"));
+    if (n.attr_int("packed_qkv", 0)) {
+      // The packed rows are rotated in place: nothing else may read them.
+      const ir::ValueId qkv = n.inputs[0];
+      int readers = 0;
+      for (const ir::Node& m : g.nodes())
+        for (ir::ValueId in : m.inputs) readers += in == qkv;
+      for (auto& [oname, id] : g.outputs()) readers += id == qkv;
+      if (readers != 1 || g.is_weight(qkv)) return fail("packed_qkv input must be read by this attention only");
+      if (n.input(2) != ir::kNoValue && !g.is_weight(n.input(2))) return fail("inv_freq must be a weight");
+    }
   }
   if (n.op == "Gelu") {
     const std::string a = n.attr_str("approximate", "none");

@@ -79,6 +79,9 @@ struct OpContext {
   CudaContext* cx = nullptr;
   // Output i with this shape in the activation dtype.
   std::function<DevTensor&(size_t, std::vector<int64_t>)> alloc;
+  // Device scratch of at least `bytes`, valid until the op returns (one buffer shared by
+  // every op of the graph; sized by the first, eager run of a step shape).
+  std::function<void*(size_t)> scratch;
   DevTensor& out(size_t i, std::vector<int64_t> shape) { return alloc(i, std::move(shape)); }
 };
 using OpRun = std::function<void(OpContext&)>;

@@ -116,6 +116,58 @@ TEST(CudaAttention, EncoderBidirectionalWithoutCache) {
     }
 }
 
+// Packed q|k|v rows (pass fuse_qkv_attention) with RoPE inside (full and partial rotary
+// dims) and without: RoPE, the KV write and attention against the CPU backend's.
+ir::Graph packed_graph(const Config& c, bool causal, int64_t rotary_dim) {
+  ir::Graph g;
+  ir::ValueId qkv = g.add_input("qkv", DType::kF32, Shape{"T", (c.hq + 2 * c.hkv) * c.d});
+  std::map<std::string, ir::Attr> attrs{{"layer", int64_t(0)}, {"num_heads", c.hq}, {"num_kv_heads", c.hkv}, {"head_dim", c.d},
+                  {"scale", 1.0 / std::sqrt(double(c.d))}, {"causal", int64_t(causal)}, {"packed_qkv", int64_t(1)}};
+  std::vector<ir::ValueId> ins{qkv};
+  if (rotary_dim > 0) {
+    Tensor inv(DType::kF32, {rotary_dim / 2});
+    for (int64_t i = 0; i < rotary_dim / 2; ++i)
+      inv.data_as<float>()[i] = float(std::pow(10000.0, -2.0 * double(i) / double(rotary_dim)));
+    ins.push_back(g.add_input("positions", DType::kI32, Shape{"T"}));
+    ins.push_back(g.add_weight("inv_freq", inv));
+    attrs["rotary_dim"] = rotary_dim;
+  }
+  g.add_output("y", g.add("Attention", ins, attrs, "attn"));
+  return g;
+}
+
+TEST(CudaAttention, PackedQkvWithRopeMatchesCpu) {
+  KILN_SKIP_WITHOUT_CUDA();
+  for (const Config& c : {Config{8, 2, 64, 16, {5, 40, 130}}, Config{4, 4, 32, 16, {17, 1}}, Config{8, 1, 128, 16, {70}}})
+    for (int64_t rot : {c.d, c.d / 2, int64_t(0)})
+      for (const auto& dt : all_dtypes()) {
+        std::mt19937_64 rng(uint64_t(c.hq * 100 + rot));
+        int64_t tokens = 0;
+        for (int32_t p : c.prompts) tokens += p + 6;
+        const int64_t blocks = tokens / c.block_size + int64_t(c.prompts.size()) * 2 + 4;
+        auto steps = decoder_steps(c, dt, blocks, rng);
+        for (StepCase& sc : steps) {
+          const int64_t t = sc.inputs["q"].dim(0), qw = c.hq * c.d, kw = c.hkv * c.d;
+          Tensor qkv(DType::kF32, {t, qw + 2 * kw}), pos(DType::kI32, {t});
+          for (int64_t r = 0; r < t; ++r) {
+            float* row = qkv.data_as<float>() + r * (qw + 2 * kw);
+            std::copy_n(sc.inputs["q"].data_as<float>() + r * qw, qw, row);
+            std::copy_n(sc.inputs["k"].data_as<float>() + r * kw, kw, row + qw);
+            std::copy_n(sc.inputs["v"].data_as<float>() + r * kw, kw, row + qw + kw);
+          }
+          for (const StepSequence& ss : sc.step.seqs)
+            for (int32_t i = 0; i < ss.q_len; ++i) pos.data_as<int32_t>()[ss.q_start + i] = ss.ctx_len - ss.q_len + i;
+          sc.inputs = {{"qkv", qkv}, {"positions", pos}};
+        }
+        KvLayout kv{.num_layers = 1, .num_blocks = blocks, .block_size = c.block_size, .num_kv_heads = c.hkv,
+                    .head_dim = c.d};
+        if (rot == 0)  // no RoPE: no positions input
+          for (StepCase& sc : steps) sc.inputs.erase("positions");
+        expect_backends_match(packed_graph(c, true, rot), steps, dt, op_tolerance(dt),
+                              str_cat("packed attn hq=", c.hq, " hkv=", c.hkv, " d=", c.d, " rot=", rot), kv);
+      }
+}
+
 TEST(CudaAttention, BadBlockTableIsAnError) {
   KILN_SKIP_WITHOUT_CUDA();
   Config c{4, 2, 16, 4, {3}};

@@ -49,11 +49,28 @@ TEST(CudaOps, Linear) {
     }
 }
 
+// Linear{activation} (pass fuse_linear_activation): inside the GEMV for few rows, an
+// elementwise pass after cuBLASLt otherwise.
+TEST(CudaOps, LinearActivationEpilogues) {
+  KILN_SKIP_WITHOUT_CUDA();
+  for (const auto& dt : all_dtypes())
+    for (const char* act : {"gelu_erf", "gelu_tanh", "silu", "swiglu"})
+      for (int64_t t : {1, 3, 4, 9}) {
+        std::mt19937_64 rng(uint64_t(t) * 7 + dt.size());
+        OneNode o;
+        o.input("x", random_tensor({t, 256}, rng, dt), Shape{"T", 256});
+        o.weight("w", random_tensor({320, 256}, rng, dt, -0.2f, 0.2f));
+        o.weight("b", random_tensor({320}, rng, dt));
+        o.node("Linear", {{"activation", std::string(act)}});
+        o.check(dt, str_cat("Linear+", act, " t=", t));
+      }
+}
+
 TEST(CudaOps, Norms) {
   KILN_SKIP_WITHOUT_CUDA();
   for (const auto& dt : all_dtypes())
     for (int64_t rows : {1, 17})
-      for (int64_t dim : {64, 576, 4096}) {
+      for (int64_t dim : {64, 100, 576, 4096, 12008}) {  // register-held rows of 1, 2, 4 vectors/thread; 100: bf16 fallback
         std::mt19937_64 rng(rows * 7 + dim);
         for (int which = 0; which < 3; ++which) {
           OneNode o;
@@ -74,7 +91,7 @@ TEST(CudaOps, FusedAddNormAndSwiGlu) {
   KILN_SKIP_WITHOUT_CUDA();
   for (const auto& dt : all_dtypes())
     for (int64_t rows : {1, 9})
-      for (int64_t dim : {64, 576}) {
+      for (int64_t dim : {64, 100, 576, 8200}) {
         std::mt19937_64 rng(rows * 11 + dim);
         for (const char* op : {"AddRMSNorm", "AddLayerNorm"}) {
           OneNode o;

@@ -20,7 +20,8 @@ static_assert(kWarps * kItemsPerWarp == kAttnItemsPerCta);
 template <typename T, int D>
 __global__ void __launch_bounds__(kWarps * 32)
 attention_kernel(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
-                 T* __restrict__ out, int block_size, int hq, int hkv, float scale, bool causal,
+                 T* __restrict__ out, int block_size, int hq, int hkv, int64_t q_stride, int64_t kv_row,
+                 float scale, bool causal,
                  const AttnSeq* __restrict__ seqs, const int32_t* __restrict__ block_tables,
                  const AttnWork* __restrict__ works, float* __restrict__ part_o, float* __restrict__ part_ml) {
   constexpr int R = kItemsPerWarp, DPL = (D + 31) / 32;
@@ -28,20 +29,26 @@ attention_kernel(const T* __restrict__ q, const T* __restrict__ k_cache, const T
   __shared__ float ks[kTileKeys][D + 1];  // +1: lane j reads row j, column c -> distinct banks
   __shared__ float vs[kTileKeys][D];
   const AttnWork w = works[blockIdx.x];
+  if (w.partial >= 0 && w.kv_begin >= w.kv_end && w.kv_begin > 0) return;  // an empty split: never combined
   const AttnSeq sq = seqs[w.seq];
   const int kvh = blockIdx.y, group = hq / hkv;
   const int n_items = sq.q_len * group;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int ctx0 = sq.ctx_len - sq.q_len;  // position of the sequence's first new token
 
-  for (int e = threadIdx.x; e < kAttnItemsPerCta * D; e += blockDim.x) {
-    const int li = e / D, c = e % D, item = w.item_begin + li;
-    float v = 0.0f;
+  // Loads move 16-byte vectors (VEC elements): rows are D-contiguous and 16-byte aligned.
+  constexpr int VEC = 16 / int(sizeof(T)), VPR = D / VEC, kThreads = kWarps * 32;
+  static_assert(D % VEC == 0);
+  for (int e = threadIdx.x; e < kAttnItemsPerCta * VPR; e += kThreads) {
+    const int li = e / VPR, c = (e % VPR) * VEC, item = w.item_begin + li;
+    uint4 raw = make_uint4(0, 0, 0, 0);
     if (item < n_items) {
       const int64_t row = sq.q_start + item / group, h = kvh * group + item % group;
-      v = to_f32(q[(row * hq + h) * D + c]) * scale;
+      raw = *reinterpret_cast<const uint4*>(q + row * q_stride + h * D + c);
     }
-    qs[li][c] = v;
+    const T* v = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) qs[li][c + i] = to_f32(v[i]) * scale;
   }
   int lim[R];
   float m[R], l[R], acc[R][DPL];
@@ -57,21 +64,35 @@ attention_kernel(const T* __restrict__ q, const T* __restrict__ k_cache, const T
   const int last = min(n_items, w.item_begin + kAttnItemsPerCta) - 1;
   const int hi = min(w.kv_end, causal ? ctx0 + last / group + 1 : sq.ctx_len);
   const int32_t* bt = block_tables + sq.bt_offset;
-  const int64_t kv_row = int64_t(hkv) * D;
 
+  constexpr int NV = (kTileKeys * VPR + kThreads - 1) / kThreads;  // vectors per thread per tile
   for (int t0 = w.kv_begin; t0 < hi; t0 += kTileKeys) {
-    __syncthreads();  // the previous tile is consumed (and qs written, on the first pass)
-    for (int e = threadIdx.x; e < kTileKeys * D; e += blockDim.x) {
-      const int j = e / D, c = e % D, p = t0 + j;
-      float kv = 0.0f, vv = 0.0f;
-      if (p < hi) {
+    // Every load of the tile is issued before the barrier, so their latencies overlap
+    // with each other and with the wait for the previous tile's readers.
+    uint4 kr[NV], vr[NV];
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int e = threadIdx.x + i * kThreads, j = e / VPR, c = (e % VPR) * VEC, p = t0 + j;
+      kr[i] = vr[i] = make_uint4(0, 0, 0, 0);
+      if (e < kTileKeys * VPR && p < hi) {
         const int64_t slot = int64_t(bt[p / block_size]) * block_size + p % block_size;
         const int64_t off = slot * kv_row + int64_t(kvh) * D + c;
-        kv = to_f32(k_cache[off]);
-        vv = to_f32(v_cache[off]);
+        kr[i] = *reinterpret_cast<const uint4*>(k_cache + off);
+        vr[i] = *reinterpret_cast<const uint4*>(v_cache + off);
       }
-      ks[j][c] = kv;
-      vs[j][c] = vv;
+    }
+    __syncthreads();  // the previous tile is consumed (and qs written, on the first pass)
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int e = threadIdx.x + i * kThreads, j = e / VPR, c = (e % VPR) * VEC;
+      if (e >= kTileKeys * VPR) continue;
+      const T* kv = reinterpret_cast<const T*>(&kr[i]);
+      const T* vv = reinterpret_cast<const T*>(&vr[i]);
+#pragma unroll
+      for (int u = 0; u < VEC; ++u) {
+        ks[j][c + u] = to_f32(kv[u]);
+        vs[j][c + u] = to_f32(vv[u]);
+      }
     }
     __syncthreads();
     float s[R];
@@ -135,31 +156,51 @@ attention_kernel(const T* __restrict__ q, const T* __restrict__ k_cache, const T
 }
 
 // Merges a split sequence's partials: out = Σ e^(m_s - M) acc_s / Σ e^(m_s - M) l_s.
+// Warp w merges items w, w + 4, ...: its lanes read the splits' (m, l) in parallel for
+// the max and the denominator, then sum the D dims of acc over the splits, several
+// splits' loads in flight at once (the previous kernel looped over splits per element).
 template <typename T, int D>
 __global__ void attention_combine_kernel(T* __restrict__ out, int hq, int hkv, const AttnSeq* __restrict__ seqs,
                                          const AttnCombine* __restrict__ combines,
                                          const float* __restrict__ part_o, const float* __restrict__ part_ml) {
+  constexpr int DPL = (D + 31) / 32;
   const AttnCombine cb = combines[blockIdx.x];
   const AttnSeq sq = seqs[cb.seq];
   const int kvh = blockIdx.y, group = hq / hkv, n_items = sq.q_len * group;
-  for (int e = threadIdx.x; e < n_items * D; e += blockDim.x) {
-    const int li = e / D, c = e % D;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  const int splits = cb.num_splits;
+  for (int li = warp; li < n_items; li += warps) {
+    auto base_of = [&](int sp) { return (int64_t(cb.partial_begin + sp) * hkv + kvh) * kAttnItemsPerCta + li; };
     float mx = -INFINITY;
-    for (int sp = 0; sp < cb.num_splits; ++sp) {
-      const int64_t base = (int64_t(cb.partial_begin + sp) * hkv + kvh) * kAttnItemsPerCta + li;
-      mx = fmaxf(mx, part_ml[base * 2]);
+    for (int sp = lane; sp < splits; sp += 32) mx = fmaxf(mx, part_ml[base_of(sp) * 2]);
+    mx = warp_max(mx);
+    float den = 0.0f;
+    for (int sp = lane; sp < splits; sp += 32) {
+      const float ms = part_ml[base_of(sp) * 2];
+      if (ms != -INFINITY) den += expf(ms - mx) * part_ml[base_of(sp) * 2 + 1];  // no visible key: weight 0
     }
-    float num = 0.0f, den = 0.0f;
-    for (int sp = 0; sp < cb.num_splits; ++sp) {
-      const int64_t base = (int64_t(cb.partial_begin + sp) * hkv + kvh) * kAttnItemsPerCta + li;
-      const float ms = part_ml[base * 2];
-      if (ms == -INFINITY) continue;  // this split saw no visible key of the item
-      const float f = expf(ms - mx);
-      den += f * part_ml[base * 2 + 1];
-      num += f * part_o[base * D + c];
+    den = warp_sum(den);
+    float num[DPL];
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) num[i] = 0.0f;
+#pragma unroll 4
+    for (int sp = 0; sp < splits; ++sp) {
+      const float ms = part_ml[base_of(sp) * 2];  // the same address across the warp: one load
+      const float fs = ms == -INFINITY ? 0.0f : expf(ms - mx);
+      const float* o = part_o + base_of(sp) * D;
+#pragma unroll
+      for (int i = 0; i < DPL; ++i) {
+        const int c = lane + 32 * i;
+        if (D % 32 == 0 || c < D) num[i] += fs * o[c];
+      }
     }
     const int64_t row = sq.q_start + li / group, h = kvh * group + li % group;
-    out[(row * hq + h) * D + c] = from_f32<T>(den > 0.0f ? num / den : 0.0f);
+    const float inv = den > 0.0f ? 1.0f / den : 0.0f;
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) {
+      const int c = lane + 32 * i;
+      if (D % 32 == 0 || c < D) out[(row * hq + h) * D + c] = from_f32<T>(num[i] * inv);
+    }
   }
 }
 
@@ -171,7 +212,8 @@ void launch_typed(const AttentionArgs& a, cudaStream_t s) {
   const dim3 grid(unsigned(a.num_work), unsigned(a.hkv));
   attention_kernel<T, D><<<grid, kWarps * 32, 0, s>>>(
       static_cast<const T*>(a.q), static_cast<const T*>(a.k_cache), static_cast<const T*>(a.v_cache),
-      static_cast<T*>(a.out), int(a.block_size), int(a.hq), int(a.hkv), a.scale, a.causal, a.seqs,
+      static_cast<T*>(a.out), int(a.block_size), int(a.hq), int(a.hkv), a.q_stride ? a.q_stride : a.hq * D,
+      a.kv_stride ? a.kv_stride : a.hkv * D, a.scale, a.causal, a.seqs,
       a.block_tables, a.work, part_o, part_ml);
   KILN_CUDA_CHECK_LAUNCH();
   if (a.num_combine > 0) {
@@ -193,7 +235,67 @@ __global__ void kv_cache_write_kernel(const T* k, const T* v, const int64_t* slo
   }
 }
 
+// One thread per (token, head of q|k|v, unit): units [0, rot/2) are the rotated pairs
+// (u, u + rot/2), the rest single pass-through dims rot + (u - rot/2). A thread reads
+// both elements of its pair before writing either, so rotating in place is race-free.
+template <typename T>
+__global__ void qkv_prep_kernel(T* qkv, int64_t tokens, int hq, int hkv, int d, int rot, const int32_t* positions,
+                                const float* inv_freq, const int64_t* slots, T* kc, T* vc) {
+  const int half = inv_freq ? rot / 2 : 0, units = d - half, heads = hq + 2 * hkv;
+  const int64_t width = int64_t(heads) * d, total = tokens * heads * units;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
+    const int u = int(i % units);
+    const int64_t th = i / units, t = th / heads;
+    const int h = int(th % heads);
+    T* x = qkv + t * width + int64_t(h) * d;
+    int e1 = u, e2 = -1;  // the elements this thread owns
+    float y1 = 0.0f, y2 = 0.0f;
+    if (u < half) {
+      e2 = u + half;
+      const float x1 = to_f32(x[e1]), x2 = to_f32(x[e2]);
+      if (h < hq + hkv) {  // q or k: rotate
+        float sn, cs;
+        sincosf(__fmul_rn(float(positions[t]), inv_freq[u]), &sn, &cs);
+        y1 = __fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn));
+        y2 = __fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn));
+      } else {
+        y1 = x1;
+        y2 = x2;
+      }
+    } else {
+      e1 = half ? rot + (u - half) : u;
+      y1 = to_f32(x[e1]);
+    }
+    if (h < hq + hkv && half) {
+      x[e1] = from_f32<T>(y1);
+      if (e2 >= 0) x[e2] = from_f32<T>(y2);
+    }
+    if (h < hq || !kc) continue;
+    const int64_t slot = slots[t];
+    if (slot < 0) continue;
+    const bool is_k = h < hq + hkv;
+    const int kvh = is_k ? h - hq : h - hq - hkv;
+    T* dst = (is_k ? kc : vc) + (slot * hkv + kvh) * d;
+    dst[e1] = from_f32<T>(y1);
+    if (e2 >= 0) dst[e2] = from_f32<T>(y2);
+  }
+}
+
 }  // namespace
+
+void launch_qkv_prep(const QkvPrepArgs& a, cudaStream_t s) {
+  if (a.tokens == 0) return;
+  KILN_THROW_IF(a.inv_freq && (a.rotary_dim <= 0 || a.rotary_dim % 2 || a.rotary_dim > a.d), kInvalidArgument,
+                "qkv rope: rotary_dim must be even and in (0, head_dim], got ", a.rotary_dim, " head_dim=", a.d);
+  const int64_t half = a.inv_freq ? a.rotary_dim / 2 : 0;
+  const int64_t total = a.tokens * (a.hq + 2 * a.hkv) * (a.d - half);
+  KILN_CUDA_DISPATCH_FLOAT(a.dtype, T, {
+    qkv_prep_kernel<T><<<grid_for(total, 256), 256, 0, s>>>(
+        static_cast<T*>(a.qkv), a.tokens, int(a.hq), int(a.hkv), int(a.d), int(a.rotary_dim), a.positions,
+        a.inv_freq, a.slot_mapping, static_cast<T*>(a.k_cache), static_cast<T*>(a.v_cache));
+  });
+  KILN_CUDA_CHECK_LAUNCH();
+}
 
 bool attention_supports_head_dim(int64_t d) { return d == 16 || d == 32 || d == 64 || d == 128; }
 
@@ -255,8 +357,10 @@ AttentionPlan attention_plan_decode(const std::vector<AttnSeq>& seqs, int64_t hq
       continue;
     }
     // At least kMinChunk keys per split: short contexts leave the trailing splits empty.
+    // The combine reads only the non-empty splits (per-step data: the graph stays valid).
     const int64_t chunk = std::max<int64_t>(kMinChunk, ((s.ctx_len + splits - 1) / splits + 31) / 32 * 32);
-    plan.combine.push_back({int32_t(i), plan.num_partials, int32_t(splits)});
+    const int64_t used = std::max<int64_t>(1, std::min<int64_t>(splits, (s.ctx_len + chunk - 1) / chunk));
+    plan.combine.push_back({int32_t(i), plan.num_partials, int32_t(used)});
     for (int64_t sp = 0; sp < splits; ++sp) {
       const int64_t b = std::min<int64_t>(s.ctx_len, sp * chunk), e = std::min<int64_t>(s.ctx_len, (sp + 1) * chunk);
       plan.work.push_back({int32_t(i), 0, int32_t(b), int32_t(e), int32_t(plan.num_partials + sp)});

@@ -52,9 +52,10 @@ size_t attention_workspace_floats(const AttentionPlan& plan, int64_t hkv, int64_
 
 struct AttentionArgs {
   DType dtype = DType::kBF16;       // of q, the caches and out
-  const void* q = nullptr;          // [T, hq, d]
-  const void* k_cache = nullptr;    // [blocks, block_size, hkv, d]
+  const void* q = nullptr;          // [T, hq, d], rows q_stride elements apart
+  const void* k_cache = nullptr;    // [blocks, block_size, hkv, d], slots kv_stride elements apart
   const void* v_cache = nullptr;
+  int64_t q_stride = 0, kv_stride = 0;  // 0: hq * d and hkv * d (dense)
   void* out = nullptr;              // [T, hq, d]
   int64_t block_size = 16, hq = 0, hkv = 0, d = 0;
   float scale = 1.0f;
@@ -74,5 +75,22 @@ void launch_attention(const AttentionArgs& a, cudaStream_t s);
 void launch_kv_cache_write(DType t, const void* k, const void* v, const int64_t* slot_mapping,
                            int64_t tokens, int64_t row_elems, void* k_cache, void* v_cache,
                            cudaStream_t s);
+
+// Packed attention's front end (pass fuse_qkv_attention): qkv [t, (hq + 2 hkv) * d] rows
+// from the merged Q/K/V projection. Rotates q and k in place (RoPE over the first
+// rotary_dim dims of each head, when inv_freq is set; same rounding as launch_rope) and
+// writes k and v through slot_mapping into the caches (when k_cache is set), in one
+// kernel. The attention then reads q from the packed rows (q_stride = row width).
+struct QkvPrepArgs {
+  DType dtype = DType::kBF16;
+  void* qkv = nullptr;
+  int64_t tokens = 0, hq = 0, hkv = 0, d = 0, rotary_dim = 0;
+  const int32_t* positions = nullptr;  // [t], with inv_freq
+  const float* inv_freq = nullptr;     // [rotary_dim / 2] or null: no RoPE
+  const int64_t* slot_mapping = nullptr;
+  void* k_cache = nullptr;
+  void* v_cache = nullptr;
+};
+void launch_qkv_prep(const QkvPrepArgs& a, cudaStream_t s);
 
 }  // namespace kiln::cuda

@@ -22,7 +22,24 @@ __global__ void fill_random_kernel(D* dst, int64_t n, uint32_t seed) {
   }
 }
 
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
+__global__ void spin_kernel(int64_t ns) {
+  const uint64_t t0 = global_ns();
+  while (global_ns() - t0 < uint64_t(ns)) {
+  }
+}
+
 }  // namespace
+
+void launch_spin(int64_t us, cudaStream_t s) {
+  spin_kernel<<<1, 1, 0, s>>>(us * 1000);
+  KILN_CUDA_CHECK_LAUNCH();
+}
 
 void launch_fill_random(void* dst, DType t, int64_t n, uint32_t seed, cudaStream_t s) {
   if (n == 0) return;

@@ -20,4 +20,8 @@ namespace kiln::cuda {
 // never time on zeros).
 void launch_fill_random(void* dst, DType t, int64_t n, uint32_t seed, cudaStream_t s);
 
+// Keeps the stream busy for about `us` microseconds (the op profiler queues a step's
+// launches behind it, so that the kernels then run back to back as in a graph).
+void launch_spin(int64_t us, cudaStream_t s);
+
 }  // namespace kiln::cuda

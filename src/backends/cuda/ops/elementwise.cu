@@ -14,17 +14,6 @@ __global__ void binary_kernel(const T* a, const T* b, int64_t n, int64_t b_n, T*
   }
 }
 
-template <UnaryOp kOp>
-__device__ __forceinline__ float unary_f32(float x) {
-  if constexpr (kOp == UnaryOp::kGeluErf) return 0.5f * x * erfcf(-x * 0.70710678118654752f);
-  if constexpr (kOp == UnaryOp::kGeluTanh) {
-    const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
-    return x / (1.0f + expf(-2.0f * u));
-  }
-  if constexpr (kOp == UnaryOp::kSilu) return x / (1.0f + expf(-x));
-  return tanhf(x);
-}
-
 template <typename T, UnaryOp kOp>
 __global__ void unary_kernel(const T* x, int64_t n, T* out) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)

@@ -9,7 +9,7 @@
 namespace kiln::cuda {
 namespace {
 
-constexpr int kWarps = 4, kUnroll = 4;
+constexpr int kWarps = 4, kUnroll = 8;
 
 template <typename T>
 __device__ __forceinline__ void fma8(float& acc, uint4 w, uint4 x) {
@@ -19,55 +19,92 @@ __device__ __forceinline__ void fma8(float& acc, uint4 w, uint4 x) {
   for (int i = 0; i < 8; ++i) acc = fmaf(to_f32(wv[i]), to_f32(xv[i]), acc);
 }
 
-template <typename T, int M>
+// R = 2 (SwiGLU): the warp streams the gate row and the up row of its output feature.
+template <typename T, int M, GemvEpilogue E>
 __global__ void __launch_bounds__(kWarps * 32)
 gemv_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ y,
             int n, int k) {
+  constexpr int R = E == GemvEpilogue::kSwiGlu ? 2 : 1;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int row = blockIdx.x * kWarps + warp;
   if (row >= n) return;
   const int kv = k / 8;  // 16-byte chunks per row
-  const uint4* wr = reinterpret_cast<const uint4*>(w + int64_t(row) * k);
+  const uint4* wr[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) wr[r] = reinterpret_cast<const uint4*>(w + (int64_t(row) + int64_t(r) * n) * k);
   const uint4* xr = reinterpret_cast<const uint4*>(x);
-  float acc[M];
+  float acc[R][M];
 #pragma unroll
-  for (int m = 0; m < M; ++m) acc[m] = 0.0f;
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
   for (int i0 = lane; i0 < kv; i0 += 32 * kUnroll) {
-    uint4 wv[kUnroll];
+    uint4 wv[R][kUnroll];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
-      const int i = i0 + u * 32;
-      wv[u] = i < kv ? __ldcs(wr + i) : make_uint4(0, 0, 0, 0);
-    }
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int i = i0 + u * 32;
+        wv[r][u] = i < kv ? __ldcs(wr[r] + i) : make_uint4(0, 0, 0, 0);
+      }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int i = i0 + u * 32;
       if (i < kv) {
 #pragma unroll
-        for (int m = 0; m < M; ++m) fma8<T>(acc[m], wv[u], __ldg(xr + int64_t(m) * kv + i));
+        for (int m = 0; m < M; ++m) {
+          const uint4 xv = __ldg(xr + int64_t(m) * kv + i);
+#pragma unroll
+          for (int r = 0; r < R; ++r) fma8<T>(acc[r][m], wv[r][u], xv);
+        }
       }
     }
   }
 #pragma unroll
   for (int m = 0; m < M; ++m) {
-    const float v = warp_sum(acc[m]);
-    if (lane == 0) y[int64_t(m) * n + row] = from_f32<T>(bias ? v + to_f32(bias[row]) : v);
+    float v[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      v[r] = warp_sum(acc[r][m]);
+      if (bias) v[r] += to_f32(bias[row + r * n]);
+    }
+    if (lane != 0) continue;
+    // Round as the unfused kernels would: the GEMV stores T, the activation reads it.
+    const float y0 = to_f32(from_f32<T>(v[0]));
+    float out = y0;
+    if constexpr (E == GemvEpilogue::kGeluErf) out = unary_f32<UnaryOp::kGeluErf>(y0);
+    if constexpr (E == GemvEpilogue::kGeluTanh) out = unary_f32<UnaryOp::kGeluTanh>(y0);
+    if constexpr (E == GemvEpilogue::kSilu) out = unary_f32<UnaryOp::kSilu>(y0);
+    if constexpr (E == GemvEpilogue::kSwiGlu)
+      out = to_f32(from_f32<T>(unary_f32<UnaryOp::kSilu>(y0))) * to_f32(from_f32<T>(v[R - 1]));
+    y[int64_t(m) * n + row] = from_f32<T>(out);
+  }
+}
+
+template <typename T, GemvEpilogue E>
+void launch_rows(const T* x, const T* w, const T* b, T* y, int64_t m, int64_t n, int64_t k, cudaStream_t s) {
+  const dim3 grid(unsigned((n + kWarps - 1) / kWarps));
+  switch (m) {
+    case 1: gemv_kernel<T, 1, E><<<grid, kWarps * 32, 0, s>>>(x, w, b, y, int(n), int(k)); break;
+    case 2: gemv_kernel<T, 2, E><<<grid, kWarps * 32, 0, s>>>(x, w, b, y, int(n), int(k)); break;
+    case 3: gemv_kernel<T, 3, E><<<grid, kWarps * 32, 0, s>>>(x, w, b, y, int(n), int(k)); break;
+    default: gemv_kernel<T, 4, E><<<grid, kWarps * 32, 0, s>>>(x, w, b, y, int(n), int(k)); break;
   }
 }
 
 template <typename T>
 void launch_typed(const void* x, const void* w, const void* bias, void* y, int64_t m, int64_t n, int64_t k,
-                  cudaStream_t s) {
-  const dim3 grid(unsigned((n + kWarps - 1) / kWarps));
+                  cudaStream_t s, GemvEpilogue epi) {
   auto* xt = static_cast<const T*>(x);
   auto* wt = static_cast<const T*>(w);
   auto* bt = static_cast<const T*>(bias);
   auto* yt = static_cast<T*>(y);
-  switch (m) {
-    case 1: gemv_kernel<T, 1><<<grid, kWarps * 32, 0, s>>>(xt, wt, bt, yt, int(n), int(k)); break;
-    case 2: gemv_kernel<T, 2><<<grid, kWarps * 32, 0, s>>>(xt, wt, bt, yt, int(n), int(k)); break;
-    case 3: gemv_kernel<T, 3><<<grid, kWarps * 32, 0, s>>>(xt, wt, bt, yt, int(n), int(k)); break;
-    default: gemv_kernel<T, 4><<<grid, kWarps * 32, 0, s>>>(xt, wt, bt, yt, int(n), int(k)); break;
+  switch (epi) {
+    case GemvEpilogue::kNone: launch_rows<T, GemvEpilogue::kNone>(xt, wt, bt, yt, m, n, k, s); break;
+    case GemvEpilogue::kGeluErf: launch_rows<T, GemvEpilogue::kGeluErf>(xt, wt, bt, yt, m, n, k, s); break;
+    case GemvEpilogue::kGeluTanh: launch_rows<T, GemvEpilogue::kGeluTanh>(xt, wt, bt, yt, m, n, k, s); break;
+    case GemvEpilogue::kSilu: launch_rows<T, GemvEpilogue::kSilu>(xt, wt, bt, yt, m, n, k, s); break;
+    case GemvEpilogue::kSwiGlu: launch_rows<T, GemvEpilogue::kSwiGlu>(xt, wt, bt, yt, m, n, k, s); break;
   }
   KILN_CUDA_CHECK_LAUNCH();
 }
@@ -80,14 +117,14 @@ bool gemv_supports(DType dtype, int64_t m, int64_t k) {
 }
 
 void launch_gemv(DType dtype, const void* x, const void* w, const void* bias, void* y, int64_t m, int64_t n,
-                 int64_t k, cudaStream_t s) {
+                 int64_t k, cudaStream_t s, GemvEpilogue epi) {
   KILN_THROW_IF(!gemv_supports(dtype, m, k), kInternal, "cuda gemv: unsupported ", dtype_name(dtype), " m=", m,
                 " k=", k);
   if (n == 0) return;
   if (dtype == DType::kBF16)
-    launch_typed<__nv_bfloat16>(x, w, bias, y, m, n, k, s);
+    launch_typed<__nv_bfloat16>(x, w, bias, y, m, n, k, s, epi);
   else
-    launch_typed<__half>(x, w, bias, y, m, n, k, s);
+    launch_typed<__half>(x, w, bias, y, m, n, k, s, epi);
 }
 
 }  // namespace kiln::cuda

@@ -15,10 +15,17 @@ namespace kiln::cuda {
 
 constexpr int64_t kGemvMaxRows = 4;
 
+// What is applied to each output before it is stored (pass fuse_linear_activation, and
+// SwiGLU after a merged gate|up projection). Results are rounded to the storage type
+// exactly where the unfused GEMV -> elementwise kernels would round them, so fused and
+// unfused give the same bits.
+enum class GemvEpilogue : uint8_t { kNone, kGeluErf, kGeluTanh, kSilu, kSwiGlu };
+
 // Whether launch_gemv handles this shape (16-bit dtype, m <= kGemvMaxRows, k % 8 == 0).
 bool gemv_supports(DType dtype, int64_t m, int64_t k);
-// All pointers hold `dtype` elements, 16-byte aligned; bias may be null.
+// All pointers hold `dtype` elements, 16-byte aligned; bias may be null. y is [m, n];
+// with kSwiGlu, w holds 2n rows ([gate; up], bias 2n) and y = silu(gate) * up.
 void launch_gemv(DType dtype, const void* x, const void* w, const void* bias, void* y, int64_t m, int64_t n,
-                 int64_t k, cudaStream_t s);
+                 int64_t k, cudaStream_t s, GemvEpilogue epi = GemvEpilogue::kNone);
 
 }  // namespace kiln::cuda

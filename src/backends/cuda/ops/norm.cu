@@ -4,6 +4,8 @@
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops/norm.h"
 
+#include <algorithm>
+
 namespace kiln::cuda {
 namespace {
 
@@ -53,6 +55,95 @@ __global__ void rms_norm_kernel(const T* x, const T* res, T* sum_out, const floa
   for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) yr[j] = from_f32<T>(to_f32(xr[j]) * r * w[j]);
 }
 
+// The same norms with the row held in registers: each thread loads NCH 16-byte vectors
+// of the row (and of the residual) once, so the kernel makes one pass over memory (the
+// kernels above re-read the row per pass). Same rounding: the residual sum is rounded
+// to T before the statistics, exactly as stored in `sum`.
+template <typename T, int NCH, bool kRms>
+__global__ void norm_regs_kernel(const T* x, const T* res, T* sum_out, const float* gamma, const float* beta,
+                                 float eps, int dim, T* y) {
+  constexpr int VEC = 16 / int(sizeof(T));
+  __shared__ float scratch[32];
+  const int nvec = dim / VEC;
+  const int64_t base = int64_t(blockIdx.x) * dim;
+  float v[NCH][VEC];
+  float acc = 0.0f;
+#pragma unroll
+  for (int i = 0; i < NCH; ++i) {
+    const int vi = threadIdx.x + i * blockDim.x;
+#pragma unroll
+    for (int u = 0; u < VEC; ++u) v[i][u] = 0.0f;
+    if (vi >= nvec) continue;
+    uint4 xr = *reinterpret_cast<const uint4*>(x + base + int64_t(vi) * VEC);
+    const T* xe = reinterpret_cast<const T*>(&xr);
+    if (res) {
+      uint4 rr = *reinterpret_cast<const uint4*>(res + base + int64_t(vi) * VEC);
+      const T* re = reinterpret_cast<const T*>(&rr);
+      uint4 so;
+      T* se = reinterpret_cast<T*>(&so);
+#pragma unroll
+      for (int u = 0; u < VEC; ++u) {
+        se[u] = from_f32<T>(to_f32(xe[u]) + to_f32(re[u]));
+        v[i][u] = to_f32(se[u]);
+      }
+      if (sum_out) *reinterpret_cast<uint4*>(sum_out + base + int64_t(vi) * VEC) = so;
+    } else {
+#pragma unroll
+      for (int u = 0; u < VEC; ++u) v[i][u] = to_f32(xe[u]);
+    }
+#pragma unroll
+    for (int u = 0; u < VEC; ++u) acc += kRms ? v[i][u] * v[i][u] : v[i][u];
+  }
+  float mean = 0.0f, r;
+  if constexpr (kRms) {
+    r = rsqrtf(block_sum(acc, scratch) / float(dim) + eps);
+  } else {
+    mean = block_sum(acc, scratch) / float(dim);
+    float var = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NCH; ++i)
+      if (int(threadIdx.x) + i * int(blockDim.x) < nvec)
+#pragma unroll
+        for (int u = 0; u < VEC; ++u) {
+          const float d = v[i][u] - mean;
+          var += d * d;
+        }
+    r = rsqrtf(block_sum(var, scratch) / float(dim) + eps);
+  }
+#pragma unroll
+  for (int i = 0; i < NCH; ++i) {
+    const int vi = threadIdx.x + i * blockDim.x;
+    if (vi >= nvec) continue;
+    uint4 out;
+    T* oe = reinterpret_cast<T*>(&out);
+#pragma unroll
+    for (int u = 0; u < VEC; ++u) {
+      const int j = vi * VEC + u;
+      oe[u] = kRms ? from_f32<T>(v[i][u] * r * gamma[j])
+                   : from_f32<T>((v[i][u] - mean) * r * gamma[j] + (beta ? beta[j] : 0.0f));
+    }
+    *reinterpret_cast<uint4*>(y + base + int64_t(vi) * VEC) = out;
+  }
+}
+
+// Launches norm_regs_kernel when the row fits (whole 16-byte vectors, at most 4 per
+// thread of 1024); returns false otherwise.
+template <typename T, bool kRms>
+bool launch_norm_regs(const T* x, const T* res, T* sum, const float* gamma, const float* beta, float eps,
+                      int64_t rows, int64_t dim, T* y, cudaStream_t s) {
+  constexpr int VEC = 16 / int(sizeof(T));
+  if (dim % VEC != 0 || dim / VEC > 4096) return false;
+  const int nvec = int(dim / VEC);
+  const int nch = nvec <= 1024 ? 1 : nvec <= 2048 ? 2 : 4;
+  const int threads = std::max(32, ((nvec + nch - 1) / nch + 31) / 32 * 32);
+  switch (nch) {
+    case 1: norm_regs_kernel<T, 1, kRms><<<unsigned(rows), threads, 0, s>>>(x, res, sum, gamma, beta, eps, int(dim), y); break;
+    case 2: norm_regs_kernel<T, 2, kRms><<<unsigned(rows), threads, 0, s>>>(x, res, sum, gamma, beta, eps, int(dim), y); break;
+    default: norm_regs_kernel<T, 4, kRms><<<unsigned(rows), threads, 0, s>>>(x, res, sum, gamma, beta, eps, int(dim), y); break;
+  }
+  return true;
+}
+
 int threads_for(int64_t dim) {
   int t = 32;
   while (t < 1024 && t * 4 < dim) t *= 2;
@@ -70,6 +161,8 @@ void launch_add_layer_norm(DType t, const void* x, const void* res, const float*
                            float eps, int64_t rows, int64_t dim, void* sum, void* y, cudaStream_t s) {
   if (rows == 0) return;
   KILN_CUDA_DISPATCH_FLOAT(t, T, {
+    if (!launch_norm_regs<T, false>(static_cast<const T*>(x), static_cast<const T*>(res), static_cast<T*>(sum),
+                                    gamma, beta, eps, rows, dim, static_cast<T*>(y), s))
     layer_norm_kernel<T><<<unsigned(rows), threads_for(dim), 0, s>>>(
         static_cast<const T*>(x), static_cast<const T*>(res), static_cast<T*>(sum), gamma, beta, eps, dim,
         static_cast<T*>(y));
@@ -86,6 +179,8 @@ void launch_add_rms_norm(DType t, const void* x, const void* res, const float* w
                          int64_t dim, void* sum, void* y, cudaStream_t s) {
   if (rows == 0) return;
   KILN_CUDA_DISPATCH_FLOAT(t, T, {
+    if (!launch_norm_regs<T, true>(static_cast<const T*>(x), static_cast<const T*>(res), static_cast<T*>(sum), w,
+                                   nullptr, eps, rows, dim, static_cast<T*>(y), s))
     rms_norm_kernel<T><<<unsigned(rows), threads_for(dim), 0, s>>>(
         static_cast<const T*>(x), static_cast<const T*>(res), static_cast<T*>(sum), w, eps, dim,
         static_cast<T*>(y));
