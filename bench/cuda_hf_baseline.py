@@ -6,6 +6,11 @@ an 8192^3 bf16 GEMM in TFLOP/s on random data), then builds the architecture of 
 config.json with random weights in bf16 and measures what kiln bench measures: prefill
 of a random prompt (pp) and greedy decode steps with the KV cache (tg, eager mode),
 median of N repeats after a warm-up, synchronizing before every host clock read.
+
+--compiled measures HF's fastest decode mode instead: `generate` with the static KV
+cache and the forward compiled by torch.compile (mode "reduce-overhead": CUDA graphs),
+the recipe of HF's "static cache and torch.compile" guide. A decode step is then
+(t(generate 1 + n tokens) - t(generate 1 token)) / n, after warm-up runs that compile.
 """
 import argparse
 import json
@@ -52,6 +57,7 @@ def main():
     ap.add_argument("-r", "--repeats", type=int, default=3)
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--ceilings", action="store_true")
+    ap.add_argument("--compiled", action="store_true", help="static cache + torch.compile (reduce-overhead)")
     a = ap.parse_args()
     if a.ceilings:
         copy_gbs, tflops = ceilings()
@@ -65,6 +71,8 @@ def main():
                                                               attn_implementation="sdpa").eval()
     params = sum(p.numel() for p in model.parameters())
     ids = torch.randint(0, cfg.vocab_size, (1, a.prompt_len), device="cuda")
+    if a.compiled:
+        return compiled_decode(model, ids, a, params)
     pp, tg = [], []
     with torch.inference_mode():
         for r in range(a.repeats + 1):
@@ -96,6 +104,40 @@ def main():
           f"{min(pp) * 1e3:.2f}-{max(pp) * 1e3:.2f} |")
     print(f"| tg{a.gen_len} | 1 | {1 / tg_s:.1f} | {tg_s * 1e3:.2f} /token | "
           f"{min(tg) * 1e3:.2f}-{max(tg) * 1e3:.2f} |")
+
+
+def compiled_decode(model, ids, a, params):
+    model.generation_config.cache_implementation = "static"
+    # Recent transformers compile the forward themselves when generating with a static
+    # cache (generation_config.compile_config, CUDA graphs included); older ones need
+    # the manual torch.compile of HF's guide.
+    auto = hasattr(model.generation_config, "compile_config")
+    if not auto:
+        model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+    mask = torch.ones_like(ids)
+
+    def gen(n):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        model.generate(ids, attention_mask=mask, max_new_tokens=n, min_new_tokens=n, do_sample=False)
+        torch.cuda.synchronize()
+        return time.perf_counter() - t0
+
+    with torch.no_grad():
+        t_c = time.perf_counter()
+        for _ in range(3):  # compiles prefill and decode graphs
+            gen(1 + a.gen_len)
+            gen(1)
+        compile_s = time.perf_counter() - t_c
+        one = [gen(1) for _ in range(a.repeats)]
+        full = [gen(1 + a.gen_len) for _ in range(a.repeats)]
+    tg_s = (statistics.median(full) - statistics.median(one)) / a.gen_len
+    print(f"baseline: torch {torch.__version__} + transformers {transformers.__version__}, static cache + "
+          f"torch.compile ({'generate auto-compile' if auto else 'manual, reduce-overhead'}) {a.dtype}, {params / 1e6:.1f} M params, {torch.cuda.get_device_name()}, "
+          f"warm-up/compile {compile_s:.1f} s")
+    print("| test | batch | tokens/s | ms |")
+    print("|---|---|---|---|")
+    print(f"| tg{a.gen_len} (compiled) | 1 | {1 / tg_s:.1f} | {tg_s * 1e3:.3f} /token |")
 
 
 if __name__ == "__main__":
