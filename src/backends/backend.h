@@ -79,8 +79,14 @@ class CompiledGraph {
  public:
   virtual ~CompiledGraph() = default;
   // Runs one step. `inputs` must hold every graph input; `kv` may be null for graphs
-  // without Attention. Returns the graph outputs (valid until the next run).
-  virtual TensorMap run(const TensorMap& inputs, const StepInfo& step, KvStorage* kv) = 0;
+  // without Attention. Returns the graph outputs named in `outputs` (all of them when
+  // it is empty), valid until the next run; nodes that none of them needs are skipped,
+  // and on a GPU only those outputs cross to the host (a decoder step asks for the
+  // compact TopKLogits outputs instead of [R, vocab] logits when it can). An unknown
+  // name is kInvalidArgument.
+  virtual TensorMap run(const TensorMap& inputs, const StepInfo& step, KvStorage* kv,
+                        const std::vector<std::string>& outputs) = 0;
+  TensorMap run(const TensorMap& inputs, const StepInfo& step, KvStorage* kv) { return run(inputs, step, kv, {}); }
   // Bytes of weights as stored by the backend, and of the activation plan's peak.
   virtual size_t weight_bytes() const = 0;
   virtual size_t activation_bytes() const = 0;

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <limits>
 
+#include "core/status.h"
+
 namespace kiln {
 
 MemoryPlan plan_activation_slots(const ir::Graph& graph) {
@@ -35,6 +37,31 @@ MemoryPlan plan_activation_slots(const ir::Graph& graph) {
     for (ir::ValueId v : dying) free_slots.push_back(plan.slot_of[size_t(v)]);
   }
   return plan;
+}
+
+std::vector<bool> nodes_needed_for(const ir::Graph& graph, const std::vector<std::string>& wanted) {
+  const auto& nodes = graph.nodes();
+  std::vector<bool> value_needed(graph.num_values(), false), node_needed(nodes.size(), false);
+  for (auto& [name, id] : graph.outputs())
+    if (wanted.empty() || std::find(wanted.begin(), wanted.end(), name) != wanted.end())
+      value_needed[size_t(id)] = true;
+  for (const std::string& name : wanted)
+    if (graph.find_output(name) == ir::kNoValue) {
+      std::string known;
+      for (auto& [n, id] : graph.outputs()) known += (known.empty() ? "" : ", ") + n;
+      throw_error(ErrorCode::kInvalidArgument, "no graph output named '", name, "' (outputs: ", known, ")");
+    }
+  // Nodes are in topological order: walk back from the last.
+  for (size_t i = nodes.size(); i-- > 0;) {
+    const ir::Node& n = nodes[i];
+    bool need = n.op == "Attention" || n.op == "AllReduce";
+    for (ir::ValueId out : n.outputs) need = need || value_needed[size_t(out)];
+    if (!need) continue;
+    node_needed[i] = true;
+    for (ir::ValueId in : n.inputs)
+      if (in != ir::kNoValue) value_needed[size_t(in)] = true;
+  }
+  return node_needed;
 }
 
 }  // namespace kiln

@@ -183,6 +183,20 @@ std::vector<ValueType> infer_gather_rows(const Node& n, const In& in) {
   return {{x.dtype, Shape{rows.shape[0], x.shape[1]}}};
 }
 
+// The k largest logits of each row with their ids and log-softmax values (the runtime
+// samples from these instead of copying whole rows; see runtime/sampling.h). k is fixed
+// at compile time: rows narrower than k are padded (id -1, value and logprob -inf).
+std::vector<ValueType> infer_topk_logits(const Node& n, const In& in) {
+  const Value& x = need(n, in, 0, "logits");
+  need_rank(n, x, 2, "logits");
+  need_float(n, x, "logits");
+  const int64_t k = n.attr_int("k");
+  if (k < 1 || k > kTopKLogitsMaxK)
+    shape_error(n, str_cat("k must be in [1, ", kTopKLogitsMaxK, "], got ", k));
+  const Shape s{x.shape[0], k};
+  return {{DType::kF32, s}, {DType::kI32, s}, {DType::kF32, s}};
+}
+
 std::vector<ValueType> infer_seq_pool(const Node& n, const In& in) {
   const Value& x = need(n, in, 0, "x");
   need_rank(n, x, 2, "x");
@@ -216,6 +230,10 @@ std::map<std::string, OpSchema> make_registry() {
   add({"GatherRows", 2, 2, {}, "out[r] = x[rows[r]]", infer_gather_rows});
   add({"SeqMeanPool", 1, 1, {}, "mean of each sequence's rows of x (one row per sequence)",
        infer_seq_pool});
+  add({"TopKLogits", 1, 1, {"k"},
+       "per row of logits[R,V]: the k largest values (f32, descending; ties: lower index first; NaN "
+       "last), their ids (i32; -1 pads rows with V < k) and log-softmax values (f32) -> 3 outputs [R,k]",
+       infer_topk_logits});
   add({"AllReduce", 1, 1, {}, "sum of x over the tensor-parallel ranks (identity with one rank)",
        infer_unary});
   return r;

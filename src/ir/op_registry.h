@@ -27,6 +27,10 @@ struct OpSchema {
   std::function<std::vector<ValueType>(const Node&, const std::vector<const Value*>&)> infer;
 };
 
+// The largest k of a TopKLogits node (its CUDA kernel sorts the k candidates of a row
+// in shared memory).
+constexpr int64_t kTopKLogitsMaxK = 1024;
+
 const OpSchema* find_op_schema(const std::string& op);
 // Throws kUnsupported naming the op and listing the known ones.
 const OpSchema& get_op_schema(const std::string& op);

@@ -98,7 +98,7 @@ struct Executor::Impl {
   std::map<uint64_t, std::unique_ptr<Request>> requests;
   std::vector<Choice*> waiting, running;
   int64_t next_key = 0;
-  int64_t preemptions = 0, steps = 0, step_tokens = 0, generated = 0, last_batch = 0;
+  int64_t preemptions = 0, steps = 0, step_tokens = 0, generated = 0, last_batch = 0, top_steps = 0;
   int64_t finished = 0, cancelled = 0, failed = 0;
   double schedule_s = 0, engine_s = 0, sample_s = 0, emit_s = 0;
   using Clock = std::chrono::steady_clock;
@@ -370,11 +370,18 @@ struct Executor::Impl {
       ch.want_logits = p.tokens == c->pending();
       chunks.push_back(ch);
     }
+    // Whole logits rows cross to the host only when some row's sampling needs them.
+    bool use_top = opt.top_logits && runner.top_logits_k() > 0;
+    for (size_t i = 0; use_top && i < seqs.size(); ++i)
+      if (chunks[i].want_logits && !seqs[i]->finished)
+        use_top = seqs[i]->sampler->samples_from_top(runner.top_logits_k(), runner.vocab());
     Tensor logits;
+    StepTopLogits top;
     auto t1 = Clock::now();
     schedule_s += std::chrono::duration<double>(t1 - t0).count();
     try {
-      logits = runner.run_chunks_logits(chunks);
+      if (use_top) top = runner.run_chunks_top(chunks);
+      else logits = runner.run_chunks_logits(chunks);
     } catch (const std::exception& e) {
       for (Choice* c : seqs) fail_request(*c->req, str_cat("engine step failed: ", e.what()));
       return;
@@ -382,28 +389,30 @@ struct Executor::Impl {
     auto t2 = Clock::now();
     engine_s += std::chrono::duration<double>(t2 - t1).count();
     ++steps;
+    top_steps += use_top;
     last_batch = int64_t(chunks.size());
     for (auto& ch : chunks) step_tokens += int64_t(ch.tokens.size());
-    // Rows of the logits tensor, in chunk order, for the chunks that asked for them.
-    const int64_t vocab = logits.dim(1);
-    std::vector<std::pair<Choice*, float*>> rows;
+    // Rows of the step's outputs, in chunk order, for the chunks that asked for them.
+    const int64_t vocab = use_top ? runner.vocab() : logits.dim(1);
+    std::vector<std::pair<Choice*, Row>> rows;
     int64_t row = 0;
     for (size_t i = 0; i < seqs.size(); ++i) {
       Choice& c = *seqs[i];
       if (opt.prefix_caching) c.cached_blocks = prefix.insert(c.kv, c.tokens, c.cached_blocks);
       if (!chunks[i].want_logits) continue;
-      float* l = logits.data_as<float>() + row++ * vocab;
+      Row r;
+      if (use_top) r.top = top.row(row++);
+      else r.full = std::span<float>(logits.data_as<float>() + row++ * vocab, size_t(vocab));
       if (c.finished) continue;
       // n > 1: the other choices fork off here and sample from their own copies first.
-      if (!c.req->forked) fork_choices(c, std::span<const float>(l, size_t(vocab)));
-      rows.emplace_back(&c, l);
+      if (!c.req->forked) fork_choices(c, r);
+      rows.emplace_back(&c, r);
     }
     // Sampling is independent per sequence (its own sampler and row), so it runs on the
     // thread pool; the bookkeeping after it touches shared request state and does not.
     std::vector<SampledToken> drawn(rows.size());
     auto draw = [&](int64_t begin, int64_t end, int) {
-      for (int64_t k = begin; k < end; ++k)
-        drawn[size_t(k)] = rows[size_t(k)].first->sampler->sample(std::span<float>(rows[size_t(k)].second, size_t(vocab)));
+      for (int64_t k = begin; k < end; ++k) drawn[size_t(k)] = sample(*rows[size_t(k)].first, rows[size_t(k)].second);
     };
     if (rows.size() >= 8) ThreadPool::global().parallel_for(int64_t(rows.size()), draw);
     else draw(0, int64_t(rows.size()), 0);
@@ -411,8 +420,17 @@ struct Executor::Impl {
     sample_s += since(t2);
   }
 
+  // One sequence's row of a step: whole logits (sampling scratch) or top candidates.
+  struct Row {
+    std::span<float> full;
+    TopLogits top;
+  };
+  static SampledToken sample(Choice& c, const Row& r) {
+    return r.full.empty() ? c.sampler->sample(r.top) : c.sampler->sample(r.full);
+  }
+
   // n > 1: the other choices share the prompt's blocks, forked once it is prefilled.
-  void fork_choices(Choice& parent, std::span<const float> logits) {
+  void fork_choices(Choice& parent, const Row& row) {
     Request& r = *parent.req;
     r.forked = true;
     for (int32_t i = 1; i < r.req.n; ++i) {
@@ -423,12 +441,16 @@ struct Executor::Impl {
       c->tokens = parent.tokens;
       c->cached_blocks = parent.cached_blocks;
       init_choice(*c, i);
-      std::vector<float> l(logits.begin(), logits.end());
       Choice* raw = c.get();
       r.choices.push_back(std::move(c));
       ++r.unfinished;
       running.push_back(raw);
-      take_token(*raw, raw->sampler->sample(l));
+      if (row.full.empty()) {
+        take_token(*raw, sample(*raw, row));
+      } else {
+        std::vector<float> l(row.full.begin(), row.full.end());
+        take_token(*raw, raw->sampler->sample(l));
+      }
     }
   }
 
@@ -631,6 +653,7 @@ void Executor::loop() {
     s.steps = im.steps;
     s.step_tokens = im.step_tokens;
     s.generated_tokens = im.generated;
+    s.top_logits_steps = im.top_steps;
     s.last_batch_seqs = im.last_batch;
     s.requests_finished = im.finished;
     s.requests_cancelled = im.cancelled;

@@ -72,6 +72,9 @@ struct ExecutorOptions {
   std::chrono::milliseconds session_idle_timeout{30000};
   int32_t max_sessions = 4096;
   uint64_t seed = 0x6b696c6e;  // requests without a seed draw theirs from this
+  // Steps whose every sampled row can be drawn exactly from the model's TopKLogits
+  // candidates (Sampler::samples_from_top) fetch those instead of whole logits rows.
+  bool top_logits = true;
 };
 
 struct ExecutorStats {
@@ -81,6 +84,7 @@ struct ExecutorStats {
   int64_t sessions = 0, session_hits = 0, session_misses = 0, session_evictions = 0,
           session_expiries = 0;
   int64_t preemptions = 0, steps = 0, step_tokens = 0, generated_tokens = 0;
+  int64_t top_logits_steps = 0;  // steps that sampled from TopKLogits candidates
   int64_t last_batch_seqs = 0;
   // Executor-thread time by phase (where a step's time goes): scheduling (admit, plan,
   // preempt), the engine step, sampling + stop checks, sending updates.

@@ -29,6 +29,24 @@ LlmRunner::LlmRunner(Model& model, const LlmRunnerOptions& options) : model_(mod
   layout.head_dim = info.head_dim;
   storage_ = model.backend().allocate_kv(layout);
   kv_ = std::make_unique<KvCacheManager>(storage_.get(), blocks, opt_.block_size);
+  const ir::Graph& g = model.graph();
+  const ir::ValueId logits = g.find_output("logits");
+  const Dim v = logits == ir::kNoValue ? Dim() : g.value(logits).shape[1];
+  vocab_ = int32_t(v.is_concrete() ? v.value : info.vocab_size);
+  const ir::ValueId ids = g.find_output(kTopIdsOutput);
+  if (ids != ir::kNoValue && g.find_output(kTopLogitsOutput) != ir::kNoValue &&
+      g.find_output(kTopLogprobsOutput) != ir::kNoValue && g.value(ids).shape[1].is_concrete())
+    top_k_ = int32_t(g.value(ids).shape[1].value);
+}
+
+TopLogits StepTopLogits::row(int64_t r) const {
+  const int64_t kk = k();
+  TopLogits t;
+  t.logits = std::span<const float>(logits.data_as<float>() + r * kk, size_t(kk));
+  t.ids = std::span<const int32_t>(ids.data_as<int32_t>() + r * kk, size_t(kk));
+  t.logprobs = std::span<const float>(logprobs.data_as<float>() + r * kk, size_t(kk));
+  t.vocab = vocab;
+  return t;
 }
 
 LlmRunner::~LlmRunner() {
@@ -81,7 +99,8 @@ int32_t LlmRunner::context_length(int32_t seq) const { return get(seq).kv.length
 
 // The shared body of step() and run_chunks(): capacity and position checks first so a
 // failing step changes nothing, then grow, bind the ragged inputs and run.
-TensorMap LlmRunner::run_parts(std::span<const StepChunk> chunks, bool all_logits) {
+TensorMap LlmRunner::run_parts(std::span<const StepChunk> chunks, bool all_logits,
+                               const std::vector<std::string>& outputs) {
   const ModelInfo& info = model_.info();
   int32_t blocks = 0;
   for (auto& c : chunks) {
@@ -125,13 +144,25 @@ TensorMap LlmRunner::run_parts(std::span<const StepChunk> chunks, bool all_logit
   std::copy(rows.begin(), rows.end(), logit_rows.data_as<int32_t>());
   return model_.compiled().run(
       {{"tokens", tokens}, {"positions", positions}, {"logit_rows", logit_rows}}, step,
-      storage_.get());
+      storage_.get(), outputs);
 }
 
 Tensor LlmRunner::run_chunks_logits(std::span<const StepChunk> chunks) {
   KILN_CHECK(!chunks.empty(), "a step with no chunks");
-  TensorMap out = run_parts(chunks, false);
+  TensorMap out = run_parts(chunks, false, {"logits"});
   return std::move(out.at("logits"));
+}
+
+StepTopLogits LlmRunner::run_chunks_top(std::span<const StepChunk> chunks) {
+  KILN_CHECK(!chunks.empty(), "a step with no chunks");
+  KILN_CHECK(top_k_ > 0, "the model has no TopKLogits outputs");
+  TensorMap out = run_parts(chunks, false, {kTopLogitsOutput, kTopIdsOutput, kTopLogprobsOutput});
+  StepTopLogits t;
+  t.logits = std::move(out.at(kTopLogitsOutput));
+  t.ids = std::move(out.at(kTopIdsOutput));
+  t.logprobs = std::move(out.at(kTopLogprobsOutput));
+  t.vocab = vocab_;
+  return t;
 }
 
 std::vector<std::vector<float>> LlmRunner::run_chunks(std::span<const StepChunk> chunks) {
@@ -163,7 +194,7 @@ std::vector<SequenceOutput> LlmRunner::step(bool all_logits) {
     budget -= n;
   }
   if (chunks.empty()) return {};
-  TensorMap out = run_parts(chunks, all_logits);
+  TensorMap out = run_parts(chunks, all_logits, {"logits"});
   const Tensor& logits = out.at("logits");
   const int64_t v = logits.dim(1);
 

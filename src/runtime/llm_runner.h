@@ -14,6 +14,7 @@
 
 #include "runtime/kv_cache/block_allocator.h"
 #include "runtime/model.h"
+#include "runtime/sampling.h"
 
 namespace kiln {
 
@@ -36,6 +37,14 @@ struct SequenceOutput {
   int32_t seq = -1;
   std::vector<float> logits;  // [vocab] of the sequence's last token in this step,
                               // or [n_tokens * vocab] when all_logits was asked
+};
+
+// A step's TopKLogits outputs (model.h) for the chunks with want_logits: [rows, k] each.
+struct StepTopLogits {
+  Tensor logits, ids, logprobs;
+  int32_t vocab = 0;
+  int64_t k() const { return ids.dim(1); }
+  TopLogits row(int64_t r) const;
 };
 
 class LlmRunner {
@@ -71,6 +80,13 @@ class LlmRunner {
   // The same, returning the [chunks with want_logits, vocab] logits tensor itself (no
   // per-sequence copies: at batch 256 x 128k vocab those copies cost milliseconds).
   Tensor run_chunks_logits(std::span<const StepChunk> chunks);
+  // The same, returning each row's top-k candidates instead (only [rows, k] crosses from
+  // a GPU); needs top_logits_k() > 0.
+  StepTopLogits run_chunks_top(std::span<const StepChunk> chunks);
+  // k of the model's TopKLogits outputs; 0 when it has none.
+  int32_t top_logits_k() const { return top_k_; }
+  // Entries of a logits row.
+  int32_t vocab() const { return vocab_; }
 
   const KvCacheManager& kv() const { return *kv_; }
   // The pool, for a caller that manages its own sequences (the executor).
@@ -83,7 +99,7 @@ class LlmRunner {
     KvSequence kv;
     std::vector<int32_t> pending;
   };
-  TensorMap run_parts(std::span<const StepChunk> chunks, bool all_logits);
+  TensorMap run_parts(std::span<const StepChunk> chunks, bool all_logits, const std::vector<std::string>& outputs);
   Seq& get(int32_t seq);
   const Seq& get(int32_t seq) const;
 
@@ -93,6 +109,7 @@ class LlmRunner {
   std::unique_ptr<KvCacheManager> kv_;
   std::map<int32_t, Seq> seqs_;
   int32_t next_id_ = 0;
+  int32_t top_k_ = 0, vocab_ = 0;
 };
 
 int32_t argmax(const float* x, int64_t n);

@@ -18,6 +18,18 @@ void Model::compile(const std::string& backend, CompileOptions options) {
   compiled_ = backend_->compile(built_.graph, compile_options_);
 }
 
+// After the passes: the node is the runtime's, not part of the model's faithful graph.
+void Model::add_top_logits(int32_t k) {
+  ir::Graph& g = built_.graph;
+  const ir::ValueId logits = g.find_output("logits");
+  if (k <= 0 || !built_.info.is_decoder || logits == ir::kNoValue || g.find_output(kTopIdsOutput) != ir::kNoValue)
+    return;
+  auto outs = g.add_node("TopKLogits", {logits}, {{"k", int64_t(k)}}, "top_logits");
+  g.add_output(kTopLogitsOutput, outs[0]);
+  g.add_output(kTopIdsOutput, outs[1]);
+  g.add_output(kTopLogprobsOutput, outs[2]);
+}
+
 std::unique_ptr<Model> Model::from_built(BuiltModel built, const ModelOptions& options) {
   std::unique_ptr<Model> m(new Model());
   m->built_ = std::move(built);
@@ -32,6 +44,7 @@ std::unique_ptr<Model> Model::from_built(BuiltModel built, const ModelOptions& o
   m->pass_report_ = passes::run_passes(m->built_.graph, po);
   if (options.opt_level > 0)
     log_debug("passes:\n", passes::format_pass_report(m->pass_report_));
+  m->add_top_logits(options.top_logits_k);
   CompileOptions co;
   co.weight_dtype = options.weight_dtype;
   co.communicator = options.communicator;
@@ -69,6 +82,7 @@ std::unique_ptr<Model> Model::load_engine(const std::string& path, const ModelOp
            m->built_.graph.weight_bytes() >> 20, " MiB of weights (", co.weight_dtype, "), ", co.tactics.size(),
            " tuned tactics");
   m->engine_ = std::move(e);
+  m->add_top_logits(options.top_logits_k);
   m->compile(options.backend, co);
   return m;
 }

@@ -23,7 +23,16 @@ struct ModelOptions {
   // 2 also fuses. Ignored for engine files, which are optimized when built.
   int opt_level = 2;
   std::vector<std::string> disabled_passes;  // pass names to skip
+  // Decoders get a TopKLogits node of this k after their logits (0: none), so that a
+  // step whose sampling needs no more than the top k of each row fetches [R, k]
+  // candidates instead of [R, vocab] logits. Engines keep the node they were built with.
+  int32_t top_logits_k = 64;
 };
+
+// The graph outputs of that node (ir op TopKLogits): [R, k] values, ids, log-probs.
+inline constexpr const char* kTopLogitsOutput = "top_logits";
+inline constexpr const char* kTopIdsOutput = "top_ids";
+inline constexpr const char* kTopLogprobsOutput = "top_logprobs";
 
 class Model {
  public:
@@ -65,6 +74,7 @@ class Model {
   CompileOptions compile_options_;
 
   static std::unique_ptr<Model> load_engine(const std::string& path, const ModelOptions& options);
+  void add_top_logits(int32_t k);
   void compile(const std::string& backend, CompileOptions options);
 };
 

@@ -55,11 +55,11 @@ int32_t greedy_argmax(const float* x, int32_t n) {
       chosen = at[k];
       found = true;
     }
+  // The tail compares against -inf when nothing was found: NaN and -inf never win.
   for (; i < n; ++i)
-    if (!found || x[i] > top) {
+    if (x[i] > top) {
       top = x[i];
       chosen = i;
-      found = true;
     }
   return chosen;
 }
@@ -127,6 +127,47 @@ void Sampler::apply_penalties(std::span<float> logits) const {
 // and the same seed must give the same tokens on every build.
 double Sampler::uniform() { return double(rng_() >> 11) * 0x1.0p-53; }
 
+template <typename Value, typename Id>
+int32_t Sampler::draw(int32_t n, Value value, Id id) {
+  const float inv_t = 1.0f / params_.temperature;
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int32_t i = 0; i < n; ++i) mx = std::max(mx, value(i));
+  probs_.resize(size_t(n));
+  double sum = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    probs_[size_t(i)] = std::exp((value(i) - mx) * inv_t);
+    sum += probs_[size_t(i)];
+  }
+  // min-p: relative to the most likely token, whose unnormalized weight is 1.
+  if (params_.min_p > 0)
+    for (int32_t i = 0; i < n; ++i)
+      if (probs_[size_t(i)] < params_.min_p) {
+        sum -= probs_[size_t(i)];
+        probs_[size_t(i)] = 0;
+      }
+  // top-p over the sorted survivors: keep the smallest prefix reaching top_p.
+  if (params_.top_p < 1.0f) {
+    double acc = 0, limit = double(params_.top_p) * sum;
+    int32_t keep = 0;
+    while (keep < n) {
+      acc += probs_[size_t(keep)];
+      ++keep;
+      if (acc >= limit) break;
+    }
+    n = keep;
+    sum = acc;
+  }
+  double u = uniform() * sum, acc = 0;
+  int32_t chosen = id(0);
+  for (int32_t i = 0; i < n; ++i) {
+    if (probs_[size_t(i)] <= 0) continue;
+    acc += probs_[size_t(i)];
+    chosen = id(i);
+    if (u < acc) break;
+  }
+  return chosen;
+}
+
 SampledToken Sampler::sample(std::span<float> logits) {
   const int32_t v = int32_t(logits.size());
   KILN_CHECK(v > 0, "sampling from empty logits");
@@ -138,7 +179,6 @@ SampledToken Sampler::sample(std::span<float> logits) {
   if (params_.greedy()) {
     chosen = greedy_argmax(logits.data(), v);
   } else {
-    const float inv_t = 1.0f / params_.temperature;
     auto better = [&](int32_t a, int32_t b) {
       return logits[size_t(a)] > logits[size_t(b)] || (logits[size_t(a)] == logits[size_t(b)] && a < b);
     };
@@ -151,48 +191,50 @@ SampledToken Sampler::sample(std::span<float> logits) {
       std::partial_sort(idx_.begin(), idx_.begin() + n, idx_.end(), better);
       sorted = true;
     }
-    if (params_.top_p < 1.0f && !sorted) {
-      std::sort(idx_.begin(), idx_.end(), better);
-      sorted = true;
-    }
-    float mx = -std::numeric_limits<float>::infinity();
-    for (int32_t i = 0; i < n; ++i) mx = std::max(mx, logits[size_t(idx_[size_t(i)])]);
-    probs_.resize(size_t(n));
-    double sum = 0;
-    for (int32_t i = 0; i < n; ++i) {
-      probs_[size_t(i)] = std::exp((logits[size_t(idx_[size_t(i)])] - mx) * inv_t);
-      sum += probs_[size_t(i)];
-    }
-    // min-p: relative to the most likely token, whose unnormalized weight is 1.
-    if (params_.min_p > 0)
-      for (int32_t i = 0; i < n; ++i)
-        if (probs_[size_t(i)] < params_.min_p) {
-          sum -= probs_[size_t(i)];
-          probs_[size_t(i)] = 0;
-        }
-    // top-p over the sorted survivors: keep the smallest prefix reaching top_p.
-    if (params_.top_p < 1.0f) {
-      double acc = 0, limit = double(params_.top_p) * sum;
-      int32_t keep = 0;
-      while (keep < n) {
-        acc += probs_[size_t(keep)];
-        ++keep;
-        if (acc >= limit) break;
-      }
-      n = keep;
-      sum = acc;
-    }
-    double u = uniform() * sum, acc = 0;
-    chosen = idx_[0];
-    for (int32_t i = 0; i < n; ++i) {
-      if (probs_[size_t(i)] <= 0) continue;
-      acc += probs_[size_t(i)];
-      chosen = idx_[size_t(i)];
-      if (u < acc) break;
-    }
+    if (params_.top_p < 1.0f && !sorted) std::sort(idx_.begin(), idx_.end(), better);
+    chosen = draw(n, [&](int32_t i) { return logits[size_t(idx_[size_t(i)])]; },
+                  [&](int32_t i) { return idx_[size_t(i)]; });
   }
   SampledToken out;
   if (params_.logprobs >= 0) out = logprobs_of(raw, chosen, params_.logprobs);
+  out.token = chosen;
+  accept(chosen);
+  return out;
+}
+
+bool Sampler::samples_from_top(int32_t k, int32_t vocab) const {
+  if (params_.repetition_penalty != 1.0f || params_.presence_penalty != 0 || params_.frequency_penalty != 0)
+    return false;
+  if (k < 1 || params_.logprobs > k) return false;
+  if (params_.greedy()) return true;
+  return params_.top_k > 0 && params_.top_k <= k && params_.top_k < vocab;
+}
+
+SampledToken Sampler::sample(const TopLogits& top) {
+  const int32_t k = int32_t(top.ids.size());
+  KILN_CHECK(samples_from_top(k, top.vocab) && top.logits.size() == size_t(k) && top.logprobs.size() == size_t(k),
+             "sampling from ", k, " top candidates of ", top.vocab, " that cannot give the whole row's result");
+  int32_t chosen = 0;
+  if (params_.greedy()) {
+    // greedy_argmax: the lowest id of the largest value, 0 when every value is -inf or NaN.
+    if (top.ids[0] >= 0 && top.logits[0] > -std::numeric_limits<float>::infinity()) chosen = top.ids[0];
+  } else {
+    chosen = draw(params_.top_k, [&](int32_t i) { return top.logits[size_t(i)]; },
+                  [&](int32_t i) { return top.ids[size_t(i)]; });
+  }
+  SampledToken out;
+  if (params_.logprobs >= 0) {
+    // The chosen token is among the candidates, except greedy's token 0 of a row with
+    // no number above -inf, where the row's log-sum-exp and so every log-prob is NaN.
+    out.logprob = std::numeric_limits<float>::quiet_NaN();
+    for (int32_t j = 0; j < k; ++j)
+      if (top.ids[size_t(j)] == chosen) {
+        out.logprob = top.logprobs[size_t(j)];
+        break;
+      }
+    for (int32_t j = 0; j < std::min(params_.logprobs, k) && top.ids[size_t(j)] >= 0; ++j)
+      out.top.push_back({top.ids[size_t(j)], top.logprobs[size_t(j)]});
+  }
   out.token = chosen;
   accept(chosen);
   return out;

@@ -1,8 +1,11 @@
 // Token sampling for one sequence: penalties (repetition, presence, frequency), then
 // greedy or temperature + top-k + top-p + min-p, drawn from a per-sequence seeded RNG so
 // that the same seed gives the same output; logprobs (with top-n alternatives) come from
-// the model's raw distribution, as OpenAI and vLLM report them.
-// Tested in tests/runtime/sampling_test.cpp (exact and statistical checks).
+// the model's raw distribution, as OpenAI and vLLM report them. A sampler can also draw
+// from a row's top-k candidates (the TopKLogits op) when that is exact: then it gives
+// the same token, logprobs and RNG state as from the whole row.
+// Tested in tests/runtime/sampling_test.cpp (exact and statistical checks; top-k
+// candidates against whole rows over many seeds).
 #pragma once
 
 #include <cstdint>
@@ -43,6 +46,16 @@ struct SampledToken {
   std::vector<TokenLogprob> top;    // the top-n alternatives, most likely first
 };
 
+// One row of the TopKLogits op's outputs (ir op registry): the k largest logits of a
+// row of `vocab`, in descending order (equal values: lower id first; NaN last), their
+// ids (-1 pads a row with vocab < k) and their log-softmax over the whole row.
+struct TopLogits {
+  std::span<const float> logits;
+  std::span<const int32_t> ids;
+  std::span<const float> logprobs;
+  int32_t vocab = 0;
+};
+
 class Sampler {
  public:
   Sampler(const SamplingParams& params, uint64_t seed);
@@ -51,6 +64,15 @@ class Sampler {
   void add_context(std::span<const int32_t> tokens);
   // Chooses the next token. `logits` [vocab] is used as scratch (modified).
   SampledToken sample(std::span<float> logits);
+  // Whether sample(TopLogits) with k candidates per row is exactly sample() of the whole
+  // row: greedy, or top_k in [1, min(k, vocab - 1)] (top-p and min-p then act on those
+  // top_k only); logprobs <= k; no penalties (they move logits the candidates lack).
+  // Not: plain temperature or top-p without top_k, whose draw and normalization run
+  // over the whole vocabulary. Exact for rows without NaN; a row whose values are all
+  // -inf or NaN still gives greedy's token 0.
+  bool samples_from_top(int32_t k, int32_t vocab) const;
+  // Chooses the next token from a row's top candidates; requires samples_from_top().
+  SampledToken sample(const TopLogits& top);
   // Records an emitted token for the penalties (sample() does this itself).
   void accept(int32_t token);
 
@@ -59,6 +81,10 @@ class Sampler {
  private:
   void apply_penalties(std::span<float> logits) const;
   double uniform();
+  // The non-greedy draw both paths share: candidates 0..n-1 in the order the whole-row
+  // path visits them, with value(i) and id(i).
+  template <typename Value, typename Id>
+  int32_t draw(int32_t n, Value value, Id id);
 
   SamplingParams params_;
   std::mt19937_64 rng_;

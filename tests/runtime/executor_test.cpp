@@ -2,6 +2,7 @@
 // from several threads, chunked prefill, preemption under a small KV pool) produce
 // exactly the tokens each produces alone; seeds, n > 1, stop ids, cancellation, prefix
 // cache and session reuse, expiry, bad requests; and no KV block leaks afterwards.
+// Steps that sample from the TopKLogits candidates give the whole-row steps' outputs.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -9,6 +10,7 @@
 #include <random>
 #include <thread>
 
+#include "backends/cpu/kernels/kernels.h"
 #include "core/status.h"
 #include "runtime/executor.h"
 
@@ -316,6 +318,118 @@ TEST_F(ExecutorTest, DrainPastItsTimeoutCancelsWhatIsLeft) {
   });
   EXPECT_FALSE(ex.drain(std::chrono::milliseconds(1)));
   EXPECT_EQ(finish, int(FinishReason::kCancelled));
+  expect_no_leak(ex);
+}
+
+// LlmRunner: a step's TopKLogits outputs are the top k of the logits the same step gives.
+TEST_F(ExecutorTest, RunnerTopCandidatesAreTheTopOfTheLogits) {
+  LlmRunner a(*model_), b(*model_);
+  const int32_t k = a.top_logits_k();
+  ASSERT_EQ(k, 64);
+  ASSERT_EQ(a.vocab(), model_->info().vocab_size);
+  auto ps = prompts(3, 31, 4, 30);
+  std::vector<KvSequence> sa(ps.size()), sb(ps.size());
+  for (int step = 0; step < 3; ++step) {
+    std::vector<StepChunk> ca, cb;
+    std::vector<std::vector<int32_t>> feed;
+    for (size_t i = 0; i < ps.size(); ++i) feed.push_back(step == 0 ? ps[i] : std::vector<int32_t>{int32_t(7 + step + i)});
+    for (size_t i = 0; i < ps.size(); ++i) {
+      ca.push_back({&sa[i], feed[i], true});
+      cb.push_back({&sb[i], feed[i], true});
+    }
+    Tensor logits = a.run_chunks_logits(ca);
+    StepTopLogits top = b.run_chunks_top(cb);
+    ASSERT_EQ(top.ids.dim(0), int64_t(ps.size()));
+    for (int64_t r = 0; r < int64_t(ps.size()); ++r) {
+      std::vector<float> values(static_cast<size_t>(k)), logprobs(static_cast<size_t>(k));
+      std::vector<int32_t> ids(static_cast<size_t>(k));
+      cpu::topk_logits(logits.data_as<float>() + r * a.vocab(), 1, a.vocab(), k, values.data(), ids.data(),
+                       logprobs.data());
+      TopLogits t = top.row(r);
+      for (int32_t j = 0; j < k; ++j) {
+        ASSERT_EQ(t.ids[size_t(j)], ids[size_t(j)]) << "step " << step << " row " << r << " entry " << j;
+        ASSERT_EQ(t.logits[size_t(j)], values[size_t(j)]);
+        ASSERT_EQ(t.logprobs[size_t(j)], logprobs[size_t(j)]);
+      }
+    }
+  }
+  for (size_t i = 0; i < ps.size(); ++i) {
+    a.kv_manager().free(sa[i]);
+    b.kv_manager().free(sb[i]);
+  }
+}
+
+// The executor with and without TopKLogits steps: the same tokens and logprobs, bit for
+// bit, for greedy, top-k (+ top-p/min-p) and n > 1; a top-p-only request falls back to
+// whole rows for the steps it is in.
+TEST_F(ExecutorTest, TopLogitsStepsGiveTheSameOutputsAsWholeRows) {
+  auto ps = prompts(8, 21, 5, 40);
+  std::vector<GenerationRequest> reqs;
+  for (size_t i = 0; i < ps.size(); ++i) {
+    GenerationRequest r = greedy(ps[i], 10);
+    r.sampling.seed = 100 + i;
+    if (i % 4 == 1) {
+      r.sampling.temperature = 0.8f;
+      r.sampling.top_k = 20;
+    }
+    if (i % 4 == 2) {
+      r.sampling.temperature = 1.2f;
+      r.sampling.top_k = 64;
+      r.sampling.top_p = 0.9f;
+      r.sampling.min_p = 0.02f;
+      r.n = 2;
+    }
+    if (i % 4 == 3) {
+      r.sampling.temperature = 1.0f;
+      r.sampling.top_p = 0.8f;  // needs whole rows
+    }
+    r.sampling.logprobs = int32_t(i % 3) * 2;
+    reqs.push_back(r);
+  }
+  auto run = [&](bool top) {
+    ExecutorOptions opt;
+    opt.top_logits = top;
+    Executor ex(*model_, nullptr, opt);
+    std::vector<GenerationResult> out;
+    for (auto& r : reqs) out.push_back(ex.generate(r));  // one at a time: the same batches
+    ExecutorStats st = ex.stats();
+    if (top) {
+      EXPECT_GT(st.top_logits_steps, 0);
+      EXPECT_LT(st.top_logits_steps, st.steps);  // the top-p-only requests' steps
+    } else {
+      EXPECT_EQ(st.top_logits_steps, 0);
+    }
+    return out;
+  };
+  auto whole = run(false), top = run(true);
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    ASSERT_EQ(whole[i].error, "");
+    ASSERT_EQ(top[i].error, "");
+    ASSERT_EQ(whole[i].choices.size(), top[i].choices.size());
+    for (size_t c = 0; c < whole[i].choices.size(); ++c) {
+      const auto& w = whole[i].choices[c];
+      const auto& t = top[i].choices[c];
+      EXPECT_EQ(w.tokens, t.tokens) << "request " << i << " choice " << c;
+      ASSERT_EQ(w.logprobs.size(), t.logprobs.size());
+      for (size_t j = 0; j < w.logprobs.size(); ++j) {
+        EXPECT_EQ(w.logprobs[j].logprob, t.logprobs[j].logprob) << "request " << i << " token " << j;
+        ASSERT_EQ(w.logprobs[j].top.size(), t.logprobs[j].top.size());
+        for (size_t a = 0; a < w.logprobs[j].top.size(); ++a) {
+          EXPECT_EQ(w.logprobs[j].top[a].token, t.logprobs[j].top[a].token);
+          EXPECT_EQ(w.logprobs[j].top[a].logprob, t.logprobs[j].top[a].logprob);
+        }
+      }
+    }
+  }
+  // Concurrent, mixed with a request that needs whole rows: greedy still equals alone.
+  ExecutorOptions opt;
+  opt.max_step_tokens = 48;
+  Executor ex(*model_, nullptr, opt);
+  std::vector<GenerationRequest> mixed;
+  for (size_t i = 0; i < 4; ++i) mixed.push_back(greedy(ps[i], 12));
+  mixed.push_back(reqs[3]);
+  auto got = run_concurrently(ex, mixed);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(got[i].choices[0].tokens, alone(ps[i], 12)) << "request " << i;
   expect_no_leak(ex);
 }
 

@@ -1,13 +1,17 @@
 // Sampler: exact checks (greedy, penalties, logprobs, seeds) and statistical ones: the
 // empirical token frequencies of 20k draws must match the filtered distribution by a
-// chi-square test at p = 0.001 (a wrong filter or temperature fails it by far).
+// chi-square test at p = 0.001 (a wrong filter or temperature fails it by far). Drawing
+// from a row's top-k candidates (the TopKLogits op's CPU kernel) gives the whole row's
+// tokens, logprobs and RNG state, bit for bit, over many seeds.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <map>
 #include <random>
 
+#include "backends/cpu/kernels/kernels.h"
 #include "runtime/sampling.h"
 
 namespace kiln {
@@ -193,6 +197,151 @@ TEST(Sampling, ParameterValidationNamesTheBadValue) {
   p = {};
   p.presence_penalty = 3;
   EXPECT_NE(sampling_params_error(p).find("presence_penalty"), std::string::npos);
+}
+
+// The TopKLogits candidates of one row, as the CPU backend computes them.
+struct TopRow {
+  std::vector<float> values, logprobs;
+  std::vector<int32_t> ids;
+  int32_t vocab = 0;
+  TopRow(const std::vector<float>& row, int32_t k) : values(size_t(k)), logprobs(size_t(k)), ids(size_t(k)) {
+    vocab = int32_t(row.size());
+    cpu::topk_logits(row.data(), 1, vocab, k, values.data(), ids.data(), logprobs.data());
+  }
+  TopLogits view() const { return {values, ids, logprobs, vocab}; }
+};
+
+bool same_bits(float a, float b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+void expect_same(const SampledToken& full, const SampledToken& top, const std::string& what) {
+  ASSERT_EQ(full.token, top.token) << what;
+  EXPECT_TRUE(same_bits(full.logprob, top.logprob)) << what << ": " << full.logprob << " vs " << top.logprob;
+  ASSERT_EQ(full.top.size(), top.top.size()) << what;
+  for (size_t i = 0; i < full.top.size(); ++i) {
+    EXPECT_EQ(full.top[i].token, top.top[i].token) << what;
+    EXPECT_TRUE(same_bits(full.top[i].logprob, top.top[i].logprob)) << what;
+  }
+}
+
+// Two samplers with one seed, one fed whole rows and one fed their top-k candidates,
+// over several steps each (the RNG streams must stay aligned).
+void expect_paths_agree(const SamplingParams& p, int32_t vocab, int32_t k, int seeds, const std::string& what,
+                        bool ties = false) {
+  std::mt19937_64 rng(vocab * 31 + k);
+  std::normal_distribution<float> dist(0.0f, 2.5f);
+  for (int seed = 0; seed < seeds; ++seed) {
+    Sampler full(p, uint64_t(seed)), top(p, uint64_t(seed));
+    ASSERT_TRUE(top.samples_from_top(k, vocab)) << what;
+    for (int step = 0; step < 4; ++step) {
+      std::vector<float> row(static_cast<size_t>(vocab));
+      for (auto& x : row) x = ties ? float(int(rng() % 9)) * 0.5f : dist(rng);
+      TopRow t(row, k);
+      auto scratch = row;
+      expect_same(full.sample(scratch), top.sample(t.view()), what + " seed " + std::to_string(seed));
+      if (::testing::Test::HasFatalFailure()) return;
+    }
+  }
+}
+
+TEST(SamplingTop, GreedyAndLogprobsMatchTheWholeRow) {
+  SamplingParams p;
+  p.temperature = 0;
+  expect_paths_agree(p, 1000, 64, 50, "greedy");
+  expect_paths_agree(p, 1003, 64, 50, "greedy with ties", true);
+  p.logprobs = 5;
+  expect_paths_agree(p, 1000, 64, 50, "greedy logprobs=5");
+  p.logprobs = 20;
+  expect_paths_agree(p, 50, 64, 50, "greedy logprobs=20, vocab < k");
+  expect_paths_agree(p, 513, 20, 50, "greedy logprobs=20 = k", true);
+}
+
+TEST(SamplingTop, TopKSamplingMatchesTheWholeRowOverManySeeds) {
+  struct Case {
+    float temperature;
+    int32_t top_k;
+    float top_p, min_p;
+    int32_t logprobs;
+  };
+  for (Case c : {Case{1.0f, 1, 1.0f, 0.0f, -1}, Case{0.7f, 10, 1.0f, 0.0f, -1}, Case{1.3f, 64, 1.0f, 0.0f, 3},
+                 Case{1.0f, 40, 0.9f, 0.0f, 0}, Case{0.8f, 50, 0.95f, 0.05f, 2}, Case{2.0f, 64, 0.5f, 0.2f, 20},
+                 Case{1.0f, 7, 1.0f, 0.3f, -1}}) {
+    SamplingParams p;
+    p.temperature = c.temperature;
+    p.top_k = c.top_k;
+    p.top_p = c.top_p;
+    p.min_p = c.min_p;
+    p.logprobs = c.logprobs;
+    const std::string what = "T=" + std::to_string(c.temperature) + " top_k=" + std::to_string(c.top_k) +
+                             " top_p=" + std::to_string(c.top_p) + " min_p=" + std::to_string(c.min_p);
+    expect_paths_agree(p, 2000, 64, 300, what);
+    expect_paths_agree(p, 777, 64, 100, what + " ties", true);
+    if (c.top_k < 60) expect_paths_agree(p, 60, 64, 100, what + " vocab < k");
+  }
+}
+
+TEST(SamplingTop, DegenerateRowsMatchToo) {
+  // Every value -inf: greedy picks 0 and every log-prob is NaN on both paths.
+  SamplingParams p;
+  p.temperature = 0;
+  p.logprobs = 3;
+  for (int32_t vocab : {5, 13, 64, 100}) {
+    std::vector<float> row(size_t(vocab), -std::numeric_limits<float>::infinity());
+    Sampler full(p, 1), top(p, 1);
+    TopRow t(row, 8);
+    auto a = full.sample(row);
+    auto b = top.sample(t.view());
+    EXPECT_EQ(a.token, 0);
+    EXPECT_EQ(b.token, 0);
+    EXPECT_TRUE(std::isnan(a.logprob) && std::isnan(b.logprob));
+    ASSERT_EQ(a.top.size(), b.top.size());
+    for (size_t i = 0; i < a.top.size(); ++i) EXPECT_EQ(a.top[i].token, b.top[i].token);
+  }
+  // -inf entries among finite ones (a masked vocabulary).
+  p.temperature = 0.9f;
+  p.top_k = 30;
+  Sampler full(p, 9), top(p, 9);
+  for (int step = 0; step < 50; ++step) {
+    std::vector<float> row(300);
+    for (size_t i = 0; i < row.size(); ++i)
+      row[i] = i % 3 ? -std::numeric_limits<float>::infinity() : float((i * 7919 + size_t(step)) % 101) * 0.05f;
+    TopRow t(row, 64);
+    auto scratch = row;
+    expect_same(full.sample(scratch), top.sample(t.view()), "masked step " + std::to_string(step));
+  }
+}
+
+TEST(SamplingTop, OnlyExactCasesUseTheCandidates) {
+  auto p_of = [](float t, int32_t top_k, float top_p = 1.0f) {
+    SamplingParams p;
+    p.temperature = t;
+    p.top_k = top_k;
+    p.top_p = top_p;
+    return p;
+  };
+  auto ok = [](const SamplingParams& p, int32_t k = 64, int32_t vocab = 1000) {
+    return Sampler(p, 0).samples_from_top(k, vocab);
+  };
+  EXPECT_TRUE(ok(p_of(0, 0)));
+  EXPECT_TRUE(ok(p_of(0, 0, 0.5f)));  // greedy ignores top-p
+  EXPECT_TRUE(ok(p_of(1, 64)));
+  EXPECT_TRUE(ok(p_of(1, 64, 0.9f)));  // top-p over the top_k survivors only
+  EXPECT_FALSE(ok(p_of(1, 65)));
+  EXPECT_FALSE(ok(p_of(1, 0)));         // the whole vocabulary's distribution
+  EXPECT_FALSE(ok(p_of(1, -1)));
+  EXPECT_FALSE(ok(p_of(1, 0, 0.9f)));   // top-p normalizes over the whole vocabulary
+  EXPECT_FALSE(ok(p_of(1, 50), 64, 50));  // top_k >= vocab: no top-k filter at all
+  EXPECT_TRUE(ok(p_of(1, 49), 64, 50));
+  SamplingParams p = p_of(0, 0);
+  p.logprobs = 20;
+  EXPECT_TRUE(ok(p, 20));
+  EXPECT_FALSE(ok(p, 19));
+  for (int which = 0; which < 3; ++which) {
+    SamplingParams q = p_of(0, 0);
+    if (which == 0) q.repetition_penalty = 1.1f;
+    if (which == 1) q.presence_penalty = 0.5f;
+    if (which == 2) q.frequency_penalty = -0.5f;
+    EXPECT_FALSE(ok(q)) << "penalty " << which;
+  }
 }
 
 }  // namespace

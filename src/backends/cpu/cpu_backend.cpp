@@ -37,7 +37,12 @@ class CpuCompiledGraph final : public CompiledGraph {
     plan_memory();
   }
 
-  TensorMap run(const TensorMap& inputs, const StepInfo& step, KvStorage* kv) override {
+  using CompiledGraph::run;
+  TensorMap run(const TensorMap& inputs, const StepInfo& step, KvStorage* kv,
+                const std::vector<std::string>& wanted) override {
+    auto needed_it = needed_.find(wanted);
+    if (needed_it == needed_.end()) needed_it = needed_.emplace(wanted, nodes_needed_for(graph_, wanted)).first;
+    const std::vector<bool>& needed = needed_it->second;
     std::vector<const Tensor*> vals(graph_.num_values(), nullptr);
     for (ir::ValueId id : graph_.inputs()) {
       const ir::Value& v = graph_.value(id);
@@ -67,6 +72,7 @@ class CpuCompiledGraph final : public CompiledGraph {
     if (kv && !cpu_kv) throw_error(ErrorCode::kInvalidArgument, "KV storage is not a CPU pool");
     const auto& nodes = graph_.nodes();
     for (size_t i = 0; i < nodes.size(); ++i) {
+      if (!needed[i]) continue;
       const ir::Node& n = nodes[i];
       cpu::OpContext ctx;
       ctx.step = &step;
@@ -89,7 +95,9 @@ class CpuCompiledGraph final : public CompiledGraph {
       runners_[i](ctx);
     }
     TensorMap out;
-    for (auto& [name, id] : graph_.outputs()) out[name] = *vals[size_t(id)];
+    for (auto& [name, id] : graph_.outputs())
+      if (wanted.empty() || std::find(wanted.begin(), wanted.end(), name) != wanted.end())
+        out[name] = *vals[size_t(id)];
     return out;
   }
 
@@ -129,6 +137,7 @@ class CpuCompiledGraph final : public CompiledGraph {
   std::vector<Slot> slots_;
   std::vector<Tensor> results_;
   std::vector<std::pair<ir::ValueId, const Tensor*>> weight_ptrs_;
+  std::map<std::vector<std::string>, std::vector<bool>> needed_;  // by wanted outputs
   size_t weight_bytes_ = 0;
 };
 

@@ -323,6 +323,19 @@ OpRun prepare_gather_rows(const ir::Node&, const ir::Graph&, const CompileOption
   };
 }
 
+// TopKLogits: values f32, ids i32, logprobs f32, each [R, k] (see kernels.h).
+OpRun prepare_topk_logits(const ir::Node& n, const ir::Graph&, const CompileOptions&) {
+  const int64_t k = n.attr_int("k");
+  return [k](OpContext& c) {
+    const Tensor& x = *c.inputs[0];
+    const int64_t r = x.dim(0), v = x.dim(1);
+    float* values = c.out(0, {r, k}).data_as<float>();
+    int32_t* ids = c.out(1, {r, k}, DType::kI32).data_as<int32_t>();
+    float* logprobs = c.out(2, {r, k}).data_as<float>();
+    topk_logits(x.data_as<float>(), r, v, k, values, ids, logprobs);
+  };
+}
+
 OpRun prepare_seq_mean_pool(const ir::Node&, const ir::Graph&, const CompileOptions&) {
   return [](OpContext& c) {
     const Tensor& x = *c.inputs[0];
@@ -374,6 +387,7 @@ const std::map<std::string, OpPrepare>& op_table() {
       {"Rope", prepare_rope},
       {"Attention", prepare_attention},
       {"GatherRows", prepare_gather_rows},
+      {"TopKLogits", prepare_topk_logits},
       {"SeqMeanPool", prepare_seq_mean_pool},
       {"AllReduce", prepare_all_reduce},
   };

@@ -2,7 +2,9 @@
 // memory follows the CPU backend's plan (values whose lifetimes do not overlap share a
 // buffer; buffers grow to the largest shape seen, so steady-state steps allocate
 // nothing). A step makes one host->device copy (integer inputs, the step layout, the
-// attention plans), launches every node on one stream, and copies the outputs back.
+// attention plans), launches every node on one stream, and copies the outputs back:
+// only those the run asked for (a decode step that samples from TopKLogits fetches
+// [R, k], not [R, vocab]), and nodes none of them needs are not launched.
 // Decode steps (one token per sequence, with a KV pool, 16-bit) run as CUDA graphs, one
 // per batch shape (cuda_graph.h); KILN_CUDA_GRAPHS=0 runs them eagerly. Not in f32:
 // there decode GEMMs go through cuBLASLt, whose results under capture differed from
@@ -20,6 +22,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <set>
 
 #include "backends/cuda/cuda_graph.h"
@@ -104,7 +107,10 @@ class CudaCompiledGraph final : public CompiledGraph {
 
   DType act() const { return prep_.act; }
 
-  TensorMap run(const TensorMap& inputs, const StepInfo& step, KvStorage* kv) override {
+  using CompiledGraph::run;
+  TensorMap run(const TensorMap& inputs, const StepInfo& step, KvStorage* kv,
+                const std::vector<std::string>& wanted) override {
+    select_outputs(wanted);
     auto* cuda_kv = dynamic_cast<CudaKv*>(kv);
     if (kv && !cuda_kv) throw_error(ErrorCode::kInvalidArgument, "KV storage is not a CUDA pool");
     if (cuda_kv && cuda_kv->dtype() != prep_.act)
@@ -114,6 +120,7 @@ class CudaCompiledGraph final : public CompiledGraph {
     std::vector<const Tensor*> host_vals(graph_.num_values(), nullptr);
     const auto host0 = std::chrono::steady_clock::now();
     const bool decode = stage_step(inputs, step, cuda_kv, host_vals);
+    graph_key_.push_back(out_mask_);  // a captured step converts only the wanted outputs
     if (step_times_) KILN_CUDA_CHECK(cudaEventRecord(step_ev_[0], s));
     bool enqueued = false;
     auto enqueue = [&] {
@@ -188,12 +195,13 @@ class CudaCompiledGraph final : public CompiledGraph {
         prof_ev_.emplace_back();
         KILN_CUDA_CHECK(cudaEventCreate(&prof_ev_.back()));
       }
-      launch_spin(3000, s);  // long enough to queue a whole step's launches
+      launch_spin(10000, s);  // long enough to queue a whole step's launches
       KILN_CUDA_CHECK(cudaEventRecord(prof_ev_[0], s));
     }
     for (size_t i = 0; i < nodes.size(); ++i) {
+      if (profile_ && i > 0) KILN_CUDA_CHECK(cudaEventRecord(prof_ev_[i], s));  // skipped nodes time 0
+      if (!node_needed_[i]) continue;
       const ir::Node& n = nodes[i];
-      if (profile_ && i > 0) KILN_CUDA_CHECK(cudaEventRecord(prof_ev_[i], s));
       OpContext ctx;
       ctx.step = &step;
       ctx.dev = &dev_step_;
@@ -203,10 +211,10 @@ class CudaCompiledGraph final : public CompiledGraph {
         ctx.inputs.push_back(in == ir::kNoValue ? nullptr : &vals_[size_t(in)]);
         ctx.host_inputs.push_back(in == ir::kNoValue ? nullptr : host_vals[size_t(in)]);
       }
-      ctx.alloc = [&, i](size_t o, std::vector<int64_t> shape) -> DevTensor& {
+      ctx.alloc = [&, i](size_t o, std::vector<int64_t> shape, std::optional<DType> dtype) -> DevTensor& {
         ir::ValueId out = nodes[i].outputs.at(o);
         DevTensor& t = vals_[size_t(out)];
-        t.dtype = prep_.act;
+        t.dtype = dtype.value_or(prep_.act);
         t.shape = std::move(shape);
         DeviceBuffer& slot = slots_[size_t(slot_of_[size_t(out)])];
         slot.grow(std::max<size_t>(size_t(t.numel()) * dtype_size(t.dtype), 1), s);
@@ -433,14 +441,31 @@ class CudaCompiledGraph final : public CompiledGraph {
     return decode;
   }
 
-  // Converts every graph output to f32 on the device, packed in dev_out_ (part of a
-  // captured decode graph).
+  // The run's wanted outputs (a bit per graph output) and the nodes they need.
+  void select_outputs(const std::vector<std::string>& wanted) {
+    const auto& outs = graph_.outputs();
+    KILN_CHECK(outs.size() <= 62, "cuda: more than 62 graph outputs");
+    int64_t mask = 0;
+    for (size_t i = 0; i < outs.size(); ++i)
+      if (wanted.empty() || std::find(wanted.begin(), wanted.end(), outs[i].first) != wanted.end())
+        mask |= int64_t(1) << i;
+    for (const std::string& w : wanted)
+      if (graph_.find_output(w) == ir::kNoValue) (void)nodes_needed_for(graph_, wanted);  // throws naming it
+    if (mask == out_mask_ && !node_needed_.empty()) return;
+    node_needed_ = nodes_needed_for(graph_, wanted);  // throws for an unknown name
+    out_mask_ = mask;
+  }
+  bool out_wanted(size_t i) const { return (out_mask_ >> i) & 1; }
+
+  // Converts every wanted graph output to f32 on the device, packed in dev_out_ (part
+  // of a captured decode graph).
   void out_layout() {
     out_offs_.clear();
     out_total_ = 0;
+    size_t i = 0;
     for (auto& [name, id] : graph_.outputs()) {
       out_offs_.push_back(out_total_);
-      out_total_ += (size_t(vals_[size_t(id)].numel()) * 4 + 255) / 256 * 256;
+      if (out_wanted(i++)) out_total_ += (size_t(vals_[size_t(id)].numel()) * 4 + 255) / 256 * 256;
     }
   }
   void convert_outputs() {
@@ -449,6 +474,10 @@ class CudaCompiledGraph final : public CompiledGraph {
     dev_out_.grow(std::max<size_t>(out_total_, 1), s);
     size_t i = 0;
     for (auto& [name, id] : graph_.outputs()) {
+      if (!out_wanted(i)) {
+        ++i;
+        continue;
+      }
       const DevTensor& t = vals_[size_t(id)];
       auto* dst = static_cast<uint8_t*>(dev_out_.get()) + out_offs_[i++];
       if (t.dtype == DType::kF32 || t.dtype == DType::kI32)
@@ -469,6 +498,10 @@ class CudaCompiledGraph final : public CompiledGraph {
     TensorMap out;
     size_t i = 0;
     for (auto& [name, id] : graph_.outputs()) {
+      if (!out_wanted(i)) {
+        ++i;
+        continue;
+      }
       const DevTensor& t = vals_[size_t(id)];
       out[name] = Tensor::view(static_cast<uint8_t*>(pinned_out_.get()) + out_offs_[i++],
                                t.dtype == DType::kI32 ? DType::kI32 : DType::kF32, t.shape);
@@ -528,6 +561,8 @@ class CudaCompiledGraph final : public CompiledGraph {
   DevStep dev_step_;
   std::vector<size_t> out_offs_;
   size_t out_total_ = 0;
+  int64_t out_mask_ = 0;            // the wanted outputs of this run, a bit each
+  std::vector<bool> node_needed_;  // the nodes they need
   std::vector<std::pair<ir::ValueId, int64_t>> vocab_checks_;
   std::vector<ir::ValueId> rows_checks_;
   StepGraphs::Key graph_key_;

@@ -13,6 +13,7 @@
 #include "backends/cuda/ops/norm.h"
 #include "backends/cuda/ops/rope.h"
 #include "backends/cuda/ops/rows.h"
+#include "backends/cuda/ops/topk.h"
 #include "core/status.h"
 
 namespace kiln::cuda {
@@ -305,6 +306,20 @@ OpRun prepare_seq_mean_pool(const ir::Node&, const ir::Graph&, PrepareContext&) 
   };
 }
 
+// TopKLogits: reads logits in the activation dtype, writes f32 values, i32 ids and f32
+// log-probs, each [R, k].
+OpRun prepare_topk_logits(const ir::Node& n, const ir::Graph&, PrepareContext&) {
+  const int64_t k = n.attr_int("k");
+  return [k](OpContext& c) {
+    const DevTensor& x = *c.inputs[0];
+    const int64_t r = x.dim(0), v = x.dim(1);
+    auto* values = static_cast<float*>(c.out(0, {r, k}, DType::kF32).data);
+    auto* ids = static_cast<int32_t*>(c.out(1, {r, k}, DType::kI32).data);
+    auto* logprobs = static_cast<float*>(c.out(2, {r, k}, DType::kF32).data);
+    launch_topk_logits(x.dtype, x.data, r, v, k, values, ids, logprobs, c.cx->stream);
+  };
+}
+
 const std::map<std::string, OpPrepare>& op_table() {
   static const std::map<std::string, OpPrepare> table = {
       {"Embedding", prepare_embedding},
@@ -323,6 +338,7 @@ const std::map<std::string, OpPrepare>& op_table() {
       {"Attention", prepare_attention},
       {"GatherRows", prepare_gather_rows},
       {"SeqMeanPool", prepare_seq_mean_pool},
+      {"TopKLogits", prepare_topk_logits},
   };
   return table;
 }

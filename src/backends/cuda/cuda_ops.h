@@ -7,6 +7,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -77,12 +78,15 @@ struct OpContext {
   const DevStep* dev = nullptr;
   CudaKv* kv = nullptr;
   CudaContext* cx = nullptr;
-  // Output i with this shape in the activation dtype.
-  std::function<DevTensor&(size_t, std::vector<int64_t>)> alloc;
+  // Output i with this shape, in the activation dtype unless `dtype` says otherwise
+  // (TopKLogits writes f32 and i32).
+  std::function<DevTensor&(size_t, std::vector<int64_t>, std::optional<DType>)> alloc;
+  DevTensor& out(size_t i, std::vector<int64_t> shape, std::optional<DType> dtype = std::nullopt) {
+    return alloc(i, std::move(shape), dtype);
+  }
   // Device scratch of at least `bytes`, valid until the op returns (one buffer shared by
   // every op of the graph; sized by the first, eager run of a step shape).
   std::function<void*(size_t)> scratch;
-  DevTensor& out(size_t i, std::vector<int64_t> shape) { return alloc(i, std::move(shape)); }
 };
 using OpRun = std::function<void(OpContext&)>;
 

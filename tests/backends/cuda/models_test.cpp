@@ -3,10 +3,12 @@
 // transformers references, in f32 (bound 1e-4, as the CPU tests), f16 (1e-2) and bf16
 // (6e-2 of max|ref|: measured up to 4.9e-2 on these 2-layer random models, 8-13x the f16
 // error, as bf16's 3 fewer mantissa bits predict); and the real SmolLM2 GGUF, CUDA vs CPU
-// greedy for 32 tokens; decode steps replayed as CUDA graphs give the same bits as eager.
+// greedy for 32 tokens; decode steps replayed as CUDA graphs give the same bits as eager;
+// executor steps that fetch only TopKLogits candidates give whole-row steps' outputs.
 // Skips without a GPU (and the SmolLM2 test without the model file).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -14,6 +16,7 @@
 #include "cuda_test_util.h"
 #include "frontends/weight_source.h"
 #include "runtime/encoder_runner.h"
+#include "runtime/executor.h"
 #include "runtime/llm_runner.h"
 
 namespace kiln::cuda {
@@ -160,6 +163,64 @@ TEST(CudaGraphs, DecodeReplayIsBitIdenticalToEager) {
                   dtype.c_str(), differ, eager.size());
       EXPECT_EQ(differ, 0u) << family << " " << dtype;
     }
+}
+
+// The executor on CUDA with and without TopKLogits steps (decode steps as CUDA graphs in
+// bf16, eager in f32): the candidates are the logits' own values, so the tokens are the
+// same; logprobs differ at most by the log-sum-exp's summation order (both in double).
+TEST(CudaTopLogits, ExecutorOutputsMatchWholeRowSteps) {
+  KILN_SKIP_WITHOUT_CUDA();
+  std::vector<GenerationRequest> reqs;
+  for (int i = 0; i < 4; ++i) {
+    GenerationRequest r;
+    for (int t = 0; t < 12 + 9 * i; ++t) r.prompt.push_back(int32_t(3 + (t * 37 + i * 101) % 500));
+    r.max_tokens = 16;
+    r.ignore_eos = true;
+    r.sampling.seed = 7 + uint64_t(i);
+    r.sampling.logprobs = 2 * i;
+    r.sampling.temperature = i == 0 ? 0.0f : 0.9f;
+    r.sampling.top_k = i == 0 ? 0 : i == 1 ? 20 : 64;
+    if (i == 2) r.sampling.top_p = 0.9f;
+    if (i == 3) r.n = 3;
+    reqs.push_back(r);
+  }
+  for (std::string dtype : {"bf16", "f32"}) {
+    auto model = Model::load(fixtures_dir() + "/models/llama", {.backend = "cuda", .weight_dtype = dtype});
+    auto run = [&](bool top) {
+      ExecutorOptions opt;
+      opt.top_logits = top;
+      Executor ex(*model, nullptr, opt);
+      std::vector<GenerationResult> out;
+      for (auto& r : reqs) out.push_back(ex.generate(r));
+      EXPECT_EQ(ex.stats().top_logits_steps > 0, top) << dtype;
+      return out;
+    };
+    auto whole = run(false), top = run(true);
+    double max_err = 0;
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      ASSERT_EQ(top[i].error, "");
+      ASSERT_EQ(whole[i].choices.size(), top[i].choices.size());
+      for (size_t c = 0; c < whole[i].choices.size(); ++c) {
+        const auto& w = whole[i].choices[c];
+        const auto& t = top[i].choices[c];
+        EXPECT_EQ(w.tokens, t.tokens) << dtype << " request " << i << " choice " << c;
+        ASSERT_EQ(w.logprobs.size(), t.logprobs.size());
+        for (size_t j = 0; j < w.logprobs.size(); ++j) {
+          auto check = [&](float a, float b) {
+            max_err = std::max(max_err, double(std::fabs(a - b)));
+            EXPECT_LE(std::fabs(a - b), 1e-6 * std::max(1.0f, std::fabs(a))) << dtype << " request " << i;
+          };
+          check(w.logprobs[j].logprob, t.logprobs[j].logprob);
+          ASSERT_EQ(w.logprobs[j].top.size(), t.logprobs[j].top.size());
+          for (size_t a = 0; a < w.logprobs[j].top.size(); ++a) {
+            EXPECT_EQ(w.logprobs[j].top[a].token, t.logprobs[j].top[a].token);
+            check(w.logprobs[j].top[a].logprob, t.logprobs[j].top[a].logprob);
+          }
+        }
+      }
+    }
+    std::printf("  %s: top-k steps vs whole rows: same tokens, logprobs max|err| %.3g\n", dtype.c_str(), max_err);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, CudaDecoderGolden,

@@ -136,4 +136,13 @@ void kv_cache_write(const float* k, const float* v, const int64_t* slot_mapping,
 void embedding(const float* table, int64_t vocab, const int32_t* ids, int64_t t, int64_t dim,
                float* out);
 
+// ---- TopKLogits -----------------------------------------------------------------------
+// Per row of x [rows, v]: the k largest values in descending order (equal values: the
+// lower index first; NaN after every number), their indices, and their log-softmax values
+// float(double(x) - lse) with lse = max + log(sum exp(double(x) - max)) summed in index
+// order, bit for bit what runtime/sampling.cpp's logprobs_of computes. Rows with v < k
+// are padded with id -1 and value/logprob -inf. Outputs are [rows, k].
+void topk_logits(const float* x, int64_t rows, int64_t v, int64_t k, float* values, int32_t* ids,
+                 float* logprobs);
+
 }  // namespace kiln::cpu
