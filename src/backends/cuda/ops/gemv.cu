@@ -1,4 +1,4 @@
-// Weight-streaming GEMV (see gemv.h). Each warp owns one output feature: lane j reads
+// Weight-streaming GEMV (see gemv.h). A warp (or S warps, split-K) owns one output feature: lane j reads
 // 16-byte chunks j, j+32, ... of the weight row, kUnroll of them issued before any is
 // used so enough bytes are in flight to cover DRAM latency; x (tiny, shared by every
 // warp) comes through the read-only cache. Weights are loaded with the streaming hint
@@ -20,36 +20,40 @@ __device__ __forceinline__ void fma8(float& acc, uint4 w, uint4 x) {
 }
 
 // R = 2 (SwiGLU): the warp streams the gate row and the up row of its output feature.
-template <typename T, int M, GemvEpilogue E>
+// S > 1 (split-K): S warps share a row, warp part p reading chunks p*32 + lane + S*32*j,
+// and their sums meet in shared memory. Few rows (n of a few thousand) then still give
+// enough warps to keep every SM's loads in flight.
+template <typename T, int M, GemvEpilogue E, int S>
 __global__ void __launch_bounds__(kWarps * 32)
 gemv_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ y,
             int n, int k) {
   constexpr int R = E == GemvEpilogue::kSwiGlu ? 2 : 1;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int row = blockIdx.x * kWarps + warp;
-  if (row >= n) return;
-  const int kv = k / 8;  // 16-byte chunks per row
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, part = warp % S;
+  const int row = blockIdx.x * (kWarps / S) + warp / S;
+  if (S == 1 && row >= n) return;
+  const bool live = row < n;
+  const int kv = live ? k / 8 : 0;  // 16-byte chunks per row
   const uint4* wr[R];
 #pragma unroll
-  for (int r = 0; r < R; ++r) wr[r] = reinterpret_cast<const uint4*>(w + (int64_t(row) + int64_t(r) * n) * k);
+  for (int r = 0; r < R; ++r) wr[r] = reinterpret_cast<const uint4*>(w + (int64_t(live ? row : 0) + int64_t(r) * n) * k);
   const uint4* xr = reinterpret_cast<const uint4*>(x);
   float acc[R][M];
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
-  for (int i0 = lane; i0 < kv; i0 += 32 * kUnroll) {
+  for (int i0 = part * 32 + lane; i0 < kv; i0 += S * 32 * kUnroll) {
     uint4 wv[R][kUnroll];
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        const int i = i0 + u * 32;
+        const int i = i0 + u * 32 * S;
         wv[r][u] = i < kv ? __ldcs(wr[r] + i) : make_uint4(0, 0, 0, 0);
       }
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
-      const int i = i0 + u * 32;
+      const int i = i0 + u * 32 * S;
       if (i < kv) {
 #pragma unroll
         for (int m = 0; m < M; ++m) {
@@ -59,6 +63,27 @@ gemv_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restric
         }
       }
     }
+  }
+  if constexpr (S > 1) {
+    __shared__ float red[kWarps][R][M];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        const float v = warp_sum(acc[r][m]);
+        if (lane == 0) red[warp][r][m] = v;
+      }
+    __syncthreads();
+    if (part != 0 || !live) return;
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int m = 0; m < M; ++m) {
+        float v = 0.0f;
+#pragma unroll
+        for (int p = 0; p < S; ++p) v += red[warp + p][r][m];
+        acc[r][m] = lane == 0 ? v : 0.0f;  // the warp_sum below then leaves v unchanged
+      }
   }
 #pragma unroll
   for (int m = 0; m < M; ++m) {
@@ -81,14 +106,31 @@ gemv_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restric
   }
 }
 
+template <typename T, GemvEpilogue E, int S>
+void launch_split(const T* x, const T* w, const T* b, T* y, int64_t m, int64_t n, int64_t k, cudaStream_t s) {
+  const dim3 grid(unsigned((n * S + kWarps - 1) / kWarps));
+  switch (m) {
+    case 1: gemv_kernel<T, 1, E, S><<<grid, kWarps * 32, 0, s>>>(x, w, b, y, int(n), int(k)); break;
+    case 2: gemv_kernel<T, 2, E, S><<<grid, kWarps * 32, 0, s>>>(x, w, b, y, int(n), int(k)); break;
+    case 3: gemv_kernel<T, 3, E, S><<<grid, kWarps * 32, 0, s>>>(x, w, b, y, int(n), int(k)); break;
+    default: gemv_kernel<T, 4, E, S><<<grid, kWarps * 32, 0, s>>>(x, w, b, y, int(n), int(k)); break;
+  }
+}
+
+// Warps per row: enough that about 8192 warps stream the matrix (an H200 holds ~8400),
+// and no split for long outputs (the LM head, big merged GEMMs) or short rows.
+int split_for(int64_t n, int64_t k) {
+  if (k < 1024) return 1;
+  const int64_t want = (8192 + n - 1) / n;
+  return want >= 4 ? 4 : want >= 2 ? 2 : 1;
+}
+
 template <typename T, GemvEpilogue E>
 void launch_rows(const T* x, const T* w, const T* b, T* y, int64_t m, int64_t n, int64_t k, cudaStream_t s) {
-  const dim3 grid(unsigned((n + kWarps - 1) / kWarps));
-  switch (m) {
-    case 1: gemv_kernel<T, 1, E><<<grid, kWarps * 32, 0, s>>>(x, w, b, y, int(n), int(k)); break;
-    case 2: gemv_kernel<T, 2, E><<<grid, kWarps * 32, 0, s>>>(x, w, b, y, int(n), int(k)); break;
-    case 3: gemv_kernel<T, 3, E><<<grid, kWarps * 32, 0, s>>>(x, w, b, y, int(n), int(k)); break;
-    default: gemv_kernel<T, 4, E><<<grid, kWarps * 32, 0, s>>>(x, w, b, y, int(n), int(k)); break;
+  switch (split_for(n, k)) {
+    case 1: launch_split<T, E, 1>(x, w, b, y, m, n, k, s); break;
+    case 2: launch_split<T, E, 2>(x, w, b, y, m, n, k, s); break;
+    default: launch_split<T, E, 4>(x, w, b, y, m, n, k, s); break;
   }
 }
 
