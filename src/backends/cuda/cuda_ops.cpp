@@ -3,6 +3,7 @@
 // any T within the graph's symbolic shapes runs without recompiling.
 #include "backends/cuda/cuda_ops.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
 
@@ -233,6 +234,7 @@ OpRun prepare_attention(const ir::Node& n, const ir::Graph& g, PrepareContext& p
     a.d = d;
     a.scale = scale;
     a.causal = causal;
+    for (const StepSequence& ss : c.step->seqs) a.max_q_len = std::max<int64_t>(a.max_q_len, ss.q_len);
     const size_t es = dtype_size(y.dtype);
     const void* k = packed ? static_cast<const char*>(q.data) + size_t(hq * d) * es : c.inputs[1]->data;
     const void* v = packed ? static_cast<const char*>(k) + size_t(hkv * d) * es : c.inputs[2]->data;

@@ -56,6 +56,7 @@ struct AttentionArgs {
   const void* k_cache = nullptr;    // [blocks, block_size, hkv, d], slots kv_stride elements apart
   const void* v_cache = nullptr;
   int64_t q_stride = 0, kv_stride = 0;  // 0: hq * d and hkv * d (dense)
+  int64_t max_q_len = 0;  // the step's longest q_len; with its GQA group <= 8, the decode kernel runs
   void* out = nullptr;              // [T, hq, d]
   int64_t block_size = 16, hq = 0, hkv = 0, d = 0;
   float scale = 1.0f;
