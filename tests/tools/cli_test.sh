@@ -29,6 +29,9 @@ check oov-id 1 "outside the vocabulary" -- "$kiln" generate -m "$fixtures/models
 check no-tokenizer 1 "has no tokenizer" -- "$kiln" generate -m "$fixtures/models/gpt2" -p hello
 check encoder-generate 1 "encoder" -- "$kiln" generate -m "$fixtures/models/bert" --ids 1,2
 check no-classifier 1 "no classification head" -- "$kiln" classify -m "$fixtures/models/gpt2" --ids 1
+check bench-serve-help 0 "TTFT" -- "$kiln" bench serve --help
+check serve-bench-help 0 "TTFT" -- "$kiln" serve bench --help
+check bench-serve-no-server 1 "" -- "$kiln" bench serve --port 1 --model m --requests 1
 check bench-tiny 0 "tg" -- "$kiln" bench --random-weights "$fixtures/../../bench/configs/tiny-llama-test.json" -p 8 -n 4 -r 1
 # With the real model (fetched by scripts/fetch_models.sh): text in, text out, chat.
 smol=${KILN_MODELS_DIR:-$fixtures/../../.cache/models}/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf

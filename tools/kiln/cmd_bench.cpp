@@ -147,7 +147,9 @@ Runner add_bench(CLI::App& app) {
   cmd->add_option("-n,--gen-len", a->gen_len, "generated tokens (tg)")->capture_default_str();
   cmd->add_option("-b,--batch", a->batch, "sequences decoded together")->capture_default_str();
   cmd->add_option("-r,--repeats", a->repeats, "timed repeats")->check(CLI::Range(1, 100))->capture_default_str();
-  return [a] {
+  SubRunner serve = add_serve_bench(cmd);  // `kiln bench serve`: load-test a running server
+  return [a, serve] {
+    if (serve.app->parsed()) return serve.run();
     if (a->model.model.empty() == a->random_config.empty())
       throw_error(ErrorCode::kInvalidArgument, "bench needs exactly one of --model or --random-weights");
     return run_bench(*a);

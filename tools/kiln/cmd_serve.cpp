@@ -131,10 +131,20 @@ Runner add_serve(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--instance-name", a->instance, "X-Kiln-Instance response header (default host:port)");
 
-  // `kiln serve bench`: load-test a running server (vLLM benchmark_serving-style).
+  // `kiln serve bench` (also `kiln bench serve`): load-test a running server.
+  SubRunner bench = add_serve_bench(cmd);
+  return [a, bench] {
+    if (bench.app->parsed()) return bench.run();
+    return run_serve(*a);
+  };
+}
+
+SubRunner add_serve_bench(CLI::App* parent) {
+  // vLLM benchmark_serving-style load generator.
   auto b = std::make_shared<server::BenchOptions>();
   auto json_out = std::make_shared<std::string>();
-  CLI::App* bench = cmd->add_subcommand("bench", "load-test a running server: TTFT, TPOT, ITL, throughput, goodput");
+  CLI::App* bench = parent->add_subcommand(parent->get_name() == "bench" ? "serve" : "bench",
+                                           "load-test a running server: TTFT, TPOT, ITL, throughput, goodput");
   bench->add_option("--host", b->host, "server address")->capture_default_str();
   bench->add_option("--port", b->port, "server port")->capture_default_str();
   bench->add_option("--model", b->model, "model name on the server")->required();
@@ -154,8 +164,7 @@ Runner add_serve(CLI::App& app) {
   bench->add_option("--tpot-target-ms", b->tpot_target_ms, "goodput TPOT target")->capture_default_str();
   bench->add_option("--seed", b->seed, "prompt and arrival seed")->capture_default_str();
   bench->add_option("--json", *json_out, "also write the report as JSON to this file");
-  return [a, b, bench, json_out] {
-    if (!bench->parsed()) return run_serve(*a);
+  return {bench, [b, json_out] {
     if (b->input_min > b->input_max || b->output_min > b->output_max)
       throw_error(ErrorCode::kInvalidArgument, "--input-min/--output-min must not exceed the max");
     server::BenchReport r = server::run_serve_bench(*b);
@@ -167,7 +176,7 @@ Runner add_serve(CLI::App& app) {
       std::fclose(f);
     }
     return r.failed == 0 ? 0 : 1;
-  };
+  }};
 }
 
 }  // namespace kiln::cli

@@ -24,6 +24,14 @@ Runner add_eval(CLI::App& app);
 Runner add_serve(CLI::App& app);
 Runner add_build(CLI::App& app);
 
+// A nested subcommand and its runner (run it when app->parsed()).
+struct SubRunner {
+  CLI::App* app = nullptr;
+  Runner run;
+};
+// The serving load generator, as `kiln serve bench` and `kiln bench serve`.
+SubRunner add_serve_bench(CLI::App* parent);
+
 // Options every model-loading subcommand shares.
 struct ModelArgs {
   std::string model;
