@@ -108,6 +108,7 @@ class Backend {
   // Whether this backend implements the fused forms a fusion pass emits (pass names
   // from src/passes: "fuse_add_norm" -> AddRMSNorm/AddLayerNorm, "fuse_swiglu" ->
   // SwiGLU, "fuse_qkv_attention" -> Attention{packed_qkv} with RoPE inside,
+  // "fuse_embedding_norm" -> EmbeddingLayerNorm,
   // "fuse_linear_activation" -> Linear{activation}). Passes a backend does not claim
   // are skipped for it, and an engine using them is refused with a clear error.
   virtual bool supports_fusion(const std::string& pass) const { return false; }

@@ -99,6 +99,33 @@ std::vector<ValueType> infer_embedding(const Node& n, const In& in) {
   return {{table.dtype == DType::kF32 ? DType::kF32 : DType::kF32, Shape{ids.shape[0], table.shape[1]}}};
 }
 
+// BERT's embeddings fused with their LayerNorm: inputs (gamma, beta?, table_0, ids_0,
+// table_1, ids_1, ...); every table is [vocab_j, H] and every ids vector has T entries.
+std::vector<ValueType> infer_embedding_layer_norm(const Node& n, const In& in) {
+  const Value& gamma = need(n, in, 0, "gamma");
+  need_rank(n, gamma, 1, "gamma");
+  if (in.size() > 1 && in[1] && !(in[1]->shape == gamma.shape))
+    shape_error(n, str_cat("beta ", in[1]->shape.str(), " differs from gamma ", gamma.shape.str()));
+  if (in.size() < 4 || in.size() % 2)
+    shape_error(n, "takes gamma, beta and one or more (table, ids) pairs");
+  const Value* first_ids = nullptr;
+  for (size_t i = 2; i < in.size(); i += 2) {
+    const Value& table = need(n, in, i, "table");
+    const Value& ids = need(n, in, i + 1, "ids");
+    need_rank(n, table, 2, "table");
+    need_float(n, table, "table");
+    need_index(n, ids, "ids");
+    if (!dims_agree(table.shape[1], gamma.shape[0]))
+      shape_error(n, str_cat("table %", table.name, " ", table.shape.str(), " does not have gamma's width ",
+                             gamma.shape.str()));
+    if (first_ids && !dims_agree(ids.shape[0], first_ids->shape[0]))
+      shape_error(n, str_cat("ids %", ids.name, " ", ids.shape.str(), " and %", first_ids->name, " ",
+                             first_ids->shape.str(), " differ in length"));
+    if (!first_ids) first_ids = &ids;
+  }
+  return {{DType::kF32, Shape{first_ids->shape[0], gamma.shape[0]}}};
+}
+
 std::vector<ValueType> infer_rope(const Node& n, const In& in) {
   const Value& x = need(n, in, 0, "x");
   need_index(n, need(n, in, 1, "positions"), "positions");
@@ -188,6 +215,10 @@ std::map<std::string, OpSchema> make_registry() {
   std::map<std::string, OpSchema> r;
   auto add = [&](OpSchema s) { r.emplace(s.name, std::move(s)); };
   add({"Embedding", 2, 2, {}, "out[t] = table[ids[t]]", infer_embedding});
+  add({"EmbeddingLayerNorm", 4, 8, {"eps"},
+       "LayerNorm(sum_j table_j[ids_j]) with gamma, beta: inputs (gamma, beta, table_0, ids_0, ...), "
+       "up to 3 lookups (fused BERT embeddings)",
+       infer_embedding_layer_norm});
   add({"Add", 2, 2, {}, "a + b (b: same shape or a row vector)", infer_binary});
   add({"Mul", 2, 2, {}, "a * b (b: same shape or a row vector)", infer_binary});
   add({"AddLayerNorm", 3, 4, {"eps"}, "s = a + b; outputs s and LayerNorm(s) (fused residual add)",

@@ -32,5 +32,6 @@ std::unique_ptr<Pass> make_fuse_qkv_attention_pass();      // "fuse_qkv_attentio
 std::unique_ptr<Pass> make_fuse_swiglu_pass();             // "fuse_swiglu"
 std::unique_ptr<Pass> make_fuse_add_norm_pass();           // "fuse_add_norm"
 std::unique_ptr<Pass> make_fuse_linear_activation_pass();  // "fuse_linear_activation"
+std::unique_ptr<Pass> make_fuse_embedding_norm_pass();     // "fuse_embedding_norm"
 
 }  // namespace kiln::passes

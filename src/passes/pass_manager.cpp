@@ -27,6 +27,9 @@ struct Entry {
 //   later merge would no longer look like three plain projections of one input).
 // - fuse_swiglu before fuse_linear_activation: otherwise Silu(gate_proj) would be
 //   absorbed as an epilogue and the gate/up pair would no longer match.
+// - fuse_embedding_norm before fuse_add_norm: BERT's embedding LayerNorm reads an Add
+//   (word + position, + token type) that fuse_add_norm would otherwise take as a
+//   residual Add, leaving two gathers and an add unfused.
 // - fuse_add_norm is independent of the GEMM fusions; it runs after them only so the
 //   report reads in data-flow order of a block.
 // - dce last removes what the fusions left unreferenced (old weights included).
@@ -37,6 +40,7 @@ const std::vector<std::pair<std::string, Entry>>& registry() {
       {"fuse_qkv_attention", {2, make_fuse_qkv_attention_pass}},
       {"fuse_swiglu", {2, make_fuse_swiglu_pass}},
       {"fuse_linear_activation", {2, make_fuse_linear_activation_pass}},
+      {"fuse_embedding_norm", {2, make_fuse_embedding_norm_pass}},
       {"fuse_add_norm", {2, make_fuse_add_norm_pass}},
   };
   return r;
@@ -97,6 +101,7 @@ std::vector<PassResult> run_passes(ir::Graph& g, const PassOptions& o) {
 std::string fusion_of(const ir::Node& n) {
   if (n.op == "AddRMSNorm" || n.op == "AddLayerNorm") return "fuse_add_norm";
   if (n.op == "SwiGLU") return "fuse_swiglu";
+  if (n.op == "EmbeddingLayerNorm") return "fuse_embedding_norm";
   if (n.op == "Attention" && n.attr_int("packed_qkv", 0)) return "fuse_qkv_attention";
   if (n.op == "Linear" && n.has_attr("activation")) return "fuse_linear_activation";
   return "";

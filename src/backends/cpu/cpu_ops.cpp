@@ -50,6 +50,29 @@ OpRun prepare_embedding(const ir::Node& n, const ir::Graph& g, const CompileOpti
   };
 }
 
+// EmbeddingLayerNorm (fuse_embedding_norm): inputs gamma, beta?, then (table, ids) pairs.
+OpRun prepare_embedding_layer_norm(const ir::Node& n, const ir::Graph& g, const CompileOptions&) {
+  Tensor gamma = weight_f32(g, n.inputs[0], n, "gamma");
+  Tensor beta = weight_f32(g, n.input(1), n, "beta");
+  std::vector<Tensor> tables;
+  for (size_t i = 2; i < n.inputs.size(); i += 2) tables.push_back(weight_f32(g, n.inputs[i], n, "table"));
+  float eps = float(n.attr_float("eps"));
+  return [gamma, beta, tables, eps](OpContext& c) {
+    const int64_t t = c.inputs[3]->dim(0), dim = gamma.dim(0);
+    std::vector<EmbeddingLookup> lookups;
+    for (size_t j = 0; j < tables.size(); ++j) {
+      const Tensor& ids = *c.inputs[3 + 2 * j];
+      if (ids.dim(0) != t)
+        throw_error(ErrorCode::kInvalidArgument, "EmbeddingLayerNorm: lookup ", j, " has ", ids.dim(0),
+                    " ids, lookup 0 has ", t);
+      lookups.push_back({tables[j].data_as<float>(), tables[j].dim(0), ids.data_as<int32_t>()});
+    }
+    Tensor& y = c.out(0, {t, dim});
+    embedding_layer_norm(lookups.data(), int64_t(lookups.size()), t, dim, gamma.data_as<float>(),
+                         beta.empty() ? nullptr : beta.data_as<float>(), eps, y.data_as<float>());
+  };
+}
+
 template <bool kMul>
 OpRun prepare_binary(const ir::Node&, const ir::Graph&, const CompileOptions&) {
   return [](OpContext& c) {
@@ -346,6 +369,7 @@ OpRun prepare_all_reduce(const ir::Node& n, const ir::Graph&, const CompileOptio
 const std::map<std::string, OpPrepare>& op_table() {
   static const std::map<std::string, OpPrepare> table = {
       {"Embedding", prepare_embedding},
+      {"EmbeddingLayerNorm", prepare_embedding_layer_norm},
       {"Add", prepare_binary<false>},
       {"Mul", prepare_binary<true>},
       {"LayerNorm", prepare_layer_norm},
