@@ -175,11 +175,12 @@ LinearTactic linear_tactic_for(const ir::Node& n, const CompileOptions& opt) {
 OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, const CompileOptions& opt) {
   Tensor w = weight_f32(g, n.inputs[1], n, "weight");
   Tensor bias = weight_f32(g, n.input(2), n, "bias");
-  WeightStorage storage = storage_from_option(opt.weight_dtype);
+  const std::string wanted = linear_weight_storage(n, opt);
+  WeightStorage storage = storage_from_option(wanted);
   if (weight_storage_quantized(storage) && w.dim(1) % kQuantGroup != 0) {
     // Group quantization needs whole groups along K; such layers stay in bf16.
     log_debug("cpu: ", n.name, " has K=", w.dim(1), ", not a multiple of ", kQuantGroup,
-              "; stored as bf16 instead of ", opt.weight_dtype);
+              "; stored as bf16 instead of ", wanted);
     storage = WeightStorage::kBF16;
   }
   auto packed = std::make_shared<PackedWeight>(pack_weight(w.data_as<float>(), w.dim(0), w.dim(1), storage));
@@ -427,6 +428,10 @@ LinearTactic linear_tactic_parse(const std::string& s) {
     pos = end + 1;
   }
   return t;
+}
+
+std::string linear_weight_storage(const ir::Node& n, const CompileOptions& opt) {
+  return n.attr_str("precision", opt.weight_dtype);
 }
 
 const OpPrepare* find_cpu_op(const std::string& op) {

@@ -32,6 +32,10 @@ using OpPrepare = std::function<OpRun(const ir::Node&, const ir::Graph&, const C
 
 const OpPrepare* find_cpu_op(const std::string& op);
 
+// How a Linear's weights are stored: the node's `precision` attribute (set by the
+// assign_precision pass, kept in engines) or else CompileOptions::weight_dtype.
+std::string linear_weight_storage(const ir::Node& n, const CompileOptions& opt);
+
 // Linear tactics as text ("mr=6,kc=256,split=panels,threads=2"), the form the engine
 // file stores. parse throws kInvalidArgument naming a bad field.
 std::string linear_tactic_str(const LinearTactic& t);
