@@ -59,6 +59,13 @@ struct DimRange {
   int64_t min = 1, opt = 1, max = 1;
 };
 
+// An optimization profile: allowed ranges of the graph's symbolic dims (TensorRT's
+// min/opt/max per dynamic input). Dims it does not list are not limited.
+struct ShapeProfile {
+  std::string name;
+  std::map<std::string, DimRange> dims;
+};
+
 struct CompileOptions {
   std::string weight_dtype = "f32";  // storage of GEMM weights: f32 | bf16 | f16 | q8 | q4
   // This rank's link to the others for AllReduce nodes (tensor parallelism); null
@@ -67,9 +74,12 @@ struct CompileOptions {
   // Tactics chosen by the builder: node name -> backend-specific tactic id. Nodes not
   // listed use the backend's heuristic.
   std::map<std::string, std::string> tactics;
-  // Symbolic dim -> allowed range; run() rejects inputs outside it, naming the input,
-  // its shape and the range. Empty: any size.
-  std::map<std::string, DimRange> dim_ranges;
+  // The engine's optimization profiles. run() takes the one named `profile`, or else
+  // the first whose ranges hold every input's dims, and rejects inputs outside it
+  // (all of them) naming the input, its shape and the allowed ranges
+  // (backends/shape_profile.h). Empty: any size.
+  std::vector<ShapeProfile> profiles;
+  std::string profile;
 };
 
 // Host tensors keyed by graph input/output name.

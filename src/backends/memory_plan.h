@@ -4,6 +4,9 @@
 // Tested in tests/backends/memory_plan_test.cpp and through every backend's tests.
 #pragma once
 
+#include <cstddef>
+#include <map>
+#include <string>
 #include <vector>
 
 #include "ir/graph.h"
@@ -16,5 +19,17 @@ struct MemoryPlan {
 };
 
 MemoryPlan plan_activation_slots(const ir::Graph& graph);
+
+// The plan's bytes when the symbolic dims take the values in `dims`: each slot holds
+// the largest value assigned to it, the arena is their sum (what a backend that grows
+// each slot to its largest value, as the CPU backend does, ends up holding). A dim not
+// in `dims` takes the largest value given: B (sequences) and R (rows wanted) never
+// outnumber T (the tokens of a step), each sequence or row being at least one token.
+struct MemoryPlanSize {
+  std::vector<size_t> slot_bytes;
+  size_t peak_bytes = 0;
+};
+MemoryPlanSize memory_plan_size(const ir::Graph& graph, const MemoryPlan& plan,
+                                const std::map<std::string, int64_t>& dims);
 
 }  // namespace kiln

@@ -22,7 +22,7 @@ std::unique_ptr<Model> Model::from_built(BuiltModel built, const ModelOptions& o
   std::unique_ptr<Model> m(new Model());
   m->built_ = std::move(built);
   // Fusions the backend does not implement are skipped for it.
-  passes::PassOptions po{options.opt_level, options.disabled_passes};
+  passes::PassOptions po{options.opt_level, options.disabled_passes, options.precision, options.pin_precision};
   auto backend = create_backend(options.backend);
   for (auto& f : passes::fusion_pass_names())
     if (!backend->supports_fusion(f)) {
@@ -49,7 +49,12 @@ std::unique_ptr<Model> Model::load_engine(const std::string& path, const ModelOp
   CompileOptions co;
   // GEMM weights are stored in the engine in their final precision.
   co.weight_dtype = e->build.weight_dtype;
-  for (auto& p : e->profiles) co.dim_ranges[p.dim] = {p.min, p.opt, p.max};
+  for (auto& p : e->profiles) {
+    ShapeProfile sp{p.name, {}};
+    for (auto& d : p.dims) sp.dims[d.dim] = {d.min, d.opt, d.max};
+    co.profiles.push_back(std::move(sp));
+  }
+  co.profile = options.profile;
   auto backend = create_backend(options.backend);
   for (auto& n : m->built_.graph.nodes()) {
     std::string f = passes::fusion_of(n);
