@@ -122,6 +122,12 @@ class Backend {
   // "fuse_linear_activation" -> Linear{activation}). Passes a backend does not claim
   // are skipped for it, and an engine using them is refused with a clear error.
   virtual bool supports_fusion(const std::string& pass) const { return false; }
+  // Build time (`kiln build --pack-weights`): rewrites GEMM weights in `graph` into this
+  // backend's run-time layout, so that loading the engine packs nothing; returns how
+  // many nodes it rewrote (0: the backend has no such layout). Rewritten nodes carry
+  // the attribute weight_layout, which only supports_weight_layout() backends run.
+  virtual size_t pack_weights(ir::Graph& graph, const CompileOptions& options) { return 0; }
+  virtual bool supports_weight_layout(const std::string& layout) const { return false; }
   // Identifies the device tactics were timed on ("cpu avx2 2 threads", "NVIDIA H200").
   virtual std::string device_name() const { return name(); }
 };

@@ -323,6 +323,12 @@ BuildReport build_engine(const BuildOptions& o) {
     cache.save();
   }
   report.tune_seconds = since(t1);
+  if (o.pack_weights) {
+    report.packed_gemms = model->backend().pack_weights(e.graph, model->compile_options());
+    if (!report.packed_gemms)
+      throw_error(ErrorCode::kUnsupported, "--pack-weights: the ", o.backend,
+                  " backend has no packed weight layout to store");
+  }
 
   if (model->gguf()) {
     if (model->gguf()->has_key("tokenizer.ggml.tokens")) {

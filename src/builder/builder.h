@@ -31,6 +31,10 @@ struct BuildOptions {
   // limit): a plan above it fails the build, saying what fits (`--workspace`).
   uint64_t workspace_bytes = 0;
   bool tune = true;            // time tactics (else the backend's heuristics at run time)
+  // Store GEMM weights in the backend's run-time layout (the CPU's packed panels), so
+  // a load maps them in place instead of packing; the engine then runs only on that
+  // backend. Off: portable [N, K] weights, packed at load.
+  bool pack_weights = false;
   std::string timing_cache;    // JSON file read before and written after tuning; "" = none
 };
 
@@ -40,6 +44,7 @@ struct BuildReport {
   std::vector<passes::PassResult> passes;
   size_t nodes_before = 0, nodes_after = 0;
   size_t tactics_chosen = 0, shapes_timed = 0, cache_hits = 0;
+  size_t packed_gemms = 0;  // GEMMs stored in the backend's layout (pack_weights)
   std::string device;
   std::vector<EngineProfile> profiles;  // with their planned activation arenas
 };

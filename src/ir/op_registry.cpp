@@ -75,7 +75,26 @@ std::vector<ValueType> infer_norm(const Node& n, const In& in) {
   return {{x.dtype, x.shape}};
 }
 
+// A weight prepacked by a backend at build time (attr weight_layout, e.g. the CPU's
+// "cpu_panels16"): opaque u8 bytes; the logical [out, in] shape is in weight_n/weight_k.
+std::vector<ValueType> infer_packed_linear(const Node& n, const In& in) {
+  const Value& x = need(n, in, 0, "x");
+  const Value& w = need(n, in, 1, "weight");
+  need_rank(n, x, 2, "x");
+  if (w.dtype != DType::kU8 || w.shape.rank() != 1)
+    shape_error(n, str_cat("packed weight %", w.name, " must be u8 bytes of rank 1, got ", dtype_name(w.dtype),
+                           w.shape.str()));
+  const int64_t out = n.attr_int("weight_n", -1), k = n.attr_int("weight_k", -1);
+  if (out <= 0 || k <= 0) shape_error(n, "a packed weight needs positive weight_n and weight_k attributes");
+  if (!dims_agree(x.shape[1], Dim(k)))
+    shape_error(n, str_cat("x ", x.shape.str(), " times packed weight [", out, ", ", k, "]: inner dims differ"));
+  if (in.size() > 2 && in[2] && (in[2]->shape.rank() != 1 || !dims_agree(in[2]->shape[0], Dim(out))))
+    shape_error(n, str_cat("bias ", in[2]->shape.str(), " vs packed weight [", out, ", ", k, "]"));
+  return {{x.dtype, Shape{x.shape[0], Dim(out)}}};
+}
+
 std::vector<ValueType> infer_linear(const Node& n, const In& in) {
+  if (n.has_attr("weight_layout")) return infer_packed_linear(n, in);
   const Value& x = need(n, in, 0, "x");
   const Value& w = need(n, in, 1, "weight");
   need_rank(n, x, 2, "x");

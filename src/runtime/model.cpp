@@ -57,6 +57,11 @@ std::unique_ptr<Model> Model::load_engine(const std::string& path, const ModelOp
   co.profile = options.profile;
   auto backend = create_backend(options.backend);
   for (auto& n : m->built_.graph.nodes()) {
+    if (n.has_attr("weight_layout") && !backend->supports_weight_layout(n.attr_str("weight_layout")))
+      throw_error(ErrorCode::kUnsupported, "engine '", path, "' stores the weights of '", n.name, "' packed for layout '",
+                  n.attr_str("weight_layout"), "', which the ", backend->name(),
+                  " backend does not read; rebuild it without --pack-weights (portable) or with --backend ",
+                  backend->name());
     std::string f = passes::fusion_of(n);
     if (!f.empty() && !backend->supports_fusion(f))
       throw_error(ErrorCode::kUnsupported, "engine '", path, "' uses ", n.op, " from the ", f,

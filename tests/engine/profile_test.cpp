@@ -194,6 +194,36 @@ TEST(EngineMemory, WorkspaceLimitFailsTheBuildSayingWhatFits) {
   EXPECT_THROW(parse_bytes("-5"), Error);
 }
 
+// --pack-weights: GEMM weights stored as the CPU backend's panels are used in place
+// (same outputs, bit for bit, as packing at load), for f32, bf16 with pins, and q8.
+TEST(EnginePackedWeights, SameOutputsAsPackingAtLoad) {
+  auto dir = scratch_dir();
+  for (const char* dtype : {"f32", "bf16", "q8"}) {
+    SCOPED_TRACE(dtype);
+    BuildOptions o = options("llama", dir / "portable.kiln");
+    o.weight_dtype = dtype;
+    if (std::string(dtype) == "bf16") o.pin_precision = passes::parse_precision_pins("layers.1.*=f32");
+    build_engine(o);
+    o.output = (dir / "packed.kiln").string();
+    o.pack_weights = true;
+    BuildReport r = build_engine(o);
+    EXPECT_EQ(r.packed_gemms, 9u);
+    auto portable = Model::load((dir / "portable.kiln").string()), packed = Model::load(o.output);
+    size_t layouts = 0;
+    for (auto& n : packed->graph().nodes())
+      if (n.op == "Linear") {
+        EXPECT_EQ(n.attr_str("weight_layout", ""), "cpu_panels16_v1") << n.name;
+        EXPECT_EQ(packed->graph().weight(n.inputs[1]).dtype(), DType::kU8);
+        ++layouts;
+      }
+    EXPECT_EQ(layouts, 9u);
+    EXPECT_EQ(packed->compiled().weight_bytes() > 0, true);
+    auto want = decode_logits(*portable), got = decode_logits(*packed);
+    ASSERT_EQ(want.size(), got.size());
+    EXPECT_EQ(want, got) << "the packed bytes are exactly what packing at load produces";
+  }
+}
+
 // tests/fixtures/engine/bert_schema1.0.kiln was written by kiln 5325311 (engine schema
 // 1.0: profiles without memory plans, no precision attributes, no schema_minor).
 TEST(EngineCompat, Schema10EnginesStillLoadAndRun) {

@@ -66,5 +66,8 @@ check engine-profile 1 "outside the selected engine profile 'small'" -- "$kiln" 
   --engine-profile small --ids "$(seq -s, 1 70)" -n 1
 check bad-pin 1 "matches no GEMM" -- "$kiln" build -m "$fixtures/models/llama" -o "$tmp/x.kiln" --pin-precision 'decoder.*=f32'
 check workspace 1 "more than --workspace 1.0 KiB" -- "$kiln" build -m "$fixtures/models/llama" -o "$tmp/x.kiln" --workspace 1KiB
+check build-packed 0 "9 GEMMs stored packed for the cpu backend" -- "$kiln" build -m "$fixtures/models/llama" \
+  -o "$tmp/packed.kiln" --no-tune --pack-weights --precision bf16
+check generate-packed 0 "" -- "$kiln" generate -m "$tmp/packed.kiln" --ids 5,6,7 -n 4 -q
 [ $fail = 0 ] && echo "cli: all passed"
 exit $fail

@@ -42,6 +42,9 @@ Runner add_build(CLI::App& app) {
   cmd->add_option("--workspace", a->workspace,
                   "limit of the activation arena at every profile's max shapes (bytes, or 512MiB, 2GiB): a build "
                   "that needs more fails, saying what fits");
+  cmd->add_flag("--pack-weights", a->o.pack_weights,
+                "store GEMM weights in the backend's packed layout: loading maps them in place instead of packing, "
+                "but the engine runs only on that backend");
   cmd->add_flag("--no-tune", a->no_tune, "skip tactic timing (the backend's heuristics at run time)");
   cmd->add_option("--timing-cache", a->o.timing_cache, "JSON timing cache, read and updated (faster rebuilds)");
   return [a] {
@@ -66,6 +69,7 @@ Runner add_build(CLI::App& app) {
       std::printf("profile     %s: %s; activation arena %s in %u slots at max shapes\n", p.name.c_str(), dims.c_str(),
                   format_bytes(p.activation_bytes).c_str(), p.activation_slots);
     }
+    if (r.packed_gemms) std::printf("weights     %zu GEMMs stored packed for the %s backend\n", r.packed_gemms, a->o.backend.c_str());
     if (a->o.workspace_bytes) std::printf("workspace   %s limit: every profile fits\n", format_bytes(a->o.workspace_bytes).c_str());
     std::printf("engine      %.1f MiB, GEMM weights %s\n", double(r.bytes) / (1 << 20), a->o.weight_dtype.c_str());
     return 0;

@@ -33,6 +33,10 @@ class CpuCompiledGraph final : public CompiledGraph {
     for (const ir::Node& n : g.nodes())
       if (n.op == "Linear") {
         const Tensor& w = g.weight(n.inputs[1]);
+        if (n.has_attr("weight_layout")) {  // packed by the builder: the bytes as stored
+          weight_bytes_ += w.nbytes();
+          continue;
+        }
         // Bytes of the stored form (per node: assign_precision may pin some layers):
         // codes plus one f32 scale per 32 values for q8/q4.
         const std::string st = cpu::linear_weight_storage(n, opt);
@@ -196,6 +200,11 @@ class CpuBackend final : public Backend {
   }
 
   bool supports_fusion(const std::string&) const override { return true; }  // all of them
+
+  size_t pack_weights(ir::Graph& graph, const CompileOptions& opt) override {
+    return cpu::pack_linear_weights(graph, opt);
+  }
+  bool supports_weight_layout(const std::string& layout) const override { return layout == cpu::kCpuPackedLayout; }
 
   std::string device_name() const override {
     return str_cat("cpu ", cpu::cpu_isa_name(cpu::cpu_isa()), " ", ThreadPool::global().num_threads(), " threads");

@@ -172,18 +172,51 @@ LinearTactic linear_tactic_for(const ir::Node& n, const CompileOptions& opt) {
   return linear_tactic_parse(it->second);
 }
 
-OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, const CompileOptions& opt) {
-  Tensor w = weight_f32(g, n.inputs[1], n, "weight");
-  Tensor bias = weight_f32(g, n.input(2), n, "bias");
+// The storage a Linear's weights are packed in: its precision, except that group
+// quantization needs whole groups along K (such layers stay in bf16).
+WeightStorage linear_storage(const ir::Node& n, int64_t k, const CompileOptions& opt) {
   const std::string wanted = linear_weight_storage(n, opt);
   WeightStorage storage = storage_from_option(wanted);
-  if (weight_storage_quantized(storage) && w.dim(1) % kQuantGroup != 0) {
-    // Group quantization needs whole groups along K; such layers stay in bf16.
-    log_debug("cpu: ", n.name, " has K=", w.dim(1), ", not a multiple of ", kQuantGroup,
-              "; stored as bf16 instead of ", wanted);
+  if (weight_storage_quantized(storage) && k % kQuantGroup != 0) {
+    log_debug("cpu: ", n.name, " has K=", k, ", not a multiple of ", kQuantGroup, "; stored as bf16 instead of ",
+              wanted);
     storage = WeightStorage::kBF16;
   }
-  auto packed = std::make_shared<PackedWeight>(pack_weight(w.data_as<float>(), w.dim(0), w.dim(1), storage));
+  return storage;
+}
+
+// A weight the builder already packed (pack_linear_weights): a view of its bytes,
+// which for a loaded engine are the file's mapping, so nothing is copied or repacked.
+std::shared_ptr<PackedWeight> packed_weight_view(const ir::Node& n, const ir::Graph& g) {
+  const std::string layout = n.attr_str("weight_layout");
+  if (layout != kCpuPackedLayout)
+    throw_error(ErrorCode::kUnsupported, "cpu: Linear '", n.name, "' has weights packed for layout '", layout,
+                "', the cpu backend reads '", kCpuPackedLayout, "'; rebuild the engine for this backend");
+  auto w = std::make_shared<PackedWeight>();
+  w->n = n.attr_int("weight_n");
+  w->k = n.attr_int("weight_k");
+  w->storage = storage_from_option(n.attr_str("weight_storage"));
+  const Tensor& t = g.weight(n.inputs[1]);
+  if (t.nbytes() != w->bytes() || reinterpret_cast<uintptr_t>(t.data()) % 64)
+    throw_error(ErrorCode::kInvalidFile, "cpu: packed weight of '", n.name, "' has ", t.nbytes(),
+                " bytes at a ", reinterpret_cast<uintptr_t>(t.data()) % 64 ? "misaligned" : "64-byte aligned",
+                " address; [", w->n, ", ", w->k, "] ", weight_storage_name(w->storage), " panels need ", w->bytes(),
+                " bytes, 64-byte aligned");
+  // The deleter holds the tensor, and with it the engine mapping, alive.
+  w->data = std::shared_ptr<uint8_t[]>(const_cast<uint8_t*>(t.data_as<uint8_t>()), [keep = t](uint8_t*) {});
+  return w;
+}
+
+OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, const CompileOptions& opt) {
+  Tensor bias = weight_f32(g, n.input(2), n, "bias");
+  std::shared_ptr<PackedWeight> packed;
+  if (n.has_attr("weight_layout")) {
+    packed = packed_weight_view(n, g);
+  } else {
+    Tensor w = weight_f32(g, n.inputs[1], n, "weight");
+    packed = std::make_shared<PackedWeight>(
+        pack_weight(w.data_as<float>(), w.dim(0), w.dim(1), linear_storage(n, w.dim(1), opt)));
+  }
   // The activation epilogue (fuse_linear_activation) runs over the output right after
   // the GEMM, while it is still in cache.
   using Act = void (*)(const float*, int64_t, float*);
@@ -432,6 +465,37 @@ LinearTactic linear_tactic_parse(const std::string& s) {
 
 std::string linear_weight_storage(const ir::Node& n, const CompileOptions& opt) {
   return n.attr_str("precision", opt.weight_dtype);
+}
+
+size_t pack_linear_weights(ir::Graph& g, const CompileOptions& opt) {
+  std::map<std::pair<ir::ValueId, WeightStorage>, ir::ValueId> done;  // tied weights pack once
+  size_t packed = 0;
+  for (size_t i = 0; i < g.nodes().size(); ++i) {
+    const ir::Node& n = g.nodes()[i];
+    if (n.op != "Linear" || n.has_attr("weight_layout") || !g.is_weight(n.inputs[1])) continue;
+    const ir::ValueId src = n.inputs[1];
+    const int64_t out = g.weight(src).dim(0), k = g.weight(src).dim(1);
+    const WeightStorage storage = linear_storage(n, k, opt);
+    auto it = done.find({src, storage});
+    if (it == done.end()) {
+      Tensor w = weight_f32(g, src, n, "weight");
+      PackedWeight p = pack_weight(w.data_as<float>(), out, k, storage);
+      // The tensor views the packed buffer and keeps it alive (no copy).
+      Tensor bytes = Tensor::view(p.data.get(), DType::kU8, {int64_t(p.bytes())},
+                                  std::shared_ptr<const void>(p.data, p.data.get()));
+      it = done.emplace(std::make_pair(src, storage),
+                        g.add_weight(g.value(src).name + ".packed", std::move(bytes))).first;
+    }
+    ir::Node& m = g.nodes()[i];
+    m.inputs[1] = it->second;
+    m.attrs["weight_layout"] = std::string(kCpuPackedLayout);
+    m.attrs["weight_n"] = out;
+    m.attrs["weight_k"] = k;
+    m.attrs["weight_storage"] = std::string(weight_storage_name(storage));
+    ++packed;
+  }
+  if (packed) g.compact();  // drops the [N, K] originals nothing reads any more
+  return packed;
 }
 
 const OpPrepare* find_cpu_op(const std::string& op) {
