@@ -1,7 +1,8 @@
 // Choosing an engine's optimization profile for one step's inputs, shared by every
 // backend: the named one, or the first whose ranges hold every symbolic dim of every
 // input; outside all of them, a kOutOfRange error naming the input, its shape and the
-// allowed ranges. Tested in tests/engine/engine_file_test.cpp (EngineProfiles).
+// allowed ranges. Tested in tests/engine/profile_test.cpp (EngineProfiles) and by
+// tests/tools/cli_test.sh.
 #pragma once
 
 #include <string>

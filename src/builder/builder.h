@@ -1,8 +1,12 @@
-// The engine builder (`kiln build`): loads a model, runs the optimization passes,
-// converts GEMM weights to their stored precision, times the backend's tactics for
-// every GEMM shape at the profile's opt shape (a timing cache file makes rebuilds
-// fast), embeds config, tokenizer and profiles, and writes the engine file.
-// Tested in tests/engine/builder_test.cpp and by tests/tools/cli_test.sh.
+// The engine builder (`kiln build`): loads a model, runs the optimization passes
+// (with assign_precision: per-GEMM weight precision and pins), converts GEMM weights
+// to their stored precision, plans the activation arena of every optimization profile
+// at its max shapes (checked against a --workspace limit), times the backend's tactics
+// for every GEMM shape at the first profile's opt shape (a timing cache file makes
+// rebuilds fast), optionally packs GEMM weights into the backend's layout, embeds
+// config, tokenizer and profiles, and writes the engine file.
+// Tested in tests/engine/builder_test.cpp, tests/engine/profile_test.cpp and by
+// tests/tools/cli_test.sh.
 #pragma once
 
 #include <string>

@@ -85,7 +85,8 @@ std::vector<ValueType> infer_packed_linear(const Node& n, const In& in) {
     shape_error(n, str_cat("packed weight %", w.name, " must be u8 bytes of rank 1, got ", dtype_name(w.dtype),
                            w.shape.str()));
   const int64_t out = n.attr_int("weight_n", -1), k = n.attr_int("weight_k", -1);
-  if (out <= 0 || k <= 0) shape_error(n, "a packed weight needs positive weight_n and weight_k attributes");
+  if (out <= 0 || k <= 0 || out > (int64_t(1) << 31) || k > (int64_t(1) << 31))
+    shape_error(n, str_cat("a packed weight needs weight_n and weight_k in [1, 2^31], got ", out, " and ", k));
   if (!dims_agree(x.shape[1], Dim(k)))
     shape_error(n, str_cat("x ", x.shape.str(), " times packed weight [", out, ", ", k, "]: inner dims differ"));
   if (in.size() > 2 && in[2] && (in[2]->shape.rank() != 1 || !dims_agree(in[2]->shape[0], Dim(out))))
