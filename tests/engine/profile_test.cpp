@@ -65,6 +65,17 @@ TEST(EnginePrecision, PinnedLayersKeepF32WeightsOthersGetBf16) {
   auto want = decode_logits(*f32), out = decode_logits(*mixed);
   ASSERT_EQ(want.size(), out.size());
   KILN_EXPECT_CLOSE(out.data(), want.data(), out.size(), 2e-2, "bf16 with layer 0 pinned f32 vs f32");
+  // Without the pin every block is bf16: the backend must have run layer 0 in f32 for
+  // the pinned engine's outputs to differ from this one's.
+  o.output = (dir / "bf16.kiln").string();
+  o.pin_precision = {};
+  build_engine(o);
+  auto all_bf16 = Model::load(o.output);
+  auto unpinned = decode_logits(*all_bf16);
+  KILN_EXPECT_CLOSE(unpinned.data(), want.data(), unpinned.size(), 3e-2, "bf16, nothing pinned, vs f32");
+  EXPECT_NE(unpinned, out) << "the pins changed nothing the backend computed";
+  EXPECT_LT(mixed->compiled().weight_bytes(), all_f32);
+  EXPECT_GT(mixed->compiled().weight_bytes(), all_bf16->compiled().weight_bytes());
 }
 
 TEST(EngineProfiles, SeveralNamedProfilesFirstFitOrByName) {
