@@ -19,6 +19,9 @@ void Model::compile(const std::string& backend, CompileOptions options) {
 }
 
 std::unique_ptr<Model> Model::from_built(BuiltModel built, const ModelOptions& options) {
+  if (!options.profile.empty())
+    throw_error(ErrorCode::kInvalidArgument, "optimization profile '", options.profile,
+                "' was asked for, but only engine files have profiles (build one with `kiln build --profile`)");
   std::unique_ptr<Model> m(new Model());
   m->built_ = std::move(built);
   // Fusions the backend does not implement are skipped for it.

@@ -64,6 +64,8 @@ check generate-large-profile 0 "" -- "$kiln" generate -m "$tmp/mixed.kiln" --ids
 check between-profiles 1 "outside every engine profile" -- "$kiln" generate -m "$tmp/mixed.kiln" --ids "$(seq -s, 1 70)" -n 1
 check engine-profile 1 "outside the selected engine profile 'small'" -- "$kiln" generate -m "$tmp/mixed.kiln" \
   --engine-profile small --ids "$(seq -s, 1 70)" -n 1
+check profile-without-engine 1 "only engine files have profiles" -- "$kiln" generate -m "$fixtures/models/llama" \
+  --engine-profile small --ids 1,2 -n 1
 check bad-pin 1 "matches no GEMM" -- "$kiln" build -m "$fixtures/models/llama" -o "$tmp/x.kiln" --pin-precision 'decoder.*=f32'
 check workspace 1 "more than --workspace 1.0 KiB" -- "$kiln" build -m "$fixtures/models/llama" -o "$tmp/x.kiln" --workspace 1KiB
 check build-packed 0 "9 GEMMs stored packed for the cpu backend" -- "$kiln" build -m "$fixtures/models/llama" \
