@@ -114,6 +114,15 @@ std::vector<ValueType> infer_linear(const Node& n, const In& in) {
 std::vector<ValueType> infer_embedding(const Node& n, const In& in) {
   const Value& table = need(n, in, 0, "table");
   const Value& ids = need(n, in, 1, "ids");
+  if (n.has_attr("weight_layout")) {  // the packed panels of a tied LM head (see Linear)
+    need_index(n, ids, "ids");
+    if (table.dtype != DType::kU8 || table.shape.rank() != 1)
+      shape_error(n, str_cat("packed table %", table.name, " must be u8 bytes of rank 1"));
+    const int64_t vocab = n.attr_int("weight_n", -1), dim = n.attr_int("weight_k", -1);
+    if (vocab <= 0 || dim <= 0 || vocab > (int64_t(1) << 31) || dim > (int64_t(1) << 31))
+      shape_error(n, str_cat("a packed table needs weight_n and weight_k in [1, 2^31], got ", vocab, " and ", dim));
+    return {{DType::kF32, Shape{ids.shape[0], Dim(dim)}}};
+  }
   need_rank(n, table, 2, "table");
   need_index(n, ids, "ids");
   return {{table.dtype == DType::kF32 ? DType::kF32 : DType::kF32, Shape{ids.shape[0], table.shape[1]}}};

@@ -235,6 +235,34 @@ TEST(EnginePackedWeights, SameOutputsAsPackingAtLoad) {
   }
 }
 
+// GPT-2's token embedding is tied to its (f32) LM head: packed, the embedding reads the
+// head's panels, so the tensor is stored once, as in the portable engine.
+TEST(EnginePackedWeights, TiedEmbeddingReadsTheLmHeadPanels) {
+  auto dir = scratch_dir();
+  BuildOptions o = options("gpt2", dir / "portable.kiln");
+  build_engine(o);
+  o.output = (dir / "packed.kiln").string();
+  o.pack_weights = true;
+  build_engine(o);
+  auto portable = Model::load((dir / "portable.kiln").string()), packed = Model::load(o.output);
+  size_t shared = 0;
+  for (auto& n : packed->graph().nodes())
+    if (n.op == "Embedding" && n.has_attr("weight_layout")) {
+      ++shared;
+      EXPECT_EQ(packed->graph().weight(n.inputs[0]).dtype(), DType::kU8);
+    }
+  EXPECT_EQ(shared, 1u) << "wte reads lm_head's panels; wpe stays a plain table";
+  const double a = double(std::filesystem::file_size(dir / "portable.kiln")), b = double(std::filesystem::file_size(o.output));
+  std::printf("  gpt2 engine: portable %.0f KiB, packed %.0f KiB\n", a / 1024, b / 1024);
+  EXPECT_LT(b, a * 1.1) << "the tied tensor is stored once";
+  auto want = decode_logits(*portable), got = decode_logits(*packed);
+  EXPECT_EQ(want, got);
+  // An out-of-vocabulary id through the packed table is still a clear error.
+  LlmRunner r(*packed);
+  r.add_sequence({int32_t(packed->info().vocab_size)});
+  EXPECT_THROW(r.step(), Error);
+}
+
 // tests/fixtures/engine/bert_schema1.0.kiln was written by kiln 5325311 (engine schema
 // 1.0: profiles without memory plans, no precision attributes, no schema_minor).
 TEST(EngineCompat, Schema10EnginesStillLoadAndRun) {

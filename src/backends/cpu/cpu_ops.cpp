@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <tuple>
 
 #include "backends/communicator.h"
 #include "core/log.h"
@@ -39,7 +40,54 @@ WeightStorage storage_from_option(const std::string& s) {
               "' (expected f32, bf16, f16, q8 or q4)");
 }
 
+// A weight the builder already packed (pack_linear_weights): a view of its bytes,
+// which for a loaded engine are the file's mapping, so nothing is copied or repacked.
+std::shared_ptr<PackedWeight> packed_weight_view(const ir::Node& n, const ir::Graph& g, size_t input) {
+  const std::string layout = n.attr_str("weight_layout");
+  if (layout != kCpuPackedLayout)
+    throw_error(ErrorCode::kUnsupported, "cpu: ", n.op, " '", n.name, "' has weights packed for layout '", layout,
+                "', the cpu backend reads '", kCpuPackedLayout, "'; rebuild the engine for this backend");
+  auto w = std::make_shared<PackedWeight>();
+  w->n = n.attr_int("weight_n");
+  w->k = n.attr_int("weight_k");
+  w->storage = storage_from_option(n.attr_str("weight_storage"));
+  const Tensor& t = g.weight(n.inputs[input]);
+  if (t.nbytes() != w->bytes() || reinterpret_cast<uintptr_t>(t.data()) % 64)
+    throw_error(ErrorCode::kInvalidFile, "cpu: packed weight of '", n.name, "' has ", t.nbytes(),
+                " bytes at a ", reinterpret_cast<uintptr_t>(t.data()) % 64 ? "misaligned" : "64-byte aligned",
+                " address; [", w->n, ", ", w->k, "] ", weight_storage_name(w->storage), " panels need ", w->bytes(),
+                " bytes, 64-byte aligned");
+  // The deleter holds the tensor, and with it the engine mapping, alive.
+  w->data = std::shared_ptr<uint8_t[]>(const_cast<uint8_t*>(t.data_as<uint8_t>()), [keep = t](uint8_t*) {});
+  return w;
+}
+
+// A token embedding tied to a packed f32 LM head reads its rows out of the head's
+// panels (row r is column r % 16 of panel r / 16, stride 16 floats along the hidden
+// dim), so the engine stores the tensor once. A strided gather of T rows is cheap next
+// to any GEMM of the step.
+OpRun prepare_packed_embedding(const ir::Node& n, const ir::Graph& g) {
+  std::shared_ptr<PackedWeight> table = packed_weight_view(n, g, 0);
+  if (table->storage != WeightStorage::kF32)
+    throw_error(ErrorCode::kUnsupported, "cpu: Embedding '", n.name, "' reads packed ",
+                weight_storage_name(table->storage), " panels; only f32 panels hold exact rows");
+  return [table](OpContext& c) {
+    const Tensor& ids = *c.inputs[1];
+    const int64_t t = ids.dim(0), dim = table->k, w = PackedWeight::kPanelWidth;
+    Tensor& y = c.out(0, {t, dim});
+    for (int64_t i = 0; i < t; ++i) {
+      const int32_t id = ids.data_as<int32_t>()[i];
+      KILN_THROW_IF(id < 0 || id >= table->n, kOutOfRange, "embedding: token id ", id, " at position ", i,
+                    " is outside the vocabulary of size ", table->n);
+      const float* src = reinterpret_cast<const float*>(table->panel(id / w)) + id % w;
+      float* dst = y.data_as<float>() + i * dim;
+      for (int64_t k = 0; k < dim; ++k) dst[k] = src[k * w];
+    }
+  };
+}
+
 OpRun prepare_embedding(const ir::Node& n, const ir::Graph& g, const CompileOptions&) {
+  if (n.has_attr("weight_layout")) return prepare_packed_embedding(n, g);
   Tensor table = weight_f32(g, n.inputs[0], n, "table");
   return [table](OpContext& c) {
     const Tensor& ids = *c.inputs[1];
@@ -185,33 +233,11 @@ WeightStorage linear_storage(const ir::Node& n, int64_t k, const CompileOptions&
   return storage;
 }
 
-// A weight the builder already packed (pack_linear_weights): a view of its bytes,
-// which for a loaded engine are the file's mapping, so nothing is copied or repacked.
-std::shared_ptr<PackedWeight> packed_weight_view(const ir::Node& n, const ir::Graph& g) {
-  const std::string layout = n.attr_str("weight_layout");
-  if (layout != kCpuPackedLayout)
-    throw_error(ErrorCode::kUnsupported, "cpu: Linear '", n.name, "' has weights packed for layout '", layout,
-                "', the cpu backend reads '", kCpuPackedLayout, "'; rebuild the engine for this backend");
-  auto w = std::make_shared<PackedWeight>();
-  w->n = n.attr_int("weight_n");
-  w->k = n.attr_int("weight_k");
-  w->storage = storage_from_option(n.attr_str("weight_storage"));
-  const Tensor& t = g.weight(n.inputs[1]);
-  if (t.nbytes() != w->bytes() || reinterpret_cast<uintptr_t>(t.data()) % 64)
-    throw_error(ErrorCode::kInvalidFile, "cpu: packed weight of '", n.name, "' has ", t.nbytes(),
-                " bytes at a ", reinterpret_cast<uintptr_t>(t.data()) % 64 ? "misaligned" : "64-byte aligned",
-                " address; [", w->n, ", ", w->k, "] ", weight_storage_name(w->storage), " panels need ", w->bytes(),
-                " bytes, 64-byte aligned");
-  // The deleter holds the tensor, and with it the engine mapping, alive.
-  w->data = std::shared_ptr<uint8_t[]>(const_cast<uint8_t*>(t.data_as<uint8_t>()), [keep = t](uint8_t*) {});
-  return w;
-}
-
 OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, const CompileOptions& opt) {
   Tensor bias = weight_f32(g, n.input(2), n, "bias");
   std::shared_ptr<PackedWeight> packed;
   if (n.has_attr("weight_layout")) {
-    packed = packed_weight_view(n, g);
+    packed = packed_weight_view(n, g, 1);
   } else {
     Tensor w = weight_f32(g, n.inputs[1], n, "weight");
     packed = std::make_shared<PackedWeight>(
@@ -468,7 +494,11 @@ std::string linear_weight_storage(const ir::Node& n, const CompileOptions& opt) 
 }
 
 size_t pack_linear_weights(ir::Graph& g, const CompileOptions& opt) {
-  std::map<std::pair<ir::ValueId, WeightStorage>, ir::ValueId> done;  // tied weights pack once
+  // Tied weights (distinct values sharing one buffer, like GPT-2's LM head and token
+  // embedding) pack once: keyed by the source buffer.
+  using Key = std::tuple<const void*, size_t, WeightStorage>;
+  std::map<Key, ir::ValueId> done;
+  auto key = [&](ir::ValueId v, WeightStorage st) { return Key{g.weight(v).data(), g.weight(v).nbytes(), st}; };
   size_t packed = 0;
   for (size_t i = 0; i < g.nodes().size(); ++i) {
     const ir::Node& n = g.nodes()[i];
@@ -476,15 +506,15 @@ size_t pack_linear_weights(ir::Graph& g, const CompileOptions& opt) {
     const ir::ValueId src = n.inputs[1];
     const int64_t out = g.weight(src).dim(0), k = g.weight(src).dim(1);
     const WeightStorage storage = linear_storage(n, k, opt);
-    auto it = done.find({src, storage});
+    auto it = done.find(key(src, storage));
     if (it == done.end()) {
       Tensor w = weight_f32(g, src, n, "weight");
       PackedWeight p = pack_weight(w.data_as<float>(), out, k, storage);
       // The tensor views the packed buffer and keeps it alive (no copy).
       Tensor bytes = Tensor::view(p.data.get(), DType::kU8, {int64_t(p.bytes())},
                                   std::shared_ptr<const void>(p.data, p.data.get()));
-      it = done.emplace(std::make_pair(src, storage),
-                        g.add_weight(g.value(src).name + ".packed", std::move(bytes))).first;
+      ir::ValueId v = g.add_weight(g.value(src).name + ".packed", std::move(bytes));
+      it = done.emplace(key(src, storage), v).first;
     }
     ir::Node& m = g.nodes()[i];
     m.inputs[1] = it->second;
@@ -493,6 +523,21 @@ size_t pack_linear_weights(ir::Graph& g, const CompileOptions& opt) {
     m.attrs["weight_k"] = k;
     m.attrs["weight_storage"] = std::string(weight_storage_name(storage));
     ++packed;
+  }
+  // A token embedding tied to an f32 LM head (GPT-2) reads the head's panels, so the
+  // tensor is not stored twice (prepare_packed_embedding); other storages round.
+  for (ir::Node& n : g.nodes()) {
+    if (n.op != "Embedding" || n.has_attr("weight_layout") || !g.is_weight(n.inputs[0]) ||
+        g.weight(n.inputs[0]).dtype() != DType::kF32)
+      continue;
+    auto it = done.find(key(n.inputs[0], WeightStorage::kF32));
+    if (it == done.end()) continue;
+    const Tensor& table = g.weight(n.inputs[0]);
+    n.attrs["weight_layout"] = std::string(kCpuPackedLayout);
+    n.attrs["weight_n"] = table.dim(0);
+    n.attrs["weight_k"] = table.dim(1);
+    n.attrs["weight_storage"] = std::string("f32");
+    n.inputs[0] = it->second;
   }
   if (packed) g.compact();  // drops the [N, K] originals nothing reads any more
   return packed;
