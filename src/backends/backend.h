@@ -59,6 +59,13 @@ struct DimRange {
   int64_t min = 1, opt = 1, max = 1;
 };
 
+// An optimization profile: allowed ranges of the graph's symbolic dims (TensorRT's
+// min/opt/max per dynamic input). Dims it does not list are not limited.
+struct ShapeProfile {
+  std::string name;
+  std::map<std::string, DimRange> dims;
+};
+
 struct CompileOptions {
   std::string weight_dtype = "f32";  // storage of GEMM weights: f32 | bf16 | f16 | q8 | q4
   // This rank's link to the others for AllReduce nodes (tensor parallelism); null
@@ -67,9 +74,12 @@ struct CompileOptions {
   // Tactics chosen by the builder: node name -> backend-specific tactic id. Nodes not
   // listed use the backend's heuristic.
   std::map<std::string, std::string> tactics;
-  // Symbolic dim -> allowed range; run() rejects inputs outside it, naming the input,
-  // its shape and the range. Empty: any size.
-  std::map<std::string, DimRange> dim_ranges;
+  // The engine's optimization profiles. run() takes the one named `profile`, or else
+  // the first whose ranges hold every input's dims, and rejects inputs outside it
+  // (all of them) naming the input, its shape and the allowed ranges
+  // (backends/shape_profile.h). Empty: any size.
+  std::vector<ShapeProfile> profiles;
+  std::string profile;
 };
 
 // Host tensors keyed by graph input/output name.
@@ -114,9 +124,16 @@ class Backend {
   // Whether this backend implements the fused forms a fusion pass emits (pass names
   // from src/passes: "fuse_add_norm" -> AddRMSNorm/AddLayerNorm, "fuse_swiglu" ->
   // SwiGLU, "fuse_qkv_attention" -> Attention{packed_qkv} with RoPE inside,
+  // "fuse_embedding_norm" -> EmbeddingLayerNorm,
   // "fuse_linear_activation" -> Linear{activation}). Passes a backend does not claim
   // are skipped for it, and an engine using them is refused with a clear error.
   virtual bool supports_fusion(const std::string& pass) const { return false; }
+  // Build time (`kiln build --pack-weights`): rewrites GEMM weights in `graph` into this
+  // backend's run-time layout, so that loading the engine packs nothing; returns how
+  // many nodes it rewrote (0: the backend has no such layout). Rewritten nodes carry
+  // the attribute weight_layout, which only supports_weight_layout() backends run.
+  virtual size_t pack_weights(ir::Graph& graph, const CompileOptions& options) { return 0; }
+  virtual bool supports_weight_layout(const std::string& layout) const { return false; }
   // Identifies the device tactics were timed on ("cpu avx2 2 threads", "NVIDIA H200").
   virtual std::string device_name() const { return name(); }
 };

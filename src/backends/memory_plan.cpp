@@ -32,7 +32,15 @@ MemoryPlan plan_activation_slots(const ir::Graph& graph) {
         dying.push_back(in);
     for (ir::ValueId out : nodes[i].outputs)
       if (last_use[size_t(out)] == i) dying.push_back(out);
-    std::sort(dying.begin(), dying.end());
+    // Freed in node order (producer, then output position), not by value id: ids are
+    // renumbered when an engine is written and read back, and the plan (and so the
+    // arena size the builder recorded) must not change with them.
+    auto key = [&](ir::ValueId v) {
+      const ir::Value& val = graph.value(v);
+      const auto& outs = nodes[size_t(val.producer)].outputs;
+      return std::make_pair(val.producer, std::find(outs.begin(), outs.end(), v) - outs.begin());
+    };
+    std::sort(dying.begin(), dying.end(), [&](ir::ValueId a, ir::ValueId b) { return key(a) < key(b); });
     dying.erase(std::unique(dying.begin(), dying.end()), dying.end());
     for (ir::ValueId v : dying) free_slots.push_back(plan.slot_of[size_t(v)]);
   }
@@ -62,6 +70,27 @@ std::vector<bool> nodes_needed_for(const ir::Graph& graph, const std::vector<std
       if (in != ir::kNoValue) value_needed[size_t(in)] = true;
   }
   return node_needed;
+}
+
+MemoryPlanSize memory_plan_size(const ir::Graph& graph, const MemoryPlan& plan,
+                                const std::map<std::string, int64_t>& dims) {
+  int64_t largest = 1;
+  for (auto& [name, v] : dims) largest = std::max(largest, v);
+  MemoryPlanSize size;
+  size.slot_bytes.assign(size_t(plan.num_slots), 0);
+  for (size_t v = 0; v < graph.num_values() && v < plan.slot_of.size(); ++v) {
+    if (plan.slot_of[v] < 0) continue;
+    const ir::Value& val = graph.value(ir::ValueId(v));
+    size_t bytes = dtype_size(val.dtype);
+    for (const Dim& d : val.shape.dims()) {
+      auto it = d.is_concrete() ? dims.end() : dims.find(d.sym);
+      bytes *= size_t(d.is_concrete() ? d.value : it != dims.end() ? it->second : largest);
+    }
+    size_t& slot = size.slot_bytes[size_t(plan.slot_of[v])];
+    slot = std::max(slot, bytes);
+  }
+  for (size_t b : size.slot_bytes) size.peak_bytes += b;
+  return size;
 }
 
 }  // namespace kiln

@@ -5,6 +5,8 @@
 // Tested in tests/backends/memory_plan_test.cpp and through every backend's tests.
 #pragma once
 
+#include <cstddef>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -24,5 +26,16 @@ MemoryPlan plan_activation_slots(const ir::Graph& graph);
 // (Attention writes the KV cache; AllReduce must run on every rank). Throws
 // kInvalidArgument for a name that is not a graph output.
 std::vector<bool> nodes_needed_for(const ir::Graph& graph, const std::vector<std::string>& wanted);
+// The plan's bytes when the symbolic dims take the values in `dims`: each slot holds
+// the largest value assigned to it, the arena is their sum (what a backend that grows
+// each slot to its largest value, as the CPU backend does, ends up holding). A dim not
+// in `dims` takes the largest value given: B (sequences) and R (rows wanted) never
+// outnumber T (the tokens of a step), each sequence or row being at least one token.
+struct MemoryPlanSize {
+  std::vector<size_t> slot_bytes;
+  size_t peak_bytes = 0;
+};
+MemoryPlanSize memory_plan_size(const ir::Graph& graph, const MemoryPlan& plan,
+                                const std::map<std::string, int64_t>& dims);
 
 }  // namespace kiln

@@ -5,8 +5,10 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 
 #include "core/log.h"
+#include "backends/memory_plan.h"
 #include "core/status.h"
 #include "runtime/model.h"
 #include "runtime/model_tokenizer.h"
@@ -18,23 +20,41 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// GEMM weights (input 1 of every Linear) converted to their stored precision; norms,
-// embeddings and biases stay f32 (their kernels read f32 and they are small or
-// gathered, not streamed).
+// GEMM weights (input 1 of every Linear) converted to their stored precision: the
+// node's `precision` (assign_precision, which may pin some layers) or else `dtype`.
+// Norms, embeddings and biases stay f32 (their kernels read f32 and they are small or
+// gathered, not streamed). q8/q4 keep f32 in the file: the backend quantizes when it
+// packs (exactly as when loading the checkpoint directly). A weight read by GEMMs of
+// different precisions (or also by a non-GEMM, like a tied LM head and its embedding)
+// gets its own converted copy per precision; f32 readers keep the original.
 void convert_gemm_weights(ir::Graph& g, const std::string& dtype) {
-  // q8/q4 keep f32 in the file: the backend quantizes when it packs (exactly as when
-  // loading the checkpoint directly), so the engine's numbers match --weight-dtype q8.
-  if (dtype == "f32" || dtype == "q8" || dtype == "q4") return;
-  const DType dt = dtype == "bf16" ? DType::kBF16 : dtype == "f16" ? DType::kF16 : DType::kF32;
-  if (dt == DType::kF32) throw_error(ErrorCode::kInvalidArgument, "--dtype '", dtype, "' (expected f32, bf16 or f16)");
-  std::map<ir::ValueId, bool> done;
-  for (const ir::Node& n : g.nodes()) {
-    if (n.op != "Linear" || !g.is_weight(n.inputs[1]) || done[n.inputs[1]]) continue;
-    done[n.inputs[1]] = true;
-    Tensor& w = g.weight(n.inputs[1]);
-    if (w.dtype() == DType::kF32) w = w.to(dt);
-    g.value(n.inputs[1]).dtype = w.dtype();
+  auto wanted = [&](const ir::Node& n, size_t input) {
+    if (n.op != "Linear" || input != 1) return DType::kF32;
+    const std::string p = n.attr_str("precision", dtype);
+    return p == "bf16" ? DType::kBF16 : p == "f16" ? DType::kF16 : DType::kF32;
+  };
+  std::map<ir::ValueId, std::set<DType>> readers;  // weight -> the dtypes its readers want
+  for (const ir::Node& n : g.nodes())
+    for (size_t i = 0; i < n.inputs.size(); ++i)
+      if (n.inputs[i] != ir::kNoValue && g.is_weight(n.inputs[i])) readers[n.inputs[i]].insert(wanted(n, i));
+  std::map<std::pair<ir::ValueId, DType>, ir::ValueId> copies;
+  for (auto& [w, dts] : readers) {
+    if (g.weight(w).dtype() != DType::kF32) continue;
+    if (dts.size() == 1 && *dts.begin() != DType::kF32) {  // the common case: converted in place
+      Tensor& t = g.weight(w);
+      t = t.to(*dts.begin());
+      g.value(w).dtype = t.dtype();
+      continue;
+    }
+    for (DType dt : dts)
+      if (dt != DType::kF32)
+        copies[{w, dt}] = g.add_weight(g.value(w).name + "." + dtype_name(dt), g.weight(w).to(dt));
   }
+  for (ir::Node& n : g.nodes())
+    if (n.op == "Linear") {
+      auto it = copies.find({n.inputs[1], wanted(n, 1)});
+      if (it != copies.end()) n.inputs[1] = it->second;
+    }
 }
 
 // The timing cache: device -> shape key -> (tactic, seconds). Shapes, not node
@@ -95,7 +115,7 @@ EngineTacticTable tune(Backend& backend, const ir::Graph& g, const CompileOption
     const Dim& rows = x.shape[0];
     int64_t t = rows.is_concrete() ? rows.value : (dims.count(rows.sym) ? dims.at(rows.sym) : 1);
     std::string key = str_cat("Linear ", rows.str(), "=", t, " N=", w.dim(0), " K=", w.dim(1), " ",
-                              co.weight_dtype, n.input(2) != ir::kNoValue ? " bias" : "",
+                              n.attr_str("precision", co.weight_dtype), n.input(2) != ir::kNoValue ? " bias" : "",
                               n.has_attr("activation") ? " " + n.attr_str("activation") : "");
     auto it = by_shape.find(key);
     if (it == by_shape.end()) {
@@ -126,36 +146,142 @@ EngineTacticTable tune(Backend& backend, const ir::Graph& g, const CompileOption
 
 }  // namespace
 
-EngineProfile parse_profile(const std::string& spec) {
-  EngineProfile p{"default", "", 0, 0, 0};
-  size_t colon = spec.find(':');
+namespace {
+
+// "1,128,2048" -> {min, opt, max}; false when malformed.
+bool parse_range(const std::string& s, EngineProfileDim& d) {
   std::vector<int64_t> v;
-  if (colon != std::string::npos && colon > 0) {
-    p.dim = spec.substr(0, colon);
-    std::string rest = spec.substr(colon + 1);
-    size_t pos = 0;
-    while (pos <= rest.size()) {
-      size_t end = rest.find(',', pos);
-      if (end == std::string::npos) end = rest.size();
-      char* stop = nullptr;
-      std::string item = rest.substr(pos, end - pos);
-      long long x = std::strtoll(item.c_str(), &stop, 10);
-      if (item.empty() || *stop || x < 1) v.clear(), pos = rest.size() + 1;
-      else v.push_back(x), pos = end + 1;
-    }
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    size_t end = s.find(',', pos);
+    if (end == std::string::npos) end = s.size();
+    char* stop = nullptr;
+    std::string item = s.substr(pos, end - pos);
+    long long x = std::strtoll(item.c_str(), &stop, 10);
+    if (item.empty() || *stop || x < 1 || x > (int64_t(1) << 40)) return false;
+    v.push_back(x);
+    pos = end + 1;
   }
-  if (v.size() != 3 || v[0] > v[1] || v[1] > v[2])
+  if (v.size() != 3 || v[0] > v[1] || v[1] > v[2]) return false;
+  d.min = v[0], d.opt = v[1], d.max = v[2];
+  return true;
+}
+
+}  // namespace
+
+EngineProfile parse_profile(const std::string& spec) {
+  auto fail = [&] {
     throw_error(ErrorCode::kInvalidArgument, "--profile '", spec,
-                "': expected DIM:min,opt,max with 1 <= min <= opt <= max, e.g. T:1,128,2048");
-  p.min = v[0], p.opt = v[1], p.max = v[2];
+                "': expected NAME:DIM=min,opt,max[;DIM=min,opt,max...] (e.g. small:T=1,16,64) or DIM:min,opt,max "
+                "(a profile named 'default', e.g. T:1,128,2048), with 1 <= min <= opt <= max");
+  };
+  const size_t colon = spec.find(':');
+  if (colon == std::string::npos || colon == 0) fail();
+  const std::string head = spec.substr(0, colon), rest = spec.substr(colon + 1);
+  EngineProfile p;
+  if (rest.find('=') == std::string::npos) {  // DIM:min,opt,max
+    EngineProfileDim d{head};
+    if (!parse_range(rest, d)) fail();
+    return {"default", {d}};
+  }
+  p.name = head;
+  size_t pos = 0;
+  while (pos <= rest.size()) {
+    size_t end = rest.find(';', pos);
+    if (end == std::string::npos) end = rest.size();
+    std::string item = rest.substr(pos, end - pos);
+    pos = end + 1;
+    if (item.empty() && pos > rest.size()) break;  // a trailing ';'
+    const size_t eq = item.find('=');
+    if (eq == std::string::npos || eq == 0) fail();
+    EngineProfileDim d{item.substr(0, eq)};
+    if (!parse_range(item.substr(eq + 1), d)) fail();
+    for (auto& other : p.dims)
+      if (other.dim == d.dim)
+        throw_error(ErrorCode::kInvalidArgument, "--profile '", spec, "': dim ", d.dim, " is given twice");
+    p.dims.push_back(d);
+  }
+  if (p.dims.empty()) fail();
   return p;
 }
+
+uint64_t parse_bytes(const std::string& spec) {
+  char* stop = nullptr;
+  const double x = std::strtod(spec.c_str(), &stop);
+  const std::string unit = stop ? std::string(stop) : "";
+  double scale = 0;
+  if (unit.empty() || unit == "B") scale = 1;
+  else if (unit == "KiB" || unit == "K") scale = 1024.0;
+  else if (unit == "MiB" || unit == "M") scale = 1024.0 * 1024;
+  else if (unit == "GiB" || unit == "G") scale = 1024.0 * 1024 * 1024;
+  if (spec.empty() || stop == spec.c_str() || scale == 0 || !(x > 0) || x * scale > 1e18)
+    throw_error(ErrorCode::kInvalidArgument, "--workspace '", spec,
+                "': expected a positive size in bytes, KiB, MiB or GiB (e.g. 512MiB)");
+  return uint64_t(x * scale);
+}
+
+std::string format_bytes(uint64_t b) {
+  char buf[64];
+  if (b >= (uint64_t(1) << 30)) std::snprintf(buf, sizeof buf, "%.2f GiB", double(b) / double(1 << 30));
+  else if (b >= (uint64_t(1) << 20)) std::snprintf(buf, sizeof buf, "%.2f MiB", double(b) / double(1 << 20));
+  else if (b >= 1024) std::snprintf(buf, sizeof buf, "%.1f KiB", double(b) / 1024);
+  else std::snprintf(buf, sizeof buf, "%llu B", (unsigned long long)b);
+  return buf;
+}
+
+namespace {
+
+std::map<std::string, int64_t> profile_dims(const EngineProfile& p, bool opt) {
+  std::map<std::string, int64_t> dims;
+  for (auto& d : p.dims) dims[d.dim] = opt ? d.opt : d.max;
+  return dims;
+}
+
+// Plans the activation arena of every profile at its max shapes; with a workspace
+// limit, a profile that does not fit fails the build, saying what it needs, what is
+// allowed and (for a one-dim profile) the largest max that would fit.
+void plan_memory(const ir::Graph& g, std::vector<EngineProfile>& profiles, uint64_t workspace) {
+  const MemoryPlan plan = plan_activation_slots(g);
+  for (auto& p : profiles) {
+    MemoryPlanSize size = memory_plan_size(g, plan, profile_dims(p, false));
+    p.activation_bytes = size.peak_bytes;
+    p.activation_slots = uint32_t(plan.num_slots);
+    log_info("profile '", p.name, "': activation arena ", format_bytes(size.peak_bytes), " in ", plan.num_slots,
+             " slots at its max shapes");
+    if (!workspace || size.peak_bytes <= workspace) continue;
+    std::string dims, hint;
+    for (auto& d : p.dims) dims += str_cat(dims.empty() ? "" : ", ", d.dim, " = ", d.max);
+    if (p.dims.size() == 1) {
+      EngineProfileDim d = p.dims[0];
+      auto fits = [&](int64_t m) { return memory_plan_size(g, plan, {{d.dim, m}}).peak_bytes <= workspace; };
+      if (!fits(d.min)) {
+        hint = str_cat("even ", d.dim, " = ", d.min, " (the profile's min) needs ",
+                       format_bytes(memory_plan_size(g, plan, {{d.dim, d.min}}).peak_bytes));
+      } else {
+        int64_t lo = d.min, hi = d.max;  // fits(lo), !fits(hi)
+        while (hi - lo > 1) {
+          const int64_t mid = lo + (hi - lo) / 2;
+          (fits(mid) ? lo : hi) = mid;
+        }
+        hint = str_cat(d.dim, " up to ", lo, " fits: --profile ", p.name, ":", d.dim, "=", d.min, ",",
+                       std::min(d.opt, lo), ",", lo);
+      }
+    }
+    throw_error(ErrorCode::kOutOfMemory, "profile '", p.name, "' needs a ", format_bytes(size.peak_bytes),
+                " activation arena (", plan.num_slots, " slots) at its max shapes (", dims, "), more than --workspace ",
+                format_bytes(workspace), " allows", hint.empty() ? "" : "; " + hint,
+                "; or raise --workspace");
+  }
+}
+
+}  // namespace
 
 BuildReport build_engine(const BuildOptions& o) {
   BuildReport report;
   auto t0 = Clock::now();
   if (o.output.empty()) throw_error(ErrorCode::kInvalidArgument, "build: no output file (-o)");
-  ModelOptions mo{o.backend, o.weight_dtype, nullptr, o.opt_level, o.disabled_passes};
+  ModelOptions mo{o.backend, o.weight_dtype, nullptr, o.opt_level, o.disabled_passes, o.weight_dtype,
+                  o.pin_precision};
   auto model = o.random_weights ? Model::load_random(o.model, mo) : Model::load(o.model, mo);
   if (model->engine()) throw_error(ErrorCode::kInvalidArgument, "build: '", o.model, "' is already an engine");
   report.load_seconds = since(t0);
@@ -168,25 +294,41 @@ BuildReport build_engine(const BuildOptions& o) {
   e.info = model->info();
   e.config = model->config();
   convert_gemm_weights(e.graph, o.weight_dtype);
-  e.profiles = o.profiles.empty() ? std::vector<EngineProfile>{{"default", "T", 1, 128, 16384}} : o.profiles;
-  for (auto& p : e.profiles) {
-    bool found = false;
-    for (ir::ValueId v : e.graph.inputs())
-      for (auto& d : e.graph.value(v).shape.dims()) found = found || d.sym == p.dim;
-    if (!found)
-      throw_error(ErrorCode::kInvalidArgument, "--profile: the graph has no input with a dim named '", p.dim, "'");
+  e.profiles = o.profiles.empty() ? std::vector<EngineProfile>{{"default", {{"T", 1, 128, 16384}}}} : o.profiles;
+  for (size_t i = 0; i < e.profiles.size(); ++i) {
+    const EngineProfile& p = e.profiles[i];
+    for (size_t j = 0; j < i; ++j)
+      if (e.profiles[j].name == p.name)
+        throw_error(ErrorCode::kInvalidArgument, "--profile: two profiles are named '", p.name,
+                    "'; name them (NAME:DIM=min,opt,max)");
+    for (auto& pd : p.dims) {
+      bool found = false;
+      for (ir::ValueId v : e.graph.inputs())
+        for (auto& d : e.graph.value(v).shape.dims()) found = found || d.sym == pd.dim;
+      if (!found)
+        throw_error(ErrorCode::kInvalidArgument, "--profile ", p.name, ": the graph has no input with a dim named '",
+                    pd.dim, "'");
+    }
   }
+  plan_memory(e.graph, e.profiles, o.workspace_bytes);
+  report.profiles = e.profiles;
 
   auto t1 = Clock::now();
   report.device = model->backend().device_name();
   if (o.tune) {
     TimingCache cache(o.timing_cache);
-    std::map<std::string, int64_t> dims;
-    for (auto& p : e.profiles) dims[p.dim] = p.opt;
+    // Tactics are timed at the first profile's opt shapes (one table per device).
+    std::map<std::string, int64_t> dims = profile_dims(e.profiles[0], true);
     e.tactic_tables.push_back(tune(model->backend(), e.graph, model->compile_options(), dims, cache, report));
     cache.save();
   }
   report.tune_seconds = since(t1);
+  if (o.pack_weights) {
+    report.packed_gemms = model->backend().pack_weights(e.graph, model->compile_options());
+    if (!report.packed_gemms)
+      throw_error(ErrorCode::kUnsupported, "--pack-weights: the ", o.backend,
+                  " backend has no packed weight layout to store");
+  }
 
   if (model->gguf()) {
     if (model->gguf()->has_key("tokenizer.ggml.tokens")) {
@@ -203,6 +345,8 @@ BuildReport build_engine(const BuildOptions& o) {
   e.build.weight_dtype = o.weight_dtype;
   e.build.opt_level = o.opt_level;
   e.build.disabled_passes = o.disabled_passes;
+  for (auto& pin : o.pin_precision) e.build.pin_precision.push_back(pin.pattern + "=" + pin.precision);
+  e.build.workspace_bytes = o.workspace_bytes;
   for (auto& r : report.passes)
     if (r.changed) e.build.pass_report.push_back(r.name + ": " + r.stats);
   e.build.build_seconds = since(t0);

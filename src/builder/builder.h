@@ -1,8 +1,12 @@
-// The engine builder (`kiln build`): loads a model, runs the optimization passes,
-// converts GEMM weights to their stored precision, times the backend's tactics for
-// every GEMM shape at the profile's opt shape (a timing cache file makes rebuilds
-// fast), embeds config, tokenizer and profiles, and writes the engine file.
-// Tested in tests/engine/builder_test.cpp and by tests/tools/cli_test.sh.
+// The engine builder (`kiln build`): loads a model, runs the optimization passes
+// (with assign_precision: per-GEMM weight precision and pins), converts GEMM weights
+// to their stored precision, plans the activation arena of every optimization profile
+// at its max shapes (checked against a --workspace limit), times the backend's tactics
+// for every GEMM shape at the first profile's opt shape (a timing cache file makes
+// rebuilds fast), optionally packs GEMM weights into the backend's layout, embeds
+// config, tokenizer and profiles, and writes the engine file.
+// Tested in tests/engine/builder_test.cpp, tests/engine/profile_test.cpp and by
+// tests/tools/cli_test.sh.
 #pragma once
 
 #include <string>
@@ -19,11 +23,22 @@ struct BuildOptions {
   std::string output;          // the engine file to write
   std::string backend = "cpu";
   std::string weight_dtype = "f32";  // GEMM weights: f32 | bf16 | f16 (as stored) | q8 | q4
+  // Layers pinned to another precision (passes/assign_precision; `--pin-precision`).
+  std::vector<passes::PrecisionPin> pin_precision;
   int opt_level = 2;
   std::vector<std::string> disabled_passes;
-  // Dynamic-shape profile of the token axis; empty: T in [1, 16384], opt 128.
+  // Optimization profiles (min/opt/max per dynamic dim), tried in this order by an
+  // execution context; empty: one profile "default" with T in [1, 16384], opt 128.
+  // Tactics are timed at the first profile's opt shapes.
   std::vector<EngineProfile> profiles;
+  // The most bytes the activation arena may take at any profile's max shapes (0: no
+  // limit): a plan above it fails the build, saying what fits (`--workspace`).
+  uint64_t workspace_bytes = 0;
   bool tune = true;            // time tactics (else the backend's heuristics at run time)
+  // Store GEMM weights in the backend's run-time layout (the CPU's packed panels), so
+  // a load maps them in place instead of packing; the engine then runs only on that
+  // backend. Off: portable [N, K] weights, packed at load.
+  bool pack_weights = false;
   std::string timing_cache;    // JSON file read before and written after tuning; "" = none
 };
 
@@ -33,12 +48,19 @@ struct BuildReport {
   std::vector<passes::PassResult> passes;
   size_t nodes_before = 0, nodes_after = 0;
   size_t tactics_chosen = 0, shapes_timed = 0, cache_hits = 0;
+  size_t packed_gemms = 0;  // GEMMs stored in the backend's layout (pack_weights)
   std::string device;
+  std::vector<EngineProfile> profiles;  // with their planned activation arenas
 };
 
 BuildReport build_engine(const BuildOptions& options);
 
-// "T:1,128,512" -> a profile named "default" (throws kInvalidArgument naming the problem).
+// "small:T=1,16,64;B=1,1,8" -> a named profile; "T:1,128,512" -> one named "default".
+// Throws kInvalidArgument naming the problem.
 EngineProfile parse_profile(const std::string& spec);
+// "512MiB", "2GiB", "1048576" -> bytes (throws kInvalidArgument).
+uint64_t parse_bytes(const std::string& spec);
+// 1536 -> "1.5 KiB".
+std::string format_bytes(uint64_t bytes);
 
 }  // namespace kiln

@@ -23,14 +23,25 @@ namespace kiln {
 
 constexpr char kEngineMagic[8] = {'K', 'I', 'L', 'N', 'E', 'N', 'G', '\0'};
 constexpr uint32_t kEngineFormatVersion = 1;  // the header layout
-constexpr uint32_t kEngineSchemaVersion = 1;  // the FlatBuffers contents
+constexpr uint32_t kEngineSchemaVersion = 1;  // the FlatBuffers contents (major: incompatible changes)
+// Additive changes a 1.x reader may ignore. 1: several named profiles, each with its
+// planned activation arena; precision pins and the workspace limit in the build info.
+constexpr uint32_t kEngineSchemaMinor = 1;
 constexpr size_t kEngineHeaderSize = 64;
 constexpr size_t kEngineBlobAlignment = 64;
 
-struct EngineProfile {
-  std::string name;
+struct EngineProfileDim {
   std::string dim;  // symbolic dim ("T")
   int64_t min = 1, opt = 1, max = 1;
+};
+
+// An optimization profile (TensorRT's min/opt/max per dynamic dim).
+struct EngineProfile {
+  std::string name;
+  std::vector<EngineProfileDim> dims;
+  // The activation arena at the max shapes (0 in engines older than schema 1.1).
+  uint64_t activation_bytes = 0;
+  uint32_t activation_slots = 0;
 };
 
 struct EngineTactic {
@@ -48,6 +59,8 @@ struct EngineBuildInfo {
   int opt_level = 2;
   std::vector<std::string> disabled_passes, pass_report;
   double build_seconds = 0;
+  std::vector<std::string> pin_precision;  // "lm_head=f32", as given
+  uint64_t workspace_bytes = 0;            // 0: no limit
 };
 
 struct EngineTokenizer {
@@ -57,6 +70,7 @@ struct EngineTokenizer {
 
 // What an engine holds; the builder fills it, the loader returns it.
 struct EngineContents {
+  uint32_t schema_minor = kEngineSchemaMinor;  // as read (loaded engines); written: always ours
   ir::Graph graph;
   ModelInfo info;
   nlohmann::json config;

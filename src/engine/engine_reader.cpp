@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "core/log.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
 #include "engine/engine.h"
@@ -178,10 +179,15 @@ EngineContents engine_parse(const uint8_t* data, size_t size, std::shared_ptr<co
   if (!fb::VerifyEngineBuffer(verifier)) bad(where, "metadata fails FlatBuffers verification (corrupt)");
   const fb::Engine* e = fb::GetEngine(meta);
   if (e->schema_version() != kEngineSchemaVersion)
-    bad(where, "engine schema version ", e->schema_version(), ", this kiln reads ", kEngineSchemaVersion,
-        "; rebuild the engine");
+    bad(where, "engine schema version ", e->schema_version(), ".", e->schema_minor(), ", this kiln reads ",
+        kEngineSchemaVersion, ".x; rebuild the engine with this kiln's `kiln build`");
+  // A newer minor only added fields this reader does not know; they are ignored.
+  if (e->schema_minor() > kEngineSchemaMinor)
+    log_info("engine '", where, "' has schema ", kEngineSchemaVersion, ".", e->schema_minor(), ", newer than this kiln's ",
+             kEngineSchemaVersion, ".", kEngineSchemaMinor, ": fields added since are ignored");
 
   EngineContents out;
+  out.schema_minor = e->schema_minor();
   try {
     out.info = model_info_from_json(nlohmann::json::parse(str(e->model_info_json())));
     out.config = nlohmann::json::parse(str(e->config_json()));
@@ -196,21 +202,27 @@ EngineContents engine_parse(const uint8_t* data, size_t size, std::shared_ptr<co
           str(f->name()), f->data() ? std::string(reinterpret_cast<const char*>(f->data()->data()), f->data()->size())
                                     : std::string());
   if (const fb::Build* b = e->build()) {
-    out.build = {str(b->source()), str(b->kiln_version()), str(b->weight_dtype()), b->opt_level(),
-                 read_strings(b->disabled_passes()), read_strings(b->pass_report()), b->build_seconds()};
+    out.build = {str(b->source()),       str(b->kiln_version()),        str(b->weight_dtype()),
+                 b->opt_level(),         read_strings(b->disabled_passes()), read_strings(b->pass_report()),
+                 b->build_seconds(),     read_strings(b->pin_precision()),   b->workspace_bytes()};
   }
   const std::string& wd = out.build.weight_dtype;
   if (wd != "f32" && wd != "bf16" && wd != "f16" && wd != "q8" && wd != "q4")
     bad(where, "unknown weight dtype '", out.build.weight_dtype, "'");
   if (e->profiles())
-    for (const fb::Profile* p : *e->profiles())
+    for (const fb::Profile* p : *e->profiles()) {
+      EngineProfile profile{str(p->name()), {}, p->activation_bytes(), p->activation_slots()};
+      for (auto& other : out.profiles)
+        if (other.name == profile.name) bad(where, "two profiles are named '", profile.name, "'");
       if (p->dims())
         for (const fb::ProfileDim* d : *p->dims()) {
           if (d->min() < 0 || d->min() > d->opt() || d->opt() > d->max())
             bad(where, "profile '", str(p->name()), "' dim ", str(d->dim()), " has min/opt/max ", d->min(), "/",
                 d->opt(), "/", d->max());
-          out.profiles.push_back({str(p->name()), str(d->dim()), d->min(), d->opt(), d->max()});
+          profile.dims.push_back({str(d->dim()), d->min(), d->opt(), d->max()});
         }
+      out.profiles.push_back(std::move(profile));
+    }
   if (e->tactic_tables())
     for (const fb::TacticTable* t : *e->tactic_tables()) {
       EngineTacticTable table{str(t->device()), {}};

@@ -116,12 +116,15 @@ size_t engine_write(const std::string& path, const EngineContents& e) {
   const EngineBuildInfo& b = e.build;
   auto build = fb::CreateBuild(fb, fb.CreateString(b.source), fb.CreateString(b.kiln_version),
                                fb.CreateString(b.weight_dtype), b.opt_level, write_strings(fb, b.disabled_passes),
-                               write_strings(fb, b.pass_report), b.build_seconds);
-  std::map<std::string, std::vector<Offset<fb::ProfileDim>>> profiles;
-  for (auto& p : e.profiles)
-    profiles[p.name].push_back(fb::CreateProfileDim(fb, fb.CreateString(p.dim), p.min, p.opt, p.max));
+                               write_strings(fb, b.pass_report), b.build_seconds,
+                               write_strings(fb, b.pin_precision), b.workspace_bytes);
   std::vector<Offset<fb::Profile>> profs;
-  for (auto& [name, dims] : profiles) profs.push_back(fb::CreateProfile(fb, fb.CreateString(name), fb.CreateVector(dims)));
+  for (auto& p : e.profiles) {
+    std::vector<Offset<fb::ProfileDim>> dims;
+    for (auto& d : p.dims) dims.push_back(fb::CreateProfileDim(fb, fb.CreateString(d.dim), d.min, d.opt, d.max));
+    profs.push_back(fb::CreateProfile(fb, fb.CreateString(p.name), fb.CreateVector(dims), p.activation_bytes,
+                                      p.activation_slots));
+  }
   std::vector<Offset<fb::TacticTable>> tables;
   for (auto& t : e.tactic_tables) {
     std::vector<Offset<fb::Tactic>> ts;
@@ -131,7 +134,8 @@ size_t engine_write(const std::string& path, const EngineContents& e) {
   }
   auto root = fb::CreateEngine(fb, kEngineSchemaVersion, fb.CreateString(model_info_to_json(e.info).dump()),
                                fb.CreateString(e.config.dump()), graph, fb.CreateString(e.tokenizer.kind),
-                               fb.CreateVector(files), build, fb.CreateVector(profs), fb.CreateVector(tables));
+                               fb.CreateVector(files), build, fb.CreateVector(profs), fb.CreateVector(tables),
+                               kEngineSchemaMinor);
   fb.Finish(root, fb::EngineIdentifier());
 
   EngineHeader h;

@@ -75,7 +75,31 @@ std::vector<ValueType> infer_norm(const Node& n, const In& in) {
   return {{x.dtype, x.shape}};
 }
 
+// A weight prepacked by a backend at build time (attr weight_layout, e.g. the CPU's
+// "cpu_panels16"): opaque u8 bytes; the logical [out, in] shape is in weight_n/weight_k.
+std::vector<ValueType> infer_packed_linear(const Node& n, const In& in) {
+  const Value& x = need(n, in, 0, "x");
+  const Value& w = need(n, in, 1, "weight");
+  need_rank(n, x, 2, "x");
+  if (w.dtype != DType::kU8 || w.shape.rank() != 1)
+    shape_error(n, str_cat("packed weight %", w.name, " must be u8 bytes of rank 1, got ", dtype_name(w.dtype),
+                           w.shape.str()));
+  const int64_t out = n.attr_int("weight_n", -1), k = n.attr_int("weight_k", -1);
+  if (out <= 0 || k <= 0 || out > (int64_t(1) << 31) || k > (int64_t(1) << 31))
+    shape_error(n, str_cat("a packed weight needs weight_n and weight_k in [1, 2^31], got ", out, " and ", k));
+  if (!dims_agree(x.shape[1], Dim(k)))
+    shape_error(n, str_cat("x ", x.shape.str(), " times packed weight [", out, ", ", k, "]: inner dims differ"));
+  if (in.size() > 2 && in[2] && (in[2]->shape.rank() != 1 || !dims_agree(in[2]->shape[0], Dim(out))))
+    shape_error(n, str_cat("bias ", in[2]->shape.str(), " vs packed weight [", out, ", ", k, "]"));
+  if (n.attr_str("activation", "") == "swiglu") {  // [gate | up] rows -> silu(gate) * up
+    if (out % 2 != 0) shape_error(n, str_cat("activation swiglu needs an even number of weight rows, got ", out));
+    return {{x.dtype, Shape{x.shape[0], Dim(out / 2)}}};
+  }
+  return {{x.dtype, Shape{x.shape[0], Dim(out)}}};
+}
+
 std::vector<ValueType> infer_linear(const Node& n, const In& in) {
+  if (n.has_attr("weight_layout")) return infer_packed_linear(n, in);
   const Value& x = need(n, in, 0, "x");
   const Value& w = need(n, in, 1, "weight");
   need_rank(n, x, 2, "x");
@@ -99,9 +123,45 @@ std::vector<ValueType> infer_linear(const Node& n, const In& in) {
 std::vector<ValueType> infer_embedding(const Node& n, const In& in) {
   const Value& table = need(n, in, 0, "table");
   const Value& ids = need(n, in, 1, "ids");
+  if (n.has_attr("weight_layout")) {  // the packed panels of a tied LM head (see Linear)
+    need_index(n, ids, "ids");
+    if (table.dtype != DType::kU8 || table.shape.rank() != 1)
+      shape_error(n, str_cat("packed table %", table.name, " must be u8 bytes of rank 1"));
+    const int64_t vocab = n.attr_int("weight_n", -1), dim = n.attr_int("weight_k", -1);
+    if (vocab <= 0 || dim <= 0 || vocab > (int64_t(1) << 31) || dim > (int64_t(1) << 31))
+      shape_error(n, str_cat("a packed table needs weight_n and weight_k in [1, 2^31], got ", vocab, " and ", dim));
+    return {{DType::kF32, Shape{ids.shape[0], Dim(dim)}}};
+  }
   need_rank(n, table, 2, "table");
   need_index(n, ids, "ids");
   return {{table.dtype == DType::kF32 ? DType::kF32 : DType::kF32, Shape{ids.shape[0], table.shape[1]}}};
+}
+
+// BERT's embeddings fused with their LayerNorm: inputs (gamma, beta?, table_0, ids_0,
+// table_1, ids_1, ...); every table is [vocab_j, H] and every ids vector has T entries.
+std::vector<ValueType> infer_embedding_layer_norm(const Node& n, const In& in) {
+  const Value& gamma = need(n, in, 0, "gamma");
+  need_rank(n, gamma, 1, "gamma");
+  if (in.size() > 1 && in[1] && !(in[1]->shape == gamma.shape))
+    shape_error(n, str_cat("beta ", in[1]->shape.str(), " differs from gamma ", gamma.shape.str()));
+  if (in.size() < 4 || in.size() % 2)
+    shape_error(n, "takes gamma, beta and one or more (table, ids) pairs");
+  const Value* first_ids = nullptr;
+  for (size_t i = 2; i < in.size(); i += 2) {
+    const Value& table = need(n, in, i, "table");
+    const Value& ids = need(n, in, i + 1, "ids");
+    need_rank(n, table, 2, "table");
+    need_float(n, table, "table");
+    need_index(n, ids, "ids");
+    if (!dims_agree(table.shape[1], gamma.shape[0]))
+      shape_error(n, str_cat("table %", table.name, " ", table.shape.str(), " does not have gamma's width ",
+                             gamma.shape.str()));
+    if (first_ids && !dims_agree(ids.shape[0], first_ids->shape[0]))
+      shape_error(n, str_cat("ids %", ids.name, " ", ids.shape.str(), " and %", first_ids->name, " ",
+                             first_ids->shape.str(), " differ in length"));
+    if (!first_ids) first_ids = &ids;
+  }
+  return {{DType::kF32, Shape{first_ids->shape[0], gamma.shape[0]}}};
 }
 
 std::vector<ValueType> infer_rope(const Node& n, const In& in) {
@@ -207,6 +267,10 @@ std::map<std::string, OpSchema> make_registry() {
   std::map<std::string, OpSchema> r;
   auto add = [&](OpSchema s) { r.emplace(s.name, std::move(s)); };
   add({"Embedding", 2, 2, {}, "out[t] = table[ids[t]]", infer_embedding});
+  add({"EmbeddingLayerNorm", 4, 8, {"eps"},
+       "LayerNorm(sum_j table_j[ids_j]) with gamma, beta: inputs (gamma, beta, table_0, ids_0, ...), "
+       "up to 3 lookups (fused BERT embeddings)",
+       infer_embedding_layer_norm});
   add({"Add", 2, 2, {}, "a + b (b: same shape or a row vector)", infer_binary});
   add({"Mul", 2, 2, {}, "a * b (b: same shape or a row vector)", infer_binary});
   add({"AddLayerNorm", 3, 4, {"eps"}, "s = a + b; outputs s and LayerNorm(s) (fused residual add)",

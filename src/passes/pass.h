@@ -6,6 +6,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "ir/graph.h"
 
@@ -32,5 +33,20 @@ std::unique_ptr<Pass> make_fuse_qkv_attention_pass();      // "fuse_qkv_attentio
 std::unique_ptr<Pass> make_fuse_swiglu_pass();             // "fuse_swiglu"
 std::unique_ptr<Pass> make_fuse_add_norm_pass();           // "fuse_add_norm"
 std::unique_ptr<Pass> make_fuse_linear_activation_pass();  // "fuse_linear_activation"
+std::unique_ptr<Pass> make_fuse_embedding_norm_pass();     // "fuse_embedding_norm"
+
+// Precision assignment ("assign_precision"): GEMM weights in `precision` (f32, bf16,
+// f16, q8, q4) unless pinned; logits GEMM and norm/softmax/pool nodes kept f32. An
+// empty `precision` makes it a no-op.
+struct PrecisionPin {
+  std::string pattern;    // glob over node names: '*' any run, '?' one character
+  std::string precision;  // f32 | bf16 | f16 | q8 | q4
+};
+std::unique_ptr<Pass> make_assign_precision_pass(std::string precision, std::vector<PrecisionPin> pins);
+// "lm_head=f32,layers.0.*=f32" -> pins; throws kInvalidArgument naming a bad item.
+std::vector<PrecisionPin> parse_precision_pins(const std::string& spec);
+// Throws kInvalidArgument unless `p` is a precision the pass assigns.
+void check_precision(const std::string& p, const std::string& where);
+bool glob_match(const std::string& pattern, const std::string& s);
 
 }  // namespace kiln::passes

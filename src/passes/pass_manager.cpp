@@ -16,8 +16,13 @@ namespace {
 
 struct Entry {
   int min_level;
-  std::function<std::unique_ptr<Pass>()> make;
+  std::function<std::unique_ptr<Pass>(const PassOptions&)> make;
 };
+
+template <std::unique_ptr<Pass> (*Make)()>
+std::unique_ptr<Pass> plain(const PassOptions&) {
+  return Make();
+}
 
 // Why this order:
 // - cse and dce first, so duplicated or dead nodes do not hide single-use patterns
@@ -27,17 +32,25 @@ struct Entry {
 //   later merge would no longer look like three plain projections of one input).
 // - fuse_swiglu before fuse_linear_activation: otherwise Silu(gate_proj) would be
 //   absorbed as an epilogue and the gate/up pair would no longer match.
+// - fuse_embedding_norm before fuse_add_norm: BERT's embedding LayerNorm reads an Add
+//   (word + position, + token type) that fuse_add_norm would otherwise take as a
+//   residual Add, leaving two gathers and an add unfused.
 // - fuse_add_norm is independent of the GEMM fusions; it runs after them only so the
 //   report reads in data-flow order of a block.
 // - dce last removes what the fusions left unreferenced (old weights included).
+// - assign_precision after everything that renames or merges GEMMs, so pins name the
+//   nodes the engine runs (layers.0.qkv_proj, not layers.0.q_proj); it runs at every
+//   level, but only when a precision is asked for.
 const std::vector<std::pair<std::string, Entry>>& registry() {
   static const std::vector<std::pair<std::string, Entry>> r = {
-      {"cse", {1, make_cse_pass}},
-      {"dce", {1, make_dce_pass}},
-      {"fuse_qkv_attention", {2, make_fuse_qkv_attention_pass}},
-      {"fuse_swiglu", {2, make_fuse_swiglu_pass}},
-      {"fuse_linear_activation", {2, make_fuse_linear_activation_pass}},
-      {"fuse_add_norm", {2, make_fuse_add_norm_pass}},
+      {"cse", {1, plain<make_cse_pass>}},
+      {"dce", {1, plain<make_dce_pass>}},
+      {"fuse_qkv_attention", {2, plain<make_fuse_qkv_attention_pass>}},
+      {"fuse_swiglu", {2, plain<make_fuse_swiglu_pass>}},
+      {"fuse_linear_activation", {2, plain<make_fuse_linear_activation_pass>}},
+      {"fuse_embedding_norm", {2, plain<make_fuse_embedding_norm_pass>}},
+      {"fuse_add_norm", {2, plain<make_fuse_add_norm_pass>}},
+      {"assign_precision", {0, [](const PassOptions& o) { return make_assign_precision_pass(o.precision, o.pins); }}},
   };
   return r;
 }
@@ -66,11 +79,16 @@ std::vector<std::string> pass_names() {
 std::vector<std::string> pass_list(const PassOptions& o) {
   check_options(o);
   std::vector<std::string> v;
-  for (auto& [name, e] : registry())
+  for (auto& [name, e] : registry()) {
+    if (name == "assign_precision") continue;
     if (e.min_level <= o.opt_level && std::find(o.disabled.begin(), o.disabled.end(), name) == o.disabled.end())
       v.push_back(name);
+  }
   // A final dce sweeps what the fusions orphaned.
   if (o.opt_level >= 2 && std::find(v.begin(), v.end(), "dce") != v.end()) v.push_back("dce");
+  if (!o.precision.empty() &&
+      std::find(o.disabled.begin(), o.disabled.end(), "assign_precision") == o.disabled.end())
+    v.push_back("assign_precision");
   return v;
 }
 
@@ -78,7 +96,7 @@ std::vector<PassResult> run_passes(ir::Graph& g, const PassOptions& o) {
   std::vector<PassResult> results;
   for (const std::string& name : pass_list(o)) {
     auto it = std::find_if(registry().begin(), registry().end(), [&](auto& e) { return e.first == name; });
-    std::unique_ptr<Pass> pass = it->second.make();
+    std::unique_ptr<Pass> pass = it->second.make(o);
     PassResult r;
     r.name = name;
     r.nodes_before = g.nodes().size();
@@ -97,6 +115,7 @@ std::vector<PassResult> run_passes(ir::Graph& g, const PassOptions& o) {
 std::string fusion_of(const ir::Node& n) {
   if (n.op == "AddRMSNorm" || n.op == "AddLayerNorm") return "fuse_add_norm";
   if (n.op == "SwiGLU") return "fuse_swiglu";
+  if (n.op == "EmbeddingLayerNorm") return "fuse_embedding_norm";
   if (n.op == "Attention" && n.attr_int("packed_qkv", 0)) return "fuse_qkv_attention";
   if (n.op == "Linear" && n.has_attr("activation")) return "fuse_linear_activation";
   return "";

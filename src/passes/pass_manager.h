@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "ir/graph.h"
+#include "passes/pass.h"
 
 namespace kiln::passes {
 
@@ -15,6 +16,9 @@ constexpr int kMaxOptLevel = 2;
 struct PassOptions {
   int opt_level = 2;                  // 0: none, 1: cleanup, 2: cleanup + fusions
   std::vector<std::string> disabled;  // pass names to skip (see pass_names())
+  // assign_precision runs (at every level, after the fusions) only when this is set.
+  std::string precision;
+  std::vector<PrecisionPin> pins;
 };
 
 struct PassResult {

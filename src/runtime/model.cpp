@@ -31,10 +31,13 @@ void Model::add_top_logits(int32_t k) {
 }
 
 std::unique_ptr<Model> Model::from_built(BuiltModel built, const ModelOptions& options) {
+  if (!options.profile.empty())
+    throw_error(ErrorCode::kInvalidArgument, "optimization profile '", options.profile,
+                "' was asked for, but only engine files have profiles (build one with `kiln build --profile`)");
   std::unique_ptr<Model> m(new Model());
   m->built_ = std::move(built);
   // Fusions the backend does not implement are skipped for it.
-  passes::PassOptions po{options.opt_level, options.disabled_passes};
+  passes::PassOptions po{options.opt_level, options.disabled_passes, options.precision, options.pin_precision};
   auto backend = create_backend(options.backend);
   for (auto& f : passes::fusion_pass_names())
     if (!backend->supports_fusion(f)) {
@@ -62,9 +65,19 @@ std::unique_ptr<Model> Model::load_engine(const std::string& path, const ModelOp
   CompileOptions co;
   // GEMM weights are stored in the engine in their final precision.
   co.weight_dtype = e->build.weight_dtype;
-  for (auto& p : e->profiles) co.dim_ranges[p.dim] = {p.min, p.opt, p.max};
+  for (auto& p : e->profiles) {
+    ShapeProfile sp{p.name, {}};
+    for (auto& d : p.dims) sp.dims[d.dim] = {d.min, d.opt, d.max};
+    co.profiles.push_back(std::move(sp));
+  }
+  co.profile = options.profile;
   auto backend = create_backend(options.backend);
   for (auto& n : m->built_.graph.nodes()) {
+    if (n.has_attr("weight_layout") && !backend->supports_weight_layout(n.attr_str("weight_layout")))
+      throw_error(ErrorCode::kUnsupported, "engine '", path, "' stores the weights of '", n.name, "' packed for layout '",
+                  n.attr_str("weight_layout"), "', which the ", backend->name(),
+                  " backend does not read; rebuild it without --pack-weights (portable) or with --backend ",
+                  backend->name());
     std::string f = passes::fusion_of(n);
     if (!f.empty() && !backend->supports_fusion(f))
       throw_error(ErrorCode::kUnsupported, "engine '", path, "' uses ", n.op, " from the ", f,

@@ -23,6 +23,13 @@ struct ModelOptions {
   // 2 also fuses. Ignored for engine files, which are optimized when built.
   int opt_level = 2;
   std::vector<std::string> disabled_passes;  // pass names to skip
+  // Per-node precision (passes/assign_precision): when set, GEMM weights take this
+  // precision unless pinned; the logits GEMM and norms stay f32. `kiln build` sets it.
+  std::string precision;
+  std::vector<passes::PrecisionPin> pin_precision;
+  // Engines: the optimization profile to run under (by name); "" takes, per step, the
+  // first profile that holds the inputs' shapes.
+  std::string profile;
   // Decoders get a TopKLogits node of this k after their logits (0: none), so that a
   // step whose sampling needs no more than the top k of each row fetches [R, k]
   // candidates instead of [R, vocab] logits. Engines keep the node they were built with.

@@ -3,6 +3,7 @@
 // not fuse.
 #include <gtest/gtest.h>
 
+#include "core/log.h"
 #include "ir/rewrite.h"
 #include "pass_test_util.h"
 #include "passes/pass.h"
@@ -163,6 +164,72 @@ TEST(FuseLinearActivation, GeluAndSiluBecomeEpilogues) {
   EXPECT_EQ(opt.nodes()[0].attr_str("activation"), "gelu_tanh");
   EXPECT_EQ(opt.nodes()[1].attr_str("activation"), "silu");
   EXPECT_EQ(opt.nodes()[2].attr_str("activation"), "gelu_erf");
+}
+
+// BERT's embeddings (word + position + token type, then LayerNorm) or, with
+// `residual_reads_sum`, GPT-2's (wte + wpe, whose sum is also the residual stream).
+ir::Graph embedding_block(int lookups, bool residual_reads_sum, int64_t type_vocab = kT) {
+  const int64_t h = 16;
+  ir::Graph g;
+  ir::ValueId tokens = g.add_input("tokens", DType::kI32, {"T"});
+  ir::ValueId positions = g.add_input("positions", DType::kI32, {"T"});
+  ir::ValueId types = g.add_input("token_types", DType::kI32, {"T"});
+  ir::ValueId x = g.add("Embedding", {g.add_weight("word", random_tensor({50, h}, 1)), tokens}, {}, "embed_words");
+  ir::ValueId p = g.add("Embedding", {g.add_weight("pos", random_tensor({40, h}, 2)), positions}, {}, "embed_pos");
+  x = g.add("Add", {x, p}, {}, "embed_sum");
+  if (lookups == 3)
+    x = g.add("Add", {x, g.add("Embedding", {g.add_weight("type", random_tensor({type_vocab, h}, 3)), types}, {}, "embed_types")},
+              {}, "embed_sum_types");
+  ir::ValueId n = g.add("LayerNorm", {x, g.add_weight("ln.w", random_tensor({h}, 4, 0.1f, 1)),
+                                      g.add_weight("ln.b", random_tensor({h}, 5))},
+                        {{"eps", 1e-12}}, "embed_norm");
+  ir::ValueId y = g.add("Linear", {n, g.add_weight("w", random_tensor({h, h}, 6))}, {}, "l0.proj");
+  g.add_output("y", residual_reads_sum ? g.add("Add", {x, y}, {}, "residual") : y);
+  return g;
+}
+
+TEST(FuseEmbeddingNorm, BertWordPositionAndTokenTypeBecomeOneNode) {
+  for (int lookups : {3, 2}) {
+    SCOPED_TRACE(lookups);
+    ir::Graph g = embedding_block(lookups, false);
+    ASSERT_EQ(g.nodes().size(), size_t(2 * lookups + 1));  // gathers, adds, norm, proj
+    auto pass = passes::make_fuse_embedding_norm_pass();
+    ir::Graph opt = run_ab(g, *pass, true, 1e-6);
+    EXPECT_EQ(opt.nodes().size(), 2u);
+    EXPECT_EQ(count_ops(opt, "EmbeddingLayerNorm"), 1u);
+    EXPECT_EQ(count_ops(opt, "Embedding") + count_ops(opt, "Add") + count_ops(opt, "LayerNorm"), 0u);
+    EXPECT_EQ(opt.nodes()[0].inputs.size(), size_t(2 + 2 * lookups));
+    EXPECT_EQ(opt.nodes()[0].name, "embed_norm");
+    EXPECT_EQ(pass->stats(), "fused 1 Embedding+LayerNorm");
+    EXPECT_EQ(passes::fusion_of(opt.nodes()[0]), "fuse_embedding_norm");
+  }
+}
+
+TEST(FuseEmbeddingNorm, OutOfRangeIdsAreStillAnError) {
+  ir::Graph g = embedding_block(3, false, /*type_vocab=*/2);
+  ASSERT_TRUE(passes::make_fuse_embedding_norm_pass()->run(g));
+  // run_graph feeds 0..T-1 to every i32 input: token type ids past 1 are out of range.
+  EXPECT_THROW(testing::run_graph(g, kT), Error);
+}
+
+TEST(FuseEmbeddingNorm, DoesNotFireWhenTheSumIsTheResidualStream) {
+  ir::Graph g = embedding_block(2, /*residual_reads_sum=*/true);
+  auto pass = passes::make_fuse_embedding_norm_pass();
+  run_ab(g, *pass, false);
+  EXPECT_EQ(pass->stats(), "");
+}
+
+// Run with KILN_LOG=debug by the passes_debug_log CTest entry (the level is read once).
+TEST(FuseEmbeddingNorm, SaysWhyAtDebugLevel) {
+  if (log_level() != LogLevel::kDebug) GTEST_SKIP() << "needs KILN_LOG=debug";
+  ir::Graph g = embedding_block(2, true);
+  ::testing::internal::CaptureStderr();
+  passes::make_fuse_embedding_norm_pass()->run(g);
+  std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_NE(err.find("fuse_embedding_norm: not fusing 'embed_norm' (LayerNorm): the embedding sum %embed_sum "
+                     "is also read elsewhere"),
+            std::string::npos)
+      << err;
 }
 
 TEST(PassManager, LevelsDisableByNameAndReport) {

@@ -17,8 +17,9 @@ using testing::count_ops;
 
 struct Expect {
   std::string model;
-  size_t add_norm_extra;  // fused Add+Norm beyond 2 per layer (the embedding sum)
+  size_t add_norm_extra;  // fused Add+Norm beyond 2 per layer (GPT-2's embedding sum)
   bool swiglu;
+  size_t embedding_norm = 0;  // BERT's word + position + token type + LayerNorm
 };
 
 class ModelFusion : public ::testing::TestWithParam<Expect> {};
@@ -58,6 +59,10 @@ TEST_P(ModelFusion, FusedCountsAndSameOutputsAsTheFaithfulGraph) {
   size_t swiglu_epilogues = 0;
   for (auto& n : g.nodes()) swiglu_epilogues += n.op == "Linear" && n.attr_str("activation", "") == "swiglu";
   EXPECT_EQ(swiglu_epilogues, e.swiglu ? layers : 0);
+  EXPECT_EQ(count_ops(g, "EmbeddingLayerNorm"), e.embedding_norm);
+  if (e.embedding_norm) {
+    EXPECT_EQ(count_ops(g, "Embedding"), 0u);
+  }
   EXPECT_EQ(count_ops(g, "Rope") + count_ops(g, "Gelu") + count_ops(g, "Silu") + count_ops(g, "Mul"), 0u);
   // Per layer, Q/K/V become one GEMM and gate/up another.
   EXPECT_EQ(count_ops(g, "Linear"), count_ops(plain->graph(), "Linear") - 2 * layers - (e.swiglu ? layers : 0));
@@ -81,7 +86,7 @@ TEST_P(ModelFusion, FusedCountsAndSameOutputsAsTheFaithfulGraph) {
 
 INSTANTIATE_TEST_SUITE_P(Families, ModelFusion,
                          ::testing::Values(Expect{"gpt2", 1, false}, Expect{"llama", 0, true},
-                                           Expect{"qwen2", 0, true}, Expect{"bert", 1, false}),
+                                           Expect{"qwen2", 0, true}, Expect{"bert", 0, false, 1}),
                          [](const auto& info) { return info.param.model; });
 
 }  // namespace

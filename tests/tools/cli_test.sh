@@ -57,5 +57,22 @@ check bad-profile 1 "DIM:min,opt,max" -- "$kiln" build -m "$fixtures/models/gpt2
 head -c 5000 "$tmp/gpt2.kiln" > "$tmp/cut.kiln"
 check truncated-engine 1 "truncated" -- "$kiln" generate -m "$tmp/cut.kiln" --ids 1
 check out-of-profile 1 "outside the engine profile" -- "$kiln" generate -m "$tmp/gpt2.kiln" --ids "$(seq -s, 1 20)" -n 1
+check build-pinned 0 "4 pinned" -- "$kiln" build -m "$fixtures/models/llama" -o "$tmp/mixed.kiln" --no-tune \
+  --precision bf16 --pin-precision 'layers.0.*=f32' --profile 'small:T=1,8,64' --profile 'large:T=80,256,1024'
+check inspect-precision 0 "bf16      layers.1.qkv_proj" -- "$kiln" inspect -m "$tmp/mixed.kiln"
+check inspect-pins 0 "pinned    layers.0.*=f32" -- "$kiln" inspect -m "$tmp/mixed.kiln"
+check inspect-memory 0 "activation arena" -- "$kiln" inspect -m "$tmp/mixed.kiln"
+check inspect-profiles 0 "profile     large: T in [80, 1024], opt 256" -- "$kiln" inspect -m "$tmp/mixed.kiln"
+check generate-large-profile 0 "" -- "$kiln" generate -m "$tmp/mixed.kiln" --ids "$(seq -s, 1 100)" -n 3 -q
+check between-profiles 1 "outside every engine profile" -- "$kiln" generate -m "$tmp/mixed.kiln" --ids "$(seq -s, 1 70)" -n 1
+check engine-profile 1 "outside the selected engine profile 'small'" -- "$kiln" generate -m "$tmp/mixed.kiln" \
+  --engine-profile small --ids "$(seq -s, 1 70)" -n 1
+check profile-without-engine 1 "only engine files have profiles" -- "$kiln" generate -m "$fixtures/models/llama" \
+  --engine-profile small --ids 1,2 -n 1
+check bad-pin 1 "matches no GEMM" -- "$kiln" build -m "$fixtures/models/llama" -o "$tmp/x.kiln" --pin-precision 'decoder.*=f32'
+check workspace 1 "more than --workspace 1.0 KiB" -- "$kiln" build -m "$fixtures/models/llama" -o "$tmp/x.kiln" --workspace 1KiB
+check build-packed 0 "9 GEMMs stored packed for the cpu backend" -- "$kiln" build -m "$fixtures/models/llama" \
+  -o "$tmp/packed.kiln" --no-tune --pack-weights --precision bf16
+check generate-packed 0 "" -- "$kiln" generate -m "$tmp/packed.kiln" --ids 5,6,7 -n 4 -q
 [ $fail = 0 ] && echo "cli: all passed"
 exit $fail

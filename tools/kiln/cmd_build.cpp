@@ -12,6 +12,8 @@ namespace {
 struct BuildArgs {
   BuildOptions o;
   std::vector<std::string> profiles;
+  std::vector<std::string> pins;
+  std::string workspace;
   bool no_tune = false;
 };
 
@@ -23,18 +25,33 @@ Runner add_build(CLI::App& app) {
   cmd->add_option("-m,--model", a->o.model, "a HuggingFace directory or a .gguf file")->required();
   cmd->add_option("-o,--output", a->o.output, "the engine file to write")->required();
   cmd->add_flag("--random-weights", a->o.random_weights, "-m is a config.json: real shapes, random weights");
-  cmd->add_option("--dtype", a->o.weight_dtype,
-                  "GEMM weights: f32, bf16, f16 (stored so), q8 or q4 (stored f32, quantized at load)")
+  cmd->add_option("--precision,--dtype", a->o.weight_dtype,
+                  "GEMM weights: f32, bf16, f16 (stored so), q8 or q4 (stored f32, quantized at load); the logits "
+                  "GEMM, norms and softmax stay f32")
       ->check(CLI::IsMember({"f32", "bf16", "f16", "q8", "q4"}))
       ->capture_default_str();
+  cmd->add_option("--pin-precision", a->pins,
+                  "GEMMs pinned to a precision: NODE_GLOB=PRECISION[,...], e.g. 'lm_head=bf16,layers.0.*=f32' "
+                  "(node names as in `kiln inspect --graph`; repeatable, the last match wins)");
   cmd->add_option("--backend", a->o.backend, "the backend to tune for")->capture_default_str();
   add_pass_options(cmd, a->o.opt_level, a->o.disabled_passes);
   cmd->add_option("--profile", a->profiles,
-                  "dynamic-shape profile DIM:min,opt,max (default T:1,128,16384); tactics are timed at opt");
+                  "optimization profile NAME:DIM=min,opt,max[;DIM=...] (or DIM:min,opt,max, named 'default'); "
+                  "repeatable, tried in order at run time; default T:1,128,16384. Tactics are timed at the first "
+                  "profile's opt");
+  cmd->add_option("--workspace", a->workspace,
+                  "limit of the activation arena at every profile's max shapes (bytes, or 512MiB, 2GiB): a build "
+                  "that needs more fails, saying what fits");
+  cmd->add_flag("--pack-weights", a->o.pack_weights,
+                "store GEMM weights in the backend's packed layout: loading maps them in place instead of packing, "
+                "but the engine runs only on that backend");
   cmd->add_flag("--no-tune", a->no_tune, "skip tactic timing (the backend's heuristics at run time)");
   cmd->add_option("--timing-cache", a->o.timing_cache, "JSON timing cache, read and updated (faster rebuilds)");
   return [a] {
     for (auto& p : a->profiles) a->o.profiles.push_back(parse_profile(p));
+    for (auto& p : a->pins)
+      for (auto& pin : passes::parse_precision_pins(p)) a->o.pin_precision.push_back(pin);
+    if (!a->workspace.empty()) a->o.workspace_bytes = parse_bytes(a->workspace);
     a->o.tune = !a->no_tune;
     BuildReport r = build_engine(a->o);
     std::printf("built %s from %s in %.2f s (load + passes %.2f s, tuning %.2f s)\n", a->o.output.c_str(),
@@ -45,6 +62,15 @@ Runner add_build(CLI::App& app) {
     if (a->o.tune)
       std::printf("tactics     %zu GEMMs on '%s': %zu shapes timed, %zu from the timing cache\n", r.tactics_chosen,
                   r.device.c_str(), r.shapes_timed, r.cache_hits);
+    for (auto& p : r.profiles) {
+      std::string dims;
+      for (auto& d : p.dims)
+        dims += str_cat(dims.empty() ? "" : ", ", d.dim, " in [", d.min, ", ", d.max, "] opt ", d.opt);
+      std::printf("profile     %s: %s; activation arena %s in %u slots at max shapes\n", p.name.c_str(), dims.c_str(),
+                  format_bytes(p.activation_bytes).c_str(), p.activation_slots);
+    }
+    if (r.packed_gemms) std::printf("weights     %zu GEMMs stored packed for the %s backend\n", r.packed_gemms, a->o.backend.c_str());
+    if (a->o.workspace_bytes) std::printf("workspace   %s limit: every profile fits\n", format_bytes(a->o.workspace_bytes).c_str());
     std::printf("engine      %.1f MiB, GEMM weights %s\n", double(r.bytes) / (1 << 20), a->o.weight_dtype.c_str());
     return 0;
   };

@@ -3,6 +3,7 @@
 // options, profiles and tactics; with --graph, its IR one node per line.
 #include <cstdio>
 #include <map>
+#include <utility>
 
 #include "commands.h"
 #include "runtime/model.h"
@@ -11,14 +12,35 @@ namespace kiln::cli {
 
 namespace {
 
+std::string bytes_str(uint64_t b) {
+  char buf[64];
+  if (b >= (uint64_t(1) << 20)) std::snprintf(buf, sizeof buf, "%.2f MiB", double(b) / double(1 << 20));
+  else std::snprintf(buf, sizeof buf, "%.1f KiB", double(b) / 1024);
+  return buf;
+}
+
 void print_engine(const EngineContents& e, const std::string& device) {
   const EngineBuildInfo& b = e.build;
-  std::printf("engine      built by kiln %s from %s in %.1f s: GEMM weights %s, opt level %d\n",
-              b.kiln_version.c_str(), b.source.c_str(), b.build_seconds, b.weight_dtype.c_str(), b.opt_level);
+  std::printf("engine      schema %u.%u, built by kiln %s from %s in %.1f s: GEMM weights %s, opt level %d\n",
+              kEngineSchemaVersion, e.schema_minor, b.kiln_version.c_str(), b.source.c_str(), b.build_seconds,
+              b.weight_dtype.c_str(), b.opt_level);
   for (auto& line : b.pass_report) std::printf("  pass      %s\n", line.c_str());
-  for (auto& p : e.profiles)
-    std::printf("profile     %s: %s in [%lld, %lld], opt %lld\n", p.name.c_str(), p.dim.c_str(), (long long)p.min,
-                (long long)p.max, (long long)p.opt);
+  for (auto& pin : b.pin_precision) std::printf("  pinned    %s\n", pin.c_str());
+  for (auto& p : e.profiles) {
+    std::string dims;
+    for (auto& d : p.dims)
+      dims += str_cat(dims.empty() ? "" : ", ", d.dim, " in [", d.min, ", ", d.max, "], opt ", d.opt);
+    std::printf("profile     %s: %s\n", p.name.c_str(), dims.c_str());
+    if (p.activation_slots)
+      std::printf("  memory    activation arena %s (%llu bytes) in %u slots at the max shapes\n",
+                  bytes_str(p.activation_bytes).c_str(), (unsigned long long)p.activation_bytes, p.activation_slots);
+    else
+      std::printf("  memory    not recorded (engine schema %u.%u; rebuild to plan it)\n", kEngineSchemaVersion,
+                  e.schema_minor);
+  }
+  if (b.workspace_bytes)
+    std::printf("workspace   %s (%llu bytes) limit at build time\n", bytes_str(b.workspace_bytes).c_str(),
+                (unsigned long long)b.workspace_bytes);
   for (auto& t : e.tactic_tables) {
     std::map<std::string, int> count;
     for (auto& x : t.tactics) ++count[x.tactic];
@@ -27,6 +49,31 @@ void print_engine(const EngineContents& e, const std::string& device) {
     for (auto& [tac, n] : count) std::printf("  %3d x %s\n", n, tac.c_str());
   }
   std::printf("tokenizer   %s\n", e.tokenizer.kind.empty() ? "none" : e.tokenizer.kind.c_str());
+}
+
+// GEMM weight precision per node (assign_precision's attribute, else the model-wide
+// dtype): counts, and the GEMMs outside the most common precision by name.
+void print_precision(const ir::Graph& g, const std::string& fallback) {
+  std::map<std::string, std::vector<std::string>> gemms;
+  size_t kept_f32 = 0;
+  for (auto& n : g.nodes()) {
+    if (n.op == "Linear") gemms[n.attr_str("precision", fallback)].push_back(n.name);
+    else if (n.attr_str("precision", "") == "f32") ++kept_f32;
+  }
+  std::string common;
+  for (auto& [p, names] : gemms)
+    if (common.empty() || names.size() > gemms[common].size()) common = p;
+  std::printf("precision   GEMM weights:");
+  const char* sep = " ";
+  for (auto& [p, names] : gemms) std::printf("%s%zu %s", std::exchange(sep, ", "), names.size(), p.c_str());
+  if (kept_f32) std::printf("; %zu norm/softmax/pool nodes kept f32", kept_f32);
+  std::printf("\n");
+  for (auto& [p, names] : gemms) {
+    if (p == common) continue;
+    std::string list;
+    for (auto& n : names) list += (list.empty() ? "" : ", ") + n;
+    std::printf("  %-9s %s\n", p.c_str(), list.c_str());
+  }
 }
 
 }  // namespace
@@ -60,6 +107,7 @@ Runner add_inspect(CLI::App& app) {
     for (auto& p : m->pass_report())
       if (p.changed) std::printf("  pass      %s: %s\n", p.name.c_str(), p.stats.c_str());
     if (m->engine()) print_engine(*m->engine(), m->backend().device_name());
+    print_precision(m->graph(), m->compile_options().weight_dtype);
     std::printf("backend     %s, GEMM weights %s: %.1f MiB\n", m->backend().name().c_str(),
                 m->compile_options().weight_dtype.c_str(), double(m->compiled().weight_bytes()) / (1 << 20));
     std::printf("KV cache    %lld bytes per token\n",

@@ -39,6 +39,7 @@ struct ModelArgs {
   std::string weight_dtype = "f32";
   int opt_level = 2;
   std::vector<std::string> disabled_passes;
+  std::string profile;  // engines: the optimization profile to run under ("" = first that fits)
 };
 void add_model_options(CLI::App* cmd, ModelArgs& args);
 // --opt-level and --disable-pass (shared by the model-loading commands and build).

@@ -18,6 +18,8 @@ void add_model_options(CLI::App* cmd, ModelArgs& args) {
       ->check(CLI::IsMember({"f32", "bf16", "f16", "q8", "q4"}))
       ->capture_default_str();
   add_pass_options(cmd, args.opt_level, args.disabled_passes);
+  cmd->add_option("--engine-profile", args.profile,
+                  "engines: run under this optimization profile (default: per step, the first that fits)");
 }
 
 void add_pass_options(CLI::App* cmd, int& opt_level, std::vector<std::string>& disabled) {
@@ -29,7 +31,9 @@ void add_pass_options(CLI::App* cmd, int& opt_level, std::vector<std::string>& d
 }
 
 ModelOptions model_options(const ModelArgs& a) {
-  return {a.backend, a.weight_dtype, nullptr, a.opt_level, a.disabled_passes};
+  ModelOptions o{a.backend, a.weight_dtype, nullptr, a.opt_level, a.disabled_passes};
+  o.profile = a.profile;
+  return o;
 }
 
 std::vector<int32_t> parse_ids(const std::string& s) {

@@ -2,8 +2,9 @@
 // plan, where values whose lifetimes do not overlap share a buffer (greedy interval
 // assignment by last use). Buffers grow to the largest shape seen, so steady-state
 // decoding allocates nothing.
-#include "backends/memory_plan.h"
 #include "backends/cpu/cpu_backend.h"
+#include "backends/memory_plan.h"
+#include "backends/shape_profile.h"
 
 #include <algorithm>
 #include <chrono>
@@ -20,8 +21,10 @@ namespace {
 
 class CpuCompiledGraph final : public CompiledGraph {
  public:
-  CpuCompiledGraph(const ir::Graph& g, const CompileOptions& opt) : graph_(g), dim_ranges_(opt.dim_ranges) {
+  CpuCompiledGraph(const ir::Graph& g, const CompileOptions& opt)
+      : graph_(g), profiles_(opt.profiles), profile_(opt.profile) {
     ir::verify(g);
+    shape_profile_check_name(profiles_, profile_);
     for (const ir::Node& n : g.nodes()) {
       const cpu::OpPrepare* prep = cpu::find_cpu_op(n.op);
       if (!prep) throw_error(ErrorCode::kUnsupported, "cpu backend has no kernel for op '", n.op, "'");
@@ -30,8 +33,14 @@ class CpuCompiledGraph final : public CompiledGraph {
     for (const ir::Node& n : g.nodes())
       if (n.op == "Linear") {
         const Tensor& w = g.weight(n.inputs[1]);
-        // Bytes of the stored form: codes plus one f32 scale per 32 values for q8/q4.
-        const double bits = opt.weight_dtype == "f32" ? 32 : opt.weight_dtype == "q8" ? 9 : opt.weight_dtype == "q4" ? 5 : 16;
+        if (n.has_attr("weight_layout")) {  // packed by the builder: the bytes as stored
+          weight_bytes_ += w.nbytes();
+          continue;
+        }
+        // Bytes of the stored form (per node: assign_precision may pin some layers):
+        // codes plus one f32 scale per 32 values for q8/q4.
+        const std::string st = cpu::linear_weight_storage(n, opt);
+        const double bits = st == "f32" ? 32 : st == "q8" ? 9 : st == "q4" ? 5 : 16;
         weight_bytes_ += size_t(double(w.numel()) * bits / 8);
       }
     plan_memory();
@@ -58,14 +67,10 @@ class CpuCompiledGraph final : public CompiledGraph {
         if (v.shape[d].is_concrete() && v.shape[d].value != t.dim(int(d)))
           throw_error(ErrorCode::kInvalidArgument, "input '", v.name, "' dim ", d, " must be ",
                       v.shape[d].value, ", got ", t.shape_str());
-        auto range = v.shape[d].is_concrete() ? dim_ranges_.end() : dim_ranges_.find(v.shape[d].sym);
-        if (range != dim_ranges_.end() && (t.dim(int(d)) < range->second.min || t.dim(int(d)) > range->second.max))
-          throw_error(ErrorCode::kOutOfRange, "input '", v.name, "' has shape ", t.shape_str(), ": ",
-                      v.shape[d].sym, " = ", t.dim(int(d)), " is outside the engine profile's range [",
-                      range->second.min, ", ", range->second.max, "] (rebuild with a wider --profile)");
       }
       vals[size_t(id)] = &t;
     }
+    shape_profile_select(profiles_, profile_, graph_, inputs);
     for (auto& [id, t] : weights_view()) vals[size_t(id)] = t;
 
     auto* cpu_kv = dynamic_cast<cpu::CpuKv*>(kv);
@@ -131,7 +136,8 @@ class CpuCompiledGraph final : public CompiledGraph {
   }
 
   const ir::Graph& graph_;
-  std::map<std::string, DimRange> dim_ranges_;
+  std::vector<ShapeProfile> profiles_;
+  std::string profile_;
   std::vector<cpu::OpRun> runners_;
   std::vector<int> slot_of_;
   std::vector<Slot> slots_;
@@ -170,19 +176,20 @@ class CpuBackend final : public Backend {
   double time_tactic(const ir::Node& node, const ir::Graph& g, const std::string& tactic,
                      const std::map<std::string, int64_t>& dims, const CompileOptions& opt) override {
     if (node.op != "Linear") return -1;
-    if (opt.weight_dtype != "f32" && opt.weight_dtype != "bf16" && opt.weight_dtype != "f16") return -1;
+    const std::string storage = cpu::linear_weight_storage(node, opt);
+    if (storage != "f32" && storage != "bf16" && storage != "f16") return -1;
     const Dim& rows = g.value(node.inputs[0]).shape[0];
     const int64_t t = rows.is_concrete() ? rows.value : (dims.count(rows.sym) ? dims.at(rows.sym) : 1);
     // Pack once per weight: the builder times every tactic of a node in a row.
     const Tensor& w = g.weight(node.inputs[1]);
-    if (packed_src_ != w.data() || packed_dtype_ != opt.weight_dtype) {
+    if (packed_src_ != w.data() || packed_dtype_ != storage) {
       Tensor wf = w.dtype() == DType::kF32 ? w : w.to(DType::kF32);
-      cpu::WeightStorage st = opt.weight_dtype == "bf16"  ? cpu::WeightStorage::kBF16
-                              : opt.weight_dtype == "f16" ? cpu::WeightStorage::kF16
-                                                          : cpu::WeightStorage::kF32;
+      cpu::WeightStorage st = storage == "bf16"  ? cpu::WeightStorage::kBF16
+                              : storage == "f16" ? cpu::WeightStorage::kF16
+                                                 : cpu::WeightStorage::kF32;
       packed_ = cpu::pack_weight(wf.data_as<float>(), wf.dim(0), wf.dim(1), st);
       packed_src_ = w.data();
-      packed_dtype_ = opt.weight_dtype;
+      packed_dtype_ = storage;
     }
     Tensor x(DType::kF32, {t, packed_.k}), y(DType::kF32, {t, packed_.n});
     for (int64_t i = 0; i < x.numel(); ++i) x.data_as<float>()[i] = float((i * 7919) % 200 - 100) * 0.01f;
@@ -202,6 +209,11 @@ class CpuBackend final : public Backend {
   }
 
   bool supports_fusion(const std::string&) const override { return true; }  // all of them
+
+  size_t pack_weights(ir::Graph& graph, const CompileOptions& opt) override {
+    return cpu::pack_linear_weights(graph, opt);
+  }
+  bool supports_weight_layout(const std::string& layout) const override { return layout == cpu::kCpuPackedLayout; }
 
   std::string device_name() const override {
     return str_cat("cpu ", cpu::cpu_isa_name(cpu::cpu_isa()), " ", ThreadPool::global().num_threads(), " threads");

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <tuple>
 
 #include "backends/communicator.h"
 #include "core/log.h"
@@ -39,7 +40,54 @@ WeightStorage storage_from_option(const std::string& s) {
               "' (expected f32, bf16, f16, q8 or q4)");
 }
 
+// A weight the builder already packed (pack_linear_weights): a view of its bytes,
+// which for a loaded engine are the file's mapping, so nothing is copied or repacked.
+std::shared_ptr<PackedWeight> packed_weight_view(const ir::Node& n, const ir::Graph& g, size_t input) {
+  const std::string layout = n.attr_str("weight_layout");
+  if (layout != kCpuPackedLayout)
+    throw_error(ErrorCode::kUnsupported, "cpu: ", n.op, " '", n.name, "' has weights packed for layout '", layout,
+                "', the cpu backend reads '", kCpuPackedLayout, "'; rebuild the engine for this backend");
+  auto w = std::make_shared<PackedWeight>();
+  w->n = n.attr_int("weight_n");
+  w->k = n.attr_int("weight_k");
+  w->storage = storage_from_option(n.attr_str("weight_storage"));
+  const Tensor& t = g.weight(n.inputs[input]);
+  if (t.nbytes() != w->bytes() || reinterpret_cast<uintptr_t>(t.data()) % 64)
+    throw_error(ErrorCode::kInvalidFile, "cpu: packed weight of '", n.name, "' has ", t.nbytes(),
+                " bytes at a ", reinterpret_cast<uintptr_t>(t.data()) % 64 ? "misaligned" : "64-byte aligned",
+                " address; [", w->n, ", ", w->k, "] ", weight_storage_name(w->storage), " panels need ", w->bytes(),
+                " bytes, 64-byte aligned");
+  // The deleter holds the tensor, and with it the engine mapping, alive.
+  w->data = std::shared_ptr<uint8_t[]>(const_cast<uint8_t*>(t.data_as<uint8_t>()), [keep = t](uint8_t*) {});
+  return w;
+}
+
+// A token embedding tied to a packed f32 LM head reads its rows out of the head's
+// panels (row r is column r % 16 of panel r / 16, stride 16 floats along the hidden
+// dim), so the engine stores the tensor once. A strided gather of T rows is cheap next
+// to any GEMM of the step.
+OpRun prepare_packed_embedding(const ir::Node& n, const ir::Graph& g) {
+  std::shared_ptr<PackedWeight> table = packed_weight_view(n, g, 0);
+  if (table->storage != WeightStorage::kF32)
+    throw_error(ErrorCode::kUnsupported, "cpu: Embedding '", n.name, "' reads packed ",
+                weight_storage_name(table->storage), " panels; only f32 panels hold exact rows");
+  return [table](OpContext& c) {
+    const Tensor& ids = *c.inputs[1];
+    const int64_t t = ids.dim(0), dim = table->k, w = PackedWeight::kPanelWidth;
+    Tensor& y = c.out(0, {t, dim});
+    for (int64_t i = 0; i < t; ++i) {
+      const int32_t id = ids.data_as<int32_t>()[i];
+      KILN_THROW_IF(id < 0 || id >= table->n, kOutOfRange, "embedding: token id ", id, " at position ", i,
+                    " is outside the vocabulary of size ", table->n);
+      const float* src = reinterpret_cast<const float*>(table->panel(id / w)) + id % w;
+      float* dst = y.data_as<float>() + i * dim;
+      for (int64_t k = 0; k < dim; ++k) dst[k] = src[k * w];
+    }
+  };
+}
+
 OpRun prepare_embedding(const ir::Node& n, const ir::Graph& g, const CompileOptions&) {
+  if (n.has_attr("weight_layout")) return prepare_packed_embedding(n, g);
   Tensor table = weight_f32(g, n.inputs[0], n, "table");
   return [table](OpContext& c) {
     const Tensor& ids = *c.inputs[1];
@@ -47,6 +95,29 @@ OpRun prepare_embedding(const ir::Node& n, const ir::Graph& g, const CompileOpti
     Tensor& y = c.out(0, {t, dim});
     embedding(table.data_as<float>(), table.dim(0), ids.data_as<int32_t>(), t, dim,
               y.data_as<float>());
+  };
+}
+
+// EmbeddingLayerNorm (fuse_embedding_norm): inputs gamma, beta?, then (table, ids) pairs.
+OpRun prepare_embedding_layer_norm(const ir::Node& n, const ir::Graph& g, const CompileOptions&) {
+  Tensor gamma = weight_f32(g, n.inputs[0], n, "gamma");
+  Tensor beta = weight_f32(g, n.input(1), n, "beta");
+  std::vector<Tensor> tables;
+  for (size_t i = 2; i < n.inputs.size(); i += 2) tables.push_back(weight_f32(g, n.inputs[i], n, "table"));
+  float eps = float(n.attr_float("eps"));
+  return [gamma, beta, tables, eps](OpContext& c) {
+    const int64_t t = c.inputs[3]->dim(0), dim = gamma.dim(0);
+    std::vector<EmbeddingLookup> lookups;
+    for (size_t j = 0; j < tables.size(); ++j) {
+      const Tensor& ids = *c.inputs[3 + 2 * j];
+      if (ids.dim(0) != t)
+        throw_error(ErrorCode::kInvalidArgument, "EmbeddingLayerNorm: lookup ", j, " has ", ids.dim(0),
+                    " ids, lookup 0 has ", t);
+      lookups.push_back({tables[j].data_as<float>(), tables[j].dim(0), ids.data_as<int32_t>()});
+    }
+    Tensor& y = c.out(0, {t, dim});
+    embedding_layer_norm(lookups.data(), int64_t(lookups.size()), t, dim, gamma.data_as<float>(),
+                         beta.empty() ? nullptr : beta.data_as<float>(), eps, y.data_as<float>());
   };
 }
 
@@ -151,17 +222,29 @@ LinearTactic linear_tactic_for(const ir::Node& n, const CompileOptions& opt) {
   return linear_tactic_parse(it->second);
 }
 
-OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, const CompileOptions& opt) {
-  Tensor w = weight_f32(g, n.inputs[1], n, "weight");
-  Tensor bias = weight_f32(g, n.input(2), n, "bias");
-  WeightStorage storage = storage_from_option(opt.weight_dtype);
-  if (weight_storage_quantized(storage) && w.dim(1) % kQuantGroup != 0) {
-    // Group quantization needs whole groups along K; such layers stay in bf16.
-    log_debug("cpu: ", n.name, " has K=", w.dim(1), ", not a multiple of ", kQuantGroup,
-              "; stored as bf16 instead of ", opt.weight_dtype);
+// The storage a Linear's weights are packed in: its precision, except that group
+// quantization needs whole groups along K (such layers stay in bf16).
+WeightStorage linear_storage(const ir::Node& n, int64_t k, const CompileOptions& opt) {
+  const std::string wanted = linear_weight_storage(n, opt);
+  WeightStorage storage = storage_from_option(wanted);
+  if (weight_storage_quantized(storage) && k % kQuantGroup != 0) {
+    log_debug("cpu: ", n.name, " has K=", k, ", not a multiple of ", kQuantGroup, "; stored as bf16 instead of ",
+              wanted);
     storage = WeightStorage::kBF16;
   }
-  auto packed = std::make_shared<PackedWeight>(pack_weight(w.data_as<float>(), w.dim(0), w.dim(1), storage));
+  return storage;
+}
+
+OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, const CompileOptions& opt) {
+  Tensor bias = weight_f32(g, n.input(2), n, "bias");
+  std::shared_ptr<PackedWeight> packed;
+  if (n.has_attr("weight_layout")) {
+    packed = packed_weight_view(n, g, 1);
+  } else {
+    Tensor w = weight_f32(g, n.inputs[1], n, "weight");
+    packed = std::make_shared<PackedWeight>(
+        pack_weight(w.data_as<float>(), w.dim(0), w.dim(1), linear_storage(n, w.dim(1), opt)));
+  }
   // The activation epilogue (fuse_linear_activation) runs over the output right after
   // the GEMM, while it is still in cache.
   using Act = void (*)(const float*, int64_t, float*);
@@ -373,6 +456,7 @@ OpRun prepare_all_reduce(const ir::Node& n, const ir::Graph&, const CompileOptio
 const std::map<std::string, OpPrepare>& op_table() {
   static const std::map<std::string, OpPrepare> table = {
       {"Embedding", prepare_embedding},
+      {"EmbeddingLayerNorm", prepare_embedding_layer_norm},
       {"Add", prepare_binary<false>},
       {"Mul", prepare_binary<true>},
       {"LayerNorm", prepare_layer_norm},
@@ -431,6 +515,60 @@ LinearTactic linear_tactic_parse(const std::string& s) {
     pos = end + 1;
   }
   return t;
+}
+
+std::string linear_weight_storage(const ir::Node& n, const CompileOptions& opt) {
+  return n.attr_str("precision", opt.weight_dtype);
+}
+
+size_t pack_linear_weights(ir::Graph& g, const CompileOptions& opt) {
+  // Tied weights (distinct values sharing one buffer, like GPT-2's LM head and token
+  // embedding) pack once: keyed by the source buffer.
+  using Key = std::tuple<const void*, size_t, WeightStorage>;
+  std::map<Key, ir::ValueId> done;
+  auto key = [&](ir::ValueId v, WeightStorage st) { return Key{g.weight(v).data(), g.weight(v).nbytes(), st}; };
+  size_t packed = 0;
+  for (size_t i = 0; i < g.nodes().size(); ++i) {
+    const ir::Node& n = g.nodes()[i];
+    if (n.op != "Linear" || n.has_attr("weight_layout") || !g.is_weight(n.inputs[1])) continue;
+    const ir::ValueId src = n.inputs[1];
+    const int64_t out = g.weight(src).dim(0), k = g.weight(src).dim(1);
+    const WeightStorage storage = linear_storage(n, k, opt);
+    auto it = done.find(key(src, storage));
+    if (it == done.end()) {
+      Tensor w = weight_f32(g, src, n, "weight");
+      PackedWeight p = pack_weight(w.data_as<float>(), out, k, storage);
+      // The tensor views the packed buffer and keeps it alive (no copy).
+      Tensor bytes = Tensor::view(p.data.get(), DType::kU8, {int64_t(p.bytes())},
+                                  std::shared_ptr<const void>(p.data, p.data.get()));
+      ir::ValueId v = g.add_weight(g.value(src).name + ".packed", std::move(bytes));
+      it = done.emplace(key(src, storage), v).first;
+    }
+    ir::Node& m = g.nodes()[i];
+    m.inputs[1] = it->second;
+    m.attrs["weight_layout"] = std::string(kCpuPackedLayout);
+    m.attrs["weight_n"] = out;
+    m.attrs["weight_k"] = k;
+    m.attrs["weight_storage"] = std::string(weight_storage_name(storage));
+    ++packed;
+  }
+  // A token embedding tied to an f32 LM head (GPT-2) reads the head's panels, so the
+  // tensor is not stored twice (prepare_packed_embedding); other storages round.
+  for (ir::Node& n : g.nodes()) {
+    if (n.op != "Embedding" || n.has_attr("weight_layout") || !g.is_weight(n.inputs[0]) ||
+        g.weight(n.inputs[0]).dtype() != DType::kF32)
+      continue;
+    auto it = done.find(key(n.inputs[0], WeightStorage::kF32));
+    if (it == done.end()) continue;
+    const Tensor& table = g.weight(n.inputs[0]);
+    n.attrs["weight_layout"] = std::string(kCpuPackedLayout);
+    n.attrs["weight_n"] = table.dim(0);
+    n.attrs["weight_k"] = table.dim(1);
+    n.attrs["weight_storage"] = std::string("f32");
+    n.inputs[0] = it->second;
+  }
+  if (packed) g.compact();  // drops the [N, K] originals nothing reads any more
+  return packed;
 }
 
 const OpPrepare* find_cpu_op(const std::string& op) {

@@ -32,6 +32,18 @@ using OpPrepare = std::function<OpRun(const ir::Node&, const ir::Graph&, const C
 
 const OpPrepare* find_cpu_op(const std::string& op);
 
+// How a Linear's weights are stored: the node's `precision` attribute (set by the
+// assign_precision pass, kept in engines) or else CompileOptions::weight_dtype.
+std::string linear_weight_storage(const ir::Node& n, const CompileOptions& opt);
+
+// The layout name of packed panels (kernels.h PackedWeight) in an engine; bump the
+// suffix if PackedWeight's byte layout ever changes, so old engines are refused.
+constexpr const char* kCpuPackedLayout = "cpu_panels16_v1";
+// Build time: replaces every Linear's [N, K] weight by its packed panels (u8 bytes,
+// attrs weight_layout / weight_n / weight_k / weight_storage), so loading the engine
+// maps them in place instead of packing. Returns the number of Linears rewritten.
+size_t pack_linear_weights(ir::Graph& g, const CompileOptions& opt);
+
 // Linear tactics as text ("mr=6,kc=256,split=panels,threads=2"), the form the engine
 // file stores. parse throws kInvalidArgument naming a bad field.
 std::string linear_tactic_str(const LinearTactic& t);

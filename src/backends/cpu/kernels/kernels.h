@@ -135,6 +135,16 @@ void kv_cache_write(const float* k, const float* v, const int64_t* slot_mapping,
 // out[i] = table[ids[i]]; throws kiln::Error (kOutOfRange) naming the id and vocab size.
 void embedding(const float* table, int64_t vocab, const int32_t* ids, int64_t t, int64_t dim,
                float* out);
+// One lookup of a summed embedding: table [vocab, dim] indexed by ids[t].
+struct EmbeddingLookup {
+  const float* table;
+  int64_t vocab;
+  const int32_t* ids;
+};
+// BERT's embeddings in one op: out[i] = LayerNorm(sum_j lookups[j].table[ids_j[i]]) with
+// gamma and beta (beta may be null). Every id is bounds-checked first (kOutOfRange).
+void embedding_layer_norm(const EmbeddingLookup* lookups, int64_t num_lookups, int64_t t, int64_t dim,
+                          const float* gamma, const float* beta, float eps, float* out);
 
 // ---- TopKLogits -----------------------------------------------------------------------
 // Per row of x [rows, v]: the k largest values in descending order (equal values: the
