@@ -25,6 +25,7 @@ class Pass {
 };
 
 // Cleanup.
+std::unique_ptr<Pass> make_constant_folding_pass();        // "constant_folding"
 std::unique_ptr<Pass> make_dce_pass();                     // "dce"
 std::unique_ptr<Pass> make_cse_pass();                     // "cse"
 // Fusions.

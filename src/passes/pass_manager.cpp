@@ -20,6 +20,8 @@ struct Entry {
 };
 
 // Why this order:
+// - constant_folding first: it turns imported shape arithmetic into constants and
+//   attributes, after which cse/dce see the real graph (a no-op for built models).
 // - cse and dce first, so duplicated or dead nodes do not hide single-use patterns
 //   from the fusions (a fusion only fires when the intermediate it removes has no
 //   other reader).
@@ -32,6 +34,7 @@ struct Entry {
 // - dce last removes what the fusions left unreferenced (old weights included).
 const std::vector<std::pair<std::string, Entry>>& registry() {
   static const std::vector<std::pair<std::string, Entry>> r = {
+      {"constant_folding", {1, make_constant_folding_pass}},
       {"cse", {1, make_cse_pass}},
       {"dce", {1, make_dce_pass}},
       {"fuse_qkv_attention", {2, make_fuse_qkv_attention_pass}},

@@ -82,6 +82,7 @@ TEST(OnnxImport, BertMatchesPyTorch) {
                     {"token_type_ids", ref.get("token_type_ids", DType::kI64)}};
     TensorMap out = run(*m, in);
     std::string tag = "bert O" + std::to_string(opt) + " ";
+    if (opt) std::printf("%s", passes::format_pass_report(m->pass_report()).c_str());
     EXPECT_LE(rel_error(out.at("last_hidden_state"), ref.get("last_hidden_state", DType::kF32), tag + "last_hidden_state"), kTol);
     EXPECT_LE(rel_error(out.at("pooler_output"), ref.get("pooler_output", DType::kF32), tag + "pooler_output"), kTol);
     // Dynamic axes: the first sequence alone, cropped to its length, gives the same rows.
@@ -103,12 +104,189 @@ TEST(OnnxImport, Gpt2MatchesPyTorch) {
                     {"attention_mask", ref.get("attention_mask", DType::kI64)}};
     TensorMap out = run(*m, in);
     std::string tag = "gpt2 O" + std::to_string(opt) + " ";
+    if (opt) std::printf("%s", passes::format_pass_report(m->pass_report()).c_str());
     EXPECT_LE(rel_error(out.at("logits"), ref.get("logits", DType::kF32), tag + "logits"), kTol);
     TensorMap two;
     for (auto& [k, v] : in) two[k] = crop(v, 2, 5);
     TensorMap o2 = run(*m, two);
     EXPECT_LE(rel_error(o2.at("logits"), crop(ref.get("logits", DType::kF32), 2, 5), tag + "batch 2, seq 5"), kTol);
   }
+}
+
+// ---- hand-made files: a minimal protobuf writer --------------------------------------
+
+std::string varint(uint64_t v) {
+  std::string s;
+  do {
+    uint8_t b = v & 0x7f;
+    v >>= 7;
+    s.push_back(char(b | (v ? 0x80 : 0)));
+  } while (v);
+  return s;
+}
+std::string key(uint32_t field, int wire) { return varint(uint64_t(field) << 3 | uint64_t(wire)); }
+std::string bytes(uint32_t field, const std::string& b) { return key(field, 2) + varint(b.size()) + b; }
+std::string num(uint32_t field, uint64_t v) { return key(field, 0) + varint(v); }
+
+std::string value_info(const std::string& name, int32_t elem, std::vector<int64_t> dims) {
+  std::string shape;
+  for (int64_t d : dims) shape += bytes(1, d < 0 ? bytes(2, "n") : num(1, uint64_t(d)));
+  std::string tensor_type = num(1, uint64_t(elem)) + bytes(2, shape);
+  return bytes(1, name) + bytes(2, bytes(1, tensor_type));
+}
+std::string node(const std::string& op, std::vector<std::string> in, std::vector<std::string> out,
+                 const std::string& name, const std::string& extra = "") {
+  std::string s;
+  for (auto& i : in) s += bytes(1, i);
+  for (auto& o : out) s += bytes(2, o);
+  return s + bytes(3, name) + bytes(4, op) + extra;
+}
+std::string tensor(const std::string& name, int32_t dtype, std::vector<int64_t> dims, const std::string& raw) {
+  std::string s;
+  for (int64_t d : dims) s += num(1, uint64_t(d));
+  return s + num(2, uint64_t(dtype)) + bytes(8, name) + bytes(9, raw);
+}
+std::string f32s(std::vector<float> v) { return std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4); }
+
+// y = Relu(x + b), x: float [n], b an initializer; `graph_extra` is appended to the graph.
+std::string model(int64_t opset, const std::string& nodes, const std::string& inits, const std::string& graph_extra = "") {
+  std::string graph = nodes + bytes(2, "g") + inits + bytes(11, value_info("x", 1, {-1})) +
+                      bytes(12, value_info("y", 1, {-1})) + graph_extra;
+  return num(1, 8) + bytes(8, bytes(1, "") + num(2, uint64_t(opset))) + bytes(7, graph);
+}
+std::string good_model() {
+  return model(14, bytes(1, node("Add", {"x", "b"}, {"s"}, "add")) + bytes(1, node("Relu", {"s"}, {"y"}, "relu")),
+               bytes(5, tensor("b", 1, {3}, f32s({1, -2, 3}))));
+}
+
+// The kiln::Error message of importing `bytes`, or "" when it imports.
+std::string import_error(const std::string& b, ErrorCode* code = nullptr) {
+  try {
+    auto m = onnx::parse_onnx_model(reinterpret_cast<const uint8_t*>(b.data()), b.size(), "t.onnx");
+    onnx::import_onnx_graph(m, "t.onnx");
+  } catch (const Error& e) {
+    if (code) *code = e.code();
+    return e.what();
+  }
+  return "";
+}
+
+#define EXPECT_ERROR_HAS(bytes_, text)                                            \
+  do {                                                                         \
+    std::string msg_ = import_error(bytes_);                                   \
+    EXPECT_NE(msg_.find(text), std::string::npos) << "message: " << msg_;      \
+  } while (0)
+
+TEST(OnnxImport, HandMadeModelImportsAndRuns) {
+  auto m = onnx::parse_onnx_model(reinterpret_cast<const uint8_t*>(good_model().data()), good_model().size(), "t.onnx");
+  ir::Graph g = onnx::import_onnx_graph(m, "t.onnx");
+  EXPECT_EQ(g.nodes().size(), 2u);
+  auto backend = create_backend("cpu");
+  auto compiled = backend->compile(g, {});
+  Tensor x(DType::kF32, {3});
+  x.data_as<float>()[0] = -5, x.data_as<float>()[1] = 1, x.data_as<float>()[2] = 0.5f;
+  TensorMap out = compiled->run({{"x", x}}, StepInfo{}, nullptr);
+  EXPECT_EQ(out.at("y").data_as<float>()[0], 0.0f);
+  EXPECT_EQ(out.at("y").data_as<float>()[1], 0.0f);
+  EXPECT_EQ(out.at("y").data_as<float>()[2], 3.5f);
+}
+
+TEST(OnnxImport, EveryTruncationIsAnError) {
+  const std::string good = good_model();
+  ASSERT_EQ(import_error(good), "");
+  for (size_t n = 0; n < good.size(); ++n) {
+    ErrorCode code = ErrorCode::kInternal;
+    std::string msg = import_error(good.substr(0, n), &code);
+    EXPECT_FALSE(msg.empty()) << "prefix of " << n << " bytes imported";
+  }
+  // Every single-byte corruption either imports or fails with a kiln::Error (no crash).
+  for (size_t i = 0; i < good.size(); ++i)
+    for (int v : {0x00, 0x7f, 0x80, 0xff}) {
+      std::string bad = good;
+      bad[i] = char(v);
+      import_error(bad);
+    }
+}
+
+TEST(OnnxImport, MalformedWireFormatNamesTheProblem) {
+  EXPECT_ERROR_HAS(std::string("\x08\xff\xff"), "truncated varint");
+  EXPECT_ERROR_HAS(std::string("\x08") + std::string(11, '\xff'), "varint longer than 10 bytes");
+  EXPECT_ERROR_HAS(key(7, 2) + varint(1000) + "abc", "length 1000 runs past the end");
+  EXPECT_ERROR_HAS(key(1, 2) + varint(0), "wrong wire type");          // ir_version as bytes
+  EXPECT_ERROR_HAS(key(7, 3), "unsupported wire type 3");
+  EXPECT_ERROR_HAS(num(1, 8), "no graph");
+  EXPECT_ERROR_HAS(std::string("kiln\x00\x01garbage"), "t.onnx");
+}
+
+TEST(OnnxImport, BadTensorsNameTheTensor) {
+  auto with_init = [](const std::string& init) {
+    return model(14, bytes(1, node("Add", {"x", "b"}, {"s"}, "add")) + bytes(1, node("Relu", {"s"}, {"y"}, "relu")),
+                 bytes(5, init));
+  };
+  EXPECT_ERROR_HAS(with_init(tensor("b", 8, {3}, "abc")), "element type 8 (string)");
+  EXPECT_ERROR_HAS(with_init(tensor("b", 99, {3}, "abc")), "element type 99");
+  EXPECT_ERROR_HAS(with_init(tensor("b", 1, {3}, f32s({1, 2}))), "raw_data has 8 bytes");
+  EXPECT_ERROR_HAS(with_init(tensor("b", 1, {3}, f32s({1, 2}))), "tensor 'b'");
+  EXPECT_ERROR_HAS(with_init(tensor("b", 1, {1 << 30, 1 << 30, 1 << 30}, "")), "too many elements");
+  // External data must stay inside the model's directory.
+  std::string ext = num(1, 3) + num(2, 1) + bytes(8, "b") + bytes(13, bytes(1, "location") + bytes(2, "../w.bin")) + num(14, 1);
+  EXPECT_ERROR_HAS(with_init(ext), "external data");
+  // A node reading an initializer the file does not have.
+  EXPECT_ERROR_HAS(model(14, bytes(1, node("Add", {"x", "b"}, {"y"}, "add")), ""),
+                   "reads 'b', which no earlier node, graph input or initializer defines");
+}
+
+TEST(OnnxImport, ExternalDataNextToTheModel) {
+  test::TempDir dir;
+  test::write_file(dir.file("w.bin"), std::string(4, '\0') + f32s({1, -2, 3}));
+  std::string ext = num(1, 3) + num(2, 1) + bytes(8, "b") + bytes(13, bytes(1, "location") + bytes(2, "w.bin")) +
+                    bytes(13, bytes(1, "offset") + bytes(2, "4")) + num(14, 1);
+  test::write_file(dir.file("m.onnx"),
+                   model(14, bytes(1, node("Add", {"x", "b"}, {"s"}, "add")) + bytes(1, node("Relu", {"s"}, {"y"}, "relu")),
+                         bytes(5, ext)));
+  ir::Graph g = onnx::load_onnx_graph(dir.file("m.onnx"));
+  ir::ValueId b = ir::kNoValue;
+  for (size_t v = 0; v < g.num_values(); ++v)
+    if (g.value(ir::ValueId(v)).name == "b") b = ir::ValueId(v);
+  ASSERT_NE(b, ir::kNoValue);
+  EXPECT_EQ(g.weight(b).data_as<float>()[1], -2.0f);
+  // Past the end of the data file.
+  std::string past = num(1, 3) + num(2, 1) + bytes(8, "b") + bytes(13, bytes(1, "location") + bytes(2, "w.bin")) +
+                     bytes(13, bytes(1, "offset") + bytes(2, "8")) + num(14, 1);
+  test::write_file(dir.file("bad.onnx"),
+                   model(14, bytes(1, node("Add", {"x", "b"}, {"y"}, "add")), bytes(5, past)));
+  try {
+    onnx::load_onnx_graph(dir.file("bad.onnx"));
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("runs past the end"), std::string::npos) << e.what();
+  }
+}
+
+TEST(OnnxImport, UnsupportedOpAndOpsetSayWhatAndWhere) {
+  ErrorCode code = ErrorCode::kInternal;
+  std::string msg = import_error(model(14, bytes(1, node("LSTM", {"x"}, {"y"}, "/rnn/LSTM")), ""), &code);
+  EXPECT_EQ(code, ErrorCode::kUnsupported);
+  for (const char* part : {"/rnn/LSTM", "LSTM", "opset 14", "op registry"})
+    EXPECT_NE(msg.find(part), std::string::npos) << part << " missing in: " << msg;
+  msg = import_error(model(14, bytes(1, node("FusedGemm", {"x"}, {"y"}, "fg", bytes(7, "com.microsoft"))), ""), &code);
+  EXPECT_NE(msg.find("com.microsoft::FusedGemm"), std::string::npos) << msg;
+  msg = import_error(model(9, bytes(1, node("Relu", {"x"}, {"y"}, "r")), ""), &code);
+  EXPECT_EQ(code, ErrorCode::kUnsupported);
+  EXPECT_NE(msg.find("opset 9"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("opset_version=17"), std::string::npos) << msg;
+}
+
+TEST(OnnxImport, RuntimeShapeErrorsAreErrors) {
+  auto m = Model::load(fixture("bert/model.onnx"));
+  Reference ref("bert");
+  Tensor ids = ref.get("input_ids", DType::kI64);
+  ids.data_as<int64_t>()[0] = 100000;  // outside the vocabulary
+  TensorMap in = {{"input_ids", ids}, {"attention_mask", ref.get("attention_mask", DType::kI64)},
+                  {"token_type_ids", ref.get("token_type_ids", DType::kI64)}};
+  EXPECT_THROW(m->compiled().run(in, StepInfo{}, nullptr), Error);
+  in["input_ids"] = crop(ref.get("input_ids", DType::kI64), 3, 4);  // mask is 3 x 12
+  EXPECT_THROW(m->compiled().run(in, StepInfo{}, nullptr), Error);
 }
 
 }  // namespace

@@ -44,7 +44,9 @@ std::string read_external_entry(ProtoReader r, std::string* value) {
 void load_external(RawTensor& rt, size_t nbytes, const Ctx& ctx, const std::string& where) {
   std::string location;
   int64_t offset = 0, length = -1;
-  for (auto& [k, v] : rt.external_data) {
+  for (auto& entry : rt.external_data) {
+    const std::string& k = entry.first;
+    const std::string& v = entry.second;
     auto num = [&](const std::string& s) {
       char* rest = nullptr;
       long long x = std::strtoll(s.c_str(), &rest, 10);
