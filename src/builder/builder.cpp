@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 
 #include "core/log.h"
 #include "core/status.h"
@@ -168,7 +169,18 @@ BuildReport build_engine(const BuildOptions& o) {
   e.info = model->info();
   e.config = model->config();
   convert_gemm_weights(e.graph, o.weight_dtype);
-  e.profiles = o.profiles.empty() ? std::vector<EngineProfile>{{"default", "T", 1, 128, 16384}} : o.profiles;
+  e.profiles = o.profiles;
+  if (e.profiles.empty()) {
+    // Built models have one token axis T; an imported ONNX graph has its own symbolic
+    // input dims ("batch", "sequence"), each allowed [1, 16384] and tuned at 16.
+    std::set<std::string> dims;
+    for (ir::ValueId v : e.graph.inputs())
+      for (auto& d : e.graph.value(v).shape.dims())
+        if (!d.is_concrete() && d.sym != "?") dims.insert(d.sym);
+    if (dims.empty() || dims.count("T")) e.profiles = {{"default", "T", 1, 128, 16384}};
+    else
+      for (auto& d : dims) e.profiles.push_back({"default", d, 1, 16, 16384});
+  }
   for (auto& p : e.profiles) {
     bool found = false;
     for (ir::ValueId v : e.graph.inputs())

@@ -14,14 +14,15 @@
 namespace kiln {
 
 struct BuildOptions {
-  std::string model;           // HF directory, .gguf, or (random_weights) a config.json
+  std::string model;           // HF directory, .gguf, .onnx, or (random_weights) a config.json
   bool random_weights = false;
   std::string output;          // the engine file to write
   std::string backend = "cpu";
   std::string weight_dtype = "f32";  // GEMM weights: f32 | bf16 | f16 (as stored) | q8 | q4
   int opt_level = 2;
   std::vector<std::string> disabled_passes;
-  // Dynamic-shape profile of the token axis; empty: T in [1, 16384], opt 128.
+  // Dynamic-shape profiles; empty: T in [1, 16384], opt 128 (an ONNX graph: each
+  // symbolic input dim in [1, 16384], opt 16).
   std::vector<EngineProfile> profiles;
   bool tune = true;            // time tactics (else the backend's heuristics at run time)
   std::string timing_cache;    // JSON file read before and written after tuning; "" = none

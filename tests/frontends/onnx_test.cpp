@@ -10,6 +10,7 @@
 #include <string>
 
 #include "backends/backend.h"
+#include "builder/builder.h"
 #include "frontends/onnx/onnx_import.h"
 #include "frontends/onnx/onnx_model.h"
 #include "frontends/weight_source.h"
@@ -176,6 +177,27 @@ std::string import_error(const std::string& b, ErrorCode* code = nullptr) {
     std::string msg_ = import_error(bytes_);                                   \
     EXPECT_NE(msg_.find(text), std::string::npos) << "message: " << msg_;      \
   } while (0)
+
+TEST(OnnxImport, EngineRoundTripKeepsTheGraph) {
+  test::TempDir dir;
+  BuildOptions o;
+  o.model = fixture("bert/model.onnx");
+  o.output = dir.file("bert.kiln");
+  o.tune = false;
+  build_engine(o);
+  auto m = Model::load(o.output);
+  EXPECT_EQ(m->info().family, "onnx");
+  Reference ref("bert");
+  TensorMap out = run(*m, {{"input_ids", ref.get("input_ids", DType::kI64)},
+                           {"attention_mask", ref.get("attention_mask", DType::kI64)},
+                           {"token_type_ids", ref.get("token_type_ids", DType::kI64)}});
+  EXPECT_LE(rel_error(out.at("last_hidden_state"), ref.get("last_hidden_state", DType::kF32), "bert engine last_hidden_state"), kTol);
+  // The default profile covers the graph's own symbolic dims.
+  Tensor long_ids(DType::kI64, {1, 20000});
+  EXPECT_THROW(m->compiled().run({{"input_ids", long_ids}, {"attention_mask", long_ids}, {"token_type_ids", long_ids}},
+                                 StepInfo{}, nullptr),
+               Error);
+}
 
 TEST(OnnxImport, HandMadeModelImportsAndRuns) {
   auto m = onnx::parse_onnx_model(reinterpret_cast<const uint8_t*>(good_model().data()), good_model().size(), "t.onnx");

@@ -20,7 +20,7 @@ struct BuildArgs {
 Runner add_build(CLI::App& app) {
   auto a = std::make_shared<BuildArgs>();
   CLI::App* cmd = app.add_subcommand("build", "compile a model into an engine file (.kiln)");
-  cmd->add_option("-m,--model", a->o.model, "a HuggingFace directory or a .gguf file")->required();
+  cmd->add_option("-m,--model", a->o.model, "a HuggingFace directory, a .gguf or an .onnx file")->required();
   cmd->add_option("-o,--output", a->o.output, "the engine file to write")->required();
   cmd->add_flag("--random-weights", a->o.random_weights, "-m is a config.json: real shapes, random weights");
   cmd->add_option("--dtype", a->o.weight_dtype,

@@ -10,7 +10,7 @@ namespace kiln::cli {
 
 void add_model_options(CLI::App* cmd, ModelArgs& args) {
   cmd->add_option("-m,--model", args.model,
-                  "model: a HuggingFace directory (config.json + *.safetensors), a .gguf file or a .kiln engine")
+                  "model: a HuggingFace directory (config.json + *.safetensors), a .gguf or .onnx file or a .kiln engine")
       ->required();
   cmd->add_option("--backend", args.backend, "where to run: cpu")->capture_default_str();
   cmd->add_option("--weight-dtype", args.weight_dtype,
