@@ -25,6 +25,9 @@ struct Entry {
 // - cse and dce first, so duplicated or dead nodes do not hide single-use patterns
 //   from the fusions (a fusion only fires when the intermediate it removes has no
 //   other reader).
+// - the *_pattern fusions (op-by-op LayerNorm / GELU of imported graphs) before the
+//   others, which look for LayerNorm and Gelu nodes (fuse_add_norm takes the residual
+//   Add in front of a LayerNorm only once it is one node).
 // - fuse_qkv_attention before anything touches the Q/K/V Linears (an epilogue or a
 //   later merge would no longer look like three plain projections of one input).
 // - fuse_swiglu before fuse_linear_activation: otherwise Silu(gate_proj) would be
@@ -37,6 +40,8 @@ const std::vector<std::pair<std::string, Entry>>& registry() {
       {"constant_folding", {1, make_constant_folding_pass}},
       {"cse", {1, make_cse_pass}},
       {"dce", {1, make_dce_pass}},
+      {"fuse_layer_norm_pattern", {2, make_fuse_layer_norm_pattern_pass}},
+      {"fuse_gelu_pattern", {2, make_fuse_gelu_pattern_pass}},
       {"fuse_qkv_attention", {2, make_fuse_qkv_attention_pass}},
       {"fuse_swiglu", {2, make_fuse_swiglu_pass}},
       {"fuse_linear_activation", {2, make_fuse_linear_activation_pass}},
