@@ -5,6 +5,7 @@ What it makes (under --out, default tests/fixtures/onnx/):
   bert/  BertModel (tiny, random) exported with torch.onnx.export (TorchScript exporter,
          dynamo=False), inputs input_ids / attention_mask / token_type_ids [batch, seq]
          int64, outputs last_hidden_state [batch, seq, H] and pooler_output [batch, H].
+  bert_opset17/  the same BertModel exported at opset 17 (LayerNormalization as one op).
   gpt2/  GPT2LMHeadModel (tiny, random, use_cache=False) exported the same way, inputs
          input_ids / attention_mask, output logits [batch, seq, vocab].
 Each dir holds model.onnx (< 1 MB), reference.safetensors (the padded input batch and
@@ -90,11 +91,11 @@ def padded_batch(seed, vocab):
     return ids, mask
 
 
-def export(model, args, names, outputs, dynamic, path):
+def export(model, args, names, outputs, dynamic, path, opset=OPSET):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(model, args, str(path), input_names=names, output_names=outputs,
-                          dynamic_axes=dynamic, opset_version=OPSET, do_constant_folding=True,
+                          dynamic_axes=dynamic, opset_version=opset, do_constant_folding=True,
                           dynamo=False)
 
 
@@ -112,7 +113,7 @@ def run_ort(path, feeds):
     return sess.run(None, {k: v.numpy() for k, v in feeds.items()})
 
 
-def finish(out, name, path, feeds, ref_outputs, meta):
+def finish(out, name, path, feeds, ref_outputs, meta, opset=OPSET):
     ort_outs = run_ort(path, feeds)
     errs = {}
     for (k, v), o in zip(ref_outputs.items(), ort_outs):
@@ -127,7 +128,7 @@ def finish(out, name, path, feeds, ref_outputs, meta):
     save_file(tensors, str(out / "reference.safetensors"))
     meta.update({
         "versions": versions(),
-        "opset": OPSET,
+        "opset": opset,
         "onnx_bytes": path.stat().st_size,
         "tensors": {k: {"dtype": str(v.dtype).replace("torch.", ""), "shape": list(v.shape)}
                     for k, v in tensors.items()},
@@ -140,8 +141,8 @@ def finish(out, name, path, feeds, ref_outputs, meta):
     log(f"  wrote {out} ({path.stat().st_size} bytes of ONNX)")
 
 
-def make_bert(root):
-    out = root / "bert"
+def make_bert(root, opset=OPSET, dirname="bert"):
+    out = root / dirname
     out.mkdir(parents=True, exist_ok=True)
     cfg = transformers.BertConfig(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS,
                                   num_attention_heads=HEADS, intermediate_size=4 * HIDDEN,
@@ -173,10 +174,10 @@ def make_bert(root):
     dyn["last_hidden_state"] = {0: "batch", 1: "sequence"}
     dyn["pooler_output"] = {0: "batch"}
     path = out / "model.onnx"
-    export(w, (ids, mask, types), list(feeds), ["last_hidden_state", "pooler_output"], dyn, path)
-    finish(out, "bert", path, feeds, {"last_hidden_state": hidden, "pooler_output": pooled},
+    export(w, (ids, mask, types), list(feeds), ["last_hidden_state", "pooler_output"], dyn, path, opset)
+    finish(out, dirname, path, feeds, {"last_hidden_state": hidden, "pooler_output": pooled},
            {"model": "bert", "class": "BertModel", "config": cfg.to_diff_dict(),
-            "padding": "right, pad id 0, attention_mask 0 on padding"})
+            "padding": "right, pad id 0, attention_mask 0 on padding"}, opset)
 
 
 def make_gpt2(root):
@@ -217,12 +218,13 @@ def make_gpt2(root):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="tests/fixtures/onnx")
-    ap.add_argument("--only", default="bert,gpt2")
+    ap.add_argument("--only", default="bert,bert_opset17,gpt2")
     a = ap.parse_args()
     root = Path(a.out)
     for name in a.only.split(","):
         log(f"== {name}")
-        {"bert": make_bert, "gpt2": make_gpt2}[name](root)
+        {"bert": make_bert, "bert_opset17": lambda r: make_bert(r, 17, "bert_opset17"),
+         "gpt2": make_gpt2}[name](root)
 
 
 if __name__ == "__main__":

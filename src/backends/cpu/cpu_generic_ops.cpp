@@ -171,8 +171,12 @@ OpRun prepare_binary(const ir::Node& n, const ir::Graph&, const CompileOptions&)
   const Bin op = bin_of(n.op);
   const bool cmp = op >= Bin::kEq;
   return [op, cmp, name = n.name, opname = n.op](OpContext& c) {
-    const Tensor& a = *c.inputs[0];
-    const Tensor& b = *c.inputs[1];
+    const Tensor* pa_in = c.inputs[0];
+    const Tensor* pb_in = c.inputs[1];
+    // Exporters often write bias + x: commute so the row vector comes second.
+    if ((op == Bin::kAdd || op == Bin::kMul) && pa_in->rank() == 1 && pb_in->rank() > 1) std::swap(pa_in, pb_in);
+    const Tensor& a = *pa_in;
+    const Tensor& b = *pb_in;
     // The model builders' forms first: same shape or a row vector, f32 (SIMD kernels).
     if ((op == Bin::kAdd || op == Bin::kMul) && a.dtype() == DType::kF32 && b.dtype() == DType::kF32 &&
         a.rank() >= 1 && (a.shape() == b.shape() || (b.rank() == 1 && b.dim(0) == a.dim(-1)))) {
