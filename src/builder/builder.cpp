@@ -156,7 +156,7 @@ BuildReport build_engine(const BuildOptions& o) {
   BuildReport report;
   auto t0 = Clock::now();
   if (o.output.empty()) throw_error(ErrorCode::kInvalidArgument, "build: no output file (-o)");
-  ModelOptions mo{o.backend, o.weight_dtype, nullptr, o.opt_level, o.disabled_passes};
+  ModelOptions mo{o.backend, o.weight_dtype, nullptr, o.opt_level, o.disabled_passes, o.onnx_import};
   auto model = o.random_weights ? Model::load_random(o.model, mo) : Model::load(o.model, mo);
   if (model->engine()) throw_error(ErrorCode::kInvalidArgument, "build: '", o.model, "' is already an engine");
   report.load_seconds = since(t0);

@@ -21,6 +21,7 @@ struct BuildOptions {
   std::string weight_dtype = "f32";  // GEMM weights: f32 | bf16 | f16 (as stored) | q8 | q4
   int opt_level = 2;
   std::vector<std::string> disabled_passes;
+  std::string onnx_import = "auto";  // .onnx: auto | graph | family (ModelOptions)
   // Dynamic-shape profiles; empty: T in [1, 16384], opt 128 (an ONNX graph: each
   // symbolic input dim in [1, 16384], opt 16).
   std::vector<EngineProfile> profiles;

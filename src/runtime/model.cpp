@@ -8,25 +8,9 @@
 #include "core/status.h"
 #include "frontends/gguf_hf.h"
 #include "frontends/hf_dir.h"
-#include "frontends/onnx/onnx_import.h"
 #include "models/random_weights.h"
 
 namespace kiln {
-
-namespace {
-
-// An imported ONNX graph runs op by op with its own inputs and outputs ([batch, seq]
-// ids in, dense tensors out), not through the ragged decoder/encoder runners.
-BuiltModel build_onnx_model(const std::string& path) {
-  BuiltModel built;
-  built.graph = onnx::load_onnx_graph(path);
-  built.info.family = "onnx";
-  built.info.model_type = "onnx";
-  built.info.is_decoder = false;
-  return built;
-}
-
-}  // namespace
 
 void Model::compile(const std::string& backend, CompileOptions options) {
   backend_ = create_backend(backend);
@@ -107,7 +91,7 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
     GgufWeightSource weights(gguf);
     built = build_model(config, weights);
   } else if (fs::path(path).extension() == ".onnx") {
-    built = build_onnx_model(path);
+    return load_onnx(path, options);
   } else {
     throw_error(ErrorCode::kUnsupported, "'", path,
                 "' is not a model directory (config.json + *.safetensors), a .gguf or .onnx file or a kiln engine");

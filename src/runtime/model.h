@@ -23,11 +23,16 @@ struct ModelOptions {
   // 2 also fuses. Ignored for engine files, which are optimized when built.
   int opt_level = 2;
   std::vector<std::string> disabled_passes;  // pass names to skip
+  // .onnx files: "auto" runs a recognised HF export (BERT, GPT-2) through kiln's own
+  // family graph (encoder/decoder runners, fused Attention, KV cache) once it agrees
+  // with the op-by-op import on a probe input, else imports op by op; "graph" always
+  // imports op by op; "family" requires recognition (an error says why not).
+  std::string onnx_import = "auto";
 };
 
 class Model {
  public:
-  // `path`: a HuggingFace model directory (config.json + safetensors), a .gguf file, or
+  // `path`: a HuggingFace model directory (config.json + safetensors), a .gguf or .onnx file, or
   // a kiln engine file (`kiln build`; recognized by its magic, weights mmap'd in place).
   static std::unique_ptr<Model> load(const std::string& path, const ModelOptions& options = {});
   // Real shapes without a checkpoint: `config` is a config.json (file, or a model
@@ -65,6 +70,7 @@ class Model {
   CompileOptions compile_options_;
 
   static std::unique_ptr<Model> load_engine(const std::string& path, const ModelOptions& options);
+  static std::unique_ptr<Model> load_onnx(const std::string& path, const ModelOptions& options);  // onnx_loader.cpp
   void compile(const std::string& backend, CompileOptions options);
 };
 

@@ -15,6 +15,7 @@
 #include "frontends/onnx/onnx_model.h"
 #include "frontends/weight_source.h"
 #include "passes/pass_manager.h"
+#include "runtime/encoder_runner.h"
 #include "runtime/model.h"
 #include "test_util.h"
 
@@ -80,6 +81,7 @@ TEST_P(OnnxBert, MatchesPyTorch) {
   for (int opt : {0, 2}) {
     ModelOptions mo;
     mo.opt_level = opt;
+    mo.onnx_import = "graph";
     auto m = Model::load(fixture(name + "/model.onnx"), mo);
     Reference ref(name);
     TensorMap in = {{"input_ids", ref.get("input_ids", DType::kI64)},
@@ -105,6 +107,7 @@ TEST(OnnxImport, Gpt2MatchesPyTorch) {
   for (int opt : {0, 2}) {
     ModelOptions mo;
     mo.opt_level = opt;
+    mo.onnx_import = "graph";
     auto m = Model::load(fixture("gpt2/model.onnx"), mo);
     Reference ref("gpt2");
     TensorMap in = {{"input_ids", ref.get("input_ids", DType::kI64)},
@@ -126,6 +129,70 @@ TEST(OnnxImport, Gpt2MatchesPyTorch) {
     for (auto& [k, v] : in) two[k] = crop(v, 2, 5);
     TensorMap o2 = run(*m, two);
     EXPECT_LE(rel_error(o2.at("logits"), crop(ref.get("logits", DType::kF32), 2, 5), tag + "batch 2, seq 5"), kTol);
+  }
+}
+
+// ---- recognised HF exports through kiln's own family graphs ----------------------------
+
+class OnnxBertFamily : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(OnnxBertFamily, ReachesTheEncoderPath) {
+  auto m = Model::load(fixture(GetParam() + "/model.onnx"));
+  ASSERT_EQ(m->info().family, "bert");
+  EXPECT_FALSE(m->info().is_decoder);
+  EXPECT_EQ(m->info().num_heads, 4);
+  Reference ref(GetParam());
+  Tensor ids = ref.get("input_ids", DType::kI32), types = ref.get("token_type_ids", DType::kI32),
+         mask = ref.get("attention_mask", DType::kI32);
+  const int64_t b = ids.dim(0), s = ids.dim(1), h = m->info().hidden_size;
+  auto batch = encoder_inputs_from_padded({ids.data_as<int32_t>(), ids.data_as<int32_t>() + ids.numel()},
+                                          {types.data_as<int32_t>(), types.data_as<int32_t>() + types.numel()},
+                                          {mask.data_as<int32_t>(), mask.data_as<int32_t>() + mask.numel()}, b, s);
+  auto out = encode(*m, batch);  // one ragged step, fused Attention
+  Tensor hidden = ref.get("last_hidden_state", DType::kF32), pooled = ref.get("pooler_output", DType::kF32);
+  for (int64_t i = 0; i < b; ++i) {
+    const int64_t len = int64_t(batch[size_t(i)].tokens.size());
+    Tensor got(DType::kF32, {len, h}), want(DType::kF32, {len, h}), gp(DType::kF32, {h}), wp(DType::kF32, {h});
+    std::memcpy(got.data(), out[size_t(i)].hidden.data(), got.nbytes());
+    std::memcpy(want.data(), hidden.data_as<float>() + i * s * h, want.nbytes());
+    std::memcpy(gp.data(), out[size_t(i)].pooled.data(), gp.nbytes());
+    std::memcpy(wp.data(), pooled.data_as<float>() + i * h, wp.nbytes());
+    std::string tag = GetParam() + " as bert, seq " + std::to_string(i);
+    EXPECT_LE(rel_error(got, want, tag + " hidden"), kTol);
+    EXPECT_LE(rel_error(gp, wp, tag + " pooler"), kTol);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Opsets, OnnxBertFamily, ::testing::Values("bert", "bert_opset17"));
+
+TEST(OnnxFamily, Gpt2ReachesTheDecoderPath) {
+  auto m = Model::load(fixture("gpt2/model.onnx"));
+  ASSERT_EQ(m->info().family, "gpt2");
+  ASSERT_TRUE(m->info().is_decoder);
+  Reference ref("gpt2");
+  Tensor ids = ref.get("input_ids", DType::kI32), lengths = ref.get("lengths", DType::kI64),
+         logits = ref.get("logits", DType::kF32);
+  const int64_t s = ids.dim(1), v = m->info().vocab_size;
+  const ModelInfo& info = m->info();
+  for (int64_t i = 0; i < ids.dim(0); ++i) {
+    // One prefill step through the paged KV cache, logits for every position.
+    const int64_t n = lengths.data_as<int64_t>()[i];
+    KvLayout layout{info.num_layers, (n + 15) / 16, 16, info.num_kv_heads, info.head_dim};
+    auto kv = m->backend().allocate_kv(layout);
+    StepInfo step;
+    step.seqs.push_back({0, int32_t(n), int32_t(n), {}});
+    for (int32_t blk = 0; blk < layout.num_blocks; ++blk) step.seqs[0].block_table.push_back(blk);
+    Tensor tokens(DType::kI32, {n}), positions(DType::kI32, {n}), rows(DType::kI32, {n});
+    for (int64_t t = 0; t < n; ++t) {
+      step.slot_mapping.push_back(t);
+      tokens.data_as<int32_t>()[t] = ids.data_as<int32_t>()[i * s + t];
+      positions.data_as<int32_t>()[t] = rows.data_as<int32_t>()[t] = int32_t(t);
+    }
+    Tensor got = m->compiled().run({{"tokens", tokens}, {"positions", positions}, {"logit_rows", rows}}, step, kv.get())
+                     .at("logits").clone();
+    Tensor want(DType::kF32, {n, v});
+    std::memcpy(want.data(), logits.data_as<float>() + i * s * v, want.nbytes());
+    EXPECT_LE(rel_error(got, want, "gpt2 as gpt2, seq " + std::to_string(i) + " logits"), kTol);
   }
 }
 
@@ -199,6 +266,7 @@ TEST(OnnxImport, EngineRoundTripKeepsTheGraph) {
   o.model = fixture("bert/model.onnx");
   o.output = dir.file("bert.kiln");
   o.tune = false;
+  o.onnx_import = "graph";
   build_engine(o);
   auto m = Model::load(o.output);
   EXPECT_EQ(m->info().family, "onnx");
@@ -314,8 +382,26 @@ TEST(OnnxImport, UnsupportedOpAndOpsetSayWhatAndWhere) {
   EXPECT_NE(msg.find("opset_version=17"), std::string::npos) << msg;
 }
 
+TEST(OnnxFamily, UnrecognisedFallsBackOrSaysWhy) {
+  test::TempDir dir;
+  test::write_file(dir.file("m.onnx"), good_model());
+  auto m = Model::load(dir.file("m.onnx"));
+  EXPECT_EQ(m->info().family, "onnx");  // auto: op by op
+  ModelOptions mo;
+  mo.onnx_import = "family";
+  try {
+    Model::load(dir.file("m.onnx"), mo);
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not a recognised HF export: no HF BERT or GPT-2 tensor names"),
+              std::string::npos) << e.what();
+  }
+}
+
 TEST(OnnxImport, RuntimeShapeErrorsAreErrors) {
-  auto m = Model::load(fixture("bert/model.onnx"));
+  ModelOptions mo;
+  mo.onnx_import = "graph";
+  auto m = Model::load(fixture("bert/model.onnx"), mo);
   Reference ref("bert");
   Tensor ids = ref.get("input_ids", DType::kI64);
   ids.data_as<int64_t>()[0] = 100000;  // outside the vocabulary

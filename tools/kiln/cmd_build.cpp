@@ -29,6 +29,7 @@ Runner add_build(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--backend", a->o.backend, "the backend to tune for")->capture_default_str();
   add_pass_options(cmd, a->o.opt_level, a->o.disabled_passes);
+  add_onnx_option(cmd, a->o.onnx_import);
   cmd->add_option("--profile", a->profiles,
                   "dynamic-shape profile DIM:min,opt,max (default T:1,128,16384); tactics are timed at opt");
   cmd->add_flag("--no-tune", a->no_tune, "skip tactic timing (the backend's heuristics at run time)");

@@ -31,7 +31,10 @@ struct ModelArgs {
   std::string weight_dtype = "f32";
   int opt_level = 2;
   std::vector<std::string> disabled_passes;
+  std::string onnx_import = "auto";
 };
+// --onnx-import auto|graph|family (ModelOptions::onnx_import).
+void add_onnx_option(CLI::App* cmd, std::string& mode);
 void add_model_options(CLI::App* cmd, ModelArgs& args);
 // --opt-level and --disable-pass (shared by the model-loading commands and build).
 void add_pass_options(CLI::App* cmd, int& opt_level, std::vector<std::string>& disabled);

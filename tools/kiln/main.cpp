@@ -18,6 +18,15 @@ void add_model_options(CLI::App* cmd, ModelArgs& args) {
       ->check(CLI::IsMember({"f32", "bf16", "f16", "q8", "q4"}))
       ->capture_default_str();
   add_pass_options(cmd, args.opt_level, args.disabled_passes);
+  add_onnx_option(cmd, args.onnx_import);
+}
+
+void add_onnx_option(CLI::App* cmd, std::string& mode) {
+  cmd->add_option("--onnx-import", mode,
+                  ".onnx models: auto (a recognised BERT/GPT-2 export runs as kiln's own family graph once it "
+                  "agrees with the op-by-op import on a probe), graph (always op by op), family (must be recognised)")
+      ->check(CLI::IsMember({"auto", "graph", "family"}))
+      ->capture_default_str();
 }
 
 void add_pass_options(CLI::App* cmd, int& opt_level, std::vector<std::string>& disabled) {
@@ -29,7 +38,7 @@ void add_pass_options(CLI::App* cmd, int& opt_level, std::vector<std::string>& d
 }
 
 ModelOptions model_options(const ModelArgs& a) {
-  return {a.backend, a.weight_dtype, nullptr, a.opt_level, a.disabled_passes};
+  return {a.backend, a.weight_dtype, nullptr, a.opt_level, a.disabled_passes, a.onnx_import};
 }
 
 std::vector<int32_t> parse_ids(const std::string& s) {
