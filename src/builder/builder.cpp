@@ -282,6 +282,7 @@ BuildReport build_engine(const BuildOptions& o) {
   if (o.output.empty()) throw_error(ErrorCode::kInvalidArgument, "build: no output file (-o)");
   ModelOptions mo{o.backend, o.weight_dtype, nullptr, o.opt_level, o.disabled_passes, o.weight_dtype,
                   o.pin_precision};
+  mo.onnx_import = o.onnx_import;
   auto model = o.random_weights ? Model::load_random(o.model, mo) : Model::load(o.model, mo);
   if (model->engine()) throw_error(ErrorCode::kInvalidArgument, "build: '", o.model, "' is already an engine");
   report.load_seconds = since(t0);
@@ -294,7 +295,20 @@ BuildReport build_engine(const BuildOptions& o) {
   e.info = model->info();
   e.config = model->config();
   convert_gemm_weights(e.graph, o.weight_dtype);
-  e.profiles = o.profiles.empty() ? std::vector<EngineProfile>{{"default", {{"T", 1, 128, 16384}}}} : o.profiles;
+  e.profiles = o.profiles;
+  if (e.profiles.empty()) {
+    // Built models have one token axis T; an imported ONNX graph has its own symbolic
+    // input dims ("batch", "sequence"), each allowed [1, 16384] and tuned at 16.
+    std::set<std::string> dims;
+    for (ir::ValueId v : e.graph.inputs())
+      for (auto& d : e.graph.value(v).shape.dims())
+        if (!d.is_concrete() && d.sym != "?") dims.insert(d.sym);
+    EngineProfile p{"default", {}};
+    if (dims.empty() || dims.count("T")) p.dims.push_back({"T", 1, 128, 16384});
+    else
+      for (auto& d : dims) p.dims.push_back({d, 1, 16, 16384});
+    e.profiles = {p};
+  }
   for (size_t i = 0; i < e.profiles.size(); ++i) {
     const EngineProfile& p = e.profiles[i];
     for (size_t j = 0; j < i; ++j)

@@ -18,7 +18,7 @@
 namespace kiln {
 
 struct BuildOptions {
-  std::string model;           // HF directory, .gguf, or (random_weights) a config.json
+  std::string model;           // HF directory, .gguf, .onnx, or (random_weights) a config.json
   bool random_weights = false;
   std::string output;          // the engine file to write
   std::string backend = "cpu";
@@ -27,6 +27,7 @@ struct BuildOptions {
   std::vector<passes::PrecisionPin> pin_precision;
   int opt_level = 2;
   std::vector<std::string> disabled_passes;
+  std::string onnx_import = "auto";  // .onnx: auto | graph | family (ModelOptions)
   // Optimization profiles (min/opt/max per dynamic dim), tried in this order by an
   // execution context; empty: one profile "default" with T in [1, 16384], opt 128.
   // Tactics are timed at the first profile's opt shapes.

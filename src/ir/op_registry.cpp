@@ -6,6 +6,7 @@
 #include <map>
 
 #include "core/status.h"
+#include "ir/generic_ops.h"
 
 namespace kiln::ir {
 
@@ -42,19 +43,6 @@ void need_index(const Node& n, const Value& v, const char* role) {
   if (v.dtype != DType::kI32 || v.shape.rank() != 1)
     shape_error(n, str_cat(role, " %", v.name, " must be i32 of rank 1, got ", dtype_name(v.dtype),
                            v.shape.str()));
-}
-
-// Elementwise binary op: b has a's shape or is a vector over a's last dim.
-std::vector<ValueType> infer_binary(const Node& n, const In& in) {
-  const Value& a = need(n, in, 0, "a");
-  const Value& b = need(n, in, 1, "b");
-  need_float(n, a, "a");
-  bool same = a.shape.rank() == b.shape.rank();
-  for (size_t i = 0; same && i < a.shape.rank(); ++i) same = dims_agree(a.shape[i], b.shape[i]);
-  bool row = b.shape.rank() == 1 && a.shape.rank() >= 1 && dims_agree(a.shape.back(), b.shape[0]);
-  if (!same && !row)
-    shape_error(n, str_cat("cannot broadcast ", b.shape.str(), " to ", a.shape.str()));
-  return {{a.dtype, a.shape}};
 }
 
 std::vector<ValueType> infer_unary(const Node& n, const In& in) {
@@ -271,8 +259,6 @@ std::map<std::string, OpSchema> make_registry() {
        "LayerNorm(sum_j table_j[ids_j]) with gamma, beta: inputs (gamma, beta, table_0, ids_0, ...), "
        "up to 3 lookups (fused BERT embeddings)",
        infer_embedding_layer_norm});
-  add({"Add", 2, 2, {}, "a + b (b: same shape or a row vector)", infer_binary});
-  add({"Mul", 2, 2, {}, "a * b (b: same shape or a row vector)", infer_binary});
   add({"AddLayerNorm", 3, 4, {"eps"}, "s = a + b; outputs s and LayerNorm(s) (fused residual add)",
        infer_add_norm});
   add({"AddRMSNorm", 3, 3, {"eps"}, "s = a + b; outputs s and RMSNorm(s) (fused residual add)",
@@ -300,6 +286,9 @@ std::map<std::string, OpSchema> make_registry() {
        infer_topk_logits});
   add({"AllReduce", 1, 1, {}, "sum of x over the tensor-parallel ranks (identity with one rank)",
        infer_unary});
+  // Add and Mul among them: numpy broadcasting, any dtype (model builders use the
+  // [T, H] + [T, H] and [T, H] + [H] forms every backend implements).
+  add_generic_op_schemas(r);
   return r;
 }
 

@@ -26,9 +26,12 @@ class Pass {
 };
 
 // Cleanup.
+std::unique_ptr<Pass> make_constant_folding_pass();        // "constant_folding"
 std::unique_ptr<Pass> make_dce_pass();                     // "dce"
 std::unique_ptr<Pass> make_cse_pass();                     // "cse"
 // Fusions.
+std::unique_ptr<Pass> make_fuse_layer_norm_pattern_pass(); // "fuse_layer_norm_pattern"
+std::unique_ptr<Pass> make_fuse_gelu_pattern_pass();       // "fuse_gelu_pattern"
 std::unique_ptr<Pass> make_fuse_qkv_attention_pass();      // "fuse_qkv_attention"
 std::unique_ptr<Pass> make_fuse_swiglu_pass();             // "fuse_swiglu"
 std::unique_ptr<Pass> make_fuse_add_norm_pass();           // "fuse_add_norm"

@@ -25,9 +25,14 @@ std::unique_ptr<Pass> plain(const PassOptions&) {
 }
 
 // Why this order:
+// - constant_folding first: it turns imported shape arithmetic into constants and
+//   attributes, after which cse/dce see the real graph (a no-op for built models).
 // - cse and dce first, so duplicated or dead nodes do not hide single-use patterns
 //   from the fusions (a fusion only fires when the intermediate it removes has no
 //   other reader).
+// - the *_pattern fusions (op-by-op LayerNorm / GELU of imported graphs) before the
+//   others, which look for LayerNorm and Gelu nodes (fuse_add_norm takes the residual
+//   Add in front of a LayerNorm only once it is one node).
 // - fuse_qkv_attention before anything touches the Q/K/V Linears (an epilogue or a
 //   later merge would no longer look like three plain projections of one input).
 // - fuse_swiglu before fuse_linear_activation: otherwise Silu(gate_proj) would be
@@ -43,8 +48,11 @@ std::unique_ptr<Pass> plain(const PassOptions&) {
 //   level, but only when a precision is asked for.
 const std::vector<std::pair<std::string, Entry>>& registry() {
   static const std::vector<std::pair<std::string, Entry>> r = {
+      {"constant_folding", {1, plain<make_constant_folding_pass>}},
       {"cse", {1, plain<make_cse_pass>}},
       {"dce", {1, plain<make_dce_pass>}},
+      {"fuse_layer_norm_pattern", {2, plain<make_fuse_layer_norm_pattern_pass>}},
+      {"fuse_gelu_pattern", {2, plain<make_fuse_gelu_pattern_pass>}},
       {"fuse_qkv_attention", {2, plain<make_fuse_qkv_attention_pass>}},
       {"fuse_swiglu", {2, plain<make_fuse_swiglu_pass>}},
       {"fuse_linear_activation", {2, plain<make_fuse_linear_activation_pass>}},

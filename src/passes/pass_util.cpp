@@ -19,6 +19,26 @@ const ir::Node* single_use_producer(const ir::Graph& g, const ir::Uses& uses, ir
   return p;
 }
 
+bool scalar_weight(const ir::Graph& g, ir::ValueId v, double* out) {
+  if (v == ir::kNoValue || !g.is_weight(v)) return false;
+  const Tensor& t = g.weight(v);
+  if (t.dtype() != DType::kF32 || t.numel() != 1) return false;
+  *out = t.data_as<float>()[0];
+  return true;
+}
+
+ir::ValueId other_input(const ir::Node& n, ir::ValueId v) {
+  if (n.inputs.size() != 2) return ir::kNoValue;
+  if (n.inputs[0] == v) return n.inputs[1];
+  if (n.inputs[1] == v) return n.inputs[0];
+  return ir::kNoValue;
+}
+
+const ir::Node* sole_consumer(const ir::Graph& g, const ir::Uses& uses, ir::ValueId v) {
+  if (uses.count(v) != 1 || uses.consumers[size_t(v)].empty()) return nullptr;
+  return &g.nodes()[size_t(uses.consumers[size_t(v)][0])];
+}
+
 ir::ValueId concat_weights(ir::Graph& g, const std::vector<ir::ValueId>& parts, const std::string& name) {
   KILN_CHECK(!parts.empty(), "concat of nothing");
   const Tensor& first = g.weight(parts[0]);

@@ -22,6 +22,14 @@ inline int32_t node_index(const ir::Graph& g, const ir::Node* n) {
   return int32_t(n - g.nodes().data());
 }
 
+// The value of a one-element f32 weight (an exported graph's eps, 0.5, sqrt(2)...);
+// false when `v` is anything else.
+bool scalar_weight(const ir::Graph& g, ir::ValueId v, double* out);
+// The other input of a binary node when one input is `v` (kNoValue otherwise).
+ir::ValueId other_input(const ir::Node& n, ir::ValueId v);
+// The only node reading `v` (which must not be a graph output), else null.
+const ir::Node* sole_consumer(const ir::Graph& g, const ir::Uses& uses, ir::ValueId v);
+
 // Rows of `parts` (all weights of one dtype, same trailing dims) stacked into one new
 // weight named `name`; returns its value id. Throws kUnsupported if the parts differ.
 ir::ValueId concat_weights(ir::Graph& g, const std::vector<ir::ValueId>& parts, const std::string& name);

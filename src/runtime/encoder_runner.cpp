@@ -10,6 +10,10 @@ std::vector<EncoderOutput> encode(Model& model, const std::vector<EncoderInput>&
   if (info.is_decoder)
     throw_error(ErrorCode::kInvalidArgument, "encode() needs an encoder model; '", info.family,
                 "' is a decoder");
+  if (info.family == "onnx")
+    throw_error(ErrorCode::kUnsupported, "'", model.path(), "' is an ONNX graph imported op by op: it runs with its own "
+                "inputs (Model::compiled().run with ", model.graph().inputs().size(), " named tensors), not through "
+                "encode(); for kiln's encoder path load the HuggingFace directory (config.json + safetensors)");
   if (batch.empty()) return {};
   int64_t total = 0;
   for (size_t i = 0; i < batch.size(); ++i) {

@@ -117,9 +117,11 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
     config = gguf_to_hf_config(*gguf);
     GgufWeightSource weights(gguf);
     built = build_model(config, weights);
+  } else if (fs::path(path).extension() == ".onnx") {
+    return load_onnx(path, options);
   } else {
     throw_error(ErrorCode::kUnsupported, "'", path,
-                "' is not a model directory (config.json + *.safetensors), a .gguf file or a kiln engine");
+                "' is not a model directory (config.json + *.safetensors), a .gguf or .onnx file or a kiln engine");
   }
   log_info("loaded ", built.info.family, " model from ", path, ": ", built.graph.nodes().size(),
            " nodes, ", built.graph.weight_bytes() >> 20, " MiB of weights");

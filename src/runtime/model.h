@@ -34,6 +34,11 @@ struct ModelOptions {
   // step whose sampling needs no more than the top k of each row fetches [R, k]
   // candidates instead of [R, vocab] logits. Engines keep the node they were built with.
   int32_t top_logits_k = 64;
+  // .onnx files: "auto" runs a recognised HF export (BERT, GPT-2) through kiln's own
+  // family graph (encoder/decoder runners, fused Attention, KV cache) once it agrees
+  // with the op-by-op import on a probe input, else imports op by op; "graph" always
+  // imports op by op; "family" requires recognition (an error says why not).
+  std::string onnx_import = "auto";
 };
 
 // The graph outputs of that node (ir op TopKLogits): [R, k] values, ids, log-probs.
@@ -43,7 +48,7 @@ inline constexpr const char* kTopLogprobsOutput = "top_logprobs";
 
 class Model {
  public:
-  // `path`: a HuggingFace model directory (config.json + safetensors), a .gguf file, or
+  // `path`: a HuggingFace model directory (config.json + safetensors), a .gguf or .onnx file, or
   // a kiln engine file (`kiln build`; recognized by its magic, weights mmap'd in place).
   static std::unique_ptr<Model> load(const std::string& path, const ModelOptions& options = {});
   // Real shapes without a checkpoint: `config` is a config.json (file, or a model
@@ -82,6 +87,7 @@ class Model {
 
   static std::unique_ptr<Model> load_engine(const std::string& path, const ModelOptions& options);
   void add_top_logits(int32_t k);
+  static std::unique_ptr<Model> load_onnx(const std::string& path, const ModelOptions& options);  // onnx_loader.cpp
   void compile(const std::string& backend, CompileOptions options);
 };
 

@@ -54,6 +54,16 @@ check build-bert-bf16 0 "bf16" -- "$kiln" build -m "$fixtures/models/bert" -o "$
 check classify-engine 0 "LABEL_" -- "$kiln" classify -m "$tmp/bert.kiln" --ids 5,6,7,8
 check bad-pass 1 "no pass named 'fuse_all'" -- "$kiln" build -m "$fixtures/models/gpt2" -o "$tmp/x.kiln" --disable-pass fuse_all
 check bad-profile 1 "DIM:min,opt,max" -- "$kiln" build -m "$fixtures/models/gpt2" -o "$tmp/x.kiln" --profile T:9,2
+check inspect-onnx 0 "input       token_type_ids i64[batch, sequence]" -- "$kiln" inspect -m "$fixtures/onnx/bert/model.onnx" --onnx-import graph
+check build-onnx 0 "constant_folding" -- "$kiln" build -m "$fixtures/onnx/bert/model.onnx" -o "$tmp/onnx-bert.kiln" --onnx-import graph --profile sequence:1,8,64
+check inspect-onnx-engine 0 "sequence in [1, 64]" -- "$kiln" inspect -m "$tmp/onnx-bert.kiln"
+check embed-onnx-graph 1 "imported op by op" -- "$kiln" embed -m "$fixtures/onnx/bert/model.onnx" --ids 5,6,7 --onnx-import graph
+check embed-onnx 0 "[" -- "$kiln" embed -m "$fixtures/onnx/bert/model.onnx" --ids 5,6,7
+check inspect-onnx-family 0 "Attention x2" -- "$kiln" inspect -m "$fixtures/onnx/bert/model.onnx" --opt-level 0
+check generate-onnx 0 "" -- "$kiln" generate -m "$fixtures/onnx/gpt2/model.onnx" --ids 5,6,7 -n 4 -q
+check build-onnx-family 0 "fuse_qkv_attention" -- "$kiln" build -m "$fixtures/onnx/gpt2/model.onnx" -o "$tmp/onnx-gpt2.kiln" --profile T:1,8,16
+head -c 3000 "$fixtures/onnx/bert/model.onnx" > "$tmp/cut.onnx"
+check truncated-onnx 1 "runs past the end" -- "$kiln" inspect -m "$tmp/cut.onnx"
 head -c 5000 "$tmp/gpt2.kiln" > "$tmp/cut.kiln"
 check truncated-engine 1 "truncated" -- "$kiln" generate -m "$tmp/cut.kiln" --ids 1
 check out-of-profile 1 "outside the engine profile" -- "$kiln" generate -m "$tmp/gpt2.kiln" --ids "$(seq -s, 1 20)" -n 1

@@ -22,7 +22,7 @@ struct BuildArgs {
 Runner add_build(CLI::App& app) {
   auto a = std::make_shared<BuildArgs>();
   CLI::App* cmd = app.add_subcommand("build", "compile a model into an engine file (.kiln)");
-  cmd->add_option("-m,--model", a->o.model, "a HuggingFace directory or a .gguf file")->required();
+  cmd->add_option("-m,--model", a->o.model, "a HuggingFace directory, a .gguf or an .onnx file")->required();
   cmd->add_option("-o,--output", a->o.output, "the engine file to write")->required();
   cmd->add_flag("--random-weights", a->o.random_weights, "-m is a config.json: real shapes, random weights");
   cmd->add_option("--precision,--dtype", a->o.weight_dtype,
@@ -35,6 +35,7 @@ Runner add_build(CLI::App& app) {
                   "(node names as in `kiln inspect --graph`; repeatable, the last match wins)");
   cmd->add_option("--backend", a->o.backend, "the backend to tune for")->capture_default_str();
   add_pass_options(cmd, a->o.opt_level, a->o.disabled_passes);
+  add_onnx_option(cmd, a->o.onnx_import);
   cmd->add_option("--profile", a->profiles,
                   "optimization profile NAME:DIM=min,opt,max[;DIM=...] (or DIM:min,opt,max, named 'default'); "
                   "repeatable, tried in order at run time; default T:1,128,16384. Tactics are timed at the first "

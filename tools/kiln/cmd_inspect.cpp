@@ -89,12 +89,25 @@ Runner add_inspect(CLI::App& app) {
     const ModelInfo& i = m->info();
     std::printf("model       %s\n", m->path().c_str());
     std::printf("family      %s (model_type %s), %s\n", i.family.c_str(), i.model_type.c_str(),
-                i.is_decoder ? "decoder" : "encoder");
-    std::printf("shape       %lld layers, hidden %lld, heads %lld (kv %lld) x %lld, vocab %lld, "
-                "max positions %lld\n",
-                (long long)i.num_layers, (long long)i.hidden_size, (long long)i.num_heads,
-                (long long)i.num_kv_heads, (long long)i.head_dim, (long long)i.vocab_size,
-                (long long)i.max_positions);
+                i.family == "onnx" ? "op-by-op graph" : i.is_decoder ? "decoder" : "encoder");
+    const ir::Graph& g = m->graph();
+    if (i.family == "onnx") {
+      // An imported graph runs op by op with its own named inputs and outputs.
+      if (g.meta.count("onnx_opset"))
+        std::printf("onnx        opset %lld, produced by %s\n", (long long)g.meta_int("onnx_opset"),
+                    std::get<std::string>(g.meta.at("onnx_producer")).c_str());
+      for (ir::ValueId v : g.inputs())
+        std::printf("input       %s %s%s\n", g.value(v).name.c_str(), dtype_name(g.value(v).dtype),
+                    g.value(v).shape.str().c_str());
+      for (auto& [name, v] : g.outputs())
+        std::printf("output      %s %s%s\n", name.c_str(), dtype_name(g.value(v).dtype), g.value(v).shape.str().c_str());
+    } else {
+      std::printf("shape       %lld layers, hidden %lld, heads %lld (kv %lld) x %lld, vocab %lld, "
+                  "max positions %lld\n",
+                  (long long)i.num_layers, (long long)i.hidden_size, (long long)i.num_heads,
+                  (long long)i.num_kv_heads, (long long)i.head_dim, (long long)i.vocab_size,
+                  (long long)i.max_positions);
+    }
     if (i.num_labels) std::printf("labels      %lld\n", (long long)i.num_labels);
     std::printf("graph       %zu nodes, %.1f MiB of weights\n", m->graph().nodes().size(),
                 double(m->graph().weight_bytes()) / (1 << 20));
@@ -110,8 +123,9 @@ Runner add_inspect(CLI::App& app) {
     print_precision(m->graph(), m->compile_options().weight_dtype);
     std::printf("backend     %s, GEMM weights %s: %.1f MiB\n", m->backend().name().c_str(),
                 m->compile_options().weight_dtype.c_str(), double(m->compiled().weight_bytes()) / (1 << 20));
-    std::printf("KV cache    %lld bytes per token\n",
-                (long long)(2 * i.num_layers * i.num_kv_heads * i.head_dim * 4));
+    if (i.is_decoder)
+      std::printf("KV cache    %lld bytes per token\n",
+                  (long long)(2 * i.num_layers * i.num_kv_heads * i.head_dim * 4));
     if (*graph) std::printf("\n%s", m->graph().dump().c_str());
     return 0;
   };

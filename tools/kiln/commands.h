@@ -40,7 +40,10 @@ struct ModelArgs {
   int opt_level = 2;
   std::vector<std::string> disabled_passes;
   std::string profile;  // engines: the optimization profile to run under ("" = first that fits)
+  std::string onnx_import = "auto";
 };
+// --onnx-import auto|graph|family (ModelOptions::onnx_import).
+void add_onnx_option(CLI::App* cmd, std::string& mode);
 void add_model_options(CLI::App* cmd, ModelArgs& args);
 // --opt-level and --disable-pass (shared by the model-loading commands and build).
 void add_pass_options(CLI::App* cmd, int& opt_level, std::vector<std::string>& disabled);

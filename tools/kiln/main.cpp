@@ -10,7 +10,7 @@ namespace kiln::cli {
 
 void add_model_options(CLI::App* cmd, ModelArgs& args) {
   cmd->add_option("-m,--model", args.model,
-                  "model: a HuggingFace directory (config.json + *.safetensors), a .gguf file or a .kiln engine")
+                  "model: a HuggingFace directory (config.json + *.safetensors), a .gguf or .onnx file or a .kiln engine")
       ->required();
   cmd->add_option("--backend", args.backend, "where to run: cpu")->capture_default_str();
   cmd->add_option("--weight-dtype", args.weight_dtype,
@@ -20,6 +20,15 @@ void add_model_options(CLI::App* cmd, ModelArgs& args) {
   add_pass_options(cmd, args.opt_level, args.disabled_passes);
   cmd->add_option("--engine-profile", args.profile,
                   "engines: run under this optimization profile (default: per step, the first that fits)");
+  add_onnx_option(cmd, args.onnx_import);
+}
+
+void add_onnx_option(CLI::App* cmd, std::string& mode) {
+  cmd->add_option("--onnx-import", mode,
+                  ".onnx models: auto (a recognised BERT/GPT-2 export runs as kiln's own family graph once it "
+                  "agrees with the op-by-op import on a probe), graph (always op by op), family (must be recognised)")
+      ->check(CLI::IsMember({"auto", "graph", "family"}))
+      ->capture_default_str();
 }
 
 void add_pass_options(CLI::App* cmd, int& opt_level, std::vector<std::string>& disabled) {
@@ -33,6 +42,7 @@ void add_pass_options(CLI::App* cmd, int& opt_level, std::vector<std::string>& d
 ModelOptions model_options(const ModelArgs& a) {
   ModelOptions o{a.backend, a.weight_dtype, nullptr, a.opt_level, a.disabled_passes};
   o.profile = a.profile;
+  o.onnx_import = a.onnx_import;
   return o;
 }
 

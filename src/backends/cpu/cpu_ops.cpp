@@ -121,23 +121,6 @@ OpRun prepare_embedding_layer_norm(const ir::Node& n, const ir::Graph& g, const 
   };
 }
 
-template <bool kMul>
-OpRun prepare_binary(const ir::Node&, const ir::Graph&, const CompileOptions&) {
-  return [](OpContext& c) {
-    const Tensor& a = *c.inputs[0];
-    const Tensor& b = *c.inputs[1];
-    Tensor& y = c.out(0, a.shape());
-    auto fn = kMul ? &mul : &add;
-    if (b.numel() == a.numel()) {
-      fn(a.data_as<float>(), b.data_as<float>(), a.numel(), y.data_as<float>());
-    } else {
-      int64_t dim = b.numel(), rows = a.numel() / dim;
-      for (int64_t r = 0; r < rows; ++r)
-        fn(a.data_as<float>() + r * dim, b.data_as<float>(), dim, y.data_as<float>() + r * dim);
-    }
-  };
-}
-
 OpRun prepare_layer_norm(const ir::Node& n, const ir::Graph& g, const CompileOptions&) {
   Tensor w = weight_f32(g, n.inputs[1], n, "weight");
   Tensor b = weight_f32(g, n.input(2), n, "bias");
@@ -457,8 +440,6 @@ const std::map<std::string, OpPrepare>& op_table() {
   static const std::map<std::string, OpPrepare> table = {
       {"Embedding", prepare_embedding},
       {"EmbeddingLayerNorm", prepare_embedding_layer_norm},
-      {"Add", prepare_binary<false>},
-      {"Mul", prepare_binary<true>},
       {"LayerNorm", prepare_layer_norm},
       {"RMSNorm", prepare_rms_norm},
       {"AddLayerNorm", prepare_add_norm},
@@ -573,7 +554,9 @@ size_t pack_linear_weights(ir::Graph& g, const CompileOptions& opt) {
 
 const OpPrepare* find_cpu_op(const std::string& op) {
   auto it = op_table().find(op);
-  return it == op_table().end() ? nullptr : &it->second;
+  if (it != op_table().end()) return &it->second;
+  auto g = generic_cpu_ops().find(op);
+  return g == generic_cpu_ops().end() ? nullptr : &g->second;
 }
 
 CpuKv::CpuKv(const KvLayout& layout)

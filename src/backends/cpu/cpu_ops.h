@@ -3,6 +3,7 @@
 #pragma once
 
 #include <functional>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -31,6 +32,8 @@ using OpRun = std::function<void(OpContext&)>;
 using OpPrepare = std::function<OpRun(const ir::Node&, const ir::Graph&, const CompileOptions&)>;
 
 const OpPrepare* find_cpu_op(const std::string& op);
+// The generic tensor ops (cpu_generic_ops.cpp); find_cpu_op looks here too.
+const std::map<std::string, OpPrepare>& generic_cpu_ops();
 
 // How a Linear's weights are stored: the node's `precision` attribute (set by the
 // assign_precision pass, kept in engines) or else CompileOptions::weight_dtype.

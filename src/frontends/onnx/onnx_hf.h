@@ -1,0 +1,31 @@
+// An HF view of an ONNX export (as gguf_hf.h is for GGUF): when the file is a known
+// HuggingFace family exported by torch.onnx.export (BERT, GPT-2), this recognises it
+// from its initializer names (HF names survive export, under the wrapper's prefix)
+// and graph structure (anonymous MatMul weights are named after the bias Added to
+// their output; heads from the [.., .., heads, head_dim] Reshape targets; eps and
+// activation from the exported LayerNorm/GELU), and gives kiln's family builder an
+// HF config.json and HF tensor names. The runtime checks the rebuilt model against
+// the op-by-op import on a probe input before using it.
+// Tested in tests/frontends/onnx_test.cpp.
+#pragma once
+
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+
+#include "frontends/onnx/onnx_model.h"
+#include "frontends/weight_source.h"
+
+namespace kiln::onnx {
+
+struct OnnxHfView {
+  std::string family;  // "bert" | "gpt2"
+  nlohmann::json config;
+  std::unique_ptr<WeightSource> weights;
+};
+
+// nullopt (with *why saying what did not match) for anything else.
+std::optional<OnnxHfView> onnx_hf_view(const OnnxModel& model, const std::string& label, std::string* why);
+
+}  // namespace kiln::onnx

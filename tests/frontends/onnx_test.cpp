@@ -1,0 +1,416 @@
+// ONNX frontend tests: tiny BERT and GPT-2 exported by torch.onnx.export (opset 14,
+// dynamic batch/sequence; tools/gen_onnx_fixtures.py) imported op by op and run on the
+// CPU backend against the PyTorch outputs, plus hand-made corrupt and unsupported
+// files that must give a clear kiln::Error.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include "backends/backend.h"
+#include "builder/builder.h"
+#include "frontends/onnx/onnx_import.h"
+#include "frontends/onnx/onnx_model.h"
+#include "frontends/weight_source.h"
+#include "passes/pass_manager.h"
+#include "runtime/encoder_runner.h"
+#include "runtime/model.h"
+#include "test_util.h"
+
+namespace kiln {
+namespace {
+
+std::string fixture(const std::string& name) {
+  const char* env = std::getenv("KILN_FIXTURES_DIR");
+  return std::string(env ? env : KILN_FIXTURES_DIR) + "/onnx/" + name;
+}
+
+// The reference batch and outputs saved by tools/gen_onnx_fixtures.py.
+struct Reference {
+  explicit Reference(const std::string& name) : src(open_safetensors_source(fixture(name) + "/reference.safetensors")) {}
+  Tensor get(const std::string& k, DType dt) const { return src->load(k, dt); }
+  std::unique_ptr<WeightSource> src;
+};
+
+// Rows [0, b) x columns [0, s) of a [B, S, ...] tensor.
+Tensor crop(const Tensor& t, int64_t b, int64_t s) {
+  std::vector<int64_t> shape = t.shape();
+  int64_t inner = 1;
+  for (size_t i = 2; i < shape.size(); ++i) inner *= shape[i];
+  shape[0] = b;
+  shape[1] = s;
+  Tensor out(t.dtype(), shape);
+  size_t es = dtype_size(t.dtype());
+  for (int64_t i = 0; i < b; ++i)
+    std::memcpy(static_cast<uint8_t*>(out.data()) + size_t(i * s * inner) * es,
+                static_cast<const uint8_t*>(t.data()) + size_t(i * t.dim(1) * inner) * es, size_t(s * inner) * es);
+  return out;
+}
+
+// max |got - ref| / max |ref| over the first `rows` x `cols` of [B, S, ...] outputs,
+// printed llm.c style.
+double rel_error(const Tensor& got, const Tensor& ref, const std::string& what) {
+  EXPECT_EQ(got.shape(), ref.shape()) << what;
+  if (got.shape() != ref.shape()) return INFINITY;
+  double err = 0, mag = 0;
+  for (int64_t i = 0; i < ref.numel(); ++i) {
+    double g = got.data_as<float>()[i], r = ref.data_as<float>()[i];
+    err = std::isnan(g) ? INFINITY : std::max(err, std::fabs(g - r));
+    mag = std::max(mag, std::fabs(r));
+  }
+  std::printf("  %-44s max|err| %.3g  max|ref| %.3g  rel %.3g\n", what.c_str(), err, mag, err / mag);
+  return err / mag;
+}
+
+constexpr double kTol = 1e-5;  // relative to max|ref|; f32 throughout
+
+TensorMap run(Model& m, const TensorMap& in) {
+  TensorMap out = m.compiled().run(in, StepInfo{}, nullptr);
+  TensorMap copy;
+  for (auto& [k, v] : out) copy[k] = v.clone();
+  return copy;
+}
+
+// Opset 14 spells LayerNorm out op by op; opset 17 has LayerNormalization.
+class OnnxBert : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(OnnxBert, MatchesPyTorch) {
+  const std::string name = GetParam();
+  for (int opt : {0, 2}) {
+    ModelOptions mo;
+    mo.opt_level = opt;
+    mo.onnx_import = "graph";
+    auto m = Model::load(fixture(name + "/model.onnx"), mo);
+    Reference ref(name);
+    TensorMap in = {{"input_ids", ref.get("input_ids", DType::kI64)},
+                    {"attention_mask", ref.get("attention_mask", DType::kI64)},
+                    {"token_type_ids", ref.get("token_type_ids", DType::kI64)}};
+    TensorMap out = run(*m, in);
+    std::string tag = name + " O" + std::to_string(opt) + " ";
+    if (opt) std::printf("%s", passes::format_pass_report(m->pass_report()).c_str());
+    EXPECT_LE(rel_error(out.at("last_hidden_state"), ref.get("last_hidden_state", DType::kF32), tag + "last_hidden_state"), kTol);
+    EXPECT_LE(rel_error(out.at("pooler_output"), ref.get("pooler_output", DType::kF32), tag + "pooler_output"), kTol);
+    // Dynamic axes: the first sequence alone, cropped to its length, gives the same rows.
+    TensorMap one;
+    for (auto& [k, v] : in) one[k] = crop(v, 1, 5);
+    TensorMap o1 = run(*m, one);
+    EXPECT_LE(rel_error(o1.at("last_hidden_state"), crop(ref.get("last_hidden_state", DType::kF32), 1, 5),
+                        tag + "batch 1, seq 5"), kTol);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Opsets, OnnxBert, ::testing::Values("bert", "bert_opset17"));
+
+TEST(OnnxImport, Gpt2MatchesPyTorch) {
+  for (int opt : {0, 2}) {
+    ModelOptions mo;
+    mo.opt_level = opt;
+    mo.onnx_import = "graph";
+    auto m = Model::load(fixture("gpt2/model.onnx"), mo);
+    Reference ref("gpt2");
+    TensorMap in = {{"input_ids", ref.get("input_ids", DType::kI64)},
+                    {"attention_mask", ref.get("attention_mask", DType::kI64)}};
+    TensorMap out = run(*m, in);
+    std::string tag = "gpt2 O" + std::to_string(opt) + " ";
+    if (opt) std::printf("%s", passes::format_pass_report(m->pass_report()).c_str());
+    if (opt) {  // gelu_new and the LayerNorms became fused kernels
+      size_t ln = 0, gelu = 0;
+      for (auto& n : m->graph().nodes()) {
+        ln += n.op == "LayerNorm" || n.op == "AddLayerNorm";
+        gelu += n.op == "Gelu" && n.attr_str("approximate") == "tanh";
+      }
+      EXPECT_EQ(ln, 5u);
+      EXPECT_EQ(gelu, 2u);
+    }
+    EXPECT_LE(rel_error(out.at("logits"), ref.get("logits", DType::kF32), tag + "logits"), kTol);
+    TensorMap two;
+    for (auto& [k, v] : in) two[k] = crop(v, 2, 5);
+    TensorMap o2 = run(*m, two);
+    EXPECT_LE(rel_error(o2.at("logits"), crop(ref.get("logits", DType::kF32), 2, 5), tag + "batch 2, seq 5"), kTol);
+  }
+}
+
+// ---- recognised HF exports through kiln's own family graphs ----------------------------
+
+class OnnxBertFamily : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(OnnxBertFamily, ReachesTheEncoderPath) {
+  auto m = Model::load(fixture(GetParam() + "/model.onnx"));
+  ASSERT_EQ(m->info().family, "bert");
+  EXPECT_FALSE(m->info().is_decoder);
+  EXPECT_EQ(m->info().num_heads, 4);
+  Reference ref(GetParam());
+  Tensor ids = ref.get("input_ids", DType::kI32), types = ref.get("token_type_ids", DType::kI32),
+         mask = ref.get("attention_mask", DType::kI32);
+  const int64_t b = ids.dim(0), s = ids.dim(1), h = m->info().hidden_size;
+  auto batch = encoder_inputs_from_padded({ids.data_as<int32_t>(), ids.data_as<int32_t>() + ids.numel()},
+                                          {types.data_as<int32_t>(), types.data_as<int32_t>() + types.numel()},
+                                          {mask.data_as<int32_t>(), mask.data_as<int32_t>() + mask.numel()}, b, s);
+  auto out = encode(*m, batch);  // one ragged step, fused Attention
+  Tensor hidden = ref.get("last_hidden_state", DType::kF32), pooled = ref.get("pooler_output", DType::kF32);
+  for (int64_t i = 0; i < b; ++i) {
+    const int64_t len = int64_t(batch[size_t(i)].tokens.size());
+    Tensor got(DType::kF32, {len, h}), want(DType::kF32, {len, h}), gp(DType::kF32, {h}), wp(DType::kF32, {h});
+    std::memcpy(got.data(), out[size_t(i)].hidden.data(), got.nbytes());
+    std::memcpy(want.data(), hidden.data_as<float>() + i * s * h, want.nbytes());
+    std::memcpy(gp.data(), out[size_t(i)].pooled.data(), gp.nbytes());
+    std::memcpy(wp.data(), pooled.data_as<float>() + i * h, wp.nbytes());
+    std::string tag = GetParam() + " as bert, seq " + std::to_string(i);
+    EXPECT_LE(rel_error(got, want, tag + " hidden"), kTol);
+    EXPECT_LE(rel_error(gp, wp, tag + " pooler"), kTol);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Opsets, OnnxBertFamily, ::testing::Values("bert", "bert_opset17"));
+
+TEST(OnnxFamily, Gpt2ReachesTheDecoderPath) {
+  auto m = Model::load(fixture("gpt2/model.onnx"));
+  ASSERT_EQ(m->info().family, "gpt2");
+  ASSERT_TRUE(m->info().is_decoder);
+  Reference ref("gpt2");
+  Tensor ids = ref.get("input_ids", DType::kI32), lengths = ref.get("lengths", DType::kI64),
+         logits = ref.get("logits", DType::kF32);
+  const int64_t s = ids.dim(1), v = m->info().vocab_size;
+  const ModelInfo& info = m->info();
+  for (int64_t i = 0; i < ids.dim(0); ++i) {
+    // One prefill step through the paged KV cache, logits for every position.
+    const int64_t n = lengths.data_as<int64_t>()[i];
+    KvLayout layout{info.num_layers, (n + 15) / 16, 16, info.num_kv_heads, info.head_dim};
+    auto kv = m->backend().allocate_kv(layout);
+    StepInfo step;
+    step.seqs.push_back({0, int32_t(n), int32_t(n), {}});
+    for (int32_t blk = 0; blk < layout.num_blocks; ++blk) step.seqs[0].block_table.push_back(blk);
+    Tensor tokens(DType::kI32, {n}), positions(DType::kI32, {n}), rows(DType::kI32, {n});
+    for (int64_t t = 0; t < n; ++t) {
+      step.slot_mapping.push_back(t);
+      tokens.data_as<int32_t>()[t] = ids.data_as<int32_t>()[i * s + t];
+      positions.data_as<int32_t>()[t] = rows.data_as<int32_t>()[t] = int32_t(t);
+    }
+    Tensor got = m->compiled().run({{"tokens", tokens}, {"positions", positions}, {"logit_rows", rows}}, step, kv.get())
+                     .at("logits").clone();
+    Tensor want(DType::kF32, {n, v});
+    std::memcpy(want.data(), logits.data_as<float>() + i * s * v, want.nbytes());
+    EXPECT_LE(rel_error(got, want, "gpt2 as gpt2, seq " + std::to_string(i) + " logits"), kTol);
+  }
+}
+
+// ---- hand-made files: a minimal protobuf writer --------------------------------------
+
+std::string varint(uint64_t v) {
+  std::string s;
+  do {
+    uint8_t b = v & 0x7f;
+    v >>= 7;
+    s.push_back(char(b | (v ? 0x80 : 0)));
+  } while (v);
+  return s;
+}
+std::string key(uint32_t field, int wire) { return varint(uint64_t(field) << 3 | uint64_t(wire)); }
+std::string bytes(uint32_t field, const std::string& b) { return key(field, 2) + varint(b.size()) + b; }
+std::string num(uint32_t field, uint64_t v) { return key(field, 0) + varint(v); }
+
+std::string value_info(const std::string& name, int32_t elem, std::vector<int64_t> dims) {
+  std::string shape;
+  for (int64_t d : dims) shape += bytes(1, d < 0 ? bytes(2, "n") : num(1, uint64_t(d)));
+  std::string tensor_type = num(1, uint64_t(elem)) + bytes(2, shape);
+  return bytes(1, name) + bytes(2, bytes(1, tensor_type));
+}
+std::string node(const std::string& op, std::vector<std::string> in, std::vector<std::string> out,
+                 const std::string& name, const std::string& extra = "") {
+  std::string s;
+  for (auto& i : in) s += bytes(1, i);
+  for (auto& o : out) s += bytes(2, o);
+  return s + bytes(3, name) + bytes(4, op) + extra;
+}
+std::string tensor(const std::string& name, int32_t dtype, std::vector<int64_t> dims, const std::string& raw) {
+  std::string s;
+  for (int64_t d : dims) s += num(1, uint64_t(d));
+  return s + num(2, uint64_t(dtype)) + bytes(8, name) + bytes(9, raw);
+}
+std::string f32s(std::vector<float> v) { return std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4); }
+
+// y = Relu(x + b), x: float [n], b an initializer; `graph_extra` is appended to the graph.
+std::string model(int64_t opset, const std::string& nodes, const std::string& inits, const std::string& graph_extra = "") {
+  std::string graph = nodes + bytes(2, "g") + inits + bytes(11, value_info("x", 1, {-1})) +
+                      bytes(12, value_info("y", 1, {-1})) + graph_extra;
+  return num(1, 8) + bytes(8, bytes(1, "") + num(2, uint64_t(opset))) + bytes(7, graph);
+}
+std::string good_model() {
+  return model(14, bytes(1, node("Add", {"x", "b"}, {"s"}, "add")) + bytes(1, node("Relu", {"s"}, {"y"}, "relu")),
+               bytes(5, tensor("b", 1, {3}, f32s({1, -2, 3}))));
+}
+
+// The kiln::Error message of importing `bytes`, or "" when it imports.
+std::string import_error(const std::string& b, ErrorCode* code = nullptr) {
+  try {
+    auto m = onnx::parse_onnx_model(reinterpret_cast<const uint8_t*>(b.data()), b.size(), "t.onnx");
+    onnx::import_onnx_graph(m, "t.onnx");
+  } catch (const Error& e) {
+    if (code) *code = e.code();
+    return e.what();
+  }
+  return "";
+}
+
+#define EXPECT_ERROR_HAS(bytes_, text)                                            \
+  do {                                                                         \
+    std::string msg_ = import_error(bytes_);                                   \
+    EXPECT_NE(msg_.find(text), std::string::npos) << "message: " << msg_;      \
+  } while (0)
+
+TEST(OnnxImport, EngineRoundTripKeepsTheGraph) {
+  test::TempDir dir;
+  BuildOptions o;
+  o.model = fixture("bert/model.onnx");
+  o.output = dir.file("bert.kiln");
+  o.tune = false;
+  o.onnx_import = "graph";
+  build_engine(o);
+  auto m = Model::load(o.output);
+  EXPECT_EQ(m->info().family, "onnx");
+  Reference ref("bert");
+  TensorMap out = run(*m, {{"input_ids", ref.get("input_ids", DType::kI64)},
+                           {"attention_mask", ref.get("attention_mask", DType::kI64)},
+                           {"token_type_ids", ref.get("token_type_ids", DType::kI64)}});
+  EXPECT_LE(rel_error(out.at("last_hidden_state"), ref.get("last_hidden_state", DType::kF32), "bert engine last_hidden_state"), kTol);
+  // The default profile covers the graph's own symbolic dims.
+  Tensor long_ids(DType::kI64, {1, 20000});
+  EXPECT_THROW(m->compiled().run({{"input_ids", long_ids}, {"attention_mask", long_ids}, {"token_type_ids", long_ids}},
+                                 StepInfo{}, nullptr),
+               Error);
+}
+
+TEST(OnnxImport, HandMadeModelImportsAndRuns) {
+  auto m = onnx::parse_onnx_model(reinterpret_cast<const uint8_t*>(good_model().data()), good_model().size(), "t.onnx");
+  ir::Graph g = onnx::import_onnx_graph(m, "t.onnx");
+  EXPECT_EQ(g.nodes().size(), 2u);
+  auto backend = create_backend("cpu");
+  auto compiled = backend->compile(g, {});
+  Tensor x(DType::kF32, {3});
+  x.data_as<float>()[0] = -5, x.data_as<float>()[1] = 1, x.data_as<float>()[2] = 0.5f;
+  TensorMap out = compiled->run({{"x", x}}, StepInfo{}, nullptr);
+  EXPECT_EQ(out.at("y").data_as<float>()[0], 0.0f);
+  EXPECT_EQ(out.at("y").data_as<float>()[1], 0.0f);
+  EXPECT_EQ(out.at("y").data_as<float>()[2], 3.5f);
+}
+
+TEST(OnnxImport, EveryTruncationIsAnError) {
+  const std::string good = good_model();
+  ASSERT_EQ(import_error(good), "");
+  for (size_t n = 0; n < good.size(); ++n) {
+    ErrorCode code = ErrorCode::kInternal;
+    std::string msg = import_error(good.substr(0, n), &code);
+    EXPECT_FALSE(msg.empty()) << "prefix of " << n << " bytes imported";
+  }
+  // Every single-byte corruption either imports or fails with a kiln::Error (no crash).
+  for (size_t i = 0; i < good.size(); ++i)
+    for (int v : {0x00, 0x7f, 0x80, 0xff}) {
+      std::string bad = good;
+      bad[i] = char(v);
+      import_error(bad);
+    }
+}
+
+TEST(OnnxImport, MalformedWireFormatNamesTheProblem) {
+  EXPECT_ERROR_HAS(std::string("\x08\xff\xff"), "truncated varint");
+  EXPECT_ERROR_HAS(std::string("\x08") + std::string(11, '\xff'), "varint longer than 10 bytes");
+  EXPECT_ERROR_HAS(key(7, 2) + varint(1000) + "abc", "length 1000 runs past the end");
+  EXPECT_ERROR_HAS(key(1, 2) + varint(0), "wrong wire type");          // ir_version as bytes
+  EXPECT_ERROR_HAS(key(7, 3), "unsupported wire type 3");
+  EXPECT_ERROR_HAS(num(1, 8), "no graph");
+  EXPECT_ERROR_HAS(std::string("kiln\x00\x01garbage"), "t.onnx");
+}
+
+TEST(OnnxImport, BadTensorsNameTheTensor) {
+  auto with_init = [](const std::string& init) {
+    return model(14, bytes(1, node("Add", {"x", "b"}, {"s"}, "add")) + bytes(1, node("Relu", {"s"}, {"y"}, "relu")),
+                 bytes(5, init));
+  };
+  EXPECT_ERROR_HAS(with_init(tensor("b", 8, {3}, "abc")), "element type 8 (string)");
+  EXPECT_ERROR_HAS(with_init(tensor("b", 99, {3}, "abc")), "element type 99");
+  EXPECT_ERROR_HAS(with_init(tensor("b", 1, {3}, f32s({1, 2}))), "raw_data has 8 bytes");
+  EXPECT_ERROR_HAS(with_init(tensor("b", 1, {3}, f32s({1, 2}))), "tensor 'b'");
+  EXPECT_ERROR_HAS(with_init(tensor("b", 1, {1 << 30, 1 << 30, 1 << 30}, "")), "too many elements");
+  // External data must stay inside the model's directory.
+  std::string ext = num(1, 3) + num(2, 1) + bytes(8, "b") + bytes(13, bytes(1, "location") + bytes(2, "../w.bin")) + num(14, 1);
+  EXPECT_ERROR_HAS(with_init(ext), "external data");
+  // A node reading an initializer the file does not have.
+  EXPECT_ERROR_HAS(model(14, bytes(1, node("Add", {"x", "b"}, {"y"}, "add")), ""),
+                   "reads 'b', which no earlier node, graph input or initializer defines");
+}
+
+TEST(OnnxImport, ExternalDataNextToTheModel) {
+  test::TempDir dir;
+  test::write_file(dir.file("w.bin"), std::string(4, '\0') + f32s({1, -2, 3}));
+  std::string ext = num(1, 3) + num(2, 1) + bytes(8, "b") + bytes(13, bytes(1, "location") + bytes(2, "w.bin")) +
+                    bytes(13, bytes(1, "offset") + bytes(2, "4")) + num(14, 1);
+  test::write_file(dir.file("m.onnx"),
+                   model(14, bytes(1, node("Add", {"x", "b"}, {"s"}, "add")) + bytes(1, node("Relu", {"s"}, {"y"}, "relu")),
+                         bytes(5, ext)));
+  ir::Graph g = onnx::load_onnx_graph(dir.file("m.onnx"));
+  ir::ValueId b = ir::kNoValue;
+  for (size_t v = 0; v < g.num_values(); ++v)
+    if (g.value(ir::ValueId(v)).name == "b") b = ir::ValueId(v);
+  ASSERT_NE(b, ir::kNoValue);
+  EXPECT_EQ(g.weight(b).data_as<float>()[1], -2.0f);
+  // Past the end of the data file.
+  std::string past = num(1, 3) + num(2, 1) + bytes(8, "b") + bytes(13, bytes(1, "location") + bytes(2, "w.bin")) +
+                     bytes(13, bytes(1, "offset") + bytes(2, "8")) + num(14, 1);
+  test::write_file(dir.file("bad.onnx"),
+                   model(14, bytes(1, node("Add", {"x", "b"}, {"y"}, "add")), bytes(5, past)));
+  try {
+    onnx::load_onnx_graph(dir.file("bad.onnx"));
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("runs past the end"), std::string::npos) << e.what();
+  }
+}
+
+TEST(OnnxImport, UnsupportedOpAndOpsetSayWhatAndWhere) {
+  ErrorCode code = ErrorCode::kInternal;
+  std::string msg = import_error(model(14, bytes(1, node("LSTM", {"x"}, {"y"}, "/rnn/LSTM")), ""), &code);
+  EXPECT_EQ(code, ErrorCode::kUnsupported);
+  for (const char* part : {"/rnn/LSTM", "LSTM", "opset 14", "op registry"})
+    EXPECT_NE(msg.find(part), std::string::npos) << part << " missing in: " << msg;
+  msg = import_error(model(14, bytes(1, node("FusedGemm", {"x"}, {"y"}, "fg", bytes(7, "com.microsoft"))), ""), &code);
+  EXPECT_NE(msg.find("com.microsoft::FusedGemm"), std::string::npos) << msg;
+  msg = import_error(model(9, bytes(1, node("Relu", {"x"}, {"y"}, "r")), ""), &code);
+  EXPECT_EQ(code, ErrorCode::kUnsupported);
+  EXPECT_NE(msg.find("opset 9"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("opset_version=17"), std::string::npos) << msg;
+}
+
+TEST(OnnxFamily, UnrecognisedFallsBackOrSaysWhy) {
+  test::TempDir dir;
+  test::write_file(dir.file("m.onnx"), good_model());
+  auto m = Model::load(dir.file("m.onnx"));
+  EXPECT_EQ(m->info().family, "onnx");  // auto: op by op
+  ModelOptions mo;
+  mo.onnx_import = "family";
+  try {
+    Model::load(dir.file("m.onnx"), mo);
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("not a recognised HF export: no HF BERT or GPT-2 tensor names"),
+              std::string::npos) << e.what();
+  }
+}
+
+TEST(OnnxImport, RuntimeShapeErrorsAreErrors) {
+  ModelOptions mo;
+  mo.onnx_import = "graph";
+  auto m = Model::load(fixture("bert/model.onnx"), mo);
+  Reference ref("bert");
+  Tensor ids = ref.get("input_ids", DType::kI64);
+  ids.data_as<int64_t>()[0] = 100000;  // outside the vocabulary
+  TensorMap in = {{"input_ids", ids}, {"attention_mask", ref.get("attention_mask", DType::kI64)},
+                  {"token_type_ids", ref.get("token_type_ids", DType::kI64)}};
+  EXPECT_THROW(m->compiled().run(in, StepInfo{}, nullptr), Error);
+  in["input_ids"] = crop(ref.get("input_ids", DType::kI64), 3, 4);  // mask is 3 x 12
+  EXPECT_THROW(m->compiled().run(in, StepInfo{}, nullptr), Error);
+}
+
+}  // namespace
+}  // namespace kiln

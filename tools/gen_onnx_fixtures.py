@@ -1,0 +1,231 @@
+#!/usr/bin/env python3
+"""Generate the ONNX import fixtures for kiln's C++ tests (tests/frontends/onnx_test.cpp).
+
+What it makes (under --out, default tests/fixtures/onnx/):
+  bert/  BertModel (tiny, random) exported with torch.onnx.export (TorchScript exporter,
+         dynamo=False), inputs input_ids / attention_mask / token_type_ids [batch, seq]
+         int64, outputs last_hidden_state [batch, seq, H] and pooler_output [batch, H].
+  bert_opset17/  the same BertModel exported at opset 17 (LayerNormalization as one op).
+  gpt2/  GPT2LMHeadModel (tiny, random, use_cache=False) exported the same way, inputs
+         input_ids / attention_mask, output logits [batch, seq, vocab].
+Each dir holds model.onnx (< 1 MB), reference.safetensors (the padded input batch and
+the PyTorch outputs, float32 / int64) and reference.json (tensor list, versions, the
+onnxruntime-vs-PyTorch max error measured here, and the ONNX op histogram).
+
+Why: kiln's ONNX frontend must import what `torch.onnx.export` really produces for HF
+models (opset 14 with dynamic batch and sequence axes); the references are the ground
+truth its tests compare against, and onnxruntime's agreement with PyTorch (checked
+below) shows the exported graph itself is faithful.
+
+Usage (torch/transformers as for tools/gen_fixtures.py; plus onnx and onnxruntime):
+  python3 -m venv --system-site-packages /tmp/onnxvenv && /tmp/onnxvenv/bin/pip install onnx onnxruntime
+  /tmp/onnxvenv/bin/python tools/gen_onnx_fixtures.py --out tests/fixtures/onnx
+Generated with torch 2.15.0, transformers 5.24.0, onnx 1.23.2, onnxruntime 1.32.0,
+numpy 2.4.6, Python 3.11.7 (recorded in each reference.json).
+"""
+
+import argparse
+import collections
+import json
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+import transformers
+from safetensors.torch import save_file
+
+torch.use_deterministic_algorithms(True)
+torch.set_num_threads(max(1, min(8, os.cpu_count() or 1)))
+
+VOCAB = 256
+HIDDEN = 32
+LAYERS = 2
+HEADS = 4
+MAX_POS = 64
+OPSET = 14
+PROMPT_LENS = [5, 9, 12]
+ORT_TOL = 1e-4
+
+
+def log(*a):
+    print(*a, flush=True)
+
+
+def versions():
+    import onnx
+    import onnxruntime
+
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "onnx": onnx.__version__,
+        "onnxruntime": onnxruntime.__version__,
+        "numpy": np.__version__,
+        "python": sys.version.split()[0],
+    }
+
+
+def randomize(model, seed):
+    """Biases and norm params start at 0/1 in HF init; perturb them so a dropped bias
+    or norm weight cannot pass."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.copy_(torch.randn(p.shape, generator=g) * 0.1)
+            elif ("norm" in name.lower() or "ln_" in name) and p.dim() == 1:
+                p.copy_(1.0 + torch.randn(p.shape, generator=g) * 0.1)
+
+
+def padded_batch(seed, vocab):
+    g = torch.Generator().manual_seed(seed)
+    smax = max(PROMPT_LENS)
+    ids = torch.zeros((len(PROMPT_LENS), smax), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, n in enumerate(PROMPT_LENS):
+        ids[i, :n] = torch.randint(3, vocab, (n,), generator=g)
+        mask[i, :n] = 1
+    return ids, mask
+
+
+def export(model, args, names, outputs, dynamic, path, opset=OPSET):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, args, str(path), input_names=names, output_names=outputs,
+                          dynamic_axes=dynamic, opset_version=opset, do_constant_folding=True,
+                          dynamo=False)
+
+
+def op_histogram(path):
+    import onnx
+
+    m = onnx.load(str(path))
+    return dict(sorted(collections.Counter(n.op_type for n in m.graph.node).items()))
+
+
+def run_ort(path, feeds):
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    return sess.run(None, {k: v.numpy() for k, v in feeds.items()})
+
+
+def finish(out, name, path, feeds, ref_outputs, meta, opset=OPSET):
+    ort_outs = run_ort(path, feeds)
+    errs = {}
+    for (k, v), o in zip(ref_outputs.items(), ort_outs):
+        errs[k] = float(np.abs(v.numpy() - o).max())
+        status = "OK" if errs[k] <= ORT_TOL else "FAIL"
+        log(f"  [{status}] {name} {k}: onnxruntime vs torch max|diff| = {errs[k]:.3e}")
+        if errs[k] > ORT_TOL:
+            raise SystemExit(f"check failed: {name} {k}")
+    tensors = {**{k: v.to(torch.int64) for k, v in feeds.items()},
+               **{k: v.to(torch.float32).contiguous() for k, v in ref_outputs.items()},
+               "lengths": torch.tensor(PROMPT_LENS, dtype=torch.int64)}
+    save_file(tensors, str(out / "reference.safetensors"))
+    meta.update({
+        "versions": versions(),
+        "opset": opset,
+        "onnx_bytes": path.stat().st_size,
+        "tensors": {k: {"dtype": str(v.dtype).replace("torch.", ""), "shape": list(v.shape)}
+                    for k, v in tensors.items()},
+        "onnxruntime_vs_torch_max_abs": errs,
+        "ops": op_histogram(path),
+    })
+    with open(out / "reference.json", "w") as f:
+        json.dump(meta, f, indent=2)
+        f.write("\n")
+    log(f"  wrote {out} ({path.stat().st_size} bytes of ONNX)")
+
+
+def make_bert(root, opset=OPSET, dirname="bert"):
+    out = root / dirname
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = transformers.BertConfig(vocab_size=VOCAB, hidden_size=HIDDEN, num_hidden_layers=LAYERS,
+                                  num_attention_heads=HEADS, intermediate_size=4 * HIDDEN,
+                                  max_position_embeddings=MAX_POS, type_vocab_size=2, attn_implementation="eager",
+                                  initializer_range=0.2, hidden_dropout_prob=0.0,
+                                  attention_probs_dropout_prob=0.0)
+    torch.manual_seed(2001)
+    model = transformers.BertModel(cfg, add_pooling_layer=True).eval()
+    randomize(model, 2002)
+    ids, mask = padded_batch(2003, VOCAB)
+    types = torch.zeros_like(ids)
+    types[0, 2:] = 1  # segment 1 in use (padding keeps type 1 too: it must not matter)
+    feeds = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+
+    class Wrap(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, input_ids, attention_mask, token_type_ids):
+            o = self.m(input_ids=input_ids, attention_mask=attention_mask,
+                       token_type_ids=token_type_ids, return_dict=True)
+            return o.last_hidden_state, o.pooler_output
+
+    w = Wrap(model).eval()
+    with torch.no_grad():
+        hidden, pooled = w(ids, mask, types)
+    dyn = {k: {0: "batch", 1: "sequence"} for k in feeds}
+    dyn["last_hidden_state"] = {0: "batch", 1: "sequence"}
+    dyn["pooler_output"] = {0: "batch"}
+    path = out / "model.onnx"
+    export(w, (ids, mask, types), list(feeds), ["last_hidden_state", "pooler_output"], dyn, path, opset)
+    finish(out, dirname, path, feeds, {"last_hidden_state": hidden, "pooler_output": pooled},
+           {"model": "bert", "class": "BertModel", "config": cfg.to_diff_dict(),
+            "padding": "right, pad id 0, attention_mask 0 on padding"}, opset)
+
+
+def make_gpt2(root):
+    out = root / "gpt2"
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = transformers.GPT2Config(vocab_size=VOCAB, n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS,
+                                  n_positions=MAX_POS, initializer_range=0.2, resid_pdrop=0.0,
+                                  embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False,
+                                  attn_implementation="eager")
+    torch.manual_seed(3001)
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    randomize(model, 3002)
+    ids, mask = padded_batch(3003, VOCAB)
+    feeds = {"input_ids": ids, "attention_mask": mask}
+
+    class Wrap(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, input_ids, attention_mask):
+            return self.m(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                          return_dict=True).logits
+
+    w = Wrap(model).eval()
+    with torch.no_grad():
+        logits = w(ids, mask)
+    dyn = {k: {0: "batch", 1: "sequence"} for k in feeds}
+    dyn["logits"] = {0: "batch", 1: "sequence"}
+    path = out / "model.onnx"
+    export(w, (ids, mask), list(feeds), ["logits"], dyn, path)
+    finish(out, "gpt2", path, feeds, {"logits": logits},
+           {"model": "gpt2", "class": "GPT2LMHeadModel", "config": cfg.to_diff_dict(),
+            "padding": "right, pad id 0, attention_mask 0 on padding; logits past a row's "
+                       "length are not meaningful"})
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default="tests/fixtures/onnx")
+    ap.add_argument("--only", default="bert,bert_opset17,gpt2")
+    a = ap.parse_args()
+    root = Path(a.out)
+    for name in a.only.split(","):
+        log(f"== {name}")
+        {"bert": make_bert, "bert_opset17": lambda r: make_bert(r, 17, "bert_opset17"),
+         "gpt2": make_gpt2}[name](root)
+
+
+if __name__ == "__main__":
+    main()
