@@ -180,10 +180,8 @@ std::vector<std::vector<float>> LlmRunner::run_chunks(std::span<const StepChunk>
   return result;
 }
 
-std::vector<SequenceOutput> LlmRunner::step(bool all_logits) {
-  // Pick each sequence's chunk within the token budget.
-  std::vector<int32_t> ids;
-  std::vector<StepChunk> chunks;
+void LlmRunner::next_chunks(std::vector<int32_t>& ids, std::vector<StepChunk>& chunks) {
+  // Each sequence's chunk within the token budget.
   int64_t budget = opt_.max_step_tokens;
   for (auto& [id, s] : seqs_) {
     if (s.pending.empty() || budget <= 0) continue;
@@ -193,6 +191,41 @@ std::vector<SequenceOutput> LlmRunner::step(bool all_logits) {
                       n == int32_t(s.pending.size())});
     budget -= n;
   }
+}
+
+void LlmRunner::consume_chunks(const std::vector<int32_t>& ids, const std::vector<StepChunk>& chunks) {
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    auto& pending = seqs_[ids[i]].pending;
+    pending.erase(pending.begin(), pending.begin() + int64_t(chunks[i].tokens.size()));
+  }
+}
+
+std::vector<std::pair<int32_t, int32_t>> LlmRunner::step_greedy() {
+  std::vector<int32_t> ids;
+  std::vector<StepChunk> chunks;
+  next_chunks(ids, chunks);
+  std::vector<std::pair<int32_t, int32_t>> result;
+  if (chunks.empty()) return result;
+  std::vector<int32_t> best;
+  if (top_k_ > 0) {  // only the top candidates cross from the device
+    const StepTopLogits top = run_chunks_top(chunks);
+    for (int64_t r = 0; r < top.ids.dim(0); ++r) best.push_back(top.ids.data_as<int32_t>()[r * top.k()]);
+  } else {
+    const Tensor logits = run_chunks_logits(chunks);
+    for (int64_t r = 0; r < logits.dim(0); ++r)
+      best.push_back(argmax(logits.data_as<float>() + r * logits.dim(1), logits.dim(1)));
+  }
+  size_t row = 0;
+  for (size_t i = 0; i < chunks.size(); ++i)
+    if (chunks[i].want_logits) result.push_back({ids[i], best.at(row++)});
+  consume_chunks(ids, chunks);
+  return result;
+}
+
+std::vector<SequenceOutput> LlmRunner::step(bool all_logits) {
+  std::vector<int32_t> ids;
+  std::vector<StepChunk> chunks;
+  next_chunks(ids, chunks);
   if (chunks.empty()) return {};
   TensorMap out = run_parts(chunks, all_logits, {"logits"});
   const Tensor& logits = out.at("logits");
@@ -211,9 +244,8 @@ std::vector<SequenceOutput> LlmRunner::step(bool all_logits) {
       result.push_back(std::move(o));
     }
     row += n;
-    auto& pending = seqs_[ids[i]].pending;
-    pending.erase(pending.begin(), pending.begin() + fed);
   }
+  consume_chunks(ids, chunks);
   return result;
 }
 
@@ -223,12 +255,11 @@ std::vector<std::vector<int32_t>> LlmRunner::generate_greedy(
   for (size_t i = 0; i < prompts.size(); ++i) index[add_sequence(prompts[i])] = i;
   std::vector<std::vector<int32_t>> generated(prompts.size());
   while (has_pending()) {
-    for (auto& o : step()) {
-      auto& gen = generated[index.at(o.seq)];
-      int32_t next = argmax(o.logits.data(), int64_t(o.logits.size()));
+    for (auto [seq, next] : step_greedy()) {
+      auto& gen = generated[index.at(seq)];
       gen.push_back(next);
       if (int32_t(gen.size()) >= max_new_tokens || next == eos_token_id) continue;
-      append_tokens(o.seq, {next});
+      append_tokens(seq, {next});
     }
   }
   for (auto& [id, i] : index) remove_sequence(id);

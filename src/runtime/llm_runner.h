@@ -66,6 +66,10 @@ class LlmRunner {
   // all_logits: for every sequence that ran, with the logits of each token it fed).
   // Throws kOutOfMemory when the KV pool cannot hold the step (nothing is changed).
   std::vector<SequenceOutput> step(bool all_logits = false);
+  // The same step, greedy: (sequence, argmax token) for each sequence whose chunk ended
+  // its pending tokens. With TopKLogits in the graph only the top ids cross from the
+  // device (ties go to the lowest id, as argmax()).
+  std::vector<std::pair<int32_t, int32_t>> step_greedy();
 
   // Greedy decoding of every prompt for max_new_tokens (stopping a sequence at
   // eos_token_id when >= 0). Returns the generated ids per prompt.
@@ -110,6 +114,8 @@ class LlmRunner {
   std::map<int32_t, Seq> seqs_;
   int32_t next_id_ = 0;
   int32_t top_k_ = 0, vocab_ = 0;
+  void next_chunks(std::vector<int32_t>& ids, std::vector<StepChunk>& chunks);
+  void consume_chunks(const std::vector<int32_t>& ids, const std::vector<StepChunk>& chunks);
 };
 
 int32_t argmax(const float* x, int64_t n);
