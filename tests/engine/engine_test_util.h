@@ -2,6 +2,8 @@
 // from a fixture model.
 #pragma once
 
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -16,8 +18,9 @@ namespace kiln::testing {
 
 inline std::filesystem::path scratch_dir() {
   auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-  auto dir = std::filesystem::temp_directory_path() /
-             (std::string("kiln_engine_") + info->test_suite_name() + "_" + info->name());
+  // The pid keeps concurrent runs of the suite (several build trees) out of each other's way.
+  auto dir = std::filesystem::temp_directory_path() / (std::string("kiln_engine_") + info->test_suite_name() + "_" +
+                                                       info->name() + "_" + std::to_string(::getpid()));
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir;
