@@ -24,7 +24,8 @@ double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::
 void convert_gemm_weights(ir::Graph& g, const std::string& dtype) {
   // q8/q4 keep f32 in the file: the backend quantizes when it packs (exactly as when
   // loading the checkpoint directly), so the engine's numbers match --weight-dtype q8.
-  if (dtype == "f32" || dtype == "q8" || dtype == "q4") return;
+  // w8a8 likewise: its Linears are quantized at load from the (smoothed) f32 weights.
+  if (dtype == "f32" || dtype == "q8" || dtype == "q4" || dtype == "w8a8") return;
   const DType dt = dtype == "bf16" ? DType::kBF16 : dtype == "f16" ? DType::kF16 : DType::kF32;
   if (dt == DType::kF32) throw_error(ErrorCode::kInvalidArgument, "--dtype '", dtype, "' (expected f32, bf16 or f16)");
   std::map<ir::ValueId, bool> done;
@@ -156,6 +157,16 @@ BuildReport build_engine(const BuildOptions& o) {
   auto t0 = Clock::now();
   if (o.output.empty()) throw_error(ErrorCode::kInvalidArgument, "build: no output file (-o)");
   ModelOptions mo{o.backend, o.weight_dtype, nullptr, o.opt_level, o.disabled_passes};
+  const bool w8a8 = o.quant.mode == "w8a8";
+  if (!o.quant.mode.empty() && !w8a8)
+    throw_error(ErrorCode::kInvalidArgument, "build: unknown --quant '", o.quant.mode, "' (expected w8a8)");
+  if (w8a8 && o.random_weights)
+    throw_error(ErrorCode::kInvalidArgument, "build: --quant needs real weights to calibrate (not --random-weights)");
+  auto quant_report = std::make_shared<quant::W8A8Report>();
+  if (w8a8) {
+    quant::calib_method_parse(o.quant.method);
+    mo = w8a8_model_options(mo, calibration_for(o.model, mo, o.quant), o.quant, quant_report);
+  }
   auto model = o.random_weights ? Model::load_random(o.model, mo) : Model::load(o.model, mo);
   if (model->engine()) throw_error(ErrorCode::kInvalidArgument, "build: '", o.model, "' is already an engine");
   report.load_seconds = since(t0);
@@ -167,7 +178,12 @@ BuildReport build_engine(const BuildOptions& o) {
   e.graph = model->graph();  // shares the weight buffers; conversions make new ones
   e.info = model->info();
   e.config = model->config();
-  convert_gemm_weights(e.graph, o.weight_dtype);
+  const std::string weight_dtype = w8a8 ? "w8a8" : o.weight_dtype;
+  convert_gemm_weights(e.graph, weight_dtype);
+  if (w8a8)
+    report.quant_summary = "w8a8 (" + o.quant.method + " clip, smoothing alpha " + std::to_string(o.quant.smooth_alpha) +
+                           "): " + std::to_string(quant_report->quantized) + " Linears int8, " +
+                           std::to_string(quant_report->kept) + " kept f32";
   e.profiles = o.profiles.empty() ? std::vector<EngineProfile>{{"default", "T", 1, 128, 16384}} : o.profiles;
   for (auto& p : e.profiles) {
     bool found = false;
@@ -200,11 +216,12 @@ BuildReport build_engine(const BuildOptions& o) {
   }
   e.build.source = o.model;
   e.build.kiln_version = KILN_VERSION_STRING;
-  e.build.weight_dtype = o.weight_dtype;
+  e.build.weight_dtype = weight_dtype;
   e.build.opt_level = o.opt_level;
   e.build.disabled_passes = o.disabled_passes;
   for (auto& r : report.passes)
     if (r.changed) e.build.pass_report.push_back(r.name + ": " + r.stats);
+  if (w8a8) e.build.pass_report.push_back(report.quant_summary);
   e.build.build_seconds = since(t0);
   report.bytes = engine_write(o.output, e);
   report.seconds = since(t0);

@@ -10,6 +10,7 @@
 
 #include "engine/engine.h"
 #include "passes/pass_manager.h"
+#include "runtime/quantize.h"
 
 namespace kiln {
 
@@ -25,6 +26,8 @@ struct BuildOptions {
   std::vector<EngineProfile> profiles;
   bool tune = true;            // time tactics (else the backend's heuristics at run time)
   std::string timing_cache;    // JSON file read before and written after tuning; "" = none
+  // Post-training quantization (mode "w8a8": calibrated int8 Linears, the rest f32).
+  QuantOptions quant;
 };
 
 struct BuildReport {
@@ -34,6 +37,7 @@ struct BuildReport {
   size_t nodes_before = 0, nodes_after = 0;
   size_t tactics_chosen = 0, shapes_timed = 0, cache_hits = 0;
   std::string device;
+  std::string quant_summary;  // what the quantization rewrite did, or empty
 };
 
 BuildReport build_engine(const BuildOptions& options);

@@ -4,6 +4,7 @@
 // Tested by the model golden tests in tests/models/.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -27,6 +28,11 @@ struct ModelOptions {
   // step whose sampling needs no more than the top k of each row fetches [R, k]
   // candidates instead of [R, vocab] logits. Engines keep the node they were built with.
   int32_t top_logits_k = 64;
+  // Applied to the optimized graph before it is compiled (quantization rewrites such as
+  // quant::apply_w8a8); not applied to engine files, which carry their rewrites.
+  std::function<void(ir::Graph&)> rewrite;
+  // Instrumentation of Linear nodes (calibration, per-layer error); CPU backend only.
+  std::shared_ptr<const LinearObserver> linear_observer;
 };
 
 // The graph outputs of that node (ir op TopKLogits): [R, k] values, ids, log-probs.

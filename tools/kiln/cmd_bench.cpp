@@ -60,7 +60,7 @@ double measure_triad_gbs() {
 
 int run_bench(const BenchArgs& a) {
   ModelOptions mo = model_options(a.model);
-  auto model = a.random_config.empty() ? Model::load(a.model.model, mo)
+  auto model = a.random_config.empty() ? kiln::load_model(a.model.model, mo, a.model.quant)
                                        : Model::load_random(a.random_config, mo);
   const ModelInfo& info = model->info();
   if (!info.is_decoder) throw_error(ErrorCode::kUnsupported, "kiln bench measures decoders for now");

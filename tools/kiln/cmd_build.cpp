@@ -31,6 +31,7 @@ Runner add_build(CLI::App& app) {
   add_pass_options(cmd, a->o.opt_level, a->o.disabled_passes);
   cmd->add_option("--profile", a->profiles,
                   "dynamic-shape profile DIM:min,opt,max (default T:1,128,16384); tactics are timed at opt");
+  add_quant_options(cmd, a->o.quant);
   cmd->add_flag("--no-tune", a->no_tune, "skip tactic timing (the backend's heuristics at run time)");
   cmd->add_option("--timing-cache", a->o.timing_cache, "JSON timing cache, read and updated (faster rebuilds)");
   return [a] {
@@ -45,7 +46,9 @@ Runner add_build(CLI::App& app) {
     if (a->o.tune)
       std::printf("tactics     %zu GEMMs on '%s': %zu shapes timed, %zu from the timing cache\n", r.tactics_chosen,
                   r.device.c_str(), r.shapes_timed, r.cache_hits);
-    std::printf("engine      %.1f MiB, GEMM weights %s\n", double(r.bytes) / (1 << 20), a->o.weight_dtype.c_str());
+    if (!r.quant_summary.empty()) std::printf("quant       %s\n", r.quant_summary.c_str());
+    std::printf("engine      %.1f MiB, GEMM weights %s\n", double(r.bytes) / (1 << 20),
+                a->o.quant.mode.empty() ? a->o.weight_dtype.c_str() : a->o.quant.mode.c_str());
     return 0;
   };
 }

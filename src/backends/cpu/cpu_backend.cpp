@@ -31,7 +31,9 @@ class CpuCompiledGraph final : public CompiledGraph {
       if (n.op == "Linear") {
         const Tensor& w = g.weight(n.inputs[1]);
         // Bytes of the stored form: codes plus one f32 scale per 32 values for q8/q4.
-        const double bits = opt.weight_dtype == "f32" ? 32 : opt.weight_dtype == "q8" ? 9 : opt.weight_dtype == "q4" ? 5 : 16;
+        const double bits = n.attr_str("quant", "") == "w8a8" ? 8
+                            : opt.weight_dtype == "f32" || opt.weight_dtype == "w8a8" ? 32
+                            : opt.weight_dtype == "q8" ? 9 : opt.weight_dtype == "q4" ? 5 : 16;
         weight_bytes_ += size_t(double(w.numel()) * bits / 8);
       }
     plan_memory();
@@ -158,7 +160,7 @@ class CpuBackend final : public Backend {
   // thread split (N panels or T rows); threads stay automatic so an engine tuned on
   // one core count still uses every core elsewhere.
   std::vector<std::string> node_tactics(const ir::Node& node, const ir::Graph&) const override {
-    if (node.op != "Linear") return {};
+    if (node.op != "Linear" || node.has_attr("quant")) return {};
     std::vector<std::string> v;
     for (int mr : {6, 4})
       for (int64_t kc : {int64_t(0), int64_t(256)})
@@ -169,8 +171,9 @@ class CpuBackend final : public Backend {
 
   double time_tactic(const ir::Node& node, const ir::Graph& g, const std::string& tactic,
                      const std::map<std::string, int64_t>& dims, const CompileOptions& opt) override {
-    if (node.op != "Linear") return -1;
-    if (opt.weight_dtype != "f32" && opt.weight_dtype != "bf16" && opt.weight_dtype != "f16") return -1;
+    if (node.op != "Linear" || node.has_attr("quant")) return -1;  // the int8 GEMM has one tactic
+    if (opt.weight_dtype != "f32" && opt.weight_dtype != "bf16" && opt.weight_dtype != "f16" && opt.weight_dtype != "w8a8")
+      return -1;
     const Dim& rows = g.value(node.inputs[0]).shape[0];
     const int64_t t = rows.is_concrete() ? rows.value : (dims.count(rows.sym) ? dims.at(rows.sym) : 1);
     // Pack once per weight: the builder times every tactic of a node in a row.
