@@ -181,7 +181,7 @@ BuildReport build_engine(const BuildOptions& o) {
   const std::string weight_dtype = w8a8 ? "w8a8" : o.weight_dtype;
   convert_gemm_weights(e.graph, weight_dtype);
   if (w8a8)
-    report.quant_summary = "w8a8 (" + o.quant.method + " clip, smoothing alpha " + std::to_string(o.quant.smooth_alpha) +
+    report.quant_summary = "w8a8 (" + (o.quant.act_scale == "per-token" ? std::string("per-token") : o.quant.method) + " activation scales, smoothing alpha " + std::to_string(o.quant.smooth_alpha) +
                            "): " + std::to_string(quant_report->quantized) + " Linears int8, " +
                            std::to_string(quant_report->kept) + " kept f32";
   e.profiles = o.profiles.empty() ? std::vector<EngineProfile>{{"default", "T", 1, 128, 16384}} : o.profiles;

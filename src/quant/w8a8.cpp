@@ -146,6 +146,7 @@ W8A8Report apply_w8a8(ir::Graph& g, const CalibrationTable& table, const W8A8Opt
       const double amax = table.amax(n.name, o.method);
       n.attrs["quant"] = std::string("w8a8");
       n.attrs["act_amax"] = amax;
+      if (o.per_token) n.attrs["act_dynamic"] = int64_t(1);
       ++rep.quantized;
     }
   }

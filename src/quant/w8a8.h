@@ -2,7 +2,7 @@
 // max|W_j|^(1-α); X/s, W·s) folded into the preceding norm's gamma/beta when the Linear
 // input is a norm output read only by the Linears being smoothed, else applied by a Mul
 // node; then each quantized Linear gets attrs quant="w8a8" and act_amax (the calibrated
-// clip of its smoothed input). Backends implement the attrs (CPU: per-channel int8
+// clip of its smoothed input; act_dynamic=1 for per-token scales). Backends implement the attrs (CPU: per-channel int8
 // weights, per-tensor int8 activations). Tested in tests/quant/w8a8_test.cpp.
 #pragma once
 
@@ -21,6 +21,9 @@ struct W8A8Options {
   // Linears whose node name or weight name contains one of these stay f32.
   std::vector<std::string> keep;
   bool quantize = true;  // false: only the (float-preserving) smoothing rewrite
+  // Activation scales: per tensor from calibration (static), or per token from each
+  // row's max at run time (attr act_dynamic=1; calibration then only sets smoothing).
+  bool per_token = false;
 };
 
 struct W8A8Report {

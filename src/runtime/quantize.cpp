@@ -183,11 +183,15 @@ ModelOptions w8a8_model_options(ModelOptions base, const quant::CalibrationTable
   wo.method = quant::calib_method_parse(q.method);
   wo.smooth_alpha = q.smooth_alpha;
   wo.keep = q.keep;
+  if (q.act_scale != "static" && q.act_scale != "per-token")
+    throw_error(ErrorCode::kInvalidArgument, "unknown activation scale '", q.act_scale, "' (expected static or per-token)");
+  wo.per_token = q.act_scale == "per-token";
   auto t = std::make_shared<const quant::CalibrationTable>(table);
   base.weight_dtype = "w8a8";
   base.rewrite = [t, wo, report](ir::Graph& g) {
     quant::W8A8Report r = quant::apply_w8a8(g, *t, wo);
-    log_info("w8a8: ", r.quantized, " Linears int8 (", quant::calib_method_name(wo.method), " clip), ", r.kept,
+    log_info("w8a8: ", r.quantized, " Linears int8 (", wo.per_token ? "per-token" : quant::calib_method_name(wo.method),
+             " activation scales), ", r.kept,
              " kept f32; smoothing folded into ", r.folded_into_norm, " norms, ", r.smoothing_muls, " Mul nodes");
     if (report) *report = r;
   };

@@ -23,6 +23,7 @@ struct QuantOptions {
   std::string method = "kl";      // kl | mse | max | percentile
   std::vector<std::string> keep;  // Linears (node or weight name substrings) kept f32
   double smooth_alpha = 0.5;      // SmoothQuant migration strength; < 0: none
+  std::string act_scale = "static";  // static (calibrated, per tensor) | per-token (dynamic)
   std::string cache;              // calibration cache: read when it exists, else written
   int32_t seq_len = 256;          // tokens per calibration sequence (encoders: 128)
   int32_t max_sequences = 64;     // calibration sequences at most

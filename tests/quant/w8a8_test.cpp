@@ -142,6 +142,19 @@ TEST(W8A8, TinyDecoderStaysNearF32AndEngineMatches) {
     EXPECT_LT(layers.front().rel_rmse, 0.15) << layers.front().node;
     EXPECT_LT(layers[layers.size() / 2].rel_rmse, 0.02) << layers[layers.size() / 2].node;
   }
+  // Per-token activation scales (each row's own max) on the same calibration's smoothing.
+  {
+    q.method = "kl";
+    q.act_scale = "per-token";
+    auto report = std::make_shared<quant::W8A8Report>();
+    auto m = Model::load(dir, w8a8_model_options({}, table, q, report));
+    auto got = all_logits(*m, toks);
+    double err2 = 0, ref2 = 0;
+    for (size_t i = 0; i < ref.size(); ++i) err2 += double(got[i] - ref[i]) * (got[i] - ref[i]), ref2 += double(ref[i]) * ref[i];
+    EXPECT_LT(std::sqrt(err2 / ref2), 0.15);
+    EXPECT_GT(err2, 0.0);
+    q.act_scale = "static";
+  }
   // --keep: every Linear kept -> bit-identical to f32.
   q.keep = {"."};
   auto report = std::make_shared<quant::W8A8Report>();

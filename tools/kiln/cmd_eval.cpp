@@ -32,7 +32,7 @@ struct EvalArgs {
 
 std::string model_label(const ModelArgs& m) {
   if (m.quant.mode.empty()) return m.weight_dtype;
-  std::string s = m.quant.mode + " (" + m.quant.method;
+  std::string s = m.quant.mode + " (" + (m.quant.act_scale == "per-token" ? std::string("per-token") : m.quant.method);
   if (m.quant.smooth_alpha >= 0) {
     char buf[32];
     std::snprintf(buf, sizeof buf, ", alpha %.2f", m.quant.smooth_alpha);

@@ -36,6 +36,11 @@ void add_quant_options(CLI::App* cmd, QuantOptions& q) {
       ->delimiter(',');
   cmd->add_option("--smooth-alpha", q.smooth_alpha, "SmoothQuant migration strength in [0, 1]; negative: none")
       ->capture_default_str();
+  cmd->add_option("--act-scale", q.act_scale,
+                  "int8 activation scales: static (per tensor, from calibration) or per-token (each row's max at run "
+                  "time)")
+      ->check(CLI::IsMember({"static", "per-token"}))
+      ->capture_default_str();
   cmd->add_option("--calib-seqs", q.max_sequences, "calibration sequences at most")->capture_default_str();
 }
 

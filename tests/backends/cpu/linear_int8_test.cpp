@@ -142,6 +142,34 @@ TEST(LinearInt8, LinearMatchesEpilogueExactlyAndFloatWithinBound) {
   });
 }
 
+TEST(LinearInt8, PerTokenScalesMatchDefinition) {
+  const int64_t t = 5, n = 20, k = 48;
+  auto x = random_floats(size_t(t * k), 10, -2.0f, 2.0f);
+  for (int64_t i = 0; i < k; ++i) x[size_t(3 * k + i)] = 0.0f;  // an all-zero row
+  for (int64_t i = 0; i < k; ++i) x[size_t(k + i)] *= 100.0f;   // a row with a much larger range
+  auto w = random_floats(size_t(n * k), 11);
+  PackedInt8Weight pw = pack_weight_int8(w.data(), n, k);
+  std::vector<int> qw;
+  std::vector<float> scale;
+  reference_weight_codes(w, n, k, qw, scale);
+  for_each_isa([&] {
+    std::vector<float> y(size_t(t * n));
+    linear_int8(x.data(), t, k, pw, 0.0f, nullptr, y.data());
+    for (int64_t r = 0; r < t; ++r) {
+      float amax = 0;
+      for (int64_t i = 0; i < k; ++i) amax = std::max(amax, std::fabs(x[size_t(r * k + i)]));
+      const float xs = amax > 0 ? amax / 127.0f : 1.0f;
+      for (int64_t c = 0; c < n; ++c) {
+        int64_t acc = 0;
+        for (int64_t i = 0; i < k; ++i)
+          acc += int64_t(std::nearbyint(std::clamp(x[size_t(r * k + i)] * (1.0f / xs), -127.0f, 127.0f))) *
+                 qw[size_t(c * k + i)];
+        ASSERT_EQ(y[size_t(r * n + c)], float(acc) * (xs * scale[size_t(c)])) << "row " << r << " col " << c;
+      }
+    }
+  });
+}
+
 // Every microkernel variant this CPU can run (scalar, AVX2 maddubs, AVX-VNNI) on one
 // panel, against the integer reference; the public API only reaches the best one.
 TEST(LinearInt8, EveryMicrokernelVariantIsExact) {

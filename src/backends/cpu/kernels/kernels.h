@@ -105,6 +105,8 @@ void quantize_rows_int8(const float* x, int64_t t, int64_t k, float inv_scale, i
 void gemm_int8_acc(const int8_t* qx, int64_t t, const PackedInt8Weight& w, int32_t* acc);
 // The whole W8A8 Linear: quantizes x with x_scale, multiplies, rescales, adds bias (may
 // be null): y = float(acc) * (x_scale * scale[n]) + b[n] (a multiply then an add).
+// x_scale <= 0 selects dynamic per-row (per-token) scales: row r uses max|x[r,:]| / 127
+// (1 for an all-zero row) in place of x_scale.
 void linear_int8(const float* x, int64_t t, int64_t k, const PackedInt8Weight& w, float x_scale,
                  const float* bias, float* y);
 

@@ -141,20 +141,30 @@ void linear_int8(const float* x, int64_t t, int64_t k, const PackedInt8Weight& w
   const int64_t ldx = 4 * w.k4;
   // Per-thread reuse of the quantized rows (the executor thread calls this every step).
   thread_local std::vector<int8_t> qbuf;
+  thread_local std::vector<float> row_scale;
   if (qbuf.size() < size_t(t * ldx)) qbuf.resize(size_t(t * ldx));
-  const float inv = x_scale > 0.0f ? 1.0f / x_scale : 0.0f;
-  quantize_rows_int8(x, t, k, inv, qbuf.data(), ldx);
+  const bool dynamic = !(x_scale > 0.0f);
+  if (dynamic) {
+    row_scale.resize(size_t(t));
+    for (int64_t r = 0; r < t; ++r) {
+      float amax = 0.0f;
+      for (int64_t i = 0; i < k; ++i) amax = std::max(amax, std::fabs(x[r * k + i]));
+      row_scale[size_t(r)] = amax > 0.0f ? amax / 127.0f : 1.0f;
+      quantize_rows_int8(x + r * k, 1, k, 1.0f / row_scale[size_t(r)], qbuf.data() + r * ldx, ldx);
+    }
+  } else {
+    quantize_rows_int8(x, t, k, 1.0f / x_scale, qbuf.data(), ldx);
+  }
   const int8_t* qx = qbuf.data();
+  const float* rs = dynamic ? row_scale.data() : nullptr;
   int8_drive(qx, t, ldx, w, [&](int64_t r, int m, int64_t p, const int32_t* tile) {
     const int64_t cols = std::min(kNr, w.n - p * kNr);
-    float s[kNr], b[kNr];
-    for (int64_t c = 0; c < cols; ++c) {
-      s[c] = x_scale * w.scale[size_t(p * kNr + c)];
-      b[c] = bias ? bias[p * kNr + c] : 0.0f;
-    }
+    float b[kNr];
+    for (int64_t c = 0; c < cols; ++c) b[c] = bias ? bias[p * kNr + c] : 0.0f;
     for (int i = 0; i < m; ++i) {
+      const float xs = rs ? rs[r + i] : x_scale;
       float* yr = y + (r + i) * w.n + p * kNr;
-      for (int64_t c = 0; c < cols; ++c) yr[c] = float(tile[i * kNr + c]) * s[c] + b[c];
+      for (int64_t c = 0; c < cols; ++c) yr[c] = float(tile[i * kNr + c]) * (xs * w.scale[size_t(p * kNr + c)]) + b[c];
     }
   });
 }
