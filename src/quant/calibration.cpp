@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "core/status.h"
@@ -146,12 +147,17 @@ void CalibrationTable::save(const std::string& path) const {
 }
 
 CalibrationTable CalibrationTable::load(const std::string& path) {
-  std::ifstream f(path);
+  std::ifstream f(path, std::ios::binary);
   if (!f) throw_error(ErrorCode::kNotFound, "calibration cache '", path, "' cannot be opened");
-  nlohmann::json j = nlohmann::json::parse(f, nullptr, /*allow_exceptions=*/false);
+  std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  return parse(text, path);
+}
+
+CalibrationTable CalibrationTable::parse(std::string_view text, const std::string& path) {
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || !j.is_object())
     throw_error(ErrorCode::kInvalidArgument, "calibration cache '", path, "' is not a JSON object");
-  if (j.value("format", "") != "kiln-calibration-1")
+  if (!j.contains("format") || !j["format"].is_string() || j["format"].get<std::string>() != "kiln-calibration-1")
     throw_error(ErrorCode::kInvalidArgument, "calibration cache '", path,
                 "': expected \"format\": \"kiln-calibration-1\" (write one with --calib-cache)");
   CalibrationTable t;
@@ -161,6 +167,9 @@ CalibrationTable CalibrationTable::load(const std::string& path) {
     t.smooth_alpha = j.at("smooth_alpha").get<double>();
     t.sequences = j.value("sequences", int64_t(0));
     t.tokens = j.value("tokens", int64_t(0));
+    if (!std::isfinite(t.smooth_alpha) || t.smooth_alpha > 1)
+      throw_error(ErrorCode::kInvalidArgument, "smooth_alpha ", t.smooth_alpha, " (expected <= 1)");
+    if (!j.at("tensors").is_object()) throw_error(ErrorCode::kInvalidArgument, "\"tensors\" is not an object");
     for (auto& [name, e] : j.at("tensors").items()) {
       TensorCalib c;
       c.amax = e.at("amax").get<std::map<std::string, double>>();
@@ -169,6 +178,9 @@ CalibrationTable CalibrationTable::load(const std::string& path) {
       for (auto& [m, v] : c.amax)
         if (!std::isfinite(v) || v < 0)
           throw_error(ErrorCode::kInvalidArgument, "tensor '", name, "' method '", m, "' has amax ", v);
+      for (float v : c.channel_absmax)
+        if (!std::isfinite(v) || v < 0)
+          throw_error(ErrorCode::kInvalidArgument, "tensor '", name, "' has a channel max of ", v);
       t.tensors.emplace(name, std::move(c));
     }
   } catch (const nlohmann::json::exception& e) {

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace kiln::quant {
@@ -64,6 +65,8 @@ struct CalibrationTable {
   void save(const std::string& path) const;
   // Throws kiln::Error (kInvalidArgument) naming the file and the problem on bad input.
   static CalibrationTable load(const std::string& path);
+  // The same from the file's text; `where` names it in errors (fuzzed in fuzz/).
+  static CalibrationTable parse(std::string_view text, const std::string& where);
 };
 
 // Collects one tensor's statistics over many batches in two passes: first the channel

@@ -153,6 +153,13 @@ TEST(Calibration, CacheRoundTripAndBadFiles) {
   EXPECT_THROW(CalibrationTable::load(write("{\"format\": \"kiln-calibration-1\", \"smooth_alpha\": 0.5, \"tensors\": "
                                             "{\"a\": {\"amax\": {\"kl\": -1}, \"channel_absmax\": [1]}}}")),
                Error);
+  EXPECT_THROW(CalibrationTable::parse("{\"format\": \"kiln-calibration-1\", \"smooth_alpha\": 0.5, \"tensors\": "
+                                       "{\"a\": {\"amax\": {\"kl\": 1}, \"channel_absmax\": [-1]}}}",
+                                       "inline"),
+               Error);
+  EXPECT_THROW(CalibrationTable::parse("{\"format\": \"kiln-calibration-1\", \"smooth_alpha\": 0.5, \"tensors\": [1]}",
+                                       "inline"),
+               Error);
   EXPECT_THROW(CalibrationTable::load(dir + "/does_not_exist.json"), Error);
   EXPECT_THROW(calib_method_parse("entropyy"), Error);
   std::filesystem::remove(path);
