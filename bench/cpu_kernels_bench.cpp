@@ -186,6 +186,17 @@ void bench_gemm(double peak, bool sweep) {
         std::printf("%-10s %5lld->%-5lld %5lld %-5s %10.3f %10.1f %7.0f%%%s\n", sh.name, (long long)sh.k,
                     (long long)sh.n, (long long)t, weight_storage_name(st), s * 1e3, gf, 100 * gf / peak,
                     ok ? "" : "  WRONG RESULT");
+        if (st == WeightStorage::kBF16) {
+          // W8A8: int8 weights per channel, int8 activations (static scale: |x| <= 1), int32
+          // accumulation; GOP/s counted like the f32 FLOPs (2 per multiply-add).
+          PackedInt8Weight qw = pack_weight_int8(w.data(), sh.n, sh.k);
+          linear_int8(x.data(), t, sh.k, qw, 1.0f / 127.0f, nullptr, y.data());
+          const bool qok = linear_ok(x, w, y.data(), t, sh.n, sh.k, 3e-2);
+          const double qs = time_median([&] { linear_int8(x.data(), t, sh.k, qw, 1.0f / 127.0f, nullptr, y.data()); }, 11);
+          const double qg = 2.0 * t * sh.n * sh.k / qs / 1e9;
+          std::printf("%-10s %5lld->%-5lld %5lld %-5s %10.3f %10.1f %7.0f%%%s\n", sh.name, (long long)sh.k,
+                      (long long)sh.n, (long long)t, "w8a8", qs * 1e3, qg, 100 * qg / peak, qok ? "" : "  WRONG RESULT");
+        }
         if (!sweep || st != WeightStorage::kF32) continue;
         for (int mr : {4, 6})
           for (int64_t kc : {128, 256, 384, 768, 3072})

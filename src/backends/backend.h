@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -66,8 +67,21 @@ struct ShapeProfile {
   std::map<std::string, DimRange> dims;
 };
 
+// Instrumentation of Linear nodes (calibration and per-layer error reports; the CPU
+// backend implements it, others ignore it). Called on the executor thread.
+struct LinearObserver {
+  // Every Linear's input x [t, k] before it runs.
+  std::function<void(const std::string& node, const float* x, int64_t t, int64_t k)> on_input;
+  // For quantized (attr quant) Linears: their output and the f32 GEMM of the same input
+  // with the same (smoothed) weights, both [t, n] before any activation epilogue.
+  std::function<void(const std::string& node, const float* y, const float* y_f32, int64_t t, int64_t n)> on_quant_output;
+};
+
 struct CompileOptions {
-  std::string weight_dtype = "f32";  // storage of GEMM weights: f32 | bf16 | f16 | q8 | q4
+  // Storage of GEMM weights: f32 | bf16 | f16 | q8 | q4 | w8a8. w8a8: Linear nodes with
+  // attrs quant="w8a8" and act_amax (quant/w8a8.h) run int8 x int8; the rest stay f32.
+  std::string weight_dtype = "f32";
+  std::shared_ptr<const LinearObserver> linear_observer;  // null: none
   // This rank's link to the others for AllReduce nodes (tensor parallelism); null
   // for an unsharded graph.
   std::shared_ptr<Communicator> communicator;

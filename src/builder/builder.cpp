@@ -283,6 +283,16 @@ BuildReport build_engine(const BuildOptions& o) {
   ModelOptions mo{o.backend, o.weight_dtype, nullptr, o.opt_level, o.disabled_passes, o.weight_dtype,
                   o.pin_precision};
   mo.onnx_import = o.onnx_import;
+  const bool w8a8 = o.quant.mode == "w8a8";
+  if (!o.quant.mode.empty() && !w8a8)
+    throw_error(ErrorCode::kInvalidArgument, "build: unknown --quant '", o.quant.mode, "' (expected w8a8)");
+  if (w8a8 && o.random_weights)
+    throw_error(ErrorCode::kInvalidArgument, "build: --quant needs real weights to calibrate (not --random-weights)");
+  auto quant_report = std::make_shared<quant::W8A8Report>();
+  if (w8a8) {
+    quant::calib_method_parse(o.quant.method);
+    mo = w8a8_model_options(mo, calibration_for(o.model, mo, o.quant), o.quant, quant_report);
+  }
   auto model = o.random_weights ? Model::load_random(o.model, mo) : Model::load(o.model, mo);
   if (model->engine()) throw_error(ErrorCode::kInvalidArgument, "build: '", o.model, "' is already an engine");
   report.load_seconds = since(t0);
@@ -294,7 +304,12 @@ BuildReport build_engine(const BuildOptions& o) {
   e.graph = model->graph();  // shares the weight buffers; conversions make new ones
   e.info = model->info();
   e.config = model->config();
-  convert_gemm_weights(e.graph, o.weight_dtype);
+  const std::string weight_dtype = w8a8 ? "w8a8" : o.weight_dtype;
+  convert_gemm_weights(e.graph, weight_dtype);
+  if (w8a8)
+    report.quant_summary = "w8a8 (" + (o.quant.act_scale == "per-token" ? std::string("per-token") : o.quant.method) + " activation scales, smoothing alpha " + std::to_string(o.quant.smooth_alpha) +
+                           "): " + std::to_string(quant_report->quantized) + " Linears int8, " +
+                           std::to_string(quant_report->kept) + " kept f32";
   e.profiles = o.profiles;
   if (e.profiles.empty()) {
     // Built models have one token axis T; an imported ONNX graph has its own symbolic
@@ -356,13 +371,14 @@ BuildReport build_engine(const BuildOptions& o) {
   }
   e.build.source = o.model;
   e.build.kiln_version = KILN_VERSION_STRING;
-  e.build.weight_dtype = o.weight_dtype;
+  e.build.weight_dtype = weight_dtype;
   e.build.opt_level = o.opt_level;
   e.build.disabled_passes = o.disabled_passes;
   for (auto& pin : o.pin_precision) e.build.pin_precision.push_back(pin.pattern + "=" + pin.precision);
   e.build.workspace_bytes = o.workspace_bytes;
   for (auto& r : report.passes)
     if (r.changed) e.build.pass_report.push_back(r.name + ": " + r.stats);
+  if (w8a8) e.build.pass_report.push_back(report.quant_summary);
   e.build.build_seconds = since(t0);
   report.bytes = engine_write(o.output, e);
   report.seconds = since(t0);

@@ -14,6 +14,7 @@
 
 #include "engine/engine.h"
 #include "passes/pass_manager.h"
+#include "runtime/quantize.h"
 
 namespace kiln {
 
@@ -41,6 +42,8 @@ struct BuildOptions {
   // backend. Off: portable [N, K] weights, packed at load.
   bool pack_weights = false;
   std::string timing_cache;    // JSON file read before and written after tuning; "" = none
+  // Post-training quantization (mode "w8a8": calibrated int8 Linears, the rest f32).
+  QuantOptions quant;
 };
 
 struct BuildReport {
@@ -52,6 +55,7 @@ struct BuildReport {
   size_t packed_gemms = 0;  // GEMMs stored in the backend's layout (pack_weights)
   std::string device;
   std::vector<EngineProfile> profiles;  // with their planned activation arenas
+  std::string quant_summary;  // what the quantization rewrite did, or empty
 };
 
 BuildReport build_engine(const BuildOptions& options);

@@ -48,9 +48,11 @@ std::unique_ptr<Model> Model::from_built(BuiltModel built, const ModelOptions& o
   if (options.opt_level > 0)
     log_debug("passes:\n", passes::format_pass_report(m->pass_report_));
   m->add_top_logits(options.top_logits_k);
+  if (options.rewrite) options.rewrite(m->built_.graph);
   CompileOptions co;
   co.weight_dtype = options.weight_dtype;
   co.communicator = options.communicator;
+  co.linear_observer = options.linear_observer;
   m->compile(options.backend, co);
   return m;
 }
@@ -65,6 +67,7 @@ std::unique_ptr<Model> Model::load_engine(const std::string& path, const ModelOp
   CompileOptions co;
   // GEMM weights are stored in the engine in their final precision.
   co.weight_dtype = e->build.weight_dtype;
+  co.linear_observer = options.linear_observer;
   for (auto& p : e->profiles) {
     ShapeProfile sp{p.name, {}};
     for (auto& d : p.dims) sp.dims[d.dim] = {d.min, d.opt, d.max};

@@ -4,6 +4,7 @@
 // Tested by the model golden tests in tests/models/.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -39,6 +40,11 @@ struct ModelOptions {
   // with the op-by-op import on a probe input, else imports op by op; "graph" always
   // imports op by op; "family" requires recognition (an error says why not).
   std::string onnx_import = "auto";
+  // Applied to the optimized graph before it is compiled (quantization rewrites such as
+  // quant::apply_w8a8); not applied to engine files, which carry their rewrites.
+  std::function<void(ir::Graph&)> rewrite;
+  // Instrumentation of Linear nodes (calibration, per-layer error); CPU backend only.
+  std::shared_ptr<const LinearObserver> linear_observer;
 };
 
 // The graph outputs of that node (ir op TopKLogits): [R, k] values, ids, log-probs.

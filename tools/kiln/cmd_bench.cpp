@@ -7,6 +7,7 @@
 #include <random>
 
 #include "commands.h"
+#include "runtime/encoder_runner.h"
 #include "core/status.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
@@ -58,12 +59,41 @@ double measure_triad_gbs() {
   return 3.0 * 4.0 * double(n) / median(t) / 1e9;
 }
 
+// Encoders: one forward of `batch` sequences of prompt_len random tokens (one ragged step).
+int run_encoder_bench(const BenchArgs& a, Model& model) {
+  const ModelInfo& info = model.info();
+  if (a.prompt_len > info.max_positions)
+    throw_error(ErrorCode::kInvalidArgument, "sequence length ", a.prompt_len, " exceeds the model's ",
+                info.max_positions, " positions");
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<int32_t> tok(1000, int32_t(info.vocab_size - 1));
+  std::vector<EncoderInput> batch(size_t(a.batch));
+  for (auto& in : batch)
+    for (int i = 0; i < a.prompt_len; ++i) in.tokens.push_back(tok(rng));
+  std::vector<double> t;
+  for (int r = 0; r < a.repeats + 1; ++r) {  // repeat 0 warms up
+    auto t0 = Clock::now();
+    encode(model, batch);
+    if (r > 0) t.push_back(secs(t0, Clock::now()));
+  }
+  const double s = median(t);
+  auto [lo, hi] = std::minmax_element(t.begin(), t.end());
+  std::printf("model: %s (%s, %lld layers, hidden %lld), GEMM weights %s %.1f MiB, %d threads\n\n",
+              model.path().c_str(), info.family.c_str(), (long long)info.num_layers, (long long)info.hidden_size,
+              a.model.quant.mode.empty() ? a.model.weight_dtype.c_str() : a.model.quant.mode.c_str(),
+              double(model.compiled().weight_bytes()) / (1 << 20), ThreadPool::global().num_threads());
+  std::printf("| test | batch | seq len | ms per forward | spread (min-max ms) | sequences/s |\n|---|---|---|---|---|---|\n");
+  std::printf("| forward | %d | %d | %.2f | %.2f-%.2f | %.1f |\n", a.batch, a.prompt_len, s * 1e3, *lo * 1e3, *hi * 1e3,
+              double(a.batch) / s);
+  return 0;
+}
+
 int run_bench(const BenchArgs& a) {
   ModelOptions mo = model_options(a.model);
-  auto model = a.random_config.empty() ? Model::load(a.model.model, mo)
+  auto model = a.random_config.empty() ? kiln::load_model(a.model.model, mo, a.model.quant)
                                        : Model::load_random(a.random_config, mo);
   const ModelInfo& info = model->info();
-  if (!info.is_decoder) throw_error(ErrorCode::kUnsupported, "kiln bench measures decoders for now");
+  if (!info.is_decoder) return run_encoder_bench(a, *model);
   if (a.prompt_len + a.gen_len > info.max_positions)
     throw_error(ErrorCode::kInvalidArgument, "prompt + generated tokens (", a.prompt_len + a.gen_len,
                 ") exceed the model's ", info.max_positions, " positions");
@@ -112,7 +142,8 @@ int run_bench(const BenchArgs& a) {
   double step_bytes = weight_bytes + double(a.batch) * ctx * kv_token_bytes;
   std::printf("model: %s (%s, %lld layers, hidden %lld), GEMM weights %s %.1f MiB, %d threads\n",
               model->path().c_str(), info.family.c_str(), (long long)info.num_layers,
-              (long long)info.hidden_size, a.model.weight_dtype.c_str(), weight_bytes / (1 << 20),
+              (long long)info.hidden_size,
+              a.model.quant.mode.empty() ? a.model.weight_dtype.c_str() : a.model.quant.mode.c_str(), weight_bytes / (1 << 20),
               ThreadPool::global().num_threads());
   if (on_cpu)
     std::printf("ceiling: memory triad %.2f GB/s\n\n", bw);
@@ -145,6 +176,7 @@ Runner add_bench(CLI::App& app) {
       ->check(CLI::IsMember({"f32", "bf16", "f16", "q8", "q4"}))
       ->capture_default_str();
   add_pass_options(cmd, a->model.opt_level, a->model.disabled_passes);
+  add_quant_options(cmd, a->model.quant);
   cmd->add_option("-p,--prompt-len", a->prompt_len, "prompt tokens (pp)")->capture_default_str();
   cmd->add_option("-n,--gen-len", a->gen_len, "generated tokens (tg)")->capture_default_str();
   cmd->add_option("-b,--batch", a->batch, "sequences decoded together")->capture_default_str();

@@ -46,6 +46,7 @@ Runner add_build(CLI::App& app) {
   cmd->add_flag("--pack-weights", a->o.pack_weights,
                 "store GEMM weights in the backend's packed layout: loading maps them in place instead of packing, "
                 "but the engine runs only on that backend");
+  add_quant_options(cmd, a->o.quant);
   cmd->add_flag("--no-tune", a->no_tune, "skip tactic timing (the backend's heuristics at run time)");
   cmd->add_option("--timing-cache", a->o.timing_cache, "JSON timing cache, read and updated (faster rebuilds)");
   return [a] {
@@ -72,7 +73,9 @@ Runner add_build(CLI::App& app) {
     }
     if (r.packed_gemms) std::printf("weights     %zu GEMMs stored packed for the %s backend\n", r.packed_gemms, a->o.backend.c_str());
     if (a->o.workspace_bytes) std::printf("workspace   %s limit: every profile fits\n", format_bytes(a->o.workspace_bytes).c_str());
-    std::printf("engine      %.1f MiB, GEMM weights %s\n", double(r.bytes) / (1 << 20), a->o.weight_dtype.c_str());
+    if (!r.quant_summary.empty()) std::printf("quant       %s\n", r.quant_summary.c_str());
+    std::printf("engine      %.1f MiB, GEMM weights %s\n", double(r.bytes) / (1 << 20),
+                a->o.quant.mode.empty() ? a->o.weight_dtype.c_str() : a->o.quant.mode.c_str());
     return 0;
   };
 }

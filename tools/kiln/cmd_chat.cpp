@@ -23,7 +23,7 @@ struct ChatArgs {
 };
 
 int run_chat(const ChatArgs& a) {
-  auto model = Model::load(a.model.model, model_options(a.model));
+  auto model = load_model(a.model);
   auto tokenizer = load_model_tokenizer(*model);
   if (!tokenizer) throw_error(ErrorCode::kInvalidArgument, "'", a.model.model, "' has no tokenizer");
   if (tokenizer->chat_template().empty())

@@ -44,7 +44,7 @@ void print_vector(const std::vector<float>& v) {
 }
 
 int run_embed(const EncodeArgs& a) {
-  auto model = Model::load(a.model.model, model_options(a.model));
+  auto model = load_model(a.model);
   auto out = encode(*model, encoder_inputs(*model, a));
   std::printf("[\n");
   for (size_t i = 0; i < out.size(); ++i) {
@@ -65,7 +65,7 @@ int run_embed(const EncodeArgs& a) {
 }
 
 int run_classify(const EncodeArgs& a) {
-  auto model = Model::load(a.model.model, model_options(a.model));
+  auto model = load_model(a.model);
   if (model->info().num_labels == 0)
     throw_error(ErrorCode::kUnsupported, "'", a.model.model,
                 "' has no classification head (classifier.weight); use `kiln embed`");
@@ -120,7 +120,7 @@ Runner add_tokenize(CLI::App& app) {
   add_model_options(cmd, *model);
   cmd->add_option("-t,--text", *text, "text to tokenize")->required();
   return [model, text] {
-    auto m = Model::load(model->model, model_options(*model));
+    auto m = load_model(*model);
     auto tokenizer = load_model_tokenizer(*m);
     if (!tokenizer) throw_error(ErrorCode::kNotFound, "'", model->model, "' has no tokenizer");
     for (int32_t id : tokenizer->encode(*text))

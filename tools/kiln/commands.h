@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "runtime/model.h"
+#include "runtime/quantize.h"
 
 namespace kiln::cli {
 
@@ -41,6 +42,7 @@ struct ModelArgs {
   std::vector<std::string> disabled_passes;
   std::string profile;  // engines: the optimization profile to run under ("" = first that fits)
   std::string onnx_import = "auto";
+  QuantOptions quant;  // --quant w8a8 --calib ...
 };
 // --onnx-import auto|graph|family (ModelOptions::onnx_import).
 void add_onnx_option(CLI::App* cmd, std::string& mode);
@@ -48,6 +50,10 @@ void add_model_options(CLI::App* cmd, ModelArgs& args);
 // --opt-level and --disable-pass (shared by the model-loading commands and build).
 void add_pass_options(CLI::App* cmd, int& opt_level, std::vector<std::string>& disabled);
 ModelOptions model_options(const ModelArgs& args);
+// --quant, --calib, --calib-method, --calib-cache, --keep, --smooth-alpha, --calib-seqs.
+void add_quant_options(CLI::App* cmd, QuantOptions& q);
+// Model::load, quantized when --quant asks for it.
+std::unique_ptr<Model> load_model(const ModelArgs& args);
 
 // "1,2,3" -> ids; throws kiln::Error naming the bad entry.
 std::vector<int32_t> parse_ids(const std::string& s);

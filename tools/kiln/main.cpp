@@ -21,6 +21,7 @@ void add_model_options(CLI::App* cmd, ModelArgs& args) {
   cmd->add_option("--engine-profile", args.profile,
                   "engines: run under this optimization profile (default: per step, the first that fits)");
   add_onnx_option(cmd, args.onnx_import);
+  add_quant_options(cmd, args.quant);
 }
 
 void add_onnx_option(CLI::App* cmd, std::string& mode) {
@@ -30,6 +31,31 @@ void add_onnx_option(CLI::App* cmd, std::string& mode) {
       ->check(CLI::IsMember({"auto", "graph", "family"}))
       ->capture_default_str();
 }
+
+void add_quant_options(CLI::App* cmd, QuantOptions& q) {
+  cmd->add_option("--quant", q.mode, "post-training quantization: w8a8 (int8 weights and activations, calibrated)")
+      ->check(CLI::IsMember({"w8a8"}));
+  cmd->add_option("--calib", q.calib,
+                  "calibration set: 'default' (the project's docs), text files (comma-separated), or a calibration "
+                  "cache .json")
+      ->capture_default_str();
+  cmd->add_option("--calib-method", q.method, "activation clip: kl (TensorRT entropy), mse, max or percentile (99.99)")
+      ->check(CLI::IsMember({"kl", "mse", "max", "percentile"}))
+      ->capture_default_str();
+  cmd->add_option("--calib-cache", q.cache, "calibration cache: read when it exists, else written after calibrating");
+  cmd->add_option("--keep", q.keep, "Linears kept f32 (node or weight name substrings, comma-separated), e.g. lm_head")
+      ->delimiter(',');
+  cmd->add_option("--smooth-alpha", q.smooth_alpha, "SmoothQuant migration strength in [0, 1]; negative: none")
+      ->capture_default_str();
+  cmd->add_option("--act-scale", q.act_scale,
+                  "int8 activation scales: static (per tensor, from calibration) or per-token (each row's max at run "
+                  "time)")
+      ->check(CLI::IsMember({"static", "per-token"}))
+      ->capture_default_str();
+  cmd->add_option("--calib-seqs", q.max_sequences, "calibration sequences at most")->capture_default_str();
+}
+
+std::unique_ptr<Model> load_model(const ModelArgs& a) { return kiln::load_model(a.model, model_options(a), a.quant); }
 
 void add_pass_options(CLI::App* cmd, int& opt_level, std::vector<std::string>& disabled) {
   cmd->add_option("--opt-level", opt_level,

@@ -37,10 +37,14 @@ class CpuCompiledGraph final : public CompiledGraph {
           weight_bytes_ += w.nbytes();
           continue;
         }
-        // Bytes of the stored form (per node: assign_precision may pin some layers):
-        // codes plus one f32 scale per 32 values for q8/q4.
+        // Bytes of the stored form (per node: assign_precision may pin some layers;
+        // w8a8 Linears hold int8): codes plus one f32 scale per 32 values for q8/q4.
         const std::string st = cpu::linear_weight_storage(n, opt);
-        const double bits = st == "f32" ? 32 : st == "q8" ? 9 : st == "q4" ? 5 : 16;
+        const double bits = n.attr_str("quant", "") == "w8a8"     ? 8
+                            : st == "f32" || st == "w8a8" ? 32
+                            : st == "q8"                  ? 9
+                            : st == "q4"                  ? 5
+                                                          : 16;
         weight_bytes_ += size_t(double(w.numel()) * bits / 8);
       }
     plan_memory();
@@ -164,7 +168,7 @@ class CpuBackend final : public Backend {
   // thread split (N panels or T rows); threads stay automatic so an engine tuned on
   // one core count still uses every core elsewhere.
   std::vector<std::string> node_tactics(const ir::Node& node, const ir::Graph&) const override {
-    if (node.op != "Linear") return {};
+    if (node.op != "Linear" || node.has_attr("quant")) return {};
     std::vector<std::string> v;
     for (int mr : {6, 4})
       for (int64_t kc : {int64_t(0), int64_t(256)})
@@ -175,9 +179,9 @@ class CpuBackend final : public Backend {
 
   double time_tactic(const ir::Node& node, const ir::Graph& g, const std::string& tactic,
                      const std::map<std::string, int64_t>& dims, const CompileOptions& opt) override {
-    if (node.op != "Linear") return -1;
+    if (node.op != "Linear" || node.has_attr("quant")) return -1;  // the int8 GEMM has one tactic
     const std::string storage = cpu::linear_weight_storage(node, opt);
-    if (storage != "f32" && storage != "bf16" && storage != "f16") return -1;
+    if (storage != "f32" && storage != "bf16" && storage != "f16" && storage != "w8a8") return -1;
     const Dim& rows = g.value(node.inputs[0]).shape[0];
     const int64_t t = rows.is_concrete() ? rows.value : (dims.count(rows.sym) ? dims.at(rows.sym) : 1);
     // Pack once per weight: the builder times every tactic of a node in a row.

@@ -4,8 +4,10 @@
 #include "backends/cpu/cpu_ops.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <tuple>
 
@@ -36,8 +38,9 @@ WeightStorage storage_from_option(const std::string& s) {
   if (s == "f16") return WeightStorage::kF16;
   if (s == "q8") return WeightStorage::kQ8;
   if (s == "q4") return WeightStorage::kQ4;
+  if (s == "w8a8") return WeightStorage::kF32;  // Linears left unquantized (--keep) stay f32
   throw_error(ErrorCode::kInvalidArgument, "cpu: unknown weight dtype '", s,
-              "' (expected f32, bf16, f16, q8 or q4)");
+              "' (expected f32, bf16, f16, q8, q4 or w8a8)");
 }
 
 // A weight the builder already packed (pack_linear_weights): a view of its bytes,
@@ -218,15 +221,69 @@ WeightStorage linear_storage(const ir::Node& n, int64_t k, const CompileOptions&
   return storage;
 }
 
+// The GEMM of one Linear node: y[t, n] = x[t, k] · Wᵀ + b.
+using LinearGemm = std::function<void(const float* x, int64_t t, int64_t k, float* y)>;
+
+// W8A8 (attrs quant="w8a8", act_amax): per-channel int8 weights, per-tensor int8 input.
+LinearGemm w8a8_gemm(const ir::Node& n, const Tensor& w, const Tensor& bias, const CompileOptions& opt,
+                     int64_t* out_n) {
+  const double amax = n.attr_float("act_amax");
+  if (!(amax >= 0) || !std::isfinite(amax))
+    throw_error(ErrorCode::kInvalidArgument, "cpu: Linear '", n.name, "' has act_amax ", amax,
+                " (expected a finite value >= 0 from calibration)");
+  auto packed = std::make_shared<PackedInt8Weight>(pack_weight_int8(w.data_as<float>(), w.dim(0), w.dim(1)));
+  // act_dynamic=1: per-token scales computed from each row at run time (x_scale 0).
+  const float x_scale = n.attr_int("act_dynamic", 0) ? 0.0f : amax > 0 ? float(amax / 127.0) : 1.0f;
+  *out_n = packed->n;
+  const float* b = f32(bias.empty() ? nullptr : &bias);
+  std::shared_ptr<const LinearObserver> obs =
+      opt.linear_observer && opt.linear_observer->on_quant_output ? opt.linear_observer : nullptr;
+  std::shared_ptr<PackedWeight> ref;
+  if (obs) ref = std::make_shared<PackedWeight>(pack_weight(w.data_as<float>(), w.dim(0), w.dim(1), WeightStorage::kF32));
+  std::string name = n.name;
+  return [packed, x_scale, b, bias, obs, ref, name](const float* x, int64_t t, int64_t k, float* y) {
+    linear_int8(x, t, k, *packed, x_scale, b, y);
+    if (obs) {
+      std::vector<float> yf(static_cast<size_t>(t * packed->n));
+      linear(x, t, k, *ref, b, yf.data());
+      obs->on_quant_output(name, y, yf.data(), t, packed->n);
+    }
+  };
+}
+
 OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, const CompileOptions& opt) {
   Tensor bias = weight_f32(g, n.input(2), n, "bias");
-  std::shared_ptr<PackedWeight> packed;
-  if (n.has_attr("weight_layout")) {
-    packed = packed_weight_view(n, g, 1);
-  } else {
+  LinearGemm gemm;
+  int64_t out_n = 0;
+  const std::string quant = n.attr_str("quant", "");
+  if (quant == "w8a8") {
     Tensor w = weight_f32(g, n.inputs[1], n, "weight");
-    packed = std::make_shared<PackedWeight>(
-        pack_weight(w.data_as<float>(), w.dim(0), w.dim(1), linear_storage(n, w.dim(1), opt)));
+    gemm = w8a8_gemm(n, w, bias, opt, &out_n);
+  } else if (!quant.empty()) {
+    throw_error(ErrorCode::kUnsupported, "cpu: Linear '", n.name, "' quant '", quant, "' (expected w8a8)");
+  } else {
+    std::shared_ptr<PackedWeight> packed;
+    if (n.has_attr("weight_layout")) {
+      packed = packed_weight_view(n, g, 1);
+    } else {
+      Tensor w = weight_f32(g, n.inputs[1], n, "weight");
+      packed = std::make_shared<PackedWeight>(
+          pack_weight(w.data_as<float>(), w.dim(0), w.dim(1), linear_storage(n, w.dim(1), opt)));
+    }
+    out_n = packed->n;
+    LinearTactic tactic = linear_tactic_for(n, opt);
+    const float* b = f32(bias.empty() ? nullptr : &bias);
+    gemm = [packed, bias, b, tactic](const float* x, int64_t t, int64_t k, float* y) {
+      linear(x, t, k, *packed, b, y, tactic);
+    };
+  }
+  if (opt.linear_observer && opt.linear_observer->on_input) {
+    std::shared_ptr<const LinearObserver> obs = opt.linear_observer;
+    std::string name = n.name;
+    gemm = [inner = std::move(gemm), obs, name](const float* x, int64_t t, int64_t k, float* y) {
+      obs->on_input(name, x, t, k);
+      inner(x, t, k, y);
+    };
   }
   // The activation epilogue (fuse_linear_activation) runs over the output right after
   // the GEMM, while it is still in cache.
@@ -239,24 +296,22 @@ OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, const CompileOptions
   else if (epi != "swiglu" && !epi.empty())
     throw_error(ErrorCode::kUnsupported, "cpu: Linear '", n.name, "' activation '", epi,
                 "' (expected gelu_erf, gelu_tanh, silu or swiglu)");
-  LinearTactic tactic = linear_tactic_for(n, opt);
   if (epi == "swiglu") {
     // [gate | up] into scratch, then silu(gate) * up into the [T, N/2] output.
     auto scratch = std::make_shared<std::vector<float>>();
-    return [packed, bias, tactic, scratch](OpContext& c) {
+    return [gemm, out_n, scratch](OpContext& c) {
       const Tensor& x = *c.inputs[0];
-      const int64_t t = x.dim(0), inter = packed->n / 2;
+      const int64_t t = x.dim(0), inter = out_n / 2;
       Tensor& y = c.out(0, {t, inter});
-      scratch->resize(static_cast<size_t>(t * packed->n));
-      linear(x.data_as<float>(), t, x.dim(1), *packed, f32(bias.empty() ? nullptr : &bias), scratch->data(), tactic);
+      scratch->resize(static_cast<size_t>(t * out_n));
+      gemm(x.data_as<float>(), t, x.dim(1), scratch->data());
       swiglu_rows(scratch->data(), t, inter, y.data_as<float>());
     };
   }
-  return [packed, bias, act, tactic](OpContext& c) {
+  return [gemm, out_n, act](OpContext& c) {
     const Tensor& x = *c.inputs[0];
-    Tensor& y = c.out(0, {x.dim(0), packed->n});
-    linear(x.data_as<float>(), x.dim(0), x.dim(1), *packed, f32(bias.empty() ? nullptr : &bias),
-           y.data_as<float>(), tactic);
+    Tensor& y = c.out(0, {x.dim(0), out_n});
+    gemm(x.data_as<float>(), x.dim(0), x.dim(1), y.data_as<float>());
     if (act) act(y.data_as<float>(), y.numel(), y.data_as<float>());
   };
 }

@@ -26,8 +26,17 @@ using LinearMicrokernel = void (*)(int m, const float* x, int64_t ldx, const voi
 
 enum class UnaryOp : uint8_t { kGeluErf, kGeluTanh, kSilu, kTanh, kExp };
 
+// Exact int32 m × 16 tile (m <= 4) of a W8A8 panel: acc[r*16 + c] = Σ qx[r*ldx + k] * w[c][k]
+// over 4 * k4 values of k (see PackedInt8Weight).
+using Int8Microkernel = void (*)(int m, const int8_t* qx, int64_t ldx, const int8_t* panel, int64_t k4,
+                                 int32_t* acc);
+
 namespace avx2 {
 LinearMicrokernel linear_microkernel(WeightStorage storage);
+Int8Microkernel int8_microkernel();       // maddubs + madd (any AVX2 CPU)
+Int8Microkernel int8_microkernel_vnni();  // vpdpbusd; only when avx_vnni_supported()
+bool avx_vnni_supported();
+void quantize_row_int8(const float* x, int64_t k, float inv_scale, int8_t* q);
 
 void layer_norm_row(const float* x, const float* res, const float* gamma, const float* beta,
                     float eps, int64_t dim, float* sum, float* y);

@@ -80,6 +80,36 @@ LinearTactic linear_default_tactic(int64_t t, int64_t n, int64_t k);
 void linear(const float* x, int64_t t, int64_t k, const PackedWeight& w, const float* bias,
             float* y, const LinearTactic& tactic = {});
 
+// ---- W8A8 int8 GEMM: y[T,N] = (x_scale * w_scale[n]) * Σ_k qx[t,k] * qw[n,k] + b[n] ----
+// Weights are symmetric int8 per output channel (codes in [-127, 127], w = scale[n] * q);
+// activations are symmetric int8 per tensor: qx = clamp(round(x / x_scale), -127, 127)
+// (ties to even). Accumulation is exact int32, so AVX2 and scalar agree bit for bit.
+// Panels of 16 outputs hold K4 = ceil(K/4) rows of [16 outputs][4 consecutive k]
+// bytes (64 bytes, zero-padded in K and N): one AVX2 maddubs step reads 4 k of 8 outputs.
+struct PackedInt8Weight {
+  static constexpr int64_t kPanelWidth = 16;
+  int64_t n = 0, k = 0, k4 = 0;
+  std::shared_ptr<int8_t[]> data;   // 64-byte aligned; panels() * k4 * 64 bytes
+  std::shared_ptr<float[]> scale;   // [panels() * 16], 0 past N
+  int64_t panels() const { return (n + kPanelWidth - 1) / kPanelWidth; }
+  const int8_t* panel(int64_t p) const { return data.get() + size_t(p * k4 * 64); }
+  size_t bytes() const { return size_t(panels() * k4 * 64) + size_t(panels() * 16 * 4); }
+};
+// w: [N, K] f32. Per-channel scale = max|w[n,:]| / 127 (a zero row gets scale 0).
+PackedInt8Weight pack_weight_int8(const float* w, int64_t n, int64_t k);
+// Activation quantization of rows of x [t, k] into q [t, ldq] (ldq >= k; the padding
+// columns are zeroed): q = clamp(round(x * inv_scale), -127, 127); NaN -> -127.
+void quantize_rows_int8(const float* x, int64_t t, int64_t k, float inv_scale, int8_t* q, int64_t ldq);
+// Exact integer accumulators acc[t, n] = Σ_k qx[t,k] * qw[n,k] of already quantized rows
+// (qx: [t, 4 * w.k4], zero-padded). For conformance tests and diagnostics.
+void gemm_int8_acc(const int8_t* qx, int64_t t, const PackedInt8Weight& w, int32_t* acc);
+// The whole W8A8 Linear: quantizes x with x_scale, multiplies, rescales, adds bias (may
+// be null): y = float(acc) * (x_scale * scale[n]) + b[n] (a multiply then an add).
+// x_scale <= 0 selects dynamic per-row (per-token) scales: row r uses max|x[r,:]| / 127
+// (1 for an all-zero row) in place of x_scale.
+void linear_int8(const float* x, int64_t t, int64_t k, const PackedInt8Weight& w, float x_scale,
+                 const float* bias, float* y);
+
 // ---- Norms (rows × dim, row-major; y may alias x) ------------------------------------
 void layer_norm(const float* x, const float* gamma, const float* beta, float eps, int64_t rows,
                 int64_t dim, float* y);

@@ -1,0 +1,172 @@
+// W8A8 int8 Linear: weight packing (per-channel symmetric int8), activation quantization
+// (per-tensor), the threading driver and the portable scalar microkernel (the fallback).
+// The AVX2 microkernel is in linear_int8_avx2.cpp. Tested against an exact integer
+// reference in tests/backends/cpu/linear_int8_test.cpp.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backends/cpu/kernels/isa.h"
+#include "core/status.h"
+#include "core/thread_pool.h"
+
+namespace kiln::cpu {
+namespace {
+
+constexpr int64_t kNr = PackedInt8Weight::kPanelWidth;
+constexpr int kMr = 4;
+
+void scalar_int8_microkernel(int m, const int8_t* qx, int64_t ldx, const int8_t* panel, int64_t k4,
+                             int32_t* acc) {
+  for (int r = 0; r < m; ++r) {
+    int32_t a[kNr] = {};
+    const int8_t* x = qx + r * ldx;
+    for (int64_t kk = 0; kk < k4; ++kk) {
+      const int8_t* w = panel + kk * 64;
+      for (int c = 0; c < kNr; ++c)
+        for (int j = 0; j < 4; ++j) a[c] += int32_t(x[4 * kk + j]) * int32_t(w[c * 4 + j]);
+    }
+    std::memcpy(acc + r * kNr, a, sizeof(a));
+  }
+}
+
+// Shared by both ISAs so the results agree bit for bit: NaN -> -127 as AVX2's max does.
+inline int8_t quantize_one(float x, float inv_scale) {
+  float v = x * inv_scale;
+  v = v > -127.0f ? v : -127.0f;
+  v = v < 127.0f ? v : 127.0f;
+  return int8_t(std::nearbyint(v));
+}
+
+void* alloc_aligned(size_t bytes) {
+  void* p = std::aligned_alloc(64, std::max<size_t>(64, (bytes + 63) / 64 * 64));
+  KILN_THROW_IF(!p, kOutOfMemory, "pack_weight_int8: cannot allocate ", bytes, " bytes");
+  return p;
+}
+
+}  // namespace
+
+PackedInt8Weight pack_weight_int8(const float* w, int64_t n, int64_t k) {
+  KILN_THROW_IF(n <= 0 || k <= 0, kInvalidArgument, "pack_weight_int8: expected N, K > 0, got N=", n, " K=", k);
+  PackedInt8Weight pw;
+  pw.n = n;
+  pw.k = k;
+  pw.k4 = (k + 3) / 4;
+  const size_t data_bytes = size_t(pw.panels() * pw.k4 * 64);
+  pw.data = std::shared_ptr<int8_t[]>(static_cast<int8_t*>(alloc_aligned(data_bytes)), [](int8_t* p) { std::free(p); });
+  pw.scale = std::shared_ptr<float[]>(new float[size_t(pw.panels() * kNr)]());
+  std::memset(pw.data.get(), 0, data_bytes);
+  ThreadPool::global().parallel_for(pw.panels(), [&](int64_t p0, int64_t p1, int) {
+    for (int64_t p = p0; p < p1; ++p)
+      for (int64_t c = 0; c < kNr; ++c) {
+        const int64_t row = p * kNr + c;
+        if (row >= n) continue;
+        const float* wr = w + row * k;
+        float amax = 0.0f;
+        for (int64_t i = 0; i < k; ++i) amax = std::max(amax, std::fabs(wr[i]));
+        const float scale = amax / 127.0f;
+        pw.scale[size_t(row)] = scale;
+        if (scale == 0.0f) continue;
+        int8_t* dst = pw.data.get() + p * pw.k4 * 64 + c * 4;
+        for (int64_t i = 0; i < k; ++i) dst[(i / 4) * 64 + i % 4] = quantize_one(wr[i], 1.0f / scale);
+      }
+  });
+  return pw;
+}
+
+void quantize_rows_int8(const float* x, int64_t t, int64_t k, float inv_scale, int8_t* q, int64_t ldq) {
+  for (int64_t r = 0; r < t; ++r) {
+    const float* xr = x + r * k;
+    int8_t* qr = q + r * ldq;
+    if (use_avx2()) {
+      avx2::quantize_row_int8(xr, k, inv_scale, qr);
+    } else {
+      for (int64_t i = 0; i < k; ++i) qr[i] = quantize_one(xr[i], inv_scale);
+    }
+    std::memset(qr + k, 0, size_t(ldq - k));
+  }
+}
+
+namespace {
+
+// AVX-VNNI when the CPU has it (KILN_CPU_VNNI=0 turns it off), else AVX2, else scalar.
+Int8Microkernel int8_kernel() {
+  if (!use_avx2()) return scalar_int8_microkernel;
+  static const bool vnni = avx2::avx_vnni_supported() && !(std::getenv("KILN_CPU_VNNI") &&
+                                                           std::string(std::getenv("KILN_CPU_VNNI")) == "0");
+  return vnni ? avx2::int8_microkernel_vnni() : avx2::int8_microkernel();
+}
+
+// Rows in blocks of kMr for each panel; threads own panels (each streams its own slice
+// of the weights once per block of rows that fits in cache).
+template <typename Epilogue>
+void int8_drive(const int8_t* qx, int64_t t, int64_t ldx, const PackedInt8Weight& w, Epilogue&& epi) {
+  Int8Microkernel mk = int8_kernel();
+  constexpr int64_t kRowBlock = 64;
+  auto body = [&](int64_t p0, int64_t p1, int64_t r0, int64_t r1) {
+    alignas(64) int32_t acc[kMr * kNr];
+    for (int64_t rb = r0; rb < r1; rb += kRowBlock)
+      for (int64_t p = p0; p < p1; ++p)
+        for (int64_t r = rb; r < std::min(r1, rb + kRowBlock); r += kMr) {
+          const int m = int(std::min<int64_t>(kMr, r1 - r));
+          mk(m, qx + r * ldx, ldx, w.panel(p), w.k4, acc);
+          epi(r, m, p, acc);
+        }
+  };
+  const int threads = ThreadPool::global().num_threads();
+  if (w.panels() >= 4 * threads || t < 4 * kMr * threads)
+    ThreadPool::global().parallel_for(w.panels(), [&](int64_t b, int64_t e, int) { body(b, e, 0, t); }, 1);
+  else
+    ThreadPool::global().parallel_for(t, [&](int64_t b, int64_t e, int) { body(0, w.panels(), b, e); }, kMr);
+}
+
+}  // namespace
+
+void gemm_int8_acc(const int8_t* qx, int64_t t, const PackedInt8Weight& w, int32_t* acc) {
+  if (t <= 0) return;
+  int8_drive(qx, t, 4 * w.k4, w, [&](int64_t r, int m, int64_t p, const int32_t* tile) {
+    const int64_t cols = std::min(kNr, w.n - p * kNr);
+    for (int i = 0; i < m; ++i)
+      std::memcpy(acc + (r + i) * w.n + p * kNr, tile + i * kNr, size_t(cols) * 4);
+  });
+}
+
+void linear_int8(const float* x, int64_t t, int64_t k, const PackedInt8Weight& w, float x_scale,
+                 const float* bias, float* y) {
+  KILN_THROW_IF(k != w.k, kInvalidArgument, "linear_int8: x has K=", k, " but the weight was packed with K=", w.k);
+  if (t <= 0) return;
+  const int64_t ldx = 4 * w.k4;
+  // Per-thread reuse of the quantized rows (the executor thread calls this every step).
+  thread_local std::vector<int8_t> qbuf;
+  thread_local std::vector<float> row_scale;
+  if (qbuf.size() < size_t(t * ldx)) qbuf.resize(size_t(t * ldx));
+  const bool dynamic = !(x_scale > 0.0f);
+  if (dynamic) {
+    row_scale.resize(size_t(t));
+    for (int64_t r = 0; r < t; ++r) {
+      float amax = 0.0f;
+      for (int64_t i = 0; i < k; ++i) amax = std::max(amax, std::fabs(x[r * k + i]));
+      row_scale[size_t(r)] = amax > 0.0f ? amax / 127.0f : 1.0f;
+      quantize_rows_int8(x + r * k, 1, k, 1.0f / row_scale[size_t(r)], qbuf.data() + r * ldx, ldx);
+    }
+  } else {
+    quantize_rows_int8(x, t, k, 1.0f / x_scale, qbuf.data(), ldx);
+  }
+  const int8_t* qx = qbuf.data();
+  const float* rs = dynamic ? row_scale.data() : nullptr;
+  int8_drive(qx, t, ldx, w, [&](int64_t r, int m, int64_t p, const int32_t* tile) {
+    const int64_t cols = std::min(kNr, w.n - p * kNr);
+    float b[kNr];
+    for (int64_t c = 0; c < cols; ++c) b[c] = bias ? bias[p * kNr + c] : 0.0f;
+    for (int i = 0; i < m; ++i) {
+      const float xs = rs ? rs[r + i] : x_scale;
+      float* yr = y + (r + i) * w.n + p * kNr;
+      for (int64_t c = 0; c < cols; ++c) yr[c] = float(tile[i * kNr + c]) * (xs * w.scale[size_t(p * kNr + c)]) + b[c];
+    }
+  });
+}
+
+}  // namespace kiln::cpu

@@ -1,0 +1,100 @@
+// INT8 post-training calibration (TensorRT's / pytorch-quantization's methods): from the
+// activations that reach each Linear, per input channel max |x| (for SmoothQuant) and
+// per tensor the clipping threshold `amax` of four methods: max, a percentile, the
+// MSE-optimal clip and the entropy/KL clip, the last three from a 2048-bin histogram of
+// |x|. A calibration table round-trips through a JSON cache file so calibration runs
+// once. Tested in tests/quant/calibration_test.cpp.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace kiln::quant {
+
+enum class CalibMethod : uint8_t { kMax, kPercentile, kMse, kKl };
+// "max" | "percentile" | "mse" | "kl"; throws kInvalidArgument naming the choices.
+CalibMethod calib_method_parse(const std::string& s);
+const char* calib_method_name(CalibMethod m);
+
+constexpr int kHistogramBins = 2048;
+constexpr double kDefaultPercentile = 99.99;
+
+// Counts of |x| over [0, range] in kHistogramBins equal bins (values past range land in
+// the last bin; they should not occur when range is the true max).
+struct Histogram {
+  double range = 0;
+  std::vector<double> counts = std::vector<double>(kHistogramBins, 0.0);
+  void add(float abs_x) {
+    int b = range > 0 ? int(double(abs_x) / range * kHistogramBins) : 0;
+    counts[size_t(b < kHistogramBins ? b : kHistogramBins - 1)] += 1;
+  }
+  double bin_width() const { return range / kHistogramBins; }
+  double total() const;
+};
+
+// Clipping thresholds from a histogram (each >= one bin width, <= range):
+// the smallest upper bin edge whose cumulative share reaches `percentile` %;
+double amax_percentile(const Histogram& h, double percentile = kDefaultPercentile);
+// the edge minimising the expected squared error of symmetric int8 fake quantization of
+// the bin centres (clipped values cost their distance to the edge);
+double amax_mse(const Histogram& h);
+// TensorRT's entropy calibration: for every edge i >= 128 bins, P = counts[0, i) with the
+// outliers folded into its last bin, Q = those counts merged into 128 levels and spread
+// back over the non-empty bins; the edge minimising KL(P || Q) (ties: the larger edge).
+double amax_kl(const Histogram& h);
+
+// What calibration measured for one Linear's input activation.
+struct TensorCalib {
+  std::vector<float> channel_absmax;       // [K]: max |x_j| of the raw input
+  std::map<std::string, double> amax;      // method name -> threshold of the (smoothed) input
+  int64_t rows = 0;                        // activation rows observed
+};
+
+struct CalibrationTable {
+  std::string model;      // what was calibrated (a path), informative
+  std::string text;       // the calibration set, informative
+  double smooth_alpha = 0.5;  // SmoothQuant alpha the amaxes were measured under (< 0: no smoothing)
+  int64_t sequences = 0, tokens = 0;
+  std::map<std::string, TensorCalib> tensors;  // Linear node name -> stats
+
+  // The amax of `node` for `method`; throws kNotFound naming the node when absent.
+  double amax(const std::string& node, CalibMethod method) const;
+  void save(const std::string& path) const;
+  // Throws kiln::Error (kInvalidArgument) naming the file and the problem on bad input.
+  static CalibrationTable load(const std::string& path);
+  // The same from the file's text; `where` names it in errors (fuzzed in fuzz/).
+  static CalibrationTable parse(std::string_view text, const std::string& where);
+};
+
+// Collects one tensor's statistics over many batches in two passes: first the channel
+// max |x| (pass 1), then, once the smoothing divisors are known, the histogram of
+// |x_j / s_j| over [0, max_j channel_absmax_j / s_j] (pass 2). NaN/Inf anywhere throws
+// kInvalidArgument naming the tensor, row and channel.
+class TensorCollector {
+ public:
+  explicit TensorCollector(std::string name) : name_(std::move(name)) {}
+  void observe_channels(const float* x, int64_t rows, int64_t k);
+  // inv_smooth: [K] multipliers 1/s_j (empty: no smoothing). Call after pass 1.
+  void begin_histogram(std::vector<float> inv_smooth);
+  void observe_histogram(const float* x, int64_t rows, int64_t k);
+  // All four thresholds of the histogram; pass 1's max for "max".
+  TensorCalib finish() const;
+  const std::vector<float>& channel_absmax() const { return channel_absmax_; }
+
+ private:
+  std::string name_;
+  std::vector<float> channel_absmax_;
+  std::vector<float> inv_smooth_;
+  Histogram hist_;
+  double max_ = 0;
+  int64_t rows_ = 0;
+  void check_k(int64_t k);
+};
+
+// The built-in calibration set (`--calib default`): the project's README and docs.
+const std::string& default_calibration_text();
+
+}  // namespace kiln::quant

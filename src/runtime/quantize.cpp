@@ -1,0 +1,237 @@
+// Calibration driver and quantized model loading (see quantize.h).
+#include "runtime/quantize.h"
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+
+#include "core/log.h"
+#include "core/mapped_file.h"
+#include "core/status.h"
+#include "runtime/encoder_runner.h"
+#include "runtime/llm_runner.h"
+#include "runtime/model_tokenizer.h"
+
+namespace kiln {
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  size_t pos = 0;
+  while (pos <= s.size()) {
+    size_t end = s.find(',', pos);
+    if (end == std::string::npos) end = s.size();
+    if (end > pos) out.push_back(s.substr(pos, end - pos));
+    pos = end + 1;
+  }
+  return out;
+}
+
+// Calibration sequences: decoders get consecutive chunks of seq_len tokens of each text;
+// encoders one sequence per non-empty line (with the tokenizer's special tokens),
+// truncated to 128 tokens.
+std::vector<std::vector<int32_t>> calibration_sequences(const Model& model, const QuantOptions& q) {
+  auto tokenizer = load_model_tokenizer(model);
+  if (!tokenizer)
+    throw_error(ErrorCode::kInvalidArgument, "calibration: '", model.path(), "' has no tokenizer to read the calibration text");
+  std::vector<std::pair<std::string, std::string>> texts;  // (what, text)
+  for (const std::string& src : split_commas(q.calib)) {
+    if (src == "default") texts.emplace_back("the built-in calibration set", quant::default_calibration_text());
+    else texts.emplace_back("calibration file '" + src + "'", read_text_file(src));
+  }
+  if (texts.empty()) throw_error(ErrorCode::kInvalidArgument, "calibration: the calibration set is empty (--calib names no file)");
+  std::vector<std::vector<int32_t>> seqs;
+  const bool decoder = model.info().is_decoder;
+  const int64_t len = decoder ? std::min<int64_t>(q.seq_len, model.info().max_positions) : std::min(q.seq_len, 128);
+  for (auto& [what, text] : texts) {
+    size_t before = seqs.size();
+    if (text.find_first_not_of(" \t\r\n") == std::string::npos)
+      throw_error(ErrorCode::kInvalidArgument, "calibration: ", what, " is empty");
+    if (decoder) {
+      std::vector<int32_t> toks = tokenizer->encode(text, /*add_special=*/true);
+      for (size_t b = 0; b + 2 <= toks.size(); b += size_t(len))
+        seqs.emplace_back(toks.begin() + long(b), toks.begin() + long(std::min(toks.size(), b + size_t(len))));
+    } else {
+      size_t pos = 0;
+      while (pos < text.size()) {
+        size_t end = text.find('\n', pos);
+        if (end == std::string::npos) end = text.size();
+        std::string line = text.substr(pos, end - pos);
+        pos = end + 1;
+        if (line.find_first_not_of(" \t\r#-|*`") == std::string::npos) continue;
+        std::vector<int32_t> toks = tokenizer->encode(line, true);
+        if (int64_t(toks.size()) > len) toks.resize(size_t(len));
+        if (toks.size() >= 3) seqs.push_back(std::move(toks));  // more than [CLS] [SEP]
+      }
+    }
+    if (seqs.size() == before)
+      throw_error(ErrorCode::kInvalidArgument, "calibration: ", what, " tokenizes to no usable sequence (",
+                  decoder ? "need at least 2 tokens" : "need a line with at least one word", ")");
+  }
+  if (int64_t(seqs.size()) > q.max_sequences) {
+    // Spread the kept sequences over the whole set rather than taking its beginning.
+    std::vector<std::vector<int32_t>> kept;
+    for (int32_t i = 0; i < q.max_sequences; ++i) kept.push_back(seqs[size_t(int64_t(i) * int64_t(seqs.size()) / q.max_sequences)]);
+    seqs = std::move(kept);
+  }
+  return seqs;
+}
+
+void run_sequences(Model& model, const std::vector<std::vector<int32_t>>& seqs) {
+  if (model.info().is_decoder) {
+    for (auto& s : seqs) {
+      LlmRunnerOptions ro;
+      ro.max_total_tokens = int64_t(s.size()) + 16;
+      LlmRunner runner(model, ro);
+      runner.add_sequence(s);
+      while (runner.has_pending()) runner.step(/*all_logits=*/true);
+    }
+    return;
+  }
+  constexpr size_t kBatch = 16;
+  for (size_t b = 0; b < seqs.size(); b += kBatch) {
+    std::vector<EncoderInput> batch;
+    for (size_t i = b; i < std::min(seqs.size(), b + kBatch); ++i) batch.push_back({seqs[i], {}});
+    encode(model, batch);
+  }
+}
+
+}  // namespace
+
+quant::CalibrationTable calibrate_model(const std::string& path, const ModelOptions& base, const QuantOptions& q,
+                                        const std::vector<std::vector<int32_t>>* sequences) {
+  auto collectors = std::make_shared<std::map<std::string, quant::TensorCollector>>();
+  auto pass = std::make_shared<int>(1);
+  auto observer = std::make_shared<LinearObserver>();
+  observer->on_input = [collectors, pass](const std::string& node, const float* x, int64_t t, int64_t k) {
+    auto it = collectors->try_emplace(node, node).first;
+    if (*pass == 1) it->second.observe_channels(x, t, k);
+    else it->second.observe_histogram(x, t, k);
+  };
+  ModelOptions mo = base;
+  mo.weight_dtype = "f32";
+  mo.rewrite = nullptr;
+  mo.linear_observer = observer;
+  auto model = Model::load(path, mo);
+  if (model->engine())
+    throw_error(ErrorCode::kInvalidArgument, "calibration: '", path,
+                "' is an engine; calibrate and quantize the source model (kiln build --quant w8a8 -m MODEL_DIR)");
+  auto seqs = sequences ? *sequences : calibration_sequences(*model, q);
+  size_t usable = 0;
+  for (auto& sq : seqs) usable += sq.empty() ? 0 : 1;
+  if (usable == 0) throw_error(ErrorCode::kInvalidArgument, "calibration: the calibration set is empty");
+  int64_t tokens = 0;
+  for (auto& s : seqs) tokens += int64_t(s.size());
+  log_info("calibration: ", seqs.size(), " sequences, ", tokens, " tokens from ", q.calib, "; pass 1 (channel maxima)");
+  run_sequences(*model, seqs);
+
+  quant::CalibrationTable table;
+  table.model = path;
+  table.text = q.calib;
+  table.smooth_alpha = q.smooth_alpha;
+  table.sequences = int64_t(seqs.size());
+  table.tokens = tokens;
+  for (auto& [name, c] : *collectors) table.tensors[name].channel_absmax = c.channel_absmax();
+  quant::W8A8Options wo;
+  wo.smooth_alpha = q.smooth_alpha;
+  wo.keep = q.keep;
+  auto smooth = quant::smooth_factors(model->graph(), table, wo);
+  for (auto& [name, c] : *collectors) {
+    std::vector<float> inv;
+    auto it = smooth.find(name);
+    if (it != smooth.end())
+      for (float s : it->second) inv.push_back(1.0f / s);
+    c.begin_histogram(std::move(inv));
+  }
+  log_info("calibration: pass 2 (histograms of ", collectors->size(), " Linear inputs)");
+  *pass = 2;
+  run_sequences(*model, seqs);
+  for (auto& [name, c] : *collectors) table.tensors[name] = c.finish();
+  return table;
+}
+
+quant::CalibrationTable calibration_for(const std::string& path, const ModelOptions& base, const QuantOptions& q) {
+  std::string cache = ends_with(q.calib, ".json") ? q.calib : q.cache;
+  if (!cache.empty() && std::filesystem::exists(cache)) {
+    quant::CalibrationTable t = quant::CalibrationTable::load(cache);
+    const bool same = (t.smooth_alpha < 0 && q.smooth_alpha < 0) || std::fabs(t.smooth_alpha - q.smooth_alpha) < 1e-9;
+    if (!same)
+      throw_error(ErrorCode::kInvalidArgument, "calibration cache '", cache, "' was measured with smoothing alpha ",
+                  t.smooth_alpha, " but this build asks for ", q.smooth_alpha,
+                  "; pass the same --smooth-alpha or delete the cache to recalibrate");
+    log_info("calibration: read ", t.tensors.size(), " tensors from ", cache);
+    return t;
+  }
+  if (ends_with(q.calib, ".json"))
+    throw_error(ErrorCode::kNotFound, "calibration cache '", q.calib, "' does not exist");
+  quant::CalibrationTable t = calibrate_model(path, base, q);
+  if (!q.cache.empty()) {
+    t.save(q.cache);
+    log_info("calibration: wrote ", q.cache);
+  }
+  return t;
+}
+
+ModelOptions w8a8_model_options(ModelOptions base, const quant::CalibrationTable& table, const QuantOptions& q,
+                                std::shared_ptr<quant::W8A8Report> report) {
+  quant::W8A8Options wo;
+  wo.method = quant::calib_method_parse(q.method);
+  wo.smooth_alpha = q.smooth_alpha;
+  wo.keep = q.keep;
+  if (q.act_scale != "static" && q.act_scale != "per-token")
+    throw_error(ErrorCode::kInvalidArgument, "unknown activation scale '", q.act_scale, "' (expected static or per-token)");
+  wo.per_token = q.act_scale == "per-token";
+  auto t = std::make_shared<const quant::CalibrationTable>(table);
+  base.weight_dtype = "w8a8";
+  base.rewrite = [t, wo, report](ir::Graph& g) {
+    quant::W8A8Report r = quant::apply_w8a8(g, *t, wo);
+    log_info("w8a8: ", r.quantized, " Linears int8 (", wo.per_token ? "per-token" : quant::calib_method_name(wo.method),
+             " activation scales), ", r.kept,
+             " kept f32; smoothing folded into ", r.folded_into_norm, " norms, ", r.smoothing_muls, " Mul nodes");
+    if (report) *report = r;
+  };
+  return base;
+}
+
+std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& base, const QuantOptions& q) {
+  if (q.mode.empty()) return Model::load(path, base);
+  if (q.mode != "w8a8")
+    throw_error(ErrorCode::kInvalidArgument, "unknown --quant mode '", q.mode, "' (expected w8a8)");
+  if (std::filesystem::is_regular_file(path) && is_engine_file(path))
+    throw_error(ErrorCode::kInvalidArgument, "'", path, "' is an engine: its precision was fixed when it was built; "
+                "quantize when building (kiln build --quant w8a8) or pass the model directory");
+  quant::calib_method_parse(q.method);  // fail before calibrating
+  quant::CalibrationTable table = calibration_for(path, base, q);
+  return Model::load(path, w8a8_model_options(base, table, q));
+}
+
+std::shared_ptr<const LinearObserver> LayerErrorCollector::observer() {
+  auto obs = std::make_shared<LinearObserver>();
+  auto acc = acc_;
+  obs->on_quant_output = [acc](const std::string& node, const float* y, const float* yf, int64_t t, int64_t n) {
+    Acc& a = (*acc)[node];
+    for (int64_t i = 0; i < t * n; ++i) {
+      const double d = double(y[i]) - double(yf[i]);
+      a.err2 += d * d;
+      a.ref2 += double(yf[i]) * double(yf[i]);
+      a.max_abs = std::max(a.max_abs, std::fabs(d));
+    }
+    a.rows += t;
+  };
+  return obs;
+}
+
+std::vector<LayerErrorCollector::Row> LayerErrorCollector::rows_by_error() const {
+  std::vector<Row> rows;
+  for (auto& [name, a] : *acc_)
+    rows.push_back({name, a.ref2 > 0 ? std::sqrt(a.err2 / a.ref2) : 0.0, a.max_abs, a.rows});
+  std::sort(rows.begin(), rows.end(), [](const Row& a, const Row& b) { return a.rel_rmse > b.rel_rmse; });
+  return rows;
+}
+
+}  // namespace kiln

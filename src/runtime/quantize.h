@@ -1,0 +1,72 @@
+// Loading a model in a post-training quantized mode (W8A8 INT8): calibration of the f32
+// model on real text (two passes: channel maxima for SmoothQuant, then histograms of the
+// smoothed activations), the calibration cache, and the graph rewrite applied before
+// compiling. Also a per-layer error collector (which Linear loses most to int8). Used by
+// `kiln build/generate/eval --quant`; tested in tests/quant/ and tests/models/.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "quant/calibration.h"
+#include "quant/w8a8.h"
+#include "runtime/model.h"
+
+namespace kiln {
+
+struct QuantOptions {
+  std::string mode;               // "" (none) | "w8a8"
+  // "default" (the built-in set: the project's docs), text files (comma-separated), or
+  // a calibration cache (.json) written earlier.
+  std::string calib = "default";
+  std::string method = "kl";      // kl | mse | max | percentile
+  std::vector<std::string> keep;  // Linears (node or weight name substrings) kept f32
+  double smooth_alpha = 0.5;      // SmoothQuant migration strength; < 0: none
+  std::string act_scale = "static";  // static (calibrated, per tensor) | per-token (dynamic)
+  std::string cache;              // calibration cache: read when it exists, else written
+  int32_t seq_len = 256;          // tokens per calibration sequence (encoders: 128)
+  int32_t max_sequences = 64;     // calibration sequences at most
+};
+
+// Calibrates the f32 model at `path` (never an engine) on `q.calib`. Throws
+// kInvalidArgument naming the problem for an empty set, a text that tokenizes to nothing,
+// or non-finite activations.
+// `sequences`, when given, replaces the tokenized q.calib (models without a tokenizer).
+quant::CalibrationTable calibrate_model(const std::string& path, const ModelOptions& base, const QuantOptions& q,
+                                        const std::vector<std::vector<int32_t>>* sequences = nullptr);
+
+// The calibration table for q: the cache or a .json --calib when given, else calibrates
+// (and writes q.cache when set).
+quant::CalibrationTable calibration_for(const std::string& path, const ModelOptions& base, const QuantOptions& q);
+
+// `base` with the W8A8 rewrite of `table` installed (weight dtype w8a8); `report`, when
+// given, receives what the rewrite did once the model is loaded.
+ModelOptions w8a8_model_options(ModelOptions base, const quant::CalibrationTable& table, const QuantOptions& q,
+                                std::shared_ptr<quant::W8A8Report> report = nullptr);
+
+// Model::load, quantized as q says (q.mode empty: plain load).
+std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& base, const QuantOptions& q);
+
+// Per quantized Linear, the error of its int8 output against the f32 GEMM of the same
+// input (install observer() in ModelOptions::linear_observer, run text, read rows()).
+class LayerErrorCollector {
+ public:
+  struct Row {
+    std::string node;
+    double rel_rmse = 0;   // ||y - y_f32|| / ||y_f32|| over every output seen
+    double max_abs = 0;    // max |y - y_f32|
+    int64_t rows = 0;
+  };
+  std::shared_ptr<const LinearObserver> observer();
+  std::vector<Row> rows_by_error() const;  // worst first
+
+ private:
+  struct Acc {
+    double err2 = 0, ref2 = 0, max_abs = 0;
+    int64_t rows = 0;
+  };
+  std::shared_ptr<std::map<std::string, Acc>> acc_ = std::make_shared<std::map<std::string, Acc>>();
+};
+
+}  // namespace kiln
