@@ -33,6 +33,14 @@ check bench-serve-help 0 "TTFT" -- "$kiln" bench serve --help
 check serve-bench-help 0 "TTFT" -- "$kiln" serve bench --help
 check bench-serve-no-server 1 "" -- "$kiln" bench serve --port 1 --model m --requests 1
 check bench-tiny 0 "tg" -- "$kiln" bench --random-weights "$fixtures/../../bench/configs/tiny-llama-test.json" -p 8 -n 4 -r 1
+# Tensor parallelism: --tp 2 and 4 (in-process ranks) print --tp 1's tokens; bad splits are named.
+tp1=$("$kiln" generate -m "$fixtures/models/llama" --ids 5,6,7,300 -n 8 -q --print-ids 2>/dev/null)
+check generate-tp2 0 "$tp1" -- "$kiln" generate -m "$fixtures/models/llama" --ids 5,6,7,300 -n 8 -q --print-ids --tp 2
+check generate-tp4 0 "$tp1" -- "$kiln" generate -m "$fixtures/models/llama" --ids 5,6,7,300 -n 8 -q --print-ids --tp 4
+check tp-heads 1 "4 attention heads do not split over 3 ranks" -- "$kiln" generate -m "$fixtures/models/llama" --ids 1 --tp 3
+check tp-zero 1 "--tp" -- "$kiln" generate -m "$fixtures/models/llama" --ids 1 --tp 0
+check tp-encoder 1 "decoders only" -- "$kiln" embed -m "$fixtures/models/bert" --ids 5,6,7 --tp 2
+check bench-tp2 0 "tg" -- "$kiln" bench --random-weights "$fixtures/../../bench/configs/tiny-llama-test.json" -p 8 -n 4 -r 1 --tp 2
 # With the real model (fetched by scripts/fetch_models.sh): text in, text out, chat.
 smol=${KILN_MODELS_DIR:-$fixtures/../../.cache/models}/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf
 if [ -f "$smol" ]; then
@@ -48,6 +56,7 @@ tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 check build 0 "fuse_add_norm" -- "$kiln" build -m "$fixtures/models/gpt2" -o "$tmp/gpt2.kiln" --profile T:1,8,16
 check generate-engine 0 "" -- "$kiln" generate -m "$tmp/gpt2.kiln" --ids 5,6,7 -n 4 -q
+check tp-engine 1 "not supported for engine files" -- "$kiln" generate -m "$tmp/gpt2.kiln" --ids 5,6,7 --tp 2
 check inspect-engine 0 "Attention(packed qkv) x2" -- "$kiln" inspect -m "$tmp/gpt2.kiln"
 check inspect-unfused 0 "Attention x2" -- "$kiln" inspect -m "$fixtures/models/gpt2" --opt-level 0
 check build-bert-bf16 0 "bf16" -- "$kiln" build -m "$fixtures/models/bert" -o "$tmp/bert.kiln" --dtype bf16 --no-tune
