@@ -148,6 +148,10 @@ class Backend {
   // the attribute weight_layout, which only supports_weight_layout() backends run.
   virtual size_t pack_weights(ir::Graph& graph, const CompileOptions& options) { return 0; }
   virtual bool supports_weight_layout(const std::string& layout) const { return false; }
+  // Whether compiled graphs run AllReduce nodes through CompileOptions::communicator
+  // (tensor-parallel shards). The CPU backend does, with in-process ranks; the CUDA
+  // backend will once a NCCL communicator exists.
+  virtual bool supports_tensor_parallel() const { return false; }
   // Identifies the device tactics were timed on ("cpu avx2 2 threads", "NVIDIA H200").
   virtual std::string device_name() const { return name(); }
 };

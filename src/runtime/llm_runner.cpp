@@ -2,6 +2,8 @@
 #include "runtime/llm_runner.h"
 
 #include <algorithm>
+#include <exception>
+#include <thread>
 
 #include "core/status.h"
 
@@ -14,6 +16,26 @@ int32_t argmax(const float* x, int64_t n) {
   return int32_t(best);
 }
 
+namespace {
+
+// The KvStorage the single allocator of a tensor-parallel runner sees: a copy-on-write
+// copies the block in every rank's storage, so the ranks' pools stay in step.
+class MirroredKv final : public KvStorage {
+ public:
+  explicit MirroredKv(const std::vector<std::unique_ptr<KvStorage>>& ranks) {
+    for (auto& r : ranks) ranks_.push_back(r.get());
+  }
+  const KvLayout& layout() const override { return ranks_[0]->layout(); }
+  void copy_block(int32_t src, int32_t dst) override {
+    for (KvStorage* r : ranks_) r->copy_block(src, dst);
+  }
+
+ private:
+  std::vector<KvStorage*> ranks_;
+};
+
+}  // namespace
+
 LlmRunner::LlmRunner(Model& model, const LlmRunnerOptions& options) : model_(model), opt_(options) {
   const ModelInfo& info = model.info();
   if (!info.is_decoder)
@@ -21,14 +43,20 @@ LlmRunner::LlmRunner(Model& model, const LlmRunnerOptions& options) : model_(mod
                 "' is an encoder (use encode())");
   int32_t blocks = opt_.num_blocks;
   if (blocks <= 0) blocks = int32_t((opt_.max_total_tokens + opt_.block_size - 1) / opt_.block_size);
-  KvLayout layout;
-  layout.num_layers = info.num_layers;
-  layout.num_blocks = blocks;
-  layout.block_size = opt_.block_size;
-  layout.num_kv_heads = info.num_kv_heads;
-  layout.head_dim = info.head_dim;
-  storage_ = model.backend().allocate_kv(layout);
-  kv_ = std::make_unique<KvCacheManager>(storage_.get(), blocks, opt_.block_size);
+  for (int r = 0; r < model.tp_world(); ++r) {
+    Model& rank = model.tp_rank(r);
+    KvLayout layout;
+    layout.num_layers = rank.info().num_layers;
+    layout.num_blocks = blocks;
+    layout.block_size = opt_.block_size;
+    layout.num_kv_heads = rank.info().num_kv_heads;  // this rank's heads
+    layout.head_dim = rank.info().head_dim;
+    ranks_.push_back(&rank);
+    storages_.push_back(rank.backend().allocate_kv(layout));
+  }
+  KvStorage* pool = storages_[0].get();
+  if (storages_.size() > 1) pool = (mirror_ = std::make_unique<MirroredKv>(storages_)).get();
+  kv_ = std::make_unique<KvCacheManager>(pool, blocks, opt_.block_size);
   const ir::Graph& g = model.graph();
   const ir::ValueId logits = g.find_output("logits");
   const Dim v = logits == ir::kNoValue ? Dim() : g.value(logits).shape[1];
@@ -142,9 +170,37 @@ TensorMap LlmRunner::run_parts(std::span<const StepChunk> chunks, bool all_logit
   }
   Tensor logit_rows(DType::kI32, {int64_t(rows.size())});
   std::copy(rows.begin(), rows.end(), logit_rows.data_as<int32_t>());
-  return model_.compiled().run(
-      {{"tokens", tokens}, {"positions", positions}, {"logit_rows", logit_rows}}, step,
-      storage_.get(), outputs);
+  return run_ranks({{"tokens", tokens}, {"positions", positions}, {"logit_rows", logit_rows}}, step, outputs);
+}
+
+// Ranks 1..N-1 on threads of their own, rank 0 on the caller's. Each rank's AllReduce
+// waits for all the others, so every rank must run every step: they get the same
+// inputs and make the same checks, so a failure (a bad shape, an unknown output) shows
+// on all of them alike and none is left waiting. A thread per rank per step costs tens
+// of microseconds, small next to a CPU step; persistent rank workers (or one process
+// per GPU under NCCL) can replace this without changing the callers.
+TensorMap LlmRunner::run_ranks(const TensorMap& inputs, const StepInfo& step, const std::vector<std::string>& outputs) {
+  if (ranks_.size() == 1) return model_.compiled().run(inputs, step, storages_[0].get(), outputs);
+  std::vector<std::exception_ptr> errors(ranks_.size());
+  std::vector<std::thread> threads;
+  for (size_t r = 1; r < ranks_.size(); ++r)
+    threads.emplace_back([&, r] {
+      try {
+        ranks_[r]->compiled().run(inputs, step, storages_[r].get(), outputs);
+      } catch (...) {
+        errors[r] = std::current_exception();
+      }
+    });
+  TensorMap out;
+  try {
+    out = ranks_[0]->compiled().run(inputs, step, storages_[0].get(), outputs);
+  } catch (...) {
+    errors[0] = std::current_exception();
+  }
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+  return out;
 }
 
 Tensor LlmRunner::run_chunks_logits(std::span<const StepChunk> chunks) {

@@ -4,6 +4,18 @@
 // block tables and returns each sequence's last-token logits. The in-flight batching
 // executor (scheduler, sampling, streaming) builds on this. Tested in
 // tests/models/decoder_golden_test.cpp and tests/runtime/llm_runner_test.cpp.
+//
+// Tensor parallelism (a Model loaded with tensor_parallel = N) lives here and only
+// here: the runner keeps ONE block allocator (KvCacheManager) and one KvStorage per
+// rank (each holding that rank's K/V heads). Every scheduling decision — which blocks a
+// step grows into, forks, frees, prefix-cache and session reuse — is made once on that
+// allocator, so the block tables are identical across ranks by construction; a
+// copy-on-write copies the block in every rank's storage. A step binds one set of
+// inputs and runs all ranks at once (one thread each; their AllReduce nodes meet in
+// the communicator) and returns rank 0's outputs, which are the model's. So the
+// executor, sessions, prefix caching, fork (n > 1) and preemption work unchanged on
+// a sharded model; a NCCL communicator only has to replace the in-process one.
+// Tested in tests/parallel/ (tp_executor_test.cpp).
 #pragma once
 
 #include <cstdint>
@@ -107,9 +119,14 @@ class LlmRunner {
   Seq& get(int32_t seq);
   const Seq& get(int32_t seq) const;
 
+  // Runs the compiled graph of every rank on the same inputs; rank 0's outputs.
+  TensorMap run_ranks(const TensorMap& inputs, const StepInfo& step, const std::vector<std::string>& outputs);
+
   Model& model_;
   LlmRunnerOptions opt_;
-  std::unique_ptr<KvStorage> storage_;
+  std::vector<Model*> ranks_;                     // model_ and its tensor-parallel peers
+  std::vector<std::unique_ptr<KvStorage>> storages_;  // one per rank
+  std::unique_ptr<KvStorage> mirror_;             // > 1 rank: copy_block on every storage
   std::unique_ptr<KvCacheManager> kv_;
   std::map<int32_t, Seq> seqs_;
   int32_t next_id_ = 0;

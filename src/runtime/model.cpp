@@ -4,11 +4,13 @@
 
 #include <filesystem>
 
+#include "backends/communicator.h"
 #include "core/log.h"
 #include "core/status.h"
 #include "frontends/gguf_hf.h"
 #include "frontends/hf_dir.h"
 #include "models/random_weights.h"
+#include "parallel/tensor_parallel.h"
 
 namespace kiln {
 
@@ -31,6 +33,7 @@ void Model::add_top_logits(int32_t k) {
 }
 
 std::unique_ptr<Model> Model::from_built(BuiltModel built, const ModelOptions& options) {
+  if (options.tensor_parallel != 1) return from_built_sharded(std::move(built), options);
   if (!options.profile.empty())
     throw_error(ErrorCode::kInvalidArgument, "optimization profile '", options.profile,
                 "' was asked for, but only engine files have profiles (build one with `kiln build --profile`)");
@@ -54,6 +57,37 @@ std::unique_ptr<Model> Model::from_built(BuiltModel built, const ModelOptions& o
   co.communicator = options.communicator;
   co.linear_observer = options.linear_observer;
   m->compile(options.backend, co);
+  return m;
+}
+
+// Every check before any compile: an indivisible split or an unsupported backend is
+// a user error that names the dimension or the backend.
+std::unique_ptr<Model> Model::from_built_sharded(BuiltModel built, const ModelOptions& options) {
+  const int world = options.tensor_parallel;
+  if (world < 1)
+    throw_error(ErrorCode::kInvalidArgument, "tensor parallelism: --tp must be at least 1, got ", world);
+  if (!built.info.is_decoder)
+    throw_error(ErrorCode::kUnsupported, "tensor parallelism runs decoders only; '", built.info.family,
+                "' is an encoder (run it with --tp 1)");
+  auto backend = create_backend(options.backend);
+  if (!backend->supports_tensor_parallel())
+    throw_error(ErrorCode::kUnsupported, "tensor parallelism (--tp ", world, ") needs an all-reduce between ranks, and the ",
+                backend->name(), " backend has none yet (its NCCL communicator does not exist); use --backend cpu, "
+                "which runs the ranks as threads of one process");
+  std::vector<BuiltModel> shards;
+  for (int r = 0; r < world; ++r) shards.push_back(shard_tensor_parallel(built, r, world));
+  built = {};  // the unsharded weights are not needed past here
+  auto comms = make_local_communicators(world);
+  ModelOptions ro = options;
+  ro.tensor_parallel = 1;
+  ro.communicator = comms[0];
+  auto m = from_built(std::move(shards[0]), ro);
+  for (int r = 1; r < world; ++r) {
+    ro.communicator = comms[size_t(r)];
+    m->tp_peers_.push_back(from_built(std::move(shards[size_t(r)]), ro));
+  }
+  log_info("tensor parallel: ", world, " ranks of ", m->info().num_heads, " attention heads, ",
+           m->info().num_kv_heads, " K/V heads each");
   return m;
 }
 
@@ -106,8 +140,13 @@ std::unique_ptr<Model> Model::load_engine(const std::string& path, const ModelOp
 std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& options) {
   namespace fs = std::filesystem;
   if (!fs::exists(path)) throw_error(ErrorCode::kNotFound, "model path '", path, "' does not exist");
-  if (fs::is_regular_file(path) && (is_engine_file(path) || fs::path(path).extension() == ".kiln"))
-    return load_engine(path, options);
+  const bool engine = fs::is_regular_file(path) && (is_engine_file(path) || fs::path(path).extension() == ".kiln");
+  if (options.tensor_parallel != 1 && (engine || fs::path(path).extension() == ".onnx"))
+    throw_error(ErrorCode::kUnsupported, "tensor parallelism (--tp ", options.tensor_parallel, ") is not supported for ",
+                engine ? "engine files: an engine holds one unsharded graph (per-rank engines do not exist yet)"
+                       : ".onnx files",
+                "; load the model's HuggingFace directory or .gguf file instead");
+  if (engine) return load_engine(path, options);
   BuiltModel built;
   nlohmann::json config;
   std::shared_ptr<const GgufFile> gguf;

@@ -45,6 +45,11 @@ struct ModelOptions {
   std::function<void(ir::Graph&)> rewrite;
   // Instrumentation of Linear nodes (calibration, per-layer error); CPU backend only.
   std::shared_ptr<const LinearObserver> linear_observer;
+  // Tensor parallelism: > 1 shards a decoder over this many ranks (parallel/: heads and
+  // MLP width split, AllReduce after row-parallel projections), each compiled with its
+  // own in-process communicator and run as one thread by LlmRunner. Needs a backend
+  // with supports_tensor_parallel() and a checkpoint (not an engine or .onnx file).
+  int tensor_parallel = 1;
 };
 
 // The graph outputs of that node (ir op TopKLogits): [R, k] values, ids, log-probs.
@@ -63,7 +68,12 @@ class Model {
   // From an already built graph (tests).
   static std::unique_ptr<Model> from_built(BuiltModel built, const ModelOptions& options = {});
 
+  // For a tensor-parallel model: rank 0's shard (num_heads and num_kv_heads per rank).
   const ModelInfo& info() const { return built_.info; }
+  // Tensor parallelism: this object is rank 0 and owns the other ranks' shards, each
+  // compiled with its communicator; a step runs every rank at once (LlmRunner).
+  int tp_world() const { return 1 + int(tp_peers_.size()); }
+  Model& tp_rank(int rank) { return rank == 0 ? *this : *tp_peers_.at(size_t(rank - 1)); }
   const ir::Graph& graph() const { return built_.graph; }
   Backend& backend() { return *backend_; }
   CompiledGraph& compiled() { return *compiled_; }
@@ -90,7 +100,9 @@ class Model {
   std::vector<passes::PassResult> pass_report_;
   std::shared_ptr<const EngineContents> engine_;
   CompileOptions compile_options_;
+  std::vector<std::unique_ptr<Model>> tp_peers_;  // ranks 1..N-1
 
+  static std::unique_ptr<Model> from_built_sharded(BuiltModel built, const ModelOptions& options);
   static std::unique_ptr<Model> load_engine(const std::string& path, const ModelOptions& options);
   void add_top_logits(int32_t k);
   static std::unique_ptr<Model> load_onnx(const std::string& path, const ModelOptions& options);  // onnx_loader.cpp

@@ -7,11 +7,12 @@
 #include <thread>
 
 #include "../models/golden_util.h"
+#include "backends/communicator.h"
 #include "core/status.h"
 #include "frontends/hf_dir.h"
 #include "parallel/tensor_parallel.h"
 #include "runtime/encoder_runner.h"
-#include "runtime/tp_runner.h"
+#include "runtime/llm_runner.h"
 
 namespace kiln {
 namespace {
@@ -59,7 +60,11 @@ TEST_P(TensorParallel, DecoderMatchesUnsharded) {
 
   auto full = Model::from_built(load_built(name));
   LlmRunner single(*full);
-  TpLlmRunner tp(built, world);
+  ModelOptions mo;
+  mo.tensor_parallel = world;
+  auto sharded = Model::from_built(built, mo);
+  ASSERT_EQ(sharded->tp_world(), world);
+  LlmRunner tp(*sharded);
   for (auto& p : prompts) {
     single.add_sequence(p);
     tp.add_sequence(p);
@@ -71,7 +76,7 @@ TEST_P(TensorParallel, DecoderMatchesUnsharded) {
     KILN_EXPECT_CLOSE(got[s].logits.data(), want[s].logits.data(), want[s].logits.size(), 1e-5,
                       name + " TP=" + std::to_string(world) + " prefill logits, seq " + std::to_string(s));
   // Greedy continuations through the sharded KV caches equal transformers' tokens.
-  TpLlmRunner tp2(built, world);
+  LlmRunner tp2(*sharded);
   auto gen = tp2.generate_greedy(prompts, 20);
   auto greedy = ref.ids("greedy");
   for (size_t b = 0; b < prompts.size(); ++b)

@@ -1,7 +1,8 @@
 // The HTTP server over loopback with cpp-httplib's client: OpenAI completions (plain
 // and SSE), embeddings (float and base64), KServe v2, health, models, metrics, API
 // keys, every kind of bad input as an OpenAI-format 4xx, graceful drain; with the
-// real SmolLM2 and MiniLM (when fetched): chat, stop strings, sessions, disconnects.
+// real SmolLM2 and MiniLM (when fetched): chat, stop strings, sessions, disconnects;
+// a tensor-parallel (TP=2) model served like any other.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -215,6 +216,38 @@ TEST_F(ServerTest, KserveV2MetadataAndInferOnAClassifier) {
   auto probs = j["outputs"][1]["data"].get<std::vector<float>>();
   EXPECT_NEAR(probs[0] + probs[1] + probs[2], 1.0, 1e-5);
   EXPECT_EQ(j["outputs"][2]["data"].size(), 2u);
+}
+
+// `kiln serve --tp 2`: the repository loads the model as two tensor-parallel ranks and
+// the executor drives both; completions (greedy, n > 1) equal the unsharded model's.
+TEST(ServerTensorParallel, CompletionsEqualTheUnshardedModel) {
+  ModelOptions mo;
+  mo.tensor_parallel = 2;
+  ModelRepository repo(mo, {});
+  repo.add(fixture("llama"), "llama");
+  ASSERT_EQ(repo.find("llama")->model->tp_world(), 2);
+  auto one = Model::load(fixture("llama"));
+  TestServer srv(repo);
+  for (const std::vector<int32_t>& prompt : {std::vector<int32_t>{5, 17, 33, 250, 9, 41}, std::vector<int32_t>{7}}) {
+    Json body = greedy_ids(prompt, 8);
+    body["n"] = 2;
+    auto r = post(srv.port(), "/v1/completions", body);
+    ASSERT_EQ(r.status, 200) << r.body;
+    LlmRunner runner(*one);
+    auto want = runner.generate_greedy({prompt}, 8).at(0);
+    auto j = r.json();
+    ASSERT_EQ(j["choices"].size(), 2u);
+    for (auto& c : j["choices"]) EXPECT_EQ(c["token_ids"].get<std::vector<int32_t>>(), want);
+  }
+  // A model whose heads do not split is refused when it is added, naming the heads.
+  mo.tensor_parallel = 3;
+  ModelRepository bad(mo, {});
+  try {
+    bad.add(fixture("llama"), "llama");
+    FAIL() << "TP=3 over 4 heads was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("attention heads do not split over 3 ranks"), std::string::npos) << e.what();
+  }
 }
 
 TEST(ServerAuth, ApiKeysGuardTheApiButNotHealth) {

@@ -33,6 +33,15 @@ check bench-serve-help 0 "TTFT" -- "$kiln" bench serve --help
 check serve-bench-help 0 "TTFT" -- "$kiln" serve bench --help
 check bench-serve-no-server 1 "" -- "$kiln" bench serve --port 1 --model m --requests 1
 check bench-tiny 0 "tg" -- "$kiln" bench --random-weights "$fixtures/../../bench/configs/tiny-llama-test.json" -p 8 -n 4 -r 1
+# Tensor parallelism: --tp 2 and 4 (in-process ranks) print --tp 1's tokens; bad splits are named.
+tp1=$("$kiln" generate -m "$fixtures/models/llama" --ids 5,6,7,300 -n 8 -q --print-ids --ignore-eos 2>/dev/null)
+[ -n "$tp1" ] || { echo "FAIL generate-tp1: no tokens"; fail=1; }
+check generate-tp2 0 "$tp1" -- "$kiln" generate -m "$fixtures/models/llama" --ids 5,6,7,300 -n 8 -q --print-ids --ignore-eos --tp 2
+check generate-tp4 0 "$tp1" -- "$kiln" generate -m "$fixtures/models/llama" --ids 5,6,7,300 -n 8 -q --print-ids --ignore-eos --tp 4
+check tp-heads 1 "4 attention heads do not split over 3 ranks" -- "$kiln" generate -m "$fixtures/models/llama" --ids 1 --tp 3
+check tp-zero 105 "--tp: Value 0 not in range" -- "$kiln" generate -m "$fixtures/models/llama" --ids 1 --tp 0
+check tp-encoder 1 "decoders only" -- "$kiln" embed -m "$fixtures/models/bert" --ids 5,6,7 --tp 2
+check bench-tp2 0 "tg" -- "$kiln" bench --random-weights "$fixtures/../../bench/configs/tiny-llama-test.json" -p 8 -n 4 -r 1 --tp 2
 # With the real model (fetched by scripts/fetch_models.sh): text in, text out, chat.
 smol=${KILN_MODELS_DIR:-$fixtures/../../.cache/models}/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf
 if [ -f "$smol" ]; then
@@ -46,8 +55,23 @@ else
 fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+# `kiln serve --tp 2` answers a completion with --tp 1's tokens (port 0: the server picks one).
+"$kiln" serve -m llama="$fixtures/models/llama" --tp 2 --port 0 2>"$tmp/serve-tp.log" &
+serve_pid=$!
+port=""
+for _ in $(seq 1 300); do
+  port=$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\).*|\1|p' "$tmp/serve-tp.log" 2>/dev/null)
+  [ -n "$port" ] && break
+  sleep 0.1
+done
+check serve-tp2 0 "\"token_ids\":[$(tr ' ' ',' <<<"$tp1")]" -- curl -sS "http://127.0.0.1:${port:-1}/v1/completions" \
+  -H 'Content-Type: application/json' \
+  -d '{"model":"llama","prompt":[5,6,7,300],"max_tokens":8,"temperature":0,"ignore_eos":true,"return_token_ids":true}'
+kill "$serve_pid" 2>/dev/null
+wait "$serve_pid" 2>/dev/null
 check build 0 "fuse_add_norm" -- "$kiln" build -m "$fixtures/models/gpt2" -o "$tmp/gpt2.kiln" --profile T:1,8,16
 check generate-engine 0 "" -- "$kiln" generate -m "$tmp/gpt2.kiln" --ids 5,6,7 -n 4 -q
+check tp-engine 1 "not supported for engine files" -- "$kiln" generate -m "$tmp/gpt2.kiln" --ids 5,6,7 --tp 2
 check inspect-engine 0 "Attention(packed qkv) x2" -- "$kiln" inspect -m "$tmp/gpt2.kiln"
 check inspect-unfused 0 "Attention x2" -- "$kiln" inspect -m "$fixtures/models/gpt2" --opt-level 0
 check build-bert-bf16 0 "bf16" -- "$kiln" build -m "$fixtures/models/bert" -o "$tmp/bert.kiln" --dtype bf16 --no-tune

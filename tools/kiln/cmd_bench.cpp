@@ -177,6 +177,7 @@ Runner add_bench(CLI::App& app) {
       ->capture_default_str();
   add_pass_options(cmd, a->model.opt_level, a->model.disabled_passes);
   add_quant_options(cmd, a->model.quant);
+  add_tp_option(cmd, a->model.tp);
   cmd->add_option("-p,--prompt-len", a->prompt_len, "prompt tokens (pp)")->capture_default_str();
   cmd->add_option("-n,--gen-len", a->gen_len, "generated tokens (tg)")->capture_default_str();
   cmd->add_option("-b,--batch", a->batch, "sequences decoded together")->capture_default_str();

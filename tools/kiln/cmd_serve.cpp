@@ -36,6 +36,7 @@ struct ServeArgs {
   int http_threads = 128;
   std::string instance;
   int drain_timeout_s = 30;
+  int tp = 1;
 };
 
 std::atomic<int> g_signal{0};
@@ -52,7 +53,9 @@ int run_serve(const ServeArgs& a) {
   eo.policy = a.policy == "priority" ? SchedulePolicy::kPriority : SchedulePolicy::kFcfs;
   eo.prefix_caching = !a.no_prefix_cache;
   eo.session_idle_timeout = std::chrono::milliseconds(int64_t(a.session_timeout_s * 1000));
-  server::ModelRepository repo({a.backend, a.weight_dtype}, eo);
+  ModelOptions mo{a.backend, a.weight_dtype};
+  mo.tensor_parallel = a.tp;
+  server::ModelRepository repo(mo, eo);
   for (const std::string& m : a.models) {
     size_t eq = m.find('=');
     if (eq != std::string::npos) repo.add(m.substr(eq + 1), m.substr(0, eq));
@@ -73,8 +76,9 @@ int run_serve(const ServeArgs& a) {
   server::Server srv(repo, so);
   int port = srv.bind();
   for (auto& m : repo.models())
-    std::fprintf(stderr, "[kiln] serving '%s' (%s, %s)\n", m->name.c_str(), m->model->info().family.c_str(),
-                 m->is_decoder() ? "generate" : "embed");
+    std::fprintf(stderr, "[kiln] serving '%s' (%s, %s%s)\n", m->name.c_str(), m->model->info().family.c_str(),
+                 m->is_decoder() ? "generate" : "embed",
+                 m->model->tp_world() > 1 ? str_cat(", tensor parallel over ", m->model->tp_world(), " ranks").c_str() : "");
   std::fprintf(stderr, "[kiln] listening on http://%s:%d%s\n", a.host.c_str(), port,
                so.api_keys.empty() ? "" : " (API key required)");
   std::signal(SIGINT, on_signal);
@@ -103,6 +107,7 @@ Runner add_serve(CLI::App& app) {
   cmd->add_option("--weight-dtype", a->weight_dtype, "GEMM weight storage: f32, bf16, f16, q8, q4")
       ->check(CLI::IsMember({"f32", "bf16", "f16", "q8", "q4"}))
       ->capture_default_str();
+  add_tp_option(cmd, a->tp);
   cmd->add_option("--host", a->host, "address to bind (0.0.0.0 exposes the server)")->capture_default_str();
   cmd->add_option("--port", a->port, "TCP port")->check(CLI::Range(0, 65535))->capture_default_str();
   cmd->add_option("--api-key", a->api_keys, "require 'Authorization: Bearer KEY' (repeatable; or $KILN_API_KEY)");

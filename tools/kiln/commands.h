@@ -43,7 +43,10 @@ struct ModelArgs {
   std::string profile;  // engines: the optimization profile to run under ("" = first that fits)
   std::string onnx_import = "auto";
   QuantOptions quant;  // --quant w8a8 --calib ...
+  int tp = 1;  // tensor-parallel ranks (ModelOptions::tensor_parallel)
 };
+// --tp N (ModelOptions::tensor_parallel).
+void add_tp_option(CLI::App* cmd, int& tp);
 // --onnx-import auto|graph|family (ModelOptions::onnx_import).
 void add_onnx_option(CLI::App* cmd, std::string& mode);
 void add_model_options(CLI::App* cmd, ModelArgs& args);

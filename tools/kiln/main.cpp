@@ -22,6 +22,15 @@ void add_model_options(CLI::App* cmd, ModelArgs& args) {
                   "engines: run under this optimization profile (default: per step, the first that fits)");
   add_onnx_option(cmd, args.onnx_import);
   add_quant_options(cmd, args.quant);
+  add_tp_option(cmd, args.tp);
+}
+
+void add_tp_option(CLI::App* cmd, int& tp) {
+  cmd->add_option("--tp", tp,
+                  "tensor parallelism: shard the decoder's heads and MLP over N ranks (cpu backend: one thread per "
+                  "rank in this process; N must divide the attention heads, K/V heads and MLP width)")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
 }
 
 void add_onnx_option(CLI::App* cmd, std::string& mode) {
@@ -69,6 +78,7 @@ ModelOptions model_options(const ModelArgs& a) {
   ModelOptions o{a.backend, a.weight_dtype, nullptr, a.opt_level, a.disabled_passes};
   o.profile = a.profile;
   o.onnx_import = a.onnx_import;
+  o.tensor_parallel = a.tp;
   return o;
 }
 

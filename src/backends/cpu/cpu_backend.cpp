@@ -213,6 +213,7 @@ class CpuBackend final : public Backend {
   }
 
   bool supports_fusion(const std::string&) const override { return true; }  // all of them
+  bool supports_tensor_parallel() const override { return true; }  // LocalCommunicator ranks
 
   size_t pack_weights(ir::Graph& graph, const CompileOptions& opt) override {
     return cpu::pack_linear_weights(graph, opt);
