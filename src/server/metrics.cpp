@@ -110,6 +110,7 @@ std::string Metrics::render(const ModelRepository& repo) const {
       {"kiln_session_expiries_total", "counter", "Sessions expired after the idle timeout.", [](const ExecutorStats& s) { return double(s.session_expiries); }},
       {"kiln_preemptions_total", "counter", "Sequences preempted (recomputed later) for lack of KV blocks.", [](const ExecutorStats& s) { return double(s.preemptions); }},
       {"kiln_engine_steps_total", "counter", "Engine steps run.", [](const ExecutorStats& s) { return double(s.steps); }},
+      {"kiln_top_logits_steps_total", "counter", "Engine steps that sampled from the top-k candidates (only [rows, k] left the device).", [](const ExecutorStats& s) { return double(s.top_logits_steps); }},
       {"kiln_engine_step_tokens_total", "counter", "Tokens fed through engine steps (prefill + decode).", [](const ExecutorStats& s) { return double(s.step_tokens); }},
   };
   std::vector<std::pair<std::string, ExecutorStats>> stats;

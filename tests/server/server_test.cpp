@@ -73,6 +73,11 @@ TEST_F(ServerTest, CompletionWithTokenIdsMatchesTheRunnerAlone) {
   EXPECT_EQ(j["choices"][0]["token_ids"].get<std::vector<int32_t>>(), alone(prompt, 10));
   EXPECT_EQ(j["choices"][0]["finish_reason"], "length");
   EXPECT_EQ(j["usage"]["prompt_tokens"], 6);
+  // Greedy steps sample from the TopKLogits candidates, and /metrics counts them.
+  const std::string body = get(port(), "/metrics").body, key = "kiln_top_logits_steps_total{model=\"llama\"} ";
+  const size_t at = body.find(key);
+  ASSERT_NE(at, std::string::npos) << body;
+  EXPECT_GT(std::stod(body.substr(at + key.size())), 0.0) << body.substr(at, 80);
   EXPECT_EQ(j["usage"]["completion_tokens"], 10);
   EXPECT_EQ(j["usage"]["total_tokens"], 16);
   auto metrics = get(port(), "/metrics").body;
