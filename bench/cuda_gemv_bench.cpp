@@ -1,7 +1,8 @@
 // Weight-streaming GEMV bandwidth on the GPU (the decode GEMMs of kiln's CUDA backend):
 // for the Linear shapes of Llama-3.1-8B, Llama-3.2-1B/TinyLlama and GPT-2, batch rows 1
-// and 4, the median kernel time over 50 launches (CUDA events) and the weight bytes per
-// second, against a device-to-device copy measured in the same run (read + write bytes).
+// and 4, the median kernel time of one launch alone and of 20 back to back (CUDA events,
+// 50 repeats), and the weight bytes per second back to back, against a device-to-device
+// copy measured in the same run (read + write bytes).
 //   cuda_gemv_bench
 #include <cuda_runtime_api.h>
 

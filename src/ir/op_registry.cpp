@@ -63,6 +63,15 @@ std::vector<ValueType> infer_norm(const Node& n, const In& in) {
   return {{x.dtype, x.shape}};
 }
 
+// A Linear's output [T, out], or [T, out / 2] with the swiglu epilogue ([gate | up] rows
+// -> silu(gate) * up), whether its weight is plain or prepacked.
+std::vector<ValueType> linear_output(const Node& n, const Value& x, const Dim& out) {
+  if (n.attr_str("activation", "") != "swiglu") return {{x.dtype, Shape{x.shape[0], out}}};
+  if (!out.is_concrete() || out.value % 2 != 0)
+    shape_error(n, str_cat("activation swiglu needs an even number of weight rows, got ", out.str()));
+  return {{x.dtype, Shape{x.shape[0], Dim(out.value / 2)}}};
+}
+
 // A weight prepacked by a backend at build time (attr weight_layout, e.g. the CPU's
 // "cpu_panels16"): opaque u8 bytes; the logical [out, in] shape is in weight_n/weight_k.
 std::vector<ValueType> infer_packed_linear(const Node& n, const In& in) {
@@ -79,11 +88,7 @@ std::vector<ValueType> infer_packed_linear(const Node& n, const In& in) {
     shape_error(n, str_cat("x ", x.shape.str(), " times packed weight [", out, ", ", k, "]: inner dims differ"));
   if (in.size() > 2 && in[2] && (in[2]->shape.rank() != 1 || !dims_agree(in[2]->shape[0], Dim(out))))
     shape_error(n, str_cat("bias ", in[2]->shape.str(), " vs packed weight [", out, ", ", k, "]"));
-  if (n.attr_str("activation", "") == "swiglu") {  // [gate | up] rows -> silu(gate) * up
-    if (out % 2 != 0) shape_error(n, str_cat("activation swiglu needs an even number of weight rows, got ", out));
-    return {{x.dtype, Shape{x.shape[0], Dim(out / 2)}}};
-  }
-  return {{x.dtype, Shape{x.shape[0], Dim(out)}}};
+  return linear_output(n, x, Dim(out));
 }
 
 std::vector<ValueType> infer_linear(const Node& n, const In& in) {
@@ -100,12 +105,7 @@ std::vector<ValueType> infer_linear(const Node& n, const In& in) {
     if (!dims_agree(in[2]->shape[0], w.shape[0]))
       shape_error(n, str_cat("bias ", in[2]->shape.str(), " vs weight ", w.shape.str()));
   }
-  if (n.attr_str("activation", "") == "swiglu") {  // [gate | up] rows -> silu(gate) * up
-    if (!w.shape[0].is_concrete() || w.shape[0].value % 2 != 0)
-      shape_error(n, str_cat("activation swiglu needs an even number of weight rows, got ", w.shape.str()));
-    return {{x.dtype, Shape{x.shape[0], Dim(w.shape[0].value / 2)}}};
-  }
-  return {{x.dtype, Shape{x.shape[0], w.shape[0]}}};
+  return linear_output(n, x, w.shape[0]);
 }
 
 std::vector<ValueType> infer_embedding(const Node& n, const In& in) {

@@ -1,5 +1,7 @@
 // Paged attention on the device: the KV-cache write (new K/V rows into the block pool
-// through slot_mapping) and one attention kernel for prefill and decode. The host plans
+// through slot_mapping, or fused with RoPE for packed q|k|v rows) and the attention kernels:
+// a tile kernel for prefill and split decode, and a decode kernel whose warps split the
+// keys when a CTA has at most 8 (query row, head) items and the plan is unsplit. The host plans
 // each step once (attention_plan): a list of CTAs, each covering up to
 // kAttnItemsPerCta (query row, head) items of one sequence and one KV head over a range
 // of context positions; a sequence with few query rows and a long context is split

@@ -1,6 +1,7 @@
 // Linear layers with a handful of token rows (batch-small decode): y[m,n] = x[m,k]·w[n,k]ᵀ
-// (+ bias) as a weight-streaming GEMV, one warp per output feature reading its weight row
-// with 16-byte loads, several in flight per lane, f32 accumulation. cuBLASLt's choices
+// (+ bias) as a weight-streaming GEMV, one warp (or 2-4 warps, split-K, when the output has
+// few features) per output feature reading its weight row with 16-byte loads, several in
+// flight per lane, f32 accumulation, and an optional activation/SwiGLU epilogue. cuBLASLt's choices
 // for m=1 leave bandwidth unused; this reads each weight byte once at near copy speed.
 // Tested against the CPU backend through the Linear cases of tests/backends/cuda/ops_test.cpp.
 #pragma once
