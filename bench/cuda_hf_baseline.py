@@ -7,6 +7,12 @@ config.json with random weights in bf16 and measures what kiln bench measures: p
 of a random prompt (pp) and greedy decode steps with the KV cache (tg, eager mode),
 median of N repeats after a warm-up, synchronizing before every host clock read.
 
+Encoder configs (BERT family) measure one forward of `batch` sequences of prompt_len
+random tokens instead, as `kiln bench` does for encoders: eager, torch.compile's default
+mode and its "reduce-overhead" mode (CUDA graphs), each timed on the host with a
+synchronize after the forward (the hidden states stay on the GPU; kiln copies its
+output to the host, so this favours the baseline slightly).
+
 --compiled measures HF's fastest decode mode instead: `generate` with the static KV
 cache and the forward compiled by torch.compile (mode "reduce-overhead": CUDA graphs),
 the recipe of HF's "static cache and torch.compile" guide. A decode step is then
@@ -58,6 +64,7 @@ def main():
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--ceilings", action="store_true")
     ap.add_argument("--compiled", action="store_true", help="static cache + torch.compile (reduce-overhead)")
+    ap.add_argument("-b", "--batch", type=int, default=1, help="encoders: sequences per forward")
     a = ap.parse_args()
     if a.ceilings:
         copy_gbs, tflops = ceilings()
@@ -66,6 +73,8 @@ def main():
     dtype = getattr(torch, a.dtype)
     cfg = transformers.AutoConfig.for_model(**json.load(open(a.config)))
     torch.manual_seed(0)
+    if not getattr(cfg, "is_decoder", False) and cfg.model_type in ("bert", "roberta", "distilbert", "xlm-roberta"):
+        return encoder_forward(cfg, dtype, a)
     with torch.device("cuda"):  # random init on the GPU: seconds, not minutes, for 1B+ shapes
         model = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=dtype,
                                                               attn_implementation="sdpa").eval()
@@ -104,6 +113,35 @@ def main():
           f"{min(pp) * 1e3:.2f}-{max(pp) * 1e3:.2f} |")
     print(f"| tg{a.gen_len} | 1 | {1 / tg_s:.1f} | {tg_s * 1e3:.2f} /token | "
           f"{min(tg) * 1e3:.2f}-{max(tg) * 1e3:.2f} |")
+
+
+def encoder_forward(cfg, dtype, a):
+    with torch.device("cuda"):
+        model = transformers.AutoModel.from_config(cfg, torch_dtype=dtype, attn_implementation="sdpa").eval()
+    params = sum(p.numel() for p in model.parameters())
+    ids = torch.randint(1000, cfg.vocab_size, (a.batch, a.prompt_len), device="cuda")
+    mask = torch.ones_like(ids)
+    print(f"baseline: torch {torch.__version__} + transformers {transformers.__version__}, {a.dtype}, "
+          f"{params / 1e6:.1f} M params, {torch.cuda.get_device_name()}")
+    print("| mode | batch | seq len | ms per forward | spread (min-max ms) | sequences/s |")
+    print("|---|---|---|---|---|---|")
+    modes = [("eager", None), ("torch.compile default", "default"),
+             ("torch.compile reduce-overhead", "reduce-overhead")]
+    for name, mode in modes:
+        fwd = model if mode is None else torch.compile(model, mode=mode)
+        with torch.inference_mode():
+            for _ in range(5):  # compiles (and captures) in the first calls
+                fwd(input_ids=ids, attention_mask=mask)
+            torch.cuda.synchronize()
+            ts = []
+            for _ in range(max(a.repeats, 20)):
+                t0 = time.perf_counter()
+                fwd(input_ids=ids, attention_mask=mask)
+                torch.cuda.synchronize()
+                ts.append(time.perf_counter() - t0)
+        s = statistics.median(ts)
+        print(f"| {name} | {a.batch} | {a.prompt_len} | {s * 1e3:.3f} | {min(ts) * 1e3:.3f}-{max(ts) * 1e3:.3f} | "
+              f"{a.batch / s:.1f} |", flush=True)
 
 
 def compiled_decode(model, ids, a, params):

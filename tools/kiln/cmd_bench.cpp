@@ -150,16 +150,28 @@ int run_bench(const BenchArgs& a) {
   else
     std::printf("ceiling: not measured here for %s (bench/cuda_hf_baseline.py --ceilings)\n\n",
                 a.model.backend.c_str());
-  std::printf("| test | batch | tokens/s | ms | spread (min-max ms) | GB/s | %% of triad |\n");
-  std::printf("|---|---|---|---|---|---|---|\n");
-  std::printf("| pp%d | %d | %.1f | %.1f | %.1f-%.1f | | |\n", a.prompt_len, a.batch,
-              a.batch * a.prompt_len / pp_s, pp_s * 1e3, *pp_min * 1e3, *pp_max * 1e3);
+  // Prefill FLOPs: every Linear but the LM head (which sees only the last rows) on every
+  // prompt token, plus causal attention (QK^T and PV: 4 d flops per visible key per head).
+  double linear_params = 0;
+  for (const ir::Node& n : model->graph().nodes())
+    if (n.op == "Linear" && n.inputs.size() > 1 && model->graph().is_weight(n.inputs[1])) {
+      const Tensor& w = model->graph().weight(n.inputs[1]);
+      if (w.rank() == 2 && w.dim(0) != info.vocab_size) linear_params += double(w.dim(0)) * double(w.dim(1));
+    }
+  const double p = a.prompt_len;
+  const double pp_flops = a.batch * (2.0 * linear_params * p + 2.0 * double(info.head_dim * info.num_heads *
+                                                                            info.num_layers) * p * (p + 1));
+  std::printf("| test | batch | tokens/s | ms | spread (min-max ms) | GB/s | %% of triad | TFLOP/s |\n");
+  std::printf("|---|---|---|---|---|---|---|---|\n");
+  std::printf("| pp%d | %d | %.1f | %.1f | %.1f-%.1f | | | %.1f |\n", a.prompt_len, a.batch,
+              a.batch * a.prompt_len / pp_s, pp_s * 1e3, *pp_min * 1e3, *pp_max * 1e3, pp_flops / pp_s / 1e12);
   const double gbs = step_bytes / tg_s / 1e9;
-  std::printf("| tg%d | %d | %.1f | %.2f /token | %.2f-%.2f | %.2f | %s |\n", a.gen_len, a.batch,
+  std::printf("| tg%d | %d | %.1f | %.2f /token | %.2f-%.2f | %.2f | %s | |\n", a.gen_len, a.batch,
               a.batch / tg_s, tg_s * 1e3, *tg_min * 1e3, *tg_max * 1e3, gbs,
               on_cpu ? str_cat(int(100.0 * gbs / bw + 0.5), "%").c_str() : "");
   std::printf("\nmedian of %d repeats after one warm-up; tg GB/s = (GEMM weights + KV read) / step time;"
-              " greedy: the top id per sequence comes back.\n", a.repeats);
+              " greedy: the top id per sequence comes back;\npp TFLOP/s = (2 x Linear weights (LM head excluded) x"
+              " prompt tokens + causal attention's 2 x heads x head_dim x layers x p(p+1)) / prefill time.\n", a.repeats);
   return 0;
 }
 

@@ -5,11 +5,12 @@
 // attention plans), launches every node on one stream, and copies the outputs back:
 // only those the run asked for (a decode step that samples from TopKLogits fetches
 // [R, k], not [R, vocab]), and nodes none of them needs are not launched.
-// Decode steps (one token per sequence, with a KV pool, 16-bit) run as CUDA graphs, one
-// per batch shape (cuda_graph.h); KILN_CUDA_GRAPHS=0 runs them eagerly. Not in f32:
+// Decode steps (one token per sequence, with a KV pool, 16-bit) and steps without a KV
+// cache (encoder forwards) run as CUDA graphs, one per step shape (cuda_graph.h);
+// KILN_CUDA_GRAPHS=0 runs them eagerly. Not in f32:
 // there decode GEMMs go through cuBLASLt, whose results under capture differed from
 // eager in the last bits (seen on the H200), and replay must give eager's bits.
-// KILN_CUDA_STEP_TIMES=1 logs the median device time of decode steps (CUDA events).
+// KILN_CUDA_STEP_TIMES=1 logs the median device time of graph-able steps (CUDA events).
 // KILN_CUDA_PROFILE=1 is the layer profiler (like trtexec --dumpProfile): every step runs
 // eagerly behind a short spin kernel, so its launches are queued before the first kernel
 // starts and the kernels then run back to back as in a graph; CUDA events between the
@@ -85,6 +86,7 @@ class CudaCompiledGraph final : public CompiledGraph {
       if (n.op == "Attention") {
         attn_keys_.insert({n.attr_int("num_heads"), n.attr_int("num_kv_heads")});
         attn_max_d_ = std::max(attn_max_d_, n.attr_int("head_dim"));
+        attn_flash_ok_ = attn_flash_ok_ && attention_flash_supported(prep_.act, n.attr_int("head_dim"));
       }
     }
     plan_memory();
@@ -119,7 +121,8 @@ class CudaCompiledGraph final : public CompiledGraph {
     cudaStream_t s = cx_->stream;
     std::vector<const Tensor*> host_vals(graph_.num_values(), nullptr);
     const auto host0 = std::chrono::steady_clock::now();
-    const bool decode = stage_step(inputs, step, cuda_kv, host_vals);
+    bool graphable = false;
+    const bool decode = stage_step(inputs, step, cuda_kv, host_vals, graphable);
     graph_key_.push_back(out_mask_);  // a captured step converts only the wanted outputs
     if (step_times_) KILN_CUDA_CHECK(cudaEventRecord(step_ev_[0], s));
     bool enqueued = false;
@@ -128,7 +131,7 @@ class CudaCompiledGraph final : public CompiledGraph {
       convert_outputs();
       enqueued = true;
     };
-    if (decode && graphs_enabled_ && !profile_ && prep_.act != DType::kF32) {
+    if (graphable && graphs_enabled_ && !profile_ && prep_.act != DType::kF32) {
       check_graph_inputs(step, host_vals);  // the runners' own checks do not run on replay
       graphs_.run(graph_key_, graph_buffers(cuda_kv), s, enqueue);
       // A replay sets no shapes on the host: those of this step shape were kept.
@@ -148,11 +151,12 @@ class CudaCompiledGraph final : public CompiledGraph {
     if (step_times_) KILN_CUDA_CHECK(cudaEventRecord(step_ev_[1], s));
     TensorMap out = fetch_outputs();
     if (profile_) collect_profile(decode);
-    if (step_times_ && decode) {
+    if (step_times_ && (decode || graphable)) {
       float ms = 0;
       KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, step_ev_[0], step_ev_[1]));
-      step_ms_[step.num_tokens()].first.push_back(ms);
-      step_ms_[step.num_tokens()].second.push_back(
+      auto& times = step_ms_[{decode, step.num_tokens()}];
+      times.first.push_back(ms);
+      times.second.push_back(
           std::chrono::duration<float, std::milli>(std::chrono::steady_clock::now() - host0).count());
     }
     return out;
@@ -162,12 +166,12 @@ class CudaCompiledGraph final : public CompiledGraph {
     // Device time of the step's kernels (graph or eager launches, uploads and the final
     // copy back excluded) vs host time in run(): the gap is the backend's host work and
     // the copies.
-    for (auto& [b, v] : step_ms_) {
+    for (auto& [kind, v] : step_ms_) {
       auto med = [](std::vector<float> x) {
         std::nth_element(x.begin(), x.begin() + x.size() / 2, x.end());
         return x[x.size() / 2];
       };
-      log_info("cuda: decode steps of ", b, " tokens: median device ", med(v.first), " ms, host run() ",
+      log_info("cuda: ", kind.first ? "decode" : "cache-less", " steps of ", kind.second, " tokens: median device ", med(v.first), " ms, host run() ",
                med(v.second), " ms over ", v.first.size(), " steps; graphs captured ", graphs_.captures(),
                ", replayed ", graphs_.replays());
     }
@@ -314,15 +318,19 @@ class CudaCompiledGraph final : public CompiledGraph {
   // Validates the inputs and the step, then uploads integer inputs, float inputs (as f32,
   // converted on the device), the sequence layout, block tables, slot mapping and the
   // attention plans in one copy.
-  // Returns whether this is a decode step that may run as a CUDA graph; then the
-  // upload's layout (every offset but the block tables' length) depends only on
-  // graph_key_, which it sets.
-  bool stage_step(const TensorMap& inputs, const StepInfo& step, CudaKv* kv, std::vector<const Tensor*>& host_vals) {
+  // Returns whether this is a decode step. `graphable` says whether the step may run as
+  // a CUDA graph (a decode step, or a step without KV cache such as an encoder's forward,
+  // with integer inputs only); then the upload's layout (every offset but the block
+  // tables' length) and every host value a launch bakes in depend only on graph_key_,
+  // which it sets.
+  bool stage_step(const TensorMap& inputs, const StepInfo& step, CudaKv* kv, std::vector<const Tensor*>& host_vals,
+                  bool& graphable) {
     StagingWriter w(staging_);
     bool decode = kv && !step.seqs.empty() && split_chunk_ == 0 &&
                   step.num_tokens() == int64_t(step.seqs.size());
     for (const StepSequence& ss : step.seqs) decode = decode && ss.q_len == 1;
     graph_key_.clear();
+    bool all_int = true;
     struct Pending {
       ir::ValueId id;
       size_t off;
@@ -344,6 +352,7 @@ class CudaCompiledGraph final : public CompiledGraph {
       if (!dtype_is_float(t.dtype()) && t.dtype() != DType::kI32)
         throw_error(ErrorCode::kUnsupported, "cuda: input '", v.name, "' of dtype ", dtype_name(t.dtype()));
       decode = decode && t.dtype() == DType::kI32;
+      all_int = all_int && t.dtype() == DType::kI32;
       graph_key_.insert(graph_key_.end(), t.shape().begin(), t.shape().end());
       host_vals[size_t(id)] = &t;
       pend.push_back({id, w.put(t.data(), t.nbytes()), &t});
@@ -379,6 +388,11 @@ class CudaCompiledGraph final : public CompiledGraph {
       for (int64_t sl : step.slot_mapping)
         KILN_THROW_IF(sl < -1 || sl >= slots, kOutOfRange, "step: KV slot ", sl, " outside [-1, ", slots, ")");
     }
+    // Attention launches bake in the longest query run (1 when decoding).
+    int64_t max_q_len = 0;
+    for (const StepSequence& ss : step.seqs) max_q_len = std::max<int64_t>(max_q_len, ss.q_len);
+    graph_key_.push_back(max_q_len);
+    graphable = all_int && (decode || !kv);
     const size_t seqs_off = w.put_vec(seqs);
     const size_t slots_off = w.put_vec(step.slot_mapping);
     struct PlanOff {
@@ -390,12 +404,13 @@ class CudaCompiledGraph final : public CompiledGraph {
     for (auto key : attn_keys_) {
       PlanOff po;
       po.plan = decode ? attention_plan_decode(seqs, key.first, key.second, cx_->num_sms)
-                       : attention_plan(seqs, key.first, key.second, true, cx_->num_sms, split_chunk_);
+                       : attention_plan(seqs, key.first, key.second, true, cx_->num_sms, split_chunk_,
+                                        attn_flash_ok_ ? flash_mode_ : 0);
       po.work = w.put_vec(po.plan.work);
       po.combine = w.put_vec(po.plan.combine);
       ws_floats = std::max(ws_floats, attention_workspace_floats(po.plan, key.second, attn_max_d_));
       graph_key_.insert(graph_key_.end(), {int64_t(po.plan.work.size()), int64_t(po.plan.combine.size()),
-                                           int64_t(po.plan.num_partials)});
+                                           int64_t(po.plan.num_partials), int64_t(po.plan.flash)});
       plan_offs[key] = std::move(po);
     }
     // Block tables go last: the only section whose length changes between decode steps.
@@ -435,7 +450,7 @@ class CudaCompiledGraph final : public CompiledGraph {
     for (auto& [key, po] : plan_offs)
       dev_step_.plans[key] = {reinterpret_cast<const AttnWork*>(base + po.work), int32_t(po.plan.work.size()),
                               reinterpret_cast<const AttnCombine*>(base + po.combine), int32_t(po.plan.combine.size()),
-                              po.plan.num_partials};
+                              po.plan.num_partials, po.plan.flash};
     attn_ws_.grow(std::max<size_t>(ws_floats * sizeof(float), 1), s);
     dev_step_.attn_workspace = static_cast<float*>(attn_ws_.get());
     return decode;
@@ -547,6 +562,12 @@ class CudaCompiledGraph final : public CompiledGraph {
   std::vector<OpRun> runners_;
   std::set<std::pair<int64_t, int64_t>> attn_keys_;
   int64_t attn_max_d_ = 0;
+  bool attn_flash_ok_ = true;  // every Attention node's head dim and dtype suit the tensor-core kernel
+  // KILN_CUDA_FLASH: 0 never plans tensor-core prefill attention, 1 always (tests), unset: when it fills the GPU.
+  int flash_mode_ = [] {
+    const char* e = std::getenv("KILN_CUDA_FLASH");
+    return e && *e ? (std::atoi(e) > 0 ? 1 : 0) : -1;
+  }();
   int64_t split_chunk_ = [] {
     const char* e = std::getenv("KILN_CUDA_SPLIT_CHUNK");  // tests force split-KV with it
     return e ? std::atoll(e) : 0LL;
@@ -573,7 +594,8 @@ class CudaCompiledGraph final : public CompiledGraph {
     return e && std::string(e) == "1";
   }();
   cudaEvent_t step_ev_[2] = {nullptr, nullptr};
-  std::map<int64_t, std::pair<std::vector<float>, std::vector<float>>> step_ms_;  // by tokens: device, host
+  // By (decode?, tokens): device and host times.
+  std::map<std::pair<bool, int64_t>, std::pair<std::vector<float>, std::vector<float>>> step_ms_;
   bool profile_ = [] {
     const char* e = std::getenv("KILN_CUDA_PROFILE");
     return e && std::string(e) == "1";

@@ -1,5 +1,5 @@
-// CUDA graphs for decode steps: one captured graph per step shape (the batch-size
-// bucket: input shapes, sequence count, attention plan sizes), replayed while the device
+// CUDA graphs for decode steps and encoder forwards: one captured graph per step shape
+// (input shapes, sequence count, longest query run, attention plan sizes), replayed while the device
 // buffers it captured stay where they were. The step's inputs reach the graph through
 // fixed device buffers that the host fills before each launch. Internal to the CUDA
 // backend; tests/backends/cuda/models_test.cpp checks replayed logits are bit-identical to eager.
@@ -30,7 +30,9 @@ class StepGraphs {
   // cuBLASLt plans, none of which may happen inside a capture) and the next one is
   // captured, then launched. `enqueue` puts the step's kernels on `s`.
   void run(const Key& key, const Buffers& buffers, cudaStream_t s, const std::function<void()>& enqueue) {
+    if (graphs_.size() >= kMaxGraphs && !graphs_.count(key)) evict_oldest();
     Entry& e = graphs_[key];
+    e.last_use = ++tick_;
     if (e.exec && e.buffers == buffers) {
       KILN_CUDA_CHECK(cudaGraphLaunch(e.exec, s));
       ++replays_;
@@ -71,13 +73,26 @@ class StepGraphs {
   int64_t replays() const { return replays_; }
 
  private:
+  // Shapes seen (decode batch sizes x attention plan sizes, encoder batch shapes) are
+  // bounded by evicting the least recently used graph beyond this many.
+  static constexpr size_t kMaxGraphs = 256;
   struct Entry {
     cudaGraphExec_t exec = nullptr;
     Buffers buffers;
     bool warmed = false;
+    uint64_t last_use = 0;
   };
+  void evict_oldest() {
+    auto old = graphs_.begin();
+    for (auto it = graphs_.begin(); it != graphs_.end(); ++it)
+      if (it->second.last_use < old->second.last_use) old = it;
+    if (old == graphs_.end()) return;
+    if (old->second.exec) cudaGraphExecDestroy(old->second.exec);
+    graphs_.erase(old);
+  }
   std::map<Key, Entry> graphs_;
   int64_t captures_ = 0, replays_ = 0;
+  uint64_t tick_ = 0;
 };
 
 }  // namespace kiln::cuda

@@ -275,6 +275,7 @@ OpRun prepare_attention(const ir::Node& n, const ir::Graph& g, PrepareContext& p
     a.combine = p.combine;
     a.num_combine = p.num_combine;
     a.num_partials = p.num_partials;
+    a.flash = p.flash;
     a.workspace = c.dev->attn_workspace;
     launch_attention(a, c.cx->stream);
   };

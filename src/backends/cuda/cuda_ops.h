@@ -59,6 +59,7 @@ struct DevAttentionPlan {
   const AttnCombine* combine = nullptr;
   int32_t num_combine = 0;
   int32_t num_partials = 0;
+  bool flash = false;
 };
 
 // The step's metadata on the device (one upload per step).

@@ -2,7 +2,8 @@
 // multi-step scenarios (prefill, decode, mixed chunk+decode steps) through shuffled
 // block tables, GQA/MQA/MHA, head dims 16/32/64/128, short and long (3000+) contexts,
 // with split-KV automatic, forced (64-key chunks) and off; and the encoder path (no
-// cache, bidirectional). Skips without a GPU.
+// cache, bidirectional); the tensor-core prefill kernel automatic and forced. Skips
+// without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -65,8 +66,11 @@ std::vector<StepCase> decoder_steps(const Config& c, const std::string& dt, int6
   return steps;
 }
 
-void check_decoder(const Config& c, const std::string& split_chunk) {
+// flash "1" plans the tensor-core kernel for every non-decode step it supports (16-bit,
+// head dims 64/128): prefills and the mixed chunk + decode steps.
+void check_decoder(const Config& c, const std::string& split_chunk, const std::string& flash = "") {
   setenv("KILN_CUDA_SPLIT_CHUNK", split_chunk.c_str(), 1);
+  setenv("KILN_CUDA_FLASH", flash.c_str(), 1);
   int64_t tokens = 0;
   for (int32_t p : c.prompts) tokens += p + 6;
   const int64_t blocks = tokens / c.block_size + int64_t(c.prompts.size()) * 2 + 4;
@@ -75,17 +79,18 @@ void check_decoder(const Config& c, const std::string& split_chunk) {
     auto steps = decoder_steps(c, dt, blocks, rng);
     KvLayout kv{.num_layers = 1, .num_blocks = blocks, .block_size = c.block_size, .num_kv_heads = c.hkv, .head_dim = c.d};
     std::string what = str_cat("attn hq=", c.hq, " hkv=", c.hkv, " d=", c.d, " bs=", c.block_size, " seqs=", c.prompts.size(),
-                               " max_prompt=", *std::max_element(c.prompts.begin(), c.prompts.end()), " split=", split_chunk);
+                               " max_prompt=", *std::max_element(c.prompts.begin(), c.prompts.end()), " split=", split_chunk, " flash=", flash);
     expect_backends_match(attention_graph(c, true), steps, dt, op_tolerance(dt), what, kv);
   }
   unsetenv("KILN_CUDA_SPLIT_CHUNK");
+  unsetenv("KILN_CUDA_FLASH");
 }
 
 TEST(CudaAttention, DecoderShortContexts) {
   KILN_SKIP_WITHOUT_CUDA();
   for (const Config& c : {Config{4, 4, 16, 16, {5, 1, 17}}, Config{4, 2, 16, 4, {13, 2}}, Config{4, 1, 32, 16, {40, 3, 1}},
                           Config{9, 3, 64, 16, {33, 7}}, Config{32, 8, 128, 16, {50, 16, 1}}, Config{8, 8, 64, 32, {100}}})
-    for (const char* split : {"0", "-1", "16"}) check_decoder(c, split);
+    for (const char* split : {"0", "-1", "16"}) check_decoder(c, split, split[0] == '0' ? "1" : "");
 }
 
 TEST(CudaAttention, DecoderLongContexts) {
@@ -94,12 +99,20 @@ TEST(CudaAttention, DecoderLongContexts) {
     check_decoder(Config{4, 2, 64, 16, {3000, 700}}, split);
     check_decoder(Config{8, 1, 128, 16, {1500}}, split);
   }
+  // Tensor-core prefill forced on (auto already picks it for these prefills), and off.
+  for (const char* flash : {"1", "0"}) {
+    check_decoder(Config{4, 2, 64, 16, {3000, 700}}, "0", flash);
+    check_decoder(Config{32, 8, 128, 16, {1100, 37, 1}}, "0", flash);
+  }
 }
 
 TEST(CudaAttention, EncoderBidirectionalWithoutCache) {
   KILN_SKIP_WITHOUT_CUDA();
-  for (const Config& c : {Config{4, 4, 16, 1, {5, 12, 1}}, Config{12, 12, 32, 1, {128, 37}}, Config{16, 16, 64, 1, {384}}})
+  for (const Config& c : {Config{4, 4, 16, 1, {5, 12, 1}}, Config{12, 12, 32, 1, {128, 37}}, Config{16, 16, 64, 1, {384}},
+                          Config{12, 12, 64, 1, {128, 77, 3}}, Config{4, 4, 128, 1, {200}}})
+    for (const char* flash : {"", "1"})
     for (const auto& dt : all_dtypes()) {
+      setenv("KILN_CUDA_FLASH", flash, 1);
       std::mt19937_64 rng(uint64_t(c.d));
       StepCase sc;
       int32_t t = 0;
@@ -112,7 +125,8 @@ TEST(CudaAttention, EncoderBidirectionalWithoutCache) {
       sc.inputs["k"] = random_tensor({t, c.hkv * c.d}, rng, dt, -2, 2);
       sc.inputs["v"] = random_tensor({t, c.hkv * c.d}, rng, dt);
       expect_backends_match(attention_graph(c, false), {sc}, dt, op_tolerance(dt),
-                            str_cat("encoder attn h=", c.hq, " d=", c.d, " seqs=", c.prompts.size()));
+                            str_cat("encoder attn h=", c.hq, " d=", c.d, " seqs=", c.prompts.size(), " flash=", flash));
+      unsetenv("KILN_CUDA_FLASH");
     }
 }
 
@@ -163,8 +177,13 @@ TEST(CudaAttention, PackedQkvWithRopeMatchesCpu) {
                     .head_dim = c.d};
         if (rot == 0)  // no RoPE: no positions input
           for (StepCase& sc : steps) sc.inputs.erase("positions");
-        expect_backends_match(packed_graph(c, true, rot), steps, dt, op_tolerance(dt),
-                              str_cat("packed attn hq=", c.hq, " hkv=", c.hkv, " d=", c.d, " rot=", rot), kv);
+        for (const char* flash : {"", "1"}) {  // the rows q_stride apart also through the tensor-core kernel
+          setenv("KILN_CUDA_FLASH", flash, 1);
+          expect_backends_match(packed_graph(c, true, rot), steps, dt, op_tolerance(dt),
+                                str_cat("packed attn hq=", c.hq, " hkv=", c.hkv, " d=", c.d, " rot=", rot,
+                                        " flash=", flash), kv);
+          unsetenv("KILN_CUDA_FLASH");
+        }
       }
 }
 

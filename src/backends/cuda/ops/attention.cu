@@ -7,6 +7,7 @@
 // group and the head dims 16/32/64/128.
 #include <algorithm>
 #include <cmath>
+#include <type_traits>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops/attention.h"
@@ -372,6 +373,196 @@ __global__ void attention_combine_kernel(T* __restrict__ out, int hq, int hkv, c
   }
 }
 
+
+// Tensor-core prefill attention (flash-attention 2 style; 16-bit caches, head dims 64 and
+// 128). A CTA takes 64 (query row, head) items of one sequence and one KV head - the GQA
+// heads of a row share the KV head's tiles - as 4 warps x 16 items, the M of one
+// m16n8k16 MMA. Q stays in registers as A fragments; 64-key tiles of K and V are gathered
+// through the block table into shared memory with cp.async (V's copy overlaps S = Q K^T
+// and the softmax); S is scaled into the log2 domain, masked, folded into each item's
+// online softmax (row max and sum across the quad of lanes sharing a row), and P - the S
+// accumulators rounded to 16 bits, reused as A fragments - multiplies V (ldmatrix.trans
+// gives V's B fragments). Rows are D + 8 elements apart in shared memory: the fragment
+// loads of the 8 rows a quad group reads fall in distinct banks.
+constexpr int kFlashKeys = 64;
+
+template <typename T> __device__ __forceinline__ uint32_t pack2(float a, float b);
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float a, float b) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(a, b);  // .x (a) in the low half: the lower column
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float a, float b) {
+  __half2 v = __floats2half2_rn(a, b);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+template <typename T>
+__device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 16 bytes global -> shared, zero-filled when !valid (no global read then).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  const unsigned dst = unsigned(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void* smem) {
+  const unsigned a = unsigned(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kWarps * 32)
+flash_attention_kernel(const T* __restrict__ q, const T* __restrict__ k_cache, const T* __restrict__ v_cache,
+                       T* __restrict__ out, int block_size, int hq, int hkv, int64_t q_stride, int64_t kv_row,
+                       float scale_log2, bool causal, const AttnSeq* __restrict__ seqs,
+                       const int32_t* __restrict__ block_tables, const AttnWork* __restrict__ works) {
+  static_assert(D % 16 == 0 && kWarps * 16 == kFlashItemsPerCta);
+  constexpr int LD = D + 8, KC = D / 16, NT = kFlashKeys / 8, DT = D / 8, CPR = D / 8;
+  __shared__ __align__(16) T ks[kFlashKeys * LD];
+  __shared__ __align__(16) T vs[kFlashKeys * LD];
+  const AttnWork w = works[blockIdx.x];
+  const AttnSeq sq = seqs[w.seq];
+  const int kvh = blockIdx.y, group = hq / hkv, n_items = sq.q_len * group;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int ctx0 = sq.ctx_len - sq.q_len;
+
+  // This thread's two items: rows g and g + 8 of its warp's 16 (the MMA row layout).
+  int lim[2];
+  int64_t o_off[2];
+  uint32_t qa[KC][4];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int item = w.item_begin + warp * 16 + g + h * 8;
+    const bool valid = item < n_items;
+    const int64_t row = sq.q_start + (valid ? item / group : 0);
+    const int head = kvh * group + (valid ? item % group : 0);
+    lim[h] = valid ? min(causal ? ctx0 + item / group + 1 : sq.ctx_len, w.kv_end) : 0;
+    o_off[h] = valid ? (row * hq + head) * D : -1;
+    const T* qp = q + row * q_stride + int64_t(head) * D + 2 * t;
+#pragma unroll
+    for (int kc = 0; kc < KC; ++kc) {
+      qa[kc][h] = valid ? *reinterpret_cast<const uint32_t*>(qp + kc * 16) : 0u;
+      qa[kc][h + 2] = valid ? *reinterpret_cast<const uint32_t*>(qp + kc * 16 + 8) : 0u;
+    }
+  }
+  float o[DT][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int i = 0; i < DT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+  const int last = min(n_items, w.item_begin + kFlashItemsPerCta) - 1;
+  const int hi = min(w.kv_end, causal ? ctx0 + last / group + 1 : sq.ctx_len);
+  const int32_t* bt = block_tables + sq.bt_offset;
+
+  for (int t0 = w.kv_begin; t0 < hi; t0 += kFlashKeys) {
+    __syncthreads();  // every warp is done with the previous tile
+    for (int e = threadIdx.x; e < kFlashKeys * CPR; e += kWarps * 32) {
+      const int j = e / CPR, c = (e % CPR) * 8, p = t0 + j;
+      const bool in = p < hi;
+      const int64_t off =
+          in ? (int64_t(bt[p / block_size]) * block_size + p % block_size) * kv_row + int64_t(kvh) * D + c : 0;
+      cp_async16(&ks[j * LD + c], k_cache + off, in);
+    }
+    cp_async_commit();
+    for (int e = threadIdx.x; e < kFlashKeys * CPR; e += kWarps * 32) {
+      const int j = e / CPR, c = (e % CPR) * 8, p = t0 + j;
+      const bool in = p < hi;
+      const int64_t off =
+          in ? (int64_t(bt[p / block_size]) * block_size + p % block_size) * kv_row + int64_t(kvh) * D + c : 0;
+      cp_async16(&vs[j * LD + c], v_cache + off, in);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();  // K has landed (V may still be in flight)
+    __syncthreads();
+
+    float s[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+    for (int kc = 0; kc < KC; ++kc)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const T* kp = &ks[(nt * 8 + g) * LD + kc * 16 + 2 * t];
+        mma16816<T>(s[nt], qa[kc], *reinterpret_cast<const uint32_t*>(kp), *reinterpret_cast<const uint32_t*>(kp + 8));
+      }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int p = t0 + nt * 8 + 2 * t + e;
+          float& v = s[nt][2 * h + e];
+          v = p < lim[h] ? v * scale_log2 : -INFINITY;
+          mx = fmaxf(mx, v);
+        }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[h], mx);
+      const float base = m_new == -INFINITY ? 0.0f : m_new;  // no visible key yet: all weights 0
+      const float corr = exp2f(m[h] - base);
+      float sum = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& v = s[nt][2 * h + e];
+          v = exp2f(v - base);
+          sum += v;
+        }
+      l[h] = l[h] * corr + sum;  // this lane's share; the quad's shares add up at the end
+#pragma unroll
+      for (int i = 0; i < DT; ++i) {
+        o[i][2 * h] *= corr;
+        o[i][2 * h + 1] *= corr;
+      }
+      m[h] = m_new;
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+    const int mi = lane >> 3;
+#pragma unroll
+    for (int kk = 0; kk < kFlashKeys / 16; ++kk) {
+      uint32_t a[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
+                       pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int d2 = 0; d2 < D / 16; ++d2) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, &vs[(kk * 16 + (mi & 1) * 8 + (lane & 7)) * LD + d2 * 16 + (mi >> 1) * 8]);
+        mma16816<T>(o[2 * d2], a, b[0], b[1]);
+        mma16816<T>(o[2 * d2 + 1], a, b[2], b[3]);
+      }
+    }
+  }
+
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float den = l[h];
+    den += __shfl_xor_sync(0xffffffffu, den, 1);
+    den += __shfl_xor_sync(0xffffffffu, den, 2);
+    if (o_off[h] < 0) continue;
+    const float inv = den > 0.0f ? 1.0f / den : 0.0f;
+#pragma unroll
+    for (int i = 0; i < DT; ++i)
+      *reinterpret_cast<uint32_t*>(out + o_off[h] + i * 8 + 2 * t) = pack2<T>(o[i][2 * h] * inv, o[i][2 * h + 1] * inv);
+  }
+}
+
 template <typename T, int D>
 void launch_typed(const AttentionArgs& a, cudaStream_t s) {
   const size_t per = size_t(a.num_partials) * size_t(a.hkv) * kAttnItemsPerCta;
@@ -387,6 +578,16 @@ void launch_typed(const AttentionArgs& a, cudaStream_t s) {
   // (a batch large enough to fill the GPU): the decode kernel, whose warps split the keys
   // (measured on Llama-3.2-1B: attention -35% at batch 64 and 256). Split plans keep the
   // tile kernel: each split is a short key range, and its four warps share it by items.
+  if (a.flash) {
+    if constexpr (std::is_same_v<T, float> || (D != 64 && D != 128)) {
+      throw_error(ErrorCode::kInternal, "cuda attention: a tensor-core plan for f32 or head_dim ", D);
+    } else {
+      flash_attention_kernel<T, D><<<grid, kWarps * 32, 0, s>>>(q, kc, vc, out, int(a.block_size), int(a.hq),
+          int(a.hkv), qs, kvs, a.scale * 1.4426950408889634f, a.causal, a.seqs, a.block_tables, a.work);
+      KILN_CUDA_CHECK_LAUNCH();
+    }
+    return;
+  }
   const int64_t items = a.max_q_len * (a.hq / a.hkv);
   const bool decode = a.max_q_len > 0 && a.num_partials == 0;
   if (decode && items <= 4)
@@ -482,11 +683,30 @@ void launch_qkv_prep(const QkvPrepArgs& a, cudaStream_t s) {
 
 bool attention_supports_head_dim(int64_t d) { return d == 16 || d == 32 || d == 64 || d == 128; }
 
+bool attention_flash_supported(DType t, int64_t d) {
+  return (t == DType::kBF16 || t == DType::kF16) && (d == 64 || d == 128);
+}
+
 AttentionPlan attention_plan(const std::vector<AttnSeq>& seqs, int64_t hq, int64_t hkv, bool causal,
-                             int num_sms, int64_t split_chunk) {
-  (void)causal;
+                             int num_sms, int64_t split_chunk, int flash) {
   const int64_t group = hq / hkv;
   AttentionPlan plan;
+  if (flash != 0) {
+    int64_t ctas = 0;
+    for (const AttnSeq& s : seqs)
+      ctas += (int64_t(s.q_len) * group + kFlashItemsPerCta - 1) / kFlashItemsPerCta;
+    if (flash > 0 || ctas * hkv >= num_sms) {
+      plan.flash = true;
+      // Causal: a sequence's later rows see more keys; their CTAs go first.
+      for (size_t i = 0; i < seqs.size(); ++i) {
+        const int64_t tiles = (int64_t(seqs[i].q_len) * group + kFlashItemsPerCta - 1) / kFlashItemsPerCta;
+        for (int64_t t = tiles - 1; t >= 0; --t)
+          plan.work.push_back({int32_t(i), int32_t((causal ? t : tiles - 1 - t) * kFlashItemsPerCta), 0,
+                               seqs[i].ctx_len, -1});
+      }
+      return plan;
+    }
+  }
   int64_t base_ctas = 0;
   for (const AttnSeq& s : seqs) base_ctas += (int64_t(s.q_len) * group + kAttnItemsPerCta - 1) / kAttnItemsPerCta;
   base_ctas *= hkv;

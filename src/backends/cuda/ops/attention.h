@@ -1,7 +1,8 @@
 // Paged attention on the device: the KV-cache write (new K/V rows into the block pool
 // through slot_mapping, or fused with RoPE for packed q|k|v rows) and the attention kernels:
-// a tile kernel for prefill and split decode, and a decode kernel whose warps split the
-// keys when a CTA has at most 8 (query row, head) items and the plan is unsplit. The host plans
+// a tensor-core (flash) kernel for prefill in 16-bit, a tile kernel for f32 prefill, small
+// prefills and split decode, and a decode kernel whose warps split the keys when a CTA has
+// at most 8 (query row, head) items and the plan is unsplit. The host plans
 // each step once (attention_plan): a list of CTAs, each covering up to
 // kAttnItemsPerCta (query row, head) items of one sequence and one KV head over a range
 // of context positions; a sequence with few query rows and a long context is split
@@ -20,6 +21,8 @@ namespace kiln::cuda {
 
 // (query row, head) items one CTA handles: 4 warps × 4 items.
 constexpr int kAttnItemsPerCta = 16;
+// Items of a tensor-core (flash) CTA: 4 warps × 16, one MMA's rows each.
+constexpr int kFlashItemsPerCta = 64;
 
 // One sequence of the step as the kernels read it (int32s, see StepSequence).
 struct AttnSeq {
@@ -37,13 +40,18 @@ struct AttentionPlan {
   std::vector<AttnWork> work;
   std::vector<AttnCombine> combine;
   int32_t num_partials = 0;
+  bool flash = false;  // work items are kFlashItemsPerCta wide, for the tensor-core kernel
 };
 
 bool attention_supports_head_dim(int64_t d);
+// Whether the tensor-core prefill kernel takes this cache dtype and head dim.
+bool attention_flash_supported(DType t, int64_t d);
 // split_chunk: keys per split; 0 picks one so that the grid fills about 2 waves of
-// `num_sms` multiprocessors, < 0 never splits.
+// `num_sms` multiprocessors, < 0 never splits. flash (only where
+// attention_flash_supported): 0 never plans the tensor-core kernel, > 0 always, < 0
+// when its 64-item CTAs alone fill the GPU (prefill; decode steps keep the split plans).
 AttentionPlan attention_plan(const std::vector<AttnSeq>& seqs, int64_t hq, int64_t hkv, bool causal,
-                             int num_sms, int64_t split_chunk = 0);
+                             int num_sms, int64_t split_chunk = 0, int flash = 0);
 // The plan of a pure decode step (one query row per sequence) with a fixed number of
 // splits per sequence that depends only on the batch and head shapes, not on the
 // context lengths: the grid stays the same from step to step, so a captured CUDA graph
@@ -71,6 +79,7 @@ struct AttentionArgs {
   int32_t num_combine = 0;
   int32_t num_partials = 0;
   float* workspace = nullptr;       // attention_workspace_floats()
+  bool flash = false;               // the plan is a tensor-core one (AttentionPlan::flash)
 };
 void launch_attention(const AttentionArgs& a, cudaStream_t s);
 
