@@ -5,7 +5,7 @@
 
 namespace kiln {
 
-std::vector<EncoderOutput> encode(Model& model, const std::vector<EncoderInput>& batch) {
+std::vector<EncoderOutput> encode(Model& model, const std::vector<EncoderInput>& batch, const EncodeOptions& opt) {
   const ModelInfo& info = model.info();
   if (info.is_decoder)
     throw_error(ErrorCode::kInvalidArgument, "encode() needs an encoder model; '", info.family,
@@ -44,20 +44,26 @@ std::vector<EncoderOutput> encode(Model& model, const std::vector<EncoderInput>&
     step.seqs.push_back({t, n, n, {}});
     t += n;
   }
+  std::vector<std::string> wanted;  // empty: every output
+  if (!opt.hidden)
+    for (const auto& [name, id] : model.graph().outputs())
+      if (name != "hidden") wanted.push_back(name);
   TensorMap out = model.compiled().run(
       {{"tokens", tokens}, {"positions", positions}, {"token_types", types}, {"cls_rows", cls}},
-      step, nullptr);
+      step, nullptr, wanted);
   const int64_t h = info.hidden_size;
   std::vector<EncoderOutput> result(batch.size());
   auto row = [](const Tensor& x, int64_t r) {
     int64_t d = x.dim(1);
     return std::vector<float>(x.data_as<float>() + r * d, x.data_as<float>() + (r + 1) * d);
   };
-  const Tensor& hidden = out.at("hidden");
   for (size_t i = 0; i < batch.size(); ++i) {
     const auto& s = step.seqs[i];
-    result[i].hidden.assign(hidden.data_as<float>() + s.q_start * h,
-                            hidden.data_as<float>() + (s.q_start + s.q_len) * h);
+    if (opt.hidden) {
+      const Tensor& hidden = out.at("hidden");
+      result[i].hidden.assign(hidden.data_as<float>() + s.q_start * h,
+                              hidden.data_as<float>() + (s.q_start + s.q_len) * h);
+    }
     result[i].mean_pooled = row(out.at("mean_pooled"), int64_t(i));
     if (out.count("pooled")) result[i].pooled = row(out.at("pooled"), int64_t(i));
     if (out.count("logits")) result[i].logits = row(out.at("logits"), int64_t(i));

@@ -23,7 +23,13 @@ struct EncoderOutput {
   std::vector<float> logits;       // [num_labels], empty without a classifier
 };
 
-std::vector<EncoderOutput> encode(Model& model, const std::vector<EncoderInput>& batch);
+struct EncodeOptions {
+  // Per-token hidden states ([tokens, hidden] from the device, the bulk of a large
+  // batch's output); false fetches only the pooled rows and logits, leaving `hidden` empty.
+  bool hidden = true;
+};
+
+std::vector<EncoderOutput> encode(Model& model, const std::vector<EncoderInput>& batch, const EncodeOptions& opt = {});
 
 // HuggingFace's padded layout ([rows, cols] ids, token types and attention mask, row
 // major) to ragged inputs: each row keeps the tokens its mask marks. `token_types` may

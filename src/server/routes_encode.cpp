@@ -55,7 +55,7 @@ std::vector<float> normalized(std::vector<float> v) {
 
 std::vector<EncoderOutput> run_encoder(ServedModel& m, const std::vector<EncoderInput>& batch) {
   std::lock_guard lk(m.encode_mu);
-  return encode(*m.model, batch);
+  return encode(*m.model, batch, {.hidden = false});  // the routes return pooled embeddings and logits
 }
 
 }  // namespace

@@ -47,6 +47,15 @@ void check_encoder(Model& model, const Reference& ref, const std::string& name, 
       KILN_EXPECT_CLOSE(out[b].logits.data(), logits.data() + b * nl, nl, tol, tag + " logits");
     }
   }
+  // Without hidden states (what the embeddings routes and kiln bench fetch): the same
+  // pooled rows and logits, no per-token rows.
+  auto slim = encode(model, batch, {.hidden = false});
+  for (size_t b = 0; b < batch.size(); ++b) {
+    EXPECT_TRUE(slim[b].hidden.empty());
+    EXPECT_EQ(slim[b].mean_pooled, out[b].mean_pooled) << name << " seq " << b;
+    EXPECT_EQ(slim[b].pooled, out[b].pooled) << name << " seq " << b;
+    EXPECT_EQ(slim[b].logits, out[b].logits) << name << " seq " << b;
+  }
   // A batch gives the same results as each sequence alone.
   for (size_t b = 0; b < batch.size(); ++b) {
     auto single = encode(model, {batch[b]});

@@ -24,6 +24,7 @@ struct BenchArgs {
   int gen_len = 32;
   int batch = 1;
   int repeats = 3;
+  bool hidden = false;  // encoders: fetch every token's hidden state too
 };
 
 using Clock = std::chrono::steady_clock;
@@ -73,15 +74,16 @@ int run_encoder_bench(const BenchArgs& a, Model& model) {
   std::vector<double> t;
   for (int r = 0; r < a.repeats + 1; ++r) {  // repeat 0 warms up
     auto t0 = Clock::now();
-    encode(model, batch);
+    encode(model, batch, {.hidden = a.hidden});
     if (r > 0) t.push_back(secs(t0, Clock::now()));
   }
   const double s = median(t);
   auto [lo, hi] = std::minmax_element(t.begin(), t.end());
-  std::printf("model: %s (%s, %lld layers, hidden %lld), GEMM weights %s %.1f MiB, %d threads\n\n",
+  std::printf("model: %s (%s, %lld layers, hidden %lld), GEMM weights %s %.1f MiB, %d threads\n",
               model.path().c_str(), info.family.c_str(), (long long)info.num_layers, (long long)info.hidden_size,
               a.model.quant.mode.empty() ? a.model.weight_dtype.c_str() : a.model.quant.mode.c_str(),
               double(model.compiled().weight_bytes()) / (1 << 20), ThreadPool::global().num_threads());
+  std::printf("outputs to the host: %s\n\n", a.hidden ? "hidden states, pooled, logits" : "pooled, logits (--hidden adds hidden states)");
   std::printf("| test | batch | seq len | ms per forward | spread (min-max ms) | sequences/s |\n|---|---|---|---|---|---|\n");
   std::printf("| forward | %d | %d | %.2f | %.2f-%.2f | %.1f |\n", a.batch, a.prompt_len, s * 1e3, *lo * 1e3, *hi * 1e3,
               double(a.batch) / s);
@@ -121,8 +123,15 @@ int run_bench(const BenchArgs& a) {
     for (auto& p : prompts) ids.push_back(runner.add_sequence(p));
     // Greedy steps: the next token ids (the top candidate, selected on the device when
     // the graph has TopKLogits) are what crosses back, as in serving.
+    // Prefill: steps until every sequence has its first token (prompts beyond the step's
+    // token budget are chunked over several steps, as when serving).
     auto t0 = Clock::now();
     auto outs = runner.step_greedy();
+    while (outs.size() < ids.size()) {
+      auto more = runner.step_greedy();
+      KILN_CHECK(!more.empty() || runner.has_pending(), "bench: prefill made no progress");
+      outs.insert(outs.end(), more.begin(), more.end());
+    }
     auto t1 = Clock::now();
     std::vector<double> steps;
     for (int g = 0; g < a.gen_len; ++g) {
@@ -194,6 +203,8 @@ Runner add_bench(CLI::App& app) {
   cmd->add_option("-n,--gen-len", a->gen_len, "generated tokens (tg)")->capture_default_str();
   cmd->add_option("-b,--batch", a->batch, "sequences decoded together")->capture_default_str();
   cmd->add_option("-r,--repeats", a->repeats, "timed repeats")->check(CLI::Range(1, 100))->capture_default_str();
+  cmd->add_flag("--hidden", a->hidden,
+                "encoders: also copy every token's hidden state to the host (default: pooled outputs and logits)");
   SubRunner serve = add_serve_bench(cmd);  // `kiln bench serve`: load-test a running server
   return [a, serve] {
     if (serve.app->parsed()) return serve.run();

@@ -4,6 +4,7 @@
 #include <cublasLt.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <tuple>
 
@@ -24,7 +25,7 @@
 namespace kiln::cuda {
 namespace {
 
-constexpr int kMaxTactics = 8;
+constexpr int kMaxTactics = 8;  // KILN_CUDA_TACTICS overrides (tuning experiments)
 
 cudaDataType_t cuda_type(DType t) {
   switch (t) {
@@ -79,10 +80,14 @@ struct Gemm::Impl {
     KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
                                                            &workspace_bytes, sizeof(workspace_bytes)));
-    p->algos.resize(kMaxTactics);
+    static const int max_tactics = [] {
+      const char* e = std::getenv("KILN_CUDA_TACTICS");
+      return e && std::atoi(e) > 0 ? std::min(std::atoi(e), 64) : kMaxTactics;
+    }();
+    p->algos.resize(size_t(max_tactics));
     int found = 0;
     const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle, p->op, p->a, p->b, p->c, p->c, pref,
-                                                             kMaxTactics, p->algos.data(), &found);
+                                                             max_tactics, p->algos.data(), &found);
     cublasLtMatmulPreferenceDestroy(pref);
     KILN_CUBLAS_CHECK(st);
     KILN_THROW_IF(found == 0, kUnsupported, "cuda gemm: cuBLASLt offers no algorithm for ", dtype_name(dtype),
