@@ -64,7 +64,7 @@ def main():
     ap.add_argument("--dtype", default="bfloat16")
     ap.add_argument("--ceilings", action="store_true")
     ap.add_argument("--compiled", action="store_true", help="static cache + torch.compile (reduce-overhead)")
-    ap.add_argument("-b", "--batch", type=int, default=1, help="encoders: sequences per forward")
+    ap.add_argument("-b", "--batch", type=int, default=1, help="sequences per forward (decoders: decoded together)")
     a = ap.parse_args()
     if a.ceilings:
         copy_gbs, tflops = ceilings()
@@ -79,7 +79,7 @@ def main():
         model = transformers.AutoModelForCausalLM.from_config(cfg, torch_dtype=dtype,
                                                               attn_implementation="sdpa").eval()
     params = sum(p.numel() for p in model.parameters())
-    ids = torch.randint(0, cfg.vocab_size, (1, a.prompt_len), device="cuda")
+    ids = torch.randint(0, cfg.vocab_size, (a.batch, a.prompt_len), device="cuda")
     if a.compiled:
         return compiled_decode(model, ids, a, params)
     pp, tg = [], []
@@ -109,9 +109,9 @@ def main():
           f"{a.dtype}, {params / 1e6:.1f} M params, {torch.cuda.get_device_name()}")
     print("| test | batch | tokens/s | ms | spread (min-max ms) |")
     print("|---|---|---|---|---|")
-    print(f"| pp{a.prompt_len} | 1 | {a.prompt_len / pp_s:.1f} | {pp_s * 1e3:.2f} | "
+    print(f"| pp{a.prompt_len} | {a.batch} | {a.batch * a.prompt_len / pp_s:.1f} | {pp_s * 1e3:.2f} | "
           f"{min(pp) * 1e3:.2f}-{max(pp) * 1e3:.2f} |")
-    print(f"| tg{a.gen_len} | 1 | {1 / tg_s:.1f} | {tg_s * 1e3:.2f} /token | "
+    print(f"| tg{a.gen_len} | {a.batch} | {a.batch / tg_s:.1f} | {tg_s * 1e3:.2f} /token | "
           f"{min(tg) * 1e3:.2f}-{max(tg) * 1e3:.2f} |")
 
 
@@ -175,7 +175,7 @@ def compiled_decode(model, ids, a, params):
           f"warm-up/compile {compile_s:.1f} s")
     print("| test | batch | tokens/s | ms |")
     print("|---|---|---|---|")
-    print(f"| tg{a.gen_len} (compiled) | 1 | {1 / tg_s:.1f} | {tg_s * 1e3:.3f} /token |")
+    print(f"| tg{a.gen_len} (compiled) | {a.batch} | {a.batch / tg_s:.1f} | {tg_s * 1e3:.3f} /token |")
 
 
 if __name__ == "__main__":

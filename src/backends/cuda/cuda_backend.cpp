@@ -127,6 +127,10 @@ class CudaCompiledGraph final : public CompiledGraph {
     if (step_times_) KILN_CUDA_CHECK(cudaEventRecord(step_ev_[0], s));
     bool enqueued = false;
     auto enqueue = [&] {
+      set_pdl_allowed(decode && !profile_);
+      struct Reset {
+        ~Reset() { set_pdl_allowed(false); }
+      } reset;
       run_nodes(step, cuda_kv, host_vals);
       convert_outputs();
       enqueued = true;

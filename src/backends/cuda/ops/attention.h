@@ -49,7 +49,8 @@ bool attention_flash_supported(DType t, int64_t d);
 // split_chunk: keys per split; 0 picks one so that the grid fills about 2 waves of
 // `num_sms` multiprocessors, < 0 never splits. flash (only where
 // attention_flash_supported): 0 never plans the tensor-core kernel, > 0 always, < 0
-// when its 64-item CTAs alone fill the GPU (prefill; decode steps keep the split plans).
+// when a sequence fills one of its 64-item CTAs or its CTAs fill the GPU (prefill;
+// decode steps keep the split plans).
 AttentionPlan attention_plan(const std::vector<AttnSeq>& seqs, int64_t hq, int64_t hkv, bool causal,
                              int num_sms, int64_t split_chunk = 0, int flash = 0);
 // The plan of a pure decode step (one query row per sequence) with a fixed number of

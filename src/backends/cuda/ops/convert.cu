@@ -1,4 +1,7 @@
 // Elementwise dtype cast (see convert.h).
+#include <cstdlib>
+#include <string>
+
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops/convert.h"
 
@@ -7,12 +10,16 @@ namespace {
 
 template <typename S, typename D>
 __global__ void convert_kernel(const S* src, D* dst, int64_t n) {
+  pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
+  pdl_trigger();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     dst[i] = from_f32<D>(to_f32<S>(src[i]));
 }
 
 template <typename D>
 __global__ void fill_random_kernel(D* dst, int64_t n, uint32_t seed) {
+  pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
+  pdl_trigger();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     uint32_t h = uint32_t(i) * 2654435761u ^ seed;  // a cheap integer hash (Knuth, xorshift)
     h ^= h >> 16;
@@ -36,6 +43,31 @@ __global__ void spin_kernel(int64_t ns) {
 
 }  // namespace
 
+namespace {
+thread_local bool pdl_allowed = false;
+}
+
+void set_pdl_allowed(bool on) { pdl_allowed = on; }
+
+bool pdl_enabled() {
+  static const bool env_on = [] {
+    const char* e = std::getenv("KILN_CUDA_PDL");
+    return !(e && std::string(e) == "0");
+  }();
+  if (!env_on || !pdl_allowed) return false;
+  constexpr int kMaxDevices = 64;
+  static int8_t by_device[kMaxDevices] = {};  // 0 unknown, 1 yes, -1 no
+  int dev = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= kMaxDevices) return false;
+  if (by_device[dev] == 0) {
+    int major = 0;
+    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    by_device[dev] = major >= 9 ? 1 : -1;
+  }
+  return by_device[dev] > 0;
+}
+
 void launch_spin(int64_t us, cudaStream_t s) {
   spin_kernel<<<1, 1, 0, s>>>(us * 1000);
   KILN_CUDA_CHECK_LAUNCH();
@@ -44,7 +76,7 @@ void launch_spin(int64_t us, cudaStream_t s) {
 void launch_fill_random(void* dst, DType t, int64_t n, uint32_t seed, cudaStream_t s) {
   if (n == 0) return;
   KILN_CUDA_DISPATCH_FLOAT(t, D, {
-    fill_random_kernel<D><<<grid_for(n, 256), 256, 0, s>>>(static_cast<D*>(dst), n, seed);
+    launch_k(fill_random_kernel<D>, grid_for(n, 256), 256, 0, s, static_cast<D*>(dst), n, seed);
   });
   KILN_CUDA_CHECK_LAUNCH();
 }
@@ -52,7 +84,7 @@ void launch_fill_random(void* dst, DType t, int64_t n, uint32_t seed, cudaStream
 void launch_convert(const void* src, DType from, void* dst, DType to, int64_t n, cudaStream_t s) {
   if (n == 0) return;
   KILN_CUDA_DISPATCH_FLOAT(from, S, KILN_CUDA_DISPATCH_FLOAT(to, D, {
-    convert_kernel<S, D><<<grid_for(n, 256), 256, 0, s>>>(static_cast<const S*>(src), static_cast<D*>(dst), n);
+    launch_k(convert_kernel<S, D>, grid_for(n, 256), 256, 0, s, static_cast<const S*>(src), static_cast<D*>(dst), n);
   }));
   KILN_CUDA_CHECK_LAUNCH();
 }

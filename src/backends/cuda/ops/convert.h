@@ -24,4 +24,7 @@ void launch_fill_random(void* dst, DType t, int64_t n, uint32_t seed, cudaStream
 // launches behind it, so that the kernels then run back to back as in a graph).
 void launch_spin(int64_t us, cudaStream_t s);
 
+// Lets this thread's kernel launches use programmatic dependent launch (common.cuh).
+void set_pdl_allowed(bool on);
+
 }  // namespace kiln::cuda

@@ -8,6 +8,8 @@ namespace {
 
 template <typename T, BinaryOp kOp>
 __global__ void binary_kernel(const T* a, const T* b, int64_t n, int64_t b_n, T* out) {
+  pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
+  pdl_trigger();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const float x = to_f32(a[i]), y = to_f32(b[b_n == n ? i : i % b_n]);
     out[i] = from_f32<T>(kOp == BinaryOp::kAdd ? x + y : x * y);
@@ -16,6 +18,8 @@ __global__ void binary_kernel(const T* a, const T* b, int64_t n, int64_t b_n, T*
 
 template <typename T, UnaryOp kOp>
 __global__ void unary_kernel(const T* x, int64_t n, T* out) {
+  pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
+  pdl_trigger();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     out[i] = from_f32<T>(unary_f32<kOp>(to_f32(x[i])));
 }
@@ -24,6 +28,8 @@ __global__ void unary_kernel(const T* x, int64_t n, T* out) {
 // before the product, as the unfused Silu -> Mul pair would store it.
 template <typename T>
 __global__ void swiglu_kernel(const T* x, int64_t rows, int64_t inter, T* out) {
+  pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
+  pdl_trigger();
   const int64_t n = rows * inter;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / inter, c = i - r * inter;
@@ -38,7 +44,7 @@ __global__ void swiglu_kernel(const T* x, int64_t rows, int64_t inter, T* out) {
 void launch_swiglu(DType t, const void* x, int64_t rows, int64_t inter, void* out, cudaStream_t s) {
   if (rows * inter == 0) return;
   KILN_CUDA_DISPATCH_FLOAT(t, T, {
-    swiglu_kernel<T><<<grid_for(rows * inter, 256), 256, 0, s>>>(static_cast<const T*>(x), rows, inter,
+    launch_k(swiglu_kernel<T>, grid_for(rows * inter, 256), 256, 0, s, static_cast<const T*>(x), rows, inter,
                                                                  static_cast<T*>(out));
   });
   KILN_CUDA_CHECK_LAUNCH();
@@ -51,8 +57,8 @@ void launch_binary(BinaryOp op, DType t, const void* a, const void* b, int64_t n
     auto* pa = static_cast<const T*>(a);
     auto* pb = static_cast<const T*>(b);
     auto* po = static_cast<T*>(out);
-    if (op == BinaryOp::kAdd) binary_kernel<T, BinaryOp::kAdd><<<grid_for(n, 256), 256, 0, s>>>(pa, pb, n, b_n, po);
-    else binary_kernel<T, BinaryOp::kMul><<<grid_for(n, 256), 256, 0, s>>>(pa, pb, n, b_n, po);
+    if (op == BinaryOp::kAdd) launch_k(binary_kernel<T, BinaryOp::kAdd>, grid_for(n, 256), 256, 0, s, pa, pb, n, b_n, po);
+    else launch_k(binary_kernel<T, BinaryOp::kMul>, grid_for(n, 256), 256, 0, s, pa, pb, n, b_n, po);
   });
   KILN_CUDA_CHECK_LAUNCH();
 }
@@ -64,10 +70,10 @@ void launch_unary(UnaryOp op, DType t, const void* x, int64_t n, void* out, cuda
     auto* po = static_cast<T*>(out);
     const unsigned g = grid_for(n, 256);
     switch (op) {
-      case UnaryOp::kGeluErf: unary_kernel<T, UnaryOp::kGeluErf><<<g, 256, 0, s>>>(px, n, po); break;
-      case UnaryOp::kGeluTanh: unary_kernel<T, UnaryOp::kGeluTanh><<<g, 256, 0, s>>>(px, n, po); break;
-      case UnaryOp::kSilu: unary_kernel<T, UnaryOp::kSilu><<<g, 256, 0, s>>>(px, n, po); break;
-      case UnaryOp::kTanh: unary_kernel<T, UnaryOp::kTanh><<<g, 256, 0, s>>>(px, n, po); break;
+      case UnaryOp::kGeluErf: launch_k(unary_kernel<T, UnaryOp::kGeluErf>, g, 256, 0, s, px, n, po); break;
+      case UnaryOp::kGeluTanh: launch_k(unary_kernel<T, UnaryOp::kGeluTanh>, g, 256, 0, s, px, n, po); break;
+      case UnaryOp::kSilu: launch_k(unary_kernel<T, UnaryOp::kSilu>, g, 256, 0, s, px, n, po); break;
+      case UnaryOp::kTanh: launch_k(unary_kernel<T, UnaryOp::kTanh>, g, 256, 0, s, px, n, po); break;
     }
   });
   KILN_CUDA_CHECK_LAUNCH();

@@ -7,6 +7,8 @@ namespace {
 
 template <typename T>
 __global__ void embedding_kernel(const T* table, const int32_t* ids, int64_t dim, T* out) {
+  pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
+  pdl_trigger();
   const T* src = table + int64_t(ids[blockIdx.x]) * dim;
   T* dst = out + int64_t(blockIdx.x) * dim;
   for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) dst[j] = src[j];
@@ -18,7 +20,7 @@ void launch_embedding(DType t, const void* table, const int32_t* ids, int64_t n,
                       void* out, cudaStream_t s) {
   if (n == 0) return;
   KILN_CUDA_DISPATCH_FLOAT(t, T, {
-    embedding_kernel<T><<<unsigned(n), 128, 0, s>>>(static_cast<const T*>(table), ids, dim, static_cast<T*>(out));
+    launch_k(embedding_kernel<T>, unsigned(n), 128, 0, s, static_cast<const T*>(table), ids, dim, static_cast<T*>(out));
   });
   KILN_CUDA_CHECK_LAUNCH();
 }

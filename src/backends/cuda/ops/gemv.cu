@@ -27,6 +27,8 @@ template <typename T, int M, GemvEpilogue E, int S>
 __global__ void __launch_bounds__(kWarps * 32)
 gemv_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ y,
             int n, int k) {
+  pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
+  pdl_trigger();
   constexpr int R = E == GemvEpilogue::kSwiGlu ? 2 : 1;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, part = warp % S;
   const int row = blockIdx.x * (kWarps / S) + warp / S;
@@ -110,10 +112,10 @@ template <typename T, GemvEpilogue E, int S>
 void launch_split(const T* x, const T* w, const T* b, T* y, int64_t m, int64_t n, int64_t k, cudaStream_t s) {
   const dim3 grid(unsigned((n * S + kWarps - 1) / kWarps));
   switch (m) {
-    case 1: gemv_kernel<T, 1, E, S><<<grid, kWarps * 32, 0, s>>>(x, w, b, y, int(n), int(k)); break;
-    case 2: gemv_kernel<T, 2, E, S><<<grid, kWarps * 32, 0, s>>>(x, w, b, y, int(n), int(k)); break;
-    case 3: gemv_kernel<T, 3, E, S><<<grid, kWarps * 32, 0, s>>>(x, w, b, y, int(n), int(k)); break;
-    default: gemv_kernel<T, 4, E, S><<<grid, kWarps * 32, 0, s>>>(x, w, b, y, int(n), int(k)); break;
+    case 1: launch_k(gemv_kernel<T, 1, E, S>, grid, kWarps * 32, 0, s, x, w, b, y, int(n), int(k)); break;
+    case 2: launch_k(gemv_kernel<T, 2, E, S>, grid, kWarps * 32, 0, s, x, w, b, y, int(n), int(k)); break;
+    case 3: launch_k(gemv_kernel<T, 3, E, S>, grid, kWarps * 32, 0, s, x, w, b, y, int(n), int(k)); break;
+    default: launch_k(gemv_kernel<T, 4, E, S>, grid, kWarps * 32, 0, s, x, w, b, y, int(n), int(k)); break;
   }
 }
 

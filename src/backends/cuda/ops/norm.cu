@@ -22,6 +22,8 @@ __device__ const T* add_residual(const T* xr, const T* res, T* sum, int64_t dim)
 template <typename T>
 __global__ void layer_norm_kernel(const T* x, const T* res, T* sum_out, const float* gamma, const float* beta,
                                   float eps, int64_t dim, T* y) {
+  pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
+  pdl_trigger();
   __shared__ float scratch[32];
   const T* xr = add_residual(x + blockIdx.x * dim, res ? res + blockIdx.x * dim : nullptr,
                              sum_out ? sum_out + blockIdx.x * dim : nullptr, dim);
@@ -42,6 +44,8 @@ __global__ void layer_norm_kernel(const T* x, const T* res, T* sum_out, const fl
 template <typename T>
 __global__ void rms_norm_kernel(const T* x, const T* res, T* sum_out, const float* w, float eps, int64_t dim,
                                 T* y) {
+  pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
+  pdl_trigger();
   __shared__ float scratch[32];
   const T* xr = add_residual(x + blockIdx.x * dim, res ? res + blockIdx.x * dim : nullptr,
                              sum_out ? sum_out + blockIdx.x * dim : nullptr, dim);
@@ -62,6 +66,8 @@ __global__ void rms_norm_kernel(const T* x, const T* res, T* sum_out, const floa
 template <typename T, int NCH, bool kRms>
 __global__ void norm_regs_kernel(const T* x, const T* res, T* sum_out, const float* gamma, const float* beta,
                                  float eps, int dim, T* y) {
+  pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
+  pdl_trigger();
   constexpr int VEC = 16 / int(sizeof(T));
   __shared__ float scratch[32];
   const int nvec = dim / VEC;
@@ -137,9 +143,9 @@ bool launch_norm_regs(const T* x, const T* res, T* sum, const float* gamma, cons
   const int nch = nvec <= 1024 ? 1 : nvec <= 2048 ? 2 : 4;
   const int threads = std::max(32, ((nvec + nch - 1) / nch + 31) / 32 * 32);
   switch (nch) {
-    case 1: norm_regs_kernel<T, 1, kRms><<<unsigned(rows), threads, 0, s>>>(x, res, sum, gamma, beta, eps, int(dim), y); break;
-    case 2: norm_regs_kernel<T, 2, kRms><<<unsigned(rows), threads, 0, s>>>(x, res, sum, gamma, beta, eps, int(dim), y); break;
-    default: norm_regs_kernel<T, 4, kRms><<<unsigned(rows), threads, 0, s>>>(x, res, sum, gamma, beta, eps, int(dim), y); break;
+    case 1: launch_k(norm_regs_kernel<T, 1, kRms>, unsigned(rows), threads, 0, s, x, res, sum, gamma, beta, eps, int(dim), y); break;
+    case 2: launch_k(norm_regs_kernel<T, 2, kRms>, unsigned(rows), threads, 0, s, x, res, sum, gamma, beta, eps, int(dim), y); break;
+    default: launch_k(norm_regs_kernel<T, 4, kRms>, unsigned(rows), threads, 0, s, x, res, sum, gamma, beta, eps, int(dim), y); break;
   }
   return true;
 }
@@ -163,7 +169,7 @@ void launch_add_layer_norm(DType t, const void* x, const void* res, const float*
   KILN_CUDA_DISPATCH_FLOAT(t, T, {
     if (!launch_norm_regs<T, false>(static_cast<const T*>(x), static_cast<const T*>(res), static_cast<T*>(sum),
                                     gamma, beta, eps, rows, dim, static_cast<T*>(y), s))
-    layer_norm_kernel<T><<<unsigned(rows), threads_for(dim), 0, s>>>(
+      launch_k(layer_norm_kernel<T>, unsigned(rows), threads_for(dim), 0, s,
         static_cast<const T*>(x), static_cast<const T*>(res), static_cast<T*>(sum), gamma, beta, eps, dim,
         static_cast<T*>(y));
   });
@@ -181,7 +187,7 @@ void launch_add_rms_norm(DType t, const void* x, const void* res, const float* w
   KILN_CUDA_DISPATCH_FLOAT(t, T, {
     if (!launch_norm_regs<T, true>(static_cast<const T*>(x), static_cast<const T*>(res), static_cast<T*>(sum), w,
                                    nullptr, eps, rows, dim, static_cast<T*>(y), s))
-    rms_norm_kernel<T><<<unsigned(rows), threads_for(dim), 0, s>>>(
+      launch_k(rms_norm_kernel<T>, unsigned(rows), threads_for(dim), 0, s,
         static_cast<const T*>(x), static_cast<const T*>(res), static_cast<T*>(sum), w, eps, dim,
         static_cast<T*>(y));
   });

@@ -10,6 +10,8 @@ namespace {
 template <typename T>
 __global__ void rope_kernel(const T* x, T* y, const int32_t* positions, const float* inv_freq,
                             int64_t tokens, int64_t heads, int64_t hd, int64_t half, int64_t pass) {
+  pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
+  pdl_trigger();
   const int64_t total = tokens * heads * (half + pass);
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t per_head = half + pass;
@@ -38,7 +40,7 @@ void launch_rope(DType t, const void* x, void* y, const int32_t* positions, cons
   const int64_t half = rotary_dim / 2, pass = head_dim - rotary_dim;
   const int64_t total = tokens * heads * (half + pass);
   KILN_CUDA_DISPATCH_FLOAT(t, T, {
-    rope_kernel<T><<<grid_for(total, 256), 256, 0, s>>>(static_cast<const T*>(x), static_cast<T*>(y), positions,
+    launch_k(rope_kernel<T>, grid_for(total, 256), 256, 0, s, static_cast<const T*>(x), static_cast<T*>(y), positions,
                                                         inv_freq, tokens, heads, head_dim, half, pass);
   });
   KILN_CUDA_CHECK_LAUNCH();

@@ -58,6 +58,8 @@ __device__ __forceinline__ double block_sum_double(double v, double* scratch) {
 template <typename T, int kPasses>
 __global__ void __launch_bounds__(kThreads)
     topk_logits_kernel(const T* x, int64_t v, int k, int sort_n, float* values, int32_t* ids, float* logprobs) {
+  pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
+  pdl_trigger();
   extern __shared__ unsigned long long cand[];  // [sort_n]: key << 32 | ~index
   __shared__ uint32_t hist[256];
   __shared__ float red_f[kWarps];
@@ -212,7 +214,7 @@ void launch_topk_logits(DType t, const void* x, int64_t rows, int64_t v, int64_t
   while (sort_n < int(std::min(k, v))) sort_n <<= 1;
   const size_t smem = size_t(sort_n) * sizeof(unsigned long long);
   KILN_CUDA_DISPATCH_FLOAT(t, T, {
-    topk_logits_kernel<T, key_passes<T>()><<<unsigned(rows), kThreads, smem, s>>>(
+    launch_k(topk_logits_kernel<T, key_passes<T>()>, unsigned(rows), kThreads, smem, s,
         static_cast<const T*>(x), v, int(k), sort_n, values, ids, logprobs);
   });
   KILN_CUDA_CHECK_LAUNCH();
