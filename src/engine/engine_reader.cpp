@@ -164,7 +164,7 @@ void check_plugins_loaded(const fb::Graph* fg, const std::vector<EnginePlugin>& 
     const EnginePlugin* rec = recorded_plugin(plugins, qualified);
     const ir::PluginOp* loaded = ir::plugin_find_op(domain, op);
     if (!loaded)
-      throw_error(ErrorCode::kUnsupported, "engine '", where, "': node '", str(n->name()), "' uses ",
+      throw_error(ErrorCode::kUnsupported, "engine '", where, "': node '", str(n->name()), "': ",
                   ir::plugin_missing_message(domain, op),
                   rec ? str_cat("; the engine was built with plugin '", rec->name, "' ", rec->version, " (",
                                 rec->library, ")")

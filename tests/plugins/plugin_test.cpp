@@ -5,6 +5,7 @@
 // engine round trip with and without the plugin loaded.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <string>
@@ -233,6 +234,32 @@ TEST(PluginOp, ABackendWithoutAnImplementationSaysSo) {
                {"cpu backend cannot run node 'gpu_op'", "test.kiln::CudaOnly", "no CPU implementation"});
 }
 
+// The example has no execute_cuda: the CUDA backend (when built) says so, naming the op
+// and the plugin. Compiling needs a visible GPU; supports() does not.
+TEST(PluginOp, CudaBackendSaysWhatIsMissing) {
+  const auto backends = available_backends();
+  if (std::find(backends.begin(), backends.end(), "cuda") == backends.end()) GTEST_SKIP() << "built without CUDA";
+  load_example();
+  ir::Graph g;
+  ir::ValueId x = g.add_input("x", DType::kF32, Shape{"T", 4});
+  g.add_output("y", g.add(ir::kPluginOp, {x},
+                          {{ir::kPluginOpAttr, std::string("ScaledSoftplus")},
+                           {ir::kPluginDomainAttr, std::string("com.example")}},
+                          "softplus"));
+  auto backend = create_backend("cuda");
+  EXPECT_FALSE(backend->supports(g.nodes()[0], g));
+  try {
+    backend->compile(g, {});
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    if (msg.find("no CUDA device is visible") != std::string::npos) GTEST_SKIP() << msg;
+    for (const char* part : {"node 'softplus'", "'example-ops' 1.0.0", "no CUDA implementation of com.example::ScaledSoftplus",
+                             "--backend cpu"})
+      EXPECT_NE(msg.find(part), std::string::npos) << part << " missing in: " << msg;
+  }
+}
+
 TEST(PluginOp, AnOpNoLoadedPluginProvidesSaysToPassPlugin) {
   ir::Graph g;
   ir::ValueId x = g.add_input("x", DType::kF32, Shape{2});
@@ -321,6 +348,16 @@ TEST(PluginOnnx, CustomOpImportsAndRunsOnTheCpu) {
     expect_matches_reference(compiled->run({{"x", x}}, StepInfo{}, nullptr).at("y"), x,
                              "onnx import, " + std::to_string(rows) + " rows");
   }
+}
+
+// The same model written by onnx.helper (tools/gen_plugin_fixture.py), through
+// Model::load's default ("auto") ONNX path.
+TEST(PluginOnnx, ExportedFixtureMatchesTheReference) {
+  load_example();
+  auto m = Model::load(std::string(KILN_FIXTURES_DIR) + "/onnx/scaled_softplus/model.onnx");
+  EXPECT_EQ(m->info().family, "onnx");
+  Tensor x = softplus_input(3);
+  expect_matches_reference(m->compiled().run({{"x", x}}, StepInfo{}, nullptr).at("y"), x, "onnx.helper fixture");
 }
 
 TEST(PluginOnnx, BadAttributesAndShapesAreNamed) {
