@@ -214,8 +214,9 @@ TEST(PluginOp, RunTimeFailuresAreClearErrors) {
     ir::ValueId x = g.add_input("x", DType::kF32, Shape{"T", 3});
     g.add_output("y", g.add(ir::kPluginOp, {x}, probe_attrs({{"bug", bug}}), "probe"));
     auto compiled = create_backend("cpu")->compile(g, {});
-    const std::string needle = bug == "fail_execute" ? "cpu execution error (status 1): probe: execution failed on purpose"
-                                                     : "output 0 is i32 at run time but was f32 when the graph was built";
+    const std::string needle = bug == "fail_execute"
+                                   ? "cpu execution error (status 1): probe: execution failed on purpose"
+                                   : "output 0 is i32 at run time but was f32 when the graph was built";
     expect_error([&] { compiled->run({{"x", iota({2, 3})}}, StepInfo{}, nullptr); }, ErrorCode::kInvalidArgument,
                  {"node 'probe'", "test.kiln::Probe", needle});
   }
@@ -226,7 +227,8 @@ TEST(PluginOp, ABackendWithoutAnImplementationSaysSo) {
   ir::Graph g;
   ir::ValueId x = g.add_input("x", DType::kF32, Shape{2});
   g.add_output("y", g.add(ir::kPluginOp, {x},
-                          {{ir::kPluginOpAttr, std::string("CudaOnly")}, {ir::kPluginDomainAttr, std::string("test.kiln")}},
+                          {{ir::kPluginOpAttr, std::string("CudaOnly")},
+                           {ir::kPluginDomainAttr, std::string("test.kiln")}},
                           "gpu_op"));
   auto backend = create_backend("cpu");
   EXPECT_FALSE(backend->supports(g.nodes()[0], g));
@@ -254,8 +256,8 @@ TEST(PluginOp, CudaBackendSaysWhatIsMissing) {
   } catch (const Error& e) {
     const std::string msg = e.what();
     if (msg.find("no CUDA device is visible") != std::string::npos) GTEST_SKIP() << msg;
-    for (const char* part : {"node 'softplus'", "'example-ops' 1.0.0", "no CUDA implementation of com.example::ScaledSoftplus",
-                             "--backend cpu"})
+    for (const char* part : {"node 'softplus'", "'example-ops' 1.0.0",
+                             "no CUDA implementation of com.example::ScaledSoftplus", "--backend cpu"})
       EXPECT_NE(msg.find(part), std::string::npos) << part << " missing in: " << msg;
   }
 }
@@ -268,7 +270,8 @@ TEST(PluginOp, AnOpNoLoadedPluginProvidesSaysToPassPlugin) {
         g.add(ir::kPluginOp, {x},
               {{ir::kPluginOpAttr, std::string("Nope")}, {ir::kPluginDomainAttr, std::string("org.nowhere")}}, "n");
       },
-      ErrorCode::kUnsupported, {"node 'n'", "org.nowhere::Nope", "domain 'org.nowhere'", "--plugin FILE", "KILN_PLUGINS"});
+      ErrorCode::kUnsupported,
+      {"node 'n'", "org.nowhere::Nope", "domain 'org.nowhere'", "--plugin FILE", "KILN_PLUGINS"});
 }
 
 // ---- ONNX import, CPU run, engine round trip -----------------------------------------
