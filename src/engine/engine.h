@@ -26,7 +26,8 @@ constexpr uint32_t kEngineFormatVersion = 1;  // the header layout
 constexpr uint32_t kEngineSchemaVersion = 1;  // the FlatBuffers contents (major: incompatible changes)
 // Additive changes a 1.x reader may ignore. 1: several named profiles, each with its
 // planned activation arena; precision pins and the workspace limit in the build info.
-constexpr uint32_t kEngineSchemaMinor = 1;
+// 2: the plugin libraries the graph's Plugin nodes need.
+constexpr uint32_t kEngineSchemaMinor = 2;
 constexpr size_t kEngineHeaderSize = 64;
 constexpr size_t kEngineBlobAlignment = 64;
 
@@ -63,6 +64,13 @@ struct EngineBuildInfo {
   uint64_t workspace_bytes = 0;            // 0: no limit
 };
 
+// A plugin library an engine needs (its Plugin nodes call these ops).
+struct EnginePlugin {
+  std::string name, version;
+  std::string library;  // file name at build time
+  std::vector<std::string> ops;  // "com.example::ScaledSoftplus"
+};
+
 struct EngineTokenizer {
   std::string kind;  // "" | "hf" | "gguf"
   std::vector<std::pair<std::string, std::string>> files;  // name -> bytes
@@ -78,8 +86,15 @@ struct EngineContents {
   EngineBuildInfo build;
   std::vector<EngineProfile> profiles;
   std::vector<EngineTacticTable> tactic_tables;
+  // As read (loaded engines). The writer ignores it and records the plugins of the
+  // graph's own Plugin nodes (engine_plugins_of).
+  std::vector<EnginePlugin> plugins;
   std::shared_ptr<const MappedFile> file;  // keeps mmap'd weights alive (loaded engines)
 };
+
+// The loaded plugin libraries the graph's Plugin nodes call, with the ops each provides
+// to it; throws kUnsupported when a node's plugin is not loaded.
+std::vector<EnginePlugin> engine_plugins_of(const ir::Graph& g);
 
 // Writes `e` to `path` (atomically: a temp file renamed into place). Returns bytes written.
 size_t engine_write(const std::string& path, const EngineContents& e);
@@ -87,6 +102,8 @@ size_t engine_write(const std::string& path, const EngineContents& e);
 struct EngineLoadOptions {
   bool verify_checksum = true;  // the fuzzer turns this off to reach the parser
 };
+// A Plugin node whose plugin is not loaded is kUnsupported naming the node, op, domain
+// and the plugin the engine was built with, and saying to pass --plugin FILE.
 EngineContents engine_load(const std::string& path, const EngineLoadOptions& options = {});
 // Parses an engine image already in memory; `owner` keeps `data` alive for the weight views.
 EngineContents engine_parse(const uint8_t* data, size_t size, std::shared_ptr<const void> owner,

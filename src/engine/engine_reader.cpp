@@ -14,6 +14,7 @@
 #include "engine/engine.h"
 #include "engine/engine_format.h"
 #include "engine_generated.h"
+#include "ir/plugin.h"
 
 namespace kiln {
 
@@ -138,6 +139,42 @@ std::vector<std::string> read_strings(const flatbuffers::Vector<flatbuffers::Off
   return out;
 }
 
+// The record of the plugin that provides `qualified` ("domain::op"), or null.
+const EnginePlugin* recorded_plugin(const std::vector<EnginePlugin>& plugins, const std::string& qualified) {
+  for (const EnginePlugin& p : plugins)
+    if (std::find(p.ops.begin(), p.ops.end(), qualified) != p.ops.end()) return &p;
+  return nullptr;
+}
+
+// Before the graph is rebuilt: every Plugin node's op must come from a loaded plugin,
+// else a message naming the node, op, domain and the plugin the engine was built with.
+// A plugin of another version than the recorded one loads with a warning.
+void check_plugins_loaded(const fb::Graph* fg, const std::vector<EnginePlugin>& plugins, const std::string& where) {
+  if (!fg || !fg->nodes()) return;
+  for (const fb::Node* n : *fg->nodes()) {
+    if (str(n->op()) != ir::kPluginOp || !n->attrs()) continue;
+    std::string op, domain;
+    for (const fb::Attr* a : *n->attrs()) {
+      if (a->kind() != fb::AttrKind_String) continue;
+      if (str(a->key()) == ir::kPluginOpAttr) op = str(a->s());
+      if (str(a->key()) == ir::kPluginDomainAttr) domain = ir::plugin_domain_normalize(str(a->s()));
+    }
+    if (op.empty()) continue;  // read_graph names the missing attribute
+    const std::string qualified = domain.empty() ? op : domain + "::" + op;
+    const EnginePlugin* rec = recorded_plugin(plugins, qualified);
+    const ir::PluginOp* loaded = ir::plugin_find_op(domain, op);
+    if (!loaded)
+      throw_error(ErrorCode::kUnsupported, "engine '", where, "': node '", str(n->name()), "': ",
+                  ir::plugin_missing_message(domain, op),
+                  rec ? str_cat("; the engine was built with plugin '", rec->name, "' ", rec->version, " (",
+                                rec->library, ")")
+                      : std::string());
+    if (rec && rec->name == loaded->library->name && rec->version != loaded->library->version)
+      log_warn("engine '", where, "' was built with plugin '", rec->name, "' ", rec->version, ", loaded is ",
+               loaded->library->version, " (", loaded->library->path, ")");
+  }
+}
+
 }  // namespace
 
 EngineContents engine_parse(const uint8_t* data, size_t size, std::shared_ptr<const void> owner,
@@ -194,6 +231,10 @@ EngineContents engine_parse(const uint8_t* data, size_t size, std::shared_ptr<co
   } catch (const nlohmann::json::exception& x) {
     bad(where, "model info/config: ", x.what());
   }
+  if (e->plugins())
+    for (const fb::PluginRef* p : *e->plugins())
+      out.plugins.push_back({str(p->name()), str(p->version()), str(p->library()), read_strings(p->ops())});
+  check_plugins_loaded(e->graph(), out.plugins, where);
   out.graph = read_graph(e->graph(), data + h.blob_offset, h.blob_size, owner, where);
   out.tokenizer.kind = str(e->tokenizer_kind());
   if (e->tokenizer_files())

@@ -2,6 +2,7 @@
 // (inputs, weights, node outputs), weights are laid out 64-byte aligned in one blob
 // (tensors sharing memory, like a tied LM head, are stored once), then the header's
 // checksums are filled in from the written bytes. Tested in tests/engine/engine_file_test.cpp.
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -11,6 +12,7 @@
 #include "engine/engine.h"
 #include "engine/engine_format.h"
 #include "engine_generated.h"
+#include "ir/plugin.h"
 
 namespace kiln {
 
@@ -103,6 +105,19 @@ void write_all(std::FILE* f, const void* data, size_t n, const std::string& path
 
 }  // namespace
 
+std::vector<EnginePlugin> engine_plugins_of(const ir::Graph& g) {
+  std::vector<EnginePlugin> out;
+  for (const ir::Node& n : g.nodes()) {
+    if (n.op != ir::kPluginOp) continue;
+    const ir::PluginOp& op = ir::plugin_op_of(n);
+    auto it = std::find_if(out.begin(), out.end(), [&](const EnginePlugin& p) { return p.name == op.library->name; });
+    if (it == out.end()) it = out.insert(out.end(), {op.library->name, op.library->version, op.library->file, {}});
+    if (std::find(it->ops.begin(), it->ops.end(), op.qualified_name()) == it->ops.end())
+      it->ops.push_back(op.qualified_name());
+  }
+  return out;
+}
+
 size_t engine_write(const std::string& path, const EngineContents& e) {
   ir::verify(e.graph);
   FlatBufferBuilder fb(1 << 20);
@@ -132,10 +147,14 @@ size_t engine_write(const std::string& path, const EngineContents& e) {
       ts.push_back(fb::CreateTactic(fb, fb.CreateString(x.node), fb.CreateString(x.tactic), x.seconds));
     tables.push_back(fb::CreateTacticTable(fb, fb.CreateString(t.device), fb.CreateVector(ts)));
   }
+  std::vector<Offset<fb::PluginRef>> plugins;
+  for (auto& p : engine_plugins_of(e.graph))
+    plugins.push_back(fb::CreatePluginRef(fb, fb.CreateString(p.name), fb.CreateString(p.version),
+                                          fb.CreateString(p.library), write_strings(fb, p.ops)));
   auto root = fb::CreateEngine(fb, kEngineSchemaVersion, fb.CreateString(model_info_to_json(e.info).dump()),
                                fb.CreateString(e.config.dump()), graph, fb.CreateString(e.tokenizer.kind),
                                fb.CreateVector(files), build, fb.CreateVector(profs), fb.CreateVector(tables),
-                               kEngineSchemaMinor);
+                               kEngineSchemaMinor, fb.CreateVector(plugins));
   fb.Finish(root, fb::EngineIdentifier());
 
   EngineHeader h;

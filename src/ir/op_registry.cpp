@@ -7,6 +7,7 @@
 
 #include "core/status.h"
 #include "ir/generic_ops.h"
+#include "ir/plugin.h"
 
 namespace kiln::ir {
 
@@ -289,6 +290,8 @@ std::map<std::string, OpSchema> make_registry() {
   // Add and Mul among them: numpy broadcasting, any dtype (model builders use the
   // [T, H] + [T, H] and [T, H] + [H] forms every backend implements).
   add_generic_op_schemas(r);
+  // Custom ops of plugin libraries: one generic op, shapes from the plugin (ir/plugin.h).
+  add(plugin_op_schema());
   return r;
 }
 

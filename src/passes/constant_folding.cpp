@@ -258,7 +258,9 @@ class ConstantFolding final : public Pass {
     for (size_t i = 0; i < g.nodes().size(); ++i) {
       if (dead_[i]) continue;
       const ir::Node n = g.nodes()[i];
-      if (ir::has_side_effects(n) || n.op == "AllReduce") continue;
+      // Plugin nodes stay: the engine then still records (and needs) the plugin that
+      // computes them, rather than a result baked in from one build's plugin version.
+      if (ir::has_side_effects(n) || n.op == "AllReduce" || n.op == "Plugin") continue;
       std::vector<Tensor> outs;
       if (n.outputs.size() == 1 && syms_[size_t(n.outputs[0])] && syms_[size_t(n.outputs[0])]->concrete() &&
           g.value(n.outputs[0]).dtype == DType::kI64) {

@@ -17,6 +17,7 @@
 #include "passes/pass_manager.h"
 #include "runtime/encoder_runner.h"
 #include "runtime/model.h"
+#include "onnx_writer.h"
 #include "test_util.h"
 
 namespace kiln {
@@ -196,40 +197,9 @@ TEST(OnnxFamily, Gpt2ReachesTheDecoderPath) {
   }
 }
 
-// ---- hand-made files: a minimal protobuf writer --------------------------------------
+// ---- hand-made files (onnx_writer.h) -------------------------------------------------
 
-std::string varint(uint64_t v) {
-  std::string s;
-  do {
-    uint8_t b = v & 0x7f;
-    v >>= 7;
-    s.push_back(char(b | (v ? 0x80 : 0)));
-  } while (v);
-  return s;
-}
-std::string key(uint32_t field, int wire) { return varint(uint64_t(field) << 3 | uint64_t(wire)); }
-std::string bytes(uint32_t field, const std::string& b) { return key(field, 2) + varint(b.size()) + b; }
-std::string num(uint32_t field, uint64_t v) { return key(field, 0) + varint(v); }
-
-std::string value_info(const std::string& name, int32_t elem, std::vector<int64_t> dims) {
-  std::string shape;
-  for (int64_t d : dims) shape += bytes(1, d < 0 ? bytes(2, "n") : num(1, uint64_t(d)));
-  std::string tensor_type = num(1, uint64_t(elem)) + bytes(2, shape);
-  return bytes(1, name) + bytes(2, bytes(1, tensor_type));
-}
-std::string node(const std::string& op, std::vector<std::string> in, std::vector<std::string> out,
-                 const std::string& name, const std::string& extra = "") {
-  std::string s;
-  for (auto& i : in) s += bytes(1, i);
-  for (auto& o : out) s += bytes(2, o);
-  return s + bytes(3, name) + bytes(4, op) + extra;
-}
-std::string tensor(const std::string& name, int32_t dtype, std::vector<int64_t> dims, const std::string& raw) {
-  std::string s;
-  for (int64_t d : dims) s += num(1, uint64_t(d));
-  return s + num(2, uint64_t(dtype)) + bytes(8, name) + bytes(9, raw);
-}
-std::string f32s(std::vector<float> v) { return std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4); }
+using namespace test::onnxw;
 
 // y = Relu(x + b), x: float [n], b an initializer; `graph_extra` is appended to the graph.
 std::string model(int64_t opset, const std::string& nodes, const std::string& inits, const std::string& graph_extra = "") {
@@ -372,10 +342,12 @@ TEST(OnnxImport, UnsupportedOpAndOpsetSayWhatAndWhere) {
   ErrorCode code = ErrorCode::kInternal;
   std::string msg = import_error(model(14, bytes(1, node("LSTM", {"x"}, {"y"}, "/rnn/LSTM")), ""), &code);
   EXPECT_EQ(code, ErrorCode::kUnsupported);
-  for (const char* part : {"/rnn/LSTM", "LSTM", "opset 14", "op registry"})
+  for (const char* part : {"/rnn/LSTM", "LSTM", "opset 14", "op registry", "--plugin FILE"})
     EXPECT_NE(msg.find(part), std::string::npos) << part << " missing in: " << msg;
   msg = import_error(model(14, bytes(1, node("FusedGemm", {"x"}, {"y"}, "fg", bytes(7, "com.microsoft"))), ""), &code);
   EXPECT_NE(msg.find("com.microsoft::FusedGemm"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("no loaded plugin provides it"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("--plugin FILE"), std::string::npos) << msg;
   msg = import_error(model(9, bytes(1, node("Relu", {"x"}, {"y"}, "r")), ""), &code);
   EXPECT_EQ(code, ErrorCode::kUnsupported);
   EXPECT_NE(msg.find("opset 9"), std::string::npos) << msg;

@@ -4,6 +4,7 @@
 set -uo pipefail
 kiln=$1
 fixtures=$2
+plugin=${3:-}  # the example plugin library (examples/plugins)
 fail=0
 check() {  # name expected-exit expected-substring -- command...
   local name=$1 want_rc=$2 want=$3
@@ -108,5 +109,22 @@ check workspace 1 "more than --workspace 1.0 KiB" -- "$kiln" build -m "$fixtures
 check build-packed 0 "9 GEMMs stored packed for the cpu backend" -- "$kiln" build -m "$fixtures/models/llama" \
   -o "$tmp/packed.kiln" --no-tune --pack-weights --precision bf16
 check generate-packed 0 "" -- "$kiln" generate -m "$tmp/packed.kiln" --ids 5,6,7 -n 4 -q
+# Plugins: an ONNX model with com.example::ScaledSoftplus imports, builds and loads with
+# --plugin (or KILN_PLUGINS); without it, the errors say to pass --plugin.
+if [ -n "$plugin" ]; then
+  sp="$fixtures/onnx/scaled_softplus/model.onnx"
+  check inspect-plugin 0 "Plugin(com.example::ScaledSoftplus) x1" -- "$kiln" inspect -m "$sp" --plugin "$plugin"
+  check inspect-plugin-lib 0 "plugin      'example-ops' 1.0.0 (libexample_ops.so): com.example::ScaledSoftplus" -- \
+    "$kiln" inspect -m "$sp" --plugin "$plugin"
+  check inspect-no-plugin 1 "--plugin FILE" -- "$kiln" inspect -m "$sp"
+  check plugin-missing-file 1 "plugin '/nonexistent/libx.so': no such file" -- "$kiln" inspect -m "$sp" --plugin /nonexistent/libx.so
+  check build-plugin 0 "engine" -- "$kiln" build -m "$sp" -o "$tmp/softplus.kiln" --plugin "$plugin" --no-tune
+  check inspect-plugin-engine 0 "plugin      'example-ops' 1.0.0 (libexample_ops.so): com.example::ScaledSoftplus; loaded 1.0.0" -- \
+    "$kiln" inspect -m "$tmp/softplus.kiln" --plugin "$plugin" --graph
+  check inspect-plugin-env 0 "Plugin(com.example::ScaledSoftplus) x1" -- env KILN_PLUGINS="$plugin" "$kiln" inspect -m "$tmp/softplus.kiln"
+  check engine-no-plugin 1 "built with plugin 'example-ops' 1.0.0 (libexample_ops.so)" -- "$kiln" inspect -m "$tmp/softplus.kiln"
+else
+  echo "skip plugin CLI checks: no plugin library given"
+fi
 [ $fail = 0 ] && echo "cli: all passed"
 exit $fail

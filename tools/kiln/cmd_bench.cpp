@@ -197,6 +197,7 @@ Runner add_bench(CLI::App& app) {
       ->check(CLI::IsMember({"f32", "bf16", "f16", "q8", "q4"}))
       ->capture_default_str();
   add_pass_options(cmd, a->model.opt_level, a->model.disabled_passes);
+  add_plugin_option(cmd);
   add_quant_options(cmd, a->model.quant);
   add_tp_option(cmd, a->model.tp);
   cmd->add_option("-p,--prompt-len", a->prompt_len, "prompt tokens (pp)")->capture_default_str();

@@ -36,6 +36,7 @@ Runner add_build(CLI::App& app) {
   cmd->add_option("--backend", a->o.backend, "the backend to tune for")->capture_default_str();
   add_pass_options(cmd, a->o.opt_level, a->o.disabled_passes);
   add_onnx_option(cmd, a->o.onnx_import);
+  add_plugin_option(cmd);
   cmd->add_option("--profile", a->profiles,
                   "optimization profile NAME:DIM=min,opt,max[;DIM=...] (or DIM:min,opt,max, named 'default'); "
                   "repeatable, tried in order at run time; default T:1,128,16384. Tactics are timed at the first "

@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "commands.h"
+#include "ir/plugin.h"
 #include "runtime/model.h"
 
 namespace kiln::cli {
@@ -76,6 +77,20 @@ void print_precision(const ir::Graph& g, const std::string& fallback) {
   }
 }
 
+// The plugin libraries the graph's Plugin nodes call: as recorded in an engine (and
+// where this run loaded them from), or as loaded for an imported model.
+void print_plugins(const Model& m) {
+  const std::vector<EnginePlugin> plugins = m.engine() ? m.engine()->plugins : engine_plugins_of(m.graph());
+  for (const EnginePlugin& p : plugins) {
+    std::string ops, loaded;
+    for (auto& op : p.ops) ops += (ops.empty() ? "" : ", ") + op;
+    for (const ir::PluginLibrary* lib : ir::plugin_libraries())
+      if (lib->name == p.name) loaded = str_cat("; loaded ", lib->version, " from ", lib->path);
+    std::printf("plugin      '%s' %s (%s): %s%s\n", p.name.c_str(), p.version.c_str(), p.library.c_str(), ops.c_str(),
+                loaded.c_str());
+  }
+}
+
 }  // namespace
 
 Runner add_inspect(CLI::App& app) {
@@ -112,14 +127,22 @@ Runner add_inspect(CLI::App& app) {
     std::printf("graph       %zu nodes, %.1f MiB of weights\n", m->graph().nodes().size(),
                 double(m->graph().weight_bytes()) / (1 << 20));
     std::map<std::string, int> ops;
-    for (auto& n : m->graph().nodes()) ++ops[n.op + (n.attr_int("packed_qkv", 0) ? "(packed qkv)" : "") +
-                                             (n.has_attr("activation") ? "+" + n.attr_str("activation") : "")];
+    for (auto& n : m->graph().nodes()) {
+      if (n.op == ir::kPluginOp) {  // by the custom op it calls
+        const std::string domain = n.attr_str(ir::kPluginDomainAttr, "");
+        ++ops[str_cat("Plugin(", domain.empty() ? "" : domain + "::", n.attr_str(ir::kPluginOpAttr), ")")];
+        continue;
+      }
+      ++ops[n.op + (n.attr_int("packed_qkv", 0) ? "(packed qkv)" : "") +
+            (n.has_attr("activation") ? "+" + n.attr_str("activation") : "")];
+    }
     std::printf("layers     ");
     for (auto& [op, n] : ops) std::printf(" %s x%d", op.c_str(), n);
     std::printf("\n");
     for (auto& p : m->pass_report())
       if (p.changed) std::printf("  pass      %s: %s\n", p.name.c_str(), p.stats.c_str());
     if (m->engine()) print_engine(*m->engine(), m->backend().device_name());
+    print_plugins(*m);
     print_precision(m->graph(), m->compile_options().weight_dtype);
     std::printf("backend     %s, GEMM weights %s: %.1f MiB\n", m->backend().name().c_str(),
                 m->compile_options().weight_dtype.c_str(), double(m->compiled().weight_bytes()) / (1 << 20));

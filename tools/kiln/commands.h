@@ -58,6 +58,11 @@ void add_quant_options(CLI::App* cmd, QuantOptions& q);
 // Model::load, quantized when --quant asks for it.
 std::unique_ptr<Model> load_model(const ModelArgs& args);
 
+// --plugin FILE (repeatable): plugin libraries with custom ops (docs/plugins.md). The
+// paths of whichever subcommand ran; main loads them, then KILN_PLUGINS', before it runs.
+void add_plugin_option(CLI::App* cmd);
+std::vector<std::string>& plugin_paths();
+
 // "1,2,3" -> ids; throws kiln::Error naming the bad entry.
 std::vector<int32_t> parse_ids(const std::string& s);
 

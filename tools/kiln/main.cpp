@@ -5,8 +5,20 @@
 
 #include "commands.h"
 #include "core/status.h"
+#include "ir/plugin.h"
 
 namespace kiln::cli {
+
+std::vector<std::string>& plugin_paths() {
+  static std::vector<std::string> paths;
+  return paths;
+}
+
+void add_plugin_option(CLI::App* cmd) {
+  cmd->add_option("--plugin", plugin_paths(),
+                  "a plugin library with custom ops (repeatable; also KILN_PLUGINS=a.so:b.so): ONNX nodes of its ops "
+                  "import, and engines built with it load (docs/plugins.md)");
+}
 
 void add_model_options(CLI::App* cmd, ModelArgs& args) {
   cmd->add_option("-m,--model", args.model,
@@ -23,6 +35,7 @@ void add_model_options(CLI::App* cmd, ModelArgs& args) {
   add_onnx_option(cmd, args.onnx_import);
   add_quant_options(cmd, args.quant);
   add_tp_option(cmd, args.tp);
+  add_plugin_option(cmd);
 }
 
 void add_tp_option(CLI::App* cmd, int& tp) {
@@ -123,6 +136,7 @@ int main(int argc, char** argv) {
   CLI11_PARSE(app, argc, argv);
   if (threads > 0) setenv("KILN_NUM_THREADS", std::to_string(threads).c_str(), 1);
   try {
+    kiln::ir::plugin_load_all(kiln::cli::plugin_paths());
     for (size_t i = 0; i < app.get_subcommands().size(); ++i) {
       CLI::App* sub = app.get_subcommands()[i];
       const auto& all = app.get_subcommands({});

@@ -14,6 +14,7 @@
 #include "core/log.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
+#include "ir/plugin.h"
 
 namespace kiln {
 
@@ -155,6 +156,11 @@ class CpuBackend final : public Backend {
  public:
   std::string name() const override { return "cpu"; }
   bool supports(const ir::Node& node, const ir::Graph&) const override {
+    if (node.op == ir::kPluginOp) {  // when its plugin is loaded and has a CPU callback
+      const ir::PluginOp* op = ir::plugin_find_op(node.attr_str(ir::kPluginDomainAttr, ""),
+                                                  node.attr_str(ir::kPluginOpAttr, ""));
+      return op && op->table.execute_cpu;
+    }
     return cpu::find_cpu_op(node.op) != nullptr;
   }
   std::unique_ptr<CompiledGraph> compile(const ir::Graph& graph, const CompileOptions& opt) override {

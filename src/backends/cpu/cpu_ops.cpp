@@ -611,7 +611,9 @@ const OpPrepare* find_cpu_op(const std::string& op) {
   auto it = op_table().find(op);
   if (it != op_table().end()) return &it->second;
   auto g = generic_cpu_ops().find(op);
-  return g == generic_cpu_ops().end() ? nullptr : &g->second;
+  if (g != generic_cpu_ops().end()) return &g->second;
+  static const OpPrepare plugin = prepare_plugin;
+  return op == "Plugin" ? &plugin : nullptr;
 }
 
 CpuKv::CpuKv(const KvLayout& layout)

@@ -16,6 +16,7 @@
 #include "backends/cuda/ops/rows.h"
 #include "backends/cuda/ops/topk.h"
 #include "core/status.h"
+#include "ir/plugin.h"
 
 namespace kiln::cuda {
 
@@ -358,6 +359,17 @@ bool cuda_op_supported(const ir::Node& n, const ir::Graph& g, std::string* why) 
     if (why) *why = std::move(msg);
     return false;
   };
+  if (n.op == ir::kPluginOp) {  // a custom op from a plugin library (ir/plugin.h)
+    const std::string domain = n.attr_str(ir::kPluginDomainAttr, ""), name = n.attr_str(ir::kPluginOpAttr, "");
+    const ir::PluginOp* op = ir::plugin_find_op(domain, name);
+    if (!op) return fail(ir::plugin_missing_message(domain, name));
+    if (!op->table.execute_cuda)
+      return fail(str_cat("plugin ", op->origin(), " has no CUDA implementation of ", op->qualified_name(),
+                          " (its execute_cuda callback is NULL); run it with --backend cpu"));
+    return fail(str_cat("the cuda backend does not run plugin ops yet (", op->qualified_name(), " of plugin ",
+                        op->origin(), " has an execute_cuda callback kiln does not call yet); run it with "
+                        "--backend cpu"));
+  }
   if (!find_cuda_op(n.op)) return fail(str_cat("no CUDA kernel for op '", n.op, "'"));
   if (n.op == "Attention") {
     const int64_t d = n.attr_int("head_dim", 0);

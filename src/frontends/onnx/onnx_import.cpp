@@ -9,6 +9,7 @@
 
 #include "core/log.h"
 #include "core/status.h"
+#include "ir/plugin.h"
 
 namespace kiln::onnx {
 
@@ -120,23 +121,65 @@ class Importer {
  private:
   void import_node(const OnnxNode& n, size_t index) {
     node_name_ = n.name.empty() ? n.op_type + "_" + std::to_string(index) : n.name;
-    if (!names_.insert(node_name_).second) node_name_ += "#" + std::to_string(index);
+    if (!names_.insert(node_name_).second) node_name_ = str_cat(node_name_, "#", index);
     extra_ = 0;
-    if (!n.domain.empty() && n.domain != "ai.onnx")
+    // Ops of loaded plugins (ir/plugin.h): any domain; in the default domain kiln's own
+    // importers come first.
+    const std::string domain = ir::plugin_domain_normalize(n.domain);
+    if (!domain.empty()) {
+      if (const ir::PluginOp* op = ir::plugin_find_op(domain, n.op_type)) return import_plugin(*op, n);
       throw_error(ErrorCode::kUnsupported, label_, ": node '", node_name_, "' uses op ", n.domain, "::", n.op_type,
-                  ", outside the standard ai.onnx domain (opset ", opset_, "). kiln has no plugin for custom ops: "
-                  "export with standard ops only (e.g. plain torch.onnx.export, not an optimizer's fused ops), or "
-                  "add the op to kiln's op registry (src/ir) with a backend kernel");
+                  ", outside the standard ai.onnx domain (opset ", opset_, "), and no loaded plugin provides it. "
+                  "Load a plugin library that implements it with --plugin FILE (or KILN_PLUGINS=path1:path2; "
+                  "docs/plugins.md), export with standard ops only (e.g. plain torch.onnx.export, not an "
+                  "optimizer's fused ops), or add the op to kiln's op registry (src/ir) with a backend kernel");
+    }
     auto it = handlers().find(n.op_type);
     if (it == handlers().end()) {
+      if (const ir::PluginOp* op = ir::plugin_find_op("", n.op_type)) return import_plugin(*op, n);
       std::string known;
       for (auto& [k, h] : handlers()) known += (known.empty() ? "" : ", ") + k;
       throw_error(ErrorCode::kUnsupported, label_, ": node '", node_name_, "' uses ONNX op ", n.op_type, " (opset ",
-                  opset_, "), which kiln's ONNX importer does not support. Re-export the model with the supported "
-                  "ops (", known, "), or add the op to kiln's op registry (src/ir) with a backend kernel");
+                  opset_, "), which kiln's ONNX importer does not support and no loaded plugin provides. Re-export "
+                  "the model with the supported ops (", known, "), load a plugin library that implements it with "
+                  "--plugin FILE (docs/plugins.md), or add the op to kiln's op registry (src/ir) with a backend "
+                  "kernel");
     }
     it->second(*this, n);
   }
+  // A node of a plugin's op: one Plugin IR node carrying the ONNX attributes; its
+  // output types come from the plugin's shape inference.
+  void import_plugin(const ir::PluginOp& op, const OnnxNode& n) {
+    std::vector<ir::ValueId> ins;
+    size_t count = n.inputs.size();
+    while (count && n.inputs[count - 1].empty()) --count;  // trailing absent optionals
+    for (size_t i = 0; i < count; ++i) ins.push_back(has_in(n, i) ? in(n, i) : ir::kNoValue);
+    std::map<std::string, ir::Attr> attrs;
+    for (const OnnxAttribute& a : n.attrs) {
+      if (a.name == ir::kPluginOpAttr || a.name == ir::kPluginDomainAttr)
+        fail(n, str_cat("attribute '", a.name, "' has a name kiln reserves for plugin nodes"));
+      switch (a.type) {
+        case AttrType::kFloat: attrs[a.name] = double(a.f); break;
+        case AttrType::kInt: attrs[a.name] = a.i; break;
+        case AttrType::kString: attrs[a.name] = a.s; break;
+        case AttrType::kInts: attrs[a.name] = a.ints; break;
+        case AttrType::kFloats: attrs[a.name] = std::vector<double>(a.floats.begin(), a.floats.end()); break;
+        default:
+          fail(n, str_cat("attribute '", a.name, "' has ONNX type ", int(a.type),
+                          "; plugin ops take int, float, string, ints and floats attributes"));
+      }
+    }
+    attrs[ir::kPluginOpAttr] = n.op_type;
+    attrs[ir::kPluginDomainAttr] = op.domain;
+    std::vector<ir::ValueId> outs = g_.add_node(ir::kPluginOp, std::move(ins), std::move(attrs), node_name_);
+    size_t used = n.outputs.size();
+    while (used && n.outputs[used - 1].empty()) --used;
+    if (used > outs.size())
+      fail(n, str_cat("the node has ", used, " outputs, but plugin ", op.origin(), " says op ", op.qualified_name(),
+                      " produces ", outs.size(), " here"));
+    bind(n, outs);
+  }
+
   std::string unique_value_name(const std::string& base) {
     std::string s = base;
     for (int k = 1; !value_names_.insert(s).second; ++k) s = base + "#" + std::to_string(k);
