@@ -4,11 +4,16 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <random>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "core/dtype.h"
+#include "core/weight_quant.h"
 #include "frontends/gguf.h"
+#include "frontends/gguf_quants.h"
 #include "frontends/gguf_hf.h"
 #include "frontends/hf_dir.h"
 #include "gguf_writer.h"
@@ -161,6 +166,52 @@ TEST(GgufQuants, Q8KByHand) {
       reinterpret_cast<const uint8_t*>(block.data()), y.data(), 256);
   EXPECT_EQ(y[0], -64.f);
   EXPECT_EQ(y[255], 63.5f);
+}
+
+// GGUF Q8_0 / Q4_1 tensors (expanded to f32 at load) quantized again as q8 / q4 give
+// back the file's own codes, scales and mins: the q8/q4 weights every backend runs
+// (core/weight_quant.h) are then exactly the checkpoint's.
+TEST(GgufQuants, Q8_0AndQ4_1RequantizeToTheirOwnBlocks) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> dd(1e-3f, 1e-2f), mm(-0.1f, 0.0f);
+  const int64_t blocks = 24;
+  for (bool q4 : {false, true}) {
+    std::string bytes;
+    std::vector<uint16_t> d16, m16;
+    for (int64_t b = 0; b < blocks; ++b) {
+      d16.push_back(f32_to_f16(dd(rng)));
+      m16.push_back(f32_to_f16(mm(rng)));
+      std::string block(q4 ? 20 : 34, '\0');
+      std::memcpy(block.data(), &d16.back(), 2);
+      if (q4) std::memcpy(block.data() + 2, &m16.back(), 2);
+      std::vector<int> c(32);
+      for (int j = 0; j < 32; ++j) c[size_t(j)] = q4 ? int(rng() % 16) : int(rng() % 255) - 127;
+      const size_t at = rng() % 32;  // the block's extremes, as ggml's quantizer makes them
+      c[at] = q4 ? 0 : 127;
+      if (q4) c[(at + 1) % 32] = 15;
+      for (int j = 0; j < 32; ++j) {
+        if (q4) block[4 + size_t(j % 16)] = char(uint8_t(block[4 + size_t(j % 16)]) | uint8_t(j < 16 ? c[size_t(j)] : c[size_t(j)] << 4));
+        else block[2 + size_t(j)] = char(int8_t(c[size_t(j)]));
+      }
+      bytes += block;
+    }
+    const GgmlTypeTraits* tr = ggml_type_traits(uint32_t(q4 ? GgmlType::kQ4_1 : GgmlType::kQ8_0));
+    std::vector<float> w(size_t(blocks * 32));
+    tr->to_f32(reinterpret_cast<const uint8_t*>(bytes.data()), w.data(), blocks * 32);
+    QuantizedRows q = quantize_rows(w.data(), 1, blocks * 32, q4 ? QuantFormat::kQ4 : QuantFormat::kQ8);
+    int same = 0;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const auto* blk = reinterpret_cast<const uint8_t*>(bytes.data()) + b * (q4 ? 20 : 34);
+      bool ok = f16_to_f32(q.scales[size_t(b)]) * q.row_factor[0] == f16_to_f32(d16[size_t(b)]);
+      if (q4) ok = ok && f16_to_f32(q.mins[size_t(b)]) * q.row_factor[0] == f16_to_f32(m16[size_t(b)]);
+      for (int j = 0; j < 32; ++j) {
+        const int want = q4 ? (j < 16 ? blk[4 + j] & 15 : blk[4 + j - 16] >> 4) : int(int8_t(blk[2 + j]));
+        ok = ok && quant_code(q.format, q.codes.get(), b * 32 + j) == want;
+      }
+      same += ok;
+    }
+    EXPECT_EQ(same, blocks) << (q4 ? "Q4_1" : "Q8_0") << ": blocks whose codes, scale and min came back";
+  }
 }
 
 // --- corrupt input ---

@@ -110,8 +110,9 @@ int run_bench(const BenchArgs& a) {
   const bool on_cpu = a.model.backend == "cpu";
   const double bw = on_cpu ? measure_triad_gbs() : 0.0;
   const double weight_bytes = double(model->compiled().weight_bytes());
-  // The CPU keeps K/V in f32; the CUDA pool holds them in the activation dtype.
-  const double kv_elem = !on_cpu && (a.model.weight_dtype == "bf16" || a.model.weight_dtype == "f16") ? 2 : 4;
+  // The CPU keeps K/V in f32; the CUDA pool holds them in the activation dtype (bf16 for
+  // q8/q4 weights).
+  const double kv_elem = !on_cpu && a.model.weight_dtype != "f32" ? 2 : 4;
   const double kv_token_bytes = 2.0 * double(info.num_layers * info.num_kv_heads * info.head_dim) * kv_elem;
 
   std::vector<double> pp, tg;

@@ -46,11 +46,14 @@ int cuda_device_count() {
 namespace cuda {
 namespace {
 
+// The activation dtype: the weight dtype's, and bf16 for weight-only q8/q4 (whose
+// Linears then run quantized; Linears pinned to another precision, and every other
+// weight, stay bf16).
 DType act_dtype_from_option(const std::string& s) {
-  if (s == "bf16") return DType::kBF16;
+  if (s == "bf16" || s == "q8" || s == "q4") return DType::kBF16;
   if (s == "f16") return DType::kF16;
   if (s == "f32") return DType::kF32;
-  throw_error(ErrorCode::kInvalidArgument, "cuda: unknown weight dtype '", s, "' (expected bf16, f16 or f32)");
+  throw_error(ErrorCode::kInvalidArgument, "cuda: unknown weight dtype '", s, "' (expected bf16, f16, f32, q8 or q4)");
 }
 
 // Appends sections to the step's host staging buffer, each 16-byte aligned.
@@ -76,8 +79,10 @@ class CudaCompiledGraph final : public CompiledGraph {
       : graph_(g), cx_(std::move(cx)) {
     ir::verify(g);
     prep_.act = act_dtype_from_option(opt.weight_dtype);
+    prep_.weight_dtype = opt.weight_dtype;
     prep_.weights = &weights_;
     prep_.cx = cx_.get();
+    prep_.dequant_ws = &dequant_ws_;
     for (const ir::Node& n : g.nodes()) {
       std::string why;
       if (!cuda_op_supported(n, g, &why))
@@ -103,8 +108,8 @@ class CudaCompiledGraph final : public CompiledGraph {
       KILN_CUDA_CHECK(cudaEventCreate(&step_ev_[1]));
     }
     KILN_CUDA_CHECK(cudaStreamSynchronize(cx_->stream));
-    log_info("cuda: compiled ", g.nodes().size(), " nodes, ", weights_.bytes() >> 20, " MiB of ",
-             dtype_name(prep_.act), " weights on device ", cx_->device);
+    log_info("cuda: compiled ", g.nodes().size(), " nodes, ", weights_.bytes() >> 20, " MiB of weights (",
+             opt.weight_dtype, ", activations ", dtype_name(prep_.act), ") on device ", cx_->device);
   }
 
   DType act() const { return prep_.act; }
@@ -284,7 +289,7 @@ class CudaCompiledGraph final : public CompiledGraph {
 
   // Every device address a captured step bakes in: if one moved, the graph is stale.
   StepGraphs::Buffers graph_buffers(const CudaKv* kv) const {
-    StepGraphs::Buffers b{dev_in_.get(), attn_ws_.get(), dev_out_.get(), op_scratch_.get()};
+    StepGraphs::Buffers b{dev_in_.get(), attn_ws_.get(), dev_out_.get(), op_scratch_.get(), dequant_ws_.get()};
     for (const DeviceBuffer& sl : slots_) b.push_back(sl.get());
     if (kv) {
       b.push_back(kv->k(0));
@@ -532,11 +537,13 @@ class CudaCompiledGraph final : public CompiledGraph {
 
   // Times cuBLASLt's candidate algorithms for each Linear shape at a decode (m=1) and a
   // prefill (m=128) token count and keeps the fastest (KILN_CUDA_TUNE=0 skips this).
+  // Quantized Linears keep the heuristic's choice for their tiles: they have no 16-bit
+  // weight to time on.
   void tune_gemms() {
     if (const char* e = std::getenv("KILN_CUDA_TUNE"); e && std::string(e) == "0") return;
     std::set<std::tuple<int64_t, int64_t, bool>> done;
     for (const ir::Node& n : graph_.nodes()) {
-      if (n.op != "Linear") continue;
+      if (n.op != "Linear" || cuda_linear_quant_format(n, graph_, prep_.weight_dtype)) continue;
       const Tensor& w = graph_.weight(n.inputs[1]);
       const bool has_bias = n.input(2) != ir::kNoValue;
       if (!done.insert({w.dim(0), w.dim(1), has_bias}).second) continue;
@@ -586,6 +593,7 @@ class CudaCompiledGraph final : public CompiledGraph {
   std::vector<uint8_t> staging_;
   PinnedBuffer pinned_in_, pinned_out_;
   DeviceBuffer dev_in_, dev_out_, attn_ws_, op_scratch_;
+  DeviceBuffer dequant_ws_;  // grown only while preparing (PrepareContext::dequant_ws)
   DevStep dev_step_;
   std::vector<size_t> out_offs_;
   size_t out_total_ = 0;

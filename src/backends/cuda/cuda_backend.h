@@ -1,7 +1,9 @@
 // The CUDA backend (built when the CUDA toolkit is found; KILN_HAVE_CUDA): kernels under
 // ops/, cuBLASLt GEMMs, a paged KV pool in the activation dtype. CompileOptions.weight_dtype
 // picks the activation/weight dtype on the device: "bf16" (the GPU default to ask for),
-// "f16", or "f32" (true f32 math, cuBLASLt without TF32: a precise reference mode).
+// "f16", "f32" (true f32 math, cuBLASLt without TF32: a precise reference mode), or
+// "q8"/"q4" (weight-only quantized Linears, bf16 activations; a Linear's `precision`
+// attribute q8/q4 also quantizes it under any activation dtype).
 // Tested in tests/backends/cuda/ (op conformance vs the CPU backend, model goldens).
 #pragma once
 

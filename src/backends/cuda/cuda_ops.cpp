@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 
 #include "backends/cuda/ops/attention.h"
@@ -15,7 +16,9 @@
 #include "backends/cuda/ops/rope.h"
 #include "backends/cuda/ops/rows.h"
 #include "backends/cuda/ops/topk.h"
+#include "core/log.h"
 #include "core/status.h"
+#include "core/weight_quant.h"
 #include "ir/plugin.h"
 
 namespace kiln::cuda {
@@ -31,6 +34,54 @@ const void* DeviceWeights::get(const ir::Graph& g, ir::ValueId v, DType dtype) {
     bytes_ += host.nbytes();
   }
   return buf.get();
+}
+
+const QuantWeightView& DeviceWeights::get_quant(const ir::Graph& g, ir::ValueId v, QuantFormat f) {
+  auto& [buf, view] = quant_[{v, f}];
+  if (buf.get()) return view;
+  const Tensor& t = g.weight(v);
+  KILN_THROW_IF(t.rank() != 2, kInvalidArgument, "cuda: quantized weight %", g.value(v).name, " must be 2-D, got ",
+                t.shape_str());
+  Tensor wf = t.dtype() == DType::kF32 ? t : t.to(DType::kF32);
+  const QuantizedRows q = quantize_rows(wf.data_as<float>(), t.dim(0), t.dim(1), f);
+  // One buffer: codes, then the group scales (q4: (scale, min) f16 pairs), then the row
+  // factors, each section 256-byte aligned.
+  const bool q4 = f == QuantFormat::kQ4;
+  const size_t n = size_t(q.n), groups = size_t(q.groups());
+  const size_t code_bytes = n * quant_row_code_bytes(f, q.k), scale_bytes = n * groups * (q4 ? 4 : 2);
+  auto up = [](size_t b) { return (b + 255) / 256 * 256; };
+  const size_t scales_off = up(code_bytes), factor_off = scales_off + up(scale_bytes), total = factor_off + n * 4;
+  std::vector<uint8_t> host(total, 0);
+  std::memcpy(host.data(), q.codes.get(), code_bytes);
+  if (q4) {
+    auto* sm = reinterpret_cast<uint32_t*>(host.data() + scales_off);
+    for (size_t i = 0; i < n * groups; ++i) sm[i] = uint32_t(q.scales[i]) | (uint32_t(q.mins[i]) << 16);
+  } else {
+    std::memcpy(host.data() + scales_off, q.scales.get(), scale_bytes);
+  }
+  std::memcpy(host.data() + factor_off, q.row_factor.get(), n * 4);
+  buf = DeviceBuffer(total);
+  KILN_CUDA_CHECK(cudaMemcpy(buf.get(), host.data(), total, cudaMemcpyHostToDevice));
+  bytes_ += total;
+  auto* base = static_cast<const uint8_t*>(buf.get());
+  view = {f, q.n, q.k, base, base + scales_off, reinterpret_cast<const float*>(base + factor_off)};
+  return view;
+}
+
+std::optional<QuantFormat> cuda_linear_quant_format(const ir::Node& n, const ir::Graph& g,
+                                                    const std::string& weight_dtype) {
+  if (n.op != "Linear") return std::nullopt;
+  const std::string p = n.attr_str("precision", weight_dtype);
+  if (p != "q8" && p != "q4") return std::nullopt;
+  const ir::ValueId wv = n.input(1);
+  if (wv == ir::kNoValue || !g.is_weight(wv)) return std::nullopt;
+  const Tensor& w = g.weight(wv);
+  if (w.rank() != 2 || w.dim(1) % kQuantGroup != 0) {
+    log_debug("cuda: ", n.name, " has K=", w.rank() == 2 ? w.dim(1) : -1, ", not a multiple of ", kQuantGroup,
+              "; its weights stay in the activation dtype instead of ", p);
+    return std::nullopt;
+  }
+  return p == "q8" ? QuantFormat::kQ8 : QuantFormat::kQ4;
 }
 
 namespace {
@@ -129,7 +180,75 @@ OpRun prepare_swiglu(const ir::Node&, const ir::Graph&, PrepareContext&) {
   };
 }
 
+// A Linear's activation epilogue (pass fuse_linear_activation): inside the GEMV; after a
+// cuBLASLt GEMM, one elementwise pass in place.
+struct LinearEpilogue {
+  GemvEpilogue gemv = GemvEpilogue::kNone;
+  UnaryOp unary = UnaryOp::kSilu;  // for the elementwise pass (not for kSwiGlu)
+};
+LinearEpilogue linear_epilogue(const ir::Node& n) {
+  const std::string act = n.attr_str("activation", "");
+  if (act.empty()) return {};
+  if (act == "gelu_erf") return {GemvEpilogue::kGeluErf, UnaryOp::kGeluErf};
+  if (act == "gelu_tanh") return {GemvEpilogue::kGeluTanh, UnaryOp::kGeluTanh};
+  if (act == "silu") return {GemvEpilogue::kSilu, UnaryOp::kSilu};
+  if (act == "swiglu") return {GemvEpilogue::kSwiGlu, UnaryOp::kSilu};
+  throw_error(ErrorCode::kUnsupported, "cuda: Linear '", n.name, "' activation '", act,
+              "' (expected gelu_erf, gelu_tanh, silu or swiglu)");
+}
+
+// Bytes of one dequantized weight tile: small enough to stay in L2 (50 MB on an H100/H200)
+// between the dequantize kernel writing it and cuBLASLt reading it.
+constexpr size_t kDequantTileBytes = size_t(24) << 20;
+
+// A q8/q4 Linear: the quantized GEMV for up to kQGemvMaxRows rows; beyond, tiles of whole
+// rows (multiples of 128, so each tile's slice of y and of the bias keeps cuBLASLt's
+// 256-byte alignment) dequantized into the workspace, each multiplied by cuBLASLt into
+// its column slice of y (or of the [gate | up] scratch).
+OpRun prepare_linear_quant(const ir::Node& n, const ir::Graph& g, PrepareContext& pc, QuantFormat f,
+                           LinearEpilogue epi) {
+  ir::ValueId wv = need_weight(n, g, 1, "weight");
+  const QuantWeightView w = pc.weights->get_quant(g, wv, f);
+  const void* bias = pc.weights->get(g, need_weight(n, g, 2, "bias", true), pc.act);
+  const int64_t nn = w.n, k = w.k;
+  const bool swiglu = epi.gemv == GemvEpilogue::kSwiGlu;
+  KILN_THROW_IF(swiglu && nn % 2 != 0, kInvalidArgument, "linear '", n.name, "': swiglu needs an even number of rows");
+  const int64_t out_n = swiglu ? nn / 2 : nn;
+  const size_t es = dtype_size(pc.act);
+  const int64_t tile_rows =
+      std::min(nn, std::max<int64_t>(128, int64_t(kDequantTileBytes / (size_t(k) * es)) / 128 * 128));
+  KILN_CHECK(pc.dequant_ws, "cuda: no dequantization workspace");
+  pc.dequant_ws->grow(size_t(tile_rows * k) * es, nullptr);  // nothing runs yet: no stream to drain
+  DeviceBuffer* ws = pc.dequant_ws;
+  const std::string name = n.name;
+  return [=](OpContext& c) {
+    const DevTensor& x = *c.inputs[0];
+    KILN_THROW_IF(x.dim(1) != k, kInvalidArgument, "linear '", name, "': x has ", x.dim(1),
+                  " features, the weight expects ", k);
+    const int64_t t = x.dim(0);
+    DevTensor& y = c.out(0, {t, out_n});
+    cudaStream_t s = c.cx->stream;
+    if (t == 0) return;
+    if (gemv_quant_supports(y.dtype, t)) {
+      launch_gemv_quant(y.dtype, x.data, w, bias, y.data, t, out_n, s, epi.gemv);
+      return;
+    }
+    KILN_CHECK(ws->size() >= size_t(tile_rows * k) * es, "cuda: dequantization workspace too small");
+    auto* dst = static_cast<char*>(swiglu ? c.scratch(size_t(t * nn) * es) : y.data);
+    for (int64_t r0 = 0; r0 < nn; r0 += tile_rows) {
+      const int64_t rows = std::min(tile_rows, nn - r0);
+      launch_dequant_rows(y.dtype, w, r0, rows, ws->get(), s);
+      c.cx->gemm->run(y.dtype, x.data, ws->get(), bias ? static_cast<const char*>(bias) + size_t(r0) * es : nullptr,
+                      dst + size_t(r0) * es, t, rows, k, s, nn);
+    }
+    if (swiglu) launch_swiglu(y.dtype, dst, t, out_n, y.data, s);
+    else if (epi.gemv != GemvEpilogue::kNone) launch_unary(epi.unary, y.dtype, y.data, y.numel(), y.data, s);
+  };
+}
+
 OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) {
+  const LinearEpilogue epi = linear_epilogue(n);
+  if (auto f = cuda_linear_quant_format(n, g, pc.weight_dtype)) return prepare_linear_quant(n, g, pc, *f, epi);
   ir::ValueId wv = need_weight(n, g, 1, "weight");
   const void* w = pc.weights->get(g, wv, pc.act);
   const void* bias = pc.weights->get(g, need_weight(n, g, 2, "bias", true), pc.act);
@@ -137,19 +256,7 @@ OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) 
   // Few token rows (decode) stream the weights through our GEMV; KILN_CUDA_GEMV=0 keeps cuBLASLt.
   const char* env = std::getenv("KILN_CUDA_GEMV");
   const bool use_gemv = !(env && std::string(env) == "0");
-  // The activation epilogue (pass fuse_linear_activation): inside the GEMV; after a
-  // cuBLASLt GEMM, one elementwise pass in place.
-  const std::string act = n.attr_str("activation", "");
-  GemvEpilogue epi = GemvEpilogue::kNone;
-  UnaryOp unary = UnaryOp::kSilu;
-  if (act == "gelu_erf") epi = GemvEpilogue::kGeluErf, unary = UnaryOp::kGeluErf;
-  else if (act == "gelu_tanh") epi = GemvEpilogue::kGeluTanh, unary = UnaryOp::kGeluTanh;
-  else if (act == "silu") epi = GemvEpilogue::kSilu, unary = UnaryOp::kSilu;
-  else if (act == "swiglu") epi = GemvEpilogue::kSwiGlu;
-  else if (!act.empty())
-    throw_error(ErrorCode::kUnsupported, "cuda: Linear '", n.name, "' activation '", act,
-                "' (expected gelu_erf, gelu_tanh, silu or swiglu)");
-  const bool swiglu = epi == GemvEpilogue::kSwiGlu;
+  const bool swiglu = epi.gemv == GemvEpilogue::kSwiGlu;
   KILN_THROW_IF(swiglu && nn % 2 != 0, kInvalidArgument, "linear '", n.name, "': swiglu needs an even number of rows");
   const int64_t out_n = swiglu ? nn / 2 : nn;
   return [=](OpContext& c) {
@@ -159,14 +266,14 @@ OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) 
     const int64_t t = x.dim(0);
     DevTensor& y = c.out(0, {t, out_n});
     if (use_gemv && gemv_supports(y.dtype, t, k)) {
-      launch_gemv(y.dtype, x.data, w, bias, y.data, t, out_n, k, c.cx->stream, epi);
+      launch_gemv(y.dtype, x.data, w, bias, y.data, t, out_n, k, c.cx->stream, epi.gemv);
     } else if (swiglu) {  // [gate | up] into scratch, then silu(gate) * up
       void* gu = c.scratch(size_t(t * nn) * dtype_size(y.dtype));
       c.cx->gemm->run(y.dtype, x.data, w, bias, gu, t, nn, k, c.cx->stream);
       launch_swiglu(y.dtype, gu, t, out_n, y.data, c.cx->stream);
     } else {
       c.cx->gemm->run(y.dtype, x.data, w, bias, y.data, t, nn, k, c.cx->stream);
-      if (epi != GemvEpilogue::kNone) launch_unary(unary, y.dtype, y.data, y.numel(), y.data, c.cx->stream);
+      if (epi.gemv != GemvEpilogue::kNone) launch_unary(epi.unary, y.dtype, y.data, y.numel(), y.data, c.cx->stream);
     }
   };
 }

@@ -14,6 +14,7 @@
 #include "backends/backend.h"
 #include "backends/cuda/cuda_context.h"
 #include "backends/cuda/ops/attention.h"
+#include "backends/cuda/ops/gemv_quant.h"
 
 namespace kiln::cuda {
 
@@ -92,22 +93,37 @@ struct OpContext {
 using OpRun = std::function<void(OpContext&)>;
 
 // Weights on the device, uploaded once per (value, dtype): a tied embedding and LM head
-// share one copy.
+// share one copy. get_quant uploads a Linear weight [n, k] quantized (q8/q4, quantized
+// on the host by core/weight_quant.h, as the CPU backend does), never a 16-bit copy.
 class DeviceWeights {
  public:
   const void* get(const ir::Graph& g, ir::ValueId v, DType dtype);
+  const QuantWeightView& get_quant(const ir::Graph& g, ir::ValueId v, QuantFormat f);
   size_t bytes() const { return bytes_; }
 
  private:
   std::map<std::pair<ir::ValueId, DType>, DeviceBuffer> bufs_;
+  std::map<std::pair<ir::ValueId, QuantFormat>, std::pair<DeviceBuffer, QuantWeightView>> quant_;
   size_t bytes_ = 0;
 };
 
 struct PrepareContext {
   DType act = DType::kBF16;
+  std::string weight_dtype = "bf16";  // CompileOptions::weight_dtype (q8/q4 quantize Linears)
   DeviceWeights* weights = nullptr;
   CudaContext* cx = nullptr;
+  // Where quantized Linears dequantize weight tiles for cuBLASLt (more rows than the
+  // GEMV takes). Sized while preparing, never after, so captured decode graphs keep its
+  // address; one buffer for the graph (ops run one at a time on the stream).
+  DeviceBuffer* dequant_ws = nullptr;
 };
+
+// The q8/q4 format a Linear's weight runs in on CUDA: its `precision` attribute (from
+// assign_precision) or else the compile's weight dtype; none for other precisions, or
+// when K is not a multiple of kQuantGroup (then it stays in the activation dtype, as the
+// CPU keeps such layers in bf16).
+std::optional<QuantFormat> cuda_linear_quant_format(const ir::Node& n, const ir::Graph& g,
+                                                    const std::string& weight_dtype);
 using OpPrepare = std::function<OpRun(const ir::Node&, const ir::Graph&, PrepareContext&)>;
 
 const OpPrepare* find_cuda_op(const std::string& op);

@@ -7,6 +7,7 @@
 
 #include <cmath>
 
+#include "core/dtype.h"
 #include "core/status.h"
 #include "test_util.h"
 
@@ -17,22 +18,36 @@ using testing::expect_within;
 using testing::for_each_isa;
 using testing::random_floats;
 
-// q8: symmetric, scale = max|w| / 127. q4: asymmetric, scale = (max - min) / 15.
+// q8: symmetric, scale = max|w| / 127. q4: asymmetric, scale = (max - min) / 15. Scales
+// and mins are stored as f16 relative to a power-of-two row factor F that puts the row's
+// largest scale or |min| in [2^14, 2^15]; codes round against the stored values.
 std::vector<double> dequantized(const std::vector<float>& w, int64_t n, int64_t k, bool q8) {
   std::vector<double> d(w.size());
-  for (int64_t r = 0; r < n; ++r)
+  for (int64_t r = 0; r < n; ++r) {
+    std::vector<float> scale, offset;
+    float big = 0;
     for (int64_t g = 0; g < k; g += 32) {
       const float* v = w.data() + r * k + g;
       float lo = v[0], hi = v[0], amax = 0;
       for (int64_t i = 0; i < 32; ++i) lo = std::min(lo, v[i]), hi = std::max(hi, v[i]), amax = std::max(amax, std::fabs(v[i]));
-      const float scale = q8 ? amax / 127.0f : (hi - lo) / 15.0f;
-      const float offset = q8 ? 0.0f : lo;
+      scale.push_back(q8 ? amax / 127.0f : (hi - lo) / 15.0f);
+      offset.push_back(q8 ? 0.0f : lo);
+      big = std::max({big, scale.back(), std::fabs(offset.back())});
+    }
+    float f = 1;
+    while (big > 0 && big / f > 32768.0f) f *= 2;
+    while (big > 0 && big / f <= 16384.0f) f /= 2;
+    for (int64_t g = 0; g < k; g += 32) {
+      const float* v = w.data() + r * k + g;
+      const float s = f16_to_f32(f32_to_f16(scale[size_t(g / 32)] / f)) * f;
+      const float m = f16_to_f32(f32_to_f16(offset[size_t(g / 32)] / f)) * f;
       for (int64_t i = 0; i < 32; ++i) {
-        float q = scale > 0 ? std::nearbyint((v[i] - offset) / scale) : 0.0f;
+        float q = s > 0 ? std::nearbyint((v[i] - m) / s) : 0.0f;
         q = q8 ? std::clamp(q, -127.0f, 127.0f) : std::clamp(q, 0.0f, 15.0f);
-        d[r * k + g + i] = double(q) * double(scale) + double(offset);
+        d[r * k + g + i] = double(q) * double(s) + double(m);
       }
     }
+  }
   return d;
 }
 

@@ -78,14 +78,16 @@ struct StepCase {
   StepInfo step;
 };
 
-// Compiles `g` on both backends (CUDA with `dtype`), runs the steps in order on each
-// (with KV pools of `kv` layout when it has layers) and checks every output of every step.
-inline void expect_backends_match(const ir::Graph& g, const std::vector<StepCase>& steps, const std::string& dtype,
-                                  double tol, const std::string& what, const KvLayout& kv = {}) {
+// Compiles `g` on the CPU backend with `cpu_opt` and the CUDA backend with `gpu_opt`, runs
+// the steps in order on each (with KV pools of `kv` layout when it has layers) and checks
+// every output of every step: max|cuda - cpu| <= tol * max|cpu|.
+inline void expect_backends_match_opts(const ir::Graph& g, const std::vector<StepCase>& steps,
+                                       const CompileOptions& cpu_opt, const CompileOptions& gpu_opt, double tol,
+                                       const std::string& what, const KvLayout& kv = {}) {
   auto cpu = create_backend("cpu");
   auto gpu = create_backend("cuda");
-  auto cg = cpu->compile(g, {.weight_dtype = "f32"});
-  auto gg = gpu->compile(g, {.weight_dtype = dtype});
+  auto cg = cpu->compile(g, cpu_opt);
+  auto gg = gpu->compile(g, gpu_opt);
   std::unique_ptr<KvStorage> ckv, gkv;
   if (kv.num_layers > 0) {
     ckv = cpu->allocate_kv(kv);
@@ -97,11 +99,17 @@ inline void expect_backends_match(const ir::Graph& g, const std::vector<StepCase
     for (auto& [name, ref] : want) {
       ASSERT_TRUE(got.count(name)) << what << ": output " << name << " missing";
       Diff d = diff(got.at(name), ref);
-      std::printf("  %-52s %-4s step %zu %-8s max|err| %.3g  max|ref| %.3g  rel %.3g\n", what.c_str(), dtype.c_str(), i,
-                  name.c_str(), d.max_err, d.max_ref, d.rel());
-      EXPECT_LE(d.rel(), tol) << what << " (" << dtype << ") step " << i << " output " << name;
+      std::printf("  %-52s %-4s step %zu %-8s max|err| %.3g  max|ref| %.3g  rel %.3g\n", what.c_str(),
+                  gpu_opt.weight_dtype.c_str(), i, name.c_str(), d.max_err, d.max_ref, d.rel());
+      EXPECT_LE(d.rel(), tol) << what << " (" << gpu_opt.weight_dtype << ") step " << i << " output " << name;
     }
   }
+}
+
+// The CPU in f32 as the reference, CUDA with `dtype`.
+inline void expect_backends_match(const ir::Graph& g, const std::vector<StepCase>& steps, const std::string& dtype,
+                                  double tol, const std::string& what, const KvLayout& kv = {}) {
+  expect_backends_match_opts(g, steps, {.weight_dtype = "f32"}, {.weight_dtype = dtype}, tol, what, kv);
 }
 
 inline const std::vector<std::string>& all_dtypes() {

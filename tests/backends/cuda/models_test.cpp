@@ -4,7 +4,8 @@
 // (6e-2 of max|ref|: measured up to 4.9e-2 on these 2-layer random models, 8-13x the f16
 // error, as bf16's 3 fewer mantissa bits predict); and the real SmolLM2 GGUF, CUDA vs CPU
 // greedy for 32 tokens; decode steps replayed as CUDA graphs give the same bits as eager;
-// executor steps that fetch only TopKLogits candidates give whole-row steps' outputs.
+// executor steps that fetch only TopKLogits candidates give whole-row steps' outputs;
+// q8/q4 models generate as the CPU's q8/q4 do.
 // Skips without a GPU (and the SmolLM2 test without the model file).
 #include <gtest/gtest.h>
 
@@ -220,6 +221,81 @@ TEST(CudaTopLogits, ExecutorOutputsMatchWholeRowSteps) {
       }
     }
     std::printf("  %s: top-k steps vs whole rows: same tokens, logprobs max|err| %.3g\n", dtype.c_str(), max_err);
+  }
+}
+
+// Weight-only q8/q4 models on CUDA against the CPU's q8/q4 generation (the same
+// quantized weights, core/weight_quant.h). f32 activations (--precision q8|q4: Linears
+// quantized, the logits GEMM f32): the greedy tokens are equal. --weight-dtype q4 (bf16
+// activations, every Linear q4, the packed QKV and gate|up GEMVs included): decoded
+// teacher-forced along the CPU's greedy tokens, every step's logits are within the bf16
+// model bound and where the argmax differs it is a near-tie of the CPU's logits.
+TEST(CudaQuantModels, GenerationMatchesCpuQuantized) {
+  KILN_SKIP_WITHOUT_CUDA();
+  for (std::string family : {"llama", "qwen2", "gpt2"}) {
+    const std::string dir = fixtures_dir() + "/models/" + family;
+    Ref ref(family);
+    auto ids = ref.ids("input_ids");
+    auto lengths = ref.ids("lengths");
+    const int64_t smax = ref.shape("input_ids")[1];
+    std::vector<std::vector<int32_t>> prompts;
+    for (size_t b = 0; b < lengths.size(); ++b)
+      prompts.emplace_back(ids.begin() + int64_t(b) * smax, ids.begin() + int64_t(b) * smax + lengths[b]);
+    const int32_t n = 12;
+    for (std::string q : {"q8", "q4"}) {
+      auto cpu = Model::load(dir, {.weight_dtype = "f32", .precision = q});
+      auto gpu = Model::load(dir, {.backend = "cuda", .weight_dtype = "f32", .precision = q});
+      std::vector<std::vector<int32_t>> want, got;
+      {
+        LlmRunner rc(*cpu);
+        want = rc.generate_greedy(prompts, n);
+        LlmRunner rg(*gpu);
+        got = rg.generate_greedy(prompts, n);
+      }
+      for (size_t b = 0; b < prompts.size(); ++b)
+        EXPECT_EQ(got[b], want[b]) << family << " --precision " << q << " (f32 activations) prompt " << b;
+      std::printf("  %s --precision %s, f32 activations: greedy tokens %s the CPU's\n", family.c_str(), q.c_str(),
+                  got == want ? "equal to" : "DIFFER from");
+    }
+    auto cpu = Model::load(dir, {.weight_dtype = "q4"});
+    auto gpu = Model::load(dir, {.backend = "cuda", .weight_dtype = "q4"});
+    const int64_t v = gpu->info().vocab_size;
+    std::vector<std::vector<int32_t>> want;
+    {
+      LlmRunner rc(*cpu);
+      want = rc.generate_greedy(prompts, n);
+    }
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      LlmRunner rc(*cpu, {.block_size = 4}), rg(*gpu, {.block_size = 4});
+      int32_t sc = rc.add_sequence(prompts[i]), sg = rg.add_sequence(prompts[i]);
+      int equal = 0;
+      double worst = 0, worst_tie = 0;
+      for (size_t step = 0; step < want[i].size(); ++step) {
+        auto oc = rc.step(), og = rg.step();
+        ASSERT_EQ(oc.size(), 1u);
+        ASSERT_EQ(og.size(), 1u);
+        const float* lc = oc[0].logits.data();
+        const float* lg = og[0].logits.data();
+        Diff d = diff(Tensor::view(const_cast<float*>(lg), DType::kF32, {v}),
+                      Tensor::view(const_cast<float*>(lc), DType::kF32, {v}));
+        worst = std::max(worst, d.rel());
+        const int32_t ac = argmax(lc, v), ag = argmax(lg, v);
+        if (ac == ag) {
+          ++equal;
+        } else {
+          const double gap = (double(lc[ac]) - double(lc[ag])) / d.max_ref;
+          worst_tie = std::max(worst_tie, gap);
+          EXPECT_LE(gap, 2e-2) << family << " q4 prompt " << i << " step " << step << ": argmax " << ag
+                               << " vs the CPU's " << ac << " is not a near-tie";
+        }
+        rc.append_tokens(sc, {want[i][step]});
+        rg.append_tokens(sg, {want[i][step]});
+      }
+      std::printf("  %s --weight-dtype q4 prompt %zu: argmax equal at %d of %zu teacher-forced steps, worst logits rel"
+                  " %.3g, worst differing-argmax gap %.3g of max|logit|\n", family.c_str(), i, equal, want[i].size(),
+                  worst, worst_tie);
+      EXPECT_LE(worst, model_tolerance("bf16")) << family << " q4 prompt " << i;
+    }
   }
 }
 

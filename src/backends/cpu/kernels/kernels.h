@@ -8,6 +8,8 @@
 #include <cstdint>
 #include <memory>
 
+#include "core/weight_quant.h"
+
 namespace kiln::cpu {
 
 // ---- ISA selection -----------------------------------------------------------------
@@ -21,14 +23,15 @@ bool cpu_isa_supported(CpuIsa isa);
 const char* cpu_isa_name(CpuIsa isa);
 
 // ---- Linear / GEMM: y[T,N] = x[T,K] · W[N,K]ᵀ + b ---------------------------------
-// Storage of packed GEMM weights. kQ8/kQ4 are weight-only quantization: every group of
-// kQuantGroup consecutive K values of one output shares an f32 scale (symmetric, round
-// to nearest). q8 is symmetric: int8 codes in [-127, 127], w = scale * q (GGUF's Q8_0
-// grid). q4 is asymmetric: 4-bit codes in [0, 15] (two per byte), w = scale * q + min
-// (GGUF's Q4_1 grid, so Q4_1 checkpoints repack without loss). Activations and
-// accumulation stay f32.
+// Storage of packed GEMM weights. kQ8/kQ4 are weight-only quantization in the shared
+// formats of core/weight_quant.h (every group of kQuantGroup consecutive K values of one
+// output shares a scale): q8 symmetric, int8 codes in [-127, 127], w = scale * q (GGUF's
+// Q8_0 grid); q4 asymmetric, 4-bit codes in [0, 15] (two per byte), w = scale * q + min
+// (GGUF's Q4_1 grid, so Q4_1 checkpoints repack without loss). The panels hold each
+// scale/min as f32 (the f16 value times the row factor). Activations and accumulation
+// stay f32.
 enum class WeightStorage : uint8_t { kF32, kBF16, kF16, kQ8, kQ4 };
-constexpr int64_t kQuantGroup = 32;
+using kiln::kQuantGroup;
 const char* weight_storage_name(WeightStorage s);
 // Bytes per element for kF32/kBF16/kF16 (quantized storages have no whole-byte size).
 size_t weight_storage_size(WeightStorage s);

@@ -5,11 +5,13 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <vector>
 
 #include "backends/cpu/kernels/isa.h"
 #include "core/dtype.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
+#include "core/weight_quant.h"
 
 namespace kiln::cpu {
 namespace {
@@ -108,46 +110,38 @@ LinearMicrokernel scalar_linear_microkernel(WeightStorage s) {
   return nullptr;
 }
 
-// Quantizes one column's group of kQuantGroup values into codes: symmetric for q8
-// (scale = max|w| / 127), asymmetric for q4 (scale = (max - min) / 15, offset min).
-void quantize_group(const float* w, bool valid, WeightStorage s, int* codes, float* scale, float* min) {
-  float lo = 0.0f, hi = 0.0f, amax = 0.0f;
-  if (valid) {
-    lo = hi = w[0];
-    for (int64_t i = 0; i < kQuantGroup; ++i) {
-      lo = std::min(lo, w[i]);
-      hi = std::max(hi, w[i]);
-      amax = std::max(amax, std::fabs(w[i]));
-    }
-  }
-  const bool q8 = s == WeightStorage::kQ8;
-  *scale = q8 ? amax / 127.0f : (hi - lo) / 15.0f;
-  *min = q8 ? 0.0f : lo;
-  for (int64_t i = 0; i < kQuantGroup; ++i) {
-    const float q = valid && *scale > 0.0f ? std::nearbyint((w[i] - *min) / *scale) : 0.0f;
-    codes[i] = q8 ? int(std::clamp(q, -127.0f, 127.0f)) : int(std::clamp(q, 0.0f, 15.0f));
-  }
-}
-
+// Quantizes the panel's 16 rows with the shared q8/q4 quantizer (core/weight_quant.h),
+// so every backend runs the same codes and scales, then lays them out group by group;
+// a scale here is the stored f16 scale times the row factor (exact in f32).
 void pack_quantized_panel(const float* w, int64_t n, int64_t k, int64_t p, WeightStorage s,
                           uint8_t* dst) {
+  const QuantFormat f = s == WeightStorage::kQ8 ? QuantFormat::kQ8 : QuantFormat::kQ4;
   const size_t codes_bytes = s == WeightStorage::kQ8 ? kQuantGroup * kNr : kQuantGroup * kNr / 2;
-  int codes[kNr][kQuantGroup];
-  for (int64_t g0 = 0; g0 < k; g0 += kQuantGroup, dst += quant_group_bytes(s)) {
-    float* scales = reinterpret_cast<float*>(dst + codes_bytes);
-    float mins[kNr];
+  const int64_t groups = k / kQuantGroup;
+  const size_t row_bytes = quant_row_code_bytes(f, k);
+  std::vector<uint8_t> codes(size_t(kNr) * row_bytes, 0);
+  std::vector<uint16_t> scales(size_t(kNr * groups), 0), mins(size_t(kNr * groups), 0);
+  float factor[kNr] = {};  // rows past N keep codes, scales and mins of 0
+  for (int64_t c = 0; c < kNr; ++c) {
+    const int64_t row = p * kNr + c;
+    if (row < n)
+      quantize_row(w + row * k, k, f, codes.data() + size_t(c) * row_bytes, scales.data() + c * groups,
+                   mins.data() + c * groups, &factor[c]);
+  }
+  auto code = [&](int64_t c, int64_t i) { return kiln::quant_code(f, codes.data() + size_t(c) * row_bytes, i); };
+  for (int64_t g = 0; g < groups; ++g, dst += quant_group_bytes(s)) {
+    float* sc = reinterpret_cast<float*>(dst + codes_bytes);
     for (int64_t c = 0; c < kNr; ++c) {
-      const int64_t row = p * kNr + c;
-      quantize_group(w + (row < n ? row : 0) * k + g0, row < n, s, codes[c], &scales[c], &mins[c]);
+      sc[c] = f16_to_f32(scales[size_t(c * groups + g)]) * factor[c];
+      if (s == WeightStorage::kQ4) sc[kNr + c] = f16_to_f32(mins[size_t(c * groups + g)]) * factor[c];
     }
-    if (s == WeightStorage::kQ4) std::memcpy(scales + kNr, mins, sizeof(mins));
     for (int64_t r = 0; r < kQuantGroup; ++r) {
+      const int64_t i = g * kQuantGroup + r;
       if (s == WeightStorage::kQ8) {
-        for (int64_t c = 0; c < kNr; ++c) reinterpret_cast<int8_t*>(dst)[r * kNr + c] = int8_t(codes[c][r]);
+        for (int64_t c = 0; c < kNr; ++c) reinterpret_cast<int8_t*>(dst)[r * kNr + c] = int8_t(code(c, i));
       } else {
         // Byte j of a row holds column j (low nibble) and column j + 8 (high nibble).
-        for (int64_t j = 0; j < kNr / 2; ++j)
-          dst[r * (kNr / 2) + j] = uint8_t(codes[j][r] | (codes[j + 8][r] << 4));
+        for (int64_t j = 0; j < kNr / 2; ++j) dst[r * (kNr / 2) + j] = uint8_t(code(j, i) | (code(j + 8, i) << 4));
       }
     }
   }

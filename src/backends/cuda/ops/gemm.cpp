@@ -49,7 +49,7 @@ struct Plan {
   }
 };
 
-using Key = std::tuple<int, int64_t, int64_t, int64_t, bool>;
+using Key = std::tuple<int, int64_t, int64_t, int64_t, bool, int64_t>;  // dtype, m, n, k, bias, ldy
 
 }  // namespace
 
@@ -59,8 +59,9 @@ struct Gemm::Impl {
   size_t workspace_bytes = 0;
   std::map<Key, std::unique_ptr<Plan>> plans;
 
-  Plan& plan(DType dtype, int64_t m, int64_t n, int64_t k, bool bias) {
-    auto& slot = plans[Key{int(dtype), m, n, k, bias}];
+  Plan& plan(DType dtype, int64_t m, int64_t n, int64_t k, bool bias, int64_t ldy = 0) {
+    if (ldy == 0) ldy = n;
+    auto& slot = plans[Key{int(dtype), m, n, k, bias, ldy}];
     if (slot) return *slot;
     auto p = std::make_unique<Plan>();
     const cudaDataType_t t = cuda_type(dtype);
@@ -75,7 +76,7 @@ struct Gemm::Impl {
     }
     KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, t, uint64_t(k), uint64_t(n), k));
     KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, t, uint64_t(k), uint64_t(m), k));
-    KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, t, uint64_t(n), uint64_t(m), n));
+    KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, t, uint64_t(n), uint64_t(m), ldy));
     cublasLtMatmulPreference_t pref = nullptr;
     KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -119,9 +120,10 @@ Gemm::~Gemm() {
 }
 
 void Gemm::run(DType dtype, const void* x, const void* w, const void* bias, void* y, int64_t m, int64_t n,
-               int64_t k, cudaStream_t s) {
+               int64_t k, cudaStream_t s, int64_t ldy) {
   if (m == 0 || n == 0) return;
-  Plan& p = impl_->plan(dtype, m, n, k, bias != nullptr);
+  KILN_THROW_IF(ldy != 0 && ldy < n, kInternal, "cuda gemm: ldy ", ldy, " < n ", n);
+  Plan& p = impl_->plan(dtype, m, n, k, bias != nullptr, ldy);
   impl_->matmul(p, p.chosen, x, w, bias, y, s);
 }
 

@@ -22,9 +22,11 @@ class Gemm {
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
 
-  // bias may be null; all pointers hold `dtype` elements.
+  // bias may be null; all pointers hold `dtype` elements. ldy: elements between rows of
+  // y (0: n); a larger one writes a column slice of a wider y (the tiles of a weight
+  // dequantized in parts), whose pointer must keep cuBLASLt's 256-byte alignment.
   void run(DType dtype, const void* x, const void* w, const void* bias, void* y, int64_t m, int64_t n,
-           int64_t k, cudaStream_t s);
+           int64_t k, cudaStream_t s, int64_t ldy = 0);
 
   struct TacticTime {
     int tactic;  // index into the heuristic's list

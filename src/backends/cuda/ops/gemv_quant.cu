@@ -1,0 +1,362 @@
+// Weight-only q8/q4 GEMV and tile dequantization (see gemv_quant.h).
+// A lane's unit of work is one 16-byte chunk of a row's codes: 32 q4 codes (a whole
+// group: one scale, one min) or 16 q8 codes (half a group). A warp owns 4 weight rows
+// (4 outputs, or 2 outputs' gate and up rows for SwiGLU); lane j of the warp's split
+// part p reads chunks p*32 + j, p*32 + j + S*32, ... of all four, so a warp's loads of
+// one row are 512 contiguous bytes, and each x value it converts to f32 serves the four
+// rows. Per chunk it forms dot = Σ q·x and (q4) Σ x in f32, then acc += scale·dot
+// (+ min·Σx): the CPU kernels' math (linear.cpp), in another summation order.
+#include "backends/cuda/common.cuh"
+#include "backends/cuda/ops/gemv_quant.h"
+
+#include <type_traits>
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr int kRows = 4;  // weight rows per warp
+
+template <QuantFormat F>
+struct QTraits {
+  static constexpr int kPerChunk = F == QuantFormat::kQ4 ? 32 : 16;  // codes per 16 bytes
+  static constexpr int kPerWord = kPerChunk / 4;                       // codes per 32 bits
+  static constexpr int kRowDiv = F == QuantFormat::kQ4 ? 2 : 1;         // k / row bytes
+};
+
+__device__ __forceinline__ float magic(uint32_t bits) { return __uint_as_float(bits | 0x4B000000u); }
+
+// The codes of one 32-bit word as exact floats, without int-to-float conversions (a
+// quarter-rate instruction): a code's bits OR-ed under the exponent of 2^23 make the
+// float 2^23 + code·2^p exactly; one FMA scales it back by 2^-p and removes the offset.
+// q4: code i of the word is nibble i (bits 4i..4i+3). q8: byte i holds an int8 code,
+// XOR 0x80 turns it into code + 128 in [1, 255].
+template <QuantFormat F>
+__device__ __forceinline__ void decode_word(uint32_t v, float (&q)[QTraits<F>::kPerWord]) {
+  if constexpr (F == QuantFormat::kQ4) {
+    const uint32_t h = v >> 16;
+    q[0] = magic(v & 0xFu) - 0x1p23f;
+    q[1] = fmaf(magic(v & 0xF0u), 0x1p-4f, -0x1p19f);
+    q[2] = fmaf(magic(v & 0xF00u), 0x1p-8f, -0x1p15f);
+    q[3] = fmaf(magic(v & 0xF000u), 0x1p-12f, -0x1p11f);
+    q[4] = magic(h & 0xFu) - 0x1p23f;
+    q[5] = fmaf(magic(h & 0xF0u), 0x1p-4f, -0x1p19f);
+    q[6] = fmaf(magic(h & 0xF00u), 0x1p-8f, -0x1p15f);
+    q[7] = fmaf(magic(h & 0xF000u), 0x1p-12f, -0x1p11f);
+  } else {
+    const uint32_t u = v ^ 0x80808080u, h = u >> 16;
+    q[0] = magic(u & 0xFFu) - (0x1p23f + 128.0f);
+    q[1] = fmaf(magic(u & 0xFF00u), 0x1p-8f, -(0x1p15f + 128.0f));
+    q[2] = magic(h & 0xFFu) - (0x1p23f + 128.0f);
+    q[3] = fmaf(magic(h & 0xFF00u), 0x1p-8f, -(0x1p15f + 128.0f));
+  }
+}
+
+__device__ __forceinline__ void bf16x2_to_f32(uint32_t w, float& lo, float& hi) {
+  lo = __uint_as_float(w << 16);
+  hi = __uint_as_float(w & 0xFFFF0000u);
+}
+
+// N consecutive elements of x (N = 8 or 4; p aligned to N elements) as f32.
+template <typename T, int N>
+__device__ __forceinline__ void load_x(const T* p, float (&f)[N]) {
+  if constexpr (std::is_same_v<T, float>) {
+#pragma unroll
+    for (int j = 0; j < N / 4; ++j) {
+      const float4 v = __ldg(reinterpret_cast<const float4*>(p) + j);
+      f[4 * j] = v.x, f[4 * j + 1] = v.y, f[4 * j + 2] = v.z, f[4 * j + 3] = v.w;
+    }
+  } else {
+    uint32_t w[N / 2];
+    if constexpr (N == 8) {
+      const uint4 v = __ldg(reinterpret_cast<const uint4*>(p));
+      w[0] = v.x, w[1] = v.y, w[2] = v.z, w[3] = v.w;
+    } else {
+      const uint2 v = __ldg(reinterpret_cast<const uint2*>(p));
+      w[0] = v.x, w[1] = v.y;
+    }
+#pragma unroll
+    for (int j = 0; j < N / 2; ++j) {
+      if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+        bf16x2_to_f32(w[j], f[2 * j], f[2 * j + 1]);
+      } else {
+        const float2 t = __half22float2(*reinterpret_cast<const __half2*>(&w[j]));
+        f[2 * j] = t.x, f[2 * j + 1] = t.y;
+      }
+    }
+  }
+}
+
+// The scale (and q4 min) that chunk c of weight row `row` uses.
+template <QuantFormat F>
+__device__ __forceinline__ void load_scale(const void* scales, int64_t row, int groups, int c, float& s, float& mn) {
+  if constexpr (F == QuantFormat::kQ4) {
+    const uint32_t sm = __ldg(static_cast<const unsigned int*>(scales) + row * groups + c);
+    s = __half2float(__ushort_as_half(uint16_t(sm & 0xFFFFu)));
+    mn = __half2float(__ushort_as_half(uint16_t(sm >> 16)));
+  } else {
+    s = __half2float(__ushort_as_half(__ldg(static_cast<const unsigned short*>(scales) + row * groups + c / 2)));
+    mn = 0.0f;
+  }
+}
+
+struct QArgs {
+  const void* x;
+  const uint8_t* codes;
+  const void* scales;
+  const float* row_factor;
+  const void* bias;
+  void* y;
+  int m, k, n_out, split;
+  GemvEpilogue epi;
+};
+
+// MAXM: x rows the kernel is compiled for (a.m <= MAXM; rows past a.m are skipped by
+// warp-uniform branches). U: chunks per lane issued before any is used (U x 4 rows x 16
+// bytes in flight per lane).
+template <typename T, QuantFormat F, int MAXM, bool kSwiGlu, int U>
+__global__ void __launch_bounds__(kWarps * 32) qgemv_kernel(const QArgs a) {
+  using Tr = QTraits<F>;
+  constexpr int R = kSwiGlu ? kRows / 2 : kRows;  // outputs per warp
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int S = a.split, part = warp % S;
+  const int n0 = (int(blockIdx.x) * (kWarps / S) + warp / S) * R;
+  const bool live = n0 < a.n_out;
+  const int chunks = live ? a.k / Tr::kPerChunk : 0, groups = a.k / kQuantGroup;
+  const size_t row_bytes = size_t(a.k / Tr::kRowDiv);
+  int64_t wrow[kRows];  // weight rows (past-the-end outputs read row 0 and are not stored)
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) {
+    const int o = n0 + r % R;
+    wrow[r] = int64_t(o < a.n_out ? o : 0) + (r >= R ? a.n_out : 0);
+  }
+  const T* x = static_cast<const T*>(a.x);
+  float acc[kRows][MAXM];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r)
+#pragma unroll
+    for (int m = 0; m < MAXM; ++m) acc[r][m] = 0.0f;
+
+  for (int c0 = part * 32 + lane; c0 < chunks; c0 += S * 32 * U) {
+    uint4 cw[U][kRows];
+    float sc[U][kRows], mn[U][kRows];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int c = c0 + u * S * 32;
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+        if (c < chunks) {
+          cw[u][r] = __ldcs(reinterpret_cast<const uint4*>(a.codes + size_t(wrow[r]) * row_bytes) + c);
+          load_scale<F>(a.scales, wrow[r], groups, c, sc[u][r], mn[u][r]);
+        } else {
+          cw[u][r] = make_uint4(0, 0, 0, 0);
+          sc[u][r] = mn[u][r] = 0.0f;
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int c = c0 + u * S * 32;
+      if (c >= chunks) break;
+      float dot[kRows][MAXM], xs[MAXM];
+#pragma unroll
+      for (int m = 0; m < MAXM; ++m) {
+        xs[m] = 0.0f;
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) dot[r][m] = 0.0f;
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        float q[kRows][Tr::kPerWord];
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          const uint32_t word = i == 0 ? cw[u][r].x : i == 1 ? cw[u][r].y : i == 2 ? cw[u][r].z : cw[u][r].w;
+          decode_word<F>(word, q[r]);
+        }
+#pragma unroll
+        for (int m = 0; m < MAXM; ++m) {
+          if (MAXM > 1 && m >= a.m) break;
+          float xf[Tr::kPerWord];
+          load_x<T, Tr::kPerWord>(x + int64_t(m) * a.k + int64_t(c) * Tr::kPerChunk + i * Tr::kPerWord, xf);
+#pragma unroll
+          for (int e = 0; e < Tr::kPerWord; ++e) {
+            if constexpr (F == QuantFormat::kQ4) xs[m] += xf[e];
+#pragma unroll
+            for (int r = 0; r < kRows; ++r) dot[r][m] = fmaf(q[r][e], xf[e], dot[r][m]);
+          }
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+#pragma unroll
+        for (int m = 0; m < MAXM; ++m) {
+          acc[r][m] = fmaf(sc[u][r], dot[r][m], acc[r][m]);
+          if constexpr (F == QuantFormat::kQ4) acc[r][m] = fmaf(mn[u][r], xs[m], acc[r][m]);
+        }
+    }
+  }
+
+  // Every lane ends with the row sums (of all split parts).
+  if (S > 1) {
+    __shared__ float red[kWarps][kRows][MAXM];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+#pragma unroll
+      for (int m = 0; m < MAXM; ++m) {
+        const float v = warp_sum(acc[r][m]);
+        if (lane == 0) red[warp][r][m] = v;
+      }
+    __syncthreads();
+    if (part != 0 || !live) return;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+#pragma unroll
+      for (int m = 0; m < MAXM; ++m) {
+        float v = 0.0f;
+        for (int p = 0; p < S; ++p) v += red[warp + p][r][m];
+        acc[r][m] = v;
+      }
+  } else {
+    if (!live) return;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+#pragma unroll
+      for (int m = 0; m < MAXM; ++m) acc[r][m] = warp_sum(acc[r][m]);
+  }
+
+  // Lane r * MAXM + m stores output (m, n0 + r), rounded as the unfused kernels would
+  // (the GEMV stores T, the activation reads it).
+  const T* bias = static_cast<const T*>(a.bias);
+  T* y = static_cast<T*>(a.y);
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < MAXM; ++m) {
+      const int o = n0 + r;
+      if (lane != r * MAXM + m || m >= a.m || o >= a.n_out) continue;
+      float v = acc[r][m] * __ldg(a.row_factor + wrow[r]);
+      if (bias) v += to_f32(bias[o]);
+      const float y0 = to_f32(from_f32<T>(v));
+      float out = y0;
+      if constexpr (kSwiGlu) {
+        float up = acc[r + R][m] * __ldg(a.row_factor + wrow[r + R]);
+        if (bias) up += to_f32(bias[a.n_out + o]);
+        out = to_f32(from_f32<T>(unary_f32<UnaryOp::kSilu>(y0))) * to_f32(from_f32<T>(up));
+      } else if (a.epi == GemvEpilogue::kGeluErf) {
+        out = unary_f32<UnaryOp::kGeluErf>(y0);
+      } else if (a.epi == GemvEpilogue::kGeluTanh) {
+        out = unary_f32<UnaryOp::kGeluTanh>(y0);
+      } else if (a.epi == GemvEpilogue::kSilu) {
+        out = unary_f32<UnaryOp::kSilu>(y0);
+      }
+      y[int64_t(m) * a.n_out + o] = from_f32<T>(out);
+    }
+}
+
+// Warps per 4-row block: enough that about 8192 warps stream the matrix, while each lane
+// keeps at least two chunks per row.
+int qsplit_for(int64_t row_blocks, int64_t chunks) {
+  int s = 1;
+  while (s < kWarps && row_blocks * s < 8192 && chunks >= int64_t(64) * s * 2) s *= 2;
+  return s;
+}
+
+template <typename T, QuantFormat F, bool kSwiGlu>
+void launch_qgemv(const QArgs& a, cudaStream_t s) {
+  constexpr int R = kSwiGlu ? kRows / 2 : kRows;
+  const int64_t row_blocks = (int64_t(a.n_out) + R - 1) / R;
+  const dim3 grid(unsigned((row_blocks * a.split + kWarps - 1) / kWarps));
+  if (a.m == 1) qgemv_kernel<T, F, 1, kSwiGlu, 2><<<grid, kWarps * 32, 0, s>>>(a);
+  else if (a.m == 2) qgemv_kernel<T, F, 2, kSwiGlu, 2><<<grid, kWarps * 32, 0, s>>>(a);
+  else if (a.m <= 4) qgemv_kernel<T, F, 4, kSwiGlu, 1><<<grid, kWarps * 32, 0, s>>>(a);
+  else qgemv_kernel<T, F, 8, kSwiGlu, 1><<<grid, kWarps * 32, 0, s>>>(a);
+  KILN_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T, QuantFormat F>
+__global__ void dequant_kernel(const uint8_t* __restrict__ codes, const void* __restrict__ scales,
+                               const float* __restrict__ row_factor, int k, int64_t r0, int64_t rows,
+                               T* __restrict__ out) {
+  using Tr = QTraits<F>;
+  const int chunks = k / Tr::kPerChunk;
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= rows * chunks) return;
+  const int64_t r = idx / chunks, row = r0 + r;
+  const int c = int(idx % chunks);
+  const uint4 cw = __ldcs(reinterpret_cast<const uint4*>(codes + size_t(row) * size_t(k / Tr::kRowDiv)) + c);
+  float s, mn;
+  load_scale<F>(scales, row, k / kQuantGroup, c, s, mn);
+  const float f = row_factor[row];
+  s *= f;
+  mn *= f;
+  T* o = out + r * k + int64_t(c) * Tr::kPerChunk;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float q[Tr::kPerWord];
+    decode_word<F>(i == 0 ? cw.x : i == 1 ? cw.y : i == 2 ? cw.z : cw.w, q);
+    alignas(16) T v[Tr::kPerWord];
+#pragma unroll
+    for (int e = 0; e < Tr::kPerWord; ++e) v[e] = from_f32<T>(fmaf(q[e], s, mn));
+    T* dst = o + i * Tr::kPerWord;
+    if constexpr (sizeof(v) % 16 == 0) {
+#pragma unroll
+      for (int j = 0; j < int(sizeof(v) / 16); ++j) reinterpret_cast<uint4*>(dst)[j] = reinterpret_cast<const uint4*>(v)[j];
+    } else {
+      *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(v);
+    }
+  }
+}
+
+template <typename T>
+void launch_typed(const void* x, const QuantWeightView& w, const void* bias, void* y, int64_t m, int64_t n_out,
+                  cudaStream_t s, GemvEpilogue epi) {
+  const bool swiglu = epi == GemvEpilogue::kSwiGlu;
+  const int64_t chunks = w.k / (w.format == QuantFormat::kQ4 ? 32 : 16);
+  const int64_t row_blocks = (n_out + (swiglu ? 1 : 3)) / (swiglu ? 2 : 4);
+  QArgs a{x, w.codes, w.scales, w.row_factor, bias, y, int(m), int(w.k), int(n_out),
+          qsplit_for(row_blocks, chunks), epi};
+  if (w.format == QuantFormat::kQ4) {
+    if (swiglu) launch_qgemv<T, QuantFormat::kQ4, true>(a, s);
+    else launch_qgemv<T, QuantFormat::kQ4, false>(a, s);
+  } else {
+    if (swiglu) launch_qgemv<T, QuantFormat::kQ8, true>(a, s);
+    else launch_qgemv<T, QuantFormat::kQ8, false>(a, s);
+  }
+}
+
+}  // namespace
+
+bool gemv_quant_supports(DType dtype, int64_t m) {
+  return (dtype == DType::kBF16 || dtype == DType::kF16 || dtype == DType::kF32) && m >= 1 && m <= kQGemvMaxRows;
+}
+
+void launch_gemv_quant(DType dtype, const void* x, const QuantWeightView& w, const void* bias, void* y, int64_t m,
+                       int64_t n_out, cudaStream_t s, GemvEpilogue epi) {
+  KILN_THROW_IF(!gemv_quant_supports(dtype, m), kInternal, "cuda quantized gemv: unsupported ", dtype_name(dtype),
+                " m=", m);
+  const int64_t want_rows = epi == GemvEpilogue::kSwiGlu ? 2 * n_out : n_out;
+  KILN_THROW_IF(w.k % kQuantGroup != 0 || w.k <= 0 || w.k >= (int64_t(1) << 30) || w.n != want_rows ||
+                    n_out >= (int64_t(1) << 30),
+                kInternal, "cuda quantized gemv: weight [", w.n, ", ", w.k, "] for ", n_out, " outputs");
+  if (n_out == 0) return;
+  KILN_CUDA_DISPATCH_FLOAT(dtype, T, launch_typed<T>(x, w, bias, y, m, n_out, s, epi));
+}
+
+void launch_dequant_rows(DType dtype, const QuantWeightView& w, int64_t r0, int64_t rows, void* out, cudaStream_t s) {
+  KILN_THROW_IF(r0 < 0 || rows < 0 || r0 + rows > w.n || w.k % kQuantGroup != 0, kInternal,
+                "cuda dequantize: rows [", r0, ", +", rows, ") of a [", w.n, ", ", w.k, "] weight");
+  const int64_t total = rows * (w.k / (w.format == QuantFormat::kQ4 ? 32 : 16));
+  if (total == 0) return;
+  const unsigned blocks = unsigned((total + 255) / 256);
+  KILN_CUDA_DISPATCH_FLOAT(dtype, T, {
+    if (w.format == QuantFormat::kQ4)
+      dequant_kernel<T, QuantFormat::kQ4><<<blocks, 256, 0, s>>>(w.codes, w.scales, w.row_factor, int(w.k), r0, rows,
+                                                                  static_cast<T*>(out));
+    else
+      dequant_kernel<T, QuantFormat::kQ8><<<blocks, 256, 0, s>>>(w.codes, w.scales, w.row_factor, int(w.k), r0, rows,
+                                                                  static_cast<T*>(out));
+    KILN_CUDA_CHECK_LAUNCH();
+  });
+}
+
+}  // namespace kiln::cuda

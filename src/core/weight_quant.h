@@ -1,0 +1,60 @@
+// The weight-only quantization formats q8 and q4 (groups of kQuantGroup consecutive
+// values along K of one output row), defined once for every backend: the CPU packs these
+// codes and scales into its panels, the CUDA backend streams them row by row, so both run
+// the same quantized weights. Tested in tests/core/weight_quant_test.cpp.
+//
+// A row [k] is stored as codes, one f16 scale per group (q4: and one f16 min), and one
+// power-of-two f32 row factor F:  w[i] ≈ F * (scale[g] * q[i] + min[g]),  g = i / 32.
+//   q8: symmetric, q in [-127, 127], scale = max|w| / 127 (GGUF's Q8_0 grid).
+//   q4: asymmetric, q in [0, 15], scale = (max - min) / 15, min = the group minimum
+//       (GGUF's Q4_1 grid, so Q8_0 / Q4_1 checkpoints keep their exact values).
+// Why f16 scales: the GPU streams 5 (q4) / 8.5 (q8) bits per weight instead of 6 / 9.
+// Why F: it keeps the f16 scales of a row of tiny weights out of f16's subnormal range
+// (F is chosen so the row's largest scale or |min| lands in [2^14, 2^15]). Codes are
+// rounded against the stored (f16-rounded) scale and min, to nearest, ties to even.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+namespace kiln {
+
+constexpr int64_t kQuantGroup = 32;
+
+enum class QuantFormat : uint8_t { kQ8, kQ4 };
+
+const char* quant_format_name(QuantFormat f);
+// Bytes of codes in a row of k values: k (q8) or k / 2 (q4).
+inline size_t quant_row_code_bytes(QuantFormat f, int64_t k) {
+  return f == QuantFormat::kQ8 ? size_t(k) : size_t(k) / 2;
+}
+
+// Quantizes one row of k values (k % kQuantGroup == 0, checked by callers). Writes
+// codes (q8: k int8 as bytes; q4: element 2j in the low nibble of byte j, 2j+1 in the
+// high nibble), k / 32 f16 scales, for q4 k / 32 f16 mins (`mins` may be null for q8),
+// and the row factor.
+void quantize_row(const float* w, int64_t k, QuantFormat f, uint8_t* codes, uint16_t* scales, uint16_t* mins,
+                  float* row_factor);
+
+// The code of element i of a quantized row (q8: -127..127; q4: 0..15).
+inline int quant_code(QuantFormat f, const uint8_t* codes, int64_t i) {
+  if (f == QuantFormat::kQ8) return int(int8_t(codes[i]));
+  const uint8_t b = codes[i / 2];
+  return (i & 1) ? (b >> 4) : (b & 15);
+}
+
+// A whole [n, k] weight in row-major form, rows quantized in parallel on the global
+// thread pool: codes [n][quant_row_code_bytes], scales and (q4) mins [n][k / 32],
+// row factors [n]. kInvalidArgument when k is not a multiple of kQuantGroup.
+struct QuantizedRows {
+  QuantFormat format = QuantFormat::kQ4;
+  int64_t n = 0, k = 0;
+  std::unique_ptr<uint8_t[]> codes;
+  std::unique_ptr<uint16_t[]> scales, mins;  // mins: q4 only
+  std::unique_ptr<float[]> row_factor;
+  int64_t groups() const { return k / kQuantGroup; }
+};
+QuantizedRows quantize_rows(const float* w, int64_t n, int64_t k, QuantFormat f);
+
+}  // namespace kiln

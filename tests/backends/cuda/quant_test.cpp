@@ -1,0 +1,135 @@
+// Weight-only q8/q4 Linears on CUDA against the CPU backend's q8/q4 kernels, which
+// quantize the same f32 weights with the same quantizer (core/weight_quant.h), so both
+// run the same codes and scales. With f32 activations only the summation order differs
+// (bound 5e-5 of max|ref|: f32 sums whose q4 terms scale·Σqx and min·Σx partly cancel);
+// with bf16/f16 activations the 16-bit bound of the other op tests applies. Covers the
+// GEMV (1..8 rows: odd K and N, split-K, every epilogue, SwiGLU) and the dequantized
+// tiles + cuBLASLt (9+ rows, weights of several tiles), the resident size (quantized, no
+// 16-bit copy), the K % 32 fallback and the errors. Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include "cuda_test_util.h"
+
+namespace kiln::cuda {
+namespace {
+
+using namespace testing;
+
+constexpr double kQuantF32Tol = 5e-5;
+
+struct QuantCase {
+  ir::Graph g;
+  std::vector<StepCase> steps;
+};
+
+// One Linear node [n, k] with the given attributes, run at each token count of `ts`.
+QuantCase linear_case(int64_t n, int64_t k, bool bias, std::map<std::string, ir::Attr> attrs,
+                      const std::vector<int64_t>& ts, const std::string& act_dtype, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  QuantCase c;
+  ir::ValueId x = c.g.add_input("x", DType::kF32, Shape{"T", k});
+  ir::ValueId w = c.g.add_weight("w", random_tensor({n, k}, rng, "f32", -0.1f, 0.1f));
+  ir::ValueId b = bias ? c.g.add_weight("b", random_tensor({n}, rng, act_dtype)) : ir::kNoValue;
+  c.g.add_output("y", c.g.add("Linear", {x, w, b}, std::move(attrs), "linear"));
+  for (int64_t t : ts) {
+    StepCase s;
+    s.inputs["x"] = random_tensor({t, k}, rng, act_dtype);
+    c.steps.push_back(std::move(s));
+  }
+  return c;
+}
+
+const std::vector<int64_t>& all_row_counts() {
+  static const std::vector<int64_t> v = {1, 2, 3, 4, 5, 6, 7, 8, 9, 33};  // GEMV up to 8, then tiles
+  return v;
+}
+
+// f32 activations: the node's precision attribute quantizes it on both backends.
+TEST(CudaQuant, LinearMatchesCpuQuantizedKernelsInF32) {
+  KILN_SKIP_WITHOUT_CUDA();
+  struct S { int64_t n, k; bool bias; };
+  for (const char* q : {"q8", "q4"})
+    for (S s : {S{1, 32, false}, S{37, 96, true}, S{130, 256, false}, S{70, 4128, true}, S{4097, 2048, true},
+                S{6, 14336, false}}) {
+      QuantCase c = linear_case(s.n, s.k, s.bias, {{"precision", std::string(q)}}, all_row_counts(), "f32",
+                                uint64_t(s.n * 7 + s.k + q[1]));
+      expect_backends_match_opts(c.g, c.steps, {.weight_dtype = "f32"}, {.weight_dtype = "f32"}, kQuantF32Tol,
+                                 str_cat("Linear ", q, " n=", s.n, " k=", s.k, s.bias ? " +bias" : "", " t=1..9,33"));
+    }
+}
+
+TEST(CudaQuant, EpiloguesAndSwiGluInEveryActivationDtype) {
+  KILN_SKIP_WITHOUT_CUDA();
+  for (const auto& dt : all_dtypes())
+    for (const char* q : {"q8", "q4"})
+      for (const char* act : {"gelu_erf", "gelu_tanh", "silu", "swiglu"}) {
+        QuantCase c = linear_case(322, 256, true, {{"precision", std::string(q)}, {"activation", std::string(act)}},
+                                  {1, 3, 8, 9, 20}, dt, uint64_t(act[0] + act[5] + q[1]));
+        expect_backends_match_opts(c.g, c.steps, {.weight_dtype = "f32"}, {.weight_dtype = dt},
+                                   dt == "f32" ? kQuantF32Tol : op_tolerance(dt),
+                                   str_cat("Linear ", q, "+", act, " n=322 k=256 t=1,3,8,9,20"));
+      }
+}
+
+// Weights larger than one dequantization tile (24 MiB: 1536 f32 / 3072 bf16 rows of
+// k=4096), SwiGLU tiles that straddle the gate/up boundary, and the resident size: the
+// codes and f16 scales only (a 16-bit copy would at least double it).
+TEST(CudaQuant, GemmTilesAndResidentSize) {
+  KILN_SKIP_WITHOUT_CUDA();
+  const int64_t n = 4000, k = 4096;
+  for (const std::string dt : {"f32", "bf16"})
+    for (const char* q : {"q8", "q4"})
+      for (bool swiglu : {false, true}) {
+        std::map<std::string, ir::Attr> attrs{{"precision", std::string(q)}};
+        if (swiglu) attrs["activation"] = std::string("swiglu");
+        QuantCase c = linear_case(n, k, true, attrs, {40, 1}, dt, uint64_t(swiglu) + q[1]);
+        expect_backends_match_opts(c.g, c.steps, {.weight_dtype = "f32"}, {.weight_dtype = dt},
+                                   dt == "f32" ? kQuantF32Tol : op_tolerance(dt),
+                                   str_cat("Linear ", q, swiglu ? "+swiglu" : "", " n=4000 k=4096 t=40,1"));
+        auto gg = create_backend("cuda")->compile(c.g, {.weight_dtype = dt});
+        const double bf16_bytes = double(n * k) * 2, got = double(gg->weight_bytes());
+        const double want = std::string(q) == "q8" ? double(n) * (k + k / 32 * 2 + 4) : double(n) * (k / 2 + k / 32 * 4 + 4);
+        std::printf("  %s resident: %.2f MiB (bf16 would be %.2f MiB)\n", q, got / (1 << 20), bf16_bytes / (1 << 20));
+        EXPECT_GE(got, want) << q;
+        EXPECT_LE(got, want + double(n) * 4 + 4096) << q << ": more than the quantized weight and the bias";
+      }
+}
+
+// `--weight-dtype q8|q4`: every Linear quantized, bf16 activations; K = 100 (not a
+// multiple of 32) stays bf16 on both backends, so with bf16-exact weights it matches
+// tightly in f32 too.
+TEST(CudaQuant, WeightDtypeOptionAndTheKFallback) {
+  KILN_SKIP_WITHOUT_CUDA();
+  for (const char* q : {"q8", "q4"}) {
+    QuantCase c = linear_case(96, 512, true, {}, {1, 4, 8, 12}, "bf16", q[1]);
+    expect_backends_match_opts(c.g, c.steps, {.weight_dtype = q}, {.weight_dtype = q}, op_tolerance("bf16"),
+                               str_cat("Linear --weight-dtype ", q, " n=96 k=512"));
+    std::mt19937_64 rng(9);
+    ir::Graph g;
+    ir::ValueId x = g.add_input("x", DType::kF32, Shape{"T", 100});
+    ir::ValueId w = g.add_weight("w", random_tensor({50, 100}, rng, "bf16", -0.1f, 0.1f));
+    g.add_output("y", g.add("Linear", {x, w, ir::kNoValue}, {{"precision", std::string(q)}}, "linear"));
+    StepCase s;
+    s.inputs["x"] = random_tensor({3, 100}, rng, "f32");
+    expect_backends_match_opts(g, {s}, {.weight_dtype = "f32"}, {.weight_dtype = "f32"}, op_tolerance("f32"),
+                               str_cat("Linear ", q, " k=100 (stays 16-bit)"));
+  }
+}
+
+TEST(CudaQuant, BadOptionsAreErrors) {
+  KILN_SKIP_WITHOUT_CUDA();
+  QuantCase c = linear_case(8, 64, false, {}, {1}, "f32", 1);
+  try {
+    create_backend("cuda")->compile(c.g, {.weight_dtype = "q3"});
+    FAIL() << "expected kInvalidArgument";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("q3"), std::string::npos) << e.what();
+  }
+  QuantCase odd = linear_case(7, 64, false, {{"precision", std::string("q4")}, {"activation", std::string("swiglu")}},
+                              {1}, "f32", 2);
+  EXPECT_THROW(create_backend("cuda")->compile(odd.g, {.weight_dtype = "f32"}), Error);
+}
+
+}  // namespace
+}  // namespace kiln::cuda

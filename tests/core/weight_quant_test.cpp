@@ -1,0 +1,92 @@
+// The shared q8/q4 formats (core/weight_quant.h): dequantized values stay within half a
+// step of the weights, values already on the grid come back exactly (codes, f16 scales,
+// row factor), rows of tiny weights keep their precision through the row factor, and
+// bad shapes are kiln::Errors.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/status.h"
+#include "core/weight_quant.h"
+
+namespace kiln {
+namespace {
+
+float dequant(const QuantizedRows& q, int64_t r, int64_t i) {
+  const int64_t g = i / kQuantGroup, gi = r * q.groups() + g;
+  const uint8_t* codes = q.codes.get() + size_t(r) * quant_row_code_bytes(q.format, q.k);
+  const float s = f16_to_f32(q.scales[size_t(gi)]), m = q.mins ? f16_to_f32(q.mins[size_t(gi)]) : 0.0f;
+  return q.row_factor[r] * (s * float(quant_code(q.format, codes, i)) + m);
+}
+
+void expect_within_half_step(const std::vector<float>& w, int64_t n, int64_t k, QuantFormat f) {
+  QuantizedRows q = quantize_rows(w.data(), n, k, f);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t i = 0; i < k; ++i) {
+      const int64_t gi = r * q.groups() + i / kQuantGroup;
+      const double step = double(f16_to_f32(q.scales[size_t(gi)])) * q.row_factor[r];
+      const double want = w[size_t(r * k + i)], got = dequant(q, r, i);
+      // Half a step, plus the f16 rounding of the min (q4) and of the scale at the extreme code.
+      const double tol = 0.5 * step * (1 + 1e-3) + std::fabs(want) * 1e-3;
+      ASSERT_LE(std::fabs(got - want), tol) << quant_format_name(f) << " row " << r << " element " << i;
+    }
+}
+
+TEST(WeightQuant, DequantizedWithinHalfAStep) {
+  std::mt19937 rng(1);
+  for (float mag : {1.0f, 0.02f, 1e-30f, 3e30f}) {
+    std::normal_distribution<float> d(0.0f, mag);
+    std::vector<float> w(size_t(5 * 96));
+    for (float& v : w) v = d(rng);
+    for (QuantFormat f : {QuantFormat::kQ8, QuantFormat::kQ4}) expect_within_half_step(w, 5, 96, f);
+  }
+}
+
+// Weights built as F * (s * q + m) with f16-exact s, m and every group using the extreme
+// codes: quantizing them gives back the same codes and scales (what makes a GGUF Q8_0 /
+// Q4_1 tensor, or the same weights on two backends, the same quantized weights).
+TEST(WeightQuant, GridValuesRoundTripExactly) {
+  std::mt19937 rng(2);
+  const int64_t k = 64;
+  for (QuantFormat f : {QuantFormat::kQ8, QuantFormat::kQ4}) {
+    const bool q8 = f == QuantFormat::kQ8;
+    std::vector<float> w(static_cast<size_t>(k));
+    std::vector<int> codes(static_cast<size_t>(k));
+    std::vector<float> s = {0.25f, 0.1875f}, m = {-1.5f, 0.75f};
+    for (int64_t i = 0; i < k; ++i) {
+      const int64_t g = i / 32;
+      int c = q8 ? int(rng() % 255) - 127 : int(rng() % 16);
+      if (i % 32 == 0) c = q8 ? -127 : 0;
+      if (i % 32 == 1 && !q8) c = 15;
+      codes[size_t(i)] = c;
+      w[size_t(i)] = 0x1p-20f * (s[size_t(g)] * float(c) + (q8 ? 0.0f : m[size_t(g)]));
+    }
+    QuantizedRows q = quantize_rows(w.data(), 1, k, f);
+    for (int64_t i = 0; i < k; ++i) {
+      EXPECT_EQ(quant_code(f, q.codes.get(), i), codes[size_t(i)]) << quant_format_name(f) << " element " << i;
+      EXPECT_EQ(dequant(q, 0, i), w[size_t(i)]) << quant_format_name(f) << " element " << i;
+    }
+  }
+}
+
+TEST(WeightQuant, LayoutZerosAndErrors) {
+  std::vector<float> w(32, 0.0f);
+  w[2] = 1.0f;
+  w[3] = 0.5f;
+  QuantizedRows q4 = quantize_rows(w.data(), 1, 32, QuantFormat::kQ4);
+  EXPECT_EQ(q4.codes[1], uint8_t(15 | (8 << 4)));  // elements 2 (low nibble) and 3 (high) of byte 1
+  std::vector<float> zeros(64, 0.0f);
+  for (QuantFormat f : {QuantFormat::kQ8, QuantFormat::kQ4}) {
+    QuantizedRows z = quantize_rows(zeros.data(), 2, 32, f);
+    EXPECT_EQ(z.row_factor[0], 1.0f);
+    for (int64_t i = 0; i < 32; ++i) EXPECT_EQ(dequant(z, 1, i), 0.0f);  // scale 0, no NaN
+  }
+  EXPECT_THROW(quantize_rows(zeros.data(), 1, 48, QuantFormat::kQ4), Error);
+  EXPECT_THROW(quantize_rows(zeros.data(), 0, 32, QuantFormat::kQ8), Error);
+}
+
+}  // namespace
+}  // namespace kiln
