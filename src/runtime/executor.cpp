@@ -286,7 +286,6 @@ struct Executor::Impl {
   // Attaches reusable KV (session, else prefix cache) to a sequence being admitted.
   void attach_kv(Choice& c) {
     Request& r = *c.req;
-    if (!c.swapped.empty() && swap_in(c)) return;
     if (c.kv.length == 0 && session_eligible(c)) c.kv = sessions.take(r.req.session_id, c.tokens);
     if (c.kv.length == 0 && c.kv.blocks.empty() && opt.prefix_caching) {
       const int32_t len = int32_t(c.tokens.size());
@@ -337,6 +336,15 @@ struct Executor::Impl {
     if (keys.empty() && running.empty()) keys.push_back(w.front().key);
     for (int64_t key : keys) {
       Choice* c = by_key(waiting, key);
+      // A swapped-out sequence takes its blocks now. When the pool cannot give them yet
+      // (the capacity estimate counts cached blocks it may not get) it keeps its place
+      // and no one is admitted past it this turn; with nothing running, nothing would
+      // ever free them, so it is recomputed instead.
+      if (!c->swapped.empty() && !swap_in(*c)) {
+        if (!running.empty()) break;
+        swap->release(c->swapped);
+        ++swap_fallbacks;
+      }
       drop_from(waiting, c);
       attach_kv(*c);
       running.push_back(c);
@@ -369,25 +377,23 @@ struct Executor::Impl {
 
   // A swapped-out sequence resumes: leading full blocks still in the prefix cache are
   // re-shared, the rest come back from the host into fresh blocks (reclaiming cached
-  // blocks and sessions for them). Without room it falls back to recompute: the host
-  // copy is dropped and the caller attaches KV as for any waiting sequence.
+  // blocks and sessions for them). False, changing nothing, when the pool cannot give
+  // them now.
   bool swap_in(Choice& c) {
     const int32_t bs = kv.block_size();
     if (opt.prefix_caching) c.kv = prefix.match(c.tokens, c.swapped.length / bs);
     int32_t short_by = int32_t(c.swapped.host.size() - c.kv.blocks.size()) - kv.allocator().num_free();
-    if (short_by > 0) short_by -= prefix.evict(short_by);
-    if (short_by > 0) sessions.evict(short_by);
-    const int32_t reshared = int32_t(c.kv.blocks.size());
-    if (!swap->swap_in(c.swapped, c.kv)) {
-      log_debug("swap-in of ", c.swapped.host.size(), " blocks found ", kv.allocator().num_free(),
-                " free: recomputing instead");
+    if (short_by > prefix.num_evictable() + sessions.num_reclaimable()) {
+      log_debug("swap-in of ", c.swapped.host.size(), " blocks waits: ", kv.allocator().num_free(), " free");
       kv.free(c.kv);
-      swap->release(c.swapped);
-      ++swap_fallbacks;
       return false;
     }
-    c.req->admitted_once = true;
-    c.cached_blocks = reshared;
+    if (short_by > 0) short_by -= prefix.evict(short_by);
+    if (short_by > 0) sessions.evict(short_by);
+    if (!swap->swap_in(c.swapped, c.kv)) {
+      kv.free(c.kv);
+      return false;
+    }
     return true;
   }
 

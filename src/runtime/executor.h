@@ -99,9 +99,9 @@ struct ExecutorStats {
           session_expiries = 0;
   int64_t preemptions = 0, steps = 0, step_tokens = 0, generated_tokens = 0;
   // Preemption by swap: sequences swapped out / back in, the bytes copied each way (the
-  // blocks re-shared from the prefix cache on the way in are not copied), preemptions
-  // that recomputed instead (the swap space was full, or the pool could not take the
-  // sequence back), and the swap space's slots (one block each).
+  // blocks re-shared from the prefix cache on the way in are not copied), swap-mode
+  // preemptions that recomputed instead (the swap space was full), and the swap space's
+  // slots (one block each).
   int64_t swapped_out = 0, swapped_in = 0, swap_out_bytes = 0, swap_in_bytes = 0, swap_fallbacks = 0;
   int64_t swap_blocks_total = 0, swap_blocks_used = 0;
   int64_t top_logits_steps = 0;  // steps that sampled from TopKLogits candidates
