@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -535,6 +536,37 @@ ExecutorOptions small_pool(PreemptionMode mode, int64_t swap_blocks, bool prefix
   return opt;
 }
 
+// Every request queued before the executor's next turn: the first one's first update
+// (sent on the executor thread) waits until the others are submitted, so a small pool
+// is oversubscribed however the client threads happen to be scheduled. Greedy, n = 1.
+std::vector<GenerationResult> run_all_at_once(Executor& ex, const std::vector<GenerationRequest>& reqs) {
+  std::vector<GenerationResult> out(reqs.size());
+  std::atomic<bool> queued{false};
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t done = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    out[i].choices.resize(1);
+    ex.submit(reqs[i], [&, i](RequestUpdate&& u) {
+      while (i == 0 && !queued) std::this_thread::yield();
+      for (auto& c : u.choices) {
+        auto& t = out[i].choices[0].tokens;
+        t.insert(t.end(), c.tokens.begin(), c.tokens.end());
+      }
+      if (u.done) {
+        std::lock_guard lk(mu);
+        out[i].error = u.error;
+        ++done;
+        cv.notify_all();
+      }
+    });
+  }
+  queued = true;
+  std::unique_lock lk(mu);
+  cv.wait(lk, [&] { return done == reqs.size(); });
+  return out;
+}
+
 // Waits for the executor's published stats to settle after the last request.
 ExecutorStats settled(Executor& ex) {
   for (int i = 0; i < 200 && ex.stats().running + ex.stats().waiting > 0; ++i)
@@ -551,7 +583,7 @@ TEST_F(ExecutorTest, SwapPreemptionUnderASmallPoolKeepsOutputsExact) {
     EXPECT_EQ(ex.stats().swap_blocks_total, 64);
     std::vector<GenerationRequest> reqs;
     for (auto& p : ps) reqs.push_back(greedy(p, 24));
-    auto got = run_concurrently(ex, reqs);
+    auto got = run_all_at_once(ex, reqs);
     for (size_t i = 0; i < ps.size(); ++i) {
       ASSERT_EQ(got[i].error, "") << "request " << i;
       EXPECT_EQ(got[i].choices[0].tokens, alone(ps[i], 24)) << "request " << i;
@@ -581,7 +613,7 @@ TEST_F(ExecutorTest, FullSwapSpaceFallsBackToRecomputeWithExactOutputs) {
     Executor ex(*model_, nullptr, small_pool(PreemptionMode::kSwap, slots, false));
     std::vector<GenerationRequest> reqs;
     for (auto& p : ps) reqs.push_back(greedy(p, 24));
-    auto got = run_concurrently(ex, reqs);
+    auto got = run_all_at_once(ex, reqs);
     for (size_t i = 0; i < ps.size(); ++i) {
       ASSERT_EQ(got[i].error, "") << "request " << i;
       EXPECT_EQ(got[i].choices[0].tokens, alone(ps[i], 24)) << "request " << i;
