@@ -130,8 +130,8 @@ TEST(KvPoolSize, RefusesAPoolThatCannotHoldOneRequestSayingWhatToChange) {
   ErrorCode code = ErrorCode::kInternal;
   const std::string e = error_of(budget(0.5, 128 << 10, 0), &code);
   EXPECT_EQ(code, ErrorCode::kOutOfMemory);
-  for (const char* part : {"needs 9 blocks", "(0.1 MiB)", "--kv-cache-fraction 0.5", "0.1 MiB free on cpu",
-                           "(8 blocks)", "raise --kv-cache-fraction"})
+  for (const char* part : {"needs 9 blocks", "(0.070 MiB)", "--kv-cache-fraction 0.5", "0.125 MiB free on cpu",
+                           "gives 0.062 MiB (8 blocks)", "raise --kv-cache-fraction"})
     EXPECT_NE(e.find(part), std::string::npos) << part << " not in: " << e;
   // Activations larger than what is free: nothing is left at all.
   EXPECT_NE(error_of(budget(0.9, 1 << 20, 2 << 20)).find("0.0 MiB free on cpu"), std::string::npos);

@@ -10,7 +10,9 @@ namespace kiln {
 
 std::string kv_mib(size_t bytes) {
   char b[64];
-  std::snprintf(b, sizeof b, "%.1f MiB", double(bytes) / double(1 << 20));
+  // Small pools (test models) keep three decimals so they do not read as 0.0.
+  const double mib = double(bytes) / double(1 << 20);
+  std::snprintf(b, sizeof b, mib < 1 && bytes > 0 ? "%.3f MiB" : "%.1f MiB", mib);
   return b;
 }
 

@@ -34,7 +34,7 @@ struct KvPoolSize {
 // request_blocks blocks fit.
 KvPoolSize kv_pool_size(const KvPoolBudget& budget);
 
-// "12.5 MiB"
+// "12.5 MiB" ("0.047 MiB" under 1 MiB)
 std::string kv_mib(size_t bytes);
 
 }  // namespace kiln
