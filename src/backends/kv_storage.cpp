@@ -7,16 +7,18 @@ namespace kiln {
 
 void KvStorage::host_reserve(int32_t num_blocks) {
   if (num_blocks > 0)
-    throw_error(ErrorCode::kUnsupported, "this KV storage has no host swap space (asked for ", num_blocks,
-                " blocks); use --preemption recompute");
+    throw_error(ErrorCode::kUnsupported, "this KV storage has no host swap space (asked for ",
+                num_blocks, " blocks); use --preemption recompute");
 }
 
 void KvStorage::swap_out(std::span<const KvSwapCopy> copies) {
-  if (!copies.empty()) throw_error(ErrorCode::kUnsupported, "this KV storage cannot swap blocks to the host");
+  if (!copies.empty())
+    throw_error(ErrorCode::kUnsupported, "this KV storage cannot swap blocks to the host");
 }
 
 void KvStorage::swap_in(std::span<const KvSwapCopy> copies) {
-  if (!copies.empty()) throw_error(ErrorCode::kUnsupported, "this KV storage cannot swap blocks from the host");
+  if (!copies.empty())
+    throw_error(ErrorCode::kUnsupported, "this KV storage cannot swap blocks from the host");
 }
 
 }  // namespace kiln

@@ -119,7 +119,8 @@ struct Executor::Impl {
   std::map<uint64_t, std::unique_ptr<Request>> requests;
   std::vector<Choice*> waiting, running;
   int64_t next_key = 0;
-  int64_t preemptions = 0, swap_fallbacks = 0, steps = 0, step_tokens = 0, generated = 0, last_batch = 0, top_steps = 0;
+  int64_t preemptions = 0, steps = 0, step_tokens = 0, generated = 0, last_batch = 0, top_steps = 0;
+  int64_t swap_fallbacks = 0;  // swap-mode preemptions that recomputed
   int64_t finished = 0, cancelled = 0, failed = 0;
   double schedule_s = 0, engine_s = 0, sample_s = 0, emit_s = 0;
   using Clock = std::chrono::steady_clock;
@@ -398,7 +399,7 @@ struct Executor::Impl {
   }
 
   // The step's chunks, made to fit the pool: reclaim cached blocks, then sessions,
-  // then preempt the least important running sequences (recompute later).
+  // then preempt the least important running sequences (recomputed or swapped).
   std::vector<ChunkPlan> plan_step() {
     for (;;) {
       std::vector<SchedSeq> run;
@@ -564,10 +565,12 @@ Executor::Executor(Model& model, const tok::Tokenizer* tokenizer, const Executor
                 ", kv_tokens ", opt_.kv_tokens, ", max_step_tokens ", opt_.max_step_tokens,
                 ", max_running ", opt_.max_running, " must be positive (kv_tokens >= block_size)");
   if (opt_.kv_cache_fraction < 0 || opt_.kv_cache_fraction > 1)
-    throw_error(ErrorCode::kInvalidArgument, "kv_cache_fraction must be in (0, 1] (0: size the pool by kv_tokens), got ",
+    throw_error(ErrorCode::kInvalidArgument,
+                "kv_cache_fraction must be in (0, 1] (0: size the pool by kv_tokens), got ",
                 opt_.kv_cache_fraction);
   if (opt_.swap_space_bytes < 0)
-    throw_error(ErrorCode::kInvalidArgument, "swap_space_bytes must not be negative, got ", opt_.swap_space_bytes);
+    throw_error(ErrorCode::kInvalidArgument, "swap_space_bytes must not be negative, got ",
+                opt_.swap_space_bytes);
   impl_ = std::make_unique<Impl>(model, tokenizer, opt_);
   stats_.kv_blocks_total = stats_.kv_blocks_free = impl_->kv.allocator().num_blocks();
   if (impl_->swap) stats_.swap_blocks_total = impl_->swap->num_slots();

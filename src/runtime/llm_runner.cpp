@@ -115,7 +115,8 @@ int32_t LlmRunner::pool_blocks() const {
     std::map<std::string, KvPoolBudget> devices;
     for (int r = 0; r < model_.tp_world(); ++r) {
       Model& rank = model_.tp_rank(r);
-      const DeviceMemory mem = opt_.device_memory ? opt_.device_memory(rank.backend()) : rank.backend().memory_info();
+      const DeviceMemory mem =
+          opt_.device_memory ? opt_.device_memory(rank.backend()) : rank.backend().memory_info();
       KvPoolBudget& b = devices[mem.device];
       b.device = mem.device;
       b.free_bytes = mem.free_bytes;
@@ -134,15 +135,16 @@ int32_t LlmRunner::pool_blocks() const {
       const KvPoolSize size = kv_pool_size(b);
       if (blocks < 0 || size.blocks < blocks) {
         blocks = size.blocks;
-        how = str_cat(" (--kv-cache-fraction ", b.fraction, " of ", kv_mib(b.free_bytes), " free on ", name, " less ",
-                      kv_mib(b.activation_bytes), " for activations", cap > 0 && blocks == cap ? ", capped" : "",
-                      ")");
+        how = str_cat(" (--kv-cache-fraction ", b.fraction, " of ", kv_mib(b.free_bytes), " free on ",
+                      name, " less ", kv_mib(b.activation_bytes), " for activations",
+                      cap > 0 && blocks == cap ? ", capped" : "", ")");
       }
     }
   }
   if (blocks <= 0 || blocks > (int64_t(1) << 30))
-    throw_error(ErrorCode::kInvalidArgument, "KV pool of ", blocks, " blocks (num_blocks ", opt_.num_blocks,
-                ", max_total_tokens ", opt_.max_total_tokens, "): give a positive size or a kv_cache_fraction");
+    throw_error(ErrorCode::kInvalidArgument, "KV pool of ", blocks, " blocks (num_blocks ",
+                opt_.num_blocks, ", max_total_tokens ", opt_.max_total_tokens,
+                "): give a positive size or a kv_cache_fraction");
   size_t block_bytes = 0;
   for (int r = 0; r < model_.tp_world(); ++r) {
     Model& rank = model_.tp_rank(r);

@@ -179,7 +179,8 @@ class CpuBackend final : public Backend {
     text << f.rdbuf();
     DeviceMemory m = cpu_meminfo_parse(text.str());
     if (m.total_bytes == 0) {  // no /proc (not Linux): the C library's page counts
-      const long page = sysconf(_SC_PAGESIZE), avail = sysconf(_SC_AVPHYS_PAGES), total = sysconf(_SC_PHYS_PAGES);
+      const long page = sysconf(_SC_PAGESIZE), avail = sysconf(_SC_AVPHYS_PAGES);
+      const long total = sysconf(_SC_PHYS_PAGES);
       if (page > 0 && avail > 0 && total > 0) {
         m.free_bytes = size_t(avail) * size_t(page);
         m.total_bytes = size_t(total) * size_t(page);

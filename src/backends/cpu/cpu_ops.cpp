@@ -639,9 +639,9 @@ void CpuKv::host_reserve(int32_t num_blocks) {
 }
 
 void CpuKv::check_copy(const KvSwapCopy& c) const {
-  KILN_THROW_IF(c.block < 0 || c.block >= layout_.num_blocks || c.host < 0 || c.host >= host_blocks_, kOutOfRange,
-                "KV swap of block ", c.block, " <-> host slot ", c.host, " outside [0, ", layout_.num_blocks,
-                ") x [0, ", host_blocks_, ")");
+  KILN_THROW_IF(c.block < 0 || c.block >= layout_.num_blocks || c.host < 0 || c.host >= host_blocks_,
+                kOutOfRange, "KV swap of block ", c.block, " <-> host slot ", c.host, " outside [0, ",
+                layout_.num_blocks, ") x [0, ", host_blocks_, ")");
 }
 
 void CpuKv::swap_out(std::span<const KvSwapCopy> copies) {

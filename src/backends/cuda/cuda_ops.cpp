@@ -548,20 +548,21 @@ void CudaKv::swap_in(std::span<const KvSwapCopy> copies) { swap(copies, false); 
 // A host slot is [layer][K, V][block]: K of every layer is a 2D copy of num_layers rows
 // of one block, `layer_bytes` apart on the device and two blocks apart on the host.
 void CudaKv::swap(std::span<const KvSwapCopy> copies, bool out) {
-  const size_t bb = layer_block_bytes(), rows = size_t(layout_.num_layers);
+  const size_t bb = layer_block_bytes(), rows = size_t(layout_.num_layers), pitch = layer_bytes();
+  const cudaStream_t s = cx_->stream;
   for (const KvSwapCopy& c : copies) {
-    KILN_THROW_IF(c.block < 0 || c.block >= layout_.num_blocks || c.host < 0 || c.host >= host_blocks_, kOutOfRange,
-                  "KV swap of block ", c.block, " <-> host slot ", c.host, " outside [0, ", layout_.num_blocks,
-                  ") x [0, ", host_blocks_, ")");
+    KILN_THROW_IF(c.block < 0 || c.block >= layout_.num_blocks || c.host < 0 || c.host >= host_blocks_,
+                  kOutOfRange, "KV swap of block ", c.block, " <-> host slot ", c.host, " outside [0, ",
+                  layout_.num_blocks, ") x [0, ", host_blocks_, ")");
     char* h = static_cast<char*>(host_.get()) + size_t(c.host) * block_bytes();
     char* dk = static_cast<char*>(k(0)) + size_t(c.block) * bb;
     char* dv = static_cast<char*>(v(0)) + size_t(c.block) * bb;
     if (out) {
-      KILN_CUDA_CHECK(cudaMemcpy2DAsync(h, 2 * bb, dk, layer_bytes(), bb, rows, cudaMemcpyDeviceToHost, cx_->stream));
-      KILN_CUDA_CHECK(cudaMemcpy2DAsync(h + bb, 2 * bb, dv, layer_bytes(), bb, rows, cudaMemcpyDeviceToHost, cx_->stream));
+      KILN_CUDA_CHECK(cudaMemcpy2DAsync(h, 2 * bb, dk, pitch, bb, rows, cudaMemcpyDeviceToHost, s));
+      KILN_CUDA_CHECK(cudaMemcpy2DAsync(h + bb, 2 * bb, dv, pitch, bb, rows, cudaMemcpyDeviceToHost, s));
     } else {
-      KILN_CUDA_CHECK(cudaMemcpy2DAsync(dk, layer_bytes(), h, 2 * bb, bb, rows, cudaMemcpyHostToDevice, cx_->stream));
-      KILN_CUDA_CHECK(cudaMemcpy2DAsync(dv, layer_bytes(), h + bb, 2 * bb, bb, rows, cudaMemcpyHostToDevice, cx_->stream));
+      KILN_CUDA_CHECK(cudaMemcpy2DAsync(dk, pitch, h, 2 * bb, bb, rows, cudaMemcpyHostToDevice, s));
+      KILN_CUDA_CHECK(cudaMemcpy2DAsync(dv, pitch, h + bb, 2 * bb, bb, rows, cudaMemcpyHostToDevice, s));
     }
   }
 }

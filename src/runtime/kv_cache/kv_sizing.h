@@ -19,9 +19,9 @@ struct KvPoolBudget {
                                 // at the step token budget less what is resident)
   size_t block_bytes = 0;       // one block: K and V of every layer (of every rank there)
   int32_t block_size = 16;
-  int64_t cap_blocks = 0;       // the pool the options ask for, when they do (0: none)
-  int64_t request_blocks = 0;   // what one max-length request needs
-  std::string device;           // for messages ("cpu", "cuda:0")
+  int64_t cap_blocks = 0;      // the pool the options ask for, when they do (0: none)
+  int64_t request_blocks = 0;  // what one max-length request needs
+  std::string device;          // for messages ("cpu", "cuda:0")
 };
 
 struct KvPoolSize {

@@ -42,7 +42,8 @@ bool KvSwapSpace::swap_in(SwappedKv& in, KvSequence& seq) {
   const int32_t bs = kv_.block_size();
   const size_t total = size_t((in.length + bs - 1) / bs), kept = seq.blocks.size();
   KILN_CHECK(total == in.host.size() && kept <= total && int64_t(kept) * bs <= in.length,
-             "swap-in of ", in.host.size(), " slots for ", in.length, " tokens over ", kept, " kept blocks");
+             "swap-in of ", in.host.size(), " slots for ", in.length, " tokens over ", kept,
+             " kept blocks");
   BlockAllocator& alloc = kv_.allocator();
   if (int32_t(total - kept) > alloc.num_free()) return false;
   std::vector<KvSwapCopy> copies;

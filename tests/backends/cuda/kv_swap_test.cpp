@@ -31,8 +31,10 @@ TEST(CudaKvMemory, FreeMemoryAndBlockBytes) {
   std::printf("  %s: %.1f of %.1f GiB free\n", m.device.c_str(), double(m.free_bytes) / (1 << 30),
               double(m.total_bytes) / (1 << 30));
   // A pool of 16 MiB takes about 16 MiB of what is free.
-  KvLayout layout{.num_layers = 4, .num_blocks = 1024, .block_size = 16, .num_kv_heads = 2, .head_dim = 64};
-  EXPECT_EQ(be->kv_block_bytes(layout), size_t(2 * 4 * 16 * 2 * 64) * 2);  // bf16 until a graph is compiled
+  KvLayout layout{
+      .num_layers = 4, .num_blocks = 1024, .block_size = 16, .num_kv_heads = 2, .head_dim = 64};
+  EXPECT_EQ(be->kv_block_bytes(layout),
+            size_t(2 * 4 * 16 * 2 * 64) * 2);  // bf16 until a graph is compiled
   auto kv = be->allocate_kv(layout);
   EXPECT_EQ(kv->block_bytes(), be->kv_block_bytes(layout));
   const size_t after = be->memory_info().free_bytes;
@@ -42,7 +44,8 @@ TEST(CudaKvMemory, FreeMemoryAndBlockBytes) {
 TEST(CudaKvMemory, BlocksRoundTripThroughPinnedHostSlots) {
   KILN_SKIP_WITHOUT_CUDA();
   auto be = create_backend("cuda");
-  KvLayout layout{.num_layers = 3, .num_blocks = 8, .block_size = 4, .num_kv_heads = 2, .head_dim = 8};
+  KvLayout layout{
+      .num_layers = 3, .num_blocks = 8, .block_size = 4, .num_kv_heads = 2, .head_dim = 8};
   auto storage = be->allocate_kv(layout);
   auto* kv = dynamic_cast<CudaKv*>(storage.get());
   ASSERT_NE(kv, nullptr);
@@ -100,7 +103,8 @@ TEST(CudaKvMemory, BlocksRoundTripThroughPinnedHostSlots) {
 
 // All requests reach the executor in one turn (a first request's update holds the
 // executor thread until they are queued), so the small pool is oversubscribed.
-std::vector<GenerationResult> run_all_at_once(Executor& ex, const std::vector<GenerationRequest>& reqs) {
+std::vector<GenerationResult> run_all_at_once(Executor& ex,
+                                              const std::vector<GenerationRequest>& reqs) {
   std::vector<GenerationResult> out(reqs.size());
   std::atomic<bool> queued{false};
   std::mutex mu;
@@ -132,7 +136,8 @@ std::vector<GenerationResult> run_all_at_once(Executor& ex, const std::vector<Ge
 // may round differently and flip a near-tie).
 TEST(CudaKvSwap, SwapPreemptionOnTheGpuKeepsGreedyOutputs) {
   KILN_SKIP_WITHOUT_CUDA();
-  auto model = Model::load(fixtures_dir() + "/models/llama", {.backend = "cuda", .weight_dtype = "f32"});
+  auto model =
+      Model::load(fixtures_dir() + "/models/llama", {.backend = "cuda", .weight_dtype = "f32"});
   std::vector<GenerationRequest> reqs;
   for (int i = 0; i < 6; ++i) {
     GenerationRequest r;
@@ -155,14 +160,16 @@ TEST(CudaKvSwap, SwapPreemptionOnTheGpuKeepsGreedyOutputs) {
   for (size_t i = 0; i < reqs.size(); ++i) {
     ASSERT_EQ(got[i].error, "");
     LlmRunner alone(*model);
-    EXPECT_EQ(got[i].choices[0].tokens, alone.generate_greedy({reqs[i].prompt}, 24).at(0)) << "request " << i;
+    EXPECT_EQ(got[i].choices[0].tokens, alone.generate_greedy({reqs[i].prompt}, 24).at(0))
+        << "request " << i;
   }
   ex.drain();
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // stats trail the last update by a turn
+  std::this_thread::sleep_for(
+      std::chrono::milliseconds(50));  // stats trail the last update by a turn
   ExecutorStats s = ex.stats();
-  std::printf("  %lld preemptions, %lld swapped out (%.1f KiB), %lld back in (%.1f KiB)\n", (long long)s.preemptions,
-              (long long)s.swapped_out, double(s.swap_out_bytes) / 1024, (long long)s.swapped_in,
-              double(s.swap_in_bytes) / 1024);
+  std::printf("  %lld preemptions, %lld swapped out (%.1f KiB), %lld back in (%.1f KiB)\n",
+              (long long)s.preemptions, (long long)s.swapped_out, double(s.swap_out_bytes) / 1024,
+              (long long)s.swapped_in, double(s.swap_in_bytes) / 1024);
   EXPECT_GT(s.swapped_out, 0);
   EXPECT_EQ(s.swapped_in, s.swapped_out);
   EXPECT_EQ(s.swap_fallbacks, 0);
