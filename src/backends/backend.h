@@ -8,6 +8,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -42,6 +43,16 @@ struct KvLayout {
   size_t bytes() const {
     return size_t(2 * num_layers * num_blocks * block_size * num_kv_heads * head_dim) * 4;
   }
+  // Elements of one block of K (or of V) in one layer.
+  int64_t block_elems() const { return block_size * num_kv_heads * head_dim; }
+  // Bytes of one block over every layer, K and V, at `elem_bytes` per element.
+  size_t block_bytes(size_t elem_bytes) const { return size_t(2 * num_layers * block_elems()) * elem_bytes; }
+};
+
+// One block's move between the device pool and the host swap space.
+struct KvSwapCopy {
+  int32_t block = -1;  // in the device pool
+  int32_t host = -1;   // slot in the host swap space
 };
 
 // Backend-owned KV storage for every layer; opaque to the runtime.
@@ -51,6 +62,31 @@ class KvStorage {
   virtual const KvLayout& layout() const = 0;
   // Copies whole blocks src -> dst for every layer (copy-on-write of shared blocks).
   virtual void copy_block(int32_t src, int32_t dst) = 0;
+
+  // Preemption by swapping (the executor's PreemptionMode::kSwap). A host swap space of
+  // `num_blocks` slots, each holding one whole block (every layer, K and V): plain host
+  // memory on the CPU, page-locked on a GPU so that the copies are asynchronous.
+  // Replaces an earlier space, whose contents are lost; 0 frees it. Storages that
+  // cannot swap throw kUnsupported.
+  virtual void host_reserve(int32_t num_blocks);
+  virtual int32_t host_blocks() const { return 0; }
+  // Bytes of one block as stored (one host slot).
+  virtual size_t block_bytes() const { return layout().block_bytes(4); }
+  // Copies each pair's device block to its host slot (swap_out) or back (swap_in). On a
+  // GPU the copies are queued on the stream the engine steps run on, so a later step may
+  // overwrite a swapped-out block, and a later swap_out may reuse a slot that a queued
+  // swap_in still reads, without waiting: the stream orders them. The host never
+  // touches the slots itself.
+  virtual void swap_out(std::span<const KvSwapCopy> copies);
+  virtual void swap_in(std::span<const KvSwapCopy> copies);
+};
+
+// Free and total memory of the device a backend allocates on. Ranks on one `device`
+// share its free memory.
+struct DeviceMemory {
+  size_t free_bytes = 0;
+  size_t total_bytes = 0;
+  std::string device;  // "cpu", "cuda:0"
 };
 
 class Communicator;
@@ -124,6 +160,12 @@ class Backend {
   virtual std::unique_ptr<CompiledGraph> compile(const ir::Graph& graph,
                                                  const CompileOptions& options) = 0;
   virtual std::unique_ptr<KvStorage> allocate_kv(const KvLayout& layout) = 0;
+  // Bytes of one KV block of `layout` as allocate_kv() stores it (every layer, K and V).
+  virtual size_t kv_block_bytes(const KvLayout& layout) const { return layout.block_bytes(4); }
+  // Memory free now on this backend's device (KV pools sized by a fraction of it): CUDA
+  // asks cudaMemGetInfo on the backend's device; the CPU reads MemAvailable and MemTotal
+  // from /proc/meminfo.
+  virtual DeviceMemory memory_info() = 0;
 
   // Tactic autotuning (the builder): the tactic ids worth timing for `node` (empty when
   // the backend has one implementation), and the median seconds of one run of `node`

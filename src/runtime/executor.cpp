@@ -1,17 +1,19 @@
 // Executor (see executor.h). The executor thread alone touches Impl (sequences, KV
 // pool, caches); other threads only reach the inbox, the cancel list and the stats
 // snapshot under mu_. One loop turn: take the inbox -> cancel -> expire sessions ->
-// admit (capacity) -> plan (micro-batch, reclaim or preempt until it fits) -> run ->
-// sample -> stream updates.
+// admit (capacity; swapped-out sequences come back in) -> plan (micro-batch, reclaim or
+// preempt until it fits) -> run -> sample -> stream updates.
 #include "runtime/executor.h"
 
 #include <algorithm>
 #include <future>
 
+#include "core/log.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
 #include "runtime/kv_cache/prefix_cache.h"
 #include "runtime/kv_cache/session_store.h"
+#include "runtime/kv_cache/swap_space.h"
 #include "runtime/sampling_stop.h"
 #include "tokenizer/tokenizer.h"
 
@@ -27,6 +29,10 @@ const char* finish_reason_name(FinishReason r) {
   }
 }
 
+const char* preemption_mode_name(PreemptionMode m) {
+  return m == PreemptionMode::kSwap ? "swap" : "recompute";
+}
+
 struct Executor::Choice {
   Request* req = nullptr;
   int32_t index = 0;
@@ -38,6 +44,7 @@ struct Executor::Choice {
   std::unique_ptr<tok::StreamDecoder> detok;
   StopStringMatcher stops;
   int32_t cached_blocks = 0;  // full blocks already offered to the prefix cache
+  SwappedKv swapped;          // preempted by swap: where its KV waits (kv is empty then)
   bool finished = false;
   FinishReason reason = FinishReason::kNone;
   int32_t pending() const { return int32_t(tokens.size()) - kv.length; }
@@ -71,11 +78,22 @@ struct Executor::Impl {
         prefix(kv), sessions(kv, o.session_idle_timeout, o.max_sessions) {
     if (tokenizer) model_stops = tokenizer->stop_ids();
     if (model.info().eos_token_id >= 0) model_stops.push_back(int32_t(model.info().eos_token_id));
+    if (opt.preemption == PreemptionMode::kSwap) {
+      swap = std::make_unique<KvSwapSpace>(kv, *kv.storage(), size_t(opt.swap_space_bytes));
+      log_info("preemption by swap: ", swap->num_slots(), " host blocks of ", swap->slot_bytes(), " bytes");
+      if (swap->num_slots() < kv.allocator().num_blocks() / 8)
+        log_warn("the swap space holds ", swap->num_slots(), " blocks (", swap->slot_bytes(),
+                 " bytes each), little next to the pool's ", kv.allocator().num_blocks(),
+                 ": most preemptions will recompute (raise --swap-space-mib)");
+    }
   }
   ~Impl() {
     // Sequences first: their blocks may be shared with the caches.
     for (auto& [id, r] : requests)
-      for (auto& c : r->choices) kv.free(c->kv);
+      for (auto& c : r->choices) {
+        kv.free(c->kv);
+        if (swap) swap->release(c->swapped);
+      }
     sessions.clear();
     prefix.clear();
   }
@@ -84,6 +102,8 @@ struct Executor::Impl {
     r.block_size = o.block_size;
     r.max_total_tokens = o.kv_tokens;
     r.max_step_tokens = o.max_step_tokens;
+    r.kv_cache_fraction = o.kv_cache_fraction;
+    r.device_memory = o.device_memory;
     return r;
   }
 
@@ -94,11 +114,13 @@ struct Executor::Impl {
   KvCacheManager& kv;
   PrefixCache prefix;
   SessionStore sessions;
+  std::unique_ptr<KvSwapSpace> swap;  // PreemptionMode::kSwap only
   std::vector<int32_t> model_stops;
   std::map<uint64_t, std::unique_ptr<Request>> requests;
   std::vector<Choice*> waiting, running;
   int64_t next_key = 0;
   int64_t preemptions = 0, steps = 0, step_tokens = 0, generated = 0, last_batch = 0, top_steps = 0;
+  int64_t swap_fallbacks = 0;  // swap-mode preemptions that recomputed
   int64_t finished = 0, cancelled = 0, failed = 0;
   double schedule_s = 0, engine_s = 0, sample_s = 0, emit_s = 0;
   using Clock = std::chrono::steady_clock;
@@ -164,6 +186,7 @@ struct Executor::Impl {
     bool keep = !r.req.session_id.empty() && c.index == 0 && reason != FinishReason::kError &&
                 c.kv.length > 0;
     release_kv(c, keep);
+    if (swap) swap->release(c.swapped);  // swapped out and never resumed (cancelled)
     --r.unfinished;
   }
 
@@ -256,7 +279,8 @@ struct Executor::Impl {
     const int32_t len = int32_t(c.tokens.size());
     int32_t reused = 0;
     if (session_eligible(c)) reused = sessions.peek(c.req->req.session_id, c.tokens) / bs;
-    if (reused == 0 && opt.prefix_caching) reused = prefix.peek(c.tokens, (len - 1) / bs);
+    const int32_t reusable = c.swapped.empty() ? (len - 1) / bs : c.swapped.length / bs;
+    if (reused == 0 && opt.prefix_caching) reused = prefix.peek(c.tokens, reusable);
     return (len + bs - 1) / bs - reused + 1;
   }
 
@@ -313,21 +337,69 @@ struct Executor::Impl {
     if (keys.empty() && running.empty()) keys.push_back(w.front().key);
     for (int64_t key : keys) {
       Choice* c = by_key(waiting, key);
+      // A swapped-out sequence takes its blocks now. When the pool cannot give them yet
+      // (the capacity estimate counts cached blocks it may not get) it keeps its place
+      // and no one is admitted past it this turn; with nothing running, nothing would
+      // ever free them, so it is recomputed instead.
+      if (!c->swapped.empty() && !swap_in(*c)) {
+        if (!running.empty()) break;
+        swap->release(c->swapped);
+        ++swap_fallbacks;
+      }
       drop_from(waiting, c);
       attach_kv(*c);
       running.push_back(c);
     }
   }
 
+  // Swap mode copies the victim's KV to host slots first; without room there it is
+  // recomputed like in recompute mode.
+  //
+  // Shared blocks: every block of the sequence is copied, its own and those it shares
+  // (a prompt prefix from the prefix cache, the prompt of its n > 1 siblings), and all
+  // its references are dropped, exactly as a recompute preemption drops them (full
+  // blocks are offered to the prefix cache first). The host copy alone can then restore
+  // the sequence, whatever the cache evicts or the siblings do meanwhile; the reference
+  // counts of blocks it shared are left to their other holders. Sharing is restored on
+  // the way back: swap_in() takes the leading full blocks the prefix cache still holds
+  // (the same tokens at the same positions, hence the same K/V) and copies in only the
+  // rest. Copying only exclusive blocks while keeping references to the shared ones
+  // would free less memory, the purpose of preempting, and would pin blocks the cache
+  // could otherwise evict.
   void preempt(Choice& c) {
+    if (swap && !c.kv.blocks.empty() && c.kv.length > 0) {
+      if (!swap->swap_out(c.kv, c.swapped)) ++swap_fallbacks;
+    }
     release_kv(c, false);
     drop_from(running, &c);
     waiting.push_back(&c);
     ++preemptions;
   }
 
+  // A swapped-out sequence resumes: leading full blocks still in the prefix cache are
+  // re-shared, the rest come back from the host into fresh blocks (reclaiming cached
+  // blocks and sessions for them). False, changing nothing, when the pool cannot give
+  // them now.
+  bool swap_in(Choice& c) {
+    const int32_t bs = kv.block_size();
+    if (opt.prefix_caching) c.kv = prefix.match(c.tokens, c.swapped.length / bs);
+    int32_t short_by = int32_t(c.swapped.host.size() - c.kv.blocks.size()) - kv.allocator().num_free();
+    if (short_by > prefix.num_evictable() + sessions.num_reclaimable()) {
+      log_debug("swap-in of ", c.swapped.host.size(), " blocks waits: ", kv.allocator().num_free(), " free");
+      kv.free(c.kv);
+      return false;
+    }
+    if (short_by > 0) short_by -= prefix.evict(short_by);
+    if (short_by > 0) sessions.evict(short_by);
+    if (!swap->swap_in(c.swapped, c.kv)) {
+      kv.free(c.kv);
+      return false;
+    }
+    return true;
+  }
+
   // The step's chunks, made to fit the pool: reclaim cached blocks, then sessions,
-  // then preempt the least important running sequences (recompute later).
+  // then preempt the least important running sequences (recomputed or swapped).
   std::vector<ChunkPlan> plan_step() {
     for (;;) {
       std::vector<SchedSeq> run;
@@ -344,7 +416,8 @@ struct Executor::Impl {
       if (running.size() == 1) {
         fail_request(*victim->req, str_cat("KV cache too small: the sequence needs ", need,
                                             " more blocks but the pool has ",
-                                            kv.allocator().num_blocks(), " (raise --kv-tokens)"));
+                                            kv.allocator().num_blocks(),
+                                            " (raise --kv-tokens or --kv-cache-fraction)"));
         continue;
       }
       preempt(*victim);
@@ -484,13 +557,23 @@ struct Executor::Impl {
 
 Executor::Executor(Model& model, const tok::Tokenizer* tokenizer, const ExecutorOptions& options)
     : opt_(options) {
-  if (opt_.block_size <= 0 || opt_.kv_tokens < opt_.block_size || opt_.max_step_tokens <= 0 ||
-      opt_.max_running <= 0)
+  // With a memory fraction kv_tokens is only a cap, and 0 means none.
+  const bool kv_ok = opt_.kv_cache_fraction > 0 ? opt_.kv_tokens == 0 || opt_.kv_tokens >= opt_.block_size
+                                                : opt_.kv_tokens >= opt_.block_size;
+  if (opt_.block_size <= 0 || !kv_ok || opt_.max_step_tokens <= 0 || opt_.max_running <= 0)
     throw_error(ErrorCode::kInvalidArgument, "executor options: block_size ", opt_.block_size,
                 ", kv_tokens ", opt_.kv_tokens, ", max_step_tokens ", opt_.max_step_tokens,
                 ", max_running ", opt_.max_running, " must be positive (kv_tokens >= block_size)");
+  if (opt_.kv_cache_fraction < 0 || opt_.kv_cache_fraction > 1)
+    throw_error(ErrorCode::kInvalidArgument,
+                "kv_cache_fraction must be in (0, 1] (0: size the pool by kv_tokens), got ",
+                opt_.kv_cache_fraction);
+  if (opt_.swap_space_bytes < 0)
+    throw_error(ErrorCode::kInvalidArgument, "swap_space_bytes must not be negative, got ",
+                opt_.swap_space_bytes);
   impl_ = std::make_unique<Impl>(model, tokenizer, opt_);
   stats_.kv_blocks_total = stats_.kv_blocks_free = impl_->kv.allocator().num_blocks();
+  if (impl_->swap) stats_.swap_blocks_total = impl_->swap->num_slots();
   thread_ = std::thread([this] { loop(); });
 }
 
@@ -650,6 +733,16 @@ void Executor::loop() {
     s.session_evictions = im.sessions.stats().evictions;
     s.session_expiries = im.sessions.stats().expiries;
     s.preemptions = im.preemptions;
+    if (im.swap) {
+      const KvSwapStats& w = im.swap->stats();
+      s.swapped_out = w.swapped_out;
+      s.swapped_in = w.swapped_in;
+      s.swap_out_bytes = w.out_bytes;
+      s.swap_in_bytes = w.in_bytes;
+      s.swap_blocks_total = im.swap->num_slots();
+      s.swap_blocks_used = im.swap->num_slots() - im.swap->num_free();
+    }
+    s.swap_fallbacks = im.swap_fallbacks;
     s.steps = im.steps;
     s.step_tokens = im.step_tokens;
     s.generated_tokens = im.generated;

@@ -1,9 +1,9 @@
 // llm::Executor: in-flight batching. Requests (token ids + sampling parameters) are
 // submitted from any thread; one executor thread loops schedule -> one ragged engine
 // step (decodes + chunked prefills) -> sample -> stream updates through callbacks.
-// KV reuse through the prefix cache and sessions; preemption by recompute when blocks
-// run out. Tested in tests/runtime/executor_test.cpp (tiny fixture models) and through
-// the server tests.
+// KV reuse through the prefix cache and sessions; when blocks run out, preemption by
+// recompute or by swapping the victim's KV to a bounded host swap space. Tested in
+// tests/runtime/executor_test.cpp (tiny fixture models) and through the server tests.
 #pragma once
 
 #include <chrono>
@@ -62,9 +62,23 @@ struct RequestUpdate {
 // Called on the executor thread: keep it short (push into a queue).
 using UpdateCallback = std::function<void(RequestUpdate&&)>;
 
+// What happens to a running sequence's KV when the pool runs out of blocks.
+enum class PreemptionMode {
+  kRecompute,  // free its blocks; prefill its tokens again when it resumes
+  kSwap,       // copy its blocks to host swap space, copy them back when it resumes
+};
+const char* preemption_mode_name(PreemptionMode m);  // "recompute", "swap"
+
 struct ExecutorOptions {
   int32_t block_size = 16;
-  int64_t kv_tokens = 16384;      // KV pool size in tokens
+  // KV pool size in tokens; with kv_cache_fraction, an upper bound (0: none).
+  int64_t kv_tokens = 16384;
+  // > 0: size the pool from the device's free memory (LlmRunnerOptions::kv_cache_fraction).
+  double kv_cache_fraction = 0;
+  std::function<DeviceMemory(Backend&)> device_memory;  // tests: fakes the free memory
+  PreemptionMode preemption = PreemptionMode::kRecompute;
+  // kSwap: host memory for swapped-out blocks. When it is full a preemption recomputes.
+  int64_t swap_space_bytes = int64_t(4) << 30;
   int64_t max_step_tokens = 512;  // token budget of one step
   int32_t max_running = 64;       // sequences decoding at once
   SchedulePolicy policy = SchedulePolicy::kFcfs;
@@ -84,6 +98,12 @@ struct ExecutorStats {
   int64_t sessions = 0, session_hits = 0, session_misses = 0, session_evictions = 0,
           session_expiries = 0;
   int64_t preemptions = 0, steps = 0, step_tokens = 0, generated_tokens = 0;
+  // Preemption by swap: sequences swapped out / back in, the bytes copied each way (the
+  // blocks re-shared from the prefix cache on the way in are not copied), swap-mode
+  // preemptions that recomputed instead (the swap space was full), and the swap space's
+  // slots (one block each).
+  int64_t swapped_out = 0, swapped_in = 0, swap_out_bytes = 0, swap_in_bytes = 0, swap_fallbacks = 0;
+  int64_t swap_blocks_total = 0, swap_blocks_used = 0;
   int64_t top_logits_steps = 0;  // steps that sampled from TopKLogits candidates
   int64_t last_batch_seqs = 0;
   // Executor-thread time by phase (where a step's time goes): scheduling (admit, plan,

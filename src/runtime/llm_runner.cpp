@@ -5,7 +5,10 @@
 #include <exception>
 #include <thread>
 
+#include "backends/memory_plan.h"
+#include "core/log.h"
 #include "core/status.h"
+#include "runtime/kv_cache/kv_sizing.h"
 
 namespace kiln {
 
@@ -29,10 +32,47 @@ class MirroredKv final : public KvStorage {
   void copy_block(int32_t src, int32_t dst) override {
     for (KvStorage* r : ranks_) r->copy_block(src, dst);
   }
+  // Swapping moves the block in every rank; a host slot spans all ranks' shares.
+  size_t block_bytes() const override {
+    size_t b = 0;
+    for (KvStorage* r : ranks_) b += r->block_bytes();
+    return b;
+  }
+  void host_reserve(int32_t num_blocks) override {
+    for (KvStorage* r : ranks_) r->host_reserve(num_blocks);
+  }
+  int32_t host_blocks() const override { return ranks_[0]->host_blocks(); }
+  void swap_out(std::span<const KvSwapCopy> copies) override {
+    for (KvStorage* r : ranks_) r->swap_out(copies);
+  }
+  void swap_in(std::span<const KvSwapCopy> copies) override {
+    for (KvStorage* r : ranks_) r->swap_in(copies);
+  }
 
  private:
   std::vector<KvStorage*> ranks_;
 };
+
+KvLayout rank_layout(const Model& rank, int64_t blocks, int64_t block_size) {
+  KvLayout layout;
+  layout.num_layers = rank.info().num_layers;
+  layout.num_blocks = blocks;
+  layout.block_size = block_size;
+  layout.num_kv_heads = rank.info().num_kv_heads;  // this rank's heads
+  layout.head_dim = rank.info().head_dim;
+  return layout;
+}
+
+// Activation memory a rank will still allocate: the arena planned for a step of
+// `step_tokens` tokens (every backend grows its slots to the largest value they hold)
+// less what is already resident. The plan counts the graph's value dtypes, an upper
+// bound where a backend runs activations narrower (16-bit on a GPU).
+size_t pending_activation_bytes(Model& rank, int64_t step_tokens) {
+  const ir::Graph& g = rank.graph();
+  const size_t planned = memory_plan_size(g, plan_activation_slots(g), {{"T", step_tokens}}).peak_bytes;
+  const size_t resident = rank.compiled().activation_bytes();
+  return planned > resident ? planned - resident : 0;
+}
 
 }  // namespace
 
@@ -41,18 +81,13 @@ LlmRunner::LlmRunner(Model& model, const LlmRunnerOptions& options) : model_(mod
   if (!info.is_decoder)
     throw_error(ErrorCode::kInvalidArgument, "LlmRunner needs a decoder model; '", info.family,
                 "' is an encoder (use encode())");
-  int32_t blocks = opt_.num_blocks;
-  if (blocks <= 0) blocks = int32_t((opt_.max_total_tokens + opt_.block_size - 1) / opt_.block_size);
+  if (opt_.block_size <= 0)
+    throw_error(ErrorCode::kInvalidArgument, "KV block size must be positive, got ", opt_.block_size);
+  const int32_t blocks = pool_blocks();
   for (int r = 0; r < model.tp_world(); ++r) {
     Model& rank = model.tp_rank(r);
-    KvLayout layout;
-    layout.num_layers = rank.info().num_layers;
-    layout.num_blocks = blocks;
-    layout.block_size = opt_.block_size;
-    layout.num_kv_heads = rank.info().num_kv_heads;  // this rank's heads
-    layout.head_dim = rank.info().head_dim;
     ranks_.push_back(&rank);
-    storages_.push_back(rank.backend().allocate_kv(layout));
+    storages_.push_back(rank.backend().allocate_kv(rank_layout(rank, blocks, opt_.block_size)));
   }
   KvStorage* pool = storages_[0].get();
   if (storages_.size() > 1) pool = (mirror_ = std::make_unique<MirroredKv>(storages_)).get();
@@ -65,6 +100,59 @@ LlmRunner::LlmRunner(Model& model, const LlmRunnerOptions& options) : model_(mod
   if (ids != ir::kNoValue && g.find_output(kTopLogitsOutput) != ir::kNoValue &&
       g.find_output(kTopLogprobsOutput) != ir::kNoValue && g.value(ids).shape[1].is_concrete())
     top_k_ = int32_t(g.value(ids).shape[1].value);
+}
+
+
+int32_t LlmRunner::pool_blocks() const {
+  const int64_t bs = opt_.block_size;
+  const int64_t cap = opt_.num_blocks > 0        ? opt_.num_blocks
+                      : opt_.max_total_tokens > 0 ? (opt_.max_total_tokens + bs - 1) / bs
+                                                  : 0;
+  int64_t blocks = cap;
+  std::string how;
+  if (opt_.kv_cache_fraction != 0) {
+    // Ranks on one device share its free memory: their blocks and arenas add up there.
+    std::map<std::string, KvPoolBudget> devices;
+    for (int r = 0; r < model_.tp_world(); ++r) {
+      Model& rank = model_.tp_rank(r);
+      const DeviceMemory mem =
+          opt_.device_memory ? opt_.device_memory(rank.backend()) : rank.backend().memory_info();
+      KvPoolBudget& b = devices[mem.device];
+      b.device = mem.device;
+      b.free_bytes = mem.free_bytes;
+      b.block_bytes += rank.backend().kv_block_bytes(rank_layout(rank, 1, bs));
+      b.activation_bytes += pending_activation_bytes(rank, opt_.max_step_tokens);
+    }
+    // One max-length request, plus the executor's spare block (see Executor::max_context).
+    int64_t request = (model_.info().max_positions + bs - 1) / bs + 1;
+    if (cap > 0) request = std::min(request, cap);
+    blocks = -1;
+    for (auto& [name, b] : devices) {
+      b.fraction = opt_.kv_cache_fraction;
+      b.block_size = int32_t(bs);
+      b.cap_blocks = cap;
+      b.request_blocks = request;
+      const KvPoolSize size = kv_pool_size(b);
+      if (blocks < 0 || size.blocks < blocks) {
+        blocks = size.blocks;
+        how = str_cat(" (--kv-cache-fraction ", b.fraction, " of ", kv_mib(b.free_bytes), " free on ",
+                      name, " less ", kv_mib(b.activation_bytes), " for activations",
+                      cap > 0 && blocks == cap ? ", capped" : "", ")");
+      }
+    }
+  }
+  if (blocks <= 0 || blocks > (int64_t(1) << 30))
+    throw_error(ErrorCode::kInvalidArgument, "KV pool of ", blocks, " blocks (num_blocks ",
+                opt_.num_blocks, ", max_total_tokens ", opt_.max_total_tokens,
+                "): give a positive size or a kv_cache_fraction");
+  size_t block_bytes = 0;
+  for (int r = 0; r < model_.tp_world(); ++r) {
+    Model& rank = model_.tp_rank(r);
+    block_bytes += rank.backend().kv_block_bytes(rank_layout(rank, 1, bs));
+  }
+  log_info("KV cache: ", blocks, " blocks x ", bs, " tokens = ", blocks * bs, " tokens, ",
+           kv_mib(size_t(blocks) * block_bytes), how);
+  return int32_t(blocks);
 }
 
 TopLogits StepTopLogits::row(int64_t r) const {

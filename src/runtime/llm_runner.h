@@ -19,6 +19,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <span>
@@ -35,6 +36,15 @@ struct LlmRunnerOptions {
   int32_t num_blocks = 0;           // 0: enough for max_total_tokens
   int64_t max_total_tokens = 8192;  // KV budget in tokens when num_blocks is 0
   int64_t max_step_tokens = 2048;   // token budget of one step (prompts are chunked)
+  // > 0: the pool takes this fraction of the memory free on the device once the weights
+  // and the activation arena (planned at max_step_tokens) are resident, as many blocks
+  // as fit (runtime/kv_cache/kv_sizing.h), capped by num_blocks or else max_total_tokens
+  // when they are > 0. It must hold one max-length request: the model's positions plus
+  // a spare block, or the whole capped pool when that is smaller (kOutOfMemory if not).
+  // 0: num_blocks / max_total_tokens alone.
+  double kv_cache_fraction = 0;
+  // Replaces Backend::memory_info() when set (tests fake the free memory with it).
+  std::function<DeviceMemory(Backend&)> device_memory;
 };
 
 // One sequence's share of an explicit step (the executor's micro-batch scheduler
@@ -119,6 +129,8 @@ class LlmRunner {
   Seq& get(int32_t seq);
   const Seq& get(int32_t seq) const;
 
+  // The pool's block count from the options (and the device's free memory).
+  int32_t pool_blocks() const;
   // Runs the compiled graph of every rank on the same inputs; rank 0's outputs.
   TensorMap run_ranks(const TensorMap& inputs, const StepInfo& step, const std::vector<std::string>& outputs);
 

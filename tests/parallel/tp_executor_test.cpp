@@ -1,12 +1,15 @@
 // Tensor parallelism through the serving executor: for each tiny golden decoder, a
 // model loaded with tensor_parallel = 2 and 4 (ranks as threads, one block allocator
 // driving every rank's KV pool) gives TP=1's tokens for concurrent requests, including
-// prefix-sharing ones, n > 1 (greedy and seeded), sessions and preemption under a small
-// pool, and leaks no block; bad tensor_parallel values are errors naming the cause.
+// prefix-sharing ones, n > 1 (greedy and seeded), sessions and preemption (recompute
+// and swap) under a small pool, and leaks no block; bad tensor_parallel values are errors naming the cause.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <condition_variable>
 #include <filesystem>
 #include <fstream>
+#include <mutex>
 #include <random>
 #include <thread>
 
@@ -39,6 +42,37 @@ std::vector<GenerationResult> run_concurrently(Executor& ex, const std::vector<G
   std::vector<std::thread> threads;
   for (size_t i = 0; i < reqs.size(); ++i) threads.emplace_back([&, i] { out[i] = ex.generate(reqs[i]); });
   for (auto& t : threads) t.join();
+  return out;
+}
+
+// Every request queued before the executor's next turn: the first one's first update
+// (sent on the executor thread) waits until the others are submitted, so a small pool
+// is oversubscribed however the client threads happen to be scheduled. Greedy, n = 1.
+std::vector<GenerationResult> run_all_at_once(Executor& ex, const std::vector<GenerationRequest>& reqs) {
+  std::vector<GenerationResult> out(reqs.size());
+  std::atomic<bool> queued{false};
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t done = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    out[i].choices.resize(1);
+    ex.submit(reqs[i], [&, i](RequestUpdate&& u) {
+      while (i == 0 && !queued) std::this_thread::yield();
+      for (auto& c : u.choices) {
+        auto& t = out[i].choices[0].tokens;
+        t.insert(t.end(), c.tokens.begin(), c.tokens.end());
+      }
+      if (u.done) {
+        std::lock_guard lk(mu);
+        out[i].error = u.error;
+        ++done;
+        cv.notify_all();
+      }
+    });
+  }
+  queued = true;
+  std::unique_lock lk(mu);
+  cv.wait(lk, [&] { return done == reqs.size(); });
   return out;
 }
 
@@ -143,16 +177,29 @@ TEST(TpExecutorPreemption, SmallPoolPreemptsAndKeepsOutputsExact) {
   opt.kv_tokens = 128;  // 8 blocks of 16: far less than 6 sequences of ~50 tokens
   opt.max_step_tokens = 64;
   opt.prefix_caching = false;
-  Executor want_ex(*one, nullptr, opt), got_ex(*tp, nullptr, opt);
-  auto want = run_concurrently(want_ex, reqs);
-  auto got = run_concurrently(got_ex, reqs);
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    ASSERT_EQ(got[i].error, "") << "request " << i;
-    EXPECT_EQ(got[i].choices[0].tokens, want[i].choices[0].tokens) << "request " << i;
+  Executor want_ex(*one, nullptr, opt);
+  auto want = run_all_at_once(want_ex, reqs);
+  // Swapping copies each block in every rank's pool (one host slot spans the ranks).
+  for (PreemptionMode mode : {PreemptionMode::kRecompute, PreemptionMode::kSwap}) {
+    SCOPED_TRACE(preemption_mode_name(mode));
+    opt.preemption = mode;
+    opt.swap_space_bytes = 1 << 20;
+    Executor got_ex(*tp, nullptr, opt);
+    auto got = run_all_at_once(got_ex, reqs);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      ASSERT_EQ(got[i].error, "") << "request " << i;
+      EXPECT_EQ(got[i].choices[0].tokens, want[i].choices[0].tokens) << "request " << i;
+    }
+    ExecutorStats s = settled_stats(got_ex);
+    EXPECT_GT(s.preemptions, 0);
+    EXPECT_EQ(s.kv_blocks_free, s.kv_blocks_total);
+    if (mode == PreemptionMode::kSwap) {
+      EXPECT_EQ(s.swap_blocks_total, 128);  // 1 MiB over two ranks' 4 KiB halves of a block
+      EXPECT_GT(s.swapped_out, 0);
+      EXPECT_EQ(s.swapped_in, s.swapped_out);
+      EXPECT_EQ(s.swap_blocks_used, 0);
+    }
   }
-  ExecutorStats s = settled_stats(got_ex);
-  EXPECT_GT(s.preemptions, 0);
-  EXPECT_EQ(s.kv_blocks_free, s.kv_blocks_total);
 }
 
 // A config.json of the Llama fixture's shape with some fields changed, in a temp dir.

@@ -3,9 +3,12 @@
 // exactly the tokens each produces alone; seeds, n > 1, stop ids, cancellation, prefix
 // cache and session reuse, expiry, bad requests; and no KV block leaks afterwards.
 // Steps that sample from the TopKLogits candidates give the whole-row steps' outputs.
+// Pool sizing from (faked) free memory; preemption by swapping to host memory (exact
+// outputs, swap-space exhaustion falling back to recompute, cancellation while swapped).
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -431,6 +434,259 @@ TEST_F(ExecutorTest, TopLogitsStepsGiveTheSameOutputsAsWholeRows) {
   auto got = run_concurrently(ex, mixed);
   for (size_t i = 0; i < 4; ++i) EXPECT_EQ(got[i].choices[0].tokens, alone(ps[i], 12)) << "request " << i;
   expect_no_leak(ex);
+}
+
+// ---- KV pool sizing from free memory ----------------------------------------------------
+
+// The fixture's KV block: 2 layers x K and V x 16 tokens x 2 heads x 16 dims x 4 bytes.
+constexpr size_t kFixtureBlockBytes = 2 * 2 * 16 * 2 * 16 * 4;
+
+std::function<DeviceMemory(Backend&)> fake_free(size_t bytes, int* calls = nullptr) {
+  return [bytes, calls](Backend&) {
+    if (calls) ++*calls;
+    return DeviceMemory{bytes, bytes * 2, "cpu"};
+  };
+}
+
+TEST_F(ExecutorTest, PoolTakesItsFractionOfFreeMemoryPerBlock) {
+  auto blocks_for = [&](size_t free_bytes, double fraction) {
+    LlmRunnerOptions o;
+    o.max_total_tokens = 0;  // no cap
+    o.kv_cache_fraction = fraction;
+    int calls = 0;
+    o.device_memory = fake_free(free_bytes, &calls);
+    LlmRunner r(*model_, o);
+    EXPECT_EQ(calls, 1);
+    return int64_t(r.kv().allocator().num_blocks());
+  };
+  const size_t base = size_t(256) << 20;
+  const int64_t b0 = blocks_for(base, 0.5);
+  // The activation arena still to come (planned at 2048 step tokens, a few MiB here) is
+  // left out of what the fraction applies to.
+  EXPECT_LT(b0, int64_t(0.5 * double(base) / double(kFixtureBlockBytes)));
+  EXPECT_GT(b0, int64_t(0.45 * double(base) / double(kFixtureBlockBytes)));
+  // With x = (free - activations) / block bytes the pool is floor(F x) blocks, so each
+  // further 2 blocks' bytes of free memory is one more block at F = 0.5, and F = 0.25
+  // with 4 blocks' bytes more gives floor(x / 4) + 1 = floor(b0 / 2) + 1 (floored twice).
+  EXPECT_EQ(blocks_for(base + 2 * 1000 * kFixtureBlockBytes, 0.5), b0 + 1000);
+  EXPECT_EQ(blocks_for(base + 4 * kFixtureBlockBytes, 0.25), b0 / 2 + 1);
+}
+
+TEST_F(ExecutorTest, FlagCapsAndDefaults) {
+  // Capped by what the options ask for when that is less.
+  LlmRunnerOptions o;
+  o.max_total_tokens = 160;
+  o.kv_cache_fraction = 0.9;
+  o.device_memory = fake_free(size_t(1) << 30);
+  EXPECT_EQ(LlmRunner(*model_, o).kv().allocator().num_blocks(), 10);
+  // Without the flag, today's sizes, and no memory query.
+  ExecutorOptions eo;
+  int calls = 0;
+  eo.device_memory = fake_free(1, &calls);
+  {
+    Executor ex(*model_, nullptr, eo);
+    EXPECT_EQ(ex.stats().kv_blocks_total, 16384 / 16);
+  }
+  EXPECT_EQ(calls, 0);
+  EXPECT_EQ(LlmRunner(*model_).kv().allocator().num_blocks(), 8192 / 16);
+  // An executor sized by the fraction with no cap serves the model's whole context.
+  eo.kv_cache_fraction = 0.5;
+  eo.kv_tokens = 0;
+  eo.device_memory = fake_free(size_t(8) << 20, &calls);
+  Executor ex(*model_, nullptr, eo);
+  EXPECT_EQ(calls, 1);
+  EXPECT_GT(ex.stats().kv_blocks_total, 128);
+  EXPECT_LE(ex.stats().kv_blocks_total, int64_t((size_t(4) << 20) / kFixtureBlockBytes));
+  EXPECT_EQ(ex.max_context(), model_->info().max_positions);
+  auto p = prompts(1, 41, 30, 30)[0];
+  EXPECT_EQ(ex.generate(greedy(p, 10)).choices[0].tokens, alone(p, 10));
+}
+
+TEST_F(ExecutorTest, PoolTooSmallForOneRequestIsAClearError) {
+  ExecutorOptions eo;
+  eo.kv_cache_fraction = 0.5;
+  eo.kv_tokens = 0;
+  // Half of 64 KiB is 4 blocks at most; 9 are needed (128 positions in blocks of 16,
+  // plus the spare).
+  eo.device_memory = fake_free(size_t(64) << 10);
+  try {
+    Executor ex(*model_, nullptr, eo);
+    ADD_FAILURE() << "an executor that cannot hold one request was built";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kOutOfMemory);
+    const std::string m = e.what();
+    for (const char* part : {"needs 9 blocks of 16 tokens", " MiB", "raise --kv-cache-fraction", "free on cpu"})
+      EXPECT_NE(m.find(part), std::string::npos) << part << " not in: " << m;
+  }
+  eo.kv_cache_fraction = 1.5;
+  EXPECT_THROW(Executor(*model_, nullptr, eo), Error);
+  eo.kv_cache_fraction = 0;  // kv_tokens 0 without a fraction: no pool at all
+  EXPECT_THROW(Executor(*model_, nullptr, eo), Error);
+}
+
+// ---- preemption by swap ----------------------------------------------------------------
+
+ExecutorOptions small_pool(PreemptionMode mode, int64_t swap_blocks, bool prefix_caching) {
+  ExecutorOptions opt;
+  opt.kv_tokens = 128;  // 8 blocks of 16: far less than 8 sequences of ~60 tokens
+  opt.max_step_tokens = 64;
+  opt.prefix_caching = prefix_caching;
+  opt.preemption = mode;
+  opt.swap_space_bytes = swap_blocks * int64_t(kFixtureBlockBytes);
+  return opt;
+}
+
+// Every request queued before the executor's next turn: the first one's first update
+// (sent on the executor thread) waits until the others are submitted, so a small pool
+// is oversubscribed however the client threads happen to be scheduled. Greedy, n = 1.
+std::vector<GenerationResult> run_all_at_once(Executor& ex, const std::vector<GenerationRequest>& reqs) {
+  std::vector<GenerationResult> out(reqs.size());
+  std::atomic<bool> queued{false};
+  std::mutex mu;
+  std::condition_variable cv;
+  size_t done = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    out[i].choices.resize(1);
+    ex.submit(reqs[i], [&, i](RequestUpdate&& u) {
+      while (i == 0 && !queued) std::this_thread::yield();
+      for (auto& c : u.choices) {
+        auto& t = out[i].choices[0].tokens;
+        t.insert(t.end(), c.tokens.begin(), c.tokens.end());
+      }
+      if (u.done) {
+        std::lock_guard lk(mu);
+        out[i].error = u.error;
+        ++done;
+        cv.notify_all();
+      }
+    });
+  }
+  queued = true;
+  std::unique_lock lk(mu);
+  cv.wait(lk, [&] { return done == reqs.size(); });
+  return out;
+}
+
+// Waits for the executor's published stats to settle after the last request.
+ExecutorStats settled(Executor& ex) {
+  for (int i = 0; i < 200 && ex.stats().running + ex.stats().waiting > 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  return ex.stats();
+}
+
+TEST_F(ExecutorTest, SwapPreemptionUnderASmallPoolKeepsOutputsExact) {
+  auto ps = prompts(8, 2, 20, 40);
+  for (bool prefix_caching : {false, true}) {
+    SCOPED_TRACE(prefix_caching ? "prefix caching" : "no prefix caching");
+    Executor ex(*model_, nullptr, small_pool(PreemptionMode::kSwap, 64, prefix_caching));
+    EXPECT_EQ(ex.stats().swap_blocks_total, 64);
+    std::vector<GenerationRequest> reqs;
+    for (auto& p : ps) reqs.push_back(greedy(p, 24));
+    auto got = run_all_at_once(ex, reqs);
+    for (size_t i = 0; i < ps.size(); ++i) {
+      ASSERT_EQ(got[i].error, "") << "request " << i;
+      EXPECT_EQ(got[i].choices[0].tokens, alone(ps[i], 24)) << "request " << i;
+    }
+    ExecutorStats s = settled(ex);
+    EXPECT_GT(s.swapped_out, 0);
+    EXPECT_EQ(s.swapped_in, s.swapped_out);  // every swapped sequence came back by swap
+    EXPECT_EQ(s.swap_fallbacks, 0);
+    EXPECT_GT(s.swap_out_bytes, 0);
+    EXPECT_EQ(s.swap_out_bytes % int64_t(kFixtureBlockBytes), 0);
+    EXPECT_GT(s.swap_in_bytes, 0);
+    EXPECT_LE(s.swap_in_bytes, s.swap_out_bytes);
+    if (!prefix_caching) {
+      EXPECT_EQ(s.swap_in_bytes, s.swap_out_bytes);
+    }
+    EXPECT_EQ(s.swap_blocks_used, 0);
+    EXPECT_EQ(s.kv_blocks_free + s.kv_blocks_cached, s.kv_blocks_total) << "blocks leaked";
+  }
+}
+
+TEST_F(ExecutorTest, FullSwapSpaceFallsBackToRecomputeWithExactOutputs) {
+  auto ps = prompts(8, 2, 20, 40);
+  // One slot: only a victim of one block fits (prompts of 20-40 tokens take two or
+  // more once prefilled); none: no victim does.
+  for (int64_t slots : {1, 0}) {
+    SCOPED_TRACE(slots);
+    Executor ex(*model_, nullptr, small_pool(PreemptionMode::kSwap, slots, false));
+    std::vector<GenerationRequest> reqs;
+    for (auto& p : ps) reqs.push_back(greedy(p, 24));
+    auto got = run_all_at_once(ex, reqs);
+    for (size_t i = 0; i < ps.size(); ++i) {
+      ASSERT_EQ(got[i].error, "") << "request " << i;
+      EXPECT_EQ(got[i].choices[0].tokens, alone(ps[i], 24)) << "request " << i;
+    }
+    ExecutorStats s = settled(ex);
+    EXPECT_GT(s.swap_fallbacks, 0);
+    EXPECT_LE(s.swapped_out + s.swap_fallbacks, s.preemptions);
+    if (slots == 0) {
+      EXPECT_EQ(s.swapped_out, 0);
+    }
+    EXPECT_EQ(s.swap_blocks_used, 0);
+    EXPECT_EQ(s.kv_blocks_free + s.kv_blocks_cached, s.kv_blocks_total) << "blocks leaked";
+  }
+}
+
+// One slot running: an urgent request displaces (swaps out) the running one. Resumed,
+// the swapped request continues exactly; cancelled while swapped out, its host slots
+// are freed.
+TEST_F(ExecutorTest, SwappedOutRequestsResumeExactlyOrFreeTheirHostSpaceWhenCancelled) {
+  for (bool cancel : {false, true}) {
+    SCOPED_TRACE(cancel ? "cancel while swapped out" : "resume");
+    ExecutorOptions opt;
+    opt.policy = SchedulePolicy::kPriority;
+    opt.max_running = 1;
+    opt.preemption = PreemptionMode::kSwap;
+    opt.swap_space_bytes = 32 * int64_t(kFixtureBlockBytes);
+    Executor ex(*model_, nullptr, opt);
+    std::atomic<int> low_tokens{0};
+    std::atomic<bool> high_submitted{false}, cancel_sent{false}, low_done{false};
+    std::atomic<int> low_finish{-1};
+    std::vector<int32_t> low_out, high_out;
+    auto low = greedy(prompts(1, 9, 20, 20)[0], 60);
+    uint64_t low_id = ex.submit(low, [&](RequestUpdate&& u) {
+      for (auto& c : u.choices) {
+        low_tokens += int(c.tokens.size());
+        low_out.insert(low_out.end(), c.tokens.begin(), c.tokens.end());
+        if (c.finish != FinishReason::kNone) low_finish = int(c.finish);
+      }
+      if (u.done) low_done = true;
+      // Hold the executor thread until the urgent request is queued (see the priority test).
+      while (low_tokens >= 3 && !high_submitted) std::this_thread::yield();
+    });
+    while (low_tokens < 3) std::this_thread::yield();
+    auto high = greedy(prompts(1, 10, 10, 10)[0], 8);
+    high.priority = 10;
+    std::atomic<int> high_tokens{0};
+    ex.submit(high, [&](RequestUpdate&& u) {
+      for (auto& c : u.choices) high_out.insert(high_out.end(), c.tokens.begin(), c.tokens.end());
+      high_tokens += 1;
+      // The low request is swapped out while this one runs: hold here until it is cancelled.
+      while (cancel && !cancel_sent) std::this_thread::yield();
+    });
+    high_submitted = true;
+    if (cancel) {
+      while (high_tokens < 1) std::this_thread::yield();
+      ex.cancel(low_id);
+      cancel_sent = true;
+    }
+    ex.drain();
+    ExecutorStats s = settled(ex);
+    EXPECT_EQ(high_out, alone(high.prompt, 8));
+    EXPECT_EQ(s.swapped_out, 1);
+    EXPECT_EQ(s.swap_blocks_used, 0);
+    EXPECT_EQ(s.kv_blocks_free + s.kv_blocks_cached, s.kv_blocks_total) << "blocks leaked";
+    if (cancel) {
+      EXPECT_EQ(low_finish, int(FinishReason::kCancelled));
+      EXPECT_EQ(s.swapped_in, 0);
+      EXPECT_EQ(s.requests_cancelled, 1);
+    } else {
+      EXPECT_EQ(low_out, alone(low.prompt, 60));
+      EXPECT_EQ(s.swapped_in, 1);
+    }
+  }
 }
 
 }  // namespace

@@ -2,10 +2,11 @@
 // and SSE), embeddings (float and base64), KServe v2, health, models, metrics, API
 // keys, every kind of bad input as an OpenAI-format 4xx, graceful drain; with the
 // real SmolLM2 and MiniLM (when fetched): chat, stop strings, sessions, disconnects;
-// a tensor-parallel (TP=2) model served like any other.
+// a tensor-parallel (TP=2) model served like any other; swap preemption and its metrics.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <thread>
 
 #include "runtime/llm_runner.h"
 #include "server_util.h"
@@ -253,6 +254,57 @@ TEST(ServerTensorParallel, CompletionsEqualTheUnshardedModel) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("attention heads do not split over 3 ranks"), std::string::npos) << e.what();
   }
+}
+
+// `kiln serve --preemption swap` with a pool too small for the load: completions equal
+// the runner alone, and /metrics counts the swaps.
+TEST(ServerSwap, SwapPreemptionIsExactAndCountedInMetrics) {
+  ExecutorOptions eo;
+  eo.kv_tokens = 128;  // 8 blocks: 6 requests of up to 56 tokens take turns
+  eo.max_step_tokens = 64;
+  eo.prefix_caching = false;
+  eo.preemption = PreemptionMode::kSwap;
+  eo.swap_space_bytes = 1 << 20;
+  ModelRepository repo({}, eo);
+  repo.add(fixture("llama"), "llama");
+  TestServer srv(repo);
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < 6; ++i) {
+    prompts.emplace_back();
+    for (int t = 0; t < 24 + 2 * i; ++t) prompts.back().push_back(3 + (i * 37 + t * 11) % 500);
+  }
+  std::vector<HttpResult> got(prompts.size());
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < prompts.size(); ++i)
+    clients.emplace_back([&, i] { got[i] = post(srv.port(), "/v1/completions", greedy_ids(prompts[i], 20)); });
+  for (auto& t : clients) t.join();
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    ASSERT_EQ(got[i].status, 200) << got[i].body;
+    LlmRunner runner(*repo.find("llama")->model);
+    EXPECT_EQ(got[i].json()["choices"][0]["token_ids"].get<std::vector<int32_t>>(),
+              runner.generate_greedy({prompts[i]}, 20).at(0))
+        << "request " << i;
+  }
+  // The stats a scrape reads trail the last update by one executor turn.
+  auto value = [&](const std::string& body, const std::string& name) {
+    const std::string key = name + "{model=\"llama\"} ";
+    const size_t at = body.find(key);
+    return at == std::string::npos ? -1.0 : std::stod(body.substr(at + key.size()));
+  };
+  std::string body;
+  for (int i = 0; i < 200; ++i) {
+    body = get(srv.port(), "/metrics").body;
+    if (value(body, "kiln_num_requests_running") == 0 && value(body, "kiln_kv_swap_blocks_used") == 0) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(value(body, "kiln_kv_swap_blocks_total"), 128);  // 1 MiB of 8 KiB blocks
+  EXPECT_GT(value(body, "kiln_kv_swapped_out_total"), 0) << body;
+  EXPECT_EQ(value(body, "kiln_kv_swapped_in_total"), value(body, "kiln_kv_swapped_out_total"));
+  EXPECT_GT(value(body, "kiln_kv_swap_out_bytes_total"), 0);
+  EXPECT_EQ(value(body, "kiln_kv_swap_in_bytes_total"), value(body, "kiln_kv_swap_out_bytes_total"));
+  EXPECT_EQ(value(body, "kiln_kv_swap_fallbacks_total"), 0);
+  EXPECT_EQ(value(body, "kiln_kv_swap_blocks_used"), 0);
+  EXPECT_GE(value(body, "kiln_preemptions_total"), value(body, "kiln_kv_swapped_out_total"));
 }
 
 TEST(ServerAuth, ApiKeysGuardTheApiButNotHealth) {

@@ -43,6 +43,13 @@ check tp-heads 1 "4 attention heads do not split over 3 ranks" -- "$kiln" genera
 check tp-zero 105 "--tp: Value 0 not in range" -- "$kiln" generate -m "$fixtures/models/llama" --ids 1 --tp 0
 check tp-encoder 1 "decoders only" -- "$kiln" embed -m "$fixtures/models/bert" --ids 5,6,7 --tp 2
 check bench-tp2 0 "tg" -- "$kiln" bench --random-weights "$fixtures/../../bench/configs/tiny-llama-test.json" -p 8 -n 4 -r 1 --tp 2
+# --kv-cache-fraction sizes the pool from free memory (MemAvailable on the CPU).
+check generate-kv-fraction 0 "$tp1" -- "$kiln" generate -m "$fixtures/models/llama" --ids 5,6,7,300 -n 8 -q --print-ids --ignore-eos --kv-cache-fraction 0.5
+check kv-fraction-too-small 1 "KV cache too small for one max-length request" -- "$kiln" generate -m "$fixtures/models/llama" --ids 5,6,7 --kv-cache-fraction 1e-12
+check kv-fraction-range 105 "--kv-cache-fraction" -- "$kiln" generate -m "$fixtures/models/llama" --ids 5,6,7 --kv-cache-fraction 1.5
+check kv-fraction-zero 105 "--kv-cache-fraction" -- "$kiln" generate -m "$fixtures/models/llama" --ids 5,6,7 --kv-cache-fraction 0
+check bench-kv-fraction 0 "KV pool:" -- "$kiln" bench --random-weights "$fixtures/../../bench/configs/tiny-llama-test.json" -p 8 -n 4 -r 1 --kv-cache-fraction 0.5
+check serve-bad-preemption 105 "--preemption" -- "$kiln" serve -m "$fixtures/models/llama" --preemption evict
 # With the real model (fetched by scripts/fetch_models.sh): text in, text out, chat.
 smol=${KILN_MODELS_DIR:-$fixtures/../../.cache/models}/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf
 if [ -f "$smol" ]; then
@@ -56,8 +63,10 @@ else
 fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-# `kiln serve --tp 2` answers a completion with --tp 1's tokens (port 0: the server picks one).
-"$kiln" serve -m llama="$fixtures/models/llama" --tp 2 --port 0 2>"$tmp/serve-tp.log" &
+# `kiln serve --tp 2` answers a completion with --tp 1's tokens (port 0: the server picks one),
+# with the pool sized from free memory (capped) and preemption by swap.
+"$kiln" serve -m llama="$fixtures/models/llama" --tp 2 --port 0 --kv-cache-fraction 0.001 --kv-tokens 2048 \
+  --preemption swap --swap-space-mib 8 2>"$tmp/serve-tp.log" &
 serve_pid=$!
 port=""
 for _ in $(seq 1 300); do
@@ -68,6 +77,7 @@ done
 check serve-tp2 0 "\"token_ids\":[$(tr ' ' ',' <<<"$tp1")]" -- curl -sS "http://127.0.0.1:${port:-1}/v1/completions" \
   -H 'Content-Type: application/json' \
   -d '{"model":"llama","prompt":[5,6,7,300],"max_tokens":8,"temperature":0,"ignore_eos":true,"return_token_ids":true}'
+check serve-swap-log 0 "preemption by swap (1024 host blocks)" -- cat "$tmp/serve-tp.log"
 kill "$serve_pid" 2>/dev/null
 wait "$serve_pid" 2>/dev/null
 check build 0 "fuse_add_norm" -- "$kiln" build -m "$fixtures/models/gpt2" -o "$tmp/gpt2.kiln" --profile T:1,8,16

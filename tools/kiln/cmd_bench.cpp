@@ -25,6 +25,7 @@ struct BenchArgs {
   int batch = 1;
   int repeats = 3;
   bool hidden = false;  // encoders: fetch every token's hidden state too
+  double kv_fraction = 0;
 };
 
 using Clock = std::chrono::steady_clock;
@@ -116,10 +117,13 @@ int run_bench(const BenchArgs& a) {
   const double kv_token_bytes = 2.0 * double(info.num_layers * info.num_kv_heads * info.head_dim) * kv_elem;
 
   std::vector<double> pp, tg;
+  int64_t kv_blocks = 0;
   for (int r = 0; r < a.repeats + 1; ++r) {  // repeat 0 warms up
     LlmRunnerOptions ro;
     ro.max_total_tokens = int64_t(a.batch) * (a.prompt_len + a.gen_len + 32);
+    ro.kv_cache_fraction = a.kv_fraction;  // then the batch's tokens cap the pool
     LlmRunner runner(*model, ro);
+    kv_blocks = runner.kv().allocator().num_blocks();
     std::vector<int32_t> ids;
     for (auto& p : prompts) ids.push_back(runner.add_sequence(p));
     // Greedy steps: the next token ids (the top candidate, selected on the device when
@@ -155,6 +159,9 @@ int run_bench(const BenchArgs& a) {
               (long long)info.hidden_size,
               a.model.quant.mode.empty() ? a.model.weight_dtype.c_str() : a.model.quant.mode.c_str(), weight_bytes / (1 << 20),
               ThreadPool::global().num_threads());
+  if (a.kv_fraction > 0)
+    std::printf("KV pool: %lld blocks of 16 tokens (--kv-cache-fraction %g, capped by the batch's tokens)\n",
+                (long long)kv_blocks, a.kv_fraction);
   if (on_cpu)
     std::printf("ceiling: memory triad %.2f GB/s\n\n", bw);
   else
@@ -201,6 +208,7 @@ Runner add_bench(CLI::App& app) {
   add_plugin_option(cmd);
   add_quant_options(cmd, a->model.quant);
   add_tp_option(cmd, a->model.tp);
+  add_kv_fraction_option(cmd, a->kv_fraction);
   cmd->add_option("-p,--prompt-len", a->prompt_len, "prompt tokens (pp)")->capture_default_str();
   cmd->add_option("-n,--gen-len", a->gen_len, "generated tokens (tg)")->capture_default_str();
   cmd->add_option("-b,--batch", a->batch, "sequences decoded together")->capture_default_str();

@@ -20,6 +20,7 @@ struct ChatArgs {
   std::string system;
   int max_tokens = 256;
   int context = 4096;
+  double kv_fraction = 0;
 };
 
 int run_chat(const ChatArgs& a) {
@@ -31,6 +32,7 @@ int run_chat(const ChatArgs& a) {
   const int64_t ctx = std::min<int64_t>(a.context, model->info().max_positions);
   LlmRunnerOptions ro;
   ro.max_total_tokens = ctx + 64;
+  ro.kv_cache_fraction = a.kv_fraction;  // then the context caps the pool
   LlmRunner runner(*model, ro);
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   if (!a.system.empty()) messages.push_back({{"role", "system"}, {"content", a.system}});
@@ -89,6 +91,7 @@ Runner add_chat(CLI::App& app) {
   cmd->add_option("-s,--system", a->system, "system prompt");
   cmd->add_option("-n,--max-tokens", a->max_tokens, "tokens per reply")->capture_default_str();
   cmd->add_option("-c,--context", a->context, "context length in tokens")->capture_default_str();
+  add_kv_fraction_option(cmd, a->kv_fraction);
   return [a] { return run_chat(*a); };
 }
 

@@ -23,6 +23,7 @@ struct GenerateArgs {
   bool quiet = false;
   bool chat = false;
   std::string system;
+  double kv_fraction = 0;
 };
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
@@ -65,6 +66,7 @@ int run_generate(const GenerateArgs& a) {
 
   LlmRunnerOptions ro;
   ro.max_total_tokens = int64_t(prompt.size()) + a.max_tokens + 16;
+  ro.kv_cache_fraction = a.kv_fraction;  // then max_total_tokens caps the pool
   LlmRunner runner(*model, ro);
   int32_t seq = runner.add_sequence(prompt);
   std::optional<tok::StreamDecoder> stream;
@@ -120,6 +122,7 @@ Runner add_generate(CLI::App& app) {
   cmd->add_flag("--chat", a->chat, "wrap the prompt as a user turn in the model's chat template");
   cmd->add_option("-s,--system", a->system, "system prompt (with --chat)");
   cmd->add_flag("-q,--quiet", a->quiet, "print only the generated continuation");
+  add_kv_fraction_option(cmd, a->kv_fraction);
   return [a, cmd] {
     if (a->prompt.empty() && a->ids.empty())
       throw_error(ErrorCode::kInvalidArgument, "generate needs --prompt TEXT or --ids IDS");

@@ -25,6 +25,10 @@ struct ServeArgs {
   int port = 8000;
   std::vector<std::string> api_keys;
   int64_t kv_tokens = 16384;
+  bool kv_tokens_given = false;
+  double kv_fraction = 0;
+  std::string preemption = "recompute";
+  int64_t swap_space_mib = 4096;
   int block_size = 16;
   int64_t max_step_tokens = 512;
   int max_running = 64;
@@ -47,6 +51,11 @@ int run_serve(const ServeArgs& a) {
     throw_error(ErrorCode::kInvalidArgument, "serve needs -m PATH (or NAME=PATH) or --model-repo DIR");
   ExecutorOptions eo;
   eo.kv_tokens = a.kv_tokens;
+  eo.kv_cache_fraction = a.kv_fraction;
+  // With the fraction, --kv-tokens caps the pool only when it is given.
+  if (a.kv_fraction > 0 && !a.kv_tokens_given) eo.kv_tokens = 0;
+  eo.preemption = a.preemption == "swap" ? PreemptionMode::kSwap : PreemptionMode::kRecompute;
+  eo.swap_space_bytes = a.swap_space_mib << 20;
   eo.block_size = a.block_size;
   eo.max_step_tokens = a.max_step_tokens;
   eo.max_running = a.max_running;
@@ -75,10 +84,19 @@ int run_serve(const ServeArgs& a) {
   so.drain_timeout_s = a.drain_timeout_s;
   server::Server srv(repo, so);
   int port = srv.bind();
-  for (auto& m : repo.models())
-    std::fprintf(stderr, "[kiln] serving '%s' (%s, %s%s)\n", m->name.c_str(), m->model->info().family.c_str(),
+  for (auto& m : repo.models()) {
+    std::string kv;
+    if (m->executor) {
+      const ExecutorStats s = m->executor->stats();
+      kv = str_cat(", KV cache ", s.kv_blocks_total * a.block_size, " tokens, preemption by ",
+                   preemption_mode_name(eo.preemption),
+                   eo.preemption == PreemptionMode::kSwap ? str_cat(" (", s.swap_blocks_total, " host blocks)") : "");
+    }
+    std::fprintf(stderr, "[kiln] serving '%s' (%s, %s%s%s)\n", m->name.c_str(), m->model->info().family.c_str(),
                  m->is_decoder() ? "generate" : "embed",
-                 m->model->tp_world() > 1 ? str_cat(", tensor parallel over ", m->model->tp_world(), " ranks").c_str() : "");
+                 m->model->tp_world() > 1 ? str_cat(", tensor parallel over ", m->model->tp_world(), " ranks").c_str() : "",
+                 kv.c_str());
+  }
   std::fprintf(stderr, "[kiln] listening on http://%s:%d%s\n", a.host.c_str(), port,
                so.api_keys.empty() ? "" : " (API key required)");
   std::signal(SIGINT, on_signal);
@@ -112,8 +130,18 @@ Runner add_serve(CLI::App& app) {
   cmd->add_option("--host", a->host, "address to bind (0.0.0.0 exposes the server)")->capture_default_str();
   cmd->add_option("--port", a->port, "TCP port")->check(CLI::Range(0, 65535))->capture_default_str();
   cmd->add_option("--api-key", a->api_keys, "require 'Authorization: Bearer KEY' (repeatable; or $KILN_API_KEY)");
-  cmd->add_option("--kv-tokens", a->kv_tokens, "KV cache pool per model, in tokens")
-      ->check(CLI::Range(int64_t(16), int64_t(1) << 30))
+  CLI::Option* kv_tokens = cmd->add_option("--kv-tokens", a->kv_tokens,
+                                           "KV cache pool per model, in tokens (with --kv-cache-fraction: its cap)")
+                               ->check(CLI::Range(int64_t(16), int64_t(1) << 30))
+                               ->capture_default_str();
+  add_kv_fraction_option(cmd, a->kv_fraction);
+  cmd->add_option("--preemption", a->preemption,
+                  "when KV blocks run out, a preempted sequence is recomputed later or its KV is swapped to host memory")
+      ->check(CLI::IsMember({"recompute", "swap"}))
+      ->capture_default_str();
+  cmd->add_option("--swap-space-mib", a->swap_space_mib,
+                  "host memory per model for swapped-out KV blocks (--preemption swap); when full, preemption recomputes")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 24))
       ->capture_default_str();
   cmd->add_option("--block-size", a->block_size, "KV block size in tokens")->check(CLI::Range(1, 1024))->capture_default_str();
   cmd->add_option("--max-step-tokens", a->max_step_tokens, "token budget of one engine step")
@@ -139,8 +167,9 @@ Runner add_serve(CLI::App& app) {
 
   // `kiln serve bench` (also `kiln bench serve`): load-test a running server.
   SubRunner bench = add_serve_bench(cmd);
-  return [a, bench] {
+  return [a, bench, kv_tokens] {
     if (bench.app->parsed()) return bench.run();
+    a->kv_tokens_given = kv_tokens->count() > 0;
     return run_serve(*a);
   };
 }

@@ -47,6 +47,9 @@ struct ModelArgs {
 };
 // --tp N (ModelOptions::tensor_parallel).
 void add_tp_option(CLI::App* cmd, int& tp);
+// --kv-cache-fraction F (LlmRunnerOptions / ExecutorOptions::kv_cache_fraction; 0 = not
+// given). Returns the option, so a command can ask whether it was given.
+CLI::Option* add_kv_fraction_option(CLI::App* cmd, double& fraction);
 // --onnx-import auto|graph|family (ModelOptions::onnx_import).
 void add_onnx_option(CLI::App* cmd, std::string& mode);
 void add_model_options(CLI::App* cmd, ModelArgs& args);

@@ -38,6 +38,14 @@ void add_model_options(CLI::App* cmd, ModelArgs& args) {
   add_plugin_option(cmd);
 }
 
+CLI::Option* add_kv_fraction_option(CLI::App* cmd, double& fraction) {
+  return cmd
+      ->add_option("--kv-cache-fraction", fraction,
+                   "size the KV cache pool as this fraction (0, 1] of the device memory free once the weights and "
+                   "the activation arena are resident (default: a fixed size in tokens)")
+      ->check(CLI::Range(0.0, 1.0) & CLI::PositiveNumber);
+}
+
 void add_tp_option(CLI::App* cmd, int& tp) {
   cmd->add_option("--tp", tp,
                   "tensor parallelism: shard the decoder's heads and MLP over N ranks (cpu backend: one thread per "

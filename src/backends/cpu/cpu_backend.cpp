@@ -6,9 +6,13 @@
 #include "backends/memory_plan.h"
 #include "backends/shape_profile.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <chrono>
+#include <fstream>
 #include <limits>
+#include <sstream>
 
 #include "backends/cpu/cpu_ops.h"
 #include "core/log.h"
@@ -169,6 +173,21 @@ class CpuBackend final : public Backend {
   std::unique_ptr<KvStorage> allocate_kv(const KvLayout& layout) override {
     return std::make_unique<cpu::CpuKv>(layout);
   }
+  DeviceMemory memory_info() override {
+    std::ifstream f("/proc/meminfo");
+    std::stringstream text;
+    text << f.rdbuf();
+    DeviceMemory m = cpu_meminfo_parse(text.str());
+    if (m.total_bytes == 0) {  // no /proc (not Linux): the C library's page counts
+      const long page = sysconf(_SC_PAGESIZE), avail = sysconf(_SC_AVPHYS_PAGES);
+      const long total = sysconf(_SC_PHYS_PAGES);
+      if (page > 0 && avail > 0 && total > 0) {
+        m.free_bytes = size_t(avail) * size_t(page);
+        m.total_bytes = size_t(total) * size_t(page);
+      }
+    }
+    return m;
+  }
 
   // GEMM tactics: microkernel rows (4 or 6), K blocking (heuristic or 256) and the
   // thread split (N panels or T rows); threads stay automatic so an engine tuned on
@@ -237,6 +256,22 @@ class CpuBackend final : public Backend {
 };
 
 }  // namespace
+
+DeviceMemory cpu_meminfo_parse(const std::string& text) {
+  DeviceMemory m;
+  m.device = "cpu";
+  std::istringstream in(text);
+  std::string key;
+  size_t kb = 0;
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream ls(line);
+    if (!(ls >> key >> kb)) continue;
+    if (key == "MemAvailable:") m.free_bytes = kb * 1024;
+    if (key == "MemTotal:") m.total_bytes = kb * 1024;
+  }
+  return m;
+}
 
 std::unique_ptr<Backend> create_cpu_backend() { return std::make_unique<CpuBackend>(); }
 

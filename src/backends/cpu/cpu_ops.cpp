@@ -629,4 +629,43 @@ void CpuKv::copy_block(int32_t src, int32_t dst) {
   }
 }
 
+void CpuKv::host_reserve(int32_t num_blocks) {
+  KILN_THROW_IF(num_blocks < 0, kInvalidArgument, "KV host swap space of ", num_blocks, " blocks");
+  host_.reset();
+  host_blocks_ = 0;
+  if (num_blocks == 0) return;
+  host_.reset(new float[size_t(num_blocks) * (block_bytes() / 4)]);
+  host_blocks_ = num_blocks;
+}
+
+void CpuKv::check_copy(const KvSwapCopy& c) const {
+  KILN_THROW_IF(c.block < 0 || c.block >= layout_.num_blocks || c.host < 0 || c.host >= host_blocks_,
+                kOutOfRange, "KV swap of block ", c.block, " <-> host slot ", c.host, " outside [0, ",
+                layout_.num_blocks, ") x [0, ", host_blocks_, ")");
+}
+
+void CpuKv::swap_out(std::span<const KvSwapCopy> copies) {
+  const int64_t block = layout_.block_elems();
+  for (const KvSwapCopy& c : copies) {
+    check_copy(c);
+    float* h = host_.get() + size_t(c.host) * (block_bytes() / 4);
+    for (int64_t l = 0; l < layout_.num_layers; ++l, h += 2 * block) {
+      std::memcpy(h, k(l) + c.block * block, size_t(block) * 4);
+      std::memcpy(h + block, v(l) + c.block * block, size_t(block) * 4);
+    }
+  }
+}
+
+void CpuKv::swap_in(std::span<const KvSwapCopy> copies) {
+  const int64_t block = layout_.block_elems();
+  for (const KvSwapCopy& c : copies) {
+    check_copy(c);
+    const float* h = host_.get() + size_t(c.host) * (block_bytes() / 4);
+    for (int64_t l = 0; l < layout_.num_layers; ++l, h += 2 * block) {
+      std::memcpy(k(l) + c.block * block, h, size_t(block) * 4);
+      std::memcpy(v(l) + c.block * block, h + block, size_t(block) * 4);
+    }
+  }
+}
+
 }  // namespace kiln::cpu

@@ -4,6 +4,7 @@
 
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -55,12 +56,17 @@ size_t pack_linear_weights(ir::Graph& g, const CompileOptions& opt);
 std::string linear_tactic_str(const LinearTactic& t);
 LinearTactic linear_tactic_parse(const std::string& s);
 
-// The CPU KV pool: per layer, K and V as [num_blocks, block_size, Hkv, D] f32.
+// The CPU KV pool: per layer, K and V as [num_blocks, block_size, Hkv, D] f32. The host
+// swap space holds a slot per swapped block: [layer][K, V][block_size, Hkv, D].
 class CpuKv : public KvStorage {
  public:
   explicit CpuKv(const KvLayout& layout);
   const KvLayout& layout() const override { return layout_; }
   void copy_block(int32_t src, int32_t dst) override;
+  void host_reserve(int32_t num_blocks) override;
+  int32_t host_blocks() const override { return host_blocks_; }
+  void swap_out(std::span<const KvSwapCopy> copies) override;
+  void swap_in(std::span<const KvSwapCopy> copies) override;
   float* k(int64_t layer) { return k_.data_as<float>() + layer * layer_elems(); }
   float* v(int64_t layer) { return v_.data_as<float>() + layer * layer_elems(); }
 
@@ -68,8 +74,11 @@ class CpuKv : public KvStorage {
   int64_t layer_elems() const {
     return layout_.num_blocks * layout_.block_size * layout_.num_kv_heads * layout_.head_dim;
   }
+  void check_copy(const KvSwapCopy& c) const;
   KvLayout layout_;
   Tensor k_, v_;
+  std::unique_ptr<float[]> host_;  // not value-initialized: untouched pages cost nothing
+  int32_t host_blocks_ = 0;
 };
 
 }  // namespace kiln::cpu

@@ -647,6 +647,17 @@ class CudaBackend final : public Backend {
   std::unique_ptr<KvStorage> allocate_kv(const KvLayout& layout) override {
     return std::make_unique<CudaKv>(layout, act_, context());
   }
+  size_t kv_block_bytes(const KvLayout& layout) const override {
+    return layout.block_bytes(dtype_size(act_));
+  }
+  DeviceMemory memory_info() override {
+    const int device = context()->device;
+    KILN_CUDA_CHECK(cudaSetDevice(device));
+    DeviceMemory m;
+    KILN_CUDA_CHECK(cudaMemGetInfo(&m.free_bytes, &m.total_bytes));
+    m.device = str_cat("cuda:", device);
+    return m;
+  }
 
  private:
   std::shared_ptr<CudaContext> context() {

@@ -66,12 +66,15 @@ class PinnedBuffer {
   PinnedBuffer& operator=(const PinnedBuffer&) = delete;
   void* get() const { return p_; }
   size_t size() const { return bytes_; }
-  // Callers grow only when no copy from/to the buffer is pending.
-  void grow(size_t bytes) {
-    if (bytes <= bytes_) return;
+  // Callers reset or grow only when no copy from/to the buffer is pending.
+  void reset() {
     if (p_) cudaFreeHost(p_);
     p_ = nullptr;
     bytes_ = 0;
+  }
+  void grow(size_t bytes) {
+    if (bytes <= bytes_) return;
+    reset();
     const size_t rounded = (bytes + 65535) / 65536 * 65536;
     KILN_CUDA_CHECK(cudaMallocHost(&p_, rounded));
     bytes_ = rounded;

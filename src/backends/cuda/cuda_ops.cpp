@@ -515,15 +515,55 @@ CudaKv::CudaKv(const KvLayout& layout, DType dtype, std::shared_ptr<CudaContext>
   KILN_CUDA_CHECK(cudaMemsetAsync(v_.get(), 0, bytes, cx_->stream));
 }
 
+CudaKv::~CudaKv() {
+  // Queued swaps may still read or write the pinned slots.
+  if (host_.get()) cudaStreamSynchronize(cx_->stream);
+}
+
 void CudaKv::copy_block(int32_t src, int32_t dst) {
   KILN_THROW_IF(src < 0 || dst < 0 || src >= layout_.num_blocks || dst >= layout_.num_blocks, kOutOfRange,
                 "KV copy_block ", src, " -> ", dst, " outside [0, ", layout_.num_blocks, ")");
-  const size_t bb = block_bytes();
+  const size_t bb = layer_block_bytes();
   for (int64_t l = 0; l < layout_.num_layers; ++l) {
     KILN_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(k(l)) + size_t(dst) * bb, static_cast<char*>(k(l)) + size_t(src) * bb,
                                     bb, cudaMemcpyDeviceToDevice, cx_->stream));
     KILN_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(v(l)) + size_t(dst) * bb, static_cast<char*>(v(l)) + size_t(src) * bb,
                                     bb, cudaMemcpyDeviceToDevice, cx_->stream));
+  }
+}
+
+void CudaKv::host_reserve(int32_t num_blocks) {
+  KILN_THROW_IF(num_blocks < 0, kInvalidArgument, "KV host swap space of ", num_blocks, " blocks");
+  KILN_CUDA_CHECK(cudaStreamSynchronize(cx_->stream));  // no queued swap may use the old space
+  host_.reset();
+  host_blocks_ = 0;
+  if (num_blocks == 0) return;
+  host_.grow(size_t(num_blocks) * block_bytes());
+  host_blocks_ = num_blocks;
+}
+
+void CudaKv::swap_out(std::span<const KvSwapCopy> copies) { swap(copies, true); }
+void CudaKv::swap_in(std::span<const KvSwapCopy> copies) { swap(copies, false); }
+
+// A host slot is [layer][K, V][block]: K of every layer is a 2D copy of num_layers rows
+// of one block, `layer_bytes` apart on the device and two blocks apart on the host.
+void CudaKv::swap(std::span<const KvSwapCopy> copies, bool out) {
+  const size_t bb = layer_block_bytes(), rows = size_t(layout_.num_layers), pitch = layer_bytes();
+  const cudaStream_t s = cx_->stream;
+  for (const KvSwapCopy& c : copies) {
+    KILN_THROW_IF(c.block < 0 || c.block >= layout_.num_blocks || c.host < 0 || c.host >= host_blocks_,
+                  kOutOfRange, "KV swap of block ", c.block, " <-> host slot ", c.host, " outside [0, ",
+                  layout_.num_blocks, ") x [0, ", host_blocks_, ")");
+    char* h = static_cast<char*>(host_.get()) + size_t(c.host) * block_bytes();
+    char* dk = static_cast<char*>(k(0)) + size_t(c.block) * bb;
+    char* dv = static_cast<char*>(v(0)) + size_t(c.block) * bb;
+    if (out) {
+      KILN_CUDA_CHECK(cudaMemcpy2DAsync(h, 2 * bb, dk, pitch, bb, rows, cudaMemcpyDeviceToHost, s));
+      KILN_CUDA_CHECK(cudaMemcpy2DAsync(h + bb, 2 * bb, dv, pitch, bb, rows, cudaMemcpyDeviceToHost, s));
+    } else {
+      KILN_CUDA_CHECK(cudaMemcpy2DAsync(dk, pitch, h, 2 * bb, bb, rows, cudaMemcpyHostToDevice, s));
+      KILN_CUDA_CHECK(cudaMemcpy2DAsync(dv, pitch, h + bb, 2 * bb, bb, rows, cudaMemcpyHostToDevice, s));
+    }
   }
 }
 

@@ -32,25 +32,36 @@ struct DevTensor {
 };
 
 // The CUDA KV pool: per layer, K and V as [num_blocks, block_size, Hkv, D] in the
-// activation dtype (bf16/f16/f32), zero-initialized.
+// activation dtype (bf16/f16/f32), zero-initialized. The host swap space is pinned
+// memory with a slot per swapped block: [layer][K, V][block_size, Hkv, D]; swaps are
+// cudaMemcpy2DAsync on the context's stream (one per block for K, one for V, every
+// layer at once), ordered with the engine steps.
 class CudaKv : public KvStorage {
  public:
   CudaKv(const KvLayout& layout, DType dtype, std::shared_ptr<CudaContext> cx);
+  ~CudaKv() override;
   const KvLayout& layout() const override { return layout_; }
   void copy_block(int32_t src, int32_t dst) override;
+  size_t block_bytes() const override { return layout_.block_bytes(dtype_size(dtype_)); }
+  void host_reserve(int32_t num_blocks) override;
+  int32_t host_blocks() const override { return host_blocks_; }
+  void swap_out(std::span<const KvSwapCopy> copies) override;
+  void swap_in(std::span<const KvSwapCopy> copies) override;
   DType dtype() const { return dtype_; }
   void* k(int64_t layer) const { return static_cast<char*>(k_.get()) + size_t(layer) * layer_bytes(); }
   void* v(int64_t layer) const { return static_cast<char*>(v_.get()) + size_t(layer) * layer_bytes(); }
 
  private:
-  size_t block_bytes() const {
-    return size_t(layout_.block_size * layout_.num_kv_heads * layout_.head_dim) * dtype_size(dtype_);
-  }
-  size_t layer_bytes() const { return size_t(layout_.num_blocks) * block_bytes(); }
+  // One block of K (or V) in one layer.
+  size_t layer_block_bytes() const { return size_t(layout_.block_elems()) * dtype_size(dtype_); }
+  size_t layer_bytes() const { return size_t(layout_.num_blocks) * layer_block_bytes(); }
+  void swap(std::span<const KvSwapCopy> copies, bool out);
   KvLayout layout_;
   DType dtype_;
   std::shared_ptr<CudaContext> cx_;
   DeviceBuffer k_, v_;
+  PinnedBuffer host_;
+  int32_t host_blocks_ = 0;
 };
 
 // One attention configuration's plan for the current step, on the device.

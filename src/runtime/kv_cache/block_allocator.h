@@ -58,6 +58,8 @@ class KvCacheManager {
   void truncate(KvSequence& seq, int32_t length);
 
   int32_t block_size() const { return block_size_; }
+  // The storage copy-on-write copies in (null in bookkeeping-only tests).
+  KvStorage* storage() const { return storage_; }
   const BlockAllocator& allocator() const { return alloc_; }
   BlockAllocator& allocator() { return alloc_; }
 

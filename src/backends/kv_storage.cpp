@@ -1,0 +1,24 @@
+// The KvStorage defaults (see backend.h): a storage that does not implement the host
+// swap space refuses it with a clear error. Tested in tests/runtime/kv_cache_test.cpp.
+#include "backends/backend.h"
+#include "core/status.h"
+
+namespace kiln {
+
+void KvStorage::host_reserve(int32_t num_blocks) {
+  if (num_blocks > 0)
+    throw_error(ErrorCode::kUnsupported, "this KV storage has no host swap space (asked for ",
+                num_blocks, " blocks); use --preemption recompute");
+}
+
+void KvStorage::swap_out(std::span<const KvSwapCopy> copies) {
+  if (!copies.empty())
+    throw_error(ErrorCode::kUnsupported, "this KV storage cannot swap blocks to the host");
+}
+
+void KvStorage::swap_in(std::span<const KvSwapCopy> copies) {
+  if (!copies.empty())
+    throw_error(ErrorCode::kUnsupported, "this KV storage cannot swap blocks from the host");
+}
+
+}  // namespace kiln
