@@ -1,7 +1,8 @@
 // The CUDA backend (built when the CUDA toolkit is found; KILN_HAVE_CUDA): kernels under
 // ops/, cuBLASLt GEMMs, a paged KV pool in the activation dtype. CompileOptions.weight_dtype
 // picks the activation/weight dtype on the device: "bf16" (the GPU default to ask for),
-// "f16", or "f32" (true f32 math, cuBLASLt without TF32: a precise reference mode).
+// "f16", "f32" (true f32 math, cuBLASLt without TF32: a precise reference mode), or "fp8"
+// (bf16 activations; Linears with attr quant="fp8" run E4M3 x E4M3, cuda_fp8_linear.h).
 // Tested in tests/backends/cuda/ (op conformance vs the CPU backend, model goldens).
 #pragma once
 

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "backends/cuda/cuda_fp8_linear.h"
 #include "backends/cuda/ops/attention.h"
 #include "backends/cuda/ops/elementwise.h"
 #include "backends/cuda/ops/embedding.h"
@@ -129,6 +130,7 @@ OpRun prepare_swiglu(const ir::Node&, const ir::Graph&, PrepareContext&) {
 }
 
 OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) {
+  if (n.attr_str("quant", "") == "fp8") return prepare_fp8_linear(n, g, pc);
   ir::ValueId wv = need_weight(n, g, 1, "weight");
   const void* w = pc.weights->get(g, wv, pc.act);
   const void* bias = pc.weights->get(g, need_weight(n, g, 2, "bias", true), pc.act);
@@ -375,6 +377,11 @@ bool cuda_op_supported(const ir::Node& n, const ir::Graph& g, std::string* why) 
   if (n.op == "Gelu") {
     const std::string a = n.attr_str("approximate", "none");
     if (a != "none" && a != "tanh") return fail(str_cat("Gelu approximate='", a, "'"));
+  }
+  if (n.op == "Linear" && n.has_attr("quant")) {
+    const std::string q = n.attr_str("quant");
+    if (q != "fp8") return fail(str_cat("quant '", q, "' Linears run on the CPU backend only (the CUDA backend runs fp8)"));
+    if (!fp8_linear_supported(n, g, why)) return false;
   }
   auto weight_at = [&](size_t i) { return n.input(i) == ir::kNoValue || g.is_weight(n.input(i)); };
   if ((n.op == "Linear" || n.op == "LayerNorm") && !(weight_at(1) && weight_at(2)))
