@@ -283,15 +283,16 @@ BuildReport build_engine(const BuildOptions& o) {
   ModelOptions mo{o.backend, o.weight_dtype, nullptr, o.opt_level, o.disabled_passes, o.weight_dtype,
                   o.pin_precision};
   mo.onnx_import = o.onnx_import;
-  const bool w8a8 = o.quant.mode == "w8a8";
-  if (!o.quant.mode.empty() && !w8a8)
-    throw_error(ErrorCode::kInvalidArgument, "build: unknown --quant '", o.quant.mode, "' (expected w8a8)");
-  if (w8a8 && o.random_weights)
+  const bool quantized = !o.quant.mode.empty();
+  if (quantized && o.random_weights)
     throw_error(ErrorCode::kInvalidArgument, "build: --quant needs real weights to calibrate (not --random-weights)");
-  auto quant_report = std::make_shared<quant::W8A8Report>();
-  if (w8a8) {
-    quant::calib_method_parse(o.quant.method);
-    mo = w8a8_model_options(mo, calibration_for(o.model, mo, o.quant), o.quant, quant_report);
+  auto w8a8_report = std::make_shared<quant::W8A8Report>();
+  auto fp8_report = std::make_shared<quant::Fp8Report>();
+  if (quantized) {
+    quant_mode_check(o.quant);
+    const quant::CalibrationTable table = calibration_for(o.model, mo, o.quant);
+    mo = o.quant.mode == "fp8" ? fp8_model_options(mo, table, o.quant, fp8_report)
+                               : w8a8_model_options(mo, table, o.quant, w8a8_report);
   }
   auto model = o.random_weights ? Model::load_random(o.model, mo) : Model::load(o.model, mo);
   if (model->engine()) throw_error(ErrorCode::kInvalidArgument, "build: '", o.model, "' is already an engine");
@@ -304,12 +305,18 @@ BuildReport build_engine(const BuildOptions& o) {
   e.graph = model->graph();  // shares the weight buffers; conversions make new ones
   e.info = model->info();
   e.config = model->config();
-  const std::string weight_dtype = w8a8 ? "w8a8" : o.weight_dtype;
+  const std::string weight_dtype = quantized ? o.quant.mode : o.weight_dtype;
   convert_gemm_weights(e.graph, weight_dtype);
-  if (w8a8)
+  if (o.quant.mode == "w8a8")
     report.quant_summary = "w8a8 (" + (o.quant.act_scale == "per-token" ? std::string("per-token") : o.quant.method) + " activation scales, smoothing alpha " + std::to_string(o.quant.smooth_alpha) +
-                           "): " + std::to_string(quant_report->quantized) + " Linears int8, " +
-                           std::to_string(quant_report->kept) + " kept f32";
+                           "): " + std::to_string(w8a8_report->quantized) + " Linears int8, " +
+                           std::to_string(w8a8_report->kept) + " kept f32";
+  if (o.quant.mode == "fp8") {
+    quant::store_fp8_weights(e.graph);  // E4M3 codes in the file, one byte per weight
+    report.quant_summary = str_cat("fp8 (", o.quant.method, " activation clips, smoothing alpha ", o.quant.smooth_alpha,
+                                   "): ", fp8_report->quantized, " Linears E4M3, ",
+                                   fp8_report->kept + fp8_report->kept_shape, " kept f32");
+  }
   e.profiles = o.profiles;
   if (e.profiles.empty()) {
     // Built models have one token axis T; an imported ONNX graph has its own symbolic
@@ -378,7 +385,7 @@ BuildReport build_engine(const BuildOptions& o) {
   e.build.workspace_bytes = o.workspace_bytes;
   for (auto& r : report.passes)
     if (r.changed) e.build.pass_report.push_back(r.name + ": " + r.stats);
-  if (w8a8) e.build.pass_report.push_back(report.quant_summary);
+  if (quantized) e.build.pass_report.push_back(report.quant_summary);
   e.build.build_seconds = since(t0);
   report.bytes = engine_write(o.output, e);
   report.seconds = since(t0);

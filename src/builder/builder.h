@@ -42,7 +42,8 @@ struct BuildOptions {
   // backend. Off: portable [N, K] weights, packed at load.
   bool pack_weights = false;
   std::string timing_cache;    // JSON file read before and written after tuning; "" = none
-  // Post-training quantization (mode "w8a8": calibrated int8 Linears, the rest f32).
+  // Post-training quantization (mode "w8a8": calibrated int8 Linears, the rest f32;
+  // "fp8": calibrated E4M3 Linears, stored as E4M3 codes in the engine).
   QuantOptions quant;
 };
 

@@ -84,33 +84,45 @@ uint16_t f32_to_f16(float f) {
   return uint16_t(sign | h);
 }
 
+// E4M3 (OCP FP8 "E4M3FN"): bias 7, no infinities, S.1111.111 the only NaN, 448 the
+// largest finite value, subnormals m * 2^-9.
 float fp8e4m3_to_f32(uint8_t v) {
-  uint32_t sign = v >> 7;
-  uint32_t exp = (v >> 3) & 0xf;
-  uint32_t mant = v & 7;
-  float r;
-  if (exp == 15 && mant == 7) return NAN;
-  if (exp == 0) r = std::ldexp(float(mant), -9);
-  else r = std::ldexp(1.0f + float(mant) / 8.0f, int(exp) - 7);
-  return sign ? -r : r;
+  const uint32_t sign = uint32_t(v & 0x80) << 24;
+  const uint32_t exp = (v >> 3) & 0xf;
+  const uint32_t mant = v & 7;
+  if (exp == 15 && mant == 7) return f32_from_bits(sign | 0x7fc00000u);
+  if (exp == 0) {
+    const float r = float(mant) * (1.0f / 512.0f);  // exact: a 3-bit integer times 2^-9
+    return sign ? -r : r;
+  }
+  return f32_from_bits(sign | ((exp + 120) << 23) | (mant << 20));
 }
 
+// Bit arithmetic on the f32 encoding, the same steps as __nv_cvt_float_to_fp8(x,
+// __NV_SATFINITE, __NV_E4M3) and the hardware's cvt.rn.satfinite.e4m3x2.f32.
 uint8_t f32_to_fp8e4m3(float f) {
-  if (std::isnan(f)) return 0x7f;
-  uint8_t sign = std::signbit(f) ? 0x80 : 0;
-  float a = std::fabs(f);
-  if (a >= 448.0f) return sign | 0x7e;  // saturate
-  // Search the 127 finite magnitudes for the nearest (ties to even mantissa).
-  uint8_t best = 0;
-  float best_err = INFINITY;
-  for (uint8_t c = 0; c < 0x7f; ++c) {
-    float err = std::fabs(fp8e4m3_to_f32(c) - a);
-    if (err < best_err || (err == best_err && (c & 1) == 0)) {
-      best = c;
-      best_err = err;
-    }
+  const uint32_t u = f32_bits(f);
+  const uint8_t sign = uint8_t((u >> 24) & 0x80);
+  const uint32_t a = u & 0x7fffffffu;
+  if (a > 0x7f800000u) return 0x7f;               // NaN -> the canonical NaN
+  if (a >= 0x43e00000u) return sign | 0x7e;       // |f| >= 448 (and inf): saturate
+  const uint32_t e = a >> 23;                     // biased f32 exponent
+  if (a >= 0x3c800000u) {                         // |f| >= 2^-6: normal in E4M3
+    uint32_t code = ((e - 120) << 3) | ((a >> 20) & 7);
+    const uint32_t rest = a & 0xfffffu;           // the 20 bits rounded off
+    if (rest > 0x80000u || (rest == 0x80000u && (code & 1))) ++code;  // may carry into the exponent
+    return sign | uint8_t(code);
   }
-  return sign | best;
+  // Subnormal in E4M3: round |f| / 2^-9 to an integer in [0, 8] (8 is the smallest
+  // normal, 0x08). |f| = full * 2^(e - 150) with the implicit bit, so the integer is
+  // full >> (141 - e); below 2^-10 (e < 117) everything rounds to zero.
+  if (e < 117) return sign;
+  const uint32_t full = (a & 0x7fffffu) | 0x800000u;
+  const uint32_t shift = 141 - e;                 // 21..24
+  uint32_t q = full >> shift;
+  const uint32_t rest = full & ((1u << shift) - 1), half = 1u << (shift - 1);
+  if (rest > half || (rest == half && (q & 1))) ++q;
+  return sign | uint8_t(q);
 }
 
 namespace {

@@ -40,8 +40,11 @@ inline uint16_t f32_to_bf16(float f) {
 
 float f16_to_f32(uint16_t h);
 uint16_t f32_to_f16(float f);
+// FP8 E4M3 (OCP "E4M3FN", CUDA's __nv_fp8_e4m3): exact decoding (0x7f/0xff are NaN);
+// encoding rounds to nearest even, saturates to +-448 (inf included: the "satfinite"
+// rule), maps NaN to 0x7f and keeps the sign of values that round to zero.
 float fp8e4m3_to_f32(uint8_t v);
-uint8_t f32_to_fp8e4m3(float f);  // saturates to +-448 (the OCP "satfinite" rule)
+uint8_t f32_to_fp8e4m3(float f);
 
 // Converts n elements of type `from` at src into `to` at dst (float types and ints).
 void dtype_convert(const void* src, DType from, void* dst, DType to, size_t n);

@@ -248,7 +248,7 @@ EngineContents engine_parse(const uint8_t* data, size_t size, std::shared_ptr<co
                  b->build_seconds(),     read_strings(b->pin_precision()),   b->workspace_bytes()};
   }
   const std::string& wd = out.build.weight_dtype;
-  if (wd != "f32" && wd != "bf16" && wd != "f16" && wd != "q8" && wd != "q4" && wd != "w8a8")
+  if (wd != "f32" && wd != "bf16" && wd != "f16" && wd != "q8" && wd != "q4" && wd != "w8a8" && wd != "fp8")
     bad(where, "unknown weight dtype '", out.build.weight_dtype, "'");
   if (e->profiles())
     for (const fb::Profile* p : *e->profiles()) {

@@ -9,6 +9,8 @@
 #include <iterator>
 #include <nlohmann/json.hpp>
 
+#include "core/dtype.h"
+#include "core/fp8.h"
 #include "core/status.h"
 
 namespace kiln::quant {
@@ -119,14 +121,88 @@ double amax_kl(const Histogram& h) {
   return edge(h, best_i);
 }
 
-double CalibrationTable::amax(const std::string& node, CalibMethod method) const {
+namespace {
+
+// |x| of a bin centre quantized to E4M3 with the clip `amax` (per-tensor scaling).
+double fp8_fake_quant(double x, const Fp8Scale& s) {
+  return double(fp8e4m3_to_f32(f32_to_fp8e4m3(float(x) * s.inv))) * double(s.scale);
+}
+
+}  // namespace
+
+double amax_mse_fp8(const Histogram& h) {
+  if (h.total() <= 0 || h.range <= 0) return h.range;
+  const double w = h.bin_width();
+  double best = INFINITY, best_amax = h.range;
+  for (int i = kStartBin; i <= kHistogramBins; ++i) {
+    const double amax = edge(h, i);
+    const Fp8Scale s = fp8_scale_for_amax(amax);
+    double err = 0;
+    for (int b = 0; b < kHistogramBins; ++b) {
+      const double c = h.counts[size_t(b)];
+      if (c == 0) continue;
+      const double x = (b + 0.5) * w, q = fp8_fake_quant(x, s);
+      err += c * (x - q) * (x - q);
+    }
+    if (err <= best) best = err, best_amax = amax;  // ties: the larger clip
+  }
+  return best_amax;
+}
+
+double amax_kl_fp8(const Histogram& h) {
+  const double total = h.total();
+  if (total <= 0 || h.range <= 0) return h.range;
+  const std::vector<double>& bins = h.counts;
+  std::vector<double> tail(size_t(kHistogramBins) + 1, 0.0);
+  for (int i = kHistogramBins - 1; i >= 0; --i) tail[size_t(i)] = tail[size_t(i) + 1] + bins[size_t(i)];
+  double best = INFINITY;
+  int best_i = kHistogramBins;
+  constexpr int kCodes = 0x7f;  // non-negative finite E4M3 codes
+  std::vector<double> merged(kCodes), nonzero(kCodes);
+  std::vector<uint8_t> level;
+  for (int i = kStartBin; i <= kHistogramBins; ++i) {
+    // Bin j of [0, i) belongs to the code its centre rounds to with the clip at edge i:
+    // e4m3((j + 0.5) / i * 448). Bins near zero get a code each (no loss there); bins
+    // near the clip share the coarse top codes.
+    level.resize(size_t(i));
+    std::fill(merged.begin(), merged.end(), 0.0);
+    std::fill(nonzero.begin(), nonzero.end(), 0.0);
+    for (int j = 0; j < i; ++j) {
+      const uint8_t l = f32_to_fp8e4m3(float((j + 0.5) / i * double(kFp8E4M3Max)));
+      level[size_t(j)] = l;
+      if (bins[size_t(j)] != 0) merged[l] += bins[size_t(j)], nonzero[l] += 1;
+    }
+    double q_total = 0;
+    for (int j = 0; j < i; ++j)
+      if (bins[size_t(j)] != 0) q_total += merged[level[size_t(j)]] / nonzero[level[size_t(j)]];
+    double kl = 0;
+    for (int j = 0; j < i; ++j) {
+      double p = bins[size_t(j)] + (j == i - 1 ? tail[size_t(i)] : 0.0);
+      if (p == 0) continue;
+      p /= total;
+      const double qc = bins[size_t(j)] != 0 ? merged[level[size_t(j)]] / nonzero[level[size_t(j)]] : 0;
+      if (qc == 0) {
+        kl = INFINITY;
+        break;
+      }
+      kl += p * std::log(p / (qc / q_total));
+    }
+    if (kl <= best) best = kl, best_i = i;
+  }
+  return edge(h, best_i);
+}
+
+double CalibrationTable::amax(const std::string& node, CalibMethod method, QuantFormat format) const {
   auto it = tensors.find(node);
   if (it == tensors.end())
     throw_error(ErrorCode::kNotFound, "calibration table has no entry for Linear '", node,
                 "' (was it calibrated on a different model or opt level?)");
-  auto m = it->second.amax.find(calib_method_name(method));
+  std::string key = calib_method_name(method);
+  if (format == QuantFormat::kFp8E4M3 && (method == CalibMethod::kMse || method == CalibMethod::kKl)) key += "_fp8";
+  auto m = it->second.amax.find(key);
   if (m == it->second.amax.end())
-    throw_error(ErrorCode::kNotFound, "calibration table entry '", node, "' has no '", calib_method_name(method), "' amax");
+    throw_error(ErrorCode::kNotFound, "calibration table entry '", node, "' has no '", key, "' amax",
+                key.ends_with("_fp8") ? " (the cache predates FP8 calibration: delete it to recalibrate)" : "");
   return m->second;
 }
 
@@ -246,6 +322,8 @@ TensorCalib TensorCollector::finish() const {
   c.amax["percentile"] = amax_percentile(hist_);
   c.amax["mse"] = amax_mse(hist_);
   c.amax["kl"] = amax_kl(hist_);
+  c.amax["mse_fp8"] = amax_mse_fp8(hist_);
+  c.amax["kl_fp8"] = amax_kl_fp8(hist_);
   return c;
 }
 

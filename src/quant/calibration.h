@@ -15,6 +15,9 @@
 namespace kiln::quant {
 
 enum class CalibMethod : uint8_t { kMax, kPercentile, kMse, kKl };
+// The number format the activations are quantized to: the MSE and KL clips depend on
+// its grid (int8's 127 even steps; E4M3's 3-bit mantissa, finer towards zero).
+enum class QuantFormat : uint8_t { kInt8, kFp8E4M3 };
 // "max" | "percentile" | "mse" | "kl"; throws kInvalidArgument naming the choices.
 CalibMethod calib_method_parse(const std::string& s);
 const char* calib_method_name(CalibMethod m);
@@ -45,11 +48,17 @@ double amax_mse(const Histogram& h);
 // outliers folded into its last bin, Q = those counts merged into 128 levels and spread
 // back over the non-empty bins; the edge minimising KL(P || Q) (ties: the larger edge).
 double amax_kl(const Histogram& h);
+// The same two searches on E4M3's grid: bin centres quantized as e4m3(x * 448 / edge)
+// (core/fp8.h's per-tensor scaling, saturating); KL's levels are the E4M3 codes.
+double amax_mse_fp8(const Histogram& h);
+double amax_kl_fp8(const Histogram& h);
 
 // What calibration measured for one Linear's input activation.
 struct TensorCalib {
   std::vector<float> channel_absmax;       // [K]: max |x_j| of the raw input
-  std::map<std::string, double> amax;      // method name -> threshold of the (smoothed) input
+  // method name -> threshold of the (smoothed) input; "mse"/"kl" for int8,
+  // "mse_fp8"/"kl_fp8" for E4M3 ("max"/"percentile" serve both).
+  std::map<std::string, double> amax;
   int64_t rows = 0;                        // activation rows observed
 };
 
@@ -60,8 +69,9 @@ struct CalibrationTable {
   int64_t sequences = 0, tokens = 0;
   std::map<std::string, TensorCalib> tensors;  // Linear node name -> stats
 
-  // The amax of `node` for `method`; throws kNotFound naming the node when absent.
-  double amax(const std::string& node, CalibMethod method) const;
+  // The amax of `node` for `method` and `format`; throws kNotFound naming the node (or
+  // the missing threshold, e.g. an FP8 clip in a cache written before FP8 existed).
+  double amax(const std::string& node, CalibMethod method, QuantFormat format = QuantFormat::kInt8) const;
   void save(const std::string& path) const;
   // Throws kiln::Error (kInvalidArgument) naming the file and the problem on bad input.
   static CalibrationTable load(const std::string& path);
@@ -80,7 +90,7 @@ class TensorCollector {
   // inv_smooth: [K] multipliers 1/s_j (empty: no smoothing). Call after pass 1.
   void begin_histogram(std::vector<float> inv_smooth);
   void observe_histogram(const float* x, int64_t rows, int64_t k);
-  // All four thresholds of the histogram; pass 1's max for "max".
+  // Every threshold of the histogram (int8 and FP8); pass 1's max for "max".
   TensorCalib finish() const;
   const std::vector<float>& channel_absmax() const { return channel_absmax_; }
 

@@ -120,7 +120,7 @@ quant::CalibrationTable calibrate_model(const std::string& path, const ModelOpti
   auto model = Model::load(path, mo);
   if (model->engine())
     throw_error(ErrorCode::kInvalidArgument, "calibration: '", path,
-                "' is an engine; calibrate and quantize the source model (kiln build --quant w8a8 -m MODEL_DIR)");
+                "' is an engine; calibrate and quantize the source model (kiln build --quant w8a8|fp8 -m MODEL_DIR)");
   auto seqs = sequences ? *sequences : calibration_sequences(*model, q);
   size_t usable = 0;
   for (auto& sq : seqs) usable += sq.empty() ? 0 : 1;
@@ -198,16 +198,52 @@ ModelOptions w8a8_model_options(ModelOptions base, const quant::CalibrationTable
   return base;
 }
 
+ModelOptions fp8_model_options(ModelOptions base, const quant::CalibrationTable& table, const QuantOptions& q,
+                               std::shared_ptr<quant::Fp8Report> report) {
+  quant::Fp8Options fo;
+  fo.method = quant::calib_method_parse(q.method);
+  fo.smooth_alpha = q.smooth_alpha;
+  fo.keep = q.keep;
+  if (q.act_scale != "static")
+    throw_error(ErrorCode::kInvalidArgument, "--quant fp8 takes static activation scales only (got --act-scale ",
+                q.act_scale, ")");
+  auto t = std::make_shared<const quant::CalibrationTable>(table);
+  base.weight_dtype = "fp8";
+  base.rewrite = [t, fo, report](ir::Graph& g) {
+    quant::Fp8Report r = quant::apply_fp8(g, *t, fo);
+    log_info("fp8: ", r.quantized, " Linears E4M3 (", quant::calib_method_name(fo.method),
+             " activation clips, per-tensor scales), ", r.kept, " kept by --keep, ", r.kept_shape,
+             " kept for shape (K or N not a multiple of 16); smoothing folded into ", r.folded_into_norm, " norms, ",
+             r.smoothing_muls, " Mul nodes");
+    if (report) *report = r;
+  };
+  return base;
+}
+
+void quant_mode_check(const QuantOptions& q) {
+  if (q.mode != "w8a8" && q.mode != "fp8")
+    throw_error(ErrorCode::kInvalidArgument, "unknown --quant mode '", q.mode, "' (expected w8a8 or fp8)");
+  quant::calib_method_parse(q.method);
+  if (q.act_scale != "static" && q.act_scale != "per-token")
+    throw_error(ErrorCode::kInvalidArgument, "unknown activation scale '", q.act_scale, "' (expected static or per-token)");
+  if (q.mode == "fp8" && q.act_scale != "static")
+    throw_error(ErrorCode::kInvalidArgument, "--quant fp8 takes static activation scales only (got --act-scale ",
+                q.act_scale, ")");
+}
+
+ModelOptions quant_model_options(const ModelOptions& base, const quant::CalibrationTable& table, const QuantOptions& q) {
+  quant_mode_check(q);
+  return q.mode == "fp8" ? fp8_model_options(base, table, q) : w8a8_model_options(base, table, q);
+}
+
 std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& base, const QuantOptions& q) {
   if (q.mode.empty()) return Model::load(path, base);
-  if (q.mode != "w8a8")
-    throw_error(ErrorCode::kInvalidArgument, "unknown --quant mode '", q.mode, "' (expected w8a8)");
+  quant_mode_check(q);  // fail before calibrating
   if (std::filesystem::is_regular_file(path) && is_engine_file(path))
     throw_error(ErrorCode::kInvalidArgument, "'", path, "' is an engine: its precision was fixed when it was built; "
-                "quantize when building (kiln build --quant w8a8) or pass the model directory");
-  quant::calib_method_parse(q.method);  // fail before calibrating
+                "quantize when building (kiln build --quant ", q.mode, ") or pass the model directory");
   quant::CalibrationTable table = calibration_for(path, base, q);
-  return Model::load(path, w8a8_model_options(base, table, q));
+  return Model::load(path, quant_model_options(base, table, q));
 }
 
 std::shared_ptr<const LinearObserver> LayerErrorCollector::observer() {

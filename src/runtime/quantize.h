@@ -1,4 +1,4 @@
-// Loading a model in a post-training quantized mode (W8A8 INT8): calibration of the f32
+// Loading a model in a post-training quantized mode (W8A8 INT8, FP8 E4M3): calibration of the f32
 // model on real text (two passes: channel maxima for SmoothQuant, then histograms of the
 // smoothed activations), the calibration cache, and the graph rewrite applied before
 // compiling. Also a per-layer error collector (which Linear loses most to int8). Used by
@@ -10,13 +10,14 @@
 #include <vector>
 
 #include "quant/calibration.h"
+#include "quant/fp8.h"
 #include "quant/w8a8.h"
 #include "runtime/model.h"
 
 namespace kiln {
 
 struct QuantOptions {
-  std::string mode;               // "" (none) | "w8a8"
+  std::string mode;               // "" (none) | "w8a8" | "fp8"
   // "default" (the built-in set: the project's docs), text files (comma-separated), or
   // a calibration cache (.json) written earlier.
   std::string calib = "default";
@@ -44,6 +45,15 @@ quant::CalibrationTable calibration_for(const std::string& path, const ModelOpti
 // given, receives what the rewrite did once the model is loaded.
 ModelOptions w8a8_model_options(ModelOptions base, const quant::CalibrationTable& table, const QuantOptions& q,
                                 std::shared_ptr<quant::W8A8Report> report = nullptr);
+
+// `base` with the FP8 E4M3 rewrite of `table` installed (weight dtype fp8).
+ModelOptions fp8_model_options(ModelOptions base, const quant::CalibrationTable& table, const QuantOptions& q,
+                               std::shared_ptr<quant::Fp8Report> report = nullptr);
+
+// Throws kInvalidArgument naming what is wrong with q (mode, method, activation scale).
+void quant_mode_check(const QuantOptions& q);
+// The mode's *_model_options.
+ModelOptions quant_model_options(const ModelOptions& base, const quant::CalibrationTable& table, const QuantOptions& q);
 
 // Model::load, quantized as q says (q.mode empty: plain load).
 std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& base, const QuantOptions& q);

@@ -1,5 +1,5 @@
 // `kiln eval perplexity`: a decoder's perplexity on a text file, optionally next to a
-// reference build of the same model (e.g. --weight-dtype bf16 vs f32, or --quant w8a8 vs
+// reference build of the same model (e.g. --weight-dtype bf16 vs f32, or --quant w8a8/fp8 vs
 // f32 with --compare-quant) with the mean KL divergence of their next-token
 // distributions — what a low-precision mode costs. `kiln eval embeddings`: an encoder's
 // embeddings of a file of sentences vs the f32 model's (cosine similarity, label
@@ -68,7 +68,7 @@ void load_pair(EvalArgs& a, Loaded& l) {
 void print_per_layer(const EvalArgs& a, const Loaded& l) {
   if (a.per_layer <= 0) return;
   auto rows = l.errors.rows_by_error();
-  std::printf("\nper-layer output error of the int8 Linears vs f32 on the same input (worst %d of %zu)\n", a.per_layer,
+  std::printf("\nper-layer output error of the quantized Linears vs f32 on the same input (worst %d of %zu)\n", a.per_layer,
               rows.size());
   std::printf("| Linear | relative RMS error | max abs error | rows |\n|---|---|---|---|\n");
   for (size_t i = 0; i < rows.size() && int(i) < a.per_layer; ++i)
@@ -161,10 +161,11 @@ int run_embeddings(EvalArgs a) {
 void add_common(CLI::App* cmd, EvalArgs& a) {
   add_model_options(cmd, a.model);
   cmd->add_option("--compare-quant", a.compare_quant,
-                  "quantize the model (w8a8; --calib etc. apply) and compare it with the f32 model on the same text")
-      ->check(CLI::IsMember({"w8a8"}));
+                  "quantize the model (w8a8 or fp8; --calib etc. apply) and compare it with the f32 model on the same "
+                  "text")
+      ->check(CLI::IsMember({"w8a8", "fp8"}));
   cmd->add_option("--per-layer", a.per_layer,
-                  "list the N quantized Linears whose int8 output differs most from f32 on the same input");
+                  "list the N quantized Linears whose quantized output differs most from f32 on the same input");
 }
 
 }  // namespace

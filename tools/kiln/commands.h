@@ -42,7 +42,7 @@ struct ModelArgs {
   std::vector<std::string> disabled_passes;
   std::string profile;  // engines: the optimization profile to run under ("" = first that fits)
   std::string onnx_import = "auto";
-  QuantOptions quant;  // --quant w8a8 --calib ...
+  QuantOptions quant;  // --quant w8a8|fp8 --calib ...
   int tp = 1;  // tensor-parallel ranks (ModelOptions::tensor_parallel)
 };
 // --tp N (ModelOptions::tensor_parallel).

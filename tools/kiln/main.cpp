@@ -63,8 +63,10 @@ void add_onnx_option(CLI::App* cmd, std::string& mode) {
 }
 
 void add_quant_options(CLI::App* cmd, QuantOptions& q) {
-  cmd->add_option("--quant", q.mode, "post-training quantization: w8a8 (int8 weights and activations, calibrated)")
-      ->check(CLI::IsMember({"w8a8"}));
+  cmd->add_option("--quant", q.mode,
+                  "post-training quantization: w8a8 (int8 weights and activations) or fp8 (E4M3 weights and "
+                  "activations, per-tensor scales), both calibrated")
+      ->check(CLI::IsMember({"w8a8", "fp8"}));
   cmd->add_option("--calib", q.calib,
                   "calibration set: 'default' (the project's docs), text files (comma-separated), or a calibration "
                   "cache .json")
@@ -78,8 +80,8 @@ void add_quant_options(CLI::App* cmd, QuantOptions& q) {
   cmd->add_option("--smooth-alpha", q.smooth_alpha, "SmoothQuant migration strength in [0, 1]; negative: none")
       ->capture_default_str();
   cmd->add_option("--act-scale", q.act_scale,
-                  "int8 activation scales: static (per tensor, from calibration) or per-token (each row's max at run "
-                  "time)")
+                  "activation scales: static (per tensor, from calibration) or per-token (each row's max at run "
+                  "time; w8a8 only)")
       ->check(CLI::IsMember({"static", "per-token"}))
       ->capture_default_str();
   cmd->add_option("--calib-seqs", q.max_sequences, "calibration sequences at most")->capture_default_str();

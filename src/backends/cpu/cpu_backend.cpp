@@ -43,10 +43,13 @@ class CpuCompiledGraph final : public CompiledGraph {
           continue;
         }
         // Bytes of the stored form (per node: assign_precision may pin some layers;
-        // w8a8 Linears hold int8): codes plus one f32 scale per 32 values for q8/q4.
+        // w8a8 Linears hold int8, fp8 ones their decoded codes as bf16): codes plus
+        // one f32 scale per 32 values for q8/q4.
         const std::string st = cpu::linear_weight_storage(n, opt);
-        const double bits = n.attr_str("quant", "") == "w8a8"     ? 8
-                            : st == "f32" || st == "w8a8" ? 32
+        const std::string quant = n.attr_str("quant", "");
+        const double bits = quant == "w8a8"                               ? 8
+                            : quant == "fp8"                              ? 16
+                            : st == "f32" || st == "w8a8" || st == "fp8" ? 32
                             : st == "q8"                  ? 9
                             : st == "q4"                  ? 5
                                                           : 16;
@@ -206,7 +209,7 @@ class CpuBackend final : public Backend {
                      const std::map<std::string, int64_t>& dims, const CompileOptions& opt) override {
     if (node.op != "Linear" || node.has_attr("quant")) return -1;  // the int8 GEMM has one tactic
     const std::string storage = cpu::linear_weight_storage(node, opt);
-    if (storage != "f32" && storage != "bf16" && storage != "f16" && storage != "w8a8") return -1;
+    if (storage != "f32" && storage != "bf16" && storage != "f16" && storage != "w8a8" && storage != "fp8") return -1;
     const Dim& rows = g.value(node.inputs[0]).shape[0];
     const int64_t t = rows.is_concrete() ? rows.value : (dims.count(rows.sym) ? dims.at(rows.sym) : 1);
     // Pack once per weight: the builder times every tactic of a node in a row.

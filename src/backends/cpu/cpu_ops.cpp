@@ -12,6 +12,7 @@
 #include <tuple>
 
 #include "backends/communicator.h"
+#include "core/fp8.h"
 #include "core/log.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
@@ -38,9 +39,10 @@ WeightStorage storage_from_option(const std::string& s) {
   if (s == "f16") return WeightStorage::kF16;
   if (s == "q8") return WeightStorage::kQ8;
   if (s == "q4") return WeightStorage::kQ4;
-  if (s == "w8a8") return WeightStorage::kF32;  // Linears left unquantized (--keep) stay f32
+  // Linears left unquantized (--keep) by w8a8 / fp8 stay f32.
+  if (s == "w8a8" || s == "fp8") return WeightStorage::kF32;
   throw_error(ErrorCode::kInvalidArgument, "cpu: unknown weight dtype '", s,
-              "' (expected f32, bf16, f16, q8, q4 or w8a8)");
+              "' (expected f32, bf16, f16, q8, q4, w8a8 or fp8)");
 }
 
 // A weight the builder already packed (pack_linear_weights): a view of its bytes,
@@ -251,6 +253,62 @@ LinearGemm w8a8_gemm(const ir::Node& n, const Tensor& w, const Tensor& bias, con
   };
 }
 
+// FP8 (attrs quant="fp8", act_amax; weight_scale when the weight is stored as E4M3
+// codes, else the f32 weight is quantized here with core/fp8.h's per-tensor scale).
+LinearGemm fp8_gemm(const ir::Node& n, const ir::Graph& g, const Tensor& bias, const CompileOptions& opt,
+                    int64_t* out_n) {
+  const double amax = n.attr_float("act_amax");
+  if (!(amax >= 0) || !std::isfinite(amax))
+    throw_error(ErrorCode::kInvalidArgument, "cpu: Linear '", n.name, "' has act_amax ", amax,
+                " (expected a finite value >= 0 from calibration)");
+  const Fp8Scale xs = fp8_scale_for_amax(amax);
+  const ir::ValueId wv = n.inputs[1];
+  if (!g.is_weight(wv))
+    throw_error(ErrorCode::kUnsupported, "cpu: fp8 Linear '", n.name, "' needs its weight to be a weight");
+  const Tensor& wt = g.weight(wv);
+  const int64_t nn = wt.dim(0), k = wt.dim(1);
+  Tensor codes;
+  float w_scale = 1.0f;
+  Tensor ref_w;  // f32 weights of the observer's reference GEMM
+  if (wt.dtype() == DType::kFP8E4M3) {
+    const double ws = n.attr_float("weight_scale", -1.0);
+    if (!(ws > 0) || !std::isfinite(ws))
+      throw_error(ErrorCode::kInvalidFile, "cpu: fp8 Linear '", n.name, "' stores E4M3 weights but its weight_scale is ",
+                  ws, " (expected a finite value > 0)");
+    codes = wt;
+    w_scale = float(ws);
+  } else {
+    Tensor wf = weight_f32(g, wv, n, "weight");
+    codes = Tensor(DType::kFP8E4M3, wf.shape());
+    w_scale = fp8_quantize_tensor(wf.data_as<float>(), size_t(wf.numel()), codes.data_as<uint8_t>()).scale;
+    ref_w = wf;
+  }
+  auto packed = std::make_shared<PackedFp8Weight>(pack_weight_fp8(codes.data_as<uint8_t>(), nn, k, w_scale));
+  *out_n = nn;
+  const float* b = f32(bias.empty() ? nullptr : &bias);
+  std::shared_ptr<const LinearObserver> obs =
+      opt.linear_observer && opt.linear_observer->on_quant_output ? opt.linear_observer : nullptr;
+  std::shared_ptr<PackedWeight> ref;
+  if (obs) {
+    if (ref_w.empty()) {  // an engine's E4M3 weights: the reference sees them dequantized
+      ref_w = Tensor(DType::kF32, codes.shape());
+      for (int64_t i = 0; i < codes.numel(); ++i)
+        ref_w.data_as<float>()[i] = fp8e4m3_to_f32(codes.data_as<uint8_t>()[i]) * w_scale;
+    }
+    ref = std::make_shared<PackedWeight>(pack_weight(ref_w.data_as<float>(), nn, k, WeightStorage::kF32));
+  }
+  LinearTactic tactic = linear_tactic_for(n, opt);
+  std::string name = n.name;
+  return [packed, xs, b, bias, obs, ref, name, tactic](const float* x, int64_t t, int64_t k, float* y) {
+    linear_fp8(x, t, k, *packed, xs.scale, xs.inv, b, y, tactic);
+    if (obs) {
+      std::vector<float> yf(static_cast<size_t>(t * packed->n()));
+      linear(x, t, k, *ref, b, yf.data());
+      obs->on_quant_output(name, y, yf.data(), t, packed->n());
+    }
+  };
+}
+
 OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, const CompileOptions& opt) {
   Tensor bias = weight_f32(g, n.input(2), n, "bias");
   LinearGemm gemm;
@@ -259,8 +317,10 @@ OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, const CompileOptions
   if (quant == "w8a8") {
     Tensor w = weight_f32(g, n.inputs[1], n, "weight");
     gemm = w8a8_gemm(n, w, bias, opt, &out_n);
+  } else if (quant == "fp8") {
+    gemm = fp8_gemm(n, g, bias, opt, &out_n);
   } else if (!quant.empty()) {
-    throw_error(ErrorCode::kUnsupported, "cpu: Linear '", n.name, "' quant '", quant, "' (expected w8a8)");
+    throw_error(ErrorCode::kUnsupported, "cpu: Linear '", n.name, "' quant '", quant, "' (expected w8a8 or fp8)");
   } else {
     std::shared_ptr<PackedWeight> packed;
     if (n.has_attr("weight_layout")) {
@@ -566,7 +626,8 @@ size_t pack_linear_weights(ir::Graph& g, const CompileOptions& opt) {
   size_t packed = 0;
   for (size_t i = 0; i < g.nodes().size(); ++i) {
     const ir::Node& n = g.nodes()[i];
-    if (n.op != "Linear" || n.has_attr("weight_layout") || !g.is_weight(n.inputs[1])) continue;
+    // Quantized Linears (attr quant) pack their own codes at load.
+    if (n.op != "Linear" || n.has_attr("weight_layout") || n.has_attr("quant") || !g.is_weight(n.inputs[1])) continue;
     const ir::ValueId src = n.inputs[1];
     const int64_t out = g.weight(src).dim(0), k = g.weight(src).dim(1);
     const WeightStorage storage = linear_storage(n, k, opt);

@@ -111,6 +111,8 @@ class DeviceWeights {
   const void* get(const ir::Graph& g, ir::ValueId v, DType dtype);
   const QuantWeightView& get_quant(const ir::Graph& g, ir::ValueId v, QuantFormat f);
   size_t bytes() const { return bytes_; }
+  // Counts weights an op uploads itself (the FP8 Linear's codes).
+  void add_bytes(size_t b) { bytes_ += b; }
 
  private:
   std::map<std::pair<ir::ValueId, DType>, DeviceBuffer> bufs_;

@@ -113,6 +113,26 @@ void gemm_int8_acc(const int8_t* qx, int64_t t, const PackedInt8Weight& w, int32
 void linear_int8(const float* x, int64_t t, int64_t k, const PackedInt8Weight& w, float x_scale,
                  const float* bias, float* y);
 
+// ---- FP8 E4M3 GEMM: y[T,N] = (x_scale * w_scale) * Σ_k e(qx[t,k]) * e(qw[n,k]) + b[n] ----
+// e() decodes an E4M3 code (core/dtype.h); qx = e4m3(x * x_inv) with one static
+// per-tensor activation scale, qw the weight codes with one per-tensor scale
+// (core/fp8.h). Every decoded value has at most 4 significant bits, so the codes are
+// packed exactly as bf16 panels and the products are exact in f32; the sums accumulate
+// in f32 through the bf16 GEMM (linear()), as the GPU's tensor cores accumulate them.
+struct PackedFp8Weight {
+  PackedWeight values;   // the decoded weight codes, bf16 panels
+  float w_scale = 1.0f;  // w ≈ e(qw) * w_scale
+  int64_t n() const { return values.n; }
+};
+// codes: [N, K] E4M3.
+PackedFp8Weight pack_weight_fp8(const uint8_t* codes, int64_t n, int64_t k, float w_scale);
+// Quantizes rows of x [t, k] to E4M3 with x_inv and writes the decoded values to xq.
+void quantize_rows_fp8(const float* x, int64_t t, int64_t k, float x_inv, float* xq);
+// The whole FP8 Linear (bias may be null): y = acc * (x_scale * w_scale) + b[n], acc the
+// f32 sum of the decoded products (a multiply then an add).
+void linear_fp8(const float* x, int64_t t, int64_t k, const PackedFp8Weight& w, float x_scale, float x_inv,
+                const float* bias, float* y, const LinearTactic& tactic = {});
+
 // ---- Norms (rows × dim, row-major; y may alias x) ------------------------------------
 void layer_norm(const float* x, const float* gamma, const float* beta, float eps, int64_t rows,
                 int64_t dim, float* y);

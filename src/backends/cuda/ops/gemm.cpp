@@ -32,6 +32,7 @@ cudaDataType_t cuda_type(DType t) {
     case DType::kF32: return CUDA_R_32F;
     case DType::kF16: return CUDA_R_16F;
     case DType::kBF16: return CUDA_R_16BF;
+    case DType::kFP8E4M3: return CUDA_R_8F_E4M3;
     default: throw_error(ErrorCode::kUnsupported, "cuda gemm: dtype ", dtype_name(t));
   }
 }
@@ -49,7 +50,7 @@ struct Plan {
   }
 };
 
-using Key = std::tuple<int, int64_t, int64_t, int64_t, bool, int64_t>;  // dtype, m, n, k, bias, ldy
+using Key = std::tuple<int, int, int64_t, int64_t, int64_t, bool, int64_t>;  // in dtype, out dtype, m, n, k, bias, ldy
 
 }  // namespace
 
@@ -59,12 +60,16 @@ struct Gemm::Impl {
   size_t workspace_bytes = 0;
   std::map<Key, std::unique_ptr<Plan>> plans;
 
-  Plan& plan(DType dtype, int64_t m, int64_t n, int64_t k, bool bias, int64_t ldy = 0) {
+  // Operands x, w in `in`; y and bias in `out`; y rows ldy elements apart (0: n). FP8
+  // plans take the first caller's scale pointers before the heuristic runs (as NVIDIA's
+  // FP8 sample orders it); each call sets its own.
+  Plan& plan(DType in, DType out, int64_t m, int64_t n, int64_t k, bool bias, const float* scales = nullptr,
+             int64_t ldy = 0) {
     if (ldy == 0) ldy = n;
-    auto& slot = plans[Key{int(dtype), m, n, k, bias, ldy}];
+    auto& slot = plans[Key{int(in), int(out), m, n, k, bias, ldy}];
     if (slot) return *slot;
     auto p = std::make_unique<Plan>();
-    const cudaDataType_t t = cuda_type(dtype);
+    const cudaDataType_t ti = cuda_type(in), t = cuda_type(out);
     KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
@@ -74,8 +79,9 @@ struct Gemm::Impl {
       KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
       KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &t, sizeof(t)));
     }
-    KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, t, uint64_t(k), uint64_t(n), k));
-    KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, t, uint64_t(k), uint64_t(m), k));
+    if (scales) set_scales(p->op, scales);  // per-tensor f32 scales (the default scale mode)
+    KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, ti, uint64_t(k), uint64_t(n), k));
+    KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, ti, uint64_t(k), uint64_t(m), k));
     KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, t, uint64_t(n), uint64_t(m), ldy));
     cublasLtMatmulPreference_t pref = nullptr;
     KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
@@ -91,16 +97,26 @@ struct Gemm::Impl {
                                                              max_tactics, p->algos.data(), &found);
     cublasLtMatmulPreferenceDestroy(pref);
     KILN_CUBLAS_CHECK(st);
-    KILN_THROW_IF(found == 0, kUnsupported, "cuda gemm: cuBLASLt offers no algorithm for ", dtype_name(dtype),
-                  " m=", m, " n=", n, " k=", k);
+    KILN_THROW_IF(found == 0, kUnsupported, "cuda gemm: cuBLASLt offers no algorithm for ", dtype_name(in), " x ",
+                  dtype_name(in), " -> ", dtype_name(out), " m=", m, " n=", n, " k=", k);
     p->algos.resize(size_t(found));
     slot = std::move(p);
     return *slot;
   }
 
-  void matmul(Plan& p, int tactic, const void* x, const void* w, const void* bias, void* y, cudaStream_t s) {
+  static void set_scales(cublasLtMatmulDesc_t op, const float* scales) {
+    const float* a_scale = scales;
+    const float* b_scale = scales + 1;
+    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale, sizeof(a_scale)));
+    KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale, sizeof(b_scale)));
+  }
+
+  // scales: {A = w scale, B = x scale} on the device, for FP8 plans only.
+  void matmul(Plan& p, int tactic, const void* x, const void* w, const void* bias, void* y, cudaStream_t s,
+              const float* scales = nullptr) {
     if (bias)
       KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
+    if (scales) set_scales(p.op, scales);
     const float alpha = 1.0f, beta = 0.0f;
     KILN_CUBLAS_CHECK(cublasLtMatmul(handle, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c,
                                      &p.algos[size_t(tactic)].algo, workspace, workspace_bytes, s));
@@ -123,24 +139,33 @@ void Gemm::run(DType dtype, const void* x, const void* w, const void* bias, void
                int64_t k, cudaStream_t s, int64_t ldy) {
   if (m == 0 || n == 0) return;
   KILN_THROW_IF(ldy != 0 && ldy < n, kInternal, "cuda gemm: ldy ", ldy, " < n ", n);
-  Plan& p = impl_->plan(dtype, m, n, k, bias != nullptr, ldy);
+  Plan& p = impl_->plan(dtype, dtype, m, n, k, bias != nullptr, nullptr, ldy);
   impl_->matmul(p, p.chosen, x, w, bias, y, s);
 }
 
-std::vector<Gemm::TacticTime> Gemm::tune(DType dtype, const void* x, const void* w, const void* bias, void* y,
-                                         int64_t m, int64_t n, int64_t k, cudaStream_t s, int reps) {
-  std::vector<TacticTime> times;
-  if (m == 0 || n == 0) return times;
-  Plan& p = impl_->plan(dtype, m, n, k, bias != nullptr);
+void Gemm::run_fp8(const void* x, const void* w, const float* scales, const void* bias, void* y, int64_t m, int64_t n,
+                   int64_t k, cudaStream_t s) {
+  KILN_THROW_IF(k % 16 != 0, kInternal, "cuda fp8 gemm: k=", k, " is not a multiple of 16");
+  if (m == 0 || n == 0) return;
+  Plan& p = impl_->plan(DType::kFP8E4M3, DType::kBF16, m, n, k, bias != nullptr, scales);
+  impl_->matmul(p, p.chosen, x, w, bias, y, s, scales);
+}
+
+namespace {
+
+// Times every algorithm of plan p (run(t) enqueues tactic t) and keeps the fastest.
+template <typename Run>
+std::vector<Gemm::TacticTime> time_tactics(Plan& p, cudaStream_t s, int reps, Run run) {
+  std::vector<Gemm::TacticTime> times;
   cudaEvent_t ev[2];
   KILN_CUDA_CHECK(cudaEventCreate(&ev[0]));
   KILN_CUDA_CHECK(cudaEventCreate(&ev[1]));
   for (int t = 0; t < int(p.algos.size()); ++t) {
-    impl_->matmul(p, t, x, w, bias, y, s);  // warm-up
+    run(t);  // warm-up
     std::vector<float> ms;
     for (int r = 0; r < reps; ++r) {
       KILN_CUDA_CHECK(cudaEventRecord(ev[0], s));
-      impl_->matmul(p, t, x, w, bias, y, s);
+      run(t);
       KILN_CUDA_CHECK(cudaEventRecord(ev[1], s));
       KILN_CUDA_CHECK(cudaEventSynchronize(ev[1]));
       float v = 0;
@@ -154,6 +179,22 @@ std::vector<Gemm::TacticTime> Gemm::tune(DType dtype, const void* x, const void*
   cudaEventDestroy(ev[1]);
   p.chosen = std::min_element(times.begin(), times.end(), [](auto& a, auto& b) { return a.ms < b.ms; })->tactic;
   return times;
+}
+
+}  // namespace
+
+std::vector<Gemm::TacticTime> Gemm::tune(DType dtype, const void* x, const void* w, const void* bias, void* y,
+                                         int64_t m, int64_t n, int64_t k, cudaStream_t s, int reps) {
+  if (m == 0 || n == 0) return {};
+  Plan& p = impl_->plan(dtype, dtype, m, n, k, bias != nullptr);
+  return time_tactics(p, s, reps, [&](int t) { impl_->matmul(p, t, x, w, bias, y, s); });
+}
+
+std::vector<Gemm::TacticTime> Gemm::tune_fp8(const void* x, const void* w, const float* scales, const void* bias,
+                                             void* y, int64_t m, int64_t n, int64_t k, cudaStream_t s, int reps) {
+  if (m == 0 || n == 0) return {};
+  Plan& p = impl_->plan(DType::kFP8E4M3, DType::kBF16, m, n, k, bias != nullptr, scales);
+  return time_tactics(p, s, reps, [&](int t) { impl_->matmul(p, t, x, w, bias, y, s, scales); });
 }
 
 }  // namespace kiln::cuda

@@ -2,7 +2,9 @@
 // f16/bf16 (or f32) operands and f32 accumulation; the bias is cuBLASLt's epilogue. The
 // algorithms cublasLtMatmulAlgoGetHeuristic offers for a shape are the tactics: tune()
 // times them on the device and keeps the fastest for that shape; untuned shapes take
-// the heuristic's first. Tested against the CPU backend in tests/backends/cuda/ops_test.cpp.
+// the heuristic's first. run_fp8 is the FP8 form: E4M3 operands with per-tensor scales
+// (cuBLASLt's A/B scale pointers), f32 accumulation, bf16 bias and output. Tested
+// against the CPU backend in tests/backends/cuda/ops_test.cpp and fp8_test.cpp.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -28,6 +30,12 @@ class Gemm {
   void run(DType dtype, const void* x, const void* w, const void* bias, void* y, int64_t m, int64_t n,
            int64_t k, cudaStream_t s, int64_t ldy = 0);
 
+  // FP8 E4M3: x [m, k] and w [n, k] codes (k a multiple of 16, 16-byte aligned), y and
+  // bias (may be null) bf16; `scales` points to two device floats {w_scale, x_scale}:
+  // y = (w_scale * x_scale) * Σ_k w·x + bias. cuBLASLt's FP8 kernels need this "TN" layout.
+  void run_fp8(const void* x, const void* w, const float* scales, const void* bias, void* y, int64_t m, int64_t n,
+               int64_t k, cudaStream_t s);
+
   struct TacticTime {
     int tactic;  // index into the heuristic's list
     float ms;    // median of the timed runs
@@ -36,6 +44,9 @@ class Gemm {
   // any contents but not all zeros) and keeps the fastest. Synchronizes the stream.
   std::vector<TacticTime> tune(DType dtype, const void* x, const void* w, const void* bias, void* y,
                                int64_t m, int64_t n, int64_t k, cudaStream_t s, int reps = 5);
+  // The same for run_fp8's shape.
+  std::vector<TacticTime> tune_fp8(const void* x, const void* w, const float* scales, const void* bias, void* y,
+                                   int64_t m, int64_t n, int64_t k, cudaStream_t s, int reps = 5);
 
  private:
   struct Impl;

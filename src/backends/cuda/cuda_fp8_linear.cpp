@@ -1,0 +1,149 @@
+// FP8 Linear on the device (see cuda_fp8_linear.h). Host code: weight quantization and
+// upload, the per-step launch sequence, and tuning of cuBLASLt's FP8 algorithms.
+#include "backends/cuda/cuda_fp8_linear.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "backends/cuda/ops/convert.h"
+#include "backends/cuda/ops/elementwise.h"
+#include "backends/cuda/ops/fp8.h"
+#include "core/fp8.h"
+#include "core/log.h"
+#include "core/status.h"
+
+namespace kiln::cuda {
+
+namespace {
+
+// Codes [n, k] then, 256 bytes further on, the two cuBLASLt scales {w_scale, x_scale}.
+struct Fp8Weights {
+  DeviceBuffer buf;
+  size_t scales_off = 0;
+  const uint8_t* codes() const { return static_cast<const uint8_t*>(buf.get()); }
+  const float* scales() const { return reinterpret_cast<const float*>(static_cast<const char*>(buf.get()) + scales_off); }
+};
+
+size_t align256(size_t b) { return (b + 255) / 256 * 256; }
+
+}  // namespace
+
+bool fp8_linear_supported(const ir::Node& n, const ir::Graph& g, std::string* why) {
+  auto fail = [&](std::string msg) {
+    if (why) *why = std::move(msg);
+    return false;
+  };
+  if (!g.is_weight(n.inputs[1]) || n.has_attr("weight_layout")) return fail("fp8 Linear weights must be plain weights");
+  const Tensor& w = g.weight(n.inputs[1]);
+  if (w.rank() != 2 || w.dim(0) % 16 != 0 || w.dim(1) % 16 != 0)
+    return fail(str_cat("fp8 Linear weight ", w.shape_str(), ": cuBLASLt's FP8 GEMM needs N and K multiples of 16"));
+  return true;
+}
+
+OpRun prepare_fp8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) {
+  std::string why;
+  if (!fp8_linear_supported(n, g, &why)) throw_error(ErrorCode::kUnsupported, "cuda: Linear '", n.name, "': ", why);
+  if (!fp8_device_supported(pc.cx->device))
+    throw_error(ErrorCode::kUnsupported, "cuda: fp8 Linear '", n.name, "' needs a GPU with FP8 (compute capability 8.9+: "
+                "Ada, Hopper); device ", pc.cx->device, " has none (run --quant fp8 on the CPU backend)");
+  if (pc.act != DType::kBF16)
+    throw_error(ErrorCode::kUnsupported, "cuda: fp8 Linear '", n.name, "' runs with bf16 activations, this graph is ",
+                dtype_name(pc.act), " (load it with weight dtype fp8 or bf16)");
+  const double amax = n.attr_float("act_amax");
+  if (!(amax >= 0) || !std::isfinite(amax))
+    throw_error(ErrorCode::kInvalidArgument, "cuda: Linear '", n.name, "' has act_amax ", amax,
+                " (expected a finite value >= 0 from calibration)");
+  const Fp8Scale xs = fp8_scale_for_amax(amax);
+  const Tensor& wt = g.weight(n.inputs[1]);
+  const int64_t nn = wt.dim(0), k = wt.dim(1);
+  // The codes on the host: the engine's, or the f32 weights quantized as the CPU does.
+  Tensor codes;
+  float w_scale = 1.0f;
+  if (wt.dtype() == DType::kFP8E4M3) {
+    const double ws = n.attr_float("weight_scale", -1.0);
+    if (!(ws > 0) || !std::isfinite(ws))
+      throw_error(ErrorCode::kInvalidFile, "cuda: fp8 Linear '", n.name, "' stores E4M3 weights but its weight_scale is ",
+                  ws, " (expected a finite value > 0)");
+    codes = wt;
+    w_scale = float(ws);
+  } else {
+    Tensor wf = wt.dtype() == DType::kF32 ? wt : wt.to(DType::kF32);
+    codes = Tensor(DType::kFP8E4M3, wf.shape());
+    w_scale = fp8_quantize_tensor(wf.data_as<float>(), size_t(wf.numel()), codes.data_as<uint8_t>()).scale;
+  }
+  for (int64_t i = 0; i < codes.numel(); ++i)
+    if ((codes.data_as<uint8_t>()[i] & 0x7f) == 0x7f)
+      throw_error(ErrorCode::kInvalidArgument, "cuda: fp8 Linear '", n.name, "' has a NaN weight (element ", i, ")");
+  auto dw = std::make_shared<Fp8Weights>();
+  const size_t code_bytes = size_t(nn * k);
+  dw->scales_off = align256(code_bytes);
+  dw->buf = DeviceBuffer(dw->scales_off + 2 * sizeof(float));
+  const float scales[2] = {w_scale, xs.scale};
+  KILN_CUDA_CHECK(cudaMemcpy(dw->buf.get(), codes.data(), code_bytes, cudaMemcpyHostToDevice));
+  KILN_CUDA_CHECK(cudaMemcpy(static_cast<char*>(dw->buf.get()) + dw->scales_off, scales, sizeof(scales),
+                             cudaMemcpyHostToDevice));
+  pc.weights->add_bytes(code_bytes);
+  const ir::ValueId bv = n.input(2);
+  if (bv != ir::kNoValue && !g.is_weight(bv))
+    throw_error(ErrorCode::kUnsupported, "cuda: Linear '", n.name, "' needs its bias to be a weight");
+  const void* bias = pc.weights->get(g, bv, DType::kBF16);
+
+  const std::string act = n.attr_str("activation", "");
+  GemvEpilogue epi = GemvEpilogue::kNone;
+  UnaryOp unary = UnaryOp::kSilu;
+  if (act == "gelu_erf") epi = GemvEpilogue::kGeluErf, unary = UnaryOp::kGeluErf;
+  else if (act == "gelu_tanh") epi = GemvEpilogue::kGeluTanh, unary = UnaryOp::kGeluTanh;
+  else if (act == "silu") epi = GemvEpilogue::kSilu, unary = UnaryOp::kSilu;
+  else if (act == "swiglu") epi = GemvEpilogue::kSwiGlu;
+  else if (!act.empty())
+    throw_error(ErrorCode::kUnsupported, "cuda: Linear '", n.name, "' activation '", act,
+                "' (expected gelu_erf, gelu_tanh, silu or swiglu)");
+  const bool swiglu = epi == GemvEpilogue::kSwiGlu;
+  KILN_THROW_IF(swiglu && nn % 2 != 0, kInvalidArgument, "linear '", n.name, "': swiglu needs an even number of rows");
+  const int64_t out_n = swiglu ? nn / 2 : nn;
+  const float scale = xs.scale * w_scale;
+
+  // cuBLASLt's FP8 algorithms timed at a prefill shape, as tune_gemms does for bf16.
+  if (const char* e = std::getenv("KILN_CUDA_TUNE"); !(e && std::string(e) == "0")) {
+    const int64_t m = 128;
+    DeviceBuffer xb(size_t(m * k) * 2), xq(size_t(m * k)), yb(size_t(m * nn) * 2);
+    launch_fill_random(xb.get(), DType::kBF16, m * k, 11, pc.cx->stream);  // never time on zeros
+    launch_fp8_quantize(DType::kBF16, xb.get(), m * k, 1.0f, static_cast<uint8_t*>(xq.get()), pc.cx->stream);
+    auto times = pc.cx->gemm->tune_fp8(xq.get(), dw->codes(), dw->scales(), bias, yb.get(), m, nn, k, pc.cx->stream);
+    std::string line;
+    for (auto& t : times) line += str_cat(" #", t.tactic, "=", t.ms * 1000.0f, "us");
+    log_debug("cuda: fp8 gemm m=", m, " n=", nn, " k=", k, " tactics:", line);
+  }
+
+  const std::string name = n.name;
+  return [=](OpContext& c) {
+    const DevTensor& x = *c.inputs[0];
+    KILN_THROW_IF(x.dim(1) != k, kInvalidArgument, "linear '", name, "': x has ", x.dim(1), " features, the weight expects ",
+                  k);
+    const int64_t t = x.dim(0);
+    DevTensor& y = c.out(0, {t, out_n});
+    cudaStream_t s = c.cx->stream;
+    // Scratch: the input's E4M3 codes, then (SwiGLU through cuBLASLt) [gate | up] in bf16.
+    const bool gemv = fp8_gemv_supports(t, k);
+    const size_t q_bytes = align256(size_t(t * k));
+    const size_t gu_bytes = !gemv && swiglu ? size_t(t * nn) * 2 : 0;
+    auto* scratch = static_cast<char*>(c.scratch(q_bytes + gu_bytes));
+    auto* xq = reinterpret_cast<uint8_t*>(scratch);
+    launch_fp8_quantize(x.dtype, x.data, t * k, xs.inv, xq, s);
+    if (gemv) {
+      launch_fp8_gemv(xq, dw->codes(), scale, bias, y.data, t, out_n, k, s, epi);
+    } else if (swiglu) {
+      void* gu = scratch + q_bytes;
+      c.cx->gemm->run_fp8(xq, dw->codes(), dw->scales(), bias, gu, t, nn, k, s);
+      launch_swiglu(y.dtype, gu, t, out_n, y.data, s);
+    } else {
+      c.cx->gemm->run_fp8(xq, dw->codes(), dw->scales(), bias, y.data, t, nn, k, s);
+      if (epi != GemvEpilogue::kNone) launch_unary(unary, y.dtype, y.data, y.numel(), y.data, s);
+    }
+  };
+}
+
+}  // namespace kiln::cuda
