@@ -26,7 +26,6 @@ attention_kernel(const T* __restrict__ q, const T* __restrict__ k_cache, const T
                  const AttnSeq* __restrict__ seqs, const int32_t* __restrict__ block_tables,
                  const AttnWork* __restrict__ works, float* __restrict__ part_o, float* __restrict__ part_ml) {
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
-  pdl_trigger();
   constexpr int R = kItemsPerWarp, DPL = (D + 31) / 32;
   __shared__ float qs[kAttnItemsPerCta][D];
   __shared__ float ks[kTileKeys][D + 1];  // +1: lane j reads row j, column c -> distinct banks
@@ -173,7 +172,6 @@ attention_decode_kernel(const T* __restrict__ q, const T* __restrict__ k_cache, 
                         const int32_t* __restrict__ block_tables, const AttnWork* __restrict__ works,
                         float* __restrict__ part_o, float* __restrict__ part_ml) {
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
-  pdl_trigger();
   constexpr int DPL = (D + 31) / 32, VEC = 16 / int(sizeof(T)), VPR = D / VEC, kThreads = kWarps * 32;
   __shared__ float qs[R][D];
   __shared__ float red_ml[kWarps][R][2];
@@ -271,6 +269,7 @@ attention_decode_kernel(const T* __restrict__ q, const T* __restrict__ k_cache, 
     }
   }
 
+  pdl_trigger();  // the keys and values are read: the next kernel may launch
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     if (lane == 0) {
@@ -337,7 +336,6 @@ __global__ void attention_combine_kernel(T* __restrict__ out, int hq, int hkv, c
                                          const AttnCombine* __restrict__ combines,
                                          const float* __restrict__ part_o, const float* __restrict__ part_ml) {
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
-  pdl_trigger();
   constexpr int DPL = (D + 31) / 32;
   const AttnCombine cb = combines[blockIdx.x];
   const AttnSeq sq = seqs[cb.seq];
@@ -439,7 +437,6 @@ flash_attention_kernel(const T* __restrict__ q, const T* __restrict__ k_cache, c
                        float scale_log2, bool causal, const AttnSeq* __restrict__ seqs,
                        const int32_t* __restrict__ block_tables, const AttnWork* __restrict__ works) {
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
-  pdl_trigger();
   static_assert(D % 16 == 0 && kWarps * 16 == kFlashItemsPerCta);
   constexpr int LD = D + 8, KC = D / 16, NT = kFlashKeys / 8, DT = D / 8, CPR = D / 8;
   __shared__ __align__(16) T ks[kFlashKeys * LD];
@@ -619,7 +616,6 @@ template <typename T>
 __global__ void kv_cache_write_kernel(const T* k, const T* v, const int64_t* slots, int64_t tokens,
                                       int64_t row, T* kc, T* vc) {
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
-  pdl_trigger();
   const int64_t n = tokens * row;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t t = i / row, e = i % row, slot = slots[t];
@@ -636,7 +632,6 @@ template <typename T>
 __global__ void qkv_prep_kernel(T* qkv, int64_t tokens, int hq, int hkv, int d, int rot, const int32_t* positions,
                                 const float* inv_freq, const int64_t* slots, T* kc, T* vc) {
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
-  pdl_trigger();
   const int half = inv_freq ? rot / 2 : 0, units = d - half, heads = hq + 2 * hkv;
   const int64_t width = int64_t(heads) * d, total = tokens * heads * units;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {

@@ -11,7 +11,6 @@ namespace {
 template <typename S, typename D>
 __global__ void convert_kernel(const S* src, D* dst, int64_t n) {
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
-  pdl_trigger();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     dst[i] = from_f32<D>(to_f32<S>(src[i]));
 }
@@ -19,7 +18,6 @@ __global__ void convert_kernel(const S* src, D* dst, int64_t n) {
 template <typename D>
 __global__ void fill_random_kernel(D* dst, int64_t n, uint32_t seed) {
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
-  pdl_trigger();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     uint32_t h = uint32_t(i) * 2654435761u ^ seed;  // a cheap integer hash (Knuth, xorshift)
     h ^= h >> 16;

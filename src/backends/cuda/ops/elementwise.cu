@@ -9,7 +9,6 @@ namespace {
 template <typename T, BinaryOp kOp>
 __global__ void binary_kernel(const T* a, const T* b, int64_t n, int64_t b_n, T* out) {
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
-  pdl_trigger();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const float x = to_f32(a[i]), y = to_f32(b[b_n == n ? i : i % b_n]);
     out[i] = from_f32<T>(kOp == BinaryOp::kAdd ? x + y : x * y);
@@ -19,7 +18,6 @@ __global__ void binary_kernel(const T* a, const T* b, int64_t n, int64_t b_n, T*
 template <typename T, UnaryOp kOp>
 __global__ void unary_kernel(const T* x, int64_t n, T* out) {
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
-  pdl_trigger();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
     out[i] = from_f32<T>(unary_f32<kOp>(to_f32(x[i])));
 }
@@ -29,7 +27,6 @@ __global__ void unary_kernel(const T* x, int64_t n, T* out) {
 template <typename T>
 __global__ void swiglu_kernel(const T* x, int64_t rows, int64_t inter, T* out) {
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
-  pdl_trigger();
   const int64_t n = rows * inter;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / inter, c = i - r * inter;

@@ -8,7 +8,6 @@ namespace {
 template <typename T>
 __global__ void embedding_kernel(const T* table, const int32_t* ids, int64_t dim, T* out) {
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
-  pdl_trigger();
   const T* src = table + int64_t(ids[blockIdx.x]) * dim;
   T* dst = out + int64_t(blockIdx.x) * dim;
   for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) dst[j] = src[j];

@@ -28,7 +28,6 @@ __global__ void __launch_bounds__(kWarps * 32)
 gemv_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ y,
             int n, int k) {
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
-  pdl_trigger();
   constexpr int R = E == GemvEpilogue::kSwiGlu ? 2 : 1;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, part = warp % S;
   const int row = blockIdx.x * (kWarps / S) + warp / S;
@@ -66,6 +65,7 @@ gemv_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restric
       }
     }
   }
+  pdl_trigger();  // the weights are read: the next kernel may launch (it waits for our writes)
   if constexpr (S > 1) {
     __shared__ float red[kWarps][R][M];
 #pragma unroll

@@ -116,6 +116,7 @@ struct QArgs {
 // bytes in flight per lane).
 template <typename T, QuantFormat F, int MAXM, bool kSwiGlu, int U>
 __global__ void __launch_bounds__(kWarps * 32) qgemv_kernel(const QArgs a) {
+  pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
   using Tr = QTraits<F>;
   constexpr int R = kSwiGlu ? kRows / 2 : kRows;  // outputs per warp
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -196,6 +197,7 @@ __global__ void __launch_bounds__(kWarps * 32) qgemv_kernel(const QArgs a) {
     }
   }
 
+  pdl_trigger();  // the weights are read: the next kernel may launch (it waits for our writes)
   // Every lane ends with the row sums (of all split parts).
   if (S > 1) {
     __shared__ float red[kWarps][kRows][MAXM];
@@ -266,10 +268,10 @@ void launch_qgemv(const QArgs& a, cudaStream_t s) {
   constexpr int R = kSwiGlu ? kRows / 2 : kRows;
   const int64_t row_blocks = (int64_t(a.n_out) + R - 1) / R;
   const dim3 grid(unsigned((row_blocks * a.split + kWarps - 1) / kWarps));
-  if (a.m == 1) qgemv_kernel<T, F, 1, kSwiGlu, 2><<<grid, kWarps * 32, 0, s>>>(a);
-  else if (a.m == 2) qgemv_kernel<T, F, 2, kSwiGlu, 2><<<grid, kWarps * 32, 0, s>>>(a);
-  else if (a.m <= 4) qgemv_kernel<T, F, 4, kSwiGlu, 1><<<grid, kWarps * 32, 0, s>>>(a);
-  else qgemv_kernel<T, F, 8, kSwiGlu, 1><<<grid, kWarps * 32, 0, s>>>(a);
+  if (a.m == 1) launch_k(qgemv_kernel<T, F, 1, kSwiGlu, 2>, grid, kWarps * 32, 0, s, a);
+  else if (a.m == 2) launch_k(qgemv_kernel<T, F, 2, kSwiGlu, 2>, grid, kWarps * 32, 0, s, a);
+  else if (a.m <= 4) launch_k(qgemv_kernel<T, F, 4, kSwiGlu, 1>, grid, kWarps * 32, 0, s, a);
+  else launch_k(qgemv_kernel<T, F, 8, kSwiGlu, 1>, grid, kWarps * 32, 0, s, a);
   KILN_CUDA_CHECK_LAUNCH();
 }
 

@@ -23,7 +23,6 @@ template <typename T>
 __global__ void layer_norm_kernel(const T* x, const T* res, T* sum_out, const float* gamma, const float* beta,
                                   float eps, int64_t dim, T* y) {
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
-  pdl_trigger();
   __shared__ float scratch[32];
   const T* xr = add_residual(x + blockIdx.x * dim, res ? res + blockIdx.x * dim : nullptr,
                              sum_out ? sum_out + blockIdx.x * dim : nullptr, dim);
@@ -45,7 +44,6 @@ template <typename T>
 __global__ void rms_norm_kernel(const T* x, const T* res, T* sum_out, const float* w, float eps, int64_t dim,
                                 T* y) {
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
-  pdl_trigger();
   __shared__ float scratch[32];
   const T* xr = add_residual(x + blockIdx.x * dim, res ? res + blockIdx.x * dim : nullptr,
                              sum_out ? sum_out + blockIdx.x * dim : nullptr, dim);
@@ -67,7 +65,6 @@ template <typename T, int NCH, bool kRms>
 __global__ void norm_regs_kernel(const T* x, const T* res, T* sum_out, const float* gamma, const float* beta,
                                  float eps, int dim, T* y) {
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
-  pdl_trigger();
   constexpr int VEC = 16 / int(sizeof(T));
   __shared__ float scratch[32];
   const int nvec = dim / VEC;

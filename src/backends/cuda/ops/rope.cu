@@ -11,7 +11,6 @@ template <typename T>
 __global__ void rope_kernel(const T* x, T* y, const int32_t* positions, const float* inv_freq,
                             int64_t tokens, int64_t heads, int64_t hd, int64_t half, int64_t pass) {
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
-  pdl_trigger();
   const int64_t total = tokens * heads * (half + pass);
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t per_head = half + pass;

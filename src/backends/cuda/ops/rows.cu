@@ -8,7 +8,6 @@ namespace {
 template <typename T>
 __global__ void gather_rows_kernel(const T* x, const int32_t* rows, int64_t dim, T* out) {
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
-  pdl_trigger();
   const T* src = x + int64_t(rows[blockIdx.x]) * dim;
   T* dst = out + int64_t(blockIdx.x) * dim;
   for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) dst[j] = src[j];
@@ -17,7 +16,6 @@ __global__ void gather_rows_kernel(const T* x, const int32_t* rows, int64_t dim,
 template <typename T>
 __global__ void seq_mean_pool_kernel(const T* x, const int32_t* seqs, int64_t seq_stride, int64_t dim, T* out) {
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
-  pdl_trigger();
   const int32_t start = seqs[blockIdx.x * seq_stride], len = seqs[blockIdx.x * seq_stride + 1];
   const float inv = len > 0 ? 1.0f / float(len) : 0.0f;
   for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {

@@ -59,7 +59,6 @@ template <typename T, int kPasses>
 __global__ void __launch_bounds__(kThreads)
     topk_logits_kernel(const T* x, int64_t v, int k, int sort_n, float* values, int32_t* ids, float* logprobs) {
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
-  pdl_trigger();
   extern __shared__ unsigned long long cand[];  // [sort_n]: key << 32 | ~index
   __shared__ uint32_t hist[256];
   __shared__ float red_f[kWarps];
