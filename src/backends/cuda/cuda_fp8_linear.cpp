@@ -19,7 +19,8 @@ namespace kiln::cuda {
 
 namespace {
 
-// Codes [n, k] then, 256 bytes further on, the two cuBLASLt scales {w_scale, x_scale}.
+// Codes [n, k] then, 256 bytes further on, the two cuBLASLt scales w_scale and x_scale,
+// 16 bytes apart (floats 0 and 4).
 struct Fp8Weights {
   DeviceBuffer buf;
   size_t scales_off = 0;
@@ -80,8 +81,10 @@ OpRun prepare_fp8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& 
   auto dw = std::make_shared<Fp8Weights>();
   const size_t code_bytes = size_t(nn * k);
   dw->scales_off = align256(code_bytes);
-  dw->buf = DeviceBuffer(dw->scales_off + 2 * sizeof(float));
-  const float scales[2] = {w_scale, xs.scale};
+  // Each scale on its own 16 bytes: cuBLASLt refused (NOT_SUPPORTED, H200) a B scale
+  // pointer 4 bytes after the A scale.
+  dw->buf = DeviceBuffer(dw->scales_off + 8 * sizeof(float));
+  const float scales[8] = {w_scale, 0.0f, 0.0f, 0.0f, xs.scale, 0.0f, 0.0f, 0.0f};
   KILN_CUDA_CHECK(cudaMemcpy(dw->buf.get(), codes.data(), code_bytes, cudaMemcpyHostToDevice));
   KILN_CUDA_CHECK(cudaMemcpy(static_cast<char*>(dw->buf.get()) + dw->scales_off, scales, sizeof(scales),
                              cudaMemcpyHostToDevice));

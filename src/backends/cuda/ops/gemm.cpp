@@ -106,7 +106,7 @@ struct Gemm::Impl {
 
   static void set_scales(cublasLtMatmulDesc_t op, const float* scales) {
     const float* a_scale = scales;
-    const float* b_scale = scales + 1;
+    const float* b_scale = scales + 4;  // 16 bytes further: see gemm.h
     KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale, sizeof(a_scale)));
     KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale, sizeof(b_scale)));
   }

@@ -31,7 +31,8 @@ class Gemm {
            int64_t k, cudaStream_t s, int64_t ldy = 0);
 
   // FP8 E4M3: x [m, k] and w [n, k] codes (k a multiple of 16, 16-byte aligned), y and
-  // bias (may be null) bf16; `scales` points to two device floats {w_scale, x_scale}:
+  // bias (may be null) bf16; `scales` points to device floats w_scale
+  // (scales[0]) and x_scale (scales[4], on its own 16 bytes: cuBLASLt wants it so):
   // y = (w_scale * x_scale) * Σ_k w·x + bias. cuBLASLt's FP8 kernels need this "TN" layout.
   void run_fp8(const void* x, const void* w, const float* scales, const void* bias, void* y, int64_t m, int64_t n,
                int64_t k, cudaStream_t s);
