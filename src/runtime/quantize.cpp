@@ -236,6 +236,39 @@ ModelOptions quant_model_options(const ModelOptions& base, const quant::Calibrat
   return q.mode == "fp8" ? fp8_model_options(base, table, q) : w8a8_model_options(base, table, q);
 }
 
+quant::CalibrationTable synthetic_calibration(const ir::Graph& g, double amax) {
+  quant::CalibrationTable t;
+  t.model = "random weights";
+  t.text = str_cat("none: every activation clip set to ", amax, " (speed measurements only)");
+  t.smooth_alpha = -1.0;
+  for (const ir::Node& n : g.nodes()) {
+    if (n.op != "Linear" || n.inputs.size() < 2 || !g.is_weight(n.inputs[1])) continue;
+    const Tensor& w = g.weight(n.inputs[1]);
+    if (w.rank() != 2) continue;
+    quant::TensorCalib& c = t.tensors[n.name];
+    c.channel_absmax.assign(size_t(w.dim(1)), float(amax));
+    for (const char* m : {"max", "percentile", "mse", "kl", "mse_fp8", "kl_fp8"}) c.amax[m] = amax;
+    c.rows = 1;
+  }
+  return t;
+}
+
+std::unique_ptr<Model> load_random_model(const std::string& config, const ModelOptions& base, const QuantOptions& q) {
+  if (q.mode.empty()) return Model::load_random(config, base);
+  quant_mode_check(q);
+  if (q.smooth_alpha >= 0)
+    log_info("random weights: no calibration data, so no SmoothQuant migration (--smooth-alpha ignored)");
+  QuantOptions unsmoothed = q;
+  unsmoothed.smooth_alpha = -1.0;
+  // The Linear names exist once the graph does: the table is made inside the rewrite.
+  ModelOptions o = quant_model_options(base, quant::CalibrationTable{}, unsmoothed);
+  o.rewrite = [base, unsmoothed](ir::Graph& g) {
+    ModelOptions inner = quant_model_options(base, synthetic_calibration(g, 8.0), unsmoothed);
+    inner.rewrite(g);
+  };
+  return Model::load_random(config, o);
+}
+
 std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& base, const QuantOptions& q) {
   if (q.mode.empty()) return Model::load(path, base);
   quant_mode_check(q);  // fail before calibrating

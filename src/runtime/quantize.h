@@ -57,6 +57,12 @@ ModelOptions quant_model_options(const ModelOptions& base, const quant::Calibrat
 
 // Model::load, quantized as q says (q.mode empty: plain load).
 std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& base, const QuantOptions& q);
+// Model::load_random quantized as q says, for speed measurements only: there is no text
+// to calibrate on, so every Linear's activation clip is a placeholder (synthetic_calibration)
+// and SmoothQuant is off. Accuracy claims come from real models (kiln eval --compare-quant).
+std::unique_ptr<Model> load_random_model(const std::string& config, const ModelOptions& base, const QuantOptions& q);
+// A table giving every Linear of g the activation clip `amax` (all methods, all channels).
+quant::CalibrationTable synthetic_calibration(const ir::Graph& g, double amax);
 
 // Per quantized Linear, the error of its int8 output against the f32 GEMM of the same
 // input (install observer() in ModelOptions::linear_observer, run text, read rows()).

@@ -341,5 +341,34 @@ TEST(Fp8, BadInputIsAClearError) {
   }
 }
 
+
+// Random-weight models (kiln bench --random-weights --quant ...): a placeholder table
+// quantizes every eligible Linear, and the model runs.
+TEST(QuantRandomWeights, PlaceholderClipsQuantizeEveryLinear) {
+  const std::string cfg = testing::fixture_dir("llama") + "/config.json";
+  for (const char* mode : {"fp8", "w8a8"}) {
+    QuantOptions q;
+    q.mode = mode;
+    auto m = load_random_model(cfg, {}, q);
+    int64_t linears = 0, quantized = 0;
+    for (const ir::Node& n : m->graph().nodes()) {
+      if (n.op != "Linear") continue;
+      ++linears;
+      quantized += n.has_attr("quant");
+    }
+    EXPECT_GT(quantized, 0) << mode;
+    EXPECT_LE(quantized, linears) << mode;
+    auto table = synthetic_calibration(m->graph(), 8.0);
+    EXPECT_FALSE(table.tensors.empty());
+    LlmRunner r(*m, {});
+    r.add_sequence({1, 2, 3, 4, 5});
+    auto out = r.step_greedy();
+    ASSERT_EQ(out.size(), 1u) << mode;
+  }
+  QuantOptions bad;
+  bad.mode = "int3";
+  EXPECT_THROW(load_random_model(cfg, {}, bad), Error);
+}
+
 }  // namespace
 }  // namespace kiln

@@ -94,7 +94,7 @@ int run_encoder_bench(const BenchArgs& a, Model& model) {
 int run_bench(const BenchArgs& a) {
   ModelOptions mo = model_options(a.model);
   auto model = a.random_config.empty() ? kiln::load_model(a.model.model, mo, a.model.quant)
-                                       : Model::load_random(a.random_config, mo);
+                                       : kiln::load_random_model(a.random_config, mo, a.model.quant);
   const ModelInfo& info = model->info();
   if (!info.is_decoder) return run_encoder_bench(a, *model);
   if (a.prompt_len + a.gen_len > info.max_positions)
