@@ -33,6 +33,15 @@ struct StepInfo {
   int64_t num_tokens() const { return int64_t(slot_mapping.size()); }
 };
 
+// Storage of the KV cache (the --kv-cache-dtype flag, ModelOptions::kv_cache_dtype).
+// kAuto: the backend's activation dtype (f32 on the CPU). kInt8: symmetric int8 codes
+// with one f32 scale per (token slot, kv head), scale = max|x| / 127 over the head's
+// head_dim values; CPU only, other backends refuse it in allocate_kv.
+enum class KvDType { kAuto, kInt8 };
+// "auto" | "int8"; throws kInvalidArgument naming --kv-cache-dtype otherwise.
+KvDType kv_dtype_parse(const std::string& name);
+const char* kv_dtype_name(KvDType t);
+
 // Shape of the KV block pool the runtime asks a backend for.
 struct KvLayout {
   int64_t num_layers = 0;
@@ -40,6 +49,7 @@ struct KvLayout {
   int64_t block_size = 16;
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
+  KvDType dtype = KvDType::kAuto;
   size_t bytes() const {
     return size_t(2 * num_layers * num_blocks * block_size * num_kv_heads * head_dim) * 4;
   }

@@ -1,9 +1,18 @@
 // The KvStorage defaults (see backend.h): a storage that does not implement the host
-// swap space refuses it with a clear error. Tested in tests/runtime/kv_cache_test.cpp.
+// swap space refuses it with a clear error; the KV dtype names. Tested in tests/runtime/kv_cache_test.cpp.
 #include "backends/backend.h"
 #include "core/status.h"
 
 namespace kiln {
+
+KvDType kv_dtype_parse(const std::string& name) {
+  if (name == "auto") return KvDType::kAuto;
+  if (name == "int8") return KvDType::kInt8;
+  throw_error(ErrorCode::kInvalidArgument, "--kv-cache-dtype: unknown KV cache dtype '", name,
+              "' (expected auto or int8)");
+}
+
+const char* kv_dtype_name(KvDType t) { return t == KvDType::kInt8 ? "int8" : "auto"; }
 
 void KvStorage::host_reserve(int32_t num_blocks) {
   if (num_blocks > 0)

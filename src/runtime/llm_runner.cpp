@@ -55,6 +55,7 @@ class MirroredKv final : public KvStorage {
 
 KvLayout rank_layout(const Model& rank, int64_t blocks, int64_t block_size) {
   KvLayout layout;
+  layout.dtype = rank.kv_dtype();
   layout.num_layers = rank.info().num_layers;
   layout.num_blocks = blocks;
   layout.block_size = block_size;
@@ -151,7 +152,7 @@ int32_t LlmRunner::pool_blocks() const {
     block_bytes += rank.backend().kv_block_bytes(rank_layout(rank, 1, bs));
   }
   log_info("KV cache: ", blocks, " blocks x ", bs, " tokens = ", blocks * bs, " tokens, ",
-           kv_mib(size_t(blocks) * block_bytes), how);
+           kv_mib(size_t(blocks) * block_bytes), model_.kv_dtype() == KvDType::kInt8 ? " (int8)" : "", how);
   return int32_t(blocks);
 }
 

@@ -38,6 +38,7 @@ std::unique_ptr<Model> Model::from_built(BuiltModel built, const ModelOptions& o
     throw_error(ErrorCode::kInvalidArgument, "optimization profile '", options.profile,
                 "' was asked for, but only engine files have profiles (build one with `kiln build --profile`)");
   std::unique_ptr<Model> m(new Model());
+  m->kv_dtype_ = kv_dtype_parse(options.kv_cache_dtype);
   m->built_ = std::move(built);
   // Fusions the backend does not implement are skipped for it.
   passes::PassOptions po{options.opt_level, options.disabled_passes, options.precision, options.pin_precision};
@@ -92,8 +93,10 @@ std::unique_ptr<Model> Model::from_built_sharded(BuiltModel built, const ModelOp
 }
 
 std::unique_ptr<Model> Model::load_engine(const std::string& path, const ModelOptions& options) {
+  const KvDType kv_dtype = kv_dtype_parse(options.kv_cache_dtype);
   auto e = std::make_shared<EngineContents>(engine_load(path));
   std::unique_ptr<Model> m(new Model());
+  m->kv_dtype_ = kv_dtype;
   m->built_.graph = std::move(e->graph);
   m->built_.info = e->info;
   m->config_ = e->config;

@@ -50,6 +50,10 @@ struct ModelOptions {
   // own in-process communicator and run as one thread by LlmRunner. Needs a backend
   // with supports_tensor_parallel() and a checkpoint (not an engine or .onnx file).
   int tensor_parallel = 1;
+  // Storage of the KV cache the runners allocate for this model: "auto" (the backend's
+  // activation dtype) or "int8" (per (token, kv head) scales; CPU backend only). See
+  // KvDType in backends/backend.h.
+  std::string kv_cache_dtype = "auto";
 };
 
 // The graph outputs of that node (ir op TopKLogits): [R, k] values, ids, log-probs.
@@ -87,6 +91,8 @@ class Model {
   std::shared_ptr<const EngineContents> engine() const { return engine_; }
   // The compile options the backend got (weight dtype, tactics, profile ranges).
   const CompileOptions& compile_options() const { return compile_options_; }
+  // ModelOptions::kv_cache_dtype, parsed: the dtype of the KV pools runners allocate.
+  KvDType kv_dtype() const { return kv_dtype_; }
   // What the optimization passes did to the graph (empty at opt level 0).
   const std::vector<passes::PassResult>& pass_report() const { return pass_report_; }
 
@@ -100,6 +106,7 @@ class Model {
   std::vector<passes::PassResult> pass_report_;
   std::shared_ptr<const EngineContents> engine_;
   CompileOptions compile_options_;
+  KvDType kv_dtype_ = KvDType::kAuto;
   std::vector<std::unique_ptr<Model>> tp_peers_;  // ranks 1..N-1
 
   static std::unique_ptr<Model> from_built_sharded(BuiltModel built, const ModelOptions& options);

@@ -4,6 +4,7 @@
 // round trips, slot accounting, partial swap-in over re-shared blocks.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <cstring>
 
 #include "backends/backend.h"
@@ -211,6 +212,66 @@ TEST_F(CpuSwapTest, BlocksRoundTripThroughHostSlots) {
   EXPECT_THROW(storage_->swap_in(bad_block), Error);
   storage_->host_reserve(0);
   EXPECT_EQ(storage_->host_blocks(), 0);
+}
+
+// The int8 pool: a block's codes AND its per-(token, head) scales move together on
+// copy-on-write and through the host swap space.
+TEST(CpuKvInt8, CopyAndSwapMoveScalesWithCodes) {
+  KvLayout layout{.num_layers = 2, .num_blocks = 5, .block_size = 4, .num_kv_heads = 2, .head_dim = 8,
+                  .dtype = KvDType::kInt8};
+  auto backend = create_backend("cpu");
+  auto storage = backend->allocate_kv(layout);
+  auto* kv = dynamic_cast<cpu::CpuKv*>(storage.get());
+  ASSERT_NE(kv, nullptr);
+  ASSERT_TRUE(kv->is_int8());
+  // Codes 1 byte each, plus one f32 scale per (token, head), for K and V of each layer.
+  const size_t want = size_t(2 * 2 * 4 * 2 * 8) + size_t(2 * 2 * 4 * 2) * 4;
+  EXPECT_EQ(storage->block_bytes(), want);
+  EXPECT_EQ(backend->kv_block_bytes(layout), want);
+  // Rows of block b in every layer: scaled differently per block, so scales differ.
+  const int64_t row = 2 * 8;
+  auto write_block = [&](int32_t b, float amp) {
+    std::vector<float> k(size_t(4 * row)), v(k.size());
+    for (size_t i = 0; i < k.size(); ++i) {
+      k[i] = amp * std::sin(float(i) + amp);
+      v[i] = -amp * std::cos(float(i) * 0.7f + amp);
+    }
+    std::vector<int64_t> slots = {b * 4, b * 4 + 1, b * 4 + 2, b * 4 + 3};
+    for (int64_t l = 0; l < 2; ++l)
+      cpu::kv_cache_write_int8(k.data(), v.data(), slots.data(), 4, 2, 8, kv->k_codes(l), kv->k_scales(l),
+                               kv->v_codes(l), kv->v_scales(l));
+  };
+  // Snapshot of block b: codes and scales of K and V in every layer.
+  auto snapshot = [&](int32_t b) {
+    std::vector<float> s;
+    for (int64_t l = 0; l < 2; ++l)
+      for (int64_t i = 0; i < 4 * row; ++i) {
+        s.push_back(kv->k_codes(l)[b * 4 * row + i]);
+        s.push_back(kv->v_codes(l)[b * 4 * row + i]);
+        if (i < 4 * 2) {
+          s.push_back(kv->k_scales(l)[b * 4 * 2 + i]);
+          s.push_back(kv->v_scales(l)[b * 4 * 2 + i]);
+        }
+      }
+    return s;
+  };
+  for (int32_t b = 0; b < 5; ++b) write_block(b, 0.5f + float(b) * 3);
+  const auto b1 = snapshot(1), b3 = snapshot(3);
+  ASSERT_NE(b1, b3);
+  storage->copy_block(1, 3);
+  EXPECT_EQ(snapshot(3), b1);
+  EXPECT_THROW(storage->copy_block(1, 5), Error);
+  storage->host_reserve(2);
+  const auto b2 = snapshot(2);
+  const std::vector<KvSwapCopy> out = {{2, 1}, {3, 0}};
+  storage->swap_out(out);
+  write_block(2, 40.0f);  // reused blocks get other rows and scales
+  write_block(3, 50.0f);
+  ASSERT_NE(snapshot(2), b2);
+  const std::vector<KvSwapCopy> in = {{4, 1}, {0, 0}};
+  storage->swap_in(in);
+  EXPECT_EQ(snapshot(4), b2);
+  EXPECT_EQ(snapshot(0), b1);
 }
 
 TEST_F(CpuSwapTest, SwapSpaceHandsOutSlotsAndRestoresIntoFreshBlocks) {

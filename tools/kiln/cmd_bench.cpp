@@ -111,10 +111,10 @@ int run_bench(const BenchArgs& a) {
   const bool on_cpu = a.model.backend == "cpu";
   const double bw = on_cpu ? measure_triad_gbs() : 0.0;
   const double weight_bytes = double(model->compiled().weight_bytes());
-  // The CPU keeps K/V in f32; the CUDA pool holds them in the activation dtype (bf16 for
-  // q8/q4 weights).
-  const double kv_elem = !on_cpu && a.model.weight_dtype != "f32" ? 2 : 4;
-  const double kv_token_bytes = 2.0 * double(info.num_layers * info.num_kv_heads * info.head_dim) * kv_elem;
+  // K/V bytes of one token as the backend stores them (one-token block): f32 on the CPU
+  // or int8 codes + scales with --kv-cache-dtype int8; the CUDA pool's activation dtype.
+  KvLayout token_layout{info.num_layers, 1, 1, info.num_kv_heads, info.head_dim, model->kv_dtype()};
+  const double kv_token_bytes = double(model->backend().kv_block_bytes(token_layout));
 
   std::vector<double> pp, tg;
   int64_t kv_blocks = 0;
@@ -209,6 +209,7 @@ Runner add_bench(CLI::App& app) {
   add_quant_options(cmd, a->model.quant);
   add_tp_option(cmd, a->model.tp);
   add_kv_fraction_option(cmd, a->kv_fraction);
+  add_kv_dtype_option(cmd, a->model.kv_cache_dtype);
   cmd->add_option("-p,--prompt-len", a->prompt_len, "prompt tokens (pp)")->capture_default_str();
   cmd->add_option("-n,--gen-len", a->gen_len, "generated tokens (tg)")->capture_default_str();
   cmd->add_option("-b,--batch", a->batch, "sequences decoded together")->capture_default_str();

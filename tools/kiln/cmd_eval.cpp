@@ -31,6 +31,11 @@ struct EvalArgs {
 };
 
 std::string model_label(const ModelArgs& m) {
+  if (m.kv_cache_dtype != "auto") {
+    ModelArgs weights = m;
+    weights.kv_cache_dtype = "auto";
+    return model_label(weights) + ", KV " + m.kv_cache_dtype;
+  }
   if (m.quant.mode.empty()) return m.weight_dtype;
   std::string s = m.quant.mode + " (" + (m.quant.act_scale == "per-token" ? std::string("per-token") : m.quant.method);
   if (m.quant.smooth_alpha >= 0) {
@@ -177,6 +182,7 @@ Runner add_eval(CLI::App& app) {
   eval->require_subcommand(1);
   CLI::App* cmd = eval->add_subcommand("perplexity", "perplexity of a decoder on a text file");
   add_common(cmd, *a);
+  add_kv_dtype_option(cmd, a->model.kv_cache_dtype);  // the reference (if any) keeps the auto cache
   cmd->add_option("--text", a->text, "UTF-8 text file")->required()->check(CLI::ExistingFile);
   cmd->add_option("--reference-dtype", a->reference_dtype,
                   "also run the model with these weights (f32|bf16|f16|q8|q4) and report KL vs them")

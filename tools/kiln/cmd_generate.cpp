@@ -123,6 +123,7 @@ Runner add_generate(CLI::App& app) {
   cmd->add_option("-s,--system", a->system, "system prompt (with --chat)");
   cmd->add_flag("-q,--quiet", a->quiet, "print only the generated continuation");
   add_kv_fraction_option(cmd, a->kv_fraction);
+  add_kv_dtype_option(cmd, a->model.kv_cache_dtype);
   return [a, cmd] {
     if (a->prompt.empty() && a->ids.empty())
       throw_error(ErrorCode::kInvalidArgument, "generate needs --prompt TEXT or --ids IDS");

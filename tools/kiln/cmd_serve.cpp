@@ -21,6 +21,7 @@ struct ServeArgs {
   std::string repo;
   std::string backend = "cpu";
   std::string weight_dtype = "f32";
+  std::string kv_cache_dtype = "auto";
   std::string host = "127.0.0.1";
   int port = 8000;
   std::vector<std::string> api_keys;
@@ -64,6 +65,7 @@ int run_serve(const ServeArgs& a) {
   eo.session_idle_timeout = std::chrono::milliseconds(int64_t(a.session_timeout_s * 1000));
   ModelOptions mo{a.backend, a.weight_dtype};
   mo.tensor_parallel = a.tp;
+  mo.kv_cache_dtype = a.kv_cache_dtype;
   server::ModelRepository repo(mo, eo);
   for (const std::string& m : a.models) {
     size_t eq = m.find('=');
@@ -135,6 +137,7 @@ Runner add_serve(CLI::App& app) {
                                ->check(CLI::Range(int64_t(16), int64_t(1) << 30))
                                ->capture_default_str();
   add_kv_fraction_option(cmd, a->kv_fraction);
+  add_kv_dtype_option(cmd, a->kv_cache_dtype);
   cmd->add_option("--preemption", a->preemption,
                   "when KV blocks run out, a preempted sequence is recomputed later or its KV is swapped to host memory")
       ->check(CLI::IsMember({"recompute", "swap"}))

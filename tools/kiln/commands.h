@@ -44,12 +44,16 @@ struct ModelArgs {
   std::string onnx_import = "auto";
   QuantOptions quant;  // --quant w8a8|fp8 --calib ...
   int tp = 1;  // tensor-parallel ranks (ModelOptions::tensor_parallel)
+  std::string kv_cache_dtype = "auto";  // ModelOptions::kv_cache_dtype (add_kv_dtype_option)
 };
 // --tp N (ModelOptions::tensor_parallel).
 void add_tp_option(CLI::App* cmd, int& tp);
 // --kv-cache-fraction F (LlmRunnerOptions / ExecutorOptions::kv_cache_fraction; 0 = not
 // given). Returns the option, so a command can ask whether it was given.
 CLI::Option* add_kv_fraction_option(CLI::App* cmd, double& fraction);
+// --kv-cache-dtype auto|int8 (ModelOptions::kv_cache_dtype), for the commands that run
+// a decoder with a KV cache.
+void add_kv_dtype_option(CLI::App* cmd, std::string& dtype);
 // --onnx-import auto|graph|family (ModelOptions::onnx_import).
 void add_onnx_option(CLI::App* cmd, std::string& mode);
 void add_model_options(CLI::App* cmd, ModelArgs& args);

@@ -46,6 +46,14 @@ CLI::Option* add_kv_fraction_option(CLI::App* cmd, double& fraction) {
       ->check(CLI::Range(0.0, 1.0) & CLI::PositiveNumber);
 }
 
+void add_kv_dtype_option(CLI::App* cmd, std::string& dtype) {
+  cmd->add_option("--kv-cache-dtype", dtype,
+                  "KV cache storage: auto (the backend's activation dtype) or int8 (one scale per token and K/V "
+                  "head; about a quarter of the f32 bytes; cpu backend only)")
+      ->check(CLI::IsMember({"auto", "int8"}))
+      ->capture_default_str();
+}
+
 void add_tp_option(CLI::App* cmd, int& tp) {
   cmd->add_option("--tp", tp,
                   "tensor parallelism: shard the decoder's heads and MLP over N ranks (cpu backend: one thread per "
@@ -102,6 +110,7 @@ ModelOptions model_options(const ModelArgs& a) {
   o.profile = a.profile;
   o.onnx_import = a.onnx_import;
   o.tensor_parallel = a.tp;
+  o.kv_cache_dtype = a.kv_cache_dtype;
   return o;
 }
 

@@ -176,6 +176,7 @@ class CpuBackend final : public Backend {
   std::unique_ptr<KvStorage> allocate_kv(const KvLayout& layout) override {
     return std::make_unique<cpu::CpuKv>(layout);
   }
+  size_t kv_block_bytes(const KvLayout& layout) const override { return cpu::CpuKv::block_bytes_of(layout); }
   DeviceMemory memory_info() override {
     std::ifstream f("/proc/meminfo");
     std::stringstream text;

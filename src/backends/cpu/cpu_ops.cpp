@@ -425,13 +425,24 @@ void run_attention(OpContext& c, const AttentionParams& p, const float* q, const
   std::vector<int32_t> identity;
   if (c.kv) {
     // Decoder: append this step's K/V to the pool, then attend through block tables.
-    kv_cache_write(k, v, step.slot_mapping.data(), t, p.hkv, p.d, c.kv->k(p.layer), c.kv->v(p.layer));
+    CpuKv& kv = *c.kv;
+    const int64_t l = p.layer;
+    if (kv.is_int8())
+      kv_cache_write_int8(k, v, step.slot_mapping.data(), t, p.hkv, p.d, kv.k_codes(l), kv.k_scales(l),
+                          kv.v_codes(l), kv.v_scales(l));
+    else
+      kv_cache_write(k, v, step.slot_mapping.data(), t, p.hkv, p.d, kv.k(l), kv.v(l));
     for (size_t s = 0; s < seqs.size(); ++s) {
       auto& ss = step.seqs[s];
       seqs[s] = {ss.q_start, ss.q_len, ss.ctx_len, ss.block_table.data()};
     }
-    paged_attention(q, c.kv->k(p.layer), c.kv->v(p.layer), c.kv->layout().block_size, p.hq, p.hkv,
-                    p.d, p.scale, p.causal, seqs.data(), int64_t(seqs.size()), y.data_as<float>());
+    if (kv.is_int8())
+      paged_attention_int8(q, kv.k_codes(l), kv.k_scales(l), kv.v_codes(l), kv.v_scales(l),
+                           kv.layout().block_size, p.hq, p.hkv, p.d, p.scale, p.causal, seqs.data(),
+                           int64_t(seqs.size()), y.data_as<float>());
+    else
+      paged_attention(q, kv.k(l), kv.v(l), kv.layout().block_size, p.hq, p.hkv, p.d, p.scale, p.causal,
+                      seqs.data(), int64_t(seqs.size()), y.data_as<float>());
   } else {
     // No cache (encoders): read K/V in place as a pool of one-token blocks, so
     // sequence s's "block table" is just its own rows.
@@ -677,16 +688,42 @@ const OpPrepare* find_cpu_op(const std::string& op) {
   return op == "Plugin" ? &plugin : nullptr;
 }
 
-CpuKv::CpuKv(const KvLayout& layout)
-    : layout_(layout),
-      k_(DType::kF32, {layout.num_layers * layer_elems()}),
-      v_(DType::kF32, {layout.num_layers * layer_elems()}) {}
+CpuKv::CpuKv(const KvLayout& layout) : layout_(layout) {
+  const DType elem = is_int8() ? DType::kI8 : DType::kF32;
+  k_ = Tensor(elem, {layout.num_layers * layer_elems()});
+  v_ = Tensor(elem, {layout.num_layers * layer_elems()});
+  if (is_int8()) {
+    k_scale_ = Tensor(DType::kF32, {layout.num_layers * layer_rows()});
+    v_scale_ = Tensor(DType::kF32, {layout.num_layers * layer_rows()});
+  }
+}
+
+size_t CpuKv::block_bytes_of(const KvLayout& layout) {
+  if (layout.dtype != KvDType::kInt8) return layout.block_bytes(4);
+  const int64_t scales = 2 * layout.num_layers * layout.block_size * layout.num_kv_heads;
+  return layout.block_bytes(1) + size_t(scales) * 4;
+}
+
+std::array<std::span<uint8_t>, 4> CpuKv::block_parts(int64_t l, int64_t block) {
+  const size_t esz = is_int8() ? 1 : 4;
+  const size_t elems = size_t(layout_.block_elems()) * esz;
+  auto* kb = static_cast<uint8_t*>(k_.data()) + (size_t(l * layer_elems()) + size_t(block * layout_.block_elems())) * esz;
+  auto* vb = static_cast<uint8_t*>(v_.data()) + (size_t(l * layer_elems()) + size_t(block * layout_.block_elems())) * esz;
+  if (!is_int8()) return {std::span<uint8_t>(kb, elems), std::span<uint8_t>(vb, elems), {}, {}};
+  const int64_t rows = layout_.block_size * layout_.num_kv_heads;
+  auto* ks = reinterpret_cast<uint8_t*>(k_scales(l) + block * rows);
+  auto* vs = reinterpret_cast<uint8_t*>(v_scales(l) + block * rows);
+  return {std::span<uint8_t>(kb, elems), std::span<uint8_t>(vb, elems), std::span<uint8_t>(ks, size_t(rows) * 4),
+          std::span<uint8_t>(vs, size_t(rows) * 4)};
+}
 
 void CpuKv::copy_block(int32_t src, int32_t dst) {
-  int64_t block = layout_.block_size * layout_.num_kv_heads * layout_.head_dim;
+  KILN_THROW_IF(src < 0 || src >= layout_.num_blocks || dst < 0 || dst >= layout_.num_blocks, kOutOfRange,
+                "KV block copy ", src, " -> ", dst, " outside [0, ", layout_.num_blocks, ")");
   for (int64_t l = 0; l < layout_.num_layers; ++l) {
-    std::memcpy(k(l) + dst * block, k(l) + src * block, size_t(block) * 4);
-    std::memcpy(v(l) + dst * block, v(l) + src * block, size_t(block) * 4);
+    auto from = block_parts(l, src), to = block_parts(l, dst);
+    for (size_t i = 0; i < from.size(); ++i)
+      if (!from[i].empty()) std::memcpy(to[i].data(), from[i].data(), from[i].size());
   }
 }
 
@@ -695,7 +732,7 @@ void CpuKv::host_reserve(int32_t num_blocks) {
   host_.reset();
   host_blocks_ = 0;
   if (num_blocks == 0) return;
-  host_.reset(new float[size_t(num_blocks) * (block_bytes() / 4)]);
+  host_.reset(new uint8_t[size_t(num_blocks) * block_bytes()]);
   host_blocks_ = num_blocks;
 }
 
@@ -706,26 +743,26 @@ void CpuKv::check_copy(const KvSwapCopy& c) const {
 }
 
 void CpuKv::swap_out(std::span<const KvSwapCopy> copies) {
-  const int64_t block = layout_.block_elems();
   for (const KvSwapCopy& c : copies) {
     check_copy(c);
-    float* h = host_.get() + size_t(c.host) * (block_bytes() / 4);
-    for (int64_t l = 0; l < layout_.num_layers; ++l, h += 2 * block) {
-      std::memcpy(h, k(l) + c.block * block, size_t(block) * 4);
-      std::memcpy(h + block, v(l) + c.block * block, size_t(block) * 4);
-    }
+    uint8_t* h = host_.get() + size_t(c.host) * block_bytes();
+    for (int64_t l = 0; l < layout_.num_layers; ++l)
+      for (std::span<uint8_t> part : block_parts(l, c.block)) {
+        if (!part.empty()) std::memcpy(h, part.data(), part.size());
+        h += part.size();
+      }
   }
 }
 
 void CpuKv::swap_in(std::span<const KvSwapCopy> copies) {
-  const int64_t block = layout_.block_elems();
   for (const KvSwapCopy& c : copies) {
     check_copy(c);
-    const float* h = host_.get() + size_t(c.host) * (block_bytes() / 4);
-    for (int64_t l = 0; l < layout_.num_layers; ++l, h += 2 * block) {
-      std::memcpy(k(l) + c.block * block, h, size_t(block) * 4);
-      std::memcpy(v(l) + c.block * block, h + block, size_t(block) * 4);
-    }
+    const uint8_t* h = host_.get() + size_t(c.host) * block_bytes();
+    for (int64_t l = 0; l < layout_.num_layers; ++l)
+      for (std::span<uint8_t> part : block_parts(l, c.block)) {
+        if (!part.empty()) std::memcpy(part.data(), h, part.size());
+        h += part.size();
+      }
   }
 }
 

@@ -2,6 +2,7 @@
 // (packed weights) and running at step time. Internal to the CPU backend.
 #pragma once
 
+#include <array>
 #include <functional>
 #include <map>
 #include <memory>
@@ -56,28 +57,43 @@ size_t pack_linear_weights(ir::Graph& g, const CompileOptions& opt);
 std::string linear_tactic_str(const LinearTactic& t);
 LinearTactic linear_tactic_parse(const std::string& s);
 
-// The CPU KV pool: per layer, K and V as [num_blocks, block_size, Hkv, D] f32. The host
-// swap space holds a slot per swapped block: [layer][K, V][block_size, Hkv, D].
+// The CPU KV pool: per layer, K and V as [num_blocks, block_size, Hkv, D], f32 (dtype
+// kAuto) or int8 codes (kInt8) with f32 scales [num_blocks, block_size, Hkv] beside them.
+// The host swap space holds a slot per swapped block: per layer, K and V rows
+// [block_size, Hkv, D] and then (int8) K and V scales [block_size, Hkv].
 class CpuKv : public KvStorage {
  public:
   explicit CpuKv(const KvLayout& layout);
+  // Bytes of one block of `layout` over every layer, codes and scales.
+  static size_t block_bytes_of(const KvLayout& layout);
   const KvLayout& layout() const override { return layout_; }
+  bool is_int8() const { return layout_.dtype == KvDType::kInt8; }
   void copy_block(int32_t src, int32_t dst) override;
   void host_reserve(int32_t num_blocks) override;
   int32_t host_blocks() const override { return host_blocks_; }
+  size_t block_bytes() const override { return block_bytes_of(layout_); }
   void swap_out(std::span<const KvSwapCopy> copies) override;
   void swap_in(std::span<const KvSwapCopy> copies) override;
+  // f32 pool (dtype kAuto).
   float* k(int64_t layer) { return k_.data_as<float>() + layer * layer_elems(); }
   float* v(int64_t layer) { return v_.data_as<float>() + layer * layer_elems(); }
+  // int8 pool (dtype kInt8): codes and their scales.
+  int8_t* k_codes(int64_t layer) { return k_.data_as<int8_t>() + layer * layer_elems(); }
+  int8_t* v_codes(int64_t layer) { return v_.data_as<int8_t>() + layer * layer_elems(); }
+  float* k_scales(int64_t layer) { return k_scale_.data_as<float>() + layer * layer_rows(); }
+  float* v_scales(int64_t layer) { return v_scale_.data_as<float>() + layer * layer_rows(); }
 
  private:
-  int64_t layer_elems() const {
-    return layout_.num_blocks * layout_.block_size * layout_.num_kv_heads * layout_.head_dim;
-  }
+  int64_t layer_rows() const { return layout_.num_blocks * layout_.block_size * layout_.num_kv_heads; }
+  int64_t layer_elems() const { return layer_rows() * layout_.head_dim; }
   void check_copy(const KvSwapCopy& c) const;
+  // The byte ranges of block `block` in layer `l`: K codes, V codes, K scales, V scales
+  // (the scales empty for f32), in the order a host slot stores them.
+  std::array<std::span<uint8_t>, 4> block_parts(int64_t l, int64_t block);
   KvLayout layout_;
-  Tensor k_, v_;
-  std::unique_ptr<float[]> host_;  // not value-initialized: untouched pages cost nothing
+  Tensor k_, v_;              // f32 or int8
+  Tensor k_scale_, v_scale_;  // int8 only
+  std::unique_ptr<uint8_t[]> host_;  // not value-initialized: untouched pages cost nothing
   int32_t host_blocks_ = 0;
 };
 

@@ -648,6 +648,9 @@ class CudaBackend final : public Backend {
     return g;
   }
   std::unique_ptr<KvStorage> allocate_kv(const KvLayout& layout) override {
+    if (layout.dtype != KvDType::kAuto)
+      throw_error(ErrorCode::kUnsupported, "--kv-cache-dtype ", kv_dtype_name(layout.dtype),
+                  " is not supported by the cuda backend (use --kv-cache-dtype auto, or --backend cpu)");
     return std::make_unique<CudaKv>(layout, act_, context());
   }
   size_t kv_block_bytes(const KvLayout& layout) const override {

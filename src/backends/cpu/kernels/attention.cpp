@@ -1,8 +1,11 @@
-// Paged attention (public entry point, argument checks, scalar Ops) and kv_cache_write.
+// Paged attention (public entry points, argument checks, scalar Ops) and kv_cache_write,
+// for the f32 and the int8 KV cache.
 // The loop itself is attention_impl.h; the AVX2 Ops are in attention_avx2.cpp.
 // Tested in tests/backends/cpu/attention_test.cpp against dense attention on unpaged K/V.
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <limits>
 
 #include "backends/cpu/kernels/attention_impl.h"
 #include "backends/cpu/kernels/isa.h"
@@ -20,6 +23,14 @@ struct ScalarOps {
   static void axpy(float* acc, float p, const float* v, int64_t d) {
     for (int64_t i = 0; i < d; ++i) acc[i] += p * v[i];
   }
+  static float dot(const float* a, const int8_t* b, int64_t d) {
+    float s = 0.0f;
+    for (int64_t i = 0; i < d; ++i) s += a[i] * float(b[i]);
+    return s;
+  }
+  static void axpy(float* acc, float p, const int8_t* v, int64_t d) {
+    for (int64_t i = 0; i < d; ++i) acc[i] += p * float(v[i]);
+  }
   static void scale(float* acc, float s, int64_t d) {
     for (int64_t i = 0; i < d; ++i) acc[i] *= s;
   }
@@ -28,11 +39,8 @@ struct ScalarOps {
   }
 };
 
-}  // namespace
-
-void paged_attention(const float* q, const float* k_cache, const float* v_cache,
-                     int64_t block_size, int64_t hq, int64_t hkv, int64_t d, float scale,
-                     bool causal, const AttentionSeq* seqs, int64_t num_seqs, float* out) {
+void check_attention_args(int64_t block_size, int64_t hq, int64_t hkv, int64_t d, const AttentionSeq* seqs,
+                          int64_t num_seqs) {
   KILN_THROW_IF(hkv <= 0 || hq % hkv != 0, kInvalidArgument,
                 "paged_attention: Hq must be a multiple of Hkv, got Hq=", hq, " Hkv=", hkv);
   KILN_THROW_IF(block_size <= 0 || d <= 0, kInvalidArgument, "paged_attention: expected block_size, D > 0, got ",
@@ -41,11 +49,65 @@ void paged_attention(const float* q, const float* k_cache, const float* v_cache,
     KILN_THROW_IF(seqs[s].q_len < 0 || seqs[s].q_len > seqs[s].ctx_len, kInvalidArgument,
                   "paged_attention: sequence ", s, " has q_len=", seqs[s].q_len, " > ctx_len=",
                   seqs[s].ctx_len, " (ctx_len must include the new tokens)");
+}
+
+}  // namespace
+
+void paged_attention(const float* q, const float* k_cache, const float* v_cache,
+                     int64_t block_size, int64_t hq, int64_t hkv, int64_t d, float scale,
+                     bool causal, const AttentionSeq* seqs, int64_t num_seqs, float* out) {
+  check_attention_args(block_size, hq, hkv, d, seqs, num_seqs);
   if (use_avx2())
     avx2::paged_attention(q, k_cache, v_cache, block_size, hq, hkv, d, scale, causal, seqs, num_seqs, out);
   else
-    paged_attention_impl<ScalarOps>(q, k_cache, v_cache, block_size, hq, hkv, d, scale, causal, seqs,
-                                    num_seqs, out);
+    paged_attention_impl<ScalarOps, float>(q, k_cache, nullptr, v_cache, nullptr, block_size, hq, hkv, d, scale,
+                                           causal, seqs, num_seqs, out);
+}
+
+void paged_attention_int8(const float* q, const int8_t* k_codes, const float* k_scales,
+                          const int8_t* v_codes, const float* v_scales, int64_t block_size, int64_t hq,
+                          int64_t hkv, int64_t d, float scale, bool causal, const AttentionSeq* seqs,
+                          int64_t num_seqs, float* out) {
+  check_attention_args(block_size, hq, hkv, d, seqs, num_seqs);
+  if (use_avx2())
+    avx2::paged_attention_int8(q, k_codes, k_scales, v_codes, v_scales, block_size, hq, hkv, d, scale, causal,
+                               seqs, num_seqs, out);
+  else
+    paged_attention_impl<ScalarOps, int8_t>(q, k_codes, k_scales, v_codes, v_scales, block_size, hq, hkv, d,
+                                            scale, causal, seqs, num_seqs, out);
+}
+
+float kv_quantize_row(const float* x, int64_t d, int8_t* codes) {
+  float amax = 0.0f;
+  bool finite = true;
+  for (int64_t i = 0; i < d; ++i) {
+    amax = std::max(amax, std::fabs(x[i]));
+    finite = finite && std::isfinite(x[i]);
+  }
+  if (amax == 0.0f || !finite) {
+    // All zeros: scale 0. A non-finite row has no scale; a NaN one keeps attention
+    // reading NaN, as the f32 cache would.
+    std::memset(codes, 0, size_t(d));
+    return finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+  }
+  const float s = amax / 127.0f, inv = 127.0f / amax;
+  for (int64_t i = 0; i < d; ++i)
+    codes[i] = int8_t(std::clamp(std::nearbyint(x[i] * inv), -127.0f, 127.0f));
+  return s;
+}
+
+void kv_cache_write_int8(const float* k, const float* v, const int64_t* slot_mapping, int64_t t,
+                         int64_t hkv, int64_t d, int8_t* k_codes, float* k_scales, int8_t* v_codes,
+                         float* v_scales) {
+  for (int64_t i = 0; i < t; ++i) {
+    const int64_t slot = slot_mapping[i];
+    if (slot < 0) continue;
+    for (int64_t h = 0; h < hkv; ++h) {
+      const int64_t row = (i * hkv + h) * d, dst = (slot * hkv + h) * d;
+      k_scales[slot * hkv + h] = kv_quantize_row(k + row, d, k_codes + dst);
+      v_scales[slot * hkv + h] = kv_quantize_row(v + row, d, v_codes + dst);
+    }
+  }
 }
 
 void kv_cache_write(const float* k, const float* v, const int64_t* slot_mapping, int64_t t,

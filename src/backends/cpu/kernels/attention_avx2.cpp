@@ -23,6 +23,29 @@ struct Avx2Ops {
     for (; i < d; ++i) s += a[i] * b[i];
     return s;
   }
+  // int8 codes: 8 at a time widened to i32, then to f32.
+  static __m256 load_i8(const int8_t* c) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(c))));
+  }
+  static float dot(const float* a, const int8_t* b, int64_t d) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= d; i += 16) {
+      s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load_i8(b + i), s0);
+      s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), load_i8(b + i + 8), s1);
+    }
+    for (; i + 8 <= d; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load_i8(b + i), s0);
+    float s = hsum(_mm256_add_ps(s0, s1));
+    for (; i < d; ++i) s += a[i] * float(b[i]);
+    return s;
+  }
+  static void axpy(float* acc, float p, const int8_t* v, int64_t d) {
+    const __m256 vp = vset(p);
+    int64_t i = 0;
+    for (; i + 8 <= d; i += 8)
+      _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(vp, load_i8(v + i), _mm256_loadu_ps(acc + i)));
+    for (; i < d; ++i) acc[i] += p * float(v[i]);
+  }
   static void axpy(float* acc, float p, const float* v, int64_t d) {
     const __m256 vp = vset(p);
     int64_t i = 0;
@@ -53,8 +76,16 @@ struct Avx2Ops {
 void paged_attention(const float* q, const float* k_cache, const float* v_cache,
                      int64_t block_size, int64_t hq, int64_t hkv, int64_t d, float scale,
                      bool causal, const AttentionSeq* seqs, int64_t num_seqs, float* out) {
-  paged_attention_impl<Avx2Ops>(q, k_cache, v_cache, block_size, hq, hkv, d, scale, causal, seqs,
-                                num_seqs, out);
+  paged_attention_impl<Avx2Ops, float>(q, k_cache, nullptr, v_cache, nullptr, block_size, hq, hkv, d, scale,
+                                       causal, seqs, num_seqs, out);
+}
+
+void paged_attention_int8(const float* q, const int8_t* k_codes, const float* k_scales,
+                          const int8_t* v_codes, const float* v_scales, int64_t block_size, int64_t hq,
+                          int64_t hkv, int64_t d, float scale, bool causal, const AttentionSeq* seqs,
+                          int64_t num_seqs, float* out) {
+  paged_attention_impl<Avx2Ops, int8_t>(q, k_codes, k_scales, v_codes, v_scales, block_size, hq, hkv, d, scale,
+                                        causal, seqs, num_seqs, out);
 }
 
 }  // namespace kiln::cpu::avx2

@@ -1,6 +1,6 @@
 // Internal: the paged-attention loop, written once and instantiated per ISA with an Ops
-// type giving dot/axpy/scale/exp over contiguous floats (attention.cpp: scalar,
-// attention_avx2.cpp: AVX2). Ops types live in anonymous namespaces so each ISA's
+// type giving dot/axpy/scale/exp over contiguous floats, and dot/axpy over int8 codes
+// for the int8 cache (attention.cpp: scalar, attention_avx2.cpp: AVX2). Ops types live in anonymous namespaces so each ISA's
 // instantiation has internal linkage. Tested in tests/backends/cpu/attention_test.cpp.
 #pragma once
 
@@ -8,6 +8,7 @@
 #include <cmath>
 #include <limits>
 #include <memory>
+#include <type_traits>
 
 #include "backends/cpu/kernels/kernels.h"
 #include "core/thread_pool.h"
@@ -17,9 +18,12 @@ namespace kiln::cpu {
 // One work item is one (query row, head): it walks the context one KV block at a time
 // with an online softmax (running max m, running sum l, unnormalized acc[D]), so a block's
 // scores are computed, exponentiated and folded into acc while its K/V rows are in cache.
-template <typename Ops>
-void paged_attention_impl(const float* q, const float* k_cache, const float* v_cache,
-                          int64_t block_size, int64_t hq, int64_t hkv, int64_t d, float scale,
+// Elem is float (f32 cache; the scale pointers are unused) or int8_t (codes, with one
+// scale per (slot, kv head) at k_scales/v_scales[slot * hkv + kvh], applied to the dot
+// product and to the probability that weights the V row).
+template <typename Ops, typename Elem>
+void paged_attention_impl(const float* q, const Elem* k_cache, const float* k_scales, const Elem* v_cache,
+                          const float* v_scales, int64_t block_size, int64_t hq, int64_t hkv, int64_t d, float scale,
                           bool causal, const AttentionSeq* seqs, int64_t num_seqs, float* out) {
   // rows_before[s] = query rows of sequences before s, to map a flat item to (seq, j, h).
   std::unique_ptr<int64_t[]> rows_before(new int64_t[num_seqs + 1]);
@@ -49,12 +53,15 @@ void paged_attention_impl(const float* q, const float* k_cache, const float* v_c
       float m = -std::numeric_limits<float>::infinity(), l = 0.0f;
       for (int64_t b0 = 0; b0 < limit; b0 += block_size) {
         const int64_t n = std::min(block_size, limit - b0);
-        const int64_t base = int64_t(sq.block_table[b0 / block_size]) * block_size * kv_row + kvh * d;
-        const float* kb = k_cache + base;
-        const float* vb = v_cache + base;
+        const int64_t first_slot = int64_t(sq.block_table[b0 / block_size]) * block_size;
+        const int64_t base = first_slot * kv_row + kvh * d;
+        const int64_t sbase = first_slot * hkv + kvh;  // scale of token i: sbase + i * hkv
+        const Elem* kb = k_cache + base;
+        const Elem* vb = v_cache + base;
         float bmax = -std::numeric_limits<float>::infinity();
         for (int64_t i = 0; i < n; ++i) {
           score[i] = Ops::dot(qs, kb + i * kv_row, d);
+          if constexpr (std::is_same_v<Elem, int8_t>) score[i] *= k_scales[sbase + i * hkv];
           bmax = std::max(bmax, score[i]);
         }
         const float m_new = std::max(m, bmax);
@@ -68,7 +75,10 @@ void paged_attention_impl(const float* q, const float* k_cache, const float* v_c
         Ops::exp_inplace(score, n);
         for (int64_t i = 0; i < n; ++i) {
           l += score[i];
-          Ops::axpy(acc, score[i], vb + i * kv_row, d);
+          if constexpr (std::is_same_v<Elem, int8_t>)
+            Ops::axpy(acc, score[i] * v_scales[sbase + i * hkv], vb + i * kv_row, d);
+          else
+            Ops::axpy(acc, score[i], vb + i * kv_row, d);
         }
       }
       float* o = out + (t * hq + h) * d;

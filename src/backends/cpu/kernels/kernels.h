@@ -184,6 +184,22 @@ void paged_attention(const float* q, const float* k_cache, const float* v_cache,
 void kv_cache_write(const float* k, const float* v, const int64_t* slot_mapping, int64_t t,
                     int64_t hkv, int64_t d, float* k_cache, float* v_cache);
 
+// INT8 KV cache (KvDType::kInt8): K and V rows as int8 codes [slots, Hkv, D] with one f32
+// scale per (slot, kv head) in [slots, Hkv]. A row is quantized symmetrically when written:
+// s = max|x| / 127 over its D values, code = round(x / s) in [-127, 127] (s = 0 and all codes
+// 0 for an all-zero row), so |x - code * s| <= s / 2. Returns s.
+float kv_quantize_row(const float* x, int64_t d, int8_t* codes);
+// kv_cache_write into the int8 cache: quantizes each (token, kv head) row.
+void kv_cache_write_int8(const float* k, const float* v, const int64_t* slot_mapping, int64_t t,
+                         int64_t hkv, int64_t d, int8_t* k_codes, float* k_scales, int8_t* v_codes,
+                         float* v_scales);
+// paged_attention over the int8 cache: the scales are applied inside the dot products and
+// the V accumulation (q . (s * c) = s * (q . c)); no dequantized copy is made.
+void paged_attention_int8(const float* q, const int8_t* k_codes, const float* k_scales,
+                          const int8_t* v_codes, const float* v_scales, int64_t block_size, int64_t hq,
+                          int64_t hkv, int64_t d, float scale, bool causal, const AttentionSeq* seqs,
+                          int64_t num_seqs, float* out);
+
 // ---- Embedding -----------------------------------------------------------------------
 // out[i] = table[ids[i]]; throws kiln::Error (kOutOfRange) naming the id and vocab size.
 void embedding(const float* table, int64_t vocab, const int32_t* ids, int64_t t, int64_t dim,
