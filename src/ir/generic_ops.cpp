@@ -104,8 +104,8 @@ std::vector<ValueType> infer_softmax(const Node& n, const In& in) {
 }
 
 // q [B, H, Sq, D], k [B, H, Sk, D], v [B, H, Sk, Dv], optional additive mask
-// broadcastable to [B, H, Sq, Sk]; batch dims (B, H) broadcast numpy-style like the
-// MatMuls it replaces, the mask's last two dims are 1 or the score dims.
+// broadcastable to [B, H, Sq, Sk]; dims broadcast numpy-style exactly as in the
+// MatMul / Add / MatMul it replaces.
 std::vector<ValueType> infer_sdpa(const Node& n, const In& in) {
   const Value& q = need(n, in, 0);
   const Value& k = need(n, in, 1);
@@ -121,19 +121,19 @@ std::vector<ValueType> infer_sdpa(const Node& n, const In& in) {
       fail(n, str_cat(what, " differ: q ", q.shape.str(), ", k ", k.shape.str(), ", v ", v.shape.str()));
   };
   same(q.shape[3], k.shape[3], "head dims of q and k");
-  same(k.shape[2], v.shape[2], "key lengths of k and v");
   Shape qb{q.shape[0], q.shape[1]}, kb{k.shape[0], k.shape[1]}, vb{v.shape[0], v.shape[1]};
   Shape batch = broadcast_shapes(n, broadcast_shapes(n, qb, kb), vb);
+  Shape rows{q.shape[2], k.shape[2]};  // the scores' [Sq, Sk]
   if (mask) {
     if (mask->shape.rank() > 4) fail(n, str_cat("mask must have rank <= 4, got ", mask->shape.str()));
     Shape m;
     for (size_t i = mask->shape.rank(); i < 4; ++i) m.push_back(Dim(int64_t(1)));
     for (auto& d : mask->shape.dims()) m.push_back(d);
     batch = broadcast_shapes(n, batch, Shape{m[0], m[1]});
-    same(m[2] == Dim(int64_t(1)) ? q.shape[2] : m[2], q.shape[2], "query lengths of mask and q");
-    same(m[3] == Dim(int64_t(1)) ? k.shape[2] : m[3], k.shape[2], "key lengths of mask and k");
+    rows = broadcast_shapes(n, rows, Shape{m[2], m[3]});  // like the Add it replaces
   }
-  return {{DType::kF32, Shape{batch[0], batch[1], q.shape[2], v.shape[3]}}};
+  same(rows[1], v.shape[2], "key lengths of the scores and v");
+  return {{DType::kF32, Shape{batch[0], batch[1], rows[0], v.shape[3]}}};
 }
 
 std::vector<ValueType> infer_reduce(const Node& n, const In& in) {

@@ -63,8 +63,14 @@ class FuseAttentionPattern final : public Pass {
         continue;
       }
       const ir::Node* pv = sole_consumer(g, uses, sm.outputs[0]);
-      if (!pv || pv->op != "MatMul" || pv->inputs[0] != sm.outputs[0] || !is_f32_4d(g, pv->inputs[1])) {
-        not_fired(kName, sm, "the probabilities are not read only by MatMul(probs, v) with a 4-D v");
+      // GPT-2's export casts the f32 probabilities to f32 (the dtype of v).
+      const ir::Node* cast = pv && pv->op == "Cast" && pv->attr_str("to", "") == dtype_name(DType::kF32) &&
+                                   !pv->attr_int("bool", 0) ? pv : nullptr;
+      if (cast) pv = sole_consumer(g, uses, cast->outputs[0]);
+      const ir::ValueId probs = cast ? cast->outputs[0] : sm.outputs[0];
+      if (!pv || pv->op != "MatMul" || pv->inputs[0] != probs || !is_f32_4d(g, pv->inputs[1])) {
+        not_fired(kName, sm, "the probabilities are not read only by MatMul(probs, v) with a 4-D v (",
+                  uses.count(probs), " readers", pv ? ", one " + pv->op : std::string(), ")");
         continue;
       }
       // Optional additive mask between the scale and the softmax (either operand order;
@@ -96,34 +102,12 @@ class FuseAttentionPattern final : public Pass {
         not_fired(kName, sm, "the scaled scores are not MatMul(q, k^T) of 4-D operands");
         continue;
       }
-      const Shape& qs = g.value(qk->inputs[0]).shape;
-      const Shape& vs = g.value(pv->inputs[1]).shape;
-      const Shape& xs = g.value(x).shape;
-      if (!(qs[2] == xs[2]) || !(vs[2] == xs[3])) {
-        not_fired(kName, sm, "q ", qs.str(), ", scores ", xs.str(), " and v ", vs.str(),
-                  " do not show Sq and Sk rows without broadcasting");
-        continue;
-      }
-      if (mask != ir::kNoValue) {
-        // The mask may not widen the scores' query/key dims (the fused op keeps them).
-        const Shape& m = g.value(mask).shape;
-        const Shape& ss = g.value(scores).shape;
-        bool ok = true;
-        for (size_t d = 2; d < 4; ++d) {
-          if (m.rank() + d < 4) continue;
-          const Dim& md = m[m.rank() + d - 4];
-          ok = ok && (md == Dim(int64_t(1)) || md == ss[d]);
-        }
-        if (!ok) {
-          not_fired(kName, sm, "the mask ", m.str(), " broadcasts the scores ", ss.str(), " to more rows");
-          continue;
-        }
-      }
       // Everything the rewrite needs, read before g.add() may move the node list.
       const ir::ValueId q = qk->inputs[0], kt = qk->inputs[1], v = pv->inputs[1], out = pv->outputs[0];
       const std::string scope = name_scope(qk->name);
       std::vector<const ir::Node*> swallowed = {qk, sc.node, &sm, pv};
       if (add) swallowed.push_back(add);
+      if (cast) swallowed.push_back(cast);
       for (const ir::Node* n : swallowed) dead[size_t(node_index(g, n))] = true;
       // k = Transpose(k^T, [0,1,3,2]), composed with a Transpose that made k^T.
       ir::ValueId k = kt;

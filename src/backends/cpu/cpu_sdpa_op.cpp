@@ -23,7 +23,7 @@ constexpr int64_t kQueryBlock = 16;
   throw_error(ErrorCode::kInvalidArgument, "node '", node, "' (", kOp, "): ", what);
 }
 
-// Broadcast of two batch dims (1 stretches); throws naming the operand otherwise.
+// Numpy broadcast of two dims (1 stretches); throws naming the dims otherwise.
 int64_t batch_dim(const std::string& node, int64_t a, int64_t b, const char* what) {
   if (a != b && a != 1 && b != 1) sdpa_error(node, str_cat("cannot broadcast the ", what, " dims ", a, " and ", b));
   return a == 1 ? b : a;
@@ -50,10 +50,10 @@ OpRun prepare_sdpa(const ir::Node& n, const ir::Graph&, const CompileOptions&) {
       if (t->rank() != 4 || t->dtype() != DType::kF32)
         sdpa_error(name, str_cat("q, k and v must be 4-D f32 [B, H, S, D], got q ", q.shape_str(), ", k ",
                                  k.shape_str(), ", v ", v.shape_str()));
-    const int64_t sq = q.dim(2), d = q.dim(3), sk = k.dim(2), dv = v.dim(3);
-    if (k.dim(3) != d || v.dim(2) != sk)
-      sdpa_error(name, str_cat("q ", q.shape_str(), ", k ", k.shape_str(), " and v ", v.shape_str(),
-                               " do not fit q k^T v"));
+    const int64_t d = q.dim(3), dv = v.dim(3);
+    int64_t sq = q.dim(2), sk = k.dim(2);
+    if (k.dim(3) != d)
+      sdpa_error(name, str_cat("the head dims of q ", q.shape_str(), " and k ", k.shape_str(), " differ"));
     int64_t bb = batch_dim(name, batch_dim(name, q.dim(0), k.dim(0), "batch"), v.dim(0), "batch");
     int64_t hh = batch_dim(name, batch_dim(name, q.dim(1), k.dim(1), "head"), v.dim(1), "head");
     std::vector<int64_t> ms = {1, 1, 1, 1};
@@ -63,12 +63,17 @@ OpRun prepare_sdpa(const ir::Node& n, const ir::Graph&, const CompileOptions&) {
       for (int i = 0; i < mask->rank(); ++i) ms[size_t(4 - mask->rank() + i)] = mask->dim(i);
       bb = batch_dim(name, bb, ms[0], "batch");
       hh = batch_dim(name, hh, ms[1], "head");
-      if ((ms[2] != 1 && ms[2] != sq) || (ms[3] != 1 && ms[3] != sk))
-        sdpa_error(name, str_cat("mask ", mask->shape_str(), " does not broadcast to the scores [", sq, ", ", sk, "]"));
+      // Like the Add it replaces, the mask may also stretch a single query or key row.
+      sq = batch_dim(name, sq, ms[2], "query");
+      sk = batch_dim(name, sk, ms[3], "key");
     }
+    if (v.dim(2) != sk)
+      sdpa_error(name, str_cat("the scores have ", sk, " keys but v ", v.shape_str(), " has ", v.dim(2), " rows"));
+    const int64_t q_rows = q.dim(2), k_rows = k.dim(2);
     Tensor& y = c.out(0, {bb, hh, sq, dv});
     if (y.numel() == 0) return;
-    const BatchIndex qi{q.dim(0), q.dim(1), sq * d}, ki{k.dim(0), k.dim(1), sk * d}, vi{v.dim(0), v.dim(1), sk * dv},
+    const BatchIndex qi{q.dim(0), q.dim(1), q.dim(2) * d}, ki{k.dim(0), k.dim(1), k.dim(2) * d},
+        vi{v.dim(0), v.dim(1), sk * dv},
         mi{ms[0], ms[1], ms[2] * ms[3]};
     const float* pq = q.data_as<float>();
     const float* pk = k.data_as<float>();
@@ -85,9 +90,9 @@ OpRun prepare_sdpa(const ir::Node& n, const ir::Graph&, const CompileOptions&) {
         const float* mb = pm ? pm + mi.offset(b, h) : nullptr;
         const int64_t i_end = std::min(sq, (task % blocks + 1) * kQueryBlock);
         for (int64_t i = (task % blocks) * kQueryBlock; i < i_end; ++i) {
-          const float* qrow = pq + qi.offset(b, h) + i * d;
+          const float* qrow = pq + qi.offset(b, h) + (q_rows == 1 ? 0 : i) * d;
           for (int64_t j = 0; j < sk; ++j) {
-            const float* krow = kb + j * d;
+            const float* krow = kb + (k_rows == 1 ? 0 : j) * d;
             float acc = 0.0f;
             for (int64_t x = 0; x < d; ++x) acc += qrow[x] * krow[x];
             s[size_t(j)] = acc * scale;
