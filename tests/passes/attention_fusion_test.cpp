@@ -101,6 +101,39 @@ TEST(FuseAttentionPattern, OperandsInEitherOrder) {
 }
 TEST(FuseAttentionPattern, PositiveLastAxis) { expect_fuses({.softmax_axis = 3}, "softmax axis 3"); }
 
+TEST(FuseAttentionPattern, BroadcastsLikeTheUnfusedOps) {
+  // One query row stretched to 3 by the mask, one K head shared by both Q heads (MatMul
+  // batch broadcasting), K given as [B, H, S, D] and transposed by [0, 1, 3, 2].
+  ir::Graph g;
+  ir::ValueId q = g.add_input("q", DType::kF32, Shape{2, 2, 1, 4});
+  ir::ValueId k = g.add_input("k", DType::kF32, Shape{2, 1, 3, 4});
+  ir::ValueId v = g.add_input("v", DType::kF32, Shape{2, 2, 3, 5});
+  ir::ValueId m = g.add_input("m", DType::kF32, Shape{2, 1, 3, 3});
+  ir::ValueId s = g.add("MatMul", {q, g.add("Transpose", {k}, {{"perm", std::vector<int64_t>{0, 1, 3, 2}}})});
+  s = g.add("Add", {g.add("Mul", {s, g.add_weight("c", scalar(0.7f))}), m});
+  g.add_output("y", g.add("MatMul", {g.add("Softmax", {s}), v}));
+  TensorMap before = testing::run_graph(g, 1);
+  ASSERT_TRUE(passes::make_fuse_attention_pattern_pass()->run(g));
+  EXPECT_EQ(g.nodes().size(), 1u);  // k's two transposes cancel
+  EXPECT_EQ(count_ops(g, "ScaledDotProductAttention"), 1u);
+  EXPECT_EQ(g.value(g.outputs()[0].second).shape, (Shape{2, 2, 3, 5}));
+  testing::expect_same_outputs(before, testing::run_graph(g, 1), 1e-5);
+}
+
+TEST(FuseAttentionPattern, OpSaysWhatDoesNotFit) {
+  ir::Graph g;
+  ir::ValueId q = g.add_input("q", DType::kF32, Shape{1, 2, 4, 8});
+  ir::ValueId k = g.add_input("k", DType::kF32, Shape{1, 2, 6, 8});
+  ir::ValueId v = g.add_input("v", DType::kF32, Shape{1, 2, 5, 8});
+  try {
+    g.add("ScaledDotProductAttention", {q, k, v}, {{"scale", 1.0}}, "sdpa");
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'sdpa' (ScaledDotProductAttention): key lengths of the scores and v differ"),
+              std::string::npos) << e.what();
+  }
+}
+
 TEST(FuseAttentionPattern, SoftmaxOverAnotherAxisStays) {
   ir::Graph g = attention_graph({.softmax_axis = 2});
   const size_t nodes = g.nodes().size();
