@@ -103,6 +103,39 @@ std::vector<ValueType> infer_softmax(const Node& n, const In& in) {
   return infer_float_unary(n, in);
 }
 
+// q [B, H, Sq, D], k [B, H, Sk, D], v [B, H, Sk, Dv], optional additive mask
+// broadcastable to [B, H, Sq, Sk]; dims broadcast numpy-style exactly as in the
+// MatMul / Add / MatMul it replaces.
+std::vector<ValueType> infer_sdpa(const Node& n, const In& in) {
+  const Value& q = need(n, in, 0);
+  const Value& k = need(n, in, 1);
+  const Value& v = need(n, in, 2);
+  const Value* mask = in.size() > 3 ? in[3] : nullptr;
+  for (const Value* x : {&q, &k, &v, mask}) {
+    if (!x) continue;
+    if (x->dtype != DType::kF32) fail(n, str_cat("%", x->name, " must be f32, got ", dtype_name(x->dtype)));
+    if (x->shape.rank() != 4 && x != mask) fail(n, str_cat("%", x->name, " must be 4-D [B, H, S, D], got ", x->shape.str()));
+  }
+  auto same = [&](const Dim& a, const Dim& b, const char* what) {
+    if (a.is_concrete() && b.is_concrete() && a.value != b.value)
+      fail(n, str_cat(what, " differ: q ", q.shape.str(), ", k ", k.shape.str(), ", v ", v.shape.str()));
+  };
+  same(q.shape[3], k.shape[3], "head dims of q and k");
+  Shape qb{q.shape[0], q.shape[1]}, kb{k.shape[0], k.shape[1]}, vb{v.shape[0], v.shape[1]};
+  Shape batch = broadcast_shapes(n, broadcast_shapes(n, qb, kb), vb);
+  Shape rows{q.shape[2], k.shape[2]};  // the scores' [Sq, Sk]
+  if (mask) {
+    if (mask->shape.rank() > 4) fail(n, str_cat("mask must have rank <= 4, got ", mask->shape.str()));
+    Shape m;
+    for (size_t i = mask->shape.rank(); i < 4; ++i) m.push_back(Dim(int64_t(1)));
+    for (auto& d : mask->shape.dims()) m.push_back(d);
+    batch = broadcast_shapes(n, batch, Shape{m[0], m[1]});
+    rows = broadcast_shapes(n, rows, Shape{m[2], m[3]});  // like the Add it replaces
+  }
+  same(rows[1], v.shape[2], "key lengths of the scores and v");
+  return {{DType::kF32, Shape{batch[0], batch[1], rows[0], v.shape[3]}}};
+}
+
 std::vector<ValueType> infer_reduce(const Node& n, const In& in) {
   const Value& x = need(n, in, 0);
   int64_t rank = int64_t(x.shape.rank());
@@ -426,6 +459,9 @@ void add_generic_op_schemas(std::map<std::string, OpSchema>& r) {
   add({"Cast", 1, 1, {"to"}, "converts to dtype `to` (bool=1: nonzero -> 1)", infer_cast});
   add({"MatMul", 2, 2, {}, "numpy matmul of rank >= 2 f32 operands, batch dims broadcast", infer_matmul});
   add({"Softmax", 1, 1, {}, "softmax over attr axis (default -1)", infer_softmax});
+  add({"ScaledDotProductAttention", 3, 4, {"scale"},
+       "softmax(q k^T * attr scale (+ additive mask)) v over 4-D [B, H, S, D]; fuse_attention_pattern emits it",
+       infer_sdpa});
   for (const char* op : {"ReduceMean", "ReduceSum", "ReduceMax"})
     add({op, 1, 1, {}, "reduction over attr axes (all when absent), attr keepdims (default 1)", infer_reduce});
   add({"Reshape", 1, 2, {}, "new shape from attr shape (ONNX 0/-1 rules) or an int64 input", infer_reshape});

@@ -32,6 +32,7 @@ std::unique_ptr<Pass> make_cse_pass();                     // "cse"
 // Fusions.
 std::unique_ptr<Pass> make_fuse_layer_norm_pattern_pass(); // "fuse_layer_norm_pattern"
 std::unique_ptr<Pass> make_fuse_gelu_pattern_pass();       // "fuse_gelu_pattern"
+std::unique_ptr<Pass> make_fuse_attention_pattern_pass();  // "fuse_attention_pattern"
 std::unique_ptr<Pass> make_fuse_qkv_attention_pass();      // "fuse_qkv_attention"
 std::unique_ptr<Pass> make_fuse_swiglu_pass();             // "fuse_swiglu"
 std::unique_ptr<Pass> make_fuse_add_norm_pass();           // "fuse_add_norm"

@@ -33,6 +33,10 @@ std::unique_ptr<Pass> plain(const PassOptions&) {
 // - the *_pattern fusions (op-by-op LayerNorm / GELU of imported graphs) before the
 //   others, which look for LayerNorm and Gelu nodes (fuse_add_norm takes the residual
 //   Add in front of a LayerNorm only once it is one node).
+// - fuse_attention_pattern after constant_folding (its scale must be a constant, which
+//   an export often computes as Sqrt(Cast(Shape...))) and cse (a shared scale or mask
+//   duplicated per layer must not look like extra readers); it only touches
+//   MatMul/Softmax nodes of imported graphs, so its place among the fusions is free.
 // - fuse_qkv_attention before anything touches the Q/K/V Linears (an epilogue or a
 //   later merge would no longer look like three plain projections of one input).
 // - fuse_swiglu before fuse_linear_activation: otherwise Silu(gate_proj) would be
@@ -53,6 +57,7 @@ const std::vector<std::pair<std::string, Entry>>& registry() {
       {"dce", {1, plain<make_dce_pass>}},
       {"fuse_layer_norm_pattern", {2, plain<make_fuse_layer_norm_pattern_pass>}},
       {"fuse_gelu_pattern", {2, plain<make_fuse_gelu_pattern_pass>}},
+      {"fuse_attention_pattern", {2, plain<make_fuse_attention_pattern_pass>}},
       {"fuse_qkv_attention", {2, plain<make_fuse_qkv_attention_pass>}},
       {"fuse_swiglu", {2, plain<make_fuse_swiglu_pass>}},
       {"fuse_linear_activation", {2, plain<make_fuse_linear_activation_pass>}},
@@ -123,6 +128,7 @@ std::vector<PassResult> run_passes(ir::Graph& g, const PassOptions& o) {
 std::string fusion_of(const ir::Node& n) {
   if (n.op == "AddRMSNorm" || n.op == "AddLayerNorm") return "fuse_add_norm";
   if (n.op == "SwiGLU") return "fuse_swiglu";
+  if (n.op == "ScaledDotProductAttention") return "fuse_attention_pattern";
   if (n.op == "EmbeddingLayerNorm") return "fuse_embedding_norm";
   if (n.op == "Attention" && n.attr_int("packed_qkv", 0)) return "fuse_qkv_attention";
   if (n.op == "Linear" && n.has_attr("activation")) return "fuse_linear_activation";

@@ -91,6 +91,14 @@ TEST_P(OnnxBert, MatchesPyTorch) {
     TensorMap out = run(*m, in);
     std::string tag = name + " O" + std::to_string(opt) + " ";
     if (opt) std::printf("%s", passes::format_pass_report(m->pass_report()).c_str());
+    size_t sdpa = 0, softmax = 0;
+    for (auto& n : m->graph().nodes()) {
+      sdpa += n.op == "ScaledDotProductAttention";
+      softmax += n.op == "Softmax";
+    }
+    // O2: each layer's op-by-op attention (with its padding mask) is one fused node.
+    EXPECT_EQ(sdpa, opt ? 2u : 0u);
+    EXPECT_EQ(softmax, opt ? 0u : 2u);
     EXPECT_LE(rel_error(out.at("last_hidden_state"), ref.get("last_hidden_state", DType::kF32), tag + "last_hidden_state"), kTol);
     EXPECT_LE(rel_error(out.at("pooler_output"), ref.get("pooler_output", DType::kF32), tag + "pooler_output"), kTol);
     // Dynamic axes: the first sequence alone, cropped to its length, gives the same rows.
@@ -116,14 +124,18 @@ TEST(OnnxImport, Gpt2MatchesPyTorch) {
     TensorMap out = run(*m, in);
     std::string tag = "gpt2 O" + std::to_string(opt) + " ";
     if (opt) std::printf("%s", passes::format_pass_report(m->pass_report()).c_str());
-    if (opt) {  // gelu_new and the LayerNorms became fused kernels
-      size_t ln = 0, gelu = 0;
+    if (opt) {  // gelu_new, the LayerNorms and the causal + padding attentions became fused kernels
+      size_t ln = 0, gelu = 0, sdpa = 0, softmax = 0;
       for (auto& n : m->graph().nodes()) {
         ln += n.op == "LayerNorm" || n.op == "AddLayerNorm";
         gelu += n.op == "Gelu" && n.attr_str("approximate") == "tanh";
+        sdpa += n.op == "ScaledDotProductAttention" && n.inputs.size() == 4;
+        softmax += n.op == "Softmax";
       }
       EXPECT_EQ(ln, 5u);
       EXPECT_EQ(gelu, 2u);
+      EXPECT_EQ(sdpa, 2u);
+      EXPECT_EQ(softmax, 0u);
     }
     EXPECT_LE(rel_error(out.at("logits"), ref.get("logits", DType::kF32), tag + "logits"), kTol);
     TensorMap two;

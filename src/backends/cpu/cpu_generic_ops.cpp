@@ -767,6 +767,7 @@ const std::map<std::string, OpPrepare>& generic_cpu_ops() {
     t["Cast"] = prepare_cast;
     t["MatMul"] = prepare_matmul;
     t["Softmax"] = prepare_softmax;
+    t["ScaledDotProductAttention"] = prepare_sdpa;
     t["Reshape"] = prepare_reshape;
     t["Flatten"] = prepare_flatten;
     t["Unsqueeze"] = prepare_unsqueeze;

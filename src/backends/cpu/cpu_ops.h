@@ -36,6 +36,9 @@ using OpPrepare = std::function<OpRun(const ir::Node&, const ir::Graph&, const C
 const OpPrepare* find_cpu_op(const std::string& op);
 // The generic tensor ops (cpu_generic_ops.cpp); find_cpu_op looks here too.
 const std::map<std::string, OpPrepare>& generic_cpu_ops();
+// ScaledDotProductAttention over batched 4-D tensors (cpu_sdpa_op.cpp), one of the
+// generic ops.
+OpRun prepare_sdpa(const ir::Node& n, const ir::Graph& g, const CompileOptions& opt);
 // Plugin nodes: calls the plugin's execute_cpu (cpu_plugin_op.cpp); throws
 // kUnsupported when the plugin has no CPU implementation.
 OpRun prepare_plugin(const ir::Node& n, const ir::Graph& g, const CompileOptions& opt);

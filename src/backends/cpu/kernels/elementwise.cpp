@@ -74,6 +74,10 @@ void silu(const float* x, int64_t n, float* out) { unary(UnaryOp::kSilu, x, n, o
 void tanh(const float* x, int64_t n, float* out) { unary(UnaryOp::kTanh, x, n, out); }
 void exp(const float* x, int64_t n, float* out) { unary(UnaryOp::kExp, x, n, out); }
 
+void softmax_row(const float* x, int64_t dim, float* out) {
+  (use_avx2() ? avx2::softmax_row : scalar_softmax_row)(x, dim, out);
+}
+
 void softmax_rows(const float* x, int64_t rows, int64_t dim, float* out) {
   const bool vec = use_avx2();
   const int64_t grain = std::max<int64_t>(1, kGrain / std::max<int64_t>(1, dim));

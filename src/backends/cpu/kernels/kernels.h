@@ -155,6 +155,9 @@ void tanh(const float* x, int64_t n, float* out);
 void exp(const float* x, int64_t n, float* out);
 // Numerically stable softmax over each row of [rows, dim] (in place allowed).
 void softmax_rows(const float* x, int64_t rows, int64_t dim, float* out);
+// One row of softmax_rows on the calling thread (for kernels already inside a
+// parallel loop); same arithmetic, so fused and unfused softmaxes agree bit for bit.
+void softmax_row(const float* x, int64_t dim, float* out);
 
 // ---- RoPE, HF Llama "rotate_half" (NeoX) convention, in place ----------------------
 // x: [T, heads, head_dim]; dims [0, rotary_dim) rotate, the rest pass through.
