@@ -17,9 +17,13 @@
 #include "core/status.h"
 #include "frontends/hf_dir.h"
 #include "runtime/executor.h"
+#include "../runtime/executor_test_util.h"
 
 namespace kiln {
 namespace {
+
+using test_exec::run_all_at_once;
+using test_exec::settled_stats;
 
 std::vector<int32_t> random_ids(std::mt19937& rng, int len) {
   std::vector<int32_t> p;
@@ -43,45 +47,6 @@ std::vector<GenerationResult> run_concurrently(Executor& ex, const std::vector<G
   for (size_t i = 0; i < reqs.size(); ++i) threads.emplace_back([&, i] { out[i] = ex.generate(reqs[i]); });
   for (auto& t : threads) t.join();
   return out;
-}
-
-// Every request queued before the executor's next turn: the first one's first update
-// (sent on the executor thread) waits until the others are submitted, so a small pool
-// is oversubscribed however the client threads happen to be scheduled. Greedy, n = 1.
-std::vector<GenerationResult> run_all_at_once(Executor& ex, const std::vector<GenerationRequest>& reqs) {
-  std::vector<GenerationResult> out(reqs.size());
-  std::atomic<bool> queued{false};
-  std::mutex mu;
-  std::condition_variable cv;
-  size_t done = 0;
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    out[i].choices.resize(1);
-    ex.submit(reqs[i], [&, i](RequestUpdate&& u) {
-      while (i == 0 && !queued) std::this_thread::yield();
-      for (auto& c : u.choices) {
-        auto& t = out[i].choices[0].tokens;
-        t.insert(t.end(), c.tokens.begin(), c.tokens.end());
-      }
-      if (u.done) {
-        std::lock_guard lk(mu);
-        out[i].error = u.error;
-        ++done;
-        cv.notify_all();
-      }
-    });
-  }
-  queued = true;
-  std::unique_lock lk(mu);
-  cv.wait(lk, [&] { return done == reqs.size(); });
-  return out;
-}
-
-// The executor publishes its stats after each loop turn, after the done callbacks.
-ExecutorStats settled_stats(Executor& ex) {
-  for (int i = 0; i < 400 && ex.stats().running + ex.stats().waiting > 0; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  std::this_thread::sleep_for(std::chrono::milliseconds(30));
-  return ex.stats();
 }
 
 // One workload, run on a model: concurrent mixed requests, then prefix-sharing and

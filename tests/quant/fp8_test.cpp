@@ -23,30 +23,17 @@
 #include "runtime/llm_runner.h"
 #include "runtime/quantize.h"
 #include "../models/golden_util.h"
+#include "quant_test_util.h"
 
 namespace kiln {
 namespace {
 
-std::vector<float> all_logits(Model& m, const std::vector<int32_t>& toks) {
-  LlmRunner runner(m, {.max_total_tokens = int64_t(toks.size()) + 16});
-  runner.add_sequence(toks);
-  std::vector<float> out;
-  while (runner.has_pending())
-    for (auto& o : runner.step(true)) out.insert(out.end(), o.logits.begin(), o.logits.end());
-  return out;
-}
+using quant_test::all_logits;
+using quant_test::random_sequences;
 
 std::vector<int32_t> greedy(Model& m, const std::vector<int32_t>& prompt, int n) {
   LlmRunner runner(m, {.max_total_tokens = int64_t(prompt.size()) + n + 16});
   return runner.generate_greedy({prompt}, n)[0];
-}
-
-std::vector<std::vector<int32_t>> random_sequences(int n, int len, int64_t vocab, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::vector<std::vector<int32_t>> s(static_cast<size_t>(n));
-  for (auto& q : s)
-    for (int i = 0; i < len; ++i) q.push_back(int32_t(rng() % uint64_t(vocab)));
-  return s;
 }
 
 double rel_rms(const std::vector<float>& got, const std::vector<float>& ref) {

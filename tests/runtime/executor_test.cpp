@@ -16,9 +16,13 @@
 #include "backends/cpu/kernels/kernels.h"
 #include "core/status.h"
 #include "runtime/executor.h"
+#include "executor_test_util.h"
 
 namespace kiln {
 namespace {
+
+using test_exec::run_all_at_once;
+using test_exec::settled_stats;
 
 std::string fixture(const std::string& name) { return std::string(KILN_FIXTURES_DIR) + "/models/" + name; }
 
@@ -536,45 +540,6 @@ ExecutorOptions small_pool(PreemptionMode mode, int64_t swap_blocks, bool prefix
   return opt;
 }
 
-// Every request queued before the executor's next turn: the first one's first update
-// (sent on the executor thread) waits until the others are submitted, so a small pool
-// is oversubscribed however the client threads happen to be scheduled. Greedy, n = 1.
-std::vector<GenerationResult> run_all_at_once(Executor& ex, const std::vector<GenerationRequest>& reqs) {
-  std::vector<GenerationResult> out(reqs.size());
-  std::atomic<bool> queued{false};
-  std::mutex mu;
-  std::condition_variable cv;
-  size_t done = 0;
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    out[i].choices.resize(1);
-    ex.submit(reqs[i], [&, i](RequestUpdate&& u) {
-      while (i == 0 && !queued) std::this_thread::yield();
-      for (auto& c : u.choices) {
-        auto& t = out[i].choices[0].tokens;
-        t.insert(t.end(), c.tokens.begin(), c.tokens.end());
-      }
-      if (u.done) {
-        std::lock_guard lk(mu);
-        out[i].error = u.error;
-        ++done;
-        cv.notify_all();
-      }
-    });
-  }
-  queued = true;
-  std::unique_lock lk(mu);
-  cv.wait(lk, [&] { return done == reqs.size(); });
-  return out;
-}
-
-// Waits for the executor's published stats to settle after the last request.
-ExecutorStats settled(Executor& ex) {
-  for (int i = 0; i < 200 && ex.stats().running + ex.stats().waiting > 0; ++i)
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  return ex.stats();
-}
-
 TEST_F(ExecutorTest, SwapPreemptionUnderASmallPoolKeepsOutputsExact) {
   auto ps = prompts(8, 2, 20, 40);
   for (bool prefix_caching : {false, true}) {
@@ -588,7 +553,7 @@ TEST_F(ExecutorTest, SwapPreemptionUnderASmallPoolKeepsOutputsExact) {
       ASSERT_EQ(got[i].error, "") << "request " << i;
       EXPECT_EQ(got[i].choices[0].tokens, alone(ps[i], 24)) << "request " << i;
     }
-    ExecutorStats s = settled(ex);
+    ExecutorStats s = settled_stats(ex);
     EXPECT_GT(s.swapped_out, 0);
     EXPECT_EQ(s.swapped_in, s.swapped_out);  // every swapped sequence came back by swap
     EXPECT_EQ(s.swap_fallbacks, 0);
@@ -618,7 +583,7 @@ TEST_F(ExecutorTest, FullSwapSpaceFallsBackToRecomputeWithExactOutputs) {
       ASSERT_EQ(got[i].error, "") << "request " << i;
       EXPECT_EQ(got[i].choices[0].tokens, alone(ps[i], 24)) << "request " << i;
     }
-    ExecutorStats s = settled(ex);
+    ExecutorStats s = settled_stats(ex);
     EXPECT_GT(s.swap_fallbacks, 0);
     EXPECT_LE(s.swapped_out + s.swap_fallbacks, s.preemptions);
     if (slots == 0) {
@@ -673,7 +638,7 @@ TEST_F(ExecutorTest, SwappedOutRequestsResumeExactlyOrFreeTheirHostSpaceWhenCanc
       cancel_sent = true;
     }
     ex.drain();
-    ExecutorStats s = settled(ex);
+    ExecutorStats s = settled_stats(ex);
     EXPECT_EQ(high_out, alone(high.prompt, 8));
     EXPECT_EQ(s.swapped_out, 1);
     EXPECT_EQ(s.swap_blocks_used, 0);

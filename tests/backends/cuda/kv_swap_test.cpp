@@ -14,10 +14,13 @@
 #include "backends/cuda/cuda_ops.h"
 #include "cuda_test_util.h"
 #include "runtime/executor.h"
+#include "../../runtime/executor_test_util.h"
 #include "runtime/llm_runner.h"
 
 namespace kiln::cuda {
 namespace {
+
+using test_exec::run_all_at_once;
 
 using namespace testing;
 
@@ -99,37 +102,6 @@ TEST(CudaKvMemory, BlocksRoundTripThroughPinnedHostSlots) {
   EXPECT_THROW(storage->swap_out(bad), Error);
   storage->host_reserve(0);
   EXPECT_EQ(storage->host_blocks(), 0);
-}
-
-// All requests reach the executor in one turn (a first request's update holds the
-// executor thread until they are queued), so the small pool is oversubscribed.
-std::vector<GenerationResult> run_all_at_once(Executor& ex,
-                                              const std::vector<GenerationRequest>& reqs) {
-  std::vector<GenerationResult> out(reqs.size());
-  std::atomic<bool> queued{false};
-  std::mutex mu;
-  std::condition_variable cv;
-  size_t done = 0;
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    out[i].choices.resize(1);
-    ex.submit(reqs[i], [&, i](RequestUpdate&& u) {
-      while (i == 0 && !queued) std::this_thread::yield();
-      for (auto& c : u.choices) {
-        auto& t = out[i].choices[0].tokens;
-        t.insert(t.end(), c.tokens.begin(), c.tokens.end());
-      }
-      if (u.done) {
-        std::lock_guard lk(mu);
-        out[i].error = u.error;
-        ++done;
-        cv.notify_all();
-      }
-    });
-  }
-  queued = true;
-  std::unique_lock lk(mu);
-  cv.wait(lk, [&] { return done == reqs.size(); });
-  return out;
 }
 
 // f32 so that batching cannot move a greedy choice (bf16 steps of other batch sizes
