@@ -200,16 +200,18 @@ class Backend {
   // the attribute weight_layout, which only supports_weight_layout() backends run.
   virtual size_t pack_weights(ir::Graph& graph, const CompileOptions& options) { return 0; }
   virtual bool supports_weight_layout(const std::string& layout) const { return false; }
-  // Whether compiled graphs run AllReduce nodes through CompileOptions::communicator
-  // (tensor-parallel shards). The CPU backend does, with in-process ranks; the CUDA
-  // backend will once a NCCL communicator exists.
-  virtual bool supports_tensor_parallel() const { return false; }
+  // Tensor parallelism: one communicator per rank for the AllReduce nodes of sharded
+  // graphs (CompileOptions::communicator), rank r running on device first_device + r of
+  // this backend's kind. The CPU backend joins threads of this process; CUDA uses NCCL
+  // over one GPU per rank. Backends without collectives throw kUnsupported.
+  virtual std::vector<std::shared_ptr<Communicator>> make_communicators(int world_size, int first_device);
   // Identifies the device tactics were timed on ("cpu avx2 2 threads", "NVIDIA H200").
   virtual std::string device_name() const { return name(); }
 };
 
 // "cpu" (always) or "cuda" (when built with CUDA); throws kUnsupported otherwise.
-std::unique_ptr<Backend> create_backend(const std::string& name);
+// `device`: which device of that kind (CUDA device index; the CPU has one).
+std::unique_ptr<Backend> create_backend(const std::string& name, int device = 0);
 std::vector<std::string> available_backends();
 
 }  // namespace kiln

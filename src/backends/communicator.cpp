@@ -60,6 +60,11 @@ class LocalGroup {
   uint64_t generation_ = 0;
 };
 
+void Communicator::all_reduce_sum_device(const void*, void*, int64_t, DType, void*) {
+  throw_error(ErrorCode::kUnsupported, "this tensor-parallel communicator joins host memory only; a GPU "
+              "backend's ranks need its device communicator (NCCL)");
+}
+
 namespace {
 class LocalCommunicator final : public Communicator {
  public:

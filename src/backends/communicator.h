@@ -1,8 +1,9 @@
 // Collectives between tensor-parallel ranks. The interface is what a sharded graph's
 // AllReduce node needs; LocalCommunicator implements it for ranks that are threads of
 // one process (the CPU backend, and tests of the sharding math): a sum in rank order,
-// so every rank gets bit-identical results. A NCCL implementation for GPUs plugs in
-// behind the same interface. Tested in tests/parallel/tensor_parallel_test.cpp.
+// so every rank gets bit-identical results. The CUDA backend's NCCL communicator
+// (backends/cuda/nccl_communicator.h) reduces device memory on the ranks' streams.
+// Tested in tests/parallel/tensor_parallel_test.cpp and tests/backends/cuda/.
 #pragma once
 
 #include <condition_variable>
@@ -10,6 +11,8 @@
 #include <memory>
 #include <mutex>
 #include <vector>
+
+#include "core/dtype.h"
 
 namespace kiln {
 
@@ -20,6 +23,10 @@ class Communicator {
   virtual int world_size() const = 0;
   // In place: data = sum over ranks of each rank's data (all ranks pass the same n).
   virtual void all_reduce_sum(float* data, int64_t n) = 0;
+  // Device memory (a GPU backend's activations): recv = sum over ranks of each rank's
+  // send, n elements of `dtype` (send may equal recv), enqueued on `stream` (a
+  // cudaStream_t) and not waited for. Host-memory communicators throw kUnsupported.
+  virtual void all_reduce_sum_device(const void* send, void* recv, int64_t n, DType dtype, void* stream);
 };
 
 // Shared state of one group of in-process ranks; make_local_communicators hands out

@@ -1,5 +1,6 @@
 // Backend lookup by name. New backends add one line here and their own folder.
 #include "backends/backend.h"
+#include "backends/communicator.h"
 #include "backends/cpu/cpu_backend.h"
 #include "core/status.h"
 #ifdef KILN_HAVE_CUDA
@@ -8,15 +9,21 @@
 
 namespace kiln {
 
-std::unique_ptr<Backend> create_backend(const std::string& name) {
+std::unique_ptr<Backend> create_backend(const std::string& name, int device) {
+  if (device < 0) throw_error(ErrorCode::kInvalidArgument, "backend '", name, "': device index ", device, " < 0");
   if (name == "cpu") return create_cpu_backend();
 #ifdef KILN_HAVE_CUDA
-  if (name == "cuda") return create_cuda_backend();
+  if (name == "cuda") return create_cuda_backend(device);
 #endif
   std::string known;
   for (auto& b : available_backends()) known += (known.empty() ? "" : ", ") + b;
   throw_error(ErrorCode::kUnsupported, "unknown or unavailable backend '", name,
               "' (available: ", known, ")");
+}
+
+std::vector<std::shared_ptr<Communicator>> Backend::make_communicators(int world_size, int first_device) {
+  throw_error(ErrorCode::kUnsupported, "tensor parallelism (--tp ", world_size, ") needs an all-reduce between ranks, and the ",
+              name(), " backend has none; use --backend cpu (ranks as threads of one process) or cuda (NCCL)");
 }
 
 std::vector<std::string> available_backends() {

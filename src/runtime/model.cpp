@@ -14,8 +14,8 @@
 
 namespace kiln {
 
-void Model::compile(const std::string& backend, CompileOptions options) {
-  backend_ = create_backend(backend);
+void Model::compile(const std::string& backend, CompileOptions options, int device) {
+  backend_ = create_backend(backend, device);
   compile_options_ = std::move(options);
   compiled_ = backend_->compile(built_.graph, compile_options_);
 }
@@ -57,7 +57,7 @@ std::unique_ptr<Model> Model::from_built(BuiltModel built, const ModelOptions& o
   co.weight_dtype = options.weight_dtype;
   co.communicator = options.communicator;
   co.linear_observer = options.linear_observer;
-  m->compile(options.backend, co);
+  m->compile(options.backend, co, options.device);
   return m;
 }
 
@@ -70,21 +70,20 @@ std::unique_ptr<Model> Model::from_built_sharded(BuiltModel built, const ModelOp
   if (!built.info.is_decoder)
     throw_error(ErrorCode::kUnsupported, "tensor parallelism runs decoders only; '", built.info.family,
                 "' is an encoder (run it with --tp 1)");
-  auto backend = create_backend(options.backend);
-  if (!backend->supports_tensor_parallel())
-    throw_error(ErrorCode::kUnsupported, "tensor parallelism (--tp ", world, ") needs an all-reduce between ranks, and the ",
-                backend->name(), " backend has none yet (its NCCL communicator does not exist); use --backend cpu, "
-                "which runs the ranks as threads of one process");
+  // Shards first: an indivisible split is the user's error, before any device is touched.
   std::vector<BuiltModel> shards;
   for (int r = 0; r < world; ++r) shards.push_back(shard_tensor_parallel(built, r, world));
   built = {};  // the unsharded weights are not needed past here
-  auto comms = make_local_communicators(world);
+  auto comms = create_backend(options.backend, options.device)->make_communicators(world, options.device);
+  KILN_CHECK(int(comms.size()) == world, "backend ", options.backend, " made ", comms.size(), " communicators for ",
+             world, " ranks");
   ModelOptions ro = options;
   ro.tensor_parallel = 1;
   ro.communicator = comms[0];
   auto m = from_built(std::move(shards[0]), ro);
   for (int r = 1; r < world; ++r) {
     ro.communicator = comms[size_t(r)];
+    ro.device = options.device + r;
     m->tp_peers_.push_back(from_built(std::move(shards[size_t(r)]), ro));
   }
   log_info("tensor parallel: ", world, " ranks of ", m->info().num_heads, " attention heads, ",
@@ -136,7 +135,7 @@ std::unique_ptr<Model> Model::load_engine(const std::string& path, const ModelOp
            " tuned tactics");
   m->engine_ = std::move(e);
   m->add_top_logits(options.top_logits_k);
-  m->compile(options.backend, co);
+  m->compile(options.backend, co, options.device);
   return m;
 }
 

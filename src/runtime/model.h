@@ -47,13 +47,17 @@ struct ModelOptions {
   std::shared_ptr<const LinearObserver> linear_observer;
   // Tensor parallelism: > 1 shards a decoder over this many ranks (parallel/: heads and
   // MLP width split, AllReduce after row-parallel projections), each compiled with its
-  // own in-process communicator and run as one thread by LlmRunner. Needs a backend
-  // with supports_tensor_parallel() and a checkpoint (not an engine or .onnx file).
+  // communicator (Backend::make_communicators: threads of this process on the CPU,
+  // NCCL over one GPU per rank on CUDA) and run as one thread each by LlmRunner. Needs
+  // a checkpoint (not an engine or .onnx file).
   int tensor_parallel = 1;
   // Storage of the KV cache the runners allocate for this model: "auto" (the backend's
   // activation dtype) or "int8" (per (token, kv head) scales; CPU backend only). See
   // KvDType in backends/backend.h.
   std::string kv_cache_dtype = "auto";
+  // Which device of the backend runs the model (CUDA device index); tensor-parallel
+  // rank r runs on device + r.
+  int device = 0;
 };
 
 // The graph outputs of that node (ir op TopKLogits): [R, k] values, ids, log-probs.
@@ -113,7 +117,7 @@ class Model {
   static std::unique_ptr<Model> load_engine(const std::string& path, const ModelOptions& options);
   void add_top_logits(int32_t k);
   static std::unique_ptr<Model> load_onnx(const std::string& path, const ModelOptions& options);  // onnx_loader.cpp
-  void compile(const std::string& backend, CompileOptions options);
+  void compile(const std::string& backend, CompileOptions options, int device);
 };
 
 }  // namespace kiln

@@ -14,6 +14,7 @@
 #include <limits>
 #include <sstream>
 
+#include "backends/communicator.h"
 #include "backends/cpu/cpu_ops.h"
 #include "core/log.h"
 #include "core/status.h"
@@ -242,7 +243,10 @@ class CpuBackend final : public Backend {
   }
 
   bool supports_fusion(const std::string&) const override { return true; }  // all of them
-  bool supports_tensor_parallel() const override { return true; }  // LocalCommunicator ranks
+  // Ranks are threads of this process (LocalCommunicator); every rank uses all cores.
+  std::vector<std::shared_ptr<Communicator>> make_communicators(int world_size, int) override {
+    return make_local_communicators(world_size);
+  }
 
   size_t pack_weights(ir::Graph& graph, const CompileOptions& opt) override {
     return cpu::pack_linear_weights(graph, opt);

@@ -28,6 +28,7 @@
 
 #include "backends/cuda/cuda_graph.h"
 #include "backends/cuda/cuda_ops.h"
+#include "backends/cuda/nccl_communicator.h"
 #include "backends/cuda/ops/convert.h"
 #include "core/log.h"
 #include "core/status.h"
@@ -80,6 +81,8 @@ class CudaCompiledGraph final : public CompiledGraph {
   CudaCompiledGraph(const ir::Graph& g, const CompileOptions& opt, std::shared_ptr<CudaContext> cx)
       : graph_(g), cx_(std::move(cx)) {
     ir::verify(g);
+    cx_->make_current();
+    prep_.communicator = opt.communicator;
     prep_.act = act_dtype_from_option(opt.weight_dtype);
     prep_.weight_dtype = opt.weight_dtype;
     prep_.weights = &weights_;
@@ -119,6 +122,7 @@ class CudaCompiledGraph final : public CompiledGraph {
   using CompiledGraph::run;
   TensorMap run(const TensorMap& inputs, const StepInfo& step, KvStorage* kv,
                 const std::vector<std::string>& wanted) override {
+    cx_->make_current();
     select_outputs(wanted);
     auto* cuda_kv = dynamic_cast<CudaKv*>(kv);
     if (kv && !cuda_kv) throw_error(ErrorCode::kInvalidArgument, "KV storage is not a CUDA pool");
@@ -176,6 +180,7 @@ class CudaCompiledGraph final : public CompiledGraph {
   }
 
   ~CudaCompiledGraph() override {
+    (void)cudaSetDevice(cx_->device);
     // Device time of the step's kernels (graph or eager launches, uploads and the final
     // copy back excluded) vs host time in run(): the gap is the backend's host work and
     // the copies.
@@ -632,6 +637,7 @@ class CudaCompiledGraph final : public CompiledGraph {
 
 class CudaBackend final : public Backend {
  public:
+  explicit CudaBackend(int device) : device_(device) {}
   std::string name() const override { return "cuda"; }
   bool supports(const ir::Node& node, const ir::Graph& graph) const override {
     return cuda_op_supported(node, graph);
@@ -656,6 +662,9 @@ class CudaBackend final : public Backend {
   size_t kv_block_bytes(const KvLayout& layout) const override {
     return layout.block_bytes(dtype_size(act_));
   }
+  std::vector<std::shared_ptr<Communicator>> make_communicators(int world_size, int first_device) override {
+    return make_nccl_communicators(world_size, first_device);
+  }
   DeviceMemory memory_info() override {
     const int device = context()->device;
     KILN_CUDA_CHECK(cudaSetDevice(device));
@@ -668,12 +677,17 @@ class CudaBackend final : public Backend {
  private:
   std::shared_ptr<CudaContext> context() {
     if (!cx_) {
-      if (cuda_device_count() == 0)
+      const int count = cuda_device_count();
+      if (count == 0)
         throw_error(ErrorCode::kUnsupported, "cuda backend: no CUDA device is visible (cudaGetDeviceCount)");
-      cx_ = std::make_shared<CudaContext>();
+      if (device_ >= count)
+        throw_error(ErrorCode::kUnsupported, "cuda backend: device ", device_, " asked for, but ", count,
+                    count == 1 ? " device is" : " devices are", " visible");
+      cx_ = std::make_shared<CudaContext>(device_);
     }
     return cx_;
   }
+  int device_ = 0;
   std::shared_ptr<CudaContext> cx_;
   DType act_ = DType::kBF16;  // KV dtype until a graph is compiled
 };
@@ -681,6 +695,6 @@ class CudaBackend final : public Backend {
 }  // namespace
 }  // namespace cuda
 
-std::unique_ptr<Backend> create_cuda_backend() { return std::make_unique<cuda::CudaBackend>(); }
+std::unique_ptr<Backend> create_cuda_backend(int device) { return std::make_unique<cuda::CudaBackend>(device); }
 
 }  // namespace kiln

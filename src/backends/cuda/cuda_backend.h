@@ -14,7 +14,8 @@
 
 namespace kiln {
 
-std::unique_ptr<Backend> create_cuda_backend();
+// On CUDA device `device` (an index among the visible devices).
+std::unique_ptr<Backend> create_cuda_backend(int device = 0);
 // CUDA devices usable by this process; 0 without a driver or device. Never throws.
 int cuda_device_count();
 

@@ -14,8 +14,8 @@ void cuda_fail(cudaError_t err, const char* expr, const char* file, int line) {
               cudaGetErrorString(err), ")");
 }
 
-CudaContext::CudaContext() {
-  KILN_CUDA_CHECK(cudaGetDevice(&device));
+CudaContext::CudaContext(int dev) : device(dev) {
+  KILN_CUDA_CHECK(cudaSetDevice(device));
   KILN_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, device));
   KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   gemm = std::make_unique<Gemm>();
@@ -23,6 +23,7 @@ CudaContext::CudaContext() {
 
 CudaContext::~CudaContext() {
   if (stream) {
+    (void)cudaSetDevice(device);
     cudaStreamSynchronize(stream);
     gemm.reset();
     cudaStreamDestroy(stream);

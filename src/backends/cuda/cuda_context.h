@@ -91,7 +91,11 @@ struct CudaContext {
   cudaStream_t stream = nullptr;
   std::unique_ptr<Gemm> gemm;
 
-  CudaContext();
+  // Makes `device` current on the calling thread, then creates the stream and cuBLASLt
+  // handle there. Every entry point of the backend (compile, run, KV pool calls) makes
+  // it current again: tensor-parallel ranks run on threads of their own.
+  explicit CudaContext(int device);
+  void make_current() const { KILN_CUDA_CHECK(cudaSetDevice(device)); }
   ~CudaContext();
   CudaContext(const CudaContext&) = delete;
   CudaContext& operator=(const CudaContext&) = delete;

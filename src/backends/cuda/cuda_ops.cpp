@@ -8,6 +8,7 @@
 #include <cstring>
 #include <string>
 
+#include "backends/communicator.h"
 #include "backends/cuda/cuda_fp8_linear.h"
 #include "backends/cuda/ops/attention.h"
 #include "backends/cuda/ops/elementwise.h"
@@ -433,6 +434,23 @@ OpRun prepare_topk_logits(const ir::Node& n, const ir::Graph&, PrepareContext&) 
   };
 }
 
+// AllReduce: the sum of x over the tensor-parallel ranks, through NCCL on the stream
+// (captured into decode graphs like any kernel).
+OpRun prepare_all_reduce(const ir::Node& n, const ir::Graph&, PrepareContext& p) {
+  std::shared_ptr<Communicator> comm = p.communicator;
+  KILN_THROW_IF(!comm, kInvalidArgument, "node '", n.name,
+                "' (AllReduce) needs a communicator: this graph is a tensor-parallel shard");
+  return [comm](OpContext& c) {
+    const DevTensor& x = *c.inputs[0];
+    DevTensor& y = c.out(0, x.shape, x.dtype);
+    if (comm->world_size() == 1)
+      KILN_CUDA_CHECK(cudaMemcpyAsync(y.data, x.data, size_t(x.numel()) * dtype_size(x.dtype), cudaMemcpyDeviceToDevice,
+                                      c.cx->stream));
+    else
+      comm->all_reduce_sum_device(x.data, y.data, x.numel(), x.dtype, c.cx->stream);
+  };
+}
+
 const std::map<std::string, OpPrepare>& op_table() {
   static const std::map<std::string, OpPrepare> table = {
       {"Embedding", prepare_embedding},
@@ -452,6 +470,7 @@ const std::map<std::string, OpPrepare>& op_table() {
       {"GatherRows", prepare_gather_rows},
       {"SeqMeanPool", prepare_seq_mean_pool},
       {"TopKLogits", prepare_topk_logits},
+      {"AllReduce", prepare_all_reduce},
   };
   return table;
 }
@@ -515,6 +534,7 @@ bool cuda_op_supported(const ir::Node& n, const ir::Graph& g, std::string* why) 
 
 CudaKv::CudaKv(const KvLayout& layout, DType dtype, std::shared_ptr<CudaContext> cx)
     : layout_(layout), dtype_(dtype), cx_(std::move(cx)) {
+  cx_->make_current();
   const size_t bytes = std::max<size_t>(size_t(layout_.num_layers) * layer_bytes(), 1);
   k_ = DeviceBuffer(bytes);
   v_ = DeviceBuffer(bytes);
@@ -524,12 +544,14 @@ CudaKv::CudaKv(const KvLayout& layout, DType dtype, std::shared_ptr<CudaContext>
 
 CudaKv::~CudaKv() {
   // Queued swaps may still read or write the pinned slots.
+  (void)cudaSetDevice(cx_->device);
   if (host_.get()) cudaStreamSynchronize(cx_->stream);
 }
 
 void CudaKv::copy_block(int32_t src, int32_t dst) {
   KILN_THROW_IF(src < 0 || dst < 0 || src >= layout_.num_blocks || dst >= layout_.num_blocks, kOutOfRange,
                 "KV copy_block ", src, " -> ", dst, " outside [0, ", layout_.num_blocks, ")");
+  cx_->make_current();
   const size_t bb = layer_block_bytes();
   for (int64_t l = 0; l < layout_.num_layers; ++l) {
     KILN_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(k(l)) + size_t(dst) * bb, static_cast<char*>(k(l)) + size_t(src) * bb,
@@ -541,6 +563,7 @@ void CudaKv::copy_block(int32_t src, int32_t dst) {
 
 void CudaKv::host_reserve(int32_t num_blocks) {
   KILN_THROW_IF(num_blocks < 0, kInvalidArgument, "KV host swap space of ", num_blocks, " blocks");
+  cx_->make_current();
   KILN_CUDA_CHECK(cudaStreamSynchronize(cx_->stream));  // no queued swap may use the old space
   host_.reset();
   host_blocks_ = 0;
@@ -555,6 +578,7 @@ void CudaKv::swap_in(std::span<const KvSwapCopy> copies) { swap(copies, false); 
 // A host slot is [layer][K, V][block]: K of every layer is a 2D copy of num_layers rows
 // of one block, `layer_bytes` apart on the device and two blocks apart on the host.
 void CudaKv::swap(std::span<const KvSwapCopy> copies, bool out) {
+  cx_->make_current();
   const size_t bb = layer_block_bytes(), rows = size_t(layout_.num_layers), pitch = layer_bytes();
   const cudaStream_t s = cx_->stream;
   for (const KvSwapCopy& c : copies) {

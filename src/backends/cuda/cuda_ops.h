@@ -129,6 +129,8 @@ struct PrepareContext {
   // GEMV takes). Sized while preparing, never after, so captured decode graphs keep its
   // address; one buffer for the graph (ops run one at a time on the stream).
   DeviceBuffer* dequant_ws = nullptr;
+  // This rank's link to the others for AllReduce nodes (tensor parallelism), or null.
+  std::shared_ptr<Communicator> communicator;
 };
 
 // The q8/q4 format a Linear's weight runs in on CUDA: its `precision` attribute (from
