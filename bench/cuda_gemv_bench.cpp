@@ -1,17 +1,21 @@
 // Weight-streaming GEMV bandwidth on the GPU (the decode GEMMs of kiln's CUDA backend):
 // for the Linear shapes of Llama-3.1-8B, Llama-3.2-1B/TinyLlama and GPT-2, bf16 weights
-// (batch rows 1 and 4) and weight-only q8/q4 (rows 1, 4 and 8), the median kernel time
-// of one launch alone and of 20 back to back (CUDA events, 50 repeats), and the weight
-// bytes per second back to back (for q8/q4 the bytes streamed: codes, f16 scales, row
-// factors), against a device-to-device copy measured in the same run (read + write
-// bytes). Before timing, each q8/q4 GEMV is checked against the bf16 GEMV on the same
-// weights dequantized (launch_dequant_rows); the worst relative difference is printed.
-//   cuda_gemv_bench
+// (batch rows 1, 2, 4) and weight-only q8/q4 (rows 1, 2, 4, 8) through both quantized
+// kernels (mma: the tensor-core kernel over the kMma layout, the default for bf16/f16;
+// old: the kRows kernel, KILN_CUDA_QGEMV=old), the median kernel time of one launch
+// alone and of 20 back to back (CUDA events, 50 repeats), and the weight bytes per
+// second back to back (for q8/q4 the bytes streamed: codes, f16 scales, row factors)
+// against a device-to-device copy measured in the same run (read + write bytes) and the
+// H200's 4.8 TB/s data-sheet peak. Before timing, each q8/q4 GEMV is checked against the
+// bf16 GEMV on the same weights dequantized (launch_dequant_rows of that layout); the
+// worst relative difference is printed.
+//   cuda_gemv_bench [shape filter, e.g. 8B]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <vector>
 
 #include "backends/cuda/cuda_context.h"
@@ -52,15 +56,17 @@ float median_ms(F&& f, int reps = 50, int batch = 1) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  const char* filter = argc > 1 ? argv[1] : "";
+  constexpr double kPeakGbs = 4800.0;  // H200 HBM3e, data sheet
   const size_t copy_bytes = size_t(1) << 30;
   DeviceBuffer src(copy_bytes), dst(copy_bytes);
   const float copy_ms =
       median_ms([&] { KILN_CUDA_CHECK(cudaMemcpyAsync(dst.get(), src.get(), copy_bytes, cudaMemcpyDeviceToDevice)); }, 10);
   const double copy_gbs = 2.0 * double(copy_bytes) / (copy_ms * 1e-3) / 1e9;
   std::printf("device-to-device copy: %.0f GB/s (read + write)\n\n", copy_gbs);
-  std::printf("| shape (n x k) | weights | epilogue | rows | us, alone | us, 20 back to back | weight GB/s (back to back) | %% of copy |\n"
-              "|---|---|---|---|---|---|---|---|\n");
+  std::printf("| shape (n x k) | weights | epilogue | rows | us, alone | us, 20 back to back | weight GB/s (back to back) | %% of copy | %% of 4.8 TB/s |\n"
+              "|---|---|---|---|---|---|---|---|---|\n");
   struct S {
     const char* what;
     int64_t n, k;
@@ -76,60 +82,67 @@ int main() {
   };
   std::vector<std::string> checks;
   for (const S& s : shapes) {
+    if (!std::strstr(s.what, filter)) continue;
     const int64_t wrows = s.epi == GemvEpilogue::kSwiGlu ? 2 * s.n : s.n;
     const size_t wbytes = size_t(wrows * s.k) * 2;
     DeviceBuffer w(wbytes), x(size_t(8 * s.k) * 2), y(size_t(8 * s.n) * 2), yref(size_t(8 * s.n) * 2);
     launch_fill_random(w.get(), DType::kBF16, wrows * s.k, 1, nullptr);
     launch_fill_random(x.get(), DType::kBF16, 8 * s.k, 2, nullptr);
     const char* epi = s.epi == GemvEpilogue::kSwiGlu ? "swiglu" : s.epi == GemvEpilogue::kNone ? "-" : "gelu";
-    auto row = [&](const char* wname, int64_t m, size_t bytes, auto&& run) {
+    auto row = [&](const std::string& wname, int64_t m, size_t bytes, auto&& run) {
       const float alone = median_ms(run), ms = median_ms(run, 20, 20);
       const double gbs = double(bytes) / (ms * 1e-3) / 1e9;
-      std::printf("| %s %lldx%lld | %s | %s | %lld | %.1f | %.1f | %.0f | %.0f%% |\n", s.what, (long long)wrows,
-                  (long long)s.k, wname, epi, (long long)m, alone * 1e3, ms * 1e3, gbs, 100.0 * gbs / copy_gbs);
+      std::printf("| %s %lldx%lld | %s | %s | %lld | %.1f | %.1f | %.0f | %.0f%% | %.0f%% |\n", s.what,
+                  (long long)wrows, (long long)s.k, wname.c_str(), epi, (long long)m, alone * 1e3, ms * 1e3, gbs,
+                  100.0 * gbs / copy_gbs, 100.0 * gbs / kPeakGbs);
     };
-    for (int64_t m : {1, 4})
+    for (int64_t m : {1, 2, 4})
       row("bf16", m, wbytes,
           [&] { launch_gemv(DType::kBF16, x.get(), w.get(), nullptr, y.get(), m, s.n, s.k, nullptr, s.epi); });
-    // Random codes, f16 scales and row factors in [-1, 1) (all finite; timing needs no real weights).
+    // Random codes, f16 scales and row factors in [-1, 1) (all finite; timing needs no real
+    // weights), sized for the larger of the two layouts; each view reads them its own way.
     for (QuantFormat f : {QuantFormat::kQ8, QuantFormat::kQ4}) {
-      QuantWeightView qw{f, wrows, s.k, nullptr, nullptr, nullptr};
-      const size_t code_bytes = size_t(wrows) * quant_row_code_bytes(f, s.k);
-      const size_t scale_elems = size_t(wrows * (s.k / kQuantGroup)) * (f == QuantFormat::kQ4 ? 2 : 1);
+      const QuantWeightView layouts[2] = {quant_view_shape(f, wrows, s.k, QuantLayout::kMma),
+                                         quant_view_shape(f, wrows, s.k, QuantLayout::kRows)};
+      const size_t code_bytes = size_t(wrows * layouts[0].code_stride);
+      const size_t scale_elems = size_t(wrows * layouts[0].scale_stride) * (f == QuantFormat::kQ4 ? 2 : 1);
       DeviceBuffer codes(code_bytes), scales(scale_elems * 2), factors(size_t(wrows) * 4);
       launch_fill_random(codes.get(), DType::kF32, int64_t(code_bytes / 4), 3, nullptr);
       launch_fill_random(scales.get(), DType::kF16, int64_t(scale_elems), 4, nullptr);
       launch_fill_random(factors.get(), DType::kF32, wrows, 5, nullptr);
-      qw.codes = static_cast<const uint8_t*>(codes.get());
-      qw.scales = scales.get();
-      qw.row_factor = static_cast<const float*>(factors.get());
-      // The check: the same weights dequantized to bf16 through the bf16 GEMV.
-      launch_dequant_rows(DType::kBF16, qw, 0, wrows, w.get(), nullptr);
-      double worst = 0;
-      for (int64_t m : {1, 4, 8}) {
-        launch_gemv_quant(DType::kBF16, x.get(), qw, nullptr, y.get(), m, s.n, nullptr, s.epi);
-        for (int64_t r0 = 0; r0 < m; r0 += 4)
-          launch_gemv(DType::kBF16, static_cast<const uint16_t*>(x.get()) + r0 * s.k, w.get(), nullptr,
-                      static_cast<uint16_t*>(yref.get()) + r0 * s.n, std::min<int64_t>(4, m - r0), s.n, s.k, nullptr,
-                      s.epi);
-        std::vector<uint16_t> a(size_t(m * s.n)), b(size_t(m * s.n));
-        KILN_CUDA_CHECK(cudaMemcpy(a.data(), y.get(), a.size() * 2, cudaMemcpyDeviceToHost));
-        KILN_CUDA_CHECK(cudaMemcpy(b.data(), yref.get(), b.size() * 2, cudaMemcpyDeviceToHost));
-        double err = 0, ref = 0;
-        for (size_t i = 0; i < a.size(); ++i) {
-          err = std::max(err, double(std::fabs(bf16_to_f32(a[i]) - bf16_to_f32(b[i]))));
-          ref = std::max(ref, double(std::fabs(bf16_to_f32(b[i]))));
+      for (QuantWeightView qw : layouts) {
+        const std::string name = str_cat(quant_format_name(f), qw.layout == QuantLayout::kMma ? " mma" : " old");
+        qw.codes = static_cast<const uint8_t*>(codes.get());
+        qw.scales = scales.get();
+        qw.row_factor = static_cast<const float*>(factors.get());
+        // The check: the same weights dequantized to bf16 through the bf16 GEMV.
+        launch_dequant_rows(DType::kBF16, qw, 0, wrows, w.get(), nullptr);
+        double worst = 0;
+        for (int64_t m : {1, 2, 4, 8}) {
+          launch_gemv_quant(DType::kBF16, x.get(), qw, nullptr, y.get(), m, s.n, nullptr, s.epi);
+          for (int64_t r0 = 0; r0 < m; r0 += 4)
+            launch_gemv(DType::kBF16, static_cast<const uint16_t*>(x.get()) + r0 * s.k, w.get(), nullptr,
+                        static_cast<uint16_t*>(yref.get()) + r0 * s.n, std::min<int64_t>(4, m - r0), s.n, s.k,
+                        nullptr, s.epi);
+          std::vector<uint16_t> a(size_t(m * s.n)), b(size_t(m * s.n));
+          KILN_CUDA_CHECK(cudaMemcpy(a.data(), y.get(), a.size() * 2, cudaMemcpyDeviceToHost));
+          KILN_CUDA_CHECK(cudaMemcpy(b.data(), yref.get(), b.size() * 2, cudaMemcpyDeviceToHost));
+          double err = 0, ref = 0;
+          for (size_t i = 0; i < a.size(); ++i) {
+            err = std::max(err, double(std::fabs(bf16_to_f32(a[i]) - bf16_to_f32(b[i]))));
+            ref = std::max(ref, double(std::fabs(bf16_to_f32(b[i]))));
+          }
+          worst = std::max(worst, ref > 0 ? err / ref : err);
         }
-        worst = std::max(worst, ref > 0 ? err / ref : err);
+        checks.push_back(str_cat(s.what, " ", name, ": max|q - bf16 gemv| / max|bf16 gemv| = ", worst,
+                                 worst < 2e-2 ? " ok" : " TOO LARGE"));
+        for (int64_t m : {1, 2, 4, 8})
+          row(name, m, qw.bytes(),
+              [&] { launch_gemv_quant(DType::kBF16, x.get(), qw, nullptr, y.get(), m, s.n, nullptr, s.epi); });
       }
-      checks.push_back(str_cat(s.what, " ", quant_format_name(f), ": max|q - bf16 gemv| / max|bf16 gemv| = ", worst,
-                               worst < 2e-2 ? " ok" : " TOO LARGE"));
-      for (int64_t m : {1, 4, 8})
-        row(quant_format_name(f), m, qw.bytes(),
-            [&] { launch_gemv_quant(DType::kBF16, x.get(), qw, nullptr, y.get(), m, s.n, nullptr, s.epi); });
     }
   }
-  std::printf("\nchecks (q8/q4 GEMV vs the bf16 GEMV on the dequantized weights, rows 1, 4, 8):\n");
+  std::printf("\nchecks (q8/q4 GEMV vs the bf16 GEMV on the dequantized weights, rows 1, 2, 4, 8):\n");
   for (auto& c : checks) std::printf("  %s\n", c.c_str());
   return 0;
 }

@@ -38,35 +38,18 @@ const void* DeviceWeights::get(const ir::Graph& g, ir::ValueId v, DType dtype) {
   return buf.get();
 }
 
-const QuantWeightView& DeviceWeights::get_quant(const ir::Graph& g, ir::ValueId v, QuantFormat f) {
-  auto& [buf, view] = quant_[{v, f}];
+const QuantWeightView& DeviceWeights::get_quant(const ir::Graph& g, ir::ValueId v, QuantFormat f, QuantLayout layout) {
+  auto& [buf, view] = quant_[{v, f, layout}];
   if (buf.get()) return view;
   const Tensor& t = g.weight(v);
   KILN_THROW_IF(t.rank() != 2, kInvalidArgument, "cuda: quantized weight %", g.value(v).name, " must be 2-D, got ",
                 t.shape_str());
   Tensor wf = t.dtype() == DType::kF32 ? t : t.to(DType::kF32);
-  const QuantizedRows q = quantize_rows(wf.data_as<float>(), t.dim(0), t.dim(1), f);
-  // One buffer: codes, then the group scales (q4: (scale, min) f16 pairs), then the row
-  // factors, each section 256-byte aligned.
-  const bool q4 = f == QuantFormat::kQ4;
-  const size_t n = size_t(q.n), groups = size_t(q.groups());
-  const size_t code_bytes = n * quant_row_code_bytes(f, q.k), scale_bytes = n * groups * (q4 ? 4 : 2);
-  auto up = [](size_t b) { return (b + 255) / 256 * 256; };
-  const size_t scales_off = up(code_bytes), factor_off = scales_off + up(scale_bytes), total = factor_off + n * 4;
-  std::vector<uint8_t> host(total, 0);
-  std::memcpy(host.data(), q.codes.get(), code_bytes);
-  if (q4) {
-    auto* sm = reinterpret_cast<uint32_t*>(host.data() + scales_off);
-    for (size_t i = 0; i < n * groups; ++i) sm[i] = uint32_t(q.scales[i]) | (uint32_t(q.mins[i]) << 16);
-  } else {
-    std::memcpy(host.data() + scales_off, q.scales.get(), scale_bytes);
-  }
-  std::memcpy(host.data() + factor_off, q.row_factor.get(), n * 4);
-  buf = DeviceBuffer(total);
-  KILN_CUDA_CHECK(cudaMemcpy(buf.get(), host.data(), total, cudaMemcpyHostToDevice));
-  bytes_ += total;
-  auto* base = static_cast<const uint8_t*>(buf.get());
-  view = {f, q.n, q.k, base, base + scales_off, reinterpret_cast<const float*>(base + factor_off)};
+  const QuantImage img = quant_image(quantize_rows(wf.data_as<float>(), t.dim(0), t.dim(1), f), layout);
+  buf = DeviceBuffer(img.bytes.size());
+  KILN_CUDA_CHECK(cudaMemcpy(buf.get(), img.bytes.data(), img.bytes.size(), cudaMemcpyHostToDevice));
+  bytes_ += img.bytes.size();
+  view = img.view_at(buf.get());
   return view;
 }
 
@@ -210,7 +193,8 @@ constexpr size_t kDequantTileBytes = size_t(24) << 20;
 OpRun prepare_linear_quant(const ir::Node& n, const ir::Graph& g, PrepareContext& pc, QuantFormat f,
                            LinearEpilogue epi) {
   ir::ValueId wv = need_weight(n, g, 1, "weight");
-  const QuantWeightView w = pc.weights->get_quant(g, wv, f);
+  // The layout of the GEMV that runs the decode steps (KILN_CUDA_QGEMV=old: the kRows kernel).
+  const QuantWeightView w = pc.weights->get_quant(g, wv, f, qgemv_layout(pc.act));
   const void* bias = pc.weights->get(g, need_weight(n, g, 2, "bias", true), pc.act);
   const int64_t nn = w.n, k = w.k;
   const bool swiglu = epi.gemv == GemvEpilogue::kSwiGlu;

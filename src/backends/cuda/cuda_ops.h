@@ -9,6 +9,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "backends/backend.h"
@@ -105,18 +106,19 @@ using OpRun = std::function<void(OpContext&)>;
 
 // Weights on the device, uploaded once per (value, dtype): a tied embedding and LM head
 // share one copy. get_quant uploads a Linear weight [n, k] quantized (q8/q4, quantized
-// on the host by core/weight_quant.h, as the CPU backend does), never a 16-bit copy.
+// on the host by core/weight_quant.h, as the CPU backend does) in a device layout
+// (gemv_quant.h), never a 16-bit copy.
 class DeviceWeights {
  public:
   const void* get(const ir::Graph& g, ir::ValueId v, DType dtype);
-  const QuantWeightView& get_quant(const ir::Graph& g, ir::ValueId v, QuantFormat f);
+  const QuantWeightView& get_quant(const ir::Graph& g, ir::ValueId v, QuantFormat f, QuantLayout layout);
   size_t bytes() const { return bytes_; }
   // Counts weights an op uploads itself (the FP8 Linear's codes).
   void add_bytes(size_t b) { bytes_ += b; }
 
  private:
   std::map<std::pair<ir::ValueId, DType>, DeviceBuffer> bufs_;
-  std::map<std::pair<ir::ValueId, QuantFormat>, std::pair<DeviceBuffer, QuantWeightView>> quant_;
+  std::map<std::tuple<ir::ValueId, QuantFormat, QuantLayout>, std::pair<DeviceBuffer, QuantWeightView>> quant_;
   size_t bytes_ = 0;
 };
 

@@ -4,9 +4,18 @@
 // (bound 5e-5 of max|ref|: f32 sums whose q4 terms scale·Σqx and min·Σx partly cancel);
 // with bf16/f16 activations the 16-bit bound of the other op tests applies. Covers the
 // GEMV (1..8 rows: odd K and N, split-K, every epilogue, SwiGLU) and the dequantized
-// tiles + cuBLASLt (9+ rows, weights of several tiles), the resident size (quantized, no
-// 16-bit copy), the K % 32 fallback and the errors. Skips without a GPU.
+// tiles + cuBLASLt (9+ rows, weights of several tiles), both device layouts (the
+// tensor-core GEMV's kMma for bf16/f16 with K not a multiple of its 128-wide blocks and
+// N not of its 16-row tiles; kRows through KILN_CUDA_QGEMV=old), the resident size
+// (quantized, no 16-bit copy), the K % 32 fallback and the errors. Skips without a GPU,
+// except the host-side check of the kMma image against the layout's definition.
 #include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <cstring>
+
+#include "backends/cuda/ops/gemv_quant.h"
+#include "core/weight_quant.h"
 
 #include "cuda_test_util.h"
 
@@ -114,6 +123,97 @@ TEST(CudaQuant, WeightDtypeOptionAndTheKFallback) {
     expect_backends_match_opts(g, {s}, {.weight_dtype = "f32"}, {.weight_dtype = "f32"}, op_tolerance("f32"),
                                str_cat("Linear ", q, " k=100 (stays 16-bit)"));
   }
+}
+
+// The kMma image read back by the layout's definition (gemv_quant.h), independently of
+// the kernels: every code, scale and min where the layout says, zeros in the padding.
+TEST(CudaQuant, MmaImageFollowsTheLayout) {
+  std::mt19937_64 rng(5);
+  for (QuantFormat f : {QuantFormat::kQ8, QuantFormat::kQ4})
+    for (int64_t k : {32, 96, 128, 160, 4128}) {
+      const int64_t n = 3;
+      std::vector<float> w(size_t(n * k));
+      std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+      for (float& v : w) v = u(rng);
+      const QuantizedRows q = quantize_rows(w.data(), n, k, f);
+      const QuantImage img = quant_image(q, QuantLayout::kMma);
+      const QuantWeightView v = img.view_at(img.bytes.data());
+      const bool q4 = f == QuantFormat::kQ4;
+      const int64_t per_block = q4 ? 4 : 2, groups = k / 32, blocks = (groups + per_block - 1) / per_block;
+      ASSERT_EQ(v.code_stride, 64 * blocks);
+      ASSERT_EQ(v.scale_stride, per_block * blocks);
+      for (int64_t r = 0; r < n; ++r) {
+        const uint8_t* row = v.codes + r * v.code_stride;
+        for (int64_t g = 0; g < per_block * blocks; ++g)
+          for (int64_t t = 0; t < 4; ++t)
+            for (int64_t e = 0; e < 8; ++e) {
+              const uint8_t* slice = row + (g / per_block) * 64 + t * 16 + (g % per_block) * (q4 ? 4 : 8);
+              int got;
+              if (q4) {
+                uint32_t word;
+                std::memcpy(&word, slice, 4);
+                got = int((word >> (e % 2 ? 16 + 4 * (e / 2) : 4 * (e / 2))) & 15u);
+              } else {
+                got = int(int8_t(slice[e]));
+              }
+              const int want = g < groups ? quant_code(f, q.codes.get() + r * int64_t(quant_row_code_bytes(f, k)),
+                                                       g * 32 + t * 8 + e)
+                                          : 0;
+              ASSERT_EQ(got, want) << quant_format_name(f) << " k=" << k << " row " << r << " group " << g
+                                   << " slice " << t << " code " << e;
+            }
+        for (int64_t g = 0; g < per_block * blocks; ++g) {
+          const auto* sc = static_cast<const uint8_t*>(v.scales) + (r * v.scale_stride + g) * (q4 ? 4 : 2);
+          uint16_t s16 = 0, m16 = 0;
+          std::memcpy(&s16, sc, 2);
+          if (q4) std::memcpy(&m16, sc + 2, 2);
+          EXPECT_EQ(s16, g < groups ? q.scales[size_t(r * groups + g)] : 0) << "scale " << r << "," << g;
+          if (q4) {
+            EXPECT_EQ(m16, g < groups ? q.mins[size_t(r * groups + g)] : 0) << "min " << r << "," << g;
+          }
+        }
+        EXPECT_EQ(v.row_factor[r], q.row_factor[size_t(r)]);
+      }
+    }
+}
+
+// The tensor-core GEMV (kMma, bf16/f16): K with a partial last block (k % 128 != 0 for q4,
+// % 64 for q8), N not a multiple of the 16-row tile, a single row, split-K, SwiGLU with an
+// odd output count, every token count 1..8, and the kMma dequantization for 9 rows.
+TEST(CudaQuant, MmaGemvShapesInBf16AndF16) {
+  KILN_SKIP_WITHOUT_CUDA();
+  struct S { int64_t n, k; bool bias; const char* act; };
+  for (const std::string dt : {"bf16", "f16"})
+    for (const char* q : {"q8", "q4"})
+      for (S s : {S{1, 32, false, ""}, S{37, 96, true, ""}, S{130, 160, false, "gelu_tanh"}, S{70, 4128, true, ""},
+                  S{4097, 2048, true, ""}, S{6, 14336, false, ""}, S{2 * 21, 224, true, "swiglu"},
+                  S{2 * 600, 4096, false, "swiglu"}}) {
+        std::map<std::string, ir::Attr> attrs{{"precision", std::string(q)}};
+        if (*s.act) attrs["activation"] = std::string(s.act);
+        QuantCase c = linear_case(s.n, s.k, s.bias, attrs, {1, 2, 3, 4, 5, 6, 7, 8, 9}, dt,
+                                  uint64_t(s.n * 5 + s.k + q[1]));
+        expect_backends_match_opts(c.g, c.steps, {.weight_dtype = "f32"}, {.weight_dtype = dt}, op_tolerance(dt),
+                                   str_cat("Linear ", dt, " ", q, *s.act ? "+" : "", s.act, " n=", s.n, " k=", s.k,
+                                           s.bias ? " +bias" : "", " t=1..9"));
+      }
+}
+
+// KILN_CUDA_QGEMV=old keeps the kRows layout and kernel for bf16/f16 (read when a graph
+// is compiled).
+TEST(CudaQuant, OldKernelStaysSelectable) {
+  KILN_SKIP_WITHOUT_CUDA();
+  EXPECT_EQ(qgemv_layout(DType::kF32), QuantLayout::kRows);
+  ::setenv("KILN_CUDA_QGEMV", "old", 1);
+  EXPECT_EQ(qgemv_layout(DType::kBF16), QuantLayout::kRows);
+  for (const std::string dt : {"bf16", "f16"})
+    for (const char* q : {"q8", "q4"}) {
+      QuantCase c = linear_case(130, 4128, true, {{"precision", std::string(q)}, {"activation", std::string("swiglu")}},
+                                {1, 4, 8, 9}, dt, q[1]);
+      expect_backends_match_opts(c.g, c.steps, {.weight_dtype = "f32"}, {.weight_dtype = dt}, op_tolerance(dt),
+                                 str_cat("Linear ", dt, " ", q, "+swiglu (old kernel) n=130 k=4128"));
+    }
+  ::unsetenv("KILN_CUDA_QGEMV");
+  EXPECT_EQ(qgemv_layout(DType::kBF16), QuantLayout::kMma);
 }
 
 TEST(CudaQuant, BadOptionsAreErrors) {

@@ -1,9 +1,9 @@
 // FP8 E4M3 kernels of the CUDA backend's FP8 Linear (quant/fp8.h): quantizing an
 // activation to E4M3 codes with its static per-tensor scale (the hardware's
 // cvt.rn.satfinite, the same rounding as core/dtype.h's f32_to_fp8e4m3), and for a
-// handful of token rows (decode) a weight-streaming GEMV over E4M3 weights (one byte per
-// weight, half the bytes of bf16) that decodes both operands in registers, accumulates
-// in f32 and applies the scales, bias and activation epilogue. Prefill rows go through
+// handful of token rows (decode) gemv.cu's weight-streaming GEMV over E4M3 weights (one
+// byte per weight, half the bytes of bf16) that decodes both operands in registers,
+// accumulates in f32 and applies the scales, bias and activation epilogue. Prefill rows go through
 // cuBLASLt's FP8 GEMM (gemm.h run_fp8). Tested against the CPU FP8 kernels in
 // tests/backends/cuda/fp8_test.cpp.
 #pragma once

@@ -1,9 +1,14 @@
-// Weight-streaming GEMV (see gemv.h). A warp (or S warps, split-K) owns one output feature: lane j reads
+// Weight-streaming GEMV (see gemv.h), one kernel templated on the weight format: 16-bit
+// weights times 16-bit x, or FP8 E4M3 codes times E4M3 x codes with one scale (fp8.h's
+// launch_fp8_gemv). A warp (or S warps, split-K) owns one output feature: lane j reads
 // 16-byte chunks j, j+32, ... of the weight row, kUnroll of them issued before any is
 // used so enough bytes are in flight to cover DRAM latency; x (tiny, shared by every
 // warp) comes through the read-only cache. Weights are loaded with the streaming hint
 // (evict-first) so they do not push x and the KV cache out of L2.
+#include <cuda_fp8.h>
+
 #include "backends/cuda/common.cuh"
+#include "backends/cuda/ops/fp8.h"
 #include "backends/cuda/ops/gemv.h"
 
 namespace kiln::cuda {
@@ -11,29 +16,76 @@ namespace {
 
 constexpr int kWarps = 4, kUnroll = 8;
 
+// 16-bit weights and activations of type T: 8 per 16-byte chunk.
 template <typename T>
-__device__ __forceinline__ void fma8(float& acc, uint4 w, uint4 x) {
-  const T* wv = reinterpret_cast<const T*>(&w);
-  const T* xv = reinterpret_cast<const T*>(&x);
+struct Wide16 {
+  using X = T;
+  using W = T;
+  using Y = T;
+  static constexpr int kPerChunk = 8;
+  // acc += Σ of the 8 products of one chunk of weights and x.
+  __device__ static __forceinline__ void fma(float& acc, uint4 w, uint4 x) {
+    const T* wv = reinterpret_cast<const T*>(&w);
+    const T* xv = reinterpret_cast<const T*>(&x);
 #pragma unroll
-  for (int i = 0; i < 8; ++i) acc = fmaf(to_f32(wv[i]), to_f32(xv[i]), acc);
-}
+    for (int i = 0; i < 8; ++i) acc = fmaf(to_f32(wv[i]), to_f32(xv[i]), acc);
+  }
+};
+
+// FP8 E4M3 codes for weights and x, 16 per chunk, bf16 out. Both decode through
+// cvt.e4m3x2 -> f16x2 (exact: every E4M3 value is an f16) and multiply in f32, where the
+// product of two E4M3 values is exact.
+struct E4M3 {
+  using X = uint8_t;
+  using W = uint8_t;
+  using Y = __nv_bfloat16;
+  static constexpr int kPerChunk = 16;
+  __device__ static __forceinline__ void fma(float& acc, uint4 w, uint4 x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890
+    // E4M3 conversions are instructions from sm_89 on; emulating them bloats the portable
+    // PTX for no use (the FP8 Linear refuses older devices at compile time).
+    __trap();
+#else
+    const uint32_t wv[4] = {w.x, w.y, w.z, w.w}, xv[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float wf[4], xf[4];
+      decode4(wv[i], wf);
+      decode4(xv[i], xf);
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc = fmaf(wf[j], xf[j], acc);
+    }
+#endif
+  }
+  // Four E4M3 codes (little-endian in v) as f32.
+  __device__ static __forceinline__ void decode4(uint32_t v, float* out) {
+    const __half2 lo(__nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(v & 0xffffu), __NV_E4M3));
+    const __half2 hi(__nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(v >> 16), __NV_E4M3));
+    const float2 a = __half22float2(lo), b = __half22float2(hi);
+    out[0] = a.x;
+    out[1] = a.y;
+    out[2] = b.x;
+    out[3] = b.y;
+  }
+};
 
 // R = 2 (SwiGLU): the warp streams the gate row and the up row of its output feature.
 // S > 1 (split-K): S warps share a row, warp part p reading chunks p*32 + lane + S*32*j,
 // and their sums meet in shared memory. Few rows (n of a few thousand) then still give
-// enough warps to keep every SM's loads in flight.
-template <typename T, int M, GemvEpilogue E, int S>
+// enough warps to keep every SM's loads in flight. The sums are multiplied by `scale`
+// (1 for 16-bit weights, exact) before the bias.
+template <typename F, int M, GemvEpilogue E, int S>
 __global__ void __launch_bounds__(kWarps * 32)
-gemv_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ bias, T* __restrict__ y,
-            int n, int k) {
+gemv_kernel(const typename F::X* __restrict__ x, const typename F::W* __restrict__ w, float scale,
+            const typename F::Y* __restrict__ bias, typename F::Y* __restrict__ y, int n, int k) {
+  using T = typename F::Y;
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
   constexpr int R = E == GemvEpilogue::kSwiGlu ? 2 : 1;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, part = warp % S;
   const int row = blockIdx.x * (kWarps / S) + warp / S;
   if (S == 1 && row >= n) return;
   const bool live = row < n;
-  const int kv = live ? k / 8 : 0;  // 16-byte chunks per row
+  const int kv = live ? k / F::kPerChunk : 0;  // 16-byte chunks per row
   const uint4* wr[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) wr[r] = reinterpret_cast<const uint4*>(w + (int64_t(live ? row : 0) + int64_t(r) * n) * k);
@@ -60,7 +112,7 @@ gemv_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restric
         for (int m = 0; m < M; ++m) {
           const uint4 xv = __ldg(xr + int64_t(m) * kv + i);
 #pragma unroll
-          for (int r = 0; r < R; ++r) fma8<T>(acc[r][m], wv[r][u], xv);
+          for (int r = 0; r < R; ++r) F::fma(acc[r][m], wv[r][u], xv);
         }
       }
     }
@@ -92,7 +144,7 @@ gemv_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restric
     float v[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      v[r] = warp_sum(acc[r][m]);
+      v[r] = warp_sum(acc[r][m]) * scale;
       if (bias) v[r] += to_f32(bias[row + r * n]);
     }
     if (lane != 0) continue;
@@ -108,14 +160,15 @@ gemv_kernel(const T* __restrict__ x, const T* __restrict__ w, const T* __restric
   }
 }
 
-template <typename T, GemvEpilogue E, int S>
-void launch_split(const T* x, const T* w, const T* b, T* y, int64_t m, int64_t n, int64_t k, cudaStream_t s) {
+template <typename F, GemvEpilogue E, int S>
+void launch_split(const typename F::X* x, const typename F::W* w, float scale, const typename F::Y* b,
+                  typename F::Y* y, int64_t m, int64_t n, int64_t k, cudaStream_t s) {
   const dim3 grid(unsigned((n * S + kWarps - 1) / kWarps));
   switch (m) {
-    case 1: launch_k(gemv_kernel<T, 1, E, S>, grid, kWarps * 32, 0, s, x, w, b, y, int(n), int(k)); break;
-    case 2: launch_k(gemv_kernel<T, 2, E, S>, grid, kWarps * 32, 0, s, x, w, b, y, int(n), int(k)); break;
-    case 3: launch_k(gemv_kernel<T, 3, E, S>, grid, kWarps * 32, 0, s, x, w, b, y, int(n), int(k)); break;
-    default: launch_k(gemv_kernel<T, 4, E, S>, grid, kWarps * 32, 0, s, x, w, b, y, int(n), int(k)); break;
+    case 1: launch_k(gemv_kernel<F, 1, E, S>, grid, kWarps * 32, 0, s, x, w, scale, b, y, int(n), int(k)); break;
+    case 2: launch_k(gemv_kernel<F, 2, E, S>, grid, kWarps * 32, 0, s, x, w, scale, b, y, int(n), int(k)); break;
+    case 3: launch_k(gemv_kernel<F, 3, E, S>, grid, kWarps * 32, 0, s, x, w, scale, b, y, int(n), int(k)); break;
+    default: launch_k(gemv_kernel<F, 4, E, S>, grid, kWarps * 32, 0, s, x, w, scale, b, y, int(n), int(k)); break;
   }
 }
 
@@ -127,28 +180,30 @@ int split_for(int64_t n, int64_t k) {
   return want >= 4 ? 4 : want >= 2 ? 2 : 1;
 }
 
-template <typename T, GemvEpilogue E>
-void launch_rows(const T* x, const T* w, const T* b, T* y, int64_t m, int64_t n, int64_t k, cudaStream_t s) {
+template <typename F, GemvEpilogue E>
+void launch_rows(const typename F::X* x, const typename F::W* w, float scale, const typename F::Y* b,
+                 typename F::Y* y, int64_t m, int64_t n, int64_t k, cudaStream_t s) {
   switch (split_for(n, k)) {
-    case 1: launch_split<T, E, 1>(x, w, b, y, m, n, k, s); break;
-    case 2: launch_split<T, E, 2>(x, w, b, y, m, n, k, s); break;
-    default: launch_split<T, E, 4>(x, w, b, y, m, n, k, s); break;
+    case 1: launch_split<F, E, 1>(x, w, scale, b, y, m, n, k, s); break;
+    case 2: launch_split<F, E, 2>(x, w, scale, b, y, m, n, k, s); break;
+    default: launch_split<F, E, 4>(x, w, scale, b, y, m, n, k, s); break;
   }
 }
 
-template <typename T>
-void launch_typed(const void* x, const void* w, const void* bias, void* y, int64_t m, int64_t n, int64_t k,
-                  cudaStream_t s, GemvEpilogue epi) {
-  auto* xt = static_cast<const T*>(x);
-  auto* wt = static_cast<const T*>(w);
-  auto* bt = static_cast<const T*>(bias);
-  auto* yt = static_cast<T*>(y);
+// The one dispatch from the runtime epilogue to the kernel's template argument.
+template <typename F>
+void launch_format(const void* x, const void* w, float scale, const void* bias, void* y, int64_t m, int64_t n,
+                   int64_t k, cudaStream_t s, GemvEpilogue epi) {
+  auto* xt = static_cast<const typename F::X*>(x);
+  auto* wt = static_cast<const typename F::W*>(w);
+  auto* bt = static_cast<const typename F::Y*>(bias);
+  auto* yt = static_cast<typename F::Y*>(y);
   switch (epi) {
-    case GemvEpilogue::kNone: launch_rows<T, GemvEpilogue::kNone>(xt, wt, bt, yt, m, n, k, s); break;
-    case GemvEpilogue::kGeluErf: launch_rows<T, GemvEpilogue::kGeluErf>(xt, wt, bt, yt, m, n, k, s); break;
-    case GemvEpilogue::kGeluTanh: launch_rows<T, GemvEpilogue::kGeluTanh>(xt, wt, bt, yt, m, n, k, s); break;
-    case GemvEpilogue::kSilu: launch_rows<T, GemvEpilogue::kSilu>(xt, wt, bt, yt, m, n, k, s); break;
-    case GemvEpilogue::kSwiGlu: launch_rows<T, GemvEpilogue::kSwiGlu>(xt, wt, bt, yt, m, n, k, s); break;
+    case GemvEpilogue::kNone: launch_rows<F, GemvEpilogue::kNone>(xt, wt, scale, bt, yt, m, n, k, s); break;
+    case GemvEpilogue::kGeluErf: launch_rows<F, GemvEpilogue::kGeluErf>(xt, wt, scale, bt, yt, m, n, k, s); break;
+    case GemvEpilogue::kGeluTanh: launch_rows<F, GemvEpilogue::kGeluTanh>(xt, wt, scale, bt, yt, m, n, k, s); break;
+    case GemvEpilogue::kSilu: launch_rows<F, GemvEpilogue::kSilu>(xt, wt, scale, bt, yt, m, n, k, s); break;
+    case GemvEpilogue::kSwiGlu: launch_rows<F, GemvEpilogue::kSwiGlu>(xt, wt, scale, bt, yt, m, n, k, s); break;
   }
   KILN_CUDA_CHECK_LAUNCH();
 }
@@ -166,9 +221,20 @@ void launch_gemv(DType dtype, const void* x, const void* w, const void* bias, vo
                 " k=", k);
   if (n == 0) return;
   if (dtype == DType::kBF16)
-    launch_typed<__nv_bfloat16>(x, w, bias, y, m, n, k, s, epi);
+    launch_format<Wide16<__nv_bfloat16>>(x, w, 1.0f, bias, y, m, n, k, s, epi);
   else
-    launch_typed<__half>(x, w, bias, y, m, n, k, s, epi);
+    launch_format<Wide16<__half>>(x, w, 1.0f, bias, y, m, n, k, s, epi);
+}
+
+bool fp8_gemv_supports(int64_t m, int64_t k) {
+  return m >= 1 && m <= kGemvMaxRows && k % 16 == 0 && k > 0 && k < (int64_t(1) << 30);
+}
+
+void launch_fp8_gemv(const uint8_t* x, const uint8_t* w, float scale, const void* bias, void* y, int64_t m,
+                     int64_t n, int64_t k, cudaStream_t s, GemvEpilogue epi) {
+  KILN_THROW_IF(!fp8_gemv_supports(m, k), kInternal, "cuda fp8 gemv: unsupported m=", m, " k=", k);
+  if (n == 0) return;
+  launch_format<E4M3>(x, w, scale, bias, y, m, n, k, s, epi);
 }
 
 }  // namespace kiln::cuda

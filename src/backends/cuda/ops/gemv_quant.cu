@@ -1,5 +1,6 @@
-// Weight-only q8/q4 GEMV and tile dequantization (see gemv_quant.h).
-// A lane's unit of work is one 16-byte chunk of a row's codes: 32 q4 codes (a whole
+// Weight-only q8/q4 GEMV over the kRows layout, tile dequantization of both layouts,
+// and the host side of the layouts (see gemv_quant.h). The kMma GEMV is in
+// gemv_quant_mma.cu. In the kRows GEMV, a lane's unit of work is one 16-byte chunk of a row's codes: 32 q4 codes (a whole
 // group: one scale, one min) or 16 q8 codes (half a group). A warp owns 4 weight rows
 // (4 outputs, or 2 outputs' gate and up rows for SwiGLU); lane j of the warp's split
 // part p reads chunks p*32 + j, p*32 + j + S*32, ... of all four, so a warp's loads of
@@ -9,7 +10,12 @@
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops/gemv_quant.h"
 
+#include <cstdlib>
+#include <cstring>
+#include <string>
 #include <type_traits>
+
+#include "core/thread_pool.h"
 
 namespace kiln::cuda {
 namespace {
@@ -309,6 +315,56 @@ __global__ void dequant_kernel(const uint8_t* __restrict__ codes, const void* __
   }
 }
 
+// kMma layout: one thread per 16-byte lane slice (row, block, quarter t), writing the
+// slice's 8 values of each group of the block; the same f32 formula as dequant_kernel.
+template <typename T, QuantFormat F>
+__global__ void dequant_mma_kernel(const uint8_t* __restrict__ codes, const void* __restrict__ scales,
+                                   const float* __restrict__ row_factor, int k, int64_t code_stride,
+                                   int64_t scale_stride, int64_t r0, int64_t rows, T* __restrict__ out) {
+  constexpr int kGroupsPerBlock = F == QuantFormat::kQ4 ? 4 : 2;
+  const int64_t slices = code_stride / 16, groups = k / kQuantGroup;
+  const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= rows * slices) return;
+  const int64_t r = idx / slices, row = r0 + r, b = (idx % slices) / 4;
+  const int t = int(idx % 4);
+  const uint4 cw = __ldcs(reinterpret_cast<const uint4*>(codes + size_t(row) * size_t(code_stride)) + (idx % slices));
+  const uint32_t words[4] = {cw.x, cw.y, cw.z, cw.w};
+  const float f = row_factor[row];
+#pragma unroll
+  for (int gi = 0; gi < kGroupsPerBlock; ++gi) {
+    const int64_t g = b * kGroupsPerBlock + gi;
+    if (g >= groups) break;
+    float s, mn;
+    if constexpr (F == QuantFormat::kQ4) {
+      const uint32_t sm = static_cast<const uint32_t*>(scales)[row * scale_stride + g];
+      s = __half2float(__ushort_as_half(uint16_t(sm & 0xFFFFu)));
+      mn = __half2float(__ushort_as_half(uint16_t(sm >> 16)));
+    } else {
+      s = __half2float(__ushort_as_half(static_cast<const unsigned short*>(scales)[row * scale_stride + g]));
+      mn = 0.0f;
+    }
+    s *= f;
+    mn *= f;
+    float q[8];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if constexpr (F == QuantFormat::kQ4) {
+        q[2 * j] = float((words[gi] >> (4 * j)) & 15u);
+        q[2 * j + 1] = float((words[gi] >> (16 + 4 * j)) & 15u);
+      } else {
+        q[j] = float(int8_t(uint8_t(words[2 * gi] >> (8 * j))));
+        q[4 + j] = float(int8_t(uint8_t(words[2 * gi + 1] >> (8 * j))));
+      }
+    }
+    alignas(16) T v[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) v[e] = from_f32<T>(fmaf(q[e], s, mn));
+    T* dst = out + r * k + g * kQuantGroup + 8 * t;
+#pragma unroll
+    for (int j = 0; j < int(sizeof(v) / 16); ++j) reinterpret_cast<uint4*>(dst)[j] = reinterpret_cast<const uint4*>(v)[j];
+  }
+}
+
 template <typename T>
 void launch_typed(const void* x, const QuantWeightView& w, const void* bias, void* y, int64_t m, int64_t n_out,
                   cudaStream_t s, GemvEpilogue epi) {
@@ -328,6 +384,88 @@ void launch_typed(const void* x, const QuantWeightView& w, const void* bias, voi
 
 }  // namespace
 
+QuantWeightView quant_view_shape(QuantFormat f, int64_t n, int64_t k, QuantLayout layout) {
+  QuantWeightView v;
+  v.format = f;
+  v.n = n;
+  v.k = k;
+  v.layout = layout;
+  const int64_t groups = k / kQuantGroup;
+  if (layout == QuantLayout::kRows) {
+    v.code_stride = int64_t(quant_row_code_bytes(f, k));
+    v.scale_stride = groups;
+  } else {
+    const int64_t per_block = f == QuantFormat::kQ4 ? 4 : 2, blocks = (groups + per_block - 1) / per_block;
+    v.code_stride = 64 * blocks;
+    v.scale_stride = per_block * blocks;
+  }
+  return v;
+}
+
+QuantWeightView QuantImage::view_at(const void* base) const {
+  QuantWeightView v = shape;
+  auto* b = static_cast<const uint8_t*>(base);
+  v.codes = b;
+  v.scales = b + scales_off;
+  v.row_factor = reinterpret_cast<const float*>(b + factor_off);
+  return v;
+}
+
+QuantImage quant_image(const QuantizedRows& q, QuantLayout layout) {
+  QuantImage img;
+  img.shape = quant_view_shape(q.format, q.n, q.k, layout);
+  const bool q4 = q.format == QuantFormat::kQ4;
+  const size_t n = size_t(q.n), groups = size_t(q.groups()), row_bytes = quant_row_code_bytes(q.format, q.k);
+  const size_t cs = size_t(img.shape.code_stride), ss = size_t(img.shape.scale_stride);
+  auto up = [](size_t b) { return (b + 255) / 256 * 256; };
+  img.scales_off = up(n * cs);
+  img.factor_off = img.scales_off + up(n * ss * img.shape.scale_bytes());
+  img.bytes.assign(img.factor_off + n * 4, 0);
+  uint8_t* codes = img.bytes.data();
+  uint8_t* scales = img.bytes.data() + img.scales_off;
+  ThreadPool::global().parallel_for(int64_t(n), [&](int64_t r0, int64_t r1, int) {
+    for (size_t r = size_t(r0); r < size_t(r1); ++r) {
+      const uint8_t* src = q.codes.get() + r * row_bytes;
+      uint8_t* dst = codes + r * cs;
+      if (layout == QuantLayout::kRows) {
+        std::memcpy(dst, src, row_bytes);
+      } else {
+        for (size_t g = 0; g < groups; ++g)
+          for (size_t t = 0; t < 4; ++t) {
+            if (q4) {  // codes 32g + 8t + 2j (low nibble of source byte j) and + 2j + 1 (high)
+              const uint8_t* sb = src + g * 16 + t * 4;
+              uint32_t w = 0;
+              for (int j = 0; j < 4; ++j) w |= uint32_t(sb[j] & 15u) << (4 * j) | uint32_t(sb[j] >> 4) << (16 + 4 * j);
+              std::memcpy(dst + (g / 4) * 64 + t * 16 + (g % 4) * 4, &w, 4);
+            } else {
+              std::memcpy(dst + (g / 2) * 64 + t * 16 + (g % 2) * 8, src + g * 32 + t * 8, 8);
+            }
+          }
+      }
+      for (size_t g = 0; g < groups; ++g) {
+        const size_t at = r * groups + g;
+        if (q4) {
+          const uint32_t sm = uint32_t(q.scales[at]) | (uint32_t(q.mins[at]) << 16);
+          std::memcpy(scales + (r * ss + g) * 4, &sm, 4);
+        } else {
+          std::memcpy(scales + (r * ss + g) * 2, &q.scales[at], 2);
+        }
+      }
+    }
+  });
+  std::memcpy(img.bytes.data() + img.factor_off, q.row_factor.get(), n * 4);
+  return img;
+}
+
+QuantLayout qgemv_layout(DType dtype) {
+  if (dtype != DType::kBF16 && dtype != DType::kF16) return QuantLayout::kRows;
+  if (const char* e = std::getenv("KILN_CUDA_QGEMV"); e && std::string(e) == "old") return QuantLayout::kRows;
+  int device = 0, major = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&device));
+  KILN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  return major >= 8 ? QuantLayout::kMma : QuantLayout::kRows;  // mma.sync with bf16: sm_80+
+}
+
 bool gemv_quant_supports(DType dtype, int64_t m) {
   return (dtype == DType::kBF16 || dtype == DType::kF16 || dtype == DType::kF32) && m >= 1 && m <= kQGemvMaxRows;
 }
@@ -340,18 +478,43 @@ void launch_gemv_quant(DType dtype, const void* x, const QuantWeightView& w, con
   KILN_THROW_IF(w.k % kQuantGroup != 0 || w.k <= 0 || w.k >= (int64_t(1) << 30) || w.n != want_rows ||
                     n_out >= (int64_t(1) << 30),
                 kInternal, "cuda quantized gemv: weight [", w.n, ", ", w.k, "] for ", n_out, " outputs");
+  const QuantWeightView want = quant_view_shape(w.format, w.n, w.k, w.layout);
+  KILN_THROW_IF(w.code_stride != want.code_stride || w.scale_stride != want.scale_stride, kInternal,
+                "cuda quantized gemv: strides ", w.code_stride, "/", w.scale_stride, " of a [", w.n, ", ", w.k,
+                "] weight, expected ", want.code_stride, "/", want.scale_stride);
   if (n_out == 0) return;
+  if (w.layout == QuantLayout::kMma) {
+    KILN_THROW_IF(dtype == DType::kF32, kInternal, "cuda quantized gemv: the mma layout needs bf16/f16 activations");
+    launch_qgemv_mma(dtype, x, w, bias, y, m, n_out, s, epi);
+    return;
+  }
   KILN_CUDA_DISPATCH_FLOAT(dtype, T, launch_typed<T>(x, w, bias, y, m, n_out, s, epi));
 }
 
 void launch_dequant_rows(DType dtype, const QuantWeightView& w, int64_t r0, int64_t rows, void* out, cudaStream_t s) {
   KILN_THROW_IF(r0 < 0 || rows < 0 || r0 + rows > w.n || w.k % kQuantGroup != 0, kInternal,
                 "cuda dequantize: rows [", r0, ", +", rows, ") of a [", w.n, ", ", w.k, "] weight");
-  const int64_t total = rows * (w.k / (w.format == QuantFormat::kQ4 ? 32 : 16));
+  const bool q4 = w.format == QuantFormat::kQ4;
+  if (w.layout == QuantLayout::kMma) {
+    const int64_t total = rows * (w.code_stride / 16);
+    if (total == 0) return;
+    const unsigned blocks = unsigned((total + 255) / 256);
+    KILN_CUDA_DISPATCH_FLOAT(dtype, T, {
+      if (q4)
+        dequant_mma_kernel<T, QuantFormat::kQ4><<<blocks, 256, 0, s>>>(
+            w.codes, w.scales, w.row_factor, int(w.k), w.code_stride, w.scale_stride, r0, rows, static_cast<T*>(out));
+      else
+        dequant_mma_kernel<T, QuantFormat::kQ8><<<blocks, 256, 0, s>>>(
+            w.codes, w.scales, w.row_factor, int(w.k), w.code_stride, w.scale_stride, r0, rows, static_cast<T*>(out));
+      KILN_CUDA_CHECK_LAUNCH();
+    });
+    return;
+  }
+  const int64_t total = rows * (w.k / (q4 ? 32 : 16));
   if (total == 0) return;
   const unsigned blocks = unsigned((total + 255) / 256);
   KILN_CUDA_DISPATCH_FLOAT(dtype, T, {
-    if (w.format == QuantFormat::kQ4)
+    if (q4)
       dequant_kernel<T, QuantFormat::kQ4><<<blocks, 256, 0, s>>>(w.codes, w.scales, w.row_factor, int(w.k), r0, rows,
                                                                   static_cast<T*>(out));
     else

@@ -1,17 +1,22 @@
 // Weight-only q8/q4 Linear layers on the device (formats of core/weight_quant.h).
-// Few token rows (decode, m <= kQGemvMaxRows): a GEMV that streams the codes with
-// 16-byte loads and dequantizes in registers (f32 math and accumulation, the activation
-// dtype for x and y), each warp owning 4 weight rows so every x value it converts serves
-// all four, split-K over 2-4 warps when the output is short, and the epilogues of the
-// 16-bit GEMV (bias, GELU, SiLU, SwiGLU on a merged gate|up weight). More rows: tiles
-// of the weight are dequantized into a workspace and multiplied by cuBLASLt.
-// Tested against the CPU backend's q8/q4 kernels (the same quantized weights) in
-// tests/backends/cuda/quant_test.cpp; timed by bench/cuda_gemv_bench.
+// Few token rows (decode, m <= kQGemvMaxRows): a GEMV that streams the codes with 16-byte
+// loads and dequantizes in registers, with the epilogues of the 16-bit GEMV (bias, GELU,
+// SiLU, SwiGLU on a merged gate|up weight). Two kernels, one per device layout:
+//  - kMma (bf16/f16 activations, the default): 16 weight rows x 8 token rows per warp
+//    through tensor-core mma.sync (codes decoded exactly to 16-bit integers, products
+//    summed in f32 per group, then scale·dot + min·Σx in f32), from a layout reordered at
+//    upload so each lane's 16-byte load holds exactly its fragment (see QuantLayout).
+//  - kRows (f32 activations, or KILN_CUDA_QGEMV=old): the row-major CPU layout, f32 math
+//    on the CUDA cores, 4 weight rows per warp.
+// More rows: tiles of the weight are dequantized into a workspace and multiplied by
+// cuBLASLt. Tested against the CPU backend's q8/q4 kernels (the same quantized weights)
+// in tests/backends/cuda/quant_test.cpp; timed by bench/cuda_gemv_bench.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "backends/cuda/ops/gemv.h"
 #include "core/dtype.h"
@@ -21,30 +26,66 @@ namespace kiln::cuda {
 
 constexpr int64_t kQGemvMaxRows = 8;
 
-// A quantized [n, k] weight on the device, row-major: row r's codes at codes + r * row
-// bytes (k for q8, k / 2 for q4; k % 32 == 0, so each row is 16-byte aligned), its group
-// scales at scales + r * k / 32 (q8: f16; q4: an f16 (scale, min) pair per group, as
-// 32 bits), and its power-of-two factor at row_factor[r].
+// How a quantized weight lies on the device.
+//  kRows: row-major as core/weight_quant.h's QuantizedRows: row r's codes at
+//    codes + r * code_stride (k for q8, k / 2 for q4), its group scales at
+//    scales + r * scale_stride (q8: f16; q4: an f16 (scale, min) pair per group as 32 bits,
+//    scale in the low half).
+//  kMma: each row cut into 64-byte blocks (q4: 4 groups, q8: 2 groups; the last block
+//    zero-padded, so code_stride = 64 * blocks); inside a block, lane quarter t (0..3)
+//    owns bytes [16t, 16t + 16): the 8 codes k = 32G + 8t .. 32G + 8t + 7 of each group G
+//    of the block, group after group (q4: 4 bytes each, q8: 8). In a q4 slice's 32-bit
+//    word, codes 2j and 2j+1 sit in nibbles j and j + 4, so one mask pulls both into the
+//    two halves of a 16-bit pair. Scales as kRows with scale_stride rounded up to the
+//    padded group count (zeros past k), so a block's scales are one aligned load.
+enum class QuantLayout : uint8_t { kRows, kMma };
+
+// A quantized [n, k] weight on the device, with its power-of-two factor at row_factor[r].
 struct QuantWeightView {
   QuantFormat format = QuantFormat::kQ4;
   int64_t n = 0, k = 0;
   const uint8_t* codes = nullptr;
   const void* scales = nullptr;
   const float* row_factor = nullptr;
-  size_t bytes() const {  // what a forward streams
-    return size_t(n) * (quant_row_code_bytes(format, k) + size_t(k / kQuantGroup) * (format == QuantFormat::kQ4 ? 4 : 2) + 4);
+  QuantLayout layout = QuantLayout::kRows;
+  int64_t code_stride = 0;   // bytes between rows' codes
+  int64_t scale_stride = 0;  // scale entries (16 or 32 bits) between rows' scales
+  size_t scale_bytes() const { return format == QuantFormat::kQ4 ? 4 : 2; }
+  size_t bytes() const {  // what a forward streams (codes incl. padding, scales, factors)
+    return size_t(n) * (size_t(code_stride) + size_t(scale_stride) * scale_bytes() + 4);
   }
 };
+
+// The strides of `layout` for a [., k] weight (k % 32 == 0).
+QuantWeightView quant_view_shape(QuantFormat f, int64_t n, int64_t k, QuantLayout layout);
+
+// A weight's device image built on the host: codes | scales | row factors, each section
+// 256-byte aligned; view_at(base) points a view into a copy of it at `base`.
+struct QuantImage {
+  std::vector<uint8_t> bytes;
+  QuantWeightView shape;  // pointers null; the strides
+  size_t scales_off = 0, factor_off = 0;
+  QuantWeightView view_at(const void* base) const;
+};
+QuantImage quant_image(const QuantizedRows& q, QuantLayout layout);
+
+// The layout launch_gemv_quant expects for activations of `dtype` on the current device:
+// kMma for bf16/f16 on sm_80+ unless KILN_CUDA_QGEMV=old; kRows otherwise.
+QuantLayout qgemv_layout(DType dtype);
 
 // Whether launch_gemv_quant handles m rows of `dtype` (f32, f16, bf16; 1 <= m <= 8).
 bool gemv_quant_supports(DType dtype, int64_t m);
 // y[m, n_out] = x[m, k] · wᵀ (+ bias), x/bias/y in `dtype`, 16-byte aligned; bias may be
 // null. With kSwiGlu, w holds 2 n_out rows ([gate; up], bias 2 n_out) and
-// y = silu(gate) * up; otherwise w.n == n_out.
+// y = silu(gate) * up; otherwise w.n == n_out. A kMma weight needs bf16/f16.
 void launch_gemv_quant(DType dtype, const void* x, const QuantWeightView& w, const void* bias, void* y, int64_t m,
                        int64_t n_out, cudaStream_t s, GemvEpilogue epi = GemvEpilogue::kNone);
-// Rows [r0, r0 + rows) of w, dequantized (w = factor * (scale * q + min), rounded once
-// to `dtype`) into out [rows, k] (256-byte aligned for cuBLASLt).
+// Rows [r0, r0 + rows) of w (either layout), dequantized (w = factor * (scale * q + min),
+// rounded once to `dtype`) into out [rows, k] (256-byte aligned for cuBLASLt).
 void launch_dequant_rows(DType dtype, const QuantWeightView& w, int64_t r0, int64_t rows, void* out, cudaStream_t s);
+
+// The kMma GEMV (gemv_quant_mma.cu), called by launch_gemv_quant after its checks.
+void launch_qgemv_mma(DType dtype, const void* x, const QuantWeightView& w, const void* bias, void* y, int64_t m,
+                      int64_t n_out, cudaStream_t s, GemvEpilogue epi);
 
 }  // namespace kiln::cuda
