@@ -30,29 +30,6 @@ struct Int8Weights {
   const float* scales() const { return reinterpret_cast<const float*>(static_cast<const char*>(buf.get()) + scales_off); }
 };
 
-// Bytes of int32 sums per cuBLASLt call (KILN_CUDA_W8A8_TILE_MB, 0: no tiling). The
-// epilogue reads them right after the GEMM wrote them; tiles this small stay in the
-// H100/H200's 50 MB L2 instead of making a round trip through HBM (4 bytes per output,
-// twice the bf16 GEMM's store).
-size_t sum_tile_bytes() {
-  static const size_t bytes = [] {
-    const char* e = std::getenv("KILN_CUDA_W8A8_TILE_MB");
-    return size_t(e && *e ? std::max(0, std::atoi(e)) : 24) << 20;
-  }();
-  return bytes;
-}
-
-// Rows per cuBLASLt call: all t, or near-equal tiles of a multiple of 256 rows (keeps
-// each tile's x and y pointers 256-byte aligned, as cuBLASLt's plans assume) whose sums
-// fit in `tile_bytes`.
-int64_t tile_rows_for(int64_t t, int64_t n, size_t tile_bytes) {
-  const size_t sums = size_t(t) * size_t(n) * 4;
-  if (tile_bytes == 0 || sums <= tile_bytes) return t;
-  const int64_t tiles = int64_t((sums + tile_bytes - 1) / tile_bytes);
-  const int64_t rows = (t + tiles - 1) / tiles;
-  return std::max<int64_t>(256, (rows + 255) / 256 * 256);
-}
-
 GemvEpilogue epilogue_of(const ir::Node& n) {
   const std::string act = n.attr_str("activation", "");
   if (act.empty()) return GemvEpilogue::kNone;
@@ -119,7 +96,6 @@ OpRun prepare_w8a8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext&
   base.w_scale = dw->scales();
   base.bias = bias;
   base.act = epi;
-  const size_t tile_bytes = sum_tile_bytes();
 
   // cuBLASLt's int8 algorithms timed at a prefill shape, as tune_gemms does for bf16.
   if (const char* e = std::getenv("KILN_CUDA_TUNE"); !(e && std::string(e) == "0")) {
@@ -145,7 +121,7 @@ OpRun prepare_w8a8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext&
     cudaStream_t s = c.cx->stream;
     // Scratch: the input's codes, per-token scales, then one tile of int32 sums.
     const bool gemv = int8_gemv_supports(t, k);
-    const int64_t tile = gemv ? t : tile_rows_for(t, nn, tile_bytes);
+    const int64_t tile = gemv ? t : int8_tile_rows(t, nn);
     const size_t q_bytes = align256(size_t(t * k)), rs_bytes = dynamic ? align256(size_t(t) * 4) : 0;
     const size_t acc_bytes = gemv ? 0 : size_t(tile * nn) * 4;
     auto* scratch = static_cast<char*>(c.scratch(q_bytes + rs_bytes + acc_bytes));

@@ -3,6 +3,9 @@
 // not use. The GEMV follows fp8.cu: a warp per output feature, lane j reading 16-byte
 // chunks j, j+32, ... of the weight row (16 codes each, kUnroll in flight, streaming
 // hint), x codes through the read-only cache, four dp4a per chunk and x row.
+#include <algorithm>
+#include <cstdlib>
+
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops/int8.h"
 
@@ -248,6 +251,18 @@ void launch_int8_dequant(DType dtype, const int32_t* acc, int64_t t, int64_t n, 
     dispatch_epilogue(e.act, [&]<GemvEpilogue E>() { dequant_launch<T, E>(acc, t, n, n_out, e, static_cast<T*>(y), s); });
   });
   KILN_CUDA_CHECK_LAUNCH();
+}
+
+int64_t int8_tile_rows(int64_t t, int64_t n) {
+  static const size_t tile_bytes = [] {
+    const char* e = std::getenv("KILN_CUDA_W8A8_TILE_MB");
+    return size_t(e && *e ? std::max(0, std::atoi(e)) : 24) << 20;
+  }();
+  const size_t sums = size_t(t) * size_t(n) * 4;
+  if (tile_bytes == 0 || sums <= tile_bytes) return t;
+  const int64_t tiles = int64_t((sums + tile_bytes - 1) / tile_bytes);
+  const int64_t rows = (t + tiles - 1) / tiles;
+  return std::max<int64_t>(256, (rows + 255) / 256 * 256);
 }
 
 bool int8_gemv_supports(int64_t m, int64_t k) {

@@ -39,6 +39,14 @@ void launch_int8_quantize(DType dtype, const void* x, int64_t t, int64_t k, floa
 void launch_int8_dequant(DType dtype, const int32_t* acc, int64_t t, int64_t n, const Int8Epilogue& e, void* y,
                          cudaStream_t s);
 
+// Rows per int8 GEMM call for t rows of n outputs: all t, or near-equal tiles of a
+// multiple of 256 rows (keeps each tile's pointers 256-byte aligned, as cuBLASLt's plans
+// assume) whose int32 sums fit in KILN_CUDA_W8A8_TILE_MB MiB (default 24; 0: no tiling).
+// Why: the dequantize epilogue reads the sums right after the GEMM wrote them; a tile
+// this small stays in the H100/H200's 50 MB L2 instead of a round trip through HBM (4
+// bytes per output, twice what the bf16 GEMM stores).
+int64_t int8_tile_rows(int64_t t, int64_t n);
+
 // Whether launch_int8_gemv handles this shape (m <= kGemvMaxRows, k % 16 == 0).
 bool int8_gemv_supports(int64_t m, int64_t k);
 // y [m, n_out] = epilogue(Σ_k x[m, k] w[j, k]) for int8 x [m, k] and w [n, k] (16-byte
