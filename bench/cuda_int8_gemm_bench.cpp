@@ -104,11 +104,11 @@ int main() {
       };
       const float t_q = median_ms(quantize);
       const float t_g = median_ms([&] { gemm.run_int8(xq.get(), wq.get(), acc32, m, s.n, s.k, nullptr); });
-      const float t_d = median_ms([&] { launch_int8_dequant(DType::kBF16, acc32, m, s.n, e, y.get(), nullptr); });
+      const float t_d = median_ms([&] { launch_int8_dequant(DType::kBF16, acc32, m, s.n, s.n, e, y.get(), nullptr); });
       const float t_all = median_ms([&] {
         quantize();
         gemm.run_int8(xq.get(), wq.get(), acc32, m, s.n, s.k, nullptr);
-        launch_int8_dequant(DType::kBF16, acc32, m, s.n, e, y.get(), nullptr);
+        launch_int8_dequant(DType::kBF16, acc32, m, s.n, s.n, e, y.get(), nullptr);
       });
       const int64_t tile = int8_tile_rows(m, s.n);
       const float t_tiled = m <= tile ? t_all : median_ms([&] {
@@ -116,7 +116,7 @@ int main() {
         for (int64_t r0 = 0; r0 < m; r0 += tile) {
           const int64_t rows = std::min(tile, m - r0);
           gemm.run_int8(static_cast<int8_t*>(xq.get()) + r0 * s.k, wq.get(), acc32, rows, s.n, s.k, nullptr);
-          launch_int8_dequant(DType::kBF16, acc32, rows, s.n, e, static_cast<uint16_t*>(y.get()) + r0 * s.n, nullptr);
+          launch_int8_dequant(DType::kBF16, acc32, rows, s.n, s.n, e, static_cast<uint16_t*>(y.get()) + r0 * s.n, nullptr);
         }
       });
       const float best = std::min(t_all, t_tiled);

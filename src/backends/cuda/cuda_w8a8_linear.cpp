@@ -50,9 +50,9 @@ bool w8a8_linear_supported(const ir::Node& n, const ir::Graph& g, std::string* w
   };
   if (!g.is_weight(n.inputs[1]) || n.has_attr("weight_layout")) return fail("w8a8 Linear weights must be plain weights");
   const Tensor& w = g.weight(n.inputs[1]);
-  if (w.rank() != 2 || w.dim(0) % 4 != 0 || w.dim(1) % 4 != 0)
+  if (w.rank() != 2 || w.dim(1) % 4 != 0)
     return fail(str_cat("w8a8 Linear weight ", w.shape_str(),
-                        ": cuBLASLt's int8 GEMM needs N and K multiples of 4 (keep this Linear f32 with --keep)"));
+                        ": cuBLASLt's int8 GEMM needs K a multiple of 4 (keep this Linear unquantized with --keep)"));
   if (n.input(2) != ir::kNoValue && !g.is_weight(n.input(2))) return fail("w8a8 Linear bias must be a weight");
   return true;
 }
@@ -72,11 +72,14 @@ OpRun prepare_w8a8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext&
   const bool swiglu = epi == GemvEpilogue::kSwiGlu;
   KILN_THROW_IF(swiglu && nn % 2 != 0, kInvalidArgument, "linear '", n.name, "': swiglu needs an even number of rows");
   const int64_t out_n = swiglu ? nn / 2 : nn;
+  // cuBLASLt's int8 GEMM takes N a multiple of 4: zero rows pad the weight (a 3-label
+  // classifier, GPT-2's 50257-token head); the epilogue never reads their sums.
+  const int64_t n_pad = (nn + 3) / 4 * 4;
 
   // Per-channel codes on the host, exactly as the CPU backend packs them.
   Tensor wf = wt.dtype() == DType::kF32 ? wt : wt.to(DType::kF32);
-  std::vector<int8_t> codes(static_cast<size_t>(nn * k));
-  std::vector<float> scales(static_cast<size_t>(nn));
+  std::vector<int8_t> codes(static_cast<size_t>(n_pad * k), 0);
+  std::vector<float> scales(static_cast<size_t>(n_pad), 0.0f);
   ThreadPool::global().parallel_for(nn, [&](int64_t r0, int64_t r1, int) {
     for (int64_t r = r0; r < r1; ++r)
       scales[size_t(r)] = int8_quantize_channel(wf.data_as<float>() + r * k, k, codes.data() + r * k);
@@ -100,14 +103,15 @@ OpRun prepare_w8a8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext&
   // cuBLASLt's int8 algorithms timed at a prefill shape, as tune_gemms does for bf16.
   if (const char* e = std::getenv("KILN_CUDA_TUNE"); !(e && std::string(e) == "0")) {
     const int64_t m = 128;
-    DeviceBuffer xb(size_t(m * k) * 2), xq(size_t(m * k)), acc(size_t(m * nn) * 4);
+    DeviceBuffer xb(size_t(m * k) * 2), xq(size_t(m * k)), acc(size_t(m * n_pad) * 4);
     launch_fill_random(xb.get(), DType::kBF16, m * k, 13, pc.cx->stream);  // never time on zeros
     launch_int8_quantize(DType::kBF16, xb.get(), m, k, 1.0f / 0.02f, static_cast<int8_t*>(xq.get()), nullptr,
                          pc.cx->stream);
-    auto times = pc.cx->gemm->tune_int8(xq.get(), dw->codes(), static_cast<int32_t*>(acc.get()), m, nn, k, pc.cx->stream);
+    auto times =
+        pc.cx->gemm->tune_int8(xq.get(), dw->codes(), static_cast<int32_t*>(acc.get()), m, n_pad, k, pc.cx->stream);
     std::string line;
     for (auto& t : times) line += str_cat(" #", t.tactic, "=", t.ms * 1000.0f, "us");
-    log_debug("cuda: int8 gemm m=", m, " n=", nn, " k=", k, " tactics:", line);
+    log_debug("cuda: int8 gemm m=", m, " n=", n_pad, " k=", k, " tactics:", line);
   }
 
   const std::string name = n.name;
@@ -121,9 +125,9 @@ OpRun prepare_w8a8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext&
     cudaStream_t s = c.cx->stream;
     // Scratch: the input's codes, per-token scales, then one tile of int32 sums.
     const bool gemv = int8_gemv_supports(t, k);
-    const int64_t tile = gemv ? t : int8_tile_rows(t, nn);
+    const int64_t tile = gemv ? t : int8_tile_rows(t, n_pad);
     const size_t q_bytes = align256(size_t(t * k)), rs_bytes = dynamic ? align256(size_t(t) * 4) : 0;
-    const size_t acc_bytes = gemv ? 0 : size_t(tile * nn) * 4;
+    const size_t acc_bytes = gemv ? 0 : size_t(tile * n_pad) * 4;
     auto* scratch = static_cast<char*>(c.scratch(q_bytes + rs_bytes + acc_bytes));
     auto* xq = reinterpret_cast<int8_t*>(scratch);
     auto* rs = dynamic ? reinterpret_cast<float*>(scratch + q_bytes) : nullptr;
@@ -132,15 +136,15 @@ OpRun prepare_w8a8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext&
     Int8Epilogue e = base;
     e.row_scale = rs;
     if (gemv) {
-      launch_int8_gemv(y.dtype, xq, dw->codes(), t, nn, k, e, y.data, s);
+      launch_int8_gemv(y.dtype, xq, dw->codes(), t, out_n, k, e, y.data, s);
       return;
     }
     const size_t es = dtype_size(y.dtype);
     for (int64_t r0 = 0; r0 < t; r0 += tile) {
       const int64_t rows = std::min(tile, t - r0);
-      c.cx->gemm->run_int8(xq + r0 * k, dw->codes(), acc, rows, nn, k, s);
+      c.cx->gemm->run_int8(xq + r0 * k, dw->codes(), acc, rows, n_pad, k, s);
       e.row_scale = rs ? rs + r0 : nullptr;
-      launch_int8_dequant(y.dtype, acc, rows, nn, e, static_cast<char*>(y.data) + size_t(r0 * out_n) * es, s);
+      launch_int8_dequant(y.dtype, acc, rows, n_pad, out_n, e, static_cast<char*>(y.data) + size_t(r0 * out_n) * es, s);
     }
   };
 }

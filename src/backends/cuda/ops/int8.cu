@@ -90,7 +90,8 @@ __device__ __forceinline__ float output_one(const int32_t* acc, float xs, int64_
   }
 }
 
-// V consecutive outputs per thread (V = 4 when n_out % 4 == 0: 16-byte loads of sums).
+// V consecutive outputs per thread (V = 4 when n_out and the row stride n of the sums
+// are multiples of 4: 16-byte loads of sums).
 template <typename T, GemvEpilogue E, int V>
 __global__ void dequant_kernel(const int32_t* __restrict__ acc, int64_t t, int64_t n, int64_t n_out, Int8Epilogue e,
                                T* __restrict__ y) {
@@ -241,14 +242,14 @@ void launch_int8_quantize(DType dtype, const void* x, int64_t t, int64_t k, floa
   KILN_CUDA_CHECK_LAUNCH();
 }
 
-void launch_int8_dequant(DType dtype, const int32_t* acc, int64_t t, int64_t n, const Int8Epilogue& e, void* y,
-                         cudaStream_t s) {
+void launch_int8_dequant(DType dtype, const int32_t* acc, int64_t t, int64_t ld, int64_t n_out, const Int8Epilogue& e,
+                         void* y, cudaStream_t s) {
   const bool swiglu = e.act == GemvEpilogue::kSwiGlu;
-  KILN_THROW_IF(swiglu && n % 2 != 0, kInternal, "cuda int8 dequant: swiglu over an odd n=", n);
-  const int64_t n_out = swiglu ? n / 2 : n;
+  KILN_THROW_IF(ld < (swiglu ? 2 : 1) * n_out, kInternal, "cuda int8 dequant: rows of ", ld, " sums for ", n_out,
+                " outputs", swiglu ? " (swiglu)" : "");
   if (t == 0 || n_out == 0) return;
   KILN_CUDA_DISPATCH_FLOAT(dtype, T, {
-    dispatch_epilogue(e.act, [&]<GemvEpilogue E>() { dequant_launch<T, E>(acc, t, n, n_out, e, static_cast<T*>(y), s); });
+    dispatch_epilogue(e.act, [&]<GemvEpilogue E>() { dequant_launch<T, E>(acc, t, ld, n_out, e, static_cast<T*>(y), s); });
   });
   KILN_CUDA_CHECK_LAUNCH();
 }
@@ -269,12 +270,9 @@ bool int8_gemv_supports(int64_t m, int64_t k) {
   return m >= 1 && m <= kGemvMaxRows && k > 0 && k % 16 == 0 && k < (int64_t(1) << 30);
 }
 
-void launch_int8_gemv(DType dtype, const int8_t* x, const int8_t* w, int64_t m, int64_t n, int64_t k,
+void launch_int8_gemv(DType dtype, const int8_t* x, const int8_t* w, int64_t m, int64_t n_out, int64_t k,
                       const Int8Epilogue& e, void* y, cudaStream_t s) {
   KILN_THROW_IF(!int8_gemv_supports(m, k), kInternal, "cuda int8 gemv: unsupported m=", m, " k=", k);
-  const bool swiglu = e.act == GemvEpilogue::kSwiGlu;
-  KILN_THROW_IF(swiglu && n % 2 != 0, kInternal, "cuda int8 gemv: swiglu over an odd n=", n);
-  const int64_t n_out = swiglu ? n / 2 : n;
   if (n_out == 0) return;
   KILN_CUDA_DISPATCH_FLOAT(dtype, T, {
     dispatch_epilogue(e.act, [&]<GemvEpilogue E>() { gemv_launch<T, E>(x, w, m, n_out, k, e, static_cast<T*>(y), s); });

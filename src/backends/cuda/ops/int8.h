@@ -35,9 +35,10 @@ struct Int8Epilogue {
 void launch_int8_quantize(DType dtype, const void* x, int64_t t, int64_t k, float inv, int8_t* q, float* row_scale,
                           cudaStream_t s);
 
-// y [t, n_out] in `dtype` from acc [t, n] (n_out = n, or n / 2 with kSwiGlu).
-void launch_int8_dequant(DType dtype, const int32_t* acc, int64_t t, int64_t n, const Int8Epilogue& e, void* y,
-                         cudaStream_t s);
+// y [t, n_out] in `dtype` from the sums acc [t, ld] (ld >= n_out, >= 2 * n_out with
+// kSwiGlu: gate j at column j, up at n_out + j; columns past those are padding).
+void launch_int8_dequant(DType dtype, const int32_t* acc, int64_t t, int64_t ld, int64_t n_out, const Int8Epilogue& e,
+                         void* y, cudaStream_t s);
 
 // Rows per int8 GEMM call for t rows of n outputs: all t, or near-equal tiles of a
 // multiple of 256 rows (keeps each tile's pointers 256-byte aligned, as cuBLASLt's plans
@@ -49,9 +50,10 @@ int64_t int8_tile_rows(int64_t t, int64_t n);
 
 // Whether launch_int8_gemv handles this shape (m <= kGemvMaxRows, k % 16 == 0).
 bool int8_gemv_supports(int64_t m, int64_t k);
-// y [m, n_out] = epilogue(Σ_k x[m, k] w[j, k]) for int8 x [m, k] and w [n, k] (16-byte
-// aligned rows); n_out = n, or n / 2 with kSwiGlu (w = [gate; up]).
-void launch_int8_gemv(DType dtype, const int8_t* x, const int8_t* w, int64_t m, int64_t n, int64_t k,
+// y [m, n_out] = epilogue(Σ_k x[m, k] w[j, k]) for int8 x [m, k] and w [>= n_out, k]
+// (16-byte aligned rows); with kSwiGlu w holds gate rows [0, n_out) and up rows
+// [n_out, 2 n_out).
+void launch_int8_gemv(DType dtype, const int8_t* x, const int8_t* w, int64_t m, int64_t n_out, int64_t k,
                       const Int8Epilogue& e, void* y, cudaStream_t s);
 
 }  // namespace kiln::cuda
