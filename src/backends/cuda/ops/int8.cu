@@ -101,9 +101,10 @@ __global__ void dequant_kernel(const int32_t* __restrict__ acc, int64_t t, int64
     const float xs = e.row_scale ? e.row_scale[r] : e.x_scale;
     const int32_t* ar = acc + r * n;
     if constexpr (V == 4) {
-      int32_t a[8];
-      *reinterpret_cast<int4*>(a) = *reinterpret_cast<const int4*>(ar + j0);
-      if constexpr (E == GemvEpilogue::kSwiGlu) *reinterpret_cast<int4*>(a + 4) = *reinterpret_cast<const int4*>(ar + n_out + j0);
+      const int4 lo = *reinterpret_cast<const int4*>(ar + j0);
+      int4 hi = make_int4(0, 0, 0, 0);
+      if constexpr (E == GemvEpilogue::kSwiGlu) hi = *reinterpret_cast<const int4*>(ar + n_out + j0);
+      const int32_t a[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
       Vec4<T> out;
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
