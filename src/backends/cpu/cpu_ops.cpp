@@ -13,6 +13,7 @@
 
 #include "backends/communicator.h"
 #include "core/fp8.h"
+#include "core/int8.h"
 #include "core/log.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
@@ -235,7 +236,7 @@ LinearGemm w8a8_gemm(const ir::Node& n, const Tensor& w, const Tensor& bias, con
                 " (expected a finite value >= 0 from calibration)");
   auto packed = std::make_shared<PackedInt8Weight>(pack_weight_int8(w.data_as<float>(), w.dim(0), w.dim(1)));
   // act_dynamic=1: per-token scales computed from each row at run time (x_scale 0).
-  const float x_scale = n.attr_int("act_dynamic", 0) ? 0.0f : amax > 0 ? float(amax / 127.0) : 1.0f;
+  const float x_scale = n.attr_int("act_dynamic", 0) ? 0.0f : int8_act_scale(amax);
   *out_n = packed->n;
   const float* b = f32(bias.empty() ? nullptr : &bias);
   std::shared_ptr<const LinearObserver> obs =

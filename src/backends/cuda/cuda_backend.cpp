@@ -55,8 +55,9 @@ DType act_dtype_from_option(const std::string& s) {
   if (s == "f16") return DType::kF16;
   if (s == "f32") return DType::kF32;
   if (s == "fp8") return DType::kBF16;  // FP8 Linears (quant/fp8.h) in a bf16 graph
+  if (s == "w8a8") return DType::kBF16;  // INT8 Linears (quant/w8a8.h) in a bf16 graph
   throw_error(ErrorCode::kInvalidArgument, "cuda: unknown weight dtype '", s,
-              "' (expected bf16, f16, f32, q8, q4 or fp8)");
+              "' (expected bf16, f16, f32, q8, q4, fp8 or w8a8)");
 }
 
 // Appends sections to the step's host staging buffer, each 16-byte aligned.
@@ -550,7 +551,7 @@ class CudaCompiledGraph final : public CompiledGraph {
     if (const char* e = std::getenv("KILN_CUDA_TUNE"); e && std::string(e) == "0") return;
     std::set<std::tuple<int64_t, int64_t, bool>> done;
     for (const ir::Node& n : graph_.nodes()) {
-      // q8/q4 Linears hold no 16-bit copy and FP8 Linears tune their own GEMM.
+      // q8/q4 Linears hold no 16-bit copy; FP8 and W8A8 Linears tune their own GEMMs.
       if (n.op != "Linear" || n.has_attr("quant") || cuda_linear_quant_format(n, graph_, prep_.weight_dtype)) continue;
       const Tensor& w = graph_.weight(n.inputs[1]);
       const bool has_bias = n.input(2) != ir::kNoValue;

@@ -10,6 +10,7 @@
 
 #include "backends/communicator.h"
 #include "backends/cuda/cuda_fp8_linear.h"
+#include "backends/cuda/cuda_w8a8_linear.h"
 #include "backends/cuda/ops/attention.h"
 #include "backends/cuda/ops/elementwise.h"
 #include "backends/cuda/ops/embedding.h"
@@ -234,6 +235,7 @@ OpRun prepare_linear_quant(const ir::Node& n, const ir::Graph& g, PrepareContext
 
 OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) {
   if (n.attr_str("quant", "") == "fp8") return prepare_fp8_linear(n, g, pc);
+  if (n.attr_str("quant", "") == "w8a8") return prepare_w8a8_linear(n, g, pc);
   const LinearEpilogue epi = linear_epilogue(n);
   if (auto f = cuda_linear_quant_format(n, g, pc.weight_dtype)) return prepare_linear_quant(n, g, pc, *f, epi);
   ir::ValueId wv = need_weight(n, g, 1, "weight");
@@ -503,8 +505,9 @@ bool cuda_op_supported(const ir::Node& n, const ir::Graph& g, std::string* why) 
   }
   if (n.op == "Linear" && n.has_attr("quant")) {
     const std::string q = n.attr_str("quant");
-    if (q != "fp8") return fail(str_cat("quant '", q, "' Linears run on the CPU backend only (the CUDA backend runs fp8)"));
-    if (!fp8_linear_supported(n, g, why)) return false;
+    if (q != "fp8" && q != "w8a8") return fail(str_cat("quant '", q, "' (the CUDA backend runs fp8 and w8a8)"));
+    if (q == "fp8" && !fp8_linear_supported(n, g, why)) return false;
+    if (q == "w8a8" && !w8a8_linear_supported(n, g, why)) return false;
   }
   auto weight_at = [&](size_t i) { return n.input(i) == ir::kNoValue || g.is_weight(n.input(i)); };
   if ((n.op == "Linear" || n.op == "LayerNorm") && !(weight_at(1) && weight_at(2)))

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "backends/cpu/kernels/isa.h"
+#include "core/int8.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
 
@@ -33,13 +34,8 @@ void scalar_int8_microkernel(int m, const int8_t* qx, int64_t ldx, const int8_t*
   }
 }
 
-// Shared by both ISAs so the results agree bit for bit: NaN -> -127 as AVX2's max does.
-inline int8_t quantize_one(float x, float inv_scale) {
-  float v = x * inv_scale;
-  v = v > -127.0f ? v : -127.0f;
-  v = v < 127.0f ? v : 127.0f;
-  return int8_t(std::nearbyint(v));
-}
+// Shared by both ISAs and the CUDA backend (core/int8.h) so the results agree bit for bit.
+inline int8_t quantize_one(float x, float inv_scale) { return int8_quantize(x, inv_scale); }
 
 void* alloc_aligned(size_t bytes) {
   void* p = std::aligned_alloc(64, std::max<size_t>(64, (bytes + 63) / 64 * 64));
@@ -64,14 +60,10 @@ PackedInt8Weight pack_weight_int8(const float* w, int64_t n, int64_t k) {
       for (int64_t c = 0; c < kNr; ++c) {
         const int64_t row = p * kNr + c;
         if (row >= n) continue;
-        const float* wr = w + row * k;
-        float amax = 0.0f;
-        for (int64_t i = 0; i < k; ++i) amax = std::max(amax, std::fabs(wr[i]));
-        const float scale = amax / 127.0f;
-        pw.scale[size_t(row)] = scale;
-        if (scale == 0.0f) continue;
+        std::vector<int8_t> q(static_cast<size_t>(k));
+        pw.scale[size_t(row)] = int8_quantize_channel(w + row * k, k, q.data());
         int8_t* dst = pw.data.get() + p * pw.k4 * 64 + c * 4;
-        for (int64_t i = 0; i < k; ++i) dst[(i / 4) * 64 + i % 4] = quantize_one(wr[i], 1.0f / scale);
+        for (int64_t i = 0; i < k; ++i) dst[(i / 4) * 64 + i % 4] = q[size_t(i)];
       }
   });
   return pw;
@@ -149,7 +141,7 @@ void linear_int8(const float* x, int64_t t, int64_t k, const PackedInt8Weight& w
     for (int64_t r = 0; r < t; ++r) {
       float amax = 0.0f;
       for (int64_t i = 0; i < k; ++i) amax = std::max(amax, std::fabs(x[r * k + i]));
-      row_scale[size_t(r)] = amax > 0.0f ? amax / 127.0f : 1.0f;
+      row_scale[size_t(r)] = int8_row_scale(amax);
       quantize_rows_int8(x + r * k, 1, k, 1.0f / row_scale[size_t(r)], qbuf.data() + r * ldx, ldx);
     }
   } else {

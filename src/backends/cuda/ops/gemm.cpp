@@ -33,6 +33,8 @@ cudaDataType_t cuda_type(DType t) {
     case DType::kF16: return CUDA_R_16F;
     case DType::kBF16: return CUDA_R_16BF;
     case DType::kFP8E4M3: return CUDA_R_8F_E4M3;
+    case DType::kI8: return CUDA_R_8I;
+    case DType::kI32: return CUDA_R_32I;
     default: throw_error(ErrorCode::kUnsupported, "cuda gemm: dtype ", dtype_name(t));
   }
 }
@@ -42,6 +44,7 @@ struct Plan {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   std::vector<cublasLtMatmulHeuristicResult_t> algos;
   int chosen = 0;
+  bool integer = false;  // int8 operands: alpha and beta are int32
   ~Plan() {
     if (op) cublasLtMatmulDescDestroy(op);
     if (a) cublasLtMatrixLayoutDestroy(a);
@@ -70,7 +73,10 @@ struct Gemm::Impl {
     if (slot) return *slot;
     auto p = std::make_unique<Plan>();
     const cudaDataType_t ti = cuda_type(in), t = cuda_type(out);
-    KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+    // INT8 (IMMA): exact int32 accumulation, int32 alpha/beta and output.
+    p->integer = in == DType::kI8;
+    KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->op, p->integer ? CUBLAS_COMPUTE_32I : CUBLAS_COMPUTE_32F,
+                                               p->integer ? CUDA_R_32I : CUDA_R_32F));
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
     KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
@@ -118,7 +124,10 @@ struct Gemm::Impl {
       KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     if (scales) set_scales(p.op, scales);
     const float alpha = 1.0f, beta = 0.0f;
-    KILN_CUBLAS_CHECK(cublasLtMatmul(handle, p.op, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c,
+    const int32_t ialpha = 1, ibeta = 0;
+    const void* a = p.integer ? static_cast<const void*>(&ialpha) : &alpha;
+    const void* b = p.integer ? static_cast<const void*>(&ibeta) : &beta;
+    KILN_CUBLAS_CHECK(cublasLtMatmul(handle, p.op, a, w, p.a, x, p.b, b, y, p.c, y, p.c,
                                      &p.algos[size_t(tactic)].algo, workspace, workspace_bytes, s));
   }
 };
@@ -149,6 +158,13 @@ void Gemm::run_fp8(const void* x, const void* w, const float* scales, const void
   if (m == 0 || n == 0) return;
   Plan& p = impl_->plan(DType::kFP8E4M3, DType::kBF16, m, n, k, bias != nullptr, scales);
   impl_->matmul(p, p.chosen, x, w, bias, y, s, scales);
+}
+
+void Gemm::run_int8(const void* x, const void* w, int32_t* y, int64_t m, int64_t n, int64_t k, cudaStream_t s) {
+  KILN_THROW_IF(k % 4 != 0 || n % 4 != 0, kInternal, "cuda int8 gemm: n=", n, " k=", k, " are not multiples of 4");
+  if (m == 0 || n == 0) return;
+  Plan& p = impl_->plan(DType::kI8, DType::kI32, m, n, k, false);
+  impl_->matmul(p, p.chosen, x, w, nullptr, y, s);
 }
 
 namespace {
@@ -195,6 +211,13 @@ std::vector<Gemm::TacticTime> Gemm::tune_fp8(const void* x, const void* w, const
   if (m == 0 || n == 0) return {};
   Plan& p = impl_->plan(DType::kFP8E4M3, DType::kBF16, m, n, k, bias != nullptr, scales);
   return time_tactics(p, s, reps, [&](int t) { impl_->matmul(p, t, x, w, bias, y, s, scales); });
+}
+
+std::vector<Gemm::TacticTime> Gemm::tune_int8(const void* x, const void* w, int32_t* y, int64_t m, int64_t n,
+                                              int64_t k, cudaStream_t s, int reps) {
+  if (m == 0 || n == 0) return {};
+  Plan& p = impl_->plan(DType::kI8, DType::kI32, m, n, k, false);
+  return time_tactics(p, s, reps, [&](int t) { impl_->matmul(p, t, x, w, nullptr, y, s); });
 }
 
 }  // namespace kiln::cuda

@@ -3,8 +3,9 @@
 // algorithms cublasLtMatmulAlgoGetHeuristic offers for a shape are the tactics: tune()
 // times them on the device and keeps the fastest for that shape; untuned shapes take
 // the heuristic's first. run_fp8 is the FP8 form: E4M3 operands with per-tensor scales
-// (cuBLASLt's A/B scale pointers), f32 accumulation, bf16 bias and output. Tested
-// against the CPU backend in tests/backends/cuda/ops_test.cpp and fp8_test.cpp.
+// (cuBLASLt's A/B scale pointers), f32 accumulation, bf16 bias and output. run_int8 is
+// the INT8 form (IMMA): int8 operands, exact int32 accumulators as the output. Tested
+// against the CPU backend in tests/backends/cuda/ops_test.cpp, fp8_test.cpp and w8a8_test.cpp.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -37,6 +38,12 @@ class Gemm {
   void run_fp8(const void* x, const void* w, const float* scales, const void* bias, void* y, int64_t m, int64_t n,
                int64_t k, cudaStream_t s);
 
+  // INT8: x [m, k] and w [n, k] int8, y [m, n] int32 = Σ_k x·w exactly (no scaling: the
+  // caller's epilogue applies the scales). cuBLASLt's IMMA kernels in the regular (not
+  // COL32) ordering need this "TN" layout, n and k multiples of 4, and (as every plan
+  // here assumes) 256-byte aligned pointers.
+  void run_int8(const void* x, const void* w, int32_t* y, int64_t m, int64_t n, int64_t k, cudaStream_t s);
+
   struct TacticTime {
     int tactic;  // index into the heuristic's list
     float ms;    // median of the timed runs
@@ -48,6 +55,9 @@ class Gemm {
   // The same for run_fp8's shape.
   std::vector<TacticTime> tune_fp8(const void* x, const void* w, const float* scales, const void* bias, void* y,
                                    int64_t m, int64_t n, int64_t k, cudaStream_t s, int reps = 5);
+  // The same for run_int8's shape.
+  std::vector<TacticTime> tune_int8(const void* x, const void* w, int32_t* y, int64_t m, int64_t n, int64_t k,
+                                    cudaStream_t s, int reps = 5);
 
  private:
   struct Impl;

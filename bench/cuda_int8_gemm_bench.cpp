@@ -1,0 +1,135 @@
+// Where a W8A8 Linear's time goes on the GPU, against the bf16 Linear it replaces: for
+// BERT-base's four Linears at 128 and 4096 token rows (batch 32 x 128), the median time
+// of the bf16 path (cuBLASLt GEMM with bias, then GELU in place for the FFN up
+// projection) and of each W8A8 step (int8 quantize of the input, cuBLASLt int8 GEMM to
+// int32, dequantize epilogue with scales, bias and GELU), with the GEMM in one call and
+// in the W8A8 Linear's row tiles (int8_tile_rows: int32 sums small enough to stay in L2,
+// KILN_CUDA_W8A8_TILE_MB); then a 12-layer sum.
+// Ceilings measured in the same run: a device-to-device copy and 8192^3 bf16 and int8
+// GEMMs. Timing only (random codes): correctness is tests/backends/cuda/w8a8_test.cpp.
+//   cuda_int8_gemm_bench
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+#include "backends/cuda/cuda_context.h"
+#include "backends/cuda/ops/convert.h"
+#include "backends/cuda/ops/elementwise.h"
+#include "backends/cuda/ops/gemm.h"
+#include "backends/cuda/ops/int8.h"
+#include "core/status.h"
+
+using namespace kiln;
+using namespace kiln::cuda;
+
+namespace {
+
+// Median ms of one call of f (CUDA events around 10 back-to-back calls, 30 repeats).
+template <typename F>
+float median_ms(F&& f, int reps = 30, int batch = 10) {
+  cudaEvent_t a, b;
+  KILN_CUDA_CHECK(cudaEventCreate(&a));
+  KILN_CUDA_CHECK(cudaEventCreate(&b));
+  for (int i = 0; i < 3; ++i) f();
+  std::vector<float> t;
+  for (int i = 0; i < reps; ++i) {
+    KILN_CUDA_CHECK(cudaEventRecord(a));
+    for (int j = 0; j < batch; ++j) f();
+    KILN_CUDA_CHECK(cudaEventRecord(b));
+    KILN_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms / float(batch));
+  }
+  std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return t[t.size() / 2];
+}
+
+}  // namespace
+
+int main() {
+  Gemm gemm;
+  {
+    const size_t bytes = size_t(1) << 30;
+    DeviceBuffer src(bytes), dst(bytes);
+    const float ms = median_ms([&] { KILN_CUDA_CHECK(cudaMemcpyAsync(dst.get(), src.get(), bytes, cudaMemcpyDeviceToDevice)); }, 10, 1);
+    std::printf("device-to-device copy: %.0f GB/s (read + write)\n", 2.0 * double(bytes) / (ms * 1e-3) / 1e9);
+    const int64_t s = 8192;
+    DeviceBuffer a(size_t(s * s) * 2), b(size_t(s * s) * 2), c(size_t(s * s) * 4);
+    launch_fill_random(a.get(), DType::kBF16, s * s, 1, nullptr);
+    launch_fill_random(b.get(), DType::kBF16, s * s, 2, nullptr);
+    const double flop = 2.0 * double(s) * s * s;
+    const float bf = median_ms([&] { gemm.run(DType::kBF16, a.get(), b.get(), nullptr, c.get(), s, s, s, nullptr); }, 10, 3);
+    const float i8 = median_ms([&] { gemm.run_int8(a.get(), b.get(), static_cast<int32_t*>(c.get()), s, s, s, nullptr); }, 10, 3);
+    std::printf("cuBLASLt 8192^3: bf16 %.0f TFLOP/s, int8 %.0f TOPS (heuristic's first algorithm)\n\n", flop / (bf * 1e-3) / 1e12,
+                flop / (i8 * 1e-3) / 1e12);
+  }
+  std::printf("| Linear (n x k) | rows | bf16 GEMM+bias(+GELU) us | int8 quantize us | int8 GEMM us (TOPS) | dequant us |"
+              " w8a8 total us | w8a8 in row tiles us (rows) | bf16 / best w8a8 |\n|---|---|---|---|---|---|---|---|---|\n");
+  struct S {
+    const char* what;
+    int64_t n, k;
+    bool gelu;
+  };
+  const S shapes[] = {{"qkv", 2304, 768, false}, {"attn out", 768, 768, false}, {"ffn up", 3072, 768, true},
+                      {"ffn down", 768, 3072, false}};
+  for (int64_t m : {int64_t(128), int64_t(4096)}) {
+    double sum_bf16 = 0, sum_int8 = 0;
+    for (const S& s : shapes) {
+      DeviceBuffer x(size_t(m * s.k) * 2), w(size_t(s.n * s.k) * 2), bias(size_t(s.n) * 4), bias16(size_t(s.n) * 2);
+      DeviceBuffer y(size_t(m * s.n) * 2);
+      DeviceBuffer xq(size_t(m * s.k)), wq(size_t(s.n * s.k)), acc(size_t(m * s.n) * 4), ws(size_t(s.n) * 4);
+      launch_fill_random(x.get(), DType::kBF16, m * s.k, 3, nullptr);
+      launch_fill_random(w.get(), DType::kBF16, s.n * s.k, 4, nullptr);
+      launch_fill_random(bias.get(), DType::kF32, s.n, 5, nullptr);
+      launch_fill_random(bias16.get(), DType::kBF16, s.n, 5, nullptr);
+      launch_fill_random(ws.get(), DType::kF32, s.n, 6, nullptr);
+      launch_fill_random(wq.get(), DType::kF32, s.n * s.k / 4, 7, nullptr);  // any bytes are int8 codes
+      auto* acc32 = static_cast<int32_t*>(acc.get());
+      Int8Epilogue e;
+      e.x_scale = 0.01f;
+      e.w_scale = static_cast<const float*>(ws.get());
+      e.bias = static_cast<const float*>(bias.get());
+      e.act = s.gelu ? GemvEpilogue::kGeluErf : GemvEpilogue::kNone;
+      const float t_bf16 = median_ms([&] {
+        gemm.run(DType::kBF16, x.get(), w.get(), bias16.get(), y.get(), m, s.n, s.k, nullptr);
+        if (s.gelu) launch_unary(UnaryOp::kGeluErf, DType::kBF16, y.get(), m * s.n, y.get(), nullptr);
+      });
+      auto quantize = [&] {
+        launch_int8_quantize(DType::kBF16, x.get(), m, s.k, 100.0f, static_cast<int8_t*>(xq.get()), nullptr, nullptr);
+      };
+      const float t_q = median_ms(quantize);
+      const float t_g = median_ms([&] { gemm.run_int8(xq.get(), wq.get(), acc32, m, s.n, s.k, nullptr); });
+      const float t_d = median_ms([&] { launch_int8_dequant(DType::kBF16, acc32, m, s.n, s.n, e, y.get(), nullptr); });
+      const float t_all = median_ms([&] {
+        quantize();
+        gemm.run_int8(xq.get(), wq.get(), acc32, m, s.n, s.k, nullptr);
+        launch_int8_dequant(DType::kBF16, acc32, m, s.n, s.n, e, y.get(), nullptr);
+      });
+      const int64_t tile = int8_tile_rows(m, s.n);
+      const float t_tiled = m <= tile ? t_all : median_ms([&] {
+        quantize();
+        for (int64_t r0 = 0; r0 < m; r0 += tile) {
+          const int64_t rows = std::min(tile, m - r0);
+          gemm.run_int8(static_cast<int8_t*>(xq.get()) + r0 * s.k, wq.get(), acc32, rows, s.n, s.k, nullptr);
+          launch_int8_dequant(DType::kBF16, acc32, rows, s.n, s.n, e, static_cast<uint16_t*>(y.get()) + r0 * s.n, nullptr);
+        }
+      });
+      const float best = std::min(t_all, t_tiled);
+      sum_bf16 += t_bf16;
+      sum_int8 += best;
+      std::printf("| %s %lldx%lld%s | %lld | %.1f | %.1f | %.1f (%.0f) | %.1f | %.1f | %.1f (%lld) | %.2fx |\n", s.what,
+                  (long long)s.n, (long long)s.k, s.gelu ? " +gelu" : "", (long long)m, t_bf16 * 1e3, t_q * 1e3,
+                  t_g * 1e3, 2.0 * double(m) * s.n * s.k / (t_g * 1e-3) / 1e12, t_d * 1e3, t_all * 1e3, t_tiled * 1e3,
+                  (long long)std::min(tile, m), t_bf16 / best);
+    }
+    std::printf("| 12 layers' Linears | %lld | %.0f | | | | %.0f (best of each) | | %.2fx |\n", (long long)m,
+                12 * sum_bf16 * 1e3, 12 * sum_int8 * 1e3, sum_bf16 / sum_int8);
+  }
+  KILN_CUDA_CHECK(cudaDeviceSynchronize());
+  return 0;
+}

@@ -1,0 +1,152 @@
+// W8A8 INT8 Linear on the device (see cuda_w8a8_linear.h). Host code: weight
+// quantization and upload, the per-step launch sequence, the row tiling of the int32
+// sums, and tuning of cuBLASLt's int8 algorithms.
+#include "backends/cuda/cuda_w8a8_linear.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <memory>
+#include <vector>
+
+#include "backends/cuda/ops/convert.h"
+#include "backends/cuda/ops/int8.h"
+#include "core/int8.h"
+#include "core/log.h"
+#include "core/status.h"
+#include "core/thread_pool.h"
+
+namespace kiln::cuda {
+
+namespace {
+
+size_t align256(size_t b) { return (b + 255) / 256 * 256; }
+
+// Codes [n, k], then (256 bytes aligned) the per-channel scales [n] as f32.
+struct Int8Weights {
+  DeviceBuffer buf;
+  size_t scales_off = 0;
+  const int8_t* codes() const { return static_cast<const int8_t*>(buf.get()); }
+  const float* scales() const { return reinterpret_cast<const float*>(static_cast<const char*>(buf.get()) + scales_off); }
+};
+
+GemvEpilogue epilogue_of(const ir::Node& n) {
+  const std::string act = n.attr_str("activation", "");
+  if (act.empty()) return GemvEpilogue::kNone;
+  if (act == "gelu_erf") return GemvEpilogue::kGeluErf;
+  if (act == "gelu_tanh") return GemvEpilogue::kGeluTanh;
+  if (act == "silu") return GemvEpilogue::kSilu;
+  if (act == "swiglu") return GemvEpilogue::kSwiGlu;
+  throw_error(ErrorCode::kUnsupported, "cuda: Linear '", n.name, "' activation '", act,
+              "' (expected gelu_erf, gelu_tanh, silu or swiglu)");
+}
+
+}  // namespace
+
+bool w8a8_linear_supported(const ir::Node& n, const ir::Graph& g, std::string* why) {
+  auto fail = [&](std::string msg) {
+    if (why) *why = std::move(msg);
+    return false;
+  };
+  if (!g.is_weight(n.inputs[1]) || n.has_attr("weight_layout")) return fail("w8a8 Linear weights must be plain weights");
+  const Tensor& w = g.weight(n.inputs[1]);
+  if (w.rank() != 2 || w.dim(1) % 4 != 0)
+    return fail(str_cat("w8a8 Linear weight ", w.shape_str(),
+                        ": cuBLASLt's int8 GEMM needs K a multiple of 4 (keep this Linear unquantized with --keep)"));
+  if (n.input(2) != ir::kNoValue && !g.is_weight(n.input(2))) return fail("w8a8 Linear bias must be a weight");
+  return true;
+}
+
+OpRun prepare_w8a8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) {
+  std::string why;
+  if (!w8a8_linear_supported(n, g, &why)) throw_error(ErrorCode::kUnsupported, "cuda: Linear '", n.name, "': ", why);
+  const double amax = n.attr_float("act_amax");
+  if (!(amax >= 0) || !std::isfinite(amax))
+    throw_error(ErrorCode::kInvalidArgument, "cuda: Linear '", n.name, "' has act_amax ", amax,
+                " (expected a finite value >= 0 from calibration)");
+  const bool dynamic = n.attr_int("act_dynamic", 0) != 0;
+  const float x_scale = int8_act_scale(amax), inv = 1.0f / x_scale;  // as linear_int8 quantizes
+  const Tensor& wt = g.weight(n.inputs[1]);
+  const int64_t nn = wt.dim(0), k = wt.dim(1);
+  const GemvEpilogue epi = epilogue_of(n);
+  const bool swiglu = epi == GemvEpilogue::kSwiGlu;
+  KILN_THROW_IF(swiglu && nn % 2 != 0, kInvalidArgument, "linear '", n.name, "': swiglu needs an even number of rows");
+  const int64_t out_n = swiglu ? nn / 2 : nn;
+  // cuBLASLt's int8 GEMM takes N a multiple of 4: zero rows pad the weight (a 3-label
+  // classifier, GPT-2's 50257-token head); the epilogue never reads their sums.
+  const int64_t n_pad = (nn + 3) / 4 * 4;
+
+  // Per-channel codes on the host, exactly as the CPU backend packs them.
+  Tensor wf = wt.dtype() == DType::kF32 ? wt : wt.to(DType::kF32);
+  std::vector<int8_t> codes(static_cast<size_t>(n_pad * k), 0);
+  std::vector<float> scales(static_cast<size_t>(n_pad), 0.0f);
+  ThreadPool::global().parallel_for(nn, [&](int64_t r0, int64_t r1, int) {
+    for (int64_t r = r0; r < r1; ++r)
+      scales[size_t(r)] = int8_quantize_channel(wf.data_as<float>() + r * k, k, codes.data() + r * k);
+  });
+  auto dw = std::make_shared<Int8Weights>();
+  dw->scales_off = align256(codes.size());
+  dw->buf = DeviceBuffer(dw->scales_off + scales.size() * sizeof(float));
+  KILN_CUDA_CHECK(cudaMemcpy(dw->buf.get(), codes.data(), codes.size(), cudaMemcpyHostToDevice));
+  KILN_CUDA_CHECK(cudaMemcpy(static_cast<char*>(dw->buf.get()) + dw->scales_off, scales.data(),
+                             scales.size() * sizeof(float), cudaMemcpyHostToDevice));
+  pc.weights->add_bytes(dw->buf.size());
+  // The bias in f32, added in f32 as the CPU adds it.
+  const auto* bias = static_cast<const float*>(pc.weights->get(g, n.input(2), DType::kF32));
+
+  Int8Epilogue base;
+  base.x_scale = x_scale;
+  base.w_scale = dw->scales();
+  base.bias = bias;
+  base.act = epi;
+
+  // cuBLASLt's int8 algorithms timed at a prefill shape, as tune_gemms does for bf16.
+  if (const char* e = std::getenv("KILN_CUDA_TUNE"); !(e && std::string(e) == "0")) {
+    const int64_t m = 128;
+    DeviceBuffer xb(size_t(m * k) * 2), xq(size_t(m * k)), acc(size_t(m * n_pad) * 4);
+    launch_fill_random(xb.get(), DType::kBF16, m * k, 13, pc.cx->stream);  // never time on zeros
+    launch_int8_quantize(DType::kBF16, xb.get(), m, k, 1.0f / 0.02f, static_cast<int8_t*>(xq.get()), nullptr,
+                         pc.cx->stream);
+    auto times =
+        pc.cx->gemm->tune_int8(xq.get(), dw->codes(), static_cast<int32_t*>(acc.get()), m, n_pad, k, pc.cx->stream);
+    std::string line;
+    for (auto& t : times) line += str_cat(" #", t.tactic, "=", t.ms * 1000.0f, "us");
+    log_debug("cuda: int8 gemm m=", m, " n=", n_pad, " k=", k, " tactics:", line);
+  }
+
+  const std::string name = n.name;
+  return [=](OpContext& c) {
+    const DevTensor& x = *c.inputs[0];
+    KILN_THROW_IF(x.dim(1) != k, kInvalidArgument, "linear '", name, "': x has ", x.dim(1), " features, the weight expects ",
+                  k);
+    const int64_t t = x.dim(0);
+    DevTensor& y = c.out(0, {t, out_n});
+    if (t == 0) return;
+    cudaStream_t s = c.cx->stream;
+    // Scratch: the input's codes, per-token scales, then one tile of int32 sums.
+    const bool gemv = int8_gemv_supports(t, k);
+    const int64_t tile = gemv ? t : int8_tile_rows(t, n_pad);
+    const size_t q_bytes = align256(size_t(t * k)), rs_bytes = dynamic ? align256(size_t(t) * 4) : 0;
+    const size_t acc_bytes = gemv ? 0 : size_t(tile * n_pad) * 4;
+    auto* scratch = static_cast<char*>(c.scratch(q_bytes + rs_bytes + acc_bytes));
+    auto* xq = reinterpret_cast<int8_t*>(scratch);
+    auto* rs = dynamic ? reinterpret_cast<float*>(scratch + q_bytes) : nullptr;
+    auto* acc = reinterpret_cast<int32_t*>(scratch + q_bytes + rs_bytes);
+    launch_int8_quantize(x.dtype, x.data, t, k, inv, xq, rs, s);
+    Int8Epilogue e = base;
+    e.row_scale = rs;
+    if (gemv) {
+      launch_int8_gemv(y.dtype, xq, dw->codes(), t, out_n, k, e, y.data, s);
+      return;
+    }
+    const size_t es = dtype_size(y.dtype);
+    for (int64_t r0 = 0; r0 < t; r0 += tile) {
+      const int64_t rows = std::min(tile, t - r0);
+      c.cx->gemm->run_int8(xq + r0 * k, dw->codes(), acc, rows, n_pad, k, s);
+      e.row_scale = rs ? rs + r0 : nullptr;
+      launch_int8_dequant(y.dtype, acc, rows, n_pad, out_n, e, static_cast<char*>(y.data) + size_t(r0 * out_n) * es, s);
+    }
+  };
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,284 @@
+// INT8 activation quantization, dequantize epilogue and GEMV (see int8.h). The float
+// steps use the _rn intrinsics so nvcc cannot contract them into FMAs the CPU kernel does
+// not use. The GEMV follows fp8.cu: a warp per output feature, lane j reading 16-byte
+// chunks j, j+32, ... of the weight row (16 codes each, kUnroll in flight, streaming
+// hint), x codes through the read-only cache, four dp4a per chunk and x row.
+#include <algorithm>
+#include <cstdlib>
+
+#include "backends/cuda/common.cuh"
+#include "backends/cuda/ops/int8.h"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int kWarps = 4, kUnroll = 4;
+
+// core/int8.h's int8_quantize: clamp(round(x * inv), -127, 127), ties to even, NaN -> -127
+// (fmaxf returns the non-NaN operand, as the CPU's compare-and-select does).
+__device__ __forceinline__ int quantize_one(float x, float inv) {
+  const float v = fminf(fmaxf(__fmul_rn(x, inv), -127.0f), 127.0f);
+  return __float2int_rn(v);
+}
+
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = warp_max(v);
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  const int warps = int(blockDim.x) >> 5;
+  v = lane < warps ? scratch[lane] : 0.0f;
+  return warp_max(v);
+}
+
+template <typename T>
+struct alignas(4 * sizeof(T)) Vec4 {
+  T v[4];
+};
+
+// One block per row; four elements per thread and step.
+template <typename T, bool kDynamic>
+__global__ void quantize_rows_kernel(const T* __restrict__ x, int64_t k, float inv, int8_t* __restrict__ q,
+                                     float* __restrict__ row_scale) {
+  const int64_t r = blockIdx.x;
+  const auto* xr = reinterpret_cast<const Vec4<T>*>(x + r * k);
+  auto* qr = reinterpret_cast<char4*>(q + r * k);
+  const int64_t k4 = k / 4;
+  if constexpr (kDynamic) {
+    __shared__ float scratch[32];
+    float m = 0.0f;
+    for (int64_t i = threadIdx.x; i < k4; i += blockDim.x) {
+      const Vec4<T> v = xr[i];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) m = fmaxf(m, fabsf(to_f32(v.v[j])));
+    }
+    m = block_max(m, scratch);
+    const float scale = m > 0.0f ? __fdiv_rn(m, 127.0f) : 1.0f;  // core/int8.h int8_row_scale
+    inv = __fdiv_rn(1.0f, scale);
+    if (threadIdx.x == 0) row_scale[r] = scale;
+  }
+  for (int64_t i = threadIdx.x; i < k4; i += blockDim.x) {
+    const Vec4<T> v = xr[i];
+    qr[i] = make_char4(char(quantize_one(to_f32(v.v[0]), inv)), char(quantize_one(to_f32(v.v[1]), inv)),
+                       char(quantize_one(to_f32(v.v[2]), inv)), char(quantize_one(to_f32(v.v[3]), inv)));
+  }
+}
+
+// float(a) * (xs * w_scale[j]) + bias[j], then the activation: linear_int8's epilogue.
+__device__ __forceinline__ float dequant_one(int32_t a, float xs, int64_t j, const Int8Epilogue& e) {
+  const float v = __fmul_rn(float(a), __fmul_rn(xs, e.w_scale[j]));
+  return e.bias ? __fadd_rn(v, e.bias[j]) : v;
+}
+
+template <GemvEpilogue E>
+__device__ __forceinline__ float activate(float v) {
+  if constexpr (E == GemvEpilogue::kGeluErf) return unary_f32<UnaryOp::kGeluErf>(v);
+  if constexpr (E == GemvEpilogue::kGeluTanh) return unary_f32<UnaryOp::kGeluTanh>(v);
+  if constexpr (E == GemvEpilogue::kSilu) return unary_f32<UnaryOp::kSilu>(v);
+  return v;
+}
+
+// Output j of a row whose sums are `acc` (the [gate | up] halves n_out apart with SwiGLU).
+template <GemvEpilogue E>
+__device__ __forceinline__ float output_one(const int32_t* acc, float xs, int64_t j, int64_t n_out,
+                                            const Int8Epilogue& e) {
+  if constexpr (E == GemvEpilogue::kSwiGlu) {
+    const float g = dequant_one(acc[j], xs, j, e), u = dequant_one(acc[n_out + j], xs, n_out + j, e);
+    return __fmul_rn(unary_f32<UnaryOp::kSilu>(g), u);
+  } else {
+    return activate<E>(dequant_one(acc[j], xs, j, e));
+  }
+}
+
+// V consecutive outputs per thread (V = 4 when n_out and the row stride n of the sums
+// are multiples of 4: 16-byte loads of sums).
+template <typename T, GemvEpilogue E, int V>
+__global__ void dequant_kernel(const int32_t* __restrict__ acc, int64_t t, int64_t n, int64_t n_out, Int8Epilogue e,
+                               T* __restrict__ y) {
+  const int64_t groups = t * (n_out / V);
+  for (int64_t g = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; g < groups; g += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = g / (n_out / V), j0 = (g % (n_out / V)) * V;
+    const float xs = e.row_scale ? e.row_scale[r] : e.x_scale;
+    const int32_t* ar = acc + r * n;
+    if constexpr (V == 4) {
+      const int4 lo = *reinterpret_cast<const int4*>(ar + j0);
+      int4 hi = make_int4(0, 0, 0, 0);
+      if constexpr (E == GemvEpilogue::kSwiGlu) hi = *reinterpret_cast<const int4*>(ar + n_out + j0);
+      const int32_t a[8] = {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+      Vec4<T> out;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        float v;
+        if constexpr (E == GemvEpilogue::kSwiGlu) {
+          const float gv = dequant_one(a[i], xs, j0 + i, e), uv = dequant_one(a[4 + i], xs, n_out + j0 + i, e);
+          v = __fmul_rn(unary_f32<UnaryOp::kSilu>(gv), uv);
+        } else {
+          v = activate<E>(dequant_one(a[i], xs, j0 + i, e));
+        }
+        out.v[i] = from_f32<T>(v);
+      }
+      *reinterpret_cast<Vec4<T>*>(y + r * n_out + j0) = out;
+    } else {
+      y[r * n_out + j0] = from_f32<T>(output_one<E>(ar, xs, j0, n_out, e));
+    }
+  }
+}
+
+template <typename T, GemvEpilogue E>
+void dequant_launch(const int32_t* acc, int64_t t, int64_t n, int64_t n_out, const Int8Epilogue& e, T* y,
+                    cudaStream_t s) {
+  if (n_out % 4 == 0 && n % 4 == 0)
+    dequant_kernel<T, E, 4><<<grid_for(t * n_out / 4, 256), 256, 0, s>>>(acc, t, n, n_out, e, y);
+  else
+    dequant_kernel<T, E, 1><<<grid_for(t * n_out, 256), 256, 0, s>>>(acc, t, n, n_out, e, y);
+}
+
+__device__ __forceinline__ int warp_sum_i(int v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ int dot16(uint4 w, uint4 x, int acc) {
+  acc = __dp4a(int(w.x), int(x.x), acc);
+  acc = __dp4a(int(w.y), int(x.y), acc);
+  acc = __dp4a(int(w.z), int(x.z), acc);
+  return __dp4a(int(w.w), int(x.w), acc);
+}
+
+// R = 2 (SwiGLU): the warp streams the gate row and the up row of its output feature.
+template <typename T, int M, GemvEpilogue E>
+__global__ void __launch_bounds__(kWarps * 32)
+int8_gemv_kernel(const int8_t* __restrict__ x, const int8_t* __restrict__ w, int64_t n_out, int64_t k,
+                 Int8Epilogue e, T* __restrict__ y) {
+  constexpr int R = E == GemvEpilogue::kSwiGlu ? 2 : 1;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int64_t row = int64_t(blockIdx.x) * kWarps + warp;
+  if (row >= n_out) return;
+  const int64_t kv = k / 16;
+  const uint4* wr[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) wr[r] = reinterpret_cast<const uint4*>(w + (row + r * n_out) * k);
+  const uint4* xr = reinterpret_cast<const uint4*>(x);
+  int acc[R][M] = {};
+  for (int64_t i0 = lane; i0 < kv; i0 += 32 * kUnroll) {
+    uint4 wv[R][kUnroll];
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t i = i0 + u * 32;
+        wv[r][u] = i < kv ? __ldcs(wr[r] + i) : make_uint4(0, 0, 0, 0);
+      }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t i = i0 + u * 32;
+      if (i < kv) {
+#pragma unroll
+        for (int m = 0; m < M; ++m) {
+          const uint4 xv = __ldg(xr + m * kv + i);
+#pragma unroll
+          for (int r = 0; r < R; ++r) acc[r][m] = dot16(wv[r][u], xv, acc[r][m]);
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    int32_t sums[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) sums[r] = warp_sum_i(acc[r][m]);
+    if (lane != 0) continue;
+    const float xs = e.row_scale ? e.row_scale[m] : e.x_scale;
+    float v;
+    if constexpr (E == GemvEpilogue::kSwiGlu) {
+      const float g = dequant_one(sums[0], xs, row, e), u = dequant_one(sums[R - 1], xs, n_out + row, e);
+      v = __fmul_rn(unary_f32<UnaryOp::kSilu>(g), u);
+    } else {
+      v = activate<E>(dequant_one(sums[0], xs, row, e));
+    }
+    y[m * n_out + row] = from_f32<T>(v);
+  }
+}
+
+template <typename T, GemvEpilogue E>
+void gemv_launch(const int8_t* x, const int8_t* w, int64_t m, int64_t n_out, int64_t k, const Int8Epilogue& e, T* y,
+                 cudaStream_t s) {
+  const dim3 grid(unsigned((n_out + kWarps - 1) / kWarps));
+  switch (m) {
+    case 1: int8_gemv_kernel<T, 1, E><<<grid, kWarps * 32, 0, s>>>(x, w, n_out, k, e, y); break;
+    case 2: int8_gemv_kernel<T, 2, E><<<grid, kWarps * 32, 0, s>>>(x, w, n_out, k, e, y); break;
+    case 3: int8_gemv_kernel<T, 3, E><<<grid, kWarps * 32, 0, s>>>(x, w, n_out, k, e, y); break;
+    default: int8_gemv_kernel<T, 4, E><<<grid, kWarps * 32, 0, s>>>(x, w, n_out, k, e, y); break;
+  }
+}
+
+// Runs f.template operator()<E>() for the runtime epilogue.
+template <typename F>
+void dispatch_epilogue(GemvEpilogue epi, F&& f) {
+  switch (epi) {
+    case GemvEpilogue::kNone: f.template operator()<GemvEpilogue::kNone>(); break;
+    case GemvEpilogue::kGeluErf: f.template operator()<GemvEpilogue::kGeluErf>(); break;
+    case GemvEpilogue::kGeluTanh: f.template operator()<GemvEpilogue::kGeluTanh>(); break;
+    case GemvEpilogue::kSilu: f.template operator()<GemvEpilogue::kSilu>(); break;
+    case GemvEpilogue::kSwiGlu: f.template operator()<GemvEpilogue::kSwiGlu>(); break;
+  }
+}
+
+}  // namespace
+
+void launch_int8_quantize(DType dtype, const void* x, int64_t t, int64_t k, float inv, int8_t* q, float* row_scale,
+                          cudaStream_t s) {
+  KILN_THROW_IF(k % 4 != 0, kInternal, "cuda int8 quantize: k=", k, " is not a multiple of 4");
+  if (t == 0 || k == 0) return;
+  KILN_THROW_IF(t > 0x7fffffff, kInternal, "cuda int8 quantize: ", t, " rows");
+  const int threads = k >= 1024 ? 256 : 128;
+  KILN_CUDA_DISPATCH_FLOAT(dtype, T, {
+    auto* xt = static_cast<const T*>(x);
+    if (row_scale)
+      quantize_rows_kernel<T, true><<<unsigned(t), threads, 0, s>>>(xt, k, inv, q, row_scale);
+    else
+      quantize_rows_kernel<T, false><<<unsigned(t), threads, 0, s>>>(xt, k, inv, q, nullptr);
+  });
+  KILN_CUDA_CHECK_LAUNCH();
+}
+
+void launch_int8_dequant(DType dtype, const int32_t* acc, int64_t t, int64_t ld, int64_t n_out, const Int8Epilogue& e,
+                         void* y, cudaStream_t s) {
+  const bool swiglu = e.act == GemvEpilogue::kSwiGlu;
+  KILN_THROW_IF(ld < (swiglu ? 2 : 1) * n_out, kInternal, "cuda int8 dequant: rows of ", ld, " sums for ", n_out,
+                " outputs", swiglu ? " (swiglu)" : "");
+  if (t == 0 || n_out == 0) return;
+  KILN_CUDA_DISPATCH_FLOAT(dtype, T, {
+    dispatch_epilogue(e.act, [&]<GemvEpilogue E>() { dequant_launch<T, E>(acc, t, ld, n_out, e, static_cast<T*>(y), s); });
+  });
+  KILN_CUDA_CHECK_LAUNCH();
+}
+
+int64_t int8_tile_rows(int64_t t, int64_t n) {
+  static const size_t tile_bytes = [] {
+    const char* e = std::getenv("KILN_CUDA_W8A8_TILE_MB");
+    return size_t(e && *e ? std::max(0, std::atoi(e)) : 24) << 20;
+  }();
+  const size_t sums = size_t(t) * size_t(n) * 4;
+  if (tile_bytes == 0 || sums <= tile_bytes) return t;
+  const int64_t tiles = int64_t((sums + tile_bytes - 1) / tile_bytes);
+  const int64_t rows = (t + tiles - 1) / tiles;
+  return std::max<int64_t>(256, (rows + 255) / 256 * 256);
+}
+
+bool int8_gemv_supports(int64_t m, int64_t k) {
+  return m >= 1 && m <= kGemvMaxRows && k > 0 && k % 16 == 0 && k < (int64_t(1) << 30);
+}
+
+void launch_int8_gemv(DType dtype, const int8_t* x, const int8_t* w, int64_t m, int64_t n_out, int64_t k,
+                      const Int8Epilogue& e, void* y, cudaStream_t s) {
+  KILN_THROW_IF(!int8_gemv_supports(m, k), kInternal, "cuda int8 gemv: unsupported m=", m, " k=", k);
+  if (n_out == 0) return;
+  KILN_CUDA_DISPATCH_FLOAT(dtype, T, {
+    dispatch_epilogue(e.act, [&]<GemvEpilogue E>() { gemv_launch<T, E>(x, w, m, n_out, k, e, static_cast<T*>(y), s); });
+  });
+  KILN_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,42 @@
+// Symmetric INT8 as the W8A8 Linear (quant/w8a8.h) uses it, defined once for every
+// backend so their codes agree bit for bit: weights per output channel (scale =
+// max|w[n,:]| / 127), activations per tensor (scale = act_amax / 127) or per token
+// (max|x[t,:]| / 127), codes q = clamp(round(v * (1 / scale)), -127, 127) with ties to
+// even. Used by the CPU kernels (backends/cpu/kernels/linear_int8.cpp) and the CUDA
+// W8A8 Linear; tested through both (tests/backends/cpu/linear_int8_test.cpp,
+// tests/backends/cuda/w8a8_test.cpp).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+
+namespace kiln {
+
+constexpr float kInt8Max = 127.0f;
+
+// clamp(round(x * inv), -127, 127), ties to even; NaN gives -127 (as AVX2's max does).
+inline int8_t int8_quantize(float x, float inv) {
+  float v = x * inv;
+  v = v > -kInt8Max ? v : -kInt8Max;
+  v = v < kInt8Max ? v : kInt8Max;
+  return int8_t(std::nearbyint(v));
+}
+
+// The static activation scale of a calibrated clip: amax / 127, or 1 when amax is 0.
+inline float int8_act_scale(double amax) { return amax > 0 ? float(amax / 127.0) : 1.0f; }
+
+// The per-token scale of a row whose largest magnitude is amax: amax / 127, or 1 for an
+// all-zero row.
+inline float int8_row_scale(float amax) { return amax > 0.0f ? amax / kInt8Max : 1.0f; }
+
+// One output channel of a weight: codes of w[0, k) into q (all 0 for a zero row) and
+// the channel's scale max|w| / 127 (0 for a zero row), so w ≈ scale * q.
+inline float int8_quantize_channel(const float* w, int64_t k, int8_t* q) {
+  float amax = 0.0f;
+  for (int64_t i = 0; i < k; ++i) amax = std::fmax(amax, std::fabs(w[i]));
+  const float scale = amax / kInt8Max;
+  for (int64_t i = 0; i < k; ++i) q[i] = scale == 0.0f ? int8_t(0) : int8_quantize(w[i], 1.0f / scale);
+  return scale;
+}
+
+}  // namespace kiln

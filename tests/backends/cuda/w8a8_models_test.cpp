@@ -1,0 +1,128 @@
+// W8A8 INT8 encoders on the device: the tiny BERT fixture (and the real
+// all-MiniLM-L6-v2 when present) calibrated on the CPU and quantized with --quant w8a8
+// (SmoothQuant alpha 0.5, so smoothing Mul nodes run on the GPU too; static and
+// per-token activation scales), run on the CUDA backend (bf16 activations, int8
+// Linears) against the same W8A8 model on the CPU (f32 activations): every token's
+// hidden state and every mean-pooled embedding within cosine 0.999, the GPU closer to
+// the CPU's int8 model than to the f32 model, a batch on the GEMM path and a
+// 3-token sequence on the GEMV path, and a replayed CUDA graph giving the eager bits.
+// Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <random>
+
+#include "../../models/golden_util.h"
+#include "cuda_test_util.h"
+#include "runtime/encoder_runner.h"
+#include "runtime/quantize.h"
+
+namespace kiln::cuda {
+namespace {
+
+using namespace kiln::cuda::testing;
+
+std::vector<std::vector<int32_t>> random_tokens(const std::vector<int>& lens, int32_t lo, int32_t hi, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<std::vector<int32_t>> out;
+  for (int len : lens) {
+    std::vector<int32_t> s;
+    for (int i = 0; i < len; ++i) s.push_back(lo + int32_t(rng() % uint64_t(hi - lo)));
+    out.push_back(s);
+  }
+  return out;
+}
+
+double cosine(const float* a, const float* b, size_t n) {
+  double ab = 0, aa = 0, bb = 0;
+  for (size_t i = 0; i < n; ++i) ab += double(a[i]) * b[i], aa += double(a[i]) * a[i], bb += double(b[i]) * b[i];
+  return ab / std::sqrt(aa * bb);
+}
+
+double rel_rms(const std::vector<float>& got, const std::vector<float>& ref) {
+  double e = 0, r = 0;
+  for (size_t i = 0; i < std::min(got.size(), ref.size()); ++i)
+    e += double(got[i] - ref[i]) * (got[i] - ref[i]), r += double(ref[i]) * ref[i];
+  return std::sqrt(e / r);
+}
+
+// Worst cosine over every token's hidden state and every mean-pooled embedding.
+double worst_cosine(const std::vector<EncoderOutput>& got, const std::vector<EncoderOutput>& ref, int64_t h) {
+  double worst = 1.0;
+  for (size_t b = 0; b < ref.size(); ++b) {
+    EXPECT_EQ(got[b].hidden.size(), ref[b].hidden.size());
+    for (size_t t = 0; t * size_t(h) < std::min(got[b].hidden.size(), ref[b].hidden.size()); ++t)
+      worst = std::min(worst, cosine(got[b].hidden.data() + t * size_t(h), ref[b].hidden.data() + t * size_t(h), size_t(h)));
+    worst = std::min(worst, cosine(got[b].mean_pooled.data(), ref[b].mean_pooled.data(), size_t(h)));
+  }
+  return worst;
+}
+
+std::vector<float> all_hidden(const std::vector<EncoderOutput>& out) {
+  std::vector<float> v;
+  for (auto& o : out) v.insert(v.end(), o.hidden.begin(), o.hidden.end());
+  return v;
+}
+
+// Quantizes the encoder at `dir` with `table` and compares the CUDA model with the CPU's.
+void check_encoder(const std::string& dir, const quant::CalibrationTable& table, const QuantOptions& q,
+                   const std::vector<std::vector<int32_t>>& seqs, const std::string& what) {
+  auto cpu = Model::load(dir, w8a8_model_options({}, table, q));
+  auto gpu = Model::load(dir, w8a8_model_options({.backend = "cuda"}, table, q));
+  auto f32 = Model::load(dir);
+  const int64_t h = cpu->info().hidden_size;
+  std::vector<EncoderInput> batch;
+  for (auto& s : seqs) batch.push_back({s, {}});
+  // First forward eager, the second captured as a CUDA graph, the third replays it.
+  auto first = encode(*gpu, batch);
+  (void)encode(*gpu, batch);
+  auto got = encode(*gpu, batch);
+  for (size_t b = 0; b < batch.size(); ++b)
+    EXPECT_EQ(0, std::memcmp(first[b].hidden.data(), got[b].hidden.data(), got[b].hidden.size() * sizeof(float)))
+        << what << " seq " << b << ": a replayed forward differs from the eager one";
+  const auto ref = encode(*cpu, batch), ref_f32 = encode(*f32, batch);
+  const double cos = worst_cosine(got, ref, h), e_cpu = rel_rms(all_hidden(got), all_hidden(ref)),
+               e_f32 = rel_rms(all_hidden(got), all_hidden(ref_f32)),
+               e_int8 = rel_rms(all_hidden(ref), all_hidden(ref_f32));
+  std::printf("  %s: worst cosine cuda vs cpu w8a8 %.6f; hidden RMS cuda vs cpu w8a8 %.3g, cuda vs f32 %.3g, cpu w8a8"
+              " vs f32 %.3g\n", what.c_str(), cos, e_cpu, e_f32, e_int8);
+  EXPECT_GE(cos, 0.999) << what;
+  // A GPU that skipped the int8 rounding (or applied another) would sit nearer the f32 model.
+  EXPECT_LT(e_cpu, e_f32) << what;
+  // The GEMV path (<= 4 token rows).
+  std::vector<EncoderInput> one = {{std::vector<int32_t>(seqs[0].begin(), seqs[0].begin() + 3), {}}};
+  const double cos1 = worst_cosine(encode(*gpu, one), encode(*cpu, one), h);
+  std::printf("  %s, one 3-token sequence: worst cosine %.6f\n", what.c_str(), cos1);
+  EXPECT_GE(cos1, 0.999) << what << " (3 tokens)";
+}
+
+TEST(CudaW8a8Model, TinyBertMatchesCpuW8a8) {
+  KILN_SKIP_WITHOUT_CUDA();
+  const std::string dir = fixtures_dir() + "/models/bert";
+  const auto calib = random_tokens(std::vector<int>(8, 48), 1, 512, 4);
+  const auto seqs = random_tokens({100, 57, 3, 120}, 1, 512, 5);  // 280 rows: cuBLASLt's int8 GEMM
+  for (const char* scales : {"static", "per-token"}) {
+    QuantOptions q;
+    q.mode = "w8a8";
+    q.method = "kl";
+    q.act_scale = scales;
+    const quant::CalibrationTable table = calibrate_model(dir, {}, q, &calib);
+    check_encoder(dir, table, q, seqs, str_cat("tiny bert w8a8 ", scales));
+  }
+}
+
+TEST(CudaW8a8Model, RealMiniLmMatchesCpuW8a8) {
+  KILN_SKIP_WITHOUT_CUDA();
+  const std::string dir = kiln::testing::models_dir() + "/all-minilm-l6-v2";
+  if (!std::filesystem::exists(dir + "/config.json")) GTEST_SKIP() << "real model not found at " << dir;
+  QuantOptions q;
+  q.mode = "w8a8";
+  q.max_sequences = 16;
+  const quant::CalibrationTable table = calibrate_model(dir, {}, q);  // the built-in calibration text
+  check_encoder(dir, table, q, random_tokens({128, 64, 31, 128}, 1000, 30000, 6), "all-MiniLM-L6-v2 w8a8");
+}
+
+}  // namespace
+}  // namespace kiln::cuda

@@ -1,0 +1,228 @@
+// W8A8 INT8 on the device against the CPU backend's int8 kernels: the activation
+// quantization kernel bit for bit against core/int8.h over every bf16 value, ties and
+// specials (static and per-token scales); the W8A8 Linear (int8 GEMV for <= 4 rows,
+// cuBLASLt's int8 GEMM in row tiles above, BERT-base's shapes up to 4096 rows) over a
+// table of shapes, biases, activation epilogues and per-token scales, against the CPU's
+// W8A8 Linear with the same attrs. Both quantize the same inputs to the same codes and
+// sum them exactly, so with f32 activations the outputs agree to rounding noise and with
+// bf16 activations the GPU's output is the CPU's f32 result rounded to bf16 (bounds
+// below, per element). Unsupported shapes and bad attrs are clear errors. Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/ops/int8.h"
+#include "core/dtype.h"
+#include "core/int8.h"
+#include "core/status.h"
+#include "cuda_test_util.h"
+
+namespace kiln::cuda {
+namespace {
+
+using namespace testing;
+
+// launch_int8_quantize on the device: codes, and the per-token scales when `dynamic`.
+std::pair<std::vector<int8_t>, std::vector<float>> device_quantize(DType dtype, const void* host, int64_t t, int64_t k,
+                                                                   float inv, bool dynamic) {
+  const size_t es = dtype_size(dtype), n = size_t(t * k);
+  void *dx = nullptr, *dq = nullptr, *ds = nullptr;
+  KILN_CUDA_CHECK(cudaMalloc(&dx, n * es));
+  KILN_CUDA_CHECK(cudaMalloc(&dq, n));
+  KILN_CUDA_CHECK(cudaMalloc(&ds, size_t(t) * 4));
+  KILN_CUDA_CHECK(cudaMemcpy(dx, host, n * es, cudaMemcpyHostToDevice));
+  launch_int8_quantize(dtype, dx, t, k, inv, static_cast<int8_t*>(dq), dynamic ? static_cast<float*>(ds) : nullptr,
+                       nullptr);
+  std::vector<int8_t> q(n);
+  std::vector<float> rs(static_cast<size_t>(t));
+  KILN_CUDA_CHECK(cudaMemcpy(q.data(), dq, n, cudaMemcpyDeviceToHost));
+  KILN_CUDA_CHECK(cudaMemcpy(rs.data(), ds, size_t(t) * 4, cudaMemcpyDeviceToHost));
+  cudaFree(dx);
+  cudaFree(dq);
+  cudaFree(ds);
+  return {q, rs};
+}
+
+TEST(CudaW8a8, QuantizeKernelIsTheCoreRule) {
+  KILN_SKIP_WITHOUT_CUDA();
+  // Every bf16 value times a static scale's inverse, as the Linear quantizes its input.
+  std::vector<uint16_t> h;
+  for (uint32_t b = 0; b < 0x10000; ++b) h.push_back(uint16_t(b));
+  const float inv = 1.0f / int8_act_scale(3.7);
+  auto [q, unused] = device_quantize(DType::kBF16, h.data(), 256, 256, inv, false);
+  size_t bad = 0;
+  for (size_t i = 0; i < h.size(); ++i)
+    if (q[i] != int8_quantize(bf16_to_f32(h[i]), inv) && bad++ < 10)
+      ADD_FAILURE() << "bf16 0x" << std::hex << h[i] << ": device " << std::dec << int(q[i]) << ", core "
+                    << int(int8_quantize(bf16_to_f32(h[i]), inv));
+  EXPECT_EQ(bad, 0u);
+  // f32: every tie between neighbouring codes and its neighbours, saturation, specials.
+  std::vector<float> x;
+  for (int c = -128; c < 128; ++c)
+    for (float d : {-1e-3f, 0.0f, 1e-3f}) x.push_back(float(c) + 0.5f + d);
+  x.insert(x.end(), {127.0f, 127.5f, -127.5f, 1e30f, -1e30f, INFINITY, -INFINITY,
+                     std::numeric_limits<float>::quiet_NaN(), -0.0f, std::numeric_limits<float>::denorm_min()});
+  while (x.size() % 4) x.push_back(0.25f);
+  auto [qf, unused2] = device_quantize(DType::kF32, x.data(), 1, int64_t(x.size()), 1.0f, false);
+  for (size_t i = 0; i < x.size(); ++i) EXPECT_EQ(int(qf[i]), int(int8_quantize(x[i], 1.0f))) << "x = " << x[i];
+  // Per token: rows of different magnitudes (one all zero, one with a NaN) in f16.
+  const int64_t t = 5, k = 1000;
+  std::mt19937_64 rng(3);
+  std::vector<float> rows(size_t(t * k));
+  std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+  for (int64_t r = 0; r < t; ++r)
+    for (int64_t i = 0; i < k; ++i) rows[size_t(r * k + i)] = r == 2 ? 0.0f : d(rng) * std::ldexp(1.0f, int(r) * 3 - 4);
+  rows[size_t(4 * k + 17)] = std::numeric_limits<float>::quiet_NaN();
+  Tensor xf(DType::kF32, {t, k});
+  std::memcpy(xf.data(), rows.data(), rows.size() * 4);
+  Tensor xh = xf.to(DType::kF16), xr = xh.to(DType::kF32);
+  auto [qd, rs] = device_quantize(DType::kF16, xh.data(), t, k, 0.0f, true);
+  for (int64_t r = 0; r < t; ++r) {
+    float amax = 0.0f;
+    for (int64_t i = 0; i < k; ++i) amax = std::max(amax, std::fabs(xr.data_as<float>()[r * k + i]));
+    const float scale = int8_row_scale(amax);
+    EXPECT_EQ(rs[size_t(r)], scale) << "row " << r;
+    bad = 0;
+    for (int64_t i = 0; i < k; ++i)
+      bad += qd[size_t(r * k + i)] != int8_quantize(xr.data_as<float>()[r * k + i], 1.0f / scale);
+    EXPECT_EQ(bad, 0u) << "row " << r;
+  }
+}
+
+// One W8A8 Linear: x [T, k] input, f32 weight [n, k] (each backend quantizes it per
+// channel at load), optional bias, activation epilogue, static or per-token scales.
+ir::Graph w8a8_linear_graph(int64_t k, int64_t n, bool bias, const std::string& act, double act_amax, bool dynamic,
+                            std::mt19937_64& rng) {
+  ir::Graph g;
+  auto x = g.add_input("x", DType::kF32, Shape{"T", k});
+  std::map<std::string, ir::Attr> attrs = {{"quant", std::string("w8a8")}, {"act_amax", act_amax}};
+  if (!act.empty()) attrs["activation"] = act;
+  if (dynamic) attrs["act_dynamic"] = int64_t(1);
+  // Rows of different magnitudes, so the per-channel scales differ.
+  Tensor w = random_tensor({n, k}, rng, "f32", -0.1f, 0.1f);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t i = 0; i < k; ++i) w.data_as<float>()[r * k + i] *= 1.0f + float(r % 7);
+  std::vector<ir::ValueId> in = {x, g.add_weight("w", std::move(w))};
+  if (bias) in.push_back(g.add_weight("b", random_tensor({n}, rng, "f32")));
+  g.add_output("y", g.add("Linear", in, attrs, "op"));
+  return g;
+}
+
+// The CPU's W8A8 output and the GPU's (activations in `dtype`: "f32" or "bf16").
+std::pair<Tensor, Tensor> run_both(const ir::Graph& g, const TensorMap& in, const std::string& dtype) {
+  auto cpu = create_backend("cpu");
+  auto gpu = create_backend("cuda");
+  Tensor want = cpu->compile(g, {.weight_dtype = "f32"})->run(in, {}, nullptr).at("y");
+  Tensor got = gpu->compile(g, {.weight_dtype = dtype == "f32" ? "f32" : "w8a8"})->run(in, {}, nullptr).at("y");
+  return {got, want};
+}
+
+// Per element: f32 activations compute the same f32 value (erf/exp may differ by an ulp
+// or two: 1e-6); bf16 activations round that value once to bf16 (half an ulp: 2^-8
+// relative) and the activation may add an ulp of f32. `floor` covers outputs near zero.
+void expect_close(const Tensor& got, const Tensor& want, const std::string& dtype, const std::string& what) {
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  const double rel = dtype == "f32" ? 1e-6 : std::ldexp(1.0, -8) * 1.001;
+  double max_ref = 0, worst = 0;
+  for (int64_t i = 0; i < want.numel(); ++i) max_ref = std::max(max_ref, double(std::fabs(want.data_as<float>()[i])));
+  const double floor = 1e-6 * max_ref;
+  size_t bad = 0;
+  for (int64_t i = 0; i < want.numel(); ++i) {
+    const double g = got.data_as<float>()[i], r = want.data_as<float>()[i], err = std::fabs(g - r);
+    worst = std::max(worst, err / std::max(std::fabs(r), floor));
+    if (!(err <= rel * std::fabs(r) + floor) && bad++ < 5)
+      ADD_FAILURE() << what << " (" << dtype << ") element " << i << ": cuda " << g << ", cpu " << r;
+  }
+  std::printf("  %-56s %-4s worst rel err %.3g (bound %.3g)\n", what.c_str(), dtype.c_str(), worst, rel);
+  EXPECT_EQ(bad, 0u) << what << " (" << dtype << ")";
+}
+
+struct Shape3 {
+  int64_t k, n;
+  bool bias;
+};
+
+TEST(CudaW8a8, LinearMatchesCpuW8a8) {
+  KILN_SKIP_WITHOUT_CUDA();
+  // K % 16 != 0 (36) takes cuBLASLt even for <= 4 rows; N % 4 != 0 (3, 50) runs on
+  // zero-padded weight rows.
+  for (Shape3 s : {Shape3{64, 64, false}, Shape3{36, 20, true}, Shape3{64, 3, true}, Shape3{128, 50, false},
+                   Shape3{576, 1536, true}, Shape3{1536, 576, false}})
+    for (int64_t t : {1, 2, 3, 4, 5, 16, 33, 128, 300})
+      for (const char* dt : {"f32", "bf16"}) {
+        std::mt19937_64 rng(uint64_t(s.k * 7 + s.n + t * 131));
+        // The calibrated clip sits inside the input range: some values saturate.
+        ir::Graph g = w8a8_linear_graph(s.k, s.n, s.bias, "", 0.8, false, rng);
+        TensorMap in = {{"x", random_tensor({t, s.k}, rng, "bf16")}};
+        auto [got, want] = run_both(g, in, dt);
+        expect_close(got, want, dt, str_cat("w8a8 Linear t=", t, " k=", s.k, " n=", s.n, s.bias ? " +bias" : ""));
+      }
+}
+
+TEST(CudaW8a8, BertBaseShapes) {
+  KILN_SKIP_WITHOUT_CUDA();
+  // BERT-base's Linears (QKV merged, attention out, FFN up with GELU, FFN down) up to
+  // batch 32 x 128 tokens: 4096 rows of [4096, 3072] sums are 48 MiB, two row tiles.
+  struct B {
+    int64_t k, n;
+    const char* act;
+  };
+  for (B s : {B{768, 768, ""}, B{768, 2304, ""}, B{768, 3072, "gelu_erf"}, B{3072, 768, ""}})
+    for (int64_t t : {1, 4, 384, 3000, 4096}) {
+      std::mt19937_64 rng(uint64_t(s.k + s.n + t));
+      ir::Graph g = w8a8_linear_graph(s.k, s.n, true, s.act, 3.0, false, rng);
+      TensorMap in = {{"x", random_tensor({t, s.k}, rng, "bf16", -4.0f, 4.0f)}};
+      auto [got, want] = run_both(g, in, "bf16");
+      expect_close(got, want, "bf16", str_cat("bert-base w8a8 t=", t, " k=", s.k, " n=", s.n, " ", s.act));
+    }
+}
+
+TEST(CudaW8a8, LinearEpiloguesAndPerTokenScales) {
+  KILN_SKIP_WITHOUT_CUDA();
+  for (const char* act : {"", "gelu_erf", "gelu_tanh", "silu", "swiglu"})
+    for (bool dynamic : {false, true})
+      for (int64_t t : {1, 3, 4, 9, 64, 600}) {
+        std::mt19937_64 rng(uint64_t(t) * 17 + std::strlen(act) + dynamic);
+        // n = 326 at t = 9: padded to 328 weight rows (with SwiGLU: 163 outputs, gate and
+        // up halves not multiples of 4).
+        ir::Graph g = w8a8_linear_graph(256, t == 9 ? 326 : 320, true, act, 1.0, dynamic, rng);
+        TensorMap in = {{"x", random_tensor({t, 256}, rng, "bf16")}};
+        for (const char* dt : {"f32", "bf16"}) {
+          auto [got, want] = run_both(g, in, dt);
+          expect_close(got, want, dt, str_cat("w8a8 Linear+", *act ? act : "none", dynamic ? " per-token" : "", " t=", t));
+        }
+      }
+  // Per-token scales across row tiles (the tile's scales start at its first row).
+  std::mt19937_64 rng(99);
+  ir::Graph g = w8a8_linear_graph(768, 3072, true, "gelu_erf", 0.0, true, rng);
+  TensorMap in = {{"x", random_tensor({3000, 768}, rng, "bf16")}};
+  auto [got, want] = run_both(g, in, "bf16");
+  expect_close(got, want, "bf16", "w8a8 Linear per-token t=3000 k=768 n=3072 gelu_erf");
+}
+
+void expect_compile_error(const ir::Graph& g, const std::string& dtype, const std::string& needle) {
+  auto gpu = create_backend("cuda");
+  try {
+    gpu->compile(g, {.weight_dtype = dtype});
+    ADD_FAILURE() << "expected an error mentioning '" << needle << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
+TEST(CudaW8a8, UnsupportedIsAClearError) {
+  KILN_SKIP_WITHOUT_CUDA();
+  std::mt19937_64 rng(5);
+  expect_compile_error(w8a8_linear_graph(42, 32, false, "", 1.0, false, rng), "w8a8", "multiple of 4");  // K = 42
+  expect_compile_error(w8a8_linear_graph(64, 32, false, "", -1.0, false, rng), "w8a8", "act_amax");
+  expect_compile_error(w8a8_linear_graph(64, 32, false, "", NAN, false, rng), "w8a8", "act_amax");
+  ir::Graph g = w8a8_linear_graph(64, 32, false, "", 1.0, false, rng);
+  g.nodes()[0].attrs["quant"] = std::string("int3");
+  expect_compile_error(g, "w8a8", "runs fp8 and w8a8");
+}
+
+}  // namespace
+}  // namespace kiln::cuda
