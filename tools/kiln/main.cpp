@@ -56,8 +56,9 @@ void add_kv_dtype_option(CLI::App* cmd, std::string& dtype) {
 
 void add_tp_option(CLI::App* cmd, int& tp) {
   cmd->add_option("--tp", tp,
-                  "tensor parallelism: shard the decoder's heads and MLP over N ranks (cpu backend: one thread per "
-                  "rank in this process; N must divide the attention heads, K/V heads and MLP width)")
+                  "tensor parallelism: shard the decoder's heads and MLP over N ranks, one thread each (cpu backend: "
+                  "in-process all-reduce; cuda: GPU r for rank r, joined by NCCL); N must divide the attention heads, "
+                  "K/V heads and MLP width")
       ->check(CLI::Range(1, 64))
       ->capture_default_str();
 }
