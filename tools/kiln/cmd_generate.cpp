@@ -20,6 +20,7 @@ struct GenerateArgs {
   int max_tokens = 64;
   bool ignore_eos = false;
   bool print_ids = false;
+  bool random_weights = false;  // -m is a config.json: real shapes, seeded random weights
   bool quiet = false;
   bool chat = false;
   std::string system;
@@ -32,8 +33,9 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 
 int run_generate(const GenerateArgs& a) {
   auto t_load = std::chrono::steady_clock::now();
-  auto model = load_model(a.model);
-  auto tokenizer = load_model_tokenizer(*model);
+  auto model = a.random_weights ? load_random_model(a.model.model, model_options(a.model), a.model.quant)
+                                : load_model(a.model);
+  auto tokenizer = a.random_weights ? std::nullopt : load_model_tokenizer(*model);
   double load_s = seconds_since(t_load);
 
   std::vector<int32_t> prompt;
@@ -119,6 +121,9 @@ Runner add_generate(CLI::App& app) {
       ->capture_default_str();
   cmd->add_flag("--ignore-eos", a->ignore_eos, "keep generating past end-of-sequence tokens");
   cmd->add_flag("--print-ids", a->print_ids, "print generated token ids instead of text");
+  cmd->add_flag("--random-weights", a->random_weights,
+                "-m is a config.json: its real shapes with seeded random weights (no tokenizer: use --ids), e.g. to "
+                "compare --tp or --backend runs of a large shape");
   cmd->add_flag("--chat", a->chat, "wrap the prompt as a user turn in the model's chat template");
   cmd->add_option("-s,--system", a->system, "system prompt (with --chat)");
   cmd->add_flag("-q,--quiet", a->quiet, "print only the generated continuation");
