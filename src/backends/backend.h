@@ -34,13 +34,24 @@ struct StepInfo {
 };
 
 // Storage of the KV cache (the --kv-cache-dtype flag, ModelOptions::kv_cache_dtype).
-// kAuto: the backend's activation dtype (f32 on the CPU). kInt8: symmetric int8 codes
-// with one f32 scale per (token slot, kv head), scale = max|x| / 127 over the head's
-// head_dim values; CPU only, other backends refuse it in allocate_kv.
-enum class KvDType { kAuto, kInt8 };
-// "auto" | "int8"; throws kInvalidArgument naming --kv-cache-dtype otherwise.
+// kAuto: the backend's activation dtype (f32 on the CPU, bf16/f16 on CUDA). The quantized
+// dtypes store one byte per element and one f32 scale per (token slot, kv head), taken
+// over the head's head_dim values when the row is written (amax = max|x|):
+//   kInt8: symmetric int8 codes, s = amax / 127, code = round(x * (127 / amax)) in
+//          [-127, 127];
+//   kFp8:  FP8 E4M3 codes, s = amax / 448, code = e4m3(x * (448 / amax)) (round to
+//          nearest even, saturating), so the largest |x| lands on E4M3's largest value.
+// x ~ decode(code) * s. An all-zero row has s = 0 and zero codes; a row with a NaN or
+// infinity has s = NaN (attention then reads NaN, as it would from a 16/32-bit cache).
+// Both factors are computed in f32 (127.0f / amax, amax / 127.0f): every backend
+// quantizes to the same codes and scales. Both backends implement both.
+enum class KvDType { kAuto, kInt8, kFp8 };
+// "auto" | "int8" | "fp8"; throws kInvalidArgument naming --kv-cache-dtype otherwise.
 KvDType kv_dtype_parse(const std::string& name);
 const char* kv_dtype_name(KvDType t);
+inline bool kv_dtype_quantized(KvDType t) { return t != KvDType::kAuto; }
+// The largest code magnitude of a quantized KV dtype (127 or 448): s = amax / this.
+inline float kv_dtype_code_max(KvDType t) { return t == KvDType::kFp8 ? 448.0f : 127.0f; }
 
 // Shape of the KV block pool the runtime asks a backend for.
 struct KvLayout {

@@ -8,11 +8,19 @@ namespace kiln {
 KvDType kv_dtype_parse(const std::string& name) {
   if (name == "auto") return KvDType::kAuto;
   if (name == "int8") return KvDType::kInt8;
+  if (name == "fp8") return KvDType::kFp8;
   throw_error(ErrorCode::kInvalidArgument, "--kv-cache-dtype: unknown KV cache dtype '", name,
-              "' (expected auto or int8)");
+              "' (expected auto, int8 or fp8)");
 }
 
-const char* kv_dtype_name(KvDType t) { return t == KvDType::kInt8 ? "int8" : "auto"; }
+const char* kv_dtype_name(KvDType t) {
+  switch (t) {
+    case KvDType::kInt8: return "int8";
+    case KvDType::kFp8: return "fp8";
+    case KvDType::kAuto: break;
+  }
+  return "auto";
+}
 
 void KvStorage::host_reserve(int32_t num_blocks) {
   if (num_blocks > 0)

@@ -52,8 +52,8 @@ struct ModelOptions {
   // a checkpoint (not an engine or .onnx file).
   int tensor_parallel = 1;
   // Storage of the KV cache the runners allocate for this model: "auto" (the backend's
-  // activation dtype) or "int8" (per (token, kv head) scales; CPU backend only). See
-  // KvDType in backends/backend.h.
+  // activation dtype), "int8" or "fp8" (E4M3), the last two with per (token, kv head)
+  // scales. See KvDType in backends/backend.h.
   std::string kv_cache_dtype = "auto";
   // Which device of the backend runs the model (CUDA device index); tensor-parallel
   // rank r runs on device + r.

@@ -214,16 +214,18 @@ TEST_F(CpuSwapTest, BlocksRoundTripThroughHostSlots) {
   EXPECT_EQ(storage_->host_blocks(), 0);
 }
 
-// The int8 pool: a block's codes AND its per-(token, head) scales move together on
-// copy-on-write and through the host swap space.
-TEST(CpuKvInt8, CopyAndSwapMoveScalesWithCodes) {
+// The quantized pools (int8, fp8): a block's codes AND its per-(token, head) scales move
+// together on copy-on-write and through the host swap space.
+class CpuKvQuantized : public ::testing::TestWithParam<KvDType> {};
+
+TEST_P(CpuKvQuantized, CopyAndSwapMoveScalesWithCodes) {
   KvLayout layout{.num_layers = 2, .num_blocks = 5, .block_size = 4, .num_kv_heads = 2, .head_dim = 8,
-                  .dtype = KvDType::kInt8};
+                  .dtype = GetParam()};
   auto backend = create_backend("cpu");
   auto storage = backend->allocate_kv(layout);
   auto* kv = dynamic_cast<cpu::CpuKv*>(storage.get());
   ASSERT_NE(kv, nullptr);
-  ASSERT_TRUE(kv->is_int8());
+  ASSERT_TRUE(kv->is_quantized());
   // Codes 1 byte each, plus one f32 scale per (token, head), for K and V of each layer.
   const size_t want = size_t(2 * 2 * 4 * 2 * 8) + size_t(2 * 2 * 4 * 2) * 4;
   EXPECT_EQ(storage->block_bytes(), want);
@@ -238,8 +240,12 @@ TEST(CpuKvInt8, CopyAndSwapMoveScalesWithCodes) {
     }
     std::vector<int64_t> slots = {b * 4, b * 4 + 1, b * 4 + 2, b * 4 + 3};
     for (int64_t l = 0; l < 2; ++l)
-      cpu::kv_cache_write_int8(k.data(), v.data(), slots.data(), 4, 2, 8, kv->k_codes(l), kv->k_scales(l),
-                               kv->v_codes(l), kv->v_scales(l));
+      if (kv->is_fp8())
+        cpu::kv_cache_write_fp8(k.data(), v.data(), slots.data(), 4, 2, 8, kv->k_fp8(l), kv->k_scales(l),
+                                kv->v_fp8(l), kv->v_scales(l));
+      else
+        cpu::kv_cache_write_int8(k.data(), v.data(), slots.data(), 4, 2, 8, kv->k_codes(l), kv->k_scales(l),
+                                 kv->v_codes(l), kv->v_scales(l));
   };
   // Snapshot of block b: codes and scales of K and V in every layer.
   auto snapshot = [&](int32_t b) {
@@ -273,6 +279,9 @@ TEST(CpuKvInt8, CopyAndSwapMoveScalesWithCodes) {
   EXPECT_EQ(snapshot(4), b2);
   EXPECT_EQ(snapshot(0), b1);
 }
+
+INSTANTIATE_TEST_SUITE_P(Dtypes, CpuKvQuantized, ::testing::Values(KvDType::kInt8, KvDType::kFp8),
+                         [](const auto& info) { return std::string(kv_dtype_name(info.param)); });
 
 TEST_F(CpuSwapTest, SwapSpaceHandsOutSlotsAndRestoresIntoFreshBlocks) {
   KvCacheManager m(storage_.get(), 8, 4);

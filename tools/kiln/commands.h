@@ -51,7 +51,7 @@ void add_tp_option(CLI::App* cmd, int& tp);
 // --kv-cache-fraction F (LlmRunnerOptions / ExecutorOptions::kv_cache_fraction; 0 = not
 // given). Returns the option, so a command can ask whether it was given.
 CLI::Option* add_kv_fraction_option(CLI::App* cmd, double& fraction);
-// --kv-cache-dtype auto|int8 (ModelOptions::kv_cache_dtype), for the commands that run
+// --kv-cache-dtype auto|int8|fp8 (ModelOptions::kv_cache_dtype), for the commands that run
 // a decoder with a KV cache.
 void add_kv_dtype_option(CLI::App* cmd, std::string& dtype);
 // --onnx-import auto|graph|family (ModelOptions::onnx_import).

@@ -48,9 +48,9 @@ CLI::Option* add_kv_fraction_option(CLI::App* cmd, double& fraction) {
 
 void add_kv_dtype_option(CLI::App* cmd, std::string& dtype) {
   cmd->add_option("--kv-cache-dtype", dtype,
-                  "KV cache storage: auto (the backend's activation dtype) or int8 (one scale per token and K/V "
-                  "head; about a quarter of the f32 bytes; cpu backend only)")
-      ->check(CLI::IsMember({"auto", "int8"}))
+                  "KV cache storage: auto (the backend's activation dtype), int8 or fp8 (E4M3): one byte per "
+                  "element plus one scale per token and K/V head (about a quarter of the f32 bytes, a half of bf16)")
+      ->check(CLI::IsMember({"auto", "int8", "fp8"}))
       ->capture_default_str();
 }
 

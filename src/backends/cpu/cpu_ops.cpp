@@ -431,6 +431,9 @@ void run_attention(OpContext& c, const AttentionParams& p, const float* q, const
     if (kv.is_int8())
       kv_cache_write_int8(k, v, step.slot_mapping.data(), t, p.hkv, p.d, kv.k_codes(l), kv.k_scales(l),
                           kv.v_codes(l), kv.v_scales(l));
+    else if (kv.is_fp8())
+      kv_cache_write_fp8(k, v, step.slot_mapping.data(), t, p.hkv, p.d, kv.k_fp8(l), kv.k_scales(l), kv.v_fp8(l),
+                         kv.v_scales(l));
     else
       kv_cache_write(k, v, step.slot_mapping.data(), t, p.hkv, p.d, kv.k(l), kv.v(l));
     for (size_t s = 0; s < seqs.size(); ++s) {
@@ -441,6 +444,10 @@ void run_attention(OpContext& c, const AttentionParams& p, const float* q, const
       paged_attention_int8(q, kv.k_codes(l), kv.k_scales(l), kv.v_codes(l), kv.v_scales(l),
                            kv.layout().block_size, p.hq, p.hkv, p.d, p.scale, p.causal, seqs.data(),
                            int64_t(seqs.size()), y.data_as<float>());
+    else if (kv.is_fp8())
+      paged_attention_fp8(q, kv.k_fp8(l), kv.k_scales(l), kv.v_fp8(l), kv.v_scales(l), kv.layout().block_size,
+                          p.hq, p.hkv, p.d, p.scale, p.causal, seqs.data(), int64_t(seqs.size()),
+                          y.data_as<float>());
     else
       paged_attention(q, kv.k(l), kv.v(l), kv.layout().block_size, p.hq, p.hkv, p.d, p.scale, p.causal,
                       seqs.data(), int64_t(seqs.size()), y.data_as<float>());
@@ -690,27 +697,27 @@ const OpPrepare* find_cpu_op(const std::string& op) {
 }
 
 CpuKv::CpuKv(const KvLayout& layout) : layout_(layout) {
-  const DType elem = is_int8() ? DType::kI8 : DType::kF32;
+  const DType elem = is_quantized() ? DType::kI8 : DType::kF32;
   k_ = Tensor(elem, {layout.num_layers * layer_elems()});
   v_ = Tensor(elem, {layout.num_layers * layer_elems()});
-  if (is_int8()) {
+  if (is_quantized()) {
     k_scale_ = Tensor(DType::kF32, {layout.num_layers * layer_rows()});
     v_scale_ = Tensor(DType::kF32, {layout.num_layers * layer_rows()});
   }
 }
 
 size_t CpuKv::block_bytes_of(const KvLayout& layout) {
-  if (layout.dtype != KvDType::kInt8) return layout.block_bytes(4);
+  if (!kv_dtype_quantized(layout.dtype)) return layout.block_bytes(4);
   const int64_t scales = 2 * layout.num_layers * layout.block_size * layout.num_kv_heads;
   return layout.block_bytes(1) + size_t(scales) * 4;
 }
 
 std::array<std::span<uint8_t>, 4> CpuKv::block_parts(int64_t l, int64_t block) {
-  const size_t esz = is_int8() ? 1 : 4;
+  const size_t esz = is_quantized() ? 1 : 4;
   const size_t elems = size_t(layout_.block_elems()) * esz;
   auto* kb = static_cast<uint8_t*>(k_.data()) + (size_t(l * layer_elems()) + size_t(block * layout_.block_elems())) * esz;
   auto* vb = static_cast<uint8_t*>(v_.data()) + (size_t(l * layer_elems()) + size_t(block * layout_.block_elems())) * esz;
-  if (!is_int8()) return {std::span<uint8_t>(kb, elems), std::span<uint8_t>(vb, elems), {}, {}};
+  if (!is_quantized()) return {std::span<uint8_t>(kb, elems), std::span<uint8_t>(vb, elems), {}, {}};
   const int64_t rows = layout_.block_size * layout_.num_kv_heads;
   auto* ks = reinterpret_cast<uint8_t*>(k_scales(l) + block * rows);
   auto* vs = reinterpret_cast<uint8_t*>(v_scales(l) + block * rows);

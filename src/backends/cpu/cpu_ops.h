@@ -61,9 +61,10 @@ std::string linear_tactic_str(const LinearTactic& t);
 LinearTactic linear_tactic_parse(const std::string& s);
 
 // The CPU KV pool: per layer, K and V as [num_blocks, block_size, Hkv, D], f32 (dtype
-// kAuto) or int8 codes (kInt8) with f32 scales [num_blocks, block_size, Hkv] beside them.
-// The host swap space holds a slot per swapped block: per layer, K and V rows
-// [block_size, Hkv, D] and then (int8) K and V scales [block_size, Hkv].
+// kAuto) or one-byte codes (kInt8: int8, kFp8: E4M3) with f32 scales [num_blocks,
+// block_size, Hkv] beside them. The host swap space holds a slot per swapped block: per
+// layer, K and V rows [block_size, Hkv, D] and then (quantized) K and V scales
+// [block_size, Hkv].
 class CpuKv : public KvStorage {
  public:
   explicit CpuKv(const KvLayout& layout);
@@ -71,6 +72,8 @@ class CpuKv : public KvStorage {
   static size_t block_bytes_of(const KvLayout& layout);
   const KvLayout& layout() const override { return layout_; }
   bool is_int8() const { return layout_.dtype == KvDType::kInt8; }
+  bool is_fp8() const { return layout_.dtype == KvDType::kFp8; }
+  bool is_quantized() const { return kv_dtype_quantized(layout_.dtype); }
   void copy_block(int32_t src, int32_t dst) override;
   void host_reserve(int32_t num_blocks) override;
   int32_t host_blocks() const override { return host_blocks_; }
@@ -80,9 +83,11 @@ class CpuKv : public KvStorage {
   // f32 pool (dtype kAuto).
   float* k(int64_t layer) { return k_.data_as<float>() + layer * layer_elems(); }
   float* v(int64_t layer) { return v_.data_as<float>() + layer * layer_elems(); }
-  // int8 pool (dtype kInt8): codes and their scales.
+  // Quantized pools: codes (int8 for kInt8, E4M3 for kFp8) and their scales.
   int8_t* k_codes(int64_t layer) { return k_.data_as<int8_t>() + layer * layer_elems(); }
   int8_t* v_codes(int64_t layer) { return v_.data_as<int8_t>() + layer * layer_elems(); }
+  Fp8Code* k_fp8(int64_t layer) { return reinterpret_cast<Fp8Code*>(k_codes(layer)); }
+  Fp8Code* v_fp8(int64_t layer) { return reinterpret_cast<Fp8Code*>(v_codes(layer)); }
   float* k_scales(int64_t layer) { return k_scale_.data_as<float>() + layer * layer_rows(); }
   float* v_scales(int64_t layer) { return v_scale_.data_as<float>() + layer * layer_rows(); }
 
@@ -94,8 +99,8 @@ class CpuKv : public KvStorage {
   // (the scales empty for f32), in the order a host slot stores them.
   std::array<std::span<uint8_t>, 4> block_parts(int64_t l, int64_t block);
   KvLayout layout_;
-  Tensor k_, v_;              // f32 or int8
-  Tensor k_scale_, v_scale_;  // int8 only
+  Tensor k_, v_;              // f32, or one-byte codes (stored as i8)
+  Tensor k_scale_, v_scale_;  // quantized only
   std::unique_ptr<uint8_t[]> host_;  // not value-initialized: untouched pages cost nothing
   int32_t host_blocks_ = 0;
 };

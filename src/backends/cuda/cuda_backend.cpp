@@ -136,6 +136,8 @@ class CudaCompiledGraph final : public CompiledGraph {
     bool graphable = false;
     const bool decode = stage_step(inputs, step, cuda_kv, host_vals, graphable);
     graph_key_.push_back(out_mask_);  // a captured step converts only the wanted outputs
+    // The attention kernels a step launches depend on what the pool stores.
+    graph_key_.push_back(cuda_kv ? int64_t(cuda_kv->code()) : -1);
     if (step_times_) KILN_CUDA_CHECK(cudaEventRecord(step_ev_[0], s));
     bool enqueued = false;
     auto enqueue = [&] {
@@ -299,10 +301,8 @@ class CudaCompiledGraph final : public CompiledGraph {
   StepGraphs::Buffers graph_buffers(const CudaKv* kv) const {
     StepGraphs::Buffers b{dev_in_.get(), attn_ws_.get(), dev_out_.get(), op_scratch_.get(), dequant_ws_.get()};
     for (const DeviceBuffer& sl : slots_) b.push_back(sl.get());
-    if (kv) {
-      b.push_back(kv->k(0));
-      b.push_back(kv->v(0));
-    }
+    if (kv)
+      for (const void* p : kv->buffers()) b.push_back(p);
     return b;
   }
 
@@ -655,14 +655,14 @@ class CudaBackend final : public Backend {
     return g;
   }
   std::unique_ptr<KvStorage> allocate_kv(const KvLayout& layout) override {
-    if (layout.dtype != KvDType::kAuto)
+    // The quantized caches' kernels read a head's codes in 16-byte vectors.
+    if (kv_dtype_quantized(layout.dtype) && layout.head_dim % 16 != 0)
       throw_error(ErrorCode::kUnsupported, "--kv-cache-dtype ", kv_dtype_name(layout.dtype),
-                  " is not supported by the cuda backend (use --kv-cache-dtype auto, or --backend cpu)");
+                  " on the cuda backend needs a head_dim that is a multiple of 16, got ", layout.head_dim,
+                  " (use --kv-cache-dtype auto)");
     return std::make_unique<CudaKv>(layout, act_, context());
   }
-  size_t kv_block_bytes(const KvLayout& layout) const override {
-    return layout.block_bytes(dtype_size(act_));
-  }
+  size_t kv_block_bytes(const KvLayout& layout) const override { return CudaKv::block_bytes_of(layout, act_); }
   std::vector<std::shared_ptr<Communicator>> make_communicators(int world_size, int first_device) override {
     return make_nccl_communicators(world_size, first_device);
   }

@@ -339,17 +339,28 @@ OpRun prepare_attention(const ir::Node& n, const ir::Graph& g, PrepareContext& p
     if (c.kv) {
       KILN_THROW_IF(layer < 0 || layer >= c.kv->layout().num_layers, kInvalidArgument, "attention '", name,
                     "': layer ", layer, " is outside the KV pool's ", c.kv->layout().num_layers, " layers");
+      CudaKv& kv = *c.kv;
+      const bool quantized = kv.code() != KvCode::kNone;
       if (packed) {
+        // Quantized: RoPE in place here, the quantizing write below.
         QkvPrepArgs qa{y.dtype, q.data, t, hq, hkv, d, rot,
                        inv_freq ? static_cast<const int32_t*>(c.inputs[1]->data) : nullptr, inv_freq,
-                       c.dev->slot_mapping, c.kv->k(layer), c.kv->v(layer)};
-        launch_qkv_prep(qa, c.cx->stream);
-      } else {
-        launch_kv_cache_write(y.dtype, k, v, c.dev->slot_mapping, t, hkv * d, c.kv->k(layer), c.kv->v(layer),
+                       c.dev->slot_mapping, quantized ? nullptr : kv.k(layer), quantized ? nullptr : kv.v(layer)};
+        if (!quantized || inv_freq) launch_qkv_prep(qa, c.cx->stream);
+      } else if (!quantized) {
+        launch_kv_cache_write(y.dtype, k, v, c.dev->slot_mapping, t, hkv * d, kv.k(layer), kv.v(layer),
                               c.cx->stream);
       }
-      a.k_cache = c.kv->k(layer);
-      a.v_cache = c.kv->v(layer);
+      if (quantized) {
+        launch_kv_quant_write(y.dtype, kv.code(), k, v, packed ? width : hkv * d, c.dev->slot_mapping, t, hkv, d,
+                              static_cast<uint8_t*>(kv.k(layer)), kv.k_scales(layer),
+                              static_cast<uint8_t*>(kv.v(layer)), kv.v_scales(layer), c.cx->stream);
+        a.kv_code = kv.code();
+        a.k_scales = kv.k_scales(layer);
+        a.v_scales = kv.v_scales(layer);
+      }
+      a.k_cache = kv.k(layer);
+      a.v_cache = kv.v(layer);
       a.block_size = c.kv->layout().block_size;
     } else {
       // No cache (encoders): K/V rows are read in place as a pool of one-token blocks;
@@ -519,14 +530,41 @@ bool cuda_op_supported(const ir::Node& n, const ir::Graph& g, std::string* why) 
   return true;
 }
 
-CudaKv::CudaKv(const KvLayout& layout, DType dtype, std::shared_ptr<CudaContext> cx)
-    : layout_(layout), dtype_(dtype), cx_(std::move(cx)) {
+namespace {
+
+KvCode kv_code_of(KvDType t) {
+  switch (t) {
+    case KvDType::kInt8: return KvCode::kInt8;
+    case KvDType::kFp8: return KvCode::kFp8;
+    case KvDType::kAuto: break;
+  }
+  return KvCode::kNone;
+}
+
+}  // namespace
+
+CudaKv::CudaKv(const KvLayout& layout, DType act, std::shared_ptr<CudaContext> cx)
+    : layout_(layout), dtype_(act), code_(kv_code_of(layout.dtype)), cx_(std::move(cx)) {
   cx_->make_current();
+  elem_bytes_ = code_ == KvCode::kNone ? dtype_size(act) : 1;
   const size_t bytes = std::max<size_t>(size_t(layout_.num_layers) * layer_bytes(), 1);
   k_ = DeviceBuffer(bytes);
   v_ = DeviceBuffer(bytes);
   KILN_CUDA_CHECK(cudaMemsetAsync(k_.get(), 0, bytes, cx_->stream));
   KILN_CUDA_CHECK(cudaMemsetAsync(v_.get(), 0, bytes, cx_->stream));
+  if (code_ != KvCode::kNone) {
+    const size_t sbytes = std::max<size_t>(size_t(layout_.num_layers) * layer_scale_bytes(), 1);
+    k_scale_ = DeviceBuffer(sbytes);
+    v_scale_ = DeviceBuffer(sbytes);
+    KILN_CUDA_CHECK(cudaMemsetAsync(k_scale_.get(), 0, sbytes, cx_->stream));
+    KILN_CUDA_CHECK(cudaMemsetAsync(v_scale_.get(), 0, sbytes, cx_->stream));
+  }
+}
+
+size_t CudaKv::block_bytes_of(const KvLayout& layout, DType act) {
+  if (!kv_dtype_quantized(layout.dtype)) return layout.block_bytes(dtype_size(act));
+  const int64_t scales = 2 * layout.num_layers * layout.block_size * layout.num_kv_heads;
+  return layout.block_bytes(1) + size_t(scales) * 4;
 }
 
 CudaKv::~CudaKv() {
@@ -539,12 +577,18 @@ void CudaKv::copy_block(int32_t src, int32_t dst) {
   KILN_THROW_IF(src < 0 || dst < 0 || src >= layout_.num_blocks || dst >= layout_.num_blocks, kOutOfRange,
                 "KV copy_block ", src, " -> ", dst, " outside [0, ", layout_.num_blocks, ")");
   cx_->make_current();
-  const size_t bb = layer_block_bytes();
+  auto copy = [&](void* base, size_t bb) {
+    KILN_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(base) + size_t(dst) * bb,
+                                    static_cast<char*>(base) + size_t(src) * bb, bb, cudaMemcpyDeviceToDevice,
+                                    cx_->stream));
+  };
   for (int64_t l = 0; l < layout_.num_layers; ++l) {
-    KILN_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(k(l)) + size_t(dst) * bb, static_cast<char*>(k(l)) + size_t(src) * bb,
-                                    bb, cudaMemcpyDeviceToDevice, cx_->stream));
-    KILN_CUDA_CHECK(cudaMemcpyAsync(static_cast<char*>(v(l)) + size_t(dst) * bb, static_cast<char*>(v(l)) + size_t(src) * bb,
-                                    bb, cudaMemcpyDeviceToDevice, cx_->stream));
+    copy(k(l), layer_block_bytes());
+    copy(v(l), layer_block_bytes());
+    if (code_ != KvCode::kNone) {
+      copy(k_scales(l), layer_block_scale_bytes());
+      copy(v_scales(l), layer_block_scale_bytes());
+    }
   }
 }
 
@@ -562,25 +606,36 @@ void CudaKv::host_reserve(int32_t num_blocks) {
 void CudaKv::swap_out(std::span<const KvSwapCopy> copies) { swap(copies, true); }
 void CudaKv::swap_in(std::span<const KvSwapCopy> copies) { swap(copies, false); }
 
-// A host slot is [layer][K, V][block]: K of every layer is a 2D copy of num_layers rows
-// of one block, `layer_bytes` apart on the device and two blocks apart on the host.
+// A host slot is [layer][K, V][block] (then the same for the scales): K of every layer
+// is a 2D copy of num_layers rows of one block, `layer_bytes` apart on the device and
+// two blocks apart on the host.
 void CudaKv::swap(std::span<const KvSwapCopy> copies, bool out) {
   cx_->make_current();
-  const size_t bb = layer_block_bytes(), rows = size_t(layout_.num_layers), pitch = layer_bytes();
+  const size_t rows = size_t(layout_.num_layers);
   const cudaStream_t s = cx_->stream;
-  for (const KvSwapCopy& c : copies) {
-    KILN_THROW_IF(c.block < 0 || c.block >= layout_.num_blocks || c.host < 0 || c.host >= host_blocks_,
-                  kOutOfRange, "KV swap of block ", c.block, " <-> host slot ", c.host, " outside [0, ",
-                  layout_.num_blocks, ") x [0, ", host_blocks_, ")");
-    char* h = static_cast<char*>(host_.get()) + size_t(c.host) * block_bytes();
-    char* dk = static_cast<char*>(k(0)) + size_t(c.block) * bb;
-    char* dv = static_cast<char*>(v(0)) + size_t(c.block) * bb;
+  // K and V parts of one block (bb bytes per layer, layers `pitch` apart on the device)
+  // between the device and the host at h.
+  auto move = [&](char* h, char* dk, char* dv, size_t bb, size_t pitch) {
     if (out) {
       KILN_CUDA_CHECK(cudaMemcpy2DAsync(h, 2 * bb, dk, pitch, bb, rows, cudaMemcpyDeviceToHost, s));
       KILN_CUDA_CHECK(cudaMemcpy2DAsync(h + bb, 2 * bb, dv, pitch, bb, rows, cudaMemcpyDeviceToHost, s));
     } else {
       KILN_CUDA_CHECK(cudaMemcpy2DAsync(dk, pitch, h, 2 * bb, bb, rows, cudaMemcpyHostToDevice, s));
       KILN_CUDA_CHECK(cudaMemcpy2DAsync(dv, pitch, h + bb, 2 * bb, bb, rows, cudaMemcpyHostToDevice, s));
+    }
+  };
+  for (const KvSwapCopy& c : copies) {
+    KILN_THROW_IF(c.block < 0 || c.block >= layout_.num_blocks || c.host < 0 || c.host >= host_blocks_,
+                  kOutOfRange, "KV swap of block ", c.block, " <-> host slot ", c.host, " outside [0, ",
+                  layout_.num_blocks, ") x [0, ", host_blocks_, ")");
+    char* h = static_cast<char*>(host_.get()) + size_t(c.host) * block_bytes();
+    const size_t bb = layer_block_bytes();
+    move(h, static_cast<char*>(k(0)) + size_t(c.block) * bb, static_cast<char*>(v(0)) + size_t(c.block) * bb, bb,
+         layer_bytes());
+    if (code_ != KvCode::kNone) {
+      const size_t sb = layer_block_scale_bytes();
+      move(h + 2 * rows * bb, reinterpret_cast<char*>(k_scales(0)) + size_t(c.block) * sb,
+           reinterpret_cast<char*>(v_scales(0)) + size_t(c.block) * sb, sb, layer_scale_bytes());
     }
   }
 }

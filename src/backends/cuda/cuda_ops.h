@@ -33,34 +33,58 @@ struct DevTensor {
 };
 
 // The CUDA KV pool: per layer, K and V as [num_blocks, block_size, Hkv, D] in the
-// activation dtype (bf16/f16/f32), zero-initialized. The host swap space is pinned
-// memory with a slot per swapped block: [layer][K, V][block_size, Hkv, D]; swaps are
-// cudaMemcpy2DAsync on the context's stream (one per block for K, one for V, every
-// layer at once), ordered with the engine steps.
+// activation dtype (bf16/f16/f32; KvDType kAuto) or as one-byte codes (kInt8, kFp8) with
+// f32 scales [num_blocks, block_size, Hkv] per layer in a buffer of their own (K's and
+// V's), all zero-initialized. The host swap space is pinned memory with a slot per
+// swapped block: [layer][K, V][block_size, Hkv, D] and then, quantized,
+// [layer][K, V][block_size, Hkv] scales; swaps are cudaMemcpy2DAsync on the context's
+// stream (one per block for K, one for V, every layer at once, and as many for the
+// scales), ordered with the engine steps.
 class CudaKv : public KvStorage {
  public:
-  CudaKv(const KvLayout& layout, DType dtype, std::shared_ptr<CudaContext> cx);
+  // `act`: the activation dtype of the graphs that will run on this pool.
+  CudaKv(const KvLayout& layout, DType act, std::shared_ptr<CudaContext> cx);
   ~CudaKv() override;
+  // Bytes of one block of `layout` over every layer (codes and scales).
+  static size_t block_bytes_of(const KvLayout& layout, DType act);
   const KvLayout& layout() const override { return layout_; }
   void copy_block(int32_t src, int32_t dst) override;
-  size_t block_bytes() const override { return layout_.block_bytes(dtype_size(dtype_)); }
+  size_t block_bytes() const override { return block_bytes_of(layout_, dtype_); }
   void host_reserve(int32_t num_blocks) override;
   int32_t host_blocks() const override { return host_blocks_; }
   void swap_out(std::span<const KvSwapCopy> copies) override;
   void swap_in(std::span<const KvSwapCopy> copies) override;
+  // The activation dtype this pool was made for (also the element dtype when kAuto).
   DType dtype() const { return dtype_; }
+  KvCode code() const { return code_; }
   void* k(int64_t layer) const { return static_cast<char*>(k_.get()) + size_t(layer) * layer_bytes(); }
   void* v(int64_t layer) const { return static_cast<char*>(v_.get()) + size_t(layer) * layer_bytes(); }
+  // Quantized pools: the layer's scales, [num_blocks * block_size, Hkv]; null for kAuto.
+  float* k_scales(int64_t layer) const { return scales_at(k_scale_, layer); }
+  float* v_scales(int64_t layer) const { return scales_at(v_scale_, layer); }
+  // Every device buffer of the pool (captured step graphs bake their addresses in).
+  std::vector<const void*> buffers() const { return {k_.get(), v_.get(), k_scale_.get(), v_scale_.get()}; }
 
  private:
-  // One block of K (or V) in one layer.
-  size_t layer_block_bytes() const { return size_t(layout_.block_elems()) * dtype_size(dtype_); }
+  // One block of K (or V) in one layer: codes or elements, and (quantized) scales.
+  size_t layer_block_bytes() const { return size_t(layout_.block_elems()) * elem_bytes_; }
   size_t layer_bytes() const { return size_t(layout_.num_blocks) * layer_block_bytes(); }
+  size_t layer_block_scale_bytes() const {
+    return code_ == KvCode::kNone ? 0 : size_t(layout_.block_size * layout_.num_kv_heads) * 4;
+  }
+  size_t layer_scale_bytes() const { return size_t(layout_.num_blocks) * layer_block_scale_bytes(); }
+  float* scales_at(const DeviceBuffer& b, int64_t layer) const {
+    if (code_ == KvCode::kNone) return nullptr;
+    return reinterpret_cast<float*>(static_cast<char*>(b.get()) + size_t(layer) * layer_scale_bytes());
+  }
   void swap(std::span<const KvSwapCopy> copies, bool out);
   KvLayout layout_;
   DType dtype_;
+  KvCode code_ = KvCode::kNone;
+  size_t elem_bytes_ = 2;
   std::shared_ptr<CudaContext> cx_;
   DeviceBuffer k_, v_;
+  DeviceBuffer k_scale_, v_scale_;  // quantized only
   PinnedBuffer host_;
   int32_t host_blocks_ = 0;
 };

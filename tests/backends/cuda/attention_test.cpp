@@ -2,14 +2,20 @@
 // multi-step scenarios (prefill, decode, mixed chunk+decode steps) through shuffled
 // block tables, GQA/MQA/MHA, head dims 16/32/64/128, short and long (3000+) contexts,
 // with split-KV automatic, forced (64-key chunks) and off; and the encoder path (no
-// cache, bidirectional); the tensor-core prefill kernel automatic and forced. Skips
-// without a GPU.
+// cache, bidirectional); the tensor-core prefill kernel automatic and forced; the int8
+// and fp8 caches (--kv-cache-dtype) against the CPU backend with the same cache dtype,
+// through the decode, tile and tensor-core kernels, split and unsplit, and the packed
+// RoPE path with its quantizing cache write; the pool's codes and scales equal the CPU
+// pool's bit for bit. Skips without a GPU.
+#include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <numeric>
 
+#include "backends/cpu/cpu_ops.h"
+#include "backends/cuda/cuda_ops.h"
 #include "cuda_test_util.h"
 
 namespace kiln::cuda {
@@ -66,9 +72,21 @@ std::vector<StepCase> decoder_steps(const Config& c, const std::string& dt, int6
   return steps;
 }
 
+// Bound on max|cuda - cpu| / max|cpu| with an int8/fp8 cache. Both backends store the
+// same codes and scales (the K/V inputs are exact in the dtype under test, and both
+// quantize with the same f32 operations), so what remains is the kernels' arithmetic as
+// for the 16/32-bit caches, plus, in the tensor-core kernel, the dequantized tiles
+// rounded to f16/bf16 (2^-12 / 2^-9 relative).
+double quantized_tolerance(const std::string& dtype) {
+  if (dtype == "f32") return 1e-4;
+  if (dtype == "f16") return 3e-3;
+  return 1e-2;
+}
+
 // flash "1" plans the tensor-core kernel for every non-decode step it supports (16-bit,
 // head dims 64/128): prefills and the mixed chunk + decode steps.
-void check_decoder(const Config& c, const std::string& split_chunk, const std::string& flash = "") {
+void check_decoder(const Config& c, const std::string& split_chunk, const std::string& flash = "",
+                   KvDType kv_dtype = KvDType::kAuto) {
   setenv("KILN_CUDA_SPLIT_CHUNK", split_chunk.c_str(), 1);
   setenv("KILN_CUDA_FLASH", flash.c_str(), 1);
   int64_t tokens = 0;
@@ -77,10 +95,13 @@ void check_decoder(const Config& c, const std::string& split_chunk, const std::s
   for (const auto& dt : all_dtypes()) {
     std::mt19937_64 rng(uint64_t(c.hq * 1000 + c.d + c.prompts.size()));
     auto steps = decoder_steps(c, dt, blocks, rng);
-    KvLayout kv{.num_layers = 1, .num_blocks = blocks, .block_size = c.block_size, .num_kv_heads = c.hkv, .head_dim = c.d};
+    KvLayout kv{.num_layers = 1, .num_blocks = blocks, .block_size = c.block_size, .num_kv_heads = c.hkv, .head_dim = c.d,
+                .dtype = kv_dtype};
     std::string what = str_cat("attn hq=", c.hq, " hkv=", c.hkv, " d=", c.d, " bs=", c.block_size, " seqs=", c.prompts.size(),
-                               " max_prompt=", *std::max_element(c.prompts.begin(), c.prompts.end()), " split=", split_chunk, " flash=", flash);
-    expect_backends_match(attention_graph(c, true), steps, dt, op_tolerance(dt), what, kv);
+                               " max_prompt=", *std::max_element(c.prompts.begin(), c.prompts.end()), " split=", split_chunk, " flash=", flash,
+                               " kv=", kv_dtype_name(kv_dtype));
+    const double tol = kv_dtype == KvDType::kAuto ? op_tolerance(dt) : quantized_tolerance(dt);
+    expect_backends_match(attention_graph(c, true), steps, dt, tol, what, kv);
   }
   unsetenv("KILN_CUDA_SPLIT_CHUNK");
   unsetenv("KILN_CUDA_FLASH");
@@ -104,6 +125,76 @@ TEST(CudaAttention, DecoderLongContexts) {
     check_decoder(Config{4, 2, 64, 16, {3000, 700}}, "0", flash);
     check_decoder(Config{32, 8, 128, 16, {1100, 37, 1}}, "0", flash);
   }
+}
+
+// int8 and fp8 caches: decode steps through the decode kernel (GQA groups 1-4) and split
+// plans (tile kernel + combine), prefills and mixed steps through the tile kernel and
+// the tensor-core one, head dims 16-128, long contexts.
+TEST(CudaAttention, QuantizedCachesMatchCpu) {
+  KILN_SKIP_WITHOUT_CUDA();
+  for (KvDType kd : {KvDType::kInt8, KvDType::kFp8}) {
+    for (const Config& c : {Config{4, 4, 16, 16, {5, 1, 17}}, Config{8, 2, 32, 16, {40, 3}}, Config{9, 3, 64, 16, {33, 7}},
+                            Config{32, 8, 128, 16, {50, 16, 1}}})
+      for (const char* split : {"0", "-1", "16"}) check_decoder(c, split, split[0] == '0' ? "1" : "", kd);
+    for (const char* split : {"0", "64", "-1"}) check_decoder(Config{4, 2, 64, 16, {3000, 700}}, split, "", kd);
+    for (const char* flash : {"1", "0"}) check_decoder(Config{32, 8, 128, 16, {1100, 37, 1}}, "0", flash, kd);
+  }
+}
+
+// After one prefill step, the CUDA pool's codes and scales are the CPU pool's, bit for
+// bit (both backends quantize the same f32 values with the same operations); one
+// token's K rows are all zeros (scale 0, codes 0).
+TEST(CudaAttention, QuantizedPoolHoldsTheCpuCodesAndScales) {
+  KILN_SKIP_WITHOUT_CUDA();
+  const Config c{8, 2, 64, 16, {37, 5}};
+  for (KvDType kd : {KvDType::kInt8, KvDType::kFp8})
+    for (const std::string dt : {"f32", "bf16"}) {
+      SCOPED_TRACE(str_cat(kv_dtype_name(kd), " ", dt));
+      std::mt19937_64 rng(17);
+      const int64_t blocks = 8;
+      auto steps = decoder_steps(c, dt, blocks, rng);
+      Tensor& k = steps[0].inputs["k"];
+      std::fill_n(k.data_as<float>() + 3 * c.hkv * c.d, c.hkv * c.d, 0.0f);
+      KvLayout layout{.num_layers = 1, .num_blocks = blocks, .block_size = c.block_size, .num_kv_heads = c.hkv,
+                      .head_dim = c.d, .dtype = kd};
+      auto cpu = create_backend("cpu");
+      auto gpu = create_backend("cuda");
+      ir::Graph g = attention_graph(c, true);
+      auto cg = cpu->compile(g, {.weight_dtype = "f32"});
+      auto gg = gpu->compile(g, {.weight_dtype = dt});
+      auto ckv = cpu->allocate_kv(layout);
+      auto gkv = gpu->allocate_kv(layout);
+      cg->run(steps[0].inputs, steps[0].step, ckv.get());
+      gg->run(steps[0].inputs, steps[0].step, gkv.get());
+      ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+      auto* cp = dynamic_cast<cpu::CpuKv*>(ckv.get());
+      auto* gp = dynamic_cast<CudaKv*>(gkv.get());
+      ASSERT_TRUE(cp && gp);
+      const size_t codes = size_t(layout.num_blocks * layout.block_elems()), rows = codes / size_t(c.d);
+      std::vector<int8_t> gk(codes), gv(codes);
+      std::vector<float> gks(rows), gvs(rows);
+      ASSERT_EQ(cudaMemcpy(gk.data(), gp->k(0), codes, cudaMemcpyDeviceToHost), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(gv.data(), gp->v(0), codes, cudaMemcpyDeviceToHost), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(gks.data(), gp->k_scales(0), rows * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      ASSERT_EQ(cudaMemcpy(gvs.data(), gp->v_scales(0), rows * 4, cudaMemcpyDeviceToHost), cudaSuccess);
+      size_t written = 0, zero_rows = 0, code_diff = 0, scale_diff = 0;
+      for (int64_t slot : steps[0].step.slot_mapping)
+        for (int64_t h = 0; h < c.hkv; ++h) {
+          const size_t r = size_t(slot * c.hkv + h);
+          ++written;
+          zero_rows += gks[r] == 0.0f;
+          scale_diff += gks[r] != cp->k_scales(0)[r];
+          scale_diff += gvs[r] != cp->v_scales(0)[r];
+          for (int64_t i = 0; i < c.d; ++i) {
+            code_diff += gk[r * size_t(c.d) + size_t(i)] != cp->k_codes(0)[r * size_t(c.d) + size_t(i)];
+            code_diff += gv[r * size_t(c.d) + size_t(i)] != cp->v_codes(0)[r * size_t(c.d) + size_t(i)];
+          }
+        }
+      EXPECT_EQ(written, size_t(42 * c.hkv));
+      EXPECT_EQ(zero_rows, size_t(c.hkv)) << "token 3's all-zero K rows have scale 0";
+      EXPECT_EQ(code_diff, 0u);
+      EXPECT_EQ(scale_diff, 0u);
+    }
 }
 
 TEST(CudaAttention, EncoderBidirectionalWithoutCache) {
@@ -150,33 +241,44 @@ ir::Graph packed_graph(const Config& c, bool causal, int64_t rotary_dim) {
   return g;
 }
 
+// decoder_steps with q, k, v packed into one qkv input and positions for RoPE (none
+// when rot is 0).
+std::vector<StepCase> packed_steps(const Config& c, const std::string& dt, int64_t blocks, int64_t rot,
+                                   std::mt19937_64& rng) {
+  auto steps = decoder_steps(c, dt, blocks, rng);
+  for (StepCase& sc : steps) {
+    const int64_t t = sc.inputs["q"].dim(0), qw = c.hq * c.d, kw = c.hkv * c.d;
+    Tensor qkv(DType::kF32, {t, qw + 2 * kw}), pos(DType::kI32, {t});
+    for (int64_t r = 0; r < t; ++r) {
+      float* row = qkv.data_as<float>() + r * (qw + 2 * kw);
+      std::copy_n(sc.inputs["q"].data_as<float>() + r * qw, qw, row);
+      std::copy_n(sc.inputs["k"].data_as<float>() + r * kw, kw, row + qw);
+      std::copy_n(sc.inputs["v"].data_as<float>() + r * kw, kw, row + qw + kw);
+    }
+    for (const StepSequence& ss : sc.step.seqs)
+      for (int32_t i = 0; i < ss.q_len; ++i) pos.data_as<int32_t>()[ss.q_start + i] = ss.ctx_len - ss.q_len + i;
+    sc.inputs = {{"qkv", qkv}, {"positions", pos}};
+    if (rot == 0) sc.inputs.erase("positions");  // no RoPE: no positions input
+  }
+  return steps;
+}
+
+int64_t blocks_for(const Config& c) {
+  int64_t tokens = 0;
+  for (int32_t p : c.prompts) tokens += p + 6;
+  return tokens / c.block_size + int64_t(c.prompts.size()) * 2 + 4;
+}
+
 TEST(CudaAttention, PackedQkvWithRopeMatchesCpu) {
   KILN_SKIP_WITHOUT_CUDA();
   for (const Config& c : {Config{8, 2, 64, 16, {5, 40, 130}}, Config{4, 4, 32, 16, {17, 1}}, Config{8, 1, 128, 16, {70}}})
     for (int64_t rot : {c.d, c.d / 2, int64_t(0)})
       for (const auto& dt : all_dtypes()) {
         std::mt19937_64 rng(uint64_t(c.hq * 100 + rot));
-        int64_t tokens = 0;
-        for (int32_t p : c.prompts) tokens += p + 6;
-        const int64_t blocks = tokens / c.block_size + int64_t(c.prompts.size()) * 2 + 4;
-        auto steps = decoder_steps(c, dt, blocks, rng);
-        for (StepCase& sc : steps) {
-          const int64_t t = sc.inputs["q"].dim(0), qw = c.hq * c.d, kw = c.hkv * c.d;
-          Tensor qkv(DType::kF32, {t, qw + 2 * kw}), pos(DType::kI32, {t});
-          for (int64_t r = 0; r < t; ++r) {
-            float* row = qkv.data_as<float>() + r * (qw + 2 * kw);
-            std::copy_n(sc.inputs["q"].data_as<float>() + r * qw, qw, row);
-            std::copy_n(sc.inputs["k"].data_as<float>() + r * kw, kw, row + qw);
-            std::copy_n(sc.inputs["v"].data_as<float>() + r * kw, kw, row + qw + kw);
-          }
-          for (const StepSequence& ss : sc.step.seqs)
-            for (int32_t i = 0; i < ss.q_len; ++i) pos.data_as<int32_t>()[ss.q_start + i] = ss.ctx_len - ss.q_len + i;
-          sc.inputs = {{"qkv", qkv}, {"positions", pos}};
-        }
+        const int64_t blocks = blocks_for(c);
+        auto steps = packed_steps(c, dt, blocks, rot, rng);
         KvLayout kv{.num_layers = 1, .num_blocks = blocks, .block_size = c.block_size, .num_kv_heads = c.hkv,
                     .head_dim = c.d};
-        if (rot == 0)  // no RoPE: no positions input
-          for (StepCase& sc : steps) sc.inputs.erase("positions");
         for (const char* flash : {"", "1"}) {  // the rows q_stride apart also through the tensor-core kernel
           setenv("KILN_CUDA_FLASH", flash, 1);
           expect_backends_match(packed_graph(c, true, rot), steps, dt, op_tolerance(dt),
@@ -185,6 +287,33 @@ TEST(CudaAttention, PackedQkvWithRopeMatchesCpu) {
           unsetenv("KILN_CUDA_FLASH");
         }
       }
+}
+
+// The packed path with an int8/fp8 cache: RoPE in place, then the quantizing write from
+// the packed rows (row stride = the q|k|v width). The rotated K rows are rounded to the
+// activation dtype on the GPU and computed with a different sin/cos, so a code may land
+// one step away from the CPU's (int8: amax/127; E4M3: 2^-3 of the value): bounds 2e-2
+// and 4e-2 of max|ref| instead of the exact-codes ones.
+TEST(CudaAttention, PackedQkvQuantizedCachesMatchCpu) {
+  KILN_SKIP_WITHOUT_CUDA();
+  for (KvDType kd : {KvDType::kInt8, KvDType::kFp8})
+    for (const Config& c : {Config{8, 2, 64, 16, {5, 40, 130}}, Config{8, 1, 128, 16, {70}}})
+      for (int64_t rot : {c.d, c.d / 2, int64_t(0)})
+        for (const auto& dt : all_dtypes()) {
+          std::mt19937_64 rng(uint64_t(c.hq * 100 + rot));
+          const int64_t blocks = blocks_for(c);
+          auto steps = packed_steps(c, dt, blocks, rot, rng);
+          KvLayout kv{.num_layers = 1, .num_blocks = blocks, .block_size = c.block_size, .num_kv_heads = c.hkv,
+                      .head_dim = c.d, .dtype = kd};
+          const double tol = rot == 0 ? quantized_tolerance(dt) : kd == KvDType::kInt8 ? 2e-2 : 4e-2;
+          for (const char* flash : {"", "1"}) {
+            setenv("KILN_CUDA_FLASH", flash, 1);
+            expect_backends_match(packed_graph(c, true, rot), steps, dt, tol,
+                                  str_cat("packed attn hq=", c.hq, " hkv=", c.hkv, " d=", c.d, " rot=", rot,
+                                          " flash=", flash, " kv=", kv_dtype_name(kd)), kv);
+            unsetenv("KILN_CUDA_FLASH");
+          }
+        }
 }
 
 TEST(CudaAttention, BadBlockTableIsAnError) {

@@ -5,7 +5,7 @@
 // error, as bf16's 3 fewer mantissa bits predict); and the real SmolLM2 GGUF, CUDA vs CPU
 // greedy for 32 tokens; decode steps replayed as CUDA graphs give the same bits as eager;
 // executor steps that fetch only TopKLogits candidates give whole-row steps' outputs;
-// q8/q4 models generate as the CPU's q8/q4 do.
+// q8/q4 models generate as the CPU's q8/q4 do; int8/fp8 KV caches decode as the CPU's.
 // Skips without a GPU (and the SmolLM2 test without the model file).
 #include <gtest/gtest.h>
 
@@ -298,6 +298,73 @@ TEST(CudaQuantModels, GenerationMatchesCpuQuantized) {
       // compounds over the quantized layers' larger output errors; the bf16-model bound
       // (6e-2) was exceeded once on the H200 (0.071, llama, every argmax equal), so q4 gets 1e-1.
       EXPECT_LE(worst, 1e-1) << family << " q4 prompt " << i;
+    }
+  }
+}
+
+// int8 and fp8 KV caches (--kv-cache-dtype) on CUDA against the CPU with the same cache
+// dtype, teacher-forced along the CPU's greedy tokens: every step's logits within a bound
+// and, where the argmax differs, a near-tie of the CPU's logits. f32 activations: both
+// backends quantize nearly the same K/V (the GEMMs differ by f32 rounding, which can move
+// a code by one step), bound 1e-2; bf16 activations: the bf16 model bound plus the codes
+// of bf16-rounded K/V, 1e-1 (as for q4 weights).
+TEST(CudaQuantizedKv, DecoderMatchesCpuWithTheSameCacheDtype) {
+  KILN_SKIP_WITHOUT_CUDA();
+  for (std::string family : {"llama", "qwen2", "gpt2"}) {
+    const std::string dir = fixtures_dir() + "/models/" + family;
+    Ref ref(family);
+    auto ids = ref.ids("input_ids");
+    auto lengths = ref.ids("lengths");
+    const int64_t smax = ref.shape("input_ids")[1];
+    std::vector<std::vector<int32_t>> prompts;
+    for (size_t b = 0; b < lengths.size(); ++b)
+      prompts.emplace_back(ids.begin() + int64_t(b) * smax, ids.begin() + int64_t(b) * smax + lengths[b]);
+    for (std::string kv : {"int8", "fp8"}) {
+      ModelOptions co;
+      co.kv_cache_dtype = kv;
+      auto cpu = Model::load(dir, co);
+      std::vector<std::vector<int32_t>> want;
+      {
+        LlmRunner rc(*cpu);
+        want = rc.generate_greedy(prompts, 12);
+      }
+      for (std::string dt : {"f32", "bf16"}) {
+        ModelOptions go;
+        go.backend = "cuda";
+        go.weight_dtype = dt;
+        go.kv_cache_dtype = kv;
+        auto gpu = Model::load(dir, go);
+        const int64_t v = gpu->info().vocab_size;
+        const double tol = dt == "f32" ? 1e-2 : 1e-1;
+        for (size_t i = 0; i < prompts.size(); ++i) {
+          LlmRunner rc(*cpu, {.block_size = 4}), rg(*gpu, {.block_size = 4});
+          int32_t sc = rc.add_sequence(prompts[i]), sg = rg.add_sequence(prompts[i]);
+          int equal = 0;
+          double worst = 0;
+          for (size_t step = 0; step < want[i].size(); ++step) {
+            auto oc = rc.step(), og = rg.step();
+            ASSERT_EQ(oc.size(), 1u);
+            ASSERT_EQ(og.size(), 1u);
+            const float* lc = oc[0].logits.data();
+            const float* lg = og[0].logits.data();
+            Diff d = diff(Tensor::view(const_cast<float*>(lg), DType::kF32, {v}),
+                          Tensor::view(const_cast<float*>(lc), DType::kF32, {v}));
+            worst = std::max(worst, d.rel());
+            const int32_t ac = argmax(lc, v), ag = argmax(lg, v);
+            if (ac == ag)
+              ++equal;
+            else
+              EXPECT_LE((double(lc[ac]) - double(lc[ag])) / d.max_ref, 2e-2)
+                  << family << " KV " << kv << " " << dt << " prompt " << i << " step " << step << ": argmax " << ag
+                  << " vs the CPU's " << ac << " is not a near-tie";
+            rc.append_tokens(sc, {want[i][step]});
+            rg.append_tokens(sg, {want[i][step]});
+          }
+          std::printf("  %s KV %s, %s activations, prompt %zu: argmax equal at %d of %zu steps, worst logits rel %.3g\n",
+                      family.c_str(), kv.c_str(), dt.c_str(), i, equal, want[i].size(), worst);
+          EXPECT_LE(worst, tol) << family << " KV " << kv << " " << dt << " prompt " << i;
+        }
+      }
     }
   }
 }

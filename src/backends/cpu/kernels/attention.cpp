@@ -1,5 +1,5 @@
 // Paged attention (public entry points, argument checks, scalar Ops) and kv_cache_write,
-// for the f32 and the int8 KV cache.
+// for the f32, the int8 and the FP8 KV cache.
 // The loop itself is attention_impl.h; the AVX2 Ops are in attention_avx2.cpp.
 // Tested in tests/backends/cpu/attention_test.cpp against dense attention on unpaged K/V.
 #include <algorithm>
@@ -9,6 +9,8 @@
 
 #include "backends/cpu/kernels/attention_impl.h"
 #include "backends/cpu/kernels/isa.h"
+#include "core/dtype.h"
+#include "core/fp8.h"
 #include "core/status.h"
 
 namespace kiln::cpu {
@@ -30,6 +32,16 @@ struct ScalarOps {
   }
   static void axpy(float* acc, float p, const int8_t* v, int64_t d) {
     for (int64_t i = 0; i < d; ++i) acc[i] += p * float(v[i]);
+  }
+  static float dot(const float* a, const Fp8Code* b, int64_t d) {
+    const float* table = fp8e4m3_table();
+    float s = 0.0f;
+    for (int64_t i = 0; i < d; ++i) s += a[i] * table[uint8_t(b[i])];
+    return s;
+  }
+  static void axpy(float* acc, float p, const Fp8Code* v, int64_t d) {
+    const float* table = fp8e4m3_table();
+    for (int64_t i = 0; i < d; ++i) acc[i] += p * table[uint8_t(v[i])];
   }
   static void scale(float* acc, float s, int64_t d) {
     for (int64_t i = 0; i < d; ++i) acc[i] *= s;
@@ -77,23 +89,75 @@ void paged_attention_int8(const float* q, const int8_t* k_codes, const float* k_
                                             scale, causal, seqs, num_seqs, out);
 }
 
-float kv_quantize_row(const float* x, int64_t d, int8_t* codes) {
+void paged_attention_fp8(const float* q, const Fp8Code* k_codes, const float* k_scales,
+                         const Fp8Code* v_codes, const float* v_scales, int64_t block_size, int64_t hq,
+                         int64_t hkv, int64_t d, float scale, bool causal, const AttentionSeq* seqs,
+                         int64_t num_seqs, float* out) {
+  check_attention_args(block_size, hq, hkv, d, seqs, num_seqs);
+  if (use_avx2())
+    avx2::paged_attention_fp8(q, k_codes, k_scales, v_codes, v_scales, block_size, hq, hkv, d, scale, causal,
+                              seqs, num_seqs, out);
+  else
+    paged_attention_impl<ScalarOps, Fp8Code>(q, k_codes, k_scales, v_codes, v_scales, block_size, hq, hkv, d,
+                                             scale, causal, seqs, num_seqs, out);
+}
+
+namespace {
+
+// The row's max |x| (0 for an empty row) and whether every value is finite.
+float row_amax(const float* x, int64_t d, bool& finite) {
   float amax = 0.0f;
-  bool finite = true;
+  finite = true;
   for (int64_t i = 0; i < d; ++i) {
     amax = std::max(amax, std::fabs(x[i]));
     finite = finite && std::isfinite(x[i]);
   }
+  return amax;
+}
+
+}  // namespace
+
+float kv_quantize_row(const float* x, int64_t d, int8_t* codes) {
+  bool finite = true;
+  const float amax = row_amax(x, d, finite);
+  if (d <= 0) return 0.0f;
   if (amax == 0.0f || !finite) {
     // All zeros: scale 0. A non-finite row has no scale; a NaN one keeps attention
     // reading NaN, as the f32 cache would.
-    std::memset(codes, 0, size_t(d));
+    std::fill(codes, codes + d, int8_t(0));
     return finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
   }
   const float s = amax / 127.0f, inv = 127.0f / amax;
   for (int64_t i = 0; i < d; ++i)
     codes[i] = int8_t(std::clamp(std::nearbyint(x[i] * inv), -127.0f, 127.0f));
   return s;
+}
+
+float kv_quantize_row_fp8(const float* x, int64_t d, Fp8Code* codes) {
+  bool finite = true;
+  const float amax = row_amax(x, d, finite);
+  if (d <= 0) return 0.0f;
+  if (amax == 0.0f || !finite) {
+    std::fill(codes, codes + d, Fp8Code(0));  // code 0 is +0
+    return finite ? 0.0f : std::numeric_limits<float>::quiet_NaN();
+  }
+  const float s = amax / kFp8E4M3Max, inv = kFp8E4M3Max / amax;
+  for (int64_t i = 0; i < d; ++i) codes[i] = Fp8Code(f32_to_fp8e4m3(x[i] * inv));
+  return s;
+}
+
+void kv_cache_write_fp8(const float* k, const float* v, const int64_t* slot_mapping, int64_t t,
+                        int64_t hkv, int64_t d, Fp8Code* k_codes, float* k_scales, Fp8Code* v_codes,
+                        float* v_scales) {
+  for (int64_t i = 0; i < t; ++i) {
+    const int64_t slot = slot_mapping[i];
+    if (slot < 0) continue;
+    for (int64_t h = 0; h < hkv; ++h) {
+      const int64_t row = (i * hkv + h) * d, dst = (slot * hkv + h) * d;
+      k_scales[slot * hkv + h] = kv_quantize_row_fp8(k + row, d, k_codes + dst);
+      v_scales[slot * hkv + h] = kv_quantize_row_fp8(v + row, d, v_codes + dst);
+    }
+  }
 }
 
 void kv_cache_write_int8(const float* k, const float* v, const int64_t* slot_mapping, int64_t t,

@@ -1,6 +1,6 @@
 // Internal: the paged-attention loop, written once and instantiated per ISA with an Ops
-// type giving dot/axpy/scale/exp over contiguous floats, and dot/axpy over int8 codes
-// for the int8 cache (attention.cpp: scalar, attention_avx2.cpp: AVX2). Ops types live in anonymous namespaces so each ISA's
+// type giving dot/axpy/scale/exp over contiguous floats, and dot/axpy over int8 and FP8
+// codes for the quantized caches (attention.cpp: scalar, attention_avx2.cpp: AVX2). Ops types live in anonymous namespaces so each ISA's
 // instantiation has internal linkage. Tested in tests/backends/cpu/attention_test.cpp.
 #pragma once
 
@@ -18,9 +18,9 @@ namespace kiln::cpu {
 // One work item is one (query row, head): it walks the context one KV block at a time
 // with an online softmax (running max m, running sum l, unnormalized acc[D]), so a block's
 // scores are computed, exponentiated and folded into acc while its K/V rows are in cache.
-// Elem is float (f32 cache; the scale pointers are unused) or int8_t (codes, with one
-// scale per (slot, kv head) at k_scales/v_scales[slot * hkv + kvh], applied to the dot
-// product and to the probability that weights the V row).
+// Elem is float (f32 cache; the scale pointers are unused) or int8_t / Fp8Code (codes,
+// with one scale per (slot, kv head) at k_scales/v_scales[slot * hkv + kvh], applied to
+// the dot product and to the probability that weights the V row).
 template <typename Ops, typename Elem>
 void paged_attention_impl(const float* q, const Elem* k_cache, const float* k_scales, const Elem* v_cache,
                           const float* v_scales, int64_t block_size, int64_t hq, int64_t hkv, int64_t d, float scale,
@@ -31,7 +31,8 @@ void paged_attention_impl(const float* q, const Elem* k_cache, const float* k_sc
   for (int64_t s = 0; s < num_seqs; ++s) rows_before[s + 1] = rows_before[s] + seqs[s].q_len;
   const int64_t items = rows_before[num_seqs] * hq;
   const int64_t group = hq / hkv;
-  const int64_t kv_row = hkv * d;  // floats between consecutive tokens of a block
+  const int64_t kv_row = hkv * d;  // elements between consecutive tokens of a block
+  constexpr bool kQuantized = !std::is_same_v<Elem, float>;
 
   ThreadPool::global().parallel_for(items, [&](int64_t begin, int64_t end, int) {
     std::unique_ptr<float[]> buf(new float[2 * d + block_size]);
@@ -61,7 +62,7 @@ void paged_attention_impl(const float* q, const Elem* k_cache, const float* k_sc
         float bmax = -std::numeric_limits<float>::infinity();
         for (int64_t i = 0; i < n; ++i) {
           score[i] = Ops::dot(qs, kb + i * kv_row, d);
-          if constexpr (std::is_same_v<Elem, int8_t>) score[i] *= k_scales[sbase + i * hkv];
+          if constexpr (kQuantized) score[i] *= k_scales[sbase + i * hkv];
           bmax = std::max(bmax, score[i]);
         }
         const float m_new = std::max(m, bmax);
@@ -75,7 +76,7 @@ void paged_attention_impl(const float* q, const Elem* k_cache, const float* k_sc
         Ops::exp_inplace(score, n);
         for (int64_t i = 0; i < n; ++i) {
           l += score[i];
-          if constexpr (std::is_same_v<Elem, int8_t>)
+          if constexpr (kQuantized)
             Ops::axpy(acc, score[i] * v_scales[sbase + i * hkv], vb + i * kv_row, d);
           else
             Ops::axpy(acc, score[i], vb + i * kv_row, d);

@@ -56,6 +56,10 @@ void paged_attention_int8(const float* q, const int8_t* k_codes, const float* k_
                           const int8_t* v_codes, const float* v_scales, int64_t block_size, int64_t hq,
                           int64_t hkv, int64_t d, float scale, bool causal, const AttentionSeq* seqs,
                           int64_t num_seqs, float* out);
+void paged_attention_fp8(const float* q, const Fp8Code* k_codes, const float* k_scales,
+                         const Fp8Code* v_codes, const float* v_scales, int64_t block_size, int64_t hq,
+                         int64_t hkv, int64_t d, float scale, bool causal, const AttentionSeq* seqs,
+                         int64_t num_seqs, float* out);
 }  // namespace avx2
 
 }  // namespace kiln::cpu

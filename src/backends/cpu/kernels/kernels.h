@@ -203,6 +203,23 @@ void paged_attention_int8(const float* q, const int8_t* k_codes, const float* k_
                           int64_t hkv, int64_t d, float scale, bool causal, const AttentionSeq* seqs,
                           int64_t num_seqs, float* out);
 
+// FP8 KV cache (KvDType::kFp8): the same layout with FP8 E4M3 codes (one byte, their own
+// type so the attention loop overloads on it). A row is quantized when written: s = max|x|
+// / 448 over its D values, code = e4m3(x * (448 / max|x|)) (core/dtype.h's rounding: to
+// nearest even, saturating at 448), so |x - decode(code) * s| <= 2^-4 |x| for the normal
+// range (|x| >= 2^-6 * s) and <= 2^-10 * s below it. Zero and non-finite rows as for int8.
+enum class Fp8Code : uint8_t {};
+float kv_quantize_row_fp8(const float* x, int64_t d, Fp8Code* codes);
+void kv_cache_write_fp8(const float* k, const float* v, const int64_t* slot_mapping, int64_t t,
+                        int64_t hkv, int64_t d, Fp8Code* k_codes, float* k_scales, Fp8Code* v_codes,
+                        float* v_scales);
+// paged_attention over the fp8 cache, the scales applied as in paged_attention_int8 and the
+// codes decoded exactly in registers.
+void paged_attention_fp8(const float* q, const Fp8Code* k_codes, const float* k_scales,
+                         const Fp8Code* v_codes, const float* v_scales, int64_t block_size, int64_t hq,
+                         int64_t hkv, int64_t d, float scale, bool causal, const AttentionSeq* seqs,
+                         int64_t num_seqs, float* out);
+
 // ---- Embedding -----------------------------------------------------------------------
 // out[i] = table[ids[i]]; throws kiln::Error (kOutOfRange) naming the id and vocab size.
 void embedding(const float* table, int64_t vocab, const int32_t* ids, int64_t t, int64_t dim,

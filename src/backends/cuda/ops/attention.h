@@ -7,6 +7,10 @@
 // kAttnItemsPerCta (query row, head) items of one sequence and one KV head over a range
 // of context positions; a sequence with few query rows and a long context is split
 // along the context (split-KV) and its partial results merged by a combine kernel.
+// Quantized caches (KvCode int8/fp8: one-byte codes with an f32 scale per (slot, kv
+// head), KvDType in backends/backend.h) run through the same kernels, which dequantize
+// as they load K/V: the decode and tile kernels into f32 registers/shared memory, the
+// tensor-core kernel into its 16-bit shared-memory tiles.
 // Tested against the CPU backend in tests/backends/cuda/attention_test.cpp.
 #pragma once
 
@@ -18,6 +22,10 @@
 #include "core/dtype.h"
 
 namespace kiln::cuda {
+
+// What a KV cache stores: the activation dtype (kNone), or int8 / FP8 E4M3 codes with
+// per (slot, kv head) f32 scales [blocks * block_size, hkv] beside them.
+enum class KvCode : uint8_t { kNone, kInt8, kFp8 };
 
 // (query row, head) items one CTA handles: 4 warps × 4 items.
 constexpr int kAttnItemsPerCta = 16;
@@ -44,7 +52,8 @@ struct AttentionPlan {
 };
 
 bool attention_supports_head_dim(int64_t d);
-// Whether the tensor-core prefill kernel takes this cache dtype and head dim.
+// Whether the tensor-core prefill kernel takes this activation dtype and head dim (any
+// KvCode: quantized tiles are decoded to the activation dtype).
 bool attention_flash_supported(DType t, int64_t d);
 // split_chunk: keys per split; 0 picks one so that the grid fills about 2 waves of
 // `num_sms` multiprocessors, < 0 never splits. flash (only where
@@ -62,10 +71,13 @@ AttentionPlan attention_plan_decode(const std::vector<AttnSeq>& seqs, int64_t hq
 size_t attention_workspace_floats(const AttentionPlan& plan, int64_t hkv, int64_t d);
 
 struct AttentionArgs {
-  DType dtype = DType::kBF16;       // of q, the caches and out
+  DType dtype = DType::kBF16;       // of q, out and (kv_code kNone) the caches
   const void* q = nullptr;          // [T, hq, d], rows q_stride elements apart
   const void* k_cache = nullptr;    // [blocks, block_size, hkv, d], slots kv_stride elements apart
   const void* v_cache = nullptr;
+  KvCode kv_code = KvCode::kNone;   // int8/fp8: the caches hold codes, with these scales
+  const float* k_scales = nullptr;  // [blocks * block_size, hkv]
+  const float* v_scales = nullptr;
   int64_t q_stride = 0, kv_stride = 0;  // 0: hq * d and hkv * d (dense)
   int64_t max_q_len = 0;  // the step's longest q_len; with its GQA group <= 8, the decode kernel runs
   void* out = nullptr;              // [T, hq, d]
@@ -89,11 +101,22 @@ void launch_kv_cache_write(DType t, const void* k, const void* v, const int64_t*
                            int64_t tokens, int64_t row_elems, void* k_cache, void* v_cache,
                            cudaStream_t s);
 
+// The quantized cache write (code int8 or fp8): k, v rows of `tokens` tokens, each
+// [hkv, d], `row_stride` elements apart (hkv * d dense; the packed q|k|v width when they
+// are views into packed rows); every (token, kv head) row is quantized as KvDType says
+// (backends/backend.h: the same codes and scales as the CPU backend) into codes
+// [slots, hkv, d] and scales [slots, hkv] at slot_mapping[i]; -1 skips the token.
+void launch_kv_quant_write(DType t, KvCode code, const void* k, const void* v, int64_t row_stride,
+                           const int64_t* slot_mapping, int64_t tokens, int64_t hkv, int64_t d, uint8_t* k_codes,
+                           float* k_scales, uint8_t* v_codes, float* v_scales, cudaStream_t s);
+
 // Packed attention's front end (pass fuse_qkv_attention): qkv [t, (hq + 2 hkv) * d] rows
 // from the merged Q/K/V projection. Rotates q and k in place (RoPE over the first
 // rotary_dim dims of each head, when inv_freq is set; same rounding as launch_rope) and
 // writes k and v through slot_mapping into the caches (when k_cache is set), in one
-// kernel. The attention then reads q from the packed rows (q_stride = row width).
+// kernel. The attention then reads q from the packed rows (q_stride = row width). With a
+// quantized cache, k_cache is null here (rotation only) and launch_kv_quant_write
+// stores the rotated rows.
 struct QkvPrepArgs {
   DType dtype = DType::kBF16;
   void* qkv = nullptr;

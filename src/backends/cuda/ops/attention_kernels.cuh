@@ -1,0 +1,762 @@
+// Internal to the CUDA backend's attention: the kernel templates of attention.cu (see
+// the notes there and in attention.h), templated on the activation type T, the head dim
+// D and the KV cache's codes Q (KvCode: the activation type itself, int8 or E4M3 with
+// per (slot, kv head) scales, dequantized as tiles are loaded). Included by
+// attention.cu (Q = kNone) and attention_kv_quant.cu (int8, fp8): the instantiations
+// are split over two translation units so that nvcc builds them in parallel. Tested in
+// tests/backends/cuda/attention_test.cpp.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+
+#include "backends/cuda/common.cuh"
+#include "backends/cuda/ops/attention.h"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int kWarps = 4, kItemsPerWarp = 4, kTileKeys = 32;
+static_assert(kWarps * kItemsPerWarp == kAttnItemsPerCta);
+
+// The cache's element: the activation type T, or a one-byte code (int8 or E4M3) whose
+// (slot, kv head) row has an f32 scale beside the pool.
+template <typename T, KvCode Q>
+using KvElem = std::conditional_t<Q == KvCode::kNone, T, uint8_t>;
+
+// Codes decode to value / kv_code_unit: E4M3 goes through its f16 bit pattern (sign to
+// bit 15, exponent and mantissa to bits 13..7), which reads as exactly the E4M3 value
+// times 2^-8 for normals and subnormals alike (the CPU's AVX2 path does the same); the
+// kernels fold the 2^8 into the row's scale (a power of two: exact). The cache holds no
+// NaN codes (a non-finite row gets a NaN scale instead).
+template <KvCode Q>
+constexpr float kv_code_unit() {
+  return Q == KvCode::kFp8 ? 256.0f : 1.0f;
+}
+template <KvCode Q>
+__device__ __forceinline__ float kv_decode1(uint8_t c) {
+  if constexpr (Q == KvCode::kInt8) {
+    return float(int8_t(c));
+  } else {
+    return __half2float(__ushort_as_half(uint16_t(((c & 0x80u) << 8) | ((c & 0x7fu) << 7))));
+  }
+}
+// Four codes, little-endian in w.
+template <KvCode Q>
+__device__ __forceinline__ void kv_decode4(uint32_t w, float* f) {
+  if constexpr (Q == KvCode::kInt8) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) f[i] = float(int8_t(uint8_t(w >> (8 * i))));
+  } else {
+    // Codes 0|1 and 2|3 spread to the low bytes of two 16-bit halves, then both halves
+    // rebuilt as f16 bit patterns at once.
+    const uint32_t pairs[2] = {__byte_perm(w, 0u, 0x4140), __byte_perm(w, 0u, 0x4342)};
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const uint32_t b = ((pairs[i] & 0x00800080u) << 8) | ((pairs[i] & 0x007f007fu) << 7);
+      const float2 v = __half22float2(*reinterpret_cast<const __half2*>(&b));
+      f[2 * i] = v.x;
+      f[2 * i + 1] = v.y;
+    }
+  }
+}
+// One 16-byte vector of the cache as f32: 16 / sizeof(T) elements, or 16 codes (still to
+// be multiplied by their row's scale times kv_code_unit).
+template <typename T, KvCode Q>
+__device__ __forceinline__ void kv_load_vec(const uint4& raw, float* f) {
+  if constexpr (Q == KvCode::kNone) {
+    const T* v = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < 16 / int(sizeof(T)); ++i) f[i] = to_f32(v[i]);
+  } else {
+    kv_decode4<Q>(raw.x, f);
+    kv_decode4<Q>(raw.y, f + 4);
+    kv_decode4<Q>(raw.z, f + 8);
+    kv_decode4<Q>(raw.w, f + 12);
+  }
+}
+
+template <typename T, int D, KvCode Q>
+__global__ void __launch_bounds__(kWarps * 32)
+attention_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restrict__ k_cache,
+                 const KvElem<T, Q>* __restrict__ v_cache, const float* __restrict__ k_scales,
+                 const float* __restrict__ v_scales, T* __restrict__ out, int block_size, int hq, int hkv, int64_t q_stride, int64_t kv_row,
+                 float scale, bool causal,
+                 const AttnSeq* __restrict__ seqs, const int32_t* __restrict__ block_tables,
+                 const AttnWork* __restrict__ works, float* __restrict__ part_o, float* __restrict__ part_ml) {
+  pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
+  constexpr int R = kItemsPerWarp, DPL = (D + 31) / 32;
+  __shared__ float qs[kAttnItemsPerCta][D];
+  __shared__ float ks[kTileKeys][D + 1];  // +1: lane j reads row j, column c -> distinct banks
+  __shared__ float vs[kTileKeys][D];
+  const AttnWork w = works[blockIdx.x];
+  if (w.partial >= 0 && w.kv_begin >= w.kv_end && w.kv_begin > 0) return;  // an empty split: never combined
+  const AttnSeq sq = seqs[w.seq];
+  const int kvh = blockIdx.y, group = hq / hkv;
+  const int n_items = sq.q_len * group;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int ctx0 = sq.ctx_len - sq.q_len;  // position of the sequence's first new token
+
+  // Loads move 16-byte vectors (VEC elements of q, CVEC of the cache): rows are
+  // D-contiguous and 16-byte aligned.
+  constexpr int VEC = 16 / int(sizeof(T)), VPR = D / VEC, kThreads = kWarps * 32;
+  constexpr int CVEC = 16 / int(sizeof(KvElem<T, Q>)), CVPR = D / CVEC;
+  static_assert(D % VEC == 0 && D % CVEC == 0);
+  for (int e = threadIdx.x; e < kAttnItemsPerCta * VPR; e += kThreads) {
+    const int li = e / VPR, c = (e % VPR) * VEC, item = w.item_begin + li;
+    uint4 raw = make_uint4(0, 0, 0, 0);
+    if (item < n_items) {
+      const int64_t row = sq.q_start + item / group, h = kvh * group + item % group;
+      raw = *reinterpret_cast<const uint4*>(q + row * q_stride + h * D + c);
+    }
+    const T* v = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) qs[li][c + i] = to_f32(v[i]) * scale;
+  }
+  int lim[R];
+  float m[R], l[R], acc[R][DPL];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int item = w.item_begin + warp * R + r;
+    lim[r] = item < n_items ? min(causal ? ctx0 + item / group + 1 : sq.ctx_len, w.kv_end) : 0;
+    m[r] = -INFINITY;
+    l[r] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) acc[r][i] = 0.0f;
+  }
+  const int last = min(n_items, w.item_begin + kAttnItemsPerCta) - 1;
+  const int hi = min(w.kv_end, causal ? ctx0 + last / group + 1 : sq.ctx_len);
+  const int32_t* bt = block_tables + sq.bt_offset;
+
+  constexpr int NV = (kTileKeys * CVPR + kThreads - 1) / kThreads;  // vectors per thread per tile
+  for (int t0 = w.kv_begin; t0 < hi; t0 += kTileKeys) {
+    // Every load of the tile is issued before the barrier, so their latencies overlap
+    // with each other and with the wait for the previous tile's readers.
+    uint4 kr[NV], vr[NV];
+    float ksc[NV], vsc[NV];  // quantized caches: the rows' scales (times kv_code_unit)
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int e = threadIdx.x + i * kThreads, j = e / CVPR, c = (e % CVPR) * CVEC, p = t0 + j;
+      kr[i] = vr[i] = make_uint4(0, 0, 0, 0);
+      ksc[i] = vsc[i] = 0.0f;
+      if (e < kTileKeys * CVPR && p < hi) {
+        const int64_t slot = int64_t(bt[p / block_size]) * block_size + p % block_size;
+        const int64_t off = slot * kv_row + int64_t(kvh) * D + c;
+        kr[i] = *reinterpret_cast<const uint4*>(k_cache + off);
+        vr[i] = *reinterpret_cast<const uint4*>(v_cache + off);
+        if constexpr (Q != KvCode::kNone) {
+          ksc[i] = k_scales[slot * hkv + kvh] * kv_code_unit<Q>();
+          vsc[i] = v_scales[slot * hkv + kvh] * kv_code_unit<Q>();
+        }
+      }
+    }
+    __syncthreads();  // the previous tile is consumed (and qs written, on the first pass)
+#pragma unroll
+    for (int i = 0; i < NV; ++i) {
+      const int e = threadIdx.x + i * kThreads, j = e / CVPR, c = (e % CVPR) * CVEC;
+      if (e >= kTileKeys * CVPR) continue;
+      float kf[CVEC], vf[CVEC];
+      kv_load_vec<T, Q>(kr[i], kf);
+      kv_load_vec<T, Q>(vr[i], vf);
+#pragma unroll
+      for (int u = 0; u < CVEC; ++u) {
+        if constexpr (Q == KvCode::kNone) {
+          ks[j][c + u] = kf[u];
+          vs[j][c + u] = vf[u];
+        } else {
+          ks[j][c + u] = kf[u] * ksc[i];
+          vs[j][c + u] = vf[u] * vsc[i];
+        }
+      }
+    }
+    __syncthreads();
+    float s[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) s[r] = 0.0f;
+#pragma unroll 8
+    for (int c = 0; c < D; ++c) {
+      const float kc = ks[lane][c];
+#pragma unroll
+      for (int r = 0; r < R; ++r) s[r] += qs[warp * R + r][c] * kc;
+    }
+    const int p = t0 + lane;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      if (t0 >= lim[r]) continue;  // uniform across the warp: no key of this tile is visible
+      const float sv = p < lim[r] ? s[r] : -INFINITY;
+      const float m_new = fmaxf(m[r], warp_max(sv));  // finite: key t0 is visible
+      const float corr = expf(m[r] - m_new);
+      const float pr = expf(sv - m_new);
+      l[r] = l[r] * corr + warp_sum(pr);
+#pragma unroll
+      for (int i = 0; i < DPL; ++i) acc[r][i] *= corr;
+#pragma unroll 4
+      for (int j = 0; j < kTileKeys; ++j) {
+        const float pj = __shfl_sync(0xffffffffu, pr, j);
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) {
+          const int c = lane + 32 * i;
+          if (D % 32 == 0 || c < D) acc[r][i] += pj * vs[j][c];
+        }
+      }
+      m[r] = m_new;
+    }
+  }
+
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int li = warp * R + r, item = w.item_begin + li;
+    if (item >= n_items) continue;
+    if (w.partial < 0) {
+      const int64_t row = sq.q_start + item / group, h = kvh * group + item % group;
+      const float inv = l[r] > 0.0f ? 1.0f / l[r] : 0.0f;
+#pragma unroll
+      for (int i = 0; i < DPL; ++i) {
+        const int c = lane + 32 * i;
+        if (D % 32 == 0 || c < D) out[(row * hq + h) * D + c] = from_f32<T>(acc[r][i] * inv);
+      }
+    } else {
+      const int64_t base = (int64_t(w.partial) * hkv + kvh) * kAttnItemsPerCta + li;
+#pragma unroll
+      for (int i = 0; i < DPL; ++i) {
+        const int c = lane + 32 * i;
+        if (D % 32 == 0 || c < D) part_o[base * D + c] = acc[r][i];
+      }
+      if (lane == 0) {
+        part_ml[base * 2] = m[r];
+        part_ml[base * 2 + 1] = l[r];
+      }
+    }
+  }
+}
+
+// Decode attention (a CTA's items are at most 8, e.g. one query row times a GQA group
+// of <= 8): the CTA tile kernel above would keep one or two of its four warps busy. Here
+// each warp takes its own 32-key tiles (warp w: tiles w, w + 4, ...) for all R items:
+// lane j reads key j's K row straight from the cache (16-byte vectors, all in flight),
+// scores it against the items' q (shared memory, broadcast reads), the warp folds the
+// tile into each item's online softmax, and accumulates P·V with V rows read per key
+// (lanes over dims, coalesced). The four warps' (m, l, acc) then merge in shared memory.
+template <typename T, int D, int R, KvCode Q>
+__global__ void __launch_bounds__(kWarps * 32)
+attention_decode_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restrict__ k_cache,
+                        const KvElem<T, Q>* __restrict__ v_cache, const float* __restrict__ k_scales,
+                        const float* __restrict__ v_scales, T* __restrict__ out, int block_size, int hq, int hkv, int64_t q_stride, int64_t kv_row,
+                        float scale, bool causal, const AttnSeq* __restrict__ seqs,
+                        const int32_t* __restrict__ block_tables, const AttnWork* __restrict__ works,
+                        float* __restrict__ part_o, float* __restrict__ part_ml) {
+  pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
+  constexpr int DPL = (D + 31) / 32, VEC = 16 / int(sizeof(T)), VPR = D / VEC, kThreads = kWarps * 32;
+  constexpr int CVEC = 16 / int(sizeof(KvElem<T, Q>)), CVPR = D / CVEC;  // the cache's 16-byte vectors
+  __shared__ float qs[R][D];
+  __shared__ float red_ml[kWarps][R][2];
+  __shared__ float red_o[kWarps][R][D];
+  const AttnWork w = works[blockIdx.x];
+  if (w.partial >= 0 && w.kv_begin >= w.kv_end && w.kv_begin > 0) return;  // an empty split: never combined
+  const AttnSeq sq = seqs[w.seq];
+  const int kvh = blockIdx.y, group = hq / hkv, n_items = sq.q_len * group;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int ctx0 = sq.ctx_len - sq.q_len;
+  for (int e = threadIdx.x; e < R * VPR; e += kThreads) {
+    const int r = e / VPR, c = (e % VPR) * VEC, item = w.item_begin + r;
+    uint4 raw = make_uint4(0, 0, 0, 0);
+    if (item < n_items) {
+      const int64_t row = sq.q_start + item / group, h = kvh * group + item % group;
+      raw = *reinterpret_cast<const uint4*>(q + row * q_stride + h * D + c);
+    }
+    const T* v = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) qs[r][c + i] = to_f32(v[i]) * scale;
+  }
+  int lim[R];
+  float m[R], l[R], acc[R][DPL];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int item = w.item_begin + r;
+    lim[r] = item < n_items ? min(causal ? ctx0 + item / group + 1 : sq.ctx_len, w.kv_end) : 0;
+    m[r] = -INFINITY;
+    l[r] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) acc[r][i] = 0.0f;
+  }
+  const int last = min(n_items, w.item_begin + R) - 1;
+  const int hi = min(w.kv_end, causal ? ctx0 + last / group + 1 : sq.ctx_len);
+  const int32_t* bt = block_tables + sq.bt_offset;
+  __syncthreads();  // qs written
+
+  for (int t0 = w.kv_begin + warp * 32; t0 < hi; t0 += kWarps * 32) {
+    const int p = t0 + lane;
+    int64_t off = 0;
+    float s[R];
+    float vsc = 0.0f;  // quantized caches: this lane's key's V scale (times kv_code_unit)
+#pragma unroll
+    for (int r = 0; r < R; ++r) s[r] = 0.0f;
+    if (p < hi) {
+      const int64_t slot = int64_t(bt[p / block_size]) * block_size + p % block_size;
+      off = slot * kv_row + int64_t(kvh) * D;
+      const uint4* kp = reinterpret_cast<const uint4*>(k_cache + off);
+      constexpr int KG = CVPR < 8 ? CVPR : 8;  // vectors in flight per group (registers)
+#pragma unroll
+      for (int c0 = 0; c0 < CVPR; c0 += KG) {
+        uint4 kr[KG];
+#pragma unroll
+        for (int c = 0; c < KG; ++c) kr[c] = kp[c0 + c];
+#pragma unroll
+        for (int c = 0; c < KG; ++c) {
+          float kf[CVEC];
+          kv_load_vec<T, Q>(kr[c], kf);
+#pragma unroll
+          for (int u = 0; u < CVEC; ++u)
+#pragma unroll
+            for (int r = 0; r < R; ++r) s[r] += qs[r][(c0 + c) * CVEC + u] * kf[u];
+        }
+      }
+      if constexpr (Q != KvCode::kNone) {
+        // q . (s c) = s (q . c): the K scale once per key; the V scale rides on the
+        // key's probability below.
+        const float ksc = k_scales[slot * hkv + kvh] * kv_code_unit<Q>();
+#pragma unroll
+        for (int r = 0; r < R; ++r) s[r] *= ksc;
+        vsc = v_scales[slot * hkv + kvh] * kv_code_unit<Q>();
+      }
+    }
+    float pr[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      pr[r] = 0.0f;
+      if (t0 >= lim[r]) continue;  // uniform across the warp: no key of this tile is visible
+      const float sv = p < lim[r] ? s[r] : -INFINITY;
+      const float m_new = fmaxf(m[r], warp_max(sv));  // finite: key t0 is visible
+      const float corr = expf(m[r] - m_new);
+      pr[r] = expf(sv - m_new);
+      l[r] = l[r] * corr + warp_sum(pr[r]);
+#pragma unroll
+      for (int i = 0; i < DPL; ++i) acc[r][i] *= corr;
+      m[r] = m_new;
+    }
+    if constexpr (Q != KvCode::kNone) {
+#pragma unroll
+      for (int r = 0; r < R; ++r) pr[r] *= vsc;  // the weight of V's codes; l keeps the plain sum
+    }
+    const int nk = min(32, hi - t0);
+#pragma unroll 8
+    for (int j = 0; j < nk; ++j) {
+      const int64_t oj = __shfl_sync(0xffffffffu, off, j);
+      float vv[DPL];
+#pragma unroll
+      for (int i = 0; i < DPL; ++i) {
+        const int c = lane + 32 * i;
+        if constexpr (Q == KvCode::kNone)
+          vv[i] = (D % 32 == 0 || c < D) ? to_f32(v_cache[oj + c]) : 0.0f;
+        else
+          vv[i] = (D % 32 == 0 || c < D) ? kv_decode1<Q>(v_cache[oj + c]) : 0.0f;
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const float pj = __shfl_sync(0xffffffffu, pr[r], j);
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) acc[r][i] += pj * vv[i];
+      }
+    }
+  }
+
+  pdl_trigger();  // the keys and values are read: the next kernel may launch
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    if (lane == 0) {
+      red_ml[warp][r][0] = m[r];
+      red_ml[warp][r][1] = l[r];
+    }
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) {
+      const int c = lane + 32 * i;
+      if (D % 32 == 0 || c < D) red_o[warp][r][c] = acc[r][i];
+    }
+  }
+  __syncthreads();
+  for (int r = warp; r < R; r += kWarps) {
+    const int item = w.item_begin + r;
+    if (item >= n_items) continue;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int ww = 0; ww < kWarps; ++ww) mx = fmaxf(mx, red_ml[ww][r][0]);
+    float den = 0.0f, o[DPL];
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) o[i] = 0.0f;
+#pragma unroll
+    for (int ww = 0; ww < kWarps; ++ww) {
+      const float mw = red_ml[ww][r][0];
+      if (mw == -INFINITY) continue;  // that warp saw no visible key
+      const float f = expf(mw - mx);
+      den += f * red_ml[ww][r][1];
+#pragma unroll
+      for (int i = 0; i < DPL; ++i) {
+        const int c = lane + 32 * i;
+        if (D % 32 == 0 || c < D) o[i] += f * red_o[ww][r][c];
+      }
+    }
+    if (w.partial < 0) {
+      const int64_t row = sq.q_start + item / group, h = kvh * group + item % group;
+      const float inv = den > 0.0f ? 1.0f / den : 0.0f;
+#pragma unroll
+      for (int i = 0; i < DPL; ++i) {
+        const int c = lane + 32 * i;
+        if (D % 32 == 0 || c < D) out[(row * hq + h) * D + c] = from_f32<T>(o[i] * inv);
+      }
+    } else {
+      const int64_t base = (int64_t(w.partial) * hkv + kvh) * kAttnItemsPerCta + r;
+#pragma unroll
+      for (int i = 0; i < DPL; ++i) {
+        const int c = lane + 32 * i;
+        if (D % 32 == 0 || c < D) part_o[base * D + c] = o[i];
+      }
+      if (lane == 0) {
+        part_ml[base * 2] = mx;
+        part_ml[base * 2 + 1] = den;
+      }
+    }
+  }
+}
+
+// Merges a split sequence's partials: out = Σ e^(m_s - M) acc_s / Σ e^(m_s - M) l_s.
+// Warp w merges items w, w + 4, ...: its lanes read the splits' (m, l) in parallel for
+// the max and the denominator, then sum the D dims of acc over the splits, several
+// splits' loads in flight at once (the previous kernel looped over splits per element).
+template <typename T, int D>
+__global__ void attention_combine_kernel(T* __restrict__ out, int hq, int hkv, const AttnSeq* __restrict__ seqs,
+                                         const AttnCombine* __restrict__ combines,
+                                         const float* __restrict__ part_o, const float* __restrict__ part_ml) {
+  pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
+  constexpr int DPL = (D + 31) / 32;
+  const AttnCombine cb = combines[blockIdx.x];
+  const AttnSeq sq = seqs[cb.seq];
+  const int kvh = blockIdx.y, group = hq / hkv, n_items = sq.q_len * group;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
+  const int splits = cb.num_splits;
+  for (int li = warp; li < n_items; li += warps) {
+    auto base_of = [&](int sp) { return (int64_t(cb.partial_begin + sp) * hkv + kvh) * kAttnItemsPerCta + li; };
+    float mx = -INFINITY;
+    for (int sp = lane; sp < splits; sp += 32) mx = fmaxf(mx, part_ml[base_of(sp) * 2]);
+    mx = warp_max(mx);
+    float den = 0.0f;
+    for (int sp = lane; sp < splits; sp += 32) {
+      const float ms = part_ml[base_of(sp) * 2];
+      if (ms != -INFINITY) den += expf(ms - mx) * part_ml[base_of(sp) * 2 + 1];  // no visible key: weight 0
+    }
+    den = warp_sum(den);
+    float num[DPL];
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) num[i] = 0.0f;
+#pragma unroll 4
+    for (int sp = 0; sp < splits; ++sp) {
+      const float ms = part_ml[base_of(sp) * 2];  // the same address across the warp: one load
+      const float fs = ms == -INFINITY ? 0.0f : expf(ms - mx);
+      const float* o = part_o + base_of(sp) * D;
+#pragma unroll
+      for (int i = 0; i < DPL; ++i) {
+        const int c = lane + 32 * i;
+        if (D % 32 == 0 || c < D) num[i] += fs * o[c];
+      }
+    }
+    const int64_t row = sq.q_start + li / group, h = kvh * group + li % group;
+    const float inv = den > 0.0f ? 1.0f / den : 0.0f;
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) {
+      const int c = lane + 32 * i;
+      if (D % 32 == 0 || c < D) out[(row * hq + h) * D + c] = from_f32<T>(num[i] * inv);
+    }
+  }
+}
+
+
+// Tensor-core prefill attention (flash-attention 2 style; 16-bit caches, head dims 64 and
+// 128). A CTA takes 64 (query row, head) items of one sequence and one KV head - the GQA
+// heads of a row share the KV head's tiles - as 4 warps x 16 items, the M of one
+// m16n8k16 MMA. Q stays in registers as A fragments; 64-key tiles of K and V are gathered
+// through the block table into shared memory with cp.async (V's copy overlaps S = Q K^T
+// and the softmax); S is scaled into the log2 domain, masked, folded into each item's
+// online softmax (row max and sum across the quad of lanes sharing a row), and P - the S
+// accumulators rounded to 16 bits, reused as A fragments - multiplies V (ldmatrix.trans
+// gives V's B fragments). Rows are D + 8 elements apart in shared memory: the fragment
+// loads of the 8 rows a quad group reads fall in distinct banks.
+constexpr int kFlashKeys = 64;
+
+template <typename T> __device__ __forceinline__ uint32_t pack2(float a, float b);
+template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float a, float b) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(a, b);  // .x (a) in the low half: the lower column
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <> __device__ __forceinline__ uint32_t pack2<__half>(float a, float b) {
+  __half2 v = __floats2half2_rn(a, b);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+template <typename T>
+__device__ __forceinline__ void mma16816(float c[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>)
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+  else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+                 "{%0,%1,%2,%3};\n"
+                 : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// 16 bytes global -> shared, zero-filled when !valid (no global read then).
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem, bool valid) {
+  const unsigned dst = unsigned(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 16 : 0));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N)); }
+
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void* smem) {
+  const unsigned a = unsigned(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
+// A quantized cache's 64-key tile into shared memory as T: each thread decodes 8 codes
+// of one key (an 8-byte load), applies the row's scale and stores 16 bytes; keys past
+// `hi` are zeros (as cp.async zero-fills them for a 16-bit cache).
+template <typename T, int D, KvCode Q>
+__device__ __forceinline__ void flash_stage_codes(T* tile, const uint8_t* __restrict__ cache,
+                                                  const float* __restrict__ scales, int t0, int hi,
+                                                  const int32_t* bt, int block_size, int64_t kv_row, int kvh,
+                                                  int hkv) {
+  constexpr int LD = D + 8, CPR = D / 8;
+  for (int e = threadIdx.x; e < kFlashKeys * CPR; e += kWarps * 32) {
+    const int j = e / CPR, c = (e % CPR) * 8, p = t0 + j;
+    uint4 packed = make_uint4(0, 0, 0, 0);
+    if (p < hi) {
+      const int64_t slot = int64_t(bt[p / block_size]) * block_size + p % block_size;
+      const uint2 raw = *reinterpret_cast<const uint2*>(cache + slot * kv_row + int64_t(kvh) * D + c);
+      const float sc = scales[slot * hkv + kvh] * kv_code_unit<Q>();
+      float f[8];
+      kv_decode4<Q>(raw.x, f);
+      kv_decode4<Q>(raw.y, f + 4);
+      packed = make_uint4(pack2<T>(f[0] * sc, f[1] * sc), pack2<T>(f[2] * sc, f[3] * sc),
+                          pack2<T>(f[4] * sc, f[5] * sc), pack2<T>(f[6] * sc, f[7] * sc));
+    }
+    *reinterpret_cast<uint4*>(&tile[j * LD + c]) = packed;
+  }
+}
+
+template <typename T, int D, KvCode Q>
+__global__ void __launch_bounds__(kWarps * 32)
+flash_attention_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restrict__ k_cache,
+                       const KvElem<T, Q>* __restrict__ v_cache, const float* __restrict__ k_scales,
+                       const float* __restrict__ v_scales, T* __restrict__ out, int block_size, int hq, int hkv, int64_t q_stride, int64_t kv_row,
+                       float scale_log2, bool causal, const AttnSeq* __restrict__ seqs,
+                       const int32_t* __restrict__ block_tables, const AttnWork* __restrict__ works) {
+  pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
+  static_assert(D % 16 == 0 && kWarps * 16 == kFlashItemsPerCta);
+  constexpr int LD = D + 8, KC = D / 16, NT = kFlashKeys / 8, DT = D / 8, CPR = D / 8;
+  __shared__ __align__(16) T ks[kFlashKeys * LD];
+  __shared__ __align__(16) T vs[kFlashKeys * LD];
+  const AttnWork w = works[blockIdx.x];
+  const AttnSeq sq = seqs[w.seq];
+  const int kvh = blockIdx.y, group = hq / hkv, n_items = sq.q_len * group;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int ctx0 = sq.ctx_len - sq.q_len;
+
+  // This thread's two items: rows g and g + 8 of its warp's 16 (the MMA row layout).
+  int lim[2];
+  int64_t o_off[2];
+  uint32_t qa[KC][4];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int item = w.item_begin + warp * 16 + g + h * 8;
+    const bool valid = item < n_items;
+    const int64_t row = sq.q_start + (valid ? item / group : 0);
+    const int head = kvh * group + (valid ? item % group : 0);
+    lim[h] = valid ? min(causal ? ctx0 + item / group + 1 : sq.ctx_len, w.kv_end) : 0;
+    o_off[h] = valid ? (row * hq + head) * D : -1;
+    const T* qp = q + row * q_stride + int64_t(head) * D + 2 * t;
+#pragma unroll
+    for (int kc = 0; kc < KC; ++kc) {
+      qa[kc][h] = valid ? *reinterpret_cast<const uint32_t*>(qp + kc * 16) : 0u;
+      qa[kc][h + 2] = valid ? *reinterpret_cast<const uint32_t*>(qp + kc * 16 + 8) : 0u;
+    }
+  }
+  float o[DT][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int i = 0; i < DT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+  const int last = min(n_items, w.item_begin + kFlashItemsPerCta) - 1;
+  const int hi = min(w.kv_end, causal ? ctx0 + last / group + 1 : sq.ctx_len);
+  const int32_t* bt = block_tables + sq.bt_offset;
+
+  for (int t0 = w.kv_begin; t0 < hi; t0 += kFlashKeys) {
+    __syncthreads();  // every warp is done with the previous tile
+    if constexpr (Q == KvCode::kNone) {
+      for (int e = threadIdx.x; e < kFlashKeys * CPR; e += kWarps * 32) {
+        const int j = e / CPR, c = (e % CPR) * 8, p = t0 + j;
+        const bool in = p < hi;
+        const int64_t off =
+            in ? (int64_t(bt[p / block_size]) * block_size + p % block_size) * kv_row + int64_t(kvh) * D + c : 0;
+        cp_async16(&ks[j * LD + c], k_cache + off, in);
+      }
+      cp_async_commit();
+      for (int e = threadIdx.x; e < kFlashKeys * CPR; e += kWarps * 32) {
+        const int j = e / CPR, c = (e % CPR) * 8, p = t0 + j;
+        const bool in = p < hi;
+        const int64_t off =
+            in ? (int64_t(bt[p / block_size]) * block_size + p % block_size) * kv_row + int64_t(kvh) * D + c : 0;
+        cp_async16(&vs[j * LD + c], v_cache + off, in);
+      }
+      cp_async_commit();
+      cp_async_wait<1>();  // K has landed (V may still be in flight)
+    } else {
+      // Quantized: both tiles decoded into shared memory before the barrier (no copy
+      // left in flight, so the waits below return at once).
+      flash_stage_codes<T, D, Q>(ks, k_cache, k_scales, t0, hi, bt, block_size, kv_row, kvh, hkv);
+      flash_stage_codes<T, D, Q>(vs, v_cache, v_scales, t0, hi, bt, block_size, kv_row, kvh, hkv);
+    }
+    __syncthreads();
+
+    float s[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+    for (int kc = 0; kc < KC; ++kc)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const T* kp = &ks[(nt * 8 + g) * LD + kc * 16 + 2 * t];
+        mma16816<T>(s[nt], qa[kc], *reinterpret_cast<const uint32_t*>(kp), *reinterpret_cast<const uint32_t*>(kp + 8));
+      }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int p = t0 + nt * 8 + 2 * t + e;
+          float& v = s[nt][2 * h + e];
+          v = p < lim[h] ? v * scale_log2 : -INFINITY;
+          mx = fmaxf(mx, v);
+        }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[h], mx);
+      const float base = m_new == -INFINITY ? 0.0f : m_new;  // no visible key yet: all weights 0
+      const float corr = exp2f(m[h] - base);
+      float sum = 0.0f;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& v = s[nt][2 * h + e];
+          v = exp2f(v - base);
+          sum += v;
+        }
+      l[h] = l[h] * corr + sum;  // this lane's share; the quad's shares add up at the end
+#pragma unroll
+      for (int i = 0; i < DT; ++i) {
+        o[i][2 * h] *= corr;
+        o[i][2 * h + 1] *= corr;
+      }
+      m[h] = m_new;
+    }
+    cp_async_wait<0>();
+    __syncthreads();
+    const int mi = lane >> 3;
+#pragma unroll
+    for (int kk = 0; kk < kFlashKeys / 16; ++kk) {
+      uint32_t a[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
+                       pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int d2 = 0; d2 < D / 16; ++d2) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, &vs[(kk * 16 + (mi & 1) * 8 + (lane & 7)) * LD + d2 * 16 + (mi >> 1) * 8]);
+        mma16816<T>(o[2 * d2], a, b[0], b[1]);
+        mma16816<T>(o[2 * d2 + 1], a, b[2], b[3]);
+      }
+    }
+  }
+
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float den = l[h];
+    den += __shfl_xor_sync(0xffffffffu, den, 1);
+    den += __shfl_xor_sync(0xffffffffu, den, 2);
+    if (o_off[h] < 0) continue;
+    const float inv = den > 0.0f ? 1.0f / den : 0.0f;
+#pragma unroll
+    for (int i = 0; i < DT; ++i)
+      *reinterpret_cast<uint32_t*>(out + o_off[h] + i * 8 + 2 * t) = pack2<T>(o[i][2 * h] * inv, o[i][2 * h + 1] * inv);
+  }
+}
+
+// Launches the plan's kernels for activations T, head dim D and cache codes Q.
+template <typename T, int D, KvCode Q>
+void launch_typed(const AttentionArgs& a, cudaStream_t s) {
+  const size_t per = size_t(a.num_partials) * size_t(a.hkv) * kAttnItemsPerCta;
+  float* part_o = a.workspace;
+  float* part_ml = a.workspace ? a.workspace + per * size_t(D) : nullptr;
+  const dim3 grid(unsigned(a.num_work), unsigned(a.hkv));
+  const int64_t qs = a.q_stride ? a.q_stride : a.hq * D, kvs = a.kv_stride ? a.kv_stride : a.hkv * D;
+  const auto* q = static_cast<const T*>(a.q);
+  const auto* kc = static_cast<const KvElem<T, Q>*>(a.k_cache);
+  const auto* vc = static_cast<const KvElem<T, Q>*>(a.v_cache);
+  const float* ksc = a.k_scales;
+  const float* vsc = a.v_scales;
+  auto* out = static_cast<T*>(a.out);
+  // Every CTA's items fit a warp's registers and the plan did not split the context
+  // (a batch large enough to fill the GPU): the decode kernel, whose warps split the keys
+  // (measured on Llama-3.2-1B: attention -35% at batch 64 and 256). Split plans keep the
+  // tile kernel: each split is a short key range, and its four warps share it by items.
+  if (a.flash) {
+    if constexpr (std::is_same_v<T, float> || (D != 64 && D != 128)) {
+      throw_error(ErrorCode::kInternal, "cuda attention: a tensor-core plan for f32 or head_dim ", D);
+    } else {
+      launch_k(flash_attention_kernel<T, D, Q>, grid, kWarps * 32, 0, s, q, kc, vc, ksc, vsc, out, int(a.block_size),
+          int(a.hq), int(a.hkv), qs, kvs, a.scale * 1.4426950408889634f, a.causal, a.seqs, a.block_tables, a.work);
+      KILN_CUDA_CHECK_LAUNCH();
+    }
+    return;
+  }
+  const int64_t items = a.max_q_len * (a.hq / a.hkv);
+  const bool decode = a.max_q_len > 0 && a.num_partials == 0;
+  if (decode && items <= 4)
+    launch_k(attention_decode_kernel<T, D, 4, Q>, grid, kWarps * 32, 0, s, q, kc, vc, ksc, vsc, out, int(a.block_size),
+        int(a.hq), int(a.hkv), qs, kvs, a.scale, a.causal, a.seqs, a.block_tables, a.work, part_o, part_ml);
+  else if (decode && items <= 8)
+    launch_k(attention_decode_kernel<T, D, 8, Q>, grid, kWarps * 32, 0, s, q, kc, vc, ksc, vsc, out, int(a.block_size),
+        int(a.hq), int(a.hkv), qs, kvs, a.scale, a.causal, a.seqs, a.block_tables, a.work, part_o, part_ml);
+  else
+    launch_k(attention_kernel<T, D, Q>, grid, kWarps * 32, 0, s, q, kc, vc, ksc, vsc, out, int(a.block_size), int(a.hq),
+        int(a.hkv), qs, kvs, a.scale, a.causal, a.seqs, a.block_tables, a.work, part_o, part_ml);
+  KILN_CUDA_CHECK_LAUNCH();
+  if (a.num_combine > 0) {
+    launch_k(attention_combine_kernel<T, D>, dim3(unsigned(a.num_combine), unsigned(a.hkv)), 128, 0, s,
+        static_cast<T*>(a.out), int(a.hq), int(a.hkv), a.seqs, a.combine, part_o, part_ml);
+    KILN_CUDA_CHECK_LAUNCH();
+  }
+}
+
+// launch_typed for every activation dtype and head dim, with cache codes Q.
+template <KvCode Q>
+void launch_attention_codes(const AttentionArgs& a, cudaStream_t s) {
+  KILN_CUDA_DISPATCH_FLOAT(a.dtype, T, {
+    switch (a.d) {
+      case 16: launch_typed<T, 16, Q>(a, s); break;
+      case 32: launch_typed<T, 32, Q>(a, s); break;
+      case 64: launch_typed<T, 64, Q>(a, s); break;
+      default: launch_typed<T, 128, Q>(a, s); break;
+    }
+  });
+}
+
+}  // namespace
+
+// attention_kv_quant.cu: launch_attention for the int8 and fp8 caches.
+void launch_attention_quantized(const AttentionArgs& a, cudaStream_t s);
+
+}  // namespace kiln::cuda
