@@ -79,6 +79,14 @@ size_t pending_activation_bytes(Model& rank, int64_t step_tokens) {
 
 LlmRunner::LlmRunner(Model& model, const LlmRunnerOptions& options) : model_(model), opt_(options) {
   const ModelInfo& info = model.info();
+  if (!info.is_decoder && info.family == "onnx") {
+    std::string inputs;
+    for (ir::ValueId id : model.graph().inputs()) inputs += (inputs.empty() ? "" : ", ") + model.graph().value(id).name;
+    throw_error(ErrorCode::kInvalidArgument, "'", model.path(), "' was imported op by op (inputs ", inputs,
+                "): kiln decodes an ONNX file only as a recognised family export (GPT-2, with or without "
+                "past_key_values), which runs through its paged KV cache; leave --onnx-import at auto (the log "
+                "says why a file was not recognised)");
+  }
   if (!info.is_decoder)
     throw_error(ErrorCode::kInvalidArgument, "LlmRunner needs a decoder model; '", info.family,
                 "' is an encoder (use encode())");

@@ -145,6 +145,61 @@ TEST(OnnxImport, Gpt2MatchesPyTorch) {
   }
 }
 
+// ---- GPT-2 exported with past_key_values (gpt2_past) ----------------------------------
+
+constexpr int kPastLayers = 2;
+
+// The file's own inputs for `ids` [1, s] after a past of `past` (tensors [1, heads, p,
+// head_dim], in past_key_values.{i}.key/value order): the optimum layout.
+TensorMap past_feeds(const Tensor& ids, const std::vector<Tensor>& past) {
+  const int64_t s = ids.dim(1), p = past.at(0).dim(2);
+  Tensor mask(DType::kI64, {1, p + s}), pos(DType::kI64, {1, s});
+  for (int64_t i = 0; i < p + s; ++i) mask.data_as<int64_t>()[i] = 1;
+  for (int64_t i = 0; i < s; ++i) pos.data_as<int64_t>()[i] = p + i;
+  TensorMap in = {{"input_ids", ids}, {"attention_mask", mask}, {"position_ids", pos}};
+  for (int l = 0; l < kPastLayers; ++l)
+    for (int kv = 0; kv < 2; ++kv)
+      in[str_cat("past_key_values.", l, kv ? ".value" : ".key")] = past.at(size_t(2 * l + kv));
+  return in;
+}
+
+std::vector<Tensor> presents(const TensorMap& out) {
+  std::vector<Tensor> v;
+  for (int l = 0; l < kPastLayers; ++l)
+    for (int kv = 0; kv < 2; ++kv) v.push_back(out.at(str_cat("present.", l, kv ? ".value" : ".key")));
+  return v;
+}
+
+// The op-by-op import runs the export as it is: a prompt with an empty past, then one
+// step on the presents it returned, each against PyTorch.
+TEST(OnnxImport, Gpt2WithPastMatchesPyTorch) {
+  Reference ref("gpt2_past");
+  for (int opt : {0, 2}) {
+    ModelOptions mo;
+    mo.opt_level = opt;
+    mo.onnx_import = "graph";
+    auto m = Model::load(fixture("gpt2_past/model.onnx"), mo);
+    EXPECT_EQ(m->info().family, "onnx");
+    const std::string tag = "gpt2_past O" + std::to_string(opt) + " ";
+    std::vector<Tensor> empty(2 * kPastLayers, Tensor(DType::kF32, {1, 4, 0, 8}));
+    TensorMap a = run(*m, past_feeds(ref.get("prompt_ids", DType::kI64), empty));
+    EXPECT_LE(rel_error(a.at("logits"), ref.get("prompt_logits", DType::kF32), tag + "prompt logits"), kTol);
+    std::vector<Tensor> past = presents(a);
+    for (int l = 0; l < kPastLayers; ++l)
+      for (const char* kv : {".key", ".value"}) {
+        std::string name = str_cat("present.", l, kv);
+        EXPECT_LE(rel_error(a.at(name), ref.get("prompt_" + name, DType::kF32), tag + "prompt " + name), kTol);
+      }
+    TensorMap b = run(*m, past_feeds(ref.get("step_ids", DType::kI64), past));
+    EXPECT_LE(rel_error(b.at("logits"), ref.get("step_logits", DType::kF32), tag + "step logits"), kTol);
+    for (int l = 0; l < kPastLayers; ++l)
+      for (const char* kv : {".key", ".value"}) {
+        std::string name = str_cat("present.", l, kv);
+        EXPECT_LE(rel_error(b.at(name), ref.get("step_" + name, DType::kF32), tag + "step " + name), kTol);
+      }
+  }
+}
+
 // ---- recognised HF exports through kiln's own family graphs ----------------------------
 
 class OnnxBertFamily : public ::testing::TestWithParam<std::string> {};
