@@ -340,7 +340,7 @@ def make_gpt2_past(root):
     meta = {"model": "gpt2", "class": "GPT2LMHeadModel", "config": cfg.to_diff_dict(),
             "export": "optimum-style with past: input_ids, attention_mask, position_ids, "
                       "past_key_values.{i}.key/value -> logits, present.{i}.key/value",
-            "greedy_ids": greedy.tolist(), "greedy_margin": margin,
+            "prompt_ids": prompt[0].tolist(), "greedy_ids": greedy.tolist(), "greedy_margin": margin,
             "versions": versions(), "opset": OPSET, "onnx_bytes": path.stat().st_size,
             "tensors": {k: {"dtype": str(v.dtype).replace("torch.", ""), "shape": list(v.shape)}
                         for k, v in tensors.items()},

@@ -232,9 +232,9 @@ std::unique_ptr<Model> Model::load_onnx(const std::string& path, const ModelOpti
     // which kiln's decoding runtime does not drive: say so here rather than fall back.
     if (kv_io)
       throw_error(ErrorCode::kUnsupported, "onnx: '", path, "' is a decoder exported with a KV cache (",
-                  onnx::onnx_kv_io_names(file), "); kiln runs such an export only when it recognises the family "
-                  "(GPT-2 with past_key_values.{i}.key/value inputs and present.{i}.key/value outputs), whose past "
-                  "and present tensors then become kiln's paged KV cache, and this one it does not: ", reason,
+                  onnx::onnx_kv_io_names(file), "); kiln runs such an export only as a recognised family (GPT-2 with "
+                  "past_key_values.{i}.key/value inputs and present.{i}.key/value outputs) whose past and present "
+                  "tensors become kiln's paged KV cache, and this one cannot be: ", reason,
                   ". To run the graph as it is, with its past/present tensors as plain inputs and outputs (no "
                   "generate), import it op by op: --onnx-import graph");
     if (mode == "family")

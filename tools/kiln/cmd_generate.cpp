@@ -33,6 +33,7 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 int run_generate(const GenerateArgs& a) {
   auto t_load = std::chrono::steady_clock::now();
   auto model = load_model(a.model);
+  llm_require_decoder(*model);
   auto tokenizer = load_model_tokenizer(*model);
   double load_s = seconds_since(t_load);
 
