@@ -11,6 +11,7 @@
 #include "backends/backend.h"
 #include "engine/engine.h"
 #include "frontends/gguf.h"
+#include "frontends/onnx/onnx_model.h"
 #include "models/model_builder.h"
 #include "passes/pass_manager.h"
 
@@ -71,6 +72,10 @@ class Model {
   static std::unique_ptr<Model> load_random(const std::string& config, const ModelOptions& options = {});
   // From an already built graph (tests).
   static std::unique_ptr<Model> from_built(BuiltModel built, const ModelOptions& options = {});
+  // From an ONNX model already parsed (what load() does for a .onnx file after reading
+  // it; tests edit a parsed file). `label` names it in messages and path().
+  static std::unique_ptr<Model> from_onnx(const onnx::OnnxModel& file, const std::string& label,
+                                          const ModelOptions& options = {});
 
   // For a tensor-parallel model: rank 0's shard (num_heads and num_kv_heads per rank).
   const ModelInfo& info() const { return built_.info; }

@@ -183,10 +183,14 @@ Probe probe_with_past(Model& m, const ir::Graph& g, const onnx::OnnxKvCache& kv,
 }  // namespace
 
 std::unique_ptr<Model> Model::load_onnx(const std::string& path, const ModelOptions& options) {
+  return from_onnx(onnx::load_onnx_model(path), path, options);
+}
+
+std::unique_ptr<Model> Model::from_onnx(const onnx::OnnxModel& file, const std::string& path,
+                                        const ModelOptions& options) {
   const std::string& mode = options.onnx_import;
   if (mode != "auto" && mode != "graph" && mode != "family")
     throw_error(ErrorCode::kInvalidArgument, "onnx import mode '", mode, "' (expected auto, graph or family)");
-  onnx::OnnxModel file = onnx::load_onnx_model(path);
   BuiltModel op_by_op;
   op_by_op.graph = onnx::import_onnx_graph(file, path);
   op_by_op.info.family = "onnx";

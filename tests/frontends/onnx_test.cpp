@@ -320,6 +320,28 @@ TEST(OnnxFamily, Gpt2WithPastGeneratesLikeHf) {
   EXPECT_EQ(alone.generate_greedy({shorter}, int32_t(want.size())).at(0), tokens.at(1));
 }
 
+// An export with present outputs but no past inputs (optimum's first-step
+// decoder_model.onnx): here gpt2_past with each past input made an empty constant.
+// Its presents map onto the cache the same way; the probe is the prompt alone.
+TEST(OnnxFamily, Gpt2WithPresentsOnlyGeneratesLikeHf) {
+  onnx::OnnxModel file = onnx::load_onnx_model(fixture("gpt2_past/model.onnx"));
+  std::erase_if(file.graph.inputs, [&](const onnx::OnnxValueInfo& v) {
+    if (v.name.rfind("past_key_values.", 0) != 0) return false;
+    file.graph.initializers.push_back({v.name, onnx::kOnnxFloat, {1, 4, 0, 8}, Tensor(DType::kF32, {1, 4, 0, 8})});
+    return true;
+  });
+  std::string why;
+  auto view = onnx::onnx_hf_view(file, "presents.onnx", &why);
+  ASSERT_TRUE(view) << why;
+  EXPECT_EQ(view->kv.describe(), "present.{0..1}.key/value (no past inputs)");
+  auto m = Model::from_onnx(file, "presents.onnx");
+  ASSERT_EQ(m->info().family, "gpt2");
+  Reference ref("gpt2_past");
+  LlmRunner runner(*m);
+  EXPECT_EQ(runner.generate_greedy({ints(ref.get("prompt_ids", DType::kI64))}, 12).at(0),
+            ints(ref.get("greedy_ids", DType::kI64)));
+}
+
 // The export's KV-cache tensors, edited one way or another: each is an error that names
 // the tensor and what was expected.
 TEST(OnnxFamily, BadPastKeyValuesSayWhat) {
