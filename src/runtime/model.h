@@ -11,11 +11,14 @@
 #include "backends/backend.h"
 #include "engine/engine.h"
 #include "frontends/gguf.h"
-#include "frontends/onnx/onnx_model.h"
 #include "models/model_builder.h"
 #include "passes/pass_manager.h"
 
 namespace kiln {
+
+namespace onnx {
+struct OnnxModel;  // frontends/onnx/onnx_model.h
+}
 
 struct ModelOptions {
   std::string backend = "cpu";
