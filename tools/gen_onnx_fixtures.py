@@ -8,6 +8,13 @@ What it makes (under --out, default tests/fixtures/onnx/):
   bert_opset17/  the same BertModel exported at opset 17 (LayerNormalization as one op).
   gpt2/  GPT2LMHeadModel (tiny, random, use_cache=False) exported the same way, inputs
          input_ids / attention_mask, output logits [batch, seq, vocab].
+  gpt2_past/  GPT2LMHeadModel (tiny, random, use_cache=True) exported as optimum's
+         "text-generation-with-past" task lays it out: inputs input_ids, position_ids
+         [batch, seq], attention_mask [batch, past + seq], past_key_values.{i}.key/value
+         [batch, heads, past, head_dim]; outputs logits and present.{i}.key/value
+         [batch, heads, past + seq, head_dim]. Its reference is a prompt's logits and
+         presents, the logits of one step on that past, and HF generate()'s greedy
+         continuation (checked against greedy decoding of the export in onnxruntime).
 Each dir holds model.onnx (< 1 MB), reference.safetensors (the padded input batch and
 the PyTorch outputs, float32 / int64) and reference.json (tensor list, versions, the
 onnxruntime-vs-PyTorch max error measured here, and the ONNX op histogram).
@@ -215,16 +222,145 @@ def make_gpt2(root):
                        "length are not meaningful"})
 
 
+PAST_PROMPT_LEN = 7
+PAST_NEW_TOKENS = 12
+
+
+def make_gpt2_past(root):
+    out = root / "gpt2_past"
+    out.mkdir(parents=True, exist_ok=True)
+    # initializer_range 0.5: at 0.2 this tiny model's greedy continuation settles into
+    # repeating one token after a few steps, which would test little.
+    cfg = transformers.GPT2Config(vocab_size=VOCAB, n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS,
+                                  n_positions=MAX_POS, initializer_range=0.5, resid_pdrop=0.0,
+                                  embd_pdrop=0.0, attn_pdrop=0.0, use_cache=True,
+                                  bos_token_id=None, eos_token_id=None, attn_implementation="eager")
+    torch.manual_seed(4001)
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    randomize(model, 4002)
+    head_dim = HIDDEN // HEADS
+    past_names = [f"past_key_values.{i}.{kv}" for i in range(LAYERS) for kv in ("key", "value")]
+    present_names = [f"present.{i}.{kv}" for i in range(LAYERS) for kv in ("key", "value")]
+    names = ["input_ids", "attention_mask", "position_ids"] + past_names
+
+    class Wrap(torch.nn.Module):
+        """The flat signature optimum exports: tensors in, tensors out, the cache rebuilt
+        from (and flattened back to) per-layer key/value tensors."""
+
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, input_ids, attention_mask, position_ids, *past):
+            cache = transformers.DynamicCache([(past[2 * i], past[2 * i + 1]) for i in range(LAYERS)])
+            o = self.m(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                       cache=cache, use_cache=True, return_dict=True)
+            outs = [o.logits]
+            for layer in o.cache.layers:
+                outs += [layer.keys, layer.values]
+            return tuple(outs)
+
+    def feeds_for(ids, past):
+        b, s = ids.shape
+        p = past[0].shape[2]
+        pos = torch.arange(p, p + s, dtype=torch.long).unsqueeze(0).expand(b, s).contiguous()
+        mask = torch.ones((b, p + s), dtype=torch.long)
+        return {"input_ids": ids, "attention_mask": mask, "position_ids": pos, **dict(zip(past_names, past))}
+
+    w = Wrap(model).eval()
+    # Traced on a batch of 2 with a past of 3 and 4 new tokens, so that no dim is 0 or 1.
+    g = torch.Generator().manual_seed(4003)
+    trace_ids = torch.randint(3, VOCAB, (2, 4), generator=g)
+    trace_past = [torch.randn((2, HEADS, 3, head_dim), generator=g) for _ in past_names]
+    dyn = {"input_ids": {0: "batch_size", 1: "sequence_length"},
+           "position_ids": {0: "batch_size", 1: "sequence_length"},
+           "attention_mask": {0: "batch_size", 1: "past_sequence_length + sequence_length"},
+           "logits": {0: "batch_size", 1: "sequence_length"}}
+    dyn.update({k: {0: "batch_size", 2: "past_sequence_length"} for k in past_names})
+    dyn.update({k: {0: "batch_size", 2: "past_sequence_length + sequence_length"} for k in present_names})
+    path = out / "model.onnx"
+    tf = feeds_for(trace_ids, trace_past)
+    export(w, tuple(tf[k] for k in names), names, ["logits"] + present_names, dyn, path)
+
+    # The export must be faithful for every past length, 0 (a prompt) included.
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    for b, p, s in [(1, 0, 5), (1, 6, 1), (3, 7, 2)]:
+        ids = torch.randint(3, VOCAB, (b, s), generator=g)
+        past = [torch.randn((b, HEADS, p, head_dim), generator=g) for _ in past_names]
+        f = feeds_for(ids, past)
+        with torch.no_grad():
+            ref = w(*(f[k] for k in names))
+        got = sess.run(None, {k: v.numpy() for k, v in f.items()})
+        err = max(float(np.abs(r.numpy() - o).max()) for r, o in zip(ref, got))
+        log(f"  [{'OK' if err <= ORT_TOL else 'FAIL'}] gpt2_past batch {b} past {p} new {s}: "
+            f"onnxruntime vs torch max|diff| = {err:.3e}")
+        if err > ORT_TOL:
+            raise SystemExit("check failed: gpt2_past")
+
+    # The reference: a prompt (empty past), one greedy step on its presents, and HF
+    # generate()'s greedy continuation.
+    prompt = torch.randint(3, VOCAB, (1, PAST_PROMPT_LEN), generator=g)
+    empty = [torch.zeros((1, HEADS, 0, head_dim)) for _ in past_names]
+    with torch.no_grad():
+        plain = model(input_ids=prompt, use_cache=False).logits
+        first = w(*(feeds_for(prompt, empty)[k] for k in names))
+        step_token = first[0][:, -1:].argmax(-1)
+        step = w(*(feeds_for(step_token, list(first[1:]))[k] for k in names))
+        gen = model.generate(prompt, attention_mask=torch.ones_like(prompt), do_sample=False,
+                             max_new_tokens=PAST_NEW_TOKENS, min_new_tokens=PAST_NEW_TOKENS, pad_token_id=0,
+                             output_logits=True, return_dict_in_generate=True)
+    greedy = gen.sequences[0, PAST_PROMPT_LEN:]
+    # The smallest top-1 minus top-2 logit on the greedy path: far above f32 noise, so a
+    # faithful runtime must pick the same tokens.
+    margin = min(float(t.topk(2).values[0, 0] - t.topk(2).values[0, 1]) for t in gen.logits)
+    log(f"  greedy margin (min top-1 - top-2 logit): {margin:.4f}")
+    if margin < 1e-3:
+        raise SystemExit("check failed: a greedy step is a near tie; pick another seed")
+    if float((plain - first[0]).abs().max()) > 1e-5:
+        raise SystemExit("check failed: the wrapper's prompt logits differ from the plain model's")
+    # Greedy decoding of the export itself (onnxruntime, presents fed back as the past).
+    ids, past, ort_tokens = prompt, [t.numpy() for t in empty], []
+    for _ in range(PAST_NEW_TOKENS):
+        o = sess.run(None, {k: (v if isinstance(v, np.ndarray) else v.numpy())
+                            for k, v in feeds_for(ids, [torch.from_numpy(x) for x in past]).items()})
+        ort_tokens.append(int(o[0][0, -1].argmax()))
+        ids, past = torch.tensor([[ort_tokens[-1]]]), o[1:]
+    log(f"  greedy: HF generate {greedy.tolist()}, onnxruntime with past {ort_tokens}")
+    if greedy.tolist() != ort_tokens:
+        raise SystemExit("check failed: onnxruntime's greedy tokens differ from HF generate()")
+
+    tensors = {"prompt_ids": prompt.to(torch.int64), "prompt_logits": first[0].contiguous(),
+               "step_ids": step_token.to(torch.int64), "step_logits": step[0].contiguous(),
+               "greedy_ids": greedy.to(torch.int64).contiguous()}
+    tensors.update({f"prompt_{k}": v.contiguous() for k, v in zip(present_names, first[1:])})
+    tensors.update({f"step_{k}": v.contiguous() for k, v in zip(present_names, step[1:])})
+    save_file(tensors, str(out / "reference.safetensors"))
+    meta = {"model": "gpt2", "class": "GPT2LMHeadModel", "config": cfg.to_diff_dict(),
+            "export": "optimum-style with past: input_ids, attention_mask, position_ids, "
+                      "past_key_values.{i}.key/value -> logits, present.{i}.key/value",
+            "prompt_ids": prompt[0].tolist(), "greedy_ids": greedy.tolist(), "greedy_margin": margin,
+            "versions": versions(), "opset": OPSET, "onnx_bytes": path.stat().st_size,
+            "tensors": {k: {"dtype": str(v.dtype).replace("torch.", ""), "shape": list(v.shape)}
+                        for k, v in tensors.items()},
+            "ops": op_histogram(path)}
+    with open(out / "reference.json", "w") as f:
+        json.dump(meta, f, indent=2)
+        f.write("\n")
+    log(f"  wrote {out} ({path.stat().st_size} bytes of ONNX)")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="tests/fixtures/onnx")
-    ap.add_argument("--only", default="bert,bert_opset17,gpt2")
+    ap.add_argument("--only", default="bert,bert_opset17,gpt2,gpt2_past")
     a = ap.parse_args()
     root = Path(a.out)
     for name in a.only.split(","):
         log(f"== {name}")
         {"bert": make_bert, "bert_opset17": lambda r: make_bert(r, 17, "bert_opset17"),
-         "gpt2": make_gpt2}[name](root)
+         "gpt2": make_gpt2, "gpt2_past": make_gpt2_past}[name](root)
 
 
 if __name__ == "__main__":

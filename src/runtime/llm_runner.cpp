@@ -77,11 +77,24 @@ size_t pending_activation_bytes(Model& rank, int64_t step_tokens) {
 
 }  // namespace
 
-LlmRunner::LlmRunner(Model& model, const LlmRunnerOptions& options) : model_(model), opt_(options) {
+void llm_require_decoder(Model& model) {
   const ModelInfo& info = model.info();
+  if (!info.is_decoder && info.family == "onnx") {
+    std::string inputs;
+    for (ir::ValueId id : model.graph().inputs()) inputs += (inputs.empty() ? "" : ", ") + model.graph().value(id).name;
+    throw_error(ErrorCode::kInvalidArgument, "'", model.path(), "' was imported op by op (inputs ", inputs,
+                "): kiln decodes an ONNX file only as a recognised family export (GPT-2, with or without "
+                "past_key_values), which runs through its paged KV cache; leave --onnx-import at auto (the log "
+                "says why a file was not recognised)");
+  }
   if (!info.is_decoder)
     throw_error(ErrorCode::kInvalidArgument, "LlmRunner needs a decoder model; '", info.family,
                 "' is an encoder (use encode())");
+}
+
+LlmRunner::LlmRunner(Model& model, const LlmRunnerOptions& options) : model_(model), opt_(options) {
+  const ModelInfo& info = model.info();
+  llm_require_decoder(model);
   if (opt_.block_size <= 0)
     throw_error(ErrorCode::kInvalidArgument, "KV block size must be positive, got ", opt_.block_size);
   const int32_t blocks = pool_blocks();

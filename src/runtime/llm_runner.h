@@ -69,6 +69,10 @@ struct StepTopLogits {
   TopLogits row(int64_t r) const;
 };
 
+// Throws kInvalidArgument unless `model` is a decoder LlmRunner can drive, saying what
+// it is instead (an encoder; an ONNX file imported op by op).
+void llm_require_decoder(Model& model);
+
 class LlmRunner {
  public:
   LlmRunner(Model& model, const LlmRunnerOptions& options = {});

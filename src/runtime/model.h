@@ -16,6 +16,10 @@
 
 namespace kiln {
 
+namespace onnx {
+struct OnnxModel;  // frontends/onnx/onnx_model.h
+}
+
 struct ModelOptions {
   std::string backend = "cpu";
   std::string weight_dtype = "f32";  // GEMM weight storage: f32 | bf16 | f16 | q8 | q4
@@ -75,6 +79,10 @@ class Model {
   static std::unique_ptr<Model> load_random(const std::string& config, const ModelOptions& options = {});
   // From an already built graph (tests).
   static std::unique_ptr<Model> from_built(BuiltModel built, const ModelOptions& options = {});
+  // From an ONNX model already parsed (what load() does for a .onnx file after reading
+  // it; tests edit a parsed file). `label` names it in messages and path().
+  static std::unique_ptr<Model> from_onnx(const onnx::OnnxModel& file, const std::string& label,
+                                          const ModelOptions& options = {});
 
   // For a tensor-parallel model: rank 0's shard (num_heads and num_kv_heads per rank).
   const ModelInfo& info() const { return built_.info; }

@@ -1,15 +1,20 @@
 // Model::load for .onnx files (see ModelOptions::onnx_import). A recognised HF export
 // is rebuilt as kiln's own family graph, but only after both forms agree on a probe
 // input: the op-by-op import is the faithful reference, the family graph the fast path
-// (ragged batches, fused Attention, paged KV cache). Tested in tests/frontends/onnx_test.cpp.
+// (ragged batches, fused Attention, paged KV cache). A decoder exported with
+// past_key_values is probed on a prompt and then one step on the presents the prompt
+// returned, so its past/present tensors are shown to be exactly what kiln's paged KV
+// cache holds before the cache takes their place. Tested in tests/frontends/onnx_test.cpp.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <optional>
 
 #include "core/log.h"
 #include "core/status.h"
 #include "frontends/onnx/onnx_hf.h"
 #include "frontends/onnx/onnx_import.h"
+#include "frontends/onnx/onnx_kv.h"
 #include "runtime/encoder_runner.h"
 #include "runtime/model.h"
 
@@ -19,47 +24,53 @@ namespace {
 
 constexpr double kProbeTol = 1e-3;  // relative to max|ref|; f32 paths differ by ~1e-6
 
-// The op-by-op graph on the probe: input_ids [1, n] = 1..n, attention_mask ones,
-// token_type_ids zeros; returns the output shaped [1, n, width] (hidden or logits).
-std::vector<float> run_op_by_op(const ir::Graph& g, int64_t n, int64_t width) {
+// Probe token ids: 1, 2, ... (inside any vocabulary of more than a few tokens).
+int32_t probe_id(int64_t i, int64_t vocab) { return int32_t(1 + i % std::max<int64_t>(1, vocab - 1)); }
+
+std::string shape_of(const Tensor& t) {
+  std::string s = "[";
+  for (int64_t i = 0; i < t.rank(); ++i) s += (i ? ", " : "") + std::to_string(t.dim(i));
+  return s + "]";
+}
+
+// The op-by-op graph's inputs for the probe: token ids `ids` [1, s] following a past
+// of `past_len` tokens. Inputs named in `past` (the KV-cache inputs) take those
+// tensors; of the [batch, sequence] int64 inputs, a mask is ones over past + new
+// tokens, position ids count on from the past, token types are zeros, the rest ids.
+TensorMap probe_inputs(const ir::Graph& g, const std::vector<int32_t>& ids, int64_t past_len, const TensorMap& past) {
+  const int64_t s = int64_t(ids.size());
   TensorMap in;
   for (ir::ValueId id : g.inputs()) {
     const ir::Value& v = g.value(id);
+    if (auto p = past.find(v.name); p != past.end()) {
+      in[v.name] = p->second;
+      continue;
+    }
     if (v.dtype != DType::kI64 || v.shape.rank() != 2)
       throw_error(ErrorCode::kUnsupported, "input '", v.name, "' is not [batch, sequence] int64");
-    Tensor t(DType::kI64, {1, n});
-    for (int64_t i = 0; i < n; ++i)
-      t.data_as<int64_t>()[i] = v.name.find("mask") != std::string::npos ? 1 : v.name.find("type") != std::string::npos ? 0 : 1 + i;
+    const bool mask = v.name.find("mask") != std::string::npos, pos = v.name.find("position") != std::string::npos,
+               type = v.name.find("type") != std::string::npos;
+    Tensor t(DType::kI64, {1, mask ? past_len + s : s});
+    for (int64_t i = 0; i < t.dim(1); ++i)
+      t.data_as<int64_t>()[i] = mask ? 1 : pos ? past_len + i : type ? 0 : ids[size_t(i)];
     in[v.name] = t;
   }
-  auto compiled = create_backend("cpu")->compile(g, {});
-  for (auto& [name, t] : compiled->run(in, StepInfo{}, nullptr))
-    if (t.rank() == 3 && t.dim(0) == 1 && t.dim(1) == n && t.dim(2) == width)
-      return {t.data_as<float>(), t.data_as<float>() + t.numel()};
-  throw_error(ErrorCode::kUnsupported, "no output of shape [1, ", n, ", ", width, "]");
+  return in;
 }
 
-// kiln's family graph on the same probe: the encoder's hidden rows or the decoder's
-// logits for every position (one prefill step).
-std::vector<float> run_family(Model& m, int64_t n) {
-  std::vector<int32_t> ids(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) ids[size_t(i)] = int32_t(1 + i);
-  if (!m.info().is_decoder) return encode(m, {EncoderInput{ids, {}}}).at(0).hidden;
-  const ModelInfo& info = m.info();
-  KvLayout layout{info.num_layers, (n + 15) / 16, 16, info.num_kv_heads, info.head_dim};
-  auto kv = m.backend().allocate_kv(layout);
-  StepInfo step;
-  step.seqs.push_back({0, int32_t(n), int32_t(n), {}});
-  for (int32_t b = 0; b < layout.num_blocks; ++b) step.seqs[0].block_table.push_back(b);
-  Tensor tokens(DType::kI32, {n}), positions(DType::kI32, {n}), rows(DType::kI32, {n});
-  for (int64_t i = 0; i < n; ++i) {
-    step.slot_mapping.push_back(i);
-    tokens.data_as<int32_t>()[i] = ids[size_t(i)];
-    positions.data_as<int32_t>()[i] = int32_t(i);
-    rows.data_as<int32_t>()[i] = int32_t(i);
-  }
-  Tensor logits = m.compiled().run({{"tokens", tokens}, {"positions", positions}, {"logit_rows", rows}}, step, kv.get()).at("logits");
-  return {logits.data_as<float>(), logits.data_as<float>() + logits.numel()};
+// Runs the op-by-op graph and copies its outputs out (the next run reuses the buffers).
+TensorMap run_graph(CompiledGraph& c, const TensorMap& in) {
+  TensorMap out;
+  for (auto& [name, t] : c.run(in, StepInfo{}, nullptr)) out[name] = t.clone();
+  return out;
+}
+
+// The output shaped [1, s, width] (hidden or logits) among `out`.
+std::vector<float> output_rows(const TensorMap& out, int64_t s, int64_t width) {
+  for (auto& [name, t] : out)
+    if (t.dtype() == DType::kF32 && t.rank() == 3 && t.dim(0) == 1 && t.dim(1) == s && t.dim(2) == width)
+      return {t.data_as<float>(), t.data_as<float>() + t.numel()};
+  throw_error(ErrorCode::kUnsupported, "no output of shape [1, ", s, ", ", width, "]");
 }
 
 double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
@@ -72,18 +83,120 @@ double rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return mag > 0 ? err / mag : err;
 }
 
+// kiln's decoder on the probe through a paged KV cache of small blocks (so that the
+// probe spans several): one prefill step over `ids` (logits for every position), then,
+// when `next` >= 0, one decode step of token `next` reading the cached K/V.
+std::pair<std::vector<float>, std::vector<float>> run_family_decoder(Model& m, const std::vector<int32_t>& ids,
+                                                                     int32_t next) {
+  const ModelInfo& info = m.info();
+  const int64_t n = int64_t(ids.size()), block = 4;
+  KvLayout layout{info.num_layers, (n + 1 + block - 1) / block, block, info.num_kv_heads, info.head_dim};
+  auto kv = m.backend().allocate_kv(layout);
+  std::vector<int32_t> table;
+  for (int32_t b = 0; b < layout.num_blocks; ++b) table.push_back(b);
+  auto step = [&](const std::vector<int32_t>& toks, int64_t past) {
+    const int64_t q = int64_t(toks.size());
+    StepInfo info_step;
+    info_step.seqs.push_back({0, int32_t(q), int32_t(past + q), table});
+    Tensor tokens(DType::kI32, {q}), positions(DType::kI32, {q}), rows(DType::kI32, {q});
+    for (int64_t i = 0; i < q; ++i) {
+      info_step.slot_mapping.push_back(past + i);
+      tokens.data_as<int32_t>()[i] = toks[size_t(i)];
+      positions.data_as<int32_t>()[i] = int32_t(past + i);
+      rows.data_as<int32_t>()[i] = int32_t(i);
+    }
+    Tensor logits = m.compiled()
+                        .run({{"tokens", tokens}, {"positions", positions}, {"logit_rows", rows}}, info_step, kv.get())
+                        .at("logits");
+    return std::vector<float>(logits.data_as<float>(), logits.data_as<float>() + logits.numel());
+  };
+  auto prefill = step(ids, 0);
+  return {prefill, next >= 0 ? step({next}, n) : std::vector<float>{}};
+}
+
+// Probe of a family graph against the op-by-op import: the largest relative logits
+// difference over the probe's steps; `what` says what was compared.
+struct Probe {
+  double diff = 0;
+  std::string what;
+};
+
+// An encoder's hidden rows or a decoder's logits over one sequence of n tokens.
+Probe probe_plain(Model& m, const ir::Graph& g, int64_t n) {
+  const ModelInfo& info = m.info();
+  std::vector<int32_t> ids;
+  for (int64_t i = 0; i < n; ++i) ids.push_back(probe_id(i, info.is_decoder ? info.vocab_size : 1 << 30));
+  auto compiled = create_backend("cpu")->compile(g, {});
+  std::vector<float> ref = output_rows(run_graph(*compiled, probe_inputs(g, ids, 0, {})), n,
+                                       info.is_decoder ? info.vocab_size : info.hidden_size);
+  std::vector<float> got =
+      info.is_decoder ? run_family_decoder(m, ids, -1).first : encode(m, {EncoderInput{ids, {}}}).at(0).hidden;
+  return {rel_diff(got, ref), str_cat(n, " tokens")};
+}
+
+// A decoder exported with a KV cache: the op-by-op import runs a prompt of n tokens
+// on an empty past, then one token on the presents it returned; kiln's decoder runs
+// the same two steps through its paged KV cache. The presents must be [1, kv_heads,
+// past + new, head_dim] and extend the past they were given unchanged: that is what
+// lets kiln's cache stand in for both.
+Probe probe_with_past(Model& m, const ir::Graph& g, const onnx::OnnxKvCache& kv, int64_t n) {
+  const ModelInfo& info = m.info();
+  const int64_t v = info.vocab_size, h = info.num_kv_heads, d = info.head_dim;
+  std::vector<int32_t> ids;
+  for (int64_t i = 0; i < n; ++i) ids.push_back(probe_id(i, v));
+  const int32_t next = probe_id(n, v);
+  auto compiled = create_backend("cpu")->compile(g, {});
+  const bool has_past = !kv.layers[0].past_key.empty();
+  TensorMap past;
+  if (has_past)
+    for (auto& l : kv.layers) past[l.past_key] = past[l.past_value] = Tensor(DType::kF32, {1, h, 0, d});
+  TensorMap a = run_graph(*compiled, probe_inputs(g, ids, 0, past));
+  auto check_present = [&](const TensorMap& out, const std::string& name, int64_t len) -> const Tensor& {
+    const Tensor& t = out.at(name);
+    if (t.rank() != 4 || t.dim(0) != 1 || t.dim(1) != h || t.dim(2) != len || t.dim(3) != d)
+      throw_error(ErrorCode::kUnsupported, "output '", name, "' is ", shape_of(t), " after ", len,
+                  " tokens, expected [1, ", h, ", ", len, ", ", d, "] (batch, kv_heads, past + new tokens, head_dim)");
+    return t;
+  };
+  for (auto& l : kv.layers) check_present(a, l.present_key, n), check_present(a, l.present_value, n);
+  auto family = run_family_decoder(m, ids, has_past ? next : -1);
+  Probe p{rel_diff(family.first, output_rows(a, n, v)), str_cat(n, " tokens")};
+  if (!has_past) return p;
+  for (auto& l : kv.layers) past[l.past_key] = a.at(l.present_key), past[l.past_value] = a.at(l.present_value);
+  TensorMap b = run_graph(*compiled, probe_inputs(g, {next}, n, past));
+  for (auto& l : kv.layers)
+    for (const std::string* name : {&l.present_key, &l.present_value}) {
+      const Tensor& before = a.at(*name);
+      const Tensor& after = check_present(b, *name, n + 1);
+      // [1, h, n + 1, d]: head k's first n rows must be the past as it was given.
+      for (int64_t k = 0; k < h; ++k)
+        if (std::memcmp(after.data_as<float>() + k * (n + 1) * d, before.data_as<float>() + k * n * d,
+                        size_t(n * d) * sizeof(float)) != 0)
+          throw_error(ErrorCode::kUnsupported, "output '", *name, "' does not begin with the past it was given "
+                      "(a present that rewrites the past cannot be a KV cache)");
+    }
+  p.diff = std::max(p.diff, rel_diff(family.second, output_rows(b, 1, v)));
+  p.what = str_cat(n, " tokens, then 1 token on its past_key_values");
+  return p;
+}
+
 }  // namespace
 
 std::unique_ptr<Model> Model::load_onnx(const std::string& path, const ModelOptions& options) {
+  return from_onnx(onnx::load_onnx_model(path), path, options);
+}
+
+std::unique_ptr<Model> Model::from_onnx(const onnx::OnnxModel& file, const std::string& path,
+                                        const ModelOptions& options) {
   const std::string& mode = options.onnx_import;
   if (mode != "auto" && mode != "graph" && mode != "family")
     throw_error(ErrorCode::kInvalidArgument, "onnx import mode '", mode, "' (expected auto, graph or family)");
-  onnx::OnnxModel file = onnx::load_onnx_model(path);
   BuiltModel op_by_op;
   op_by_op.graph = onnx::import_onnx_graph(file, path);
   op_by_op.info.family = "onnx";
   op_by_op.info.model_type = "onnx";
   op_by_op.info.is_decoder = false;
+  const bool kv_io = onnx::onnx_has_kv_io(file);
   std::string why = "import mode 'graph'";
   if (mode != "graph") {
     std::string reason;
@@ -99,25 +212,44 @@ std::unique_ptr<Model> Model::load_onnx(const std::string& path, const ModelOpti
         m->path_ = path;
         m->config_ = view->config;
         const ModelInfo& info = m->info();
-        const int64_t n = std::min<int64_t>(8, info.max_positions);
-        const double d = rel_diff(run_family(*m, n), run_op_by_op(op_by_op.graph, n,
-                                                                  info.is_decoder ? info.vocab_size : info.hidden_size));
-        if (d <= kProbeTol) {
-          log_info("onnx: ", path, " is a ", view->family, " export: running kiln's ", view->family,
-                   " graph (agrees with the op-by-op import on a probe of ", n, " tokens: rel diff ", d, ")");
+        const Probe p = view->kv.empty()
+                            ? probe_plain(*m, op_by_op.graph, std::min<int64_t>(8, info.max_positions))
+                            : probe_with_past(*m, op_by_op.graph, view->kv,
+                                              std::max<int64_t>(1, std::min<int64_t>(8, info.max_positions - 1)));
+        if (p.diff <= kProbeTol) {
+          if (view->kv.empty())
+            log_info("onnx: ", path, " is a ", view->family, " export: running kiln's ", view->family,
+                     " graph (agrees with the op-by-op import on a probe of ", p.what, ": rel diff ", p.diff, ")");
+          else
+            log_info("onnx: ", path, " is a ", view->family, " export with a KV cache (", view->kv.describe(),
+                     "): running kiln's ", view->family, " graph, its paged KV cache in place of those tensors "
+                     "(agrees with the op-by-op import on a probe of ", p.what, ": rel diff ", p.diff, ")");
           return m;
         }
-        reason = str_cat("kiln's ", view->family, " graph differs from the op-by-op import on a probe (rel diff ", d, ")");
+        reason = str_cat("kiln's ", view->family, " graph differs from the op-by-op import on a probe of ", p.what,
+                         " (rel diff ", p.diff, ")");
       } catch (const Error& e) {
         reason = str_cat("it looks like ", view->family, " but ", e.what());
       }
     }
+    // The op-by-op graph of such an export keeps its cache as plain inputs and outputs,
+    // which kiln's decoding runtime does not drive: say so here rather than fall back.
+    if (kv_io)
+      throw_error(ErrorCode::kUnsupported, "onnx: '", path, "' is a decoder exported with a KV cache (",
+                  onnx::onnx_kv_io_names(file), "); kiln runs such an export only as a recognised family (GPT-2 with "
+                  "past_key_values.{i}.key/value inputs and present.{i}.key/value outputs) whose past and present "
+                  "tensors become kiln's paged KV cache, and this one cannot be: ", reason,
+                  ". To run the graph as it is, with its past/present tensors as plain inputs and outputs (no "
+                  "generate), import it op by op: --onnx-import graph");
     if (mode == "family")
       throw_error(ErrorCode::kUnsupported, "onnx: '", path, "' is not a recognised HF export: ", reason,
                   " (use the op-by-op import, --onnx-import graph)");
     why = reason;
   }
-  log_info("onnx: ", path, ": imported op by op (", why, "); ", op_by_op.graph.nodes().size(), " nodes");
+  log_info("onnx: ", path, ": imported op by op (", why, "); ", op_by_op.graph.nodes().size(), " nodes",
+           kv_io ? str_cat("; its KV cache (", onnx::onnx_kv_io_names(file),
+                           ") stays graph inputs/outputs the caller feeds: generate needs the family path")
+                 : std::string());
   auto m = from_built(std::move(op_by_op), options);
   m->path_ = path;
   return m;

@@ -1,21 +1,27 @@
 // ONNX frontend tests: tiny BERT and GPT-2 exported by torch.onnx.export (opset 14,
 // dynamic batch/sequence; tools/gen_onnx_fixtures.py) imported op by op and run on the
-// CPU backend against the PyTorch outputs, plus hand-made corrupt and unsupported
+// CPU backend against the PyTorch outputs; the recognised ones (GPT-2 also exported
+// with past_key_values) through kiln's family graphs and paged KV cache against the
+// same outputs and HF generate()'s tokens; plus hand-made corrupt and unsupported
 // files that must give a clear kiln::Error.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <string>
 
 #include "backends/backend.h"
 #include "builder/builder.h"
+#include "frontends/onnx/onnx_hf.h"
 #include "frontends/onnx/onnx_import.h"
+#include "frontends/onnx/onnx_kv.h"
 #include "frontends/onnx/onnx_model.h"
 #include "frontends/weight_source.h"
 #include "passes/pass_manager.h"
 #include "runtime/encoder_runner.h"
+#include "runtime/llm_runner.h"
 #include "runtime/model.h"
 #include "onnx_writer.h"
 #include "test_util.h"
@@ -145,6 +151,61 @@ TEST(OnnxImport, Gpt2MatchesPyTorch) {
   }
 }
 
+// ---- GPT-2 exported with past_key_values (gpt2_past) ----------------------------------
+
+constexpr int kPastLayers = 2;
+
+// The file's own inputs for `ids` [1, s] after a past of `past` (tensors [1, heads, p,
+// head_dim], in past_key_values.{i}.key/value order): the optimum layout.
+TensorMap past_feeds(const Tensor& ids, const std::vector<Tensor>& past) {
+  const int64_t s = ids.dim(1), p = past.at(0).dim(2);
+  Tensor mask(DType::kI64, {1, p + s}), pos(DType::kI64, {1, s});
+  for (int64_t i = 0; i < p + s; ++i) mask.data_as<int64_t>()[i] = 1;
+  for (int64_t i = 0; i < s; ++i) pos.data_as<int64_t>()[i] = p + i;
+  TensorMap in = {{"input_ids", ids}, {"attention_mask", mask}, {"position_ids", pos}};
+  for (int l = 0; l < kPastLayers; ++l)
+    for (int kv = 0; kv < 2; ++kv)
+      in[str_cat("past_key_values.", l, kv ? ".value" : ".key")] = past.at(size_t(2 * l + kv));
+  return in;
+}
+
+std::vector<Tensor> presents(const TensorMap& out) {
+  std::vector<Tensor> v;
+  for (int l = 0; l < kPastLayers; ++l)
+    for (int kv = 0; kv < 2; ++kv) v.push_back(out.at(str_cat("present.", l, kv ? ".value" : ".key")));
+  return v;
+}
+
+// The op-by-op import runs the export as it is: a prompt with an empty past, then one
+// step on the presents it returned, each against PyTorch.
+TEST(OnnxImport, Gpt2WithPastMatchesPyTorch) {
+  Reference ref("gpt2_past");
+  for (int opt : {0, 2}) {
+    ModelOptions mo;
+    mo.opt_level = opt;
+    mo.onnx_import = "graph";
+    auto m = Model::load(fixture("gpt2_past/model.onnx"), mo);
+    EXPECT_EQ(m->info().family, "onnx");
+    const std::string tag = "gpt2_past O" + std::to_string(opt) + " ";
+    std::vector<Tensor> empty(2 * kPastLayers, Tensor(DType::kF32, {1, 4, 0, 8}));
+    TensorMap a = run(*m, past_feeds(ref.get("prompt_ids", DType::kI64), empty));
+    EXPECT_LE(rel_error(a.at("logits"), ref.get("prompt_logits", DType::kF32), tag + "prompt logits"), kTol);
+    std::vector<Tensor> past = presents(a);
+    for (int l = 0; l < kPastLayers; ++l)
+      for (const char* kv : {".key", ".value"}) {
+        std::string name = str_cat("present.", l, kv);
+        EXPECT_LE(rel_error(a.at(name), ref.get("prompt_" + name, DType::kF32), tag + "prompt " + name), kTol);
+      }
+    TensorMap b = run(*m, past_feeds(ref.get("step_ids", DType::kI64), past));
+    EXPECT_LE(rel_error(b.at("logits"), ref.get("step_logits", DType::kF32), tag + "step logits"), kTol);
+    for (int l = 0; l < kPastLayers; ++l)
+      for (const char* kv : {".key", ".value"}) {
+        std::string name = str_cat("present.", l, kv);
+        EXPECT_LE(rel_error(b.at(name), ref.get("step_" + name, DType::kF32), tag + "step " + name), kTol);
+      }
+  }
+}
+
 // ---- recognised HF exports through kiln's own family graphs ----------------------------
 
 class OnnxBertFamily : public ::testing::TestWithParam<std::string> {};
@@ -206,6 +267,197 @@ TEST(OnnxFamily, Gpt2ReachesTheDecoderPath) {
     Tensor want(DType::kF32, {n, v});
     std::memcpy(want.data(), logits.data_as<float>() + i * s * v, want.nbytes());
     EXPECT_LE(rel_error(got, want, "gpt2 as gpt2, seq " + std::to_string(i) + " logits"), kTol);
+  }
+}
+
+std::vector<int32_t> ints(const Tensor& t) {
+  Tensor i = t.to(DType::kI32);
+  return {i.data_as<int32_t>(), i.data_as<int32_t>() + i.numel()};
+}
+
+// The export's past/present tensors become kiln's paged KV cache: the model is kiln's
+// gpt2 graph (no past inputs to copy in and out), its prompt and step logits are
+// PyTorch's and its greedy continuation HF generate()'s.
+TEST(OnnxFamily, Gpt2WithPastGeneratesLikeHf) {
+  auto m = Model::load(fixture("gpt2_past/model.onnx"));
+  const ModelInfo& info = m->info();
+  ASSERT_EQ(info.family, "gpt2");
+  ASSERT_TRUE(info.is_decoder);
+  EXPECT_EQ(info.num_layers, kPastLayers);
+  EXPECT_EQ(info.num_kv_heads, 4);
+  EXPECT_EQ(info.head_dim, 8);
+  for (ir::ValueId id : m->graph().inputs())
+    EXPECT_EQ(m->graph().value(id).name.find("past"), std::string::npos) << m->graph().value(id).name;
+  size_t attention = 0;
+  for (auto& n : m->graph().nodes()) attention += n.op == "Attention";
+  EXPECT_EQ(attention, size_t(kPastLayers));
+
+  Reference ref("gpt2_past");
+  const std::vector<int32_t> prompt = ints(ref.get("prompt_ids", DType::kI64));
+  const std::vector<int32_t> want = ints(ref.get("greedy_ids", DType::kI64));
+  LlmRunner runner(*m);
+  const int32_t seq = runner.add_sequence(prompt);
+  auto out = runner.step(/*all_logits=*/true);
+  ASSERT_EQ(out.size(), 1u);
+  Tensor got(DType::kF32, {1, int64_t(prompt.size()), info.vocab_size});
+  ASSERT_EQ(out[0].logits.size(), size_t(got.numel()));
+  std::memcpy(got.data(), out[0].logits.data(), got.nbytes());
+  EXPECT_LE(rel_error(got, ref.get("prompt_logits", DType::kF32), "gpt2_past as gpt2 prompt logits"), kTol);
+  runner.append_tokens(seq, ints(ref.get("step_ids", DType::kI64)));
+  out = runner.step();
+  ASSERT_EQ(out.size(), 1u);
+  Tensor step(DType::kF32, {1, 1, info.vocab_size});
+  ASSERT_EQ(out[0].logits.size(), size_t(step.numel()));
+  std::memcpy(step.data(), out[0].logits.data(), step.nbytes());
+  EXPECT_LE(rel_error(step, ref.get("step_logits", DType::kF32), "gpt2_past as gpt2 step logits (paged KV)"), kTol);
+
+  // Greedy, alone and in a ragged batch with a shorter prompt: HF generate()'s tokens.
+  LlmRunner greedy(*m);
+  std::vector<int32_t> shorter(prompt.begin(), prompt.begin() + 3);
+  auto tokens = greedy.generate_greedy({prompt, shorter}, int32_t(want.size()));
+  EXPECT_EQ(tokens.at(0), want);
+  LlmRunner alone(*m);
+  EXPECT_EQ(alone.generate_greedy({shorter}, int32_t(want.size())).at(0), tokens.at(1));
+}
+
+// An export with present outputs but no past inputs (optimum's first-step
+// decoder_model.onnx): here gpt2_past with each past input made an empty constant.
+// Its presents map onto the cache the same way; the probe is the prompt alone.
+TEST(OnnxFamily, Gpt2WithPresentsOnlyGeneratesLikeHf) {
+  onnx::OnnxModel file = onnx::load_onnx_model(fixture("gpt2_past/model.onnx"));
+  std::erase_if(file.graph.inputs, [&](const onnx::OnnxValueInfo& v) {
+    if (v.name.rfind("past_key_values.", 0) != 0) return false;
+    file.graph.initializers.push_back({v.name, onnx::kOnnxFloat, {1, 4, 0, 8}, Tensor(DType::kF32, {1, 4, 0, 8})});
+    return true;
+  });
+  std::string why;
+  auto view = onnx::onnx_hf_view(file, "presents.onnx", &why);
+  ASSERT_TRUE(view) << why;
+  EXPECT_EQ(view->kv.describe(), "present.{0..1}.key/value (no past inputs)");
+  auto m = Model::from_onnx(file, "presents.onnx");
+  ASSERT_EQ(m->info().family, "gpt2");
+  Reference ref("gpt2_past");
+  LlmRunner runner(*m);
+  EXPECT_EQ(runner.generate_greedy({ints(ref.get("prompt_ids", DType::kI64))}, 12).at(0),
+            ints(ref.get("greedy_ids", DType::kI64)));
+}
+
+// The export's KV-cache tensors, edited one way or another: each is an error that names
+// the tensor and what was expected.
+TEST(OnnxFamily, BadPastKeyValuesSayWhat) {
+  const onnx::OnnxModel good = onnx::load_onnx_model(fixture("gpt2_past/model.onnx"));
+  {
+    std::string why;
+    auto view = onnx::onnx_hf_view(good, "p.onnx", &why);
+    ASSERT_TRUE(view) << why;
+    EXPECT_EQ(view->kv.describe(), "past_key_values.{0..1}.key/value -> present.{0..1}.key/value");
+    EXPECT_EQ(view->kv.kv_heads, 4);
+    EXPECT_EQ(view->kv.head_dim, 8);
+  }
+  auto error = [&](const std::function<void(onnx::OnnxModel&)>& edit) {
+    onnx::OnnxModel m = good;
+    edit(m);
+    try {
+      std::string why;
+      auto view = onnx::onnx_hf_view(m, "p.onnx", &why);
+      return "no error (" + why + ")";
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+  };
+  auto find = [](std::vector<onnx::OnnxValueInfo>& v, const std::string& name) -> onnx::OnnxValueInfo& {
+    for (auto& x : v)
+      if (x.name == name) return x;
+    throw std::runtime_error("no " + name);
+  };
+  auto erase = [](std::vector<onnx::OnnxValueInfo>& v, const std::string& name) {
+    std::erase_if(v, [&](const onnx::OnnxValueInfo& x) { return x.name == name; });
+  };
+  auto has = [](const std::string& msg, std::vector<std::string> parts) {
+    for (auto& p : parts)
+      if (msg.find(p) == std::string::npos) return ::testing::AssertionFailure() << "'" << p << "' missing in: " << msg;
+    return ::testing::AssertionSuccess();
+  };
+  // A layer without its value input, or without its present output.
+  EXPECT_TRUE(has(error([&](auto& m) { erase(m.graph.inputs, "past_key_values.1.value"); }),
+                  {"p.onnx", "no input past_key_values.1.value for layer 1"}));
+  EXPECT_TRUE(has(error([&](auto& m) { erase(m.graph.outputs, "present.0.key"); }),
+                  {"no output present.0.key for layer 0"}));
+  // Layer 1 dropped altogether: the gpt2 graph has 2 layers.
+  EXPECT_TRUE(has(error([&](auto& m) {
+                    for (auto n : {"past_key_values.1.key", "past_key_values.1.value"}) erase(m.graph.inputs, n);
+                    for (auto n : {"present.1.key", "present.1.value"}) erase(m.graph.outputs, n);
+                  }),
+                  {"are for 1 layers, but the gpt2 graph has 2"}));
+  // Layers not numbered from 0.
+  EXPECT_TRUE(has(error([&](auto& m) {
+                    for (auto n : {"past_key_values.0.key", "past_key_values.0.value"}) erase(m.graph.inputs, n);
+                    for (auto n : {"present.0.key", "present.0.value"}) erase(m.graph.outputs, n);
+                  }),
+                  {"for layer 1 but none for layer 0"}));
+  // Heads or head size disagreeing between tensors, or with the model.
+  EXPECT_TRUE(has(error([&](auto& m) { find(m.graph.inputs, "past_key_values.1.key").shape[1] = Dim(2); }),
+                  {"'past_key_values.1.key'", "with 2 KV heads", "'past_key_values.0.key'", "with 4"}));
+  EXPECT_TRUE(has(error([&](auto& m) { find(m.graph.outputs, "present.0.value").shape[3] = Dim(16); }),
+                  {"present output 'present.0.value'", "head_dim 16", "with 8"}));
+  EXPECT_TRUE(has(error([&](auto& m) {
+                    for (auto& v : m.graph.inputs)
+                      if (v.name.rfind("past", 0) == 0) v.shape[1] = Dim(2), v.shape[3] = Dim(16);
+                    for (auto& v : m.graph.outputs)
+                      if (v.name.rfind("present", 0) == 0) v.shape[1] = Dim(2), v.shape[3] = Dim(16);
+                  }),
+                  {"'past_key_values.0.key' has 2 KV heads", "gpt2 graph has 4 attention heads of 8",
+                   "expected [batch, 4, sequence, 8]"}));
+  // Another layout, rank or dtype.
+  EXPECT_TRUE(has(error([&](auto& m) { find(m.graph.inputs, "past_key_values.0.key").name = "past.0"; }),
+                  {"input 'past.0'", "not named past_key_values.{layer}.key or .value"}));
+  EXPECT_TRUE(has(error([&](auto& m) { find(m.graph.inputs, "past_key_values.0.value").shape.pop_back(); }),
+                  {"'past_key_values.0.value' is [batch_size, 4, past_sequence_length]",
+                   "expected [batch, kv_heads, sequence, head_dim]"}));
+  EXPECT_TRUE(has(error([&](auto& m) { find(m.graph.inputs, "past_key_values.0.key").elem_type = onnx::kOnnxFloat16; }),
+                  {"'past_key_values.0.key' holds", "float32"}));
+}
+
+// An export with a KV cache that kiln does not recognise is an error naming those
+// tensors (the op-by-op graph could not generate); --onnx-import graph imports it as
+// it is, and decoding that says why it cannot.
+TEST(OnnxFamily, UnrecognisedExportWithPastSaysWhy) {
+  using namespace test::onnxw;
+  std::string nodes = bytes(1, node("Add", {"x", "b"}, {"y"}, "add")) +
+                      bytes(1, node("Identity", {"past_key_values.0.key"}, {"present.0.key"}, "k")) +
+                      bytes(1, node("Identity", {"past_key_values.0.value"}, {"present.0.value"}, "v"));
+  std::string io = bytes(11, value_info("x", 1, {-1})) + bytes(11, value_info("past_key_values.0.key", 1, {1, 2, -1, 4})) +
+                   bytes(11, value_info("past_key_values.0.value", 1, {1, 2, -1, 4})) +
+                   bytes(12, value_info("y", 1, {-1})) + bytes(12, value_info("present.0.key", 1, {1, 2, -1, 4})) +
+                   bytes(12, value_info("present.0.value", 1, {1, 2, -1, 4}));
+  std::string graph = nodes + bytes(2, "g") + bytes(5, tensor("b", 1, {3}, f32s({1, -2, 3}))) + io;
+  test::TempDir dir;
+  test::write_file(dir.file("kv.onnx"), num(1, 8) + bytes(8, bytes(1, "") + num(2, 14)) + bytes(7, graph));
+  try {
+    Model::load(dir.file("kv.onnx"));
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+    for (const char* part : {"a decoder exported with a KV cache", "inputs past_key_values.0.key, past_key_values.0.value",
+                             "outputs present.0.key, present.0.value", "no HF BERT or GPT-2 tensor names",
+                             "--onnx-import graph"})
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << part << " missing in: " << e.what();
+  }
+  ModelOptions mo;
+  mo.onnx_import = "graph";
+  auto m = Model::load(dir.file("kv.onnx"), mo);
+  EXPECT_EQ(m->info().family, "onnx");
+  Tensor x(DType::kF32, {3}), k(DType::kF32, {1, 2, 5, 4});
+  for (int64_t i = 0; i < k.numel(); ++i) k.data_as<float>()[i] = float(i);
+  for (int64_t i = 0; i < 3; ++i) x.data_as<float>()[i] = 0;
+  TensorMap out = run(*m, {{"x", x}, {"past_key_values.0.key", k}, {"past_key_values.0.value", k}});
+  EXPECT_EQ(out.at("present.0.key").data_as<float>()[7], 7.0f);
+  try {
+    LlmRunner runner(*m);
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    for (const char* part : {"imported op by op", "past_key_values.0.key", "recognised family export"})
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << part << " missing in: " << e.what();
   }
 }
 

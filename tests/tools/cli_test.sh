@@ -97,6 +97,17 @@ check embed-onnx 0 "[" -- "$kiln" embed -m "$fixtures/onnx/bert/model.onnx" --id
 check inspect-onnx-family 0 "Attention x2" -- "$kiln" inspect -m "$fixtures/onnx/bert/model.onnx" --opt-level 0
 check generate-onnx 0 "" -- "$kiln" generate -m "$fixtures/onnx/gpt2/model.onnx" --ids 5,6,7 -n 4 -q
 check build-onnx-family 0 "fuse_qkv_attention" -- "$kiln" build -m "$fixtures/onnx/gpt2/model.onnx" -o "$tmp/onnx-gpt2.kiln" --profile T:1,8,16
+# GPT-2 exported with past_key_values: its KV cache becomes kiln's paged one, and the
+# greedy tokens are HF generate()'s (recorded in the fixture's reference.json).
+past="$fixtures/onnx/gpt2_past"
+json_ids() { tr -d ' \n' < "$past/reference.json" | grep -o "\"$1\":\\[[0-9,]*\\]" | grep -o '[0-9][0-9,]*'; }
+past_prompt=$(json_ids prompt_ids)
+past_want=$(json_ids greedy_ids | tr ',' ' ')
+[ -n "$past_prompt" ] && [ -n "$past_want" ] || { echo "FAIL onnx-past: no prompt_ids/greedy_ids in $past/reference.json"; fail=1; }
+check generate-onnx-past 0 "$past_want" -- "$kiln" generate -m "$past/model.onnx" --ids $past_prompt -n 12 -q --print-ids
+check build-onnx-past 0 "fuse_qkv_attention" -- "$kiln" build -m "$past/model.onnx" -o "$tmp/onnx-gpt2-past.kiln" --profile T:1,8,16
+check generate-onnx-past-engine 0 "$past_want" -- "$kiln" generate -m "$tmp/onnx-gpt2-past.kiln" --ids $past_prompt -n 12 -q --print-ids
+check generate-onnx-past-graph 1 "imported op by op (inputs input_ids, attention_mask, position_ids, past_key_values.0.key" -- "$kiln" generate -m "$past/model.onnx" --onnx-import graph --ids 1,2
 head -c 3000 "$fixtures/onnx/bert/model.onnx" > "$tmp/cut.onnx"
 check truncated-onnx 1 "runs past the end" -- "$kiln" inspect -m "$tmp/cut.onnx"
 head -c 5000 "$tmp/gpt2.kiln" > "$tmp/cut.kiln"

@@ -35,6 +35,7 @@ int run_generate(const GenerateArgs& a) {
   auto t_load = std::chrono::steady_clock::now();
   auto model = a.random_weights ? load_random_model(a.model.model, model_options(a.model), a.model.quant)
                                 : load_model(a.model);
+  llm_require_decoder(*model);
   auto tokenizer = a.random_weights ? std::nullopt : load_model_tokenizer(*model);
   double load_s = seconds_since(t_load);
 

@@ -215,15 +215,39 @@ std::optional<OnnxHfView> gpt2_view(const OnnxModel& m, const Index& ix, const s
   return v;
 }
 
+// The export's KV-cache tensors must be exactly the family's cache: one key/value pair
+// per layer, [batch, heads, sequence, hidden / heads] (GPT-2 has no GQA).
+void check_kv(const OnnxKvCache& kv, const nlohmann::json& config, const std::string& label) {
+  if (kv.empty()) return;
+  const int64_t layers = config.at("n_layer"), heads = config.at("n_head"), hd = int64_t(config.at("n_embd")) / heads;
+  const std::string& first = kv.layers[0].past_key.empty() ? kv.layers[0].present_key : kv.layers[0].past_key;
+  const std::string want = str_cat(" (expected [batch, ", heads, ", sequence, ", hd, "])");
+  if (int64_t(kv.layers.size()) != layers)
+    throw_error(ErrorCode::kInvalidFile, label, ": the KV-cache tensors (", kv.describe(), ") are for ", kv.layers.size(),
+                " layers, but the gpt2 graph has ", layers, " (transformer.h.0..", layers - 1, ")");
+  if (kv.kv_heads && kv.kv_heads != heads)
+    throw_error(ErrorCode::kInvalidFile, label, ": '", first, "' has ", kv.kv_heads,
+                " KV heads (dim 1), but the gpt2 graph has ", heads, " attention heads of ", hd, want);
+  if (kv.head_dim && kv.head_dim != hd)
+    throw_error(ErrorCode::kInvalidFile, label, ": '", first, "' has head_dim ", kv.head_dim,
+                " (dim 3), but the gpt2 graph has ", heads, " attention heads of ", hd, want);
+}
+
 }  // namespace
 
 std::optional<OnnxHfView> onnx_hf_view(const OnnxModel& m, const std::string& label, std::string* why) {
   Index ix(m);
+  OnnxKvCache kv = onnx_kv_cache(m, label);
   for (auto& t : m.graph.initializers) {
-    if (ends_with(t.name, "embeddings.word_embeddings.weight") && t.value.rank() == 2)
+    if (ends_with(t.name, "embeddings.word_embeddings.weight") && t.value.rank() == 2) {
+      if (!kv.empty()) return *why = "a BERT export with KV-cache tensors (" + kv.describe() + ")", std::nullopt;
       return bert_view(m, ix, t.name.substr(0, t.name.size() - 33), why);
-    if (ends_with(t.name, "wte.weight") && t.value.rank() == 2)
-      return gpt2_view(m, ix, t.name.substr(0, t.name.size() - 10), why);
+    }
+    if (ends_with(t.name, "wte.weight") && t.value.rank() == 2) {
+      auto v = gpt2_view(m, ix, t.name.substr(0, t.name.size() - 10), why);
+      if (v) check_kv(kv, v->config, label), v->kv = std::move(kv);
+      return v;
+    }
   }
   *why = "no HF BERT or GPT-2 tensor names among the initializers";
   return std::nullopt;

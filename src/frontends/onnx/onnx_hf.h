@@ -4,8 +4,10 @@
 // and graph structure (anonymous MatMul weights are named after the bias Added to
 // their output; heads from the [.., .., heads, head_dim] Reshape targets; eps and
 // activation from the exported LayerNorm/GELU), and gives kiln's family builder an
-// HF config.json and HF tensor names. The runtime checks the rebuilt model against
-// the op-by-op import on a probe input before using it.
+// HF config.json and HF tensor names. A GPT-2 exported with past_key_values also gets
+// its KV-cache inputs/outputs (onnx_kv.h), checked against the family's layers, heads
+// and head size: the runtime's paged KV cache takes their place. The runtime checks the
+// rebuilt model against the op-by-op import on a probe input before using it.
 // Tested in tests/frontends/onnx_test.cpp.
 #pragma once
 
@@ -14,6 +16,7 @@
 #include <optional>
 #include <string>
 
+#include "frontends/onnx/onnx_kv.h"
 #include "frontends/onnx/onnx_model.h"
 #include "frontends/weight_source.h"
 
@@ -23,9 +26,12 @@ struct OnnxHfView {
   std::string family;  // "bert" | "gpt2"
   nlohmann::json config;
   std::unique_ptr<WeightSource> weights;
+  OnnxKvCache kv;  // empty for an export without past_key_values / present tensors
 };
 
-// nullopt (with *why saying what did not match) for anything else.
+// nullopt (with *why saying what did not match) for anything else. Throws kiln::Error
+// (onnx_kv_cache's, or kInvalidFile naming the tensor) when the file's KV-cache tensors
+// cannot be this family's cache: another layer count, head count or head size.
 std::optional<OnnxHfView> onnx_hf_view(const OnnxModel& model, const std::string& label, std::string* why);
 
 }  // namespace kiln::onnx
