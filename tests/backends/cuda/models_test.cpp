@@ -307,7 +307,11 @@ TEST(CudaQuantModels, GenerationMatchesCpuQuantized) {
 // and, where the argmax differs, a near-tie of the CPU's logits. f32 activations: both
 // backends quantize nearly the same K/V (the GEMMs differ by f32 rounding, which can move
 // a code by one step), bound 1e-2; bf16 activations: the bf16 model bound plus the codes
-// of bf16-rounded K/V, 1e-1 (as for q4 weights).
+// of bf16-rounded K/V, 1e-1 (as for q4 weights) for int8. E4M3 codes are 6-12% apart, so a
+// bf16-rounded K/V value that crosses a rounding boundary moves by far more than an int8
+// step: on the H200 fp8 with bf16 activations reached 0.118 (llama; int8: 0.052), so fp8
+// gets 0.2 (the CPU's fp8 cache is 0.206 from the f32 cache on these models: the GPU stays
+// closer to the CPU's fp8 than fp8 is to exact) and near-ties up to 5e-2 of max|logit|.
 TEST(CudaQuantizedKv, DecoderMatchesCpuWithTheSameCacheDtype) {
   KILN_SKIP_WITHOUT_CUDA();
   for (std::string family : {"llama", "qwen2", "gpt2"}) {
@@ -335,7 +339,8 @@ TEST(CudaQuantizedKv, DecoderMatchesCpuWithTheSameCacheDtype) {
         go.kv_cache_dtype = kv;
         auto gpu = Model::load(dir, go);
         const int64_t v = gpu->info().vocab_size;
-        const double tol = dt == "f32" ? 1e-2 : 1e-1;
+        const double tol = dt == "f32" ? 1e-2 : kv == "fp8" ? 2e-1 : 1e-1;
+        const double tie = dt == "bf16" && kv == "fp8" ? 5e-2 : 2e-2;
         for (size_t i = 0; i < prompts.size(); ++i) {
           LlmRunner rc(*cpu, {.block_size = 4}), rg(*gpu, {.block_size = 4});
           int32_t sc = rc.add_sequence(prompts[i]), sg = rg.add_sequence(prompts[i]);
@@ -354,7 +359,7 @@ TEST(CudaQuantizedKv, DecoderMatchesCpuWithTheSameCacheDtype) {
             if (ac == ag)
               ++equal;
             else
-              EXPECT_LE((double(lc[ac]) - double(lc[ag])) / d.max_ref, 2e-2)
+              EXPECT_LE((double(lc[ac]) - double(lc[ag])) / d.max_ref, tie)
                   << family << " KV " << kv << " " << dt << " prompt " << i << " step " << step << ": argmax " << ag
                   << " vs the CPU's " << ac << " is not a near-tie";
             rc.append_tokens(sc, {want[i][step]});
