@@ -115,8 +115,9 @@ ir::Graph w8a8_linear_graph(int64_t k, int64_t n, bool bias, const std::string& 
 std::pair<Tensor, Tensor> run_both(const ir::Graph& g, const TensorMap& in, const std::string& dtype) {
   auto cpu = create_backend("cpu");
   auto gpu = create_backend("cuda");
-  Tensor want = cpu->compile(g, {.weight_dtype = "f32"})->run(in, {}, nullptr).at("y");
-  Tensor got = gpu->compile(g, {.weight_dtype = dtype == "f32" ? "f32" : "w8a8"})->run(in, {}, nullptr).at("y");
+  // Outputs are views of the compiled graph's buffers: copied before the graph goes.
+  Tensor want = cpu->compile(g, {.weight_dtype = "f32"})->run(in, {}, nullptr).at("y").clone();
+  Tensor got = gpu->compile(g, {.weight_dtype = dtype == "f32" ? "f32" : "w8a8"})->run(in, {}, nullptr).at("y").clone();
   return {got, want};
 }
 
