@@ -280,19 +280,23 @@ BuildReport build_engine(const BuildOptions& o) {
   BuildReport report;
   auto t0 = Clock::now();
   if (o.output.empty()) throw_error(ErrorCode::kInvalidArgument, "build: no output file (-o)");
-  ModelOptions mo{o.backend, o.weight_dtype, nullptr, o.opt_level, o.disabled_passes, o.weight_dtype,
-                  o.pin_precision};
+  const bool awq = o.quant.mode == "awq";
+  // AWQ stores plain q4/q8 weights (scaled): the precision pass assigns that format.
+  const std::string gemm_dtype = awq ? quant_format_name(awq_weight_format(o.weight_dtype)) : o.weight_dtype;
+  ModelOptions mo{o.backend, gemm_dtype, nullptr, o.opt_level, o.disabled_passes, gemm_dtype, o.pin_precision};
   mo.onnx_import = o.onnx_import;
   const bool quantized = !o.quant.mode.empty();
   if (quantized && o.random_weights)
     throw_error(ErrorCode::kInvalidArgument, "build: --quant needs real weights to calibrate (not --random-weights)");
   auto w8a8_report = std::make_shared<quant::W8A8Report>();
   auto fp8_report = std::make_shared<quant::Fp8Report>();
+  auto awq_report = std::make_shared<quant::AwqReport>();
   if (quantized) {
     quant_mode_check(o.quant);
     const quant::CalibrationTable table = calibration_for(o.model, mo, o.quant);
-    mo = o.quant.mode == "fp8" ? fp8_model_options(mo, table, o.quant, fp8_report)
-                               : w8a8_model_options(mo, table, o.quant, w8a8_report);
+    mo = awq                       ? awq_model_options(mo, table, o.quant, awq_report)
+         : o.quant.mode == "fp8" ? fp8_model_options(mo, table, o.quant, fp8_report)
+                                 : w8a8_model_options(mo, table, o.quant, w8a8_report);
   }
   auto model = o.random_weights ? Model::load_random(o.model, mo) : Model::load(o.model, mo);
   if (model->engine()) throw_error(ErrorCode::kInvalidArgument, "build: '", o.model, "' is already an engine");
@@ -305,12 +309,17 @@ BuildReport build_engine(const BuildOptions& o) {
   e.graph = model->graph();  // shares the weight buffers; conversions make new ones
   e.info = model->info();
   e.config = model->config();
-  const std::string weight_dtype = quantized ? o.quant.mode : o.weight_dtype;
+  const std::string weight_dtype = awq ? gemm_dtype : quantized ? o.quant.mode : o.weight_dtype;
   convert_gemm_weights(e.graph, weight_dtype);
   if (o.quant.mode == "w8a8")
     report.quant_summary = "w8a8 (" + (o.quant.act_scale == "per-token" ? std::string("per-token") : o.quant.method) + " activation scales, smoothing alpha " + std::to_string(o.quant.smooth_alpha) +
                            "): " + std::to_string(w8a8_report->quantized) + " Linears int8, " +
                            std::to_string(w8a8_report->kept) + " kept f32";
+  if (awq)
+    report.quant_summary = str_cat("awq (", gemm_dtype, ", alpha grid ", o.quant.awq_grid, "): ", awq_report->scaled,
+                                   " Linears scaled; 1/s folded into ", awq_report->folded_into_norm, " norms, ",
+                                   awq_report->folded_into_v, " V and ", awq_report->folded_into_up,
+                                   " up projections, ", awq_report->muls, " Mul nodes");
   if (o.quant.mode == "fp8") {
     quant::store_fp8_weights(e.graph);  // E4M3 codes in the file, one byte per weight
     report.quant_summary = str_cat("fp8 (", o.quant.method, " activation clips, smoothing alpha ", o.quant.smooth_alpha,

@@ -62,6 +62,15 @@ void quantize_row(const float* w, int64_t k, QuantFormat f, uint8_t* codes, uint
   }
 }
 
+void dequantize_row(const uint8_t* codes, const uint16_t* scales, const uint16_t* mins, float row_factor, int64_t k,
+                    QuantFormat f, float* out) {
+  const bool q8 = f == QuantFormat::kQ8;
+  for (int64_t g = 0; g < k / kQuantGroup; ++g) {
+    const float s = f16_to_f32(scales[g]) * row_factor, m = q8 ? 0.0f : f16_to_f32(mins[g]) * row_factor;
+    for (int64_t i = g * kQuantGroup; i < (g + 1) * kQuantGroup; ++i) out[i] = s * float(quant_code(f, codes, i)) + m;
+  }
+}
+
 QuantizedRows quantize_rows(const float* w, int64_t n, int64_t k, QuantFormat f) {
   KILN_THROW_IF(n <= 0 || k <= 0 || k % kQuantGroup != 0, kInvalidArgument, quant_format_name(f),
                 " quantization needs N > 0 and K a positive multiple of ", kQuantGroup, ", got N=", n, " K=", k);

@@ -44,6 +44,12 @@ inline int quant_code(QuantFormat f, const uint8_t* codes, int64_t i) {
   return (i & 1) ? (b >> 4) : (b & 15);
 }
 
+// The values a quantized row stands for: out[i] = F * (scale[g] * q[i] + min[g]) (q8: no
+// min), the inverse of quantize_row up to its rounding. Used to measure quantization
+// error (quant/awq.h) and by tests.
+void dequantize_row(const uint8_t* codes, const uint16_t* scales, const uint16_t* mins, float row_factor, int64_t k,
+                    QuantFormat f, float* out);
+
 // A whole [n, k] weight in row-major form, rows quantized in parallel on the global
 // thread pool: codes [n][quant_row_code_bytes], scales and (q4) mins [n][k / 32],
 // row factors [n]. kInvalidArgument when k is not a multiple of kQuantGroup.

@@ -216,6 +216,13 @@ void CalibrationTable::save(const std::string& path) const {
   j["tokens"] = tokens;
   nlohmann::json& t = j["tensors"];
   for (auto& [name, c] : tensors) t[name] = {{"amax", c.amax}, {"rows", c.rows}, {"channel_absmax", c.channel_absmax}};
+  if (!awq_format.empty()) {
+    nlohmann::json& a = j["awq"];
+    a["format"] = awq_format;
+    a["linears"] = nlohmann::json::object();
+    for (auto& [name, e] : awq)
+      a["linears"][name] = {{"alpha", e.alpha}, {"error", e.error}, {"error_plain", e.error_plain}, {"scales", e.scales}};
+  }
   std::ofstream f(path);
   if (!f) throw_error(ErrorCode::kInvalidArgument, "cannot write calibration cache '", path, "'");
   f << j.dump(1) << "\n";
@@ -248,7 +255,7 @@ CalibrationTable CalibrationTable::parse(std::string_view text, const std::strin
     if (!j.at("tensors").is_object()) throw_error(ErrorCode::kInvalidArgument, "\"tensors\" is not an object");
     for (auto& [name, e] : j.at("tensors").items()) {
       TensorCalib c;
-      c.amax = e.at("amax").get<std::map<std::string, double>>();
+      if (e.contains("amax")) c.amax = e.at("amax").get<std::map<std::string, double>>();
       c.rows = e.value("rows", int64_t(0));
       c.channel_absmax = e.at("channel_absmax").get<std::vector<float>>();
       for (auto& [m, v] : c.amax)
@@ -258,6 +265,28 @@ CalibrationTable CalibrationTable::parse(std::string_view text, const std::strin
         if (!std::isfinite(v) || v < 0)
           throw_error(ErrorCode::kInvalidArgument, "tensor '", name, "' has a channel max of ", v);
       t.tensors.emplace(name, std::move(c));
+    }
+    if (j.contains("awq")) {
+      const nlohmann::json& a = j.at("awq");
+      t.awq_format = a.at("format").get<std::string>();
+      if (t.awq_format != "q4" && t.awq_format != "q8")
+        throw_error(ErrorCode::kInvalidArgument, "awq format '", t.awq_format, "' (expected q4 or q8)");
+      if (!a.at("linears").is_object()) throw_error(ErrorCode::kInvalidArgument, "\"awq\".\"linears\" is not an object");
+      for (auto& [name, e] : a.at("linears").items()) {
+        AwqEntry w;
+        w.alpha = e.at("alpha").get<double>();
+        w.error = e.value("error", 0.0);
+        w.error_plain = e.value("error_plain", 0.0);
+        w.scales = e.at("scales").get<std::vector<float>>();
+        if (!(w.alpha >= 0 && w.alpha <= 1))
+          throw_error(ErrorCode::kInvalidArgument, "awq entry '", name, "' has alpha ", w.alpha, " (expected [0, 1])");
+        if (w.scales.empty()) throw_error(ErrorCode::kInvalidArgument, "awq entry '", name, "' has no scales");
+        for (float v : w.scales)
+          if (!std::isfinite(v) || v <= 0)
+            throw_error(ErrorCode::kInvalidArgument, "awq entry '", name, "' has a scale of ", v, " (expected > 0)");
+        t.awq.emplace(name, std::move(w));
+      }
+      if (t.awq.empty()) throw_error(ErrorCode::kInvalidArgument, "\"awq\" has no Linears");
     }
   } catch (const nlohmann::json::exception& e) {
     throw_error(ErrorCode::kInvalidArgument, "calibration cache '", path, "': ", e.what());

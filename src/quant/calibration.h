@@ -62,12 +62,24 @@ struct TensorCalib {
   int64_t rows = 0;                        // activation rows observed
 };
 
+// AWQ's result for one Linear (quant/awq.h): the per-input-channel scales, the alpha
+// chosen and the output error on the calibration rows with and without them.
+struct AwqEntry {
+  std::vector<float> scales;
+  double alpha = 0, error = 0, error_plain = 0;
+};
+
 struct CalibrationTable {
   std::string model;      // what was calibrated (a path), informative
   std::string text;       // the calibration set, informative
   double smooth_alpha = 0.5;  // SmoothQuant alpha the amaxes were measured under (< 0: no smoothing)
   int64_t sequences = 0, tokens = 0;
   std::map<std::string, TensorCalib> tensors;  // Linear node name -> stats
+  // AWQ scales (a table calibrated for --quant awq; its tensors then hold channel maxima
+  // and no amax): the weight format they were searched for ("q4" | "q8"; "" when none)
+  // and, per Linear node name, the scales.
+  std::string awq_format;
+  std::map<std::string, AwqEntry> awq;
 
   // The amax of `node` for `method` and `format`; throws kNotFound naming the node (or
   // the missing threshold, e.g. an FP8 clip in a cache written before FP8 existed).

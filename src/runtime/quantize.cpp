@@ -155,10 +155,104 @@ quant::CalibrationTable calibrate_model(const std::string& path, const ModelOpti
   return table;
 }
 
+kiln::QuantFormat awq_weight_format(const std::string& weight_dtype) {
+  if (weight_dtype == "q8") return kiln::QuantFormat::kQ8;
+  if (weight_dtype == "q4" || weight_dtype == "f32") return kiln::QuantFormat::kQ4;
+  throw_error(ErrorCode::kInvalidArgument, "--quant awq stores GEMM weights as q4 (the default) or q8; --weight-dtype ",
+              weight_dtype, " is neither");
+}
+
+quant::CalibrationTable calibrate_awq(const std::string& path, const ModelOptions& base, const QuantOptions& q,
+                                      kiln::QuantFormat format, const std::vector<std::vector<int32_t>>* sequences) {
+  if (q.awq_rows < 1) throw_error(ErrorCode::kInvalidArgument, "awq: needs at least 1 calibration row, got ", q.awq_rows);
+  auto collectors = std::make_shared<std::map<std::string, quant::AwqCollector>>();
+  auto maxima = std::make_shared<std::map<std::string, quant::TensorCollector>>();
+  auto stride = std::make_shared<int64_t>(1);
+  auto observer = std::make_shared<LinearObserver>();
+  observer->on_input = [collectors, maxima, stride](const std::string& node, const float* x, int64_t t, int64_t k) {
+    collectors->try_emplace(node, node, *stride).first->second.observe(x, t, k);
+    maxima->try_emplace(node, node).first->second.observe_channels(x, t, k);
+  };
+  ModelOptions mo = base;
+  mo.weight_dtype = "f32";
+  mo.precision.clear();  // calibrate the float model, whatever the build will store
+  mo.pin_precision.clear();
+  mo.rewrite = nullptr;
+  mo.linear_observer = observer;
+  auto model = Model::load(path, mo);
+  if (model->engine())
+    throw_error(ErrorCode::kInvalidArgument, "calibration: '", path,
+                "' is an engine; calibrate and quantize the source model (kiln build --quant awq -m MODEL_DIR)");
+  auto seqs = sequences ? *sequences : calibration_sequences(*model, q);
+  int64_t tokens = 0;
+  for (auto& sq : seqs) tokens += int64_t(sq.size());
+  if (tokens == 0) throw_error(ErrorCode::kInvalidArgument, "calibration: the calibration set is empty");
+  *stride = std::max<int64_t>(1, tokens / q.awq_rows);
+  log_info("awq calibration: ", seqs.size(), " sequences, ", tokens, " tokens from ", q.calib,
+           " (channel means; every ", *stride, "th row kept for the search)");
+  run_sequences(*model, seqs);
+
+  quant::CalibrationTable table;
+  table.model = path;
+  table.text = q.calib;
+  table.smooth_alpha = -1.0;  // no SmoothQuant: the AWQ scales below replace it
+  table.sequences = int64_t(seqs.size());
+  table.tokens = tokens;
+  table.awq_format = quant_format_name(format);
+  for (auto& [name, c] : *maxima) {
+    table.tensors[name].channel_absmax = c.channel_absmax();
+    table.tensors[name].rows = collectors->at(name).rows();
+  }
+  quant::AwqOptions ao;
+  ao.format = format;
+  ao.grid = q.awq_grid;
+  ao.keep = q.keep;
+  const ir::Graph& g = model->graph();
+  const auto groups = quant::awq_groups(g, ao);
+  double err = 0, err_plain = 0;
+  for (const quant::AwqGroup& grp : groups) {
+    const std::string& first = g.nodes()[size_t(grp.linears[0])].name;
+    auto c = collectors->find(first);
+    if (c == collectors->end() || c->second.sample_rows() == 0)
+      throw_error(ErrorCode::kInvalidArgument, "awq calibration: Linear '", first,
+                  "' saw no activations on the calibration text");
+    std::vector<Tensor> weights;
+    std::vector<quant::AwqLayer> layers;
+    for (int32_t ni : grp.linears) {
+      const Tensor& w = g.weight(g.nodes()[size_t(ni)].inputs[1]);
+      weights.push_back(w.dtype() == DType::kF32 ? w : w.to(DType::kF32));
+      layers.push_back({weights.back().data_as<float>(), w.dim(0)});
+    }
+    quant::AwqSearchResult r = quant::awq_search(layers, grp.k, c->second.samples().data(), c->second.sample_rows(),
+                                                 c->second.channel_absmean(), grp.tie, ao);
+    log_debug("awq: ", first, " (+", grp.linears.size() - 1, "): alpha ", r.alpha, ", output error ",
+              r.error_plain > 0 ? r.error / r.error_plain : 1.0, " of plain ", quant_format_name(format),
+              ", 1/s into ", quant::awq_fold_name(grp.fold));
+    err += r.error;
+    err_plain += r.error_plain;
+    for (int32_t ni : grp.linears) table.awq[g.nodes()[size_t(ni)].name] = {r.scales, r.alpha, r.error, r.error_plain};
+  }
+  log_info("awq calibration: ", groups.size(), " groups searched; summed output error ",
+           err_plain > 0 ? err / err_plain : 1.0, " of plain ", quant_format_name(format));
+  return table;
+}
+
 quant::CalibrationTable calibration_for(const std::string& path, const ModelOptions& base, const QuantOptions& q) {
   std::string cache = ends_with(q.calib, ".json") ? q.calib : q.cache;
   if (!cache.empty() && std::filesystem::exists(cache)) {
     quant::CalibrationTable t = quant::CalibrationTable::load(cache);
+    if (q.mode == "awq") {
+      const std::string want = quant_format_name(awq_weight_format(base.weight_dtype));
+      if (t.awq_format != want)
+        throw_error(ErrorCode::kInvalidArgument, "calibration cache '", cache, "' holds ",
+                    t.awq_format.empty() ? std::string("no AWQ scales") : "AWQ scales for " + t.awq_format,
+                    ", this build asks for AWQ ", want, "; delete the cache (or pass another) to recalibrate");
+      log_info("calibration: read AWQ scales of ", t.awq.size(), " Linears from ", cache);
+      return t;
+    }
+    if (!t.awq_format.empty() && t.tensors.begin()->second.amax.empty())
+      throw_error(ErrorCode::kInvalidArgument, "calibration cache '", cache, "' holds AWQ scales only (written by "
+                  "--quant awq), not the activation clips --quant ", q.mode, " needs; pass another cache");
     const bool same = (t.smooth_alpha < 0 && q.smooth_alpha < 0) || std::fabs(t.smooth_alpha - q.smooth_alpha) < 1e-9;
     if (!same)
       throw_error(ErrorCode::kInvalidArgument, "calibration cache '", cache, "' was measured with smoothing alpha ",
@@ -169,7 +263,8 @@ quant::CalibrationTable calibration_for(const std::string& path, const ModelOpti
   }
   if (ends_with(q.calib, ".json"))
     throw_error(ErrorCode::kNotFound, "calibration cache '", q.calib, "' does not exist");
-  quant::CalibrationTable t = calibrate_model(path, base, q);
+  quant::CalibrationTable t = q.mode == "awq" ? calibrate_awq(path, base, q, awq_weight_format(base.weight_dtype))
+                                              : calibrate_model(path, base, q);
   if (!q.cache.empty()) {
     t.save(q.cache);
     log_info("calibration: wrote ", q.cache);
@@ -220,9 +315,27 @@ ModelOptions fp8_model_options(ModelOptions base, const quant::CalibrationTable&
   return base;
 }
 
+ModelOptions awq_model_options(ModelOptions base, const quant::CalibrationTable& table, const QuantOptions& q,
+                               std::shared_ptr<quant::AwqReport> report) {
+  quant::AwqOptions ao;
+  ao.format = awq_weight_format(base.weight_dtype);
+  ao.grid = q.awq_grid;
+  ao.keep = q.keep;
+  auto t = std::make_shared<const quant::CalibrationTable>(table);
+  base.weight_dtype = quant_format_name(ao.format);
+  base.rewrite = [t, ao, report](ir::Graph& g) {
+    quant::AwqReport r = quant::apply_awq(g, *t, ao);
+    log_info("awq: ", r.scaled, " Linears scaled for ", quant_format_name(ao.format), ", ", r.kept,
+             " kept f32; 1/s folded into ", r.folded_into_norm, " norms, ", r.folded_into_v, " V projections, ",
+             r.folded_into_up, " up projections; ", r.muls, " Mul nodes");
+    if (report) *report = r;
+  };
+  return base;
+}
+
 void quant_mode_check(const QuantOptions& q) {
-  if (q.mode != "w8a8" && q.mode != "fp8")
-    throw_error(ErrorCode::kInvalidArgument, "unknown --quant mode '", q.mode, "' (expected w8a8 or fp8)");
+  if (q.mode != "w8a8" && q.mode != "fp8" && q.mode != "awq")
+    throw_error(ErrorCode::kInvalidArgument, "unknown --quant mode '", q.mode, "' (expected w8a8, fp8 or awq)");
   quant::calib_method_parse(q.method);
   if (q.act_scale != "static" && q.act_scale != "per-token")
     throw_error(ErrorCode::kInvalidArgument, "unknown activation scale '", q.act_scale, "' (expected static or per-token)");
@@ -233,6 +346,7 @@ void quant_mode_check(const QuantOptions& q) {
 
 ModelOptions quant_model_options(const ModelOptions& base, const quant::CalibrationTable& table, const QuantOptions& q) {
   quant_mode_check(q);
+  if (q.mode == "awq") return awq_model_options(base, table, q);
   return q.mode == "fp8" ? fp8_model_options(base, table, q) : w8a8_model_options(base, table, q);
 }
 
@@ -256,6 +370,9 @@ quant::CalibrationTable synthetic_calibration(const ir::Graph& g, double amax) {
 std::unique_ptr<Model> load_random_model(const std::string& config, const ModelOptions& base, const QuantOptions& q) {
   if (q.mode.empty()) return Model::load_random(config, base);
   quant_mode_check(q);
+  if (q.mode == "awq")
+    throw_error(ErrorCode::kInvalidArgument, "--quant awq searches its scales on real activations; random weights "
+                "have none (measure speed with --weight-dtype q4, which stores the same format)");
   if (q.smooth_alpha >= 0)
     log_info("random weights: no calibration data, so no SmoothQuant migration (--smooth-alpha ignored)");
   QuantOptions unsmoothed = q;

@@ -1,7 +1,8 @@
-// Loading a model in a post-training quantized mode (W8A8 INT8, FP8 E4M3): calibration of the f32
-// model on real text (two passes: channel maxima for SmoothQuant, then histograms of the
-// smoothed activations), the calibration cache, and the graph rewrite applied before
-// compiling. Also a per-layer error collector (which Linear loses most to int8). Used by
+// Loading a model in a post-training quantized mode (W8A8 INT8, FP8 E4M3, AWQ-scaled
+// weight-only q4/q8): calibration of the f32 model on real text (W8A8/FP8: two passes,
+// channel maxima for SmoothQuant, then histograms of the smoothed activations; AWQ: one
+// pass of channel means and sampled rows, then the scale search), the calibration cache,
+// and the graph rewrite applied before compiling. Also a per-layer error collector (which Linear loses most to int8). Used by
 // `kiln build/generate/eval --quant`; tested in tests/quant/ and tests/models/.
 #pragma once
 
@@ -9,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "quant/awq.h"
 #include "quant/calibration.h"
 #include "quant/fp8.h"
 #include "quant/w8a8.h"
@@ -17,7 +19,7 @@
 namespace kiln {
 
 struct QuantOptions {
-  std::string mode;               // "" (none) | "w8a8" | "fp8"
+  std::string mode;               // "" (none) | "w8a8" | "fp8" | "awq"
   // "default" (the built-in set: the project's docs), text files (comma-separated), or
   // a calibration cache (.json) written earlier.
   std::string calib = "default";
@@ -28,6 +30,10 @@ struct QuantOptions {
   std::string cache;              // calibration cache: read when it exists, else written
   int32_t seq_len = 256;          // tokens per calibration sequence (encoders: 128)
   int32_t max_sequences = 64;     // calibration sequences at most
+  // AWQ: alpha grid steps, and calibration rows per Linear input the output error is
+  // measured on (evenly spread over the calibration tokens).
+  int32_t awq_grid = 20;
+  int64_t awq_rows = 256;
 };
 
 // Calibrates the f32 model at `path` (never an engine) on `q.calib`. Throws
@@ -36,6 +42,16 @@ struct QuantOptions {
 // `sequences`, when given, replaces the tokenized q.calib (models without a tokenizer).
 quant::CalibrationTable calibrate_model(const std::string& path, const ModelOptions& base, const QuantOptions& q,
                                         const std::vector<std::vector<int32_t>>* sequences = nullptr);
+
+// AWQ calibration of the f32 model at `path` for weights stored as `format`: channel
+// means and sampled rows of every Linear input, then the scale search per group
+// (quant::awq_search). Errors as calibrate_model.
+quant::CalibrationTable calibrate_awq(const std::string& path, const ModelOptions& base, const QuantOptions& q,
+                                      kiln::QuantFormat format,
+                                      const std::vector<std::vector<int32_t>>* sequences = nullptr);
+// The weight format of --quant awq under --weight-dtype: q8 -> q8, q4 or f32 (the
+// default) -> q4; others throw kInvalidArgument.
+kiln::QuantFormat awq_weight_format(const std::string& weight_dtype);
 
 // The calibration table for q: the cache or a .json --calib when given, else calibrates
 // (and writes q.cache when set).
@@ -49,6 +65,10 @@ ModelOptions w8a8_model_options(ModelOptions base, const quant::CalibrationTable
 // `base` with the FP8 E4M3 rewrite of `table` installed (weight dtype fp8).
 ModelOptions fp8_model_options(ModelOptions base, const quant::CalibrationTable& table, const QuantOptions& q,
                                std::shared_ptr<quant::Fp8Report> report = nullptr);
+
+// `base` with the AWQ rewrite of `table` installed (weight dtype q4 or q8).
+ModelOptions awq_model_options(ModelOptions base, const quant::CalibrationTable& table, const QuantOptions& q,
+                               std::shared_ptr<quant::AwqReport> report = nullptr);
 
 // Throws kInvalidArgument naming what is wrong with q (mode, method, activation scale).
 void quant_mode_check(const QuantOptions& q);

@@ -73,9 +73,10 @@ void add_onnx_option(CLI::App* cmd, std::string& mode) {
 
 void add_quant_options(CLI::App* cmd, QuantOptions& q) {
   cmd->add_option("--quant", q.mode,
-                  "post-training quantization: w8a8 (int8 weights and activations) or fp8 (E4M3 weights and "
-                  "activations, per-tensor scales), both calibrated")
-      ->check(CLI::IsMember({"w8a8", "fp8"}));
+                  "post-training quantization: w8a8 (int8 weights and activations), fp8 (E4M3 weights and "
+                  "activations, per-tensor scales), or awq (weight-only q4, or q8 with --weight-dtype q8, with "
+                  "activation-aware per-channel scales searched on the calibration text), all calibrated")
+      ->check(CLI::IsMember({"w8a8", "fp8", "awq"}));
   cmd->add_option("--calib", q.calib,
                   "calibration set: 'default' (the project's docs), text files (comma-separated), or a calibration "
                   "cache .json")
@@ -94,6 +95,12 @@ void add_quant_options(CLI::App* cmd, QuantOptions& q) {
       ->check(CLI::IsMember({"static", "per-token"}))
       ->capture_default_str();
   cmd->add_option("--calib-seqs", q.max_sequences, "calibration sequences at most")->capture_default_str();
+  cmd->add_option("--awq-grid", q.awq_grid, "awq: steps of the alpha search over [0, 1]")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  cmd->add_option("--awq-rows", q.awq_rows, "awq: calibration rows per Linear input the output error is measured on")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 20))
+      ->capture_default_str();
 }
 
 std::unique_ptr<Model> load_model(const ModelArgs& a) { return kiln::load_model(a.model, model_options(a), a.quant); }
