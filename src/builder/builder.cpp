@@ -140,7 +140,7 @@ EngineTacticTable tune(Backend& backend, const ir::Graph& g, const CompileOption
     }
     table.tactics.push_back({n.name, it->second.tactic, it->second.seconds});
   }
-  report.tactics_chosen = table.tactics.size();
+  report.tactics_chosen += table.tactics.size();
   return table;
 }
 
@@ -285,7 +285,15 @@ BuildReport build_engine(const BuildOptions& o) {
   const std::string gemm_dtype = awq ? quant_format_name(awq_weight_format(o.weight_dtype)) : o.weight_dtype;
   ModelOptions mo{o.backend, gemm_dtype, nullptr, o.opt_level, o.disabled_passes, gemm_dtype, o.pin_precision};
   mo.onnx_import = o.onnx_import;
+  if (o.tensor_parallel < 1 || o.tensor_parallel > kEngineMaxTensorParallel)
+    throw_error(ErrorCode::kInvalidArgument, "build: --tp must be in [1, ", kEngineMaxTensorParallel, "], got ",
+                o.tensor_parallel);
+  mo.tensor_parallel = o.tensor_parallel;
   const bool quantized = !o.quant.mode.empty();
+  if (quantized && o.tensor_parallel > 1)
+    throw_error(ErrorCode::kUnsupported, "build: --quant ", o.quant.mode, " with --tp ", o.tensor_parallel,
+                " is not supported (calibration and smoothing run on the unsharded model); build with --tp 1, "
+                "or without --quant");
   if (quantized && o.random_weights)
     throw_error(ErrorCode::kInvalidArgument, "build: --quant needs real weights to calibrate (not --random-weights)");
   auto w8a8_report = std::make_shared<quant::W8A8Report>();
@@ -298,6 +306,8 @@ BuildReport build_engine(const BuildOptions& o) {
          : o.quant.mode == "fp8" ? fp8_model_options(mo, table, o.quant, fp8_report)
                                  : w8a8_model_options(mo, table, o.quant, w8a8_report);
   }
+  if (!o.random_weights && std::filesystem::is_regular_file(o.model) && is_engine_file(o.model))
+    throw_error(ErrorCode::kInvalidArgument, "build: '", o.model, "' is already an engine");
   auto model = o.random_weights ? Model::load_random(o.model, mo) : Model::load(o.model, mo);
   if (model->engine()) throw_error(ErrorCode::kInvalidArgument, "build: '", o.model, "' is already an engine");
   report.load_seconds = since(t0);
@@ -305,12 +315,26 @@ BuildReport build_engine(const BuildOptions& o) {
   report.nodes_before = report.passes.empty() ? model->graph().nodes().size() : report.passes.front().nodes_before;
   report.nodes_after = model->graph().nodes().size();
 
+  // One graph, or (tensor parallelism) every rank's: each gets the same treatment below.
+  const int world = model->tp_world();
   EngineContents e;
-  e.graph = model->graph();  // shares the weight buffers; conversions make new ones
-  e.info = model->info();
+  e.tp_world = world;
+  e.info = model->model_info();
   e.config = model->config();
+  std::vector<ir::Graph*> graphs;
+  if (world == 1) {
+    e.graph = model->graph();  // shares the weight buffers; conversions make new ones
+    graphs.push_back(&e.graph);
+  } else {
+    e.ranks.resize(size_t(world));
+    for (int r = 0; r < world; ++r) {
+      e.ranks[size_t(r)].info = model->tp_rank(r).info();
+      e.ranks[size_t(r)].graph = model->tp_rank(r).graph();
+      graphs.push_back(&e.ranks[size_t(r)].graph);
+    }
+  }
   const std::string weight_dtype = awq ? gemm_dtype : quantized ? o.quant.mode : o.weight_dtype;
-  convert_gemm_weights(e.graph, weight_dtype);
+  for (ir::Graph* g : graphs) convert_gemm_weights(*g, weight_dtype);
   if (o.quant.mode == "w8a8")
     report.quant_summary = "w8a8 (" + (o.quant.act_scale == "per-token" ? std::string("per-token") : o.quant.method) + " activation scales, smoothing alpha " + std::to_string(o.quant.smooth_alpha) +
                            "): " + std::to_string(w8a8_report->quantized) + " Linears int8, " +
@@ -321,18 +345,20 @@ BuildReport build_engine(const BuildOptions& o) {
                                    awq_report->folded_into_v, " V and ", awq_report->folded_into_up,
                                    " up projections, ", awq_report->muls, " Mul nodes");
   if (o.quant.mode == "fp8") {
-    quant::store_fp8_weights(e.graph);  // E4M3 codes in the file, one byte per weight
+    for (ir::Graph* g : graphs) quant::store_fp8_weights(*g);  // E4M3 codes in the file, one byte per weight
     report.quant_summary = str_cat("fp8 (", o.quant.method, " activation clips, smoothing alpha ", o.quant.smooth_alpha,
                                    "): ", fp8_report->quantized, " Linears E4M3, ",
                                    fp8_report->kept + fp8_report->kept_shape, " kept f32");
   }
+  // The ranks' graphs have the same inputs: profiles are checked against rank 0's.
+  const ir::Graph& first = *graphs[0];
   e.profiles = o.profiles;
   if (e.profiles.empty()) {
     // Built models have one token axis T; an imported ONNX graph has its own symbolic
     // input dims ("batch", "sequence"), each allowed [1, 16384] and tuned at 16.
     std::set<std::string> dims;
-    for (ir::ValueId v : e.graph.inputs())
-      for (auto& d : e.graph.value(v).shape.dims())
+    for (ir::ValueId v : first.inputs())
+      for (auto& d : first.value(v).shape.dims())
         if (!d.is_concrete() && d.sym != "?") dims.insert(d.sym);
     EngineProfile p{"default", {}};
     if (dims.empty() || dims.count("T")) p.dims.push_back({"T", 1, 128, 16384});
@@ -348,32 +374,53 @@ BuildReport build_engine(const BuildOptions& o) {
                     "'; name them (NAME:DIM=min,opt,max)");
     for (auto& pd : p.dims) {
       bool found = false;
-      for (ir::ValueId v : e.graph.inputs())
-        for (auto& d : e.graph.value(v).shape.dims()) found = found || d.sym == pd.dim;
+      for (ir::ValueId v : first.inputs())
+        for (auto& d : first.value(v).shape.dims()) found = found || d.sym == pd.dim;
       if (!found)
         throw_error(ErrorCode::kInvalidArgument, "--profile ", p.name, ": the graph has no input with a dim named '",
                     pd.dim, "'");
     }
   }
-  plan_memory(e.graph, e.profiles, o.workspace_bytes);
+  // Every rank gets an arena of the largest rank's plan (they differ by a bias at most).
+  std::vector<EngineProfile> planned = e.profiles;
+  for (ir::Graph* g : graphs) {
+    std::vector<EngineProfile> p = e.profiles;
+    plan_memory(*g, p, o.workspace_bytes);
+    for (size_t i = 0; i < p.size(); ++i) {
+      planned[i].activation_bytes = std::max(planned[i].activation_bytes, p[i].activation_bytes);
+      planned[i].activation_slots = std::max(planned[i].activation_slots, p[i].activation_slots);
+    }
+  }
+  e.profiles = planned;
   report.profiles = e.profiles;
 
   auto t1 = Clock::now();
   report.device = model->backend().device_name();
   if (o.tune) {
     TimingCache cache(o.timing_cache);
-    // Tactics are timed at the first profile's opt shapes (one table per device).
+    // Tactics are timed at the first profile's opt shapes (one table per device), on
+    // each rank's own device; the ranks' GEMMs share shapes, so ranks after the first
+    // mostly hit the cache.
     std::map<std::string, int64_t> dims = profile_dims(e.profiles[0], true);
-    e.tactic_tables.push_back(tune(model->backend(), e.graph, model->compile_options(), dims, cache, report));
+    for (int r = 0; r < world; ++r) {
+      Model& rank = model->tp_rank(r);
+      EngineTacticTable table = tune(rank.backend(), *graphs[size_t(r)], rank.compile_options(), dims, cache, report);
+      (world == 1 ? e.tactic_tables : e.ranks[size_t(r)].tactic_tables).push_back(std::move(table));
+    }
     cache.save();
   }
   report.tune_seconds = since(t1);
   if (o.pack_weights) {
-    report.packed_gemms = model->backend().pack_weights(e.graph, model->compile_options());
+    for (int r = 0; r < world; ++r)
+      report.packed_gemms += model->tp_rank(r).backend().pack_weights(*graphs[size_t(r)],
+                                                                       model->tp_rank(r).compile_options());
     if (!report.packed_gemms)
       throw_error(ErrorCode::kUnsupported, "--pack-weights: the ", o.backend,
                   " backend has no packed weight layout to store");
   }
+  report.tp_world = world;
+  if (world > 1)
+    for (ir::Graph* g : graphs) report.rank_weight_bytes.push_back(g->weight_bytes());
 
   if (model->gguf()) {
     if (model->gguf()->has_key("tokenizer.ggml.tokens")) {

@@ -1,12 +1,13 @@
 // The engine builder (`kiln build`): loads a model, runs the optimization passes
-// (with assign_precision: per-GEMM weight precision and pins), converts GEMM weights
+// (with assign_precision: per-GEMM weight precision and pins), optionally shards it for
+// tensor parallelism (one graph per rank, all in the one file), converts GEMM weights
 // to their stored precision, plans the activation arena of every optimization profile
 // at its max shapes (checked against a --workspace limit), times the backend's tactics
 // for every GEMM shape at the first profile's opt shape (a timing cache file makes
 // rebuilds fast), optionally packs GEMM weights into the backend's layout, embeds
 // config, tokenizer and profiles, and writes the engine file.
-// Tested in tests/engine/builder_test.cpp, tests/engine/profile_test.cpp and by
-// tests/tools/cli_test.sh.
+// Tested in tests/engine/builder_test.cpp, tests/engine/profile_test.cpp,
+// tests/engine/tp_engine_test.cpp and by tests/tools/cli_test.sh.
 #pragma once
 
 #include <string>
@@ -45,6 +46,11 @@ struct BuildOptions {
   // Post-training quantization (mode "w8a8": calibrated int8 Linears, the rest f32;
   // "fp8": calibrated E4M3 Linears, stored as E4M3 codes in the engine).
   QuantOptions quant;
+  // Tensor parallelism (`--tp N`, decoders): N > 1 shards the model as `--tp N` loads do
+  // (parallel/tensor_parallel.h), runs the passes, converts, plans, times tactics and
+  // packs every rank's graph, and writes them all into the one engine file, which then
+  // loads sharded over N ranks without the checkpoint.
+  int tensor_parallel = 1;
 };
 
 struct BuildReport {
@@ -55,7 +61,9 @@ struct BuildReport {
   size_t tactics_chosen = 0, shapes_timed = 0, cache_hits = 0;
   size_t packed_gemms = 0;  // GEMMs stored in the backend's layout (pack_weights)
   std::string device;
-  std::vector<EngineProfile> profiles;  // with their planned activation arenas
+  std::vector<EngineProfile> profiles;  // with their planned activation arenas (per rank: the largest)
+  int tp_world = 1;
+  std::vector<uint64_t> rank_weight_bytes;  // tensor parallelism: each rank's weights (replicated ones counted per rank)
   std::string quant_summary;  // what the quantization rewrite did, or empty
 };
 

@@ -26,8 +26,11 @@ constexpr uint32_t kEngineFormatVersion = 1;  // the header layout
 constexpr uint32_t kEngineSchemaVersion = 1;  // the FlatBuffers contents (major: incompatible changes)
 // Additive changes a 1.x reader may ignore. 1: several named profiles, each with its
 // planned activation arena; precision pins and the workspace limit in the build info.
-// 2: the plugin libraries the graph's Plugin nodes need.
-constexpr uint32_t kEngineSchemaMinor = 2;
+// 2: the plugin libraries the graph's Plugin nodes need. 3: tensor-parallel engines
+// (every rank's sharded graph in one file; see EngineContents::ranks).
+constexpr uint32_t kEngineSchemaMinor = 3;
+// The most ranks an engine may record (a sanity bound on untrusted files; `--tp`'s range).
+constexpr int kEngineMaxTensorParallel = 64;
 constexpr size_t kEngineHeaderSize = 64;
 constexpr size_t kEngineBlobAlignment = 64;
 
@@ -76,9 +79,23 @@ struct EngineTokenizer {
   std::vector<std::pair<std::string, std::string>> files;  // name -> bytes
 };
 
+// One rank of a tensor-parallel engine (schema 1.3): its shard, already sharded and
+// optimized (parallel/tensor_parallel.h, then the passes), with its AllReduce nodes.
+struct EngineRank {
+  ModelInfo info;  // this rank's share: num_heads and num_kv_heads per rank
+  ir::Graph graph;
+  std::vector<EngineTacticTable> tactic_tables;
+};
+
 // What an engine holds; the builder fills it, the loader returns it.
 struct EngineContents {
   uint32_t schema_minor = kEngineSchemaMinor;  // as read (loaded engines); written: always ours
+  // tp_world == 1: `graph` (and `tactic_tables`) are the model. tp_world > 1: `ranks`
+  // holds every rank's graph, rank r at index r, `graph` and `tactic_tables` are empty,
+  // and `info` is the unsharded model's. Profiles (their activation arena: the largest
+  // of any rank's), config, tokenizer and build info are shared by the ranks.
+  int tp_world = 1;
+  std::vector<EngineRank> ranks;
   ir::Graph graph;
   ModelInfo info;
   nlohmann::json config;
@@ -95,8 +112,12 @@ struct EngineContents {
 // The loaded plugin libraries the graph's Plugin nodes call, with the ops each provides
 // to it; throws kUnsupported when a node's plugin is not loaded.
 std::vector<EnginePlugin> engine_plugins_of(const ir::Graph& g);
+// The graphs an engine runs: `graph`, or every rank's for a tensor-parallel engine.
+std::vector<const ir::Graph*> engine_graphs(const EngineContents& e);
 
 // Writes `e` to `path` (atomically: a temp file renamed into place). Returns bytes written.
+// A tensor-parallel engine's ranks share one blob: a tensor replicated on every rank
+// (embeddings, norms, LM head) is stored once, found by its contents.
 size_t engine_write(const std::string& path, const EngineContents& e);
 
 struct EngineLoadOptions {

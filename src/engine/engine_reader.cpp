@@ -1,6 +1,7 @@
 // Loading an engine file (see engine.h): header checks, checksums, FlatBuffers
-// verification, then the graph is rebuilt node by node through the op registry, so
-// shape inference re-checks every node; weights become views into the mapping after
+// verification, then the graph (each rank's, for a tensor-parallel engine, checked to
+// be a share of the model) is rebuilt node by node through the op registry, so shape
+// inference re-checks every node; weights become views into the mapping after
 // their offset, size, dtype and shape agree. Every failure is kInvalidFile naming the
 // file and the part. Tested in tests/engine/engine_file_test.cpp; fuzzed by
 // fuzz/engine_load_fuzz.cpp.
@@ -66,8 +67,9 @@ DType read_dtype(uint8_t d, const std::string& where, const std::string& what) {
 }
 
 ir::Graph read_graph(const fb::Graph* fg, const uint8_t* blob, uint64_t blob_size,
-                     const std::shared_ptr<const void>& owner, const std::string& where) {
-  if (!fg || !fg->inputs() || !fg->weights() || !fg->nodes() || !fg->outputs()) bad(where, "the graph is missing");
+                     const std::shared_ptr<const void>& owner, const std::string& where,
+                     const std::string& part = "") {
+  if (!fg || !fg->inputs() || !fg->weights() || !fg->nodes() || !fg->outputs()) bad(where, part, "the graph is missing");
   ir::Graph g;
   std::vector<ir::ValueId> ids;  // file value index -> graph value id
   for (const fb::Input* in : *fg->inputs()) {
@@ -76,7 +78,7 @@ ir::Graph read_graph(const fb::Graph* fg, const uint8_t* blob, uint64_t blob_siz
       for (const fb::Dim* d : *in->dims()) {
         if (d->sym() && d->sym()->size()) shape.push_back(Dim(d->sym()->str()));
         else if (d->value() >= 0 && d->value() < (int64_t(1) << 40)) shape.push_back(Dim(d->value()));
-        else bad(where, "input '", str(in->name()), "' has a bad dim ", d->value());
+        else bad(where, part, "input '", str(in->name()), "' has a bad dim ", d->value());
       }
     ids.push_back(g.add_input(str(in->name()), read_dtype(in->dtype(), where, "input " + str(in->name())), shape));
   }
@@ -87,18 +89,18 @@ ir::Graph read_graph(const fb::Graph* fg, const uint8_t* blob, uint64_t blob_siz
     uint64_t numel = 1;
     if (w->shape())
       for (int64_t d : *w->shape()) {
-        if (d < 0 || d > (int64_t(1) << 40)) bad(where, "weight '", name, "' has a bad dim ", d);
+        if (d < 0 || d > (int64_t(1) << 40)) bad(where, part, "weight '", name, "' has a bad dim ", d);
         numel = d == 0 ? 0 : numel;
-        if (d && numel > (uint64_t(1) << 48) / uint64_t(d)) bad(where, "weight '", name, "' is impossibly large");
+        if (d && numel > (uint64_t(1) << 48) / uint64_t(d)) bad(where, part, "weight '", name, "' is impossibly large");
         numel *= uint64_t(d);
         shape.push_back(d);
       }
     const uint64_t nbytes = numel * dtype_size(dt);
     if (nbytes != w->nbytes())
-      bad(where, "weight '", name, "' ", dtype_name(dt), shape_to_string(shape), " needs ", nbytes,
+      bad(where, part, "weight '", name, "' ", dtype_name(dt), shape_to_string(shape), " needs ", nbytes,
           " bytes, the file says ", w->nbytes());
     if (w->offset() % kEngineBlobAlignment || w->offset() > blob_size || nbytes > blob_size - w->offset())
-      bad(where, "weight '", name, "' at blob offset ", w->offset(), " + ", nbytes,
+      bad(where, part, "weight '", name, "' at blob offset ", w->offset(), " + ", nbytes,
           " bytes lies outside the ", blob_size, "-byte weight blob (or is not 64-byte aligned)");
     Tensor t = Tensor::view(const_cast<uint8_t*>(blob + w->offset()), dt, shape, owner);
     ids.push_back(g.add_weight(name, std::move(t)));
@@ -109,25 +111,25 @@ ir::Graph read_graph(const fb::Graph* fg, const uint8_t* blob, uint64_t blob_siz
     if (n->inputs())
       for (int32_t i : *n->inputs()) {
         if (i < -1 || i >= int32_t(ids.size()))
-          bad(where, "node '", name, "' reads value ", i, ", but only ", ids.size(), " are defined before it");
+          bad(where, part, "node '", name, "' reads value ", i, ", but only ", ids.size(), " are defined before it");
         in.push_back(i < 0 ? ir::kNoValue : ids[size_t(i)]);
       }
     try {
       for (ir::ValueId o : g.add_node(str(n->op()), in, read_attrs(n->attrs(), where), name)) ids.push_back(o);
     } catch (const Error& e) {
-      bad(where, "node '", name, "': ", e.what());
+      bad(where, part, "node '", name, "': ", e.what());
     }
   }
   for (const fb::Output* o : *fg->outputs()) {
     if (o->value() < 0 || o->value() >= int32_t(ids.size()))
-      bad(where, "output '", str(o->name()), "' names value ", o->value(), " of ", ids.size());
+      bad(where, part, "output '", str(o->name()), "' names value ", o->value(), " of ", ids.size());
     g.add_output(str(o->name()), ids[size_t(o->value())]);
   }
   g.meta = read_attrs(fg->meta(), where);
   try {
     ir::verify(g);
   } catch (const Error& e) {
-    bad(where, e.what());
+    bad(where, part, e.what());
   }
   return g;
 }
@@ -173,6 +175,53 @@ void check_plugins_loaded(const fb::Graph* fg, const std::vector<EnginePlugin>& 
       log_warn("engine '", where, "' was built with plugin '", rec->name, "' ", rec->version, ", loaded is ",
                loaded->library->version, " (", loaded->library->path, ")");
   }
+}
+
+std::vector<EngineTacticTable> read_tactic_tables(
+    const flatbuffers::Vector<flatbuffers::Offset<fb::TacticTable>>* v) {
+  std::vector<EngineTacticTable> out;
+  if (v)
+    for (const fb::TacticTable* t : *v) {
+      EngineTacticTable table{str(t->device()), {}};
+      if (t->tactics())
+        for (const fb::Tactic* x : *t->tactics()) table.tactics.push_back({str(x->node()), str(x->tactic()), x->seconds()});
+      out.push_back(std::move(table));
+    }
+  return out;
+}
+
+ModelInfo read_model_info(const flatbuffers::String* s, const std::string& where, const std::string& what) {
+  try {
+    return model_info_from_json(nlohmann::json::parse(str(s)));
+  } catch (const nlohmann::json::exception& x) {
+    bad(where, what, ": ", x.what());
+  } catch (const Error& x) {  // its message starts "model info: "
+    bad(where, what == "model info" ? std::string() : what + ": ", x.what());
+  }
+}
+
+// A rank's shard must be a share of the model it claims to be: the same layers and
+// widths, 1/world of the attention heads, its K/V heads split or (more ranks than K/V
+// heads) one per rank, and its Attention nodes agreeing with its info, since the
+// runtime sizes that rank's KV cache from the info.
+void check_rank(const EngineRank& r, int rank, int world, const ModelInfo& model, const std::string& where) {
+  const ModelInfo& i = r.info;
+  const std::string what = str_cat("rank ", rank, " of ", world);
+  if (i.family != model.family || i.vocab_size != model.vocab_size || i.hidden_size != model.hidden_size ||
+      i.num_layers != model.num_layers || i.head_dim != model.head_dim || i.is_decoder != model.is_decoder)
+    bad(where, what, " is a shard of another model (", i.family, ", ", i.num_layers, " layers, hidden ", i.hidden_size,
+        ") than the engine's (", model.family, ", ", model.num_layers, " layers, hidden ", model.hidden_size, ")");
+  const bool kv_ok = i.num_kv_heads >= 1 && (i.num_kv_heads * world == model.num_kv_heads ||
+                                             (i.num_kv_heads == 1 && model.num_kv_heads >= 1 &&
+                                              world % model.num_kv_heads == 0));
+  if (i.num_heads * world != model.num_heads || !kv_ok)
+    bad(where, what, " holds ", i.num_heads, " attention and ", i.num_kv_heads, " K/V heads, not a 1/", world,
+        " share of the model's ", model.num_heads, " and ", model.num_kv_heads);
+  for (const ir::Node& n : r.graph.nodes())
+    if (n.op == "Attention" &&
+        (n.attr_int("num_heads", -1) != i.num_heads || n.attr_int("num_kv_heads", -1) != i.num_kv_heads))
+      bad(where, what, ": node '", n.name, "' has ", n.attr_int("num_heads", -1), " attention and ",
+          n.attr_int("num_kv_heads", -1), " K/V heads, its rank info says ", i.num_heads, " and ", i.num_kv_heads);
 }
 
 }  // namespace
@@ -225,17 +274,40 @@ EngineContents engine_parse(const uint8_t* data, size_t size, std::shared_ptr<co
 
   EngineContents out;
   out.schema_minor = e->schema_minor();
+  out.info = read_model_info(e->model_info_json(), where, "model info");
   try {
-    out.info = model_info_from_json(nlohmann::json::parse(str(e->model_info_json())));
     out.config = nlohmann::json::parse(str(e->config_json()));
   } catch (const nlohmann::json::exception& x) {
-    bad(where, "model info/config: ", x.what());
+    bad(where, "config: ", x.what());
   }
   if (e->plugins())
     for (const fb::PluginRef* p : *e->plugins())
       out.plugins.push_back({str(p->name()), str(p->version()), str(p->library()), read_strings(p->ops())});
-  check_plugins_loaded(e->graph(), out.plugins, where);
-  out.graph = read_graph(e->graph(), data + h.blob_offset, h.blob_size, owner, where);
+  if (e->tp_world() < 1 || e->tp_world() > uint32_t(kEngineMaxTensorParallel))
+    bad(where, "tensor parallelism over ", e->tp_world(), " ranks (1 to ", kEngineMaxTensorParallel, " are valid)");
+  out.tp_world = int(e->tp_world());
+  const uint32_t num_ranks = e->ranks() ? e->ranks()->size() : 0;
+  if (out.tp_world == 1) {
+    if (num_ranks) bad(where, "holds ", num_ranks, " rank graphs but records no tensor parallelism (tp_world 1)");
+    check_plugins_loaded(e->graph(), out.plugins, where);
+    out.graph = read_graph(e->graph(), data + h.blob_offset, h.blob_size, owner, where);
+    out.tactic_tables = read_tactic_tables(e->tactic_tables());
+  } else {
+    if (num_ranks != uint32_t(out.tp_world))
+      bad(where, "records tensor parallelism over ", out.tp_world, " ranks but holds ", num_ranks, " rank graphs");
+    if (e->graph()) bad(where, "a tensor-parallel engine holds per-rank graphs, yet it also has an unsharded one");
+    if (!out.info.is_decoder) bad(where, "a tensor-parallel engine of an encoder (", out.info.family, ")");
+    for (uint32_t r = 0; r < num_ranks; ++r) {
+      const fb::Rank* fr = e->ranks()->Get(r);
+      EngineRank rank;
+      rank.info = read_model_info(fr->model_info_json(), where, str_cat("rank ", r, " model info"));
+      check_plugins_loaded(fr->graph(), out.plugins, where);
+      rank.graph = read_graph(fr->graph(), data + h.blob_offset, h.blob_size, owner, where, str_cat("rank ", r, ": "));
+      rank.tactic_tables = read_tactic_tables(fr->tactic_tables());
+      check_rank(rank, int(r), out.tp_world, out.info, where);
+      out.ranks.push_back(std::move(rank));
+    }
+  }
   out.tokenizer.kind = str(e->tokenizer_kind());
   if (e->tokenizer_files())
     for (const fb::File* f : *e->tokenizer_files())
@@ -263,13 +335,6 @@ EngineContents engine_parse(const uint8_t* data, size_t size, std::shared_ptr<co
           profile.dims.push_back({str(d->dim()), d->min(), d->opt(), d->max()});
         }
       out.profiles.push_back(std::move(profile));
-    }
-  if (e->tactic_tables())
-    for (const fb::TacticTable* t : *e->tactic_tables()) {
-      EngineTacticTable table{str(t->device()), {}};
-      if (t->tactics())
-        for (const fb::Tactic* x : *t->tactics()) table.tactics.push_back({str(x->node()), str(x->tactic()), x->seconds()});
-      out.tactic_tables.push_back(std::move(table));
     }
   return out;
 }

@@ -1,6 +1,7 @@
-// Writing an engine file (see engine.h): the graph is flattened into definition order
-// (inputs, weights, node outputs), weights are laid out 64-byte aligned in one blob
-// (tensors sharing memory, like a tied LM head, are stored once), then the header's
+// Writing an engine file (see engine.h): the graph (or each rank's graph of a
+// tensor-parallel engine) is flattened into definition order (inputs, weights, node
+// outputs), weights are laid out 64-byte aligned in one blob (tensors sharing memory,
+// like a tied LM head, or replicated on every rank, are stored once), then the header's
 // checksums are filled in from the written bytes. Tested in tests/engine/engine_file_test.cpp.
 #include <algorithm>
 #include <cstdio>
@@ -52,9 +53,44 @@ struct BlobEntry {
   uint64_t offset;
 };
 
-// Flattens the graph; fills `blob` with the weights to write, in offset order.
-Offset<fb::Graph> write_graph(FlatBufferBuilder& fb, const ir::Graph& g, std::vector<BlobEntry>& blob,
-                              uint64_t& blob_size) {
+// The weight blob being laid out: each tensor gets a 64-byte-aligned offset, and a
+// tensor already placed is not stored again. Within one graph, sharing is by buffer
+// (a tied LM head). Across the ranks of a tensor-parallel engine, replicated tensors
+// were converted or packed per rank into separate buffers of equal bytes, so they are
+// also found by their contents (hash, then a byte compare).
+class BlobLayout {
+ public:
+  explicit BlobLayout(bool by_contents) : by_contents_(by_contents) {}
+
+  uint64_t place(const Tensor& t) {
+    auto key = std::make_tuple(t.data(), t.nbytes(), t.dtype());
+    auto it = stored_.find(key);
+    if (it != stored_.end()) return it->second;
+    if (by_contents_) {
+      auto ckey = std::make_tuple(t.nbytes(), t.dtype(), xxhash64(t.data(), t.nbytes()));
+      for (auto& [other, offset] : by_contents_map_[ckey])
+        if (std::memcmp(other->data(), t.data(), t.nbytes()) == 0) return stored_[key] = offset;
+      by_contents_map_[ckey].push_back({&t, size_});
+    }
+    stored_.emplace(key, size_);
+    entries_.push_back({&t, size_});
+    const uint64_t at = size_;
+    size_ = align_up(size_ + t.nbytes(), kEngineBlobAlignment);
+    return at;
+  }
+  const std::vector<BlobEntry>& entries() const { return entries_; }
+  uint64_t size() const { return size_; }
+
+ private:
+  bool by_contents_;
+  std::map<std::tuple<const void*, size_t, DType>, uint64_t> stored_;
+  std::map<std::tuple<size_t, DType, uint64_t>, std::vector<BlobEntry>> by_contents_map_;
+  std::vector<BlobEntry> entries_;
+  uint64_t size_ = 0;
+};
+
+// Flattens the graph; places its weights in `blob`.
+Offset<fb::Graph> write_graph(FlatBufferBuilder& fb, const ir::Graph& g, BlobLayout& blob) {
   std::vector<int32_t> index(g.num_values(), -1);
   int32_t next = 0;
   std::vector<Offset<fb::Input>> inputs;
@@ -66,20 +102,13 @@ Offset<fb::Graph> write_graph(FlatBufferBuilder& fb, const ir::Graph& g, std::ve
     inputs.push_back(fb::CreateInput(fb, fb.CreateString(val.name), uint8_t(val.dtype), fb.CreateVector(dims)));
     index[size_t(v)] = next++;
   }
-  std::map<std::tuple<const void*, size_t, DType>, uint64_t> stored;  // dedupe shared tensors
   std::vector<Offset<fb::Weight>> weights;
   for (size_t v = 0; v < g.num_values(); ++v) {
     if (!g.is_weight(ir::ValueId(v))) continue;
     const Tensor& t = g.weight(ir::ValueId(v));
-    auto key = std::make_tuple(t.data(), t.nbytes(), t.dtype());
-    auto it = stored.find(key);
-    if (it == stored.end()) {
-      it = stored.emplace(key, blob_size).first;
-      blob.push_back({&t, blob_size});
-      blob_size = align_up(blob_size + t.nbytes(), kEngineBlobAlignment);
-    }
+    const uint64_t offset = blob.place(t);
     weights.push_back(fb::CreateWeight(fb, fb.CreateString(g.value(ir::ValueId(v)).name), uint8_t(t.dtype()),
-                                       fb.CreateVector(t.shape()), it->second, t.nbytes()));
+                                       fb.CreateVector(t.shape()), offset, t.nbytes()));
     index[v] = next++;
   }
   std::vector<Offset<fb::Node>> nodes;
@@ -99,11 +128,32 @@ Offset<fb::Graph> write_graph(FlatBufferBuilder& fb, const ir::Graph& g, std::ve
                          fb.CreateVector(outputs), write_attrs(fb, g.meta));
 }
 
+Offset<flatbuffers::Vector<Offset<fb::TacticTable>>> write_tactic_tables(FlatBufferBuilder& fb,
+                                                                         const std::vector<EngineTacticTable>& tables) {
+  std::vector<Offset<fb::TacticTable>> out;
+  for (auto& t : tables) {
+    std::vector<Offset<fb::Tactic>> ts;
+    for (auto& x : t.tactics)
+      ts.push_back(fb::CreateTactic(fb, fb.CreateString(x.node), fb.CreateString(x.tactic), x.seconds));
+    out.push_back(fb::CreateTacticTable(fb, fb.CreateString(t.device), fb.CreateVector(ts)));
+  }
+  return fb.CreateVector(out);
+}
+
 void write_all(std::FILE* f, const void* data, size_t n, const std::string& path) {
   if (n && std::fwrite(data, 1, n, f) != n) throw_error(ErrorCode::kIo, "cannot write '", path, "'");
 }
 
 }  // namespace
+
+std::vector<const ir::Graph*> engine_graphs(const EngineContents& e) {
+  std::vector<const ir::Graph*> out;
+  if (e.tp_world > 1)
+    for (auto& r : e.ranks) out.push_back(&r.graph);
+  else
+    out.push_back(&e.graph);
+  return out;
+}
 
 std::vector<EnginePlugin> engine_plugins_of(const ir::Graph& g) {
   std::vector<EnginePlugin> out;
@@ -119,11 +169,33 @@ std::vector<EnginePlugin> engine_plugins_of(const ir::Graph& g) {
 }
 
 size_t engine_write(const std::string& path, const EngineContents& e) {
-  ir::verify(e.graph);
+  const bool tp = e.tp_world > 1;
+  KILN_CHECK(e.tp_world >= 1 && e.tp_world <= kEngineMaxTensorParallel, "engine tp_world ", e.tp_world);
+  KILN_CHECK(tp ? int(e.ranks.size()) == e.tp_world && e.graph.nodes().empty() && e.tactic_tables.empty()
+                : e.ranks.empty(),
+             "a tensor-parallel engine holds one graph per rank and no unsharded graph (tp_world ", e.tp_world, ", ",
+             e.ranks.size(), " ranks)");
+  for (const ir::Graph* g : engine_graphs(e)) ir::verify(*g);
   FlatBufferBuilder fb(1 << 20);
-  std::vector<BlobEntry> blob;
-  uint64_t blob_size = 0;
-  auto graph = write_graph(fb, e.graph, blob, blob_size);
+  BlobLayout blob(/*by_contents=*/tp);
+  Offset<fb::Graph> graph = 0;
+  Offset<flatbuffers::Vector<Offset<fb::Rank>>> ranks = 0;
+  std::vector<EnginePlugin> plugin_list;
+  if (tp) {
+    std::vector<Offset<fb::Rank>> rs;
+    for (const EngineRank& r : e.ranks) {
+      auto info = fb.CreateString(model_info_to_json(r.info).dump());
+      auto g = write_graph(fb, r.graph, blob);
+      rs.push_back(fb::CreateRank(fb, info, g, write_tactic_tables(fb, r.tactic_tables)));
+      for (auto& p : engine_plugins_of(r.graph))
+        if (std::none_of(plugin_list.begin(), plugin_list.end(), [&](auto& q) { return q.name == p.name; }))
+          plugin_list.push_back(p);
+    }
+    ranks = fb.CreateVector(rs);
+  } else {
+    graph = write_graph(fb, e.graph, blob);
+    plugin_list = engine_plugins_of(e.graph);
+  }
   std::vector<Offset<fb::File>> files;
   for (auto& [name, bytes] : e.tokenizer.files)
     files.push_back(fb::CreateFile(fb, fb.CreateString(name),
@@ -140,21 +212,16 @@ size_t engine_write(const std::string& path, const EngineContents& e) {
     profs.push_back(fb::CreateProfile(fb, fb.CreateString(p.name), fb.CreateVector(dims), p.activation_bytes,
                                       p.activation_slots));
   }
-  std::vector<Offset<fb::TacticTable>> tables;
-  for (auto& t : e.tactic_tables) {
-    std::vector<Offset<fb::Tactic>> ts;
-    for (auto& x : t.tactics)
-      ts.push_back(fb::CreateTactic(fb, fb.CreateString(x.node), fb.CreateString(x.tactic), x.seconds));
-    tables.push_back(fb::CreateTacticTable(fb, fb.CreateString(t.device), fb.CreateVector(ts)));
-  }
+  Offset<flatbuffers::Vector<Offset<fb::TacticTable>>> tables = 0;
+  if (!tp) tables = write_tactic_tables(fb, e.tactic_tables);
   std::vector<Offset<fb::PluginRef>> plugins;
-  for (auto& p : engine_plugins_of(e.graph))
+  for (auto& p : plugin_list)
     plugins.push_back(fb::CreatePluginRef(fb, fb.CreateString(p.name), fb.CreateString(p.version),
                                           fb.CreateString(p.library), write_strings(fb, p.ops)));
   auto root = fb::CreateEngine(fb, kEngineSchemaVersion, fb.CreateString(model_info_to_json(e.info).dump()),
                                fb.CreateString(e.config.dump()), graph, fb.CreateString(e.tokenizer.kind),
-                               fb.CreateVector(files), build, fb.CreateVector(profs), fb.CreateVector(tables),
-                               kEngineSchemaMinor, fb.CreateVector(plugins));
+                               fb.CreateVector(files), build, fb.CreateVector(profs), tables,
+                               kEngineSchemaMinor, fb.CreateVector(plugins), uint32_t(e.tp_world), ranks);
   fb.Finish(root, fb::EngineIdentifier());
 
   EngineHeader h;
@@ -164,7 +231,7 @@ size_t engine_write(const std::string& path, const EngineContents& e) {
   h.meta_offset = kEngineHeaderSize;
   h.meta_size = fb.GetSize();
   h.blob_offset = align_up(h.meta_offset + h.meta_size, kEngineBlobAlignment);
-  h.blob_size = blob_size;
+  h.blob_size = blob.size();
   h.meta_hash = engine_meta_hash(h, fb.GetBufferPointer());
 
   // Written to a temp file and renamed, so a failed build never leaves a half file.
@@ -179,7 +246,7 @@ size_t engine_write(const std::string& path, const EngineContents& e) {
     // The blob hash is computed as we write, one tensor (and its padding) at a time.
     EngineBlobHasher hasher;
     uint64_t at = 0;
-    for (auto& [t, offset] : blob) {
+    for (auto& [t, offset] : blob.entries()) {
       KILN_CHECK(offset == at, "blob layout");
       write_all(f, t->data(), t->nbytes(), tmp);
       hasher.update(t->data(), t->nbytes());

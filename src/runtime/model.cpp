@@ -33,7 +33,8 @@ void Model::add_top_logits(int32_t k) {
 }
 
 std::unique_ptr<Model> Model::from_built(BuiltModel built, const ModelOptions& options) {
-  if (options.tensor_parallel != 1) return from_built_sharded(std::move(built), options);
+  if (options.tensor_parallel != 0 && options.tensor_parallel != 1)
+    return from_built_sharded(std::move(built), options);
   if (!options.profile.empty())
     throw_error(ErrorCode::kInvalidArgument, "optimization profile '", options.profile,
                 "' was asked for, but only engine files have profiles (build one with `kiln build --profile`)");
@@ -73,6 +74,7 @@ std::unique_ptr<Model> Model::from_built_sharded(BuiltModel built, const ModelOp
   // Shards first: an indivisible split is the user's error, before any device is touched.
   std::vector<BuiltModel> shards;
   for (int r = 0; r < world; ++r) shards.push_back(shard_tensor_parallel(built, r, world));
+  ModelInfo unsharded_info = built.info;
   built = {};  // the unsharded weights are not needed past here
   auto comms = create_backend(options.backend, options.device)->make_communicators(world, options.device);
   KILN_CHECK(int(comms.size()) == world, "backend ", options.backend, " made ", comms.size(), " communicators for ",
@@ -86,56 +88,107 @@ std::unique_ptr<Model> Model::from_built_sharded(BuiltModel built, const ModelOp
     ro.device = options.device + r;
     m->tp_peers_.push_back(from_built(std::move(shards[size_t(r)]), ro));
   }
+  m->unsharded_info_ = std::move(unsharded_info);
   log_info("tensor parallel: ", world, " ranks of ", m->info().num_heads, " attention heads, ",
            m->info().num_kv_heads, " K/V heads each");
   return m;
 }
 
-std::unique_ptr<Model> Model::load_engine(const std::string& path, const ModelOptions& options) {
-  const KvDType kv_dtype = kv_dtype_parse(options.kv_cache_dtype);
-  auto e = std::make_shared<EngineContents>(engine_load(path));
+namespace {
+
+// What a backend cannot run is refused before anything compiles, naming the node.
+void check_engine_graph(const std::string& path, const ir::Graph& g, Backend& backend) {
+  for (auto& n : g.nodes()) {
+    if (n.has_attr("weight_layout") && !backend.supports_weight_layout(n.attr_str("weight_layout")))
+      throw_error(ErrorCode::kUnsupported, "engine '", path, "' stores the weights of '", n.name, "' packed for layout '",
+                  n.attr_str("weight_layout"), "', which the ", backend.name(),
+                  " backend does not read; rebuild it without --pack-weights (portable) or with --backend ",
+                  backend.name());
+    std::string f = passes::fusion_of(n);
+    if (!f.empty() && !backend.supports_fusion(f))
+      throw_error(ErrorCode::kUnsupported, "engine '", path, "' uses ", n.op, " from the ", f,
+                  " fusion, which the ", backend.name(), " backend does not implement; rebuild it with `kiln build "
+                  "--backend ", backend.name(), "` (or --disable-pass ", f, ")");
+  }
+}
+
+}  // namespace
+
+std::unique_ptr<Model> Model::load_engine_rank(const std::shared_ptr<EngineContents>& e, int rank,
+                                               const ModelOptions& options, std::shared_ptr<Communicator> comm) {
+  const bool tp = e->tp_world > 1;
   std::unique_ptr<Model> m(new Model());
-  m->kv_dtype_ = kv_dtype;
-  m->built_.graph = std::move(e->graph);
-  m->built_.info = e->info;
+  m->kv_dtype_ = kv_dtype_parse(options.kv_cache_dtype);
+  m->built_.graph = std::move(tp ? e->ranks[size_t(rank)].graph : e->graph);
+  m->built_.info = tp ? e->ranks[size_t(rank)].info : e->info;
   m->config_ = e->config;
-  m->path_ = path;
   CompileOptions co;
   // GEMM weights are stored in the engine in their final precision.
   co.weight_dtype = e->build.weight_dtype;
   co.linear_observer = options.linear_observer;
+  co.communicator = std::move(comm);
   for (auto& p : e->profiles) {
     ShapeProfile sp{p.name, {}};
     for (auto& d : p.dims) sp.dims[d.dim] = {d.min, d.opt, d.max};
     co.profiles.push_back(std::move(sp));
   }
   co.profile = options.profile;
-  auto backend = create_backend(options.backend);
-  for (auto& n : m->built_.graph.nodes()) {
-    if (n.has_attr("weight_layout") && !backend->supports_weight_layout(n.attr_str("weight_layout")))
-      throw_error(ErrorCode::kUnsupported, "engine '", path, "' stores the weights of '", n.name, "' packed for layout '",
-                  n.attr_str("weight_layout"), "', which the ", backend->name(),
-                  " backend does not read; rebuild it without --pack-weights (portable) or with --backend ",
-                  backend->name());
-    std::string f = passes::fusion_of(n);
-    if (!f.empty() && !backend->supports_fusion(f))
-      throw_error(ErrorCode::kUnsupported, "engine '", path, "' uses ", n.op, " from the ", f,
-                  " fusion, which the ", backend->name(), " backend does not implement; rebuild it with `kiln build "
-                  "--backend ", backend->name(), "` (or --disable-pass ", f, ")");
-  }
-  const std::string device = backend->device_name();
-  for (auto& table : e->tactic_tables)
-    if (table.device == device)
+  const int device = options.device + rank;
+  const std::string device_name = create_backend(options.backend, device)->device_name();
+  const auto& tables = tp ? e->ranks[size_t(rank)].tactic_tables : e->tactic_tables;
+  for (auto& table : tables)
+    if (table.device == device_name)
       for (auto& t : table.tactics) co.tactics[t.node] = t.tactic;
-  if (co.tactics.empty() && !e->tactic_tables.empty())
-    log_info("engine tactics were timed on '", e->tactic_tables[0].device, "', this device is '", device,
+  if (co.tactics.empty() && !tables.empty())
+    log_info("engine tactics were timed on '", tables[0].device, "', this device is '", device_name,
              "': using the backend's heuristics");
-  log_info("loaded engine ", path, ": ", m->built_.info.family, ", ", m->built_.graph.nodes().size(), " nodes, ",
+  log_info("loaded engine ", tp ? str_cat("rank ", rank, " of ", e->tp_world, ": ") : std::string(),
+           m->built_.info.family, ", ", m->built_.graph.nodes().size(), " nodes, ",
            m->built_.graph.weight_bytes() >> 20, " MiB of weights (", co.weight_dtype, "), ", co.tactics.size(),
            " tuned tactics");
-  m->engine_ = std::move(e);
+  m->engine_ = e;
   m->add_top_logits(options.top_logits_k);
-  m->compile(options.backend, co, options.device);
+  m->compile(options.backend, co, device);
+  return m;
+}
+
+std::unique_ptr<Model> Model::load_engine(const std::string& path, const ModelOptions& options) {
+  kv_dtype_parse(options.kv_cache_dtype);  // a bad value is refused before the file is read
+  auto e = std::make_shared<EngineContents>(engine_load(path));
+  const int world = e->tp_world;
+  // The ranks are in the file: --tp may only confirm their number.
+  if (options.tensor_parallel != 0 && options.tensor_parallel != world) {
+    if (world == 1)
+      throw_error(ErrorCode::kInvalidArgument, "engine '", path, "' holds one unsharded graph (built without --tp), ",
+                  "but --tp ", options.tensor_parallel, " was asked; omit --tp, or rebuild the engine with `kiln build ",
+                  "--tp ", options.tensor_parallel, "` (or load the model's checkpoint with --tp)");
+    throw_error(ErrorCode::kInvalidArgument, "engine '", path, "' was built for tensor parallelism over ", world,
+                " ranks (`kiln build --tp ", world, "`), but --tp ", options.tensor_parallel, " was asked; omit --tp ",
+                "(or pass --tp ", world, "), or rebuild the engine with `kiln build --tp ", options.tensor_parallel, "`");
+  }
+  {
+    auto backend = create_backend(options.backend);
+    for (const ir::Graph* g : engine_graphs(*e)) check_engine_graph(path, *g, *backend);
+  }
+  std::vector<std::shared_ptr<Communicator>> comms = {options.communicator};
+  if (world > 1) {
+    // Backend::make_communicators refuses too few devices (or no NCCL) with a message
+    // naming what is needed and what is visible, before any rank compiles.
+    comms = create_backend(options.backend, options.device)->make_communicators(world, options.device);
+    KILN_CHECK(int(comms.size()) == world, "backend ", options.backend, " made ", comms.size(),
+               " communicators for ", world, " ranks");
+  }
+  auto m = load_engine_rank(e, 0, options, comms[0]);
+  m->path_ = path;
+  for (int r = 1; r < world; ++r) {
+    m->tp_peers_.push_back(load_engine_rank(e, r, options, comms[size_t(r)]));
+    m->tp_peers_.back()->path_ = path;
+  }
+  if (world > 1) {
+    m->unsharded_info_ = e->info;
+    log_info("tensor parallel engine ", path, ": ", world, " ranks of ", m->info().num_heads, " attention heads, ",
+             m->info().num_kv_heads, " K/V heads each");
+  }
   return m;
 }
 
@@ -143,11 +196,9 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
   namespace fs = std::filesystem;
   if (!fs::exists(path)) throw_error(ErrorCode::kNotFound, "model path '", path, "' does not exist");
   const bool engine = fs::is_regular_file(path) && (is_engine_file(path) || fs::path(path).extension() == ".kiln");
-  if (options.tensor_parallel != 1 && (engine || fs::path(path).extension() == ".onnx"))
-    throw_error(ErrorCode::kUnsupported, "tensor parallelism (--tp ", options.tensor_parallel, ") is not supported for ",
-                engine ? "engine files: an engine holds one unsharded graph (per-rank engines do not exist yet)"
-                       : ".onnx files",
-                "; load the model's HuggingFace directory or .gguf file instead");
+  if (options.tensor_parallel > 1 && !engine && fs::path(path).extension() == ".onnx")
+    throw_error(ErrorCode::kUnsupported, "tensor parallelism (--tp ", options.tensor_parallel,
+                ") is not supported for .onnx files; load the model's HuggingFace directory or .gguf file instead");
   if (engine) return load_engine(path, options);
   BuiltModel built;
   nlohmann::json config;

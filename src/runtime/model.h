@@ -52,9 +52,11 @@ struct ModelOptions {
   // Tensor parallelism: > 1 shards a decoder over this many ranks (parallel/: heads and
   // MLP width split, AllReduce after row-parallel projections), each compiled with its
   // communicator (Backend::make_communicators: threads of this process on the CPU,
-  // NCCL over one GPU per rank on CUDA) and run as one thread each by LlmRunner. Needs
-  // a checkpoint (not an engine or .onnx file).
-  int tensor_parallel = 1;
+  // NCCL over one GPU per rank on CUDA) and run as one thread each by LlmRunner. A
+  // tensor-parallel engine (`kiln build --tp N`) holds its ranks already sharded: it
+  // runs over its own N ranks, and a value other than 0 or N is an error naming both.
+  // 0: as the engine records (else 1). Not for .onnx files.
+  int tensor_parallel = 0;
   // Storage of the KV cache the runners allocate for this model: "auto" (the backend's
   // activation dtype), "int8" or "fp8" (E4M3), the last two with per (token, kv head)
   // scales. See KvDType in backends/backend.h.
@@ -86,6 +88,8 @@ class Model {
 
   // For a tensor-parallel model: rank 0's shard (num_heads and num_kv_heads per rank).
   const ModelInfo& info() const { return built_.info; }
+  // The whole model's info: info(), or for a tensor-parallel model the unsharded one.
+  const ModelInfo& model_info() const { return tp_peers_.empty() ? built_.info : unsharded_info_; }
   // Tensor parallelism: this object is rank 0 and owns the other ranks' shards, each
   // compiled with its communicator; a step runs every rank at once (LlmRunner).
   int tp_world() const { return 1 + int(tp_peers_.size()); }
@@ -98,8 +102,8 @@ class Model {
   const nlohmann::json& config() const { return config_; }
   // The GGUF file the model came from, if any (the tokenizer reads its metadata).
   std::shared_ptr<const GgufFile> gguf() const { return gguf_; }
-  // The engine file the model was loaded from (null otherwise); its graph field is
-  // empty (the graph lives in the model).
+  // The engine file the model was loaded from (null otherwise); its graph fields are
+  // empty (the graphs live in the models of the ranks).
   std::shared_ptr<const EngineContents> engine() const { return engine_; }
   // The compile options the backend got (weight dtype, tactics, profile ranges).
   const CompileOptions& compile_options() const { return compile_options_; }
@@ -120,9 +124,13 @@ class Model {
   CompileOptions compile_options_;
   KvDType kv_dtype_ = KvDType::kAuto;
   std::vector<std::unique_ptr<Model>> tp_peers_;  // ranks 1..N-1
+  ModelInfo unsharded_info_;                      // tensor parallelism: before sharding
 
   static std::unique_ptr<Model> from_built_sharded(BuiltModel built, const ModelOptions& options);
   static std::unique_ptr<Model> load_engine(const std::string& path, const ModelOptions& options);
+  // One rank of a loaded engine (its whole graph for tp_world 1), compiled with `comm`.
+  static std::unique_ptr<Model> load_engine_rank(const std::shared_ptr<EngineContents>& e, int rank,
+                                                 const ModelOptions& options, std::shared_ptr<Communicator> comm);
   void add_top_logits(int32_t k);
   static std::unique_ptr<Model> load_onnx(const std::string& path, const ModelOptions& options);  // onnx_loader.cpp
   void compile(const std::string& backend, CompileOptions options, int device);

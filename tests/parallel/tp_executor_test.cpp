@@ -198,13 +198,15 @@ TEST(TpErrors, IndivisibleDimensionsAndUnsupportedCombinationsAreNamed) {
   has(load_error(llama_config_with({{"intermediate_size", 126}}), 4, true), "MLP width 126");
   has(load_error(llama_config_with({{"hidden_size", 96}, {"num_attention_heads", 6}, {"num_key_value_heads", 3}}), 2, true),
       "3 K/V heads");
-  has(load_error(testing::fixture_dir("llama"), 0), "--tp must be at least 1, got 0");
+  has(load_error(testing::fixture_dir("llama"), -1), "--tp must be at least 1, got -1");
   has(load_error(testing::fixture_dir("bert"), 2), "decoders only");
-  // Engine files: the check comes before the file is read.
+  // Engine files record their own ranks (tests/engine/tp_engine_test.cpp); a bad file
+  // is still the engine loader's error, not a sharding one.
   has(load_error(testing::fixture_dir("llama") + "/../missing.kiln", 2), "does not exist");
   const std::string fake = (std::filesystem::temp_directory_path() / "kiln_tp_fake.kiln").string();
   std::ofstream(fake) << "not an engine";
-  has(load_error(fake, 2), "not supported for engine files");
+  has(load_error(fake, 2), "not a kiln engine file");
+  has(load_error(std::string(KILN_FIXTURES_DIR) + "/onnx/gpt2/model.onnx", 2), "not supported for .onnx files");
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
 // `kiln build`: model -> engine file (src/builder). Prints what the passes fused, the
-// tactic tuning summary, the profile and the file size. Tested by tests/tools/cli_test.sh.
+// tactic tuning summary, the profile, the ranks (--tp) and the file size. Tested by tests/tools/cli_test.sh.
 #include <cstdio>
 
 #include "builder/builder.h"
@@ -34,6 +34,12 @@ Runner add_build(CLI::App& app) {
                   "GEMMs pinned to a precision: NODE_GLOB=PRECISION[,...], e.g. 'lm_head=bf16,layers.0.*=f32' "
                   "(node names as in `kiln inspect --graph`; repeatable, the last match wins)");
   cmd->add_option("--backend", a->o.backend, "the backend to tune for")->capture_default_str();
+  cmd->add_option("--tp", a->o.tensor_parallel,
+                  "tensor parallelism: shard the decoder over N ranks and store every rank's optimized graph and "
+                  "weights in the one engine file, which then runs sharded over N ranks (N GPUs on cuda) with no "
+                  "--tp and no checkpoint; N must divide the attention heads, K/V heads and MLP width")
+      ->check(CLI::Range(1, 64))
+      ->capture_default_str();
   add_pass_options(cmd, a->o.opt_level, a->o.disabled_passes);
   add_onnx_option(cmd, a->o.onnx_import);
   add_plugin_option(cmd);
@@ -59,7 +65,13 @@ Runner add_build(CLI::App& app) {
     BuildReport r = build_engine(a->o);
     std::printf("built %s from %s in %.2f s (load + passes %.2f s, tuning %.2f s)\n", a->o.output.c_str(),
                 a->o.model.c_str(), r.seconds, r.load_seconds, r.tune_seconds);
-    std::printf("graph       %zu -> %zu nodes (opt level %d)\n", r.nodes_before, r.nodes_after, a->o.opt_level);
+    std::printf("graph       %zu -> %zu nodes (opt level %d)%s\n", r.nodes_before, r.nodes_after, a->o.opt_level,
+                r.tp_world > 1 ? " per rank" : "");
+    if (r.tp_world > 1) {
+      std::string sizes;
+      for (uint64_t b : r.rank_weight_bytes) sizes += str_cat(sizes.empty() ? "" : ", ", format_bytes(b));
+      std::printf("tensor par  %d ranks, one graph each; weights per rank: %s\n", r.tp_world, sizes.c_str());
+    }
     for (auto& p : r.passes)
       if (p.changed) std::printf("  %-24s %s\n", p.name.c_str(), p.stats.c_str());
     if (a->o.tune)

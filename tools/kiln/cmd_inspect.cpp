@@ -25,6 +25,9 @@ void print_engine(const EngineContents& e, const std::string& device) {
   std::printf("engine      schema %u.%u, built by kiln %s from %s in %.1f s: GEMM weights %s, opt level %d\n",
               kEngineSchemaVersion, e.schema_minor, b.kiln_version.c_str(), b.source.c_str(), b.build_seconds,
               b.weight_dtype.c_str(), b.opt_level);
+  if (e.tp_world > 1)
+    std::printf("  ranks     %d (tensor parallel: one sharded graph per rank; runs over %d ranks, no --tp needed)\n",
+                e.tp_world, e.tp_world);
   for (auto& line : b.pass_report) std::printf("  pass      %s\n", line.c_str());
   for (auto& pin : b.pin_precision) std::printf("  pinned    %s\n", pin.c_str());
   for (auto& p : e.profiles) {
@@ -33,8 +36,9 @@ void print_engine(const EngineContents& e, const std::string& device) {
       dims += str_cat(dims.empty() ? "" : ", ", d.dim, " in [", d.min, ", ", d.max, "], opt ", d.opt);
     std::printf("profile     %s: %s\n", p.name.c_str(), dims.c_str());
     if (p.activation_slots)
-      std::printf("  memory    activation arena %s (%llu bytes) in %u slots at the max shapes\n",
-                  bytes_str(p.activation_bytes).c_str(), (unsigned long long)p.activation_bytes, p.activation_slots);
+      std::printf("  memory    activation arena %s (%llu bytes) in %u slots at the max shapes%s\n",
+                  bytes_str(p.activation_bytes).c_str(), (unsigned long long)p.activation_bytes, p.activation_slots,
+                  e.tp_world > 1 ? ", per rank" : "");
     else
       std::printf("  memory    not recorded (engine schema %u.%u; rebuild to plan it)\n", kEngineSchemaVersion,
                   e.schema_minor);
@@ -42,10 +46,15 @@ void print_engine(const EngineContents& e, const std::string& device) {
   if (b.workspace_bytes)
     std::printf("workspace   %s (%llu bytes) limit at build time\n", bytes_str(b.workspace_bytes).c_str(),
                 (unsigned long long)b.workspace_bytes);
-  for (auto& t : e.tactic_tables) {
+  std::vector<std::pair<std::string, const EngineTacticTable*>> tables;  // (label, table)
+  for (auto& t : e.tactic_tables) tables.emplace_back("tactics     ", &t);
+  for (size_t r = 0; r < e.ranks.size(); ++r)
+    for (auto& t : e.ranks[r].tactic_tables) tables.emplace_back(str_cat("tactics     rank ", r, ": "), &t);
+  for (auto& [label, table] : tables) {
+    const EngineTacticTable& t = *table;
     std::map<std::string, int> count;
     for (auto& x : t.tactics) ++count[x.tactic];
-    std::printf("tactics     %zu nodes timed on '%s'%s\n", t.tactics.size(), t.device.c_str(),
+    std::printf("%s%zu nodes timed on '%s'%s\n", label.c_str(), t.tactics.size(), t.device.c_str(),
                 t.device == device ? " (this device)" : " (another device: heuristics used here)");
     for (auto& [tac, n] : count) std::printf("  %3d x %s\n", n, tac.c_str());
   }
@@ -91,6 +100,22 @@ void print_plugins(const Model& m) {
   }
 }
 
+int64_t kv_bytes_per_token(const ModelInfo& i) { return 2 * i.num_layers * i.num_kv_heads * i.head_dim * 4; }
+
+// Tensor parallelism: each rank's share of the heads and its sizes.
+void print_ranks(Model& m) {
+  const ModelInfo& all = m.model_info();
+  std::printf("tensor par  %d ranks%s: %lld of %lld attention heads, %lld of %lld K/V heads each\n", m.tp_world(),
+              m.engine() ? " (recorded in the engine)" : "", (long long)m.info().num_heads, (long long)all.num_heads,
+              (long long)m.info().num_kv_heads, (long long)all.num_kv_heads);
+  for (int r = 0; r < m.tp_world(); ++r) {
+    Model& rank = m.tp_rank(r);
+    std::printf("  rank %-4d %zu nodes, %s of weights (%s as compiled), KV cache %lld bytes per token\n", r,
+                rank.graph().nodes().size(), bytes_str(rank.graph().weight_bytes()).c_str(),
+                bytes_str(rank.compiled().weight_bytes()).c_str(), (long long)kv_bytes_per_token(rank.info()));
+  }
+}
+
 }  // namespace
 
 Runner add_inspect(CLI::App& app) {
@@ -101,7 +126,7 @@ Runner add_inspect(CLI::App& app) {
   cmd->add_flag("--graph", *graph, "print the IR graph");
   return [a, graph] {
     auto m = Model::load(a->model, model_options(*a));
-    const ModelInfo& i = m->info();
+    const ModelInfo& i = m->model_info();  // unsharded (tensor parallelism: rank 0's share below)
     std::printf("model       %s\n", m->path().c_str());
     std::printf("family      %s (model_type %s), %s\n", i.family.c_str(), i.model_type.c_str(),
                 i.family == "onnx" ? "op-by-op graph" : i.is_decoder ? "decoder" : "encoder");
@@ -124,8 +149,8 @@ Runner add_inspect(CLI::App& app) {
                   (long long)i.max_positions);
     }
     if (i.num_labels) std::printf("labels      %lld\n", (long long)i.num_labels);
-    std::printf("graph       %zu nodes, %.1f MiB of weights\n", m->graph().nodes().size(),
-                double(m->graph().weight_bytes()) / (1 << 20));
+    std::printf("graph       %zu nodes, %.1f MiB of weights%s\n", m->graph().nodes().size(),
+                double(m->graph().weight_bytes()) / (1 << 20), m->tp_world() > 1 ? " (rank 0)" : "");
     std::map<std::string, int> ops;
     for (auto& n : m->graph().nodes()) {
       if (n.op == ir::kPluginOp) {  // by the custom op it calls
@@ -146,9 +171,12 @@ Runner add_inspect(CLI::App& app) {
     print_precision(m->graph(), m->compile_options().weight_dtype);
     std::printf("backend     %s, GEMM weights %s: %.1f MiB\n", m->backend().name().c_str(),
                 m->compile_options().weight_dtype.c_str(), double(m->compiled().weight_bytes()) / (1 << 20));
-    if (i.is_decoder)
-      std::printf("KV cache    %lld bytes per token\n",
-                  (long long)(2 * i.num_layers * i.num_kv_heads * i.head_dim * 4));
+    if (m->tp_world() > 1) print_ranks(*m);
+    if (i.is_decoder) {
+      int64_t kv = 0;  // every rank's (replicated K/V heads count once per rank)
+      for (int r = 0; r < m->tp_world(); ++r) kv += kv_bytes_per_token(m->tp_rank(r).info());
+      std::printf("KV cache    %lld bytes per token%s\n", (long long)kv, m->tp_world() > 1 ? ", all ranks" : "");
+    }
     if (*graph) std::printf("\n%s", m->graph().dump().c_str());
     return 0;
   };

@@ -41,7 +41,7 @@ struct ServeArgs {
   int http_threads = 128;
   std::string instance;
   int drain_timeout_s = 30;
-  int tp = 1;
+  int tp = 0;  // not given: an engine's own ranks, else 1
 };
 
 std::atomic<int> g_signal{0};

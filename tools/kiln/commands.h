@@ -43,7 +43,7 @@ struct ModelArgs {
   std::string profile;  // engines: the optimization profile to run under ("" = first that fits)
   std::string onnx_import = "auto";
   QuantOptions quant;  // --quant w8a8|fp8 --calib ...
-  int tp = 1;  // tensor-parallel ranks (ModelOptions::tensor_parallel)
+  int tp = 0;  // tensor-parallel ranks (ModelOptions::tensor_parallel; 0: not given)
   std::string kv_cache_dtype = "auto";  // ModelOptions::kv_cache_dtype (add_kv_dtype_option)
 };
 // --tp N (ModelOptions::tensor_parallel).

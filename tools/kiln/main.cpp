@@ -58,9 +58,9 @@ void add_tp_option(CLI::App* cmd, int& tp) {
   cmd->add_option("--tp", tp,
                   "tensor parallelism: shard the decoder's heads and MLP over N ranks, one thread each (cpu backend: "
                   "in-process all-reduce; cuda: GPU r for rank r, joined by NCCL); N must divide the attention heads, "
-                  "K/V heads and MLP width")
-      ->check(CLI::Range(1, 64))
-      ->capture_default_str();
+                  "K/V heads and MLP width. An engine built with `kiln build --tp N` runs over its N ranks: omit "
+                  "--tp or give that N (default: the engine's, else 1)")
+      ->check(CLI::Range(1, 64));
 }
 
 void add_onnx_option(CLI::App* cmd, std::string& mode) {
