@@ -63,10 +63,26 @@ else
 fi
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
+# `kiln build --tp 2` writes one engine holding both ranks' graphs: it runs sharded with
+# no --tp and no checkpoint, and prints --tp 1's tokens; another --tp is refused.
+check build-tp2 0 "tensor par  2 ranks, one graph each" -- \
+  "$kiln" build --tp 2 -m "$fixtures/models/llama" -o "$tmp/llama-tp2.kiln" --no-tune
+check generate-engine-tp2 0 "$tp1" -- "$kiln" generate -m "$tmp/llama-tp2.kiln" --ids 5,6,7,300 -n 8 -q --print-ids --ignore-eos
+check generate-engine-tp2-given 0 "$tp1" -- \
+  "$kiln" generate -m "$tmp/llama-tp2.kiln" --ids 5,6,7,300 -n 8 -q --print-ids --ignore-eos --tp 2
+check engine-tp-mismatch 1 "built for tensor parallelism over 2 ranks (\`kiln build --tp 2\`), but --tp 4 was asked" -- \
+  "$kiln" generate -m "$tmp/llama-tp2.kiln" --ids 5 --tp 4
+check inspect-engine-tp2 0 "tensor par  2 ranks (recorded in the engine): 2 of 4 attention heads, 1 of 2 K/V heads each" -- \
+  "$kiln" inspect -m "$tmp/llama-tp2.kiln"
+check inspect-engine-tp2-ranks 0 "  rank 1    " -- "$kiln" inspect -m "$tmp/llama-tp2.kiln"
+check build-tp-heads 1 "4 attention heads do not split over 3 ranks" -- \
+  "$kiln" build --tp 3 -m "$fixtures/models/llama" -o "$tmp/x.kiln" --no-tune
+check build-tp-encoder 1 "decoders only" -- "$kiln" build --tp 2 -m "$fixtures/models/bert" -o "$tmp/x.kiln" --no-tune
 # `kiln serve --tp 2` answers a completion with --tp 1's tokens (port 0: the server picks one),
-# with the pool sized from free memory (capped) and preemption by swap.
-"$kiln" serve -m llama="$fixtures/models/llama" --tp 2 --port 0 --kv-cache-fraction 0.001 --kv-tokens 2048 \
-  --preemption swap --swap-space-mib 8 2>"$tmp/serve-tp.log" &
+# with the pool sized from free memory (capped) and preemption by swap; the TP=2 engine
+# served beside it (its --tp 2 agrees with the engine's) gives the same tokens.
+"$kiln" serve -m llama="$fixtures/models/llama" -m llama-engine="$tmp/llama-tp2.kiln" --tp 2 --port 0 \
+  --kv-cache-fraction 0.001 --kv-tokens 2048 --preemption swap --swap-space-mib 8 2>"$tmp/serve-tp.log" &
 serve_pid=$!
 port=""
 for _ in $(seq 1 300); do
@@ -77,12 +93,16 @@ done
 check serve-tp2 0 "\"token_ids\":[$(tr ' ' ',' <<<"$tp1")]" -- curl -sS "http://127.0.0.1:${port:-1}/v1/completions" \
   -H 'Content-Type: application/json' \
   -d '{"model":"llama","prompt":[5,6,7,300],"max_tokens":8,"temperature":0,"ignore_eos":true,"return_token_ids":true}'
+check serve-engine-tp2 0 "\"token_ids\":[$(tr ' ' ',' <<<"$tp1")]" -- curl -sS "http://127.0.0.1:${port:-1}/v1/completions" \
+  -H 'Content-Type: application/json' \
+  -d '{"model":"llama-engine","prompt":[5,6,7,300],"max_tokens":8,"temperature":0,"ignore_eos":true,"return_token_ids":true}'
 check serve-swap-log 0 "preemption by swap (1024 host blocks)" -- cat "$tmp/serve-tp.log"
 kill "$serve_pid" 2>/dev/null
 wait "$serve_pid" 2>/dev/null
 check build 0 "fuse_add_norm" -- "$kiln" build -m "$fixtures/models/gpt2" -o "$tmp/gpt2.kiln" --profile T:1,8,16
 check generate-engine 0 "" -- "$kiln" generate -m "$tmp/gpt2.kiln" --ids 5,6,7 -n 4 -q
-check tp-engine 1 "not supported for engine files" -- "$kiln" generate -m "$tmp/gpt2.kiln" --ids 5,6,7 --tp 2
+check tp-engine-unsharded 1 "holds one unsharded graph (built without --tp), but --tp 2 was asked" -- \
+  "$kiln" generate -m "$tmp/gpt2.kiln" --ids 5,6,7 --tp 2
 check inspect-engine 0 "Attention(packed qkv) x2" -- "$kiln" inspect -m "$tmp/gpt2.kiln"
 check inspect-unfused 0 "Attention x2" -- "$kiln" inspect -m "$fixtures/models/gpt2" --opt-level 0
 check build-bert-bf16 0 "bf16" -- "$kiln" build -m "$fixtures/models/bert" -o "$tmp/bert.kiln" --dtype bf16 --no-tune
