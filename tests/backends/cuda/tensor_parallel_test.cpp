@@ -1,17 +1,22 @@
 // Tensor parallelism on CUDA: NCCL communicators (one GPU per rank, ranks on threads of
 // this process) sum device buffers exactly; the tiny golden decoders sharded over two
 // GPUs give one GPU's greedy tokens in f32, and in bf16 (decode steps as CUDA graphs with
-// the all-reduces captured) one GPU's logits within the bf16 bound, teacher-forced; too
-// few GPUs is a clear error. Skips without a GPU; the multi-GPU cases skip with one.
+// the all-reduces captured) one GPU's logits within the bf16 bound, teacher-forced; a
+// TP=2 engine (`kiln build --tp 2`, tuned on the GPUs or built on the CPU) runs over two
+// GPUs with the `--tp 2` checkpoint load's tokens; too few GPUs is a clear error, for a
+// checkpoint and for a TP engine. Skips without a GPU; the multi-GPU cases skip with one.
 #include <gtest/gtest.h>
 
 #include <cuda_runtime_api.h>
 
+#include <filesystem>
 #include <random>
 #include <thread>
+#include <unistd.h>
 
 #include "backends/communicator.h"
 #include "backends/cuda/cuda_check.h"
+#include "builder/builder.h"
 #include "core/status.h"
 #include "cuda_test_util.h"
 #include "runtime/llm_runner.h"
@@ -176,6 +181,66 @@ TEST(CudaTensorParallel, TooFewGpusIsAClearError) {
   const std::string dir = fixtures_dir() + "/models/llama";
   try {
     Model::load(dir, {.backend = "cuda", .weight_dtype = "bf16", .tensor_parallel = 2, .device = cuda_device_count() - 1});
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("one GPU per rank"), std::string::npos) << e.what();
+  }
+}
+
+// A TP=2 engine of `fixture` built for `backend` (cuda: tuned on GPUs 0 and 1; cpu:
+// portable, no GPU needed), in a scratch file.
+std::string build_tp2_engine(const std::string& fixture, const std::string& backend, const std::string& dtype) {
+  const auto dir = std::filesystem::temp_directory_path() / ("kiln_cuda_tp_engine_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  BuildOptions o;
+  o.model = fixtures_dir() + "/models/" + fixture;
+  o.output = (dir / (fixture + "-" + backend + "-" + dtype + ".kiln")).string();
+  o.backend = backend;
+  o.weight_dtype = dtype;
+  o.tensor_parallel = 2;
+  o.tune = backend == "cuda";
+  build_engine(o);
+  return o.output;
+}
+
+// The engine runs over two GPUs with no --tp, with the `--tp 2` checkpoint load's (and so,
+// in f32, one GPU's) greedy tokens; its ranks use the tactics timed on their GPUs.
+TEST(CudaTensorParallel, TpEngineRunsOverTwoGpusWithTheCheckpointsTokens) {
+  KILN_SKIP_WITHOUT_GPUS(2);
+  for (std::string family : {"llama", "qwen2", "gpt2"}) {
+    const std::string dir = fixtures_dir() + "/models/" + family;
+    auto checkpoint = Model::load(dir, {.backend = "cuda", .weight_dtype = "f32", .tensor_parallel = 2});
+    const auto prompts = prompts_for(checkpoint->info().vocab_size);
+    std::vector<std::vector<int32_t>> want;
+    {
+      LlmRunner r(*checkpoint);
+      want = r.generate_greedy(prompts, 12);
+    }
+    for (std::string built_for : {"cuda", "cpu"}) {
+      auto engine = Model::load(build_tp2_engine(family, built_for, "f32"), {.backend = "cuda"});
+      ASSERT_EQ(engine->tp_world(), 2);
+      if (built_for == "cuda") {
+        for (int r = 0; r < 2; ++r)
+          EXPECT_FALSE(engine->tp_rank(r).compile_options().tactics.empty()) << family << " rank " << r;
+      }
+      LlmRunner r(*engine);
+      auto got = r.generate_greedy(prompts, 12);
+      for (size_t b = 0; b < prompts.size(); ++b)
+        EXPECT_EQ(got[b], want[b]) << family << " engine built for " << built_for << ", prompt " << b;
+      std::printf("  %s f32 TP=2 engine (built for %s) greedy tokens %s the --tp 2 checkpoint's\n", family.c_str(),
+                  built_for.c_str(), got == want ? "equal" : "DIFFER from");
+    }
+  }
+}
+
+// A TP=2 engine (built on the CPU) loaded from the last GPU: the same clear error as a
+// checkpoint with --tp 2 there, before any rank compiles.
+TEST(CudaTensorParallel, TpEngineOnTooFewGpusIsAClearError) {
+  KILN_SKIP_WITHOUT_CUDA();
+  const std::string path = build_tp2_engine("llama", "cpu", "f32");
+  try {
+    Model::load(path, {.backend = "cuda", .device = cuda_device_count() - 1});
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
