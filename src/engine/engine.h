@@ -1,11 +1,12 @@
 // The engine file: everything needed to run a model, built once by `kiln build`.
 // Layout: a 64-byte header (magic, format version, section offsets, checksums), the
-// FlatBuffers metadata (engine.fbs: the optimized graph, model config and info, the
-// tokenizer, build options, profiles, per-device tactic tables), then one 64-byte-
-// aligned weight blob. Loading is an mmap; weights are used in place. Nothing read is
-// trusted: every offset, size, index and shape is checked and a bad file is a
-// kiln::Error (kInvalidFile) saying what is wrong. Tested in tests/engine/ and fuzzed
-// by fuzz/engine_load_fuzz.cpp.
+// FlatBuffers metadata (engine.fbs: the optimized graph, or one sharded graph per rank
+// for a tensor-parallel engine; model config and info, the tokenizer, build options,
+// profiles, per-device tactic tables), then one 64-byte-aligned weight blob. Loading
+// is an mmap; weights are used in place. Nothing read is trusted: every offset, size,
+// index and shape is checked and a bad file is a kiln::Error (kInvalidFile) saying
+// what is wrong. Tested in tests/engine/ (tensor-parallel engines in
+// tp_engine_test.cpp) and fuzzed by fuzz/engine_load_fuzz.cpp.
 #pragma once
 
 #include <cstdint>

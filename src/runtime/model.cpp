@@ -15,7 +15,11 @@
 namespace kiln {
 
 void Model::compile(const std::string& backend, CompileOptions options, int device) {
-  backend_ = create_backend(backend, device);
+  compile(create_backend(backend, device), std::move(options));
+}
+
+void Model::compile(std::unique_ptr<Backend> backend, CompileOptions options) {
+  backend_ = std::move(backend);
   compile_options_ = std::move(options);
   compiled_ = backend_->compile(built_.graph, compile_options_);
 }
@@ -133,8 +137,8 @@ std::unique_ptr<Model> Model::load_engine_rank(const std::shared_ptr<EngineConte
     co.profiles.push_back(std::move(sp));
   }
   co.profile = options.profile;
-  const int device = options.device + rank;
-  const std::string device_name = create_backend(options.backend, device)->device_name();
+  auto backend = create_backend(options.backend, options.device + rank);
+  const std::string device_name = backend->device_name();
   const auto& tables = tp ? e->ranks[size_t(rank)].tactic_tables : e->tactic_tables;
   for (auto& table : tables)
     if (table.device == device_name)
@@ -148,7 +152,7 @@ std::unique_ptr<Model> Model::load_engine_rank(const std::shared_ptr<EngineConte
            " tuned tactics");
   m->engine_ = e;
   m->add_top_logits(options.top_logits_k);
-  m->compile(options.backend, co, device);
+  m->compile(std::move(backend), co);
   return m;
 }
 

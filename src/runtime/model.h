@@ -134,6 +134,7 @@ class Model {
   void add_top_logits(int32_t k);
   static std::unique_ptr<Model> load_onnx(const std::string& path, const ModelOptions& options);  // onnx_loader.cpp
   void compile(const std::string& backend, CompileOptions options, int device);
+  void compile(std::unique_ptr<Backend> backend, CompileOptions options);
 };
 
 }  // namespace kiln
