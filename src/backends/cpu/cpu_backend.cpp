@@ -209,7 +209,7 @@ class CpuBackend final : public Backend {
 
   double time_tactic(const ir::Node& node, const ir::Graph& g, const std::string& tactic,
                      const std::map<std::string, int64_t>& dims, const CompileOptions& opt) override {
-    if (node.op != "Linear" || node.has_attr("quant")) return -1;  // the int8 GEMM has one tactic
+    if (node.op != "Linear" || node.has_attr("quant") || node.has_attr("weight_quant")) return -1;  // int8: one tactic
     const std::string storage = cpu::linear_weight_storage(node, opt);
     if (storage != "f32" && storage != "bf16" && storage != "f16" && storage != "w8a8" && storage != "fp8") return -1;
     const Dim& rows = g.value(node.inputs[0]).shape[0];
