@@ -334,6 +334,20 @@ LinearGemm fp8_gemm(const ir::Node& n, const ir::Graph& g, const Tensor& bias, c
   };
 }
 
+// A Linear's weight packed in its storage: a weight kept quantized (weight_quant, a
+// GGUF's own codes) packs its rows as they are when the storage is its format, else it
+// is expanded to f32 first, like every other weight.
+PackedWeight pack_linear_weight(const ir::Graph& g, const ir::Node& n, const CompileOptions& opt) {
+  const ir::ValueId src = n.inputs[1];
+  if (n.has_attr("weight_quant")) {
+    const WeightStorage storage = linear_storage(n, n.attr_int("weight_k", -1), opt);
+    if (storage == (n.attr_str("weight_quant") == "q8" ? WeightStorage::kQ8 : WeightStorage::kQ4))
+      return pack_quantized_weight(weight_image_rows(n, g.weight(src)));
+  }
+  Tensor w = weight_f32(g, src, n, "weight");
+  return pack_weight(w.data_as<float>(), w.dim(0), w.dim(1), linear_storage(n, w.dim(1), opt));
+}
+
 OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, const CompileOptions& opt) {
   Tensor bias = weight_f32(g, n.input(2), n, "bias");
   LinearGemm gemm;
@@ -351,9 +365,7 @@ OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, const CompileOptions
     if (n.has_attr("weight_layout")) {
       packed = packed_weight_view(n, g, 1);
     } else {
-      Tensor w = weight_f32(g, n.inputs[1], n, "weight");
-      packed = std::make_shared<PackedWeight>(
-          pack_weight(w.data_as<float>(), w.dim(0), w.dim(1), linear_storage(n, w.dim(1), opt)));
+      packed = std::make_shared<PackedWeight>(pack_linear_weight(g, n, opt));
     }
     out_n = packed->n;
     LinearTactic tactic = linear_tactic_for(n, opt);
@@ -672,19 +684,12 @@ size_t pack_linear_weights(ir::Graph& g, const CompileOptions& opt) {
     // Quantized Linears (attr quant) pack their own codes at load.
     if (n.op != "Linear" || n.has_attr("weight_layout") || n.has_attr("quant") || !g.is_weight(n.inputs[1])) continue;
     const ir::ValueId src = n.inputs[1];
-    const bool image = n.has_attr("weight_quant");  // kept quantized: u8 [out, row bytes]
-    const int64_t out = g.weight(src).dim(0), k = image ? n.attr_int("weight_k", -1) : g.weight(src).dim(1);
+    const int64_t out = g.weight(src).dim(0),
+                  k = n.has_attr("weight_quant") ? n.attr_int("weight_k", -1) : g.weight(src).dim(1);
     const WeightStorage storage = linear_storage(n, k, opt);
     auto it = done.find(key(src, storage));
     if (it == done.end()) {
-      PackedWeight p;
-      const bool same = image && storage == (n.attr_str("weight_quant") == "q8" ? WeightStorage::kQ8 : WeightStorage::kQ4);
-      if (same) {  // the file's own codes, scales and mins, not requantized
-        p = pack_quantized_weight(weight_image_rows(n, g.weight(src)));
-      } else {
-        Tensor w = weight_f32(g, src, n, "weight");
-        p = pack_weight(w.data_as<float>(), out, k, storage);
-      }
+      PackedWeight p = pack_linear_weight(g, n, opt);
       // The tensor views the packed buffer and keeps it alive (no copy).
       Tensor bytes = Tensor::view(p.data.get(), DType::kU8, {int64_t(p.bytes())},
                                   std::shared_ptr<const void>(p.data, p.data.get()));
