@@ -54,7 +54,10 @@ class CpuCompiledGraph final : public CompiledGraph {
                             : st == "q8"                  ? 9
                             : st == "q4"                  ? 5
                                                           : 16;
-        weight_bytes_ += size_t(double(w.numel()) * bits / 8);
+        // A weight kept quantized (weight_quant) is [N, row image bytes]: count N * K values.
+        const double values = n.has_attr("weight_quant") ? double(w.dim(0)) * double(n.attr_int("weight_k", 0))
+                                                          : double(w.numel());
+        weight_bytes_ += size_t(values * bits / 8);
       }
     plan_memory();
   }
