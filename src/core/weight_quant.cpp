@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <cstring>
 #include <vector>
 
 #include "core/dtype.h"
@@ -90,6 +91,60 @@ QuantizedRows quantize_rows(const float* w, int64_t n, int64_t k, QuantFormat f)
                    q.mins ? q.mins.get() + size_t(r) * groups : nullptr, q.row_factor.get() + r);
   });
   return q;
+}
+
+size_t quant_image_row_bytes(QuantFormat f, int64_t k) {
+  const size_t groups = size_t(k / kQuantGroup);
+  return quant_row_code_bytes(f, k) + groups * 2 * (f == QuantFormat::kQ4 ? 2 : 1) + sizeof(float);
+}
+
+void quant_rows_to_image(const QuantizedRows& q, uint8_t* dst) {
+  const size_t cb = quant_row_code_bytes(q.format, q.k), groups = size_t(q.groups());
+  for (int64_t r = 0; r < q.n; ++r) {
+    std::memcpy(dst, q.codes.get() + size_t(r) * cb, cb);
+    dst += cb;
+    std::memcpy(dst, q.scales.get() + size_t(r) * groups, groups * 2);
+    dst += groups * 2;
+    if (q.format == QuantFormat::kQ4) {
+      std::memcpy(dst, q.mins.get() + size_t(r) * groups, groups * 2);
+      dst += groups * 2;
+    }
+    std::memcpy(dst, &q.row_factor[size_t(r)], sizeof(float));
+    dst += sizeof(float);
+  }
+}
+
+QuantizedRows quant_rows_from_image(const uint8_t* src, int64_t n, int64_t k, QuantFormat f) {
+  KILN_THROW_IF(n <= 0 || k <= 0 || k % kQuantGroup != 0, kInvalidArgument, quant_format_name(f),
+                " weight image needs N > 0 and K a positive multiple of ", kQuantGroup, ", got N=", n, " K=", k);
+  QuantizedRows q;
+  q.format = f;
+  q.n = n;
+  q.k = k;
+  const size_t cb = quant_row_code_bytes(f, k), groups = size_t(q.groups());
+  q.codes.reset(new uint8_t[size_t(n) * cb]);
+  q.scales.reset(new uint16_t[size_t(n) * groups]);
+  if (f == QuantFormat::kQ4) q.mins.reset(new uint16_t[size_t(n) * groups]);
+  q.row_factor.reset(new float[size_t(n)]);
+  for (int64_t r = 0; r < n; ++r) {
+    std::memcpy(q.codes.get() + size_t(r) * cb, src, cb);
+    src += cb;
+    std::memcpy(q.scales.get() + size_t(r) * groups, src, groups * 2);
+    src += groups * 2;
+    if (f == QuantFormat::kQ4) {
+      std::memcpy(q.mins.get() + size_t(r) * groups, src, groups * 2);
+      src += groups * 2;
+    }
+    std::memcpy(&q.row_factor[size_t(r)], src, sizeof(float));
+    src += sizeof(float);
+  }
+  return q;
+}
+
+QuantFormat quant_format_from_name(const std::string& name, const std::string& what) {
+  if (name == "q8") return QuantFormat::kQ8;
+  if (name == "q4") return QuantFormat::kQ4;
+  throw_error(ErrorCode::kInvalidArgument, what, ": unknown quantized weight format '", name, "' (expected q8 or q4)");
 }
 
 }  // namespace kiln

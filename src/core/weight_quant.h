@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 namespace kiln {
 
@@ -62,5 +63,18 @@ struct QuantizedRows {
   int64_t groups() const { return k / kQuantGroup; }
 };
 QuantizedRows quantize_rows(const float* w, int64_t n, int64_t k, QuantFormat f);
+
+// QuantizedRows as one byte image of n rows of quant_image_row_bytes(f, k) bytes each:
+// a row's codes, then its f16 scales, (q4) its f16 mins, then its f32 row factor. Rows
+// are self-contained, so images of equal K stack along N by concatenation (fused
+// q/k/v or gate/up Linears) and permute by row. This is how a weight that arrives
+// already quantized (a GGUF Q8_0 / Q4_0 / Q4_1 tensor) travels in the graph: a u8
+// [n, row_bytes] weight of a Linear with attrs weight_quant ("q8"/"q4") and weight_k.
+size_t quant_image_row_bytes(QuantFormat f, int64_t k);
+void quant_rows_to_image(const QuantizedRows& q, uint8_t* dst);  // dst: n * row bytes
+// kInvalidArgument when k is not a positive multiple of kQuantGroup.
+QuantizedRows quant_rows_from_image(const uint8_t* src, int64_t n, int64_t k, QuantFormat f);
+// "q8" / "q4" -> the format; kInvalidArgument naming `what` otherwise.
+QuantFormat quant_format_from_name(const std::string& name, const std::string& what);
 
 }  // namespace kiln

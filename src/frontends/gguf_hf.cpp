@@ -2,6 +2,8 @@
 // gguf-py constants (LLM_KV_*); HF keys follow transformers' integrations/ggml.py.
 #include "frontends/gguf_hf.h"
 
+#include "frontends/gguf_quants.h"
+
 #include <cstdio>
 #include <cstring>
 
@@ -266,6 +268,25 @@ Tensor GgufWeightSource::load(const std::string& name, DType want) const {
     t = out;
   }
   return t;
+}
+
+std::optional<Tensor> GgufWeightSource::load_quantized(const std::string& name, QuantFormat f) const {
+  const Mapping& m = mapping(name);
+  const GgufTensorInfo& t = file_->tensor_info(m.gguf_name);
+  if (m.transpose || t.shape.size() != 2 || ggml_exact_quant_format(t.type) != f) return std::nullopt;
+  const int64_t n = t.shape[0], k = t.shape[1];
+  std::optional<QuantizedRows> q = ggml_to_quantized_rows(t.type, file_->tensor_data(t), n, k);
+  if (!q) return std::nullopt;
+  Tensor img(DType::kU8, {n, int64_t(quant_image_row_bytes(f, k))});
+  quant_rows_to_image(*q, img.data_as<uint8_t>());
+  if (m.permute_heads > 0) {  // image rows are self-contained: permute them like f32 rows
+    try {
+      img = gguf_unpermute_rows(img, m.permute_heads);
+    } catch (const Error& e) {
+      throw_error(ErrorCode::kInvalidFile, describe(), ": tensor '", m.gguf_name, "': ", e.what());
+    }
+  }
+  return img;
 }
 
 }  // namespace kiln

@@ -28,6 +28,7 @@ class GgufWeightSource final : public WeightSource {
   TensorInfo info(const std::string& name) const override;
   Tensor load(const std::string& name, DType want) const override;
   std::string describe() const override { return "GGUF '" + file_->path() + "'"; }
+  std::optional<Tensor> load_quantized(const std::string& name, QuantFormat f) const override;
 
   // The GGUF tensor an HF name comes from (for diagnostics).
   const std::string& gguf_name(const std::string& hf_name) const;

@@ -2,10 +2,12 @@
 // GGUF tensor (or a fuzzer's buffer) need not be aligned for the block's f16/f32 fields.
 #include "frontends/gguf_quants.h"
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 
 #include "core/dtype.h"
+#include "core/status.h"
 
 namespace kiln {
 namespace {
@@ -285,6 +287,70 @@ const char* ggml_type_name(uint32_t type) {
   if (const auto* t = ggml_type_traits(type)) return t->name;
   std::snprintf(buf, sizeof(buf), "type %u", type);
   return buf;
+}
+
+std::optional<QuantFormat> ggml_exact_quant_format(uint32_t type) {
+  switch (GgmlType(type)) {
+    case GgmlType::kQ8_0: return QuantFormat::kQ8;
+    case GgmlType::kQ4_0:
+    case GgmlType::kQ4_1: return QuantFormat::kQ4;
+    default: return std::nullopt;
+  }
+}
+
+std::optional<QuantizedRows> ggml_to_quantized_rows(uint32_t type, const uint8_t* src, int64_t n, int64_t k) {
+  const std::optional<QuantFormat> f = ggml_exact_quant_format(type);
+  if (!f) return std::nullopt;
+  KILN_THROW_IF(n <= 0 || k <= 0 || k % kQK != 0, kInvalidArgument, "GGUF ", ggml_type_name(type),
+                " rows need N > 0 and K a positive multiple of ", kQK, ", got N=", n, " K=", k);
+  const GgmlType t = GgmlType(type);
+  const size_t block_bytes = ggml_type_traits(type)->type_size;
+  QuantizedRows q;
+  q.format = *f;
+  q.n = n;
+  q.k = k;
+  const int64_t groups = q.groups();
+  const size_t row_bytes = quant_row_code_bytes(*f, k);
+  q.codes.reset(new uint8_t[size_t(n) * row_bytes]);
+  q.scales.reset(new uint16_t[size_t(n * groups)]);
+  if (*f == QuantFormat::kQ4) q.mins.reset(new uint16_t[size_t(n * groups)]);
+  q.row_factor.reset(new float[size_t(n)]);
+  for (int64_t r = 0; r < n; ++r) {
+    q.row_factor[size_t(r)] = 1.0f;
+    uint8_t* codes = q.codes.get() + size_t(r) * row_bytes;
+    for (int64_t g = 0; g < groups; ++g) {
+      const uint8_t* b = src + size_t(r * groups + g) * block_bytes;
+      const size_t at = size_t(r * groups + g);
+      uint16_t d;
+      std::memcpy(&d, b, 2);
+      q.scales[at] = d;
+      if (t == GgmlType::kQ8_0) {
+        for (int j = 0; j < kQK; ++j) {
+          if (b[2 + j] == 0x80) return std::nullopt;  // -128: outside q8's [-127, 127]
+          codes[g * kQK + j] = b[2 + j];
+        }
+        continue;
+      }
+      const uint8_t* qs = b + (t == GgmlType::kQ4_1 ? 4 : 2);
+      if (t == GgmlType::kQ4_1) {
+        std::memcpy(&q.mins[at], b + 2, 2);
+      } else {
+        // d * (q - 8) = d * q + (-8d); -8d is exact in f16 unless it overflows.
+        const float m = -8.0f * f16_to_f32(d);
+        const uint16_t m16 = f32_to_f16(m);
+        if (!std::isfinite(m) || f16_to_f32(m16) != m) return std::nullopt;
+        q.mins[at] = m16;
+      }
+      // ggml: byte j holds elements j (low nibble) and j + 16 (high nibble); kiln: byte
+      // j holds elements 2j (low) and 2j + 1 (high).
+      uint8_t* dst = codes + g * (kQK / 2);
+      for (int j = 0; j < kQK / 2; ++j) {
+        const auto nib = [&](int e) { return e < 16 ? (qs[e] & 0x0f) : (qs[e - 16] >> 4); };
+        dst[j] = uint8_t(nib(2 * j) | (nib(2 * j + 1) << 4));
+      }
+    }
+  }
+  return q;
 }
 
 }  // namespace kiln

@@ -5,6 +5,9 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <optional>
+
+#include "core/weight_quant.h"
 
 namespace kiln {
 
@@ -27,5 +30,18 @@ struct GgmlTypeTraits {
 const GgmlTypeTraits* ggml_type_traits(uint32_t type);
 // "Q4_K", or "type 123" for an unknown id.
 const char* ggml_type_name(uint32_t type);
+
+// The kiln weight format (core/weight_quant.h) a ggml type maps onto exactly, code for
+// code, or nullopt: Q8_0 -> q8 (scale d), Q4_0 -> q4 (scale d, min -8d), Q4_1 -> q4
+// (scale d, min m), all with row factor 1. K-quants and the rest have no exact image
+// (super-block scales, 5/6-bit codes) and keep the dequantize-then-quantize path.
+std::optional<QuantFormat> ggml_exact_quant_format(uint32_t type);
+
+// Re-lays n rows of k elements of ggml type `type` (rows contiguous, k % 32 == 0) as
+// kiln QuantizedRows holding the same values: dequantize_row of row r equals ggml's own
+// dequantization of that row. nullopt when the type has no exact image or a block does
+// not fit the format (a Q8_0 code of -128, or a Q4_0 min -8d that overflows f16); the
+// caller then dequantizes instead. kInvalidArgument when k is not a multiple of 32.
+std::optional<QuantizedRows> ggml_to_quantized_rows(uint32_t type, const uint8_t* src, int64_t n, int64_t k);
 
 }  // namespace kiln

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "core/status.h"
+#include "core/weight_quant.h"
 #include "ir/generic_ops.h"
 #include "ir/plugin.h"
 
@@ -92,8 +93,31 @@ std::vector<ValueType> infer_packed_linear(const Node& n, const In& in) {
   return linear_output(n, x, Dim(out));
 }
 
+// A weight kept quantized (attrs weight_quant, weight_k): u8 [out, row bytes], the
+// row image of core/weight_quant.h.
+std::vector<ValueType> infer_quant_image_linear(const Node& n, const In& in) {
+  const Value& x = need(n, in, 0, "x");
+  const Value& w = need(n, in, 1, "weight");
+  need_rank(n, x, 2, "x");
+  const std::string f = n.attr_str("weight_quant");
+  if (f != "q8" && f != "q4") shape_error(n, str_cat("weight_quant must be q8 or q4, got '", f, "'"));
+  const int64_t k = n.attr_int("weight_k", -1);
+  if (k <= 0 || k % kQuantGroup != 0 || k > (int64_t(1) << 31))
+    shape_error(n, str_cat("a quantized weight needs weight_k a positive multiple of ", kQuantGroup, ", got ", k));
+  const size_t row = quant_image_row_bytes(f == "q8" ? QuantFormat::kQ8 : QuantFormat::kQ4, k);
+  if (w.dtype != DType::kU8 || w.shape.rank() != 2 || !dims_agree(w.shape[1], Dim(int64_t(row))))
+    shape_error(n, str_cat(f, " weight %", w.name, " must be u8 [out, ", row, "] for K=", k, ", got ",
+                           dtype_name(w.dtype), w.shape.str()));
+  if (!dims_agree(x.shape[1], Dim(k)))
+    shape_error(n, str_cat("x ", x.shape.str(), " times ", f, " weight [", w.shape[0].str(), ", ", k, "]: inner dims differ"));
+  if (in.size() > 2 && in[2] && (in[2]->shape.rank() != 1 || !dims_agree(in[2]->shape[0], w.shape[0])))
+    shape_error(n, str_cat("bias ", in[2]->shape.str(), " vs ", f, " weight rows ", w.shape[0].str()));
+  return linear_output(n, x, w.shape[0]);
+}
+
 std::vector<ValueType> infer_linear(const Node& n, const In& in) {
   if (n.has_attr("weight_layout")) return infer_packed_linear(n, in);
+  if (n.has_attr("weight_quant")) return infer_quant_image_linear(n, in);
   const Value& x = need(n, in, 0, "x");
   const Value& w = need(n, in, 1, "weight");
   need_rank(n, x, 2, "x");

@@ -97,18 +97,18 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
   for (int64_t l = 0; l < info.num_layers; ++l) {
     std::string b = "model.layers." + std::to_string(l) + ".";
     specs.push_back({b + "input_layernorm.weight", {h}});
-    specs.push_back({b + "self_attn.q_proj.weight", {hq * hd, h}});
-    specs.push_back({b + "self_attn.k_proj.weight", {hkv * hd, h}});
-    specs.push_back({b + "self_attn.v_proj.weight", {hkv * hd, h}});
-    specs.push_back({b + "self_attn.o_proj.weight", {h, hq * hd}});
+    specs.push_back({b + "self_attn.q_proj.weight", {hq * hd, h}, true, "", false, /*linear=*/true});
+    specs.push_back({b + "self_attn.k_proj.weight", {hkv * hd, h}, true, "", false, /*linear=*/true});
+    specs.push_back({b + "self_attn.v_proj.weight", {hkv * hd, h}, true, "", false, /*linear=*/true});
+    specs.push_back({b + "self_attn.o_proj.weight", {h, hq * hd}, true, "", false, /*linear=*/true});
     specs.push_back({b + "self_attn.q_proj.bias", {hq * hd}, qkv_bias});
     specs.push_back({b + "self_attn.k_proj.bias", {hkv * hd}, qkv_bias});
     specs.push_back({b + "self_attn.v_proj.bias", {hkv * hd}, qkv_bias});
     specs.push_back({b + "self_attn.o_proj.bias", {h}, o_bias});
     specs.push_back({b + "post_attention_layernorm.weight", {h}});
-    specs.push_back({b + "mlp.gate_proj.weight", {inter, h}});
-    specs.push_back({b + "mlp.up_proj.weight", {inter, h}});
-    specs.push_back({b + "mlp.down_proj.weight", {h, inter}});
+    specs.push_back({b + "mlp.gate_proj.weight", {inter, h}, true, "", false, /*linear=*/true});
+    specs.push_back({b + "mlp.up_proj.weight", {inter, h}, true, "", false, /*linear=*/true});
+    specs.push_back({b + "mlp.down_proj.weight", {h, inter}, true, "", false, /*linear=*/true});
     specs.push_back({b + "mlp.gate_proj.bias", {inter}, mlp_bias});
     specs.push_back({b + "mlp.up_proj.bias", {inter}, mlp_bias});
     specs.push_back({b + "mlp.down_proj.bias", {h}, mlp_bias});
@@ -122,7 +122,14 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
     std::vector<ir::ValueId> in = {x, W(weight + ".weight")};
     ir::ValueId bias = Wopt(weight + ".bias");
     if (bias != ir::kNoValue) in.push_back(bias);
-    return g.add("Linear", in, {}, node);
+    std::map<std::string, ir::Attr> attrs;
+    if (g.weight(in[1]).dtype() == DType::kU8) {  // kept quantized (WeightSource::load_quantized)
+      attrs["weight_quant"] = std::string(quant_format_name(*src.kept_quantized()));
+      const bool ends_o = weight.size() >= 6 && weight.compare(weight.size() - 6, 6, "o_proj") == 0;
+      const bool ends_down = weight.size() >= 9 && weight.compare(weight.size() - 9, 9, "down_proj") == 0;
+      attrs["weight_k"] = ends_o ? hq * hd : ends_down ? inter : h;
+    }
+    return g.add("Linear", in, attrs, node);
   };
 
   ir::ValueId tokens = g.add_input("tokens", DType::kI32, {"T"});

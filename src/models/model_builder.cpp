@@ -46,6 +46,13 @@ std::map<std::string, Tensor> load_declared_weights(const std::vector<WeightSpec
       throw_error(ErrorCode::kInvalidFile, "tensor '", name, "' has shape ",
                   shape_to_string(info.shape), " but the config implies ", shape_to_string(want),
                   " in ", source.describe());
+    if (spec.linear && !spec.transpose && spec.tied_to.empty() && source.kept_quantized()) {
+      if (std::optional<Tensor> q = source.load_quantized(name, *source.kept_quantized())) {
+        out.emplace(spec.name, std::move(*q));
+        progress.update(++done);
+        continue;
+      }
+    }
     Tensor t = source.load(name, DType::kF32);
     if (spec.transpose) {
       Tensor tt(DType::kF32, spec.shape);

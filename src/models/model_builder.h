@@ -47,6 +47,9 @@ struct WeightSpec {
   bool required = true;
   std::string tied_to;
   bool transpose = false;
+  // A Linear weight [out, in]: loaded as a quantized image (WeightSource::load_quantized)
+  // when the source keeps quantized weights and has this one in that format.
+  bool linear = false;
 };
 
 // Loads every declared weight as f32, checks shapes, and returns them by name (absent

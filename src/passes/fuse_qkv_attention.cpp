@@ -68,7 +68,8 @@ class FuseQkvAttention final : public Pass {
       if ((m.lin[r]->input(2) != ir::kNoValue) != bias)
         return not_fired(kName, att, "only some of q, k, v have a bias"), false;
     for (int r = 1; r < 3; ++r)
-      if (g.weight(m.lin[r]->inputs[1]).dtype() != g.weight(m.lin[0]->inputs[1]).dtype())
+      if (g.weight(m.lin[r]->inputs[1]).dtype() != g.weight(m.lin[0]->inputs[1]).dtype() ||
+          !same_weight_quant(*m.lin[r], *m.lin[0]))
         return not_fired(kName, att, "q, k, v weights have different dtypes"), false;
     if (m.rope[0]) {
       const ir::Node &rq = *m.rope[0], &rk = *m.rope[1];
@@ -92,6 +93,7 @@ class FuseQkvAttention final : public Pass {
       b.push_back(l->input(2));
     }
     ir::ValueId x = m.lin[0]->inputs[0];
+    const auto quant_attrs = weight_quant_attrs(*m.lin[0]);
     std::vector<ir::ValueId> rope_in;
     int64_t rotary_dim = 0;
     if (m.rope[0]) {
@@ -105,7 +107,7 @@ class FuseQkvAttention final : public Pass {
 
     std::vector<ir::ValueId> lin_in = {x, concat_weights(g, w, scope + "qkv_proj.weight")};
     if (b[0] != ir::kNoValue) lin_in.push_back(concat_weights(g, b, scope + "qkv_proj.bias"));
-    ir::ValueId qkv = g.add("Linear", lin_in, {}, scope + "qkv_proj");
+    ir::ValueId qkv = g.add("Linear", lin_in, quant_attrs, scope + "qkv_proj");
     auto attrs = att.attrs;
     attrs["packed_qkv"] = int64_t(1);
     std::vector<ir::ValueId> att_in = {qkv};

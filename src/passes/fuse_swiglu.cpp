@@ -40,17 +40,18 @@ class FuseSwiGlu final : public Pass {
       }
       if (gate->has_attr("activation") || up->has_attr("activation") || !g.is_weight(gate->inputs[1]) ||
           !g.is_weight(up->inputs[1]) || (gate->input(2) == ir::kNoValue) != (up->input(2) == ir::kNoValue) ||
-          g.weight(gate->inputs[1]).dtype() != g.weight(up->inputs[1]).dtype()) {
+          g.weight(gate->inputs[1]).dtype() != g.weight(up->inputs[1]).dtype() || !same_weight_quant(*gate, *up)) {
         not_fired(kName, mul, "gate and up differ in epilogue, bias or weight kind");
         continue;
       }
       const std::string mul_name = mul.name, scope = name_scope(mul.name);
       const ir::ValueId x = gate->inputs[0], mul_out = mul.outputs[0];
+      const auto quant_attrs = weight_quant_attrs(*gate);
       const ir::ValueId wg = gate->inputs[1], wu = up->inputs[1], bg = gate->input(2), bu = up->input(2);
       for (const ir::Node* n : {&mul, silu, gate, up}) dead[size_t(node_index(g, n))] = true;
       std::vector<ir::ValueId> in = {x, concat_weights(g, {wg, wu}, scope + "gate_up_proj.weight")};
       if (bg != ir::kNoValue) in.push_back(concat_weights(g, {bg, bu}, scope + "gate_up_proj.bias"));
-      ir::ValueId gu = g.add("Linear", in, {}, scope + "gate_up_proj");
+      ir::ValueId gu = g.add("Linear", in, quant_attrs, scope + "gate_up_proj");
       g.replace_uses(mul_out, g.add("SwiGLU", {gu}, {}, mul_name));
       ++fused;
       uses = ir::compute_uses(g);  // the rewrite redirected readers

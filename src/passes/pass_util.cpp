@@ -39,6 +39,19 @@ const ir::Node* sole_consumer(const ir::Graph& g, const ir::Uses& uses, ir::Valu
   return &g.nodes()[size_t(uses.consumers[size_t(v)][0])];
 }
 
+std::map<std::string, ir::Attr> weight_quant_attrs(const ir::Node& linear) {
+  std::map<std::string, ir::Attr> a;
+  if (!linear.has_attr("weight_quant")) return a;
+  a["weight_quant"] = linear.attr_str("weight_quant");
+  a["weight_k"] = linear.attr_int("weight_k", -1);
+  return a;
+}
+
+bool same_weight_quant(const ir::Node& a, const ir::Node& b) {
+  return a.attr_str("weight_quant", "") == b.attr_str("weight_quant", "") &&
+         a.attr_int("weight_k", -1) == b.attr_int("weight_k", -1);
+}
+
 ir::ValueId concat_weights(ir::Graph& g, const std::vector<ir::ValueId>& parts, const std::string& name) {
   KILN_CHECK(!parts.empty(), "concat of nothing");
   const Tensor& first = g.weight(parts[0]);

@@ -33,6 +33,12 @@ const ir::Node* sole_consumer(const ir::Graph& g, const ir::Uses& uses, ir::Valu
 // Rows of `parts` (all weights of one dtype, same trailing dims) stacked into one new
 // weight named `name`; returns its value id. Throws kUnsupported if the parts differ.
 ir::ValueId concat_weights(ir::Graph& g, const std::vector<ir::ValueId>& parts, const std::string& name);
+// The attrs that describe a Linear weight kept quantized (weight_quant, weight_k; see
+// core/weight_quant.h's row image), to carry onto a Linear whose weights stack the
+// originals' images; empty for plain weights. Linears whose weights stack must agree
+// on them (same_weight_quant).
+std::map<std::string, ir::Attr> weight_quant_attrs(const ir::Node& linear);
+bool same_weight_quant(const ir::Node& a, const ir::Node& b);
 
 // "layers.3.attn" -> "layers.3." (the scope of a node's name, for fused node names).
 std::string name_scope(const std::string& node_name);

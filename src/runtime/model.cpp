@@ -207,14 +207,24 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
   BuiltModel built;
   nlohmann::json config;
   std::shared_ptr<const GgufFile> gguf;
+  // --weight-dtype q8/q4: Linear weights the file already stores in that format (GGUF
+  // Q8_0 -> q8, Q4_0 / Q4_1 -> q4) load as their own codes instead of f32 that the
+  // backend would quantize again. Not under graph rewrites, observers or tensor
+  // parallelism, which read Linear weights as f32.
+  std::optional<QuantFormat> keep;
+  if (options.keep_file_quant && (options.weight_dtype == "q8" || options.weight_dtype == "q4") && !options.rewrite &&
+      !options.linear_observer && options.tensor_parallel <= 1)
+    keep = options.weight_dtype == "q8" ? QuantFormat::kQ8 : QuantFormat::kQ4;
   if (fs::is_directory(path)) {
     HfModelDir dir = HfModelDir::open(path);
     config = dir.config;
+    dir.weights->keep_quantized(keep);
     built = build_model(config, *dir.weights);
   } else if (fs::path(path).extension() == ".gguf") {
     gguf = std::make_shared<const GgufFile>(GgufFile::open(path));
     config = gguf_to_hf_config(*gguf);
     GgufWeightSource weights(gguf);
+    weights.keep_quantized(keep);
     built = build_model(config, weights);
   } else if (fs::path(path).extension() == ".onnx") {
     return load_onnx(path, options);

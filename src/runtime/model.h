@@ -64,6 +64,10 @@ struct ModelOptions {
   // Which device of the backend runs the model (CUDA device index); tensor-parallel
   // rank r runs on device + r.
   int device = 0;
+  // With weight_dtype q8/q4: Linear weights a GGUF stores in that very format (Q8_0 ->
+  // q8, Q4_0 / Q4_1 -> q4) keep the file's codes; false expands them to f32 at load and
+  // quantizes them again at compile time (the path before, kept for comparison).
+  bool keep_file_quant = true;
 };
 
 // The graph outputs of that node (ir op TopKLogits): [R, k] values, ids, log-probs.

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -86,6 +87,36 @@ TEST(WeightQuant, LayoutZerosAndErrors) {
   }
   EXPECT_THROW(quantize_rows(zeros.data(), 1, 48, QuantFormat::kQ4), Error);
   EXPECT_THROW(quantize_rows(zeros.data(), 0, 32, QuantFormat::kQ8), Error);
+}
+
+// The row image (how a weight kept quantized travels in the graph) gives back every
+// code, scale, min and row factor, and stacks along N by concatenation.
+TEST(WeightQuant, RowImageRoundTripsAndStacks) {
+  std::mt19937 rng(9);
+  std::normal_distribution<float> nd(0.f, 0.05f);
+  const int64_t n = 5, k = 96;
+  std::vector<float> w(size_t(n * k));
+  for (float& v : w) v = nd(rng);
+  for (QuantFormat f : {QuantFormat::kQ8, QuantFormat::kQ4}) {
+    const QuantizedRows q = quantize_rows(w.data(), n, k, f);
+    const size_t row = quant_image_row_bytes(f, k);
+    EXPECT_EQ(row, quant_row_code_bytes(f, k) + size_t(k / 32) * (f == QuantFormat::kQ4 ? 4 : 2) + 4);
+    std::vector<uint8_t> img(size_t(n) * row);
+    quant_rows_to_image(q, img.data());
+    // Rows 2..4 alone: the image's tail is their image.
+    const QuantizedRows back = quant_rows_from_image(img.data(), n, k, f), tail = quant_rows_from_image(img.data() + 2 * row, 3, k, f);
+    const size_t cb = quant_row_code_bytes(f, k), g = size_t(k / 32);
+    EXPECT_EQ(0, std::memcmp(back.codes.get(), q.codes.get(), size_t(n) * cb));
+    EXPECT_EQ(0, std::memcmp(back.scales.get(), q.scales.get(), size_t(n) * g * 2));
+    if (f == QuantFormat::kQ4) EXPECT_EQ(0, std::memcmp(back.mins.get(), q.mins.get(), size_t(n) * g * 2));
+    EXPECT_EQ(0, std::memcmp(back.row_factor.get(), q.row_factor.get(), size_t(n) * 4));
+    EXPECT_EQ(0, std::memcmp(tail.codes.get(), q.codes.get() + 2 * cb, 3 * cb));
+    EXPECT_EQ(0, std::memcmp(tail.row_factor.get(), q.row_factor.get() + 2, 3 * 4));
+  }
+  EXPECT_EQ(quant_format_from_name("q4", "x"), QuantFormat::kQ4);
+  EXPECT_THROW(quant_format_from_name("q5", "x"), Error);
+  std::vector<uint8_t> img(64);
+  EXPECT_THROW(quant_rows_from_image(img.data(), 1, 40, QuantFormat::kQ8), Error);
 }
 
 }  // namespace

@@ -214,6 +214,62 @@ TEST(GgufQuants, Q8_0AndQ4_1RequantizeToTheirOwnBlocks) {
   }
 }
 
+// Q8_0 / Q4_0 / Q4_1 re-laid as kiln q8 / q4 stand for exactly ggml's values, row by row.
+TEST(GgufQuants, ExactImagesDequantizeToGgmlsValues) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> dd(-2e-2f, 2e-2f), mm(-0.1f, 0.1f);
+  const int64_t n = 3, k = 96;
+  for (GgmlType t : {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1}) {
+    const GgmlTypeTraits* tr = ggml_type_traits(uint32_t(t));
+    std::string bytes;
+    for (int64_t b = 0; b < n * k / 32; ++b) {
+      std::string block(tr->type_size, '\0');
+      const uint16_t d = f32_to_f16(dd(rng)), m = f32_to_f16(mm(rng));  // Q4_0's d may be negative
+      std::memcpy(block.data(), &d, 2);
+      if (t == GgmlType::kQ4_1) std::memcpy(block.data() + 2, &m, 2);
+      for (size_t j = t == GgmlType::kQ4_1 ? 4 : 2; j < block.size(); ++j) block[j] = char(rng());
+      if (t == GgmlType::kQ8_0)
+        for (size_t j = 2; j < block.size(); ++j)
+          if (uint8_t(block[j]) == 0x80) block[j] = char(0x81);
+      bytes += block;
+    }
+    const auto* src = reinterpret_cast<const uint8_t*>(bytes.data());
+    std::optional<QuantizedRows> q = ggml_to_quantized_rows(uint32_t(t), src, n, k);
+    ASSERT_TRUE(q.has_value()) << tr->name;
+    EXPECT_EQ(q->format, *ggml_exact_quant_format(uint32_t(t)));
+    std::vector<float> want(static_cast<size_t>(n * k)), got(static_cast<size_t>(k));
+    tr->to_f32(src, want.data(), n * k);
+    const size_t rb = quant_row_code_bytes(q->format, k);
+    for (int64_t r = 0; r < n; ++r) {
+      dequantize_row(q->codes.get() + size_t(r) * rb, q->scales.get() + r * q->groups(),
+                     q->mins ? q->mins.get() + r * q->groups() : nullptr, q->row_factor[size_t(r)], k, q->format,
+                     got.data());
+      for (int64_t i = 0; i < k; ++i)
+        // Equal values; bit for bit except Q4_0's zero, d * (8 - 8) = -0 for d < 0 in ggml.
+        ASSERT_TRUE(got[size_t(i)] == want[size_t(r * k + i)] &&
+                    (want[size_t(r * k + i)] == 0.0f || f32_bits(got[size_t(i)]) == f32_bits(want[size_t(r * k + i)])))
+            << tr->name << " row " << r << " i " << i << ": " << got[size_t(i)] << " vs " << want[size_t(r * k + i)];
+    }
+  }
+}
+
+TEST(GgufQuants, InexactBlocksAndTypesHaveNoImage) {
+  EXPECT_FALSE(ggml_exact_quant_format(uint32_t(GgmlType::kQ4_K)).has_value());
+  EXPECT_FALSE(ggml_exact_quant_format(uint32_t(GgmlType::kQ5_0)).has_value());
+  std::string q8(34, '\0');
+  q8[2 + 7] = char(0x80);  // code -128
+  EXPECT_FALSE(ggml_to_quantized_rows(uint32_t(GgmlType::kQ8_0), reinterpret_cast<const uint8_t*>(q8.data()), 1, 32));
+  std::string q40(18, '\0');
+  const uint16_t big = f32_to_f16(30000.0f);  // -8d overflows f16
+  std::memcpy(q40.data(), &big, 2);
+  EXPECT_FALSE(ggml_to_quantized_rows(uint32_t(GgmlType::kQ4_0), reinterpret_cast<const uint8_t*>(q40.data()), 1, 32));
+  std::string k6(210, '\0');
+  EXPECT_FALSE(ggml_to_quantized_rows(uint32_t(GgmlType::kQ6_K), reinterpret_cast<const uint8_t*>(k6.data()), 1, 256));
+  std::string q41(20 * 2, '\0');
+  expect_error([&] { ggml_to_quantized_rows(uint32_t(GgmlType::kQ4_1), reinterpret_cast<const uint8_t*>(q41.data()), 1, 48); },
+               ErrorCode::kInvalidArgument, {"Q4_1", "K=48"});
+}
+
 // --- corrupt input ---
 
 std::string one_tensor_file() {

@@ -45,6 +45,7 @@ struct ModelArgs {
   QuantOptions quant;  // --quant w8a8|fp8 --calib ...
   int tp = 0;  // tensor-parallel ranks (ModelOptions::tensor_parallel; 0: not given)
   std::string kv_cache_dtype = "auto";  // ModelOptions::kv_cache_dtype (add_kv_dtype_option)
+  bool gguf_requantize = false;  // ModelOptions::keep_file_quant = false
 };
 // --tp N (ModelOptions::tensor_parallel).
 void add_tp_option(CLI::App* cmd, int& tp);

@@ -29,6 +29,9 @@ void add_model_options(CLI::App* cmd, ModelArgs& args) {
                   "storage of GEMM weights: f32 (exact), bf16/f16 (half the memory traffic), q8/q4 (weight-only int8/int4, groups of 32)")
       ->check(CLI::IsMember({"f32", "bf16", "f16", "q8", "q4"}))
       ->capture_default_str();
+  cmd->add_flag("--gguf-requantize", args.gguf_requantize,
+                "with --weight-dtype q8/q4: expand a GGUF's Q8_0/Q4_0/Q4_1 weights to f32 and quantize them again "
+                "instead of keeping the file's codes (the old path, for comparison)");
   add_pass_options(cmd, args.opt_level, args.disabled_passes);
   cmd->add_option("--engine-profile", args.profile,
                   "engines: run under this optimization profile (default: per step, the first that fits)");
@@ -115,6 +118,7 @@ void add_pass_options(CLI::App* cmd, int& opt_level, std::vector<std::string>& d
 
 ModelOptions model_options(const ModelArgs& a) {
   ModelOptions o{a.backend, a.weight_dtype, nullptr, a.opt_level, a.disabled_passes};
+  o.keep_file_quant = !a.gguf_requantize;
   o.profile = a.profile;
   o.onnx_import = a.onnx_import;
   o.tensor_parallel = a.tp;

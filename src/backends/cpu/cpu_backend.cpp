@@ -54,7 +54,10 @@ class CpuCompiledGraph final : public CompiledGraph {
                             : st == "q8"                  ? 9
                             : st == "q4"                  ? 5
                                                           : 16;
-        weight_bytes_ += size_t(double(w.numel()) * bits / 8);
+        // A weight kept quantized (weight_quant) is [N, row image bytes]: count N * K values.
+        const double values = n.has_attr("weight_quant") ? double(w.dim(0)) * double(n.attr_int("weight_k", 0))
+                                                          : double(w.numel());
+        weight_bytes_ += size_t(values * bits / 8);
       }
     plan_memory();
   }
@@ -209,7 +212,7 @@ class CpuBackend final : public Backend {
 
   double time_tactic(const ir::Node& node, const ir::Graph& g, const std::string& tactic,
                      const std::map<std::string, int64_t>& dims, const CompileOptions& opt) override {
-    if (node.op != "Linear" || node.has_attr("quant")) return -1;  // the int8 GEMM has one tactic
+    if (node.op != "Linear" || node.has_attr("quant") || node.has_attr("weight_quant")) return -1;  // int8: one tactic
     const std::string storage = cpu::linear_weight_storage(node, opt);
     if (storage != "f32" && storage != "bf16" && storage != "f16" && storage != "w8a8" && storage != "fp8") return -1;
     const Dim& rows = g.value(node.inputs[0]).shape[0];

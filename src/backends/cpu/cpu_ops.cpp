@@ -25,12 +25,36 @@ namespace {
 const float* f32(const Tensor* t) { return t ? t->data_as<float>() : nullptr; }
 
 // A weight input as contiguous f32 (converted once at compile time when stored otherwise).
+QuantizedRows weight_image_rows(const ir::Node& n, const Tensor& img) {
+  const QuantFormat f = quant_format_from_name(n.attr_str("weight_quant"), "cpu: node '" + n.name + "'");
+  const int64_t k = n.attr_int("weight_k", -1);
+  KILN_THROW_IF(img.dtype() != DType::kU8 || img.rank() != 2 || k <= 0 || k % kQuantGroup != 0 ||
+                    size_t(img.dim(1)) != quant_image_row_bytes(f, k),
+                kInvalidArgument, "cpu: node '", n.name, "': ", quant_format_name(f), " weight image ",
+                dtype_name(img.dtype()), img.shape_str(), " does not fit weight_k ", k);
+  return quant_rows_from_image(img.data_as<uint8_t>(), img.dim(0), k, f);
+}
+
+Tensor dequantize_weight_image(const ir::Node& n, const Tensor& img) {
+  const QuantizedRows q = weight_image_rows(n, img);
+  Tensor out(DType::kF32, {q.n, q.k});
+  const size_t cb = quant_row_code_bytes(q.format, q.k);
+  ThreadPool::global().parallel_for(q.n, [&](int64_t r0, int64_t r1, int) {
+    for (int64_t r = r0; r < r1; ++r)
+      dequantize_row(q.codes.get() + size_t(r) * cb, q.scales.get() + r * q.groups(),
+                     q.mins ? q.mins.get() + r * q.groups() : nullptr, q.row_factor[size_t(r)], q.k, q.format,
+                     out.data_as<float>() + r * q.k);
+  });
+  return out;
+}
+
 Tensor weight_f32(const ir::Graph& g, ir::ValueId v, const ir::Node& n, const char* role) {
   if (v == ir::kNoValue) return {};
   if (!g.is_weight(v))
     throw_error(ErrorCode::kUnsupported, "cpu: node '", n.name, "' (", n.op, ") needs ", role,
                 " %", g.value(v).name, " to be a weight, not a computed value");
   const Tensor& t = g.weight(v);
+  if (n.op == "Linear" && n.has_attr("weight_quant") && v == n.input(1)) return dequantize_weight_image(n, t);
   return t.dtype() == DType::kF32 ? t : t.to(DType::kF32);
 }
 
@@ -310,6 +334,20 @@ LinearGemm fp8_gemm(const ir::Node& n, const ir::Graph& g, const Tensor& bias, c
   };
 }
 
+// A Linear's weight packed in its storage: a weight kept quantized (weight_quant, a
+// GGUF's own codes) packs its rows as they are when the storage is its format, else it
+// is expanded to f32 first, like every other weight.
+PackedWeight pack_linear_weight(const ir::Graph& g, const ir::Node& n, const CompileOptions& opt) {
+  const ir::ValueId src = n.inputs[1];
+  if (n.has_attr("weight_quant")) {
+    const WeightStorage storage = linear_storage(n, n.attr_int("weight_k", -1), opt);
+    if (storage == (n.attr_str("weight_quant") == "q8" ? WeightStorage::kQ8 : WeightStorage::kQ4))
+      return pack_quantized_weight(weight_image_rows(n, g.weight(src)));
+  }
+  Tensor w = weight_f32(g, src, n, "weight");
+  return pack_weight(w.data_as<float>(), w.dim(0), w.dim(1), linear_storage(n, w.dim(1), opt));
+}
+
 OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, const CompileOptions& opt) {
   Tensor bias = weight_f32(g, n.input(2), n, "bias");
   LinearGemm gemm;
@@ -327,9 +365,7 @@ OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, const CompileOptions
     if (n.has_attr("weight_layout")) {
       packed = packed_weight_view(n, g, 1);
     } else {
-      Tensor w = weight_f32(g, n.inputs[1], n, "weight");
-      packed = std::make_shared<PackedWeight>(
-          pack_weight(w.data_as<float>(), w.dim(0), w.dim(1), linear_storage(n, w.dim(1), opt)));
+      packed = std::make_shared<PackedWeight>(pack_linear_weight(g, n, opt));
     }
     out_n = packed->n;
     LinearTactic tactic = linear_tactic_for(n, opt);
@@ -648,12 +684,12 @@ size_t pack_linear_weights(ir::Graph& g, const CompileOptions& opt) {
     // Quantized Linears (attr quant) pack their own codes at load.
     if (n.op != "Linear" || n.has_attr("weight_layout") || n.has_attr("quant") || !g.is_weight(n.inputs[1])) continue;
     const ir::ValueId src = n.inputs[1];
-    const int64_t out = g.weight(src).dim(0), k = g.weight(src).dim(1);
+    const int64_t out = g.weight(src).dim(0),
+                  k = n.has_attr("weight_quant") ? n.attr_int("weight_k", -1) : g.weight(src).dim(1);
     const WeightStorage storage = linear_storage(n, k, opt);
     auto it = done.find(key(src, storage));
     if (it == done.end()) {
-      Tensor w = weight_f32(g, src, n, "weight");
-      PackedWeight p = pack_weight(w.data_as<float>(), out, k, storage);
+      PackedWeight p = pack_linear_weight(g, n, opt);
       // The tensor views the packed buffer and keeps it alive (no copy).
       Tensor bytes = Tensor::view(p.data.get(), DType::kU8, {int64_t(p.bytes())},
                                   std::shared_ptr<const void>(p.data, p.data.get()));

@@ -39,14 +39,33 @@ const void* DeviceWeights::get(const ir::Graph& g, ir::ValueId v, DType dtype) {
   return buf.get();
 }
 
-const QuantWeightView& DeviceWeights::get_quant(const ir::Graph& g, ir::ValueId v, QuantFormat f, QuantLayout layout) {
+const QuantWeightView& DeviceWeights::get_quant(const ir::Graph& g, ir::ValueId v, QuantFormat f, QuantLayout layout,
+                                                int64_t image_k, QuantFormat image_f) {
   auto& [buf, view] = quant_[{v, f, layout}];
   if (buf.get()) return view;
   const Tensor& t = g.weight(v);
   KILN_THROW_IF(t.rank() != 2, kInvalidArgument, "cuda: quantized weight %", g.value(v).name, " must be 2-D, got ",
                 t.shape_str());
-  Tensor wf = t.dtype() == DType::kF32 ? t : t.to(DType::kF32);
-  const QuantImage img = quant_image(quantize_rows(wf.data_as<float>(), t.dim(0), t.dim(1), f), layout);
+  QuantizedRows rows;
+  if (image_k > 0) {
+    KILN_THROW_IF(t.dtype() != DType::kU8 || size_t(t.dim(1)) != quant_image_row_bytes(image_f, image_k),
+                  kInvalidArgument, "cuda: ", quant_format_name(image_f), " weight image %", g.value(v).name, " ",
+                  dtype_name(t.dtype()), t.shape_str(), " does not fit K=", image_k);
+    rows = quant_rows_from_image(t.data_as<uint8_t>(), t.dim(0), image_k, image_f);
+    if (image_f != f) {  // another format asked for: expand the file's values, quantize again
+      std::vector<float> wf(size_t(rows.n * rows.k));
+      const size_t cb = quant_row_code_bytes(rows.format, rows.k);
+      for (int64_t r = 0; r < rows.n; ++r)
+        dequantize_row(rows.codes.get() + size_t(r) * cb, rows.scales.get() + r * rows.groups(),
+                       rows.mins ? rows.mins.get() + r * rows.groups() : nullptr, rows.row_factor[size_t(r)], rows.k,
+                       rows.format, wf.data() + r * rows.k);
+      rows = quantize_rows(wf.data(), rows.n, rows.k, f);
+    }
+  } else {
+    Tensor wf = t.dtype() == DType::kF32 ? t : t.to(DType::kF32);
+    rows = quantize_rows(wf.data_as<float>(), t.dim(0), t.dim(1), f);
+  }
+  const QuantImage img = quant_image(rows, layout);
   buf = DeviceBuffer(img.bytes.size());
   KILN_CUDA_CHECK(cudaMemcpy(buf.get(), img.bytes.data(), img.bytes.size(), cudaMemcpyHostToDevice));
   bytes_ += img.bytes.size();
@@ -58,6 +77,13 @@ std::optional<QuantFormat> cuda_linear_quant_format(const ir::Node& n, const ir:
                                                     const std::string& weight_dtype) {
   if (n.op != "Linear") return std::nullopt;
   const std::string p = n.attr_str("precision", weight_dtype);
+  // A weight kept quantized (a GGUF's own q8/q4 codes) has no 16-bit copy: it runs
+  // quantized, in the precision asked for when that is q8/q4, else in its own format.
+  if (n.has_attr("weight_quant")) {
+    if (p == "q8" || p == "q4") return p == "q8" ? QuantFormat::kQ8 : QuantFormat::kQ4;
+    log_debug("cuda: ", n.name, " keeps its file's ", n.attr_str("weight_quant"), " codes instead of ", p);
+    return n.attr_str("weight_quant") == "q8" ? QuantFormat::kQ8 : QuantFormat::kQ4;
+  }
   if (p != "q8" && p != "q4") return std::nullopt;
   const ir::ValueId wv = n.input(1);
   if (wv == ir::kNoValue || !g.is_weight(wv)) return std::nullopt;
@@ -195,7 +221,10 @@ OpRun prepare_linear_quant(const ir::Node& n, const ir::Graph& g, PrepareContext
                            LinearEpilogue epi) {
   ir::ValueId wv = need_weight(n, g, 1, "weight");
   // The layout of the GEMV that runs the decode steps (KILN_CUDA_QGEMV=old: the kRows kernel).
-  const QuantWeightView w = pc.weights->get_quant(g, wv, f, qgemv_layout(pc.act));
+  const bool image = n.has_attr("weight_quant");
+  const QuantWeightView w =
+      pc.weights->get_quant(g, wv, f, qgemv_layout(pc.act), image ? n.attr_int("weight_k", -1) : 0,
+                            image && n.attr_str("weight_quant") == "q8" ? QuantFormat::kQ8 : QuantFormat::kQ4);
   const void* bias = pc.weights->get(g, need_weight(n, g, 2, "bias", true), pc.act);
   const int64_t nn = w.n, k = w.k;
   const bool swiglu = epi.gemv == GemvEpilogue::kSwiGlu;

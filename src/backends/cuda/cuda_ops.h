@@ -135,7 +135,11 @@ using OpRun = std::function<void(OpContext&)>;
 class DeviceWeights {
  public:
   const void* get(const ir::Graph& g, ir::ValueId v, DType dtype);
-  const QuantWeightView& get_quant(const ir::Graph& g, ir::ValueId v, QuantFormat f, QuantLayout layout);
+  // image_k > 0: the weight arrived quantized, a u8 [n, row bytes] row image of K =
+  // image_k in format image_f (core/weight_quant.h; a GGUF's own codes), uploaded as
+  // is when image_f == f, else expanded and quantized to f.
+  const QuantWeightView& get_quant(const ir::Graph& g, ir::ValueId v, QuantFormat f, QuantLayout layout,
+                                   int64_t image_k = 0, QuantFormat image_f = QuantFormat::kQ4);
   size_t bytes() const { return bytes_; }
   // Counts weights an op uploads itself (the FP8 Linear's codes).
   void add_bytes(size_t b) { bytes_ += b; }

@@ -113,7 +113,8 @@ LinearMicrokernel scalar_linear_microkernel(WeightStorage s) {
 // Quantizes the panel's 16 rows with the shared q8/q4 quantizer (core/weight_quant.h),
 // so every backend runs the same codes and scales, then lays them out group by group;
 // a scale here is the stored f16 scale times the row factor (exact in f32).
-void pack_quantized_panel(const float* w, int64_t n, int64_t k, int64_t p, WeightStorage s,
+// With `q` set, the rows come already quantized (pack_quantized_weight) and w is unused.
+void pack_quantized_panel(const float* w, const QuantizedRows* q, int64_t n, int64_t k, int64_t p, WeightStorage s,
                           uint8_t* dst) {
   const QuantFormat f = s == WeightStorage::kQ8 ? QuantFormat::kQ8 : QuantFormat::kQ4;
   const size_t codes_bytes = s == WeightStorage::kQ8 ? kQuantGroup * kNr : kQuantGroup * kNr / 2;
@@ -124,9 +125,16 @@ void pack_quantized_panel(const float* w, int64_t n, int64_t k, int64_t p, Weigh
   float factor[kNr] = {};  // rows past N keep codes, scales and mins of 0
   for (int64_t c = 0; c < kNr; ++c) {
     const int64_t row = p * kNr + c;
-    if (row < n)
-      quantize_row(w + row * k, k, f, codes.data() + size_t(c) * row_bytes, scales.data() + c * groups,
-                   mins.data() + c * groups, &factor[c]);
+    if (row >= n) continue;
+    if (q) {
+      std::memcpy(codes.data() + size_t(c) * row_bytes, q->codes.get() + size_t(row) * row_bytes, row_bytes);
+      std::memcpy(scales.data() + c * groups, q->scales.get() + row * groups, size_t(groups) * 2);
+      if (q->mins) std::memcpy(mins.data() + c * groups, q->mins.get() + row * groups, size_t(groups) * 2);
+      factor[c] = q->row_factor[size_t(row)];
+      continue;
+    }
+    quantize_row(w + row * k, k, f, codes.data() + size_t(c) * row_bytes, scales.data() + c * groups,
+                 mins.data() + c * groups, &factor[c]);
   }
   auto code = [&](int64_t c, int64_t i) { return kiln::quant_code(f, codes.data() + size_t(c) * row_bytes, i); };
   for (int64_t g = 0; g < groups; ++g, dst += quant_group_bytes(s)) {
@@ -232,7 +240,7 @@ PackedWeight pack_weight(const float* w, int64_t n, int64_t k, WeightStorage sto
     for (int64_t p = p0; p < p1; ++p) {
       uint8_t* dst = pw.data.get() + size_t(p) * pw.panel_bytes();
       if (weight_storage_quantized(storage)) {
-        pack_quantized_panel(w, n, k, p, storage, dst);
+        pack_quantized_panel(w, nullptr, n, k, p, storage, dst);
         continue;
       }
       for (int64_t c = 0; c < kNr; ++c) {
@@ -249,6 +257,22 @@ PackedWeight pack_weight(const float* w, int64_t n, int64_t k, WeightStorage sto
         }
       }
     }
+  });
+  return pw;
+}
+
+PackedWeight pack_quantized_weight(const QuantizedRows& q) {
+  KILN_THROW_IF(q.n <= 0 || q.k <= 0 || q.k % kQuantGroup != 0, kInvalidArgument,
+                "pack_quantized_weight: expected N > 0 and K a positive multiple of ", kQuantGroup, ", got N=", q.n,
+                " K=", q.k);
+  PackedWeight pw;
+  pw.n = q.n;
+  pw.k = q.k;
+  pw.storage = q.format == QuantFormat::kQ8 ? WeightStorage::kQ8 : WeightStorage::kQ4;
+  pw.data = std::shared_ptr<uint8_t[]>(alloc_aligned(pw.bytes()), [](uint8_t* p) { std::free(p); });
+  ThreadPool::global().parallel_for(pw.panels(), [&](int64_t p0, int64_t p1, int) {
+    for (int64_t p = p0; p < p1; ++p)
+      pack_quantized_panel(nullptr, &q, q.n, q.k, p, pw.storage, pw.data.get() + size_t(p) * pw.panel_bytes());
   });
   return pw;
 }

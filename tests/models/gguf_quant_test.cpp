@@ -1,0 +1,141 @@
+// A GGUF llama written here with Q4_0 attention and Q4_1 / Q8_0 MLP weights, loaded with
+// --weight-dtype q4 / q8: the Linears whose type maps exactly keep the file's codes, and
+// the model computes the file's values (logits as the f32 path on the dequantized
+// weights, up to summation order).
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+
+#include "../frontends/gguf_writer.h"
+#include "../frontends/test_util.h"
+#include "core/dtype.h"
+#include "frontends/gguf_quants.h"
+#include "runtime/llm_runner.h"
+
+namespace kiln {
+namespace {
+
+using test::GgufWriter;
+using test::raw_bytes;
+using test::TempDir;
+using test::write_file;
+
+// n rows of k random ggml blocks of `t` (Q4_0 with negative and positive d).
+std::string blocks(GgmlType t, int64_t n, int64_t k, std::mt19937& rng) {
+  const GgmlTypeTraits* tr = ggml_type_traits(uint32_t(t));
+  std::uniform_real_distribution<float> dd(-0.02f, 0.02f), mm(-0.1f, 0.0f);
+  std::string out;
+  for (int64_t b = 0; b < n * k / 32; ++b) {
+    std::string blk(tr->type_size, '\0');
+    const uint16_t d = f32_to_f16(t == GgmlType::kQ4_0 ? dd(rng) : std::fabs(dd(rng)) + 1e-3f), m = f32_to_f16(mm(rng));
+    std::memcpy(blk.data(), &d, 2);
+    if (t == GgmlType::kQ4_1) std::memcpy(blk.data() + 2, &m, 2);
+    for (size_t j = t == GgmlType::kQ4_1 ? 4 : 2; j < blk.size(); ++j) {
+      blk[j] = char(rng());
+      if (t == GgmlType::kQ8_0 && uint8_t(blk[j]) == 0x80) blk[j] = 0;
+    }
+    out += blk;
+  }
+  return out;
+}
+
+std::string quant_llama(GgmlType attn, GgmlType mlp) {
+  const int64_t h = 64, inter = 96, vocab = 16;
+  GgufWriter w;
+  w.kv_string("general.architecture", "llama");
+  w.kv_u32("llama.embedding_length", uint32_t(h));
+  w.kv_u32("llama.feed_forward_length", uint32_t(inter));
+  w.kv_u32("llama.block_count", 2);
+  w.kv_u32("llama.attention.head_count", 2);
+  w.kv_u32("llama.attention.head_count_kv", 1);
+  w.kv_u32("llama.context_length", 64);
+  w.kv_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+  w.kv_f32("llama.rope.freq_base", 10000.f);
+  std::vector<std::string> toks;
+  for (int i = 0; i < vocab; ++i) toks.push_back("t" + std::to_string(i));
+  w.kv_strings("tokenizer.ggml.tokens", toks);
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<float> emb(size_t(vocab * h)), ones(size_t(h), 1.f);
+  for (float& v : emb) v = nd(rng);
+  w.tensor("token_embd.weight", 0, {uint64_t(h), uint64_t(vocab)}, raw_bytes(emb));
+  w.tensor("output_norm.weight", 0, {uint64_t(h)}, raw_bytes(ones));
+  for (int l = 0; l < 2; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".";
+    w.tensor(b + "attn_norm.weight", 0, {uint64_t(h)}, raw_bytes(ones));
+    w.tensor(b + "ffn_norm.weight", 0, {uint64_t(h)}, raw_bytes(ones));
+    w.tensor(b + "attn_q.weight", uint32_t(attn), {uint64_t(h), uint64_t(h)}, blocks(attn, h, h, rng));
+    w.tensor(b + "attn_k.weight", uint32_t(attn), {uint64_t(h), 32}, blocks(attn, 32, h, rng));
+    w.tensor(b + "attn_v.weight", uint32_t(attn), {uint64_t(h), 32}, blocks(attn, 32, h, rng));
+    w.tensor(b + "attn_output.weight", uint32_t(attn), {uint64_t(h), uint64_t(h)}, blocks(attn, h, h, rng));
+    w.tensor(b + "ffn_gate.weight", uint32_t(mlp), {uint64_t(h), uint64_t(inter)}, blocks(mlp, inter, h, rng));
+    w.tensor(b + "ffn_up.weight", uint32_t(mlp), {uint64_t(h), uint64_t(inter)}, blocks(mlp, inter, h, rng));
+    w.tensor(b + "ffn_down.weight", uint32_t(mlp), {uint64_t(inter), uint64_t(h)}, blocks(mlp, h, inter, rng));
+  }
+  return w.bytes();
+}
+
+struct Result {
+  std::vector<float> logits;
+  size_t kept = 0;
+};
+
+Result run_model(const std::string& path, const std::string& dtype, bool keep) {
+  ModelOptions o;
+  o.weight_dtype = dtype;
+  o.precision = dtype;  // as `kiln build`: the logits GEMM (the tied f32 embedding) stays f32
+  o.keep_file_quant = keep;
+  auto model = Model::load(path, o);
+  Result r;
+  for (const ir::Node& n : model->graph().nodes()) r.kept += n.has_attr("weight_quant");
+  LlmRunner runner(*model, {.max_total_tokens = 64});
+  runner.add_sequence({1, 5, 9, 3, 14, 2, 7});
+  auto outs = runner.step();
+  EXPECT_EQ(outs.size(), 1u);
+  if (!outs.empty()) r.logits = outs[0].logits;
+  return r;
+}
+
+double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double m = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) m = std::max(m, std::fabs(double(a[i]) - double(b[i])));
+  return m;
+}
+
+TEST(GgufQuantModel, KeptCodesComputeTheFilesValues) {
+  TempDir dir;
+  struct Case {
+    GgmlType attn, mlp;
+    const char* dtype;
+    size_t kept;  // Linears that keep their codes: 2 layers x (qkv, o) and/or (gate_up, down)
+  };
+  // All kept: the model runs exactly the file's values. Mixed (the other type is
+  // requantized to the format asked for): only which Linears keep their codes is checked.
+  for (const Case& c : {Case{GgmlType::kQ4_0, GgmlType::kQ4_1, "q4", 8}, Case{GgmlType::kQ8_0, GgmlType::kQ8_0, "q8", 8},
+                        Case{GgmlType::kQ4_0, GgmlType::kQ8_0, "q4", 4}, Case{GgmlType::kQ4_0, GgmlType::kQ8_0, "q8", 4}}) {
+    const std::string what = std::string(ggml_type_name(uint32_t(c.attn))) + "/" + ggml_type_name(uint32_t(c.mlp)) +
+                             " --weight-dtype " + c.dtype;
+    const std::string path = dir.file("quant.gguf");
+    write_file(path, quant_llama(c.attn, c.mlp));
+    const Result f32 = run_model(path, "f32", true), kept = run_model(path, c.dtype, true),
+                 requant = run_model(path, c.dtype, false);
+    EXPECT_EQ(f32.kept, 0u) << what;
+    EXPECT_EQ(requant.kept, 0u) << what;
+    EXPECT_EQ(kept.kept, c.kept) << what;
+    double scale = 0;
+    for (float v : f32.logits) scale = std::max(scale, double(std::fabs(v)));
+    ASSERT_GT(scale, 0.1) << what;
+    // Every Linear either keeps the file's values exactly or (requant) re-rounds them;
+    // kept ones differ from f32 only by summation order.
+    const double dk = max_abs_diff(kept.logits, f32.logits), dr = max_abs_diff(requant.logits, f32.logits);
+    if (c.kept == 8) EXPECT_LT(dk, 1e-4 * scale) << what << ": kept vs f32 (requantized: " << dr << ")";
+    std::printf("  %-32s max|logit| %.3g  kept-f32 %.3g  requantized-f32 %.3g  kept-requantized %.3g\n", what.c_str(),
+                scale, dk, dr, max_abs_diff(kept.logits, requant.logits));
+  }
+}
+
+}  // namespace
+}  // namespace kiln
