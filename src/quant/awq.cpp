@@ -9,6 +9,7 @@
 #include "core/status.h"
 #include "core/thread_pool.h"
 #include "ir/rewrite.h"
+#include "quant/norm_slots.h"
 
 namespace kiln::quant {
 
@@ -26,17 +27,6 @@ bool keeps(const ir::Graph& g, const ir::Node& n, const std::vector<std::string>
     if (!k.empty() && (n.name.find(k) != std::string::npos || g.value(n.inputs[1]).name.find(k) != std::string::npos))
       return true;
   return false;
-}
-
-struct NormSlots {
-  int gamma = -1, beta = -1, out = -1;
-};
-NormSlots norm_slots(const std::string& op) {
-  if (op == "RMSNorm") return {1, -1, 0};
-  if (op == "LayerNorm") return {1, 2, 0};
-  if (op == "AddRMSNorm") return {2, -1, 1};
-  if (op == "AddLayerNorm") return {2, 3, 1};
-  return {};
 }
 
 // v is read only by nodes in `readers` (and is no graph output).

@@ -6,22 +6,11 @@
 
 #include "core/status.h"
 #include "ir/rewrite.h"
+#include "quant/norm_slots.h"
 
 namespace kiln::quant {
 
 namespace {
-
-// Gamma / beta inputs and the normalized output index of the norm ops.
-struct NormSlots {
-  int gamma = -1, beta = -1, out = -1;
-};
-NormSlots norm_slots(const std::string& op) {
-  if (op == "RMSNorm") return {1, -1, 0};
-  if (op == "LayerNorm") return {1, 2, 0};
-  if (op == "AddRMSNorm") return {2, -1, 1};
-  if (op == "AddLayerNorm") return {2, 3, 1};
-  return {};
-}
 
 Tensor f32_copy(const Tensor& t) {
   Tensor c = t.dtype() == DType::kF32 ? Tensor(DType::kF32, t.shape()) : t.to(DType::kF32);

@@ -101,6 +101,24 @@ void run_sequences(Model& model, const std::vector<std::vector<int32_t>>& seqs) 
   }
 }
 
+// The float model a calibration observes: every Linear f32, whatever the build will
+// store, no rewrite, `observer` on the Linear inputs. An engine file is refused (it holds
+// the stored precision, not the float weights); `mode` is the --quant named in the error.
+std::unique_ptr<Model> load_calibration_model(const std::string& path, const ModelOptions& base,
+                                              std::shared_ptr<const LinearObserver> observer, const char* mode) {
+  ModelOptions mo = base;
+  mo.weight_dtype = "f32";
+  mo.precision.clear();
+  mo.pin_precision.clear();
+  mo.rewrite = nullptr;
+  mo.linear_observer = std::move(observer);
+  auto model = Model::load(path, mo);
+  if (model->engine())
+    throw_error(ErrorCode::kInvalidArgument, "calibration: '", path, "' is an engine; calibrate and quantize the source "
+                "model (kiln build --quant ", mode, " -m MODEL_DIR)");
+  return model;
+}
+
 }  // namespace
 
 quant::CalibrationTable calibrate_model(const std::string& path, const ModelOptions& base, const QuantOptions& q,
@@ -113,14 +131,7 @@ quant::CalibrationTable calibrate_model(const std::string& path, const ModelOpti
     if (*pass == 1) it->second.observe_channels(x, t, k);
     else it->second.observe_histogram(x, t, k);
   };
-  ModelOptions mo = base;
-  mo.weight_dtype = "f32";
-  mo.rewrite = nullptr;
-  mo.linear_observer = observer;
-  auto model = Model::load(path, mo);
-  if (model->engine())
-    throw_error(ErrorCode::kInvalidArgument, "calibration: '", path,
-                "' is an engine; calibrate and quantize the source model (kiln build --quant w8a8|fp8 -m MODEL_DIR)");
+  auto model = load_calibration_model(path, base, observer, "w8a8|fp8");
   auto seqs = sequences ? *sequences : calibration_sequences(*model, q);
   size_t usable = 0;
   for (auto& sq : seqs) usable += sq.empty() ? 0 : 1;
@@ -173,16 +184,7 @@ quant::CalibrationTable calibrate_awq(const std::string& path, const ModelOption
     collectors->try_emplace(node, node, *stride).first->second.observe(x, t, k);
     maxima->try_emplace(node, node).first->second.observe_channels(x, t, k);
   };
-  ModelOptions mo = base;
-  mo.weight_dtype = "f32";
-  mo.precision.clear();  // calibrate the float model, whatever the build will store
-  mo.pin_precision.clear();
-  mo.rewrite = nullptr;
-  mo.linear_observer = observer;
-  auto model = Model::load(path, mo);
-  if (model->engine())
-    throw_error(ErrorCode::kInvalidArgument, "calibration: '", path,
-                "' is an engine; calibrate and quantize the source model (kiln build --quant awq -m MODEL_DIR)");
+  auto model = load_calibration_model(path, base, observer, "awq");
   auto seqs = sequences ? *sequences : calibration_sequences(*model, q);
   int64_t tokens = 0;
   for (auto& sq : seqs) tokens += int64_t(sq.size());

@@ -88,12 +88,7 @@ TEST_P(TpEngine, RunsShardedWithTheUnshardedModelsTokens) {
 
   // Prefill logits of the sharded engine equal the unsharded model's.
   testing::Reference ref(name);
-  auto ids = ref.ids("input_ids");
-  auto lengths = ref.ids("lengths");
-  const int64_t smax = ref.shape("input_ids")[1];
-  std::vector<std::vector<int32_t>> prompts;
-  for (size_t b = 0; b < lengths.size(); ++b)
-    prompts.emplace_back(ids.begin() + int64_t(b) * smax, ids.begin() + int64_t(b) * smax + lengths[b]);
+  auto prompts = ref.prompts();
   {
     LlmRunner single(*direct), sharded(*engine);
     for (auto& p : prompts) {

@@ -43,6 +43,15 @@ class Reference {
     Tensor t = src_->load(name, DType::kI32);
     return {t.data_as<int32_t>(), t.data_as<int32_t>() + t.numel()};
   }
+  // The prompts: each row of input_ids [B, S] cut to its entry of lengths [B].
+  std::vector<std::vector<int32_t>> prompts() const {
+    const auto all = ids("input_ids"), lengths = ids("lengths");
+    const int64_t smax = shape("input_ids")[1];
+    std::vector<std::vector<int32_t>> out;
+    for (size_t b = 0; b < lengths.size(); ++b)
+      out.emplace_back(all.begin() + int64_t(b) * smax, all.begin() + int64_t(b) * smax + lengths[b]);
+    return out;
+  }
 
  private:
   std::unique_ptr<WeightSource> src_;

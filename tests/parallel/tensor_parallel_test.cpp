@@ -51,12 +51,7 @@ TEST_P(TensorParallel, DecoderMatchesUnsharded) {
   auto [name, world] = GetParam();
   BuiltModel built = load_built(name);
   testing::Reference ref(name);
-  auto ids = ref.ids("input_ids");
-  auto lengths = ref.ids("lengths");
-  const int64_t smax = ref.shape("input_ids")[1];
-  std::vector<std::vector<int32_t>> prompts;
-  for (size_t b = 0; b < lengths.size(); ++b)
-    prompts.emplace_back(ids.begin() + int64_t(b) * smax, ids.begin() + int64_t(b) * smax + lengths[b]);
+  auto prompts = ref.prompts();
 
   auto full = Model::from_built(load_built(name));
   LlmRunner single(*full);

@@ -548,7 +548,7 @@ class CudaCompiledGraph final : public CompiledGraph {
   // Quantized Linears keep the heuristic's choice for their tiles: they have no 16-bit
   // weight to time on.
   void tune_gemms() {
-    if (const char* e = std::getenv("KILN_CUDA_TUNE"); e && std::string(e) == "0") return;
+    if (!Gemm::tuning_enabled()) return;
     std::set<std::tuple<int64_t, int64_t, bool>> done;
     for (const ir::Node& n : graph_.nodes()) {
       // q8/q4 Linears hold no 16-bit copy; FP8 and W8A8 Linears tune their own GEMMs.
@@ -562,10 +562,8 @@ class CudaCompiledGraph final : public CompiledGraph {
         const size_t es = dtype_size(prep_.act);
         DeviceBuffer x(size_t(m * w.dim(1)) * es), y(size_t(m * w.dim(0)) * es);
         launch_fill_random(x.get(), prep_.act, m * w.dim(1), 7, cx_->stream);
-        auto times = cx_->gemm->tune(prep_.act, x.get(), wd, bd, y.get(), m, w.dim(0), w.dim(1), cx_->stream);
-        std::string line;
-        for (auto& t : times) line += str_cat(" #", t.tactic, "=", t.ms * 1000.0f, "us");
-        log_debug("cuda: gemm m=", m, " n=", w.dim(0), " k=", w.dim(1), " tactics:", line);
+        Gemm::log_tactics("gemm", m, w.dim(0), w.dim(1),
+                          cx_->gemm->tune(prep_.act, x.get(), wd, bd, y.get(), m, w.dim(0), w.dim(1), cx_->stream));
       }
     }
   }

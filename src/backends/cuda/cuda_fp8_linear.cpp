@@ -110,15 +110,13 @@ OpRun prepare_fp8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& 
   const float scale = xs.scale * w_scale;
 
   // cuBLASLt's FP8 algorithms timed at a prefill shape, as tune_gemms does for bf16.
-  if (const char* e = std::getenv("KILN_CUDA_TUNE"); !(e && std::string(e) == "0")) {
+  if (Gemm::tuning_enabled()) {
     const int64_t m = 128;
     DeviceBuffer xb(size_t(m * k) * 2), xq(size_t(m * k)), yb(size_t(m * nn) * 2);
     launch_fill_random(xb.get(), DType::kBF16, m * k, 11, pc.cx->stream);  // never time on zeros
     launch_fp8_quantize(DType::kBF16, xb.get(), m * k, 1.0f, static_cast<uint8_t*>(xq.get()), pc.cx->stream);
-    auto times = pc.cx->gemm->tune_fp8(xq.get(), dw->codes(), dw->scales(), bias, yb.get(), m, nn, k, pc.cx->stream);
-    std::string line;
-    for (auto& t : times) line += str_cat(" #", t.tactic, "=", t.ms * 1000.0f, "us");
-    log_debug("cuda: fp8 gemm m=", m, " n=", nn, " k=", k, " tactics:", line);
+    Gemm::log_tactics("fp8 gemm", m, nn, k,
+                      pc.cx->gemm->tune_fp8(xq.get(), dw->codes(), dw->scales(), bias, yb.get(), m, nn, k, pc.cx->stream));
   }
 
   const std::string name = n.name;

@@ -101,17 +101,15 @@ OpRun prepare_w8a8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext&
   base.act = epi;
 
   // cuBLASLt's int8 algorithms timed at a prefill shape, as tune_gemms does for bf16.
-  if (const char* e = std::getenv("KILN_CUDA_TUNE"); !(e && std::string(e) == "0")) {
+  if (Gemm::tuning_enabled()) {
     const int64_t m = 128;
     DeviceBuffer xb(size_t(m * k) * 2), xq(size_t(m * k)), acc(size_t(m * n_pad) * 4);
     launch_fill_random(xb.get(), DType::kBF16, m * k, 13, pc.cx->stream);  // never time on zeros
     launch_int8_quantize(DType::kBF16, xb.get(), m, k, 1.0f / 0.02f, static_cast<int8_t*>(xq.get()), nullptr,
                          pc.cx->stream);
-    auto times =
-        pc.cx->gemm->tune_int8(xq.get(), dw->codes(), static_cast<int32_t*>(acc.get()), m, n_pad, k, pc.cx->stream);
-    std::string line;
-    for (auto& t : times) line += str_cat(" #", t.tactic, "=", t.ms * 1000.0f, "us");
-    log_debug("cuda: int8 gemm m=", m, " n=", n_pad, " k=", k, " tactics:", line);
+    Gemm::log_tactics("int8 gemm", m, n_pad, k,
+                      pc.cx->gemm->tune_int8(xq.get(), dw->codes(), static_cast<int32_t*>(acc.get()), m, n_pad, k,
+                                             pc.cx->stream));
   }
 
   const std::string name = n.name;

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "../../models/golden_util.h"
 #include "cuda_test_util.h"
 #include "frontends/weight_source.h"
 #include "runtime/encoder_runner.h"
@@ -27,21 +28,8 @@ using namespace testing;
 
 double model_tolerance(const std::string& dtype) { return dtype == "f32" ? 1e-4 : dtype == "f16" ? 1e-2 : 6e-2; }
 
-struct Ref {
-  explicit Ref(const std::string& model)
-      : src(open_safetensors_source(fixtures_dir() + "/models/" + model + "/reference.safetensors")) {}
-  std::vector<float> f32(const std::string& n) const {
-    Tensor t = src->load(n, DType::kF32);
-    return {t.data_as<float>(), t.data_as<float>() + t.numel()};
-  }
-  std::vector<int32_t> ids(const std::string& n) const {
-    Tensor t = src->load(n, DType::kI32);
-    return {t.data_as<int32_t>(), t.data_as<int32_t>() + t.numel()};
-  }
-  std::vector<int64_t> shape(const std::string& n) const { return src->info(n).shape; }
-  bool has(const std::string& n) const { return src->has(n); }
-  std::unique_ptr<WeightSource> src;
-};
+// The golden models' HF reference outputs (tests/models/golden_util.h).
+using Ref = kiln::testing::Reference;
 
 void expect_close(const float* got, const float* ref, size_t n, double tol, const std::string& what) {
   Tensor g = Tensor::view(const_cast<float*>(got), DType::kF32, {int64_t(n)});
@@ -58,12 +46,8 @@ TEST_P(CudaDecoderGolden, LogitsGreedyAndDecodeMatchTransformers) {
   const auto& [family, dtype] = GetParam();
   auto model = Model::load(fixtures_dir() + "/models/" + family, {.backend = "cuda", .weight_dtype = dtype});
   Ref ref(family);
-  auto ids = ref.ids("input_ids");
-  auto lengths = ref.ids("lengths");
   const int64_t smax = ref.shape("input_ids")[1], vocab = model->info().vocab_size;
-  std::vector<std::vector<int32_t>> prompts;
-  for (size_t b = 0; b < lengths.size(); ++b)
-    prompts.emplace_back(ids.begin() + int64_t(b) * smax, ids.begin() + int64_t(b) * smax + lengths[b]);
+  auto prompts = ref.prompts();
   const double tol = model_tolerance(dtype);
   const std::string tag = family + " " + dtype;
 
@@ -235,12 +219,7 @@ TEST(CudaQuantModels, GenerationMatchesCpuQuantized) {
   for (std::string family : {"llama", "qwen2", "gpt2"}) {
     const std::string dir = fixtures_dir() + "/models/" + family;
     Ref ref(family);
-    auto ids = ref.ids("input_ids");
-    auto lengths = ref.ids("lengths");
-    const int64_t smax = ref.shape("input_ids")[1];
-    std::vector<std::vector<int32_t>> prompts;
-    for (size_t b = 0; b < lengths.size(); ++b)
-      prompts.emplace_back(ids.begin() + int64_t(b) * smax, ids.begin() + int64_t(b) * smax + lengths[b]);
+    auto prompts = ref.prompts();
     const int32_t n = 12;
     for (std::string q : {"q8", "q4"}) {
       auto cpu = Model::load(dir, {.weight_dtype = "f32", .precision = q});
@@ -317,12 +296,7 @@ TEST(CudaQuantizedKv, DecoderMatchesCpuWithTheSameCacheDtype) {
   for (std::string family : {"llama", "qwen2", "gpt2"}) {
     const std::string dir = fixtures_dir() + "/models/" + family;
     Ref ref(family);
-    auto ids = ref.ids("input_ids");
-    auto lengths = ref.ids("lengths");
-    const int64_t smax = ref.shape("input_ids")[1];
-    std::vector<std::vector<int32_t>> prompts;
-    for (size_t b = 0; b < lengths.size(); ++b)
-      prompts.emplace_back(ids.begin() + int64_t(b) * smax, ids.begin() + int64_t(b) * smax + lengths[b]);
+    auto prompts = ref.prompts();
     for (std::string kv : {"int8", "fp8"}) {
       ModelOptions co;
       co.kv_cache_dtype = kv;

@@ -6,9 +6,11 @@
 #include <algorithm>
 #include <cstdlib>
 #include <map>
+#include <string>
 #include <tuple>
 
 #include "backends/cuda/cuda_check.h"
+#include "core/log.h"
 #include "core/status.h"
 #include "backends/cuda/ops/gemm.h"
 
@@ -158,6 +160,20 @@ void Gemm::run_fp8(const void* x, const void* w, const float* scales, const void
   if (m == 0 || n == 0) return;
   Plan& p = impl_->plan(DType::kFP8E4M3, DType::kBF16, m, n, k, bias != nullptr, scales);
   impl_->matmul(p, p.chosen, x, w, bias, y, s, scales);
+}
+
+bool Gemm::tuning_enabled() {
+  static const bool on = [] {
+    const char* e = std::getenv("KILN_CUDA_TUNE");
+    return !(e && std::string(e) == "0");
+  }();
+  return on;
+}
+
+void Gemm::log_tactics(const char* what, int64_t m, int64_t n, int64_t k, const std::vector<TacticTime>& times) {
+  std::string line;
+  for (auto& t : times) line += str_cat(" #", t.tactic, "=", t.ms * 1000.0f, "us");
+  log_debug("cuda: ", what, " m=", m, " n=", n, " k=", k, " tactics:", line);
 }
 
 void Gemm::run_int8(const void* x, const void* w, int32_t* y, int64_t m, int64_t n, int64_t k, cudaStream_t s) {

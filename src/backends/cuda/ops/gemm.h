@@ -58,6 +58,11 @@ class Gemm {
   // The same for run_int8's shape.
   std::vector<TacticTime> tune_int8(const void* x, const void* w, int32_t* y, int64_t m, int64_t n, int64_t k,
                                     cudaStream_t s, int reps = 5);
+  // Whether compiles time tactics (KILN_CUDA_TUNE=0 skips it: faster loads, the
+  // heuristic's first algorithm).
+  static bool tuning_enabled();
+  // Logs a shape's timings at debug level: "cuda: <what> m=.. n=.. k=.. tactics: #i=..us".
+  static void log_tactics(const char* what, int64_t m, int64_t n, int64_t k, const std::vector<TacticTime>& times);
 
  private:
   struct Impl;
