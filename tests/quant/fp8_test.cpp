@@ -226,7 +226,9 @@ TEST(Fp8, TinyDecoderNearF32EngineMatchesAndGenerates) {
   EXPECT_EQ(stored, linears);
   // The tied embedding keeps its f32 table for the lookup.
   for (auto& n : e.graph.nodes()) {
-    if (n.op == "Embedding") EXPECT_EQ(e.graph.weight(n.inputs[0]).dtype(), DType::kF32);
+    if (n.op == "Embedding") {
+      EXPECT_EQ(e.graph.weight(n.inputs[0]).dtype(), DType::kF32);
+    }
   }
   auto engine = Model::load(bo.output);
   EXPECT_EQ(engine->compile_options().weight_dtype, "fp8");
