@@ -188,7 +188,7 @@ TEST(CudaTensorParallel, TooFewGpusIsAClearError) {
   }
 }
 
-// A TP=2 engine of `fixture` built for `backend` (cuda: tuned on GPUs 0 and 1; cpu:
+// A TP=2 engine of `fixture` built for `backend` (cuda: built on GPUs 0 and 1; cpu:
 // portable, no GPU needed), in a scratch file.
 std::string build_tp2_engine(const std::string& fixture, const std::string& backend, const std::string& dtype) {
   const auto dir = std::filesystem::temp_directory_path() / ("kiln_cuda_tp_engine_" + std::to_string(::getpid()));
@@ -205,7 +205,8 @@ std::string build_tp2_engine(const std::string& fixture, const std::string& back
 }
 
 // The engine runs over two GPUs with no --tp, with the `--tp 2` checkpoint load's (and so,
-// in f32, one GPU's) greedy tokens; its ranks use the tactics timed on their GPUs.
+// in f32, one GPU's) greedy tokens, whether it was built for the GPUs or portably on the
+// CPU (the CUDA backend times its cuBLASLt algorithms when a rank compiles, not in the builder).
 TEST(CudaTensorParallel, TpEngineRunsOverTwoGpusWithTheCheckpointsTokens) {
   KILN_SKIP_WITHOUT_GPUS(2);
   for (std::string family : {"llama", "qwen2", "gpt2"}) {
@@ -220,10 +221,6 @@ TEST(CudaTensorParallel, TpEngineRunsOverTwoGpusWithTheCheckpointsTokens) {
     for (std::string built_for : {"cuda", "cpu"}) {
       auto engine = Model::load(build_tp2_engine(family, built_for, "f32"), {.backend = "cuda"});
       ASSERT_EQ(engine->tp_world(), 2);
-      if (built_for == "cuda") {
-        for (int r = 0; r < 2; ++r)
-          EXPECT_FALSE(engine->tp_rank(r).compile_options().tactics.empty()) << family << " rank " << r;
-      }
       LlmRunner r(*engine);
       auto got = r.generate_greedy(prompts, 12);
       for (size_t b = 0; b < prompts.size(); ++b)
