@@ -11,6 +11,7 @@
 
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/ops/allreduce.h"
 #include "core/log.h"
 #include "core/status.h"
 
@@ -88,10 +89,86 @@ const NcclLib& nccl() {
   return lib;
 }
 
+// The peer-to-peer all-reduce's buffers (ops/allreduce.h) on every rank's device, when
+// every pair of the group's devices can access each other's memory and
+// KILN_CUDA_P2P_ALLREDUCE is not 0. Sums up to kP2pAllReduceMaxBytes go through it.
+class P2pBuffers {
+ public:
+  // Null when peer access is missing between some pair or turned off.
+  static std::unique_ptr<P2pBuffers> make(const std::vector<int>& devices) {
+    const int world = int(devices.size());
+    if (const char* e = std::getenv("KILN_CUDA_P2P_ALLREDUCE"); e && std::string(e) == "0") return nullptr;
+    if (world < 2 || world > kP2pMaxRanks) return nullptr;
+    for (int a : devices)
+      for (int b : devices) {
+        int ok = 0;
+        if (a != b && (cudaDeviceCanAccessPeer(&ok, a, b) != cudaSuccess || !ok)) {
+          log_info("tensor parallel: devices ", a, " and ", b, " have no peer access: all-reduces through NCCL only");
+          return nullptr;
+        }
+      }
+    std::unique_ptr<P2pBuffers> p(new P2pBuffers());
+    p->devices_ = devices;
+    const size_t stage_bytes = size_t(2 * world) * size_t(kP2pAllReduceMaxBytes);
+    const size_t flag_bytes = sizeof(uint32_t) * size_t(kP2pMaxBlocks) * size_t(world);
+    for (int r = 0; r < world; ++r) {
+      KILN_CUDA_CHECK(cudaSetDevice(devices[size_t(r)]));
+      for (int peer : devices)
+        if (peer != devices[size_t(r)]) {
+          const cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
+          if (e == cudaErrorPeerAccessAlreadyEnabled) (void)cudaGetLastError();
+          else KILN_CUDA_CHECK(e);
+        }
+      void *stage = nullptr, *flags = nullptr, *epochs = nullptr;
+      KILN_CUDA_CHECK(cudaMalloc(&stage, stage_bytes));
+      p->allocs_.push_back({devices[size_t(r)], stage});
+      KILN_CUDA_CHECK(cudaMalloc(&flags, flag_bytes));
+      p->allocs_.push_back({devices[size_t(r)], flags});
+      KILN_CUDA_CHECK(cudaMalloc(&epochs, sizeof(uint32_t) * kP2pMaxBlocks));
+      p->allocs_.push_back({devices[size_t(r)], epochs});
+      KILN_CUDA_CHECK(cudaMemset(flags, 0, flag_bytes));
+      KILN_CUDA_CHECK(cudaMemset(epochs, 0, sizeof(uint32_t) * kP2pMaxBlocks));
+      P2pRankBuffers rb;  // the stage and flag pointers are filled in once every rank has them
+      rb.rank = r;
+      rb.world = world;
+      rb.epochs = static_cast<uint32_t*>(epochs);
+      p->ranks_.push_back(rb);
+      p->stage_.push_back(stage);
+      p->flags_.push_back(static_cast<uint32_t*>(flags));
+    }
+    for (int r = 0; r < world; ++r)
+      for (int q = 0; q < world; ++q) {
+        p->ranks_[size_t(r)].stage[q] = p->stage_[size_t(q)];
+        p->ranks_[size_t(r)].flags[q] = p->flags_[size_t(q)];
+      }
+    for (int d : devices) {
+      KILN_CUDA_CHECK(cudaSetDevice(d));
+      KILN_CUDA_CHECK(cudaDeviceSynchronize());  // the zeroed flags are in place before any rank runs
+    }
+    return p;
+  }
+  ~P2pBuffers() {
+    for (auto& [dev, ptr] : allocs_) {
+      (void)cudaSetDevice(dev);
+      (void)cudaFree(ptr);
+    }
+  }
+  const P2pRankBuffers& rank(int r) const { return ranks_[size_t(r)]; }
+
+ private:
+  P2pBuffers() = default;
+  std::vector<int> devices_;
+  std::vector<std::pair<int, void*>> allocs_;
+  std::vector<void*> stage_;
+  std::vector<uint32_t*> flags_;
+  std::vector<P2pRankBuffers> ranks_;
+};
+
 // Every rank's communicator, destroyed together when the last rank lets go.
 class NcclGroup {
  public:
-  NcclGroup(std::vector<NcclComm> comms, std::vector<int> devices) : comms_(std::move(comms)), devices_(std::move(devices)) {}
+  NcclGroup(std::vector<NcclComm> comms, std::vector<int> devices, std::unique_ptr<P2pBuffers> p2p)
+      : comms_(std::move(comms)), devices_(std::move(devices)), p2p_(std::move(p2p)) {}
   ~NcclGroup() {
     int prev = 0;
     (void)cudaGetDevice(&prev);
@@ -100,13 +177,16 @@ class NcclGroup {
       (void)cudaDeviceSynchronize();  // no queued all-reduce may outlive its communicator
       nccl().comm_destroy(comms_[r]);
     }
+    p2p_.reset();
     (void)cudaSetDevice(prev);
   }
   NcclComm comm(int rank) const { return comms_[size_t(rank)]; }
+  const P2pBuffers* p2p() const { return p2p_.get(); }
 
  private:
   std::vector<NcclComm> comms_;
   std::vector<int> devices_;
+  std::unique_ptr<P2pBuffers> p2p_;
 };
 
 class NcclCommunicator final : public Communicator {
@@ -128,6 +208,10 @@ class NcclCommunicator final : public Communicator {
         throw_error(ErrorCode::kUnsupported, "NCCL all-reduce of ", dtype_name(dtype), " (expected f32, bf16 or f16)");
     }
     KILN_CHECK(n >= 0, "NCCL all-reduce of ", n, " elements");
+    if (const P2pBuffers* p2p = group_->p2p(); p2p && n * int64_t(dtype_size(dtype)) <= kP2pAllReduceMaxBytes) {
+      launch_p2p_all_reduce(dtype, send, recv, n, p2p->rank(rank_), static_cast<cudaStream_t>(stream));
+      return;
+    }
     const int r = nccl().all_reduce(send, recv, size_t(n), type, kNcclSum, group_->comm(rank_),
                                     static_cast<cudaStream_t>(stream));
     if (r != kNcclSuccess)
@@ -172,7 +256,17 @@ std::vector<std::shared_ptr<Communicator>> make_nccl_communicators(int world_siz
                 ")");
   log_info("tensor parallel: NCCL ", nccl_version(), " (", lib.path, ") over CUDA devices ", first_device, "..",
            first_device + world_size - 1);
-  auto group = std::make_shared<NcclGroup>(std::move(comms), devices);
+  std::unique_ptr<P2pBuffers> p2p;
+  try {
+    p2p = P2pBuffers::make(devices);
+  } catch (const Error& e) {
+    log_warn("tensor parallel: no peer-to-peer all-reduce (", e.what(), "): all-reduces through NCCL only");
+  }
+  KILN_CUDA_CHECK(cudaSetDevice(prev));
+  if (p2p)
+    log_info("tensor parallel: sums up to ", kP2pAllReduceMaxBytes >> 10,
+             " KiB through the one-shot peer-to-peer all-reduce (KILN_CUDA_P2P_ALLREDUCE=0: NCCL only)");
+  auto group = std::make_shared<NcclGroup>(std::move(comms), devices, std::move(p2p));
   std::vector<std::shared_ptr<Communicator>> out;
   for (int rank = 0; rank < world_size; ++rank) out.push_back(std::make_shared<NcclCommunicator>(group, rank, world_size));
   return out;

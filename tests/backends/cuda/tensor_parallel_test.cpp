@@ -10,6 +10,7 @@
 #include <cuda_runtime_api.h>
 
 #include <filesystem>
+#include <functional>
 #include <random>
 #include <thread>
 #include <unistd.h>
@@ -102,6 +103,101 @@ TEST(CudaTensorParallel, NcclAllReduceSumsExactly) {
   // Host memory is not what this communicator reduces.
   float h = 1.0f;
   EXPECT_THROW(comms[0]->all_reduce_sum(&h, 1), Error);
+}
+
+// Runs fn(rank) on one thread per rank (its device current) and rethrows the first error.
+void on_ranks(int world, const std::function<void(int)>& fn) {
+  std::vector<std::exception_ptr> errors(static_cast<size_t>(world));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        KILN_CUDA_CHECK(cudaSetDevice(r));
+        fn(r);
+      } catch (...) {
+        errors[size_t(r)] = std::current_exception();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (auto& e : errors)
+    if (e) std::rethrow_exception(e);
+}
+
+// The sums below the peer-to-peer threshold (one-shot kernel) and above it (NCCL), many
+// calls in a row (the kernel's epochs and double-buffered staging), and inside a CUDA
+// graph replayed with new inputs: every element exact (small integers) on every rank.
+TEST(CudaTensorParallel, AllReduceExactAcrossSizesCallsAndGraphReplays) {
+  KILN_SKIP_WITHOUT_GPUS(2);
+  const int world = std::min(cuda_device_count(), 4);
+  auto comms = create_backend("cuda")->make_communicators(world, 0);
+  const int64_t bf16_limit = (int64_t(1) << 20) / 2;  // kP2pAllReduceMaxBytes of bf16
+  for (DType dt : {DType::kBF16, DType::kF32}) {
+    for (int64_t n : {int64_t(1), int64_t(7), int64_t(4099), int64_t(131072), bf16_limit, bf16_limit + 5}) {
+      // value(rank, call, i): small integers, exact in bf16 sums of up to 4 ranks.
+      auto value = [](int r, int call, int64_t i) { return float((r + 1) * ((i + call) % 5) - 2); };
+      auto expect = [&](int call, int64_t i) {
+        float sum = 0;
+        for (int r = 0; r < world; ++r) sum += value(r, call, i);
+        return sum;
+      };
+      std::vector<std::string> bad(static_cast<size_t>(world));
+      on_ranks(world, [&](int r) {
+        const size_t es = dtype_size(dt), bytes = size_t(n) * es;
+        void *x = nullptr, *y = nullptr;
+        KILN_CUDA_CHECK(cudaMalloc(&x, bytes));
+        KILN_CUDA_CHECK(cudaMalloc(&y, bytes));
+        cudaStream_t s = nullptr;
+        KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        auto upload = [&](int call) {
+          Tensor h(DType::kF32, {n});
+          for (int64_t i = 0; i < n; ++i) h.data_as<float>()[i] = value(r, call, i);
+          const Tensor hd = h.to(dt);
+          KILN_CUDA_CHECK(cudaMemcpyAsync(x, hd.data(), bytes, cudaMemcpyHostToDevice, s));
+          KILN_CUDA_CHECK(cudaStreamSynchronize(s));
+        };
+        auto check = [&](int call, const char* how) {
+          Tensor h(dt, {n});
+          KILN_CUDA_CHECK(cudaMemcpy(h.data(), y, bytes, cudaMemcpyDeviceToHost));
+          const Tensor f = h.to(DType::kF32);
+          for (int64_t i = 0; i < n; ++i)
+            if (f.data_as<float>()[i] != expect(call, i) && bad[size_t(r)].empty())
+              bad[size_t(r)] = str_cat(dtype_name(dt), " n=", n, " rank ", r, " call ", call, " (", how, ") element ",
+                                       i, ": ", f.data_as<float>()[i], " != ", expect(call, i));
+        };
+        for (int call = 0; call < 5; ++call) {  // eager, back to back
+          upload(call);
+          comms[size_t(r)]->all_reduce_sum_device(x, y, n, dt, s);
+          KILN_CUDA_CHECK(cudaStreamSynchronize(s));
+          check(call, "eager");
+        }
+        cudaGraph_t g = nullptr;
+        cudaGraphExec_t ge = nullptr;
+        KILN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+        comms[size_t(r)]->all_reduce_sum_device(x, y, n, dt, s);
+        comms[size_t(r)]->all_reduce_sum_device(y, y, n, dt, s);  // in place: sum of sums
+        KILN_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+        KILN_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+        for (int call = 5; call < 9; ++call) {
+          upload(call);
+          KILN_CUDA_CHECK(cudaGraphLaunch(ge, s));
+          KILN_CUDA_CHECK(cudaStreamSynchronize(s));
+          Tensor h(dt, {n});
+          KILN_CUDA_CHECK(cudaMemcpy(h.data(), y, bytes, cudaMemcpyDeviceToHost));
+          const Tensor f = h.to(DType::kF32);
+          for (int64_t i = 0; i < n; ++i)
+            if (f.data_as<float>()[i] != float(world) * expect(call, i) && bad[size_t(r)].empty())
+              bad[size_t(r)] = str_cat(dtype_name(dt), " n=", n, " rank ", r, " graph replay ", call, " element ", i,
+                                       ": ", f.data_as<float>()[i], " != ", float(world) * expect(call, i));
+        }
+        cudaGraphExecDestroy(ge);
+        cudaGraphDestroy(g);
+        cudaStreamDestroy(s);
+        cudaFree(x);
+        cudaFree(y);
+      });
+      for (auto& b : bad) EXPECT_TRUE(b.empty()) << b;
+    }
+  }
 }
 
 // f32 on the GPU is a precise mode (no TF32, f32 all-reduce): two GPUs give one GPU's
