@@ -64,6 +64,10 @@ struct Gemm::Impl {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   std::map<Key, std::unique_ptr<Plan>> plans;
+  bool fp8_fast_accum = [] {
+    const char* e = std::getenv("KILN_CUDA_FP8_FAST_ACCUM");
+    return !(e && std::string(e) == "0");
+  }();
 
   // Operands x, w in `in`; y and bias in `out`; y rows ldy elements apart (0: n). FP8
   // plans take the first caller's scale pointers before the heuristic runs (as NVIDIA's
@@ -88,6 +92,10 @@ struct Gemm::Impl {
       KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &t, sizeof(t)));
     }
     if (scales) set_scales(p->op, scales);  // per-tensor f32 scales (the default scale mode)
+    if (in == DType::kFP8E4M3) {
+      const int8_t fast = fp8_fast_accum ? 1 : 0;
+      KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
+    }
     KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, ti, uint64_t(k), uint64_t(n), k));
     KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, ti, uint64_t(k), uint64_t(m), k));
     KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, t, uint64_t(n), uint64_t(m), ldy));
@@ -160,6 +168,13 @@ void Gemm::run_fp8(const void* x, const void* w, const float* scales, const void
   if (m == 0 || n == 0) return;
   Plan& p = impl_->plan(DType::kFP8E4M3, DType::kBF16, m, n, k, bias != nullptr, scales);
   impl_->matmul(p, p.chosen, x, w, bias, y, s, scales);
+}
+
+void Gemm::set_fp8_fast_accum(bool on) {
+  // Plans are keyed by shape: drop the FP8 ones so the next call builds them anew.
+  for (auto it = impl_->plans.begin(); it != impl_->plans.end();)
+    it = std::get<0>(it->first) == int(DType::kFP8E4M3) ? impl_->plans.erase(it) : std::next(it);
+  impl_->fp8_fast_accum = on;
 }
 
 bool Gemm::tuning_enabled() {

@@ -37,6 +37,11 @@ class Gemm {
   // y = (w_scale * x_scale) * Σ_k w·x + bias. cuBLASLt's FP8 kernels need this "TN" layout.
   void run_fp8(const void* x, const void* w, const float* scales, const void* bias, void* y, int64_t m, int64_t n,
                int64_t k, cudaStream_t s);
+  // FP8 plans made from now on accumulate with Hopper's fast FP8 accumulation (no periodic
+  // promotion of the tensor cores' partial sums to f32: 1.2-1.5x faster GEMMs, as
+  // TensorRT-LLM and vLLM run FP8) or the precise one. Default: fast, unless the
+  // environment sets KILN_CUDA_FP8_FAST_ACCUM=0.
+  void set_fp8_fast_accum(bool on);
 
   // INT8: x [m, k] and w [n, k] int8, y [m, n] int32 = Σ_k x·w exactly (no scaling: the
   // caller's epilogue applies the scales). cuBLASLt's IMMA kernels in the regular (not
