@@ -3,11 +3,14 @@
 // weights file; random-weight models build for benchmarks.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "golden_util.h"
+#include "models/random_weights.h"
 #include "runtime/model.h"
 
 namespace kiln {
@@ -96,6 +99,35 @@ TEST(RandomWeights, BuildsRealShapesWithoutCheckpoint) {
   auto m = Model::load_random(std::string(KILN_SOURCE_DIR) + "/bench/configs/tiny-llama-test.json");
   EXPECT_EQ(m->info().family, "llama");
   EXPECT_GT(m->graph().weight_bytes(), 0u);
+}
+
+// N(0, stddev)-like values (norm weights around 1), deterministic in (seed, name),
+// different across names and seeds.
+TEST(RandomWeights, SeededBellCurveWithTheAskedStddev) {
+  const RandomWeightSource src(7, 0.02f);
+  const Tensor a = src.make("model.layers.0.mlp.up_proj.weight", {512, 1024});
+  const float* d = a.data_as<float>();
+  double sum = 0, sq = 0, mx = 0;
+  int64_t within_1sd = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    sum += d[i];
+    sq += double(d[i]) * d[i];
+    mx = std::max(mx, std::fabs(double(d[i])));
+    within_1sd += std::fabs(d[i]) < 0.02f;
+  }
+  const double mean = sum / double(a.numel()), sd = std::sqrt(sq / double(a.numel()) - mean * mean);
+  EXPECT_NEAR(mean, 0.0, 2e-4);
+  EXPECT_NEAR(sd, 0.02, 4e-4);
+  EXPECT_LE(mx, 0.02 * 3.47);
+  EXPECT_NEAR(double(within_1sd) / double(a.numel()), 0.683, 0.03);  // bell-shaped, not uniform (0.577)
+  const Tensor again = src.make("model.layers.0.mlp.up_proj.weight", {512, 1024});
+  EXPECT_EQ(std::memcmp(a.data(), again.data(), a.nbytes()), 0);
+  const Tensor other = src.make("model.layers.1.mlp.up_proj.weight", {512, 1024});
+  EXPECT_NE(std::memcmp(a.data(), other.data(), a.nbytes()), 0);
+  const Tensor norm = src.make("model.norm.weight", {4096});
+  double nsum = 0;
+  for (int64_t i = 0; i < norm.numel(); ++i) nsum += norm.data_as<float>()[i];
+  EXPECT_NEAR(nsum / 4096.0, 1.0, 2e-3);
 }
 
 }  // namespace
