@@ -1,15 +1,20 @@
-// TopKLogits conformance: the CUDA kernel against the CPU backend on one-node graphs, in
-// f32, f16 and bf16 (inputs rounded to the dtype, so both see the same values): ids and
-// values must be identical, log-probs equal up to the summation order of the log-sum-exp
-// (both sum in double: |err| <= 1e-6 * max(1, |ref|)). Rows of the serving shape (256 x
-// 128256), exact ties at the k-th value, -0/+0, NaN and -inf, k above the row width, k
-// up to 1024; and a run asking for some outputs returns only those. Skips without a GPU.
+// TopKLogits conformance: the CUDA kernels against the CPU backend on one-node graphs,
+// in f32, f16 and bf16 (inputs rounded to the dtype, so both see the same values): ids
+// and values must be identical, log-probs equal up to the log-sum-exp's rounding
+// (|err| <= 1e-6 * max(1, |ref|)). Both paths: the split kernels (the default; every
+// chunk size by KILN_CUDA_TOPK_CHUNK, short last chunks, k up to 1024) and the single-CTA
+// kernel (KILN_CUDA_TOPK=old, and rows too short to split). Rows of the vocabularies
+// served (32000, 50257, 128256) at batch 1, 3, 64 and 256, exact ties at the k-th
+// value, -0/+0, NaN and +-inf; a run asking for some outputs returns only those.
+// Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 
+#include "backends/cuda/ops/topk.h"
 #include "cuda_test_util.h"
 
 namespace kiln::cuda {
@@ -20,6 +25,23 @@ using namespace testing;
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
 enum class Fill { kNormal, kTies, kSpecial };
+
+// Sets an environment variable for a scope (the TopKLogits plan reads it on every run).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (old_) setenv(name_, old_->c_str(), 1);
+    else unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
 
 Tensor logits_tensor(int64_t rows, int64_t v, Fill fill, const std::string& dtype, uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -104,10 +126,58 @@ TEST(CudaTopKLogits, MatchesTheCpuKernel) {
       check_case(s.rows, s.v, s.k, s.fill, dt);
 }
 
-TEST(CudaTopKLogits, ServingShape) {
+TEST(CudaTopKLogits, ServingShapes) {
   KILN_SKIP_WITHOUT_CUDA();
+  for (int64_t v : {50257, 128256})
+    for (int64_t rows : {1, 3, 64}) {
+      EXPECT_TRUE(topk_logits_plan(rows, v, 64).split()) << rows << " x " << v;
+      check_case(rows, v, 64, Fill::kNormal, "bf16");
+      check_case(rows, v, 64, Fill::kTies, "bf16");
+      check_case(rows, v, 64, Fill::kSpecial, "bf16");
+    }
   check_case(256, 128256, 64, Fill::kNormal, "bf16");
   check_case(256, 128256, 64, Fill::kTies, "bf16");
+  for (const auto& dt : all_dtypes()) {
+    check_case(1, 32000, 64, Fill::kNormal, dt);
+    check_case(3, 50257, 64, Fill::kTies, dt);
+    check_case(3, 128256, 64, Fill::kSpecial, dt);
+  }
+}
+
+// Every chunk size of the split kernels: rows whose last chunk is shorter than k (or
+// than 256 threads), k from 1 to 1024 (each chunk keeps min(k, chunk)), ties, specials.
+TEST(CudaTopKLogits, EveryChunkSize) {
+  KILN_SKIP_WITHOUT_CUDA();
+  struct S {
+    int64_t rows, v, k;
+    Fill fill;
+  };
+  for (int chunk : {512, 1024, 2048, 4096, 8192}) {
+    ScopedEnv env("KILN_CUDA_TOPK_CHUNK", std::to_string(chunk));
+    SCOPED_TRACE(str_cat("chunk ", chunk));
+    for (S s : {S{3, 4 * chunk + 10, 64, Fill::kNormal}, S{2, 2 * chunk + 300, 64, Fill::kTies},
+                S{2, 3 * chunk - 1, 200, Fill::kSpecial}, S{2, 5 * chunk + 1, 1, Fill::kNormal},
+                S{2, 2 * chunk + 1, 1024, Fill::kTies}, S{2, 9 * chunk, 1024, Fill::kNormal},
+                S{1, 50257, 64, Fill::kTies}})
+      for (std::string dt : {"bf16", "f32"}) {
+        EXPECT_TRUE(topk_logits_plan(s.rows, s.v, s.k).split()) << s.v << " " << s.k;
+        check_case(s.rows, s.v, s.k, s.fill, dt);
+      }
+    check_case(4, 6 * chunk + 7, 64, Fill::kSpecial, "f16");
+  }
+}
+
+// Where the split does not fit (k too large for the chunks' candidates to fit one merge)
+// and KILN_CUDA_TOPK=old: the single-CTA kernel.
+TEST(CudaTopKLogits, SingleCtaKernel) {
+  KILN_SKIP_WITHOUT_CUDA();
+  EXPECT_FALSE(topk_logits_plan(2, 300000, 1024).split());
+  check_case(2, 300000, 1024, Fill::kNormal, "bf16");
+  ScopedEnv env("KILN_CUDA_TOPK", "old");
+  EXPECT_FALSE(topk_logits_plan(3, 128256, 64).split());
+  check_case(3, 128256, 64, Fill::kNormal, "bf16");
+  check_case(2, 50257, 64, Fill::kTies, "f16");
+  check_case(2, 50257, 64, Fill::kSpecial, "f32");
 }
 
 TEST(CudaTopKLogits, ARunReturnsOnlyTheOutputsAskedFor) {
