@@ -180,6 +180,44 @@ TEST(CudaTopKLogits, SingleCtaKernel) {
   check_case(2, 50257, 64, Fill::kSpecial, "f32");
 }
 
+// The split kernels inside a captured CUDA graph: a bf16 graph whose only input is token
+// ids (Embedding rows as logits rows, then TopKLogits) runs eagerly on its first run of a
+// shape (sizing the op scratch), is captured on the second and replayed on the third
+// (cuda_graph.h); every run gives the CPU's outputs.
+TEST(CudaTopKLogits, SplitKernelsInACapturedGraph) {
+  KILN_SKIP_WITHOUT_CUDA();
+  const int64_t v = 50257, k = 64;
+  ir::Graph g;
+  auto table = g.add_weight("table", logits_tensor(8, v, Fill::kNormal, "bf16", 3));
+  auto ids = g.add_input("ids", DType::kI32, Shape{"R"});
+  auto logits = g.add_node("Embedding", {table, ids}, {}, "rows")[0];
+  auto outs = g.add_node("TopKLogits", {logits}, {{"k", k}}, "top");
+  g.add_output("values", outs[0]);
+  g.add_output("ids", outs[1]);
+  g.add_output("logprobs", outs[2]);
+  Tensor rows(DType::kI32, {5});
+  for (int i = 0; i < 5; ++i) rows.data_as<int32_t>()[i] = int32_t((i * 3 + 1) % 8);
+  TensorMap in{{"ids", rows}};
+  EXPECT_TRUE(topk_logits_plan(5, v, k).split());
+  auto cpu = create_backend("cpu")->compile(g, {.weight_dtype = "f32"});
+  auto gpu = create_backend("cuda")->compile(g, {.weight_dtype = "bf16"});
+  TensorMap want = cpu->run(in, {}, nullptr);
+  for (int run = 0; run < 3; ++run) {
+    SCOPED_TRACE(str_cat("run ", run));
+    TensorMap got = gpu->run(in, {}, nullptr);
+    const int32_t* gi = got.at("ids").data_as<int32_t>();
+    const int32_t* wi = want.at("ids").data_as<int32_t>();
+    const float* gv = got.at("values").data_as<float>();
+    const float* wv = want.at("values").data_as<float>();
+    const float* gl = got.at("logprobs").data_as<float>();
+    const float* wl = want.at("logprobs").data_as<float>();
+    int64_t bad = 0;
+    for (int64_t i = 0; i < 5 * k; ++i)
+      bad += gi[i] != wi[i] || gv[i] != wv[i] || !(std::fabs(double(gl[i]) - wl[i]) <= 1e-6 * std::max(1.0, std::fabs(double(wl[i]))));
+    EXPECT_EQ(bad, 0);
+  }
+}
+
 TEST(CudaTopKLogits, ARunReturnsOnlyTheOutputsAskedFor) {
   KILN_SKIP_WITHOUT_CUDA();
   TopGraph tg(300, 8);
