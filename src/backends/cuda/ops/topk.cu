@@ -256,7 +256,7 @@ struct Digits {
 };
 
 struct SelectSmem {
-  uint32_t hist[256];
+  uint32_t hist[2][256];  // a pass counts into one while the other is cleared for the next
   uint32_t bin, need, count;
 };
 
@@ -267,24 +267,28 @@ struct SelectSmem {
 // need_out and those with (item & mask) == prefix number exactly need_out: together
 // they are the need_in largest items (when the digits separate all items, as they do
 // for unique items; a select over fewer digits gives a lower bound, see below). Requires
-// at least `need` items; ends with a barrier, so `sm` can be reused.
+// at least `need` items. Two barriers a pass; `sm` may be reused by the next select at
+// once (its first barrier comes before anything it writes is read).
 template <int kThreads, typename Visit>
 __device__ void radix_select(const Visit& visit, const Digits& digits, uint32_t& need, uint64_t& prefix,
                              uint64_t& mask, SelectSmem& sm) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int i = threadIdx.x; i < 256; i += kThreads) sm.hist[0][i] = 0;
+  __syncthreads();
   for (int d = 0; d < digits.n; ++d) {
     const int shift = digits.shift[d];
-    for (int i = threadIdx.x; i < 256; i += kThreads) sm.hist[i] = 0;
-    __syncthreads();
+    uint32_t* hist = sm.hist[d & 1];
     visit([&](uint64_t item) {
-      if ((item & mask) == prefix) atomicAdd(&sm.hist[uint32_t(item >> shift) & 255u], 1u);
+      if ((item & mask) == prefix) atomicAdd(&hist[uint32_t(item >> shift) & 255u], 1u);
     });
+    // The other buffer was last read by the previous pass's scan, before its last barrier.
+    for (int i = threadIdx.x; i < 256; i += kThreads) sm.hist[(d + 1) & 1][i] = 0;
     __syncthreads();
     // The bin holding the need-th largest item: lane l owns bins 255-8l .. 248-8l.
     if (warp == 0) {
       uint32_t c[8], sum = 0;
 #pragma unroll
-      for (int j = 0; j < 8; ++j) sum += c[j] = sm.hist[255 - (lane * 8 + j)];
+      for (int j = 0; j < 8; ++j) sum += c[j] = hist[255 - (lane * 8 + j)];
       uint32_t incl = sum;
 #pragma unroll
       for (int o = 1; o < 32; o <<= 1) {
@@ -309,12 +313,13 @@ __device__ void radix_select(const Visit& visit, const Digits& digits, uint32_t&
       }
     }
     __syncthreads();
+    // bin/need/count are rewritten only after the next pass's (or select's) first
+    // barrier, which every thread reaches after these reads.
     prefix |= uint64_t(sm.bin) << shift;
     mask |= uint64_t(255) << shift;
     need = sm.need;
     if (sm.count == need) break;  // uniform: every thread read the same shared values
   }
-  __syncthreads();
 }
 
 // The smallest key a select over kc items may need: the kc-th largest of the threads'
