@@ -10,7 +10,8 @@
 // enter a radix select over their item bits (8 bits a pass, stopping as soon as the
 // chosen bin holds exactly the items still needed). A second kernel, one 512-thread CTA
 // per row, loads the row's candidates into shared memory, picks the k best the same way,
-// sorts them (bitonic) and combines the log-sum-exp: M = max m_c, S = sum S_c e^(m_c - M).
+// orders them (k <= 256: each item's place is the count of items above it; else a
+// bitonic sort) and combines the log-sum-exp: M = max m_c, S = sum S_c e^(m_c - M).
 //
 // Single CTA (KILN_CUDA_TOPK=old, and rows the split does not fit): one CTA per row; a
 // radix select, 8 key bits a pass from the top, finds the k-th largest key (two passes
@@ -452,7 +453,7 @@ __device__ void bitonic_sort_desc(uint64_t* a, int n) {
 }
 
 // Kernel 2: row blockIdx.x. Its chunks * kc candidates go to shared memory (thread t
-// holds t, t + 512, ...), the k best are selected, sorted and written out.
+// holds t, t + 512, ...), the k best are selected, ordered and written out.
 template <typename T>
 __global__ void __launch_bounds__(kMergeThreads)
     topk_merge_kernel(const T* x, int64_t v, int k, int chunks, int kc, int key_digits, int index_bits, int sort_n,
@@ -474,6 +475,7 @@ __global__ void __launch_bounds__(kMergeThreads)
   const uint64_t* src = cand + row * n;
   uint32_t kmax = 0;
   bool have = false;
+#pragma unroll 8
   for (int i = tid; i < n; i += kMergeThreads) {
     const uint64_t item = src[i];
     items[i] = item;
@@ -519,21 +521,31 @@ __global__ void __launch_bounds__(kMergeThreads)
       if (slot < uint32_t(k)) sel[slot] = item;
     }
   });
+  __syncthreads();
+
+  const T* xr = x + row * v;
+  auto write = [&](int j, uint64_t item) {  // output j of the row
+    const int32_t i = int32_t(~uint32_t(item & 0xffffffffu));
+    const float f = to_f32(xr[i]);
+    values[row * k + j] = f;
+    ids[row * k + j] = i;
+    logprobs[row * k + j] = float(double(f) - lse);
+  };
+  if (k <= 256) {
+    // The items are unique: each one's place is the number of items above it (k reads of
+    // shared memory, the same address across a warp, instead of a sort's barriers).
+    for (int j = tid; j < k; j += kMergeThreads) {
+      const uint64_t me = sel[j];
+      int place = 0;
+      for (int i = 0; i < k; ++i) place += sel[i] > me;
+      write(place, me);
+    }
+    return;
+  }
   for (int i = k + tid; i < sort_n; i += kMergeThreads) sel[i] = 0;  // pads sort last
   __syncthreads();
   bitonic_sort_desc<kMergeThreads>(sel, sort_n);
-
-  const T* xr = x + row * v;
-  float* vo = values + row * k;
-  int32_t* io = ids + row * k;
-  float* lo = logprobs + row * k;
-  for (int j = tid; j < k; j += kMergeThreads) {
-    const int32_t i = int32_t(~uint32_t(sel[j] & 0xffffffffu));
-    const float f = to_f32(xr[i]);
-    vo[j] = f;
-    io[j] = i;
-    lo[j] = float(double(f) - lse);
-  }
+  for (int j = tid; j < k; j += kMergeThreads) write(j, sel[j]);
 }
 
 template <typename T, int E>
