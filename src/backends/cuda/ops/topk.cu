@@ -595,8 +595,8 @@ TopKPlan plan_split(int64_t rows, int64_t v, int64_t k, int chunk, int num_sms, 
     // Grow the chunk while the grid still covers about 3/4 of the SMs (batch 1: many
     // small chunks; large batches: fewer, longer ones, amortizing each CTA's selects),
     // and while it is short next to k or the row would have too many candidates.
-    // Growth for the grid's sake stops at 4096 (E = 16: 48 registers, five CTAs an SM;
-    // E = 32 takes 100 and fits two).
+    // Growth for the grid's sake stops at 4096 (E = 16: 64 registers, four CTAs an SM;
+    // E = 32 takes 99 and fits two).
     const int64_t target = std::max(1, num_sms * 3 / 4);
     while (lg < kMaxChunkLog2 &&
            ((lg < kMaxChunkLog2 - 1 && rows * ((v + (int64_t(1) << (lg + 1)) - 1) >> (lg + 1)) >= target) ||
@@ -649,7 +649,7 @@ void launch_topk_logits(DType t, const void* x, int64_t rows, int64_t v, int64_t
     KILN_CUDA_CHECK_LAUNCH();
     return;
   }
-  KILN_CHECK(plan.chunk_log2 >= kMinChunkLog2 && plan.chunk_log2 <= kMaxChunkLog2 &&
+  KILN_CHECK(v > k && plan.chunk_log2 >= kMinChunkLog2 && plan.chunk_log2 <= kMaxChunkLog2 &&
                  plan.chunks == (v + (int64_t(1) << plan.chunk_log2) - 1) >> plan.chunk_log2 &&
                  plan.kc == std::min<int64_t>(k, int64_t(1) << plan.chunk_log2) && plan.chunks * plan.kc <= kMergeMaxItems,
              "TopKLogits: a split plan made for other shapes");
