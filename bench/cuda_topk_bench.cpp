@@ -1,6 +1,7 @@
 // TopKLogits on the GPU (the decode step's last kernel): k = 64 over bf16 logits rows of
 // GPT-2 (50257) and Llama-3 (128256) at batch 1, 64 and 256, the split kernels (the
-// default; every chunk size with `sweep`) against the single-CTA kernel
+// default, and with a CTA per chunk instead of a grid that fits the device; every chunk
+// size with `sweep`) against the single-CTA kernel
 // (KILN_CUDA_TOPK=old): the median time of one launch alone and of 20 back to back (CUDA
 // events, 50 repeats), and the logits bytes read per second back to back against a
 // device-to-device copy measured in the same run (read + write bytes). Before timing, the
@@ -90,11 +91,19 @@ int main(int argc, char** argv) {
         KILN_CUDA_CHECK(cudaMemcpy(o.ids.data(), ids.get(), o.ids.size() * 4, cudaMemcpyDeviceToHost));
         return o;
       };
-      std::vector<std::pair<std::string, TopKPlan>> plans = {{"single CTA", topk_logits_plan(rows, v, k, TopKImpl::kSingleCta)},
-                                                             {"split", topk_logits_plan(rows, v, k, TopKImpl::kSplit)}};
+      auto full = [](TopKPlan p) {
+        p.fit_grid = false;
+        return p;
+      };
+      std::vector<std::pair<std::string, TopKPlan>> plans = {
+          {"single CTA", topk_logits_plan(rows, v, k, TopKImpl::kSingleCta)},
+          {"split", topk_logits_plan(rows, v, k, TopKImpl::kSplit)},
+          {"split, a CTA per chunk", full(topk_logits_plan(rows, v, k, TopKImpl::kSplit))}};
       if (sweep)
-        for (int chunk = 512; chunk <= 8192; chunk *= 2)
+        for (int chunk = 512; chunk <= 8192; chunk *= 2) {
           plans.push_back({"split (forced)", topk_logits_plan(rows, v, k, TopKImpl::kSplit, chunk)});
+          plans.push_back({"split (forced), a CTA per chunk", full(topk_logits_plan(rows, v, k, TopKImpl::kSplit, chunk))});
+        }
       Outputs ref;
       for (size_t p = 0; p < plans.size(); ++p) {
         const TopKPlan& plan = plans[p].second;

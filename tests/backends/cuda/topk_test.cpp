@@ -2,7 +2,8 @@
 // in f32, f16 and bf16 (inputs rounded to the dtype, so both see the same values): ids
 // and values must be identical, log-probs equal up to the log-sum-exp's rounding
 // (|err| <= 1e-6 * max(1, |ref|)). Both paths: the split kernels (the default; every
-// chunk size by KILN_CUDA_TOPK_CHUNK, short last chunks, k up to 1024) and the single-CTA
+// chunk size by KILN_CUDA_TOPK_CHUNK, short last chunks, k up to 1024, both chunk
+// grids by KILN_CUDA_TOPK_GRID, inside a captured CUDA graph) and the single-CTA
 // kernel (KILN_CUDA_TOPK=old, and rows too short to split). Rows of the vocabularies
 // served (32000, 50257, 128256) at batch 1, 3, 64 and 256, exact ties at the k-th
 // value, -0/+0, NaN and +-inf; a run asking for some outputs returns only those.
@@ -168,6 +169,20 @@ TEST(CudaTopKLogits, EveryChunkSize) {
     check_case(2, 3 * chunk - 1, 200, Fill::kSpecial, "f32");
     check_case(4, 6 * chunk + 7, 64, Fill::kSpecial, "f16");
     check_case(2, 2 * chunk + 300, 64, Fill::kTies, "f16");
+  }
+}
+
+// The chunk kernel with a CTA per chunk (KILN_CUDA_TOPK_GRID=full) instead of a grid
+// that fits the device, each CTA looping over chunks (the default at these batches).
+TEST(CudaTopKLogits, ChunkKernelGrids) {
+  KILN_SKIP_WITHOUT_CUDA();
+  for (std::string grid : {"fit", "full"}) {
+    ScopedEnv env("KILN_CUDA_TOPK_GRID", grid);
+    SCOPED_TRACE(grid);
+    EXPECT_EQ(topk_logits_plan(64, 128256, 64).fit_grid, grid == "fit");
+    check_case(64, 128256, 64, Fill::kNormal, "bf16");
+    check_case(64, 50257, 64, Fill::kTies, "f16");
+    check_case(40, 32000, 64, Fill::kSpecial, "f32");
   }
 }
 

@@ -3,7 +3,9 @@
 // item key << 32 | ~index, unique per row and larger when ahead (value desc, index asc).
 //
 // Split (the default): a row is cut into chunks of 2^chunk_log2 logits, one 256-thread
-// CTA each, E logits per thread in registers (the row is read once). A chunk keeps its
+// CTA each, E logits per thread in registers (the row is read once; with more chunks
+// than fit on the device at once, a CTA loops over chunks and loads its next one while
+// selecting in the current one). A chunk keeps its
 // max and its sum of exp(x - max) (f32 exp, compensated f32 sum per thread, f64 across
 // threads) and its top kc = min(k, chunk) items: the kc-th largest of the threads' max
 // keys bounds the chunk's kc-th key from below, so only the few elements at or above it
@@ -232,6 +234,7 @@ constexpr int kChunkThreads = 256;
 constexpr int kMergeThreads = 512;
 constexpr int kMinChunkLog2 = 9;   // 512 logits: E = 2 per thread
 constexpr int kMaxChunkLog2 = 13;  // 8192 logits: E = 32 per thread
+constexpr int kAutoMaxChunkLog2 = 11;  // the longest chunk chosen for the grid's sake
 // Candidates one merge CTA holds in shared memory (128 KiB), at most 32 per thread so
 // that a thread's live ones fit a 32-bit mask.
 constexpr int64_t kMergeMaxItems = 32 * kMergeThreads;
@@ -341,40 +344,49 @@ __device__ uint32_t kth_thread_max_bound(uint32_t thread_max, bool have, uint32_
   return uint32_t(prefix >> 32);
 }
 
-// Kernel 1: chunk blockIdx.x % chunks of row blockIdx.x / chunks. Element e of thread t
-// is chunk element e * 256 + t (coalesced loads; rows need not be aligned).
-// Writes the chunk's max, its sum of exp(x - max) and its kc best items, in no
-// particular order (0 pads a chunk shorter than kc; no real item is 0).
-template <typename T, int E>
-__global__ void __launch_bounds__(kChunkThreads)
-    topk_chunk_kernel(const T* x, int64_t v, int64_t chunks, int chunk_log2, int kc, int key_digits,
-                      uint64_t* cand, float* chunk_max, double* chunk_sum) {
-  pdl_wait();
-  constexpr int kWarps = kChunkThreads / 32;
-  __shared__ SelectSmem sm;
-  __shared__ float red_f[kWarps];
-  __shared__ double red_d[kWarps];
-  __shared__ uint32_t s_slot;
+struct ChunkSmem {
+  SelectSmem sel;
+  float red_f[kChunkThreads / 32];
+  double red_d[kChunkThreads / 32];
+  uint32_t slot;
+};
 
-  const int64_t row = int64_t(blockIdx.x) / chunks, c = int64_t(blockIdx.x) % chunks;
-  const int64_t base = c << chunk_log2;
-  const int n = int(min(v - base, int64_t(1) << chunk_log2));
-  const T* src = x + row * v + base;
-  const int tid = threadIdx.x;
-  float f[E];
+// Part p of the chunk grid: chunk p % chunks of row p / chunks.
+struct ChunkPart {
+  int64_t row, base;
+  int n;  // logits in the chunk
+  __device__ ChunkPart(int64_t p, int64_t v, int64_t chunks, int chunk_log2)
+      : row(p / chunks), base((p % chunks) << chunk_log2), n(int(min(v - base, int64_t(1) << chunk_log2))) {}
+};
+
+// Element e of thread t is chunk element e * 256 + t (coalesced loads; rows need not be
+// aligned); -inf past the end.
+template <typename T, int E>
+__device__ __forceinline__ void chunk_load(const T* x, int64_t v, const ChunkPart& cp, T (&raw)[E]) {
+  const T* src = x + cp.row * v + cp.base;
 #pragma unroll
   for (int e = 0; e < E; ++e) {
-    const int j = e * kChunkThreads + tid;
-    f[e] = j < n ? to_f32(src[j]) : neg_inf();
+    const int j = e * kChunkThreads + int(threadIdx.x);
+    raw[e] = j < cp.n ? src[j] : from_f32<T>(neg_inf());
   }
+}
 
+// One chunk: writes its max, its sum of exp(x - max) and its kc best items, in no
+// particular order (0 pads a chunk shorter than kc; no real item is 0).
+template <int E>
+__device__ __forceinline__ void chunk_select(const float (&f)[E], const ChunkPart& cp, int64_t part, int chunk_log2,
+                                             int kc, int key_digits, uint64_t* cand, float* chunk_max,
+                                             double* chunk_sum, ChunkSmem& sm) {
+  constexpr int kWarps = kChunkThreads / 32;
+  const int tid = threadIdx.x, n = cp.n;
   // Max as std::max keeps it (NaN never wins), then the sum of exp(x - max): -inf adds
   // 0 (also when the max is -inf), NaN and inf - inf give NaN, as in the host's double
-  // sum. Compensated (Kahan) in f32 over a thread's E terms, f64 across threads.
+  // sum. Compensated (Kahan) in f32 over a thread's E terms, f64 across threads. The
+  // reductions' first barriers also order this chunk after the previous one's selects.
   float lmx = neg_inf();
 #pragma unroll
   for (int e = 0; e < E; ++e) lmx = lmx < f[e] ? f[e] : lmx;
-  const float mx = block_max_keep<kWarps>(lmx, red_f);
+  const float mx = block_max_keep<kWarps>(lmx, sm.red_f);
   float sum = 0.0f, comp = 0.0f;
 #pragma unroll
   for (int e = 0; e < E; ++e) {
@@ -384,15 +396,15 @@ __global__ void __launch_bounds__(kChunkThreads)
     comp = (t - sum) - y;
     sum = t;
   }
-  const double total = block_sum_double<kWarps>(double(sum) - double(comp), red_d);
+  const double total = block_sum_double<kWarps>(double(sum) - double(comp), sm.red_d);
   if (tid == 0) {
-    chunk_max[blockIdx.x] = mx;
-    chunk_sum[blockIdx.x] = total;
-    s_slot = 0;
+    chunk_max[part] = mx;
+    chunk_sum[part] = total;
+    sm.slot = 0;
   }
 
-  uint64_t* out = cand + int64_t(blockIdx.x) * kc;
-  const uint32_t index0 = uint32_t(base) + uint32_t(tid);
+  uint64_t* out = cand + part * kc;
+  const uint32_t index0 = uint32_t(cp.base) + uint32_t(tid);
   if (n <= kc) {  // a short last chunk: every element is a candidate
 #pragma unroll
     for (int e = 0; e < E; ++e) {
@@ -409,7 +421,8 @@ __global__ void __launch_bounds__(kChunkThreads)
     if (e * kChunkThreads + tid < n) kmax = max(kmax, order_key(f[e]));
   const bool have = tid < n;
   const int holders = min(kChunkThreads, n);
-  const uint32_t floor_key = kc <= holders ? kth_thread_max_bound<kChunkThreads>(kmax, have, uint32_t(kc), sm) : 0u;
+  const uint32_t floor_key =
+      kc <= holders ? kth_thread_max_bound<kChunkThreads>(kmax, have, uint32_t(kc), sm.sel) : 0u;
 
   uint32_t live = 0;
 #pragma unroll
@@ -426,13 +439,40 @@ __global__ void __launch_bounds__(kChunkThreads)
   d.add_index(chunk_log2);
   uint64_t prefix = 0, mask = 0;
   uint32_t need = uint32_t(kc);
-  radix_select<kChunkThreads>(visit, d, need, prefix, mask, sm);
+  radix_select<kChunkThreads>(visit, d, need, prefix, mask, sm.sel);
   visit([&](uint64_t item) {
     if ((item & mask) >= prefix) {
-      const uint32_t slot = atomicAdd(&s_slot, 1u);
+      const uint32_t slot = atomicAdd(&sm.slot, 1u);
       if (slot < uint32_t(kc)) out[slot] = item;
     }
   });
+}
+
+// Kernel 1: parts (row, chunk) blockIdx.x, blockIdx.x + gridDim.x, ... With fewer CTAs
+// than parts, a CTA loads its next chunk before selecting in the current one, so that
+// the loads of every resident CTA stay in flight through the selects' barriers.
+template <typename T, int E>
+__global__ void __launch_bounds__(kChunkThreads)
+    topk_chunk_kernel(const T* x, int64_t v, int64_t chunks, int64_t parts, int chunk_log2, int kc, int key_digits,
+                      uint64_t* cand, float* chunk_max, double* chunk_sum) {
+  pdl_wait();
+  __shared__ ChunkSmem sm;
+  int64_t part = blockIdx.x;
+  ChunkPart cp(part, v, chunks, chunk_log2);
+  T raw[E];
+  chunk_load<T, E>(x, v, cp, raw);
+  while (true) {
+    float f[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) f[e] = to_f32(raw[e]);
+    const int64_t next = part + gridDim.x;
+    const ChunkPart np(next < parts ? next : part, v, chunks, chunk_log2);
+    if (next < parts) chunk_load<T, E>(x, v, np, raw);  // consumed by the next iteration
+    chunk_select<E>(f, cp, part, chunk_log2, kc, key_digits, cand, chunk_max, chunk_sum, sm);
+    if (next >= parts) break;
+    part = next;
+    cp = np;
+  }
 }
 
 // Bitonic sort of a[0, n) (n a power of two) in shared memory, descending.
@@ -548,10 +588,21 @@ __global__ void __launch_bounds__(kMergeThreads)
   for (int j = tid; j < k; j += kMergeThreads) write(j, sel[j]);
 }
 
+// The chunk kernel's grid: one CTA a part, or (fit_grid) at most as many as fit on the
+// device at once, each looping over parts.
 template <typename T, int E>
 void launch_chunks(const T* x, int64_t rows, int64_t v, const TopKPlan& p, int key_digits, uint64_t* cand,
                    float* cmax, double* csum, cudaStream_t s) {
-  launch_k(topk_chunk_kernel<T, E>, unsigned(rows * p.chunks), kChunkThreads, 0, s, x, v, p.chunks, p.chunk_log2,
+  const int64_t parts = rows * p.chunks;
+  int64_t grid = parts;
+  if (p.fit_grid) {
+    int dev = 0, sms = 0, per_sm = 0;
+    KILN_CUDA_CHECK(cudaGetDevice(&dev));
+    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    KILN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, topk_chunk_kernel<T, E>, kChunkThreads, 0));
+    grid = std::min(parts, int64_t(std::max(per_sm, 1)) * sms);
+  }
+  launch_k(topk_chunk_kernel<T, E>, unsigned(grid), kChunkThreads, 0, s, x, v, p.chunks, parts, p.chunk_log2,
            int(p.kc), key_digits, cand, cmax, csum);
 }
 
@@ -595,11 +646,11 @@ TopKPlan plan_split(int64_t rows, int64_t v, int64_t k, int chunk, int num_sms, 
     // Grow the chunk while the grid still covers about 3/4 of the SMs (batch 1: many
     // small chunks; large batches: fewer, longer ones, amortizing each CTA's selects),
     // and while it is short next to k or the row would have too many candidates.
-    // Growth for the grid's sake stops at 4096 (E = 16: 64 registers, four CTAs an SM;
-    // E = 32 takes 99 and fits two).
+    // Growth for the grid's sake stops at 2048: E = 8 holds a chunk and the next one's
+    // loads in 61 registers, four CTAs an SM (E = 16 takes 109: two).
     const int64_t target = std::max(1, num_sms * 3 / 4);
     while (lg < kMaxChunkLog2 &&
-           ((lg < kMaxChunkLog2 - 1 && rows * ((v + (int64_t(1) << (lg + 1)) - 1) >> (lg + 1)) >= target) ||
+           ((lg < kAutoMaxChunkLog2 && rows * ((v + (int64_t(1) << (lg + 1)) - 1) >> (lg + 1)) >= target) ||
             (int64_t(1) << lg) < 4 * k || items(lg) > kMergeMaxItems))
       ++lg;
   }
@@ -628,7 +679,9 @@ TopKPlan topk_logits_plan(int64_t rows, int64_t v, int64_t k, TopKImpl impl, int
   KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   KILN_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
   // Leave room for the merge kernel's static shared memory (the select's histogram).
-  return plan_split(rows, v, k, chunk, sms, size_t(std::max(optin - 4096, 0)));
+  TopKPlan p = plan_split(rows, v, k, chunk, sms, size_t(std::max(optin - 4096, 0)));
+  if (const char* e = std::getenv("KILN_CUDA_TOPK_GRID")) p.fit_grid = std::string(e) != "full";
+  return p;
 }
 
 void launch_topk_logits(DType t, const void* x, int64_t rows, int64_t v, int64_t k, float* values, int32_t* ids,

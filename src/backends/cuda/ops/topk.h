@@ -28,6 +28,10 @@ struct TopKPlan {
   int chunk_log2 = 0;  // chunk = 2^chunk_log2 logits (512 to 8192)
   int64_t chunks = 0;  // per row
   int64_t kc = 0;      // candidates per chunk: min(k, chunk)
+  // The chunk kernel's grid: at most the CTAs that fit on the device at once, each
+  // looping over chunks and loading its next while selecting in the current one (true),
+  // or one CTA a chunk (false: KILN_CUDA_TOPK_GRID=full).
+  bool fit_grid = true;
   size_t scratch_bytes = 0;
   bool split() const { return chunks > 0; }
 };
