@@ -29,6 +29,7 @@
 // within a few f32 ulps), far below the 1e-6 the tests allow.
 #include <algorithm>
 #include <cstdlib>
+#include <map>
 #include <mutex>
 #include <set>
 #include <string>
@@ -596,11 +597,21 @@ void launch_chunks(const T* x, int64_t rows, int64_t v, const TopKPlan& p, int k
   const int64_t parts = rows * p.chunks;
   int64_t grid = parts;
   if (p.fit_grid) {
-    int dev = 0, sms = 0, per_sm = 0;
+    // CTAs resident at once, per device, found on the first (eager) launch.
+    static std::mutex mu;
+    static std::map<int, int64_t> resident;
+    int dev = 0;
     KILN_CUDA_CHECK(cudaGetDevice(&dev));
-    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-    KILN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, topk_chunk_kernel<T, E>, kChunkThreads, 0));
-    grid = std::min(parts, int64_t(std::max(per_sm, 1)) * sms);
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = resident.find(dev);
+    if (it == resident.end()) {
+      int sms = 0, per_sm = 0;
+      KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+      KILN_CUDA_CHECK(
+          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, topk_chunk_kernel<T, E>, kChunkThreads, 0));
+      it = resident.emplace(dev, int64_t(std::max(per_sm, 1)) * sms).first;
+    }
+    grid = std::min(parts, it->second);
   }
   launch_k(topk_chunk_kernel<T, E>, unsigned(grid), kChunkThreads, 0, s, x, v, p.chunks, parts, p.chunk_log2,
            int(p.kc), key_digits, cand, cmax, csum);
