@@ -1,15 +1,21 @@
-// TopKLogits conformance: the CUDA kernel against the CPU backend on one-node graphs, in
-// f32, f16 and bf16 (inputs rounded to the dtype, so both see the same values): ids and
-// values must be identical, log-probs equal up to the summation order of the log-sum-exp
-// (both sum in double: |err| <= 1e-6 * max(1, |ref|)). Rows of the serving shape (256 x
-// 128256), exact ties at the k-th value, -0/+0, NaN and -inf, k above the row width, k
-// up to 1024; and a run asking for some outputs returns only those. Skips without a GPU.
+// TopKLogits conformance: the CUDA kernels against the CPU backend on one-node graphs,
+// in f32, f16 and bf16 (inputs rounded to the dtype, so both see the same values): ids
+// and values must be identical, log-probs equal up to the log-sum-exp's rounding
+// (|err| <= 1e-6 * max(1, |ref|)). Both paths: the split kernels (the default; every
+// chunk size by KILN_CUDA_TOPK_CHUNK, short last chunks, k up to 1024, both chunk
+// grids by KILN_CUDA_TOPK_GRID, inside a captured CUDA graph) and the single-CTA
+// kernel (KILN_CUDA_TOPK=old, and rows too short to split). Rows of the vocabularies
+// served (32000, 50257, 128256) at batch 1, 3, 64 and 256, exact ties at the k-th
+// value, -0/+0, NaN and +-inf; a run asking for some outputs returns only those.
+// Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <optional>
 
+#include "backends/cuda/ops/topk.h"
 #include "cuda_test_util.h"
 
 namespace kiln::cuda {
@@ -20,6 +26,25 @@ using namespace testing;
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
 enum class Fill { kNormal, kTies, kSpecial };
+
+// Sets an environment variable for a scope (the TopKLogits plan reads it on every run).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (old_)
+      setenv(name_, old_->c_str(), 1);
+    else
+      unsetenv(name_);
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
 
 Tensor logits_tensor(int64_t rows, int64_t v, Fill fill, const std::string& dtype, uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -104,10 +129,112 @@ TEST(CudaTopKLogits, MatchesTheCpuKernel) {
       check_case(s.rows, s.v, s.k, s.fill, dt);
 }
 
-TEST(CudaTopKLogits, ServingShape) {
+TEST(CudaTopKLogits, ServingShapes) {
   KILN_SKIP_WITHOUT_CUDA();
+  for (int64_t v : {50257, 128256})
+    for (int64_t rows : {1, 3, 64}) {
+      EXPECT_TRUE(topk_logits_plan(rows, v, 64).split()) << rows << " x " << v;
+      check_case(rows, v, 64, Fill::kNormal, "bf16");
+      check_case(rows, v, 64, Fill::kTies, "bf16");
+      check_case(rows, v, 64, Fill::kSpecial, "bf16");
+    }
   check_case(256, 128256, 64, Fill::kNormal, "bf16");
   check_case(256, 128256, 64, Fill::kTies, "bf16");
+  for (const auto& dt : all_dtypes()) {
+    check_case(1, 32000, 64, Fill::kNormal, dt);
+    check_case(3, 50257, 64, Fill::kTies, dt);
+    check_case(3, 128256, 64, Fill::kSpecial, dt);
+  }
+}
+
+// Every chunk size of the split kernels: rows whose last chunk is shorter than k (or
+// than 256 threads), k from 1 to 1024 (each chunk keeps min(k, chunk)), ties, specials.
+TEST(CudaTopKLogits, EveryChunkSize) {
+  KILN_SKIP_WITHOUT_CUDA();
+  struct S {
+    int64_t rows, v, k;
+    Fill fill;
+  };
+  for (int chunk : {512, 1024, 2048, 4096, 8192}) {
+    ScopedEnv env("KILN_CUDA_TOPK_CHUNK", std::to_string(chunk));
+    SCOPED_TRACE(str_cat("chunk ", chunk));
+    for (S s : {S{3, 4 * chunk + 10, 64, Fill::kNormal}, S{2, 2 * chunk + 300, 64, Fill::kTies},
+                S{2, 3 * chunk - 1, 200, Fill::kSpecial}, S{2, 5 * chunk + 1, 1, Fill::kNormal},
+                S{2, 2 * chunk + 1, 1024, Fill::kTies}, S{2, 9 * chunk, 1024, Fill::kNormal},
+                S{1, 50257, 64, Fill::kTies}}) {
+      EXPECT_TRUE(topk_logits_plan(s.rows, s.v, s.k).split()) << s.v << " " << s.k;
+      check_case(s.rows, s.v, s.k, s.fill, "bf16");
+    }
+    check_case(3, 4 * chunk + 10, 64, Fill::kNormal, "f32");
+    check_case(2, 3 * chunk - 1, 200, Fill::kSpecial, "f32");
+    check_case(4, 6 * chunk + 7, 64, Fill::kSpecial, "f16");
+    check_case(2, 2 * chunk + 300, 64, Fill::kTies, "f16");
+  }
+}
+
+// The chunk kernel with a CTA per chunk (KILN_CUDA_TOPK_GRID=full) instead of a grid
+// that fits the device, each CTA looping over chunks (the default at these batches).
+TEST(CudaTopKLogits, ChunkKernelGrids) {
+  KILN_SKIP_WITHOUT_CUDA();
+  for (std::string grid : {"fit", "full"}) {
+    ScopedEnv env("KILN_CUDA_TOPK_GRID", grid);
+    SCOPED_TRACE(grid);
+    EXPECT_EQ(topk_logits_plan(64, 128256, 64).fit_grid, grid == "fit");
+    check_case(64, 128256, 64, Fill::kNormal, "bf16");
+    check_case(64, 50257, 64, Fill::kTies, "f16");
+    check_case(40, 32000, 64, Fill::kSpecial, "f32");
+  }
+}
+
+// Where the split does not fit (k too large for the chunks' candidates to fit one merge)
+// and KILN_CUDA_TOPK=old: the single-CTA kernel.
+TEST(CudaTopKLogits, SingleCtaKernel) {
+  KILN_SKIP_WITHOUT_CUDA();
+  EXPECT_FALSE(topk_logits_plan(2, 300000, 1024).split());
+  check_case(2, 300000, 1024, Fill::kNormal, "bf16");
+  ScopedEnv env("KILN_CUDA_TOPK", "old");
+  EXPECT_FALSE(topk_logits_plan(3, 128256, 64).split());
+  check_case(3, 128256, 64, Fill::kNormal, "bf16");
+  check_case(2, 50257, 64, Fill::kTies, "f16");
+  check_case(2, 50257, 64, Fill::kSpecial, "f32");
+}
+
+// The split kernels inside a captured CUDA graph: a bf16 graph whose only input is token
+// ids (Embedding rows as logits rows, then TopKLogits) runs eagerly on its first run of a
+// shape (sizing the op scratch), is captured on the second and replayed on the third
+// (cuda_graph.h); every run gives the CPU's outputs.
+TEST(CudaTopKLogits, SplitKernelsInACapturedGraph) {
+  KILN_SKIP_WITHOUT_CUDA();
+  const int64_t v = 50257, k = 64;
+  ir::Graph g;
+  auto table = g.add_weight("table", logits_tensor(8, v, Fill::kNormal, "bf16", 3));
+  auto ids = g.add_input("ids", DType::kI32, Shape{"R"});
+  auto logits = g.add_node("Embedding", {table, ids}, {}, "rows")[0];
+  auto outs = g.add_node("TopKLogits", {logits}, {{"k", k}}, "top");
+  g.add_output("values", outs[0]);
+  g.add_output("ids", outs[1]);
+  g.add_output("logprobs", outs[2]);
+  Tensor rows(DType::kI32, {5});
+  for (int i = 0; i < 5; ++i) rows.data_as<int32_t>()[i] = int32_t((i * 3 + 1) % 8);
+  TensorMap in{{"ids", rows}};
+  EXPECT_TRUE(topk_logits_plan(5, v, k).split());
+  auto cpu = create_backend("cpu")->compile(g, {.weight_dtype = "f32"});
+  auto gpu = create_backend("cuda")->compile(g, {.weight_dtype = "bf16"});
+  TensorMap want = cpu->run(in, {}, nullptr);
+  for (int run = 0; run < 3; ++run) {
+    SCOPED_TRACE(str_cat("run ", run));
+    TensorMap got = gpu->run(in, {}, nullptr);
+    const int32_t* gi = got.at("ids").data_as<int32_t>();
+    const int32_t* wi = want.at("ids").data_as<int32_t>();
+    const float* gv = got.at("values").data_as<float>();
+    const float* wv = want.at("values").data_as<float>();
+    const float* gl = got.at("logprobs").data_as<float>();
+    const float* wl = want.at("logprobs").data_as<float>();
+    int64_t bad = 0;
+    for (int64_t i = 0; i < 5 * k; ++i)
+      bad += gi[i] != wi[i] || gv[i] != wv[i] || !(std::fabs(double(gl[i]) - wl[i]) <= 1e-6 * std::max(1.0, std::fabs(double(wl[i]))));
+    EXPECT_EQ(bad, 0);
+  }
 }
 
 TEST(CudaTopKLogits, ARunReturnsOnlyTheOutputsAskedFor) {
