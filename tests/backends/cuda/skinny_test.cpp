@@ -211,6 +211,7 @@ TEST(CudaSkinny, GraphCaptureWithDependentLaunchMatchesEager) {
     cudaStream_t s;
     KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
     launch_fill_random(w.get(), DType::kBF16, c.n * c.k, 3, s);
+    KILN_CUDA_CHECK(cudaStreamSynchronize(s));  // weights exist before any step, as in the backend
     set_pdl_allowed(true);
     auto enqueue = [&] {
       launch_fill_random(x.get(), DType::kBF16, c.m * c.k, 4, s);

@@ -42,9 +42,9 @@ template <int BN_, int MP_, int WN_, int WM_, int STAGES_>
 struct Cfg {
   static constexpr int BN = BN_, MP = MP_, WN = WN_, WM = WM_, STAGES = STAGES_;
   static constexpr int MT = BN / (16 * WN), NT = MP / (8 * WM);
-  static constexpr int kLd = MP + 4;  // f32 stride of the reduction rows (fewer bank conflicts)
+  static constexpr int kLdR = BN + 4;  // f32 stride of the split-K partials' token rows (no bank conflicts)
   static constexpr int kStageBytes = (BN + MP) * kBK * 2;
-  static constexpr int kRedBytes = BN * kLd * 4;
+  static constexpr int kRedBytes = MP * kLdR * 4;
   static constexpr int kSmem = STAGES * kStageBytes > kRedBytes ? STAGES * kStageBytes : kRedBytes;
   static_assert(WN * WM * 32 == kThreads && MT >= 1 && NT % 2 == 0 && BN % 16 == 0 && MP % 16 == 0);
 };
@@ -96,9 +96,8 @@ __global__ void __launch_bounds__(kThreads, 1) skinny_kernel(const SkArgs a) {
   const T* xbase = x + int64_t(lr) * a.k + lc * 8;
   const uint32_t dst0 = swz(lr, lc);
 
-  pdl_wait();  // programmatic dependent launch: the previous kernel's writes (x) are visible
   const uint64_t policy = l2_evict_first_policy();
-  auto load = [&](int slot, int kt) {
+  auto load_w = [&](int slot, int kt) {
     uint8_t* st = smem + slot * C::kStageBytes;
     const int kb = kt * kBK;
     const bool k_ok = kb + lc * 8 < a.k;
@@ -107,16 +106,28 @@ __global__ void __launch_bounds__(kThreads, 1) skinny_kernel(const SkArgs a) {
       const bool ok = k_ok && wo + wstep * j < a.n_out;
       cp_async16_hint(st + dst0 + j * 16 * 128, ok ? wbase + int64_t(wstep * j) * a.k + kb : w, ok, policy);
     }
+  };
+  auto load_x = [&](int slot, int kt) {
+    uint8_t* st = smem + slot * C::kStageBytes + BN * 128;
+    const int kb = kt * kBK;
+    const bool k_ok = kb + lc * 8 < a.k;
 #pragma unroll
     for (int j = 0; j < MP / 16; ++j) {
       const bool ok = k_ok && lr + 16 * j < a.m;
-      cp_async16(st + BN * 128 + dst0 + j * 16 * 128, ok ? xbase + int64_t(16 * j) * a.k + kb : x, ok);
+      cp_async16(st + dst0 + j * 16 * 128, ok ? xbase + int64_t(16 * j) * a.k + kb : x, ok);
     }
   };
 
+  // The first stages' weights are requested before the PDL wait (the weights are never
+  // written by an earlier kernel: launch_skinny_gemm's contract), overlapping the previous
+  // kernel's tail; they join the first commit group, so waiting for stage 0 covers them.
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s)
+    if (s < nkt) load_w(s, kt0 + s);
+  pdl_wait();  // programmatic dependent launch: the previous kernel's writes (x) are visible
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {
-    if (s < nkt) load(s, kt0 + s);
+    if (s < nkt) load_x(s, kt0 + s);
     cp_async_commit();  // always: the wait below counts groups
   }
   float acc[MT][NT][4];
@@ -131,7 +142,7 @@ __global__ void __launch_bounds__(kThreads, 1) skinny_kernel(const SkArgs a) {
     cp_async_wait<STAGES - 2>();  // tile `it` has landed (for this thread's copies)...
     __syncthreads();              // ...for every thread's, and slot it-1 is no longer read
     const int next = it + STAGES - 1;
-    if (next < nkt) load(next % STAGES, kt0 + next);
+    if (next < nkt) load_w(next % STAGES, kt0 + next), load_x(next % STAGES, kt0 + next);
     cp_async_commit();
     const uint8_t* sw = smem + (it % STAGES) * C::kStageBytes;
     const uint8_t* sx = sw + BN * 128;
@@ -155,46 +166,105 @@ __global__ void __launch_bounds__(kThreads, 1) skinny_kernel(const SkArgs a) {
   }
   cp_async_wait<0>();
   pdl_trigger();  // the weights are read: the next kernel may launch (it waits for our writes)
-  __syncthreads();  // every warp is done with the ring: it becomes the reduction buffer
+  const T* bias = static_cast<const T*>(a.bias);
+  T* y = static_cast<T*>(a.y);
 
-  float* red = reinterpret_cast<float*>(smem);  // [BN][kLd]: red[row][token]
+  if (split == 1) {
+    // Straight from the accumulators: lane (g, t) holds rows g, g+8 of each 16-row tile
+    // (with SwiGLU the gate and up rows of one output) for tokens 2t, 2t+1 of each 8.
+#pragma unroll
+    for (int i = 0; i < MT; ++i)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int tok = wm * 8 * NT + 8 * j + 2 * t + e;
+          if (tok >= a.m) continue;
+          if constexpr (kSwiGlu) {
+            const int o = o0 + 8 * (wn * MT + i) + g;
+            if (o >= a.n_out) continue;
+            float gate = acc[i][j][e], up = acc[i][j][2 + e];
+            if (bias) gate += to_f32(bias[o]), up += to_f32(bias[a.n_out + o]);
+            y[int64_t(tok) * a.n_out + o] = linear_swiglu_out<T>(gate, up);
+          } else {
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int o = o0 + wn * 16 * MT + 16 * i + g + 8 * h;
+              if (o >= a.n_out) continue;
+              float v = acc[i][j][2 * h + e];
+              if (bias) v += to_f32(bias[o]);
+              y[int64_t(tok) * a.n_out + o] = linear_epilogue_out<T>(a.epi, v);
+            }
+          }
+        }
+    return;
+  }
+
+  // Split-K: the partials go to shared memory as red[token][row] (the ring is free once
+  // every warp is past its last tile), the cluster syncs, and CTA `part` finishes its share
+  // of the (token, 4-row group) items, adding the CTAs' float4s in rank order (the same sums
+  // on every run); a warp's items are consecutive rows of one token: contiguous stores.
+  __syncthreads();
+  float* red = reinterpret_cast<float*>(smem);
 #pragma unroll
   for (int i = 0; i < MT; ++i)
 #pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      const int r = wn * 16 * MT + 16 * i + g, tok = wm * 8 * NT + 8 * j + 2 * t;
-      *reinterpret_cast<float2*>(red + r * C::kLd + tok) = make_float2(acc[i][j][0], acc[i][j][1]);
-      *reinterpret_cast<float2*>(red + (r + 8) * C::kLd + tok) = make_float2(acc[i][j][2], acc[i][j][3]);
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int c = 0; c < 4; ++c) {
+        const int r = wn * 16 * MT + 16 * i + g + 8 * (c >> 1), tok = wm * 8 * NT + 8 * j + 2 * t + (c & 1);
+        red[tok * C::kLdR + r] = acc[i][j][c];
+      }
+  cluster_sync();  // every CTA's partials are written and visible cluster-wide
+  constexpr int kGroups = kSwiGlu ? BN / 8 : BN / 4;  // 4-row groups of outputs per token
+  constexpr int kU = 2;                               // items whose loads are issued together
+  const int items = kGroups * a.m, lo = items * part / split, hi = items * (part + 1) / split;
+  for (int base = lo + int(threadIdx.x); base < hi; base += kThreads * kU) {
+    float4 v[kU][2];
+    int tok[kU], r[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int idx = base + u * kThreads, q = idx % kGroups;
+      tok[u] = idx / kGroups;
+      // SwiGLU: gate rows 16 (q/2) + 4 (q%2) + 0..3, their up rows 8 further.
+      r[u] = kSwiGlu ? 16 * (q >> 1) + 4 * (q & 1) : 4 * q;
+      v[u][0] = v[u][1] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (idx >= hi) continue;
+#pragma unroll
+      for (int p = 0; p < kSkinnyMaxSplit; ++p) {
+        if (p >= split) break;
+        const float* rp = cluster_rank_smem(red, p) + tok[u] * C::kLdR + r[u];
+#pragma unroll
+        for (int h = 0; h < (kSwiGlu ? 2 : 1); ++h) {
+          const float4 w4 = *reinterpret_cast<const float4*>(rp + 8 * h);
+          v[u][h].x += w4.x, v[u][h].y += w4.y, v[u][h].z += w4.z, v[u][h].w += w4.w;
+        }
+      }
     }
-  if (split > 1) cluster_sync();  // every CTA's partials are written (and visible cluster-wide)
-  else __syncthreads();
-
-  // CTA `part` finishes outputs [lo, hi) of the tile's (token, output) pairs, outputs
-  // fastest so the stores of a warp are contiguous.
-  const T* bias = static_cast<const T*>(a.bias);
-  T* y = static_cast<T*>(a.y);
-  const int items = kOuts * a.m, lo = items * part / split, hi = items * (part + 1) / split;
-  for (int idx = lo + int(threadIdx.x); idx < hi; idx += kThreads) {
-    const int tok = idx / kOuts, ol = idx % kOuts, o = o0 + ol;
-    if (o >= a.n_out) continue;
-    const int r0 = kSwiGlu ? 16 * (ol >> 3) + (ol & 7) : ol;
-    float v0 = 0.0f, v1 = 0.0f;
-    for (int p = 0; p < split; ++p) {  // rank order: the same sums on every run
-      const float* rp = split > 1 ? cluster_rank_smem(red, p) : red;
-      v0 += rp[r0 * C::kLd + tok];
-      if constexpr (kSwiGlu) v1 += rp[(r0 + 8) * C::kLd + tok];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      if (base + u * kThreads >= hi) continue;
+      const float s0[4] = {v[u][0].x, v[u][0].y, v[u][0].z, v[u][0].w};
+      const float s1[4] = {v[u][1].x, v[u][1].y, v[u][1].z, v[u][1].w};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        if constexpr (kSwiGlu) {
+          const int o = o0 + 8 * (r[u] >> 4) + (r[u] & 7) + e;
+          if (o >= a.n_out) continue;
+          float gate = s0[e], up = s1[e];
+          if (bias) gate += to_f32(bias[o]), up += to_f32(bias[a.n_out + o]);
+          y[int64_t(tok[u]) * a.n_out + o] = linear_swiglu_out<T>(gate, up);
+        } else {
+          const int o = o0 + r[u] + e;
+          if (o >= a.n_out) continue;
+          float x0 = s0[e];
+          if (bias) x0 += to_f32(bias[o]);
+          y[int64_t(tok[u]) * a.n_out + o] = linear_epilogue_out<T>(a.epi, x0);
+        }
+      }
     }
-    T out;
-    if constexpr (kSwiGlu) {
-      if (bias) v0 += to_f32(bias[o]), v1 += to_f32(bias[a.n_out + o]);
-      out = linear_swiglu_out<T>(v0, v1);
-    } else {
-      if (bias) v0 += to_f32(bias[o]);
-      out = linear_epilogue_out<T>(a.epi, v0);
-    }
-    y[int64_t(tok) * a.n_out + o] = out;
   }
-  if (split > 1) cluster_sync();  // no CTA leaves while others still read its shared memory
+  cluster_sync();  // no CTA leaves while others may still read its shared memory
 }
 
 struct DeviceInfo {

@@ -36,6 +36,8 @@ int64_t skinny_rows_limit();
 int skinny_split_for(int64_t m, int64_t n_out, int64_t k, GemvEpilogue epi);
 
 // All pointers hold `dtype` elements, 16-byte aligned; bias may be null. y is [m, n];
+// w must not be written by the kernel queued just before this one (its first tiles are
+// read before the programmatic-dependent-launch wait: Linear weights never are).
 // with kSwiGlu, w holds 2n rows ([gate; up], bias 2n) and y = silu(gate) * up. split 0
 // picks skinny_split_for (KILN_CUDA_SKINNY_SPLIT overrides it); 1..8 forces it.
 void launch_skinny_gemm(DType dtype, const void* x, const void* w, const void* bias, void* y, int64_t m, int64_t n,
