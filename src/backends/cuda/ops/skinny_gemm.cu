@@ -51,7 +51,8 @@ struct Cfg {
 using Cfg16 = Cfg<64, 16, 4, 1, 6>;     // m <= 16: 60 KB, 3 CTAs per SM
 using Cfg32 = Cfg<64, 32, 4, 1, 6>;     // m <= 32: 72 KB
 using Cfg64 = Cfg<64, 64, 2, 2, 5>;     // m <= 64: 80 KB, 2 x 4 tiles per warp
-using Cfg128 = Cfg<128, 128, 2, 2, 4>;  // m <= 128: 128 KB, 4 x 8 tiles per warp (128 f32 accumulators)
+using Cfg128 = Cfg<128, 128, 2, 2, 3>;  // m <= 128: 96 KB (2 CTAs per SM), 4 x 8 tiles per warp
+                                        // (128 f32 accumulators, ~214 registers)
 
 // Byte offset of 16-byte chunk c of row r in a tile of 128-byte rows.
 __device__ __forceinline__ uint32_t swz(int r, int c) { return uint32_t(r * 128 + ((c ^ (r & 7)) << 4)); }
