@@ -12,7 +12,8 @@
 // Then the skinny GEMM (ops/skinny_gemm.h) against cuBLASLt (its algorithms timed for the
 // shape first, as the builder does; SwiGLU as the GEMM + the SwiGLU kernel) for the
 // Llama-3.2-1B and Llama-3.1-8B Linears at 16, 64 and 128 token rows, bf16, same table
-// columns plus the split-K factor, each output checked against cuBLASLt's.
+// columns plus the split-K factor, each output checked against cuBLASLt's; then the
+// skinny time at every forced split-K factor (to tune skinny_split_for).
 //   cuda_gemv_bench [shape filter, e.g. 8B]     both tables
 //   cuda_gemv_bench skinny [shape filter]       the skinny table only
 #include <cuda_runtime_api.h>
@@ -95,7 +96,7 @@ void skinny_table(const char* filter, double copy_gbs) {
       {"8B down", 4096, 14336, GemvEpilogue::kNone},
   };
   Gemm gemm;
-  std::vector<std::string> checks;
+  std::vector<std::string> checks, sweeps;
   for (const S& s : shapes) {
     if (!std::strstr(s.what, filter)) continue;
     const bool swiglu = s.epi == GemvEpilogue::kSwiGlu;
@@ -123,6 +124,20 @@ void skinny_table(const char* filter, double copy_gbs) {
       const float sk_alone = median_ms(skinny), sk = median_ms(skinny, 20, 20);
       const float cb_alone = median_ms(cublas), cb = median_ms(cublas, 20, 20);
       const int split = skinny_split_for(m, s.n, s.k, s.epi);
+      // Every split-K factor forced (sm_90+), for tuning skinny_split_for.
+      int major = 0, dev = 0;
+      KILN_CUDA_CHECK(cudaGetDevice(&dev));
+      KILN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+      std::string sweep = str_cat(s.what, " m=", m, " (picked ", split, "):");
+      for (int f = 1; f <= (major >= 9 ? kSkinnyMaxSplit : 1); ++f) {
+        const float t = median_ms(
+            [&] {
+              launch_skinny_gemm(DType::kBF16, x.get(), w.get(), nullptr, y.get(), m, s.n, s.k, nullptr, s.epi, f);
+            },
+            20, 20);
+        sweep += str_cat(" ", f, "=", int(t * 1e4 + 0.5) / 10.0);
+      }
+      sweeps.push_back(sweep);
       for (int which = 0; which < 2; ++which) {
         const float ms = which == 0 ? sk : cb, alone = which == 0 ? sk_alone : cb_alone;
         const double gbs = double(wbytes) / (ms * 1e-3) / 1e9;
@@ -136,6 +151,8 @@ void skinny_table(const char* filter, double copy_gbs) {
   }
   std::printf("\nchecks (skinny GEMM vs cuBLASLt on the same inputs):\n");
   for (auto& c : checks) std::printf("  %s\n", c.c_str());
+  std::printf("\nskinny us (20 back to back) by forced split-K factor:\n");
+  for (auto& c : sweeps) std::printf("  %s\n", c.c_str());
 }
 
 }  // namespace
