@@ -9,19 +9,29 @@
 // H200's 4.8 TB/s data-sheet peak. Before timing, each q8/q4 GEMV is checked against the
 // bf16 GEMV on the same weights dequantized (launch_dequant_rows of that layout); the
 // worst relative difference is printed.
-//   cuda_gemv_bench [shape filter, e.g. 8B]
+// Then the skinny GEMM (ops/skinny_gemm.h) against cuBLASLt (its algorithms timed for the
+// shape first, as the builder does; SwiGLU as the GEMM + the SwiGLU kernel) for the
+// Llama-3.2-1B and Llama-3.1-8B Linears at 16, 64 and 128 token rows, bf16, same table
+// columns plus the split-K factor, each output checked against cuBLASLt's; then the
+// skinny time at every forced split-K factor (to tune skinny_split_for).
+//   cuda_gemv_bench [shape filter, e.g. 8B]     both tables
+//   cuda_gemv_bench skinny [shape filter]       the skinny table only
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "backends/cuda/cuda_context.h"
 #include "backends/cuda/ops/convert.h"
+#include "backends/cuda/ops/elementwise.h"
+#include "backends/cuda/ops/gemm.h"
 #include "backends/cuda/ops/gemv.h"
 #include "backends/cuda/ops/gemv_quant.h"
+#include "backends/cuda/ops/skinny_gemm.h"
 #include "core/status.h"
 
 using namespace kiln;
@@ -54,17 +64,112 @@ float median_ms(F&& f, int reps = 50, int batch = 1) {
   return t[t.size() / 2];
 }
 
+constexpr double kPeakGbs = 4800.0;  // H200 HBM3e, data sheet
+
+double max_rel_diff_bf16(const void* a_dev, const void* b_dev, size_t n) {
+  std::vector<uint16_t> a(n), b(n);
+  KILN_CUDA_CHECK(cudaMemcpy(a.data(), a_dev, n * 2, cudaMemcpyDeviceToHost));
+  KILN_CUDA_CHECK(cudaMemcpy(b.data(), b_dev, n * 2, cudaMemcpyDeviceToHost));
+  double err = 0, ref = 0;
+  for (size_t i = 0; i < n; ++i) {
+    err = std::max(err, double(std::fabs(bf16_to_f32(a[i]) - bf16_to_f32(b[i]))));
+    ref = std::max(ref, double(std::fabs(bf16_to_f32(b[i]))));
+  }
+  return ref > 0 ? err / ref : err;
+}
+
+// Skinny GEMM vs cuBLASLt at batch-decode row counts.
+void skinny_table(const char* filter, double copy_gbs) {
+  std::printf("\nskinny GEMM vs cuBLASLt (bf16; weight GB/s = weight bytes / kernel time, 20 back to back)\n\n"
+              "| shape (n x k) | epilogue | rows | kernel | split | us, alone | us, 20 back to back | weight GB/s | "
+              "%% of copy | %% of 4.8 TB/s | skinny / cuBLASLt |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+  struct S {
+    const char* what;
+    int64_t n, k;
+    GemvEpilogue epi;
+  };
+  const S shapes[] = {
+      {"1B qkv", 3072, 2048, GemvEpilogue::kNone},       {"1B o", 2048, 2048, GemvEpilogue::kNone},
+      {"1B gate|up", 8192, 2048, GemvEpilogue::kSwiGlu}, {"1B down", 2048, 8192, GemvEpilogue::kNone},
+      {"1B lm head", 128256, 2048, GemvEpilogue::kNone}, {"8B qkv", 6144, 4096, GemvEpilogue::kNone},
+      {"8B o", 4096, 4096, GemvEpilogue::kNone},         {"8B gate|up", 14336, 4096, GemvEpilogue::kSwiGlu},
+      {"8B down", 4096, 14336, GemvEpilogue::kNone},
+  };
+  Gemm gemm;
+  std::vector<std::string> checks, sweeps;
+  for (const S& s : shapes) {
+    if (!std::strstr(s.what, filter)) continue;
+    const bool swiglu = s.epi == GemvEpilogue::kSwiGlu;
+    const int64_t wrows = swiglu ? 2 * s.n : s.n, mmax = kSkinnyMaxRows;
+    const size_t wbytes = size_t(wrows * s.k) * 2;
+    DeviceBuffer w(wbytes), x(size_t(mmax * s.k) * 2), y(size_t(mmax * s.n) * 2), yref(size_t(mmax * s.n) * 2),
+        gu(size_t(mmax * wrows) * 2);
+    launch_fill_random(w.get(), DType::kBF16, wrows * s.k, 1, nullptr);
+    launch_fill_random(x.get(), DType::kBF16, mmax * s.k, 2, nullptr);
+    for (int64_t m : {16, 64, 128}) {
+      auto skinny = [&] {
+        launch_skinny_gemm(DType::kBF16, x.get(), w.get(), nullptr, y.get(), m, s.n, s.k, nullptr, s.epi);
+      };
+      auto cublas = [&] {
+        gemm.run(DType::kBF16, x.get(), w.get(), nullptr, swiglu ? gu.get() : yref.get(), m, wrows, s.k, nullptr);
+        if (swiglu) launch_swiglu(DType::kBF16, gu.get(), m, s.n, yref.get(), nullptr);
+      };
+      gemm.tune(DType::kBF16, x.get(), w.get(), nullptr, swiglu ? gu.get() : yref.get(), m, wrows, s.k, nullptr);
+      skinny();
+      cublas();
+      KILN_CUDA_CHECK(cudaDeviceSynchronize());
+      const double rel = max_rel_diff_bf16(y.get(), yref.get(), size_t(m * s.n));
+      checks.push_back(str_cat(s.what, " m=", m, ": max|skinny - cuBLASLt| / max|cuBLASLt| = ", rel,
+                               rel < 1e-2 ? " ok" : " TOO LARGE"));
+      const float sk_alone = median_ms(skinny), sk = median_ms(skinny, 20, 20);
+      const float cb_alone = median_ms(cublas), cb = median_ms(cublas, 20, 20);
+      const int split = skinny_split_for(m, s.n, s.k, s.epi);
+      // Every split-K factor forced (sm_90+), for tuning skinny_split_for.
+      int major = 0, dev = 0;
+      KILN_CUDA_CHECK(cudaGetDevice(&dev));
+      KILN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+      std::string sweep = str_cat(s.what, " m=", m, " (picked ", split, "):");
+      for (int f = 1; f <= (major >= 9 ? kSkinnyMaxSplit : 1); ++f) {
+        const float t = median_ms(
+            [&] {
+              launch_skinny_gemm(DType::kBF16, x.get(), w.get(), nullptr, y.get(), m, s.n, s.k, nullptr, s.epi, f);
+            },
+            20, 20);
+        sweep += str_cat(" ", f, "=", int(t * 1e4 + 0.5) / 10.0);
+      }
+      sweeps.push_back(sweep);
+      for (int which = 0; which < 2; ++which) {
+        const float ms = which == 0 ? sk : cb, alone = which == 0 ? sk_alone : cb_alone;
+        const double gbs = double(wbytes) / (ms * 1e-3) / 1e9;
+        std::printf("| %s %lldx%lld | %s | %lld | %s | %s | %.1f | %.1f | %.0f | %.0f%% | %.0f%% | %s |\n", s.what,
+                    (long long)wrows, (long long)s.k, swiglu ? "swiglu" : "-", (long long)m,
+                    which == 0 ? "skinny" : "cuBLASLt", which == 0 ? str_cat(split).c_str() : "-", alone * 1e3,
+                    ms * 1e3, gbs, 100.0 * gbs / copy_gbs, 100.0 * gbs / kPeakGbs,
+                    which == 0 ? str_cat(int(100.0 * sk / cb + 0.5), "%").c_str() : "");
+      }
+    }
+  }
+  std::printf("\nchecks (skinny GEMM vs cuBLASLt on the same inputs):\n");
+  for (auto& c : checks) std::printf("  %s\n", c.c_str());
+  std::printf("\nskinny us (20 back to back) by forced split-K factor:\n");
+  for (auto& c : sweeps) std::printf("  %s\n", c.c_str());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const char* filter = argc > 1 ? argv[1] : "";
-  constexpr double kPeakGbs = 4800.0;  // H200 HBM3e, data sheet
+  const bool skinny_only = argc > 1 && std::string(argv[1]) == "skinny";
+  const char* filter = argc > (skinny_only ? 2 : 1) ? argv[skinny_only ? 2 : 1] : "";
   const size_t copy_bytes = size_t(1) << 30;
   DeviceBuffer src(copy_bytes), dst(copy_bytes);
   const float copy_ms =
       median_ms([&] { KILN_CUDA_CHECK(cudaMemcpyAsync(dst.get(), src.get(), copy_bytes, cudaMemcpyDeviceToDevice)); }, 10);
   const double copy_gbs = 2.0 * double(copy_bytes) / (copy_ms * 1e-3) / 1e9;
   std::printf("device-to-device copy: %.0f GB/s (read + write)\n\n", copy_gbs);
+  if (skinny_only) {
+    skinny_table(filter, copy_gbs);
+    return 0;
+  }
   std::printf("| shape (n x k) | weights | epilogue | rows | us, alone | us, 20 back to back | weight GB/s (back to back) | %% of copy | %% of 4.8 TB/s |\n"
               "|---|---|---|---|---|---|---|---|---|\n");
   struct S {
@@ -144,5 +249,6 @@ int main(int argc, char** argv) {
   }
   std::printf("\nchecks (q8/q4 GEMV vs the bf16 GEMV on the dequantized weights, rows 1, 2, 4, 8):\n");
   for (auto& c : checks) std::printf("  %s\n", c.c_str());
+  skinny_table(filter, copy_gbs);
   return 0;
 }

@@ -18,6 +18,7 @@
 #include "backends/cuda/ops/norm.h"
 #include "backends/cuda/ops/rope.h"
 #include "backends/cuda/ops/rows.h"
+#include "backends/cuda/ops/skinny_gemm.h"
 #include "backends/cuda/ops/topk.h"
 #include "core/log.h"
 #include "core/status.h"
@@ -271,9 +272,12 @@ OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) 
   const void* w = pc.weights->get(g, wv, pc.act);
   const void* bias = pc.weights->get(g, need_weight(n, g, 2, "bias", true), pc.act);
   const int64_t nn = g.weight(wv).dim(0), k = g.weight(wv).dim(1);
-  // Few token rows (decode) stream the weights through our GEMV; KILN_CUDA_GEMV=0 keeps cuBLASLt.
+  // Few token rows (decode) stream the weights through our GEMV (KILN_CUDA_GEMV=0: not used),
+  // then up to skinny_rows_limit() rows (batch decode, short chunks) through the skinny
+  // tensor-core GEMM (KILN_CUDA_SKINNY=0: not used, =N: up to N rows), the rest cuBLASLt.
   const char* env = std::getenv("KILN_CUDA_GEMV");
   const bool use_gemv = !(env && std::string(env) == "0");
+  const int64_t skinny_rows = skinny_rows_limit();
   const bool swiglu = epi.gemv == GemvEpilogue::kSwiGlu;
   KILN_THROW_IF(swiglu && nn % 2 != 0, kInvalidArgument, "linear '", n.name, "': swiglu needs an even number of rows");
   const int64_t out_n = swiglu ? nn / 2 : nn;
@@ -285,6 +289,8 @@ OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) 
     DevTensor& y = c.out(0, {t, out_n});
     if (use_gemv && gemv_supports(y.dtype, t, k)) {
       launch_gemv(y.dtype, x.data, w, bias, y.data, t, out_n, k, c.cx->stream, epi.gemv);
+    } else if (t <= skinny_rows && skinny_supports(y.dtype, t, k)) {
+      launch_skinny_gemm(y.dtype, x.data, w, bias, y.data, t, out_n, k, c.cx->stream, epi.gemv);
     } else if (swiglu) {  // [gate | up] into scratch, then silu(gate) * up
       void* gu = c.scratch(size_t(t * nn) * dtype_size(y.dtype));
       c.cx->gemm->run(y.dtype, x.data, w, bias, gu, t, nn, k, c.cx->stream);

@@ -10,6 +10,7 @@
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops/fp8.h"
 #include "backends/cuda/ops/gemv.h"
+#include "backends/cuda/ops/linear_common.cuh"
 
 namespace kiln::cuda {
 namespace {
@@ -148,15 +149,9 @@ gemv_kernel(const typename F::X* __restrict__ x, const typename F::W* __restrict
       if (bias) v[r] += to_f32(bias[row + r * n]);
     }
     if (lane != 0) continue;
-    // Round as the unfused kernels would: the GEMV stores T, the activation reads it.
-    const float y0 = to_f32(from_f32<T>(v[0]));
-    float out = y0;
-    if constexpr (E == GemvEpilogue::kGeluErf) out = unary_f32<UnaryOp::kGeluErf>(y0);
-    if constexpr (E == GemvEpilogue::kGeluTanh) out = unary_f32<UnaryOp::kGeluTanh>(y0);
-    if constexpr (E == GemvEpilogue::kSilu) out = unary_f32<UnaryOp::kSilu>(y0);
-    if constexpr (E == GemvEpilogue::kSwiGlu)
-      out = to_f32(from_f32<T>(unary_f32<UnaryOp::kSilu>(y0))) * to_f32(from_f32<T>(v[R - 1]));
-    y[int64_t(m) * n + row] = from_f32<T>(out);
+    // Rounded as the unfused kernels would (linear_common.cuh).
+    if constexpr (E == GemvEpilogue::kSwiGlu) y[int64_t(m) * n + row] = linear_swiglu_out<T>(v[0], v[R - 1]);
+    else y[int64_t(m) * n + row] = linear_epilogue_out<T>(E, v[0]);
   }
 }
 

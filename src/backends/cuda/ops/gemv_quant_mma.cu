@@ -12,8 +12,8 @@
 // load per row and block gives a lane its codes, one per group its x, with no shuffles.
 // Split-K over S warps of the CTA. Tested with the q8/q4 cases of
 // tests/backends/cuda/quant_test.cpp; timed by bench/cuda_gemv_bench.
-#include "backends/cuda/common.cuh"
 #include "backends/cuda/ops/gemv_quant.h"
+#include "backends/cuda/ops/linear_common.cuh"
 
 #include <type_traits>
 
@@ -57,26 +57,6 @@ struct Bits16 {
     }
   }
 };
-
-// d = a·b + c on one 16x8x16 tile (A row-major 16x16, B 16x8, f32 accumulators).
-template <typename T>
-__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1,
-                                          const float (&c)[4]) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  if constexpr (std::is_same_v<T, __nv_bfloat16>)
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%10, %11, %12, %13};\n"
-        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
-  else
-    asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%10, %11, %12, %13};\n"
-        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
-#else
-  __trap();  // the layout is chosen only on sm_80+ (qgemv_layout)
-#endif
-}
 
 // Codes 2j and 2j+1 of a q4 slice word (nibbles j and j+4) as a 16-bit pair of integers.
 template <typename T>
@@ -236,7 +216,7 @@ __global__ void __launch_bounds__(kWarps * 32, 4) qgemv_mma_kernel(const MArgs a
     return;
   }
 
-  // Outputs rounded as the unfused kernels would (the GEMV stores T, the activation reads it).
+  // Outputs rounded as the unfused kernels would (linear_common.cuh).
   const T* bias = static_cast<const T*>(a.bias);
   T* y = static_cast<T*>(a.y);
 #pragma unroll
@@ -251,9 +231,7 @@ __global__ void __launch_bounds__(kWarps * 32, 4) qgemv_mma_kernel(const MArgs a
         float gate = acc[i][j] * __ldg(a.row_factor + o);
         float up = acc[i][2 + j] * __ldg(a.row_factor + a.n_out + o);
         if (bias) gate += to_f32(bias[o]), up += to_f32(bias[a.n_out + o]);
-        const float y0 = to_f32(from_f32<T>(gate));
-        y[int64_t(tok) * a.n_out + o] =
-            from_f32<T>(to_f32(from_f32<T>(unary_f32<UnaryOp::kSilu>(y0))) * to_f32(from_f32<T>(up)));
+        y[int64_t(tok) * a.n_out + o] = linear_swiglu_out<T>(gate, up);
       } else {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
@@ -261,12 +239,7 @@ __global__ void __launch_bounds__(kWarps * 32, 4) qgemv_mma_kernel(const MArgs a
           if (o >= a.n_out) continue;
           float v = acc[i][2 * h + j] * __ldg(a.row_factor + o);
           if (bias) v += to_f32(bias[o]);
-          const float y0 = to_f32(from_f32<T>(v));
-          float out = y0;
-          if (a.epi == GemvEpilogue::kGeluErf) out = unary_f32<UnaryOp::kGeluErf>(y0);
-          else if (a.epi == GemvEpilogue::kGeluTanh) out = unary_f32<UnaryOp::kGeluTanh>(y0);
-          else if (a.epi == GemvEpilogue::kSilu) out = unary_f32<UnaryOp::kSilu>(y0);
-          y[int64_t(tok) * a.n_out + o] = from_f32<T>(out);
+          y[int64_t(tok) * a.n_out + o] = linear_epilogue_out<T>(a.epi, v);
         }
       }
     }
