@@ -180,14 +180,14 @@ gemv_kernel(const typename F::X* __restrict__ x, const typename F::W* __restrict
             const float* __restrict__ gamma, const float* __restrict__ beta, float eps,
             const typename F::Y* residual) {
   using T = typename F::Y;
-  pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
   constexpr int R = E == GemvEpilogue::kSwiGlu ? 2 : 1;
   extern __shared__ uint4 gemv_xs[];  // kNorm: the M normalized rows
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, part = warp % S;
   const int row = blockIdx.x * (kWarps / S) + warp / S;
-  if constexpr (kNorm) gemv_norm_rows<T, M>(reinterpret_cast<const uint4*>(x), gemv_xs, k / F::kPerChunk, k, norm,
-                                            gamma, beta, eps);
-  if (S == 1 && row >= n) return;
+  if constexpr (!kNorm) {
+    pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
+    if (S == 1 && row >= n) return;
+  }
   const bool live = row < n;
   const int kv = live ? k / F::kPerChunk : 0;  // 16-byte chunks per row
   const uint4* wr[R];
@@ -199,8 +199,8 @@ gemv_kernel(const typename F::X* __restrict__ x, const typename F::W* __restrict
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
-  for (int i0 = part * 32 + lane; i0 < kv; i0 += S * 32 * kUnroll) {
-    uint4 wv[R][kUnroll];
+  uint4 wv[R][kUnroll];
+  auto load_w = [&](int i0) {
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -208,6 +208,19 @@ gemv_kernel(const typename F::X* __restrict__ x, const typename F::W* __restrict
         const int i = i0 + u * 32 * S;
         wv[r][u] = i < kv ? __ldcs(wr[r] + i) : make_uint4(0, 0, 0, 0);
       }
+  };
+  const int first = part * 32 + lane;
+  if constexpr (kNorm) {
+    // The first weight chunks are requested before anything waits: weights are never
+    // written by a kernel, so they may stream in while the previous kernel finishes
+    // (dependent launch) and while the block normalizes x.
+    load_w(first);
+    pdl_wait();
+    gemv_norm_rows<T, M>(xr, gemv_xs, k / F::kPerChunk, k, norm, gamma, beta, eps);
+    if (S == 1 && !live) return;
+  }
+  for (int i0 = first; i0 < kv; i0 += S * 32 * kUnroll) {
+    if (!kNorm || i0 != first) load_w(i0);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int i = i0 + u * 32 * S;
