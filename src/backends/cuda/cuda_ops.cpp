@@ -213,9 +213,11 @@ LinearEpilogue linear_epilogue(const ir::Node& n) {
 // GEMV (few rows) both run inside the kernel, so no norm kernel launches and the
 // normalized rows are never stored. Elsewhere (more rows, f32, q8/q4, rows too long for
 // the GEMV's shared memory) the norm runs first into scratch with the unfused norm node's
-// kernel, and the residual is cuBLASLt's C (beta = 1: added before the one rounding) or,
-// after an activation epilogue and in the quantized paths, one elementwise add as the
-// unfused graph did; the same launches as before on those paths, never more.
+// kernel, and the residual is cuBLASLt's C (beta = 1: added before the one rounding), so
+// a block's launches there are the unfused graph's (its AddNorm becomes the norm). After
+// an activation epilogue and in the quantized paths (the pass is off for quantized
+// models; a q8/q4 pin can still meet it) the residual is one elementwise add, rounded as
+// the unfused add: one launch more than the unfused AddNorm there.
 struct LinearFusion {
   GemvNorm norm = GemvNorm::kNone;
   const float* gamma = nullptr;
