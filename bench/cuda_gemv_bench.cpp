@@ -8,7 +8,11 @@
 // against a device-to-device copy measured in the same run (read + write bytes) and the
 // H200's 4.8 TB/s data-sheet peak. Before timing, each q8/q4 GEMV is checked against the
 // bf16 GEMV on the same weights dequantized (launch_dequant_rows of that layout); the
-// worst relative difference is printed.
+// worst relative difference is printed. The bf16 rows also time the norm prologue and the
+// residual epilogue (pass fuse_norm_linear): "norm + bf16" is the unfused pair (the RMSNorm
+// kernel of norm.cu into a buffer, then the GEMV on it), "bf16 {rms}" the GEMV normalizing
+// x itself, "bf16 {+res}" the GEMV adding a residual; the fused GEMV's output is checked
+// against the pair's.
 // Then the skinny GEMM (ops/skinny_gemm.h) against cuBLASLt (its algorithms timed for the
 // shape first, as the builder does; SwiGLU as the GEMM + the SwiGLU kernel) for the
 // Llama-3.2-1B and Llama-3.1-8B Linears at 16, 64 and 128 token rows, bf16, same table
@@ -31,6 +35,7 @@
 #include "backends/cuda/ops/gemm.h"
 #include "backends/cuda/ops/gemv.h"
 #include "backends/cuda/ops/gemv_quant.h"
+#include "backends/cuda/ops/norm.h"
 #include "backends/cuda/ops/skinny_gemm.h"
 #include "core/status.h"
 
@@ -204,6 +209,38 @@ int main(int argc, char** argv) {
     for (int64_t m : {1, 2, 4})
       row("bf16", m, wbytes,
           [&] { launch_gemv(DType::kBF16, x.get(), w.get(), nullptr, y.get(), m, s.n, s.k, nullptr, s.epi); });
+    {
+      DeviceBuffer gamma(size_t(s.k) * 4), xn(size_t(4 * s.k) * 2), res(size_t(4 * s.n) * 2);
+      launch_fill_random(gamma.get(), DType::kF32, s.k, 6, nullptr);
+      launch_fill_random(res.get(), DType::kBF16, 4 * s.n, 7, nullptr);
+      const auto* g = static_cast<const float*>(gamma.get());
+      const GemvFusion rms{GemvNorm::kRms, g, nullptr, 1e-5f, nullptr}, plus{GemvNorm::kNone, nullptr, nullptr, 0, res.get()};
+      double worst = 0;
+      for (int64_t m : {1, 2, 4}) {
+        auto pair = [&] {
+          launch_rms_norm(DType::kBF16, x.get(), g, 1e-5f, m, s.k, xn.get(), nullptr);
+          launch_gemv(DType::kBF16, xn.get(), w.get(), nullptr, yref.get(), m, s.n, s.k, nullptr, s.epi);
+        };
+        row("norm + bf16", m, wbytes, pair);
+        if (gemv_norm_supports(DType::kBF16, m, s.k)) {
+          auto fused = [&] { launch_gemv(DType::kBF16, x.get(), w.get(), nullptr, y.get(), m, s.n, s.k, nullptr, s.epi, rms); };
+          row("bf16 {rms}", m, wbytes, fused);
+          std::vector<uint16_t> a(size_t(m * s.n)), b(size_t(m * s.n));
+          KILN_CUDA_CHECK(cudaMemcpy(a.data(), y.get(), a.size() * 2, cudaMemcpyDeviceToHost));
+          KILN_CUDA_CHECK(cudaMemcpy(b.data(), yref.get(), b.size() * 2, cudaMemcpyDeviceToHost));
+          double err = 0, ref = 0;
+          for (size_t i = 0; i < a.size(); ++i) {
+            err = std::max(err, double(std::fabs(bf16_to_f32(a[i]) - bf16_to_f32(b[i]))));
+            ref = std::max(ref, double(std::fabs(bf16_to_f32(b[i]))));
+          }
+          worst = std::max(worst, ref > 0 ? err / ref : err);
+        }
+        row("bf16 {+res}", m, wbytes,
+            [&] { launch_gemv(DType::kBF16, x.get(), w.get(), nullptr, y.get(), m, s.n, s.k, nullptr, s.epi, plus); });
+      }
+      checks.push_back(str_cat(s.what, " bf16 {rms}: max|fused - norm kernel + gemv| / max|ref| = ", worst,
+                               worst < 1e-2 ? " ok" : " TOO LARGE"));
+    }
     // Random codes, f16 scales and row factors in [-1, 1) (all finite; timing needs no real
     // weights), sized for the larger of the two layouts; each view reads them its own way.
     for (QuantFormat f : {QuantFormat::kQ8, QuantFormat::kQ4}) {
@@ -247,7 +284,8 @@ int main(int argc, char** argv) {
       }
     }
   }
-  std::printf("\nchecks (q8/q4 GEMV vs the bf16 GEMV on the dequantized weights, rows 1, 2, 4, 8):\n");
+  std::printf("\nchecks (q8/q4 GEMV vs the bf16 GEMV on the dequantized weights, rows 1, 2, 4, 8; the bf16 GEMV's "
+              "norm prologue vs the norm kernel + GEMV, rows 1, 2, 4):\n");
   for (auto& c : checks) std::printf("  %s\n", c.c_str());
   skinny_table(filter, copy_gbs);
   return 0;

@@ -202,9 +202,15 @@ class Backend {
   // from src/passes: "fuse_add_norm" -> AddRMSNorm/AddLayerNorm, "fuse_swiglu" ->
   // SwiGLU, "fuse_qkv_attention" -> Attention{packed_qkv} with RoPE inside,
   // "fuse_embedding_norm" -> EmbeddingLayerNorm,
-  // "fuse_linear_activation" -> Linear{activation}). Passes a backend does not claim
+  // "fuse_linear_activation" -> Linear{activation}, "fuse_norm_linear" -> Linear{norm}
+  // and Linear with a residual input). Passes a backend does not claim
   // are skipped for it, and an engine using them is refused with a clear error.
   virtual bool supports_fusion(const std::string& pass) const { return false; }
+  // Whether graphs built for this backend should run `pass` (a subset of what it
+  // supports): a fused form the backend runs but gains nothing from stays off, keeping
+  // today's graph (the CPU runs "fuse_norm_linear" Linears, e.g. from a CUDA engine or
+  // in the pass's tests, but its graphs keep their norm nodes).
+  virtual bool wants_fusion(const std::string& pass) const { return supports_fusion(pass); }
   // Build time (`kiln build --pack-weights`): rewrites GEMM weights in `graph` into this
   // backend's run-time layout, so that loading the engine packs nothing; returns how
   // many nodes it rewrote (0: the backend has no such layout). Rewritten nodes carry

@@ -3,6 +3,7 @@
 // step's sequence layout and KV cache from the runtime, not from graph values.
 #include "ir/op_registry.h"
 
+#include <algorithm>
 #include <map>
 
 #include "core/status.h"
@@ -115,9 +116,45 @@ std::vector<ValueType> infer_quant_image_linear(const Node& n, const In& in) {
   return linear_output(n, x, w.shape[0]);
 }
 
+std::vector<ValueType> infer_plain_linear(const Node& n, const In& in);
+
+// The fused prologue and epilogue of a Linear (pass fuse_norm_linear): inputs 3-5 are
+// residual [T, out], norm_weight [K] and norm_bias [K]. attr norm = rms | layer (with
+// norm_eps) normalizes x row by row before the product; a residual is added to the
+// output after the bias and any activation.
 std::vector<ValueType> infer_linear(const Node& n, const In& in) {
-  if (n.has_attr("weight_layout")) return infer_packed_linear(n, in);
-  if (n.has_attr("weight_quant")) return infer_quant_image_linear(n, in);
+  const In base(in.begin(), in.begin() + std::min<size_t>(in.size(), 3));
+  auto out = n.has_attr("weight_layout")  ? infer_packed_linear(n, base)
+             : n.has_attr("weight_quant") ? infer_quant_image_linear(n, base)
+                                          : infer_plain_linear(n, base);
+  auto opt = [&](size_t i) { return i < in.size() ? in[i] : nullptr; };
+  if (const Value* r = opt(3)) {
+    if (!(r->shape == out[0].shape) || r->dtype != out[0].dtype)
+      shape_error(n, str_cat("residual %", r->name, " ", dtype_name(r->dtype), r->shape.str(), " differs from the output ",
+                             dtype_name(out[0].dtype), out[0].shape.str()));
+  }
+  const std::string norm = n.attr_str("norm", "");
+  if (norm.empty()) {
+    if (opt(4) || opt(5)) shape_error(n, "norm_weight/norm_bias inputs need attr norm (rms or layer)");
+    return out;
+  }
+  if (norm != "rms" && norm != "layer") shape_error(n, str_cat("attr norm must be rms or layer, got '", norm, "'"));
+  if (!n.has_attr("norm_eps")) shape_error(n, "attr norm needs attr norm_eps");
+  const Value* gamma = opt(4);
+  if (!gamma) shape_error(n, str_cat("attr norm=", norm, " needs input 4 (norm_weight)"));
+  need_rank(n, *gamma, 1, "norm_weight");
+  const Value& x = *in[0];
+  if (!dims_agree(x.shape[1], gamma->shape[0]))
+    shape_error(n, str_cat("norm_weight ", gamma->shape.str(), " does not match x ", x.shape.str()));
+  if (const Value* beta = opt(5)) {
+    if (norm != "layer") shape_error(n, "norm_bias is only for norm=layer");
+    if (!(beta->shape == gamma->shape))
+      shape_error(n, str_cat("norm_bias ", beta->shape.str(), " differs from norm_weight ", gamma->shape.str()));
+  }
+  return out;
+}
+
+std::vector<ValueType> infer_plain_linear(const Node& n, const In& in) {
   const Value& x = need(n, in, 0, "x");
   const Value& w = need(n, in, 1, "weight");
   need_rank(n, x, 2, "x");
@@ -291,8 +328,10 @@ std::map<std::string, OpSchema> make_registry() {
   add({"SwiGLU", 1, 1, {}, "x = [gate | up] on the last dim -> silu(gate) * up", infer_swiglu});
   add({"LayerNorm", 2, 3, {"eps"}, "(x - mean) / sqrt(var + eps) * w + b over the last dim", infer_norm});
   add({"RMSNorm", 2, 2, {"eps"}, "x / sqrt(mean(x^2) + eps) * w over the last dim", infer_norm});
-  add({"Linear", 2, 3, {}, "x[T,K] . weight[N,K]^T + bias[N]; optional attr activation = gelu_erf | gelu_tanh | silu "
-       "| swiglu (an epilogue; swiglu: silu(first N/2 outputs) * last N/2 -> [T, N/2])", infer_linear});
+  add({"Linear", 2, 6, {}, "x[T,K] . weight[N,K]^T + bias[N]; optional attr activation = gelu_erf | gelu_tanh | silu "
+       "| swiglu (an epilogue; swiglu: silu(first N/2 outputs) * last N/2 -> [T, N/2]); fused forms "
+       "(fuse_norm_linear): inputs 3-5 residual[T,N'], norm_weight[K], norm_bias[K]; attr norm = rms | layer "
+       "with norm_eps normalizes x first, the residual is added last", infer_linear});
   add({"Gelu", 1, 1, {}, "GELU; attr approximate = none (erf) | tanh", infer_unary});
   add({"Silu", 1, 1, {}, "x * sigmoid(x)", infer_unary});
   add({"Tanh", 1, 1, {}, "tanh(x)", infer_unary});

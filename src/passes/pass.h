@@ -38,6 +38,7 @@ std::unique_ptr<Pass> make_fuse_swiglu_pass();             // "fuse_swiglu"
 std::unique_ptr<Pass> make_fuse_add_norm_pass();           // "fuse_add_norm"
 std::unique_ptr<Pass> make_fuse_linear_activation_pass();  // "fuse_linear_activation"
 std::unique_ptr<Pass> make_fuse_embedding_norm_pass();     // "fuse_embedding_norm"
+std::unique_ptr<Pass> make_fuse_norm_linear_pass();        // "fuse_norm_linear"
 
 // Precision assignment ("assign_precision"): GEMM weights in `precision` (f32, bf16,
 // f16, q8, q4) unless pinned; logits GEMM and norm/softmax/pool nodes kept f32. An

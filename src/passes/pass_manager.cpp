@@ -46,6 +46,9 @@ std::unique_ptr<Pass> plain(const PassOptions&) {
 //   residual Add, leaving two gathers and an add unfused.
 // - fuse_add_norm is independent of the GEMM fusions; it runs after them only so the
 //   report reads in data-flow order of a block.
+// - fuse_norm_linear after fuse_add_norm (it folds the AddRMSNorm/AddLayerNorm nodes
+//   that one made) and after every pass that merges or rewrites Linears (qkv, swiglu,
+//   activation epilogues), so it sees the Linears the engine runs.
 // - dce last removes what the fusions left unreferenced (old weights included).
 // - assign_precision after everything that renames or merges GEMMs, so pins name the
 //   nodes the engine runs (layers.0.qkv_proj, not layers.0.q_proj); it runs at every
@@ -63,6 +66,7 @@ const std::vector<std::pair<std::string, Entry>>& registry() {
       {"fuse_linear_activation", {2, plain<make_fuse_linear_activation_pass>}},
       {"fuse_embedding_norm", {2, plain<make_fuse_embedding_norm_pass>}},
       {"fuse_add_norm", {2, plain<make_fuse_add_norm_pass>}},
+      {"fuse_norm_linear", {2, plain<make_fuse_norm_linear_pass>}},
       {"assign_precision", {0, [](const PassOptions& o) { return make_assign_precision_pass(o.precision, o.pins); }}},
   };
   return r;
@@ -126,6 +130,7 @@ std::vector<PassResult> run_passes(ir::Graph& g, const PassOptions& o) {
 }
 
 std::string fusion_of(const ir::Node& n) {
+  if (n.op == "Linear" && (n.has_attr("norm") || n.input(3) != ir::kNoValue)) return "fuse_norm_linear";
   if (n.op == "AddRMSNorm" || n.op == "AddLayerNorm") return "fuse_add_norm";
   if (n.op == "SwiGLU") return "fuse_swiglu";
   if (n.op == "ScaledDotProductAttention") return "fuse_attention_pattern";

@@ -45,14 +45,22 @@ std::unique_ptr<Model> Model::from_built(BuiltModel built, const ModelOptions& o
   std::unique_ptr<Model> m(new Model());
   m->kv_dtype_ = kv_dtype_parse(options.kv_cache_dtype);
   m->built_ = std::move(built);
-  // Fusions the backend does not implement are skipped for it.
+  // Fusions the backend does not implement (or does not gain from) are skipped for it.
   passes::PassOptions po{options.opt_level, options.disabled_passes, options.precision, options.pin_precision};
   auto backend = create_backend(options.backend);
   for (auto& f : passes::fusion_pass_names())
-    if (!backend->supports_fusion(f)) {
-      log_debug("backend ", backend->name(), " does not implement ", f, ": skipping it");
+    if (!backend->wants_fusion(f)) {
+      log_debug("backend ", backend->name(), " does not implement or want ", f, ": skipping it");
       po.disabled.push_back(f);
     }
+  // Quantized GEMMs keep their norm nodes: the quantization rewrites (SmoothQuant, AWQ)
+  // fold scales into the norm in front of a Linear, and the q8/q4/FP8/W8A8 kernels have
+  // no norm prologue.
+  auto quantized = [](const std::string& p) { return p == "q8" || p == "q4" || p == "fp8" || p == "w8a8"; };
+  if (options.rewrite || quantized(options.weight_dtype) || quantized(options.precision)) {
+    log_debug("quantized GEMMs: skipping fuse_norm_linear");
+    po.disabled.push_back("fuse_norm_linear");
+  }
   m->pass_report_ = passes::run_passes(m->built_.graph, po);
   if (options.opt_level > 0)
     log_debug("passes:\n", passes::format_pass_report(m->pass_report_));

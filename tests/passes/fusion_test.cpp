@@ -8,6 +8,7 @@
 #include "pass_test_util.h"
 #include "passes/pass.h"
 #include "passes/pass_manager.h"
+#include "backends/memory_plan.h"
 
 namespace kiln {
 namespace {
@@ -230,6 +231,117 @@ TEST(FuseEmbeddingNorm, SaysWhyAtDebugLevel) {
                      "is also read elsewhere"),
             std::string::npos)
       << err;
+}
+
+// A pre-norm decoder in miniature: input norm -> projection (-> o projection) ->
+// residual add + norm -> MLP (gelu or plain) -> down -> residual add -> final norm ->
+// GatherRows -> LM head, with the final norm also a graph output ("hidden").
+ir::Graph pre_norm_block(bool layer_norm, bool bias) {
+  const int64_t h = 16, f = 24;
+  ir::Graph g;
+  ir::ValueId x = g.add_input("x", DType::kF32, {"T", h});
+  ir::ValueId rows = g.add_input("rows", DType::kI32, {"R"});
+  uint32_t seed = 1;
+  auto norm = [&](ir::ValueId v, const std::string& name) {
+    std::vector<ir::ValueId> in = {v, g.add_weight(name + ".w", random_tensor({h}, seed++, 0.1f, 1))};
+    if (layer_norm) in.push_back(g.add_weight(name + ".b", random_tensor({h}, seed++)));
+    return g.add(layer_norm ? "LayerNorm" : "RMSNorm", in, {{"eps", 1e-5}}, name);
+  };
+  auto linear = [&](ir::ValueId v, int64_t out, int64_t in, const std::string& name,
+                    std::map<std::string, ir::Attr> attrs = {}) {
+    std::vector<ir::ValueId> args = {v, g.add_weight(name + ".w", random_tensor({out, in}, seed++))};
+    if (bias) args.push_back(g.add_weight(name + ".b", random_tensor({out}, seed++)));
+    return g.add("Linear", args, attrs, name);
+  };
+  ir::ValueId a = linear(norm(x, "l0.input_norm"), h, h, "l0.qkv_proj");
+  x = g.add("Add", {x, linear(a, h, h, "l0.o_proj")}, {}, "l0.residual_1");
+  std::map<std::string, ir::Attr> act;
+  if (layer_norm) act["activation"] = std::string("gelu_tanh");
+  ir::ValueId m = linear(norm(x, "l0.post_norm"), f, h, "l0.up_proj", act);
+  x = g.add("Add", {linear(m, h, f, "l0.down_proj"), x}, {}, "l0.residual_2");  // either operand order
+  ir::ValueId hidden = norm(x, "final_norm");
+  g.add_output("hidden", hidden);
+  g.add_output("logits", linear(g.add("GatherRows", {hidden, rows}, {}, "select_rows"), 40, h, "lm_head"));
+  return g;
+}
+
+size_t count_fused(const ir::Graph& g, bool residual) {
+  size_t n = 0;
+  for (auto& node : g.nodes())
+    n += node.op == "Linear" && (residual ? node.input(3) != ir::kNoValue : node.has_attr("norm"));
+  return n;
+}
+
+TEST(FuseNormLinear, FoldsEveryNormOfAPreNormBlockIntoItsLinears) {
+  for (bool layer_norm : {false, true})
+    for (bool bias : {false, true}) {
+      SCOPED_TRACE(str_cat(layer_norm ? "LayerNorm" : "RMSNorm", bias ? " with bias" : ""));
+      ir::Graph g = pre_norm_block(layer_norm, bias);
+      ASSERT_TRUE(passes::make_fuse_add_norm_pass()->run(g));
+      const std::string add_norm = layer_norm ? "AddLayerNorm" : "AddRMSNorm", norm = layer_norm ? "LayerNorm" : "RMSNorm";
+      ASSERT_EQ(count_ops(g, add_norm), 2u);
+      auto pass = passes::make_fuse_norm_linear_pass();
+      ir::Graph opt = run_ab(g, *pass);
+      // Both AddNorms are gone; one plain norm is left, only for the "hidden" output.
+      EXPECT_EQ(count_ops(opt, add_norm) + count_ops(opt, "Add"), 0u);
+      EXPECT_EQ(count_ops(opt, norm), 1u);
+      EXPECT_EQ(opt.value(opt.find_output("hidden")).producer,
+                int32_t(std::find_if(opt.nodes().begin(), opt.nodes().end(),
+                                     [&](const ir::Node& n) { return n.op == norm; }) - opt.nodes().begin()));
+      EXPECT_EQ(count_fused(opt, false), 3u);  // qkv, up, lm_head normalize their input
+      EXPECT_EQ(count_fused(opt, true), 2u);   // o and down add the residual
+      for (auto& n : opt.nodes())
+        if (n.op == "Linear" && n.has_attr("norm")) {
+          EXPECT_EQ(n.attr_str("norm"), layer_norm ? "layer" : "rms") << n.name;
+          EXPECT_EQ(n.input(5) != ir::kNoValue, layer_norm) << n.name;
+          EXPECT_EQ(passes::fusion_of(n), "fuse_norm_linear");
+        }
+      EXPECT_EQ(pass->stats(), "folded 3 norms into 3 Linear prologues and 2 residual adds into Linear epilogues "
+                               "(1 norms kept for graph outputs)");
+      // Steps that only want the logits do not need the kept norm.
+      auto needed = nodes_needed_for(opt, {"logits"});
+      for (size_t i = 0; i < opt.nodes().size(); ++i)
+        if (opt.nodes()[i].op == norm) {
+          EXPECT_FALSE(needed[i]);
+        }
+    }
+}
+
+TEST(FuseNormLinear, LeavesNormsThatOtherOpsRead) {
+  // The norm's output feeds a Mul besides the Linear: the normalized rows must exist.
+  ir::Graph g;
+  ir::ValueId x = g.add_input("x", DType::kF32, {"T", 16});
+  ir::ValueId n = g.add("RMSNorm", {x, g.add_weight("w", random_tensor({16}, 1, 0.1f, 1))}, {{"eps", 1e-6}});
+  g.add_output("y", g.add("Linear", {n, g.add_weight("lw", random_tensor({16, 16}, 2))}));
+  g.add_output("z", g.add("Mul", {n, x}));
+  auto pass = passes::make_fuse_norm_linear_pass();
+  run_ab(g, *pass, false);
+  // An AddNorm of two inputs (no Linear to take the add): folding only the norm would
+  // trade one kernel for another.
+  ir::Graph h;
+  ir::ValueId a = h.add_input("a", DType::kF32, {"T", 16});
+  ir::ValueId b = h.add_input("b", DType::kF32, {"T", 16});
+  auto outs = h.add_node("AddRMSNorm", {a, b, h.add_weight("w", random_tensor({16}, 3, 0.1f, 1))}, {{"eps", 1e-6}});
+  h.add_output("s", outs[0]);
+  h.add_output("y", h.add("Linear", {outs[1], h.add_weight("lw", random_tensor({16, 16}, 4))}));
+  run_ab(h, *pass, false);
+}
+
+TEST(FuseNormLinear, TheCpuRunsTheFusedFormButDoesNotAskForIt) {
+  auto cpu = create_backend("cpu");
+  EXPECT_TRUE(cpu->supports_fusion("fuse_norm_linear"));
+  EXPECT_FALSE(cpu->wants_fusion("fuse_norm_linear"));
+  EXPECT_TRUE(cpu->wants_fusion("fuse_add_norm"));
+  // A bad norm kind is refused when the node is built.
+  ir::Graph g;
+  ir::ValueId x = g.add_input("x", DType::kF32, {"T", 16});
+  EXPECT_THROW(g.add("Linear", {x, g.add_weight("lw", random_tensor({16, 16}, 2)), ir::kNoValue, ir::kNoValue,
+                                g.add_weight("nw", random_tensor({16}, 3))},
+                     {{"norm", std::string("batch")}, {"norm_eps", 1e-6}}),
+               Error);
+  EXPECT_THROW(g.add("Linear", {x, g.add_weight("lw2", random_tensor({16, 16}, 2)), ir::kNoValue,
+                                g.add_input("r", DType::kF32, {"T", 8})}),
+               Error);
 }
 
 TEST(PassManager, LevelsDisableByNameAndReport) {

@@ -7,6 +7,7 @@
 
 #include "../models/golden_util.h"
 #include "pass_test_util.h"
+#include "passes/pass.h"
 #include "runtime/encoder_runner.h"
 #include "runtime/llm_runner.h"
 
@@ -81,6 +82,43 @@ TEST_P(ModelFusion, FusedCountsAndSameOutputsAsTheFaithfulGraph) {
       KILN_EXPECT_CLOSE(got[b].logits.data(), want[b].logits.data(), got[b].logits.size(), 1e-5,
                         e.model + " logits, fused vs faithful");
     }
+  }
+}
+
+// fuse_norm_linear (which the CUDA backend asks for) on the real decoder graphs after the
+// default passes: every residual add goes into a Linear epilogue and every norm into
+// Linear prologues, but GPT-2's embedding sum (no Linear to take the add) and the final
+// norm kept for the "hidden" output; the same outputs on the CPU, which runs the fused form.
+TEST(ModelNormLinearFusion, FoldsTheDecodersNorms) {
+  struct Case {
+    const char* model;
+    const char* add_norm;
+    size_t add_norms_left;
+  };
+  for (Case c : {Case{"llama", "AddRMSNorm", 0}, Case{"qwen2", "AddRMSNorm", 0}, Case{"gpt2", "AddLayerNorm", 1}}) {
+    SCOPED_TRACE(c.model);
+    ModelOptions o;
+    o.top_logits_k = 0;  // compare the logits themselves
+    auto m = Model::load(testing::fixture_dir(c.model), o);
+    const ir::Graph& g = m->graph();
+    const size_t layers = size_t(m->info().num_layers);
+    ir::Graph opt = g;
+    auto pass = passes::make_fuse_norm_linear_pass();
+    ASSERT_TRUE(pass->run(opt));
+    std::printf("%s: %s (%zu -> %zu nodes)\n", c.model, pass->stats().c_str(), g.nodes().size(), opt.nodes().size());
+    EXPECT_EQ(count_ops(opt, c.add_norm), c.add_norms_left);
+    EXPECT_EQ(count_ops(opt, "RMSNorm") + count_ops(opt, "LayerNorm"), 1u);  // for "hidden"
+    size_t prologues = 0, residuals = 0;
+    for (auto& n : opt.nodes()) {
+      prologues += n.op == "Linear" && n.has_attr("norm");
+      residuals += n.op == "Linear" && n.input(3) != ir::kNoValue;
+    }
+    // Per layer: qkv and gate|up (or c_fc) normalize; o and down add. Plus the LM head,
+    // less GPT-2's first layer norm (after the embedding sum).
+    EXPECT_EQ(prologues, 2 * layers + 1 - c.add_norms_left);
+    EXPECT_EQ(residuals, 2 * layers);
+    const int64_t t = 6;
+    testing::expect_same_outputs(testing::run_graph(g, t), testing::run_graph(opt, t), 1e-5);
   }
 }
 

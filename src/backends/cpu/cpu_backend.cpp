@@ -246,6 +246,9 @@ class CpuBackend final : public Backend {
   }
 
   bool supports_fusion(const std::string&) const override { return true; }  // all of them
+  // Norm prologues and residual epilogues save the CPU nothing (its Linear runs the norm
+  // and the add as separate loops anyway): its graphs keep their norm nodes.
+  bool wants_fusion(const std::string& pass) const override { return pass != "fuse_norm_linear"; }
   // Ranks are threads of this process (LocalCommunicator); every rank uses all cores.
   std::vector<std::shared_ptr<Communicator>> make_communicators(int world_size, int) override {
     return make_local_communicators(world_size);

@@ -393,23 +393,52 @@ OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, const CompileOptions
   else if (epi != "swiglu" && !epi.empty())
     throw_error(ErrorCode::kUnsupported, "cpu: Linear '", n.name, "' activation '", epi,
                 "' (expected gelu_erf, gelu_tanh, silu or swiglu)");
+  // The fused forms of pass fuse_norm_linear (the CPU does not ask for them, but runs
+  // them, e.g. in the pass's tests): the norm of x into scratch before the GEMM, the
+  // residual added after the activation, each exactly as the unfused nodes compute it.
+  const std::string norm = n.attr_str("norm", "");
+  if (!norm.empty()) {
+    if (norm != "rms" && norm != "layer")
+      throw_error(ErrorCode::kUnsupported, "cpu: Linear '", n.name, "' norm '", norm, "' (expected rms or layer)");
+    Tensor gamma = weight_f32(g, n.input(4), n, "norm_weight");
+    Tensor beta = weight_f32(g, n.input(5), n, "norm_bias");
+    if (beta.empty() && norm == "layer") {
+      beta = Tensor(DType::kF32, gamma.shape());
+      std::fill_n(beta.data_as<float>(), beta.numel(), 0.0f);
+    }
+    const float eps = float(n.attr_float("norm_eps"));
+    const bool rms = norm == "rms";
+    auto xn = std::make_shared<std::vector<float>>();
+    gemm = [inner = std::move(gemm), gamma, beta, eps, rms, xn](const float* x, int64_t t, int64_t k, float* y) {
+      xn->resize(static_cast<size_t>(t * k));
+      if (rms) rms_norm(x, gamma.data_as<float>(), eps, t, k, xn->data());
+      else layer_norm(x, gamma.data_as<float>(), beta.data_as<float>(), eps, t, k, xn->data());
+      inner(xn->data(), t, k, y);
+    };
+  }
+  const bool residual = n.input(3) != ir::kNoValue;
+  auto add_residual = [residual](OpContext& c, Tensor& y) {
+    if (residual) add(y.data_as<float>(), c.inputs[3]->data_as<float>(), y.numel(), y.data_as<float>());
+  };
   if (epi == "swiglu") {
     // [gate | up] into scratch, then silu(gate) * up into the [T, N/2] output.
     auto scratch = std::make_shared<std::vector<float>>();
-    return [gemm, out_n, scratch](OpContext& c) {
+    return [gemm, out_n, scratch, add_residual](OpContext& c) {
       const Tensor& x = *c.inputs[0];
       const int64_t t = x.dim(0), inter = out_n / 2;
       Tensor& y = c.out(0, {t, inter});
       scratch->resize(static_cast<size_t>(t * out_n));
       gemm(x.data_as<float>(), t, x.dim(1), scratch->data());
       swiglu_rows(scratch->data(), t, inter, y.data_as<float>());
+      add_residual(c, y);
     };
   }
-  return [gemm, out_n, act](OpContext& c) {
+  return [gemm, out_n, act, add_residual](OpContext& c) {
     const Tensor& x = *c.inputs[0];
     Tensor& y = c.out(0, {x.dim(0), out_n});
     gemm(x.data_as<float>(), x.dim(0), x.dim(1), y.data_as<float>());
     if (act) act(y.data_as<float>(), y.numel(), y.data_as<float>());
+    add_residual(c, y);
   };
 }
 

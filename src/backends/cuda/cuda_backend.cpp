@@ -267,6 +267,8 @@ class CudaCompiledGraph final : public CompiledGraph {
       std::string key = n.op;
       if (n.op == "Linear") {
         const Tensor& w = graph_.weight(n.inputs[1]);
+        if (n.has_attr("norm")) key += "{" + n.attr_str("norm") + "norm}";  // pass fuse_norm_linear
+        if (n.input(3) != ir::kNoValue) key += "{+residual}";
         key += str_cat(" ", w.dim(0), "x", w.dim(1));
       }
       auto& e = prof.by_key[key];
@@ -642,10 +644,20 @@ class CudaBackend final : public Backend {
     return cuda_op_supported(node, graph);
   }
   // Every fused form has kernels here: residual add + norm, SwiGLU, packed-QKV attention
-  // (RoPE and the KV write in one kernel), Linear activation epilogues (in the GEMV).
+  // (RoPE and the KV write in one kernel), Linear activation epilogues (in the GEMV),
+  // norm prologues and residual epilogues of Linears (in the GEMV).
   bool supports_fusion(const std::string& pass) const override {
     return pass == "fuse_add_norm" || pass == "fuse_swiglu" || pass == "fuse_qkv_attention" ||
-           pass == "fuse_linear_activation";
+           pass == "fuse_linear_activation" || pass == "fuse_norm_linear";
+  }
+  // KILN_CUDA_PRENORM=0 keeps the AddNorm nodes in graphs built from now on (to compare
+  // both forms in one device round).
+  bool wants_fusion(const std::string& pass) const override {
+    if (pass == "fuse_norm_linear") {
+      const char* e = std::getenv("KILN_CUDA_PRENORM");
+      if (e && std::string(e) == "0") return false;
+    }
+    return supports_fusion(pass);
   }
   std::unique_ptr<CompiledGraph> compile(const ir::Graph& graph, const CompileOptions& opt) override {
     auto g = std::make_unique<CudaCompiledGraph>(graph, opt, context());

@@ -210,6 +210,60 @@ LinearEpilogue linear_epilogue(const ir::Node& n) {
               "' (expected gelu_erf, gelu_tanh, silu or swiglu)");
 }
 
+// A Linear's norm prologue and residual epilogue (pass fuse_norm_linear). In the 16-bit
+// GEMV (few rows) both run inside the kernel, so no norm kernel launches and the
+// normalized rows are never stored. Elsewhere (more rows, f32, q8/q4, rows too long for
+// the GEMV's shared memory) the norm runs first into scratch with the unfused norm node's
+// kernel, and the residual is cuBLASLt's C (beta = 1: added before the one rounding), so
+// a block's launches there are the unfused graph's (its AddNorm becomes the norm). After
+// an activation epilogue and in the quantized paths (the pass is off for quantized
+// models; a q8/q4 pin can still meet it) the residual is one elementwise add, rounded as
+// the unfused add: one launch more than the unfused AddNorm there.
+struct LinearFusion {
+  GemvNorm norm = GemvNorm::kNone;
+  const float* gamma = nullptr;
+  const float* beta = nullptr;
+  float eps = 0.0f;
+  bool residual = false;
+  GemvFusion gemv(const void* res, bool with_norm) const {
+    return with_norm ? GemvFusion{norm, gamma, beta, eps, res} : GemvFusion{GemvNorm::kNone, nullptr, nullptr, 0, res};
+  }
+};
+
+LinearFusion linear_fusion(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) {
+  LinearFusion f;
+  f.residual = n.input(3) != ir::kNoValue;
+  const std::string norm = n.attr_str("norm", "");
+  if (norm.empty()) return f;
+  if (norm != "rms" && norm != "layer")
+    throw_error(ErrorCode::kUnsupported, "cuda: Linear '", n.name, "' norm '", norm, "' (expected rms or layer)");
+  f.norm = norm == "rms" ? GemvNorm::kRms : GemvNorm::kLayer;
+  f.gamma = static_cast<const float*>(pc.weights->get(g, need_weight(n, g, 4, "norm_weight"), DType::kF32));
+  if (f.norm == GemvNorm::kLayer)
+    f.beta = static_cast<const float*>(pc.weights->get(g, need_weight(n, g, 5, "norm_bias", true), DType::kF32));
+  f.eps = float(n.attr_float("norm_eps"));
+  return f;
+}
+
+// The residual input of a fused Linear (null without one), checked against its output y.
+const void* linear_residual(const OpContext& c, const LinearFusion& f, const DevTensor& y, const std::string& name) {
+  if (!f.residual) return nullptr;
+  const DevTensor& r = *c.inputs[3];
+  KILN_THROW_IF(r.shape != y.shape || r.dtype != y.dtype, kInvalidArgument, "linear '", name, "': residual ",
+                dtype_name(r.dtype), " [", r.numel(), " elements] does not match the output ", dtype_name(y.dtype), " [",
+                y.numel(), " elements]");
+  return r.data;
+}
+
+// x's rows normalized into dst by the norm node's own kernel.
+void linear_norm_into(const LinearFusion& f, DType t, const void* x, int64_t rows, int64_t k, void* dst,
+                      cudaStream_t s) {
+  if (f.norm == GemvNorm::kRms) launch_rms_norm(t, x, f.gamma, f.eps, rows, k, dst, s);
+  else launch_layer_norm(t, x, f.gamma, f.beta, f.eps, rows, k, dst, s);
+}
+
+size_t round_up_256(size_t b) { return (b + 255) / 256 * 256; }
+
 // Bytes of one dequantized weight tile: small enough to stay in L2 (50 MB on an H100/H200)
 // between the dequantize kernel writing it and cuBLASLt reading it.
 constexpr size_t kDequantTileBytes = size_t(24) << 20;
@@ -238,6 +292,9 @@ OpRun prepare_linear_quant(const ir::Node& n, const ir::Graph& g, PrepareContext
   pc.dequant_ws->grow(size_t(tile_rows * k) * es, nullptr);  // nothing runs yet: no stream to drain
   DeviceBuffer* ws = pc.dequant_ws;
   const std::string name = n.name;
+  // Norm and residual (pass fuse_norm_linear, for a Linear pinned to q8/q4): the norm
+  // kernel into scratch, one add after; the unfused graph's launches.
+  const LinearFusion fu = linear_fusion(n, g, pc);
   return [=](OpContext& c) {
     const DevTensor& x = *c.inputs[0];
     KILN_THROW_IF(x.dim(1) != k, kInvalidArgument, "linear '", name, "': x has ", x.dim(1),
@@ -246,24 +303,39 @@ OpRun prepare_linear_quant(const ir::Node& n, const ir::Graph& g, PrepareContext
     DevTensor& y = c.out(0, {t, out_n});
     cudaStream_t s = c.cx->stream;
     if (t == 0) return;
-    if (gemv_quant_supports(y.dtype, t)) {
-      launch_gemv_quant(y.dtype, x.data, w, bias, y.data, t, out_n, s, epi.gemv);
-      return;
+    const void* res = linear_residual(c, fu, y, name);
+    const bool gemv = gemv_quant_supports(y.dtype, t);
+    const size_t xn_bytes = fu.norm != GemvNorm::kNone ? round_up_256(size_t(t * k) * es) : 0;
+    const size_t gu_bytes = !gemv && swiglu ? size_t(t * nn) * es : 0;
+    char* scr = xn_bytes + gu_bytes ? static_cast<char*>(c.scratch(xn_bytes + gu_bytes)) : nullptr;
+    const void* xin = x.data;
+    if (xn_bytes) {
+      linear_norm_into(fu, y.dtype, x.data, t, k, scr, s);
+      xin = scr;
     }
-    KILN_CHECK(ws->size() >= size_t(tile_rows * k) * es, "cuda: dequantization workspace too small");
-    auto* dst = static_cast<char*>(swiglu ? c.scratch(size_t(t * nn) * es) : y.data);
-    for (int64_t r0 = 0; r0 < nn; r0 += tile_rows) {
-      const int64_t rows = std::min(tile_rows, nn - r0);
-      launch_dequant_rows(y.dtype, w, r0, rows, ws->get(), s);
-      c.cx->gemm->run(y.dtype, x.data, ws->get(), bias ? static_cast<const char*>(bias) + size_t(r0) * es : nullptr,
-                      dst + size_t(r0) * es, t, rows, k, s, nn);
+    if (gemv) {
+      launch_gemv_quant(y.dtype, xin, w, bias, y.data, t, out_n, s, epi.gemv);
+    } else {
+      KILN_CHECK(ws->size() >= size_t(tile_rows * k) * es, "cuda: dequantization workspace too small");
+      auto* dst = swiglu ? scr + xn_bytes : static_cast<char*>(y.data);
+      for (int64_t r0 = 0; r0 < nn; r0 += tile_rows) {
+        const int64_t rows = std::min(tile_rows, nn - r0);
+        launch_dequant_rows(y.dtype, w, r0, rows, ws->get(), s);
+        c.cx->gemm->run(y.dtype, xin, ws->get(), bias ? static_cast<const char*>(bias) + size_t(r0) * es : nullptr,
+                        dst + size_t(r0) * es, t, rows, k, s, nn);
+      }
+      if (swiglu) launch_swiglu(y.dtype, dst, t, out_n, y.data, s);
+      else if (epi.gemv != GemvEpilogue::kNone) launch_unary(epi.unary, y.dtype, y.data, y.numel(), y.data, s);
     }
-    if (swiglu) launch_swiglu(y.dtype, dst, t, out_n, y.data, s);
-    else if (epi.gemv != GemvEpilogue::kNone) launch_unary(epi.unary, y.dtype, y.data, y.numel(), y.data, s);
+    if (res) launch_binary(BinaryOp::kAdd, y.dtype, y.data, res, y.numel(), y.numel(), y.data, s);
   };
 }
 
 OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) {
+  if (n.has_attr("quant") && (n.has_attr("norm") || n.input(3) != ir::kNoValue))
+    throw_error(ErrorCode::kUnsupported, "cuda: Linear '", n.name, "' (quant ", n.attr_str("quant"),
+                ") has a fuse_norm_linear norm or residual, which its kernels do not take; build with "
+                "--disable-pass fuse_norm_linear");
   if (n.attr_str("quant", "") == "fp8") return prepare_fp8_linear(n, g, pc);
   if (n.attr_str("quant", "") == "w8a8") return prepare_w8a8_linear(n, g, pc);
   const LinearEpilogue epi = linear_epilogue(n);
@@ -281,23 +353,49 @@ OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) 
   const bool swiglu = epi.gemv == GemvEpilogue::kSwiGlu;
   KILN_THROW_IF(swiglu && nn % 2 != 0, kInvalidArgument, "linear '", n.name, "': swiglu needs an even number of rows");
   const int64_t out_n = swiglu ? nn / 2 : nn;
+  const LinearFusion fu = linear_fusion(n, g, pc);
+  const std::string name = n.name;
   return [=](OpContext& c) {
     const DevTensor& x = *c.inputs[0];
-    KILN_THROW_IF(x.dim(1) != k, kInvalidArgument, "linear '", n.name, "': x has ", x.dim(1),
+    KILN_THROW_IF(x.dim(1) != k, kInvalidArgument, "linear '", name, "': x has ", x.dim(1),
                   " features, the weight expects ", k);
     const int64_t t = x.dim(0);
     DevTensor& y = c.out(0, {t, out_n});
-    if (use_gemv && gemv_supports(y.dtype, t, k)) {
-      launch_gemv(y.dtype, x.data, w, bias, y.data, t, out_n, k, c.cx->stream, epi.gemv);
-    } else if (t <= skinny_rows && skinny_supports(y.dtype, t, k)) {
-      launch_skinny_gemm(y.dtype, x.data, w, bias, y.data, t, out_n, k, c.cx->stream, epi.gemv);
+    cudaStream_t s = c.cx->stream;
+    const void* res = linear_residual(c, fu, y, name);
+    const bool gemv = use_gemv && gemv_supports(y.dtype, t, k);
+    const bool norm = fu.norm != GemvNorm::kNone;
+    if (gemv && (!norm || gemv_norm_supports(y.dtype, t, k))) {
+      launch_gemv(y.dtype, x.data, w, bias, y.data, t, out_n, k, s, epi.gemv, fu.gemv(res, norm));
+      return;
+    }
+    const bool skinny = !gemv && t <= skinny_rows && skinny_supports(y.dtype, t, k);
+    // The norm's rows (when it does not run inside the GEMV) and [gate | up] in scratch.
+    const size_t es = dtype_size(y.dtype);
+    const size_t xn_bytes = norm ? round_up_256(size_t(t * k) * es) : 0;
+    const size_t gu_bytes = !gemv && !skinny && swiglu ? size_t(t * nn) * es : 0;
+    char* scr = xn_bytes + gu_bytes ? static_cast<char*>(c.scratch(xn_bytes + gu_bytes)) : nullptr;
+    const void* xin = x.data;
+    if (norm) {
+      linear_norm_into(fu, y.dtype, x.data, t, k, scr, s);
+      xin = scr;
+    }
+    if (gemv) {
+      launch_gemv(y.dtype, xin, w, bias, y.data, t, out_n, k, s, epi.gemv, fu.gemv(res, false));
+    } else if (skinny) {
+      launch_skinny_gemm(y.dtype, xin, w, bias, y.data, t, out_n, k, s, epi.gemv);
+      if (res) launch_binary(BinaryOp::kAdd, y.dtype, y.data, res, y.numel(), y.numel(), y.data, s);
     } else if (swiglu) {  // [gate | up] into scratch, then silu(gate) * up
-      void* gu = c.scratch(size_t(t * nn) * dtype_size(y.dtype));
-      c.cx->gemm->run(y.dtype, x.data, w, bias, gu, t, nn, k, c.cx->stream);
-      launch_swiglu(y.dtype, gu, t, out_n, y.data, c.cx->stream);
+      void* gu = scr + xn_bytes;
+      c.cx->gemm->run(y.dtype, xin, w, bias, gu, t, nn, k, s);
+      launch_swiglu(y.dtype, gu, t, out_n, y.data, s);
+      if (res) launch_binary(BinaryOp::kAdd, y.dtype, y.data, res, y.numel(), y.numel(), y.data, s);
+    } else if (epi.gemv != GemvEpilogue::kNone) {
+      c.cx->gemm->run(y.dtype, xin, w, bias, y.data, t, nn, k, s);
+      launch_unary(epi.unary, y.dtype, y.data, y.numel(), y.data, s);
+      if (res) launch_binary(BinaryOp::kAdd, y.dtype, y.data, res, y.numel(), y.numel(), y.data, s);
     } else {
-      c.cx->gemm->run(y.dtype, x.data, w, bias, y.data, t, nn, k, c.cx->stream);
-      if (epi.gemv != GemvEpilogue::kNone) launch_unary(epi.unary, y.dtype, y.data, y.numel(), y.data, c.cx->stream);
+      c.cx->gemm->run(y.dtype, xin, w, bias, y.data, t, nn, k, s, 0, res);
     }
   };
 }
@@ -560,6 +658,12 @@ bool cuda_op_supported(const ir::Node& n, const ir::Graph& g, std::string* why) 
   auto weight_at = [&](size_t i) { return n.input(i) == ir::kNoValue || g.is_weight(n.input(i)); };
   if ((n.op == "Linear" || n.op == "LayerNorm") && !(weight_at(1) && weight_at(2)))
     return fail("weight/bias inputs must be weights");
+  if (n.op == "Linear" && !(weight_at(4) && weight_at(5))) return fail("norm_weight/norm_bias inputs must be weights");
+  if (n.op == "Linear" && n.input(3) != ir::kNoValue && g.is_weight(n.input(3)))
+    return fail("the residual input must be a computed value, not a weight");
+  if (n.op == "Linear" && n.has_attr("quant") && (n.has_attr("norm") || n.input(3) != ir::kNoValue))
+    return fail(str_cat("quant '", n.attr_str("quant"), "' Linears take no fuse_norm_linear norm or residual (build "
+                        "with --disable-pass fuse_norm_linear)"));
   if ((n.op == "AddRMSNorm" || n.op == "AddLayerNorm") && !(weight_at(2) && weight_at(3)))
     return fail("norm weight/bias inputs must be weights");
   if ((n.op == "RMSNorm" && !weight_at(1)) || (n.op == "Embedding" && !weight_at(0)) || (n.op == "Rope" && !weight_at(2)))

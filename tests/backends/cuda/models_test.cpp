@@ -6,6 +6,7 @@
 // greedy for 32 tokens; decode steps replayed as CUDA graphs give the same bits as eager;
 // executor steps that fetch only TopKLogits candidates give whole-row steps' outputs;
 // q8/q4 models generate as the CPU's q8/q4 do; int8/fp8 KV caches decode as the CPU's.
+// Norms folded into the Linears (fuse_norm_linear) decode as the unfused graph does.
 // Skips without a GPU (and the SmolLM2 test without the model file).
 #include <gtest/gtest.h>
 
@@ -458,6 +459,49 @@ TEST(CudaRealDecoder, SmolLM2GreedyMatchesCpu) {
                 " worst differing-argmax gap %.3g of max|logit|\n", i, equal, want[i].size(), worst, worst_tie);
     EXPECT_LE(worst, model_tolerance("bf16")) << "smollm2 bf16 prompt " << i;
   }
+}
+
+// Pass fuse_norm_linear end to end: the tiny decoders with their norms folded into the
+// Linears (the default on CUDA) decode as with KILN_CUDA_PRENORM=0 (AddNorm nodes kept):
+// prefill (GEMM paths), then decode of three sequences (3-row GEMVs with the norm
+// prologue and residual epilogue, the LM head behind GatherRows) as CUDA graphs.
+TEST(CudaPrenormModels, FoldedNormsDecodeAsTheUnfusedGraph) {
+  KILN_SKIP_WITHOUT_CUDA();
+  for (const char* family : {"llama", "gpt2"})
+    for (const char* dtype : {"bf16", "f16"}) {
+      const std::string tag = str_cat(family, " ", dtype);
+      auto load = [&](bool fused) {
+        if (!fused) setenv("KILN_CUDA_PRENORM", "0", 1);
+        auto m = Model::load(fixtures_dir() + "/models/" + family, {.backend = "cuda", .weight_dtype = dtype});
+        unsetenv("KILN_CUDA_PRENORM");
+        return m;
+      };
+      auto fused = load(true), plain = load(false);
+      size_t prologues = 0, add_norms = 0;
+      for (auto& n : fused->graph().nodes()) {
+        prologues += n.op == "Linear" && n.has_attr("norm");
+        add_norms += n.op == "AddRMSNorm" || n.op == "AddLayerNorm";
+      }
+      EXPECT_EQ(prologues, size_t(2 * fused->info().num_layers + (std::string(family) == "gpt2" ? 0 : 1))) << tag;
+      EXPECT_EQ(add_norms, std::string(family) == "gpt2" ? 1u : 0u) << tag;  // GPT-2's embedding sum stays
+      auto decode = [](Model& m) {
+        LlmRunner r(m, {.block_size = 4});
+        std::vector<float> all;
+        r.add_sequence({3, 1, 4, 1, 5, 9, 2, 6});
+        r.add_sequence({2, 7, 1});
+        r.add_sequence({5});
+        for (int step = 0; step < 6; ++step)
+          for (auto& o : r.step()) {
+            all.insert(all.end(), o.logits.begin(), o.logits.end());
+            r.append_tokens(o.seq, {int32_t((step * 7 + o.seq * 3) % 50)});  // the same tokens for both
+          }
+        return all;
+      };
+      auto want = decode(*plain), got = decode(*fused);
+      ASSERT_EQ(got.size(), want.size()) << tag;
+      expect_close(got.data(), want.data(), got.size(), std::string(dtype) == "bf16" ? 3e-2 : 5e-3,
+                   tag + " fused vs KILN_CUDA_PRENORM=0");
+    }
 }
 
 }  // namespace

@@ -128,16 +128,18 @@ struct Gemm::Impl {
   }
 
   // scales: {A = w scale, B = x scale} on the device, for FP8 plans only.
+  // residual: C of D = A·B + beta·C with beta = 1 (same layout as y), else C = y, beta = 0.
   void matmul(Plan& p, int tactic, const void* x, const void* w, const void* bias, void* y, cudaStream_t s,
-              const float* scales = nullptr) {
+              const float* scales = nullptr, const void* residual = nullptr) {
     if (bias)
       KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     if (scales) set_scales(p.op, scales);
-    const float alpha = 1.0f, beta = 0.0f;
+    const float alpha = 1.0f, beta = residual ? 1.0f : 0.0f;
     const int32_t ialpha = 1, ibeta = 0;
     const void* a = p.integer ? static_cast<const void*>(&ialpha) : &alpha;
     const void* b = p.integer ? static_cast<const void*>(&ibeta) : &beta;
-    KILN_CUBLAS_CHECK(cublasLtMatmul(handle, p.op, a, w, p.a, x, p.b, b, y, p.c, y, p.c,
+    const void* c = residual ? residual : y;
+    KILN_CUBLAS_CHECK(cublasLtMatmul(handle, p.op, a, w, p.a, x, p.b, b, c, p.c, y, p.c,
                                      &p.algos[size_t(tactic)].algo, workspace, workspace_bytes, s));
   }
 };
@@ -155,11 +157,11 @@ Gemm::~Gemm() {
 }
 
 void Gemm::run(DType dtype, const void* x, const void* w, const void* bias, void* y, int64_t m, int64_t n,
-               int64_t k, cudaStream_t s, int64_t ldy) {
+               int64_t k, cudaStream_t s, int64_t ldy, const void* residual) {
   if (m == 0 || n == 0) return;
   KILN_THROW_IF(ldy != 0 && ldy < n, kInternal, "cuda gemm: ldy ", ldy, " < n ", n);
   Plan& p = impl_->plan(dtype, dtype, m, n, k, bias != nullptr, nullptr, ldy);
-  impl_->matmul(p, p.chosen, x, w, bias, y, s);
+  impl_->matmul(p, p.chosen, x, w, bias, y, s, nullptr, residual);
 }
 
 void Gemm::run_fp8(const void* x, const void* w, const float* scales, const void* bias, void* y, int64_t m, int64_t n,

@@ -28,8 +28,10 @@ class Gemm {
   // bias may be null; all pointers hold `dtype` elements. ldy: elements between rows of
   // y (0: n); a larger one writes a column slice of a wider y (the tiles of a weight
   // dequantized in parts), whose pointer must keep cuBLASLt's 256-byte alignment.
+  // residual (null: none) is [m, n] laid out like y: y = x·wᵀ + bias + residual, added in
+  // f32 before the one rounding (cuBLASLt's C with beta = 1; pass fuse_norm_linear).
   void run(DType dtype, const void* x, const void* w, const void* bias, void* y, int64_t m, int64_t n,
-           int64_t k, cudaStream_t s, int64_t ldy = 0);
+           int64_t k, cudaStream_t s, int64_t ldy = 0, const void* residual = nullptr);
 
   // FP8 E4M3: x [m, k] and w [n, k] codes (k a multiple of 16, 16-byte aligned), y and
   // bias (may be null) bf16; `scales` points to device floats w_scale

@@ -4,7 +4,9 @@
 // 16-byte chunks j, j+32, ... of the weight row, kUnroll of them issued before any is
 // used so enough bytes are in flight to cover DRAM latency; x (tiny, shared by every
 // warp) comes through the read-only cache. Weights are loaded with the streaming hint
-// (evict-first) so they do not push x and the KV cache out of L2.
+// (evict-first) so they do not push x and the KV cache out of L2. With a norm prologue
+// (GemvFusion) x is instead normalized by each block into shared memory first: the rows
+// are at most kGemvMaxRows x a hidden size, an L2-resident read per block.
 #include <cuda_fp8.h>
 
 #include "backends/cuda/common.cuh"
@@ -70,21 +72,123 @@ struct E4M3 {
   }
 };
 
+// The norm prologue (gemv.h's GemvFusion): the block copies the M rows of x (16-bit, 8
+// per chunk) to shared memory, reduces their statistics in f32 and normalizes them in
+// place, rounding to T as the norm kernels of norm.cu store them ((v * r) * gamma for
+// RMS, (v - mean) * r * gamma + beta for LayerNorm, with the two-pass variance).
+// Each thread rewrites only the chunks it copied, so the reductions' barriers and one at
+// the end are all the synchronization needed.
+template <typename T, int M>
+__device__ __forceinline__ void gemv_norm_rows(const uint4* __restrict__ x, uint4* xs, int kv, int k,
+                                               GemvNorm norm, const float* __restrict__ gamma,
+                                               const float* __restrict__ beta, float eps) {
+  __shared__ float red[kWarps][M];
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const bool rms = norm == GemvNorm::kRms;
+  // Sums over the block of v[m], returned to every thread.
+  auto block_sums = [&](float (&v)[M]) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const float s = warp_sum(v[m]);
+      if (lane == 0) red[warp][m] = s;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      float s = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) s += red[w][m];
+      v[m] = s;
+    }
+    __syncthreads();  // red is reused
+  };
+  float acc[M], mean[M], r[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    acc[m] = 0.0f;
+    for (int i = threadIdx.x; i < kv; i += blockDim.x) {
+      const uint4 c = __ldg(x + int64_t(m) * kv + i);
+      xs[m * kv + i] = c;
+      const T* e = reinterpret_cast<const T*>(&c);
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const float v = to_f32(e[u]);
+        acc[m] += rms ? v * v : v;
+      }
+    }
+  }
+  block_sums(acc);
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    mean[m] = rms ? 0.0f : acc[m] / float(k);
+    r[m] = acc[m] / float(k) + eps;
+  }
+  if (!rms) {
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      acc[m] = 0.0f;
+      for (int i = threadIdx.x; i < kv; i += blockDim.x) {
+        const uint4 c = xs[m * kv + i];
+        const T* e = reinterpret_cast<const T*>(&c);
+#pragma unroll
+        for (int u = 0; u < 8; ++u) {
+          const float d = to_f32(e[u]) - mean[m];
+          acc[m] += d * d;
+        }
+      }
+    }
+    block_sums(acc);
+#pragma unroll
+    for (int m = 0; m < M; ++m) r[m] = acc[m] / float(k) + eps;
+  }
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    const float rs = rsqrtf(r[m]);
+    for (int i = threadIdx.x; i < kv; i += blockDim.x) {
+      uint4 c = xs[m * kv + i];
+      T* e = reinterpret_cast<T*>(&c);
+      const float4 g0 = __ldg(reinterpret_cast<const float4*>(gamma) + 2 * i);
+      const float4 g1 = __ldg(reinterpret_cast<const float4*>(gamma) + 2 * i + 1);
+      const float g[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+      float b[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+      if (beta) {
+        const float4 b0 = __ldg(reinterpret_cast<const float4*>(beta) + 2 * i);
+        const float4 b1 = __ldg(reinterpret_cast<const float4*>(beta) + 2 * i + 1);
+        b[0] = b0.x, b[1] = b0.y, b[2] = b0.z, b[3] = b0.w, b[4] = b1.x, b[5] = b1.y, b[6] = b1.z, b[7] = b1.w;
+      }
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const float v = to_f32(e[u]);
+        e[u] = rms ? from_f32<T>(v * rs * g[u]) : from_f32<T>((v - mean[m]) * rs * g[u] + b[u]);
+      }
+      xs[m * kv + i] = c;
+    }
+  }
+  __syncthreads();
+}
+
 // R = 2 (SwiGLU): the warp streams the gate row and the up row of its output feature.
 // S > 1 (split-K): S warps share a row, warp part p reading chunks p*32 + lane + S*32*j,
 // and their sums meet in shared memory. Few rows (n of a few thousand) then still give
 // enough warps to keep every SM's loads in flight. The sums are multiplied by `scale`
 // (1 for 16-bit weights, exact) before the bias.
-template <typename F, int M, GemvEpilogue E, int S>
+// kNorm: the norm prologue, x normalized into dynamic shared memory (16-bit formats only).
+// The residual (may alias y) is added to each stored output when not null.
+template <typename F, int M, GemvEpilogue E, int S, bool kNorm>
 __global__ void __launch_bounds__(kWarps * 32)
 gemv_kernel(const typename F::X* __restrict__ x, const typename F::W* __restrict__ w, float scale,
-            const typename F::Y* __restrict__ bias, typename F::Y* __restrict__ y, int n, int k) {
+            const typename F::Y* __restrict__ bias, typename F::Y* y, int n, int k, GemvNorm norm,
+            const float* __restrict__ gamma, const float* __restrict__ beta, float eps,
+            const typename F::Y* residual) {
   using T = typename F::Y;
-  pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
   constexpr int R = E == GemvEpilogue::kSwiGlu ? 2 : 1;
+  extern __shared__ uint4 gemv_xs[];  // kNorm: the M normalized rows
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, part = warp % S;
   const int row = blockIdx.x * (kWarps / S) + warp / S;
-  if (S == 1 && row >= n) return;
+  if constexpr (!kNorm) {
+    pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
+    if (S == 1 && row >= n) return;
+  }
   const bool live = row < n;
   const int kv = live ? k / F::kPerChunk : 0;  // 16-byte chunks per row
   const uint4* wr[R];
@@ -96,8 +200,8 @@ gemv_kernel(const typename F::X* __restrict__ x, const typename F::W* __restrict
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
-  for (int i0 = part * 32 + lane; i0 < kv; i0 += S * 32 * kUnroll) {
-    uint4 wv[R][kUnroll];
+  uint4 wv[R][kUnroll];
+  auto load_w = [&](int i0) {
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -105,13 +209,28 @@ gemv_kernel(const typename F::X* __restrict__ x, const typename F::W* __restrict
         const int i = i0 + u * 32 * S;
         wv[r][u] = i < kv ? __ldcs(wr[r] + i) : make_uint4(0, 0, 0, 0);
       }
+  };
+  const int first = part * 32 + lane;
+  if constexpr (kNorm) {
+    // The first weight chunks are requested before anything waits: weights are never
+    // written by a kernel, so they may stream in while the previous kernel finishes
+    // (dependent launch) and while the block normalizes x.
+    load_w(first);
+    pdl_wait();
+    gemv_norm_rows<T, M>(xr, gemv_xs, k / F::kPerChunk, k, norm, gamma, beta, eps);
+    if (S == 1 && !live) return;
+  }
+  for (int i0 = first; i0 < kv; i0 += S * 32 * kUnroll) {
+    if (!kNorm || i0 != first) load_w(i0);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int i = i0 + u * 32 * S;
       if (i < kv) {
 #pragma unroll
         for (int m = 0; m < M; ++m) {
-          const uint4 xv = __ldg(xr + int64_t(m) * kv + i);
+          uint4 xv;
+          if constexpr (kNorm) xv = gemv_xs[m * kv + i];
+          else xv = __ldg(xr + int64_t(m) * kv + i);
 #pragma unroll
           for (int r = 0; r < R; ++r) F::fma(acc[r][m], wv[r][u], xv);
         }
@@ -150,21 +269,51 @@ gemv_kernel(const typename F::X* __restrict__ x, const typename F::W* __restrict
     }
     if (lane != 0) continue;
     // Rounded as the unfused kernels would (linear_common.cuh).
-    if constexpr (E == GemvEpilogue::kSwiGlu) y[int64_t(m) * n + row] = linear_swiglu_out<T>(v[0], v[R - 1]);
-    else y[int64_t(m) * n + row] = linear_epilogue_out<T>(E, v[0]);
+    const int64_t at = int64_t(m) * n + row;
+    T out;
+    if constexpr (E == GemvEpilogue::kSwiGlu) out = linear_swiglu_out<T>(v[0], v[R - 1]);
+    else out = linear_epilogue_out<T>(E, v[0]);
+    // The residual add of the unfused graph read the stored T output: round, add, round.
+    if (residual) out = from_f32<T>(to_f32(out) + to_f32(residual[at]));
+    y[at] = out;
   }
 }
 
+// What launch_format passes through to the kernel besides the GEMV's own operands.
+template <typename F>
+struct Fused {
+  GemvNorm norm = GemvNorm::kNone;
+  const float* gamma = nullptr;
+  const float* beta = nullptr;
+  float eps = 0.0f;
+  const typename F::Y* residual = nullptr;
+};
+
+template <typename F, GemvEpilogue E, int S, bool kNorm>
+void launch_split_norm(const typename F::X* x, const typename F::W* w, float scale, const typename F::Y* b,
+                       typename F::Y* y, int64_t m, int64_t n, int64_t k, cudaStream_t s, const Fused<F>& f) {
+  const dim3 grid(unsigned((n * S + kWarps - 1) / kWarps));
+  const size_t smem = kNorm ? size_t(m * k) * sizeof(typename F::X) : 0;
+#define KILN_GEMV_LAUNCH(M_)                                                                                   \
+  launch_k(gemv_kernel<F, M_, E, S, kNorm>, grid, kWarps * 32, smem, s, x, w, scale, b, y, int(n), int(k), f.norm, \
+           f.gamma, f.beta, f.eps, f.residual)
+  switch (m) {
+    case 1: KILN_GEMV_LAUNCH(1); break;
+    case 2: KILN_GEMV_LAUNCH(2); break;
+    case 3: KILN_GEMV_LAUNCH(3); break;
+    default: KILN_GEMV_LAUNCH(4); break;
+  }
+#undef KILN_GEMV_LAUNCH
+}
+
+// The norm prologue exists for 16-bit x only (one row element per 2 bytes of shared memory).
 template <typename F, GemvEpilogue E, int S>
 void launch_split(const typename F::X* x, const typename F::W* w, float scale, const typename F::Y* b,
-                  typename F::Y* y, int64_t m, int64_t n, int64_t k, cudaStream_t s) {
-  const dim3 grid(unsigned((n * S + kWarps - 1) / kWarps));
-  switch (m) {
-    case 1: launch_k(gemv_kernel<F, 1, E, S>, grid, kWarps * 32, 0, s, x, w, scale, b, y, int(n), int(k)); break;
-    case 2: launch_k(gemv_kernel<F, 2, E, S>, grid, kWarps * 32, 0, s, x, w, scale, b, y, int(n), int(k)); break;
-    case 3: launch_k(gemv_kernel<F, 3, E, S>, grid, kWarps * 32, 0, s, x, w, scale, b, y, int(n), int(k)); break;
-    default: launch_k(gemv_kernel<F, 4, E, S>, grid, kWarps * 32, 0, s, x, w, scale, b, y, int(n), int(k)); break;
+                  typename F::Y* y, int64_t m, int64_t n, int64_t k, cudaStream_t s, const Fused<F>& f) {
+  if constexpr (F::kPerChunk == 8) {
+    if (f.norm != GemvNorm::kNone) return launch_split_norm<F, E, S, true>(x, w, scale, b, y, m, n, k, s, f);
   }
+  launch_split_norm<F, E, S, false>(x, w, scale, b, y, m, n, k, s, f);
 }
 
 // Warps per row: enough that about 8192 warps stream the matrix (an H200 holds ~8400),
@@ -177,28 +326,30 @@ int split_for(int64_t n, int64_t k) {
 
 template <typename F, GemvEpilogue E>
 void launch_rows(const typename F::X* x, const typename F::W* w, float scale, const typename F::Y* b,
-                 typename F::Y* y, int64_t m, int64_t n, int64_t k, cudaStream_t s) {
+                 typename F::Y* y, int64_t m, int64_t n, int64_t k, cudaStream_t s, const Fused<F>& f) {
   switch (split_for(n, k)) {
-    case 1: launch_split<F, E, 1>(x, w, scale, b, y, m, n, k, s); break;
-    case 2: launch_split<F, E, 2>(x, w, scale, b, y, m, n, k, s); break;
-    default: launch_split<F, E, 4>(x, w, scale, b, y, m, n, k, s); break;
+    case 1: launch_split<F, E, 1>(x, w, scale, b, y, m, n, k, s, f); break;
+    case 2: launch_split<F, E, 2>(x, w, scale, b, y, m, n, k, s, f); break;
+    default: launch_split<F, E, 4>(x, w, scale, b, y, m, n, k, s, f); break;
   }
 }
 
 // The one dispatch from the runtime epilogue to the kernel's template argument.
 template <typename F>
 void launch_format(const void* x, const void* w, float scale, const void* bias, void* y, int64_t m, int64_t n,
-                   int64_t k, cudaStream_t s, GemvEpilogue epi) {
+                   int64_t k, cudaStream_t s, GemvEpilogue epi, const GemvFusion& fusion = {}) {
   auto* xt = static_cast<const typename F::X*>(x);
   auto* wt = static_cast<const typename F::W*>(w);
   auto* bt = static_cast<const typename F::Y*>(bias);
   auto* yt = static_cast<typename F::Y*>(y);
+  const Fused<F> f{fusion.norm, fusion.gamma, fusion.beta, fusion.eps,
+                   static_cast<const typename F::Y*>(fusion.residual)};
   switch (epi) {
-    case GemvEpilogue::kNone: launch_rows<F, GemvEpilogue::kNone>(xt, wt, scale, bt, yt, m, n, k, s); break;
-    case GemvEpilogue::kGeluErf: launch_rows<F, GemvEpilogue::kGeluErf>(xt, wt, scale, bt, yt, m, n, k, s); break;
-    case GemvEpilogue::kGeluTanh: launch_rows<F, GemvEpilogue::kGeluTanh>(xt, wt, scale, bt, yt, m, n, k, s); break;
-    case GemvEpilogue::kSilu: launch_rows<F, GemvEpilogue::kSilu>(xt, wt, scale, bt, yt, m, n, k, s); break;
-    case GemvEpilogue::kSwiGlu: launch_rows<F, GemvEpilogue::kSwiGlu>(xt, wt, scale, bt, yt, m, n, k, s); break;
+    case GemvEpilogue::kNone: launch_rows<F, GemvEpilogue::kNone>(xt, wt, scale, bt, yt, m, n, k, s, f); break;
+    case GemvEpilogue::kGeluErf: launch_rows<F, GemvEpilogue::kGeluErf>(xt, wt, scale, bt, yt, m, n, k, s, f); break;
+    case GemvEpilogue::kGeluTanh: launch_rows<F, GemvEpilogue::kGeluTanh>(xt, wt, scale, bt, yt, m, n, k, s, f); break;
+    case GemvEpilogue::kSilu: launch_rows<F, GemvEpilogue::kSilu>(xt, wt, scale, bt, yt, m, n, k, s, f); break;
+    case GemvEpilogue::kSwiGlu: launch_rows<F, GemvEpilogue::kSwiGlu>(xt, wt, scale, bt, yt, m, n, k, s, f); break;
   }
   KILN_CUDA_CHECK_LAUNCH();
 }
@@ -210,15 +361,21 @@ bool gemv_supports(DType dtype, int64_t m, int64_t k) {
          k < (int64_t(1) << 30);
 }
 
+bool gemv_norm_supports(DType dtype, int64_t m, int64_t k) {
+  return gemv_supports(dtype, m, k) && m * k * int64_t(dtype_size(dtype)) <= kGemvNormSmemBytes;
+}
+
 void launch_gemv(DType dtype, const void* x, const void* w, const void* bias, void* y, int64_t m, int64_t n,
-                 int64_t k, cudaStream_t s, GemvEpilogue epi) {
+                 int64_t k, cudaStream_t s, GemvEpilogue epi, const GemvFusion& fusion) {
   KILN_THROW_IF(!gemv_supports(dtype, m, k), kInternal, "cuda gemv: unsupported ", dtype_name(dtype), " m=", m,
                 " k=", k);
+  KILN_THROW_IF(fusion.norm != GemvNorm::kNone && (!gemv_norm_supports(dtype, m, k) || !fusion.gamma), kInternal,
+                "cuda gemv: no norm prologue for ", dtype_name(dtype), " m=", m, " k=", k);
   if (n == 0) return;
   if (dtype == DType::kBF16)
-    launch_format<Wide16<__nv_bfloat16>>(x, w, 1.0f, bias, y, m, n, k, s, epi);
+    launch_format<Wide16<__nv_bfloat16>>(x, w, 1.0f, bias, y, m, n, k, s, epi, fusion);
   else
-    launch_format<Wide16<__half>>(x, w, 1.0f, bias, y, m, n, k, s, epi);
+    launch_format<Wide16<__half>>(x, w, 1.0f, bias, y, m, n, k, s, epi, fusion);
 }
 
 bool fp8_gemv_supports(int64_t m, int64_t k) {
