@@ -6,7 +6,9 @@
 // and fp8 caches (--kv-cache-dtype) against the CPU backend with the same cache dtype,
 // through the decode, tile and tensor-core kernels, split and unsplit, and the packed
 // RoPE path with its quantizing cache write; the pool's codes and scales equal the CPU
-// pool's bit for bit. Skips without a GPU.
+// pool's bit for bit; decode steps over directly filled pools (batch 1/3/64, contexts to
+// 4096, GQA groups 1-8) through the grouped-query decode kernel and today's kernels.
+// Skips without a GPU.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -314,6 +316,166 @@ TEST(CudaAttention, PackedQkvQuantizedCachesMatchCpu) {
             unsetenv("KILN_CUDA_FLASH");
           }
         }
+}
+
+// Decode steps (one query row per sequence) over a pool filled directly, the same values
+// - or int8/fp8 codes and scales - in the CPU and the CUDA pool, so that long contexts
+// need no long prefill on the CPU. Each case runs `steps` decode steps (the new token's
+// K/V written by the step, read again by the next), through the grouped-query decode
+// kernel with the decode plan's automatic splits ("0": from the second step on a
+// captured CUDA graph, replayed from the third), forced 64-key splits and no splits, and
+// through today's kernels (KILN_CUDA_ATTN=old); the CPU runs once per dtype.
+struct DecodeCase {
+  int64_t hq, hkv, d;
+  std::vector<int32_t> ctx;  // context length of the first decode step, its new token included
+};
+
+void check_prefilled_decode(const DecodeCase& c, KvDType kd, const std::vector<std::string>& dtypes, int steps = 4) {
+  constexpr int64_t bs = 16;
+  int64_t blocks = 4;
+  for (int32_t L : c.ctx) blocks += (L + steps + bs - 1) / bs;
+  const KvLayout layout{.num_layers = 1, .num_blocks = blocks, .block_size = bs, .num_kv_heads = c.hkv,
+                        .head_dim = c.d, .dtype = kd};
+  const int64_t rows = blocks * bs * c.hkv, elems = rows * c.d;
+  for (const std::string& dt : dtypes) {
+    std::mt19937_64 rng(uint64_t(c.hq * 7919 + c.d * 31 + c.ctx.size() * 3 + int(kd)));
+    std::vector<int32_t> pool(static_cast<size_t>(blocks));
+    std::iota(pool.begin(), pool.end(), 0);
+    std::shuffle(pool.begin(), pool.end(), rng);
+    std::vector<std::vector<int32_t>> tables;
+    size_t next = 0;
+    for (int32_t L : c.ctx) {
+      tables.emplace_back();
+      for (int64_t b = 0; b < (L + steps + bs - 1) / bs; ++b) tables.back().push_back(pool.at(next++));
+    }
+    // The pool's contents: values exact in dt (f32 pools), or codes and scales.
+    Tensor kf, vf;
+    std::vector<int8_t> kc, vc;
+    std::vector<float> ks, vs;
+    if (kd == KvDType::kAuto) {
+      kf = random_tensor({elems}, rng, dt, -2, 2);
+      vf = random_tensor({elems}, rng, dt);
+    } else {
+      auto codes = [&](std::vector<int8_t>& out) {
+        out.resize(size_t(elems));
+        for (int8_t& x : out) {
+          auto b = uint8_t(rng());
+          if (kd == KvDType::kInt8 && b == 0x80) b = 0;                  // int8 codes are in [-127, 127]
+          if (kd == KvDType::kFp8 && (b & 0x7f) == 0x7f) b ^= 1;         // no NaN codes
+          x = int8_t(b);
+        }
+      };
+      codes(kc);
+      codes(vc);
+      std::uniform_real_distribution<float> u(0.5f, 1.5f);
+      const float unit = kd == KvDType::kInt8 ? 1.0f / 64 : 1.0f / 224;
+      ks.resize(size_t(rows));
+      vs.resize(size_t(rows));
+      for (float& x : ks) x = u(rng) * unit;
+      for (float& x : vs) x = u(rng) * unit;
+    }
+    std::vector<StepCase> cases;
+    for (int i = 0; i < steps; ++i) {
+      StepCase sc;
+      const auto b = int32_t(c.ctx.size());
+      for (int32_t s = 0; s < b; ++s) {
+        const int32_t p = c.ctx[size_t(s)] - 1 + i;
+        sc.step.slot_mapping.push_back(int64_t(tables[size_t(s)][size_t(p / bs)]) * bs + p % bs);
+        sc.step.seqs.push_back({s, 1, p + 1, tables[size_t(s)]});
+      }
+      sc.inputs["q"] = random_tensor({b, c.hq * c.d}, rng, dt, -2, 2);
+      sc.inputs["k"] = random_tensor({b, c.hkv * c.d}, rng, dt, -2, 2);
+      sc.inputs["v"] = random_tensor({b, c.hkv * c.d}, rng, dt);
+      cases.push_back(std::move(sc));
+    }
+    const ir::Graph g = attention_graph({c.hq, c.hkv, c.d, bs, {}}, true);
+    auto cpu = create_backend("cpu");
+    auto cg = cpu->compile(g, {.weight_dtype = "f32"});
+    auto ckv = cpu->allocate_kv(layout);
+    auto* cp = dynamic_cast<cpu::CpuKv*>(ckv.get());
+    ASSERT_TRUE(cp);
+    if (kd == KvDType::kAuto) {
+      std::copy_n(kf.data_as<float>(), elems, cp->k(0));
+      std::copy_n(vf.data_as<float>(), elems, cp->v(0));
+    } else {
+      std::copy(kc.begin(), kc.end(), cp->k_codes(0));
+      std::copy(vc.begin(), vc.end(), cp->v_codes(0));
+      std::copy(ks.begin(), ks.end(), cp->k_scales(0));
+      std::copy(vs.begin(), vs.end(), cp->v_scales(0));
+    }
+    std::vector<Tensor> want;
+    for (const StepCase& sc : cases) want.push_back(cg->run(sc.inputs, sc.step, ckv.get()).at("y").clone());
+
+    for (const auto& [split, attn] : std::vector<std::pair<std::string, std::string>>{
+             {"0", ""}, {"64", ""}, {"-1", ""}, {"0", "old"}}) {
+      setenv("KILN_CUDA_SPLIT_CHUNK", split.c_str(), 1);
+      setenv("KILN_CUDA_ATTN", attn.c_str(), 1);
+      auto gpu = create_backend("cuda");
+      auto gg = gpu->compile(g, {.weight_dtype = dt});
+      auto gkv = gpu->allocate_kv(layout);
+      auto* gp = dynamic_cast<CudaKv*>(gkv.get());
+      ASSERT_TRUE(gp);
+      if (kd == KvDType::kAuto) {
+        const Tensor kt = kf.to(storage_dtype(dt)), vt = vf.to(storage_dtype(dt));
+        ASSERT_EQ(cudaMemcpy(gp->k(0), kt.data(), kt.nbytes(), cudaMemcpyHostToDevice), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(gp->v(0), vt.data(), vt.nbytes(), cudaMemcpyHostToDevice), cudaSuccess);
+      } else {
+        ASSERT_EQ(cudaMemcpy(gp->k(0), kc.data(), kc.size(), cudaMemcpyHostToDevice), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(gp->v(0), vc.data(), vc.size(), cudaMemcpyHostToDevice), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(gp->k_scales(0), ks.data(), ks.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+        ASSERT_EQ(cudaMemcpy(gp->v_scales(0), vs.data(), vs.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
+      }
+      const std::string what =
+          str_cat("decode hq=", c.hq, " hkv=", c.hkv, " d=", c.d, " batch=", c.ctx.size(), " max_ctx=",
+                  *std::max_element(c.ctx.begin(), c.ctx.end()), " split=", split, " attn=", attn.empty() ? "new" : attn,
+                  " kv=", kv_dtype_name(kd));
+      const double tol = kd == KvDType::kAuto ? op_tolerance(dt) : quantized_tolerance(dt);
+      for (size_t i = 0; i < cases.size(); ++i) {
+        TensorMap got = gg->run(cases[i].inputs, cases[i].step, gkv.get());
+        ASSERT_TRUE(got.count("y"));
+        const Diff d = diff(got.at("y"), want[i]);
+        std::printf("  %-70s %-4s step %zu max|err| %.3g  max|ref| %.3g  rel %.3g\n", what.c_str(), dt.c_str(), i,
+                    d.max_err, d.max_ref, d.rel());
+        EXPECT_LE(d.rel(), tol) << what << " (" << dt << ") step " << i;
+      }
+    }
+    unsetenv("KILN_CUDA_SPLIT_CHUNK");
+    unsetenv("KILN_CUDA_ATTN");
+  }
+}
+
+// Batch 1 / 3 / 64, contexts 1..4096, GQA groups 1 / 2 / 4 / 8 (and 3, padded to 4), head
+// dims 64 / 128 (and 16 / 32 for the 16/32-bit cache).
+TEST(CudaAttention, GroupedDecodeMatchesCpu) {
+  KILN_SKIP_WITHOUT_CUDA();
+  std::mt19937_64 rng(5);
+  std::uniform_int_distribution<int32_t> len(1, 300);
+  std::vector<int32_t> b64(64);
+  for (int32_t& x : b64) x = len(rng);
+  check_prefilled_decode({8, 1, 128, {4096}}, KvDType::kAuto, all_dtypes());
+  check_prefilled_decode({8, 1, 128, {1}}, KvDType::kAuto, all_dtypes());
+  check_prefilled_decode({32, 8, 64, {1, 150, 2049}}, KvDType::kAuto, all_dtypes());
+  check_prefilled_decode({4, 4, 128, {17, 4000, 2}}, KvDType::kAuto, all_dtypes());
+  check_prefilled_decode({9, 3, 64, {33, 1, 700}}, KvDType::kAuto, {"bf16"});
+  check_prefilled_decode({4, 2, 32, {100, 65}}, KvDType::kAuto, all_dtypes());
+  check_prefilled_decode({4, 1, 16, {3, 64, 129}}, KvDType::kAuto, {"f32", "bf16"});
+  check_prefilled_decode({32, 8, 64, b64}, KvDType::kAuto, {"bf16", "f32"});
+  check_prefilled_decode({16, 2, 128, b64}, KvDType::kAuto, {"f16"});
+}
+
+TEST(CudaAttention, GroupedDecodeQuantizedMatchesCpu) {
+  KILN_SKIP_WITHOUT_CUDA();
+  std::mt19937_64 rng(6);
+  std::uniform_int_distribution<int32_t> len(1, 200);
+  std::vector<int32_t> b64(64);
+  for (int32_t& x : b64) x = len(rng);
+  for (KvDType kd : {KvDType::kInt8, KvDType::kFp8}) {
+    check_prefilled_decode({8, 1, 128, {4096}}, kd, {"bf16"});
+    check_prefilled_decode({32, 8, 64, {1, 150, 2049}}, kd, all_dtypes());
+    check_prefilled_decode({8, 8, 128, {5, 300}}, kd, {"f16"});
+    check_prefilled_decode({32, 8, 64, b64}, kd, {"bf16"});
+    check_prefilled_decode({4, 2, 32, {100, 3}}, kd, {"bf16"});  // head dim 32: today's kernels
+  }
 }
 
 TEST(CudaAttention, BadBlockTableIsAnError) {

@@ -196,10 +196,15 @@ void launch_attention(const AttentionArgs& a, cudaStream_t s) {
   KILN_THROW_IF(!attention_supports_head_dim(a.d), kUnsupported, "cuda attention: head_dim ", a.d,
                 " (supported: 16, 32, 64, 128)");
   KILN_THROW_IF(a.num_partials > 0 && !a.workspace, kInternal, "cuda attention: split plan without workspace");
+  if (a.kv_code != KvCode::kNone)
+    KILN_THROW_IF(!a.k_scales || !a.v_scales, kInternal, "cuda attention: a quantized cache without scales");
+  if (attention_gqa_decode_applies(a)) {
+    launch_attention_gqa_decode(a, s);
+    return;
+  }
   if (a.kv_code == KvCode::kNone) {
     launch_attention_codes<KvCode::kNone>(a, s);
   } else {
-    KILN_THROW_IF(!a.k_scales || !a.v_scales, kInternal, "cuda attention: a quantized cache without scales");
     launch_attention_quantized(a, s);
   }
 }

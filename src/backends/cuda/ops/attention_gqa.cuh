@@ -1,0 +1,285 @@
+// Internal to the CUDA backend's attention: the grouped-query decode kernel (one query
+// row per sequence). A CTA takes one (sequence, KV head, split) and all the GP >= group
+// q heads of its GQA group, so each K/V tile is read from the cache once for the whole
+// group: 16-byte cp.async copies gathered through the block table into a two-stage
+// shared-memory ring (the next tile is in flight while this one is scored), q in shared
+// memory as f32, scores S[group][keys] from K rows read as 16-byte vectors, an online
+// softmax per head (one warp per head), and P·V with threads over (head, dim pair).
+// Accumulation is f32 as in the other kernels. Split plans write the partials that
+// attention_combine_kernel merges. Templated on the activation type T, head dim D, the
+// padded group GP and the cache codes Q; instantiated in attention_gqa.cu (16/32-bit
+// caches) and attention_gqa_quant.cu (int8/fp8). Tested in
+// tests/backends/cuda/attention_test.cpp.
+#pragma once
+
+#include "backends/cuda/ops/attention_kernels.cuh"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int kGqaThreads = 128;
+
+// Keys per tile: about 8 KiB of K (and as much of V) per stage.
+template <int D, int ElemBytes>
+constexpr int gqa_tile_keys() {
+  constexpr int k = 8192 / (D * ElemBytes);
+  return k > 64 ? 64 : (k < 16 ? 16 : k);
+}
+
+// 4 bytes global -> shared (the per-key scales of a quantized cache), zero-filled when !valid.
+__device__ __forceinline__ void cp_async4(void* smem, const void* gmem, bool valid) {
+  const unsigned dst = unsigned(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 4 : 0));
+}
+
+// Two consecutive cache elements (dims c, c + 1 of one V row in shared memory) as f32;
+// codes still to be multiplied by their row's scale.
+template <typename T, KvCode Q>
+__device__ __forceinline__ float2 gqa_load2(const KvElem<T, Q>* p) {
+  if constexpr (Q != KvCode::kNone) {
+    return make_float2(kv_decode1<Q>(p[0]), kv_decode1<Q>(p[1]));
+  } else if constexpr (std::is_same_v<T, float>) {
+    return *reinterpret_cast<const float2*>(p);
+  } else {
+    return make_float2(to_f32(p[0]), to_f32(p[1]));
+  }
+}
+
+template <typename T, int D, int GP, KvCode Q>
+__global__ void __launch_bounds__(kGqaThreads)
+attention_gqa_decode_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restrict__ k_cache,
+                            const KvElem<T, Q>* __restrict__ v_cache, const float* __restrict__ k_scales,
+                            const float* __restrict__ v_scales, T* __restrict__ out, int block_size, int hq, int hkv,
+                            int64_t q_stride, int64_t kv_row, float scale, const AttnSeq* __restrict__ seqs,
+                            const int32_t* __restrict__ block_tables, const AttnWork* __restrict__ works,
+                            float* __restrict__ part_o, float* __restrict__ part_ml) {
+  using E = KvElem<T, Q>;
+  constexpr int kThreads = kGqaThreads, kWarpsG = kThreads / 32;
+  constexpr int EB = int(sizeof(E)), KEYS = gqa_tile_keys<D, EB>();
+  constexpr int CVEC = 16 / EB, CVPR = D / CVEC;  // the cache's 16-byte vectors per row
+  constexpr int LD = D + CVEC;                    // +16 bytes: 8 rows' 16-byte reads hit distinct banks
+  constexpr int VEC = 16 / int(sizeof(T)), VPR = D / VEC;
+  constexpr bool kQuant = Q != KvCode::kNone;
+  static_assert(D % CVEC == 0 && D % VEC == 0 && GP <= kAttnItemsPerCta);
+  __shared__ __align__(16) E kv_s[2][2][KEYS * LD];  // [stage][K, V][key * LD + dim]
+  __shared__ float sc_s[2][2][kQuant ? KEYS : 1];    // [stage][K, V][key]: quantized caches' scales
+  __shared__ __align__(16) float qs[GP][D];
+  __shared__ float ps[GP][KEYS];
+  __shared__ float corr_s[GP], m_s[GP], l_s[GP];
+
+  pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
+  const AttnWork w = works[blockIdx.x];
+  if (w.partial >= 0 && w.kv_begin >= w.kv_end && w.kv_begin > 0) return;  // an empty split: never combined
+  const AttnSeq sq = seqs[w.seq];
+  const int kvh = blockIdx.y, group = hq / hkv;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  // The sequence's one query row is its last position: it sees every key of the context.
+  const int lo = w.kv_begin, hi = min(sq.ctx_len, w.kv_end);
+  const int32_t* bt = block_tables + sq.bt_offset;
+
+  for (int e = threadIdx.x; e < GP * VPR; e += kThreads) {
+    const int r = e / VPR, c = (e % VPR) * VEC;
+    uint4 raw = make_uint4(0, 0, 0, 0);
+    if (r < group)
+      raw = *reinterpret_cast<const uint4*>(q + int64_t(sq.q_start) * q_stride + int64_t(kvh * group + r) * D + c);
+    const T* v = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) qs[r][c + i] = to_f32(v[i]) * scale;
+  }
+
+  // Issues the copies of keys [t0, t0 + KEYS) into stage st (keys past hi: zeros).
+  auto load_tile = [&](int t0, int st) {
+    for (int e = threadIdx.x; e < KEYS * CVPR; e += kThreads) {
+      const int j = e / CVPR, c = (e % CVPR) * CVEC, p = t0 + j;
+      const bool in = p < hi;
+      const int64_t slot = in ? int64_t(bt[p / block_size]) * block_size + p % block_size : 0;
+      const int64_t off = slot * kv_row + int64_t(kvh) * D + c;
+      cp_async16(&kv_s[st][0][j * LD + c], k_cache + off, in);
+      cp_async16(&kv_s[st][1][j * LD + c], v_cache + off, in);
+      if constexpr (kQuant) {
+        if (c == 0) {
+          cp_async4(&sc_s[st][0][j], k_scales + slot * hkv + kvh, in);
+          cp_async4(&sc_s[st][1][j], v_scales + slot * hkv + kvh, in);
+        }
+      }
+    }
+    cp_async_commit();
+  };
+
+  // Scores: thread -> key kj, heads sset, sset + SSETS, ...
+  constexpr int SSETS = kThreads / KEYS, SRR = (GP + SSETS - 1) / SSETS;
+  const int kj = threadIdx.x % KEYS, sset = threadIdx.x / KEYS;
+  // Softmax: warp -> heads warp, warp + 4, ...
+  constexpr int SR = (GP + kWarpsG - 1) / kWarpsG;
+  float m[SR], l[SR];
+#pragma unroll
+  for (int i = 0; i < SR; ++i) {
+    m[i] = -INFINITY;
+    l[i] = 0.0f;
+  }
+  // P·V: thread -> dims (2 c2, 2 c2 + 1) of heads set, set + SETS, ...
+  constexpr int PAIRS = D / 2, SETS = kThreads / PAIRS, AR = (GP + SETS - 1) / SETS;
+  static_assert(kThreads % PAIRS == 0);
+  const int c2 = threadIdx.x % PAIRS, set = threadIdx.x / PAIRS;
+  float acc[AR][2];
+#pragma unroll
+  for (int i = 0; i < AR; ++i) acc[i][0] = acc[i][1] = 0.0f;
+
+  const int ntiles = hi > lo ? (hi - lo + KEYS - 1) / KEYS : 0;
+  if (ntiles > 0) load_tile(lo, 0);
+  for (int it = 0; it < ntiles; ++it) {
+    const int t0 = lo + it * KEYS, st = it & 1;
+    __syncthreads();  // the other stage's tile is consumed (and qs written, on the first pass)
+    if (it + 1 < ntiles) {
+      load_tile(t0 + KEYS, st ^ 1);
+      cp_async_wait<1>();  // this tile has landed; the next one stays in flight
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+    const E* ks = kv_s[st][0];
+    const E* vs = kv_s[st][1];
+    {
+      float s[SRR];
+#pragma unroll
+      for (int i = 0; i < SRR; ++i) s[i] = 0.0f;
+      const E* kr = ks + kj * LD;
+#pragma unroll
+      for (int c = 0; c < D; c += CVEC) {
+        float kf[CVEC];
+        kv_load_vec<T, Q>(*reinterpret_cast<const uint4*>(kr + c), kf);
+#pragma unroll
+        for (int i = 0; i < SRR; ++i) {
+          const int r = sset + i * SSETS;
+          if (r < GP) {
+#pragma unroll
+            for (int u = 0; u < CVEC; ++u) s[i] += qs[r][c + u] * kf[u];
+          }
+        }
+      }
+      float ksc = 1.0f;
+      if constexpr (kQuant) ksc = sc_s[st][0][kj] * kv_code_unit<Q>();  // q . (s c) = s (q . c)
+      const bool vis = t0 + kj < hi;
+#pragma unroll
+      for (int i = 0; i < SRR; ++i) {
+        const int r = sset + i * SSETS;
+        if (r < GP) ps[r][kj] = vis ? s[i] * ksc : -INFINITY;
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < SR; ++i) {
+      const int r = warp + i * kWarpsG;
+      if (r >= group) continue;  // uniform across the warp
+      const float v0 = lane < KEYS ? ps[r][lane] : -INFINITY;
+      const float v1 = KEYS > 32 ? ps[r][(lane + 32) % KEYS] : -INFINITY;
+      const float m_new = fmaxf(m[i], warp_max(fmaxf(v0, v1)));  // finite: key t0 is visible
+      const float corr = expf(m[i] - m_new);
+      const float p0 = expf(v0 - m_new), p1 = expf(v1 - m_new);
+      l[i] = l[i] * corr + warp_sum(p0 + p1);
+      if (lane < KEYS) ps[r][lane] = p0;
+      if (KEYS > 32) ps[r][lane + 32] = p1;
+      if (lane == 0) corr_s[r] = corr;
+      m[i] = m_new;
+    }
+    if constexpr (kQuant) {
+      // The weight of V's codes: p times the key's V scale (l keeps the plain sum).
+      __syncthreads();
+      for (int e = threadIdx.x; e < GP * KEYS; e += kThreads) {
+        const int r = e / KEYS, j = e % KEYS;
+        if (r < group) ps[r][j] *= sc_s[st][1][j] * kv_code_unit<Q>();
+      }
+    }
+    __syncthreads();
+#pragma unroll
+    for (int i = 0; i < AR; ++i) {
+      const int r = set + i * SETS;
+      if (r < group) {
+        const float corr = corr_s[r];
+        acc[i][0] *= corr;
+        acc[i][1] *= corr;
+      }
+    }
+    const int nk = min(KEYS, hi - t0);
+#pragma unroll 4
+    for (int j = 0; j < nk; ++j) {
+      const float2 vv = gqa_load2<T, Q>(vs + j * LD + 2 * c2);
+#pragma unroll
+      for (int i = 0; i < AR; ++i) {
+        const int r = set + i * SETS;
+        if (r < group) {
+          const float pj = ps[r][j];
+          acc[i][0] += pj * vv.x;
+          acc[i][1] += pj * vv.y;
+        }
+      }
+    }
+  }
+
+  pdl_trigger();  // the keys and values are read: the next kernel may launch
+#pragma unroll
+  for (int i = 0; i < SR; ++i) {
+    const int r = warp + i * kWarpsG;
+    if (r < group && lane == 0) {
+      m_s[r] = m[i];
+      l_s[r] = l[i];
+    }
+  }
+  __syncthreads();
+#pragma unroll
+  for (int i = 0; i < AR; ++i) {
+    const int r = set + i * SETS;
+    if (r >= group) continue;
+    if (w.partial < 0) {
+      const float inv = l_s[r] > 0.0f ? 1.0f / l_s[r] : 0.0f;
+      T* o = out + (int64_t(sq.q_start) * hq + kvh * group + r) * D + 2 * c2;
+      o[0] = from_f32<T>(acc[i][0] * inv);
+      o[1] = from_f32<T>(acc[i][1] * inv);
+    } else {
+      const int64_t base = (int64_t(w.partial) * hkv + kvh) * kAttnItemsPerCta + r;
+      part_o[base * D + 2 * c2] = acc[i][0];
+      part_o[base * D + 2 * c2 + 1] = acc[i][1];
+      if (c2 == 0) {
+        part_ml[base * 2] = m_s[r];
+        part_ml[base * 2 + 1] = l_s[r];
+      }
+    }
+  }
+}
+
+// The grouped-query decode kernel (and the combine of a split plan) for T, D and Q, the
+// padded group picked from hq / hkv (<= 8).
+template <typename T, int D, KvCode Q>
+void launch_gqa_typed(const AttentionArgs& a, cudaStream_t s) {
+  const size_t per = size_t(a.num_partials) * size_t(a.hkv) * kAttnItemsPerCta;
+  float* part_o = a.workspace;
+  float* part_ml = a.workspace ? a.workspace + per * size_t(D) : nullptr;
+  const dim3 grid(unsigned(a.num_work), unsigned(a.hkv));
+  const int64_t qs = a.q_stride ? a.q_stride : a.hq * D, kvs = a.kv_stride ? a.kv_stride : a.hkv * D;
+  const auto* q = static_cast<const T*>(a.q);
+  const auto* kc = static_cast<const KvElem<T, Q>*>(a.k_cache);
+  const auto* vc = static_cast<const KvElem<T, Q>*>(a.v_cache);
+  auto* out = static_cast<T*>(a.out);
+  const int64_t group = a.hq / a.hkv;
+  auto go = [&](auto kernel) {
+    launch_k(kernel, grid, kGqaThreads, 0, s, q, kc, vc, a.k_scales, a.v_scales, out, int(a.block_size), int(a.hq),
+        int(a.hkv), qs, kvs, a.scale, a.seqs, a.block_tables, a.work, part_o, part_ml);
+  };
+  if (group == 1)
+    go(attention_gqa_decode_kernel<T, D, 1, Q>);
+  else if (group == 2)
+    go(attention_gqa_decode_kernel<T, D, 2, Q>);
+  else if (group <= 4)
+    go(attention_gqa_decode_kernel<T, D, 4, Q>);
+  else
+    go(attention_gqa_decode_kernel<T, D, 8, Q>);
+  KILN_CUDA_CHECK_LAUNCH();
+  if (a.num_combine > 0) {
+    launch_k(attention_combine_kernel<T, D>, dim3(unsigned(a.num_combine), unsigned(a.hkv)), 128, 0, s,
+        static_cast<T*>(a.out), int(a.hq), int(a.hkv), a.seqs, a.combine, part_o, part_ml);
+    KILN_CUDA_CHECK_LAUNCH();
+  }
+}
+
+}  // namespace
+}  // namespace kiln::cuda
