@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <functional>
 #include <numeric>
 
 #include "backends/cpu/cpu_ops.h"
@@ -245,9 +246,15 @@ ir::Graph packed_graph(const Config& c, bool causal, int64_t rotary_dim) {
 
 // decoder_steps with q, k, v packed into one qkv input and positions for RoPE (none
 // when rot is 0).
+std::vector<StepCase> pack_steps(const Config& c, std::vector<StepCase> steps, int64_t rot);
+
 std::vector<StepCase> packed_steps(const Config& c, const std::string& dt, int64_t blocks, int64_t rot,
                                    std::mt19937_64& rng) {
-  auto steps = decoder_steps(c, dt, blocks, rng);
+  return pack_steps(c, decoder_steps(c, dt, blocks, rng), rot);
+}
+
+// Steps with separate q, k, v inputs as packed qkv rows, with positions (none when rot is 0).
+std::vector<StepCase> pack_steps(const Config& c, std::vector<StepCase> steps, int64_t rot) {
   for (StepCase& sc : steps) {
     const int64_t t = sc.inputs["q"].dim(0), qw = c.hq * c.d, kw = c.hkv * c.d;
     Tensor qkv(DType::kF32, {t, qw + 2 * kw}), pos(DType::kI32, {t});
@@ -318,13 +325,54 @@ TEST(CudaAttention, PackedQkvQuantizedCachesMatchCpu) {
         }
 }
 
+// The CUDA runs of one scenario under several (KILN_CUDA_SPLIT_CHUNK, KILN_CUDA_ATTN)
+// settings against one CPU run: the fused decode kernel (attn ""; "0": the decode plan's
+// automatic splits, "64": forced 64-key splits, "-1": none), the grouped decode kernel
+// with qkv_prep and the combine as separate launches ("unfused"), and today's kernels
+// ("old"). Every setting runs all the steps in order on a fresh pool, which `fill` (if
+// set) fills before the first step as it filled the CPU pool.
+using PoolFill = std::function<void(KvStorage& cpu, KvStorage& gpu)>;
+const std::vector<std::pair<std::string, std::string>> kDecodeVariants = {
+    {"0", ""}, {"64", ""}, {"-1", ""}, {"0", "unfused"}, {"0", "old"}};
+
+void expect_variants_match(const ir::Graph& g, const std::vector<StepCase>& cases, const std::string& dt, double tol,
+                           const std::string& what, const KvLayout& layout, const PoolFill& fill = nullptr) {
+  auto cpu = create_backend("cpu");
+  auto cg = cpu->compile(g, {.weight_dtype = "f32"});
+  auto ckv = cpu->allocate_kv(layout);
+  std::vector<std::unique_ptr<KvStorage>> gkvs;
+  std::vector<std::unique_ptr<CompiledGraph>> ggs;
+  std::vector<std::unique_ptr<Backend>> gpus;
+  for (const auto& [split, attn] : kDecodeVariants) {
+    setenv("KILN_CUDA_SPLIT_CHUNK", split.c_str(), 1);  // read when a graph compiles
+    gpus.push_back(create_backend("cuda"));
+    ggs.push_back(gpus.back()->compile(g, {.weight_dtype = dt}));
+    gkvs.push_back(gpus.back()->allocate_kv(layout));
+    if (fill) fill(*ckv, *gkvs.back());
+  }
+  unsetenv("KILN_CUDA_SPLIT_CHUNK");
+  for (size_t i = 0; i < cases.size(); ++i) {
+    const Tensor want = cg->run(cases[i].inputs, cases[i].step, ckv.get()).at("y").clone();
+    for (size_t v = 0; v < kDecodeVariants.size(); ++v) {
+      setenv("KILN_CUDA_ATTN", kDecodeVariants[v].second.c_str(), 1);  // read at each launch
+      TensorMap got = ggs[v]->run(cases[i].inputs, cases[i].step, gkvs[v].get());
+      unsetenv("KILN_CUDA_ATTN");
+      ASSERT_TRUE(got.count("y"));
+      const Diff d = diff(got.at("y"), want);
+      const std::string w = str_cat(what, " split=", kDecodeVariants[v].first, " attn=",
+                                    kDecodeVariants[v].second.empty() ? "fused" : kDecodeVariants[v].second);
+      std::printf("  %-86s %-4s step %zu max|err| %.3g  max|ref| %.3g  rel %.3g\n", w.c_str(), dt.c_str(), i, d.max_err,
+                  d.max_ref, d.rel());
+      EXPECT_LE(d.rel(), tol) << w << " (" << dt << ") step " << i;
+    }
+  }
+}
+
 // Decode steps (one query row per sequence) over a pool filled directly, the same values
 // - or int8/fp8 codes and scales - in the CPU and the CUDA pool, so that long contexts
-// need no long prefill on the CPU. Each case runs `steps` decode steps (the new token's
-// K/V written by the step, read again by the next), through the grouped-query decode
-// kernel with the decode plan's automatic splits ("0": from the second step on a
-// captured CUDA graph, replayed from the third), forced 64-key splits and no splits, and
-// through today's kernels (KILN_CUDA_ATTN=old); the CPU runs once per dtype.
+// need no long prefill on the CPU. Each case runs `steps` decode steps: the new token's
+// K/V is written by its step and read again by the next, and the fused kernel's split
+// counters must have been reset by the previous launch.
 struct DecodeCase {
   int64_t hq, hkv, d;
   std::vector<int32_t> ctx;  // context length of the first decode step, its new token included
@@ -360,8 +408,8 @@ void check_prefilled_decode(const DecodeCase& c, KvDType kd, const std::vector<s
         out.resize(size_t(elems));
         for (int8_t& x : out) {
           auto b = uint8_t(rng());
-          if (kd == KvDType::kInt8 && b == 0x80) b = 0;                  // int8 codes are in [-127, 127]
-          if (kd == KvDType::kFp8 && (b & 0x7f) == 0x7f) b ^= 1;         // no NaN codes
+          if (kd == KvDType::kInt8 && b == 0x80) b = 0;           // int8 codes are in [-127, 127]
+          if (kd == KvDType::kFp8 && (b & 0x7f) == 0x7f) b ^= 1;  // no NaN codes
           x = int8_t(b);
         }
       };
@@ -388,59 +436,33 @@ void check_prefilled_decode(const DecodeCase& c, KvDType kd, const std::vector<s
       sc.inputs["v"] = random_tensor({b, c.hkv * c.d}, rng, dt);
       cases.push_back(std::move(sc));
     }
-    const ir::Graph g = attention_graph({c.hq, c.hkv, c.d, bs, {}}, true);
-    auto cpu = create_backend("cpu");
-    auto cg = cpu->compile(g, {.weight_dtype = "f32"});
-    auto ckv = cpu->allocate_kv(layout);
-    auto* cp = dynamic_cast<cpu::CpuKv*>(ckv.get());
-    ASSERT_TRUE(cp);
-    if (kd == KvDType::kAuto) {
-      std::copy_n(kf.data_as<float>(), elems, cp->k(0));
-      std::copy_n(vf.data_as<float>(), elems, cp->v(0));
-    } else {
-      std::copy(kc.begin(), kc.end(), cp->k_codes(0));
-      std::copy(vc.begin(), vc.end(), cp->v_codes(0));
-      std::copy(ks.begin(), ks.end(), cp->k_scales(0));
-      std::copy(vs.begin(), vs.end(), cp->v_scales(0));
-    }
-    std::vector<Tensor> want;
-    for (const StepCase& sc : cases) want.push_back(cg->run(sc.inputs, sc.step, ckv.get()).at("y").clone());
-
-    for (const auto& [split, attn] : std::vector<std::pair<std::string, std::string>>{
-             {"0", ""}, {"64", ""}, {"-1", ""}, {"0", "old"}}) {
-      setenv("KILN_CUDA_SPLIT_CHUNK", split.c_str(), 1);
-      setenv("KILN_CUDA_ATTN", attn.c_str(), 1);
-      auto gpu = create_backend("cuda");
-      auto gg = gpu->compile(g, {.weight_dtype = dt});
-      auto gkv = gpu->allocate_kv(layout);
-      auto* gp = dynamic_cast<CudaKv*>(gkv.get());
-      ASSERT_TRUE(gp);
+    const Tensor kt = kd == KvDType::kAuto ? kf.to(storage_dtype(dt)) : Tensor();
+    const Tensor vt = kd == KvDType::kAuto ? vf.to(storage_dtype(dt)) : Tensor();
+    const PoolFill fill = [&](KvStorage& cpu_kv, KvStorage& gpu_kv) {
+      auto* cp = dynamic_cast<cpu::CpuKv*>(&cpu_kv);
+      auto* gp = dynamic_cast<CudaKv*>(&gpu_kv);
+      ASSERT_TRUE(cp && gp);
       if (kd == KvDType::kAuto) {
-        const Tensor kt = kf.to(storage_dtype(dt)), vt = vf.to(storage_dtype(dt));
+        std::copy_n(kf.data_as<float>(), elems, cp->k(0));
+        std::copy_n(vf.data_as<float>(), elems, cp->v(0));
         ASSERT_EQ(cudaMemcpy(gp->k(0), kt.data(), kt.nbytes(), cudaMemcpyHostToDevice), cudaSuccess);
         ASSERT_EQ(cudaMemcpy(gp->v(0), vt.data(), vt.nbytes(), cudaMemcpyHostToDevice), cudaSuccess);
       } else {
+        std::copy(kc.begin(), kc.end(), cp->k_codes(0));
+        std::copy(vc.begin(), vc.end(), cp->v_codes(0));
+        std::copy(ks.begin(), ks.end(), cp->k_scales(0));
+        std::copy(vs.begin(), vs.end(), cp->v_scales(0));
         ASSERT_EQ(cudaMemcpy(gp->k(0), kc.data(), kc.size(), cudaMemcpyHostToDevice), cudaSuccess);
         ASSERT_EQ(cudaMemcpy(gp->v(0), vc.data(), vc.size(), cudaMemcpyHostToDevice), cudaSuccess);
         ASSERT_EQ(cudaMemcpy(gp->k_scales(0), ks.data(), ks.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
         ASSERT_EQ(cudaMemcpy(gp->v_scales(0), vs.data(), vs.size() * 4, cudaMemcpyHostToDevice), cudaSuccess);
       }
-      const std::string what =
-          str_cat("decode hq=", c.hq, " hkv=", c.hkv, " d=", c.d, " batch=", c.ctx.size(), " max_ctx=",
-                  *std::max_element(c.ctx.begin(), c.ctx.end()), " split=", split, " attn=", attn.empty() ? "new" : attn,
-                  " kv=", kv_dtype_name(kd));
-      const double tol = kd == KvDType::kAuto ? op_tolerance(dt) : quantized_tolerance(dt);
-      for (size_t i = 0; i < cases.size(); ++i) {
-        TensorMap got = gg->run(cases[i].inputs, cases[i].step, gkv.get());
-        ASSERT_TRUE(got.count("y"));
-        const Diff d = diff(got.at("y"), want[i]);
-        std::printf("  %-70s %-4s step %zu max|err| %.3g  max|ref| %.3g  rel %.3g\n", what.c_str(), dt.c_str(), i,
-                    d.max_err, d.max_ref, d.rel());
-        EXPECT_LE(d.rel(), tol) << what << " (" << dt << ") step " << i;
-      }
-    }
-    unsetenv("KILN_CUDA_SPLIT_CHUNK");
-    unsetenv("KILN_CUDA_ATTN");
+    };
+    const std::string what = str_cat("decode hq=", c.hq, " hkv=", c.hkv, " d=", c.d, " batch=", c.ctx.size(),
+                                     " max_ctx=", *std::max_element(c.ctx.begin(), c.ctx.end()), " kv=",
+                                     kv_dtype_name(kd));
+    expect_variants_match(attention_graph({c.hq, c.hkv, c.d, bs, {}}, true), cases, dt,
+                          kd == KvDType::kAuto ? op_tolerance(dt) : quantized_tolerance(dt), what, layout, fill);
   }
 }
 
@@ -476,6 +498,62 @@ TEST(CudaAttention, GroupedDecodeQuantizedMatchesCpu) {
     check_prefilled_decode({32, 8, 64, b64}, kd, {"bf16"});
     check_prefilled_decode({4, 2, 32, {100, 3}}, kd, {"bf16"});  // head dim 32: today's kernels
   }
+}
+
+// A prefill of every prompt, then `decodes` decode steps (one token per sequence).
+std::vector<StepCase> prefill_then_decode(const Config& c, const std::string& dt, int64_t num_blocks, int decodes,
+                                          std::mt19937_64& rng) {
+  std::vector<int32_t> pool(static_cast<size_t>(num_blocks));
+  std::iota(pool.begin(), pool.end(), 0);
+  std::shuffle(pool.begin(), pool.end(), rng);
+  size_t next_block = 0;
+  std::vector<std::vector<int32_t>> tables(c.prompts.size());
+  std::vector<int32_t> len(c.prompts.size(), 0);
+  std::vector<StepCase> steps;
+  for (int phase = 0; phase <= decodes; ++phase) {
+    StepCase sc;
+    int32_t t = 0;
+    for (size_t s = 0; s < c.prompts.size(); ++s) {
+      const int32_t n = phase == 0 ? c.prompts[s] : 1;
+      for (int32_t i = 0; i < n; ++i) {
+        const int32_t p = len[s] + i;
+        if (p / c.block_size >= int64_t(tables[s].size())) tables[s].push_back(pool.at(next_block++));
+        sc.step.slot_mapping.push_back(int64_t(tables[s][size_t(p / c.block_size)]) * c.block_size + p % c.block_size);
+      }
+      len[s] += n;
+      sc.step.seqs.push_back({t, n, len[s], tables[s]});
+      t += n;
+    }
+    sc.inputs["q"] = random_tensor({t, c.hq * c.d}, rng, dt, -2, 2);
+    sc.inputs["k"] = random_tensor({t, c.hkv * c.d}, rng, dt, -2, 2);
+    sc.inputs["v"] = random_tensor({t, c.hkv * c.d}, rng, dt);
+    steps.push_back(std::move(sc));
+  }
+  return steps;
+}
+
+// The fused decode kernel on packed q|k|v rows: RoPE (full and partial rotary dims, and
+// none as GPT-2) of q and the new key inside the kernel, the new K/V written to the
+// cache by the kernel and read back by the next steps: a prefill, then four decode
+// steps, GQA groups 1/4/8, head dims 64/128, batch 1 and 3.
+TEST(CudaAttention, FusedDecodeWithRopeMatchesCpu) {
+  KILN_SKIP_WITHOUT_CUDA();
+  for (const Config& c : {Config{8, 8, 64, 16, {300}}, Config{32, 4, 64, 16, {1, 40, 130}},
+                          Config{16, 4, 128, 16, {70, 3, 257}}, Config{8, 1, 128, 16, {500}}})
+    for (int64_t rot : {c.d, c.d / 2, int64_t(0)})
+      for (const auto& dt : all_dtypes()) {
+        if (dt == "f16" && rot == c.d / 2) continue;  // the partial rotary dims in f32 and bf16 only
+        std::mt19937_64 rng(uint64_t(c.hq * 100 + rot + c.d));
+        const int64_t blocks = blocks_for(c);
+        std::vector<StepCase> raw = prefill_then_decode(c, dt, blocks, 4, rng);
+        std::vector<StepCase> steps_packed = pack_steps(c, std::move(raw), rot);
+        KvLayout kv{.num_layers = 1, .num_blocks = blocks, .block_size = c.block_size, .num_kv_heads = c.hkv,
+                    .head_dim = c.d};
+        expect_variants_match(packed_graph(c, true, rot), steps_packed, dt, op_tolerance(dt),
+                              str_cat("fused packed hq=", c.hq, " hkv=", c.hkv, " d=", c.d, " rot=", rot, " batch=",
+                                      c.prompts.size()),
+                              kv);
+      }
 }
 
 TEST(CudaAttention, BadBlockTableIsAnError) {

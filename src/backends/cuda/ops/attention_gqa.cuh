@@ -6,9 +6,14 @@
 // memory as f32, scores S[group][keys] from K rows read as 16-byte vectors, an online
 // softmax per head (one warp per head), and P·V with threads over (head, dim pair).
 // Accumulation is f32 as in the other kernels. Split plans write the partials that
-// attention_combine_kernel merges. Templated on the activation type T, head dim D, the
-// padded group GP and the cache codes Q; instantiated in attention_gqa.cu (16/32-bit
-// caches) and attention_gqa_quant.cu (int8/fp8). Tested in
+// attention_combine_kernel merges. The fused variant (FUSED, 16/32-bit caches) also does
+// the step's front end and back end: it rotates q and the new key (qkv_prep_kernel's
+// arithmetic and rounding), takes the new token's K/V from the step's rows (the CTA of
+// the split holding the last position writes them into the cache: no CTA of this launch
+// reads that slot from the cache), and the last split of a (sequence, KV head) to finish
+// merges the partials. Templated on the activation type T, head dim D, the padded group
+// GP, the cache codes Q and FUSED; instantiated in attention_gqa.cu (16/32-bit caches),
+// attention_gqa_quant.cu (int8/fp8) and attention_fused.cu (FUSED). Tested in
 // tests/backends/cuda/attention_test.cpp.
 #pragma once
 
@@ -45,14 +50,42 @@ __device__ __forceinline__ float2 gqa_load2(const KvElem<T, Q>* p) {
   }
 }
 
-template <typename T, int D, int GP, KvCode Q>
+// The fused kernel's extra arguments (see AttentionArgs).
+template <typename T>
+struct GqaFused {
+  const T* k_new = nullptr;
+  const T* v_new = nullptr;
+  int64_t new_stride = 0;
+  const int32_t* positions = nullptr;
+  const float* inv_freq = nullptr;  // null: no RoPE
+  int rot = 0;
+  const int64_t* slots = nullptr;
+  T* k_cache = nullptr;  // writable views of the caches
+  T* v_cache = nullptr;
+  int32_t* counters = nullptr;
+  const AttnCombine* combine = nullptr;
+};
+
+// qkv_prep_kernel's rotation of the pair (x1, x2) at angle pos * inv_freq (the same
+// IEEE operations, so both paths round alike).
+__device__ __forceinline__ void gqa_rope_pair(float& x1, float& x2, int pos, float inv_freq) {
+  float sn, cs;
+  sincosf(__fmul_rn(float(pos), inv_freq), &sn, &cs);
+  const float y1 = __fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn));
+  const float y2 = __fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn));
+  x1 = y1;
+  x2 = y2;
+}
+
+template <typename T, int D, int GP, KvCode Q, bool FUSED>
 __global__ void __launch_bounds__(kGqaThreads)
 attention_gqa_decode_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restrict__ k_cache,
                             const KvElem<T, Q>* __restrict__ v_cache, const float* __restrict__ k_scales,
                             const float* __restrict__ v_scales, T* __restrict__ out, int block_size, int hq, int hkv,
                             int64_t q_stride, int64_t kv_row, float scale, const AttnSeq* __restrict__ seqs,
                             const int32_t* __restrict__ block_tables, const AttnWork* __restrict__ works,
-                            float* __restrict__ part_o, float* __restrict__ part_ml) {
+                            float* __restrict__ part_o, float* __restrict__ part_ml, GqaFused<T> f) {
+  static_assert(!FUSED || Q == KvCode::kNone, "the fused kernel writes a 16/32-bit cache");
   using E = KvElem<T, Q>;
   constexpr int kThreads = kGqaThreads, kWarpsG = kThreads / 32;
   constexpr int EB = int(sizeof(E)), KEYS = gqa_tile_keys<D, EB>();
@@ -66,6 +99,8 @@ attention_gqa_decode_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restr
   __shared__ __align__(16) float qs[GP][D];
   __shared__ float ps[GP][KEYS];
   __shared__ float corr_s[GP], m_s[GP], l_s[GP];
+  __shared__ __align__(16) T new_s[2][FUSED ? D : VEC];  // FUSED: the new token's (rotated) k and v
+  __shared__ int last_s;
 
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
   const AttnWork w = works[blockIdx.x];
@@ -77,6 +112,7 @@ attention_gqa_decode_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restr
   const int lo = w.kv_begin, hi = min(sq.ctx_len, w.kv_end);
   const int32_t* bt = block_tables + sq.bt_offset;
 
+  const bool rope = FUSED && f.inv_freq;
   for (int e = threadIdx.x; e < GP * VPR; e += kThreads) {
     const int r = e / VPR, c = (e % VPR) * VEC;
     uint4 raw = make_uint4(0, 0, 0, 0);
@@ -84,13 +120,60 @@ attention_gqa_decode_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restr
       raw = *reinterpret_cast<const uint4*>(q + int64_t(sq.q_start) * q_stride + int64_t(kvh * group + r) * D + c);
     const T* v = reinterpret_cast<const T*>(&raw);
 #pragma unroll
-    for (int i = 0; i < VEC; ++i) qs[r][c + i] = to_f32(v[i]) * scale;
+    for (int i = 0; i < VEC; ++i) qs[r][c + i] = rope ? to_f32(v[i]) : to_f32(v[i]) * scale;
+  }
+  // FUSED: the split holding the last position (the new token) takes its K/V from the
+  // step's rows and writes them into the cache.
+  const int newpos = sq.ctx_len - 1;
+  const bool has_new = FUSED && lo < hi && hi == sq.ctx_len;
+  if constexpr (FUSED) {
+    if (has_new)
+      for (int e = threadIdx.x; e < 2 * VPR; e += kThreads) {
+        const int which = e / VPR, c = (e % VPR) * VEC;
+        const T* src = (which ? f.v_new : f.k_new) + int64_t(sq.q_start) * f.new_stride + int64_t(kvh) * D + c;
+        *reinterpret_cast<uint4*>(&new_s[which][c]) = *reinterpret_cast<const uint4*>(src);
+      }
+    if (rope) {
+      __syncthreads();
+      // Rotated values round to T (as qkv_prep_kernel stores them), then q takes the scale.
+      const int half = f.rot / 2, pos = f.positions[sq.q_start];
+      for (int e = threadIdx.x; e < GP * half; e += kThreads) {
+        const int r = e / half, u = e % half;
+        float x1 = qs[r][u], x2 = qs[r][u + half];
+        gqa_rope_pair(x1, x2, pos, f.inv_freq[u]);
+        qs[r][u] = to_f32(from_f32<T>(x1)) * scale;
+        qs[r][u + half] = to_f32(from_f32<T>(x2)) * scale;
+      }
+      for (int e = threadIdx.x; e < GP * (D - f.rot); e += kThreads) qs[e / (D - f.rot)][f.rot + e % (D - f.rot)] *= scale;
+      if (has_new)
+        for (int u = threadIdx.x; u < half; u += kThreads) {
+          float x1 = to_f32(new_s[0][u]), x2 = to_f32(new_s[0][u + half]);
+          gqa_rope_pair(x1, x2, pos, f.inv_freq[u]);
+          new_s[0][u] = from_f32<T>(x1);
+          new_s[0][u + half] = from_f32<T>(x2);
+        }
+    }
+    __syncthreads();  // new_s is final before a tile copies it
+    const int64_t slot = has_new && f.k_cache ? f.slots[sq.q_start] : -1;
+    if (slot >= 0)
+      for (int e = threadIdx.x; e < 2 * VPR; e += kThreads) {
+        const int which = e / VPR, c = (e % VPR) * VEC;
+        T* dst = (which ? f.v_cache : f.k_cache) + slot * kv_row + int64_t(kvh) * D + c;
+        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(&new_s[which][c]);
+      }
   }
 
   // Issues the copies of keys [t0, t0 + KEYS) into stage st (keys past hi: zeros).
   auto load_tile = [&](int t0, int st) {
     for (int e = threadIdx.x; e < KEYS * CVPR; e += kThreads) {
       const int j = e / CVPR, c = (e % CVPR) * CVEC, p = t0 + j;
+      if constexpr (FUSED) {
+        if (has_new && p == newpos) {  // not in the cache yet (this launch writes it)
+          *reinterpret_cast<uint4*>(&kv_s[st][0][j * LD + c]) = *reinterpret_cast<const uint4*>(&new_s[0][c]);
+          *reinterpret_cast<uint4*>(&kv_s[st][1][j * LD + c]) = *reinterpret_cast<const uint4*>(&new_s[1][c]);
+          continue;
+        }
+      }
       const bool in = p < hi;
       const int64_t slot = in ? int64_t(bt[p / block_size]) * block_size + p % block_size : 0;
       const int64_t off = slot * kv_row + int64_t(kvh) * D + c;
@@ -245,11 +328,61 @@ attention_gqa_decode_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restr
       }
     }
   }
+  if constexpr (FUSED) {
+    if (w.partial < 0) return;
+    // The last split of (sequence, KV head) to get here merges: every split's partial
+    // is written and fenced before its ticket; the counter goes back to zero.
+    __threadfence();
+    __syncthreads();
+    const AttnCombine cb = f.combine[w.combine];
+    if (threadIdx.x == 0) {
+      int32_t* ctr = f.counters + int64_t(w.combine) * hkv + kvh;
+      const int ticket = atomicAdd(ctr, 1);
+      last_s = ticket == cb.num_splits - 1;
+      if (last_s) *ctr = 0;
+    }
+    __syncthreads();
+    if (!last_s) return;
+    __threadfence();
+    constexpr int DPL = (D + 31) / 32;
+    for (int r = warp; r < group; r += kWarpsG) {
+      auto base_of = [&](int sp) { return (int64_t(cb.partial_begin + sp) * hkv + kvh) * kAttnItemsPerCta + r; };
+      float mx = -INFINITY;
+      for (int sp = lane; sp < cb.num_splits; sp += 32) mx = fmaxf(mx, __ldcg(part_ml + base_of(sp) * 2));
+      mx = warp_max(mx);
+      float den = 0.0f;
+      for (int sp = lane; sp < cb.num_splits; sp += 32) {
+        const float ms = __ldcg(part_ml + base_of(sp) * 2);
+        if (ms != -INFINITY) den += expf(ms - mx) * __ldcg(part_ml + base_of(sp) * 2 + 1);
+      }
+      den = warp_sum(den);
+      float num[DPL];
+#pragma unroll
+      for (int i = 0; i < DPL; ++i) num[i] = 0.0f;
+      for (int sp = 0; sp < cb.num_splits; ++sp) {
+        const float ms = __ldcg(part_ml + base_of(sp) * 2);
+        const float fs = ms == -INFINITY ? 0.0f : expf(ms - mx);
+        const float* o = part_o + base_of(sp) * D;
+#pragma unroll
+        for (int i = 0; i < DPL; ++i) {
+          const int c = lane + 32 * i;
+          if (D % 32 == 0 || c < D) num[i] += fs * __ldcg(o + c);
+        }
+      }
+      const float inv = den > 0.0f ? 1.0f / den : 0.0f;
+      T* o = out + (int64_t(sq.q_start) * hq + kvh * group + r) * D;
+#pragma unroll
+      for (int i = 0; i < DPL; ++i) {
+        const int c = lane + 32 * i;
+        if (D % 32 == 0 || c < D) o[c] = from_f32<T>(num[i] * inv);
+      }
+    }
+  }
 }
 
 // The grouped-query decode kernel (and the combine of a split plan) for T, D and Q, the
 // padded group picked from hq / hkv (<= 8).
-template <typename T, int D, KvCode Q>
+template <typename T, int D, KvCode Q, bool FUSED = false>
 void launch_gqa_typed(const AttentionArgs& a, cudaStream_t s) {
   const size_t per = size_t(a.num_partials) * size_t(a.hkv) * kAttnItemsPerCta;
   float* part_o = a.workspace;
@@ -261,20 +394,34 @@ void launch_gqa_typed(const AttentionArgs& a, cudaStream_t s) {
   const auto* vc = static_cast<const KvElem<T, Q>*>(a.v_cache);
   auto* out = static_cast<T*>(a.out);
   const int64_t group = a.hq / a.hkv;
+  GqaFused<T> f;
+  if constexpr (FUSED) {
+    f.k_new = static_cast<const T*>(a.k_new);
+    f.v_new = static_cast<const T*>(a.v_new);
+    f.new_stride = a.new_stride;
+    f.positions = a.positions;
+    f.inv_freq = a.inv_freq;
+    f.rot = int(a.rotary_dim);
+    f.slots = a.slot_mapping;
+    f.k_cache = static_cast<T*>(const_cast<void*>(a.k_cache));
+    f.v_cache = static_cast<T*>(const_cast<void*>(a.v_cache));
+    f.counters = a.counters;
+    f.combine = a.combine;
+  }
   auto go = [&](auto kernel) {
     launch_k(kernel, grid, kGqaThreads, 0, s, q, kc, vc, a.k_scales, a.v_scales, out, int(a.block_size), int(a.hq),
-        int(a.hkv), qs, kvs, a.scale, a.seqs, a.block_tables, a.work, part_o, part_ml);
+        int(a.hkv), qs, kvs, a.scale, a.seqs, a.block_tables, a.work, part_o, part_ml, f);
   };
   if (group == 1)
-    go(attention_gqa_decode_kernel<T, D, 1, Q>);
+    go(attention_gqa_decode_kernel<T, D, 1, Q, FUSED>);
   else if (group == 2)
-    go(attention_gqa_decode_kernel<T, D, 2, Q>);
+    go(attention_gqa_decode_kernel<T, D, 2, Q, FUSED>);
   else if (group <= 4)
-    go(attention_gqa_decode_kernel<T, D, 4, Q>);
+    go(attention_gqa_decode_kernel<T, D, 4, Q, FUSED>);
   else
-    go(attention_gqa_decode_kernel<T, D, 8, Q>);
+    go(attention_gqa_decode_kernel<T, D, 8, Q, FUSED>);
   KILN_CUDA_CHECK_LAUNCH();
-  if (a.num_combine > 0) {
+  if (!FUSED && a.num_combine > 0) {
     launch_k(attention_combine_kernel<T, D>, dim3(unsigned(a.num_combine), unsigned(a.hkv)), 128, 0, s,
         static_cast<T*>(a.out), int(a.hq), int(a.hkv), a.seqs, a.combine, part_o, part_ml);
     KILN_CUDA_CHECK_LAUNCH();
