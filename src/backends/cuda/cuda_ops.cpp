@@ -380,11 +380,15 @@ OpRun prepare_attention(const ir::Node& n, const ir::Graph& g, PrepareContext& p
                     "': layer ", layer, " is outside the KV pool's ", c.kv->layout().num_layers, " layers");
       CudaKv& kv = *c.kv;
       const bool quantized = kv.code() != KvCode::kNone;
-      if (!quantized) {
-        // A decode step: RoPE, the cache write, attention and the split merge in one kernel.
+      {
+        // A decode step: RoPE, the (quantizing) cache write, attention and the split merge
+        // in one kernel.
         AttentionArgs f = a;
         f.k_cache = kv.k(layer);
         f.v_cache = kv.v(layer);
+        f.kv_code = kv.code();
+        f.k_scales = kv.k_scales(layer);
+        f.v_scales = kv.v_scales(layer);
         f.block_size = kv.layout().block_size;
         f.k_new = k;
         f.v_new = v;

@@ -144,9 +144,10 @@ TEST(CudaAttention, QuantizedCachesMatchCpu) {
   }
 }
 
-// After one prefill step, the CUDA pool's codes and scales are the CPU pool's, bit for
-// bit (both backends quantize the same f32 values with the same operations); one
-// token's K rows are all zeros (scale 0, codes 0).
+// After a prefill step and a decode step (whose new K/V the fused decode kernel
+// quantizes itself), the CUDA pool's codes and scales are the CPU pool's, bit for bit
+// (both backends quantize the same f32 values with the same operations); one token's K
+// rows are all zeros (scale 0, codes 0).
 TEST(CudaAttention, QuantizedPoolHoldsTheCpuCodesAndScales) {
   KILN_SKIP_WITHOUT_CUDA();
   const Config c{8, 2, 64, 16, {37, 5}};
@@ -167,8 +168,10 @@ TEST(CudaAttention, QuantizedPoolHoldsTheCpuCodesAndScales) {
       auto gg = gpu->compile(g, {.weight_dtype = dt});
       auto ckv = cpu->allocate_kv(layout);
       auto gkv = gpu->allocate_kv(layout);
-      cg->run(steps[0].inputs, steps[0].step, ckv.get());
-      gg->run(steps[0].inputs, steps[0].step, gkv.get());
+      for (size_t i = 0; i < 2; ++i) {
+        cg->run(steps[i].inputs, steps[i].step, ckv.get());
+        gg->run(steps[i].inputs, steps[i].step, gkv.get());
+      }
       ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
       auto* cp = dynamic_cast<cpu::CpuKv*>(ckv.get());
       auto* gp = dynamic_cast<CudaKv*>(gkv.get());
@@ -181,7 +184,9 @@ TEST(CudaAttention, QuantizedPoolHoldsTheCpuCodesAndScales) {
       ASSERT_EQ(cudaMemcpy(gks.data(), gp->k_scales(0), rows * 4, cudaMemcpyDeviceToHost), cudaSuccess);
       ASSERT_EQ(cudaMemcpy(gvs.data(), gp->v_scales(0), rows * 4, cudaMemcpyDeviceToHost), cudaSuccess);
       size_t written = 0, zero_rows = 0, code_diff = 0, scale_diff = 0;
-      for (int64_t slot : steps[0].step.slot_mapping)
+      std::vector<int64_t> slots = steps[0].step.slot_mapping;
+      slots.insert(slots.end(), steps[1].step.slot_mapping.begin(), steps[1].step.slot_mapping.end());
+      for (int64_t slot : slots)
         for (int64_t h = 0; h < c.hkv; ++h) {
           const size_t r = size_t(slot * c.hkv + h);
           ++written;
@@ -193,7 +198,7 @@ TEST(CudaAttention, QuantizedPoolHoldsTheCpuCodesAndScales) {
             code_diff += gv[r * size_t(c.d) + size_t(i)] != cp->v_codes(0)[r * size_t(c.d) + size_t(i)];
           }
         }
-      EXPECT_EQ(written, size_t(42 * c.hkv));
+      EXPECT_EQ(written, size_t((42 + 2) * c.hkv));
       EXPECT_EQ(zero_rows, size_t(c.hkv)) << "token 3's all-zero K rows have scale 0";
       EXPECT_EQ(code_diff, 0u);
       EXPECT_EQ(scale_diff, 0u);

@@ -14,7 +14,7 @@
 // Steps whose sequences all decode one token (GQA group <= 8) take the grouped-query
 // decode kernel (attention_gqa.cuh: one CTA per sequence, KV head and split, each K/V
 // tile read once for the group's q heads), fused with RoPE, the KV write and the split
-// merge for 16/32-bit caches (launch_attention_fused_decode); KILN_CUDA_ATTN=old keeps
+// merge (launch_attention_fused_decode); KILN_CUDA_ATTN=old keeps
 // the kernels above, =unfused the grouped kernel without the fusion.
 // Tested against the CPU backend in tests/backends/cuda/attention_test.cpp.
 #pragma once
@@ -118,13 +118,15 @@ struct AttentionArgs {
 };
 void launch_attention(const AttentionArgs& a, cudaStream_t s);
 
-// Decode steps (every sequence one query row, 16/32-bit cache, GQA group <= 8) in one
-// kernel: each CTA (sequence, KV head, split) rotates its q heads and the new key, takes
-// the new token's K/V from the step's rows (the CTA holding the last position also
-// writes them into the cache), attends over its split, and the last split of a
+// Decode steps (every sequence one query row, GQA group <= 8; int8/fp8 caches at head
+// dims 64 and 128) in one kernel: each CTA (sequence, KV head, split) rotates its q heads
+// and the new key, takes the new token's K/V from the step's rows (the CTA holding the
+// last position also writes them - quantized, for an int8/fp8 cache - into the cache),
+// attends over its split, and the last split of a
 // (sequence, KV head) to finish merges the partials (atomic counter, reset for the next
-// launch and CUDA-graph replay). Replaces launch_qkv_prep / launch_kv_cache_write +
-// launch_attention for such steps. KILN_CUDA_ATTN=old or =unfused turn it off.
+// launch and CUDA-graph replay). Replaces launch_qkv_prep / launch_kv_cache_write /
+// launch_kv_quant_write and launch_attention for such steps. KILN_CUDA_ATTN=old or
+// =unfused turn it off.
 bool attention_fused_decode_supported(const AttentionArgs& a);
 void launch_attention_fused_decode(const AttentionArgs& a, cudaStream_t s);
 

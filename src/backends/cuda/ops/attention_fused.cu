@@ -13,8 +13,9 @@ bool attention_fused_decode_supported(const AttentionArgs& a) {
   // and the combine as three launches.
   const char* e = std::getenv("KILN_CUDA_ATTN");
   if (e && (std::strcmp(e, "old") == 0 || std::strcmp(e, "unfused") == 0)) return false;
-  return !a.flash && a.max_q_len == 1 && a.kv_code == KvCode::kNone && a.hkv > 0 && a.hq % a.hkv == 0 &&
-         a.hq / a.hkv <= 8 && attention_supports_head_dim(a.d);
+  // Quantized caches: head dims 64 and 128 (as the grouped kernel).
+  return !a.flash && a.max_q_len == 1 && a.hkv > 0 && a.hq % a.hkv == 0 && a.hq / a.hkv <= 8 &&
+         attention_supports_head_dim(a.d) && (a.kv_code == KvCode::kNone || a.d == 64 || a.d == 128);
 }
 
 void launch_attention_fused_decode(const AttentionArgs& a, cudaStream_t s) {
@@ -28,6 +29,11 @@ void launch_attention_fused_decode(const AttentionArgs& a, cudaStream_t s) {
                 kInvalidArgument, "cuda attention: rotary_dim must be even and in (0, head_dim], got ", a.rotary_dim,
                 " head_dim=", a.d);
   if (a.num_work == 0) return;
+  if (a.kv_code != KvCode::kNone) {
+    KILN_THROW_IF(!a.k_scales || !a.v_scales, kInternal, "cuda attention: a quantized cache without scales");
+    launch_attention_fused_decode_quantized(a, s);
+    return;
+  }
   KILN_CUDA_DISPATCH_FLOAT(a.dtype, T, {
     switch (a.d) {
       case 16: launch_gqa_typed<T, 16, KvCode::kNone, true>(a, s); break;

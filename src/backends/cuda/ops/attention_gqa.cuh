@@ -9,13 +9,17 @@
 // attention_combine_kernel merges. The fused variant (FUSED, 16/32-bit caches) also does
 // the step's front end and back end: it rotates q and the new key (qkv_prep_kernel's
 // arithmetic and rounding), takes the new token's K/V from the step's rows (the CTA of
-// the split holding the last position writes them into the cache: no CTA of this launch
-// reads that slot from the cache), and the last split of a (sequence, KV head) to finish
+// the split holding the last position writes them into the cache - quantized first,
+// as kv_quant_write_kernel does, for an int8/fp8 cache: no CTA of this launch reads
+// that slot from the cache), and the last split of a (sequence, KV head) to finish
 // merges the partials. Templated on the activation type T, head dim D, the padded group
 // GP, the cache codes Q and FUSED; instantiated in attention_gqa.cu (16/32-bit caches),
-// attention_gqa_quant.cu (int8/fp8) and attention_fused.cu (FUSED). Tested in
+// attention_gqa_quant.cu (int8/fp8), attention_fused.cu (FUSED, 16/32-bit) and
+// attention_fused_quant.cu (FUSED, int8/fp8). Tested in
 // tests/backends/cuda/attention_test.cpp.
 #pragma once
+
+#include <cuda_fp8.h>
 
 #include "backends/cuda/ops/attention_kernels.cuh"
 
@@ -60,8 +64,10 @@ struct GqaFused {
   const float* inv_freq = nullptr;  // null: no RoPE
   int rot = 0;
   const int64_t* slots = nullptr;
-  T* k_cache = nullptr;  // writable views of the caches
-  T* v_cache = nullptr;
+  void* k_cache = nullptr;  // writable views of the caches (elements of T, or codes)
+  void* v_cache = nullptr;
+  float* k_scales = nullptr;  // quantized caches
+  float* v_scales = nullptr;
   int32_t* counters = nullptr;
   const AttnCombine* combine = nullptr;
 };
@@ -85,7 +91,6 @@ attention_gqa_decode_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restr
                             int64_t q_stride, int64_t kv_row, float scale, const AttnSeq* __restrict__ seqs,
                             const int32_t* __restrict__ block_tables, const AttnWork* __restrict__ works,
                             float* __restrict__ part_o, float* __restrict__ part_ml, GqaFused<T> f) {
-  static_assert(!FUSED || Q == KvCode::kNone, "the fused kernel writes a 16/32-bit cache");
   using E = KvElem<T, Q>;
   constexpr int kThreads = kGqaThreads, kWarpsG = kThreads / 32;
   constexpr int EB = int(sizeof(E)), KEYS = gqa_tile_keys<D, EB>();
@@ -100,6 +105,9 @@ attention_gqa_decode_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restr
   __shared__ float ps[GP][KEYS];
   __shared__ float corr_s[GP], m_s[GP], l_s[GP];
   __shared__ __align__(16) T new_s[2][FUSED ? D : VEC];  // FUSED: the new token's (rotated) k and v
+  // FUSED with a quantized cache: the new rows' codes and scales.
+  __shared__ __align__(16) uint8_t newc_s[2][FUSED && kQuant ? D : 16];
+  __shared__ float newsc_s[2];
   __shared__ int last_s;
 
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
@@ -154,13 +162,54 @@ attention_gqa_decode_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restr
         }
     }
     __syncthreads();  // new_s is final before a tile copies it
-    const int64_t slot = has_new && f.k_cache ? f.slots[sq.q_start] : -1;
-    if (slot >= 0)
-      for (int e = threadIdx.x; e < 2 * VPR; e += kThreads) {
-        const int which = e / VPR, c = (e % VPR) * VEC;
-        T* dst = (which ? f.v_cache : f.k_cache) + slot * kv_row + int64_t(kvh) * D + c;
-        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(&new_s[which][c]);
+    if constexpr (kQuant) {
+      // Warp 0 quantizes the new K row, warp 1 the V row, as kv_quant_write_kernel does
+      // (the same codes and scales as that kernel and the CPU backend).
+      if (has_new && warp < 2) {
+        const T* x = new_s[warp];
+        float amax = 0.0f;
+        bool finite = true;
+        for (int c = lane; c < D; c += 32) {
+          const float v = to_f32(x[c]);
+          amax = fmaxf(amax, fabsf(v));
+          finite = finite && isfinite(v);
+        }
+        amax = warp_max(amax);
+        finite = __all_sync(0xffffffffu, finite);
+        float sc;
+        if (amax == 0.0f || !finite) {  // all zeros: scale 0; non-finite: NaN (see KvDType)
+          for (int c = lane; c < D; c += 32) newc_s[warp][c] = 0;
+          sc = finite ? 0.0f : __int_as_float(0x7fc00000);
+        } else {
+          constexpr float kMax = Q == KvCode::kFp8 ? 448.0f : 127.0f;
+          const float inv = __fdiv_rn(kMax, amax);
+          for (int c = lane; c < D; c += 32) {
+            const float y = __fmul_rn(to_f32(x[c]), inv);
+            if constexpr (Q == KvCode::kInt8)
+              newc_s[warp][c] = uint8_t(int8_t(fminf(fmaxf(rintf(y), -127.0f), 127.0f)));
+            else
+              newc_s[warp][c] = uint8_t(__nv_cvt_float_to_fp8(y, __NV_SATFINITE, __NV_E4M3));
+          }
+          sc = __fdiv_rn(amax, kMax);
+        }
+        if (lane == 0) newsc_s[warp] = sc;
       }
+      __syncthreads();
+    }
+    const int64_t slot = has_new && f.k_cache ? f.slots[sq.q_start] : -1;
+    if (slot >= 0) {
+      for (int e = threadIdx.x; e < 2 * CVPR; e += kThreads) {
+        const int which = e / CVPR, c = (e % CVPR) * CVEC;
+        E* dst = static_cast<E*>(which ? f.v_cache : f.k_cache) + slot * kv_row + int64_t(kvh) * D + c;
+        if constexpr (kQuant)
+          *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(&newc_s[which][c]);
+        else
+          *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(&new_s[which][c]);
+      }
+      if constexpr (kQuant) {
+        if (threadIdx.x < 2) (threadIdx.x ? f.v_scales : f.k_scales)[slot * hkv + kvh] = newsc_s[threadIdx.x];
+      }
+    }
   }
 
   // Issues the copies of keys [t0, t0 + KEYS) into stage st (keys past hi: zeros).
@@ -169,8 +218,17 @@ attention_gqa_decode_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restr
       const int j = e / CVPR, c = (e % CVPR) * CVEC, p = t0 + j;
       if constexpr (FUSED) {
         if (has_new && p == newpos) {  // not in the cache yet (this launch writes it)
-          *reinterpret_cast<uint4*>(&kv_s[st][0][j * LD + c]) = *reinterpret_cast<const uint4*>(&new_s[0][c]);
-          *reinterpret_cast<uint4*>(&kv_s[st][1][j * LD + c]) = *reinterpret_cast<const uint4*>(&new_s[1][c]);
+          if constexpr (kQuant) {
+            *reinterpret_cast<uint4*>(&kv_s[st][0][j * LD + c]) = *reinterpret_cast<const uint4*>(&newc_s[0][c]);
+            *reinterpret_cast<uint4*>(&kv_s[st][1][j * LD + c]) = *reinterpret_cast<const uint4*>(&newc_s[1][c]);
+            if (c == 0) {
+              sc_s[st][0][j] = newsc_s[0];
+              sc_s[st][1][j] = newsc_s[1];
+            }
+          } else {
+            *reinterpret_cast<uint4*>(&kv_s[st][0][j * LD + c]) = *reinterpret_cast<const uint4*>(&new_s[0][c]);
+            *reinterpret_cast<uint4*>(&kv_s[st][1][j * LD + c]) = *reinterpret_cast<const uint4*>(&new_s[1][c]);
+          }
           continue;
         }
       }
@@ -403,8 +461,10 @@ void launch_gqa_typed(const AttentionArgs& a, cudaStream_t s) {
     f.inv_freq = a.inv_freq;
     f.rot = int(a.rotary_dim);
     f.slots = a.slot_mapping;
-    f.k_cache = static_cast<T*>(const_cast<void*>(a.k_cache));
-    f.v_cache = static_cast<T*>(const_cast<void*>(a.v_cache));
+    f.k_cache = const_cast<void*>(a.k_cache);
+    f.v_cache = const_cast<void*>(a.v_cache);
+    f.k_scales = const_cast<float*>(a.k_scales);
+    f.v_scales = const_cast<float*>(a.v_scales);
     f.counters = a.counters;
     f.combine = a.combine;
   }

@@ -764,5 +764,7 @@ bool attention_gqa_decode_applies(const AttentionArgs& a);
 void launch_attention_gqa_decode(const AttentionArgs& a, cudaStream_t s);
 // attention_gqa_quant.cu: the same for int8 / fp8 caches.
 void launch_attention_gqa_decode_quantized(const AttentionArgs& a, cudaStream_t s);
+// attention_fused_quant.cu: launch_attention_fused_decode for int8 / fp8 caches.
+void launch_attention_fused_decode_quantized(const AttentionArgs& a, cudaStream_t s);
 
 }  // namespace kiln::cuda
