@@ -345,9 +345,9 @@ void expect_variants_match(const ir::Graph& g, const std::vector<StepCase>& case
   auto cpu = create_backend("cpu");
   auto cg = cpu->compile(g, {.weight_dtype = "f32"});
   auto ckv = cpu->allocate_kv(layout);
-  std::vector<std::unique_ptr<KvStorage>> gkvs;
+  std::vector<std::unique_ptr<Backend>> gpus;  // declared first: outlives its graphs and pools
   std::vector<std::unique_ptr<CompiledGraph>> ggs;
-  std::vector<std::unique_ptr<Backend>> gpus;
+  std::vector<std::unique_ptr<KvStorage>> gkvs;
   for (const auto& [split, attn] : kDecodeVariants) {
     setenv("KILN_CUDA_SPLIT_CHUNK", split.c_str(), 1);  // read when a graph compiles
     gpus.push_back(create_backend("cuda"));
