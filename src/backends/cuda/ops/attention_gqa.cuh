@@ -119,6 +119,36 @@ attention_gqa_decode_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restr
   // The sequence's one query row is its last position: it sees every key of the context.
   const int lo = w.kv_begin, hi = min(sq.ctx_len, w.kv_end);
   const int32_t* bt = block_tables + sq.bt_offset;
+  // FUSED: the split holding the last position (the new token) takes its K/V from the
+  // step's rows and writes them into the cache.
+  const int newpos = sq.ctx_len - 1;
+  const bool has_new = FUSED && lo < hi && hi == sq.ctx_len;
+
+  // Issues the copies of keys [t0, t0 + KEYS) into stage st (keys past hi: zeros). The
+  // first tile's copies go out before q is loaded (and rotated), so that they overlap.
+  auto load_tile = [&](int t0, int st) {
+    for (int e = threadIdx.x; e < KEYS * CVPR; e += kThreads) {
+      const int j = e / CVPR, c = (e % CVPR) * CVEC, p = t0 + j;
+      if constexpr (FUSED) {
+        if (has_new && p == newpos) continue;  // not in the cache yet: stored from new_s below
+      }
+      const bool in = p < hi;
+      const int64_t slot = in ? int64_t(bt[p / block_size]) * block_size + p % block_size : 0;
+      const int64_t off = slot * kv_row + int64_t(kvh) * D + c;
+      cp_async16(&kv_s[st][0][j * LD + c], k_cache + off, in);
+      cp_async16(&kv_s[st][1][j * LD + c], v_cache + off, in);
+      if constexpr (kQuant) {
+        if (c == 0) {
+          cp_async4(&sc_s[st][0][j], k_scales + slot * hkv + kvh, in);
+          cp_async4(&sc_s[st][1][j], v_scales + slot * hkv + kvh, in);
+        }
+      }
+    }
+    cp_async_commit();
+  };
+
+  const int ntiles = hi > lo ? (hi - lo + KEYS - 1) / KEYS : 0;
+  if (ntiles > 0) load_tile(lo, 0);
 
   const bool rope = FUSED && f.inv_freq;
   for (int e = threadIdx.x; e < GP * VPR; e += kThreads) {
@@ -130,10 +160,6 @@ attention_gqa_decode_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restr
 #pragma unroll
     for (int i = 0; i < VEC; ++i) qs[r][c + i] = rope ? to_f32(v[i]) : to_f32(v[i]) * scale;
   }
-  // FUSED: the split holding the last position (the new token) takes its K/V from the
-  // step's rows and writes them into the cache.
-  const int newpos = sq.ctx_len - 1;
-  const bool has_new = FUSED && lo < hi && hi == sq.ctx_len;
   if constexpr (FUSED) {
     if (has_new)
       for (int e = threadIdx.x; e < 2 * VPR; e += kThreads) {
@@ -212,41 +238,6 @@ attention_gqa_decode_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restr
     }
   }
 
-  // Issues the copies of keys [t0, t0 + KEYS) into stage st (keys past hi: zeros).
-  auto load_tile = [&](int t0, int st) {
-    for (int e = threadIdx.x; e < KEYS * CVPR; e += kThreads) {
-      const int j = e / CVPR, c = (e % CVPR) * CVEC, p = t0 + j;
-      if constexpr (FUSED) {
-        if (has_new && p == newpos) {  // not in the cache yet (this launch writes it)
-          if constexpr (kQuant) {
-            *reinterpret_cast<uint4*>(&kv_s[st][0][j * LD + c]) = *reinterpret_cast<const uint4*>(&newc_s[0][c]);
-            *reinterpret_cast<uint4*>(&kv_s[st][1][j * LD + c]) = *reinterpret_cast<const uint4*>(&newc_s[1][c]);
-            if (c == 0) {
-              sc_s[st][0][j] = newsc_s[0];
-              sc_s[st][1][j] = newsc_s[1];
-            }
-          } else {
-            *reinterpret_cast<uint4*>(&kv_s[st][0][j * LD + c]) = *reinterpret_cast<const uint4*>(&new_s[0][c]);
-            *reinterpret_cast<uint4*>(&kv_s[st][1][j * LD + c]) = *reinterpret_cast<const uint4*>(&new_s[1][c]);
-          }
-          continue;
-        }
-      }
-      const bool in = p < hi;
-      const int64_t slot = in ? int64_t(bt[p / block_size]) * block_size + p % block_size : 0;
-      const int64_t off = slot * kv_row + int64_t(kvh) * D + c;
-      cp_async16(&kv_s[st][0][j * LD + c], k_cache + off, in);
-      cp_async16(&kv_s[st][1][j * LD + c], v_cache + off, in);
-      if constexpr (kQuant) {
-        if (c == 0) {
-          cp_async4(&sc_s[st][0][j], k_scales + slot * hkv + kvh, in);
-          cp_async4(&sc_s[st][1][j], v_scales + slot * hkv + kvh, in);
-        }
-      }
-    }
-    cp_async_commit();
-  };
-
   // Scores: thread -> key kj, heads sset, sset + SSETS, ...
   constexpr int SSETS = kThreads / KEYS, SRR = (GP + SSETS - 1) / SSETS;
   const int kj = threadIdx.x % KEYS, sset = threadIdx.x / KEYS;
@@ -266,8 +257,6 @@ attention_gqa_decode_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restr
 #pragma unroll
   for (int i = 0; i < AR; ++i) acc[i][0] = acc[i][1] = 0.0f;
 
-  const int ntiles = hi > lo ? (hi - lo + KEYS - 1) / KEYS : 0;
-  if (ntiles > 0) load_tile(lo, 0);
   for (int it = 0; it < ntiles; ++it) {
     const int t0 = lo + it * KEYS, st = it & 1;
     __syncthreads();  // the other stage's tile is consumed (and qs written, on the first pass)
@@ -276,6 +265,24 @@ attention_gqa_decode_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restr
       cp_async_wait<1>();  // this tile has landed; the next one stays in flight
     } else {
       cp_async_wait<0>();
+    }
+    if constexpr (FUSED) {
+      // The new key's row of this tile (the copies skipped it): from new_s, final since
+      // the barrier after the rotation.
+      if (has_new && newpos >= t0 && newpos < t0 + KEYS) {
+        const int jn = newpos - t0;
+        for (int e = threadIdx.x; e < 2 * CVPR; e += kThreads) {
+          const int which = e / CVPR, c = (e % CVPR) * CVEC;
+          uint4* dst = reinterpret_cast<uint4*>(&kv_s[st][which][jn * LD + c]);
+          if constexpr (kQuant)
+            *dst = *reinterpret_cast<const uint4*>(&newc_s[which][c]);
+          else
+            *dst = *reinterpret_cast<const uint4*>(&new_s[which][c]);
+        }
+        if constexpr (kQuant) {
+          if (threadIdx.x < 2) sc_s[st][threadIdx.x][jn] = newsc_s[threadIdx.x];
+        }
+      }
     }
     __syncthreads();
     const E* ks = kv_s[st][0];
