@@ -301,7 +301,8 @@ class CudaCompiledGraph final : public CompiledGraph {
 
   // Every device address a captured step bakes in: if one moved, the graph is stale.
   StepGraphs::Buffers graph_buffers(const CudaKv* kv) const {
-    StepGraphs::Buffers b{dev_in_.get(), attn_ws_.get(), dev_out_.get(), op_scratch_.get(), dequant_ws_.get()};
+    StepGraphs::Buffers b{dev_in_.get(), attn_ws_.get(), attn_counters_.get(), dev_out_.get(), op_scratch_.get(),
+                          dequant_ws_.get()};
     for (const DeviceBuffer& sl : slots_) b.push_back(sl.get());
     if (kv)
       for (const void* p : kv->buffers()) b.push_back(p);
@@ -421,7 +422,7 @@ class CudaCompiledGraph final : public CompiledGraph {
       AttentionPlan plan;
     };
     std::map<std::pair<int64_t, int64_t>, PlanOff> plan_offs;
-    size_t ws_floats = 0;
+    size_t ws_floats = 0, counters = 0;
     for (auto key : attn_keys_) {
       PlanOff po;
       po.plan = decode ? attention_plan_decode(seqs, key.first, key.second, cx_->num_sms)
@@ -430,6 +431,7 @@ class CudaCompiledGraph final : public CompiledGraph {
       po.work = w.put_vec(po.plan.work);
       po.combine = w.put_vec(po.plan.combine);
       ws_floats = std::max(ws_floats, attention_workspace_floats(po.plan, key.second, attn_max_d_));
+      counters = std::max(counters, attention_counters(po.plan, key.second));
       graph_key_.insert(graph_key_.end(), {int64_t(po.plan.work.size()), int64_t(po.plan.combine.size()),
                                            int64_t(po.plan.num_partials), int64_t(po.plan.flash)});
       plan_offs[key] = std::move(po);
@@ -474,6 +476,12 @@ class CudaCompiledGraph final : public CompiledGraph {
                               po.plan.num_partials, po.plan.flash};
     attn_ws_.grow(std::max<size_t>(ws_floats * sizeof(float), 1), s);
     dev_step_.attn_workspace = static_cast<float*>(attn_ws_.get());
+    // Zeroed when (re)allocated; each fused decode launch leaves its counters at zero.
+    if (counters * sizeof(int32_t) > attn_counters_.size()) {
+      attn_counters_.grow(counters * sizeof(int32_t), s);
+      KILN_CUDA_CHECK(cudaMemsetAsync(attn_counters_.get(), 0, attn_counters_.size(), s));
+    }
+    dev_step_.attn_counters = static_cast<int32_t*>(attn_counters_.get());
     return decode;
   }
 
@@ -601,7 +609,7 @@ class CudaCompiledGraph final : public CompiledGraph {
   std::map<ir::ValueId, DeviceBuffer> input_bufs_;
   std::vector<uint8_t> staging_;
   PinnedBuffer pinned_in_, pinned_out_;
-  DeviceBuffer dev_in_, dev_out_, attn_ws_, op_scratch_;
+  DeviceBuffer dev_in_, dev_out_, attn_ws_, attn_counters_, op_scratch_;
   DeviceBuffer dequant_ws_;  // grown only while preparing (PrepareContext::dequant_ws)
   DevStep dev_step_;
   std::vector<size_t> out_offs_;

@@ -469,11 +469,44 @@ OpRun prepare_attention(const ir::Node& n, const ir::Graph& g, PrepareContext& p
     const void* k = packed ? static_cast<const char*>(q.data) + size_t(hq * d) * es : c.inputs[1]->data;
     const void* v = packed ? static_cast<const char*>(k) + size_t(hkv * d) * es : c.inputs[2]->data;
     if (packed) a.q_stride = width;
+    a.seqs = c.dev->seqs;
+    a.block_tables = c.dev->block_tables;
+    const DevAttentionPlan& p = c.dev->plans.at({hq, hkv});
+    a.work = p.work;
+    a.num_work = p.num_work;
+    a.combine = p.combine;
+    a.num_combine = p.num_combine;
+    a.num_partials = p.num_partials;
+    a.flash = p.flash;
+    a.workspace = c.dev->attn_workspace;
     if (c.kv) {
       KILN_THROW_IF(layer < 0 || layer >= c.kv->layout().num_layers, kInvalidArgument, "attention '", name,
                     "': layer ", layer, " is outside the KV pool's ", c.kv->layout().num_layers, " layers");
       CudaKv& kv = *c.kv;
       const bool quantized = kv.code() != KvCode::kNone;
+      {
+        // A decode step: RoPE, the (quantizing) cache write, attention and the split merge
+        // in one kernel.
+        AttentionArgs f = a;
+        f.k_cache = kv.k(layer);
+        f.v_cache = kv.v(layer);
+        f.kv_code = kv.code();
+        f.k_scales = kv.k_scales(layer);
+        f.v_scales = kv.v_scales(layer);
+        f.block_size = kv.layout().block_size;
+        f.k_new = k;
+        f.v_new = v;
+        f.new_stride = packed ? width : hkv * d;
+        f.positions = packed && inv_freq ? static_cast<const int32_t*>(c.inputs[1]->data) : nullptr;
+        f.inv_freq = packed ? inv_freq : nullptr;
+        f.rotary_dim = rot;
+        f.slot_mapping = c.dev->slot_mapping;
+        f.counters = c.dev->attn_counters;
+        if (attention_fused_decode_supported(f)) {
+          launch_attention_fused_decode(f, c.cx->stream);
+          return;
+        }
+      }
       if (packed) {
         // Quantized: RoPE in place here, the quantizing write below.
         QkvPrepArgs qa{y.dtype, q.data, t, hq, hkv, d, rot,
@@ -508,16 +541,6 @@ OpRun prepare_attention(const ir::Node& n, const ir::Graph& g, PrepareContext& p
       a.block_size = 1;
       if (packed) a.kv_stride = width;
     }
-    a.seqs = c.dev->seqs;
-    a.block_tables = c.dev->block_tables;
-    const DevAttentionPlan& p = c.dev->plans.at({hq, hkv});
-    a.work = p.work;
-    a.num_work = p.num_work;
-    a.combine = p.combine;
-    a.num_combine = p.num_combine;
-    a.num_partials = p.num_partials;
-    a.flash = p.flash;
-    a.workspace = c.dev->attn_workspace;
     launch_attention(a, c.cx->stream);
   };
 }

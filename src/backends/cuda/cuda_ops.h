@@ -107,6 +107,7 @@ struct DevStep {
   const int64_t* slot_mapping = nullptr;
   std::map<std::pair<int64_t, int64_t>, DevAttentionPlan> plans;  // by (num_heads, num_kv_heads)
   float* attn_workspace = nullptr;
+  int32_t* attn_counters = nullptr;  // the fused decode kernel's split counters, zero between launches
 };
 
 struct OpContext {

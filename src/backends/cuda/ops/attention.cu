@@ -147,10 +147,11 @@ AttentionPlan attention_plan(const std::vector<AttnSeq>& seqs, int64_t hq, int64
         plan.work.push_back({int32_t(i), int32_t(t * kAttnItemsPerCta), 0, s.ctx_len, -1});
       continue;
     }
+    const auto cb = int32_t(plan.combine.size());
     plan.combine.push_back({int32_t(i), plan.num_partials, int32_t(splits)});
     for (int64_t sp = 0; sp < splits; ++sp)
       plan.work.push_back({int32_t(i), 0, int32_t(sp * chunk), int32_t(std::min<int64_t>(s.ctx_len, (sp + 1) * chunk)),
-                           int32_t(plan.num_partials + sp)});
+                           int32_t(plan.num_partials + sp), cb});
     plan.num_partials += int32_t(splits);
   }
   return plan;
@@ -177,10 +178,11 @@ AttentionPlan attention_plan_decode(const std::vector<AttnSeq>& seqs, int64_t hq
     // The combine reads only the non-empty splits (per-step data: the graph stays valid).
     const int64_t chunk = std::max<int64_t>(kMinChunk, ((s.ctx_len + splits - 1) / splits + 31) / 32 * 32);
     const int64_t used = std::max<int64_t>(1, std::min<int64_t>(splits, (s.ctx_len + chunk - 1) / chunk));
+    const auto cb = int32_t(plan.combine.size());
     plan.combine.push_back({int32_t(i), plan.num_partials, int32_t(used)});
     for (int64_t sp = 0; sp < splits; ++sp) {
       const int64_t b = std::min<int64_t>(s.ctx_len, sp * chunk), e = std::min<int64_t>(s.ctx_len, (sp + 1) * chunk);
-      plan.work.push_back({int32_t(i), 0, int32_t(b), int32_t(e), int32_t(plan.num_partials + sp)});
+      plan.work.push_back({int32_t(i), 0, int32_t(b), int32_t(e), int32_t(plan.num_partials + sp), cb});
     }
     plan.num_partials += int32_t(splits);
   }
@@ -191,15 +193,22 @@ size_t attention_workspace_floats(const AttentionPlan& plan, int64_t hkv, int64_
   return size_t(plan.num_partials) * size_t(hkv) * kAttnItemsPerCta * size_t(d + 2);
 }
 
+size_t attention_counters(const AttentionPlan& plan, int64_t hkv) { return plan.combine.size() * size_t(hkv); }
+
 void launch_attention(const AttentionArgs& a, cudaStream_t s) {
   if (a.num_work == 0) return;
   KILN_THROW_IF(!attention_supports_head_dim(a.d), kUnsupported, "cuda attention: head_dim ", a.d,
                 " (supported: 16, 32, 64, 128)");
   KILN_THROW_IF(a.num_partials > 0 && !a.workspace, kInternal, "cuda attention: split plan without workspace");
+  if (a.kv_code != KvCode::kNone)
+    KILN_THROW_IF(!a.k_scales || !a.v_scales, kInternal, "cuda attention: a quantized cache without scales");
+  if (attention_gqa_decode_applies(a)) {
+    launch_attention_gqa_decode(a, s);
+    return;
+  }
   if (a.kv_code == KvCode::kNone) {
     launch_attention_codes<KvCode::kNone>(a, s);
   } else {
-    KILN_THROW_IF(!a.k_scales || !a.v_scales, kInternal, "cuda attention: a quantized cache without scales");
     launch_attention_quantized(a, s);
   }
 }

@@ -11,6 +11,11 @@
 // head), KvDType in backends/backend.h) run through the same kernels, which dequantize
 // as they load K/V: the decode and tile kernels into f32 registers/shared memory, the
 // tensor-core kernel into its 16-bit shared-memory tiles.
+// Steps whose sequences all decode one token (GQA group <= 8) take the grouped-query
+// decode kernel (attention_gqa.cuh: one CTA per sequence, KV head and split, each K/V
+// tile read once for the group's q heads), fused with RoPE, the KV write and the split
+// merge (launch_attention_fused_decode); KILN_CUDA_ATTN=old keeps
+// the kernels above, =unfused the grouped kernel without the fusion.
 // Tested against the CPU backend in tests/backends/cuda/attention_test.cpp.
 #pragma once
 
@@ -38,8 +43,11 @@ struct AttnSeq {
 };
 // One CTA's work (times the KV heads): items [item_begin, +16) of seq, keys
 // [kv_begin, kv_end); partial >= 0 writes an unnormalized partial for the combine.
+// combine: the index of the sequence's AttnCombine when partial >= 0 (the fused decode
+// kernel's last split to finish merges them), else -1.
 struct AttnWork {
   int32_t seq, item_begin, kv_begin, kv_end, partial;
+  int32_t combine = -1;
 };
 struct AttnCombine {
   int32_t seq, partial_begin, num_splits;
@@ -69,6 +77,8 @@ AttentionPlan attention_plan(const std::vector<AttnSeq>& seqs, int64_t hq, int64
 AttentionPlan attention_plan_decode(const std::vector<AttnSeq>& seqs, int64_t hq, int64_t hkv, int num_sms);
 // Floats of workspace the plan's partials need.
 size_t attention_workspace_floats(const AttentionPlan& plan, int64_t hkv, int64_t d);
+// Split counters (int32, zero between launches) the fused decode kernel needs for the plan.
+size_t attention_counters(const AttentionPlan& plan, int64_t hkv);
 
 struct AttentionArgs {
   DType dtype = DType::kBF16;       // of q, out and (kv_code kNone) the caches
@@ -93,8 +103,32 @@ struct AttentionArgs {
   int32_t num_partials = 0;
   float* workspace = nullptr;       // attention_workspace_floats()
   bool flash = false;               // the plan is a tensor-core one (AttentionPlan::flash)
+  // The fused decode kernel (launch_attention_fused_decode) only: the step's new K/V
+  // rows (one per sequence, row q_start, new_stride elements apart; k not yet rotated),
+  // RoPE (inv_freq null: none), the cache write through slot_mapping, and the split
+  // counters (attention_counters ints, zero on entry and on exit).
+  const void* k_new = nullptr;
+  const void* v_new = nullptr;
+  int64_t new_stride = 0;
+  const int32_t* positions = nullptr;
+  const float* inv_freq = nullptr;
+  int64_t rotary_dim = 0;
+  const int64_t* slot_mapping = nullptr;
+  int32_t* counters = nullptr;
 };
 void launch_attention(const AttentionArgs& a, cudaStream_t s);
+
+// Decode steps (every sequence one query row, GQA group <= 8; int8/fp8 caches at head
+// dims 64 and 128) in one kernel: each CTA (sequence, KV head, split) rotates its q heads
+// and the new key, takes the new token's K/V from the step's rows (the CTA holding the
+// last position also writes them - quantized, for an int8/fp8 cache - into the cache),
+// attends over its split, and the last split of a
+// (sequence, KV head) to finish merges the partials (atomic counter, reset for the next
+// launch and CUDA-graph replay). Replaces launch_qkv_prep / launch_kv_cache_write /
+// launch_kv_quant_write and launch_attention for such steps. KILN_CUDA_ATTN=old or
+// =unfused turn it off.
+bool attention_fused_decode_supported(const AttentionArgs& a);
+void launch_attention_fused_decode(const AttentionArgs& a, cudaStream_t s);
 
 // k, v: [t, hkv*d] rows; slot_mapping[i] = block * block_size + row, -1 skips the token.
 void launch_kv_cache_write(DType t, const void* k, const void* v, const int64_t* slot_mapping,

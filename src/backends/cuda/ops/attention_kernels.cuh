@@ -758,5 +758,13 @@ void launch_attention_codes(const AttentionArgs& a, cudaStream_t s) {
 
 // attention_kv_quant.cu: launch_attention for the int8 and fp8 caches.
 void launch_attention_quantized(const AttentionArgs& a, cudaStream_t s);
+// attention_gqa.cu: the grouped-query decode kernel (one query row per sequence, GQA
+// group <= 8), and whether it takes these arguments (KILN_CUDA_ATTN=old: never).
+bool attention_gqa_decode_applies(const AttentionArgs& a);
+void launch_attention_gqa_decode(const AttentionArgs& a, cudaStream_t s);
+// attention_gqa_quant.cu: the same for int8 / fp8 caches.
+void launch_attention_gqa_decode_quantized(const AttentionArgs& a, cudaStream_t s);
+// attention_fused_quant.cu: launch_attention_fused_decode for int8 / fp8 caches.
+void launch_attention_fused_decode_quantized(const AttentionArgs& a, cudaStream_t s);
 
 }  // namespace kiln::cuda
