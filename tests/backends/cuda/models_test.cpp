@@ -462,7 +462,7 @@ TEST(CudaRealDecoder, SmolLM2GreedyMatchesCpu) {
 }
 
 // Pass fuse_norm_linear end to end: the tiny decoders with their norms folded into the
-// Linears (the default on CUDA) decode as with KILN_CUDA_PRENORM=0 (AddNorm nodes kept):
+// Linears (KILN_CUDA_PRENORM=1) decode as with KILN_CUDA_PRENORM=0 (AddNorm nodes kept):
 // prefill (GEMM paths), then decode of three sequences (3-row GEMVs with the norm
 // prologue and residual epilogue, the LM head behind GatherRows) as CUDA graphs.
 TEST(CudaPrenormModels, FoldedNormsDecodeAsTheUnfusedGraph) {
@@ -471,7 +471,7 @@ TEST(CudaPrenormModels, FoldedNormsDecodeAsTheUnfusedGraph) {
     for (const char* dtype : {"bf16", "f16"}) {
       const std::string tag = str_cat(family, " ", dtype);
       auto load = [&](bool fused) {
-        if (!fused) setenv("KILN_CUDA_PRENORM", "0", 1);
+        setenv("KILN_CUDA_PRENORM", fused ? "1" : "0", 1);
         auto m = Model::load(fixtures_dir() + "/models/" + family, {.backend = "cuda", .weight_dtype = dtype});
         unsetenv("KILN_CUDA_PRENORM");
         return m;

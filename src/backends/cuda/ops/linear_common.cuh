@@ -47,32 +47,12 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) 
 #endif
 }
 
-// An L2 policy that evicts the streamed weights first (they are read once per forward; the
-// activations and the KV cache should stay).
-__device__ __forceinline__ uint64_t l2_evict_first_policy() {
-  uint64_t p = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;\n" : "=l"(p));
-#endif
-  return p;
-}
-
 // 16 bytes global -> shared without registers (L2 only); `valid` false zero-fills the
 // destination and reads nothing (src must still be a mapped address).
 __device__ __forceinline__ void cp_async16(void* smem, const void* src, bool valid) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   const uint32_t p = uint32_t(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(p), "l"(src), "r"(valid ? 16 : 0) : "memory");
-#else
-  __trap();
-#endif
-}
-__device__ __forceinline__ void cp_async16_hint(void* smem, const void* src, bool valid, uint64_t policy) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const uint32_t p = uint32_t(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(p), "l"(src),
-               "r"(valid ? 16 : 0), "l"(policy)
-               : "memory");
 #else
   __trap();
 #endif

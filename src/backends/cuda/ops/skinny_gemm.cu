@@ -97,7 +97,8 @@ __global__ void __launch_bounds__(kThreads, 1) skinny_kernel(const SkArgs a) {
   const T* xbase = x + int64_t(lr) * a.k + lc * 8;
   const uint32_t dst0 = swz(lr, lc);
 
-  const uint64_t policy = l2_evict_first_policy();
+  // Plain cp.async: the L2::cache_hint form with a source size (evict-first weights) raised
+  // an illegal instruction on the H200 (driver 580), so the weights take the default policy.
   auto load_w = [&](int slot, int kt) {
     uint8_t* st = smem + slot * C::kStageBytes;
     const int kb = kt * kBK;
@@ -105,7 +106,7 @@ __global__ void __launch_bounds__(kThreads, 1) skinny_kernel(const SkArgs a) {
 #pragma unroll
     for (int j = 0; j < BN / 16; ++j) {
       const bool ok = k_ok && wo + wstep * j < a.n_out;
-      cp_async16_hint(st + dst0 + j * 16 * 128, ok ? wbase + int64_t(wstep * j) * a.k + kb : w, ok, policy);
+      cp_async16(st + dst0 + j * 16 * 128, ok ? wbase + int64_t(wstep * j) * a.k + kb : w, ok);
     }
   };
   auto load_x = [&](int slot, int kt) {
@@ -384,8 +385,11 @@ bool skinny_supports(DType dtype, int64_t m, int64_t k) {
 }
 
 int64_t skinny_rows_limit() {  // read at every call: Linears call it when they are prepared
+  // Off unless asked for: on the H200 it was never faster than cuBLASLt's tuned GEMMs at
+  // 8-64 rows (Llama-3.2-1B batch decode: equal at 8 and 16, 1.40 vs 1.36 ms at 32,
+  // 1.75 vs 1.51 ms at 64; bench/RESULTS.md).
   const char* e = std::getenv("KILN_CUDA_SKINNY");
-  if (!e || !*e) return kSkinnyMaxRows;
+  if (!e || !*e) return 0;
   char* end = nullptr;
   const long r = std::strtol(e, &end, 10);
   KILN_THROW_IF(*end != '\0' || r < 0 || r > kSkinnyMaxRows, kInvalidArgument, "KILN_CUDA_SKINNY='", e,

@@ -27,7 +27,7 @@ constexpr int kSkinnyMaxSplit = 8;  // CTAs of one cluster (the portable maximum
 // sm_90's clusters; older devices run unsplit).
 bool skinny_supports(DType dtype, int64_t m, int64_t k);
 
-// The row limit that Linear dispatch uses: KILN_CUDA_SKINNY unset -> kSkinnyMaxRows; "0" ->
+// The row limit that Linear dispatch uses: KILN_CUDA_SKINNY unset -> 0 (off: measured slower than cuBLASLt); "0" ->
 // 0 (off: GEMV then cuBLASLt as before); a number in 1..kSkinnyMaxRows -> that limit.
 // Anything else is a kiln::Error naming the variable.
 int64_t skinny_rows_limit();
