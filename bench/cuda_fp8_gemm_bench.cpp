@@ -1,7 +1,7 @@
 // FP8 (E4M3, per-tensor scales) against bf16 GEMMs on the Llama-3.1-8B layer shapes at
 // prefill row counts, each tuned (cuBLASLt's algorithms timed, the fastest kept) in the
-// same run: bf16, FP8 with precise accumulation, FP8 with Hopper's fast accumulation
-// (kiln's default). Prints us and TFLOP/s per shape, the 32-layer sum, and how far the
+// same run: bf16, FP8 with precise accumulation (kiln's default), FP8 with Hopper's fast
+// accumulation (KILN_CUDA_FP8_FAST_ACCUM=1). Prints us and TFLOP/s per shape, the 32-layer sum, and how far the
 // fast accumulation's outputs move from the precise one's on the same codes (max |diff|
 // over max |y|). Ceiling: an 8192^3 bf16 GEMM in the same run. Timing only; FP8 accuracy
 // is tests/backends/cuda/fp8_test.cpp and the RESULTS perplexity entries.

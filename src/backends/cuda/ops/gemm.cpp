@@ -66,7 +66,7 @@ struct Gemm::Impl {
   std::map<Key, std::unique_ptr<Plan>> plans;
   bool fp8_fast_accum = [] {
     const char* e = std::getenv("KILN_CUDA_FP8_FAST_ACCUM");
-    return !(e && std::string(e) == "0");
+    return e && std::string(e) == "1";
   }();
 
   // Operands x, w in `in`; y and bias in `out`; y rows ldy elements apart (0: n). FP8

@@ -40,9 +40,10 @@ class Gemm {
   void run_fp8(const void* x, const void* w, const float* scales, const void* bias, void* y, int64_t m, int64_t n,
                int64_t k, cudaStream_t s);
   // FP8 plans made from now on accumulate with Hopper's fast FP8 accumulation (no periodic
-  // promotion of the tensor cores' partial sums to f32: 1.2-1.5x faster GEMMs, as
-  // TensorRT-LLM and vLLM run FP8) or the precise one. Default: fast, unless the
-  // environment sets KILN_CUDA_FP8_FAST_ACCUM=0.
+  // promotion of the tensor cores' partial sums to f32) or the precise one. Default:
+  // precise, unless the environment sets KILN_CUDA_FP8_FAST_ACCUM=1. On the H200 the fast
+  // form made the 8B-shape Linears 1.10x faster at 2048 rows but moved their outputs by
+  // 9-27% of max|y| (cuda_fp8_gemm_bench): too much to be the default.
   void set_fp8_fast_accum(bool on);
 
   // INT8: x [m, k] and w [n, k] int8, y [m, n] int32 = Σ_k x·w exactly (no scaling: the
