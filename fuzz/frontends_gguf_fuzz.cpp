@@ -1,6 +1,6 @@
 // libFuzzer target for the GGUF parser and its HF view: any byte string must either
-// parse (then every metadata getter, tensor load and HF mapping must stay in bounds) or
-// fail with a kiln::Error. Build: -fsanitize=fuzzer,address,undefined.
+// parse (then every metadata getter, tensor load, quantized-image load and HF mapping
+// must stay in bounds) or fail with a kiln::Error. Build: -fsanitize=fuzzer,address,undefined.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -47,6 +47,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     for (const auto& name : src.names()) {
       quietly([&] { src.info(name); });
       quietly([&] { src.load(name, kiln::DType::kF32); });
+      // Q8_0 / Q4_0 / Q4_1 / Q4_K tensors re-laid as kiln q8 / q4 images.
+      quietly([&] { src.load_quantized(name, kiln::QuantFormat::kQ4); });
+      quietly([&] { src.load_quantized(name, kiln::QuantFormat::kQ8); });
     }
   });
   return 0;

@@ -68,7 +68,7 @@ QuantizedRows quantize_rows(const float* w, int64_t n, int64_t k, QuantFormat f)
 // a row's codes, then its f16 scales, (q4) its f16 mins, then its f32 row factor. Rows
 // are self-contained, so images of equal K stack along N by concatenation (fused
 // q/k/v or gate/up Linears) and permute by row. This is how a weight that arrives
-// already quantized (a GGUF Q8_0 / Q4_0 / Q4_1 tensor) travels in the graph: a u8
+// already quantized (a GGUF Q8_0 / Q4_0 / Q4_1 / Q4_K tensor) travels in the graph: a u8
 // [n, row_bytes] weight of a Linear with attrs weight_quant ("q8"/"q4") and weight_k.
 size_t quant_image_row_bytes(QuantFormat f, int64_t k);
 void quant_rows_to_image(const QuantizedRows& q, uint8_t* dst);  // dst: n * row bytes

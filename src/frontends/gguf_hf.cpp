@@ -273,7 +273,7 @@ Tensor GgufWeightSource::load(const std::string& name, DType want) const {
 std::optional<Tensor> GgufWeightSource::load_quantized(const std::string& name, QuantFormat f) const {
   const Mapping& m = mapping(name);
   const GgufTensorInfo& t = file_->tensor_info(m.gguf_name);
-  if (m.transpose || t.shape.size() != 2 || ggml_exact_quant_format(t.type) != f) return std::nullopt;
+  if (m.transpose || t.shape.size() != 2 || ggml_kept_quant_format(t.type) != f) return std::nullopt;
   const int64_t n = t.shape[0], k = t.shape[1];
   std::optional<QuantizedRows> q = ggml_to_quantized_rows(t.type, file_->tensor_data(t), n, k);
   if (!q) return std::nullopt;

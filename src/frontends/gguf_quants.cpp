@@ -2,12 +2,16 @@
 // GGUF tensor (or a fuzzer's buffer) need not be aligned for the block's f16/f32 fields.
 #include "frontends/gguf_quants.h"
 
+#include <algorithm>
+#include <atomic>
+#include <cfloat>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 
 #include "core/dtype.h"
 #include "core/status.h"
+#include "core/thread_pool.h"
 
 namespace kiln {
 namespace {
@@ -298,58 +302,143 @@ std::optional<QuantFormat> ggml_exact_quant_format(uint32_t type) {
   }
 }
 
+std::optional<QuantFormat> ggml_kept_quant_format(uint32_t type) {
+  if (GgmlType(type) == GgmlType::kQ4_K) return QuantFormat::kQ4;
+  return ggml_exact_quant_format(type);
+}
+
+namespace {
+
+// One row of Q8_0 / Q4_0 / Q4_1 blocks as kiln q8 / q4 under row factor 1, value for
+// value; false when a block has no image (a Q8_0 code of -128, a Q4_0 min -8d that
+// overflows f16).
+bool legacy_row(GgmlType t, const uint8_t* src, int64_t groups, uint8_t* codes, uint16_t* scales, uint16_t* mins,
+                float* row_factor) {
+  *row_factor = 1.0f;
+  const size_t block_bytes = ggml_type_traits(uint32_t(t))->type_size;
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* b = src + size_t(g) * block_bytes;
+    uint16_t d;
+    std::memcpy(&d, b, 2);
+    scales[g] = d;
+    if (t == GgmlType::kQ8_0) {
+      for (int j = 0; j < kQK; ++j) {
+        if (b[2 + j] == 0x80) return false;  // -128: outside q8's [-127, 127]
+        codes[g * kQK + j] = b[2 + j];
+      }
+      continue;
+    }
+    const uint8_t* qs = b + (t == GgmlType::kQ4_1 ? 4 : 2);
+    if (t == GgmlType::kQ4_1) {
+      std::memcpy(&mins[g], b + 2, 2);
+    } else {
+      // d * (q - 8) = d * q + (-8d); -8d is exact in f16 unless it overflows.
+      const float m = -8.0f * f16_to_f32(d);
+      const uint16_t m16 = f32_to_f16(m);
+      if (!std::isfinite(m) || f16_to_f32(m16) != m) return false;
+      mins[g] = m16;
+    }
+    // ggml: byte j holds elements j (low nibble) and j + 16 (high nibble); kiln: byte
+    // j holds elements 2j (low) and 2j + 1 (high).
+    uint8_t* dst = codes + g * (kQK / 2);
+    for (int j = 0; j < kQK / 2; ++j) {
+      const auto nib = [&](int e) { return e < 16 ? (qs[e] & 0x0f) : (qs[e - 16] >> 4); };
+      dst[j] = uint8_t(nib(2 * j) | (nib(2 * j + 1) << 4));
+    }
+  }
+  return true;
+}
+
+// One row of k Q4_K values (k / 256 super-blocks) as kiln q4: sub-block j of a
+// super-block is one q4 group with the same codes, scale d * sc_j and min -dmin * m_j.
+// Those products are exact in f32 (an 11-bit f16 significand times a 6-bit integer)
+// but need up to 17 bits, so the stored f16 scale and min are them rounded to nearest
+// (relative error <= 2^-11). The row factor F puts the row's largest |scale| or |min|
+// in [2^14, 2^15) (as quantize_row does), which leaves 2^28 of f16's normal range below
+// it; false (no image) when a nonzero scale or min would still be subnormal, or d / dmin
+// is not finite.
+bool q4_k_row(const uint8_t* src, int64_t k, uint8_t* codes, uint16_t* scales, uint16_t* mins, float* row_factor) {
+  const int64_t blocks = k / kQKK;
+  float big = 0.0f;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* s = src + size_t(b) * 144;
+    const float d = rd_f16(s), dmin = rd_f16(s + 2);
+    if (!std::isfinite(d) || !std::isfinite(dmin)) return false;
+    for (int j = 0; j < 8; ++j) {
+      uint8_t c, m;
+      scale_min_k4(j, s + 4, &c, &m);
+      big = std::max({big, std::fabs(d * float(c)), std::fabs(dmin * float(m))});
+    }
+  }
+  float factor = 1.0f;
+  if (big > 0.0f) {
+    int e = 0;
+    std::frexp(big, &e);  // big = m * 2^e, m in [0.5, 1)
+    factor = std::ldexp(1.0f, std::max(e - 15, FLT_MIN_EXP - 1));
+  }
+  *row_factor = factor;
+  constexpr float kMinNormalF16 = 6.103515625e-05f;  // 2^-14
+  const auto to_f16 = [&](float v, uint16_t* out) {
+    const float r = v / factor;  // exact: a power of two, far from f32's limits
+    if (r != 0.0f && std::fabs(r) < kMinNormalF16) return false;
+    *out = f32_to_f16(r);
+    return true;
+  };
+  for (int64_t b = 0; b < blocks; ++b) {
+    const uint8_t* s = src + size_t(b) * 144;
+    const float d = rd_f16(s), dmin = rd_f16(s + 2);
+    for (int j = 0; j < 8; ++j) {
+      uint8_t c, m;
+      scale_min_k4(j, s + 4, &c, &m);
+      const int64_t g = b * 8 + j;
+      if (!to_f16(d * float(c), &scales[g]) || !to_f16(-(dmin * float(m)), &mins[g])) return false;
+      // ggml: the 32 bytes of qs[32 * (j / 2)] hold sub-block j in their low (j even) or
+      // high (j odd) nibbles, element l in byte l; kiln: byte l holds elements 2l (low)
+      // and 2l + 1 (high).
+      const uint8_t* q = s + 16 + 32 * (j / 2);
+      const int shift = (j & 1) * 4;
+      uint8_t* dst = codes + g * (kQK / 2);
+      for (int l = 0; l < kQK / 2; ++l)
+        dst[l] = uint8_t(((q[2 * l] >> shift) & 0x0f) | (((q[2 * l + 1] >> shift) & 0x0f) << 4));
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
 std::optional<QuantizedRows> ggml_to_quantized_rows(uint32_t type, const uint8_t* src, int64_t n, int64_t k) {
-  const std::optional<QuantFormat> f = ggml_exact_quant_format(type);
+  const std::optional<QuantFormat> f = ggml_kept_quant_format(type);
   if (!f) return std::nullopt;
-  KILN_THROW_IF(n <= 0 || k <= 0 || k % kQK != 0, kInvalidArgument, "GGUF ", ggml_type_name(type),
-                " rows need N > 0 and K a positive multiple of ", kQK, ", got N=", n, " K=", k);
+  const GgmlTypeTraits* tr = ggml_type_traits(type);
+  KILN_THROW_IF(n <= 0 || k <= 0 || k % tr->block_size != 0, kInvalidArgument, "GGUF ", ggml_type_name(type),
+                " rows need N > 0 and K a positive multiple of ", tr->block_size, ", got N=", n, " K=", k);
   const GgmlType t = GgmlType(type);
-  const size_t block_bytes = ggml_type_traits(type)->type_size;
   QuantizedRows q;
   q.format = *f;
   q.n = n;
   q.k = k;
   const int64_t groups = q.groups();
   const size_t row_bytes = quant_row_code_bytes(*f, k);
+  const size_t src_row_bytes = size_t(k / tr->block_size) * tr->type_size;
   q.codes.reset(new uint8_t[size_t(n) * row_bytes]);
   q.scales.reset(new uint16_t[size_t(n * groups)]);
   if (*f == QuantFormat::kQ4) q.mins.reset(new uint16_t[size_t(n * groups)]);
   q.row_factor.reset(new float[size_t(n)]);
-  for (int64_t r = 0; r < n; ++r) {
-    q.row_factor[size_t(r)] = 1.0f;
-    uint8_t* codes = q.codes.get() + size_t(r) * row_bytes;
-    for (int64_t g = 0; g < groups; ++g) {
-      const uint8_t* b = src + size_t(r * groups + g) * block_bytes;
-      const size_t at = size_t(r * groups + g);
-      uint16_t d;
-      std::memcpy(&d, b, 2);
-      q.scales[at] = d;
-      if (t == GgmlType::kQ8_0) {
-        for (int j = 0; j < kQK; ++j) {
-          if (b[2 + j] == 0x80) return std::nullopt;  // -128: outside q8's [-127, 127]
-          codes[g * kQK + j] = b[2 + j];
-        }
-        continue;
-      }
-      const uint8_t* qs = b + (t == GgmlType::kQ4_1 ? 4 : 2);
-      if (t == GgmlType::kQ4_1) {
-        std::memcpy(&q.mins[at], b + 2, 2);
-      } else {
-        // d * (q - 8) = d * q + (-8d); -8d is exact in f16 unless it overflows.
-        const float m = -8.0f * f16_to_f32(d);
-        const uint16_t m16 = f32_to_f16(m);
-        if (!std::isfinite(m) || f16_to_f32(m16) != m) return std::nullopt;
-        q.mins[at] = m16;
-      }
-      // ggml: byte j holds elements j (low nibble) and j + 16 (high nibble); kiln: byte
-      // j holds elements 2j (low) and 2j + 1 (high).
-      uint8_t* dst = codes + g * (kQK / 2);
-      for (int j = 0; j < kQK / 2; ++j) {
-        const auto nib = [&](int e) { return e < 16 ? (qs[e] & 0x0f) : (qs[e - 16] >> 4); };
-        dst[j] = uint8_t(nib(2 * j) | (nib(2 * j + 1) << 4));
-      }
+  std::atomic<bool> ok{true};
+  ThreadPool::global().parallel_for(n, [&](int64_t r0, int64_t r1, int) {
+    for (int64_t r = r0; r < r1 && ok.load(std::memory_order_relaxed); ++r) {
+      const uint8_t* s = src + size_t(r) * src_row_bytes;
+      uint8_t* codes = q.codes.get() + size_t(r) * row_bytes;
+      uint16_t* scales = q.scales.get() + size_t(r * groups);
+      uint16_t* mins = q.mins ? q.mins.get() + size_t(r * groups) : nullptr;
+      float* factor = q.row_factor.get() + r;
+      const bool row_ok = t == GgmlType::kQ4_K ? q4_k_row(s, k, codes, scales, mins, factor)
+                                                : legacy_row(t, s, groups, codes, scales, mins, factor);
+      if (!row_ok) ok.store(false, std::memory_order_relaxed);
     }
-  }
+  });
+  if (!ok.load()) return std::nullopt;
   return q;
 }
 

@@ -33,15 +33,27 @@ const char* ggml_type_name(uint32_t type);
 
 // The kiln weight format (core/weight_quant.h) a ggml type maps onto exactly, code for
 // code, or nullopt: Q8_0 -> q8 (scale d), Q4_0 -> q4 (scale d, min -8d), Q4_1 -> q4
-// (scale d, min m), all with row factor 1. K-quants and the rest have no exact image
-// (super-block scales, 5/6-bit codes) and keep the dequantize-then-quantize path.
+// (scale d, min m), all with row factor 1.
 std::optional<QuantFormat> ggml_exact_quant_format(uint32_t type);
+// The kiln format whose codes a ggml type keeps at load (--weight-dtype q8/q4): the exact
+// ones above, and Q4_K -> q4, which is *nearly* exact: each 32-element sub-block is one
+// q4 group with the identical 4-bit codes, scale d * sc and min -dmin * m, but those
+// products are rounded to f16 (to nearest, relative error <= 2^-11 each, under a
+// per-row power-of-two row factor that keeps them in f16's normal range), so an element
+// differs from ggml's d * sc * q - dmin * m by at most (2^-11 + 2^-22) * (|d * sc * q| +
+// |dmin * m|) (the last term: f32 rounding of both sums). Other K-quants (5/6-bit or
+// 2/3-bit codes, 16-element sub-blocks) have no image and keep the
+// dequantize-then-quantize path.
+std::optional<QuantFormat> ggml_kept_quant_format(uint32_t type);
 
-// Re-lays n rows of k elements of ggml type `type` (rows contiguous, k % 32 == 0) as
-// kiln QuantizedRows holding the same values: dequantize_row of row r equals ggml's own
-// dequantization of that row. nullopt when the type has no exact image or a block does
-// not fit the format (a Q8_0 code of -128, or a Q4_0 min -8d that overflows f16); the
-// caller then dequantizes instead. kInvalidArgument when k is not a multiple of 32.
+// Re-lays n rows of k elements of ggml type `type` (rows contiguous, k a multiple of the
+// type's block size) as kiln QuantizedRows holding the same codes: dequantize_row of
+// row r equals ggml's own dequantization of that row (Q4_K: within the bound above).
+// nullopt when the type has no kept format or a block does not fit it (a Q8_0 code of
+// -128, a Q4_0 min -8d that overflows f16, a Q4_K row whose nonzero scales / mins span
+// more than f16's normal range under one row factor, or a non-finite Q4_K d / dmin);
+// the caller then dequantizes instead. kInvalidArgument when k is not a positive
+// multiple of the block size (32, Q4_K 256). Rows are converted in parallel.
 std::optional<QuantizedRows> ggml_to_quantized_rows(uint32_t type, const uint8_t* src, int64_t n, int64_t k);
 
 }  // namespace kiln

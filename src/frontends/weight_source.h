@@ -36,8 +36,9 @@ class WeightSource {
   // Weights already quantized in the file: with keep_quantized(f) set (--weight-dtype
   // q8/q4), model builders load Linear weights through load_quantized first.
   // load_quantized gives a u8 [n, quant_image_row_bytes(f, k)] image (core/weight_quant.h)
-  // holding the file's own codes when the stored type maps onto f exactly (GGUF Q8_0 ->
-  // q8, Q4_0 / Q4_1 -> q4), else nullopt and the weight loads as f32 as before.
+  // holding the file's own codes when the stored type maps onto f (GGUF Q8_0 -> q8,
+  // Q4_0 / Q4_1 -> q4 exactly, Q4_K -> q4 with f16-rounded scales), else nullopt and the
+  // weight loads as f32 as before.
   void keep_quantized(std::optional<QuantFormat> f) { keep_quantized_ = f; }
   std::optional<QuantFormat> kept_quantized() const { return keep_quantized_; }
   virtual std::optional<Tensor> load_quantized(const std::string& /*name*/, QuantFormat /*f*/) const {

@@ -216,7 +216,7 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
   nlohmann::json config;
   std::shared_ptr<const GgufFile> gguf;
   // --weight-dtype q8/q4: Linear weights the file already stores in that format (GGUF
-  // Q8_0 -> q8, Q4_0 / Q4_1 -> q4) load as their own codes instead of f32 that the
+  // Q8_0 -> q8, Q4_0 / Q4_1 / Q4_K -> q4) load as their own codes instead of f32 that the
   // backend would quantize again. Not under graph rewrites, observers or tensor
   // parallelism, which read Linear weights as f32.
   std::optional<QuantFormat> keep;

@@ -65,8 +65,9 @@ struct ModelOptions {
   // rank r runs on device + r.
   int device = 0;
   // With weight_dtype q8/q4: Linear weights a GGUF stores in that very format (Q8_0 ->
-  // q8, Q4_0 / Q4_1 -> q4) keep the file's codes; false expands them to f32 at load and
-  // quantizes them again at compile time (the path before, kept for comparison).
+  // q8, Q4_0 / Q4_1 -> q4 exactly; Q4_K -> q4 with its codes and scales rounded to f16,
+  // frontends/gguf_quants.h) keep the file's codes; false expands them to f32 at load
+  // and quantizes them again at compile time (the path before, kept for comparison).
   bool keep_file_quant = true;
 };
 

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <random>
 #include <filesystem>
@@ -253,8 +254,137 @@ TEST(GgufQuants, ExactImagesDequantizeToGgmlsValues) {
   }
 }
 
+// Q4_K re-laid as kiln q4 keeps every 4-bit code and stands for ggml's values up to the
+// f16 rounding of each sub-block's scale d * sc and min -dmin * m (relative <= 2^-11
+// each): |kiln - ggml| <= 2^-11 * (|d sc q| + |dmin m|) from that rounding, plus f32
+// rounding of ggml's and kiln's sums (<= 2^-24 of each), so <= (2^-11 + 2^-22) * (|d sc q|
+// + |dmin m|) per element. Rows mix small, large (d near f16's top) and f16-subnormal d,
+// and sub-blocks with sc = 0, m = 0 or both.
+TEST(GgufQuants, Q4KImagesKeepCodesAndRoundOnlyScales) {
+  std::mt19937 rng(23);
+  const int64_t n = 6, k = 768, sb = k / 256;
+  const GgmlTypeTraits* tr = ggml_type_traits(uint32_t(GgmlType::kQ4_K));
+  std::vector<uint8_t> codes(size_t(n * k)), sc(size_t(n * k / 32)), mn(size_t(n * k / 32));
+  std::vector<float> d(size_t(n * sb)), dmin(size_t(n * sb));
+  std::string bytes;
+  for (int64_t r = 0; r < n; ++r) {
+    // Row magnitudes: ordinary, large (d up to 6e4, so d * sc overflows f16 without the
+    // row factor), tiny (d f16-subnormal), mixed across super-blocks.
+    const float base[] = {1e-4f, 3e4f, 2e-7f, 1e-4f, 5e-3f, 1.0f};
+    for (int64_t b = 0; b < sb; ++b) {
+      const float lo = base[r] * (r == 3 ? float(1 << (4 * b)) : 1.0f);
+      std::uniform_real_distribution<float> mag(lo, 2 * lo);
+      const uint16_t d16 = f32_to_f16(mag(rng)), m16 = f32_to_f16(std::min(mag(rng) * 4, 6e4f));
+      d[size_t(r * sb + b)] = f16_to_f32(d16);
+      dmin[size_t(r * sb + b)] = f16_to_f32(m16);
+      uint8_t* c = codes.data() + r * k + b * 256;
+      uint8_t* s6 = sc.data() + r * k / 32 + b * 8;
+      uint8_t* m6 = mn.data() + r * k / 32 + b * 8;
+      for (int e = 0; e < 256; ++e) c[e] = uint8_t(rng() % 16);
+      for (int j = 0; j < 8; ++j) {
+        s6[j] = uint8_t(rng() % 64);
+        m6[j] = uint8_t(rng() % 64);
+      }
+      s6[b % 8] = 0;            // a sub-block of constant -dmin * m
+      m6[(b + 3) % 8] = 0;      // a sub-block without a min
+      s6[(b + 5) % 8] = m6[(b + 5) % 8] = 0;  // all zeros
+      s6[(b + 6) % 8] = 63;
+      m6[(b + 7) % 8] = 63;
+      bytes += test::q4_k_block(d16, m16, s6, m6, c);
+    }
+  }
+  const auto* src = reinterpret_cast<const uint8_t*>(bytes.data());
+  ASSERT_EQ(bytes.size(), size_t(n * sb) * tr->type_size);
+  std::optional<QuantizedRows> q = ggml_to_quantized_rows(uint32_t(GgmlType::kQ4_K), src, n, k);
+  ASSERT_TRUE(q.has_value());
+  ASSERT_EQ(q->format, QuantFormat::kQ4);
+  std::vector<float> want(static_cast<size_t>(n * k)), got(static_cast<size_t>(k));
+  tr->to_f32(src, want.data(), n * k);
+  const double kBound = std::ldexp(1.0, -11) + std::ldexp(1.0, -22);
+  double worst_scale = 0, worst_elem = 0;  // observed relative errors
+  int64_t rounded = 0;                     // elements not bit-identical to ggml's
+  for (int64_t r = 0; r < n; ++r) {
+    const float f = q->row_factor[size_t(r)];
+    int e = 0;
+    std::frexp(f, &e);
+    ASSERT_EQ(f, std::ldexp(1.0f, e - 1)) << "row " << r << ": row factor " << f << " is not a power of two";
+    for (int64_t g = 0; g < k / 32; ++g) {
+      const double s_true = double(d[size_t((r * k / 32 + g) / 8)]) * sc[size_t(r * k / 32 + g)];
+      const double m_true = -double(dmin[size_t((r * k / 32 + g) / 8)]) * mn[size_t(r * k / 32 + g)];
+      const double s = double(f16_to_f32(q->scales[size_t(r * k / 32 + g)])) * f;
+      const double m = double(f16_to_f32(q->mins[size_t(r * k / 32 + g)])) * f;
+      // Stored as normal f16 values (subnormals would lose relative precision).
+      ASSERT_TRUE(s == 0 || std::fabs(s / f) >= std::ldexp(1.0, -14)) << "row " << r << " group " << g;
+      ASSERT_LE(std::fabs(s - s_true), std::ldexp(std::fabs(s_true), -11)) << "row " << r << " group " << g;
+      ASSERT_LE(std::fabs(m - m_true), std::ldexp(std::fabs(m_true), -11)) << "row " << r << " group " << g;
+      if (s_true != 0) worst_scale = std::max(worst_scale, std::fabs(s - s_true) / std::fabs(s_true));
+    }
+    dequantize_row(q->codes.get() + size_t(r * k / 2), q->scales.get() + r * k / 32, q->mins.get() + r * k / 32, f, k,
+                   QuantFormat::kQ4, got.data());
+    for (int64_t i = 0; i < k; ++i) {
+      const int64_t g = r * k / 32 + i / 32;
+      ASSERT_EQ(quant_code(QuantFormat::kQ4, q->codes.get() + size_t(r * k / 2), i), codes[size_t(r * k + i)])
+          << "row " << r << " element " << i;
+      const double a = std::fabs(double(d[size_t(g / 8)]) * sc[size_t(g)] * codes[size_t(r * k + i)]) +
+                       double(dmin[size_t(g / 8)]) * mn[size_t(g)];
+      const double w = want[size_t(r * k + i)], err = std::fabs(double(got[size_t(i)]) - w);
+      ASSERT_LE(err, kBound * a) << "row " << r << " element " << i << ": " << got[size_t(i)] << " vs ggml " << w;
+      if (a > 0) worst_elem = std::max(worst_elem, err / a);
+      rounded += got[size_t(i)] != want[size_t(r * k + i)];
+    }
+  }
+  // The rounding is real (not every d * sc fits f16) but stays within the bound.
+  EXPECT_GT(rounded, 0);
+  EXPECT_GT(worst_scale, 0.0);
+  std::printf("  Q4_K -> q4: %lld of %lld elements rounded, worst scale error %.3g, worst element error %.3g "
+              "of (|d sc q| + |dmin m|) (bound %.3g)\n",
+              (long long)rounded, (long long)(n * k), worst_scale, worst_elem, kBound);
+
+  // Requantizing ggml's f32 values instead (the --gguf-requantize path) re-rounds codes.
+  QuantizedRows rq = quantize_rows(want.data(), n, k, QuantFormat::kQ4);
+  int64_t code_changes = 0;
+  for (int64_t i = 0; i < n * k; ++i)
+    code_changes += quant_code(QuantFormat::kQ4, rq.codes.get(), i) != codes[size_t(i)];
+  std::printf("  requantized path: %lld of %lld codes differ from the file's\n", (long long)code_changes,
+              (long long)(n * k));
+}
+
+// Q4_K rows that no single row factor can hold in f16's normal range, non-finite d or
+// dmin, and K not a multiple of the super-block have no image.
+TEST(GgufQuants, Q4KRowsOutOfF16RangeHaveNoImage) {
+  const uint8_t one[8] = {1, 1, 1, 1, 1, 1, 1, 1}, zero[8] = {};
+  uint8_t codes[256];
+  for (int e = 0; e < 256; ++e) codes[e] = uint8_t(e % 16);
+  const auto q4k = [](const std::string& bytes, int64_t n, int64_t k) {
+    return ggml_to_quantized_rows(uint32_t(GgmlType::kQ4_K), reinterpret_cast<const uint8_t*>(bytes.data()), n, k);
+  };
+  const uint16_t big = f32_to_f16(60000.0f), tiny = 1 /* 2^-24 */, inf = 0x7c00;
+  // Scales 6e4 and 2^-24 in one row: 2^40 apart, more than f16's normal range (2^30).
+  const std::string wide = test::q4_k_block(big, 0, one, zero, codes) + test::q4_k_block(tiny, 0, one, zero, codes);
+  EXPECT_FALSE(q4k(wide, 1, 512));
+  // The same two super-blocks in two rows: each row picks its own factor.
+  std::optional<QuantizedRows> two = q4k(wide, 2, 256);
+  ASSERT_TRUE(two.has_value());
+  EXPECT_NE(two->row_factor[0], two->row_factor[1]);
+  // A wide row through a min: dmin large, d tiny.
+  EXPECT_FALSE(q4k(test::q4_k_block(tiny, big, one, one, codes), 1, 256));
+  EXPECT_FALSE(q4k(test::q4_k_block(inf, 0, one, zero, codes), 1, 256));
+  EXPECT_FALSE(q4k(test::q4_k_block(0, inf, zero, zero, codes), 1, 256));
+  // All-zero scales and mins: an exact image of zeros.
+  std::optional<QuantizedRows> z = q4k(test::q4_k_block(big, big, zero, zero, codes), 1, 256);
+  ASSERT_TRUE(z.has_value());
+  std::vector<float> out(256);
+  dequantize_row(z->codes.get(), z->scales.get(), z->mins.get(), z->row_factor[0], 256, QuantFormat::kQ4, out.data());
+  for (float v : out) ASSERT_EQ(v, 0.0f);
+  expect_error([&] { q4k(wide, 2, 128); }, ErrorCode::kInvalidArgument, {"Q4_K", "256", "K=128"});
+}
+
 TEST(GgufQuants, InexactBlocksAndTypesHaveNoImage) {
   EXPECT_FALSE(ggml_exact_quant_format(uint32_t(GgmlType::kQ4_K)).has_value());
+  EXPECT_EQ(ggml_kept_quant_format(uint32_t(GgmlType::kQ4_K)), QuantFormat::kQ4);  // nearly exact
+  EXPECT_EQ(ggml_kept_quant_format(uint32_t(GgmlType::kQ4_1)), QuantFormat::kQ4);
+  EXPECT_FALSE(ggml_kept_quant_format(uint32_t(GgmlType::kQ5_K)).has_value());
+  EXPECT_FALSE(ggml_kept_quant_format(uint32_t(GgmlType::kQ6_K)).has_value());
   EXPECT_FALSE(ggml_exact_quant_format(uint32_t(GgmlType::kQ5_0)).has_value());
   std::string q8(34, '\0');
   q8[2 + 7] = char(0x80);  // code -128

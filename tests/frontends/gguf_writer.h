@@ -104,4 +104,30 @@ class GgufWriter {
   std::vector<T> tensors_;
 };
 
+// One Q4_K super-block (block_q4_K: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins,
+// 128 bytes of codes) packed as ggml's quantize_row_q4_K_ref packs it, from 256 codes
+// 0..15, eight scales sc and mins m 0..63, and the f16 bits of d and dmin. Its elements
+// are d * sc[e / 32] * codes[e] - dmin * m[e / 32].
+inline std::string q4_k_block(uint16_t d, uint16_t dmin, const uint8_t sc[8], const uint8_t m[8],
+                              const uint8_t codes[256]) {
+  std::string b(144, '\0');
+  std::memcpy(b.data(), &d, 2);
+  std::memcpy(b.data() + 2, &dmin, 2);
+  auto* scales = reinterpret_cast<uint8_t*>(b.data() + 4);
+  for (int j = 0; j < 8; ++j) {
+    if (j < 4) {
+      scales[j] = sc[j];
+      scales[j + 4] = m[j];
+    } else {
+      scales[j + 4] = uint8_t((sc[j] & 0xf) | ((m[j] & 0xf) << 4));
+      scales[j - 4] |= uint8_t((sc[j] >> 4) << 6);
+      scales[j] |= uint8_t((m[j] >> 4) << 6);
+    }
+  }
+  auto* qs = reinterpret_cast<uint8_t*>(b.data() + 16);
+  for (int j = 0; j < 256; j += 64, qs += 32)
+    for (int l = 0; l < 32; ++l) qs[l] = uint8_t(codes[j + l] | (codes[j + l + 32] << 4));
+  return b;
+}
+
 }  // namespace kiln::test

@@ -30,7 +30,7 @@ void add_model_options(CLI::App* cmd, ModelArgs& args) {
       ->check(CLI::IsMember({"f32", "bf16", "f16", "q8", "q4"}))
       ->capture_default_str();
   cmd->add_flag("--gguf-requantize", args.gguf_requantize,
-                "with --weight-dtype q8/q4: expand a GGUF's Q8_0/Q4_0/Q4_1 weights to f32 and quantize them again "
+                "with --weight-dtype q8/q4: expand a GGUF's Q8_0/Q4_0/Q4_1/Q4_K weights to f32 and quantize them again "
                 "instead of keeping the file's codes (the old path, for comparison)");
   add_pass_options(cmd, args.opt_level, args.disabled_passes);
   cmd->add_option("--engine-profile", args.profile,
