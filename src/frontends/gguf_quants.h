@@ -1,6 +1,7 @@
-// ggml tensor types as stored in GGUF files, and dequantization of their blocks to f32,
-// following ggml's block layouts (ggml-common.h) and dequantize_row_* (ggml-quants.c).
-// Tested in tests/frontends/gguf_test.cpp against values from the Python gguf package.
+// ggml tensor types as stored in GGUF files, dequantization of their blocks to f32
+// following ggml's block layouts (ggml-common.h) and dequantize_row_* (ggml-quants.c),
+// and the re-lay of Q8_0 / Q4_0 / Q4_1 / Q4_K blocks as kiln q8 / q4 codes. Tested in
+// tests/frontends/gguf_test.cpp against values from the Python gguf package.
 #pragma once
 
 #include <cstddef>
