@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backends/cuda/cuda_context.h"
+#include "cuda_bench_util.h"
 #include "backends/cuda/ops/convert.h"
 #include "backends/cuda/ops/fp8.h"
 #include "backends/cuda/ops/gemm.h"
@@ -27,27 +28,10 @@ using namespace kiln::cuda;
 
 namespace {
 
-// Median ms of one call of f (CUDA events around `batch` back-to-back calls).
+// 20 repeats of 5 calls back to back.
 template <typename F>
 float median_ms(F&& f, int reps = 20, int batch = 5) {
-  cudaEvent_t a, b;
-  KILN_CUDA_CHECK(cudaEventCreate(&a));
-  KILN_CUDA_CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) f();
-  std::vector<float> t;
-  for (int i = 0; i < reps; ++i) {
-    KILN_CUDA_CHECK(cudaEventRecord(a));
-    for (int j = 0; j < batch; ++j) f();
-    KILN_CUDA_CHECK(cudaEventRecord(b));
-    KILN_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms / float(batch));
-  }
-  std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return t[t.size() / 2];
+  return bench::median_ms(f, reps, batch);
 }
 
 std::vector<float> to_host_f32(const void* bf16, int64_t n) {

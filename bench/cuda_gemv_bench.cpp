@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "backends/cuda/cuda_context.h"
+#include "cuda_bench_util.h"
 #include "backends/cuda/ops/convert.h"
 #include "backends/cuda/ops/elementwise.h"
 #include "backends/cuda/ops/gemm.h"
@@ -41,33 +42,9 @@
 
 using namespace kiln;
 using namespace kiln::cuda;
+using bench::median_ms;
 
 namespace {
-
-// Median ms of one call of f: `batch` calls back to back between two events (batch 1:
-// launch latency included; batch 20: the per-kernel time of a busy stream, as in a
-// decode step's CUDA graph).
-template <typename F>
-float median_ms(F&& f, int reps = 50, int batch = 1) {
-  cudaEvent_t a, b;
-  KILN_CUDA_CHECK(cudaEventCreate(&a));
-  KILN_CUDA_CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 5; ++i) f();
-  std::vector<float> t;
-  for (int i = 0; i < reps; ++i) {
-    KILN_CUDA_CHECK(cudaEventRecord(a));
-    for (int j = 0; j < batch; ++j) f();
-    KILN_CUDA_CHECK(cudaEventRecord(b));
-    KILN_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms / float(batch));
-  }
-  std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return t[t.size() / 2];
-}
 
 constexpr double kPeakGbs = 4800.0;  // H200 HBM3e, data sheet
 
@@ -165,11 +142,7 @@ void skinny_table(const char* filter, double copy_gbs) {
 int main(int argc, char** argv) {
   const bool skinny_only = argc > 1 && std::string(argv[1]) == "skinny";
   const char* filter = argc > (skinny_only ? 2 : 1) ? argv[skinny_only ? 2 : 1] : "";
-  const size_t copy_bytes = size_t(1) << 30;
-  DeviceBuffer src(copy_bytes), dst(copy_bytes);
-  const float copy_ms =
-      median_ms([&] { KILN_CUDA_CHECK(cudaMemcpyAsync(dst.get(), src.get(), copy_bytes, cudaMemcpyDeviceToDevice)); }, 10);
-  const double copy_gbs = 2.0 * double(copy_bytes) / (copy_ms * 1e-3) / 1e9;
+  const double copy_gbs = bench::device_copy_gbs();
   std::printf("device-to-device copy: %.0f GB/s (read + write)\n\n", copy_gbs);
   if (skinny_only) {
     skinny_table(filter, copy_gbs);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backends/cuda/cuda_context.h"
+#include "cuda_bench_util.h"
 #include "backends/cuda/ops/convert.h"
 #include "backends/cuda/ops/elementwise.h"
 #include "backends/cuda/ops/gemm.h"
@@ -26,27 +27,10 @@ using namespace kiln::cuda;
 
 namespace {
 
-// Median ms of one call of f (CUDA events around 10 back-to-back calls, 30 repeats).
+// 30 repeats of 10 calls back to back (these GEMMs are long enough for steady timing).
 template <typename F>
 float median_ms(F&& f, int reps = 30, int batch = 10) {
-  cudaEvent_t a, b;
-  KILN_CUDA_CHECK(cudaEventCreate(&a));
-  KILN_CUDA_CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) f();
-  std::vector<float> t;
-  for (int i = 0; i < reps; ++i) {
-    KILN_CUDA_CHECK(cudaEventRecord(a));
-    for (int j = 0; j < batch; ++j) f();
-    KILN_CUDA_CHECK(cudaEventRecord(b));
-    KILN_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms / float(batch));
-  }
-  std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return t[t.size() / 2];
+  return bench::median_ms(f, reps, batch);
 }
 
 }  // namespace
@@ -54,10 +38,7 @@ float median_ms(F&& f, int reps = 30, int batch = 10) {
 int main() {
   Gemm gemm;
   {
-    const size_t bytes = size_t(1) << 30;
-    DeviceBuffer src(bytes), dst(bytes);
-    const float ms = median_ms([&] { KILN_CUDA_CHECK(cudaMemcpyAsync(dst.get(), src.get(), bytes, cudaMemcpyDeviceToDevice)); }, 10, 1);
-    std::printf("device-to-device copy: %.0f GB/s (read + write)\n", 2.0 * double(bytes) / (ms * 1e-3) / 1e9);
+    std::printf("device-to-device copy: %.0f GB/s (read + write)\n", bench::device_copy_gbs());
     const int64_t s = 8192;
     DeviceBuffer a(size_t(s * s) * 2), b(size_t(s * s) * 2), c(size_t(s * s) * 4);
     launch_fill_random(a.get(), DType::kBF16, s * s, 1, nullptr);

@@ -19,36 +19,15 @@
 #include <vector>
 
 #include "backends/cuda/cuda_context.h"
+#include "cuda_bench_util.h"
 #include "backends/cuda/ops/topk.h"
 #include "core/status.h"
 
 using namespace kiln;
 using namespace kiln::cuda;
+using bench::median_ms;
 
 namespace {
-
-// Median ms of one call of f: `batch` calls back to back between two events.
-template <typename F>
-float median_ms(F&& f, int reps = 50, int batch = 1) {
-  cudaEvent_t a, b;
-  KILN_CUDA_CHECK(cudaEventCreate(&a));
-  KILN_CUDA_CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 5; ++i) f();
-  std::vector<float> t;
-  for (int i = 0; i < reps; ++i) {
-    KILN_CUDA_CHECK(cudaEventRecord(a));
-    for (int j = 0; j < batch; ++j) f();
-    KILN_CUDA_CHECK(cudaEventRecord(b));
-    KILN_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    t.push_back(ms / float(batch));
-  }
-  std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  return t[t.size() / 2];
-}
 
 uint16_t to_bf16(float f) {  // round to nearest even (no NaN here)
   uint32_t u;
@@ -65,11 +44,7 @@ struct Outputs {
 
 int main(int argc, char** argv) {
   const bool sweep = argc > 1 && std::string(argv[1]) == "sweep";
-  const size_t copy_bytes = size_t(1) << 30;
-  DeviceBuffer src(copy_bytes), dst(copy_bytes);
-  const float copy_ms =
-      median_ms([&] { KILN_CUDA_CHECK(cudaMemcpyAsync(dst.get(), src.get(), copy_bytes, cudaMemcpyDeviceToDevice)); }, 10);
-  const double copy_gbs = 2.0 * double(copy_bytes) / (copy_ms * 1e-3) / 1e9;
+  const double copy_gbs = bench::device_copy_gbs();
   std::printf("device-to-device copy: %.0f GB/s (read + write)\n\n", copy_gbs);
   std::printf("| rows x vocab (bf16, k 64) | kernel | chunk | us, alone | us, 20 back to back | logits GB/s | %% of copy | check vs single CTA |\n"
               "|---|---|---|---|---|---|---|---|\n");

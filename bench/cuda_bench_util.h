@@ -1,0 +1,50 @@
+// Timing helpers shared by the CUDA micro-benchmarks (cuda_*_bench.cpp): the median time
+// of a call on the default stream between CUDA events, and the device-to-device copy
+// rate that the tables quote as the bandwidth ceiling of the same run.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/cuda_context.h"
+
+namespace kiln::cuda::bench {
+
+// Median ms of one call of f over `reps` repeats, each timing `batch` calls back to back
+// between two events (batch 1: launch latency included; batch 20: the per-kernel time of
+// a busy stream, as in a decode step's CUDA graph), after a few warm-up calls.
+template <typename F>
+float median_ms(F&& f, int reps = 50, int batch = 1) {
+  cudaEvent_t a, b;
+  KILN_CUDA_CHECK(cudaEventCreate(&a));
+  KILN_CUDA_CHECK(cudaEventCreate(&b));
+  for (int i = 0; i < 5; ++i) f();
+  std::vector<float> t;
+  for (int i = 0; i < reps; ++i) {
+    KILN_CUDA_CHECK(cudaEventRecord(a));
+    for (int j = 0; j < batch; ++j) f();
+    KILN_CUDA_CHECK(cudaEventRecord(b));
+    KILN_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    t.push_back(ms / float(batch));
+  }
+  std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  return t[t.size() / 2];
+}
+
+// GB/s of a 1 GiB device-to-device copy, read + write bytes.
+inline double device_copy_gbs() {
+  const size_t bytes = size_t(1) << 30;
+  DeviceBuffer src(bytes), dst(bytes);
+  const float ms =
+      median_ms([&] { KILN_CUDA_CHECK(cudaMemcpyAsync(dst.get(), src.get(), bytes, cudaMemcpyDeviceToDevice)); }, 10);
+  return 2.0 * double(bytes) / (ms * 1e-3) / 1e9;
+}
+
+}  // namespace kiln::cuda::bench
