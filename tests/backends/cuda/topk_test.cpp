@@ -172,6 +172,22 @@ TEST(CudaTopKLogits, EveryChunkSize) {
   }
 }
 
+// A mistyped switch is an error naming the variable and what it takes, not a silent default.
+TEST(CudaTopKLogits, BadSwitchValuesAreClearErrors) {
+  KILN_SKIP_WITHOUT_CUDA();
+  for (auto [name, value] : {std::pair{"KILN_CUDA_TOPK", "olde"}, std::pair{"KILN_CUDA_TOPK_CHUNK", "100"},
+                             std::pair{"KILN_CUDA_TOPK_CHUNK", "2k"}}) {
+    ScopedEnv env(name, value);
+    try {
+      (void)topk_logits_plan(64, 128256, 64);
+      ADD_FAILURE() << name << "=" << value << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    }
+  }
+}
+
 // The chunk kernel with a CTA per chunk (KILN_CUDA_TOPK_GRID=full) instead of a grid
 // that fits the device, each CTA looping over chunks (the default at these batches).
 TEST(CudaTopKLogits, ChunkKernelGrids) {

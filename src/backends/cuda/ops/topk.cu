@@ -680,11 +680,19 @@ TopKPlan plan_split(int64_t rows, int64_t v, int64_t k, int chunk, int num_sms, 
 TopKPlan topk_logits_plan(int64_t rows, int64_t v, int64_t k, TopKImpl impl, int chunk) {
   if (impl == TopKImpl::kAuto) {
     const char* e = std::getenv("KILN_CUDA_TOPK");
-    impl = e && std::string(e) == "old" ? TopKImpl::kSingleCta : TopKImpl::kSplit;
+    KILN_THROW_IF(e && *e && std::string(e) != "old", kInvalidArgument, "KILN_CUDA_TOPK='", e,
+                  "': expected 'old' (the single-CTA kernel) or unset");
+    impl = e && *e ? TopKImpl::kSingleCta : TopKImpl::kSplit;
   }
   if (impl == TopKImpl::kSingleCta || rows < 1 || k < 1) return {};
-  if (chunk == 0)
-    if (const char* e = std::getenv("KILN_CUDA_TOPK_CHUNK")) chunk = std::atoi(e);
+  if (const char* e = std::getenv("KILN_CUDA_TOPK_CHUNK"); chunk == 0 && e && *e) {
+    char* end = nullptr;
+    const long c = std::strtol(e, &end, 10);
+    KILN_THROW_IF(*end != '\0' || c < (1L << kMinChunkLog2) || c > (1L << kMaxChunkLog2), kInvalidArgument,
+                  "KILN_CUDA_TOPK_CHUNK='", e, "': expected a chunk of ", 1 << kMinChunkLog2, " to ",
+                  1 << kMaxChunkLog2, " logits");
+    chunk = int(c);
+  }
   int dev = 0, sms = 0, optin = 0;
   KILN_CUDA_CHECK(cudaGetDevice(&dev));
   KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
