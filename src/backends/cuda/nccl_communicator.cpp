@@ -108,9 +108,10 @@ class P2pBuffers {
         }
       }
     std::unique_ptr<P2pBuffers> p(new P2pBuffers());
-    p->devices_ = devices;
     const size_t stage_bytes = size_t(2 * world) * size_t(kP2pAllReduceMaxBytes);
     const size_t flag_bytes = sizeof(uint32_t) * size_t(kP2pMaxBlocks) * size_t(world);
+    std::vector<void*> stages;
+    std::vector<uint32_t*> flag_areas;
     for (int r = 0; r < world; ++r) {
       KILN_CUDA_CHECK(cudaSetDevice(devices[size_t(r)]));
       for (int peer : devices)
@@ -133,13 +134,13 @@ class P2pBuffers {
       rb.world = world;
       rb.epochs = static_cast<uint32_t*>(epochs);
       p->ranks_.push_back(rb);
-      p->stage_.push_back(stage);
-      p->flags_.push_back(static_cast<uint32_t*>(flags));
+      stages.push_back(stage);
+      flag_areas.push_back(static_cast<uint32_t*>(flags));
     }
     for (int r = 0; r < world; ++r)
       for (int q = 0; q < world; ++q) {
-        p->ranks_[size_t(r)].stage[q] = p->stage_[size_t(q)];
-        p->ranks_[size_t(r)].flags[q] = p->flags_[size_t(q)];
+        p->ranks_[size_t(r)].stage[q] = stages[size_t(q)];
+        p->ranks_[size_t(r)].flags[q] = flag_areas[size_t(q)];
       }
     for (int d : devices) {
       KILN_CUDA_CHECK(cudaSetDevice(d));
@@ -157,10 +158,7 @@ class P2pBuffers {
 
  private:
   P2pBuffers() = default;
-  std::vector<int> devices_;
-  std::vector<std::pair<int, void*>> allocs_;
-  std::vector<void*> stage_;
-  std::vector<uint32_t*> flags_;
+  std::vector<std::pair<int, void*>> allocs_;  // (device, pointer), freed on that device
   std::vector<P2pRankBuffers> ranks_;
 };
 
