@@ -26,6 +26,7 @@ for c in "${conc[@]}"; do
 done
 get http://127.0.0.1:$port/metrics | grep -E "^kiln_(preemptions|engine_steps|engine_step_tokens)_total" | tee -a "$out/kiln.log"
 kill -TERM $srv; wait $srv
+[ "${HF:-1}" = 0 ] && exit 0  # HF=0: the kiln side only
 echo "== HF transformers generate" | tee "$out/hf.log"
 PYTHONUNBUFFERED=1 timeout 400 python3 "$here/serve_hf_baseline.py" --config "$cfg" -b "${conc[@]}" 2>&1 \
   | grep -vE "Warning|warn|deprecated" | tee -a "$out/hf.log"
