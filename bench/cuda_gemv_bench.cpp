@@ -20,6 +20,8 @@
 // skinny time at every forced split-K factor (to tune skinny_split_for).
 //   cuda_gemv_bench [shape filter, e.g. 8B]     both tables
 //   cuda_gemv_bench skinny [shape filter]       the skinny table only
+//   cuda_gemv_bench qgemv [shape filter]        the quantized kernels (old / mma / dp4a) only
+//                                               (cuda_qgemv_table.cpp)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -31,6 +33,7 @@
 
 #include "backends/cuda/cuda_context.h"
 #include "cuda_bench_util.h"
+#include "cuda_qgemv_table.h"
 #include "backends/cuda/ops/convert.h"
 #include "backends/cuda/ops/elementwise.h"
 #include "backends/cuda/ops/gemm.h"
@@ -141,9 +144,14 @@ void skinny_table(const char* filter, double copy_gbs) {
 
 int main(int argc, char** argv) {
   const bool skinny_only = argc > 1 && std::string(argv[1]) == "skinny";
-  const char* filter = argc > (skinny_only ? 2 : 1) ? argv[skinny_only ? 2 : 1] : "";
+  const bool qgemv_only = argc > 1 && std::string(argv[1]) == "qgemv";
+  const char* filter = argc > (skinny_only || qgemv_only ? 2 : 1) ? argv[skinny_only || qgemv_only ? 2 : 1] : "";
   const double copy_gbs = bench::device_copy_gbs();
   std::printf("device-to-device copy: %.0f GB/s (read + write)\n\n", copy_gbs);
+  if (qgemv_only) {
+    bench::qgemv_kernels_table(filter, copy_gbs);
+    return 0;
+  }
   if (skinny_only) {
     skinny_table(filter, copy_gbs);
     return 0;

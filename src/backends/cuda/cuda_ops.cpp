@@ -275,10 +275,11 @@ constexpr size_t kDequantTileBytes = size_t(24) << 20;
 OpRun prepare_linear_quant(const ir::Node& n, const ir::Graph& g, PrepareContext& pc, QuantFormat f,
                            LinearEpilogue epi) {
   ir::ValueId wv = need_weight(n, g, 1, "weight");
-  // The layout of the GEMV that runs the decode steps (KILN_CUDA_QGEMV=old: the kRows kernel).
+  // The GEMV that runs the decode steps (KILN_CUDA_QGEMV: old | mma | dp4a) and its layout.
+  const QGemvKernel qk = qgemv_kernel(pc.act);
   const bool image = n.has_attr("weight_quant");
   const QuantWeightView w =
-      pc.weights->get_quant(g, wv, f, qgemv_layout(pc.act), image ? n.attr_int("weight_k", -1) : 0,
+      pc.weights->get_quant(g, wv, f, qgemv_kernel_layout(qk), image ? n.attr_int("weight_k", -1) : 0,
                             image && n.attr_str("weight_quant") == "q8" ? QuantFormat::kQ8 : QuantFormat::kQ4);
   const void* bias = pc.weights->get(g, need_weight(n, g, 2, "bias", true), pc.act);
   const int64_t nn = w.n, k = w.k;
@@ -314,7 +315,7 @@ OpRun prepare_linear_quant(const ir::Node& n, const ir::Graph& g, PrepareContext
       xin = scr;
     }
     if (gemv) {
-      launch_gemv_quant(y.dtype, xin, w, bias, y.data, t, out_n, s, epi.gemv);
+      launch_gemv_quant(y.dtype, xin, w, bias, y.data, t, out_n, s, epi.gemv, qk);
     } else {
       KILN_CHECK(ws->size() >= size_t(tile_rows * k) * es, "cuda: dequantization workspace too small");
       auto* dst = swiglu ? scr + xn_bytes : static_cast<char*>(y.data);

@@ -457,14 +457,28 @@ QuantImage quant_image(const QuantizedRows& q, QuantLayout layout) {
   return img;
 }
 
-QuantLayout qgemv_layout(DType dtype) {
-  if (dtype != DType::kBF16 && dtype != DType::kF16) return QuantLayout::kRows;
-  if (const char* e = std::getenv("KILN_CUDA_QGEMV"); e && std::string(e) == "old") return QuantLayout::kRows;
-  int device = 0, major = 0;
+const char* qgemv_kernel_name(QGemvKernel k) {
+  return k == QGemvKernel::kMma ? "mma" : k == QGemvKernel::kDp4a ? "dp4a" : "old";
+}
+
+QGemvKernel qgemv_kernel(DType dtype) {
+  const char* e = std::getenv("KILN_CUDA_QGEMV");
+  const std::string v = e ? e : "";
+  KILN_THROW_IF(!v.empty() && v != "old" && v != "mma" && v != "dp4a", kInvalidArgument, "KILN_CUDA_QGEMV='", v,
+                "': expected old, mma or dp4a (or unset: mma)");
+  if (dtype != DType::kBF16 && dtype != DType::kF16) return QGemvKernel::kRows;
+  if (v == "old") return QGemvKernel::kRows;
+  int device = 0, major = 0, minor = 0;
   KILN_CUDA_CHECK(cudaGetDevice(&device));
   KILN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  return major >= 8 ? QuantLayout::kMma : QuantLayout::kRows;  // mma.sync with bf16: sm_80+
+  KILN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+  if (v == "dp4a") return 10 * major + minor >= 61 ? QGemvKernel::kDp4a : QGemvKernel::kRows;  // dp4a: sm_61+
+  return major >= 8 ? QGemvKernel::kMma : QGemvKernel::kRows;  // mma.sync with bf16: sm_80+
 }
+
+QuantLayout qgemv_kernel_layout(QGemvKernel k) { return k == QGemvKernel::kMma ? QuantLayout::kMma : QuantLayout::kRows; }
+
+QuantLayout qgemv_layout(DType dtype) { return qgemv_kernel_layout(qgemv_kernel(dtype)); }
 
 bool gemv_quant_supports(DType dtype, int64_t m) {
   return (dtype == DType::kBF16 || dtype == DType::kF16 || dtype == DType::kF32) && m >= 1 && m <= kQGemvMaxRows;
@@ -472,6 +486,14 @@ bool gemv_quant_supports(DType dtype, int64_t m) {
 
 void launch_gemv_quant(DType dtype, const void* x, const QuantWeightView& w, const void* bias, void* y, int64_t m,
                        int64_t n_out, cudaStream_t s, GemvEpilogue epi) {
+  launch_gemv_quant(dtype, x, w, bias, y, m, n_out, s, epi,
+                    w.layout == QuantLayout::kMma ? QGemvKernel::kMma : QGemvKernel::kRows);
+}
+
+void launch_gemv_quant(DType dtype, const void* x, const QuantWeightView& w, const void* bias, void* y, int64_t m,
+                       int64_t n_out, cudaStream_t s, GemvEpilogue epi, QGemvKernel kernel) {
+  KILN_THROW_IF(qgemv_kernel_layout(kernel) != w.layout, kInternal, "cuda quantized gemv: the ",
+                qgemv_kernel_name(kernel), " kernel does not read a weight of the other layout");
   KILN_THROW_IF(!gemv_quant_supports(dtype, m), kInternal, "cuda quantized gemv: unsupported ", dtype_name(dtype),
                 " m=", m);
   const int64_t want_rows = epi == GemvEpilogue::kSwiGlu ? 2 * n_out : n_out;
@@ -486,6 +508,10 @@ void launch_gemv_quant(DType dtype, const void* x, const QuantWeightView& w, con
   if (w.layout == QuantLayout::kMma) {
     KILN_THROW_IF(dtype == DType::kF32, kInternal, "cuda quantized gemv: the mma layout needs bf16/f16 activations");
     launch_qgemv_mma(dtype, x, w, bias, y, m, n_out, s, epi);
+    return;
+  }
+  if (kernel == QGemvKernel::kDp4a && qgemv_dp4a_supports(dtype, m, w.k)) {
+    launch_qgemv_dp4a(dtype, x, w, bias, y, m, n_out, s, epi);
     return;
   }
   KILN_CUDA_DISPATCH_FLOAT(dtype, T, launch_typed<T>(x, w, bias, y, m, n_out, s, epi));

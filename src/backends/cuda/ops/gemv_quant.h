@@ -8,6 +8,9 @@
 //    upload so each lane's 16-byte load holds exactly its fragment (see QuantLayout).
 //  - kRows (f32 activations, or KILN_CUDA_QGEMV=old): the row-major CPU layout, f32 math
 //    on the CUDA cores, 4 weight rows per warp.
+//  - kDp4a (bf16/f16, KILN_CUDA_QGEMV=dp4a): the kRows layout; x rounded to int8 per group
+//    of 32 in each CTA's shared memory, integer dot products with dp4a, the group's scale
+//    and min applied in f32 (gemv_quant_dp4a.cu; x's rounding bounds its extra error).
 // More rows: tiles of the weight are dequantized into a workspace and multiplied by
 // cuBLASLt. Tested against the CPU backend's q8/q4 kernels (the same quantized weights)
 // in tests/backends/cuda/quant_test.cpp; timed by bench/cuda_gemv_bench.
@@ -69,8 +72,17 @@ struct QuantImage {
 };
 QuantImage quant_image(const QuantizedRows& q, QuantLayout layout);
 
-// The layout launch_gemv_quant expects for activations of `dtype` on the current device:
-// kMma for bf16/f16 on sm_80+ unless KILN_CUDA_QGEMV=old; kRows otherwise.
+// The GEMV kernels of a decode-sized quantized Linear (see the file comment).
+enum class QGemvKernel : uint8_t { kRows, kMma, kDp4a };
+const char* qgemv_kernel_name(QGemvKernel k);  // "old", "mma", "dp4a"
+// The kernel for activations of `dtype` on the current device, read from KILN_CUDA_QGEMV
+// when a graph is compiled: "old" kRows, "mma" kMma (sm_80+), "dp4a" kDp4a (sm_61+);
+// unset or empty: kMma. f32 activations, and a device without the instruction, get kRows.
+// Any other value is kInvalidArgument naming the variable.
+QGemvKernel qgemv_kernel(DType dtype);
+// The layout a kernel reads: kMma for kMma, kRows for kRows and kDp4a.
+QuantLayout qgemv_kernel_layout(QGemvKernel k);
+// qgemv_kernel_layout(qgemv_kernel(dtype)).
 QuantLayout qgemv_layout(DType dtype);
 
 // Whether launch_gemv_quant handles m rows of `dtype` (f32, f16, bf16; 1 <= m <= 8).
@@ -80,6 +92,10 @@ bool gemv_quant_supports(DType dtype, int64_t m);
 // y = silu(gate) * up; otherwise w.n == n_out. A kMma weight needs bf16/f16.
 void launch_gemv_quant(DType dtype, const void* x, const QuantWeightView& w, const void* bias, void* y, int64_t m,
                        int64_t n_out, cudaStream_t s, GemvEpilogue epi = GemvEpilogue::kNone);
+// The same through `kernel`, which must read w's layout (qgemv_kernel_layout). kDp4a runs
+// the kRows kernel where qgemv_dp4a_supports says no (f32, or x too large for shared memory).
+void launch_gemv_quant(DType dtype, const void* x, const QuantWeightView& w, const void* bias, void* y, int64_t m,
+                       int64_t n_out, cudaStream_t s, GemvEpilogue epi, QGemvKernel kernel);
 // Rows [r0, r0 + rows) of w (either layout), dequantized (w = factor * (scale * q + min),
 // rounded once to `dtype`) into out [rows, k] (256-byte aligned for cuBLASLt).
 void launch_dequant_rows(DType dtype, const QuantWeightView& w, int64_t r0, int64_t rows, void* out, cudaStream_t s);
@@ -87,5 +103,19 @@ void launch_dequant_rows(DType dtype, const QuantWeightView& w, int64_t r0, int6
 // The kMma GEMV (gemv_quant_mma.cu), called by launch_gemv_quant after its checks.
 void launch_qgemv_mma(DType dtype, const void* x, const QuantWeightView& w, const void* bias, void* y, int64_t m,
                       int64_t n_out, cudaStream_t s, GemvEpilogue epi);
+
+// The dp4a GEMV (gemv_quant_dp4a.cu) over a kRows weight. Each CTA keeps x rounded to int8
+// in shared memory, m * k * 1.25 bytes: supported for bf16/f16, 1 <= m <= 8, k % 32 == 0,
+// on sm_61+ where that fits a CTA (at 8 rows up to k = 23K on an H100/H200).
+bool qgemv_dp4a_supports(DType dtype, int64_t m, int64_t k);
+// Launch parameters, for the bench's sweep; 0 = the default. ctas_per_sm: resident CTAs
+// of 8 warps per SM (capped by occupancy); depth: steps of 16-byte loads in flight per
+// lane, 2, 4 or 8 at one token row (more rows always run 4).
+struct QGemvDp4aTuning {
+  int ctas_per_sm = 0;
+  int depth = 0;
+};
+void launch_qgemv_dp4a(DType dtype, const void* x, const QuantWeightView& w, const void* bias, void* y, int64_t m,
+                       int64_t n_out, cudaStream_t s, GemvEpilogue epi, const QGemvDp4aTuning& tune = {});
 
 }  // namespace kiln::cuda

@@ -1,0 +1,178 @@
+// The quantized GEMV kernels side by side (`cuda_gemv_bench qgemv [shape filter]`): for the
+// decode Linears of Llama-3.1-8B (and TinyLlama-1.1B), q4 and q8 weights, 1, 2, 4 and 8
+// token rows, bf16 activations, each kernel (old: kRows f32 on CUDA cores; mma: kMma on
+// tensor cores; dp4a: kRows, x rounded to int8, integer dot products) is timed alone and 20
+// back to back, without and with programmatic dependent launch (as in a decode step's CUDA
+// graph), cycling over enough copies of the weight to exceed twice the L2 (so nothing is
+// served from it); the table gives GB/s of the weight bytes streamed (codes, f16 scales,
+// row factors) and the percent of the device-to-device copy rate of the same run. Before
+// timing, each kernel's output is compared with the bf16 GEMV on the same weights
+// dequantized (launch_dequant_rows of its layout): max|q - bf16| / max|bf16| over the row
+// counts. Then the dp4a kernel's launch sweep at one row (CTAs per SM x load depth), us
+// back to back with PDL, to choose its defaults.
+#include "cuda_qgemv_table.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/cuda_context.h"
+#include "backends/cuda/ops/convert.h"
+#include "backends/cuda/ops/gemv.h"
+#include "backends/cuda/ops/gemv_quant.h"
+#include "core/status.h"
+#include "cuda_bench_util.h"
+
+namespace kiln::cuda::bench {
+namespace {
+
+// Copies of one quantized weight (random codes, f16 scales and mins in [-1, 1), row
+// factors in [-1, 1)) in one layout, together larger than twice the L2.
+struct WeightCopies {
+  std::vector<DeviceBuffer> bufs;
+  std::vector<QuantWeightView> views;
+  size_t next = 0;
+  const QuantWeightView& take() { return views[next++ % views.size()]; }
+};
+
+WeightCopies make_copies(QuantFormat f, int64_t rows, int64_t k, QuantLayout layout, size_t l2_bytes, uint32_t seed) {
+  WeightCopies c;
+  const QuantWeightView shape = quant_view_shape(f, rows, k, layout);
+  const size_t code_bytes = size_t(rows) * size_t(shape.code_stride);
+  const size_t scale_bytes = size_t(rows) * size_t(shape.scale_stride) * shape.scale_bytes();
+  auto up = [](size_t b) { return (b + 255) / 256 * 256; };
+  const size_t total = up(code_bytes) + up(scale_bytes) + size_t(rows) * 4;
+  const size_t n = std::max<size_t>(1, (2 * l2_bytes + shape.bytes() - 1) / shape.bytes());
+  for (size_t i = 0; i < n; ++i) {
+    DeviceBuffer b(total);
+    auto* base = static_cast<uint8_t*>(b.get());
+    launch_fill_random(base, DType::kF32, int64_t(code_bytes / 4), seed + 3 * uint32_t(i), nullptr);
+    launch_fill_random(base + up(code_bytes), DType::kF16, int64_t(scale_bytes / 2), seed + 3 * uint32_t(i) + 1, nullptr);
+    launch_fill_random(base + up(code_bytes) + up(scale_bytes), DType::kF32, rows, seed + 3 * uint32_t(i) + 2, nullptr);
+    QuantWeightView v = shape;
+    v.codes = base;
+    v.scales = base + up(code_bytes);
+    v.row_factor = reinterpret_cast<const float*>(base + up(code_bytes) + up(scale_bytes));
+    c.views.push_back(v);
+    c.bufs.push_back(std::move(b));
+  }
+  return c;
+}
+
+double max_rel(const void* a_dev, const void* b_dev, size_t n) {
+  std::vector<uint16_t> a(n), b(n);
+  KILN_CUDA_CHECK(cudaMemcpy(a.data(), a_dev, n * 2, cudaMemcpyDeviceToHost));
+  KILN_CUDA_CHECK(cudaMemcpy(b.data(), b_dev, n * 2, cudaMemcpyDeviceToHost));
+  double err = 0, ref = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const double x = bf16_to_f32(a[i]), y = bf16_to_f32(b[i]);
+    err = std::isnan(x) ? INFINITY : std::max(err, std::fabs(x - y));
+    ref = std::max(ref, std::fabs(y));
+  }
+  return ref > 0 ? err / ref : err;
+}
+
+struct PdlScope {  // launches of this thread carry the PDL attribute while alive
+  explicit PdlScope(bool on) { set_pdl_allowed(on); }
+  ~PdlScope() { set_pdl_allowed(false); }
+};
+
+}  // namespace
+
+void qgemv_kernels_table(const char* filter, double copy_gbs) {
+  int dev = 0, l2 = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&dev));
+  KILN_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
+  std::printf("\nquantized GEMV kernels (bf16 activations; weight copies cycled past 2 x L2 = %d MiB; GB/s = weight "
+              "bytes streamed / time, 20 back to back with PDL; %% of the %.0f GB/s copy)\n\n"
+              "| shape (rows x k) | weights | epilogue | rows | kernel | us, alone | us, 20 b2b | us, 20 b2b + PDL | "
+              "GB/s | %% of copy |\n|---|---|---|---|---|---|---|---|---|---|\n",
+              2 * l2 >> 20, copy_gbs);
+  struct S {
+    const char* what;
+    int64_t n, k;
+    GemvEpilogue epi;
+  };
+  const S shapes[] = {
+      {"8B qkv", 6144, 4096, GemvEpilogue::kNone},        {"8B o", 4096, 4096, GemvEpilogue::kNone},
+      {"8B gate|up", 14336, 4096, GemvEpilogue::kSwiGlu}, {"8B down", 4096, 14336, GemvEpilogue::kNone},
+      {"8B lm head", 128256, 4096, GemvEpilogue::kNone},  {"1.1B qkv", 2560, 2048, GemvEpilogue::kNone},
+      {"1.1B o", 2048, 2048, GemvEpilogue::kNone},        {"1.1B gate|up", 5632, 2048, GemvEpilogue::kSwiGlu},
+      {"1.1B down", 2048, 5632, GemvEpilogue::kNone},
+  };
+  const QGemvKernel kernels[] = {QGemvKernel::kRows, QGemvKernel::kMma, QGemvKernel::kDp4a};
+  std::vector<std::string> checks, sweeps;
+  for (const S& s : shapes) {
+    if (!std::strstr(s.what, filter)) continue;
+    const bool swiglu = s.epi == GemvEpilogue::kSwiGlu;
+    const int64_t wrows = swiglu ? 2 * s.n : s.n, mmax = kQGemvMaxRows;
+    DeviceBuffer wdq(size_t(wrows * s.k) * 2), x(size_t(mmax * s.k) * 2), y(size_t(mmax * s.n) * 2),
+        yref(size_t(mmax * s.n) * 2);
+    launch_fill_random(x.get(), DType::kBF16, mmax * s.k, 2, nullptr);
+    for (QuantFormat f : {QuantFormat::kQ4, QuantFormat::kQ8}) {
+      WeightCopies rows = make_copies(f, wrows, s.k, QuantLayout::kRows, size_t(l2), 10);
+      WeightCopies mma = make_copies(f, wrows, s.k, QuantLayout::kMma, size_t(l2), 20);
+      for (QGemvKernel kern : kernels) {
+        WeightCopies& wc = kern == QGemvKernel::kMma ? mma : rows;
+        const QuantWeightView& w0 = wc.views[0];
+        auto run = [&](const QuantWeightView& w, int64_t m) {
+          launch_gemv_quant(DType::kBF16, x.get(), w, nullptr, y.get(), m, s.n, nullptr, s.epi, kern);
+        };
+        // The check: the bf16 GEMV on the same weights dequantized (4 token rows a launch).
+        launch_dequant_rows(DType::kBF16, w0, 0, wrows, wdq.get(), nullptr);
+        double worst = 0;
+        for (int64_t m : {1, 2, 4, 8}) {
+          run(w0, m);
+          for (int64_t r0 = 0; r0 < m; r0 += 4)
+            launch_gemv(DType::kBF16, static_cast<const uint16_t*>(x.get()) + r0 * s.k, wdq.get(), nullptr,
+                        static_cast<uint16_t*>(yref.get()) + r0 * s.n, std::min<int64_t>(4, m - r0), s.n, s.k,
+                        nullptr, s.epi);
+          KILN_CUDA_CHECK(cudaDeviceSynchronize());
+          worst = std::max(worst, max_rel(y.get(), yref.get(), size_t(m * s.n)));
+        }
+        const std::string name = str_cat(quant_format_name(f), " ", qgemv_kernel_name(kern));
+        checks.push_back(str_cat(s.what, " ", name, ": max|q - bf16 gemv| / max|bf16 gemv| = ", worst,
+                                 worst < 2e-2 ? " ok" : " TOO LARGE"));
+        for (int64_t m : {1, 2, 4, 8}) {
+          auto call = [&] { run(wc.take(), m); };
+          const float alone = median_ms(call), b2b = median_ms(call, 50, 20);
+          float pdl = 0;
+          {
+            PdlScope on(true);
+            pdl = median_ms(call, 50, 20);
+          }
+          const double gbs = double(w0.bytes()) / (pdl * 1e-3) / 1e9;
+          std::printf("| %s %lldx%lld | %s | %s | %lld | %s | %.1f | %.1f | %.1f | %.0f | %.0f%% |\n", s.what,
+                      (long long)wrows, (long long)s.k, quant_format_name(f), swiglu ? "swiglu" : "-", (long long)m,
+                      qgemv_kernel_name(kern), alone * 1e3, b2b * 1e3, pdl * 1e3, gbs, 100.0 * gbs / copy_gbs);
+        }
+      }
+      // dp4a launch sweep at one row (q4 only).
+      if (f != QuantFormat::kQ4) continue;
+      std::string line = str_cat(s.what, " q4 dp4a m=1, us b2b+PDL by ctas/SM x depth:");
+      for (int depth : {2, 4, 8})
+        for (int cps : {1, 2, 3, 4}) {
+          const QGemvDp4aTuning tune{cps, depth};
+          auto call = [&] {
+            launch_qgemv_dp4a(DType::kBF16, x.get(), rows.take(), nullptr, y.get(), 1, s.n, nullptr, s.epi, tune);
+          };
+          PdlScope on(true);
+          const float t = median_ms(call, 30, 20);
+          line += str_cat(" ", cps, "x", depth, "=", int(t * 1e4 + 0.5) / 10.0);
+        }
+      sweeps.push_back(line);
+    }
+  }
+  std::printf("\nchecks (each kernel vs the bf16 GEMV on its weights dequantized, rows 1, 2, 4, 8; dp4a adds x's int8 "
+              "rounding):\n");
+  for (auto& c : checks) std::printf("  %s\n", c.c_str());
+  std::printf("\ndp4a launch sweep (defaults: %s):\n", "3 CTAs/SM x depth 4");
+  for (auto& c : sweeps) std::printf("  %s\n", c.c_str());
+}
+
+}  // namespace kiln::cuda::bench

@@ -1,0 +1,412 @@
+// The weight-only q8/q4 GEMV on the integer dot-product instruction (KILN_CUDA_QGEMV=dp4a),
+// over the kRows layout (gemv_quant.h), bf16/f16 activations, 1..8 token rows.
+// Why: the f32 kernels spend ~5 instructions per weight (unpack, convert, scale, FMA) and
+// so reach only 31-64% of copy bandwidth at one row. Here x is rounded to int8 per group of
+// 32 (d = max|x| / 127, xq = rint(x / d)), and per 16-byte chunk of a weight row (q4: one
+// group of 32 codes; q8: half a group, 16 codes) a lane forms the exact integer Σ q·xq with
+// dp4a: for q4, w & 0x0F0F0F0F (the low nibbles: even elements) against x's even codes and
+// w & 0xF0F0F0F0 (16 x the odd elements' codes, no shift needed) against the odd ones, so
+// 8 weights cost 2 masks + 2 dp4a. Then acc += scale·d·Σq·xq (+ min·Σx, Σx the exact f32
+// sum of the group's x) in f32: about 0.75 instructions per weight, so the loop is bound
+// by memory. The only new error is x's rounding: |Δy| <= F Σ_g scale_g Σ_i |q_i| ·
+// max_g|x| / 254 (plus f32 sums), tested against an f64 evaluation with that bound in
+// tests/backends/cuda/qgemv_dp4a_test.cpp; timed by `cuda_gemv_bench qgemv`.
+//
+// The grid is persistent (CTAs per SM x SMs, fewer for small weights): each CTA first
+// issues its first weight loads (the weights are never written by a kernel, so this may
+// precede the PDL wait), then rounds x into shared memory once, then its warps stream
+// their outputs. A warp owns RL outputs at a time (RL = 1 at one token row, 2 at two, 4 at
+// more: more rows reuse each x load from shared memory), 32 / RL lanes along K of each;
+// its outputs are warp w, w + W, ... of the grid's W warps, and the loads of the next P
+// steps (one 16-byte chunk per lane and weight row) are always in flight, across output
+// boundaries too.
+#include "backends/cuda/ops/gemv_quant.h"
+#include "backends/cuda/ops/linear_common.cuh"
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <mutex>
+#include <tuple>
+#include <type_traits>
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int kWarps = 8, kThreads = kWarps * 32;
+constexpr int kMaxDevices = 64;
+constexpr int kDefaultCtasPerSm = 3;  // 24 warps per SM (bench: `cuda_gemv_bench qgemv` sweeps 1-4)
+constexpr int kDefaultDepth = 4;      // steps of loads in flight per lane
+
+struct DArgs {
+  const void* x;
+  const uint8_t* codes;
+  const void* scales;
+  const float* row_factor;
+  const void* bias;
+  void* y;
+  int m, k, n_out, groups, chunks, steps, units;
+  GemvEpilogue epi;
+};
+
+// Outputs per warp (RL) for MAXM token rows; 32 / RL lanes share an output along K.
+template <int MAXM>
+constexpr int outs_per_warp() {
+  return MAXM == 1 ? 1 : MAXM == 2 ? 2 : 4;
+}
+
+// d = c + Σ a.bytes (unsigned) · b.bytes (signed).
+__device__ __forceinline__ int dp4a_us(uint32_t a, uint32_t b, int c) {
+  int d;
+  asm("dp4a.u32.s32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+// Bytes 0 of a, b, c, d as one word (a in the low byte).
+__device__ __forceinline__ uint32_t pack4(uint32_t a, uint32_t b, uint32_t c, uint32_t d) {
+  return __byte_perm(__byte_perm(a, b, 0x0040), __byte_perm(c, d, 0x0040), 0x5410);
+}
+
+template <typename T>
+__device__ __forceinline__ void load8(const T* p, float (&v)[8]) {
+  const uint4 u = __ldg(reinterpret_cast<const uint4*>(p));
+  const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    float2 f;
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[j]));
+    else f = __half22float2(*reinterpret_cast<const __half2*>(&w[j]));
+    v[2 * j] = f.x, v[2 * j + 1] = f.y;
+  }
+}
+
+// x [m, k] rounded into shared memory, 4 threads per group (8 values each).
+//  xq, per token row (k bytes): q4: two planes of groups x 16 bytes, group g's words
+//    (even 0-7, odd 0-7, even 8-15, odd 8-15) in plane 0 and (even 16-23, odd 16-23,
+//    even 24-31, odd 24-31) in plane 1 ("even 0-7": the codes of elements 0, 2, 4, 6,
+//    as the low nibbles of a code word hold them), so lane j's two 16-byte reads of group
+//    j are conflict-free; q8: the codes in element order.
+//  xd[row * groups + g] = (d, Σx) with d = max|x| / 127 (q4: / 16 more, undoing the odd
+//    codes' factor 16), Σx the f32 sum of the group's values as given.
+// Rounding: fma(x, 127 / max|x|, 1.5·2^23) holds rint(x·127/max|x|) in its low mantissa
+// bits (|.| <= 127), ties to even, its low byte the int8 code.
+template <typename T, bool kQ4>
+__device__ void quantize_x(const T* __restrict__ x, int m, int k, int groups, uint8_t* xq, float2* xd) {
+  const int tasks = m * groups * 4;
+  for (int base = 0; base < tasks; base += kThreads) {  // uniform trip count: the shuffles see every lane
+    const int task = base + int(threadIdx.x);
+    const bool on = task < tasks;
+    const int row = on ? task / (groups * 4) : 0, rem = on ? task - row * groups * 4 : 0;
+    const int g = rem >> 2, sub = rem & 3;
+    float v[8];
+    if (on) {
+      load8(x + int64_t(row) * k + g * 32 + sub * 8, v);
+    } else {
+#pragma unroll
+      for (int e = 0; e < 8; ++e) v[e] = 0.0f;
+    }
+    float amax = 0.0f, sum = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(v[e])), sum += v[e];
+#pragma unroll
+    for (int o = 1; o < 4; o <<= 1) {
+      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+      sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    }
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    uint32_t q[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) q[e] = __float_as_uint(fmaf(v[e], inv, 0x1.8p23f));
+    if (!on) continue;
+    uint8_t* dst = xq + int64_t(row) * k;
+    if constexpr (kQ4) {
+      const uint2 out = make_uint2(pack4(q[0], q[2], q[4], q[6]), pack4(q[1], q[3], q[5], q[7]));
+      *reinterpret_cast<uint2*>(dst + (sub >> 1) * (k / 2) + g * 16 + (sub & 1) * 8) = out;
+    } else {
+      const uint2 out = make_uint2(pack4(q[0], q[1], q[2], q[3]), pack4(q[4], q[5], q[6], q[7]));
+      *reinterpret_cast<uint2*>(dst + g * 32 + sub * 8) = out;
+    }
+    if (sub == 0) xd[row * groups + g] = make_float2(amax / 127.0f * (kQ4 ? 0.0625f : 1.0f), sum);
+  }
+}
+
+// The scale words of a format: q4 (scale, min) f16 pairs, q8 f16 scales.
+template <bool kQ4>
+using ScaleWord = std::conditional_t<kQ4, unsigned int, unsigned short>;
+
+// One step's loads for the RU weight rows of a lane (16 code bytes and the chunk's scale
+// word each, at the cursor's pointers), or zeros.
+template <bool kQ4, int RU>
+__device__ __forceinline__ void issue_step(uint4 (&cw)[RU], uint32_t (&sw)[RU], const uint4* const (&cp)[RU],
+                                           const ScaleWord<kQ4>* const (&sp)[RU], bool on) {
+#pragma unroll
+  for (int r = 0; r < RU; ++r) {
+    cw[r] = on ? __ldcs(cp[r]) : make_uint4(0, 0, 0, 0);
+    sw[r] = on ? uint32_t(__ldcs(sp[r])) : 0u;
+  }
+}
+
+// acc[r][m] += this chunk's share of row r's dot product with token row m.
+template <bool kQ4, int RU, int MAXM>
+__device__ __forceinline__ void consume_step(float (&acc)[RU][MAXM], const uint4 (&cw)[RU], const uint32_t (&sw)[RU],
+                                             const uint8_t* xq, const float2* xd, const DArgs& a, int c) {
+  float s[RU], mn[RU];
+#pragma unroll
+  for (int r = 0; r < RU; ++r) {
+    if constexpr (kQ4) {
+      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&sw[r]));
+      s[r] = f.x, mn[r] = f.y;
+    } else {
+      s[r] = __half2float(__ushort_as_half(uint16_t(sw[r]))), mn[r] = 0.0f;
+    }
+  }
+#pragma unroll
+  for (int m = 0; m < MAXM; ++m) {
+    if (MAXM > 1 && m >= a.m) break;
+    const uint8_t* xr = xq + int64_t(m) * a.k;
+    if constexpr (kQ4) {
+      const uint4 xa = reinterpret_cast<const uint4*>(xr)[c], xb = reinterpret_cast<const uint4*>(xr + a.k / 2)[c];
+      const float2 ds = xd[m * a.groups + c];
+#pragma unroll
+      for (int r = 0; r < RU; ++r) {
+        constexpr uint32_t kLo = 0x0F0F0F0Fu, kHi = 0xF0F0F0F0u;
+        int lo = dp4a_us(cw[r].x & kLo, xa.x, 0), hi = dp4a_us(cw[r].x & kHi, xa.y, 0);
+        lo = dp4a_us(cw[r].y & kLo, xa.z, lo), hi = dp4a_us(cw[r].y & kHi, xa.w, hi);
+        lo = dp4a_us(cw[r].z & kLo, xb.x, lo), hi = dp4a_us(cw[r].z & kHi, xb.y, hi);
+        lo = dp4a_us(cw[r].w & kLo, xb.z, lo), hi = dp4a_us(cw[r].w & kHi, xb.w, hi);
+        acc[r][m] = fmaf(s[r], float(lo * 16 + hi) * ds.x, acc[r][m]);  // exact integer: |.| < 2^20
+        acc[r][m] = fmaf(mn[r], ds.y, acc[r][m]);
+      }
+    } else {
+      const uint4 xa = reinterpret_cast<const uint4*>(xr)[c];
+      const float d = xd[m * a.groups + c / 2].x;
+#pragma unroll
+      for (int r = 0; r < RU; ++r) {
+        int dot = __dp4a(int(cw[r].x), int(xa.x), 0);
+        dot = __dp4a(int(cw[r].y), int(xa.y), dot);
+        dot = __dp4a(int(cw[r].z), int(xa.z), dot);
+        dot = __dp4a(int(cw[r].w), int(xa.w), dot);
+        acc[r][m] = fmaf(s[r], float(dot) * d, acc[r][m]);
+      }
+    }
+  }
+}
+
+// The load pointers of a lane for output o's RU weight rows (row 0 for outputs past the
+// end: valid memory, never stored) at chunk `c0` (this lane's first chunk).
+template <bool kQ4, bool kSwiGlu, int RU>
+__device__ __forceinline__ void rows_at(int o, bool live, const DArgs& a, int c0, const uint4* (&cp)[RU],
+                                        const ScaleWord<kQ4>* (&sp)[RU]) {
+  const int64_t r0 = live && o < a.n_out ? o : 0;
+  const size_t row_bytes = kQ4 ? size_t(a.k / 2) : size_t(a.k);
+  const auto* scales = static_cast<const ScaleWord<kQ4>*>(a.scales);
+#pragma unroll
+  for (int r = 0; r < RU; ++r) {
+    const int64_t row = r0 + (r ? a.n_out : 0);
+    cp[r] = reinterpret_cast<const uint4*>(a.codes + size_t(row) * row_bytes) + c0;
+    sp[r] = scales + row * a.groups + (kQ4 ? c0 : c0 / 2);
+  }
+}
+
+template <typename T, QuantFormat F, int MAXM, bool kSwiGlu, int P>
+__global__ void __launch_bounds__(kThreads, 2) qgemv_dp4a_kernel(const DArgs a) {
+  constexpr bool kQ4 = F == QuantFormat::kQ4;
+  constexpr int RL = outs_per_warp<MAXM>(), KL = 32 / RL, RU = kSwiGlu ? 2 : 1;
+  extern __shared__ __align__(16) uint8_t smem[];
+  uint8_t* xq = smem;
+  float2* xd = reinterpret_cast<float2*>(smem + size_t(a.m) * size_t(a.k));
+  const int lane = int(threadIdx.x) & 31, rs = lane / KL, kl = lane % KL;
+  const int stride = int(gridDim.x) * kWarps, first = int(blockIdx.x) * kWarps + (int(threadIdx.x) >> 5);
+
+  // The load cursor (output unit lu, step lci: chunk lci * KL + kl) runs P steps ahead of
+  // the compute cursor; its pointers advance by KL chunks a step.
+  int lu = first, lci = 0;
+  const uint4* cp[RU];
+  const ScaleWord<kQ4>* sp[RU];
+  rows_at<kQ4, kSwiGlu, RU>(lu * RL + rs, lu < a.units, a, kl, cp, sp);
+  uint4 cw[P][RU];
+  uint32_t sw[P][RU];
+  auto issue_and_advance = [&](uint4(&c)[RU], uint32_t(&w)[RU]) {
+    issue_step<kQ4, RU>(c, w, cp, sp, lu < a.units && lci * KL + kl < a.chunks);
+    if (++lci == a.steps) {
+      lci = 0;
+      lu += stride;
+      rows_at<kQ4, kSwiGlu, RU>(lu * RL + rs, lu < a.units, a, kl, cp, sp);
+    } else {
+#pragma unroll
+      for (int r = 0; r < RU; ++r) cp[r] += KL, sp[r] += kQ4 ? KL : KL / 2;
+    }
+  };
+#pragma unroll
+  for (int p = 0; p < P; ++p) issue_and_advance(cw[p], sw[p]);
+
+  pdl_wait();  // x is the previous kernel's output
+  quantize_x<T, kQ4>(static_cast<const T*>(a.x), a.m, a.k, a.groups, xq, xd);
+  __syncthreads();
+
+  const T* bias = static_cast<const T*>(a.bias);
+  T* y = static_cast<T*>(a.y);
+  float acc[RU][MAXM];
+#pragma unroll
+  for (int r = 0; r < RU; ++r)
+#pragma unroll
+    for (int m = 0; m < MAXM; ++m) acc[r][m] = 0.0f;
+  int cu = first, cci = 0;
+  while (cu < a.units) {
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+      if (cu >= a.units) break;  // warp-uniform
+      const int c = cci * KL + kl;
+      if (c < a.chunks) consume_step<kQ4, RU, MAXM>(acc, cw[p], sw[p], xq, xd, a, c);
+      issue_and_advance(cw[p], sw[p]);
+      if (++cci < a.steps) continue;
+      // Output cu done: sum its KL lanes; lane kl == m stores token row m.
+      const int o = cu * RL + rs;
+#pragma unroll
+      for (int m = 0; m < MAXM; ++m) {
+        if (MAXM > 1 && m >= a.m) break;
+#pragma unroll
+        for (int r = 0; r < RU; ++r)
+#pragma unroll
+          for (int off = KL / 2; off > 0; off >>= 1) acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], off);
+        if (kl == m && o < a.n_out) {
+          if constexpr (kSwiGlu) {
+            float gate = acc[0][m] * __ldg(a.row_factor + o), up = acc[1][m] * __ldg(a.row_factor + a.n_out + o);
+            if (bias) gate += to_f32(bias[o]), up += to_f32(bias[a.n_out + o]);
+            y[int64_t(m) * a.n_out + o] = linear_swiglu_out<T>(gate, up);
+          } else {
+            float v = acc[0][m] * __ldg(a.row_factor + o);
+            if (bias) v += to_f32(bias[o]);
+            y[int64_t(m) * a.n_out + o] = linear_epilogue_out<T>(a.epi, v);
+          }
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < RU; ++r)
+#pragma unroll
+        for (int m = 0; m < MAXM; ++m) acc[r][m] = 0.0f;
+      cci = 0;
+      cu += stride;
+    }
+  }
+  pdl_trigger();  // this CTA's weights are read
+}
+
+struct DeviceInfo {
+  int sms = 0, smem_optin = 0, cc = 0;
+};
+
+DeviceInfo device_info() {
+  static std::atomic<int> sms[kMaxDevices], smem[kMaxDevices], cc[kMaxDevices];
+  int dev = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&dev));
+  KILN_CHECK(dev >= 0 && dev < kMaxDevices, "cuda dp4a gemv: device ", dev, " out of range");
+  if (sms[dev].load() == 0) {  // racing threads store the same values
+    int v = 0, minor = 0;
+    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+    smem[dev].store(v);
+    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, dev));
+    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
+    cc[dev].store(10 * v + minor);
+    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
+    sms[dev].store(v);
+  }
+  return {sms[dev].load(), smem[dev].load(), cc[dev].load()};
+}
+
+size_t smem_bytes(int64_t m, int64_t k) { return size_t(m * k) + size_t(m * (k / kQuantGroup)) * sizeof(float2); }
+
+// CTAs of `kernel` resident per SM with `smem` bytes each; the kernel's dynamic shared
+// memory limit raised to the device's opt-in maximum once per device (a host-side
+// attribute: set on a step's eager first run, before any capture).
+int occupancy(const void* kernel, size_t smem) {
+  static std::mutex mu;
+  static std::map<std::tuple<const void*, int, size_t>, int> seen;
+  int dev = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  auto it = seen.find({kernel, dev, smem});
+  if (it != seen.end()) return it->second;
+  if (!seen.count({kernel, dev, size_t(0)})) {
+    KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, device_info().smem_optin));
+    seen[{kernel, dev, size_t(0)}] = 0;  // marks the attribute as set (smem 0 is never asked for)
+  }
+  int n = 0;
+  KILN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem));
+  KILN_CHECK(n > 0, "cuda dp4a gemv: ", smem, " bytes of shared memory leave no CTA resident");
+  seen[{kernel, dev, smem}] = n;
+  return n;
+}
+
+template <typename T, QuantFormat F, int MAXM, bool kSwiGlu, int P>
+void launch_depth(DArgs a, const QGemvDp4aTuning& tune, cudaStream_t s) {
+  auto* kernel = qgemv_dp4a_kernel<T, F, MAXM, kSwiGlu, P>;
+  constexpr int RL = outs_per_warp<MAXM>();
+  a.steps = (a.chunks + 32 / RL - 1) / (32 / RL);
+  a.units = (a.n_out + RL - 1) / RL;
+  const size_t smem = smem_bytes(a.m, a.k);
+  const int per_sm = std::min(occupancy(reinterpret_cast<const void*>(kernel), smem),
+                              tune.ctas_per_sm > 0 ? tune.ctas_per_sm : kDefaultCtasPerSm);
+  // As many rounds of outputs per warp as the resident warps need, spread evenly.
+  const int64_t resident = int64_t(device_info().sms) * per_sm * kWarps;
+  const int64_t rounds = (a.units + resident - 1) / resident;
+  const int64_t warps = (a.units + rounds - 1) / rounds;
+  launch_k(kernel, dim3(unsigned((warps + kWarps - 1) / kWarps)), kThreads, smem, s, a);
+  KILN_CUDA_CHECK_LAUNCH();
+}
+
+template <typename T, QuantFormat F, int MAXM, bool kSwiGlu>
+void launch_rows(const DArgs& a, const QGemvDp4aTuning& tune, cudaStream_t s) {
+  // Other depths at one row only (the bench's sweep; each is a kernel to compile).
+  if constexpr (MAXM == 1) {
+    if (tune.depth == 2) return launch_depth<T, F, MAXM, kSwiGlu, 2>(a, tune, s);
+    if (tune.depth == 8) return launch_depth<T, F, MAXM, kSwiGlu, 8>(a, tune, s);
+  }
+  launch_depth<T, F, MAXM, kSwiGlu, kDefaultDepth>(a, tune, s);
+}
+
+template <typename T, QuantFormat F, bool kSwiGlu>
+void launch_format(const DArgs& a, const QGemvDp4aTuning& tune, cudaStream_t s) {
+  if (a.m == 1) launch_rows<T, F, 1, kSwiGlu>(a, tune, s);
+  else if (a.m == 2) launch_rows<T, F, 2, kSwiGlu>(a, tune, s);
+  else if (a.m <= 4) launch_rows<T, F, 4, kSwiGlu>(a, tune, s);
+  else launch_rows<T, F, 8, kSwiGlu>(a, tune, s);
+}
+
+template <typename T>
+void launch_typed(const DArgs& a, QuantFormat f, const QGemvDp4aTuning& tune, cudaStream_t s) {
+  const bool swiglu = a.epi == GemvEpilogue::kSwiGlu;
+  if (f == QuantFormat::kQ4) {
+    if (swiglu) launch_format<T, QuantFormat::kQ4, true>(a, tune, s);
+    else launch_format<T, QuantFormat::kQ4, false>(a, tune, s);
+  } else {
+    if (swiglu) launch_format<T, QuantFormat::kQ8, true>(a, tune, s);
+    else launch_format<T, QuantFormat::kQ8, false>(a, tune, s);
+  }
+}
+
+}  // namespace
+
+bool qgemv_dp4a_supports(DType dtype, int64_t m, int64_t k) {
+  if (dtype != DType::kBF16 && dtype != DType::kF16) return false;
+  if (m < 1 || m > kQGemvMaxRows || k <= 0 || k % kQuantGroup != 0) return false;
+  const DeviceInfo d = device_info();
+  return d.cc >= 61 && smem_bytes(m, k) <= size_t(d.smem_optin);
+}
+
+void launch_qgemv_dp4a(DType dtype, const void* x, const QuantWeightView& w, const void* bias, void* y, int64_t m,
+                       int64_t n_out, cudaStream_t s, GemvEpilogue epi, const QGemvDp4aTuning& tune) {
+  KILN_THROW_IF(w.layout != QuantLayout::kRows, kInternal, "cuda dp4a gemv: needs the kRows layout");
+  KILN_THROW_IF(!qgemv_dp4a_supports(dtype, m, w.k), kInternal, "cuda dp4a gemv: unsupported ", dtype_name(dtype),
+                " m=", m, " k=", w.k);
+  KILN_THROW_IF(tune.depth != 0 && tune.depth != 2 && tune.depth != 4 && tune.depth != 8, kInternal,
+                "cuda dp4a gemv: depth ", tune.depth, " (expected 2, 4 or 8)");
+  if (n_out == 0) return;
+  const int groups = int(w.k / kQuantGroup);
+  DArgs a{x, w.codes, w.scales, w.row_factor, bias, y, int(m), int(w.k), int(n_out),
+          groups, w.format == QuantFormat::kQ4 ? groups : 2 * groups, 0, 0, epi};
+  if (dtype == DType::kBF16) launch_typed<__nv_bfloat16>(a, w.format, tune, s);
+  else launch_typed<__half>(a, w.format, tune, s);
+}
+
+}  // namespace kiln::cuda
