@@ -503,6 +503,12 @@ OpRun prepare_attention(const ir::Node& n, const ir::Graph& g, PrepareContext& p
         f.rotary_dim = rot;
         f.slot_mapping = c.dev->slot_mapping;
         f.counters = c.dev->attn_counters;
+        if (p.decode_splits > 0) {
+          f.decode_splits = p.decode_splits;
+          f.num_seqs = c.dev->num_seqs;
+          launch_attention_decode_cluster(f, c.cx->stream);
+          return;
+        }
         if (attention_fused_decode_supported(f)) {
           launch_attention_fused_decode(f, c.cx->stream);
           return;

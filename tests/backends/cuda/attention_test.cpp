@@ -7,7 +7,8 @@
 // through the decode, tile and tensor-core kernels, split and unsplit, and the packed
 // RoPE path with its quantizing cache write; the pool's codes and scales equal the CPU
 // pool's bit for bit; decode steps over directly filled pools (batch 1/3/64, contexts to
-// 4096, GQA groups 1-8) through the grouped-query decode kernel and today's kernels.
+// 4096, GQA groups 1-8) through the cluster decode kernel (unsplit and 2/8 splits), the
+// grouped-query decode kernel and today's kernels.
 // Skips without a GPU.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -330,15 +331,40 @@ TEST(CudaAttention, PackedQkvQuantizedCachesMatchCpu) {
         }
 }
 
-// The CUDA runs of one scenario under several (KILN_CUDA_SPLIT_CHUNK, KILN_CUDA_ATTN)
-// settings against one CPU run: the fused decode kernel (attn ""; "0": the decode plan's
+// The CUDA runs of one scenario under several (KILN_CUDA_SPLIT_CHUNK, KILN_CUDA_ATTN,
+// KILN_CUDA_DECODE_ATTN / KILN_CUDA_DECODE_SPLITS) settings against one CPU run: the
+// cluster decode kernel (16-bit, head dims 64/128; attn "", decode "": its automatic
+// splits, "s1" / "s2" / "s8": 1, 2 or 8 splits merged through the cluster, empty splits
+// included), the fused grouped decode kernel (decode "old"; split "0": the decode plan's
 // automatic splits, "64": forced 64-key splits, "-1": none), the grouped decode kernel
 // with qkv_prep and the combine as separate launches ("unfused"), and today's kernels
 // ("old"). Every setting runs all the steps in order on a fresh pool, which `fill` (if
 // set) fills before the first step as it filled the CPU pool.
 using PoolFill = std::function<void(KvStorage& cpu, KvStorage& gpu)>;
-const std::vector<std::pair<std::string, std::string>> kDecodeVariants = {
-    {"0", ""}, {"64", ""}, {"-1", ""}, {"0", "unfused"}, {"0", "old"}};
+struct DecodeVariant {
+  std::string split, attn, decode;
+};
+const std::vector<DecodeVariant> kDecodeVariants = {
+    {"0", "", ""},  {"0", "", "s1"},    {"0", "", "s2"},       {"0", "", "s8"},   {"0", "", "old"},
+    {"64", "", ""}, {"-1", "", ""}, {"0", "unfused", ""}, {"0", "old", ""}};
+
+// Sets (or clears) the per-run variables of a variant: read at each step.
+void set_decode_env(const DecodeVariant& v) {
+  setenv("KILN_CUDA_ATTN", v.attn.c_str(), 1);
+  if (v.decode == "old")
+    setenv("KILN_CUDA_DECODE_ATTN", "old", 1);
+  else
+    unsetenv("KILN_CUDA_DECODE_ATTN");
+  if (v.decode.size() == 2 && v.decode[0] == 's')
+    setenv("KILN_CUDA_DECODE_SPLITS", v.decode.substr(1).c_str(), 1);
+  else
+    unsetenv("KILN_CUDA_DECODE_SPLITS");
+}
+void clear_decode_env() {
+  unsetenv("KILN_CUDA_ATTN");
+  unsetenv("KILN_CUDA_DECODE_ATTN");
+  unsetenv("KILN_CUDA_DECODE_SPLITS");
+}
 
 void expect_variants_match(const ir::Graph& g, const std::vector<StepCase>& cases, const std::string& dt, double tol,
                            const std::string& what, const KvLayout& layout, const PoolFill& fill = nullptr) {
@@ -348,8 +374,8 @@ void expect_variants_match(const ir::Graph& g, const std::vector<StepCase>& case
   std::vector<std::unique_ptr<Backend>> gpus;  // declared first: outlives its graphs and pools
   std::vector<std::unique_ptr<CompiledGraph>> ggs;
   std::vector<std::unique_ptr<KvStorage>> gkvs;
-  for (const auto& [split, attn] : kDecodeVariants) {
-    setenv("KILN_CUDA_SPLIT_CHUNK", split.c_str(), 1);  // read when a graph compiles
+  for (const DecodeVariant& dv : kDecodeVariants) {
+    setenv("KILN_CUDA_SPLIT_CHUNK", dv.split.c_str(), 1);  // read when a graph compiles
     gpus.push_back(create_backend("cuda"));
     ggs.push_back(gpus.back()->compile(g, {.weight_dtype = dt}));
     gkvs.push_back(gpus.back()->allocate_kv(layout));
@@ -359,13 +385,14 @@ void expect_variants_match(const ir::Graph& g, const std::vector<StepCase>& case
   for (size_t i = 0; i < cases.size(); ++i) {
     const Tensor want = cg->run(cases[i].inputs, cases[i].step, ckv.get()).at("y").clone();
     for (size_t v = 0; v < kDecodeVariants.size(); ++v) {
-      setenv("KILN_CUDA_ATTN", kDecodeVariants[v].second.c_str(), 1);  // read at each launch
+      const DecodeVariant& dv = kDecodeVariants[v];
+      set_decode_env(dv);  // read at each step and launch
       TensorMap got = ggs[v]->run(cases[i].inputs, cases[i].step, gkvs[v].get());
-      unsetenv("KILN_CUDA_ATTN");
+      clear_decode_env();
       ASSERT_TRUE(got.count("y"));
       const Diff d = diff(got.at("y"), want);
-      const std::string w = str_cat(what, " split=", kDecodeVariants[v].first, " attn=",
-                                    kDecodeVariants[v].second.empty() ? "fused" : kDecodeVariants[v].second);
+      const std::string w = str_cat(what, " split=", dv.split, " attn=", dv.attn.empty() ? "fused" : dv.attn,
+                                    " decode=", dv.decode.empty() ? "cluster" : dv.decode);
       std::printf("  %-86s %-4s step %zu max|err| %.3g  max|ref| %.3g  rel %.3g\n", w.c_str(), dt.c_str(), i, d.max_err,
                   d.max_ref, d.rel());
       EXPECT_LE(d.rel(), tol) << w << " (" << dt << ") step " << i;

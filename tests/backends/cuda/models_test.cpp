@@ -461,6 +461,74 @@ TEST(CudaRealDecoder, SmolLM2GreedyMatchesCpu) {
   }
 }
 
+// The cluster decode kernel (16-bit activations, head dim 64: SmolLM2's 9 q / 3 KV heads)
+// against the grouped-query kernel it replaced (KILN_CUDA_DECODE_ATTN=old), unsplit and
+// with 4 splits merged through the cluster (KILN_CUDA_DECODE_SPLITS=4): 32 greedy tokens
+// of the fixture prompts, teacher-forced along the old kernel's; where the argmax differs
+// it is a near-tie of the old kernel's logits (a 16-bit rounding may flip it), and every
+// step's logits are within the 16-bit bound of each other. The tiny golden models have
+// head dim 16 and keep the grouped kernel.
+TEST(CudaRealDecoder, SmolLM2ClusterDecodeMatchesGroupedKernel) {
+  KILN_SKIP_WITHOUT_CUDA();
+  std::string path = std::getenv("KILN_SMOLLM2_GGUF") ? std::getenv("KILN_SMOLLM2_GGUF")
+                     : std::string(std::getenv("KILN_MODELS_DIR") ? std::getenv("KILN_MODELS_DIR")
+                                                                   : KILN_SOURCE_DIR "/.cache/models") +
+                           "/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf";
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "real model not found at " << path;
+  Ref ref("smollm2");
+  std::vector<std::vector<int32_t>> prompts = {ref.ids("input_ids_0"), ref.ids("input_ids_1")};
+  for (const std::string dt : {"bf16", "f16"}) {
+    auto gpu = Model::load(path, {.backend = "cuda", .weight_dtype = dt});
+    const int64_t v = gpu->info().vocab_size;
+    setenv("KILN_CUDA_DECODE_ATTN", "old", 1);
+    std::vector<std::vector<int32_t>> want;
+    {
+      LlmRunner runner(*gpu, {.max_total_tokens = 1024});
+      want = runner.generate_greedy(prompts, 32);
+    }
+    for (const char* splits : {"", "4"}) {
+      const std::string tag = str_cat("smollm2 ", dt, " splits=", *splits ? splits : "auto");
+      for (size_t i = 0; i < prompts.size(); ++i) {
+        LlmRunner ro(*gpu, {.max_total_tokens = 1024}), rn(*gpu, {.max_total_tokens = 1024});
+        const int32_t so = ro.add_sequence(prompts[i]), sn = rn.add_sequence(prompts[i]);
+        int equal = 0;
+        double worst = 0;
+        for (size_t step = 0; step < want[i].size(); ++step) {
+          setenv("KILN_CUDA_DECODE_ATTN", "old", 1);
+          unsetenv("KILN_CUDA_DECODE_SPLITS");
+          auto oo = ro.step();
+          unsetenv("KILN_CUDA_DECODE_ATTN");
+          if (*splits) setenv("KILN_CUDA_DECODE_SPLITS", splits, 1);
+          auto on = rn.step();
+          unsetenv("KILN_CUDA_DECODE_SPLITS");
+          ASSERT_EQ(oo.size(), 1u);
+          ASSERT_EQ(on.size(), 1u);
+          const float* lo = oo[0].logits.data();
+          const float* ln = on[0].logits.data();
+          const Diff d = diff(Tensor::view(const_cast<float*>(ln), DType::kF32, {v}),
+                              Tensor::view(const_cast<float*>(lo), DType::kF32, {v}));
+          worst = std::max(worst, d.rel());
+          const int32_t ao = argmax(lo, v), an = argmax(ln, v);
+          if (ao == an) {
+            ++equal;
+          } else {
+            EXPECT_LE((double(lo[ao]) - double(lo[an])) / d.max_ref, 2e-2)
+                << tag << " prompt " << i << " step " << step << ": argmax " << an << " vs " << ao
+                << " is not a near-tie";
+          }
+          ro.append_tokens(so, {want[i][step]});
+          rn.append_tokens(sn, {want[i][step]});
+        }
+        std::printf("  %s prompt %zu: argmax equal at %d of %zu steps, worst logits rel %.3g\n", tag.c_str(), i, equal,
+                    want[i].size(), worst);
+        EXPECT_LE(worst, model_tolerance(dt)) << tag << " prompt " << i;
+        EXPECT_GE(equal, int(want[i].size()) - 2) << tag << " prompt " << i;
+      }
+    }
+    unsetenv("KILN_CUDA_DECODE_ATTN");
+  }
+}
+
 // Pass fuse_norm_linear end to end: the tiny decoders with their norms folded into the
 // Linears (KILN_CUDA_PRENORM=1) decode as with KILN_CUDA_PRENORM=0 (AddNorm nodes kept):
 // prefill (GEMM paths), then decode of three sequences (3-row GEMVs with the norm

@@ -196,6 +196,7 @@ size_t attention_workspace_floats(const AttentionPlan& plan, int64_t hkv, int64_
 size_t attention_counters(const AttentionPlan& plan, int64_t hkv) { return plan.combine.size() * size_t(hkv); }
 
 void launch_attention(const AttentionArgs& a, cudaStream_t s) {
+  KILN_THROW_IF(a.decode_splits > 0, kInternal, "cuda attention: a cluster decode plan reached the generic kernels");
   if (a.num_work == 0) return;
   KILN_THROW_IF(!attention_supports_head_dim(a.d), kUnsupported, "cuda attention: head_dim ", a.d,
                 " (supported: 16, 32, 64, 128)");

@@ -15,7 +15,10 @@
 // decode kernel (attention_gqa.cuh: one CTA per sequence, KV head and split, each K/V
 // tile read once for the group's q heads), fused with RoPE, the KV write and the split
 // merge (launch_attention_fused_decode); KILN_CUDA_ATTN=old keeps
-// the kernels above, =unfused the grouped kernel without the fusion.
+// the kernels above, =unfused the grouped kernel without the fusion. In 16-bit at head
+// dims 64/128 on sm_90+, decode steps take the cluster decode kernel instead
+// (attention_decode.cuh: tensor cores, per-warp cp.async streams, splits merged in a
+// thread-block cluster; KILN_CUDA_DECODE_ATTN=old keeps the grouped one).
 // Tested against the CPU backend in tests/backends/cuda/attention_test.cpp.
 #pragma once
 
@@ -57,6 +60,9 @@ struct AttentionPlan {
   std::vector<AttnCombine> combine;
   int32_t num_partials = 0;
   bool flash = false;  // work items are kFlashItemsPerCta wide, for the tensor-core kernel
+  // > 0: a plan of the cluster decode kernel (attention_plan_decode_cluster): this many
+  // splits per (sequence, KV head), no work items, no partials in global memory.
+  int32_t decode_splits = 0;
 };
 
 bool attention_supports_head_dim(int64_t d);
@@ -75,6 +81,15 @@ AttentionPlan attention_plan(const std::vector<AttnSeq>& seqs, int64_t hq, int64
 // context lengths: the grid stays the same from step to step, so a captured CUDA graph
 // can replay it (splits past the end of a short context are empty CTAs).
 AttentionPlan attention_plan_decode(const std::vector<AttnSeq>& seqs, int64_t hq, int64_t hkv, int num_sms);
+// The cluster decode kernel (attention_decode.cuh; launch_attention_decode_cluster):
+// whether it takes decode steps of these shapes on the current device (16-bit
+// activations, head dims 64/128, GQA group <= 8, an sm_90+ device for its clusters, and
+// KILN_CUDA_DECODE_ATTN not "old"), and its plan: splits per (sequence, KV head), a power
+// of two up to 8 picked from the batch (fill ~2 CTAs per SM) and the longest context
+// (~one CTA's keys in flight per split); the grid changes only when that power does.
+bool attention_decode_cluster_supported(DType t, int64_t hq, int64_t hkv, int64_t d);
+AttentionPlan attention_plan_decode_cluster(const std::vector<AttnSeq>& seqs, int64_t hq, int64_t hkv, int64_t d,
+                                            int num_sms);
 // Floats of workspace the plan's partials need.
 size_t attention_workspace_floats(const AttentionPlan& plan, int64_t hkv, int64_t d);
 // Split counters (int32, zero between launches) the fused decode kernel needs for the plan.
@@ -115,6 +130,9 @@ struct AttentionArgs {
   int64_t rotary_dim = 0;
   const int64_t* slot_mapping = nullptr;
   int32_t* counters = nullptr;
+  // A cluster decode plan (AttentionPlan::decode_splits > 0) over num_seqs sequences.
+  int32_t decode_splits = 0;
+  int32_t num_seqs = 0;
 };
 void launch_attention(const AttentionArgs& a, cudaStream_t s);
 
@@ -129,6 +147,9 @@ void launch_attention(const AttentionArgs& a, cudaStream_t s);
 // =unfused turn it off.
 bool attention_fused_decode_supported(const AttentionArgs& a);
 void launch_attention_fused_decode(const AttentionArgs& a, cudaStream_t s);
+// The same step (the fused kernel's arguments: new K/V rows, RoPE, slots) through the
+// cluster decode kernel, for a plan with decode_splits > 0: one kernel, no combine.
+void launch_attention_decode_cluster(const AttentionArgs& a, cudaStream_t s);
 
 // k, v: [t, hkv*d] rows; slot_mapping[i] = block * block_size + row, -1 skips the token.
 void launch_kv_cache_write(DType t, const void* k, const void* v, const int64_t* slot_mapping,

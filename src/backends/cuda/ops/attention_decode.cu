@@ -1,0 +1,97 @@
+// The cluster decode kernel's plan, support test and launches for 16-bit caches
+// (attention_decode.cuh; attention_decode_quant.cu has the int8/fp8 ones). Tested in
+// tests/backends/cuda/attention_test.cpp.
+#include "backends/cuda/ops/attention_decode.cuh"
+
+#include <atomic>
+#include <cstdlib>
+#include <cstring>
+
+namespace kiln::cuda {
+
+// attention_decode_quant.cu: the launches for int8 / fp8 caches.
+void launch_attention_decode_cluster_quantized(const AttentionArgs& a, cudaStream_t s);
+
+namespace {
+
+// Thread-block clusters (the split merge) need sm_90+; asked once per device.
+bool device_has_clusters() {
+  constexpr int kMaxDevices = 64;
+  static std::atomic<int> cached[kMaxDevices];  // 0: not asked, 1: no, 2: yes
+  int dev = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&dev));
+  if (dev < 0 || dev >= kMaxDevices) return false;
+  if (cached[dev].load() == 0) {
+    int major = 0;
+    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+    cached[dev].store(major >= 9 ? 2 : 1);
+  }
+  return cached[dev].load() == 2;
+}
+
+int64_t pow2_ceil(int64_t x) {
+  int64_t p = 1;
+  while (p < x) p <<= 1;
+  return p;
+}
+int64_t pow2_floor(int64_t x) {
+  int64_t p = 1;
+  while (p * 2 <= x) p <<= 1;
+  return p;
+}
+
+}  // namespace
+
+bool attention_decode_cluster_supported(DType t, int64_t hq, int64_t hkv, int64_t d) {
+  // KILN_CUDA_DECODE_ATTN=old keeps the grouped-query kernels (one comparison round).
+  const char* e = std::getenv("KILN_CUDA_DECODE_ATTN");
+  if (e && std::strcmp(e, "old") == 0) return false;
+  return (t == DType::kBF16 || t == DType::kF16) && (d == 64 || d == 128) && hkv > 0 && hq % hkv == 0 &&
+         hq / hkv <= kDecMaxGroup && device_has_clusters();
+}
+
+AttentionPlan attention_plan_decode_cluster(const std::vector<AttnSeq>& seqs, int64_t hq, int64_t hkv, int64_t d,
+                                            int num_sms) {
+  (void)hq;
+  // Keys one CTA has in flight at once (every warp's two stages).
+  const int64_t per_cta = int64_t(kDecWarps) * kDecStages * (d == 64 ? 32 : 16);
+  int64_t max_ctx = 1;
+  for (const AttnSeq& s : seqs) max_ctx = std::max<int64_t>(max_ctx, s.ctx_len);
+  const int64_t by_len = pow2_ceil((max_ctx + per_cta - 1) / per_cta);
+  const int64_t units = std::max<int64_t>(1, int64_t(seqs.size()) * hkv);
+  const int64_t by_fill = pow2_floor(std::max<int64_t>(1, 2 * int64_t(std::max(num_sms, 1)) / units));
+  AttentionPlan plan;
+  plan.decode_splits = int32_t(std::min<int64_t>({8, by_len, by_fill}));
+  // KILN_CUDA_DECODE_SPLITS=1|2|4|8 forces the split count (tests, measurements).
+  if (const char* e = std::getenv("KILN_CUDA_DECODE_SPLITS"); e && *e) {
+    char* end = nullptr;
+    const long v = std::strtol(e, &end, 10);
+    KILN_THROW_IF(*end != '\0' || (v != 1 && v != 2 && v != 4 && v != 8), kInvalidArgument,
+                  "KILN_CUDA_DECODE_SPLITS='", e, "': expected 1, 2, 4 or 8 (splits per sequence and KV head)");
+    plan.decode_splits = int32_t(v);
+  }
+  return plan;
+}
+
+void launch_attention_decode_cluster(const AttentionArgs& a, cudaStream_t s) {
+  KILN_THROW_IF(a.decode_splits < 1 || a.decode_splits > 8, kInternal, "cuda attention: cluster decode with ",
+                a.decode_splits, " splits (1 to 8)");
+  KILN_THROW_IF((a.dtype != DType::kBF16 && a.dtype != DType::kF16) || (a.d != 64 && a.d != 128) || a.hkv <= 0 ||
+                    a.hq % a.hkv != 0 || a.hq / a.hkv > kDecMaxGroup || a.max_q_len != 1,
+                kInternal, "cuda attention: the cluster decode kernel for ", dtype_name(a.dtype), " hq=", a.hq,
+                " hkv=", a.hkv, " head_dim=", a.d, " max_q_len=", a.max_q_len);
+  KILN_THROW_IF(!a.k_new || !a.v_new || !a.slot_mapping || !a.k_cache || !a.v_cache || !a.seqs || !a.block_tables,
+                kInternal, "cuda attention: the cluster decode kernel without the new K/V rows, slots, cache or step");
+  KILN_THROW_IF(a.inv_freq && (!a.positions || a.rotary_dim <= 0 || a.rotary_dim % 2 || a.rotary_dim > a.d),
+                kInvalidArgument, "cuda attention: rotary_dim must be even and in (0, head_dim], got ", a.rotary_dim,
+                " head_dim=", a.d);
+  if (a.num_seqs == 0) return;
+  if (a.kv_code != KvCode::kNone) {
+    KILN_THROW_IF(!a.k_scales || !a.v_scales, kInternal, "cuda attention: a quantized cache without scales");
+    launch_attention_decode_cluster_quantized(a, s);
+    return;
+  }
+  launch_decode_cluster_codes<KvCode::kNone>(a, s);
+}
+
+}  // namespace kiln::cuda

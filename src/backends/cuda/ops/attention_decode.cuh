@@ -1,0 +1,517 @@
+// Internal to the CUDA backend's attention: the cluster decode kernel (decode steps,
+// 16-bit activations, head dims 64/128, GQA group <= 8, any KvCode). A CTA takes one
+// (sequence, KV head, split); the splits of a (sequence, KV head) form one thread-block
+// cluster and merge through distributed shared memory, so an unsplit context needs no
+// merge at all and a split one no global round trip. Why it is shaped so:
+// - few dependent steps: the CTA reads its sequence, then the block table, then issues
+//   every K/V copy it can hold (4 warps x 2 stages x 32/16 keys: a whole short context)
+//   before it loads and rotates q; q and the new key are ready while the copies fly;
+// - bytes in flight: each warp streams its own tiles (tile w, w + 4, ...) through a
+//   private two-stage cp.async ring, so the main loop has no CTA barrier; ~73 KB of
+//   shared memory: 3 CTAs and up to ~200 KB of copies in flight per SM;
+// - tensor cores: S = Q K^T and O += P V with m16n8k16 MMAs, the group's q heads as the
+//   A rows (rows >= group are zero), as the prefill flash kernel does; int8/fp8 tiles are
+//   decoded (scale folded in) to 16-bit tiles by the warp that owns them.
+// The new token's K/V (RoPE'd, quantized for an int8/fp8 cache) is written to the cache
+// and patched into the owning warp's tile, as in the fused grouped kernel. Tested in
+// tests/backends/cuda/attention_test.cpp against the CPU backend.
+#pragma once
+
+#include <cooperative_groups.h>
+#include <cuda_fp8.h>
+
+#include <mutex>
+#include <set>
+
+#include "backends/cuda/ops/attention_kernels.cuh"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int kDecWarps = 4, kDecThreads = kDecWarps * 32, kDecStages = 2, kDecMaxGroup = 8;
+
+// Shared-memory layout (bytes) of the kernel for head dim D and codes Q.
+template <int D, KvCode Q>
+struct DecLayout {
+  static constexpr bool kQuant = Q != KvCode::kNone;
+  static constexpr int KT = D == 64 ? 32 : 16;       // keys per warp tile: 4 / 8 KB of 16-bit K
+  static constexpr int LD = D + 8;                   // 16-bit tile row (elements): conflict-free fragments
+  static constexpr int kTileT = KT * LD * 2;         // a 16-bit K or V tile
+  static constexpr int kTileC = KT * D;              // a code tile (int8 / fp8)
+  // A stage: the K and V tiles as the cache holds them (+ the per-key scales).
+  static constexpr int kStage = kQuant ? 2 * kTileC + 2 * KT * 4 : 2 * kTileT;
+  // A warp's region: its stages, then (quantized) the decoded 16-bit K and V tiles.
+  static constexpr int kWarp = kDecStages * kStage + (kQuant ? 2 * kTileT : 0);
+  // A partial (8 rows of D f32 + (m, l) per row): a warp's aliases the start of its own
+  // region once its loop is done; the CTA's follows warp 0's.
+  static constexpr int kPart = kDecMaxGroup * D * 4 + kDecMaxGroup * 2 * 4;
+  static constexpr int kQOff = kDecWarps * kWarp;                   // q rows [8][LD]
+  static constexpr int kNewOff = kQOff + kDecMaxGroup * LD * 2;     // new k, v [2][D] (16-bit)
+  static constexpr int kNewCOff = kNewOff + 2 * D * 2;              // new codes [2][D]
+  static constexpr int kNewScOff = kNewCOff + 2 * D;                // new scales [2] f32
+  static constexpr int kBytes = kNewScOff + 16;
+  static_assert(kStage % 16 == 0 && kWarp % 16 == 0 && kQOff % 16 == 0 && kNewOff % 16 == 0 &&
+                kNewCOff % 16 == 0 && kNewScOff % 16 == 0);
+  static_assert(2 * kPart <= kWarp, "the warp and CTA partials fit warp 0's region");
+  static_assert(KT * D * 2 / 16 % 32 == 0 && KT * D / 16 % 32 == 0, "copy loops are warp-uniform");
+};
+
+template <typename T>
+struct DecParams {
+  const T* q = nullptr;
+  int64_t q_stride = 0;
+  void* k_cache = nullptr;  // T or codes
+  void* v_cache = nullptr;
+  float* k_scales = nullptr;
+  float* v_scales = nullptr;
+  T* out = nullptr;
+  int block_size = 16, hq = 0, hkv = 0, splits = 1, rot = 0;
+  int64_t kv_row = 0;
+  float scale_log2 = 1.0f;
+  const AttnSeq* seqs = nullptr;
+  const int32_t* block_tables = nullptr;
+  const T* k_new = nullptr;
+  const T* v_new = nullptr;
+  int64_t new_stride = 0;
+  const int32_t* positions = nullptr;
+  const float* inv_freq = nullptr;  // null: no RoPE
+  const int64_t* slots = nullptr;
+};
+
+__device__ __forceinline__ void dec_cluster_sync() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  cooperative_groups::this_cluster().sync();
+#else
+  __trap();  // launched only on sm_90+ (attention_decode_cluster_supported)
+#endif
+}
+__device__ __forceinline__ const float* dec_rank_smem(const float* p, int rank) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  return cooperative_groups::this_cluster().map_shared_rank(const_cast<float*>(p), rank);
+#else
+  __trap();
+  return p;
+#endif
+}
+__device__ __forceinline__ void dec_cp_async4(void* smem, const void* gmem, bool valid) {
+  const unsigned dst = unsigned(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 4 : 0));
+}
+
+template <typename T, int D, KvCode Q>
+__global__ void __launch_bounds__(kDecThreads)
+attention_decode_cluster_kernel(const DecParams<T> p) {
+  using L = DecLayout<D, Q>;
+  using E = KvElem<T, Q>;
+  constexpr bool kQuant = L::kQuant;
+  constexpr int KT = L::KT, LD = L::LD, NT = KT / 8, KK = KT / 16, KC = D / 16, DT = D / 8;
+  constexpr int ROWB = kQuant ? D : LD * 2;          // bytes per key row in a stage tile
+  constexpr int TILEB = kQuant ? L::kTileC : L::kTileT;
+  constexpr int CPR = D * int(sizeof(E)) / 16;        // 16-byte chunks per cache row
+  constexpr int CVEC = 16 / int(sizeof(E));
+  constexpr unsigned kFull = 0xffffffffu;
+  static_assert(D == 64 || D == 128);
+  extern __shared__ __align__(16) unsigned char smem[];
+
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int S = p.splits, seq = int(blockIdx.x) / S, rank = int(blockIdx.x) % S, kvh = int(blockIdx.y);
+  const int group = p.hq / p.hkv;
+  unsigned char* wbase = smem + warp * L::kWarp;
+  T* q_s = reinterpret_cast<T*>(smem + L::kQOff);
+  T* new_t = reinterpret_cast<T*>(smem + L::kNewOff);
+  uint8_t* new_c = smem + L::kNewCOff;
+  float* new_sc = reinterpret_cast<float*>(smem + L::kNewScOff);
+  const E* kc = static_cast<const E*>(p.k_cache);
+  const E* vc = static_cast<const E*>(p.v_cache);
+
+  pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
+  const AttnSeq sq = p.seqs[seq];
+  const int ctx = sq.ctx_len;
+  // The splits cut the context into KT-aligned ranges; the last position (the new token,
+  // whose query row sees every key) lies in the last non-empty one.
+  const int chunk = ((ctx + S - 1) / S + KT - 1) / KT * KT;
+  const int lo = min(ctx, rank * chunk), hi = min(ctx, lo + chunk);
+  const int newpos = ctx - 1;
+  const bool has_new = lo < hi && hi == ctx;
+  const int32_t* bt = p.block_tables + sq.bt_offset;
+  const int ntiles = (hi - lo + KT - 1) / KT;
+  const int my_tiles = ntiles > warp ? (ntiles - warp + kDecWarps - 1) / kDecWarps : 0;
+
+  // Lane j's key of this warp's tile i: its pool block (0 past the range).
+  auto tile_block = [&](int i) -> int {
+    const int pos = lo + (warp + i * kDecWarps) * KT + lane;
+    return i < my_tiles && lane < KT && pos < hi ? __ldg(bt + pos / p.block_size) : 0;
+  };
+  // Issues tile i's copies into stage i % 2 (keys past hi and the new token's: zeros);
+  // always commits a group, so that a wait for "all but the newest" is tile i's.
+  auto issue = [&](int i, int blk) {
+    if (i < my_tiles) {
+      const int t0 = lo + (warp + i * kDecWarps) * KT;
+      unsigned char* st = wbase + (i % kDecStages) * L::kStage;
+#pragma unroll
+      for (int e = lane; e < KT * CPR; e += 32) {
+        const int j = e / CPR, c = e % CPR, pos = t0 + j;
+        const int b = __shfl_sync(kFull, blk, j);
+        const bool in = pos < hi && !(has_new && pos == newpos);
+        const int64_t off = in ? (int64_t(b) * p.block_size + pos % p.block_size) * p.kv_row + int64_t(kvh) * D + c * CVEC : 0;
+        cp_async16(st + j * ROWB + c * 16, kc + off, in);
+        cp_async16(st + TILEB + j * ROWB + c * 16, vc + off, in);
+      }
+      if constexpr (kQuant) {
+        const int pos = t0 + lane;
+        if (lane < KT) {
+          const bool in = pos < hi && !(has_new && pos == newpos);
+          const int64_t row = in ? (int64_t(blk) * p.block_size + pos % p.block_size) * p.hkv + kvh : 0;
+          float* sc = reinterpret_cast<float*>(st + 2 * L::kTileC);
+          dec_cp_async4(sc + lane, p.k_scales + row, in);
+          dec_cp_async4(sc + KT + lane, p.v_scales + row, in);
+        }
+      }
+    }
+    cp_async_commit();
+  };
+
+  // The q rows, the new K/V rows, the block ids: all loads in flight together.
+  constexpr int QV = 8;  // 16-bit elements per 16-byte vector
+  const int qr = threadIdx.x / (D / QV), qc = (threadIdx.x % (D / QV)) * QV;
+  uint4 qraw = make_uint4(0, 0, 0, 0), nraw = make_uint4(0, 0, 0, 0);
+  if (qr < group)
+    qraw = *reinterpret_cast<const uint4*>(p.q + int64_t(sq.q_start) * p.q_stride + int64_t(kvh * group + qr) * D + qc);
+  const bool loads_new = has_new && threadIdx.x < 2 * (D / QV);
+  if (loads_new) {
+    const int which = threadIdx.x / (D / QV);
+    nraw = *reinterpret_cast<const uint4*>((which ? p.v_new : p.k_new) + int64_t(sq.q_start) * p.new_stride +
+                                           int64_t(kvh) * D + qc);
+  }
+  const bool rope = p.inv_freq != nullptr;
+  const int qpos = rope ? p.positions[sq.q_start] : 0;
+  int blk0 = tile_block(0), blk1 = tile_block(1);
+  issue(0, blk0);
+  issue(1, blk1);
+  int blk_next = tile_block(2);
+
+  if (qr < kDecMaxGroup) *reinterpret_cast<uint4*>(&q_s[qr * LD + qc]) = qraw;
+  if (loads_new) *reinterpret_cast<uint4*>(&new_t[threadIdx.x / (D / QV) * D + qc]) = nraw;
+  __syncthreads();
+  if (rope) {
+    // qkv_prep_kernel's rotation and rounding (gqa_rope_pair), pairs (u, u + rot / 2).
+    const int half = p.rot / 2;
+    for (int e = threadIdx.x; e < (group + (has_new ? 1 : 0)) * half; e += kDecThreads) {
+      const int r = e / half, u = e % half;
+      T* x = r < group ? q_s + r * LD : new_t;
+      float x1 = to_f32(x[u]), x2 = to_f32(x[u + half]), sn, cs;
+      sincosf(__fmul_rn(float(qpos), p.inv_freq[u]), &sn, &cs);
+      x[u] = from_f32<T>(__fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn)));
+      x[u + half] = from_f32<T>(__fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn)));
+    }
+    __syncthreads();
+  }
+  if constexpr (kQuant) {
+    // Warp 0 quantizes the new K row, warp 1 the V row: kv_quant_write_kernel's codes
+    // and scales (the CPU backend's).
+    if (has_new && warp < 2) {
+      const T* x = new_t + warp * D;
+      float amax = 0.0f;
+      bool finite = true;
+      for (int c = lane; c < D; c += 32) {
+        const float v = to_f32(x[c]);
+        amax = fmaxf(amax, fabsf(v));
+        finite = finite && isfinite(v);
+      }
+      amax = warp_max(amax);
+      finite = __all_sync(kFull, finite);
+      float sc;
+      if (amax == 0.0f || !finite) {  // all zeros: scale 0; non-finite: NaN (see KvDType)
+        for (int c = lane; c < D; c += 32) new_c[warp * D + c] = 0;
+        sc = finite ? 0.0f : __int_as_float(0x7fc00000);
+      } else {
+        constexpr float kMax = Q == KvCode::kFp8 ? 448.0f : 127.0f;
+        const float inv = __fdiv_rn(kMax, amax);
+        for (int c = lane; c < D; c += 32) {
+          const float y = __fmul_rn(to_f32(x[c]), inv);
+          if constexpr (Q == KvCode::kInt8)
+            new_c[warp * D + c] = uint8_t(int8_t(fminf(fmaxf(rintf(y), -127.0f), 127.0f)));
+          else
+            new_c[warp * D + c] = uint8_t(__nv_cvt_float_to_fp8(y, __NV_SATFINITE, __NV_E4M3));
+        }
+        sc = __fdiv_rn(amax, kMax);
+      }
+      if (lane == 0) new_sc[warp] = sc;
+    }
+    __syncthreads();
+  }
+  if (has_new) {
+    const int64_t slot = p.slots[sq.q_start];
+    if (slot >= 0) {
+      const int64_t at = slot * p.kv_row + int64_t(kvh) * D;
+      if (threadIdx.x < 2 * CPR) {
+        const int which = threadIdx.x / CPR, c = (threadIdx.x % CPR) * 16;  // bytes
+        const unsigned char* src =
+            kQuant ? new_c + which * D + c : reinterpret_cast<const unsigned char*>(new_t + which * D) + c;
+        auto* dst = reinterpret_cast<unsigned char*>(static_cast<E*>(which ? p.v_cache : p.k_cache) + at) + c;
+        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+      }
+      if constexpr (kQuant) {
+        if (threadIdx.x < 2) (threadIdx.x ? p.v_scales : p.k_scales)[slot * p.hkv + kvh] = new_sc[threadIdx.x];
+      }
+    }
+  }
+
+  // This thread's A fragments of Q: row g (head g of the group), rows g + 8 are zero.
+  uint32_t qa[KC][2];
+#pragma unroll
+  for (int k = 0; k < KC; ++k) {
+    qa[k][0] = *reinterpret_cast<const uint32_t*>(&q_s[g * LD + k * 16 + 2 * t]);
+    qa[k][1] = *reinterpret_cast<const uint32_t*>(&q_s[g * LD + k * 16 + 8 + 2 * t]);
+  }
+  float o[DT][4], m = -INFINITY, l = 0.0f;
+#pragma unroll
+  for (int i = 0; i < DT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+  const int mi = lane >> 3;
+
+  for (int i = 0; i < my_tiles; ++i) {
+    cp_async_wait<kDecStages - 1>();  // tile i has landed (this lane's copies)...
+    __syncwarp();                      // ...and every lane's
+    const int t0 = lo + (warp + i * kDecWarps) * KT;
+    unsigned char* st = wbase + (i % kDecStages) * L::kStage;
+    if (has_new && newpos >= t0 && newpos < t0 + KT) {  // the new token's row, from shared memory
+      const int jn = newpos - t0;
+      constexpr int RC = D * int(sizeof(E)) / 16;
+      if (lane < 2 * RC) {
+        const int which = lane / RC, c = (lane % RC) * 16;
+        const unsigned char* src =
+            kQuant ? new_c + which * D + c : reinterpret_cast<const unsigned char*>(new_t + which * D) + c;
+        *reinterpret_cast<uint4*>(st + which * TILEB + jn * ROWB + c) = *reinterpret_cast<const uint4*>(src);
+      }
+      if constexpr (kQuant) {
+        if (lane < 2) reinterpret_cast<float*>(st + 2 * L::kTileC)[lane * KT + jn] = new_sc[lane];
+      }
+      __syncwarp();
+    }
+    const T* ks;
+    const T* vs;
+    if constexpr (kQuant) {
+      // Codes to 16-bit values with the row's scale folded in (as the flash kernel's tiles).
+      T* kt = reinterpret_cast<T*>(wbase + kDecStages * L::kStage);
+      T* vt = kt + KT * LD;
+      const float* sc = reinterpret_cast<const float*>(st + 2 * L::kTileC);
+#pragma unroll
+      for (int e = lane; e < 2 * KT * (D / 8); e += 32) {
+        const int which = e / (KT * (D / 8)), r = e % (KT * (D / 8)), j = r / (D / 8), c = (r % (D / 8)) * 8;
+        const uint2 raw = *reinterpret_cast<const uint2*>(st + which * L::kTileC + j * D + c);
+        const float s = sc[which * KT + j] * kv_code_unit<Q>();
+        float f[8];
+        kv_decode4<Q>(raw.x, f);
+        kv_decode4<Q>(raw.y, f + 4);
+        *reinterpret_cast<uint4*>(&(which ? vt : kt)[j * LD + c]) =
+            make_uint4(pack2<T>(f[0] * s, f[1] * s), pack2<T>(f[2] * s, f[3] * s), pack2<T>(f[4] * s, f[5] * s),
+                       pack2<T>(f[6] * s, f[7] * s));
+      }
+      __syncwarp();
+      ks = kt;
+      vs = vt;
+    } else {
+      ks = reinterpret_cast<const T*>(st);
+      vs = reinterpret_cast<const T*>(st + L::kTileT);
+    }
+
+    // S = Q K^T for the tile's KT keys (n-tiles of 8), in the log2 domain, masked.
+    float s[NT][4];
+#pragma unroll
+    for (int n = 0; n < NT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+    for (int k = 0; k < KC; ++k) {
+      const uint32_t a[4] = {qa[k][0], 0u, qa[k][1], 0u};
+#pragma unroll
+      for (int n = 0; n < NT; ++n) {
+        const T* kp = &ks[(n * 8 + g) * LD + k * 16 + 2 * t];
+        mma16816<T>(s[n], a, *reinterpret_cast<const uint32_t*>(kp), *reinterpret_cast<const uint32_t*>(kp + 8));
+      }
+    }
+    float mx = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int pos = t0 + n * 8 + 2 * t + e;
+        s[n][e] = pos < hi ? s[n][e] * p.scale_log2 : -INFINITY;
+        mx = fmaxf(mx, s[n][e]);
+      }
+    mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 2));
+    const float m_new = fmaxf(m, mx);  // finite: key t0 < hi is visible
+    const float base = m_new == -INFINITY ? 0.0f : m_new;
+    const float corr = exp2f(m - base);
+    float sum = 0.0f;
+#pragma unroll
+    for (int n = 0; n < NT; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        s[n][e] = exp2f(s[n][e] - base);
+        sum += s[n][e];
+      }
+    l = l * corr + sum;  // this lane's share; the quad's shares add up at the end
+    m = m_new;
+#pragma unroll
+    for (int i2 = 0; i2 < DT; ++i2) {
+      o[i2][0] *= corr;
+      o[i2][1] *= corr;
+    }
+    // O += P V: P (row g, 16-bit) as A fragments, V's B fragments by ldmatrix.trans.
+#pragma unroll
+    for (int kk = 0; kk < KK; ++kk) {
+      const uint32_t a[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), 0u, pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                             0u};
+#pragma unroll
+      for (int d2 = 0; d2 < D / 16; ++d2) {
+        uint32_t b[4];
+        ldmatrix_x4_trans(b, &vs[(kk * 16 + (mi & 1) * 8 + (lane & 7)) * LD + d2 * 16 + (mi >> 1) * 8]);
+        mma16816<T>(o[2 * d2], a, b[0], b[1]);
+        mma16816<T>(o[2 * d2 + 1], a, b[2], b[3]);
+      }
+    }
+    __syncwarp();  // every lane is done with this stage before it is refilled
+    issue(i + kDecStages, blk_next);
+    blk_next = tile_block(i + kDecStages + 1);
+  }
+  cp_async_wait<0>();
+  pdl_trigger();  // the keys and values are read: the next kernel may launch
+
+  // The warps' partials (m, l, unnormalized O of rows < group) -> their own regions.
+  l += __shfl_xor_sync(kFull, l, 1);
+  l += __shfl_xor_sync(kFull, l, 2);
+  __syncwarp();
+  {
+    float* po = reinterpret_cast<float*>(wbase);
+    if (g < group) {
+#pragma unroll
+      for (int i = 0; i < DT; ++i)
+        *reinterpret_cast<float2*>(&po[g * D + i * 8 + 2 * t]) = make_float2(o[i][0], o[i][1]);
+      if (t == 0) {
+        po[kDecMaxGroup * D + 2 * g] = m;
+        po[kDecMaxGroup * D + 2 * g + 1] = l;
+      }
+    }
+  }
+  __syncthreads();
+  // Merge the warps: each thread takes dim pairs (r, c..c+1); unsplit: the output.
+  const int pairs = group * (D / 2);
+  float* cpo = reinterpret_cast<float*>(smem + L::kPart);  // the CTA's partial, in warp 0's region
+  T* out_base = p.out + (int64_t(sq.q_start) * p.hq + int64_t(kvh) * group) * D;
+  for (int e = threadIdx.x; e < pairs; e += kDecThreads) {
+    const int r = e / (D / 2), c = (e % (D / 2)) * 2;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kDecWarps; ++w)
+      mx = fmaxf(mx, reinterpret_cast<const float*>(smem + w * L::kWarp)[kDecMaxGroup * D + 2 * r]);
+    float den = 0.0f, n0 = 0.0f, n1 = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kDecWarps; ++w) {
+      const float* po = reinterpret_cast<const float*>(smem + w * L::kWarp);
+      const float mw = po[kDecMaxGroup * D + 2 * r];
+      if (mw == -INFINITY) continue;  // that warp saw no key
+      const float f = exp2f(mw - mx);
+      den += f * po[kDecMaxGroup * D + 2 * r + 1];
+      const float2 v = *reinterpret_cast<const float2*>(&po[r * D + c]);
+      n0 += f * v.x;
+      n1 += f * v.y;
+    }
+    if (S == 1) {
+      const float inv = den > 0.0f ? 1.0f / den : 0.0f;
+      *reinterpret_cast<uint32_t*>(out_base + r * D + c) = pack2<T>(n0 * inv, n1 * inv);
+    } else {
+      *reinterpret_cast<float2*>(&cpo[r * D + c]) = make_float2(n0, n1);
+      if (c == 0) {
+        cpo[kDecMaxGroup * D + 2 * r] = mx;
+        cpo[kDecMaxGroup * D + 2 * r + 1] = den;
+      }
+    }
+  }
+  if (S == 1) return;
+  // Split: the cluster's CTAs merge their partials, each a share of the pairs, reading
+  // the others' shared memory; the second sync keeps every CTA's memory alive until then.
+  dec_cluster_sync();
+  const int per = (pairs + S - 1) / S, end = min(pairs, (rank + 1) * per);
+  for (int e = rank * per + int(threadIdx.x); e < end; e += kDecThreads) {
+    const int r = e / (D / 2), c = (e % (D / 2)) * 2;
+    float mx = -INFINITY;
+    for (int k = 0; k < S; ++k) mx = fmaxf(mx, dec_rank_smem(cpo, k)[kDecMaxGroup * D + 2 * r]);
+    float den = 0.0f, n0 = 0.0f, n1 = 0.0f;
+    for (int k = 0; k < S; ++k) {
+      const float* po = dec_rank_smem(cpo, k);
+      const float mk = po[kDecMaxGroup * D + 2 * r];
+      if (mk == -INFINITY) continue;  // an empty split
+      const float f = exp2f(mk - mx);
+      den += f * po[kDecMaxGroup * D + 2 * r + 1];
+      const float2 v = *reinterpret_cast<const float2*>(&po[r * D + c]);
+      n0 += f * v.x;
+      n1 += f * v.y;
+    }
+    const float inv = den > 0.0f ? 1.0f / den : 0.0f;
+    *reinterpret_cast<uint32_t*>(out_base + r * D + c) = pack2<T>(n0 * inv, n1 * inv);
+  }
+  dec_cluster_sync();
+}
+
+// Launches the kernel for T, D, Q over (sequences x splits, KV heads), clusters of `splits`.
+template <typename T, int D, KvCode Q>
+void launch_decode_cluster_typed(const AttentionArgs& a, cudaStream_t s) {
+  using L = DecLayout<D, Q>;
+  auto* kernel = attention_decode_cluster_kernel<T, D, Q>;
+  // A host-side attribute per device, set on a step's eager first run before any capture.
+  static std::mutex mu;
+  static std::set<int> done;
+  int dev = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&dev));
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!done.count(dev)) {
+      KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes));
+      done.insert(dev);
+    }
+  }
+  DecParams<T> p;
+  p.q = static_cast<const T*>(a.q);
+  p.q_stride = a.q_stride ? a.q_stride : a.hq * D;
+  p.k_cache = const_cast<void*>(a.k_cache);
+  p.v_cache = const_cast<void*>(a.v_cache);
+  p.k_scales = const_cast<float*>(a.k_scales);
+  p.v_scales = const_cast<float*>(a.v_scales);
+  p.out = static_cast<T*>(a.out);
+  p.block_size = int(a.block_size);
+  p.hq = int(a.hq);
+  p.hkv = int(a.hkv);
+  p.splits = a.decode_splits;
+  p.rot = int(a.rotary_dim);
+  p.kv_row = a.kv_stride ? a.kv_stride : a.hkv * D;
+  p.scale_log2 = a.scale * 1.4426950408889634f;
+  p.seqs = a.seqs;
+  p.block_tables = a.block_tables;
+  p.k_new = static_cast<const T*>(a.k_new);
+  p.v_new = static_cast<const T*>(a.v_new);
+  p.new_stride = a.new_stride;
+  p.positions = a.positions;
+  p.inv_freq = a.inv_freq;
+  p.slots = a.slot_mapping;
+  const dim3 grid(unsigned(a.num_seqs) * unsigned(a.decode_splits), unsigned(a.hkv));
+  launch_k_cluster(kernel, grid, dim3(kDecThreads), size_t(L::kBytes), s, dim3(unsigned(a.decode_splits), 1, 1), p);
+  KILN_CUDA_CHECK_LAUNCH();
+}
+
+template <KvCode Q>
+void launch_decode_cluster_codes(const AttentionArgs& a, cudaStream_t s) {
+  if (a.dtype == DType::kBF16) {
+    if (a.d == 64)
+      launch_decode_cluster_typed<__nv_bfloat16, 64, Q>(a, s);
+    else
+      launch_decode_cluster_typed<__nv_bfloat16, 128, Q>(a, s);
+  } else {
+    if (a.d == 64)
+      launch_decode_cluster_typed<__half, 64, Q>(a, s);
+    else
+      launch_decode_cluster_typed<__half, 128, Q>(a, s);
+  }
+}
+
+}  // namespace
+}  // namespace kiln::cuda
