@@ -97,6 +97,7 @@ struct DevAttentionPlan {
   int32_t num_combine = 0;
   int32_t num_partials = 0;
   bool flash = false;
+  int32_t flash_items = kFlash2ItemsPerCta;
 };
 
 // The step's metadata on the device (one upload per step).
