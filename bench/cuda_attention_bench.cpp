@@ -71,7 +71,7 @@ void run_case(const Case& c, int num_sms) {
     launch_fill_random(v.get(), DType::kBF16, kv_elems, 3, nullptr);
   } else {
     // E4M3 codes (no NaN: 0x7f / 0xff excluded) with per (slot, head) scales near 1/224.
-    std::vector<uint8_t> codes(size_t(kv_elems));
+    std::vector<uint8_t> codes(static_cast<size_t>(kv_elems));
     for (uint8_t& x : codes) x = uint8_t((rng() & 0xff) % 0x7f) | uint8_t(rng() & 0x80);
     k = upload(codes);
     for (uint8_t& x : codes) x = uint8_t((rng() & 0xff) % 0x7f) | uint8_t(rng() & 0x80);

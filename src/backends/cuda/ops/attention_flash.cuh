@@ -50,9 +50,9 @@ constexpr size_t flash2_smem_bytes() {
   return size_t(kFlash2ItemsPerCta + 4 * kF2Keys) * size_t(D + 8) * sizeof(T);
 }
 
+// Two CTAs (16 warps) per SM: at most 128 registers a thread.
 template <typename T, int D, KvCode Q>
-__global__ void __launch_bounds__(kF2Threads,
-                                  2)  // two CTAs (16 warps) per SM: at most 128 registers
+__global__ void __launch_bounds__(kF2Threads, 2)
     flash2_attention_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restrict__ k_cache,
                             const KvElem<T, Q>* __restrict__ v_cache,
                             const float* __restrict__ k_scales, const float* __restrict__ v_scales,
@@ -96,8 +96,8 @@ __global__ void __launch_bounds__(kF2Threads,
     cp_async16(qs + li * LD + c, src, valid);
   }
   const int last = min(n_items, w.item_begin + kFlash2ItemsPerCta) - 1;
-  const int hi =
-      last >= w.item_begin ? item_lim(last) : w.kv_begin;  // the CTA reads keys [kv_begin, hi)
+  // The CTA reads keys [kv_begin, hi).
+  const int hi = last >= w.item_begin ? item_lim(last) : w.kv_begin;
   const int first_w = w.item_begin + warp * 16;
   const bool warp_on = first_w < n_items;
   const int w_lo = warp_on ? item_lim(first_w) : 0;  // seen by all the warp's items
@@ -220,8 +220,8 @@ __global__ void __launch_bounds__(kF2Threads,
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
           mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
           const float m_new = fmaxf(m[h], mx);
-          const float base =
-              m_new == -INFINITY ? 0.0f : m_new;  // no visible key yet: all weights 0
+          // No visible key yet: all weights 0.
+          const float base = m_new == -INFINITY ? 0.0f : m_new;
           corr[h] = exp2f(m[h] - base);
           float sum = 0.0f;
 #pragma unroll
