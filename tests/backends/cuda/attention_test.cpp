@@ -8,12 +8,15 @@
 // RoPE path with its quantizing cache write; the pool's codes and scales equal the CPU
 // pool's bit for bit; decode steps over directly filled pools (batch 1/3/64, contexts to
 // 4096, GQA groups 1-8) through the cluster decode kernel (unsplit and 2/8 splits), the
-// grouped-query decode kernel and today's kernels.
-// Skips without a GPU.
+// grouped-query decode kernel and today's kernels. The tensor-core kernels (the pipelined
+// one and, with KILN_CUDA_FLASH_KERNEL=old, the older one) also over chunked prefills
+// after a cached prefix, and the pipelined plan's coverage and order (host only). Skips
+// without a GPU (the plan test runs anywhere).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdlib>
 #include <functional>
 #include <numeric>
@@ -88,11 +91,13 @@ double quantized_tolerance(const std::string& dtype) {
 }
 
 // flash "1" plans the tensor-core kernel for every non-decode step it supports (16-bit,
-// head dims 64/128): prefills and the mixed chunk + decode steps.
+// head dims 64/128): prefills and the mixed chunk + decode steps; flash_kernel "old" the
+// older one instead of the pipelined one (KILN_CUDA_FLASH_KERNEL).
 void check_decoder(const Config& c, const std::string& split_chunk, const std::string& flash = "",
-                   KvDType kv_dtype = KvDType::kAuto) {
+                   KvDType kv_dtype = KvDType::kAuto, const std::string& flash_kernel = "") {
   setenv("KILN_CUDA_SPLIT_CHUNK", split_chunk.c_str(), 1);
   setenv("KILN_CUDA_FLASH", flash.c_str(), 1);
+  setenv("KILN_CUDA_FLASH_KERNEL", flash_kernel.c_str(), 1);
   int64_t tokens = 0;
   for (int32_t p : c.prompts) tokens += p + 6;
   const int64_t blocks = tokens / c.block_size + int64_t(c.prompts.size()) * 2 + 4;
@@ -103,12 +108,13 @@ void check_decoder(const Config& c, const std::string& split_chunk, const std::s
                 .dtype = kv_dtype};
     std::string what = str_cat("attn hq=", c.hq, " hkv=", c.hkv, " d=", c.d, " bs=", c.block_size, " seqs=", c.prompts.size(),
                                " max_prompt=", *std::max_element(c.prompts.begin(), c.prompts.end()), " split=", split_chunk, " flash=", flash,
-                               " kv=", kv_dtype_name(kv_dtype));
+                               flash_kernel, " kv=", kv_dtype_name(kv_dtype));
     const double tol = kv_dtype == KvDType::kAuto ? op_tolerance(dt) : quantized_tolerance(dt);
     expect_backends_match(attention_graph(c, true), steps, dt, tol, what, kv);
   }
   unsetenv("KILN_CUDA_SPLIT_CHUNK");
   unsetenv("KILN_CUDA_FLASH");
+  unsetenv("KILN_CUDA_FLASH_KERNEL");
 }
 
 TEST(CudaAttention, DecoderShortContexts) {
@@ -124,10 +130,131 @@ TEST(CudaAttention, DecoderLongContexts) {
     check_decoder(Config{4, 2, 64, 16, {3000, 700}}, split);
     check_decoder(Config{8, 1, 128, 16, {1500}}, split);
   }
-  // Tensor-core prefill forced on (auto already picks it for these prefills), and off.
-  for (const char* flash : {"1", "0"}) {
-    check_decoder(Config{4, 2, 64, 16, {3000, 700}}, "0", flash);
-    check_decoder(Config{32, 8, 128, 16, {1100, 37, 1}}, "0", flash);
+  // Tensor-core prefill forced on (auto already picks it for these prefills) with the
+  // pipelined and the older kernel, and off.
+  for (const auto& [flash, kernel] : std::vector<std::pair<std::string, std::string>>{{"1", ""}, {"1", "old"}, {"0", ""}}) {
+    check_decoder(Config{4, 2, 64, 16, {3000, 700}}, "0", flash, KvDType::kAuto, kernel);
+    check_decoder(Config{32, 8, 128, 16, {1100, 37, 1}}, "0", flash, KvDType::kAuto, kernel);
+  }
+}
+
+// Chunked prefill through the tensor-core kernels: every sequence's prompt arrives in
+// chunks, one per step, whose queries see the cached prefix and causally each other;
+// chunk starts and contexts off the 64-key tile and the block size (including a block
+// size that is not a power of two), GQA groups that split a 16-item MMA tile across rows
+// (3), a whole tile of one row's heads (16), MHA; decode-like 1-token chunks beside long
+// ones in the same step.
+std::vector<StepCase> chunked_steps(const Config& c, const std::vector<std::vector<int32_t>>& chunks,
+                                    const std::string& dt, int64_t num_blocks, std::mt19937_64& rng) {
+  std::vector<int32_t> pool(static_cast<size_t>(num_blocks));
+  std::iota(pool.begin(), pool.end(), 0);
+  std::shuffle(pool.begin(), pool.end(), rng);
+  size_t next_block = 0, steps_n = 0;
+  for (const auto& ch : chunks) steps_n = std::max(steps_n, ch.size());
+  std::vector<std::vector<int32_t>> tables(chunks.size());
+  std::vector<int32_t> len(chunks.size(), 0);
+  std::vector<StepCase> steps;
+  for (size_t step = 0; step < steps_n; ++step) {
+    StepCase sc;
+    int32_t t = 0;
+    for (size_t s = 0; s < chunks.size(); ++s) {
+      if (step >= chunks[s].size()) continue;
+      const int32_t n = chunks[s][step];
+      for (int32_t i = 0; i < n; ++i) {
+        const int32_t p = len[s] + i;
+        if (p / c.block_size >= int64_t(tables[s].size())) tables[s].push_back(pool.at(next_block++));
+        sc.step.slot_mapping.push_back(int64_t(tables[s][size_t(p / c.block_size)]) * c.block_size + p % c.block_size);
+      }
+      len[s] += n;
+      sc.step.seqs.push_back({t, n, len[s], tables[s]});
+      t += n;
+    }
+    sc.inputs["q"] = random_tensor({t, c.hq * c.d}, rng, dt, -2, 2);
+    sc.inputs["k"] = random_tensor({t, c.hkv * c.d}, rng, dt, -2, 2);
+    sc.inputs["v"] = random_tensor({t, c.hkv * c.d}, rng, dt);
+    steps.push_back(std::move(sc));
+  }
+  return steps;
+}
+
+void check_chunked(const Config& c, const std::vector<std::vector<int32_t>>& chunks, KvDType kv_dtype,
+                   const std::vector<std::string>& dtypes) {
+  int64_t blocks = 4;
+  for (const auto& ch : chunks) blocks += (std::accumulate(ch.begin(), ch.end(), int64_t(0)) + c.block_size - 1) / c.block_size;
+  for (const char* kernel : {"", "old"})
+    for (const std::string& dt : dtypes) {
+      setenv("KILN_CUDA_FLASH", "1", 1);
+      setenv("KILN_CUDA_FLASH_KERNEL", kernel, 1);
+      std::mt19937_64 rng(uint64_t(c.hq * 31 + c.d + c.block_size));
+      auto steps = chunked_steps(c, chunks, dt, blocks, rng);
+      KvLayout kv{.num_layers = 1, .num_blocks = blocks, .block_size = c.block_size, .num_kv_heads = c.hkv,
+                  .head_dim = c.d, .dtype = kv_dtype};
+      const double tol = kv_dtype == KvDType::kAuto ? op_tolerance(dt) : quantized_tolerance(dt);
+      expect_backends_match(attention_graph(c, true), steps, dt, tol,
+                            str_cat("chunked hq=", c.hq, " hkv=", c.hkv, " d=", c.d, " bs=", c.block_size, " kernel=",
+                                    *kernel ? kernel : "new", " kv=", kv_dtype_name(kv_dtype)),
+                            kv);
+      unsetenv("KILN_CUDA_FLASH");
+      unsetenv("KILN_CUDA_FLASH_KERNEL");
+    }
+}
+
+TEST(CudaAttention, ChunkedPrefillTensorCore) {
+  KILN_SKIP_WITHOUT_CUDA();
+  const std::vector<std::string> half{"f16", "bf16"};
+  check_chunked(Config{32, 8, 128, 16, {}}, {{700, 333, 1}, {64, 129, 2}, {1, 1, 200}}, KvDType::kAuto, half);
+  check_chunked(Config{8, 2, 64, 5, {}}, {{150, 91}, {37, 64, 3}}, KvDType::kAuto, half);
+  check_chunked(Config{12, 12, 64, 32, {}}, {{129, 130}}, KvDType::kAuto, {"bf16"});
+  check_chunked(Config{16, 1, 128, 16, {}}, {{70, 45}, {5, 9}}, KvDType::kAuto, {"f16"});
+  check_chunked(Config{9, 3, 64, 16, {}}, {{100, 57}}, KvDType::kAuto, {"bf16"});
+  for (KvDType kd : {KvDType::kInt8, KvDType::kFp8})
+    check_chunked(Config{32, 8, 128, 16, {}}, {{300, 77}, {45, 130}}, kd, {"bf16"});
+}
+
+// A mistyped KILN_CUDA_FLASH_KERNEL is an error naming the variable, not silently a kernel.
+TEST(CudaAttention, BadFlashKernelNameIsAnError) {
+  KILN_SKIP_WITHOUT_CUDA();
+  setenv("KILN_CUDA_FLASH_KERNEL", "fast", 1);
+  auto be = create_backend("cuda");
+  try {
+    be->compile(attention_graph(Config{4, 2, 64, 16, {}}, true), {.weight_dtype = "bf16"});
+    ADD_FAILURE() << "compile accepted KILN_CUDA_FLASH_KERNEL=fast";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("KILN_CUDA_FLASH_KERNEL"), std::string::npos) << e.what();
+  }
+  unsetenv("KILN_CUDA_FLASH_KERNEL");
+}
+
+// The pipelined kernel's plan (host only, no GPU): every (row, head) item of every
+// sequence in exactly one 128-item CTA, the CTAs that read the most keys first; the older
+// kernel's plan keeps 64-item CTAs.
+TEST(CudaAttentionPlan, FlashPlanCoversEveryItemLongestFirst) {
+  const std::vector<AttnSeq> seqs = {{0, 300, 1000, 0}, {300, 37, 37, 0}, {337, 1, 500, 0}, {338, 1024, 1024, 0}};
+  const int64_t hq = 12, hkv = 4, group = 3;
+  for (bool causal : {true, false}) {
+    const AttentionPlan plan = attention_plan(seqs, hq, hkv, causal, 132, 0, 1);
+    ASSERT_TRUE(plan.flash);
+    EXPECT_EQ(plan.flash_items, kFlash2ItemsPerCta);
+    std::vector<std::vector<int>> seen(seqs.size());
+    for (size_t i = 0; i < seqs.size(); ++i) seen[i].assign(size_t(seqs[i].q_len * group), 0);
+    int64_t prev_keys = INT64_MAX;
+    for (const AttnWork& w : plan.work) {
+      const AttnSeq& s = seqs[size_t(w.seq)];
+      const int64_t n = int64_t(s.q_len) * group, last = std::min<int64_t>(n, w.item_begin + kFlash2ItemsPerCta) - 1;
+      EXPECT_EQ(w.kv_begin, 0);
+      EXPECT_EQ(w.kv_end, s.ctx_len);
+      EXPECT_EQ(w.partial, -1);
+      for (int64_t it = w.item_begin; it <= last; ++it) ++seen[size_t(w.seq)][size_t(it)];
+      const int64_t keys = causal ? s.ctx_len - s.q_len + last / group + 1 : s.ctx_len;
+      EXPECT_LE(keys, prev_keys) << "CTAs ordered by the keys they read";
+      prev_keys = keys;
+    }
+    for (const auto& v : seen)
+      for (int x : v) EXPECT_EQ(x, 1);
+    const AttentionPlan old = attention_plan(seqs, hq, hkv, causal, 132, 0, 1, true);
+    EXPECT_TRUE(old.flash);
+    EXPECT_EQ(old.flash_items, kFlashItemsPerCta);
+    EXPECT_EQ(old.work.size(), size_t(15 + 2 + 1 + 48));  // ceil(items / 64) per sequence
   }
 }
 

@@ -9,7 +9,15 @@
 // int8/fp8 caches).
 #include "backends/cuda/ops/attention_kernels.cuh"
 
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+
 namespace kiln::cuda {
+
+// attention_flash.cu: the pipelined tensor-core prefill kernel (plans of
+// kFlash2ItemsPerCta-item CTAs).
+void launch_attention_flash2(const AttentionArgs& a, cudaStream_t s);
 namespace {
 
 template <typename T>
@@ -94,28 +102,52 @@ bool attention_flash_supported(DType t, int64_t d) {
   return (t == DType::kBF16 || t == DType::kF16) && (d == 64 || d == 128);
 }
 
+bool attention_flash_old_from_env() {
+  const char* e = std::getenv("KILN_CUDA_FLASH_KERNEL");
+  if (!e || !*e || std::strcmp(e, "new") == 0) return false;
+  KILN_THROW_IF(std::strcmp(e, "old") != 0, kInvalidArgument, "KILN_CUDA_FLASH_KERNEL='", e,
+                "': expected 'old' (the 64-item tensor-core kernel), 'new' or unset (the pipelined one)");
+  return true;
+}
+
 AttentionPlan attention_plan(const std::vector<AttnSeq>& seqs, int64_t hq, int64_t hkv, bool causal,
-                             int num_sms, int64_t split_chunk, int flash) {
+                             int num_sms, int64_t split_chunk, int flash, bool flash_old) {
   const int64_t group = hq / hkv;
   AttentionPlan plan;
   if (flash != 0) {
-    // Automatic: when some sequence fills a flash CTA (a prefill chunk; BERT-base at one
+    // Automatic: when some sequence fills 64 items (a prefill chunk; BERT-base at one
     // sequence of 128 tokens: 24 CTAs, 0.57 vs 0.69 ms per forward with the tile kernel's
     // 96) or the CTAs fill the GPU.
+    const int64_t width = flash_old ? kFlashItemsPerCta : kFlash2ItemsPerCta;
     int64_t ctas = 0;
     bool full_cta = false;
     for (const AttnSeq& s : seqs) {
-      ctas += (int64_t(s.q_len) * group + kFlashItemsPerCta - 1) / kFlashItemsPerCta;
+      ctas += (int64_t(s.q_len) * group + width - 1) / width;
       full_cta = full_cta || int64_t(s.q_len) * group >= kFlashItemsPerCta;
     }
     if (flash > 0 || full_cta || ctas * hkv >= num_sms) {
       plan.flash = true;
+      plan.flash_items = int32_t(width);
       // Causal: a sequence's later rows see more keys; their CTAs go first.
+      std::vector<int64_t> keys;  // keys each CTA reads (pipelined kernel: the longest start first)
       for (size_t i = 0; i < seqs.size(); ++i) {
-        const int64_t tiles = (int64_t(seqs[i].q_len) * group + kFlashItemsPerCta - 1) / kFlashItemsPerCta;
-        for (int64_t t = tiles - 1; t >= 0; --t)
-          plan.work.push_back({int32_t(i), int32_t((causal ? t : tiles - 1 - t) * kFlashItemsPerCta), 0,
-                               seqs[i].ctx_len, -1});
+        const AttnSeq& s = seqs[i];
+        const int64_t n_items = int64_t(s.q_len) * group, tiles = (n_items + width - 1) / width;
+        for (int64_t t = tiles - 1; t >= 0; --t) {
+          const int64_t begin = (causal ? t : tiles - 1 - t) * width;
+          const int64_t last_row = (std::min(begin + width, n_items) - 1) / group;
+          plan.work.push_back({int32_t(i), int32_t(begin), 0, s.ctx_len, -1});
+          keys.push_back(causal ? s.ctx_len - s.q_len + last_row + 1 : s.ctx_len);
+        }
+      }
+      if (!flash_old) {
+        std::vector<size_t> order(plan.work.size());
+        std::iota(order.begin(), order.end(), size_t(0));
+        std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) { return keys[x] > keys[y]; });
+        std::vector<AttnWork> sorted;
+        sorted.reserve(order.size());
+        for (size_t i : order) sorted.push_back(plan.work[i]);
+        plan.work = std::move(sorted);
       }
       return plan;
     }
@@ -203,6 +235,16 @@ void launch_attention(const AttentionArgs& a, cudaStream_t s) {
   KILN_THROW_IF(a.num_partials > 0 && !a.workspace, kInternal, "cuda attention: split plan without workspace");
   if (a.kv_code != KvCode::kNone)
     KILN_THROW_IF(!a.k_scales || !a.v_scales, kInternal, "cuda attention: a quantized cache without scales");
+  if (a.flash) {
+    KILN_THROW_IF(!attention_flash_supported(a.dtype, a.d), kInternal, "cuda attention: a tensor-core plan for ",
+                  dtype_name(a.dtype), " head_dim ", a.d);
+    KILN_THROW_IF(a.flash_items != kFlashItemsPerCta && a.flash_items != kFlash2ItemsPerCta, kInternal,
+                  "cuda attention: a tensor-core plan of ", a.flash_items, "-item CTAs");
+    if (a.flash_items == kFlash2ItemsPerCta) {
+      launch_attention_flash2(a, s);
+      return;
+    }
+  }
   if (attention_gqa_decode_applies(a)) {
     launch_attention_gqa_decode(a, s);
     return;

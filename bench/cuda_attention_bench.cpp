@@ -1,0 +1,194 @@
+// Prefill attention alone on the GPU: the pipelined tensor-core kernel against the older
+// one (KILN_CUDA_FLASH_KERNEL=old) on Llama-3.1-8B's shape (32 q / 8 KV heads, head dim
+// 128, causal, one prompt of 512 / 2048 / 8192 tokens; at 2048 also with an fp8 cache),
+// Llama-3.2-1B's (32 / 8, head dim 64) and BERT-base's (12 heads, head dim 64, 32
+// sequences of 128 tokens, bidirectional, K/V read in place as the encoder path does).
+// Random bf16 inputs through a shuffled 16-token block table (one-token blocks for the
+// encoder); median of 20 repeats of 5 launches back to back (CUDA events). Before timing,
+// the two kernels' outputs are compared (max |new - old| and max |old|). TFLOP/s count
+// the attention FLOPs: 4 hq d per visible (query, key) pair, i.e. 2 hq d p(p+1) for a
+// causal prompt of p tokens. Ceiling: an 8192^3 bf16 cuBLASLt GEMM in the same run.
+//   cuda_attention_bench [8b|1b|bert ...]   (default: all)
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "backends/cuda/cuda_context.h"
+#include "backends/cuda/ops/attention.h"
+#include "backends/cuda/ops/convert.h"
+#include "backends/cuda/ops/gemm.h"
+#include "core/dtype.h"
+#include "core/status.h"
+#include "core/tensor.h"
+#include "cuda_bench_util.h"
+
+using namespace kiln;
+using namespace kiln::cuda;
+
+namespace {
+
+struct Case {
+  const char* name;
+  int64_t hq, hkv, d;
+  int32_t seqs, len;
+  bool causal;
+  KvCode code = KvCode::kNone;
+};
+
+std::vector<float> to_host_f32(const void* bf16, int64_t n) {
+  Tensor h(DType::kBF16, {n});
+  KILN_CUDA_CHECK(cudaMemcpy(h.data(), bf16, size_t(n) * 2, cudaMemcpyDeviceToHost));
+  const Tensor f = h.to(DType::kF32);
+  return std::vector<float>(f.data_as<float>(), f.data_as<float>() + n);
+}
+
+template <typename V>
+DeviceBuffer upload(const std::vector<V>& v) {
+  DeviceBuffer b(std::max<size_t>(v.size() * sizeof(V), 1));
+  KILN_CUDA_CHECK(cudaMemcpy(b.get(), v.data(), v.size() * sizeof(V), cudaMemcpyHostToDevice));
+  return b;
+}
+
+void run_case(const Case& c, int num_sms) {
+  const bool cache = c.causal;  // decoders read a paged cache; the encoder its K/V rows in place
+  const int64_t bs = cache ? 16 : 1, tokens = int64_t(c.seqs) * c.len;
+  const int64_t blocks = cache ? int64_t(c.seqs) * ((c.len + bs - 1) / bs) : tokens;
+  const int64_t kv_elems = blocks * bs * c.hkv * c.d, q_elems = tokens * c.hq * c.d;
+  const size_t kv_bytes = size_t(kv_elems) * (c.code == KvCode::kNone ? 2 : 1);
+  DeviceBuffer q(size_t(q_elems) * 2), k(kv_bytes), v(kv_bytes), out_new(size_t(q_elems) * 2),
+      out_old(size_t(q_elems) * 2);
+  DeviceBuffer k_scales, v_scales;
+  launch_fill_random(q.get(), DType::kBF16, q_elems, 1, nullptr);
+  std::mt19937_64 rng(7);
+  if (c.code == KvCode::kNone) {
+    launch_fill_random(k.get(), DType::kBF16, kv_elems, 2, nullptr);
+    launch_fill_random(v.get(), DType::kBF16, kv_elems, 3, nullptr);
+  } else {
+    // E4M3 codes (no NaN: 0x7f / 0xff excluded) with per (slot, head) scales near 1/224.
+    std::vector<uint8_t> codes(static_cast<size_t>(kv_elems));
+    for (uint8_t& x : codes) x = uint8_t((rng() & 0xff) % 0x7f) | uint8_t(rng() & 0x80);
+    k = upload(codes);
+    for (uint8_t& x : codes) x = uint8_t((rng() & 0xff) % 0x7f) | uint8_t(rng() & 0x80);
+    v = upload(codes);
+    std::uniform_real_distribution<float> u(0.5f / 224, 1.5f / 224);
+    std::vector<float> sc(size_t(blocks * bs * c.hkv));
+    for (float& x : sc) x = u(rng);
+    k_scales = upload(sc);
+    for (float& x : sc) x = u(rng);
+    v_scales = upload(sc);
+  }
+  std::vector<AttnSeq> seqs;
+  std::vector<int32_t> tables;
+  std::vector<int32_t> pool(size_t(cache ? blocks : 0));
+  std::iota(pool.begin(), pool.end(), 0);
+  std::shuffle(pool.begin(), pool.end(), rng);
+  for (int32_t s = 0; s < c.seqs; ++s) {
+    seqs.push_back({s * c.len, c.len, c.len, int32_t(tables.size())});
+    const int64_t n = cache ? (c.len + bs - 1) / bs : c.len;
+    for (int64_t i = 0; i < n; ++i)
+      tables.push_back(cache ? pool[size_t(s * n + i)] : int32_t(s * c.len + i));
+  }
+  DeviceBuffer dseqs = upload(seqs), dtables = upload(tables);
+
+  auto args_for = [&](bool old, DeviceBuffer& work, int32_t& num_work, void* out) {
+    const AttentionPlan plan = attention_plan(seqs, c.hq, c.hkv, c.causal, num_sms, 0, 1, old);
+    KILN_CHECK(plan.flash, "bench: no tensor-core plan");
+    work = upload(plan.work);
+    num_work = int32_t(plan.work.size());
+    AttentionArgs a;
+    a.dtype = DType::kBF16;
+    a.q = q.get();
+    a.k_cache = k.get();
+    a.v_cache = v.get();
+    a.kv_code = c.code;
+    a.k_scales = static_cast<const float*>(k_scales.get());
+    a.v_scales = static_cast<const float*>(v_scales.get());
+    a.max_q_len = c.len;
+    a.out = out;
+    a.block_size = bs;
+    a.hq = c.hq;
+    a.hkv = c.hkv;
+    a.d = c.d;
+    a.scale = float(1.0 / std::sqrt(double(c.d)));
+    a.causal = c.causal;
+    a.seqs = static_cast<const AttnSeq*>(dseqs.get());
+    a.block_tables = static_cast<const int32_t*>(dtables.get());
+    a.work = static_cast<const AttnWork*>(work.get());
+    a.num_work = num_work;
+    a.flash = true;
+    a.flash_items = plan.flash_items;
+    return a;
+  };
+  DeviceBuffer work_new, work_old;
+  int32_t n_new = 0, n_old = 0;
+  const AttentionArgs a_new = args_for(false, work_new, n_new, out_new.get());
+  const AttentionArgs a_old = args_for(true, work_old, n_old, out_old.get());
+  launch_attention(a_new, nullptr);
+  launch_attention(a_old, nullptr);
+  KILN_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<float> yn = to_host_f32(out_new.get(), q_elems),
+                           yo = to_host_f32(out_old.get(), q_elems);
+  double dmax = 0, ymax = 0;
+  bool finite = true;
+  for (size_t i = 0; i < yn.size(); ++i) {
+    finite = finite && std::isfinite(yn[i]);
+    dmax = std::max(dmax, double(std::fabs(yn[i] - yo[i])));
+    ymax = std::max(ymax, double(std::fabs(yo[i])));
+  }
+  const float t_new = bench::median_ms([&] { launch_attention(a_new, nullptr); }, 20, 5);
+  const float t_old = bench::median_ms([&] { launch_attention(a_old, nullptr); }, 20, 5);
+  const double pairs = c.causal ? double(c.len) * (c.len + 1) / 2 : double(c.len) * c.len;
+  const double flop = 4.0 * double(c.hq) * double(c.d) * pairs * c.seqs;
+  std::printf(
+      "| %s | %d x %d | %s | %.3f (%.0f) | %.3f (%.0f) | %.2fx | %d / %d | %.2e / %.2e%s |\n",
+      c.name, c.seqs, c.len, c.code == KvCode::kFp8 ? "fp8" : "bf16", t_new,
+      flop / (t_new * 1e-3) / 1e12, t_old, flop / (t_old * 1e-3) / 1e12, t_old / t_new,
+      n_new * int(c.hkv), n_old * int(c.hkv), dmax, ymax, finite ? "" : " NON-FINITE");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> which(argv + 1, argv + argc);
+  auto want = [&](const char* w) {
+    return which.empty() || std::find(which.begin(), which.end(), w) != which.end();
+  };
+  int dev = 0, num_sms = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&dev));
+  KILN_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, dev));
+  {
+    Gemm gemm;
+    const int64_t s = 8192;
+    DeviceBuffer a(size_t(s * s) * 2), b(size_t(s * s) * 2), c(size_t(s * s) * 2);
+    launch_fill_random(a.get(), DType::kBF16, s * s, 1, nullptr);
+    launch_fill_random(b.get(), DType::kBF16, s * s, 2, nullptr);
+    const float ms = bench::median_ms(
+        [&] { gemm.run(DType::kBF16, a.get(), b.get(), nullptr, c.get(), s, s, s, nullptr); }, 10,
+        3);
+    std::printf("cuBLASLt 8192^3 bf16: %.0f TFLOP/s (%d SMs)\n\n",
+                2.0 * double(s) * s * s / (ms * 1e-3) / 1e12, num_sms);
+  }
+  std::printf(
+      "| shape | seqs x tokens | cache | new ms (TFLOP/s) | old ms (TFLOP/s) | speed-up | CTAs new "
+      "/ old |"
+      " max|new - old| / max|old| |\n|---|---|---|---|---|---|---|---|\n");
+  std::vector<Case> cases;
+  if (want("8b"))
+    for (int32_t p : {512, 2048, 8192})
+      cases.push_back({"Llama-3.1-8B 32/8 d128 causal", 32, 8, 128, 1, p, true});
+  if (want("8b"))
+    cases.push_back({"Llama-3.1-8B 32/8 d128 causal", 32, 8, 128, 1, 2048, true, KvCode::kFp8});
+  if (want("1b"))
+    for (int32_t p : {512, 2048, 8192})
+      cases.push_back({"Llama-3.2-1B 32/8 d64 causal", 32, 8, 64, 1, p, true});
+  if (want("bert"))
+    cases.push_back({"BERT-base 12/12 d64 bidirectional", 12, 12, 64, 32, 128, false});
+  for (const Case& c : cases) run_case(c, num_sms);
+  return 0;
+}

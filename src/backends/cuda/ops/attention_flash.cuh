@@ -1,0 +1,371 @@
+// Internal to the CUDA backend's attention: the pipelined tensor-core prefill kernel
+// (FlashAttention-2 structure; attention.h's plan with flash_items = kFlash2ItemsPerCta),
+// templated on the activation type T (bf16/f16), the head dim D (64/128) and the cache's
+// codes Q. Included by attention_flash.cu (Q = kNone) and attention_flash_quant.cu (int8,
+// fp8). Tested against the CPU backend in tests/backends/cuda/attention_test.cpp (forced
+// on, and against the older kernel in bench/cuda_attention_bench.cpp).
+//
+// A CTA takes 128 (query row, head) items of one sequence and one KV head - the GQA heads
+// of a row share the KV head's tiles - as 8 warps x 16 items, the M of one m16n8k16 MMA.
+// Q is staged once in shared memory (ldmatrix A fragments per 16-dim slice; keeping it in
+// registers would cost the 32 that let two CTAs share an SM). 64-key tiles of K and V
+// are double-buffered: tile i+1 is requested (cp.async) right after the barrier that
+// opens tile i, so its latency hides behind tile i's MMAs and the other CTA's warps; the
+// block table is read once per key, a tile further ahead (slots staged in shared memory),
+// so the copies never wait on it. S = Q K^T (ldmatrix for
+// K's B fragments), the online softmax in the log2 domain in registers (row max and sum
+// across the quad of lanes sharing a row), P (the S accumulators rounded to 16 bits,
+// reused as A fragments) times V (ldmatrix.trans). Causal: a warp skips the tiles none of
+// its items sees and masks only tiles that cross the diagonal of one of its items.
+// Quantized caches are decoded to T while staging the next tile (synchronous loads).
+// Rows are D + 8 elements apart in shared memory: the eight 16-byte rows an ldmatrix
+// reads fall in distinct bank groups.
+#pragma once
+
+#include <atomic>
+
+#include "backends/cuda/ops/attention_kernels.cuh"
+
+namespace kiln::cuda {
+namespace {
+
+constexpr int kF2Warps = kFlash2ItemsPerCta / 16, kF2Threads = kF2Warps * 32, kF2Keys = 64;
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void* smem) {
+  const unsigned a = unsigned(__cvta_generic_to_shared(smem));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(a));
+}
+
+// The pool slot of context position p: block sizes that are powers of two (all of the
+// runtime's) take a shift and a mask instead of an integer division.
+__device__ __forceinline__ int64_t f2_slot(const int32_t* bt, int bs, int bs_shift, int p) {
+  const int b = bs_shift >= 0 ? p >> bs_shift : p / bs;
+  return int64_t(bt[b]) * bs + (p - b * bs);
+}
+
+template <int D, typename T>
+constexpr size_t flash2_smem_bytes() {
+  return size_t(kFlash2ItemsPerCta + 4 * kF2Keys) * size_t(D + 8) * sizeof(T);
+}
+
+// Two CTAs (16 warps) per SM: at most 128 registers a thread.
+template <typename T, int D, KvCode Q>
+__global__ void __launch_bounds__(kF2Threads, 2)
+    flash2_attention_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restrict__ k_cache,
+                            const KvElem<T, Q>* __restrict__ v_cache,
+                            const float* __restrict__ k_scales, const float* __restrict__ v_scales,
+                            T* __restrict__ out, int block_size, int bs_shift, int hq, int hkv,
+                            int64_t q_stride, int64_t kv_row, float scale_log2, bool causal,
+                            const AttnSeq* __restrict__ seqs,
+                            const int32_t* __restrict__ block_tables,
+                            const AttnWork* __restrict__ works) {
+  pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
+  static_assert(D == 64 || D == 128);
+  // SK: keys per softmax step (a 32-key S for D = 128 leaves the registers for two CTAs per SM).
+  constexpr int LD = D + 8, KC = D / 16, SK = D == 128 ? 32 : 64, NT = SK / 8, DT = D / 8,
+                CPR = D / 8;
+  constexpr int KSTEP = kF2Threads / CPR, KPT = kF2Keys / KSTEP;  // keys per pass, passes per tile
+  static_assert(kF2Threads % CPR == 0 && kF2Keys % KSTEP == 0);
+  extern __shared__ __align__(16) unsigned char f2_smem[];
+  T* qs = reinterpret_cast<T*>(f2_smem);   // [128][LD]
+  T* kbuf = qs + kFlash2ItemsPerCta * LD;  // [2][64][LD]
+  T* vbuf = kbuf + 2 * kF2Keys * LD;       // [2][64][LD]
+
+  // Work-major order: the plan lists the longest CTAs first, and all KV heads of one
+  // work item start together.
+  const AttnWork w = works[blockIdx.x / unsigned(hkv)];
+  const int kvh = int(blockIdx.x % unsigned(hkv));
+  const AttnSeq sq = seqs[w.seq];
+  const int group = hq / hkv, n_items = sq.q_len * group;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
+  const int ctx0 = sq.ctx_len - sq.q_len;  // position of the sequence's first new token
+  const int32_t* bt = block_tables + sq.bt_offset;
+  // Keys [kv_begin, lim) are visible to an item (non-decreasing in the item).
+  auto item_lim = [&](int item) {
+    return min(causal ? ctx0 + item / group + 1 : sq.ctx_len, w.kv_end);
+  };
+
+  for (int e = threadIdx.x; e < kFlash2ItemsPerCta * CPR; e += kF2Threads) {
+    const int li = e / CPR, c = (e % CPR) * 8, item = w.item_begin + li;
+    const bool valid = item < n_items;
+    const T* src = valid ? q + int64_t(sq.q_start + item / group) * q_stride +
+                               int64_t(kvh * group + item % group) * D + c
+                         : q;
+    cp_async16(qs + li * LD + c, src, valid);
+  }
+  const int last = min(n_items, w.item_begin + kFlash2ItemsPerCta) - 1;
+  // The CTA reads keys [kv_begin, hi).
+  const int hi = last >= w.item_begin ? item_lim(last) : w.kv_begin;
+  const int first_w = w.item_begin + warp * 16;
+  const bool warp_on = first_w < n_items;
+  const int w_lo = warp_on ? item_lim(first_w) : 0;  // seen by all the warp's items
+  const int w_hi = warp_on ? item_lim(min(first_w + 15, n_items - 1)) : 0;  // seen by some
+  int lim[2];  // this thread's rows g and g + 8 (the MMA row layout)
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+    lim[h] = first_w + g + 8 * h < n_items ? item_lim(first_w + g + 8 * h) : 0;
+
+  // The pool slot of each key of a tile (-1 past hi), looked up one tile ahead of its
+  // copies: the block-table read is issued before a tile's MMAs and stored after them, so
+  // no warp waits on it. (Slots fit int32: a pool of 2^31 tokens would not fit a GPU.)
+  __shared__ int32_t slot_buf[2][kF2Keys];
+  auto key_slot = [&](int p) {
+    return p < hi ? int32_t(f2_slot(bt, block_size, bs_shift, p)) : -1;
+  };
+
+  // Tile `tile`'s K and V into buffer `stage`, through slot_buf[tile & 1]; keys past hi
+  // are zeros (finite V: P is 0 there).
+  auto load_tile = [&](int stage, int tile) {
+    T* kd = kbuf + stage * kF2Keys * LD;
+    T* vd = vbuf + stage * kF2Keys * LD;
+    const int32_t* slots = slot_buf[tile & 1];
+    const int c = (threadIdx.x % CPR) * 8, j0 = threadIdx.x / CPR;
+    if constexpr (Q == KvCode::kNone) {
+#pragma unroll
+      for (int i = 0; i < KPT; ++i) {
+        const int j = j0 + i * KSTEP, slot = slots[j];
+        const int64_t off = slot >= 0 ? int64_t(slot) * kv_row + int64_t(kvh) * D + c : 0;
+        cp_async16(kd + j * LD + c, k_cache + off, slot >= 0);
+        cp_async16(vd + j * LD + c, v_cache + off, slot >= 0);
+      }
+    } else {
+      // Eight codes of one key per thread and pass, two passes at a time: their loads are
+      // issued before either decodes (more would spill: the O accumulators are live).
+      constexpr int G = KPT < 2 ? KPT : 2;
+#pragma unroll
+      for (int i0 = 0; i0 < KPT; i0 += G) {
+        uint2 kr[G], vr[G];
+        float ksc[G], vsc[G];
+#pragma unroll
+        for (int i = 0; i < G; ++i) {
+          const int32_t slot = slots[j0 + (i0 + i) * KSTEP];
+          kr[i] = vr[i] = make_uint2(0, 0);
+          ksc[i] = vsc[i] = 0.0f;
+          if (slot >= 0) {
+            const int64_t off = int64_t(slot) * kv_row + int64_t(kvh) * D + c;
+            kr[i] = *reinterpret_cast<const uint2*>(k_cache + off);
+            vr[i] = *reinterpret_cast<const uint2*>(v_cache + off);
+            ksc[i] = k_scales[int64_t(slot) * hkv + kvh] * kv_code_unit<Q>();
+            vsc[i] = v_scales[int64_t(slot) * hkv + kvh] * kv_code_unit<Q>();
+          }
+        }
+#pragma unroll
+        for (int i = 0; i < G; ++i) {
+          const int j = j0 + (i0 + i) * KSTEP;
+          float f[8];
+          kv_decode4<Q>(kr[i].x, f);
+          kv_decode4<Q>(kr[i].y, f + 4);
+          *reinterpret_cast<uint4*>(kd + j * LD + c) = make_uint4(
+              pack2<T>(f[0] * ksc[i], f[1] * ksc[i]), pack2<T>(f[2] * ksc[i], f[3] * ksc[i]),
+              pack2<T>(f[4] * ksc[i], f[5] * ksc[i]), pack2<T>(f[6] * ksc[i], f[7] * ksc[i]));
+          kv_decode4<Q>(vr[i].x, f);
+          kv_decode4<Q>(vr[i].y, f + 4);
+          *reinterpret_cast<uint4*>(vd + j * LD + c) = make_uint4(
+              pack2<T>(f[0] * vsc[i], f[1] * vsc[i]), pack2<T>(f[2] * vsc[i], f[3] * vsc[i]),
+              pack2<T>(f[4] * vsc[i], f[5] * vsc[i]), pack2<T>(f[6] * vsc[i], f[7] * vsc[i]));
+        }
+      }
+    }
+  };
+
+  float o[DT][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+#pragma unroll
+  for (int i = 0; i < DT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+  // Tile t0 (in buffer `stage`) folded into the warp's 16 items: S = Q K^T, the online
+  // softmax, O += P V, SK keys at a time.
+  auto flash2_tile = [&](int t0, int stage) {
+    const T* kt = kbuf + stage * kF2Keys * LD;
+    const T* vt = vbuf + stage * kF2Keys * LD;
+#pragma unroll
+    for (int jb = 0; jb < kF2Keys; jb += SK) {
+      const int k0 = t0 + jb;
+      if (k0 >= w_hi) break;  // uniform across the warp
+      float s[NT][4];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+#pragma unroll
+      for (int kc = 0; kc < KC; ++kc) {
+        uint32_t qa[4];
+        ldmatrix_x4(qa, qs + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + kc * 16 +
+                            (lane >> 4) * 8);
+#pragma unroll
+        for (int np = 0; np < NT / 2; ++np) {
+          uint32_t kb[4];  // B fragments of key groups 2np and 2np + 1
+          ldmatrix_x4(kb, kt + (jb + np * 16 + (lane >> 4) * 8 + (lane & 7)) * LD + kc * 16 +
+                              ((lane >> 3) & 1) * 8);
+          mma16816<T>(s[2 * np], qa, kb[0], kb[1]);
+          mma16816<T>(s[2 * np + 1], qa, kb[2], kb[3]);
+        }
+      }
+
+      // Online softmax; keys visible to all the warp's items skip the mask.
+      auto fold = [&](auto masked) {
+        float corr[2];
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          float mx = -INFINITY;
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float& v = s[nt][2 * h + e];
+              if constexpr (decltype(masked)::value)
+                v = k0 + nt * 8 + 2 * t + e < lim[h] ? v * scale_log2 : -INFINITY;
+              else
+                v *= scale_log2;
+              mx = fmaxf(mx, v);
+            }
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+          const float m_new = fmaxf(m[h], mx);
+          // No visible key yet: all weights 0.
+          const float base = m_new == -INFINITY ? 0.0f : m_new;
+          corr[h] = exp2f(m[h] - base);
+          float sum = 0.0f;
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+              float& v = s[nt][2 * h + e];
+              v = exp2f(v - base);
+              sum += v;
+            }
+          l[h] = l[h] * corr[h] + sum;  // this lane's share; the quad's shares add up at the end
+          m[h] = m_new;
+        }
+        // Once the row maxima settle, most steps leave every row's scale at 1.
+        if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) {
+#pragma unroll
+          for (int i = 0; i < DT; ++i) {
+            o[i][0] *= corr[0];
+            o[i][1] *= corr[0];
+            o[i][2] *= corr[1];
+            o[i][3] *= corr[1];
+          }
+        }
+      };
+      if (k0 + SK <= w_lo)
+        fold(std::false_type{});
+      else
+        fold(std::true_type{});
+
+#pragma unroll
+      for (int kk = 0; kk < SK / 16; ++kk) {
+        const uint32_t a[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]),
+                               pack2<T>(s[2 * kk][2], s[2 * kk][3]),
+                               pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                               pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+        for (int d2 = 0; d2 < D / 16; ++d2) {
+          uint32_t b[4];
+          ldmatrix_x4_trans(b, vt + (jb + kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD +
+                                   d2 * 16 + (lane >> 4) * 8);
+          mma16816<T>(o[2 * d2], a, b[0], b[1]);
+          mma16816<T>(o[2 * d2 + 1], a, b[2], b[3]);
+        }
+      }
+    }
+  };
+
+  const int n_tiles = hi > w.kv_begin ? (hi - w.kv_begin + kF2Keys - 1) / kF2Keys : 0;
+  if (threadIdx.x < kF2Keys) {
+    slot_buf[0][threadIdx.x] = key_slot(w.kv_begin + int(threadIdx.x));
+    slot_buf[1][threadIdx.x] = key_slot(w.kv_begin + kF2Keys + int(threadIdx.x));
+  }
+  __syncthreads();
+  if (n_tiles > 0) load_tile(0, 0);
+  cp_async_commit();  // Q and tile 0
+
+  for (int it = 0; it < n_tiles; ++it) {
+    const int t0 = w.kv_begin + it * kF2Keys, stage = it & 1;
+    cp_async_wait<0>();
+    // Tile it (and Q) is visible to every warp, and every warp is done with tile it - 1,
+    // whose buffers (K/V stage ^ 1, slot_buf[it & 1]) are now overwritten.
+    __syncthreads();
+    if (it + 1 < n_tiles) load_tile(stage ^ 1, it + 1);
+    cp_async_commit();
+    const int32_t next_slot =
+        threadIdx.x < kF2Keys ? key_slot(t0 + 2 * kF2Keys + int(threadIdx.x)) : 0;
+    if (warp_on && t0 < w_hi)  // uniform across the warp: else none of its items sees these keys
+      flash2_tile(t0, stage);
+    if (threadIdx.x < kF2Keys) slot_buf[it & 1][threadIdx.x] = next_slot;  // tile it + 2's
+  }
+  cp_async_wait<0>();  // nothing in flight when the CTA exits (an empty range still staged Q)
+
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    float den = l[h];
+    den += __shfl_xor_sync(0xffffffffu, den, 1);
+    den += __shfl_xor_sync(0xffffffffu, den, 2);
+    const int item = first_w + g + 8 * h;
+    if (item >= n_items) continue;
+    const int64_t row = sq.q_start + item / group, head = kvh * group + item % group;
+    T* op = out + (row * hq + head) * D + 2 * t;
+    const float inv = den > 0.0f ? 1.0f / den : 0.0f;
+#pragma unroll
+    for (int i = 0; i < DT; ++i)
+      *reinterpret_cast<uint32_t*>(op + i * 8) = pack2<T>(o[i][2 * h] * inv, o[i][2 * h + 1] * inv);
+  }
+}
+
+// Launches the plan (flash_items = kFlash2ItemsPerCta) for activations T, head dim D and
+// cache codes Q: one CTA per (work item, KV head), work-major.
+template <typename T, int D, KvCode Q>
+void launch_flash2_typed(const AttentionArgs& a, cudaStream_t s) {
+  constexpr size_t smem = flash2_smem_bytes<D, T>();
+  auto* kernel = flash2_attention_kernel<T, D, Q>;
+  // Over 48 KiB of dynamic shared memory needs the opt-in, once per device.
+  constexpr int kMaxDevices = 64;
+  static std::atomic<bool> opted[kMaxDevices];
+  int dev = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&dev));
+  KILN_CHECK(dev >= 0 && dev < kMaxDevices, "cuda flash attention: device ", dev, " out of range");
+  if (!opted[dev].load()) {
+    KILN_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
+    opted[dev].store(true);
+  }
+  const int bs = int(a.block_size);
+  const int bs_shift = bs > 0 && (bs & (bs - 1)) == 0 ? __builtin_ctz(unsigned(bs)) : -1;
+  const int64_t qs = a.q_stride ? a.q_stride : a.hq * D,
+                kvs = a.kv_stride ? a.kv_stride : a.hkv * D;
+  launch_k(kernel, dim3(unsigned(int64_t(a.num_work) * a.hkv)), dim3(kF2Threads), smem, s,
+           static_cast<const T*>(a.q), static_cast<const KvElem<T, Q>*>(a.k_cache),
+           static_cast<const KvElem<T, Q>*>(a.v_cache), a.k_scales, a.v_scales,
+           static_cast<T*>(a.out), bs, bs_shift, int(a.hq), int(a.hkv), qs, kvs,
+           a.scale * 1.4426950408889634f, a.causal, a.seqs, a.block_tables, a.work);
+  KILN_CUDA_CHECK_LAUNCH();
+}
+
+// launch_flash2_typed for bf16 / f16 and head dims 64 / 128, with cache codes Q.
+template <KvCode Q>
+void launch_flash2_codes(const AttentionArgs& a, cudaStream_t s) {
+  KILN_THROW_IF(a.d != 64 && a.d != 128, kInternal, "cuda flash attention: head_dim ", a.d,
+                " (64 or 128)");
+  switch (a.dtype) {
+    case DType::kBF16:
+      if (a.d == 64)
+        launch_flash2_typed<__nv_bfloat16, 64, Q>(a, s);
+      else
+        launch_flash2_typed<__nv_bfloat16, 128, Q>(a, s);
+      break;
+    case DType::kF16:
+      if (a.d == 64)
+        launch_flash2_typed<__half, 64, Q>(a, s);
+      else
+        launch_flash2_typed<__half, 128, Q>(a, s);
+      break;
+    default:
+      throw_error(ErrorCode::kInternal, "cuda flash attention: dtype ", dtype_name(a.dtype),
+                  " (bf16 or f16)");
+  }
+}
+
+}  // namespace
+
+// attention_flash_quant.cu: launch_attention_flash2 for int8 / fp8 caches.
+void launch_attention_flash2_quantized(const AttentionArgs& a, cudaStream_t s);
+
+}  // namespace kiln::cuda
