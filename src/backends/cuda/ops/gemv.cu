@@ -4,9 +4,12 @@
 // 16-byte chunks j, j+32, ... of the weight row, kUnroll of them issued before any is
 // used so enough bytes are in flight to cover DRAM latency; x (tiny, shared by every
 // warp) comes through the read-only cache. Weights are loaded with the streaming hint
-// (evict-first) so they do not push x and the KV cache out of L2. With a norm prologue
-// (GemvFusion) x is instead normalized by each block into shared memory first: the rows
-// are at most kGemvMaxRows x a hidden size, an L2-resident read per block.
+// (evict-first) so they do not push x and the KV cache out of L2. The first kUnroll chunks
+// are requested before pdl_wait(): weights are never written by a kernel, so in a decode
+// step they stream in while the previous kernel finishes (GemvKind::kPrefetch, in
+// gemv_prefetch.cu, requests a whole ring of weights before the wait). With a norm
+// prologue (GemvFusion) x is instead normalized by each block into shared memory first:
+// the rows are at most kGemvMaxRows x a hidden size, an L2-resident read per block.
 #include <cuda_fp8.h>
 
 #include "backends/cuda/common.cuh"
@@ -281,7 +284,7 @@ void launch_gemv(DType dtype, const void* x, const void* w, const void* bias, vo
   KILN_THROW_IF(fusion.norm != GemvNorm::kNone && (!gemv_norm_supports(dtype, m, k) || !fusion.gamma), kInternal,
                 "cuda gemv: no norm prologue for ", dtype_name(dtype), " m=", m, " k=", k);
   if (n == 0) return;
-  if (kind == GemvKind::kPrefetch && gemv_prefetch_available()) {
+  if (kind == GemvKind::kPrefetch && k > 0 && gemv_prefetch_available()) {
     KILN_THROW_IF(n >= (int64_t(1) << 30), kInternal, "cuda gemv: n=", n);
     launch_gemv_prefetch(dtype, x, w, bias, y, m, n, k, s, epi, fusion);
     return;

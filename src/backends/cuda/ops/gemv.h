@@ -44,7 +44,7 @@ struct GemvFusion {
 // must fit, so that enough blocks stay resident per SM to keep the weight stream going.
 constexpr int64_t kGemvNormSmemBytes = int64_t(32) << 10;
 
-// Which weight-streaming kernel launch_gemv runs (KILN_CUDA_GEMV, gemv_kind_from_env):
+// Which weight-streaming kernel launch_gemv runs (KILN_CUDA_GEMV, gemv_choice_from_env):
 // - kStream: a warp (or S warps) per output feature over a grid of n*S/4 small CTAs; each
 //   warp requests its first weight chunks before waiting on the previous kernel.
 // - kPrefetch (Hopper, sm_90+; elsewhere kStream runs): one CTA per SM, each owning a
