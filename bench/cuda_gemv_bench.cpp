@@ -18,15 +18,30 @@
 // Llama-3.2-1B and Llama-3.1-8B Linears at 16, 64 and 128 token rows, bf16, same table
 // columns plus the split-K factor, each output checked against cuBLASLt's; then the
 // skinny time at every forced split-K factor (to tune skinny_split_for).
+// "chain" mode: the decode step's layer sequence for a model shape (GPT-2 small, TinyLlama
+// 1.1B, Llama-3.2-1B, Llama-3.1-8B) captured as one CUDA graph with programmatic dependent
+// launch, as the backend's decode steps are: per layer the qkv GEMV with the norm prologue,
+// a latency-bound kernel standing in for the decode attention (an RMSNorm of the q row:
+// one CTA that, like the attention, triggers its dependents at its start in a decode
+// step), the o GEMV adding the residual, the gate|up GEMV with the norm prologue and
+// SwiGLU (GPT-2: fc with LayerNorm prologue, bias and GELU-tanh), the down GEMV adding
+// the residual - and the same with the default graph's AddNorm kernels in front of the
+// qkv and gate|up GEMVs instead of the prologues and residual epilogues; every layer with its own weights (nothing stays in L2), times the layer
+// count, no LM head. Printed per kernel variant (stream without PDL, stream, prefetch at
+// several ring sizes): the median time of a step (graph launches back to back) and the
+// weight bytes per second against the device-to-device copy. Before timing, each
+// variant's final residual stream is compared with stream's (same inputs).
 //   cuda_gemv_bench [shape filter, e.g. 8B]     both tables
 //   cuda_gemv_bench skinny [shape filter]       the skinny table only
 //   cuda_gemv_bench qgemv [shape filter]        the quantized kernels (old / mma / dp4a) only
 //                                               (cuda_qgemv_table.cpp)
+//   cuda_gemv_bench chain [shape filter]        the decode-chain table only
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 #include <vector>
@@ -140,14 +155,205 @@ void skinny_table(const char* filter, double copy_gbs) {
   for (auto& c : sweeps) std::printf("  %s\n", c.c_str());
 }
 
+// One decode layer's shape (see the file comment).
+struct ChainShape {
+  const char* what;
+  int layers;
+  int64_t d, qkv, ff;  // hidden size, q|k|v width, MLP width (per half for SwiGLU)
+  bool gpt2;           // LayerNorm + bias + GELU-tanh fc; else RMSNorm + SwiGLU, no bias
+};
+
+struct ChainLayer {
+  DeviceBuffer qkv_w, qkv_b, o_w, o_b, up_w, up_b, down_w, down_b, g1, b1, g2, b2;
+};
+
+void chain_table(const char* filter, double copy_gbs) {
+  std::printf("\ndecode chain (bf16, 1 token row; CUDA graph of the layers; weight GB/s = weight bytes per step / "
+              "step time; norms: AddNorm kernels as in the default graph, or inside the GEMVs as with KILN_CUDA_PRENORM=1)"
+              "\n\n| shape | layers | norms | kernel | PDL | ring KB | us per step (min..max) | us per layer | weight MB | "
+              "weight GB/s | %% of copy | max|y - stream| / max|stream| |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+  const ChainShape shapes[] = {
+      {"GPT-2 small", 12, 768, 3 * 768, 3072, true},
+      {"TinyLlama 1.1B", 22, 2048, 2048 + 2 * 256, 5632, false},
+      {"Llama-3.2-1B", 16, 2048, 2048 + 2 * 512, 8192, false},
+      {"Llama-3.1-8B", 32, 4096, 4096 + 2 * 1024, 14336, false},
+  };
+  const DType bf = DType::kBF16;
+  for (const ChainShape& c : shapes) {
+    if (!std::strstr(c.what, filter)) continue;
+    const int64_t up_rows = c.gpt2 ? c.ff : 2 * c.ff;
+    const GemvEpilogue up_epi = c.gpt2 ? GemvEpilogue::kGeluTanh : GemvEpilogue::kSwiGlu;
+    std::vector<ChainLayer> L(size_t(c.layers));
+    uint64_t seed = 100;
+    // Random values in [-1, 1) times `scale` (a one-element factor broadcast by launch_binary).
+    auto fill = [&](DeviceBuffer& b, DType t, int64_t n, float scale) {
+      b = DeviceBuffer(size_t(n) * dtype_size(t));
+      launch_fill_random(b.get(), t, n, uint32_t(seed++), nullptr);
+      if (scale == 1.0f) return;
+      DeviceBuffer f(4);
+      const uint16_t fb = f32_to_bf16(scale);
+      if (t == DType::kF32) KILN_CUDA_CHECK(cudaMemcpy(f.get(), &scale, 4, cudaMemcpyHostToDevice));
+      else KILN_CUDA_CHECK(cudaMemcpy(f.get(), &fb, 2, cudaMemcpyHostToDevice));
+      launch_binary(BinaryOp::kMul, t, b.get(), f.get(), n, 1, b.get(), nullptr);
+      KILN_CUDA_CHECK(cudaDeviceSynchronize());  // f is freed on return
+    };
+    size_t wbytes = 0;
+    for (ChainLayer& l : L) {
+      // Weights scaled so that the residual stream stays of order 1 over the layers.
+      fill(l.qkv_w, bf, c.qkv * c.d, 1.0f / std::sqrt(float(c.d)));
+      fill(l.o_w, bf, c.d * c.d, 0.5f / std::sqrt(float(c.d)));
+      fill(l.up_w, bf, up_rows * c.d, 1.0f / std::sqrt(float(c.d)));
+      fill(l.down_w, bf, c.d * c.ff, 0.5f / std::sqrt(float(c.ff)));
+      fill(l.g1, DType::kF32, c.d, 1.0f);
+      fill(l.g2, DType::kF32, c.d, 1.0f);
+      if (c.gpt2) {
+        fill(l.qkv_b, bf, c.qkv, 0.1f);
+        fill(l.o_b, bf, c.d, 0.1f);
+        fill(l.up_b, bf, up_rows, 0.1f);
+        fill(l.down_b, bf, c.d, 0.1f);
+        fill(l.b1, DType::kF32, c.d, 0.1f);
+        fill(l.b2, DType::kF32, c.d, 0.1f);
+      }
+      wbytes += size_t(c.qkv * c.d + c.d * c.d + up_rows * c.d + c.d * c.ff) * 2;
+    }
+    DeviceBuffer h0, h(size_t(c.d) * 2), qkv(size_t(c.qkv) * 2), attn(size_t(c.d) * 2), act(size_t(c.ff) * 2),
+        gq;
+    fill(h0, bf, c.d, 1.0f);
+    fill(gq, DType::kF32, c.d, 1.0f);
+    KILN_CUDA_CHECK(cudaDeviceSynchronize());  // the weights exist before any step, as in the backend
+    cudaStream_t s;
+    KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+    // prenorm: the norms inside the GEMVs (pass fuse_norm_linear, KILN_CUDA_PRENORM=1);
+    // else the default graph's AddNorm kernels (the residual sums ping-pong between hs[0]
+    // and hs[1]: a sum never aliases its inputs).
+    DeviceBuffer hs[2] = {DeviceBuffer(size_t(c.d) * 2), DeviceBuffer(size_t(c.d) * 2)}, xn(size_t(c.d) * 2),
+                 lin(size_t(c.d) * 2);
+    auto enqueue = [&](GemvKind kind, bool prenorm) {
+      const GemvNorm nk = c.gpt2 ? GemvNorm::kLayer : GemvNorm::kRms;
+      const GemvFusion none{}, fold{GemvNorm::kNone, nullptr, nullptr, 0.0f, h.get()};
+      auto add_norm = [&](const void* x, const void* res, void* sum, const float* g, const float* b) {
+        if (c.gpt2) launch_add_layer_norm(bf, x, res, g, b, 1e-5f, 1, c.d, sum, xn.get(), s);
+        else launch_add_rms_norm(bf, x, res, g, 1e-5f, 1, c.d, sum, xn.get(), s);
+      };
+      if (prenorm) {
+        KILN_CUDA_CHECK(cudaMemcpyAsync(h.get(), h0.get(), size_t(c.d) * 2, cudaMemcpyDeviceToDevice, s));
+      } else {  // layer 0 adds h0 to zeros
+        KILN_CUDA_CHECK(cudaMemcpyAsync(lin.get(), h0.get(), size_t(c.d) * 2, cudaMemcpyDeviceToDevice, s));
+        KILN_CUDA_CHECK(cudaMemsetAsync(hs[0].get(), 0, size_t(c.d) * 2, s));
+      }
+      for (const ChainLayer& l : L) {
+        auto* g1 = static_cast<const float*>(l.g1.get());
+        auto* g2 = static_cast<const float*>(l.g2.get());
+        auto* b1 = static_cast<const float*>(l.b1.get());
+        auto* b2 = static_cast<const float*>(l.b2.get());
+        if (prenorm) {
+          launch_gemv(bf, h.get(), l.qkv_w.get(), l.qkv_b.get(), qkv.get(), 1, c.qkv, c.d, s, GemvEpilogue::kNone,
+                      GemvFusion{nk, g1, b1, 1e-5f, nullptr}, kind);
+          launch_rms_norm(bf, qkv.get(), static_cast<const float*>(gq.get()), 1e-5f, 1, c.d, attn.get(), s);
+          launch_gemv(bf, attn.get(), l.o_w.get(), l.o_b.get(), h.get(), 1, c.d, c.d, s, GemvEpilogue::kNone, fold,
+                      kind);
+          launch_gemv(bf, h.get(), l.up_w.get(), l.up_b.get(), act.get(), 1, c.ff, c.d, s, up_epi,
+                      GemvFusion{nk, g2, b2, 1e-5f, nullptr}, kind);
+          launch_gemv(bf, act.get(), l.down_w.get(), l.down_b.get(), h.get(), 1, c.d, c.ff, s, GemvEpilogue::kNone,
+                      fold, kind);
+        } else {
+          add_norm(lin.get(), hs[0].get(), hs[1].get(), g1, b1);
+          launch_gemv(bf, xn.get(), l.qkv_w.get(), l.qkv_b.get(), qkv.get(), 1, c.qkv, c.d, s, GemvEpilogue::kNone,
+                      none, kind);
+          launch_rms_norm(bf, qkv.get(), static_cast<const float*>(gq.get()), 1e-5f, 1, c.d, attn.get(), s);
+          launch_gemv(bf, attn.get(), l.o_w.get(), l.o_b.get(), lin.get(), 1, c.d, c.d, s, GemvEpilogue::kNone, none,
+                      kind);
+          add_norm(lin.get(), hs[1].get(), hs[0].get(), g2, b2);
+          launch_gemv(bf, xn.get(), l.up_w.get(), l.up_b.get(), act.get(), 1, c.ff, c.d, s, up_epi, none, kind);
+          launch_gemv(bf, act.get(), l.down_w.get(), l.down_b.get(), lin.get(), 1, c.d, c.ff, s, GemvEpilogue::kNone,
+                      none, kind);
+        }
+      }
+      if (!prenorm)  // the stream the check compares: h = last down + residual
+        launch_binary(BinaryOp::kAdd, bf, lin.get(), hs[0].get(), c.d, c.d, h.get(), s);
+    };
+    struct Variant {
+      bool prenorm;
+      GemvKind kind;
+      bool pdl;
+      int ring_kb;
+    };
+    std::vector<Variant> variants;
+    for (bool prenorm : {false, true}) {
+      variants.push_back({prenorm, GemvKind::kStream, false, 0});
+      variants.push_back({prenorm, GemvKind::kStream, true, 0});
+      if (gemv_prefetch_available())
+        for (int kb : {32, 64, 96, 128}) variants.push_back({prenorm, GemvKind::kPrefetch, true, kb});
+    }
+    std::vector<uint16_t> ref(size_t(c.d)), got(size_t(c.d));
+    for (const Variant& v : variants) {
+      if (v.ring_kb) setenv("KILN_CUDA_GEMV_RING_KB", str_cat(v.ring_kb).c_str(), 1);
+      set_pdl_allowed(v.pdl);
+      enqueue(v.kind, v.prenorm);  // eager first: kernel attributes are set outside the capture
+      KILN_CUDA_CHECK(cudaStreamSynchronize(s));
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      KILN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+      enqueue(v.kind, v.prenorm);
+      KILN_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+      set_pdl_allowed(false);
+      unsetenv("KILN_CUDA_GEMV_RING_KB");
+      KILN_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      KILN_CUDA_CHECK(cudaGraphLaunch(exec, s));
+      KILN_CUDA_CHECK(cudaMemcpyAsync(got.data(), h.get(), got.size() * 2, cudaMemcpyDeviceToHost, s));
+      KILN_CUDA_CHECK(cudaStreamSynchronize(s));
+      if (v.kind == GemvKind::kStream && !v.pdl) ref = got;  // the first of each layer form
+      double err = 0, mx = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        const float a = bf16_to_f32(got[i]), b = bf16_to_f32(ref[i]);
+        err = std::isnan(a) || std::isnan(b) ? INFINITY : std::max(err, double(std::fabs(a - b)));
+        mx = std::max(mx, double(std::fabs(b)));
+      }
+      // Step time: graph launches back to back on the stream, between events.
+      cudaEvent_t e0, e1;
+      KILN_CUDA_CHECK(cudaEventCreate(&e0));
+      KILN_CUDA_CHECK(cudaEventCreate(&e1));
+      std::vector<float> t;
+      constexpr int kBatch = 10;
+      for (int rep = 0; rep < 30; ++rep) {
+        KILN_CUDA_CHECK(cudaEventRecord(e0, s));
+        for (int i = 0; i < kBatch; ++i) KILN_CUDA_CHECK(cudaGraphLaunch(exec, s));
+        KILN_CUDA_CHECK(cudaEventRecord(e1, s));
+        KILN_CUDA_CHECK(cudaEventSynchronize(e1));
+        float ms = 0;
+        KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
+        t.push_back(ms / kBatch);
+      }
+      std::sort(t.begin(), t.end());
+      const double ms = t[t.size() / 2], gbs = double(wbytes) / (ms * 1e-3) / 1e9;
+      std::printf("| %s | %d | %s | %s | %s | %s | %.1f (%.1f..%.1f) | %.2f | %.1f | %.0f | %.0f%% | %.2g%s |\n",
+                  c.what, c.layers, v.prenorm ? "in GEMV" : "AddNorm", v.kind == GemvKind::kPrefetch ? "prefetch" : "stream", v.pdl ? "on" : "off",
+                  v.ring_kb ? str_cat(v.ring_kb).c_str() : "-", ms * 1e3, t.front() * 1e3, t.back() * 1e3,
+                  ms * 1e3 / c.layers, double(wbytes) / 1e6, gbs, 100.0 * gbs / copy_gbs, mx > 0 ? err / mx : err,
+                  mx > 0 && err / mx < 2e-2 ? "" : " CHECK");
+      cudaEventDestroy(e0);
+      cudaEventDestroy(e1);
+      cudaGraphExecDestroy(exec);
+      cudaGraphDestroy(graph);
+    }
+    cudaStreamDestroy(s);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   const bool skinny_only = argc > 1 && std::string(argv[1]) == "skinny";
   const bool qgemv_only = argc > 1 && std::string(argv[1]) == "qgemv";
-  const char* filter = argc > (skinny_only || qgemv_only ? 2 : 1) ? argv[skinny_only || qgemv_only ? 2 : 1] : "";
+  const bool chain_only = argc > 1 && std::string(argv[1]) == "chain";
+  const bool mode = skinny_only || qgemv_only || chain_only;
+  const char* filter = argc > (mode ? 2 : 1) ? argv[mode ? 2 : 1] : "";
   const double copy_gbs = bench::device_copy_gbs();
   std::printf("device-to-device copy: %.0f GB/s (read + write)\n\n", copy_gbs);
+  if (chain_only) {
+    chain_table(filter, copy_gbs);
+    return 0;
+  }
   if (qgemv_only) {
     bench::qgemv_kernels_table(filter, copy_gbs);
     return 0;

@@ -70,15 +70,27 @@ __device__ __forceinline__ float unary_f32(float x) {
 // Programmatic dependent launch (Hopper+): kernels launched by launch_k may start while the
 // previous kernel on the stream is still finishing (their launch latency and block
 // scheduling overlap its tail). Every kernel so launched calls pdl_wait() before touching
-// global memory - it returns once the previous kernel has completed and its writes are
-// visible. The decode GEMVs and the decode attention kernel call pdl_trigger() once their
-// main loop has read the weights / the cache, letting the next kernel launch while they
-// reduce and store; other kernels trigger implicitly as their blocks exit (a trigger at
-// the start let early dependents, cuBLASLt's GEMMs among them, take SM slots that
-// multi-wave grids still needed: BERT-base batch 32 +11%). Both are no-ops before sm_90
-// and when launched without the attribute. KILN_CUDA_PDL=0 turns the attribute off. Measured on the H200: decode steps
-// (GEMV chains) gain 1-9%; steps with cuBLASLt GEMMs (prefill, encoders) lost 7-10%,
-// so only decode steps use it.
+// memory that a kernel writes - it returns once the previous kernel has completed and its
+// writes are visible - and every grid has threads that wait before they store, so a grid
+// completes only after all before it. Weights are never written by a kernel: the GEMVs
+// request their first weights before pdl_wait(), and the norms their parameters.
+// Where the trigger sits:
+// - the streaming GEMVs and the decode attention call pdl_trigger() once their main loop
+//   has read the weights / the cache, letting the next kernel launch while they reduce
+//   and store;
+// - in decode steps of a few rows (<= kGemvMaxRows), the latency-bound kernels (norms,
+//   embedding, the fused decode attention) and the prefetching GEMV trigger at their
+//   start, so the GEMV after them launches at once and streams its weights while they run;
+// - everything else triggers implicitly as its blocks exit (a trigger at the start let
+//   early dependents, cuBLASLt's GEMMs among them, take SM slots that multi-wave grids
+//   still needed: BERT-base batch 32 +11%).
+// A dependent launches only once every CTA of its primary has triggered (so is resident)
+// or exited; a kernel whose CTAs wait on other CTAs or other GPUs must not trigger early
+// unless those are guaranteed to run: the P2P all-reduce (ops/allreduce.cu) spins on peer
+// flags and so launches without the attribute and never triggers. Both are no-ops before
+// sm_90 and when launched without the attribute. KILN_CUDA_PDL=0 turns the attribute off.
+// Measured on the H200: decode steps (GEMV chains) gain 1-9%; steps with cuBLASLt GEMMs
+// (prefill, encoders) lost 7-10%, so only decode steps use it.
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
@@ -88,6 +100,12 @@ __device__ __forceinline__ void pdl_trigger() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
 #endif
+}
+
+// Starts pulling the line holding p toward L1 (no result, no fault on a valid address):
+// read-only parameters requested before pdl_wait().
+__device__ __forceinline__ void prefetch_l1(const void* p) {
+  asm volatile("prefetch.global.L1 [%0];\n" ::"l"(p));
 }
 
 // Whether launches on the current device carry the programmatic-serialization attribute:

@@ -345,11 +345,13 @@ OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) 
   const void* w = pc.weights->get(g, wv, pc.act);
   const void* bias = pc.weights->get(g, need_weight(n, g, 2, "bias", true), pc.act);
   const int64_t nn = g.weight(wv).dim(0), k = g.weight(wv).dim(1);
-  // Few token rows (decode) stream the weights through our GEMV (KILN_CUDA_GEMV=0: not used),
-  // then up to skinny_rows_limit() rows (batch decode, short chunks) through the skinny
-  // tensor-core GEMM (KILN_CUDA_SKINNY=0: not used, =N: up to N rows), the rest cuBLASLt.
-  const char* env = std::getenv("KILN_CUDA_GEMV");
-  const bool use_gemv = !(env && std::string(env) == "0");
+  // Few token rows (decode) stream the weights through our GEMV (KILN_CUDA_GEMV: stream or
+  // prefetch kernel, 0: not used), then up to skinny_rows_limit() rows (batch decode, short
+  // chunks) through the skinny tensor-core GEMM (KILN_CUDA_SKINNY=0: not used, =N: up to N
+  // rows), the rest cuBLASLt.
+  const GemvChoice gemv_choice = gemv_choice_from_env();
+  const bool use_gemv = gemv_choice.use;
+  const GemvKind gemv_kind = gemv_choice.kind;
   const int64_t skinny_rows = skinny_rows_limit();
   const bool swiglu = epi.gemv == GemvEpilogue::kSwiGlu;
   KILN_THROW_IF(swiglu && nn % 2 != 0, kInvalidArgument, "linear '", n.name, "': swiglu needs an even number of rows");
@@ -367,7 +369,7 @@ OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) 
     const bool gemv = use_gemv && gemv_supports(y.dtype, t, k);
     const bool norm = fu.norm != GemvNorm::kNone;
     if (gemv && (!norm || gemv_norm_supports(y.dtype, t, k))) {
-      launch_gemv(y.dtype, x.data, w, bias, y.data, t, out_n, k, s, epi.gemv, fu.gemv(res, norm));
+      launch_gemv(y.dtype, x.data, w, bias, y.data, t, out_n, k, s, epi.gemv, fu.gemv(res, norm), gemv_kind);
       return;
     }
     const bool skinny = !gemv && t <= skinny_rows && skinny_supports(y.dtype, t, k);
@@ -382,7 +384,7 @@ OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) 
       xin = scr;
     }
     if (gemv) {
-      launch_gemv(y.dtype, xin, w, bias, y.data, t, out_n, k, s, epi.gemv, fu.gemv(res, false));
+      launch_gemv(y.dtype, xin, w, bias, y.data, t, out_n, k, s, epi.gemv, fu.gemv(res, false), gemv_kind);
     } else if (skinny) {
       launch_skinny_gemm(y.dtype, xin, w, bias, y.data, t, out_n, k, s, epi.gemv);
       if (res) launch_binary(BinaryOp::kAdd, y.dtype, y.data, res, y.numel(), y.numel(), y.data, s);
@@ -504,6 +506,7 @@ OpRun prepare_attention(const ir::Node& n, const ir::Graph& g, PrepareContext& p
         f.rotary_dim = rot;
         f.slot_mapping = c.dev->slot_mapping;
         f.counters = c.dev->attn_counters;
+        f.early_trigger = t <= kGemvMaxRows;  // the next Linear is a GEMV: let it prefetch
         if (p.decode_splits > 0) {
           f.decode_splits = p.decode_splits;
           f.num_seqs = c.dev->num_seqs;

@@ -145,6 +145,13 @@ struct AttentionArgs {
   // A cluster decode plan (AttentionPlan::decode_splits > 0) over num_seqs sequences.
   int32_t decode_splits = 0;
   int32_t num_seqs = 0;
+  // Trigger the dependent launch at the kernel's start rather than after its main loop
+  // (decode steps of a few rows, where the next kernel is a weight-streaming GEMV that
+  // fetches its weights while this kernel runs). Safe: the trigger takes effect only once
+  // every CTA of the grid is resident, and no CTA waits on one that may not be (the fused
+  // grouped kernel's last split takes a ticket; the cluster kernel's splits meet at a
+  // cluster barrier, and a cluster is scheduled as a whole).
+  bool early_trigger = false;
 };
 void launch_attention(const AttentionArgs& a, cudaStream_t s);
 

@@ -76,6 +76,9 @@ struct DecParams {
   const int32_t* positions = nullptr;
   const float* inv_freq = nullptr;  // null: no RoPE
   const int64_t* slots = nullptr;
+  // AttentionArgs::early_trigger: safe here too - the only wait on other CTAs is the
+  // cluster barrier of the split merge, and a cluster's CTAs are scheduled together.
+  bool early_trigger = false;
 };
 
 __device__ __forceinline__ void dec_cluster_sync() {
@@ -124,6 +127,7 @@ attention_decode_cluster_kernel(const DecParams<T> p) {
   const E* kc = static_cast<const E*>(p.k_cache);
   const E* vc = static_cast<const E*>(p.v_cache);
 
+  if (p.early_trigger) pdl_trigger();
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
   const AttnSeq sq = p.seqs[seq];
   const int ctx = sq.ctx_len;
@@ -493,6 +497,7 @@ void launch_decode_cluster_typed(const AttentionArgs& a, cudaStream_t s) {
   p.positions = a.positions;
   p.inv_freq = a.inv_freq;
   p.slots = a.slot_mapping;
+  p.early_trigger = a.early_trigger;
   const dim3 grid(unsigned(a.num_seqs) * unsigned(a.decode_splits), unsigned(a.hkv));
   launch_k_cluster(kernel, grid, dim3(kDecThreads), size_t(L::kBytes), s, dim3(unsigned(a.decode_splits), 1, 1), p);
   KILN_CUDA_CHECK_LAUNCH();

@@ -70,6 +70,7 @@ struct GqaFused {
   float* v_scales = nullptr;
   int32_t* counters = nullptr;
   const AttnCombine* combine = nullptr;
+  bool early_trigger = false;  // AttentionArgs::early_trigger
 };
 
 // qkv_prep_kernel's rotation of the pair (x1, x2) at angle pos * inv_freq (the same
@@ -110,6 +111,7 @@ attention_gqa_decode_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restr
   __shared__ float newsc_s[2];
   __shared__ int last_s;
 
+  if (FUSED && f.early_trigger) pdl_trigger();  // see AttentionArgs::early_trigger
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
   const AttnWork w = works[blockIdx.x];
   if (w.partial >= 0 && w.kv_begin >= w.kv_end && w.kv_begin > 0) return;  // an empty split: never combined
@@ -474,6 +476,7 @@ void launch_gqa_typed(const AttentionArgs& a, cudaStream_t s) {
     f.v_scales = const_cast<float*>(a.v_scales);
     f.counters = a.counters;
     f.combine = a.combine;
+    f.early_trigger = a.early_trigger;
   }
   auto go = [&](auto kernel) {
     launch_k(kernel, grid, kGqaThreads, 0, s, q, kc, vc, a.k_scales, a.v_scales, out, int(a.block_size), int(a.hq),

@@ -4,14 +4,19 @@
 // 16-byte chunks j, j+32, ... of the weight row, kUnroll of them issued before any is
 // used so enough bytes are in flight to cover DRAM latency; x (tiny, shared by every
 // warp) comes through the read-only cache. Weights are loaded with the streaming hint
-// (evict-first) so they do not push x and the KV cache out of L2. With a norm prologue
-// (GemvFusion) x is instead normalized by each block into shared memory first: the rows
-// are at most kGemvMaxRows x a hidden size, an L2-resident read per block.
+// (evict-first) so they do not push x and the KV cache out of L2. The first kUnroll chunks
+// are requested before pdl_wait(): weights are never written by a kernel, so in a decode
+// step they stream in while the previous kernel finishes (GemvKind::kPrefetch, in
+// gemv_prefetch.cu, requests a whole ring of weights before the wait). With a norm
+// prologue (GemvFusion) x is instead normalized by each block into shared memory first:
+// the rows are at most kGemvMaxRows x a hidden size, an L2-resident read per block.
 #include <cuda_fp8.h>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops/fp8.h"
 #include "backends/cuda/ops/gemv.h"
+#include "backends/cuda/ops/gemv_norm.cuh"
+#include "backends/cuda/ops/gemv_prefetch.h"
 #include "backends/cuda/ops/linear_common.cuh"
 
 namespace kiln::cuda {
@@ -72,101 +77,6 @@ struct E4M3 {
   }
 };
 
-// The norm prologue (gemv.h's GemvFusion): the block copies the M rows of x (16-bit, 8
-// per chunk) to shared memory, reduces their statistics in f32 and normalizes them in
-// place, rounding to T as the norm kernels of norm.cu store them ((v * r) * gamma for
-// RMS, (v - mean) * r * gamma + beta for LayerNorm, with the two-pass variance).
-// Each thread rewrites only the chunks it copied, so the reductions' barriers and one at
-// the end are all the synchronization needed.
-template <typename T, int M>
-__device__ __forceinline__ void gemv_norm_rows(const uint4* __restrict__ x, uint4* xs, int kv, int k,
-                                               GemvNorm norm, const float* __restrict__ gamma,
-                                               const float* __restrict__ beta, float eps) {
-  __shared__ float red[kWarps][M];
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const bool rms = norm == GemvNorm::kRms;
-  // Sums over the block of v[m], returned to every thread.
-  auto block_sums = [&](float (&v)[M]) {
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      const float s = warp_sum(v[m]);
-      if (lane == 0) red[warp][m] = s;
-    }
-    __syncthreads();
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      float s = 0.0f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) s += red[w][m];
-      v[m] = s;
-    }
-    __syncthreads();  // red is reused
-  };
-  float acc[M], mean[M], r[M];
-#pragma unroll
-  for (int m = 0; m < M; ++m) {
-    acc[m] = 0.0f;
-    for (int i = threadIdx.x; i < kv; i += blockDim.x) {
-      const uint4 c = __ldg(x + int64_t(m) * kv + i);
-      xs[m * kv + i] = c;
-      const T* e = reinterpret_cast<const T*>(&c);
-#pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        const float v = to_f32(e[u]);
-        acc[m] += rms ? v * v : v;
-      }
-    }
-  }
-  block_sums(acc);
-#pragma unroll
-  for (int m = 0; m < M; ++m) {
-    mean[m] = rms ? 0.0f : acc[m] / float(k);
-    r[m] = acc[m] / float(k) + eps;
-  }
-  if (!rms) {
-#pragma unroll
-    for (int m = 0; m < M; ++m) {
-      acc[m] = 0.0f;
-      for (int i = threadIdx.x; i < kv; i += blockDim.x) {
-        const uint4 c = xs[m * kv + i];
-        const T* e = reinterpret_cast<const T*>(&c);
-#pragma unroll
-        for (int u = 0; u < 8; ++u) {
-          const float d = to_f32(e[u]) - mean[m];
-          acc[m] += d * d;
-        }
-      }
-    }
-    block_sums(acc);
-#pragma unroll
-    for (int m = 0; m < M; ++m) r[m] = acc[m] / float(k) + eps;
-  }
-#pragma unroll
-  for (int m = 0; m < M; ++m) {
-    const float rs = rsqrtf(r[m]);
-    for (int i = threadIdx.x; i < kv; i += blockDim.x) {
-      uint4 c = xs[m * kv + i];
-      T* e = reinterpret_cast<T*>(&c);
-      const float4 g0 = __ldg(reinterpret_cast<const float4*>(gamma) + 2 * i);
-      const float4 g1 = __ldg(reinterpret_cast<const float4*>(gamma) + 2 * i + 1);
-      const float g[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
-      float b[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-      if (beta) {
-        const float4 b0 = __ldg(reinterpret_cast<const float4*>(beta) + 2 * i);
-        const float4 b1 = __ldg(reinterpret_cast<const float4*>(beta) + 2 * i + 1);
-        b[0] = b0.x, b[1] = b0.y, b[2] = b0.z, b[3] = b0.w, b[4] = b1.x, b[5] = b1.y, b[6] = b1.z, b[7] = b1.w;
-      }
-#pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        const float v = to_f32(e[u]);
-        e[u] = rms ? from_f32<T>(v * rs * g[u]) : from_f32<T>((v - mean[m]) * rs * g[u] + b[u]);
-      }
-      xs[m * kv + i] = c;
-    }
-  }
-  __syncthreads();
-}
-
 // R = 2 (SwiGLU): the warp streams the gate row and the up row of its output feature.
 // S > 1 (split-K): S warps share a row, warp part p reading chunks p*32 + lane + S*32*j,
 // and their sums meet in shared memory. Few rows (n of a few thousand) then still give
@@ -185,9 +95,11 @@ gemv_kernel(const typename F::X* __restrict__ x, const typename F::W* __restrict
   extern __shared__ uint4 gemv_xs[];  // kNorm: the M normalized rows
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, part = warp % S;
   const int row = blockIdx.x * (kWarps / S) + warp / S;
-  if constexpr (!kNorm) {
-    pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
-    if (S == 1 && row >= n) return;
+  // A warp without a row is done unless it joins a barrier below (split-K, norm prologue).
+  // Returning before pdl_wait() is safe: the warps that store wait, so this grid still
+  // completes only after the previous one.
+  if constexpr (S == 1 && !kNorm) {
+    if (row >= n) return;
   }
   const bool live = row < n;
   const int kv = live ? k / F::kPerChunk : 0;  // 16-byte chunks per row
@@ -211,17 +123,17 @@ gemv_kernel(const typename F::X* __restrict__ x, const typename F::W* __restrict
       }
   };
   const int first = part * 32 + lane;
+  // The first weight chunks are requested before anything waits: weights are never
+  // written by a kernel, so they may stream in while the previous kernel finishes
+  // (dependent launch) and, with a norm prologue, while the block normalizes x.
+  load_w(first);
+  pdl_wait();  // programmatic dependent launch: the previous kernel's writes (x) are visible
   if constexpr (kNorm) {
-    // The first weight chunks are requested before anything waits: weights are never
-    // written by a kernel, so they may stream in while the previous kernel finishes
-    // (dependent launch) and while the block normalizes x.
-    load_w(first);
-    pdl_wait();
-    gemv_norm_rows<T, M>(xr, gemv_xs, k / F::kPerChunk, k, norm, gamma, beta, eps);
+    gemv_norm_rows<T, M, kWarps>(xr, gemv_xs, k / F::kPerChunk, k, norm, gamma, beta, eps);
     if (S == 1 && !live) return;
   }
   for (int i0 = first; i0 < kv; i0 += S * 32 * kUnroll) {
-    if (!kNorm || i0 != first) load_w(i0);
+    if (i0 != first) load_w(i0);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int i = i0 + u * 32 * S;
@@ -366,12 +278,17 @@ bool gemv_norm_supports(DType dtype, int64_t m, int64_t k) {
 }
 
 void launch_gemv(DType dtype, const void* x, const void* w, const void* bias, void* y, int64_t m, int64_t n,
-                 int64_t k, cudaStream_t s, GemvEpilogue epi, const GemvFusion& fusion) {
+                 int64_t k, cudaStream_t s, GemvEpilogue epi, const GemvFusion& fusion, GemvKind kind) {
   KILN_THROW_IF(!gemv_supports(dtype, m, k), kInternal, "cuda gemv: unsupported ", dtype_name(dtype), " m=", m,
                 " k=", k);
   KILN_THROW_IF(fusion.norm != GemvNorm::kNone && (!gemv_norm_supports(dtype, m, k) || !fusion.gamma), kInternal,
                 "cuda gemv: no norm prologue for ", dtype_name(dtype), " m=", m, " k=", k);
   if (n == 0) return;
+  if (kind == GemvKind::kPrefetch && k > 0 && gemv_prefetch_available()) {
+    KILN_THROW_IF(n >= (int64_t(1) << 30), kInternal, "cuda gemv: n=", n);
+    launch_gemv_prefetch(dtype, x, w, bias, y, m, n, k, s, epi, fusion);
+    return;
+  }
   if (dtype == DType::kBF16)
     launch_format<Wide16<__nv_bfloat16>>(x, w, 1.0f, bias, y, m, n, k, s, epi, fusion);
   else

@@ -1,7 +1,11 @@
 // Row norms (see norm.h): one block per row. The row is read from global memory once per
 // pass (L1/L2 hits after the first); LayerNorm's variance is the two-pass sum of squared
 // deviations, as the CPU reference computes it, not E[x²]-mean².
+// Launched in a decode step of a few rows (`early`), a norm lets the next kernel launch at
+// its start (common.cuh: the GEMV after it then streams its weights meanwhile); gamma and
+// beta are requested before the wait either way.
 #include "backends/cuda/common.cuh"
+#include "backends/cuda/ops/gemv.h"
 #include "backends/cuda/ops/norm.h"
 
 #include <algorithm>
@@ -19,10 +23,21 @@ __device__ const T* add_residual(const T* xr, const T* res, T* sum, int64_t dim)
   return sum;
 }
 
+// Before the wait: the trigger (early) and this thread's first parameters toward L1.
+__device__ __forceinline__ void norm_prologue(bool early, const float* gamma, const float* beta, int64_t first,
+                                              int64_t dim) {
+  if (early) pdl_trigger();
+  if (first < dim) {
+    prefetch_l1(gamma + first);
+    if (beta) prefetch_l1(beta + first);
+  }
+  pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
+}
+
 template <typename T>
 __global__ void layer_norm_kernel(const T* x, const T* res, T* sum_out, const float* gamma, const float* beta,
-                                  float eps, int64_t dim, T* y) {
-  pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
+                                  float eps, int64_t dim, T* y, bool early) {
+  norm_prologue(early, gamma, beta, threadIdx.x, dim);
   __shared__ float scratch[32];
   const T* xr = add_residual(x + blockIdx.x * dim, res ? res + blockIdx.x * dim : nullptr,
                              sum_out ? sum_out + blockIdx.x * dim : nullptr, dim);
@@ -42,8 +57,8 @@ __global__ void layer_norm_kernel(const T* x, const T* res, T* sum_out, const fl
 
 template <typename T>
 __global__ void rms_norm_kernel(const T* x, const T* res, T* sum_out, const float* w, float eps, int64_t dim,
-                                T* y) {
-  pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
+                                T* y, bool early) {
+  norm_prologue(early, w, nullptr, threadIdx.x, dim);
   __shared__ float scratch[32];
   const T* xr = add_residual(x + blockIdx.x * dim, res ? res + blockIdx.x * dim : nullptr,
                              sum_out ? sum_out + blockIdx.x * dim : nullptr, dim);
@@ -63,9 +78,18 @@ __global__ void rms_norm_kernel(const T* x, const T* res, T* sum_out, const floa
 // to T before the statistics, exactly as stored in `sum`.
 template <typename T, int NCH, bool kRms>
 __global__ void norm_regs_kernel(const T* x, const T* res, T* sum_out, const float* gamma, const float* beta,
-                                 float eps, int dim, T* y) {
-  pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
+                                 float eps, int dim, T* y, bool early) {
   constexpr int VEC = 16 / int(sizeof(T));
+  if (early) pdl_trigger();
+#pragma unroll
+  for (int i = 0; i < NCH; ++i) {
+    const int j = (int(threadIdx.x) + i * int(blockDim.x)) * VEC;  // this thread's vector i
+    if (j < dim) {
+      prefetch_l1(gamma + j);
+      if (beta) prefetch_l1(beta + j);
+    }
+  }
+  pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
   __shared__ float scratch[32];
   const int nvec = dim / VEC;
   const int64_t base = int64_t(blockIdx.x) * dim;
@@ -129,6 +153,9 @@ __global__ void norm_regs_kernel(const T* x, const T* res, T* sum_out, const flo
   }
 }
 
+// Decode steps of a few rows: the next kernel is a GEMV, worth launching early.
+bool early_trigger(int64_t rows) { return rows <= kGemvMaxRows; }
+
 // Launches norm_regs_kernel when the row fits (whole 16-byte vectors, at most 4 per
 // thread of 1024); returns false otherwise.
 template <typename T, bool kRms>
@@ -139,10 +166,11 @@ bool launch_norm_regs(const T* x, const T* res, T* sum, const float* gamma, cons
   const int nvec = int(dim / VEC);
   const int nch = nvec <= 1024 ? 1 : nvec <= 2048 ? 2 : 4;
   const int threads = std::max(32, ((nvec + nch - 1) / nch + 31) / 32 * 32);
+  const bool early = early_trigger(rows);
   switch (nch) {
-    case 1: launch_k(norm_regs_kernel<T, 1, kRms>, unsigned(rows), threads, 0, s, x, res, sum, gamma, beta, eps, int(dim), y); break;
-    case 2: launch_k(norm_regs_kernel<T, 2, kRms>, unsigned(rows), threads, 0, s, x, res, sum, gamma, beta, eps, int(dim), y); break;
-    default: launch_k(norm_regs_kernel<T, 4, kRms>, unsigned(rows), threads, 0, s, x, res, sum, gamma, beta, eps, int(dim), y); break;
+    case 1: launch_k(norm_regs_kernel<T, 1, kRms>, unsigned(rows), threads, 0, s, x, res, sum, gamma, beta, eps, int(dim), y, early); break;
+    case 2: launch_k(norm_regs_kernel<T, 2, kRms>, unsigned(rows), threads, 0, s, x, res, sum, gamma, beta, eps, int(dim), y, early); break;
+    default: launch_k(norm_regs_kernel<T, 4, kRms>, unsigned(rows), threads, 0, s, x, res, sum, gamma, beta, eps, int(dim), y, early); break;
   }
   return true;
 }
@@ -168,7 +196,7 @@ void launch_add_layer_norm(DType t, const void* x, const void* res, const float*
                                     gamma, beta, eps, rows, dim, static_cast<T*>(y), s))
       launch_k(layer_norm_kernel<T>, unsigned(rows), threads_for(dim), 0, s,
         static_cast<const T*>(x), static_cast<const T*>(res), static_cast<T*>(sum), gamma, beta, eps, dim,
-        static_cast<T*>(y));
+        static_cast<T*>(y), early_trigger(rows));
   });
   KILN_CUDA_CHECK_LAUNCH();
 }
@@ -186,7 +214,7 @@ void launch_add_rms_norm(DType t, const void* x, const void* res, const float* w
                                    nullptr, eps, rows, dim, static_cast<T*>(y), s))
       launch_k(rms_norm_kernel<T>, unsigned(rows), threads_for(dim), 0, s,
         static_cast<const T*>(x), static_cast<const T*>(res), static_cast<T*>(sum), w, eps, dim,
-        static_cast<T*>(y));
+        static_cast<T*>(y), early_trigger(rows));
   });
   KILN_CUDA_CHECK_LAUNCH();
 }
