@@ -13,11 +13,6 @@
 // kernel of norm.cu into a buffer, then the GEMV on it), "bf16 {rms}" the GEMV normalizing
 // x itself, "bf16 {+res}" the GEMV adding a residual; the fused GEMV's output is checked
 // against the pair's.
-// Then the skinny GEMM (ops/skinny_gemm.h) against cuBLASLt (its algorithms timed for the
-// shape first, as the builder does; SwiGLU as the GEMM + the SwiGLU kernel) for the
-// Llama-3.2-1B and Llama-3.1-8B Linears at 16, 64 and 128 token rows, bf16, same table
-// columns plus the split-K factor, each output checked against cuBLASLt's; then the
-// skinny time at every forced split-K factor (to tune skinny_split_for).
 // "chain" mode: the decode step's layer sequence for a model shape (GPT-2 small, TinyLlama
 // 1.1B, Llama-3.2-1B, Llama-3.1-8B) captured as one CUDA graph with programmatic dependent
 // launch, as the backend's decode steps are: per layer the qkv GEMV with the norm prologue,
@@ -31,8 +26,7 @@
 // several ring sizes): the median time of a step (graph launches back to back) and the
 // weight bytes per second against the device-to-device copy. Before timing, each
 // variant's final residual stream is compared with stream's (same inputs).
-//   cuda_gemv_bench [shape filter, e.g. 8B]     both tables
-//   cuda_gemv_bench skinny [shape filter]       the skinny table only
+//   cuda_gemv_bench [shape filter, e.g. 8B]     the bf16 / q8 / q4 table
 //   cuda_gemv_bench qgemv [shape filter]        the quantized kernels (old / mma / dp4a) only
 //                                               (cuda_qgemv_table.cpp)
 //   cuda_gemv_bench chain [shape filter]        the decode-chain table only
@@ -51,11 +45,9 @@
 #include "cuda_qgemv_table.h"
 #include "backends/cuda/ops/convert.h"
 #include "backends/cuda/ops/elementwise.h"
-#include "backends/cuda/ops/gemm.h"
 #include "backends/cuda/ops/gemv.h"
 #include "backends/cuda/ops/gemv_quant.h"
 #include "backends/cuda/ops/norm.h"
-#include "backends/cuda/ops/skinny_gemm.h"
 #include "core/status.h"
 
 using namespace kiln;
@@ -65,95 +57,6 @@ using bench::median_ms;
 namespace {
 
 constexpr double kPeakGbs = 4800.0;  // H200 HBM3e, data sheet
-
-double max_rel_diff_bf16(const void* a_dev, const void* b_dev, size_t n) {
-  std::vector<uint16_t> a(n), b(n);
-  KILN_CUDA_CHECK(cudaMemcpy(a.data(), a_dev, n * 2, cudaMemcpyDeviceToHost));
-  KILN_CUDA_CHECK(cudaMemcpy(b.data(), b_dev, n * 2, cudaMemcpyDeviceToHost));
-  double err = 0, ref = 0;
-  for (size_t i = 0; i < n; ++i) {
-    err = std::max(err, double(std::fabs(bf16_to_f32(a[i]) - bf16_to_f32(b[i]))));
-    ref = std::max(ref, double(std::fabs(bf16_to_f32(b[i]))));
-  }
-  return ref > 0 ? err / ref : err;
-}
-
-// Skinny GEMM vs cuBLASLt at batch-decode row counts.
-void skinny_table(const char* filter, double copy_gbs) {
-  std::printf("\nskinny GEMM vs cuBLASLt (bf16; weight GB/s = weight bytes / kernel time, 20 back to back)\n\n"
-              "| shape (n x k) | epilogue | rows | kernel | split | us, alone | us, 20 back to back | weight GB/s | "
-              "%% of copy | %% of 4.8 TB/s | skinny / cuBLASLt |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
-  struct S {
-    const char* what;
-    int64_t n, k;
-    GemvEpilogue epi;
-  };
-  const S shapes[] = {
-      {"1B qkv", 3072, 2048, GemvEpilogue::kNone},       {"1B o", 2048, 2048, GemvEpilogue::kNone},
-      {"1B gate|up", 8192, 2048, GemvEpilogue::kSwiGlu}, {"1B down", 2048, 8192, GemvEpilogue::kNone},
-      {"1B lm head", 128256, 2048, GemvEpilogue::kNone}, {"8B qkv", 6144, 4096, GemvEpilogue::kNone},
-      {"8B o", 4096, 4096, GemvEpilogue::kNone},         {"8B gate|up", 14336, 4096, GemvEpilogue::kSwiGlu},
-      {"8B down", 4096, 14336, GemvEpilogue::kNone},
-  };
-  Gemm gemm;
-  std::vector<std::string> checks, sweeps;
-  for (const S& s : shapes) {
-    if (!std::strstr(s.what, filter)) continue;
-    const bool swiglu = s.epi == GemvEpilogue::kSwiGlu;
-    const int64_t wrows = swiglu ? 2 * s.n : s.n, mmax = kSkinnyMaxRows;
-    const size_t wbytes = size_t(wrows * s.k) * 2;
-    DeviceBuffer w(wbytes), x(size_t(mmax * s.k) * 2), y(size_t(mmax * s.n) * 2), yref(size_t(mmax * s.n) * 2),
-        gu(size_t(mmax * wrows) * 2);
-    launch_fill_random(w.get(), DType::kBF16, wrows * s.k, 1, nullptr);
-    launch_fill_random(x.get(), DType::kBF16, mmax * s.k, 2, nullptr);
-    for (int64_t m : {16, 64, 128}) {
-      auto skinny = [&] {
-        launch_skinny_gemm(DType::kBF16, x.get(), w.get(), nullptr, y.get(), m, s.n, s.k, nullptr, s.epi);
-      };
-      auto cublas = [&] {
-        gemm.run(DType::kBF16, x.get(), w.get(), nullptr, swiglu ? gu.get() : yref.get(), m, wrows, s.k, nullptr);
-        if (swiglu) launch_swiglu(DType::kBF16, gu.get(), m, s.n, yref.get(), nullptr);
-      };
-      gemm.tune(DType::kBF16, x.get(), w.get(), nullptr, swiglu ? gu.get() : yref.get(), m, wrows, s.k, nullptr);
-      skinny();
-      cublas();
-      KILN_CUDA_CHECK(cudaDeviceSynchronize());
-      const double rel = max_rel_diff_bf16(y.get(), yref.get(), size_t(m * s.n));
-      checks.push_back(str_cat(s.what, " m=", m, ": max|skinny - cuBLASLt| / max|cuBLASLt| = ", rel,
-                               rel < 1e-2 ? " ok" : " TOO LARGE"));
-      const float sk_alone = median_ms(skinny), sk = median_ms(skinny, 20, 20);
-      const float cb_alone = median_ms(cublas), cb = median_ms(cublas, 20, 20);
-      const int split = skinny_split_for(m, s.n, s.k, s.epi);
-      // Every split-K factor forced (sm_90+), for tuning skinny_split_for.
-      int major = 0, dev = 0;
-      KILN_CUDA_CHECK(cudaGetDevice(&dev));
-      KILN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-      std::string sweep = str_cat(s.what, " m=", m, " (picked ", split, "):");
-      for (int f = 1; f <= (major >= 9 ? kSkinnyMaxSplit : 1); ++f) {
-        const float t = median_ms(
-            [&] {
-              launch_skinny_gemm(DType::kBF16, x.get(), w.get(), nullptr, y.get(), m, s.n, s.k, nullptr, s.epi, f);
-            },
-            20, 20);
-        sweep += str_cat(" ", f, "=", int(t * 1e4 + 0.5) / 10.0);
-      }
-      sweeps.push_back(sweep);
-      for (int which = 0; which < 2; ++which) {
-        const float ms = which == 0 ? sk : cb, alone = which == 0 ? sk_alone : cb_alone;
-        const double gbs = double(wbytes) / (ms * 1e-3) / 1e9;
-        std::printf("| %s %lldx%lld | %s | %lld | %s | %s | %.1f | %.1f | %.0f | %.0f%% | %.0f%% | %s |\n", s.what,
-                    (long long)wrows, (long long)s.k, swiglu ? "swiglu" : "-", (long long)m,
-                    which == 0 ? "skinny" : "cuBLASLt", which == 0 ? str_cat(split).c_str() : "-", alone * 1e3,
-                    ms * 1e3, gbs, 100.0 * gbs / copy_gbs, 100.0 * gbs / kPeakGbs,
-                    which == 0 ? str_cat(int(100.0 * sk / cb + 0.5), "%").c_str() : "");
-      }
-    }
-  }
-  std::printf("\nchecks (skinny GEMM vs cuBLASLt on the same inputs):\n");
-  for (auto& c : checks) std::printf("  %s\n", c.c_str());
-  std::printf("\nskinny us (20 back to back) by forced split-K factor:\n");
-  for (auto& c : sweeps) std::printf("  %s\n", c.c_str());
-}
 
 // One decode layer's shape (see the file comment).
 struct ChainShape {
@@ -343,10 +246,9 @@ void chain_table(const char* filter, double copy_gbs) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool skinny_only = argc > 1 && std::string(argv[1]) == "skinny";
   const bool qgemv_only = argc > 1 && std::string(argv[1]) == "qgemv";
   const bool chain_only = argc > 1 && std::string(argv[1]) == "chain";
-  const bool mode = skinny_only || qgemv_only || chain_only;
+  const bool mode = qgemv_only || chain_only;
   const char* filter = argc > (mode ? 2 : 1) ? argv[mode ? 2 : 1] : "";
   const double copy_gbs = bench::device_copy_gbs();
   std::printf("device-to-device copy: %.0f GB/s (read + write)\n\n", copy_gbs);
@@ -356,10 +258,6 @@ int main(int argc, char** argv) {
   }
   if (qgemv_only) {
     bench::qgemv_kernels_table(filter, copy_gbs);
-    return 0;
-  }
-  if (skinny_only) {
-    skinny_table(filter, copy_gbs);
     return 0;
   }
   std::printf("| shape (n x k) | weights | epilogue | rows | us, alone | us, 20 back to back | weight GB/s (back to back) | %% of copy | %% of 4.8 TB/s |\n"
@@ -474,6 +372,5 @@ int main(int argc, char** argv) {
   std::printf("\nchecks (q8/q4 GEMV vs the bf16 GEMV on the dequantized weights, rows 1, 2, 4, 8; the bf16 GEMV's "
               "norm prologue vs the norm kernel + GEMV, rows 1, 2, 4):\n");
   for (auto& c : checks) std::printf("  %s\n", c.c_str());
-  skinny_table(filter, copy_gbs);
   return 0;
 }

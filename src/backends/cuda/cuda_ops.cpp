@@ -18,7 +18,6 @@
 #include "backends/cuda/ops/norm.h"
 #include "backends/cuda/ops/rope.h"
 #include "backends/cuda/ops/rows.h"
-#include "backends/cuda/ops/skinny_gemm.h"
 #include "backends/cuda/ops/topk.h"
 #include "core/log.h"
 #include "core/status.h"
@@ -346,13 +345,10 @@ OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) 
   const void* bias = pc.weights->get(g, need_weight(n, g, 2, "bias", true), pc.act);
   const int64_t nn = g.weight(wv).dim(0), k = g.weight(wv).dim(1);
   // Few token rows (decode) stream the weights through our GEMV (KILN_CUDA_GEMV: stream or
-  // prefetch kernel, 0: not used), then up to skinny_rows_limit() rows (batch decode, short
-  // chunks) through the skinny tensor-core GEMM (KILN_CUDA_SKINNY=0: not used, =N: up to N
-  // rows), the rest cuBLASLt.
+  // prefetch kernel, 0: not used), the rest go through cuBLASLt.
   const GemvChoice gemv_choice = gemv_choice_from_env();
   const bool use_gemv = gemv_choice.use;
   const GemvKind gemv_kind = gemv_choice.kind;
-  const int64_t skinny_rows = skinny_rows_limit();
   const bool swiglu = epi.gemv == GemvEpilogue::kSwiGlu;
   KILN_THROW_IF(swiglu && nn % 2 != 0, kInvalidArgument, "linear '", n.name, "': swiglu needs an even number of rows");
   const int64_t out_n = swiglu ? nn / 2 : nn;
@@ -372,11 +368,10 @@ OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) 
       launch_gemv(y.dtype, x.data, w, bias, y.data, t, out_n, k, s, epi.gemv, fu.gemv(res, norm), gemv_kind);
       return;
     }
-    const bool skinny = !gemv && t <= skinny_rows && skinny_supports(y.dtype, t, k);
     // The norm's rows (when it does not run inside the GEMV) and [gate | up] in scratch.
     const size_t es = dtype_size(y.dtype);
     const size_t xn_bytes = norm ? round_up_256(size_t(t * k) * es) : 0;
-    const size_t gu_bytes = !gemv && !skinny && swiglu ? size_t(t * nn) * es : 0;
+    const size_t gu_bytes = !gemv && swiglu ? size_t(t * nn) * es : 0;
     char* scr = xn_bytes + gu_bytes ? static_cast<char*>(c.scratch(xn_bytes + gu_bytes)) : nullptr;
     const void* xin = x.data;
     if (norm) {
@@ -385,9 +380,6 @@ OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) 
     }
     if (gemv) {
       launch_gemv(y.dtype, xin, w, bias, y.data, t, out_n, k, s, epi.gemv, fu.gemv(res, false), gemv_kind);
-    } else if (skinny) {
-      launch_skinny_gemm(y.dtype, xin, w, bias, y.data, t, out_n, k, s, epi.gemv);
-      if (res) launch_binary(BinaryOp::kAdd, y.dtype, y.data, res, y.numel(), y.numel(), y.data, s);
     } else if (swiglu) {  // [gate | up] into scratch, then silu(gate) * up
       void* gu = scr + xn_bytes;
       c.cx->gemm->run(y.dtype, xin, w, bias, gu, t, nn, k, s);

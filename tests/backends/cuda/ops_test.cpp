@@ -49,9 +49,8 @@ TEST(CudaOps, Linear) {
     }
 }
 
-// Linear{activation} (pass fuse_linear_activation): inside the GEMV for few rows and the
-// skinny GEMM up to 128 (t = 9; skinny_test.cpp covers it in depth), an elementwise pass
-// after cuBLASLt otherwise.
+// Linear{activation} (pass fuse_linear_activation): inside the GEMV for few rows, an
+// elementwise pass after cuBLASLt otherwise (t = 9).
 TEST(CudaOps, LinearActivationEpilogues) {
   KILN_SKIP_WITHOUT_CUDA();
   for (const auto& dt : all_dtypes())

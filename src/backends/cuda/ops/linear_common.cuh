@@ -1,7 +1,7 @@
-// Device pieces shared by the Linear kernels of the GEMV family (gemv.cu, gemv_quant_mma.cu,
-// skinny_gemm.cu): the m16n8k16 tensor-core mma, ldmatrix and cp.async wrappers, and the
-// Linear epilogue with the unfused kernels' rounding. Included only by .cu files; exercised
-// by the Linear cases of tests/backends/cuda/ops_test.cpp, quant_test.cpp and skinny_test.cpp.
+// Device pieces shared by the Linear kernels of the GEMV family (gemv.cu, gemv_quant_mma.cu):
+// the m16n8k16 tensor-core mma wrapper and the Linear epilogue with the unfused kernels'
+// rounding. Included only by .cu files; exercised by the Linear cases of
+// tests/backends/cuda/ops_test.cpp and quant_test.cpp.
 #pragma once
 
 #include <type_traits>
@@ -31,42 +31,6 @@ __device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1), "f"(c[0]), "f"(c[1]), "f"(c[2]), "f"(c[3]));
 #else
   __trap();  // callers choose these kernels only on sm_80+
-#endif
-}
-
-// Four 8x8 b16 matrices from shared memory; lane l gives the address of row l % 8 of
-// matrix l / 8 and receives r[i] = matrix i's (row l / 4, elements 2 (l % 4), +1).
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* smem) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const uint32_t p = uint32_t(__cvta_generic_to_shared(smem));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(p));
-#else
-  __trap();
-#endif
-}
-
-// 16 bytes global -> shared without registers (L2 only); `valid` false zero-fills the
-// destination and reads nothing (src must still be a mapped address).
-__device__ __forceinline__ void cp_async16(void* smem, const void* src, bool valid) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const uint32_t p = uint32_t(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(p), "l"(src), "r"(valid ? 16 : 0) : "memory");
-#else
-  __trap();
-#endif
-}
-__device__ __forceinline__ void cp_async_commit() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-#endif
-}
-// Waits until at most N of this thread's committed groups are still in flight.
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 #endif
 }
 
