@@ -1,11 +1,11 @@
 // TopKLogits on the GPU (the decode step's last kernel): k = 64 over bf16 logits rows of
 // GPT-2 (50257) and Llama-3 (128256) at batch 1, 64 and 256, the split kernels (the
 // default, and with a CTA per chunk instead of a grid that fits the device; every chunk
-// size with `sweep`) against the single-CTA kernel
-// (KILN_CUDA_TOPK=old): the median time of one launch alone and of 20 back to back (CUDA
+// size with `sweep`) against the one-CTA-per-row kernel (the plan for rows the split does
+// not fit, forced here): the median time of one launch alone and of 20 back to back (CUDA
 // events, 50 repeats), and the logits bytes read per second back to back against a
 // device-to-device copy measured in the same run (read + write bytes). Before timing, the
-// split outputs are checked against the single-CTA kernel's: ids and values identical,
+// split outputs are checked against the one-CTA-per-row kernel's: ids and values identical,
 // the largest log-prob difference printed.
 //   cuda_topk_bench [sweep]
 #include <cuda_runtime_api.h>
@@ -46,9 +46,10 @@ int main(int argc, char** argv) {
   const bool sweep = argc > 1 && std::string(argv[1]) == "sweep";
   const double copy_gbs = bench::device_copy_gbs();
   std::printf("device-to-device copy: %.0f GB/s (read + write)\n\n", copy_gbs);
-  std::printf("| rows x vocab (bf16, k 64) | kernel | chunk | us, alone | us, 20 back to back | logits GB/s | %% of copy | check vs single CTA |\n"
+  std::printf("| rows x vocab (bf16, k 64) | kernel | chunk | us, alone | us, 20 back to back | logits GB/s | %% of copy | check vs one CTA a row |\n"
               "|---|---|---|---|---|---|---|---|\n");
   const int64_t k = 64;
+  const TopKConfig cfg = topk_logits_config(DType::kBF16);
   std::mt19937_64 rng(1);
   std::normal_distribution<float> dist(0.0f, 3.0f);
   for (int64_t v : {50257, 128256})
@@ -66,18 +67,18 @@ int main(int argc, char** argv) {
         KILN_CUDA_CHECK(cudaMemcpy(o.ids.data(), ids.get(), o.ids.size() * 4, cudaMemcpyDeviceToHost));
         return o;
       };
-      auto full = [](TopKPlan p) {
-        p.fit_grid = false;
+      auto full = [&](TopKPlan p) {
+        p.grid = rows * p.chunks;
         return p;
       };
       std::vector<std::pair<std::string, TopKPlan>> plans = {
-          {"single CTA", topk_logits_plan(rows, v, k, TopKImpl::kSingleCta)},
-          {"split", topk_logits_plan(rows, v, k, TopKImpl::kSplit)},
-          {"split, a CTA per chunk", full(topk_logits_plan(rows, v, k, TopKImpl::kSplit))}};
+          {"one CTA a row", TopKPlan{.dtype = DType::kBF16}},
+          {"split", topk_logits_plan(cfg, rows, v, k)},
+          {"split, a CTA per chunk", full(topk_logits_plan(cfg, rows, v, k))}};
       if (sweep)
         for (int chunk = 512; chunk <= 8192; chunk *= 2) {
-          plans.push_back({"split (forced)", topk_logits_plan(rows, v, k, TopKImpl::kSplit, chunk)});
-          plans.push_back({"split (forced), a CTA per chunk", full(topk_logits_plan(rows, v, k, TopKImpl::kSplit, chunk))});
+          plans.push_back({"split (forced)", topk_logits_plan(cfg, rows, v, k, chunk)});
+          plans.push_back({"split (forced), a CTA per chunk", full(topk_logits_plan(cfg, rows, v, k, chunk))});
         }
       Outputs ref;
       for (size_t p = 0; p < plans.size(); ++p) {

@@ -577,16 +577,18 @@ OpRun prepare_seq_mean_pool(const ir::Node&, const ir::Graph&, PrepareContext&) 
 }
 
 // TopKLogits: reads logits in the activation dtype, writes f32 values, i32 ids and f32
-// log-probs, each [R, k]. The split kernels' partials live in the op scratch.
-OpRun prepare_topk_logits(const ir::Node& n, const ir::Graph&, PrepareContext&) {
+// log-probs, each [R, k]. The split kernels' partials live in the op scratch. The device
+// facts and switches the plans need are read here, once, not on every step.
+OpRun prepare_topk_logits(const ir::Node& n, const ir::Graph&, PrepareContext& pc) {
   const int64_t k = n.attr_int("k");
-  return [k](OpContext& c) {
+  const TopKConfig cfg = topk_logits_config(pc.act);
+  return [k, cfg](OpContext& c) {
     const DevTensor& x = *c.inputs[0];
     const int64_t r = x.dim(0), v = x.dim(1);
     auto* values = static_cast<float*>(c.out(0, {r, k}, DType::kF32).data);
     auto* ids = static_cast<int32_t*>(c.out(1, {r, k}, DType::kI32).data);
     auto* logprobs = static_cast<float*>(c.out(2, {r, k}, DType::kF32).data);
-    const TopKPlan plan = topk_logits_plan(r, v, k);
+    const TopKPlan plan = topk_logits_plan(cfg, r, v, k);
     void* scratch = plan.split() ? c.scratch(plan.scratch_bytes) : nullptr;
     launch_topk_logits(x.dtype, x.data, r, v, k, values, ids, logprobs, plan, scratch, c.cx->stream);
   };

@@ -1,10 +1,10 @@
 // TopKLogits conformance: the CUDA kernels against the CPU backend on one-node graphs,
 // in f32, f16 and bf16 (inputs rounded to the dtype, so both see the same values): ids
 // and values must be identical, log-probs equal up to the log-sum-exp's rounding
-// (|err| <= 1e-6 * max(1, |ref|)). Both paths: the split kernels (the default; every
-// chunk size by KILN_CUDA_TOPK_CHUNK, short last chunks, k up to 1024, both chunk
-// grids by KILN_CUDA_TOPK_GRID, inside a captured CUDA graph) and the single-CTA
-// kernel (KILN_CUDA_TOPK=old, and rows too short to split). Rows of the vocabularies
+// (|err| <= 1e-6 * max(1, |ref|)). Both paths: the split kernels (every chunk size by
+// KILN_CUDA_TOPK_CHUNK, short last chunks, k up to 1024, both chunk grids by
+// KILN_CUDA_TOPK_GRID, inside a captured CUDA graph) and the one-CTA-per-row kernel
+// (rows too short to split, and k too large for the split's merge). Rows of the vocabularies
 // served (32000, 50257, 128256) at batch 1, 3, 64 and 256, exact ties at the k-th
 // value, -0/+0, NaN and +-inf; a run asking for some outputs returns only those.
 // Skips without a GPU.
@@ -27,7 +27,8 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 
 enum class Fill { kNormal, kTies, kSpecial };
 
-// Sets an environment variable for a scope (the TopKLogits plan reads it on every run).
+// Sets an environment variable for a scope (a compiled TopKLogits node reads the
+// switches once, when it is prepared).
 class ScopedEnv {
  public:
   ScopedEnv(const char* name, const std::string& value) : name_(name) {
@@ -61,6 +62,11 @@ Tensor logits_tensor(int64_t rows, int64_t v, Fill fill, const std::string& dtyp
   }
   if (fill == Fill::kSpecial && rows * v > 20) x[17] = kInf;
   return t.to(storage_dtype(dtype)).to(DType::kF32);
+}
+
+// The plan a graph compiled now would make for these shapes (bf16 logits).
+TopKPlan plan_for(int64_t rows, int64_t v, int64_t k) {
+  return topk_logits_plan(topk_logits_config(DType::kBF16), rows, v, k);
 }
 
 struct TopGraph {
@@ -133,7 +139,7 @@ TEST(CudaTopKLogits, ServingShapes) {
   KILN_SKIP_WITHOUT_CUDA();
   for (int64_t v : {50257, 128256})
     for (int64_t rows : {1, 3, 64}) {
-      EXPECT_TRUE(topk_logits_plan(rows, v, 64).split()) << rows << " x " << v;
+      EXPECT_TRUE(plan_for(rows, v, 64).split()) << rows << " x " << v;
       check_case(rows, v, 64, Fill::kNormal, "bf16");
       check_case(rows, v, 64, Fill::kTies, "bf16");
       check_case(rows, v, 64, Fill::kSpecial, "bf16");
@@ -162,7 +168,7 @@ TEST(CudaTopKLogits, EveryChunkSize) {
                 S{2, 3 * chunk - 1, 200, Fill::kSpecial}, S{2, 5 * chunk + 1, 1, Fill::kNormal},
                 S{2, 2 * chunk + 1, 1024, Fill::kTies}, S{2, 9 * chunk, 1024, Fill::kNormal},
                 S{1, 50257, 64, Fill::kTies}}) {
-      EXPECT_TRUE(topk_logits_plan(s.rows, s.v, s.k).split()) << s.v << " " << s.k;
+      EXPECT_TRUE(plan_for(s.rows, s.v, s.k).split()) << s.v << " " << s.k;
       check_case(s.rows, s.v, s.k, s.fill, "bf16");
     }
     check_case(3, 4 * chunk + 10, 64, Fill::kNormal, "f32");
@@ -172,17 +178,18 @@ TEST(CudaTopKLogits, EveryChunkSize) {
   }
 }
 
-// A mistyped switch is an error naming the variable and what it takes, not a silent default.
-TEST(CudaTopKLogits, BadSwitchValuesAreClearErrors) {
+// A mistyped chunk size is an error naming the variable and what it takes, not a silent
+// default, and it comes when the graph is compiled.
+TEST(CudaTopKLogits, BadChunkSwitchIsAClearErrorAtCompile) {
   KILN_SKIP_WITHOUT_CUDA();
-  for (auto [name, value] : {std::pair{"KILN_CUDA_TOPK", "olde"}, std::pair{"KILN_CUDA_TOPK_CHUNK", "100"},
-                             std::pair{"KILN_CUDA_TOPK_CHUNK", "2k"}}) {
-    ScopedEnv env(name, value);
+  TopGraph tg(128256, 64);
+  for (const char* value : {"100", "2k", "16384"}) {
+    ScopedEnv env("KILN_CUDA_TOPK_CHUNK", value);
     try {
-      (void)topk_logits_plan(64, 128256, 64);
-      ADD_FAILURE() << name << "=" << value << " accepted";
+      (void)create_backend("cuda")->compile(tg.g, {.weight_dtype = "bf16"});
+      ADD_FAILURE() << "KILN_CUDA_TOPK_CHUNK=" << value << " accepted";
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("KILN_CUDA_TOPK_CHUNK"), std::string::npos) << e.what();
       EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
     }
   }
@@ -195,24 +202,25 @@ TEST(CudaTopKLogits, ChunkKernelGrids) {
   for (std::string grid : {"fit", "full"}) {
     ScopedEnv env("KILN_CUDA_TOPK_GRID", grid);
     SCOPED_TRACE(grid);
-    EXPECT_EQ(topk_logits_plan(64, 128256, 64).fit_grid, grid == "fit");
+    const TopKPlan p = plan_for(64, 128256, 64);
+    ASSERT_TRUE(p.split());
+    EXPECT_EQ(p.grid < 64 * p.chunks, grid == "fit") << p.grid << " CTAs for " << 64 * p.chunks << " chunks";
     check_case(64, 128256, 64, Fill::kNormal, "bf16");
     check_case(64, 50257, 64, Fill::kTies, "f16");
     check_case(40, 32000, 64, Fill::kSpecial, "f32");
   }
 }
 
-// Where the split does not fit (k too large for the chunks' candidates to fit one merge)
-// and KILN_CUDA_TOPK=old: the single-CTA kernel.
-TEST(CudaTopKLogits, SingleCtaKernel) {
+// Long rows where the split does not fit (k too large for the chunks' candidates to fit
+// one merge): the one-CTA-per-row kernel over a whole vocabulary, with ties at the k-th
+// value (its select then runs over index digits too) and specials.
+TEST(CudaTopKLogits, OneCtaPerRowKernel) {
   KILN_SKIP_WITHOUT_CUDA();
-  EXPECT_FALSE(topk_logits_plan(2, 300000, 1024).split());
+  EXPECT_FALSE(plan_for(2, 300000, 1024).split());
   check_case(2, 300000, 1024, Fill::kNormal, "bf16");
-  ScopedEnv env("KILN_CUDA_TOPK", "old");
-  EXPECT_FALSE(topk_logits_plan(3, 128256, 64).split());
-  check_case(3, 128256, 64, Fill::kNormal, "bf16");
-  check_case(2, 50257, 64, Fill::kTies, "f16");
-  check_case(2, 50257, 64, Fill::kSpecial, "f32");
+  check_case(2, 300000, 1024, Fill::kTies, "f16");
+  check_case(2, 300000, 1024, Fill::kSpecial, "f32");
+  check_case(1, 300000, 1000, Fill::kTies, "bf16");
 }
 
 // The split kernels inside a captured CUDA graph: a bf16 graph whose only input is token
@@ -233,7 +241,7 @@ TEST(CudaTopKLogits, SplitKernelsInACapturedGraph) {
   Tensor rows(DType::kI32, {5});
   for (int i = 0; i < 5; ++i) rows.data_as<int32_t>()[i] = int32_t((i * 3 + 1) % 8);
   TensorMap in{{"ids", rows}};
-  EXPECT_TRUE(topk_logits_plan(5, v, k).split());
+  EXPECT_TRUE(plan_for(5, v, k).split());
   auto cpu = create_backend("cpu")->compile(g, {.weight_dtype = "f32"});
   auto gpu = create_backend("cuda")->compile(g, {.weight_dtype = "bf16"});
   TensorMap want = cpu->run(in, {}, nullptr);

@@ -1,37 +1,32 @@
-// TopKLogits (see topk.h), two exact paths sharing one order: values map to
-// order-preserving 32-bit keys (-0 == +0, NaN below -inf) and an element to the 64-bit
-// item key << 32 | ~index, unique per row and larger when ahead (value desc, index asc).
+// TopKLogits (see topk.h), two exact paths sharing one order and one radix select:
+// values map to order-preserving 32-bit keys (-0 == +0, NaN below -inf) and an element to
+// the 64-bit item key << 32 | ~index, unique per row and larger when ahead (value desc,
+// index asc). A block-wide radix select (radix_select) narrows to the k-th largest item
+// 8 bits a pass, stopping as soon as the chosen bin holds exactly the items still needed.
 //
-// Split (the default): a row is cut into chunks of 2^chunk_log2 logits, one 256-thread
-// CTA each, E logits per thread in registers (the row is read once; with more chunks
-// than fit on the device at once, a CTA loops over chunks and loads its next one while
-// selecting in the current one). A chunk keeps its
-// max and its sum of exp(x - max) (f32 exp, compensated f32 sum per thread, f64 across
-// threads) and its top kc = min(k, chunk) items: the kc-th largest of the threads' max
-// keys bounds the chunk's kc-th key from below, so only the few elements at or above it
-// enter a radix select over their item bits (8 bits a pass, stopping as soon as the
-// chosen bin holds exactly the items still needed). A second kernel, one 512-thread CTA
-// per row, loads the row's candidates into shared memory, picks the k best the same way,
-// orders them (k <= 256: each item's place is the count of items above it; else a
-// bitonic sort) and combines the log-sum-exp: M = max m_c, S = sum S_c e^(m_c - M).
+// Split (where it fits: rows longer than a chunk and than k): a row is cut into chunks of
+// 2^chunk_log2 logits, one 256-thread CTA each, E logits per thread in registers (the row
+// is read once; with more chunks than fit on the device at once, a CTA loops over chunks
+// and loads its next one while selecting in the current one). A chunk keeps its max and
+// its sum of exp(x - max) (f32 exp, compensated f32 sum per thread, f64 across threads)
+// and its top kc = min(k, chunk) items: the kc-th largest of the threads' max keys bounds
+// the chunk's kc-th key from below, so only the few elements at or above it enter the
+// select. A second kernel, one 512-thread CTA per row, loads the row's candidates into
+// shared memory, picks the k best the same way, orders them (k <= 256: each item's place
+// is the count of items above it; else a bitonic sort) and combines the log-sum-exp:
+// M = max m_c, S = sum S_c e^(m_c - M).
 //
-// Single CTA (KILN_CUDA_TOPK=old, and rows the split does not fit): one CTA per row; a
-// radix select, 8 key bits a pass from the top, finds the k-th largest key (two passes
-// for bf16, three for f16, four for f32: the lower key bits of a converted 16-bit value
-// follow from its sign); one ordered pass keeps every element above that key plus the
-// lowest-index ones equal to it; a bitonic sort in shared memory orders the k
-// candidates. The log-sum-exp rides along the first two passes: the max as std::max
-// keeps it (NaN never wins), then the sum of exp(double(x) - max) in double, as the
-// host's logprobs_of computes it.
+// One CTA per row (rows the split does not fit: short rows, or k too large for the
+// chunks' candidates to fit one merge): the row's max as std::max keeps it (NaN never
+// wins) and the sum of exp(double(x) - max) in double, as the host's logprobs_of
+// computes them; the select over the whole row (re-read each pass); a bitonic sort of
+// the k in shared memory.
 //
 // Both give the CPU kernel's ids and values bit for bit; log-probs differ by the
 // log-sum-exp's rounding (f64 summation order; the split path's f32 exp terms, each
 // within a few f32 ulps), far below the 1e-6 the tests allow.
 #include <algorithm>
 #include <cstdlib>
-#include <map>
-#include <mutex>
-#include <set>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -83,142 +78,6 @@ __device__ __forceinline__ double block_sum_double(double v, double* scratch) {
   return s;
 }
 
-template <typename T, int kPasses>
-__global__ void __launch_bounds__(kThreads)
-    topk_logits_kernel(const T* x, int64_t v, int k, int sort_n, float* values, int32_t* ids, float* logprobs) {
-  pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
-  extern __shared__ unsigned long long cand[];  // [sort_n]: key << 32 | ~index
-  __shared__ uint32_t hist[256];
-  __shared__ float red_f[kWarps];
-  __shared__ double red_d[kWarps];
-  __shared__ uint32_t s_bin, s_need;
-  __shared__ int s_above, s_warp_eq[kWarps];
-
-  const T* row = x + int64_t(blockIdx.x) * v;
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const bool select = v > k;  // else every element is a candidate
-  uint32_t prefix = 0, mask = 0, need = uint32_t(k);
-  float mx = neg_inf();
-  double lse = 0;
-
-  for (int pass = 0; pass < kPasses; ++pass) {
-    const int shift = 24 - 8 * pass;
-    for (int i = tid; i < 256; i += kThreads) hist[i] = 0;
-    __syncthreads();
-    float lmx = neg_inf();
-    double lsum = 0;
-    for (int64_t i = tid; i < v; i += kThreads) {
-      const float f = to_f32(row[i]);
-      if (pass == 0) lmx = lmx < f ? f : lmx;
-      if (pass == 1) lsum += exp(double(f) - double(mx));
-      if (select) {
-        const uint32_t key = order_key(f);
-        if ((key & mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1u);
-      }
-    }
-    if (pass == 0) mx = block_max_keep<kWarps>(lmx, red_f);
-    if (pass == 1) lse = double(mx) + log(block_sum_double<kWarps>(lsum, red_d));
-    __syncthreads();
-    if (!select) continue;
-    // The bin holding the need-th largest key: lane l owns bins 255-8l .. 248-8l.
-    if (warp == 0) {
-      uint32_t c[8], sum = 0;
-#pragma unroll
-      for (int j = 0; j < 8; ++j) sum += c[j] = hist[255 - (lane * 8 + j)];
-      uint32_t incl = sum;
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const uint32_t y = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += y;
-      }
-      uint32_t acc = incl - sum;
-      if (acc < need && need <= incl) {
-        for (int j = 0; j < 8; ++j) {
-          if (acc + c[j] >= need) {
-            s_bin = uint32_t(255 - (lane * 8 + j));
-            s_need = need - acc;
-            break;
-          }
-          acc += c[j];
-        }
-      }
-    }
-    __syncthreads();
-    prefix |= s_bin << shift;
-    mask |= 255u << shift;
-    need = s_need;
-  }
-
-  // Candidates: keys above the k-th go first (any order), then the `need` lowest-index
-  // ones equal to it, found by an ordered scan of the row, a CTA-wide chunk at a time.
-  if (tid == 0) s_above = 0;
-  __syncthreads();
-  const int above_total = select ? k - int(need) : 0;
-  uint32_t eq_taken = 0;
-  for (int64_t base = 0; base < v; base += kThreads) {
-    const int64_t i = base + tid;
-    bool eq = false;
-    unsigned long long c = 0;
-    if (i < v) {
-      const uint32_t key = order_key(to_f32(row[i]));
-      c = (static_cast<unsigned long long>(key) << 32) | uint32_t(~uint32_t(i));
-      if (!select) {
-        cand[i] = c;
-      } else if ((key & mask) > prefix) {
-        cand[atomicAdd(&s_above, 1)] = c;
-      } else if ((key & mask) == prefix && eq_taken < need) {
-        eq = true;
-      }
-    }
-    if (!select || eq_taken >= need) continue;  // uniform across the CTA
-    const unsigned ballot = __ballot_sync(0xffffffffu, eq);
-    if (lane == 0) s_warp_eq[warp] = __popc(ballot);
-    __syncthreads();
-    uint32_t before = 0, total = 0;
-    for (int w = 0; w < kWarps; ++w) {
-      before += w < warp ? uint32_t(s_warp_eq[w]) : 0u;
-      total += uint32_t(s_warp_eq[w]);
-    }
-    const uint32_t rank = eq_taken + before + uint32_t(__popc(ballot & ((1u << lane) - 1u)));
-    if (eq && rank < need) cand[above_total + int(rank)] = c;
-    eq_taken += total;
-    __syncthreads();  // s_warp_eq is rewritten by the next chunk
-  }
-  const int n = select ? k : int(v);
-  for (int i = n + tid; i < sort_n; i += kThreads) cand[i] = 0;  // pads sort last
-  __syncthreads();
-
-  // Bitonic sort, descending.
-  for (int size = 2; size <= sort_n; size <<= 1)
-    for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      for (int t = tid; t < sort_n / 2; t += kThreads) {
-        const int a = 2 * t - (t & (stride - 1)), b = a + stride;
-        const unsigned long long ca = cand[a], cb = cand[b];
-        if (((a & size) == 0) ? ca < cb : ca > cb) {
-          cand[a] = cb;
-          cand[b] = ca;
-        }
-      }
-      __syncthreads();
-    }
-
-  float* vo = values + int64_t(blockIdx.x) * k;
-  int32_t* io = ids + int64_t(blockIdx.x) * k;
-  float* lo = logprobs + int64_t(blockIdx.x) * k;
-  for (int j = tid; j < k; j += kThreads) {
-    if (j < n) {
-      const int32_t i = int32_t(~uint32_t(cand[j] & 0xffffffffu));
-      const float f = to_f32(row[i]);
-      vo[j] = f;
-      io[j] = i;
-      lo[j] = float(double(f) - lse);
-    } else {
-      vo[j] = lo[j] = neg_inf();
-      io[j] = -1;
-    }
-  }
-}
-
 template <typename T>
 constexpr int key_passes() {
   // 8 key bits a pass over the bits a value of T can set: bf16 16, f16 24 (f16 -> f32
@@ -227,18 +86,6 @@ constexpr int key_passes() {
   else if constexpr (std::is_same_v<T, __half>) return 3;
   else return 2;
 }
-
-
-// ---- split path ---------------------------------------------------------------------
-
-constexpr int kChunkThreads = 256;
-constexpr int kMergeThreads = 512;
-constexpr int kMinChunkLog2 = 9;   // 512 logits: E = 2 per thread
-constexpr int kMaxChunkLog2 = 13;  // 8192 logits: E = 32 per thread
-constexpr int kAutoMaxChunkLog2 = 11;  // the longest chunk chosen for the grid's sake
-// Candidates one merge CTA holds in shared memory (128 KiB), at most 32 per thread so
-// that a thread's live ones fit a 32-bit mask.
-constexpr int64_t kMergeMaxItems = 32 * kMergeThreads;
 
 __device__ __forceinline__ uint64_t make_item(uint32_t key, uint32_t index) {
   return (static_cast<uint64_t>(key) << 32) | uint32_t(~index);
@@ -326,6 +173,101 @@ __device__ void radix_select(const Visit& visit, const Digits& digits, uint32_t&
     if (sm.count == need) break;  // uniform: every thread read the same shared values
   }
 }
+
+// Bitonic sort of a[0, n) (n a power of two) in shared memory, descending.
+template <int kThreads>
+__device__ void bitonic_sort_desc(uint64_t* a, int n) {
+  for (int size = 2; size <= n; size <<= 1)
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      for (int t = threadIdx.x; t < n / 2; t += kThreads) {
+        const int i = 2 * t - (t & (stride - 1)), j = i + stride;
+        const uint64_t ci = a[i], cj = a[j];
+        if (((i & size) == 0) ? ci < cj : ci > cj) {
+          a[i] = cj;
+          a[j] = ci;
+        }
+      }
+      __syncthreads();
+    }
+}
+
+// One CTA per row: the k best items of row blockIdx.x, ordered, with their log-probs.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    topk_row_kernel(const T* x, int64_t v, int k, int key_digits, int index_bits, int sort_n, float* values,
+                    int32_t* ids, float* logprobs) {
+  pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
+  extern __shared__ uint64_t row_smem[];  // [sort_n]: the selected items
+  __shared__ SelectSmem sm;
+  __shared__ float red_f[kWarps];
+  __shared__ double red_d[kWarps];
+  __shared__ uint32_t s_slot;
+
+  const T* row = x + int64_t(blockIdx.x) * v;
+  const int tid = threadIdx.x;
+  float lmx = neg_inf();
+  for (int64_t i = tid; i < v; i += kThreads) {
+    const float f = to_f32(row[i]);
+    lmx = lmx < f ? f : lmx;
+  }
+  const float mx = block_max_keep<kWarps>(lmx, red_f);
+  double lsum = 0;
+  for (int64_t i = tid; i < v; i += kThreads) lsum += exp(double(to_f32(row[i])) - double(mx));
+  const double lse = double(mx) + log(block_sum_double<kWarps>(lsum, red_d));
+
+  auto visit = [&](auto&& fn) {
+    for (int64_t i = tid; i < v; i += kThreads) fn(make_item(order_key(to_f32(row[i])), uint32_t(i)));
+  };
+  const int n = int(min(v, int64_t(k)));
+  if (v > k) {
+    // Over the key and the index digits: items are unique, so exactly k pass the test.
+    Digits d;
+    d.add_key(key_digits);
+    d.add_index(index_bits);
+    uint64_t prefix = 0, mask = 0;
+    uint32_t need = uint32_t(k);
+    if (tid == 0) s_slot = 0;  // read after the select's barriers
+    radix_select<kThreads>(visit, d, need, prefix, mask, sm);
+    visit([&](uint64_t item) {
+      if ((item & mask) >= prefix) {
+        const uint32_t slot = atomicAdd(&s_slot, 1u);
+        if (slot < uint32_t(k)) row_smem[slot] = item;
+      }
+    });
+  } else {
+    for (int64_t i = tid; i < v; i += kThreads) row_smem[i] = make_item(order_key(to_f32(row[i])), uint32_t(i));
+  }
+  for (int i = n + tid; i < sort_n; i += kThreads) row_smem[i] = 0;  // pads sort last
+  __syncthreads();
+  bitonic_sort_desc<kThreads>(row_smem, sort_n);
+
+  float* vo = values + int64_t(blockIdx.x) * k;
+  int32_t* io = ids + int64_t(blockIdx.x) * k;
+  float* lo = logprobs + int64_t(blockIdx.x) * k;
+  for (int j = tid; j < k; j += kThreads) {
+    if (j < n) {
+      const int32_t i = int32_t(~uint32_t(row_smem[j] & 0xffffffffu));
+      const float f = to_f32(row[i]);
+      vo[j] = f;
+      io[j] = i;
+      lo[j] = float(double(f) - lse);
+    } else {
+      vo[j] = lo[j] = neg_inf();
+      io[j] = -1;
+    }
+  }
+}
+
+// ---- split path ---------------------------------------------------------------------
+
+constexpr int kChunkThreads = 256;
+constexpr int kMergeThreads = 512;
+constexpr int kMinChunkLog2 = 9;   // 512 logits: E = 2 per thread
+constexpr int kMaxChunkLog2 = 13;  // 8192 logits: E = 32 per thread
+constexpr int kAutoMaxChunkLog2 = 11;  // the longest chunk chosen for the grid's sake
+// Candidates one merge CTA holds in shared memory (128 KiB), at most 32 per thread so
+// that a thread's live ones fit a 32-bit mask.
+constexpr int64_t kMergeMaxItems = 32 * kMergeThreads;
 
 // The smallest key a select over kc items may need: the kc-th largest of the threads'
 // largest keys, over the top 16 key bits only (lower bits zero). At least kc threads hold
@@ -476,23 +418,6 @@ __global__ void __launch_bounds__(kChunkThreads)
   }
 }
 
-// Bitonic sort of a[0, n) (n a power of two) in shared memory, descending.
-template <int kThreads>
-__device__ void bitonic_sort_desc(uint64_t* a, int n) {
-  for (int size = 2; size <= n; size <<= 1)
-    for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      for (int t = threadIdx.x; t < n / 2; t += kThreads) {
-        const int i = 2 * t - (t & (stride - 1)), j = i + stride;
-        const uint64_t ci = a[i], cj = a[j];
-        if (((i & size) == 0) ? ci < cj : ci > cj) {
-          a[i] = cj;
-          a[j] = ci;
-        }
-      }
-      __syncthreads();
-    }
-}
-
 // Kernel 2: row blockIdx.x. Its chunks * kc candidates go to shared memory (thread t
 // holds t, t + 512, ...), the k best are selected, ordered and written out.
 template <typename T>
@@ -588,35 +513,6 @@ __global__ void __launch_bounds__(kMergeThreads)
   bitonic_sort_desc<kMergeThreads>(sel, sort_n);
   for (int j = tid; j < k; j += kMergeThreads) write(j, sel[j]);
 }
-
-// The chunk kernel's grid: one CTA a part, or (fit_grid) at most as many as fit on the
-// device at once, each looping over parts.
-template <typename T, int E>
-void launch_chunks(const T* x, int64_t rows, int64_t v, const TopKPlan& p, int key_digits, uint64_t* cand,
-                   float* cmax, double* csum, cudaStream_t s) {
-  const int64_t parts = rows * p.chunks;
-  int64_t grid = parts;
-  if (p.fit_grid) {
-    // CTAs resident at once, per device, found on the first (eager) launch.
-    static std::mutex mu;
-    static std::map<int, int64_t> resident;
-    int dev = 0;
-    KILN_CUDA_CHECK(cudaGetDevice(&dev));
-    std::lock_guard<std::mutex> lock(mu);
-    auto it = resident.find(dev);
-    if (it == resident.end()) {
-      int sms = 0, per_sm = 0;
-      KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-      KILN_CUDA_CHECK(
-          cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, topk_chunk_kernel<T, E>, kChunkThreads, 0));
-      it = resident.emplace(dev, int64_t(std::max(per_sm, 1)) * sms).first;
-    }
-    grid = std::min(parts, it->second);
-  }
-  launch_k(topk_chunk_kernel<T, E>, unsigned(grid), kChunkThreads, 0, s, x, v, p.chunks, parts, p.chunk_log2,
-           int(p.kc), key_digits, cand, cmax, csum);
-}
-
 int sort_size(int64_t n) {
   int s = 1;
   while (s < n) s <<= 1;
@@ -625,29 +521,22 @@ int sort_size(int64_t n) {
 
 size_t merge_smem_bytes(int64_t items, int64_t k) { return size_t(items + sort_size(k)) * sizeof(uint64_t); }
 
-// Lets `kernel` take `bytes` of dynamic shared memory on the current device. Raised to
-// the largest merge once per device and instantiation (a host-side attribute, set on the
-// eager first run of a step before any capture could need it).
-template <typename Kernel>
-void allow_merge_smem(Kernel kernel, size_t bytes) {
-  if (bytes <= 48 * 1024) return;
-  static std::mutex mu;
-  static std::set<std::pair<const void*, int>> done;
-  int dev = 0;
-  KILN_CUDA_CHECK(cudaGetDevice(&dev));
-  std::lock_guard<std::mutex> lock(mu);
-  if (done.count({reinterpret_cast<const void*>(kernel), dev})) return;
-  int optin = 0;
-  KILN_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  const size_t most = std::min(merge_smem_bytes(kMergeMaxItems, ir::kTopKLogitsMaxK), size_t(std::max(optin - 4096, 0)));
-  KILN_CHECK(bytes <= most, "TopKLogits: the merge wants ", bytes, " bytes of shared memory, the device allows ", most);
-  KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(most)));
-  done.insert({reinterpret_cast<const void*>(kernel), dev});
+// The chunk kernel for E logits a thread (chunks of 256 E), by chunk_log2.
+template <typename T, typename Fn>
+void with_chunk_kernel(int chunk_log2, Fn&& fn) {
+  switch (chunk_log2) {
+    case 9: fn(topk_chunk_kernel<T, 2>); break;
+    case 10: fn(topk_chunk_kernel<T, 4>); break;
+    case 11: fn(topk_chunk_kernel<T, 8>); break;
+    case 12: fn(topk_chunk_kernel<T, 16>); break;
+    default: fn(topk_chunk_kernel<T, 32>); break;
+  }
 }
 
-// The split plan, or a single-CTA one where the split does not fit.
-TopKPlan plan_split(int64_t rows, int64_t v, int64_t k, int chunk, int num_sms, size_t max_smem) {
+// The split plan, or the one-CTA-per-row one where the split does not fit.
+TopKPlan plan_split(const TopKConfig& c, int64_t rows, int64_t v, int64_t k, int chunk) {
   TopKPlan p;
+  p.dtype = c.dtype;
   if (v <= k || v <= (int64_t(1) << kMinChunkLog2)) return p;
   auto items = [&](int lg) { return ((v + (int64_t(1) << lg) - 1) >> lg) * std::min<int64_t>(k, int64_t(1) << lg); };
   int lg = kMinChunkLog2;
@@ -659,48 +548,61 @@ TopKPlan plan_split(int64_t rows, int64_t v, int64_t k, int chunk, int num_sms, 
     // and while it is short next to k or the row would have too many candidates.
     // Growth for the grid's sake stops at 2048: E = 8 holds a chunk and the next one's
     // loads in 61 registers, four CTAs an SM (E = 16 takes 109: two).
-    const int64_t target = std::max(1, num_sms * 3 / 4);
+    const int64_t target = std::max(1, c.num_sms * 3 / 4);
     while (lg < kMaxChunkLog2 &&
            ((lg < kAutoMaxChunkLog2 && rows * ((v + (int64_t(1) << (lg + 1)) - 1) >> (lg + 1)) >= target) ||
             (int64_t(1) << lg) < 4 * k || items(lg) > kMergeMaxItems))
       ++lg;
   }
   const int64_t chunks = (v + (int64_t(1) << lg) - 1) >> lg;
-  if (chunks < 2 || items(lg) > kMergeMaxItems || merge_smem_bytes(items(lg), k) > max_smem) return p;
+  if (chunks < 2 || items(lg) > kMergeMaxItems || merge_smem_bytes(items(lg), k) > c.max_merge_smem) return p;
   p.chunk_log2 = lg;
   p.chunks = chunks;
   p.kc = std::min<int64_t>(k, int64_t(1) << lg);
   const int64_t parts = rows * chunks;
+  p.grid = c.fit_grid ? std::min(parts, c.resident[lg - kMinChunkLog2]) : parts;
   p.scratch_bytes = size_t(parts) * (sizeof(double) + sizeof(float) + size_t(p.kc) * sizeof(uint64_t));
   return p;
 }
 
 }  // namespace
 
-TopKPlan topk_logits_plan(int64_t rows, int64_t v, int64_t k, TopKImpl impl, int chunk) {
-  if (impl == TopKImpl::kAuto) {
-    const char* e = std::getenv("KILN_CUDA_TOPK");
-    KILN_THROW_IF(e && *e && std::string(e) != "old", kInvalidArgument, "KILN_CUDA_TOPK='", e,
-                  "': expected 'old' (the single-CTA kernel) or unset");
-    impl = e && *e ? TopKImpl::kSingleCta : TopKImpl::kSplit;
-  }
-  if (impl == TopKImpl::kSingleCta || rows < 1 || k < 1) return {};
-  if (const char* e = std::getenv("KILN_CUDA_TOPK_CHUNK"); chunk == 0 && e && *e) {
+TopKConfig topk_logits_config(DType t) {
+  TopKConfig c;
+  c.dtype = t;
+  if (const char* e = std::getenv("KILN_CUDA_TOPK_CHUNK"); e && *e) {
     char* end = nullptr;
-    const long c = std::strtol(e, &end, 10);
-    KILN_THROW_IF(*end != '\0' || c < (1L << kMinChunkLog2) || c > (1L << kMaxChunkLog2), kInvalidArgument,
+    const long v = std::strtol(e, &end, 10);
+    KILN_THROW_IF(*end != '\0' || v < (1L << kMinChunkLog2) || v > (1L << kMaxChunkLog2), kInvalidArgument,
                   "KILN_CUDA_TOPK_CHUNK='", e, "': expected a chunk of ", 1 << kMinChunkLog2, " to ",
                   1 << kMaxChunkLog2, " logits");
-    chunk = int(c);
+    c.chunk = int(v);
   }
-  int dev = 0, sms = 0, optin = 0;
+  if (const char* e = std::getenv("KILN_CUDA_TOPK_GRID")) c.fit_grid = std::string(e) != "full";
+  int dev = 0, optin = 0;
   KILN_CUDA_CHECK(cudaGetDevice(&dev));
-  KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  KILN_CUDA_CHECK(cudaDeviceGetAttribute(&c.num_sms, cudaDevAttrMultiProcessorCount, dev));
   KILN_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  // Leave room for the merge kernel's static shared memory (the select's histogram).
-  TopKPlan p = plan_split(rows, v, k, chunk, sms, size_t(std::max(optin - 4096, 0)));
-  if (const char* e = std::getenv("KILN_CUDA_TOPK_GRID")) p.fit_grid = std::string(e) != "full";
-  return p;
+  // Room is left for the merge kernel's static shared memory (the select's histogram).
+  c.max_merge_smem =
+      std::min(merge_smem_bytes(kMergeMaxItems, ir::kTopKLogitsMaxK), size_t(std::max(optin - 4096, 0)));
+  KILN_CUDA_DISPATCH_FLOAT(t, T, {
+    if (c.max_merge_smem > 48 * 1024)
+      KILN_CUDA_CHECK(cudaFuncSetAttribute(topk_merge_kernel<T>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           int(c.max_merge_smem)));
+    for (int lg = kMinChunkLog2; lg <= kMaxChunkLog2; ++lg)
+      with_chunk_kernel<T>(lg, [&](auto kernel) {
+        int per_sm = 0;
+        KILN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kChunkThreads, 0));
+        c.resident[lg - kMinChunkLog2] = int64_t(std::max(per_sm, 1)) * c.num_sms;
+      });
+  });
+  return c;
+}
+
+TopKPlan topk_logits_plan(const TopKConfig& c, int64_t rows, int64_t v, int64_t k, int chunk) {
+  if (rows < 1 || k < 1) return {.dtype = c.dtype};
+  return plan_split(c, rows, v, k, chunk > 0 ? chunk : c.chunk);
 }
 
 void launch_topk_logits(DType t, const void* x, int64_t rows, int64_t v, int64_t k, float* values, int32_t* ids,
@@ -710,21 +612,21 @@ void launch_topk_logits(DType t, const void* x, int64_t rows, int64_t v, int64_t
   KILN_THROW_IF(v < 1 || v >= (int64_t(1) << 31), kInvalidArgument, "TopKLogits: ", v,
                 " logits per row (expected 1 to 2^31 - 1)");
   if (rows == 0) return;
+  const int index_bits = v > 1 ? 32 - __builtin_clz(uint32_t(v - 1)) : 1;
   if (!plan.split()) {
-    int sort_n = 1;
-    while (sort_n < int(std::min(k, v))) sort_n <<= 1;
-    const size_t smem = size_t(sort_n) * sizeof(unsigned long long);
+    const int sort_n = sort_size(std::min(k, v));
     KILN_CUDA_DISPATCH_FLOAT(t, T, {
-      launch_k(topk_logits_kernel<T, key_passes<T>()>, unsigned(rows), kThreads, smem, s,
-          static_cast<const T*>(x), v, int(k), sort_n, values, ids, logprobs);
+      launch_k(topk_row_kernel<T>, unsigned(rows), kThreads, size_t(sort_n) * sizeof(uint64_t), s,
+          static_cast<const T*>(x), v, int(k), key_passes<T>(), index_bits, sort_n, values, ids, logprobs);
     });
     KILN_CUDA_CHECK_LAUNCH();
     return;
   }
-  KILN_CHECK(v > k && plan.chunk_log2 >= kMinChunkLog2 && plan.chunk_log2 <= kMaxChunkLog2 &&
+  KILN_CHECK(plan.dtype == t && v > k && plan.chunk_log2 >= kMinChunkLog2 && plan.chunk_log2 <= kMaxChunkLog2 &&
                  plan.chunks == (v + (int64_t(1) << plan.chunk_log2) - 1) >> plan.chunk_log2 &&
-                 plan.kc == std::min<int64_t>(k, int64_t(1) << plan.chunk_log2) && plan.chunks * plan.kc <= kMergeMaxItems,
-             "TopKLogits: a split plan made for other shapes");
+                 plan.kc == std::min<int64_t>(k, int64_t(1) << plan.chunk_log2) &&
+                 plan.chunks * plan.kc <= kMergeMaxItems && plan.grid >= 1 && plan.grid <= rows * plan.chunks,
+             "TopKLogits: a split plan made for other shapes or another dtype");
   KILN_CHECK(scratch != nullptr, "TopKLogits: the split plan needs ", plan.scratch_bytes, " bytes of scratch");
   KILN_THROW_IF(rows * plan.chunks >= (int64_t(1) << 31), kInvalidArgument, "TopKLogits: ", rows, " rows of ", v,
                 " logits are too many chunks for one grid");
@@ -732,21 +634,16 @@ void launch_topk_logits(DType t, const void* x, int64_t rows, int64_t v, int64_t
   auto* csum = static_cast<double*>(scratch);
   auto* cand = reinterpret_cast<uint64_t*>(csum + parts);
   auto* cmax = reinterpret_cast<float*>(cand + parts * plan.kc);
-  const int index_bits = 32 - __builtin_clz(uint32_t(v - 1));  // v > k >= 1
   const int sort_n = sort_size(k);
   const size_t smem = merge_smem_bytes(plan.chunks * plan.kc, k);
   KILN_CUDA_DISPATCH_FLOAT(t, T, {
     const T* xt = static_cast<const T*>(x);
     constexpr int kd = key_passes<T>();
-    switch (plan.chunk_log2) {
-      case 9: launch_chunks<T, 2>(xt, rows, v, plan, kd, cand, cmax, csum, s); break;
-      case 10: launch_chunks<T, 4>(xt, rows, v, plan, kd, cand, cmax, csum, s); break;
-      case 11: launch_chunks<T, 8>(xt, rows, v, plan, kd, cand, cmax, csum, s); break;
-      case 12: launch_chunks<T, 16>(xt, rows, v, plan, kd, cand, cmax, csum, s); break;
-      default: launch_chunks<T, 32>(xt, rows, v, plan, kd, cand, cmax, csum, s); break;
-    }
+    with_chunk_kernel<T>(plan.chunk_log2, [&](auto kernel) {
+      launch_k(kernel, unsigned(plan.grid), kChunkThreads, 0, s, xt, v, plan.chunks, parts, plan.chunk_log2,
+               int(plan.kc), kd, cand, cmax, csum);
+    });
     KILN_CUDA_CHECK_LAUNCH();
-    allow_merge_smem(topk_merge_kernel<T>, smem);
     launch_k(topk_merge_kernel<T>, unsigned(rows), kMergeThreads, smem, s, xt, v, int(k), int(plan.chunks),
              int(plan.kc), kd, index_bits, sort_n, static_cast<const uint64_t*>(cand), static_cast<const float*>(cmax),
              static_cast<const double*>(csum), values, ids, logprobs);
