@@ -427,12 +427,8 @@ class CudaCompiledGraph final : public CompiledGraph {
     std::map<std::pair<int64_t, int64_t>, PlanOff> plan_offs;
     size_t ws_floats = 0, counters = 0;
     // Decode steps take the cluster decode kernel where every attention node suits it
-    // (read per step: KILN_CUDA_DECODE_ATTN=old and the older KILN_CUDA_ATTN paths keep
-    // the grouped-query plans).
-    const char* legacy = std::getenv("KILN_CUDA_ATTN");
-    const bool cluster = decode && attn_cluster_ok_ &&
-                         !(legacy && (std::strcmp(legacy, "old") == 0 || std::strcmp(legacy, "unfused") == 0)) &&
-                         attention_decode_cluster_supported(prep_.act, 1, 1, attn_max_d_);
+    // (read per step: KILN_CUDA_DECODE_ATTN=old keeps the grouped-query plans).
+    const bool cluster = decode && attn_cluster_ok_ && attention_decode_cluster_supported(prep_.act, 1, 1, attn_max_d_);
     for (auto key : attn_keys_) {
       PlanOff po;
       po.plan = cluster  ? attention_plan_decode_cluster(seqs, key.first, key.second, attn_max_d_, cx_->num_sms)

@@ -7,11 +7,12 @@
 // through the decode, tile and tensor-core kernels, split and unsplit, and the packed
 // RoPE path with its quantizing cache write; the pool's codes and scales equal the CPU
 // pool's bit for bit; decode steps over directly filled pools (batch 1/3/64, contexts to
-// 4096, GQA groups 1-8) through the cluster decode kernel (unsplit and 2/8 splits), the
-// grouped-query decode kernel and today's kernels. The tensor-core kernels (the pipelined
-// one and, with KILN_CUDA_FLASH_KERNEL=old, the older one) also over chunked prefills
-// after a cached prefix, and the pipelined plan's coverage and order (host only). Skips
-// without a GPU (the plan test runs anywhere).
+// 4096, GQA groups 1-8) through the cluster decode kernel (unsplit and 2/8 splits) and
+// the fused grouped-query decode kernel; steps without a cache whose sequences are one
+// token each (the grouped kernel reading the rows in place). The tensor-core kernels (the
+// pipelined one and, with KILN_CUDA_FLASH_KERNEL=old, the older one) also over chunked
+// prefills after a cached prefix, and the pipelined plan's coverage and order (host
+// only). Skips without a GPU (the plan test runs anywhere).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -333,6 +334,21 @@ TEST(CudaAttention, QuantizedPoolHoldsTheCpuCodesAndScales) {
     }
 }
 
+// One step without a KV cache: each prompt a sequence whose context is its own rows.
+StepCase cacheless_step(const Config& c, const std::string& dt, std::mt19937_64& rng) {
+  StepCase sc;
+  int32_t t = 0;
+  for (int32_t n : c.prompts) {
+    sc.step.seqs.push_back({t, n, n, {}});
+    t += n;
+  }
+  sc.step.slot_mapping.assign(size_t(t), -1);
+  sc.inputs["q"] = random_tensor({t, c.hq * c.d}, rng, dt, -2, 2);
+  sc.inputs["k"] = random_tensor({t, c.hkv * c.d}, rng, dt, -2, 2);
+  sc.inputs["v"] = random_tensor({t, c.hkv * c.d}, rng, dt);
+  return sc;
+}
+
 TEST(CudaAttention, EncoderBidirectionalWithoutCache) {
   KILN_SKIP_WITHOUT_CUDA();
   for (const Config& c : {Config{4, 4, 16, 1, {5, 12, 1}}, Config{12, 12, 32, 1, {128, 37}}, Config{16, 16, 64, 1, {384}},
@@ -341,16 +357,7 @@ TEST(CudaAttention, EncoderBidirectionalWithoutCache) {
     for (const auto& dt : all_dtypes()) {
       setenv("KILN_CUDA_FLASH", flash, 1);
       std::mt19937_64 rng(uint64_t(c.d));
-      StepCase sc;
-      int32_t t = 0;
-      for (int32_t n : c.prompts) {
-        sc.step.seqs.push_back({t, n, n, {}});
-        t += n;
-      }
-      sc.step.slot_mapping.assign(size_t(t), -1);
-      sc.inputs["q"] = random_tensor({t, c.hq * c.d}, rng, dt, -2, 2);
-      sc.inputs["k"] = random_tensor({t, c.hkv * c.d}, rng, dt, -2, 2);
-      sc.inputs["v"] = random_tensor({t, c.hkv * c.d}, rng, dt);
+      const StepCase sc = cacheless_step(c, dt, rng);
       expect_backends_match(attention_graph(c, false), {sc}, dt, op_tolerance(dt),
                             str_cat("encoder attn h=", c.hq, " d=", c.d, " seqs=", c.prompts.size(), " flash=", flash));
       unsetenv("KILN_CUDA_FLASH");
@@ -411,6 +418,25 @@ int64_t blocks_for(const Config& c) {
   return tokens / c.block_size + int64_t(c.prompts.size()) * 2 + 4;
 }
 
+// Steps without a KV cache whose sequences are all one token long take the grouped-query
+// kernel, reading K/V from the rows in place (no new rows to write): MHA and GQA groups
+// 2-8, every head dim, separate q/k/v and packed rows rotated first (qkv_prep).
+TEST(CudaAttention, OneTokenSequencesWithoutCache) {
+  KILN_SKIP_WITHOUT_CUDA();
+  for (const Config& c : {Config{4, 4, 16, 1, {1, 1, 1}}, Config{8, 2, 32, 1, {1}}, Config{6, 2, 64, 1, {1, 1, 1}},
+                          Config{8, 1, 64, 1, {1, 1, 1, 1, 1}}, Config{16, 2, 128, 1, {1, 1}}})
+    for (bool causal : {false, true})
+      for (const auto& dt : all_dtypes()) {
+        std::mt19937_64 rng(uint64_t(c.hq * 131 + c.d));
+        const StepCase sc = cacheless_step(c, dt, rng);
+        const std::string what = str_cat("1-token seqs, no cache, hq=", c.hq, " hkv=", c.hkv, " d=", c.d,
+                                         " seqs=", c.prompts.size(), " causal=", causal);
+        expect_backends_match(attention_graph(c, causal), {sc}, dt, op_tolerance(dt), what);
+        expect_backends_match(packed_graph(c, causal, c.d), pack_steps(c, {sc}, c.d), dt, op_tolerance(dt),
+                              what + " packed rope");
+      }
+}
+
 TEST(CudaAttention, PackedQkvWithRopeMatchesCpu) {
   KILN_SKIP_WITHOUT_CUDA();
   for (const Config& c : {Config{8, 2, 64, 16, {5, 40, 130}}, Config{4, 4, 32, 16, {17, 1}}, Config{8, 1, 128, 16, {70}}})
@@ -458,26 +484,22 @@ TEST(CudaAttention, PackedQkvQuantizedCachesMatchCpu) {
         }
 }
 
-// The CUDA runs of one scenario under several (KILN_CUDA_SPLIT_CHUNK, KILN_CUDA_ATTN,
-// KILN_CUDA_DECODE_ATTN / KILN_CUDA_DECODE_SPLITS) settings against one CPU run: the
-// cluster decode kernel (16-bit, head dims 64/128; attn "", decode "": its automatic
-// splits, "s1" / "s2" / "s8": 1, 2 or 8 splits merged through the cluster, empty splits
-// included), the fused grouped decode kernel (decode "old"; split "0": the decode plan's
-// automatic splits, "64": forced 64-key splits, "-1": none), the grouped decode kernel
-// with qkv_prep and the combine as separate launches ("unfused"), and today's kernels
-// ("old"). Every setting runs all the steps in order on a fresh pool, which `fill` (if
-// set) fills before the first step as it filled the CPU pool.
+// The CUDA runs of one scenario under several (KILN_CUDA_SPLIT_CHUNK, KILN_CUDA_DECODE_ATTN
+// / KILN_CUDA_DECODE_SPLITS) settings against one CPU run: the cluster decode kernel
+// (16-bit, head dims 64/128; decode "": its automatic splits, "s1" / "s2" / "s8": 1, 2 or
+// 8 splits merged through the cluster, empty splits included) and the fused grouped
+// decode kernel (decode "old"; split "0": the decode plan's automatic splits, "64":
+// forced 64-key splits, "-1": none). Every setting runs all the steps in order on a fresh
+// pool, which `fill` (if set) fills before the first step as it filled the CPU pool.
 using PoolFill = std::function<void(KvStorage& cpu, KvStorage& gpu)>;
 struct DecodeVariant {
-  std::string split, attn, decode;
+  std::string split, decode;
 };
-const std::vector<DecodeVariant> kDecodeVariants = {
-    {"0", "", ""},  {"0", "", "s1"},    {"0", "", "s2"},       {"0", "", "s8"},   {"0", "", "old"},
-    {"64", "", ""}, {"-1", "", ""}, {"0", "unfused", ""}, {"0", "old", ""}};
+const std::vector<DecodeVariant> kDecodeVariants = {{"0", ""},   {"0", "s1"}, {"0", "s2"}, {"0", "s8"},
+                                                    {"0", "old"}, {"64", ""},  {"-1", ""}};
 
 // Sets (or clears) the per-run variables of a variant: read at each step.
 void set_decode_env(const DecodeVariant& v) {
-  setenv("KILN_CUDA_ATTN", v.attn.c_str(), 1);
   if (v.decode == "old")
     setenv("KILN_CUDA_DECODE_ATTN", "old", 1);
   else
@@ -488,7 +510,6 @@ void set_decode_env(const DecodeVariant& v) {
     unsetenv("KILN_CUDA_DECODE_SPLITS");
 }
 void clear_decode_env() {
-  unsetenv("KILN_CUDA_ATTN");
   unsetenv("KILN_CUDA_DECODE_ATTN");
   unsetenv("KILN_CUDA_DECODE_SPLITS");
 }
@@ -518,8 +539,7 @@ void expect_variants_match(const ir::Graph& g, const std::vector<StepCase>& case
       clear_decode_env();
       ASSERT_TRUE(got.count("y"));
       const Diff d = diff(got.at("y"), want);
-      const std::string w = str_cat(what, " split=", dv.split, " attn=", dv.attn.empty() ? "fused" : dv.attn,
-                                    " decode=", dv.decode.empty() ? "cluster" : dv.decode);
+      const std::string w = str_cat(what, " split=", dv.split, " decode=", dv.decode.empty() ? "cluster" : dv.decode);
       std::printf("  %-86s %-4s step %zu max|err| %.3g  max|ref| %.3g  rel %.3g\n", w.c_str(), dt.c_str(), i, d.max_err,
                   d.max_ref, d.rel());
       EXPECT_LE(d.rel(), tol) << w << " (" << dt << ") step " << i;

@@ -6,7 +6,7 @@
 // This is CUDA-core math: correct for any context length, GQA group and the head dims
 // 16/32/64/128. The kernels themselves are in attention_kernels.cuh; this file holds the
 // plans, the KV writes and the launches for 16/32-bit caches (attention_kv_quant.cu:
-// int8/fp8 caches).
+// int8/fp8 caches; attention_fused.cu: the grouped-query decode kernel).
 #include "backends/cuda/ops/attention_kernels.cuh"
 
 #include <cstdlib>
@@ -51,16 +51,9 @@ __global__ void qkv_prep_kernel(T* qkv, int64_t tokens, int hq, int hkv, int d, 
     float y1 = 0.0f, y2 = 0.0f;
     if (u < half) {
       e2 = u + half;
-      const float x1 = to_f32(x[e1]), x2 = to_f32(x[e2]);
-      if (h < hq + hkv) {  // q or k: rotate
-        float sn, cs;
-        sincosf(__fmul_rn(float(positions[t]), inv_freq[u]), &sn, &cs);
-        y1 = __fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn));
-        y2 = __fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn));
-      } else {
-        y1 = x1;
-        y2 = x2;
-      }
+      y1 = to_f32(x[e1]);
+      y2 = to_f32(x[e2]);
+      if (h < hq + hkv) rope_pair(y1, y2, positions[t], inv_freq[u]);  // q or k: rotate
     } else {
       e1 = half ? rot + (u - half) : u;
       y1 = to_f32(x[e1]);
@@ -245,8 +238,10 @@ void launch_attention(const AttentionArgs& a, cudaStream_t s) {
       return;
     }
   }
-  if (attention_gqa_decode_applies(a)) {
-    launch_attention_gqa_decode(a, s);
+  if (attention_fused_decode_supported(a)) {
+    // One query row per sequence without new rows to take (a step without a KV cache:
+    // the keys are the rows themselves): the grouped-query kernel, attention only.
+    launch_attention_fused_decode(a, s);
     return;
   }
   if (a.kv_code == KvCode::kNone) {

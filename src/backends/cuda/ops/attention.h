@@ -12,12 +12,12 @@
 // head), KvDType in backends/backend.h) run through the same kernels, which dequantize
 // as they load K/V: the decode and tile kernels into f32 registers/shared memory, the
 // tensor-core kernel into its 16-bit shared-memory tiles.
-// Steps whose sequences all decode one token (GQA group <= 8) take the grouped-query
-// decode kernel (attention_gqa.cuh: one CTA per sequence, KV head and split, each K/V
-// tile read once for the group's q heads), fused with RoPE, the KV write and the split
-// merge (launch_attention_fused_decode); KILN_CUDA_ATTN=old keeps
-// the kernels above, =unfused the grouped kernel without the fusion. In 16-bit at head
-// dims 64/128 on sm_90+, decode steps take the cluster decode kernel instead
+// Steps whose sequences all decode one token (GQA group <= 8; int8/fp8 caches at head
+// dims 64 and 128) take the grouped-query decode kernel (attention_gqa.cuh: one CTA per
+// sequence, KV head and split, each K/V tile read once for the group's q heads), fused
+// with RoPE, the KV write and the split merge (launch_attention_fused_decode); so do
+// steps without a cache whose sequences are one token each (attention only). In 16-bit
+// at head dims 64/128 on sm_90+, decode steps take the cluster decode kernel instead
 // (attention_decode.cuh: tensor cores, per-warp cp.async streams, splits merged in a
 // thread-block cluster; KILN_CUDA_DECODE_ATTN=old keeps the grouped one).
 // Tested against the CPU backend in tests/backends/cuda/attention_test.cpp.
@@ -159,11 +159,11 @@ void launch_attention(const AttentionArgs& a, cudaStream_t s);
 // dims 64 and 128) in one kernel: each CTA (sequence, KV head, split) rotates its q heads
 // and the new key, takes the new token's K/V from the step's rows (the CTA holding the
 // last position also writes them - quantized, for an int8/fp8 cache - into the cache),
-// attends over its split, and the last split of a
-// (sequence, KV head) to finish merges the partials (atomic counter, reset for the next
-// launch and CUDA-graph replay). Replaces launch_qkv_prep / launch_kv_cache_write /
-// launch_kv_quant_write and launch_attention for such steps. KILN_CUDA_ATTN=old or
-// =unfused turn it off.
+// attends over its split, and the last split of a (sequence, KV head) to finish merges
+// the partials (atomic counter, reset for the next launch and CUDA-graph replay).
+// Replaces launch_qkv_prep / launch_kv_cache_write / launch_kv_quant_write and
+// launch_attention for such steps. Without new rows (k_new null: a step without a cache,
+// whose keys are the rows themselves) it only attends: launch_attention takes it so.
 bool attention_fused_decode_supported(const AttentionArgs& a);
 void launch_attention_fused_decode(const AttentionArgs& a, cudaStream_t s);
 // The same step (the fused kernel's arguments: new K/V rows, RoPE, slots) through the

@@ -5,21 +5,17 @@
 // shared-memory ring (the next tile is in flight while this one is scored), q in shared
 // memory as f32, scores S[group][keys] from K rows read as 16-byte vectors, an online
 // softmax per head (one warp per head), and P·V with threads over (head, dim pair).
-// Accumulation is f32 as in the other kernels. Split plans write the partials that
-// attention_combine_kernel merges. The fused variant (FUSED, 16/32-bit caches) also does
-// the step's front end and back end: it rotates q and the new key (qkv_prep_kernel's
-// arithmetic and rounding), takes the new token's K/V from the step's rows (the CTA of
-// the split holding the last position writes them into the cache - quantized first,
-// as kv_quant_write_kernel does, for an int8/fp8 cache: no CTA of this launch reads
-// that slot from the cache), and the last split of a (sequence, KV head) to finish
+// Accumulation is f32 as in the other kernels. With the step's new K/V rows (decode steps
+// with a KV cache) it also does the step's front end and back end: it rotates q and the
+// new key (qkv_prep_kernel's arithmetic and rounding), takes the new token's K/V from the
+// step's rows (the CTA of the split holding the last position writes them into the cache
+// - quantized first, as kv_quant_write_kernel does, for an int8/fp8 cache: no CTA of this
+// launch reads that slot from the cache); without them (steps without a cache) it reads
+// every key from the rows in place. The last split of a (sequence, KV head) to finish
 // merges the partials. Templated on the activation type T, head dim D, the padded group
-// GP, the cache codes Q and FUSED; instantiated in attention_gqa.cu (16/32-bit caches),
-// attention_gqa_quant.cu (int8/fp8), attention_fused.cu (FUSED, 16/32-bit) and
-// attention_fused_quant.cu (FUSED, int8/fp8). Tested in
-// tests/backends/cuda/attention_test.cpp.
+// GP and the cache codes Q; instantiated in attention_fused.cu (16/32-bit caches) and
+// attention_fused_quant.cu (int8/fp8). Tested in tests/backends/cuda/attention_test.cpp.
 #pragma once
-
-#include <cuda_fp8.h>
 
 #include "backends/cuda/ops/attention_kernels.cuh"
 
@@ -54,7 +50,7 @@ __device__ __forceinline__ float2 gqa_load2(const KvElem<T, Q>* p) {
   }
 }
 
-// The fused kernel's extra arguments (see AttentionArgs).
+// The front end's and the merge's arguments (see AttentionArgs); k_new null: no new rows.
 template <typename T>
 struct GqaFused {
   const T* k_new = nullptr;
@@ -73,18 +69,7 @@ struct GqaFused {
   bool early_trigger = false;  // AttentionArgs::early_trigger
 };
 
-// qkv_prep_kernel's rotation of the pair (x1, x2) at angle pos * inv_freq (the same
-// IEEE operations, so both paths round alike).
-__device__ __forceinline__ void gqa_rope_pair(float& x1, float& x2, int pos, float inv_freq) {
-  float sn, cs;
-  sincosf(__fmul_rn(float(pos), inv_freq), &sn, &cs);
-  const float y1 = __fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn));
-  const float y2 = __fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn));
-  x1 = y1;
-  x2 = y2;
-}
-
-template <typename T, int D, int GP, KvCode Q, bool FUSED>
+template <typename T, int D, int GP, KvCode Q>
 __global__ void __launch_bounds__(kGqaThreads)
 attention_gqa_decode_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restrict__ k_cache,
                             const KvElem<T, Q>* __restrict__ v_cache, const float* __restrict__ k_scales,
@@ -105,13 +90,13 @@ attention_gqa_decode_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restr
   __shared__ __align__(16) float qs[GP][D];
   __shared__ float ps[GP][KEYS];
   __shared__ float corr_s[GP], m_s[GP], l_s[GP];
-  __shared__ __align__(16) T new_s[2][FUSED ? D : VEC];  // FUSED: the new token's (rotated) k and v
-  // FUSED with a quantized cache: the new rows' codes and scales.
-  __shared__ __align__(16) uint8_t newc_s[2][FUSED && kQuant ? D : 16];
+  __shared__ __align__(16) T new_s[2][D];  // the new token's (rotated) k and v
+  // With a quantized cache: the new rows' codes and scales.
+  __shared__ __align__(16) uint8_t newc_s[2][kQuant ? D : 16];
   __shared__ float newsc_s[2];
   __shared__ int last_s;
 
-  if (FUSED && f.early_trigger) pdl_trigger();  // see AttentionArgs::early_trigger
+  if (f.early_trigger) pdl_trigger();  // see AttentionArgs::early_trigger
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
   const AttnWork w = works[blockIdx.x];
   if (w.partial >= 0 && w.kv_begin >= w.kv_end && w.kv_begin > 0) return;  // an empty split: never combined
@@ -121,19 +106,17 @@ attention_gqa_decode_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restr
   // The sequence's one query row is its last position: it sees every key of the context.
   const int lo = w.kv_begin, hi = min(sq.ctx_len, w.kv_end);
   const int32_t* bt = block_tables + sq.bt_offset;
-  // FUSED: the split holding the last position (the new token) takes its K/V from the
-  // step's rows and writes them into the cache.
+  // With new rows: the split holding the last position (the new token) takes its K/V
+  // from the step's rows and writes them into the cache.
   const int newpos = sq.ctx_len - 1;
-  const bool has_new = FUSED && lo < hi && hi == sq.ctx_len;
+  const bool has_new = f.k_new && lo < hi && hi == sq.ctx_len;
 
   // Issues the copies of keys [t0, t0 + KEYS) into stage st (keys past hi: zeros). The
   // first tile's copies go out before q is loaded (and rotated), so that they overlap.
   auto load_tile = [&](int t0, int st) {
     for (int e = threadIdx.x; e < KEYS * CVPR; e += kThreads) {
       const int j = e / CVPR, c = (e % CVPR) * CVEC, p = t0 + j;
-      if constexpr (FUSED) {
-        if (has_new && p == newpos) continue;  // not in the cache yet: stored from new_s below
-      }
+      if (has_new && p == newpos) continue;  // not in the cache yet: stored from new_s below
       const bool in = p < hi;
       const int64_t slot = in ? int64_t(bt[p / block_size]) * block_size + p % block_size : 0;
       const int64_t off = slot * kv_row + int64_t(kvh) * D + c;
@@ -152,7 +135,7 @@ attention_gqa_decode_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restr
   const int ntiles = hi > lo ? (hi - lo + KEYS - 1) / KEYS : 0;
   if (ntiles > 0) load_tile(lo, 0);
 
-  const bool rope = FUSED && f.inv_freq;
+  const bool rope = f.inv_freq != nullptr;
   for (int e = threadIdx.x; e < GP * VPR; e += kThreads) {
     const int r = e / VPR, c = (e % VPR) * VEC;
     uint4 raw = make_uint4(0, 0, 0, 0);
@@ -162,81 +145,54 @@ attention_gqa_decode_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restr
 #pragma unroll
     for (int i = 0; i < VEC; ++i) qs[r][c + i] = rope ? to_f32(v[i]) : to_f32(v[i]) * scale;
   }
-  if constexpr (FUSED) {
+  if (has_new)
+    for (int e = threadIdx.x; e < 2 * VPR; e += kThreads) {
+      const int which = e / VPR, c = (e % VPR) * VEC;
+      const T* src = (which ? f.v_new : f.k_new) + int64_t(sq.q_start) * f.new_stride + int64_t(kvh) * D + c;
+      *reinterpret_cast<uint4*>(&new_s[which][c]) = *reinterpret_cast<const uint4*>(src);
+    }
+  if (rope) {
+    __syncthreads();
+    // Rotated values round to T (as qkv_prep_kernel stores them), then q takes the scale.
+    const int half = f.rot / 2, pos = f.positions[sq.q_start];
+    for (int e = threadIdx.x; e < GP * half; e += kThreads) {
+      const int r = e / half, u = e % half;
+      float x1 = qs[r][u], x2 = qs[r][u + half];
+      rope_pair(x1, x2, pos, f.inv_freq[u]);
+      qs[r][u] = to_f32(from_f32<T>(x1)) * scale;
+      qs[r][u + half] = to_f32(from_f32<T>(x2)) * scale;
+    }
+    for (int e = threadIdx.x; e < GP * (D - f.rot); e += kThreads) qs[e / (D - f.rot)][f.rot + e % (D - f.rot)] *= scale;
     if (has_new)
-      for (int e = threadIdx.x; e < 2 * VPR; e += kThreads) {
-        const int which = e / VPR, c = (e % VPR) * VEC;
-        const T* src = (which ? f.v_new : f.k_new) + int64_t(sq.q_start) * f.new_stride + int64_t(kvh) * D + c;
-        *reinterpret_cast<uint4*>(&new_s[which][c]) = *reinterpret_cast<const uint4*>(src);
+      for (int u = threadIdx.x; u < half; u += kThreads) {
+        float x1 = to_f32(new_s[0][u]), x2 = to_f32(new_s[0][u + half]);
+        rope_pair(x1, x2, pos, f.inv_freq[u]);
+        new_s[0][u] = from_f32<T>(x1);
+        new_s[0][u + half] = from_f32<T>(x2);
       }
-    if (rope) {
-      __syncthreads();
-      // Rotated values round to T (as qkv_prep_kernel stores them), then q takes the scale.
-      const int half = f.rot / 2, pos = f.positions[sq.q_start];
-      for (int e = threadIdx.x; e < GP * half; e += kThreads) {
-        const int r = e / half, u = e % half;
-        float x1 = qs[r][u], x2 = qs[r][u + half];
-        gqa_rope_pair(x1, x2, pos, f.inv_freq[u]);
-        qs[r][u] = to_f32(from_f32<T>(x1)) * scale;
-        qs[r][u + half] = to_f32(from_f32<T>(x2)) * scale;
-      }
-      for (int e = threadIdx.x; e < GP * (D - f.rot); e += kThreads) qs[e / (D - f.rot)][f.rot + e % (D - f.rot)] *= scale;
-      if (has_new)
-        for (int u = threadIdx.x; u < half; u += kThreads) {
-          float x1 = to_f32(new_s[0][u]), x2 = to_f32(new_s[0][u + half]);
-          gqa_rope_pair(x1, x2, pos, f.inv_freq[u]);
-          new_s[0][u] = from_f32<T>(x1);
-          new_s[0][u + half] = from_f32<T>(x2);
-        }
+  }
+  __syncthreads();  // new_s is final before a tile copies it
+  if constexpr (kQuant) {
+    // Warp 0 quantizes the new K row, warp 1 the V row: the codes and scales of
+    // kv_quant_write_kernel and the CPU backend.
+    if (has_new && warp < 2) {
+      const float sc = kv_quantize_row<T, Q>(new_s[warp], D, newc_s[warp]);
+      if (lane == 0) newsc_s[warp] = sc;
     }
-    __syncthreads();  // new_s is final before a tile copies it
+    __syncthreads();
+  }
+  const int64_t slot = has_new && f.k_cache ? f.slots[sq.q_start] : -1;
+  if (slot >= 0) {
+    for (int e = threadIdx.x; e < 2 * CVPR; e += kThreads) {
+      const int which = e / CVPR, c = (e % CVPR) * CVEC;
+      E* dst = static_cast<E*>(which ? f.v_cache : f.k_cache) + slot * kv_row + int64_t(kvh) * D + c;
+      if constexpr (kQuant)
+        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(&newc_s[which][c]);
+      else
+        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(&new_s[which][c]);
+    }
     if constexpr (kQuant) {
-      // Warp 0 quantizes the new K row, warp 1 the V row, as kv_quant_write_kernel does
-      // (the same codes and scales as that kernel and the CPU backend).
-      if (has_new && warp < 2) {
-        const T* x = new_s[warp];
-        float amax = 0.0f;
-        bool finite = true;
-        for (int c = lane; c < D; c += 32) {
-          const float v = to_f32(x[c]);
-          amax = fmaxf(amax, fabsf(v));
-          finite = finite && isfinite(v);
-        }
-        amax = warp_max(amax);
-        finite = __all_sync(0xffffffffu, finite);
-        float sc;
-        if (amax == 0.0f || !finite) {  // all zeros: scale 0; non-finite: NaN (see KvDType)
-          for (int c = lane; c < D; c += 32) newc_s[warp][c] = 0;
-          sc = finite ? 0.0f : __int_as_float(0x7fc00000);
-        } else {
-          constexpr float kMax = Q == KvCode::kFp8 ? 448.0f : 127.0f;
-          const float inv = __fdiv_rn(kMax, amax);
-          for (int c = lane; c < D; c += 32) {
-            const float y = __fmul_rn(to_f32(x[c]), inv);
-            if constexpr (Q == KvCode::kInt8)
-              newc_s[warp][c] = uint8_t(int8_t(fminf(fmaxf(rintf(y), -127.0f), 127.0f)));
-            else
-              newc_s[warp][c] = uint8_t(__nv_cvt_float_to_fp8(y, __NV_SATFINITE, __NV_E4M3));
-          }
-          sc = __fdiv_rn(amax, kMax);
-        }
-        if (lane == 0) newsc_s[warp] = sc;
-      }
-      __syncthreads();
-    }
-    const int64_t slot = has_new && f.k_cache ? f.slots[sq.q_start] : -1;
-    if (slot >= 0) {
-      for (int e = threadIdx.x; e < 2 * CVPR; e += kThreads) {
-        const int which = e / CVPR, c = (e % CVPR) * CVEC;
-        E* dst = static_cast<E*>(which ? f.v_cache : f.k_cache) + slot * kv_row + int64_t(kvh) * D + c;
-        if constexpr (kQuant)
-          *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(&newc_s[which][c]);
-        else
-          *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(&new_s[which][c]);
-      }
-      if constexpr (kQuant) {
-        if (threadIdx.x < 2) (threadIdx.x ? f.v_scales : f.k_scales)[slot * hkv + kvh] = newsc_s[threadIdx.x];
-      }
+      if (threadIdx.x < 2) (threadIdx.x ? f.v_scales : f.k_scales)[slot * hkv + kvh] = newsc_s[threadIdx.x];
     }
   }
 
@@ -268,22 +224,20 @@ attention_gqa_decode_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restr
     } else {
       cp_async_wait<0>();
     }
-    if constexpr (FUSED) {
-      // The new key's row of this tile (the copies skipped it): from new_s, final since
-      // the barrier after the rotation.
-      if (has_new && newpos >= t0 && newpos < t0 + KEYS) {
-        const int jn = newpos - t0;
-        for (int e = threadIdx.x; e < 2 * CVPR; e += kThreads) {
-          const int which = e / CVPR, c = (e % CVPR) * CVEC;
-          uint4* dst = reinterpret_cast<uint4*>(&kv_s[st][which][jn * LD + c]);
-          if constexpr (kQuant)
-            *dst = *reinterpret_cast<const uint4*>(&newc_s[which][c]);
-          else
-            *dst = *reinterpret_cast<const uint4*>(&new_s[which][c]);
-        }
-        if constexpr (kQuant) {
-          if (threadIdx.x < 2) sc_s[st][threadIdx.x][jn] = newsc_s[threadIdx.x];
-        }
+    // The new key's row of this tile (the copies skipped it): from new_s, final since the
+    // barrier after the rotation.
+    if (has_new && newpos >= t0 && newpos < t0 + KEYS) {
+      const int jn = newpos - t0;
+      for (int e = threadIdx.x; e < 2 * CVPR; e += kThreads) {
+        const int which = e / CVPR, c = (e % CVPR) * CVEC;
+        uint4* dst = reinterpret_cast<uint4*>(&kv_s[st][which][jn * LD + c]);
+        if constexpr (kQuant)
+          *dst = *reinterpret_cast<const uint4*>(&newc_s[which][c]);
+        else
+          *dst = *reinterpret_cast<const uint4*>(&new_s[which][c]);
+      }
+      if constexpr (kQuant) {
+        if (threadIdx.x < 2) sc_s[st][threadIdx.x][jn] = newsc_s[threadIdx.x];
       }
     }
     __syncthreads();
@@ -395,107 +349,72 @@ attention_gqa_decode_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restr
       }
     }
   }
-  if constexpr (FUSED) {
-    if (w.partial < 0) return;
-    // The last split of (sequence, KV head) to get here merges: every split's partial
-    // is written and fenced before its ticket; the counter goes back to zero.
-    __threadfence();
-    __syncthreads();
-    const AttnCombine cb = f.combine[w.combine];
-    if (threadIdx.x == 0) {
-      int32_t* ctr = f.counters + int64_t(w.combine) * hkv + kvh;
-      const int ticket = atomicAdd(ctr, 1);
-      last_s = ticket == cb.num_splits - 1;
-      if (last_s) *ctr = 0;
-    }
-    __syncthreads();
-    if (!last_s) return;
-    __threadfence();
-    constexpr int DPL = (D + 31) / 32;
-    for (int r = warp; r < group; r += kWarpsG) {
-      auto base_of = [&](int sp) { return (int64_t(cb.partial_begin + sp) * hkv + kvh) * kAttnItemsPerCta + r; };
-      float mx = -INFINITY;
-      for (int sp = lane; sp < cb.num_splits; sp += 32) mx = fmaxf(mx, __ldcg(part_ml + base_of(sp) * 2));
-      mx = warp_max(mx);
-      float den = 0.0f;
-      for (int sp = lane; sp < cb.num_splits; sp += 32) {
-        const float ms = __ldcg(part_ml + base_of(sp) * 2);
-        if (ms != -INFINITY) den += expf(ms - mx) * __ldcg(part_ml + base_of(sp) * 2 + 1);
-      }
-      den = warp_sum(den);
-      float num[DPL];
-#pragma unroll
-      for (int i = 0; i < DPL; ++i) num[i] = 0.0f;
-      for (int sp = 0; sp < cb.num_splits; ++sp) {
-        const float ms = __ldcg(part_ml + base_of(sp) * 2);
-        const float fs = ms == -INFINITY ? 0.0f : expf(ms - mx);
-        const float* o = part_o + base_of(sp) * D;
-#pragma unroll
-        for (int i = 0; i < DPL; ++i) {
-          const int c = lane + 32 * i;
-          if (D % 32 == 0 || c < D) num[i] += fs * __ldcg(o + c);
-        }
-      }
-      const float inv = den > 0.0f ? 1.0f / den : 0.0f;
-      T* o = out + (int64_t(sq.q_start) * hq + kvh * group + r) * D;
-#pragma unroll
-      for (int i = 0; i < DPL; ++i) {
-        const int c = lane + 32 * i;
-        if (D % 32 == 0 || c < D) o[c] = from_f32<T>(num[i] * inv);
-      }
-    }
+  if (w.partial < 0) return;
+  // The last split of (sequence, KV head) to get here merges: every split's partial is
+  // written and fenced before its ticket; the counter goes back to zero.
+  __threadfence();
+  __syncthreads();
+  const AttnCombine cb = f.combine[w.combine];
+  if (threadIdx.x == 0) {
+    int32_t* ctr = f.counters + int64_t(w.combine) * hkv + kvh;
+    const int ticket = atomicAdd(ctr, 1);
+    last_s = ticket == cb.num_splits - 1;
+    if (last_s) *ctr = 0;
+  }
+  __syncthreads();
+  if (!last_s) return;
+  __threadfence();
+  for (int r = warp; r < group; r += kWarpsG) {
+    auto base_of = [&](int sp) { return (int64_t(cb.partial_begin + sp) * hkv + kvh) * kAttnItemsPerCta + r; };
+    merge_partials<T, D, true>(out + (int64_t(sq.q_start) * hq + kvh * group + r) * D, cb.num_splits, base_of,
+                               part_o, part_ml);
   }
 }
 
-// The grouped-query decode kernel (and the combine of a split plan) for T, D and Q, the
-// padded group picked from hq / hkv (<= 8).
-template <typename T, int D, KvCode Q, bool FUSED = false>
+// The grouped-query decode kernel for T, D and Q, the padded group picked from hq / hkv
+// (<= 8).
+template <typename T, int D, KvCode Q>
 void launch_gqa_typed(const AttentionArgs& a, cudaStream_t s) {
-  const size_t per = size_t(a.num_partials) * size_t(a.hkv) * kAttnItemsPerCta;
-  float* part_o = a.workspace;
-  float* part_ml = a.workspace ? a.workspace + per * size_t(D) : nullptr;
-  const dim3 grid(unsigned(a.num_work), unsigned(a.hkv));
-  const int64_t qs = a.q_stride ? a.q_stride : a.hq * D, kvs = a.kv_stride ? a.kv_stride : a.hkv * D;
-  const auto* q = static_cast<const T*>(a.q);
-  const auto* kc = static_cast<const KvElem<T, Q>*>(a.k_cache);
-  const auto* vc = static_cast<const KvElem<T, Q>*>(a.v_cache);
-  auto* out = static_cast<T*>(a.out);
-  const int64_t group = a.hq / a.hkv;
+  const TypedAttention<T, D, Q> ta(a);
   GqaFused<T> f;
-  if constexpr (FUSED) {
-    f.k_new = static_cast<const T*>(a.k_new);
-    f.v_new = static_cast<const T*>(a.v_new);
-    f.new_stride = a.new_stride;
-    f.positions = a.positions;
-    f.inv_freq = a.inv_freq;
-    f.rot = int(a.rotary_dim);
-    f.slots = a.slot_mapping;
-    f.k_cache = const_cast<void*>(a.k_cache);
-    f.v_cache = const_cast<void*>(a.v_cache);
-    f.k_scales = const_cast<float*>(a.k_scales);
-    f.v_scales = const_cast<float*>(a.v_scales);
-    f.counters = a.counters;
-    f.combine = a.combine;
-    f.early_trigger = a.early_trigger;
-  }
+  f.k_new = static_cast<const T*>(a.k_new);
+  f.v_new = static_cast<const T*>(a.v_new);
+  f.new_stride = a.new_stride;
+  f.positions = a.positions;
+  f.inv_freq = a.inv_freq;
+  f.rot = int(a.rotary_dim);
+  f.slots = a.slot_mapping;
+  f.k_cache = const_cast<void*>(a.k_cache);
+  f.v_cache = const_cast<void*>(a.v_cache);
+  f.k_scales = const_cast<float*>(a.k_scales);
+  f.v_scales = const_cast<float*>(a.v_scales);
+  f.counters = a.counters;
+  f.combine = a.combine;
+  f.early_trigger = a.early_trigger;
   auto go = [&](auto kernel) {
-    launch_k(kernel, grid, kGqaThreads, 0, s, q, kc, vc, a.k_scales, a.v_scales, out, int(a.block_size), int(a.hq),
-        int(a.hkv), qs, kvs, a.scale, a.seqs, a.block_tables, a.work, part_o, part_ml, f);
+    launch_k(kernel, ta.grid, kGqaThreads, 0, s, ta.q, ta.k_cache, ta.v_cache, a.k_scales, a.v_scales, ta.out,
+        int(a.block_size), int(a.hq), int(a.hkv), ta.q_stride, ta.kv_row, a.scale, a.seqs, a.block_tables, a.work,
+        ta.part_o, ta.part_ml, f);
   };
+  const int64_t group = a.hq / a.hkv;
   if (group == 1)
-    go(attention_gqa_decode_kernel<T, D, 1, Q, FUSED>);
+    go(attention_gqa_decode_kernel<T, D, 1, Q>);
   else if (group == 2)
-    go(attention_gqa_decode_kernel<T, D, 2, Q, FUSED>);
+    go(attention_gqa_decode_kernel<T, D, 2, Q>);
   else if (group <= 4)
-    go(attention_gqa_decode_kernel<T, D, 4, Q, FUSED>);
+    go(attention_gqa_decode_kernel<T, D, 4, Q>);
   else
-    go(attention_gqa_decode_kernel<T, D, 8, Q, FUSED>);
+    go(attention_gqa_decode_kernel<T, D, 8, Q>);
   KILN_CUDA_CHECK_LAUNCH();
-  if (!FUSED && a.num_combine > 0) {
-    launch_k(attention_combine_kernel<T, D>, dim3(unsigned(a.num_combine), unsigned(a.hkv)), 128, 0, s,
-        static_cast<T*>(a.out), int(a.hq), int(a.hkv), a.seqs, a.combine, part_o, part_ml);
-    KILN_CUDA_CHECK_LAUNCH();
-  }
+}
+
+// launch_gqa_typed for every activation dtype and head dim the grouped kernel takes with
+// cache codes Q (quantized: 64 and 128).
+template <KvCode Q>
+void launch_gqa_codes(const AttentionArgs& a, cudaStream_t s) {
+  attention_dispatch<Q != KvCode::kNone>(a.dtype, a.d, [&](auto t, auto d) {
+    launch_gqa_typed<typename decltype(t)::type, decltype(d)::value, Q>(a, s);
+  });
 }
 
 }  // namespace

@@ -1,11 +1,15 @@
 // Internal to the CUDA backend's attention: the kernel templates of attention.cu (see
 // the notes there and in attention.h), templated on the activation type T, the head dim
 // D and the KV cache's codes Q (KvCode: the activation type itself, int8 or E4M3 with
-// per (slot, kv head) scales, dequantized as tiles are loaded). Included by
-// attention.cu (Q = kNone) and attention_kv_quant.cu (int8, fp8): the instantiations
-// are split over two translation units so that nvcc builds them in parallel. Tested in
+// per (slot, kv head) scales, dequantized as tiles are loaded), and the device pieces the
+// grouped-query decode kernel (attention_gqa.cuh) shares with them: RoPE of a pair, a
+// KV row's quantization, the merge of split partials. Included by attention.cu (Q =
+// kNone) and attention_kv_quant.cu (int8, fp8): the instantiations are split over two
+// translation units so that nvcc builds them in parallel. Tested in
 // tests/backends/cuda/attention_test.cpp.
 #pragma once
+
+#include <cuda_fp8.h>
 
 #include <algorithm>
 #include <cmath>
@@ -75,6 +79,50 @@ __device__ __forceinline__ void kv_load_vec(const uint4& raw, float* f) {
     kv_decode4<Q>(raw.z, f + 8);
     kv_decode4<Q>(raw.w, f + 12);
   }
+}
+
+// RoPE of the pair (x1, x2) at angle pos * inv_freq, in place: the IEEE operations of
+// launch_rope, so that every path rotating q and k rounds alike.
+__device__ __forceinline__ void rope_pair(float& x1, float& x2, int pos, float inv_freq) {
+  float sn, cs;
+  sincosf(__fmul_rn(float(pos), inv_freq), &sn, &cs);
+  const float y1 = __fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn));
+  const float y2 = __fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn));
+  x1 = y1;
+  x2 = y2;
+}
+
+// One warp quantizes a (token, kv head) row x[0, d) into dst as KvDType says (the CPU
+// backend's kv_quantize_row / kv_quantize_row_fp8: f32 amax, the factors 127.0f / amax
+// and amax / 127.0f - or 448 - as IEEE divisions, round to nearest even, E4M3 through
+// the hardware's saturating conversion) and returns the row's scale (every lane): 0 for
+// a row of zeros, NaN for a non-finite row (codes 0).
+template <typename T, KvCode Q>
+__device__ __forceinline__ float kv_quantize_row(const T* x, int d, uint8_t* dst) {
+  const int lane = threadIdx.x & 31;
+  float amax = 0.0f;
+  bool finite = true;
+  for (int c = lane; c < d; c += 32) {
+    const float f = to_f32(x[c]);
+    amax = fmaxf(amax, fabsf(f));
+    finite = finite && isfinite(f);
+  }
+  amax = warp_max(amax);
+  finite = __all_sync(0xffffffffu, finite);
+  if (amax == 0.0f || !finite) {
+    for (int c = lane; c < d; c += 32) dst[c] = 0;
+    return finite ? 0.0f : __int_as_float(0x7fc00000);
+  }
+  constexpr float kMax = Q == KvCode::kFp8 ? 448.0f : 127.0f;
+  const float inv = __fdiv_rn(kMax, amax);
+  for (int c = lane; c < d; c += 32) {
+    const float y = __fmul_rn(to_f32(x[c]), inv);
+    if constexpr (Q == KvCode::kInt8)
+      dst[c] = uint8_t(int8_t(fminf(fmaxf(rintf(y), -127.0f), 127.0f)));
+    else
+      dst[c] = uint8_t(__nv_cvt_float_to_fp8(y, __NV_SATFINITE, __NV_E4M3));
+  }
+  return __fdiv_rn(amax, kMax);
 }
 
 template <typename T, int D, KvCode Q>
@@ -419,53 +467,65 @@ attention_decode_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restrict_
   }
 }
 
-// Merges a split sequence's partials: out = Σ e^(m_s - M) acc_s / Σ e^(m_s - M) l_s.
-// Warp w merges items w, w + 4, ...: its lanes read the splits' (m, l) in parallel for
-// the max and the denominator, then sum the D dims of acc over the splits, several
-// splits' loads in flight at once (the previous kernel looped over splits per element).
+// Merges one item's split partials into its output row o (one warp; base_of(sp): the
+// item's index in split sp's partials): out = Σ e^(m_s - M) acc_s / Σ e^(m_s - M) l_s.
+// The lanes read the splits' (m, l) in parallel for the max and the denominator, then
+// sum the D dims of acc over the splits, several splits' loads in flight at once. kL2:
+// loads through L2 only (partials other CTAs of the same launch wrote).
+template <typename T, int D, bool kL2, typename BaseOf>
+__device__ __forceinline__ void merge_partials(T* o, int splits, const BaseOf& base_of,
+                                               const float* __restrict__ part_o, const float* __restrict__ part_ml) {
+  constexpr int DPL = (D + 31) / 32;
+  auto ld = [](const float* p) {
+    if constexpr (kL2) return __ldcg(p);
+    else return *p;
+  };
+  const int lane = threadIdx.x & 31;
+  float mx = -INFINITY;
+  for (int sp = lane; sp < splits; sp += 32) mx = fmaxf(mx, ld(part_ml + base_of(sp) * 2));
+  mx = warp_max(mx);
+  float den = 0.0f;
+  for (int sp = lane; sp < splits; sp += 32) {
+    const float ms = ld(part_ml + base_of(sp) * 2);
+    if (ms != -INFINITY) den += expf(ms - mx) * ld(part_ml + base_of(sp) * 2 + 1);  // no visible key: weight 0
+  }
+  den = warp_sum(den);
+  float num[DPL];
+#pragma unroll
+  for (int i = 0; i < DPL; ++i) num[i] = 0.0f;
+#pragma unroll 4
+  for (int sp = 0; sp < splits; ++sp) {
+    const float ms = ld(part_ml + base_of(sp) * 2);  // the same address across the warp: one load
+    const float fs = ms == -INFINITY ? 0.0f : expf(ms - mx);
+    const float* p = part_o + base_of(sp) * D;
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) {
+      const int c = lane + 32 * i;
+      if (D % 32 == 0 || c < D) num[i] += fs * ld(p + c);
+    }
+  }
+  const float inv = den > 0.0f ? 1.0f / den : 0.0f;
+#pragma unroll
+  for (int i = 0; i < DPL; ++i) {
+    const int c = lane + 32 * i;
+    if (D % 32 == 0 || c < D) o[c] = from_f32<T>(num[i] * inv);
+  }
+}
+
+// Merges each split sequence's partials (merge_partials); warp w merges items w, w + 4, ...
 template <typename T, int D>
 __global__ void attention_combine_kernel(T* __restrict__ out, int hq, int hkv, const AttnSeq* __restrict__ seqs,
                                          const AttnCombine* __restrict__ combines,
                                          const float* __restrict__ part_o, const float* __restrict__ part_ml) {
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
-  constexpr int DPL = (D + 31) / 32;
   const AttnCombine cb = combines[blockIdx.x];
   const AttnSeq sq = seqs[cb.seq];
   const int kvh = blockIdx.y, group = hq / hkv, n_items = sq.q_len * group;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, warps = blockDim.x >> 5;
-  const int splits = cb.num_splits;
+  const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   for (int li = warp; li < n_items; li += warps) {
     auto base_of = [&](int sp) { return (int64_t(cb.partial_begin + sp) * hkv + kvh) * kAttnItemsPerCta + li; };
-    float mx = -INFINITY;
-    for (int sp = lane; sp < splits; sp += 32) mx = fmaxf(mx, part_ml[base_of(sp) * 2]);
-    mx = warp_max(mx);
-    float den = 0.0f;
-    for (int sp = lane; sp < splits; sp += 32) {
-      const float ms = part_ml[base_of(sp) * 2];
-      if (ms != -INFINITY) den += expf(ms - mx) * part_ml[base_of(sp) * 2 + 1];  // no visible key: weight 0
-    }
-    den = warp_sum(den);
-    float num[DPL];
-#pragma unroll
-    for (int i = 0; i < DPL; ++i) num[i] = 0.0f;
-#pragma unroll 4
-    for (int sp = 0; sp < splits; ++sp) {
-      const float ms = part_ml[base_of(sp) * 2];  // the same address across the warp: one load
-      const float fs = ms == -INFINITY ? 0.0f : expf(ms - mx);
-      const float* o = part_o + base_of(sp) * D;
-#pragma unroll
-      for (int i = 0; i < DPL; ++i) {
-        const int c = lane + 32 * i;
-        if (D % 32 == 0 || c < D) num[i] += fs * o[c];
-      }
-    }
     const int64_t row = sq.q_start + li / group, h = kvh * group + li % group;
-    const float inv = den > 0.0f ? 1.0f / den : 0.0f;
-#pragma unroll
-    for (int i = 0; i < DPL; ++i) {
-      const int c = lane + 32 * i;
-      if (D % 32 == 0 || c < D) out[(row * hq + h) * D + c] = from_f32<T>(num[i] * inv);
-    }
+    merge_partials<T, D, false>(out + (row * hq + h) * D, cb.num_splits, base_of, part_o, part_ml);
   }
 }
 
@@ -694,20 +754,56 @@ flash_attention_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restrict__
   }
 }
 
+// The typed view of a launch's arguments that every attention kernel takes: the
+// workspace's partials (acc, then (m, l)), the grid (work x KV heads), strides, pointers.
+template <typename T, int D, KvCode Q>
+struct TypedAttention {
+  float* part_o;
+  float* part_ml;
+  dim3 grid;
+  int64_t q_stride, kv_row;
+  const T* q;
+  const KvElem<T, Q>* k_cache;
+  const KvElem<T, Q>* v_cache;
+  T* out;
+  explicit TypedAttention(const AttentionArgs& a)
+      : part_o(a.workspace),
+        part_ml(a.workspace ? a.workspace + size_t(a.num_partials) * size_t(a.hkv) * kAttnItemsPerCta * size_t(D)
+                            : nullptr),
+        grid(unsigned(a.num_work), unsigned(a.hkv)),
+        q_stride(a.q_stride ? a.q_stride : a.hq * D),
+        kv_row(a.kv_stride ? a.kv_stride : a.hkv * D),
+        q(static_cast<const T*>(a.q)),
+        k_cache(static_cast<const KvElem<T, Q>*>(a.k_cache)),
+        v_cache(static_cast<const KvElem<T, Q>*>(a.v_cache)),
+        out(static_cast<T*>(a.out)) {}
+};
+
+// fn(std::type_identity<T>{}, std::integral_constant<int, D>{}) for the activation dtype
+// t and head dim d: 16, 32, 64 or 128 (kWideOnly: 64 and 128 only).
+template <bool kWideOnly = false, typename Fn>
+void attention_dispatch(DType t, int64_t d, Fn&& fn) {
+  KILN_CUDA_DISPATCH_FLOAT(t, T, {
+    const std::type_identity<T> ty;
+    switch (d) {
+      case 64: fn(ty, std::integral_constant<int, 64>{}); break;
+      case 128: fn(ty, std::integral_constant<int, 128>{}); break;
+      default:
+        if constexpr (kWideOnly) {
+          throw_error(ErrorCode::kInternal, "cuda attention: head_dim ", d, " here (64 and 128 only)");
+        } else if (d == 16) {
+          fn(ty, std::integral_constant<int, 16>{});
+        } else {
+          fn(ty, std::integral_constant<int, 32>{});
+        }
+    }
+  });
+}
+
 // Launches the plan's kernels for activations T, head dim D and cache codes Q.
 template <typename T, int D, KvCode Q>
 void launch_typed(const AttentionArgs& a, cudaStream_t s) {
-  const size_t per = size_t(a.num_partials) * size_t(a.hkv) * kAttnItemsPerCta;
-  float* part_o = a.workspace;
-  float* part_ml = a.workspace ? a.workspace + per * size_t(D) : nullptr;
-  const dim3 grid(unsigned(a.num_work), unsigned(a.hkv));
-  const int64_t qs = a.q_stride ? a.q_stride : a.hq * D, kvs = a.kv_stride ? a.kv_stride : a.hkv * D;
-  const auto* q = static_cast<const T*>(a.q);
-  const auto* kc = static_cast<const KvElem<T, Q>*>(a.k_cache);
-  const auto* vc = static_cast<const KvElem<T, Q>*>(a.v_cache);
-  const float* ksc = a.k_scales;
-  const float* vsc = a.v_scales;
-  auto* out = static_cast<T*>(a.out);
+  const TypedAttention<T, D, Q> ta(a);
   // Every CTA's items fit a warp's registers and the plan did not split the context
   // (a batch large enough to fill the GPU): the decode kernel, whose warps split the keys
   // (measured on Llama-3.2-1B: attention -35% at batch 64 and 256). Split plans keep the
@@ -716,27 +812,30 @@ void launch_typed(const AttentionArgs& a, cudaStream_t s) {
     if constexpr (std::is_same_v<T, float> || (D != 64 && D != 128)) {
       throw_error(ErrorCode::kInternal, "cuda attention: a tensor-core plan for f32 or head_dim ", D);
     } else {
-      launch_k(flash_attention_kernel<T, D, Q>, grid, kWarps * 32, 0, s, q, kc, vc, ksc, vsc, out, int(a.block_size),
-          int(a.hq), int(a.hkv), qs, kvs, a.scale * 1.4426950408889634f, a.causal, a.seqs, a.block_tables, a.work);
+      launch_k(flash_attention_kernel<T, D, Q>, ta.grid, kWarps * 32, 0, s, ta.q, ta.k_cache, ta.v_cache, a.k_scales,
+          a.v_scales, ta.out, int(a.block_size), int(a.hq), int(a.hkv), ta.q_stride, ta.kv_row,
+          a.scale * 1.4426950408889634f, a.causal, a.seqs, a.block_tables, a.work);
       KILN_CUDA_CHECK_LAUNCH();
     }
     return;
   }
+  auto go = [&](auto kernel) {
+    launch_k(kernel, ta.grid, kWarps * 32, 0, s, ta.q, ta.k_cache, ta.v_cache, a.k_scales, a.v_scales, ta.out,
+        int(a.block_size), int(a.hq), int(a.hkv), ta.q_stride, ta.kv_row, a.scale, a.causal, a.seqs, a.block_tables,
+        a.work, ta.part_o, ta.part_ml);
+  };
   const int64_t items = a.max_q_len * (a.hq / a.hkv);
   const bool decode = a.max_q_len > 0 && a.num_partials == 0;
   if (decode && items <= 4)
-    launch_k(attention_decode_kernel<T, D, 4, Q>, grid, kWarps * 32, 0, s, q, kc, vc, ksc, vsc, out, int(a.block_size),
-        int(a.hq), int(a.hkv), qs, kvs, a.scale, a.causal, a.seqs, a.block_tables, a.work, part_o, part_ml);
+    go(attention_decode_kernel<T, D, 4, Q>);
   else if (decode && items <= 8)
-    launch_k(attention_decode_kernel<T, D, 8, Q>, grid, kWarps * 32, 0, s, q, kc, vc, ksc, vsc, out, int(a.block_size),
-        int(a.hq), int(a.hkv), qs, kvs, a.scale, a.causal, a.seqs, a.block_tables, a.work, part_o, part_ml);
+    go(attention_decode_kernel<T, D, 8, Q>);
   else
-    launch_k(attention_kernel<T, D, Q>, grid, kWarps * 32, 0, s, q, kc, vc, ksc, vsc, out, int(a.block_size), int(a.hq),
-        int(a.hkv), qs, kvs, a.scale, a.causal, a.seqs, a.block_tables, a.work, part_o, part_ml);
+    go(attention_kernel<T, D, Q>);
   KILN_CUDA_CHECK_LAUNCH();
   if (a.num_combine > 0) {
-    launch_k(attention_combine_kernel<T, D>, dim3(unsigned(a.num_combine), unsigned(a.hkv)), 128, 0, s,
-        static_cast<T*>(a.out), int(a.hq), int(a.hkv), a.seqs, a.combine, part_o, part_ml);
+    launch_k(attention_combine_kernel<T, D>, dim3(unsigned(a.num_combine), unsigned(a.hkv)), 128, 0, s, ta.out,
+        int(a.hq), int(a.hkv), a.seqs, a.combine, ta.part_o, ta.part_ml);
     KILN_CUDA_CHECK_LAUNCH();
   }
 }
@@ -744,13 +843,8 @@ void launch_typed(const AttentionArgs& a, cudaStream_t s) {
 // launch_typed for every activation dtype and head dim, with cache codes Q.
 template <KvCode Q>
 void launch_attention_codes(const AttentionArgs& a, cudaStream_t s) {
-  KILN_CUDA_DISPATCH_FLOAT(a.dtype, T, {
-    switch (a.d) {
-      case 16: launch_typed<T, 16, Q>(a, s); break;
-      case 32: launch_typed<T, 32, Q>(a, s); break;
-      case 64: launch_typed<T, 64, Q>(a, s); break;
-      default: launch_typed<T, 128, Q>(a, s); break;
-    }
+  attention_dispatch(a.dtype, a.d, [&](auto t, auto d) {
+    launch_typed<typename decltype(t)::type, decltype(d)::value, Q>(a, s);
   });
 }
 
@@ -758,13 +852,8 @@ void launch_attention_codes(const AttentionArgs& a, cudaStream_t s) {
 
 // attention_kv_quant.cu: launch_attention for the int8 and fp8 caches.
 void launch_attention_quantized(const AttentionArgs& a, cudaStream_t s);
-// attention_gqa.cu: the grouped-query decode kernel (one query row per sequence, GQA
-// group <= 8), and whether it takes these arguments (KILN_CUDA_ATTN=old: never).
-bool attention_gqa_decode_applies(const AttentionArgs& a);
-void launch_attention_gqa_decode(const AttentionArgs& a, cudaStream_t s);
-// attention_gqa_quant.cu: the same for int8 / fp8 caches.
-void launch_attention_gqa_decode_quantized(const AttentionArgs& a, cudaStream_t s);
-// attention_fused_quant.cu: launch_attention_fused_decode for int8 / fp8 caches.
+// attention_fused_quant.cu: the grouped-query decode kernel (launch_attention_fused_decode)
+// for int8 / fp8 caches.
 void launch_attention_fused_decode_quantized(const AttentionArgs& a, cudaStream_t s);
 
 }  // namespace kiln::cuda

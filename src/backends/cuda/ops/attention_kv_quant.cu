@@ -5,8 +5,6 @@
 // nearest even, E4M3 through the hardware's saturating conversion), so both backends
 // store the same codes and scales for the same K/V values. Tested against the CPU
 // backend in tests/backends/cuda/attention_test.cpp and kv_swap_test.cpp.
-#include <cuda_fp8.h>
-
 #include "backends/cuda/ops/attention_kernels.cuh"
 
 namespace kiln::cuda {
@@ -14,8 +12,8 @@ namespace {
 
 constexpr int kQuantWarps = 4;
 
-// One warp per (token, kv head, K or V) row: the warp's max |x| and finiteness, then
-// every lane writes its codes (the row's D values read twice; the second pass hits L1).
+// One warp per (token, kv head, K or V) row (kv_quantize_row: the row's D values read
+// twice; the second pass hits L1).
 template <typename T, KvCode Q>
 __global__ void __launch_bounds__(kQuantWarps * 32)
 kv_quant_write_kernel(const T* __restrict__ k, const T* __restrict__ v, int64_t row_stride,
@@ -31,32 +29,8 @@ kv_quant_write_kernel(const T* __restrict__ k, const T* __restrict__ v, int64_t 
   const int64_t slot = slots[t];
   if (slot < 0) return;
   const T* x = (is_v ? v : k) + t * row_stride + int64_t(h) * d;
-  uint8_t* dst = (is_v ? vc : kc) + (slot * hkv + h) * d;
-  float* scale = (is_v ? vs : ks) + slot * hkv + h;
-  float amax = 0.0f;
-  bool finite = true;
-  for (int c = lane; c < d; c += 32) {
-    const float f = to_f32(x[c]);
-    amax = fmaxf(amax, fabsf(f));
-    finite = finite && isfinite(f);
-  }
-  amax = warp_max(amax);
-  finite = __all_sync(0xffffffffu, finite);
-  if (amax == 0.0f || !finite) {  // all zeros: scale 0; non-finite: NaN (see KvDType)
-    for (int c = lane; c < d; c += 32) dst[c] = 0;
-    if (lane == 0) *scale = finite ? 0.0f : __int_as_float(0x7fc00000);
-    return;
-  }
-  constexpr float kMax = Q == KvCode::kFp8 ? 448.0f : 127.0f;
-  const float inv = __fdiv_rn(kMax, amax);
-  for (int c = lane; c < d; c += 32) {
-    const float y = __fmul_rn(to_f32(x[c]), inv);
-    if constexpr (Q == KvCode::kInt8)
-      dst[c] = uint8_t(int8_t(fminf(fmaxf(rintf(y), -127.0f), 127.0f)));
-    else
-      dst[c] = uint8_t(__nv_cvt_float_to_fp8(y, __NV_SATFINITE, __NV_E4M3));
-  }
-  if (lane == 0) *scale = __fdiv_rn(amax, kMax);
+  const float sc = kv_quantize_row<T, Q>(x, d, (is_v ? vc : kc) + (slot * hkv + h) * d);
+  if (lane == 0) (is_v ? vs : ks)[slot * hkv + h] = sc;
 }
 
 }  // namespace
