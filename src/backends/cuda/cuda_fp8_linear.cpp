@@ -121,11 +121,7 @@ OpRun prepare_fp8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& 
 
   const std::string name = n.name;
   return [=](OpContext& c) {
-    const DevTensor& x = *c.inputs[0];
-    KILN_THROW_IF(x.dim(1) != k, kInvalidArgument, "linear '", name, "': x has ", x.dim(1), " features, the weight expects ",
-                  k);
-    const int64_t t = x.dim(0);
-    DevTensor& y = c.out(0, {t, out_n});
+    const auto [x, y, t] = linear_io(c, name, k, out_n);
     cudaStream_t s = c.cx->stream;
     // Scratch: the input's E4M3 codes, then (SwiGLU through cuBLASLt) [gate | up] in bf16.
     const bool gemv = fp8_gemv_supports(t, k);

@@ -73,6 +73,14 @@ const QuantWeightView& DeviceWeights::get_quant(const ir::Graph& g, ir::ValueId 
   return view;
 }
 
+LinearIo linear_io(OpContext& c, const std::string& name, int64_t k, int64_t out_n) {
+  const DevTensor& x = *c.inputs[0];
+  KILN_THROW_IF(x.dim(1) != k, kInvalidArgument, "linear '", name, "': x has ", x.dim(1),
+                " features, the weight expects ", k);
+  const int64_t t = x.dim(0);
+  return {x, c.out(0, {t, out_n}), t};
+}
+
 std::optional<QuantFormat> cuda_linear_quant_format(const ir::Node& n, const ir::Graph& g,
                                                     const std::string& weight_dtype) {
   if (n.op != "Linear") return std::nullopt;
@@ -263,6 +271,22 @@ void linear_norm_into(const LinearFusion& f, DType t, const void* x, int64_t row
 
 size_t round_up_256(size_t b) { return (b + 255) / 256 * 256; }
 
+// A Linear run's scratch before its GEMM, in one op-scratch buffer: x's rows normalized by
+// the fused norm (`norm`: when it does not run inside the kernel), then [rows, gu_cols]
+// for the output of a SwiGLU GEMM (gu_cols = 0: none).
+struct LinearScratch {
+  const void* x;  // the GEMM's input: x itself, or its normalized rows
+  char* gu;       // null without gu_cols
+};
+LinearScratch linear_scratch(OpContext& c, const LinearFusion& f, bool norm, DType t, const void* x, int64_t rows,
+                             int64_t k, int64_t gu_cols) {
+  const size_t es = dtype_size(t);
+  const size_t xn_bytes = norm ? round_up_256(size_t(rows * k) * es) : 0, gu_bytes = size_t(rows * gu_cols) * es;
+  char* scr = xn_bytes + gu_bytes ? static_cast<char*>(c.scratch(xn_bytes + gu_bytes)) : nullptr;
+  if (norm) linear_norm_into(f, t, x, rows, k, scr, c.cx->stream);
+  return {norm ? scr : x, gu_bytes ? scr + xn_bytes : nullptr};
+}
+
 // Bytes of one dequantized weight tile: small enough to stay in L2 (50 MB on an H100/H200)
 // between the dequantize kernel writing it and cuBLASLt reading it.
 constexpr size_t kDequantTileBytes = size_t(24) << 20;
@@ -296,28 +320,19 @@ OpRun prepare_linear_quant(const ir::Node& n, const ir::Graph& g, PrepareContext
   // kernel into scratch, one add after; the unfused graph's launches.
   const LinearFusion fu = linear_fusion(n, g, pc);
   return [=](OpContext& c) {
-    const DevTensor& x = *c.inputs[0];
-    KILN_THROW_IF(x.dim(1) != k, kInvalidArgument, "linear '", name, "': x has ", x.dim(1),
-                  " features, the weight expects ", k);
-    const int64_t t = x.dim(0);
-    DevTensor& y = c.out(0, {t, out_n});
+    const auto [x, y, t] = linear_io(c, name, k, out_n);
     cudaStream_t s = c.cx->stream;
     if (t == 0) return;
     const void* res = linear_residual(c, fu, y, name);
     const bool gemv = gemv_quant_supports(y.dtype, t);
-    const size_t xn_bytes = fu.norm != GemvNorm::kNone ? round_up_256(size_t(t * k) * es) : 0;
-    const size_t gu_bytes = !gemv && swiglu ? size_t(t * nn) * es : 0;
-    char* scr = xn_bytes + gu_bytes ? static_cast<char*>(c.scratch(xn_bytes + gu_bytes)) : nullptr;
-    const void* xin = x.data;
-    if (xn_bytes) {
-      linear_norm_into(fu, y.dtype, x.data, t, k, scr, s);
-      xin = scr;
-    }
+    const LinearScratch scr =
+        linear_scratch(c, fu, fu.norm != GemvNorm::kNone, y.dtype, x.data, t, k, !gemv && swiglu ? nn : 0);
+    const void* xin = scr.x;
     if (gemv) {
       launch_gemv_quant(y.dtype, xin, w, bias, y.data, t, out_n, s, epi.gemv, qk);
     } else {
       KILN_CHECK(ws->size() >= size_t(tile_rows * k) * es, "cuda: dequantization workspace too small");
-      auto* dst = swiglu ? scr + xn_bytes : static_cast<char*>(y.data);
+      auto* dst = swiglu ? scr.gu : static_cast<char*>(y.data);
       for (int64_t r0 = 0; r0 < nn; r0 += tile_rows) {
         const int64_t rows = std::min(tile_rows, nn - r0);
         launch_dequant_rows(y.dtype, w, r0, rows, ws->get(), s);
@@ -355,11 +370,7 @@ OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) 
   const LinearFusion fu = linear_fusion(n, g, pc);
   const std::string name = n.name;
   return [=](OpContext& c) {
-    const DevTensor& x = *c.inputs[0];
-    KILN_THROW_IF(x.dim(1) != k, kInvalidArgument, "linear '", name, "': x has ", x.dim(1),
-                  " features, the weight expects ", k);
-    const int64_t t = x.dim(0);
-    DevTensor& y = c.out(0, {t, out_n});
+    const auto [x, y, t] = linear_io(c, name, k, out_n);
     cudaStream_t s = c.cx->stream;
     const void* res = linear_residual(c, fu, y, name);
     const bool gemv = use_gemv && gemv_supports(y.dtype, t, k);
@@ -369,21 +380,13 @@ OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) 
       return;
     }
     // The norm's rows (when it does not run inside the GEMV) and [gate | up] in scratch.
-    const size_t es = dtype_size(y.dtype);
-    const size_t xn_bytes = norm ? round_up_256(size_t(t * k) * es) : 0;
-    const size_t gu_bytes = !gemv && swiglu ? size_t(t * nn) * es : 0;
-    char* scr = xn_bytes + gu_bytes ? static_cast<char*>(c.scratch(xn_bytes + gu_bytes)) : nullptr;
-    const void* xin = x.data;
-    if (norm) {
-      linear_norm_into(fu, y.dtype, x.data, t, k, scr, s);
-      xin = scr;
-    }
+    const LinearScratch scr = linear_scratch(c, fu, norm, y.dtype, x.data, t, k, !gemv && swiglu ? nn : 0);
+    const void* xin = scr.x;
     if (gemv) {
       launch_gemv(y.dtype, xin, w, bias, y.data, t, out_n, k, s, epi.gemv, fu.gemv(res, false), gemv_kind);
     } else if (swiglu) {  // [gate | up] into scratch, then silu(gate) * up
-      void* gu = scr + xn_bytes;
-      c.cx->gemm->run(y.dtype, xin, w, bias, gu, t, nn, k, s);
-      launch_swiglu(y.dtype, gu, t, out_n, y.data, s);
+      c.cx->gemm->run(y.dtype, xin, w, bias, scr.gu, t, nn, k, s);
+      launch_swiglu(y.dtype, scr.gu, t, out_n, y.data, s);
       if (res) launch_binary(BinaryOp::kAdd, y.dtype, y.data, res, y.numel(), y.numel(), y.data, s);
     } else if (epi.gemv != GemvEpilogue::kNone) {
       c.cx->gemm->run(y.dtype, xin, w, bias, y.data, t, nn, k, s);

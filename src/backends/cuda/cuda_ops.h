@@ -166,6 +166,16 @@ struct PrepareContext {
   std::shared_ptr<Communicator> communicator;
 };
 
+// A Linear run's input x [t, k] (its features checked against the weight's K: a
+// kInvalidArgument error naming the node) and its output y [t, out_n]; every Linear
+// variant starts so.
+struct LinearIo {
+  const DevTensor& x;
+  DevTensor& y;
+  int64_t t;
+};
+LinearIo linear_io(OpContext& c, const std::string& name, int64_t k, int64_t out_n);
+
 // The q8/q4 format a Linear's weight runs in on CUDA: its `precision` attribute (from
 // assign_precision) or else the compile's weight dtype; none for other precisions, or
 // when K is not a multiple of kQuantGroup (then it stays in the activation dtype, as the
