@@ -125,6 +125,46 @@ __device__ __forceinline__ float kv_quantize_row(const T* x, int d, uint8_t* dst
   return __fdiv_rn(amax, kMax);
 }
 
+// Stages the q rows of items [item_begin, item_begin + N) of the CTA's (sequence, KV
+// head) in qs as f32 times `scale`, zeros past the sequence's n_items (16-byte vectors:
+// rows are D-contiguous and 16-byte aligned).
+template <typename T, int D, int N>
+__device__ __forceinline__ void attn_stage_q(float (&qs)[N][D], const T* __restrict__ q, int64_t q_stride,
+                                             const AttnSeq& sq, int item_begin, int n_items, int kvh, int group,
+                                             float scale) {
+  constexpr int VEC = 16 / int(sizeof(T)), VPR = D / VEC;
+  static_assert(D % VEC == 0);
+  for (int e = threadIdx.x; e < N * VPR; e += kWarps * 32) {
+    const int li = e / VPR, c = (e % VPR) * VEC, item = item_begin + li;
+    uint4 raw = make_uint4(0, 0, 0, 0);
+    if (item < n_items) {
+      const int64_t row = sq.q_start + item / group, h = kvh * group + item % group;
+      raw = *reinterpret_cast<const uint4*>(q + row * q_stride + h * D + c);
+    }
+    const T* v = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < VEC; ++i) qs[li][c + i] = to_f32(v[i]) * scale;
+  }
+}
+
+// The online-softmax state of items first .. first + R - 1: the keys each sees (lim:
+// causal, up to its own position; 0 past the sequence's n_items), running max m, sum l
+// and unnormalized acc (dims lane, lane + 32, ...).
+template <int R, int DPL>
+__device__ __forceinline__ void attn_init_items(int (&lim)[R], float (&m)[R], float (&l)[R], float (&acc)[R][DPL],
+                                                int first, int n_items, int group, int ctx0, const AttnSeq& sq,
+                                                const AttnWork& w, bool causal) {
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int item = first + r;
+    lim[r] = item < n_items ? min(causal ? ctx0 + item / group + 1 : sq.ctx_len, w.kv_end) : 0;
+    m[r] = -INFINITY;
+    l[r] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < DPL; ++i) acc[r][i] = 0.0f;
+  }
+}
+
 template <typename T, int D, KvCode Q>
 __global__ void __launch_bounds__(kWarps * 32)
 attention_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restrict__ k_cache,
@@ -146,33 +186,15 @@ attention_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restrict__ k_cac
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int ctx0 = sq.ctx_len - sq.q_len;  // position of the sequence's first new token
 
-  // Loads move 16-byte vectors (VEC elements of q, CVEC of the cache): rows are
-  // D-contiguous and 16-byte aligned.
-  constexpr int VEC = 16 / int(sizeof(T)), VPR = D / VEC, kThreads = kWarps * 32;
+  // Loads move 16-byte vectors (CVEC elements of the cache): rows are D-contiguous and
+  // 16-byte aligned.
+  constexpr int kThreads = kWarps * 32;
   constexpr int CVEC = 16 / int(sizeof(KvElem<T, Q>)), CVPR = D / CVEC;
-  static_assert(D % VEC == 0 && D % CVEC == 0);
-  for (int e = threadIdx.x; e < kAttnItemsPerCta * VPR; e += kThreads) {
-    const int li = e / VPR, c = (e % VPR) * VEC, item = w.item_begin + li;
-    uint4 raw = make_uint4(0, 0, 0, 0);
-    if (item < n_items) {
-      const int64_t row = sq.q_start + item / group, h = kvh * group + item % group;
-      raw = *reinterpret_cast<const uint4*>(q + row * q_stride + h * D + c);
-    }
-    const T* v = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) qs[li][c + i] = to_f32(v[i]) * scale;
-  }
+  static_assert(D % CVEC == 0);
+  attn_stage_q<T, D, kAttnItemsPerCta>(qs, q, q_stride, sq, w.item_begin, n_items, kvh, group, scale);
   int lim[R];
   float m[R], l[R], acc[R][DPL];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int item = w.item_begin + warp * R + r;
-    lim[r] = item < n_items ? min(causal ? ctx0 + item / group + 1 : sq.ctx_len, w.kv_end) : 0;
-    m[r] = -INFINITY;
-    l[r] = 0.0f;
-#pragma unroll
-    for (int i = 0; i < DPL; ++i) acc[r][i] = 0.0f;
-  }
+  attn_init_items<R, DPL>(lim, m, l, acc, w.item_begin + warp * R, n_items, group, ctx0, sq, w, causal);
   const int last = min(n_items, w.item_begin + kAttnItemsPerCta) - 1;
   const int hi = min(w.kv_end, causal ? ctx0 + last / group + 1 : sq.ctx_len);
   const int32_t* bt = block_tables + sq.bt_offset;
@@ -295,7 +317,7 @@ attention_decode_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restrict_
                         const int32_t* __restrict__ block_tables, const AttnWork* __restrict__ works,
                         float* __restrict__ part_o, float* __restrict__ part_ml) {
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
-  constexpr int DPL = (D + 31) / 32, VEC = 16 / int(sizeof(T)), VPR = D / VEC, kThreads = kWarps * 32;
+  constexpr int DPL = (D + 31) / 32;
   constexpr int CVEC = 16 / int(sizeof(KvElem<T, Q>)), CVPR = D / CVEC;  // the cache's 16-byte vectors
   __shared__ float qs[R][D];
   __shared__ float red_ml[kWarps][R][2];
@@ -306,28 +328,10 @@ attention_decode_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restrict_
   const int kvh = blockIdx.y, group = hq / hkv, n_items = sq.q_len * group;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int ctx0 = sq.ctx_len - sq.q_len;
-  for (int e = threadIdx.x; e < R * VPR; e += kThreads) {
-    const int r = e / VPR, c = (e % VPR) * VEC, item = w.item_begin + r;
-    uint4 raw = make_uint4(0, 0, 0, 0);
-    if (item < n_items) {
-      const int64_t row = sq.q_start + item / group, h = kvh * group + item % group;
-      raw = *reinterpret_cast<const uint4*>(q + row * q_stride + h * D + c);
-    }
-    const T* v = reinterpret_cast<const T*>(&raw);
-#pragma unroll
-    for (int i = 0; i < VEC; ++i) qs[r][c + i] = to_f32(v[i]) * scale;
-  }
+  attn_stage_q<T, D, R>(qs, q, q_stride, sq, w.item_begin, n_items, kvh, group, scale);
   int lim[R];
   float m[R], l[R], acc[R][DPL];
-#pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int item = w.item_begin + r;
-    lim[r] = item < n_items ? min(causal ? ctx0 + item / group + 1 : sq.ctx_len, w.kv_end) : 0;
-    m[r] = -INFINITY;
-    l[r] = 0.0f;
-#pragma unroll
-    for (int i = 0; i < DPL; ++i) acc[r][i] = 0.0f;
-  }
+  attn_init_items<R, DPL>(lim, m, l, acc, w.item_begin, n_items, group, ctx0, sq, w, causal);
   const int last = min(n_items, w.item_begin + R) - 1;
   const int hi = min(w.kv_end, causal ? ctx0 + last / group + 1 : sq.ctx_len);
   const int32_t* bt = block_tables + sq.bt_offset;
