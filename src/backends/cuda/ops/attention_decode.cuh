@@ -198,15 +198,15 @@ attention_decode_cluster_kernel(const DecParams<T> p) {
   if (loads_new) *reinterpret_cast<uint4*>(&new_t[threadIdx.x / (D / QV) * D + qc]) = nraw;
   __syncthreads();
   if (rope) {
-    // qkv_prep_kernel's rotation and rounding (gqa_rope_pair), pairs (u, u + rot / 2).
+    // qkv_prep_kernel's rotation and rounding (rope_pair), pairs (u, u + rot / 2).
     const int half = p.rot / 2;
     for (int e = threadIdx.x; e < (group + (has_new ? 1 : 0)) * half; e += kDecThreads) {
       const int r = e / half, u = e % half;
       T* x = r < group ? q_s + r * LD : new_t;
-      float x1 = to_f32(x[u]), x2 = to_f32(x[u + half]), sn, cs;
-      sincosf(__fmul_rn(float(qpos), p.inv_freq[u]), &sn, &cs);
-      x[u] = from_f32<T>(__fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn)));
-      x[u + half] = from_f32<T>(__fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn)));
+      float x1 = to_f32(x[u]), x2 = to_f32(x[u + half]);
+      rope_pair(x1, x2, qpos, p.inv_freq[u]);
+      x[u] = from_f32<T>(x1);
+      x[u + half] = from_f32<T>(x2);
     }
     __syncthreads();
   }
@@ -214,32 +214,7 @@ attention_decode_cluster_kernel(const DecParams<T> p) {
     // Warp 0 quantizes the new K row, warp 1 the V row: kv_quant_write_kernel's codes
     // and scales (the CPU backend's).
     if (has_new && warp < 2) {
-      const T* x = new_t + warp * D;
-      float amax = 0.0f;
-      bool finite = true;
-      for (int c = lane; c < D; c += 32) {
-        const float v = to_f32(x[c]);
-        amax = fmaxf(amax, fabsf(v));
-        finite = finite && isfinite(v);
-      }
-      amax = warp_max(amax);
-      finite = __all_sync(kFull, finite);
-      float sc;
-      if (amax == 0.0f || !finite) {  // all zeros: scale 0; non-finite: NaN (see KvDType)
-        for (int c = lane; c < D; c += 32) new_c[warp * D + c] = 0;
-        sc = finite ? 0.0f : __int_as_float(0x7fc00000);
-      } else {
-        constexpr float kMax = Q == KvCode::kFp8 ? 448.0f : 127.0f;
-        const float inv = __fdiv_rn(kMax, amax);
-        for (int c = lane; c < D; c += 32) {
-          const float y = __fmul_rn(to_f32(x[c]), inv);
-          if constexpr (Q == KvCode::kInt8)
-            new_c[warp * D + c] = uint8_t(int8_t(fminf(fmaxf(rintf(y), -127.0f), 127.0f)));
-          else
-            new_c[warp * D + c] = uint8_t(__nv_cvt_float_to_fp8(y, __NV_SATFINITE, __NV_E4M3));
-        }
-        sc = __fdiv_rn(amax, kMax);
-      }
+      const float sc = kv_quantize_row<T, Q>(new_t + warp * D, D, new_c + warp * D);
       if (lane == 0) new_sc[warp] = sc;
     }
     __syncthreads();
