@@ -61,7 +61,7 @@ struct GemvChoice {
   GemvKind kind = GemvKind::kStream;
 };
 // KILN_CUDA_GEMV: unset or "stream" (the default), "prefetch", or "0" (no GEMV: cuBLASLt
-// and the skinny GEMM only). Anything else is a kiln::Error naming the variable.
+// only). Anything else is a kiln::Error naming the variable.
 GemvChoice gemv_choice_from_env();
 // The ring of weights each prefetching CTA fills before it waits (and the ring it streams
 // through after): KILN_CUDA_GEMV_RING_KB, 16..192 in steps of 16 (a tuning knob for the
