@@ -10,9 +10,11 @@
 // of 32 (as llama.cpp's q8_1 activations), and on these tiny random-weight decoders that
 // moves the logits by 4-15% of max|logit| against the mma/old kernels (which agree with each
 // other on every token), enough to flip argmaxes that are not near-ties (gaps to 0.074).
-// That is why KILN_CUDA_QGEMV=dp4a stays opt-in: its accuracy has to be measured as
-// perplexity on a real checkpoint before it can be a default (bench/RESULTS.md). Run it
-// with --gtest_also_run_disabled_tests to see the per-model numbers.
+// The same rounding emulated in f32 (bench/dp4a_accuracy.py) moves these models' logits by
+// 2.3-4.0% and leaves the real SmolLM2's perplexity unchanged (+3.68% vs q4's +3.77% over
+// f32, bench/RESULTS.md): the tiny models' sensitivity, not a kernel error. A bound for this
+// test has to come from that emulation; until then it is disabled and KILN_CUDA_QGEMV=dp4a
+// opt-in. Run it with --gtest_also_run_disabled_tests to see the per-model numbers.
 #include <gtest/gtest.h>
 
 #include <algorithm>
