@@ -22,7 +22,8 @@ void* aligned_alloc_bytes(size_t bytes);
 class Tensor {
  public:
   Tensor() = default;
-  // Allocates an owning tensor (zero-filled).
+  // Allocates an owning tensor (zero-filled; 4 MiB and larger: its own page-aligned
+  // anonymous mapping with transparent huge pages asked for).
   Tensor(DType dtype, std::vector<int64_t> shape);
   // A non-owning view; `keepalive` (optional) is held to keep the memory valid.
   static Tensor view(void* data, DType dtype, std::vector<int64_t> shape,

@@ -14,6 +14,25 @@ TEST(Tensor, OwningIsAlignedAndZeroed) {
   for (int i = 0; i < 15; ++i) EXPECT_EQ(t.data_as<float>()[i], 0.0f);
 }
 
+// Large tensors take their own mapping (no memset): still zeroed, aligned, writable, each
+// one separate, converted like any other, and unmapped when the last owner goes.
+TEST(Tensor, LargeOwningIsZeroedAlignedAndIndependent) {
+  for (int round = 0; round < 8; ++round) {
+    Tensor a(DType::kF32, {3, 1 << 21}), b(DType::kF32, {3, 1 << 21});
+    ASSERT_EQ(reinterpret_cast<uintptr_t>(a.data()) % kTensorAlignment, 0u);
+    const float* pa = a.data_as<float>();
+    for (int64_t i = 0; i < a.numel(); i += 4099) ASSERT_EQ(pa[i], 0.0f) << i;
+    ASSERT_EQ(pa[a.numel() - 1], 0.0f);
+    a.data_as<float>()[a.numel() - 1] = 7.0f;
+    a.data_as<float>()[0] = 3.0f;
+    EXPECT_EQ(b.data_as<float>()[0], 0.0f);
+    EXPECT_EQ(b.data_as<float>()[b.numel() - 1], 0.0f);
+    Tensor c = a.to(DType::kF16);
+    EXPECT_EQ(c.nbytes(), a.nbytes() / 2);
+    EXPECT_EQ(c.to(DType::kF32).data_as<float>()[a.numel() - 1], 7.0f);
+  }
+}
+
 TEST(Tensor, SliceRowsSharesMemory) {
   Tensor t(DType::kF32, {4, 2});
   for (int i = 0; i < 8; ++i) t.data_as<float>()[i] = float(i);
