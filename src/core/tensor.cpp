@@ -44,6 +44,15 @@ void* map_zeroed(size_t bytes) {
 
 }  // namespace
 
+std::shared_ptr<uint8_t[]> host_buffer(size_t bytes) {
+  if (bytes >= kMapBytes) {
+    auto* p = static_cast<uint8_t*>(map_zeroed(bytes));
+    return std::shared_ptr<uint8_t[]>(p, [bytes](uint8_t* q) { munmap(q, bytes); });
+  }
+  return std::shared_ptr<uint8_t[]>(static_cast<uint8_t*>(aligned_alloc_bytes(bytes)),
+                                    [](uint8_t* q) { std::free(q); });
+}
+
 Tensor::Tensor(DType dtype, std::vector<int64_t> shape) : dtype_(dtype), shape_(std::move(shape)) {
   for (auto d : shape_) KILN_CHECK(d >= 0, "negative dim in ", shape_str());
   const size_t bytes = nbytes();

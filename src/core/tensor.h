@@ -18,6 +18,10 @@ constexpr size_t kTensorAlignment = 64;
 
 // Aligned host allocation; frees with std::free.
 void* aligned_alloc_bytes(size_t bytes);
+// A 64-byte aligned host buffer of `bytes` (contents unspecified), freed with its last
+// owner; 4 MiB and larger ones are mappings of their own with transparent huge pages asked
+// for, as large Tensors are (packed CPU weights: fewer page faults at load).
+std::shared_ptr<uint8_t[]> host_buffer(size_t bytes);
 
 class Tensor {
  public:

@@ -10,6 +10,7 @@
 #include "backends/cpu/kernels/isa.h"
 #include "core/dtype.h"
 #include "core/status.h"
+#include "core/tensor.h"
 #include "core/thread_pool.h"
 #include "core/weight_quant.h"
 
@@ -155,12 +156,6 @@ void pack_quantized_panel(const float* w, const QuantizedRows* q, int64_t n, int
   }
 }
 
-uint8_t* alloc_aligned(size_t bytes) {
-  void* p = std::aligned_alloc(64, std::max<size_t>(64, (bytes + 63) / 64 * 64));
-  KILN_THROW_IF(!p, kOutOfMemory, "pack_weight: cannot allocate ", bytes, " bytes");
-  return static_cast<uint8_t*>(p);
-}
-
 // Rows of the tile are processed in blocks of `mc` so the x block (mc × kc floats) stays
 // in L2 while each kc × 16 panel slice sits in L1 (the BLIS loop order without packing x:
 // x rows are already contiguous in K).
@@ -235,7 +230,7 @@ PackedWeight pack_weight(const float* w, int64_t n, int64_t k, WeightStorage sto
   pw.n = n;
   pw.k = k;
   pw.storage = storage;
-  pw.data = std::shared_ptr<uint8_t[]>(alloc_aligned(pw.bytes()), [](uint8_t* p) { std::free(p); });
+  pw.data = host_buffer(pw.bytes());
   ThreadPool::global().parallel_for(pw.panels(), [&](int64_t p0, int64_t p1, int) {
     for (int64_t p = p0; p < p1; ++p) {
       uint8_t* dst = pw.data.get() + size_t(p) * pw.panel_bytes();
@@ -269,7 +264,7 @@ PackedWeight pack_quantized_weight(const QuantizedRows& q) {
   pw.n = q.n;
   pw.k = q.k;
   pw.storage = q.format == QuantFormat::kQ8 ? WeightStorage::kQ8 : WeightStorage::kQ4;
-  pw.data = std::shared_ptr<uint8_t[]>(alloc_aligned(pw.bytes()), [](uint8_t* p) { std::free(p); });
+  pw.data = host_buffer(pw.bytes());
   ThreadPool::global().parallel_for(pw.panels(), [&](int64_t p0, int64_t p1, int) {
     for (int64_t p = p0; p < p1; ++p)
       pack_quantized_panel(nullptr, &q, q.n, q.k, p, pw.storage, pw.data.get() + size_t(p) * pw.panel_bytes());

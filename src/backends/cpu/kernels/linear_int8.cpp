@@ -12,6 +12,7 @@
 #include "backends/cpu/kernels/isa.h"
 #include "core/int8.h"
 #include "core/status.h"
+#include "core/tensor.h"
 #include "core/thread_pool.h"
 
 namespace kiln::cpu {
@@ -37,12 +38,6 @@ void scalar_int8_microkernel(int m, const int8_t* qx, int64_t ldx, const int8_t*
 // Shared by both ISAs and the CUDA backend (core/int8.h) so the results agree bit for bit.
 inline int8_t quantize_one(float x, float inv_scale) { return int8_quantize(x, inv_scale); }
 
-void* alloc_aligned(size_t bytes) {
-  void* p = std::aligned_alloc(64, std::max<size_t>(64, (bytes + 63) / 64 * 64));
-  KILN_THROW_IF(!p, kOutOfMemory, "pack_weight_int8: cannot allocate ", bytes, " bytes");
-  return p;
-}
-
 }  // namespace
 
 PackedInt8Weight pack_weight_int8(const float* w, int64_t n, int64_t k) {
@@ -52,7 +47,8 @@ PackedInt8Weight pack_weight_int8(const float* w, int64_t n, int64_t k) {
   pw.k = k;
   pw.k4 = (k + 3) / 4;
   const size_t data_bytes = size_t(pw.panels() * pw.k4 * 64);
-  pw.data = std::shared_ptr<int8_t[]>(static_cast<int8_t*>(alloc_aligned(data_bytes)), [](int8_t* p) { std::free(p); });
+  const std::shared_ptr<uint8_t[]> buf = host_buffer(data_bytes);
+  pw.data = std::shared_ptr<int8_t[]>(buf, reinterpret_cast<int8_t*>(buf.get()));
   pw.scale = std::shared_ptr<float[]>(new float[size_t(pw.panels() * kNr)]());
   std::memset(pw.data.get(), 0, data_bytes);
   ThreadPool::global().parallel_for(pw.panels(), [&](int64_t p0, int64_t p1, int) {
