@@ -22,10 +22,9 @@
 // SwiGLU (GPT-2: fc with LayerNorm prologue, bias and GELU-tanh), the down GEMV adding
 // the residual - and the same with the default graph's AddNorm kernels in front of the
 // qkv and gate|up GEMVs instead of the prologues and residual epilogues; every layer with its own weights (nothing stays in L2), times the layer
-// count, no LM head. Printed per kernel variant (stream without PDL, stream, prefetch at
-// several ring sizes): the median time of a step (graph launches back to back) and the
-// weight bytes per second against the device-to-device copy. Before timing, each
-// variant's final residual stream is compared with stream's (same inputs).
+// count, no LM head. Printed without and with dependent launch (PDL): the median time of a step (graph launches back to back) and the
+// weight bytes per second against the device-to-device copy. Before timing, the PDL
+// variant's final residual stream is compared with the one without (same inputs).
 //   cuda_gemv_bench [shape filter, e.g. 8B]     the bf16 / q8 / q4 table
 //   cuda_gemv_bench qgemv [shape filter]        the quantized kernels (old / mma / dp4a) only
 //                                               (cuda_qgemv_table.cpp)
@@ -73,8 +72,8 @@ struct ChainLayer {
 void chain_table(const char* filter, double copy_gbs) {
   std::printf("\ndecode chain (bf16, 1 token row; CUDA graph of the layers; weight GB/s = weight bytes per step / "
               "step time; norms: AddNorm kernels as in the default graph, or inside the GEMVs as with KILN_CUDA_PRENORM=1)"
-              "\n\n| shape | layers | norms | kernel | PDL | ring KB | us per step (min..max) | us per layer | weight MB | "
-              "weight GB/s | %% of copy | max|y - stream| / max|stream| |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+              "\n\n| shape | layers | norms | PDL | us per step (min..max) | us per layer | weight MB | "
+              "weight GB/s | %% of copy | max|y - no PDL| / max|no PDL| |\n|---|---|---|---|---|---|---|---|---|---|\n");
   const ChainShape shapes[] = {
       {"GPT-2 small", 12, 768, 3 * 768, 3072, true},
       {"TinyLlama 1.1B", 22, 2048, 2048 + 2 * 256, 5632, false},
@@ -131,7 +130,7 @@ void chain_table(const char* filter, double copy_gbs) {
     // and hs[1]: a sum never aliases its inputs).
     DeviceBuffer hs[2] = {DeviceBuffer(size_t(c.d) * 2), DeviceBuffer(size_t(c.d) * 2)}, xn(size_t(c.d) * 2),
                  lin(size_t(c.d) * 2);
-    auto enqueue = [&](GemvKind kind, bool prenorm) {
+    auto enqueue = [&](bool prenorm) {
       const GemvNorm nk = c.gpt2 ? GemvNorm::kLayer : GemvNorm::kRms;
       const GemvFusion none{}, fold{GemvNorm::kNone, nullptr, nullptr, 0.0f, h.get()};
       auto add_norm = [&](const void* x, const void* res, void* sum, const float* g, const float* b) {
@@ -151,25 +150,23 @@ void chain_table(const char* filter, double copy_gbs) {
         auto* b2 = static_cast<const float*>(l.b2.get());
         if (prenorm) {
           launch_gemv(bf, h.get(), l.qkv_w.get(), l.qkv_b.get(), qkv.get(), 1, c.qkv, c.d, s, GemvEpilogue::kNone,
-                      GemvFusion{nk, g1, b1, 1e-5f, nullptr}, kind);
+                      GemvFusion{nk, g1, b1, 1e-5f, nullptr});
           launch_rms_norm(bf, qkv.get(), static_cast<const float*>(gq.get()), 1e-5f, 1, c.d, attn.get(), s);
-          launch_gemv(bf, attn.get(), l.o_w.get(), l.o_b.get(), h.get(), 1, c.d, c.d, s, GemvEpilogue::kNone, fold,
-                      kind);
+          launch_gemv(bf, attn.get(), l.o_w.get(), l.o_b.get(), h.get(), 1, c.d, c.d, s, GemvEpilogue::kNone, fold);
           launch_gemv(bf, h.get(), l.up_w.get(), l.up_b.get(), act.get(), 1, c.ff, c.d, s, up_epi,
-                      GemvFusion{nk, g2, b2, 1e-5f, nullptr}, kind);
+                      GemvFusion{nk, g2, b2, 1e-5f, nullptr});
           launch_gemv(bf, act.get(), l.down_w.get(), l.down_b.get(), h.get(), 1, c.d, c.ff, s, GemvEpilogue::kNone,
-                      fold, kind);
+                      fold);
         } else {
           add_norm(lin.get(), hs[0].get(), hs[1].get(), g1, b1);
           launch_gemv(bf, xn.get(), l.qkv_w.get(), l.qkv_b.get(), qkv.get(), 1, c.qkv, c.d, s, GemvEpilogue::kNone,
-                      none, kind);
+                      none);
           launch_rms_norm(bf, qkv.get(), static_cast<const float*>(gq.get()), 1e-5f, 1, c.d, attn.get(), s);
-          launch_gemv(bf, attn.get(), l.o_w.get(), l.o_b.get(), lin.get(), 1, c.d, c.d, s, GemvEpilogue::kNone, none,
-                      kind);
+          launch_gemv(bf, attn.get(), l.o_w.get(), l.o_b.get(), lin.get(), 1, c.d, c.d, s, GemvEpilogue::kNone, none);
           add_norm(lin.get(), hs[1].get(), hs[0].get(), g2, b2);
-          launch_gemv(bf, xn.get(), l.up_w.get(), l.up_b.get(), act.get(), 1, c.ff, c.d, s, up_epi, none, kind);
+          launch_gemv(bf, xn.get(), l.up_w.get(), l.up_b.get(), act.get(), 1, c.ff, c.d, s, up_epi, none);
           launch_gemv(bf, act.get(), l.down_w.get(), l.down_b.get(), lin.get(), 1, c.d, c.ff, s, GemvEpilogue::kNone,
-                      none, kind);
+                      none);
         }
       }
       if (!prenorm)  // the stream the check compares: h = last down + residual
@@ -177,35 +174,29 @@ void chain_table(const char* filter, double copy_gbs) {
     };
     struct Variant {
       bool prenorm;
-      GemvKind kind;
       bool pdl;
-      int ring_kb;
     };
     std::vector<Variant> variants;
     for (bool prenorm : {false, true}) {
-      variants.push_back({prenorm, GemvKind::kStream, false, 0});
-      variants.push_back({prenorm, GemvKind::kStream, true, 0});
-      if (gemv_prefetch_available())
-        for (int kb : {32, 64, 96, 128}) variants.push_back({prenorm, GemvKind::kPrefetch, true, kb});
+      variants.push_back({prenorm, false});
+      variants.push_back({prenorm, true});
     }
     std::vector<uint16_t> ref(size_t(c.d)), got(size_t(c.d));
     for (const Variant& v : variants) {
-      if (v.ring_kb) setenv("KILN_CUDA_GEMV_RING_KB", str_cat(v.ring_kb).c_str(), 1);
       set_pdl_allowed(v.pdl);
-      enqueue(v.kind, v.prenorm);  // eager first: kernel attributes are set outside the capture
+      enqueue(v.prenorm);  // eager first: kernel attributes are set outside the capture
       KILN_CUDA_CHECK(cudaStreamSynchronize(s));
       cudaGraph_t graph;
       cudaGraphExec_t exec;
       KILN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-      enqueue(v.kind, v.prenorm);
+      enqueue(v.prenorm);
       KILN_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
       set_pdl_allowed(false);
-      unsetenv("KILN_CUDA_GEMV_RING_KB");
       KILN_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
       KILN_CUDA_CHECK(cudaGraphLaunch(exec, s));
       KILN_CUDA_CHECK(cudaMemcpyAsync(got.data(), h.get(), got.size() * 2, cudaMemcpyDeviceToHost, s));
       KILN_CUDA_CHECK(cudaStreamSynchronize(s));
-      if (v.kind == GemvKind::kStream && !v.pdl) ref = got;  // the first of each layer form
+      if (!v.pdl) ref = got;  // the first of each layer form
       double err = 0, mx = 0;
       for (size_t i = 0; i < got.size(); ++i) {
         const float a = bf16_to_f32(got[i]), b = bf16_to_f32(ref[i]);
@@ -229,9 +220,8 @@ void chain_table(const char* filter, double copy_gbs) {
       }
       std::sort(t.begin(), t.end());
       const double ms = t[t.size() / 2], gbs = double(wbytes) / (ms * 1e-3) / 1e9;
-      std::printf("| %s | %d | %s | %s | %s | %s | %.1f (%.1f..%.1f) | %.2f | %.1f | %.0f | %.0f%% | %.2g%s |\n",
-                  c.what, c.layers, v.prenorm ? "in GEMV" : "AddNorm", v.kind == GemvKind::kPrefetch ? "prefetch" : "stream", v.pdl ? "on" : "off",
-                  v.ring_kb ? str_cat(v.ring_kb).c_str() : "-", ms * 1e3, t.front() * 1e3, t.back() * 1e3,
+      std::printf("| %s | %d | %s | %s | %.1f (%.1f..%.1f) | %.2f | %.1f | %.0f | %.0f%% | %.2g%s |\n",
+                  c.what, c.layers, v.prenorm ? "in GEMV" : "AddNorm", v.pdl ? "on" : "off", ms * 1e3, t.front() * 1e3, t.back() * 1e3,
                   ms * 1e3 / c.layers, double(wbytes) / 1e6, gbs, 100.0 * gbs / copy_gbs, mx > 0 ? err / mx : err,
                   mx > 0 && err / mx < 2e-2 ? "" : " CHECK");
       cudaEventDestroy(e0);

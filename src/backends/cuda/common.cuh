@@ -79,8 +79,7 @@ __device__ __forceinline__ float unary_f32(float x) {
 //   has read the weights / the cache, letting the next kernel launch while they reduce
 //   and store;
 // - in decode steps of a few rows (<= kGemvMaxRows), the latency-bound kernels (norms,
-//   embedding, the fused decode attention) and the prefetching GEMV trigger at their
-//   start, so the GEMV after them launches at once and streams its weights while they run;
+//   embedding, the fused decode attention) trigger at their start, so the GEMV after them launches at once and streams its weights while they run;
 // - everything else triggers implicitly as its blocks exit (a trigger at the start let
 //   early dependents, cuBLASLt's GEMMs among them, take SM slots that multi-wave grids
 //   still needed: BERT-base batch 32 +11%).

@@ -359,11 +359,9 @@ OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) 
   const void* w = pc.weights->get(g, wv, pc.act);
   const void* bias = pc.weights->get(g, need_weight(n, g, 2, "bias", true), pc.act);
   const int64_t nn = g.weight(wv).dim(0), k = g.weight(wv).dim(1);
-  // Few token rows (decode) stream the weights through our GEMV (KILN_CUDA_GEMV: stream or
-  // prefetch kernel, 0: not used), the rest go through cuBLASLt.
-  const GemvChoice gemv_choice = gemv_choice_from_env();
-  const bool use_gemv = gemv_choice.use;
-  const GemvKind gemv_kind = gemv_choice.kind;
+  // Few token rows (decode) stream the weights through our GEMV (KILN_CUDA_GEMV=0: not
+  // used), the rest go through cuBLASLt.
+  const bool use_gemv = gemv_enabled_from_env();
   const bool swiglu = epi.gemv == GemvEpilogue::kSwiGlu;
   KILN_THROW_IF(swiglu && nn % 2 != 0, kInvalidArgument, "linear '", n.name, "': swiglu needs an even number of rows");
   const int64_t out_n = swiglu ? nn / 2 : nn;
@@ -376,14 +374,14 @@ OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) 
     const bool gemv = use_gemv && gemv_supports(y.dtype, t, k);
     const bool norm = fu.norm != GemvNorm::kNone;
     if (gemv && (!norm || gemv_norm_supports(y.dtype, t, k))) {
-      launch_gemv(y.dtype, x.data, w, bias, y.data, t, out_n, k, s, epi.gemv, fu.gemv(res, norm), gemv_kind);
+      launch_gemv(y.dtype, x.data, w, bias, y.data, t, out_n, k, s, epi.gemv, fu.gemv(res, norm));
       return;
     }
     // The norm's rows (when it does not run inside the GEMV) and [gate | up] in scratch.
     const LinearScratch scr = linear_scratch(c, fu, norm, y.dtype, x.data, t, k, !gemv && swiglu ? nn : 0);
     const void* xin = scr.x;
     if (gemv) {
-      launch_gemv(y.dtype, xin, w, bias, y.data, t, out_n, k, s, epi.gemv, fu.gemv(res, false), gemv_kind);
+      launch_gemv(y.dtype, xin, w, bias, y.data, t, out_n, k, s, epi.gemv, fu.gemv(res, false));
     } else if (swiglu) {  // [gate | up] into scratch, then silu(gate) * up
       c.cx->gemm->run(y.dtype, xin, w, bias, scr.gu, t, nn, k, s);
       launch_swiglu(y.dtype, scr.gu, t, out_n, y.data, s);
@@ -501,7 +499,7 @@ OpRun prepare_attention(const ir::Node& n, const ir::Graph& g, PrepareContext& p
         f.rotary_dim = rot;
         f.slot_mapping = c.dev->slot_mapping;
         f.counters = c.dev->attn_counters;
-        f.early_trigger = t <= kGemvMaxRows;  // the next Linear is a GEMV: let it prefetch
+        f.early_trigger = t <= kGemvMaxRows;  // the next Linear is a GEMV: let it launch early
         if (p.decode_splits > 0) {
           f.decode_splits = p.decode_splits;
           f.num_seqs = c.dev->num_seqs;

@@ -7,7 +7,6 @@
 // executor steps that fetch only TopKLogits candidates give whole-row steps' outputs;
 // q8/q4 models generate as the CPU's q8/q4 do; int8/fp8 KV caches decode as the CPU's.
 // Norms folded into the Linears (fuse_norm_linear) decode as the unfused graph does.
-// The prefetching GEMV (KILN_CUDA_GEMV=prefetch) decodes as the streaming one.
 // Skips without a GPU (and the SmolLM2 test without the model file).
 #include <gtest/gtest.h>
 
@@ -17,7 +16,6 @@
 #include <filesystem>
 
 #include "../../models/golden_util.h"
-#include "backends/cuda/ops/gemv.h"
 #include "cuda_test_util.h"
 #include "frontends/weight_source.h"
 #include "runtime/encoder_runner.h"
@@ -572,64 +570,6 @@ TEST(CudaPrenormModels, FoldedNormsDecodeAsTheUnfusedGraph) {
       expect_close(got.data(), want.data(), got.size(), std::string(dtype) == "bf16" ? 3e-2 : 5e-3,
                    tag + " fused vs KILN_CUDA_PRENORM=0");
     }
-}
-
-// KILN_CUDA_GEMV=prefetch against =stream on the tiny decoders (bf16 and f16, with the
-// AddNorm kernels and with the norms folded into the GEMVs, decode steps as CUDA graphs
-// with dependent launch): batch-1 and 3-sequence greedy generation
-// gives the same tokens, and the logits of every step agree (the tiny models' Linears
-// have k < 1024, where the two kernels sum in the same order: the same bits expected;
-// asserted within the bf16/f16 GEMV bound, the bit count printed).
-TEST(CudaGemvPrefetch, DecodeGivesTheStreamingKernelsTokens) {
-  KILN_SKIP_WITHOUT_CUDA();
-  if (!gemv_prefetch_available()) GTEST_SKIP() << "the prefetching GEMV needs sm_90";
-  for (const char* family : {"llama", "gpt2", "qwen2"})
-    for (const char* dtype : {"bf16", "f16"})
-      for (const char* prenorm : {"0", "1"}) {  // AddNorm kernels / norm prologues in the GEMVs
-        const std::string tag = str_cat(family, " ", dtype, " KILN_CUDA_PRENORM=", prenorm);
-        struct Out {
-          std::vector<std::vector<int32_t>> one, three;
-          std::vector<float> logits;
-        };
-        auto run = [&](const char* kind) {
-          setenv("KILN_CUDA_GEMV", kind, 1);
-          setenv("KILN_CUDA_PRENORM", prenorm, 1);
-          Out o;
-          {
-            auto m = Model::load(fixtures_dir() + "/models/" + family, {.backend = "cuda", .weight_dtype = dtype});
-            {
-              LlmRunner r(*m, {.block_size = 4});
-              o.one = r.generate_greedy({{3, 1, 4, 1, 5}}, 16);
-            }
-            {
-              LlmRunner r(*m, {.block_size = 4});
-              o.three = r.generate_greedy({{3, 1, 4, 1, 5, 9, 2, 6}, {2, 7, 1}, {5}}, 16);
-            }
-            LlmRunner r(*m, {.block_size = 4});
-            r.add_sequence({3, 1, 4, 1, 5, 9, 2, 6});
-            r.add_sequence({2, 7, 1});
-            for (int step = 0; step < 8; ++step)
-              for (auto& out : r.step()) {
-                o.logits.insert(o.logits.end(), out.logits.begin(), out.logits.end());
-                r.append_tokens(out.seq, {int32_t((step * 5 + out.seq * 3) % 50)});
-              }
-          }
-          unsetenv("KILN_CUDA_GEMV");
-          unsetenv("KILN_CUDA_PRENORM");
-          return o;
-        };
-        const Out stream = run("stream"), prefetch = run("prefetch");
-        EXPECT_EQ(prefetch.one, stream.one) << tag << ": batch-1 greedy tokens";
-        EXPECT_EQ(prefetch.three, stream.three) << tag << ": 3-sequence greedy tokens";
-        ASSERT_EQ(prefetch.logits.size(), stream.logits.size()) << tag;
-        size_t differ = 0;
-        for (size_t i = 0; i < stream.logits.size(); ++i)
-          differ += std::memcmp(&stream.logits[i], &prefetch.logits[i], sizeof(float)) != 0;
-        std::printf("  %s: %zu of %zu logits differ in bits between prefetch and stream\n", tag.c_str(), differ,
-                    stream.logits.size());
-        expect_close(prefetch.logits.data(), stream.logits.data(), stream.logits.size(),
-                     std::string(dtype) == "bf16" ? 1e-2 : 2e-3, tag + " prefetch vs stream");
-      }
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backends/cuda/ops/gemv.h"
 #include "cuda_test_util.h"
 
 namespace kiln::cuda {
@@ -235,6 +236,27 @@ TEST(CudaBackend, RegisteredWhenBuilt) {
     g.add_output("y", g.add("Silu", {g.add_input("x", DType::kF32, Shape{"T", 4})}));
     EXPECT_THROW(create_backend("cuda")->compile(g, {}), Error);
   }
+}
+
+// KILN_CUDA_GEMV: unset or 1 lets few-row Linears take the GEMV, 0 turns it off, and a
+// mistyped value is an error naming the variable (no GPU needed).
+TEST(CudaGemv, EnvironmentChoices) {
+  unsetenv("KILN_CUDA_GEMV");
+  EXPECT_TRUE(gemv_enabled_from_env());
+  setenv("KILN_CUDA_GEMV", "1", 1);
+  EXPECT_TRUE(gemv_enabled_from_env());
+  setenv("KILN_CUDA_GEMV", "0", 1);
+  EXPECT_FALSE(gemv_enabled_from_env());
+  for (const char* bad : {"fast", "prefetch"}) {
+    setenv("KILN_CUDA_GEMV", bad, 1);
+    try {
+      gemv_enabled_from_env();
+      ADD_FAILURE() << "KILN_CUDA_GEMV=" << bad << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("KILN_CUDA_GEMV"), std::string::npos) << e.what();
+    }
+  }
+  unsetenv("KILN_CUDA_GEMV");
 }
 
 }  // namespace

@@ -6,17 +6,17 @@
 // warp) comes through the read-only cache. Weights are loaded with the streaming hint
 // (evict-first) so they do not push x and the KV cache out of L2. The first kUnroll chunks
 // are requested before pdl_wait(): weights are never written by a kernel, so in a decode
-// step they stream in while the previous kernel finishes (GemvKind::kPrefetch, in
-// gemv_prefetch.cu, requests a whole ring of weights before the wait). With a norm
-// prologue (GemvFusion) x is instead normalized by each block into shared memory first:
+// step they stream in while the previous kernel finishes. With a norm prologue (GemvFusion) x is instead normalized by each block into shared memory first:
 // the rows are at most kGemvMaxRows x a hidden size, an L2-resident read per block.
 #include <cuda_fp8.h>
+
+#include <cstdlib>
+#include <cstring>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops/fp8.h"
 #include "backends/cuda/ops/gemv.h"
 #include "backends/cuda/ops/gemv_norm.cuh"
-#include "backends/cuda/ops/gemv_prefetch.h"
 #include "backends/cuda/ops/linear_common.cuh"
 
 namespace kiln::cuda {
@@ -268,6 +268,14 @@ void launch_format(const void* x, const void* w, float scale, const void* bias, 
 
 }  // namespace
 
+bool gemv_enabled_from_env() {
+  const char* e = std::getenv("KILN_CUDA_GEMV");
+  if (!e || !*e || std::strcmp(e, "1") == 0) return true;
+  if (std::strcmp(e, "0") == 0) return false;
+  throw_error(ErrorCode::kInvalidArgument, "KILN_CUDA_GEMV='", e,
+              "': expected 1 (the default: few-row Linears take the GEMV) or 0 (cuBLASLt only)");
+}
+
 bool gemv_supports(DType dtype, int64_t m, int64_t k) {
   return (dtype == DType::kBF16 || dtype == DType::kF16) && m >= 1 && m <= kGemvMaxRows && k % 8 == 0 &&
          k < (int64_t(1) << 30);
@@ -278,17 +286,12 @@ bool gemv_norm_supports(DType dtype, int64_t m, int64_t k) {
 }
 
 void launch_gemv(DType dtype, const void* x, const void* w, const void* bias, void* y, int64_t m, int64_t n,
-                 int64_t k, cudaStream_t s, GemvEpilogue epi, const GemvFusion& fusion, GemvKind kind) {
+                 int64_t k, cudaStream_t s, GemvEpilogue epi, const GemvFusion& fusion) {
   KILN_THROW_IF(!gemv_supports(dtype, m, k), kInternal, "cuda gemv: unsupported ", dtype_name(dtype), " m=", m,
                 " k=", k);
   KILN_THROW_IF(fusion.norm != GemvNorm::kNone && (!gemv_norm_supports(dtype, m, k) || !fusion.gamma), kInternal,
                 "cuda gemv: no norm prologue for ", dtype_name(dtype), " m=", m, " k=", k);
   if (n == 0) return;
-  if (kind == GemvKind::kPrefetch && k > 0 && gemv_prefetch_available()) {
-    KILN_THROW_IF(n >= (int64_t(1) << 30), kInternal, "cuda gemv: n=", n);
-    launch_gemv_prefetch(dtype, x, w, bias, y, m, n, k, s, epi, fusion);
-    return;
-  }
   if (dtype == DType::kBF16)
     launch_format<Wide16<__nv_bfloat16>>(x, w, 1.0f, bias, y, m, n, k, s, epi, fusion);
   else

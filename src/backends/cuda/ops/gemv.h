@@ -44,29 +44,9 @@ struct GemvFusion {
 // must fit, so that enough blocks stay resident per SM to keep the weight stream going.
 constexpr int64_t kGemvNormSmemBytes = int64_t(32) << 10;
 
-// Which weight-streaming kernel launch_gemv runs (KILN_CUDA_GEMV, gemv_choice_from_env):
-// - kStream: a warp (or S warps) per output feature over a grid of n*S/4 small CTAs; each
-//   warp requests its first weight chunks before waiting on the previous kernel.
-// - kPrefetch (Hopper, sm_90+; elsewhere kStream runs): one CTA per SM, each owning a
-//   contiguous slice of output features whose weights a producer warp streams through a
-//   shared-memory ring with bulk copies. The first ring's worth (kGemvPrefetchRingBytes
-//   per CTA) is requested before waiting on the previous kernel, and the CTA lets its
-//   dependents launch at once, so in a decode step's chain each GEMV fetches its weights
-//   while the kernel before it still runs. Same epilogues and rounding as kStream; the
-//   same bits where kStream uses one warp per feature (k < 1024 or n > 8192), else the sums
-//   differ in order only.
-enum class GemvKind : uint8_t { kStream, kPrefetch };
-struct GemvChoice {
-  bool use = true;  // false: KILN_CUDA_GEMV=0, Linears never take the GEMV
-  GemvKind kind = GemvKind::kStream;
-};
-// KILN_CUDA_GEMV: unset or "stream" (the default), "prefetch", or "0" (no GEMV: cuBLASLt
-// only). Anything else is a kiln::Error naming the variable.
-GemvChoice gemv_choice_from_env();
-// The ring of weights each prefetching CTA fills before it waits (and the ring it streams
-// through after): KILN_CUDA_GEMV_RING_KB, 16..192 in steps of 16 (a tuning knob for the
-// decode-chain bench), default 64.
-int64_t gemv_prefetch_ring_bytes();
+// Whether Linears with few token rows take the GEMV (KILN_CUDA_GEMV: unset or 1, the
+// default; 0: cuBLASLt only). Anything else is a kiln::Error naming the variable.
+bool gemv_enabled_from_env();
 
 // Whether launch_gemv handles this shape (16-bit dtype, m <= kGemvMaxRows, k % 8 == 0).
 bool gemv_supports(DType dtype, int64_t m, int64_t k);
@@ -76,10 +56,6 @@ bool gemv_norm_supports(DType dtype, int64_t m, int64_t k);
 // with kSwiGlu, w holds 2n rows ([gate; up], bias 2n) and y = silu(gate) * up. y must not
 // alias x; it may alias fusion.residual.
 void launch_gemv(DType dtype, const void* x, const void* w, const void* bias, void* y, int64_t m, int64_t n,
-                 int64_t k, cudaStream_t s, GemvEpilogue epi = GemvEpilogue::kNone, const GemvFusion& fusion = {},
-                 GemvKind kind = GemvKind::kStream);
-// Whether kPrefetch runs on the current device (sm_90+); launch_gemv falls back to kStream
-// where it does not.
-bool gemv_prefetch_available();
+                 int64_t k, cudaStream_t s, GemvEpilogue epi = GemvEpilogue::kNone, const GemvFusion& fusion = {});
 
 }  // namespace kiln::cuda

@@ -1,7 +1,6 @@
-// The GEMVs' norm prologue (gemv.h's GemvFusion), shared by the streaming kernel (gemv.cu)
-// and the prefetching one (gemv_prefetch.cu): a block of W warps normalizes the few x rows
-// into shared memory. Included only by those .cu files; tested through the fused Linear
-// cases of tests/backends/cuda/prenorm_test.cpp and gemv_prefetch_test.cpp.
+// The GEMV's norm prologue (gemv.h's GemvFusion): a block of W warps normalizes the few x
+// rows into shared memory. Included by gemv.cu; tested through the fused Linear cases of
+// tests/backends/cuda/prenorm_test.cpp.
 #pragma once
 
 #include "backends/cuda/common.cuh"
