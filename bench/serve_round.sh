@@ -23,6 +23,10 @@ for c in "${conc[@]}"; do
   echo "== kiln serve bench -c $c --requests $n (128 in / 128 out)" | tee -a "$out/kiln.log"
   timeout 240 "$kiln" serve bench --port $port --model model -c "$c" --requests $n --input-min 128 --input-max 128 \
     --output-min 128 --output-max 128 --vocab "$vocab" --json "$out/kiln_c$c.json" 2>&1 | tee -a "$out/kiln.log"
+  # Cumulative executor counters after each concurrency: the differences give engine time
+  # per step and the schedule/sample/emit phases of each run.
+  get http://127.0.0.1:$port/metrics | grep -E "^kiln_(executor_seconds|engine_steps|engine_step_tokens)_total" \
+    | sed "s/^/after c=$c: /" >> "$out/kiln_phases.log"
 done
 get http://127.0.0.1:$port/metrics | grep -E "^kiln_(preemptions|engine_steps|engine_step_tokens)_total" | tee -a "$out/kiln.log"
 kill -TERM $srv; wait $srv
