@@ -7,12 +7,14 @@
 // device-to-device copy measured in the same run (read + write bytes). Before timing, the
 // split outputs are checked against the one-CTA-per-row kernel's: ids and values identical,
 // the largest log-prob difference printed.
-//   cuda_topk_bench [sweep]
+// k = 1 is a greedy step's width (StepInfo::top_k: the argmax and its log-prob).
+//   cuda_topk_bench [sweep] [k]   (k defaults to 64)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <string>
@@ -43,12 +45,24 @@ struct Outputs {
 }  // namespace
 
 int main(int argc, char** argv) {
-  const bool sweep = argc > 1 && std::string(argv[1]) == "sweep";
+  bool sweep = false;
+  int64_t k = 64;
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "sweep") {
+      sweep = true;
+    } else {
+      k = std::atoll(a.c_str());
+      if (k < 1 || k > 1024) {
+        std::fprintf(stderr, "cuda_topk_bench: k must be in [1, 1024], got '%s'\n", a.c_str());
+        return 2;
+      }
+    }
+  }
   const double copy_gbs = bench::device_copy_gbs();
   std::printf("device-to-device copy: %.0f GB/s (read + write)\n\n", copy_gbs);
-  std::printf("| rows x vocab (bf16, k 64) | kernel | chunk | us, alone | us, 20 back to back | logits GB/s | %% of copy | check vs one CTA a row |\n"
-              "|---|---|---|---|---|---|---|---|\n");
-  const int64_t k = 64;
+  std::printf("| rows x vocab (bf16, k %lld) | kernel | chunk | us, alone | us, 20 back to back | logits GB/s | %% of copy | check vs one CTA a row |\n"
+              "|---|---|---|---|---|---|---|---|\n", (long long)k);
   const TopKConfig cfg = topk_logits_config(DType::kBF16);
   std::mt19937_64 rng(1);
   std::normal_distribution<float> dist(0.0f, 3.0f);

@@ -30,6 +30,11 @@ struct StepSequence {
 struct StepInfo {
   std::vector<StepSequence> seqs;
   std::vector<int64_t> slot_mapping;  // [T]: pool slot for each new token's K/V, -1 = none
+  // TopKLogits: the step needs only each row's first top_k candidates (0: all k of the
+  // node). A backend may then return [R, min(k, top_k)] outputs, the same leading
+  // columns as the whole [R, k] (a greedy step asks for 1: an argmax and its log-prob
+  // instead of a 64-way selection over the vocabulary), or ignore it and return [R, k].
+  int32_t top_k = 0;
   int64_t num_tokens() const { return int64_t(slot_mapping.size()); }
 };
 

@@ -444,16 +444,23 @@ struct Executor::Impl {
       chunks.push_back(ch);
     }
     // Whole logits rows cross to the host only when some row's sampling needs them.
+    // They then bring only as many candidates as the step's samplers need: one (the
+    // argmax) when every row is greedy without alternatives, else the model's k (two
+    // widths, so two graph variants per batch size at most).
     bool use_top = opt.top_logits && runner.top_logits_k() > 0;
+    int32_t need = 1;
     for (size_t i = 0; use_top && i < seqs.size(); ++i)
-      if (chunks[i].want_logits && !seqs[i]->finished)
+      if (chunks[i].want_logits && !seqs[i]->finished) {
         use_top = seqs[i]->sampler->samples_from_top(runner.top_logits_k(), runner.vocab());
+        need = std::max(need, seqs[i]->sampler->top_candidates_needed());
+      }
+    if (need > 1) need = runner.top_logits_k();
     Tensor logits;
     StepTopLogits top;
     auto t1 = Clock::now();
     schedule_s += std::chrono::duration<double>(t1 - t0).count();
     try {
-      if (use_top) top = runner.run_chunks_top(chunks);
+      if (use_top) top = runner.run_chunks_top(chunks, need);
       else logits = runner.run_chunks_logits(chunks);
     } catch (const std::exception& e) {
       for (Choice* c : seqs) fail_request(*c->req, str_cat("engine step failed: ", e.what()));

@@ -232,7 +232,7 @@ int32_t LlmRunner::context_length(int32_t seq) const { return get(seq).kv.length
 // The shared body of step() and run_chunks(): capacity and position checks first so a
 // failing step changes nothing, then grow, bind the ragged inputs and run.
 TensorMap LlmRunner::run_parts(std::span<const StepChunk> chunks, bool all_logits,
-                               const std::vector<std::string>& outputs) {
+                               const std::vector<std::string>& outputs, int32_t top_k) {
   const ModelInfo& info = model_.info();
   int32_t blocks = 0;
   for (auto& c : chunks) {
@@ -252,6 +252,7 @@ TensorMap LlmRunner::run_parts(std::span<const StepChunk> chunks, bool all_logit
   for (auto& c : chunks) t_total += int64_t(c.tokens.size());
   Tensor tokens(DType::kI32, {t_total}), positions(DType::kI32, {t_total});
   StepInfo step;
+  step.top_k = top_k;
   step.slot_mapping.resize(size_t(t_total));
   std::vector<int32_t> rows;
   int32_t t = 0;
@@ -313,10 +314,11 @@ Tensor LlmRunner::run_chunks_logits(std::span<const StepChunk> chunks) {
   return std::move(out.at("logits"));
 }
 
-StepTopLogits LlmRunner::run_chunks_top(std::span<const StepChunk> chunks) {
+StepTopLogits LlmRunner::run_chunks_top(std::span<const StepChunk> chunks, int32_t need) {
   KILN_CHECK(!chunks.empty(), "a step with no chunks");
   KILN_CHECK(top_k_ > 0, "the model has no TopKLogits outputs");
-  TensorMap out = run_parts(chunks, false, {kTopLogitsOutput, kTopIdsOutput, kTopLogprobsOutput});
+  KILN_CHECK(need >= 0, "a step cannot need ", need, " top candidates");
+  TensorMap out = run_parts(chunks, false, {kTopLogitsOutput, kTopIdsOutput, kTopLogprobsOutput}, need);
   StepTopLogits t;
   t.logits = std::move(out.at(kTopLogitsOutput));
   t.ids = std::move(out.at(kTopIdsOutput));
@@ -368,7 +370,7 @@ std::vector<std::pair<int32_t, int32_t>> LlmRunner::step_greedy() {
   if (chunks.empty()) return result;
   std::vector<int32_t> best;
   if (top_k_ > 0) {  // only the top candidates cross from the device
-    const StepTopLogits top = run_chunks_top(chunks);
+    const StepTopLogits top = run_chunks_top(chunks, 1);  // the argmax alone
     for (int64_t r = 0; r < top.ids.dim(0); ++r) best.push_back(top.ids.data_as<int32_t>()[r * top.k()]);
   } else {
     const Tensor logits = run_chunks_logits(chunks);

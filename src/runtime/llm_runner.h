@@ -111,8 +111,9 @@ class LlmRunner {
   // per-sequence copies: at batch 256 x 128k vocab those copies cost milliseconds).
   Tensor run_chunks_logits(std::span<const StepChunk> chunks);
   // The same, returning each row's top-k candidates instead (only [rows, k] crosses from
-  // a GPU); needs top_logits_k() > 0.
-  StepTopLogits run_chunks_top(std::span<const StepChunk> chunks);
+  // a GPU); needs top_logits_k() > 0. need > 0: only the first `need` candidates of each
+  // row are wanted (StepInfo::top_k): the result may then have k() == min(need, k).
+  StepTopLogits run_chunks_top(std::span<const StepChunk> chunks, int32_t need = 0);
   // k of the model's TopKLogits outputs; 0 when it has none.
   int32_t top_logits_k() const { return top_k_; }
   // Entries of a logits row.
@@ -129,7 +130,8 @@ class LlmRunner {
     KvSequence kv;
     std::vector<int32_t> pending;
   };
-  TensorMap run_parts(std::span<const StepChunk> chunks, bool all_logits, const std::vector<std::string>& outputs);
+  TensorMap run_parts(std::span<const StepChunk> chunks, bool all_logits, const std::vector<std::string>& outputs,
+                      int32_t top_k = 0);
   Seq& get(int32_t seq);
   const Seq& get(int32_t seq) const;
 

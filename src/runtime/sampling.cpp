@@ -210,6 +210,10 @@ bool Sampler::samples_from_top(int32_t k, int32_t vocab) const {
   return params_.top_k > 0 && params_.top_k <= k && params_.top_k < vocab;
 }
 
+int32_t Sampler::top_candidates_needed() const {
+  return std::max({1, params_.greedy() ? 1 : params_.top_k, params_.logprobs});
+}
+
 SampledToken Sampler::sample(const TopLogits& top) {
   const int32_t k = int32_t(top.ids.size());
   KILN_CHECK(samples_from_top(k, top.vocab) && top.logits.size() == size_t(k) && top.logprobs.size() == size_t(k),

@@ -71,6 +71,10 @@ class Sampler {
   // over the whole vocabulary. Exact for rows without NaN; a row whose values are all
   // -inf or NaN still gives greedy's token 0.
   bool samples_from_top(int32_t k, int32_t vocab) const;
+  // The fewest leading candidates of a row that sample(TopLogits) needs when
+  // samples_from_top() holds: 1 for greedy (its argmax), top_k otherwise, and at least
+  // `logprobs` for the top-n alternatives.
+  int32_t top_candidates_needed() const;
   // Chooses the next token from a row's top candidates; requires samples_from_top().
   SampledToken sample(const TopLogits& top);
   // Records an emitted token for the penalties (sample() does this itself).

@@ -344,5 +344,42 @@ TEST(SamplingTop, OnlyExactCasesUseTheCandidates) {
   }
 }
 
+// The leading candidates a step must bring for a sampler, and that sampling from just
+// those gives what the whole row gives.
+TEST(SamplingTop, CandidatesNeeded) {
+  SamplingParams p;
+  p.temperature = 0;
+  EXPECT_EQ(Sampler(p, 0).top_candidates_needed(), 1);
+  p.logprobs = 0;
+  EXPECT_EQ(Sampler(p, 0).top_candidates_needed(), 1);
+  p.logprobs = 5;
+  EXPECT_EQ(Sampler(p, 0).top_candidates_needed(), 5);
+  p.temperature = 0.7f;
+  p.top_k = 40;
+  EXPECT_EQ(Sampler(p, 0).top_candidates_needed(), 40);
+  p.logprobs = 20;
+  p.top_k = 8;
+  EXPECT_EQ(Sampler(p, 0).top_candidates_needed(), 20);
+  // Greedy from one candidate: the row's argmax and its log-prob, as from the whole row.
+  std::vector<float> row = {0.5f, 2.0f, -1.0f, 2.0f, 1.0f};
+  SamplingParams g;
+  g.temperature = 0;
+  g.logprobs = 1;
+  Sampler whole(g, 0), one(g, 0);
+  ASSERT_EQ(whole.top_candidates_needed(), 1);
+  const float ls = std::log(std::exp(0.5f) + 2 * std::exp(2.0f) + std::exp(-1.0f) + std::exp(1.0f));
+  const float lv[1] = {2.0f};
+  const int32_t li[1] = {1};
+  const float lp[1] = {2.0f - ls};
+  TopLogits top{lv, li, lp, 5};
+  ASSERT_TRUE(one.samples_from_top(1, 5));
+  SampledToken a = whole.sample(std::span<float>(row)), b = one.sample(top);
+  EXPECT_EQ(a.token, 1);
+  EXPECT_EQ(b.token, a.token);
+  EXPECT_NEAR(b.logprob, a.logprob, 1e-5);
+  ASSERT_EQ(b.top.size(), 1u);
+  EXPECT_EQ(b.top[0].token, a.top.at(0).token);
+}
+
 }  // namespace
 }  // namespace kiln

@@ -417,6 +417,7 @@ class CudaCompiledGraph final : public CompiledGraph {
     int64_t max_q_len = 0;
     for (const StepSequence& ss : step.seqs) max_q_len = std::max<int64_t>(max_q_len, ss.q_len);
     graph_key_.push_back(max_q_len);
+    graph_key_.push_back(step.top_k);  // TopKLogits' output width
     graphable = all_int && (decode || !kv);
     const size_t seqs_off = w.put_vec(seqs);
     const size_t slots_off = w.put_vec(step.slot_mapping);

@@ -578,14 +578,17 @@ OpRun prepare_seq_mean_pool(const ir::Node&, const ir::Graph&, PrepareContext&) 
 }
 
 // TopKLogits: reads logits in the activation dtype, writes f32 values, i32 ids and f32
-// log-probs, each [R, k]. The split kernels' partials live in the op scratch. The device
-// facts and switches the plans need are read here, once, not on every step.
+// log-probs, each [R, k], or [R, step.top_k] when the step needs fewer candidates
+// (StepInfo::top_k; part of the graph key). The split kernels' partials live in the op
+// scratch. The device facts and switches the plans need are read here, once, not on
+// every step.
 OpRun prepare_topk_logits(const ir::Node& n, const ir::Graph&, PrepareContext& pc) {
-  const int64_t k = n.attr_int("k");
+  const int64_t node_k = n.attr_int("k");
   const TopKConfig cfg = topk_logits_config(pc.act);
-  return [k, cfg](OpContext& c) {
+  return [node_k, cfg](OpContext& c) {
     const DevTensor& x = *c.inputs[0];
     const int64_t r = x.dim(0), v = x.dim(1);
+    const int64_t k = c.step && c.step->top_k > 0 ? std::min<int64_t>(node_k, c.step->top_k) : node_k;
     auto* values = static_cast<float*>(c.out(0, {r, k}, DType::kF32).data);
     auto* ids = static_cast<int32_t*>(c.out(1, {r, k}, DType::kI32).data);
     auto* logprobs = static_cast<float*>(c.out(2, {r, k}, DType::kF32).data);

@@ -6,7 +6,8 @@
 // KILN_CUDA_TOPK_GRID, inside a captured CUDA graph) and the one-CTA-per-row kernel
 // (rows too short to split, and k too large for the split's merge). Rows of the vocabularies
 // served (32000, 50257, 128256) at batch 1, 3, 64 and 256, exact ties at the k-th
-// value, -0/+0, NaN and +-inf; a run asking for some outputs returns only those.
+// value, -0/+0, NaN and +-inf; a run asking for some outputs returns only those, and a
+// step needing fewer candidates (StepInfo::top_k) gets the leading columns.
 // Skips without a GPU.
 #include <gtest/gtest.h>
 
@@ -259,6 +260,56 @@ TEST(CudaTopKLogits, SplitKernelsInACapturedGraph) {
       bad += gi[i] != wi[i] || gv[i] != wv[i] || !(std::fabs(double(gl[i]) - wl[i]) <= 1e-6 * std::max(1.0, std::fabs(double(wl[i]))));
     EXPECT_EQ(bad, 0);
   }
+}
+
+// A step that needs only each row's first candidates (StepInfo::top_k, a greedy
+// serving step asks for 1) gets [R, top_k] outputs equal to the leading columns of the
+// whole [R, k] result, eager and inside captured graphs, with the width switching
+// between steps of the same shape (the width is part of the graph key).
+TEST(CudaTopKLogits, AStepNeedingFewerCandidatesGetsTheLeadingColumns) {
+  KILN_SKIP_WITHOUT_CUDA();
+  const int64_t k = 64;
+  for (int64_t v : {int64_t(32000), int64_t(128256)})
+    for (int64_t rows : {int64_t(1), int64_t(3), int64_t(64)})
+      for (Fill fill : {Fill::kNormal, Fill::kTies, Fill::kSpecial}) {
+        SCOPED_TRACE(str_cat("v=", v, " rows=", rows, " fill=", int(fill)));
+        ir::Graph g;
+        auto table = g.add_weight("table", logits_tensor(rows, v, fill, "bf16", uint64_t(v + rows)));
+        auto ids = g.add_input("ids", DType::kI32, Shape{"R"});
+        auto logits = g.add_node("Embedding", {table, ids}, {}, "rows")[0];
+        auto outs = g.add_node("TopKLogits", {logits}, {{"k", k}}, "top");
+        g.add_output("values", outs[0]);
+        g.add_output("ids", outs[1]);
+        g.add_output("logprobs", outs[2]);
+        Tensor r(DType::kI32, {rows});
+        for (int64_t i = 0; i < rows; ++i) r.data_as<int32_t>()[i] = int32_t(rows - 1 - i);
+        TensorMap in{{"ids", r}};
+        auto cpu = create_backend("cpu")->compile(g, {.weight_dtype = "f32"});
+        auto gpu = create_backend("cuda")->compile(g, {.weight_dtype = "bf16"});
+        TensorMap want = cpu->run(in, {}, nullptr);
+        for (int32_t need : {1, 0, 1, 5, 0, 1}) {  // graphs captured and replayed per width
+          SCOPED_TRACE(str_cat("need ", need));
+          StepInfo st;
+          st.top_k = need;
+          TensorMap got = gpu->run(in, st, nullptr);
+          const int64_t kk = need > 0 ? need : k;
+          ASSERT_EQ(got.at("ids").shape(), (std::vector<int64_t>{rows, kk}));
+          ASSERT_EQ(got.at("logprobs").shape(), (std::vector<int64_t>{rows, kk}));
+          int64_t bad = 0;
+          for (int64_t i = 0; i < rows; ++i)
+            for (int64_t j = 0; j < kk; ++j) {
+              const int64_t gi = i * kk + j, wi = i * k + j;
+              const float gv = got.at("values").data_as<float>()[gi], wv = want.at("values").data_as<float>()[wi];
+              const float gl = got.at("logprobs").data_as<float>()[gi], wl = want.at("logprobs").data_as<float>()[wi];
+              const bool same_lp = std::isnan(wl) || std::isinf(wl)
+                                       ? (std::isnan(wl) ? std::isnan(gl) : gl == wl)
+                                       : std::fabs(double(gl) - wl) <= 1e-6 * std::max(1.0, std::fabs(double(wl)));
+              bad += got.at("ids").data_as<int32_t>()[gi] != want.at("ids").data_as<int32_t>()[wi] ||
+                     (std::memcmp(&gv, &wv, 4) != 0 && !(std::isnan(gv) && std::isnan(wv))) || !same_lp;
+            }
+          EXPECT_EQ(bad, 0);
+        }
+      }
 }
 
 TEST(CudaTopKLogits, ARunReturnsOnlyTheOutputsAskedFor) {
