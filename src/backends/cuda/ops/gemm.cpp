@@ -308,7 +308,7 @@ Gemm::RowTuningScope::~RowTuningScope() {
   im.free_flush();
   for (auto& t : timed)
     log_info("cuda: GEMM tactics timed at m=", t.m, " (a decode step's first run at that row count): ", t.shapes,
-             t.shapes == 1 ? " shape in " : " shapes in ", t.ms, " ms (KILN_CUDA_GEMM_TUNE_M=0: not timed)");
+             t.shapes == 1 ? " shape in " : " shapes in ", t.ms, " ms (KILN_CUDA_GEMM_TUNE_M=0 skips this)");
 }
 
 Gemm::Choice Gemm::choice(DType in, DType out, int64_t m, int64_t n, int64_t k, bool bias, int64_t ldy) const {
