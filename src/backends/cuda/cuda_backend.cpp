@@ -10,6 +10,8 @@
 // KILN_CUDA_GRAPHS=0 runs them eagerly. Not in f32:
 // there decode GEMMs go through cuBLASLt, whose results under capture differed from
 // eager in the last bits (seen on the H200), and replay must give eager's bits.
+// A decode step's first run at a new batch size times the cuBLASLt tactics of its GEMMs at
+// that row count (gemm.h; KILN_CUDA_GEMM_TUNE_M=0 keeps the heuristic's first).
 // KILN_CUDA_STEP_TIMES=1 logs the median device time of graph-able steps (CUDA events).
 // KILN_CUDA_PROFILE=1 is the layer profiler (like trtexec --dumpProfile): every step runs
 // eagerly behind a short spin kernel, so its launches are queued before the first kernel
@@ -148,6 +150,10 @@ class CudaCompiledGraph final : public CompiledGraph {
       struct Reset {
         ~Reset() { set_pdl_allowed(false); }
       } reset;
+      // A decode step's GEMMs are timed at its row count the first time it is met, before
+      // any graph of that batch size is captured (gemm.h: Gemm::RowTuningScope).
+      std::optional<Gemm::RowTuningScope> row_tuning;
+      if (decode) row_tuning.emplace(*cx_->gemm);
       run_nodes(step, cuda_kv, host_vals);
       convert_outputs();
       enqueued = true;

@@ -1,18 +1,23 @@
 // cuBLASLt GEMMs (see gemm.h); host code only, so g++ compiles it. Row-major y = x·wᵀ is computed as the column-major
 // product yᵀ[n,m] = (w as k×n)ᵀ · (x as k×m), so no operand is transposed in memory.
-// One plan (descriptor, layouts, the heuristic's algorithms) is cached per shape.
+// One plan (descriptor, layouts, the heuristic's algorithms, the chosen one) is cached per
+// shape and row count.
 #include <cublasLt.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
+#include <functional>
 #include <map>
 #include <string>
-#include <tuple>
+#include <utility>
 
 #include "backends/cuda/cuda_check.h"
 #include "core/log.h"
 #include "core/status.h"
 #include "backends/cuda/ops/gemm.h"
+#include "backends/cuda/ops/gemm_row_tuning.h"
+#include "backends/cuda/ops/l2_flush.h"
 
 #define KILN_CUBLAS_CHECK(expr)                                                            \
   do {                                                                                     \
@@ -42,10 +47,13 @@ cudaDataType_t cuda_type(DType t) {
 }
 
 struct Plan {
+  GemmShape shape;
+  int64_t m = 0;
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   std::vector<cublasLtMatmulHeuristicResult_t> algos;
   int chosen = 0;
+  std::vector<Gemm::TacticTime> times;  // the timings that chose `chosen` (none: the heuristic's first)
   bool integer = false;  // int8 operands: alpha and beta are int32
   ~Plan() {
     if (op) cublasLtMatmulDescDestroy(op);
@@ -55,7 +63,46 @@ struct Plan {
   }
 };
 
-using Key = std::tuple<int, int, int64_t, int64_t, int64_t, bool, int64_t>;  // in dtype, out dtype, m, n, k, bias, ldy
+using Key = std::pair<GemmShape, int64_t>;  // shape, m
+
+// Times every algorithm of plan p (run(t) enqueues tactic t; before(), when given, is
+// enqueued ahead of every run, outside the timed span) and keeps the fastest, or with
+// keep_first > 0 the heuristic's first unless another is faster by more than that fraction.
+template <typename Run>
+std::vector<Gemm::TacticTime> time_tactics(Plan& p, cudaStream_t s, int reps, Run run,
+                                           const std::function<void()>& before = {}, float keep_first = 0) {
+  std::vector<Gemm::TacticTime> times;
+  cudaEvent_t ev[2];
+  KILN_CUDA_CHECK(cudaEventCreate(&ev[0]));
+  KILN_CUDA_CHECK(cudaEventCreate(&ev[1]));
+  for (int t = 0; t < int(p.algos.size()); ++t) {
+    if (before) before();
+    run(t);  // warm-up
+    std::vector<float> ms;
+    for (int r = 0; r < reps; ++r) {
+      if (before) before();
+      KILN_CUDA_CHECK(cudaEventRecord(ev[0], s));
+      run(t);
+      KILN_CUDA_CHECK(cudaEventRecord(ev[1], s));
+      KILN_CUDA_CHECK(cudaEventSynchronize(ev[1]));
+      float v = 0;
+      KILN_CUDA_CHECK(cudaEventElapsedTime(&v, ev[0], ev[1]));
+      ms.push_back(v);
+    }
+    std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
+    times.push_back({t, ms[ms.size() / 2]});
+  }
+  cudaEventDestroy(ev[0]);
+  cudaEventDestroy(ev[1]);
+  p.chosen = std::min_element(times.begin(), times.end(), [](auto& a, auto& b) { return a.ms < b.ms; })->tactic;
+  if (keep_first > 0 && times[0].ms <= times[size_t(p.chosen)].ms * (1.0f + keep_first)) p.chosen = 0;
+  p.times = times;
+  return times;
+}
+
+const char* gemm_kind(const GemmShape& s) {
+  return s.in == int(DType::kFP8E4M3) ? "fp8 gemm" : s.in == int(DType::kI8) ? "int8 gemm" : "gemm";
+}
 
 }  // namespace
 
@@ -68,6 +115,13 @@ struct Gemm::Impl {
     const char* e = std::getenv("KILN_CUDA_FP8_FAST_ACCUM");
     return e && std::string(e) == "1";
   }();
+  GemmRowTuning row_tuning{Gemm::tuning_enabled() && Gemm::row_tuning_from_env()};
+  // Read to empty L2 between timed runs at decode row counts: allocated by the first
+  // timing inside a scope, freed when the outermost scope closes (no memory held while
+  // serving). Null when the allocation failed: then the runs are timed without it.
+  void* flush = nullptr;
+  size_t flush_bytes = 0;
+  bool flush_tried = false;
 
   // Operands x, w in `in`; y and bias in `out`; y rows ldy elements apart (0: n). FP8
   // plans take the first caller's scale pointers before the heuristic runs (as NVIDIA's
@@ -75,9 +129,12 @@ struct Gemm::Impl {
   Plan& plan(DType in, DType out, int64_t m, int64_t n, int64_t k, bool bias, const float* scales = nullptr,
              int64_t ldy = 0) {
     if (ldy == 0) ldy = n;
-    auto& slot = plans[Key{int(in), int(out), m, n, k, bias, ldy}];
+    const GemmShape shape{int(in), int(out), n, k, bias, ldy};
+    auto& slot = plans[Key{shape, m}];
     if (slot) return *slot;
     auto p = std::make_unique<Plan>();
+    p->shape = shape;
+    p->m = m;
     const cudaDataType_t ti = cuda_type(in), t = cuda_type(out);
     // INT8 (IMMA): exact int32 accumulation, int32 alpha/beta and output.
     p->integer = in == DType::kI8;
@@ -142,6 +199,48 @@ struct Gemm::Impl {
     KILN_CUBLAS_CHECK(cublasLtMatmul(handle, p.op, a, w, p.a, x, p.b, b, c, p.c, y, p.c,
                                      &p.algos[size_t(tactic)].algo, workspace, workspace_bytes, s));
   }
+
+  // Inside a RowTuningScope, times plan p at its row count when its (shape, m) is met
+  // there first (gemm.h). can_time: false when the call cannot be rerun (a residual that
+  // aliases y); the (shape, m) is then decided untimed.
+  template <typename Run>
+  void time_at_rows(Plan& p, cudaStream_t s, bool can_time, Run run) {
+    if (!row_tuning.pending(p.shape, p.m)) return;
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    KILN_CUDA_CHECK(cudaStreamIsCapturing(s, &capture));
+    if (!row_tuning.claim(p.shape, p.m, can_time && capture == cudaStreamCaptureStatusNone)) return;
+    const auto t0 = std::chrono::steady_clock::now();
+    if (!flush_tried) alloc_flush(s);
+    auto times = time_tactics(
+        p, s, Gemm::kRowTuneReps, run, [&] { if (flush) launch_l2_flush(flush, flush_bytes, s); },
+        Gemm::kRowTuneMargin);
+    row_tuning.add_cost(p.m, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+    Gemm::log_tactics(gemm_kind(p.shape), p.m, p.shape.n, p.shape.k, times);
+    log_debug("cuda: ", gemm_kind(p.shape), " m=", p.m, " n=", p.shape.n, " k=", p.shape.k, " keeps #", p.chosen,
+              " of ", p.algos.size());
+  }
+
+  void alloc_flush(cudaStream_t s) {
+    flush_tried = true;
+    int dev = 0, l2 = 0;
+    KILN_CUDA_CHECK(cudaGetDevice(&dev));
+    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
+    const size_t bytes = std::max<size_t>(size_t(l2) * 2, size_t(1) << 20);
+    if (cudaMalloc(&flush, bytes) != cudaSuccess) {
+      (void)cudaGetLastError();  // out of memory is not sticky
+      flush = nullptr;
+      log_info("cuda: no ", bytes >> 20, " MiB free to empty L2 between GEMM timings: timed without");
+      return;
+    }
+    flush_bytes = bytes;
+    KILN_CUDA_CHECK(cudaMemsetAsync(flush, 0, bytes, s));  // l2_flush.h wants it zeroed
+  }
+  void free_flush() {
+    if (flush) cudaFree(flush);  // waits for the timing runs that read it
+    flush = nullptr;
+    flush_bytes = 0;
+    flush_tried = false;
+  }
 };
 
 Gemm::Gemm(size_t workspace_bytes) : impl_(std::make_unique<Impl>()) {
@@ -151,6 +250,7 @@ Gemm::Gemm(size_t workspace_bytes) : impl_(std::make_unique<Impl>()) {
 }
 
 Gemm::~Gemm() {
+  impl_->free_flush();
   impl_->plans.clear();
   if (impl_->workspace) cudaFree(impl_->workspace);
   if (impl_->handle) cublasLtDestroy(impl_->handle);
@@ -161,6 +261,8 @@ void Gemm::run(DType dtype, const void* x, const void* w, const void* bias, void
   if (m == 0 || n == 0) return;
   KILN_THROW_IF(ldy != 0 && ldy < n, kInternal, "cuda gemm: ldy ", ldy, " < n ", n);
   Plan& p = impl_->plan(dtype, dtype, m, n, k, bias != nullptr, nullptr, ldy);
+  impl_->time_at_rows(p, s, residual != y,
+                      [&](int t) { impl_->matmul(p, t, x, w, bias, y, s, nullptr, residual); });
   impl_->matmul(p, p.chosen, x, w, bias, y, s, nullptr, residual);
 }
 
@@ -169,13 +271,16 @@ void Gemm::run_fp8(const void* x, const void* w, const float* scales, const void
   KILN_THROW_IF(k % 16 != 0, kInternal, "cuda fp8 gemm: k=", k, " is not a multiple of 16");
   if (m == 0 || n == 0) return;
   Plan& p = impl_->plan(DType::kFP8E4M3, DType::kBF16, m, n, k, bias != nullptr, scales);
+  impl_->time_at_rows(p, s, true, [&](int t) { impl_->matmul(p, t, x, w, bias, y, s, scales); });
   impl_->matmul(p, p.chosen, x, w, bias, y, s, scales);
 }
 
 void Gemm::set_fp8_fast_accum(bool on) {
-  // Plans are keyed by shape: drop the FP8 ones so the next call builds them anew.
+  // Plans are keyed by shape: drop the FP8 ones (and what was decided for them) so the
+  // next call builds them anew.
   for (auto it = impl_->plans.begin(); it != impl_->plans.end();)
-    it = std::get<0>(it->first) == int(DType::kFP8E4M3) ? impl_->plans.erase(it) : std::next(it);
+    it = it->first.first.in == int(DType::kFP8E4M3) ? impl_->plans.erase(it) : std::next(it);
+  impl_->row_tuning.forget_in(int(DType::kFP8E4M3));
   impl_->fp8_fast_accum = on;
 }
 
@@ -185,6 +290,32 @@ bool Gemm::tuning_enabled() {
     return !(e && std::string(e) == "0");
   }();
   return on;
+}
+
+bool Gemm::row_tuning_from_env() {
+  static const bool on = gemm_row_tuning_from_value(std::getenv("KILN_CUDA_GEMM_TUNE_M"));
+  return on;
+}
+
+void Gemm::set_row_tuning(bool on) { impl_->row_tuning.set_enabled(on); }
+
+Gemm::RowTuningScope::RowTuningScope(Gemm& g) : g_(g) { g_.impl_->row_tuning.open(); }
+
+Gemm::RowTuningScope::~RowTuningScope() {
+  Impl& im = *g_.impl_;
+  const auto timed = im.row_tuning.close();
+  if (im.row_tuning.is_open()) return;
+  im.free_flush();
+  for (auto& t : timed)
+    log_info("cuda: GEMM tactics timed at m=", t.m, " (a decode step's first run at that row count): ", t.shapes,
+             t.shapes == 1 ? " shape in " : " shapes in ", t.ms, " ms (KILN_CUDA_GEMM_TUNE_M=0 skips this)");
+}
+
+Gemm::Choice Gemm::choice(DType in, DType out, int64_t m, int64_t n, int64_t k, bool bias, int64_t ldy) const {
+  auto it = impl_->plans.find(Key{GemmShape{int(in), int(out), n, k, bias, ldy == 0 ? n : ldy}, m});
+  if (it == impl_->plans.end()) return {};
+  const Plan& p = *it->second;
+  return {p.chosen, int(p.algos.size()), p.times};
 }
 
 void Gemm::log_tactics(const char* what, int64_t m, int64_t n, int64_t k, const std::vector<TacticTime>& times) {
@@ -197,45 +328,16 @@ void Gemm::run_int8(const void* x, const void* w, int32_t* y, int64_t m, int64_t
   KILN_THROW_IF(k % 4 != 0 || n % 4 != 0, kInternal, "cuda int8 gemm: n=", n, " k=", k, " are not multiples of 4");
   if (m == 0 || n == 0) return;
   Plan& p = impl_->plan(DType::kI8, DType::kI32, m, n, k, false);
+  impl_->time_at_rows(p, s, true, [&](int t) { impl_->matmul(p, t, x, w, nullptr, y, s); });
   impl_->matmul(p, p.chosen, x, w, nullptr, y, s);
 }
 
-namespace {
-
-// Times every algorithm of plan p (run(t) enqueues tactic t) and keeps the fastest.
-template <typename Run>
-std::vector<Gemm::TacticTime> time_tactics(Plan& p, cudaStream_t s, int reps, Run run) {
-  std::vector<Gemm::TacticTime> times;
-  cudaEvent_t ev[2];
-  KILN_CUDA_CHECK(cudaEventCreate(&ev[0]));
-  KILN_CUDA_CHECK(cudaEventCreate(&ev[1]));
-  for (int t = 0; t < int(p.algos.size()); ++t) {
-    run(t);  // warm-up
-    std::vector<float> ms;
-    for (int r = 0; r < reps; ++r) {
-      KILN_CUDA_CHECK(cudaEventRecord(ev[0], s));
-      run(t);
-      KILN_CUDA_CHECK(cudaEventRecord(ev[1], s));
-      KILN_CUDA_CHECK(cudaEventSynchronize(ev[1]));
-      float v = 0;
-      KILN_CUDA_CHECK(cudaEventElapsedTime(&v, ev[0], ev[1]));
-      ms.push_back(v);
-    }
-    std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());
-    times.push_back({t, ms[ms.size() / 2]});
-  }
-  cudaEventDestroy(ev[0]);
-  cudaEventDestroy(ev[1]);
-  p.chosen = std::min_element(times.begin(), times.end(), [](auto& a, auto& b) { return a.ms < b.ms; })->tactic;
-  return times;
-}
-
-}  // namespace
 
 std::vector<Gemm::TacticTime> Gemm::tune(DType dtype, const void* x, const void* w, const void* bias, void* y,
                                          int64_t m, int64_t n, int64_t k, cudaStream_t s, int reps) {
   if (m == 0 || n == 0) return {};
   Plan& p = impl_->plan(dtype, dtype, m, n, k, bias != nullptr);
+  impl_->row_tuning.mark_timed(p.shape, m);
   return time_tactics(p, s, reps, [&](int t) { impl_->matmul(p, t, x, w, bias, y, s); });
 }
 
@@ -243,6 +345,7 @@ std::vector<Gemm::TacticTime> Gemm::tune_fp8(const void* x, const void* w, const
                                              void* y, int64_t m, int64_t n, int64_t k, cudaStream_t s, int reps) {
   if (m == 0 || n == 0) return {};
   Plan& p = impl_->plan(DType::kFP8E4M3, DType::kBF16, m, n, k, bias != nullptr, scales);
+  impl_->row_tuning.mark_timed(p.shape, m);
   return time_tactics(p, s, reps, [&](int t) { impl_->matmul(p, t, x, w, bias, y, s, scales); });
 }
 
@@ -250,6 +353,7 @@ std::vector<Gemm::TacticTime> Gemm::tune_int8(const void* x, const void* w, int3
                                               int64_t k, cudaStream_t s, int reps) {
   if (m == 0 || n == 0) return {};
   Plan& p = impl_->plan(DType::kI8, DType::kI32, m, n, k, false);
+  impl_->row_tuning.mark_timed(p.shape, m);
   return time_tactics(p, s, reps, [&](int t) { impl_->matmul(p, t, x, w, nullptr, y, s); });
 }
 

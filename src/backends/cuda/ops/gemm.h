@@ -2,7 +2,11 @@
 // f16/bf16 (or f32) operands and f32 accumulation; the bias is cuBLASLt's epilogue. The
 // algorithms cublasLtMatmulAlgoGetHeuristic offers for a shape are the tactics: tune()
 // times them on the device and keeps the fastest for that shape; untuned shapes take
-// the heuristic's first. run_fp8 is the FP8 form: E4M3 operands with per-tensor scales
+// the heuristic's first, except at the row counts of decode steps: inside a RowTuningScope
+// (a decode step being enqueued) the first GEMM of each shape at a row count not yet
+// decided is timed right there on the step's own operands, and that choice is kept for
+// every later step and graph capture at that row count (gemm_row_tuning.h keeps the books).
+// run_fp8 is the FP8 form: E4M3 operands with per-tensor scales
 // (cuBLASLt's A/B scale pointers), f32 accumulation, bf16 bias and output. run_int8 is
 // the INT8 form (IMMA): int8 operands, exact int32 accumulators as the output. Tested
 // against the CPU backend in tests/backends/cuda/ops_test.cpp, fp8_test.cpp and w8a8_test.cpp.
@@ -69,6 +73,41 @@ class Gemm {
   // Whether compiles time tactics (KILN_CUDA_TUNE=0 skips it: faster loads, the
   // heuristic's first algorithm).
   static bool tuning_enabled();
+
+  // Timing at decode row counts. While a scope is open (the backend opens one around the
+  // launches of each decode step), run, run_fp8 and run_int8 time the heuristic's
+  // algorithms for a (shape, m) met for the first time and not tuned at load (tune*:
+  // m = 1 and 128), unless the stream is capturing a graph: a median of kRowTuneReps runs
+  // each, L2 emptied before each run, on the call's own operands (y is written by every
+  // run; a residual that aliases y is not timed). The heuristic's first stays unless
+  // another is faster by more than kRowTuneMargin (timing noise must not move it). Each
+  // distinct shape is timed once per m, not once per layer. Closing the outermost scope
+  // logs, at info, the shapes timed and the time spent per new m.
+  // Off with KILN_CUDA_GEMM_TUNE_M=0 (or KILN_CUDA_TUNE=0); set_row_tuning overrides.
+  static constexpr int kRowTuneReps = 5;
+  static constexpr float kRowTuneMargin = 0.02f;
+  static bool row_tuning_from_env();  // read once
+  void set_row_tuning(bool on);
+  class RowTuningScope {
+   public:
+    explicit RowTuningScope(Gemm& g);
+    ~RowTuningScope();
+    RowTuningScope(const RowTuningScope&) = delete;
+    RowTuningScope& operator=(const RowTuningScope&) = delete;
+
+   private:
+    Gemm& g_;
+  };
+
+  // What a plan uses: its tactic (an index into the heuristic's list), how many
+  // algorithms the heuristic offered, and the timings that chose it (empty when it was
+  // not timed: the heuristic's first). tactic is -1 when no GEMM of that shape and m ran.
+  struct Choice {
+    int tactic = -1;
+    int candidates = 0;
+    std::vector<TacticTime> times;
+  };
+  Choice choice(DType in, DType out, int64_t m, int64_t n, int64_t k, bool bias, int64_t ldy = 0) const;
   // Logs a shape's timings at debug level: "cuda: <what> m=.. n=.. k=.. tactics: #i=..us".
   static void log_tactics(const char* what, int64_t m, int64_t n, int64_t k, const std::vector<TacticTime>& times);
 
