@@ -16,7 +16,10 @@
 // KILN_CUDA_PROFILE=1 is the layer profiler (like trtexec --dumpProfile): every step runs
 // eagerly behind a short spin kernel, so its launches are queued before the first kernel
 // starts and the kernels then run back to back as in a graph; CUDA events between the
-// nodes give each node's device time, summed per op and shape and logged at exit.
+// nodes give each node's device time, summed per op and shape and logged at exit. FP8
+// Linears show as Linear{fp8}; {e4m3 in} marks one that skips its quantize pass and
+// {+e4m3 quantize} a node (norm, SwiGLU, GELU, FP8 Linear) that writes its readers' E4M3
+// codes itself (cuda_fp8_linear.h: the quantize fused into the producer).
 #include "backends/memory_plan.h"
 #include "backends/cuda/cuda_backend.h"
 
@@ -28,6 +31,7 @@
 #include <optional>
 #include <set>
 
+#include "backends/cuda/cuda_fp8_linear.h"
 #include "backends/cuda/cuda_graph.h"
 #include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/nccl_communicator.h"
@@ -107,6 +111,7 @@ class CudaCompiledGraph final : public CompiledGraph {
     }
     plan_memory();
     plan_input_checks();
+    plan_profile_keys();
     vals_.resize(g.num_values());
     for (size_t v = 0; v < g.num_values(); ++v)
       if (g.is_weight(ir::ValueId(v))) {
@@ -272,15 +277,7 @@ class CudaCompiledGraph final : public CompiledGraph {
     for (size_t i = 0; i < nodes.size(); ++i) {
       float ms = 0;
       KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, prof_ev_[i], prof_ev_[i + 1]));
-      const ir::Node& n = nodes[i];
-      std::string key = n.op;
-      if (n.op == "Linear") {
-        const Tensor& w = graph_.weight(n.inputs[1]);
-        if (n.has_attr("norm")) key += "{" + n.attr_str("norm") + "norm}";  // pass fuse_norm_linear
-        if (n.input(3) != ir::kNoValue) key += "{+residual}";
-        key += str_cat(" ", w.dim(0), "x", w.dim(1));
-      }
-      auto& e = prof.by_key[key];
+      auto& e = prof.by_key[prof_keys_[i]];
       e.first += double(ms);
       ++e.second;
     }
@@ -316,6 +313,27 @@ class CudaCompiledGraph final : public CompiledGraph {
     if (kv)
       for (const void* p : kv->buffers()) b.push_back(p);
     return b;
+  }
+
+  // Each node's row in the layer profile: the op, what is fused into it, a Linear's shape.
+  void plan_profile_keys() {
+    int fp8_fused = 0;
+    for (const ir::Node& n : graph_.nodes()) {
+      std::string key = n.op;
+      const std::string fp8 = fp8_profile_tag(n, graph_, prep_.act);
+      fp8_fused += fp8.find("quantize}") != std::string::npos;
+      if (n.op == "Linear") {
+        const Tensor& w = graph_.weight(n.inputs[1]);
+        if (n.has_attr("norm")) key += "{" + n.attr_str("norm") + "norm}";  // pass fuse_norm_linear
+        if (n.input(3) != ir::kNoValue) key += "{+residual}";
+        key += fp8 + str_cat(" ", w.dim(0), "x", w.dim(1));
+      } else {
+        key += fp8;
+      }
+      prof_keys_.push_back(std::move(key));
+    }
+    if (fp8_fused) log_info("cuda: ", fp8_fused, " nodes write the E4M3 codes of the FP8 Linears they feed "
+                            "(the quantize fused in; KILN_CUDA_FP8_FUSE=0 keeps it separate)");
   }
 
   // Token ids and logit rows that reach kernels unchecked on graph replay.
@@ -651,6 +669,7 @@ class CudaCompiledGraph final : public CompiledGraph {
     return e && std::string(e) == "1";
   }();
   std::vector<cudaEvent_t> prof_ev_;
+  std::vector<std::string> prof_keys_;  // per node (plan_profile_keys)
   struct Profile {
     int64_t steps = 0;
     std::map<std::string, std::pair<double, int64_t>> by_key;  // ms, nodes

@@ -1,5 +1,6 @@
 // FP8 Linear on the device (see cuda_fp8_linear.h). Host code: weight quantization and
-// upload, the per-step launch sequence, and tuning of cuBLASLt's FP8 algorithms.
+// upload, the per-step launch sequence, tuning of cuBLASLt's FP8 algorithms, and the
+// decision where the activation quantize is fused into the producer.
 #include "backends/cuda/cuda_fp8_linear.h"
 
 #include <cmath>
@@ -10,6 +11,7 @@
 
 #include "backends/cuda/ops/convert.h"
 #include "backends/cuda/ops/elementwise.h"
+#include "backends/cuda/ops/elementwise_fp8.h"
 #include "backends/cuda/ops/fp8.h"
 #include "core/fp8.h"
 #include "core/log.h"
@@ -30,7 +32,68 @@ struct Fp8Weights {
 
 size_t align256(size_t b) { return (b + 255) / 256 * 256; }
 
+// Whether node n writes output `out` through an E4M3 kernel when asked to.
+bool fp8_codes_producer(const ir::Node& n, size_t out) {
+  if (n.op == "RMSNorm" || n.op == "LayerNorm" || n.op == "SwiGLU" || n.op == "Gelu") return out == 0;
+  if (n.op == "AddRMSNorm" || n.op == "AddLayerNorm") return out == 1;
+  if (n.op == "Linear") return out == 0 && n.attr_str("quant", "") == "fp8" && !n.attr_str("activation", "").empty();
+  return false;
+}
+
+// The node producing value v and v's position among its outputs; null for inputs and weights.
+std::pair<const ir::Node*, size_t> producer_of(const ir::Graph& g, ir::ValueId v) {
+  const int32_t p = g.value(v).producer;
+  if (g.value(v).kind != ir::ValueKind::kIntermediate || p < 0) return {nullptr, 0};
+  const ir::Node& n = g.nodes()[size_t(p)];
+  for (size_t o = 0; o < n.outputs.size(); ++o)
+    if (n.outputs[o] == v) return {&n, o};
+  return {nullptr, 0};
+}
+
 }  // namespace
+
+bool fp8_fuse_enabled() {
+  const char* e = std::getenv("KILN_CUDA_FP8_FUSE");
+  if (!e || !*e || std::strcmp(e, "1") == 0) return true;
+  if (std::strcmp(e, "0") == 0) return false;
+  throw_error(ErrorCode::kInvalidArgument, "KILN_CUDA_FP8_FUSE='", e,
+              "' (expected 0: a separate quantize pass before each FP8 Linear, or 1: fused into the producer)");
+}
+
+std::optional<Fp8Scale> fp8_fused_output(const ir::Node& n, size_t out, const ir::Graph& g, DType act) {
+  if (act != DType::kBF16 || out >= n.outputs.size() || !fp8_codes_producer(n, out) || !fp8_fuse_enabled())
+    return std::nullopt;
+  const ir::ValueId v = n.outputs[out];
+  for (auto& [name, id] : g.outputs())
+    if (id == v) return std::nullopt;  // the caller reads it in the activation dtype
+  std::optional<Fp8Scale> scale;
+  for (const ir::Node& m : g.nodes())
+    for (size_t i = 0; i < m.inputs.size(); ++i) {
+      if (m.inputs[i] != v) continue;
+      if (i != 0 || m.op != "Linear" || m.attr_str("quant", "") != "fp8" || !fp8_linear_supported(m, g, nullptr))
+        return std::nullopt;
+      const double amax = m.attr_float("act_amax", -1.0);
+      if (!(amax >= 0) || !std::isfinite(amax)) return std::nullopt;  // its prepare reports it
+      const Fp8Scale s = fp8_scale_for_amax(amax);
+      if (scale && (s.scale != scale->scale || s.inv != scale->inv)) return std::nullopt;
+      scale = s;
+    }
+  return scale;
+}
+
+std::string fp8_profile_tag(const ir::Node& n, const ir::Graph& g, DType act) {
+  std::string tag;
+  if (n.op == "Linear" && n.attr_str("quant", "") == "fp8") {
+    tag = "{fp8}";
+    if (!n.inputs.empty()) {
+      const auto [p, o] = producer_of(g, n.inputs[0]);
+      if (p && fp8_fused_output(*p, o, g, act)) tag += "{e4m3 in}";
+    }
+  }
+  for (size_t o = 0; o < n.outputs.size(); ++o)
+    if (fp8_fused_output(n, o, g, act)) tag += "{+e4m3 quantize}";
+  return tag;
+}
 
 bool fp8_linear_supported(const ir::Node& n, const ir::Graph& g, std::string* why) {
   auto fail = [&](std::string msg) {
@@ -108,6 +171,14 @@ OpRun prepare_fp8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& 
   KILN_THROW_IF(swiglu && nn % 2 != 0, kInvalidArgument, "linear '", n.name, "': swiglu needs an even number of rows");
   const int64_t out_n = swiglu ? nn / 2 : nn;
   const float scale = xs.scale * w_scale;
+  // Fused quantizes: x arrives as codes made with this Linear's scale (its producer asked
+  // fp8_fused_output too), and/or y leaves as codes for the FP8 Linears reading it.
+  const auto [x_producer, x_out] = producer_of(g, n.inputs[0]);
+  const bool x_codes = x_producer && fp8_fused_output(*x_producer, x_out, g, pc.act).has_value();
+  const std::optional<Fp8Scale> y_codes = fp8_fused_output(n, 0, g, pc.act);
+  if (x_codes || y_codes)
+    log_debug("cuda: fp8 Linear '", n.name, "'", x_codes ? " reads E4M3 codes" : "",
+              y_codes ? " writes E4M3 codes" : "");
 
   // cuBLASLt's FP8 algorithms timed at a prefill shape, as tune_gemms does for bf16.
   if (Gemm::tuning_enabled()) {
@@ -120,22 +191,35 @@ OpRun prepare_fp8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& 
   }
 
   const std::string name = n.name;
+  const std::optional<DType> y_dtype = y_codes ? std::optional<DType>(DType::kFP8E4M3) : std::nullopt;
   return [=](OpContext& c) {
-    const auto [x, y, t] = linear_io(c, name, k, out_n);
+    const auto [x, y, t] = linear_io(c, name, k, out_n, y_dtype);
+    KILN_CHECK((x.dtype == DType::kFP8E4M3) == x_codes, "cuda: fp8 Linear '", name, "' got ", dtype_name(x.dtype),
+               x_codes ? ", expected its producer's E4M3 codes" : ", expected activations");
     cudaStream_t s = c.cx->stream;
-    // Scratch: the input's E4M3 codes, then (SwiGLU through cuBLASLt) [gate | up] in bf16.
+    // Scratch: the input's E4M3 codes (unless they arrive so), then [gate | up] in bf16
+    // (SwiGLU through cuBLASLt) or y in bf16 before its codes (y_codes otherwise).
     const bool gemv = fp8_gemv_supports(t, k);
-    const size_t q_bytes = align256(size_t(t * k));
-    const size_t gu_bytes = !gemv && swiglu ? size_t(t * nn) * 2 : 0;
-    auto* scratch = static_cast<char*>(c.scratch(q_bytes + gu_bytes));
-    auto* xq = reinterpret_cast<uint8_t*>(scratch);
-    launch_fp8_quantize(x.dtype, x.data, t * k, xs.inv, xq, s);
+    const size_t q_bytes = x_codes ? 0 : align256(size_t(t * k));
+    const size_t mid_bytes = !gemv && swiglu ? size_t(t * nn) * 2 : y_codes ? size_t(t * out_n) * 2 : 0;
+    auto* scratch = static_cast<char*>(c.scratch(q_bytes + mid_bytes));
+    const uint8_t* xq = static_cast<const uint8_t*>(x.data);
+    if (!x_codes) {
+      launch_fp8_quantize(x.dtype, x.data, t * k, xs.inv, reinterpret_cast<uint8_t*>(scratch), s);
+      xq = reinterpret_cast<const uint8_t*>(scratch);
+    }
+    void* mid = scratch + q_bytes;
+    auto* yq = static_cast<uint8_t*>(y.data);
     if (gemv) {
-      launch_fp8_gemv(xq, dw->codes(), scale, bias, y.data, t, out_n, k, s, epi);
+      launch_fp8_gemv(xq, dw->codes(), scale, bias, y_codes ? mid : y.data, t, out_n, k, s, epi);
+      if (y_codes) launch_fp8_quantize(DType::kBF16, mid, t * out_n, y_codes->inv, yq, s);
     } else if (swiglu) {
-      void* gu = scratch + q_bytes;
-      c.cx->gemm->run_fp8(xq, dw->codes(), dw->scales(), bias, gu, t, nn, k, s);
-      launch_swiglu(y.dtype, gu, t, out_n, y.data, s);
+      c.cx->gemm->run_fp8(xq, dw->codes(), dw->scales(), bias, mid, t, nn, k, s);
+      if (y_codes) launch_swiglu_fp8(DType::kBF16, mid, t, out_n, y_codes->inv, yq, s);
+      else launch_swiglu(y.dtype, mid, t, out_n, y.data, s);
+    } else if (y_codes) {  // an activation epilogue (fp8_fused_output asks for one)
+      c.cx->gemm->run_fp8(xq, dw->codes(), dw->scales(), bias, mid, t, nn, k, s);
+      launch_unary_fp8(unary, DType::kBF16, mid, t * out_n, y_codes->inv, yq, s);
     } else {
       c.cx->gemm->run_fp8(xq, dw->codes(), dw->scales(), bias, y.data, t, nn, k, s);
       if (epi != GemvEpilogue::kNone) launch_unary(unary, y.dtype, y.data, y.numel(), y.data, s);

@@ -3,18 +3,42 @@
 // engine's stored codes, or f32 weights quantized here with core/fp8.h, the CPU
 // backend's exact rule); each step quantizes the bf16 input to E4M3 with the static
 // scale act_amax / 448, then runs the FP8 GEMV (<= 4 rows) or cuBLASLt's FP8 GEMM,
-// with bias and activation epilogues as the bf16 Linear has them. Internal to the CUDA
-// backend; tested against the CPU backend in tests/backends/cuda/fp8_test.cpp.
+// with bias and activation epilogues as the bf16 Linear has them.
+// The quantize fused into the producer (decided while preparing, fp8_fused_output): where
+// a norm, SwiGLU or activation feeds only FP8 Linears with one static input scale, it
+// writes the E4M3 codes itself (its value is then codes in its buffer, one byte each) and
+// the Linears skip their quantize pass; the codes are those of the unfused pair, bit for
+// bit. KILN_CUDA_FP8_FUSE=0 keeps the separate pass. Internal to the CUDA backend; tested
+// against the CPU backend in tests/backends/cuda/fp8_test.cpp, fused against unfused in
+// fp8_fuse_test.cpp.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "backends/cuda/cuda_ops.h"
+#include "core/fp8.h"
 
 namespace kiln::cuda {
 
 // Whether this quant="fp8" Linear can run here; when not, `why` says what is missing.
 bool fp8_linear_supported(const ir::Node& n, const ir::Graph& g, std::string* why);
 OpRun prepare_fp8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& pc);
+
+// KILN_CUDA_FP8_FUSE, read when a graph is prepared: unset or 1 fuses, 0 does not; any
+// other value is a kInvalidArgument error naming it.
+bool fp8_fuse_enabled();
+// The scale with which output `out` of node n is written as E4M3 codes, or none (it is
+// written in the activation dtype). Codes when: fusion is enabled, the activations are
+// bf16, n has an E4M3 kernel for that output (RMSNorm/LayerNorm output 0, AddRMSNorm/
+// AddLayerNorm output 1 (the norm; the sum stays bf16), SwiGLU, Gelu, an FP8 Linear with
+// an activation epilogue), the value is no graph output, and it is read by at least one
+// node, each an FP8 Linear that takes it as its input x only, all with the same static
+// input scale (act_amax). The producer's and the readers' prepare functions both ask this.
+std::optional<Fp8Scale> fp8_fused_output(const ir::Node& n, size_t out, const ir::Graph& g, DType act);
+// What the layer profile appends to the node's op name: "{fp8}" for an FP8 Linear,
+// "{e4m3 in}" for one that reads codes (no quantize pass), "{+e4m3 quantize}" for a node
+// that writes codes; empty for the rest.
+std::string fp8_profile_tag(const ir::Node& n, const ir::Graph& g, DType act);
 
 }  // namespace kiln::cuda

@@ -13,6 +13,7 @@
 #include "backends/cuda/cuda_w8a8_linear.h"
 #include "backends/cuda/ops/attention.h"
 #include "backends/cuda/ops/elementwise.h"
+#include "backends/cuda/ops/elementwise_fp8.h"
 #include "backends/cuda/ops/embedding.h"
 #include "backends/cuda/ops/gemv.h"
 #include "backends/cuda/ops/norm.h"
@@ -73,12 +74,12 @@ const QuantWeightView& DeviceWeights::get_quant(const ir::Graph& g, ir::ValueId 
   return view;
 }
 
-LinearIo linear_io(OpContext& c, const std::string& name, int64_t k, int64_t out_n) {
+LinearIo linear_io(OpContext& c, const std::string& name, int64_t k, int64_t out_n, std::optional<DType> y_dtype) {
   const DevTensor& x = *c.inputs[0];
   KILN_THROW_IF(x.dim(1) != k, kInvalidArgument, "linear '", name, "': x has ", x.dim(1),
                 " features, the weight expects ", k);
   const int64_t t = x.dim(0);
-  return {x, c.out(0, {t, out_n}), t};
+  return {x, c.out(0, {t, out_n}, y_dtype), t};
 }
 
 std::optional<QuantFormat> cuda_linear_quant_format(const ir::Node& n, const ir::Graph& g,
@@ -149,10 +150,20 @@ OpRun prepare_binary(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) 
   };
 }
 
+// The norms, SwiGLU and GELU write their output as E4M3 codes where only FP8 Linears
+// read it (fp8_fused_output: the quantize fused in; those Linears then skip theirs).
 OpRun prepare_layer_norm(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) {
   auto* w = static_cast<const float*>(pc.weights->get(g, need_weight(n, g, 1, "weight"), DType::kF32));
   auto* b = static_cast<const float*>(pc.weights->get(g, need_weight(n, g, 2, "bias", true), DType::kF32));
   const float eps = float(n.attr_float("eps"));
+  if (const auto q = fp8_fused_output(n, 0, g, pc.act))
+    return [=, inv = q->inv](OpContext& c) {
+      const DevTensor& x = *c.inputs[0];
+      DevTensor& y = c.out(0, x.shape, DType::kFP8E4M3);
+      const int64_t dim = x.dim(-1);
+      launch_add_layer_norm_fp8(x.dtype, x.data, nullptr, w, b, eps, x.numel() / dim, dim, nullptr,
+                                static_cast<uint8_t*>(y.data), inv, c.cx->stream);
+    };
   return [=](OpContext& c) {
     const DevTensor& x = *c.inputs[0];
     DevTensor& y = c.out(0, x.shape);
@@ -164,6 +175,14 @@ OpRun prepare_layer_norm(const ir::Node& n, const ir::Graph& g, PrepareContext& 
 OpRun prepare_rms_norm(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) {
   auto* w = static_cast<const float*>(pc.weights->get(g, need_weight(n, g, 1, "weight"), DType::kF32));
   const float eps = float(n.attr_float("eps"));
+  if (const auto q = fp8_fused_output(n, 0, g, pc.act))
+    return [=, inv = q->inv](OpContext& c) {
+      const DevTensor& x = *c.inputs[0];
+      DevTensor& y = c.out(0, x.shape, DType::kFP8E4M3);
+      const int64_t dim = x.dim(-1);
+      launch_add_rms_norm_fp8(x.dtype, x.data, nullptr, w, eps, x.numel() / dim, dim, nullptr,
+                              static_cast<uint8_t*>(y.data), inv, c.cx->stream);
+    };
   return [=](OpContext& c) {
     const DevTensor& x = *c.inputs[0];
     DevTensor& y = c.out(0, x.shape);
@@ -179,6 +198,16 @@ OpRun prepare_add_norm(const ir::Node& n, const ir::Graph& g, PrepareContext& pc
   auto* b = rms ? nullptr
                 : static_cast<const float*>(pc.weights->get(g, need_weight(n, g, 3, "bias", true), DType::kF32));
   const float eps = float(n.attr_float("eps"));
+  if (const auto q = fp8_fused_output(n, 1, g, pc.act))
+    return [=, inv = q->inv](OpContext& c) {
+      const DevTensor& x = *c.inputs[0];
+      const DevTensor& r = *c.inputs[1];
+      DevTensor& sum = c.out(0, x.shape);
+      auto* y = static_cast<uint8_t*>(c.out(1, x.shape, DType::kFP8E4M3).data);
+      const int64_t dim = x.dim(-1), rows = x.numel() / dim;
+      if (rms) launch_add_rms_norm_fp8(sum.dtype, x.data, r.data, w, eps, rows, dim, sum.data, y, inv, c.cx->stream);
+      else launch_add_layer_norm_fp8(sum.dtype, x.data, r.data, w, b, eps, rows, dim, sum.data, y, inv, c.cx->stream);
+    };
   return [=](OpContext& c) {
     const DevTensor& x = *c.inputs[0];
     const DevTensor& r = *c.inputs[1];
@@ -191,7 +220,14 @@ OpRun prepare_add_norm(const ir::Node& n, const ir::Graph& g, PrepareContext& pc
 }
 
 // SwiGLU (pass fuse_swiglu): [T, 2I] = [gate | up] -> [T, I].
-OpRun prepare_swiglu(const ir::Node&, const ir::Graph&, PrepareContext&) {
+OpRun prepare_swiglu(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) {
+  if (const auto q = fp8_fused_output(n, 0, g, pc.act))
+    return [inv = q->inv](OpContext& c) {
+      const DevTensor& x = *c.inputs[0];
+      const int64_t t = x.dim(0), inter = x.dim(1) / 2;
+      DevTensor& y = c.out(0, {t, inter}, DType::kFP8E4M3);
+      launch_swiglu_fp8(x.dtype, x.data, t, inter, inv, static_cast<uint8_t*>(y.data), c.cx->stream);
+    };
   return [](OpContext& c) {
     const DevTensor& x = *c.inputs[0];
     const int64_t t = x.dim(0), inter = x.dim(1) / 2;
@@ -407,6 +443,12 @@ OpRun prepare_unary(const ir::Node&, const ir::Graph&, PrepareContext&) {
 
 OpRun prepare_gelu(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) {
   const std::string approx = n.attr_str("approximate", "none");
+  if (const auto q = fp8_fused_output(n, 0, g, pc.act); q && (approx == "none" || approx == "tanh"))
+    return [op = approx == "none" ? UnaryOp::kGeluErf : UnaryOp::kGeluTanh, inv = q->inv](OpContext& c) {
+      const DevTensor& x = *c.inputs[0];
+      DevTensor& y = c.out(0, x.shape, DType::kFP8E4M3);
+      launch_unary_fp8(op, x.dtype, x.data, x.numel(), inv, static_cast<uint8_t*>(y.data), c.cx->stream);
+    };
   if (approx == "none") return prepare_unary<UnaryOp::kGeluErf>(n, g, pc);
   if (approx == "tanh") return prepare_unary<UnaryOp::kGeluTanh>(n, g, pc);
   throw_error(ErrorCode::kUnsupported, "cuda: Gelu approximate='", approx, "' (expected none or tanh)");

@@ -167,14 +167,15 @@ struct PrepareContext {
 };
 
 // A Linear run's input x [t, k] (its features checked against the weight's K: a
-// kInvalidArgument error naming the node) and its output y [t, out_n]; every Linear
-// variant starts so.
+// kInvalidArgument error naming the node) and its output y [t, out_n], in the activation
+// dtype unless `y_dtype` says otherwise; every Linear variant starts so.
 struct LinearIo {
   const DevTensor& x;
   DevTensor& y;
   int64_t t;
 };
-LinearIo linear_io(OpContext& c, const std::string& name, int64_t k, int64_t out_n);
+LinearIo linear_io(OpContext& c, const std::string& name, int64_t k, int64_t out_n,
+                   std::optional<DType> y_dtype = std::nullopt);
 
 // The q8/q4 format a Linear's weight runs in on CUDA: its `precision` attribute (from
 // assign_precision) or else the compile's weight dtype; none for other precisions, or

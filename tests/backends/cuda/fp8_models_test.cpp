@@ -2,14 +2,19 @@
 // quantized with --quant fp8, run on the CUDA backend (bf16 activations, FP8 Linears)
 // against the same FP8 model on the CPU: prefill logits (cuBLASLt FP8 GEMM), decode
 // steps one token at a time (the FP8 GEMV, in CUDA graphs), and an engine built with
-// E4M3 codes stored in the file, loaded on the GPU. Skips without a GPU.
+// E4M3 codes stored in the file, loaded on the GPU; and the same model with the quantize
+// fused into the norms and SwiGLU (the default) against KILN_CUDA_FP8_FUSE=0, logits bit
+// for bit. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <random>
 #include <unistd.h>
 
+#include "backends/cuda/cuda_fp8_linear.h"
 #include "builder/builder.h"
 #include "cuda_test_util.h"
 #include "runtime/llm_runner.h"
@@ -92,6 +97,59 @@ TEST(CudaFp8Model, TinyLlamaMatchesCpuFp8) {
   EXPECT_LT(rel_rms(logits_of(*engine, prompt, decode), got), 1e-2);
   std::filesystem::remove(q.calib);
   std::filesystem::remove(bo.output);
+}
+
+// The quantize fused into the producers changes no bit: the same codes reach the same
+// kernels (prefill of 20 tokens: cuBLASLt's heuristic algorithm, not a timed one, in both
+// loads; decode: the FP8 GEMV in CUDA graphs).
+TEST(CudaFp8Model, FusedQuantizeIsBitIdentical) {
+  KILN_SKIP_WITHOUT_CUDA();
+  const std::string dir = fixtures_dir() + "/models/llama";
+  std::mt19937_64 rng(21);
+  auto seq = [&](int len) {
+    std::vector<int32_t> s;
+    for (int i = 0; i < len; ++i) s.push_back(int32_t(rng() % 512));
+    return s;
+  };
+  std::vector<std::vector<int32_t>> calib;
+  for (int i = 0; i < 8; ++i) calib.push_back(seq(32));
+  QuantOptions q;
+  q.mode = "fp8";
+  q.method = "max";
+  q.smooth_alpha = -1;
+  const quant::CalibrationTable table = calibrate_model(dir, {}, q, &calib);
+  const auto prompt = seq(20), decode = seq(6);
+  auto load = [&](const char* fuse) {
+    const char* old = std::getenv("KILN_CUDA_FP8_FUSE");
+    const std::string saved = old ? old : "";
+    if (fuse) ::setenv("KILN_CUDA_FP8_FUSE", fuse, 1);
+    else ::unsetenv("KILN_CUDA_FP8_FUSE");
+    auto m = Model::load(dir, fp8_model_options({.backend = "cuda"}, table, q));  // compiled here
+    if (old) ::setenv("KILN_CUDA_FP8_FUSE", saved.c_str(), 1);
+    else ::unsetenv("KILN_CUDA_FP8_FUSE");
+    return m;
+  };
+  auto fused = load(nullptr);
+  // Which nodes write codes: every norm but the final one (it feeds GatherRows, then the
+  // LM head) and every gate|up Linear (its SwiGLU feeds the down projection).
+  int producers = 0, norms = 0, gate_ups = 0;
+  for (const ir::Node& n : fused->graph().nodes()) {
+    for (size_t o = 0; o < n.outputs.size(); ++o)
+      producers += fp8_fused_output(n, o, fused->graph(), DType::kBF16).has_value();
+    norms += n.op == "RMSNorm" || n.op == "AddRMSNorm";
+    gate_ups += n.op == "Linear" && n.attr_str("quant", "") == "fp8" && n.attr_str("activation", "") == "swiglu";
+  }
+  std::printf("  %d of the graph's nodes write E4M3 codes (%d norms, %d gate|up)\n", producers, norms, gate_ups);
+  EXPECT_GT(gate_ups, 0);
+  EXPECT_EQ(producers, norms - 1 + gate_ups);
+  const auto on = logits_of(*fused, prompt, decode);
+  fused.reset();
+  auto unfused = load("0");
+  const auto off = logits_of(*unfused, prompt, decode);
+  ASSERT_EQ(on.size(), off.size());
+  size_t bad = 0;
+  for (size_t i = 0; i < on.size(); ++i) bad += std::memcmp(&on[i], &off[i], sizeof(float)) != 0;
+  EXPECT_EQ(bad, 0u) << "of " << on.size() << " logits";
 }
 
 }  // namespace

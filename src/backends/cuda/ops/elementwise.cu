@@ -1,7 +1,14 @@
 // Elementwise kernels (see elementwise.h). Grid-stride loops; the activations use the
 // same formulas as the CPU reference (erfc form of GELU, x/(1+e^-2u) for GELU-tanh).
+// The *_fp8 kernels write E4M3 codes of the same T values (fp8_codes.cuh), V elements per
+// thread (16-byte loads where the length allows).
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops/elementwise.h"
+#include "backends/cuda/ops/elementwise_fp8.h"
+#include "backends/cuda/ops/fp8_codes.cuh"
+
+#include <cstdint>
+#include <type_traits>
 
 namespace kiln::cuda {
 namespace {
@@ -23,7 +30,14 @@ __global__ void unary_kernel(const T* x, int64_t n, T* out) {
 }
 
 // SwiGLU over rows of [gate | up]: out[r, i] = silu(gate) * up. silu is rounded to T
-// before the product, as the unfused Silu -> Mul pair would store it.
+// before the product, as the unfused Silu -> Mul pair would store it; swiglu_f32 is that
+// product before its own rounding.
+template <typename T>
+__device__ __forceinline__ float swiglu_f32(T gate, T up) {
+  const float g = to_f32(from_f32<T>(unary_f32<UnaryOp::kSilu>(to_f32(gate))));
+  return g * to_f32(up);
+}
+
 template <typename T>
 __global__ void swiglu_kernel(const T* x, int64_t rows, int64_t inter, T* out) {
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
@@ -31,9 +45,50 @@ __global__ void swiglu_kernel(const T* x, int64_t rows, int64_t inter, T* out) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
     const int64_t r = i / inter, c = i - r * inter;
     const T* row = x + r * 2 * inter;
-    const float g = to_f32(from_f32<T>(unary_f32<UnaryOp::kSilu>(to_f32(row[c]))));
-    out[i] = from_f32<T>(g * to_f32(row[inter + c]));
+    out[i] = from_f32<T>(swiglu_f32(row[c], row[inter + c]));
   }
+}
+
+template <typename E, int V>
+struct alignas(V * sizeof(E)) Vec {
+  E e[V];
+};
+
+// E4M3 codes of SwiGLU, V columns per thread (inter % V == 0).
+template <typename T, int V>
+__global__ void swiglu_fp8_kernel(const T* x, int64_t rows, int64_t inter, float inv, uint8_t* out) {
+  pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
+  const int64_t per_row = inter / V, n = rows * per_row;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / per_row, c = (i - r * per_row) * V;
+    const T* row = x + r * 2 * inter;
+    const Vec<T, V> g = *reinterpret_cast<const Vec<T, V>*>(row + c);
+    const Vec<T, V> u = *reinterpret_cast<const Vec<T, V>*>(row + inter + c);
+    Vec<uint8_t, V> q;
+#pragma unroll
+    for (int j = 0; j < V; ++j) q.e[j] = fp8_code_via<T>(swiglu_f32(g.e[j], u.e[j]), inv);
+    *reinterpret_cast<Vec<uint8_t, V>*>(out + r * inter + c) = q;
+  }
+}
+
+// E4M3 codes of an activation, V elements per thread (n % V == 0).
+template <typename T, UnaryOp kOp, int V>
+__global__ void unary_fp8_kernel(const T* x, int64_t n, float inv, uint8_t* out) {
+  pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n / V; i += int64_t(gridDim.x) * blockDim.x) {
+    const Vec<T, V> v = *reinterpret_cast<const Vec<T, V>*>(x + i * V);
+    Vec<uint8_t, V> q;
+#pragma unroll
+    for (int j = 0; j < V; ++j) q.e[j] = fp8_code_via<T>(unary_f32<kOp>(to_f32(v.e[j])), inv);
+    *reinterpret_cast<Vec<uint8_t, V>*>(out + i * V) = q;
+  }
+}
+
+// 16-byte loads of T when the row length and the addresses allow, else one element.
+template <typename T>
+constexpr int kFp8Vec = 16 / int(sizeof(T));
+bool fp8_vec_ok(int64_t len, int vec, const void* x, const void* out) {
+  return len % vec == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % vec == 0;
 }
 
 }  // namespace
@@ -44,6 +99,41 @@ void launch_swiglu(DType t, const void* x, int64_t rows, int64_t inter, void* ou
     launch_k(swiglu_kernel<T>, grid_for(rows * inter, 256), 256, 0, s, static_cast<const T*>(x), rows, inter,
                                                                  static_cast<T*>(out));
   });
+  KILN_CUDA_CHECK_LAUNCH();
+}
+
+void launch_swiglu_fp8(DType t, const void* x, int64_t rows, int64_t inter, float inv, uint8_t* out,
+                       cudaStream_t s) {
+  KILN_THROW_IF(t != DType::kBF16, kInternal, "cuda: the E4M3 SwiGLU takes bf16, not ", dtype_name(t));
+  if (rows * inter == 0) return;
+  using T = __nv_bfloat16;
+  constexpr int V = kFp8Vec<T>;
+  auto* px = static_cast<const T*>(x);
+  if (fp8_vec_ok(inter, V, x, out))
+    launch_k(swiglu_fp8_kernel<T, V>, grid_for(rows * inter / V, 256), 256, 0, s, px, rows, inter, inv, out);
+  else
+    launch_k(swiglu_fp8_kernel<T, 1>, grid_for(rows * inter, 256), 256, 0, s, px, rows, inter, inv, out);
+  KILN_CUDA_CHECK_LAUNCH();
+}
+
+void launch_unary_fp8(UnaryOp op, DType t, const void* x, int64_t n, float inv, uint8_t* out, cudaStream_t s) {
+  KILN_THROW_IF(t != DType::kBF16, kInternal, "cuda: the E4M3 activation takes bf16, not ", dtype_name(t));
+  if (n == 0) return;
+  using T = __nv_bfloat16;
+  constexpr int V = kFp8Vec<T>;
+  auto* px = static_cast<const T*>(x);
+  auto go = [&](auto vec) {
+    constexpr int W = decltype(vec)::value;
+    const unsigned g = grid_for(n / W, 256);
+    switch (op) {
+      case UnaryOp::kGeluErf: launch_k(unary_fp8_kernel<T, UnaryOp::kGeluErf, W>, g, 256, 0, s, px, n, inv, out); break;
+      case UnaryOp::kGeluTanh: launch_k(unary_fp8_kernel<T, UnaryOp::kGeluTanh, W>, g, 256, 0, s, px, n, inv, out); break;
+      case UnaryOp::kSilu: launch_k(unary_fp8_kernel<T, UnaryOp::kSilu, W>, g, 256, 0, s, px, n, inv, out); break;
+      case UnaryOp::kTanh: launch_k(unary_fp8_kernel<T, UnaryOp::kTanh, W>, g, 256, 0, s, px, n, inv, out); break;
+    }
+  };
+  if (fp8_vec_ok(n, V, x, out)) go(std::integral_constant<int, V>{});
+  else go(std::integral_constant<int, 1>{});
   KILN_CUDA_CHECK_LAUNCH();
 }
 

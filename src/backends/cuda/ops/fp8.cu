@@ -1,9 +1,9 @@
 // FP8 E4M3 activation quantization and the device check (see fp8.h). The FP8 GEMV is
 // gemv.cu's streaming GEMV instantiated for E4M3 weights (launch_fp8_gemv is there).
-#include <cuda_fp8.h>
+#include "backends/cuda/ops/fp8.h"
 
 #include "backends/cuda/common.cuh"
-#include "backends/cuda/ops/fp8.h"
+#include "backends/cuda/ops/fp8_codes.cuh"
 
 namespace kiln::cuda {
 namespace {
@@ -11,7 +11,7 @@ namespace {
 template <typename T>
 __global__ void quantize_kernel(const T* __restrict__ x, int64_t n, float inv, uint8_t* __restrict__ q) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    q[i] = __nv_cvt_float_to_fp8(to_f32(x[i]) * inv, __NV_SATFINITE, __NV_E4M3);
+    q[i] = fp8_code(to_f32(x[i]), inv);
 }
 
 }  // namespace

@@ -4,11 +4,16 @@
 // Launched in a decode step of a few rows (`early`), a norm lets the next kernel launch at
 // its start (common.cuh: the GEMV after it then streams its weights meanwhile); gamma and
 // beta are requested before the wait either way.
+// Every kernel takes its output type Y: T, or uint8_t for the E4M3 codes of the FP8
+// Linear's input (the *_fp8 launchers), each value rounded to T first as stored by the
+// T kernel, then quantized with fp8_codes.cuh's rounding: the codes of norm -> quantize.
 #include "backends/cuda/common.cuh"
+#include "backends/cuda/ops/fp8_codes.cuh"
 #include "backends/cuda/ops/gemv.h"
 #include "backends/cuda/ops/norm.h"
 
 #include <algorithm>
+#include <type_traits>
 
 namespace kiln::cuda {
 namespace {
@@ -23,6 +28,13 @@ __device__ const T* add_residual(const T* xr, const T* res, T* sum, int64_t dim)
   return sum;
 }
 
+// One normalized value as output type Y (see the top of the file).
+template <typename T, typename Y>
+__device__ __forceinline__ Y norm_out(float v, float inv) {
+  if constexpr (std::is_same_v<Y, T>) return from_f32<T>(v);
+  else return fp8_code_via<T>(v, inv);
+}
+
 // Before the wait: the trigger (early) and this thread's first parameters toward L1.
 __device__ __forceinline__ void norm_prologue(bool early, const float* gamma, const float* beta, int64_t first,
                                               int64_t dim) {
@@ -34,14 +46,14 @@ __device__ __forceinline__ void norm_prologue(bool early, const float* gamma, co
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
 }
 
-template <typename T>
+template <typename T, typename Y>
 __global__ void layer_norm_kernel(const T* x, const T* res, T* sum_out, const float* gamma, const float* beta,
-                                  float eps, int64_t dim, T* y, bool early) {
+                                  float eps, int64_t dim, Y* y, float inv, bool early) {
   norm_prologue(early, gamma, beta, threadIdx.x, dim);
   __shared__ float scratch[32];
   const T* xr = add_residual(x + blockIdx.x * dim, res ? res + blockIdx.x * dim : nullptr,
                              sum_out ? sum_out + blockIdx.x * dim : nullptr, dim);
-  T* yr = y + blockIdx.x * dim;
+  Y* yr = y + blockIdx.x * dim;
   float sum = 0.0f;
   for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) sum += to_f32(xr[j]);
   const float mean = block_sum(sum, scratch) / float(dim);
@@ -52,33 +64,33 @@ __global__ void layer_norm_kernel(const T* x, const T* res, T* sum_out, const fl
   }
   const float r = rsqrtf(block_sum(var, scratch) / float(dim) + eps);
   for (int64_t j = threadIdx.x; j < dim; j += blockDim.x)
-    yr[j] = from_f32<T>((to_f32(xr[j]) - mean) * r * gamma[j] + (beta ? beta[j] : 0.0f));
+    yr[j] = norm_out<T, Y>((to_f32(xr[j]) - mean) * r * gamma[j] + (beta ? beta[j] : 0.0f), inv);
 }
 
-template <typename T>
+template <typename T, typename Y>
 __global__ void rms_norm_kernel(const T* x, const T* res, T* sum_out, const float* w, float eps, int64_t dim,
-                                T* y, bool early) {
+                                Y* y, float inv, bool early) {
   norm_prologue(early, w, nullptr, threadIdx.x, dim);
   __shared__ float scratch[32];
   const T* xr = add_residual(x + blockIdx.x * dim, res ? res + blockIdx.x * dim : nullptr,
                              sum_out ? sum_out + blockIdx.x * dim : nullptr, dim);
-  T* yr = y + blockIdx.x * dim;
+  Y* yr = y + blockIdx.x * dim;
   float ss = 0.0f;
   for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
     const float v = to_f32(xr[j]);
     ss += v * v;
   }
   const float r = rsqrtf(block_sum(ss, scratch) / float(dim) + eps);
-  for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) yr[j] = from_f32<T>(to_f32(xr[j]) * r * w[j]);
+  for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) yr[j] = norm_out<T, Y>(to_f32(xr[j]) * r * w[j], inv);
 }
 
 // The same norms with the row held in registers: each thread loads NCH 16-byte vectors
 // of the row (and of the residual) once, so the kernel makes one pass over memory (the
 // kernels above re-read the row per pass). Same rounding: the residual sum is rounded
 // to T before the statistics, exactly as stored in `sum`.
-template <typename T, int NCH, bool kRms>
+template <typename T, typename Y, int NCH, bool kRms>
 __global__ void norm_regs_kernel(const T* x, const T* res, T* sum_out, const float* gamma, const float* beta,
-                                 float eps, int dim, T* y, bool early) {
+                                 float eps, int dim, Y* y, float inv, bool early) {
   constexpr int VEC = 16 / int(sizeof(T));
   if (early) pdl_trigger();
 #pragma unroll
@@ -141,15 +153,17 @@ __global__ void norm_regs_kernel(const T* x, const T* res, T* sum_out, const flo
   for (int i = 0; i < NCH; ++i) {
     const int vi = threadIdx.x + i * blockDim.x;
     if (vi >= nvec) continue;
-    uint4 out;
-    T* oe = reinterpret_cast<T*>(&out);
+    // VEC outputs: 16 bytes of T, or VEC bytes of codes.
+    struct alignas(VEC * sizeof(Y)) Out {
+      Y e[VEC];
+    } out;
 #pragma unroll
     for (int u = 0; u < VEC; ++u) {
       const int j = vi * VEC + u;
-      oe[u] = kRms ? from_f32<T>(v[i][u] * r * gamma[j])
-                   : from_f32<T>((v[i][u] - mean) * r * gamma[j] + (beta ? beta[j] : 0.0f));
+      out.e[u] = kRms ? norm_out<T, Y>(v[i][u] * r * gamma[j], inv)
+                      : norm_out<T, Y>((v[i][u] - mean) * r * gamma[j] + (beta ? beta[j] : 0.0f), inv);
     }
-    *reinterpret_cast<uint4*>(y + base + int64_t(vi) * VEC) = out;
+    *reinterpret_cast<Out*>(y + base + int64_t(vi) * VEC) = out;
   }
 }
 
@@ -158,9 +172,9 @@ bool early_trigger(int64_t rows) { return rows <= kGemvMaxRows; }
 
 // Launches norm_regs_kernel when the row fits (whole 16-byte vectors, at most 4 per
 // thread of 1024); returns false otherwise.
-template <typename T, bool kRms>
+template <typename T, typename Y, bool kRms>
 bool launch_norm_regs(const T* x, const T* res, T* sum, const float* gamma, const float* beta, float eps,
-                      int64_t rows, int64_t dim, T* y, cudaStream_t s) {
+                      int64_t rows, int64_t dim, Y* y, float inv, cudaStream_t s) {
   constexpr int VEC = 16 / int(sizeof(T));
   if (dim % VEC != 0 || dim / VEC > 4096) return false;
   const int nvec = int(dim / VEC);
@@ -168,9 +182,9 @@ bool launch_norm_regs(const T* x, const T* res, T* sum, const float* gamma, cons
   const int threads = std::max(32, ((nvec + nch - 1) / nch + 31) / 32 * 32);
   const bool early = early_trigger(rows);
   switch (nch) {
-    case 1: launch_k(norm_regs_kernel<T, 1, kRms>, unsigned(rows), threads, 0, s, x, res, sum, gamma, beta, eps, int(dim), y, early); break;
-    case 2: launch_k(norm_regs_kernel<T, 2, kRms>, unsigned(rows), threads, 0, s, x, res, sum, gamma, beta, eps, int(dim), y, early); break;
-    default: launch_k(norm_regs_kernel<T, 4, kRms>, unsigned(rows), threads, 0, s, x, res, sum, gamma, beta, eps, int(dim), y, early); break;
+    case 1: launch_k(norm_regs_kernel<T, Y, 1, kRms>, unsigned(rows), threads, 0, s, x, res, sum, gamma, beta, eps, int(dim), y, inv, early); break;
+    case 2: launch_k(norm_regs_kernel<T, Y, 2, kRms>, unsigned(rows), threads, 0, s, x, res, sum, gamma, beta, eps, int(dim), y, inv, early); break;
+    default: launch_k(norm_regs_kernel<T, Y, 4, kRms>, unsigned(rows), threads, 0, s, x, res, sum, gamma, beta, eps, int(dim), y, inv, early); break;
   }
   return true;
 }
@@ -179,6 +193,23 @@ int threads_for(int64_t dim) {
   int t = 32;
   while (t < 1024 && t * 4 < dim) t *= 2;
   return t;
+}
+
+// Either norm into Y: the register-held kernel where the row fits, else the multi-pass
+// one (the same choice for Y = T and Y = codes, so both round alike).
+template <typename T, typename Y, bool kRms>
+void launch_norm(const void* x, const void* res, const float* gamma, const float* beta, float eps, int64_t rows,
+                 int64_t dim, void* sum, Y* y, float inv, cudaStream_t s) {
+  auto* px = static_cast<const T*>(x);
+  auto* pr = static_cast<const T*>(res);
+  auto* ps = static_cast<T*>(sum);
+  if (launch_norm_regs<T, Y, kRms>(px, pr, ps, gamma, beta, eps, rows, dim, y, inv, s)) return;
+  if constexpr (kRms)
+    launch_k(rms_norm_kernel<T, Y>, unsigned(rows), threads_for(dim), 0, s, px, pr, ps, gamma, eps, dim, y, inv,
+             early_trigger(rows));
+  else
+    launch_k(layer_norm_kernel<T, Y>, unsigned(rows), threads_for(dim), 0, s, px, pr, ps, gamma, beta, eps, dim, y,
+             inv, early_trigger(rows));
 }
 
 }  // namespace
@@ -191,13 +222,7 @@ void launch_layer_norm(DType t, const void* x, const float* gamma, const float* 
 void launch_add_layer_norm(DType t, const void* x, const void* res, const float* gamma, const float* beta,
                            float eps, int64_t rows, int64_t dim, void* sum, void* y, cudaStream_t s) {
   if (rows == 0) return;
-  KILN_CUDA_DISPATCH_FLOAT(t, T, {
-    if (!launch_norm_regs<T, false>(static_cast<const T*>(x), static_cast<const T*>(res), static_cast<T*>(sum),
-                                    gamma, beta, eps, rows, dim, static_cast<T*>(y), s))
-      launch_k(layer_norm_kernel<T>, unsigned(rows), threads_for(dim), 0, s,
-        static_cast<const T*>(x), static_cast<const T*>(res), static_cast<T*>(sum), gamma, beta, eps, dim,
-        static_cast<T*>(y), early_trigger(rows));
-  });
+  KILN_CUDA_DISPATCH_FLOAT(t, T, { launch_norm<T, T, false>(x, res, gamma, beta, eps, rows, dim, sum, static_cast<T*>(y), 1.0f, s); });
   KILN_CUDA_CHECK_LAUNCH();
 }
 
@@ -209,13 +234,24 @@ void launch_rms_norm(DType t, const void* x, const float* w, float eps, int64_t 
 void launch_add_rms_norm(DType t, const void* x, const void* res, const float* w, float eps, int64_t rows,
                          int64_t dim, void* sum, void* y, cudaStream_t s) {
   if (rows == 0) return;
-  KILN_CUDA_DISPATCH_FLOAT(t, T, {
-    if (!launch_norm_regs<T, true>(static_cast<const T*>(x), static_cast<const T*>(res), static_cast<T*>(sum), w,
-                                   nullptr, eps, rows, dim, static_cast<T*>(y), s))
-      launch_k(rms_norm_kernel<T>, unsigned(rows), threads_for(dim), 0, s,
-        static_cast<const T*>(x), static_cast<const T*>(res), static_cast<T*>(sum), w, eps, dim,
-        static_cast<T*>(y), early_trigger(rows));
-  });
+  KILN_CUDA_DISPATCH_FLOAT(t, T, { launch_norm<T, T, true>(x, res, w, nullptr, eps, rows, dim, sum, static_cast<T*>(y), 1.0f, s); });
+  KILN_CUDA_CHECK_LAUNCH();
+}
+
+void launch_add_layer_norm_fp8(DType t, const void* x, const void* res, const float* gamma, const float* beta,
+                               float eps, int64_t rows, int64_t dim, void* sum, uint8_t* y, float inv,
+                               cudaStream_t s) {
+  KILN_THROW_IF(t != DType::kBF16, kInternal, "cuda: the E4M3 LayerNorm takes bf16, not ", dtype_name(t));
+  if (rows == 0) return;
+  launch_norm<__nv_bfloat16, uint8_t, false>(x, res, gamma, beta, eps, rows, dim, sum, y, inv, s);
+  KILN_CUDA_CHECK_LAUNCH();
+}
+
+void launch_add_rms_norm_fp8(DType t, const void* x, const void* res, const float* w, float eps, int64_t rows,
+                             int64_t dim, void* sum, uint8_t* y, float inv, cudaStream_t s) {
+  KILN_THROW_IF(t != DType::kBF16, kInternal, "cuda: the E4M3 RMSNorm takes bf16, not ", dtype_name(t));
+  if (rows == 0) return;
+  launch_norm<__nv_bfloat16, uint8_t, true>(x, res, w, nullptr, eps, rows, dim, sum, y, inv, s);
   KILN_CUDA_CHECK_LAUNCH();
 }
 
