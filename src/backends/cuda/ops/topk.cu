@@ -22,6 +22,9 @@
 // computes them; the select over the whole row (re-read each pass); a bitonic sort of
 // the k in shared memory.
 //
+// k = 1 (a greedy step) skips the selects: a chunk's and a row's best item is the block's
+// largest (one 64-bit max reduction each).
+//
 // Both give the CPU kernel's ids and values bit for bit; log-probs differ by the
 // log-sum-exp's rounding (f64 summation order; the split path's f32 exp terms, each
 // within a few f32 ulps), far below the 1e-6 the tests allow.
@@ -273,6 +276,20 @@ constexpr int64_t kMergeMaxItems = 32 * kMergeThreads;
 // largest keys, over the top 16 key bits only (lower bits zero). At least kc threads hold
 // a key at or above it, so at least kc elements are: every element of the top kc is.
 // `have`: whether this thread holds any element; needs kc <= the number that do.
+// The largest item of the block (every thread returns it); items are unique, so it is
+// the best one: k = 1 needs no select.
+template <int kWarps>
+__device__ __forceinline__ uint64_t block_max_item(uint64_t v, unsigned long long* scratch) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = max(v, uint64_t(__shfl_xor_sync(0xffffffffu, (unsigned long long)v, o)));
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = v;
+  __syncthreads();
+  uint64_t m = scratch[0];
+  for (int w = 1; w < kWarps; ++w) m = max(m, uint64_t(scratch[w]));
+  return m;
+}
+
 template <int kThreads>
 __device__ uint32_t kth_thread_max_bound(uint32_t thread_max, bool have, uint32_t kc, SelectSmem& sm) {
   Digits d;
@@ -291,6 +308,7 @@ struct ChunkSmem {
   SelectSmem sel;
   float red_f[kChunkThreads / 32];
   double red_d[kChunkThreads / 32];
+  unsigned long long red_u[kChunkThreads / 32];
   uint32_t slot;
 };
 
@@ -355,6 +373,15 @@ __device__ __forceinline__ void chunk_select(const float (&f)[E], const ChunkPar
       if (j < n) out[j] = make_item(order_key(f[e]), index0 + uint32_t(e * kChunkThreads));
     }
     for (int j = n + tid; j < kc; j += kChunkThreads) out[j] = 0;
+    return;
+  }
+  if (kc == 1) {  // a greedy step's width: the chunk's best item is its largest
+    uint64_t best = 0;
+#pragma unroll
+    for (int e = 0; e < E; ++e)
+      if (e * kChunkThreads + tid < n) best = max(best, make_item(order_key(f[e]), index0 + uint32_t(e * kChunkThreads)));
+    best = block_max_item<kWarps>(best, sm.red_u);
+    if (tid == 0) out[0] = best;
     return;
   }
 
@@ -431,6 +458,7 @@ __global__ void __launch_bounds__(kMergeThreads)
   __shared__ SelectSmem sm;
   __shared__ float red_f[kWarps];
   __shared__ double red_d[kWarps];
+  __shared__ unsigned long long red_u[kWarps];
   __shared__ uint32_t s_slot;
 
   const int64_t row = blockIdx.x;
@@ -463,6 +491,21 @@ __global__ void __launch_bounds__(kMergeThreads)
   const double total = block_sum_double<kWarps>(lsum, red_d);
   const double lse = mx == neg_inf() ? __longlong_as_double(0x7ff8000000000000LL) : double(mx) + log(total);
 
+  const T* xr = x + row * v;
+  auto write = [&](int j, uint64_t item) {  // output j of the row
+    const int32_t i = int32_t(~uint32_t(item & 0xffffffffu));
+    const float f = to_f32(xr[i]);
+    values[row * k + j] = f;
+    ids[row * k + j] = i;
+    logprobs[row * k + j] = float(double(f) - lse);
+  };
+  if (k == 1) {  // the largest candidate (items are unique; 0 pads, never the largest of a real row)
+    uint64_t best = 0;
+    for (int i = tid; i < n; i += kMergeThreads) best = max(best, items[i]);
+    best = block_max_item<kWarps>(best, red_u);
+    if (tid == 0) write(0, best);
+    return;
+  }
   const int holders = __syncthreads_count(have);  // also: items[] is complete
   const uint32_t floor_key =
       k <= holders ? kth_thread_max_bound<kMergeThreads>(kmax, have, uint32_t(k), sm) : 0u;
@@ -489,14 +532,6 @@ __global__ void __launch_bounds__(kMergeThreads)
   });
   __syncthreads();
 
-  const T* xr = x + row * v;
-  auto write = [&](int j, uint64_t item) {  // output j of the row
-    const int32_t i = int32_t(~uint32_t(item & 0xffffffffu));
-    const float f = to_f32(xr[i]);
-    values[row * k + j] = f;
-    ids[row * k + j] = i;
-    logprobs[row * k + j] = float(double(f) - lse);
-  };
   if (k <= 256) {
     // The items are unique: each one's place is the number of items above it (k reads of
     // shared memory, the same address across a warp, instead of a sort's barriers).
