@@ -15,8 +15,8 @@
 //
 // The grid is persistent (CTAs per SM x SMs, fewer for small weights): each CTA first
 // issues its first weight loads (the weights are never written by a kernel, so this may
-// precede the PDL wait), then rounds x into shared memory once (all of a thread's x loads
-// issued before any is used: one L2 round trip, not one per 256 x chunks), then its warps
+// precede the PDL wait), then rounds x into shared memory once (mostly two x loads in
+// flight per thread: half the L2 round trips of one at a time), then its warps
 // stream their outputs. A warp owns RL outputs at a time (RL = 1 at one token row, 2 at
 // two, 4 at more: more rows reuse each x load from shared memory), 32 / RL lanes along K
 // of each. Split-K inside the CTA (S = 1, 2, 4 or 8): S consecutive warps form a group that
@@ -44,7 +44,6 @@ constexpr int kWarps = 8, kThreads = kWarps * 32;
 constexpr int kMaxDevices = 64;
 constexpr int kDefaultCtasPerSm = 3;  // 24 warps per SM (bench: `cuda_gemv_bench qgemv` sweeps 1-4)
 constexpr int kDefaultDepth = 4;      // steps of loads in flight per lane
-constexpr int kXBatch = 4;            // x chunks a thread loads before rounding any (quantize_x)
 
 struct DArgs {
   const void* x;
@@ -99,7 +98,8 @@ __device__ __forceinline__ void to_f32x8(const uint4 u, float (&v)[8]) {
 //    codes' factor 16), Σx the f32 sum of the group's values as given.
 // Rounding: fma(x, 127 / max|x|, 1.5·2^23) holds rint(x·127/max|x|) in its low mantissa
 // bits (|.| <= 127), ties to even, its low byte the int8 code.
-template <typename T, bool kQ4>
+// kXBatch: x chunks a thread loads before rounding any.
+template <typename T, bool kQ4, int kXBatch>
 __device__ void quantize_x(const T* __restrict__ x, int m, int k, int groups, uint8_t* xq, float2* xd) {
   const int tasks = m * groups * 4;
   // Uniform trip count (the shuffles see every lane); kXBatch loads in flight per thread.
@@ -239,8 +239,16 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
+// Resident CTAs the compiler is asked to allow: 3 for the one-row depth-8 kernel (80
+// registers, 20-24 bytes spilled, instead of 87-89 and 2 CTAs), else 2. The one-row depth-4
+// kernel needs no bound to fit 4 (62-64 registers; -Xptxas -v).
+template <int MAXM, bool kSwiGlu, int P>
+constexpr int dp4a_min_ctas() {
+  return MAXM == 1 && !kSwiGlu && P == 8 ? 3 : 2;
+}
+
 template <typename T, QuantFormat F, int MAXM, bool kSwiGlu, int P>
-__global__ void __launch_bounds__(kThreads, 2) qgemv_dp4a_kernel(const DArgs a) {
+__global__ void __launch_bounds__(kThreads, dp4a_min_ctas<MAXM, kSwiGlu, P>()) qgemv_dp4a_kernel(const DArgs a) {
   constexpr bool kQ4 = F == QuantFormat::kQ4;
   constexpr int RL = outs_per_warp<MAXM>(), KL = 32 / RL, RU = kSwiGlu ? 2 : 1, kRed = red_per_warp<MAXM, kSwiGlu>();
   extern __shared__ __align__(16) uint8_t smem[];
@@ -275,7 +283,10 @@ __global__ void __launch_bounds__(kThreads, 2) qgemv_dp4a_kernel(const DArgs a) 
   for (int p = 0; p < P; ++p) issue_and_advance(cw[p], sw[p]);
 
   pdl_wait();  // x is the previous kernel's output
-  quantize_x<T, kQ4>(static_cast<const T*>(a.x), a.m, a.k, a.groups, xq, xd);
+  // Two x loads in flight per thread, except where the second one's registers would cost
+  // the one-row kernel of depth 4 its 4th CTA per SM (62 -> 66 registers; -Xptxas -v).
+  constexpr int kXBatch = MAXM == 1 && !kSwiGlu && P == 4 ? 1 : 2;
+  quantize_x<T, kQ4, kXBatch>(static_cast<const T*>(a.x), a.m, a.k, a.groups, xq, xd);
   __syncthreads();
 
   const T* bias = static_cast<const T*>(a.bias);
@@ -294,47 +305,47 @@ __global__ void __launch_bounds__(kThreads, 2) qgemv_dp4a_kernel(const DArgs a) 
       if (c < a.chunks) consume_step<kQ4, RU, MAXM>(acc, cw[p], sw[p], xq, xd, a, c);
       issue_and_advance(cw[p], sw[p]);
       if (++cci < a.sps) continue;
-      // Output unit cu done: sum its KL lanes (every lane gets the sum).
+      // Output unit cu done: sum its KL lanes (every lane gets the sum), one token row at a
+      // time (fewer live registers). With split-K the other splits write theirs to shared
+      // memory first; split 0 adds them in split order and stores.
+      const int o = cu * RL + rs;
+      float* slot = red + (parity * kWarps + warp) * kRed + rs * RU * MAXM;
+      if (S > 1) {
+        if (split != 0) {
 #pragma unroll
-      for (int m = 0; m < MAXM; ++m) {
-        if (MAXM > 1 && m >= a.m) break;
+          for (int m = 0; m < MAXM; ++m) {
+            if (MAXM > 1 && m >= a.m) break;
 #pragma unroll
-        for (int r = 0; r < RU; ++r)
+            for (int r = 0; r < RU; ++r) {
 #pragma unroll
-          for (int off = KL / 2; off > 0; off >>= 1) acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], off);
-      }
-      if (S > 1) {  // the other splits' partial sums, added by split 0 in split order
-        float* slot = red + (parity * kWarps + warp) * kRed + rs * RU * MAXM;
-        if (split != 0 && kl == 0) {
-#pragma unroll
-          for (int r = 0; r < RU; ++r)
-#pragma unroll
-            for (int m = 0; m < MAXM; ++m) slot[r * MAXM + m] = acc[r][m];
+              for (int off = KL / 2; off > 0; off >>= 1) acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], off);
+              if (kl == 0) slot[r * MAXM + m] = acc[r][m];
+            }
+          }
         }
         named_barrier(1 + group, S * 32);
-        if (split == 0) {
-          for (int j = 1; j < S; ++j)
-#pragma unroll
-            for (int r = 0; r < RU; ++r)
-#pragma unroll
-              for (int m = 0; m < MAXM; ++m) acc[r][m] += slot[j * kRed + r * MAXM + m];
-        }
         parity ^= 1;  // the next unit writes the other buffer: no second barrier needed
       }
-      // Lane kl == m of split 0 stores token row m.
-      const int o = cu * RL + rs;
+      if (split == 0) {
 #pragma unroll
-      for (int m = 0; m < MAXM; ++m) {
-        if (MAXM > 1 && m >= a.m) break;
-        if (split == 0 && kl == m && o < a.n_out) {
-          if constexpr (kSwiGlu) {
-            float gate = acc[0][m] * __ldg(a.row_factor + o), up = acc[1][m] * __ldg(a.row_factor + a.n_out + o);
-            if (bias) gate += to_f32(bias[o]), up += to_f32(bias[a.n_out + o]);
-            y[int64_t(m) * a.n_out + o] = linear_swiglu_out<T>(gate, up);
-          } else {
-            float v = acc[0][m] * __ldg(a.row_factor + o);
-            if (bias) v += to_f32(bias[o]);
-            y[int64_t(m) * a.n_out + o] = linear_epilogue_out<T>(a.epi, v);
+        for (int m = 0; m < MAXM; ++m) {
+          if (MAXM > 1 && m >= a.m) break;
+#pragma unroll
+          for (int r = 0; r < RU; ++r) {
+#pragma unroll
+            for (int off = KL / 2; off > 0; off >>= 1) acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], off);
+            for (int j = 1; j < S; ++j) acc[r][m] += slot[j * kRed + r * MAXM + m];
+          }
+          if (kl == m && o < a.n_out) {  // lane kl == m stores token row m
+            if constexpr (kSwiGlu) {
+              float gate = acc[0][m] * __ldg(a.row_factor + o), up = acc[1][m] * __ldg(a.row_factor + a.n_out + o);
+              if (bias) gate += to_f32(bias[o]), up += to_f32(bias[a.n_out + o]);
+              y[int64_t(m) * a.n_out + o] = linear_swiglu_out<T>(gate, up);
+            } else {
+              float v = acc[0][m] * __ldg(a.row_factor + o);
+              if (bias) v += to_f32(bias[o]);
+              y[int64_t(m) * a.n_out + o] = linear_epilogue_out<T>(a.epi, v);
+            }
           }
         }
       }
