@@ -108,6 +108,7 @@ void qgemv_kernels_table(const char* filter, double copy_gbs) {
       {"1.1B down", 2048, 5632, GemvEpilogue::kNone},
   };
   const QGemvKernel kernels[] = {QGemvKernel::kRows, QGemvKernel::kMma, QGemvKernel::kDp4a};
+  const QGemvKernel def_kernel = qgemv_kernel(DType::kBF16);  // what a compiled graph runs (KILN_CUDA_QGEMV)
   std::vector<std::string> checks, sweeps;
   for (const S& s : shapes) {
     if (!std::strstr(s.what, filter)) continue;
@@ -151,7 +152,8 @@ void qgemv_kernels_table(const char* filter, double copy_gbs) {
           const double gbs = double(w0.bytes()) / (pdl * 1e-3) / 1e9;
           std::printf("| %s %lldx%lld | %s | %s | %lld | %s | %.1f | %.1f | %.1f | %.0f | %.0f%% |\n", s.what,
                       (long long)wrows, (long long)s.k, quant_format_name(f), swiglu ? "swiglu" : "-", (long long)m,
-                      qgemv_kernel_name(kern), alone * 1e3, b2b * 1e3, pdl * 1e3, gbs, 100.0 * gbs / copy_gbs);
+                      str_cat(qgemv_kernel_name(kern), kern == def_kernel ? " (default)" : "").c_str(), alone * 1e3,
+                      b2b * 1e3, pdl * 1e3, gbs, 100.0 * gbs / copy_gbs);
         }
       }
       // The dp4a launch sweep (both formats, every row count): CTAs per SM x load depth

@@ -42,7 +42,7 @@ namespace {
 
 constexpr int kWarps = 8, kThreads = kWarps * 32;
 constexpr int kMaxDevices = 64;
-constexpr int kDefaultCtasPerSm = 3;  // 24 warps per SM (bench: `cuda_gemv_bench qgemv` sweeps 1-4)
+constexpr int kDefaultCtasPerSm = 3;  // 24 warps per SM (bench: `cuda_gemv_bench qgemv` sweeps 2-4)
 constexpr int kDefaultDepth = 4;      // steps of loads in flight per lane
 
 struct DArgs {
