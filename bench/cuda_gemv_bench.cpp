@@ -1,8 +1,9 @@
 // Weight-streaming GEMV bandwidth on the GPU (the decode GEMMs of kiln's CUDA backend):
 // for the Linear shapes of Llama-3.1-8B, Llama-3.2-1B/TinyLlama and GPT-2, bf16 weights
-// (batch rows 1, 2, 4) and weight-only q8/q4 (rows 1, 2, 4, 8) through both quantized
-// kernels (mma: the tensor-core kernel over the kMma layout, the default for bf16/f16;
-// old: the kRows kernel, KILN_CUDA_QGEMV=old), the median kernel time of one launch
+// (batch rows 1, 2, 4) and weight-only q8/q4 (rows 1, 2, 4, 8) through the quantized
+// kernels of both layouts (mma: the tensor-core kernel over the kMma layout; old: the
+// kRows layout through launch_gemv_quant's default for it; the dp4a kernel, the default
+// for bf16/f16, and its launch sweep are in the qgemv mode), the median kernel time of one launch
 // alone and of 20 back to back (CUDA events, 50 repeats), and the weight bytes per
 // second back to back (for q8/q4 the bytes streamed: codes, f16 scales, row factors)
 // against a device-to-device copy measured in the same run (read + write bytes) and the
@@ -26,8 +27,8 @@
 // weight bytes per second against the device-to-device copy. Before timing, the PDL
 // variant's final residual stream is compared with the one without (same inputs).
 //   cuda_gemv_bench [shape filter, e.g. 8B]     the bf16 / q8 / q4 table
-//   cuda_gemv_bench qgemv [shape filter]        the quantized kernels (old / mma / dp4a) only
-//                                               (cuda_qgemv_table.cpp)
+//   cuda_gemv_bench qgemv [shape filter]        the quantized kernels (old / mma / dp4a) and
+//                                               the dp4a launch sweep only (cuda_qgemv_table.cpp)
 //   cuda_gemv_bench chain [shape filter]        the decode-chain table only
 #include <cuda_runtime_api.h>
 

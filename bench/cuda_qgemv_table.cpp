@@ -8,8 +8,10 @@
 // row factors) and the percent of the device-to-device copy rate of the same run. Before
 // timing, each kernel's output is compared with the bf16 GEMV on the same weights
 // dequantized (launch_dequant_rows of its layout): max|q - bf16| / max|bf16| over the row
-// counts. Then the dp4a kernel's launch sweep at one row (CTAs per SM x load depth), us
-// back to back with PDL, to choose its defaults.
+// counts. Then the dp4a kernel's launch sweep for q4 and q8 at 1, 2, 4 and 8 rows (CTAs
+// per SM x load depth x split-K), us back to back with PDL, each variant checked first,
+// next to what the built-in rule picks and the sweep's best: what the defaults
+// (kDefaultCtasPerSm, kDefaultDepth, qgemv_dp4a_default_splits) are set from.
 #include "cuda_qgemv_table.h"
 
 #include <cuda_runtime_api.h>
@@ -106,6 +108,7 @@ void qgemv_kernels_table(const char* filter, double copy_gbs) {
       {"1.1B down", 2048, 5632, GemvEpilogue::kNone},
   };
   const QGemvKernel kernels[] = {QGemvKernel::kRows, QGemvKernel::kMma, QGemvKernel::kDp4a};
+  const QGemvKernel def_kernel = qgemv_kernel(DType::kBF16);  // what a compiled graph runs (KILN_CUDA_QGEMV)
   std::vector<std::string> checks, sweeps;
   for (const S& s : shapes) {
     if (!std::strstr(s.what, filter)) continue;
@@ -149,30 +152,77 @@ void qgemv_kernels_table(const char* filter, double copy_gbs) {
           const double gbs = double(w0.bytes()) / (pdl * 1e-3) / 1e9;
           std::printf("| %s %lldx%lld | %s | %s | %lld | %s | %.1f | %.1f | %.1f | %.0f | %.0f%% |\n", s.what,
                       (long long)wrows, (long long)s.k, quant_format_name(f), swiglu ? "swiglu" : "-", (long long)m,
-                      qgemv_kernel_name(kern), alone * 1e3, b2b * 1e3, pdl * 1e3, gbs, 100.0 * gbs / copy_gbs);
+                      str_cat(qgemv_kernel_name(kern), kern == def_kernel ? " (default)" : "").c_str(), alone * 1e3,
+                      b2b * 1e3, pdl * 1e3, gbs, 100.0 * gbs / copy_gbs);
         }
       }
-      // dp4a launch sweep at one row (q4 only).
-      if (f != QuantFormat::kQ4) continue;
-      std::string line = str_cat(s.what, " q4 dp4a m=1, us b2b+PDL by ctas/SM x depth:");
-      for (int depth : {2, 4, 8})
-        for (int cps : {1, 2, 3, 4}) {
-          const QGemvDp4aTuning tune{cps, depth};
+      // The dp4a launch sweep (both formats, every row count): CTAs per SM x load depth
+      // (2/4/8 at one row; more rows always run 4) x split-K, us back to back with PDL;
+      // each variant's output checked first against the bf16 GEMV on the dequantized
+      // weights (as above).
+      const QuantWeightView& r0 = rows.views[0];
+      launch_dequant_rows(DType::kBF16, r0, 0, wrows, wdq.get(), nullptr);
+      for (int64_t m : {1, 2, 4, 8}) {
+        for (int64_t q0 = 0; q0 < m; q0 += 4)
+          launch_gemv(DType::kBF16, static_cast<const uint16_t*>(x.get()) + q0 * s.k, wdq.get(), nullptr,
+                      static_cast<uint16_t*>(yref.get()) + q0 * s.n, std::min<int64_t>(4, m - q0), s.n, s.k, nullptr,
+                      s.epi);
+        auto time_of = [&](const QGemvDp4aTuning& tune) {
+          launch_qgemv_dp4a(DType::kBF16, x.get(), r0, nullptr, y.get(), m, s.n, nullptr, s.epi, tune);
+          KILN_CUDA_CHECK(cudaDeviceSynchronize());
+          const double err = max_rel(y.get(), yref.get(), size_t(m * s.n));
           auto call = [&] {
-            launch_qgemv_dp4a(DType::kBF16, x.get(), rows.take(), nullptr, y.get(), 1, s.n, nullptr, s.epi, tune);
+            launch_qgemv_dp4a(DType::kBF16, x.get(), rows.take(), nullptr, y.get(), m, s.n, nullptr, s.epi, tune);
           };
           PdlScope on(true);
-          const float t = median_ms(call, 30, 20);
-          line += str_cat(" ", cps, "x", depth, "=", int(t * 1e4 + 0.5) / 10.0);
+          return std::pair<float, double>(median_ms(call, 30, 20), err);
+        };
+        auto cell = [&](float ms) {
+          const double gbs = double(r0.bytes()) / (ms * 1e-3) / 1e9;
+          return str_cat(int(ms * 1e4 + 0.5) / 10.0, " (", int(gbs / 10 + 0.5) / 100.0, ", ",
+                         int(100.0 * gbs / copy_gbs + 0.5), "%)");
+        };
+        QGemvDp4aPlan def;
+        launch_qgemv_dp4a(DType::kBF16, x.get(), r0, nullptr, y.get(), m, s.n, nullptr, s.epi, {}, &def);
+        const auto [def_ms, def_err] = time_of({});
+        float best = def_ms;
+        std::string best_name = "default", bad;
+        for (int depth : {2, 4, 8}) {
+          if (m > 1 && depth != 4) continue;
+          for (int cps : {2, 3, 4}) {
+            std::string line = str_cat("| ", s.what, " | ", quant_format_name(f), " | ", m, " | ", cps, " | ", depth);
+            for (int splits : {1, 2, 4, 8}) {
+              const QGemvDp4aTuning tune{cps, depth, splits};
+              QGemvDp4aPlan pl;
+              launch_qgemv_dp4a(DType::kBF16, x.get(), r0, nullptr, y.get(), m, s.n, nullptr, s.epi, tune, &pl);
+              const auto [ms, err] = time_of(tune);
+              if (!(err < 2e-2)) bad += str_cat(" ", cps, "x", depth, "x", splits, "=", err);
+              const std::string name = str_cat(pl.ctas_per_sm, "x", pl.depth, "x", pl.splits);
+              if (ms < best) best = ms, best_name = name;
+              line += str_cat(" | ", cell(ms), pl.ctas_per_sm != cps || pl.splits != splits ? " [ran " + name + "]" : "");
+            }
+            sweeps.push_back(line + " |");
+          }
         }
-      sweeps.push_back(line);
+        sweeps.push_back(str_cat("| ", s.what, " | ", quant_format_name(f), " | ", m, " | default: ", def.ctas_per_sm,
+                                 "x", def.depth, "x", def.splits, " (", def.ctas, " CTAs) | | ", cell(def_ms),
+                                 " | best: ", best_name, " | ", cell(best), " | default / best ",
+                                 int(100.0 * def_ms / best + 0.5), "% |"));
+        checks.push_back(str_cat(s.what, " ", quant_format_name(f), " dp4a sweep m=", m, ": default max|q - bf16| / "
+                                 "max|bf16| = ", def_err, def_err < 2e-2 ? " ok" : " TOO LARGE",
+                                 bad.empty() ? ", every variant ok" : ", TOO LARGE:" + bad));
+      }
     }
   }
   std::printf("\nchecks (each kernel vs the bf16 GEMV on its weights dequantized, rows 1, 2, 4, 8; dp4a adds x's int8 "
               "rounding):\n");
   for (auto& c : checks) std::printf("  %s\n", c.c_str());
-  std::printf("\ndp4a launch sweep (defaults: %s):\n", "3 CTAs/SM x depth 4");
-  for (auto& c : sweeps) std::printf("  %s\n", c.c_str());
+  std::printf("\ndp4a launch sweep (bf16 x; each cell: us for 20 back to back with PDL (TB/s of weight bytes, %% of "
+              "copy); a variant the kernel ran otherwise (occupancy cap, split exchange too large) says what ran; the "
+              "default row gives the plan of the built-in rule as CTAs/SM x depth x splits and the best of the sweep):"
+              "\n\n| shape | w | rows | CTAs/SM | depth | split 1 | split 2 | split 4 | split 8 |\n"
+              "|---|---|---|---|---|---|---|---|---|\n");
+  for (auto& c : sweeps) std::printf("%s\n", c.c_str());
 }
 
 }  // namespace kiln::cuda::bench

@@ -1,24 +1,28 @@
-// Greedy decoding of the golden decoders (llama, qwen2, gpt2) with --weight-dtype q4 (bf16
-// activations, every Linear q4) through the dp4a GEMV (KILN_CUDA_QGEMV=dp4a) against
-// today's kernels (mma, the default, and old) on the same weights: decoded teacher-forced
-// along the mma kernel's greedy tokens, the argmax agrees at every step, or where it does
-// not the step is a near-tie of the mma logits (gap <= 2e-2 of max|logit|, the bound of the
-// other bf16 greedy tests); free-running greedy tokens are then equal up to the first such
-// step, which is printed. Skips without a GPU.
-//
-// Disabled: on the H200 (2026-11-29) it fails. The dp4a kernel rounds x to int8 per group
-// of 32 (as llama.cpp's q8_1 activations), and on these tiny random-weight decoders that
-// moves the logits by 4-15% of max|logit| against the mma/old kernels (which agree with each
-// other on every token), enough to flip argmaxes that are not near-ties (gaps to 0.074).
-// The same rounding emulated in f32 (bench/dp4a_accuracy.py) moves these models' logits by
-// 2.3-4.0% and leaves the real SmolLM2's perplexity unchanged (+3.68% vs q4's +3.77% over
-// f32, bench/RESULTS.md): the tiny models' sensitivity, not a kernel error. A bound for this
-// test has to come from that emulation; until then it is disabled and KILN_CUDA_QGEMV=dp4a
-// opt-in. Run it with --gtest_also_run_disabled_tests to see the per-model numbers.
+// The dp4a q4 GEMV (the default for bf16/f16 decode) against the mma GEMV (KILN_CUDA_QGEMV=mma,
+// x multiplied as given) at model level, both with --weight-dtype q4 and bf16 activations,
+// one sequence at a time (one token row per decode step), decoded teacher-forced along the
+// mma model's greedy tokens:
+//  - the real SmolLM2-135M-Instruct (its Q4_1 codes kept on the GPU; KILN_SMOLLM2_GGUF
+//    overrides the path, the device run uses its first 6 blocks, scripts/cuda_gguf_truncate.py;
+//    skips when absent): every step's logits within 0.12 of max|logit| and the argmax equal
+//    except at near-ties of the mma logits (gap <= 4e-2 of max|logit|). The int8 rounding
+//    alone, emulated in f32 (bench/dp4a_logit_shift.py, 32 tokens per fixture prompt), moves
+//    the logits by at most 2.1-2.5% of max|logit| on the 6 blocks (2 argmaxes of 32 flip per
+//    prompt, gaps <= 0.0035) and 5.6-6.6% on all 30 (gaps 0.0207 and 0.0033); the bounds are
+//    about twice the whole model's numbers, room for two diverging bf16 runs on top. A broken
+//    kernel moves the logits by the order of max|logit| itself.
+//  - the tiny golden decoders (llama, qwen2, gpt2; hidden 64, random init): their logits move
+//    by 4-15% of max|logit| under the same rounding (measured on the H200, 2026-11-29; the f32
+//    emulation gives 2.3-4.0%), so near-ties are not asserted there; the check that still
+//    catches a broken kernel: logits within 0.3 of max|logit| (2x the worst measured) and the
+//    argmax equal at more than half of the steps (a wrong code/x pairing or scale gives
+//    unrelated logits: agreement near 1 / vocab).
+// Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdlib>
+#include <filesystem>
 
 #include "../../models/golden_util.h"
 #include "backends/cuda/ops/gemv_quant.h"
@@ -31,15 +35,92 @@ namespace {
 using namespace testing;
 using Ref = kiln::testing::Reference;
 
-// A q4 model compiled with KILN_CUDA_QGEMV=kernel (read when the graph is compiled).
-std::unique_ptr<Model> load_q4(const std::string& dir, const char* kernel) {
-  ::setenv("KILN_CUDA_QGEMV", kernel, 1);
-  auto m = Model::load(dir, {.backend = "cuda", .weight_dtype = "q4"});
+// A q4 model with KILN_CUDA_QGEMV=kernel ("" = unset: the default), read when the graph is
+// compiled.
+std::unique_ptr<Model> load_q4(const std::string& path, const char* kernel) {
+  if (*kernel) ::setenv("KILN_CUDA_QGEMV", kernel, 1);
+  else ::unsetenv("KILN_CUDA_QGEMV");
+  auto m = Model::load(path, {.backend = "cuda", .weight_dtype = "q4"});
   ::unsetenv("KILN_CUDA_QGEMV");
   return m;
 }
 
-TEST(CudaQGemvDp4aModels, DISABLED_GreedyTokensMatchTodaysQ4Kernels) {
+struct Compared {
+  int steps = 0, equal = 0;
+  double worst_rel = 0, worst_gap = 0;  // logits max|d| / max|ref|; differing-argmax gap / max|ref|
+};
+
+// `got` teacher-forced along `tokens` (the greedy continuation of `prompt` by `ref`), step
+// by step against `ref`; with gap_bound > 0 every differing argmax must be a near-tie.
+Compared teacher_forced(Model& ref, Model& got, const std::vector<int32_t>& prompt,
+                        const std::vector<int32_t>& tokens, const LlmRunnerOptions& opt, double gap_bound,
+                        const std::string& what) {
+  const int64_t v = ref.info().vocab_size;
+  LlmRunner rr(ref, opt), rg(got, opt);
+  const int32_t sr = rr.add_sequence(prompt), sg = rg.add_sequence(prompt);
+  Compared c;
+  for (size_t step = 0; step < tokens.size(); ++step) {
+    auto orf = rr.step(), og = rg.step();
+    EXPECT_EQ(orf.size(), 1u);
+    EXPECT_EQ(og.size(), 1u);
+    if (orf.size() != 1 || og.size() != 1) return c;
+    const float* lr = orf[0].logits.data();
+    const float* lg = og[0].logits.data();
+    Diff d = diff(Tensor::view(const_cast<float*>(lg), DType::kF32, {v}),
+                  Tensor::view(const_cast<float*>(lr), DType::kF32, {v}));
+    c.worst_rel = std::max(c.worst_rel, d.rel());
+    const int32_t ar = argmax(lr, v), ag = argmax(lg, v);
+    ++c.steps;
+    EXPECT_EQ(ar, tokens[step]) << what << " step " << step << ": the reference's replay left its greedy path";
+    if (ar == ag) {
+      ++c.equal;
+    } else {
+      const double gap = (double(lr[ar]) - double(lr[ag])) / d.max_ref;
+      c.worst_gap = std::max(c.worst_gap, gap);
+      if (gap_bound > 0) {
+        EXPECT_LE(gap, gap_bound) << what << " step " << step << ": dp4a argmax " << ag << " vs mma's " << ar
+                                  << " is not a near-tie";
+      }
+    }
+    rr.append_tokens(sr, {tokens[step]});
+    rg.append_tokens(sg, {tokens[step]});
+  }
+  return c;
+}
+
+TEST(CudaQGemvDp4aModels, SmolLM2TeacherForcedAgainstMma) {
+  KILN_SKIP_WITHOUT_CUDA();
+  std::string path = std::getenv("KILN_SMOLLM2_GGUF") ? std::getenv("KILN_SMOLLM2_GGUF")
+                     : std::string(std::getenv("KILN_MODELS_DIR") ? std::getenv("KILN_MODELS_DIR")
+                                                                   : KILN_SOURCE_DIR "/.cache/models") +
+                           "/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf";
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "real model not found at " << path;
+  ASSERT_EQ(qgemv_kernel(DType::kBF16), QGemvKernel::kDp4a) << "dp4a is the default on this device";
+  Ref ref("smollm2");
+  auto mma = load_q4(path, "mma");
+  auto dp4a = load_q4(path, "");  // the default
+  size_t kept = 0;
+  for (const ir::Node& n : dp4a->graph().nodes()) kept += n.has_attr("weight_quant");
+  EXPECT_GT(kept, 0u) << "the GGUF's q4 codes are kept (no requantization)";
+  const LlmRunnerOptions opt{.max_total_tokens = 1024};
+  for (int i = 0; i < 2; ++i) {
+    const std::vector<int32_t> prompt = ref.ids(str_cat("input_ids_", i));
+    std::vector<int32_t> want;
+    {
+      LlmRunner r(*mma, opt);
+      want = r.generate_greedy({prompt}, 32)[0];
+    }
+    const std::string what = str_cat("smollm2 q4 prompt ", i);
+    const Compared c = teacher_forced(*mma, *dp4a, prompt, want, opt, 4e-2, what);
+    std::printf("  %s (%zu Linears with kept codes): dp4a vs mma teacher-forced argmax equal at %d of %d steps, "
+                "worst logits max|d|/max|mma| %.4f, worst differing-argmax gap %.4f of max|logit|\n",
+                what.c_str(), kept, c.equal, c.steps, c.worst_rel, c.worst_gap);
+    EXPECT_EQ(c.steps, int(want.size())) << what;
+    EXPECT_LE(c.worst_rel, 0.12) << what;
+  }
+}
+
+TEST(CudaQGemvDp4aModels, GoldenDecodersStayCloseToMma) {
   KILN_SKIP_WITHOUT_CUDA();
   const int32_t n = 16;
   for (std::string family : {"llama", "qwen2", "gpt2"}) {
@@ -47,63 +128,26 @@ TEST(CudaQGemvDp4aModels, DISABLED_GreedyTokensMatchTodaysQ4Kernels) {
     Ref ref(family);
     auto prompts = ref.prompts();
     auto mma = load_q4(dir, "mma");
-    auto old = load_q4(dir, "old");
     auto dp4a = load_q4(dir, "dp4a");
-    const int64_t v = mma->info().vocab_size;
-    // One sequence at a time (one token row per decode step, as teacher-forced below).
-    auto greedy = [&](Model& m, size_t i) {
-      LlmRunner r(m, {.block_size = 4});
-      return r.generate_greedy({prompts[i]}, n)[0];
-    };
-    std::vector<std::vector<int32_t>> want, got_dp4a, got_old;
+    const LlmRunnerOptions opt{.block_size = 4};
+    int steps = 0, equal = 0;
     for (size_t i = 0; i < prompts.size(); ++i) {
-      want.push_back(greedy(*mma, i));
-      got_dp4a.push_back(greedy(*dp4a, i));
-      got_old.push_back(greedy(*old, i));
-    }
-    for (size_t i = 0; i < prompts.size(); ++i) {
-      LlmRunner rm(*mma, {.block_size = 4}), rd(*dp4a, {.block_size = 4});
-      int32_t sm = rm.add_sequence(prompts[i]), sd = rd.add_sequence(prompts[i]);
-      int equal = 0, first_tie = -1, replay_differs = 0;
-      double worst = 0, worst_tie = 0;
-      for (size_t step = 0; step < want[i].size(); ++step) {
-        auto om = rm.step(), od = rd.step();
-        ASSERT_EQ(om.size(), 1u);
-        ASSERT_EQ(od.size(), 1u);
-        const float* lm = om[0].logits.data();
-        const float* ld = od[0].logits.data();
-        Diff d = diff(Tensor::view(const_cast<float*>(ld), DType::kF32, {v}),
-                      Tensor::view(const_cast<float*>(lm), DType::kF32, {v}));
-        worst = std::max(worst, d.rel());
-        const int32_t am = argmax(lm, v), ad = argmax(ld, v);
-        replay_differs += am != want[i][step];  // the same kernels, the same rows: expected 0
-        if (am == ad) {
-          ++equal;
-        } else {
-          const double gap = (double(lm[am]) - double(lm[ad])) / d.max_ref;
-          worst_tie = std::max(worst_tie, gap);
-          if (first_tie < 0) first_tie = int(step);
-          EXPECT_LE(gap, 2e-2) << family << " q4 prompt " << i << " step " << step << ": dp4a argmax " << ad
-                               << " vs mma's " << am << " is not a near-tie";
-        }
-        rm.append_tokens(sm, {want[i][step]});
-        rd.append_tokens(sd, {want[i][step]});
+      std::vector<int32_t> want;
+      {
+        LlmRunner r(*mma, opt);
+        want = r.generate_greedy({prompts[i]}, n)[0];
       }
-      size_t same = 0, same_old = 0;
-      while (same < want[i].size() && got_dp4a[i][same] == want[i][same]) ++same;
-      while (same_old < want[i].size() && got_old[i][same_old] == want[i][same_old]) ++same_old;
-      std::printf("  %s q4 prompt %zu: dp4a greedy = mma greedy for %zu of %d tokens (old: %zu); teacher-forced "
-                  "argmax equal at %d of %zu steps, first near-tie step %d, worst tie gap %.3g, logits max|dp4a - "
-                  "mma| / max|mma| %.3g; mma teacher-forced argmax != its greedy token at %d steps\n",
-                  family.c_str(), i, same, n, same_old, equal, want[i].size(), first_tie, worst_tie, worst,
-                  replay_differs);
-      // Free-running tokens follow the teacher-forced argmaxes up to the first near-tie.
-      if (first_tie < 0) {
-        EXPECT_EQ(got_dp4a[i], want[i]) << family << " prompt " << i;
-      } else {
-        EXPECT_GE(same, size_t(first_tie)) << family << " prompt " << i;
-      }
+      const std::string what = str_cat(family, " q4 prompt ", i);
+      const Compared c = teacher_forced(*mma, *dp4a, prompts[i], want, opt, 0.0, what);
+      std::printf("  %s: dp4a vs mma teacher-forced argmax equal at %d of %d steps, worst logits max|d|/max|mma| "
+                  "%.3f, worst differing-argmax gap %.3f of max|logit|\n",
+                  what.c_str(), c.equal, c.steps, c.worst_rel, c.worst_gap);
+      EXPECT_LE(c.worst_rel, 0.3) << what;
+      steps += c.steps;
+      equal += c.equal;
     }
+    EXPECT_GT(2 * equal, steps) << family << ": dp4a's argmax equals mma's at " << equal << " of " << steps
+                                << " steps";
   }
 }
 

@@ -6,8 +6,12 @@
 // the last two alone. Also: x exactly on the int8 grid leaves only the f32 and output
 // rounding (a wrong code/x pairing would not); KILN_CUDA_QGEMV=dp4a through the graph with
 // every epilogue, SwiGLU, bias and the dequantized tiles past 8 rows; the fallback to the
-// kRows kernel where x does not fit shared memory; the variable's errors. Skips without a
-// GPU, except the checks that fail before touching the device.
+// kRows kernel where x does not fit shared memory; the variable's errors. Every launch
+// variant (split-K 1/2/4/8 inside the CTA, load depth 2/4/8, 1 or 4 CTAs per SM) within the
+// same bound, with bias, GELU, SiLU and SwiGLU epilogues propagated through the bound (they
+// must apply once, after the splits meet), odd shapes, splits with no K left, a packed-QKV-
+// like and a long-K (down) shape. Skips without a GPU, except the checks that fail before
+// touching the device.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -267,6 +271,173 @@ TEST(CudaQGemvDp4a, LargeKFallsBackToTheRowsKernel) {
     if (m == 8) EXPECT_EQ(a, b) << what << ": the fallback is the kRows kernel, bit for bit";
     else run_and_check(QGemvKernel::kDp4a, DType::kBF16, W, x, reference(W, x, m), m, true, what);
   }
+}
+
+double silu(double v) { return v / (1.0 + std::exp(-v)); }
+double gelu_tanh(double v) { return 0.5 * v * (1.0 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v))); }
+double gelu_erf(double v) { return 0.5 * v * (1.0 + std::erf(v / std::sqrt(2.0))); }
+
+// One launch variant with bias and epilogue `epi` against the f64 reference. The pre-
+// activation bound (x's rounding + f32 sums, as in run_and_check) is carried through the
+// kernel's roundings: y0 = round(v) then act(y0) rounded (|act'| <= 1.13 for GELU, 1.1 for
+// SiLU; 1.2 used); SwiGLU: gate and up rounded, silu(gate) rounded, the product rounded.
+// Returns the worst err / bound.
+double check_variant(DType t, const Weights& W, int64_t n_out, const std::vector<float>& x, const Reference& R,
+                     int64_t m, GemvEpilogue epi, const std::vector<float>& bias, const QGemvDp4aTuning& tune,
+                     const std::string& what) {
+  const int64_t rows = W.q.n, groups = W.q.k / 32;
+  const bool swiglu = epi == GemvEpilogue::kSwiGlu;
+  std::vector<uint16_t> xh(x.size()), bh(bias.size());
+  for (size_t i = 0; i < x.size(); ++i) xh[i] = to_16(t, x[i]);
+  for (size_t i = 0; i < bias.size(); ++i) bh[i] = to_16(t, bias[i]);
+  DeviceBuffer xd(xh.size() * 2), bd(std::max<size_t>(2, bh.size() * 2)), yd(size_t(m * n_out) * 2);
+  KILN_CUDA_CHECK(cudaMemcpy(xd.get(), xh.data(), xh.size() * 2, cudaMemcpyHostToDevice));
+  if (!bh.empty()) KILN_CUDA_CHECK(cudaMemcpy(bd.get(), bh.data(), bh.size() * 2, cudaMemcpyHostToDevice));
+  KILN_CUDA_CHECK(cudaMemset(yd.get(), 0xFF, size_t(m * n_out) * 2));  // NaN: an output never stored fails
+  launch_qgemv_dp4a(t, xd.get(), W.view, bias.empty() ? nullptr : bd.get(), yd.get(), m, n_out, nullptr, epi, tune);
+  std::vector<uint16_t> yh(size_t(m * n_out));
+  KILN_CUDA_CHECK(cudaMemcpy(yh.data(), yd.get(), yh.size() * 2, cudaMemcpyDeviceToHost));
+  const double u = unit_roundoff(t), tiny = t == DType::kF16 ? 0x1p-24 : 1e-30;
+  auto pre = [&](int64_t r, int64_t o, double& v, double& b) {  // value incl. bias, its bound
+    const size_t i = size_t(r * rows + o);
+    v = R.y[i] + (bias.empty() ? 0.0 : double(bias[size_t(o)]));
+    b = R.xbound[i] * (1 + 1e-4) + 4.0 * 0x1p-24 * double(groups + 64) * (R.terms[i] + std::fabs(v));
+  };
+  double worst = 0;
+  int failures = 0;
+  for (int64_t r = 0; r < m; ++r)
+    for (int64_t o = 0; o < n_out; ++o) {
+      double v, b, want, bound;
+      pre(r, o, v, b);
+      const double b0 = b + u * (std::fabs(v) + b);  // after rounding to T
+      if (swiglu) {
+        double up, bu;
+        pre(r, n_out + o, up, bu);
+        const double bu0 = bu + u * (std::fabs(up) + bu);
+        const double sg = silu(v), bs = 1.1 * b0 + u * (std::fabs(sg) + 1.1 * b0);
+        want = sg * up;
+        bound = std::fabs(sg) * bu0 + std::fabs(up) * bs + bs * bu0;
+        bound += u * (std::fabs(want) + bound);
+      } else if (epi == GemvEpilogue::kNone) {
+        want = v, bound = b0;
+      } else {
+        want = epi == GemvEpilogue::kSilu ? silu(v) : epi == GemvEpilogue::kGeluTanh ? gelu_tanh(v) : gelu_erf(v);
+        bound = 1.2 * b0 + 1e-6 * std::fabs(want);
+        bound += u * (std::fabs(want) + bound);
+      }
+      bound = bound * 1.01 + tiny;
+      const double got = from_16(t, yh[size_t(r * n_out + o)]), err = std::fabs(got - want);
+      worst = std::max(worst, std::isnan(got) ? INFINITY : err / bound);
+      if (!(err <= bound) && failures++ < 3)
+        ADD_FAILURE() << what << " row " << r << " output " << o << ": got " << got << ", f64 " << want << ", |err| "
+                      << err << " > bound " << bound;
+    }
+  return worst;
+}
+
+// Every launch variant (split-K inside the CTA, load depth, CTAs per SM) within the int8
+// bound, with the epilogues: small and odd shapes (splits past the end of K get no chunk:
+// 1x32 has one step, 8 splits), a packed-QKV-like 640x2048 with bias, SwiGLU, and a long K.
+TEST(CudaQGemvDp4a, LaunchVariantsWithinTheInt8Bound) {
+  KILN_SKIP_WITHOUT_CUDA();
+  struct S {
+    int64_t n_out, k;
+    GemvEpilogue epi;
+    bool bias;
+  };
+  const S shapes[] = {{1, 32, GemvEpilogue::kNone, false},      {37, 96, GemvEpilogue::kGeluTanh, true},
+                      {130, 4128, GemvEpilogue::kNone, true},    {21, 224, GemvEpilogue::kSwiGlu, true},
+                      {150, 4096, GemvEpilogue::kSwiGlu, false}, {640, 2048, GemvEpilogue::kNone, true},
+                      {34, 14336, GemvEpilogue::kSilu, false},   {67, 1056, GemvEpilogue::kGeluErf, true}};
+  std::mt19937_64 rng(14);
+  std::uniform_real_distribution<float> ub(-0.5f, 0.5f);
+  for (QuantFormat f : {QuantFormat::kQ4, QuantFormat::kQ8})
+    for (const S& s : shapes) {
+      const bool swiglu = s.epi == GemvEpilogue::kSwiGlu;
+      const int64_t rows = swiglu ? 2 * s.n_out : s.n_out;
+      const Weights W = make_weights(rows, s.k, f, rng);
+      std::vector<float> bias;
+      if (s.bias)
+        for (int64_t i = 0; i < rows; ++i) bias.push_back(bf16_to_f32(f32_to_bf16(ub(rng))));  // exact in bf16 and f16
+      for (int64_t m : {1, 2, 3, 5, 8}) {
+        const DType t = m == 3 ? DType::kF16 : DType::kBF16;
+        const std::vector<float> x = make_x(m, s.k, t, false, rng);
+        const Reference R = reference(W, x, m);
+        double worst = 0;
+        for (int splits : {1, 2, 4, 8})
+          for (int depth : {2, 4, 8})
+            for (int cps : {1, 4}) {
+              if (m > 1 && depth != 4) continue;  // more rows always run depth 4
+              const QGemvDp4aTuning tune{cps, depth, splits};
+              const std::string what = str_cat(dtype_name(t), " ", quant_format_name(f), " ", s.n_out, "x", s.k,
+                                               swiglu ? " swiglu" : "", s.bias ? " +bias" : "", " epi ",
+                                               int(s.epi), " m=", m, " ctas/SM ", cps, " depth ", depth, " splits ",
+                                               splits);
+              worst = std::max(worst, check_variant(t, W, s.n_out, x, R, m, s.epi, bias, tune, what));
+            }
+        std::printf("  %s %s %5lldx%-6lld epi %d%s m=%lld: worst err/bound over 24 (m=1) or 8 variants %.3f\n",
+                    dtype_name(t), quant_format_name(f), (long long)s.n_out, (long long)s.k, int(s.epi),
+                    s.bias ? " +bias" : "", (long long)m, worst);
+      }
+    }
+}
+
+// Split-K changes only the order of f32 sums: with x on the int8 grid (exact products) the
+// variants agree with the unsplit kernel to f32 summation and the outputs' rounding.
+TEST(CudaQGemvDp4a, SplitsAgreeWithTheUnsplitKernel) {
+  KILN_SKIP_WITHOUT_CUDA();
+  std::mt19937_64 rng(15);
+  const Weights W = make_weights(300, 14336, QuantFormat::kQ4, rng);
+  for (int64_t m : {1, 4}) {
+    const std::vector<float> x = make_x(m, 14336, DType::kBF16, true, rng);
+    const Reference R = reference(W, x, m);
+    std::vector<uint16_t> xh(x.size());
+    for (size_t i = 0; i < x.size(); ++i) xh[i] = f32_to_bf16(x[i]);
+    DeviceBuffer xd(xh.size() * 2), yd(size_t(m * 300) * 2);
+    KILN_CUDA_CHECK(cudaMemcpy(xd.get(), xh.data(), xh.size() * 2, cudaMemcpyHostToDevice));
+    std::vector<uint16_t> base;
+    for (int splits : {1, 2, 4, 8}) {
+      launch_qgemv_dp4a(DType::kBF16, xd.get(), W.view, nullptr, yd.get(), m, 300, nullptr, GemvEpilogue::kNone,
+                        {0, 0, splits});
+      std::vector<uint16_t> yh(size_t(m * 300));
+      KILN_CUDA_CHECK(cudaMemcpy(yh.data(), yd.get(), yh.size() * 2, cudaMemcpyDeviceToHost));
+      if (splits == 1) {
+        base = yh;
+        continue;
+      }
+      int off_by_more = 0;
+      for (size_t i = 0; i < yh.size(); ++i) {
+        const double a = bf16_to_f32(yh[i]), b = bf16_to_f32(base[i]);
+        // Both kernels' f32 sums (run_and_check's bound, twice) and one bf16 rounding each.
+        const double f32_sums = 2 * 4.0 * 0x1p-24 * double(14336 / 32 + 64) * R.terms[i];
+        off_by_more += !(std::fabs(a - b) <= 2 * 0x1p-8 * (std::fabs(b) + f32_sums) + f32_sums);
+      }
+      EXPECT_EQ(off_by_more, 0) << "m=" << m << " splits " << splits << ": outputs farther from unsplit than f32 "
+                                << "summation order and two bf16 roundings allow";
+    }
+  }
+}
+
+// The default split rule (host only): the fewest serial steps per warp, more splits only
+// for a gain of more than 10%, at least 2 steps per split.
+TEST(CudaQGemvDp4a, DefaultSplitRule) {
+  // 8B shapes at one row on 132 SMs x 3 CTAs x 8 warps = 3168 resident warps.
+  EXPECT_EQ(qgemv_dp4a_default_splits(4096, 4, 3168), 2);    // o: 2 rounds x 4 steps -> 3 x 2
+  EXPECT_EQ(qgemv_dp4a_default_splits(4096, 14, 3168), 2);   // down: 2 x 14 -> 3 x 7
+  EXPECT_EQ(qgemv_dp4a_default_splits(6144, 4, 3168), 1);    // qkv: 2 x 4, no split does better
+  EXPECT_EQ(qgemv_dp4a_default_splits(14336, 4, 3168), 1);   // gate|up (4 splits: 19 x 1, but 1 step a split)
+  EXPECT_EQ(qgemv_dp4a_default_splits(2048, 2, 3168), 1);    // TinyLlama o: 2 steps, nothing to split
+  EXPECT_EQ(qgemv_dp4a_default_splits(128256, 4, 3168), 1);  // LM head: 41 x 4 -> 81 x 2, 1% less
+  EXPECT_EQ(qgemv_dp4a_default_splits(1, 1, 3168), 1);
+  EXPECT_EQ(qgemv_dp4a_default_splits(2, 448, 3168), 8);     // two outputs of a long K
+  // A bad launch parameter is an error before the device is touched.
+  const QuantWeightView v = quant_view_shape(QuantFormat::kQ4, 8, 64, QuantLayout::kRows);
+  EXPECT_THROW(launch_qgemv_dp4a(DType::kBF16, nullptr, v, nullptr, nullptr, 1, 8, nullptr, GemvEpilogue::kNone,
+                                 {0, 0, 3}),
+               Error);
+  EXPECT_THROW(launch_qgemv_dp4a(DType::kBF16, nullptr, v, nullptr, nullptr, 1, 8, nullptr, GemvEpilogue::kNone,
+                                 {0, 3, 0}),
+               Error);
 }
 
 // Errors that need no device: an unknown KILN_CUDA_QGEMV, a kernel for the other layout.

@@ -2,11 +2,14 @@
 // quantize the same f32 weights with the same quantizer (core/weight_quant.h), so both
 // run the same codes and scales. With f32 activations only the summation order differs
 // (bound 5e-5 of max|ref|: f32 sums whose q4 terms scale·Σqx and min·Σx partly cancel);
-// with bf16/f16 activations the 16-bit bound of the other op tests applies. Covers the
+// with bf16/f16 activations the 16-bit bound of the other op tests applies to the kernels
+// that multiply x as given (mma, old), and the dp4a GEMV (the default: x rounded to int8 per
+// group of 32) adds its rounding's bound (kDp4aExtraTol). Covers the
 // GEMV (1..8 rows: odd K and N, split-K, every epilogue, SwiGLU) and the dequantized
 // tiles + cuBLASLt (9+ rows, weights of several tiles), both device layouts (the
-// tensor-core GEMV's kMma for bf16/f16 with K not a multiple of its 128-wide blocks and
-// N not of its 16-row tiles; kRows through KILN_CUDA_QGEMV=old), the resident size
+// tensor-core GEMV's kMma through KILN_CUDA_QGEMV=mma with K not a multiple of its
+// 128-wide blocks and N not of its 16-row tiles; kRows through the default dp4a and
+// KILN_CUDA_QGEMV=old), the resident size
 // (quantized, no 16-bit copy), the K % 32 fallback and the errors. Skips without a GPU,
 // except the host-side check of the kMma image against the layout's definition.
 #include <gtest/gtest.h>
@@ -25,6 +28,28 @@ namespace {
 using namespace testing;
 
 constexpr double kQuantF32Tol = 5e-5;
+
+// The dp4a GEMV's extra bound, relative to max|y|: x's int8 rounding moves an output by at
+// most F Σ_g scale_g Σ|q| max_g|x| / 254 (about 6% of max|y| in the worst case on these
+// random rows, ~0.5% typical); as CudaQGemvDp4a.GraphEpiloguesAndSwiGlu, whose kernel test
+// checks the bound per output against f64.
+constexpr double kDp4aExtraTol = 3e-2;
+
+// The bf16/f16 GEMV kernels a case runs under (KILN_CUDA_QGEMV, read when the graph is
+// compiled): mma with the 16-bit bound, and the default (dp4a) with its extra bound.
+struct QGemvCase {
+  const char* env;  // "" = unset: the default
+  double extra_tol;
+};
+constexpr QGemvCase kQGemvCases[] = {{"mma", 0.0}, {"", kDp4aExtraTol}};
+
+struct ScopedQGemv {
+  explicit ScopedQGemv(const char* v) {
+    if (*v) ::setenv("KILN_CUDA_QGEMV", v, 1);
+    else ::unsetenv("KILN_CUDA_QGEMV");
+  }
+  ~ScopedQGemv() { ::unsetenv("KILN_CUDA_QGEMV"); }
+};
 
 struct QuantCase {
   ir::Graph g;
@@ -70,14 +95,19 @@ TEST(CudaQuant, LinearMatchesCpuQuantizedKernelsInF32) {
 TEST(CudaQuant, EpiloguesAndSwiGluInEveryActivationDtype) {
   KILN_SKIP_WITHOUT_CUDA();
   for (const auto& dt : all_dtypes())
-    for (const char* q : {"q8", "q4"})
-      for (const char* act : {"gelu_erf", "gelu_tanh", "silu", "swiglu"}) {
-        QuantCase c = linear_case(322, 256, true, {{"precision", std::string(q)}, {"activation", std::string(act)}},
-                                  {1, 3, 8, 9, 20}, dt, uint64_t(act[0] + act[5] + q[1]));
-        expect_backends_match_opts(c.g, c.steps, {.weight_dtype = "f32"}, {.weight_dtype = dt},
-                                   dt == "f32" ? kQuantF32Tol : op_tolerance(dt),
-                                   str_cat("Linear ", q, "+", act, " n=322 k=256 t=1,3,8,9,20"));
-      }
+    for (const QGemvCase& kc : kQGemvCases) {
+      if (dt == "f32" && *kc.env) continue;  // f32 activations always run the kRows kernel
+      ScopedQGemv env(kc.env);
+      for (const char* q : {"q8", "q4"})
+        for (const char* act : {"gelu_erf", "gelu_tanh", "silu", "swiglu"}) {
+          QuantCase c = linear_case(322, 256, true, {{"precision", std::string(q)}, {"activation", std::string(act)}},
+                                    {1, 3, 8, 9, 20}, dt, uint64_t(act[0] + act[5] + q[1]));
+          expect_backends_match_opts(c.g, c.steps, {.weight_dtype = "f32"}, {.weight_dtype = dt},
+                                     dt == "f32" ? kQuantF32Tol : op_tolerance(dt) + kc.extra_tol,
+                                     str_cat("Linear ", q, "+", act, " n=322 k=256 t=1,3,8,9,20 qgemv ",
+                                             *kc.env ? kc.env : "default"));
+        }
+    }
 }
 
 // Weights larger than one dequantization tile (24 MiB: 1536 f32 / 3072 bf16 rows of
@@ -92,8 +122,9 @@ TEST(CudaQuant, GemmTilesAndResidentSize) {
         std::map<std::string, ir::Attr> attrs{{"precision", std::string(q)}};
         if (swiglu) attrs["activation"] = std::string("swiglu");
         QuantCase c = linear_case(n, k, true, attrs, {40, 1}, dt, uint64_t(swiglu) + q[1]);
+        // The default kernel (dp4a for bf16) at t=1: its bound.
         expect_backends_match_opts(c.g, c.steps, {.weight_dtype = "f32"}, {.weight_dtype = dt},
-                                   dt == "f32" ? kQuantF32Tol : op_tolerance(dt),
+                                   dt == "f32" ? kQuantF32Tol : op_tolerance(dt) + kDp4aExtraTol,
                                    str_cat("Linear ", q, swiglu ? "+swiglu" : "", " n=4000 k=4096 t=40,1"));
         auto gg = create_backend("cuda")->compile(c.g, {.weight_dtype = dt});
         const double bf16_bytes = double(n * k) * 2, got = double(gg->weight_bytes());
@@ -111,8 +142,9 @@ TEST(CudaQuant, WeightDtypeOptionAndTheKFallback) {
   KILN_SKIP_WITHOUT_CUDA();
   for (const char* q : {"q8", "q4"}) {
     QuantCase c = linear_case(96, 512, true, {}, {1, 4, 8, 12}, "bf16", q[1]);
-    expect_backends_match_opts(c.g, c.steps, {.weight_dtype = q}, {.weight_dtype = q}, op_tolerance("bf16"),
-                               str_cat("Linear --weight-dtype ", q, " n=96 k=512"));
+    // t = 1, 4, 8 run the default GEMV (dp4a): its bound.
+    expect_backends_match_opts(c.g, c.steps, {.weight_dtype = q}, {.weight_dtype = q},
+                               op_tolerance("bf16") + kDp4aExtraTol, str_cat("Linear --weight-dtype ", q, " n=96 k=512"));
     std::mt19937_64 rng(9);
     ir::Graph g;
     ir::ValueId x = g.add_input("x", DType::kF32, Shape{"T", 100});
@@ -182,6 +214,7 @@ TEST(CudaQuant, MmaImageFollowsTheLayout) {
 // odd output count, every token count 1..8, and the kMma dequantization for 9 rows.
 TEST(CudaQuant, MmaGemvShapesInBf16AndF16) {
   KILN_SKIP_WITHOUT_CUDA();
+  ScopedQGemv env("mma");  // not the default since dp4a is
   struct S { int64_t n, k; bool bias; const char* act; };
   for (const std::string dt : {"bf16", "f16"})
     for (const char* q : {"q8", "q4"})
@@ -199,7 +232,7 @@ TEST(CudaQuant, MmaGemvShapesInBf16AndF16) {
 }
 
 // KILN_CUDA_QGEMV=old keeps the kRows layout and kernel for bf16/f16 (read when a graph
-// is compiled).
+// is compiled); unset, the default dp4a kernel reads the same kRows layout.
 TEST(CudaQuant, OldKernelStaysSelectable) {
   KILN_SKIP_WITHOUT_CUDA();
   EXPECT_EQ(qgemv_layout(DType::kF32), QuantLayout::kRows);
@@ -213,7 +246,11 @@ TEST(CudaQuant, OldKernelStaysSelectable) {
                                  str_cat("Linear ", dt, " ", q, "+swiglu (old kernel) n=130 k=4128"));
     }
   ::unsetenv("KILN_CUDA_QGEMV");
+  EXPECT_EQ(qgemv_kernel(DType::kBF16), QGemvKernel::kDp4a);
+  EXPECT_EQ(qgemv_layout(DType::kBF16), QuantLayout::kRows);
+  ::setenv("KILN_CUDA_QGEMV", "mma", 1);
   EXPECT_EQ(qgemv_layout(DType::kBF16), QuantLayout::kMma);
+  ::unsetenv("KILN_CUDA_QGEMV");
 }
 
 TEST(CudaQuant, BadOptionsAreErrors) {

@@ -465,15 +465,15 @@ QGemvKernel qgemv_kernel(DType dtype) {
   const char* e = std::getenv("KILN_CUDA_QGEMV");
   const std::string v = e ? e : "";
   KILN_THROW_IF(!v.empty() && v != "old" && v != "mma" && v != "dp4a", kInvalidArgument, "KILN_CUDA_QGEMV='", v,
-                "': expected old, mma or dp4a (or unset: mma)");
+                "': expected old, mma or dp4a (or unset: dp4a)");
   if (dtype != DType::kBF16 && dtype != DType::kF16) return QGemvKernel::kRows;
   if (v == "old") return QGemvKernel::kRows;
   int device = 0, major = 0, minor = 0;
   KILN_CUDA_CHECK(cudaGetDevice(&device));
   KILN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   KILN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  if (v == "dp4a") return 10 * major + minor >= 61 ? QGemvKernel::kDp4a : QGemvKernel::kRows;  // dp4a: sm_61+
-  return major >= 8 ? QGemvKernel::kMma : QGemvKernel::kRows;  // mma.sync with bf16: sm_80+
+  if (v == "mma") return major >= 8 ? QGemvKernel::kMma : QGemvKernel::kRows;  // mma.sync with bf16: sm_80+
+  return 10 * major + minor >= 61 ? QGemvKernel::kDp4a : QGemvKernel::kRows;   // dp4a: sm_61+
 }
 
 QuantLayout qgemv_kernel_layout(QGemvKernel k) { return k == QGemvKernel::kMma ? QuantLayout::kMma : QuantLayout::kRows; }

@@ -1,16 +1,22 @@
 // Weight-only q8/q4 Linear layers on the device (formats of core/weight_quant.h).
 // Few token rows (decode, m <= kQGemvMaxRows): a GEMV that streams the codes with 16-byte
 // loads and dequantizes in registers, with the epilogues of the 16-bit GEMV (bias, GELU,
-// SiLU, SwiGLU on a merged gate|up weight). Two kernels, one per device layout:
-//  - kMma (bf16/f16 activations, the default): 16 weight rows x 8 token rows per warp
+// SiLU, SwiGLU on a merged gate|up weight). Three kernels over two device layouts; a
+// weight is uploaded once, in the layout of the kernel chosen when the graph is compiled:
+//  - kDp4a (bf16/f16 activations, the default on sm_61+): the kRows layout; x rounded to
+//    int8 per group of 32 in each CTA's shared memory, integer dot products with dp4a, the
+//    group's scale and min applied in f32 (gemv_quant_dp4a.cu; x's rounding bounds its
+//    extra error, no measurable perplexity cost on the real SmolLM2: bench/RESULTS.md).
+//    Every row count 1..8 runs it where x fits a CTA's shared memory (at 8 rows up to
+//    k = 23K on an H100/H200), else the kRows kernel below. The mma kernel cannot stand in
+//    at 4-8 rows: it reads the other layout, and a second copy of the weights would undo
+//    the point of q4.
+//  - kMma (bf16/f16, KILN_CUDA_QGEMV=mma): 16 weight rows x 8 token rows per warp
 //    through tensor-core mma.sync (codes decoded exactly to 16-bit integers, products
 //    summed in f32 per group, then scale·dot + min·Σx in f32), from a layout reordered at
 //    upload so each lane's 16-byte load holds exactly its fragment (see QuantLayout).
 //  - kRows (f32 activations, or KILN_CUDA_QGEMV=old): the row-major CPU layout, f32 math
 //    on the CUDA cores, 4 weight rows per warp.
-//  - kDp4a (bf16/f16, KILN_CUDA_QGEMV=dp4a): the kRows layout; x rounded to int8 per group
-//    of 32 in each CTA's shared memory, integer dot products with dp4a, the group's scale
-//    and min applied in f32 (gemv_quant_dp4a.cu; x's rounding bounds its extra error).
 // More rows: tiles of the weight are dequantized into a workspace and multiplied by
 // cuBLASLt. Tested against the CPU backend's q8/q4 kernels (the same quantized weights)
 // in tests/backends/cuda/quant_test.cpp; timed by bench/cuda_gemv_bench.
@@ -76,9 +82,9 @@ QuantImage quant_image(const QuantizedRows& q, QuantLayout layout);
 enum class QGemvKernel : uint8_t { kRows, kMma, kDp4a };
 const char* qgemv_kernel_name(QGemvKernel k);  // "old", "mma", "dp4a"
 // The kernel for activations of `dtype` on the current device, read from KILN_CUDA_QGEMV
-// when a graph is compiled: "old" kRows, "mma" kMma (sm_80+), "dp4a" kDp4a (sm_61+);
-// unset or empty: kMma. f32 activations, and a device without the instruction, get kRows.
-// Any other value is kInvalidArgument naming the variable.
+// when a graph is compiled (never per step): "dp4a" kDp4a (sm_61+), "mma" kMma (sm_80+),
+// "old" kRows; unset or empty: kDp4a. f32 activations, and a device without the
+// instruction, get kRows. Any other value is kInvalidArgument naming the variable.
 QGemvKernel qgemv_kernel(DType dtype);
 // The layout a kernel reads: kMma for kMma, kRows for kRows and kDp4a.
 QuantLayout qgemv_kernel_layout(QGemvKernel k);
@@ -109,13 +115,29 @@ void launch_qgemv_mma(DType dtype, const void* x, const QuantWeightView& w, cons
 // on sm_61+ where that fits a CTA (at 8 rows up to k = 23K on an H100/H200).
 bool qgemv_dp4a_supports(DType dtype, int64_t m, int64_t k);
 // Launch parameters, for the bench's sweep; 0 = the default. ctas_per_sm: resident CTAs
-// of 8 warps per SM (capped by occupancy); depth: steps of 16-byte loads in flight per
-// lane, 2, 4 or 8 at one token row (more rows always run 4).
+// of 8 warps per SM (capped by occupancy; default 3); depth: steps of 16-byte loads in
+// flight per lane, 2, 4 or 8 at one token row (more rows always run 4; default 4);
+// splits: warps of a CTA that share an output unit, each taking 1/splits of K, 1, 2, 4 or
+// 8 (default: qgemv_dp4a_default_splits; 1 where the exchange does not fit shared memory).
+// The defaults are placeholders until `cuda_gemv_bench qgemv` has been run on the target
+// device: its sweep prints each shape's time for every combination.
 struct QGemvDp4aTuning {
   int ctas_per_sm = 0;
   int depth = 0;
+  int splits = 0;
+};
+// The default split count for `units` output units of `steps` steps each (a step: one
+// 16-byte chunk per lane) over `resident_warps` warps: the fewest serial steps of the
+// busiest warp (rounds of units x steps per split), more splits only for a gain of more
+// than 10%, at least 2 steps per split.
+int qgemv_dp4a_default_splits(int64_t units, int64_t steps, int64_t resident_warps);
+// What a launch with `tune` runs: CTAs per SM (after the occupancy cap), load depth,
+// splits, and the grid's CTAs.
+struct QGemvDp4aPlan {
+  int ctas_per_sm = 0, depth = 0, splits = 0, ctas = 0;
 };
 void launch_qgemv_dp4a(DType dtype, const void* x, const QuantWeightView& w, const void* bias, void* y, int64_t m,
-                       int64_t n_out, cudaStream_t s, GemvEpilogue epi, const QGemvDp4aTuning& tune = {});
+                       int64_t n_out, cudaStream_t s, GemvEpilogue epi, const QGemvDp4aTuning& tune = {},
+                       QGemvDp4aPlan* plan_only = nullptr);  // plan_only: fill it, launch nothing
 
 }  // namespace kiln::cuda

@@ -1,5 +1,6 @@
-// The weight-only q8/q4 GEMV on the integer dot-product instruction (KILN_CUDA_QGEMV=dp4a),
-// over the kRows layout (gemv_quant.h), bf16/f16 activations, 1..8 token rows.
+// The weight-only q8/q4 GEMV on the integer dot-product instruction (the default for
+// bf16/f16 activations; KILN_CUDA_QGEMV=dp4a forces it), over the kRows layout
+// (gemv_quant.h), bf16/f16 activations, 1..8 token rows.
 // Why: the f32 kernels spend ~5 instructions per weight (unpack, convert, scale, FMA) and
 // so reach only 31-64% of copy bandwidth at one row. Here x is rounded to int8 per group of
 // 32 (d = max|x| / 127, xq = rint(x / d)), and per 16-byte chunk of a weight row (q4: one
@@ -14,12 +15,18 @@
 //
 // The grid is persistent (CTAs per SM x SMs, fewer for small weights): each CTA first
 // issues its first weight loads (the weights are never written by a kernel, so this may
-// precede the PDL wait), then rounds x into shared memory once, then its warps stream
-// their outputs. A warp owns RL outputs at a time (RL = 1 at one token row, 2 at two, 4 at
-// more: more rows reuse each x load from shared memory), 32 / RL lanes along K of each;
-// its outputs are warp w, w + W, ... of the grid's W warps, and the loads of the next P
-// steps (one 16-byte chunk per lane and weight row) are always in flight, across output
-// boundaries too.
+// precede the PDL wait), then rounds x into shared memory once (mostly two x loads in
+// flight per thread: half the L2 round trips of one at a time), then its warps
+// stream their outputs. A warp owns RL outputs at a time (RL = 1 at one token row, 2 at
+// two, 4 at more: more rows reuse each x load from shared memory), 32 / RL lanes along K
+// of each. Split-K inside the CTA (S = 1, 2, 4 or 8): S consecutive warps form a group that
+// shares RL outputs, warp s of it taking the s-th of S ranges of K; the partial sums meet in
+// shared memory (double-buffered, one named barrier per output unit) and the group's first
+// warp adds them in a fixed order and applies the epilogue (bias, activation, SwiGLU) once.
+// Small or long-K weights so spread over more warps (qkv/o: few outputs; down: k = 14336)
+// without a global reduction or a second pass. A group's outputs are g, g + G, ... of the
+// grid's G groups, and the loads of the next P steps (one 16-byte chunk per lane and weight
+// row) are always in flight, across output boundaries too.
 #include "backends/cuda/ops/gemv_quant.h"
 #include "backends/cuda/ops/linear_common.cuh"
 
@@ -35,7 +42,7 @@ namespace {
 
 constexpr int kWarps = 8, kThreads = kWarps * 32;
 constexpr int kMaxDevices = 64;
-constexpr int kDefaultCtasPerSm = 3;  // 24 warps per SM (bench: `cuda_gemv_bench qgemv` sweeps 1-4)
+constexpr int kDefaultCtasPerSm = 3;  // 24 warps per SM (bench: `cuda_gemv_bench qgemv` sweeps 2-4)
 constexpr int kDefaultDepth = 4;      // steps of loads in flight per lane
 
 struct DArgs {
@@ -46,6 +53,7 @@ struct DArgs {
   const void* bias;
   void* y;
   int m, k, n_out, groups, chunks, steps, units;
+  int splits, sps;  // split-K: S warps per output unit, each ceil(steps / S) = sps steps
   GemvEpilogue epi;
 };
 
@@ -67,9 +75,9 @@ __device__ __forceinline__ uint32_t pack4(uint32_t a, uint32_t b, uint32_t c, ui
   return __byte_perm(__byte_perm(a, b, 0x0040), __byte_perm(c, d, 0x0040), 0x5410);
 }
 
+// Eight 16-bit values (one 16-byte load) as f32.
 template <typename T>
-__device__ __forceinline__ void load8(const T* p, float (&v)[8]) {
-  const uint4 u = __ldg(reinterpret_cast<const uint4*>(p));
+__device__ __forceinline__ void to_f32x8(const uint4 u, float (&v)[8]) {
   const uint32_t w[4] = {u.x, u.y, u.z, u.w};
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
@@ -90,43 +98,55 @@ __device__ __forceinline__ void load8(const T* p, float (&v)[8]) {
 //    codes' factor 16), Σx the f32 sum of the group's values as given.
 // Rounding: fma(x, 127 / max|x|, 1.5·2^23) holds rint(x·127/max|x|) in its low mantissa
 // bits (|.| <= 127), ties to even, its low byte the int8 code.
-template <typename T, bool kQ4>
+// kXBatch: x chunks a thread loads before rounding any.
+template <typename T, bool kQ4, int kXBatch>
 __device__ void quantize_x(const T* __restrict__ x, int m, int k, int groups, uint8_t* xq, float2* xd) {
   const int tasks = m * groups * 4;
-  for (int base = 0; base < tasks; base += kThreads) {  // uniform trip count: the shuffles see every lane
-    const int task = base + int(threadIdx.x);
-    const bool on = task < tasks;
-    const int row = on ? task / (groups * 4) : 0, rem = on ? task - row * groups * 4 : 0;
-    const int g = rem >> 2, sub = rem & 3;
-    float v[8];
-    if (on) {
-      load8(x + int64_t(row) * k + g * 32 + sub * 8, v);
-    } else {
+  // Uniform trip count (the shuffles see every lane); kXBatch loads in flight per thread.
+  for (int base = 0; base < tasks; base += kThreads * kXBatch) {
+    uint4 raw[kXBatch];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) v[e] = 0.0f;
+    for (int b = 0; b < kXBatch; ++b) {
+      const int task = base + b * kThreads + int(threadIdx.x);
+      if (task < tasks) {
+        const int row = task / (groups * 4), rem = task - row * groups * 4;
+        raw[b] = __ldg(reinterpret_cast<const uint4*>(x + int64_t(row) * k + (rem >> 2) * 32 + (rem & 3) * 8));
+      } else {
+        raw[b] = make_uint4(0, 0, 0, 0);
+      }
     }
-    float amax = 0.0f, sum = 0.0f;
 #pragma unroll
-    for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(v[e])), sum += v[e];
+    for (int b = 0; b < kXBatch; ++b) {
+      if (base + b * kThreads >= tasks) break;  // uniform: no lane of this or later rounds has a task
+      const int task = base + b * kThreads + int(threadIdx.x);
+      const bool on = task < tasks;
+      const int row = on ? task / (groups * 4) : 0, rem = on ? task - row * groups * 4 : 0;
+      const int g = rem >> 2, sub = rem & 3;
+      float v[8];
+      to_f32x8<T>(raw[b], v);
+      float amax = 0.0f, sum = 0.0f;
 #pragma unroll
-    for (int o = 1; o < 4; o <<= 1) {
-      amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-      sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      for (int e = 0; e < 8; ++e) amax = fmaxf(amax, fabsf(v[e])), sum += v[e];
+#pragma unroll
+      for (int o = 1; o < 4; o <<= 1) {
+        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+        sum += __shfl_xor_sync(0xffffffffu, sum, o);
+      }
+      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+      uint32_t q[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) q[e] = __float_as_uint(fmaf(v[e], inv, 0x1.8p23f));
+      if (!on) continue;
+      uint8_t* dst = xq + int64_t(row) * k;
+      if constexpr (kQ4) {
+        const uint2 out = make_uint2(pack4(q[0], q[2], q[4], q[6]), pack4(q[1], q[3], q[5], q[7]));
+        *reinterpret_cast<uint2*>(dst + (sub >> 1) * (k / 2) + g * 16 + (sub & 1) * 8) = out;
+      } else {
+        const uint2 out = make_uint2(pack4(q[0], q[1], q[2], q[3]), pack4(q[4], q[5], q[6], q[7]));
+        *reinterpret_cast<uint2*>(dst + g * 32 + sub * 8) = out;
+      }
+      if (sub == 0) xd[row * groups + g] = make_float2(amax / 127.0f * (kQ4 ? 0.0625f : 1.0f), sum);
     }
-    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-    uint32_t q[8];
-#pragma unroll
-    for (int e = 0; e < 8; ++e) q[e] = __float_as_uint(fmaf(v[e], inv, 0x1.8p23f));
-    if (!on) continue;
-    uint8_t* dst = xq + int64_t(row) * k;
-    if constexpr (kQ4) {
-      const uint2 out = make_uint2(pack4(q[0], q[2], q[4], q[6]), pack4(q[1], q[3], q[5], q[7]));
-      *reinterpret_cast<uint2*>(dst + (sub >> 1) * (k / 2) + g * 16 + (sub & 1) * 8) = out;
-    } else {
-      const uint2 out = make_uint2(pack4(q[0], q[1], q[2], q[3]), pack4(q[4], q[5], q[6], q[7]));
-      *reinterpret_cast<uint2*>(dst + g * 32 + sub * 8) = out;
-    }
-    if (sub == 0) xd[row * groups + g] = make_float2(amax / 127.0f * (kQ4 ? 0.0625f : 1.0f), sum);
   }
 }
 
@@ -208,30 +228,52 @@ __device__ __forceinline__ void rows_at(int o, bool live, const DArgs& a, int c0
   }
 }
 
+// Floats of the split-K exchange per warp: RL outputs x RU weight rows x MAXM token rows.
+template <int MAXM, bool kSwiGlu>
+constexpr int red_per_warp() {
+  return outs_per_warp<MAXM>() * (kSwiGlu ? 2 : 1) * MAXM;
+}
+
+// Named barrier `id` (1..4; 0 is __syncthreads) over `threads` threads of the CTA.
+__device__ __forceinline__ void named_barrier(int id, int threads) {
+  asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+
+// Resident CTAs the compiler is asked to allow: 3 for the one-row depth-8 kernel (80
+// registers, 20-24 bytes spilled, instead of 87-89 and 2 CTAs), else 2. The one-row depth-4
+// kernel needs no bound to fit 4 (62-64 registers; -Xptxas -v).
+template <int MAXM, bool kSwiGlu, int P>
+constexpr int dp4a_min_ctas() {
+  return MAXM == 1 && !kSwiGlu && P == 8 ? 3 : 2;
+}
+
 template <typename T, QuantFormat F, int MAXM, bool kSwiGlu, int P>
-__global__ void __launch_bounds__(kThreads, 2) qgemv_dp4a_kernel(const DArgs a) {
+__global__ void __launch_bounds__(kThreads, dp4a_min_ctas<MAXM, kSwiGlu, P>()) qgemv_dp4a_kernel(const DArgs a) {
   constexpr bool kQ4 = F == QuantFormat::kQ4;
-  constexpr int RL = outs_per_warp<MAXM>(), KL = 32 / RL, RU = kSwiGlu ? 2 : 1;
+  constexpr int RL = outs_per_warp<MAXM>(), KL = 32 / RL, RU = kSwiGlu ? 2 : 1, kRed = red_per_warp<MAXM, kSwiGlu>();
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* xq = smem;
   float2* xd = reinterpret_cast<float2*>(smem + size_t(a.m) * size_t(a.k));
-  const int lane = int(threadIdx.x) & 31, rs = lane / KL, kl = lane % KL;
-  const int stride = int(gridDim.x) * kWarps, first = int(blockIdx.x) * kWarps + (int(threadIdx.x) >> 5);
+  float* red = reinterpret_cast<float*>(xd + a.m * a.groups);  // [2][kWarps][kRed], only when S > 1
+  const int lane = int(threadIdx.x) & 31, rs = lane / KL, kl = lane % KL, warp = int(threadIdx.x) >> 5;
+  const int S = a.splits, split = warp % S, group = warp / S, per_cta = kWarps / S;
+  const int stride = int(gridDim.x) * per_cta, first = int(blockIdx.x) * per_cta + group;
+  const int kbase = split * a.sps * KL + kl;  // this lane's first chunk of every output unit
 
-  // The load cursor (output unit lu, step lci: chunk lci * KL + kl) runs P steps ahead of
-  // the compute cursor; its pointers advance by KL chunks a step.
+  // The load cursor (output unit lu, step lci: chunk kbase + lci * KL) runs P steps ahead
+  // of the compute cursor; its pointers advance by KL chunks a step.
   int lu = first, lci = 0;
   const uint4* cp[RU];
   const ScaleWord<kQ4>* sp[RU];
-  rows_at<kQ4, kSwiGlu, RU>(lu * RL + rs, lu < a.units, a, kl, cp, sp);
+  rows_at<kQ4, kSwiGlu, RU>(lu * RL + rs, lu < a.units, a, kbase, cp, sp);
   uint4 cw[P][RU];
   uint32_t sw[P][RU];
   auto issue_and_advance = [&](uint4(&c)[RU], uint32_t(&w)[RU]) {
-    issue_step<kQ4, RU>(c, w, cp, sp, lu < a.units && lci * KL + kl < a.chunks);
-    if (++lci == a.steps) {
+    issue_step<kQ4, RU>(c, w, cp, sp, lu < a.units && kbase + lci * KL < a.chunks);
+    if (++lci == a.sps) {
       lci = 0;
       lu += stride;
-      rows_at<kQ4, kSwiGlu, RU>(lu * RL + rs, lu < a.units, a, kl, cp, sp);
+      rows_at<kQ4, kSwiGlu, RU>(lu * RL + rs, lu < a.units, a, kbase, cp, sp);
     } else {
 #pragma unroll
       for (int r = 0; r < RU; ++r) cp[r] += KL, sp[r] += kQ4 ? KL : KL / 2;
@@ -241,7 +283,10 @@ __global__ void __launch_bounds__(kThreads, 2) qgemv_dp4a_kernel(const DArgs a) 
   for (int p = 0; p < P; ++p) issue_and_advance(cw[p], sw[p]);
 
   pdl_wait();  // x is the previous kernel's output
-  quantize_x<T, kQ4>(static_cast<const T*>(a.x), a.m, a.k, a.groups, xq, xd);
+  // Two x loads in flight per thread, except where the second one's registers would cost
+  // the one-row kernel of depth 4 its 4th CTA per SM (62 -> 66 registers; -Xptxas -v).
+  constexpr int kXBatch = MAXM == 1 && !kSwiGlu && P == 4 ? 1 : 2;
+  quantize_x<T, kQ4, kXBatch>(static_cast<const T*>(a.x), a.m, a.k, a.groups, xq, xd);
   __syncthreads();
 
   const T* bias = static_cast<const T*>(a.bias);
@@ -251,33 +296,56 @@ __global__ void __launch_bounds__(kThreads, 2) qgemv_dp4a_kernel(const DArgs a) 
   for (int r = 0; r < RU; ++r)
 #pragma unroll
     for (int m = 0; m < MAXM; ++m) acc[r][m] = 0.0f;
-  int cu = first, cci = 0;
-  while (cu < a.units) {
+  int cu = first, cci = 0, parity = 0;
+  while (cu < a.units) {  // uniform over a split-K group: its warps walk the same units
 #pragma unroll
     for (int p = 0; p < P; ++p) {
       if (cu >= a.units) break;  // warp-uniform
-      const int c = cci * KL + kl;
+      const int c = kbase + cci * KL;
       if (c < a.chunks) consume_step<kQ4, RU, MAXM>(acc, cw[p], sw[p], xq, xd, a, c);
       issue_and_advance(cw[p], sw[p]);
-      if (++cci < a.steps) continue;
-      // Output cu done: sum its KL lanes; lane kl == m stores token row m.
+      if (++cci < a.sps) continue;
+      // Output unit cu done: sum its KL lanes (every lane gets the sum), one token row at a
+      // time (fewer live registers). With split-K the other splits write theirs to shared
+      // memory first; split 0 adds them in split order and stores.
       const int o = cu * RL + rs;
+      float* slot = red + (parity * kWarps + warp) * kRed + rs * RU * MAXM;
+      if (S > 1) {
+        if (split != 0) {
 #pragma unroll
-      for (int m = 0; m < MAXM; ++m) {
-        if (MAXM > 1 && m >= a.m) break;
+          for (int m = 0; m < MAXM; ++m) {
+            if (MAXM > 1 && m >= a.m) break;
 #pragma unroll
-        for (int r = 0; r < RU; ++r)
+            for (int r = 0; r < RU; ++r) {
 #pragma unroll
-          for (int off = KL / 2; off > 0; off >>= 1) acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], off);
-        if (kl == m && o < a.n_out) {
-          if constexpr (kSwiGlu) {
-            float gate = acc[0][m] * __ldg(a.row_factor + o), up = acc[1][m] * __ldg(a.row_factor + a.n_out + o);
-            if (bias) gate += to_f32(bias[o]), up += to_f32(bias[a.n_out + o]);
-            y[int64_t(m) * a.n_out + o] = linear_swiglu_out<T>(gate, up);
-          } else {
-            float v = acc[0][m] * __ldg(a.row_factor + o);
-            if (bias) v += to_f32(bias[o]);
-            y[int64_t(m) * a.n_out + o] = linear_epilogue_out<T>(a.epi, v);
+              for (int off = KL / 2; off > 0; off >>= 1) acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], off);
+              if (kl == 0) slot[r * MAXM + m] = acc[r][m];
+            }
+          }
+        }
+        named_barrier(1 + group, S * 32);
+        parity ^= 1;  // the next unit writes the other buffer: no second barrier needed
+      }
+      if (split == 0) {
+#pragma unroll
+        for (int m = 0; m < MAXM; ++m) {
+          if (MAXM > 1 && m >= a.m) break;
+#pragma unroll
+          for (int r = 0; r < RU; ++r) {
+#pragma unroll
+            for (int off = KL / 2; off > 0; off >>= 1) acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], off);
+            for (int j = 1; j < S; ++j) acc[r][m] += slot[j * kRed + r * MAXM + m];
+          }
+          if (kl == m && o < a.n_out) {  // lane kl == m stores token row m
+            if constexpr (kSwiGlu) {
+              float gate = acc[0][m] * __ldg(a.row_factor + o), up = acc[1][m] * __ldg(a.row_factor + a.n_out + o);
+              if (bias) gate += to_f32(bias[o]), up += to_f32(bias[a.n_out + o]);
+              y[int64_t(m) * a.n_out + o] = linear_swiglu_out<T>(gate, up);
+            } else {
+              float v = acc[0][m] * __ldg(a.row_factor + o);
+              if (bias) v += to_f32(bias[o]);
+              y[int64_t(m) * a.n_out + o] = linear_epilogue_out<T>(a.epi, v);
+            }
           }
         }
       }
@@ -314,7 +382,10 @@ DeviceInfo device_info() {
   return {sms[dev].load(), smem[dev].load(), cc[dev].load()};
 }
 
-size_t smem_bytes(int64_t m, int64_t k) { return size_t(m * k) + size_t(m * (k / kQuantGroup)) * sizeof(float2); }
+// x's codes and (d, Σx) pairs; then, with split-K, the [2][kWarps][red floats] exchange.
+size_t smem_bytes(int64_t m, int64_t k, size_t red_floats = 0) {
+  return size_t(m * k) + size_t(m * (k / kQuantGroup)) * sizeof(float2) + 2 * kWarps * red_floats * sizeof(float);
+}
 
 // CTAs of `kernel` resident per SM with `smem` bytes each; the kernel's dynamic shared
 // memory limit raised to the device's opt-in maximum once per device (a host-side
@@ -339,53 +410,87 @@ int occupancy(const void* kernel, size_t smem) {
 }
 
 template <typename T, QuantFormat F, int MAXM, bool kSwiGlu, int P>
-void launch_depth(DArgs a, const QGemvDp4aTuning& tune, cudaStream_t s) {
+void launch_depth(DArgs a, const QGemvDp4aTuning& tune, cudaStream_t s, QGemvDp4aPlan* plan) {
   auto* kernel = qgemv_dp4a_kernel<T, F, MAXM, kSwiGlu, P>;
   constexpr int RL = outs_per_warp<MAXM>();
   a.steps = (a.chunks + 32 / RL - 1) / (32 / RL);
   a.units = (a.n_out + RL - 1) / RL;
-  const size_t smem = smem_bytes(a.m, a.k);
-  const int per_sm = std::min(occupancy(reinterpret_cast<const void*>(kernel), smem),
-                              tune.ctas_per_sm > 0 ? tune.ctas_per_sm : kDefaultCtasPerSm);
-  // As many rounds of outputs per warp as the resident warps need, spread evenly.
-  const int64_t resident = int64_t(device_info().sms) * per_sm * kWarps;
+  const DeviceInfo d = device_info();
+  const int cap = tune.ctas_per_sm > 0 ? tune.ctas_per_sm : kDefaultCtasPerSm;
+  // The split-K exchange needs shared memory; where x leaves too little, no split.
+  int splits = tune.splits > 0 ? tune.splits : 0;
+  if (smem_bytes(a.m, a.k, red_per_warp<MAXM, kSwiGlu>()) > size_t(d.smem_optin)) splits = 1;
+  if (splits == 0) {
+    const int per_sm = std::min(occupancy(reinterpret_cast<const void*>(kernel), smem_bytes(a.m, a.k)), cap);
+    splits = qgemv_dp4a_default_splits(a.units, a.steps, int64_t(d.sms) * per_sm * kWarps);
+  }
+  a.splits = splits;
+  a.sps = (a.steps + splits - 1) / splits;
+  const size_t smem = smem_bytes(a.m, a.k, splits > 1 ? red_per_warp<MAXM, kSwiGlu>() : 0);
+  const int per_sm = std::min(occupancy(reinterpret_cast<const void*>(kernel), smem), cap);
+  // As many rounds of output units per split-K group as the resident groups need, spread
+  // evenly over the groups.
+  const int64_t per_cta = kWarps / splits, resident = int64_t(d.sms) * per_sm * per_cta;
   const int64_t rounds = (a.units + resident - 1) / resident;
-  const int64_t warps = (a.units + rounds - 1) / rounds;
-  launch_k(kernel, dim3(unsigned((warps + kWarps - 1) / kWarps)), kThreads, smem, s, a);
+  const int64_t groups = (a.units + rounds - 1) / rounds;
+  const unsigned ctas = unsigned((groups + per_cta - 1) / per_cta);
+  if (plan) {
+    *plan = {per_sm, P, splits, int(ctas)};
+    return;
+  }
+  launch_k(kernel, dim3(ctas), kThreads, smem, s, a);
   KILN_CUDA_CHECK_LAUNCH();
 }
 
 template <typename T, QuantFormat F, int MAXM, bool kSwiGlu>
-void launch_rows(const DArgs& a, const QGemvDp4aTuning& tune, cudaStream_t s) {
+void launch_rows(const DArgs& a, const QGemvDp4aTuning& tune, cudaStream_t s, QGemvDp4aPlan* plan) {
   // Other depths at one row only (the bench's sweep; each is a kernel to compile).
   if constexpr (MAXM == 1) {
-    if (tune.depth == 2) return launch_depth<T, F, MAXM, kSwiGlu, 2>(a, tune, s);
-    if (tune.depth == 8) return launch_depth<T, F, MAXM, kSwiGlu, 8>(a, tune, s);
+    if (tune.depth == 2) return launch_depth<T, F, MAXM, kSwiGlu, 2>(a, tune, s, plan);
+    if (tune.depth == 8) return launch_depth<T, F, MAXM, kSwiGlu, 8>(a, tune, s, plan);
   }
-  launch_depth<T, F, MAXM, kSwiGlu, kDefaultDepth>(a, tune, s);
+  launch_depth<T, F, MAXM, kSwiGlu, kDefaultDepth>(a, tune, s, plan);
 }
 
 template <typename T, QuantFormat F, bool kSwiGlu>
-void launch_format(const DArgs& a, const QGemvDp4aTuning& tune, cudaStream_t s) {
-  if (a.m == 1) launch_rows<T, F, 1, kSwiGlu>(a, tune, s);
-  else if (a.m == 2) launch_rows<T, F, 2, kSwiGlu>(a, tune, s);
-  else if (a.m <= 4) launch_rows<T, F, 4, kSwiGlu>(a, tune, s);
-  else launch_rows<T, F, 8, kSwiGlu>(a, tune, s);
+void launch_format(const DArgs& a, const QGemvDp4aTuning& tune, cudaStream_t s, QGemvDp4aPlan* plan) {
+  if (a.m == 1) launch_rows<T, F, 1, kSwiGlu>(a, tune, s, plan);
+  else if (a.m == 2) launch_rows<T, F, 2, kSwiGlu>(a, tune, s, plan);
+  else if (a.m <= 4) launch_rows<T, F, 4, kSwiGlu>(a, tune, s, plan);
+  else launch_rows<T, F, 8, kSwiGlu>(a, tune, s, plan);
 }
 
 template <typename T>
-void launch_typed(const DArgs& a, QuantFormat f, const QGemvDp4aTuning& tune, cudaStream_t s) {
+void launch_typed(const DArgs& a, QuantFormat f, const QGemvDp4aTuning& tune, cudaStream_t s, QGemvDp4aPlan* plan) {
   const bool swiglu = a.epi == GemvEpilogue::kSwiGlu;
   if (f == QuantFormat::kQ4) {
-    if (swiglu) launch_format<T, QuantFormat::kQ4, true>(a, tune, s);
-    else launch_format<T, QuantFormat::kQ4, false>(a, tune, s);
+    if (swiglu) launch_format<T, QuantFormat::kQ4, true>(a, tune, s, plan);
+    else launch_format<T, QuantFormat::kQ4, false>(a, tune, s, plan);
   } else {
-    if (swiglu) launch_format<T, QuantFormat::kQ8, true>(a, tune, s);
-    else launch_format<T, QuantFormat::kQ8, false>(a, tune, s);
+    if (swiglu) launch_format<T, QuantFormat::kQ8, true>(a, tune, s, plan);
+    else launch_format<T, QuantFormat::kQ8, false>(a, tune, s, plan);
   }
 }
 
 }  // namespace
+
+int qgemv_dp4a_default_splits(int64_t units, int64_t steps, int64_t resident_warps) {
+  // Serial steps of the busiest warp: rounds of units per group x steps per split. More
+  // splits must cut it by more than 10% (each adds an exchange and a barrier per unit; the
+  // LM head's 41 -> 81 rounds of 4 -> 2 steps gain 1%), and a split keeps at least 2 steps,
+  // so that exchange is shared by two steps of loads. A first rule from the kernel's
+  // structure, to be replaced by what `cuda_gemv_bench qgemv` measures on the device.
+  int best = 1;
+  int64_t best_cost = 0;
+  for (int s = 1; s <= kWarps; s *= 2) {
+    const int64_t sps = (steps + s - 1) / s;
+    if (s > 1 && sps < 2) break;
+    const int64_t groups = std::max<int64_t>(1, resident_warps / s);
+    const int64_t cost = (units + groups - 1) / groups * sps;
+    if (s == 1 || cost * 10 < best_cost * 9) best = s, best_cost = cost;
+  }
+  return best;
+}
 
 bool qgemv_dp4a_supports(DType dtype, int64_t m, int64_t k) {
   if (dtype != DType::kBF16 && dtype != DType::kF16) return false;
@@ -395,18 +500,22 @@ bool qgemv_dp4a_supports(DType dtype, int64_t m, int64_t k) {
 }
 
 void launch_qgemv_dp4a(DType dtype, const void* x, const QuantWeightView& w, const void* bias, void* y, int64_t m,
-                       int64_t n_out, cudaStream_t s, GemvEpilogue epi, const QGemvDp4aTuning& tune) {
+                       int64_t n_out, cudaStream_t s, GemvEpilogue epi, const QGemvDp4aTuning& tune,
+                       QGemvDp4aPlan* plan_only) {
   KILN_THROW_IF(w.layout != QuantLayout::kRows, kInternal, "cuda dp4a gemv: needs the kRows layout");
-  KILN_THROW_IF(!qgemv_dp4a_supports(dtype, m, w.k), kInternal, "cuda dp4a gemv: unsupported ", dtype_name(dtype),
-                " m=", m, " k=", w.k);
   KILN_THROW_IF(tune.depth != 0 && tune.depth != 2 && tune.depth != 4 && tune.depth != 8, kInternal,
                 "cuda dp4a gemv: depth ", tune.depth, " (expected 2, 4 or 8)");
+  KILN_THROW_IF(tune.splits != 0 && tune.splits != 1 && tune.splits != 2 && tune.splits != 4 && tune.splits != 8,
+                kInternal, "cuda dp4a gemv: splits ", tune.splits, " (expected 1, 2, 4 or 8)");
+  KILN_THROW_IF(tune.ctas_per_sm < 0, kInternal, "cuda dp4a gemv: ctas_per_sm ", tune.ctas_per_sm);
+  KILN_THROW_IF(!qgemv_dp4a_supports(dtype, m, w.k), kInternal, "cuda dp4a gemv: unsupported ", dtype_name(dtype),
+                " m=", m, " k=", w.k);
   if (n_out == 0) return;
   const int groups = int(w.k / kQuantGroup);
   DArgs a{x, w.codes, w.scales, w.row_factor, bias, y, int(m), int(w.k), int(n_out),
-          groups, w.format == QuantFormat::kQ4 ? groups : 2 * groups, 0, 0, epi};
-  if (dtype == DType::kBF16) launch_typed<__nv_bfloat16>(a, w.format, tune, s);
-  else launch_typed<__half>(a, w.format, tune, s);
+          groups, w.format == QuantFormat::kQ4 ? groups : 2 * groups, 0, 0, 1, 0, epi};
+  if (dtype == DType::kBF16) launch_typed<__nv_bfloat16>(a, w.format, tune, s, plan_only);
+  else launch_typed<__half>(a, w.format, tune, s, plan_only);
 }
 
 }  // namespace kiln::cuda
