@@ -434,14 +434,14 @@ class CudaCompiledGraph final : public CompiledGraph {
       po.plan = cluster  ? attention_plan_decode_cluster(seqs, key.first, key.second, attn_max_d_, cx_->num_sms)
                 : decode ? attention_plan_decode(seqs, key.first, key.second, cx_->num_sms)
                          : attention_plan(seqs, key.first, key.second, true, cx_->num_sms, split_chunk_,
-                                          attn_flash_ok_ ? flash_mode_ : 0, flash_old_);
+                                          attn_flash_ok_ ? flash_mode_ : 0);
       po.work = w.put_vec(po.plan.work);
       po.combine = w.put_vec(po.plan.combine);
       ws_floats = std::max(ws_floats, attention_workspace_floats(po.plan, key.second, attn_max_d_));
       counters = std::max(counters, attention_counters(po.plan, key.second));
       graph_key_.insert(graph_key_.end(), {int64_t(po.plan.work.size()), int64_t(po.plan.combine.size()),
                                            int64_t(po.plan.num_partials), int64_t(po.plan.flash),
-                                           int64_t(po.plan.decode_splits), int64_t(po.plan.flash_items)});
+                                           int64_t(po.plan.decode_splits)});
       plan_offs[key] = std::move(po);
     }
     // Block tables go last: the only section whose length changes between decode steps.
@@ -481,7 +481,7 @@ class CudaCompiledGraph final : public CompiledGraph {
     for (auto& [key, po] : plan_offs)
       dev_step_.plans[key] = {reinterpret_cast<const AttnWork*>(base + po.work), int32_t(po.plan.work.size()),
                               reinterpret_cast<const AttnCombine*>(base + po.combine), int32_t(po.plan.combine.size()),
-                              po.plan.num_partials, po.plan.flash, po.plan.decode_splits, po.plan.flash_items};
+                              po.plan.num_partials, po.plan.flash, po.plan.decode_splits};
     attn_ws_.grow(std::max<size_t>(ws_floats * sizeof(float), 1), s);
     dev_step_.attn_workspace = static_cast<float*>(attn_ws_.get());
     // Zeroed when (re)allocated; each fused decode launch leaves its counters at zero.
@@ -607,8 +607,6 @@ class CudaCompiledGraph final : public CompiledGraph {
     const char* e = std::getenv("KILN_CUDA_FLASH");
     return e && *e ? (std::atoi(e) > 0 ? 1 : 0) : -1;
   }();
-  // KILN_CUDA_FLASH_KERNEL=old: the older tensor-core prefill kernel (one comparison round).
-  bool flash_old_ = attention_flash_old_from_env();
   int64_t split_chunk_ = [] {
     const char* e = std::getenv("KILN_CUDA_SPLIT_CHUNK");  // tests force split-KV with it
     return e ? std::atoll(e) : 0LL;
