@@ -204,46 +204,17 @@ __global__ void __launch_bounds__(kF2Threads, 2)
       auto fold = [&](auto masked) {
         float corr[2];
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float mx = -INFINITY;
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              float& v = s[nt][2 * h + e];
-              if constexpr (decltype(masked)::value)
-                v = k0 + nt * 8 + 2 * t + e < lim[h] ? v * scale_log2 : -INFINITY;
-              else
-                v *= scale_log2;
-              mx = fmaxf(mx, v);
-            }
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          const float m_new = fmaxf(m[h], mx);
-          // No visible key yet: all weights 0.
-          const float base = m_new == -INFINITY ? 0.0f : m_new;
-          corr[h] = exp2f(m[h] - base);
-          float sum = 0.0f;
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              float& v = s[nt][2 * h + e];
-              v = exp2f(v - base);
-              sum += v;
-            }
-          l[h] = l[h] * corr[h] + sum;  // this lane's share; the quad's shares add up at the end
-          m[h] = m_new;
-        }
+        for (int h = 0; h < 2; ++h)
+          corr[h] = online_softmax_step(s, h, m[h], l[h], scale_log2, [&](int nt, int e) {
+            if constexpr (decltype(masked)::value)
+              return k0 + nt * 8 + 2 * t + e < lim[h];
+            else
+              return true;
+          });
         // Once the row maxima settle, most steps leave every row's scale at 1.
         if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) {
-#pragma unroll
-          for (int i = 0; i < DT; ++i) {
-            o[i][0] *= corr[0];
-            o[i][1] *= corr[0];
-            o[i][2] *= corr[1];
-            o[i][3] *= corr[1];
-          }
+          online_softmax_rescale(o, 0, corr[0]);
+          online_softmax_rescale(o, 1, corr[1]);
         }
       };
       if (k0 + SK <= w_lo)
@@ -335,7 +306,7 @@ void launch_flash2_typed(const AttentionArgs& a, cudaStream_t s) {
            static_cast<const T*>(a.q), static_cast<const KvElem<T, Q>*>(a.k_cache),
            static_cast<const KvElem<T, Q>*>(a.v_cache), a.k_scales, a.v_scales,
            static_cast<T*>(a.out), bs, bs_shift, int(a.hq), int(a.hkv), qs, kvs,
-           a.scale * 1.4426950408889634f, a.causal, a.seqs, a.block_tables, a.work);
+           a.scale * kLog2e, a.causal, a.seqs, a.block_tables, a.work);
   KILN_CUDA_CHECK_LAUNCH();
 }
 

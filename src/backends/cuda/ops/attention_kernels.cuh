@@ -535,7 +535,9 @@ __global__ void attention_combine_kernel(T* __restrict__ out, int hq, int hkv, c
 
 // Tensor-core pieces shared by the flash prefill kernel (attention_flash.cuh) and the
 // cluster decode kernel (attention_decode.cuh): m16n8k16 MMAs on 16-bit fragments, cp.async
-// copies, ldmatrix.
+// copies, ldmatrix, and the online softmax on S fragments in the log2 domain (the scale
+// times kLog2e, exp2 for the weights: one MUFU op each).
+constexpr float kLog2e = 1.4426950408889634f;
 
 template <typename T> __device__ __forceinline__ uint32_t pack2(float a, float b);
 template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float a, float b) {
@@ -575,6 +577,55 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void* sme
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(a));
+}
+
+// One step of the online softmax for row half h of an m16n8 S fragment per n-tile (the
+// MMA's C layout: this thread holds row g's columns 2t, 2t + 1 of each 8-key n-tile in
+// elements 0, 1 and row g + 8's in 2, 3; the quad of lanes sharing a row holds its keys).
+// The logits are scaled into the log2 domain (visible(nt, e) false: -inf, a masked key),
+// the row max taken across the quad; m moves to the new max, s becomes the weights
+// exp2(s - m) (all 0 while the row has no visible key), l takes this lane's share of the
+// row sum. Returns the correction exp2(m_old - m_new) for the row's accumulators
+// (online_softmax_rescale), already applied to l.
+template <int NT, typename Visible>
+__device__ __forceinline__ float online_softmax_step(float (&s)[NT][4], int h, float& m, float& l, float scale_log2,
+                                                     const Visible& visible) {
+  float mx = -INFINITY;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float& v = s[nt][2 * h + e];
+      v = visible(nt, e) ? v * scale_log2 : -INFINITY;
+      mx = fmaxf(mx, v);
+    }
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  const float m_new = fmaxf(m, mx);
+  const float base = m_new == -INFINITY ? 0.0f : m_new;  // no visible key yet: all weights 0
+  const float corr = exp2f(m - base);
+  float sum = 0.0f;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float& v = s[nt][2 * h + e];
+      v = exp2f(v - base);
+      sum += v;
+    }
+  l = l * corr + sum;  // this lane's share; the quad's shares add up at the end
+  m = m_new;
+  return corr;
+}
+
+// Row half h of the O accumulators (DT m16n8 fragments of 8 dims each) times corr.
+template <int DT>
+__device__ __forceinline__ void online_softmax_rescale(float (&o)[DT][4], int h, float corr) {
+#pragma unroll
+  for (int i = 0; i < DT; ++i) {
+    o[i][2 * h] *= corr;
+    o[i][2 * h + 1] *= corr;
+  }
 }
 
 // The typed view of a launch's arguments that every attention kernel takes: the
