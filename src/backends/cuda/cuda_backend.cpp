@@ -98,9 +98,9 @@ class CudaCompiledGraph final : public CompiledGraph {
         attn_keys_.insert({n.attr_int("num_heads"), n.attr_int("num_kv_heads")});
         attn_max_d_ = std::max(attn_max_d_, n.attr_int("head_dim"));
         attn_flash_ok_ = attn_flash_ok_ && attention_flash_supported(prep_.act, n.attr_int("head_dim"));
-        attn_cluster_ok_ = attn_cluster_ok_ && attention_decode_cluster_supported(prep_.act, n.attr_int("num_heads"),
-                                                                                  n.attr_int("num_kv_heads"),
-                                                                                  n.attr_int("head_dim"));
+        attn_cluster_ok_ = attn_cluster_ok_ && decode_cluster_ &&
+                           attention_decode_cluster_supported(prep_.act, n.attr_int("num_heads"),
+                                                              n.attr_int("num_kv_heads"), n.attr_int("head_dim"));
       }
     }
     plan_memory();
@@ -427,11 +427,12 @@ class CudaCompiledGraph final : public CompiledGraph {
     std::map<std::pair<int64_t, int64_t>, PlanOff> plan_offs;
     size_t ws_floats = 0, counters = 0;
     // Decode steps take the cluster decode kernel where every attention node suits it
-    // (read per step: KILN_CUDA_DECODE_ATTN=old keeps the grouped-query plans).
-    const bool cluster = decode && attn_cluster_ok_ && attention_decode_cluster_supported(prep_.act, 1, 1, attn_max_d_);
+    // (decided when the graph was compiled: attn_cluster_ok_).
+    const bool cluster = decode && attn_cluster_ok_;
     for (auto key : attn_keys_) {
       PlanOff po;
-      po.plan = cluster  ? attention_plan_decode_cluster(seqs, key.first, key.second, attn_max_d_, cx_->num_sms)
+      po.plan = cluster  ? attention_plan_decode_cluster(seqs, key.first, key.second, attn_max_d_, cx_->num_sms,
+                                                         decode_splits_)
                 : decode ? attention_plan_decode(seqs, key.first, key.second, cx_->num_sms)
                          : attention_plan(seqs, key.first, key.second, true, cx_->num_sms, split_chunk_,
                                           attn_flash_ok_ ? flash_mode_ : 0);
@@ -601,12 +602,17 @@ class CudaCompiledGraph final : public CompiledGraph {
   std::set<std::pair<int64_t, int64_t>> attn_keys_;
   int64_t attn_max_d_ = 0;
   bool attn_flash_ok_ = true;  // every Attention node's head dim and dtype suit the tensor-core kernel
-  bool attn_cluster_ok_ = true;  // ... and the cluster decode kernel (attention_decode_cluster_supported)
+  // ... and the cluster decode kernel (attention_decode_cluster_supported, KILN_CUDA_DECODE_ATTN not "old").
+  bool attn_cluster_ok_ = true;
   // KILN_CUDA_FLASH: 0 never plans tensor-core prefill attention, 1 always (tests), unset: when it fills the GPU.
   int flash_mode_ = [] {
     const char* e = std::getenv("KILN_CUDA_FLASH");
     return e && *e ? (std::atoi(e) > 0 ? 1 : 0) : -1;
   }();
+  // Read here, once per compiled graph, like the other switches: KILN_CUDA_DECODE_ATTN
+  // (false: "old", the grouped-query decode kernels) and KILN_CUDA_DECODE_SPLITS (0: planned).
+  bool decode_cluster_ = attention_decode_cluster_from_env();
+  int decode_splits_ = attention_decode_splits_from_env();
   int64_t split_chunk_ = [] {
     const char* e = std::getenv("KILN_CUDA_SPLIT_CHUNK");  // tests force split-KV with it
     return e ? std::atoll(e) : 0LL;

@@ -11,7 +11,8 @@
 // the fused grouped-query decode kernel; steps without a cache whose sequences are one
 // token each (the grouped kernel reading the rows in place). The tensor-core kernel also
 // over chunked prefills after a cached prefix, and its plan's coverage and order (host
-// only). Skips without a GPU (the plan test runs anywhere).
+// only); the decode switches read once per compiled graph. Skips without a GPU (the plan
+// test runs anywhere).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -203,6 +204,23 @@ TEST(CudaAttention, ChunkedPrefillTensorCore) {
     check_chunked(Config{32, 8, 128, 16, {}}, {{300, 77}, {45, 130}}, kd, {"bf16"});
 }
 
+// A mistyped decode switch is an error naming the variable when the graph compiles, not
+// silently a kernel.
+TEST(CudaAttention, BadDecodeSwitchesAreErrors) {
+  KILN_SKIP_WITHOUT_CUDA();
+  for (const auto& [name, value] : std::vector<std::pair<const char*, const char*>>{
+           {"KILN_CUDA_DECODE_ATTN", "fast"}, {"KILN_CUDA_DECODE_SPLITS", "3"}, {"KILN_CUDA_DECODE_SPLITS", "4x"}}) {
+    const ScopedEnv env(name, value);
+    auto be = create_backend("cuda");
+    try {
+      be->compile(attention_graph(Config{4, 2, 64, 16, {}}, true), {.weight_dtype = "bf16"});
+      ADD_FAILURE() << "compile accepted " << name << "=" << value;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+    }
+  }
+}
+
 // The tensor-core kernel's plan (host only, no GPU): every (row, head) item of every
 // sequence in exactly one 128-item CTA, the CTAs that read the most keys first.
 TEST(CudaAttentionPlan, FlashPlanCoversEveryItemLongestFirst) {
@@ -229,6 +247,31 @@ TEST(CudaAttentionPlan, FlashPlanCoversEveryItemLongestFirst) {
     for (const auto& v : seen)
       for (int x : v) EXPECT_EQ(x, 1);
   }
+}
+
+// The decode switches' parsing and the cluster plan's forced splits (host only, no GPU).
+TEST(CudaAttentionPlan, DecodeSwitchesAndForcedSplits) {
+  {
+    const ScopedEnv attn("KILN_CUDA_DECODE_ATTN", ""), splits("KILN_CUDA_DECODE_SPLITS", "");
+    EXPECT_TRUE(attention_decode_cluster_from_env());
+    EXPECT_EQ(attention_decode_splits_from_env(), 0);
+  }
+  {
+    const ScopedEnv attn("KILN_CUDA_DECODE_ATTN", "old"), splits("KILN_CUDA_DECODE_SPLITS", "8");
+    EXPECT_FALSE(attention_decode_cluster_from_env());
+    EXPECT_EQ(attention_decode_splits_from_env(), 8);
+  }
+  {
+    const ScopedEnv attn("KILN_CUDA_DECODE_ATTN", "cluster"), splits("KILN_CUDA_DECODE_SPLITS", "0");
+    EXPECT_TRUE(attention_decode_cluster_from_env());
+    EXPECT_THROW(attention_decode_splits_from_env(), Error);
+  }
+  const std::vector<AttnSeq> seqs = {{0, 1, 100, 0}, {1, 1, 20, 0}};
+  // 2 sequences x 8 KV heads on 132 SMs, short contexts: one split unless forced.
+  EXPECT_EQ(attention_plan_decode_cluster(seqs, 32, 8, 64, 132).decode_splits, 1);
+  for (int forced : {1, 2, 4, 8})
+    EXPECT_EQ(attention_plan_decode_cluster(seqs, 32, 8, 64, 132, forced).decode_splits, forced);
+  EXPECT_THROW(attention_plan_decode_cluster(seqs, 32, 8, 64, 132, 3), Error);
 }
 
 // int8 and fp8 caches: decode steps through the decode kernel (GQA groups 1-4) and split
@@ -462,7 +505,9 @@ TEST(CudaAttention, PackedQkvQuantizedCachesMatchCpu) {
 // 8 splits merged through the cluster, empty splits included) and the fused grouped
 // decode kernel (decode "old"; split "0": the decode plan's automatic splits, "64":
 // forced 64-key splits, "-1": none). Every setting runs all the steps in order on a fresh
-// pool, which `fill` (if set) fills before the first step as it filled the CPU pool.
+// pool, which `fill` (if set) fills before the first step as it filled the CPU pool. The
+// variables are read when a graph compiles: the steps run with values that would be
+// errors if a step read them.
 using PoolFill = std::function<void(KvStorage& cpu, KvStorage& gpu)>;
 struct DecodeVariant {
   std::string split, decode;
@@ -470,20 +515,14 @@ struct DecodeVariant {
 const std::vector<DecodeVariant> kDecodeVariants = {{"0", ""},   {"0", "s1"}, {"0", "s2"}, {"0", "s8"},
                                                     {"0", "old"}, {"64", ""},  {"-1", ""}};
 
-// Sets (or clears) the per-run variables of a variant: read at each step.
-void set_decode_env(const DecodeVariant& v) {
-  if (v.decode == "old")
-    setenv("KILN_CUDA_DECODE_ATTN", "old", 1);
-  else
-    unsetenv("KILN_CUDA_DECODE_ATTN");
-  if (v.decode.size() == 2 && v.decode[0] == 's')
-    setenv("KILN_CUDA_DECODE_SPLITS", v.decode.substr(1).c_str(), 1);
-  else
-    unsetenv("KILN_CUDA_DECODE_SPLITS");
-}
-void clear_decode_env() {
-  unsetenv("KILN_CUDA_DECODE_ATTN");
-  unsetenv("KILN_CUDA_DECODE_SPLITS");
+// A variant's graph on a fresh CUDA backend, compiled under its variables.
+std::unique_ptr<CompiledGraph> compile_variant(Backend& gpu, const ir::Graph& g, const std::string& dt,
+                                               const DecodeVariant& v) {
+  const ScopedEnv split("KILN_CUDA_SPLIT_CHUNK", v.split);
+  const ScopedEnv attn("KILN_CUDA_DECODE_ATTN", v.decode == "old" ? "old" : "");
+  const bool forced = v.decode.size() == 2 && v.decode[0] == 's';
+  const ScopedEnv splits("KILN_CUDA_DECODE_SPLITS", forced ? v.decode.substr(1) : "");
+  return gpu.compile(g, {.weight_dtype = dt});
 }
 
 void expect_variants_match(const ir::Graph& g, const std::vector<StepCase>& cases, const std::string& dt, double tol,
@@ -495,20 +534,17 @@ void expect_variants_match(const ir::Graph& g, const std::vector<StepCase>& case
   std::vector<std::unique_ptr<CompiledGraph>> ggs;
   std::vector<std::unique_ptr<KvStorage>> gkvs;
   for (const DecodeVariant& dv : kDecodeVariants) {
-    setenv("KILN_CUDA_SPLIT_CHUNK", dv.split.c_str(), 1);  // read when a graph compiles
     gpus.push_back(create_backend("cuda"));
-    ggs.push_back(gpus.back()->compile(g, {.weight_dtype = dt}));
+    ggs.push_back(compile_variant(*gpus.back(), g, dt, dv));
     gkvs.push_back(gpus.back()->allocate_kv(layout));
     if (fill) fill(*ckv, *gkvs.back());
   }
-  unsetenv("KILN_CUDA_SPLIT_CHUNK");
+  const ScopedEnv bad_attn("KILN_CUDA_DECODE_ATTN", "bad"), bad_splits("KILN_CUDA_DECODE_SPLITS", "3");
   for (size_t i = 0; i < cases.size(); ++i) {
     const Tensor want = cg->run(cases[i].inputs, cases[i].step, ckv.get()).at("y").clone();
     for (size_t v = 0; v < kDecodeVariants.size(); ++v) {
       const DecodeVariant& dv = kDecodeVariants[v];
-      set_decode_env(dv);  // read at each step and launch
       TensorMap got = ggs[v]->run(cases[i].inputs, cases[i].step, gkvs[v].get());
-      clear_decode_env();
       ASSERT_TRUE(got.count("y"));
       const Diff d = diff(got.at("y"), want);
       const std::string w = str_cat(what, " split=", dv.split, " decode=", dv.decode.empty() ? "cluster" : dv.decode);

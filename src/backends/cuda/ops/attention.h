@@ -19,7 +19,8 @@
 // steps without a cache whose sequences are one token each (attention only). In 16-bit
 // at head dims 64/128 on sm_90+, decode steps take the cluster decode kernel instead
 // (attention_decode.cuh: tensor cores, per-warp cp.async streams, splits merged in a
-// thread-block cluster; KILN_CUDA_DECODE_ATTN=old keeps the grouped one).
+// thread-block cluster; KILN_CUDA_DECODE_ATTN=old, read when a graph is compiled, keeps
+// the grouped one).
 // Tested against the CPU backend in tests/backends/cuda/attention_test.cpp.
 #pragma once
 
@@ -84,13 +85,20 @@ AttentionPlan attention_plan(const std::vector<AttnSeq>& seqs, int64_t hq, int64
 AttentionPlan attention_plan_decode(const std::vector<AttnSeq>& seqs, int64_t hq, int64_t hkv, int num_sms);
 // The cluster decode kernel (attention_decode.cuh; launch_attention_decode_cluster):
 // whether it takes decode steps of these shapes on the current device (16-bit
-// activations, head dims 64/128, GQA group <= 8, an sm_90+ device for its clusters, and
-// KILN_CUDA_DECODE_ATTN not "old"), and its plan: splits per (sequence, KV head), a power
-// of two up to 8 picked from the batch (fill ~2 CTAs per SM) and the longest context
-// (~one CTA's keys in flight per split); the grid changes only when that power does.
+// activations, head dims 64/128, GQA group <= 8, an sm_90+ device for its clusters), and
+// its plan: splits per (sequence, KV head), a power of two up to 8 picked from the batch
+// (fill ~2 CTAs per SM) and the longest context (~one CTA's keys in flight per split);
+// the grid changes only when that power does. forced_splits > 0 (1, 2, 4 or 8) fixes it.
 bool attention_decode_cluster_supported(DType t, int64_t hq, int64_t hkv, int64_t d);
 AttentionPlan attention_plan_decode_cluster(const std::vector<AttnSeq>& seqs, int64_t hq, int64_t hkv, int64_t d,
-                                            int num_sms);
+                                            int num_sms, int forced_splits = 0);
+// The switches of decode attention, read once when a graph is compiled (a mistyped value
+// is an error naming the variable): KILN_CUDA_DECODE_ATTN "old" keeps the grouped-query
+// kernels (false), unset or "cluster" takes the cluster kernel where it is supported
+// (true); KILN_CUDA_DECODE_SPLITS 1|2|4|8 forces the cluster kernel's splits (tests,
+// measurements), unset: 0 (planned per step).
+bool attention_decode_cluster_from_env();
+int attention_decode_splits_from_env();
 // Floats of workspace the plan's partials need.
 size_t attention_workspace_floats(const AttentionPlan& plan, int64_t hkv, int64_t d);
 // Split counters (int32, zero between launches) the fused decode kernel needs for the plan.
