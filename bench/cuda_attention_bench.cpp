@@ -1,13 +1,14 @@
-// Prefill attention alone on the GPU: the pipelined tensor-core kernel against the older
-// one (KILN_CUDA_FLASH_KERNEL=old) on Llama-3.1-8B's shape (32 q / 8 KV heads, head dim
-// 128, causal, one prompt of 512 / 2048 / 8192 tokens; at 2048 also with an fp8 cache),
-// Llama-3.2-1B's (32 / 8, head dim 64) and BERT-base's (12 heads, head dim 64, 32
-// sequences of 128 tokens, bidirectional, K/V read in place as the encoder path does).
-// Random bf16 inputs through a shuffled 16-token block table (one-token blocks for the
-// encoder); median of 20 repeats of 5 launches back to back (CUDA events). Before timing,
-// the two kernels' outputs are compared (max |new - old| and max |old|). TFLOP/s count
-// the attention FLOPs: 4 hq d per visible (query, key) pair, i.e. 2 hq d p(p+1) for a
-// causal prompt of p tokens. Ceiling: an 8192^3 bf16 cuBLASLt GEMM in the same run.
+// Prefill attention alone on the GPU: the tensor-core (flash) kernel against the CUDA-core
+// tile kernel the backend runs without it (KILN_CUDA_FLASH=0) on Llama-3.1-8B's shape (32
+// q / 8 KV heads, head dim 128, causal, one prompt of 512 / 2048 / 8192 tokens; at 2048
+// also with an fp8 cache), Llama-3.2-1B's (32 / 8, head dim 64) and BERT-base's (12
+// heads, head dim 64, 32 sequences of 128 tokens, bidirectional, K/V read in place as the
+// encoder path does). Random bf16 inputs through a shuffled 16-token block table
+// (one-token blocks for the encoder); median of 20 repeats of 5 launches back to back
+// (CUDA events). Before timing, the two kernels' outputs are compared (max |flash - tile|
+// and max |tile|; the tile kernel computes in f32). TFLOP/s count the attention FLOPs: 4
+// hq d per visible (query, key) pair, i.e. 2 hq d p(p+1) for a causal prompt of p tokens.
+// Ceiling: an 8192^3 bf16 cuBLASLt GEMM in the same run.
 //   cuda_attention_bench [8b|1b|bert ...]   (default: all)
 #include <cuda_runtime_api.h>
 
@@ -61,8 +62,8 @@ void run_case(const Case& c, int num_sms) {
   const int64_t blocks = cache ? int64_t(c.seqs) * ((c.len + bs - 1) / bs) : tokens;
   const int64_t kv_elems = blocks * bs * c.hkv * c.d, q_elems = tokens * c.hq * c.d;
   const size_t kv_bytes = size_t(kv_elems) * (c.code == KvCode::kNone ? 2 : 1);
-  DeviceBuffer q(size_t(q_elems) * 2), k(kv_bytes), v(kv_bytes), out_new(size_t(q_elems) * 2),
-      out_old(size_t(q_elems) * 2);
+  DeviceBuffer q(size_t(q_elems) * 2), k(kv_bytes), v(kv_bytes), out_flash(size_t(q_elems) * 2),
+      out_tile(size_t(q_elems) * 2);
   DeviceBuffer k_scales, v_scales;
   launch_fill_random(q.get(), DType::kBF16, q_elems, 1, nullptr);
   std::mt19937_64 rng(7);
@@ -96,9 +97,10 @@ void run_case(const Case& c, int num_sms) {
   }
   DeviceBuffer dseqs = upload(seqs), dtables = upload(tables);
 
-  auto args_for = [&](bool old, DeviceBuffer& work, int32_t& num_work, void* out) {
-    const AttentionPlan plan = attention_plan(seqs, c.hq, c.hkv, c.causal, num_sms, 0, 1, old);
-    KILN_CHECK(plan.flash, "bench: no tensor-core plan");
+  // flash: the tensor-core plan; else the tile kernel's (prefill rows: never split).
+  auto args_for = [&](bool flash, DeviceBuffer& work, int32_t& num_work, void* out) {
+    const AttentionPlan plan = attention_plan(seqs, c.hq, c.hkv, c.causal, num_sms, 0, flash ? 1 : 0);
+    KILN_CHECK(plan.flash == flash && plan.num_partials == 0, "bench: not the plan asked for");
     work = upload(plan.work);
     num_work = int32_t(plan.work.size());
     AttentionArgs a;
@@ -121,35 +123,34 @@ void run_case(const Case& c, int num_sms) {
     a.block_tables = static_cast<const int32_t*>(dtables.get());
     a.work = static_cast<const AttnWork*>(work.get());
     a.num_work = num_work;
-    a.flash = true;
-    a.flash_items = plan.flash_items;
+    a.flash = flash;
     return a;
   };
-  DeviceBuffer work_new, work_old;
-  int32_t n_new = 0, n_old = 0;
-  const AttentionArgs a_new = args_for(false, work_new, n_new, out_new.get());
-  const AttentionArgs a_old = args_for(true, work_old, n_old, out_old.get());
-  launch_attention(a_new, nullptr);
-  launch_attention(a_old, nullptr);
+  DeviceBuffer work_flash, work_tile;
+  int32_t n_flash = 0, n_tile = 0;
+  const AttentionArgs a_flash = args_for(true, work_flash, n_flash, out_flash.get());
+  const AttentionArgs a_tile = args_for(false, work_tile, n_tile, out_tile.get());
+  launch_attention(a_flash, nullptr);
+  launch_attention(a_tile, nullptr);
   KILN_CUDA_CHECK(cudaDeviceSynchronize());
-  const std::vector<float> yn = to_host_f32(out_new.get(), q_elems),
-                           yo = to_host_f32(out_old.get(), q_elems);
+  const std::vector<float> yf = to_host_f32(out_flash.get(), q_elems),
+                           yt = to_host_f32(out_tile.get(), q_elems);
   double dmax = 0, ymax = 0;
   bool finite = true;
-  for (size_t i = 0; i < yn.size(); ++i) {
-    finite = finite && std::isfinite(yn[i]);
-    dmax = std::max(dmax, double(std::fabs(yn[i] - yo[i])));
-    ymax = std::max(ymax, double(std::fabs(yo[i])));
+  for (size_t i = 0; i < yf.size(); ++i) {
+    finite = finite && std::isfinite(yf[i]);
+    dmax = std::max(dmax, double(std::fabs(yf[i] - yt[i])));
+    ymax = std::max(ymax, double(std::fabs(yt[i])));
   }
-  const float t_new = bench::median_ms([&] { launch_attention(a_new, nullptr); }, 20, 5);
-  const float t_old = bench::median_ms([&] { launch_attention(a_old, nullptr); }, 20, 5);
+  const float t_flash = bench::median_ms([&] { launch_attention(a_flash, nullptr); }, 20, 5);
+  const float t_tile = bench::median_ms([&] { launch_attention(a_tile, nullptr); }, 20, 5);
   const double pairs = c.causal ? double(c.len) * (c.len + 1) / 2 : double(c.len) * c.len;
   const double flop = 4.0 * double(c.hq) * double(c.d) * pairs * c.seqs;
   std::printf(
       "| %s | %d x %d | %s | %.3f (%.0f) | %.3f (%.0f) | %.2fx | %d / %d | %.2e / %.2e%s |\n",
-      c.name, c.seqs, c.len, c.code == KvCode::kFp8 ? "fp8" : "bf16", t_new,
-      flop / (t_new * 1e-3) / 1e12, t_old, flop / (t_old * 1e-3) / 1e12, t_old / t_new,
-      n_new * int(c.hkv), n_old * int(c.hkv), dmax, ymax, finite ? "" : " NON-FINITE");
+      c.name, c.seqs, c.len, c.code == KvCode::kFp8 ? "fp8" : "bf16", t_flash,
+      flop / (t_flash * 1e-3) / 1e12, t_tile, flop / (t_tile * 1e-3) / 1e12, t_tile / t_flash,
+      n_flash * int(c.hkv), n_tile * int(c.hkv), dmax, ymax, finite ? "" : " NON-FINITE");
 }
 
 }  // namespace
@@ -175,9 +176,9 @@ int main(int argc, char** argv) {
                 2.0 * double(s) * s * s / (ms * 1e-3) / 1e12, num_sms);
   }
   std::printf(
-      "| shape | seqs x tokens | cache | new ms (TFLOP/s) | old ms (TFLOP/s) | speed-up | CTAs new "
-      "/ old |"
-      " max|new - old| / max|old| |\n|---|---|---|---|---|---|---|---|\n");
+      "| shape | seqs x tokens | cache | flash ms (TFLOP/s) | tile ms (TFLOP/s) | speed-up | CTAs flash "
+      "/ tile |"
+      " max|flash - tile| / max|tile| |\n|---|---|---|---|---|---|---|---|\n");
   std::vector<Case> cases;
   if (want("8b"))
     for (int32_t p : {512, 2048, 8192})

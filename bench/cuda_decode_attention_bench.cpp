@@ -8,6 +8,7 @@
 // in a decode step); the table gives us per call (median of 30 graph replays), the K/V
 // bytes read per second and their share of a device-to-device copy measured in the same
 // run (read + write bytes), the splits each plan uses, and max |old - new| of the outputs.
+// KILN_CUDA_DECODE_SPLITS=1|2|4|8 forces the cluster kernel's splits, as in the backend.
 //   cuda_decode_attention_bench [--kv int8|fp8]
 #include <cuda_runtime_api.h>
 
@@ -74,7 +75,7 @@ struct Result {
   std::vector<uint16_t> out;
 };
 
-Result run_variant(const Case& c, bool cluster, KvCode code, int num_sms) {
+Result run_variant(const Case& c, bool cluster, KvCode code, int num_sms, int forced_splits) {
   std::mt19937_64 rng(uint64_t(c.batch * 1000 + c.ctx + c.m.hq));
   const int64_t bs = 16, hq = c.m.hq, hkv = c.m.hkv, d = c.m.d, width = (hq + 2 * hkv) * d;
   std::uniform_int_distribution<int64_t> spread(2 * c.ctx / 3, 4 * c.ctx / 3);
@@ -122,7 +123,7 @@ Result run_variant(const Case& c, bool cluster, KvCode code, int num_sms) {
   DeviceBuffer d_seqs = upload(seqs), d_tables = upload(tables), d_slots = upload(slots),
                d_pos = upload(positions), d_inv = upload(inv);
 
-  AttentionPlan plan = cluster ? attention_plan_decode_cluster(seqs, hq, hkv, d, num_sms)
+  AttentionPlan plan = cluster ? attention_plan_decode_cluster(seqs, hq, hkv, d, num_sms, forced_splits)
                                : attention_plan_decode(seqs, hq, hkv, num_sms);
   DeviceBuffer d_work = upload(plan.work), d_comb = upload(plan.combine);
   DeviceBuffer ws(std::max<size_t>(attention_workspace_floats(plan, hkv, d) * 4, 4));
@@ -232,7 +233,8 @@ int main(int argc, char** argv) {
     cudaDeviceProp prop{};
     KILN_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
     KILN_THROW_IF(!attention_decode_cluster_supported(DType::kBF16, 32, 8, 64), kUnsupported,
-                  "the cluster decode kernel does not run on ", prop.name, " (sm_90+, KILN_CUDA_DECODE_ATTN unset)");
+                  "the cluster decode kernel does not run on ", prop.name, " (sm_90+)");
+    const int forced_splits = attention_decode_splits_from_env();  // KILN_CUDA_DECODE_SPLITS, as the backend
     const double copy = bench::device_copy_gbs();
     std::printf("%s, %d SMs; device-to-device copy %.0f GB/s (read + write); cache %s, 16-token blocks\n", prop.name,
                 sms, copy, code == KvCode::kNone ? "bf16" : code == KvCode::kInt8 ? "int8" : "fp8");
@@ -246,7 +248,7 @@ int main(int argc, char** argv) {
                 "KV MB", "old us", "GB/s", "%copy", "splits", "new us", "GB/s", "%copy", "splits", "speedup",
                 "max|diff|");
     for (const Case& c : cases) {
-      const Result o = run_variant(c, false, code, sms), n = run_variant(c, true, code, sms);
+      const Result o = run_variant(c, false, code, sms, 0), n = run_variant(c, true, code, sms, forced_splits);
       double bytes = 0;
       {
         std::mt19937_64 rng(uint64_t(c.batch * 1000 + c.ctx + c.m.hq));

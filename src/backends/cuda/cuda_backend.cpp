@@ -104,9 +104,9 @@ class CudaCompiledGraph final : public CompiledGraph {
         attn_keys_.insert({n.attr_int("num_heads"), n.attr_int("num_kv_heads")});
         attn_max_d_ = std::max(attn_max_d_, n.attr_int("head_dim"));
         attn_flash_ok_ = attn_flash_ok_ && attention_flash_supported(prep_.act, n.attr_int("head_dim"));
-        attn_cluster_ok_ = attn_cluster_ok_ && attention_decode_cluster_supported(prep_.act, n.attr_int("num_heads"),
-                                                                                  n.attr_int("num_kv_heads"),
-                                                                                  n.attr_int("head_dim"));
+        attn_cluster_ok_ = attn_cluster_ok_ && decode_cluster_ &&
+                           attention_decode_cluster_supported(prep_.act, n.attr_int("num_heads"),
+                                                              n.attr_int("num_kv_heads"), n.attr_int("head_dim"));
       }
     }
     plan_memory();
@@ -452,21 +452,22 @@ class CudaCompiledGraph final : public CompiledGraph {
     std::map<std::pair<int64_t, int64_t>, PlanOff> plan_offs;
     size_t ws_floats = 0, counters = 0;
     // Decode steps take the cluster decode kernel where every attention node suits it
-    // (read per step: KILN_CUDA_DECODE_ATTN=old keeps the grouped-query plans).
-    const bool cluster = decode && attn_cluster_ok_ && attention_decode_cluster_supported(prep_.act, 1, 1, attn_max_d_);
+    // (decided when the graph was compiled: attn_cluster_ok_).
+    const bool cluster = decode && attn_cluster_ok_;
     for (auto key : attn_keys_) {
       PlanOff po;
-      po.plan = cluster  ? attention_plan_decode_cluster(seqs, key.first, key.second, attn_max_d_, cx_->num_sms)
+      po.plan = cluster  ? attention_plan_decode_cluster(seqs, key.first, key.second, attn_max_d_, cx_->num_sms,
+                                                         decode_splits_)
                 : decode ? attention_plan_decode(seqs, key.first, key.second, cx_->num_sms)
                          : attention_plan(seqs, key.first, key.second, true, cx_->num_sms, split_chunk_,
-                                          attn_flash_ok_ ? flash_mode_ : 0, flash_old_);
+                                          attn_flash_ok_ ? flash_mode_ : 0);
       po.work = w.put_vec(po.plan.work);
       po.combine = w.put_vec(po.plan.combine);
       ws_floats = std::max(ws_floats, attention_workspace_floats(po.plan, key.second, attn_max_d_));
       counters = std::max(counters, attention_counters(po.plan, key.second));
       graph_key_.insert(graph_key_.end(), {int64_t(po.plan.work.size()), int64_t(po.plan.combine.size()),
                                            int64_t(po.plan.num_partials), int64_t(po.plan.flash),
-                                           int64_t(po.plan.decode_splits), int64_t(po.plan.flash_items)});
+                                           int64_t(po.plan.decode_splits)});
       plan_offs[key] = std::move(po);
     }
     // Block tables go last: the only section whose length changes between decode steps.
@@ -506,7 +507,7 @@ class CudaCompiledGraph final : public CompiledGraph {
     for (auto& [key, po] : plan_offs)
       dev_step_.plans[key] = {reinterpret_cast<const AttnWork*>(base + po.work), int32_t(po.plan.work.size()),
                               reinterpret_cast<const AttnCombine*>(base + po.combine), int32_t(po.plan.combine.size()),
-                              po.plan.num_partials, po.plan.flash, po.plan.decode_splits, po.plan.flash_items};
+                              po.plan.num_partials, po.plan.flash, po.plan.decode_splits};
     attn_ws_.grow(std::max<size_t>(ws_floats * sizeof(float), 1), s);
     dev_step_.attn_workspace = static_cast<float*>(attn_ws_.get());
     // Zeroed when (re)allocated; each fused decode launch leaves its counters at zero.
@@ -626,14 +627,17 @@ class CudaCompiledGraph final : public CompiledGraph {
   std::set<std::pair<int64_t, int64_t>> attn_keys_;
   int64_t attn_max_d_ = 0;
   bool attn_flash_ok_ = true;  // every Attention node's head dim and dtype suit the tensor-core kernel
-  bool attn_cluster_ok_ = true;  // ... and the cluster decode kernel (attention_decode_cluster_supported)
+  // ... and the cluster decode kernel (attention_decode_cluster_supported, KILN_CUDA_DECODE_ATTN not "old").
+  bool attn_cluster_ok_ = true;
   // KILN_CUDA_FLASH: 0 never plans tensor-core prefill attention, 1 always (tests), unset: when it fills the GPU.
   int flash_mode_ = [] {
     const char* e = std::getenv("KILN_CUDA_FLASH");
     return e && *e ? (std::atoi(e) > 0 ? 1 : 0) : -1;
   }();
-  // KILN_CUDA_FLASH_KERNEL=old: the older tensor-core prefill kernel (one comparison round).
-  bool flash_old_ = attention_flash_old_from_env();
+  // Read here, once per compiled graph, like the other switches: KILN_CUDA_DECODE_ATTN
+  // (false: "old", the grouped-query decode kernels) and KILN_CUDA_DECODE_SPLITS (0: planned).
+  bool decode_cluster_ = attention_decode_cluster_from_env();
+  int decode_splits_ = attention_decode_splits_from_env();
   int64_t split_chunk_ = [] {
     const char* e = std::getenv("KILN_CUDA_SPLIT_CHUNK");  // tests force split-KV with it
     return e ? std::atoll(e) : 0LL;

@@ -98,7 +98,6 @@ struct DevAttentionPlan {
   int32_t num_partials = 0;
   bool flash = false;
   int32_t decode_splits = 0;  // > 0: the cluster decode kernel's plan
-  int32_t flash_items = kFlash2ItemsPerCta;
 };
 
 // The step's metadata on the device (one upload per step).

@@ -9,10 +9,10 @@
 // pool's bit for bit; decode steps over directly filled pools (batch 1/3/64, contexts to
 // 4096, GQA groups 1-8) through the cluster decode kernel (unsplit and 2/8 splits) and
 // the fused grouped-query decode kernel; steps without a cache whose sequences are one
-// token each (the grouped kernel reading the rows in place). The tensor-core kernels (the
-// pipelined one and, with KILN_CUDA_FLASH_KERNEL=old, the older one) also over chunked
-// prefills after a cached prefix, and the pipelined plan's coverage and order (host
-// only). Skips without a GPU (the plan test runs anywhere).
+// token each (the grouped kernel reading the rows in place). The tensor-core kernel also
+// over chunked prefills after a cached prefix, and its plan's coverage and order (host
+// only); the decode switches read once per compiled graph. Skips without a GPU (the plan
+// test runs anywhere).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
@@ -92,13 +92,11 @@ double quantized_tolerance(const std::string& dtype) {
 }
 
 // flash "1" plans the tensor-core kernel for every non-decode step it supports (16-bit,
-// head dims 64/128): prefills and the mixed chunk + decode steps; flash_kernel "old" the
-// older one instead of the pipelined one (KILN_CUDA_FLASH_KERNEL).
+// head dims 64/128): prefills and the mixed chunk + decode steps.
 void check_decoder(const Config& c, const std::string& split_chunk, const std::string& flash = "",
-                   KvDType kv_dtype = KvDType::kAuto, const std::string& flash_kernel = "") {
+                   KvDType kv_dtype = KvDType::kAuto) {
   setenv("KILN_CUDA_SPLIT_CHUNK", split_chunk.c_str(), 1);
   setenv("KILN_CUDA_FLASH", flash.c_str(), 1);
-  setenv("KILN_CUDA_FLASH_KERNEL", flash_kernel.c_str(), 1);
   int64_t tokens = 0;
   for (int32_t p : c.prompts) tokens += p + 6;
   const int64_t blocks = tokens / c.block_size + int64_t(c.prompts.size()) * 2 + 4;
@@ -109,13 +107,12 @@ void check_decoder(const Config& c, const std::string& split_chunk, const std::s
                 .dtype = kv_dtype};
     std::string what = str_cat("attn hq=", c.hq, " hkv=", c.hkv, " d=", c.d, " bs=", c.block_size, " seqs=", c.prompts.size(),
                                " max_prompt=", *std::max_element(c.prompts.begin(), c.prompts.end()), " split=", split_chunk, " flash=", flash,
-                               flash_kernel, " kv=", kv_dtype_name(kv_dtype));
+                               " kv=", kv_dtype_name(kv_dtype));
     const double tol = kv_dtype == KvDType::kAuto ? op_tolerance(dt) : quantized_tolerance(dt);
     expect_backends_match(attention_graph(c, true), steps, dt, tol, what, kv);
   }
   unsetenv("KILN_CUDA_SPLIT_CHUNK");
   unsetenv("KILN_CUDA_FLASH");
-  unsetenv("KILN_CUDA_FLASH_KERNEL");
 }
 
 TEST(CudaAttention, DecoderShortContexts) {
@@ -131,15 +128,14 @@ TEST(CudaAttention, DecoderLongContexts) {
     check_decoder(Config{4, 2, 64, 16, {3000, 700}}, split);
     check_decoder(Config{8, 1, 128, 16, {1500}}, split);
   }
-  // Tensor-core prefill forced on (auto already picks it for these prefills) with the
-  // pipelined and the older kernel, and off.
-  for (const auto& [flash, kernel] : std::vector<std::pair<std::string, std::string>>{{"1", ""}, {"1", "old"}, {"0", ""}}) {
-    check_decoder(Config{4, 2, 64, 16, {3000, 700}}, "0", flash, KvDType::kAuto, kernel);
-    check_decoder(Config{32, 8, 128, 16, {1100, 37, 1}}, "0", flash, KvDType::kAuto, kernel);
+  // Tensor-core prefill forced on (auto already picks it for these prefills) and off.
+  for (const char* flash : {"1", "0"}) {
+    check_decoder(Config{4, 2, 64, 16, {3000, 700}}, "0", flash);
+    check_decoder(Config{32, 8, 128, 16, {1100, 37, 1}}, "0", flash);
   }
 }
 
-// Chunked prefill through the tensor-core kernels: every sequence's prompt arrives in
+// Chunked prefill through the tensor-core kernel: every sequence's prompt arrives in
 // chunks, one per step, whose queries see the cached prefix and causally each other;
 // chunk starts and contexts off the 64-key tile and the block size (including a block
 // size that is not a power of two), GQA groups that split a 16-item MMA tile across rows
@@ -182,22 +178,18 @@ void check_chunked(const Config& c, const std::vector<std::vector<int32_t>>& chu
                    const std::vector<std::string>& dtypes) {
   int64_t blocks = 4;
   for (const auto& ch : chunks) blocks += (std::accumulate(ch.begin(), ch.end(), int64_t(0)) + c.block_size - 1) / c.block_size;
-  for (const char* kernel : {"", "old"})
-    for (const std::string& dt : dtypes) {
-      setenv("KILN_CUDA_FLASH", "1", 1);
-      setenv("KILN_CUDA_FLASH_KERNEL", kernel, 1);
-      std::mt19937_64 rng(uint64_t(c.hq * 31 + c.d + c.block_size));
-      auto steps = chunked_steps(c, chunks, dt, blocks, rng);
-      KvLayout kv{.num_layers = 1, .num_blocks = blocks, .block_size = c.block_size, .num_kv_heads = c.hkv,
-                  .head_dim = c.d, .dtype = kv_dtype};
-      const double tol = kv_dtype == KvDType::kAuto ? op_tolerance(dt) : quantized_tolerance(dt);
-      expect_backends_match(attention_graph(c, true), steps, dt, tol,
-                            str_cat("chunked hq=", c.hq, " hkv=", c.hkv, " d=", c.d, " bs=", c.block_size, " kernel=",
-                                    *kernel ? kernel : "new", " kv=", kv_dtype_name(kv_dtype)),
-                            kv);
-      unsetenv("KILN_CUDA_FLASH");
-      unsetenv("KILN_CUDA_FLASH_KERNEL");
-    }
+  for (const std::string& dt : dtypes) {
+    std::mt19937_64 rng(uint64_t(c.hq * 31 + c.d + c.block_size));
+    auto steps = chunked_steps(c, chunks, dt, blocks, rng);
+    KvLayout kv{.num_layers = 1, .num_blocks = blocks, .block_size = c.block_size, .num_kv_heads = c.hkv,
+                .head_dim = c.d, .dtype = kv_dtype};
+    const double tol = kv_dtype == KvDType::kAuto ? op_tolerance(dt) : quantized_tolerance(dt);
+    const ScopedEnv flash("KILN_CUDA_FLASH", "1");
+    expect_backends_match(attention_graph(c, true), steps, dt, tol,
+                          str_cat("chunked hq=", c.hq, " hkv=", c.hkv, " d=", c.d, " bs=", c.block_size,
+                                  " kv=", kv_dtype_name(kv_dtype)),
+                          kv);
+  }
 }
 
 TEST(CudaAttention, ChunkedPrefillTensorCore) {
@@ -212,36 +204,38 @@ TEST(CudaAttention, ChunkedPrefillTensorCore) {
     check_chunked(Config{32, 8, 128, 16, {}}, {{300, 77}, {45, 130}}, kd, {"bf16"});
 }
 
-// A mistyped KILN_CUDA_FLASH_KERNEL is an error naming the variable, not silently a kernel.
-TEST(CudaAttention, BadFlashKernelNameIsAnError) {
+// A mistyped decode switch is an error naming the variable when the graph compiles, not
+// silently a kernel.
+TEST(CudaAttention, BadDecodeSwitchesAreErrors) {
   KILN_SKIP_WITHOUT_CUDA();
-  setenv("KILN_CUDA_FLASH_KERNEL", "fast", 1);
-  auto be = create_backend("cuda");
-  try {
-    be->compile(attention_graph(Config{4, 2, 64, 16, {}}, true), {.weight_dtype = "bf16"});
-    ADD_FAILURE() << "compile accepted KILN_CUDA_FLASH_KERNEL=fast";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("KILN_CUDA_FLASH_KERNEL"), std::string::npos) << e.what();
+  for (const auto& [name, value] : std::vector<std::pair<const char*, const char*>>{
+           {"KILN_CUDA_DECODE_ATTN", "fast"}, {"KILN_CUDA_DECODE_SPLITS", "3"}, {"KILN_CUDA_DECODE_SPLITS", "4x"}}) {
+    const ScopedEnv env(name, value);
+    auto be = create_backend("cuda");
+    try {
+      be->compile(attention_graph(Config{4, 2, 64, 16, {}}, true), {.weight_dtype = "bf16"});
+      ADD_FAILURE() << "compile accepted " << name << "=" << value;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+    }
   }
-  unsetenv("KILN_CUDA_FLASH_KERNEL");
 }
 
-// The pipelined kernel's plan (host only, no GPU): every (row, head) item of every
-// sequence in exactly one 128-item CTA, the CTAs that read the most keys first; the older
-// kernel's plan keeps 64-item CTAs.
+// The tensor-core kernel's plan (host only, no GPU): every (row, head) item of every
+// sequence in exactly one 128-item CTA, the CTAs that read the most keys first.
 TEST(CudaAttentionPlan, FlashPlanCoversEveryItemLongestFirst) {
   const std::vector<AttnSeq> seqs = {{0, 300, 1000, 0}, {300, 37, 37, 0}, {337, 1, 500, 0}, {338, 1024, 1024, 0}};
   const int64_t hq = 12, hkv = 4, group = 3;
   for (bool causal : {true, false}) {
     const AttentionPlan plan = attention_plan(seqs, hq, hkv, causal, 132, 0, 1);
     ASSERT_TRUE(plan.flash);
-    EXPECT_EQ(plan.flash_items, kFlash2ItemsPerCta);
+    EXPECT_EQ(plan.work.size(), size_t(8 + 1 + 1 + 24));  // ceil(items / 128) per sequence
     std::vector<std::vector<int>> seen(seqs.size());
     for (size_t i = 0; i < seqs.size(); ++i) seen[i].assign(size_t(seqs[i].q_len * group), 0);
     int64_t prev_keys = INT64_MAX;
     for (const AttnWork& w : plan.work) {
       const AttnSeq& s = seqs[size_t(w.seq)];
-      const int64_t n = int64_t(s.q_len) * group, last = std::min<int64_t>(n, w.item_begin + kFlash2ItemsPerCta) - 1;
+      const int64_t n = int64_t(s.q_len) * group, last = std::min<int64_t>(n, w.item_begin + kFlashItemsPerCta) - 1;
       EXPECT_EQ(w.kv_begin, 0);
       EXPECT_EQ(w.kv_end, s.ctx_len);
       EXPECT_EQ(w.partial, -1);
@@ -252,11 +246,32 @@ TEST(CudaAttentionPlan, FlashPlanCoversEveryItemLongestFirst) {
     }
     for (const auto& v : seen)
       for (int x : v) EXPECT_EQ(x, 1);
-    const AttentionPlan old = attention_plan(seqs, hq, hkv, causal, 132, 0, 1, true);
-    EXPECT_TRUE(old.flash);
-    EXPECT_EQ(old.flash_items, kFlashItemsPerCta);
-    EXPECT_EQ(old.work.size(), size_t(15 + 2 + 1 + 48));  // ceil(items / 64) per sequence
   }
+}
+
+// The decode switches' parsing and the cluster plan's forced splits (host only, no GPU).
+TEST(CudaAttentionPlan, DecodeSwitchesAndForcedSplits) {
+  {
+    const ScopedEnv attn("KILN_CUDA_DECODE_ATTN", ""), splits("KILN_CUDA_DECODE_SPLITS", "");
+    EXPECT_TRUE(attention_decode_cluster_from_env());
+    EXPECT_EQ(attention_decode_splits_from_env(), 0);
+  }
+  {
+    const ScopedEnv attn("KILN_CUDA_DECODE_ATTN", "old"), splits("KILN_CUDA_DECODE_SPLITS", "8");
+    EXPECT_FALSE(attention_decode_cluster_from_env());
+    EXPECT_EQ(attention_decode_splits_from_env(), 8);
+  }
+  {
+    const ScopedEnv attn("KILN_CUDA_DECODE_ATTN", "cluster"), splits("KILN_CUDA_DECODE_SPLITS", "0");
+    EXPECT_TRUE(attention_decode_cluster_from_env());
+    EXPECT_THROW(attention_decode_splits_from_env(), Error);
+  }
+  const std::vector<AttnSeq> seqs = {{0, 1, 100, 0}, {1, 1, 20, 0}};
+  // 2 sequences x 8 KV heads on 132 SMs, short contexts: one split unless forced.
+  EXPECT_EQ(attention_plan_decode_cluster(seqs, 32, 8, 64, 132).decode_splits, 1);
+  for (int forced : {1, 2, 4, 8})
+    EXPECT_EQ(attention_plan_decode_cluster(seqs, 32, 8, 64, 132, forced).decode_splits, forced);
+  EXPECT_THROW(attention_plan_decode_cluster(seqs, 32, 8, 64, 132, 3), Error);
 }
 
 // int8 and fp8 caches: decode steps through the decode kernel (GQA groups 1-4) and split
@@ -490,7 +505,9 @@ TEST(CudaAttention, PackedQkvQuantizedCachesMatchCpu) {
 // 8 splits merged through the cluster, empty splits included) and the fused grouped
 // decode kernel (decode "old"; split "0": the decode plan's automatic splits, "64":
 // forced 64-key splits, "-1": none). Every setting runs all the steps in order on a fresh
-// pool, which `fill` (if set) fills before the first step as it filled the CPU pool.
+// pool, which `fill` (if set) fills before the first step as it filled the CPU pool. The
+// variables are read when a graph compiles: the steps run with values that would be
+// errors if a step read them.
 using PoolFill = std::function<void(KvStorage& cpu, KvStorage& gpu)>;
 struct DecodeVariant {
   std::string split, decode;
@@ -498,20 +515,14 @@ struct DecodeVariant {
 const std::vector<DecodeVariant> kDecodeVariants = {{"0", ""},   {"0", "s1"}, {"0", "s2"}, {"0", "s8"},
                                                     {"0", "old"}, {"64", ""},  {"-1", ""}};
 
-// Sets (or clears) the per-run variables of a variant: read at each step.
-void set_decode_env(const DecodeVariant& v) {
-  if (v.decode == "old")
-    setenv("KILN_CUDA_DECODE_ATTN", "old", 1);
-  else
-    unsetenv("KILN_CUDA_DECODE_ATTN");
-  if (v.decode.size() == 2 && v.decode[0] == 's')
-    setenv("KILN_CUDA_DECODE_SPLITS", v.decode.substr(1).c_str(), 1);
-  else
-    unsetenv("KILN_CUDA_DECODE_SPLITS");
-}
-void clear_decode_env() {
-  unsetenv("KILN_CUDA_DECODE_ATTN");
-  unsetenv("KILN_CUDA_DECODE_SPLITS");
+// A variant's graph on a fresh CUDA backend, compiled under its variables.
+std::unique_ptr<CompiledGraph> compile_variant(Backend& gpu, const ir::Graph& g, const std::string& dt,
+                                               const DecodeVariant& v) {
+  const ScopedEnv split("KILN_CUDA_SPLIT_CHUNK", v.split);
+  const ScopedEnv attn("KILN_CUDA_DECODE_ATTN", v.decode == "old" ? "old" : "");
+  const bool forced = v.decode.size() == 2 && v.decode[0] == 's';
+  const ScopedEnv splits("KILN_CUDA_DECODE_SPLITS", forced ? v.decode.substr(1) : "");
+  return gpu.compile(g, {.weight_dtype = dt});
 }
 
 void expect_variants_match(const ir::Graph& g, const std::vector<StepCase>& cases, const std::string& dt, double tol,
@@ -523,20 +534,17 @@ void expect_variants_match(const ir::Graph& g, const std::vector<StepCase>& case
   std::vector<std::unique_ptr<CompiledGraph>> ggs;
   std::vector<std::unique_ptr<KvStorage>> gkvs;
   for (const DecodeVariant& dv : kDecodeVariants) {
-    setenv("KILN_CUDA_SPLIT_CHUNK", dv.split.c_str(), 1);  // read when a graph compiles
     gpus.push_back(create_backend("cuda"));
-    ggs.push_back(gpus.back()->compile(g, {.weight_dtype = dt}));
+    ggs.push_back(compile_variant(*gpus.back(), g, dt, dv));
     gkvs.push_back(gpus.back()->allocate_kv(layout));
     if (fill) fill(*ckv, *gkvs.back());
   }
-  unsetenv("KILN_CUDA_SPLIT_CHUNK");
+  const ScopedEnv bad_attn("KILN_CUDA_DECODE_ATTN", "bad"), bad_splits("KILN_CUDA_DECODE_SPLITS", "3");
   for (size_t i = 0; i < cases.size(); ++i) {
     const Tensor want = cg->run(cases[i].inputs, cases[i].step, ckv.get()).at("y").clone();
     for (size_t v = 0; v < kDecodeVariants.size(); ++v) {
       const DecodeVariant& dv = kDecodeVariants[v];
-      set_decode_env(dv);  // read at each step and launch
       TensorMap got = ggs[v]->run(cases[i].inputs, cases[i].step, gkvs[v].get());
-      clear_decode_env();
       ASSERT_TRUE(got.count("y"));
       const Diff d = diff(got.at("y"), want);
       const std::string w = str_cat(what, " split=", dv.split, " decode=", dv.decode.empty() ? "cluster" : dv.decode);

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -30,6 +31,28 @@ inline std::string fixtures_dir() {
   if (const char* e = std::getenv("KILN_FIXTURES_DIR")) return e;
   return KILN_FIXTURES_DIR;
 }
+
+// Sets an environment variable for a scope (compiled graphs and prepared ops read the
+// backend's switches once, when they are compiled or prepared).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (old_)
+      setenv(name_, old_->c_str(), 1);
+    else
+      unsetenv(name_);
+  }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
 
 // Per-dtype bound on max|cuda - cpu| / max|cpu| for single ops on inputs already
 // rounded to the dtype: f32 is rounding noise, f16/bf16 about 4 output ulps.

@@ -472,7 +472,8 @@ TEST(CudaRealDecoder, SmolLM2GreedyMatchesCpu) {
 // with 4 splits merged through the cluster (KILN_CUDA_DECODE_SPLITS=4): 32 greedy tokens
 // of the fixture prompts, teacher-forced along the old kernel's; where the argmax differs
 // it is a near-tie of the old kernel's logits (a 16-bit rounding may flip it), and every
-// step's logits are within the 16-bit bound of each other. The tiny golden models have
+// step's logits are within the 16-bit bound of each other. The switches are read when a
+// model's graph compiles, so each setting has its own model. The tiny golden models have
 // head dim 16 and keep the grouped kernel.
 TEST(CudaRealDecoder, SmolLM2ClusterDecodeMatchesGroupedKernel) {
   KILN_SKIP_WITHOUT_CUDA();
@@ -484,29 +485,28 @@ TEST(CudaRealDecoder, SmolLM2ClusterDecodeMatchesGroupedKernel) {
   Ref ref("smollm2");
   std::vector<std::vector<int32_t>> prompts = {ref.ids("input_ids_0"), ref.ids("input_ids_1")};
   for (const std::string dt : {"bf16", "f16"}) {
-    auto gpu = Model::load(path, {.backend = "cuda", .weight_dtype = dt});
-    const int64_t v = gpu->info().vocab_size;
-    setenv("KILN_CUDA_DECODE_ATTN", "old", 1);
+    auto load = [&](const char* attn, const char* splits) {
+      const ScopedEnv a("KILN_CUDA_DECODE_ATTN", attn), s("KILN_CUDA_DECODE_SPLITS", splits);
+      return Model::load(path, {.backend = "cuda", .weight_dtype = dt});
+    };
+    auto grouped = load("old", "");
+    const int64_t v = grouped->info().vocab_size;
     std::vector<std::vector<int32_t>> want;
     {
-      LlmRunner runner(*gpu, {.max_total_tokens = 1024});
+      LlmRunner runner(*grouped, {.max_total_tokens = 1024});
       want = runner.generate_greedy(prompts, 32);
     }
     for (const char* splits : {"", "4"}) {
       const std::string tag = str_cat("smollm2 ", dt, " splits=", *splits ? splits : "auto");
+      auto cluster = load("cluster", splits);
       for (size_t i = 0; i < prompts.size(); ++i) {
-        LlmRunner ro(*gpu, {.max_total_tokens = 1024}), rn(*gpu, {.max_total_tokens = 1024});
+        LlmRunner ro(*grouped, {.max_total_tokens = 1024}), rn(*cluster, {.max_total_tokens = 1024});
         const int32_t so = ro.add_sequence(prompts[i]), sn = rn.add_sequence(prompts[i]);
         int equal = 0;
         double worst = 0;
         for (size_t step = 0; step < want[i].size(); ++step) {
-          setenv("KILN_CUDA_DECODE_ATTN", "old", 1);
-          unsetenv("KILN_CUDA_DECODE_SPLITS");
           auto oo = ro.step();
-          unsetenv("KILN_CUDA_DECODE_ATTN");
-          if (*splits) setenv("KILN_CUDA_DECODE_SPLITS", splits, 1);
           auto on = rn.step();
-          unsetenv("KILN_CUDA_DECODE_SPLITS");
           ASSERT_EQ(oo.size(), 1u);
           ASSERT_EQ(on.size(), 1u);
           const float* lo = oo[0].logits.data();
@@ -531,7 +531,6 @@ TEST(CudaRealDecoder, SmolLM2ClusterDecodeMatchesGroupedKernel) {
         EXPECT_GE(equal, int(want[i].size()) - 2) << tag << " prompt " << i;
       }
     }
-    unsetenv("KILN_CUDA_DECODE_ATTN");
   }
 }
 

@@ -14,7 +14,6 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <optional>
 
 #include "backends/cuda/ops/topk.h"
 #include "cuda_test_util.h"
@@ -27,26 +26,6 @@ using namespace testing;
 constexpr float kInf = std::numeric_limits<float>::infinity();
 
 enum class Fill { kNormal, kTies, kSpecial };
-
-// Sets an environment variable for a scope (a compiled TopKLogits node reads the
-// switches once, when it is prepared).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const std::string& value) : name_(name) {
-    if (const char* old = std::getenv(name)) old_ = old;
-    setenv(name, value.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    if (old_)
-      setenv(name_, old_->c_str(), 1);
-    else
-      unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> old_;
-};
 
 Tensor logits_tensor(int64_t rows, int64_t v, Fill fill, const std::string& dtype, uint64_t seed) {
   std::mt19937_64 rng(seed);

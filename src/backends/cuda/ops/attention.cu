@@ -9,15 +9,13 @@
 // int8/fp8 caches; attention_fused.cu: the grouped-query decode kernel).
 #include "backends/cuda/ops/attention_kernels.cuh"
 
-#include <cstdlib>
-#include <cstring>
 #include <numeric>
 
 namespace kiln::cuda {
 
 // attention_flash.cu: the pipelined tensor-core prefill kernel (plans of
-// kFlash2ItemsPerCta-item CTAs).
-void launch_attention_flash2(const AttentionArgs& a, cudaStream_t s);
+// kFlashItemsPerCta-item CTAs).
+void launch_attention_flash(const AttentionArgs& a, cudaStream_t s);
 namespace {
 
 template <typename T>
@@ -95,34 +93,25 @@ bool attention_flash_supported(DType t, int64_t d) {
   return (t == DType::kBF16 || t == DType::kF16) && (d == 64 || d == 128);
 }
 
-bool attention_flash_old_from_env() {
-  const char* e = std::getenv("KILN_CUDA_FLASH_KERNEL");
-  if (!e || !*e || std::strcmp(e, "new") == 0) return false;
-  KILN_THROW_IF(std::strcmp(e, "old") != 0, kInvalidArgument, "KILN_CUDA_FLASH_KERNEL='", e,
-                "': expected 'old' (the 64-item tensor-core kernel), 'new' or unset (the pipelined one)");
-  return true;
-}
-
 AttentionPlan attention_plan(const std::vector<AttnSeq>& seqs, int64_t hq, int64_t hkv, bool causal,
-                             int num_sms, int64_t split_chunk, int flash, bool flash_old) {
+                             int num_sms, int64_t split_chunk, int flash) {
   const int64_t group = hq / hkv;
   AttentionPlan plan;
   if (flash != 0) {
     // Automatic: when some sequence fills 64 items (a prefill chunk; BERT-base at one
     // sequence of 128 tokens: 24 CTAs, 0.57 vs 0.69 ms per forward with the tile kernel's
     // 96) or the CTAs fill the GPU.
-    const int64_t width = flash_old ? kFlashItemsPerCta : kFlash2ItemsPerCta;
+    constexpr int64_t kFullItems = 64, width = kFlashItemsPerCta;
     int64_t ctas = 0;
     bool full_cta = false;
     for (const AttnSeq& s : seqs) {
       ctas += (int64_t(s.q_len) * group + width - 1) / width;
-      full_cta = full_cta || int64_t(s.q_len) * group >= kFlashItemsPerCta;
+      full_cta = full_cta || int64_t(s.q_len) * group >= kFullItems;
     }
     if (flash > 0 || full_cta || ctas * hkv >= num_sms) {
       plan.flash = true;
-      plan.flash_items = int32_t(width);
       // Causal: a sequence's later rows see more keys; their CTAs go first.
-      std::vector<int64_t> keys;  // keys each CTA reads (pipelined kernel: the longest start first)
+      std::vector<int64_t> keys;  // keys each CTA reads: the longest start first
       for (size_t i = 0; i < seqs.size(); ++i) {
         const AttnSeq& s = seqs[i];
         const int64_t n_items = int64_t(s.q_len) * group, tiles = (n_items + width - 1) / width;
@@ -133,15 +122,13 @@ AttentionPlan attention_plan(const std::vector<AttnSeq>& seqs, int64_t hq, int64
           keys.push_back(causal ? s.ctx_len - s.q_len + last_row + 1 : s.ctx_len);
         }
       }
-      if (!flash_old) {
-        std::vector<size_t> order(plan.work.size());
-        std::iota(order.begin(), order.end(), size_t(0));
-        std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) { return keys[x] > keys[y]; });
-        std::vector<AttnWork> sorted;
-        sorted.reserve(order.size());
-        for (size_t i : order) sorted.push_back(plan.work[i]);
-        plan.work = std::move(sorted);
-      }
+      std::vector<size_t> order(plan.work.size());
+      std::iota(order.begin(), order.end(), size_t(0));
+      std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) { return keys[x] > keys[y]; });
+      std::vector<AttnWork> sorted;
+      sorted.reserve(order.size());
+      for (size_t i : order) sorted.push_back(plan.work[i]);
+      plan.work = std::move(sorted);
       return plan;
     }
   }
@@ -231,12 +218,8 @@ void launch_attention(const AttentionArgs& a, cudaStream_t s) {
   if (a.flash) {
     KILN_THROW_IF(!attention_flash_supported(a.dtype, a.d), kInternal, "cuda attention: a tensor-core plan for ",
                   dtype_name(a.dtype), " head_dim ", a.d);
-    KILN_THROW_IF(a.flash_items != kFlashItemsPerCta && a.flash_items != kFlash2ItemsPerCta, kInternal,
-                  "cuda attention: a tensor-core plan of ", a.flash_items, "-item CTAs");
-    if (a.flash_items == kFlash2ItemsPerCta) {
-      launch_attention_flash2(a, s);
-      return;
-    }
+    launch_attention_flash(a, s);
+    return;
   }
   if (attention_fused_decode_supported(a)) {
     // One query row per sequence without new rows to take (a step without a KV cache:

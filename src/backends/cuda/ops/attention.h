@@ -1,13 +1,13 @@
 // Paged attention on the device: the KV-cache write (new K/V rows into the block pool
 // through slot_mapping, or fused with RoPE for packed q|k|v rows) and the attention kernels:
-// tensor-core (flash) kernels for prefill in 16-bit (attention_flash.cuh: pipelined,
-// 128-item CTAs; KILN_CUDA_FLASH_KERNEL=old: the older 64-item one), a tile kernel for f32 prefill, small
-// prefills and split decode, and a decode kernel whose warps split the keys when a CTA has
-// at most 8 (query row, head) items and the plan is unsplit. The host plans
-// each step once (attention_plan): a list of CTAs, each covering up to
-// kAttnItemsPerCta (query row, head) items of one sequence and one KV head over a range
-// of context positions; a sequence with few query rows and a long context is split
-// along the context (split-KV) and its partial results merged by a combine kernel.
+// a tensor-core (flash) kernel for prefill in 16-bit (attention_flash.cuh: pipelined,
+// 128-item CTAs), a tile kernel for f32 prefill, small prefills and split decode, and a
+// decode kernel whose warps split the keys when a CTA has at most 8 (query row, head)
+// items and the plan is unsplit. The host plans each step once (attention_plan): a list
+// of CTAs, each covering up to kAttnItemsPerCta (query row, head) items of one sequence
+// and one KV head over a range of context positions; a sequence with few query rows and
+// a long context is split along the context (split-KV) and its partial results merged by
+// a combine kernel.
 // Quantized caches (KvCode int8/fp8: one-byte codes with an f32 scale per (slot, kv
 // head), KvDType in backends/backend.h) run through the same kernels, which dequantize
 // as they load K/V: the decode and tile kernels into f32 registers/shared memory, the
@@ -19,7 +19,8 @@
 // steps without a cache whose sequences are one token each (attention only). In 16-bit
 // at head dims 64/128 on sm_90+, decode steps take the cluster decode kernel instead
 // (attention_decode.cuh: tensor cores, per-warp cp.async streams, splits merged in a
-// thread-block cluster; KILN_CUDA_DECODE_ATTN=old keeps the grouped one).
+// thread-block cluster; KILN_CUDA_DECODE_ATTN=old, read when a graph is compiled, keeps
+// the grouped one).
 // Tested against the CPU backend in tests/backends/cuda/attention_test.cpp.
 #pragma once
 
@@ -38,10 +39,8 @@ enum class KvCode : uint8_t { kNone, kInt8, kFp8 };
 
 // (query row, head) items one CTA handles: 4 warps × 4 items.
 constexpr int kAttnItemsPerCta = 16;
-// Items of a tensor-core (flash) CTA: 4 warps × 16, one MMA's rows each.
-constexpr int kFlashItemsPerCta = 64;
-// Items of the pipelined tensor-core kernel's CTA (attention_flash.cuh): 8 warps × 16.
-constexpr int kFlash2ItemsPerCta = 128;
+// Items of a tensor-core (flash) CTA (attention_flash.cuh): 8 warps × 16, one MMA's rows each.
+constexpr int kFlashItemsPerCta = 128;
 
 // One sequence of the step as the kernels read it (int32s, see StepSequence).
 struct AttnSeq {
@@ -62,10 +61,7 @@ struct AttentionPlan {
   std::vector<AttnWork> work;
   std::vector<AttnCombine> combine;
   int32_t num_partials = 0;
-  bool flash = false;  // work items are flash_items wide, for a tensor-core kernel
-  // kFlash2ItemsPerCta: the pipelined kernel (attention_flash.cuh); kFlashItemsPerCta:
-  // the older one (KILN_CUDA_FLASH_KERNEL=old).
-  int32_t flash_items = kFlash2ItemsPerCta;
+  bool flash = false;  // work items are kFlashItemsPerCta wide, for the tensor-core kernel
   // > 0: a plan of the cluster decode kernel (attention_plan_decode_cluster): this many
   // splits per (sequence, KV head), no work items, no partials in global memory.
   int32_t decode_splits = 0;
@@ -79,14 +75,9 @@ bool attention_flash_supported(DType t, int64_t d);
 // `num_sms` multiprocessors, < 0 never splits. flash (only where
 // attention_flash_supported): 0 never plans the tensor-core kernel, > 0 always, < 0
 // when a sequence fills 64 items or the tensor-core CTAs fill the GPU (prefill;
-// decode steps keep the split plans). flash_old: plan for the older tensor-core kernel
-// (64-item CTAs in sequence order) instead of the pipelined one (128-item CTAs, the
-// ones with the most keys first).
+// decode steps keep the split plans); its CTAs are listed with the most keys first.
 AttentionPlan attention_plan(const std::vector<AttnSeq>& seqs, int64_t hq, int64_t hkv, bool causal,
-                             int num_sms, int64_t split_chunk = 0, int flash = 0, bool flash_old = false);
-// KILN_CUDA_FLASH_KERNEL: "old" plans the older tensor-core prefill kernel, unset or
-// "new" the pipelined one; anything else is an error naming the variable.
-bool attention_flash_old_from_env();
+                             int num_sms, int64_t split_chunk = 0, int flash = 0);
 // The plan of a pure decode step (one query row per sequence) with a fixed number of
 // splits per sequence that depends only on the batch and head shapes, not on the
 // context lengths: the grid stays the same from step to step, so a captured CUDA graph
@@ -94,13 +85,20 @@ bool attention_flash_old_from_env();
 AttentionPlan attention_plan_decode(const std::vector<AttnSeq>& seqs, int64_t hq, int64_t hkv, int num_sms);
 // The cluster decode kernel (attention_decode.cuh; launch_attention_decode_cluster):
 // whether it takes decode steps of these shapes on the current device (16-bit
-// activations, head dims 64/128, GQA group <= 8, an sm_90+ device for its clusters, and
-// KILN_CUDA_DECODE_ATTN not "old"), and its plan: splits per (sequence, KV head), a power
-// of two up to 8 picked from the batch (fill ~2 CTAs per SM) and the longest context
-// (~one CTA's keys in flight per split); the grid changes only when that power does.
+// activations, head dims 64/128, GQA group <= 8, an sm_90+ device for its clusters), and
+// its plan: splits per (sequence, KV head), a power of two up to 8 picked from the batch
+// (fill ~2 CTAs per SM) and the longest context (~one CTA's keys in flight per split);
+// the grid changes only when that power does. forced_splits > 0 (1, 2, 4 or 8) fixes it.
 bool attention_decode_cluster_supported(DType t, int64_t hq, int64_t hkv, int64_t d);
 AttentionPlan attention_plan_decode_cluster(const std::vector<AttnSeq>& seqs, int64_t hq, int64_t hkv, int64_t d,
-                                            int num_sms);
+                                            int num_sms, int forced_splits = 0);
+// The switches of decode attention, read once when a graph is compiled (a mistyped value
+// is an error naming the variable): KILN_CUDA_DECODE_ATTN "old" keeps the grouped-query
+// kernels (false), unset or "cluster" takes the cluster kernel where it is supported
+// (true); KILN_CUDA_DECODE_SPLITS 1|2|4|8 forces the cluster kernel's splits (tests,
+// measurements), unset: 0 (planned per step).
+bool attention_decode_cluster_from_env();
+int attention_decode_splits_from_env();
 // Floats of workspace the plan's partials need.
 size_t attention_workspace_floats(const AttentionPlan& plan, int64_t hkv, int64_t d);
 // Split counters (int32, zero between launches) the fused decode kernel needs for the plan.
@@ -129,7 +127,6 @@ struct AttentionArgs {
   int32_t num_partials = 0;
   float* workspace = nullptr;       // attention_workspace_floats()
   bool flash = false;               // the plan is a tensor-core one (AttentionPlan::flash)
-  int32_t flash_items = kFlash2ItemsPerCta;  // and its CTA width (AttentionPlan::flash_items)
   // The fused decode kernel (launch_attention_fused_decode) only: the step's new K/V
   // rows (one per sequence, row q_start, new_stride elements apart; k not yet rotated),
   // RoPE (inv_freq null: none), the cache write through slot_mapping, and the split

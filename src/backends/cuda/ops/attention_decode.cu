@@ -40,18 +40,36 @@ int64_t pow2_floor(int64_t x) {
   return p;
 }
 
+// The split counts the kernel's clusters take.
+bool splits_valid(long v) { return v == 1 || v == 2 || v == 4 || v == 8; }
+
 }  // namespace
 
-bool attention_decode_cluster_supported(DType t, int64_t hq, int64_t hkv, int64_t d) {
-  // KILN_CUDA_DECODE_ATTN=old keeps the grouped-query kernels (one comparison round).
+bool attention_decode_cluster_from_env() {
   const char* e = std::getenv("KILN_CUDA_DECODE_ATTN");
-  if (e && std::strcmp(e, "old") == 0) return false;
+  if (!e || !*e || std::strcmp(e, "cluster") == 0) return true;
+  KILN_THROW_IF(std::strcmp(e, "old") != 0, kInvalidArgument, "KILN_CUDA_DECODE_ATTN='", e,
+                "': expected 'old' (the grouped-query decode kernels), 'cluster' or unset (the cluster decode kernel)");
+  return false;
+}
+
+int attention_decode_splits_from_env() {
+  const char* e = std::getenv("KILN_CUDA_DECODE_SPLITS");
+  if (!e || !*e) return 0;
+  char* end = nullptr;
+  const long v = std::strtol(e, &end, 10);
+  KILN_THROW_IF(*end != '\0' || !splits_valid(v), kInvalidArgument,
+                "KILN_CUDA_DECODE_SPLITS='", e, "': expected 1, 2, 4 or 8 (splits per sequence and KV head)");
+  return int(v);
+}
+
+bool attention_decode_cluster_supported(DType t, int64_t hq, int64_t hkv, int64_t d) {
   return (t == DType::kBF16 || t == DType::kF16) && (d == 64 || d == 128) && hkv > 0 && hq % hkv == 0 &&
          hq / hkv <= kDecMaxGroup && device_has_clusters();
 }
 
 AttentionPlan attention_plan_decode_cluster(const std::vector<AttnSeq>& seqs, int64_t hq, int64_t hkv, int64_t d,
-                                            int num_sms) {
+                                            int num_sms, int forced_splits) {
   (void)hq;
   // Keys one CTA has in flight at once (every warp's two stages).
   const int64_t per_cta = int64_t(kDecWarps) * kDecStages * (d == 64 ? 32 : 16);
@@ -62,13 +80,10 @@ AttentionPlan attention_plan_decode_cluster(const std::vector<AttnSeq>& seqs, in
   const int64_t by_fill = pow2_floor(std::max<int64_t>(1, 2 * int64_t(std::max(num_sms, 1)) / units));
   AttentionPlan plan;
   plan.decode_splits = int32_t(std::min<int64_t>({8, by_len, by_fill}));
-  // KILN_CUDA_DECODE_SPLITS=1|2|4|8 forces the split count (tests, measurements).
-  if (const char* e = std::getenv("KILN_CUDA_DECODE_SPLITS"); e && *e) {
-    char* end = nullptr;
-    const long v = std::strtol(e, &end, 10);
-    KILN_THROW_IF(*end != '\0' || (v != 1 && v != 2 && v != 4 && v != 8), kInvalidArgument,
-                  "KILN_CUDA_DECODE_SPLITS='", e, "': expected 1, 2, 4 or 8 (splits per sequence and KV head)");
-    plan.decode_splits = int32_t(v);
+  if (forced_splits != 0) {
+    KILN_THROW_IF(!splits_valid(forced_splits), kInternal,
+                  "cuda attention: ", forced_splits, " forced cluster decode splits (1, 2, 4 or 8)");
+    plan.decode_splits = int32_t(forced_splits);
   }
   return plan;
 }

@@ -307,35 +307,10 @@ attention_decode_cluster_kernel(const DecParams<T> p) {
         mma16816<T>(s[n], a, *reinterpret_cast<const uint32_t*>(kp), *reinterpret_cast<const uint32_t*>(kp + 8));
       }
     }
-    float mx = -INFINITY;
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int pos = t0 + n * 8 + 2 * t + e;
-        s[n][e] = pos < hi ? s[n][e] * p.scale_log2 : -INFINITY;
-        mx = fmaxf(mx, s[n][e]);
-      }
-    mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 1));
-    mx = fmaxf(mx, __shfl_xor_sync(kFull, mx, 2));
-    const float m_new = fmaxf(m, mx);  // finite: key t0 < hi is visible
-    const float base = m_new == -INFINITY ? 0.0f : m_new;
-    const float corr = exp2f(m - base);
-    float sum = 0.0f;
-#pragma unroll
-    for (int n = 0; n < NT; ++n)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        s[n][e] = exp2f(s[n][e] - base);
-        sum += s[n][e];
-      }
-    l = l * corr + sum;  // this lane's share; the quad's shares add up at the end
-    m = m_new;
-#pragma unroll
-    for (int i2 = 0; i2 < DT; ++i2) {
-      o[i2][0] *= corr;
-      o[i2][1] *= corr;
-    }
+    // Row g only (rows g + 8 are zero); key t0 < hi is visible, so the new max is finite.
+    const float corr = online_softmax_step(s, 0, m, l, p.scale_log2,
+                                           [&](int n, int e) { return t0 + n * 8 + 2 * t + e < hi; });
+    online_softmax_rescale(o, 0, corr);
     // O += P V: P (row g, 16-bit) as A fragments, V's B fragments by ldmatrix.trans.
 #pragma unroll
     for (int kk = 0; kk < KK; ++kk) {
@@ -463,7 +438,7 @@ void launch_decode_cluster_typed(const AttentionArgs& a, cudaStream_t s) {
   p.splits = a.decode_splits;
   p.rot = int(a.rotary_dim);
   p.kv_row = a.kv_stride ? a.kv_stride : a.hkv * D;
-  p.scale_log2 = a.scale * 1.4426950408889634f;
+  p.scale_log2 = a.scale * kLog2e;
   p.seqs = a.seqs;
   p.block_tables = a.block_tables;
   p.k_new = static_cast<const T*>(a.k_new);

@@ -5,9 +5,9 @@
 
 namespace kiln::cuda {
 
-void launch_attention_flash2(const AttentionArgs& a, cudaStream_t s) {
+void launch_attention_flash(const AttentionArgs& a, cudaStream_t s) {
   if (a.kv_code != KvCode::kNone) {
-    launch_attention_flash2_quantized(a, s);
+    launch_attention_flash_quantized(a, s);
     return;
   }
   launch_flash2_codes<KvCode::kNone>(a, s);

@@ -1,9 +1,9 @@
 // Internal to the CUDA backend's attention: the pipelined tensor-core prefill kernel
-// (FlashAttention-2 structure; attention.h's plan with flash_items = kFlash2ItemsPerCta),
-// templated on the activation type T (bf16/f16), the head dim D (64/128) and the cache's
-// codes Q. Included by attention_flash.cu (Q = kNone) and attention_flash_quant.cu (int8,
-// fp8). Tested against the CPU backend in tests/backends/cuda/attention_test.cpp (forced
-// on, and against the older kernel in bench/cuda_attention_bench.cpp).
+// (FlashAttention-2 structure; attention.h's plans with flash set, kFlashItemsPerCta-item
+// CTAs), templated on the activation type T (bf16/f16), the head dim D (64/128) and the
+// cache's codes Q. Included by attention_flash.cu (Q = kNone) and attention_flash_quant.cu
+// (int8, fp8). Tested against the CPU backend in tests/backends/cuda/attention_test.cpp
+// (forced on), and against the tile kernel in bench/cuda_attention_bench.cpp.
 //
 // A CTA takes 128 (query row, head) items of one sequence and one KV head - the GQA heads
 // of a row share the KV head's tiles - as 8 warps x 16 items, the M of one m16n8k16 MMA.
@@ -29,7 +29,7 @@
 namespace kiln::cuda {
 namespace {
 
-constexpr int kF2Warps = kFlash2ItemsPerCta / 16, kF2Threads = kF2Warps * 32, kF2Keys = 64;
+constexpr int kF2Warps = kFlashItemsPerCta / 16, kF2Threads = kF2Warps * 32, kF2Keys = 64;
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void* smem) {
   const unsigned a = unsigned(__cvta_generic_to_shared(smem));
@@ -47,7 +47,7 @@ __device__ __forceinline__ int64_t f2_slot(const int32_t* bt, int bs, int bs_shi
 
 template <int D, typename T>
 constexpr size_t flash2_smem_bytes() {
-  return size_t(kFlash2ItemsPerCta + 4 * kF2Keys) * size_t(D + 8) * sizeof(T);
+  return size_t(kFlashItemsPerCta + 4 * kF2Keys) * size_t(D + 8) * sizeof(T);
 }
 
 // Two CTAs (16 warps) per SM: at most 128 registers a thread.
@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(kF2Threads, 2)
   static_assert(kF2Threads % CPR == 0 && kF2Keys % KSTEP == 0);
   extern __shared__ __align__(16) unsigned char f2_smem[];
   T* qs = reinterpret_cast<T*>(f2_smem);   // [128][LD]
-  T* kbuf = qs + kFlash2ItemsPerCta * LD;  // [2][64][LD]
+  T* kbuf = qs + kFlashItemsPerCta * LD;   // [2][64][LD]
   T* vbuf = kbuf + 2 * kF2Keys * LD;       // [2][64][LD]
 
   // Work-major order: the plan lists the longest CTAs first, and all KV heads of one
@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(kF2Threads, 2)
     return min(causal ? ctx0 + item / group + 1 : sq.ctx_len, w.kv_end);
   };
 
-  for (int e = threadIdx.x; e < kFlash2ItemsPerCta * CPR; e += kF2Threads) {
+  for (int e = threadIdx.x; e < kFlashItemsPerCta * CPR; e += kF2Threads) {
     const int li = e / CPR, c = (e % CPR) * 8, item = w.item_begin + li;
     const bool valid = item < n_items;
     const T* src = valid ? q + int64_t(sq.q_start + item / group) * q_stride +
@@ -95,7 +95,7 @@ __global__ void __launch_bounds__(kF2Threads, 2)
                          : q;
     cp_async16(qs + li * LD + c, src, valid);
   }
-  const int last = min(n_items, w.item_begin + kFlash2ItemsPerCta) - 1;
+  const int last = min(n_items, w.item_begin + kFlashItemsPerCta) - 1;
   // The CTA reads keys [kv_begin, hi).
   const int hi = last >= w.item_begin ? item_lim(last) : w.kv_begin;
   const int first_w = w.item_begin + warp * 16;
@@ -204,46 +204,17 @@ __global__ void __launch_bounds__(kF2Threads, 2)
       auto fold = [&](auto masked) {
         float corr[2];
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          float mx = -INFINITY;
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              float& v = s[nt][2 * h + e];
-              if constexpr (decltype(masked)::value)
-                v = k0 + nt * 8 + 2 * t + e < lim[h] ? v * scale_log2 : -INFINITY;
-              else
-                v *= scale_log2;
-              mx = fmaxf(mx, v);
-            }
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-          const float m_new = fmaxf(m[h], mx);
-          // No visible key yet: all weights 0.
-          const float base = m_new == -INFINITY ? 0.0f : m_new;
-          corr[h] = exp2f(m[h] - base);
-          float sum = 0.0f;
-#pragma unroll
-          for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-            for (int e = 0; e < 2; ++e) {
-              float& v = s[nt][2 * h + e];
-              v = exp2f(v - base);
-              sum += v;
-            }
-          l[h] = l[h] * corr[h] + sum;  // this lane's share; the quad's shares add up at the end
-          m[h] = m_new;
-        }
+        for (int h = 0; h < 2; ++h)
+          corr[h] = online_softmax_step(s, h, m[h], l[h], scale_log2, [&](int nt, int e) {
+            if constexpr (decltype(masked)::value)
+              return k0 + nt * 8 + 2 * t + e < lim[h];
+            else
+              return true;
+          });
         // Once the row maxima settle, most steps leave every row's scale at 1.
         if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) {
-#pragma unroll
-          for (int i = 0; i < DT; ++i) {
-            o[i][0] *= corr[0];
-            o[i][1] *= corr[0];
-            o[i][2] *= corr[1];
-            o[i][3] *= corr[1];
-          }
+          online_softmax_rescale(o, 0, corr[0]);
+          online_softmax_rescale(o, 1, corr[1]);
         }
       };
       if (k0 + SK <= w_lo)
@@ -310,7 +281,7 @@ __global__ void __launch_bounds__(kF2Threads, 2)
   }
 }
 
-// Launches the plan (flash_items = kFlash2ItemsPerCta) for activations T, head dim D and
+// Launches a tensor-core plan for activations T, head dim D and
 // cache codes Q: one CTA per (work item, KV head), work-major.
 template <typename T, int D, KvCode Q>
 void launch_flash2_typed(const AttentionArgs& a, cudaStream_t s) {
@@ -335,7 +306,7 @@ void launch_flash2_typed(const AttentionArgs& a, cudaStream_t s) {
            static_cast<const T*>(a.q), static_cast<const KvElem<T, Q>*>(a.k_cache),
            static_cast<const KvElem<T, Q>*>(a.v_cache), a.k_scales, a.v_scales,
            static_cast<T*>(a.out), bs, bs_shift, int(a.hq), int(a.hkv), qs, kvs,
-           a.scale * 1.4426950408889634f, a.causal, a.seqs, a.block_tables, a.work);
+           a.scale * kLog2e, a.causal, a.seqs, a.block_tables, a.work);
   KILN_CUDA_CHECK_LAUNCH();
 }
 
@@ -365,7 +336,7 @@ void launch_flash2_codes(const AttentionArgs& a, cudaStream_t s) {
 
 }  // namespace
 
-// attention_flash_quant.cu: launch_attention_flash2 for int8 / fp8 caches.
-void launch_attention_flash2_quantized(const AttentionArgs& a, cudaStream_t s);
+// attention_flash_quant.cu: launch_attention_flash for int8 / fp8 caches.
+void launch_attention_flash_quantized(const AttentionArgs& a, cudaStream_t s);
 
 }  // namespace kiln::cuda

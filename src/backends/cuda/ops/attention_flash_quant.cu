@@ -5,7 +5,7 @@
 
 namespace kiln::cuda {
 
-void launch_attention_flash2_quantized(const AttentionArgs& a, cudaStream_t s) {
+void launch_attention_flash_quantized(const AttentionArgs& a, cudaStream_t s) {
   if (a.kv_code == KvCode::kInt8)
     launch_flash2_codes<KvCode::kInt8>(a, s);
   else

@@ -533,18 +533,11 @@ __global__ void attention_combine_kernel(T* __restrict__ out, int hq, int hkv, c
   }
 }
 
-
-// Tensor-core prefill attention (flash-attention 2 style; 16-bit caches, head dims 64 and
-// 128). A CTA takes 64 (query row, head) items of one sequence and one KV head - the GQA
-// heads of a row share the KV head's tiles - as 4 warps x 16 items, the M of one
-// m16n8k16 MMA. Q stays in registers as A fragments; 64-key tiles of K and V are gathered
-// through the block table into shared memory with cp.async (V's copy overlaps S = Q K^T
-// and the softmax); S is scaled into the log2 domain, masked, folded into each item's
-// online softmax (row max and sum across the quad of lanes sharing a row), and P - the S
-// accumulators rounded to 16 bits, reused as A fragments - multiplies V (ldmatrix.trans
-// gives V's B fragments). Rows are D + 8 elements apart in shared memory: the fragment
-// loads of the 8 rows a quad group reads fall in distinct banks.
-constexpr int kFlashKeys = 64;
+// Tensor-core pieces shared by the flash prefill kernel (attention_flash.cuh) and the
+// cluster decode kernel (attention_decode.cuh): m16n8k16 MMAs on 16-bit fragments, cp.async
+// copies, ldmatrix, and the online softmax on S fragments in the log2 domain (the scale
+// times kLog2e, exp2 for the weights: one MUFU op each).
+constexpr float kLog2e = 1.4426950408889634f;
 
 template <typename T> __device__ __forceinline__ uint32_t pack2(float a, float b);
 template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float a, float b) {
@@ -586,175 +579,52 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t r[4], const void* sme
                : "r"(a));
 }
 
-// A quantized cache's 64-key tile into shared memory as T: each thread decodes 8 codes
-// of one key (an 8-byte load), applies the row's scale and stores 16 bytes; keys past
-// `hi` are zeros (as cp.async zero-fills them for a 16-bit cache).
-template <typename T, int D, KvCode Q>
-__device__ __forceinline__ void flash_stage_codes(T* tile, const uint8_t* __restrict__ cache,
-                                                  const float* __restrict__ scales, int t0, int hi,
-                                                  const int32_t* bt, int block_size, int64_t kv_row, int kvh,
-                                                  int hkv) {
-  constexpr int LD = D + 8, CPR = D / 8;
-  for (int e = threadIdx.x; e < kFlashKeys * CPR; e += kWarps * 32) {
-    const int j = e / CPR, c = (e % CPR) * 8, p = t0 + j;
-    uint4 packed = make_uint4(0, 0, 0, 0);
-    if (p < hi) {
-      const int64_t slot = int64_t(bt[p / block_size]) * block_size + p % block_size;
-      const uint2 raw = *reinterpret_cast<const uint2*>(cache + slot * kv_row + int64_t(kvh) * D + c);
-      const float sc = scales[slot * hkv + kvh] * kv_code_unit<Q>();
-      float f[8];
-      kv_decode4<Q>(raw.x, f);
-      kv_decode4<Q>(raw.y, f + 4);
-      packed = make_uint4(pack2<T>(f[0] * sc, f[1] * sc), pack2<T>(f[2] * sc, f[3] * sc),
-                          pack2<T>(f[4] * sc, f[5] * sc), pack2<T>(f[6] * sc, f[7] * sc));
+// One step of the online softmax for row half h of an m16n8 S fragment per n-tile (the
+// MMA's C layout: this thread holds row g's columns 2t, 2t + 1 of each 8-key n-tile in
+// elements 0, 1 and row g + 8's in 2, 3; the quad of lanes sharing a row holds its keys).
+// The logits are scaled into the log2 domain (visible(nt, e) false: -inf, a masked key),
+// the row max taken across the quad; m moves to the new max, s becomes the weights
+// exp2(s - m) (all 0 while the row has no visible key), l takes this lane's share of the
+// row sum. Returns the correction exp2(m_old - m_new) for the row's accumulators
+// (online_softmax_rescale), already applied to l.
+template <int NT, typename Visible>
+__device__ __forceinline__ float online_softmax_step(float (&s)[NT][4], int h, float& m, float& l, float scale_log2,
+                                                     const Visible& visible) {
+  float mx = -INFINITY;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float& v = s[nt][2 * h + e];
+      v = visible(nt, e) ? v * scale_log2 : -INFINITY;
+      mx = fmaxf(mx, v);
     }
-    *reinterpret_cast<uint4*>(&tile[j * LD + c]) = packed;
-  }
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+  const float m_new = fmaxf(m, mx);
+  const float base = m_new == -INFINITY ? 0.0f : m_new;  // no visible key yet: all weights 0
+  const float corr = exp2f(m - base);
+  float sum = 0.0f;
+#pragma unroll
+  for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+    for (int e = 0; e < 2; ++e) {
+      float& v = s[nt][2 * h + e];
+      v = exp2f(v - base);
+      sum += v;
+    }
+  l = l * corr + sum;  // this lane's share; the quad's shares add up at the end
+  m = m_new;
+  return corr;
 }
 
-template <typename T, int D, KvCode Q>
-__global__ void __launch_bounds__(kWarps * 32)
-flash_attention_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restrict__ k_cache,
-                       const KvElem<T, Q>* __restrict__ v_cache, const float* __restrict__ k_scales,
-                       const float* __restrict__ v_scales, T* __restrict__ out, int block_size, int hq, int hkv, int64_t q_stride, int64_t kv_row,
-                       float scale_log2, bool causal, const AttnSeq* __restrict__ seqs,
-                       const int32_t* __restrict__ block_tables, const AttnWork* __restrict__ works) {
-  pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
-  static_assert(D % 16 == 0 && kWarps * 16 == kFlashItemsPerCta);
-  constexpr int LD = D + 8, KC = D / 16, NT = kFlashKeys / 8, DT = D / 8, CPR = D / 8;
-  __shared__ __align__(16) T ks[kFlashKeys * LD];
-  __shared__ __align__(16) T vs[kFlashKeys * LD];
-  const AttnWork w = works[blockIdx.x];
-  const AttnSeq sq = seqs[w.seq];
-  const int kvh = blockIdx.y, group = hq / hkv, n_items = sq.q_len * group;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-  const int ctx0 = sq.ctx_len - sq.q_len;
-
-  // This thread's two items: rows g and g + 8 of its warp's 16 (the MMA row layout).
-  int lim[2];
-  int64_t o_off[2];
-  uint32_t qa[KC][4];
+// Row half h of the O accumulators (DT m16n8 fragments of 8 dims each) times corr.
+template <int DT>
+__device__ __forceinline__ void online_softmax_rescale(float (&o)[DT][4], int h, float corr) {
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int item = w.item_begin + warp * 16 + g + h * 8;
-    const bool valid = item < n_items;
-    const int64_t row = sq.q_start + (valid ? item / group : 0);
-    const int head = kvh * group + (valid ? item % group : 0);
-    lim[h] = valid ? min(causal ? ctx0 + item / group + 1 : sq.ctx_len, w.kv_end) : 0;
-    o_off[h] = valid ? (row * hq + head) * D : -1;
-    const T* qp = q + row * q_stride + int64_t(head) * D + 2 * t;
-#pragma unroll
-    for (int kc = 0; kc < KC; ++kc) {
-      qa[kc][h] = valid ? *reinterpret_cast<const uint32_t*>(qp + kc * 16) : 0u;
-      qa[kc][h + 2] = valid ? *reinterpret_cast<const uint32_t*>(qp + kc * 16 + 8) : 0u;
-    }
-  }
-  float o[DT][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
-#pragma unroll
-  for (int i = 0; i < DT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
-  const int last = min(n_items, w.item_begin + kFlashItemsPerCta) - 1;
-  const int hi = min(w.kv_end, causal ? ctx0 + last / group + 1 : sq.ctx_len);
-  const int32_t* bt = block_tables + sq.bt_offset;
-
-  for (int t0 = w.kv_begin; t0 < hi; t0 += kFlashKeys) {
-    __syncthreads();  // every warp is done with the previous tile
-    if constexpr (Q == KvCode::kNone) {
-      for (int e = threadIdx.x; e < kFlashKeys * CPR; e += kWarps * 32) {
-        const int j = e / CPR, c = (e % CPR) * 8, p = t0 + j;
-        const bool in = p < hi;
-        const int64_t off =
-            in ? (int64_t(bt[p / block_size]) * block_size + p % block_size) * kv_row + int64_t(kvh) * D + c : 0;
-        cp_async16(&ks[j * LD + c], k_cache + off, in);
-      }
-      cp_async_commit();
-      for (int e = threadIdx.x; e < kFlashKeys * CPR; e += kWarps * 32) {
-        const int j = e / CPR, c = (e % CPR) * 8, p = t0 + j;
-        const bool in = p < hi;
-        const int64_t off =
-            in ? (int64_t(bt[p / block_size]) * block_size + p % block_size) * kv_row + int64_t(kvh) * D + c : 0;
-        cp_async16(&vs[j * LD + c], v_cache + off, in);
-      }
-      cp_async_commit();
-      cp_async_wait<1>();  // K has landed (V may still be in flight)
-    } else {
-      // Quantized: both tiles decoded into shared memory before the barrier (no copy
-      // left in flight, so the waits below return at once).
-      flash_stage_codes<T, D, Q>(ks, k_cache, k_scales, t0, hi, bt, block_size, kv_row, kvh, hkv);
-      flash_stage_codes<T, D, Q>(vs, v_cache, v_scales, t0, hi, bt, block_size, kv_row, kvh, hkv);
-    }
-    __syncthreads();
-
-    float s[NT][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
-#pragma unroll
-    for (int kc = 0; kc < KC; ++kc)
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt) {
-        const T* kp = &ks[(nt * 8 + g) * LD + kc * 16 + 2 * t];
-        mma16816<T>(s[nt], qa[kc], *reinterpret_cast<const uint32_t*>(kp), *reinterpret_cast<const uint32_t*>(kp + 8));
-      }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      float mx = -INFINITY;
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const int p = t0 + nt * 8 + 2 * t + e;
-          float& v = s[nt][2 * h + e];
-          v = p < lim[h] ? v * scale_log2 : -INFINITY;
-          mx = fmaxf(mx, v);
-        }
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m[h], mx);
-      const float base = m_new == -INFINITY ? 0.0f : m_new;  // no visible key yet: all weights 0
-      const float corr = exp2f(m[h] - base);
-      float sum = 0.0f;
-#pragma unroll
-      for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          float& v = s[nt][2 * h + e];
-          v = exp2f(v - base);
-          sum += v;
-        }
-      l[h] = l[h] * corr + sum;  // this lane's share; the quad's shares add up at the end
-#pragma unroll
-      for (int i = 0; i < DT; ++i) {
-        o[i][2 * h] *= corr;
-        o[i][2 * h + 1] *= corr;
-      }
-      m[h] = m_new;
-    }
-    cp_async_wait<0>();
-    __syncthreads();
-    const int mi = lane >> 3;
-#pragma unroll
-    for (int kk = 0; kk < kFlashKeys / 16; ++kk) {
-      uint32_t a[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), pack2<T>(s[2 * kk][2], s[2 * kk][3]),
-                       pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]), pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
-#pragma unroll
-      for (int d2 = 0; d2 < D / 16; ++d2) {
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, &vs[(kk * 16 + (mi & 1) * 8 + (lane & 7)) * LD + d2 * 16 + (mi >> 1) * 8]);
-        mma16816<T>(o[2 * d2], a, b[0], b[1]);
-        mma16816<T>(o[2 * d2 + 1], a, b[2], b[3]);
-      }
-    }
-  }
-
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float den = l[h];
-    den += __shfl_xor_sync(0xffffffffu, den, 1);
-    den += __shfl_xor_sync(0xffffffffu, den, 2);
-    if (o_off[h] < 0) continue;
-    const float inv = den > 0.0f ? 1.0f / den : 0.0f;
-#pragma unroll
-    for (int i = 0; i < DT; ++i)
-      *reinterpret_cast<uint32_t*>(out + o_off[h] + i * 8 + 2 * t) = pack2<T>(o[i][2 * h] * inv, o[i][2 * h + 1] * inv);
+  for (int i = 0; i < DT; ++i) {
+    o[i][2 * h] *= corr;
+    o[i][2 * h + 1] *= corr;
   }
 }
 
@@ -807,22 +677,12 @@ void attention_dispatch(DType t, int64_t d, Fn&& fn) {
 // Launches the plan's kernels for activations T, head dim D and cache codes Q.
 template <typename T, int D, KvCode Q>
 void launch_typed(const AttentionArgs& a, cudaStream_t s) {
+  KILN_CHECK(!a.flash, "cuda attention: a tensor-core plan reached the tile kernels");
   const TypedAttention<T, D, Q> ta(a);
   // Every CTA's items fit a warp's registers and the plan did not split the context
   // (a batch large enough to fill the GPU): the decode kernel, whose warps split the keys
   // (measured on Llama-3.2-1B: attention -35% at batch 64 and 256). Split plans keep the
   // tile kernel: each split is a short key range, and its four warps share it by items.
-  if (a.flash) {
-    if constexpr (std::is_same_v<T, float> || (D != 64 && D != 128)) {
-      throw_error(ErrorCode::kInternal, "cuda attention: a tensor-core plan for f32 or head_dim ", D);
-    } else {
-      launch_k(flash_attention_kernel<T, D, Q>, ta.grid, kWarps * 32, 0, s, ta.q, ta.k_cache, ta.v_cache, a.k_scales,
-          a.v_scales, ta.out, int(a.block_size), int(a.hq), int(a.hkv), ta.q_stride, ta.kv_row,
-          a.scale * 1.4426950408889634f, a.causal, a.seqs, a.block_tables, a.work);
-      KILN_CUDA_CHECK_LAUNCH();
-    }
-    return;
-  }
   auto go = [&](auto kernel) {
     launch_k(kernel, ta.grid, kWarps * 32, 0, s, ta.q, ta.k_cache, ta.v_cache, a.k_scales, a.v_scales, ta.out,
         int(a.block_size), int(a.hq), int(a.hkv), ta.q_stride, ta.kv_row, a.scale, a.causal, a.seqs, a.block_tables,

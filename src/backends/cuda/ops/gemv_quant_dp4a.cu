@@ -475,11 +475,14 @@ void launch_typed(const DArgs& a, QuantFormat f, const QGemvDp4aTuning& tune, cu
 }  // namespace
 
 int qgemv_dp4a_default_splits(int64_t units, int64_t steps, int64_t resident_warps) {
-  // Serial steps of the busiest warp: rounds of units per group x steps per split. More
-  // splits must cut it by more than 10% (each adds an exchange and a barrier per unit; the
-  // LM head's 41 -> 81 rounds of 4 -> 2 steps gain 1%), and a split keeps at least 2 steps,
-  // so that exchange is shared by two steps of loads. A first rule from the kernel's
-  // structure, to be replaced by what `cuda_gemv_bench qgemv` measures on the device.
+  // Split K only where the output units leave most resident warps idle (a few outputs of
+  // a long K). Measured on the H200 (`cuda_gemv_bench qgemv 8B`, bench/RESULTS.md): on
+  // every Llama-3.1-8B shape at 1-8 rows no split beat one by more than 1%, and the
+  // earlier rule's splits of o / down / gate|up at 2-8 rows cost 12-50%. Then: the serial
+  // steps of the busiest warp (rounds of units per group x steps per split) must fall by
+  // more than 10% per split (each adds an exchange and a barrier per unit), and a split
+  // keeps at least 2 steps, so that exchange is shared by two steps of loads.
+  if (units * 2 > resident_warps) return 1;
   int best = 1;
   int64_t best_cost = 0;
   for (int s = 1; s <= kWarps; s *= 2) {
