@@ -107,7 +107,8 @@ struct ExecutorStats {
   int64_t top_logits_steps = 0;  // steps that sampled from TopKLogits candidates
   int64_t last_batch_seqs = 0;
   // Executor-thread time by phase (where a step's time goes): scheduling (admit, plan,
-  // preempt), the engine step, sampling + stop checks, sending updates.
+  // preempt), the engine step, sampling + stop checks; and the emitter thread's time in
+  // consumers' update callbacks (overlapping the next step, not part of it).
   double schedule_s = 0, engine_s = 0, sample_s = 0, emit_s = 0;
   int64_t requests_finished = 0, requests_cancelled = 0, requests_failed = 0;
 };
@@ -153,6 +154,7 @@ class Executor {
   struct Choice;
   struct Request;
   struct Impl;
+  struct Emitter;
   void loop();
 
   ExecutorOptions opt_;

@@ -127,7 +127,7 @@ std::string Metrics::render(const ModelRepository& repo) const {
     out += std::string("# HELP ") + s.name + " " + s.help + "\n# TYPE " + s.name + " " + s.type + "\n";
     for (auto& [name, st] : stats) out += std::string(s.name) + "{model=\"" + label(name) + "\"} " + num(s.get(st)) + "\n";
   }
-  out += "# HELP kiln_executor_seconds_total Executor-thread time by phase.\n# TYPE kiln_executor_seconds_total counter\n";
+  out += "# HELP kiln_executor_seconds_total Executor time by phase (emit: update callbacks on the emitter thread, overlapping the next step).\n# TYPE kiln_executor_seconds_total counter\n";
   for (auto& [name, st] : stats) {
     const std::pair<const char*, double> phases[] = {
         {"schedule", st.schedule_s}, {"engine", st.engine_s}, {"sample", st.sample_s}, {"emit", st.emit_s}};

@@ -267,6 +267,43 @@ TEST_F(ExecutorTest, DrainWaitsForInFlightRequestsThenRefusesNewOnes) {
   EXPECT_THROW(ex.generate(greedy({5, 6}, 2)), Error);
 }
 
+// Updates reach consumers on the emitter thread, in order, while the executor goes on
+// stepping: slow consumers (each update sleeps) get every token exactly once, `done`
+// last, equal to each request run alone, and drain() returns only after every final
+// update has been delivered.
+TEST_F(ExecutorTest, SlowConsumersGetEveryUpdateInOrderAndDrainWaitsForThem) {
+  Executor ex(*model_, nullptr);
+  auto ps = prompts(6, 21, 3, 12);
+  struct Seen {
+    std::vector<int32_t> tokens;
+    int updates_after_done = 0;
+    bool done = false;
+    int32_t completion_tokens = -1;
+  };
+  std::vector<Seen> seen(ps.size());
+  std::mutex m;
+  for (size_t i = 0; i < ps.size(); ++i)
+    ex.submit(greedy(ps[i], 10), [&, i](RequestUpdate&& u) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      std::lock_guard lk(m);
+      Seen& s = seen[i];
+      s.updates_after_done += s.done;
+      for (auto& c : u.choices) s.tokens.insert(s.tokens.end(), c.tokens.begin(), c.tokens.end());
+      if (u.done) {
+        s.done = true;
+        s.completion_tokens = u.completion_tokens;
+      }
+    });
+  ex.drain();
+  std::lock_guard lk(m);
+  for (size_t i = 0; i < ps.size(); ++i) {
+    EXPECT_TRUE(seen[i].done) << "request " << i << ": drain() returned before its final update";
+    EXPECT_EQ(seen[i].updates_after_done, 0) << "request " << i;
+    EXPECT_EQ(seen[i].completion_tokens, 10) << "request " << i;
+    EXPECT_EQ(seen[i].tokens, alone(ps[i], 10)) << "request " << i;
+  }
+}
+
 TEST_F(ExecutorTest, PriorityPolicyLetsAnUrgentRequestDisplaceARunningOne) {
   ExecutorOptions opt;
   opt.policy = SchedulePolicy::kPriority;
