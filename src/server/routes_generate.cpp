@@ -28,16 +28,18 @@ struct Channel {
   bool got_first = false;
 
   void push(RequestUpdate&& u) {
-    std::lock_guard lk(mu);
-    auto now = Clock::now();
-    for (auto& c : u.choices)
-      if (!c.tokens.empty() && !got_first) {
-        got_first = true;
-        first_token = now;
-      }
-    if (u.done) end = now;
-    q.push_back(std::move(u));
-    cv.notify_all();
+    {
+      std::lock_guard lk(mu);
+      auto now = Clock::now();
+      for (auto& c : u.choices)
+        if (!c.tokens.empty() && !got_first) {
+          got_first = true;
+          first_token = now;
+        }
+      if (u.done) end = now;
+      q.push_back(std::move(u));
+    }
+    cv.notify_all();  // after unlocking: the woken writer does not block on mu at once
   }
   bool pop(RequestUpdate& u, std::chrono::milliseconds timeout) {
     std::unique_lock lk(mu);
