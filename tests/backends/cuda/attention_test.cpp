@@ -48,21 +48,28 @@ ir::Graph attention_graph(const Config& c, bool causal) {
   return g;
 }
 
-// Steps of a decoder: (1) every prompt prefilled, (2) one decode token each, (3) a
-// 5-token chunk for even sequences and a decode token for odd ones.
-std::vector<StepCase> decoder_steps(const Config& c, const std::string& dt, int64_t num_blocks, std::mt19937_64& rng) {
+// Chunked prefill through the tensor-core kernel: every sequence's prompt arrives in
+// chunks, one per step, whose queries see the cached prefix and causally each other;
+// chunk starts and contexts off the 64-key tile and the block size (including a block
+// size that is not a power of two), GQA groups that split a 16-item MMA tile across rows
+// (3), a whole tile of one row's heads (16), MHA; decode-like 1-token chunks beside long
+// ones in the same step.
+std::vector<StepCase> chunked_steps(const Config& c, const std::vector<std::vector<int32_t>>& chunks,
+                                    const std::string& dt, int64_t num_blocks, std::mt19937_64& rng) {
   std::vector<int32_t> pool(static_cast<size_t>(num_blocks));
   std::iota(pool.begin(), pool.end(), 0);
   std::shuffle(pool.begin(), pool.end(), rng);
-  size_t next_block = 0;
-  std::vector<std::vector<int32_t>> tables(c.prompts.size());
-  std::vector<int32_t> len(c.prompts.size(), 0);
+  size_t next_block = 0, steps_n = 0;
+  for (const auto& ch : chunks) steps_n = std::max(steps_n, ch.size());
+  std::vector<std::vector<int32_t>> tables(chunks.size());
+  std::vector<int32_t> len(chunks.size(), 0);
   std::vector<StepCase> steps;
-  for (int phase = 0; phase < 3; ++phase) {
+  for (size_t step = 0; step < steps_n; ++step) {
     StepCase sc;
     int32_t t = 0;
-    for (size_t s = 0; s < c.prompts.size(); ++s) {
-      const int32_t n = phase == 0 ? c.prompts[s] : (phase == 2 && s % 2 == 0 ? 5 : 1);
+    for (size_t s = 0; s < chunks.size(); ++s) {
+      if (step >= chunks[s].size()) continue;
+      const int32_t n = chunks[s][step];
       for (int32_t i = 0; i < n; ++i) {
         const int32_t p = len[s] + i;
         if (p / c.block_size >= int64_t(tables[s].size())) tables[s].push_back(pool.at(next_block++));
@@ -78,6 +85,14 @@ std::vector<StepCase> decoder_steps(const Config& c, const std::string& dt, int6
     steps.push_back(std::move(sc));
   }
   return steps;
+}
+
+// Steps of a decoder: (1) every prompt prefilled, (2) one decode token each, (3) a
+// 5-token chunk for even sequences and a decode token for odd ones.
+std::vector<StepCase> decoder_steps(const Config& c, const std::string& dt, int64_t num_blocks, std::mt19937_64& rng) {
+  std::vector<std::vector<int32_t>> chunks;
+  for (size_t s = 0; s < c.prompts.size(); ++s) chunks.push_back({c.prompts[s], 1, s % 2 == 0 ? 5 : 1});
+  return chunked_steps(c, chunks, dt, num_blocks, rng);
 }
 
 // Bound on max|cuda - cpu| / max|cpu| with an int8/fp8 cache. Both backends store the
@@ -133,45 +148,6 @@ TEST(CudaAttention, DecoderLongContexts) {
     check_decoder(Config{4, 2, 64, 16, {3000, 700}}, "0", flash);
     check_decoder(Config{32, 8, 128, 16, {1100, 37, 1}}, "0", flash);
   }
-}
-
-// Chunked prefill through the tensor-core kernel: every sequence's prompt arrives in
-// chunks, one per step, whose queries see the cached prefix and causally each other;
-// chunk starts and contexts off the 64-key tile and the block size (including a block
-// size that is not a power of two), GQA groups that split a 16-item MMA tile across rows
-// (3), a whole tile of one row's heads (16), MHA; decode-like 1-token chunks beside long
-// ones in the same step.
-std::vector<StepCase> chunked_steps(const Config& c, const std::vector<std::vector<int32_t>>& chunks,
-                                    const std::string& dt, int64_t num_blocks, std::mt19937_64& rng) {
-  std::vector<int32_t> pool(static_cast<size_t>(num_blocks));
-  std::iota(pool.begin(), pool.end(), 0);
-  std::shuffle(pool.begin(), pool.end(), rng);
-  size_t next_block = 0, steps_n = 0;
-  for (const auto& ch : chunks) steps_n = std::max(steps_n, ch.size());
-  std::vector<std::vector<int32_t>> tables(chunks.size());
-  std::vector<int32_t> len(chunks.size(), 0);
-  std::vector<StepCase> steps;
-  for (size_t step = 0; step < steps_n; ++step) {
-    StepCase sc;
-    int32_t t = 0;
-    for (size_t s = 0; s < chunks.size(); ++s) {
-      if (step >= chunks[s].size()) continue;
-      const int32_t n = chunks[s][step];
-      for (int32_t i = 0; i < n; ++i) {
-        const int32_t p = len[s] + i;
-        if (p / c.block_size >= int64_t(tables[s].size())) tables[s].push_back(pool.at(next_block++));
-        sc.step.slot_mapping.push_back(int64_t(tables[s][size_t(p / c.block_size)]) * c.block_size + p % c.block_size);
-      }
-      len[s] += n;
-      sc.step.seqs.push_back({t, n, len[s], tables[s]});
-      t += n;
-    }
-    sc.inputs["q"] = random_tensor({t, c.hq * c.d}, rng, dt, -2, 2);
-    sc.inputs["k"] = random_tensor({t, c.hkv * c.d}, rng, dt, -2, 2);
-    sc.inputs["v"] = random_tensor({t, c.hkv * c.d}, rng, dt);
-    steps.push_back(std::move(sc));
-  }
-  return steps;
 }
 
 void check_chunked(const Config& c, const std::vector<std::vector<int32_t>>& chunks, KvDType kv_dtype,

@@ -32,6 +32,16 @@ inline std::string fixtures_dir() {
   return KILN_FIXTURES_DIR;
 }
 
+// The real SmolLM2-135M-Instruct GGUF: KILN_SMOLLM2_GGUF (the device run carries a copy
+// of its first blocks, scripts/cuda_gguf_truncate.py), else KILN_MODELS_DIR or the source
+// tree's .cache/models (scripts/fetch_models.sh). The tests skip when it is absent.
+inline std::string smollm2_gguf_path() {
+  if (const char* e = std::getenv("KILN_SMOLLM2_GGUF")) return e;
+  const char* dir = std::getenv("KILN_MODELS_DIR");
+  return std::string(dir ? dir : KILN_SOURCE_DIR "/.cache/models") +
+         "/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf";
+}
+
 // Sets an environment variable for a scope (compiled graphs and prepared ops read the
 // backend's switches once, when they are compiled or prepared).
 class ScopedEnv {

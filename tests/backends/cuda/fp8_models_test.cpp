@@ -47,23 +47,39 @@ double rel_rms(const std::vector<float>& got, const std::vector<float>& ref) {
   return std::sqrt(e / r);
 }
 
+// The tiny Llama fixture calibrated for FP8 (max clip, no smoothing) on 8 random
+// sequences of 32 tokens, and a random 20-token prompt with 6 tokens to decode after it.
+struct Fp8Case {
+  std::string dir = fixtures_dir() + "/models/llama";
+  QuantOptions q;
+  quant::CalibrationTable table;
+  std::vector<int32_t> prompt, decode;
+
+  explicit Fp8Case(uint64_t seed) {
+    std::mt19937_64 rng(seed);
+    auto seq = [&](int len) {
+      std::vector<int32_t> s;
+      for (int i = 0; i < len; ++i) s.push_back(int32_t(rng() % 512));
+      return s;
+    };
+    std::vector<std::vector<int32_t>> calib;
+    for (int i = 0; i < 8; ++i) calib.push_back(seq(32));
+    q.mode = "fp8";
+    q.method = "max";
+    q.smooth_alpha = -1;
+    table = calibrate_model(dir, {}, q, &calib);
+    prompt = seq(20);
+    decode = seq(6);
+  }
+};
+
 TEST(CudaFp8Model, TinyLlamaMatchesCpuFp8) {
   KILN_SKIP_WITHOUT_CUDA();
-  const std::string dir = fixtures_dir() + "/models/llama";
-  std::mt19937_64 rng(9);
-  auto seq = [&](int len) {
-    std::vector<int32_t> s;
-    for (int i = 0; i < len; ++i) s.push_back(int32_t(rng() % 512));
-    return s;
-  };
-  std::vector<std::vector<int32_t>> calib;
-  for (int i = 0; i < 8; ++i) calib.push_back(seq(32));
-  QuantOptions q;
-  q.mode = "fp8";
-  q.method = "max";
-  q.smooth_alpha = -1;
-  const quant::CalibrationTable table = calibrate_model(dir, {}, q, &calib);
-  const auto prompt = seq(20), decode = seq(6);
+  Fp8Case c(9);
+  const std::string& dir = c.dir;
+  QuantOptions& q = c.q;
+  const quant::CalibrationTable& table = c.table;
+  const auto &prompt = c.prompt, &decode = c.decode;
   auto cpu = Model::load(dir, fp8_model_options({}, table, q));
   auto gpu = Model::load(dir, fp8_model_options({.backend = "cuda"}, table, q));
   auto gpu_bf16 = Model::load(dir, {.backend = "cuda", .weight_dtype = "bf16"});
@@ -104,32 +120,13 @@ TEST(CudaFp8Model, TinyLlamaMatchesCpuFp8) {
 // loads; decode: the FP8 GEMV in CUDA graphs).
 TEST(CudaFp8Model, FusedQuantizeIsBitIdentical) {
   KILN_SKIP_WITHOUT_CUDA();
-  const std::string dir = fixtures_dir() + "/models/llama";
-  std::mt19937_64 rng(21);
-  auto seq = [&](int len) {
-    std::vector<int32_t> s;
-    for (int i = 0; i < len; ++i) s.push_back(int32_t(rng() % 512));
-    return s;
+  const Fp8Case c(21);
+  const auto &prompt = c.prompt, &decode = c.decode;
+  auto load = [&](const char* fuse) {  // KILN_CUDA_FP8_FUSE is read when the graph is compiled
+    ScopedEnv env("KILN_CUDA_FP8_FUSE", fuse);
+    return Model::load(c.dir, fp8_model_options({.backend = "cuda"}, c.table, c.q));
   };
-  std::vector<std::vector<int32_t>> calib;
-  for (int i = 0; i < 8; ++i) calib.push_back(seq(32));
-  QuantOptions q;
-  q.mode = "fp8";
-  q.method = "max";
-  q.smooth_alpha = -1;
-  const quant::CalibrationTable table = calibrate_model(dir, {}, q, &calib);
-  const auto prompt = seq(20), decode = seq(6);
-  auto load = [&](const char* fuse) {
-    const char* old = std::getenv("KILN_CUDA_FP8_FUSE");
-    const std::string saved = old ? old : "";
-    if (fuse) ::setenv("KILN_CUDA_FP8_FUSE", fuse, 1);
-    else ::unsetenv("KILN_CUDA_FP8_FUSE");
-    auto m = Model::load(dir, fp8_model_options({.backend = "cuda"}, table, q));  // compiled here
-    if (old) ::setenv("KILN_CUDA_FP8_FUSE", saved.c_str(), 1);
-    else ::unsetenv("KILN_CUDA_FP8_FUSE");
-    return m;
-  };
-  auto fused = load(nullptr);
+  auto fused = load("1");
   // Which nodes write codes: every norm but the final one (it feeds GatherRows, then the
   // LM head) and every gate|up Linear (its SwiGLU feeds the down projection).
   int producers = 0, norms = 0, gate_ups = 0;

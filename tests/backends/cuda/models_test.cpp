@@ -410,10 +410,7 @@ INSTANTIATE_TEST_SUITE_P(Dtypes, CudaBertGolden, ::testing::Values("f32", "bf16"
 // logits (gap <= 2e-2 of max|logit|), since then a bf16 rounding may flip it.
 TEST(CudaRealDecoder, SmolLM2GreedyMatchesCpu) {
   KILN_SKIP_WITHOUT_CUDA();
-  std::string path = std::getenv("KILN_SMOLLM2_GGUF") ? std::getenv("KILN_SMOLLM2_GGUF")
-                     : std::string(std::getenv("KILN_MODELS_DIR") ? std::getenv("KILN_MODELS_DIR")
-                                                                   : KILN_SOURCE_DIR "/.cache/models") +
-                           "/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf";
+  const std::string path = smollm2_gguf_path();
   if (!std::filesystem::exists(path)) GTEST_SKIP() << "real model not found at " << path;
   Ref ref("smollm2");
   std::vector<std::vector<int32_t>> prompts = {ref.ids("input_ids_0"), ref.ids("input_ids_1")};
@@ -477,10 +474,7 @@ TEST(CudaRealDecoder, SmolLM2GreedyMatchesCpu) {
 // head dim 16 and keep the grouped kernel.
 TEST(CudaRealDecoder, SmolLM2ClusterDecodeMatchesGroupedKernel) {
   KILN_SKIP_WITHOUT_CUDA();
-  std::string path = std::getenv("KILN_SMOLLM2_GGUF") ? std::getenv("KILN_SMOLLM2_GGUF")
-                     : std::string(std::getenv("KILN_MODELS_DIR") ? std::getenv("KILN_MODELS_DIR")
-                                                                   : KILN_SOURCE_DIR "/.cache/models") +
-                           "/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf";
+  const std::string path = smollm2_gguf_path();
   if (!std::filesystem::exists(path)) GTEST_SKIP() << "real model not found at " << path;
   Ref ref("smollm2");
   std::vector<std::vector<int32_t>> prompts = {ref.ids("input_ids_0"), ref.ids("input_ids_1")};

@@ -90,10 +90,7 @@ Compared teacher_forced(Model& ref, Model& got, const std::vector<int32_t>& prom
 
 TEST(CudaQGemvDp4aModels, SmolLM2TeacherForcedAgainstMma) {
   KILN_SKIP_WITHOUT_CUDA();
-  std::string path = std::getenv("KILN_SMOLLM2_GGUF") ? std::getenv("KILN_SMOLLM2_GGUF")
-                     : std::string(std::getenv("KILN_MODELS_DIR") ? std::getenv("KILN_MODELS_DIR")
-                                                                   : KILN_SOURCE_DIR "/.cache/models") +
-                           "/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf";
+  const std::string path = smollm2_gguf_path();
   if (!std::filesystem::exists(path)) GTEST_SKIP() << "real model not found at " << path;
   ASSERT_EQ(qgemv_kernel(DType::kBF16), QGemvKernel::kDp4a) << "dp4a is the default on this device";
   Ref ref("smollm2");

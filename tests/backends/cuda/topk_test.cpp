@@ -203,6 +203,20 @@ TEST(CudaTopKLogits, OneCtaPerRowKernel) {
   check_case(1, 300000, 1000, Fill::kTies, "bf16");
 }
 
+// A graph-able TopKLogits graph: token ids in (its only input, so steps run as CUDA
+// graphs), the rows of `table` as logits rows, then TopKLogits of k.
+ir::Graph embedding_topk_graph(Tensor table, int64_t k) {
+  ir::Graph g;
+  auto t = g.add_weight("table", std::move(table));
+  auto ids = g.add_input("ids", DType::kI32, Shape{"R"});
+  auto logits = g.add_node("Embedding", {t, ids}, {}, "rows")[0];
+  auto outs = g.add_node("TopKLogits", {logits}, {{"k", k}}, "top");
+  g.add_output("values", outs[0]);
+  g.add_output("ids", outs[1]);
+  g.add_output("logprobs", outs[2]);
+  return g;
+}
+
 // The split kernels inside a captured CUDA graph: a bf16 graph whose only input is token
 // ids (Embedding rows as logits rows, then TopKLogits) runs eagerly on its first run of a
 // shape (sizing the op scratch), is captured on the second and replayed on the third
@@ -210,14 +224,7 @@ TEST(CudaTopKLogits, OneCtaPerRowKernel) {
 TEST(CudaTopKLogits, SplitKernelsInACapturedGraph) {
   KILN_SKIP_WITHOUT_CUDA();
   const int64_t v = 50257, k = 64;
-  ir::Graph g;
-  auto table = g.add_weight("table", logits_tensor(8, v, Fill::kNormal, "bf16", 3));
-  auto ids = g.add_input("ids", DType::kI32, Shape{"R"});
-  auto logits = g.add_node("Embedding", {table, ids}, {}, "rows")[0];
-  auto outs = g.add_node("TopKLogits", {logits}, {{"k", k}}, "top");
-  g.add_output("values", outs[0]);
-  g.add_output("ids", outs[1]);
-  g.add_output("logprobs", outs[2]);
+  const ir::Graph g = embedding_topk_graph(logits_tensor(8, v, Fill::kNormal, "bf16", 3), k);
   Tensor rows(DType::kI32, {5});
   for (int i = 0; i < 5; ++i) rows.data_as<int32_t>()[i] = int32_t((i * 3 + 1) % 8);
   TensorMap in{{"ids", rows}};
@@ -252,14 +259,7 @@ TEST(CudaTopKLogits, AStepNeedingFewerCandidatesGetsTheLeadingColumns) {
     for (int64_t rows : {int64_t(1), int64_t(3), int64_t(64)})
       for (Fill fill : {Fill::kNormal, Fill::kTies, Fill::kSpecial}) {
         SCOPED_TRACE(str_cat("v=", v, " rows=", rows, " fill=", int(fill)));
-        ir::Graph g;
-        auto table = g.add_weight("table", logits_tensor(rows, v, fill, "bf16", uint64_t(v + rows)));
-        auto ids = g.add_input("ids", DType::kI32, Shape{"R"});
-        auto logits = g.add_node("Embedding", {table, ids}, {}, "rows")[0];
-        auto outs = g.add_node("TopKLogits", {logits}, {{"k", k}}, "top");
-        g.add_output("values", outs[0]);
-        g.add_output("ids", outs[1]);
-        g.add_output("logprobs", outs[2]);
+        const ir::Graph g = embedding_topk_graph(logits_tensor(rows, v, fill, "bf16", uint64_t(v + rows)), k);
         Tensor r(DType::kI32, {rows});
         for (int64_t i = 0; i < rows; ++i) r.data_as<int32_t>()[i] = int32_t(rows - 1 - i);
         TensorMap in{{"ids", r}};
