@@ -10,8 +10,24 @@
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/cuda_context.h"
+#include "backends/cuda/ops/gemv.h"
 
 namespace kiln::cuda::bench {
+
+// The decode GEMVs of the Llama shapes the benches time: n x k (gate|up: n per half) and
+// the epilogue the model fuses in.
+struct GemvShape {
+  const char* what;
+  int64_t n, k;
+  GemvEpilogue epi;
+};
+inline constexpr GemvShape kLlamaGemvShapes[] = {
+    {"8B qkv", 6144, 4096, GemvEpilogue::kNone},        {"8B o", 4096, 4096, GemvEpilogue::kNone},
+    {"8B gate|up", 14336, 4096, GemvEpilogue::kSwiGlu}, {"8B down", 4096, 14336, GemvEpilogue::kNone},
+    {"8B lm head", 128256, 4096, GemvEpilogue::kNone},  {"1.1B qkv", 2560, 2048, GemvEpilogue::kNone},
+    {"1.1B o", 2048, 2048, GemvEpilogue::kNone},        {"1.1B gate|up", 5632, 2048, GemvEpilogue::kSwiGlu},
+    {"1.1B down", 2048, 5632, GemvEpilogue::kNone},
+};
 
 // Median ms of one call of f over `reps` repeats, each timing `batch` calls back to back
 // between two events (batch 1: launch latency included; batch 20: the per-kernel time of

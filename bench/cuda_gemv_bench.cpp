@@ -38,6 +38,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <iterator>
 #include <vector>
 
 #include "backends/cuda/cuda_context.h"
@@ -253,21 +254,11 @@ int main(int argc, char** argv) {
   }
   std::printf("| shape (n x k) | weights | epilogue | rows | us, alone | us, 20 back to back | weight GB/s (back to back) | %% of copy | %% of 4.8 TB/s |\n"
               "|---|---|---|---|---|---|---|---|---|\n");
-  struct S {
-    const char* what;
-    int64_t n, k;
-    GemvEpilogue epi;
-  };
-  const S shapes[] = {
-      {"8B qkv", 6144, 4096, GemvEpilogue::kNone},      {"8B o", 4096, 4096, GemvEpilogue::kNone},
-      {"8B gate|up", 14336, 4096, GemvEpilogue::kSwiGlu}, {"8B down", 4096, 14336, GemvEpilogue::kNone},
-      {"8B lm head", 128256, 4096, GemvEpilogue::kNone},  {"1.1B qkv", 2560, 2048, GemvEpilogue::kNone},
-      {"1.1B o", 2048, 2048, GemvEpilogue::kNone},        {"1.1B gate|up", 5632, 2048, GemvEpilogue::kSwiGlu},
-      {"1.1B down", 2048, 5632, GemvEpilogue::kNone},     {"GPT-2 fc", 3072, 768, GemvEpilogue::kGeluTanh},
-      {"GPT-2 proj", 768, 3072, GemvEpilogue::kNone},
-  };
+  std::vector<bench::GemvShape> shapes(std::begin(bench::kLlamaGemvShapes), std::end(bench::kLlamaGemvShapes));
+  shapes.push_back({"GPT-2 fc", 3072, 768, GemvEpilogue::kGeluTanh});
+  shapes.push_back({"GPT-2 proj", 768, 3072, GemvEpilogue::kNone});
   std::vector<std::string> checks;
-  for (const S& s : shapes) {
+  for (const bench::GemvShape& s : shapes) {
     if (!std::strstr(s.what, filter)) continue;
     const int64_t wrows = s.epi == GemvEpilogue::kSwiGlu ? 2 * s.n : s.n;
     const size_t wbytes = size_t(wrows * s.k) * 2;

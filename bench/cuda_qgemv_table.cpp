@@ -95,22 +95,10 @@ void qgemv_kernels_table(const char* filter, double copy_gbs) {
               "| shape (rows x k) | weights | epilogue | rows | kernel | us, alone | us, 20 b2b | us, 20 b2b + PDL | "
               "GB/s | %% of copy |\n|---|---|---|---|---|---|---|---|---|---|\n",
               2 * l2 >> 20, copy_gbs);
-  struct S {
-    const char* what;
-    int64_t n, k;
-    GemvEpilogue epi;
-  };
-  const S shapes[] = {
-      {"8B qkv", 6144, 4096, GemvEpilogue::kNone},        {"8B o", 4096, 4096, GemvEpilogue::kNone},
-      {"8B gate|up", 14336, 4096, GemvEpilogue::kSwiGlu}, {"8B down", 4096, 14336, GemvEpilogue::kNone},
-      {"8B lm head", 128256, 4096, GemvEpilogue::kNone},  {"1.1B qkv", 2560, 2048, GemvEpilogue::kNone},
-      {"1.1B o", 2048, 2048, GemvEpilogue::kNone},        {"1.1B gate|up", 5632, 2048, GemvEpilogue::kSwiGlu},
-      {"1.1B down", 2048, 5632, GemvEpilogue::kNone},
-  };
   const QGemvKernel kernels[] = {QGemvKernel::kRows, QGemvKernel::kMma, QGemvKernel::kDp4a};
   const QGemvKernel def_kernel = qgemv_kernel(DType::kBF16);  // what a compiled graph runs (KILN_CUDA_QGEMV)
   std::vector<std::string> checks, sweeps;
-  for (const S& s : shapes) {
+  for (const GemvShape& s : kLlamaGemvShapes) {
     if (!std::strstr(s.what, filter)) continue;
     const bool swiglu = s.epi == GemvEpilogue::kSwiGlu;
     const int64_t wrows = swiglu ? 2 * s.n : s.n, mmax = kQGemvMaxRows;

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-# What the CUDA dp4a q4 GEMV's activation rounding (KILN_CUDA_QGEMV=dp4a: each Linear input
-# rounded to int8 per group of 32 with d = max|x| / 127) costs in accuracy, emulated in f32
+# What the CUDA dp4a q4 GEMV's activation rounding (the default q4/q8 decode GEMV: each Linear
+# input rounded to int8 per group of 32 with d = max|x| / 127) costs in accuracy, emulated in f32
 # with PyTorch on the project's real decoder (SmolLM2-135M-Instruct, its Q4_1 GGUF as
 # transformers dequantizes it): perplexity, mean KL and top-1 agreement against f32 for kiln's
 # q4 grid on every Linear (groups of 32, f16 scale and min, the LM head untied from the
@@ -8,6 +8,7 @@
 #   python3 bench/dp4a_accuracy.py [--model DIR] [--gguf FILE] [--text FILE] [--max-tokens N]
 # Needs torch, transformers and gguf (PyPI).
 import argparse, torch
+from dp4a_emulation import q4, xint8
 from transformers import AutoModelForCausalLM, AutoTokenizer
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", default=".cache/models/smollm2-135m-instruct")
@@ -18,17 +19,6 @@ args = ap.parse_args()
 d, f = args.model, args.gguf
 tok = AutoTokenizer.from_pretrained(d, gguf_file=f)
 ids = tok(open(args.text).read(), return_tensors="pt").input_ids[:, :args.max_tokens]
-def q4(w):
-    n, k = w.shape
-    g = w.reshape(n, k // 32, 32)
-    lo, hi = g.min(-1, keepdim=True).values, g.max(-1, keepdim=True).values
-    s = ((hi - lo) / 15).half().float(); m = lo.half().float()
-    q = torch.where(s > 0, torch.round((g - m) / torch.where(s > 0, s, 1)), torch.zeros_like(g)).clamp(0, 15)
-    return (q * s + m).reshape(n, k)
-def xint8(x):
-    sh = x.shape; g = x.reshape(*sh[:-1], sh[-1] // 32, 32)
-    dd = g.abs().amax(-1, keepdim=True) / 127
-    return (torch.round(g / torch.where(dd > 0, dd, 1)) * dd).reshape(sh)
 out = {}
 for mode in ("f32", "q4", "q4+int8x"):
     model = AutoModelForCausalLM.from_pretrained(d, gguf_file=f, torch_dtype=torch.float32).eval()

@@ -10,6 +10,7 @@
 #   python3 bench/dp4a_logit_shift.py [--model DIR] [--gguf FILE] [--blocks N] [--tokens N]
 # Needs torch, transformers and gguf (PyPI).
 import argparse, json, torch
+from dp4a_emulation import q4, xint8
 from transformers import AutoModelForCausalLM
 ap = argparse.ArgumentParser()
 ap.add_argument("--model", default=".cache/models/smollm2-135m-instruct")
@@ -17,17 +18,6 @@ ap.add_argument("--gguf", default="SmolLM2-135M-Instruct.Q4_1.gguf")
 ap.add_argument("--blocks", type=int, default=0)
 ap.add_argument("--tokens", type=int, default=32)
 args = ap.parse_args()
-def q4(w):
-    n, k = w.shape
-    g = w.reshape(n, k // 32, 32)
-    lo, hi = g.min(-1, keepdim=True).values, g.max(-1, keepdim=True).values
-    s = ((hi - lo) / 15).half().float(); m = lo.half().float()
-    q = torch.where(s > 0, torch.round((g - m) / torch.where(s > 0, s, 1)), torch.zeros_like(g)).clamp(0, 15)
-    return (q * s + m).reshape(n, k)
-def xint8(x):
-    sh = x.shape; g = x.reshape(*sh[:-1], sh[-1] // 32, 32)
-    dd = g.abs().amax(-1, keepdim=True) / 127
-    return (torch.round(g / torch.where(dd > 0, dd, 1)) * dd).reshape(sh)
 model = AutoModelForCausalLM.from_pretrained(args.model, gguf_file=args.gguf, torch_dtype=torch.float32).eval()
 if args.blocks:
     model.model.layers = model.model.layers[:args.blocks]
