@@ -34,7 +34,8 @@ size_t align256(size_t b) { return (b + 255) / 256 * 256; }
 
 // Whether node n writes output `out` through an E4M3 kernel when asked to.
 bool fp8_codes_producer(const ir::Node& n, size_t out) {
-  if (n.op == "RMSNorm" || n.op == "LayerNorm" || n.op == "SwiGLU" || n.op == "Gelu") return out == 0;
+  if (n.op == "RMSNorm" || n.op == "LayerNorm" || n.op == "SwiGLU" || n.op == "Gelu" || n.op == "Attention")
+    return out == 0;
   if (n.op == "AddRMSNorm" || n.op == "AddLayerNorm") return out == 1;
   if (n.op == "Linear") return out == 0 && n.attr_str("quant", "") == "fp8" && !n.attr_str("activation", "").empty();
   return false;

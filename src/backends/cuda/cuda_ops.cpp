@@ -15,6 +15,7 @@
 #include "backends/cuda/ops/elementwise.h"
 #include "backends/cuda/ops/elementwise_fp8.h"
 #include "backends/cuda/ops/embedding.h"
+#include "backends/cuda/ops/fp8.h"
 #include "backends/cuda/ops/gemv.h"
 #include "backends/cuda/ops/norm.h"
 #include "backends/cuda/ops/rope.h"
@@ -484,6 +485,9 @@ OpRun prepare_attention(const ir::Node& n, const ir::Graph& g, PrepareContext& p
       packed && n.input(2) != ir::kNoValue
           ? static_cast<const float*>(pc.weights->get(g, need_weight(n, g, 2, "inv_freq"), DType::kF32))
           : nullptr;
+  // Read only by FP8 Linears: the output leaves as their E4M3 codes, written by the flash
+  // kernel itself, else quantized from a scratch copy.
+  const std::optional<Fp8Scale> codes = fp8_fused_output(n, 0, g, pc.act);
   const std::string name = n.name;
   return [=](OpContext& c) {
     const DevTensor& q = *c.inputs[0];
@@ -492,18 +496,24 @@ OpRun prepare_attention(const ir::Node& n, const ir::Graph& g, PrepareContext& p
                   c.step->num_tokens(), " tokens but q has ", t, " rows");
     KILN_THROW_IF(q.dim(1) != width, kInvalidArgument, "attention '", name, "': input rows have ", q.dim(1),
                   " features, expected ", width);
-    DevTensor& y = c.out(0, {t, hq * d});
+    DevTensor& y = c.out(0, {t, hq * d}, codes ? std::optional<DType>(DType::kFP8E4M3) : std::nullopt);
+    const DType dt = q.dtype;  // of q, k, v, the cache and the attention's own output
     AttentionArgs a;
-    a.dtype = y.dtype;
+    a.dtype = dt;
     a.q = q.data;
-    a.out = y.data;
+    a.out = codes ? c.scratch(size_t(t * hq * d) * dtype_size(dt)) : y.data;
+    // After a kernel wrote a.out: its E4M3 codes into y (when it did not write them itself).
+    auto quantize_out = [&](const AttentionArgs& done) {
+      if (codes && !done.out_codes)
+        launch_fp8_quantize(dt, done.out, t * hq * d, codes->inv, static_cast<uint8_t*>(y.data), c.cx->stream);
+    };
     a.hq = hq;
     a.hkv = hkv;
     a.d = d;
     a.scale = scale;
     a.causal = causal;
     for (const StepSequence& ss : c.step->seqs) a.max_q_len = std::max<int64_t>(a.max_q_len, ss.q_len);
-    const size_t es = dtype_size(y.dtype);
+    const size_t es = dtype_size(dt);
     const void* k = packed ? static_cast<const char*>(q.data) + size_t(hq * d) * es : c.inputs[1]->data;
     const void* v = packed ? static_cast<const char*>(k) + size_t(hkv * d) * es : c.inputs[2]->data;
     if (packed) a.q_stride = width;
@@ -545,25 +555,27 @@ OpRun prepare_attention(const ir::Node& n, const ir::Graph& g, PrepareContext& p
           f.decode_splits = p.decode_splits;
           f.num_seqs = c.dev->num_seqs;
           launch_attention_decode_cluster(f, c.cx->stream);
+          quantize_out(f);
           return;
         }
         if (attention_fused_decode_supported(f)) {
           launch_attention_fused_decode(f, c.cx->stream);
+          quantize_out(f);
           return;
         }
       }
       if (packed) {
         // Quantized: RoPE in place here, the quantizing write below.
-        QkvPrepArgs qa{y.dtype, q.data, t, hq, hkv, d, rot,
+        QkvPrepArgs qa{dt, q.data, t, hq, hkv, d, rot,
                        inv_freq ? static_cast<const int32_t*>(c.inputs[1]->data) : nullptr, inv_freq,
                        c.dev->slot_mapping, quantized ? nullptr : kv.k(layer), quantized ? nullptr : kv.v(layer)};
         if (!quantized || inv_freq) launch_qkv_prep(qa, c.cx->stream);
       } else if (!quantized) {
-        launch_kv_cache_write(y.dtype, k, v, c.dev->slot_mapping, t, hkv * d, kv.k(layer), kv.v(layer),
+        launch_kv_cache_write(dt, k, v, c.dev->slot_mapping, t, hkv * d, kv.k(layer), kv.v(layer),
                               c.cx->stream);
       }
       if (quantized) {
-        launch_kv_quant_write(y.dtype, kv.code(), k, v, packed ? width : hkv * d, c.dev->slot_mapping, t, hkv, d,
+        launch_kv_quant_write(dt, kv.code(), k, v, packed ? width : hkv * d, c.dev->slot_mapping, t, hkv, d,
                               static_cast<uint8_t*>(kv.k(layer)), kv.k_scales(layer),
                               static_cast<uint8_t*>(kv.v(layer)), kv.v_scales(layer), c.cx->stream);
         a.kv_code = kv.code();
@@ -577,7 +589,7 @@ OpRun prepare_attention(const ir::Node& n, const ir::Graph& g, PrepareContext& p
       // No cache (encoders): K/V rows are read in place as a pool of one-token blocks;
       // the step upload made each sequence's "block table" its own row indices.
       if (packed && inv_freq) {
-        QkvPrepArgs qa{y.dtype, q.data, t, hq, hkv, d, rot, static_cast<const int32_t*>(c.inputs[1]->data),
+        QkvPrepArgs qa{dt, q.data, t, hq, hkv, d, rot, static_cast<const int32_t*>(c.inputs[1]->data),
                        inv_freq, nullptr, nullptr, nullptr};
         launch_qkv_prep(qa, c.cx->stream);
       }
@@ -586,7 +598,12 @@ OpRun prepare_attention(const ir::Node& n, const ir::Graph& g, PrepareContext& p
       a.block_size = 1;
       if (packed) a.kv_stride = width;
     }
+    if (codes && a.flash) {
+      a.out_codes = static_cast<uint8_t*>(y.data);
+      a.out_code_inv = codes->inv;
+    }
     launch_attention(a, c.cx->stream);
+    quantize_out(a);
   };
 }
 

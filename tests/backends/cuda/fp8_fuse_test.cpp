@@ -351,5 +351,61 @@ TEST(CudaFp8Fuse, FusedGraphIsBitIdenticalToUnfused) {
   }
 }
 
+// Attention feeding an FP8 o-projection writes its codes: from the flash kernel's
+// epilogue (KILN_CUDA_FLASH=1, head dims 64/128) or by a quantize pass over its own
+// output (the other plans), bit-identical to the unfused attention -> quantize -> GEMM.
+// Without a KV cache (encoder rows read in place), causal and not, sequences off the
+// kernel's 128-item CTA and 64-key tile, GQA and MHA.
+TEST(CudaFp8Fuse, AttentionWritesTheOProjectionsCodes) {
+  KILN_SKIP_WITHOUT_CUDA();
+  struct Case {
+    int64_t hq, hkv, d;
+    std::vector<int32_t> seqs;
+    bool causal;
+  };
+  for (const Case& c : {Case{8, 2, 64, {200, 37}, true}, Case{4, 4, 128, {150}, false}, Case{32, 8, 128, {300, 1}, true}})
+    for (const char* flash : {"", "1"}) {
+      ir::Graph g;
+      const int64_t qw = c.hq * c.d, kw = c.hkv * c.d;
+      auto q = g.add_input("q", DType::kF32, Shape{"T", qw});
+      auto k = g.add_input("k", DType::kF32, Shape{"T", kw});
+      auto v = g.add_input("v", DType::kF32, Shape{"T", kw});
+      auto a = g.add("Attention", {q, k, v},
+                     {{"layer", int64_t(0)}, {"num_heads", c.hq}, {"num_kv_heads", c.hkv}, {"head_dim", c.d},
+                      {"scale", 1.0 / std::sqrt(double(c.d))}, {"causal", int64_t(c.causal)}},
+                     "attn");
+      std::mt19937_64 rng(uint64_t(c.d * 31 + c.hq));
+      auto w = g.add_weight("w_o", random_tensor({64, qw}, rng, "bf16"));
+      g.add_output("y", g.add("Linear", {a, w}, {{"quant", std::string("fp8")}, {"act_amax", 1.5}}, "o_proj"));
+      ASSERT_TRUE(fp8_fused_output(g.nodes()[0], 0, g, DType::kBF16).has_value());
+      StepInfo step;
+      int32_t t = 0;
+      for (int32_t n : c.seqs) {
+        step.seqs.push_back({t, n, n, {}});
+        t += n;
+      }
+      step.slot_mapping.assign(size_t(t), -1);
+      const TensorMap in = {{"q", random_tensor({t, qw}, rng, "bf16", -2, 2)},
+                            {"k", random_tensor({t, kw}, rng, "bf16", -2, 2)},
+                            {"v", random_tensor({t, kw}, rng, "bf16", -2, 2)}};
+      const ScopedEnv flash_env("KILN_CUDA_FLASH", flash);
+      auto run = [&](const char* fuse) {
+        ScopedEnv env("KILN_CUDA_FP8_FUSE", fuse);  // read while compiling, as KILN_CUDA_FLASH
+        auto gg = create_backend("cuda")->compile(g, {.weight_dtype = "fp8"});
+        return gg->run(in, step, nullptr).at("y").to(DType::kF32);
+      };
+      const Tensor on = run(nullptr), off = run("0");
+      ASSERT_EQ(on.shape(), off.shape());
+      size_t bad = 0;
+      float max_ref = 0;
+      for (int64_t i = 0; i < off.numel(); ++i) {
+        max_ref = std::max(max_ref, std::fabs(off.data_as<float>()[i]));
+        bad += f32_bits(on.data_as<float>()[i]) != f32_bits(off.data_as<float>()[i]);
+      }
+      EXPECT_EQ(bad, 0u) << "hq=" << c.hq << " d=" << c.d << " flash=" << flash << " of " << off.numel();
+      EXPECT_GT(max_ref, 0.0f);
+    }
+}
+
 }  // namespace
 }  // namespace kiln::cuda

@@ -117,36 +117,46 @@ TEST(CudaFp8Model, TinyLlamaMatchesCpuFp8) {
 
 // The quantize fused into the producers changes no bit: the same codes reach the same
 // kernels (prefill of 20 tokens: cuBLASLt's heuristic algorithm, not a timed one, in both
-// loads; decode: the FP8 GEMV in CUDA graphs).
+// loads; decode: the FP8 GEMV in CUDA graphs). Attention writes the o-projection's codes
+// from the flash kernel's epilogue (forced on: KILN_CUDA_FLASH=1) or, on the other plans,
+// by a quantize pass over its own output.
 TEST(CudaFp8Model, FusedQuantizeIsBitIdentical) {
   KILN_SKIP_WITHOUT_CUDA();
   const Fp8Case c(21);
   const auto &prompt = c.prompt, &decode = c.decode;
-  auto load = [&](const char* fuse) {  // KILN_CUDA_FP8_FUSE is read when the graph is compiled
-    ScopedEnv env("KILN_CUDA_FP8_FUSE", fuse);
-    return Model::load(c.dir, fp8_model_options({.backend = "cuda"}, c.table, c.q));
-  };
-  auto fused = load("1");
-  // Which nodes write codes: every norm but the final one (it feeds GatherRows, then the
-  // LM head) and every gate|up Linear (its SwiGLU feeds the down projection).
-  int producers = 0, norms = 0, gate_ups = 0;
-  for (const ir::Node& n : fused->graph().nodes()) {
-    for (size_t o = 0; o < n.outputs.size(); ++o)
-      producers += fp8_fused_output(n, o, fused->graph(), DType::kBF16).has_value();
-    norms += n.op == "RMSNorm" || n.op == "AddRMSNorm";
-    gate_ups += n.op == "Linear" && n.attr_str("quant", "") == "fp8" && n.attr_str("activation", "") == "swiglu";
+  for (const char* flash : {"", "1"}) {
+    SCOPED_TRACE(str_cat("KILN_CUDA_FLASH=", flash));
+    const ScopedEnv flash_env("KILN_CUDA_FLASH", flash);
+    auto load = [&](const char* fuse) {  // both switches are read when the graph is compiled
+      ScopedEnv env("KILN_CUDA_FP8_FUSE", fuse);
+      return Model::load(c.dir, fp8_model_options({.backend = "cuda"}, c.table, c.q));
+    };
+    auto fused = load("1");
+    // Which nodes write codes: every norm but the final one (it feeds GatherRows, then the
+    // LM head), every attention (its o projection) and every gate|up Linear (its SwiGLU
+    // feeds the down projection).
+    int producers = 0, norms = 0, attentions = 0, gate_ups = 0;
+    for (const ir::Node& n : fused->graph().nodes()) {
+      for (size_t o = 0; o < n.outputs.size(); ++o)
+        producers += fp8_fused_output(n, o, fused->graph(), DType::kBF16).has_value();
+      norms += n.op == "RMSNorm" || n.op == "AddRMSNorm";
+      attentions += n.op == "Attention";
+      gate_ups += n.op == "Linear" && n.attr_str("quant", "") == "fp8" && n.attr_str("activation", "") == "swiglu";
+    }
+    std::printf("  %d of the graph's nodes write E4M3 codes (%d norms, %d attentions, %d gate|up)\n", producers,
+                norms, attentions, gate_ups);
+    EXPECT_GT(gate_ups, 0);
+    EXPECT_GT(attentions, 0);
+    EXPECT_EQ(producers, norms - 1 + attentions + gate_ups);
+    const auto on = logits_of(*fused, prompt, decode);
+    fused.reset();
+    auto unfused = load("0");
+    const auto off = logits_of(*unfused, prompt, decode);
+    ASSERT_EQ(on.size(), off.size());
+    size_t bad = 0;
+    for (size_t i = 0; i < on.size(); ++i) bad += std::memcmp(&on[i], &off[i], sizeof(float)) != 0;
+    EXPECT_EQ(bad, 0u) << "of " << on.size() << " logits";
   }
-  std::printf("  %d of the graph's nodes write E4M3 codes (%d norms, %d gate|up)\n", producers, norms, gate_ups);
-  EXPECT_GT(gate_ups, 0);
-  EXPECT_EQ(producers, norms - 1 + gate_ups);
-  const auto on = logits_of(*fused, prompt, decode);
-  fused.reset();
-  auto unfused = load("0");
-  const auto off = logits_of(*unfused, prompt, decode);
-  ASSERT_EQ(on.size(), off.size());
-  size_t bad = 0;
-  for (size_t i = 0; i < on.size(); ++i) bad += std::memcmp(&on[i], &off[i], sizeof(float)) != 0;
-  EXPECT_EQ(bad, 0u) << "of " << on.size() << " logits";
 }
 
 }  // namespace

@@ -115,6 +115,10 @@ struct AttentionArgs {
   int64_t q_stride = 0, kv_stride = 0;  // 0: hq * d and hkv * d (dense)
   int64_t max_q_len = 0;  // the step's longest q_len; with its GQA group <= 8, the decode kernel runs
   void* out = nullptr;              // [T, hq, d]
+  // Tensor-core (flash) plans only, when set: the output as E4M3 codes of out's T values
+  // times out_code_inv (fp8_codes.cuh; the FP8 o-projection's input), out unused.
+  uint8_t* out_codes = nullptr;
+  float out_code_inv = 1.0f;
   int64_t block_size = 16, hq = 0, hkv = 0, d = 0;
   float scale = 1.0f;
   bool causal = true;

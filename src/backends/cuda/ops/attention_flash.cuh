@@ -25,6 +25,7 @@
 #include <atomic>
 
 #include "backends/cuda/ops/attention_kernels.cuh"
+#include "backends/cuda/ops/fp8_codes.cuh"
 
 namespace kiln::cuda {
 namespace {
@@ -56,7 +57,8 @@ __global__ void __launch_bounds__(kF2Threads, 2)
     flash2_attention_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restrict__ k_cache,
                             const KvElem<T, Q>* __restrict__ v_cache,
                             const float* __restrict__ k_scales, const float* __restrict__ v_scales,
-                            T* __restrict__ out, int block_size, int bs_shift, int hq, int hkv,
+                            T* __restrict__ out, uint8_t* __restrict__ out_codes, float code_inv,
+                            int block_size, int bs_shift, int hq, int hkv,
                             int64_t q_stride, int64_t kv_row, float scale_log2, bool causal,
                             const AttnSeq* __restrict__ seqs,
                             const int32_t* __restrict__ block_tables,
@@ -273,11 +275,19 @@ __global__ void __launch_bounds__(kF2Threads, 2)
     const int item = first_w + g + 8 * h;
     if (item >= n_items) continue;
     const int64_t row = sq.q_start + item / group, head = kvh * group + item % group;
-    T* op = out + (row * hq + head) * D + 2 * t;
+    const int64_t at = (row * hq + head) * D + 2 * t;
     const float inv = den > 0.0f ? 1.0f / den : 0.0f;
+    if (out_codes) {  // the E4M3 codes of the T output (the FP8 o-projection's input)
+#pragma unroll
+      for (int i = 0; i < DT; ++i)
+        *reinterpret_cast<uint16_t*>(out_codes + at + i * 8) =
+            uint16_t(fp8_code_via<T>(o[i][2 * h] * inv, code_inv) |
+                     uint16_t(fp8_code_via<T>(o[i][2 * h + 1] * inv, code_inv)) << 8);
+      continue;
+    }
 #pragma unroll
     for (int i = 0; i < DT; ++i)
-      *reinterpret_cast<uint32_t*>(op + i * 8) = pack2<T>(o[i][2 * h] * inv, o[i][2 * h + 1] * inv);
+      *reinterpret_cast<uint32_t*>(out + at + i * 8) = pack2<T>(o[i][2 * h] * inv, o[i][2 * h + 1] * inv);
   }
 }
 
@@ -305,7 +315,7 @@ void launch_flash2_typed(const AttentionArgs& a, cudaStream_t s) {
   launch_k(kernel, dim3(unsigned(int64_t(a.num_work) * a.hkv)), dim3(kF2Threads), smem, s,
            static_cast<const T*>(a.q), static_cast<const KvElem<T, Q>*>(a.k_cache),
            static_cast<const KvElem<T, Q>*>(a.v_cache), a.k_scales, a.v_scales,
-           static_cast<T*>(a.out), bs, bs_shift, int(a.hq), int(a.hkv), qs, kvs,
+           static_cast<T*>(a.out), a.out_codes, a.out_code_inv, bs, bs_shift, int(a.hq), int(a.hkv), qs, kvs,
            a.scale * kLog2e, a.causal, a.seqs, a.block_tables, a.work);
   KILN_CUDA_CHECK_LAUNCH();
 }

@@ -49,11 +49,6 @@ __global__ void swiglu_kernel(const T* x, int64_t rows, int64_t inter, T* out) {
   }
 }
 
-template <typename E, int V>
-struct alignas(V * sizeof(E)) Vec {
-  E e[V];
-};
-
 // E4M3 codes of SwiGLU, V columns per thread (inter % V == 0).
 template <typename T, int V>
 __global__ void swiglu_fp8_kernel(const T* x, int64_t rows, int64_t inter, float inv, uint8_t* out) {
