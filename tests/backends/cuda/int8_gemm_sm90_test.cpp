@@ -9,6 +9,8 @@
 // and without bias, sums beyond 2^24 (float(acc) rounds); the timing of the
 // configurations; and the shape checks' messages. Skips without a GPU or a build without
 // CUTLASS (the checks' test needs neither).
+#include "backends/cuda/ops/int8_gemm_sm90.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -19,7 +21,6 @@
 #include "backends/cuda/cuda_context.h"
 #include "backends/cuda/ops/gemm.h"
 #include "backends/cuda/ops/int8.h"
-#include "backends/cuda/ops/int8_gemm_sm90.h"
 #include "core/dtype.h"
 #include "core/thread_pool.h"
 #include "cuda_test_util.h"
@@ -27,11 +28,11 @@
 namespace kiln::cuda {
 namespace {
 
-#define KILN_SKIP_WITHOUT_INT8_SM90()                                            \
-  do {                                                                           \
-    KILN_SKIP_WITHOUT_CUDA();                                                    \
-    std::string why_;                                                            \
-    if (!int8_gemm_sm90_available(&why_)) GTEST_SKIP() << "skipped: " << why_;   \
+#define KILN_SKIP_WITHOUT_INT8_SM90()                                          \
+  do {                                                                         \
+    KILN_SKIP_WITHOUT_CUDA();                                                  \
+    std::string why_;                                                          \
+    if (!int8_gemm_sm90_available(&why_)) GTEST_SKIP() << "skipped: " << why_; \
   } while (0)
 
 template <typename T>
@@ -61,8 +62,8 @@ struct Problem {
   Case c;
   std::vector<int8_t> x, w;
   std::vector<float> xs, ws, bias;
-  std::vector<int64_t> rows;          // the rows checked
-  std::vector<int32_t> sums;          // [rows.size(), n]
+  std::vector<int64_t> rows;  // the rows checked
+  std::vector<int32_t> sums;  // [rows.size(), n]
   DeviceBuffer dx, dw, dxs, dws, dbias;
 
   explicit Problem(Case cs, uint64_t seed) : c(cs) {
@@ -73,7 +74,8 @@ struct Problem {
     w.resize(size_t(c.n * c.k));
     for (auto& v : x) v = int8_t(code(rng));
     for (auto& v : w) v = int8_t(code(rng));
-    for (int64_t r = 0; r < c.m; r += 97) std::fill_n(x.begin() + r * c.k, c.k, int8_t(r % 2 ? -127 : 127));
+    for (int64_t r = 0; r < c.m; r += 97)
+      std::fill_n(x.begin() + r * c.k, c.k, int8_t(r % 2 ? -127 : 127));
     for (int64_t j = 0; j < c.n; j += 13) std::fill_n(w.begin() + j * c.k, c.k, int8_t(127));
     for (int64_t r = 0; r < c.m; ++r) xs.push_back(1e-3f + 4e-2f * u(rng));
     for (int64_t j = 0; j < c.n; ++j) ws.push_back(1e-3f + 1e-2f * u(rng));
@@ -108,8 +110,10 @@ struct Variant {
 };
 
 std::string variant_name(const Case& c, const Variant& v, const char* cfg) {
-  return str_cat("m=", c.m, " n=", c.n, " k=", c.k, " ", dtype_name(v.out), v.act == GemvEpilogue::kGeluErf ? " gelu_erf" : "",
-                 v.per_token ? " per-token" : " static", v.with_bias ? " +bias" : "", " [", cfg, "]");
+  return str_cat("m=", c.m, " n=", c.n, " k=", c.k, " ", dtype_name(v.out),
+                 v.act == GemvEpilogue::kGeluErf ? " gelu_erf" : "",
+                 v.per_token ? " per-token" : " static", v.with_bias ? " +bias" : "", " [", cfg,
+                 "]");
 }
 
 Int8Epilogue epilogue_of(const Problem& p, const Variant& v, float x_scale) {
@@ -123,8 +127,8 @@ Int8Epilogue epilogue_of(const Problem& p, const Variant& v, float x_scale) {
 }
 
 // The device result vs the host reference: exact without an activation, one output ulp with GELU.
-void expect_matches_reference(const Problem& p, const Variant& v, float x_scale, const std::vector<uint16_t>& got,
-                              const std::string& what) {
+void expect_matches_reference(const Problem& p, const Variant& v, float x_scale,
+                              const std::vector<uint16_t>& got, const std::string& what) {
   const int64_t n = p.c.n;
   size_t bad = 0;
   for (size_t i = 0; i < p.rows.size(); ++i) {
@@ -137,10 +141,12 @@ void expect_matches_reference(const Problem& p, const Variant& v, float x_scale,
       const uint16_t want = v.out == DType::kBF16 ? f32_to_bf16(y) : f32_to_f16(y);
       const uint16_t g = got[size_t(r * n + j)];
       const int ulps = std::abs(int(g) - int(want));  // same sign: neighbouring codes differ by 1
-      const bool ok = v.act == GemvEpilogue::kNone ? g == want : (g == want || ((g ^ want) < 0x8000 && ulps <= 1));
+      const bool ok = v.act == GemvEpilogue::kNone
+                          ? g == want
+                          : (g == want || ((g ^ want) < 0x8000 && ulps <= 1));
       if (!ok && bad++ < 5)
-        ADD_FAILURE() << what << ": y[" << r << ", " << j << "] = 0x" << std::hex << g << ", reference 0x" << want
-                      << std::dec << " (f32 " << y << ")";
+        ADD_FAILURE() << what << ": y[" << r << ", " << j << "] = 0x" << std::hex << g
+                      << ", reference 0x" << want << std::dec << " (f32 " << y << ")";
     }
   }
   EXPECT_EQ(bad, 0u) << what;
@@ -151,8 +157,9 @@ TEST(CudaInt8GemmSm90, MatchesExactReferenceAndCublasLtPath) {
   int sms = 0;
   KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   Gemm gemm;
-  const Case cases[] = {{1, 16, 64},    {5, 24, 80},      {64, 128, 128},   {130, 136, 144},   {300, 2304, 768},
-                        {777, 520, 3072}, {1000, 3072, 256}, {4100, 768, 768}, {4100, 3072, 768}, {4096, 768, 3072}};
+  const Case cases[] = {{1, 16, 64},       {5, 24, 80},      {64, 128, 128},    {130, 136, 144},
+                        {300, 2304, 768},  {777, 520, 3072}, {1000, 3072, 256}, {4100, 768, 768},
+                        {4100, 3072, 768}, {4096, 768, 3072}};
   uint64_t seed = 1;
   for (const Case& c : cases) {
     const Problem p(c, seed++);
@@ -168,9 +175,11 @@ TEST(CudaInt8GemmSm90, MatchesExactReferenceAndCublasLtPath) {
             const auto* dx = static_cast<const int8_t*>(p.dx.get());
             const auto* dw = static_cast<const int8_t*>(p.dw.get());
             ASSERT_EQ(int8_gemm_sm90_check(out, dx, dw, dy.get(), c.m, c.n, c.k, e), "");
-            // The path it replaces, on the same codes: cuBLASLt's exact sums, then the dequantize kernel.
+            // The path it replaces, on the same codes: cuBLASLt's exact sums, then the dequantize
+            // kernel.
             gemm.run_int8(dx, dw, static_cast<int32_t*>(acc.get()), c.m, c.n, c.k, nullptr);
-            launch_int8_dequant(out, static_cast<const int32_t*>(acc.get()), c.m, c.n, c.n, e, dref.get(), nullptr);
+            launch_int8_dequant(out, static_cast<const int32_t*>(acc.get()), c.m, c.n, c.n, e,
+                                dref.get(), nullptr);
             const std::vector<uint16_t> ref = download16(dref, size_t(c.m * c.n));
             // Every configuration for the small shapes; the big ones rotate through them.
             for (int ci = 0; ci < kInt8GemmConfigs; ++ci) {
@@ -179,8 +188,10 @@ TEST(CudaInt8GemmSm90, MatchesExactReferenceAndCublasLtPath) {
               const std::string what = variant_name(c, v, int8_gemm_config_name(cfg));
               const size_t ws_bytes = int8_gemm_sm90_workspace(cfg, out, c.m, c.n, c.k, act);
               DeviceBuffer ws(ws_bytes);
-              KILN_CUDA_CHECK(cudaMemset(dy.get(), 0xff, size_t(c.m * c.n) * 2));  // NaN: unwritten outputs show
-              launch_int8_gemm_sm90(cfg, out, dx, dw, c.m, c.n, c.k, e, dy.get(), ws.get(), ws_bytes, sms, nullptr);
+              KILN_CUDA_CHECK(cudaMemset(dy.get(), 0xff,
+                                         size_t(c.m * c.n) * 2));  // NaN: unwritten outputs show
+              launch_int8_gemm_sm90(cfg, out, dx, dw, c.m, c.n, c.k, e, dy.get(), ws.get(),
+                                    ws_bytes, sms, nullptr);
               KILN_CUDA_CHECK(cudaDeviceSynchronize());
               const std::vector<uint16_t> got = download16(dy, size_t(c.m * c.n));
               expect_matches_reference(p, v, x_scale, got, what);
@@ -200,8 +211,9 @@ TEST(CudaInt8GemmSm90, TuningTimesEveryConfiguration) {
   const Problem p({8, 768, 768}, 7);
   const Variant v{DType::kBF16, GemvEpilogue::kGeluErf, true, true};
   std::vector<Int8GemmTiming> times;
-  const Int8GemmPlan plan = int8_gemm_sm90_tune(DType::kBF16, static_cast<const int8_t*>(p.dw.get()), 768, 768,
-                                                epilogue_of(p, v, 1.0f), true, sms, nullptr, &times);
+  const Int8GemmPlan plan =
+      int8_gemm_sm90_tune(DType::kBF16, static_cast<const int8_t*>(p.dw.get()), 768, 768,
+                          epilogue_of(p, v, 1.0f), true, sms, nullptr, &times);
   EXPECT_TRUE(plan.tuned);
   ASSERT_EQ(times.size(), kInt8GemmTuneRows.size() * kInt8GemmConfigs);
   for (size_t b = 0; b < kInt8GemmTuneRows.size(); ++b) {
@@ -211,7 +223,8 @@ TEST(CudaInt8GemmSm90, TuningTimesEveryConfiguration) {
       EXPECT_GT(t.ms, 0.0f);
       if (t.m == kInt8GemmTuneRows[b] && t.ms < best) best = t.ms, best_cfg = t.config;
       if (t.m == kInt8GemmTuneRows[b])
-        std::printf("  m=%lld n=768 k=768 %-28s %.1f us\n", (long long)t.m, int8_gemm_config_name(t.config), t.ms * 1e3);
+        std::printf("  m=%lld n=768 k=768 %-28s %.1f us\n", (long long)t.m,
+                    int8_gemm_config_name(t.config), t.ms * 1e3);
     }
     EXPECT_EQ(plan.by_bucket[b], best_cfg) << "bucket " << b;
     EXPECT_EQ(plan.pick(kInt8GemmTuneRows[b]), best_cfg);
@@ -228,12 +241,17 @@ TEST(CudaInt8GemmSm90, ChecksNameWhatIsWrong) {
     ea.act = act;
     return int8_gemm_sm90_check(out, buf, buf, y, 256, n, k, ea);
   };
-  EXPECT_NE(check(DType::kBF16, 64, 40, buf, GemvEpilogue::kNone).find("k % 16"), std::string::npos);
+  EXPECT_NE(check(DType::kBF16, 64, 40, buf, GemvEpilogue::kNone).find("k % 16"),
+            std::string::npos);
   EXPECT_NE(check(DType::kBF16, 20, 64, buf, GemvEpilogue::kNone).find("n % 8"), std::string::npos);
-  EXPECT_NE(check(DType::kF32, 64, 64, buf, GemvEpilogue::kNone).find("output dtype f32"), std::string::npos);
-  EXPECT_NE(check(DType::kBF16, 64, 64, buf, GemvEpilogue::kSwiGlu).find("activation"), std::string::npos);
-  EXPECT_NE(check(DType::kBF16, 64, 64, buf + 8, GemvEpilogue::kNone).find("16-byte aligned"), std::string::npos);
-  EXPECT_NE(check(DType::kBF16, 64, int64_t(1) << 31, buf, GemvEpilogue::kNone).find("2^31"), std::string::npos);
+  EXPECT_NE(check(DType::kF32, 64, 64, buf, GemvEpilogue::kNone).find("output dtype f32"),
+            std::string::npos);
+  EXPECT_NE(check(DType::kBF16, 64, 64, buf, GemvEpilogue::kSwiGlu).find("activation"),
+            std::string::npos);
+  EXPECT_NE(check(DType::kBF16, 64, 64, buf + 8, GemvEpilogue::kNone).find("16-byte aligned"),
+            std::string::npos);
+  EXPECT_NE(check(DType::kBF16, 64, int64_t(1) << 31, buf, GemvEpilogue::kNone).find("2^31"),
+            std::string::npos);
   std::string why;
   if (!int8_gemm_sm90_available(&why)) {
     EXPECT_FALSE(why.empty());

@@ -19,9 +19,12 @@ namespace kiln::cuda {
 
 const char* int8_gemm_config_name(Int8GemmConfig c) {
   switch (c) {
-    case Int8GemmConfig::kPingpong128x128: return "128x128x128 ping-pong 2x1";
-    case Int8GemmConfig::kCooperative128x128: return "128x128x128 cooperative";
-    case Int8GemmConfig::kPingpong64x128: return "64x128x128 ping-pong";
+    case Int8GemmConfig::kPingpong128x128:
+      return "128x128x128 ping-pong 2x1";
+    case Int8GemmConfig::kCooperative128x128:
+      return "128x128x128 cooperative";
+    case Int8GemmConfig::kPingpong64x128:
+      return "64x128x128 ping-pong";
   }
   return "?";
 }
@@ -37,12 +40,15 @@ bool int8_gemm_sm90_available(std::string* why) {
   KILN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
   KILN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
   if (major == 9 && minor == 0) return true;
-  if (why) *why = str_cat("device ", dev, " has compute capability ", major, ".", minor, "; the kernel is sm_90a code");
+  if (why)
+    *why = str_cat("device ", dev, " has compute capability ", major, ".", minor,
+                   "; the kernel is sm_90a code");
   return false;
 #else
   if (why)
-    *why = "built without CUTLASS (no cutlass/cutlass.h under KILN_CUTLASS_DIR or no sm_90a in "
-           "CMAKE_CUDA_ARCHITECTURES at configure time; see scripts/fetch_cutlass.sh)";
+    *why =
+        "built without CUTLASS (no cutlass/cutlass.h under KILN_CUTLASS_DIR or no sm_90a in "
+        "CMAKE_CUDA_ARCHITECTURES at configure time; see scripts/fetch_cutlass.sh)";
   return false;
 #endif
 }
@@ -51,8 +57,8 @@ namespace {
 
 bool aligned16(const void* p) { return p && reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
-int8_sm90::Problem problem(const int8_t* x, const int8_t* w, void* y, int64_t m, int64_t n, int64_t k,
-                           const Int8Epilogue& e, int sm_count) {
+int8_sm90::Problem problem(const int8_t* x, const int8_t* w, void* y, int64_t m, int64_t n,
+                           int64_t k, const Int8Epilogue& e, int sm_count) {
   int8_sm90::Problem p;
   p.x = x;
   p.w = w;
@@ -67,22 +73,28 @@ int8_sm90::Problem problem(const int8_t* x, const int8_t* w, void* y, int64_t m,
 
 }  // namespace
 
-std::string int8_gemm_sm90_check(DType out, const int8_t* x, const int8_t* w, const void* y, int64_t m, int64_t n,
-                                 int64_t k, const Int8Epilogue& e) {
-  if (out != DType::kBF16 && out != DType::kF16) return str_cat("output dtype ", dtype_name(out), " (bf16 or f16)");
+std::string int8_gemm_sm90_check(DType out, const int8_t* x, const int8_t* w, const void* y,
+                                 int64_t m, int64_t n, int64_t k, const Int8Epilogue& e) {
+  if (out != DType::kBF16 && out != DType::kF16)
+    return str_cat("output dtype ", dtype_name(out), " (bf16 or f16)");
   if (e.act != GemvEpilogue::kNone && e.act != GemvEpilogue::kGeluErf)
-    return "activation (only none and gelu_erf are compiled; gelu_tanh, silu and swiglu take cuBLASLt)";
-  if (m <= 0 || n <= 0 || k <= 0 || m >= (int64_t(1) << 31) || n >= (int64_t(1) << 31) || k >= (int64_t(1) << 31))
+    return "activation (only none and gelu_erf are compiled; gelu_tanh, silu and swiglu take "
+           "cuBLASLt)";
+  if (m <= 0 || n <= 0 || k <= 0 || m >= (int64_t(1) << 31) || n >= (int64_t(1) << 31) ||
+      k >= (int64_t(1) << 31))
     return str_cat("shape m=", m, " n=", n, " k=", k, " (each in [1, 2^31))");
-  if (k % 16 != 0) return str_cat("k=", k, " (TMA needs rows of a multiple of 16 bytes: k % 16 == 0)");
+  if (k % 16 != 0)
+    return str_cat("k=", k, " (TMA needs rows of a multiple of 16 bytes: k % 16 == 0)");
   if (n % 8 != 0) return str_cat("n=", n, " (16-byte output rows: n % 8 == 0)");
   if (!aligned16(x) || !aligned16(w) || !aligned16(y)) return "x, w and y must be 16-byte aligned";
-  if (!aligned16(e.w_scale) || (e.row_scale && !aligned16(e.row_scale)) || (e.bias && !aligned16(e.bias)))
+  if (!aligned16(e.w_scale) || (e.row_scale && !aligned16(e.row_scale)) ||
+      (e.bias && !aligned16(e.bias)))
     return "w_scale, row_scale and bias must be 16-byte aligned";
 #if KILN_HAVE_CUTLASS
   const int8_sm90::Problem p = problem(x, w, const_cast<void*>(y), m, n, k, e, 1);
-  const std::string st = out == DType::kBF16 ? int8_sm90::Ops<DType::kBF16>::check(Int8GemmConfig{}, p)
-                                             : int8_sm90::Ops<DType::kF16>::check(Int8GemmConfig{}, p);
+  const std::string st = out == DType::kBF16
+                             ? int8_sm90::Ops<DType::kBF16>::check(Int8GemmConfig{}, p)
+                             : int8_sm90::Ops<DType::kF16>::check(Int8GemmConfig{}, p);
   if (!st.empty()) return "CUTLASS can_implement: " + st;
   return "";
 #else
@@ -90,7 +102,8 @@ std::string int8_gemm_sm90_check(DType out, const int8_t* x, const int8_t* w, co
 #endif
 }
 
-size_t int8_gemm_sm90_workspace(Int8GemmConfig c, DType out, int64_t m, int64_t n, int64_t k, GemvEpilogue act) {
+size_t int8_gemm_sm90_workspace(Int8GemmConfig c, DType out, int64_t m, int64_t n, int64_t k,
+                                GemvEpilogue act) {
 #if KILN_HAVE_CUTLASS
   Int8Epilogue e;
   e.act = act;
@@ -102,9 +115,9 @@ size_t int8_gemm_sm90_workspace(Int8GemmConfig c, DType out, int64_t m, int64_t 
 #endif
 }
 
-void launch_int8_gemm_sm90(Int8GemmConfig c, DType out, const int8_t* x, const int8_t* w, int64_t m, int64_t n,
-                           int64_t k, const Int8Epilogue& e, void* y, void* workspace, size_t workspace_bytes,
-                           int sm_count, cudaStream_t s) {
+void launch_int8_gemm_sm90(Int8GemmConfig c, DType out, const int8_t* x, const int8_t* w, int64_t m,
+                           int64_t n, int64_t k, const Int8Epilogue& e, void* y, void* workspace,
+                           size_t workspace_bytes, int sm_count, cudaStream_t s) {
 #if KILN_HAVE_CUTLASS
   const int8_sm90::Problem p = problem(x, w, y, m, n, k, e, sm_count);
   if (out == DType::kBF16) {
@@ -112,7 +125,8 @@ void launch_int8_gemm_sm90(Int8GemmConfig c, DType out, const int8_t* x, const i
                   "cuda int8 gemm (sm90): workspace of ", workspace_bytes, " bytes is too small");
     int8_sm90::Ops<DType::kBF16>::run(c, p, workspace, s);
   } else {
-    KILN_THROW_IF(out != DType::kF16, kInternal, "cuda int8 gemm (sm90): output dtype ", dtype_name(out));
+    KILN_THROW_IF(out != DType::kF16, kInternal, "cuda int8 gemm (sm90): output dtype ",
+                  dtype_name(out));
     KILN_THROW_IF(int8_sm90::Ops<DType::kF16>::workspace(c, p) > workspace_bytes, kInternal,
                   "cuda int8 gemm (sm90): workspace of ", workspace_bytes, " bytes is too small");
     int8_sm90::Ops<DType::kF16>::run(c, p, workspace, s);
@@ -128,8 +142,9 @@ Int8GemmConfig int8_gemm_sm90_default(int64_t m, int64_t n, int sm_count) {
   return Int8GemmConfig::kPingpong128x128;
 }
 
-Int8GemmPlan int8_gemm_sm90_tune(DType out, const int8_t* w, int64_t n, int64_t k, const Int8Epilogue& e,
-                                 bool per_token, int sm_count, cudaStream_t s, std::vector<Int8GemmTiming>* timings) {
+Int8GemmPlan int8_gemm_sm90_tune(DType out, const int8_t* w, int64_t n, int64_t k,
+                                 const Int8Epilogue& e, bool per_token, int sm_count,
+                                 cudaStream_t s, std::vector<Int8GemmTiming>* timings) {
   using Key = std::tuple<int, DType, int64_t, int64_t, GemvEpilogue, bool>;
   static std::mutex mu;
   static std::map<Key, std::pair<Int8GemmPlan, std::vector<Int8GemmTiming>>> cache;
@@ -143,8 +158,15 @@ Int8GemmPlan int8_gemm_sm90_tune(DType out, const int8_t* w, int64_t n, int64_t 
       return it->second.first;
     }
   }
-  const int64_t max_m = kInt8GemmTuneRows.back();
-  DeviceBuffer xb(size_t(max_m * k)), yb(size_t(max_m * n) * dtype_size(out)), rs(size_t(max_m) * 4);
+  // Row buckets whose output would pass kMaxTuneBytes (an LM head at 4096 rows: 1 GiB)
+  // keep the default configuration, untimed.
+  constexpr size_t kMaxTuneBytes = size_t(256) << 20;
+  auto timed = [&](int64_t m) { return size_t(m * n) * dtype_size(out) <= kMaxTuneBytes; };
+  int64_t max_m = kInt8GemmTuneRows.front();
+  for (int64_t m : kInt8GemmTuneRows)
+    if (timed(m)) max_m = std::max(max_m, m);
+  DeviceBuffer xb(size_t(max_m * k)), yb(size_t(max_m * n) * dtype_size(out)),
+      rs(size_t(max_m) * 4);
   launch_fill_random(xb.get(), DType::kF32, max_m * k / 4, 21, s);  // any bytes are int8 codes
   launch_fill_random(rs.get(), DType::kF32, max_m, 22, s);
   Int8Epilogue te = e;
@@ -159,13 +181,14 @@ Int8GemmPlan int8_gemm_sm90_tune(DType out, const int8_t* w, int64_t n, int64_t 
     const int64_t m = kInt8GemmTuneRows[b];
     float best = 0;
     plan.by_bucket[b] = int8_gemm_sm90_default(m, n, sm_count);
+    if (!timed(m) && b > 0) continue;
     for (int ci = 0; ci < kInt8GemmConfigs; ++ci) {
       const auto c = Int8GemmConfig(ci);
       const size_t ws_bytes = int8_gemm_sm90_workspace(c, out, m, n, k, e.act);
       DeviceBuffer ws(ws_bytes);
       auto run = [&] {
-        launch_int8_gemm_sm90(c, out, static_cast<const int8_t*>(xb.get()), w, m, n, k, te, yb.get(), ws.get(),
-                              ws_bytes, sm_count, s);
+        launch_int8_gemm_sm90(c, out, static_cast<const int8_t*>(xb.get()), w, m, n, k, te,
+                              yb.get(), ws.get(), ws_bytes, sm_count, s);
       };
       run();  // warm-up
       constexpr int kReps = 5;

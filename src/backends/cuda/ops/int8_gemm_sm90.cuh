@@ -36,7 +36,8 @@ template <GemvEpilogue kAct>
 struct Dequant {
   template <class Frag>
   struct Fn {
-    CUTLASS_DEVICE Frag operator()(Frag const& acc, Frag const& xs, Frag const& ws, Frag const& bias) const {
+    CUTLASS_DEVICE Frag operator()(Frag const& acc, Frag const& xs, Frag const& ws,
+                                   Frag const& bias) const {
       Frag y;
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < int(Frag::kElements); ++i) {
@@ -78,24 +79,28 @@ struct Kernel {
 
   using XScale = cutlass::epilogue::fusion::Sm90ColBroadcast<0, Tile, float>;
   using RowVec = cutlass::epilogue::fusion::Sm90RowBroadcast<0, Tile, float>;
-  using Compute = cutlass::epilogue::fusion::Sm90Compute<Dequant<kAct>::template Fn, ElementD, float,
-                                                         cutlass::FloatRoundStyle::round_to_nearest>;
-  using Evt = cutlass::epilogue::fusion::Sm90EVT<Compute, cutlass::epilogue::fusion::Sm90AccFetch, XScale, RowVec,
-                                                 RowVec>;
+  using Compute =
+      cutlass::epilogue::fusion::Sm90Compute<Dequant<kAct>::template Fn, ElementD, float,
+                                             cutlass::FloatRoundStyle::round_to_nearest>;
+  using Evt = cutlass::epilogue::fusion::Sm90EVT<Compute, cutlass::epilogue::fusion::Sm90AccFetch,
+                                                 XScale, RowVec, RowVec>;
 
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, typename Cfg::Cluster,
-      cutlass::epilogue::collective::EpilogueTileAuto, int32_t, float, void, cutlass::layout::RowMajor, kAlignD,
-      ElementD, cutlass::layout::RowMajor, kAlignD, typename Cfg::EpilogueSchedule, Evt>::CollectiveOp;
+      cutlass::epilogue::collective::EpilogueTileAuto, int32_t, float, void,
+      cutlass::layout::RowMajor, kAlignD, ElementD, cutlass::layout::RowMajor, kAlignD,
+      typename Cfg::EpilogueSchedule, Evt>::CollectiveOp;
 
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, int8_t, cutlass::layout::RowMajor, kAlignAB, int8_t,
-      cutlass::layout::ColumnMajor, kAlignAB, int32_t, Tile, typename Cfg::Cluster,
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, int8_t, cutlass::layout::RowMajor,
+      kAlignAB, int8_t, cutlass::layout::ColumnMajor, kAlignAB, int32_t, Tile,
+      typename Cfg::Cluster,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename Epilogue::SharedStorage))>,
       typename Cfg::Schedule>::CollectiveOp;
 
-  using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue, void>;
+  using GemmKernel =
+      cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue, void>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
 
   static typename Gemm::Arguments arguments(const Problem& p) {
@@ -106,11 +111,11 @@ struct Kernel {
     const StrideB sb = make_stride(int64_t(p.k), Int<1>{}, int64_t(p.n) * p.k);
     const StrideD sd = make_stride(int64_t(p.n), Int<1>{}, int64_t(p.m) * p.n);
     typename Evt::Arguments evt{
-        {},                                           // accumulators
-        {p.e.row_scale, p.e.x_scale, {}},             // xs: per token, else the static scale
-        {p.e.w_scale, 0.0f, {}},                      // w_scale[j]
-        {p.e.bias, 0.0f, {}},                         // bias[j], 0 without one
-        {}};                                          // the compute node
+        {},                                // accumulators
+        {p.e.row_scale, p.e.x_scale, {}},  // xs: per token, else the static scale
+        {p.e.w_scale, 0.0f, {}},           // w_scale[j]
+        {p.e.bias, 0.0f, {}},              // bias[j], 0 without one
+        {}};                               // the compute node
     typename Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm,
                                   {p.m, p.n, p.k, 1},
                                   {p.x, sa, p.w, sb},
@@ -121,18 +126,20 @@ struct Kernel {
 
   static std::string check(const Problem& p) {
     const cutlass::Status st = Gemm::can_implement(arguments(p));
-    return st == cutlass::Status::kSuccess ? std::string() : std::string(cutlassGetStatusString(st));
+    return st == cutlass::Status::kSuccess ? std::string()
+                                           : std::string(cutlassGetStatusString(st));
   }
   static size_t workspace(const Problem& p) { return Gemm::get_workspace_size(arguments(p)); }
   static void run(const Problem& p, void* workspace, cudaStream_t s) {
     Gemm gemm;
     const typename Gemm::Arguments args = arguments(p);
     cutlass::Status st = gemm.initialize(args, workspace, s);
-    KILN_THROW_IF(st != cutlass::Status::kSuccess, kInternal, "cuda int8 gemm (sm90): initialize failed: ",
-                  cutlassGetStatusString(st));
+    KILN_THROW_IF(st != cutlass::Status::kSuccess, kInternal,
+                  "cuda int8 gemm (sm90): initialize failed: ", cutlassGetStatusString(st));
     st = gemm.run(s);
-    KILN_THROW_IF(st != cutlass::Status::kSuccess, kInternal, "cuda int8 gemm (sm90): launch failed: ",
-                  cutlassGetStatusString(st), " (", cudaGetErrorString(cudaGetLastError()), ")");
+    KILN_THROW_IF(st != cutlass::Status::kSuccess, kInternal,
+                  "cuda int8 gemm (sm90): launch failed: ", cutlassGetStatusString(st), " (",
+                  cudaGetErrorString(cudaGetLastError()), ")");
     KILN_CUDA_CHECK_LAUNCH();
   }
 };
@@ -147,9 +154,12 @@ auto dispatch(Int8GemmConfig c, GemvEpilogue act, F&& f) {
                                          : f(Kernel<ElementD, Cfg, GemvEpilogue::kNone>{});
   };
   switch (c) {
-    case Int8GemmConfig::kCooperative128x128: return with_cfg.template operator()<CfgCooperative128>();
-    case Int8GemmConfig::kPingpong64x128: return with_cfg.template operator()<CfgPingpong64>();
-    case Int8GemmConfig::kPingpong128x128: break;
+    case Int8GemmConfig::kCooperative128x128:
+      return with_cfg.template operator()<CfgCooperative128>();
+    case Int8GemmConfig::kPingpong64x128:
+      return with_cfg.template operator()<CfgPingpong64>();
+    case Int8GemmConfig::kPingpong128x128:
+      break;
   }
   return with_cfg.template operator()<CfgPingpong128>();
 }
@@ -167,11 +177,13 @@ struct ElementOf<DType::kF16> {
 
 template <DType kOut>
 std::string Ops<kOut>::check(Int8GemmConfig c, const Problem& p) {
-  return dispatch<typename ElementOf<kOut>::type>(c, p.e.act, [&](auto k) { return decltype(k)::check(p); });
+  return dispatch<typename ElementOf<kOut>::type>(c, p.e.act,
+                                                  [&](auto k) { return decltype(k)::check(p); });
 }
 template <DType kOut>
 size_t Ops<kOut>::workspace(Int8GemmConfig c, const Problem& p) {
-  return dispatch<typename ElementOf<kOut>::type>(c, p.e.act, [&](auto k) { return decltype(k)::workspace(p); });
+  return dispatch<typename ElementOf<kOut>::type>(
+      c, p.e.act, [&](auto k) { return decltype(k)::workspace(p); });
 }
 template <DType kOut>
 void Ops<kOut>::run(Int8GemmConfig c, const Problem& p, void* workspace, cudaStream_t s) {

@@ -40,19 +40,20 @@ bool int8_gemm_sm90_available(std::string* why = nullptr);
 // Whether the kernel handles this problem (out bf16/f16, act none or gelu_erf, k % 16 ==
 // 0, n % 8 == 0, x/w/y and the scale vectors 16-byte aligned, m, n, k < 2^31); an empty
 // string when it does, else what is wrong. Does not check int8_gemm_sm90_available.
-std::string int8_gemm_sm90_check(DType out, const int8_t* x, const int8_t* w, const void* y, int64_t m, int64_t n,
-                                 int64_t k, const Int8Epilogue& e);
+std::string int8_gemm_sm90_check(DType out, const int8_t* x, const int8_t* w, const void* y,
+                                 int64_t m, int64_t n, int64_t k, const Int8Epilogue& e);
 
 // Device workspace the configuration needs for this shape (often 0).
-size_t int8_gemm_sm90_workspace(Int8GemmConfig c, DType out, int64_t m, int64_t n, int64_t k, GemvEpilogue act);
+size_t int8_gemm_sm90_workspace(Int8GemmConfig c, DType out, int64_t m, int64_t n, int64_t k,
+                                GemvEpilogue act);
 
 // y [m, n] (row stride n) = epilogue(x · wᵀ) through configuration c; w has at least n
 // rows. The problem must pass int8_gemm_sm90_check; `workspace` holds at least
 // int8_gemm_sm90_workspace bytes (may be null when that is 0). sm_count: the device's
 // SMs (the persistent grid's size). Throws kInternal when CUTLASS refuses or the launch fails.
-void launch_int8_gemm_sm90(Int8GemmConfig c, DType out, const int8_t* x, const int8_t* w, int64_t m, int64_t n,
-                           int64_t k, const Int8Epilogue& e, void* y, void* workspace, size_t workspace_bytes,
-                           int sm_count, cudaStream_t s);
+void launch_int8_gemm_sm90(Int8GemmConfig c, DType out, const int8_t* x, const int8_t* w, int64_t m,
+                           int64_t n, int64_t k, const Int8Epilogue& e, void* y, void* workspace,
+                           size_t workspace_bytes, int sm_count, cudaStream_t s);
 
 // The configuration for m rows when nothing was timed: 64x128 ping-pong for few rows or
 // few 128x128 tiles (under two waves on sm_count SMs), else 128x128 ping-pong.
@@ -75,10 +76,11 @@ struct Int8GemmTiming {
 // Times every configuration at each kInt8GemmTuneRows row count on random int8 inputs,
 // the real weights w [>= n, k] and epilogue e (with per_token, random per-token scales in
 // place of e.row_scale), keeping the fastest per bucket; `timings` (optional) receives
-// every measurement. Allocates its own buffers and synchronizes s. Cached per device and
+// every measurement. Allocates its own buffers (row counts whose output passes 256 MiB
+// keep the default, untimed, except the first) and synchronizes s. Cached per device and
 // shape: the layers of a model share a few shapes.
-Int8GemmPlan int8_gemm_sm90_tune(DType out, const int8_t* w, int64_t n, int64_t k, const Int8Epilogue& e,
-                                 bool per_token, int sm_count, cudaStream_t s,
-                                 std::vector<Int8GemmTiming>* timings = nullptr);
+Int8GemmPlan int8_gemm_sm90_tune(DType out, const int8_t* w, int64_t n, int64_t k,
+                                 const Int8Epilogue& e, bool per_token, int sm_count,
+                                 cudaStream_t s, std::vector<Int8GemmTiming>* timings = nullptr);
 
 }  // namespace kiln::cuda
