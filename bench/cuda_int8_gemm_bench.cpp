@@ -4,14 +4,19 @@
 // projection) and of each W8A8 step (int8 quantize of the input, cuBLASLt int8 GEMM to
 // int32, dequantize epilogue with scales, bias and GELU), with the GEMM in one call and
 // in the W8A8 Linear's row tiles (int8_tile_rows: int32 sums small enough to stay in L2,
-// KILN_CUDA_W8A8_TILE_MB); then a 12-layer sum.
+// KILN_CUDA_W8A8_TILE_MB); then the fused CUTLASS GEMM (int8_gemm_sm90.h: the dequantize
+// in its epilogue, bf16 out) in each tile configuration, launched eagerly and replayed
+// from a CUDA graph (as encoder forwards run: no per-call host work), and the W8A8 Linear
+// with it (quantize + fused GEMM); then 12-layer sums.
 // Ceilings measured in the same run: a device-to-device copy and 8192^3 bf16 and int8
-// GEMMs. Timing only (random codes): correctness is tests/backends/cuda/w8a8_test.cpp.
+// GEMMs. Timing only (random codes): correctness is tests/backends/cuda/w8a8_test.cpp and
+// int8_gemm_sm90_test.cpp.
 //   cuda_int8_gemm_bench
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 #include "backends/cuda/cuda_context.h"
@@ -20,6 +25,7 @@
 #include "backends/cuda/ops/elementwise.h"
 #include "backends/cuda/ops/gemm.h"
 #include "backends/cuda/ops/int8.h"
+#include "backends/cuda/ops/int8_gemm_sm90.h"
 #include "core/status.h"
 
 using namespace kiln;
@@ -31,6 +37,36 @@ namespace {
 template <typename F>
 float median_ms(F&& f, int reps = 30, int batch = 10) {
   return bench::median_ms(f, reps, batch);
+}
+
+// Median ms of one call of f when 10 calls are replayed from a CUDA graph (f enqueues on `s`).
+template <typename F>
+float graph_ms(F&& f, cudaStream_t s) {
+  cudaGraph_t g;
+  cudaGraphExec_t ge;
+  KILN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < 10; ++i) f();
+  KILN_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  KILN_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+  cudaEvent_t a, b;
+  KILN_CUDA_CHECK(cudaEventCreate(&a));
+  KILN_CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<float> t;
+  for (int i = 0; i < 33; ++i) {
+    KILN_CUDA_CHECK(cudaEventRecord(a, s));
+    KILN_CUDA_CHECK(cudaGraphLaunch(ge, s));
+    KILN_CUDA_CHECK(cudaEventRecord(b, s));
+    KILN_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    if (i >= 3) t.push_back(ms / 10);  // the first replays warm up
+  }
+  std::sort(t.begin(), t.end());
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaGraphExecDestroy(ge);
+  cudaGraphDestroy(g);
+  return t[t.size() / 2];
 }
 
 }  // namespace
@@ -49,8 +85,19 @@ int main() {
     std::printf("cuBLASLt 8192^3: bf16 %.0f TFLOP/s, int8 %.0f TOPS (heuristic's first algorithm)\n\n", flop / (bf * 1e-3) / 1e12,
                 flop / (i8 * 1e-3) / 1e12);
   }
-  std::printf("| Linear (n x k) | rows | bf16 GEMM+bias(+GELU) us | int8 quantize us | int8 GEMM us (TOPS) | dequant us |"
-              " w8a8 total us | w8a8 in row tiles us (rows) | bf16 / best w8a8 |\n|---|---|---|---|---|---|---|---|---|\n");
+  std::string why;
+  const bool fused_ok = int8_gemm_sm90_available(&why);
+  if (!fused_ok) std::printf("fused CUTLASS int8 GEMM not measured: %s\n\n", why.c_str());
+  int sms = 0;
+  KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  cudaStream_t gs;
+  KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&gs, cudaStreamNonBlocking));
+  // Eager columns: 10 calls back to back per timing; "graph": replayed from a CUDA graph.
+  std::printf("| Linear (n x k) | rows | bf16 GEMM+bias(+GELU) us, eager / graph | int8 quantize us |"
+              " int8 GEMM us (TOPS) | dequant us | w8a8 total us | w8a8 in row tiles us (rows) / graph |"
+              " fused GEMM us, eager / graph (TOPS), config | quantize + fused GEMM, graph us |"
+              " bf16 / cuBLASLt w8a8 (graph) | bf16 / fused w8a8 (graph) |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   struct S {
     const char* what;
     int64_t n, k;
@@ -58,8 +105,9 @@ int main() {
   };
   const S shapes[] = {{"qkv", 2304, 768, false}, {"attn out", 768, 768, false}, {"ffn up", 3072, 768, true},
                       {"ffn down", 768, 3072, false}};
+  std::string config_rows;
   for (int64_t m : {int64_t(128), int64_t(4096)}) {
-    double sum_bf16 = 0, sum_int8 = 0;
+    double sum_bf16 = 0, sum_int8 = 0, sum_fused = 0;
     for (const S& s : shapes) {
       DeviceBuffer x(size_t(m * s.k) * 2), w(size_t(s.n * s.k) * 2), bias(size_t(s.n) * 4), bias16(size_t(s.n) * 2);
       DeviceBuffer y(size_t(m * s.n) * 2);
@@ -76,41 +124,75 @@ int main() {
       e.w_scale = static_cast<const float*>(ws.get());
       e.bias = static_cast<const float*>(bias.get());
       e.act = s.gelu ? GemvEpilogue::kGeluErf : GemvEpilogue::kNone;
-      const float t_bf16 = median_ms([&] {
-        gemm.run(DType::kBF16, x.get(), w.get(), bias16.get(), y.get(), m, s.n, s.k, nullptr);
-        if (s.gelu) launch_unary(UnaryOp::kGeluErf, DType::kBF16, y.get(), m * s.n, y.get(), nullptr);
-      });
-      auto quantize = [&] {
-        launch_int8_quantize(DType::kBF16, x.get(), m, s.k, 100.0f, static_cast<int8_t*>(xq.get()), nullptr, nullptr);
+      auto bf16_linear = [&](cudaStream_t st) {
+        gemm.run(DType::kBF16, x.get(), w.get(), bias16.get(), y.get(), m, s.n, s.k, st);
+        if (s.gelu) launch_unary(UnaryOp::kGeluErf, DType::kBF16, y.get(), m * s.n, y.get(), st);
       };
-      const float t_q = median_ms(quantize);
+      auto quantize = [&](cudaStream_t st) {
+        launch_int8_quantize(DType::kBF16, x.get(), m, s.k, 100.0f, static_cast<int8_t*>(xq.get()), nullptr, st);
+      };
+      const int64_t tile = int8_tile_rows(m, s.n);
+      auto w8a8_cublaslt = [&](cudaStream_t st, int64_t rows_per_call) {
+        quantize(st);
+        for (int64_t r0 = 0; r0 < m; r0 += rows_per_call) {
+          const int64_t rows = std::min(rows_per_call, m - r0);
+          gemm.run_int8(static_cast<int8_t*>(xq.get()) + r0 * s.k, wq.get(), acc32, rows, s.n, s.k, st);
+          launch_int8_dequant(DType::kBF16, acc32, rows, s.n, s.n, e, static_cast<uint16_t*>(y.get()) + r0 * s.n, st);
+        }
+      };
+      const float t_bf16 = median_ms([&] { bf16_linear(nullptr); });
+      const float t_q = median_ms([&] { quantize(nullptr); });
       const float t_g = median_ms([&] { gemm.run_int8(xq.get(), wq.get(), acc32, m, s.n, s.k, nullptr); });
       const float t_d = median_ms([&] { launch_int8_dequant(DType::kBF16, acc32, m, s.n, s.n, e, y.get(), nullptr); });
-      const float t_all = median_ms([&] {
-        quantize();
-        gemm.run_int8(xq.get(), wq.get(), acc32, m, s.n, s.k, nullptr);
-        launch_int8_dequant(DType::kBF16, acc32, m, s.n, s.n, e, y.get(), nullptr);
-      });
-      const int64_t tile = int8_tile_rows(m, s.n);
-      const float t_tiled = m <= tile ? t_all : median_ms([&] {
-        quantize();
-        for (int64_t r0 = 0; r0 < m; r0 += tile) {
-          const int64_t rows = std::min(tile, m - r0);
-          gemm.run_int8(static_cast<int8_t*>(xq.get()) + r0 * s.k, wq.get(), acc32, rows, s.n, s.k, nullptr);
-          launch_int8_dequant(DType::kBF16, acc32, rows, s.n, s.n, e, static_cast<uint16_t*>(y.get()) + r0 * s.n, nullptr);
+      const float t_all = median_ms([&] { w8a8_cublaslt(nullptr, m); });
+      const float t_tiled = m <= tile ? t_all : median_ms([&] { w8a8_cublaslt(nullptr, tile); });
+      // From CUDA graphs (as the engine runs encoder forwards): the ratios compare these.
+      const float g_bf16 = graph_ms([&] { bf16_linear(gs); }, gs);
+      const float g_int8 = graph_ms([&] { w8a8_cublaslt(gs, std::min(tile, m)); }, gs);
+      // The fused GEMM: every configuration, eager and from a graph; the best graph time counts.
+      float f_eager = 0, f_graph = 0, f_total = 0;
+      const char* f_cfg = "-";
+      if (fused_ok) {
+        const auto* xq8 = static_cast<const int8_t*>(xq.get());
+        const auto* wq8 = static_cast<const int8_t*>(wq.get());
+        for (int ci = 0; ci < kInt8GemmConfigs; ++ci) {
+          const auto c = Int8GemmConfig(ci);
+          const size_t wsb = int8_gemm_sm90_workspace(c, DType::kBF16, m, s.n, s.k, e.act);
+          DeviceBuffer wsp(wsb);
+          auto fused = [&](cudaStream_t st) {
+            launch_int8_gemm_sm90(c, DType::kBF16, xq8, wq8, m, s.n, s.k, e, y.get(), wsp.get(), wsb, sms, st);
+          };
+          const float te = median_ms([&] { fused(nullptr); });
+          const float tg = graph_ms([&] { fused(gs); }, gs);
+          const float tt = graph_ms([&] { quantize(gs); fused(gs); }, gs);
+          char row[256];
+          std::snprintf(row, sizeof row, "| %s %lldx%lld | %lld | %s | %.1f | %.1f (%.0f) | %.1f |\n", s.what,
+                        (long long)s.n, (long long)s.k, (long long)m, int8_gemm_config_name(c), te * 1e3, tg * 1e3,
+                        2.0 * double(m) * s.n * s.k / (tg * 1e-3) / 1e12, tt * 1e3);
+          config_rows += row;
+          if (ci == 0 || tt < f_total) f_eager = te, f_graph = tg, f_total = tt, f_cfg = int8_gemm_config_name(c);
         }
-      });
-      const float best = std::min(t_all, t_tiled);
-      sum_bf16 += t_bf16;
-      sum_int8 += best;
-      std::printf("| %s %lldx%lld%s | %lld | %.1f | %.1f | %.1f (%.0f) | %.1f | %.1f | %.1f (%lld) | %.2fx |\n", s.what,
-                  (long long)s.n, (long long)s.k, s.gelu ? " +gelu" : "", (long long)m, t_bf16 * 1e3, t_q * 1e3,
-                  t_g * 1e3, 2.0 * double(m) * s.n * s.k / (t_g * 1e-3) / 1e12, t_d * 1e3, t_all * 1e3, t_tiled * 1e3,
-                  (long long)std::min(tile, m), t_bf16 / best);
+      }
+      sum_bf16 += g_bf16;
+      sum_int8 += g_int8;
+      sum_fused += f_total;
+      std::printf("| %s %lldx%lld%s | %lld | %.1f / %.1f | %.1f | %.1f (%.0f) | %.1f | %.1f | %.1f (%lld) / %.1f |"
+                  " %.1f / %.1f (%.0f), %s | %.1f | %.2fx | %.2fx |\n",
+                  s.what, (long long)s.n, (long long)s.k, s.gelu ? " +gelu" : "", (long long)m, t_bf16 * 1e3,
+                  g_bf16 * 1e3, t_q * 1e3, t_g * 1e3, 2.0 * double(m) * s.n * s.k / (t_g * 1e-3) / 1e12, t_d * 1e3,
+                  t_all * 1e3, t_tiled * 1e3, (long long)std::min(tile, m), g_int8 * 1e3, f_eager * 1e3,
+                  f_graph * 1e3, f_graph > 0 ? 2.0 * double(m) * s.n * s.k / (f_graph * 1e-3) / 1e12 : 0.0, f_cfg,
+                  f_total * 1e3, g_bf16 / g_int8, f_total > 0 ? g_bf16 / f_total : 0.0);
     }
-    std::printf("| 12 layers' Linears | %lld | %.0f | | | | %.0f (best of each) | | %.2fx |\n", (long long)m,
-                12 * sum_bf16 * 1e3, 12 * sum_int8 * 1e3, sum_bf16 / sum_int8);
+    std::printf("| 12 layers' Linears (graph) | %lld | %.0f | | | | | %.0f | | %.0f | %.2fx | %.2fx |\n",
+                (long long)m, 12 * sum_bf16 * 1e3, 12 * sum_int8 * 1e3, 12 * sum_fused * 1e3, sum_bf16 / sum_int8,
+                sum_fused > 0 ? sum_bf16 / sum_fused : 0.0);
   }
+  if (fused_ok)
+    std::printf("\nFused CUTLASS GEMM per configuration (bf16 out):\n\n| Linear | rows | config | eager us |"
+                " graph us (TOPS) | quantize + fused, graph us |\n|---|---|---|---|---|---|\n%s",
+                config_rows.c_str());
+  KILN_CUDA_CHECK(cudaStreamDestroy(gs));
   KILN_CUDA_CHECK(cudaDeviceSynchronize());
   return 0;
 }

@@ -1,16 +1,19 @@
 // W8A8 INT8 Linear on the device (see cuda_w8a8_linear.h). Host code: weight
-// quantization and upload, the per-step launch sequence, the row tiling of the int32
-// sums, and tuning of cuBLASLt's int8 algorithms.
+// quantization and upload, the per-step launch sequence, the choice between the fused
+// CUTLASS GEMM and cuBLASLt's int8 GEMM (KILN_CUDA_W8A8_GEMM), the row tiling of the
+// int32 sums, and tuning of either GEMM.
 #include "backends/cuda/cuda_w8a8_linear.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "backends/cuda/ops/convert.h"
 #include "backends/cuda/ops/int8.h"
+#include "backends/cuda/ops/int8_gemm_sm90.h"
 #include "core/int8.h"
 #include "core/log.h"
 #include "core/status.h"
@@ -40,6 +43,37 @@ GemvEpilogue epilogue_of(const ir::Node& n) {
   throw_error(ErrorCode::kUnsupported, "cuda: Linear '", n.name, "' activation '", act,
               "' (expected gelu_erf, gelu_tanh, silu or swiglu)");
 }
+
+// KILN_CUDA_W8A8_GEMM: which GEMM runs prefill rows (above the GEMV's). true: the fused
+// CUTLASS kernel (the default) where it is built and supports the Linear; false: cuBLASLt.
+bool w8a8_gemm_cutlass_from_env() {
+  const char* e = std::getenv("KILN_CUDA_W8A8_GEMM");
+  const std::string v = e ? e : "";
+  if (v.empty() || v == "cutlass") return true;
+  if (v == "cublaslt") return false;
+  throw_error(ErrorCode::kInvalidArgument, "KILN_CUDA_W8A8_GEMM='", v, "' (expected cutlass or cublaslt)");
+}
+
+// Whether this Linear's prefill GEMM can be the fused kernel; when not, `why` says so.
+// The kernel's other conditions (x, y and the row scales 16-byte aligned) hold for the
+// backend's buffers and are checked again per call.
+bool w8a8_fused_gemm_ok(DType act, const int8_t* codes, int64_t out_n, int64_t k, const Int8Epilogue& e,
+                        std::string* why) {
+  if (!int8_gemm_sm90_available(why)) {
+    static std::once_flag once;
+    std::call_once(once, [&] { log_debug("cuda: W8A8 Linears use cuBLASLt's int8 GEMM: ", *why); });
+    why->clear();  // said once, not per Linear
+    return false;
+  }
+  // Stand-in x, y and row scale pointers (aligned as the backend's are) for the shape checks.
+  const auto* p16 = reinterpret_cast<const int8_t*>(uintptr_t(256));
+  Int8Epilogue pe = e;
+  pe.row_scale = reinterpret_cast<const float*>(p16);
+  *why = int8_gemm_sm90_check(act, p16, codes, p16, 128, out_n, k, pe);
+  return why->empty();
+}
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 }  // namespace
 
@@ -100,8 +134,24 @@ OpRun prepare_w8a8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext&
   base.bias = bias;
   base.act = epi;
 
-  // cuBLASLt's int8 algorithms timed at a prefill shape, as tune_gemms does for bf16.
-  if (Gemm::tuning_enabled()) {
+  // Prefill rows through the fused GEMM when it is built and takes this Linear (not
+  // SwiGLU, whose gate and up halves are far apart in N), its configuration timed per row
+  // bucket; else cuBLASLt's int8 GEMM + the dequantize kernel.
+  std::string why_not;
+  const bool fused =
+      w8a8_gemm_cutlass_from_env() && w8a8_fused_gemm_ok(pc.act, dw->codes(), out_n, k, base, &why_not);
+  if (!fused && !why_not.empty()) log_debug("cuda: Linear '", n.name, "' uses cuBLASLt's int8 GEMM: ", why_not);
+  Int8GemmPlan plan;
+  const int sms = pc.cx->num_sms;
+  if (fused && Gemm::tuning_enabled()) {
+    std::vector<Int8GemmTiming> times;
+    plan = int8_gemm_sm90_tune(pc.act, dw->codes(), out_n, k, base, dynamic, sms, pc.cx->stream, &times);
+    std::string line;
+    for (const Int8GemmTiming& tt : times)
+      line += str_cat(" m=", tt.m, " ", int8_gemm_config_name(tt.config), "=", int(tt.ms * 1e3f), "us");
+    log_debug("cuda: int8 gemm (sm90) n=", out_n, " k=", k, line);
+  } else if (!fused && Gemm::tuning_enabled()) {
+    // cuBLASLt's int8 algorithms timed at a prefill shape, as tune_gemms does for bf16.
     const int64_t m = 128;
     DeviceBuffer xb(size_t(m * k) * 2), xq(size_t(m * k)), acc(size_t(m * n_pad) * 4);
     launch_fill_random(xb.get(), DType::kBF16, m * k, 13, pc.cx->stream);  // never time on zeros
@@ -117,11 +167,16 @@ OpRun prepare_w8a8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext&
     const auto [x, y, t] = linear_io(c, name, k, out_n);
     if (t == 0) return;
     cudaStream_t s = c.cx->stream;
-    // Scratch: the input's codes, per-token scales, then one tile of int32 sums.
+    // Scratch: the input's codes, per-token scales, then one tile of int32 sums (the fused
+    // GEMM: its workspace, if any).
     const bool gemv = int8_gemv_supports(t, k);
-    const int64_t tile = gemv ? t : int8_tile_rows(t, n_pad);
+    const bool gemm_fused = !gemv && fused && aligned16(y.data);
+    const Int8GemmConfig cfg = plan.tuned ? plan.pick(t) : int8_gemm_sm90_default(t, out_n, sms);
+    const int64_t tile = gemv || gemm_fused ? t : int8_tile_rows(t, n_pad);
     const size_t q_bytes = align256(size_t(t * k)), rs_bytes = dynamic ? align256(size_t(t) * 4) : 0;
-    const size_t acc_bytes = gemv ? 0 : size_t(tile * n_pad) * 4;
+    const size_t acc_bytes = gemv         ? 0
+                             : gemm_fused ? int8_gemm_sm90_workspace(cfg, y.dtype, t, out_n, k, epi)
+                                          : size_t(tile * n_pad) * 4;
     auto* scratch = static_cast<char*>(c.scratch(q_bytes + rs_bytes + acc_bytes));
     auto* xq = reinterpret_cast<int8_t*>(scratch);
     auto* rs = dynamic ? reinterpret_cast<float*>(scratch + q_bytes) : nullptr;
@@ -131,6 +186,10 @@ OpRun prepare_w8a8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext&
     e.row_scale = rs;
     if (gemv) {
       launch_int8_gemv(y.dtype, xq, dw->codes(), t, out_n, k, e, y.data, s);
+      return;
+    }
+    if (gemm_fused) {
+      launch_int8_gemm_sm90(cfg, y.dtype, xq, dw->codes(), t, out_n, k, e, y.data, acc, acc_bytes, sms, s);
       return;
     }
     const size_t es = dtype_size(y.dtype);

@@ -1,7 +1,8 @@
 // W8A8 INT8 on the device against the CPU backend's int8 kernels: the activation
 // quantization kernel bit for bit against core/int8.h over every bf16 value, ties and
-// specials (static and per-token scales); the W8A8 Linear (int8 GEMV for <= 4 rows,
-// cuBLASLt's int8 GEMM in row tiles above, BERT-base's shapes up to 4096 rows) over a
+// specials (static and per-token scales); the W8A8 Linear (int8 GEMV for <= 4 rows, above
+// the fused CUTLASS GEMM where built, else cuBLASLt's int8 GEMM in row tiles; BERT-base's
+// shapes up to 4096 rows; the two GEMMs give the same bits) over a
 // table of shapes, biases, activation epilogues and per-token scales, against the CPU's
 // W8A8 Linear with the same attrs. Both quantize the same inputs to the same codes and
 // sum them exactly, so with f32 activations the outputs agree to rounding noise and with
@@ -15,6 +16,7 @@
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/ops/int8.h"
+#include "backends/cuda/ops/int8_gemm_sm90.h"
 #include "core/dtype.h"
 #include "core/int8.h"
 #include "core/status.h"
@@ -204,6 +206,36 @@ TEST(CudaW8a8, LinearEpiloguesAndPerTokenScales) {
   expect_close(got, want, "bf16", "w8a8 Linear per-token t=3000 k=768 n=3072 gelu_erf");
 }
 
+// The fused CUTLASS GEMM (the default for prefill rows where it is built) and cuBLASLt's
+// int8 GEMM + the dequantize kernel (KILN_CUDA_W8A8_GEMM=cublaslt) give the same bits: the
+// same exact sums and the same f32 epilogue, rounded once.
+TEST(CudaW8a8, FusedGemmIsTheCublasLtPathToTheBit) {
+  KILN_SKIP_WITHOUT_CUDA();
+  std::string why;
+  if (!int8_gemm_sm90_available(&why)) GTEST_SKIP() << "skipped: " << why;
+  struct B {
+    int64_t k, n, t;
+    const char* act;
+    bool dynamic, bias;
+  };
+  for (B s : {B{768, 3072, 1000, "gelu_erf", true, true}, B{768, 768, 300, "", false, true},
+              B{3072, 768, 4100, "", true, false}, B{256, 320, 9, "gelu_erf", false, false}}) {
+    std::mt19937_64 rng(uint64_t(s.k + s.n + s.t));
+    ir::Graph g = w8a8_linear_graph(s.k, s.n, s.bias, s.act, 3.0, s.dynamic, rng);
+    TensorMap in = {{"x", random_tensor({s.t, s.k}, rng, "bf16", -4.0f, 4.0f)}};
+    auto run_with = [&](const char* gemm) {
+      ScopedEnv env("KILN_CUDA_W8A8_GEMM", gemm);
+      return create_backend("cuda")->compile(g, {.weight_dtype = "w8a8"})->run(in, {}, nullptr).at("y").clone();
+    };
+    const Tensor fused = run_with("cutlass"), ref = run_with("cublaslt");
+    ASSERT_EQ(fused.shape(), ref.shape());
+    size_t differ = 0;
+    for (int64_t i = 0; i < ref.numel(); ++i) differ += fused.data_as<float>()[i] != ref.data_as<float>()[i];
+    EXPECT_EQ(differ, 0u) << "t=" << s.t << " k=" << s.k << " n=" << s.n << " " << s.act
+                          << (s.dynamic ? " per-token" : " static");
+  }
+}
+
 void expect_compile_error(const ir::Graph& g, const std::string& dtype, const std::string& needle) {
   auto gpu = create_backend("cuda");
   try {
@@ -223,6 +255,8 @@ TEST(CudaW8a8, UnsupportedIsAClearError) {
   ir::Graph g = w8a8_linear_graph(64, 32, false, "", 1.0, false, rng);
   g.nodes()[0].attrs["quant"] = std::string("int3");
   expect_compile_error(g, "w8a8", "runs fp8 and w8a8");
+  ScopedEnv env("KILN_CUDA_W8A8_GEMM", "cutless");
+  expect_compile_error(w8a8_linear_graph(64, 32, false, "", 1.0, false, rng), "w8a8", "expected cutlass or cublaslt");
 }
 
 }  // namespace

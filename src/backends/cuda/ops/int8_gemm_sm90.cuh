@@ -1,0 +1,196 @@
+// The CUTLASS 3 kernels behind int8_gemm_sm90.h, instantiated per output dtype by
+// int8_gemm_sm90_{bf16,f16}.cu (compiled for sm_90a only). Mainloop: the Sm90 collective
+// builder's TMA + wgmma int8 kernel (A int8 row-major [m, k], B int8 K-major [n, k],
+// int32 accumulators). Epilogue: a visitor tree with one compute node over four inputs -
+// the accumulators, xs (a column broadcast: the per-token scales, or with a null pointer
+// the static x_scale as its default), w_scale and bias (row broadcasts; a null bias reads
+// as 0, added as the CPU adds its zero bias) - then one rounding to bf16/f16 and a TMA
+// store. The compute node does int8.cu's dequant_one in the same order with _rn
+// intrinsics (no FMA contraction), and the activation with the same unary_f32, so the
+// outputs are the cuBLASLt path's to the bit.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <string>
+
+#include "backends/cuda/common.cuh"
+#include "backends/cuda/ops/int8_gemm_sm90_impl.h"
+#include "cute/tensor.hpp"
+#include "cutlass/cutlass.h"
+#include "cutlass/epilogue/collective/collective_builder.hpp"
+#include "cutlass/epilogue/fusion/sm90_visitor_tma_warpspecialized.hpp"
+#include "cutlass/gemm/collective/collective_builder.hpp"
+#include "cutlass/gemm/device/gemm_universal_adapter.h"
+#include "cutlass/gemm/kernel/gemm_universal.hpp"
+#include "cutlass/numeric_types.h"
+
+namespace kiln::cuda::int8_sm90 {
+
+using namespace cute;
+
+// y = act(float(acc) * (xs * w_scale) + bias): Sm90Compute hands every input converted
+// to f32 (int32 -> f32 rounds to nearest, as float(acc) does).
+template <GemvEpilogue kAct>
+struct Dequant {
+  template <class Frag>
+  struct Fn {
+    CUTLASS_DEVICE Frag operator()(Frag const& acc, Frag const& xs, Frag const& ws,
+                                   Frag const& bias) const {
+      Frag y;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < int(Frag::kElements); ++i) {
+        const float v = __fadd_rn(__fmul_rn(acc[i], __fmul_rn(xs[i], ws[i])), bias[i]);
+        if constexpr (kAct == GemvEpilogue::kGeluErf)
+          y[i] = unary_f32<UnaryOp::kGeluErf>(v);
+        else
+          y[i] = v;
+      }
+      return y;
+    }
+  };
+};
+
+struct CfgPingpong128 {
+  using Tile = Shape<_128, _128, _128>;
+  using Cluster = Shape<_2, _1, _1>;
+  using Schedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized;
+};
+struct CfgCooperative128 {
+  using Tile = Shape<_128, _128, _128>;
+  using Cluster = Shape<_1, _1, _1>;
+  using Schedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
+};
+struct CfgPingpong64 {
+  using Tile = Shape<_64, _128, _128>;
+  using Cluster = Shape<_1, _1, _1>;
+  using Schedule = cutlass::gemm::KernelTmaWarpSpecializedPingpong;
+  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized;
+};
+
+template <class ElementD, class Cfg, GemvEpilogue kAct>
+struct Kernel {
+  using Tile = typename Cfg::Tile;
+  static constexpr int kAlignD = 16 / sizeof(ElementD);
+  static constexpr int kAlignAB = 16;  // int8: 16 bytes, TMA's stride unit
+
+  using XScale = cutlass::epilogue::fusion::Sm90ColBroadcast<0, Tile, float>;
+  using RowVec = cutlass::epilogue::fusion::Sm90RowBroadcast<0, Tile, float>;
+  using Compute =
+      cutlass::epilogue::fusion::Sm90Compute<Dequant<kAct>::template Fn, ElementD, float,
+                                             cutlass::FloatRoundStyle::round_to_nearest>;
+  using Evt = cutlass::epilogue::fusion::Sm90EVT<Compute, cutlass::epilogue::fusion::Sm90AccFetch,
+                                                 XScale, RowVec, RowVec>;
+
+  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, typename Cfg::Cluster,
+      cutlass::epilogue::collective::EpilogueTileAuto, int32_t, float, void,
+      cutlass::layout::RowMajor, kAlignD, ElementD, cutlass::layout::RowMajor, kAlignD,
+      typename Cfg::EpilogueSchedule, Evt>::CollectiveOp;
+
+  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, int8_t, cutlass::layout::RowMajor,
+      kAlignAB, int8_t, cutlass::layout::ColumnMajor, kAlignAB, int32_t, Tile,
+      typename Cfg::Cluster,
+      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
+          sizeof(typename Epilogue::SharedStorage))>,
+      typename Cfg::Schedule>::CollectiveOp;
+
+  using GemmKernel =
+      cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop, Epilogue, void>;
+  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
+
+  static typename Gemm::Arguments arguments(const Problem& p) {
+    using StrideA = typename GemmKernel::StrideA;
+    using StrideB = typename GemmKernel::StrideB;
+    using StrideD = typename GemmKernel::StrideD;
+    const StrideA sa = make_stride(int64_t(p.k), Int<1>{}, int64_t(p.m) * p.k);
+    const StrideB sb = make_stride(int64_t(p.k), Int<1>{}, int64_t(p.n) * p.k);
+    const StrideD sd = make_stride(int64_t(p.n), Int<1>{}, int64_t(p.m) * p.n);
+    typename Evt::Arguments evt{
+        {},                                // accumulators
+        {p.e.row_scale, p.e.x_scale, {}},  // xs: per token, else the static scale
+        {p.e.w_scale, 0.0f, {}},           // w_scale[j]
+        {p.e.bias, 0.0f, {}},              // bias[j], 0 without one
+        {}};                               // the compute node
+    typename Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm,
+                                  {p.m, p.n, p.k, 1},
+                                  {p.x, sa, p.w, sb},
+                                  {evt, nullptr, sd, static_cast<ElementD*>(p.y), sd}};
+    args.hw_info.sm_count = p.sm_count;
+    return args;
+  }
+
+  static std::string check(const Problem& p) {
+    const cutlass::Status st = Gemm::can_implement(arguments(p));
+    return st == cutlass::Status::kSuccess ? std::string()
+                                           : std::string(cutlassGetStatusString(st));
+  }
+  static size_t workspace(const Problem& p) { return Gemm::get_workspace_size(arguments(p)); }
+  static void run(const Problem& p, void* workspace, cudaStream_t s) {
+    Gemm gemm;
+    const typename Gemm::Arguments args = arguments(p);
+    cutlass::Status st = gemm.initialize(args, workspace, s);
+    KILN_THROW_IF(st != cutlass::Status::kSuccess, kInternal,
+                  "cuda int8 gemm (sm90): initialize failed: ", cutlassGetStatusString(st));
+    st = gemm.run(s);
+    KILN_THROW_IF(st != cutlass::Status::kSuccess, kInternal,
+                  "cuda int8 gemm (sm90): launch failed: ", cutlassGetStatusString(st), " (",
+                  cudaGetErrorString(cudaGetLastError()), ")");
+    KILN_CUDA_CHECK_LAUNCH();
+  }
+};
+
+// f(Kernel<ElementD, Cfg, kAct>{}) for the runtime configuration and activation.
+template <class ElementD, class F>
+auto dispatch(Int8GemmConfig c, GemvEpilogue act, F&& f) {
+  KILN_THROW_IF(act != GemvEpilogue::kNone && act != GemvEpilogue::kGeluErf, kInternal,
+                "cuda int8 gemm (sm90): activation ", int(act), " is not compiled");
+  auto with_cfg = [&]<class Cfg>() {
+    return act == GemvEpilogue::kGeluErf ? f(Kernel<ElementD, Cfg, GemvEpilogue::kGeluErf>{})
+                                         : f(Kernel<ElementD, Cfg, GemvEpilogue::kNone>{});
+  };
+  switch (c) {
+    case Int8GemmConfig::kCooperative128x128:
+      return with_cfg.template operator()<CfgCooperative128>();
+    case Int8GemmConfig::kPingpong64x128:
+      return with_cfg.template operator()<CfgPingpong64>();
+    case Int8GemmConfig::kPingpong128x128:
+      break;
+  }
+  return with_cfg.template operator()<CfgPingpong128>();
+}
+
+template <DType kOut>
+struct ElementOf;
+template <>
+struct ElementOf<DType::kBF16> {
+  using type = cutlass::bfloat16_t;
+};
+template <>
+struct ElementOf<DType::kF16> {
+  using type = cutlass::half_t;
+};
+
+template <DType kOut>
+std::string Ops<kOut>::check(Int8GemmConfig c, const Problem& p) {
+  return dispatch<typename ElementOf<kOut>::type>(c, p.e.act,
+                                                  [&](auto k) { return decltype(k)::check(p); });
+}
+template <DType kOut>
+size_t Ops<kOut>::workspace(Int8GemmConfig c, const Problem& p) {
+  return dispatch<typename ElementOf<kOut>::type>(
+      c, p.e.act, [&](auto k) { return decltype(k)::workspace(p); });
+}
+template <DType kOut>
+void Ops<kOut>::run(Int8GemmConfig c, const Problem& p, void* workspace, cudaStream_t s) {
+  dispatch<typename ElementOf<kOut>::type>(c, p.e.act, [&](auto k) {
+    decltype(k)::run(p, workspace, s);
+    return 0;
+  });
+}
+
+}  // namespace kiln::cuda::int8_sm90
