@@ -337,7 +337,7 @@ class CudaCompiledGraph final : public CompiledGraph {
     }
     if (fp8_fused) log_info("cuda: ", fp8_fused, " nodes write the E4M3 codes of the FP8 Linears they feed "
                             "(the quantize fused in; KILN_CUDA_FP8_FUSE=0 keeps it separate)");
-    if (int8_fused) log_info("cuda: ", int8_fused, " norms write the int8 codes of the W8A8 Linears they feed "
+    if (int8_fused) log_info("cuda: ", int8_fused, " nodes write the int8 codes of the W8A8 Linears they feed "
                              "(the quantize fused in; KILN_CUDA_INT8_FUSE=0 keeps it separate)");
   }
 

@@ -1,4 +1,4 @@
-// Where the W8A8 Linear's activation quantize is fused into the norm that feeds it (see
+// Where the W8A8 Linear's activation quantize is fused into the node that feeds it (see
 // cuda_int8_fuse.h): the decision both ends of the value ask while preparing, and the
 // profile's tags.
 #include "backends/cuda/cuda_int8_fuse.h"
@@ -16,10 +16,14 @@ namespace kiln::cuda {
 
 namespace {
 
-// Whether node n writes output `out` through an int8 kernel when asked to.
-bool int8_codes_producer(const ir::Node& n, size_t out) {
+// Whether node n writes output `out` through an int8 kernel when asked to: the norms, and
+// the SmoothQuant Mul (an activation times a weight row).
+bool int8_codes_producer(const ir::Node& n, size_t out, const ir::Graph& g) {
   if (n.op == "RMSNorm" || n.op == "LayerNorm") return out == 0;
   if (n.op == "AddRMSNorm" || n.op == "AddLayerNorm") return out == 1;
+  if (n.op == "Mul")
+    return out == 0 && n.inputs.size() == 2 && !g.is_weight(n.inputs[0]) && g.is_weight(n.inputs[1]) &&
+           g.weight(n.inputs[1]).rank() == 1;
   return false;
 }
 
@@ -35,7 +39,7 @@ bool int8_fuse_enabled() {
 }
 
 std::optional<Int8Codes> int8_fused_output(const ir::Node& n, size_t out, const ir::Graph& g, DType act) {
-  if ((act != DType::kBF16 && act != DType::kF16) || out >= n.outputs.size() || !int8_codes_producer(n, out) ||
+  if ((act != DType::kBF16 && act != DType::kF16) || out >= n.outputs.size() || !int8_codes_producer(n, out, g) ||
       !int8_fuse_enabled())
     return std::nullopt;
   const ir::ValueId v = n.outputs[out];
@@ -50,6 +54,7 @@ std::optional<Int8Codes> int8_fused_output(const ir::Node& n, size_t out, const 
         return std::nullopt;
       const int64_t k = g.weight(m.inputs[1]).dim(1);
       if (!int8_codes_fit(k, dtype_size(act))) return std::nullopt;
+      if (n.op == "Mul" && g.weight(n.inputs[1]).dim(0) != k) return std::nullopt;  // not one row per token
       const double amax = m.attr_float("act_amax", -1.0);
       if (!(amax >= 0) || !std::isfinite(amax)) return std::nullopt;  // its prepare reports it
       Int8Codes c;

@@ -1,13 +1,15 @@
 // The W8A8 Linear's activation quantize fused into its producer (mirroring the FP8 path,
-// cuda_fp8_linear.h): where a LayerNorm / RMSNorm / AddLayerNorm / AddRMSNorm output is
-// read only by W8A8 Linears (as their input x) that share one static input scale, or that
-// all quantize per token, the norm kernel writes the int8 codes itself (norm.h's *_int8
-// launchers) and the Linears skip their quantize pass; codes and row scales are those of
-// the unfused pair, bit for bit. KILN_CUDA_INT8_FUSE=0 keeps the separate pass.
+// cuda_fp8_linear.h): where a LayerNorm / RMSNorm / AddLayerNorm / AddRMSNorm output, or
+// a SmoothQuant Mul's (quant/w8a8.h: post-LN models such as BERT, whose norm outputs also
+// feed the residual, smooth through a Mul), is read only by W8A8 Linears (as their input
+// x) that share one static input scale, or that all quantize per token, that kernel writes
+// the int8 codes itself (norm.h's *_int8 launchers, elementwise_int8.h) and the Linears
+// skip their quantize pass; codes and row scales are those of the unfused pair, bit for
+// bit. KILN_CUDA_INT8_FUSE=0 keeps the separate pass.
 // The value then travels in the buffer the activation was planned for: t x k int8 codes,
 // and with per-token scales the t f32 row scales after them (int8_row_scales_offset).
 // Internal to the CUDA backend; tested in tests/backends/cuda/int8_fuse_test.cpp (kernels
-// against norm -> quantize, the decision, graphs fused against unfused) and
+// against norm / Mul -> quantize, the decision, graphs fused against unfused) and
 // w8a8_models_test.cpp (the tiny BERT and Llama with and without the fusion).
 #pragma once
 
@@ -34,8 +36,9 @@ bool int8_fuse_enabled();
 
 // How output `out` of node n is written as int8 codes, or none (it is written in the
 // activation dtype). Codes when: fusion is enabled, the activations are bf16 or f16, n is
-// RMSNorm/LayerNorm (output 0) or AddRMSNorm/AddLayerNorm (output 1, the norm; the sum
-// stays in the activation dtype), the value is no graph output, it is read by at least one
+// RMSNorm/LayerNorm (output 0), AddRMSNorm/AddLayerNorm (output 1, the norm; the sum
+// stays in the activation dtype) or a Mul of an activation by a weight row of the Linears'
+// K, the value is no graph output, it is read by at least one
 // node, each a quant="w8a8" Linear that w8a8_linear_supported and takes it as its input x
 // only, all with the same static scale or all per token (act_dynamic), and the codes (with
 // the row scales) fit the value's planned bytes (int8_codes_fit). The producer's and the

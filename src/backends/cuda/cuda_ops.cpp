@@ -15,6 +15,7 @@
 #include "backends/cuda/ops/attention.h"
 #include "backends/cuda/ops/elementwise.h"
 #include "backends/cuda/ops/elementwise_fp8.h"
+#include "backends/cuda/ops/elementwise_int8.h"
 #include "backends/cuda/ops/embedding.h"
 #include "backends/cuda/ops/gemv.h"
 #include "backends/cuda/ops/norm.h"
@@ -148,10 +149,26 @@ OpRun prepare_embedding(const ir::Node& n, const ir::Graph& g, PrepareContext& p
   };
 }
 
+// Forward: the int8 output of a norm or Mul (below).
+struct Int8Out {
+  int8_t* q;
+  float* row_scale;  // null: the static scale
+};
+Int8Out int8_out(OpContext& c, size_t o, const std::vector<int64_t>& shape, const Int8Codes& codes);
+
 template <BinaryOp kOp>
 OpRun prepare_binary(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) {
   // A weight operand (a bias row, a scale) is uploaded in the activation dtype.
   const void* wb = g.is_weight(n.inputs[1]) ? pc.weights->get(g, n.inputs[1], pc.act) : nullptr;
+  // A SmoothQuant Mul read only by W8A8 Linears writes their int8 codes (int8_fused_output).
+  if constexpr (kOp == BinaryOp::kMul)
+    if (const auto q = int8_fused_output(n, 0, g, pc.act))
+      return [wb, codes = *q](OpContext& c) {
+        const DevTensor& x = *c.inputs[0];
+        const int64_t k = x.dim(-1);
+        const Int8Out y = int8_out(c, 0, x.shape, codes);
+        launch_mul_int8(x.dtype, x.data, wb, x.numel() / k, k, codes.inv, y.q, y.row_scale, c.cx->stream);
+      };
   return [wb](OpContext& c) {
     const DevTensor& a = *c.inputs[0];
     const DevTensor& b = *c.inputs[1];
@@ -160,13 +177,9 @@ OpRun prepare_binary(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) 
   };
 }
 
-// Output `o` of a norm as the int8 codes of the W8A8 Linears reading it (int8_fused_output):
-// allocated as the activation it replaces, then retyped; with per-token scales, the row
-// scales follow the codes (int8_row_scales_offset, int8_codes_fit).
-struct Int8Out {
-  int8_t* q;
-  float* row_scale;  // null: the static scale
-};
+// Output `o` of a norm or Mul as the int8 codes of the W8A8 Linears reading it
+// (int8_fused_output): allocated as the activation it replaces, then retyped; with
+// per-token scales, the row scales follow the codes (int8_row_scales_offset, int8_codes_fit).
 Int8Out int8_out(OpContext& c, size_t o, const std::vector<int64_t>& shape, const Int8Codes& codes) {
   DevTensor& y = c.out(o, shape);
   const int64_t k = y.dim(-1), t = k ? y.numel() / k : 0;

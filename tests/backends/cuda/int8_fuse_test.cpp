@@ -1,5 +1,5 @@
-// The W8A8 Linear's activation quantize fused into the norm that feeds it
-// (cuda_int8_fuse.h): the int8 norm kernels against the T kernel followed by
+// The W8A8 Linear's activation quantize fused into the norm or SmoothQuant Mul that feeds
+// it (cuda_int8_fuse.h): the int8 norm and Mul kernels against the T kernel followed by
 // launch_int8_quantize, code for code and row scale for row scale (both round the f32
 // norm to T, then quantize with int8_codes.cuh's rounding: bit-identical, not merely
 // close), in bf16 and f16, static and per token, over decode and prefill row counts and
@@ -17,6 +17,8 @@
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/cuda_int8_fuse.h"
+#include "backends/cuda/ops/elementwise.h"
+#include "backends/cuda/ops/elementwise_int8.h"
 #include "backends/cuda/ops/int8.h"
 #include "backends/cuda/ops/norm.h"
 #include "core/dtype.h"
@@ -149,6 +151,43 @@ TEST(CudaInt8Fuse, NormKernelsWriteTheQuantizeKernelsCodes) {
     }
 }
 
+TEST(CudaInt8Fuse, MulKernelWritesTheQuantizeKernelsCodes) {
+  KILN_SKIP_WITHOUT_CUDA();
+  for (DType dt : {DType::kBF16, DType::kF16})
+    for (int64_t rows : {1, 4, 37, 4097})
+      for (int64_t k : {64, 768, 3072}) {
+        const int64_t n = rows * k;
+        std::mt19937_64 rng(uint64_t(rows * 7 + k + int(dt)));
+        const auto x = random_rows(dt, rows, k, rng, 3.0f, 1);  // row 1 zeros: scale 1
+        // 1/s of SmoothQuant: factors around 1, some far from it.
+        std::vector<uint16_t> m(static_cast<size_t>(k));
+        std::uniform_real_distribution<float> lg(-2.0f, 2.0f);
+        for (auto& v : m) {
+          const float f = std::exp2(lg(rng));
+          v = dt == DType::kBF16 ? f32_to_bf16(f) : f32_to_f16(f);
+        }
+        Dev dx(x.data(), size_t(n) * 2), dm(m.data(), size_t(k) * 2), y{size_t(n) * 2}, q_a{size_t(n)}, q_b{size_t(n)},
+            rs_a{size_t(rows) * 4}, rs_b{size_t(rows) * 4};
+        const float inv = 1.0f / int8_act_scale(5.0);
+        for (bool per_token : {false, true}) {
+          launch_binary(BinaryOp::kMul, dt, dx.get(), dm.get(), n, k, y.get(), nullptr);
+          launch_int8_quantize(dt, y.get(), rows, k, inv, q_a.as<int8_t>(), per_token ? rs_a.as<float>() : nullptr,
+                               nullptr);
+          launch_mul_int8(dt, dx.get(), dm.get(), rows, k, inv, q_b.as<int8_t>(), per_token ? rs_b.as<float>() : nullptr,
+                          nullptr);
+          KILN_CUDA_CHECK(cudaDeviceSynchronize());
+          const std::string what = str_cat(dtype_name(dt), " Mul", per_token ? " per-token" : " static", " rows=", rows,
+                                           " k=", k);
+          expect_same_codes(q_b.host<int8_t>(size_t(n)), q_a.host<int8_t>(size_t(n)), what, !per_token);
+          if (per_token) {
+            const auto sa = rs_a.host<float>(size_t(rows)), sb = rs_b.host<float>(size_t(rows));
+            EXPECT_EQ(0, std::memcmp(sa.data(), sb.data(), sa.size() * 4)) << what << ": row scales";
+            if (rows > 1) EXPECT_EQ(sb[1], 1.0f) << what << ": the zero row's scale";
+          }
+        }
+      }
+}
+
 // The launch shapes the norm bench sweeps: every accepted one gives the default shape's
 // output within the f32 reduction's reordering (a few bf16 ulps at most), and the sum
 // output exactly (no reduction in it).
@@ -200,7 +239,8 @@ TEST(CudaInt8Fuse, ForcedNormShapesAgreeWithTheDefault) {
 // A graph with every norm feeding W8A8 Linears (hidden 256):
 //   AddRMSNorm(x, r) -> qkv, o (same act_amax: one static scale);  RMSNorm(o) -> two per-token Linears
 //   (different act_amax: per-token ignores it);  LayerNorm(sum) -> Linear + gelu_erf;
-//   AddLayerNorm(gelu out, sum) -> one static Linear -> out5.
+//   AddLayerNorm(gelu out, sum) -> one static Linear -> out5;  Mul(sum2, 1/s) -> per-token Linear -> out6
+//   (BERT's SmoothQuant: its norm outputs also feed the residual).
 // `tap`: the first norm's output is also a graph output (so it must stay in the activation dtype).
 struct FusedGraph {
   ir::Graph g;
@@ -242,12 +282,16 @@ FusedGraph fused_graph(std::mt19937_64& rng, bool tap) {
   auto beta2 = g.add_weight("beta2", random_tensor({h}, rng, "f32", -0.3f, 0.3f));
   auto aln = g.add_node("AddLayerNorm", {up, add_norm[0], gamma(h), beta2}, {{"eps", 1e-5}}, "add_ln");
   auto out5 = linear(aln[1], h, 80, 1.7, false, "", "after_add_ln");
+  auto smooth = g.add_weight("smooth_inv", random_tensor({h}, rng, "f32", 0.25f, 4.0f));
+  auto sm = g.add("Mul", {aln[0], smooth}, {}, "smooth");
+  auto out6 = linear(sm, h, 48, 2.5, true, "", "after_smooth");
   g.add_output("sum", add_norm[0]);
   g.add_output("qkv", qkv);
   g.add_output("pt_a", pt_a);
   g.add_output("pt_b", pt_b);
   g.add_output("sum2", aln[0]);
   g.add_output("out5", out5);
+  g.add_output("out6", out6);
   ir::verify(g);
   return fg;
 }
@@ -272,6 +316,10 @@ TEST(CudaInt8Fuse, WhichOutputsAreWrittenAsCodes) {
   EXPECT_TRUE(fused(fg, "add_ln", 1, DType::kF16));
   EXPECT_FALSE(fused(fg, "add_ln", 1, DType::kF32)) << "f32 activations keep the separate pass";
   EXPECT_FALSE(fused(fg, "qkv", 0)) << "a Linear is no int8 producer";
+  EXPECT_TRUE(fused(fg, "smooth", 0)) << "a SmoothQuant Mul";
+  EXPECT_TRUE(int8_fused_output(*fg.node("smooth"), 0, fg.g, DType::kBF16)->per_token);
+  EXPECT_EQ(int8_profile_tag(*fg.node("smooth"), fg.g, DType::kBF16), "{+int8 quantize}");
+  EXPECT_EQ(int8_profile_tag(*fg.node("after_smooth"), fg.g, DType::kBF16), "{int8 in}");
   // The profile names both ends.
   EXPECT_EQ(int8_profile_tag(*fg.node("add_norm"), fg.g, DType::kBF16), "{+int8 quantize}");
   EXPECT_EQ(int8_profile_tag(*fg.node("qkv"), fg.g, DType::kBF16), "{int8 in}");
@@ -286,7 +334,7 @@ TEST(CudaInt8Fuse, WhichOutputsAreWrittenAsCodes) {
 
   // Readers that do not share one scale, or are not a W8A8 Linear's x, or rows too short
   // for the row scales: no codes.
-  for (int variant = 0; variant < 6; ++variant) {
+  for (int variant = 0; variant < 7; ++variant) {
     const int64_t k = variant == 5 ? 12 : 64;
     ir::Graph g;
     auto x = g.add_input("x", DType::kF32, Shape{"T", k});
@@ -300,6 +348,12 @@ TEST(CudaInt8Fuse, WhichOutputsAreWrittenAsCodes) {
     if (variant == 2) g.add_output("b", g.add("Linear", {y, w2}));       // a bf16 Linear
     if (variant == 3) g.add_output("b", g.add("Add", {y, y}));
     if (variant == 4) g.add_output("b", g.add("Linear", {y, w2}, {{"quant", std::string("fp8")}, {"act_amax", 1.0}}));
+    // A Mul of two activations is no SmoothQuant Mul.
+    if (variant == 6) {
+      auto m = g.add("Mul", {y, y}, {}, "mul");
+      g.add_output("b", g.add("Linear", {m, w2}, stat));
+      EXPECT_FALSE(int8_fused_output(g.nodes()[size_t(g.value(m).producer)], 0, g, DType::kBF16).has_value());
+    }
     EXPECT_FALSE(int8_fused_output(g.nodes()[0], 0, g, DType::kBF16).has_value()) << "variant " << variant;
   }
   EXPECT_TRUE(int8_codes_fit(16, 2));
