@@ -32,6 +32,7 @@
 #include <set>
 
 #include "backends/cuda/cuda_fp8_linear.h"
+#include "backends/cuda/cuda_int8_fuse.h"
 #include "backends/cuda/cuda_graph.h"
 #include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/nccl_communicator.h"
@@ -317,23 +318,27 @@ class CudaCompiledGraph final : public CompiledGraph {
 
   // Each node's row in the layer profile: the op, what is fused into it, a Linear's shape.
   void plan_profile_keys() {
-    int fp8_fused = 0;
+    int fp8_fused = 0, int8_fused = 0;
     for (const ir::Node& n : graph_.nodes()) {
       std::string key = n.op;
-      const std::string fp8 = fp8_profile_tag(n, graph_, prep_.act);
+      const std::string int8 = int8_profile_tag(n, graph_, prep_.act);
+      const std::string fp8 = fp8_profile_tag(n, graph_, prep_.act), tags = fp8 + int8;
       fp8_fused += fp8.find("quantize}") != std::string::npos;
+      int8_fused += int8.find("quantize}") != std::string::npos;
       if (n.op == "Linear") {
         const Tensor& w = graph_.weight(n.inputs[1]);
         if (n.has_attr("norm")) key += "{" + n.attr_str("norm") + "norm}";  // pass fuse_norm_linear
         if (n.input(3) != ir::kNoValue) key += "{+residual}";
-        key += fp8 + str_cat(" ", w.dim(0), "x", w.dim(1));
+        key += tags + str_cat(" ", w.dim(0), "x", w.dim(1));
       } else {
-        key += fp8;
+        key += tags;
       }
       prof_keys_.push_back(std::move(key));
     }
     if (fp8_fused) log_info("cuda: ", fp8_fused, " nodes write the E4M3 codes of the FP8 Linears they feed "
                             "(the quantize fused in; KILN_CUDA_FP8_FUSE=0 keeps it separate)");
+    if (int8_fused) log_info("cuda: ", int8_fused, " nodes write the int8 codes of the W8A8 Linears they feed "
+                             "(the quantize fused in; KILN_CUDA_INT8_FUSE=0 keeps it separate)");
   }
 
   // Token ids and logit rows that reach kernels unchecked on graph replay.

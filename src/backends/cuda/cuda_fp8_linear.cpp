@@ -41,16 +41,6 @@ bool fp8_codes_producer(const ir::Node& n, size_t out) {
   return false;
 }
 
-// The node producing value v and v's position among its outputs; null for inputs and weights.
-std::pair<const ir::Node*, size_t> producer_of(const ir::Graph& g, ir::ValueId v) {
-  const int32_t p = g.value(v).producer;
-  if (g.value(v).kind != ir::ValueKind::kIntermediate || p < 0) return {nullptr, 0};
-  const ir::Node& n = g.nodes()[size_t(p)];
-  for (size_t o = 0; o < n.outputs.size(); ++o)
-    if (n.outputs[o] == v) return {&n, o};
-  return {nullptr, 0};
-}
-
 }  // namespace
 
 bool fp8_fuse_enabled() {
@@ -87,7 +77,7 @@ std::string fp8_profile_tag(const ir::Node& n, const ir::Graph& g, DType act) {
   if (n.op == "Linear" && n.attr_str("quant", "") == "fp8") {
     tag = "{fp8}";
     if (!n.inputs.empty()) {
-      const auto [p, o] = producer_of(g, n.inputs[0]);
+      const auto [p, o] = value_producer(g, n.inputs[0]);
       if (p && fp8_fused_output(*p, o, g, act)) tag += "{e4m3 in}";
     }
   }
@@ -174,7 +164,7 @@ OpRun prepare_fp8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& 
   const float scale = xs.scale * w_scale;
   // Fused quantizes: x arrives as codes made with this Linear's scale (its producer asked
   // fp8_fused_output too), and/or y leaves as codes for the FP8 Linears reading it.
-  const auto [x_producer, x_out] = producer_of(g, n.inputs[0]);
+  const auto [x_producer, x_out] = value_producer(g, n.inputs[0]);
   const bool x_codes = x_producer && fp8_fused_output(*x_producer, x_out, g, pc.act).has_value();
   const std::optional<Fp8Scale> y_codes = fp8_fused_output(n, 0, g, pc.act);
   if (x_codes || y_codes)

@@ -10,10 +10,12 @@
 
 #include "backends/communicator.h"
 #include "backends/cuda/cuda_fp8_linear.h"
+#include "backends/cuda/cuda_int8_fuse.h"
 #include "backends/cuda/cuda_w8a8_linear.h"
 #include "backends/cuda/ops/attention.h"
 #include "backends/cuda/ops/elementwise.h"
 #include "backends/cuda/ops/elementwise_fp8.h"
+#include "backends/cuda/ops/elementwise_int8.h"
 #include "backends/cuda/ops/embedding.h"
 #include "backends/cuda/ops/fp8.h"
 #include "backends/cuda/ops/gemv.h"
@@ -83,6 +85,15 @@ LinearIo linear_io(OpContext& c, const std::string& name, int64_t k, int64_t out
   return {x, c.out(0, {t, out_n}, y_dtype), t};
 }
 
+std::pair<const ir::Node*, size_t> value_producer(const ir::Graph& g, ir::ValueId v) {
+  const int32_t p = g.value(v).producer;
+  if (g.value(v).kind != ir::ValueKind::kIntermediate || p < 0) return {nullptr, 0};
+  const ir::Node& n = g.nodes()[size_t(p)];
+  for (size_t o = 0; o < n.outputs.size(); ++o)
+    if (n.outputs[o] == v) return {&n, o};
+  return {nullptr, 0};
+}
+
 std::optional<QuantFormat> cuda_linear_quant_format(const ir::Node& n, const ir::Graph& g,
                                                     const std::string& weight_dtype) {
   if (n.op != "Linear") return std::nullopt;
@@ -139,10 +150,26 @@ OpRun prepare_embedding(const ir::Node& n, const ir::Graph& g, PrepareContext& p
   };
 }
 
+// Forward: the int8 output of a norm or Mul (below).
+struct Int8Out {
+  int8_t* q;
+  float* row_scale;  // null: the static scale
+};
+Int8Out int8_out(OpContext& c, size_t o, const std::vector<int64_t>& shape, const Int8Codes& codes);
+
 template <BinaryOp kOp>
 OpRun prepare_binary(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) {
   // A weight operand (a bias row, a scale) is uploaded in the activation dtype.
   const void* wb = g.is_weight(n.inputs[1]) ? pc.weights->get(g, n.inputs[1], pc.act) : nullptr;
+  // A SmoothQuant Mul read only by W8A8 Linears writes their int8 codes (int8_fused_output).
+  if constexpr (kOp == BinaryOp::kMul)
+    if (const auto q = int8_fused_output(n, 0, g, pc.act))
+      return [wb, codes = *q](OpContext& c) {
+        const DevTensor& x = *c.inputs[0];
+        const int64_t k = x.dim(-1);
+        const Int8Out y = int8_out(c, 0, x.shape, codes);
+        launch_mul_int8(x.dtype, x.data, wb, x.numel() / k, k, codes.inv, y.q, y.row_scale, c.cx->stream);
+      };
   return [wb](OpContext& c) {
     const DevTensor& a = *c.inputs[0];
     const DevTensor& b = *c.inputs[1];
@@ -151,12 +178,35 @@ OpRun prepare_binary(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) 
   };
 }
 
+// Output `o` of a norm or Mul as the int8 codes of the W8A8 Linears reading it
+// (int8_fused_output): allocated as the activation it replaces, then retyped; with
+// per-token scales, the row scales follow the codes (int8_row_scales_offset, int8_codes_fit).
+Int8Out int8_out(OpContext& c, size_t o, const std::vector<int64_t>& shape, const Int8Codes& codes) {
+  DevTensor& y = c.out(o, shape);
+  const int64_t k = y.dim(-1), t = k ? y.numel() / k : 0;
+  KILN_CHECK(!codes.per_token || int8_row_scales_offset(t, k) + size_t(t) * 4 <= size_t(y.numel()) * dtype_size(y.dtype),
+             "cuda: ", t, " rows of ", k, " int8 codes and their scales do not fit the activation's buffer");
+  y.dtype = DType::kI8;
+  auto* q = static_cast<int8_t*>(y.data);
+  return {q, codes.per_token ? reinterpret_cast<float*>(static_cast<char*>(y.data) + int8_row_scales_offset(t, k))
+                             : nullptr};
+}
+
 // The norms, SwiGLU and GELU write their output as E4M3 codes where only FP8 Linears
-// read it (fp8_fused_output: the quantize fused in; those Linears then skip theirs).
+// read it (fp8_fused_output: the quantize fused in; those Linears then skip theirs); the
+// norms write int8 codes where only W8A8 Linears read it (int8_fused_output).
 OpRun prepare_layer_norm(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) {
   auto* w = static_cast<const float*>(pc.weights->get(g, need_weight(n, g, 1, "weight"), DType::kF32));
   auto* b = static_cast<const float*>(pc.weights->get(g, need_weight(n, g, 2, "bias", true), DType::kF32));
   const float eps = float(n.attr_float("eps"));
+  if (const auto q = int8_fused_output(n, 0, g, pc.act))
+    return [=, codes = *q](OpContext& c) {
+      const DevTensor& x = *c.inputs[0];
+      const int64_t dim = x.dim(-1);
+      const Int8Out y = int8_out(c, 0, x.shape, codes);
+      launch_add_layer_norm_int8(x.dtype, x.data, nullptr, w, b, eps, x.numel() / dim, dim, nullptr, y.q, codes.inv,
+                                 y.row_scale, c.cx->stream);
+    };
   if (const auto q = fp8_fused_output(n, 0, g, pc.act))
     return [=, inv = q->inv](OpContext& c) {
       const DevTensor& x = *c.inputs[0];
@@ -176,6 +226,14 @@ OpRun prepare_layer_norm(const ir::Node& n, const ir::Graph& g, PrepareContext& 
 OpRun prepare_rms_norm(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) {
   auto* w = static_cast<const float*>(pc.weights->get(g, need_weight(n, g, 1, "weight"), DType::kF32));
   const float eps = float(n.attr_float("eps"));
+  if (const auto q = int8_fused_output(n, 0, g, pc.act))
+    return [=, codes = *q](OpContext& c) {
+      const DevTensor& x = *c.inputs[0];
+      const int64_t dim = x.dim(-1);
+      const Int8Out y = int8_out(c, 0, x.shape, codes);
+      launch_add_rms_norm_int8(x.dtype, x.data, nullptr, w, eps, x.numel() / dim, dim, nullptr, y.q, codes.inv,
+                               y.row_scale, c.cx->stream);
+    };
   if (const auto q = fp8_fused_output(n, 0, g, pc.act))
     return [=, inv = q->inv](OpContext& c) {
       const DevTensor& x = *c.inputs[0];
@@ -199,6 +257,20 @@ OpRun prepare_add_norm(const ir::Node& n, const ir::Graph& g, PrepareContext& pc
   auto* b = rms ? nullptr
                 : static_cast<const float*>(pc.weights->get(g, need_weight(n, g, 3, "bias", true), DType::kF32));
   const float eps = float(n.attr_float("eps"));
+  if (const auto q = int8_fused_output(n, 1, g, pc.act))
+    return [=, codes = *q](OpContext& c) {
+      const DevTensor& x = *c.inputs[0];
+      const DevTensor& r = *c.inputs[1];
+      DevTensor& sum = c.out(0, x.shape);
+      const Int8Out y = int8_out(c, 1, x.shape, codes);
+      const int64_t dim = x.dim(-1), rows = x.numel() / dim;
+      if (rms)
+        launch_add_rms_norm_int8(sum.dtype, x.data, r.data, w, eps, rows, dim, sum.data, y.q, codes.inv, y.row_scale,
+                                 c.cx->stream);
+      else
+        launch_add_layer_norm_int8(sum.dtype, x.data, r.data, w, b, eps, rows, dim, sum.data, y.q, codes.inv,
+                                   y.row_scale, c.cx->stream);
+    };
   if (const auto q = fp8_fused_output(n, 1, g, pc.act))
     return [=, inv = q->inv](OpContext& c) {
       const DevTensor& x = *c.inputs[0];

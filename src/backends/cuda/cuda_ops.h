@@ -182,6 +182,10 @@ LinearIo linear_io(OpContext& c, const std::string& name, int64_t k, int64_t out
 // CPU keeps such layers in bf16).
 std::optional<QuantFormat> cuda_linear_quant_format(const ir::Node& n, const ir::Graph& g,
                                                     const std::string& weight_dtype);
+// The node producing value v and v's position among its outputs; null for inputs and
+// weights (the fused quantizes ask what produced a Linear's input).
+std::pair<const ir::Node*, size_t> value_producer(const ir::Graph& g, ir::ValueId v);
+
 using OpPrepare = std::function<OpRun(const ir::Node&, const ir::Graph&, PrepareContext&)>;
 
 const OpPrepare* find_cuda_op(const std::string& op);

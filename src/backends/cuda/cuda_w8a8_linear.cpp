@@ -11,6 +11,7 @@
 #include <mutex>
 #include <vector>
 
+#include "backends/cuda/cuda_int8_fuse.h"
 #include "backends/cuda/ops/convert.h"
 #include "backends/cuda/ops/int8.h"
 #include "backends/cuda/ops/int8_gemm_sm90.h"
@@ -162,18 +163,27 @@ OpRun prepare_w8a8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext&
                                              pc.cx->stream));
   }
 
+  // The input may arrive as codes (and row scales) from its norm (cuda_int8_fuse.h), made
+  // with this Linear's scale: no quantize pass then.
+  const auto [x_producer, x_out] = value_producer(g, n.inputs[0]);
+  const bool x_codes = x_producer && int8_fused_output(*x_producer, x_out, g, pc.act).has_value();
+  if (x_codes) log_debug("cuda: w8a8 Linear '", n.name, "' reads int8 codes");
+
   const std::string name = n.name;
   return [=](OpContext& c) {
     const auto [x, y, t] = linear_io(c, name, k, out_n);
+    KILN_CHECK((x.dtype == DType::kI8) == x_codes, "cuda: w8a8 Linear '", name, "' got ", dtype_name(x.dtype),
+               x_codes ? ", expected its norm's int8 codes" : ", expected activations");
     if (t == 0) return;
     cudaStream_t s = c.cx->stream;
-    // Scratch: the input's codes, per-token scales, then one tile of int32 sums (the fused
-    // GEMM: its workspace, if any).
+    // Scratch: the input's codes and per-token scales (unless they arrive so), then one
+    // tile of int32 sums (the fused GEMM: its workspace, if any).
     const bool gemv = int8_gemv_supports(t, k);
     const bool gemm_fused = !gemv && fused && aligned16(y.data);
     const Int8GemmConfig cfg = plan.tuned ? plan.pick(t) : int8_gemm_sm90_default(t, out_n, sms);
     const int64_t tile = gemv || gemm_fused ? t : int8_tile_rows(t, n_pad);
-    const size_t q_bytes = align256(size_t(t * k)), rs_bytes = dynamic ? align256(size_t(t) * 4) : 0;
+    const size_t q_bytes = x_codes ? 0 : align256(size_t(t * k)),
+                 rs_bytes = dynamic && !x_codes ? align256(size_t(t) * 4) : 0;
     const size_t acc_bytes = gemv         ? 0
                              : gemm_fused ? int8_gemm_sm90_workspace(cfg, y.dtype, t, out_n, k, epi)
                                           : size_t(tile * n_pad) * 4;
@@ -181,7 +191,12 @@ OpRun prepare_w8a8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext&
     auto* xq = reinterpret_cast<int8_t*>(scratch);
     auto* rs = dynamic ? reinterpret_cast<float*>(scratch + q_bytes) : nullptr;
     auto* acc = reinterpret_cast<int32_t*>(scratch + q_bytes + rs_bytes);
-    launch_int8_quantize(x.dtype, x.data, t, k, inv, xq, rs, s);
+    if (x_codes) {
+      xq = static_cast<int8_t*>(x.data);
+      rs = dynamic ? reinterpret_cast<float*>(static_cast<char*>(x.data) + int8_row_scales_offset(t, k)) : nullptr;
+    } else {
+      launch_int8_quantize(x.dtype, x.data, t, k, inv, xq, rs, s);
+    }
     Int8Epilogue e = base;
     e.row_scale = rs;
     if (gemv) {

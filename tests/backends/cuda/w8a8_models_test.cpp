@@ -5,8 +5,10 @@
 // Linears) against the same W8A8 model on the CPU (f32 activations): every token's
 // hidden state and every mean-pooled embedding within cosine 0.999, the GPU closer to
 // the CPU's int8 model than to the f32 model, a batch on the GEMM path and a
-// 3-token sequence on the GEMV path, and a replayed CUDA graph giving the eager bits.
-// Skips without a GPU.
+// 3-token sequence on the GEMV path, and a replayed CUDA graph giving the eager bits; and
+// the activation quantize fused into the norms and SmoothQuant Muls (cuda_int8_fuse.h, the
+// default) against KILN_CUDA_INT8_FUSE=0, bit for bit, for the tiny BERT and the tiny
+// Llama. Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -15,8 +17,10 @@
 #include <random>
 
 #include "../../models/golden_util.h"
+#include "backends/cuda/cuda_int8_fuse.h"
 #include "cuda_test_util.h"
 #include "runtime/encoder_runner.h"
+#include "runtime/llm_runner.h"
 #include "runtime/quantize.h"
 
 namespace kiln::cuda {
@@ -122,6 +126,104 @@ TEST(CudaW8a8Model, RealMiniLmMatchesCpuW8a8) {
   q.max_sequences = 16;
   const quant::CalibrationTable table = calibrate_model(dir, {}, q);  // the built-in calibration text
   check_encoder(dir, table, q, random_tokens({128, 64, 31, 128}, 1000, 30000, 6), "all-MiniLM-L6-v2 w8a8");
+}
+
+// Nodes of the model's graph that write int8 codes (norms, SmoothQuant Muls), and how many
+// of them are Muls.
+std::pair<int, int> int8_producers(Model& m) {
+  ScopedEnv env("KILN_CUDA_INT8_FUSE", "1");
+  int all = 0, muls = 0;
+  for (const ir::Node& n : m.graph().nodes())
+    for (size_t o = 0; o < n.outputs.size(); ++o)
+      if (int8_fused_output(n, o, m.graph(), DType::kBF16)) ++all, muls += n.op == "Mul";
+  return {all, muls};
+}
+
+size_t differing_floats(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  size_t bad = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) bad += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+  return bad;
+}
+
+// Post-LN BERT: its norm outputs also feed the residual, so SmoothQuant's 1/s runs in a Mul
+// before every W8A8 Linear, and the Muls write the codes (the norms do not).
+TEST(CudaW8a8Model, TinyBertFusedQuantizeIsBitIdentical) {
+  KILN_SKIP_WITHOUT_CUDA();
+  const std::string dir = fixtures_dir() + "/models/bert";
+  const auto calib = random_tokens(std::vector<int>(8, 48), 1, 512, 4);
+  const auto seqs = random_tokens({100, 57, 3, 120}, 1, 512, 5);
+  for (const char* scales : {"static", "per-token"}) {
+    QuantOptions q;
+    q.mode = "w8a8";
+    q.method = "kl";
+    q.act_scale = scales;
+    const quant::CalibrationTable table = calibrate_model(dir, {}, q, &calib);
+    auto load = [&](const char* fuse) {  // KILN_CUDA_INT8_FUSE is read when the graph is compiled
+      ScopedEnv env("KILN_CUDA_INT8_FUSE", fuse);
+      return Model::load(dir, w8a8_model_options({.backend = "cuda"}, table, q));
+    };
+    auto on = load("1"), off = load("0");
+    int smooth_muls = 0;
+    for (const ir::Node& n : on->graph().nodes()) smooth_muls += n.op == "Mul";
+    const auto [producers, muls] = int8_producers(*on);
+    std::printf("  tiny bert %s: %d nodes write int8 codes (%d of the %d Muls)\n", scales, producers, muls, smooth_muls);
+    EXPECT_GE(muls, 8) << "two layers of qkv, attention out, ffn up and ffn down";
+    std::vector<EncoderInput> batch, one = {{std::vector<int32_t>(seqs[0].begin(), seqs[0].begin() + 3), {}}};
+    for (auto& s : seqs) batch.push_back({s, {}});
+    for (const auto* in : {&batch, &one}) {
+      const auto a = all_hidden(encode(*on, *in)), b = all_hidden(encode(*off, *in));
+      EXPECT_EQ(differing_floats(a, b), 0u) << scales << (in == &one ? " (3 tokens: GEMV)" : " (batch: GEMM)") << " of "
+                                            << a.size() << " hidden values";
+    }
+  }
+}
+
+// Prefill logits of every token, then `decode` more tokens fed one per step.
+std::vector<float> logits_of(Model& m, const std::vector<int32_t>& prompt, const std::vector<int32_t>& decode) {
+  LlmRunner runner(m, {.max_total_tokens = int64_t(prompt.size() + decode.size()) + 16});
+  const int32_t id = runner.add_sequence(prompt);
+  std::vector<float> out;
+  while (runner.has_pending())
+    for (auto& o : runner.step(true)) out.insert(out.end(), o.logits.begin(), o.logits.end());
+  for (int32_t tok : decode) {
+    runner.append_tokens(id, {tok});
+    for (auto& o : runner.step(false)) out.insert(out.end(), o.logits.begin(), o.logits.end());
+  }
+  return out;
+}
+
+// Pre-norm Llama: the smoothing folds into the RMSNorms, which then write the codes of the
+// q/k/v and gate|up Linears (all but the final norm, which feeds GatherRows); prefill (the
+// int8 GEMM) and decode steps (the int8 GEMV, in CUDA graphs).
+TEST(CudaW8a8Model, TinyLlamaFusedQuantizeIsBitIdentical) {
+  KILN_SKIP_WITHOUT_CUDA();
+  const std::string dir = fixtures_dir() + "/models/llama";
+  std::vector<std::vector<int32_t>> calib = random_tokens(std::vector<int>(8, 32), 0, 512, 7);
+  const auto prompt = random_tokens({20}, 0, 512, 8)[0], decode = random_tokens({6}, 0, 512, 9)[0];
+  for (const char* scales : {"static", "per-token"}) {
+    QuantOptions q;
+    q.mode = "w8a8";
+    q.method = "max";
+    q.act_scale = scales;
+    const quant::CalibrationTable table = calibrate_model(dir, {}, q, &calib);
+    auto load = [&](const char* fuse) {
+      ScopedEnv env("KILN_CUDA_INT8_FUSE", fuse);
+      return Model::load(dir, w8a8_model_options({.backend = "cuda"}, table, q));
+    };
+    auto on = load("1");
+    int norms = 0;
+    for (const ir::Node& n : on->graph().nodes()) norms += n.op == "RMSNorm" || n.op == "AddRMSNorm";
+    const auto [producers, muls] = int8_producers(*on);
+    std::printf("  tiny llama %s: %d nodes write int8 codes (%d norms of %d, %d Muls)\n", scales, producers,
+                producers - muls, norms, muls);
+    EXPECT_EQ(producers - muls, norms - 1);
+    const auto a = logits_of(*on, prompt, decode);
+    on.reset();
+    auto off = load("0");
+    const auto b = logits_of(*off, prompt, decode);
+    EXPECT_EQ(differing_floats(a, b), 0u) << scales << " of " << a.size() << " logits";
+  }
 }
 
 }  // namespace

@@ -8,28 +8,15 @@
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops/int8.h"
+#include "backends/cuda/ops/int8_codes.cuh"
 
 namespace kiln::cuda {
 namespace {
 
 constexpr int kWarps = 4, kUnroll = 4;
 
-// core/int8.h's int8_quantize: clamp(round(x * inv), -127, 127), ties to even, NaN -> -127
-// (fmaxf returns the non-NaN operand, as the CPU's compare-and-select does).
-__device__ __forceinline__ int quantize_one(float x, float inv) {
-  const float v = fminf(fmaxf(__fmul_rn(x, inv), -127.0f), 127.0f);
-  return __float2int_rn(v);
-}
-
-__device__ __forceinline__ float block_max(float v, float* scratch) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  v = warp_max(v);
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  const int warps = int(blockDim.x) >> 5;
-  v = lane < warps ? scratch[lane] : 0.0f;
-  return warp_max(v);
-}
+// core/int8.h's int8_quantize (int8_codes.cuh).
+__device__ __forceinline__ int quantize_one(float x, float inv) { return int8_code(x, inv); }
 
 template <typename T>
 struct alignas(4 * sizeof(T)) Vec4 {
@@ -53,8 +40,8 @@ __global__ void quantize_rows_kernel(const T* __restrict__ x, int64_t k, float i
       for (int j = 0; j < 4; ++j) m = fmaxf(m, fabsf(to_f32(v.v[j])));
     }
     m = block_max(m, scratch);
-    const float scale = m > 0.0f ? __fdiv_rn(m, 127.0f) : 1.0f;  // core/int8.h int8_row_scale
-    inv = __fdiv_rn(1.0f, scale);
+    const float scale = int8_row_scale_of(m);  // core/int8.h int8_row_scale
+    inv = int8_inv_of(scale);
     if (threadIdx.x == 0) row_scale[r] = scale;
   }
   for (int64_t i = threadIdx.x; i < k4; i += blockDim.x) {

@@ -1,22 +1,65 @@
-// Row norms (see norm.h): one block per row. The row is read from global memory once per
-// pass (L1/L2 hits after the first); LayerNorm's variance is the two-pass sum of squared
-// deviations, as the CPU reference computes it, not E[x²]-mean².
+// Row norms (see norm.h). LayerNorm's variance is the two-pass sum of squared deviations,
+// as the CPU reference computes it, not E[x²]-mean². Two kernels:
+// - norm_regs_kernel where the row is whole 16-byte vectors: each thread loads its NCH
+//   vectors of the row (and of the residual) at once and keeps them in registers, so the
+//   row is read from memory once. Its launch shape depends on the row count: a decode
+//   step's few rows (<= kFewRows) spread each row over as many threads as it has vectors
+//   (up to 1024, the shortest time per row); more rows (prefill, encoders) give each
+//   thread four vectors, so that more bytes are in flight per thread and the reductions
+//   span fewer warps, and pack rows into blocks of about 256 threads (a warp per row up
+//   to 128 vectors: no barrier at all). A row's f32 sums follow the thread layout, so the
+//   two shapes may differ in the last bits; the choice never depends on the output type.
+// - the multi-pass kernels, one block per row re-reading it per pass (L1/L2 hits), for
+//   rows of other lengths.
 // Launched in a decode step of a few rows (`early`), a norm lets the next kernel launch at
 // its start (common.cuh: the GEMV after it then streams its weights meanwhile); gamma and
 // beta are requested before the wait either way.
-// Every kernel takes its output type Y: T, or uint8_t for the E4M3 codes of the FP8
-// Linear's input (the *_fp8 launchers), each value rounded to T first as stored by the
-// T kernel, then quantized with fp8_codes.cuh's rounding: the codes of norm -> quantize.
+// Every kernel writes one of four outputs (NormOut): T; the E4M3 codes of an FP8 Linear's
+// input; the int8 codes of a W8A8 Linear's input with a static scale, or with each row's
+// own scale (per token). Each value is rounded to T first, as the T kernel stores it, then
+// quantized with fp8_codes.cuh's / int8_codes.cuh's rounding: the codes (and row scales)
+// of norm -> quantize, bit for bit.
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops/fp8_codes.cuh"
 #include "backends/cuda/ops/gemv.h"
+#include "backends/cuda/ops/int8_codes.cuh"
 #include "backends/cuda/ops/norm.h"
 
 #include <algorithm>
+#include <cstdint>
 #include <type_traits>
 
 namespace kiln::cuda {
 namespace {
+
+enum class NormOut { kT, kFp8, kI8, kI8Row };
+
+template <typename T, NormOut O>
+using NormY = std::conditional_t<O == NormOut::kT, T, std::conditional_t<O == NormOut::kFp8, uint8_t, int8_t>>;
+
+// A norm launch: sum = x + res when res is set (sum must be then), y = norm(sum or x).
+template <typename T, typename Y>
+struct NormArgs {
+  const T* x;
+  const T* res;
+  T* sum;
+  const float* gamma;
+  const float* beta;  // null: none (RMSNorm, LayerNorm without bias)
+  float eps;
+  int64_t rows, dim;
+  Y* y;
+  float inv;         // kFp8, kI8: the static scale's inverse
+  float* row_scale;  // kI8Row: [rows], each row's scale
+  bool early;
+};
+
+// One normalized value as output Y, with the row's (or the static) inverse scale.
+template <typename T, NormOut O>
+__device__ __forceinline__ NormY<T, O> norm_code(float v, float inv) {
+  if constexpr (O == NormOut::kT) return from_f32<T>(v);
+  else if constexpr (O == NormOut::kFp8) return fp8_code_via<T>(v, inv);
+  else return int8_t(int8_code(stored_as<T>(v), inv));
+}
 
 // With a residual (the fused AddLayerNorm/AddRMSNorm), the row is first x + res,
 // rounded to T and written to `sum` — exactly what the unfused Add would have stored —
@@ -26,13 +69,6 @@ __device__ const T* add_residual(const T* xr, const T* res, T* sum, int64_t dim)
   if (!res) return xr;
   for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) sum[j] = from_f32<T>(to_f32(xr[j]) + to_f32(res[j]));
   return sum;
-}
-
-// One normalized value as output type Y (see the top of the file).
-template <typename T, typename Y>
-__device__ __forceinline__ Y norm_out(float v, float inv) {
-  if constexpr (std::is_same_v<Y, T>) return from_f32<T>(v);
-  else return fp8_code_via<T>(v, inv);
 }
 
 // Before the wait: the trigger (early) and this thread's first parameters toward L1.
@@ -46,145 +82,230 @@ __device__ __forceinline__ void norm_prologue(bool early, const float* gamma, co
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
 }
 
-template <typename T, typename Y>
-__global__ void layer_norm_kernel(const T* x, const T* res, T* sum_out, const float* gamma, const float* beta,
-                                  float eps, int64_t dim, Y* y, float inv, bool early) {
-  norm_prologue(early, gamma, beta, threadIdx.x, dim);
+// The multi-pass kernel: one block per row.
+template <typename T, NormOut O, bool kRms>
+__global__ void norm_rows_kernel(NormArgs<T, NormY<T, O>> a) {
+  const int64_t dim = a.dim, off = int64_t(blockIdx.x) * dim;
+  norm_prologue(a.early, a.gamma, a.beta, threadIdx.x, dim);
   __shared__ float scratch[32];
-  const T* xr = add_residual(x + blockIdx.x * dim, res ? res + blockIdx.x * dim : nullptr,
-                             sum_out ? sum_out + blockIdx.x * dim : nullptr, dim);
-  Y* yr = y + blockIdx.x * dim;
-  float sum = 0.0f;
-  for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) sum += to_f32(xr[j]);
-  const float mean = block_sum(sum, scratch) / float(dim);
-  float var = 0.0f;
-  for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
-    const float d = to_f32(xr[j]) - mean;
-    var += d * d;
+  const T* xr = add_residual(a.x + off, a.res ? a.res + off : nullptr, a.sum ? a.sum + off : nullptr, dim);
+  float mean = 0.0f, r;
+  if constexpr (kRms) {
+    float ss = 0.0f;
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
+      const float v = to_f32(xr[j]);
+      ss += v * v;
+    }
+    r = rsqrtf(block_sum(ss, scratch) / float(dim) + a.eps);
+  } else {
+    float sum = 0.0f;
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) sum += to_f32(xr[j]);
+    mean = block_sum(sum, scratch) / float(dim);
+    float var = 0.0f;
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
+      const float d = to_f32(xr[j]) - mean;
+      var += d * d;
+    }
+    r = rsqrtf(block_sum(var, scratch) / float(dim) + a.eps);
   }
-  const float r = rsqrtf(block_sum(var, scratch) / float(dim) + eps);
-  for (int64_t j = threadIdx.x; j < dim; j += blockDim.x)
-    yr[j] = norm_out<T, Y>((to_f32(xr[j]) - mean) * r * gamma[j] + (beta ? beta[j] : 0.0f), inv);
+  auto value = [&](int64_t j) {
+    if constexpr (kRms) return to_f32(xr[j]) * r * a.gamma[j];
+    else return (to_f32(xr[j]) - mean) * r * a.gamma[j] + (a.beta ? a.beta[j] : 0.0f);
+  };
+  float inv = a.inv;
+  if constexpr (O == NormOut::kI8Row) {  // the row's max over its T-rounded outputs
+    float m = 0.0f;
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) m = fmaxf(m, fabsf(stored_as<T>(value(j))));
+    const float scale = int8_row_scale_of(block_max(m, scratch));
+    inv = int8_inv_of(scale);
+    if (threadIdx.x == 0) a.row_scale[blockIdx.x] = scale;
+  }
+  NormY<T, O>* yr = a.y + off;
+  for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) yr[j] = norm_code<T, O>(value(j), inv);
 }
 
-template <typename T, typename Y>
-__global__ void rms_norm_kernel(const T* x, const T* res, T* sum_out, const float* w, float eps, int64_t dim,
-                                Y* y, float inv, bool early) {
-  norm_prologue(early, w, nullptr, threadIdx.x, dim);
-  __shared__ float scratch[32];
-  const T* xr = add_residual(x + blockIdx.x * dim, res ? res + blockIdx.x * dim : nullptr,
-                             sum_out ? sum_out + blockIdx.x * dim : nullptr, dim);
-  Y* yr = y + blockIdx.x * dim;
-  float ss = 0.0f;
-  for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
-    const float v = to_f32(xr[j]);
-    ss += v * v;
-  }
-  const float r = rsqrtf(block_sum(ss, scratch) / float(dim) + eps);
-  for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) yr[j] = norm_out<T, Y>(to_f32(xr[j]) * r * w[j], inv);
+// Sum (max) over the blockDim.x threads of this thread's row, threadIdx.y (a multiple of
+// 32; the block's warps at most 32); every thread of the row gets it. A warp per row needs
+// no shared memory and no barrier; with one row per block this is block_sum (block_max).
+template <bool kMax>
+__device__ __forceinline__ float row_reduce(float v, float* scratch) {
+  v = kMax ? warp_max(v) : warp_sum(v);
+  const int wpr = int(blockDim.x) >> 5;
+  if (wpr == 1) return v;  // the same for every thread of the block
+  const int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
+  float* s = scratch + threadIdx.y * wpr;
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) s[w] = v;
+  __syncthreads();
+  v = lane < wpr ? s[lane] : 0.0f;
+  return kMax ? warp_max(v) : warp_sum(v);
 }
 
-// The same norms with the row held in registers: each thread loads NCH 16-byte vectors
-// of the row (and of the residual) once, so the kernel makes one pass over memory (the
-// kernels above re-read the row per pass). Same rounding: the residual sum is rounded
-// to T before the statistics, exactly as stored in `sum`.
-template <typename T, typename Y, int NCH, bool kRms>
-__global__ void norm_regs_kernel(const T* x, const T* res, T* sum_out, const float* gamma, const float* beta,
-                                 float eps, int dim, Y* y, float inv, bool early) {
+// VEC floats of gamma or beta at element j (16-byte aligned).
+template <int VEC>
+__device__ __forceinline__ void load_params(const float* p, int j, float (&out)[VEC]) {
+#pragma unroll
+  for (int q = 0; q < VEC / 4; ++q) {
+    const float4 f = *reinterpret_cast<const float4*>(p + j + 4 * q);
+    out[4 * q] = f.x, out[4 * q + 1] = f.y, out[4 * q + 2] = f.z, out[4 * q + 3] = f.w;
+  }
+}
+
+// The register-held kernel (see the top of the file): blockDim.x threads per row, each
+// holding vectors threadIdx.x + i * blockDim.x (i < NCH) of its row; blockDim.y rows per
+// block. The residual sum is rounded to T before the statistics, exactly as stored in `sum`.
+template <typename T, NormOut O, int NCH, bool kRms>
+__global__ void __launch_bounds__(1024) norm_regs_kernel(NormArgs<T, NormY<T, O>> a) {
+  using Y = NormY<T, O>;
   constexpr int VEC = 16 / int(sizeof(T));
-  if (early) pdl_trigger();
+  const int tpr = int(blockDim.x), dim = int(a.dim), nvec = dim / VEC;
+  const int64_t row = int64_t(blockIdx.x) * blockDim.y + threadIdx.y;
+  const bool live = row < a.rows;
+  if (a.early) pdl_trigger();
 #pragma unroll
   for (int i = 0; i < NCH; ++i) {
-    const int j = (int(threadIdx.x) + i * int(blockDim.x)) * VEC;  // this thread's vector i
+    const int j = (int(threadIdx.x) + i * tpr) * VEC;  // this thread's vector i
     if (j < dim) {
-      prefetch_l1(gamma + j);
-      if (beta) prefetch_l1(beta + j);
+      prefetch_l1(a.gamma + j);
+      if (a.beta) prefetch_l1(a.beta + j);
     }
   }
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
   __shared__ float scratch[32];
-  const int nvec = dim / VEC;
-  const int64_t base = int64_t(blockIdx.x) * dim;
-  float v[NCH][VEC];
-  float acc = 0.0f;
+  const int64_t base = row * dim;
+  // Every load of the row first (and of the residual), then the arithmetic.
+  uint4 xv[NCH], rv[NCH];
 #pragma unroll
   for (int i = 0; i < NCH; ++i) {
-    const int vi = threadIdx.x + i * blockDim.x;
-#pragma unroll
-    for (int u = 0; u < VEC; ++u) v[i][u] = 0.0f;
-    if (vi >= nvec) continue;
-    uint4 xr = *reinterpret_cast<const uint4*>(x + base + int64_t(vi) * VEC);
-    const T* xe = reinterpret_cast<const T*>(&xr);
-    if (res) {
-      uint4 rr = *reinterpret_cast<const uint4*>(res + base + int64_t(vi) * VEC);
-      const T* re = reinterpret_cast<const T*>(&rr);
-      uint4 so;
-      T* se = reinterpret_cast<T*>(&so);
-#pragma unroll
-      for (int u = 0; u < VEC; ++u) {
-        se[u] = from_f32<T>(to_f32(xe[u]) + to_f32(re[u]));
-        v[i][u] = to_f32(se[u]);
-      }
-      if (sum_out) *reinterpret_cast<uint4*>(sum_out + base + int64_t(vi) * VEC) = so;
-    } else {
-#pragma unroll
-      for (int u = 0; u < VEC; ++u) v[i][u] = to_f32(xe[u]);
-    }
-#pragma unroll
-    for (int u = 0; u < VEC; ++u) acc += kRms ? v[i][u] * v[i][u] : v[i][u];
+    const int vi = int(threadIdx.x) + i * tpr;
+    xv[i] = rv[i] = make_uint4(0, 0, 0, 0);  // +0 in every float type
+    if (!live || vi >= nvec) continue;
+    xv[i] = *reinterpret_cast<const uint4*>(a.x + base + int64_t(vi) * VEC);
+    if (a.res) rv[i] = *reinterpret_cast<const uint4*>(a.res + base + int64_t(vi) * VEC);
   }
+  if (a.res) {
+#pragma unroll
+    for (int i = 0; i < NCH; ++i) {
+      const int vi = int(threadIdx.x) + i * tpr;
+      T* xe = reinterpret_cast<T*>(&xv[i]);
+      const T* re = reinterpret_cast<const T*>(&rv[i]);
+#pragma unroll
+      for (int u = 0; u < VEC; ++u) xe[u] = from_f32<T>(to_f32(xe[u]) + to_f32(re[u]));
+      if (live && vi < nvec) *reinterpret_cast<uint4*>(a.sum + base + int64_t(vi) * VEC) = xv[i];
+    }
+  }
+  auto elem = [&](int i, int u) { return to_f32(reinterpret_cast<const T*>(&xv[i])[u]); };
+  float acc = 0.0f;
+#pragma unroll
+  for (int i = 0; i < NCH; ++i)
+    if (int(threadIdx.x) + i * tpr < nvec)
+#pragma unroll
+      for (int u = 0; u < VEC; ++u) acc += kRms ? elem(i, u) * elem(i, u) : elem(i, u);
   float mean = 0.0f, r;
   if constexpr (kRms) {
-    r = rsqrtf(block_sum(acc, scratch) / float(dim) + eps);
+    r = rsqrtf(row_reduce<false>(acc, scratch) / float(dim) + a.eps);
   } else {
-    mean = block_sum(acc, scratch) / float(dim);
+    mean = row_reduce<false>(acc, scratch) / float(dim);
     float var = 0.0f;
 #pragma unroll
     for (int i = 0; i < NCH; ++i)
-      if (int(threadIdx.x) + i * int(blockDim.x) < nvec)
+      if (int(threadIdx.x) + i * tpr < nvec)
 #pragma unroll
         for (int u = 0; u < VEC; ++u) {
-          const float d = v[i][u] - mean;
+          const float d = elem(i, u) - mean;
           var += d * d;
         }
-    r = rsqrtf(block_sum(var, scratch) / float(dim) + eps);
+    r = rsqrtf(row_reduce<false>(var, scratch) / float(dim) + a.eps);
   }
+  // The VEC outputs of vector i, in f32.
+  auto outputs = [&](int i, float (&o)[VEC]) {
+    const int j = (int(threadIdx.x) + i * tpr) * VEC;
+    float g[VEC], b[VEC];
+    load_params<VEC>(a.gamma, j, g);
+    if (!kRms && a.beta) load_params<VEC>(a.beta, j, b);
+#pragma unroll
+    for (int u = 0; u < VEC; ++u) {
+      if constexpr (kRms) o[u] = elem(i, u) * r * g[u];
+      else o[u] = (elem(i, u) - mean) * r * g[u] + (a.beta ? b[u] : 0.0f);
+    }
+  };
+  float inv = a.inv;
+  if constexpr (O == NormOut::kI8Row) {  // the row's max over its T-rounded outputs
+    float m = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NCH; ++i) {
+      if (int(threadIdx.x) + i * tpr >= nvec) continue;
+      float o[VEC];
+      outputs(i, o);
+#pragma unroll
+      for (int u = 0; u < VEC; ++u) m = fmaxf(m, fabsf(stored_as<T>(o[u])));
+    }
+    const float scale = int8_row_scale_of(row_reduce<true>(m, scratch));
+    inv = int8_inv_of(scale);
+    if (live && threadIdx.x == 0) a.row_scale[row] = scale;
+  }
+  if (!live) return;
 #pragma unroll
   for (int i = 0; i < NCH; ++i) {
-    const int vi = threadIdx.x + i * blockDim.x;
+    const int vi = int(threadIdx.x) + i * tpr;
     if (vi >= nvec) continue;
     // VEC outputs: 16 bytes of T, or VEC bytes of codes.
     struct alignas(VEC * sizeof(Y)) Out {
       Y e[VEC];
     } out;
+    float o[VEC];
+    outputs(i, o);
 #pragma unroll
-    for (int u = 0; u < VEC; ++u) {
-      const int j = vi * VEC + u;
-      out.e[u] = kRms ? norm_out<T, Y>(v[i][u] * r * gamma[j], inv)
-                      : norm_out<T, Y>((v[i][u] - mean) * r * gamma[j] + (beta ? beta[j] : 0.0f), inv);
-    }
-    *reinterpret_cast<Out*>(y + base + int64_t(vi) * VEC) = out;
+    for (int u = 0; u < VEC; ++u) out.e[u] = norm_code<T, O>(o[u], inv);
+    *reinterpret_cast<Out*>(a.y + base + int64_t(vi) * VEC) = out;
   }
 }
 
 // Decode steps of a few rows: the next kernel is a GEMV, worth launching early.
 bool early_trigger(int64_t rows) { return rows <= kGemvMaxRows; }
 
+// Up to this many rows, the register-held kernel spreads each row over the most threads.
+constexpr int64_t kFewRows = 64;
+
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// The register-held kernel's shape: NCH vectors per thread, tpr threads per row, rpb rows
+// per block.
+struct RegsShape {
+  int nch = 0, tpr = 0, rpb = 0;
+};
+
+// The shape for `rows` rows of `nvec` vectors, or `forced` (the bench's sweep: vectors per
+// thread and rows per block); nch 0 when the row does not fit.
+RegsShape regs_shape(int64_t rows, int64_t nvec, NormShape forced) {
+  RegsShape sh;
+  if (forced.vectors) sh.nch = forced.vectors;
+  else if (rows <= kFewRows) sh.nch = nvec <= 1024 ? 1 : nvec <= 2048 ? 2 : 4;
+  else sh.nch = nvec <= 32 ? 1 : nvec <= 64 ? 2 : 4;
+  sh.tpr = int(std::max<int64_t>(32, ((nvec + sh.nch - 1) / sh.nch + 31) / 32 * 32));
+  if (forced.vectors) sh.rpb = std::max(1, forced.rows_per_block);
+  else sh.rpb = rows <= kFewRows ? 1 : std::max(1, 256 / sh.tpr);
+  if ((sh.nch != 1 && sh.nch != 2 && sh.nch != 4) || sh.tpr * sh.rpb > 1024) return {};
+  return sh;
+}
+
 // Launches norm_regs_kernel when the row fits (whole 16-byte vectors, at most 4 per
-// thread of 1024); returns false otherwise.
-template <typename T, typename Y, bool kRms>
-bool launch_norm_regs(const T* x, const T* res, T* sum, const float* gamma, const float* beta, float eps,
-                      int64_t rows, int64_t dim, Y* y, float inv, cudaStream_t s) {
+// thread of 1024, 16-byte aligned operands); returns false otherwise.
+template <typename T, NormOut O, bool kRms>
+bool launch_norm_regs(const NormArgs<T, NormY<T, O>>& a, NormShape forced, cudaStream_t s) {
   constexpr int VEC = 16 / int(sizeof(T));
-  if (dim % VEC != 0 || dim / VEC > 4096) return false;
-  const int nvec = int(dim / VEC);
-  const int nch = nvec <= 1024 ? 1 : nvec <= 2048 ? 2 : 4;
-  const int threads = std::max(32, ((nvec + nch - 1) / nch + 31) / 32 * 32);
-  const bool early = early_trigger(rows);
-  switch (nch) {
-    case 1: launch_k(norm_regs_kernel<T, Y, 1, kRms>, unsigned(rows), threads, 0, s, x, res, sum, gamma, beta, eps, int(dim), y, inv, early); break;
-    case 2: launch_k(norm_regs_kernel<T, Y, 2, kRms>, unsigned(rows), threads, 0, s, x, res, sum, gamma, beta, eps, int(dim), y, inv, early); break;
-    default: launch_k(norm_regs_kernel<T, Y, 4, kRms>, unsigned(rows), threads, 0, s, x, res, sum, gamma, beta, eps, int(dim), y, inv, early); break;
+  if (a.dim % VEC != 0 || a.dim / VEC > 4096) return false;
+  if (!aligned16(a.x) || !aligned16(a.res) || !aligned16(a.sum) || !aligned16(a.gamma) || !aligned16(a.beta) ||
+      reinterpret_cast<uintptr_t>(a.y) % (VEC * sizeof(NormY<T, O>)) != 0)
+    return false;
+  const RegsShape sh = regs_shape(a.rows, a.dim / VEC, forced);
+  if (!sh.nch) return false;
+  const unsigned grid = unsigned((a.rows + sh.rpb - 1) / sh.rpb);
+  const dim3 block(unsigned(sh.tpr), unsigned(sh.rpb));
+  switch (sh.nch) {
+    case 1: launch_k(norm_regs_kernel<T, O, 1, kRms>, grid, block, 0, s, a); break;
+    case 2: launch_k(norm_regs_kernel<T, O, 2, kRms>, grid, block, 0, s, a); break;
+    default: launch_k(norm_regs_kernel<T, O, 4, kRms>, grid, block, 0, s, a); break;
   }
   return true;
 }
@@ -195,21 +316,22 @@ int threads_for(int64_t dim) {
   return t;
 }
 
-// Either norm into Y: the register-held kernel where the row fits, else the multi-pass
-// one (the same choice for Y = T and Y = codes, so both round alike).
-template <typename T, typename Y, bool kRms>
-void launch_norm(const void* x, const void* res, const float* gamma, const float* beta, float eps, int64_t rows,
-                 int64_t dim, void* sum, Y* y, float inv, cudaStream_t s) {
-  auto* px = static_cast<const T*>(x);
-  auto* pr = static_cast<const T*>(res);
-  auto* ps = static_cast<T*>(sum);
-  if (launch_norm_regs<T, Y, kRms>(px, pr, ps, gamma, beta, eps, rows, dim, y, inv, s)) return;
-  if constexpr (kRms)
-    launch_k(rms_norm_kernel<T, Y>, unsigned(rows), threads_for(dim), 0, s, px, pr, ps, gamma, eps, dim, y, inv,
-             early_trigger(rows));
-  else
-    launch_k(layer_norm_kernel<T, Y>, unsigned(rows), threads_for(dim), 0, s, px, pr, ps, gamma, beta, eps, dim, y,
-             inv, early_trigger(rows));
+// Either norm into output O: the register-held kernel where the row fits, else the
+// multi-pass one (the same choice for every O, so all round alike).
+template <typename T, NormOut O, bool kRms>
+bool launch_norm(const void* x, const void* res, const float* gamma, const float* beta, float eps, int64_t rows,
+                 int64_t dim, void* sum, void* y, float inv, float* row_scale, cudaStream_t s,
+                 NormShape forced = {}) {
+  KILN_THROW_IF(res && !sum, kInternal, "cuda norm: a residual without a sum output");
+  KILN_THROW_IF(rows > 0x7fffffff, kInternal, "cuda norm: ", rows, " rows");
+  if (rows == 0) return true;
+  const NormArgs<T, NormY<T, O>> a{static_cast<const T*>(x), static_cast<const T*>(res), static_cast<T*>(sum), gamma,
+                                   beta, eps, rows, dim, static_cast<NormY<T, O>*>(y), inv, row_scale,
+                                   early_trigger(rows)};
+  if (launch_norm_regs<T, O, kRms>(a, forced, s)) return true;
+  if (forced.vectors) return false;
+  launch_k(norm_rows_kernel<T, O, kRms>, unsigned(rows), threads_for(dim), 0, s, a);
+  return true;
 }
 
 }  // namespace
@@ -221,8 +343,9 @@ void launch_layer_norm(DType t, const void* x, const float* gamma, const float* 
 
 void launch_add_layer_norm(DType t, const void* x, const void* res, const float* gamma, const float* beta,
                            float eps, int64_t rows, int64_t dim, void* sum, void* y, cudaStream_t s) {
-  if (rows == 0) return;
-  KILN_CUDA_DISPATCH_FLOAT(t, T, { launch_norm<T, T, false>(x, res, gamma, beta, eps, rows, dim, sum, static_cast<T*>(y), 1.0f, s); });
+  KILN_CUDA_DISPATCH_FLOAT(t, T, {
+    launch_norm<T, NormOut::kT, false>(x, res, gamma, beta, eps, rows, dim, sum, y, 1.0f, nullptr, s);
+  });
   KILN_CUDA_CHECK_LAUNCH();
 }
 
@@ -233,8 +356,9 @@ void launch_rms_norm(DType t, const void* x, const float* w, float eps, int64_t 
 
 void launch_add_rms_norm(DType t, const void* x, const void* res, const float* w, float eps, int64_t rows,
                          int64_t dim, void* sum, void* y, cudaStream_t s) {
-  if (rows == 0) return;
-  KILN_CUDA_DISPATCH_FLOAT(t, T, { launch_norm<T, T, true>(x, res, w, nullptr, eps, rows, dim, sum, static_cast<T*>(y), 1.0f, s); });
+  KILN_CUDA_DISPATCH_FLOAT(t, T, {
+    launch_norm<T, NormOut::kT, true>(x, res, w, nullptr, eps, rows, dim, sum, y, 1.0f, nullptr, s);
+  });
   KILN_CUDA_CHECK_LAUNCH();
 }
 
@@ -242,17 +366,57 @@ void launch_add_layer_norm_fp8(DType t, const void* x, const void* res, const fl
                                float eps, int64_t rows, int64_t dim, void* sum, uint8_t* y, float inv,
                                cudaStream_t s) {
   KILN_THROW_IF(t != DType::kBF16, kInternal, "cuda: the E4M3 LayerNorm takes bf16, not ", dtype_name(t));
-  if (rows == 0) return;
-  launch_norm<__nv_bfloat16, uint8_t, false>(x, res, gamma, beta, eps, rows, dim, sum, y, inv, s);
+  launch_norm<__nv_bfloat16, NormOut::kFp8, false>(x, res, gamma, beta, eps, rows, dim, sum, y, inv, nullptr, s);
   KILN_CUDA_CHECK_LAUNCH();
 }
 
 void launch_add_rms_norm_fp8(DType t, const void* x, const void* res, const float* w, float eps, int64_t rows,
                              int64_t dim, void* sum, uint8_t* y, float inv, cudaStream_t s) {
   KILN_THROW_IF(t != DType::kBF16, kInternal, "cuda: the E4M3 RMSNorm takes bf16, not ", dtype_name(t));
-  if (rows == 0) return;
-  launch_norm<__nv_bfloat16, uint8_t, true>(x, res, w, nullptr, eps, rows, dim, sum, y, inv, s);
+  launch_norm<__nv_bfloat16, NormOut::kFp8, true>(x, res, w, nullptr, eps, rows, dim, sum, y, inv, nullptr, s);
   KILN_CUDA_CHECK_LAUNCH();
+}
+
+namespace {
+
+// The int8 norms for a 16-bit T: static or per-token codes.
+template <bool kRms>
+void launch_norm_int8(DType t, const void* x, const void* res, const float* gamma, const float* beta, float eps,
+                      int64_t rows, int64_t dim, void* sum, int8_t* q, float inv, float* row_scale, cudaStream_t s) {
+  auto go = [&]<typename T>() {
+    if (row_scale) launch_norm<T, NormOut::kI8Row, kRms>(x, res, gamma, beta, eps, rows, dim, sum, q, inv, row_scale, s);
+    else launch_norm<T, NormOut::kI8, kRms>(x, res, gamma, beta, eps, rows, dim, sum, q, inv, nullptr, s);
+  };
+  if (t == DType::kBF16) go.template operator()<__nv_bfloat16>();
+  else if (t == DType::kF16) go.template operator()<__half>();
+  else throw_error(ErrorCode::kInternal, "cuda: the int8 norms take bf16 or f16, not ", dtype_name(t));
+  KILN_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void launch_add_layer_norm_int8(DType t, const void* x, const void* res, const float* gamma, const float* beta,
+                                float eps, int64_t rows, int64_t dim, void* sum, int8_t* q, float inv,
+                                float* row_scale, cudaStream_t s) {
+  launch_norm_int8<false>(t, x, res, gamma, beta, eps, rows, dim, sum, q, inv, row_scale, s);
+}
+
+void launch_add_rms_norm_int8(DType t, const void* x, const void* res, const float* w, float eps, int64_t rows,
+                              int64_t dim, void* sum, int8_t* q, float inv, float* row_scale, cudaStream_t s) {
+  launch_norm_int8<true>(t, x, res, w, nullptr, eps, rows, dim, sum, q, inv, row_scale, s);
+}
+
+bool launch_add_norm_shaped(DType t, bool rms, const void* x, const void* res, const float* gamma, const float* beta,
+                            float eps, int64_t rows, int64_t dim, void* sum, void* y, NormShape shape,
+                            cudaStream_t s) {
+  KILN_THROW_IF(shape.vectors == 0, kInternal, "cuda norm: a forced shape needs its vectors per thread");
+  bool ok = false;
+  KILN_CUDA_DISPATCH_FLOAT(t, T, {
+    ok = rms ? launch_norm<T, NormOut::kT, true>(x, res, gamma, nullptr, eps, rows, dim, sum, y, 1.0f, nullptr, s, shape)
+             : launch_norm<T, NormOut::kT, false>(x, res, gamma, beta, eps, rows, dim, sum, y, 1.0f, nullptr, s, shape);
+  });
+  KILN_CUDA_CHECK_LAUNCH();
+  return ok;
 }
 
 }  // namespace kiln::cuda

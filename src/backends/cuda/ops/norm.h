@@ -1,5 +1,7 @@
 // LayerNorm and RMSNorm over the last dim on the device; statistics in f32, gamma/beta
-// kept in f32. Tested against the CPU backend in tests/backends/cuda/ops_test.cpp.
+// kept in f32. Tested against the CPU backend in tests/backends/cuda/ops_test.cpp; the
+// E4M3 and int8 outputs against the T output quantized, in fp8_fuse_test.cpp and
+// int8_fuse_test.cpp; timed by bench/cuda_norm_bench.cpp.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -30,5 +32,27 @@ void launch_add_layer_norm_fp8(DType t, const void* x, const void* res, const fl
                                cudaStream_t s);
 void launch_add_rms_norm_fp8(DType t, const void* x, const void* res, const float* w, float eps, int64_t rows,
                              int64_t dim, void* sum, uint8_t* y, float inv, cudaStream_t s);
+// The same norms writing y as the int8 codes of a W8A8 Linear's input (the CUDA backend's
+// fused quantize), bit for bit what launch_int8_quantize makes of the launchers' T output
+// y: static (row_scale null) q = int8(float(T(norm)) * inv); per token (row_scale set)
+// each row's scale max|T(norm)| / 127 (1 for a row of zeros) goes to row_scale[r] and the
+// row is quantized with its inverse. t must be bf16 or f16.
+void launch_add_layer_norm_int8(DType t, const void* x, const void* res, const float* gamma, const float* beta,
+                                float eps, int64_t rows, int64_t dim, void* sum, int8_t* q, float inv,
+                                float* row_scale, cudaStream_t s);
+void launch_add_rms_norm_int8(DType t, const void* x, const void* res, const float* w, float eps, int64_t rows,
+                              int64_t dim, void* sum, int8_t* q, float inv, float* row_scale, cudaStream_t s);
+
+// For the norm bench's launch-shape sweep (and its test): the T-output norm with the
+// register-held kernel's shape forced: `vectors` 16-byte vectors per thread (1, 2 or 4)
+// and rows per block. Returns false, launching nothing, when the row does not take that
+// shape (not whole vectors, more than 1024 threads a block, misaligned operands).
+struct NormShape {
+  int vectors = 0;
+  int rows_per_block = 1;
+};
+bool launch_add_norm_shaped(DType t, bool rms, const void* x, const void* res, const float* gamma, const float* beta,
+                            float eps, int64_t rows, int64_t dim, void* sum, void* y, NormShape shape,
+                            cudaStream_t s);
 
 }  // namespace kiln::cuda

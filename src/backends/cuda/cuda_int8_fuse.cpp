@@ -1,0 +1,80 @@
+// Where the W8A8 Linear's activation quantize is fused into the node that feeds it (see
+// cuda_int8_fuse.h): the decision both ends of the value ask while preparing, and the
+// profile's tags.
+#include "backends/cuda/cuda_int8_fuse.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "backends/cuda/cuda_ops.h"
+#include "backends/cuda/cuda_w8a8_linear.h"
+#include "core/int8.h"
+#include "core/status.h"
+
+namespace kiln::cuda {
+
+namespace {
+
+// Whether node n writes output `out` through an int8 kernel when asked to: the norms, and
+// the SmoothQuant Mul (an activation times a weight row).
+bool int8_codes_producer(const ir::Node& n, size_t out, const ir::Graph& g) {
+  if (n.op == "RMSNorm" || n.op == "LayerNorm") return out == 0;
+  if (n.op == "AddRMSNorm" || n.op == "AddLayerNorm") return out == 1;
+  if (n.op == "Mul")
+    return out == 0 && n.inputs.size() == 2 && !g.is_weight(n.inputs[0]) && g.is_weight(n.inputs[1]) &&
+           g.weight(n.inputs[1]).rank() == 1;
+  return false;
+}
+
+}  // namespace
+
+bool int8_fuse_enabled() {
+  const char* e = std::getenv("KILN_CUDA_INT8_FUSE");
+  if (!e || !*e || std::strcmp(e, "1") == 0) return true;
+  if (std::strcmp(e, "0") == 0) return false;
+  throw_error(ErrorCode::kInvalidArgument, "KILN_CUDA_INT8_FUSE='", e,
+              "' (expected 0: a separate quantize pass before each W8A8 Linear, or 1: fused into the norm that "
+              "feeds it)");
+}
+
+std::optional<Int8Codes> int8_fused_output(const ir::Node& n, size_t out, const ir::Graph& g, DType act) {
+  if ((act != DType::kBF16 && act != DType::kF16) || out >= n.outputs.size() || !int8_codes_producer(n, out, g) ||
+      !int8_fuse_enabled())
+    return std::nullopt;
+  const ir::ValueId v = n.outputs[out];
+  for (auto& [name, id] : g.outputs())
+    if (id == v) return std::nullopt;  // the caller reads it in the activation dtype
+  std::optional<Int8Codes> codes;
+  for (const ir::Node& m : g.nodes())
+    for (size_t i = 0; i < m.inputs.size(); ++i) {
+      if (m.inputs[i] != v) continue;
+      if (i != 0 || m.op != "Linear" || m.attr_str("quant", "") != "w8a8" || !w8a8_linear_supported(m, g, nullptr) ||
+          m.has_attr("norm"))
+        return std::nullopt;
+      const int64_t k = g.weight(m.inputs[1]).dim(1);
+      if (!int8_codes_fit(k, dtype_size(act))) return std::nullopt;
+      if (n.op == "Mul" && g.weight(n.inputs[1]).dim(0) != k) return std::nullopt;  // not one row per token
+      const double amax = m.attr_float("act_amax", -1.0);
+      if (!(amax >= 0) || !std::isfinite(amax)) return std::nullopt;  // its prepare reports it
+      Int8Codes c;
+      c.per_token = m.attr_int("act_dynamic", 0) != 0;
+      if (!c.per_token) c.inv = 1.0f / int8_act_scale(amax);  // as prepare_w8a8_linear computes it
+      if (codes && (c.per_token != codes->per_token || (!c.per_token && c.inv != codes->inv))) return std::nullopt;
+      codes = c;
+    }
+  return codes;
+}
+
+std::string int8_profile_tag(const ir::Node& n, const ir::Graph& g, DType act) {
+  std::string tag;
+  if (n.op == "Linear" && n.attr_str("quant", "") == "w8a8" && !n.inputs.empty()) {
+    const auto [p, o] = value_producer(g, n.inputs[0]);
+    if (p && int8_fused_output(*p, o, g, act)) tag += "{int8 in}";
+  }
+  for (size_t o = 0; o < n.outputs.size(); ++o)
+    if (int8_fused_output(n, o, g, act)) tag += "{+int8 quantize}";
+  return tag;
+}
+
+}  // namespace kiln::cuda

@@ -1,0 +1,60 @@
+// The W8A8 Linear's activation quantize fused into its producer (mirroring the FP8 path,
+// cuda_fp8_linear.h): where a LayerNorm / RMSNorm / AddLayerNorm / AddRMSNorm output, or
+// a SmoothQuant Mul's (quant/w8a8.h: post-LN models such as BERT, whose norm outputs also
+// feed the residual, smooth through a Mul), is read only by W8A8 Linears (as their input
+// x) that share one static input scale, or that all quantize per token, that kernel writes
+// the int8 codes itself (norm.h's *_int8 launchers, elementwise_int8.h) and the Linears
+// skip their quantize pass; codes and row scales are those of the unfused pair, bit for
+// bit. KILN_CUDA_INT8_FUSE=0 keeps the separate pass.
+// The value then travels in the buffer the activation was planned for: t x k int8 codes,
+// and with per-token scales the t f32 row scales after them (int8_row_scales_offset).
+// Internal to the CUDA backend; tested in tests/backends/cuda/int8_fuse_test.cpp (kernels
+// against norm / Mul -> quantize, the decision, graphs fused against unfused) and
+// w8a8_models_test.cpp (the tiny BERT and Llama with and without the fusion).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "core/dtype.h"
+#include "ir/graph.h"
+
+namespace kiln::cuda {
+
+// How the codes of a fused value were made: each row with its own scale (the row scales
+// follow the codes), or all with one static scale of inverse `inv`.
+struct Int8Codes {
+  bool per_token = false;
+  float inv = 1.0f;  // static only: 1 / int8_act_scale(act_amax), as the Linear quantizes
+};
+
+// KILN_CUDA_INT8_FUSE, read when a graph is prepared: unset or 1 fuses, 0 does not; any
+// other value is a kInvalidArgument error naming it.
+bool int8_fuse_enabled();
+
+// How output `out` of node n is written as int8 codes, or none (it is written in the
+// activation dtype). Codes when: fusion is enabled, the activations are bf16 or f16, n is
+// RMSNorm/LayerNorm (output 0), AddRMSNorm/AddLayerNorm (output 1, the norm; the sum
+// stays in the activation dtype) or a Mul of an activation by a weight row of the Linears'
+// K, the value is no graph output, it is read by at least one
+// node, each a quant="w8a8" Linear that w8a8_linear_supported and takes it as its input x
+// only, all with the same static scale or all per token (act_dynamic), and the codes (with
+// the row scales) fit the value's planned bytes (int8_codes_fit). The producer's and the
+// readers' prepare functions both ask this.
+std::optional<Int8Codes> int8_fused_output(const ir::Node& n, size_t out, const ir::Graph& g, DType act);
+
+// Where the f32 row scales of t rows of k codes start: after the codes, 16-byte aligned.
+inline size_t int8_row_scales_offset(int64_t t, int64_t k) { return (size_t(t) * size_t(k) + 15) / 16 * 16; }
+// Whether t rows of k codes and their row scales fit in the t x k activations of es bytes
+// each that the value's buffer is planned and allocated for, for every t >= 1: with k a
+// multiple of 4, offset + 4t <= tk + 12 + 4t <= es * tk when (es - 1) * k >= 16.
+inline bool int8_codes_fit(int64_t k, size_t es) { return k > 0 && k % 4 == 0 && (int64_t(es) - 1) * k >= 16; }
+
+// What the layer profile appends to the node's op name: "{int8 in}" for a W8A8 Linear
+// that reads codes (no quantize pass), "{+int8 quantize}" for a node that writes them;
+// empty for the rest.
+std::string int8_profile_tag(const ir::Node& n, const ir::Graph& g, DType act);
+
+}  // namespace kiln::cuda

@@ -1,0 +1,48 @@
+// The one int8 activation rounding of the CUDA backend (core/int8.h's int8_quantize and
+// int8_row_scale), shared by the W8A8 Linear's quantize kernel (int8.cu) and the norms
+// that write the codes directly (norm.cu, the quantize fused into the producer). A fused
+// producer first rounds its f32 result to its storage type T, as the unfused kernel
+// stores it, so its codes and row scales are those of the unfused kernel followed by the
+// quantize pass, bit for bit. The _rn intrinsics keep nvcc from contracting the steps.
+// Included only by .cu files; tested in tests/backends/cuda/w8a8_test.cpp and
+// int8_fuse_test.cpp.
+#pragma once
+
+#include "backends/cuda/common.cuh"
+
+namespace kiln::cuda {
+
+// clamp(round(x * inv), -127, 127), ties to even, NaN -> -127 (fmaxf returns the non-NaN
+// operand, as the CPU's compare-and-select does).
+__device__ __forceinline__ int int8_code(float x, float inv) {
+  const float v = fminf(fmaxf(__fmul_rn(x, inv), -127.0f), 127.0f);
+  return __float2int_rn(v);
+}
+
+// A row's scale from its max |x| (NaNs dropped by fmaxf): max / 127, or 1 for a row of
+// zeros.
+__device__ __forceinline__ float int8_row_scale_of(float amax) {
+  return amax > 0.0f ? __fdiv_rn(amax, 127.0f) : 1.0f;
+}
+__device__ __forceinline__ float int8_inv_of(float scale) { return __fdiv_rn(1.0f, scale); }
+
+// Max of values >= 0 over a block of blockDim.x threads (a multiple of 32, at most 1024;
+// lanes past the warps read 0), every thread getting it; a NaN is dropped (fmaxf).
+__device__ __forceinline__ float block_max(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = warp_max(v);
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  const int warps = int(blockDim.x) >> 5;
+  v = lane < warps ? scratch[lane] : 0.0f;
+  return warp_max(v);
+}
+
+// v as the unfused kernel would store it in T, as an f32.
+template <typename T>
+__device__ __forceinline__ float stored_as(float v) {
+  return to_f32(from_f32<T>(v));
+}
+
+}  // namespace kiln::cuda

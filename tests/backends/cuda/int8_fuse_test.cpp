@@ -1,0 +1,428 @@
+// The W8A8 Linear's activation quantize fused into the norm or SmoothQuant Mul that feeds
+// it (cuda_int8_fuse.h): the int8 norm and Mul kernels against the T kernel followed by
+// launch_int8_quantize, code for code and row scale for row scale (both round the f32
+// norm to T, then quantize with int8_codes.cuh's rounding: bit-identical, not merely
+// close), in bf16 and f16, static and per token, over decode and prefill row counts and
+// both kernels (register-held rows, multi-pass); which values the backend writes as codes
+// (no GPU needed); and graphs of W8A8 Linears fed by every norm, run with the fusion and
+// with KILN_CUDA_INT8_FUSE=0, whose outputs must agree bit for bit. Also the norms'
+// launch shapes the bench sweeps, against the default shape. Skips the device parts
+// without a GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <set>
+
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/cuda_int8_fuse.h"
+#include "backends/cuda/ops/elementwise.h"
+#include "backends/cuda/ops/elementwise_int8.h"
+#include "backends/cuda/ops/int8.h"
+#include "backends/cuda/ops/norm.h"
+#include "core/dtype.h"
+#include "core/int8.h"
+#include "core/status.h"
+#include "cuda_test_util.h"
+
+namespace kiln::cuda {
+namespace {
+
+using namespace testing;
+
+// A device buffer, freed at scope exit.
+class Dev {
+ public:
+  explicit Dev(size_t bytes) { KILN_CUDA_CHECK(cudaMalloc(&p_, std::max<size_t>(bytes, 1))); }
+  Dev(const void* host, size_t bytes) : Dev(bytes) {
+    KILN_CUDA_CHECK(cudaMemcpy(p_, host, bytes, cudaMemcpyHostToDevice));
+  }
+  ~Dev() { cudaFree(p_); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  void* get() const { return p_; }
+  template <typename T>
+  T* as() const { return static_cast<T*>(p_); }
+  template <typename T = uint8_t>
+  std::vector<T> host(size_t n) const {
+    std::vector<T> h(n);
+    KILN_CUDA_CHECK(cudaMemcpy(h.data(), p_, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+
+ private:
+  void* p_ = nullptr;
+};
+
+// Random rows in `dtype`'s 16-bit storage; `zero_row` (when >= 0) all zeros.
+std::vector<uint16_t> random_rows(DType dtype, int64_t rows, int64_t dim, std::mt19937_64& rng, float amp,
+                                  int64_t zero_row) {
+  std::uniform_real_distribution<float> d(-amp, amp);
+  std::vector<uint16_t> v(size_t(rows * dim));
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < dim; ++j) {
+      const float f = r == zero_row ? 0.0f : d(rng);
+      v[size_t(r * dim + j)] = dtype == DType::kBF16 ? f32_to_bf16(f) : f32_to_f16(f);
+    }
+  return v;
+}
+
+std::vector<float> random_f32(int64_t n, std::mt19937_64& rng, float lo, float hi) {
+  std::uniform_real_distribution<float> d(lo, hi);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// Fused codes vs the unfused pair's: equal byte for byte, with a spread that shows the
+// comparison means something (many distinct codes; saturation where the static clip sits
+// inside the output range).
+void expect_same_codes(const std::vector<int8_t>& fused, const std::vector<int8_t>& unfused, const std::string& what,
+                       bool want_saturated) {
+  ASSERT_EQ(fused.size(), unfused.size()) << what;
+  size_t bad = 0, saturated = 0;
+  std::set<int8_t> distinct;
+  for (size_t i = 0; i < fused.size(); ++i) {
+    distinct.insert(unfused[i]);
+    saturated += unfused[i] == 127 || unfused[i] == -127;
+    if (fused[i] != unfused[i] && bad++ < 5)
+      ADD_FAILURE() << what << ": element " << i << " fused " << int(fused[i]) << ", unfused " << int(unfused[i]);
+  }
+  EXPECT_EQ(bad, 0u) << what << " (" << fused.size() << " codes)";
+  EXPECT_GE(distinct.size(), std::min<size_t>(fused.size() / 4, 100)) << what << ": too few distinct codes to test";
+  if (want_saturated && fused.size() >= 256) EXPECT_GT(saturated, 0u) << what << ": no code saturated";
+}
+
+TEST(CudaInt8Fuse, NormKernelsWriteTheQuantizeKernelsCodes) {
+  KILN_SKIP_WITHOUT_CUDA();
+  struct Case {
+    int64_t rows, dim;
+  };
+  // Decode row counts (<= 64: a row over up to 1024 threads) and prefill ones (a warp or a
+  // few per row, several rows a block; odd counts leave rows of a block idle); dims of
+  // 1, 2 and 4 vectors per thread, and 68 (not whole vectors: the multi-pass kernel).
+  for (Case cs : {Case{1, 4096}, Case{3, 64}, Case{37, 576}, Case{64, 768}, Case{65, 768}, Case{1000, 68},
+                  Case{257, 4096}, Case{4100, 768}, Case{4100, 4096}, Case{129, 2048}})
+    for (DType dt : {DType::kBF16, DType::kF16}) {
+      const int64_t rows = cs.rows, dim = cs.dim, n = rows * dim;
+      std::mt19937_64 rng(uint64_t(rows * 131 + dim + int(dt)));
+      // Row 1 of x is zeros: RMSNorm gives a zero row there (per-token scale 1).
+      const auto x = random_rows(dt, rows, dim, rng, 3.0f, 1), r = random_rows(dt, rows, dim, rng, 3.0f, -1);
+      const auto gamma = random_f32(dim, rng, 0.5f, 1.5f), beta = random_f32(dim, rng, -0.5f, 0.5f);
+      Dev dx(x.data(), size_t(n) * 2), dr(r.data(), size_t(n) * 2), dg(gamma.data(), size_t(dim) * 4),
+          db(beta.data(), size_t(dim) * 4);
+      Dev sum_a{size_t(n) * 2}, sum_b{size_t(n) * 2}, y{size_t(n) * 2}, q_a{size_t(n)}, q_b{size_t(n)},
+          rs_a{size_t(rows) * 4}, rs_b{size_t(rows) * 4};
+      // The calibrated clip sits inside the output range (|y| reaches ~2.5-4): some saturate.
+      const float inv = 1.0f / int8_act_scale(1.9);
+      for (bool rms : {true, false})
+        for (bool residual : {false, true})
+          for (bool per_token : {false, true}) {
+            const void* res = residual ? dr.get() : nullptr;
+            void* sa = residual ? sum_a.get() : nullptr;
+            void* sb = residual ? sum_b.get() : nullptr;
+            float* rsb = per_token ? rs_b.as<float>() : nullptr;
+            if (rms) {
+              launch_add_rms_norm(dt, dx.get(), res, dg.as<float>(), 1e-5f, rows, dim, sa, y.get(), nullptr);
+              launch_add_rms_norm_int8(dt, dx.get(), res, dg.as<float>(), 1e-5f, rows, dim, sb, q_b.as<int8_t>(), inv,
+                                       rsb, nullptr);
+            } else {
+              launch_add_layer_norm(dt, dx.get(), res, dg.as<float>(), db.as<float>(), 1e-5f, rows, dim, sa, y.get(),
+                                    nullptr);
+              launch_add_layer_norm_int8(dt, dx.get(), res, dg.as<float>(), db.as<float>(), 1e-5f, rows, dim, sb,
+                                         q_b.as<int8_t>(), inv, rsb, nullptr);
+            }
+            launch_int8_quantize(dt, y.get(), rows, dim, inv, q_a.as<int8_t>(), per_token ? rs_a.as<float>() : nullptr,
+                                 nullptr);
+            KILN_CUDA_CHECK(cudaDeviceSynchronize());
+            const std::string what = str_cat(dtype_name(dt), " ", residual ? "Add" : "", rms ? "RMSNorm" : "LayerNorm",
+                                             per_token ? " per-token" : " static", " rows=", rows, " dim=", dim);
+            expect_same_codes(q_b.host<int8_t>(size_t(n)), q_a.host<int8_t>(size_t(n)), what, !per_token);
+            if (per_token) {
+              const auto sa_h = rs_a.host<float>(size_t(rows)), sb_h = rs_b.host<float>(size_t(rows));
+              size_t bad = 0;
+              for (int64_t i = 0; i < rows; ++i) bad += std::memcmp(&sa_h[size_t(i)], &sb_h[size_t(i)], 4) != 0;
+              EXPECT_EQ(bad, 0u) << what << ": row scales";
+              if (rms && !residual) EXPECT_EQ(sb_h[1], 1.0f) << what << ": the zero row's scale";
+            }
+            if (residual) EXPECT_EQ(sum_b.host(size_t(n) * 2), sum_a.host(size_t(n) * 2)) << what << ": sum";
+          }
+    }
+}
+
+TEST(CudaInt8Fuse, MulKernelWritesTheQuantizeKernelsCodes) {
+  KILN_SKIP_WITHOUT_CUDA();
+  for (DType dt : {DType::kBF16, DType::kF16})
+    for (int64_t rows : {1, 4, 37, 4097})
+      for (int64_t k : {64, 768, 3072}) {
+        const int64_t n = rows * k;
+        std::mt19937_64 rng(uint64_t(rows * 7 + k + int(dt)));
+        const auto x = random_rows(dt, rows, k, rng, 3.0f, 1);  // row 1 zeros: scale 1
+        // 1/s of SmoothQuant: factors around 1, some far from it.
+        std::vector<uint16_t> m(static_cast<size_t>(k));
+        std::uniform_real_distribution<float> lg(-2.0f, 2.0f);
+        for (auto& v : m) {
+          const float f = std::exp2(lg(rng));
+          v = dt == DType::kBF16 ? f32_to_bf16(f) : f32_to_f16(f);
+        }
+        Dev dx(x.data(), size_t(n) * 2), dm(m.data(), size_t(k) * 2), y{size_t(n) * 2}, q_a{size_t(n)}, q_b{size_t(n)},
+            rs_a{size_t(rows) * 4}, rs_b{size_t(rows) * 4};
+        const float inv = 1.0f / int8_act_scale(5.0);
+        for (bool per_token : {false, true}) {
+          launch_binary(BinaryOp::kMul, dt, dx.get(), dm.get(), n, k, y.get(), nullptr);
+          launch_int8_quantize(dt, y.get(), rows, k, inv, q_a.as<int8_t>(), per_token ? rs_a.as<float>() : nullptr,
+                               nullptr);
+          launch_mul_int8(dt, dx.get(), dm.get(), rows, k, inv, q_b.as<int8_t>(), per_token ? rs_b.as<float>() : nullptr,
+                          nullptr);
+          KILN_CUDA_CHECK(cudaDeviceSynchronize());
+          const std::string what = str_cat(dtype_name(dt), " Mul", per_token ? " per-token" : " static", " rows=", rows,
+                                           " k=", k);
+          expect_same_codes(q_b.host<int8_t>(size_t(n)), q_a.host<int8_t>(size_t(n)), what, !per_token);
+          if (per_token) {
+            const auto sa = rs_a.host<float>(size_t(rows)), sb = rs_b.host<float>(size_t(rows));
+            EXPECT_EQ(0, std::memcmp(sa.data(), sb.data(), sa.size() * 4)) << what << ": row scales";
+            if (rows > 1) EXPECT_EQ(sb[1], 1.0f) << what << ": the zero row's scale";
+          }
+        }
+      }
+}
+
+// The launch shapes the norm bench sweeps: every accepted one gives the default shape's
+// output within the f32 reduction's reordering (a few bf16 ulps at most), and the sum
+// output exactly (no reduction in it).
+TEST(CudaInt8Fuse, ForcedNormShapesAgreeWithTheDefault) {
+  KILN_SKIP_WITHOUT_CUDA();
+  for (int64_t dim : {768, 4096})
+    for (int64_t rows : {5, 300}) {
+      const int64_t n = rows * dim;
+      std::mt19937_64 rng(uint64_t(rows + dim));
+      const auto x = random_rows(DType::kBF16, rows, dim, rng, 3.0f, -1), r = random_rows(DType::kBF16, rows, dim, rng, 3.0f, -1);
+      const auto gamma = random_f32(dim, rng, 0.5f, 1.5f), beta = random_f32(dim, rng, -0.5f, 0.5f);
+      Dev dx(x.data(), size_t(n) * 2), dr(r.data(), size_t(n) * 2), dg(gamma.data(), size_t(dim) * 4),
+          db(beta.data(), size_t(dim) * 4), sum_a{size_t(n) * 2}, sum_b{size_t(n) * 2}, y_a{size_t(n) * 2},
+          y_b{size_t(n) * 2};
+      for (bool rms : {true, false}) {
+        if (rms) launch_add_rms_norm(DType::kBF16, dx.get(), dr.get(), dg.as<float>(), 1e-5f, rows, dim, sum_a.get(), y_a.get(), nullptr);
+        else launch_add_layer_norm(DType::kBF16, dx.get(), dr.get(), dg.as<float>(), db.as<float>(), 1e-5f, rows, dim, sum_a.get(), y_a.get(), nullptr);
+        const auto want = y_a.host<uint16_t>(size_t(n));
+        for (int vecs : {1, 2, 4})
+          for (int rpb : {1, 2, 4}) {
+            const bool ok = launch_add_norm_shaped(DType::kBF16, rms, dx.get(), dr.get(), dg.as<float>(),
+                                                   rms ? nullptr : db.as<float>(), 1e-5f, rows, dim, sum_b.get(),
+                                                   y_b.get(), {vecs, rpb}, nullptr);
+            KILN_CUDA_CHECK(cudaDeviceSynchronize());
+            // Threads per row: the row's 16-byte vectors (8 bf16) over `vecs` a thread, in warps.
+            const int64_t tpr = std::max<int64_t>(32, (dim / 8 + vecs - 1) / vecs + 31) / 32 * 32;
+            EXPECT_EQ(ok, tpr * rpb <= 1024) << "dim " << dim << " vecs " << vecs << " rows/block " << rpb;
+            if (!ok) continue;
+            const auto got = y_b.host<uint16_t>(size_t(n));
+            double worst = 0;
+            for (int64_t i = 0; i < n; ++i) {
+              const double g = bf16_to_f32(got[size_t(i)]), w = bf16_to_f32(want[size_t(i)]);
+              worst = std::max(worst, std::fabs(g - w) / std::max(std::fabs(w), 1e-3));
+            }
+            // Two bf16 ulps (2^-7 relative each) at most: only the statistics' f32 sums differ.
+            EXPECT_LE(worst, std::ldexp(1.0, -6)) << (rms ? "rms" : "layer") << " rows " << rows << " dim " << dim
+                                                   << " vecs " << vecs << " rows/block " << rpb;
+            EXPECT_EQ(sum_b.host(size_t(n) * 2), sum_a.host(size_t(n) * 2));
+          }
+      }
+    }
+  // A shape the row cannot take launches nothing: 4096 bf16 = 512 vectors over 1 per thread
+  // and 4 rows a block is 2048 threads.
+  Dev x{4096 * 2}, y{4096 * 2}, g{4096 * 4};
+  EXPECT_FALSE(launch_add_norm_shaped(DType::kBF16, true, x.get(), nullptr, g.as<float>(), nullptr, 1e-5f, 1, 4096,
+                                      nullptr, y.get(), {1, 4}, nullptr));
+}
+
+// A graph with every norm feeding W8A8 Linears (hidden 256):
+//   AddRMSNorm(x, r) -> qkv, o (same act_amax: one static scale);  RMSNorm(o) -> two per-token Linears
+//   (different act_amax: per-token ignores it);  LayerNorm(sum) -> Linear + gelu_erf;
+//   AddLayerNorm(gelu out, sum) -> one static Linear -> out5;  Mul(sum2, 1/s) -> per-token Linear -> out6
+//   (BERT's SmoothQuant: its norm outputs also feed the residual).
+// `tap`: the first norm's output is also a graph output (so it must stay in the activation dtype).
+struct FusedGraph {
+  ir::Graph g;
+  const ir::Node* node(const std::string& name) const {
+    for (const ir::Node& n : g.nodes())
+      if (n.name == name) return &n;
+    ADD_FAILURE() << "no node " << name;
+    return nullptr;
+  }
+};
+
+FusedGraph fused_graph(std::mt19937_64& rng, bool tap) {
+  FusedGraph fg;
+  ir::Graph& g = fg.g;
+  const int64_t h = 256;
+  auto x = g.add_input("x", DType::kF32, Shape{"T", h});
+  auto r = g.add_input("r", DType::kF32, Shape{"T", h});
+  int wi = 0;
+  auto linear = [&](ir::ValueId in, int64_t k, int64_t n, double amax, bool dynamic, const std::string& act,
+                    const std::string& name) {
+    std::map<std::string, ir::Attr> a = {{"quant", std::string("w8a8")}, {"act_amax", amax}};
+    if (dynamic) a["act_dynamic"] = int64_t(1);
+    if (!act.empty()) a["activation"] = act;
+    auto w = g.add_weight(str_cat("w", wi), random_tensor({n, k}, rng, "f32", -0.1f, 0.1f));
+    auto b = g.add_weight(str_cat("b", wi++), random_tensor({n}, rng, "f32", -0.2f, 0.2f));
+    return g.add("Linear", {in, w, b}, a, name);
+  };
+  auto gamma = [&](int64_t n) { return g.add_weight(str_cat("g", wi++), random_tensor({n}, rng, "f32", 0.5f, 1.5f)); };
+  auto add_norm = g.add_node("AddRMSNorm", {x, r, gamma(h)}, {{"eps", 1e-5}}, "add_norm");
+  if (tap) g.add_output("normed", add_norm[1]);
+  auto qkv = linear(add_norm[1], h, 384, 1.8, false, "", "qkv");
+  auto o = linear(add_norm[1], h, h, 1.8, false, "", "o");
+  auto n2 = g.add("RMSNorm", {o, gamma(h)}, {{"eps", 1e-5}}, "rms");
+  auto pt_a = linear(n2, h, 96, 1.0, true, "silu", "per_token_a");
+  auto pt_b = linear(n2, h, 64, 7.0, true, "", "per_token_b");
+  auto beta = g.add_weight("beta", random_tensor({h}, rng, "f32", -0.3f, 0.3f));
+  auto n3 = g.add("LayerNorm", {add_norm[0], gamma(h), beta}, {{"eps", 1e-5}}, "ln");
+  auto up = linear(n3, h, h, 2.0, false, "gelu_erf", "ln_lin");
+  auto beta2 = g.add_weight("beta2", random_tensor({h}, rng, "f32", -0.3f, 0.3f));
+  auto aln = g.add_node("AddLayerNorm", {up, add_norm[0], gamma(h), beta2}, {{"eps", 1e-5}}, "add_ln");
+  auto out5 = linear(aln[1], h, 80, 1.7, false, "", "after_add_ln");
+  auto smooth = g.add_weight("smooth_inv", random_tensor({h}, rng, "f32", 0.25f, 4.0f));
+  auto sm = g.add("Mul", {aln[0], smooth}, {}, "smooth");
+  auto out6 = linear(sm, h, 48, 2.5, true, "", "after_smooth");
+  g.add_output("sum", add_norm[0]);
+  g.add_output("qkv", qkv);
+  g.add_output("pt_a", pt_a);
+  g.add_output("pt_b", pt_b);
+  g.add_output("sum2", aln[0]);
+  g.add_output("out5", out5);
+  g.add_output("out6", out6);
+  ir::verify(g);
+  return fg;
+}
+
+bool fused(const FusedGraph& fg, const std::string& node, size_t out, DType act = DType::kBF16) {
+  const ir::Node* n = fg.node(node);
+  return n && int8_fused_output(*n, out, fg.g, act).has_value();
+}
+
+TEST(CudaInt8Fuse, WhichOutputsAreWrittenAsCodes) {
+  ScopedEnv env("KILN_CUDA_INT8_FUSE", "1");
+  std::mt19937_64 rng(3);
+  const FusedGraph fg = fused_graph(rng, false);
+  EXPECT_TRUE(fused(fg, "add_norm", 1)) << "two static readers with one act_amax";
+  EXPECT_FALSE(fused(fg, "add_norm", 0)) << "the residual sum stays in the activation dtype";
+  EXPECT_FALSE(int8_fused_output(*fg.node("add_norm"), 1, fg.g, DType::kBF16)->per_token);
+  EXPECT_EQ(int8_fused_output(*fg.node("add_norm"), 1, fg.g, DType::kBF16)->inv, 1.0f / int8_act_scale(1.8));
+  EXPECT_TRUE(fused(fg, "rms", 0)) << "two per-token readers (their act_amax do not matter)";
+  EXPECT_TRUE(int8_fused_output(*fg.node("rms"), 0, fg.g, DType::kBF16)->per_token);
+  EXPECT_TRUE(fused(fg, "ln", 0));
+  EXPECT_TRUE(fused(fg, "add_ln", 1));
+  EXPECT_TRUE(fused(fg, "add_ln", 1, DType::kF16));
+  EXPECT_FALSE(fused(fg, "add_ln", 1, DType::kF32)) << "f32 activations keep the separate pass";
+  EXPECT_FALSE(fused(fg, "qkv", 0)) << "a Linear is no int8 producer";
+  EXPECT_TRUE(fused(fg, "smooth", 0)) << "a SmoothQuant Mul";
+  EXPECT_TRUE(int8_fused_output(*fg.node("smooth"), 0, fg.g, DType::kBF16)->per_token);
+  EXPECT_EQ(int8_profile_tag(*fg.node("smooth"), fg.g, DType::kBF16), "{+int8 quantize}");
+  EXPECT_EQ(int8_profile_tag(*fg.node("after_smooth"), fg.g, DType::kBF16), "{int8 in}");
+  // The profile names both ends.
+  EXPECT_EQ(int8_profile_tag(*fg.node("add_norm"), fg.g, DType::kBF16), "{+int8 quantize}");
+  EXPECT_EQ(int8_profile_tag(*fg.node("qkv"), fg.g, DType::kBF16), "{int8 in}");
+  EXPECT_EQ(int8_profile_tag(*fg.node("per_token_a"), fg.g, DType::kBF16), "{int8 in}");
+  EXPECT_EQ(int8_profile_tag(*fg.node("ln_lin"), fg.g, DType::kBF16), "{int8 in}");
+
+  // The norm's output also a graph output: it stays in the activation dtype.
+  std::mt19937_64 rng2(3);
+  const FusedGraph tapped = fused_graph(rng2, true);
+  EXPECT_FALSE(fused(tapped, "add_norm", 1));
+  EXPECT_EQ(int8_profile_tag(*tapped.node("qkv"), tapped.g, DType::kBF16), "");
+
+  // Readers that do not share one scale, or are not a W8A8 Linear's x, or rows too short
+  // for the row scales: no codes.
+  for (int variant = 0; variant < 7; ++variant) {
+    const int64_t k = variant == 5 ? 12 : 64;
+    ir::Graph g;
+    auto x = g.add_input("x", DType::kF32, Shape{"T", k});
+    auto y = g.add("RMSNorm", {x, g.add_weight("g", random_tensor({k}, rng, "f32"))}, {{"eps", 1e-5}}, "norm");
+    auto w1 = g.add_weight("w1", random_tensor({32, k}, rng, "f32")), w2 = g.add_weight("w2", random_tensor({32, k}, rng, "f32"));
+    std::map<std::string, ir::Attr> stat = {{"quant", std::string("w8a8")}, {"act_amax", 1.0}};
+    std::map<std::string, ir::Attr> dyn = {{"quant", std::string("w8a8")}, {"act_amax", 1.0}, {"act_dynamic", int64_t(1)}};
+    g.add_output("a", g.add("Linear", {y, w1}, variant == 5 ? dyn : stat));
+    if (variant == 0) g.add_output("b", g.add("Linear", {y, w2}, {{"quant", std::string("w8a8")}, {"act_amax", 1.5}}));
+    if (variant == 1) g.add_output("b", g.add("Linear", {y, w2}, dyn));  // static and per token
+    if (variant == 2) g.add_output("b", g.add("Linear", {y, w2}));       // a bf16 Linear
+    if (variant == 3) g.add_output("b", g.add("Add", {y, y}));
+    if (variant == 4) g.add_output("b", g.add("Linear", {y, w2}, {{"quant", std::string("fp8")}, {"act_amax", 1.0}}));
+    // A Mul of two activations is no SmoothQuant Mul.
+    if (variant == 6) {
+      auto m = g.add("Mul", {y, y}, {}, "mul");
+      g.add_output("b", g.add("Linear", {m, w2}, stat));
+      EXPECT_FALSE(int8_fused_output(g.nodes()[size_t(g.value(m).producer)], 0, g, DType::kBF16).has_value());
+    }
+    EXPECT_FALSE(int8_fused_output(g.nodes()[0], 0, g, DType::kBF16).has_value()) << "variant " << variant;
+  }
+  EXPECT_TRUE(int8_codes_fit(16, 2));
+  EXPECT_FALSE(int8_codes_fit(12, 2));
+  // The bound: for every t, the codes and row scales fit t x k 16-bit activations.
+  for (int64_t k : {16, 20, 64, 68})
+    for (int64_t t = 1; t < 300; ++t) EXPECT_LE(int8_row_scales_offset(t, k) + size_t(t) * 4, size_t(t * k) * 2);
+}
+
+TEST(CudaInt8Fuse, EnvironmentSwitch) {
+  std::mt19937_64 rng(3);
+  const FusedGraph fg = fused_graph(rng, false);
+  {
+    ScopedEnv env("KILN_CUDA_INT8_FUSE", "0");
+    EXPECT_FALSE(int8_fuse_enabled());
+    EXPECT_FALSE(fused(fg, "add_norm", 1));
+    EXPECT_EQ(int8_profile_tag(*fg.node("qkv"), fg.g, DType::kBF16), "");
+  }
+  {
+    ScopedEnv env("KILN_CUDA_INT8_FUSE", "1");
+    EXPECT_TRUE(int8_fuse_enabled());
+    EXPECT_TRUE(fused(fg, "add_norm", 1));
+  }
+  ScopedEnv env("KILN_CUDA_INT8_FUSE", "yes");
+  try {
+    (void)int8_fuse_enabled();
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("KILN_CUDA_INT8_FUSE='yes'"), std::string::npos) << e.what();
+  }
+}
+
+TensorMap run_cuda(const ir::Graph& g, const TensorMap& in, const std::string& weight_dtype, const char* fuse) {
+  ScopedEnv env("KILN_CUDA_INT8_FUSE", fuse);  // read while compiling
+  auto gg = create_backend("cuda")->compile(g, {.weight_dtype = weight_dtype});
+  TensorMap out = gg->run(in, {}, nullptr);
+  TensorMap copy;  // outputs are views of the compiled graph's pinned buffer
+  for (auto& [name, t] : out) copy[name] = t.to(DType::kF32);
+  return copy;
+}
+
+TEST(CudaInt8Fuse, FusedGraphIsBitIdenticalToUnfused) {
+  KILN_SKIP_WITHOUT_CUDA();
+  // t <= 4: the int8 GEMV; more: cuBLASLt's int8 GEMM (the same algorithm in both
+  // compiles); bf16 ("w8a8") and f16 activations.
+  for (const char* wd : {"w8a8", "f16"})
+    for (int64_t t : {1, 3, 4, 5, 64, 301}) {
+      std::mt19937_64 rng(uint64_t(t) * 977);
+      const FusedGraph fg = fused_graph(rng, false);
+      TensorMap in = {{"x", random_tensor({t, 256}, rng, "bf16", -2.0f, 2.0f)},
+                      {"r", random_tensor({t, 256}, rng, "bf16", -2.0f, 2.0f)}};
+      const TensorMap on = run_cuda(fg.g, in, wd, "1"), off = run_cuda(fg.g, in, wd, "0");
+      ASSERT_EQ(on.size(), off.size());
+      for (auto& [name, ref] : off) {
+        const Tensor& got = on.at(name);
+        ASSERT_EQ(got.shape(), ref.shape()) << name;
+        size_t bad = 0;
+        float max_ref = 0;
+        for (int64_t i = 0; i < ref.numel(); ++i) {
+          max_ref = std::max(max_ref, std::fabs(ref.data_as<float>()[i]));
+          bad += f32_bits(got.data_as<float>()[i]) != f32_bits(ref.data_as<float>()[i]);
+        }
+        std::printf("  fused vs unfused %-4s t=%-4lld %-5s %lld values, %zu differ, max|ref| %.3g\n", wd, (long long)t,
+                    name.c_str(), (long long)ref.numel(), bad, max_ref);
+        EXPECT_EQ(bad, 0u) << wd << " t=" << t << " output " << name;
+        EXPECT_GT(max_ref, 0.0f) << wd << " t=" << t << " output " << name << " is all zeros";
+      }
+    }
+}
+
+}  // namespace
+}  // namespace kiln::cuda
