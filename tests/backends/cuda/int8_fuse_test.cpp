@@ -144,7 +144,7 @@ TEST(CudaInt8Fuse, NormKernelsWriteTheQuantizeKernelsCodes) {
               size_t bad = 0;
               for (int64_t i = 0; i < rows; ++i) bad += std::memcmp(&sa_h[size_t(i)], &sb_h[size_t(i)], 4) != 0;
               EXPECT_EQ(bad, 0u) << what << ": row scales";
-              if (rms && !residual) EXPECT_EQ(sb_h[1], 1.0f) << what << ": the zero row's scale";
+              if (rms && !residual && rows > 1) EXPECT_EQ(sb_h[1], 1.0f) << what << ": the zero row's scale";
             }
             if (residual) EXPECT_EQ(sum_b.host(size_t(n) * 2), sum_a.host(size_t(n) * 2)) << what << ": sum";
           }

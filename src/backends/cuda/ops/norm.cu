@@ -2,13 +2,12 @@
 // as the CPU reference computes it, not E[x²]-mean². Two kernels:
 // - norm_regs_kernel where the row is whole 16-byte vectors: each thread loads its NCH
 //   vectors of the row (and of the residual) at once and keeps them in registers, so the
-//   row is read from memory once. Its launch shape depends on the row count: a decode
-//   step's few rows (<= kFewRows) spread each row over as many threads as it has vectors
-//   (up to 1024, the shortest time per row); more rows (prefill, encoders) give each
-//   thread four vectors, so that more bytes are in flight per thread and the reductions
-//   span fewer warps, and pack rows into blocks of about 256 threads (a warp per row up
-//   to 128 vectors: no barrier at all). A row's f32 sums follow the thread layout, so the
-//   two shapes may differ in the last bits; the choice never depends on the output type.
+//   row is read from memory once. A block per row, each row spread over as many threads
+//   as it has vectors (up to 1024; two or four vectors a thread beyond). Measured on the
+//   H200 (bench/cuda_norm_bench's sweep, 2026-11-30): four vectors a thread and rows
+//   packed into 256-thread blocks streamed 10-15% slower at prefill and encoder sizes
+//   ([2048, 4096] AddRMSNorm 2666 vs 3139 GB/s; [4096, 768] LayerNorm 830 vs 983), so
+//   every row count takes this shape; launch_add_norm_shaped forces others for the sweep.
 // - the multi-pass kernels, one block per row re-reading it per pass (L1/L2 hits), for
 //   rows of other lengths.
 // Launched in a decode step of a few rows (`early`), a norm lets the next kernel launch at
@@ -264,9 +263,6 @@ __global__ void __launch_bounds__(1024) norm_regs_kernel(NormArgs<T, NormY<T, O>
 // Decode steps of a few rows: the next kernel is a GEMV, worth launching early.
 bool early_trigger(int64_t rows) { return rows <= kGemvMaxRows; }
 
-// Up to this many rows, the register-held kernel spreads each row over the most threads.
-constexpr int64_t kFewRows = 64;
-
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // The register-held kernel's shape: NCH vectors per thread, tpr threads per row, rpb rows
@@ -275,16 +271,13 @@ struct RegsShape {
   int nch = 0, tpr = 0, rpb = 0;
 };
 
-// The shape for `rows` rows of `nvec` vectors, or `forced` (the bench's sweep: vectors per
+// The shape for rows of `nvec` vectors, or `forced` (the bench's sweep: vectors per
 // thread and rows per block); nch 0 when the row does not fit.
-RegsShape regs_shape(int64_t rows, int64_t nvec, NormShape forced) {
+RegsShape regs_shape(int64_t nvec, NormShape forced) {
   RegsShape sh;
-  if (forced.vectors) sh.nch = forced.vectors;
-  else if (rows <= kFewRows) sh.nch = nvec <= 1024 ? 1 : nvec <= 2048 ? 2 : 4;
-  else sh.nch = nvec <= 32 ? 1 : nvec <= 64 ? 2 : 4;
+  sh.nch = forced.vectors ? forced.vectors : nvec <= 1024 ? 1 : nvec <= 2048 ? 2 : 4;
   sh.tpr = int(std::max<int64_t>(32, ((nvec + sh.nch - 1) / sh.nch + 31) / 32 * 32));
-  if (forced.vectors) sh.rpb = std::max(1, forced.rows_per_block);
-  else sh.rpb = rows <= kFewRows ? 1 : std::max(1, 256 / sh.tpr);
+  sh.rpb = forced.vectors ? std::max(1, forced.rows_per_block) : 1;
   if ((sh.nch != 1 && sh.nch != 2 && sh.nch != 4) || sh.tpr * sh.rpb > 1024) return {};
   return sh;
 }
@@ -298,7 +291,7 @@ bool launch_norm_regs(const NormArgs<T, NormY<T, O>>& a, NormShape forced, cudaS
   if (!aligned16(a.x) || !aligned16(a.res) || !aligned16(a.sum) || !aligned16(a.gamma) || !aligned16(a.beta) ||
       reinterpret_cast<uintptr_t>(a.y) % (VEC * sizeof(NormY<T, O>)) != 0)
     return false;
-  const RegsShape sh = regs_shape(a.rows, a.dim / VEC, forced);
+  const RegsShape sh = regs_shape(a.dim / VEC, forced);
   if (!sh.nch) return false;
   const unsigned grid = unsigned((a.rows + sh.rpb - 1) / sh.rpb);
   const dim3 block(unsigned(sh.tpr), unsigned(sh.rpb));
