@@ -1,5 +1,7 @@
-// Elementwise kernels (see elementwise.h). Grid-stride loops; the activations use the
-// same formulas as the CPU reference (erfc form of GELU, x/(1+e^-2u) for GELU-tanh).
+// Elementwise kernels (see elementwise.h). Grid-stride loops, 16 bytes a thread where the
+// length and addresses allow (one element otherwise; the same arithmetic either way); the
+// activations use the same formulas as the CPU reference (erfc form of GELU, x/(1+e^-2u)
+// for GELU-tanh).
 // The *_fp8 kernels write E4M3 codes of the same T values (fp8_codes.cuh), V elements per
 // thread (16-byte loads where the length allows).
 #include "backends/cuda/common.cuh"
@@ -22,11 +24,16 @@ __global__ void binary_kernel(const T* a, const T* b, int64_t n, int64_t b_n, T*
   }
 }
 
-template <typename T, UnaryOp kOp>
+// V elements per thread (n % V == 0; 16-byte loads and stores when V > 1).
+template <typename T, UnaryOp kOp, int V>
 __global__ void unary_kernel(const T* x, int64_t n, T* out) {
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
-  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
-    out[i] = from_f32<T>(unary_f32<kOp>(to_f32(x[i])));
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n / V; i += int64_t(gridDim.x) * blockDim.x) {
+    Vec<T, V> v = *reinterpret_cast<const Vec<T, V>*>(x + i * V);
+#pragma unroll
+    for (int j = 0; j < V; ++j) v.e[j] = from_f32<T>(unary_f32<kOp>(to_f32(v.e[j])));
+    *reinterpret_cast<Vec<T, V>*>(out + i * V) = v;
+  }
 }
 
 // SwiGLU over rows of [gate | up]: out[r, i] = silu(gate) * up. silu is rounded to T
@@ -38,14 +45,20 @@ __device__ __forceinline__ float swiglu_f32(T gate, T up) {
   return g * to_f32(up);
 }
 
-template <typename T>
+// V columns per thread (inter % V == 0; 16-byte loads and stores when V > 1).
+template <typename T, int V>
 __global__ void swiglu_kernel(const T* x, int64_t rows, int64_t inter, T* out) {
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
-  const int64_t n = rows * inter;
+  const int64_t per_row = inter / V, n = rows * per_row;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    const int64_t r = i / inter, c = i - r * inter;
+    const int64_t r = i / per_row, c = (i - r * per_row) * V;
     const T* row = x + r * 2 * inter;
-    out[i] = from_f32<T>(swiglu_f32(row[c], row[inter + c]));
+    const Vec<T, V> g = *reinterpret_cast<const Vec<T, V>*>(row + c);
+    const Vec<T, V> u = *reinterpret_cast<const Vec<T, V>*>(row + inter + c);
+    Vec<T, V> y;
+#pragma unroll
+    for (int j = 0; j < V; ++j) y.e[j] = from_f32<T>(swiglu_f32(g.e[j], u.e[j]));
+    *reinterpret_cast<Vec<T, V>*>(out + r * inter + c) = y;
   }
 }
 
@@ -86,13 +99,25 @@ bool fp8_vec_ok(int64_t len, int vec, const void* x, const void* out) {
   return len % vec == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % vec == 0;
 }
 
+// Whether V elements of T a thread fit: the length a multiple of V, both ends 16-byte aligned.
+template <typename T>
+bool vec_ok(int64_t len, const void* x, const void* out) {
+  return len % (16 / int64_t(sizeof(T))) == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 &&
+         reinterpret_cast<uintptr_t>(out) % 16 == 0;
+}
+
 }  // namespace
 
 void launch_swiglu(DType t, const void* x, int64_t rows, int64_t inter, void* out, cudaStream_t s) {
   if (rows * inter == 0) return;
   KILN_CUDA_DISPATCH_FLOAT(t, T, {
-    launch_k(swiglu_kernel<T>, grid_for(rows * inter, 256), 256, 0, s, static_cast<const T*>(x), rows, inter,
-                                                                 static_cast<T*>(out));
+    constexpr int V = 16 / int(sizeof(T));
+    auto* px = static_cast<const T*>(x);
+    auto* po = static_cast<T*>(out);
+    if (vec_ok<T>(inter, x, out))
+      launch_k(swiglu_kernel<T, V>, grid_for(rows * inter / V, 256), 256, 0, s, px, rows, inter, po);
+    else
+      launch_k(swiglu_kernel<T, 1>, grid_for(rows * inter, 256), 256, 0, s, px, rows, inter, po);
   });
   KILN_CUDA_CHECK_LAUNCH();
 }
@@ -150,13 +175,18 @@ void launch_unary(UnaryOp op, DType t, const void* x, int64_t n, void* out, cuda
   KILN_CUDA_DISPATCH_FLOAT(t, T, {
     auto* px = static_cast<const T*>(x);
     auto* po = static_cast<T*>(out);
-    const unsigned g = grid_for(n, 256);
-    switch (op) {
-      case UnaryOp::kGeluErf: launch_k(unary_kernel<T, UnaryOp::kGeluErf>, g, 256, 0, s, px, n, po); break;
-      case UnaryOp::kGeluTanh: launch_k(unary_kernel<T, UnaryOp::kGeluTanh>, g, 256, 0, s, px, n, po); break;
-      case UnaryOp::kSilu: launch_k(unary_kernel<T, UnaryOp::kSilu>, g, 256, 0, s, px, n, po); break;
-      case UnaryOp::kTanh: launch_k(unary_kernel<T, UnaryOp::kTanh>, g, 256, 0, s, px, n, po); break;
-    }
+    auto go = [&](auto vec) {
+      constexpr int W = decltype(vec)::value;
+      const unsigned g = grid_for(n / W, 256);
+      switch (op) {
+        case UnaryOp::kGeluErf: launch_k(unary_kernel<T, UnaryOp::kGeluErf, W>, g, 256, 0, s, px, n, po); break;
+        case UnaryOp::kGeluTanh: launch_k(unary_kernel<T, UnaryOp::kGeluTanh, W>, g, 256, 0, s, px, n, po); break;
+        case UnaryOp::kSilu: launch_k(unary_kernel<T, UnaryOp::kSilu, W>, g, 256, 0, s, px, n, po); break;
+        case UnaryOp::kTanh: launch_k(unary_kernel<T, UnaryOp::kTanh, W>, g, 256, 0, s, px, n, po); break;
+      }
+    };
+    if (vec_ok<T>(n, x, out)) go(std::integral_constant<int, 16 / int(sizeof(T))>{});
+    else go(std::integral_constant<int, 1>{});
   });
   KILN_CUDA_CHECK_LAUNCH();
 }
