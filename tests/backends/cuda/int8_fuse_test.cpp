@@ -91,7 +91,9 @@ void expect_same_codes(const std::vector<int8_t>& fused, const std::vector<int8_
   }
   EXPECT_EQ(bad, 0u) << what << " (" << fused.size() << " codes)";
   EXPECT_GE(distinct.size(), std::min<size_t>(fused.size() / 4, 100)) << what << ": too few distinct codes to test";
-  if (want_saturated && fused.size() >= 256) EXPECT_GT(saturated, 0u) << what << ": no code saturated";
+  if (want_saturated && fused.size() >= 256) {
+    EXPECT_GT(saturated, 0u) << what << ": no code saturated";
+  }
 }
 
 TEST(CudaInt8Fuse, NormKernelsWriteTheQuantizeKernelsCodes) {
@@ -144,9 +146,13 @@ TEST(CudaInt8Fuse, NormKernelsWriteTheQuantizeKernelsCodes) {
               size_t bad = 0;
               for (int64_t i = 0; i < rows; ++i) bad += std::memcmp(&sa_h[size_t(i)], &sb_h[size_t(i)], 4) != 0;
               EXPECT_EQ(bad, 0u) << what << ": row scales";
-              if (rms && !residual && rows > 1) EXPECT_EQ(sb_h[1], 1.0f) << what << ": the zero row's scale";
+              if (rms && !residual && rows > 1) {
+                EXPECT_EQ(sb_h[1], 1.0f) << what << ": the zero row's scale";
+              }
             }
-            if (residual) EXPECT_EQ(sum_b.host(size_t(n) * 2), sum_a.host(size_t(n) * 2)) << what << ": sum";
+            if (residual) {
+              EXPECT_EQ(sum_b.host(size_t(n) * 2), sum_a.host(size_t(n) * 2)) << what << ": sum";
+            }
           }
     }
 }
@@ -182,7 +188,9 @@ TEST(CudaInt8Fuse, MulKernelWritesTheQuantizeKernelsCodes) {
           if (per_token) {
             const auto sa = rs_a.host<float>(size_t(rows)), sb = rs_b.host<float>(size_t(rows));
             EXPECT_EQ(0, std::memcmp(sa.data(), sb.data(), sa.size() * 4)) << what << ": row scales";
-            if (rows > 1) EXPECT_EQ(sb[1], 1.0f) << what << ": the zero row's scale";
+            if (rows > 1) {
+              EXPECT_EQ(sb[1], 1.0f) << what << ": the zero row's scale";
+            }
           }
         }
       }
