@@ -13,6 +13,7 @@
 #include "backends/cuda/ops/elementwise.h"
 #include "backends/cuda/ops/elementwise_fp8.h"
 #include "backends/cuda/ops/fp8.h"
+#include "core/env_switch.h"
 #include "core/fp8.h"
 #include "core/log.h"
 #include "core/status.h"
@@ -44,11 +45,8 @@ bool fp8_codes_producer(const ir::Node& n, size_t out) {
 }  // namespace
 
 bool fp8_fuse_enabled() {
-  const char* e = std::getenv("KILN_CUDA_FP8_FUSE");
-  if (!e || !*e || std::strcmp(e, "1") == 0) return true;
-  if (std::strcmp(e, "0") == 0) return false;
-  throw_error(ErrorCode::kInvalidArgument, "KILN_CUDA_FP8_FUSE='", e,
-              "' (expected 0: a separate quantize pass before each FP8 Linear, or 1: fused into the producer)");
+  return env_switch("KILN_CUDA_FP8_FUSE", "the quantize fused into the producer",
+                    "a separate quantize pass before each FP8 Linear");
 }
 
 std::optional<Fp8Scale> fp8_fused_output(const ir::Node& n, size_t out, const ir::Graph& g, DType act) {

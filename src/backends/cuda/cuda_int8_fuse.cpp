@@ -4,11 +4,10 @@
 #include "backends/cuda/cuda_int8_fuse.h"
 
 #include <cmath>
-#include <cstdlib>
-#include <cstring>
 
 #include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/cuda_w8a8_linear.h"
+#include "core/env_switch.h"
 #include "core/int8.h"
 #include "core/status.h"
 
@@ -30,12 +29,8 @@ bool int8_codes_producer(const ir::Node& n, size_t out, const ir::Graph& g) {
 }  // namespace
 
 bool int8_fuse_enabled() {
-  const char* e = std::getenv("KILN_CUDA_INT8_FUSE");
-  if (!e || !*e || std::strcmp(e, "1") == 0) return true;
-  if (std::strcmp(e, "0") == 0) return false;
-  throw_error(ErrorCode::kInvalidArgument, "KILN_CUDA_INT8_FUSE='", e,
-              "' (expected 0: a separate quantize pass before each W8A8 Linear, or 1: fused into the norm that "
-              "feeds it)");
+  return env_switch("KILN_CUDA_INT8_FUSE", "the quantize fused into the norm or Mul that feeds the W8A8 Linear",
+                    "a separate quantize pass before each W8A8 Linear");
 }
 
 std::optional<Int8Codes> int8_fused_output(const ir::Node& n, size_t out, const ir::Graph& g, DType act) {

@@ -11,7 +11,7 @@
 #include <utility>
 #include <vector>
 
-#include "core/status.h"
+#include "core/env_switch.h"
 
 namespace kiln::cuda {
 
@@ -28,11 +28,8 @@ struct GemmShape {
 // KILN_CUDA_GEMM_TUNE_M's value: unset, empty or "1" times decode row counts, "0" does
 // not; anything else is an error naming the variable.
 inline bool gemm_row_tuning_from_value(const char* v) {
-  if (!v || !*v || std::strcmp(v, "1") == 0) return true;
-  if (std::strcmp(v, "0") == 0) return false;
-  throw_error(ErrorCode::kInvalidArgument, "KILN_CUDA_GEMM_TUNE_M='", v,
-              "': expected 1 (the default: decode steps time the GEMM tactics at their row count) or 0 "
-              "(the heuristic's first algorithm at row counts not tuned at load)");
+  return env_switch_value("KILN_CUDA_GEMM_TUNE_M", v, "decode steps time the GEMM tactics at their row count",
+                          "the heuristic's first algorithm at row counts not tuned at load");
 }
 
 // A (shape, m) is decided once: timed at load (Gemm::tune*), or met by a GEMM inside an

@@ -1,0 +1,27 @@
+// On/off switches read from the environment (KILN_CUDA_FP8_FUSE, KILN_CUDA_INT8_FUSE,
+// KILN_CUDA_GEMM_TUNE_M, ...): one parser, so every switch accepts the same values and
+// rejects the rest with the same kind of message.
+#pragma once
+
+#include <cstdlib>
+#include <cstring>
+
+#include "core/status.h"
+
+namespace kiln {
+
+// `value` of switch `name`: unset, empty or "1" is on (the default), "0" is off; anything
+// else throws kInvalidArgument naming the variable, the value and what each setting does.
+inline bool env_switch_value(const char* name, const char* value, const char* on_means, const char* off_means) {
+  if (!value || !*value || std::strcmp(value, "1") == 0) return true;
+  if (std::strcmp(value, "0") == 0) return false;
+  throw_error(ErrorCode::kInvalidArgument, name, "='", value, "' (expected 1, the default: ", on_means,
+              ", or 0: ", off_means, ")");
+}
+
+// The switch as the environment sets it now.
+inline bool env_switch(const char* name, const char* on_means, const char* off_means) {
+  return env_switch_value(name, std::getenv(name), on_means, off_means);
+}
+
+}  // namespace kiln
