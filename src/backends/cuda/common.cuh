@@ -30,6 +30,12 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f32<__nv_bfloat16>(flo
   return __float2bfloat16_rn(x);
 }
 
+// V elements of E moved as one aligned load or store (the 16-byte-a-thread kernels).
+template <typename E, int V>
+struct alignas(V * sizeof(E)) Vec {
+  E e[V];
+};
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
@@ -41,18 +47,23 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// Sum over a block of blockDim.x threads (a multiple of 32, at most 1024); every thread
-// gets the result. `scratch` holds 32 floats of shared memory.
-__device__ __forceinline__ float block_sum(float v, float* scratch) {
+// WarpOp over a block of blockDim.x threads (a multiple of 32, at most 1024); every thread
+// gets the result; lanes past the block's warps contribute 0 (the identity of the sum,
+// and of the max of values >= 0). `scratch` holds 32 floats of shared memory.
+template <float (*WarpOp)(float)>
+__device__ __forceinline__ float block_reduce(float v, float* scratch) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  v = warp_sum(v);
+  v = WarpOp(v);
   __syncthreads();  // scratch may still be read by a previous call
   if (lane == 0) scratch[warp] = v;
   __syncthreads();
   const int warps = int(blockDim.x) >> 5;
   v = lane < warps ? scratch[lane] : 0.0f;
-  return warp_sum(v);
+  return WarpOp(v);
 }
+__device__ __forceinline__ float block_sum(float v, float* scratch) { return block_reduce<warp_sum>(v, scratch); }
+// Of values >= 0; a NaN is dropped (fmaxf).
+__device__ __forceinline__ float block_max(float v, float* scratch) { return block_reduce<warp_max>(v, scratch); }
 
 // The activations in f32, with the CPU reference's formulas (erfc form of GELU,
 // x/(1+e^-2u) for GELU-tanh); shared by the elementwise kernels and GEMV epilogues.

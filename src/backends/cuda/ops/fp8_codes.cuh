@@ -19,12 +19,6 @@ __device__ __forceinline__ uint8_t fp8_code(float x, float inv) {
   return __nv_cvt_float_to_fp8(x * inv, __NV_SATFINITE, __NV_E4M3);
 }
 
-// V elements of E moved as one aligned load or store (the vectorized E4M3 writers).
-template <typename E, int V>
-struct alignas(V * sizeof(E)) Vec {
-  E e[V];
-};
-
 // v as the unfused kernel would store it in T, then quantized.
 template <typename T>
 __device__ __forceinline__ uint8_t fp8_code_via(float v, float inv) {

@@ -26,19 +26,6 @@ __device__ __forceinline__ float int8_row_scale_of(float amax) {
 }
 __device__ __forceinline__ float int8_inv_of(float scale) { return __fdiv_rn(1.0f, scale); }
 
-// Max of values >= 0 over a block of blockDim.x threads (a multiple of 32, at most 1024;
-// lanes past the warps read 0), every thread getting it; a NaN is dropped (fmaxf).
-__device__ __forceinline__ float block_max(float v, float* scratch) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  v = warp_max(v);
-  __syncthreads();  // scratch may still be read by a previous call
-  if (lane == 0) scratch[warp] = v;
-  __syncthreads();
-  const int warps = int(blockDim.x) >> 5;
-  v = lane < warps ? scratch[lane] : 0.0f;
-  return warp_max(v);
-}
-
 // v as the unfused kernel would store it in T, as an f32.
 template <typename T>
 __device__ __forceinline__ float stored_as(float v) {
