@@ -16,6 +16,7 @@
 
 #include "backends/cuda/cuda_fp8_linear.h"
 #include "builder/builder.h"
+#include "cuda_model_test_util.h"
 #include "cuda_test_util.h"
 #include "runtime/llm_runner.h"
 #include "runtime/quantize.h"
@@ -24,28 +25,6 @@ namespace kiln::cuda {
 namespace {
 
 using namespace testing;
-
-// Prefill logits of every token, then `decode` more tokens fed one per step.
-std::vector<float> logits_of(Model& m, const std::vector<int32_t>& prompt, const std::vector<int32_t>& decode) {
-  LlmRunner runner(m, {.max_total_tokens = int64_t(prompt.size() + decode.size()) + 16});
-  const int32_t id = runner.add_sequence(prompt);
-  std::vector<float> out;
-  while (runner.has_pending())
-    for (auto& o : runner.step(true)) out.insert(out.end(), o.logits.begin(), o.logits.end());
-  for (int32_t tok : decode) {
-    runner.append_tokens(id, {tok});
-    for (auto& o : runner.step(false)) out.insert(out.end(), o.logits.begin(), o.logits.end());
-  }
-  return out;
-}
-
-double rel_rms(const std::vector<float>& got, const std::vector<float>& ref) {
-  EXPECT_EQ(got.size(), ref.size());
-  double e = 0, r = 0;
-  for (size_t i = 0; i < std::min(got.size(), ref.size()); ++i)
-    e += double(got[i] - ref[i]) * (got[i] - ref[i]), r += double(ref[i]) * ref[i];
-  return std::sqrt(e / r);
-}
 
 // The tiny Llama fixture calibrated for FP8 (max clip, no smoothing) on 8 random
 // sequences of 32 tokens, and a random 20-token prompt with 6 tokens to decode after it.

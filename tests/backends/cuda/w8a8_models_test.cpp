@@ -18,6 +18,7 @@
 
 #include "../../models/golden_util.h"
 #include "backends/cuda/cuda_int8_fuse.h"
+#include "cuda_model_test_util.h"
 #include "cuda_test_util.h"
 #include "runtime/encoder_runner.h"
 #include "runtime/llm_runner.h"
@@ -43,13 +44,6 @@ double cosine(const float* a, const float* b, size_t n) {
   double ab = 0, aa = 0, bb = 0;
   for (size_t i = 0; i < n; ++i) ab += double(a[i]) * b[i], aa += double(a[i]) * a[i], bb += double(b[i]) * b[i];
   return ab / std::sqrt(aa * bb);
-}
-
-double rel_rms(const std::vector<float>& got, const std::vector<float>& ref) {
-  double e = 0, r = 0;
-  for (size_t i = 0; i < std::min(got.size(), ref.size()); ++i)
-    e += double(got[i] - ref[i]) * (got[i] - ref[i]), r += double(ref[i]) * ref[i];
-  return std::sqrt(e / r);
 }
 
 // Worst cosine over every token's hidden state and every mean-pooled embedding.
@@ -177,20 +171,6 @@ TEST(CudaW8a8Model, TinyBertFusedQuantizeIsBitIdentical) {
                                             << a.size() << " hidden values";
     }
   }
-}
-
-// Prefill logits of every token, then `decode` more tokens fed one per step.
-std::vector<float> logits_of(Model& m, const std::vector<int32_t>& prompt, const std::vector<int32_t>& decode) {
-  LlmRunner runner(m, {.max_total_tokens = int64_t(prompt.size() + decode.size()) + 16});
-  const int32_t id = runner.add_sequence(prompt);
-  std::vector<float> out;
-  while (runner.has_pending())
-    for (auto& o : runner.step(true)) out.insert(out.end(), o.logits.begin(), o.logits.end());
-  for (int32_t tok : decode) {
-    runner.append_tokens(id, {tok});
-    for (auto& o : runner.step(false)) out.insert(out.end(), o.logits.begin(), o.logits.end());
-  }
-  return out;
 }
 
 // Pre-norm Llama: the smoothing folds into the RMSNorms, which then write the codes of the
