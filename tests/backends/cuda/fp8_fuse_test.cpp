@@ -109,11 +109,17 @@ void expect_same_codes(const std::vector<uint8_t>& fused, const std::vector<uint
 TEST(CudaFp8Fuse, NormKernelsWriteTheQuantizeKernelsCodes) {
   KILN_SKIP_WITHOUT_CUDA();
   // dims: the register-held kernel with 1, 2 and 4 vectors per thread, and the
-  // multi-pass kernel (100: not whole vectors; 40000: too long for registers).
-  for (int64_t dim : {64, 576, 4096, 14336, 100, 40000})
-    for (int64_t rows : {1, 3, 37})
+  // multi-pass kernel (100: not whole vectors; 40000: too long for registers); with
+  // KILN_CUDA_NORM_SHORT=warp the rows of at most 1024 (1 to 4 vectors a lane) take the
+  // warp-per-row kernel, 300 of them several rows a warp.
+  for (NormShort mode : {NormShort::kBlock, NormShort::kWarp})
+  for (int64_t dim : {64, 576, 4096, 14336, 100, 40000, 768, 1024})
+    for (int64_t rows : {1, 3, 37, 300})
       for (bool rms : {true, false})
         for (bool residual : {false, true}) {
+          if ((rows == 300) != (dim == 768 || dim == 1024)) continue;
+          if (mode == NormShort::kWarp && norm_kernel_for(DType::kBF16, dim, mode) != NormKernel::kWarp) continue;
+          const ScopedNormShort scoped(mode);
           std::mt19937_64 rng(uint64_t(dim * 31 + rows * 7 + rms * 3 + residual));
           const int64_t n = rows * dim;
           const auto x = random_bf16(n, rng, -3.0f, 3.0f), r = random_bf16(n, rng, -3.0f, 3.0f);
@@ -139,7 +145,7 @@ TEST(CudaFp8Fuse, NormKernelsWriteTheQuantizeKernelsCodes) {
           launch_fp8_quantize(DType::kBF16, y.get(), n, inv, q_a.as<uint8_t>(), nullptr);
           KILN_CUDA_CHECK(cudaDeviceSynchronize());
           const std::string what = str_cat(residual ? "Add" : "", rms ? "RMSNorm" : "LayerNorm", " rows=", rows,
-                                           " dim=", dim);
+                                           " dim=", dim, mode == NormShort::kWarp ? " (warp kernel)" : "");
           expect_same_codes(q_b.bytes(size_t(n)), q_a.bytes(size_t(n)), what);
           if (residual) {
             EXPECT_EQ(sum_b.bytes(size_t(n) * 2), sum_a.bytes(size_t(n) * 2)) << what << ": sum";

@@ -104,9 +104,14 @@ TEST(CudaInt8Fuse, NormKernelsWriteTheQuantizeKernelsCodes) {
   // Decode row counts (<= 64: a row over up to 1024 threads) and prefill ones (a warp or a
   // few per row, several rows a block; odd counts leave rows of a block idle); dims of
   // 1, 2 and 4 vectors per thread, and 68 (not whole vectors: the multi-pass kernel).
+  // With KILN_CUDA_NORM_SHORT=warp, the rows of at most 1024 take the warp-per-row kernel
+  // (1 to 4 vectors a lane; 4100 rows: two a warp, the last block's warps partly idle).
+  for (NormShort mode : {NormShort::kBlock, NormShort::kWarp})
   for (Case cs : {Case{1, 4096}, Case{3, 64}, Case{37, 576}, Case{64, 768}, Case{65, 768}, Case{1000, 68},
-                  Case{257, 4096}, Case{4100, 768}, Case{4100, 4096}, Case{129, 2048}})
+                  Case{257, 4096}, Case{4100, 768}, Case{4100, 4096}, Case{129, 2048}, Case{300, 320}, Case{5, 1024}})
     for (DType dt : {DType::kBF16, DType::kF16}) {
+      if (mode == NormShort::kWarp && norm_kernel_for(dt, cs.dim, mode) != NormKernel::kWarp) continue;
+      const ScopedNormShort scoped(mode);
       const int64_t rows = cs.rows, dim = cs.dim, n = rows * dim;
       std::mt19937_64 rng(uint64_t(rows * 131 + dim + int(dt)));
       // Row 1 of x is zeros: RMSNorm gives a zero row there (per-token scale 1).
@@ -139,7 +144,8 @@ TEST(CudaInt8Fuse, NormKernelsWriteTheQuantizeKernelsCodes) {
                                  nullptr);
             KILN_CUDA_CHECK(cudaDeviceSynchronize());
             const std::string what = str_cat(dtype_name(dt), " ", residual ? "Add" : "", rms ? "RMSNorm" : "LayerNorm",
-                                             per_token ? " per-token" : " static", " rows=", rows, " dim=", dim);
+                                             per_token ? " per-token" : " static", " rows=", rows, " dim=", dim,
+                                             mode == NormShort::kWarp ? " (warp kernel)" : "");
             expect_same_codes(q_b.host<int8_t>(size_t(n)), q_a.host<int8_t>(size_t(n)), what, !per_token);
             if (per_token) {
               const auto sa_h = rs_a.host<float>(size_t(rows)), sb_h = rs_b.host<float>(size_t(rows));
