@@ -93,13 +93,14 @@ TEST(CudaNormShort, WarpKernelMatchesTheCpu) {
     const char* name;
     bool bias;
   };
-  // dims: 1 to 4 vectors a lane, lanes left idle (64: 8 of 32; 1000: 125 vectors);
-  // rows: fewer than a block's warps, a few blocks, two rows a warp with idle warps (4100).
+  // dims (16-bit): 1 to 4 vectors a lane, lanes left idle (64: 8 of 32; 576: 72 vectors;
+  // 1000: 125); rows: fewer than a block's warps, a few blocks with idle warps, two rows a
+  // warp (4100).
   for (const std::string dt : {"bf16", "f16", "f32"})
-    for (int64_t rows : {1, 2, 33, 300, 4100})
-      for (int64_t dim : {64, 192, 320, 512, 576, 768, 1000, 1024}) {
+    for (int64_t rows : {1, 33, 300, 4100})
+      for (int64_t dim : {64, 320, 576, 768, 1000, 1024}) {
         if (dt == "f32" && dim > 512) continue;  // 128 vectors of 4 floats at most
-        if (rows == 4100 && dim != 64 && dim != 768 && dim != 1024) continue;  // the CPU reference's time
+        if (rows == 4100 && dim != 768 && dim != 1024) continue;  // the CPU reference's time
         ASSERT_EQ(norm_kernel_for(storage_dtype(dt), dim, NormShort::kWarp), NormKernel::kWarp);
         for (Op op : {Op{"LayerNorm", true}, Op{"LayerNorm", false}, Op{"RMSNorm", false}, Op{"AddLayerNorm", true},
                       Op{"AddRMSNorm", false}})
