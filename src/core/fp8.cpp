@@ -3,8 +3,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <vector>
 
 #include "core/dtype.h"
+#include "core/thread_pool.h"
 
 namespace kiln {
 
@@ -26,14 +29,32 @@ Fp8Scale fp8_scale_for_amax(double amax) {
   return s;
 }
 
+namespace {
+// Elements per chunk of the thread pool's loops: small tensors stay on the calling thread.
+constexpr int64_t kGrain = int64_t(1) << 16;
+}  // namespace
+
 void fp8_quantize(const float* x, size_t n, float inv, uint8_t* q) {
-  for (size_t i = 0; i < n; ++i) q[i] = f32_to_fp8e4m3(x[i] * inv);
+  ThreadPool::global().parallel_for(
+      int64_t(n),
+      [&](int64_t b, int64_t e, int) {
+        for (int64_t i = b; i < e; ++i) q[i] = f32_to_fp8e4m3(x[i] * inv);
+      },
+      kGrain);
 }
 
 Fp8Scale fp8_quantize_tensor(const float* w, size_t n, uint8_t* q) {
-  float amax = 0;
-  for (size_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(w[i]));
-  const Fp8Scale s = fp8_scale_for_amax(amax);
+  // The max is order-free, so the chunked reduction gives the serial loop's value.
+  std::vector<float> part(size_t(ThreadPool::global().num_threads()), 0.0f);
+  ThreadPool::global().parallel_for(
+      int64_t(n),
+      [&](int64_t b, int64_t e, int t) {
+        float m = part[size_t(t)];
+        for (int64_t i = b; i < e; ++i) m = std::max(m, std::fabs(w[i]));
+        part[size_t(t)] = m;
+      },
+      kGrain);
+  const Fp8Scale s = fp8_scale_for_amax(*std::max_element(part.begin(), part.end()));
   fp8_quantize(w, n, s.inv, q);
   return s;
 }

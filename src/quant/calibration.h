@@ -116,7 +116,8 @@ class TensorCollector {
   void check_k(int64_t k);
 };
 
-// The built-in calibration set (`--calib default`): the project's README and docs.
+// The built-in calibration set (`--calib default`): src/quant/calib_default.txt, a frozen
+// copy of the project's README and docs (frozen so the default clips do not drift with edits).
 const std::string& default_calibration_text();
 
 }  // namespace kiln::quant

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <limits>
 #include <random>
+#include <vector>
 
 #include "core/dtype.h"
 #include "core/fp8.h"
@@ -134,6 +135,27 @@ TEST(Fp8Scale, PerTensorScaleMapsTheMaxToTheLargestCode) {
   std::vector<uint8_t> qz(5, 0xaa);
   EXPECT_EQ(fp8_quantize_tensor(zeros.data(), zeros.size(), qz.data()).scale, 1.0f);
   for (uint8_t c : qz) EXPECT_EQ(c, 0);
+}
+
+// A tensor large enough to be split over the thread pool (chunks of 2^16): the scale from
+// the largest magnitude wherever it sits - here in the last chunk, then the first - and
+// every code the serial conversion's.
+TEST(Fp8Scale, LargeTensorSplitOverThreadsMatchesTheSerialConversion) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> w(1'000'003);
+  for (float& v : w) v = nd(rng);
+  for (size_t where : {w.size() - 2, size_t(5)}) {
+    std::vector<float> x = w;
+    x[where] = -37.5f;
+    std::vector<uint8_t> q(x.size());
+    const Fp8Scale s = fp8_quantize_tensor(x.data(), x.size(), q.data());
+    EXPECT_FLOAT_EQ(s.scale, 37.5f / 448.0f) << where;
+    EXPECT_EQ(q[where], 0xfe) << where;
+    size_t bad = 0;
+    for (size_t i = 0; i < x.size(); ++i) bad += q[i] != f32_to_fp8e4m3(x[i] * s.inv);
+    EXPECT_EQ(bad, 0u) << where;
+  }
 }
 
 }  // namespace
