@@ -209,8 +209,7 @@ TEST(CudaW8a8Model, TinyBertFfnUpWritesDownCodes) {
       for (const ir::Node& n : on->graph().nodes())
         linears += n.op == "Linear" && int8_fused_output(n, 0, on->graph(), DType::kBF16).has_value();
     }
-    std::printf("  tiny bert %s without smoothing: %d Linears write int8 codes
-", scales, linears);
+    std::printf("  tiny bert %s without smoothing: %d Linears write int8 codes\n", scales, linears);
     EXPECT_EQ(linears, 2) << "the FFN up projection of each of the two layers";
     std::vector<EncoderInput> batch, one = {{std::vector<int32_t>(seqs[0].begin(), seqs[0].begin() + 3), {}}};
     for (auto& s : seqs) batch.push_back({s, {}});

@@ -128,7 +128,7 @@ std::pair<Tensor, Tensor> run_both(const ir::Graph& g, const TensorMap& in, cons
 
 // The CPU's W8A8 output of g with its Linear's activation removed (the pre-activation).
 Tensor cpu_pre_activation(ir::Graph g, const TensorMap& in) {
-  for (ir::Node& n : g.mutable_nodes())
+  for (ir::Node& n : g.nodes())
     if (n.op == "Linear") n.attrs.erase("activation");
   return create_backend("cpu")->compile(g, {.weight_dtype = "f32"})->run(in, {}, nullptr).at("y").clone();
 }
