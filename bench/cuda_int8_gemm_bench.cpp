@@ -7,7 +7,11 @@
 // KILN_CUDA_W8A8_TILE_MB); then the fused CUTLASS GEMM (int8_gemm_sm90.h: the dequantize
 // in its epilogue, bf16 out) in each tile configuration, launched eagerly and replayed
 // from a CUDA graph (as encoder forwards run: no per-call host work), and the W8A8 Linear
-// with it (quantize + fused GEMM); then 12-layer sums.
+// with it (quantize + fused GEMM); then 12-layer sums. Then the FFN up projection at 4096
+// rows four ways (cuda_w8a8_linear.h): GELU in the CUTLASS epilogue (alone, and followed
+// by the down projection's quantize, static and per token, as an unfused engine runs
+// them), and the GEMM without it followed by one GELU pass writing bf16, or writing the
+// down projection's int8 codes (static; per token with the row scales).
 // Ceilings measured in the same run: a device-to-device copy and 8192^3 bf16 and int8
 // GEMMs. Timing only (random codes): correctness is tests/backends/cuda/w8a8_test.cpp and
 // int8_gemm_sm90_test.cpp.
@@ -23,6 +27,7 @@
 #include "cuda_bench_util.h"
 #include "backends/cuda/ops/convert.h"
 #include "backends/cuda/ops/elementwise.h"
+#include "backends/cuda/ops/elementwise_int8.h"
 #include "backends/cuda/ops/gemm.h"
 #include "backends/cuda/ops/int8.h"
 #include "backends/cuda/ops/int8_gemm_sm90.h"
@@ -187,6 +192,64 @@ int main() {
     std::printf("| 12 layers' Linears (graph) | %lld | %.0f | | | | | %.0f | | %.0f | %.2fx | %.2fx |\n",
                 (long long)m, 12 * sum_bf16 * 1e3, 12 * sum_int8 * 1e3, 12 * sum_fused * 1e3, sum_bf16 / sum_int8,
                 sum_fused > 0 ? sum_bf16 / sum_fused : 0.0);
+  }
+  if (fused_ok) {
+    // FFN up, 4096 rows: the GELU's place. Each row the best tile configuration's graph time.
+    const int64_t m = 4096, n = 3072, k = 768;
+    DeviceBuffer xq(size_t(m * k)), wq(size_t(n * k)), ws(size_t(n) * 4), bias(size_t(n) * 4), y(size_t(m * n) * 2),
+        q(size_t(m * n)), rs(size_t(m) * 4);
+    launch_fill_random(xq.get(), DType::kF32, m * k / 4, 11, nullptr);  // any bytes are int8 codes
+    launch_fill_random(wq.get(), DType::kF32, n * k / 4, 12, nullptr);
+    launch_fill_random(ws.get(), DType::kF32, n, 13, nullptr);
+    launch_fill_random(bias.get(), DType::kF32, n, 14, nullptr);
+    const auto* xq8 = static_cast<const int8_t*>(xq.get());
+    const auto* wq8 = static_cast<const int8_t*>(wq.get());
+    auto* q8 = static_cast<int8_t*>(q.get());
+    auto* rsf = static_cast<float*>(rs.get());
+    Int8Epilogue e;
+    e.x_scale = 0.02f;
+    e.w_scale = static_cast<const float*>(ws.get());
+    e.bias = static_cast<const float*>(bias.get());
+    const float inv = 1.0f / 0.03f;
+    struct Way {
+      const char* what;
+      GemvEpilogue act;
+      int after;  // 0 nothing, 1 quantize static, 2 quantize per token, 3 GELU bf16, 4 GELU codes static, 5 per token
+    };
+    const Way ways[] = {{"GELU in the epilogue", GemvEpilogue::kGeluErf, 0},
+                        {"GELU in the epilogue + down's quantize, static", GemvEpilogue::kGeluErf, 1},
+                        {"GELU in the epilogue + down's quantize, per token", GemvEpilogue::kGeluErf, 2},
+                        {"GEMM alone (no activation)", GemvEpilogue::kNone, 0},
+                        {"GEMM + GELU pass, bf16 out", GemvEpilogue::kNone, 3},
+                        {"GEMM + GELU pass to codes, static", GemvEpilogue::kNone, 4},
+                        {"GEMM + GELU pass to codes, per token", GemvEpilogue::kNone, 5}};
+    std::printf("\nFFN up %lldx%lld at %lld rows (CUDA graphs; best configuration each):\n\n| way | us | GEMM config |"
+                "\n|---|---|---|\n", (long long)n, (long long)k, (long long)m);
+    for (const Way& w : ways) {
+      e.act = w.act;
+      float best = 0;
+      const char* best_cfg = "-";
+      for (int ci = 0; ci < kInt8GemmConfigs; ++ci) {
+        const auto c = Int8GemmConfig(ci);
+        const size_t wsb = int8_gemm_sm90_workspace(c, DType::kBF16, m, n, k, e.act);
+        DeviceBuffer wsp(wsb);
+        const float t = graph_ms(
+            [&] {
+              launch_int8_gemm_sm90(c, DType::kBF16, xq8, wq8, m, n, k, e, y.get(), wsp.get(), wsb, sms, gs);
+              switch (w.after) {
+                case 1: launch_int8_quantize(DType::kBF16, y.get(), m, n, inv, q8, nullptr, gs); break;
+                case 2: launch_int8_quantize(DType::kBF16, y.get(), m, n, inv, q8, rsf, gs); break;
+                case 3: launch_unary(UnaryOp::kGeluErf, DType::kBF16, y.get(), m * n, y.get(), gs); break;
+                case 4: launch_unary_int8(UnaryOp::kGeluErf, DType::kBF16, y.get(), m, n, inv, q8, nullptr, gs); break;
+                case 5: launch_unary_int8(UnaryOp::kGeluErf, DType::kBF16, y.get(), m, n, inv, q8, rsf, gs); break;
+                default: break;
+              }
+            },
+            gs);
+        if (ci == 0 || t < best) best = t, best_cfg = int8_gemm_config_name(c);
+      }
+      std::printf("| %s | %.1f | %s |\n", w.what, best * 1e3, best_cfg);
+    }
   }
   if (fused_ok)
     std::printf("\nFused CUTLASS GEMM per configuration (bf16 out):\n\n| Linear | rows | config | eager us |"

@@ -5,12 +5,15 @@
 // beta left out) against a device-to-device copy measured in the same run. Each call
 // reads a different set of buffers in turn (at least 256 MiB in all, so the data comes
 // from HBM, not from the previous call's L2); "warm" repeats one set (what a decode step,
-// whose rows the previous kernel just wrote, sees). Then:
-// - the default launch shape against forced ones (vectors per thread x rows per block;
-//   "1x1" is the shape every row count had before: one vector per thread up to 1024
-//   vectors), so the lead can check the default on the device;
+// whose rows the previous kernel just wrote, sees). Each row twice: KILN_CUDA_NORM_SHORT=
+// block (the block-per-row kernels) and =warp (rows of at most 1024 take the warp-per-row
+// kernel; "-" where the row is too long for it). Then:
+// - the default launch shape against forced ones: the block kernel's vectors per thread x
+//   rows per block ("1x1" is the shape every row count had before: one vector per thread
+//   up to 1024 vectors) and the warp kernel's warps per block x rows per warp ("w8r2" is
+//   its default), so the lead can check the defaults on the device;
 // - the W8A8 input path: AddLayerNorm followed by launch_int8_quantize (static and per
-//   token) against the AddLayerNorm writing the int8 codes itself.
+//   token) against the AddLayerNorm writing the int8 codes itself (block and warp).
 // Timing only: correctness is tests/backends/cuda/ops_test.cpp and int8_fuse_test.cpp.
 //   cuda_norm_bench
 #include <cuda_runtime_api.h>
@@ -115,58 +118,83 @@ int main() {
   std::printf("device-to-device copy: %.0f GB/s (read + write)\n\n", copy);
   const Shape shapes[] = {{"8B prefill 2048 tok", 2048, 4096},
                           {"BERT-base b32 x 128", 4096, 768},
+                          {"BERT-large b32 x 128", 4096, 1024},
+                          {"BERT-base b1 x 128", 128, 768},
                           {"decode 64 rows", 64, 4096},
                           {"decode 1 row", 1, 4096}};
   const Op ops[] = {Op::kLayer, Op::kRms, Op::kAddLayer, Op::kAddRms};
 
-  std::printf("| shape | op | bytes | us (HBM) | GB/s | of copy | us (warm) | GB/s warm |\n|---|---|---|---|---|---|---|---|\n");
+  std::printf("| shape | op | bytes | us (HBM) | GB/s | of copy | us (warm) | GB/s warm | warp us (HBM) | warp GB/s | "
+              "warp of copy | warp us (warm) | warp GB/s warm | block / warp |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Shape& sh : shapes) {
     Buffers bf(sh.rows, sh.dim);
+    const bool warp = norm_kernel_for(DType::kBF16, sh.dim, NormShort::kWarp) == NormKernel::kWarp;
     for (Op op : ops) {
       const double bytes = double(sh.rows * sh.dim) * 2.0 * (has_res(op) ? 4 : 2);
+      set_norm_short_mode(NormShort::kBlock);
       const float cold = time_us(bf, false, [&](int s) { launch_op(op, bf, s); });
       const float warm = time_us(bf, true, [&](int s) { launch_op(op, bf, s); });
-      std::printf("| %s [%lld, %lld] | %s | %.1f MB | %.2f | %.0f | %.0f%% | %.2f | %.0f |\n", sh.what,
+      std::printf("| %s [%lld, %lld] | %s | %.1f MB | %.2f | %.0f | %.0f%% | %.2f | %.0f |", sh.what,
                   (long long)sh.rows, (long long)sh.dim, op_name(op), bytes / 1e6, cold, bytes / (cold * 1e3),
                   100.0 * bytes / (cold * 1e3) / copy, warm, bytes / (warm * 1e3));
+      if (!warp) {
+        std::printf(" - | - | - | - | - | - |\n");
+        continue;
+      }
+      set_norm_short_mode(NormShort::kWarp);
+      const float wcold = time_us(bf, false, [&](int s) { launch_op(op, bf, s); });
+      const float wwarm = time_us(bf, true, [&](int s) { launch_op(op, bf, s); });
+      std::printf(" %.2f | %.0f | %.0f%% | %.2f | %.0f | %.2fx |\n", wcold, bytes / (wcold * 1e3),
+                  100.0 * bytes / (wcold * 1e3) / copy, wwarm, bytes / (wwarm * 1e3), cold / wcold);
     }
   }
+  set_norm_short_mode(std::nullopt);
 
-  // Launch shapes: default vs forced (vectors per thread x rows per block), HBM.
-  std::printf("\nlaunch shapes, GB/s from HBM (default = what the launchers pick; 1x1 = the earlier shape):\n");
+  // Launch shapes: default vs forced (block: vectors per thread x rows per block; warp:
+  // warps per block x rows per warp), HBM.
+  std::printf("\nlaunch shapes, GB/s from HBM (default = what the launchers pick under KILN_CUDA_NORM_SHORT=block; "
+              "1x1 = the earlier shape; wNrM = the warp kernel, w8r2 its default):\n");
+  set_norm_short_mode(NormShort::kBlock);
   std::printf("| shape | op | default |");
-  const int vecs[] = {1, 2, 4}, rpbs[] = {1, 2, 4, 8};
+  const int vecs[] = {1, 2, 4}, rpbs[] = {1, 2, 4, 8}, warps[] = {2, 4, 8}, rpws[] = {1, 2, 4};
   for (int v : vecs)
     for (int r : rpbs) std::printf(" %dx%d |", v, r);
+  for (int w : warps)
+    for (int r : rpws) std::printf(" w%dr%d |", w, r);
   std::printf("\n|---|---|---|");
-  for (size_t i = 0; i < std::size(vecs) * std::size(rpbs); ++i) std::printf("---|");
+  for (size_t i = 0; i < std::size(vecs) * std::size(rpbs) + std::size(warps) * std::size(rpws); ++i) std::printf("---|");
   std::printf("\n");
   for (const Shape& sh : shapes) {
     Buffers bf(sh.rows, sh.dim);
-    for (Op op : {Op::kLayer, Op::kAddRms}) {
+    for (Op op : {Op::kLayer, Op::kAddLayer, Op::kAddRms}) {
       const double bytes = double(sh.rows * sh.dim) * 2.0 * (has_res(op) ? 4 : 2);
       std::printf("| %s | %s | %.0f |", sh.what, op_name(op),
                   bytes / (time_us(bf, false, [&](int s) { launch_op(op, bf, s); }) * 1e3));
+      auto forced = [&](NormShape ns) {
+        auto f = [&](int s) {
+          (void)launch_add_norm_shaped(DType::kBF16, is_rms(op), bf.at(bf.x, s), has_res(op) ? bf.at(bf.res, s) : nullptr,
+                                       bf.g(), is_rms(op) ? nullptr : bf.b(), 1e-5f, sh.rows, sh.dim,
+                                       has_res(op) ? bf.at(bf.sum, s) : nullptr, bf.at(bf.y, s), ns, nullptr);
+        };
+        const bool ok = launch_add_norm_shaped(DType::kBF16, is_rms(op), bf.at(bf.x, 0), nullptr, bf.g(), nullptr,
+                                               1e-5f, 1, sh.dim, nullptr, bf.at(bf.y, 0), ns, nullptr);
+        if (!ok) std::printf(" - |");
+        else std::printf(" %.0f |", bytes / (time_us(bf, false, f) * 1e3));
+      };
       for (int v : vecs)
-        for (int r : rpbs) {
-          const NormShape ns{v, r};
-          auto f = [&](int s) {
-            (void)launch_add_norm_shaped(DType::kBF16, is_rms(op), bf.at(bf.x, s), has_res(op) ? bf.at(bf.res, s) : nullptr,
-                                         bf.g(), is_rms(op) ? nullptr : bf.b(), 1e-5f, sh.rows, sh.dim,
-                                         has_res(op) ? bf.at(bf.sum, s) : nullptr, bf.at(bf.y, s), ns, nullptr);
-          };
-          const bool ok = launch_add_norm_shaped(DType::kBF16, is_rms(op), bf.at(bf.x, 0), nullptr, bf.g(), nullptr,
-                                                 1e-5f, 1, sh.dim, nullptr, bf.at(bf.y, 0), ns, nullptr);
-          if (!ok) std::printf(" - |");
-          else std::printf(" %.0f |", bytes / (time_us(bf, false, f) * 1e3));
-        }
+        for (int r : rpbs) forced({.vectors = v, .rows_per_block = r});
+      for (int w : warps)
+        for (int r : rpws) forced({.warps = w, .rows_per_warp = r});
       std::printf("\n");
     }
   }
+  set_norm_short_mode(std::nullopt);
 
   // The W8A8 input: norm then quantize vs the norm writing the codes.
   std::printf("\nW8A8 input (AddLayerNorm, bf16 -> int8), us from HBM:\n"
-              "| shape | scales | AddLayerNorm | + int8 quantize | pair | fused | pair / fused |\n|---|---|---|---|---|---|---|\n");
+              "| shape | scales | AddLayerNorm | + int8 quantize | pair | fused | pair / fused | fused (warp) |\n"
+              "|---|---|---|---|---|---|---|---|\n");
   for (const Shape& sh : shapes) {
     Buffers bf(sh.rows, sh.dim);
     const int64_t r = sh.rows, d = sh.dim;
@@ -181,10 +209,17 @@ int main() {
                                    bf.at(bf.sum, s), bf.q_at(s), 1.0f / 0.05f, per_token ? bf.rs_at(s) : nullptr,
                                    nullptr);
       };
+      set_norm_short_mode(NormShort::kBlock);
       const float tn = time_us(bf, false, norm), tq = time_us(bf, false, quant);
       const float tp = time_us(bf, false, [&](int s) { norm(s); quant(s); }), tf = time_us(bf, false, fused);
-      std::printf("| %s | %s | %.2f | %.2f | %.2f | %.2f | %.2fx |\n", sh.what, per_token ? "per token" : "static", tn,
+      std::printf("| %s | %s | %.2f | %.2f | %.2f | %.2f | %.2fx |", sh.what, per_token ? "per token" : "static", tn,
                   tq, tp, tf, tp / tf);
+      set_norm_short_mode(NormShort::kWarp);
+      if (norm_kernel_for(DType::kBF16, d, NormShort::kWarp) == NormKernel::kWarp)
+        std::printf(" %.2f |\n", time_us(bf, false, fused));
+      else
+        std::printf(" - |\n");
+      set_norm_short_mode(std::nullopt);
     }
   }
   return 0;

@@ -137,6 +137,9 @@ struct LinearObserver {
   // For quantized (attr quant) Linears: their output and the f32 GEMM of the same input
   // with the same (smoothed) weights, both [t, n] before any activation epilogue.
   std::function<void(const std::string& node, const float* y, const float* y_f32, int64_t t, int64_t n)> on_quant_output;
+  // Every Linear's GEMM output y [t, n] (bias included) before any activation epilogue
+  // (for a swiglu Linear: the [gate | up] rows SwiGLU reads).
+  std::function<void(const std::string& node, const float* y, int64_t t, int64_t n)> on_output;
 };
 
 struct CompileOptions {

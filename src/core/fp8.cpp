@@ -43,6 +43,16 @@ void fp8_quantize(const float* x, size_t n, float inv, uint8_t* q) {
       kGrain);
 }
 
+void fp8_round_trip(const float* x, size_t n, const Fp8Scale& s, float* y) {
+  const float* table = fp8e4m3_table();
+  ThreadPool::global().parallel_for(
+      int64_t(n),
+      [&](int64_t b, int64_t e, int) {
+        for (int64_t i = b; i < e; ++i) y[i] = table[f32_to_fp8e4m3(x[i] * s.inv)] * s.scale;
+      },
+      kGrain);
+}
+
 Fp8Scale fp8_quantize_tensor(const float* w, size_t n, uint8_t* q) {
   // The max is order-free, so the chunked reduction gives the serial loop's value.
   std::vector<float> part(size_t(ThreadPool::global().num_threads()), 0.0f);

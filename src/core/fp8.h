@@ -27,5 +27,9 @@ Fp8Scale fp8_scale_for_amax(double amax);
 void fp8_quantize(const float* x, size_t n, float inv, uint8_t* q);
 // Per-tensor: the scale from max |w| over all n values, then the codes.
 Fp8Scale fp8_quantize_tensor(const float* w, size_t n, uint8_t* q);
+// x rounded through E4M3 with the scale s: y = decode(e4m3(x * s.inv)) * s.scale,
+// saturating at +-448 * s.scale (y may be x). The CPU's emulation of a GEMM that writes
+// E4M3 output; the GPU's decode multiplies the same decoded code by the same scale.
+void fp8_round_trip(const float* x, size_t n, const Fp8Scale& s, float* y);
 
 }  // namespace kiln

@@ -206,6 +206,21 @@ double CalibrationTable::amax(const std::string& node, CalibMethod method, Quant
   return m->second;
 }
 
+double CalibrationTable::out_amax(const std::string& node) const {
+  auto it = tensors.find(node);
+  if (it == tensors.end())
+    throw_error(ErrorCode::kNotFound, "calibration table has no entry for Linear '", node,
+                "' (calibrated on a different model or opt level?)");
+  const double v = it->second.out_amax;
+  if (v < 0)
+    throw_error(ErrorCode::kNotFound, "calibration table entry '", node, "' has no output amax (the cache predates "
+                "output calibration: delete it to recalibrate)");
+  if (!(v > 0) || !std::isfinite(v))
+    throw_error(ErrorCode::kInvalidArgument, "calibration table entry '", node, "' has output amax ", v,
+                " (expected a finite value > 0)");
+  return v;
+}
+
 void CalibrationTable::save(const std::string& path) const {
   nlohmann::json j;
   j["format"] = "kiln-calibration-1";
@@ -215,7 +230,10 @@ void CalibrationTable::save(const std::string& path) const {
   j["sequences"] = sequences;
   j["tokens"] = tokens;
   nlohmann::json& t = j["tensors"];
-  for (auto& [name, c] : tensors) t[name] = {{"amax", c.amax}, {"rows", c.rows}, {"channel_absmax", c.channel_absmax}};
+  for (auto& [name, c] : tensors) {
+    t[name] = {{"amax", c.amax}, {"rows", c.rows}, {"channel_absmax", c.channel_absmax}};
+    if (c.out_amax >= 0) t[name]["out_amax"] = c.out_amax;
+  }
   if (!awq_format.empty()) {
     nlohmann::json& a = j["awq"];
     a["format"] = awq_format;
@@ -258,6 +276,12 @@ CalibrationTable CalibrationTable::parse(std::string_view text, const std::strin
       if (e.contains("amax")) c.amax = e.at("amax").get<std::map<std::string, double>>();
       c.rows = e.value("rows", int64_t(0));
       c.channel_absmax = e.at("channel_absmax").get<std::vector<float>>();
+      if (e.contains("out_amax")) {
+        c.out_amax = e.at("out_amax").get<double>();
+        if (!std::isfinite(c.out_amax) || c.out_amax < 0)
+          throw_error(ErrorCode::kInvalidArgument, "tensor '", name, "' has out_amax ", c.out_amax,
+                      " (expected a finite value >= 0)");
+      }
       for (auto& [m, v] : c.amax)
         if (!std::isfinite(v) || v < 0)
           throw_error(ErrorCode::kInvalidArgument, "tensor '", name, "' method '", m, "' has amax ", v);
@@ -343,8 +367,22 @@ void TensorCollector::observe_histogram(const float* x, int64_t rows, int64_t k)
     }
 }
 
+void TensorCollector::observe_output(const float* y, int64_t rows, int64_t n) {
+  float m = out_max_ < 0 ? 0.0f : float(out_max_);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t j = 0; j < n; ++j) {
+      const float v = y[r * n + j];
+      if (!std::isfinite(v))
+        throw_error(ErrorCode::kInvalidArgument, "calibration: the output of Linear '", name_, "' is ", v, " at row ", r,
+                    ", column ", j, ": the float model's activations are not finite on the calibration text");
+      m = std::max(m, std::fabs(v));
+    }
+  out_max_ = m;
+}
+
 TensorCalib TensorCollector::finish() const {
   TensorCalib c;
+  c.out_amax = out_max_;
   c.channel_absmax = channel_absmax_;
   c.rows = rows_;
   c.amax["max"] = max_;

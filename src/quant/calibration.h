@@ -60,6 +60,9 @@ struct TensorCalib {
   // "mse_fp8"/"kl_fp8" for E4M3 ("max"/"percentile" serve both).
   std::map<std::string, double> amax;
   int64_t rows = 0;                        // activation rows observed
+  // max |y| of the Linear's float output (before any activation epilogue); < 0: not
+  // measured (a cache written before output maxima were recorded).
+  double out_amax = -1;
 };
 
 // AWQ's result for one Linear (quant/awq.h): the per-input-channel scales, the alpha
@@ -84,6 +87,9 @@ struct CalibrationTable {
   // The amax of `node` for `method` and `format`; throws kNotFound naming the node (or
   // the missing threshold, e.g. an FP8 clip in a cache written before FP8 existed).
   double amax(const std::string& node, CalibMethod method, QuantFormat format = QuantFormat::kInt8) const;
+  // The max |output| of `node`; throws kNotFound naming the node when the table has none
+  // (recalibrate), kInvalidArgument when it is not > 0.
+  double out_amax(const std::string& node) const;
   void save(const std::string& path) const;
   // Throws kiln::Error (kInvalidArgument) naming the file and the problem on bad input.
   static CalibrationTable load(const std::string& path);
@@ -102,6 +108,8 @@ class TensorCollector {
   // inv_smooth: [K] multipliers 1/s_j (empty: no smoothing). Call after pass 1.
   void begin_histogram(std::vector<float> inv_smooth);
   void observe_histogram(const float* x, int64_t rows, int64_t k);
+  // The Linear's output y [rows, n]: its max |y| (out_amax). NaN/Inf throws as above.
+  void observe_output(const float* y, int64_t rows, int64_t n);
   // Every threshold of the histogram (int8 and FP8); pass 1's max for "max".
   TensorCalib finish() const;
   const std::vector<float>& channel_absmax() const { return channel_absmax_; }
@@ -112,6 +120,7 @@ class TensorCollector {
   std::vector<float> inv_smooth_;
   Histogram hist_;
   double max_ = 0;
+  double out_max_ = -1;  // < 0: no output seen
   int64_t rows_ = 0;
   void check_k(int64_t k);
 };

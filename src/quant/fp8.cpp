@@ -42,6 +42,10 @@ Fp8Report apply_fp8(ir::Graph& g, const CalibrationTable& table, const Fp8Option
     n.attrs["quant"] = std::string("fp8");
     n.attrs["act_amax"] = amax;
     ++rep.quantized;
+    if (o.gate_up_out && n.attr_str("activation", "") == "swiglu") {
+      n.attrs["out_amax"] = table.out_amax(n.name);
+      ++rep.gate_up_out;
+    }
   }
   ir::verify(g);
   return rep;

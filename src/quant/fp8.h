@@ -13,6 +13,10 @@
 // (cuBLASLt's FP8 layout rule and the GPU kernels' 16-byte rows); others stay float.
 // store_fp8_weights() turns their weights into E4M3 tensors (attr weight_scale) for
 // engine files. Tested in tests/quant/fp8_test.cpp.
+// gate_up_out (--fp8-gate-up-out): a quantized Linear with the swiglu epilogue (the
+// merged gate|up projection) also gets attr out_amax, the calibrated max |output|; its
+// [gate | up] output is then rounded to E4M3 with the scale out_amax / 448 before SwiGLU
+// (so a GPU GEMM can write E4M3 instead of bf16 there, half the bytes SwiGLU reads).
 #pragma once
 
 #include <string>
@@ -27,10 +31,12 @@ struct Fp8Options {
   CalibMethod method = CalibMethod::kMax;
   double smooth_alpha = -1;  // < 0: no SmoothQuant migration
   std::vector<std::string> keep;  // node or weight name substrings kept in float
+  bool gate_up_out = false;       // out_amax on swiglu Linears (see the file comment)
 };
 
 struct Fp8Report {
   int quantized = 0, kept = 0, kept_shape = 0, folded_into_norm = 0, smoothing_muls = 0;
+  int gate_up_out = 0;  // swiglu Linears given out_amax
   std::vector<std::string> kept_names;  // by --keep or by shape
 };
 
@@ -38,7 +44,8 @@ struct Fp8Report {
 bool fp8_shape_ok(int64_t n, int64_t k);
 
 // Rewrites g (see the file comment). Throws kNotFound when a Linear to quantize is
-// missing from the table or lacks the method's FP8 threshold.
+// missing from the table or lacks the method's FP8 threshold (or, with gate_up_out, a
+// swiglu Linear lacks its output amax), kInvalidArgument for an output amax <= 0.
 Fp8Report apply_fp8(ir::Graph& g, const CalibrationTable& table, const Fp8Options& options);
 
 // Engine files: replaces the weight of every quant="fp8" Linear still stored in

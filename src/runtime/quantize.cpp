@@ -131,6 +131,9 @@ quant::CalibrationTable calibrate_model(const std::string& path, const ModelOpti
     if (*pass == 1) it->second.observe_channels(x, t, k);
     else it->second.observe_histogram(x, t, k);
   };
+  observer->on_output = [collectors, pass](const std::string& node, const float* y, int64_t t, int64_t n) {
+    if (*pass == 1) collectors->at(node).observe_output(y, t, n);
+  };
   auto model = load_calibration_model(path, base, observer, "w8a8|fp8");
   auto seqs = sequences ? *sequences : calibration_sequences(*model, q);
   size_t usable = 0;
@@ -301,6 +304,7 @@ ModelOptions fp8_model_options(ModelOptions base, const quant::CalibrationTable&
   fo.method = quant::calib_method_parse(q.method);
   fo.smooth_alpha = q.smooth_alpha;
   fo.keep = q.keep;
+  fo.gate_up_out = q.fp8_gate_up_out;
   if (q.act_scale != "static")
     throw_error(ErrorCode::kInvalidArgument, "--quant fp8 takes static activation scales only (got --act-scale ",
                 q.act_scale, ")");
@@ -312,6 +316,7 @@ ModelOptions fp8_model_options(ModelOptions base, const quant::CalibrationTable&
              " activation clips, per-tensor scales), ", r.kept, " kept by --keep, ", r.kept_shape,
              " kept for shape (K or N not a multiple of 16); smoothing folded into ", r.folded_into_norm, " norms, ",
              r.smoothing_muls, " Mul nodes");
+    if (fo.gate_up_out) log_info("fp8: ", r.gate_up_out, " gate|up Linears round their output to E4M3");
     if (report) *report = r;
   };
   return base;
@@ -344,6 +349,8 @@ void quant_mode_check(const QuantOptions& q) {
   if (q.mode == "fp8" && q.act_scale != "static")
     throw_error(ErrorCode::kInvalidArgument, "--quant fp8 takes static activation scales only (got --act-scale ",
                 q.act_scale, ")");
+  if (q.fp8_gate_up_out && q.mode != "fp8")
+    throw_error(ErrorCode::kInvalidArgument, "--fp8-gate-up-out applies to --quant fp8 only (got --quant ", q.mode, ")");
 }
 
 ModelOptions quant_model_options(const ModelOptions& base, const quant::CalibrationTable& table, const QuantOptions& q) {
@@ -364,6 +371,7 @@ quant::CalibrationTable synthetic_calibration(const ir::Graph& g, double amax) {
     quant::TensorCalib& c = t.tensors[n.name];
     c.channel_absmax.assign(size_t(w.dim(1)), float(amax));
     for (const char* m : {"max", "percentile", "mse", "kl", "mse_fp8", "kl_fp8"}) c.amax[m] = amax;
+    c.out_amax = amax;
     c.rows = 1;
   }
   return t;

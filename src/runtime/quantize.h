@@ -27,6 +27,9 @@ struct QuantOptions {
   std::vector<std::string> keep;  // Linears (node or weight name substrings) kept f32
   double smooth_alpha = 0.5;      // SmoothQuant migration strength; < 0: none
   std::string act_scale = "static";  // static (calibrated, per tensor) | per-token (dynamic)
+  // fp8: the merged gate|up Linear's output rounded to E4M3 with its calibrated max
+  // (quant::Fp8Options::gate_up_out), so a GPU can write it as E4M3.
+  bool fp8_gate_up_out = false;
   std::string cache;              // calibration cache: read when it exists, else written
   int32_t seq_len = 256;          // tokens per calibration sequence (encoders: 128)
   int32_t max_sequences = 64;     // calibration sequences at most

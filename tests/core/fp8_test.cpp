@@ -140,6 +140,34 @@ TEST(Fp8Scale, PerTensorScaleMapsTheMaxToTheLargestCode) {
 // A tensor large enough to be split over the thread pool (chunks of 2^16): the scale from
 // the largest magnitude wherever it sits - here in the last chunk, then the first - and
 // every code the serial conversion's.
+// fp8_round_trip (the CPU emulation of a GEMM writing E4M3 output) against the spec:
+// each value becomes the nearest code of the scaled grid (brute force), times the scale;
+// past the clip it saturates to 448 * scale; in place gives the same. Large enough to be
+// split over the thread pool.
+TEST(Fp8Scale, RoundTripIsTheNearestScaledCode) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(0.0f, 3.0f);
+  std::vector<float> x(200'003);
+  for (float& v : x) v = nd(rng);
+  x[7] = 40.0f;    // past the clip below
+  x[8] = -1e-9f;   // below the smallest subnormal of the scaled grid: -0
+  x[9] = 0.0f;
+  const Fp8Scale s = fp8_scale_for_amax(12.5);
+  std::vector<float> y(x.size());
+  fp8_round_trip(x.data(), x.size(), s, y.data());
+  size_t bad = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float want = float(spec_value(brute_force_encode(x[i] * s.inv))) * s.scale;
+    bad += !(y[i] == want);
+  }
+  EXPECT_EQ(bad, 0u);
+  EXPECT_EQ(y[7], 448.0f * s.scale);
+  EXPECT_EQ(y[9], 0.0f);
+  std::vector<float> z = x;
+  fp8_round_trip(z.data(), z.size(), s, z.data());
+  EXPECT_EQ(z, y);
+}
+
 TEST(Fp8Scale, LargeTensorSplitOverThreadsMatchesTheSerialConversion) {
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.0f, 1.0f);

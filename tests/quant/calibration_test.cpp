@@ -120,6 +120,61 @@ TEST(Calibration, NonFiniteActivationsNameTheTensor) {
   EXPECT_THROW(d.observe_channels(y.data(), 1, 2), Error);
 }
 
+// The output maximum (--fp8-gate-up-out's scale): max |y| over every output seen, NaN/Inf
+// named; a collector that saw no output records none (-1), and the table asks to recalibrate.
+TEST(Calibration, OutputMaxIsRecorded) {
+  TensorCollector c("layers.0.mlp.gate_up");
+  std::vector<float> x = {1.0f, 2.0f};
+  c.observe_channels(x.data(), 1, 2);
+  EXPECT_EQ(c.finish().out_amax, -1.0);
+  std::vector<float> y1 = {0.5f, -3.25f, 1.0f, 2.0f, 0.0f, -0.75f};  // [2, 3]
+  std::vector<float> y2 = {3.0f, -1.0f, 0.5f};
+  c.observe_output(y1.data(), 2, 3);
+  c.observe_output(y2.data(), 1, 3);
+  c.begin_histogram({});
+  c.observe_histogram(x.data(), 1, 2);
+  EXPECT_EQ(c.finish().out_amax, 3.25);
+  std::vector<float> bad = {1.0f, 2.0f, NAN};
+  try {
+    c.observe_output(bad.data(), 1, 3);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("output of Linear 'layers.0.mlp.gate_up'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("column 2"), std::string::npos) << e.what();
+  }
+  bad[2] = -INFINITY;
+  EXPECT_THROW(c.observe_output(bad.data(), 1, 3), Error);
+
+  CalibrationTable t;
+  t.tensors["a"] = {{1.0f}, {{"max", 1.0}}, 1, 6.5};
+  t.tensors["b"] = {{1.0f}, {{"max", 1.0}}, 1};  // no output max
+  t.tensors["z"] = {{1.0f}, {{"max", 1.0}}, 1, 0.0};
+  EXPECT_EQ(t.out_amax("a"), 6.5);
+  for (const char* n : {"b", "z", "c"}) {
+    try {
+      t.out_amax(n);
+      FAIL() << "expected an error for " << n;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("'") + n + "'"), std::string::npos) << e.what();
+      if (std::string(n) == "b") EXPECT_NE(std::string(e.what()).find("recalibrate"), std::string::npos) << e.what();
+      if (std::string(n) == "z") EXPECT_NE(std::string(e.what()).find("> 0"), std::string::npos) << e.what();
+    }
+  }
+  const std::string path = ::testing::TempDir() + "/kiln_calib_out_test.json";
+  t.save(path);
+  CalibrationTable u = CalibrationTable::load(path);
+  EXPECT_EQ(u.tensors["a"].out_amax, 6.5);
+  EXPECT_EQ(u.tensors["b"].out_amax, -1.0);
+  std::filesystem::remove(path);
+  for (const char* v : {"-1", "\"x\"", "1e999"})
+    EXPECT_THROW(CalibrationTable::parse(std::string("{\"format\": \"kiln-calibration-1\", \"smooth_alpha\": 0.5, "
+                                                     "\"tensors\": {\"a\": {\"channel_absmax\": [1], \"out_amax\": ") +
+                                             v + "}}}",
+                                         "inline"),
+                 Error)
+        << v;
+}
+
 TEST(Calibration, CacheRoundTripAndBadFiles) {
   CalibrationTable t;
   t.model = "m";

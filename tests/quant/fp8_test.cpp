@@ -151,6 +151,111 @@ TEST(Fp8Rewrite, ShapeRuleAndKeep) {
   }
 }
 
+// One FP8 Linear [T, 64] x [64, 64]ᵀ on the CPU with the given extra attrs; its output
+// copied out (the compiled graph owns the one it returns).
+std::vector<float> run_fp8_linear(const Tensor& x, const Tensor& w, std::map<std::string, ir::Attr> extra, bool swiglu) {
+  ir::Graph g;
+  auto xi = g.add_input("x", DType::kF32, Shape{"T", 64});
+  std::map<std::string, ir::Attr> attrs = {{"quant", std::string("fp8")}, {"act_amax", 3.0}};
+  if (swiglu) attrs["activation"] = std::string("swiglu");
+  for (auto& [k, v] : extra) attrs[k] = v;
+  auto y = g.add("Linear", {xi, g.add_weight("l.weight", w)}, attrs, "l");
+  if (swiglu) g.value(y).shape = Shape{"T", 32};
+  g.add_output("y", y);
+  auto c = create_backend("cpu")->compile(g, {});
+  const Tensor y_out = c->run({{"x", x}}, StepInfo{}, nullptr).at("y");
+  return std::vector<float>(y_out.data_as<float>(), y_out.data_as<float>() + y_out.numel());
+}
+
+// out_amax on the CPU: the GEMM's output rounded through E4M3 with scale out_amax / 448
+// (bit-exact against the brute-force nearest scaled code of the same GEMM's f32 output),
+// then SwiGLU over the rounded [gate | up]; a bad out_amax is a clear error.
+TEST(Fp8GateUpOut, CpuRoundsTheOutputExactly) {
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  Tensor x(DType::kF32, {5, 64}), w(DType::kF32, {64, 64});
+  for (int64_t i = 0; i < x.numel(); ++i) x.data_as<float>()[i] = nd(rng);
+  for (int64_t i = 0; i < w.numel(); ++i) w.data_as<float>()[i] = 0.2f * nd(rng);
+  const double out_amax = 2.0;  // below the true max: some outputs saturate
+  const std::vector<float> plain = run_fp8_linear(x, w, {}, false);
+  const std::vector<float> rounded = run_fp8_linear(x, w, {{"out_amax", out_amax}}, false);
+  ASSERT_EQ(rounded.size(), 5u * 64);
+  const double scale = double(float(out_amax / 448.0)), inv = double(float(448.0 / out_amax));
+  int saturated = 0, changed = 0;
+  for (size_t i = 0; i < plain.size(); ++i) {
+    const float y = plain[i];
+    const float a = float(std::fabs(double(y) * double(float(inv))));
+    // The nearest E4M3 magnitude (fp8_fake_quant above: ties never occur on these values).
+    const double q = a >= 448.0f ? 448.0 : fp8_fake_quant(a, 448.0);
+    const float want = float(std::copysign(q, double(y))) * float(scale);
+    ASSERT_EQ(rounded[i], want) << i << ": " << y;
+    saturated += std::fabs(y) > out_amax;
+    changed += rounded[i] != y;
+  }
+  EXPECT_GT(saturated, 0);
+  EXPECT_GT(changed, int(plain.size() / 2));
+  const std::vector<float> act = run_fp8_linear(x, w, {{"out_amax", out_amax}}, true);
+  ASSERT_EQ(act.size(), 5u * 32);
+  for (int64_t r = 0; r < 5; ++r)
+    for (int64_t j = 0; j < 32; ++j) {
+      const double gt = rounded[size_t(r * 64 + j)], up = rounded[size_t(r * 64 + 32 + j)];
+      const double want = gt / (1.0 + std::exp(-gt)) * up;
+      EXPECT_NEAR(act[size_t(r * 32 + j)], want, 1e-5 * (1.0 + std::fabs(want))) << r << "," << j;
+    }
+  for (double bad : {0.0, -1.0, double(NAN), double(INFINITY)}) {
+    try {
+      run_fp8_linear(x, w, {{"out_amax", bad}}, true);
+      FAIL() << "expected an error for " << bad;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("out_amax"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("'l'"), std::string::npos) << e.what();
+    }
+  }
+}
+
+// The rewrite gives out_amax to quantized swiglu Linears only, and only when asked; a
+// table without the output max names the Linear and asks to recalibrate.
+TEST(Fp8GateUpOut, RewriteSetsOutAmaxOnSwigluLinears) {
+  auto make = [] {
+    ir::Graph g;
+    auto x = g.add_input("x", DType::kF32, Shape{"T", 64});
+    Tensor w(DType::kF32, {64, 64});
+    for (int64_t i = 0; i < w.numel(); ++i) w.data_as<float>()[i] = float(i % 5) * 0.1f - 0.2f;
+    auto h = g.add("Linear", {x, g.add_weight("gu.weight", w)}, {{"activation", std::string("swiglu")}}, "gu");
+    g.value(h).shape = Shape{"T", 32};
+    Tensor w2(DType::kF32, {64, 32});
+    for (int64_t i = 0; i < w2.numel(); ++i) w2.data_as<float>()[i] = float(i % 3) * 0.1f;
+    g.add_output("y", g.add("Linear", {h, g.add_weight("d.weight", w2)}, {}, "d"));
+    return g;
+  };
+  quant::CalibrationTable t;
+  t.tensors["gu"] = {std::vector<float>(64, 1.0f), {{"max", 3.0}}, 1, 7.5};
+  t.tensors["d"] = {std::vector<float>(32, 1.0f), {{"max", 2.0}}, 1, 4.0};
+  ir::Graph g = make();
+  quant::Fp8Report r = quant::apply_fp8(g, t, {});
+  EXPECT_EQ(r.gate_up_out, 0);
+  EXPECT_FALSE(g.nodes()[0].has_attr("out_amax"));
+  g = make();
+  r = quant::apply_fp8(g, t, {.gate_up_out = true});
+  EXPECT_EQ(r.quantized, 2);
+  EXPECT_EQ(r.gate_up_out, 1);
+  EXPECT_EQ(g.nodes()[0].attr_float("out_amax"), 7.5);
+  EXPECT_FALSE(g.nodes()[1].has_attr("out_amax"));
+  g = make();
+  r = quant::apply_fp8(g, t, {.keep = {"gu"}, .gate_up_out = true});  // kept float: no rounding either
+  EXPECT_EQ(r.gate_up_out, 0);
+  EXPECT_FALSE(g.nodes()[0].has_attr("out_amax"));
+  t.tensors["gu"].out_amax = -1;
+  g = make();
+  try {
+    quant::apply_fp8(g, t, {.gate_up_out = true});
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'gu'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("recalibrate"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Fp8, TinyDecoderNearF32EngineMatchesAndGenerates) {
   const std::string dir = testing::fixture_dir("llama");
   auto f32 = Model::load(dir);
@@ -191,6 +296,31 @@ TEST(Fp8, TinyDecoderNearF32EngineMatchesAndGenerates) {
       EXPECT_LT(layers.front().rel_rmse, 0.05) << layers.front().node;
       EXPECT_GT(layers[layers.size() / 2].rel_rmse, 0.02) << layers[layers.size() / 2].node;
     }
+  // --fp8-gate-up-out: calibration recorded the merged gate|up outputs' max; every layer's
+  // gate|up Linear rounds to E4M3, the logits move (measured below) yet stay in bounds.
+  {
+    q.method = "mse";
+    q.smooth_alpha = -1;
+    auto base_m = Model::load(dir, fp8_model_options({}, table, q));
+    auto base = all_logits(*base_m, toks);
+    q.fp8_gate_up_out = true;
+    auto report = std::make_shared<quant::Fp8Report>();
+    auto m = Model::load(dir, fp8_model_options({}, table, q, report));
+    int swiglu = 0;
+    for (auto& n : m->graph().nodes())
+      if (n.op == "Linear" && n.attr_str("activation", "") == "swiglu") {
+        ++swiglu;
+        EXPECT_EQ(n.attr_float("out_amax"), table.out_amax(n.name)) << n.name;
+        EXPECT_GT(n.attr_float("out_amax"), 0.0) << n.name;
+      }
+    EXPECT_GT(swiglu, 0);
+    EXPECT_EQ(report->gate_up_out, swiglu);
+    auto got = all_logits(*m, toks);
+    EXPECT_NE(got, base);
+    EXPECT_LT(rel_rms(got, ref), 0.30);
+    EXPECT_LT(rel_rms(got, base), 0.20);
+    q.fp8_gate_up_out = false;
+  }
   // --keep everything: bit-identical to f32.
   q.method = "max";
   q.smooth_alpha = -1;
@@ -305,6 +435,24 @@ TEST(Fp8, BadInputIsAClearError) {
     EXPECT_NE(std::string(e.what()).find("static"), std::string::npos) << e.what();
   }
   q.act_scale = "static";
+  // --fp8-gate-up-out with a cache that has no output maxima (written before they were
+  // recorded) asks for recalibration; with another mode it is refused.
+  q.fp8_gate_up_out = true;
+  try {
+    load_model(dir, {}, q);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("output amax"), std::string::npos) << e.what();
+  }
+  q.mode = "w8a8";
+  try {
+    load_model(dir, {}, q);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("--fp8-gate-up-out"), std::string::npos) << e.what();
+  }
+  q.mode = "fp8";
+  q.fp8_gate_up_out = false;
   std::filesystem::remove(q.calib);
   q.mode = "fp9";
   EXPECT_THROW(load_model(dir, {}, q), Error);

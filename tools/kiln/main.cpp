@@ -97,6 +97,9 @@ void add_quant_options(CLI::App* cmd, QuantOptions& q) {
                   "time; w8a8 only)")
       ->check(CLI::IsMember({"static", "per-token"}))
       ->capture_default_str();
+  cmd->add_flag("--fp8-gate-up-out", q.fp8_gate_up_out,
+                "fp8: round the merged gate|up Linear's output to E4M3 (per-tensor scale from its calibrated max) "
+                "before SwiGLU, as the GPU's E4M3-output GEMM computes it");
   cmd->add_option("--calib-seqs", q.max_sequences, "calibration sequences at most")->capture_default_str();
   cmd->add_option("--awq-grid", q.awq_grid, "awq: steps of the alpha search over [0, 1]")
       ->check(CLI::Range(1, 1000))

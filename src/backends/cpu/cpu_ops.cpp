@@ -280,6 +280,8 @@ LinearGemm w8a8_gemm(const ir::Node& n, const Tensor& w, const Tensor& bias, con
 
 // FP8 (attrs quant="fp8", act_amax; weight_scale when the weight is stored as E4M3
 // codes, else the f32 weight is quantized here with core/fp8.h's per-tensor scale).
+// out_amax (quant/fp8.h, swiglu Linears): the output is rounded through E4M3 with the
+// per-tensor scale out_amax / 448 before the epilogue, as a GPU GEMM writing E4M3 does.
 LinearGemm fp8_gemm(const ir::Node& n, const ir::Graph& g, const Tensor& bias, const CompileOptions& opt,
                     int64_t* out_n) {
   const double amax = n.attr_float("act_amax");
@@ -287,6 +289,15 @@ LinearGemm fp8_gemm(const ir::Node& n, const ir::Graph& g, const Tensor& bias, c
     throw_error(ErrorCode::kInvalidArgument, "cpu: Linear '", n.name, "' has act_amax ", amax,
                 " (expected a finite value >= 0 from calibration)");
   const Fp8Scale xs = fp8_scale_for_amax(amax);
+  const bool round_out = n.has_attr("out_amax");
+  Fp8Scale os;
+  if (round_out) {
+    const double oa = n.attr_float("out_amax");
+    if (!(oa > 0) || !std::isfinite(oa))
+      throw_error(ErrorCode::kInvalidArgument, "cpu: fp8 Linear '", n.name, "' has out_amax ", oa,
+                  " (expected a finite value > 0: the calibrated max |output|)");
+    os = fp8_scale_for_amax(oa);
+  }
   const ir::ValueId wv = n.inputs[1];
   if (!g.is_weight(wv))
     throw_error(ErrorCode::kUnsupported, "cpu: fp8 Linear '", n.name, "' needs its weight to be a weight");
@@ -324,8 +335,9 @@ LinearGemm fp8_gemm(const ir::Node& n, const ir::Graph& g, const Tensor& bias, c
   }
   LinearTactic tactic = linear_tactic_for(n, opt);
   std::string name = n.name;
-  return [packed, xs, b, bias, obs, ref, name, tactic](const float* x, int64_t t, int64_t k, float* y) {
+  return [packed, xs, round_out, os, b, bias, obs, ref, name, tactic](const float* x, int64_t t, int64_t k, float* y) {
     linear_fp8(x, t, k, *packed, xs.scale, xs.inv, b, y, tactic);
+    if (round_out) fp8_round_trip(y, size_t(t * packed->n()), os, y);
     if (obs) {
       std::vector<float> yf(static_cast<size_t>(t * packed->n()));
       linear(x, t, k, *ref, b, yf.data());
@@ -374,12 +386,13 @@ OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, const CompileOptions
       linear(x, t, k, *packed, b, y, tactic);
     };
   }
-  if (opt.linear_observer && opt.linear_observer->on_input) {
+  if (opt.linear_observer && (opt.linear_observer->on_input || opt.linear_observer->on_output)) {
     std::shared_ptr<const LinearObserver> obs = opt.linear_observer;
     std::string name = n.name;
-    gemm = [inner = std::move(gemm), obs, name](const float* x, int64_t t, int64_t k, float* y) {
-      obs->on_input(name, x, t, k);
+    gemm = [inner = std::move(gemm), obs, name, out_n](const float* x, int64_t t, int64_t k, float* y) {
+      if (obs->on_input) obs->on_input(name, x, t, k);
       inner(x, t, k, y);
+      if (obs->on_output) obs->on_output(name, y, t, out_n);
     };
   }
   // The activation epilogue (fuse_linear_activation) runs over the output right after

@@ -22,8 +22,8 @@ namespace kiln::cuda {
 
 namespace {
 
-// Codes [n, k] then, 256 bytes further on, the two cuBLASLt scales w_scale and x_scale,
-// 16 bytes apart (floats 0 and 4).
+// Codes [n, k] then, 256 bytes further on, the cuBLASLt scales w_scale, x_scale and (for
+// an E4M3 output) d_scale, 16 bytes apart (floats 0, 4 and 8).
 struct Fp8Weights {
   DeviceBuffer buf;
   size_t scales_off = 0;
@@ -43,6 +43,14 @@ bool fp8_codes_producer(const ir::Node& n, size_t out) {
 }
 
 }  // namespace
+
+bool fp8_gate_up_e4m3_enabled() {
+  const char* e = std::getenv("KILN_CUDA_FP8_GATEUP_E4M3");
+  if (!e || !*e || std::strcmp(e, "1") == 0) return true;
+  if (std::strcmp(e, "0") == 0) return false;
+  throw_error(ErrorCode::kInvalidArgument, "KILN_CUDA_FP8_GATEUP_E4M3='", e,
+              "' (expected 1: a gate|up Linear with out_amax writes E4M3, or 0: bf16 as without it)");
+}
 
 bool fp8_fuse_enabled() {
   return env_switch("KILN_CUDA_FP8_FUSE", "the quantize fused into the producer",
@@ -110,6 +118,16 @@ OpRun prepare_fp8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& 
     throw_error(ErrorCode::kInvalidArgument, "cuda: Linear '", n.name, "' has act_amax ", amax,
                 " (expected a finite value >= 0 from calibration)");
   const Fp8Scale xs = fp8_scale_for_amax(amax);
+  // out_amax (quant/fp8.h): the GEMM's output leaves as E4M3 with this scale (prefill).
+  Fp8Scale os;
+  const bool has_out_amax = n.has_attr("out_amax");
+  if (has_out_amax) {
+    const double oa = n.attr_float("out_amax");
+    if (!(oa > 0) || !std::isfinite(oa))
+      throw_error(ErrorCode::kInvalidArgument, "cuda: fp8 Linear '", n.name, "' has out_amax ", oa,
+                  " (expected a finite value > 0: the calibrated max |output|)");
+    os = fp8_scale_for_amax(oa);
+  }
   const Tensor& wt = g.weight(n.inputs[1]);
   const int64_t nn = wt.dim(0), k = wt.dim(1);
   // The codes on the host: the engine's, or the f32 weights quantized as the CPU does.
@@ -135,8 +153,8 @@ OpRun prepare_fp8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& 
   dw->scales_off = align256(code_bytes);
   // Each scale on its own 16 bytes: cuBLASLt refused (NOT_SUPPORTED, H200) a B scale
   // pointer 4 bytes after the A scale.
-  dw->buf = DeviceBuffer(dw->scales_off + 8 * sizeof(float));
-  const float scales[8] = {w_scale, 0.0f, 0.0f, 0.0f, xs.scale, 0.0f, 0.0f, 0.0f};
+  dw->buf = DeviceBuffer(dw->scales_off + 12 * sizeof(float));
+  const float scales[12] = {w_scale, 0.0f, 0.0f, 0.0f, xs.scale, 0.0f, 0.0f, 0.0f, os.inv, 0.0f, 0.0f, 0.0f};
   KILN_CUDA_CHECK(cudaMemcpy(dw->buf.get(), codes.data(), code_bytes, cudaMemcpyHostToDevice));
   KILN_CUDA_CHECK(cudaMemcpy(static_cast<char*>(dw->buf.get()) + dw->scales_off, scales, sizeof(scales),
                              cudaMemcpyHostToDevice));
@@ -165,6 +183,13 @@ OpRun prepare_fp8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& 
   const auto [x_producer, x_out] = value_producer(g, n.inputs[0]);
   const bool x_codes = x_producer && fp8_fused_output(*x_producer, x_out, g, pc.act).has_value();
   const std::optional<Fp8Scale> y_codes = fp8_fused_output(n, 0, g, pc.act);
+  // [gate | up] as E4M3 (half the bytes of bf16) when the node carries out_amax and its
+  // SwiGLU writes codes for the down projection; decode rows (the GEMV) keep bf16.
+  const bool gu_e4m3 = swiglu && has_out_amax && y_codes && bias == nullptr && fp8_gate_up_e4m3_enabled();
+  if (has_out_amax && !gu_e4m3)
+    log_debug("cuda: fp8 Linear '", n.name, "' has out_amax but keeps its output in bf16 (",
+              !swiglu ? "no swiglu" : !y_codes ? "its output is not E4M3 codes" : bias ? "a bias" :
+              "KILN_CUDA_FP8_GATEUP_E4M3=0", ")");
   if (x_codes || y_codes)
     log_debug("cuda: fp8 Linear '", n.name, "'", x_codes ? " reads E4M3 codes" : "",
               y_codes ? " writes E4M3 codes" : "");
@@ -190,7 +215,7 @@ OpRun prepare_fp8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& 
     // (SwiGLU through cuBLASLt) or y in bf16 before its codes (y_codes otherwise).
     const bool gemv = fp8_gemv_supports(t, k);
     const size_t q_bytes = x_codes ? 0 : align256(size_t(t * k));
-    const size_t mid_bytes = !gemv && swiglu ? size_t(t * nn) * 2 : y_codes ? size_t(t * out_n) * 2 : 0;
+    const size_t mid_bytes = !gemv && swiglu ? size_t(t * nn) * (gu_e4m3 ? 1 : 2) : y_codes ? size_t(t * out_n) * 2 : 0;
     auto* scratch = static_cast<char*>(c.scratch(q_bytes + mid_bytes));
     const uint8_t* xq = static_cast<const uint8_t*>(x.data);
     if (!x_codes) {
@@ -202,6 +227,9 @@ OpRun prepare_fp8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& 
     if (gemv) {
       launch_fp8_gemv(xq, dw->codes(), scale, bias, y_codes ? mid : y.data, t, out_n, k, s, epi);
       if (y_codes) launch_fp8_quantize(DType::kBF16, mid, t * out_n, y_codes->inv, yq, s);
+    } else if (gu_e4m3) {
+      c.cx->gemm->run_fp8_e4m3(xq, dw->codes(), dw->scales(), mid, t, nn, k, s);
+      launch_swiglu_e4m3(static_cast<const uint8_t*>(mid), t, out_n, os.scale, y_codes->inv, yq, s);
     } else if (swiglu) {
       c.cx->gemm->run_fp8(xq, dw->codes(), dw->scales(), bias, mid, t, nn, k, s);
       if (y_codes) launch_swiglu_fp8(DType::kBF16, mid, t, out_n, y_codes->inv, yq, s);

@@ -28,6 +28,12 @@ OpRun prepare_fp8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& 
 // KILN_CUDA_FP8_FUSE, read when a graph is prepared: unset or 1 fuses, 0 does not; any
 // other value is a kInvalidArgument error naming it.
 bool fp8_fuse_enabled();
+// KILN_CUDA_FP8_GATEUP_E4M3, read when a graph is prepared: unset or 1 lets a swiglu FP8
+// Linear with attr out_amax (quant/fp8.h's --fp8-gate-up-out) write [gate | up] as E4M3
+// (cuBLASLt D scale 448 / out_amax) for the E4M3 SwiGLU (ops/elementwise_fp8.h) when that
+// SwiGLU writes codes, has no bias and the rows are a GEMM's (prefill; decode rows keep
+// the bf16 GEMV); 0 keeps bf16 there; other values are a kInvalidArgument error.
+bool fp8_gate_up_e4m3_enabled();
 // The scale with which output `out` of node n is written as E4M3 codes, or none (it is
 // written in the activation dtype). Codes when: fusion is enabled, the activations are
 // bf16, n has an E4M3 kernel for that output (RMSNorm/LayerNorm output 0, AddRMSNorm/

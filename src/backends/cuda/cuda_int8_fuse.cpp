@@ -15,14 +15,21 @@ namespace kiln::cuda {
 
 namespace {
 
-// Whether node n writes output `out` through an int8 kernel when asked to: the norms, and
-// the SmoothQuant Mul (an activation times a weight row).
+// Whether node n writes output `out` through an int8 kernel when asked to: the norms, the
+// SmoothQuant Mul (an activation times a weight row), and a W8A8 Linear whose activation
+// runs in a pass after its GEMM (elementwise_int8.h's launch_unary_int8).
 bool int8_codes_producer(const ir::Node& n, size_t out, const ir::Graph& g) {
   if (n.op == "RMSNorm" || n.op == "LayerNorm") return out == 0;
   if (n.op == "AddRMSNorm" || n.op == "AddLayerNorm") return out == 1;
   if (n.op == "Mul")
     return out == 0 && n.inputs.size() == 2 && !g.is_weight(n.inputs[0]) && g.is_weight(n.inputs[1]) &&
            g.weight(n.inputs[1]).rank() == 1;
+  if (n.op == "Linear") {
+    const std::string act = n.attr_str("activation", "");
+    return out == 0 && n.attr_str("quant", "") == "w8a8" && (act == "gelu_erf" || act == "gelu_tanh" || act == "silu") &&
+           !n.has_attr("norm") && n.input(3) == ir::kNoValue && w8a8_linear_supported(n, g, nullptr) &&
+           !w8a8_act_in_epilogue();
+  }
   return false;
 }
 
@@ -59,6 +66,17 @@ std::optional<Int8Codes> int8_fused_output(const ir::Node& n, size_t out, const 
       codes = c;
     }
   return codes;
+}
+
+Int8Out int8_out(OpContext& c, size_t o, const std::vector<int64_t>& shape, const Int8Codes& codes) {
+  DevTensor& y = c.out(o, shape);
+  const int64_t k = y.dim(-1), t = k ? y.numel() / k : 0;
+  KILN_CHECK(!codes.per_token || int8_row_scales_offset(t, k) + size_t(t) * 4 <= size_t(y.numel()) * dtype_size(y.dtype),
+             "cuda: ", t, " rows of ", k, " int8 codes and their scales do not fit the activation's buffer");
+  y.dtype = DType::kI8;
+  auto* q = static_cast<int8_t*>(y.data);
+  return {q, codes.per_token ? reinterpret_cast<float*>(static_cast<char*>(y.data) + int8_row_scales_offset(t, k))
+                             : nullptr};
 }
 
 std::string int8_profile_tag(const ir::Node& n, const ir::Graph& g, DType act) {

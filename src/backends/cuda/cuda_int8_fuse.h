@@ -1,7 +1,9 @@
 // The W8A8 Linear's activation quantize fused into its producer (mirroring the FP8 path,
-// cuda_fp8_linear.h): where a LayerNorm / RMSNorm / AddLayerNorm / AddRMSNorm output, or
-// a SmoothQuant Mul's (quant/w8a8.h: post-LN models such as BERT, whose norm outputs also
-// feed the residual, smooth through a Mul), is read only by W8A8 Linears (as their input
+// cuda_fp8_linear.h): where a LayerNorm / RMSNorm / AddLayerNorm / AddRMSNorm output, a
+// SmoothQuant Mul's (quant/w8a8.h: post-LN models such as BERT, whose norm outputs also
+// feed the residual, smooth through a Mul), or a W8A8 Linear's with a gelu_erf, gelu_tanh
+// or silu activation (BERT's FFN up projection feeding the down projection, applied in a
+// pass after its GEMM: cuda_w8a8_linear.h) is read only by W8A8 Linears (as their input
 // x) that share one static input scale, or that all quantize per token, that kernel writes
 // the int8 codes itself (norm.h's *_int8 launchers, elementwise_int8.h) and the Linears
 // skip their quantize pass; codes and row scales are those of the unfused pair, bit for
@@ -9,7 +11,7 @@
 // The value then travels in the buffer the activation was planned for: t x k int8 codes,
 // and with per-token scales the t f32 row scales after them (int8_row_scales_offset).
 // Internal to the CUDA backend; tested in tests/backends/cuda/int8_fuse_test.cpp (kernels
-// against norm / Mul -> quantize, the decision, graphs fused against unfused) and
+// against producer -> quantize, the decision, graphs fused against unfused) and
 // w8a8_models_test.cpp (the tiny BERT and Llama with and without the fusion).
 #pragma once
 
@@ -17,11 +19,14 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "core/dtype.h"
 #include "ir/graph.h"
 
 namespace kiln::cuda {
+
+struct OpContext;
 
 // How the codes of a fused value were made: each row with its own scale (the row scales
 // follow the codes), or all with one static scale of inverse `inv`.
@@ -41,8 +46,10 @@ bool int8_fuse_enabled();
 // K, the value is no graph output, it is read by at least one
 // node, each a quant="w8a8" Linear that w8a8_linear_supported and takes it as its input x
 // only, all with the same static scale or all per token (act_dynamic), and the codes (with
-// the row scales) fit the value's planned bytes (int8_codes_fit). The producer's and the
-// readers' prepare functions both ask this.
+// the row scales) fit the value's planned bytes (int8_codes_fit). A W8A8 Linear (output 0)
+// is a producer when its activation is gelu_erf, gelu_tanh or silu and it applies it in a
+// pass of its own (not KILN_CUDA_W8A8_ACT_EPILOGUE=1, w8a8_act_in_epilogue). The
+// producer's and the readers' prepare functions both ask this.
 std::optional<Int8Codes> int8_fused_output(const ir::Node& n, size_t out, const ir::Graph& g, DType act);
 
 // Where the f32 row scales of t rows of k codes start: after the codes, 16-byte aligned.
@@ -51,6 +58,15 @@ inline size_t int8_row_scales_offset(int64_t t, int64_t k) { return (size_t(t) *
 // each that the value's buffer is planned and allocated for, for every t >= 1: with k a
 // multiple of 4, offset + 4t <= tk + 12 + 4t <= es * tk when (es - 1) * k >= 16.
 inline bool int8_codes_fit(int64_t k, size_t es) { return k > 0 && k % 4 == 0 && (int64_t(es) - 1) * k >= 16; }
+
+// Output `o` of a producer as the int8 codes of the W8A8 Linears reading it: allocated
+// with `shape` in the activation dtype (as planned), then retyped to int8; with per-token
+// scales, the row scales follow the codes (int8_row_scales_offset, int8_codes_fit).
+struct Int8Out {
+  int8_t* q;
+  float* row_scale;  // null: the static scale
+};
+Int8Out int8_out(OpContext& c, size_t o, const std::vector<int64_t>& shape, const Int8Codes& codes);
 
 // What the layer profile appends to the node's op name: "{int8 in}" for a W8A8 Linear
 // that reads codes (no quantize pass), "{+int8 quantize}" for a node that writes them;

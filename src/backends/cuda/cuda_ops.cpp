@@ -150,13 +150,6 @@ OpRun prepare_embedding(const ir::Node& n, const ir::Graph& g, PrepareContext& p
   };
 }
 
-// Forward: the int8 output of a norm or Mul (below).
-struct Int8Out {
-  int8_t* q;
-  float* row_scale;  // null: the static scale
-};
-Int8Out int8_out(OpContext& c, size_t o, const std::vector<int64_t>& shape, const Int8Codes& codes);
-
 template <BinaryOp kOp>
 OpRun prepare_binary(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) {
   // A weight operand (a bias row, a scale) is uploaded in the activation dtype.
@@ -176,20 +169,6 @@ OpRun prepare_binary(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) 
     DevTensor& y = c.out(0, a.shape);
     launch_binary(kOp, y.dtype, a.data, wb ? wb : b.data, a.numel(), b.numel(), y.data, c.cx->stream);
   };
-}
-
-// Output `o` of a norm or Mul as the int8 codes of the W8A8 Linears reading it
-// (int8_fused_output): allocated as the activation it replaces, then retyped; with
-// per-token scales, the row scales follow the codes (int8_row_scales_offset, int8_codes_fit).
-Int8Out int8_out(OpContext& c, size_t o, const std::vector<int64_t>& shape, const Int8Codes& codes) {
-  DevTensor& y = c.out(o, shape);
-  const int64_t k = y.dim(-1), t = k ? y.numel() / k : 0;
-  KILN_CHECK(!codes.per_token || int8_row_scales_offset(t, k) + size_t(t) * 4 <= size_t(y.numel()) * dtype_size(y.dtype),
-             "cuda: ", t, " rows of ", k, " int8 codes and their scales do not fit the activation's buffer");
-  y.dtype = DType::kI8;
-  auto* q = static_cast<int8_t*>(y.data);
-  return {q, codes.per_token ? reinterpret_cast<float*>(static_cast<char*>(y.data) + int8_row_scales_offset(t, k))
-                             : nullptr};
 }
 
 // The norms, SwiGLU and GELU write their output as E4M3 codes where only FP8 Linears

@@ -1,18 +1,23 @@
 // W8A8 INT8 Linear on the device (see cuda_w8a8_linear.h). Host code: weight
 // quantization and upload, the per-step launch sequence, the choice between the fused
-// CUTLASS GEMM and cuBLASLt's int8 GEMM (KILN_CUDA_W8A8_GEMM), the row tiling of the
-// int32 sums, and tuning of either GEMM.
+// CUTLASS GEMM and cuBLASLt's int8 GEMM (KILN_CUDA_W8A8_GEMM), the activation after the
+// CUTLASS GEMM (KILN_CUDA_W8A8_ACT_EPILOGUE) and the int8 codes it may write, the row
+// tiling of the int32 sums, and tuning of either GEMM.
 #include "backends/cuda/cuda_w8a8_linear.h"
 
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "backends/cuda/cuda_int8_fuse.h"
 #include "backends/cuda/ops/convert.h"
+#include "backends/cuda/ops/elementwise.h"
+#include "backends/cuda/ops/elementwise_int8.h"
 #include "backends/cuda/ops/int8.h"
 #include "backends/cuda/ops/int8_gemm_sm90.h"
 #include "core/int8.h"
@@ -76,7 +81,24 @@ bool w8a8_fused_gemm_ok(DType act, const int8_t* codes, int64_t out_n, int64_t k
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+// The activation's pass after the GEMM, or none (SwiGLU, no activation).
+std::optional<UnaryOp> unary_of(GemvEpilogue e) {
+  if (e == GemvEpilogue::kGeluErf) return UnaryOp::kGeluErf;
+  if (e == GemvEpilogue::kGeluTanh) return UnaryOp::kGeluTanh;
+  if (e == GemvEpilogue::kSilu) return UnaryOp::kSilu;
+  return std::nullopt;
+}
+
 }  // namespace
+
+bool w8a8_act_in_epilogue() {
+  const char* e = std::getenv("KILN_CUDA_W8A8_ACT_EPILOGUE");
+  if (!e || !*e || std::strcmp(e, "0") == 0) return false;
+  if (std::strcmp(e, "1") == 0) return true;
+  throw_error(ErrorCode::kInvalidArgument, "KILN_CUDA_W8A8_ACT_EPILOGUE='", e,
+              "' (expected 0: the W8A8 GEMM without its activation, then one pass applying it, or 1: the activation "
+              "in the GEMM's epilogue)");
+}
 
 bool w8a8_linear_supported(const ir::Node& n, const ir::Graph& g, std::string* why) {
   auto fail = [&](std::string msg) {
@@ -134,19 +156,25 @@ OpRun prepare_w8a8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext&
   base.w_scale = dw->scales();
   base.bias = bias;
   base.act = epi;
+  // The CUTLASS GEMM leaves GELU / SiLU to a pass after it (unless
+  // KILN_CUDA_W8A8_ACT_EPILOGUE=1): `split`, and the epilogue it runs.
+  const std::optional<UnaryOp> unary = unary_of(epi);
+  const bool split = unary && !w8a8_act_in_epilogue();
+  Int8Epilogue gemm_base = base;
+  if (split) gemm_base.act = GemvEpilogue::kNone;
 
   // Prefill rows through the fused GEMM when it is built and takes this Linear (not
   // SwiGLU, whose gate and up halves are far apart in N), its configuration timed per row
   // bucket; else cuBLASLt's int8 GEMM + the dequantize kernel.
   std::string why_not;
   const bool fused =
-      w8a8_gemm_cutlass_from_env() && w8a8_fused_gemm_ok(pc.act, dw->codes(), out_n, k, base, &why_not);
+      w8a8_gemm_cutlass_from_env() && w8a8_fused_gemm_ok(pc.act, dw->codes(), out_n, k, gemm_base, &why_not);
   if (!fused && !why_not.empty()) log_debug("cuda: Linear '", n.name, "' uses cuBLASLt's int8 GEMM: ", why_not);
   Int8GemmPlan plan;
   const int sms = pc.cx->num_sms;
   if (fused && Gemm::tuning_enabled()) {
     std::vector<Int8GemmTiming> times;
-    plan = int8_gemm_sm90_tune(pc.act, dw->codes(), out_n, k, base, dynamic, sms, pc.cx->stream, &times);
+    plan = int8_gemm_sm90_tune(pc.act, dw->codes(), out_n, k, gemm_base, dynamic, sms, pc.cx->stream, &times);
     std::string line;
     for (const Int8GemmTiming& tt : times)
       line += str_cat(" m=", tt.m, " ", int8_gemm_config_name(tt.config), "=", int(tt.ms * 1e3f), "us");
@@ -167,30 +195,54 @@ OpRun prepare_w8a8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext&
   // with this Linear's scale: no quantize pass then.
   const auto [x_producer, x_out] = value_producer(g, n.inputs[0]);
   const bool x_codes = x_producer && int8_fused_output(*x_producer, x_out, g, pc.act).has_value();
-  if (x_codes) log_debug("cuda: w8a8 Linear '", n.name, "' reads int8 codes");
+  // The output may leave as the int8 codes of the W8A8 Linears reading it (only with
+  // `split`: int8_fused_output asks w8a8_act_in_epilogue): every path first makes the
+  // output in the activation dtype, in scratch, then its codes from it, as the readers'
+  // quantize would.
+  const std::optional<Int8Codes> y_codes = int8_fused_output(n, 0, g, pc.act);
+  KILN_CHECK(!y_codes || split, "cuda: w8a8 Linear '", n.name, "' writes codes without its activation pass");
+  if (x_codes || y_codes)
+    log_debug("cuda: w8a8 Linear '", n.name, "'", x_codes ? " reads int8 codes" : "", y_codes ? " writes int8 codes" : "");
 
   const std::string name = n.name;
+  const DType act = pc.act;
   return [=](OpContext& c) {
-    const auto [x, y, t] = linear_io(c, name, k, out_n);
+    const DevTensor& x = *c.inputs[0];
+    KILN_THROW_IF(x.dim(1) != k, kInvalidArgument, "linear '", name, "': x has ", x.dim(1),
+                  " features, the weight expects ", k);
+    const int64_t t = x.dim(0);
     KILN_CHECK((x.dtype == DType::kI8) == x_codes, "cuda: w8a8 Linear '", name, "' got ", dtype_name(x.dtype),
-               x_codes ? ", expected its norm's int8 codes" : ", expected activations");
+               x_codes ? ", expected its producer's int8 codes" : ", expected activations");
+    // y in the activation dtype, or as codes (retyped; the activation dtype is `ot`).
+    Int8Out yq{nullptr, nullptr};
+    DevTensor* yp = nullptr;
+    if (y_codes) {
+      yq = int8_out(c, 0, {t, out_n}, *y_codes);
+    } else {
+      yp = &c.out(0, {t, out_n});
+    }
+    const DType ot = y_codes ? act : yp->dtype;
     if (t == 0) return;
     cudaStream_t s = c.cx->stream;
-    // Scratch: the input's codes and per-token scales (unless they arrive so), then one
-    // tile of int32 sums (the fused GEMM: its workspace, if any).
+    // Scratch: the input's codes and per-token scales (unless they arrive so), the output
+    // in `ot` before its codes (y_codes), then one tile of int32 sums (the fused GEMM: its
+    // workspace, if any).
+    const size_t q_bytes = x_codes ? 0 : align256(size_t(t * k)),
+                 rs_bytes = dynamic && !x_codes ? align256(size_t(t) * 4) : 0,
+                 mid_bytes = y_codes ? align256(size_t(t * out_n) * dtype_size(ot)) : 0;
     const bool gemv = int8_gemv_supports(t, k);
-    const bool gemm_fused = !gemv && fused && aligned16(y.data);
+    // Where the GEMM's output goes: y, or scratch before the codes (256-byte aligned).
+    const bool gemm_fused = !gemv && fused && (y_codes || aligned16(yp->data));
     const Int8GemmConfig cfg = plan.tuned ? plan.pick(t) : int8_gemm_sm90_default(t, out_n, sms);
     const int64_t tile = gemv || gemm_fused ? t : int8_tile_rows(t, n_pad);
-    const size_t q_bytes = x_codes ? 0 : align256(size_t(t * k)),
-                 rs_bytes = dynamic && !x_codes ? align256(size_t(t) * 4) : 0;
     const size_t acc_bytes = gemv         ? 0
-                             : gemm_fused ? int8_gemm_sm90_workspace(cfg, y.dtype, t, out_n, k, epi)
+                             : gemm_fused ? int8_gemm_sm90_workspace(cfg, ot, t, out_n, k, gemm_base.act)
                                           : size_t(tile * n_pad) * 4;
-    auto* scratch = static_cast<char*>(c.scratch(q_bytes + rs_bytes + acc_bytes));
+    auto* scratch = static_cast<char*>(c.scratch(q_bytes + rs_bytes + mid_bytes + acc_bytes));
     auto* xq = reinterpret_cast<int8_t*>(scratch);
     auto* rs = dynamic ? reinterpret_cast<float*>(scratch + q_bytes) : nullptr;
-    auto* acc = reinterpret_cast<int32_t*>(scratch + q_bytes + rs_bytes);
+    void* yt = y_codes ? static_cast<void*>(scratch + q_bytes + rs_bytes) : yp->data;
+    auto* acc = reinterpret_cast<int32_t*>(scratch + q_bytes + rs_bytes + mid_bytes);
     if (x_codes) {
       xq = static_cast<int8_t*>(x.data);
       rs = dynamic ? reinterpret_cast<float*>(static_cast<char*>(x.data) + int8_row_scales_offset(t, k)) : nullptr;
@@ -199,21 +251,31 @@ OpRun prepare_w8a8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext&
     }
     Int8Epilogue e = base;
     e.row_scale = rs;
-    if (gemv) {
-      launch_int8_gemv(y.dtype, xq, dw->codes(), t, out_n, k, e, y.data, s);
-      return;
-    }
     if (gemm_fused) {
-      launch_int8_gemm_sm90(cfg, y.dtype, xq, dw->codes(), t, out_n, k, e, y.data, acc, acc_bytes, sms, s);
+      // The activation (split) in a pass after the GEMM: into y in place, or to the codes.
+      Int8Epilogue ge = gemm_base;
+      ge.row_scale = rs;
+      launch_int8_gemm_sm90(cfg, ot, xq, dw->codes(), t, out_n, k, ge, yt, acc, acc_bytes, sms, s);
+      if (split && y_codes)
+        launch_unary_int8(*unary, ot, yt, t, out_n, y_codes->inv, yq.q, yq.row_scale, s);
+      else if (split)
+        launch_unary(*unary, ot, yt, t * out_n, yt, s);
       return;
     }
-    const size_t es = dtype_size(y.dtype);
-    for (int64_t r0 = 0; r0 < t; r0 += tile) {
-      const int64_t rows = std::min(tile, t - r0);
-      c.cx->gemm->run_int8(xq + r0 * k, dw->codes(), acc, rows, n_pad, k, s);
-      e.row_scale = rs ? rs + r0 : nullptr;
-      launch_int8_dequant(y.dtype, acc, rows, n_pad, out_n, e, static_cast<char*>(y.data) + size_t(r0 * out_n) * es, s);
+    // The GEMV and cuBLASLt's GEMM apply the activation in their epilogues; codes from
+    // their output.
+    if (gemv) {
+      launch_int8_gemv(ot, xq, dw->codes(), t, out_n, k, e, yt, s);
+    } else {
+      const size_t es = dtype_size(ot);
+      for (int64_t r0 = 0; r0 < t; r0 += tile) {
+        const int64_t rows = std::min(tile, t - r0);
+        c.cx->gemm->run_int8(xq + r0 * k, dw->codes(), acc, rows, n_pad, k, s);
+        e.row_scale = rs ? rs + r0 : nullptr;
+        launch_int8_dequant(ot, acc, rows, n_pad, out_n, e, static_cast<char*>(yt) + size_t(r0 * out_n) * es, s);
+      }
     }
+    if (y_codes) launch_int8_quantize(ot, yt, t, out_n, y_codes->inv, yq.q, yq.row_scale, s);
   };
 }
 

@@ -16,6 +16,7 @@
 
 #include "backends/backend.h"
 #include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/ops/norm.h"
 #include "ir/graph.h"
 
 namespace kiln::cuda::testing {
@@ -62,6 +63,16 @@ class ScopedEnv {
  private:
   const char* name_;
   std::optional<std::string> old_;
+};
+
+// Forces the short-row norm kernel (ops/norm.h: KILN_CUDA_NORM_SHORT) for a scope; the
+// launchers read it at every launch.
+class ScopedNormShort {
+ public:
+  explicit ScopedNormShort(NormShort mode) { set_norm_short_mode(mode); }
+  ~ScopedNormShort() { set_norm_short_mode(std::nullopt); }
+  ScopedNormShort(const ScopedNormShort&) = delete;
+  ScopedNormShort& operator=(const ScopedNormShort&) = delete;
 };
 
 // Per-dtype bound on max|cuda - cpu| / max|cpu| for single ops on inputs already

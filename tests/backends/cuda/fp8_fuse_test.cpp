@@ -109,11 +109,17 @@ void expect_same_codes(const std::vector<uint8_t>& fused, const std::vector<uint
 TEST(CudaFp8Fuse, NormKernelsWriteTheQuantizeKernelsCodes) {
   KILN_SKIP_WITHOUT_CUDA();
   // dims: the register-held kernel with 1, 2 and 4 vectors per thread, and the
-  // multi-pass kernel (100: not whole vectors; 40000: too long for registers).
-  for (int64_t dim : {64, 576, 4096, 14336, 100, 40000})
-    for (int64_t rows : {1, 3, 37})
+  // multi-pass kernel (100: not whole vectors; 40000: too long for registers); with
+  // KILN_CUDA_NORM_SHORT=warp the rows of at most 1024 (1 to 4 vectors a lane) take the
+  // warp-per-row kernel, 300 of them several rows a warp.
+  for (NormShort mode : {NormShort::kBlock, NormShort::kWarp})
+  for (int64_t dim : {64, 576, 4096, 14336, 100, 40000, 768, 1024})
+    for (int64_t rows : {1, 3, 37, 300})
       for (bool rms : {true, false})
         for (bool residual : {false, true}) {
+          if ((rows == 300) != (dim == 768 || dim == 1024)) continue;
+          if (mode == NormShort::kWarp && norm_kernel_for(DType::kBF16, dim, mode) != NormKernel::kWarp) continue;
+          const ScopedNormShort scoped(mode);
           std::mt19937_64 rng(uint64_t(dim * 31 + rows * 7 + rms * 3 + residual));
           const int64_t n = rows * dim;
           const auto x = random_bf16(n, rng, -3.0f, 3.0f), r = random_bf16(n, rng, -3.0f, 3.0f);
@@ -139,7 +145,7 @@ TEST(CudaFp8Fuse, NormKernelsWriteTheQuantizeKernelsCodes) {
           launch_fp8_quantize(DType::kBF16, y.get(), n, inv, q_a.as<uint8_t>(), nullptr);
           KILN_CUDA_CHECK(cudaDeviceSynchronize());
           const std::string what = str_cat(residual ? "Add" : "", rms ? "RMSNorm" : "LayerNorm", " rows=", rows,
-                                           " dim=", dim);
+                                           " dim=", dim, mode == NormShort::kWarp ? " (warp kernel)" : "");
           expect_same_codes(q_b.bytes(size_t(n)), q_a.bytes(size_t(n)), what);
           if (residual) {
             EXPECT_EQ(sum_b.bytes(size_t(n) * 2), sum_a.bytes(size_t(n) * 2)) << what << ": sum";
@@ -176,6 +182,48 @@ TEST(CudaFp8Fuse, SwigluAndActivationsWriteTheQuantizeKernelsCodes) {
       launch_unary_fp8(op, DType::kBF16, dx.get(), n, op_inv, q_b.as<uint8_t>(), nullptr);
       KILN_CUDA_CHECK(cudaDeviceSynchronize());
       expect_same_codes(q_b.bytes(size_t(n)), q_a.bytes(size_t(n)), str_cat("activation ", int(op), " n=", n));
+    }
+}
+
+// The E4M3-in SwiGLU (--fp8-gate-up-out's prefill path) against a host reference of the
+// CPU backend's chain: decode(code) * gu_scale for gate and up, silu(g) * u in f32, then
+// core/dtype.h's E4M3 rounding of v * inv. The device's expf may differ from the host's
+// by an ulp, which can move a value across a rounding boundary: at most 0.1% of the codes
+// may differ, each by one step; the rest equal byte for byte.
+TEST(CudaFp8Fuse, SwigluFromE4M3MatchesTheHostChain) {
+  KILN_SKIP_WITHOUT_CUDA();
+  const float gu_scale = fp8_scale_for_amax(6.0).scale, inv = fp8_scale_for_amax(3.0).inv;
+  for (int64_t inter : {16, 512, 14336, 12, 7})
+    for (int64_t rows : {1, 5, 64}) {
+      std::mt19937_64 rng(uint64_t(inter * 31 + rows));
+      std::vector<uint8_t> x(size_t(rows * 2 * inter));
+      for (auto& c : x) {
+        c = uint8_t(rng());
+        if ((c & 0x7f) == 0x7f) c ^= 1;  // no NaN codes
+      }
+      Dev dx(x.data(), x.size()), q{size_t(rows * inter)};
+      launch_swiglu_e4m3(dx.as<uint8_t>(), rows, inter, gu_scale, inv, q.as<uint8_t>(), nullptr);
+      KILN_CUDA_CHECK(cudaDeviceSynchronize());
+      const auto got = q.bytes(size_t(rows * inter));
+      std::vector<uint8_t> want(got.size());
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t j = 0; j < inter; ++j) {
+          const float g = fp8e4m3_to_f32(x[size_t(r * 2 * inter + j)]) * gu_scale;
+          const float u = fp8e4m3_to_f32(x[size_t(r * 2 * inter + inter + j)]) * gu_scale;
+          want[size_t(r * inter + j)] = f32_to_fp8e4m3(g / (1.0f + std::exp(-g)) * u * inv);
+        }
+      size_t off = 0;
+      for (size_t i = 0; i < got.size(); ++i) {
+        if (got[i] == want[i]) continue;
+        ++off;
+        const int d = std::abs(int(got[i] & 0x7f) - int(want[i] & 0x7f));
+        EXPECT_TRUE((got[i] & 0x80) == (want[i] & 0x80) && d == 1)
+            << "rows=" << rows << " inter=" << inter << " element " << i << ": 0x" << std::hex << int(got[i])
+            << " vs 0x" << int(want[i]);
+      }
+      EXPECT_LE(off, got.size() / 1000) << "rows=" << rows << " inter=" << inter;
+      std::set<uint8_t> distinct(want.begin(), want.end());
+      EXPECT_GE(distinct.size(), std::min<size_t>(got.size() / 4, 48)) << "rows=" << rows << " inter=" << inter;
     }
 }
 

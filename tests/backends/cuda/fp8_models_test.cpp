@@ -94,6 +94,42 @@ TEST(CudaFp8Model, TinyLlamaMatchesCpuFp8) {
   std::filesystem::remove(bo.output);
 }
 
+// --fp8-gate-up-out: the gate|up GEMM writes E4M3 (cuBLASLt D scale) and the E4M3 SwiGLU
+// reads it at prefill (decode rows keep the bf16 GEMV). Against the CPU's FP8 model with
+// the same option, within the bound of the test above; and the switch really changes the
+// prefill logits (KILN_CUDA_FP8_GATEUP_E4M3=0 runs the bf16 [gate | up] path).
+TEST(CudaFp8Model, GateUpE4M3MatchesCpuFp8WithTheOption) {
+  KILN_SKIP_WITHOUT_CUDA();
+  Fp8Case c(9);
+  c.q.fp8_gate_up_out = true;
+  auto cpu = Model::load(c.dir, fp8_model_options({}, c.table, c.q));
+  auto f32 = Model::load(c.dir);
+  const auto ref = logits_of(*cpu, c.prompt, c.decode);
+  const auto ref_f32 = logits_of(*f32, c.prompt, c.decode);
+  std::vector<float> got, got_bf16;
+  {
+    auto gpu = Model::load(c.dir, fp8_model_options({.backend = "cuda"}, c.table, c.q));
+    got = logits_of(*gpu, c.prompt, {});
+  }
+  {
+    ::setenv("KILN_CUDA_FP8_GATEUP_E4M3", "0", 1);
+    auto gpu = Model::load(c.dir, fp8_model_options({.backend = "cuda"}, c.table, c.q));
+    ::unsetenv("KILN_CUDA_FP8_GATEUP_E4M3");
+    got_bf16 = logits_of(*gpu, c.prompt, {});
+  }
+  const std::vector<float> ref_prefill(ref.begin(), ref.begin() + long(got.size()));
+  const std::vector<float> f32_prefill(ref_f32.begin(), ref_f32.begin() + long(got.size()));
+  const double e_gpu = rel_rms(got, ref_prefill), e_fp8 = rel_rms(ref_prefill, f32_prefill),
+               e_switch = rel_rms(got, got_bf16);
+  std::printf("  fp8 gate|up E4M3 prefill logits: cuda vs cpu %.3g RMS; cpu vs f32 %.3g; vs the bf16 gate|up %.3g\n",
+              e_gpu, e_fp8, e_switch);
+  EXPECT_LT(e_gpu, 0.75 * e_fp8);
+  EXPECT_GT(e_switch, 0.0);
+  ::setenv("KILN_CUDA_FP8_GATEUP_E4M3", "2", 1);
+  EXPECT_THROW(Model::load(c.dir, fp8_model_options({.backend = "cuda"}, c.table, c.q)), Error);
+  ::unsetenv("KILN_CUDA_FP8_GATEUP_E4M3");
+}
+
 // The quantize fused into the producers changes no bit: the same codes reach the same
 // kernels (prefill of 20 tokens: cuBLASLt's heuristic algorithm, not a timed one, in both
 // loads; decode: the FP8 GEMV in CUDA graphs). Attention writes the o-projection's codes

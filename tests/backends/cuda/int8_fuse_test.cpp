@@ -1,11 +1,13 @@
-// The W8A8 Linear's activation quantize fused into the norm or SmoothQuant Mul that feeds
-// it (cuda_int8_fuse.h): the int8 norm and Mul kernels against the T kernel followed by
+// The W8A8 Linear's activation quantize fused into the norm, SmoothQuant Mul or W8A8
+// Linear with GELU / SiLU that feeds it (cuda_int8_fuse.h): the int8 norm, Mul and
+// activation kernels against the T kernel followed by
 // launch_int8_quantize, code for code and row scale for row scale (both round the f32
 // norm to T, then quantize with int8_codes.cuh's rounding: bit-identical, not merely
 // close), in bf16 and f16, static and per token, over decode and prefill row counts and
 // both kernels (register-held rows, multi-pass); which values the backend writes as codes
 // (no GPU needed); and graphs of W8A8 Linears fed by every norm, run with the fusion and
-// with KILN_CUDA_INT8_FUSE=0, whose outputs must agree bit for bit. Also the norms'
+// with KILN_CUDA_INT8_FUSE=0, whose outputs must agree bit for bit (among them FFN-like
+// chains: a W8A8 Linear with GELU / SiLU read only by W8A8 Linears). Also the norms'
 // launch shapes the bench sweeps, against the default shape. Skips the device parts
 // without a GPU.
 #include <gtest/gtest.h>
@@ -17,6 +19,7 @@
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/cuda_int8_fuse.h"
+#include "backends/cuda/cuda_w8a8_linear.h"
 #include "backends/cuda/ops/elementwise.h"
 #include "backends/cuda/ops/elementwise_int8.h"
 #include "backends/cuda/ops/int8.h"
@@ -104,9 +107,14 @@ TEST(CudaInt8Fuse, NormKernelsWriteTheQuantizeKernelsCodes) {
   // Decode row counts (<= 64: a row over up to 1024 threads) and prefill ones (a warp or a
   // few per row, several rows a block; odd counts leave rows of a block idle); dims of
   // 1, 2 and 4 vectors per thread, and 68 (not whole vectors: the multi-pass kernel).
+  // With KILN_CUDA_NORM_SHORT=warp, the rows of at most 1024 take the warp-per-row kernel
+  // (1 to 4 vectors a lane; 4100 rows: two a warp, the last block's warps partly idle).
+  for (NormShort mode : {NormShort::kBlock, NormShort::kWarp})
   for (Case cs : {Case{1, 4096}, Case{3, 64}, Case{37, 576}, Case{64, 768}, Case{65, 768}, Case{1000, 68},
-                  Case{257, 4096}, Case{4100, 768}, Case{4100, 4096}, Case{129, 2048}})
+                  Case{257, 4096}, Case{4100, 768}, Case{4100, 4096}, Case{129, 2048}, Case{300, 320}, Case{5, 1024}})
     for (DType dt : {DType::kBF16, DType::kF16}) {
+      if (mode == NormShort::kWarp && norm_kernel_for(dt, cs.dim, mode) != NormKernel::kWarp) continue;
+      const ScopedNormShort scoped(mode);
       const int64_t rows = cs.rows, dim = cs.dim, n = rows * dim;
       std::mt19937_64 rng(uint64_t(rows * 131 + dim + int(dt)));
       // Row 1 of x is zeros: RMSNorm gives a zero row there (per-token scale 1).
@@ -139,7 +147,8 @@ TEST(CudaInt8Fuse, NormKernelsWriteTheQuantizeKernelsCodes) {
                                  nullptr);
             KILN_CUDA_CHECK(cudaDeviceSynchronize());
             const std::string what = str_cat(dtype_name(dt), " ", residual ? "Add" : "", rms ? "RMSNorm" : "LayerNorm",
-                                             per_token ? " per-token" : " static", " rows=", rows, " dim=", dim);
+                                             per_token ? " per-token" : " static", " rows=", rows, " dim=", dim,
+                                             mode == NormShort::kWarp ? " (warp kernel)" : "");
             expect_same_codes(q_b.host<int8_t>(size_t(n)), q_a.host<int8_t>(size_t(n)), what, !per_token);
             if (per_token) {
               const auto sa_h = rs_a.host<float>(size_t(rows)), sb_h = rs_b.host<float>(size_t(rows));
@@ -191,6 +200,51 @@ TEST(CudaInt8Fuse, MulKernelWritesTheQuantizeKernelsCodes) {
             if (rows > 1) {
               EXPECT_EQ(sb[1], 1.0f) << what << ": the zero row's scale";
             }
+          }
+        }
+      }
+}
+
+// The activation after a W8A8 GEMM writing the down projection's codes: against
+// launch_unary then launch_int8_quantize, code for code and row scale for row scale, for
+// each activation, bf16 and f16, static and per token; rows held in registers (16-byte
+// and, for row lengths or addresses that do not allow it, 8-byte accesses) and rows too
+// long for them (computed twice).
+TEST(CudaInt8Fuse, ActivationKernelWritesTheQuantizeKernelsCodes) {
+  KILN_SKIP_WITHOUT_CUDA();
+  struct Case {
+    int64_t rows, k;
+    size_t x_off, q_off;  // bytes past 256-byte aligned buffers: 8 / 4 force 8-byte accesses
+  };
+  for (Case cs : {Case{1, 3072, 0, 0}, Case{9, 128, 0, 0}, Case{37, 772, 0, 0}, Case{1030, 3072, 0, 0},
+                  Case{3, 3072, 8, 0}, Case{7, 3072, 0, 4}, Case{4, 14336, 0, 0}, Case{2, 36864, 0, 0}})
+    for (DType dt : {DType::kBF16, DType::kF16})
+      for (UnaryOp op : {UnaryOp::kGeluErf, UnaryOp::kGeluTanh, UnaryOp::kSilu}) {
+        const int64_t rows = cs.rows, k = cs.k, n = rows * k;
+        std::mt19937_64 rng(uint64_t(rows * 131 + k + int(dt) * 7 + int(op)));
+        const auto x = random_rows(dt, rows, k, rng, 4.0f, rows > 1 ? 1 : -1);  // row 1 zeros: scale 1
+        Dev dx{size_t(n) * 2 + 16}, y{size_t(n) * 2}, q_a{size_t(n)}, q_b{size_t(n) + 16}, rs_a{size_t(rows) * 4},
+            rs_b{size_t(rows) * 4};
+        char* xp = dx.as<char>() + cs.x_off;
+        int8_t* qb = reinterpret_cast<int8_t*>(q_b.as<char>() + cs.q_off);
+        KILN_CUDA_CHECK(cudaMemcpy(xp, x.data(), size_t(n) * 2, cudaMemcpyHostToDevice));
+        // The calibrated clip inside the output range (GELU / SiLU of [-4, 4] reach ~4): some saturate.
+        const float inv = 1.0f / int8_act_scale(2.5);
+        for (bool per_token : {false, true}) {
+          launch_unary(op, dt, xp, n, y.get(), nullptr);
+          launch_int8_quantize(dt, y.get(), rows, k, inv, q_a.as<int8_t>(), per_token ? rs_a.as<float>() : nullptr,
+                               nullptr);
+          launch_unary_int8(op, dt, xp, rows, k, inv, qb, per_token ? rs_b.as<float>() : nullptr, nullptr);
+          KILN_CUDA_CHECK(cudaDeviceSynchronize());
+          std::vector<int8_t> got(static_cast<size_t>(n));
+          KILN_CUDA_CHECK(cudaMemcpy(got.data(), qb, size_t(n), cudaMemcpyDeviceToHost));
+          const std::string what = str_cat(dtype_name(dt), " activation ", int(op), per_token ? " per-token" : " static",
+                                           " rows=", rows, " k=", k, " offsets ", cs.x_off, "/", cs.q_off);
+          expect_same_codes(got, q_a.host<int8_t>(size_t(n)), what, !per_token);
+          if (per_token) {
+            const auto sa = rs_a.host<float>(size_t(rows)), sb = rs_b.host<float>(size_t(rows));
+            EXPECT_EQ(0, std::memcmp(sa.data(), sb.data(), sa.size() * 4)) << what << ": row scales";
+            if (rows > 1) EXPECT_EQ(sb[1], 1.0f) << what << ": the zero row's scale";
           }
         }
       }
@@ -323,7 +377,8 @@ TEST(CudaInt8Fuse, WhichOutputsAreWrittenAsCodes) {
   EXPECT_TRUE(fused(fg, "add_ln", 1));
   EXPECT_TRUE(fused(fg, "add_ln", 1, DType::kF16));
   EXPECT_FALSE(fused(fg, "add_ln", 1, DType::kF32)) << "f32 activations keep the separate pass";
-  EXPECT_FALSE(fused(fg, "qkv", 0)) << "a Linear is no int8 producer";
+  EXPECT_FALSE(fused(fg, "qkv", 0)) << "a Linear without an activation is no int8 producer";
+  EXPECT_FALSE(fused(fg, "ln_lin", 0)) << "a GELU Linear read by a norm";
   EXPECT_TRUE(fused(fg, "smooth", 0)) << "a SmoothQuant Mul";
   EXPECT_TRUE(int8_fused_output(*fg.node("smooth"), 0, fg.g, DType::kBF16)->per_token);
   EXPECT_EQ(int8_profile_tag(*fg.node("smooth"), fg.g, DType::kBF16), "{+int8 quantize}");
@@ -426,6 +481,139 @@ TEST(CudaInt8Fuse, FusedGraphIsBitIdenticalToUnfused) {
         }
         std::printf("  fused vs unfused %-4s t=%-4lld %-5s %lld values, %zu differ, max|ref| %.3g\n", wd, (long long)t,
                     name.c_str(), (long long)ref.numel(), bad, max_ref);
+        EXPECT_EQ(bad, 0u) << wd << " t=" << t << " output " << name;
+        EXPECT_GT(max_ref, 0.0f) << wd << " t=" << t << " output " << name << " is all zeros";
+      }
+    }
+}
+
+// FFN-like chains (hidden 256): LayerNorm -> three W8A8 Linears with an activation, each
+// read only by W8A8 Linears: up_a (gelu_erf) -> down_a (static); up_b (gelu_tanh) -> two
+// per-token Linears; up_c (silu) -> down_c (static, a clip inside its range: saturation);
+// and up_d (gelu_erf) that is also a graph output (stays in the activation dtype).
+ir::Graph ffn_graph(std::mt19937_64& rng) {
+  ir::Graph g;
+  const int64_t h = 256;
+  auto x = g.add_input("x", DType::kF32, Shape{"T", h});
+  int wi = 0;
+  auto linear = [&](ir::ValueId in, int64_t k, int64_t n, double amax, bool dynamic, const std::string& act,
+                    const std::string& name) {
+    std::map<std::string, ir::Attr> a = {{"quant", std::string("w8a8")}, {"act_amax", amax}};
+    if (dynamic) a["act_dynamic"] = int64_t(1);
+    if (!act.empty()) a["activation"] = act;
+    auto w = g.add_weight(str_cat("w", wi), random_tensor({n, k}, rng, "f32", -0.15f, 0.15f));
+    auto b = g.add_weight(str_cat("b", wi++), random_tensor({n}, rng, "f32", -0.5f, 0.5f));
+    return g.add("Linear", {in, w, b}, a, name);
+  };
+  auto gamma = g.add_weight("gamma", random_tensor({h}, rng, "f32", 0.5f, 1.5f));
+  auto beta = g.add_weight("beta", random_tensor({h}, rng, "f32", -0.3f, 0.3f));
+  auto ln = g.add("LayerNorm", {x, gamma, beta}, {{"eps", 1e-5}}, "ln");
+  auto up_a = linear(ln, h, 512, 2.0, false, "gelu_erf", "up_a");
+  g.add_output("a", linear(up_a, 512, h, 1.5, false, "", "down_a"));
+  auto up_b = linear(ln, h, 384, 2.0, false, "gelu_tanh", "up_b");
+  g.add_output("b1", linear(up_b, 384, 64, 1.0, true, "", "down_b1"));
+  g.add_output("b2", linear(up_b, 384, 96, 9.0, true, "", "down_b2"));
+  auto up_c = linear(ln, h, 256, 2.0, false, "silu", "up_c");
+  g.add_output("c", linear(up_c, 256, 128, 0.4, false, "", "down_c"));
+  auto up_d = linear(ln, h, 128, 2.0, false, "gelu_erf", "up_d");
+  g.add_output("d", up_d);
+  g.add_output("d2", linear(up_d, 128, 64, 1.0, false, "", "down_d"));
+  ir::verify(g);
+  return g;
+}
+
+const ir::Node& node_named(const ir::Graph& g, const std::string& name) {
+  for (const ir::Node& n : g.nodes())
+    if (n.name == name) return n;
+  throw_error(ErrorCode::kNotFound, "no node ", name);
+}
+
+TEST(CudaInt8Fuse, ActivationLinearsWriteCodes) {
+  ScopedEnv env("KILN_CUDA_INT8_FUSE", "1"), epilogue("KILN_CUDA_W8A8_ACT_EPILOGUE", "0");
+  std::mt19937_64 rng(5);
+  const ir::Graph g = ffn_graph(rng);
+  auto codes = [&](const std::string& name, DType act = DType::kBF16) {
+    return int8_fused_output(node_named(g, name), 0, g, act);
+  };
+  ASSERT_TRUE(codes("up_a").has_value()) << "gelu_erf read by one static W8A8 Linear";
+  EXPECT_FALSE(codes("up_a")->per_token);
+  EXPECT_EQ(codes("up_a")->inv, 1.0f / int8_act_scale(1.5)) << "the reader's scale";
+  ASSERT_TRUE(codes("up_b").has_value()) << "gelu_tanh read by two per-token Linears";
+  EXPECT_TRUE(codes("up_b")->per_token);
+  EXPECT_TRUE(codes("up_c").has_value()) << "silu";
+  EXPECT_TRUE(codes("up_c", DType::kF16).has_value());
+  EXPECT_FALSE(codes("up_c", DType::kF32).has_value()) << "f32 activations keep the separate pass";
+  EXPECT_FALSE(codes("up_d").has_value()) << "also a graph output";
+  EXPECT_FALSE(codes("down_a").has_value()) << "no activation";
+  EXPECT_TRUE(codes("ln").has_value()) << "the LayerNorm's readers share one static scale";
+  EXPECT_EQ(int8_profile_tag(node_named(g, "up_a"), g, DType::kBF16), "{int8 in}{+int8 quantize}");
+  EXPECT_EQ(int8_profile_tag(node_named(g, "down_b2"), g, DType::kBF16), "{int8 in}");
+  EXPECT_EQ(int8_profile_tag(node_named(g, "down_d"), g, DType::kBF16), "");
+  {
+    // The activation back in the GEMM's epilogue: the output stays in the activation dtype.
+    ScopedEnv e1("KILN_CUDA_W8A8_ACT_EPILOGUE", "1");
+    EXPECT_TRUE(w8a8_act_in_epilogue());
+    EXPECT_FALSE(codes("up_a").has_value());
+    EXPECT_FALSE(codes("up_b").has_value());
+    EXPECT_EQ(int8_profile_tag(node_named(g, "down_a"), g, DType::kBF16), "");
+  }
+  {
+    ScopedEnv e0("KILN_CUDA_INT8_FUSE", "0");
+    EXPECT_FALSE(codes("up_a").has_value());
+  }
+  ScopedEnv bad("KILN_CUDA_W8A8_ACT_EPILOGUE", "2");
+  try {
+    (void)codes("up_a");
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("KILN_CUDA_W8A8_ACT_EPILOGUE='2'"), std::string::npos) << e.what();
+  }
+
+  // Not producers: SwiGLU, a reader that is not a W8A8 Linear's x, readers with two
+  // static scales, a static and a per-token reader.
+  for (int variant = 0; variant < 4; ++variant) {
+    ScopedEnv ok("KILN_CUDA_W8A8_ACT_EPILOGUE", "0");
+    ir::Graph v;
+    auto x = v.add_input("x", DType::kF32, Shape{"T", 64});
+    std::map<std::string, ir::Attr> up = {{"quant", std::string("w8a8")}, {"act_amax", 1.0},
+                                          {"activation", std::string(variant == 0 ? "swiglu" : "gelu_erf")}};
+    auto y = v.add("Linear", {x, v.add_weight("w0", random_tensor({128, 64}, rng, "f32"))}, up, "up");
+    const int64_t k = variant == 0 ? 64 : 128;
+    std::map<std::string, ir::Attr> stat = {{"quant", std::string("w8a8")}, {"act_amax", 1.0}};
+    std::map<std::string, ir::Attr> dyn = {{"quant", std::string("w8a8")}, {"act_amax", 1.0}, {"act_dynamic", int64_t(1)}};
+    v.add_output("a", v.add("Linear", {y, v.add_weight("w1", random_tensor({32, k}, rng, "f32"))}, stat));
+    if (variant == 1) v.add_output("b", v.add("Add", {y, y}));
+    if (variant == 2)
+      v.add_output("b", v.add("Linear", {y, v.add_weight("w2", random_tensor({32, k}, rng, "f32"))},
+                              {{"quant", std::string("w8a8")}, {"act_amax", 2.0}}));
+    if (variant == 3) v.add_output("b", v.add("Linear", {y, v.add_weight("w2", random_tensor({32, k}, rng, "f32"))}, dyn));
+    EXPECT_FALSE(int8_fused_output(v.nodes()[0], 0, v, DType::kBF16).has_value()) << "variant " << variant;
+  }
+}
+
+TEST(CudaInt8Fuse, ActivationLinearGraphIsBitIdenticalToUnfused) {
+  KILN_SKIP_WITHOUT_CUDA();
+  ScopedEnv epilogue("KILN_CUDA_W8A8_ACT_EPILOGUE", "0");
+  // t <= 4: the int8 GEMV (activation in its epilogue, then the codes); more: the CUTLASS
+  // GEMM where built (then the activation pass writes the codes), else cuBLASLt's.
+  for (const char* wd : {"w8a8", "f16"})
+    for (int64_t t : {1, 4, 5, 64, 301}) {
+      std::mt19937_64 rng(uint64_t(t) * 31 + 7);
+      const ir::Graph g = ffn_graph(rng);
+      TensorMap in = {{"x", random_tensor({t, 256}, rng, "bf16", -2.0f, 2.0f)}};
+      const TensorMap on = run_cuda(g, in, wd, "1"), off = run_cuda(g, in, wd, "0");
+      ASSERT_EQ(on.size(), off.size());
+      for (auto& [name, ref] : off) {
+        const Tensor& got = on.at(name);
+        ASSERT_EQ(got.shape(), ref.shape()) << name;
+        size_t bad = 0;
+        float max_ref = 0;
+        for (int64_t i = 0; i < ref.numel(); ++i) {
+          max_ref = std::max(max_ref, std::fabs(ref.data_as<float>()[i]));
+          bad += f32_bits(got.data_as<float>()[i]) != f32_bits(ref.data_as<float>()[i]);
+        }
+        std::printf("  ffn fused vs unfused %-4s t=%-4lld %-3s %lld values, %zu differ, max|ref| %.3g\n", wd,
+                    (long long)t, name.c_str(), (long long)ref.numel(), bad, max_ref);
         EXPECT_EQ(bad, 0u) << wd << " t=" << t << " output " << name;
         EXPECT_GT(max_ref, 0.0f) << wd << " t=" << t << " output " << name << " is all zeros";
       }

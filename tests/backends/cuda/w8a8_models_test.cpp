@@ -8,7 +8,9 @@
 // 3-token sequence on the GEMV path, and a replayed CUDA graph giving the eager bits; and
 // the activation quantize fused into the norms and SmoothQuant Muls (cuda_int8_fuse.h, the
 // default) against KILN_CUDA_INT8_FUSE=0, bit for bit, for the tiny BERT and the tiny
-// Llama. Skips without a GPU.
+// Llama; and without SmoothQuant (alpha -1) the tiny BERT's FFN up Linears (GELU) writing
+// their down projection's codes, against the CPU and against KILN_CUDA_INT8_FUSE=0. Skips
+// without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -170,6 +172,49 @@ TEST(CudaW8a8Model, TinyBertFusedQuantizeIsBitIdentical) {
       EXPECT_EQ(differing_floats(a, b), 0u) << scales << (in == &one ? " (3 tokens: GEMV)" : " (batch: GEMM)") << " of "
                                             << a.size() << " hidden values";
     }
+  }
+}
+
+// Without SmoothQuant's Mul the FFN up projection (a W8A8 Linear with GELU) feeds the
+// down projection directly: its activation pass writes the down projection's codes (one
+// producer per layer), bit for bit the unfused GELU output quantized by the down Linear;
+// and the model still matches the CPU's W8A8.
+TEST(CudaW8a8Model, TinyBertFfnUpWritesDownCodes) {
+  KILN_SKIP_WITHOUT_CUDA();
+  ScopedEnv epilogue("KILN_CUDA_W8A8_ACT_EPILOGUE", "0");
+  const std::string dir = fixtures_dir() + "/models/bert";
+  const auto calib = random_tokens(std::vector<int>(8, 48), 1, 512, 4);
+  const auto seqs = random_tokens({100, 57, 3, 120}, 1, 512, 5);
+  for (const char* scales : {"static", "per-token"}) {
+    QuantOptions q;
+    q.mode = "w8a8";
+    q.method = "kl";
+    q.act_scale = scales;
+    q.smooth_alpha = -1;
+    const quant::CalibrationTable table = calibrate_model(dir, {}, q, &calib);
+    auto load = [&](const char* fuse) {
+      ScopedEnv env("KILN_CUDA_INT8_FUSE", fuse);
+      return Model::load(dir, w8a8_model_options({.backend = "cuda"}, table, q));
+    };
+    auto on = load("1"), off = load("0");
+    int linears = 0;
+    {
+      ScopedEnv env("KILN_CUDA_INT8_FUSE", "1");
+      for (const ir::Node& n : on->graph().nodes())
+        linears += n.op == "Linear" && int8_fused_output(n, 0, on->graph(), DType::kBF16).has_value();
+    }
+    std::printf("  tiny bert %s without smoothing: %d Linears write int8 codes\n", scales, linears);
+    EXPECT_EQ(linears, 2) << "the FFN up projection of each of the two layers";
+    std::vector<EncoderInput> batch, one = {{std::vector<int32_t>(seqs[0].begin(), seqs[0].begin() + 3), {}}};
+    for (auto& s : seqs) batch.push_back({s, {}});
+    for (const auto* in : {&batch, &one}) {
+      const auto a = all_hidden(encode(*on, *in)), b = all_hidden(encode(*off, *in));
+      EXPECT_EQ(differing_floats(a, b), 0u) << scales << (in == &one ? " (3 tokens: GEMV)" : " (batch: GEMM)") << " of "
+                                            << a.size() << " hidden values";
+    }
+    on.reset();
+    off.reset();
+    check_encoder(dir, table, q, seqs, str_cat("tiny bert w8a8 ", scales, " alpha -1"));
   }
 }
 

@@ -79,6 +79,33 @@ __global__ void swiglu_fp8_kernel(const T* x, int64_t rows, int64_t inter, float
   }
 }
 
+// SwiGLU of E4M3 [gate | up] rows (a GEMM's output codes, value = decode * gu_scale) into
+// E4M3 codes, V columns per thread: all in f32, the CPU's emulation of that GEMM (the
+// decoded values, silu, the product, then e4m3(v * inv)), no bf16 rounding in between.
+__device__ __forceinline__ float fp8_decode(uint8_t c) {
+  return __half2float(__half(__nv_cvt_fp8_to_halfraw(__nv_fp8_storage_t(c), __NV_E4M3)));
+}
+
+template <int V>
+__global__ void swiglu_e4m3_kernel(const uint8_t* x, int64_t rows, int64_t inter, float gu_scale, float inv,
+                                   uint8_t* out) {
+  pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
+  const int64_t per_row = inter / V, n = rows * per_row;
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = i / per_row, c = (i - r * per_row) * V;
+    const uint8_t* row = x + r * 2 * inter;
+    const Vec<uint8_t, V> g = *reinterpret_cast<const Vec<uint8_t, V>*>(row + c);
+    const Vec<uint8_t, V> u = *reinterpret_cast<const Vec<uint8_t, V>*>(row + inter + c);
+    Vec<uint8_t, V> q;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const float gf = fp8_decode(g.e[j]) * gu_scale, uf = fp8_decode(u.e[j]) * gu_scale;
+      q.e[j] = fp8_code(unary_f32<UnaryOp::kSilu>(gf) * uf, inv);
+    }
+    *reinterpret_cast<Vec<uint8_t, V>*>(out + r * inter + c) = q;
+  }
+}
+
 // E4M3 codes of an activation, V elements per thread (n % V == 0).
 template <typename T, UnaryOp kOp, int V>
 __global__ void unary_fp8_kernel(const T* x, int64_t n, float inv, uint8_t* out) {
@@ -188,6 +215,22 @@ void launch_unary(UnaryOp op, DType t, const void* x, int64_t n, void* out, cuda
     if (vec_ok<T>(n, x, out)) go(std::integral_constant<int, 16 / int(sizeof(T))>{});
     else go(std::integral_constant<int, 1>{});
   });
+  KILN_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace kiln::cuda
+
+namespace kiln::cuda {
+
+void launch_swiglu_e4m3(const uint8_t* x, int64_t rows, int64_t inter, float gu_scale, float inv, uint8_t* out,
+                        cudaStream_t s) {
+  if (rows * inter == 0) return;
+  constexpr int V = 16;
+  const bool vec = inter % V == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0;
+  if (vec)
+    launch_k(swiglu_e4m3_kernel<V>, grid_for(rows * inter / V, 256), 256, 0, s, x, rows, inter, gu_scale, inv, out);
+  else
+    launch_k(swiglu_e4m3_kernel<1>, grid_for(rows * inter, 256), 256, 0, s, x, rows, inter, gu_scale, inv, out);
   KILN_CUDA_CHECK_LAUNCH();
 }
 

@@ -18,5 +18,10 @@ namespace kiln::cuda {
 // dtype).
 void launch_unary_fp8(UnaryOp op, DType t, const void* x, int64_t n, float inv, uint8_t* out, cudaStream_t s);
 void launch_swiglu_fp8(DType t, const void* x, int64_t rows, int64_t inter, float inv, uint8_t* out, cudaStream_t s);
+// SwiGLU of E4M3 rows [gate | up] (2 * inter codes, value = decode(code) * gu_scale: an
+// FP8 GEMM's E4M3 output) into E4M3 codes out = e4m3(silu(g) * u * inv), all in f32 as the
+// CPU backend emulates it (cpu_ops.cpp's out_amax rounding, then its SwiGLU and quantize).
+void launch_swiglu_e4m3(const uint8_t* x, int64_t rows, int64_t inter, float gu_scale, float inv, uint8_t* out,
+                        cudaStream_t s);
 
 }  // namespace kiln::cuda

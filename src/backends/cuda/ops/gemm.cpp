@@ -51,6 +51,7 @@ struct Plan {
   int64_t m = 0;
   cublasLtMatmulDesc_t op = nullptr;
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  cublasLtMatrixLayout_t d = nullptr;  // D when its type differs from C's (E4M3 output; C bf16), else null
   std::vector<cublasLtMatmulHeuristicResult_t> algos;
   int chosen = 0;
   std::vector<Gemm::TacticTime> times;  // the timings that chose `chosen` (none: the heuristic's first)
@@ -60,6 +61,7 @@ struct Plan {
     if (a) cublasLtMatrixLayoutDestroy(a);
     if (b) cublasLtMatrixLayoutDestroy(b);
     if (c) cublasLtMatrixLayoutDestroy(c);
+    if (d) cublasLtMatrixLayoutDestroy(d);
   }
 };
 
@@ -135,7 +137,9 @@ struct Gemm::Impl {
     auto p = std::make_unique<Plan>();
     p->shape = shape;
     p->m = m;
-    const cudaDataType_t ti = cuda_type(in), t = cuda_type(out);
+    // E4M3 output: cuBLASLt pairs an FP8 D with a bf16 C (and bias).
+    const bool fp8_out = out == DType::kFP8E4M3;
+    const cudaDataType_t ti = cuda_type(in), t = fp8_out ? CUDA_R_16BF : cuda_type(out);
     // INT8 (IMMA): exact int32 accumulation, int32 alpha/beta and output.
     p->integer = in == DType::kI8;
     KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->op, p->integer ? CUBLAS_COMPUTE_32I : CUBLAS_COMPUTE_32F,
@@ -148,7 +152,7 @@ struct Gemm::Impl {
       KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof(epi)));
       KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &t, sizeof(t)));
     }
-    if (scales) set_scales(p->op, scales);  // per-tensor f32 scales (the default scale mode)
+    if (scales) set_scales(p->op, scales, fp8_out);  // per-tensor f32 scales (the default scale mode)
     if (in == DType::kFP8E4M3) {
       const int8_t fast = fp8_fast_accum ? 1 : 0;
       KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_FAST_ACCUM, &fast, sizeof(fast)));
@@ -156,6 +160,7 @@ struct Gemm::Impl {
     KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->a, ti, uint64_t(k), uint64_t(n), k));
     KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, ti, uint64_t(k), uint64_t(m), k));
     KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, t, uint64_t(n), uint64_t(m), ldy));
+    if (fp8_out) KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->d, cuda_type(out), uint64_t(n), uint64_t(m), ldy));
     cublasLtMatmulPreference_t pref = nullptr;
     KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -166,7 +171,7 @@ struct Gemm::Impl {
     }();
     p->algos.resize(size_t(max_tactics));
     int found = 0;
-    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle, p->op, p->a, p->b, p->c, p->c, pref,
+    const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(handle, p->op, p->a, p->b, p->c, p->d ? p->d : p->c, pref,
                                                              max_tactics, p->algos.data(), &found);
     cublasLtMatmulPreferenceDestroy(pref);
     KILN_CUBLAS_CHECK(st);
@@ -177,11 +182,15 @@ struct Gemm::Impl {
     return *slot;
   }
 
-  static void set_scales(cublasLtMatmulDesc_t op, const float* scales) {
+  static void set_scales(cublasLtMatmulDesc_t op, const float* scales, bool d_scale) {
     const float* a_scale = scales;
     const float* b_scale = scales + 4;  // 16 bytes further: see gemm.h
     KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scale, sizeof(a_scale)));
     KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scale, sizeof(b_scale)));
+    if (d_scale) {
+      const float* dp = scales + 8;
+      KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_D_SCALE_POINTER, &dp, sizeof(dp)));
+    }
   }
 
   // scales: {A = w scale, B = x scale} on the device, for FP8 plans only.
@@ -190,13 +199,13 @@ struct Gemm::Impl {
               const float* scales = nullptr, const void* residual = nullptr) {
     if (bias)
       KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
-    if (scales) set_scales(p.op, scales);
+    if (scales) set_scales(p.op, scales, p.d != nullptr);
     const float alpha = 1.0f, beta = residual ? 1.0f : 0.0f;
     const int32_t ialpha = 1, ibeta = 0;
     const void* a = p.integer ? static_cast<const void*>(&ialpha) : &alpha;
     const void* b = p.integer ? static_cast<const void*>(&ibeta) : &beta;
     const void* c = residual ? residual : y;
-    KILN_CUBLAS_CHECK(cublasLtMatmul(handle, p.op, a, w, p.a, x, p.b, b, c, p.c, y, p.c,
+    KILN_CUBLAS_CHECK(cublasLtMatmul(handle, p.op, a, w, p.a, x, p.b, b, c, p.c, y, p.d ? p.d : p.c,
                                      &p.algos[size_t(tactic)].algo, workspace, workspace_bytes, s));
   }
 
@@ -273,6 +282,15 @@ void Gemm::run_fp8(const void* x, const void* w, const float* scales, const void
   Plan& p = impl_->plan(DType::kFP8E4M3, DType::kBF16, m, n, k, bias != nullptr, scales);
   impl_->time_at_rows(p, s, true, [&](int t) { impl_->matmul(p, t, x, w, bias, y, s, scales); });
   impl_->matmul(p, p.chosen, x, w, bias, y, s, scales);
+}
+
+void Gemm::run_fp8_e4m3(const void* x, const void* w, const float* scales, void* y, int64_t m, int64_t n, int64_t k,
+                        cudaStream_t s) {
+  KILN_THROW_IF(k % 16 != 0 || n % 16 != 0, kInternal, "cuda fp8 gemm: n=", n, " k=", k, " are not multiples of 16");
+  if (m == 0 || n == 0) return;
+  Plan& p = impl_->plan(DType::kFP8E4M3, DType::kFP8E4M3, m, n, k, false, scales);
+  impl_->time_at_rows(p, s, true, [&](int t) { impl_->matmul(p, t, x, w, nullptr, y, s, scales); });
+  impl_->matmul(p, p.chosen, x, w, nullptr, y, s, scales);
 }
 
 void Gemm::set_fp8_fast_accum(bool on) {

@@ -43,6 +43,11 @@ class Gemm {
   // y = (w_scale * x_scale) * Σ_k w·x + bias. cuBLASLt's FP8 kernels need this "TN" layout.
   void run_fp8(const void* x, const void* w, const float* scales, const void* bias, void* y, int64_t m, int64_t n,
                int64_t k, cudaStream_t s);
+  // The same writing y as E4M3 codes (no bias): y = e4m3(d_scale * (w_scale * x_scale) *
+  // Σ_k w·x), cuBLASLt's D = scaleD * (alpha * scaleA * scaleB * A·B) with D in E4M3;
+  // d_scale is scales[8] (448 / the output's amax, on its own 16 bytes as well).
+  void run_fp8_e4m3(const void* x, const void* w, const float* scales, void* y, int64_t m, int64_t n, int64_t k,
+                    cudaStream_t s);
   // FP8 plans made from now on accumulate with Hopper's fast FP8 accumulation (no periodic
   // promotion of the tensor cores' partial sums to f32) or the precise one. Default:
   // precise, unless the environment sets KILN_CUDA_FP8_FAST_ACCUM=1. On the H200 the fast

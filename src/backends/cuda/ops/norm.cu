@@ -8,6 +8,14 @@
 //   packed into 256-thread blocks streamed 10-15% slower at prefill and encoder sizes
 //   ([2048, 4096] AddRMSNorm 2666 vs 3139 GB/s; [4096, 768] LayerNorm 830 vs 983), so
 //   every row count takes this shape; launch_add_norm_shaped forces others for the sweep.
+// - norm_warp_kernel for short rows (at most 128 vectors: BERT's 768) when
+//   KILN_CUDA_NORM_SHORT=warp: a block per row of 768 bf16 is 96 threads whose row waits on
+//   its loads, then two block_sums over 3 warps (two __syncthreads each), then the
+//   stores: a latency chain per row with little in flight per thread ([4096, 768]
+//   AddLayerNorm: 1288 GB/s, 30% of copy, with no launch shape above ~1850). Here a warp
+//   owns a row (3 vectors a lane at 768) and reduces with shuffles only, several rows a
+//   block and two rows a warp: the next row's loads are issued before the current row's
+//   reductions, and gamma and beta stay in registers across the warp's rows.
 // - the multi-pass kernels, one block per row re-reading it per pass (L1/L2 hits), for
 //   rows of other lengths.
 // Launched in a decode step of a few rows (`early`), a norm lets the next kernel launch at
@@ -25,7 +33,10 @@
 #include "backends/cuda/ops/norm.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 namespace kiln::cuda {
@@ -260,8 +271,128 @@ __global__ void __launch_bounds__(1024) norm_regs_kernel(NormArgs<T, NormY<T, O>
   }
 }
 
+// The warp-per-row kernel (see the top of the file): warp w of the grid takes rows
+// w, w + W, w + 2W... (W: the grid's warps); lane l holds vectors l + 32 i (i < NCH) of its
+// row. The loop condition is the same for the whole warp, so every lane takes part in
+// every shuffle. Each row's arithmetic is the register-held kernel's, with the row's sums
+// over 32 lanes instead of a block.
+constexpr int kWarpMaxWarps = 8;
+constexpr int kWarpDefaultRowsPerWarp = 2;
+constexpr int kWarpMaxVectors = 128;  // 4 a lane
+
+template <typename T, NormOut O, int NCH, bool kRms>
+__global__ void __launch_bounds__(32 * kWarpMaxWarps) norm_warp_kernel(NormArgs<T, NormY<T, O>> a) {
+  using Y = NormY<T, O>;
+  constexpr int VEC = 16 / int(sizeof(T));
+  const int lane = int(threadIdx.x) & 31, nvec = int(a.dim) / VEC, wpb = int(blockDim.x) >> 5;
+  const int64_t step = int64_t(gridDim.x) * wpb;
+  int64_t row = int64_t(blockIdx.x) * wpb + (int(threadIdx.x) >> 5);
+  if (a.early) pdl_trigger();
+  // gamma and beta are never written by a kernel: read before the wait, kept for every row.
+  float g[NCH][VEC], b[NCH][VEC];
+#pragma unroll
+  for (int i = 0; i < NCH; ++i) {
+#pragma unroll
+    for (int u = 0; u < VEC; ++u) g[i][u] = b[i][u] = 0.0f;
+    const int vi = lane + 32 * i;
+    if (vi < nvec) {
+      load_params<VEC>(a.gamma, vi * VEC, g[i]);
+      if (!kRms && a.beta) load_params<VEC>(a.beta, vi * VEC, b[i]);
+    }
+  }
+  pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
+  uint4 xv[NCH], rv[NCH];  // the next row's vectors, loaded ahead
+  auto load = [&](int64_t r) {
+#pragma unroll
+    for (int i = 0; i < NCH; ++i) {
+      const int vi = lane + 32 * i;
+      xv[i] = rv[i] = make_uint4(0, 0, 0, 0);  // +0 in every float type
+      if (r >= a.rows || vi >= nvec) continue;
+      const int64_t at = r * a.dim + int64_t(vi) * VEC;
+      xv[i] = *reinterpret_cast<const uint4*>(a.x + at);
+      if (a.res) rv[i] = *reinterpret_cast<const uint4*>(a.res + at);
+    }
+  };
+  load(row);
+  for (; row < a.rows; row += step) {
+    const int64_t base = row * a.dim;
+    uint4 cv[NCH];
+#pragma unroll
+    for (int i = 0; i < NCH; ++i) cv[i] = xv[i];
+    if (a.res) {
+#pragma unroll
+      for (int i = 0; i < NCH; ++i) {
+        const int vi = lane + 32 * i;
+        T* xe = reinterpret_cast<T*>(&cv[i]);
+        const T* re = reinterpret_cast<const T*>(&rv[i]);
+#pragma unroll
+        for (int u = 0; u < VEC; ++u) xe[u] = from_f32<T>(to_f32(xe[u]) + to_f32(re[u]));
+        if (vi < nvec) *reinterpret_cast<uint4*>(a.sum + base + int64_t(vi) * VEC) = cv[i];
+      }
+    }
+    load(row + step);  // in flight while this row reduces and stores
+    auto elem = [&](int i, int u) { return to_f32(reinterpret_cast<const T*>(&cv[i])[u]); };
+    float acc = 0.0f;
+#pragma unroll
+    for (int i = 0; i < NCH; ++i)
+      if (lane + 32 * i < nvec)
+#pragma unroll
+        for (int u = 0; u < VEC; ++u) acc += kRms ? elem(i, u) * elem(i, u) : elem(i, u);
+    float mean = 0.0f, r;
+    if constexpr (kRms) {
+      r = rsqrtf(warp_sum(acc) / float(a.dim) + a.eps);
+    } else {
+      mean = warp_sum(acc) / float(a.dim);
+      float var = 0.0f;
+#pragma unroll
+      for (int i = 0; i < NCH; ++i)
+        if (lane + 32 * i < nvec)
+#pragma unroll
+          for (int u = 0; u < VEC; ++u) {
+            const float d = elem(i, u) - mean;
+            var += d * d;
+          }
+      r = rsqrtf(warp_sum(var) / float(a.dim) + a.eps);
+    }
+    auto out = [&](int i, int u) {
+      if constexpr (kRms) return elem(i, u) * r * g[i][u];
+      else return (elem(i, u) - mean) * r * g[i][u] + b[i][u];
+    };
+    float inv = a.inv;
+    if constexpr (O == NormOut::kI8Row) {  // the row's max over its T-rounded outputs
+      float m = 0.0f;
+#pragma unroll
+      for (int i = 0; i < NCH; ++i)
+        if (lane + 32 * i < nvec)
+#pragma unroll
+          for (int u = 0; u < VEC; ++u) m = fmaxf(m, fabsf(stored_as<T>(out(i, u))));
+      const float scale = int8_row_scale_of(warp_max(m));
+      inv = int8_inv_of(scale);
+      if (lane == 0) a.row_scale[row] = scale;
+    }
+#pragma unroll
+    for (int i = 0; i < NCH; ++i) {
+      const int vi = lane + 32 * i;
+      if (vi >= nvec) continue;
+      struct alignas(VEC * sizeof(Y)) Out {
+        Y e[VEC];
+      } o;
+#pragma unroll
+      for (int u = 0; u < VEC; ++u) o.e[u] = norm_code<T, O>(out(i, u), inv);
+      *reinterpret_cast<Out*>(a.y + base + int64_t(vi) * VEC) = o;
+    }
+  }
+}
+
 // Decode steps of a few rows: the next kernel is a GEMV, worth launching early.
 bool early_trigger(int64_t rows) { return rows <= kGemvMaxRows; }
+
+template <typename T>
+constexpr DType dtype_of() {
+  if constexpr (std::is_same_v<T, float>) return DType::kF32;
+  else if constexpr (std::is_same_v<T, __half>) return DType::kF16;
+  else return DType::kBF16;
+}
 
 bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
@@ -282,15 +413,20 @@ RegsShape regs_shape(int64_t nvec, NormShape forced) {
   return sh;
 }
 
+// Whether every operand is 16-byte aligned (y: one vector's outputs).
+template <typename T, typename Y>
+bool operands_aligned(const NormArgs<T, Y>& a) {
+  constexpr int VEC = 16 / int(sizeof(T));
+  return aligned16(a.x) && aligned16(a.res) && aligned16(a.sum) && aligned16(a.gamma) && aligned16(a.beta) &&
+         reinterpret_cast<uintptr_t>(a.y) % (VEC * sizeof(Y)) == 0;
+}
+
 // Launches norm_regs_kernel when the row fits (whole 16-byte vectors, at most 4 per
 // thread of 1024, 16-byte aligned operands); returns false otherwise.
 template <typename T, NormOut O, bool kRms>
 bool launch_norm_regs(const NormArgs<T, NormY<T, O>>& a, NormShape forced, cudaStream_t s) {
   constexpr int VEC = 16 / int(sizeof(T));
-  if (a.dim % VEC != 0 || a.dim / VEC > 4096) return false;
-  if (!aligned16(a.x) || !aligned16(a.res) || !aligned16(a.sum) || !aligned16(a.gamma) || !aligned16(a.beta) ||
-      reinterpret_cast<uintptr_t>(a.y) % (VEC * sizeof(NormY<T, O>)) != 0)
-    return false;
+  if (a.dim % VEC != 0 || a.dim / VEC > 4096 || !operands_aligned(a)) return false;
   const RegsShape sh = regs_shape(a.dim / VEC, forced);
   if (!sh.nch) return false;
   const unsigned grid = unsigned((a.rows + sh.rpb - 1) / sh.rpb);
@@ -303,31 +439,91 @@ bool launch_norm_regs(const NormArgs<T, NormY<T, O>>& a, NormShape forced, cudaS
   return true;
 }
 
+// Launches norm_warp_kernel when the row fits (whole 16-byte vectors, at most
+// kWarpMaxVectors, 16-byte aligned operands): `warps` warps a block, each taking about
+// `rows_per_warp` rows (0: the defaults). Returns false otherwise.
+template <typename T, NormOut O, bool kRms>
+bool launch_norm_warp(const NormArgs<T, NormY<T, O>>& a, int warps, int rows_per_warp, cudaStream_t s) {
+  constexpr int VEC = 16 / int(sizeof(T));
+  if (a.dim % VEC != 0 || a.dim / VEC > kWarpMaxVectors || !operands_aligned(a)) return false;
+  warps = warps ? warps : kWarpMaxWarps;
+  rows_per_warp = rows_per_warp ? rows_per_warp : kWarpDefaultRowsPerWarp;
+  if (warps < 1 || warps > kWarpMaxWarps || rows_per_warp < 1) return false;
+  // Fewer rows than warps a block: a warp per row, none idle.
+  const int64_t wpb = std::min<int64_t>(warps, a.rows);
+  const int64_t per_block = wpb * rows_per_warp;
+  const unsigned grid = unsigned(std::min<int64_t>((a.rows + per_block - 1) / per_block, 0x7fffffff));
+  const unsigned block = unsigned(32 * wpb);
+  switch ((a.dim / VEC + 31) / 32) {
+    case 1: launch_k(norm_warp_kernel<T, O, 1, kRms>, grid, block, 0, s, a); break;
+    case 2: launch_k(norm_warp_kernel<T, O, 2, kRms>, grid, block, 0, s, a); break;
+    case 3: launch_k(norm_warp_kernel<T, O, 3, kRms>, grid, block, 0, s, a); break;
+    default: launch_k(norm_warp_kernel<T, O, 4, kRms>, grid, block, 0, s, a); break;
+  }
+  return true;
+}
+
 int threads_for(int64_t dim) {
   int t = 32;
   while (t < 1024 && t * 4 < dim) t *= 2;
   return t;
 }
 
-// Either norm into output O: the register-held kernel where the row fits, else the
-// multi-pass one (the same choice for every O, so all round alike).
+// A norm into output O with norm_kernel_for's kernel (the same choice for every O, so all
+// round alike), or the forced one (the bench's sweep; false when the row does not take it).
 template <typename T, NormOut O, bool kRms>
 bool launch_norm(const void* x, const void* res, const float* gamma, const float* beta, float eps, int64_t rows,
                  int64_t dim, void* sum, void* y, float inv, float* row_scale, cudaStream_t s,
                  NormShape forced = {}) {
   KILN_THROW_IF(res && !sum, kInternal, "cuda norm: a residual without a sum output");
   KILN_THROW_IF(rows > 0x7fffffff, kInternal, "cuda norm: ", rows, " rows");
+  const NormShort mode = norm_short_mode();  // a bad KILN_CUDA_NORM_SHORT throws even with no rows
   if (rows == 0) return true;
   const NormArgs<T, NormY<T, O>> a{static_cast<const T*>(x), static_cast<const T*>(res), static_cast<T*>(sum), gamma,
                                    beta, eps, rows, dim, static_cast<NormY<T, O>*>(y), inv, row_scale,
                                    early_trigger(rows)};
-  if (launch_norm_regs<T, O, kRms>(a, forced, s)) return true;
-  if (forced.vectors) return false;
+  if (forced.vectors) return launch_norm_regs<T, O, kRms>(a, forced, s);
+  if (forced.warps) return launch_norm_warp<T, O, kRms>(a, forced.warps, forced.rows_per_warp, s);
+  const NormKernel k = operands_aligned(a) ? norm_kernel_for(dtype_of<T>(), dim, mode) : NormKernel::kRows;
+  if (k == NormKernel::kWarp && launch_norm_warp<T, O, kRms>(a, 0, 0, s)) return true;
+  if (k != NormKernel::kRows && launch_norm_regs<T, O, kRms>(a, {}, s)) return true;
   launch_k(norm_rows_kernel<T, O, kRms>, unsigned(rows), threads_for(dim), 0, s, a);
   return true;
 }
 
 }  // namespace
+
+NormShort norm_short_from_value(const char* v) {
+  if (!v || !*v || std::strcmp(v, "block") == 0) return NormShort::kBlock;
+  if (std::strcmp(v, "warp") == 0) return NormShort::kWarp;
+  throw_error(ErrorCode::kInvalidArgument, "KILN_CUDA_NORM_SHORT='", v,
+              "': expected 'block' (the default: a block per row) or 'warp' (a warp per row, for rows of at most ",
+              kWarpMaxVectors, " 16-byte vectors)");
+}
+
+namespace {
+std::atomic<int> g_norm_short_override{-1};  // -1: the environment's
+}  // namespace
+
+NormShort norm_short_mode() {
+  const int o = g_norm_short_override.load(std::memory_order_relaxed);
+  if (o >= 0) return NormShort(o);
+  static const NormShort env = norm_short_from_value(std::getenv("KILN_CUDA_NORM_SHORT"));
+  return env;
+}
+
+void set_norm_short_mode(std::optional<NormShort> mode) {
+  g_norm_short_override.store(mode ? int(*mode) : -1, std::memory_order_relaxed);
+}
+
+NormKernel norm_kernel_for(DType t, int64_t dim, NormShort mode) {
+  KILN_THROW_IF(t != DType::kF32 && t != DType::kF16 && t != DType::kBF16, kInternal, "cuda norm: dtype ",
+                dtype_name(t));
+  const int64_t vec = 16 / int64_t(dtype_size(t));
+  if (dim <= 0 || dim % vec != 0) return NormKernel::kRows;
+  if (mode == NormShort::kWarp && dim / vec <= kWarpMaxVectors) return NormKernel::kWarp;
+  return dim / vec <= 4096 ? NormKernel::kRegs : NormKernel::kRows;
+}
 
 void launch_layer_norm(DType t, const void* x, const float* gamma, const float* beta, float eps,
                        int64_t rows, int64_t dim, void* y, cudaStream_t s) {
@@ -402,7 +598,8 @@ void launch_add_rms_norm_int8(DType t, const void* x, const void* res, const flo
 bool launch_add_norm_shaped(DType t, bool rms, const void* x, const void* res, const float* gamma, const float* beta,
                             float eps, int64_t rows, int64_t dim, void* sum, void* y, NormShape shape,
                             cudaStream_t s) {
-  KILN_THROW_IF(shape.vectors == 0, kInternal, "cuda norm: a forced shape needs its vectors per thread");
+  KILN_THROW_IF(shape.vectors == 0 && shape.warps == 0, kInternal,
+                "cuda norm: a forced shape needs its vectors per thread or its warps per block");
   bool ok = false;
   KILN_CUDA_DISPATCH_FLOAT(t, T, {
     ok = rms ? launch_norm<T, NormOut::kT, true>(x, res, gamma, nullptr, eps, rows, dim, sum, y, 1.0f, nullptr, s, shape)

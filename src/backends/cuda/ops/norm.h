@@ -1,12 +1,14 @@
 // LayerNorm and RMSNorm over the last dim on the device; statistics in f32, gamma/beta
 // kept in f32. Tested against the CPU backend in tests/backends/cuda/ops_test.cpp; the
 // E4M3 and int8 outputs against the T output quantized, in fp8_fuse_test.cpp and
-// int8_fuse_test.cpp; timed by bench/cuda_norm_bench.cpp.
+// int8_fuse_test.cpp; the short-row kernel against the CPU in norm_short_test.cpp; timed by
+// bench/cuda_norm_bench.cpp.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <optional>
 
 #include "core/dtype.h"
 
@@ -43,13 +45,40 @@ void launch_add_layer_norm_int8(DType t, const void* x, const void* res, const f
 void launch_add_rms_norm_int8(DType t, const void* x, const void* res, const float* w, float eps, int64_t rows,
                               int64_t dim, void* sum, int8_t* q, float inv, float* row_scale, cudaStream_t s);
 
+// Which kernel takes rows of at most 1024 elements in whole 16-byte vectors (at most 128
+// vectors: 1024 bf16/f16, 512 f32): kBlock, a block per row (the register-held kernel);
+// kWarp, a warp per row with several rows in flight per warp and no block barriers.
+// KILN_CUDA_NORM_SHORT=block|warp (unset: block); longer rows never take the warp kernel.
+enum class NormShort { kBlock, kWarp };
+// The value of KILN_CUDA_NORM_SHORT (null or empty: kBlock); anything else is a
+// kInvalidArgument error naming the variable.
+NormShort norm_short_from_value(const char* v);
+// The mode the launchers use: set_norm_short_mode's when set, else the environment's
+// (read once; a bad value throws at every norm launch).
+NormShort norm_short_mode();
+// Overrides the environment for this process (tests, the bench); nullopt: back to it.
+void set_norm_short_mode(std::optional<NormShort> mode);
+
+// The norm kernels: a warp per row (short rows, NormShort::kWarp), the register-held
+// block per row, the multi-pass block per row (rows not in whole 16-byte vectors, longer
+// than 4096 vectors, or misaligned operands).
+enum class NormKernel { kWarp, kRegs, kRows };
+// The kernel every launcher above (all outputs alike) picks for rows of `dim` elements of
+// t with 16-byte aligned operands under `mode`.
+NormKernel norm_kernel_for(DType t, int64_t dim, NormShort mode);
+
 // For the norm bench's launch-shape sweep (and its test): the T-output norm with the
-// register-held kernel's shape forced: `vectors` 16-byte vectors per thread (1, 2 or 4)
-// and rows per block. Returns false, launching nothing, when the row does not take that
-// shape (not whole vectors, more than 1024 threads a block, misaligned operands).
+// kernel and its shape forced. `vectors` > 0: the register-held kernel with `vectors`
+// 16-byte vectors per thread (1, 2 or 4) and `rows_per_block` rows per block. Else
+// `warps` > 0: the warp-per-row kernel with `warps` warps per block (1 to 8), each warp
+// taking `rows_per_warp` rows (0: the default, 2). Returns false, launching nothing, when
+// the row does not take that kernel or shape (not whole vectors, a block kernel over 1024
+// threads, a warp kernel row over 128 vectors, misaligned operands).
 struct NormShape {
   int vectors = 0;
   int rows_per_block = 1;
+  int warps = 0;
+  int rows_per_warp = 0;
 };
 bool launch_add_norm_shaped(DType t, bool rms, const void* x, const void* res, const float* gamma, const float* beta,
                             float eps, int64_t rows, int64_t dim, void* sum, void* y, NormShape shape,
