@@ -23,11 +23,12 @@ namespace {
 using namespace testing;
 
 TEST(CudaNormShort, SwitchValues) {
-  EXPECT_EQ(norm_short_from_value(nullptr), NormShort::kBlock);
-  EXPECT_EQ(norm_short_from_value(""), NormShort::kBlock);
+  EXPECT_EQ(norm_short_from_value(nullptr), NormShort::kAuto);
+  EXPECT_EQ(norm_short_from_value(""), NormShort::kAuto);
+  EXPECT_EQ(norm_short_from_value("auto"), NormShort::kAuto);
   EXPECT_EQ(norm_short_from_value("block"), NormShort::kBlock);
   EXPECT_EQ(norm_short_from_value("warp"), NormShort::kWarp);
-  for (const char* bad : {"Warp", "1", "warps", " block"}) {
+  for (const char* bad : {"Warp", "1", "warps", " block", "AUTO"}) {
     try {
       (void)norm_short_from_value(bad);
       ADD_FAILURE() << "'" << bad << "' accepted";
@@ -39,12 +40,18 @@ TEST(CudaNormShort, SwitchValues) {
   }
 }
 
-// Rows of at most 128 whole 16-byte vectors take the warp kernel under kWarp, and only then.
+// Rows of at most 128 whole 16-byte vectors take the warp kernel under kWarp, or under
+// kAuto from kNormWarpMinRows rows on, and only then.
 TEST(CudaNormShort, KernelChoice) {
   for (DType t : {DType::kBF16, DType::kF16}) {
     for (int64_t dim = 8; dim <= 1024; dim += 8) {
       EXPECT_EQ(norm_kernel_for(t, dim, NormShort::kWarp), NormKernel::kWarp) << dtype_name(t) << " " << dim;
+      EXPECT_EQ(norm_kernel_for(t, dim, NormShort::kWarp, 1), NormKernel::kWarp) << dtype_name(t) << " " << dim;
       EXPECT_EQ(norm_kernel_for(t, dim, NormShort::kBlock), NormKernel::kRegs) << dtype_name(t) << " " << dim;
+      EXPECT_EQ(norm_kernel_for(t, dim, NormShort::kAuto, kNormWarpMinRows), NormKernel::kWarp)
+          << dtype_name(t) << " " << dim;
+      EXPECT_EQ(norm_kernel_for(t, dim, NormShort::kAuto, kNormWarpMinRows - 1), NormKernel::kRegs)
+          << dtype_name(t) << " " << dim;
     }
     for (int64_t dim : {1032, 2048, 4096, 32768})
       EXPECT_EQ(norm_kernel_for(t, dim, NormShort::kWarp), NormKernel::kRegs) << dtype_name(t) << " " << dim;

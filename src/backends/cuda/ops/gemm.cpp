@@ -204,7 +204,9 @@ struct Gemm::Impl {
     const int32_t ialpha = 1, ibeta = 0;
     const void* a = p.integer ? static_cast<const void*>(&ialpha) : &alpha;
     const void* b = p.integer ? static_cast<const void*>(&ibeta) : &beta;
-    const void* c = residual ? residual : y;
+    // cuBLASLt treats C == D as in place, which needs C's type to be D's: an E4M3 D (bf16 C)
+    // passes no C, as beta is 0 there.
+    const void* c = residual ? residual : p.d ? nullptr : y;
     KILN_CUBLAS_CHECK(cublasLtMatmul(handle, p.op, a, w, p.a, x, p.b, b, c, p.c, y, p.d ? p.d : p.c,
                                      &p.algos[size_t(tactic)].algo, workspace, workspace_bytes, s));
   }

@@ -8,8 +8,8 @@
 //   packed into 256-thread blocks streamed 10-15% slower at prefill and encoder sizes
 //   ([2048, 4096] AddRMSNorm 2666 vs 3139 GB/s; [4096, 768] LayerNorm 830 vs 983), so
 //   every row count takes this shape; launch_add_norm_shaped forces others for the sweep.
-// - norm_warp_kernel for short rows (at most 128 vectors: BERT's 768) when
-//   KILN_CUDA_NORM_SHORT=warp: a block per row of 768 bf16 is 96 threads whose row waits on
+// - norm_warp_kernel for short rows (at most 128 vectors: BERT's 768) from
+//   kNormWarpMinRows rows on (or any count with KILN_CUDA_NORM_SHORT=warp): a block per row of 768 bf16 is 96 threads whose row waits on
 //   its loads, then two block_sums over 3 warps (two __syncthreads each), then the
 //   stores: a latency chain per row with little in flight per thread ([4096, 768]
 //   AddLayerNorm: 1288 GB/s, 30% of copy, with no launch shape above ~1850). Here a warp
@@ -484,7 +484,7 @@ bool launch_norm(const void* x, const void* res, const float* gamma, const float
                                    early_trigger(rows)};
   if (forced.vectors) return launch_norm_regs<T, O, kRms>(a, forced, s);
   if (forced.warps) return launch_norm_warp<T, O, kRms>(a, forced.warps, forced.rows_per_warp, s);
-  const NormKernel k = operands_aligned(a) ? norm_kernel_for(dtype_of<T>(), dim, mode) : NormKernel::kRows;
+  const NormKernel k = operands_aligned(a) ? norm_kernel_for(dtype_of<T>(), dim, mode, rows) : NormKernel::kRows;
   if (k == NormKernel::kWarp && launch_norm_warp<T, O, kRms>(a, 0, 0, s)) return true;
   if (k != NormKernel::kRows && launch_norm_regs<T, O, kRms>(a, {}, s)) return true;
   launch_k(norm_rows_kernel<T, O, kRms>, unsigned(rows), threads_for(dim), 0, s, a);
@@ -494,11 +494,14 @@ bool launch_norm(const void* x, const void* res, const float* gamma, const float
 }  // namespace
 
 NormShort norm_short_from_value(const char* v) {
-  if (!v || !*v || std::strcmp(v, "block") == 0) return NormShort::kBlock;
+  if (!v || !*v || std::strcmp(v, "auto") == 0) return NormShort::kAuto;
+  if (std::strcmp(v, "block") == 0) return NormShort::kBlock;
   if (std::strcmp(v, "warp") == 0) return NormShort::kWarp;
   throw_error(ErrorCode::kInvalidArgument, "KILN_CUDA_NORM_SHORT='", v,
-              "': expected 'block' (the default: a block per row) or 'warp' (a warp per row, for rows of at most ",
-              kWarpMaxVectors, " 16-byte vectors)");
+              "': expected 'auto' (the default: a warp per row from ", kNormWarpMinRows,
+              " rows on, else a block per row), 'block' (a block per row) or 'warp' (a warp per row), for rows of at "
+              "most ",
+              kWarpMaxVectors, " 16-byte vectors");
 }
 
 namespace {
@@ -516,12 +519,13 @@ void set_norm_short_mode(std::optional<NormShort> mode) {
   g_norm_short_override.store(mode ? int(*mode) : -1, std::memory_order_relaxed);
 }
 
-NormKernel norm_kernel_for(DType t, int64_t dim, NormShort mode) {
+NormKernel norm_kernel_for(DType t, int64_t dim, NormShort mode, int64_t rows) {
   KILN_THROW_IF(t != DType::kF32 && t != DType::kF16 && t != DType::kBF16, kInternal, "cuda norm: dtype ",
                 dtype_name(t));
   const int64_t vec = 16 / int64_t(dtype_size(t));
   if (dim <= 0 || dim % vec != 0) return NormKernel::kRows;
-  if (mode == NormShort::kWarp && dim / vec <= kWarpMaxVectors) return NormKernel::kWarp;
+  const bool warp = mode == NormShort::kWarp || (mode == NormShort::kAuto && rows >= kNormWarpMinRows);
+  if (warp && dim / vec <= kWarpMaxVectors) return NormKernel::kWarp;
   return dim / vec <= 4096 ? NormKernel::kRegs : NormKernel::kRows;
 }
 

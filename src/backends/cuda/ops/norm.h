@@ -47,10 +47,16 @@ void launch_add_rms_norm_int8(DType t, const void* x, const void* res, const flo
 
 // Which kernel takes rows of at most 1024 elements in whole 16-byte vectors (at most 128
 // vectors: 1024 bf16/f16, 512 f32): kBlock, a block per row (the register-held kernel);
-// kWarp, a warp per row with several rows in flight per warp and no block barriers.
-// KILN_CUDA_NORM_SHORT=block|warp (unset: block); longer rows never take the warp kernel.
-enum class NormShort { kBlock, kWarp };
-// The value of KILN_CUDA_NORM_SHORT (null or empty: kBlock); anything else is a
+// kWarp, a warp per row with several rows in flight per warp and no block barriers; kAuto
+// (the default), the warp kernel from kNormWarpMinRows rows on. Measured on the H200
+// (cuda_norm_bench, 2026-11-30): at [4096, 768] the warp kernel streams 1.5-2.3x the
+// block kernel's GB/s (BERT-base b32 forward 2.31 -> 1.95 ms); at [128, 768] the two are
+// within 4-14% either way and BERT-base b1 is 0.51 ms with the block kernel, 0.55 with
+// the warp one. KILN_CUDA_NORM_SHORT=auto|block|warp; longer rows never take the warp
+// kernel.
+enum class NormShort { kBlock, kWarp, kAuto };
+inline constexpr int64_t kNormWarpMinRows = 1024;
+// The value of KILN_CUDA_NORM_SHORT (null or empty: kAuto); anything else is a
 // kInvalidArgument error naming the variable.
 NormShort norm_short_from_value(const char* v);
 // The mode the launchers use: set_norm_short_mode's when set, else the environment's
@@ -63,9 +69,9 @@ void set_norm_short_mode(std::optional<NormShort> mode);
 // block per row, the multi-pass block per row (rows not in whole 16-byte vectors, longer
 // than 4096 vectors, or misaligned operands).
 enum class NormKernel { kWarp, kRegs, kRows };
-// The kernel every launcher above (all outputs alike) picks for rows of `dim` elements of
-// t with 16-byte aligned operands under `mode`.
-NormKernel norm_kernel_for(DType t, int64_t dim, NormShort mode);
+// The kernel every launcher above (all outputs alike) picks for `rows` rows of `dim`
+// elements of t with 16-byte aligned operands under `mode`.
+NormKernel norm_kernel_for(DType t, int64_t dim, NormShort mode, int64_t rows = kNormWarpMinRows);
 
 // For the norm bench's launch-shape sweep (and its test): the T-output norm with the
 // kernel and its shape forced. `vectors` > 0: the register-held kernel with `vectors`
