@@ -96,7 +96,7 @@ TEST(CudaAttentionInt8, FlashEpilogueWritesTheQuantizeKernelsCodes) {
       Dev dq(q.data(), q.nbytes()), dk(k.data(), k.nbytes()), dv(v.data(), v.nbytes()),
           dseqs(seqs.data(), seqs.size() * sizeof(AttnSeq)), dtab(tables.data(), tables.size() * 4),
           dwork(plan.work.data(), plan.work.size() * sizeof(AttnWork));
-      Dev out(size_t(n) * 2), q_ref(size_t(n)), q_fused(size_t(n)), e_ref(size_t(n)), e_fused(size_t(n));
+      Dev out{size_t(n) * 2}, q_ref{size_t(n)}, q_fused{size_t(n)}, e_ref{size_t(n)}, e_fused{size_t(n)};
       AttentionArgs a;
       a.dtype = dt;
       a.q = dq.get();
