@@ -47,10 +47,11 @@ bool int8_fuse_enabled();
 // activation dtype). Codes when: fusion is enabled, the activations are bf16 or f16, n is
 // RMSNorm/LayerNorm (output 0), AddRMSNorm/AddLayerNorm (output 1, the norm; the sum
 // stays in the activation dtype), a Mul of an activation by a weight row of the Linears'
-// K, or Attention (output 0; static scales only), the value is no graph output, it is read by at least one
-// node, each a quant="w8a8" Linear that w8a8_linear_supported and takes it as its input x
-// only, all with the same static scale or all per token (act_dynamic), and the codes (with
-// the row scales) fit the value's planned bytes (int8_codes_fit). A W8A8 Linear (output 0)
+// K, or Attention (output 0; static scales only), the value is no graph output, it is
+// read by at least one node, each a quant="w8a8" Linear that w8a8_linear_supported and
+// takes it as its input x only, all with the same static scale or all per token
+// (act_dynamic), and the codes (with the row scales) fit the value's planned bytes
+// (int8_codes_fit). A W8A8 Linear (output 0)
 // is a producer when its activation is gelu_erf, gelu_tanh or silu and it applies it in a
 // pass of its own (not KILN_CUDA_W8A8_ACT_EPILOGUE=1, w8a8_act_in_epilogue). The
 // producer's and the readers' prepare functions both ask this.
