@@ -16,10 +16,11 @@ namespace kiln::cuda {
 namespace {
 
 // Whether node n writes output `out` through an int8 kernel when asked to: the norms, the
-// SmoothQuant Mul (an activation times a weight row), and a W8A8 Linear whose activation
-// runs in a pass after its GEMM (elementwise_int8.h's launch_unary_int8).
+// SmoothQuant Mul (an activation times a weight row), a W8A8 Linear whose activation
+// runs in a pass after its GEMM (elementwise_int8.h's launch_unary_int8), and the
+// attention (static scales only: int8_fused_output).
 bool int8_codes_producer(const ir::Node& n, size_t out, const ir::Graph& g) {
-  if (n.op == "RMSNorm" || n.op == "LayerNorm") return out == 0;
+  if (n.op == "RMSNorm" || n.op == "LayerNorm" || n.op == "Attention") return out == 0;
   if (n.op == "AddRMSNorm" || n.op == "AddLayerNorm") return out == 1;
   if (n.op == "Mul")
     return out == 0 && n.inputs.size() == 2 && !g.is_weight(n.inputs[0]) && g.is_weight(n.inputs[1]) &&
@@ -65,6 +66,9 @@ std::optional<Int8Codes> int8_fused_output(const ir::Node& n, size_t out, const 
       if (codes && (c.per_token != codes->per_token || (!c.per_token && c.inv != codes->inv))) return std::nullopt;
       codes = c;
     }
+  // A per-token scale needs the max over the whole row (all heads), which no attention CTA
+  // sees: the Linear keeps its quantize pass.
+  if (codes && codes->per_token && n.op == "Attention") return std::nullopt;
   return codes;
 }
 

@@ -7,7 +7,11 @@
 // x) that share one static input scale, or that all quantize per token, that kernel writes
 // the int8 codes itself (norm.h's *_int8 launchers, elementwise_int8.h) and the Linears
 // skip their quantize pass; codes and row scales are those of the unfused pair, bit for
-// bit. KILN_CUDA_INT8_FUSE=0 keeps the separate pass.
+// bit. So does the attention feeding the o projection, with a static scale only (its
+// flash kernel's epilogue writes the codes, attention_flash.cuh; its other plans write T
+// into scratch and quantize it): a per-token scale needs the max over a token's whole row,
+// all heads, which no attention CTA sees, so a per-token o projection keeps its quantize
+// pass. KILN_CUDA_INT8_FUSE=0 keeps the separate pass.
 // The value then travels in the buffer the activation was planned for: t x k int8 codes,
 // and with per-token scales the t f32 row scales after them (int8_row_scales_offset).
 // Internal to the CUDA backend; tested in tests/backends/cuda/int8_fuse_test.cpp (kernels
@@ -42,11 +46,12 @@ bool int8_fuse_enabled();
 // How output `out` of node n is written as int8 codes, or none (it is written in the
 // activation dtype). Codes when: fusion is enabled, the activations are bf16 or f16, n is
 // RMSNorm/LayerNorm (output 0), AddRMSNorm/AddLayerNorm (output 1, the norm; the sum
-// stays in the activation dtype) or a Mul of an activation by a weight row of the Linears'
-// K, the value is no graph output, it is read by at least one
-// node, each a quant="w8a8" Linear that w8a8_linear_supported and takes it as its input x
-// only, all with the same static scale or all per token (act_dynamic), and the codes (with
-// the row scales) fit the value's planned bytes (int8_codes_fit). A W8A8 Linear (output 0)
+// stays in the activation dtype), a Mul of an activation by a weight row of the Linears'
+// K, or Attention (output 0; static scales only), the value is no graph output, it is
+// read by at least one node, each a quant="w8a8" Linear that w8a8_linear_supported and
+// takes it as its input x only, all with the same static scale or all per token
+// (act_dynamic), and the codes (with the row scales) fit the value's planned bytes
+// (int8_codes_fit). A W8A8 Linear (output 0)
 // is a producer when its activation is gelu_erf, gelu_tanh or silu and it applies it in a
 // pass of its own (not KILN_CUDA_W8A8_ACT_EPILOGUE=1, w8a8_act_in_epilogue). The
 // producer's and the readers' prepare functions both ask this.

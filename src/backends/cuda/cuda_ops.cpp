@@ -19,6 +19,7 @@
 #include "backends/cuda/ops/embedding.h"
 #include "backends/cuda/ops/fp8.h"
 #include "backends/cuda/ops/gemv.h"
+#include "backends/cuda/ops/int8.h"
 #include "backends/cuda/ops/norm.h"
 #include "backends/cuda/ops/rope.h"
 #include "backends/cuda/ops/rows.h"
@@ -536,9 +537,12 @@ OpRun prepare_attention(const ir::Node& n, const ir::Graph& g, PrepareContext& p
       packed && n.input(2) != ir::kNoValue
           ? static_cast<const float*>(pc.weights->get(g, need_weight(n, g, 2, "inv_freq"), DType::kF32))
           : nullptr;
-  // Read only by FP8 Linears: the output leaves as their E4M3 codes, written by the flash
-  // kernel itself, else quantized from a scratch copy.
+  // Read only by FP8 Linears, or by W8A8 Linears of one static scale: the output leaves as
+  // their E4M3 / int8 codes, written by the flash kernel itself, else quantized from a
+  // scratch copy.
   const std::optional<Fp8Scale> codes = fp8_fused_output(n, 0, g, pc.act);
+  const std::optional<Int8Codes> icodes = codes ? std::nullopt : int8_fused_output(n, 0, g, pc.act);
+  KILN_CHECK(!icodes || !icodes->per_token, "cuda: attention '", n.name, "' asked for per-token int8 codes");
   const std::string name = n.name;
   return [=](OpContext& c) {
     const DevTensor& q = *c.inputs[0];
@@ -547,16 +551,21 @@ OpRun prepare_attention(const ir::Node& n, const ir::Graph& g, PrepareContext& p
                   c.step->num_tokens(), " tokens but q has ", t, " rows");
     KILN_THROW_IF(q.dim(1) != width, kInvalidArgument, "attention '", name, "': input rows have ", q.dim(1),
                   " features, expected ", width);
-    DevTensor& y = c.out(0, {t, hq * d}, codes ? std::optional<DType>(DType::kFP8E4M3) : std::nullopt);
+    // y: the output, or its codes (int8: retyped from the planned activation buffer).
+    void* y = icodes ? static_cast<void*>(int8_out(c, 0, {t, hq * d}, *icodes).q)
+                     : c.out(0, {t, hq * d}, codes ? std::optional<DType>(DType::kFP8E4M3) : std::nullopt).data;
     const DType dt = q.dtype;  // of q, k, v, the cache and the attention's own output
     AttentionArgs a;
     a.dtype = dt;
     a.q = q.data;
-    a.out = codes ? c.scratch(size_t(t * hq * d) * dtype_size(dt)) : y.data;
-    // After a kernel wrote a.out: its E4M3 codes into y (when it did not write them itself).
+    a.out = codes || icodes ? c.scratch(size_t(t * hq * d) * dtype_size(dt)) : y;
+    // After a kernel wrote a.out: its codes into y (when it did not write them itself).
     auto quantize_out = [&](const AttentionArgs& done) {
-      if (codes && !done.out_codes)
-        launch_fp8_quantize(dt, done.out, t * hq * d, codes->inv, static_cast<uint8_t*>(y.data), c.cx->stream);
+      if (done.out_codes) return;
+      if (codes)
+        launch_fp8_quantize(dt, done.out, t * hq * d, codes->inv, static_cast<uint8_t*>(y), c.cx->stream);
+      else if (icodes)
+        launch_int8_quantize(dt, done.out, t, hq * d, icodes->inv, static_cast<int8_t*>(y), nullptr, c.cx->stream);
     };
     a.hq = hq;
     a.hkv = hkv;
@@ -649,9 +658,10 @@ OpRun prepare_attention(const ir::Node& n, const ir::Graph& g, PrepareContext& p
       a.block_size = 1;
       if (packed) a.kv_stride = width;
     }
-    if (codes && a.flash) {
-      a.out_codes = static_cast<uint8_t*>(y.data);
-      a.out_code_inv = codes->inv;
+    if ((codes || icodes) && a.flash) {
+      a.out_codes = static_cast<uint8_t*>(y);
+      a.out_code_inv = codes ? codes->inv : icodes->inv;
+      a.out_code = codes ? AttnOutCode::kFp8 : AttnOutCode::kInt8;
     }
     launch_attention(a, c.cx->stream);
     quantize_out(a);

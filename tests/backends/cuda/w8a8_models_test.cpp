@@ -9,8 +9,9 @@
 // the activation quantize fused into the norms and SmoothQuant Muls (cuda_int8_fuse.h, the
 // default) against KILN_CUDA_INT8_FUSE=0, bit for bit, for the tiny BERT and the tiny
 // Llama; and without SmoothQuant (alpha -1) the tiny BERT's FFN up Linears (GELU) writing
-// their down projection's codes, against the CPU and against KILN_CUDA_INT8_FUSE=0. Skips
-// without a GPU.
+// their down projection's codes, and with static scales the attentions their o
+// projection's, against the CPU and against KILN_CUDA_INT8_FUSE=0 (the tiny Llama too,
+// prefill and decode). Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -135,6 +136,14 @@ std::pair<int, int> int8_producers(Model& m) {
   return {all, muls};
 }
 
+// Attention nodes of the model's graph that write their o projection's int8 codes.
+int int8_attentions(Model& m) {
+  ScopedEnv env("KILN_CUDA_INT8_FUSE", "1");
+  int n = 0;
+  for (const ir::Node& a : m.graph().nodes()) n += a.op == "Attention" && int8_fused_output(a, 0, m.graph(), DType::kBF16);
+  return n;
+}
+
 size_t differing_floats(const std::vector<float>& a, const std::vector<float>& b) {
   EXPECT_EQ(a.size(), b.size());
   size_t bad = 0;
@@ -163,8 +172,11 @@ TEST(CudaW8a8Model, TinyBertFusedQuantizeIsBitIdentical) {
     int smooth_muls = 0;
     for (const ir::Node& n : on->graph().nodes()) smooth_muls += n.op == "Mul";
     const auto [producers, muls] = int8_producers(*on);
-    std::printf("  tiny bert %s: %d nodes write int8 codes (%d of the %d Muls)\n", scales, producers, muls, smooth_muls);
+    const int attentions = int8_attentions(*on);
+    std::printf("  tiny bert %s: %d nodes write int8 codes (%d of the %d Muls, %d attentions)\n", scales, producers, muls,
+                smooth_muls, attentions);
     EXPECT_GE(muls, 8) << "two layers of qkv, attention out, ffn up and ffn down";
+    EXPECT_EQ(attentions, 0) << "the o projection's smoothing Mul writes its codes, not the attention";
     std::vector<EncoderInput> batch, one = {{std::vector<int32_t>(seqs[0].begin(), seqs[0].begin() + 3), {}}};
     for (auto& s : seqs) batch.push_back({s, {}});
     for (const auto* in : {&batch, &one}) {
@@ -178,7 +190,8 @@ TEST(CudaW8a8Model, TinyBertFusedQuantizeIsBitIdentical) {
 // Without SmoothQuant's Mul the FFN up projection (a W8A8 Linear with GELU) feeds the
 // down projection directly: its activation pass writes the down projection's codes (one
 // producer per layer), bit for bit the unfused GELU output quantized by the down Linear;
-// and the model still matches the CPU's W8A8.
+// so does the attention, with static scales, for the o projection; and the model still
+// matches the CPU's W8A8.
 TEST(CudaW8a8Model, TinyBertFfnUpWritesDownCodes) {
   KILN_SKIP_WITHOUT_CUDA();
   ScopedEnv epilogue("KILN_CUDA_W8A8_ACT_EPILOGUE", "0");
@@ -203,8 +216,13 @@ TEST(CudaW8a8Model, TinyBertFfnUpWritesDownCodes) {
       for (const ir::Node& n : on->graph().nodes())
         linears += n.op == "Linear" && int8_fused_output(n, 0, on->graph(), DType::kBF16).has_value();
     }
-    std::printf("  tiny bert %s without smoothing: %d Linears write int8 codes\n", scales, linears);
+    const int attentions = int8_attentions(*on);
+    std::printf("  tiny bert %s without smoothing: %d Linears and %d attentions write int8 codes\n", scales, linears,
+                attentions);
     EXPECT_EQ(linears, 2) << "the FFN up projection of each of the two layers";
+    // The attention feeds the o projection directly: it writes the codes with a static
+    // scale; per token keeps the o projection's quantize pass (no CTA sees a whole row).
+    EXPECT_EQ(attentions, std::string(scales) == "static" ? 2 : 0) << scales;
     std::vector<EncoderInput> batch, one = {{std::vector<int32_t>(seqs[0].begin(), seqs[0].begin() + 3), {}}};
     for (auto& s : seqs) batch.push_back({s, {}});
     for (const auto* in : {&batch, &one}) {
@@ -220,17 +238,25 @@ TEST(CudaW8a8Model, TinyBertFfnUpWritesDownCodes) {
 
 // Pre-norm Llama: the smoothing folds into the RMSNorms, which then write the codes of the
 // q/k/v and gate|up Linears (all but the final norm, which feeds GatherRows); prefill (the
-// int8 GEMM) and decode steps (the int8 GEMV, in CUDA graphs).
+// int8 GEMM) and decode steps (the int8 GEMV, in CUDA graphs). Without smoothing (alpha
+// -1) and with static scales the attention also writes the o projection's codes: prefill
+// and the fused decode attention, eager and replayed.
 TEST(CudaW8a8Model, TinyLlamaFusedQuantizeIsBitIdentical) {
   KILN_SKIP_WITHOUT_CUDA();
   const std::string dir = fixtures_dir() + "/models/llama";
   std::vector<std::vector<int32_t>> calib = random_tokens(std::vector<int>(8, 32), 0, 512, 7);
   const auto prompt = random_tokens({20}, 0, 512, 8)[0], decode = random_tokens({6}, 0, 512, 9)[0];
-  for (const char* scales : {"static", "per-token"}) {
+  struct Variant {
+    const char* scales;
+    double alpha;
+  };
+  for (const Variant& var : {Variant{"static", 0.5}, Variant{"per-token", 0.5}, Variant{"static", -1.0}}) {
+    const char* scales = var.scales;
     QuantOptions q;
     q.mode = "w8a8";
     q.method = "max";
     q.act_scale = scales;
+    q.smooth_alpha = var.alpha;
     const quant::CalibrationTable table = calibrate_model(dir, {}, q, &calib);
     auto load = [&](const char* fuse) {
       ScopedEnv env("KILN_CUDA_INT8_FUSE", fuse);
@@ -240,14 +266,17 @@ TEST(CudaW8a8Model, TinyLlamaFusedQuantizeIsBitIdentical) {
     int norms = 0;
     for (const ir::Node& n : on->graph().nodes()) norms += n.op == "RMSNorm" || n.op == "AddRMSNorm";
     const auto [producers, muls] = int8_producers(*on);
-    std::printf("  tiny llama %s: %d nodes write int8 codes (%d norms of %d, %d Muls)\n", scales, producers,
-                producers - muls, norms, muls);
-    EXPECT_EQ(producers - muls, norms - 1);
+    const int attentions = int8_attentions(*on);
+    std::printf("  tiny llama %s alpha %g: %d nodes write int8 codes (%d norms of %d, %d Muls, %d attentions)\n", scales,
+                var.alpha, producers, producers - muls - attentions, norms, muls, attentions);
+    EXPECT_EQ(producers - muls - attentions, norms - 1);
+    // With smoothing a Mul sits between the attention and the o projection.
+    EXPECT_EQ(attentions, var.alpha < 0 ? 2 : 0) << scales << " alpha " << var.alpha;
     const auto a = logits_of(*on, prompt, decode);
     on.reset();
     auto off = load("0");
     const auto b = logits_of(*off, prompt, decode);
-    EXPECT_EQ(differing_floats(a, b), 0u) << scales << " of " << a.size() << " logits";
+    EXPECT_EQ(differing_floats(a, b), 0u) << scales << " alpha " << var.alpha << " of " << a.size() << " logits";
   }
 }
 

@@ -215,7 +215,7 @@ void launch_attention(const AttentionArgs& a, cudaStream_t s) {
   KILN_THROW_IF(a.num_partials > 0 && !a.workspace, kInternal, "cuda attention: split plan without workspace");
   if (a.kv_code != KvCode::kNone)
     KILN_THROW_IF(!a.k_scales || !a.v_scales, kInternal, "cuda attention: a quantized cache without scales");
-  KILN_THROW_IF(a.out_codes && !a.flash, kInternal, "cuda attention: E4M3 output codes need a tensor-core plan");
+  KILN_THROW_IF(a.out_codes && !a.flash, kInternal, "cuda attention: output codes need a tensor-core plan");
   if (a.flash) {
     KILN_THROW_IF(!attention_flash_supported(a.dtype, a.d), kInternal, "cuda attention: a tensor-core plan for ",
                   dtype_name(a.dtype), " head_dim ", a.d);

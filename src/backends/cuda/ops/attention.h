@@ -37,6 +37,9 @@ namespace kiln::cuda {
 // per (slot, kv head) f32 scales [blocks * block_size, hkv] beside them.
 enum class KvCode : uint8_t { kNone, kInt8, kFp8 };
 
+// The codes a tensor-core plan may write in place of its output (AttentionArgs::out_codes).
+enum class AttnOutCode : uint8_t { kFp8, kInt8 };
+
 // (query row, head) items one CTA handles: 4 warps × 4 items.
 constexpr int kAttnItemsPerCta = 16;
 // Items of a tensor-core (flash) CTA (attention_flash.cuh): 8 warps × 16, one MMA's rows each.
@@ -115,10 +118,12 @@ struct AttentionArgs {
   int64_t q_stride = 0, kv_stride = 0;  // 0: hq * d and hkv * d (dense)
   int64_t max_q_len = 0;  // the step's longest q_len; with its GQA group <= 8, the decode kernel runs
   void* out = nullptr;              // [T, hq, d]
-  // Tensor-core (flash) plans only, when set: the output as E4M3 codes of out's T values
-  // times out_code_inv (fp8_codes.cuh; the FP8 o-projection's input), out unused.
+  // Tensor-core (flash) plans only, when set: the output as one-byte codes of out's T
+  // values times out_code_inv, out unused: E4M3 (fp8_codes.cuh; the FP8 o-projection's
+  // input) or int8 (int8_codes.cuh; a W8A8 o-projection's, one static scale).
   uint8_t* out_codes = nullptr;
   float out_code_inv = 1.0f;
+  AttnOutCode out_code = AttnOutCode::kFp8;
   int64_t block_size = 16, hq = 0, hkv = 0, d = 0;
   float scale = 1.0f;
   bool causal = true;

@@ -18,6 +18,9 @@
 // reused as A fragments) times V (ldmatrix.trans). Causal: a warp skips the tiles none of
 // its items sees and masks only tiles that cross the diagonal of one of its items.
 // Quantized caches are decoded to T while staging the next tile (synchronous loads).
+// With out_codes set, the epilogue rounds each output to T (as the plain output is
+// stored) and writes the next Linear's one-byte codes instead: E4M3 (FP8 Linear) or int8
+// with one static scale (W8A8), the codes of the T output's quantize pass, bit for bit.
 // Rows are D + 8 elements apart in shared memory: the eight 16-byte rows an ldmatrix
 // reads fall in distinct bank groups.
 #pragma once
@@ -26,6 +29,7 @@
 
 #include "backends/cuda/ops/attention_kernels.cuh"
 #include "backends/cuda/ops/fp8_codes.cuh"
+#include "backends/cuda/ops/int8_codes.cuh"
 
 namespace kiln::cuda {
 namespace {
@@ -57,7 +61,7 @@ __global__ void __launch_bounds__(kF2Threads, 2)
     flash2_attention_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restrict__ k_cache,
                             const KvElem<T, Q>* __restrict__ v_cache,
                             const float* __restrict__ k_scales, const float* __restrict__ v_scales,
-                            T* __restrict__ out, uint8_t* __restrict__ out_codes, float code_inv,
+                            T* __restrict__ out, uint8_t* __restrict__ out_codes, float code_inv, bool code_int8,
                             int block_size, int bs_shift, int hq, int hkv,
                             int64_t q_stride, int64_t kv_row, float scale_log2, bool causal,
                             const AttnSeq* __restrict__ seqs,
@@ -277,7 +281,18 @@ __global__ void __launch_bounds__(kF2Threads, 2)
     const int64_t row = sq.q_start + item / group, head = kvh * group + item % group;
     const int64_t at = (row * hq + head) * D + 2 * t;
     const float inv = den > 0.0f ? 1.0f / den : 0.0f;
-    if (out_codes) {  // the E4M3 codes of the T output (the FP8 o-projection's input)
+    // The codes of the T output (the o-projection's input): int8 (a W8A8 Linear's static
+    // scale) or E4M3 (an FP8 Linear's). Uniform across the grid; after the main loop, so
+    // it costs neither registers nor a template instantiation.
+    if (out_codes && code_int8) {
+#pragma unroll
+      for (int i = 0; i < DT; ++i)
+        *reinterpret_cast<uint16_t*>(out_codes + at + i * 8) =
+            uint16_t(uint8_t(int8_code(stored_as<T>(o[i][2 * h] * inv), code_inv)) |
+                     uint16_t(uint8_t(int8_code(stored_as<T>(o[i][2 * h + 1] * inv), code_inv))) << 8);
+      continue;
+    }
+    if (out_codes) {
 #pragma unroll
       for (int i = 0; i < DT; ++i)
         *reinterpret_cast<uint16_t*>(out_codes + at + i * 8) =
@@ -315,7 +330,7 @@ void launch_flash2_typed(const AttentionArgs& a, cudaStream_t s) {
   launch_k(kernel, dim3(unsigned(int64_t(a.num_work) * a.hkv)), dim3(kF2Threads), smem, s,
            static_cast<const T*>(a.q), static_cast<const KvElem<T, Q>*>(a.k_cache),
            static_cast<const KvElem<T, Q>*>(a.v_cache), a.k_scales, a.v_scales,
-           static_cast<T*>(a.out), a.out_codes, a.out_code_inv, bs, bs_shift, int(a.hq), int(a.hkv), qs, kvs,
+           static_cast<T*>(a.out), a.out_codes, a.out_code_inv, a.out_code == AttnOutCode::kInt8, bs, bs_shift, int(a.hq), int(a.hkv), qs, kvs,
            a.scale * kLog2e, a.causal, a.seqs, a.block_tables, a.work);
   KILN_CUDA_CHECK_LAUNCH();
 }
