@@ -218,7 +218,7 @@ TEST(CudaW8a8Model, TinyBertFfnUpWritesDownCodes) {
     std::printf("  tiny bert %s without smoothing: %d Linears write int8 codes, %d of %d norms write dual codes\n",
                 scales, linears, duals, norms);
     EXPECT_EQ(linears, 2) << "the FFN up projection of each of the two layers";
-    EXPECT_EQ(norms, 5) << "the embeddings' LayerNorm and two AddLayerNorms a layer";
+    EXPECT_EQ(norms, 5) << "the embeddings' AddLayerNorm (token types) and two a layer";
     EXPECT_EQ(duals, norms - 1) << "every norm but the last layer's output";
     std::vector<EncoderInput> batch, one = {{std::vector<int32_t>(seqs[0].begin(), seqs[0].begin() + 3), {}}};
     for (auto& s : seqs) batch.push_back({s, {}});
