@@ -13,7 +13,9 @@
 //   up to 1024 vectors) and the warp kernel's warps per block x rows per warp ("w8r2" is
 //   its default), so the lead can check the defaults on the device;
 // - the W8A8 input path: AddLayerNorm followed by launch_int8_quantize (static and per
-//   token) against the AddLayerNorm writing the int8 codes itself (block and warp).
+//   token) against the AddLayerNorm writing the int8 codes itself (block and warp), and
+//   against the dual output (its bf16 output and the codes in one pass: what a post-LN
+//   norm whose output is also the next residual writes), block and warp.
 // Timing only: correctness is tests/backends/cuda/ops_test.cpp and int8_fuse_test.cpp.
 //   cuda_norm_bench
 #include <cuda_runtime_api.h>
@@ -191,10 +193,11 @@ int main() {
   }
   set_norm_short_mode(std::nullopt);
 
-  // The W8A8 input: norm then quantize vs the norm writing the codes.
+  // The W8A8 input: norm then quantize vs the norm writing the codes, or y and the codes.
   std::printf("\nW8A8 input (AddLayerNorm, bf16 -> int8), us from HBM:\n"
-              "| shape | scales | AddLayerNorm | + int8 quantize | pair | fused | pair / fused | fused (warp) |\n"
-              "|---|---|---|---|---|---|---|---|\n");
+              "| shape | scales | AddLayerNorm | + int8 quantize | pair | fused | pair / fused | dual | pair / dual |"
+              " pair (warp) | fused (warp) | dual (warp) | pair / dual (warp) |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Shape& sh : shapes) {
     Buffers bf(sh.rows, sh.dim);
     const int64_t r = sh.rows, d = sh.dim;
@@ -209,16 +212,27 @@ int main() {
                                    bf.at(bf.sum, s), bf.q_at(s), 1.0f / 0.05f, per_token ? bf.rs_at(s) : nullptr,
                                    nullptr);
       };
+      auto dual = [&](int s) {
+        launch_add_layer_norm_dual(DType::kBF16, bf.at(bf.x, s), bf.at(bf.res, s), bf.g(), bf.b(), 1e-5f, r, d,
+                                   bf.at(bf.sum, s), bf.at(bf.y, s), bf.q_at(s), 1.0f / 0.05f,
+                                   per_token ? bf.rs_at(s) : nullptr, nullptr);
+      };
+      auto pair = [&](int s) {
+        norm(s);
+        quant(s);
+      };
       set_norm_short_mode(NormShort::kBlock);
       const float tn = time_us(bf, false, norm), tq = time_us(bf, false, quant);
-      const float tp = time_us(bf, false, [&](int s) { norm(s); quant(s); }), tf = time_us(bf, false, fused);
-      std::printf("| %s | %s | %.2f | %.2f | %.2f | %.2f | %.2fx |", sh.what, per_token ? "per token" : "static", tn,
-                  tq, tp, tf, tp / tf);
+      const float tp = time_us(bf, false, pair), tf = time_us(bf, false, fused), td = time_us(bf, false, dual);
+      std::printf("| %s | %s | %.2f | %.2f | %.2f | %.2f | %.2fx | %.2f | %.2fx |", sh.what,
+                  per_token ? "per token" : "static", tn, tq, tp, tf, tp / tf, td, tp / td);
       set_norm_short_mode(NormShort::kWarp);
-      if (norm_kernel_for(DType::kBF16, d, NormShort::kWarp) == NormKernel::kWarp)
-        std::printf(" %.2f |\n", time_us(bf, false, fused));
-      else
-        std::printf(" - |\n");
+      if (norm_kernel_for(DType::kBF16, d, NormShort::kWarp) == NormKernel::kWarp) {
+        const float wp = time_us(bf, false, pair), wf = time_us(bf, false, fused), wd = time_us(bf, false, dual);
+        std::printf(" %.2f | %.2f | %.2f | %.2fx |\n", wp, wf, wd, wp / wd);
+      } else {
+        std::printf(" - | - | - | - |\n");
+      }
       set_norm_short_mode(std::nullopt);
     }
   }

@@ -92,6 +92,15 @@ std::vector<ValueId> Graph::add_node(const std::string& op, std::vector<ValueId>
 
 void Graph::add_output(const std::string& name, ValueId v) { outputs_.emplace_back(name, v); }
 
+ValueId Graph::add_node_output(size_t node, DType dtype, Shape shape, const std::string& suffix) {
+  KILN_CHECK(node < nodes_.size(), "add_node_output: node ", node, " of ", nodes_.size());
+  const ValueId id = ValueId(values_.size());
+  values_.push_back({nodes_[node].name + ":" + suffix, dtype, std::move(shape), ValueKind::kIntermediate,
+                     int32_t(node)});
+  nodes_[node].outputs.push_back(id);
+  return id;
+}
+
 void Graph::replace_uses(ValueId from, ValueId to) {
   for (Node& n : nodes_)
     for (ValueId& v : n.inputs)

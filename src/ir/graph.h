@@ -65,6 +65,11 @@ class Graph {
     return add_node(op, std::move(inputs), std::move(attrs), name).at(0);
   }
   void add_output(const std::string& name, ValueId v);
+  // Gives node `node` one more output, named "<node name>:<suffix>". For a backend's own
+  // copy of a graph only (the CUDA backend's norms that also write int8 codes,
+  // backends/cuda/cuda_int8_fuse.h): the op's shape inference does not know the output,
+  // so verify() rejects the result.
+  ValueId add_node_output(size_t node, DType dtype, Shape shape, const std::string& suffix);
   // Points every node input and graph output that reads `from` at `to` (rewrites).
   void replace_uses(ValueId from, ValueId to);
   // Drops values nothing references (no node reads or writes them, not a graph input

@@ -70,6 +70,27 @@ TEST(Verifier, CatchesUseBeforeDefinitionAndUndefinedOutputs) {
   EXPECT_THROW(verify(h), Error);
 }
 
+// A backend's own copy may give a node an output its op does not declare: the value is
+// the node's, named after it; verify() then rejects the graph.
+TEST(Graph, AddNodeOutput) {
+  Graph g;
+  ValueId x = g.add_input("x", DType::kF32, {"T", 8});
+  ValueId w = g.add_weight("w", Tensor(DType::kF32, {8}));
+  ValueId y = g.add("RMSNorm", {x, w}, {{"eps", 1e-5}}, "norm");
+  g.add_output("y", y);
+  ASSERT_NO_THROW(verify(g));
+  const size_t values = g.num_values();
+  const ValueId c = g.add_node_output(0, DType::kBF16, g.value(y).shape, "int8");
+  EXPECT_EQ(size_t(c), values);
+  EXPECT_EQ(g.nodes()[0].outputs, (std::vector<ValueId>{y, c}));
+  EXPECT_EQ(g.value(c).name, "norm:int8");
+  EXPECT_EQ(g.value(c).producer, 0);
+  EXPECT_EQ(g.value(c).kind, ValueKind::kIntermediate);
+  EXPECT_EQ(g.value(c).dtype, DType::kBF16);
+  EXPECT_EQ(g.value(c).shape.str(), "[T, 8]");
+  EXPECT_THROW(verify(g), Error);
+}
+
 TEST(Registry, ListsOps) {
   auto ops = registered_ops();
   EXPECT_NE(std::find(ops.begin(), ops.end(), "Attention"), ops.end());

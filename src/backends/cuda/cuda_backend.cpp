@@ -19,7 +19,11 @@
 // nodes give each node's device time, summed per op and shape and logged at exit. FP8
 // Linears show as Linear{fp8}; {e4m3 in} marks one that skips its quantize pass and
 // {+e4m3 quantize} a node (norm, SwiGLU, GELU, FP8 Linear) that writes its readers' E4M3
-// codes itself (cuda_fp8_linear.h: the quantize fused into the producer).
+// codes itself (cuda_fp8_linear.h: the quantize fused into the producer); {int8 in} and
+// {+int8 quantize} likewise for W8A8 Linears (cuda_int8_fuse.h).
+// Where a norm's output is read by W8A8 Linears and by other nodes, the compiled graph
+// runs its own copy of the graph in which the norm has one more output, the Linears'
+// codes (int8_add_dual_outputs); every other graph is run as given.
 #include "backends/memory_plan.h"
 #include "backends/cuda/cuda_backend.h"
 
@@ -84,11 +88,27 @@ class StagingWriter {
   std::vector<uint8_t>& buf_;
 };
 
+// The graph a compiled graph runs: g (verified), or its copy with the dual outputs' codes
+// values added (cuda_int8_fuse.h) when it has any.
+std::optional<ir::Graph> with_dual_outputs(const ir::Graph& g, DType act) {
+  ir::verify(g);
+  bool any = false;
+  for (const ir::Node& n : g.nodes())
+    for (size_t o = 0; o < n.outputs.size() && !any; ++o) any = int8_dual_output(n, o, g, act).has_value();
+  if (!any) return std::nullopt;
+  ir::Graph copy = g;  // weights are shared, not copied
+  const int norms = int8_add_dual_outputs(copy, act);
+  log_info("cuda: ", norms, " norms write both their output and the int8 codes of the W8A8 Linears among their "
+           "readers (KILN_CUDA_INT8_FUSE=0 keeps a separate quantize pass)");
+  return copy;
+}
+
 class CudaCompiledGraph final : public CompiledGraph {
  public:
   CudaCompiledGraph(const ir::Graph& g, const CompileOptions& opt, std::shared_ptr<CudaContext> cx)
-      : graph_(g), cx_(std::move(cx)) {
-    ir::verify(g);
+      : own_graph_(with_dual_outputs(g, act_dtype_from_option(opt.weight_dtype))),
+        graph_(own_graph_ ? *own_graph_ : g),
+        cx_(std::move(cx)) {
     cx_->make_current();
     prep_.communicator = opt.communicator;
     prep_.act = act_dtype_from_option(opt.weight_dtype);
@@ -624,7 +644,8 @@ class CudaCompiledGraph final : public CompiledGraph {
     log_debug("cuda: ", graph_.nodes().size(), " nodes share ", plan.num_slots, " activation buffers");
   }
 
-  const ir::Graph& graph_;
+  std::optional<ir::Graph> own_graph_;  // g rewritten (with_dual_outputs), or none
+  const ir::Graph& graph_;             // own_graph_ or g
   std::shared_ptr<CudaContext> cx_;
   DeviceWeights weights_;
   PrepareContext prep_;

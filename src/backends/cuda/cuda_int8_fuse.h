@@ -14,9 +14,21 @@
 // pass. KILN_CUDA_INT8_FUSE=0 keeps the separate pass.
 // The value then travels in the buffer the activation was planned for: t x k int8 codes,
 // and with per-token scales the t f32 row scales after them (int8_row_scales_offset).
+// A norm whose output other nodes read too (post-LN BERT without SmoothQuant: each norm
+// output is also the next residual) keeps its T output and writes the codes beside it in
+// the same kernel (the dual output, norm.h's *_dual launchers). Where those codes live:
+// the CUDA compiled graph runs its own copy of the graph in which such a norm has one more
+// output value and those Linears read it instead (int8_add_dual_outputs). The memory
+// planner then plans it as any activation: the bytes of the T output (which hold the
+// codes and row scales, int8_codes_fit), live from the norm to its last Linear, never
+// allocated per call, at addresses a captured step graph keeps. A per-node buffer owned
+// by the compiled graph would need a lifetime plan of its own, or stay allocated for the
+// whole graph (a [T, hidden] buffer per norm). On the copy, int8_fused_output of that
+// output gives the codes as for a norm read only by Linears, so the Linears' prepare and
+// the profile's tags are those of the codes-only fusion.
 // Internal to the CUDA backend; tested in tests/backends/cuda/int8_fuse_test.cpp (kernels
-// against producer -> quantize, the decision, graphs fused against unfused) and
-// w8a8_models_test.cpp (the tiny BERT and Llama with and without the fusion).
+// against producer -> quantize, the decision, the rewrite, graphs fused against unfused)
+// and w8a8_models_test.cpp (the tiny BERT and Llama with and without the fusion).
 #pragma once
 
 #include <cstddef>
@@ -46,16 +58,35 @@ bool int8_fuse_enabled();
 // How output `out` of node n is written as int8 codes, or none (it is written in the
 // activation dtype). Codes when: fusion is enabled, the activations are bf16 or f16, n is
 // RMSNorm/LayerNorm (output 0), AddRMSNorm/AddLayerNorm (output 1, the norm; the sum
-// stays in the activation dtype), a Mul of an activation by a weight row of the Linears'
-// K, or Attention (output 0; static scales only), the value is no graph output, it is
-// read by at least one node, each a quant="w8a8" Linear that w8a8_linear_supported and
-// takes it as its input x only, all with the same static scale or all per token
-// (act_dynamic), and the codes (with the row scales) fit the value's planned bytes
-// (int8_codes_fit). A W8A8 Linear (output 0)
+// stays in the activation dtype), the codes output int8_add_dual_outputs gave a norm
+// after those, a Mul of an activation by a weight row of the Linears' K, or Attention
+// (output 0; static scales only), the value is no graph output, it is read by at least
+// one node, each a quant="w8a8" Linear that w8a8_linear_supported and takes it as its
+// input x only, all with the same static scale or all per token (act_dynamic), and the
+// codes (with the row scales) fit the value's planned bytes (int8_codes_fit). A W8A8
+// Linear (output 0)
 // is a producer when its activation is gelu_erf, gelu_tanh or silu and it applies it in a
 // pass of its own (not KILN_CUDA_W8A8_ACT_EPILOGUE=1, w8a8_act_in_epilogue). The
 // producer's and the readers' prepare functions both ask this.
 std::optional<Int8Codes> int8_fused_output(const ir::Node& n, size_t out, const ir::Graph& g, DType act);
+
+// How output `out` of norm n is written both in the activation dtype and as the int8 codes
+// of the W8A8 Linears among its readers (the dual output), or none: when fusion is
+// enabled, the activations are bf16 or f16, n is RMSNorm/LayerNorm (output 0) or
+// AddRMSNorm/AddLayerNorm (output 1), the value is read by at least one W8A8 Linear as
+// int8_fused_output's readers (its input x, w8a8_linear_supported, no fused norm, the codes
+// fit: int8_codes_fit), all of those with the same static scale or all per token, and it
+// has another use (a node that is no such Linear, or a graph output). A value only such
+// Linears read takes int8_fused_output's codes instead.
+std::optional<Int8Codes> int8_dual_output(const ir::Node& n, size_t out, const ir::Graph& g, DType act);
+// Gives each norm with a dual output (int8_dual_output) one more output value, of the
+// normalized output's dtype and shape (so planned with its bytes), and points those
+// Linears' x at it; the other readers keep the T output. Returns how many norms. For the
+// CUDA compiled graph's own copy (ir::Graph::add_node_output: the result does not verify).
+int int8_add_dual_outputs(ir::Graph& g, DType act);
+// On a graph int8_add_dual_outputs rewrote: the codes norm n writes into its added output
+// (the one after its normalized output), or none when it has none.
+std::optional<Int8Codes> int8_dual_codes(const ir::Node& n, const ir::Graph& g, DType act);
 
 // Where the f32 row scales of t rows of k codes start: after the codes, 16-byte aligned.
 inline size_t int8_row_scales_offset(int64_t t, int64_t k) { return (size_t(t) * size_t(k) + 15) / 16 * 16; }
@@ -74,8 +105,8 @@ struct Int8Out {
 Int8Out int8_out(OpContext& c, size_t o, const std::vector<int64_t>& shape, const Int8Codes& codes);
 
 // What the layer profile appends to the node's op name: "{int8 in}" for a W8A8 Linear
-// that reads codes (no quantize pass), "{+int8 quantize}" for a node that writes them;
-// empty for the rest.
+// that reads codes (no quantize pass), "{+int8 quantize}" for a node that writes them
+// (a dual output's norm on the rewritten graph too); empty for the rest.
 std::string int8_profile_tag(const ir::Node& n, const ir::Graph& g, DType act);
 
 }  // namespace kiln::cuda

@@ -174,11 +174,22 @@ OpRun prepare_binary(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) 
 
 // The norms, SwiGLU and GELU write their output as E4M3 codes where only FP8 Linears
 // read it (fp8_fused_output: the quantize fused in; those Linears then skip theirs); the
-// norms write int8 codes where only W8A8 Linears read it (int8_fused_output).
+// norms write int8 codes where only W8A8 Linears read it (int8_fused_output), and both
+// their T output and the codes, into the output after it, where other nodes read it too
+// (int8_dual_codes, on the compiled graph's rewritten copy).
 OpRun prepare_layer_norm(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) {
   auto* w = static_cast<const float*>(pc.weights->get(g, need_weight(n, g, 1, "weight"), DType::kF32));
   auto* b = static_cast<const float*>(pc.weights->get(g, need_weight(n, g, 2, "bias", true), DType::kF32));
   const float eps = float(n.attr_float("eps"));
+  if (const auto q = int8_dual_codes(n, g, pc.act))
+    return [=, codes = *q](OpContext& c) {
+      const DevTensor& x = *c.inputs[0];
+      const int64_t dim = x.dim(-1);
+      DevTensor& y = c.out(0, x.shape);
+      const Int8Out yq = int8_out(c, 1, x.shape, codes);
+      launch_add_layer_norm_dual(y.dtype, x.data, nullptr, w, b, eps, x.numel() / dim, dim, nullptr, y.data, yq.q,
+                                 codes.inv, yq.row_scale, c.cx->stream);
+    };
   if (const auto q = int8_fused_output(n, 0, g, pc.act))
     return [=, codes = *q](OpContext& c) {
       const DevTensor& x = *c.inputs[0];
@@ -206,6 +217,15 @@ OpRun prepare_layer_norm(const ir::Node& n, const ir::Graph& g, PrepareContext& 
 OpRun prepare_rms_norm(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) {
   auto* w = static_cast<const float*>(pc.weights->get(g, need_weight(n, g, 1, "weight"), DType::kF32));
   const float eps = float(n.attr_float("eps"));
+  if (const auto q = int8_dual_codes(n, g, pc.act))
+    return [=, codes = *q](OpContext& c) {
+      const DevTensor& x = *c.inputs[0];
+      const int64_t dim = x.dim(-1);
+      DevTensor& y = c.out(0, x.shape);
+      const Int8Out yq = int8_out(c, 1, x.shape, codes);
+      launch_add_rms_norm_dual(y.dtype, x.data, nullptr, w, eps, x.numel() / dim, dim, nullptr, y.data, yq.q,
+                               codes.inv, yq.row_scale, c.cx->stream);
+    };
   if (const auto q = int8_fused_output(n, 0, g, pc.act))
     return [=, codes = *q](OpContext& c) {
       const DevTensor& x = *c.inputs[0];
@@ -237,6 +257,21 @@ OpRun prepare_add_norm(const ir::Node& n, const ir::Graph& g, PrepareContext& pc
   auto* b = rms ? nullptr
                 : static_cast<const float*>(pc.weights->get(g, need_weight(n, g, 3, "bias", true), DType::kF32));
   const float eps = float(n.attr_float("eps"));
+  if (const auto q = int8_dual_codes(n, g, pc.act))
+    return [=, codes = *q](OpContext& c) {
+      const DevTensor& x = *c.inputs[0];
+      const DevTensor& r = *c.inputs[1];
+      DevTensor& sum = c.out(0, x.shape);
+      DevTensor& y = c.out(1, x.shape);
+      const Int8Out yq = int8_out(c, 2, x.shape, codes);
+      const int64_t dim = x.dim(-1), rows = x.numel() / dim;
+      if (rms)
+        launch_add_rms_norm_dual(y.dtype, x.data, r.data, w, eps, rows, dim, sum.data, y.data, yq.q, codes.inv,
+                                 yq.row_scale, c.cx->stream);
+      else
+        launch_add_layer_norm_dual(y.dtype, x.data, r.data, w, b, eps, rows, dim, sum.data, y.data, yq.q, codes.inv,
+                                   yq.row_scale, c.cx->stream);
+    };
   if (const auto q = int8_fused_output(n, 1, g, pc.act))
     return [=, codes = *q](OpContext& c) {
       const DevTensor& x = *c.inputs[0];

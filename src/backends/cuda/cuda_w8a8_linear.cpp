@@ -192,7 +192,9 @@ OpRun prepare_w8a8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext&
   }
 
   // The input may arrive as codes (and row scales) from its norm (cuda_int8_fuse.h), made
-  // with this Linear's scale: no quantize pass then.
+  // with this Linear's scale: no quantize pass then. That holds for a norm whose output
+  // other nodes read too: on the compiled graph's copy this Linear reads the codes output
+  // the norm writes beside it (int8_add_dual_outputs), whose readers are all such Linears.
   const auto [x_producer, x_out] = value_producer(g, n.inputs[0]);
   const bool x_codes = x_producer && int8_fused_output(*x_producer, x_out, g, pc.act).has_value();
   // The output may leave as the int8 codes of the W8A8 Linears reading it (only with

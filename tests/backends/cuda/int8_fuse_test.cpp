@@ -7,7 +7,10 @@
 // both kernels (register-held rows, multi-pass); which values the backend writes as codes
 // (no GPU needed); and graphs of W8A8 Linears fed by every norm, run with the fusion and
 // with KILN_CUDA_INT8_FUSE=0, whose outputs must agree bit for bit (among them FFN-like
-// chains: a W8A8 Linear with GELU / SiLU read only by W8A8 Linears). Also the norms'
+// chains: a W8A8 Linear with GELU / SiLU read only by W8A8 Linears). The dual output of a
+// norm read by W8A8 Linears and other nodes: its kernels (T output and codes) against the
+// plain norm and the quantize, which norms take it and the rewrite of the compiled
+// graph's copy (no GPU needed), and a post-LN block fused against unfused. Also the norms'
 // launch shapes the bench sweeps, against the default shape. Skips the device parts
 // without a GPU.
 #include <gtest/gtest.h>
@@ -24,6 +27,7 @@
 #include "backends/cuda/ops/elementwise_int8.h"
 #include "backends/cuda/ops/int8.h"
 #include "backends/cuda/ops/norm.h"
+#include "backends/memory_plan.h"
 #include "core/dtype.h"
 #include "core/int8.h"
 #include "core/status.h"
@@ -164,6 +168,81 @@ TEST(CudaInt8Fuse, NormKernelsWriteTheQuantizeKernelsCodes) {
             }
           }
     }
+}
+
+// The dual output (a norm read by W8A8 Linears and by other nodes): its T output equal to
+// the plain norm's and its codes and row scales to launch_int8_quantize of that output,
+// bit for bit, with the sum equal too; bf16 and f16, static and per token, with and
+// without the residual, over odd and even row counts from 1 to 4100, dims 64 to 4096 (and
+// 68: not whole vectors, the multi-pass kernel), with both short-row kernels.
+TEST(CudaInt8Fuse, DualNormKernelsWriteTheNormAndItsCodes) {
+  KILN_SKIP_WITHOUT_CUDA();
+  struct Case {
+    int64_t rows, dim;
+  };
+  int warp_cases = 0;
+  for (NormShort mode : {NormShort::kBlock, NormShort::kWarp})
+  for (Case cs : {Case{1, 768}, Case{2, 64}, Case{3, 4096}, Case{37, 576}, Case{64, 768}, Case{1000, 68},
+                  Case{257, 2048}, Case{1023, 768}, Case{1024, 1024}, Case{4100, 768}, Case{4099, 128},
+                  Case{129, 4096}})
+    for (DType dt : {DType::kBF16, DType::kF16}) {
+      const bool warp = norm_kernel_for(dt, cs.dim, mode, cs.rows) == NormKernel::kWarp;
+      if (mode == NormShort::kWarp && !warp) continue;  // the block kernels: covered by kBlock
+      warp_cases += warp;
+      const ScopedNormShort scoped(mode);
+      const int64_t rows = cs.rows, dim = cs.dim, n = rows * dim;
+      std::mt19937_64 rng(uint64_t(rows * 257 + dim + int(dt)));
+      // Row 1 of x is zeros: RMSNorm gives a zero row there (per-token scale 1).
+      const auto x = random_rows(dt, rows, dim, rng, 3.0f, rows > 1 ? 1 : -1),
+                 r = random_rows(dt, rows, dim, rng, 3.0f, -1);
+      const auto gamma = random_f32(dim, rng, 0.5f, 1.5f), beta = random_f32(dim, rng, -0.5f, 0.5f);
+      Dev dx(x.data(), size_t(n) * 2), dr(r.data(), size_t(n) * 2), dg(gamma.data(), size_t(dim) * 4),
+          db(beta.data(), size_t(dim) * 4);
+      Dev sum_a{size_t(n) * 2}, sum_b{size_t(n) * 2}, y_a{size_t(n) * 2}, y_b{size_t(n) * 2}, q_a{size_t(n)},
+          q_b{size_t(n)}, rs_a{size_t(rows) * 4}, rs_b{size_t(rows) * 4};
+      const float inv = 1.0f / int8_act_scale(1.9);  // inside the output range: some codes saturate
+      for (bool rms : {true, false})
+        for (bool residual : {false, true})
+          for (bool per_token : {false, true}) {
+            const void* res = residual ? dr.get() : nullptr;
+            void* sa = residual ? sum_a.get() : nullptr;
+            void* sb = residual ? sum_b.get() : nullptr;
+            float* rsb = per_token ? rs_b.as<float>() : nullptr;
+            // Stale outputs from the previous case must not pass for this one's.
+            KILN_CUDA_CHECK(cudaMemset(y_b.get(), 0x7f, size_t(n) * 2));
+            KILN_CUDA_CHECK(cudaMemset(q_b.get(), 0x55, size_t(n)));
+            if (rms) {
+              launch_add_rms_norm(dt, dx.get(), res, dg.as<float>(), 1e-5f, rows, dim, sa, y_a.get(), nullptr);
+              launch_add_rms_norm_dual(dt, dx.get(), res, dg.as<float>(), 1e-5f, rows, dim, sb, y_b.get(),
+                                       q_b.as<int8_t>(), inv, rsb, nullptr);
+            } else {
+              launch_add_layer_norm(dt, dx.get(), res, dg.as<float>(), db.as<float>(), 1e-5f, rows, dim, sa,
+                                    y_a.get(), nullptr);
+              launch_add_layer_norm_dual(dt, dx.get(), res, dg.as<float>(), db.as<float>(), 1e-5f, rows, dim, sb,
+                                         y_b.get(), q_b.as<int8_t>(), inv, rsb, nullptr);
+            }
+            launch_int8_quantize(dt, y_a.get(), rows, dim, inv, q_a.as<int8_t>(),
+                                 per_token ? rs_a.as<float>() : nullptr, nullptr);
+            KILN_CUDA_CHECK(cudaDeviceSynchronize());
+            const std::string what = str_cat(dtype_name(dt), " dual ", residual ? "Add" : "",
+                                             rms ? "RMSNorm" : "LayerNorm", per_token ? " per-token" : " static",
+                                             " rows=", rows, " dim=", dim, warp ? " (warp kernel)" : "");
+            const auto ya = y_a.host<uint16_t>(size_t(n)), yb = y_b.host<uint16_t>(size_t(n));
+            size_t y_bad = 0;
+            for (int64_t i = 0; i < n; ++i) y_bad += ya[size_t(i)] != yb[size_t(i)];
+            EXPECT_EQ(y_bad, 0u) << what << ": T output (" << n << " values)";
+            expect_same_codes(q_b.host<int8_t>(size_t(n)), q_a.host<int8_t>(size_t(n)), what, !per_token);
+            if (per_token) {
+              const auto sa_h = rs_a.host<float>(size_t(rows)), sb_h = rs_b.host<float>(size_t(rows));
+              size_t bad = 0;
+              for (int64_t i = 0; i < rows; ++i) bad += std::memcmp(&sa_h[size_t(i)], &sb_h[size_t(i)], 4) != 0;
+              EXPECT_EQ(bad, 0u) << what << ": row scales";
+              if (rms && !residual && rows > 1) EXPECT_EQ(sb_h[1], 1.0f) << what << ": the zero row's scale";
+            }
+            if (residual) EXPECT_EQ(sum_b.host(size_t(n) * 2), sum_a.host(size_t(n) * 2)) << what << ": sum";
+          }
+    }
+  EXPECT_GE(warp_cases, 10) << "the warp-per-row kernel must be among those tested";
 }
 
 TEST(CudaInt8Fuse, MulKernelWritesTheQuantizeKernelsCodes) {
@@ -449,6 +528,188 @@ TEST(CudaInt8Fuse, EnvironmentSwitch) {
   }
 }
 
+// A post-LN block (hidden 256) whose norms feed W8A8 Linears and the next residual:
+//   ln0 = LayerNorm(x) -> q, k (static, one act_amax) and add_ln's residual: dual, static;
+//   add_ln = AddLayerNorm(q + k, ln0) -> up (per token, gelu_erf: writes down's codes) and
+//     add_ln2's residual: dual, per token;
+//   add_ln2 = AddLayerNorm(down, add_ln) -> head_a, head_b (two static act_amax) and a graph
+//     output: none;
+//   rms = RMSNorm(sum2) -> o (static) and an Add: dual; add_rms = AddRMSNorm(o, sum2) -> p
+//     (static) only: the codes alone (int8_fused_output).
+ir::Graph post_ln_graph(std::mt19937_64& rng) {
+  ir::Graph g;
+  const int64_t h = 256;
+  auto x = g.add_input("x", DType::kF32, Shape{"T", h});
+  int wi = 0;
+  auto linear = [&](ir::ValueId in, int64_t n, double amax, bool dynamic, const std::string& act,
+                    const std::string& name) {
+    std::map<std::string, ir::Attr> a = {{"quant", std::string("w8a8")}, {"act_amax", amax}};
+    if (dynamic) a["act_dynamic"] = int64_t(1);
+    if (!act.empty()) a["activation"] = act;
+    auto w = g.add_weight(str_cat("w", wi), random_tensor({n, g.value(in).shape[1].value}, rng, "f32", -0.1f, 0.1f));
+    auto b = g.add_weight(str_cat("b", wi++), random_tensor({n}, rng, "f32", -0.2f, 0.2f));
+    return g.add("Linear", {in, w, b}, a, name);
+  };
+  auto param = [&](float lo, float hi) { return g.add_weight(str_cat("p", wi++), random_tensor({h}, rng, "f32", lo, hi)); };
+  auto ln0 = g.add("LayerNorm", {x, param(0.5f, 1.5f), param(-0.3f, 0.3f)}, {{"eps", 1e-5}}, "ln0");
+  auto q = linear(ln0, h, 2.2, false, "", "q"), k = linear(ln0, h, 2.2, false, "", "k");
+  auto qk = g.add("Add", {q, k}, {}, "qk");
+  auto add_ln = g.add_node("AddLayerNorm", {qk, ln0, param(0.5f, 1.5f), param(-0.3f, 0.3f)}, {{"eps", 1e-5}}, "add_ln");
+  auto up = linear(add_ln[1], 512, 1.0, true, "gelu_erf", "up");
+  auto down = linear(up, h, 1.2, false, "", "down");
+  auto add_ln2 =
+      g.add_node("AddLayerNorm", {down, add_ln[1], param(0.5f, 1.5f), param(-0.3f, 0.3f)}, {{"eps", 1e-5}}, "add_ln2");
+  g.add_output("head_a", linear(add_ln2[1], 64, 1.5, false, "", "head_a"));
+  g.add_output("head_b", linear(add_ln2[1], 64, 2.5, false, "", "head_b"));
+  g.add_output("normed2", add_ln2[1]);
+  auto rms = g.add("RMSNorm", {add_ln2[0], param(0.5f, 1.5f)}, {{"eps", 1e-5}}, "rms");
+  auto o = linear(rms, h, 2.0, false, "", "o");
+  g.add_output("rms_plus", g.add("Add", {rms, add_ln2[0]}, {}, "rms_plus"));
+  auto add_rms = g.add_node("AddRMSNorm", {o, add_ln2[0], param(0.5f, 1.5f)}, {{"eps", 1e-5}}, "add_rms");
+  g.add_output("p", linear(add_rms[1], 96, 1.8, false, "", "p"));
+  g.add_output("sum", add_ln[0]);
+  g.add_output("sum3", add_rms[0]);
+  ir::verify(g);
+  return g;
+}
+
+std::optional<Int8Codes> dual(const ir::Graph& g, const std::string& node, size_t out, DType act = DType::kBF16) {
+  for (const ir::Node& n : g.nodes())
+    if (n.name == node) return int8_dual_output(n, out, g, act);
+  ADD_FAILURE() << "no node " << node;
+  return std::nullopt;
+}
+
+TEST(CudaInt8Fuse, WhichNormsWriteDualOutputs) {
+  ScopedEnv env("KILN_CUDA_INT8_FUSE", "1"), epilogue("KILN_CUDA_W8A8_ACT_EPILOGUE", "0");
+  std::mt19937_64 rng(11);
+  const ir::Graph g = post_ln_graph(rng);
+  auto codes_only = [&](const std::string& node, size_t out) {
+    for (const ir::Node& n : g.nodes())
+      if (n.name == node) return int8_fused_output(n, out, g, DType::kBF16).has_value();
+    return false;
+  };
+  // Mixed readers (W8A8 Linears + the residual's AddLayerNorm, an Add): dual, not codes alone.
+  ASSERT_TRUE(dual(g, "ln0", 0).has_value());
+  EXPECT_FALSE(dual(g, "ln0", 0)->per_token);
+  EXPECT_EQ(dual(g, "ln0", 0)->inv, 1.0f / int8_act_scale(2.2)) << "the Linears' one static scale";
+  EXPECT_FALSE(codes_only("ln0", 0));
+  ASSERT_TRUE(dual(g, "add_ln", 1).has_value());
+  EXPECT_TRUE(dual(g, "add_ln", 1)->per_token);
+  EXPECT_FALSE(dual(g, "add_ln", 0).has_value()) << "the sum is no normalized output";
+  EXPECT_TRUE(dual(g, "rms", 0).has_value()) << "an RMSNorm read by a W8A8 Linear and an Add";
+  EXPECT_TRUE(dual(g, "ln0", 0, DType::kF16).has_value());
+  EXPECT_FALSE(dual(g, "ln0", 0, DType::kF32).has_value()) << "f32 activations keep the separate pass";
+  // Two static scales among the Linears: none (the graph output alone would allow it).
+  EXPECT_FALSE(dual(g, "add_ln2", 1).has_value());
+  EXPECT_FALSE(codes_only("add_ln2", 1));
+  // Only W8A8 Linears read it: the codes alone, as before.
+  EXPECT_FALSE(dual(g, "add_rms", 1).has_value());
+  EXPECT_TRUE(codes_only("add_rms", 1));
+  // Not norms: the FFN up Linear writes down's codes (codes alone); a Linear, an Add: never dual.
+  EXPECT_TRUE(codes_only("up", 0));
+  EXPECT_FALSE(dual(g, "up", 0).has_value());
+  EXPECT_FALSE(dual(g, "qk", 0).has_value());
+  EXPECT_FALSE(dual(g, "ln0", 1).has_value()) << "no such output";
+  {
+    ScopedEnv off("KILN_CUDA_INT8_FUSE", "0");
+    EXPECT_FALSE(dual(g, "ln0", 0).has_value());
+    EXPECT_FALSE(dual(g, "add_ln", 1).has_value());
+    EXPECT_FALSE(dual(g, "rms", 0).has_value());
+    ir::Graph copy = g;
+    EXPECT_EQ(int8_add_dual_outputs(copy, DType::kBF16), 0);
+    EXPECT_EQ(copy.num_values(), g.num_values());
+  }
+  // The readers that take codes: a W8A8 Linear's x only; a bf16 Linear, an FP8 Linear or an
+  // Add beside a W8A8 Linear is another reader (dual); a static and a per-token Linear: none.
+  for (int variant = 0; variant < 5; ++variant) {
+    const int64_t h = 64;
+    ir::Graph v;
+    auto x = v.add_input("x", DType::kF32, Shape{"T", h});
+    auto y = v.add("RMSNorm", {x, v.add_weight("g", random_tensor({h}, rng, "f32"))}, {{"eps", 1e-5}}, "norm");
+    auto w1 = v.add_weight("w1", random_tensor({32, h}, rng, "f32")), w2 = v.add_weight("w2", random_tensor({32, h}, rng, "f32"));
+    std::map<std::string, ir::Attr> stat = {{"quant", std::string("w8a8")}, {"act_amax", 1.0}};
+    std::map<std::string, ir::Attr> dyn = {{"quant", std::string("w8a8")}, {"act_amax", 1.0}, {"act_dynamic", int64_t(1)}};
+    v.add_output("a", v.add("Linear", {y, w1}, stat));
+    if (variant == 0) v.add_output("b", v.add("Linear", {y, w2}));
+    if (variant == 1) v.add_output("b", v.add("Linear", {y, w2}, {{"quant", std::string("fp8")}, {"act_amax", 1.0}}));
+    if (variant == 2) v.add_output("b", v.add("Add", {y, y}));
+    if (variant == 3) v.add_output("b", v.add("Linear", {y, w2}, dyn));
+    if (variant == 4) v.add_output("b", y);  // a graph output
+    EXPECT_EQ(int8_dual_output(v.nodes()[0], 0, v, DType::kBF16).has_value(), variant != 3) << "variant " << variant;
+    EXPECT_FALSE(int8_fused_output(v.nodes()[0], 0, v, DType::kBF16).has_value()) << "variant " << variant;
+  }
+}
+
+// The rewrite the CUDA compiled graph runs on its copy: each dual norm gets a codes output
+// of the normalized output's dtype and shape; its W8A8 Linears read it, the other readers
+// keep the T output; the memory plan keeps the codes live to their last Linear.
+TEST(CudaInt8Fuse, DualOutputsRewriteTheGraphsCopy) {
+  ScopedEnv env("KILN_CUDA_INT8_FUSE", "1"), epilogue("KILN_CUDA_W8A8_ACT_EPILOGUE", "0");
+  std::mt19937_64 rng(11);
+  const ir::Graph g = post_ln_graph(rng);
+  ir::Graph rw = g;
+  ASSERT_EQ(int8_add_dual_outputs(rw, DType::kBF16), 3) << "ln0, add_ln, rms";
+  EXPECT_EQ(rw.num_values(), g.num_values() + 3);
+  EXPECT_EQ(int8_add_dual_outputs(rw, DType::kBF16), 0) << "a second run finds nothing left to do";
+  auto idx = [&](const std::string& name) {
+    for (size_t i = 0; i < rw.nodes().size(); ++i)
+      if (rw.nodes()[i].name == name) return i;
+    ADD_FAILURE() << "no node " << name;
+    return size_t(0);
+  };
+  auto node = [&](const std::string& name) -> const ir::Node& { return rw.nodes()[idx(name)]; };
+  struct Want {
+    const char* norm;
+    size_t y;  // the normalized output
+    std::vector<const char*> linears, others;
+    bool per_token;
+  };
+  for (const Want& w : {Want{"ln0", 0, {"q", "k"}, {"add_ln"}, false}, Want{"add_ln", 1, {"up"}, {"add_ln2"}, true},
+                        Want{"rms", 0, {"o"}, {"rms_plus"}, false}}) {
+    const ir::Node& n = node(w.norm);
+    ASSERT_EQ(n.outputs.size(), w.y + 2) << w.norm;
+    const ir::ValueId y = n.outputs[w.y], c = n.outputs[w.y + 1];
+    EXPECT_EQ(rw.value(c).name, std::string(w.norm) + ":int8");
+    EXPECT_EQ(rw.value(c).producer, int32_t(idx(w.norm)));
+    EXPECT_EQ(rw.value(c).dtype, rw.value(y).dtype);
+    EXPECT_EQ(rw.value(c).shape.str(), rw.value(y).shape.str()) << "planned with the T output's bytes";
+    for (const char* l : w.linears) {
+      EXPECT_EQ(node(l).inputs[0], c) << l << " reads the codes";
+      EXPECT_EQ(int8_profile_tag(node(l), rw, DType::kBF16).find("{int8 in}"), 0u) << l;
+    }
+    for (const char* o : w.others) {
+      const auto& in = node(o).inputs;
+      EXPECT_NE(std::find(in.begin(), in.end(), y), in.end()) << o << " still reads the T output";
+      EXPECT_EQ(std::find(in.begin(), in.end(), c), in.end()) << o;
+    }
+    const auto codes = int8_dual_codes(n, rw, DType::kBF16);
+    ASSERT_TRUE(codes.has_value()) << w.norm;
+    EXPECT_EQ(codes->per_token, w.per_token) << w.norm;
+    EXPECT_FALSE(int8_fused_output(n, w.y, rw, DType::kBF16).has_value()) << w.norm << ": the T output stays";
+    EXPECT_EQ(int8_profile_tag(n, rw, DType::kBF16), "{+int8 quantize}") << w.norm;
+  }
+  EXPECT_EQ(int8_dual_codes(node("ln0"), rw, DType::kBF16)->inv, 1.0f / int8_act_scale(2.2));
+  // Untouched: the norm whose Linears differ in scale, the one only Linears read, and the
+  // original graph.
+  EXPECT_EQ(node("add_ln2").outputs.size(), 2u);
+  EXPECT_EQ(node("add_rms").outputs.size(), 2u);
+  EXPECT_FALSE(int8_dual_codes(node("add_rms"), rw, DType::kBF16).has_value());
+  EXPECT_EQ(g.nodes()[idx("ln0")].outputs.size(), 1u);
+  EXPECT_EQ(g.nodes()[idx("q")].inputs[0], g.nodes()[idx("ln0")].outputs[0]);
+  EXPECT_THROW(ir::verify(rw), Error) << "the copy is the backend's own: LayerNorm has one output in the IR";
+  // The plan: no value made while the codes are live (up to k, their last reader) shares
+  // their slot, nor does the T output.
+  const MemoryPlan plan = plan_activation_slots(rw);
+  const ir::ValueId c0 = node("ln0").outputs[1];
+  const int slot = plan.slot_of[size_t(c0)];
+  ASSERT_GE(slot, 0);
+  EXPECT_NE(slot, plan.slot_of[size_t(node("ln0").outputs[0])]);
+  for (size_t i = idx("ln0") + 1; i <= idx("k"); ++i)
+    for (ir::ValueId v : rw.nodes()[i].outputs) EXPECT_NE(plan.slot_of[size_t(v)], slot) << rw.nodes()[i].name;
+  EXPECT_GT(idx("k"), idx("q"));
+}
+
 TensorMap run_cuda(const ir::Graph& g, const TensorMap& in, const std::string& weight_dtype, const char* fuse) {
   ScopedEnv env("KILN_CUDA_INT8_FUSE", fuse);  // read while compiling
   auto gg = create_backend("cuda")->compile(g, {.weight_dtype = weight_dtype});
@@ -481,6 +742,36 @@ TEST(CudaInt8Fuse, FusedGraphIsBitIdenticalToUnfused) {
         }
         std::printf("  fused vs unfused %-4s t=%-4lld %-5s %lld values, %zu differ, max|ref| %.3g\n", wd, (long long)t,
                     name.c_str(), (long long)ref.numel(), bad, max_ref);
+        EXPECT_EQ(bad, 0u) << wd << " t=" << t << " output " << name;
+        EXPECT_GT(max_ref, 0.0f) << wd << " t=" << t << " output " << name << " is all zeros";
+      }
+    }
+}
+
+// The post-LN block compiled with the dual outputs (and the codes-only fusions) against
+// KILN_CUDA_INT8_FUSE=0, bit for bit: the GEMV (t <= 4), the GEMMs, and from 1024 rows on
+// the warp-per-row norm kernel; bf16 and f16 activations.
+TEST(CudaInt8Fuse, DualOutputGraphIsBitIdenticalToUnfused) {
+  KILN_SKIP_WITHOUT_CUDA();
+  ScopedEnv epilogue("KILN_CUDA_W8A8_ACT_EPILOGUE", "0");
+  for (const char* wd : {"w8a8", "f16"})
+    for (int64_t t : {1, 3, 5, 64, 1100}) {
+      std::mt19937_64 rng(uint64_t(t) * 53 + 1);
+      const ir::Graph g = post_ln_graph(rng);
+      TensorMap in = {{"x", random_tensor({t, 256}, rng, "bf16", -2.0f, 2.0f)}};
+      const TensorMap on = run_cuda(g, in, wd, "1"), off = run_cuda(g, in, wd, "0");
+      ASSERT_EQ(on.size(), off.size());
+      for (auto& [name, ref] : off) {
+        const Tensor& got = on.at(name);
+        ASSERT_EQ(got.shape(), ref.shape()) << name;
+        size_t bad = 0;
+        float max_ref = 0;
+        for (int64_t i = 0; i < ref.numel(); ++i) {
+          max_ref = std::max(max_ref, std::fabs(ref.data_as<float>()[i]));
+          bad += f32_bits(got.data_as<float>()[i]) != f32_bits(ref.data_as<float>()[i]);
+        }
+        std::printf("  dual fused vs unfused %-4s t=%-4lld %-8s %lld values, %zu differ, max|ref| %.3g\n", wd,
+                    (long long)t, name.c_str(), (long long)ref.numel(), bad, max_ref);
         EXPECT_EQ(bad, 0u) << wd << " t=" << t << " output " << name;
         EXPECT_GT(max_ref, 0.0f) << wd << " t=" << t << " output " << name << " is all zeros";
       }

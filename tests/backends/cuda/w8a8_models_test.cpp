@@ -8,10 +8,11 @@
 // 3-token sequence on the GEMV path, and a replayed CUDA graph giving the eager bits; and
 // the activation quantize fused into the norms and SmoothQuant Muls (cuda_int8_fuse.h, the
 // default) against KILN_CUDA_INT8_FUSE=0, bit for bit, for the tiny BERT and the tiny
-// Llama; and without SmoothQuant (alpha -1) the tiny BERT's FFN up Linears (GELU) writing
-// their down projection's codes, and with static scales the attentions their o
-// projection's, against the CPU and against KILN_CUDA_INT8_FUSE=0 (the tiny Llama too,
-// prefill and decode). Skips without a GPU.
+// Llama; and without SmoothQuant (alpha -1) the tiny BERT's norms writing their output
+// and the codes of the Linears it feeds (the dual output: the output is also the next
+// residual), its FFN up Linears (GELU) writing their down projection's codes, and with
+// static scales the attentions their o projection's, against the CPU and against
+// KILN_CUDA_INT8_FUSE=0 (the tiny Llama too, prefill and decode). Skips without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -190,8 +191,11 @@ TEST(CudaW8a8Model, TinyBertFusedQuantizeIsBitIdentical) {
 // Without SmoothQuant's Mul the FFN up projection (a W8A8 Linear with GELU) feeds the
 // down projection directly: its activation pass writes the down projection's codes (one
 // producer per layer), bit for bit the unfused GELU output quantized by the down Linear;
-// so does the attention, with static scales, for the o projection; and the model still
-// matches the CPU's W8A8.
+// so does the attention, with static scales, for the o projection. And the norms feed
+// the Linears directly: each but the last (whose output leaves the encoder) writes its
+// output, which the next residual add reads, and the codes of the Linears after it (the
+// qkv or FFN up projection) in the same pass: the dual output. All fusions bit for bit
+// against the unfused model; and the model still matches the CPU's W8A8.
 TEST(CudaW8a8Model, TinyBertFfnUpWritesDownCodes) {
   KILN_SKIP_WITHOUT_CUDA();
   ScopedEnv epilogue("KILN_CUDA_W8A8_ACT_EPILOGUE", "0");
@@ -210,19 +214,29 @@ TEST(CudaW8a8Model, TinyBertFfnUpWritesDownCodes) {
       return Model::load(dir, w8a8_model_options({.backend = "cuda"}, table, q));
     };
     auto on = load("1"), off = load("0");
-    int linears = 0;
+    int linears = 0, duals = 0, norms = 0;
     {
       ScopedEnv env("KILN_CUDA_INT8_FUSE", "1");
-      for (const ir::Node& n : on->graph().nodes())
+      for (const ir::Node& n : on->graph().nodes()) {
         linears += n.op == "Linear" && int8_fused_output(n, 0, on->graph(), DType::kBF16).has_value();
+        norms += n.op == "LayerNorm" || n.op == "AddLayerNorm";
+        for (size_t o = 0; o < n.outputs.size(); ++o)
+          if (const auto c = int8_dual_output(n, o, on->graph(), DType::kBF16)) {
+            ++duals;
+            EXPECT_EQ(c->per_token, std::strcmp(scales, "per-token") == 0) << n.name;
+          }
+      }
     }
     const int attentions = int8_attentions(*on);
-    std::printf("  tiny bert %s without smoothing: %d Linears and %d attentions write int8 codes\n", scales, linears,
-                attentions);
+    std::printf("  tiny bert %s without smoothing: %d Linears and %d attentions write int8 codes, %d of %d norms "
+                "write dual codes\n",
+                scales, linears, attentions, duals, norms);
     EXPECT_EQ(linears, 2) << "the FFN up projection of each of the two layers";
     // The attention feeds the o projection directly: it writes the codes with a static
     // scale; per token keeps the o projection's quantize pass (no CTA sees a whole row).
     EXPECT_EQ(attentions, std::string(scales) == "static" ? 2 : 0) << scales;
+    EXPECT_EQ(norms, 5) << "the embeddings' AddLayerNorm (token types) and two a layer";
+    EXPECT_EQ(duals, norms - 1) << "every norm but the last layer's output";
     std::vector<EncoderInput> batch, one = {{std::vector<int32_t>(seqs[0].begin(), seqs[0].begin() + 3), {}}};
     for (auto& s : seqs) batch.push_back({s, {}});
     for (const auto* in : {&batch, &one}) {

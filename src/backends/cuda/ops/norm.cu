@@ -21,11 +21,13 @@
 // Launched in a decode step of a few rows (`early`), a norm lets the next kernel launch at
 // its start (common.cuh: the GEMV after it then streams its weights meanwhile); gamma and
 // beta are requested before the wait either way.
-// Every kernel writes one of four outputs (NormOut): T; the E4M3 codes of an FP8 Linear's
+// Every kernel writes one of six outputs (NormOut): T; the E4M3 codes of an FP8 Linear's
 // input; the int8 codes of a W8A8 Linear's input with a static scale, or with each row's
-// own scale (per token). Each value is rounded to T first, as the T kernel stores it, then
-// quantized with fp8_codes.cuh's / int8_codes.cuh's rounding: the codes (and row scales)
-// of norm -> quantize, bit for bit.
+// own scale (per token); or T and those int8 codes both (the dual output, for a norm
+// whose output other nodes read too: cuda_int8_fuse.h). Each value is rounded to T first,
+// as the T kernel stores it, then quantized with fp8_codes.cuh's / int8_codes.cuh's
+// rounding: the codes (and row scales) of norm -> quantize, bit for bit. The output mode
+// is a template parameter, so the T-only kernels are the same code as before.
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops/fp8_codes.cuh"
 #include "backends/cuda/ops/gemv.h"
@@ -42,10 +44,17 @@
 namespace kiln::cuda {
 namespace {
 
-enum class NormOut { kT, kFp8, kI8, kI8Row };
+enum class NormOut { kT, kFp8, kI8, kI8Row, kTI8, kTI8Row };
 
+// T and int8 codes (static scale, or per token).
+constexpr bool norm_dual(NormOut o) { return o == NormOut::kTI8 || o == NormOut::kTI8Row; }
+// Int8 codes with each row's own scale.
+constexpr bool norm_row_scaled(NormOut o) { return o == NormOut::kI8Row || o == NormOut::kTI8Row; }
+
+// The element type of output y (the dual outputs' codes go to NormArgs::q).
 template <typename T, NormOut O>
-using NormY = std::conditional_t<O == NormOut::kT, T, std::conditional_t<O == NormOut::kFp8, uint8_t, int8_t>>;
+using NormY = std::conditional_t<O == NormOut::kT || norm_dual(O), T,
+                                 std::conditional_t<O == NormOut::kFp8, uint8_t, int8_t>>;
 
 // A norm launch: sum = x + res when res is set (sum must be then), y = norm(sum or x).
 template <typename T, typename Y>
@@ -58,17 +67,24 @@ struct NormArgs {
   float eps;
   int64_t rows, dim;
   Y* y;
-  float inv;         // kFp8, kI8: the static scale's inverse
-  float* row_scale;  // kI8Row: [rows], each row's scale
+  float inv;         // kFp8, kI8, kTI8: the static scale's inverse
+  float* row_scale;  // kI8Row, kTI8Row: [rows], each row's scale
+  int8_t* q;         // kTI8, kTI8Row: the codes of y, [rows, dim]
   bool early;
 };
 
 // One normalized value as output Y, with the row's (or the static) inverse scale.
 template <typename T, NormOut O>
 __device__ __forceinline__ NormY<T, O> norm_code(float v, float inv) {
-  if constexpr (O == NormOut::kT) return from_f32<T>(v);
+  if constexpr (O == NormOut::kT || norm_dual(O)) return from_f32<T>(v);
   else if constexpr (O == NormOut::kFp8) return fp8_code_via<T>(v, inv);
   else return int8_t(int8_code(stored_as<T>(v), inv));
+}
+
+// The dual outputs' code of y as stored in T: the codes the quantize pass makes of it.
+template <typename T>
+__device__ __forceinline__ int8_t dual_code(T y, float inv) {
+  return int8_t(int8_code(to_f32(y), inv));
 }
 
 // With a residual (the fused AddLayerNorm/AddRMSNorm), the row is first x + res,
@@ -123,7 +139,7 @@ __global__ void norm_rows_kernel(NormArgs<T, NormY<T, O>> a) {
     else return (to_f32(xr[j]) - mean) * r * a.gamma[j] + (a.beta ? a.beta[j] : 0.0f);
   };
   float inv = a.inv;
-  if constexpr (O == NormOut::kI8Row) {  // the row's max over its T-rounded outputs
+  if constexpr (norm_row_scaled(O)) {  // the row's max over its T-rounded outputs
     float m = 0.0f;
     for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) m = fmaxf(m, fabsf(stored_as<T>(value(j))));
     const float scale = int8_row_scale_of(block_max(m, scratch));
@@ -131,7 +147,11 @@ __global__ void norm_rows_kernel(NormArgs<T, NormY<T, O>> a) {
     if (threadIdx.x == 0) a.row_scale[blockIdx.x] = scale;
   }
   NormY<T, O>* yr = a.y + off;
-  for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) yr[j] = norm_code<T, O>(value(j), inv);
+  for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
+    const NormY<T, O> o = norm_code<T, O>(value(j), inv);
+    yr[j] = o;
+    if constexpr (norm_dual(O)) a.q[off + j] = dual_code(o, inv);
+  }
 }
 
 // Sum (max) over the blockDim.x threads of this thread's row, threadIdx.y (a multiple of
@@ -159,6 +179,17 @@ __device__ __forceinline__ void load_params(const float* p, int j, float (&out)[
     const float4 f = *reinterpret_cast<const float4*>(p + j + 4 * q);
     out[4 * q] = f.x, out[4 * q + 1] = f.y, out[4 * q + 2] = f.z, out[4 * q + 3] = f.w;
   }
+}
+
+// The dual outputs' codes of VEC stored values, as one VEC-byte store.
+template <int VEC, typename T>
+__device__ __forceinline__ void store_dual_codes(const T (&y)[VEC], float inv, int8_t* q) {
+  struct alignas(VEC) Codes {
+    int8_t e[VEC];
+  } c;
+#pragma unroll
+  for (int u = 0; u < VEC; ++u) c.e[u] = dual_code(y[u], inv);
+  *reinterpret_cast<Codes*>(q) = c;
 }
 
 // The register-held kernel (see the top of the file): blockDim.x threads per row, each
@@ -240,7 +271,7 @@ __global__ void __launch_bounds__(1024) norm_regs_kernel(NormArgs<T, NormY<T, O>
     }
   };
   float inv = a.inv;
-  if constexpr (O == NormOut::kI8Row) {  // the row's max over its T-rounded outputs
+  if constexpr (norm_row_scaled(O)) {  // the row's max over its T-rounded outputs
     float m = 0.0f;
 #pragma unroll
     for (int i = 0; i < NCH; ++i) {
@@ -268,6 +299,7 @@ __global__ void __launch_bounds__(1024) norm_regs_kernel(NormArgs<T, NormY<T, O>
 #pragma unroll
     for (int u = 0; u < VEC; ++u) out.e[u] = norm_code<T, O>(o[u], inv);
     *reinterpret_cast<Out*>(a.y + base + int64_t(vi) * VEC) = out;
+    if constexpr (norm_dual(O)) store_dual_codes<VEC>(out.e, inv, a.q + base + int64_t(vi) * VEC);
   }
 }
 
@@ -359,7 +391,7 @@ __global__ void __launch_bounds__(32 * kWarpMaxWarps) norm_warp_kernel(NormArgs<
       else return (elem(i, u) - mean) * r * g[i][u] + b[i][u];
     };
     float inv = a.inv;
-    if constexpr (O == NormOut::kI8Row) {  // the row's max over its T-rounded outputs
+    if constexpr (norm_row_scaled(O)) {  // the row's max over its T-rounded outputs
       float m = 0.0f;
 #pragma unroll
       for (int i = 0; i < NCH; ++i)
@@ -380,6 +412,7 @@ __global__ void __launch_bounds__(32 * kWarpMaxWarps) norm_warp_kernel(NormArgs<
 #pragma unroll
       for (int u = 0; u < VEC; ++u) o.e[u] = norm_code<T, O>(out(i, u), inv);
       *reinterpret_cast<Out*>(a.y + base + int64_t(vi) * VEC) = o;
+      if constexpr (norm_dual(O)) store_dual_codes<VEC>(o.e, inv, a.q + base + int64_t(vi) * VEC);
     }
   }
 }
@@ -413,12 +446,12 @@ RegsShape regs_shape(int64_t nvec, NormShape forced) {
   return sh;
 }
 
-// Whether every operand is 16-byte aligned (y: one vector's outputs).
+// Whether every operand is 16-byte aligned (y and q: one vector's outputs).
 template <typename T, typename Y>
 bool operands_aligned(const NormArgs<T, Y>& a) {
   constexpr int VEC = 16 / int(sizeof(T));
   return aligned16(a.x) && aligned16(a.res) && aligned16(a.sum) && aligned16(a.gamma) && aligned16(a.beta) &&
-         reinterpret_cast<uintptr_t>(a.y) % (VEC * sizeof(Y)) == 0;
+         reinterpret_cast<uintptr_t>(a.y) % (VEC * sizeof(Y)) == 0 && reinterpret_cast<uintptr_t>(a.q) % VEC == 0;
 }
 
 // Launches norm_regs_kernel when the row fits (whole 16-byte vectors, at most 4 per
@@ -473,14 +506,16 @@ int threads_for(int64_t dim) {
 // round alike), or the forced one (the bench's sweep; false when the row does not take it).
 template <typename T, NormOut O, bool kRms>
 bool launch_norm(const void* x, const void* res, const float* gamma, const float* beta, float eps, int64_t rows,
-                 int64_t dim, void* sum, void* y, float inv, float* row_scale, cudaStream_t s,
+                 int64_t dim, void* sum, void* y, float inv, float* row_scale, int8_t* q, cudaStream_t s,
                  NormShape forced = {}) {
   KILN_THROW_IF(res && !sum, kInternal, "cuda norm: a residual without a sum output");
+  KILN_THROW_IF(norm_dual(O) != (q != nullptr) || norm_row_scaled(O) != (row_scale != nullptr), kInternal,
+                "cuda norm: the codes or row scales do not match the output mode");
   KILN_THROW_IF(rows > 0x7fffffff, kInternal, "cuda norm: ", rows, " rows");
   const NormShort mode = norm_short_mode();  // a bad KILN_CUDA_NORM_SHORT throws even with no rows
   if (rows == 0) return true;
   const NormArgs<T, NormY<T, O>> a{static_cast<const T*>(x), static_cast<const T*>(res), static_cast<T*>(sum), gamma,
-                                   beta, eps, rows, dim, static_cast<NormY<T, O>*>(y), inv, row_scale,
+                                   beta, eps, rows, dim, static_cast<NormY<T, O>*>(y), inv, row_scale, q,
                                    early_trigger(rows)};
   if (forced.vectors) return launch_norm_regs<T, O, kRms>(a, forced, s);
   if (forced.warps) return launch_norm_warp<T, O, kRms>(a, forced.warps, forced.rows_per_warp, s);
@@ -537,7 +572,7 @@ void launch_layer_norm(DType t, const void* x, const float* gamma, const float* 
 void launch_add_layer_norm(DType t, const void* x, const void* res, const float* gamma, const float* beta,
                            float eps, int64_t rows, int64_t dim, void* sum, void* y, cudaStream_t s) {
   KILN_CUDA_DISPATCH_FLOAT(t, T, {
-    launch_norm<T, NormOut::kT, false>(x, res, gamma, beta, eps, rows, dim, sum, y, 1.0f, nullptr, s);
+    launch_norm<T, NormOut::kT, false>(x, res, gamma, beta, eps, rows, dim, sum, y, 1.0f, nullptr, nullptr, s);
   });
   KILN_CUDA_CHECK_LAUNCH();
 }
@@ -550,7 +585,7 @@ void launch_rms_norm(DType t, const void* x, const float* w, float eps, int64_t 
 void launch_add_rms_norm(DType t, const void* x, const void* res, const float* w, float eps, int64_t rows,
                          int64_t dim, void* sum, void* y, cudaStream_t s) {
   KILN_CUDA_DISPATCH_FLOAT(t, T, {
-    launch_norm<T, NormOut::kT, true>(x, res, w, nullptr, eps, rows, dim, sum, y, 1.0f, nullptr, s);
+    launch_norm<T, NormOut::kT, true>(x, res, w, nullptr, eps, rows, dim, sum, y, 1.0f, nullptr, nullptr, s);
   });
   KILN_CUDA_CHECK_LAUNCH();
 }
@@ -559,26 +594,35 @@ void launch_add_layer_norm_fp8(DType t, const void* x, const void* res, const fl
                                float eps, int64_t rows, int64_t dim, void* sum, uint8_t* y, float inv,
                                cudaStream_t s) {
   KILN_THROW_IF(t != DType::kBF16, kInternal, "cuda: the E4M3 LayerNorm takes bf16, not ", dtype_name(t));
-  launch_norm<__nv_bfloat16, NormOut::kFp8, false>(x, res, gamma, beta, eps, rows, dim, sum, y, inv, nullptr, s);
+  launch_norm<__nv_bfloat16, NormOut::kFp8, false>(x, res, gamma, beta, eps, rows, dim, sum, y, inv, nullptr, nullptr,
+                                                   s);
   KILN_CUDA_CHECK_LAUNCH();
 }
 
 void launch_add_rms_norm_fp8(DType t, const void* x, const void* res, const float* w, float eps, int64_t rows,
                              int64_t dim, void* sum, uint8_t* y, float inv, cudaStream_t s) {
   KILN_THROW_IF(t != DType::kBF16, kInternal, "cuda: the E4M3 RMSNorm takes bf16, not ", dtype_name(t));
-  launch_norm<__nv_bfloat16, NormOut::kFp8, true>(x, res, w, nullptr, eps, rows, dim, sum, y, inv, nullptr, s);
+  launch_norm<__nv_bfloat16, NormOut::kFp8, true>(x, res, w, nullptr, eps, rows, dim, sum, y, inv, nullptr, nullptr, s);
   KILN_CUDA_CHECK_LAUNCH();
 }
 
 namespace {
 
-// The int8 norms for a 16-bit T: static or per-token codes.
+// The int8 norms for a 16-bit T: static or per-token codes, alone (y null) or with y in T
+// (the dual output).
 template <bool kRms>
 void launch_norm_int8(DType t, const void* x, const void* res, const float* gamma, const float* beta, float eps,
-                      int64_t rows, int64_t dim, void* sum, int8_t* q, float inv, float* row_scale, cudaStream_t s) {
+                      int64_t rows, int64_t dim, void* sum, void* y, int8_t* q, float inv, float* row_scale,
+                      cudaStream_t s) {
   auto go = [&]<typename T>() {
-    if (row_scale) launch_norm<T, NormOut::kI8Row, kRms>(x, res, gamma, beta, eps, rows, dim, sum, q, inv, row_scale, s);
-    else launch_norm<T, NormOut::kI8, kRms>(x, res, gamma, beta, eps, rows, dim, sum, q, inv, nullptr, s);
+    if (y && row_scale)
+      launch_norm<T, NormOut::kTI8Row, kRms>(x, res, gamma, beta, eps, rows, dim, sum, y, inv, row_scale, q, s);
+    else if (y)
+      launch_norm<T, NormOut::kTI8, kRms>(x, res, gamma, beta, eps, rows, dim, sum, y, inv, nullptr, q, s);
+    else if (row_scale)
+      launch_norm<T, NormOut::kI8Row, kRms>(x, res, gamma, beta, eps, rows, dim, sum, q, inv, row_scale, nullptr, s);
+    else
+      launch_norm<T, NormOut::kI8, kRms>(x, res, gamma, beta, eps, rows, dim, sum, q, inv, nullptr, nullptr, s);
   };
   if (t == DType::kBF16) go.template operator()<__nv_bfloat16>();
   else if (t == DType::kF16) go.template operator()<__half>();
@@ -591,12 +635,26 @@ void launch_norm_int8(DType t, const void* x, const void* res, const float* gamm
 void launch_add_layer_norm_int8(DType t, const void* x, const void* res, const float* gamma, const float* beta,
                                 float eps, int64_t rows, int64_t dim, void* sum, int8_t* q, float inv,
                                 float* row_scale, cudaStream_t s) {
-  launch_norm_int8<false>(t, x, res, gamma, beta, eps, rows, dim, sum, q, inv, row_scale, s);
+  launch_norm_int8<false>(t, x, res, gamma, beta, eps, rows, dim, sum, nullptr, q, inv, row_scale, s);
 }
 
 void launch_add_rms_norm_int8(DType t, const void* x, const void* res, const float* w, float eps, int64_t rows,
                               int64_t dim, void* sum, int8_t* q, float inv, float* row_scale, cudaStream_t s) {
-  launch_norm_int8<true>(t, x, res, w, nullptr, eps, rows, dim, sum, q, inv, row_scale, s);
+  launch_norm_int8<true>(t, x, res, w, nullptr, eps, rows, dim, sum, nullptr, q, inv, row_scale, s);
+}
+
+void launch_add_layer_norm_dual(DType t, const void* x, const void* res, const float* gamma, const float* beta,
+                                float eps, int64_t rows, int64_t dim, void* sum, void* y, int8_t* q, float inv,
+                                float* row_scale, cudaStream_t s) {
+  KILN_THROW_IF(!y || !q, kInternal, "cuda: the dual LayerNorm needs its T output and its codes");
+  launch_norm_int8<false>(t, x, res, gamma, beta, eps, rows, dim, sum, y, q, inv, row_scale, s);
+}
+
+void launch_add_rms_norm_dual(DType t, const void* x, const void* res, const float* w, float eps, int64_t rows,
+                              int64_t dim, void* sum, void* y, int8_t* q, float inv, float* row_scale,
+                              cudaStream_t s) {
+  KILN_THROW_IF(!y || !q, kInternal, "cuda: the dual RMSNorm needs its T output and its codes");
+  launch_norm_int8<true>(t, x, res, w, nullptr, eps, rows, dim, sum, y, q, inv, row_scale, s);
 }
 
 bool launch_add_norm_shaped(DType t, bool rms, const void* x, const void* res, const float* gamma, const float* beta,
@@ -606,8 +664,10 @@ bool launch_add_norm_shaped(DType t, bool rms, const void* x, const void* res, c
                 "cuda norm: a forced shape needs its vectors per thread or its warps per block");
   bool ok = false;
   KILN_CUDA_DISPATCH_FLOAT(t, T, {
-    ok = rms ? launch_norm<T, NormOut::kT, true>(x, res, gamma, nullptr, eps, rows, dim, sum, y, 1.0f, nullptr, s, shape)
-             : launch_norm<T, NormOut::kT, false>(x, res, gamma, beta, eps, rows, dim, sum, y, 1.0f, nullptr, s, shape);
+    ok = rms ? launch_norm<T, NormOut::kT, true>(x, res, gamma, nullptr, eps, rows, dim, sum, y, 1.0f, nullptr, nullptr,
+                                                 s, shape)
+             : launch_norm<T, NormOut::kT, false>(x, res, gamma, beta, eps, rows, dim, sum, y, 1.0f, nullptr, nullptr,
+                                                  s, shape);
   });
   KILN_CUDA_CHECK_LAUNCH();
   return ok;

@@ -1,8 +1,8 @@
 // LayerNorm and RMSNorm over the last dim on the device; statistics in f32, gamma/beta
 // kept in f32. Tested against the CPU backend in tests/backends/cuda/ops_test.cpp; the
-// E4M3 and int8 outputs against the T output quantized, in fp8_fuse_test.cpp and
-// int8_fuse_test.cpp; the short-row kernel against the CPU in norm_short_test.cpp; timed by
-// bench/cuda_norm_bench.cpp.
+// E4M3 and int8 outputs (and the dual T + int8 one) against the T output quantized, in
+// fp8_fuse_test.cpp and int8_fuse_test.cpp; the short-row kernel against the CPU in
+// norm_short_test.cpp; timed by bench/cuda_norm_bench.cpp.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -44,6 +44,16 @@ void launch_add_layer_norm_int8(DType t, const void* x, const void* res, const f
                                 float* row_scale, cudaStream_t s);
 void launch_add_rms_norm_int8(DType t, const void* x, const void* res, const float* w, float eps, int64_t rows,
                               int64_t dim, void* sum, int8_t* q, float inv, float* row_scale, cudaStream_t s);
+// The dual output (a norm read by W8A8 Linears and by other nodes, cuda_int8_fuse.h): y
+// in T, bit for bit launch_add_layer_norm's, and in the same pass q (and row_scale) as
+// the *_int8 launchers above write them, from the same kernel (norm_kernel_for). q must
+// not alias y; t must be bf16 or f16.
+void launch_add_layer_norm_dual(DType t, const void* x, const void* res, const float* gamma, const float* beta,
+                                float eps, int64_t rows, int64_t dim, void* sum, void* y, int8_t* q, float inv,
+                                float* row_scale, cudaStream_t s);
+void launch_add_rms_norm_dual(DType t, const void* x, const void* res, const float* w, float eps, int64_t rows,
+                              int64_t dim, void* sum, void* y, int8_t* q, float inv, float* row_scale,
+                              cudaStream_t s);
 
 // Which kernel takes rows of at most 1024 elements in whole 16-byte vectors (at most 128
 // vectors: 1024 bf16/f16, 512 f32): kBlock, a block per row (the register-held kernel);
