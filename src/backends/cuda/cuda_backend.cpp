@@ -105,10 +105,11 @@ std::optional<ir::Graph> with_dual_outputs(const ir::Graph& g, DType act) {
 
 class CudaCompiledGraph final : public CompiledGraph {
  public:
-  CudaCompiledGraph(const ir::Graph& g, const CompileOptions& opt, std::shared_ptr<CudaContext> cx)
-      : own_graph_(with_dual_outputs(g, act_dtype_from_option(opt.weight_dtype))),
-        graph_(own_graph_ ? *own_graph_ : g),
+  CudaCompiledGraph(const ir::Graph& given, const CompileOptions& opt, std::shared_ptr<CudaContext> cx)
+      : own_graph_(with_dual_outputs(given, act_dtype_from_option(opt.weight_dtype))),
+        graph_(own_graph_ ? *own_graph_ : given),
         cx_(std::move(cx)) {
+    const ir::Graph& g = graph_;  // the graph run: given, or its rewritten copy
     cx_->make_current();
     prep_.communicator = opt.communicator;
     prep_.act = act_dtype_from_option(opt.weight_dtype);
