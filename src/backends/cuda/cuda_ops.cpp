@@ -177,133 +177,66 @@ OpRun prepare_binary(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) 
 // norms write int8 codes where only W8A8 Linears read it (int8_fused_output), and both
 // their T output and the codes, into the output after it, where other nodes read it too
 // (int8_dual_codes, on the compiled graph's rewritten copy).
-OpRun prepare_layer_norm(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) {
-  auto* w = static_cast<const float*>(pc.weights->get(g, need_weight(n, g, 1, "weight"), DType::kF32));
-  auto* b = static_cast<const float*>(pc.weights->get(g, need_weight(n, g, 2, "bias", true), DType::kF32));
-  const float eps = float(n.attr_float("eps"));
-  if (const auto q = int8_dual_codes(n, g, pc.act))
-    return [=, codes = *q](OpContext& c) {
-      const DevTensor& x = *c.inputs[0];
-      const int64_t dim = x.dim(-1);
-      DevTensor& y = c.out(0, x.shape);
-      const Int8Out yq = int8_out(c, 1, x.shape, codes);
-      launch_add_layer_norm_dual(y.dtype, x.data, nullptr, w, b, eps, x.numel() / dim, dim, nullptr, y.data, yq.q,
-                                 codes.inv, yq.row_scale, c.cx->stream);
-    };
-  if (const auto q = int8_fused_output(n, 0, g, pc.act))
-    return [=, codes = *q](OpContext& c) {
-      const DevTensor& x = *c.inputs[0];
-      const int64_t dim = x.dim(-1);
-      const Int8Out y = int8_out(c, 0, x.shape, codes);
-      launch_add_layer_norm_int8(x.dtype, x.data, nullptr, w, b, eps, x.numel() / dim, dim, nullptr, y.q, codes.inv,
-                                 y.row_scale, c.cx->stream);
-    };
-  if (const auto q = fp8_fused_output(n, 0, g, pc.act))
-    return [=, inv = q->inv](OpContext& c) {
-      const DevTensor& x = *c.inputs[0];
-      DevTensor& y = c.out(0, x.shape, DType::kFP8E4M3);
-      const int64_t dim = x.dim(-1);
-      launch_add_layer_norm_fp8(x.dtype, x.data, nullptr, w, b, eps, x.numel() / dim, dim, nullptr,
-                                static_cast<uint8_t*>(y.data), inv, c.cx->stream);
-    };
-  return [=](OpContext& c) {
-    const DevTensor& x = *c.inputs[0];
-    DevTensor& y = c.out(0, x.shape);
-    const int64_t dim = x.dim(-1);
-    launch_layer_norm(y.dtype, x.data, w, b, eps, x.numel() / dim, dim, y.data, c.cx->stream);
-  };
-}
-
-OpRun prepare_rms_norm(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) {
-  auto* w = static_cast<const float*>(pc.weights->get(g, need_weight(n, g, 1, "weight"), DType::kF32));
-  const float eps = float(n.attr_float("eps"));
-  if (const auto q = int8_dual_codes(n, g, pc.act))
-    return [=, codes = *q](OpContext& c) {
-      const DevTensor& x = *c.inputs[0];
-      const int64_t dim = x.dim(-1);
-      DevTensor& y = c.out(0, x.shape);
-      const Int8Out yq = int8_out(c, 1, x.shape, codes);
-      launch_add_rms_norm_dual(y.dtype, x.data, nullptr, w, eps, x.numel() / dim, dim, nullptr, y.data, yq.q,
-                               codes.inv, yq.row_scale, c.cx->stream);
-    };
-  if (const auto q = int8_fused_output(n, 0, g, pc.act))
-    return [=, codes = *q](OpContext& c) {
-      const DevTensor& x = *c.inputs[0];
-      const int64_t dim = x.dim(-1);
-      const Int8Out y = int8_out(c, 0, x.shape, codes);
-      launch_add_rms_norm_int8(x.dtype, x.data, nullptr, w, eps, x.numel() / dim, dim, nullptr, y.q, codes.inv,
-                               y.row_scale, c.cx->stream);
-    };
-  if (const auto q = fp8_fused_output(n, 0, g, pc.act))
-    return [=, inv = q->inv](OpContext& c) {
-      const DevTensor& x = *c.inputs[0];
-      DevTensor& y = c.out(0, x.shape, DType::kFP8E4M3);
-      const int64_t dim = x.dim(-1);
-      launch_add_rms_norm_fp8(x.dtype, x.data, nullptr, w, eps, x.numel() / dim, dim, nullptr,
-                              static_cast<uint8_t*>(y.data), inv, c.cx->stream);
-    };
-  return [=](OpContext& c) {
-    const DevTensor& x = *c.inputs[0];
-    DevTensor& y = c.out(0, x.shape);
-    const int64_t dim = x.dim(-1);
-    launch_rms_norm(y.dtype, x.data, w, eps, x.numel() / dim, dim, y.data, c.cx->stream);
-  };
-}
-
-// AddLayerNorm / AddRMSNorm (pass fuse_add_norm): outputs the residual sum and its norm.
-OpRun prepare_add_norm(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) {
-  const bool rms = n.op == "AddRMSNorm";
-  auto* w = static_cast<const float*>(pc.weights->get(g, need_weight(n, g, 2, "weight"), DType::kF32));
+// LayerNorm / RMSNorm, and AddLayerNorm / AddRMSNorm (pass fuse_add_norm: output 0 the
+// residual sum x + r, output 1 its norm): one prepare for the four, each output form one
+// launcher (norm.h's add_* launchers take a null residual and sum for the plain norms).
+OpRun prepare_norm(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) {
+  const bool rms = n.op == "RMSNorm" || n.op == "AddRMSNorm";
+  const bool add = n.op == "AddLayerNorm" || n.op == "AddRMSNorm";
+  const size_t wi = add ? 2 : 1, yo = add ? 1 : 0;  // the weight's input, the norm's output
+  auto* w = static_cast<const float*>(pc.weights->get(g, need_weight(n, g, wi, "weight"), DType::kF32));
   auto* b = rms ? nullptr
-                : static_cast<const float*>(pc.weights->get(g, need_weight(n, g, 3, "bias", true), DType::kF32));
+                : static_cast<const float*>(pc.weights->get(g, need_weight(n, g, wi + 1, "bias", true), DType::kF32));
   const float eps = float(n.attr_float("eps"));
+  // What every form reads and the residual sum it writes (AddNorms: output 0, first).
+  struct Rows {
+    const DevTensor& x;
+    const void* res;
+    void* sum;
+    int64_t rows, dim;
+  };
+  auto rows_of = [add](OpContext& c) {
+    const DevTensor& x = *c.inputs[0];
+    const int64_t dim = x.dim(-1);
+    return Rows{x, add ? c.inputs[1]->data : nullptr, add ? c.out(0, x.shape).data : nullptr, x.numel() / dim, dim};
+  };
   if (const auto q = int8_dual_codes(n, g, pc.act))
     return [=, codes = *q](OpContext& c) {
-      const DevTensor& x = *c.inputs[0];
-      const DevTensor& r = *c.inputs[1];
-      DevTensor& sum = c.out(0, x.shape);
-      DevTensor& y = c.out(1, x.shape);
-      const Int8Out yq = int8_out(c, 2, x.shape, codes);
-      const int64_t dim = x.dim(-1), rows = x.numel() / dim;
+      const Rows r = rows_of(c);
+      DevTensor& y = c.out(yo, r.x.shape);
+      const Int8Out yq = int8_out(c, yo + 1, r.x.shape, codes);
       if (rms)
-        launch_add_rms_norm_dual(y.dtype, x.data, r.data, w, eps, rows, dim, sum.data, y.data, yq.q, codes.inv,
+        launch_add_rms_norm_dual(r.x.dtype, r.x.data, r.res, w, eps, r.rows, r.dim, r.sum, y.data, yq.q, codes.inv,
                                  yq.row_scale, c.cx->stream);
       else
-        launch_add_layer_norm_dual(y.dtype, x.data, r.data, w, b, eps, rows, dim, sum.data, y.data, yq.q, codes.inv,
-                                   yq.row_scale, c.cx->stream);
+        launch_add_layer_norm_dual(r.x.dtype, r.x.data, r.res, w, b, eps, r.rows, r.dim, r.sum, y.data, yq.q,
+                                   codes.inv, yq.row_scale, c.cx->stream);
     };
-  if (const auto q = int8_fused_output(n, 1, g, pc.act))
+  if (const auto q = int8_fused_output(n, yo, g, pc.act))
     return [=, codes = *q](OpContext& c) {
-      const DevTensor& x = *c.inputs[0];
-      const DevTensor& r = *c.inputs[1];
-      DevTensor& sum = c.out(0, x.shape);
-      const Int8Out y = int8_out(c, 1, x.shape, codes);
-      const int64_t dim = x.dim(-1), rows = x.numel() / dim;
+      const Rows r = rows_of(c);
+      const Int8Out y = int8_out(c, yo, r.x.shape, codes);
       if (rms)
-        launch_add_rms_norm_int8(sum.dtype, x.data, r.data, w, eps, rows, dim, sum.data, y.q, codes.inv, y.row_scale,
-                                 c.cx->stream);
+        launch_add_rms_norm_int8(r.x.dtype, r.x.data, r.res, w, eps, r.rows, r.dim, r.sum, y.q, codes.inv,
+                                 y.row_scale, c.cx->stream);
       else
-        launch_add_layer_norm_int8(sum.dtype, x.data, r.data, w, b, eps, rows, dim, sum.data, y.q, codes.inv,
+        launch_add_layer_norm_int8(r.x.dtype, r.x.data, r.res, w, b, eps, r.rows, r.dim, r.sum, y.q, codes.inv,
                                    y.row_scale, c.cx->stream);
     };
-  if (const auto q = fp8_fused_output(n, 1, g, pc.act))
+  if (const auto q = fp8_fused_output(n, yo, g, pc.act))
     return [=, inv = q->inv](OpContext& c) {
-      const DevTensor& x = *c.inputs[0];
-      const DevTensor& r = *c.inputs[1];
-      DevTensor& sum = c.out(0, x.shape);
-      auto* y = static_cast<uint8_t*>(c.out(1, x.shape, DType::kFP8E4M3).data);
-      const int64_t dim = x.dim(-1), rows = x.numel() / dim;
-      if (rms) launch_add_rms_norm_fp8(sum.dtype, x.data, r.data, w, eps, rows, dim, sum.data, y, inv, c.cx->stream);
-      else launch_add_layer_norm_fp8(sum.dtype, x.data, r.data, w, b, eps, rows, dim, sum.data, y, inv, c.cx->stream);
+      const Rows r = rows_of(c);
+      auto* y = static_cast<uint8_t*>(c.out(yo, r.x.shape, DType::kFP8E4M3).data);
+      if (rms)
+        launch_add_rms_norm_fp8(r.x.dtype, r.x.data, r.res, w, eps, r.rows, r.dim, r.sum, y, inv, c.cx->stream);
+      else
+        launch_add_layer_norm_fp8(r.x.dtype, r.x.data, r.res, w, b, eps, r.rows, r.dim, r.sum, y, inv, c.cx->stream);
     };
   return [=](OpContext& c) {
-    const DevTensor& x = *c.inputs[0];
-    const DevTensor& r = *c.inputs[1];
-    DevTensor& sum = c.out(0, x.shape);
-    DevTensor& y = c.out(1, x.shape);
-    const int64_t dim = x.dim(-1), rows = x.numel() / dim;
-    if (rms) launch_add_rms_norm(y.dtype, x.data, r.data, w, eps, rows, dim, sum.data, y.data, c.cx->stream);
-    else launch_add_layer_norm(y.dtype, x.data, r.data, w, b, eps, rows, dim, sum.data, y.data, c.cx->stream);
+    const Rows r = rows_of(c);
+    DevTensor& y = c.out(yo, r.x.shape);
+    if (rms) launch_add_rms_norm(r.x.dtype, r.x.data, r.res, w, eps, r.rows, r.dim, r.sum, y.data, c.cx->stream);
+    else launch_add_layer_norm(r.x.dtype, r.x.data, r.res, w, b, eps, r.rows, r.dim, r.sum, y.data, c.cx->stream);
   };
 }
 
@@ -774,10 +707,10 @@ const std::map<std::string, OpPrepare>& op_table() {
       {"Embedding", prepare_embedding},
       {"Add", prepare_binary<BinaryOp::kAdd>},
       {"Mul", prepare_binary<BinaryOp::kMul>},
-      {"LayerNorm", prepare_layer_norm},
-      {"RMSNorm", prepare_rms_norm},
-      {"AddLayerNorm", prepare_add_norm},
-      {"AddRMSNorm", prepare_add_norm},
+      {"LayerNorm", prepare_norm},
+      {"RMSNorm", prepare_norm},
+      {"AddLayerNorm", prepare_norm},
+      {"AddRMSNorm", prepare_norm},
       {"SwiGLU", prepare_swiglu},
       {"Linear", prepare_linear},
       {"Gelu", prepare_gelu},
