@@ -50,7 +50,9 @@ class Dev {
   Dev& operator=(const Dev&) = delete;
   void* get() const { return p_; }
   template <typename T>
-  T* as() const { return static_cast<T*>(p_); }
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
   template <typename T = uint8_t>
   std::vector<T> host(size_t n) const {
     std::vector<T> h(n);
@@ -63,8 +65,8 @@ class Dev {
 };
 
 // Random rows in `dtype`'s 16-bit storage; `zero_row` (when >= 0) all zeros.
-std::vector<uint16_t> random_rows(DType dtype, int64_t rows, int64_t dim, std::mt19937_64& rng, float amp,
-                                  int64_t zero_row) {
+std::vector<uint16_t> random_rows(DType dtype, int64_t rows, int64_t dim, std::mt19937_64& rng,
+                                  float amp, int64_t zero_row) {
   std::uniform_real_distribution<float> d(-amp, amp);
   std::vector<uint16_t> v(size_t(rows * dim));
   for (int64_t r = 0; r < rows; ++r)
@@ -85,8 +87,8 @@ std::vector<float> random_f32(int64_t n, std::mt19937_64& rng, float lo, float h
 // Fused codes vs the unfused pair's: equal byte for byte, with a spread that shows the
 // comparison means something (many distinct codes; saturation where the static clip sits
 // inside the output range).
-void expect_same_codes(const std::vector<int8_t>& fused, const std::vector<int8_t>& unfused, const std::string& what,
-                       bool want_saturated) {
+void expect_same_codes(const std::vector<int8_t>& fused, const std::vector<int8_t>& unfused,
+                       const std::string& what, bool want_saturated) {
   ASSERT_EQ(fused.size(), unfused.size()) << what;
   size_t bad = 0, saturated = 0;
   std::set<int8_t> distinct;
@@ -94,10 +96,12 @@ void expect_same_codes(const std::vector<int8_t>& fused, const std::vector<int8_
     distinct.insert(unfused[i]);
     saturated += unfused[i] == 127 || unfused[i] == -127;
     if (fused[i] != unfused[i] && bad++ < 5)
-      ADD_FAILURE() << what << ": element " << i << " fused " << int(fused[i]) << ", unfused " << int(unfused[i]);
+      ADD_FAILURE() << what << ": element " << i << " fused " << int(fused[i]) << ", unfused "
+                    << int(unfused[i]);
   }
   EXPECT_EQ(bad, 0u) << what << " (" << fused.size() << " codes)";
-  EXPECT_GE(distinct.size(), std::min<size_t>(fused.size() / 4, 100)) << what << ": too few distinct codes to test";
+  EXPECT_GE(distinct.size(), std::min<size_t>(fused.size() / 4, 100))
+      << what << ": too few distinct codes to test";
   if (want_saturated && fused.size() >= 256) {
     EXPECT_GT(saturated, 0u) << what << ": no code saturated";
   }
@@ -114,60 +118,69 @@ TEST(CudaInt8Fuse, NormKernelsWriteTheQuantizeKernelsCodes) {
   // With KILN_CUDA_NORM_SHORT=warp, the rows of at most 1024 take the warp-per-row kernel
   // (1 to 4 vectors a lane; 4100 rows: two a warp, the last block's warps partly idle).
   for (NormShort mode : {NormShort::kBlock, NormShort::kWarp})
-  for (Case cs : {Case{1, 4096}, Case{3, 64}, Case{37, 576}, Case{64, 768}, Case{65, 768}, Case{1000, 68},
-                  Case{257, 4096}, Case{4100, 768}, Case{4100, 4096}, Case{129, 2048}, Case{300, 320}, Case{5, 1024}})
-    for (DType dt : {DType::kBF16, DType::kF16}) {
-      if (mode == NormShort::kWarp && norm_kernel_for(dt, cs.dim, mode) != NormKernel::kWarp) continue;
-      const ScopedNormShort scoped(mode);
-      const int64_t rows = cs.rows, dim = cs.dim, n = rows * dim;
-      std::mt19937_64 rng(uint64_t(rows * 131 + dim + int(dt)));
-      // Row 1 of x is zeros: RMSNorm gives a zero row there (per-token scale 1).
-      const auto x = random_rows(dt, rows, dim, rng, 3.0f, 1), r = random_rows(dt, rows, dim, rng, 3.0f, -1);
-      const auto gamma = random_f32(dim, rng, 0.5f, 1.5f), beta = random_f32(dim, rng, -0.5f, 0.5f);
-      Dev dx(x.data(), size_t(n) * 2), dr(r.data(), size_t(n) * 2), dg(gamma.data(), size_t(dim) * 4),
-          db(beta.data(), size_t(dim) * 4);
-      Dev sum_a{size_t(n) * 2}, sum_b{size_t(n) * 2}, y{size_t(n) * 2}, q_a{size_t(n)}, q_b{size_t(n)},
-          rs_a{size_t(rows) * 4}, rs_b{size_t(rows) * 4};
-      // The calibrated clip sits inside the output range (|y| reaches ~2.5-4): some saturate.
-      const float inv = 1.0f / int8_act_scale(1.9);
-      for (bool rms : {true, false})
-        for (bool residual : {false, true})
-          for (bool per_token : {false, true}) {
-            const void* res = residual ? dr.get() : nullptr;
-            void* sa = residual ? sum_a.get() : nullptr;
-            void* sb = residual ? sum_b.get() : nullptr;
-            float* rsb = per_token ? rs_b.as<float>() : nullptr;
-            if (rms) {
-              launch_add_rms_norm(dt, dx.get(), res, dg.as<float>(), 1e-5f, rows, dim, sa, y.get(), nullptr);
-              launch_add_rms_norm_int8(dt, dx.get(), res, dg.as<float>(), 1e-5f, rows, dim, sb, q_b.as<int8_t>(), inv,
-                                       rsb, nullptr);
-            } else {
-              launch_add_layer_norm(dt, dx.get(), res, dg.as<float>(), db.as<float>(), 1e-5f, rows, dim, sa, y.get(),
-                                    nullptr);
-              launch_add_layer_norm_int8(dt, dx.get(), res, dg.as<float>(), db.as<float>(), 1e-5f, rows, dim, sb,
+    for (Case cs : {Case{1, 4096}, Case{3, 64}, Case{37, 576}, Case{64, 768}, Case{65, 768},
+                    Case{1000, 68}, Case{257, 4096}, Case{4100, 768}, Case{4100, 4096},
+                    Case{129, 2048}, Case{300, 320}, Case{5, 1024}})
+      for (DType dt : {DType::kBF16, DType::kF16}) {
+        if (mode == NormShort::kWarp && norm_kernel_for(dt, cs.dim, mode) != NormKernel::kWarp)
+          continue;
+        const ScopedNormShort scoped(mode);
+        const int64_t rows = cs.rows, dim = cs.dim, n = rows * dim;
+        std::mt19937_64 rng(uint64_t(rows * 131 + dim + int(dt)));
+        // Row 1 of x is zeros: RMSNorm gives a zero row there (per-token scale 1).
+        const auto x = random_rows(dt, rows, dim, rng, 3.0f, 1),
+                   r = random_rows(dt, rows, dim, rng, 3.0f, -1);
+        const auto gamma = random_f32(dim, rng, 0.5f, 1.5f),
+                   beta = random_f32(dim, rng, -0.5f, 0.5f);
+        Dev dx(x.data(), size_t(n) * 2), dr(r.data(), size_t(n) * 2),
+            dg(gamma.data(), size_t(dim) * 4), db(beta.data(), size_t(dim) * 4);
+        Dev sum_a{size_t(n) * 2}, sum_b{size_t(n) * 2}, y{size_t(n) * 2}, q_a{size_t(n)},
+            q_b{size_t(n)}, rs_a{size_t(rows) * 4}, rs_b{size_t(rows) * 4};
+        // The calibrated clip sits inside the output range (|y| reaches ~2.5-4): some saturate.
+        const float inv = 1.0f / int8_act_scale(1.9);
+        for (bool rms : {true, false})
+          for (bool residual : {false, true})
+            for (bool per_token : {false, true}) {
+              const void* res = residual ? dr.get() : nullptr;
+              void* sa = residual ? sum_a.get() : nullptr;
+              void* sb = residual ? sum_b.get() : nullptr;
+              float* rsb = per_token ? rs_b.as<float>() : nullptr;
+              if (rms) {
+                launch_add_rms_norm(dt, dx.get(), res, dg.as<float>(), 1e-5f, rows, dim, sa,
+                                    y.get(), nullptr);
+                launch_add_rms_norm_int8(dt, dx.get(), res, dg.as<float>(), 1e-5f, rows, dim, sb,
                                          q_b.as<int8_t>(), inv, rsb, nullptr);
-            }
-            launch_int8_quantize(dt, y.get(), rows, dim, inv, q_a.as<int8_t>(), per_token ? rs_a.as<float>() : nullptr,
-                                 nullptr);
-            KILN_CUDA_CHECK(cudaDeviceSynchronize());
-            const std::string what = str_cat(dtype_name(dt), " ", residual ? "Add" : "", rms ? "RMSNorm" : "LayerNorm",
-                                             per_token ? " per-token" : " static", " rows=", rows, " dim=", dim,
-                                             mode == NormShort::kWarp ? " (warp kernel)" : "");
-            expect_same_codes(q_b.host<int8_t>(size_t(n)), q_a.host<int8_t>(size_t(n)), what, !per_token);
-            if (per_token) {
-              const auto sa_h = rs_a.host<float>(size_t(rows)), sb_h = rs_b.host<float>(size_t(rows));
-              size_t bad = 0;
-              for (int64_t i = 0; i < rows; ++i) bad += std::memcmp(&sa_h[size_t(i)], &sb_h[size_t(i)], 4) != 0;
-              EXPECT_EQ(bad, 0u) << what << ": row scales";
-              if (rms && !residual && rows > 1) {
-                EXPECT_EQ(sb_h[1], 1.0f) << what << ": the zero row's scale";
+              } else {
+                launch_add_layer_norm(dt, dx.get(), res, dg.as<float>(), db.as<float>(), 1e-5f,
+                                      rows, dim, sa, y.get(), nullptr);
+                launch_add_layer_norm_int8(dt, dx.get(), res, dg.as<float>(), db.as<float>(), 1e-5f,
+                                           rows, dim, sb, q_b.as<int8_t>(), inv, rsb, nullptr);
+              }
+              launch_int8_quantize(dt, y.get(), rows, dim, inv, q_a.as<int8_t>(),
+                                   per_token ? rs_a.as<float>() : nullptr, nullptr);
+              KILN_CUDA_CHECK(cudaDeviceSynchronize());
+              const std::string what =
+                  str_cat(dtype_name(dt), " ", residual ? "Add" : "", rms ? "RMSNorm" : "LayerNorm",
+                          per_token ? " per-token" : " static", " rows=", rows, " dim=", dim,
+                          mode == NormShort::kWarp ? " (warp kernel)" : "");
+              expect_same_codes(q_b.host<int8_t>(size_t(n)), q_a.host<int8_t>(size_t(n)), what,
+                                !per_token);
+              if (per_token) {
+                const auto sa_h = rs_a.host<float>(size_t(rows)),
+                           sb_h = rs_b.host<float>(size_t(rows));
+                size_t bad = 0;
+                for (int64_t i = 0; i < rows; ++i)
+                  bad += std::memcmp(&sa_h[size_t(i)], &sb_h[size_t(i)], 4) != 0;
+                EXPECT_EQ(bad, 0u) << what << ": row scales";
+                if (rms && !residual && rows > 1) {
+                  EXPECT_EQ(sb_h[1], 1.0f) << what << ": the zero row's scale";
+                }
+              }
+              if (residual) {
+                EXPECT_EQ(sum_b.host(size_t(n) * 2), sum_a.host(size_t(n) * 2)) << what << ": sum";
               }
             }
-            if (residual) {
-              EXPECT_EQ(sum_b.host(size_t(n) * 2), sum_a.host(size_t(n) * 2)) << what << ": sum";
-            }
-          }
-    }
+      }
 }
 
 // The dual output (a norm read by W8A8 Linears and by other nodes): its T output equal to
@@ -182,66 +195,78 @@ TEST(CudaInt8Fuse, DualNormKernelsWriteTheNormAndItsCodes) {
   };
   int warp_cases = 0;
   for (NormShort mode : {NormShort::kBlock, NormShort::kWarp})
-  for (Case cs : {Case{1, 768}, Case{2, 64}, Case{3, 4096}, Case{37, 576}, Case{64, 768}, Case{1000, 68},
-                  Case{257, 2048}, Case{1023, 768}, Case{1024, 1024}, Case{4100, 768}, Case{4099, 128},
-                  Case{129, 4096}})
-    for (DType dt : {DType::kBF16, DType::kF16}) {
-      const bool warp = norm_kernel_for(dt, cs.dim, mode, cs.rows) == NormKernel::kWarp;
-      if (mode == NormShort::kWarp && !warp) continue;  // the block kernels: covered by kBlock
-      warp_cases += warp;
-      const ScopedNormShort scoped(mode);
-      const int64_t rows = cs.rows, dim = cs.dim, n = rows * dim;
-      std::mt19937_64 rng(uint64_t(rows * 257 + dim + int(dt)));
-      // Row 1 of x is zeros: RMSNorm gives a zero row there (per-token scale 1).
-      const auto x = random_rows(dt, rows, dim, rng, 3.0f, rows > 1 ? 1 : -1),
-                 r = random_rows(dt, rows, dim, rng, 3.0f, -1);
-      const auto gamma = random_f32(dim, rng, 0.5f, 1.5f), beta = random_f32(dim, rng, -0.5f, 0.5f);
-      Dev dx(x.data(), size_t(n) * 2), dr(r.data(), size_t(n) * 2), dg(gamma.data(), size_t(dim) * 4),
-          db(beta.data(), size_t(dim) * 4);
-      Dev sum_a{size_t(n) * 2}, sum_b{size_t(n) * 2}, y_a{size_t(n) * 2}, y_b{size_t(n) * 2}, q_a{size_t(n)},
-          q_b{size_t(n)}, rs_a{size_t(rows) * 4}, rs_b{size_t(rows) * 4};
-      const float inv = 1.0f / int8_act_scale(1.9);  // inside the output range: some codes saturate
-      for (bool rms : {true, false})
-        for (bool residual : {false, true})
-          for (bool per_token : {false, true}) {
-            const void* res = residual ? dr.get() : nullptr;
-            void* sa = residual ? sum_a.get() : nullptr;
-            void* sb = residual ? sum_b.get() : nullptr;
-            float* rsb = per_token ? rs_b.as<float>() : nullptr;
-            // Stale outputs from the previous case must not pass for this one's.
-            KILN_CUDA_CHECK(cudaMemset(y_b.get(), 0x7f, size_t(n) * 2));
-            KILN_CUDA_CHECK(cudaMemset(q_b.get(), 0x55, size_t(n)));
-            if (rms) {
-              launch_add_rms_norm(dt, dx.get(), res, dg.as<float>(), 1e-5f, rows, dim, sa, y_a.get(), nullptr);
-              launch_add_rms_norm_dual(dt, dx.get(), res, dg.as<float>(), 1e-5f, rows, dim, sb, y_b.get(),
-                                       q_b.as<int8_t>(), inv, rsb, nullptr);
-            } else {
-              launch_add_layer_norm(dt, dx.get(), res, dg.as<float>(), db.as<float>(), 1e-5f, rows, dim, sa,
+    for (Case cs : {Case{1, 768}, Case{2, 64}, Case{3, 4096}, Case{37, 576}, Case{64, 768},
+                    Case{1000, 68}, Case{257, 2048}, Case{1023, 768}, Case{1024, 1024},
+                    Case{4100, 768}, Case{4099, 128}, Case{129, 4096}})
+      for (DType dt : {DType::kBF16, DType::kF16}) {
+        const bool warp = norm_kernel_for(dt, cs.dim, mode, cs.rows) == NormKernel::kWarp;
+        if (mode == NormShort::kWarp && !warp) continue;  // the block kernels: covered by kBlock
+        warp_cases += warp;
+        const ScopedNormShort scoped(mode);
+        const int64_t rows = cs.rows, dim = cs.dim, n = rows * dim;
+        std::mt19937_64 rng(uint64_t(rows * 257 + dim + int(dt)));
+        // Row 1 of x is zeros: RMSNorm gives a zero row there (per-token scale 1).
+        const auto x = random_rows(dt, rows, dim, rng, 3.0f, rows > 1 ? 1 : -1),
+                   r = random_rows(dt, rows, dim, rng, 3.0f, -1);
+        const auto gamma = random_f32(dim, rng, 0.5f, 1.5f),
+                   beta = random_f32(dim, rng, -0.5f, 0.5f);
+        Dev dx(x.data(), size_t(n) * 2), dr(r.data(), size_t(n) * 2),
+            dg(gamma.data(), size_t(dim) * 4), db(beta.data(), size_t(dim) * 4);
+        Dev sum_a{size_t(n) * 2}, sum_b{size_t(n) * 2}, y_a{size_t(n) * 2}, y_b{size_t(n) * 2},
+            q_a{size_t(n)}, q_b{size_t(n)}, rs_a{size_t(rows) * 4}, rs_b{size_t(rows) * 4};
+        const float inv =
+            1.0f / int8_act_scale(1.9);  // inside the output range: some codes saturate
+        for (bool rms : {true, false})
+          for (bool residual : {false, true})
+            for (bool per_token : {false, true}) {
+              const void* res = residual ? dr.get() : nullptr;
+              void* sa = residual ? sum_a.get() : nullptr;
+              void* sb = residual ? sum_b.get() : nullptr;
+              float* rsb = per_token ? rs_b.as<float>() : nullptr;
+              // Stale outputs from the previous case must not pass for this one's.
+              KILN_CUDA_CHECK(cudaMemset(y_b.get(), 0x7f, size_t(n) * 2));
+              KILN_CUDA_CHECK(cudaMemset(q_b.get(), 0x55, size_t(n)));
+              if (rms) {
+                launch_add_rms_norm(dt, dx.get(), res, dg.as<float>(), 1e-5f, rows, dim, sa,
                                     y_a.get(), nullptr);
-              launch_add_layer_norm_dual(dt, dx.get(), res, dg.as<float>(), db.as<float>(), 1e-5f, rows, dim, sb,
+                launch_add_rms_norm_dual(dt, dx.get(), res, dg.as<float>(), 1e-5f, rows, dim, sb,
                                          y_b.get(), q_b.as<int8_t>(), inv, rsb, nullptr);
+              } else {
+                launch_add_layer_norm(dt, dx.get(), res, dg.as<float>(), db.as<float>(), 1e-5f,
+                                      rows, dim, sa, y_a.get(), nullptr);
+                launch_add_layer_norm_dual(dt, dx.get(), res, dg.as<float>(), db.as<float>(), 1e-5f,
+                                           rows, dim, sb, y_b.get(), q_b.as<int8_t>(), inv, rsb,
+                                           nullptr);
+              }
+              launch_int8_quantize(dt, y_a.get(), rows, dim, inv, q_a.as<int8_t>(),
+                                   per_token ? rs_a.as<float>() : nullptr, nullptr);
+              KILN_CUDA_CHECK(cudaDeviceSynchronize());
+              const std::string what =
+                  str_cat(dtype_name(dt), " dual ", residual ? "Add" : "",
+                          rms ? "RMSNorm" : "LayerNorm", per_token ? " per-token" : " static",
+                          " rows=", rows, " dim=", dim, warp ? " (warp kernel)" : "");
+              const auto ya = y_a.host<uint16_t>(size_t(n)), yb = y_b.host<uint16_t>(size_t(n));
+              size_t y_bad = 0;
+              for (int64_t i = 0; i < n; ++i) y_bad += ya[size_t(i)] != yb[size_t(i)];
+              EXPECT_EQ(y_bad, 0u) << what << ": T output (" << n << " values)";
+              expect_same_codes(q_b.host<int8_t>(size_t(n)), q_a.host<int8_t>(size_t(n)), what,
+                                !per_token);
+              if (per_token) {
+                const auto sa_h = rs_a.host<float>(size_t(rows)),
+                           sb_h = rs_b.host<float>(size_t(rows));
+                size_t bad = 0;
+                for (int64_t i = 0; i < rows; ++i)
+                  bad += std::memcmp(&sa_h[size_t(i)], &sb_h[size_t(i)], 4) != 0;
+                EXPECT_EQ(bad, 0u) << what << ": row scales";
+                if (rms && !residual && rows > 1) {
+                  EXPECT_EQ(sb_h[1], 1.0f) << what << ": the zero row's scale";
+                }
+              }
+              if (residual) {
+                EXPECT_EQ(sum_b.host(size_t(n) * 2), sum_a.host(size_t(n) * 2)) << what << ": sum";
+              }
             }
-            launch_int8_quantize(dt, y_a.get(), rows, dim, inv, q_a.as<int8_t>(),
-                                 per_token ? rs_a.as<float>() : nullptr, nullptr);
-            KILN_CUDA_CHECK(cudaDeviceSynchronize());
-            const std::string what = str_cat(dtype_name(dt), " dual ", residual ? "Add" : "",
-                                             rms ? "RMSNorm" : "LayerNorm", per_token ? " per-token" : " static",
-                                             " rows=", rows, " dim=", dim, warp ? " (warp kernel)" : "");
-            const auto ya = y_a.host<uint16_t>(size_t(n)), yb = y_b.host<uint16_t>(size_t(n));
-            size_t y_bad = 0;
-            for (int64_t i = 0; i < n; ++i) y_bad += ya[size_t(i)] != yb[size_t(i)];
-            EXPECT_EQ(y_bad, 0u) << what << ": T output (" << n << " values)";
-            expect_same_codes(q_b.host<int8_t>(size_t(n)), q_a.host<int8_t>(size_t(n)), what, !per_token);
-            if (per_token) {
-              const auto sa_h = rs_a.host<float>(size_t(rows)), sb_h = rs_b.host<float>(size_t(rows));
-              size_t bad = 0;
-              for (int64_t i = 0; i < rows; ++i) bad += std::memcmp(&sa_h[size_t(i)], &sb_h[size_t(i)], 4) != 0;
-              EXPECT_EQ(bad, 0u) << what << ": row scales";
-              if (rms && !residual && rows > 1) EXPECT_EQ(sb_h[1], 1.0f) << what << ": the zero row's scale";
-            }
-            if (residual) EXPECT_EQ(sum_b.host(size_t(n) * 2), sum_a.host(size_t(n) * 2)) << what << ": sum";
-          }
-    }
+      }
   EXPECT_GE(warp_cases, 10) << "the warp-per-row kernel must be among those tested";
 }
 
@@ -260,22 +285,25 @@ TEST(CudaInt8Fuse, MulKernelWritesTheQuantizeKernelsCodes) {
           const float f = std::exp2(lg(rng));
           v = dt == DType::kBF16 ? f32_to_bf16(f) : f32_to_f16(f);
         }
-        Dev dx(x.data(), size_t(n) * 2), dm(m.data(), size_t(k) * 2), y{size_t(n) * 2}, q_a{size_t(n)}, q_b{size_t(n)},
-            rs_a{size_t(rows) * 4}, rs_b{size_t(rows) * 4};
+        Dev dx(x.data(), size_t(n) * 2), dm(m.data(), size_t(k) * 2), y{size_t(n) * 2},
+            q_a{size_t(n)}, q_b{size_t(n)}, rs_a{size_t(rows) * 4}, rs_b{size_t(rows) * 4};
         const float inv = 1.0f / int8_act_scale(5.0);
         for (bool per_token : {false, true}) {
           launch_binary(BinaryOp::kMul, dt, dx.get(), dm.get(), n, k, y.get(), nullptr);
-          launch_int8_quantize(dt, y.get(), rows, k, inv, q_a.as<int8_t>(), per_token ? rs_a.as<float>() : nullptr,
-                               nullptr);
-          launch_mul_int8(dt, dx.get(), dm.get(), rows, k, inv, q_b.as<int8_t>(), per_token ? rs_b.as<float>() : nullptr,
-                          nullptr);
+          launch_int8_quantize(dt, y.get(), rows, k, inv, q_a.as<int8_t>(),
+                               per_token ? rs_a.as<float>() : nullptr, nullptr);
+          launch_mul_int8(dt, dx.get(), dm.get(), rows, k, inv, q_b.as<int8_t>(),
+                          per_token ? rs_b.as<float>() : nullptr, nullptr);
           KILN_CUDA_CHECK(cudaDeviceSynchronize());
-          const std::string what = str_cat(dtype_name(dt), " Mul", per_token ? " per-token" : " static", " rows=", rows,
-                                           " k=", k);
-          expect_same_codes(q_b.host<int8_t>(size_t(n)), q_a.host<int8_t>(size_t(n)), what, !per_token);
+          const std::string what =
+              str_cat(dtype_name(dt), " Mul", per_token ? " per-token" : " static", " rows=", rows,
+                      " k=", k);
+          expect_same_codes(q_b.host<int8_t>(size_t(n)), q_a.host<int8_t>(size_t(n)), what,
+                            !per_token);
           if (per_token) {
             const auto sa = rs_a.host<float>(size_t(rows)), sb = rs_b.host<float>(size_t(rows));
-            EXPECT_EQ(0, std::memcmp(sa.data(), sb.data(), sa.size() * 4)) << what << ": row scales";
+            EXPECT_EQ(0, std::memcmp(sa.data(), sb.data(), sa.size() * 4))
+                << what << ": row scales";
             if (rows > 1) {
               EXPECT_EQ(sb[1], 1.0f) << what << ": the zero row's scale";
             }
@@ -295,35 +323,43 @@ TEST(CudaInt8Fuse, ActivationKernelWritesTheQuantizeKernelsCodes) {
     int64_t rows, k;
     size_t x_off, q_off;  // bytes past 256-byte aligned buffers: 8 / 4 force 8-byte accesses
   };
-  for (Case cs : {Case{1, 3072, 0, 0}, Case{9, 128, 0, 0}, Case{37, 772, 0, 0}, Case{1030, 3072, 0, 0},
-                  Case{3, 3072, 8, 0}, Case{7, 3072, 0, 4}, Case{4, 14336, 0, 0}, Case{2, 36864, 0, 0}})
+  for (Case cs :
+       {Case{1, 3072, 0, 0}, Case{9, 128, 0, 0}, Case{37, 772, 0, 0}, Case{1030, 3072, 0, 0},
+        Case{3, 3072, 8, 0}, Case{7, 3072, 0, 4}, Case{4, 14336, 0, 0}, Case{2, 36864, 0, 0}})
     for (DType dt : {DType::kBF16, DType::kF16})
       for (UnaryOp op : {UnaryOp::kGeluErf, UnaryOp::kGeluTanh, UnaryOp::kSilu}) {
         const int64_t rows = cs.rows, k = cs.k, n = rows * k;
         std::mt19937_64 rng(uint64_t(rows * 131 + k + int(dt) * 7 + int(op)));
-        const auto x = random_rows(dt, rows, k, rng, 4.0f, rows > 1 ? 1 : -1);  // row 1 zeros: scale 1
-        Dev dx{size_t(n) * 2 + 16}, y{size_t(n) * 2}, q_a{size_t(n)}, q_b{size_t(n) + 16}, rs_a{size_t(rows) * 4},
-            rs_b{size_t(rows) * 4};
+        const auto x =
+            random_rows(dt, rows, k, rng, 4.0f, rows > 1 ? 1 : -1);  // row 1 zeros: scale 1
+        Dev dx{size_t(n) * 2 + 16}, y{size_t(n) * 2}, q_a{size_t(n)}, q_b{size_t(n) + 16},
+            rs_a{size_t(rows) * 4}, rs_b{size_t(rows) * 4};
         char* xp = dx.as<char>() + cs.x_off;
         int8_t* qb = reinterpret_cast<int8_t*>(q_b.as<char>() + cs.q_off);
         KILN_CUDA_CHECK(cudaMemcpy(xp, x.data(), size_t(n) * 2, cudaMemcpyHostToDevice));
-        // The calibrated clip inside the output range (GELU / SiLU of [-4, 4] reach ~4): some saturate.
+        // The calibrated clip inside the output range (GELU / SiLU of [-4, 4] reach ~4): some
+        // saturate.
         const float inv = 1.0f / int8_act_scale(2.5);
         for (bool per_token : {false, true}) {
           launch_unary(op, dt, xp, n, y.get(), nullptr);
-          launch_int8_quantize(dt, y.get(), rows, k, inv, q_a.as<int8_t>(), per_token ? rs_a.as<float>() : nullptr,
-                               nullptr);
-          launch_unary_int8(op, dt, xp, rows, k, inv, qb, per_token ? rs_b.as<float>() : nullptr, nullptr);
+          launch_int8_quantize(dt, y.get(), rows, k, inv, q_a.as<int8_t>(),
+                               per_token ? rs_a.as<float>() : nullptr, nullptr);
+          launch_unary_int8(op, dt, xp, rows, k, inv, qb, per_token ? rs_b.as<float>() : nullptr,
+                            nullptr);
           KILN_CUDA_CHECK(cudaDeviceSynchronize());
           std::vector<int8_t> got(static_cast<size_t>(n));
           KILN_CUDA_CHECK(cudaMemcpy(got.data(), qb, size_t(n), cudaMemcpyDeviceToHost));
-          const std::string what = str_cat(dtype_name(dt), " activation ", int(op), per_token ? " per-token" : " static",
-                                           " rows=", rows, " k=", k, " offsets ", cs.x_off, "/", cs.q_off);
+          const std::string what =
+              str_cat(dtype_name(dt), " activation ", int(op), per_token ? " per-token" : " static",
+                      " rows=", rows, " k=", k, " offsets ", cs.x_off, "/", cs.q_off);
           expect_same_codes(got, q_a.host<int8_t>(size_t(n)), what, !per_token);
           if (per_token) {
             const auto sa = rs_a.host<float>(size_t(rows)), sb = rs_b.host<float>(size_t(rows));
-            EXPECT_EQ(0, std::memcmp(sa.data(), sb.data(), sa.size() * 4)) << what << ": row scales";
-            if (rows > 1) EXPECT_EQ(sb[1], 1.0f) << what << ": the zero row's scale";
+            EXPECT_EQ(0, std::memcmp(sa.data(), sb.data(), sa.size() * 4))
+                << what << ": row scales";
+            if (rows > 1) {
+              EXPECT_EQ(sb[1], 1.0f) << what << ": the zero row's scale";
+            }
           }
         }
       }
@@ -338,24 +374,31 @@ TEST(CudaInt8Fuse, ForcedNormShapesAgreeWithTheDefault) {
     for (int64_t rows : {5, 300}) {
       const int64_t n = rows * dim;
       std::mt19937_64 rng(uint64_t(rows + dim));
-      const auto x = random_rows(DType::kBF16, rows, dim, rng, 3.0f, -1), r = random_rows(DType::kBF16, rows, dim, rng, 3.0f, -1);
+      const auto x = random_rows(DType::kBF16, rows, dim, rng, 3.0f, -1),
+                 r = random_rows(DType::kBF16, rows, dim, rng, 3.0f, -1);
       const auto gamma = random_f32(dim, rng, 0.5f, 1.5f), beta = random_f32(dim, rng, -0.5f, 0.5f);
-      Dev dx(x.data(), size_t(n) * 2), dr(r.data(), size_t(n) * 2), dg(gamma.data(), size_t(dim) * 4),
-          db(beta.data(), size_t(dim) * 4), sum_a{size_t(n) * 2}, sum_b{size_t(n) * 2}, y_a{size_t(n) * 2},
-          y_b{size_t(n) * 2};
+      Dev dx(x.data(), size_t(n) * 2), dr(r.data(), size_t(n) * 2),
+          dg(gamma.data(), size_t(dim) * 4), db(beta.data(), size_t(dim) * 4), sum_a{size_t(n) * 2},
+          sum_b{size_t(n) * 2}, y_a{size_t(n) * 2}, y_b{size_t(n) * 2};
       for (bool rms : {true, false}) {
-        if (rms) launch_add_rms_norm(DType::kBF16, dx.get(), dr.get(), dg.as<float>(), 1e-5f, rows, dim, sum_a.get(), y_a.get(), nullptr);
-        else launch_add_layer_norm(DType::kBF16, dx.get(), dr.get(), dg.as<float>(), db.as<float>(), 1e-5f, rows, dim, sum_a.get(), y_a.get(), nullptr);
+        if (rms)
+          launch_add_rms_norm(DType::kBF16, dx.get(), dr.get(), dg.as<float>(), 1e-5f, rows, dim,
+                              sum_a.get(), y_a.get(), nullptr);
+        else
+          launch_add_layer_norm(DType::kBF16, dx.get(), dr.get(), dg.as<float>(), db.as<float>(),
+                                1e-5f, rows, dim, sum_a.get(), y_a.get(), nullptr);
         const auto want = y_a.host<uint16_t>(size_t(n));
         for (int vecs : {1, 2, 4})
           for (int rpb : {1, 2, 4}) {
-            const bool ok = launch_add_norm_shaped(DType::kBF16, rms, dx.get(), dr.get(), dg.as<float>(),
-                                                   rms ? nullptr : db.as<float>(), 1e-5f, rows, dim, sum_b.get(),
-                                                   y_b.get(), {vecs, rpb}, nullptr);
+            const bool ok =
+                launch_add_norm_shaped(DType::kBF16, rms, dx.get(), dr.get(), dg.as<float>(),
+                                       rms ? nullptr : db.as<float>(), 1e-5f, rows, dim,
+                                       sum_b.get(), y_b.get(), {vecs, rpb}, nullptr);
             KILN_CUDA_CHECK(cudaDeviceSynchronize());
             // Threads per row: the row's 16-byte vectors (8 bf16) over `vecs` a thread, in warps.
             const int64_t tpr = std::max<int64_t>(32, (dim / 8 + vecs - 1) / vecs + 31) / 32 * 32;
-            EXPECT_EQ(ok, tpr * rpb <= 1024) << "dim " << dim << " vecs " << vecs << " rows/block " << rpb;
+            EXPECT_EQ(ok, tpr * rpb <= 1024)
+                << "dim " << dim << " vecs " << vecs << " rows/block " << rpb;
             if (!ok) continue;
             const auto got = y_b.host<uint16_t>(size_t(n));
             double worst = 0;
@@ -364,8 +407,9 @@ TEST(CudaInt8Fuse, ForcedNormShapesAgreeWithTheDefault) {
               worst = std::max(worst, std::fabs(g - w) / std::max(std::fabs(w), 1e-3));
             }
             // Two bf16 ulps (2^-7 relative each) at most: only the statistics' f32 sums differ.
-            EXPECT_LE(worst, std::ldexp(1.0, -6)) << (rms ? "rms" : "layer") << " rows " << rows << " dim " << dim
-                                                   << " vecs " << vecs << " rows/block " << rpb;
+            EXPECT_LE(worst, std::ldexp(1.0, -6))
+                << (rms ? "rms" : "layer") << " rows " << rows << " dim " << dim << " vecs " << vecs
+                << " rows/block " << rpb;
             EXPECT_EQ(sum_b.host(size_t(n) * 2), sum_a.host(size_t(n) * 2));
           }
       }
@@ -373,15 +417,15 @@ TEST(CudaInt8Fuse, ForcedNormShapesAgreeWithTheDefault) {
   // A shape the row cannot take launches nothing: 4096 bf16 = 512 vectors over 1 per thread
   // and 4 rows a block is 2048 threads.
   Dev x{4096 * 2}, y{4096 * 2}, g{4096 * 4};
-  EXPECT_FALSE(launch_add_norm_shaped(DType::kBF16, true, x.get(), nullptr, g.as<float>(), nullptr, 1e-5f, 1, 4096,
-                                      nullptr, y.get(), {1, 4}, nullptr));
+  EXPECT_FALSE(launch_add_norm_shaped(DType::kBF16, true, x.get(), nullptr, g.as<float>(), nullptr,
+                                      1e-5f, 1, 4096, nullptr, y.get(), {1, 4}, nullptr));
 }
 
 // A graph with every norm feeding W8A8 Linears (hidden 256):
-//   AddRMSNorm(x, r) -> qkv, o (same act_amax: one static scale);  RMSNorm(o) -> two per-token Linears
-//   (different act_amax: per-token ignores it);  LayerNorm(sum) -> Linear + gelu_erf;
-//   AddLayerNorm(gelu out, sum) -> one static Linear -> out5;  Mul(sum2, 1/s) -> per-token Linear -> out6
-//   (BERT's SmoothQuant: its norm outputs also feed the residual).
+//   AddRMSNorm(x, r) -> qkv, o (same act_amax: one static scale);  RMSNorm(o) -> two per-token
+//   Linears (different act_amax: per-token ignores it);  LayerNorm(sum) -> Linear + gelu_erf;
+//   AddLayerNorm(gelu out, sum) -> one static Linear -> out5;  Mul(sum2, 1/s) -> per-token Linear
+//   -> out6 (BERT's SmoothQuant: its norm outputs also feed the residual).
 // `tap`: the first norm's output is also a graph output (so it must stay in the activation dtype).
 struct FusedGraph {
   ir::Graph g;
@@ -400,8 +444,8 @@ FusedGraph fused_graph(std::mt19937_64& rng, bool tap) {
   auto x = g.add_input("x", DType::kF32, Shape{"T", h});
   auto r = g.add_input("r", DType::kF32, Shape{"T", h});
   int wi = 0;
-  auto linear = [&](ir::ValueId in, int64_t k, int64_t n, double amax, bool dynamic, const std::string& act,
-                    const std::string& name) {
+  auto linear = [&](ir::ValueId in, int64_t k, int64_t n, double amax, bool dynamic,
+                    const std::string& act, const std::string& name) {
     std::map<std::string, ir::Attr> a = {{"quant", std::string("w8a8")}, {"act_amax", amax}};
     if (dynamic) a["act_dynamic"] = int64_t(1);
     if (!act.empty()) a["activation"] = act;
@@ -409,7 +453,9 @@ FusedGraph fused_graph(std::mt19937_64& rng, bool tap) {
     auto b = g.add_weight(str_cat("b", wi++), random_tensor({n}, rng, "f32", -0.2f, 0.2f));
     return g.add("Linear", {in, w, b}, a, name);
   };
-  auto gamma = [&](int64_t n) { return g.add_weight(str_cat("g", wi++), random_tensor({n}, rng, "f32", 0.5f, 1.5f)); };
+  auto gamma = [&](int64_t n) {
+    return g.add_weight(str_cat("g", wi++), random_tensor({n}, rng, "f32", 0.5f, 1.5f));
+  };
   auto add_norm = g.add_node("AddRMSNorm", {x, r, gamma(h)}, {{"eps", 1e-5}}, "add_norm");
   if (tap) g.add_output("normed", add_norm[1]);
   auto qkv = linear(add_norm[1], h, 384, 1.8, false, "", "qkv");
@@ -421,7 +467,8 @@ FusedGraph fused_graph(std::mt19937_64& rng, bool tap) {
   auto n3 = g.add("LayerNorm", {add_norm[0], gamma(h), beta}, {{"eps", 1e-5}}, "ln");
   auto up = linear(n3, h, h, 2.0, false, "gelu_erf", "ln_lin");
   auto beta2 = g.add_weight("beta2", random_tensor({h}, rng, "f32", -0.3f, 0.3f));
-  auto aln = g.add_node("AddLayerNorm", {up, add_norm[0], gamma(h), beta2}, {{"eps", 1e-5}}, "add_ln");
+  auto aln =
+      g.add_node("AddLayerNorm", {up, add_norm[0], gamma(h), beta2}, {{"eps", 1e-5}}, "add_ln");
   auto out5 = linear(aln[1], h, 80, 1.7, false, "", "after_add_ln");
   auto smooth = g.add_weight("smooth_inv", random_tensor({h}, rng, "f32", 0.25f, 4.0f));
   auto sm = g.add("Mul", {aln[0], smooth}, {}, "smooth");
@@ -449,7 +496,8 @@ TEST(CudaInt8Fuse, WhichOutputsAreWrittenAsCodes) {
   EXPECT_TRUE(fused(fg, "add_norm", 1)) << "two static readers with one act_amax";
   EXPECT_FALSE(fused(fg, "add_norm", 0)) << "the residual sum stays in the activation dtype";
   EXPECT_FALSE(int8_fused_output(*fg.node("add_norm"), 1, fg.g, DType::kBF16)->per_token);
-  EXPECT_EQ(int8_fused_output(*fg.node("add_norm"), 1, fg.g, DType::kBF16)->inv, 1.0f / int8_act_scale(1.8));
+  EXPECT_EQ(int8_fused_output(*fg.node("add_norm"), 1, fg.g, DType::kBF16)->inv,
+            1.0f / int8_act_scale(1.8));
   EXPECT_TRUE(fused(fg, "rms", 0)) << "two per-token readers (their act_amax do not matter)";
   EXPECT_TRUE(int8_fused_output(*fg.node("rms"), 0, fg.g, DType::kBF16)->per_token);
   EXPECT_TRUE(fused(fg, "ln", 0));
@@ -480,29 +528,39 @@ TEST(CudaInt8Fuse, WhichOutputsAreWrittenAsCodes) {
     const int64_t k = variant == 5 ? 12 : 64;
     ir::Graph g;
     auto x = g.add_input("x", DType::kF32, Shape{"T", k});
-    auto y = g.add("RMSNorm", {x, g.add_weight("g", random_tensor({k}, rng, "f32"))}, {{"eps", 1e-5}}, "norm");
-    auto w1 = g.add_weight("w1", random_tensor({32, k}, rng, "f32")), w2 = g.add_weight("w2", random_tensor({32, k}, rng, "f32"));
+    auto y = g.add("RMSNorm", {x, g.add_weight("g", random_tensor({k}, rng, "f32"))},
+                   {{"eps", 1e-5}}, "norm");
+    auto w1 = g.add_weight("w1", random_tensor({32, k}, rng, "f32")),
+         w2 = g.add_weight("w2", random_tensor({32, k}, rng, "f32"));
     std::map<std::string, ir::Attr> stat = {{"quant", std::string("w8a8")}, {"act_amax", 1.0}};
-    std::map<std::string, ir::Attr> dyn = {{"quant", std::string("w8a8")}, {"act_amax", 1.0}, {"act_dynamic", int64_t(1)}};
+    std::map<std::string, ir::Attr> dyn = {
+        {"quant", std::string("w8a8")}, {"act_amax", 1.0}, {"act_dynamic", int64_t(1)}};
     g.add_output("a", g.add("Linear", {y, w1}, variant == 5 ? dyn : stat));
-    if (variant == 0) g.add_output("b", g.add("Linear", {y, w2}, {{"quant", std::string("w8a8")}, {"act_amax", 1.5}}));
+    if (variant == 0)
+      g.add_output("b",
+                   g.add("Linear", {y, w2}, {{"quant", std::string("w8a8")}, {"act_amax", 1.5}}));
     if (variant == 1) g.add_output("b", g.add("Linear", {y, w2}, dyn));  // static and per token
     if (variant == 2) g.add_output("b", g.add("Linear", {y, w2}));       // a bf16 Linear
     if (variant == 3) g.add_output("b", g.add("Add", {y, y}));
-    if (variant == 4) g.add_output("b", g.add("Linear", {y, w2}, {{"quant", std::string("fp8")}, {"act_amax", 1.0}}));
+    if (variant == 4)
+      g.add_output("b",
+                   g.add("Linear", {y, w2}, {{"quant", std::string("fp8")}, {"act_amax", 1.0}}));
     // A Mul of two activations is no SmoothQuant Mul.
     if (variant == 6) {
       auto m = g.add("Mul", {y, y}, {}, "mul");
       g.add_output("b", g.add("Linear", {m, w2}, stat));
-      EXPECT_FALSE(int8_fused_output(g.nodes()[size_t(g.value(m).producer)], 0, g, DType::kBF16).has_value());
+      EXPECT_FALSE(int8_fused_output(g.nodes()[size_t(g.value(m).producer)], 0, g, DType::kBF16)
+                       .has_value());
     }
-    EXPECT_FALSE(int8_fused_output(g.nodes()[0], 0, g, DType::kBF16).has_value()) << "variant " << variant;
+    EXPECT_FALSE(int8_fused_output(g.nodes()[0], 0, g, DType::kBF16).has_value())
+        << "variant " << variant;
   }
   EXPECT_TRUE(int8_codes_fit(16, 2));
   EXPECT_FALSE(int8_codes_fit(12, 2));
   // The bound: for every t, the codes and row scales fit t x k 16-bit activations.
   for (int64_t k : {16, 20, 64, 68})
-    for (int64_t t = 1; t < 300; ++t) EXPECT_LE(int8_row_scales_offset(t, k) + size_t(t) * 4, size_t(t * k) * 2);
+    for (int64_t t = 1; t < 300; ++t)
+      EXPECT_LE(int8_row_scales_offset(t, k) + size_t(t) * 4, size_t(t * k) * 2);
 }
 
 TEST(CudaInt8Fuse, EnvironmentSwitch) {
@@ -524,7 +582,8 @@ TEST(CudaInt8Fuse, EnvironmentSwitch) {
     (void)int8_fuse_enabled();
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("KILN_CUDA_INT8_FUSE='yes'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("KILN_CUDA_INT8_FUSE='yes'"), std::string::npos)
+        << e.what();
   }
 }
 
@@ -546,26 +605,32 @@ ir::Graph post_ln_graph(std::mt19937_64& rng) {
     std::map<std::string, ir::Attr> a = {{"quant", std::string("w8a8")}, {"act_amax", amax}};
     if (dynamic) a["act_dynamic"] = int64_t(1);
     if (!act.empty()) a["activation"] = act;
-    auto w = g.add_weight(str_cat("w", wi), random_tensor({n, g.value(in).shape[1].value}, rng, "f32", -0.1f, 0.1f));
+    auto w = g.add_weight(str_cat("w", wi),
+                          random_tensor({n, g.value(in).shape[1].value}, rng, "f32", -0.1f, 0.1f));
     auto b = g.add_weight(str_cat("b", wi++), random_tensor({n}, rng, "f32", -0.2f, 0.2f));
     return g.add("Linear", {in, w, b}, a, name);
   };
-  auto param = [&](float lo, float hi) { return g.add_weight(str_cat("p", wi++), random_tensor({h}, rng, "f32", lo, hi)); };
+  auto param = [&](float lo, float hi) {
+    return g.add_weight(str_cat("p", wi++), random_tensor({h}, rng, "f32", lo, hi));
+  };
   auto ln0 = g.add("LayerNorm", {x, param(0.5f, 1.5f), param(-0.3f, 0.3f)}, {{"eps", 1e-5}}, "ln0");
   auto q = linear(ln0, h, 2.2, false, "", "q"), k = linear(ln0, h, 2.2, false, "", "k");
   auto qk = g.add("Add", {q, k}, {}, "qk");
-  auto add_ln = g.add_node("AddLayerNorm", {qk, ln0, param(0.5f, 1.5f), param(-0.3f, 0.3f)}, {{"eps", 1e-5}}, "add_ln");
+  auto add_ln = g.add_node("AddLayerNorm", {qk, ln0, param(0.5f, 1.5f), param(-0.3f, 0.3f)},
+                           {{"eps", 1e-5}}, "add_ln");
   auto up = linear(add_ln[1], 512, 1.0, true, "gelu_erf", "up");
   auto down = linear(up, h, 1.2, false, "", "down");
   auto add_ln2 =
-      g.add_node("AddLayerNorm", {down, add_ln[1], param(0.5f, 1.5f), param(-0.3f, 0.3f)}, {{"eps", 1e-5}}, "add_ln2");
+      g.add_node("AddLayerNorm", {down, add_ln[1], param(0.5f, 1.5f), param(-0.3f, 0.3f)},
+                 {{"eps", 1e-5}}, "add_ln2");
   g.add_output("head_a", linear(add_ln2[1], 64, 1.5, false, "", "head_a"));
   g.add_output("head_b", linear(add_ln2[1], 64, 2.5, false, "", "head_b"));
   g.add_output("normed2", add_ln2[1]);
   auto rms = g.add("RMSNorm", {add_ln2[0], param(0.5f, 1.5f)}, {{"eps", 1e-5}}, "rms");
   auto o = linear(rms, h, 2.0, false, "", "o");
   g.add_output("rms_plus", g.add("Add", {rms, add_ln2[0]}, {}, "rms_plus"));
-  auto add_rms = g.add_node("AddRMSNorm", {o, add_ln2[0], param(0.5f, 1.5f)}, {{"eps", 1e-5}}, "add_rms");
+  auto add_rms =
+      g.add_node("AddRMSNorm", {o, add_ln2[0], param(0.5f, 1.5f)}, {{"eps", 1e-5}}, "add_rms");
   g.add_output("p", linear(add_rms[1], 96, 1.8, false, "", "p"));
   g.add_output("sum", add_ln[0]);
   g.add_output("sum3", add_rms[0]);
@@ -573,7 +638,8 @@ ir::Graph post_ln_graph(std::mt19937_64& rng) {
   return g;
 }
 
-std::optional<Int8Codes> dual(const ir::Graph& g, const std::string& node, size_t out, DType act = DType::kBF16) {
+std::optional<Int8Codes> dual(const ir::Graph& g, const std::string& node, size_t out,
+                              DType act = DType::kBF16) {
   for (const ir::Node& n : g.nodes())
     if (n.name == node) return int8_dual_output(n, out, g, act);
   ADD_FAILURE() << "no node " << node;
@@ -599,7 +665,8 @@ TEST(CudaInt8Fuse, WhichNormsWriteDualOutputs) {
   EXPECT_FALSE(dual(g, "add_ln", 0).has_value()) << "the sum is no normalized output";
   EXPECT_TRUE(dual(g, "rms", 0).has_value()) << "an RMSNorm read by a W8A8 Linear and an Add";
   EXPECT_TRUE(dual(g, "ln0", 0, DType::kF16).has_value());
-  EXPECT_FALSE(dual(g, "ln0", 0, DType::kF32).has_value()) << "f32 activations keep the separate pass";
+  EXPECT_FALSE(dual(g, "ln0", 0, DType::kF32).has_value())
+      << "f32 activations keep the separate pass";
   // Two static scales among the Linears: none (the graph output alone would allow it).
   EXPECT_FALSE(dual(g, "add_ln2", 1).has_value());
   EXPECT_FALSE(codes_only("add_ln2", 1));
@@ -626,18 +693,25 @@ TEST(CudaInt8Fuse, WhichNormsWriteDualOutputs) {
     const int64_t h = 64;
     ir::Graph v;
     auto x = v.add_input("x", DType::kF32, Shape{"T", h});
-    auto y = v.add("RMSNorm", {x, v.add_weight("g", random_tensor({h}, rng, "f32"))}, {{"eps", 1e-5}}, "norm");
-    auto w1 = v.add_weight("w1", random_tensor({32, h}, rng, "f32")), w2 = v.add_weight("w2", random_tensor({32, h}, rng, "f32"));
+    auto y = v.add("RMSNorm", {x, v.add_weight("g", random_tensor({h}, rng, "f32"))},
+                   {{"eps", 1e-5}}, "norm");
+    auto w1 = v.add_weight("w1", random_tensor({32, h}, rng, "f32")),
+         w2 = v.add_weight("w2", random_tensor({32, h}, rng, "f32"));
     std::map<std::string, ir::Attr> stat = {{"quant", std::string("w8a8")}, {"act_amax", 1.0}};
-    std::map<std::string, ir::Attr> dyn = {{"quant", std::string("w8a8")}, {"act_amax", 1.0}, {"act_dynamic", int64_t(1)}};
+    std::map<std::string, ir::Attr> dyn = {
+        {"quant", std::string("w8a8")}, {"act_amax", 1.0}, {"act_dynamic", int64_t(1)}};
     v.add_output("a", v.add("Linear", {y, w1}, stat));
     if (variant == 0) v.add_output("b", v.add("Linear", {y, w2}));
-    if (variant == 1) v.add_output("b", v.add("Linear", {y, w2}, {{"quant", std::string("fp8")}, {"act_amax", 1.0}}));
+    if (variant == 1)
+      v.add_output("b",
+                   v.add("Linear", {y, w2}, {{"quant", std::string("fp8")}, {"act_amax", 1.0}}));
     if (variant == 2) v.add_output("b", v.add("Add", {y, y}));
     if (variant == 3) v.add_output("b", v.add("Linear", {y, w2}, dyn));
     if (variant == 4) v.add_output("b", y);  // a graph output
-    EXPECT_EQ(int8_dual_output(v.nodes()[0], 0, v, DType::kBF16).has_value(), variant != 3) << "variant " << variant;
-    EXPECT_FALSE(int8_fused_output(v.nodes()[0], 0, v, DType::kBF16).has_value()) << "variant " << variant;
+    EXPECT_EQ(int8_dual_output(v.nodes()[0], 0, v, DType::kBF16).has_value(), variant != 3)
+        << "variant " << variant;
+    EXPECT_FALSE(int8_fused_output(v.nodes()[0], 0, v, DType::kBF16).has_value())
+        << "variant " << variant;
   }
 }
 
@@ -665,15 +739,17 @@ TEST(CudaInt8Fuse, DualOutputsRewriteTheGraphsCopy) {
     std::vector<const char*> linears, others;
     bool per_token;
   };
-  for (const Want& w : {Want{"ln0", 0, {"q", "k"}, {"add_ln"}, false}, Want{"add_ln", 1, {"up"}, {"add_ln2"}, true},
-                        Want{"rms", 0, {"o"}, {"rms_plus"}, false}}) {
+  for (const Want& w :
+       {Want{"ln0", 0, {"q", "k"}, {"add_ln"}, false}, Want{"add_ln", 1, {"up"}, {"add_ln2"}, true},
+        Want{"rms", 0, {"o"}, {"rms_plus"}, false}}) {
     const ir::Node& n = node(w.norm);
     ASSERT_EQ(n.outputs.size(), w.y + 2) << w.norm;
     const ir::ValueId y = n.outputs[w.y], c = n.outputs[w.y + 1];
     EXPECT_EQ(rw.value(c).name, std::string(w.norm) + ":int8");
     EXPECT_EQ(rw.value(c).producer, int32_t(idx(w.norm)));
     EXPECT_EQ(rw.value(c).dtype, rw.value(y).dtype);
-    EXPECT_EQ(rw.value(c).shape.str(), rw.value(y).shape.str()) << "planned with the T output's bytes";
+    EXPECT_EQ(rw.value(c).shape.str(), rw.value(y).shape.str())
+        << "planned with the T output's bytes";
     for (const char* l : w.linears) {
       EXPECT_EQ(node(l).inputs[0], c) << l << " reads the codes";
       EXPECT_EQ(int8_profile_tag(node(l), rw, DType::kBF16).find("{int8 in}"), 0u) << l;
@@ -686,7 +762,8 @@ TEST(CudaInt8Fuse, DualOutputsRewriteTheGraphsCopy) {
     const auto codes = int8_dual_codes(n, rw, DType::kBF16);
     ASSERT_TRUE(codes.has_value()) << w.norm;
     EXPECT_EQ(codes->per_token, w.per_token) << w.norm;
-    EXPECT_FALSE(int8_fused_output(n, w.y, rw, DType::kBF16).has_value()) << w.norm << ": the T output stays";
+    EXPECT_FALSE(int8_fused_output(n, w.y, rw, DType::kBF16).has_value())
+        << w.norm << ": the T output stays";
     EXPECT_EQ(int8_profile_tag(n, rw, DType::kBF16), "{+int8 quantize}") << w.norm;
   }
   EXPECT_EQ(int8_dual_codes(node("ln0"), rw, DType::kBF16)->inv, 1.0f / int8_act_scale(2.2));
@@ -697,7 +774,8 @@ TEST(CudaInt8Fuse, DualOutputsRewriteTheGraphsCopy) {
   EXPECT_FALSE(int8_dual_codes(node("add_rms"), rw, DType::kBF16).has_value());
   EXPECT_EQ(g.nodes()[idx("ln0")].outputs.size(), 1u);
   EXPECT_EQ(g.nodes()[idx("q")].inputs[0], g.nodes()[idx("ln0")].outputs[0]);
-  EXPECT_THROW(ir::verify(rw), Error) << "the copy is the backend's own: LayerNorm has one output in the IR";
+  EXPECT_THROW(ir::verify(rw), Error)
+      << "the copy is the backend's own: LayerNorm has one output in the IR";
   // The plan: no value made while the codes are live (up to k, their last reader) shares
   // their slot, nor does the T output.
   const MemoryPlan plan = plan_activation_slots(rw);
@@ -706,11 +784,13 @@ TEST(CudaInt8Fuse, DualOutputsRewriteTheGraphsCopy) {
   ASSERT_GE(slot, 0);
   EXPECT_NE(slot, plan.slot_of[size_t(node("ln0").outputs[0])]);
   for (size_t i = idx("ln0") + 1; i <= idx("k"); ++i)
-    for (ir::ValueId v : rw.nodes()[i].outputs) EXPECT_NE(plan.slot_of[size_t(v)], slot) << rw.nodes()[i].name;
+    for (ir::ValueId v : rw.nodes()[i].outputs)
+      EXPECT_NE(plan.slot_of[size_t(v)], slot) << rw.nodes()[i].name;
   EXPECT_GT(idx("k"), idx("q"));
 }
 
-TensorMap run_cuda(const ir::Graph& g, const TensorMap& in, const std::string& weight_dtype, const char* fuse) {
+TensorMap run_cuda(const ir::Graph& g, const TensorMap& in, const std::string& weight_dtype,
+                   const char* fuse) {
   ScopedEnv env("KILN_CUDA_INT8_FUSE", fuse);  // read while compiling
   auto gg = create_backend("cuda")->compile(g, {.weight_dtype = weight_dtype});
   TensorMap out = gg->run(in, {}, nullptr);
@@ -740,8 +820,9 @@ TEST(CudaInt8Fuse, FusedGraphIsBitIdenticalToUnfused) {
           max_ref = std::max(max_ref, std::fabs(ref.data_as<float>()[i]));
           bad += f32_bits(got.data_as<float>()[i]) != f32_bits(ref.data_as<float>()[i]);
         }
-        std::printf("  fused vs unfused %-4s t=%-4lld %-5s %lld values, %zu differ, max|ref| %.3g\n", wd, (long long)t,
-                    name.c_str(), (long long)ref.numel(), bad, max_ref);
+        std::printf(
+            "  fused vs unfused %-4s t=%-4lld %-5s %lld values, %zu differ, max|ref| %.3g\n", wd,
+            (long long)t, name.c_str(), (long long)ref.numel(), bad, max_ref);
         EXPECT_EQ(bad, 0u) << wd << " t=" << t << " output " << name;
         EXPECT_GT(max_ref, 0.0f) << wd << " t=" << t << " output " << name << " is all zeros";
       }
@@ -770,8 +851,9 @@ TEST(CudaInt8Fuse, DualOutputGraphIsBitIdenticalToUnfused) {
           max_ref = std::max(max_ref, std::fabs(ref.data_as<float>()[i]));
           bad += f32_bits(got.data_as<float>()[i]) != f32_bits(ref.data_as<float>()[i]);
         }
-        std::printf("  dual fused vs unfused %-4s t=%-4lld %-8s %lld values, %zu differ, max|ref| %.3g\n", wd,
-                    (long long)t, name.c_str(), (long long)ref.numel(), bad, max_ref);
+        std::printf(
+            "  dual fused vs unfused %-4s t=%-4lld %-8s %lld values, %zu differ, max|ref| %.3g\n",
+            wd, (long long)t, name.c_str(), (long long)ref.numel(), bad, max_ref);
         EXPECT_EQ(bad, 0u) << wd << " t=" << t << " output " << name;
         EXPECT_GT(max_ref, 0.0f) << wd << " t=" << t << " output " << name << " is all zeros";
       }
@@ -787,8 +869,8 @@ ir::Graph ffn_graph(std::mt19937_64& rng) {
   const int64_t h = 256;
   auto x = g.add_input("x", DType::kF32, Shape{"T", h});
   int wi = 0;
-  auto linear = [&](ir::ValueId in, int64_t k, int64_t n, double amax, bool dynamic, const std::string& act,
-                    const std::string& name) {
+  auto linear = [&](ir::ValueId in, int64_t k, int64_t n, double amax, bool dynamic,
+                    const std::string& act, const std::string& name) {
     std::map<std::string, ir::Attr> a = {{"quant", std::string("w8a8")}, {"act_amax", amax}};
     if (dynamic) a["act_dynamic"] = int64_t(1);
     if (!act.empty()) a["activation"] = act;
@@ -857,7 +939,8 @@ TEST(CudaInt8Fuse, ActivationLinearsWriteCodes) {
     (void)codes("up_a");
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("KILN_CUDA_W8A8_ACT_EPILOGUE='2'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("KILN_CUDA_W8A8_ACT_EPILOGUE='2'"), std::string::npos)
+        << e.what();
   }
 
   // Not producers: SwiGLU, a reader that is not a W8A8 Linear's x, readers with two
@@ -866,19 +949,27 @@ TEST(CudaInt8Fuse, ActivationLinearsWriteCodes) {
     ScopedEnv ok("KILN_CUDA_W8A8_ACT_EPILOGUE", "0");
     ir::Graph v;
     auto x = v.add_input("x", DType::kF32, Shape{"T", 64});
-    std::map<std::string, ir::Attr> up = {{"quant", std::string("w8a8")}, {"act_amax", 1.0},
-                                          {"activation", std::string(variant == 0 ? "swiglu" : "gelu_erf")}};
-    auto y = v.add("Linear", {x, v.add_weight("w0", random_tensor({128, 64}, rng, "f32"))}, up, "up");
+    std::map<std::string, ir::Attr> up = {
+        {"quant", std::string("w8a8")},
+        {"act_amax", 1.0},
+        {"activation", std::string(variant == 0 ? "swiglu" : "gelu_erf")}};
+    auto y =
+        v.add("Linear", {x, v.add_weight("w0", random_tensor({128, 64}, rng, "f32"))}, up, "up");
     const int64_t k = variant == 0 ? 64 : 128;
     std::map<std::string, ir::Attr> stat = {{"quant", std::string("w8a8")}, {"act_amax", 1.0}};
-    std::map<std::string, ir::Attr> dyn = {{"quant", std::string("w8a8")}, {"act_amax", 1.0}, {"act_dynamic", int64_t(1)}};
-    v.add_output("a", v.add("Linear", {y, v.add_weight("w1", random_tensor({32, k}, rng, "f32"))}, stat));
+    std::map<std::string, ir::Attr> dyn = {
+        {"quant", std::string("w8a8")}, {"act_amax", 1.0}, {"act_dynamic", int64_t(1)}};
+    v.add_output(
+        "a", v.add("Linear", {y, v.add_weight("w1", random_tensor({32, k}, rng, "f32"))}, stat));
     if (variant == 1) v.add_output("b", v.add("Add", {y, y}));
     if (variant == 2)
       v.add_output("b", v.add("Linear", {y, v.add_weight("w2", random_tensor({32, k}, rng, "f32"))},
                               {{"quant", std::string("w8a8")}, {"act_amax", 2.0}}));
-    if (variant == 3) v.add_output("b", v.add("Linear", {y, v.add_weight("w2", random_tensor({32, k}, rng, "f32"))}, dyn));
-    EXPECT_FALSE(int8_fused_output(v.nodes()[0], 0, v, DType::kBF16).has_value()) << "variant " << variant;
+    if (variant == 3)
+      v.add_output(
+          "b", v.add("Linear", {y, v.add_weight("w2", random_tensor({32, k}, rng, "f32"))}, dyn));
+    EXPECT_FALSE(int8_fused_output(v.nodes()[0], 0, v, DType::kBF16).has_value())
+        << "variant " << variant;
   }
 }
 
@@ -903,8 +994,9 @@ TEST(CudaInt8Fuse, ActivationLinearGraphIsBitIdenticalToUnfused) {
           max_ref = std::max(max_ref, std::fabs(ref.data_as<float>()[i]));
           bad += f32_bits(got.data_as<float>()[i]) != f32_bits(ref.data_as<float>()[i]);
         }
-        std::printf("  ffn fused vs unfused %-4s t=%-4lld %-3s %lld values, %zu differ, max|ref| %.3g\n", wd,
-                    (long long)t, name.c_str(), (long long)ref.numel(), bad, max_ref);
+        std::printf(
+            "  ffn fused vs unfused %-4s t=%-4lld %-3s %lld values, %zu differ, max|ref| %.3g\n",
+            wd, (long long)t, name.c_str(), (long long)ref.numel(), bad, max_ref);
         EXPECT_EQ(bad, 0u) << wd << " t=" << t << " output " << name;
         EXPECT_GT(max_ref, 0.0f) << wd << " t=" << t << " output " << name << " is all zeros";
       }
