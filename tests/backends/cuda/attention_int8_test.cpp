@@ -29,29 +29,6 @@ namespace {
 
 using namespace testing;
 
-// A device buffer, freed at scope exit.
-class Dev {
- public:
-  explicit Dev(size_t bytes) { KILN_CUDA_CHECK(cudaMalloc(&p_, std::max<size_t>(bytes, 1))); }
-  Dev(const void* host, size_t bytes) : Dev(bytes) {
-    KILN_CUDA_CHECK(cudaMemcpy(p_, host, bytes, cudaMemcpyHostToDevice));
-  }
-  ~Dev() { cudaFree(p_); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  void* get() const { return p_; }
-  template <typename T>
-  T* as() const { return static_cast<T*>(p_); }
-  template <typename T = uint8_t>
-  std::vector<T> host(size_t n) const {
-    std::vector<T> h(n);
-    KILN_CUDA_CHECK(cudaMemcpy(h.data(), p_, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-
- private:
-  void* p_ = nullptr;
-};
 
 // Random values in `dt` (f16 / bf16 storage).
 Tensor random_act(std::vector<int64_t> shape, std::mt19937_64& rng, DType dt, float lo, float hi) {

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -16,6 +17,7 @@
 
 #include "backends/backend.h"
 #include "backends/cuda/cuda_backend.h"
+#include "backends/cuda/cuda_check.h"
 #include "backends/cuda/ops/norm.h"
 #include "ir/graph.h"
 
@@ -63,6 +65,33 @@ class ScopedEnv {
  private:
   const char* name_;
   std::optional<std::string> old_;
+};
+
+// A device buffer (optionally a copy of host bytes), freed at scope exit; host<T>(n)
+// copies its first n T back.
+class Dev {
+ public:
+  explicit Dev(size_t bytes) { KILN_CUDA_CHECK(cudaMalloc(&p_, std::max<size_t>(bytes, 1))); }
+  Dev(const void* host, size_t bytes) : Dev(bytes) {
+    KILN_CUDA_CHECK(cudaMemcpy(p_, host, bytes, cudaMemcpyHostToDevice));
+  }
+  ~Dev() { cudaFree(p_); }
+  Dev(const Dev&) = delete;
+  Dev& operator=(const Dev&) = delete;
+  void* get() const { return p_; }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(p_);
+  }
+  template <typename T = uint8_t>
+  std::vector<T> host(size_t n) const {
+    std::vector<T> h(n);
+    KILN_CUDA_CHECK(cudaMemcpy(h.data(), p_, n * sizeof(T), cudaMemcpyDeviceToHost));
+    return h;
+  }
+
+ private:
+  void* p_ = nullptr;
 };
 
 // Forces the short-row norm kernel (ops/norm.h: KILN_CUDA_NORM_SHORT) for a scope; the

@@ -48,26 +48,6 @@ class ScopedEnv {
   std::optional<std::string> old_;
 };
 
-// A device copy of host bytes, freed at scope exit.
-class Dev {
- public:
-  explicit Dev(size_t bytes) { KILN_CUDA_CHECK(cudaMalloc(&p_, std::max<size_t>(bytes, 1))); }
-  Dev(const void* host, size_t bytes) : Dev(bytes) {
-    KILN_CUDA_CHECK(cudaMemcpy(p_, host, bytes, cudaMemcpyHostToDevice));
-  }
-  ~Dev() { cudaFree(p_); }
-  void* get() const { return p_; }
-  template <typename T>
-  T* as() const { return static_cast<T*>(p_); }
-  std::vector<uint8_t> bytes(size_t n) const {
-    std::vector<uint8_t> h(n);
-    KILN_CUDA_CHECK(cudaMemcpy(h.data(), p_, n, cudaMemcpyDeviceToHost));
-    return h;
-  }
-
- private:
-  void* p_ = nullptr;
-};
 
 std::vector<uint16_t> random_bf16(int64_t n, std::mt19937_64& rng, float lo, float hi) {
   std::uniform_real_distribution<float> d(lo, hi);
@@ -146,9 +126,9 @@ TEST(CudaFp8Fuse, NormKernelsWriteTheQuantizeKernelsCodes) {
           KILN_CUDA_CHECK(cudaDeviceSynchronize());
           const std::string what = str_cat(residual ? "Add" : "", rms ? "RMSNorm" : "LayerNorm", " rows=", rows,
                                            " dim=", dim, mode == NormShort::kWarp ? " (warp kernel)" : "");
-          expect_same_codes(q_b.bytes(size_t(n)), q_a.bytes(size_t(n)), what);
+          expect_same_codes(q_b.host(size_t(n)), q_a.host(size_t(n)), what);
           if (residual) {
-            EXPECT_EQ(sum_b.bytes(size_t(n) * 2), sum_a.bytes(size_t(n) * 2)) << what << ": sum";
+            EXPECT_EQ(sum_b.host(size_t(n) * 2), sum_a.host(size_t(n) * 2)) << what << ": sum";
           }
         }
 }
@@ -167,7 +147,7 @@ TEST(CudaFp8Fuse, SwigluAndActivationsWriteTheQuantizeKernelsCodes) {
       launch_fp8_quantize(DType::kBF16, y.get(), rows * inter, inv, q_a.as<uint8_t>(), nullptr);
       launch_swiglu_fp8(DType::kBF16, dx.get(), rows, inter, inv, q_b.as<uint8_t>(), nullptr);
       KILN_CUDA_CHECK(cudaDeviceSynchronize());
-      expect_same_codes(q_b.bytes(size_t(rows * inter)), q_a.bytes(size_t(rows * inter)),
+      expect_same_codes(q_b.host(size_t(rows * inter)), q_a.host(size_t(rows * inter)),
                         str_cat("SwiGLU rows=", rows, " inter=", inter));
     }
   for (UnaryOp op : {UnaryOp::kGeluErf, UnaryOp::kGeluTanh, UnaryOp::kSilu, UnaryOp::kTanh})
@@ -181,7 +161,7 @@ TEST(CudaFp8Fuse, SwigluAndActivationsWriteTheQuantizeKernelsCodes) {
       launch_fp8_quantize(DType::kBF16, y.get(), n, op_inv, q_a.as<uint8_t>(), nullptr);
       launch_unary_fp8(op, DType::kBF16, dx.get(), n, op_inv, q_b.as<uint8_t>(), nullptr);
       KILN_CUDA_CHECK(cudaDeviceSynchronize());
-      expect_same_codes(q_b.bytes(size_t(n)), q_a.bytes(size_t(n)), str_cat("activation ", int(op), " n=", n));
+      expect_same_codes(q_b.host(size_t(n)), q_a.host(size_t(n)), str_cat("activation ", int(op), " n=", n));
     }
 }
 
@@ -204,7 +184,7 @@ TEST(CudaFp8Fuse, SwigluFromE4M3MatchesTheHostChain) {
       Dev dx(x.data(), x.size()), q{size_t(rows * inter)};
       launch_swiglu_e4m3(dx.as<uint8_t>(), rows, inter, gu_scale, inv, q.as<uint8_t>(), nullptr);
       KILN_CUDA_CHECK(cudaDeviceSynchronize());
-      const auto got = q.bytes(size_t(rows * inter));
+      const auto got = q.host(size_t(rows * inter));
       std::vector<uint8_t> want(got.size());
       for (int64_t r = 0; r < rows; ++r)
         for (int64_t j = 0; j < inter; ++j) {

@@ -38,31 +38,6 @@ namespace {
 
 using namespace testing;
 
-// A device buffer, freed at scope exit.
-class Dev {
- public:
-  explicit Dev(size_t bytes) { KILN_CUDA_CHECK(cudaMalloc(&p_, std::max<size_t>(bytes, 1))); }
-  Dev(const void* host, size_t bytes) : Dev(bytes) {
-    KILN_CUDA_CHECK(cudaMemcpy(p_, host, bytes, cudaMemcpyHostToDevice));
-  }
-  ~Dev() { cudaFree(p_); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  void* get() const { return p_; }
-  template <typename T>
-  T* as() const {
-    return static_cast<T*>(p_);
-  }
-  template <typename T = uint8_t>
-  std::vector<T> host(size_t n) const {
-    std::vector<T> h(n);
-    KILN_CUDA_CHECK(cudaMemcpy(h.data(), p_, n * sizeof(T), cudaMemcpyDeviceToHost));
-    return h;
-  }
-
- private:
-  void* p_ = nullptr;
-};
 
 // Random rows in `dtype`'s 16-bit storage; `zero_row` (when >= 0) all zeros.
 std::vector<uint16_t> random_rows(DType dtype, int64_t rows, int64_t dim, std::mt19937_64& rng,

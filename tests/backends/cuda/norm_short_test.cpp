@@ -115,27 +115,6 @@ TEST(CudaNormShort, WarpKernelMatchesTheCpu) {
       }
 }
 
-// A device buffer, freed at scope exit.
-class Dev {
- public:
-  explicit Dev(size_t bytes) { KILN_CUDA_CHECK(cudaMalloc(&p_, std::max<size_t>(bytes, 1))); }
-  Dev(const void* host, size_t bytes) : Dev(bytes) {
-    KILN_CUDA_CHECK(cudaMemcpy(p_, host, bytes, cudaMemcpyHostToDevice));
-  }
-  ~Dev() { cudaFree(p_); }
-  Dev(const Dev&) = delete;
-  Dev& operator=(const Dev&) = delete;
-  void* get() const { return p_; }
-  const float* f32() const { return static_cast<const float*>(p_); }
-  std::vector<uint16_t> host16(size_t n) const {
-    std::vector<uint16_t> h(n);
-    KILN_CUDA_CHECK(cudaMemcpy(h.data(), p_, n * 2, cudaMemcpyDeviceToHost));
-    return h;
-  }
-
- private:
-  void* p_ = nullptr;
-};
 
 std::vector<uint16_t> random_bf16(int64_t n, std::mt19937_64& rng) {
   std::uniform_real_distribution<float> d(-3.0f, 3.0f);
@@ -170,45 +149,45 @@ TEST(CudaNormShort, ForcedWarpShapesAgreeWithTheBlockKernel) {
       for (bool rms : {true, false}) {
         auto run_default = [&](NormShort mode, const Dev& sum, const Dev& y) {
           const ScopedNormShort scoped(mode);
-          if (rms) launch_add_rms_norm(DType::kBF16, dx.get(), dr.get(), dg.f32(), 1e-5f, rows, dim, sum.get(), y.get(), nullptr);
-          else launch_add_layer_norm(DType::kBF16, dx.get(), dr.get(), dg.f32(), db.f32(), 1e-5f, rows, dim, sum.get(), y.get(), nullptr);
+          if (rms) launch_add_rms_norm(DType::kBF16, dx.get(), dr.get(), dg.as<float>(), 1e-5f, rows, dim, sum.get(), y.get(), nullptr);
+          else launch_add_layer_norm(DType::kBF16, dx.get(), dr.get(), dg.as<float>(), db.as<float>(), 1e-5f, rows, dim, sum.get(), y.get(), nullptr);
           KILN_CUDA_CHECK(cudaDeviceSynchronize());
         };
         run_default(NormShort::kBlock, sum_a, y_a);
-        const auto want = y_a.host16(size_t(n)), want_sum = sum_a.host16(size_t(n));
+        const auto want = y_a.host<uint16_t>(size_t(n)), want_sum = sum_a.host<uint16_t>(size_t(n));
         const std::string what = str_cat(rms ? "AddRMSNorm" : "AddLayerNorm", " rows=", rows, " dim=", dim);
         if (!fits) {
           run_default(NormShort::kWarp, sum_b, y_b);
-          EXPECT_EQ(y_b.host16(size_t(n)), want) << what << ": a long row under warp must take the block kernel";
-          EXPECT_EQ(sum_b.host16(size_t(n)), want_sum) << what;
+          EXPECT_EQ(y_b.host<uint16_t>(size_t(n)), want) << what << ": a long row under warp must take the block kernel";
+          EXPECT_EQ(sum_b.host<uint16_t>(size_t(n)), want_sum) << what;
         }
         for (int warps : {1, 2, 4, 8})
           for (int rpw : {0, 1, 3}) {
             KILN_CUDA_CHECK(cudaMemset(y_b.get(), 0xff, size_t(n) * 2));  // NaN: rows left unwritten show
-            const bool ok = launch_add_norm_shaped(DType::kBF16, rms, dx.get(), dr.get(), dg.f32(), rms ? nullptr : db.f32(),
+            const bool ok = launch_add_norm_shaped(DType::kBF16, rms, dx.get(), dr.get(), dg.as<float>(), rms ? nullptr : db.as<float>(),
                                                    1e-5f, rows, dim, sum_b.get(), y_b.get(),
                                                    {.warps = warps, .rows_per_warp = rpw}, nullptr);
             KILN_CUDA_CHECK(cudaDeviceSynchronize());
             EXPECT_EQ(ok, fits) << what << " warps " << warps << " rows/warp " << rpw;
             if (!ok) continue;
-            const auto got = y_b.host16(size_t(n));
+            const auto got = y_b.host<uint16_t>(size_t(n));
             double worst = 0;
             for (int64_t i = 0; i < n; ++i) {
               const double g = bf16_to_f32(got[size_t(i)]), w = bf16_to_f32(want[size_t(i)]);
               worst = std::max(worst, std::isnan(g) ? INFINITY : std::fabs(g - w) / std::max(std::fabs(w), 1e-3));
             }
             EXPECT_LE(worst, std::ldexp(1.0, -6)) << what << " warps " << warps << " rows/warp " << rpw;
-            EXPECT_EQ(sum_b.host16(size_t(n)), want_sum) << what << " warps " << warps << " rows/warp " << rpw;
+            EXPECT_EQ(sum_b.host<uint16_t>(size_t(n)), want_sum) << what << " warps " << warps << " rows/warp " << rpw;
           }
       }
     }
   // Shapes out of range, and an operand off 16-byte alignment, launch nothing.
   Dev x{1024 * 2 + 16}, y{1024 * 2}, g{1024 * 4};
-  EXPECT_FALSE(launch_add_norm_shaped(DType::kBF16, true, x.get(), nullptr, g.f32(), nullptr, 1e-5f, 1, 1024,
+  EXPECT_FALSE(launch_add_norm_shaped(DType::kBF16, true, x.get(), nullptr, g.as<float>(), nullptr, 1e-5f, 1, 1024,
                                       nullptr, y.get(), {.warps = 9}, nullptr));
-  EXPECT_FALSE(launch_add_norm_shaped(DType::kBF16, true, static_cast<char*>(x.get()) + 2, nullptr, g.f32(), nullptr,
+  EXPECT_FALSE(launch_add_norm_shaped(DType::kBF16, true, static_cast<char*>(x.get()) + 2, nullptr, g.as<float>(), nullptr,
                                       1e-5f, 1, 1024, nullptr, y.get(), {.warps = 8}, nullptr));
-  EXPECT_TRUE(launch_add_norm_shaped(DType::kBF16, true, static_cast<char*>(x.get()) + 16, nullptr, g.f32(), nullptr,
+  EXPECT_TRUE(launch_add_norm_shaped(DType::kBF16, true, static_cast<char*>(x.get()) + 16, nullptr, g.as<float>(), nullptr,
                                      1e-5f, 1, 1024, nullptr, y.get(), {.warps = 8}, nullptr));
   KILN_CUDA_CHECK(cudaDeviceSynchronize());
 }
