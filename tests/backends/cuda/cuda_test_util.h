@@ -19,6 +19,7 @@
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/ops/norm.h"
+#include "core/dtype.h"
 #include "ir/graph.h"
 
 namespace kiln::cuda::testing {
@@ -143,6 +144,26 @@ inline Diff diff(const Tensor& got, const Tensor& ref) {
     d.max_ref = std::max(d.max_ref, std::fabs(r));
   }
   return d;
+}
+
+// Every output of `got` equals `ref`'s bit for bit and is not all zeros (a fused graph
+// against the same graph unfused); one line per output, prefixed with `what`.
+inline void expect_outputs_bit_identical(const TensorMap& got, const TensorMap& ref, const std::string& what) {
+  ASSERT_EQ(got.size(), ref.size()) << what;
+  for (auto& [name, r] : ref) {
+    const Tensor& g = got.at(name);
+    ASSERT_EQ(g.shape(), r.shape()) << what << " output " << name;
+    size_t bad = 0;
+    float max_ref = 0;
+    for (int64_t i = 0; i < r.numel(); ++i) {
+      max_ref = std::max(max_ref, std::fabs(r.data_as<float>()[i]));
+      bad += f32_bits(g.data_as<float>()[i]) != f32_bits(r.data_as<float>()[i]);
+    }
+    std::printf("  %s %-8s %lld values, %zu differ, max|ref| %.3g\n", what.c_str(), name.c_str(),
+                (long long)r.numel(), bad, max_ref);
+    EXPECT_EQ(bad, 0u) << what << " output " << name;
+    EXPECT_GT(max_ref, 0.0f) << what << " output " << name << " is all zeros";
+  }
 }
 
 // One step of a graph run: inputs and step layout.

@@ -361,21 +361,7 @@ TEST(CudaFp8Fuse, FusedGraphIsBitIdenticalToUnfused) {
     TensorMap in = {{"x", random_tensor({t, 256}, rng, "bf16", -2.0f, 2.0f)},
                     {"r", random_tensor({t, 256}, rng, "bf16", -2.0f, 2.0f)}};
     const TensorMap on = run_cuda(fg.g, in, nullptr), off = run_cuda(fg.g, in, "0");
-    ASSERT_EQ(on.size(), off.size());
-    for (auto& [name, ref] : off) {
-      const Tensor& got = on.at(name);
-      ASSERT_EQ(got.shape(), ref.shape()) << name;
-      size_t bad = 0;
-      float max_ref = 0;
-      for (int64_t i = 0; i < ref.numel(); ++i) {
-        max_ref = std::max(max_ref, std::fabs(ref.data_as<float>()[i]));
-        bad += f32_bits(got.data_as<float>()[i]) != f32_bits(ref.data_as<float>()[i]);
-      }
-      std::printf("  fused vs unfused t=%-4lld %-6s %lld values, %zu differ, max|ref| %.3g\n", (long long)t,
-                  name.c_str(), (long long)ref.numel(), bad, max_ref);
-      EXPECT_EQ(bad, 0u) << "t=" << t << " output " << name;
-      EXPECT_GT(max_ref, 0.0f) << "t=" << t << " output " << name << " is all zeros";
-    }
+    expect_outputs_bit_identical(on, off, str_cat("fused vs unfused t=", t));
   }
 }
 

@@ -785,22 +785,7 @@ TEST(CudaInt8Fuse, FusedGraphIsBitIdenticalToUnfused) {
       TensorMap in = {{"x", random_tensor({t, 256}, rng, "bf16", -2.0f, 2.0f)},
                       {"r", random_tensor({t, 256}, rng, "bf16", -2.0f, 2.0f)}};
       const TensorMap on = run_cuda(fg.g, in, wd, "1"), off = run_cuda(fg.g, in, wd, "0");
-      ASSERT_EQ(on.size(), off.size());
-      for (auto& [name, ref] : off) {
-        const Tensor& got = on.at(name);
-        ASSERT_EQ(got.shape(), ref.shape()) << name;
-        size_t bad = 0;
-        float max_ref = 0;
-        for (int64_t i = 0; i < ref.numel(); ++i) {
-          max_ref = std::max(max_ref, std::fabs(ref.data_as<float>()[i]));
-          bad += f32_bits(got.data_as<float>()[i]) != f32_bits(ref.data_as<float>()[i]);
-        }
-        std::printf(
-            "  fused vs unfused %-4s t=%-4lld %-5s %lld values, %zu differ, max|ref| %.3g\n", wd,
-            (long long)t, name.c_str(), (long long)ref.numel(), bad, max_ref);
-        EXPECT_EQ(bad, 0u) << wd << " t=" << t << " output " << name;
-        EXPECT_GT(max_ref, 0.0f) << wd << " t=" << t << " output " << name << " is all zeros";
-      }
+      expect_outputs_bit_identical(on, off, str_cat("fused vs unfused ", wd, " t=", t));
     }
 }
 
@@ -816,22 +801,7 @@ TEST(CudaInt8Fuse, DualOutputGraphIsBitIdenticalToUnfused) {
       const ir::Graph g = post_ln_graph(rng);
       TensorMap in = {{"x", random_tensor({t, 256}, rng, "bf16", -2.0f, 2.0f)}};
       const TensorMap on = run_cuda(g, in, wd, "1"), off = run_cuda(g, in, wd, "0");
-      ASSERT_EQ(on.size(), off.size());
-      for (auto& [name, ref] : off) {
-        const Tensor& got = on.at(name);
-        ASSERT_EQ(got.shape(), ref.shape()) << name;
-        size_t bad = 0;
-        float max_ref = 0;
-        for (int64_t i = 0; i < ref.numel(); ++i) {
-          max_ref = std::max(max_ref, std::fabs(ref.data_as<float>()[i]));
-          bad += f32_bits(got.data_as<float>()[i]) != f32_bits(ref.data_as<float>()[i]);
-        }
-        std::printf(
-            "  dual fused vs unfused %-4s t=%-4lld %-8s %lld values, %zu differ, max|ref| %.3g\n",
-            wd, (long long)t, name.c_str(), (long long)ref.numel(), bad, max_ref);
-        EXPECT_EQ(bad, 0u) << wd << " t=" << t << " output " << name;
-        EXPECT_GT(max_ref, 0.0f) << wd << " t=" << t << " output " << name << " is all zeros";
-      }
+      expect_outputs_bit_identical(on, off, str_cat("dual fused vs unfused ", wd, " t=", t));
     }
 }
 
@@ -959,22 +929,7 @@ TEST(CudaInt8Fuse, ActivationLinearGraphIsBitIdenticalToUnfused) {
       const ir::Graph g = ffn_graph(rng);
       TensorMap in = {{"x", random_tensor({t, 256}, rng, "bf16", -2.0f, 2.0f)}};
       const TensorMap on = run_cuda(g, in, wd, "1"), off = run_cuda(g, in, wd, "0");
-      ASSERT_EQ(on.size(), off.size());
-      for (auto& [name, ref] : off) {
-        const Tensor& got = on.at(name);
-        ASSERT_EQ(got.shape(), ref.shape()) << name;
-        size_t bad = 0;
-        float max_ref = 0;
-        for (int64_t i = 0; i < ref.numel(); ++i) {
-          max_ref = std::max(max_ref, std::fabs(ref.data_as<float>()[i]));
-          bad += f32_bits(got.data_as<float>()[i]) != f32_bits(ref.data_as<float>()[i]);
-        }
-        std::printf(
-            "  ffn fused vs unfused %-4s t=%-4lld %-3s %lld values, %zu differ, max|ref| %.3g\n",
-            wd, (long long)t, name.c_str(), (long long)ref.numel(), bad, max_ref);
-        EXPECT_EQ(bad, 0u) << wd << " t=" << t << " output " << name;
-        EXPECT_GT(max_ref, 0.0f) << wd << " t=" << t << " output " << name << " is all zeros";
-      }
+      expect_outputs_bit_identical(on, off, str_cat("ffn fused vs unfused ", wd, " t=", t));
     }
 }
 
