@@ -152,6 +152,31 @@ size_t differing_floats(const std::vector<float>& a, const std::vector<float>& b
   return bad;
 }
 
+// The tiny model compiled with KILN_CUDA_INT8_FUSE=1 and =0 (read when the graph is
+// compiled).
+std::pair<std::unique_ptr<Model>, std::unique_ptr<Model>> load_fused_and_unfused(const std::string& dir,
+                                                                                const quant::CalibrationTable& table,
+                                                                                const QuantOptions& q) {
+  auto load = [&](const char* fuse) {
+    ScopedEnv env("KILN_CUDA_INT8_FUSE", fuse);
+    return Model::load(dir, w8a8_model_options({.backend = "cuda"}, table, q));
+  };
+  auto on = load("1");
+  return {std::move(on), load("0")};
+}
+
+// Every hidden value of `on` and `off` bit for bit, over the batch of seqs (GEMMs) and
+// the first sequence's first 3 tokens alone (GEMVs).
+void expect_same_hidden(Model& on, Model& off, const std::vector<std::vector<int32_t>>& seqs, const char* what) {
+  std::vector<EncoderInput> batch, one = {{std::vector<int32_t>(seqs[0].begin(), seqs[0].begin() + 3), {}}};
+  for (auto& s : seqs) batch.push_back({s, {}});
+  for (const auto* in : {&batch, &one}) {
+    const auto a = all_hidden(encode(on, *in)), b = all_hidden(encode(off, *in));
+    EXPECT_EQ(differing_floats(a, b), 0u) << what << (in == &one ? " (3 tokens: GEMV)" : " (batch: GEMM)") << " of "
+                                          << a.size() << " hidden values";
+  }
+}
+
 // Post-LN BERT: its norm outputs also feed the residual, so SmoothQuant's 1/s runs in a Mul
 // before every W8A8 Linear, and the Muls write the codes (the norms do not).
 TEST(CudaW8a8Model, TinyBertFusedQuantizeIsBitIdentical) {
@@ -165,11 +190,7 @@ TEST(CudaW8a8Model, TinyBertFusedQuantizeIsBitIdentical) {
     q.method = "kl";
     q.act_scale = scales;
     const quant::CalibrationTable table = calibrate_model(dir, {}, q, &calib);
-    auto load = [&](const char* fuse) {  // KILN_CUDA_INT8_FUSE is read when the graph is compiled
-      ScopedEnv env("KILN_CUDA_INT8_FUSE", fuse);
-      return Model::load(dir, w8a8_model_options({.backend = "cuda"}, table, q));
-    };
-    auto on = load("1"), off = load("0");
+    auto [on, off] = load_fused_and_unfused(dir, table, q);
     int smooth_muls = 0;
     for (const ir::Node& n : on->graph().nodes()) smooth_muls += n.op == "Mul";
     const auto [producers, muls] = int8_producers(*on);
@@ -178,13 +199,7 @@ TEST(CudaW8a8Model, TinyBertFusedQuantizeIsBitIdentical) {
                 smooth_muls, attentions);
     EXPECT_GE(muls, 8) << "two layers of qkv, attention out, ffn up and ffn down";
     EXPECT_EQ(attentions, 0) << "the o projection's smoothing Mul writes its codes, not the attention";
-    std::vector<EncoderInput> batch, one = {{std::vector<int32_t>(seqs[0].begin(), seqs[0].begin() + 3), {}}};
-    for (auto& s : seqs) batch.push_back({s, {}});
-    for (const auto* in : {&batch, &one}) {
-      const auto a = all_hidden(encode(*on, *in)), b = all_hidden(encode(*off, *in));
-      EXPECT_EQ(differing_floats(a, b), 0u) << scales << (in == &one ? " (3 tokens: GEMV)" : " (batch: GEMM)") << " of "
-                                            << a.size() << " hidden values";
-    }
+    expect_same_hidden(*on, *off, seqs, scales);
   }
 }
 
@@ -209,11 +224,7 @@ TEST(CudaW8a8Model, TinyBertFfnUpWritesDownCodes) {
     q.act_scale = scales;
     q.smooth_alpha = -1;
     const quant::CalibrationTable table = calibrate_model(dir, {}, q, &calib);
-    auto load = [&](const char* fuse) {
-      ScopedEnv env("KILN_CUDA_INT8_FUSE", fuse);
-      return Model::load(dir, w8a8_model_options({.backend = "cuda"}, table, q));
-    };
-    auto on = load("1"), off = load("0");
+    auto [on, off] = load_fused_and_unfused(dir, table, q);
     int linears = 0, duals = 0, norms = 0;
     {
       ScopedEnv env("KILN_CUDA_INT8_FUSE", "1");
@@ -237,13 +248,7 @@ TEST(CudaW8a8Model, TinyBertFfnUpWritesDownCodes) {
     EXPECT_EQ(attentions, std::string(scales) == "static" ? 2 : 0) << scales;
     EXPECT_EQ(norms, 5) << "the embeddings' AddLayerNorm (token types) and two a layer";
     EXPECT_EQ(duals, norms - 1) << "every norm but the last layer's output";
-    std::vector<EncoderInput> batch, one = {{std::vector<int32_t>(seqs[0].begin(), seqs[0].begin() + 3), {}}};
-    for (auto& s : seqs) batch.push_back({s, {}});
-    for (const auto* in : {&batch, &one}) {
-      const auto a = all_hidden(encode(*on, *in)), b = all_hidden(encode(*off, *in));
-      EXPECT_EQ(differing_floats(a, b), 0u) << scales << (in == &one ? " (3 tokens: GEMV)" : " (batch: GEMM)") << " of "
-                                            << a.size() << " hidden values";
-    }
+    expect_same_hidden(*on, *off, seqs, scales);
     on.reset();
     off.reset();
     check_encoder(dir, table, q, seqs, str_cat("tiny bert w8a8 ", scales, " alpha -1"));
