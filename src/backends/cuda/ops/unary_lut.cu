@@ -7,9 +7,9 @@
 // one shared-memory load. Staged tables cost each block 128 KB (64 KB) of L2 reads before
 // it streams; the kGlobal variant skips that and relies on L1 holding the hot entries.
 // Shared-memory lookups of random entries conflict on banks (32 lanes, 32 banks): the hot
-// region of activations (|x| within a few powers of two of 1) spans ~1-2K words, so about
-// 3-4-way conflicts a lookup, still far below the arithmetic's cost (bench:
-// cuda_int8_gemm_bench's GELU rows).
+// region of activations (|x| within a few powers of two of 1) spans ~1-2K words, so a few
+// lanes share a bank in a typical lookup (an estimate, not measured: cuda_int8_gemm_bench's
+// GELU rows compare both reads with the arithmetic).
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops/int8_codes.cuh"
 #include "backends/cuda/ops/unary_lut.h"
