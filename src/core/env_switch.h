@@ -1,8 +1,6 @@
 // On/off switches read from the environment (KILN_CUDA_FP8_FUSE, KILN_CUDA_INT8_FUSE,
 // KILN_CUDA_GEMM_TUNE_M, ...): one parser, so every switch accepts the same values and
-// rejects the rest with the same kind of message; switches whose default is off (features
-// not yet measured to win: KILN_CUDA_GELU_LUT) have the mirror parser. Tested in
-// tests/core/env_switch_test.cpp.
+// rejects the rest with the same kind of message. Tested in tests/core/env_switch_test.cpp.
 #pragma once
 
 #include <cstdlib>
@@ -24,20 +22,6 @@ inline bool env_switch_value(const char* name, const char* value, const char* on
 // The switch as the environment sets it now.
 inline bool env_switch(const char* name, const char* on_means, const char* off_means) {
   return env_switch_value(name, std::getenv(name), on_means, off_means);
-}
-
-// `value` of a switch that is off by default: unset, empty or "0" is off, "1" is on;
-// anything else throws kInvalidArgument as env_switch_value does.
-inline bool env_switch_off_value(const char* name, const char* value, const char* on_means, const char* off_means) {
-  if (!value || !*value || std::strcmp(value, "0") == 0) return false;
-  if (std::strcmp(value, "1") == 0) return true;
-  throw_error(ErrorCode::kInvalidArgument, name, "='", value, "' (expected 0, the default: ", off_means,
-              ", or 1: ", on_means, ")");
-}
-
-// The default-off switch as the environment sets it now.
-inline bool env_switch_off(const char* name, const char* on_means, const char* off_means) {
-  return env_switch_off_value(name, std::getenv(name), on_means, off_means);
 }
 
 }  // namespace kiln

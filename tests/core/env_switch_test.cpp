@@ -1,5 +1,5 @@
-// The environment switch parsers (core/env_switch.h): what each accepts for a default-on
-// and a default-off switch, and the error naming the variable for anything else.
+// The environment switch parser (core/env_switch.h): what a switch accepts, and the error
+// naming the variable for anything else.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -30,18 +30,6 @@ TEST(EnvSwitch, DefaultOnSwitch) {
   const std::string e = error_of([] { return env_switch_value("KILN_X", "yes", "the fast way", "the slow way"); });
   EXPECT_NE(e.find("KILN_X='yes'"), std::string::npos) << e;
   EXPECT_NE(e.find("expected 1, the default: the fast way, or 0: the slow way"), std::string::npos) << e;
-}
-
-TEST(EnvSwitch, DefaultOffSwitch) {
-  EXPECT_FALSE(env_switch_off_value("KILN_Y", nullptr, "on", "off"));
-  EXPECT_FALSE(env_switch_off_value("KILN_Y", "", "on", "off"));
-  EXPECT_FALSE(env_switch_off_value("KILN_Y", "0", "on", "off"));
-  EXPECT_TRUE(env_switch_off_value("KILN_Y", "1", "on", "off"));
-  for (const char* bad : {"2", "on", "true", " 1", "01"}) {
-    const std::string e = error_of([&] { return env_switch_off_value("KILN_Y", bad, "the table", "the arithmetic"); });
-    EXPECT_NE(e.find(std::string("KILN_Y='") + bad + "'"), std::string::npos) << e;
-    EXPECT_NE(e.find("expected 0, the default: the arithmetic, or 1: the table"), std::string::npos) << e;
-  }
 }
 
 }  // namespace

@@ -2,10 +2,10 @@
 #include "backends/cuda/cuda_gelu_lut.h"
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
 
 #include "backends/cuda/ops/elementwise_int8.h"
-#include "core/env_switch.h"
 #include "core/status.h"
 
 namespace kiln::cuda {
@@ -14,8 +14,12 @@ namespace {
 
 std::atomic<int64_t> g_tables_built{0};
 
-// Where the product's passes read their tables (cuda_int8_gemm_bench times both).
-constexpr UnaryLutRead kGeluLutRead = UnaryLutRead::kShared;
+// Where the passes read their tables (cuda_int8_gemm_bench times both; H200, 2026-11-30):
+// through L1 for T out (21.5 us at [4096, 3072] vs 28.1 staged, whose 128 KB a CTA also
+// cost BERT-base b1 ~14 us a layer) and static codes (11.9 vs 12.9); the per-token pass
+// reads the 128 KB values table, staged only over large tensors (52.5 vs 68.5 us at
+// [2048, 14336]; 16.8 vs 17.1 at [4096, 3072]), where the staging is paid back.
+constexpr int64_t kPerTokenSharedMinElems = int64_t(1) << 24;
 
 // The table of (op, t) [codes for inv] in cx, built when missing.
 const void* lut_table(CudaContext& cx, UnaryOp op, DType t, std::optional<float> inv) {
@@ -35,13 +39,20 @@ const void* lut_table(CudaContext& cx, UnaryOp op, DType t, std::optional<float>
 
 }  // namespace
 
-bool gelu_lut_enabled() {
-  return env_switch_off("KILN_CUDA_GELU_LUT", "the erf GELU passes look their outputs up in tables",
-                        "the erf GELU passes compute them");
+GeluLutMode gelu_lut_mode() {
+  const char* v = std::getenv("KILN_CUDA_GELU_LUT");
+  if (!v || !*v || std::strcmp(v, "auto") == 0) return GeluLutMode::kCodes;
+  if (std::strcmp(v, "0") == 0) return GeluLutMode::kOff;
+  if (std::strcmp(v, "1") == 0) return GeluLutMode::kAll;
+  throw_error(ErrorCode::kInvalidArgument, "KILN_CUDA_GELU_LUT='", v,
+              "' (expected auto, the default: the erf GELU passes that write int8 codes look them up in "
+              "tables; 1: every erf GELU pass does; or 0: they all compute)");
 }
 
-std::optional<UnaryLut> gelu_lut(CudaContext& cx, UnaryOp op, DType t, std::optional<float> inv) {
-  if (op != UnaryOp::kGeluErf || (t != DType::kBF16 && t != DType::kF16) || !gelu_lut_enabled()) return std::nullopt;
+std::optional<UnaryLut> gelu_lut(CudaContext& cx, UnaryOp op, DType t, GeluPass pass, std::optional<float> inv) {
+  if (op != UnaryOp::kGeluErf || (t != DType::kBF16 && t != DType::kF16)) return std::nullopt;
+  const GeluLutMode mode = gelu_lut_mode();
+  if (mode == GeluLutMode::kOff || (mode == GeluLutMode::kCodes && pass != GeluPass::kCodes)) return std::nullopt;
   cx.make_current();
   UnaryLut lut;
   lut.dtype = t;
@@ -57,14 +68,16 @@ int64_t gelu_lut_tables_built() { return g_tables_built.load(); }
 
 void launch_unary_or_lut(const std::optional<UnaryLut>& lut, UnaryOp op, DType t, const void* x, int64_t n,
                          void* out, cudaStream_t s) {
-  if (lut && lut->dtype == t) launch_unary_lut(*lut, x, n, out, s, kGeluLutRead);
+  if (lut && lut->dtype == t) launch_unary_lut(*lut, x, n, out, s, UnaryLutRead::kGlobal);
   else launch_unary(op, t, x, n, out, s);
 }
 
 void launch_unary_int8_or_lut(const std::optional<UnaryLut>& lut, UnaryOp op, DType t, const void* x, int64_t rows,
                               int64_t k, float inv, int8_t* q, float* row_scale, cudaStream_t s) {
   // A static pass's tables were made for its inv (launch_unary_int8_lut checks).
-  if (lut && lut->dtype == t) launch_unary_int8_lut(*lut, x, rows, k, inv, q, row_scale, s, kGeluLutRead);
+  const bool staged = row_scale && rows * k >= kPerTokenSharedMinElems;  // per token, large
+  if (lut && lut->dtype == t)
+    launch_unary_int8_lut(*lut, x, rows, k, inv, q, row_scale, s, staged ? UnaryLutRead::kShared : UnaryLutRead::kGlobal);
   else launch_unary_int8(op, t, x, rows, k, inv, q, row_scale, s);
 }
 

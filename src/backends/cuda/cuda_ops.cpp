@@ -378,7 +378,7 @@ OpRun prepare_linear_quant(const ir::Node& n, const ir::Graph& g, PrepareContext
   // kernel into scratch, one add after; the unfused graph's launches.
   const LinearFusion fu = linear_fusion(n, g, pc);
   // The activation's pass after cuBLASLt through tables (KILN_CUDA_GELU_LUT), if any.
-  const std::optional<UnaryLut> lut = gelu_lut(*pc.cx, epi.unary, pc.act);
+  const std::optional<UnaryLut> lut = gelu_lut(*pc.cx, epi.unary, pc.act, GeluPass::kValues);
   return [=](OpContext& c) {
     const auto [x, y, t] = linear_io(c, name, k, out_n);
     cudaStream_t s = c.cx->stream;
@@ -428,7 +428,7 @@ OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) 
   const LinearFusion fu = linear_fusion(n, g, pc);
   const std::string name = n.name;
   // The activation's pass after cuBLASLt through tables (KILN_CUDA_GELU_LUT), if any.
-  const std::optional<UnaryLut> lut = gelu_lut(*pc.cx, epi.unary, pc.act);
+  const std::optional<UnaryLut> lut = gelu_lut(*pc.cx, epi.unary, pc.act, GeluPass::kValues);
   return [=](OpContext& c) {
     const auto [x, y, t] = linear_io(c, name, k, out_n);
     cudaStream_t s = c.cx->stream;
@@ -461,7 +461,7 @@ OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) 
 template <UnaryOp kOp>
 OpRun prepare_unary(const ir::Node&, const ir::Graph&, PrepareContext& pc) {
   // Through tables (KILN_CUDA_GELU_LUT: the erf GELU on bf16/f16), if any.
-  return [lut = gelu_lut(*pc.cx, kOp, pc.act)](OpContext& c) {
+  return [lut = gelu_lut(*pc.cx, kOp, pc.act, GeluPass::kValues)](OpContext& c) {
     const DevTensor& x = *c.inputs[0];
     DevTensor& y = c.out(0, x.shape);
     launch_unary_or_lut(lut, kOp, y.dtype, x.data, x.numel(), y.data, c.cx->stream);

@@ -211,7 +211,8 @@ OpRun prepare_w8a8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext&
   // and the codes of a static y_codes.
   std::optional<UnaryLut> lut;
   if (split && fused)
-    lut = gelu_lut(*pc.cx, *unary, pc.act, y_codes && !y_codes->per_token ? std::optional<float>(y_codes->inv) : std::nullopt);
+    lut = gelu_lut(*pc.cx, *unary, pc.act, y_codes ? GeluPass::kCodes : GeluPass::kValues,
+                   y_codes && !y_codes->per_token ? std::optional<float>(y_codes->inv) : std::nullopt);
 
   const std::string name = n.name;
   const DType act = pc.act;

@@ -229,21 +229,21 @@ TEST(CudaUnaryLut, GeluTableMatchesTheHostGelu) {
 }
 
 TEST(CudaUnaryLut, SwitchParsing) {
-  {
-    ScopedEnv env("KILN_CUDA_GELU_LUT", "");
-    EXPECT_FALSE(gelu_lut_enabled()) << "off by default";
+  for (const char* v : {"", "auto"}) {
+    ScopedEnv env("KILN_CUDA_GELU_LUT", v);
+    EXPECT_EQ(gelu_lut_mode(), GeluLutMode::kCodes) << "'" << v << "': the codes passes by default";
   }
   {
     ScopedEnv env("KILN_CUDA_GELU_LUT", "0");
-    EXPECT_FALSE(gelu_lut_enabled());
+    EXPECT_EQ(gelu_lut_mode(), GeluLutMode::kOff);
   }
   {
     ScopedEnv env("KILN_CUDA_GELU_LUT", "1");
-    EXPECT_TRUE(gelu_lut_enabled());
+    EXPECT_EQ(gelu_lut_mode(), GeluLutMode::kAll);
   }
   ScopedEnv env("KILN_CUDA_GELU_LUT", "on");
   try {
-    (void)gelu_lut_enabled();
+    (void)gelu_lut_mode();
     FAIL() << "expected an error";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
@@ -251,26 +251,27 @@ TEST(CudaUnaryLut, SwitchParsing) {
   }
 }
 
-// gelu_lut: nothing unless switched on, for the erf GELU in bf16/f16; each table built
-// once per context and key; they hold what the fill kernels make.
+// gelu_lut: tables for the erf GELU in bf16/f16 only, for the passes the mode names (auto:
+// the codes passes); each table built once per context and key; they hold what the fill
+// kernels make.
 TEST(CudaUnaryLut, ContextBuildsEachTableOnce) {
   KILN_SKIP_WITHOUT_CUDA();
   CudaContext cx(0);
   {
     ScopedEnv env("KILN_CUDA_GELU_LUT", "0");
-    EXPECT_FALSE(gelu_lut(cx, UnaryOp::kGeluErf, DType::kBF16).has_value());
+    EXPECT_FALSE(gelu_lut(cx, UnaryOp::kGeluErf, DType::kBF16, GeluPass::kCodes).has_value());
   }
   ScopedEnv env("KILN_CUDA_GELU_LUT", "1");
-  EXPECT_FALSE(gelu_lut(cx, UnaryOp::kGeluTanh, DType::kBF16).has_value());
-  EXPECT_FALSE(gelu_lut(cx, UnaryOp::kGeluErf, DType::kF32).has_value());
+  EXPECT_FALSE(gelu_lut(cx, UnaryOp::kGeluTanh, DType::kBF16, GeluPass::kValues).has_value());
+  EXPECT_FALSE(gelu_lut(cx, UnaryOp::kGeluErf, DType::kF32, GeluPass::kValues).has_value());
   const int64_t before = gelu_lut_tables_built();
-  const auto a = gelu_lut(cx, UnaryOp::kGeluErf, DType::kBF16, 1.0f / 0.03f);
+  const auto a = gelu_lut(cx, UnaryOp::kGeluErf, DType::kBF16, GeluPass::kCodes, 1.0f / 0.03f);
   ASSERT_TRUE(a.has_value());
   EXPECT_EQ(gelu_lut_tables_built(), before + 2) << "values and codes";
-  const auto b = gelu_lut(cx, UnaryOp::kGeluErf, DType::kBF16);
-  const auto c = gelu_lut(cx, UnaryOp::kGeluErf, DType::kBF16, 1.0f / 0.03f);
-  const auto d = gelu_lut(cx, UnaryOp::kGeluErf, DType::kBF16, 1.0f / 0.04f);
-  const auto e = gelu_lut(cx, UnaryOp::kGeluErf, DType::kF16);
+  const auto b = gelu_lut(cx, UnaryOp::kGeluErf, DType::kBF16, GeluPass::kValues);
+  const auto c = gelu_lut(cx, UnaryOp::kGeluErf, DType::kBF16, GeluPass::kCodes, 1.0f / 0.03f);
+  const auto d = gelu_lut(cx, UnaryOp::kGeluErf, DType::kBF16, GeluPass::kCodes, 1.0f / 0.04f);
+  const auto e = gelu_lut(cx, UnaryOp::kGeluErf, DType::kF16, GeluPass::kValues);
   EXPECT_EQ(gelu_lut_tables_built(), before + 4) << "one more codes table (another inv), one f16 values table";
   EXPECT_EQ(a->values, b->values);
   EXPECT_EQ(b->codes, nullptr);
@@ -287,6 +288,12 @@ TEST(CudaUnaryLut, ContextBuildsEachTableOnce) {
   KILN_CUDA_CHECK(cudaMemcpy(got_codes.data(), d->codes, got_codes.size(), cudaMemcpyDeviceToHost));
   EXPECT_EQ(differing(got, want.get<uint16_t>(got.size())), 0u);
   EXPECT_EQ(differing(got_codes, want_codes.get<int8_t>(got_codes.size())), 0u);
+  ScopedEnv automatic("KILN_CUDA_GELU_LUT", "auto");
+  EXPECT_FALSE(gelu_lut(cx, UnaryOp::kGeluErf, DType::kBF16, GeluPass::kValues).has_value());
+  const auto f = gelu_lut(cx, UnaryOp::kGeluErf, DType::kBF16, GeluPass::kCodes, 1.0f / 0.03f);
+  ASSERT_TRUE(f.has_value());
+  EXPECT_EQ(f->codes, a->codes);
+  EXPECT_EQ(gelu_lut_tables_built(), before + 4) << "the same tables";
 }
 
 }  // namespace
