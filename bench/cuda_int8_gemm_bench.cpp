@@ -11,7 +11,11 @@
 // rows four ways (cuda_w8a8_linear.h): GELU in the CUTLASS epilogue (alone, and followed
 // by the down projection's quantize, static and per token, as an unfused engine runs
 // them), and the GEMM without it followed by one GELU pass writing bf16, or writing the
-// down projection's int8 codes (static; per token with the row scales).
+// down projection's int8 codes (static; per token with the row scales), each pass also
+// through the lookup tables of ops/unary_lut.h (KILN_CUDA_GELU_LUT), staged in shared
+// memory or read through L1. Then the GELU passes alone (x in [-4, 4)), arithmetic
+// against the tables, at BERT-base's [4096, 3072] and Llama-8B's [2048, 14336]: us and
+// GB/s (bytes read + written) against the copy.
 // Ceilings measured in the same run: a device-to-device copy and 8192^3 bf16 and int8
 // GEMMs. Timing only (random codes): correctness is tests/backends/cuda/w8a8_test.cpp and
 // int8_gemm_sm90_test.cpp.
@@ -31,6 +35,7 @@
 #include "backends/cuda/ops/gemm.h"
 #include "backends/cuda/ops/int8.h"
 #include "backends/cuda/ops/int8_gemm_sm90.h"
+#include "backends/cuda/ops/unary_lut.h"
 #include "core/status.h"
 
 using namespace kiln;
@@ -211,18 +216,34 @@ int main() {
     e.w_scale = static_cast<const float*>(ws.get());
     e.bias = static_cast<const float*>(bias.get());
     const float inv = 1.0f / 0.03f;
+    // The GELU tables (KILN_CUDA_GELU_LUT): bf16 values, and codes for `inv`.
+    DeviceBuffer lut_values{size_t(kUnaryLutEntries) * 2}, lut_codes{size_t(kUnaryLutEntries)};
+    launch_unary_lut_fill(UnaryOp::kGeluErf, DType::kBF16, static_cast<uint16_t*>(lut_values.get()), nullptr);
+    launch_unary_lut_fill_codes(UnaryOp::kGeluErf, DType::kBF16, inv, static_cast<int8_t*>(lut_codes.get()), nullptr);
+    UnaryLut lut;
+    lut.values = static_cast<const uint16_t*>(lut_values.get());
+    lut.codes = static_cast<const int8_t*>(lut_codes.get());
+    lut.inv = inv;
+    KILN_CUDA_CHECK(cudaDeviceSynchronize());  // the tables are complete before gs (non-blocking) reads them
     struct Way {
       const char* what;
       GemvEpilogue act;
       int after;  // 0 nothing, 1 quantize static, 2 quantize per token, 3 GELU bf16, 4 GELU codes static, 5 per token
+      int table;  // the GELU pass: 0 arithmetic, 1 table in shared memory, 2 table through L1
     };
-    const Way ways[] = {{"GELU in the epilogue", GemvEpilogue::kGeluErf, 0},
-                        {"GELU in the epilogue + down's quantize, static", GemvEpilogue::kGeluErf, 1},
-                        {"GELU in the epilogue + down's quantize, per token", GemvEpilogue::kGeluErf, 2},
-                        {"GEMM alone (no activation)", GemvEpilogue::kNone, 0},
-                        {"GEMM + GELU pass, bf16 out", GemvEpilogue::kNone, 3},
-                        {"GEMM + GELU pass to codes, static", GemvEpilogue::kNone, 4},
-                        {"GEMM + GELU pass to codes, per token", GemvEpilogue::kNone, 5}};
+    const Way ways[] = {{"GELU in the epilogue", GemvEpilogue::kGeluErf, 0, 0},
+                        {"GELU in the epilogue + down's quantize, static", GemvEpilogue::kGeluErf, 1, 0},
+                        {"GELU in the epilogue + down's quantize, per token", GemvEpilogue::kGeluErf, 2, 0},
+                        {"GEMM alone (no activation)", GemvEpilogue::kNone, 0, 0},
+                        {"GEMM + GELU pass, bf16 out", GemvEpilogue::kNone, 3, 0},
+                        {"GEMM + GELU pass, bf16 out, table (smem)", GemvEpilogue::kNone, 3, 1},
+                        {"GEMM + GELU pass, bf16 out, table (L1)", GemvEpilogue::kNone, 3, 2},
+                        {"GEMM + GELU pass to codes, static", GemvEpilogue::kNone, 4, 0},
+                        {"GEMM + GELU pass to codes, static, table (smem)", GemvEpilogue::kNone, 4, 1},
+                        {"GEMM + GELU pass to codes, static, table (L1)", GemvEpilogue::kNone, 4, 2},
+                        {"GEMM + GELU pass to codes, per token", GemvEpilogue::kNone, 5, 0},
+                        {"GEMM + GELU pass to codes, per token, table (smem)", GemvEpilogue::kNone, 5, 1},
+                        {"GEMM + GELU pass to codes, per token, table (L1)", GemvEpilogue::kNone, 5, 2}};
     std::printf("\nFFN up %lldx%lld at %lld rows (CUDA graphs; best configuration each):\n\n| way | us | GEMM config |"
                 "\n|---|---|---|\n", (long long)n, (long long)k, (long long)m);
     for (const Way& w : ways) {
@@ -233,22 +254,85 @@ int main() {
         const auto c = Int8GemmConfig(ci);
         const size_t wsb = int8_gemm_sm90_workspace(c, DType::kBF16, m, n, k, e.act);
         DeviceBuffer wsp(wsb);
-        const float t = graph_ms(
-            [&] {
-              launch_int8_gemm_sm90(c, DType::kBF16, xq8, wq8, m, n, k, e, y.get(), wsp.get(), wsb, sms, gs);
-              switch (w.after) {
-                case 1: launch_int8_quantize(DType::kBF16, y.get(), m, n, inv, q8, nullptr, gs); break;
-                case 2: launch_int8_quantize(DType::kBF16, y.get(), m, n, inv, q8, rsf, gs); break;
-                case 3: launch_unary(UnaryOp::kGeluErf, DType::kBF16, y.get(), m * n, y.get(), gs); break;
-                case 4: launch_unary_int8(UnaryOp::kGeluErf, DType::kBF16, y.get(), m, n, inv, q8, nullptr, gs); break;
-                case 5: launch_unary_int8(UnaryOp::kGeluErf, DType::kBF16, y.get(), m, n, inv, q8, rsf, gs); break;
-                default: break;
-              }
-            },
-            gs);
+        auto run = [&] {
+          launch_int8_gemm_sm90(c, DType::kBF16, xq8, wq8, m, n, k, e, y.get(), wsp.get(), wsb, sms, gs);
+          const UnaryLutRead read = w.table == 1 ? UnaryLutRead::kShared : UnaryLutRead::kGlobal;
+          switch (w.after) {
+            case 1: launch_int8_quantize(DType::kBF16, y.get(), m, n, inv, q8, nullptr, gs); break;
+            case 2: launch_int8_quantize(DType::kBF16, y.get(), m, n, inv, q8, rsf, gs); break;
+            case 3:
+              if (w.table) launch_unary_lut(lut, y.get(), m * n, y.get(), gs, read);
+              else launch_unary(UnaryOp::kGeluErf, DType::kBF16, y.get(), m * n, y.get(), gs);
+              break;
+            case 4:
+            case 5: {
+              float* r = w.after == 5 ? rsf : nullptr;
+              if (w.table) launch_unary_int8_lut(lut, y.get(), m, n, inv, q8, r, gs, read);
+              else launch_unary_int8(UnaryOp::kGeluErf, DType::kBF16, y.get(), m, n, inv, q8, r, gs);
+              break;
+            }
+            default: break;
+          }
+        };
+        run();  // eagerly first: a kernel's first launch may configure it (unary_lut.cu), not inside the capture
+        KILN_CUDA_CHECK(cudaStreamSynchronize(gs));
+        const float t = graph_ms(run, gs);
         if (ci == 0 || t < best) best = t, best_cfg = int8_gemm_config_name(c);
       }
       std::printf("| %s | %.1f | %s |\n", w.what, best * 1e3, best_cfg);
+    }
+  }
+  {
+    // The GELU passes alone, bf16 in (random in [-4, 4)), out of place: arithmetic against
+    // the tables. GB/s counts the bytes read and written (T out: 4 a value; codes: 3).
+    DeviceBuffer lut_values{size_t(kUnaryLutEntries) * 2}, lut_codes{size_t(kUnaryLutEntries)};
+    const float inv = 1.0f / 0.03f;
+    launch_unary_lut_fill(UnaryOp::kGeluErf, DType::kBF16, static_cast<uint16_t*>(lut_values.get()), nullptr);
+    launch_unary_lut_fill_codes(UnaryOp::kGeluErf, DType::kBF16, inv, static_cast<int8_t*>(lut_codes.get()), nullptr);
+    UnaryLut lut;
+    lut.values = static_cast<const uint16_t*>(lut_values.get());
+    lut.codes = static_cast<const int8_t*>(lut_codes.get());
+    lut.inv = inv;
+    std::printf("\nGELU (erf) passes alone, bf16 in (CUDA graphs): us (GB/s, %% of the copy)\n\n| rows x k | copy T |"
+                " T out | T out, table smem | T out, table L1 | codes static | static, smem | static, L1 |"
+                " codes per token | per token, smem | per token, L1 |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+    for (const auto& [m, n] : {std::pair<int64_t, int64_t>{4096, 3072}, {2048, 14336}}) {
+      const int64_t count = m * n;
+      DeviceBuffer x{size_t(count) * 2}, y{size_t(count) * 2}, q{size_t(count)}, rs{size_t(m) * 4}, four{2};
+      launch_fill_random(x.get(), DType::kBF16, count, 21, nullptr);
+      const uint16_t four_bits = 0x4080;  // bf16 4.0
+      KILN_CUDA_CHECK(cudaMemcpy(four.get(), &four_bits, 2, cudaMemcpyHostToDevice));
+      launch_binary(BinaryOp::kMul, DType::kBF16, x.get(), four.get(), count, 1, x.get(), nullptr);
+      KILN_CUDA_CHECK(cudaDeviceSynchronize());  // tables and x ready before gs (non-blocking) reads them
+      auto* q8 = static_cast<int8_t*>(q.get());
+      auto* rsf = static_cast<float*>(rs.get());
+      const double tb = 4.0 * double(count), cb = 3.0 * double(count);
+      const float copy = graph_ms(
+          [&] { KILN_CUDA_CHECK(cudaMemcpyAsync(y.get(), x.get(), size_t(count) * 2, cudaMemcpyDeviceToDevice, gs)); },
+          gs);
+      // Each pass once eagerly before its capture (a kernel's first launch may configure it).
+      auto timed = [&](auto f) {
+        f();
+        KILN_CUDA_CHECK(cudaStreamSynchronize(gs));
+        return graph_ms(f, gs);
+      };
+      std::string line = str_cat("| ", m, " x ", n, " | ");
+      auto cell = [&](float ms, double bytes) {
+        char c[64];
+        std::snprintf(c, sizeof c, "%.1f (%.0f, %.0f%%) | ", ms * 1e3, bytes / (ms * 1e-3) / 1e9, 100.0 * copy / ms * bytes / tb);
+        line += c;
+      };
+      cell(copy, tb);
+      cell(timed([&] { launch_unary(UnaryOp::kGeluErf, DType::kBF16, x.get(), count, y.get(), gs); }), tb);
+      for (UnaryLutRead r : {UnaryLutRead::kShared, UnaryLutRead::kGlobal})
+        cell(timed([&] { launch_unary_lut(lut, x.get(), count, y.get(), gs, r); }), tb);
+      for (float* row_scale : {static_cast<float*>(nullptr), rsf}) {
+        cell(timed([&] { launch_unary_int8(UnaryOp::kGeluErf, DType::kBF16, x.get(), m, n, inv, q8, row_scale, gs); }),
+             cb);
+        for (UnaryLutRead r : {UnaryLutRead::kShared, UnaryLutRead::kGlobal})
+          cell(timed([&] { launch_unary_int8_lut(lut, x.get(), m, n, inv, q8, row_scale, gs, r); }), cb);
+      }
+      std::printf("%s\n", line.c_str());
     }
   }
   if (fused_ok)

@@ -26,6 +26,7 @@ CudaContext::~CudaContext() {
     (void)cudaSetDevice(device);
     cudaStreamSynchronize(stream);
     gemm.reset();
+    tables.clear();
     cudaStreamDestroy(stream);
   }
 }

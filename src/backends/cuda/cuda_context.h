@@ -7,7 +7,10 @@
 #include <cuda_runtime_api.h>
 
 #include <cstddef>
+#include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <utility>
 
 #include "backends/cuda/cuda_check.h"
@@ -90,6 +93,11 @@ struct CudaContext {
   int num_sms = 0;
   cudaStream_t stream = nullptr;
   std::unique_ptr<Gemm> gemm;
+  // Device tables built once while compiling graphs and kept for the context's life (the
+  // activation lookup tables of cuda_gelu_lut.h), by a key their maker chooses; the map's
+  // nodes never move, so compiled graphs hold their addresses.
+  std::mutex tables_mu;
+  std::map<uint64_t, DeviceBuffer> tables;
 
   // Makes `device` current on the calling thread, then creates the stream and cuBLASLt
   // handle there. Every entry point of the backend (compile, run, KV pool calls) makes

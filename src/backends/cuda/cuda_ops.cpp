@@ -10,6 +10,7 @@
 
 #include "backends/communicator.h"
 #include "backends/cuda/cuda_fp8_linear.h"
+#include "backends/cuda/cuda_gelu_lut.h"
 #include "backends/cuda/cuda_int8_fuse.h"
 #include "backends/cuda/cuda_w8a8_linear.h"
 #include "backends/cuda/ops/attention.h"
@@ -376,6 +377,8 @@ OpRun prepare_linear_quant(const ir::Node& n, const ir::Graph& g, PrepareContext
   // Norm and residual (pass fuse_norm_linear, for a Linear pinned to q8/q4): the norm
   // kernel into scratch, one add after; the unfused graph's launches.
   const LinearFusion fu = linear_fusion(n, g, pc);
+  // The activation's pass after cuBLASLt through tables (KILN_CUDA_GELU_LUT), if any.
+  const std::optional<UnaryLut> lut = gelu_lut(*pc.cx, epi.unary, pc.act, GeluPass::kValues);
   return [=](OpContext& c) {
     const auto [x, y, t] = linear_io(c, name, k, out_n);
     cudaStream_t s = c.cx->stream;
@@ -397,7 +400,7 @@ OpRun prepare_linear_quant(const ir::Node& n, const ir::Graph& g, PrepareContext
                         dst + size_t(r0) * es, t, rows, k, s, nn);
       }
       if (swiglu) launch_swiglu(y.dtype, dst, t, out_n, y.data, s);
-      else if (epi.gemv != GemvEpilogue::kNone) launch_unary(epi.unary, y.dtype, y.data, y.numel(), y.data, s);
+      else if (epi.gemv != GemvEpilogue::kNone) launch_unary_or_lut(lut, epi.unary, y.dtype, y.data, y.numel(), y.data, s);
     }
     if (res) launch_binary(BinaryOp::kAdd, y.dtype, y.data, res, y.numel(), y.numel(), y.data, s);
   };
@@ -424,6 +427,8 @@ OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) 
   const int64_t out_n = swiglu ? nn / 2 : nn;
   const LinearFusion fu = linear_fusion(n, g, pc);
   const std::string name = n.name;
+  // The activation's pass after cuBLASLt through tables (KILN_CUDA_GELU_LUT), if any.
+  const std::optional<UnaryLut> lut = gelu_lut(*pc.cx, epi.unary, pc.act, GeluPass::kValues);
   return [=](OpContext& c) {
     const auto [x, y, t] = linear_io(c, name, k, out_n);
     cudaStream_t s = c.cx->stream;
@@ -445,7 +450,7 @@ OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) 
       if (res) launch_binary(BinaryOp::kAdd, y.dtype, y.data, res, y.numel(), y.numel(), y.data, s);
     } else if (epi.gemv != GemvEpilogue::kNone) {
       c.cx->gemm->run(y.dtype, xin, w, bias, y.data, t, nn, k, s);
-      launch_unary(epi.unary, y.dtype, y.data, y.numel(), y.data, s);
+      launch_unary_or_lut(lut, epi.unary, y.dtype, y.data, y.numel(), y.data, s);
       if (res) launch_binary(BinaryOp::kAdd, y.dtype, y.data, res, y.numel(), y.numel(), y.data, s);
     } else {
       c.cx->gemm->run(y.dtype, xin, w, bias, y.data, t, nn, k, s, 0, res);
@@ -454,11 +459,12 @@ OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) 
 }
 
 template <UnaryOp kOp>
-OpRun prepare_unary(const ir::Node&, const ir::Graph&, PrepareContext&) {
-  return [](OpContext& c) {
+OpRun prepare_unary(const ir::Node&, const ir::Graph&, PrepareContext& pc) {
+  // Through tables (KILN_CUDA_GELU_LUT: the erf GELU on bf16/f16), if any.
+  return [lut = gelu_lut(*pc.cx, kOp, pc.act, GeluPass::kValues)](OpContext& c) {
     const DevTensor& x = *c.inputs[0];
     DevTensor& y = c.out(0, x.shape);
-    launch_unary(kOp, y.dtype, x.data, x.numel(), y.data, c.cx->stream);
+    launch_unary_or_lut(lut, kOp, y.dtype, x.data, x.numel(), y.data, c.cx->stream);
   };
 }
 

@@ -14,6 +14,7 @@
 #include <optional>
 #include <vector>
 
+#include "backends/cuda/cuda_gelu_lut.h"
 #include "backends/cuda/cuda_int8_fuse.h"
 #include "backends/cuda/ops/convert.h"
 #include "backends/cuda/ops/elementwise.h"
@@ -206,6 +207,13 @@ OpRun prepare_w8a8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext&
   if (x_codes || y_codes)
     log_debug("cuda: w8a8 Linear '", n.name, "'", x_codes ? " reads int8 codes" : "", y_codes ? " writes int8 codes" : "");
 
+  // The activation pass after the fused GEMM through tables (KILN_CUDA_GELU_LUT): T values,
+  // and the codes of a static y_codes.
+  std::optional<UnaryLut> lut;
+  if (split && fused)
+    lut = gelu_lut(*pc.cx, *unary, pc.act, y_codes ? GeluPass::kCodes : GeluPass::kValues,
+                   y_codes && !y_codes->per_token ? std::optional<float>(y_codes->inv) : std::nullopt);
+
   const std::string name = n.name;
   const DType act = pc.act;
   return [=](OpContext& c) {
@@ -259,9 +267,9 @@ OpRun prepare_w8a8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext&
       ge.row_scale = rs;
       launch_int8_gemm_sm90(cfg, ot, xq, dw->codes(), t, out_n, k, ge, yt, acc, acc_bytes, sms, s);
       if (split && y_codes)
-        launch_unary_int8(*unary, ot, yt, t, out_n, y_codes->inv, yq.q, yq.row_scale, s);
+        launch_unary_int8_or_lut(lut, *unary, ot, yt, t, out_n, y_codes->inv, yq.q, yq.row_scale, s);
       else if (split)
-        launch_unary(*unary, ot, yt, t * out_n, yt, s);
+        launch_unary_or_lut(lut, *unary, ot, yt, t * out_n, yt, s);
       return;
     }
     // The GEMV and cuBLASLt's GEMM apply the activation in their epilogues; codes from
