@@ -20,6 +20,11 @@ std::atomic<int64_t> g_tables_built{0};
 // reads the 128 KB values table, staged only over large tensors (52.5 vs 68.5 us at
 // [2048, 14336]; 16.8 vs 17.1 at [4096, 3072]), where the staging is paid back.
 constexpr int64_t kPerTokenSharedMinElems = int64_t(1) << 24;
+// Below this many elements the default mode (auto) computes: a small pass's few CTAs pull
+// the table into L1 with dependent gathers. BERT-base W8A8 per layer, table - arithmetic:
+// b1 ([128, 3072]) +6.7 us, b8 (3.1 M elements) +1.7 us, b32 (12.6 M) -13 us (H200,
+// 2026-11-30); the line through them crosses zero near 4.5 M.
+constexpr int64_t kAutoMinElems = int64_t(1) << 22;
 
 // The table of (op, t) [codes for inv] in cx, built when missing.
 const void* lut_table(CudaContext& cx, UnaryOp op, DType t, std::optional<float> inv) {
@@ -56,6 +61,7 @@ std::optional<UnaryLut> gelu_lut(CudaContext& cx, UnaryOp op, DType t, GeluPass 
   cx.make_current();
   UnaryLut lut;
   lut.dtype = t;
+  lut.min_elems = mode == GeluLutMode::kCodes ? kAutoMinElems : 0;
   lut.values = static_cast<const uint16_t*>(lut_table(cx, op, t, std::nullopt));
   if (inv) {
     lut.codes = static_cast<const int8_t*>(lut_table(cx, op, t, inv));
@@ -68,7 +74,7 @@ int64_t gelu_lut_tables_built() { return g_tables_built.load(); }
 
 void launch_unary_or_lut(const std::optional<UnaryLut>& lut, UnaryOp op, DType t, const void* x, int64_t n,
                          void* out, cudaStream_t s) {
-  if (lut && lut->dtype == t) launch_unary_lut(*lut, x, n, out, s, UnaryLutRead::kGlobal);
+  if (lut && lut->dtype == t && n >= lut->min_elems) launch_unary_lut(*lut, x, n, out, s, UnaryLutRead::kGlobal);
   else launch_unary(op, t, x, n, out, s);
 }
 
@@ -76,7 +82,7 @@ void launch_unary_int8_or_lut(const std::optional<UnaryLut>& lut, UnaryOp op, DT
                               int64_t k, float inv, int8_t* q, float* row_scale, cudaStream_t s) {
   // A static pass's tables were made for its inv (launch_unary_int8_lut checks).
   const bool staged = row_scale && rows * k >= kPerTokenSharedMinElems;  // per token, large
-  if (lut && lut->dtype == t)
+  if (lut && lut->dtype == t && rows * k >= lut->min_elems)
     launch_unary_int8_lut(*lut, x, rows, k, inv, q, row_scale, s, staged ? UnaryLutRead::kShared : UnaryLutRead::kGlobal);
   else launch_unary_int8(op, t, x, rows, k, inv, q, row_scale, s);
 }

@@ -5,8 +5,9 @@
 // KILN_CUDA_GELU_LUT=auto (the default) takes the tables for the passes that write int8
 // codes only: measured on the H200 (bench/RESULTS.md, 2026-11-30 session 10), the static
 // codes pass over [4096, 3072] takes 11.9 us through L1 against 25.7 computing, while the
-// T-out pass gains nothing (21.5 vs 21.7 us); =1 takes them for every erf GELU pass, =0
-// for none. The tables are built while a graph is compiled and
+// T-out pass gains nothing (21.5 vs 21.7 us), and passes under 4 M elements compute
+// (a small pass loses to the table's L1 misses); =1 takes the tables for every erf GELU
+// pass of any size, =0 for none. The tables are built while a graph is compiled and
 // kept in the CudaContext. Tested in tests/backends/cuda/unary_lut_test.cpp (the switch
 // without a GPU) and w8a8_models_test.cpp (models with it on and off, bit for bit).
 #pragma once

@@ -293,6 +293,8 @@ TEST(CudaUnaryLut, ContextBuildsEachTableOnce) {
   const auto f = gelu_lut(cx, UnaryOp::kGeluErf, DType::kBF16, GeluPass::kCodes, 1.0f / 0.03f);
   ASSERT_TRUE(f.has_value());
   EXPECT_EQ(f->codes, a->codes);
+  EXPECT_EQ(a->min_elems, 0) << "1: tables for passes of any size";
+  EXPECT_GT(f->min_elems, 0) << "auto: small passes compute";
   EXPECT_EQ(gelu_lut_tables_built(), before + 4) << "the same tables";
 }
 

@@ -26,6 +26,9 @@ struct UnaryLut {
   const uint16_t* values = nullptr;  // [65536] the bits of T(op(x)) for each input bits x
   const int8_t* codes = nullptr;     // [65536] int8_code(T(op(x)), inv), or null
   float inv = 0.0f;                  // the codes' 1 / scale
+  // cuda_gelu_lut.h's dispatch: passes over fewer elements compute instead (the kernels
+  // here ignore it).
+  int64_t min_elems = 0;
 };
 
 // Where a pass reads its table: staged into each block's shared memory (128 KB values,
