@@ -199,11 +199,11 @@ int main() {
                 sum_fused > 0 ? sum_bf16 / sum_fused : 0.0);
   }
   if (fused_ok) {
-    // FFN up, 4096 rows: the GELU's place. Each row the best tile configuration's graph time.
-    const int64_t m = 4096, n = 3072, k = 768;
-    DeviceBuffer xq(size_t(m * k)), wq(size_t(n * k)), ws(size_t(n) * 4), bias(size_t(n) * 4), y(size_t(m * n) * 2),
-        q(size_t(m * n)), rs(size_t(m) * 4);
-    launch_fill_random(xq.get(), DType::kF32, m * k / 4, 11, nullptr);  // any bytes are int8 codes
+    // FFN up, 4096 rows (BERT-base batch 32) and 128 (batch 1): the GELU's place. Each row the best tile configuration's graph time.
+    const int64_t m_max = 4096, n = 3072, k = 768;
+    DeviceBuffer xq(size_t(m_max * k)), wq(size_t(n * k)), ws(size_t(n) * 4), bias(size_t(n) * 4),
+        y(size_t(m_max * n) * 2), q(size_t(m_max * n)), rs(size_t(m_max) * 4);
+    launch_fill_random(xq.get(), DType::kF32, m_max * k / 4, 11, nullptr);  // any bytes are int8 codes
     launch_fill_random(wq.get(), DType::kF32, n * k / 4, 12, nullptr);
     launch_fill_random(ws.get(), DType::kF32, n, 13, nullptr);
     launch_fill_random(bias.get(), DType::kF32, n, 14, nullptr);
@@ -228,7 +228,8 @@ int main() {
     struct Way {
       const char* what;
       GemvEpilogue act;
-      int after;  // 0 nothing, 1 quantize static, 2 quantize per token, 3 GELU bf16, 4 GELU codes static, 5 per token
+      int after;  // 0 nothing, 1 quantize static, 2 quantize per token, 3 GELU bf16, 4 GELU codes static, 5 per token,
+                  // 6 none: the codes epilogue (the GEMM writes the static codes, GELU from the table)
       int table;  // the GELU pass: 0 arithmetic, 1 table in shared memory, 2 table through L1
     };
     const Way ways[] = {{"GELU in the epilogue", GemvEpilogue::kGeluErf, 0, 0},
@@ -243,43 +244,49 @@ int main() {
                         {"GEMM + GELU pass to codes, static, table (L1)", GemvEpilogue::kNone, 4, 2},
                         {"GEMM + GELU pass to codes, per token", GemvEpilogue::kNone, 5, 0},
                         {"GEMM + GELU pass to codes, per token, table (smem)", GemvEpilogue::kNone, 5, 1},
-                        {"GEMM + GELU pass to codes, per token, table (L1)", GemvEpilogue::kNone, 5, 2}};
-    std::printf("\nFFN up %lldx%lld at %lld rows (CUDA graphs; best configuration each):\n\n| way | us | GEMM config |"
-                "\n|---|---|---|\n", (long long)n, (long long)k, (long long)m);
-    for (const Way& w : ways) {
-      e.act = w.act;
-      float best = 0;
-      const char* best_cfg = "-";
-      for (int ci = 0; ci < kInt8GemmConfigs; ++ci) {
-        const auto c = Int8GemmConfig(ci);
-        const size_t wsb = int8_gemm_sm90_workspace(c, DType::kBF16, m, n, k, e.act);
-        DeviceBuffer wsp(wsb);
-        auto run = [&] {
-          launch_int8_gemm_sm90(c, DType::kBF16, xq8, wq8, m, n, k, e, y.get(), wsp.get(), wsb, sms, gs);
-          const UnaryLutRead read = w.table == 1 ? UnaryLutRead::kShared : UnaryLutRead::kGlobal;
-          switch (w.after) {
-            case 1: launch_int8_quantize(DType::kBF16, y.get(), m, n, inv, q8, nullptr, gs); break;
-            case 2: launch_int8_quantize(DType::kBF16, y.get(), m, n, inv, q8, rsf, gs); break;
-            case 3:
-              if (w.table) launch_unary_lut(lut, y.get(), m * n, y.get(), gs, read);
-              else launch_unary(UnaryOp::kGeluErf, DType::kBF16, y.get(), m * n, y.get(), gs);
-              break;
-            case 4:
-            case 5: {
-              float* r = w.after == 5 ? rsf : nullptr;
-              if (w.table) launch_unary_int8_lut(lut, y.get(), m, n, inv, q8, r, gs, read);
-              else launch_unary_int8(UnaryOp::kGeluErf, DType::kBF16, y.get(), m, n, inv, q8, r, gs);
-              break;
+                        {"GEMM + GELU pass to codes, per token, table (L1)", GemvEpilogue::kNone, 5, 2},
+                        {"GEMM writing the codes (GELU table in the epilogue), static", GemvEpilogue::kGeluErf, 6, 2}};
+    int8_gemm_sm90_set_act_table(DType::kBF16, lut.values);
+    for (const int64_t m : {m_max, int64_t(128)}) {
+      std::printf("\nFFN up %lldx%lld at %lld rows (CUDA graphs; best configuration each):\n\n| way | us | GEMM config |"
+                  "\n|---|---|---|\n", (long long)n, (long long)k, (long long)m);
+      for (const Way& w : ways) {
+        e.act = w.act;
+        float best = 0;
+        const char* best_cfg = "-";
+        for (int ci = 0; ci < kInt8GemmConfigs; ++ci) {
+          const auto c = Int8GemmConfig(ci);
+          const float code_inv = w.after == 6 ? inv : 0.0f;
+          const size_t wsb = int8_gemm_sm90_workspace(c, DType::kBF16, m, n, k, e.act, code_inv);
+          DeviceBuffer wsp(wsb);
+          auto run = [&] {
+            launch_int8_gemm_sm90(c, DType::kBF16, xq8, wq8, m, n, k, e, code_inv > 0 ? q.get() : y.get(), wsp.get(),
+                                  wsb, sms, gs, code_inv);
+            const UnaryLutRead read = w.table == 1 ? UnaryLutRead::kShared : UnaryLutRead::kGlobal;
+            switch (w.after) {
+              case 1: launch_int8_quantize(DType::kBF16, y.get(), m, n, inv, q8, nullptr, gs); break;
+              case 2: launch_int8_quantize(DType::kBF16, y.get(), m, n, inv, q8, rsf, gs); break;
+              case 3:
+                if (w.table) launch_unary_lut(lut, y.get(), m * n, y.get(), gs, read);
+                else launch_unary(UnaryOp::kGeluErf, DType::kBF16, y.get(), m * n, y.get(), gs);
+                break;
+              case 4:
+              case 5: {
+                float* r = w.after == 5 ? rsf : nullptr;
+                if (w.table) launch_unary_int8_lut(lut, y.get(), m, n, inv, q8, r, gs, read);
+                else launch_unary_int8(UnaryOp::kGeluErf, DType::kBF16, y.get(), m, n, inv, q8, r, gs);
+                break;
+              }
+              default: break;
             }
-            default: break;
-          }
-        };
-        run();  // eagerly first: a kernel's first launch may configure it (unary_lut.cu), not inside the capture
-        KILN_CUDA_CHECK(cudaStreamSynchronize(gs));
-        const float t = graph_ms(run, gs);
-        if (ci == 0 || t < best) best = t, best_cfg = int8_gemm_config_name(c);
+          };
+          run();  // eagerly first: a kernel's first launch may configure it (unary_lut.cu), not inside the capture
+          KILN_CUDA_CHECK(cudaStreamSynchronize(gs));
+          const float t = graph_ms(run, gs);
+          if (ci == 0 || t < best) best = t, best_cfg = int8_gemm_config_name(c);
+        }
+        std::printf("| %s | %.1f | %s |\n", w.what, best * 1e3, best_cfg);
       }
-      std::printf("| %s | %.1f | %s |\n", w.what, best * 1e3, best_cfg);
     }
   }
   {

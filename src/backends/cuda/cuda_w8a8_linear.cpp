@@ -21,6 +21,7 @@
 #include "backends/cuda/ops/elementwise_int8.h"
 #include "backends/cuda/ops/int8.h"
 #include "backends/cuda/ops/int8_gemm_sm90.h"
+#include "core/env_switch.h"
 #include "core/int8.h"
 #include "core/log.h"
 #include "core/status.h"
@@ -88,6 +89,13 @@ std::optional<UnaryOp> unary_of(GemvEpilogue e) {
   if (e == GemvEpilogue::kGeluTanh) return UnaryOp::kGeluTanh;
   if (e == GemvEpilogue::kSilu) return UnaryOp::kSilu;
   return std::nullopt;
+}
+
+// KILN_CUDA_W8A8_CODES_EPILOGUE: the fused GEMM writes a GELU output's static codes itself.
+bool w8a8_codes_epilogue_from_env() {
+  return env_switch("KILN_CUDA_W8A8_CODES_EPILOGUE",
+                    "the fused GEMM writes a gelu_erf output's static int8 codes in its epilogue",
+                    "the GEMM writes the activation dtype and a pass the codes");
 }
 
 }  // namespace
@@ -214,6 +222,17 @@ OpRun prepare_w8a8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext&
     lut = gelu_lut(*pc.cx, *unary, pc.act, y_codes ? GeluPass::kCodes : GeluPass::kValues,
                    y_codes && !y_codes->per_token ? std::optional<float>(y_codes->inv) : std::nullopt);
 
+  // Static codes of a gelu_erf output straight from the fused GEMM's epilogue (the table's
+  // values: int8_gemm_sm90.h): no T output in scratch, no pass.
+  const bool codes_epilogue = split && fused && lut && y_codes && !y_codes->per_token &&
+                              *unary == UnaryOp::kGeluErf && out_n % 16 == 0 && w8a8_codes_epilogue_from_env();
+  if (codes_epilogue) {
+    int8_gemm_sm90_set_act_table(pc.act, lut->values);
+    log_debug("cuda: w8a8 Linear '", n.name, "' writes its GELU's int8 codes from the GEMM epilogue");
+  }
+  Int8Epilogue codes_base = gemm_base;
+  codes_base.act = GemvEpilogue::kGeluErf;
+
   const std::string name = n.name;
   const DType act = pc.act;
   return [=](OpContext& c) {
@@ -237,17 +256,21 @@ OpRun prepare_w8a8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext&
     // Scratch: the input's codes and per-token scales (unless they arrive so), the output
     // in `ot` before its codes (y_codes), then one tile of int32 sums (the fused GEMM: its
     // workspace, if any).
+    const bool gemv = int8_gemv_supports(t, k);
+    // Where the GEMM's output goes: y, or scratch before the codes (256-byte aligned), or
+    // (the codes epilogue) the codes.
+    const bool gemm_fused = !gemv && fused && (y_codes || aligned16(yp->data));
+    const bool codes_out = gemm_fused && codes_epilogue;
     const size_t q_bytes = x_codes ? 0 : align256(size_t(t * k)),
                  rs_bytes = dynamic && !x_codes ? align256(size_t(t) * 4) : 0,
-                 mid_bytes = y_codes ? align256(size_t(t * out_n) * dtype_size(ot)) : 0;
-    const bool gemv = int8_gemv_supports(t, k);
-    // Where the GEMM's output goes: y, or scratch before the codes (256-byte aligned).
-    const bool gemm_fused = !gemv && fused && (y_codes || aligned16(yp->data));
+                 mid_bytes = y_codes && !codes_out ? align256(size_t(t * out_n) * dtype_size(ot)) : 0;
     const Int8GemmConfig cfg = plan.tuned ? plan.pick(t) : int8_gemm_sm90_default(t, out_n, sms);
     const int64_t tile = gemv || gemm_fused ? t : int8_tile_rows(t, n_pad);
-    const size_t acc_bytes = gemv         ? 0
-                             : gemm_fused ? int8_gemm_sm90_workspace(cfg, ot, t, out_n, k, gemm_base.act)
-                                          : size_t(tile * n_pad) * 4;
+    const size_t acc_bytes =
+        gemv         ? 0
+        : codes_out  ? int8_gemm_sm90_workspace(cfg, ot, t, out_n, k, codes_base.act, y_codes->inv)
+        : gemm_fused ? int8_gemm_sm90_workspace(cfg, ot, t, out_n, k, gemm_base.act)
+                     : size_t(tile * n_pad) * 4;
     auto* scratch = static_cast<char*>(c.scratch(q_bytes + rs_bytes + mid_bytes + acc_bytes));
     auto* xq = reinterpret_cast<int8_t*>(scratch);
     auto* rs = dynamic ? reinterpret_cast<float*>(scratch + q_bytes) : nullptr;
@@ -261,6 +284,12 @@ OpRun prepare_w8a8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext&
     }
     Int8Epilogue e = base;
     e.row_scale = rs;
+    if (codes_out) {
+      Int8Epilogue ce = codes_base;
+      ce.row_scale = rs;
+      launch_int8_gemm_sm90(cfg, ot, xq, dw->codes(), t, out_n, k, ce, yq.q, acc, acc_bytes, sms, s, y_codes->inv);
+      return;
+    }
     if (gemm_fused) {
       // The activation (split) in a pass after the GEMM: into y in place, or to the codes.
       Int8Epilogue ge = gemm_base;

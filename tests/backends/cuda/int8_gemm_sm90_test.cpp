@@ -7,12 +7,14 @@
 // the dequantize kernel (the path it replaces) for every case, every tile configuration,
 // rows that are not a multiple of the tile (1..4100), per-token and static scales, with
 // and without bias, sums beyond 2^24 (float(acc) rounds); the timing of the
-// configurations; and the shape checks' messages. Skips without a GPU or a build without
+// configurations; the codes epilogue against the T output + the GELU-to-codes pass; and
+// the shape checks' messages. Skips without a GPU or a build without
 // CUTLASS (the checks' test needs neither).
 #include "backends/cuda/ops/int8_gemm_sm90.h"
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -20,7 +22,9 @@
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/cuda_context.h"
 #include "backends/cuda/ops/gemm.h"
+#include "backends/cuda/ops/elementwise_int8.h"
 #include "backends/cuda/ops/int8.h"
+#include "backends/cuda/ops/unary_lut.h"
 #include "core/dtype.h"
 #include "core/thread_pool.h"
 #include "cuda_test_util.h"
@@ -204,6 +208,63 @@ TEST(CudaInt8GemmSm90, MatchesExactReferenceAndCublasLtPath) {
   }
 }
 
+// The codes epilogue: int8 codes of gelu_erf(T(v)) with a static scale, from the table of
+// the GELU pass, equal to the byte to the T output followed by that pass (arithmetic), for
+// every configuration (the big shapes rotate), static and per-token x scales.
+TEST(CudaInt8GemmSm90, CodesEpilogueMatchesTheGeluPass) {
+  KILN_SKIP_WITHOUT_INT8_SM90();
+  int sms = 0;
+  KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const Case cases[] = {{5, 32, 80}, {130, 144, 144}, {300, 2304, 768}, {4100, 3072, 768}};
+  DeviceBuffer table(size_t(kUnaryLutEntries) * 2);
+  const float x_scale = 0.0137f;
+  uint64_t seed = 11;
+  int combo = 0;
+  for (const Case& c : cases) {
+    const Problem p(c, seed++);
+    // The outputs' spread grows as sqrt(k) (random codes): most codes stay unsaturated.
+    const float inv = 127.0f / (1.5f * std::sqrt(float(c.k)));
+    const auto* dx = static_cast<const int8_t*>(p.dx.get());
+    const auto* dw = static_cast<const int8_t*>(p.dw.get());
+    DeviceBuffer dt(size_t(c.m * c.n) * 2), dref(size_t(c.m * c.n)), dq(size_t(c.m * c.n));
+    for (DType out : {DType::kBF16, DType::kF16}) {
+      launch_unary_lut_fill(UnaryOp::kGeluErf, out, static_cast<uint16_t*>(table.get()), nullptr);
+      int8_gemm_sm90_set_act_table(out, static_cast<const uint16_t*>(table.get()));
+      for (bool per_token : {false, true}) {
+        const Variant plain{out, GemvEpilogue::kNone, per_token, true};
+        Int8Epilogue e = epilogue_of(p, plain, x_scale), ec = e;
+        ec.act = GemvEpilogue::kGeluErf;
+        ASSERT_EQ(int8_gemm_sm90_check(out, dx, dw, dq.get(), c.m, c.n, c.k, ec, inv), "");
+        for (int ci = 0; ci < kInt8GemmConfigs; ++ci) {
+          if (c.m * c.n > (int64_t(1) << 21) && ci != combo++ % kInt8GemmConfigs) continue;
+          const auto cfg = Int8GemmConfig(ci);
+          const std::string what = variant_name(c, plain, int8_gemm_config_name(cfg));
+          DeviceBuffer ws(std::max(int8_gemm_sm90_workspace(cfg, out, c.m, c.n, c.k, e.act),
+                                   int8_gemm_sm90_workspace(cfg, out, c.m, c.n, c.k, ec.act, inv)));
+          launch_int8_gemm_sm90(cfg, out, dx, dw, c.m, c.n, c.k, e, dt.get(), ws.get(), ws.size(), sms, nullptr);
+          launch_unary_int8(UnaryOp::kGeluErf, out, dt.get(), c.m, c.n, inv, static_cast<int8_t*>(dref.get()),
+                            nullptr, nullptr);
+          KILN_CUDA_CHECK(cudaMemset(dq.get(), 0x80, size_t(c.m * c.n)));  // -128: no code, unwritten shows
+          launch_int8_gemm_sm90(cfg, out, dx, dw, c.m, c.n, c.k, ec, dq.get(), ws.get(), ws.size(), sms, nullptr,
+                                inv);
+          KILN_CUDA_CHECK(cudaDeviceSynchronize());
+          std::vector<int8_t> want(size_t(c.m * c.n)), got(want.size());
+          KILN_CUDA_CHECK(cudaMemcpy(want.data(), dref.get(), want.size(), cudaMemcpyDeviceToHost));
+          KILN_CUDA_CHECK(cudaMemcpy(got.data(), dq.get(), got.size(), cudaMemcpyDeviceToHost));
+          size_t differ = 0, saturated = 0;
+          for (size_t i = 0; i < got.size(); ++i) {
+            if (got[i] != want[i] && differ++ < 5)
+              ADD_FAILURE() << what << ": code " << i << " = " << int(got[i]) << ", the pass wrote " << int(want[i]);
+            saturated += want[i] == 127 || want[i] == -127;
+          }
+          EXPECT_EQ(differ, 0u) << what << " codes epilogue";
+          EXPECT_LT(saturated, got.size() / 4) << what << ": the scale should leave most codes unsaturated";
+        }
+      }
+    }
+  }
+}
+
 TEST(CudaInt8GemmSm90, TuningTimesEveryConfiguration) {
   KILN_SKIP_WITHOUT_INT8_SM90();
   int sms = 0;
@@ -251,6 +312,13 @@ TEST(CudaInt8GemmSm90, ChecksNameWhatIsWrong) {
   EXPECT_NE(check(DType::kBF16, 64, 64, buf + 8, GemvEpilogue::kNone).find("16-byte aligned"),
             std::string::npos);
   EXPECT_NE(check(DType::kBF16, 64, int64_t(1) << 31, buf, GemvEpilogue::kNone).find("2^31"),
+            std::string::npos);
+  // The codes epilogue: gelu_erf only, 16-byte rows of codes.
+  e.act = GemvEpilogue::kNone;
+  EXPECT_NE(int8_gemm_sm90_check(DType::kBF16, buf, buf, buf, 256, 64, 64, e, 40.0f).find("gelu_erf only"),
+            std::string::npos);
+  e.act = GemvEpilogue::kGeluErf;
+  EXPECT_NE(int8_gemm_sm90_check(DType::kBF16, buf, buf, buf, 256, 24, 64, e, 40.0f).find("n % 16"),
             std::string::npos);
   std::string why;
   if (!int8_gemm_sm90_available(&why)) {

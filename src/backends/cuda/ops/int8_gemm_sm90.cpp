@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <set>
 #include <tuple>
 
 #include "backends/cuda/cuda_check.h"
@@ -57,9 +58,16 @@ namespace {
 
 bool aligned16(const void* p) { return p && reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
+#if KILN_HAVE_CUTLASS
+// The devices whose codes-epilogue table is set, per activation dtype (bf16, f16).
+std::mutex g_tables_mu;
+std::set<std::pair<int, DType>> g_tables_set;
+#endif
+
 int8_sm90::Problem problem(const int8_t* x, const int8_t* w, void* y, int64_t m, int64_t n,
-                           int64_t k, const Int8Epilogue& e, int sm_count) {
+                           int64_t k, const Int8Epilogue& e, int sm_count, float code_inv = 0.0f) {
   int8_sm90::Problem p;
+  p.code_inv = code_inv;
   p.x = x;
   p.w = w;
   p.y = y;
@@ -74,9 +82,13 @@ int8_sm90::Problem problem(const int8_t* x, const int8_t* w, void* y, int64_t m,
 }  // namespace
 
 std::string int8_gemm_sm90_check(DType out, const int8_t* x, const int8_t* w, const void* y,
-                                 int64_t m, int64_t n, int64_t k, const Int8Epilogue& e) {
+                                 int64_t m, int64_t n, int64_t k, const Int8Epilogue& e,
+                                 float code_inv) {
   if (out != DType::kBF16 && out != DType::kF16)
     return str_cat("output dtype ", dtype_name(out), " (bf16 or f16)");
+  if (code_inv > 0 && e.act != GemvEpilogue::kGeluErf)
+    return "the codes epilogue is compiled for gelu_erf only";
+  if (code_inv > 0 && n % 16 != 0) return str_cat("n=", n, " (16-byte rows of int8 codes: n % 16 == 0)");
   if (e.act != GemvEpilogue::kNone && e.act != GemvEpilogue::kGeluErf)
     return "activation (only none and gelu_erf are compiled; gelu_tanh, silu and swiglu take "
            "cuBLASLt)";
@@ -91,7 +103,7 @@ std::string int8_gemm_sm90_check(DType out, const int8_t* x, const int8_t* w, co
       (e.bias && !aligned16(e.bias)))
     return "w_scale, row_scale and bias must be 16-byte aligned";
 #if KILN_HAVE_CUTLASS
-  const int8_sm90::Problem p = problem(x, w, const_cast<void*>(y), m, n, k, e, 1);
+  const int8_sm90::Problem p = problem(x, w, const_cast<void*>(y), m, n, k, e, 1, code_inv);
   const std::string st = out == DType::kBF16
                              ? int8_sm90::Ops<DType::kBF16>::check(Int8GemmConfig{}, p)
                              : int8_sm90::Ops<DType::kF16>::check(Int8GemmConfig{}, p);
@@ -103,11 +115,11 @@ std::string int8_gemm_sm90_check(DType out, const int8_t* x, const int8_t* w, co
 }
 
 size_t int8_gemm_sm90_workspace(Int8GemmConfig c, DType out, int64_t m, int64_t n, int64_t k,
-                                GemvEpilogue act) {
+                                GemvEpilogue act, float code_inv) {
 #if KILN_HAVE_CUTLASS
   Int8Epilogue e;
   e.act = act;
-  const int8_sm90::Problem p = problem(nullptr, nullptr, nullptr, m, n, k, e, 1);
+  const int8_sm90::Problem p = problem(nullptr, nullptr, nullptr, m, n, k, e, 1, code_inv);
   return out == DType::kBF16 ? int8_sm90::Ops<DType::kBF16>::workspace(c, p)
                              : int8_sm90::Ops<DType::kF16>::workspace(c, p);
 #else
@@ -117,9 +129,16 @@ size_t int8_gemm_sm90_workspace(Int8GemmConfig c, DType out, int64_t m, int64_t 
 
 void launch_int8_gemm_sm90(Int8GemmConfig c, DType out, const int8_t* x, const int8_t* w, int64_t m,
                            int64_t n, int64_t k, const Int8Epilogue& e, void* y, void* workspace,
-                           size_t workspace_bytes, int sm_count, cudaStream_t s) {
+                           size_t workspace_bytes, int sm_count, cudaStream_t s, float code_inv) {
 #if KILN_HAVE_CUTLASS
-  const int8_sm90::Problem p = problem(x, w, y, m, n, k, e, sm_count);
+  const int8_sm90::Problem p = problem(x, w, y, m, n, k, e, sm_count, code_inv);
+  if (code_inv > 0) {
+    int dev = 0;
+    KILN_CUDA_CHECK(cudaGetDevice(&dev));
+    std::lock_guard<std::mutex> lock(g_tables_mu);
+    KILN_THROW_IF(!g_tables_set.count({dev, out}), kInternal, "cuda int8 gemm (sm90): the codes epilogue's ",
+                  dtype_name(out), " GELU table is not set on device ", dev);
+  }
   if (out == DType::kBF16) {
     KILN_THROW_IF(int8_sm90::Ops<DType::kBF16>::workspace(c, p) > workspace_bytes, kInternal,
                   "cuda int8 gemm (sm90): workspace of ", workspace_bytes, " bytes is too small");
@@ -132,6 +151,23 @@ void launch_int8_gemm_sm90(Int8GemmConfig c, DType out, const int8_t* x, const i
     int8_sm90::Ops<DType::kF16>::run(c, p, workspace, s);
   }
 #else
+  throw_error(ErrorCode::kInternal, "cuda int8 gemm (sm90): built without CUTLASS");
+#endif
+}
+
+void int8_gemm_sm90_set_act_table(DType t, const uint16_t* table) {
+#if KILN_HAVE_CUTLASS
+  KILN_THROW_IF(!table, kInternal, "cuda int8 gemm (sm90): a null GELU table");
+  if (t == DType::kBF16) int8_sm90::Ops<DType::kBF16>::set_act_table(table);
+  else if (t == DType::kF16) int8_sm90::Ops<DType::kF16>::set_act_table(table);
+  else throw_error(ErrorCode::kInternal, "cuda int8 gemm (sm90): a GELU table for ", dtype_name(t));
+  int dev = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(g_tables_mu);
+  g_tables_set.insert({dev, t});
+#else
+  (void)t;
+  (void)table;
   throw_error(ErrorCode::kInternal, "cuda int8 gemm (sm90): built without CUTLASS");
 #endif
 }

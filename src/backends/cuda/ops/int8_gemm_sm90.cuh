@@ -8,14 +8,24 @@
 // store. The compute node does int8.cu's dequant_one in the same order with _rn
 // intrinsics (no FMA contraction), and the activation with the same unary_f32, so the
 // outputs are the cuBLASLt path's to the bit.
+// The codes epilogue (Problem::code_inv > 0) writes int8 instead: the f32 result rounded
+// to the activation dtype T (as the T output is stored), its GELU looked up in a table of
+// T bits (the GELU pass's own values, ops/unary_lut.h), and int8_code of that with the
+// reader's static scale: the T output + the GELU-to-codes pass, bit for bit, with no T
+// tensor in memory. The table's address is a __device__ variable of this translation
+// unit (one per T), set once per device (Ops::set_act_table): an epilogue functor has no
+// arguments, and every W8A8 layer shares the table.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
 #include <string>
+#include <type_traits>
 
 #include "backends/cuda/common.cuh"
+#include "backends/cuda/cuda_check.h"
+#include "backends/cuda/ops/int8_codes.cuh"
 #include "backends/cuda/ops/int8_gemm_sm90_impl.h"
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
@@ -52,6 +62,31 @@ struct Dequant {
   };
 };
 
+// The codes epilogue's table: T bits -> T(gelu) bits (see the top).
+static __device__ const uint16_t* g_act_table = nullptr;
+
+// code = int8_code(T(gelu(T(v))), inv) with v as Dequant computes it; T is __nv_bfloat16
+// or __half.
+template <typename T>
+struct DequantCodes {
+  template <class Frag>
+  struct Fn {
+    CUTLASS_DEVICE Frag operator()(Frag const& acc, Frag const& xs, Frag const& ws, Frag const& bias,
+                                   Frag const& inv) const {
+      const uint16_t* table = g_act_table;
+      Frag y;
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < int(Frag::kElements); ++i) {
+        const float v = __fadd_rn(__fmul_rn(acc[i], __fmul_rn(xs[i], ws[i])), bias[i]);
+        const T h = from_f32<T>(v);
+        const uint16_t g = __ldg(table + *reinterpret_cast<const uint16_t*>(&h));
+        y[i] = float(int8_code(to_f32(*reinterpret_cast<const T*>(&g)), inv[i]));
+      }
+      return y;
+    }
+  };
+};
+
 struct CfgPingpong128 {
   using Tile = Shape<_128, _128, _128>;
   using Cluster = Shape<_2, _1, _1>;
@@ -71,19 +106,28 @@ struct CfgPingpong64 {
   using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecialized;
 };
 
-template <class ElementD, class Cfg, GemvEpilogue kAct>
+// CodeT void: ElementD out; else (the codes epilogue, kAct kGeluErf) int8 codes of
+// activations in CodeT (__nv_bfloat16 / __half).
+template <class ElementD, class Cfg, GemvEpilogue kAct, class CodeT = void>
 struct Kernel {
+  static constexpr bool kCodes = !std::is_void_v<CodeT>;
   using Tile = typename Cfg::Tile;
   static constexpr int kAlignD = 16 / sizeof(ElementD);
   static constexpr int kAlignAB = 16;  // int8: 16 bytes, TMA's stride unit
 
   using XScale = cutlass::epilogue::fusion::Sm90ColBroadcast<0, Tile, float>;
   using RowVec = cutlass::epilogue::fusion::Sm90RowBroadcast<0, Tile, float>;
-  using Compute =
-      cutlass::epilogue::fusion::Sm90Compute<Dequant<kAct>::template Fn, ElementD, float,
-                                             cutlass::FloatRoundStyle::round_to_nearest>;
-  using Evt = cutlass::epilogue::fusion::Sm90EVT<Compute, cutlass::epilogue::fusion::Sm90AccFetch,
-                                                 XScale, RowVec, RowVec>;
+  template <class Frag>
+  using Fn = std::conditional_t<kCodes, typename DequantCodes<std::conditional_t<kCodes, CodeT, __half>>::template Fn<Frag>,
+                                typename Dequant<kAct>::template Fn<Frag>>;
+  using Compute = cutlass::epilogue::fusion::Sm90Compute<Fn, ElementD, float,
+                                                         cutlass::FloatRoundStyle::round_to_nearest>;
+  // The codes epilogue's fifth input: the reader's 1 / scale (a row broadcast of one value).
+  using Evt = std::conditional_t<
+      kCodes,
+      cutlass::epilogue::fusion::Sm90EVT<Compute, cutlass::epilogue::fusion::Sm90AccFetch, XScale, RowVec, RowVec,
+                                         RowVec>,
+      cutlass::epilogue::fusion::Sm90EVT<Compute, cutlass::epilogue::fusion::Sm90AccFetch, XScale, RowVec, RowVec>>;
 
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, typename Cfg::Cluster,
@@ -110,12 +154,16 @@ struct Kernel {
     const StrideA sa = make_stride(int64_t(p.k), Int<1>{}, int64_t(p.m) * p.k);
     const StrideB sb = make_stride(int64_t(p.k), Int<1>{}, int64_t(p.n) * p.k);
     const StrideD sd = make_stride(int64_t(p.n), Int<1>{}, int64_t(p.m) * p.n);
-    typename Evt::Arguments evt{
-        {},                                // accumulators
-        {p.e.row_scale, p.e.x_scale, {}},  // xs: per token, else the static scale
-        {p.e.w_scale, 0.0f, {}},           // w_scale[j]
-        {p.e.bias, 0.0f, {}},              // bias[j], 0 without one
-        {}};                               // the compute node
+    typename Evt::Arguments evt;
+    if constexpr (kCodes)
+      evt = {{},                                // accumulators
+             {p.e.row_scale, p.e.x_scale, {}},  // xs: per token, else the static scale
+             {p.e.w_scale, 0.0f, {}},           // w_scale[j]
+             {p.e.bias, 0.0f, {}},              // bias[j], 0 without one
+             {nullptr, p.code_inv, {}},         // the codes' 1 / scale
+             {}};                               // the compute node
+    else
+      evt = {{}, {p.e.row_scale, p.e.x_scale, {}}, {p.e.w_scale, 0.0f, {}}, {p.e.bias, 0.0f, {}}, {}};
     typename Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm,
                                   {p.m, p.n, p.k, 1},
                                   {p.x, sa, p.w, sb},
@@ -144,12 +192,16 @@ struct Kernel {
   }
 };
 
-// f(Kernel<ElementD, Cfg, kAct>{}) for the runtime configuration and activation.
-template <class ElementD, class F>
-auto dispatch(Int8GemmConfig c, GemvEpilogue act, F&& f) {
+// f(Kernel<...>{}) for the runtime configuration, activation and output: ElementD, or
+// the codes epilogue of activations in CodeT when `codes`.
+template <class ElementD, class CodeT, class F>
+auto dispatch(Int8GemmConfig c, GemvEpilogue act, bool codes, F&& f) {
   KILN_THROW_IF(act != GemvEpilogue::kNone && act != GemvEpilogue::kGeluErf, kInternal,
                 "cuda int8 gemm (sm90): activation ", int(act), " is not compiled");
+  KILN_THROW_IF(codes && act != GemvEpilogue::kGeluErf, kInternal,
+                "cuda int8 gemm (sm90): the codes epilogue is compiled for gelu_erf only");
   auto with_cfg = [&]<class Cfg>() {
+    if (codes) return f(Kernel<int8_t, Cfg, GemvEpilogue::kGeluErf, CodeT>{});
     return act == GemvEpilogue::kGeluErf ? f(Kernel<ElementD, Cfg, GemvEpilogue::kGeluErf>{})
                                          : f(Kernel<ElementD, Cfg, GemvEpilogue::kNone>{});
   };
@@ -164,30 +216,40 @@ auto dispatch(Int8GemmConfig c, GemvEpilogue act, F&& f) {
   return with_cfg.template operator()<CfgPingpong128>();
 }
 
+// CUTLASS's element type and the CUDA native type of each output dtype.
 template <DType kOut>
 struct ElementOf;
 template <>
 struct ElementOf<DType::kBF16> {
   using type = cutlass::bfloat16_t;
+  using native = __nv_bfloat16;
 };
 template <>
 struct ElementOf<DType::kF16> {
   using type = cutlass::half_t;
+  using native = __half;
 };
 
 template <DType kOut>
+void Ops<kOut>::set_act_table(const uint16_t* table) {
+  KILN_CUDA_CHECK(cudaMemcpyToSymbol(g_act_table, &table, sizeof table));
+}
+template <DType kOut>
 std::string Ops<kOut>::check(Int8GemmConfig c, const Problem& p) {
-  return dispatch<typename ElementOf<kOut>::type>(c, p.e.act,
-                                                  [&](auto k) { return decltype(k)::check(p); });
+  using E = ElementOf<kOut>;
+  return dispatch<typename E::type, typename E::native>(c, p.e.act, p.code_inv > 0,
+                                                        [&](auto k) { return decltype(k)::check(p); });
 }
 template <DType kOut>
 size_t Ops<kOut>::workspace(Int8GemmConfig c, const Problem& p) {
-  return dispatch<typename ElementOf<kOut>::type>(
-      c, p.e.act, [&](auto k) { return decltype(k)::workspace(p); });
+  using E = ElementOf<kOut>;
+  return dispatch<typename E::type, typename E::native>(c, p.e.act, p.code_inv > 0,
+                                                        [&](auto k) { return decltype(k)::workspace(p); });
 }
 template <DType kOut>
 void Ops<kOut>::run(Int8GemmConfig c, const Problem& p, void* workspace, cudaStream_t s) {
-  dispatch<typename ElementOf<kOut>::type>(c, p.e.act, [&](auto k) {
+  using E = ElementOf<kOut>;
+  dispatch<typename E::type, typename E::native>(c, p.e.act, p.code_inv > 0, [&](auto k) {
     decltype(k)::run(p, workspace, s);
     return 0;
   });

@@ -40,20 +40,31 @@ bool int8_gemm_sm90_available(std::string* why = nullptr);
 // Whether the kernel handles this problem (out bf16/f16, act none or gelu_erf, k % 16 ==
 // 0, n % 8 == 0, x/w/y and the scale vectors 16-byte aligned, m, n, k < 2^31); an empty
 // string when it does, else what is wrong. Does not check int8_gemm_sm90_available.
+// code_inv > 0 asks for the codes epilogue (below): act gelu_erf, n % 16 == 0.
 std::string int8_gemm_sm90_check(DType out, const int8_t* x, const int8_t* w, const void* y,
-                                 int64_t m, int64_t n, int64_t k, const Int8Epilogue& e);
+                                 int64_t m, int64_t n, int64_t k, const Int8Epilogue& e,
+                                 float code_inv = 0.0f);
 
 // Device workspace the configuration needs for this shape (often 0).
 size_t int8_gemm_sm90_workspace(Int8GemmConfig c, DType out, int64_t m, int64_t n, int64_t k,
-                                GemvEpilogue act);
+                                GemvEpilogue act, float code_inv = 0.0f);
 
 // y [m, n] (row stride n) = epilogue(x · wᵀ) through configuration c; w has at least n
 // rows. The problem must pass int8_gemm_sm90_check; `workspace` holds at least
 // int8_gemm_sm90_workspace bytes (may be null when that is 0). sm_count: the device's
 // SMs (the persistent grid's size). Throws kInternal when CUTLASS refuses or the launch fails.
+// The codes epilogue (code_inv > 0, e.act gelu_erf): y is int8 [m, n] instead, the codes
+// int8_code(T(gelu(T(v))), code_inv) that the T output (`out` = T) followed by the
+// GELU-to-static-codes pass would write, bit for bit; the GELU is looked up in the table
+// int8_gemm_sm90_set_act_table set on this device for T.
 void launch_int8_gemm_sm90(Int8GemmConfig c, DType out, const int8_t* x, const int8_t* w, int64_t m,
                            int64_t n, int64_t k, const Int8Epilogue& e, void* y, void* workspace,
-                           size_t workspace_bytes, int sm_count, cudaStream_t s);
+                           size_t workspace_bytes, int sm_count, cudaStream_t s, float code_inv = 0.0f);
+
+// The codes epilogue's GELU table for activations in t (bf16/f16) on the current device:
+// kUnaryLutEntries T bits, gelu_erf of each T bits (ops/unary_lut.h's values table). Every
+// W8A8 layer of a dtype shares it; setting another replaces it for later launches.
+void int8_gemm_sm90_set_act_table(DType t, const uint16_t* table);
 
 // The configuration for m rows when nothing was timed: 64x128 ping-pong for few rows or
 // few 128x128 tiles (under two waves on sm_count SMs), else 128x128 ping-pong.
