@@ -1,13 +1,13 @@
 // Paged attention on the device: the KV-cache write (new K/V rows into the block pool
 // through slot_mapping, or fused with RoPE for packed q|k|v rows) and the attention kernels:
 // a tensor-core (flash) kernel for prefill in 16-bit (attention_flash.cuh: pipelined,
-// CTAs of 128, 64 or 32 items, the plan's choice), a tile kernel for f32 prefill, small prefills and split decode, and a
-// decode kernel whose warps split the keys when a CTA has at most 8 (query row, head)
-// items and the plan is unsplit. The host plans each step once (attention_plan): a list
-// of CTAs, each covering up to kAttnItemsPerCta (query row, head) items of one sequence
-// and one KV head over a range of context positions; a sequence with few query rows and
-// a long context is split along the context (split-KV) and its partial results merged by
-// a combine kernel.
+// CTAs of 128, 64 or 32 items, the plan's choice), a tile kernel for f32 prefill, small
+// prefills and split decode, and a decode kernel whose warps split the keys when a CTA
+// has at most 8 (query row, head) items and the plan is unsplit. The host plans each step
+// once (attention_plan): a list of CTAs, each covering up to kAttnItemsPerCta (query row,
+// head) items of one sequence and one KV head over a range of context positions; a
+// sequence with few query rows and a long context is split along the context (split-KV)
+// and its partial results merged by a combine kernel.
 // Quantized caches (KvCode int8/fp8: one-byte codes with an f32 scale per (slot, kv
 // head), KvDType in backends/backend.h) run through the same kernels, which dequantize
 // as they load K/V: the decode and tile kernels into f32 registers/shared memory, the
@@ -94,8 +94,8 @@ AttentionPlan attention_plan(const std::vector<AttnSeq>& seqs, int64_t hq, int64
                              int num_sms, int64_t split_chunk = 0, int flash = 0, int flash_width = 0);
 // The width of a tensor-core plan: the widest of kFlashCtaWidths whose grid (CTAs x KV
 // heads) reaches num_sms, else the narrowest (a small step - BERT-base at batch 1, 12
-// heads: 12 CTAs of 128 items, 48 of 32 - is latency-bound: more, narrower CTAs on more
-// SMs finish sooner; a large one keeps 128, whose K/V tiles serve the most items).
+// heads: 12 CTAs of 128 items, 48 of 32 - would leave most SMs idle; a large one keeps
+// 128, whose K/V tiles serve the most items).
 int attention_flash_pick_width(const std::vector<AttnSeq>& seqs, int64_t hq, int64_t hkv, int num_sms);
 // KILN_CUDA_FLASH_WIDTH, read once when a graph is compiled: unset or empty 0 (picked per
 // step), else 128, 64 or 32 (tests, measurements); another value is an error naming it.
