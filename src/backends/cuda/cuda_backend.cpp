@@ -486,13 +486,13 @@ class CudaCompiledGraph final : public CompiledGraph {
                                                          decode_splits_)
                 : decode ? attention_plan_decode(seqs, key.first, key.second, cx_->num_sms)
                          : attention_plan(seqs, key.first, key.second, true, cx_->num_sms, split_chunk_,
-                                          attn_flash_ok_ ? flash_mode_ : 0);
+                                          attn_flash_ok_ ? flash_mode_ : 0, flash_width_);
       po.work = w.put_vec(po.plan.work);
       po.combine = w.put_vec(po.plan.combine);
       ws_floats = std::max(ws_floats, attention_workspace_floats(po.plan, key.second, attn_max_d_));
       counters = std::max(counters, attention_counters(po.plan, key.second));
       graph_key_.insert(graph_key_.end(), {int64_t(po.plan.work.size()), int64_t(po.plan.combine.size()),
-                                           int64_t(po.plan.num_partials), int64_t(po.plan.flash),
+                                           int64_t(po.plan.num_partials), int64_t(po.plan.flash_width),
                                            int64_t(po.plan.decode_splits)});
       plan_offs[key] = std::move(po);
     }
@@ -533,7 +533,7 @@ class CudaCompiledGraph final : public CompiledGraph {
     for (auto& [key, po] : plan_offs)
       dev_step_.plans[key] = {reinterpret_cast<const AttnWork*>(base + po.work), int32_t(po.plan.work.size()),
                               reinterpret_cast<const AttnCombine*>(base + po.combine), int32_t(po.plan.combine.size()),
-                              po.plan.num_partials, po.plan.flash, po.plan.decode_splits};
+                              po.plan.num_partials, po.plan.flash_width, po.plan.decode_splits};
     attn_ws_.grow(std::max<size_t>(ws_floats * sizeof(float), 1), s);
     dev_step_.attn_workspace = static_cast<float*>(attn_ws_.get());
     // Zeroed when (re)allocated; each fused decode launch leaves its counters at zero.
@@ -661,6 +661,8 @@ class CudaCompiledGraph final : public CompiledGraph {
     const char* e = std::getenv("KILN_CUDA_FLASH");
     return e && *e ? (std::atoi(e) > 0 ? 1 : 0) : -1;
   }();
+  // KILN_CUDA_FLASH_WIDTH: the tensor-core CTAs' items (128, 64, 32; tests), unset: picked per step.
+  int flash_width_ = attention_flash_width_from_env();
   // Read here, once per compiled graph, like the other switches: KILN_CUDA_DECODE_ATTN
   // (false: "old", the grouped-query decode kernels) and KILN_CUDA_DECODE_SPLITS (0: planned).
   bool decode_cluster_ = attention_decode_cluster_from_env();

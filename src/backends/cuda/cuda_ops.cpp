@@ -559,7 +559,7 @@ OpRun prepare_attention(const ir::Node& n, const ir::Graph& g, PrepareContext& p
     a.combine = p.combine;
     a.num_combine = p.num_combine;
     a.num_partials = p.num_partials;
-    a.flash = p.flash;
+    a.flash_width = p.flash_width;
     a.workspace = c.dev->attn_workspace;
     if (c.kv) {
       KILN_THROW_IF(layer < 0 || layer >= c.kv->layout().num_layers, kInvalidArgument, "attention '", name,
@@ -632,7 +632,7 @@ OpRun prepare_attention(const ir::Node& n, const ir::Graph& g, PrepareContext& p
       a.block_size = 1;
       if (packed) a.kv_stride = width;
     }
-    if ((codes || icodes) && a.flash) {
+    if ((codes || icodes) && a.flash_width > 0) {
       a.out_codes = static_cast<uint8_t*>(y);
       a.out_code_inv = codes ? codes->inv : icodes->inv;
       a.out_code = codes ? AttnOutCode::kFp8 : AttnOutCode::kInt8;

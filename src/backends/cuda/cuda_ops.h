@@ -96,7 +96,7 @@ struct DevAttentionPlan {
   const AttnCombine* combine = nullptr;
   int32_t num_combine = 0;
   int32_t num_partials = 0;
-  bool flash = false;
+  int32_t flash_width = 0;    // > 0: a tensor-core plan of CTAs this many items wide
   int32_t decode_splits = 0;  // > 0: the cluster decode kernel's plan
 };
 

@@ -1,7 +1,8 @@
 // The attention writing a W8A8 o projection's int8 codes (cuda_int8_fuse.h: static scales
 // only): the flash kernel's epilogue against the same kernel's T output followed by
 // launch_int8_quantize (and by core/int8.h on the host), code for code, in bf16 and f16,
-// head dims 64 and 128, causal and bidirectional ragged (BERT's padding) sequences; its
+// head dims 64 and 128, causal and bidirectional ragged (BERT's padding) sequences, CTAs
+// of every width; its
 // E4M3 codes as well (the epilogue shared with the FP8 path); which attentions the
 // backend decides to write as codes (no GPU needed); and graphs of an attention feeding a
 // static W8A8 Linear, run with the fusion and with KILN_CUDA_INT8_FUSE=0, flash forced on
@@ -37,8 +38,8 @@ Tensor random_act(std::vector<int64_t> shape, std::mt19937_64& rng, DType dt, fl
 
 // The flash kernel's epilogue codes against its own T output quantized by
 // launch_int8_quantize and by core/int8.h on the host: bit-identical. Ragged sequences
-// off the 128-item CTA and the 64-key tile (one a single token), GQA and MHA; the scale
-// clips at 0.6 of the output's max, so codes saturate.
+// off every CTA width (128, 64, 32 items) and the 64-key tile (one a single token), GQA and
+// MHA; the scale clips at 0.6 of the output's max, so codes saturate.
 TEST(CudaAttentionInt8, FlashEpilogueWritesTheQuantizeKernelsCodes) {
   KILN_SKIP_WITHOUT_CUDA();
   int sms = 0;
@@ -50,9 +51,10 @@ TEST(CudaAttentionInt8, FlashEpilogueWritesTheQuantizeKernelsCodes) {
   };
   for (const Case& c : {Case{8, 2, 64, {200, 37, 130}, true}, Case{8, 2, 64, {200, 37, 130}, false},
                         Case{4, 4, 128, {150, 1, 64}, false}, Case{4, 2, 128, {300}, true}, Case{12, 12, 64, {128, 77}, false}})
+    for (int width : kFlashCtaWidths)
     for (DType dt : {DType::kBF16, DType::kF16}) {
       const std::string what = str_cat(dtype_name(dt), " hq=", c.hq, " hkv=", c.hkv, " d=", c.d,
-                                       c.causal ? " causal" : " bidirectional", " seqs=", c.lens.size());
+                                       c.causal ? " causal" : " bidirectional", " seqs=", c.lens.size(), " width=", width);
       ASSERT_TRUE(attention_flash_supported(dt, c.d)) << what;
       std::vector<AttnSeq> seqs;
       std::vector<int32_t> tables;  // without a cache each sequence's keys are its own rows
@@ -63,8 +65,8 @@ TEST(CudaAttentionInt8, FlashEpilogueWritesTheQuantizeKernelsCodes) {
         t += n;
         max_len = std::max(max_len, n);
       }
-      const AttentionPlan plan = attention_plan(seqs, c.hq, c.hkv, c.causal, sms, 0, 1);
-      ASSERT_TRUE(plan.flash) << what;
+      const AttentionPlan plan = attention_plan(seqs, c.hq, c.hkv, c.causal, sms, 0, 1, width);
+      ASSERT_EQ(plan.flash_width, width) << what;
       ASSERT_EQ(plan.num_partials, 0) << what;
       std::mt19937_64 rng(uint64_t(c.d * 131 + c.hq * 7 + t + int(dt)));
       const int64_t qw = c.hq * c.d, kw = c.hkv * c.d, n = t * qw;
@@ -90,7 +92,7 @@ TEST(CudaAttentionInt8, FlashEpilogueWritesTheQuantizeKernelsCodes) {
       a.block_tables = dtab.as<int32_t>();
       a.work = dwork.as<AttnWork>();
       a.num_work = int32_t(plan.work.size());
-      a.flash = true;
+      a.flash_width = plan.flash_width;
       a.out = out.get();
       launch_attention(a, nullptr);
       // The T output on the host, as f32: it sets the clip, and core/int8.h quantizes it.

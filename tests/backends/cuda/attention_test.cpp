@@ -10,8 +10,9 @@
 // 4096, GQA groups 1-8) through the cluster decode kernel (unsplit and 2/8 splits) and
 // the fused grouped-query decode kernel; steps without a cache whose sequences are one
 // token each (the grouped kernel reading the rows in place). The tensor-core kernel also
-// over chunked prefills after a cached prefix, and its plan's coverage and order (host
-// only); the decode switches read once per compiled graph. Skips without a GPU (the plan
+// over chunked prefills after a cached prefix, at each CTA width (128, 64, 32 items), and
+// its plan's coverage, order and width choice (host only); the decode switches read once
+// per compiled graph. Skips without a GPU (the plan
 // test runs anywhere).
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
@@ -151,7 +152,7 @@ TEST(CudaAttention, DecoderLongContexts) {
 }
 
 void check_chunked(const Config& c, const std::vector<std::vector<int32_t>>& chunks, KvDType kv_dtype,
-                   const std::vector<std::string>& dtypes) {
+                   const std::vector<std::string>& dtypes, bool causal = true) {
   int64_t blocks = 4;
   for (const auto& ch : chunks) blocks += (std::accumulate(ch.begin(), ch.end(), int64_t(0)) + c.block_size - 1) / c.block_size;
   for (const std::string& dt : dtypes) {
@@ -161,9 +162,9 @@ void check_chunked(const Config& c, const std::vector<std::vector<int32_t>>& chu
                 .head_dim = c.d, .dtype = kv_dtype};
     const double tol = kv_dtype == KvDType::kAuto ? op_tolerance(dt) : quantized_tolerance(dt);
     const ScopedEnv flash("KILN_CUDA_FLASH", "1");
-    expect_backends_match(attention_graph(c, true), steps, dt, tol,
+    expect_backends_match(attention_graph(c, causal), steps, dt, tol,
                           str_cat("chunked hq=", c.hq, " hkv=", c.hkv, " d=", c.d, " bs=", c.block_size,
-                                  " kv=", kv_dtype_name(kv_dtype)),
+                                  " kv=", kv_dtype_name(kv_dtype), causal ? "" : " bidirectional"),
                           kv);
   }
 }
@@ -198,30 +199,96 @@ TEST(CudaAttention, BadDecodeSwitchesAreErrors) {
 }
 
 // The tensor-core kernel's plan (host only, no GPU): every (row, head) item of every
-// sequence in exactly one 128-item CTA, the CTAs that read the most keys first.
+// sequence in exactly one CTA of the plan's width (picked, and each width forced), the
+// CTAs that read the most keys first.
 TEST(CudaAttentionPlan, FlashPlanCoversEveryItemLongestFirst) {
   const std::vector<AttnSeq> seqs = {{0, 300, 1000, 0}, {300, 37, 37, 0}, {337, 1, 500, 0}, {338, 1024, 1024, 0}};
   const int64_t hq = 12, hkv = 4, group = 3;
-  for (bool causal : {true, false}) {
-    const AttentionPlan plan = attention_plan(seqs, hq, hkv, causal, 132, 0, 1);
-    ASSERT_TRUE(plan.flash);
-    EXPECT_EQ(plan.work.size(), size_t(8 + 1 + 1 + 24));  // ceil(items / 128) per sequence
-    std::vector<std::vector<int>> seen(seqs.size());
-    for (size_t i = 0; i < seqs.size(); ++i) seen[i].assign(size_t(seqs[i].q_len * group), 0);
-    int64_t prev_keys = INT64_MAX;
-    for (const AttnWork& w : plan.work) {
-      const AttnSeq& s = seqs[size_t(w.seq)];
-      const int64_t n = int64_t(s.q_len) * group, last = std::min<int64_t>(n, w.item_begin + kFlashItemsPerCta) - 1;
-      EXPECT_EQ(w.kv_begin, 0);
-      EXPECT_EQ(w.kv_end, s.ctx_len);
-      EXPECT_EQ(w.partial, -1);
-      for (int64_t it = w.item_begin; it <= last; ++it) ++seen[size_t(w.seq)][size_t(it)];
-      const int64_t keys = causal ? s.ctx_len - s.q_len + last / group + 1 : s.ctx_len;
-      EXPECT_LE(keys, prev_keys) << "CTAs ordered by the keys they read";
-      prev_keys = keys;
+  for (int forced : {0, 128, 64, 32})
+    for (bool causal : {true, false}) {
+      SCOPED_TRACE(str_cat("width ", forced, causal ? " causal" : " bidirectional"));
+      const AttentionPlan plan = attention_plan(seqs, hq, hkv, causal, 132, 0, 1, forced);
+      const int64_t width = forced ? forced : 128;  // 34 CTAs x 4 KV heads of 128 fill 132 SMs
+      ASSERT_EQ(plan.flash_width, width);
+      int64_t ctas = 0;
+      for (const AttnSeq& s : seqs) ctas += (s.q_len * group + width - 1) / width;
+      EXPECT_EQ(plan.work.size(), size_t(ctas));
+      std::vector<std::vector<int>> seen(seqs.size());
+      for (size_t i = 0; i < seqs.size(); ++i) seen[i].assign(size_t(seqs[i].q_len * group), 0);
+      int64_t prev_keys = INT64_MAX;
+      for (const AttnWork& w : plan.work) {
+        const AttnSeq& s = seqs[size_t(w.seq)];
+        const int64_t n = int64_t(s.q_len) * group, last = std::min<int64_t>(n, w.item_begin + width) - 1;
+        EXPECT_EQ(w.item_begin % width, 0);
+        EXPECT_EQ(w.kv_begin, 0);
+        EXPECT_EQ(w.kv_end, s.ctx_len);
+        EXPECT_EQ(w.partial, -1);
+        for (int64_t it = w.item_begin; it <= last; ++it) ++seen[size_t(w.seq)][size_t(it)];
+        const int64_t keys = causal ? s.ctx_len - s.q_len + last / group + 1 : s.ctx_len;
+        EXPECT_LE(keys, prev_keys) << "CTAs ordered by the keys they read";
+        prev_keys = keys;
+      }
+      for (const auto& v : seen)
+        for (int x : v) EXPECT_EQ(x, 1);
     }
-    for (const auto& v : seen)
-      for (int x : v) EXPECT_EQ(x, 1);
+}
+
+// The tensor-core CTAs' width (host only, no GPU): the widest whose grid (CTAs x KV heads)
+// reaches the SMs, else the narrowest; forced widths kept, others an error; the flash
+// decision itself as before (a decode step keeps the split plans).
+TEST(CudaAttentionPlan, FlashWidthFillsTheSms) {
+  auto seqs_of = [](int n, int32_t len) {
+    std::vector<AttnSeq> v;
+    for (int i = 0; i < n; ++i) v.push_back({i * len, len, len, 0});
+    return v;
+  };
+  struct Want {
+    const char* what;
+    std::vector<AttnSeq> seqs;
+    int64_t hq, hkv;
+    int sms, width;
+  };
+  const std::vector<Want> wants = {
+      {"BERT-base batch 1: 12 / 24 / 48 CTAs", seqs_of(1, 128), 12, 12, 132, 32},
+      {"BERT-base batch 8: 96 CTAs of 128, 192 of 64", seqs_of(8, 128), 12, 12, 132, 64},
+      {"BERT-base batch 32: 384 CTAs of 128", seqs_of(32, 128), 12, 12, 132, 128},
+      {"BERT-base batch 1 on 12 SMs", seqs_of(1, 128), 12, 12, 12, 128},
+      {"BERT-base batch 1 on 24 SMs", seqs_of(1, 128), 12, 12, 24, 64},
+      {"Llama 32/8 one prompt of 512: 128 CTAs of 128", seqs_of(1, 512), 32, 8, 132, 64},
+      {"Llama 32/8 one prompt of 2048", seqs_of(1, 2048), 32, 8, 132, 128},
+      {"ragged: 3 x 20 tokens, 8/8: 24 CTAs at any width", seqs_of(3, 20), 8, 8, 132, 32},
+      {"exactly num_sms CTAs of 128", seqs_of(11, 128), 12, 12, 132, 128},
+  };
+  for (const Want& w : wants) {
+    EXPECT_EQ(attention_flash_pick_width(w.seqs, w.hq, w.hkv, w.sms), w.width) << w.what;
+    EXPECT_EQ(attention_plan(w.seqs, w.hq, w.hkv, false, w.sms, 0, 1).flash_width, w.width) << w.what;
+    // Automatic: the same width where a sequence fills 64 items (the ragged case does not).
+    const bool full = w.seqs[0].q_len * (w.hq / w.hkv) >= 64;
+    EXPECT_EQ(attention_plan(w.seqs, w.hq, w.hkv, true, w.sms, 0, -1).flash_width, full ? w.width : 0) << w.what;
+  }
+  const std::vector<AttnSeq> bert = seqs_of(1, 128);
+  for (int forced : kFlashCtaWidths) EXPECT_EQ(attention_plan(bert, 12, 12, false, 132, 0, 1, forced).flash_width, forced);
+  for (int bad : {16, 48, 256, -64}) EXPECT_THROW(attention_plan(bert, 12, 12, false, 132, 0, 1, bad), Error) << bad;
+  // Not a tensor-core step: decode rows (automatic) and flash off, whatever the width.
+  const std::vector<AttnSeq> decode = {{0, 1, 300, 0}, {1, 1, 40, 0}};
+  EXPECT_EQ(attention_plan(decode, 32, 8, true, 132, 0, -1).flash_width, 0);
+  EXPECT_EQ(attention_plan(bert, 12, 12, false, 132, 0, 0, 64).flash_width, 0);
+  {
+    const ScopedEnv e("KILN_CUDA_FLASH_WIDTH", "");
+    EXPECT_EQ(attention_flash_width_from_env(), 0);
+  }
+  for (const char* ok : {"128", "64", "32"}) {
+    const ScopedEnv e("KILN_CUDA_FLASH_WIDTH", ok);
+    EXPECT_EQ(attention_flash_width_from_env(), std::atoi(ok));
+  }
+  for (const char* bad : {"48", "64x", "0", "-32", "99999999999"}) {
+    const ScopedEnv e("KILN_CUDA_FLASH_WIDTH", bad);
+    try {
+      (void)attention_flash_width_from_env();
+      ADD_FAILURE() << "KILN_CUDA_FLASH_WIDTH=" << bad << " accepted";
+    } catch (const Error& err) {
+      EXPECT_NE(std::string(err.what()).find("KILN_CUDA_FLASH_WIDTH"), std::string::npos) << err.what();
+    }
   }
 }
 
@@ -353,6 +420,38 @@ TEST(CudaAttention, EncoderBidirectionalWithoutCache) {
                             str_cat("encoder attn h=", c.hq, " d=", c.d, " seqs=", c.prompts.size(), " flash=", flash));
       unsetenv("KILN_CUDA_FLASH");
     }
+}
+
+// The tensor-core kernel at each CTA width (KILN_CUDA_FLASH_WIDTH, read when the graph
+// compiles) against the CPU backend: one-token blocks (the encoder path: K/V rows read in
+// place) bidirectional and causal, 16-token paged blocks causal (prompts of different
+// lengths, then chunks after the cached prefix, 1-token chunks beside long ones) and
+// bidirectional, int8/fp8 caches; head dims 64 and 128, MHA (12/12) and GQA (32/8); item
+// counts off every width (3, 45, 77, 308, ...).
+TEST(CudaAttention, TensorCoreWidthsMatchCpu) {
+  KILN_SKIP_WITHOUT_CUDA();
+  const std::vector<std::string> half{"f16", "bf16"};
+  for (int width : kFlashCtaWidths) {
+    const ScopedEnv width_env("KILN_CUDA_FLASH_WIDTH", std::to_string(width));
+    for (const Config& c : {Config{12, 12, 64, 1, {128, 77, 3}}, Config{32, 8, 128, 1, {45, 200}}})
+      for (bool causal : {false, true})
+        for (const std::string& dt : half) {
+          const ScopedEnv flash("KILN_CUDA_FLASH", "1");
+          std::mt19937_64 rng(uint64_t(c.d + width + causal));
+          const StepCase sc = cacheless_step(c, dt, rng);
+          expect_backends_match(attention_graph(c, causal), {sc}, dt, op_tolerance(dt),
+                                str_cat("encoder attn h=", c.hq, "/", c.hkv, " d=", c.d, causal ? " causal" : "",
+                                        " width=", width));
+        }
+    check_chunked(Config{32, 8, 128, 16, {}}, {{77, 150}, {200, 1}, {5, 64}}, KvDType::kAuto, half);
+    check_chunked(Config{12, 12, 64, 16, {}}, {{129, 60}, {45}, {1, 100}}, KvDType::kAuto, half);
+    check_chunked(Config{12, 12, 64, 16, {}}, {{100, 37}, {13}}, KvDType::kAuto, {"bf16"}, false);
+    check_chunked(Config{32, 8, 128, 16, {}}, {{90}, {33, 20}}, KvDType::kAuto, {"bf16"}, false);
+    for (KvDType kd : {KvDType::kInt8, KvDType::kFp8}) {
+      check_chunked(Config{32, 8, 128, 16, {}}, {{150, 40}, {37}}, kd, {"bf16"});
+      check_chunked(Config{12, 12, 64, 16, {}}, {{70}, {19, 3}}, kd, {"f16"});
+    }
+  }
 }
 
 // Packed q|k|v rows (pass fuse_qkv_attention) with RoPE inside (full and partial rotary

@@ -369,7 +369,7 @@ TEST(CudaFp8Fuse, FusedGraphIsBitIdenticalToUnfused) {
 // epilogue (KILN_CUDA_FLASH=1, head dims 64/128) or by a quantize pass over its own
 // output (the other plans), bit-identical to the unfused attention -> quantize -> GEMM.
 // Without a KV cache (encoder rows read in place), causal and not, sequences off the
-// kernel's 128-item CTA and 64-key tile, GQA and MHA.
+// kernel's CTA (of the width its plan picks: 32 or 64 items here) and 64-key tile, GQA and MHA.
 TEST(CudaFp8Fuse, AttentionWritesTheOProjectionsCodes) {
   KILN_SKIP_WITHOUT_CUDA();
   struct Case {

@@ -9,12 +9,14 @@
 // int8/fp8 caches; attention_fused.cu: the grouped-query decode kernel).
 #include "backends/cuda/ops/attention_kernels.cuh"
 
+#include <cstdlib>
+#include <iterator>
 #include <numeric>
 
 namespace kiln::cuda {
 
 // attention_flash.cu: the pipelined tensor-core prefill kernel (plans of
-// kFlashItemsPerCta-item CTAs).
+// AttentionPlan::flash_width-item CTAs).
 void launch_attention_flash(const AttentionArgs& a, cudaStream_t s);
 namespace {
 
@@ -93,23 +95,47 @@ bool attention_flash_supported(DType t, int64_t d) {
   return (t == DType::kBF16 || t == DType::kF16) && (d == 64 || d == 128);
 }
 
+int attention_flash_pick_width(const std::vector<AttnSeq>& seqs, int64_t hq, int64_t hkv, int num_sms) {
+  const int64_t group = hq / hkv;
+  for (int width : kFlashCtaWidths) {
+    int64_t ctas = 0;
+    for (const AttnSeq& s : seqs) ctas += (int64_t(s.q_len) * group + width - 1) / width;
+    if (ctas * hkv >= num_sms) return width;
+  }
+  return kFlashCtaWidths[std::size(kFlashCtaWidths) - 1];
+}
+
+int attention_flash_width_from_env() {
+  const char* e = std::getenv("KILN_CUDA_FLASH_WIDTH");
+  if (!e || !*e) return 0;
+  char* end = nullptr;
+  const long v = std::strtol(e, &end, 10);
+  KILN_THROW_IF(*end != '\0' || v > 1024 || !attention_flash_width_valid(int(v)), kInvalidArgument,
+                "KILN_CUDA_FLASH_WIDTH='", e,
+                "': expected 128, 64 or 32 (items per tensor-core attention CTA) or unset (picked per step)");
+  return int(v);
+}
+
 AttentionPlan attention_plan(const std::vector<AttnSeq>& seqs, int64_t hq, int64_t hkv, bool causal,
-                             int num_sms, int64_t split_chunk, int flash) {
+                             int num_sms, int64_t split_chunk, int flash, int flash_width) {
+  KILN_THROW_IF(flash_width != 0 && !attention_flash_width_valid(flash_width), kInvalidArgument,
+                "cuda attention plan: tensor-core CTA width ", flash_width, " (expected 0: picked, 128, 64 or 32)");
   const int64_t group = hq / hkv;
   AttentionPlan plan;
   if (flash != 0) {
     // Automatic: when some sequence fills 64 items (a prefill chunk; BERT-base at one
     // sequence of 128 tokens: 24 CTAs, 0.57 vs 0.69 ms per forward with the tile kernel's
-    // 96) or the CTAs fill the GPU.
-    constexpr int64_t kFullItems = 64, width = kFlashItemsPerCta;
+    // 96) or the 128-item CTAs fill the GPU.
+    constexpr int64_t kFullItems = 64;
     int64_t ctas = 0;
     bool full_cta = false;
     for (const AttnSeq& s : seqs) {
-      ctas += (int64_t(s.q_len) * group + width - 1) / width;
+      ctas += (int64_t(s.q_len) * group + kFlashMaxItemsPerCta - 1) / kFlashMaxItemsPerCta;
       full_cta = full_cta || int64_t(s.q_len) * group >= kFullItems;
     }
     if (flash > 0 || full_cta || ctas * hkv >= num_sms) {
-      plan.flash = true;
+      const int64_t width = flash_width > 0 ? flash_width : attention_flash_pick_width(seqs, hq, hkv, num_sms);
+      plan.flash_width = int32_t(width);
       // Causal: a sequence's later rows see more keys; their CTAs go first.
       std::vector<int64_t> keys;  // keys each CTA reads: the longest start first
       for (size_t i = 0; i < seqs.size(); ++i) {
@@ -215,8 +241,10 @@ void launch_attention(const AttentionArgs& a, cudaStream_t s) {
   KILN_THROW_IF(a.num_partials > 0 && !a.workspace, kInternal, "cuda attention: split plan without workspace");
   if (a.kv_code != KvCode::kNone)
     KILN_THROW_IF(!a.k_scales || !a.v_scales, kInternal, "cuda attention: a quantized cache without scales");
-  KILN_THROW_IF(a.out_codes && !a.flash, kInternal, "cuda attention: output codes need a tensor-core plan");
-  if (a.flash) {
+  KILN_THROW_IF(a.out_codes && a.flash_width == 0, kInternal, "cuda attention: output codes need a tensor-core plan");
+  if (a.flash_width != 0) {
+    KILN_THROW_IF(!attention_flash_width_valid(a.flash_width), kInternal, "cuda attention: a tensor-core plan of ",
+                  a.flash_width, "-item CTAs (expected 128, 64 or 32)");
     KILN_THROW_IF(!attention_flash_supported(a.dtype, a.d), kInternal, "cuda attention: a tensor-core plan for ",
                   dtype_name(a.dtype), " head_dim ", a.d);
     launch_attention_flash(a, s);

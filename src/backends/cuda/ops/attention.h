@@ -1,13 +1,13 @@
 // Paged attention on the device: the KV-cache write (new K/V rows into the block pool
 // through slot_mapping, or fused with RoPE for packed q|k|v rows) and the attention kernels:
 // a tensor-core (flash) kernel for prefill in 16-bit (attention_flash.cuh: pipelined,
-// 128-item CTAs), a tile kernel for f32 prefill, small prefills and split decode, and a
-// decode kernel whose warps split the keys when a CTA has at most 8 (query row, head)
-// items and the plan is unsplit. The host plans each step once (attention_plan): a list
-// of CTAs, each covering up to kAttnItemsPerCta (query row, head) items of one sequence
-// and one KV head over a range of context positions; a sequence with few query rows and
-// a long context is split along the context (split-KV) and its partial results merged by
-// a combine kernel.
+// CTAs of 128, 64 or 32 items, the plan's choice), a tile kernel for f32 prefill, small
+// prefills and split decode, and a decode kernel whose warps split the keys when a CTA
+// has at most 8 (query row, head) items and the plan is unsplit. The host plans each step
+// once (attention_plan): a list of CTAs, each covering up to kAttnItemsPerCta (query row,
+// head) items of one sequence and one KV head over a range of context positions; a
+// sequence with few query rows and a long context is split along the context (split-KV)
+// and its partial results merged by a combine kernel.
 // Quantized caches (KvCode int8/fp8: one-byte codes with an f32 scale per (slot, kv
 // head), KvDType in backends/backend.h) run through the same kernels, which dequantize
 // as they load K/V: the decode and tile kernels into f32 registers/shared memory, the
@@ -42,8 +42,15 @@ enum class AttnOutCode : uint8_t { kFp8, kInt8 };
 
 // (query row, head) items one CTA handles: 4 warps × 4 items.
 constexpr int kAttnItemsPerCta = 16;
-// Items of a tensor-core (flash) CTA (attention_flash.cuh): 8 warps × 16, one MMA's rows each.
-constexpr int kFlashItemsPerCta = 128;
+// Items of a tensor-core (flash) CTA (attention_flash.cuh): warps × 16, one MMA's rows each.
+// The plan takes the widest whose grid still gives every SM a CTA (AttentionPlan::flash_width).
+constexpr int kFlashCtaWidths[] = {128, 64, 32};
+constexpr int kFlashMaxItemsPerCta = kFlashCtaWidths[0];
+constexpr bool attention_flash_width_valid(int width) {
+  for (int w : kFlashCtaWidths)
+    if (w == width) return true;
+  return false;
+}
 
 // One sequence of the step as the kernels read it (int32s, see StepSequence).
 struct AttnSeq {
@@ -64,7 +71,9 @@ struct AttentionPlan {
   std::vector<AttnWork> work;
   std::vector<AttnCombine> combine;
   int32_t num_partials = 0;
-  bool flash = false;  // work items are kFlashItemsPerCta wide, for the tensor-core kernel
+  // > 0: a plan of the tensor-core kernel whose CTAs take this many (query row, head)
+  // items each (one of kFlashCtaWidths); 0: the tile / decode kernels'.
+  int32_t flash_width = 0;
   // > 0: a plan of the cluster decode kernel (attention_plan_decode_cluster): this many
   // splits per (sequence, KV head), no work items, no partials in global memory.
   int32_t decode_splits = 0;
@@ -77,10 +86,20 @@ bool attention_flash_supported(DType t, int64_t d);
 // split_chunk: keys per split; 0 picks one so that the grid fills about 2 waves of
 // `num_sms` multiprocessors, < 0 never splits. flash (only where
 // attention_flash_supported): 0 never plans the tensor-core kernel, > 0 always, < 0
-// when a sequence fills 64 items or the tensor-core CTAs fill the GPU (prefill;
+// when a sequence fills 64 items or the 128-item tensor-core CTAs fill the GPU (prefill;
 // decode steps keep the split plans); its CTAs are listed with the most keys first.
+// flash_width: the tensor-core CTAs' items, 0 picked per step (attention_flash_pick_width),
+// else one of kFlashCtaWidths (tests, measurements; anything else is an error).
 AttentionPlan attention_plan(const std::vector<AttnSeq>& seqs, int64_t hq, int64_t hkv, bool causal,
-                             int num_sms, int64_t split_chunk = 0, int flash = 0);
+                             int num_sms, int64_t split_chunk = 0, int flash = 0, int flash_width = 0);
+// The width of a tensor-core plan: the widest of kFlashCtaWidths whose grid (CTAs x KV
+// heads) reaches num_sms, else the narrowest (a small step - BERT-base at batch 1, 12
+// heads: 12 CTAs of 128 items, 48 of 32 - would leave most SMs idle; a large one keeps
+// 128, whose K/V tiles serve the most items).
+int attention_flash_pick_width(const std::vector<AttnSeq>& seqs, int64_t hq, int64_t hkv, int num_sms);
+// KILN_CUDA_FLASH_WIDTH, read once when a graph is compiled: unset or empty 0 (picked per
+// step), else 128, 64 or 32 (tests, measurements); another value is an error naming it.
+int attention_flash_width_from_env();
 // The plan of a pure decode step (one query row per sequence) with a fixed number of
 // splits per sequence that depends only on the batch and head shapes, not on the
 // context lengths: the grid stays the same from step to step, so a captured CUDA graph
@@ -135,7 +154,7 @@ struct AttentionArgs {
   int32_t num_combine = 0;
   int32_t num_partials = 0;
   float* workspace = nullptr;       // attention_workspace_floats()
-  bool flash = false;               // the plan is a tensor-core one (AttentionPlan::flash)
+  int32_t flash_width = 0;          // > 0: the plan is a tensor-core one (AttentionPlan::flash_width)
   // The fused decode kernel (launch_attention_fused_decode) only: the step's new K/V
   // rows (one per sequence, row q_start, new_stride elements apart; k not yet rotated),
   // RoPE (inv_freq null: none), the cache write through slot_mapping, and the split

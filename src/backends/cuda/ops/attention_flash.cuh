@@ -1,12 +1,14 @@
 // Internal to the CUDA backend's attention: the pipelined tensor-core prefill kernel
-// (FlashAttention-2 structure; attention.h's plans with flash set, kFlashItemsPerCta-item
-// CTAs), templated on the activation type T (bf16/f16), the head dim D (64/128) and the
-// cache's codes Q. Included by attention_flash.cu (Q = kNone) and attention_flash_quant.cu
+// (FlashAttention-2 structure; attention.h's plans with flash_width set), templated on the
+// activation type T (bf16/f16), the head dim D (64/128), the cache's codes Q and the CTA's
+// items W (128, 64 or 32: W / 16 warps). Included by attention_flash.cu (Q = kNone) and attention_flash_quant.cu
 // (int8, fp8). Tested against the CPU backend in tests/backends/cuda/attention_test.cpp
 // (forced on), and against the tile kernel in bench/cuda_attention_bench.cpp.
 //
-// A CTA takes 128 (query row, head) items of one sequence and one KV head - the GQA heads
-// of a row share the KV head's tiles - as 8 warps x 16 items, the M of one m16n8k16 MMA.
+// A CTA takes W (query row, head) items of one sequence and one KV head - the GQA heads
+// of a row share the KV head's tiles - as W / 16 warps x 16 items, the M of one m16n8k16
+// MMA. Narrower CTAs read each K/V tile for fewer items but spread a small step (BERT at
+// batch 1: 12 CTAs of 128) over more SMs; the plan picks W (attention_flash_pick_width).
 // Q is staged once in shared memory (ldmatrix A fragments per 16-dim slice; keeping it in
 // registers would cost the 32 that let two CTAs share an SM). 64-key tiles of K and V
 // are double-buffered: tile i+1 is requested (cp.async) right after the barrier that
@@ -34,7 +36,12 @@
 namespace kiln::cuda {
 namespace {
 
-constexpr int kF2Warps = kFlashItemsPerCta / 16, kF2Threads = kF2Warps * 32, kF2Keys = 64;
+constexpr int kF2Keys = 64;
+// Threads of a W-item CTA: one warp per 16 items.
+template <int W>
+constexpr int flash2_threads() {
+  return W / 16 * 32;
+}
 
 __device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void* smem) {
   const unsigned a = unsigned(__cvta_generic_to_shared(smem));
@@ -50,14 +57,15 @@ __device__ __forceinline__ int64_t f2_slot(const int32_t* bt, int bs, int bs_shi
   return int64_t(bt[b]) * bs + (p - b * bs);
 }
 
-template <int D, typename T>
+template <int D, typename T, int W>
 constexpr size_t flash2_smem_bytes() {
-  return size_t(kFlashItemsPerCta + 4 * kF2Keys) * size_t(D + 8) * sizeof(T);
+  return size_t(W + 4 * kF2Keys) * size_t(D + 8) * sizeof(T);
 }
 
-// Two CTAs (16 warps) per SM: at most 128 registers a thread.
-template <typename T, int D, KvCode Q>
-__global__ void __launch_bounds__(kF2Threads, 2)
+// 16 warps per SM (two 128-item CTAs, four of 64, eight of 32): at most 128 registers a
+// thread whatever the width.
+template <typename T, int D, KvCode Q, int W>
+__global__ void __launch_bounds__(flash2_threads<W>(), 16 / (W / 16))
     flash2_attention_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restrict__ k_cache,
                             const KvElem<T, Q>* __restrict__ v_cache,
                             const float* __restrict__ k_scales, const float* __restrict__ v_scales,
@@ -69,14 +77,18 @@ __global__ void __launch_bounds__(kF2Threads, 2)
                             const AttnWork* __restrict__ works) {
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
   static_assert(D == 64 || D == 128);
+  static_assert(attention_flash_width_valid(W));
+  constexpr int kF2Threads = flash2_threads<W>();
+  // The slot lookups below give each of a tile's keys one thread.
+  static_assert(kF2Threads >= kF2Keys);
   // SK: keys per softmax step (a 32-key S for D = 128 leaves the registers for two CTAs per SM).
   constexpr int LD = D + 8, KC = D / 16, SK = D == 128 ? 32 : 64, NT = SK / 8, DT = D / 8,
                 CPR = D / 8;
   constexpr int KSTEP = kF2Threads / CPR, KPT = kF2Keys / KSTEP;  // keys per pass, passes per tile
   static_assert(kF2Threads % CPR == 0 && kF2Keys % KSTEP == 0);
   extern __shared__ __align__(16) unsigned char f2_smem[];
-  T* qs = reinterpret_cast<T*>(f2_smem);   // [128][LD]
-  T* kbuf = qs + kFlashItemsPerCta * LD;   // [2][64][LD]
+  T* qs = reinterpret_cast<T*>(f2_smem);   // [W][LD]
+  T* kbuf = qs + W * LD;                   // [2][64][LD]
   T* vbuf = kbuf + 2 * kF2Keys * LD;       // [2][64][LD]
 
   // Work-major order: the plan lists the longest CTAs first, and all KV heads of one
@@ -93,7 +105,7 @@ __global__ void __launch_bounds__(kF2Threads, 2)
     return min(causal ? ctx0 + item / group + 1 : sq.ctx_len, w.kv_end);
   };
 
-  for (int e = threadIdx.x; e < kFlashItemsPerCta * CPR; e += kF2Threads) {
+  for (int e = threadIdx.x; e < W * CPR; e += kF2Threads) {
     const int li = e / CPR, c = (e % CPR) * 8, item = w.item_begin + li;
     const bool valid = item < n_items;
     const T* src = valid ? q + int64_t(sq.q_start + item / group) * q_stride +
@@ -101,7 +113,7 @@ __global__ void __launch_bounds__(kF2Threads, 2)
                          : q;
     cp_async16(qs + li * LD + c, src, valid);
   }
-  const int last = min(n_items, w.item_begin + kFlashItemsPerCta) - 1;
+  const int last = min(n_items, w.item_begin + W) - 1;
   // The CTA reads keys [kv_begin, hi).
   const int hi = last >= w.item_begin ? item_lim(last) : w.kv_begin;
   const int first_w = w.item_begin + warp * 16;
@@ -306,12 +318,12 @@ __global__ void __launch_bounds__(kF2Threads, 2)
   }
 }
 
-// Launches a tensor-core plan for activations T, head dim D and
+// Launches a tensor-core plan of W-item CTAs for activations T, head dim D and
 // cache codes Q: one CTA per (work item, KV head), work-major.
-template <typename T, int D, KvCode Q>
+template <typename T, int D, KvCode Q, int W>
 void launch_flash2_typed(const AttentionArgs& a, cudaStream_t s) {
-  constexpr size_t smem = flash2_smem_bytes<D, T>();
-  auto* kernel = flash2_attention_kernel<T, D, Q>;
+  constexpr size_t smem = flash2_smem_bytes<D, T, W>();
+  auto* kernel = flash2_attention_kernel<T, D, Q, W>;
   // Over 48 KiB of dynamic shared memory needs the opt-in, once per device.
   constexpr int kMaxDevices = 64;
   static std::atomic<bool> opted[kMaxDevices];
@@ -327,7 +339,7 @@ void launch_flash2_typed(const AttentionArgs& a, cudaStream_t s) {
   const int bs_shift = bs > 0 && (bs & (bs - 1)) == 0 ? __builtin_ctz(unsigned(bs)) : -1;
   const int64_t qs = a.q_stride ? a.q_stride : a.hq * D,
                 kvs = a.kv_stride ? a.kv_stride : a.hkv * D;
-  launch_k(kernel, dim3(unsigned(int64_t(a.num_work) * a.hkv)), dim3(kF2Threads), smem, s,
+  launch_k(kernel, dim3(unsigned(int64_t(a.num_work) * a.hkv)), dim3(flash2_threads<W>()), smem, s,
            static_cast<const T*>(a.q), static_cast<const KvElem<T, Q>*>(a.k_cache),
            static_cast<const KvElem<T, Q>*>(a.v_cache), a.k_scales, a.v_scales,
            static_cast<T*>(a.out), a.out_codes, a.out_code_inv, a.out_code == AttnOutCode::kInt8, bs, bs_shift, int(a.hq), int(a.hkv), qs, kvs,
@@ -335,7 +347,26 @@ void launch_flash2_typed(const AttentionArgs& a, cudaStream_t s) {
   KILN_CUDA_CHECK_LAUNCH();
 }
 
-// launch_flash2_typed for bf16 / f16 and head dims 64 / 128, with cache codes Q.
+// launch_flash2_typed for the plan's CTA width (AttentionArgs::flash_width).
+template <typename T, int D, KvCode Q>
+void launch_flash2_width(const AttentionArgs& a, cudaStream_t s) {
+  switch (a.flash_width) {
+    case 128:
+      launch_flash2_typed<T, D, Q, 128>(a, s);
+      break;
+    case 64:
+      launch_flash2_typed<T, D, Q, 64>(a, s);
+      break;
+    case 32:
+      launch_flash2_typed<T, D, Q, 32>(a, s);
+      break;
+    default:
+      throw_error(ErrorCode::kInternal, "cuda flash attention: CTAs of ", a.flash_width,
+                  " items (expected 128, 64 or 32)");
+  }
+}
+
+// launch_flash2_width for bf16 / f16 and head dims 64 / 128, with cache codes Q.
 template <KvCode Q>
 void launch_flash2_codes(const AttentionArgs& a, cudaStream_t s) {
   KILN_THROW_IF(a.d != 64 && a.d != 128, kInternal, "cuda flash attention: head_dim ", a.d,
@@ -343,15 +374,15 @@ void launch_flash2_codes(const AttentionArgs& a, cudaStream_t s) {
   switch (a.dtype) {
     case DType::kBF16:
       if (a.d == 64)
-        launch_flash2_typed<__nv_bfloat16, 64, Q>(a, s);
+        launch_flash2_width<__nv_bfloat16, 64, Q>(a, s);
       else
-        launch_flash2_typed<__nv_bfloat16, 128, Q>(a, s);
+        launch_flash2_width<__nv_bfloat16, 128, Q>(a, s);
       break;
     case DType::kF16:
       if (a.d == 64)
-        launch_flash2_typed<__half, 64, Q>(a, s);
+        launch_flash2_width<__half, 64, Q>(a, s);
       else
-        launch_flash2_typed<__half, 128, Q>(a, s);
+        launch_flash2_width<__half, 128, Q>(a, s);
       break;
     default:
       throw_error(ErrorCode::kInternal, "cuda flash attention: dtype ", dtype_name(a.dtype),

@@ -677,7 +677,7 @@ void attention_dispatch(DType t, int64_t d, Fn&& fn) {
 // Launches the plan's kernels for activations T, head dim D and cache codes Q.
 template <typename T, int D, KvCode Q>
 void launch_typed(const AttentionArgs& a, cudaStream_t s) {
-  KILN_CHECK(!a.flash, "cuda attention: a tensor-core plan reached the tile kernels");
+  KILN_CHECK(a.flash_width == 0, "cuda attention: a tensor-core plan reached the tile kernels");
   const TypedAttention<T, D, Q> ta(a);
   // Every CTA's items fit a warp's registers and the plan did not split the context
   // (a batch large enough to fill the GPU): the decode kernel, whose warps split the keys
