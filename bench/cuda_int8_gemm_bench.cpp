@@ -303,7 +303,7 @@ int main() {
     std::printf("\nGELU (erf) passes alone, bf16 in (CUDA graphs): us (GB/s, %% of the copy)\n\n| rows x k | copy T |"
                 " T out | T out, table smem | T out, table L1 | codes static | static, smem | static, L1 |"
                 " codes per token | per token, smem | per token, L1 |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
-    for (const auto& [m, n] : {std::pair<int64_t, int64_t>{4096, 3072}, {2048, 14336}}) {
+    for (const auto& [m, n] : {std::pair<int64_t, int64_t>{4096, 3072}, {2048, 14336}, {128, 3072}}) {
       const int64_t count = m * n;
       DeviceBuffer x{size_t(count) * 2}, y{size_t(count) * 2}, q{size_t(count)}, rs{size_t(m) * 4}, four{2};
       launch_fill_random(x.get(), DType::kBF16, count, 21, nullptr);

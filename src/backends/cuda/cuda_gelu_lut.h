@@ -9,7 +9,7 @@
 // (a small pass loses to the table's L1 misses); =1 takes the tables for every erf GELU
 // pass of any size, =0 for none. The tables are built while a graph is compiled and
 // kept in the CudaContext. Tested in tests/backends/cuda/unary_lut_test.cpp (the switch
-// without a GPU) and w8a8_models_test.cpp (models with it on and off, bit for bit).
+// without a GPU) and gelu_lut_models_test.cpp (models with it on and off, bit for bit).
 #pragma once
 
 #include <cuda_runtime_api.h>
