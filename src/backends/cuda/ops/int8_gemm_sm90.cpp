@@ -62,7 +62,6 @@ bool aligned16(const void* p) { return p && reinterpret_cast<uintptr_t>(p) % 16 
 // The devices whose codes-epilogue table is set, per activation dtype (bf16, f16).
 std::mutex g_tables_mu;
 std::set<std::pair<int, DType>> g_tables_set;
-#endif
 
 int8_sm90::Problem problem(const int8_t* x, const int8_t* w, void* y, int64_t m, int64_t n,
                            int64_t k, const Int8Epilogue& e, int sm_count, float code_inv = 0.0f) {
@@ -78,6 +77,7 @@ int8_sm90::Problem problem(const int8_t* x, const int8_t* w, void* y, int64_t m,
   p.sm_count = sm_count;
   return p;
 }
+#endif
 
 }  // namespace
 
