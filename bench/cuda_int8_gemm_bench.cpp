@@ -79,6 +79,21 @@ float graph_ms(F&& f, cudaStream_t s) {
   return t[t.size() / 2];
 }
 
+// The bf16 GELU tables the passes read (ops/unary_lut.h, KILN_CUDA_GELU_LUT): values, and
+// codes for `inv`; complete on return, before a non-blocking stream reads them.
+struct GeluTables {
+  DeviceBuffer values{size_t(kUnaryLutEntries) * 2}, codes{size_t(kUnaryLutEntries)};
+  UnaryLut lut;
+  explicit GeluTables(float inv) {
+    launch_unary_lut_fill(UnaryOp::kGeluErf, DType::kBF16, static_cast<uint16_t*>(values.get()), nullptr);
+    launch_unary_lut_fill_codes(UnaryOp::kGeluErf, DType::kBF16, inv, static_cast<int8_t*>(codes.get()), nullptr);
+    lut.values = static_cast<const uint16_t*>(values.get());
+    lut.codes = static_cast<const int8_t*>(codes.get());
+    lut.inv = inv;
+    KILN_CUDA_CHECK(cudaDeviceSynchronize());
+  }
+};
+
 }  // namespace
 
 int main() {
@@ -216,15 +231,8 @@ int main() {
     e.w_scale = static_cast<const float*>(ws.get());
     e.bias = static_cast<const float*>(bias.get());
     const float inv = 1.0f / 0.03f;
-    // The GELU tables (KILN_CUDA_GELU_LUT): bf16 values, and codes for `inv`.
-    DeviceBuffer lut_values{size_t(kUnaryLutEntries) * 2}, lut_codes{size_t(kUnaryLutEntries)};
-    launch_unary_lut_fill(UnaryOp::kGeluErf, DType::kBF16, static_cast<uint16_t*>(lut_values.get()), nullptr);
-    launch_unary_lut_fill_codes(UnaryOp::kGeluErf, DType::kBF16, inv, static_cast<int8_t*>(lut_codes.get()), nullptr);
-    UnaryLut lut;
-    lut.values = static_cast<const uint16_t*>(lut_values.get());
-    lut.codes = static_cast<const int8_t*>(lut_codes.get());
-    lut.inv = inv;
-    KILN_CUDA_CHECK(cudaDeviceSynchronize());  // the tables are complete before gs (non-blocking) reads them
+    const GeluTables tables(inv);
+    const UnaryLut& lut = tables.lut;
     struct Way {
       const char* what;
       GemvEpilogue act;
@@ -292,14 +300,9 @@ int main() {
   {
     // The GELU passes alone, bf16 in (random in [-4, 4)), out of place: arithmetic against
     // the tables. GB/s counts the bytes read and written (T out: 4 a value; codes: 3).
-    DeviceBuffer lut_values{size_t(kUnaryLutEntries) * 2}, lut_codes{size_t(kUnaryLutEntries)};
     const float inv = 1.0f / 0.03f;
-    launch_unary_lut_fill(UnaryOp::kGeluErf, DType::kBF16, static_cast<uint16_t*>(lut_values.get()), nullptr);
-    launch_unary_lut_fill_codes(UnaryOp::kGeluErf, DType::kBF16, inv, static_cast<int8_t*>(lut_codes.get()), nullptr);
-    UnaryLut lut;
-    lut.values = static_cast<const uint16_t*>(lut_values.get());
-    lut.codes = static_cast<const int8_t*>(lut_codes.get());
-    lut.inv = inv;
+    const GeluTables tables(inv);
+    const UnaryLut& lut = tables.lut;
     std::printf("\nGELU (erf) passes alone, bf16 in (CUDA graphs): us (GB/s, %% of the copy)\n\n| rows x k | copy T |"
                 " T out | T out, table smem | T out, table L1 | codes static | static, smem | static, L1 |"
                 " codes per token | per token, smem | per token, L1 |\n|---|---|---|---|---|---|---|---|---|---|---|\n");

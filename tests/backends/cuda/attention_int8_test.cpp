@@ -185,12 +185,6 @@ ir::Graph attention_graph(std::mt19937_64& rng, int64_t hq, int64_t hkv, int64_t
   return g;
 }
 
-const ir::Node& node_named(const ir::Graph& g, const std::string& name) {
-  for (const ir::Node& n : g.nodes())
-    if (n.name == name) return n;
-  throw_error(ErrorCode::kNotFound, "no node ", name);
-}
-
 TEST(CudaAttentionInt8, WhichAttentionsWriteCodes) {
   ScopedEnv env("KILN_CUDA_INT8_FUSE", "1");
   std::mt19937_64 rng(11);
@@ -275,22 +269,7 @@ TEST(CudaAttentionInt8, GraphIsBitIdenticalToUnfused) {
         const TensorMap ref = copy(off->run(in, step, nullptr));
         for (int rep = 0; rep < 3; ++rep) {
           const TensorMap got = copy(on->run(in, step, nullptr));
-          ASSERT_EQ(got.size(), ref.size()) << what;
-          for (auto& [name, r] : ref) {
-            const Tensor& x = got.at(name);
-            ASSERT_EQ(x.shape(), r.shape()) << what << " " << name;
-            size_t bad = 0;
-            float max_ref = 0;
-            for (int64_t i = 0; i < r.numel(); ++i) {
-              max_ref = std::max(max_ref, std::fabs(r.data_as<float>()[i]));
-              bad += f32_bits(x.data_as<float>()[i]) != f32_bits(r.data_as<float>()[i]);
-            }
-            if (rep == 0)
-              std::printf("  attention codes %s: %s %lld values, %zu differ, max|ref| %.3g\n", what.c_str(),
-                          name.c_str(), (long long)r.numel(), bad, max_ref);
-            EXPECT_EQ(bad, 0u) << what << " run " << rep << " output " << name;
-            EXPECT_GT(max_ref, 0.0f) << what << " output " << name << " is all zeros";
-          }
+          expect_outputs_bit_identical(got, ref, str_cat("attention codes ", what, " run ", rep));
         }
       }
 }

@@ -20,6 +20,7 @@
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/ops/norm.h"
 #include "core/dtype.h"
+#include "core/status.h"
 #include "ir/graph.h"
 
 namespace kiln::cuda::testing {
@@ -144,6 +145,13 @@ inline Diff diff(const Tensor& got, const Tensor& ref) {
     d.max_ref = std::max(d.max_ref, std::fabs(r));
   }
   return d;
+}
+
+// The node called `name` in g (kNotFound naming it when there is none).
+inline const ir::Node& node_named(const ir::Graph& g, const std::string& name) {
+  for (const ir::Node& n : g.nodes())
+    if (n.name == name) return n;
+  throw_error(ErrorCode::kNotFound, "no node ", name);
 }
 
 // Every output of `got` equals `ref`'s bit for bit and is not all zeros (a fused graph

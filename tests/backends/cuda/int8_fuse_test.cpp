@@ -82,6 +82,19 @@ void expect_same_codes(const std::vector<int8_t>& fused, const std::vector<int8_
   }
 }
 
+// Per-token row scales of a fused kernel against the unfused quantize's, bit for bit; with
+// zero_row, row 1 of the input held zeros, so its scale must be 1.
+void expect_same_row_scales(const Dev& fused, const Dev& unfused, int64_t rows, const std::string& what,
+                            bool zero_row) {
+  const auto sa = unfused.host<float>(size_t(rows)), sb = fused.host<float>(size_t(rows));
+  size_t bad = 0;
+  for (size_t i = 0; i < sa.size(); ++i) bad += std::memcmp(&sa[i], &sb[i], 4) != 0;
+  EXPECT_EQ(bad, 0u) << what << ": row scales";
+  if (zero_row && rows > 1) {
+    EXPECT_EQ(sb[1], 1.0f) << what << ": the zero row's scale";
+  }
+}
+
 TEST(CudaInt8Fuse, NormKernelsWriteTheQuantizeKernelsCodes) {
   KILN_SKIP_WITHOUT_CUDA();
   struct Case {
@@ -140,17 +153,7 @@ TEST(CudaInt8Fuse, NormKernelsWriteTheQuantizeKernelsCodes) {
                           mode == NormShort::kWarp ? " (warp kernel)" : "");
               expect_same_codes(q_b.host<int8_t>(size_t(n)), q_a.host<int8_t>(size_t(n)), what,
                                 !per_token);
-              if (per_token) {
-                const auto sa_h = rs_a.host<float>(size_t(rows)),
-                           sb_h = rs_b.host<float>(size_t(rows));
-                size_t bad = 0;
-                for (int64_t i = 0; i < rows; ++i)
-                  bad += std::memcmp(&sa_h[size_t(i)], &sb_h[size_t(i)], 4) != 0;
-                EXPECT_EQ(bad, 0u) << what << ": row scales";
-                if (rms && !residual && rows > 1) {
-                  EXPECT_EQ(sb_h[1], 1.0f) << what << ": the zero row's scale";
-                }
-              }
+              if (per_token) expect_same_row_scales(rs_b, rs_a, rows, what, rms && !residual);
               if (residual) {
                 EXPECT_EQ(sum_b.host(size_t(n) * 2), sum_a.host(size_t(n) * 2)) << what << ": sum";
               }
@@ -226,17 +229,7 @@ TEST(CudaInt8Fuse, DualNormKernelsWriteTheNormAndItsCodes) {
               EXPECT_EQ(y_bad, 0u) << what << ": T output (" << n << " values)";
               expect_same_codes(q_b.host<int8_t>(size_t(n)), q_a.host<int8_t>(size_t(n)), what,
                                 !per_token);
-              if (per_token) {
-                const auto sa_h = rs_a.host<float>(size_t(rows)),
-                           sb_h = rs_b.host<float>(size_t(rows));
-                size_t bad = 0;
-                for (int64_t i = 0; i < rows; ++i)
-                  bad += std::memcmp(&sa_h[size_t(i)], &sb_h[size_t(i)], 4) != 0;
-                EXPECT_EQ(bad, 0u) << what << ": row scales";
-                if (rms && !residual && rows > 1) {
-                  EXPECT_EQ(sb_h[1], 1.0f) << what << ": the zero row's scale";
-                }
-              }
+              if (per_token) expect_same_row_scales(rs_b, rs_a, rows, what, rms && !residual);
               if (residual) {
                 EXPECT_EQ(sum_b.host(size_t(n) * 2), sum_a.host(size_t(n) * 2)) << what << ": sum";
               }
@@ -275,14 +268,7 @@ TEST(CudaInt8Fuse, MulKernelWritesTheQuantizeKernelsCodes) {
                       " k=", k);
           expect_same_codes(q_b.host<int8_t>(size_t(n)), q_a.host<int8_t>(size_t(n)), what,
                             !per_token);
-          if (per_token) {
-            const auto sa = rs_a.host<float>(size_t(rows)), sb = rs_b.host<float>(size_t(rows));
-            EXPECT_EQ(0, std::memcmp(sa.data(), sb.data(), sa.size() * 4))
-                << what << ": row scales";
-            if (rows > 1) {
-              EXPECT_EQ(sb[1], 1.0f) << what << ": the zero row's scale";
-            }
-          }
+          if (per_token) expect_same_row_scales(rs_b, rs_a, rows, what, true);
         }
       }
 }
@@ -328,14 +314,7 @@ TEST(CudaInt8Fuse, ActivationKernelWritesTheQuantizeKernelsCodes) {
               str_cat(dtype_name(dt), " activation ", int(op), per_token ? " per-token" : " static",
                       " rows=", rows, " k=", k, " offsets ", cs.x_off, "/", cs.q_off);
           expect_same_codes(got, q_a.host<int8_t>(size_t(n)), what, !per_token);
-          if (per_token) {
-            const auto sa = rs_a.host<float>(size_t(rows)), sb = rs_b.host<float>(size_t(rows));
-            EXPECT_EQ(0, std::memcmp(sa.data(), sb.data(), sa.size() * 4))
-                << what << ": row scales";
-            if (rows > 1) {
-              EXPECT_EQ(sb[1], 1.0f) << what << ": the zero row's scale";
-            }
-          }
+          if (per_token) expect_same_row_scales(rs_b, rs_a, rows, what, true);
         }
       }
 }
@@ -838,12 +817,6 @@ ir::Graph ffn_graph(std::mt19937_64& rng) {
   g.add_output("d2", linear(up_d, 128, 64, 1.0, false, "", "down_d"));
   ir::verify(g);
   return g;
-}
-
-const ir::Node& node_named(const ir::Graph& g, const std::string& name) {
-  for (const ir::Node& n : g.nodes())
-    if (n.name == name) return n;
-  throw_error(ErrorCode::kNotFound, "no node ", name);
 }
 
 TEST(CudaInt8Fuse, ActivationLinearsWriteCodes) {

@@ -100,16 +100,23 @@ void check_encoder(const std::string& dir, const quant::CalibrationTable& table,
   EXPECT_GE(cos1, 0.999) << what << " (3 tokens)";
 }
 
+// W8A8 options with activation scales calibrated by `method` (static or per-token
+// `scales`; SmoothQuant's alpha at its default).
+QuantOptions w8a8_quant(const char* method, const char* scales) {
+  QuantOptions q;
+  q.mode = "w8a8";
+  q.method = method;
+  q.act_scale = scales;
+  return q;
+}
+
 TEST(CudaW8a8Model, TinyBertMatchesCpuW8a8) {
   KILN_SKIP_WITHOUT_CUDA();
   const std::string dir = fixtures_dir() + "/models/bert";
   const auto calib = random_tokens(std::vector<int>(8, 48), 1, 512, 4);
   const auto seqs = random_tokens({100, 57, 3, 120}, 1, 512, 5);  // 280 rows: cuBLASLt's int8 GEMM
   for (const char* scales : {"static", "per-token"}) {
-    QuantOptions q;
-    q.mode = "w8a8";
-    q.method = "kl";
-    q.act_scale = scales;
+    QuantOptions q = w8a8_quant("kl", scales);
     const quant::CalibrationTable table = calibrate_model(dir, {}, q, &calib);
     check_encoder(dir, table, q, seqs, str_cat("tiny bert w8a8 ", scales));
   }
@@ -185,10 +192,7 @@ TEST(CudaW8a8Model, TinyBertFusedQuantizeIsBitIdentical) {
   const auto calib = random_tokens(std::vector<int>(8, 48), 1, 512, 4);
   const auto seqs = random_tokens({100, 57, 3, 120}, 1, 512, 5);
   for (const char* scales : {"static", "per-token"}) {
-    QuantOptions q;
-    q.mode = "w8a8";
-    q.method = "kl";
-    q.act_scale = scales;
+    QuantOptions q = w8a8_quant("kl", scales);
     const quant::CalibrationTable table = calibrate_model(dir, {}, q, &calib);
     auto [on, off] = load_fused_and_unfused(dir, table, q);
     int smooth_muls = 0;
@@ -218,10 +222,7 @@ TEST(CudaW8a8Model, TinyBertFfnUpWritesDownCodes) {
   const auto calib = random_tokens(std::vector<int>(8, 48), 1, 512, 4);
   const auto seqs = random_tokens({100, 57, 3, 120}, 1, 512, 5);
   for (const char* scales : {"static", "per-token"}) {
-    QuantOptions q;
-    q.mode = "w8a8";
-    q.method = "kl";
-    q.act_scale = scales;
+    QuantOptions q = w8a8_quant("kl", scales);
     q.smooth_alpha = -1;
     const quant::CalibrationTable table = calibrate_model(dir, {}, q, &calib);
     auto [on, off] = load_fused_and_unfused(dir, table, q);
@@ -271,10 +272,7 @@ TEST(CudaW8a8Model, TinyLlamaFusedQuantizeIsBitIdentical) {
   };
   for (const Variant& var : {Variant{"static", 0.5}, Variant{"per-token", 0.5}, Variant{"static", -1.0}}) {
     const char* scales = var.scales;
-    QuantOptions q;
-    q.mode = "w8a8";
-    q.method = "max";
-    q.act_scale = scales;
+    QuantOptions q = w8a8_quant("max", scales);
     q.smooth_alpha = var.alpha;
     const quant::CalibrationTable table = calibrate_model(dir, {}, q, &calib);
     auto load = [&](const char* fuse) {
