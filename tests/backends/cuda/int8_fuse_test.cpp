@@ -18,6 +18,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <set>
 
 #include "backends/cuda/cuda_check.h"
@@ -768,20 +769,28 @@ TEST(CudaInt8Fuse, FusedGraphIsBitIdenticalToUnfused) {
     }
 }
 
+// The graph `make` builds (input x: [t, 256]) compiled with KILN_CUDA_INT8_FUSE=1 against
+// =0, bit for bit, with w8a8 and f16 weights at each token count in ts (rng seeded t *
+// seed_mul + seed_add); the activations in a pass after the GEMM.
+void expect_fused_graph_bit_identical(ir::Graph (*make)(std::mt19937_64&), std::initializer_list<int64_t> ts,
+                                      uint64_t seed_mul, uint64_t seed_add, const char* what) {
+  ScopedEnv epilogue("KILN_CUDA_W8A8_ACT_EPILOGUE", "0");
+  for (const char* wd : {"w8a8", "f16"})
+    for (int64_t t : ts) {
+      std::mt19937_64 rng(uint64_t(t) * seed_mul + seed_add);
+      const ir::Graph g = make(rng);
+      TensorMap in = {{"x", random_tensor({t, 256}, rng, "bf16", -2.0f, 2.0f)}};
+      const TensorMap on = run_cuda(g, in, wd, "1"), off = run_cuda(g, in, wd, "0");
+      expect_outputs_bit_identical(on, off, str_cat(what, " fused vs unfused ", wd, " t=", t));
+    }
+}
+
 // The post-LN block compiled with the dual outputs (and the codes-only fusions) against
 // KILN_CUDA_INT8_FUSE=0, bit for bit: the GEMV (t <= 4), the GEMMs, and from 1024 rows on
 // the warp-per-row norm kernel; bf16 and f16 activations.
 TEST(CudaInt8Fuse, DualOutputGraphIsBitIdenticalToUnfused) {
   KILN_SKIP_WITHOUT_CUDA();
-  ScopedEnv epilogue("KILN_CUDA_W8A8_ACT_EPILOGUE", "0");
-  for (const char* wd : {"w8a8", "f16"})
-    for (int64_t t : {1, 3, 5, 64, 1100}) {
-      std::mt19937_64 rng(uint64_t(t) * 53 + 1);
-      const ir::Graph g = post_ln_graph(rng);
-      TensorMap in = {{"x", random_tensor({t, 256}, rng, "bf16", -2.0f, 2.0f)}};
-      const TensorMap on = run_cuda(g, in, wd, "1"), off = run_cuda(g, in, wd, "0");
-      expect_outputs_bit_identical(on, off, str_cat("dual fused vs unfused ", wd, " t=", t));
-    }
+  expect_fused_graph_bit_identical(post_ln_graph, {1, 3, 5, 64, 1100}, 53, 1, "dual");
 }
 
 // FFN-like chains (hidden 256): LayerNorm -> three W8A8 Linears with an activation, each
@@ -893,17 +902,9 @@ TEST(CudaInt8Fuse, ActivationLinearsWriteCodes) {
 
 TEST(CudaInt8Fuse, ActivationLinearGraphIsBitIdenticalToUnfused) {
   KILN_SKIP_WITHOUT_CUDA();
-  ScopedEnv epilogue("KILN_CUDA_W8A8_ACT_EPILOGUE", "0");
   // t <= 4: the int8 GEMV (activation in its epilogue, then the codes); more: the CUTLASS
   // GEMM where built (then the activation pass writes the codes), else cuBLASLt's.
-  for (const char* wd : {"w8a8", "f16"})
-    for (int64_t t : {1, 4, 5, 64, 301}) {
-      std::mt19937_64 rng(uint64_t(t) * 31 + 7);
-      const ir::Graph g = ffn_graph(rng);
-      TensorMap in = {{"x", random_tensor({t, 256}, rng, "bf16", -2.0f, 2.0f)}};
-      const TensorMap on = run_cuda(g, in, wd, "1"), off = run_cuda(g, in, wd, "0");
-      expect_outputs_bit_identical(on, off, str_cat("ffn fused vs unfused ", wd, " t=", t));
-    }
+  expect_fused_graph_bit_identical(ffn_graph, {1, 4, 5, 64, 301}, 31, 7, "ffn");
 }
 
 }  // namespace
