@@ -376,6 +376,25 @@ TEST(CudaInt8Fuse, ForcedNormShapesAgreeWithTheDefault) {
                                       1e-5f, 1, 4096, nullptr, y.get(), {1, 4}, nullptr));
 }
 
+// Adds quant="w8a8" Linears to a test graph: weights [n, k] drawn in (-w_range, w_range),
+// biases in (-b_range, b_range), named w<i> / b<i> by the graph's shared counter `wi`; a
+// static scale from act_amax or per token (dynamic), and an optional activation.
+struct W8a8Linears {
+  ir::Graph& g;
+  std::mt19937_64& rng;
+  int& wi;
+  float w_range, b_range;
+  ir::ValueId operator()(ir::ValueId in, int64_t k, int64_t n, double amax, bool dynamic, const std::string& act,
+                         const std::string& name) {
+    std::map<std::string, ir::Attr> a = {{"quant", std::string("w8a8")}, {"act_amax", amax}};
+    if (dynamic) a["act_dynamic"] = int64_t(1);
+    if (!act.empty()) a["activation"] = act;
+    auto w = g.add_weight(str_cat("w", wi), random_tensor({n, k}, rng, "f32", -w_range, w_range));
+    auto b = g.add_weight(str_cat("b", wi++), random_tensor({n}, rng, "f32", -b_range, b_range));
+    return g.add("Linear", {in, w, b}, a, name);
+  }
+};
+
 // A graph with every norm feeding W8A8 Linears (hidden 256):
 //   AddRMSNorm(x, r) -> qkv, o (same act_amax: one static scale);  RMSNorm(o) -> two per-token
 //   Linears (different act_amax: per-token ignores it);  LayerNorm(sum) -> Linear + gelu_erf;
@@ -399,15 +418,7 @@ FusedGraph fused_graph(std::mt19937_64& rng, bool tap) {
   auto x = g.add_input("x", DType::kF32, Shape{"T", h});
   auto r = g.add_input("r", DType::kF32, Shape{"T", h});
   int wi = 0;
-  auto linear = [&](ir::ValueId in, int64_t k, int64_t n, double amax, bool dynamic,
-                    const std::string& act, const std::string& name) {
-    std::map<std::string, ir::Attr> a = {{"quant", std::string("w8a8")}, {"act_amax", amax}};
-    if (dynamic) a["act_dynamic"] = int64_t(1);
-    if (!act.empty()) a["activation"] = act;
-    auto w = g.add_weight(str_cat("w", wi), random_tensor({n, k}, rng, "f32", -0.1f, 0.1f));
-    auto b = g.add_weight(str_cat("b", wi++), random_tensor({n}, rng, "f32", -0.2f, 0.2f));
-    return g.add("Linear", {in, w, b}, a, name);
-  };
+  W8a8Linears linear{g, rng, wi, 0.1f, 0.2f};
   auto gamma = [&](int64_t n) {
     return g.add_weight(str_cat("g", wi++), random_tensor({n}, rng, "f32", 0.5f, 1.5f));
   };
@@ -555,15 +566,10 @@ ir::Graph post_ln_graph(std::mt19937_64& rng) {
   const int64_t h = 256;
   auto x = g.add_input("x", DType::kF32, Shape{"T", h});
   int wi = 0;
+  W8a8Linears add_linear{g, rng, wi, 0.1f, 0.2f};
   auto linear = [&](ir::ValueId in, int64_t n, double amax, bool dynamic, const std::string& act,
                     const std::string& name) {
-    std::map<std::string, ir::Attr> a = {{"quant", std::string("w8a8")}, {"act_amax", amax}};
-    if (dynamic) a["act_dynamic"] = int64_t(1);
-    if (!act.empty()) a["activation"] = act;
-    auto w = g.add_weight(str_cat("w", wi),
-                          random_tensor({n, g.value(in).shape[1].value}, rng, "f32", -0.1f, 0.1f));
-    auto b = g.add_weight(str_cat("b", wi++), random_tensor({n}, rng, "f32", -0.2f, 0.2f));
-    return g.add("Linear", {in, w, b}, a, name);
+    return add_linear(in, g.value(in).shape[1].value, n, amax, dynamic, act, name);
   };
   auto param = [&](float lo, float hi) {
     return g.add_weight(str_cat("p", wi++), random_tensor({h}, rng, "f32", lo, hi));
@@ -802,15 +808,7 @@ ir::Graph ffn_graph(std::mt19937_64& rng) {
   const int64_t h = 256;
   auto x = g.add_input("x", DType::kF32, Shape{"T", h});
   int wi = 0;
-  auto linear = [&](ir::ValueId in, int64_t k, int64_t n, double amax, bool dynamic,
-                    const std::string& act, const std::string& name) {
-    std::map<std::string, ir::Attr> a = {{"quant", std::string("w8a8")}, {"act_amax", amax}};
-    if (dynamic) a["act_dynamic"] = int64_t(1);
-    if (!act.empty()) a["activation"] = act;
-    auto w = g.add_weight(str_cat("w", wi), random_tensor({n, k}, rng, "f32", -0.15f, 0.15f));
-    auto b = g.add_weight(str_cat("b", wi++), random_tensor({n}, rng, "f32", -0.5f, 0.5f));
-    return g.add("Linear", {in, w, b}, a, name);
-  };
+  W8a8Linears linear{g, rng, wi, 0.15f, 0.5f};
   auto gamma = g.add_weight("gamma", random_tensor({h}, rng, "f32", 0.5f, 1.5f));
   auto beta = g.add_weight("beta", random_tensor({h}, rng, "f32", -0.3f, 0.3f));
   auto ln = g.add("LayerNorm", {x, gamma, beta}, {{"eps", 1e-5}}, "ln");
