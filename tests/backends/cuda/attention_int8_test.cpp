@@ -243,13 +243,8 @@ TEST(CudaAttentionInt8, GraphIsBitIdenticalToUnfused) {
                                          " seqs=", c.lens.size(), " flash=", flash);
         std::mt19937_64 rng(uint64_t(c.d * 31 + c.hq + c.lens.size()));
         const ir::Graph g = attention_graph(rng, c.hq, c.hkv, c.d, c.causal, c.readers);
-        StepInfo step;
-        int32_t t = 0;
-        for (int32_t n : c.lens) {
-          step.seqs.push_back({t, n, n, {}});
-          t += n;
-        }
-        step.slot_mapping.assign(size_t(t), -1);
+        const StepInfo step = cacheless_step(c.lens);
+        const int32_t t = int32_t(step.slot_mapping.size());
         const int64_t qw = c.hq * c.d, kw = c.hkv * c.d;
         const TensorMap in = {{"q", random_tensor({t, qw}, rng, "bf16", -2, 2)},
                               {"k", random_tensor({t, kw}, rng, "bf16", -2, 2)},

@@ -147,6 +147,19 @@ inline Diff diff(const Tensor& got, const Tensor& ref) {
   return d;
 }
 
+// One step over sequences of these lengths, back to back, each a whole prompt with no KV
+// cache (slots -1: an encoder, or a graph whose attention reads K/V in place).
+inline StepInfo cacheless_step(const std::vector<int32_t>& lens) {
+  StepInfo step;
+  int32_t t = 0;
+  for (int32_t n : lens) {
+    step.seqs.push_back({t, n, n, {}});
+    t += n;
+  }
+  step.slot_mapping.assign(size_t(t), -1);
+  return step;
+}
+
 // The node called `name` in g (kNotFound naming it when there is none).
 inline const ir::Node& node_named(const ir::Graph& g, const std::string& name) {
   for (const ir::Node& n : g.nodes())

@@ -392,13 +392,8 @@ TEST(CudaFp8Fuse, AttentionWritesTheOProjectionsCodes) {
       auto w = g.add_weight("w_o", random_tensor({64, qw}, rng, "bf16"));
       g.add_output("y", g.add("Linear", {a, w}, {{"quant", std::string("fp8")}, {"act_amax", 1.5}}, "o_proj"));
       ASSERT_TRUE(fp8_fused_output(g.nodes()[0], 0, g, DType::kBF16).has_value());
-      StepInfo step;
-      int32_t t = 0;
-      for (int32_t n : c.seqs) {
-        step.seqs.push_back({t, n, n, {}});
-        t += n;
-      }
-      step.slot_mapping.assign(size_t(t), -1);
+      const StepInfo step = cacheless_step(c.seqs);
+      const int32_t t = int32_t(step.slot_mapping.size());
       const TensorMap in = {{"q", random_tensor({t, qw}, rng, "bf16", -2, 2)},
                             {"k", random_tensor({t, kw}, rng, "bf16", -2, 2)},
                             {"v", random_tensor({t, kw}, rng, "bf16", -2, 2)}};
