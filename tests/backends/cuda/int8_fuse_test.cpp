@@ -19,7 +19,9 @@
 #include <cmath>
 #include <cstring>
 #include <initializer_list>
+#include <map>
 #include <set>
+#include <tuple>
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/cuda_int8_fuse.h"
@@ -376,6 +378,23 @@ TEST(CudaInt8Fuse, ForcedNormShapesAgreeWithTheDefault) {
                                       1e-5f, 1, 4096, nullptr, y.get(), {1, 4}, nullptr));
 }
 
+// A norm whose readers a variant test adds: x [T, k] -> RMSNorm "norm" (y), weights w1 and
+// w2 [32, k], and the attributes of a static and of a per-token W8A8 Linear.
+struct NormWithReaders {
+  ir::Graph g;
+  ir::ValueId y{}, w1{}, w2{};
+  std::map<std::string, ir::Attr> stat = {{"quant", std::string("w8a8")}, {"act_amax", 1.0}};
+  std::map<std::string, ir::Attr> dyn = {
+      {"quant", std::string("w8a8")}, {"act_amax", 1.0}, {"act_dynamic", int64_t(1)}};
+  NormWithReaders(std::mt19937_64& rng, int64_t k) {
+    auto x = g.add_input("x", DType::kF32, Shape{"T", k});
+    y = g.add("RMSNorm", {x, g.add_weight("g", random_tensor({k}, rng, "f32"))}, {{"eps", 1e-5}}, "norm");
+    w1 = g.add_weight("w1", random_tensor({32, k}, rng, "f32"));
+    w2 = g.add_weight("w2", random_tensor({32, k}, rng, "f32"));
+  }
+  std::tuple<ir::ValueId, ir::ValueId, ir::ValueId> values() const { return {y, w1, w2}; }
+};
+
 // Adds quant="w8a8" Linears to a test graph: weights [n, k] drawn in (-w_range, w_range),
 // biases in (-b_range, b_range), named w<i> / b<i> by the graph's shared counter `wi`; a
 // static scale from act_amax or per token (dynamic), and an optional activation.
@@ -492,15 +511,10 @@ TEST(CudaInt8Fuse, WhichOutputsAreWrittenAsCodes) {
   // for the row scales: no codes.
   for (int variant = 0; variant < 7; ++variant) {
     const int64_t k = variant == 5 ? 12 : 64;
-    ir::Graph g;
-    auto x = g.add_input("x", DType::kF32, Shape{"T", k});
-    auto y = g.add("RMSNorm", {x, g.add_weight("g", random_tensor({k}, rng, "f32"))},
-                   {{"eps", 1e-5}}, "norm");
-    auto w1 = g.add_weight("w1", random_tensor({32, k}, rng, "f32")),
-         w2 = g.add_weight("w2", random_tensor({32, k}, rng, "f32"));
-    std::map<std::string, ir::Attr> stat = {{"quant", std::string("w8a8")}, {"act_amax", 1.0}};
-    std::map<std::string, ir::Attr> dyn = {
-        {"quant", std::string("w8a8")}, {"act_amax", 1.0}, {"act_dynamic", int64_t(1)}};
+    NormWithReaders nr(rng, k);
+    ir::Graph& g = nr.g;
+    const auto [y, w1, w2] = nr.values();
+    const auto &stat = nr.stat, &dyn = nr.dyn;
     g.add_output("a", g.add("Linear", {y, w1}, variant == 5 ? dyn : stat));
     if (variant == 0)
       g.add_output("b",
@@ -652,15 +666,10 @@ TEST(CudaInt8Fuse, WhichNormsWriteDualOutputs) {
   // Add beside a W8A8 Linear is another reader (dual); a static and a per-token Linear: none.
   for (int variant = 0; variant < 5; ++variant) {
     const int64_t h = 64;
-    ir::Graph v;
-    auto x = v.add_input("x", DType::kF32, Shape{"T", h});
-    auto y = v.add("RMSNorm", {x, v.add_weight("g", random_tensor({h}, rng, "f32"))},
-                   {{"eps", 1e-5}}, "norm");
-    auto w1 = v.add_weight("w1", random_tensor({32, h}, rng, "f32")),
-         w2 = v.add_weight("w2", random_tensor({32, h}, rng, "f32"));
-    std::map<std::string, ir::Attr> stat = {{"quant", std::string("w8a8")}, {"act_amax", 1.0}};
-    std::map<std::string, ir::Attr> dyn = {
-        {"quant", std::string("w8a8")}, {"act_amax", 1.0}, {"act_dynamic", int64_t(1)}};
+    NormWithReaders nr(rng, h);
+    ir::Graph& v = nr.g;
+    const auto [y, w1, w2] = nr.values();
+    const auto &stat = nr.stat, &dyn = nr.dyn;
     v.add_output("a", v.add("Linear", {y, w1}, stat));
     if (variant == 0) v.add_output("b", v.add("Linear", {y, w2}));
     if (variant == 1)
