@@ -254,7 +254,7 @@ int main() {
                         {"GEMM + GELU pass to codes, per token, table (smem)", GemvEpilogue::kNone, 5, 1},
                         {"GEMM + GELU pass to codes, per token, table (L1)", GemvEpilogue::kNone, 5, 2},
                         {"GEMM writing the codes (GELU table in the epilogue), static", GemvEpilogue::kGeluErf, 6, 2}};
-    int8_gemm_sm90_set_act_table(DType::kBF16, lut.values);
+    int8_gemm_sm90_prepare_codes_epilogue(DType::kBF16, nullptr);
     for (const int64_t m : {m_max, int64_t(128)}) {
       std::printf("\nFFN up %lldx%lld at %lld rows (CUDA graphs; best configuration each):\n\n| way | us | GEMM config |"
                   "\n|---|---|---|\n", (long long)n, (long long)k, (long long)m);

@@ -227,7 +227,7 @@ OpRun prepare_w8a8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext&
   const bool codes_epilogue = split && fused && lut && y_codes && !y_codes->per_token &&
                               *unary == UnaryOp::kGeluErf && out_n % 16 == 0 && w8a8_codes_epilogue_from_env();
   if (codes_epilogue) {
-    int8_gemm_sm90_set_act_table(pc.act, lut->values);
+    int8_gemm_sm90_prepare_codes_epilogue(pc.act, pc.cx->stream);
     log_debug("cuda: w8a8 Linear '", n.name, "' writes its GELU's int8 codes from the GEMM epilogue");
   }
   Int8Epilogue codes_base = gemm_base;

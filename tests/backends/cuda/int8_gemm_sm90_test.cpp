@@ -24,7 +24,6 @@
 #include "backends/cuda/ops/gemm.h"
 #include "backends/cuda/ops/elementwise_int8.h"
 #include "backends/cuda/ops/int8.h"
-#include "backends/cuda/ops/unary_lut.h"
 #include "core/dtype.h"
 #include "core/thread_pool.h"
 #include "cuda_test_util.h"
@@ -216,7 +215,6 @@ TEST(CudaInt8GemmSm90, CodesEpilogueMatchesTheGeluPass) {
   int sms = 0;
   KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const Case cases[] = {{5, 32, 80}, {130, 144, 144}, {300, 2304, 768}, {4100, 3072, 768}};
-  DeviceBuffer table(size_t(kUnaryLutEntries) * 2);
   const float x_scale = 0.0137f;
   uint64_t seed = 11;
   int combo = 0;
@@ -228,8 +226,7 @@ TEST(CudaInt8GemmSm90, CodesEpilogueMatchesTheGeluPass) {
     const auto* dw = static_cast<const int8_t*>(p.dw.get());
     DeviceBuffer dt(size_t(c.m * c.n) * 2), dref(size_t(c.m * c.n)), dq(size_t(c.m * c.n));
     for (DType out : {DType::kBF16, DType::kF16}) {
-      launch_unary_lut_fill(UnaryOp::kGeluErf, out, static_cast<uint16_t*>(table.get()), nullptr);
-      int8_gemm_sm90_set_act_table(out, static_cast<const uint16_t*>(table.get()));
+      int8_gemm_sm90_prepare_codes_epilogue(out, nullptr);
       for (bool per_token : {false, true}) {
         const Variant plain{out, GemvEpilogue::kNone, per_token, true};
         Int8Epilogue e = epilogue_of(p, plain, x_scale), ec = e;

@@ -14,6 +14,7 @@
 #include "backends/cuda/cuda_context.h"
 #include "backends/cuda/ops/convert.h"
 #include "backends/cuda/ops/int8_gemm_sm90_impl.h"
+#include "backends/cuda/ops/unary_lut.h"
 #include "core/status.h"
 
 namespace kiln::cuda {
@@ -137,7 +138,8 @@ void launch_int8_gemm_sm90(Int8GemmConfig c, DType out, const int8_t* x, const i
     KILN_CUDA_CHECK(cudaGetDevice(&dev));
     std::lock_guard<std::mutex> lock(g_tables_mu);
     KILN_THROW_IF(!g_tables_set.count({dev, out}), kInternal, "cuda int8 gemm (sm90): the codes epilogue's ",
-                  dtype_name(out), " GELU table is not set on device ", dev);
+                  dtype_name(out), " GELU table is not prepared on device ", dev,
+                  " (int8_gemm_sm90_prepare_codes_epilogue)");
   }
   if (out == DType::kBF16) {
     KILN_THROW_IF(int8_sm90::Ops<DType::kBF16>::workspace(c, p) > workspace_bytes, kInternal,
@@ -155,19 +157,27 @@ void launch_int8_gemm_sm90(Int8GemmConfig c, DType out, const int8_t* x, const i
 #endif
 }
 
-void int8_gemm_sm90_set_act_table(DType t, const uint16_t* table) {
+void int8_gemm_sm90_prepare_codes_epilogue(DType t, cudaStream_t s) {
 #if KILN_HAVE_CUTLASS
-  KILN_THROW_IF(!table, kInternal, "cuda int8 gemm (sm90): a null GELU table");
-  if (t == DType::kBF16) int8_sm90::Ops<DType::kBF16>::set_act_table(table);
-  else if (t == DType::kF16) int8_sm90::Ops<DType::kF16>::set_act_table(table);
-  else throw_error(ErrorCode::kInternal, "cuda int8 gemm (sm90): a GELU table for ", dtype_name(t));
+  KILN_THROW_IF(t != DType::kBF16 && t != DType::kF16, kInternal, "cuda int8 gemm (sm90): a GELU table for ",
+                dtype_name(t));
   int dev = 0;
   KILN_CUDA_CHECK(cudaGetDevice(&dev));
   std::lock_guard<std::mutex> lock(g_tables_mu);
+  if (g_tables_set.count({dev, t})) return;
+  // Process lifetime on purpose: every engine on this device reads the table through the
+  // one __device__ pointer, so no engine may free it (128 KB per dtype and device).
+  void* table = nullptr;
+  KILN_CUDA_CHECK(cudaMalloc(&table, size_t(kUnaryLutEntries) * sizeof(uint16_t)));
+  launch_unary_lut_fill(UnaryOp::kGeluErf, t, static_cast<uint16_t*>(table), s);
+  KILN_CUDA_CHECK(cudaStreamSynchronize(s));
+  const auto* values = static_cast<const uint16_t*>(table);
+  if (t == DType::kBF16) int8_sm90::Ops<DType::kBF16>::set_act_table(values);
+  else int8_sm90::Ops<DType::kF16>::set_act_table(values);
   g_tables_set.insert({dev, t});
 #else
   (void)t;
-  (void)table;
+  (void)s;
   throw_error(ErrorCode::kInternal, "cuda int8 gemm (sm90): built without CUTLASS");
 #endif
 }

@@ -13,7 +13,8 @@
 // T bits (the GELU pass's own values, ops/unary_lut.h), and int8_code of that with the
 // reader's static scale: the T output + the GELU-to-codes pass, bit for bit, with no T
 // tensor in memory. The table's address is a __device__ variable of this translation
-// unit (one per T), set once per device (Ops::set_act_table): an epilogue functor has no
+// unit (one per T), set once per device (int8_gemm_sm90_prepare_codes_epilogue, through
+// Ops::set_act_table; the table lives as long as the process): an epilogue functor has no
 // arguments, and every W8A8 layer shares the table.
 #pragma once
 

@@ -56,15 +56,16 @@ size_t int8_gemm_sm90_workspace(Int8GemmConfig c, DType out, int64_t m, int64_t 
 // The codes epilogue (code_inv > 0, e.act gelu_erf): y is int8 [m, n] instead, the codes
 // int8_code(T(gelu(T(v))), code_inv) that the T output (`out` = T) followed by the
 // GELU-to-static-codes pass would write, bit for bit; the GELU is looked up in the table
-// int8_gemm_sm90_set_act_table set on this device for T.
+// int8_gemm_sm90_prepare_codes_epilogue made on this device for T.
 void launch_int8_gemm_sm90(Int8GemmConfig c, DType out, const int8_t* x, const int8_t* w, int64_t m,
                            int64_t n, int64_t k, const Int8Epilogue& e, void* y, void* workspace,
                            size_t workspace_bytes, int sm_count, cudaStream_t s, float code_inv = 0.0f);
 
-// The codes epilogue's GELU table for activations in t (bf16/f16) on the current device:
-// kUnaryLutEntries T bits, gelu_erf of each T bits (ops/unary_lut.h's values table). Every
-// W8A8 layer of a dtype shares it; setting another replaces it for later launches.
-void int8_gemm_sm90_set_act_table(DType t, const uint16_t* table);
+// Makes the codes epilogue's GELU table for activations in t (bf16/f16) on the current
+// device, once per process: kUnaryLutEntries T bits, gelu_erf of each T bits, filled by
+// launch_unary_lut_fill on s (waited for) and never freed, so no engine's teardown can
+// leave another engine's kernels reading freed memory. Later calls return at once.
+void int8_gemm_sm90_prepare_codes_epilogue(DType t, cudaStream_t s);
 
 // The configuration for m rows when nothing was timed: 64x128 ping-pong for few rows or
 // few 128x128 tiles (under two waves on sm_count SMs), else 128x128 ping-pong.

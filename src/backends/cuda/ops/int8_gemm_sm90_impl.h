@@ -21,7 +21,8 @@ struct Problem {
   Int8Epilogue e;
   int sm_count = 0;
   // > 0: the codes epilogue (e.act kGeluErf): y is int8 [m, n], the codes with this 1 /
-  // scale of the activation looked up in the table set_act_table set on the device.
+  // scale of the activation looked up in the table set_act_table set on the device
+  // (int8_gemm_sm90_prepare_codes_epilogue).
   float code_inv = 0.0f;
 };
 
