@@ -449,8 +449,9 @@ OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) 
       launch_swiglu(y.dtype, scr.gu, t, out_n, y.data, s);
       if (res) launch_binary(BinaryOp::kAdd, y.dtype, y.data, res, y.numel(), y.numel(), y.data, s);
     } else if (epi.gemv != GemvEpilogue::kNone) {
-      c.cx->gemm->run(y.dtype, xin, w, bias, y.data, t, nn, k, s);
-      launch_unary_or_lut(lut, epi.unary, y.dtype, y.data, y.numel(), y.data, s);
+      // The skinny GEMM applies the activation itself (returns true); cuBLASLt needs the pass.
+      if (!c.cx->gemm->run(y.dtype, xin, w, bias, y.data, t, nn, k, s, 0, nullptr, epi.gemv))
+        launch_unary_or_lut(lut, epi.unary, y.dtype, y.data, y.numel(), y.data, s);
       if (res) launch_binary(BinaryOp::kAdd, y.dtype, y.data, res, y.numel(), y.numel(), y.data, s);
     } else {
       c.cx->gemm->run(y.dtype, xin, w, bias, y.data, t, nn, k, s, 0, res);

@@ -32,6 +32,7 @@
 #include "backends/cuda/ops/attention_kernels.cuh"
 #include "backends/cuda/ops/fp8_codes.cuh"
 #include "backends/cuda/ops/int8_codes.cuh"
+#include "backends/cuda/ops/mma_util.cuh"
 
 namespace kiln::cuda {
 namespace {
@@ -41,13 +42,6 @@ constexpr int kF2Keys = 64;
 template <int W>
 constexpr int flash2_threads() {
   return W / 16 * 32;
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t r[4], const void* smem) {
-  const unsigned a = unsigned(__cvta_generic_to_shared(smem));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(a));
 }
 
 // The pool slot of context position p: block sizes that are powers of two (all of the

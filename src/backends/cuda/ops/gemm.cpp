@@ -16,6 +16,7 @@
 #include "core/log.h"
 #include "core/status.h"
 #include "backends/cuda/ops/gemm.h"
+#include "backends/cuda/ops/gemm_skinny.h"
 #include "backends/cuda/ops/gemm_row_tuning.h"
 #include "backends/cuda/ops/l2_flush.h"
 
@@ -53,6 +54,10 @@ struct Plan {
   cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
   cublasLtMatrixLayout_t d = nullptr;  // D when its type differs from C's (E4M3 output; C bf16), else null
   std::vector<cublasLtMatmulHeuristicResult_t> algos;
+  // Tactics past the heuristic's: the skinny GEMM's configurations (gemm_skinny.h),
+  // tactic algos.size() + i running own[i].
+  std::vector<int> own;
+  bool forced = false;  // KILN_CUDA_SKINNY_GEMM=force when the plan was made: never timed
   int chosen = 0;
   std::vector<Gemm::TacticTime> times;  // the timings that chose `chosen` (none: the heuristic's first)
   bool integer = false;  // int8 operands: alpha and beta are int32
@@ -67,17 +72,36 @@ struct Plan {
 
 using Key = std::pair<GemmShape, int64_t>;  // shape, m
 
+// KILN_CUDA_SKINNY_GEMM: "1" offers the skinny GEMM's split-k configurations
+// (gemm_skinny.h) as tactics of 16-bit plans of at most kSkinnyMaxRows rows, kept only where
+// timed faster; "force" runs its configuration with the most splits wherever it applies
+// (tests; never timed); unset, empty or "0" leaves them out: the default, since on the H200
+// it beat cuBLASLt only at 16-32 rows of a few shapes, by <= 8%, and no decode step or
+// encoder forward got faster with it (bench/RESULTS.md, 2026-11-30 session 11). Read when
+// a plan is made, so a test can set it per Gemm.
+enum class SkinnyMode : uint8_t { kOff, kTactics, kForce };
+SkinnyMode skinny_mode() {
+  const char* v = std::getenv("KILN_CUDA_SKINNY_GEMM");
+  if (!v || !*v || std::string(v) == "0") return SkinnyMode::kOff;
+  if (std::string(v) == "1") return SkinnyMode::kTactics;
+  if (std::string(v) == "force") return SkinnyMode::kForce;
+  throw_error(ErrorCode::kInvalidArgument, "KILN_CUDA_SKINNY_GEMM='", v,
+              "' (expected 0, the default: cuBLASLt only; 1: the skinny GEMM's configurations timed beside "
+              "cuBLASLt's at <= 128 rows; or force: the skinny GEMM wherever it applies)");
+}
+
 // Times every algorithm of plan p (run(t) enqueues tactic t; before(), when given, is
 // enqueued ahead of every run, outside the timed span) and keeps the fastest, or with
 // keep_first > 0 the heuristic's first unless another is faster by more than that fraction.
+// count: the tactics to time (the heuristic's, then p.own's while the call can run them).
 template <typename Run>
-std::vector<Gemm::TacticTime> time_tactics(Plan& p, cudaStream_t s, int reps, Run run,
+std::vector<Gemm::TacticTime> time_tactics(Plan& p, int count, cudaStream_t s, int reps, Run run,
                                            const std::function<void()>& before = {}, float keep_first = 0) {
   std::vector<Gemm::TacticTime> times;
   cudaEvent_t ev[2];
   KILN_CUDA_CHECK(cudaEventCreate(&ev[0]));
   KILN_CUDA_CHECK(cudaEventCreate(&ev[1]));
-  for (int t = 0; t < int(p.algos.size()); ++t) {
+  for (int t = 0; t < count; ++t) {
     if (before) before();
     run(t);  // warm-up
     std::vector<float> ms;
@@ -178,6 +202,17 @@ struct Gemm::Impl {
     KILN_THROW_IF(found == 0, kUnsupported, "cuda gemm: cuBLASLt offers no algorithm for ", dtype_name(in), " x ",
                   dtype_name(in), " -> ", dtype_name(out), " m=", m, " n=", n, " k=", k);
     p->algos.resize(size_t(found));
+    const SkinnyMode skinny = in == DType::kBF16 || in == DType::kF16 ? skinny_mode() : SkinnyMode::kOff;
+    if (skinny != SkinnyMode::kOff && out == in && m <= kSkinnyMaxRows) {
+      // Timed: the configurations worth it; forced: any that leaves no split without k.
+      for (int c = 0; c < kSkinnyConfigs; ++c)
+        if (skinny == SkinnyMode::kForce ? kSkinnyConfigList[c].splits <= (k + 63) / 64 : gemm_skinny_config_useful(c, k))
+          p->own.push_back(c);
+      if (skinny == SkinnyMode::kForce && !p->own.empty()) {
+        p->chosen = int(p->algos.size() + p->own.size()) - 1;
+        p->forced = true;
+      }
+    }
     slot = std::move(p);
     return *slot;
   }
@@ -195,8 +230,18 @@ struct Gemm::Impl {
 
   // scales: {A = w scale, B = x scale} on the device, for FP8 plans only.
   // residual: C of D = A·B + beta·C with beta = 1 (same layout as y), else C = y, beta = 0.
-  void matmul(Plan& p, int tactic, const void* x, const void* w, const void* bias, void* y, cudaStream_t s,
-              const float* scales = nullptr, const void* residual = nullptr) {
+  // Returns whether act was applied (a skinny tactic ran; cuBLASLt's ignore it).
+  bool matmul(Plan& p, int tactic, const void* x, const void* w, const void* bias, void* y, cudaStream_t s,
+              const float* scales = nullptr, const void* residual = nullptr, GemvEpilogue act = GemvEpilogue::kNone) {
+    if (tactic >= int(p.algos.size())) {
+      const auto t = DType(p.shape.in);
+      if (gemm_skinny_supported(t, p.m, p.shape.n, p.shape.k, p.shape.ldy, x, w, bias, y, residual)) {
+        launch_gemm_skinny(p.own[size_t(tactic) - p.algos.size()], t, x, w, bias, residual, y, p.m, p.shape.n,
+                           p.shape.k, p.shape.ldy, s, act);
+        return true;
+      }
+      tactic = 0;  // this call's operands do not suit it (alignment): cuBLASLt's first
+    }
     if (bias)
       KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof(bias)));
     if (scales) set_scales(p.op, scales, p.d != nullptr);
@@ -209,13 +254,18 @@ struct Gemm::Impl {
     const void* c = residual ? residual : p.d ? nullptr : y;
     KILN_CUBLAS_CHECK(cublasLtMatmul(handle, p.op, a, w, p.a, x, p.b, b, c, p.c, y, p.d ? p.d : p.c,
                                      &p.algos[size_t(tactic)].algo, workspace, workspace_bytes, s));
+    return false;
   }
 
   // Inside a RowTuningScope, times plan p at its row count when its (shape, m) is met
   // there first (gemm.h). can_time: false when the call cannot be rerun (a residual that
   // aliases y); the (shape, m) is then decided untimed.
+  // How many of p's tactics a call can run: the heuristic's, and the skinny GEMM's when the
+  // call's operands suit it (own_ok).
+  static int tactic_count(const Plan& p, bool own_ok) { return int(p.algos.size() + (own_ok ? p.own.size() : 0)); }
+
   template <typename Run>
-  void time_at_rows(Plan& p, cudaStream_t s, bool can_time, Run run) {
+  void time_at_rows(Plan& p, cudaStream_t s, bool can_time, bool own_ok, Run run) {
     if (!row_tuning.pending(p.shape, p.m)) return;
     cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
     KILN_CUDA_CHECK(cudaStreamIsCapturing(s, &capture));
@@ -223,12 +273,12 @@ struct Gemm::Impl {
     const auto t0 = std::chrono::steady_clock::now();
     if (!flush_tried) alloc_flush(s);
     auto times = time_tactics(
-        p, s, Gemm::kRowTuneReps, run, [&] { if (flush) launch_l2_flush(flush, flush_bytes, s); },
+        p, tactic_count(p, own_ok), s, Gemm::kRowTuneReps, run, [&] { if (flush) launch_l2_flush(flush, flush_bytes, s); },
         Gemm::kRowTuneMargin);
     row_tuning.add_cost(p.m, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     Gemm::log_tactics(gemm_kind(p.shape), p.m, p.shape.n, p.shape.k, times);
     log_debug("cuda: ", gemm_kind(p.shape), " m=", p.m, " n=", p.shape.n, " k=", p.shape.k, " keeps #", p.chosen,
-              " of ", p.algos.size());
+              " of ", p.algos.size() + p.own.size());
   }
 
   void alloc_flush(cudaStream_t s) {
@@ -267,14 +317,19 @@ Gemm::~Gemm() {
   if (impl_->handle) cublasLtDestroy(impl_->handle);
 }
 
-void Gemm::run(DType dtype, const void* x, const void* w, const void* bias, void* y, int64_t m, int64_t n,
-               int64_t k, cudaStream_t s, int64_t ldy, const void* residual) {
-  if (m == 0 || n == 0) return;
+bool Gemm::run(DType dtype, const void* x, const void* w, const void* bias, void* y, int64_t m, int64_t n,
+               int64_t k, cudaStream_t s, int64_t ldy, const void* residual, GemvEpilogue act) {
+  KILN_THROW_IF(act == GemvEpilogue::kSwiGlu || (act != GemvEpilogue::kNone && residual), kInternal,
+                "cuda gemm: an activation epilogue with a residual or SwiGLU");
+  if (m == 0 || n == 0) return true;
   KILN_THROW_IF(ldy != 0 && ldy < n, kInternal, "cuda gemm: ldy ", ldy, " < n ", n);
   Plan& p = impl_->plan(dtype, dtype, m, n, k, bias != nullptr, nullptr, ldy);
-  impl_->time_at_rows(p, s, residual != y,
-                      [&](int t) { impl_->matmul(p, t, x, w, bias, y, s, nullptr, residual); });
-  impl_->matmul(p, p.chosen, x, w, bias, y, s, nullptr, residual);
+  if (!p.forced && impl_->row_tuning.pending(p.shape, m)) {
+    const bool own_ok = !p.own.empty() && gemm_skinny_supported(dtype, m, n, k, ldy, x, w, bias, y, residual);
+    impl_->time_at_rows(p, s, residual != y, own_ok,
+                        [&](int t) { impl_->matmul(p, t, x, w, bias, y, s, nullptr, residual, act); });
+  }
+  return impl_->matmul(p, p.chosen, x, w, bias, y, s, nullptr, residual, act);
 }
 
 void Gemm::run_fp8(const void* x, const void* w, const float* scales, const void* bias, void* y, int64_t m, int64_t n,
@@ -282,7 +337,7 @@ void Gemm::run_fp8(const void* x, const void* w, const float* scales, const void
   KILN_THROW_IF(k % 16 != 0, kInternal, "cuda fp8 gemm: k=", k, " is not a multiple of 16");
   if (m == 0 || n == 0) return;
   Plan& p = impl_->plan(DType::kFP8E4M3, DType::kBF16, m, n, k, bias != nullptr, scales);
-  impl_->time_at_rows(p, s, true, [&](int t) { impl_->matmul(p, t, x, w, bias, y, s, scales); });
+  impl_->time_at_rows(p, s, true, false, [&](int t) { impl_->matmul(p, t, x, w, bias, y, s, scales); });
   impl_->matmul(p, p.chosen, x, w, bias, y, s, scales);
 }
 
@@ -291,7 +346,7 @@ void Gemm::run_fp8_e4m3(const void* x, const void* w, const float* scales, void*
   KILN_THROW_IF(k % 16 != 0 || n % 16 != 0, kInternal, "cuda fp8 gemm: n=", n, " k=", k, " are not multiples of 16");
   if (m == 0 || n == 0) return;
   Plan& p = impl_->plan(DType::kFP8E4M3, DType::kFP8E4M3, m, n, k, false, scales);
-  impl_->time_at_rows(p, s, true, [&](int t) { impl_->matmul(p, t, x, w, nullptr, y, s, scales); });
+  impl_->time_at_rows(p, s, true, false, [&](int t) { impl_->matmul(p, t, x, w, nullptr, y, s, scales); });
   impl_->matmul(p, p.chosen, x, w, nullptr, y, s, scales);
 }
 
@@ -335,7 +390,7 @@ Gemm::Choice Gemm::choice(DType in, DType out, int64_t m, int64_t n, int64_t k, 
   auto it = impl_->plans.find(Key{GemmShape{int(in), int(out), n, k, bias, ldy == 0 ? n : ldy}, m});
   if (it == impl_->plans.end()) return {};
   const Plan& p = *it->second;
-  return {p.chosen, int(p.algos.size()), p.times};
+  return {p.chosen, int(p.algos.size() + p.own.size()), p.times};
 }
 
 void Gemm::log_tactics(const char* what, int64_t m, int64_t n, int64_t k, const std::vector<TacticTime>& times) {
@@ -348,7 +403,7 @@ void Gemm::run_int8(const void* x, const void* w, int32_t* y, int64_t m, int64_t
   KILN_THROW_IF(k % 4 != 0 || n % 4 != 0, kInternal, "cuda int8 gemm: n=", n, " k=", k, " are not multiples of 4");
   if (m == 0 || n == 0) return;
   Plan& p = impl_->plan(DType::kI8, DType::kI32, m, n, k, false);
-  impl_->time_at_rows(p, s, true, [&](int t) { impl_->matmul(p, t, x, w, nullptr, y, s); });
+  impl_->time_at_rows(p, s, true, false, [&](int t) { impl_->matmul(p, t, x, w, nullptr, y, s); });
   impl_->matmul(p, p.chosen, x, w, nullptr, y, s);
 }
 
@@ -358,7 +413,9 @@ std::vector<Gemm::TacticTime> Gemm::tune(DType dtype, const void* x, const void*
   if (m == 0 || n == 0) return {};
   Plan& p = impl_->plan(dtype, dtype, m, n, k, bias != nullptr);
   impl_->row_tuning.mark_timed(p.shape, m);
-  return time_tactics(p, s, reps, [&](int t) { impl_->matmul(p, t, x, w, bias, y, s); });
+  if (p.forced) return {};  // stays on the forced configuration
+  const bool own_ok = !p.own.empty() && gemm_skinny_supported(dtype, m, n, k, 0, x, w, bias, y, nullptr);
+  return time_tactics(p, Impl::tactic_count(p, own_ok), s, reps, [&](int t) { impl_->matmul(p, t, x, w, bias, y, s); });
 }
 
 std::vector<Gemm::TacticTime> Gemm::tune_fp8(const void* x, const void* w, const float* scales, const void* bias,
@@ -366,7 +423,7 @@ std::vector<Gemm::TacticTime> Gemm::tune_fp8(const void* x, const void* w, const
   if (m == 0 || n == 0) return {};
   Plan& p = impl_->plan(DType::kFP8E4M3, DType::kBF16, m, n, k, bias != nullptr, scales);
   impl_->row_tuning.mark_timed(p.shape, m);
-  return time_tactics(p, s, reps, [&](int t) { impl_->matmul(p, t, x, w, bias, y, s, scales); });
+  return time_tactics(p, int(p.algos.size()), s, reps, [&](int t) { impl_->matmul(p, t, x, w, bias, y, s, scales); });
 }
 
 std::vector<Gemm::TacticTime> Gemm::tune_int8(const void* x, const void* w, int32_t* y, int64_t m, int64_t n,
@@ -374,7 +431,7 @@ std::vector<Gemm::TacticTime> Gemm::tune_int8(const void* x, const void* w, int3
   if (m == 0 || n == 0) return {};
   Plan& p = impl_->plan(DType::kI8, DType::kI32, m, n, k, false);
   impl_->row_tuning.mark_timed(p.shape, m);
-  return time_tactics(p, s, reps, [&](int t) { impl_->matmul(p, t, x, w, nullptr, y, s); });
+  return time_tactics(p, int(p.algos.size()), s, reps, [&](int t) { impl_->matmul(p, t, x, w, nullptr, y, s); });
 }
 
 }  // namespace kiln::cuda

@@ -6,6 +6,9 @@
 // (a decode step being enqueued) the first GEMM of each shape at a row count not yet
 // decided is timed right there on the step's own operands, and that choice is kept for
 // every later step and graph capture at that row count (gemm_row_tuning.h keeps the books).
+// With KILN_CUDA_SKINNY_GEMM=1, 16-bit plans of at most kSkinnyMaxRows rows also offer the
+// skinny split-k GEMM's configurations (gemm_skinny.h) as tactics past the heuristic's,
+// timed the same way (=force runs them untimed; off by default, see gemm.cpp).
 // run_fp8 is the FP8 form: E4M3 operands with per-tensor scales
 // (cuBLASLt's A/B scale pointers), f32 accumulation, bf16 bias and output. run_int8 is
 // the INT8 form (IMMA): int8 operands, exact int32 accumulators as the output. Tested
@@ -18,6 +21,7 @@
 #include <memory>
 #include <vector>
 
+#include "backends/cuda/ops/gemv.h"
 #include "core/dtype.h"
 
 namespace kiln::cuda {
@@ -34,8 +38,13 @@ class Gemm {
   // dequantized in parts), whose pointer must keep cuBLASLt's 256-byte alignment.
   // residual (null: none) is [m, n] laid out like y: y = x·wᵀ + bias + residual, added in
   // f32 before the one rounding (cuBLASLt's C with beta = 1; pass fuse_norm_linear).
-  void run(DType dtype, const void* x, const void* w, const void* bias, void* y, int64_t m, int64_t n,
-           int64_t k, cudaStream_t s, int64_t ldy = 0, const void* residual = nullptr);
+  // act (kNone or an activation, not kSwiGlu; no residual with it): where the tactic that
+  // runs is the skinny GEMM's, it applies the activation in its epilogue, y = T(act(T(x·wᵀ
+  // + bias))) as the activation pass after cuBLASLt would, and run returns true; otherwise
+  // y is the plain product and run returns false (the caller runs the pass).
+  bool run(DType dtype, const void* x, const void* w, const void* bias, void* y, int64_t m, int64_t n,
+           int64_t k, cudaStream_t s, int64_t ldy = 0, const void* residual = nullptr,
+           GemvEpilogue act = GemvEpilogue::kNone);
 
   // FP8 E4M3: x [m, k] and w [n, k] codes (k a multiple of 16, 16-byte aligned), y and
   // bias (may be null) bf16; `scales` points to device floats w_scale
