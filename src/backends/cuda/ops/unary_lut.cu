@@ -77,68 +77,41 @@ __device__ __forceinline__ E lut_get(const E* tab, uint16_t b) {
   else return __ldg(tab + b);
 }
 
-// out = values[x], V elements a thread and access (in place allowed: every thread loads
-// its vectors before it stores them).
-template <int V, bool kShared>
+// out[i] = table[x[i]]: E uint16_t (the T -> T values) or int8_t (the static codes), V
+// elements a thread and access. Each thread loads its kLutUnroll vectors, then looks all
+// of them up, then stores: the gathers of one vector do not wait behind the previous
+// vector's stores (compiled one vector at a time they issued in dependent groups of 8).
+// In place allowed (E uint16_t): every thread loads its vectors before it stores them.
+template <typename E, int V, bool kShared>
 __global__ void __launch_bounds__(kLutThreads)
-    unary_lut_kernel(const uint16_t* __restrict__ table, const uint16_t* x, int64_t n, uint16_t* out) {
-  const uint16_t* tab = table;
+    unary_lut_map_kernel(const E* __restrict__ table, const uint16_t* x, int64_t n, E* out) {
+  const E* tab = table;
   if constexpr (kShared) {
-    lut_stage(table, int(kUnaryLutEntries * 2));
-    tab = reinterpret_cast<const uint16_t*>(lut_smem);
+    lut_stage(table, int(kUnaryLutEntries * sizeof(E)));
+    tab = reinterpret_cast<const E*>(lut_smem);
   }
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
   using VX = Vec<uint16_t, V>;
+  using VO = Vec<E, V>;
   const int64_t nv = n / V, step = int64_t(gridDim.x) * blockDim.x * kLutUnroll;
   const auto* xv = reinterpret_cast<const VX*>(x);
-  auto* ov = reinterpret_cast<VX*>(out);
+  auto* ov = reinterpret_cast<VO*>(out);
   for (int64_t base = int64_t(blockIdx.x) * blockDim.x * kLutUnroll + threadIdx.x; base < nv; base += step) {
     VX v[kLutUnroll];
 #pragma unroll
     for (int u = 0; u < kLutUnroll; ++u)
       if (base + int64_t(u) * blockDim.x < nv) v[u] = xv[base + int64_t(u) * blockDim.x];
-#pragma unroll
-    for (int u = 0; u < kLutUnroll; ++u) {
-      const int64_t i = base + int64_t(u) * blockDim.x;
-      if (i < nv) {
-#pragma unroll
-        for (int e = 0; e < V; ++e) v[u].e[e] = lut_get<kShared>(tab, v[u].e[e]);
-        ov[i] = v[u];
-      }
-    }
-  }
-}
-
-// q = codes[x] (static scale), V elements a thread and access.
-template <int V, bool kShared>
-__global__ void __launch_bounds__(kLutThreads) unary_lut_codes_kernel(const int8_t* __restrict__ table,
-                                                                      const uint16_t* __restrict__ x, int64_t n,
-                                                                      int8_t* __restrict__ q) {
-  const int8_t* tab = table;
-  if constexpr (kShared) {
-    lut_stage(table, int(kUnaryLutEntries));
-    tab = reinterpret_cast<const int8_t*>(lut_smem);
-  }
-  pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
-  using VX = Vec<uint16_t, V>;
-  using VQ = Vec<int8_t, V>;
-  const int64_t nv = n / V, step = int64_t(gridDim.x) * blockDim.x * kLutUnroll;
-  const auto* xv = reinterpret_cast<const VX*>(x);
-  auto* qv = reinterpret_cast<VQ*>(q);
-  for (int64_t base = int64_t(blockIdx.x) * blockDim.x * kLutUnroll + threadIdx.x; base < nv; base += step) {
-    VX v[kLutUnroll];
+    VO o[kLutUnroll];
 #pragma unroll
     for (int u = 0; u < kLutUnroll; ++u)
-      if (base + int64_t(u) * blockDim.x < nv) v[u] = xv[base + int64_t(u) * blockDim.x];
+      if (base + int64_t(u) * blockDim.x < nv) {
+#pragma unroll
+        for (int e = 0; e < V; ++e) o[u].e[e] = lut_get<kShared>(tab, v[u].e[e]);
+      }
 #pragma unroll
     for (int u = 0; u < kLutUnroll; ++u) {
       const int64_t i = base + int64_t(u) * blockDim.x;
-      if (i < nv) {
-        VQ c;
-#pragma unroll
-        for (int e = 0; e < V; ++e) c.e[e] = lut_get<kShared>(tab, v[u].e[e]);
-        qv[i] = c;
-      }
+      if (i < nv) ov[i] = o[u];
     }
   }
 }
@@ -292,8 +265,8 @@ void launch_unary_lut(const UnaryLut& lut, const void* x, int64_t n, void* out, 
              n, po);
   };
   const bool vec = n % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(out) % 16 == 0;
-  if (vec) shared ? go(unary_lut_kernel<8, true>, 8) : go(unary_lut_kernel<8, false>, 8);
-  else shared ? go(unary_lut_kernel<1, true>, 1) : go(unary_lut_kernel<1, false>, 1);
+  if (vec) shared ? go(unary_lut_map_kernel<uint16_t, 8, true>, 8) : go(unary_lut_map_kernel<uint16_t, 8, false>, 8);
+  else shared ? go(unary_lut_map_kernel<uint16_t, 1, true>, 1) : go(unary_lut_map_kernel<uint16_t, 1, false>, 1);
   KILN_CUDA_CHECK_LAUNCH();
 }
 
@@ -324,9 +297,9 @@ void launch_unary_int8_lut(const UnaryLut& lut, const void* x, int64_t rows, int
     };
     // 16-byte loads and 8-byte stores where the length and both ends allow, else 8 and 4.
     if (n % 8 == 0 && reinterpret_cast<uintptr_t>(x) % 16 == 0 && reinterpret_cast<uintptr_t>(q) % 8 == 0)
-      shared ? go(unary_lut_codes_kernel<8, true>, 8) : go(unary_lut_codes_kernel<8, false>, 8);
+      shared ? go(unary_lut_map_kernel<int8_t, 8, true>, 8) : go(unary_lut_map_kernel<int8_t, 8, false>, 8);
     else
-      shared ? go(unary_lut_codes_kernel<4, true>, 4) : go(unary_lut_codes_kernel<4, false>, 4);
+      shared ? go(unary_lut_map_kernel<int8_t, 4, true>, 4) : go(unary_lut_map_kernel<int8_t, 4, false>, 4);
     KILN_CUDA_CHECK_LAUNCH();
     return;
   }
