@@ -173,7 +173,7 @@ class CudaCompiledGraph final : public CompiledGraph {
     if (step_times_) KILN_CUDA_CHECK(cudaEventRecord(step_ev_[0], s));
     bool enqueued = false;
     auto enqueue = [&] {
-      set_pdl_allowed(decode && !profile_);
+      set_pdl_allowed((decode || pdl_in_every_step()) && !profile_);
       struct Reset {
         ~Reset() { set_pdl_allowed(false); }
       } reset;

@@ -47,6 +47,14 @@ thread_local bool pdl_allowed = false;
 
 void set_pdl_allowed(bool on) { pdl_allowed = on; }
 
+bool pdl_in_every_step() {
+  static const bool all = [] {
+    const char* e = std::getenv("KILN_CUDA_PDL");
+    return e && std::string(e) == "all";
+  }();
+  return all;
+}
+
 bool pdl_enabled() {
   static const bool env_on = [] {
     const char* e = std::getenv("KILN_CUDA_PDL");
