@@ -85,6 +85,7 @@ TEST(CudaGeluLutModel, TinyBertBitIdenticalWithTables) {
 TEST(CudaGeluLutModel, TinyBertW8a8BitIdenticalWithTables) {
   KILN_SKIP_WITHOUT_CUDA();
   ScopedEnv epilogue("KILN_CUDA_W8A8_ACT_EPILOGUE", "0");  // the GELU in a pass after the GEMM
+  ScopedEnv codes("KILN_CUDA_W8A8_CODES_EPILOGUE", "0");   // (static codes too: not from the GEMM)
   std::string why;
   if (!int8_gemm_sm90_available(&why)) GTEST_SKIP() << "the pass follows the fused CUTLASS GEMM only: " << why;
   const std::string dir = fixtures_dir() + "/models/bert";
@@ -105,6 +106,26 @@ TEST(CudaGeluLutModel, TinyBertW8a8BitIdenticalWithTables) {
     expect_same_with_and_without_tables(w8a8_model_options({.backend = "cuda"}, table, q), min_tables,
                                         str_cat("tiny bert w8a8 ", v.scales, " alpha ", v.alpha));
   }
+}
+
+// With the codes epilogue (the default), a W8A8 FFN up whose static codes come from the
+// GEMM builds no codes table of its own: only the values table of its gelu_lut.
+TEST(CudaGeluLutModel, CodesEpilogueBuildsNoCodesTables) {
+  KILN_SKIP_WITHOUT_CUDA();
+  std::string why;
+  if (!int8_gemm_sm90_available(&why)) GTEST_SKIP() << "the codes epilogue is the fused CUTLASS GEMM's: " << why;
+  const std::string dir = fixtures_dir() + "/models/bert";
+  QuantOptions q;
+  q.mode = "w8a8";
+  q.method = "kl";
+  q.act_scale = "static";
+  q.smooth_alpha = -1.0;
+  const auto calib = random_tokens(std::vector<int>(8, 48), 4);
+  const quant::CalibrationTable table = calibrate_model(dir, {}, q, &calib);
+  ScopedEnv lut("KILN_CUDA_GELU_LUT", "1");
+  const int64_t before = gelu_lut_tables_built();
+  auto model = Model::load(dir, w8a8_model_options({.backend = "cuda"}, table, q));
+  EXPECT_EQ(gelu_lut_tables_built() - before, 1) << "the values table only";
 }
 
 }  // namespace
