@@ -257,13 +257,13 @@ struct Gemm::Impl {
     return false;
   }
 
-  // Inside a RowTuningScope, times plan p at its row count when its (shape, m) is met
-  // there first (gemm.h). can_time: false when the call cannot be rerun (a residual that
-  // aliases y); the (shape, m) is then decided untimed.
   // How many of p's tactics a call can run: the heuristic's, and the skinny GEMM's when the
   // call's operands suit it (own_ok).
   static int tactic_count(const Plan& p, bool own_ok) { return int(p.algos.size() + (own_ok ? p.own.size() : 0)); }
 
+  // Inside a RowTuningScope, times plan p at its row count when its (shape, m) is met
+  // there first (gemm.h). can_time: false when the call cannot be rerun (a residual that
+  // aliases y); the (shape, m) is then decided untimed. own_ok: as tactic_count's.
   template <typename Run>
   void time_at_rows(Plan& p, cudaStream_t s, bool can_time, bool own_ok, Run run) {
     if (!row_tuning.pending(p.shape, p.m)) return;
