@@ -2,8 +2,8 @@
 // y[m,n] = x[m,k]·w[n,k]ᵀ (+ bias[n]) (+ residual[m,n]) in bf16/f16 with f32 accumulation,
 // for m <= kSkinnyMaxRows. cuBLASLt's tiles at such m cover n with a few dozen CTAs on
 // 132 SMs (the 1B-shape o projection at 64 rows: 16 CTAs, 1.0 TB/s of weights). Here a
-// CTA takes 64 or 128 weight rows and all m token rows over a 1/splits share of k, the `splits`
-// CTAs of one 64-row slice form a thread-block cluster, and they add their partial tiles
+// CTA takes 64 or 128 weight rows and all m token rows over a 1/splits share of k, the
+// `splits` CTAs of one row slice form a thread-block cluster, and they add their partial tiles
 // through distributed shared memory in a fixed order (deterministic, no workspace, no
 // second kernel); the bias and residual are added in f32 before the one rounding.
 // Weights are requested before the kernel waits on the previous one (programmatic
@@ -12,10 +12,11 @@
 // With KILN_CUDA_SKINNY_GEMM=1, Gemm (gemm.h) offers the configurations as extra tactics
 // of its 16-bit plans and keeps one only where it times faster than cuBLASLt's algorithms.
 // Off by default: on the H200 (bench/cuda_gemm_skinny_bench, CUDA graphs) it is within
-// 0.9-1.08x of cuBLASLt at 16-32 rows and 0.45-0.8x at 64-128; the loop is bound by the
-// issue rate of its copies and fragment loads with a few warps an SM, where cuBLASLt's
-// kernels use TMA and wgmma. Tested against an f64 host reference in
-// tests/backends/cuda/gemm_skinny_test.cpp.
+// 0.9-1.08x of cuBLASLt at 16-32 rows and 0.45-0.8x at 64-128. Not for want of copies: a
+// TMA load path and precomputed addresses measured the same; a 64-wide k step takes ~0.8 us
+// with one 4-warp CTA an SM (ncu), and more splits pay the prologue and the cluster
+// reduction on fewer steps each (bench/RESULTS.md, 2026-11-30 session 11). Tested against
+// an f64 host reference in tests/backends/cuda/gemm_skinny_test.cpp.
 #pragma once
 
 #include <cuda_runtime_api.h>
