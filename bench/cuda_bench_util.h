@@ -1,5 +1,6 @@
 // Timing helpers shared by the CUDA micro-benchmarks (cuda_*_bench.cpp): the median time
-// of a call on the default stream between CUDA events, and the device-to-device copy
+// of a call on the default stream between CUDA events, of a call replayed from a CUDA
+// graph, and the device-to-device copy
 // rate that the tables quote as the bandwidth ceiling of the same run.
 #pragma once
 
@@ -51,6 +52,38 @@ float median_ms(F&& f, int reps = 50, int batch = 1) {
   std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
   cudaEventDestroy(a);
   cudaEventDestroy(b);
+  return t[t.size() / 2];
+}
+
+// Median ms of one call of f when `calls` calls (f enqueues on s) are captured in one CUDA
+// graph and the graph is replayed `reps` times after 3 warm-up replays: no host launch cost
+// between the calls, as in a decode step's or an encoder forward's graph.
+template <typename F>
+float graph_ms(F&& f, cudaStream_t s, int calls = 10, int reps = 30) {
+  cudaGraph_t g = nullptr;
+  cudaGraphExec_t ge = nullptr;
+  KILN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int i = 0; i < calls; ++i) f();
+  KILN_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  KILN_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
+  cudaEvent_t a, b;
+  KILN_CUDA_CHECK(cudaEventCreate(&a));
+  KILN_CUDA_CHECK(cudaEventCreate(&b));
+  std::vector<float> t;
+  for (int i = 0; i < reps + 3; ++i) {
+    KILN_CUDA_CHECK(cudaEventRecord(a, s));
+    KILN_CUDA_CHECK(cudaGraphLaunch(ge, s));
+    KILN_CUDA_CHECK(cudaEventRecord(b, s));
+    KILN_CUDA_CHECK(cudaEventSynchronize(b));
+    float ms = 0;
+    KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+    if (i >= 3) t.push_back(ms / float(calls));
+  }
+  std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaGraphExecDestroy(ge);
+  cudaGraphDestroy(g);
   return t[t.size() / 2];
 }
 

@@ -176,38 +176,14 @@ Result run_variant(const Case& c, bool cluster, KvCode code, int num_sms, int fo
   set_pdl_allowed(true);
   launch(s);  // eager first (sets kernel attributes), then the captured graph
   KILN_CUDA_CHECK(cudaStreamSynchronize(s));
-  cudaGraph_t g = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  KILN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < 16; ++i) launch(s);
-  KILN_CUDA_CHECK(cudaStreamEndCapture(s, &g));
-  KILN_CUDA_CHECK(cudaGraphInstantiate(&exec, g, 0));
-  set_pdl_allowed(false);
   Result r;
   r.splits = cluster ? plan.decode_splits
                      : int32_t(plan.combine.empty() ? 1 : plan.work.size() / std::max<size_t>(seqs.size(), 1));
-  // Events on the capture stream bracket each replay (3 warm-up replays first).
-  cudaEvent_t e0, e1;
-  KILN_CUDA_CHECK(cudaEventCreate(&e0));
-  KILN_CUDA_CHECK(cudaEventCreate(&e1));
-  std::vector<float> times;
-  for (int i = 0; i < 33; ++i) {
-    KILN_CUDA_CHECK(cudaEventRecord(e0, s));
-    KILN_CUDA_CHECK(cudaGraphLaunch(exec, s));
-    KILN_CUDA_CHECK(cudaEventRecord(e1, s));
-    KILN_CUDA_CHECK(cudaEventSynchronize(e1));
-    float ms = 0;
-    KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    if (i >= 3) times.push_back(ms);
-  }
-  std::nth_element(times.begin(), times.begin() + times.size() / 2, times.end());
-  r.us = double(times[times.size() / 2]) * 1000.0 / 16.0;
-  cudaEventDestroy(e0);
-  cudaEventDestroy(e1);
+  // 16 launches captured with dependent launch (as decode steps run), the graph replayed.
+  r.us = double(bench::graph_ms([&] { launch(s); }, s, 16)) * 1000.0;
+  set_pdl_allowed(false);
   r.out.resize(size_t(c.batch * hq * d));
   KILN_CUDA_CHECK(cudaMemcpy(r.out.data(), out.get(), r.out.size() * 2, cudaMemcpyDeviceToHost));
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(g);
   cudaStreamDestroy(s);
   return r;
 }

@@ -35,37 +35,6 @@ struct Shape {
   std::vector<int64_t> rows;
 };
 
-// Median us of one call: `calls` calls of f captured in one CUDA graph (no host launch
-// cost between them, as in a decode step's graph), the graph launched `reps` times.
-template <typename F>
-float graph_us(F&& f, cudaStream_t s, int calls = 20, int reps = 30) {
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  KILN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < calls; ++i) f();
-  KILN_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
-  KILN_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
-  cudaEvent_t a, b;
-  KILN_CUDA_CHECK(cudaEventCreate(&a));
-  KILN_CUDA_CHECK(cudaEventCreate(&b));
-  std::vector<float> t;
-  for (int r = 0; r < reps + 3; ++r) {
-    KILN_CUDA_CHECK(cudaEventRecord(a, s));
-    KILN_CUDA_CHECK(cudaGraphLaunch(exec, s));
-    KILN_CUDA_CHECK(cudaEventRecord(b, s));
-    KILN_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    if (r >= 3) t.push_back(ms * 1e3f / float(calls));
-  }
-  std::nth_element(t.begin(), t.begin() + t.size() / 2, t.end());
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  cudaGraphExecDestroy(exec);
-  cudaGraphDestroy(graph);
-  return t[t.size() / 2];
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -118,14 +87,15 @@ int main(int argc, char** argv) {
         next = (next + 1) % copies;
         return w;
       };
-      const float lt = graph_us([&] { g.run(t, x.get(), rotate(), nullptr, y.get(), m, sh.n, sh.k, s); }, s) * 1e-3f;
+      const float lt = bench::graph_ms([&] { g.run(t, x.get(), rotate(), nullptr, y.get(), m, sh.n, sh.k, s); }, s, 20);
       float sk[kSkinnyConfigs];
       float best = 1e30f;
       int best_c = 0;
       std::string cells;
       for (int c = 0; c < kSkinnyConfigs; ++c) {
-        sk[c] = graph_us([&] { launch_gemm_skinny(c, t, x.get(), rotate(), nullptr, nullptr, y.get(), m, sh.n, sh.k, 0, s); },
-                         s) * 1e-3f;
+        sk[c] = bench::graph_ms(
+            [&] { launch_gemm_skinny(c, t, x.get(), rotate(), nullptr, nullptr, y.get(), m, sh.n, sh.k, 0, s); }, s,
+            20);
         if (sk[c] < best) best = sk[c], best_c = c;
         char cell[32];
         std::snprintf(cell, sizeof cell, "%s%.1f", c ? " / " : "", double(sk[c]) * 1e3);
@@ -134,8 +104,9 @@ int main(int argc, char** argv) {
       // The best configuration again with programmatic dependent launch, as in decode steps
       // (each call's weight loads start while the previous call finishes).
       set_pdl_allowed(true);
-      const float pdl = graph_us(
-          [&] { launch_gemm_skinny(best_c, t, x.get(), rotate(), nullptr, nullptr, y.get(), m, sh.n, sh.k, 0, s); }, s);
+      const float pdl = bench::graph_ms(
+          [&] { launch_gemm_skinny(best_c, t, x.get(), rotate(), nullptr, nullptr, y.get(), m, sh.n, sh.k, 0, s); }, s,
+          20) * 1e3f;
       set_pdl_allowed(false);
       const float fastest = std::min(best, lt);
       const double gbs = double(wbytes) / (fastest * 1e-3) / 1e9;

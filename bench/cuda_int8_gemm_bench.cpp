@@ -40,6 +40,7 @@
 
 using namespace kiln;
 using namespace kiln::cuda;
+using bench::graph_ms;
 
 namespace {
 
@@ -47,36 +48,6 @@ namespace {
 template <typename F>
 float median_ms(F&& f, int reps = 30, int batch = 10) {
   return bench::median_ms(f, reps, batch);
-}
-
-// Median ms of one call of f when 10 calls are replayed from a CUDA graph (f enqueues on `s`).
-template <typename F>
-float graph_ms(F&& f, cudaStream_t s) {
-  cudaGraph_t g;
-  cudaGraphExec_t ge;
-  KILN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-  for (int i = 0; i < 10; ++i) f();
-  KILN_CUDA_CHECK(cudaStreamEndCapture(s, &g));
-  KILN_CUDA_CHECK(cudaGraphInstantiate(&ge, g, 0));
-  cudaEvent_t a, b;
-  KILN_CUDA_CHECK(cudaEventCreate(&a));
-  KILN_CUDA_CHECK(cudaEventCreate(&b));
-  std::vector<float> t;
-  for (int i = 0; i < 33; ++i) {
-    KILN_CUDA_CHECK(cudaEventRecord(a, s));
-    KILN_CUDA_CHECK(cudaGraphLaunch(ge, s));
-    KILN_CUDA_CHECK(cudaEventRecord(b, s));
-    KILN_CUDA_CHECK(cudaEventSynchronize(b));
-    float ms = 0;
-    KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-    if (i >= 3) t.push_back(ms / 10);  // the first replays warm up
-  }
-  std::sort(t.begin(), t.end());
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  cudaGraphExecDestroy(ge);
-  cudaGraphDestroy(g);
-  return t[t.size() / 2];
 }
 
 // The bf16 GELU tables the passes read (ops/unary_lut.h, KILN_CUDA_GELU_LUT): values, and
