@@ -79,8 +79,16 @@ struct Problem {
   }
 };
 
-// max|got - ref| / max|ref| over the first n columns, and whether the columns past n kept
-// their bits.
+// A problem's operands on the device, and an output buffer the size of y.
+struct DevOperands {
+  Dev x, w, bias, res, y;
+  explicit DevOperands(const Problem& p)
+      : x(p.x.bits.data(), p.x.bits.size() * 2), w(p.w.bits.data(), p.w.bits.size() * 2),
+        bias(p.bias.bits.data(), p.bias.bits.size() * 2), res(p.res.bits.data(), p.res.bits.size() * 2),
+        y(p.y0.bits.size() * 2) {}
+};
+
+// max|got - ref| / max|ref| (ref holds y's initial bits past column n).
 double rel_err(const std::vector<double>& got, const std::vector<double>& ref) {
   double err = 0, mx = 0;
   for (size_t i = 0; i < ref.size(); ++i) {
@@ -100,18 +108,16 @@ TEST(CudaGemmSkinny, EveryConfigurationMatchesF64) {
   for (DType t : {DType::kBF16, DType::kF16}) {
     for (const Case& c : cases) {
       Problem p(c, t, rng);
-      Dev dx(p.x.bits.data(), p.x.bits.size() * 2), dw(p.w.bits.data(), p.w.bits.size() * 2),
-          db(p.bias.bits.data(), p.bias.bits.size() * 2), dr(p.res.bits.data(), p.res.bits.size() * 2),
-          dy(p.y0.bits.size() * 2);
-      const void* bp = c.bias ? db.get() : nullptr;
-      const void* rp = c.residual ? dr.get() : nullptr;
-      ASSERT_TRUE(gemm_skinny_supported(t, c.m, c.n, c.k, c.ldy, dx.get(), dw.get(), bp, dy.get(), rp));
+      const DevOperands d(p);
+      const void* bp = c.bias ? d.bias.get() : nullptr;
+      const void* rp = c.residual ? d.res.get() : nullptr;
+      ASSERT_TRUE(gemm_skinny_supported(t, c.m, c.n, c.k, c.ldy, d.x.get(), d.w.get(), bp, d.y.get(), rp));
       for (int cfg = 0; cfg < kSkinnyConfigs; ++cfg) {
         const std::string what = case_name(c, t, cfg);
-        KILN_CUDA_CHECK(cudaMemcpy(dy.get(), p.y0.bits.data(), p.y0.bits.size() * 2, cudaMemcpyHostToDevice));
-        launch_gemm_skinny(cfg, t, dx.get(), dw.get(), bp, rp, dy.get(), c.m, c.n, c.k, c.ldy, nullptr);
+        KILN_CUDA_CHECK(cudaMemcpy(d.y.get(), p.y0.bits.data(), p.y0.bits.size() * 2, cudaMemcpyHostToDevice));
+        launch_gemm_skinny(cfg, t, d.x.get(), d.w.get(), bp, rp, d.y.get(), c.m, c.n, c.k, c.ldy, nullptr);
         KILN_CUDA_CHECK(cudaDeviceSynchronize());
-        const auto first = dy.host<uint16_t>(p.y0.bits.size());
+        const auto first = d.y.host<uint16_t>(p.y0.bits.size());
         const double e = rel_err(to_f64(first, t), p.ref);
         std::printf("  %-58s rel %.3g\n", what.c_str(), e);
         EXPECT_LE(e, op_tolerance(dtype_name(t))) << what;
@@ -119,9 +125,9 @@ TEST(CudaGemmSkinny, EveryConfigurationMatchesF64) {
           for (int64_t j = c.n; j < p.ldy; ++j)
             ASSERT_EQ(first[size_t(i * p.ldy + j)], p.y0.bits[size_t(i * p.ldy + j)]) << what << " row " << i;
         // The splits add in a fixed order: a rerun gives the same bits.
-        launch_gemm_skinny(cfg, t, dx.get(), dw.get(), bp, rp, dy.get(), c.m, c.n, c.k, c.ldy, nullptr);
+        launch_gemm_skinny(cfg, t, d.x.get(), d.w.get(), bp, rp, d.y.get(), c.m, c.n, c.k, c.ldy, nullptr);
         KILN_CUDA_CHECK(cudaDeviceSynchronize());
-        EXPECT_EQ(dy.host<uint16_t>(first.size()), first) << what << ": a rerun differs";
+        EXPECT_EQ(d.y.host<uint16_t>(first.size()), first) << what << ": a rerun differs";
       }
     }
   }
@@ -133,21 +139,19 @@ TEST(CudaGemmSkinny, InPlaceResidualAndGraphReplay) {
   const Case c{48, 1024, 1536, true, true, 0};
   const DType t = DType::kBF16;
   Problem p(c, t, rng);
-  Dev dx(p.x.bits.data(), p.x.bits.size() * 2), dw(p.w.bits.data(), p.w.bits.size() * 2),
-      db(p.bias.bits.data(), p.bias.bits.size() * 2), dr(p.res.bits.data(), p.res.bits.size() * 2),
-      dy(p.res.bits.size() * 2);
+  const DevOperands d(p);
   cudaStream_t s = nullptr;
   KILN_CUDA_CHECK(cudaStreamCreate(&s));
   for (int cfg = 0; cfg < kSkinnyConfigs; ++cfg) {
     const std::string what = case_name(c, t, cfg);
     // y = x·wᵀ + b + y: the residual read where it is written.
-    KILN_CUDA_CHECK(cudaMemcpy(dy.get(), p.res.bits.data(), p.res.bits.size() * 2, cudaMemcpyHostToDevice));
-    launch_gemm_skinny(cfg, t, dx.get(), dw.get(), db.get(), dy.get(), dy.get(), c.m, c.n, c.k, 0, s);
+    KILN_CUDA_CHECK(cudaMemcpy(d.y.get(), p.res.bits.data(), p.res.bits.size() * 2, cudaMemcpyHostToDevice));
+    launch_gemm_skinny(cfg, t, d.x.get(), d.w.get(), d.bias.get(), d.y.get(), d.y.get(), c.m, c.n, c.k, 0, s);
     KILN_CUDA_CHECK(cudaStreamSynchronize(s));
-    const auto in_place = dy.host<uint16_t>(p.res.bits.size());
+    const auto in_place = d.y.host<uint16_t>(p.res.bits.size());
     EXPECT_LE(rel_err(to_f64(in_place, t), p.ref), op_tolerance("bf16")) << what << " in place";
     Dev out(p.res.bits.size() * 2);
-    launch_gemm_skinny(cfg, t, dx.get(), dw.get(), db.get(), dr.get(), out.get(), c.m, c.n, c.k, 0, s);
+    launch_gemm_skinny(cfg, t, d.x.get(), d.w.get(), d.bias.get(), d.res.get(), out.get(), c.m, c.n, c.k, 0, s);
     KILN_CUDA_CHECK(cudaStreamSynchronize(s));
     const auto eager = out.host<uint16_t>(p.res.bits.size());
     EXPECT_EQ(eager, in_place) << what << ": in place differs from a separate output";
@@ -156,7 +160,7 @@ TEST(CudaGemmSkinny, InPlaceResidualAndGraphReplay) {
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;
     KILN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    launch_gemm_skinny(cfg, t, dx.get(), dw.get(), db.get(), dr.get(), out.get(), c.m, c.n, c.k, 0, s);
+    launch_gemm_skinny(cfg, t, d.x.get(), d.w.get(), d.bias.get(), d.res.get(), out.get(), c.m, c.n, c.k, 0, s);
     KILN_CUDA_CHECK(cudaStreamEndCapture(s, &graph));
     KILN_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     for (int r = 0; r < 2; ++r) {
@@ -181,20 +185,19 @@ TEST(CudaGemmSkinny, ActivationEpilogueEqualsThePasses) {
   for (DType t : {DType::kBF16, DType::kF16}) {
     for (const Case& c : {Case{128, 3072, 768, true, false, 0}, Case{24, 320, 1000, true, true, 0}}) {
       Problem p(c, t, rng);
-      Dev dx(p.x.bits.data(), p.x.bits.size() * 2), dw(p.w.bits.data(), p.w.bits.size() * 2),
-          db(p.bias.bits.data(), p.bias.bits.size() * 2), dr(p.res.bits.data(), p.res.bits.size() * 2),
-          dy(p.y0.bits.size() * 2), dref(p.y0.bits.size() * 2);
-      const void* rp = c.residual ? dr.get() : nullptr;
+      const DevOperands d(p);
+      Dev dref(p.y0.bits.size() * 2);
+      const void* rp = c.residual ? d.res.get() : nullptr;
       const int64_t count = c.m * c.n;
       for (int cfg = 0; cfg < kSkinnyConfigs; ++cfg) {
         for (const auto& [epi, op] : acts) {
           const std::string what = case_name(c, t, cfg) + " act " + std::to_string(int(epi));
-          launch_gemm_skinny(cfg, t, dx.get(), dw.get(), db.get(), rp, dy.get(), c.m, c.n, c.k, 0, nullptr, epi);
-          launch_gemm_skinny(cfg, t, dx.get(), dw.get(), db.get(), nullptr, dref.get(), c.m, c.n, c.k, 0, nullptr);
+          launch_gemm_skinny(cfg, t, d.x.get(), d.w.get(), d.bias.get(), rp, d.y.get(), c.m, c.n, c.k, 0, nullptr, epi);
+          launch_gemm_skinny(cfg, t, d.x.get(), d.w.get(), d.bias.get(), nullptr, dref.get(), c.m, c.n, c.k, 0, nullptr);
           launch_unary(op, t, dref.get(), count, dref.get(), nullptr);
           if (rp) launch_binary(BinaryOp::kAdd, t, dref.get(), rp, count, count, dref.get(), nullptr);
           KILN_CUDA_CHECK(cudaDeviceSynchronize());
-          EXPECT_EQ(dy.host<uint16_t>(size_t(count)), dref.host<uint16_t>(size_t(count))) << what;
+          EXPECT_EQ(d.y.host<uint16_t>(size_t(count)), dref.host<uint16_t>(size_t(count))) << what;
         }
       }
     }
@@ -237,8 +240,7 @@ TEST(CudaGemmSkinny, GemmTacticsUnderEachSetting) {
   const Case c{64, 2048, 2048, true, false, 0};
   const DType t = DType::kBF16;
   Problem p(c, t, rng);
-  Dev dx(p.x.bits.data(), p.x.bits.size() * 2), dw(p.w.bits.data(), p.w.bits.size() * 2),
-      db(p.bias.bits.data(), p.bias.bits.size() * 2), dy(p.y0.bits.size() * 2);
+  const DevOperands d(p);
   int useful = 0;
   for (int cfg = 0; cfg < kSkinnyConfigs; ++cfg) useful += gemm_skinny_config_useful(cfg, c.k);
   ASSERT_EQ(useful, kSkinnyConfigs);
@@ -249,7 +251,7 @@ TEST(CudaGemmSkinny, GemmTacticsUnderEachSetting) {
     g.set_row_tuning(true);
     {
       Gemm::RowTuningScope scope(g);
-      g.run(t, dx.get(), dw.get(), db.get(), dy.get(), c.m, c.n, c.k, nullptr);
+      g.run(t, d.x.get(), d.w.get(), d.bias.get(), d.y.get(), c.m, c.n, c.k, nullptr);
     }
     KILN_CUDA_CHECK(cudaDeviceSynchronize());
     const Gemm::Choice ch = g.choice(t, t, c.m, c.n, c.k, true);
@@ -270,13 +272,13 @@ TEST(CudaGemmSkinny, GemmTacticsUnderEachSetting) {
       EXPECT_EQ(ch.tactic, ch.candidates - 1) << what;
       EXPECT_TRUE(ch.times.empty()) << what << ": forced plans are not timed";
     }
-    EXPECT_LE(rel_err(to_f64(dy.host<uint16_t>(p.y0.bits.size()), t), p.ref), op_tolerance("bf16")) << what;
+    EXPECT_LE(rel_err(to_f64(d.y.host<uint16_t>(p.y0.bits.size()), t), p.ref), op_tolerance("bf16")) << what;
   }
   // A bad value names the variable.
   ScopedEnv env("KILN_CUDA_SKINNY_GEMM", "yes");
   Gemm g;
   try {
-    g.run(t, dx.get(), dw.get(), db.get(), dy.get(), c.m, c.n, c.k, nullptr);
+    g.run(t, d.x.get(), d.w.get(), d.bias.get(), d.y.get(), c.m, c.n, c.k, nullptr);
     ADD_FAILURE() << "KILN_CUDA_SKINNY_GEMM=yes accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("KILN_CUDA_SKINNY_GEMM"), std::string::npos) << e.what();
