@@ -215,15 +215,15 @@ OpRun prepare_w8a8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext&
   if (x_codes || y_codes)
     log_debug("cuda: w8a8 Linear '", n.name, "'", x_codes ? " reads int8 codes" : "", y_codes ? " writes int8 codes" : "");
 
-  // The activation pass after the fused GEMM through tables (KILN_CUDA_GELU_LUT): T values,
-  // and the codes of a static y_codes.
   // Static codes of a gelu_erf output straight from the fused GEMM's epilogue (the table's
   // values: int8_gemm_sm90.h): no T output in scratch, no pass. Its GELU table is the
   // process's own (int8_gemm_sm90_prepare_codes_epilogue), and no pass of this Linear reads
   // a static codes table then (a GEMV's output is quantized by launch_int8_quantize).
-  const GeluLutMode lut_mode = gelu_lut_mode();
-  const bool codes_epilogue = split && fused && lut_mode != GeluLutMode::kOff && y_codes && !y_codes->per_token &&
-                              *unary == UnaryOp::kGeluErf && out_n % 16 == 0 && w8a8_codes_epilogue_from_env();
+  const bool codes_epilogue = split && fused && gelu_lut_mode() != GeluLutMode::kOff && y_codes &&
+                              !y_codes->per_token && *unary == UnaryOp::kGeluErf && out_n % 16 == 0 &&
+                              w8a8_codes_epilogue_from_env();
+  // The activation pass after the fused GEMM through tables (KILN_CUDA_GELU_LUT): T values,
+  // and the codes of a static y_codes written by the pass.
   const bool static_codes_table = y_codes && !y_codes->per_token && !codes_epilogue;
   std::optional<UnaryLut> lut;
   if (split && fused)

@@ -43,24 +43,30 @@ __global__ void spin_kernel(int64_t ns) {
 
 namespace {
 thread_local bool pdl_allowed = false;
+
+// KILN_CUDA_PDL, read once: unset, empty or "1" decode steps (the backend's default), "0"
+// none, "all" every step; anything else is an error naming the variable.
+enum class PdlSetting : uint8_t { kOff, kDecode, kAll };
+PdlSetting pdl_setting() {
+  static const PdlSetting v = [] {
+    const char* e = std::getenv("KILN_CUDA_PDL");
+    const std::string s = e ? e : "";
+    if (s.empty() || s == "1") return PdlSetting::kDecode;
+    if (s == "0") return PdlSetting::kOff;
+    if (s == "all") return PdlSetting::kAll;
+    throw_error(ErrorCode::kInvalidArgument, "KILN_CUDA_PDL='", s,
+                "' (expected 1, the default: dependent launch in decode steps; all: in every step; or 0: never)");
+  }();
+  return v;
 }
+}  // namespace
 
 void set_pdl_allowed(bool on) { pdl_allowed = on; }
 
-bool pdl_in_every_step() {
-  static const bool all = [] {
-    const char* e = std::getenv("KILN_CUDA_PDL");
-    return e && std::string(e) == "all";
-  }();
-  return all;
-}
+bool pdl_in_every_step() { return pdl_setting() == PdlSetting::kAll; }
 
 bool pdl_enabled() {
-  static const bool env_on = [] {
-    const char* e = std::getenv("KILN_CUDA_PDL");
-    return !(e && std::string(e) == "0");
-  }();
-  if (!env_on || !pdl_allowed) return false;
+  if (!pdl_allowed || pdl_setting() == PdlSetting::kOff) return false;
   constexpr int kMaxDevices = 64;
   static int8_t by_device[kMaxDevices] = {};  // 0 unknown, 1 yes, -1 no
   int dev = 0;

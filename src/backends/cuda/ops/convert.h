@@ -27,7 +27,8 @@ void launch_spin(int64_t us, cudaStream_t s);
 // Lets this thread's kernel launches use programmatic dependent launch (common.cuh).
 void set_pdl_allowed(bool on);
 // KILN_CUDA_PDL=all: the backend allows dependent launch in every step (prefill and
-// encoder forwards too), not only in decode steps (measurements; see common.cuh).
+// encoder forwards too), not only in decode steps (measurements; see common.cuh). The
+// variable takes 1 (the default), 0 or all; another value is a kInvalidArgument error.
 bool pdl_in_every_step();
 
 }  // namespace kiln::cuda
