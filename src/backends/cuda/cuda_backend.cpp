@@ -35,6 +35,7 @@
 #include <optional>
 #include <set>
 
+#include "backends/cuda/cuda_decode_stack.h"
 #include "backends/cuda/cuda_fp8_linear.h"
 #include "backends/cuda/cuda_int8_fuse.h"
 #include "backends/cuda/cuda_graph.h"
@@ -130,6 +131,15 @@ class CudaCompiledGraph final : public CompiledGraph {
                            attention_decode_cluster_supported(prep_.act, n.attr_int("num_heads"),
                                                               n.attr_int("num_kv_heads"), n.attr_int("head_dim"));
       }
+    }
+    if (CudaDecodeStack::enabled_from_env() && !profile_) {
+      std::string why;
+      stack_ = CudaDecodeStack::plan(g, prep_, &why);
+      if (stack_)
+        log_info("cuda: decode steps of one sequence run the ", stack_->layers(),
+                 " layers as one kernel (KILN_CUDA_DECODE_STACK=0 keeps a kernel per node)");
+      else
+        log_debug("cuda: no decode stack: ", why);
     }
     plan_memory();
     plan_input_checks();
@@ -259,8 +269,10 @@ class CudaCompiledGraph final : public CompiledGraph {
       launch_spin(10000, s);  // long enough to queue a whole step's launches
       KILN_CUDA_CHECK(cudaEventRecord(prof_ev_[0], s));
     }
+    const bool stack = stack_ && stack_->takes(step, cuda_kv);
     for (size_t i = 0; i < nodes.size(); ++i) {
       if (profile_ && i > 0) KILN_CUDA_CHECK(cudaEventRecord(prof_ev_[i], s));  // skipped nodes time 0
+      if (stack && i >= stack_->first() && i < stack_->last()) continue;  // run with node last()
       if (!node_needed_[i]) continue;
       const ir::Node& n = nodes[i];
       OpContext ctx;
@@ -286,7 +298,10 @@ class CudaCompiledGraph final : public CompiledGraph {
         op_scratch_.grow(std::max<size_t>(bytes, 1), s);
         return op_scratch_.get();
       };
-      runners_[i](ctx);
+      if (stack && i == stack_->last())
+        stack_->run(ctx, vals_);
+      else
+        runners_[i](ctx);
     }
     if (profile_) KILN_CUDA_CHECK(cudaEventRecord(prof_ev_[nodes.size()], s));
   }
@@ -651,6 +666,7 @@ class CudaCompiledGraph final : public CompiledGraph {
   DeviceWeights weights_;
   PrepareContext prep_;
   std::vector<OpRun> runners_;
+  std::unique_ptr<CudaDecodeStack> stack_;  // null: the graph is no plain Llama-family stack (or switched off)
   std::set<std::pair<int64_t, int64_t>> attn_keys_;
   int64_t attn_max_d_ = 0;
   bool attn_flash_ok_ = true;  // every Attention node's head dim and dtype suit the tensor-core kernel
