@@ -2,9 +2,11 @@
 // weights: one batch-1 decode step through every layer at a given context, timed as the
 // median of CUDA-graph replays (10 steps a graph), its weight + KV bytes per step against
 // the device-to-device copy rate of the same run; then one step with the kernel's timeline
-// (each CTA's %globaltimer at the end of each phase): per phase the median over layers of
-// its duration (the last CTA's finish minus the previous phase's last finish), the spread
-// between its first and last CTA, and a GEMV phase's weight GB/s.
+// (each CTA's %globaltimer when it saw each phase's input ready and when it finished the
+// phase): per phase the median over layers of its duration (the last CTA's finish minus
+// the previous phase's last finish), when the first and the last CTA saw its input ready
+// (the counter's latency), the spread between its first and last CTA, and a GEMV phase's
+// weight GB/s.
 //   cuda_decode_stack_bench [shape filter: tinyllama | 1b | 8b] [context, default 512]
 #include <cuda_runtime_api.h>
 
@@ -132,48 +134,50 @@ int main(int argc, char** argv) {
                 " + %.1f MB KV, %.0f GB/s = %.0f%% of copy\n",
                 sh.name, ctx, grid, ms, weight_bytes / 1e9, kv_bytes / 1e6, gbs, 100.0 * gbs / copy_gbs);
     // One step with the timeline.
-    const size_t slots = size_t(s.layers) * kDecodeStackPhases + 1;
+    const size_t lp = size_t(s.layers) * kDecodeStackPhases, slots = 2 * lp + 1;
     DeviceBuffer tl(slots * size_t(grid) * 8);
+    KILN_CUDA_CHECK(cudaMemset(tl.get(), 0, tl.size()));
     a.timeline = static_cast<int64_t*>(tl.get());
     launch_decode_stack(a, grid, st);
     KILN_CUDA_CHECK(cudaStreamSynchronize(st));
     a.timeline = nullptr;
     std::vector<int64_t> h(slots * size_t(grid));
     KILN_CUDA_CHECK(cudaMemcpy(h.data(), tl.get(), h.size() * 8, cudaMemcpyDeviceToHost));
-    auto at = [&](size_t slot, int cta) { return h[slot * size_t(grid) + size_t(cta)]; };
-    auto last = [&](size_t slot) {
-      int64_t m = at(slot, 0);
-      for (int c = 1; c < grid; ++c) m = std::max(m, at(slot, c));
+    // Max / min over the CTAs that recorded the slot (0: no entry).
+    auto over = [&](size_t slot, bool want_max) {
+      int64_t m = 0;
+      for (int c = 0; c < grid; ++c) {
+        const int64_t v = h[slot * size_t(grid) + size_t(c)];
+        if (v != 0 && (m == 0 || (want_max ? v > m : v < m))) m = v;
+      }
       return m;
     };
-    auto first = [&](size_t slot) {
-      int64_t m = at(slot, 0);
-      for (int c = 1; c < grid; ++c) m = std::min(m, at(slot, c));
-      return m;
-    };
-    const char* names[kDecodeStackPhases] = {"q|k|v (+norm, RoPE, KV write)", "attention (+merge)", "o (+residual)",
-                                             "gate|up (+norm, SwiGLU)", "down (+residual)"};
+    const char* names[kDecodeStackPhases] = {"q|k|v (+norm, RoPE, KV write)", "attention (split partials)",
+                                             "o (+merge, residual)", "gate|up (+norm, SwiGLU)", "down (+residual)"};
     const double phase_bytes[kDecodeStackPhases] = {2.0 * double(qkv) * s.hidden, 0,
                                                     2.0 * double(s.hidden) * s.hq * s.d,
                                                     4.0 * double(s.inter) * s.hidden, 2.0 * double(s.inter) * s.hidden};
-    std::printf("| phase | median us per layer | first-to-last CTA us | weight GB/s |\n|---|---|---|---|\n");
+    std::printf("| phase | us per layer: previous phase's last CTA done -> this one's last done | -> first CTA sees input |"
+                " -> last CTA sees input | first -> last CTA done | weight GB/s |\n|---|---|---|---|---|---|\n");
     double total = 0;
     for (int p = 0; p < kDecodeStackPhases; ++p) {
-      std::vector<double> dur, spread;
+      std::vector<double> dur, first_ready, last_ready, spread;
       for (int l = 0; l < s.layers; ++l) {
-        const size_t slot = size_t(l) * kDecodeStackPhases + size_t(p);
-        const int64_t prev = slot == 0 ? first(slots - 1) : last(slot - 1);
-        dur.push_back(double(last(slot) - prev) / 1e3);
-        spread.push_back(double(last(slot) - first(slot)) / 1e3);
+        const size_t done = size_t(l) * kDecodeStackPhases + size_t(p), ready = lp + done;
+        const int64_t prev = done == 0 ? over(slots - 1, false) : over(done - 1, true);
+        dur.push_back(double(over(done, true) - prev) / 1e3);
+        first_ready.push_back(double(over(ready, false) - prev) / 1e3);
+        last_ready.push_back(double(over(ready, true) - prev) / 1e3);
+        spread.push_back(double(over(done, true) - over(done, false)) / 1e3);
       }
       const double md = median(dur);
       total += md;
-      if (phase_bytes[p] > 0)
-        std::printf("| %s | %.2f | %.2f | %.0f |\n", names[p], md, median(spread), phase_bytes[p] / (md * 1e3));
-      else
-        std::printf("| %s | %.2f | %.2f | |\n", names[p], md, median(spread));
+      std::printf("| %s | %.2f | %.2f | %.2f | %.2f |", names[p], md, median(first_ready), median(last_ready),
+                  median(spread));
+      if (phase_bytes[p] > 0) std::printf(" %.0f |\n", phase_bytes[p] / (md * 1e3));
+      else std::printf(" |\n");
     }
-    std::printf("| layer (sum of medians) | %.2f | | %.0f |\n\n", total, weight_bytes / s.layers / (total * 1e3));
+    std::printf("| layer (sum of medians) | %.2f | | | | %.0f |\n\n", total, weight_bytes / s.layers / (total * 1e3));
   }
   KILN_CUDA_CHECK(cudaStreamDestroy(st));
   return 0;

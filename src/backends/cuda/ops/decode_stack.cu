@@ -9,15 +9,15 @@
 //   gateup after every CTA's o: norm -> gate|up GEMV, SwiGLU;
 //   down   after every CTA's gate|up: down GEMV + residual.
 // GEMV phases: each CTA owns a contiguous share of the output items, its warps stream
-// contiguous runs of the share's 16-byte weight chunks through per-warp cp.async rings
-// in shared memory, and the first batches of a phase are requested before the CTA waits
-// for the phase's input (weights are never written), as is the first K/V tile of the
-// attention (all but the new token's key).
+// contiguous runs of the share's 16-byte weight chunks through registers (the next batch
+// loaded while the current one is multiplied), and a phase's first batch is requested
+// before the CTA waits for the phase's input (weights are never written), as is the first
+// K/V tile of the attention (all but the new token's key).
 // Reads of what other CTAs wrote in this launch go through L2 (ld.global.cg / cp.async.cg),
-// never the non-coherent or L1 path. A counter is released by one thread after a block
-// barrier and a fence, and acquired by one thread spinning on it before a block barrier
-// (the pattern of cooperative groups' grid sync); the last CTA to exit zeroes them for the
-// next launch.
+// never the non-coherent or L1 path. A CTA finishing a phase adds to the phase's counter
+// (one thread, after a block barrier and a fence), and a CTA waiting for a phase polls its
+// counter (one thread, acquire loads) before a block barrier - the pattern of cooperative
+// groups' grid sync; the last CTA to exit zeroes the counters for the next launch.
 #include <atomic>
 #include <cmath>
 #include <string>
@@ -32,10 +32,10 @@ namespace kiln::cuda {
 namespace {
 
 constexpr int kStackWarps = 16, kStackThreads = kStackWarps * 32;
-constexpr int kMaxGroup = 8, kMaxHeadDim = 128, kKeyChunk = 64, kMinSplitKeys = 64, kMaxMergeWeights = 2048;
-// The GEMV weight rings: per warp kStages stages of kChunksPerLane 16-byte chunks a lane.
-constexpr int kStages = 4, kChunksPerLane = 4;
-constexpr size_t kRingBytes = size_t(kStackWarps) * kStages * kChunksPerLane * 32 * 16;
+constexpr int kMaxGroup = 8, kMaxHeadDim = 128, kKeyChunk = 64, kMinSplitKeys = 64, kMaxMergeWeights = 2048,
+              kMaxMergeHeads = 128;
+// A GEMV batch: kChunksPerLane 16-byte weight chunks a lane (over the item's R rows).
+constexpr int kChunksPerLane = 4;
 // K and V tiles of one chunk of keys.
 constexpr size_t kKvTileBytes = size_t(kKeyChunk) * kMaxHeadDim * 2;
 // The GEMV input row at most (hidden, inter, hq * d elements of 2 bytes).
@@ -43,9 +43,12 @@ constexpr size_t kMaxRowBytes = 48 << 10;
 enum Phase : int { kQkv, kAttn, kO, kGateUp, kDown, kPhases };
 static_assert(kPhases == kDecodeStackPhases);
 
-// Splits of a KV head's context at most: the (KV head, split) units fit one wave.
+// Splits of a KV head's context at most: the (KV head, split) units fit one wave, and
+// the merge's weights (2 floats per split and head) fit kMaxMergeWeights.
 __host__ __device__ inline int max_splits(const DecodeStackShape& s, int grid) {
-  return grid / s.hkv > 1 ? grid / s.hkv : 1;
+  const int wave = grid / s.hkv, room = kMaxMergeWeights / (2 * s.hq);
+  const int m = wave < room ? wave : room;
+  return m > 1 ? m : 1;
 }
 
 // Byte offsets into the scratch buffer.
@@ -82,15 +85,30 @@ __device__ __forceinline__ int ld_acquire(const int* p) {
   asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
-// Blocks until *c reaches target; then the block sees what the arrivals released.
-__device__ __forceinline__ void wait_for(const int* c, int target) {
-  if (threadIdx.x == 0) {
-    while (ld_acquire(c) < target) {
+// The phases' synchronization: a counter per phase that the CTAs (or, for the attention,
+// the units) finishing it add to. (A flag per CTA set by the last arrival, polled on
+// lines of their own, measured slower: the broadcasting CTA starts its next phase late.)
+struct Sync {
+  int* counters;
+  // Releases this block's writes so far to whoever acquires the counter.
+  __device__ __forceinline__ void arrive(int phase) const {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      __threadfence();
+      atomicAdd(counters + phase, 1);
     }
-    __threadfence();
   }
-  __syncthreads();
-}
+  // Blocks until the counter of `phase` reaches target; then the block sees what the
+  // arrivals released.
+  __device__ __forceinline__ void wait(int phase, int target) const {
+    if (threadIdx.x == 0) {
+      while (ld_acquire(counters + phase) < target) __nanosleep(32);
+      __threadfence();
+    }
+    __syncthreads();
+  }
+};
+
 __device__ __forceinline__ int64_t global_ns() {
   int64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;\n" : "=l"(t));
@@ -100,15 +118,6 @@ __device__ __forceinline__ int64_t global_ns() {
 __device__ __forceinline__ void mark(int64_t* timeline, int slot) {
   if (timeline && threadIdx.x == 0) timeline[int64_t(slot) * gridDim.x + blockIdx.x] = global_ns();
 }
-// Releases this block's writes so far to whoever acquires *c.
-__device__ __forceinline__ void arrive(int* c) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    __threadfence();
-    atomicAdd(c, 1);
-  }
-}
-
 template <typename T>
 __device__ __forceinline__ void fma8(float& acc, const uint4& w, const uint4& x) {
   const T* wv = reinterpret_cast<const T*>(&w);
@@ -123,16 +132,31 @@ __device__ __forceinline__ float ld_cg(const T* p) {
 }
 
 // xs[0, n) = rms_norm(src) * gamma in T, as the norm kernels compute it; src was written
-// by other CTAs of this launch (or before it).
+// by other CTAs of this launch (or before it). Rows of up to kNormRegs * 512 elements are
+// read once (kept in registers), longer ones twice.
+constexpr int kNormRegs = 16;
 template <typename T>
 __device__ void norm_into(T* xs, const T* src, const float* gamma, float eps, int n, float* red) {
+  float v[kNormRegs];
   float ss = 0.0f;
-  for (int j = threadIdx.x; j < n; j += kStackThreads) {
-    const float v = ld_cg(src + j);
-    ss += v * v;
+#pragma unroll
+  for (int i = 0; i < kNormRegs; ++i) {
+    const int j = threadIdx.x + i * kStackThreads;
+    v[i] = j < n ? ld_cg(src + j) : 0.0f;
+    ss += v[i] * v[i];
+  }
+  for (int j = threadIdx.x + kNormRegs * kStackThreads; j < n; j += kStackThreads) {
+    const float x = ld_cg(src + j);
+    ss += x * x;
   }
   const float r = rsqrtf(block_sum(ss, red) / float(n) + eps);
-  for (int j = threadIdx.x; j < n; j += kStackThreads) xs[j] = from_f32<T>(ld_cg(src + j) * r * __ldg(gamma + j));
+#pragma unroll
+  for (int i = 0; i < kNormRegs; ++i) {
+    const int j = threadIdx.x + i * kStackThreads;
+    if (j < n) xs[j] = from_f32<T>(v[i] * r * __ldg(gamma + j));
+  }
+  for (int j = threadIdx.x + kNormRegs * kStackThreads; j < n; j += kStackThreads)
+    xs[j] = from_f32<T>(ld_cg(src + j) * r * __ldg(gamma + j));
   __syncthreads();
 }
 
@@ -156,15 +180,15 @@ __device__ __forceinline__ Share share_of(int items) {
 // One GEMV phase over `items` outputs of R weight rows each (rows_of(item, r)) with k
 // inputs in xs. A CTA owns a contiguous share of the items; their batches (kChunksPerLane
 // / R chunks of each row per lane) are split into one contiguous run per warp, so every
-// warp streams the same amount within a batch. A warp copies its batches into its ring of
-// kStages shared-memory stages with cp.async (kStages - 1 in flight, no registers held);
-// a lane reads back only the chunks it copied itself. Each warp's sum of an item goes to
+// warp streams the same amount within a batch, holding the next batch in registers while it
+// multiplies the current one (a ring of cp.async stages in shared memory instead, with 3
+// batches in flight, measured slower: RESULTS.md, session 12). Each warp's sum of an item goes to
 // `part` [item][warp][R]; after a block barrier one thread per item adds the warps' sums in
 // warp order and calls epi(item, v, side[item]). Before the wait for the phase's input
 // (prep(), called by every thread), the first batches are requested and side[i] = pre(item)
 // is loaded (what the epilogue reads that was complete before this phase: the residual).
 template <typename T, int R, typename RowsOf, typename Pre, typename Prep, typename Epi>
-__device__ __forceinline__ void gemv_phase(const T* w, int k, int items, const uint4* xs, uint4* ring, float* part,
+__device__ __forceinline__ void gemv_phase(const T* w, int k, int items, const uint4* xs, float* part,
                                            RowsOf rows_of, Pre&& pre, Prep&& prep, Epi&& epi) {
   constexpr int U = kChunksPerLane / R;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, kc = k >> 3;
@@ -175,49 +199,24 @@ __device__ __forceinline__ void gemv_phase(const T* w, int k, int items, const u
   float* side = part + n_items * kStackWarps * R;
   for (int i = threadIdx.x; i < n_items * kStackWarps * R; i += kStackThreads) part[i] = 0.0f;
   for (int i = threadIdx.x; i < n_items; i += kStackThreads) side[i] = pre(sh.begin + i);
-  uint4* my = ring + warp * (kStages * kChunksPerLane * 32) + lane;
   // The warp's batches are a contiguous run [b0, b1) of the CTA's: mostly whole items, so
   // a warp streams long stretches of a row and reduces only at an item's end.
   const int b0 = int(int64_t(total) * warp / kStackWarps), b1 = int(int64_t(total) * (warp + 1) / kStackWarps);
-  auto issue = [&](int j) {
-    const int b = b0 + j;
-    if (b < b1) {
-      const int it = sh.begin + b / per_item, base = (b % per_item) * 32 * U;
-      uint4* st = my + (j % kStages) * (kChunksPerLane * 32);
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        const uint4* row = reinterpret_cast<const uint4*>(w) + int64_t(rows_of(it, r)) * kc;
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-          const int c = base + u * 32 + lane;
-          cp_async16(st + (r * U + u) * 32, c < kc ? row + c : row, c < kc);
-        }
-      }
-    }
-    cp_async_commit();  // empty groups too: the wait below counts groups
-  };
-#pragma unroll
-  for (int j = 0; j < kStages - 1; ++j) issue(j);
-  prep();
   float acc[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) acc[r] = 0.0f;
-  for (int j = 0; b0 + j < b1; ++j) {
-    cp_async_wait<kStages - 2>();  // batch j is in
-    issue(j + kStages - 1);        // into the stage batch j - 1 used
-    const int b = b0 + j, item = b / per_item;
-    const uint4* st = my + (j % kStages) * (kChunksPerLane * 32);
-    const int base = (b % per_item) * 32 * U;
+  // The warp's j-th batch: its item and the sums' end (one shared tail for both engines).
+  auto consume = [&](int j, auto&& chunk) {
+    const int b = b0 + j, item = b / per_item, base = (b % per_item) * 32 * U;
 #pragma unroll
     for (int u = 0; u < U; ++u) {
       const int c = base + u * 32 + lane;
       if (c < kc) {
         const uint4 x = xs[c];
 #pragma unroll
-        for (int r = 0; r < R; ++r) fma8<T>(acc[r], st[(r * U + u) * 32], x);
+        for (int r = 0; r < R; ++r) fma8<T>(acc[r], chunk(r, u), x);
       }
     }
-    // The warp's last batch of this item: its sum leaves.
     if (b + 1 == b1 || (b + 1) / per_item != item) {
 #pragma unroll
       for (int r = 0; r < R; ++r) {
@@ -226,8 +225,35 @@ __device__ __forceinline__ void gemv_phase(const T* w, int k, int items, const u
         acc[r] = 0.0f;
       }
     }
+  };
+  auto row_of = [&](int j, int r) {
+    return reinterpret_cast<const uint4*>(w) + int64_t(rows_of(sh.begin + (b0 + j) / per_item, r)) * kc;
+  };
+  // The next batch is loaded (streaming, evict-first) before the current one is multiplied.
+  uint4 cur[R][U], nxt[R][U];
+  auto load = [&](uint4 (&buf)[R][U], int j) {
+    if (b0 + j >= b1) return;
+    const int base = ((b0 + j) % per_item) * 32 * U;
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const uint4* row = row_of(j, r);
+#pragma unroll
+      for (int u = 0; u < U; ++u) {
+        const int c = base + u * 32 + lane;
+        buf[r][u] = c < kc ? __ldcs(row + c) : make_uint4(0, 0, 0, 0);
+      }
+    }
+  };
+  load(cur, 0);
+  prep();
+  for (int j = 0; b0 + j < b1; ++j) {
+    load(nxt, j + 1);
+    consume(j, [&](int r, int u) { return cur[r][u]; });
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+#pragma unroll
+      for (int u = 0; u < U; ++u) cur[r][u] = nxt[r][u];
   }
-  cp_async_wait<0>();
   __syncthreads();
   for (int i = threadIdx.x; i < n_items; i += kStackThreads) {
     float v[R];
@@ -270,8 +296,8 @@ __device__ __forceinline__ void stage_kv(uint4* sk, uint4* sv, const T* kc, cons
 // shared-memory tiles 64 at a time; the first tile, but for the new token's key (written
 // by the q|k|v phase), is requested before the wait for that phase.
 template <typename T>
-__device__ void attention_phase(const DecodeStackArgs& a, const Layout& lay, char* scratch, int l, int* qkv_done,
-                                int* done, AttnSmem& sm, uint4* sk, uint4* sv) {
+__device__ void attention_phase(const DecodeStackArgs& a, const Layout& lay, char* scratch, int l, const Sync& sync,
+                                AttnSmem& sm, uint4* sk, uint4* sv, int ready_slot) {
   const DecodeStackShape& s = a.shape;
   const int d = s.d, g_size = s.hq / s.hkv, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int ctx = __ldg(&a.seq->ctx_len), bs = a.block_size;
@@ -301,7 +327,8 @@ __device__ void attention_phase(const DecodeStackArgs& a, const Layout& lay, cha
       const int n = min(kKeyChunk, k1 - j0);
       if (!waited) {
         stage_kv(sk, sv, kc, vc, table, bs, s.hkv, g, d, j0, j0, n, ctx - 1);
-        wait_for(qkv_done, int(gridDim.x));
+        sync.wait(l * kPhases + kQkv, int(gridDim.x));
+        mark(a.timeline, ready_slot);
         waited = true;
         if (j0 + n == ctx) stage_kv(sk, sv, kc, vc, table, bs, s.hkv, g, d, j0, ctx - 1, 1, -1);
         for (int i = threadIdx.x; i < g_size * d; i += kStackThreads) sm.q[i / d][i % d] = ld_cg(q + g * g_size * d + i);
@@ -373,7 +400,7 @@ __device__ void attention_phase(const DecodeStackArgs& a, const Layout& lay, cha
         }
       }
     }
-    arrive(done);
+    sync.arrive(l * kPhases + kAttn);
   }
 }
 
@@ -383,24 +410,34 @@ __device__ __forceinline__ int attention_units(const DecodeStackArgs& a) {
   return a.shape.hkv * min(max_splits(a.shape, int(gridDim.x)), (ctx + kMinSplitKeys - 1) / kMinSplitKeys);
 }
 
-// xs[h * d + e] = the attention output: the splits' partials merged (online-softmax
-// weights per (split, head) first, into `w`: splits * hq floats of shared memory).
+// xs[h * d + e] = the attention output: the splits' partials merged. Every (split, head)
+// pair's m and l are read by a thread of their own into `w` (2 * splits * hq floats of
+// shared memory), then turned into that split's weight for the head.
 template <typename T>
 __device__ void merge_into(T* xs, const DecodeStackArgs& a, const float* partials, float* w) {
   const DecodeStackShape& s = a.shape;
-  const int d = s.d, splits = attention_units(a) / s.hkv;
+  const int d = s.d, splits = attention_units(a) / s.hkv, pairs = splits * s.hq;
   const size_t stride = size_t(s.hq) * (d + 2);
+  __shared__ float head_max[kMaxMergeHeads], head_inv[kMaxMergeHeads];
+  float* lw = w + pairs;
+  for (int i = threadIdx.x; i < pairs; i += kStackThreads) {
+    const float* pp = partials + (i / s.hq) * stride + size_t(i % s.hq) * (d + 2);
+    w[i] = __ldcg(pp + d);
+    lw[i] = __ldcg(pp + d + 1);
+  }
+  __syncthreads();
   for (int h = threadIdx.x; h < s.hq; h += kStackThreads) {
     float mx = -INFINITY;
-    for (int p = 0; p < splits; ++p) mx = fmaxf(mx, __ldcg(partials + p * stride + size_t(h) * (d + 2) + d));
+    for (int p = 0; p < splits; ++p) mx = fmaxf(mx, w[p * s.hq + h]);
     float lsum = 0.0f;
-    for (int p = 0; p < splits; ++p) {
-      const float* pp = partials + p * stride + size_t(h) * (d + 2);
-      const float f = expf(__ldcg(pp + d) - mx);  // 0 for a split without keys (m = -inf)
-      w[p * s.hq + h] = f;
-      lsum = fmaf(f, __ldcg(pp + d + 1), lsum);
-    }
-    for (int p = 0; p < splits; ++p) w[p * s.hq + h] /= lsum;
+    for (int p = 0; p < splits; ++p) lsum = fmaf(expf(w[p * s.hq + h] - mx), lw[p * s.hq + h], lsum);
+    head_max[h] = mx;
+    head_inv[h] = 1.0f / lsum;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < pairs; i += kStackThreads) {
+    const int h = i % s.hq;
+    w[i] = expf(w[i] - head_max[h]) * head_inv[h];  // 0 for a split without keys (m = -inf)
   }
   __syncthreads();
   for (int it = threadIdx.x; it < s.hq * d; it += kStackThreads) {
@@ -418,8 +455,7 @@ __global__ void __launch_bounds__(kStackThreads, 1) decode_stack_kernel(DecodeSt
   __shared__ float red[32];
   __shared__ AttnSmem att;
   T* xs = reinterpret_cast<T*>(stack_xs);
-  uint4* ring = stack_xs + row_bytes(a.shape) / 16;
-  uint4* sk = ring + kRingBytes / 16;
+  uint4* sk = stack_xs + row_bytes(a.shape) / 16;
   uint4* sv = sk + kKvTileBytes / 16;
   float* part = reinterpret_cast<float*>(sk);  // the GEMV partial sums share the K/V tiles' space
   const DecodeStackShape& s = a.shape;
@@ -431,14 +467,15 @@ __global__ void __launch_bounds__(kStackThreads, 1) decode_stack_kernel(DecodeSt
   const float* partials = reinterpret_cast<const float*>(scratch + lay.partials);
   T* act = reinterpret_cast<T*>(scratch + lay.act);
   int* ctr = reinterpret_cast<int*>(scratch + lay.counters);
+  const Sync sync{ctr};
   const int pos = __ldg(a.positions);
   const int64_t slot = __ldg(a.slot_mapping);
   auto one_row = [](int item, int) { return item; };
   auto no_side = [](int) { return 0.0f; };
-  mark(a.timeline, s.layers * kPhases);
+  mark(a.timeline, 2 * s.layers * kPhases);
   for (int l = 0; l < s.layers; ++l) {
     const DecodeStackLayer ly = a.layers[l];
-    int* c = ctr + l * kPhases;
+    const int ready = (s.layers + l) * kPhases;  // the timeline's "input ready" slots of this layer
     const T* res_in = l == 0 ? static_cast<const T*>(a.x) : r1;
     T* res_out = l + 1 == s.layers ? static_cast<T*>(a.out_sum) : r1;
     T* kc = reinterpret_cast<T*>(static_cast<char*>(a.k_cache) + size_t(l) * a.kv_layer_bytes);
@@ -447,10 +484,11 @@ __global__ void __launch_bounds__(kStackThreads, 1) decode_stack_kernel(DecodeSt
 
     // q|k|v: item = (head, pair u), rows u and u + d/2 of the head.
     gemv_phase<T, 2>(
-        static_cast<const T*>(ly.w_qkv), s.hidden, (s.hq + 2 * s.hkv) * half, stack_xs, ring, part,
+        static_cast<const T*>(ly.w_qkv), s.hidden, (s.hq + 2 * s.hkv) * half, stack_xs, part,
         [=](int item, int r) { return (item / half) * d + item % half + r * half; }, no_side,
         [&] {
-          if (l > 0) wait_for(ctr + (l - 1) * kPhases + kDown, grid);
+          if (l > 0) sync.wait((l - 1) * kPhases + kDown, grid);
+          mark(a.timeline, ready + kQkv);
           norm_into(xs, res_in, ly.attn_norm, ly.attn_eps, s.hidden, red);
         },
         [&](int item, const float (&v)[2], float) {
@@ -474,50 +512,53 @@ __global__ void __launch_bounds__(kStackThreads, 1) decode_stack_kernel(DecodeSt
           dst[u] = from_f32<T>(y1);
           dst[u + half] = from_f32<T>(y2);
         });
-    arrive(c + kQkv);
+    sync.arrive(l * kPhases + kQkv);
     mark(a.timeline, l * kPhases + kQkv);
 
-    attention_phase<T>(a, lay, scratch, l, c + kQkv, c + kAttn, att, sk, sv);
+    attention_phase<T>(a, lay, scratch, l, sync, att, sk, sv, ready + kAttn);
     mark(a.timeline, l * kPhases + kAttn);
 
     // o + residual.
     gemv_phase<T, 1>(
-        static_cast<const T*>(ly.w_o), s.hq * d, s.hidden, stack_xs, ring, part, one_row,
+        static_cast<const T*>(ly.w_o), s.hq * d, s.hidden, stack_xs, part, one_row,
         [&](int n) { return ld_cg(res_in + n); },
         [&] {
-          wait_for(c + kAttn, attention_units(a));
+          sync.wait(l * kPhases + kAttn, attention_units(a));
+          mark(a.timeline, ready + kO);
           merge_into(xs, a, partials, att.merge_w);
         },
         [&](int n, const float (&v)[1], float res) { r0[n] = from_f32<T>(to_f32(from_f32<T>(v[0])) + res); });
-    arrive(c + kO);
+    sync.arrive(l * kPhases + kO);
     mark(a.timeline, l * kPhases + kO);
 
     // gate|up with SwiGLU: item j, rows j and inter + j.
     gemv_phase<T, 2>(
-        static_cast<const T*>(ly.w_gate_up), s.hidden, s.inter, stack_xs, ring, part,
+        static_cast<const T*>(ly.w_gate_up), s.hidden, s.inter, stack_xs, part,
         [inter = s.inter](int item, int r) { return item + r * inter; }, no_side,
         [&] {
-          wait_for(c + kO, grid);
+          sync.wait(l * kPhases + kO, grid);
+          mark(a.timeline, ready + kGateUp);
           norm_into(xs, r0, ly.mlp_norm, ly.mlp_eps, s.hidden, red);
         },
         [&](int j, const float (&v)[2], float) { act[j] = linear_swiglu_out<T>(v[0], v[1]); });
-    arrive(c + kGateUp);
+    sync.arrive(l * kPhases + kGateUp);
     mark(a.timeline, l * kPhases + kGateUp);
 
     // down + residual.
     gemv_phase<T, 1>(
-        static_cast<const T*>(ly.w_down), s.inter, s.hidden, stack_xs, ring, part, one_row,
+        static_cast<const T*>(ly.w_down), s.inter, s.hidden, stack_xs, part, one_row,
         [&](int n) { return ld_cg(r0 + n); },
         [&] {
-          wait_for(c + kGateUp, grid);
+          sync.wait(l * kPhases + kGateUp, grid);
+          mark(a.timeline, ready + kDown);
           copy_into(xs, act, s.inter);
         },
         [&](int n, const float (&v)[1], float res) { res_out[n] = from_f32<T>(to_f32(from_f32<T>(v[0])) + res); });
-    arrive(c + kDown);
+    sync.arrive(l * kPhases + kDown);
     mark(a.timeline, l * kPhases + kDown);
   }
   if (blockIdx.x == 0) {
-    wait_for(ctr + (s.layers - 1) * kPhases + kDown, grid);
+    sync.wait((s.layers - 1) * kPhases + kDown, grid);
     norm_into(xs, static_cast<const T*>(a.out_sum), a.final_norm, a.final_eps, s.hidden, red);
     T* out = static_cast<T*>(a.out_norm);
     for (int j = threadIdx.x; j < s.hidden; j += kStackThreads) out[j] = xs[j];
@@ -535,7 +576,7 @@ __global__ void __launch_bounds__(kStackThreads, 1) decode_stack_kernel(DecodeSt
   }
 }
 
-size_t smem_bytes(const DecodeStackShape& s) { return row_bytes(s) + kRingBytes + 2 * kKvTileBytes; }
+size_t smem_bytes(const DecodeStackShape& s) { return row_bytes(s) + 2 * kKvTileBytes; }
 
 std::atomic<uint64_t> g_launches{0};
 
@@ -571,7 +612,7 @@ bool decode_stack_supports(DType dtype, const DecodeStackShape& s, int grid, std
   // The GEMV input row in shared memory.
   if (row_bytes(s) > kMaxRowBytes) return no("a GEMV input row exceeds 48 KB");
   if (grid < 1) return no("no CTAs");
-  if (int64_t(max_splits(s, grid)) * s.hq > kMaxMergeWeights) return no("too many attention splits x heads to merge");
+  if (s.hq > kMaxMergeHeads) return no("more than 128 attention heads");
   // A CTA's share of a GEMV phase's items: per item a sum per warp and row, and a side value.
   auto share_fits = [&](int64_t items, int r) {
     return (items + grid - 1) / grid * (kStackWarps * r + 1) * 4 <= int64_t(2 * kKvTileBytes);
@@ -588,7 +629,7 @@ int decode_stack_grid() {
   int coop = 0;
   KILN_CUDA_CHECK(cudaDeviceGetAttribute(&coop, cudaDevAttrCooperativeLaunch, dev));
   if (!coop) return 0;
-  const int most = int(kMaxRowBytes + kRingBytes + 2 * kKvTileBytes);
+  const int most = int(kMaxRowBytes + 2 * kKvTileBytes);
   KILN_CUDA_CHECK(cudaFuncSetAttribute(decode_stack_kernel<__nv_bfloat16>,
                                        cudaFuncAttributeMaxDynamicSharedMemorySize, most));
   KILN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_stack_kernel<__nv_bfloat16>,

@@ -67,8 +67,9 @@ struct DecodeStackArgs {
   // decode_stack_scratch_bytes of device memory, zeroed once before the first launch;
   // every launch leaves its counters at zero.
   void* scratch = nullptr;
-  // Optional (benchmarks): [layers][kDecodeStackPhases][grid] %globaltimer ns at which each
-  // CTA finished each phase, then [grid] the times the CTAs started.
+  // Optional (benchmarks): %globaltimer ns per CTA: [layers][kDecodeStackPhases][grid] when
+  // it finished each phase, then the same when it saw the phase's input ready (left as
+  // they were by CTAs without attention work), then [grid] when it started.
   int64_t* timeline = nullptr;
 };
 // The phases of a layer as the timeline lists them: q|k|v, attention, o, gate|up, down.
