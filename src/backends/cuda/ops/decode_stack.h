@@ -1,12 +1,13 @@
 // A batch-1 decode step through every layer of a Llama-family decoder in one persistent
 // kernel (the "decode stack"): RMSNorm -> packed q|k|v GEMV (+bias) with RoPE and the
-// paged KV-cache write in its epilogue -> split-KV attention (the last split of a KV head
-// merges its partials) -> o GEMV + residual -> RMSNorm -> gate|up GEMV with SwiGLU ->
+// paged KV-cache write in its epilogue -> split-KV attention (every CTA of the next phase
+// merges the splits' partials) -> o GEMV + residual -> RMSNorm -> gate|up GEMV with SwiGLU ->
 // down GEMV + residual, layer after layer, then the final norm. One CTA per SM stays
 // resident (a cooperative launch) and the phases meet through counters in global memory
 // instead of kernel boundaries: a CTA that finished its part of a phase requests its
 // first weights of the next phase before it waits, so the weight stream does not stop at
-// the ~7 kernel boundaries a layer otherwise has. Every value is rounded to the
+// the ~7 kernel boundaries a layer otherwise has (measured: still slower than those
+// kernels on the H200, bench/RESULTS.md session 12). Every value is rounded to the
 // activation dtype where the unfused kernels (GEMV, qkv_prep/decode attention, AddRMSNorm)
 // round it, so the two paths differ only in summation order.
 // The CUDA backend runs it for decode steps of one sequence and one token when the graph
