@@ -4,6 +4,8 @@
 // |x|·|w| <= 127·127 keeps each int16 pair sum below saturation, then madd(·, 1) widens
 // to int32. Exact, so it matches the scalar kernel bit for bit. Compiled with -mavx2.
 // Tested in tests/backends/cpu/linear_int8_test.cpp.
+#include <cpuid.h>
+
 #include <immintrin.h>
 
 #include <cstdint>
@@ -54,7 +56,12 @@ void microkernel(int m, const int8_t* qx, int64_t ldx, const int8_t* panel, int6
 Int8Microkernel int8_microkernel() { return microkernel; }
 
 bool avx_vnni_supported() {
-  static const bool yes = __builtin_cpu_supports("avxvnni");
+  // AVX-VNNI from CPUID leaf 7 subleaf 1 (EAX bit 4): clang 14's __builtin_cpu_supports
+  // does not know "avxvnni". Callers reach here only on the AVX2 path (OS AVX state saved).
+  static const bool yes = [] {
+    unsigned a = 0, b = 0, c = 0, d = 0;
+    return __get_cpuid_count(7, 1, &a, &b, &c, &d) && (a & (1u << 4)) != 0;
+  }();
   return yes;
 }
 
