@@ -40,23 +40,10 @@ TEST_P(CudaDecodeStackGolden, DecodeMatchesTransformers) {
   StackSwitch on("1");
   auto model = Model::load(fixtures_dir() + "/models/" + family, {.backend = "cuda", .weight_dtype = dtype});
   kiln::testing::Reference ref(family);
-  const int64_t vocab = model->info().vocab_size, n = ref.shape("greedy")[1];
-  auto greedy = ref.ids("greedy");
-  auto prompts = ref.prompts();
+  const int64_t n = ref.shape("greedy")[1];
   const uint64_t launches = decode_stack_launches();
-  for (size_t b = 0; b < prompts.size(); ++b) {
-    auto step_ref = ref.f32("greedy_logits_" + std::to_string(b));
-    LlmRunner runner(*model, {.block_size = 4});
-    const int32_t seq = runner.add_sequence(prompts[b]);
-    double worst = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      auto out = runner.step();
-      ASSERT_EQ(out.size(), 1u);
-      Diff d = diff(Tensor::view(out[0].logits.data(), DType::kF32, {vocab}),
-                    Tensor::view(step_ref.data() + i * vocab, DType::kF32, {vocab}));
-      worst = std::max(worst, d.rel());
-      runner.append_tokens(seq, {greedy[size_t(int64_t(b) * n + i)]});
-    }
+  for (size_t b = 0; b < ref.prompts().size(); ++b) {
+    const double worst = kiln::cuda::testing::golden_decode_worst_rel(*model, ref, b);
     std::printf("  %s %s decode prompt %zu: worst step rel %.3g over %lld steps\n", family.c_str(), dtype.c_str(), b,
                 worst, (long long)n);
     // The bounds of the golden tests (models_test.cpp): 16-bit rounding of 2-layer random models.

@@ -16,6 +16,7 @@
 #include <filesystem>
 
 #include "../../models/golden_util.h"
+#include "cuda_model_test_util.h"
 #include "cuda_test_util.h"
 #include "frontends/weight_source.h"
 #include "runtime/encoder_runner.h"
@@ -63,23 +64,11 @@ TEST_P(CudaDecoderGolden, LogitsGreedyAndDecodeMatchTransformers) {
       expect_close(o.logits.data(), want.data() + size_t(o.seq) * size_t(smax * vocab), o.logits.size(), tol,
                    tag + " logits prompt " + std::to_string(o.seq));
   }
-  // Token-by-token decode through the paged cache (block size 4: many boundaries)
-  // against generate()'s per-step scores.
+  // Token-by-token decode through the paged cache against generate()'s per-step scores.
   auto greedy = ref.ids("greedy");
   const int64_t n = ref.shape("greedy")[1];
   for (size_t b = 0; b < prompts.size(); ++b) {
-    auto step_ref = ref.f32("greedy_logits_" + std::to_string(b));
-    LlmRunner runner(*model, {.block_size = 4});
-    int32_t seq = runner.add_sequence(prompts[b]);
-    double worst = 0;
-    for (int64_t i = 0; i < n; ++i) {
-      auto out = runner.step();
-      ASSERT_EQ(out.size(), 1u);
-      Diff d = diff(Tensor::view(out[0].logits.data(), DType::kF32, {vocab}),
-                    Tensor::view(step_ref.data() + i * vocab, DType::kF32, {vocab}));
-      worst = std::max(worst, d.rel());
-      runner.append_tokens(seq, {greedy[size_t(int64_t(b) * n + i)]});
-    }
+    const double worst = testing::golden_decode_worst_rel(*model, ref, b);
     std::printf("  %-48s worst step rel %.3g over %lld steps\n", (tag + " decode prompt " + std::to_string(b)).c_str(),
                 worst, (long long)n);
     EXPECT_LE(worst, tol) << tag << " decode prompt " << b;
