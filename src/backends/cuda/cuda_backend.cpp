@@ -132,14 +132,14 @@ class CudaCompiledGraph final : public CompiledGraph {
                                                               n.attr_int("num_kv_heads"), n.attr_int("head_dim"));
       }
     }
-    if (CudaDecodeStack::enabled_from_env() && !profile_) {
-      std::string why;
-      stack_ = CudaDecodeStack::plan(g, prep_, &why);
+    if (CudaDecodeStack::enabled_from_env()) {
+      std::string why = "KILN_CUDA_PROFILE=1 times every node";
+      if (!profile_) stack_ = CudaDecodeStack::plan(g, prep_, &why);
       if (stack_)
         log_info("cuda: decode steps of one sequence run the ", stack_->layers(),
                  " layers as one kernel (KILN_CUDA_DECODE_STACK=0 keeps a kernel per node)");
       else
-        log_debug("cuda: no decode stack: ", why);
+        log_info("cuda: KILN_CUDA_DECODE_STACK=1, but this graph keeps a kernel per node: ", why);
     }
     plan_memory();
     plan_input_checks();

@@ -156,7 +156,8 @@ bool CudaDecodeStack::takes(const StepInfo& step, const CudaKv* kv) const {
 void CudaDecodeStack::run(OpContext& c, const std::vector<DevTensor>& vals) const {
   const DevTensor& x = vals[size_t(x_)];
   KILN_THROW_IF(x.numel() != shape_.hidden || x.dtype != act_, kInvalidArgument,
-                "decode stack: the first norm's input is not one row of ", shape_.hidden, " features");
+                "decode stack: the first norm's input must be one ", dtype_name(act_), " row of ", shape_.hidden,
+                " features, got ", x.numel(), " ", dtype_name(x.dtype), " elements");
   DecodeStackArgs a;
   a.dtype = act_;
   a.shape = shape_;
@@ -174,8 +175,7 @@ void CudaDecodeStack::run(OpContext& c, const std::vector<DevTensor>& vals) cons
   a.block_tables = c.dev->block_tables;
   a.k_cache = c.kv->k(0);
   a.v_cache = c.kv->v(0);
-  a.kv_layer_bytes = size_t(static_cast<const char*>(c.kv->k(1 < c.kv->layout().num_layers ? 1 : 0)) -
-                            static_cast<const char*>(c.kv->k(0)));
+  a.kv_layer_bytes = c.kv->layer_bytes();
   a.block_size = int(c.kv->layout().block_size);
   a.scratch = scratch_.get();
   launch_decode_stack(a, grid_, c.cx->stream);

@@ -59,6 +59,8 @@ class CudaKv : public KvStorage {
   KvCode code() const { return code_; }
   void* k(int64_t layer) const { return static_cast<char*>(k_.get()) + size_t(layer) * layer_bytes(); }
   void* v(int64_t layer) const { return static_cast<char*>(v_.get()) + size_t(layer) * layer_bytes(); }
+  // Bytes from one layer's K (V) to the next's.
+  size_t layer_bytes() const { return size_t(layout_.num_blocks) * layer_block_bytes(); }
   // Quantized pools: the layer's scales, [num_blocks * block_size, Hkv]; null for kAuto.
   float* k_scales(int64_t layer) const { return scales_at(k_scale_, layer); }
   float* v_scales(int64_t layer) const { return scales_at(v_scale_, layer); }
@@ -68,7 +70,6 @@ class CudaKv : public KvStorage {
  private:
   // One block of K (or V) in one layer: codes or elements, and (quantized) scales.
   size_t layer_block_bytes() const { return size_t(layout_.block_elems()) * elem_bytes_; }
-  size_t layer_bytes() const { return size_t(layout_.num_blocks) * layer_block_bytes(); }
   size_t layer_block_scale_bytes() const {
     return code_ == KvCode::kNone ? 0 : size_t(layout_.block_size * layout_.num_kv_heads) * 4;
   }

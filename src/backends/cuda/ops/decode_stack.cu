@@ -185,7 +185,7 @@ __device__ __forceinline__ Share share_of(int items) {
 // batches in flight, measured slower: RESULTS.md, session 12). Each warp's sum of an item goes to
 // `part` [item][warp][R]; after a block barrier one thread per item adds the warps' sums in
 // warp order and calls epi(item, v, side[item]). Before the wait for the phase's input
-// (prep(), called by every thread), the first batches are requested and side[i] = pre(item)
+// (prep(), called by every thread), the first batch is requested and side[i] = pre(item)
 // is loaded (what the epilogue reads that was complete before this phase: the residual).
 template <typename T, int R, typename RowsOf, typename Pre, typename Prep, typename Epi>
 __device__ __forceinline__ void gemv_phase(const T* w, int k, int items, const uint4* xs, float* part,
@@ -205,7 +205,8 @@ __device__ __forceinline__ void gemv_phase(const T* w, int k, int items, const u
   float acc[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) acc[r] = 0.0f;
-  // The warp's j-th batch: its item and the sums' end (one shared tail for both engines).
+  // Multiplies the warp's j-th batch (chunk(r, u): its weights) and, at the warp's last
+  // batch of an item, leaves the item's sums in part.
   auto consume = [&](int j, auto&& chunk) {
     const int b = b0 + j, item = b / per_item, base = (b % per_item) * 32 * U;
 #pragma unroll
@@ -291,8 +292,9 @@ __device__ __forceinline__ void stage_kv(uint4* sk, uint4* sv, const T* kc, cons
   cp_async_commit();
 }
 
-// Layer l's attention: the (KV head, split) units of this CTA, then the merge by the last
-// split of each KV head; arrivals on `done` count merged KV heads. A unit's keys go through
+// Layer l's attention: the (KV head, split) units of this CTA (at most one: the units fit
+// one wave), each writing its unnormalized partial with its max and sum and arriving on the
+// phase's counter (the o phase waits for every unit and merges). A unit's keys go through
 // shared-memory tiles 64 at a time; the first tile, but for the new token's key (written
 // by the q|k|v phase), is requested before the wait for that phase.
 template <typename T>
@@ -606,19 +608,24 @@ bool decode_stack_supports(DType dtype, const DecodeStackShape& s, int grid, std
   };
   if (dtype != DType::kBF16 && dtype != DType::kF16) return no("activations are not 16-bit");
   if (s.layers < 1 || s.hidden <= 0 || s.inter <= 0 || s.hq <= 0 || s.hkv <= 0 || s.d <= 0) return no("empty shape");
-  if (s.hidden % 8 || s.inter % 8 || (s.hq * s.d) % 8) return no("hidden, inter and heads x head_dim must be multiples of 8");
-  if (s.d % 8 || s.d > kMaxHeadDim) return no("head_dim must be a multiple of 8 and at most 128");
-  if (s.hq % s.hkv || s.hq / s.hkv > kMaxGroup) return no("query heads per KV head must be at most 8");
+  const std::string shape = "hidden " + std::to_string(s.hidden) + ", intermediate " + std::to_string(s.inter) +
+                            ", heads " + std::to_string(s.hq) + "/" + std::to_string(s.hkv) + " x " +
+                            std::to_string(s.d);
+  if (s.hidden % 8 || s.inter % 8 || (s.hq * s.d) % 8)
+    return no("hidden, intermediate and heads x head_dim must be multiples of 8 (" + shape + ")");
+  if (s.d % 8 || s.d > kMaxHeadDim) return no("head_dim must be a multiple of 8 and at most 128 (" + shape + ")");
+  if (s.hq % s.hkv || s.hq / s.hkv > kMaxGroup) return no("query heads must be 1-8 per KV head (" + shape + ")");
   // The GEMV input row in shared memory.
-  if (row_bytes(s) > kMaxRowBytes) return no("a GEMV input row exceeds 48 KB");
+  if (row_bytes(s) > kMaxRowBytes) return no("a GEMV input row exceeds 48 KB (" + shape + ")");
   if (grid < 1) return no("no CTAs");
-  if (s.hq > kMaxMergeHeads) return no("more than 128 attention heads");
+  if (s.hq > kMaxMergeHeads) return no("more than 128 attention heads (" + shape + ")");
   // A CTA's share of a GEMV phase's items: per item a sum per warp and row, and a side value.
   auto share_fits = [&](int64_t items, int r) {
     return (items + grid - 1) / grid * (kStackWarps * r + 1) * 4 <= int64_t(2 * kKvTileBytes);
   };
   if (!share_fits(int64_t(s.hq + 2 * s.hkv) * s.d / 2, 2) || !share_fits(s.hidden, 1) || !share_fits(s.inter, 2))
-    return no("a CTA's share of a GEMV phase does not fit its shared memory");
+    return no("a CTA's share of a GEMV phase does not fit its shared memory (" + shape + ", " +
+              std::to_string(grid) + " CTAs)");
   return true;
 }
 
