@@ -4,7 +4,8 @@
 // also with an fp8 cache), Llama-3.2-1B's (32 / 8, head dim 64) and BERT-base's (12
 // heads, head dim 64, 1 / 8 / 32 sequences of 128 tokens, bidirectional, K/V read in place
 // as the encoder path does). The tensor-core kernel runs at the CTA width its plan picks
-// (attention_flash_pick_width; printed) and at 128 items, in the same run. Random bf16
+// (attention_flash_pick_width; printed, with the warp rows attention_flash_warp_rows
+// picks) and at 128 items with 16- and 32-row warps, in the same run. Random bf16
 // inputs through a shuffled 16-token block table (one-token blocks for the encoder);
 // median of 20 repeats of 5 launches back to back (CUDA events). Before timing, the
 // kernels' outputs are compared (max |flash - tile| over both widths and max |tile|; the
@@ -12,7 +13,8 @@
 // (query, key) pair, i.e. 2 hq d p(p+1) for a causal prompt of p tokens; GB/s the bytes
 // of q, k, v and the output, each once. Ceilings: an 8192^3 bf16 cuBLASLt GEMM and a
 // 1 GiB device-to-device copy in the same run.
-//   cuda_attention_bench [8b|1b|bert ...]   (default: all)
+//   cuda_attention_bench [8b|1b|bert ...] [--len N]   (default: all; --len keeps the
+//   prompts of N tokens, e.g. one kernel under a profiler)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -66,7 +68,7 @@ void run_case(const Case& c, int num_sms) {
   const int64_t kv_elems = blocks * bs * c.hkv * c.d, q_elems = tokens * c.hq * c.d;
   const size_t kv_bytes = size_t(kv_elems) * (c.code == KvCode::kNone ? 2 : 1);
   DeviceBuffer q(size_t(q_elems) * 2), k(kv_bytes), v(kv_bytes), out_flash(size_t(q_elems) * 2),
-      out_128(size_t(q_elems) * 2), out_tile(size_t(q_elems) * 2);
+      out_128(size_t(q_elems) * 2), out_128r32(size_t(q_elems) * 2), out_tile(size_t(q_elems) * 2);
   DeviceBuffer k_scales, v_scales;
   launch_fill_random(q.get(), DType::kBF16, q_elems, 1, nullptr);
   std::mt19937_64 rng(7);
@@ -132,35 +134,42 @@ void run_case(const Case& c, int num_sms) {
     a.flash_width = plan.flash_width;
     return a;
   };
-  DeviceBuffer work_flash, work_128, work_tile;
-  int32_t n_flash = 0, n_128 = 0, n_tile = 0;
+  DeviceBuffer work_flash, work_128, work_128r32, work_tile;
+  int32_t n_flash = 0, n_128 = 0, n_128r32 = 0, n_tile = 0;
   const AttentionArgs a_flash = args_for(true, 0, work_flash, n_flash, out_flash.get());
-  const AttentionArgs a_128 = args_for(true, 128, work_128, n_128, out_128.get());
+  AttentionArgs a_128 = args_for(true, 128, work_128, n_128, out_128.get());
+  a_128.flash_warp_rows = 16;
+  AttentionArgs a_128r32 = args_for(true, 128, work_128r32, n_128r32, out_128r32.get());
+  a_128r32.flash_warp_rows = 32;
   const AttentionArgs a_tile = args_for(false, 0, work_tile, n_tile, out_tile.get());
   launch_attention(a_flash, nullptr);
   launch_attention(a_128, nullptr);
+  launch_attention(a_128r32, nullptr);
   launch_attention(a_tile, nullptr);
   KILN_CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<float> yf = to_host_f32(out_flash.get(), q_elems), y128 = to_host_f32(out_128.get(), q_elems),
-                           yt = to_host_f32(out_tile.get(), q_elems);
+                           y32 = to_host_f32(out_128r32.get(), q_elems), yt = to_host_f32(out_tile.get(), q_elems);
   double dmax = 0, ymax = 0;
   bool finite = true;
   for (size_t i = 0; i < yf.size(); ++i) {
-    finite = finite && std::isfinite(yf[i]) && std::isfinite(y128[i]);
-    dmax = std::max({dmax, double(std::fabs(yf[i] - yt[i])), double(std::fabs(y128[i] - yt[i]))});
+    finite = finite && std::isfinite(yf[i]) && std::isfinite(y128[i]) && std::isfinite(y32[i]);
+    dmax = std::max({dmax, double(std::fabs(yf[i] - yt[i])), double(std::fabs(y128[i] - yt[i])),
+                     double(std::fabs(y32[i] - yt[i]))});
     ymax = std::max(ymax, double(std::fabs(yt[i])));
   }
   const float t_flash = bench::median_ms([&] { launch_attention(a_flash, nullptr); }, 20, 5);
   const float t_128 = bench::median_ms([&] { launch_attention(a_128, nullptr); }, 20, 5);
+  const float t_128r32 = bench::median_ms([&] { launch_attention(a_128r32, nullptr); }, 20, 5);
   const float t_tile = bench::median_ms([&] { launch_attention(a_tile, nullptr); }, 20, 5);
   const double pairs = c.causal ? double(c.len) * (c.len + 1) / 2 : double(c.len) * c.len;
   const double flop = 4.0 * double(c.hq) * double(c.d) * pairs * c.seqs;
   const double bytes = 2.0 * double(q_elems) * 2 + 2.0 * double(tokens * c.hkv * c.d) * (c.code == KvCode::kNone ? 2 : 1);
   std::printf(
-      "| %s | %d x %d | %s | %d | %.4f (%.0f, %.0f GB/s) | %.4f | %.2fx | %.4f (%.0f) | %.2fx | %d / %d / %d | "
-      "%.2e / %.2e%s |\n",
-      c.name, c.seqs, c.len, c.code == KvCode::kFp8 ? "fp8" : "bf16", a_flash.flash_width, t_flash,
-      flop / (t_flash * 1e-3) / 1e12, bytes / (t_flash * 1e-3) / 1e9, t_128, t_128 / t_flash, t_tile,
+      "| %s | %d x %d | %s | %d x %d | %.4f (%.0f, %.0f GB/s) | %.4f (%.0f) | %.4f (%.0f) | %.2fx | %.4f (%.0f) | "
+      "%.2fx | %d / %d / %d | %.2e / %.2e%s |\n",
+      c.name, c.seqs, c.len, c.code == KvCode::kFp8 ? "fp8" : "bf16", a_flash.flash_width,
+      attention_flash_warp_rows(a_flash), t_flash, flop / (t_flash * 1e-3) / 1e12, bytes / (t_flash * 1e-3) / 1e9,
+      t_128, flop / (t_128 * 1e-3) / 1e12, t_128r32, flop / (t_128r32 * 1e-3) / 1e12, t_128 / t_128r32, t_tile,
       flop / (t_tile * 1e-3) / 1e12, t_tile / t_flash, n_flash * int(c.hkv), n_128 * int(c.hkv),
       n_tile * int(c.hkv), dmax, ymax, finite ? "" : " NON-FINITE");
 }
@@ -168,7 +177,15 @@ void run_case(const Case& c, int num_sms) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<std::string> which(argv + 1, argv + argc);
+  std::vector<std::string> which;
+  int32_t only_len = 0;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--len" && i + 1 < argc)
+      only_len = int32_t(std::stol(argv[++i]));
+    else
+      which.push_back(arg);
+  }
   auto want = [&](const char* w) {
     return which.empty() || std::find(which.begin(), which.end(), w) != which.end();
   };
@@ -189,9 +206,9 @@ int main(int argc, char** argv) {
   }
   std::printf("device copy 1 GiB: %.0f GB/s (read + write)\n\n", bench::device_copy_gbs());
   std::printf(
-      "| shape | seqs x tokens | cache | width | flash ms at width (TFLOP/s, GB/s) | flash ms at 128 | 128 / width "
-      "| tile ms (TFLOP/s) | tile / flash | CTAs width / 128 / tile |"
-      " max|flash - tile| / max|tile| |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "| shape | seqs x tokens | cache | width x warp rows | flash ms, picked (TFLOP/s, GB/s) | 128 x 16 ms (TFLOP/s) "
+      "| 128 x 32 ms (TFLOP/s) | 16 / 32 rows | tile ms (TFLOP/s) | tile / flash | CTAs width / 128 / tile |"
+      " max|flash - tile| / max|tile| |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::vector<Case> cases;
   if (want("8b"))
     for (int32_t p : {512, 2048, 8192})
@@ -203,6 +220,7 @@ int main(int argc, char** argv) {
       cases.push_back({"Llama-3.2-1B 32/8 d64 causal", 32, 8, 64, 1, p, true});
   if (want("bert"))
     for (int32_t b : {1, 8, 32}) cases.push_back({"BERT-base 12/12 d64 bidirectional", 12, 12, 64, b, 128, false});
-  for (const Case& c : cases) run_case(c, num_sms);
+  for (const Case& c : cases)
+    if (only_len == 0 || c.len == only_len) run_case(c, num_sms);
   return 0;
 }

@@ -545,6 +545,7 @@ class CudaCompiledGraph final : public CompiledGraph {
     dev_step_.block_tables = reinterpret_cast<const int32_t*>(base + tables_off);
     dev_step_.slot_mapping = reinterpret_cast<const int64_t*>(base + slots_off);
     dev_step_.plans.clear();
+    dev_step_.flash_warp_rows = int32_t(flash_warp_rows_);
     for (auto& [key, po] : plan_offs)
       dev_step_.plans[key] = {reinterpret_cast<const AttnWork*>(base + po.work), int32_t(po.plan.work.size()),
                               reinterpret_cast<const AttnCombine*>(base + po.combine), int32_t(po.plan.combine.size()),
@@ -679,6 +680,8 @@ class CudaCompiledGraph final : public CompiledGraph {
   }();
   // KILN_CUDA_FLASH_WIDTH: the tensor-core CTAs' items (128, 64, 32; tests), unset: picked per step.
   int flash_width_ = attention_flash_width_from_env();
+  // KILN_CUDA_FLASH_WARP_ROWS: items per tensor-core warp (16, 32; tests), unset: picked.
+  int flash_warp_rows_ = attention_flash_warp_rows_from_env();
   // Read here, once per compiled graph, like the other switches: KILN_CUDA_DECODE_ATTN
   // (false: "old", the grouped-query decode kernels) and KILN_CUDA_DECODE_SPLITS (0: planned).
   bool decode_cluster_ = attention_decode_cluster_from_env();

@@ -108,6 +108,7 @@ struct DevStep {
   const int32_t* block_tables = nullptr;
   const int64_t* slot_mapping = nullptr;
   std::map<std::pair<int64_t, int64_t>, DevAttentionPlan> plans;  // by (num_heads, num_kv_heads)
+  int32_t flash_warp_rows = 0;  // KILN_CUDA_FLASH_WARP_ROWS (AttentionArgs::flash_warp_rows)
   float* attn_workspace = nullptr;
   int32_t* attn_counters = nullptr;  // the fused decode kernel's split counters, zero between launches
 };

@@ -292,6 +292,44 @@ TEST(CudaAttentionPlan, FlashWidthFillsTheSms) {
   }
 }
 
+// The rows a tensor-core warp takes (host only, no GPU): in 128-item CTAs 32 for head
+// dim 128 over a 16-bit cache, else 16, unless forced; always 16 in narrower ones; the
+// switch's parsing.
+TEST(CudaAttentionPlan, FlashWarpRows) {
+  AttentionArgs a;
+  for (int64_t d : {64, 128})
+    for (KvCode code : {KvCode::kNone, KvCode::kFp8})
+      for (int width : kFlashCtaWidths)
+        for (int forced : {0, 16, 32}) {
+          a.d = d;
+          a.kv_code = code;
+          a.flash_width = width;
+          a.flash_warp_rows = forced;
+          const int picked = d == 128 && code == KvCode::kNone ? 32 : 16;
+          EXPECT_EQ(attention_flash_warp_rows(a), width == 128 ? (forced ? forced : picked) : 16)
+              << d << " " << int(code) << " " << width << " " << forced;
+        }
+  a.flash_warp_rows = 64;
+  EXPECT_THROW((void)attention_flash_warp_rows(a), Error);
+  {
+    const ScopedEnv e("KILN_CUDA_FLASH_WARP_ROWS", "");
+    EXPECT_EQ(attention_flash_warp_rows_from_env(), 0);
+  }
+  for (const char* ok : {"16", "32"}) {
+    const ScopedEnv e("KILN_CUDA_FLASH_WARP_ROWS", ok);
+    EXPECT_EQ(attention_flash_warp_rows_from_env(), std::atoi(ok));
+  }
+  for (const char* bad : {"8", "32x", "0", "64"}) {
+    const ScopedEnv e("KILN_CUDA_FLASH_WARP_ROWS", bad);
+    try {
+      (void)attention_flash_warp_rows_from_env();
+      ADD_FAILURE() << "KILN_CUDA_FLASH_WARP_ROWS=" << bad << " accepted";
+    } catch (const Error& err) {
+      EXPECT_NE(std::string(err.what()).find("KILN_CUDA_FLASH_WARP_ROWS"), std::string::npos) << err.what();
+    }
+  }
+}
+
 // The decode switches' parsing and the cluster plan's forced splits (host only, no GPU).
 TEST(CudaAttentionPlan, DecodeSwitchesAndForcedSplits) {
   {
@@ -423,7 +461,8 @@ TEST(CudaAttention, EncoderBidirectionalWithoutCache) {
 }
 
 // The tensor-core kernel at each CTA width (KILN_CUDA_FLASH_WIDTH, read when the graph
-// compiles) against the CPU backend: one-token blocks (the encoder path: K/V rows read in
+// compiles) and, at 128 items, with 16- and 32-row warps (KILN_CUDA_FLASH_WARP_ROWS)
+// against the CPU backend: one-token blocks (the encoder path: K/V rows read in
 // place) bidirectional and causal, 16-token paged blocks causal (prompts of different
 // lengths, then chunks after the cached prefix, 1-token chunks beside long ones) and
 // bidirectional, int8/fp8 caches; head dims 64 and 128, MHA (12/12) and GQA (32/8); item
@@ -431,8 +470,10 @@ TEST(CudaAttention, EncoderBidirectionalWithoutCache) {
 TEST(CudaAttention, TensorCoreWidthsMatchCpu) {
   KILN_SKIP_WITHOUT_CUDA();
   const std::vector<std::string> half{"f16", "bf16"};
-  for (int width : kFlashCtaWidths) {
-    const ScopedEnv width_env("KILN_CUDA_FLASH_WIDTH", std::to_string(width));
+  for (const auto& [width, rows] :
+       std::vector<std::pair<int, const char*>>{{128, "32"}, {128, "16"}, {64, ""}, {32, ""}}) {
+    const ScopedEnv width_env("KILN_CUDA_FLASH_WIDTH", std::to_string(width)),
+        rows_env("KILN_CUDA_FLASH_WARP_ROWS", rows);
     for (const Config& c : {Config{12, 12, 64, 1, {128, 77, 3}}, Config{32, 8, 128, 1, {45, 200}}})
       for (bool causal : {false, true})
         for (const std::string& dt : half) {
@@ -441,7 +482,7 @@ TEST(CudaAttention, TensorCoreWidthsMatchCpu) {
           const StepCase sc = cacheless_step(c, dt, rng);
           expect_backends_match(attention_graph(c, causal), {sc}, dt, op_tolerance(dt),
                                 str_cat("encoder attn h=", c.hq, "/", c.hkv, " d=", c.d, causal ? " causal" : "",
-                                        " width=", width));
+                                        " width=", width, " rows=", rows));
         }
     check_chunked(Config{32, 8, 128, 16, {}}, {{77, 150}, {200, 1}, {5, 64}}, KvDType::kAuto, half);
     check_chunked(Config{12, 12, 64, 16, {}}, {{129, 60}, {45}, {1, 100}}, KvDType::kAuto, half);

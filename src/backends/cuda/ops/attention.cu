@@ -12,6 +12,7 @@
 #include <cstdlib>
 #include <iterator>
 #include <numeric>
+#include <string>
 
 namespace kiln::cuda {
 
@@ -114,6 +115,26 @@ int attention_flash_width_from_env() {
                 "KILN_CUDA_FLASH_WIDTH='", e,
                 "': expected 128, 64 or 32 (items per tensor-core attention CTA) or unset (picked per step)");
   return int(v);
+}
+
+int attention_flash_warp_rows_from_env() {
+  const char* e = std::getenv("KILN_CUDA_FLASH_WARP_ROWS");
+  if (!e || !*e) return 0;
+  const std::string v = e;
+  KILN_THROW_IF(v != "16" && v != "32", kInvalidArgument, "KILN_CUDA_FLASH_WARP_ROWS='", v,
+                "': expected 16 or 32 (query items per tensor-core attention warp) or unset (picked per step)");
+  return std::stoi(v);
+}
+
+int attention_flash_warp_rows(const AttentionArgs& a) {
+  KILN_THROW_IF(a.flash_warp_rows != 0 && a.flash_warp_rows != 16 && a.flash_warp_rows != 32, kInternal,
+                "cuda attention: ", a.flash_warp_rows, " items per tensor-core warp (expected 0: picked, 16 or 32)");
+  if (a.flash_width != 128) return 16;
+  if (a.flash_warp_rows != 0) return a.flash_warp_rows;
+  // Measured (cuda_attention_bench, H200): 32 rows gain 4-6% at head dim 128 over a
+  // 16-bit cache (8B pp2048 / pp8192), lose 14% with an fp8 cache (fewer threads decode
+  // each tile) and 18% on BERT-base's head dim 64 at 32 x 128 tokens.
+  return a.d == 128 && a.kv_code == KvCode::kNone ? 32 : 16;
 }
 
 AttentionPlan attention_plan(const std::vector<AttnSeq>& seqs, int64_t hq, int64_t hkv, bool causal,

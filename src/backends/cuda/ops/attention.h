@@ -100,6 +100,10 @@ int attention_flash_pick_width(const std::vector<AttnSeq>& seqs, int64_t hq, int
 // KILN_CUDA_FLASH_WIDTH, read once when a graph is compiled: unset or empty 0 (picked per
 // step), else 128, 64 or 32 (tests, measurements); another value is an error naming it.
 int attention_flash_width_from_env();
+// KILN_CUDA_FLASH_WARP_ROWS, read once when a graph is compiled: unset or empty 0
+// (attention_flash_warp_rows picks), else 16 or 32 (tests, measurements); another value
+// is an error naming it.
+int attention_flash_warp_rows_from_env();
 // The plan of a pure decode step (one query row per sequence) with a fixed number of
 // splits per sequence that depends only on the batch and head shapes, not on the
 // context lengths: the grid stays the same from step to step, so a captured CUDA graph
@@ -125,6 +129,12 @@ int attention_decode_splits_from_env();
 size_t attention_workspace_floats(const AttentionPlan& plan, int64_t hkv, int64_t d);
 // Split counters (int32, zero between launches) the fused decode kernel needs for the plan.
 size_t attention_counters(const AttentionPlan& plan, int64_t hkv);
+
+// The items a warp of a tensor-core plan takes: 16 in CTAs narrower than 128 items, else
+// a.flash_warp_rows when set (16 or 32; anything else is an error), else 32 for head dim
+// 128 over a 16-bit cache and 16 otherwise.
+struct AttentionArgs;
+int attention_flash_warp_rows(const AttentionArgs& a);
 
 struct AttentionArgs {
   DType dtype = DType::kBF16;       // of q, out and (kv_code kNone) the caches
@@ -155,6 +165,9 @@ struct AttentionArgs {
   int32_t num_partials = 0;
   float* workspace = nullptr;       // attention_workspace_floats()
   int32_t flash_width = 0;          // > 0: the plan is a tensor-core one (AttentionPlan::flash_width)
+  // Query items a tensor-core warp takes (attention_flash_warp_rows): 0 picked, 16 or 32
+  // (32 only in 128-item CTAs; a forced 32 in narrower ones takes 16).
+  int32_t flash_warp_rows = 0;
   // The fused decode kernel (launch_attention_fused_decode) only: the step's new K/V
   // rows (one per sequence, row q_start, new_stride elements apart; k not yet rotated),
   // RoPE (inv_freq null: none), the cache write through slot_mapping, and the split

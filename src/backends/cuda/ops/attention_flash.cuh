@@ -6,9 +6,14 @@
 // (forced on), and against the tile kernel in bench/cuda_attention_bench.cpp.
 //
 // A CTA takes W (query row, head) items of one sequence and one KV head - the GQA heads
-// of a row share the KV head's tiles - as W / 16 warps x 16 items, the M of one m16n8k16
-// MMA. Narrower CTAs read each K/V tile for fewer items but spread a small step (BERT at
-// batch 1: 12 CTAs of 128) over more SMs; the plan picks W (attention_flash_pick_width).
+// of a row share the KV head's tiles - as W / (16 MT) warps x 16 MT items: MT (1 or 2)
+// times the M of one m16n8k16 MMA. Narrower CTAs read each K/V tile for fewer items but
+// spread a small step (BERT at batch 1: 12 CTAs of 128) over more SMs; the plan picks W
+// (attention_flash_pick_width). Every warp reads each K/V tile's fragments from shared
+// memory once for its MT x 16 items, so MT = 2 halves the shared-memory traffic per MMA
+// (the profile of MT = 1 at 8B pp2048: shared memory 76% busy, tensor pipe 38%) at the
+// cost of twice the O accumulators (255 registers a thread, half the warps per SM);
+// attention_flash_warp_rows picks it.
 // Q is staged once in shared memory (ldmatrix A fragments per 16-dim slice; keeping it in
 // registers would cost the 32 that let two CTAs share an SM). 64-key tiles of K and V
 // are double-buffered: tile i+1 is requested (cp.async) right after the barrier that
@@ -38,10 +43,10 @@ namespace kiln::cuda {
 namespace {
 
 constexpr int kF2Keys = 64;
-// Threads of a W-item CTA: one warp per 16 items.
-template <int W>
+// Threads of a W-item CTA: one warp per 16 MT items.
+template <int W, int MT>
 constexpr int flash2_threads() {
-  return W / 16 * 32;
+  return W / (16 * MT) * 32;
 }
 
 // The pool slot of context position p: block sizes that are powers of two (all of the
@@ -56,10 +61,10 @@ constexpr size_t flash2_smem_bytes() {
   return size_t(W + 4 * kF2Keys) * size_t(D + 8) * sizeof(T);
 }
 
-// 16 warps per SM (two 128-item CTAs, four of 64, eight of 32): at most 128 registers a
-// thread whatever the width.
-template <typename T, int D, KvCode Q, int W>
-__global__ void __launch_bounds__(flash2_threads<W>(), 16 / (W / 16))
+// 256 items per SM (two 128-item CTAs, four of 64, eight of 32): 16 warps of at most 128
+// registers a thread at MT = 1, 8 of at most 255 at MT = 2.
+template <typename T, int D, KvCode Q, int W, int MT>
+__global__ void __launch_bounds__(flash2_threads<W, MT>(), 256 / W)
     flash2_attention_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restrict__ k_cache,
                             const KvElem<T, Q>* __restrict__ v_cache,
                             const float* __restrict__ k_scales, const float* __restrict__ v_scales,
@@ -71,8 +76,8 @@ __global__ void __launch_bounds__(flash2_threads<W>(), 16 / (W / 16))
                             const AttnWork* __restrict__ works) {
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
   static_assert(D == 64 || D == 128);
-  static_assert(attention_flash_width_valid(W));
-  constexpr int kF2Threads = flash2_threads<W>();
+  static_assert(attention_flash_width_valid(W) && (MT == 1 || MT == 2));
+  constexpr int kF2Threads = flash2_threads<W, MT>();
   // The slot lookups below give each of a tile's keys one thread.
   static_assert(kF2Threads >= kF2Keys);
   // SK: keys per softmax step (a 32-key S for D = 128 leaves the registers for two CTAs per SM).
@@ -110,14 +115,18 @@ __global__ void __launch_bounds__(flash2_threads<W>(), 16 / (W / 16))
   const int last = min(n_items, w.item_begin + W) - 1;
   // The CTA reads keys [kv_begin, hi).
   const int hi = last >= w.item_begin ? item_lim(last) : w.kv_begin;
-  const int first_w = w.item_begin + warp * 16;
+  const int first_w = w.item_begin + warp * 16 * MT;
   const bool warp_on = first_w < n_items;
   const int w_lo = warp_on ? item_lim(first_w) : 0;  // seen by all the warp's items
-  const int w_hi = warp_on ? item_lim(min(first_w + 15, n_items - 1)) : 0;  // seen by some
-  int lim[2];  // this thread's rows g and g + 8 (the MMA row layout)
+  const int w_hi = warp_on ? item_lim(min(first_w + 16 * MT - 1, n_items - 1)) : 0;  // seen by some
+  int lim[MT][2];  // this thread's rows g and g + 8 of each m-tile (the MMA row layout)
 #pragma unroll
-  for (int h = 0; h < 2; ++h)
-    lim[h] = first_w + g + 8 * h < n_items ? item_lim(first_w + g + 8 * h) : 0;
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int item = first_w + 16 * mt + g + 8 * h;
+      lim[mt][h] = item < n_items ? item_lim(item) : 0;
+    }
 
   // The pool slot of each key of a tile (-1 past hi), looked up one tile ahead of its
   // copies: the block-table read is issued before a tile's MMAs and stored after them, so
@@ -182,11 +191,16 @@ __global__ void __launch_bounds__(flash2_threads<W>(), 16 / (W / 16))
     }
   };
 
-  float o[DT][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.0f, 0.0f};
+  float o[MT][DT][4], m[MT][2], l[MT][2];
 #pragma unroll
-  for (int i = 0; i < DT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
-  // Tile t0 (in buffer `stage`) folded into the warp's 16 items: S = Q K^T, the online
-  // softmax, O += P V, SK keys at a time.
+  for (int mt = 0; mt < MT; ++mt) {
+    m[mt][0] = m[mt][1] = -INFINITY;
+    l[mt][0] = l[mt][1] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < DT; ++i) o[mt][i][0] = o[mt][i][1] = o[mt][i][2] = o[mt][i][3] = 0.0f;
+  }
+  // Tile t0 (in buffer `stage`) folded into the warp's 16 MT items: S = Q K^T, the online
+  // softmax, O += P V, SK keys at a time; each K/V fragment serves all MT m-tiles.
   auto flash2_tile = [&](int t0, int stage) {
     const T* kt = kbuf + stage * kF2Keys * LD;
     const T* vt = vbuf + stage * kF2Keys * LD;
@@ -194,39 +208,49 @@ __global__ void __launch_bounds__(flash2_threads<W>(), 16 / (W / 16))
     for (int jb = 0; jb < kF2Keys; jb += SK) {
       const int k0 = t0 + jb;
       if (k0 >= w_hi) break;  // uniform across the warp
-      float s[NT][4];
+      float s[MT][NT][4];
 #pragma unroll
-      for (int nt = 0; nt < NT; ++nt) s[nt][0] = s[nt][1] = s[nt][2] = s[nt][3] = 0.0f;
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < NT; ++nt) s[mt][nt][0] = s[mt][nt][1] = s[mt][nt][2] = s[mt][nt][3] = 0.0f;
 #pragma unroll
       for (int kc = 0; kc < KC; ++kc) {
-        uint32_t qa[4];
-        ldmatrix_x4(qa, qs + (warp * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD + kc * 16 +
-                            (lane >> 4) * 8);
+        uint32_t qa[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+          ldmatrix_x4(qa[mt], qs + (warp * 16 * MT + mt * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * LD +
+                                  kc * 16 + (lane >> 4) * 8);
 #pragma unroll
         for (int np = 0; np < NT / 2; ++np) {
           uint32_t kb[4];  // B fragments of key groups 2np and 2np + 1
           ldmatrix_x4(kb, kt + (jb + np * 16 + (lane >> 4) * 8 + (lane & 7)) * LD + kc * 16 +
                               ((lane >> 3) & 1) * 8);
-          mma16816<T>(s[2 * np], qa, kb[0], kb[1]);
-          mma16816<T>(s[2 * np + 1], qa, kb[2], kb[3]);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            mma16816<T>(s[mt][2 * np], qa[mt], kb[0], kb[1]);
+            mma16816<T>(s[mt][2 * np + 1], qa[mt], kb[2], kb[3]);
+          }
         }
       }
 
       // Online softmax; keys visible to all the warp's items skip the mask.
       auto fold = [&](auto masked) {
-        float corr[2];
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
-          corr[h] = online_softmax_step(s, h, m[h], l[h], scale_log2, [&](int nt, int e) {
-            if constexpr (decltype(masked)::value)
-              return k0 + nt * 8 + 2 * t + e < lim[h];
-            else
-              return true;
-          });
-        // Once the row maxima settle, most steps leave every row's scale at 1.
-        if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) {
-          online_softmax_rescale(o, 0, corr[0]);
-          online_softmax_rescale(o, 1, corr[1]);
+        for (int mt = 0; mt < MT; ++mt) {
+          float corr[2];
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+            corr[h] = online_softmax_step(s[mt], h, m[mt][h], l[mt][h], scale_log2, [&](int nt, int e) {
+              if constexpr (decltype(masked)::value)
+                return k0 + nt * 8 + 2 * t + e < lim[mt][h];
+              else
+                return true;
+            });
+          // Once the row maxima settle, most steps leave every row's scale at 1.
+          if (__any_sync(0xffffffffu, corr[0] != 1.0f || corr[1] != 1.0f)) {
+            online_softmax_rescale(o[mt], 0, corr[0]);
+            online_softmax_rescale(o[mt], 1, corr[1]);
+          }
         }
       };
       if (k0 + SK <= w_lo)
@@ -236,17 +260,24 @@ __global__ void __launch_bounds__(flash2_threads<W>(), 16 / (W / 16))
 
 #pragma unroll
       for (int kk = 0; kk < SK / 16; ++kk) {
-        const uint32_t a[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]),
-                               pack2<T>(s[2 * kk][2], s[2 * kk][3]),
-                               pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                               pack2<T>(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+        uint32_t a[MT][4];
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt) {
+          a[mt][0] = pack2<T>(s[mt][2 * kk][0], s[mt][2 * kk][1]);
+          a[mt][1] = pack2<T>(s[mt][2 * kk][2], s[mt][2 * kk][3]);
+          a[mt][2] = pack2<T>(s[mt][2 * kk + 1][0], s[mt][2 * kk + 1][1]);
+          a[mt][3] = pack2<T>(s[mt][2 * kk + 1][2], s[mt][2 * kk + 1][3]);
+        }
 #pragma unroll
         for (int d2 = 0; d2 < D / 16; ++d2) {
           uint32_t b[4];
           ldmatrix_x4_trans(b, vt + (jb + kk * 16 + ((lane >> 3) & 1) * 8 + (lane & 7)) * LD +
                                    d2 * 16 + (lane >> 4) * 8);
-          mma16816<T>(o[2 * d2], a, b[0], b[1]);
-          mma16816<T>(o[2 * d2 + 1], a, b[2], b[3]);
+#pragma unroll
+          for (int mt = 0; mt < MT; ++mt) {
+            mma16816<T>(o[mt][2 * d2], a[mt], b[0], b[1]);
+            mma16816<T>(o[mt][2 * d2 + 1], a[mt], b[2], b[3]);
+          }
         }
       }
     }
@@ -278,11 +309,12 @@ __global__ void __launch_bounds__(flash2_threads<W>(), 16 / (W / 16))
   cp_async_wait<0>();  // nothing in flight when the CTA exits (an empty range still staged Q)
 
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    float den = l[h];
+  for (int mh = 0; mh < 2 * MT; ++mh) {
+    const int mt = mh >> 1, h = mh & 1;
+    float den = l[mt][h];
     den += __shfl_xor_sync(0xffffffffu, den, 1);
     den += __shfl_xor_sync(0xffffffffu, den, 2);
-    const int item = first_w + g + 8 * h;
+    const int item = first_w + 16 * mt + g + 8 * h;
     if (item >= n_items) continue;
     const int64_t row = sq.q_start + item / group, head = kvh * group + item % group;
     const int64_t at = (row * hq + head) * D + 2 * t;
@@ -294,30 +326,31 @@ __global__ void __launch_bounds__(flash2_threads<W>(), 16 / (W / 16))
 #pragma unroll
       for (int i = 0; i < DT; ++i)
         *reinterpret_cast<uint16_t*>(out_codes + at + i * 8) =
-            uint16_t(uint8_t(int8_code(stored_as<T>(o[i][2 * h] * inv), code_inv)) |
-                     uint16_t(uint8_t(int8_code(stored_as<T>(o[i][2 * h + 1] * inv), code_inv))) << 8);
+            uint16_t(uint8_t(int8_code(stored_as<T>(o[mt][i][2 * h] * inv), code_inv)) |
+                     uint16_t(uint8_t(int8_code(stored_as<T>(o[mt][i][2 * h + 1] * inv), code_inv))) << 8);
       continue;
     }
     if (out_codes) {
 #pragma unroll
       for (int i = 0; i < DT; ++i)
         *reinterpret_cast<uint16_t*>(out_codes + at + i * 8) =
-            uint16_t(fp8_code_via<T>(o[i][2 * h] * inv, code_inv) |
-                     uint16_t(fp8_code_via<T>(o[i][2 * h + 1] * inv, code_inv)) << 8);
+            uint16_t(fp8_code_via<T>(o[mt][i][2 * h] * inv, code_inv) |
+                     uint16_t(fp8_code_via<T>(o[mt][i][2 * h + 1] * inv, code_inv)) << 8);
       continue;
     }
 #pragma unroll
     for (int i = 0; i < DT; ++i)
-      *reinterpret_cast<uint32_t*>(out + at + i * 8) = pack2<T>(o[i][2 * h] * inv, o[i][2 * h + 1] * inv);
+      *reinterpret_cast<uint32_t*>(out + at + i * 8) =
+          pack2<T>(o[mt][i][2 * h] * inv, o[mt][i][2 * h + 1] * inv);
   }
 }
 
-// Launches a tensor-core plan of W-item CTAs for activations T, head dim D and
-// cache codes Q: one CTA per (work item, KV head), work-major.
-template <typename T, int D, KvCode Q, int W>
+// Launches a tensor-core plan of W-item CTAs of MT m-tiles a warp for activations T,
+// head dim D and cache codes Q: one CTA per (work item, KV head), work-major.
+template <typename T, int D, KvCode Q, int W, int MT>
 void launch_flash2_typed(const AttentionArgs& a, cudaStream_t s) {
   constexpr size_t smem = flash2_smem_bytes<D, T, W>();
-  auto* kernel = flash2_attention_kernel<T, D, Q, W>;
+  auto* kernel = flash2_attention_kernel<T, D, Q, W, MT>;
   // Over 48 KiB of dynamic shared memory needs the opt-in, once per device.
   constexpr int kMaxDevices = 64;
   static std::atomic<bool> opted[kMaxDevices];
@@ -333,7 +366,7 @@ void launch_flash2_typed(const AttentionArgs& a, cudaStream_t s) {
   const int bs_shift = bs > 0 && (bs & (bs - 1)) == 0 ? __builtin_ctz(unsigned(bs)) : -1;
   const int64_t qs = a.q_stride ? a.q_stride : a.hq * D,
                 kvs = a.kv_stride ? a.kv_stride : a.hkv * D;
-  launch_k(kernel, dim3(unsigned(int64_t(a.num_work) * a.hkv)), dim3(flash2_threads<W>()), smem, s,
+  launch_k(kernel, dim3(unsigned(int64_t(a.num_work) * a.hkv)), dim3(flash2_threads<W, MT>()), smem, s,
            static_cast<const T*>(a.q), static_cast<const KvElem<T, Q>*>(a.k_cache),
            static_cast<const KvElem<T, Q>*>(a.v_cache), a.k_scales, a.v_scales,
            static_cast<T*>(a.out), a.out_codes, a.out_code_inv, a.out_code == AttnOutCode::kInt8, bs, bs_shift, int(a.hq), int(a.hkv), qs, kvs,
@@ -341,18 +374,23 @@ void launch_flash2_typed(const AttentionArgs& a, cudaStream_t s) {
   KILN_CUDA_CHECK_LAUNCH();
 }
 
-// launch_flash2_typed for the plan's CTA width (AttentionArgs::flash_width).
+// launch_flash2_typed for the plan's CTA width (AttentionArgs::flash_width) and the
+// rows a warp takes (attention_flash_warp_rows: 32 only in 128-item CTAs).
 template <typename T, int D, KvCode Q>
 void launch_flash2_width(const AttentionArgs& a, cudaStream_t s) {
+  const int rows = attention_flash_warp_rows(a);
   switch (a.flash_width) {
     case 128:
-      launch_flash2_typed<T, D, Q, 128>(a, s);
+      if (rows == 32)
+        launch_flash2_typed<T, D, Q, 128, 2>(a, s);
+      else
+        launch_flash2_typed<T, D, Q, 128, 1>(a, s);
       break;
     case 64:
-      launch_flash2_typed<T, D, Q, 64>(a, s);
+      launch_flash2_typed<T, D, Q, 64, 1>(a, s);
       break;
     case 32:
-      launch_flash2_typed<T, D, Q, 32>(a, s);
+      launch_flash2_typed<T, D, Q, 32, 1>(a, s);
       break;
     default:
       throw_error(ErrorCode::kInternal, "cuda flash attention: CTAs of ", a.flash_width,
