@@ -1,22 +1,30 @@
 #!/usr/bin/env python3
-"""A/B of environment switches on `kiln bench`, alternating runs of one binary.
+"""A/B of environment switches (or of command-line flags) on `kiln bench`, alternating runs.
 
 Runs `kiln bench ARGS` under setting A, then B, ROUNDS times (A B A B ...: drift of the
 machine hits both alike), reads the time column of every table row each run prints
 (`ms`, `ms per forward`: the column whose header starts with "ms"), and prints per row
-the median and range over the rounds of each side and B / A. One decision per table:
-a switch's default changes only when the ranges do not overlap.
+the median and range over the rounds of each side, B / A, and A / B paired round by round
+(each round's two runs back to back: the ratio the drift disturbs least). One decision
+per table: a switch's default changes only when the ranges do not overlap.
 
   bench/ab.py --a "KILN_CUDA_PDL=1" --b "KILN_CUDA_PDL=all" --rounds 3 -- \\
       build/tools/kiln/kiln bench --backend cuda --weight-dtype bf16 \\
       --random-weights bench/configs/llama-3.2-1b.json -p 512 -n 4 -r 3
 
-Settings are space-separated NAME=VALUE pairs added to the environment (empty: none).
+  bench/ab.py --a "" --b "" --a-args="--weight-dtype bf16" --b-args="--quant fp8" -- \\
+      build/tools/kiln/kiln bench --backend cuda \\
+      --random-weights bench/configs/llama-3.1-8b.json -p 2048 -n 4 -r 3
+
+Settings are space-separated NAME=VALUE pairs added to the environment (empty: none);
+--a-args= / --b-args= (with "=": their values start with "--") are appended to the
+command on that side, split into shell words.
 Exits 1 when a run fails or prints no table row, naming the setting and the round.
 """
 import argparse
 import os
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -64,6 +72,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--a", required=True, help="setting A: NAME=VALUE pairs")
     ap.add_argument("--b", required=True, help="setting B: NAME=VALUE pairs")
+    ap.add_argument("--a-args", default="", help="arguments appended to the command for A")
+    ap.add_argument("--b-args", default="", help="arguments appended to the command for B")
     ap.add_argument("--rounds", type=int, default=3, help="runs of each setting (default 3)")
     ap.add_argument("cmd", nargs=argparse.REMAINDER, help="-- the kiln bench command")
     args = ap.parse_args()
@@ -72,12 +82,14 @@ def main():
         ap.error("no command after --")
     if args.rounds < 1:
         ap.error("--rounds must be >= 1")
-    sides = {"A": (args.a, parse_env(args.a)), "B": (args.b, parse_env(args.b))}
+    sides = {"A": (args.a, parse_env(args.a), shlex.split(args.a_args)),
+             "B": (args.b, parse_env(args.b), shlex.split(args.b_args))}
     times = {"A": {}, "B": {}}
     for r in range(args.rounds):
         for side in ("A", "B"):
-            setting, extra = sides[side]
-            run = subprocess.run(cmd, env={**os.environ, **extra}, capture_output=True, text=True)
+            setting, extra, more = sides[side]
+            setting = " ".join(x for x in (setting, " ".join(more)) if x)
+            run = subprocess.run(cmd + more, env={**os.environ, **extra}, capture_output=True, text=True)
             if run.returncode != 0:
                 sys.stderr.write(run.stdout + run.stderr)
                 sys.exit(f"ab.py: {side} ('{setting}') round {r + 1} exited with {run.returncode}")
@@ -87,9 +99,12 @@ def main():
                 sys.exit(f"ab.py: {side} ('{setting}') round {r + 1} printed no table row with an ms column")
             for key, ms in rows.items():
                 times[side].setdefault(key, []).append(ms)
-    print(f"A: {args.a or '(none)'}\nB: {args.b or '(none)'}\nrounds: {args.rounds}, alternating\n")
-    print("| row | A ms, median (min-max) | B ms, median (min-max) | B / A |")
-    print("|---|---|---|---|")
+    def side_text(env, more):
+        return " ".join(x for x in (env, more) if x) or "(none)"
+    print(f"A: {side_text(args.a, args.a_args)}\nB: {side_text(args.b, args.b_args)}\n"
+          f"rounds: {args.rounds}, alternating\n")
+    print("| row | A ms, median (min-max) | B ms, median (min-max) | B / A | A / B paired, median (min-max) |")
+    print("|---|---|---|---|---|")
     for key, a in times["A"].items():
         b = times["B"].get(key)
         if not b:
@@ -97,8 +112,10 @@ def main():
         ma, mb = statistics.median(a), statistics.median(b)
         apart = max(a) < min(b) or max(b) < min(a)
         ratio = f"{mb / ma:.3f}" if ma > 0 else "-"
+        paired = [x / y for x, y in zip(a, b) if y > 0]
+        pair = (f"{statistics.median(paired):.3f} ({min(paired):.3f}-{max(paired):.3f})" if paired else "-")
         print(f"| {key} | {ma:g} ({min(a):g}-{max(a):g}) | {mb:g} ({min(b):g}-{max(b):g}) | "
-              f"{ratio}{'' if apart else ' (ranges overlap)'} |")
+              f"{ratio}{'' if apart else ' (ranges overlap)'} | {pair} |")
 
 
 if __name__ == "__main__":
