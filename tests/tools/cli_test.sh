@@ -44,6 +44,7 @@ check tp-zero 105 "--tp: Value 0 not in range" -- "$kiln" generate -m "$fixtures
 check tp-encoder 1 "decoders only" -- "$kiln" embed -m "$fixtures/models/bert" --ids 5,6,7 --tp 2
 # bench/ab.py: alternating A/B runs of kiln bench, the time column of every table row.
 check bench-ab 0 "| tg4 1 |" -- python3 "$fixtures/../../bench/ab.py" --a "KILN_THREADS=1" --b "KILN_THREADS=2" --rounds 2 -- "$kiln" bench --random-weights "$fixtures/../../bench/configs/tiny-llama-test.json" -p 8 -n 4 -r 1
+check bench-ab-args 0 "B: -r 2" -- python3 "$fixtures/../../bench/ab.py" --a "" --b "" --a-args="-r 1" --b-args="-r 2" --rounds 1 -- "$kiln" bench --random-weights "$fixtures/../../bench/configs/tiny-llama-test.json" -p 8 -n 4
 check bench-ab-bad-setting 1 "is not NAME=VALUE" -- python3 "$fixtures/../../bench/ab.py" --a "X" --b "" -- "$kiln" bench
 check bench-ab-failing-run 1 "round 1 exited with 1" -- python3 "$fixtures/../../bench/ab.py" --a "" --b "" -- "$kiln" bench -m /nonexistent
 check bench-tp2 0 "tg" -- "$kiln" bench --random-weights "$fixtures/../../bench/configs/tiny-llama-test.json" -p 8 -n 4 -r 1 --tp 2
