@@ -11,6 +11,7 @@
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/cuda_context.h"
+#include "backends/cuda/event_timing.h"
 #include "backends/cuda/ops/convert.h"
 #include "backends/cuda/ops/fp8.h"
 #include "backends/cuda/ops/fp8_swiglu_gemm_sm90_impl.h"
@@ -138,9 +139,6 @@ Fp8SwigluPlan fp8_swiglu_gemm_tune(const uint8_t* w, int64_t n, int64_t k, int s
     launch_fp8_quantize(DType::kBF16, xf.get(), max_m * k, 1.0f, static_cast<uint8_t*>(xb.get()), s);
     KILN_CUDA_CHECK(cudaStreamSynchronize(s));
   }
-  cudaEvent_t ev[2];
-  KILN_CUDA_CHECK(cudaEventCreate(&ev[0]));
-  KILN_CUDA_CHECK(cudaEventCreate(&ev[1]));
   Fp8SwigluPlan plan;
   std::vector<Fp8SwigluTiming> all;
   for (size_t b = 0; b < kFp8SwigluTuneRows.size(); ++b) {
@@ -155,26 +153,14 @@ Fp8SwigluPlan fp8_swiglu_gemm_tune(const uint8_t* w, int64_t n, int64_t k, int s
         launch_fp8_swiglu_gemm(c, static_cast<const uint8_t*>(xb.get()), w, m, n, k, 1e-3f, 1.0f,
                                static_cast<uint8_t*>(yb.get()), ws.get(), ws_bytes, sm_count, s);
       };
-      run();  // warm-up
-      constexpr int kReps = 5;
-      float ms[kReps];
-      for (float& t : ms) {
-        KILN_CUDA_CHECK(cudaEventRecord(ev[0], s));
-        run();
-        KILN_CUDA_CHECK(cudaEventRecord(ev[1], s));
-        KILN_CUDA_CHECK(cudaEventSynchronize(ev[1]));
-        KILN_CUDA_CHECK(cudaEventElapsedTime(&t, ev[0], ev[1]));
-      }
-      std::sort(ms, ms + kReps);
-      all.push_back({m, c, ms[kReps / 2]});
-      if (ci == 0 || ms[kReps / 2] < best) {
-        best = ms[kReps / 2];
+      const float ms = median_launch_ms(s, 5, run);
+      all.push_back({m, c, ms});
+      if (ci == 0 || ms < best) {
+        best = ms;
         plan.by_bucket[b] = c;
       }
     }
   }
-  cudaEventDestroy(ev[0]);
-  cudaEventDestroy(ev[1]);
   KILN_CUDA_CHECK(cudaStreamSynchronize(s));
   std::lock_guard<std::mutex> lock(mu);
   cache[key] = {plan, all};

@@ -13,6 +13,7 @@
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/ops/cutlass_launch.cuh"
 #include "backends/cuda/ops/fp8_codes.cuh"
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
@@ -172,21 +173,10 @@ struct Kernel {
     args.hw_info.sm_count = p.sm_count;
     return args;
   }
-  static std::string check(const Problem& p) {
-    const cutlass::Status st = Gemm::can_implement(arguments(p));
-    return st == cutlass::Status::kSuccess ? std::string() : std::string(cutlassGetStatusString(st));
-  }
+  static std::string check(const Problem& p) { return cutlass_check<Gemm>(arguments(p)); }
   static size_t workspace(const Problem& p) { return Gemm::get_workspace_size(arguments(p)); }
   static void run(const Problem& p, void* workspace, cudaStream_t s) {
-    Gemm gemm;
-    const typename Gemm::Arguments args = arguments(p);
-    cutlass::Status st = gemm.initialize(args, workspace, s);
-    KILN_THROW_IF(st != cutlass::Status::kSuccess, kInternal,
-                  "cuda fp8 swiglu gemm (sm90): initialize failed: ", cutlassGetStatusString(st));
-    st = gemm.run(s);
-    KILN_THROW_IF(st != cutlass::Status::kSuccess, kInternal, "cuda fp8 swiglu gemm (sm90): launch failed: ",
-                  cutlassGetStatusString(st), " (", cudaGetErrorString(cudaGetLastError()), ")");
-    KILN_CUDA_CHECK_LAUNCH();
+    cutlass_launch<Gemm>(arguments(p), workspace, s, "cuda fp8 swiglu gemm (sm90)");
   }
 };
 

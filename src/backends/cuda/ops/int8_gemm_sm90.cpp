@@ -12,6 +12,7 @@
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/cuda_context.h"
+#include "backends/cuda/event_timing.h"
 #include "backends/cuda/ops/convert.h"
 #include "backends/cuda/ops/int8_gemm_sm90_impl.h"
 #include "backends/cuda/ops/unary_lut.h"
@@ -217,9 +218,6 @@ Int8GemmPlan int8_gemm_sm90_tune(DType out, const int8_t* w, int64_t n, int64_t 
   launch_fill_random(rs.get(), DType::kF32, max_m, 22, s);
   Int8Epilogue te = e;
   te.row_scale = per_token ? static_cast<const float*>(rs.get()) : nullptr;
-  cudaEvent_t ev[2];
-  KILN_CUDA_CHECK(cudaEventCreate(&ev[0]));
-  KILN_CUDA_CHECK(cudaEventCreate(&ev[1]));
   Int8GemmPlan plan;
   plan.tuned = true;
   std::vector<Int8GemmTiming> all;
@@ -236,26 +234,14 @@ Int8GemmPlan int8_gemm_sm90_tune(DType out, const int8_t* w, int64_t n, int64_t 
         launch_int8_gemm_sm90(c, out, static_cast<const int8_t*>(xb.get()), w, m, n, k, te,
                               yb.get(), ws.get(), ws_bytes, sm_count, s);
       };
-      run();  // warm-up
-      constexpr int kReps = 5;
-      float ms[kReps];
-      for (float& t : ms) {
-        KILN_CUDA_CHECK(cudaEventRecord(ev[0], s));
-        run();
-        KILN_CUDA_CHECK(cudaEventRecord(ev[1], s));
-        KILN_CUDA_CHECK(cudaEventSynchronize(ev[1]));
-        KILN_CUDA_CHECK(cudaEventElapsedTime(&t, ev[0], ev[1]));
-      }
-      std::sort(ms, ms + kReps);
-      all.push_back({m, c, ms[kReps / 2]});
-      if (ci == 0 || ms[kReps / 2] < best) {
-        best = ms[kReps / 2];
+      const float ms = median_launch_ms(s, 5, run);
+      all.push_back({m, c, ms});
+      if (ci == 0 || ms < best) {
+        best = ms;
         plan.by_bucket[b] = c;
       }
     }
   }
-  cudaEventDestroy(ev[0]);
-  cudaEventDestroy(ev[1]);
   KILN_CUDA_CHECK(cudaStreamSynchronize(s));
   std::lock_guard<std::mutex> lock(mu);
   cache[key] = {plan, all};

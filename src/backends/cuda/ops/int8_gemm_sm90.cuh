@@ -26,6 +26,7 @@
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/ops/cutlass_launch.cuh"
 #include "backends/cuda/ops/int8_codes.cuh"
 #include "backends/cuda/ops/int8_gemm_sm90_impl.h"
 #include "cute/tensor.hpp"
@@ -173,23 +174,10 @@ struct Kernel {
     return args;
   }
 
-  static std::string check(const Problem& p) {
-    const cutlass::Status st = Gemm::can_implement(arguments(p));
-    return st == cutlass::Status::kSuccess ? std::string()
-                                           : std::string(cutlassGetStatusString(st));
-  }
+  static std::string check(const Problem& p) { return cutlass_check<Gemm>(arguments(p)); }
   static size_t workspace(const Problem& p) { return Gemm::get_workspace_size(arguments(p)); }
   static void run(const Problem& p, void* workspace, cudaStream_t s) {
-    Gemm gemm;
-    const typename Gemm::Arguments args = arguments(p);
-    cutlass::Status st = gemm.initialize(args, workspace, s);
-    KILN_THROW_IF(st != cutlass::Status::kSuccess, kInternal,
-                  "cuda int8 gemm (sm90): initialize failed: ", cutlassGetStatusString(st));
-    st = gemm.run(s);
-    KILN_THROW_IF(st != cutlass::Status::kSuccess, kInternal,
-                  "cuda int8 gemm (sm90): launch failed: ", cutlassGetStatusString(st), " (",
-                  cudaGetErrorString(cudaGetLastError()), ")");
-    KILN_CUDA_CHECK_LAUNCH();
+    cutlass_launch<Gemm>(arguments(p), workspace, s, "cuda int8 gemm (sm90)");
   }
 };
 
