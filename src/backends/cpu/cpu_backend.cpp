@@ -12,10 +12,12 @@
 #include <chrono>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <sstream>
 
 #include "backends/communicator.h"
 #include "backends/cpu/cpu_ops.h"
+#include "core/env_switch.h"
 #include "core/log.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
@@ -30,6 +32,9 @@ class CpuCompiledGraph final : public CompiledGraph {
   CpuCompiledGraph(const ir::Graph& g, const CompileOptions& opt)
       : graph_(g), profiles_(opt.profiles), profile_(opt.profile) {
     ir::verify(g);
+    // KILN_CPU_PROFILE: unset or 0 off, 1 on, anything else an error naming it.
+    const char* prof = std::getenv("KILN_CPU_PROFILE");
+    op_profile_ = prof && *prof && env_switch_value("KILN_CPU_PROFILE", prof, "times every node", "no per-node timing");
     shape_profile_check_name(profiles_, profile_);
     for (const ir::Node& n : g.nodes()) {
       const cpu::OpPrepare* prep = cpu::find_cpu_op(n.op);
@@ -60,6 +65,19 @@ class CpuCompiledGraph final : public CompiledGraph {
         weight_bytes_ += size_t(values * bits / 8);
       }
     plan_memory();
+    if (op_profile_)
+      for (const ir::Node& n : g.nodes()) {
+        std::string key = n.op;
+        if (n.op == "Linear") {
+          const Tensor& w = g.weight(n.inputs[1]);
+          key += str_cat(" ", w.dim(0), "x", w.dim(1));
+        }
+        prof_keys_.push_back(std::move(key));
+      }
+  }
+
+  ~CpuCompiledGraph() override {
+    if (op_profile_) log_profile();
   }
 
   using CompiledGraph::run;
@@ -113,8 +131,17 @@ class CpuCompiledGraph final : public CompiledGraph {
         vals[size_t(out)] = &results_[size_t(out)];
         return results_[size_t(out)];
       };
+      if (!op_profile_) {
+        runners_[i](ctx);
+        continue;
+      }
+      const auto t0 = std::chrono::steady_clock::now();
       runners_[i](ctx);
+      auto& e = prof_[prof_keys_[i]];
+      e.first += std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+      ++e.second;
     }
+    if (op_profile_) ++prof_runs_;
     TensorMap out;
     for (auto& [name, id] : graph_.outputs())
       if (wanted.empty() || std::find(wanted.begin(), wanted.end(), name) != wanted.end())
@@ -151,7 +178,30 @@ class CpuCompiledGraph final : public CompiledGraph {
     log_debug("cpu: ", graph_.nodes().size(), " nodes share ", slots_.size(), " activation buffers");
   }
 
+  // KILN_CPU_PROFILE=1: host time per op and Linear shape over every run, logged (info)
+  // when the graph is destroyed, the largest first.
+  void log_profile() const {
+    if (prof_runs_ == 0) return;
+    double total = 0;
+    std::vector<std::pair<double, std::string>> rows;
+    for (auto& [key, e] : prof_) {
+      total += e.first;
+      rows.push_back({e.first, key});
+    }
+    std::sort(rows.rbegin(), rows.rend());
+    std::string table = str_cat("cpu profile of ", prof_runs_, " runs (ms per run; nodes per run):");
+    for (auto& [ms, key] : rows)
+      table += str_cat("\n  ", key, ": ", ms / double(prof_runs_), " ms (", prof_.at(key).second / prof_runs_,
+                       " nodes, ", 100.0 * ms / total, "%)");
+    table += str_cat("\n  total: ", total / double(prof_runs_), " ms");
+    log_info(table);
+  }
+
   const ir::Graph& graph_;
+  bool op_profile_ = false;
+  std::vector<std::string> prof_keys_;                        // per node
+  std::map<std::string, std::pair<double, int64_t>> prof_;   // ms, nodes
+  int64_t prof_runs_ = 0;
   std::vector<ShapeProfile> profiles_;
   std::string profile_;
   std::vector<cpu::OpRun> runners_;
