@@ -17,6 +17,7 @@
 #include <random>
 #include <vector>
 
+#include "backends/cpu/kernels/isa.h"
 #include "backends/cpu/kernels/kernels.h"
 #include "core/thread_pool.h"
 
@@ -106,16 +107,31 @@ __attribute__((target("avx2,fma"))) float fma_loop(int64_t iters) {
   return s;
 }
 
-double fma_peak_gflops() {
+// The same with 512-bit FMAs (where the linear kernels use AVX-512: isa.h).
+__attribute__((target("avx512f"))) float fma_loop_zmm(int64_t iters) {
+  __m512 acc[12];
+#pragma GCC unroll 12
+  for (int i = 0; i < 12; ++i) acc[i] = _mm512_set1_ps(float(i) * 1e-3f);
+  const __m512 a = _mm512_set1_ps(0.999999f), b = _mm512_set1_ps(1e-7f);
+  for (int64_t it = 0; it < iters; ++it) {
+#pragma GCC unroll 12
+    for (int i = 0; i < 12; ++i) acc[i] = _mm512_fmadd_ps(acc[i], a, b);
+  }
+  float s = 0;
+  for (int i = 0; i < 12; ++i) s += _mm512_reduce_add_ps(acc[i]);
+  return s;
+}
+
+double fma_peak_gflops(bool zmm = false) {
   const int64_t iters = 20'000'000;
   const int nt = pool().num_threads();
   std::vector<float> sink(nt);
   const double s = time_median([&] {
     pool().parallel_for(nt, [&](int64_t lo, int64_t hi, int th) {
-      for (int64_t i = lo; i < hi; ++i) sink[th] += fma_loop(iters);
+      for (int64_t i = lo; i < hi; ++i) sink[th] += zmm ? fma_loop_zmm(iters) : fma_loop(iters);
     }, 1);
   }, 3, 1);
-  return double(nt) * iters * 12 * 8 * 2 / s / 1e9;
+  return double(nt) * iters * 12 * (zmm ? 16 : 8) * 2 / s / 1e9;
 }
 
 // ---- linear ---------------------------------------------------------------------------
@@ -247,11 +263,14 @@ int main(int argc, char** argv) {
   std::printf("# kiln cpu_kernels_bench  isa=%s threads=%d\n", cpu_isa_name(cpu_isa()), pool().num_threads());
   const double triad = triad_gbs();
   const double read = read_gbs();
-  const double peak = fma_peak_gflops();
+  // The GEMM rows' %peak is of the FMA width their kernel uses.
+  const bool zmm = avx512_linear_enabled();
+  const double peak_ymm = fma_peak_gflops(), peak = zmm ? fma_peak_gflops(true) : peak_ymm;
   std::printf("\n## ceilings\n");
   std::printf("triad a=b+s*c, 3x256 MB   %8.1f GB/s (read+write bytes, no write-allocate)\n", triad);
   std::printf("read-only sum, 512 MB     %8.1f GB/s\n", read);
-  std::printf("FMA peak (ymm, all thr)   %8.1f GFLOP/s\n", peak);
+  std::printf("FMA peak (ymm, all thr)   %8.1f GFLOP/s\n", peak_ymm);
+  if (zmm) std::printf("FMA peak (zmm, all thr)   %8.1f GFLOP/s (the f32/bf16/f16 GEMMs' kernel: AVX-512)\n", peak);
   bench_gemv(read);
   if (only_gemv) return 0;
   bench_gemm(peak, sweep);

@@ -90,7 +90,9 @@ TEST(Linear, ShapeTableHalfStorage) {
 TEST(Linear, EveryTactic) {
   for_each_isa([&] {
     uint64_t seed = 500;
-    for (int mr : {1, 4, 6})
+    std::vector<int> mrs = {1, 4, 6};
+    if (avx512_linear_enabled()) mrs.insert(mrs.end(), {9, 12});  // the AVX-512 kernel's taller tiles
+    for (int mr : mrs)
       for (int64_t kc : {int64_t(16), int64_t(100), int64_t(0)})
         for (LinearSplit split : {LinearSplit::kPanels, LinearSplit::kRows})
           for (int threads : {0, 1}) {

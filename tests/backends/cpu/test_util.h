@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/cpu/kernels/isa.h"
 #include "backends/cpu/kernels/kernels.h"
 
 namespace kiln::cpu::testing {
@@ -22,17 +23,24 @@ inline std::vector<float> random_floats(size_t n, uint64_t seed, float lo = -1.0
   return v;
 }
 
-// Runs f once per supported ISA (scalar fallback and AVX2), labelling failures.
+// Runs f once per supported ISA (scalar fallback, AVX2, and AVX2 with the AVX-512 linear
+// kernel where the CPU has AVX-512), labelling failures.
 template <typename F>
 void for_each_isa(F f) {
   const CpuIsa saved = cpu_isa();
+  const bool saved512 = avx512_linear_enabled() || cpu_isa() != CpuIsa::kAvx2;
   for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2}) {
     if (!cpu_isa_supported(isa)) continue;
     cpu_isa_set(isa);
-    SCOPED_TRACE(std::string("isa=") + cpu_isa_name(isa));
-    f();
+    for (bool avx512 : {false, true}) {
+      cpu_avx512_set(avx512);
+      if (avx512 && !avx512_linear_enabled()) continue;  // scalar, or no AVX-512 here
+      SCOPED_TRACE(std::string("isa=") + cpu_isa_name(isa) + (avx512 ? "+avx512 linear" : ""));
+      f();
+    }
   }
   cpu_isa_set(saved);
+  cpu_avx512_set(saved512);
 }
 
 // Expects |got[i] - ref[i]| <= tol[i] everywhere; reports the count and the worst index.

@@ -36,6 +36,25 @@ bool cpu_isa_supported(CpuIsa isa) {
 
 CpuIsa cpu_isa() { return current().load(std::memory_order_relaxed); }
 
+namespace {
+bool avx512_hardware() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl");
+}
+std::atomic<bool>& avx512_on() {
+  static std::atomic<bool> on{[] {
+    const char* env = std::getenv("KILN_CPU_AVX512");
+    return avx512_hardware() && !(env && std::strcmp(env, "0") == 0);
+  }()};
+  return on;
+}
+}  // namespace
+
+bool avx512_linear_enabled() { return use_avx2() && avx512_on().load(std::memory_order_relaxed); }
+
+void cpu_avx512_set(bool on) { avx512_on().store(on && avx512_hardware(), std::memory_order_relaxed); }
+
 void cpu_isa_set(CpuIsa isa) {
   if (!cpu_isa_supported(isa)) isa = CpuIsa::kScalar;
   current().store(isa, std::memory_order_relaxed);

@@ -9,6 +9,13 @@ namespace kiln::cpu {
 
 inline bool use_avx2() { return cpu_isa() == CpuIsa::kAvx2; }
 
+// The AVX-512 linear microkernel (linear_avx512.cpp, f32/bf16/f16 panels, m <= 12): where
+// the AVX2 kernels run (use_avx2()), the CPU has AVX-512F/BW/VL with the OS saving its
+// state, and neither KILN_CPU_AVX512=0 (read once) nor cpu_avx512_set(false) turned it off.
+bool avx512_linear_enabled();
+// Tests: force the AVX-512 linear kernel off (or back on where the CPU has it).
+void cpu_avx512_set(bool on);
+
 // Where column c (0..15) of a panel row is stored. bf16 rows swap column groups 4-7 and
 // 8-11 so that AVX2's in-lane unpack with zero (one p5 uop per 8 values, and it is already
 // the <<16 widening) yields columns 0-7 and 8-15 in order, leaving ports 0/1 to the FMAs.
@@ -30,6 +37,10 @@ enum class UnaryOp : uint8_t { kGeluErf, kGeluTanh, kSilu, kTanh, kExp };
 // over 4 * k4 values of k (see PackedInt8Weight).
 using Int8Microkernel = void (*)(int m, const int8_t* qx, int64_t ldx, const int8_t* panel, int64_t k4,
                                  int32_t* acc);
+
+namespace avx512 {
+LinearMicrokernel linear_microkernel(WeightStorage storage);  // null for quantized storage
+}  // namespace avx512
 
 namespace avx2 {
 LinearMicrokernel linear_microkernel(WeightStorage storage);

@@ -18,7 +18,9 @@ namespace kiln::cpu {
 namespace {
 
 constexpr int64_t kNr = PackedWeight::kPanelWidth;
-constexpr int kMaxMr = 6;
+constexpr int kMaxMr = 12;        // the AVX-512 microkernel's tile rows
+constexpr int kMaxMrAvx2 = 6;     // the AVX2 and scalar microkernels'
+
 
 struct F32Elems {
   using Elem = float;
@@ -292,18 +294,22 @@ void linear(const float* x, int64_t t, int64_t k, const PackedWeight& w, const f
   KILN_THROW_IF(k != w.k, kInvalidArgument, "linear: x has K=", k, " but the weight was packed with K=",
                 w.k);
   if (t <= 0) return;
+  // AVX-512 where the CPU has it (f32/bf16/f16 panels): 12-row tiles, one zmm per row.
+  const LinearMicrokernel mk512 = avx512_linear_enabled() ? avx512::linear_microkernel(w.storage) : nullptr;
+  const int max_mr = mk512 ? kMaxMr : kMaxMrAvx2;
   LinearTactic tac = linear_default_tactic(t, w.n, k);
+  if (mk512) tac.mr = kMaxMr;
   if (tactic.mr) tac.mr = tactic.mr;
   if (tactic.kc) tac.kc = tactic.kc;
   if (tactic.split != LinearSplit::kAuto) tac.split = tactic.split;
   if (tactic.threads) tac.threads = tactic.threads;
   // Quantized panels are walked group by group: K blocks must hold whole groups.
   if (weight_storage_quantized(w.storage)) tac.kc = std::max(kQuantGroup, tac.kc / kQuantGroup * kQuantGroup);
-  KILN_THROW_IF(tac.mr < 1 || tac.mr > kMaxMr, kInvalidArgument, "linear: tactic mr must be in [1, 6], got ",
-                tac.mr);
+  KILN_THROW_IF(tac.mr < 1 || tac.mr > max_mr, kInvalidArgument, "linear: tactic mr must be in [1, ", max_mr,
+                "], got ", tac.mr);
 
   LinearRun run{x, t, k, w.n, &w, bias, y,
-                use_avx2() ? avx2::linear_microkernel(w.storage) : scalar_linear_microkernel(w.storage),
+                mk512 ? mk512 : use_avx2() ? avx2::linear_microkernel(w.storage) : scalar_linear_microkernel(w.storage),
                 tac.mr, std::min(tac.kc, k), {}};
   if (bias) {
     const int64_t last = (w.panels() - 1) * kNr;
