@@ -3,11 +3,24 @@
 // called when cpu_isa() == kAvx2. Tested through the public API in tests/backends/cpu/.
 #pragma once
 
+#include <type_traits>
+#include <utility>
+
 #include "backends/cpu/kernels/kernels.h"
 
 namespace kiln::cpu {
 
 inline bool use_avx2() { return cpu_isa() == CpuIsa::kAvx2; }
+
+// Calls f(std::integral_constant<int, M>{}) for M = m clamped to [1, kMax]: a microkernel's
+// step from the run-time tile height to the compiled one.
+template <int kMax, typename F>
+inline void with_tile_rows(int m, F&& f) {
+  const int mm = m < 1 ? 1 : m > kMax ? kMax : m;
+  [&]<int... I>(std::integer_sequence<int, I...>) {
+    (void)((mm == I + 1 ? (f(std::integral_constant<int, I + 1>{}), true) : false) || ...);
+  }(std::make_integer_sequence<int, kMax>{});
+}
 
 // The AVX-512 linear microkernel (linear_avx512.cpp, f32/bf16/f16 panels, m <= 12): where
 // the AVX2 kernels run (use_avx2()), the CPU has AVX-512F/BW/VL with the OS saving its

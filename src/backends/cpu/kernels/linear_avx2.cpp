@@ -199,28 +199,14 @@ template <typename Q>
 void quant_microkernel(int m, const float* x, int64_t ldx, const void* panel_v, int64_t kc,
                        float* y, int64_t ldy, const float* init, bool accumulate) {
   const auto* group = static_cast<const uint8_t*>(panel_v);
-  switch (m) {
-    case 1: return quant_tile<Q, 1>(x, ldx, group, kc, y, ldy, init, accumulate);
-    case 2: return quant_tile<Q, 2>(x, ldx, group, kc, y, ldy, init, accumulate);
-    case 3: return quant_tile<Q, 3>(x, ldx, group, kc, y, ldy, init, accumulate);
-    case 4: return quant_tile<Q, 4>(x, ldx, group, kc, y, ldy, init, accumulate);
-    case 5: return quant_tile<Q, 5>(x, ldx, group, kc, y, ldy, init, accumulate);
-    default: return quant_tile<Q, 6>(x, ldx, group, kc, y, ldy, init, accumulate);
-  }
+  with_tile_rows<6>(m, [&](auto rows) { quant_tile<Q, decltype(rows)::value>(x, ldx, group, kc, y, ldy, init, accumulate); });
 }
 
 template <typename S>
 void microkernel(int m, const float* x, int64_t ldx, const void* panel_v, int64_t kc, float* y,
                  int64_t ldy, const float* init, bool accumulate) {
   const auto* panel = static_cast<const typename S::Elem*>(panel_v);
-  switch (m) {
-    case 1: return tile<S, 1>(x, ldx, panel, kc, y, ldy, init, accumulate);
-    case 2: return tile<S, 2>(x, ldx, panel, kc, y, ldy, init, accumulate);
-    case 3: return tile<S, 3>(x, ldx, panel, kc, y, ldy, init, accumulate);
-    case 4: return tile<S, 4>(x, ldx, panel, kc, y, ldy, init, accumulate);
-    case 5: return tile<S, 5>(x, ldx, panel, kc, y, ldy, init, accumulate);
-    default: return tile<S, 6>(x, ldx, panel, kc, y, ldy, init, accumulate);
-  }
+  with_tile_rows<6>(m, [&](auto rows) { tile<S, decltype(rows)::value>(x, ldx, panel, kc, y, ldy, init, accumulate); });
 }
 
 }  // namespace

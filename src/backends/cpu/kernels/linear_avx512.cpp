@@ -78,20 +78,7 @@ template <typename S>
 void microkernel(int m, const float* x, int64_t ldx, const void* panel_v, int64_t kc, float* y, int64_t ldy,
                  const float* init, bool accumulate) {
   const auto* panel = static_cast<const typename S::Elem*>(panel_v);
-  switch (m) {
-    case 1: return tile<S, 1>(x, ldx, panel, kc, y, ldy, init, accumulate);
-    case 2: return tile<S, 2>(x, ldx, panel, kc, y, ldy, init, accumulate);
-    case 3: return tile<S, 3>(x, ldx, panel, kc, y, ldy, init, accumulate);
-    case 4: return tile<S, 4>(x, ldx, panel, kc, y, ldy, init, accumulate);
-    case 5: return tile<S, 5>(x, ldx, panel, kc, y, ldy, init, accumulate);
-    case 6: return tile<S, 6>(x, ldx, panel, kc, y, ldy, init, accumulate);
-    case 7: return tile<S, 7>(x, ldx, panel, kc, y, ldy, init, accumulate);
-    case 8: return tile<S, 8>(x, ldx, panel, kc, y, ldy, init, accumulate);
-    case 9: return tile<S, 9>(x, ldx, panel, kc, y, ldy, init, accumulate);
-    case 10: return tile<S, 10>(x, ldx, panel, kc, y, ldy, init, accumulate);
-    case 11: return tile<S, 11>(x, ldx, panel, kc, y, ldy, init, accumulate);
-    default: return tile<S, 12>(x, ldx, panel, kc, y, ldy, init, accumulate);
-  }
+  with_tile_rows<12>(m, [&](auto rows) { tile<S, decltype(rows)::value>(x, ldx, panel, kc, y, ldy, init, accumulate); });
 }
 
 }  // namespace
