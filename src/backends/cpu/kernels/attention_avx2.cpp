@@ -229,19 +229,24 @@ void attention_rows(const float* q, const float* k_cache, const float* v_cache, 
 void paged_attention(const float* q, const float* k_cache, const float* v_cache,
                      int64_t block_size, int64_t hq, int64_t hkv, int64_t d, float scale,
                      bool causal, const AttentionSeq* seqs, int64_t num_seqs, float* out) {
-  // Prompts (enough query rows that a transposed key chunk serves several) at head dims
-  // 64 / 128 take the blocked path; decode steps and other head dims the per-row loop.
-  int64_t rows = 0;
-  for (int64_t s = 0; s < num_seqs; ++s) rows += seqs[s].q_len;
-  if (rows >= 4 * num_seqs && (d == 64 || d == 128)) {
+  // Sequences with enough query rows that a transposed key chunk serves several (prompts,
+  // prefill chunks) take the blocked path at head dims 64 / 128; decode rows and other head
+  // dims the per-row loop (a decode row would pay the transposition of its whole context).
+  // The two sets write disjoint rows of out.
+  constexpr int32_t kBlockedRows = 4;
+  std::vector<AttentionSeq> blocked, per_row;
+  for (int64_t s = 0; s < num_seqs; ++s)
+    ((d == 64 || d == 128) && seqs[s].q_len >= kBlockedRows ? blocked : per_row).push_back(seqs[s]);
+  if (!blocked.empty()) {
+    const int64_t nb = int64_t(blocked.size());
     if (d == 64)
-      attention_rows<64>(q, k_cache, v_cache, block_size, hq, hkv, scale, causal, seqs, num_seqs, out);
+      attention_rows<64>(q, k_cache, v_cache, block_size, hq, hkv, scale, causal, blocked.data(), nb, out);
     else
-      attention_rows<128>(q, k_cache, v_cache, block_size, hq, hkv, scale, causal, seqs, num_seqs, out);
-    return;
+      attention_rows<128>(q, k_cache, v_cache, block_size, hq, hkv, scale, causal, blocked.data(), nb, out);
   }
-  paged_attention_impl<Avx2Ops, float>(q, k_cache, nullptr, v_cache, nullptr, block_size, hq, hkv, d, scale,
-                                       causal, seqs, num_seqs, out);
+  if (!per_row.empty())
+    paged_attention_impl<Avx2Ops, float>(q, k_cache, nullptr, v_cache, nullptr, block_size, hq, hkv, d, scale,
+                                         causal, per_row.data(), int64_t(per_row.size()), out);
 }
 
 void paged_attention_int8(const float* q, const int8_t* k_codes, const float* k_scales,
