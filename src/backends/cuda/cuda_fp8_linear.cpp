@@ -195,7 +195,8 @@ OpRun prepare_fp8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& 
   // The fused gate|up GEMM (SwiGLU and the down projection's quantize in its epilogue) where
   // it runs: the weights' rows are then interleaved for it, and prefill rows take it.
   std::string fused_why;
-  const bool fused_gu = swiglu && y_codes && bias_v == ir::kNoValue && !gu_e4m3 && fp8_swiglu_gemm_enabled() &&
+  const bool fused_gemm_on = fp8_swiglu_gemm_enabled();
+  const bool fused_gu = swiglu && y_codes && bias_v == ir::kNoValue && !gu_e4m3 && fused_gemm_on &&
                         fp8_swiglu_gemm_available(&fused_why) && [&] {
                           // The shape's check (any 16-byte aligned addresses stand in for the buffers).
                           const auto* a = reinterpret_cast<const uint8_t*>(uintptr_t(256));
@@ -205,7 +206,7 @@ OpRun prepare_fp8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& 
   if (swiglu && y_codes && !fused_gu)
     log_debug("cuda: fp8 Linear '", n.name, "' keeps cuBLASLt + the SwiGLU pass (",
               bias_v != ir::kNoValue ? "a bias" : gu_e4m3 ? "its [gate | up] is E4M3"
-              : !fp8_swiglu_gemm_enabled() ? "KILN_CUDA_FP8_SWIGLU_GEMM=0"
+              : !fused_gemm_on ? "KILN_CUDA_FP8_SWIGLU_GEMM=0"
               : fused_why, ")");
   auto dw = std::make_shared<Fp8Weights>();
   const size_t code_bytes = size_t(nn * k);

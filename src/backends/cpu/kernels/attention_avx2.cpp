@@ -175,11 +175,12 @@ void attention_rows(const float* q, const float* k_cache, const float* v_cache, 
             for (int t = 0; t < kKeys / 8; ++t) sc[t] = _mm256_fmadd_ps(qi, _mm256_load_ps(kti + 8 * t), sc[t]);
           }
           // Keys past nn: -inf before the max, weight 0 after the exp.
+          __m256 live[kKeys / 8];
           __m256 vmax = vset(-std::numeric_limits<float>::infinity());
           for (int t = 0; t < kKeys / 8; ++t) {
             const __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(8 * t), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-            const __m256 live = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(int(nn)), idx));
-            sc[t] = _mm256_blendv_ps(vset(-std::numeric_limits<float>::infinity()), sc[t], live);
+            live[t] = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(int(nn)), idx));
+            sc[t] = _mm256_blendv_ps(vset(-std::numeric_limits<float>::infinity()), sc[t], live[t]);
             vmax = _mm256_max_ps(vmax, sc[t]);
           }
           const float m_new = std::max(m[r], hmax(vmax));
@@ -192,9 +193,7 @@ void attention_rows(const float* q, const float* k_cache, const float* v_cache, 
           m[r] = m_new;
           __m256 psum = _mm256_setzero_ps();
           for (int t = 0; t < kKeys / 8; ++t) {
-            const __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(8 * t), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-            const __m256 live = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(int(nn)), idx));
-            const __m256 e = _mm256_and_ps(exp_ps(_mm256_sub_ps(sc[t], vset(m_new))), live);
+            const __m256 e = _mm256_and_ps(exp_ps(_mm256_sub_ps(sc[t], vset(m_new))), live[t]);
             _mm256_store_ps(p + 8 * t, e);
             psum = _mm256_add_ps(psum, e);
           }

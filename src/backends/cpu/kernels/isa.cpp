@@ -1,5 +1,6 @@
 // Run-time ISA choice for the CPU kernels: AVX2+FMA+F16C when the CPU has them, unless
-// KILN_CPU_ISA=scalar. Tests flip it with cpu_isa_set to cover both paths.
+// KILN_CPU_ISA=scalar, and on that path the AVX-512 linear kernel where the CPU has
+// AVX-512F/BW/VL, unless KILN_CPU_AVX512=0. Tests flip both (cpu_isa_set, cpu_avx512_set).
 #include <cpuid.h>
 
 #include <atomic>
@@ -7,6 +8,7 @@
 #include <cstring>
 
 #include "backends/cpu/kernels/isa.h"
+#include "core/env_switch.h"
 
 namespace kiln::cpu {
 namespace {
@@ -44,8 +46,9 @@ bool avx512_hardware() {
 }
 std::atomic<bool>& avx512_on() {
   static std::atomic<bool> on{[] {
-    const char* env = std::getenv("KILN_CPU_AVX512");
-    return avx512_hardware() && !(env && std::strcmp(env, "0") == 0);
+    // 1 or unset: where the CPU has it; 0: AVX2 only; anything else an error naming it.
+    return env_switch("KILN_CPU_AVX512", "the AVX-512 linear kernel where the CPU has it", "AVX2 kernels only") &&
+           avx512_hardware();
   }()};
   return on;
 }

@@ -74,13 +74,14 @@ PackedWeight pack_quantized_weight(const QuantizedRows& q);
 // How linear() splits and blocks the work; a builder may time several and keep the best.
 enum class LinearSplit : uint8_t { kAuto, kPanels /*threads own N panels*/, kRows /*threads own T rows*/ };
 struct LinearTactic {
-  int mr = 0;        // rows per microkernel call: 4 or 6 (0 = auto)
+  int mr = 0;        // rows per microkernel call: 1-6, up to 12 with the AVX-512 kernel (0 = auto)
   int64_t kc = 0;    // K cache block (0 = auto; >= K means unblocked)
   LinearSplit split = LinearSplit::kAuto;
   int threads = 0;   // 0 = the global pool's size; 1 = run on the calling thread
 };
-// The heuristic behind LinearTactic{} for a shape (with every field filled in).
-LinearTactic linear_default_tactic(int64_t t, int64_t n, int64_t k);
+// The heuristic behind LinearTactic{} for a shape (with every field filled in), for a
+// microkernel of at most max_mr rows (6: AVX2 and scalar, 12: AVX-512).
+LinearTactic linear_default_tactic(int64_t t, int64_t n, int64_t k, int max_mr = 6);
 
 // bias may be null. y must not alias x.
 void linear(const float* x, int64_t t, int64_t k, const PackedWeight& w, const float* bias,

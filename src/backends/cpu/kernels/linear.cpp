@@ -18,9 +18,8 @@ namespace kiln::cpu {
 namespace {
 
 constexpr int64_t kNr = PackedWeight::kPanelWidth;
-constexpr int kMaxMr = 12;        // the AVX-512 microkernel's tile rows
-constexpr int kMaxMrAvx2 = 6;     // the AVX2 and scalar microkernels'
-
+constexpr int kMaxMr = 12;     // the AVX-512 microkernel's tile rows
+constexpr int kMaxMrAvx2 = 6;  // the AVX2 and scalar microkernels'
 
 struct F32Elems {
   using Elem = float;
@@ -274,11 +273,12 @@ PackedWeight pack_quantized_weight(const QuantizedRows& q) {
   return pw;
 }
 
-LinearTactic linear_default_tactic(int64_t t, int64_t n, int64_t k) {
+LinearTactic linear_default_tactic(int64_t t, int64_t n, int64_t k, int max_mr) {
   LinearTactic tac;
-  // From cpu_kernels_bench --sweep (2 threads): 6×16 tiles win; K up to ~1k runs unblocked
-  // (the 16-wide panel slice still fits L1/L2), longer K blocks at 256 (3072->768, T=512: +25%).
-  tac.mr = 6;
+  // From cpu_kernels_bench --sweep (2 threads): the tallest tile wins (6×16 with AVX2,
+  // 12×16 with AVX-512); K up to ~1k runs unblocked (the 16-wide panel slice still fits
+  // L1/L2), longer K blocks at 256 (3072->768, T=512: +25%).
+  tac.mr = max_mr;
   tac.kc = k <= 1024 ? k : 256;
   tac.threads = ThreadPool::global().num_threads();
   const int64_t panels = (n + kNr - 1) / kNr;
@@ -297,8 +297,7 @@ void linear(const float* x, int64_t t, int64_t k, const PackedWeight& w, const f
   // AVX-512 where the CPU has it (f32/bf16/f16 panels): 12-row tiles, one zmm per row.
   const LinearMicrokernel mk512 = avx512_linear_enabled() ? avx512::linear_microkernel(w.storage) : nullptr;
   const int max_mr = mk512 ? kMaxMr : kMaxMrAvx2;
-  LinearTactic tac = linear_default_tactic(t, w.n, k);
-  if (mk512) tac.mr = kMaxMr;
+  LinearTactic tac = linear_default_tactic(t, w.n, k, max_mr);
   if (tactic.mr) tac.mr = tactic.mr;
   if (tactic.kc) tac.kc = tactic.kc;
   if (tactic.split != LinearSplit::kAuto) tac.split = tactic.split;

@@ -130,12 +130,6 @@ size_t attention_workspace_floats(const AttentionPlan& plan, int64_t hkv, int64_
 // Split counters (int32, zero between launches) the fused decode kernel needs for the plan.
 size_t attention_counters(const AttentionPlan& plan, int64_t hkv);
 
-// The items a warp of a tensor-core plan takes: 16 in CTAs narrower than 128 items, else
-// a.flash_warp_rows when set (16 or 32; anything else is an error), else 32 for head dim
-// 128 over a 16-bit cache and 16 otherwise.
-struct AttentionArgs;
-int attention_flash_warp_rows(const AttentionArgs& a);
-
 struct AttentionArgs {
   DType dtype = DType::kBF16;       // of q, out and (kv_code kNone) the caches
   const void* q = nullptr;          // [T, hq, d], rows q_stride elements apart
@@ -191,6 +185,12 @@ struct AttentionArgs {
   // cluster barrier, and a cluster is scheduled as a whole).
   bool early_trigger = false;
 };
+
+// The items a warp of a tensor-core plan takes: 16 in CTAs narrower than 128 items, else
+// a.flash_warp_rows when set (16 or 32; anything else is an error), else 32 for head dim
+// 128 over a 16-bit cache and 16 otherwise.
+int attention_flash_warp_rows(const AttentionArgs& a);
+
 void launch_attention(const AttentionArgs& a, cudaStream_t s);
 
 // Decode steps (every sequence one query row, GQA group <= 8; int8/fp8 caches at head
