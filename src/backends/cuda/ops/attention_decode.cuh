@@ -4,8 +4,9 @@
 // cluster and merge through distributed shared memory, so an unsplit context needs no
 // merge at all and a split one no global round trip. Why it is shaped so:
 // - few dependent steps: the CTA reads its sequence, then the block table, then issues
-//   every K/V copy it can hold (4 warps x 2 stages x 32/16 keys: a whole short context)
-//   before it loads and rotates q; q and the new key are ready while the copies fly;
+//   every K/V copy it can hold (4 warps x 2 stages x 32/16 keys: a whole short context),
+//   all before the dependent-launch wait, and only then loads and rotates q; q and the
+//   new key are ready while the copies fly;
 // - bytes in flight: each warp streams its own tiles (tile w, w + 4, ...) through a
 //   private two-stage cp.async ring, so the main loop has no CTA barrier; ~73 KB of
 //   shared memory: 3 CTAs and up to ~200 KB of copies in flight per SM;
@@ -128,7 +129,12 @@ attention_decode_cluster_kernel(const DecParams<T> p) {
   const E* vc = static_cast<const E*>(p.v_cache);
 
   if (p.early_trigger) pdl_trigger();
-  pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
+  // Before the dependent-launch wait: the step's tables (copied in before the step's
+  // first kernel, so complete before any kernel of the step starts) and the cache's
+  // earlier keys and values (written by earlier steps; this step's one new row per
+  // sequence is written by this kernel and never copied): the chain sequence -> block
+  // table -> K/V copies overlaps the previous kernel's tail. q and the new K/V rows come
+  // from the previous kernel: they are read after the wait.
   const AttnSeq sq = p.seqs[seq];
   const int ctx = sq.ctx_len;
   // The splits cut the context into KT-aligned ranges; the last position (the new token,
@@ -175,7 +181,15 @@ attention_decode_cluster_kernel(const DecParams<T> p) {
     cp_async_commit();
   };
 
-  // The q rows, the new K/V rows, the block ids: all loads in flight together.
+  const bool rope = p.inv_freq != nullptr;
+  const int qpos = rope ? p.positions[sq.q_start] : 0;
+  int blk0 = tile_block(0), blk1 = tile_block(1);
+  issue(0, blk0);
+  issue(1, blk1);
+  int blk_next = tile_block(2);
+
+  pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
+  // The q rows and the new K/V rows, loads in flight together.
   constexpr int QV = 8;  // 16-bit elements per 16-byte vector
   const int qr = threadIdx.x / (D / QV), qc = (threadIdx.x % (D / QV)) * QV;
   uint4 qraw = make_uint4(0, 0, 0, 0), nraw = make_uint4(0, 0, 0, 0);
@@ -187,12 +201,6 @@ attention_decode_cluster_kernel(const DecParams<T> p) {
     nraw = *reinterpret_cast<const uint4*>((which ? p.v_new : p.k_new) + int64_t(sq.q_start) * p.new_stride +
                                            int64_t(kvh) * D + qc);
   }
-  const bool rope = p.inv_freq != nullptr;
-  const int qpos = rope ? p.positions[sq.q_start] : 0;
-  int blk0 = tile_block(0), blk1 = tile_block(1);
-  issue(0, blk0);
-  issue(1, blk1);
-  int blk_next = tile_block(2);
 
   if (qr < kDecMaxGroup) *reinterpret_cast<uint4*>(&q_s[qr * LD + qc]) = qraw;
   if (loads_new) *reinterpret_cast<uint4*>(&new_t[threadIdx.x / (D / QV) * D + qc]) = nraw;
