@@ -13,7 +13,6 @@
 #include "backends/cuda/ops/elementwise.h"
 #include "backends/cuda/ops/elementwise_fp8.h"
 #include "backends/cuda/ops/fp8.h"
-#include "backends/cuda/ops/fp8_swiglu_gemm_sm90.h"
 #include "core/env_switch.h"
 #include "core/fp8.h"
 #include "core/log.h"
@@ -51,15 +50,6 @@ bool fp8_gate_up_e4m3_enabled() {
   if (std::strcmp(e, "0") == 0) return false;
   throw_error(ErrorCode::kInvalidArgument, "KILN_CUDA_FP8_GATEUP_E4M3='", e,
               "' (expected 1: a gate|up Linear with out_amax writes E4M3, or 0: bf16 as without it)");
-}
-
-bool fp8_swiglu_gemm_enabled() {
-  const char* e = std::getenv("KILN_CUDA_FP8_SWIGLU_GEMM");
-  if (!e || !*e || std::strcmp(e, "0") == 0) return false;
-  if (std::strcmp(e, "1") == 0) return true;
-  throw_error(ErrorCode::kInvalidArgument, "KILN_CUDA_FP8_SWIGLU_GEMM='", e,
-              "' (expected 0, the default: cuBLASLt's FP8 GEMM and the SwiGLU pass, or 1: the gate|up GEMM with "
-              "SwiGLU and the codes in its epilogue)");
 }
 
 bool fp8_fuse_enabled() {
@@ -192,22 +182,6 @@ OpRun prepare_fp8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& 
   if (x_codes || y_codes)
     log_debug("cuda: fp8 Linear '", n.name, "'", x_codes ? " reads E4M3 codes" : "",
               y_codes ? " writes E4M3 codes" : "");
-  // The fused gate|up GEMM (SwiGLU and the down projection's quantize in its epilogue) where
-  // it runs: the weights' rows are then interleaved for it, and prefill rows take it.
-  std::string fused_why;
-  const bool fused_gemm_on = fp8_swiglu_gemm_enabled();
-  const bool fused_gu = swiglu && y_codes && bias_v == ir::kNoValue && !gu_e4m3 && fused_gemm_on &&
-                        fp8_swiglu_gemm_available(&fused_why) && [&] {
-                          // The shape's check (any 16-byte aligned addresses stand in for the buffers).
-                          const auto* a = reinterpret_cast<const uint8_t*>(uintptr_t(256));
-                          fused_why = fp8_swiglu_gemm_check(a, a, a, 128, nn, k);
-                          return fused_why.empty();
-                        }();
-  if (swiglu && y_codes && !fused_gu)
-    log_debug("cuda: fp8 Linear '", n.name, "' keeps cuBLASLt + the SwiGLU pass (",
-              bias_v != ir::kNoValue ? "a bias" : gu_e4m3 ? "its [gate | up] is E4M3"
-              : !fused_gemm_on ? "KILN_CUDA_FP8_SWIGLU_GEMM=0"
-              : fused_why, ")");
   auto dw = std::make_shared<Fp8Weights>();
   const size_t code_bytes = size_t(nn * k);
   dw->scales_off = align256(code_bytes);
@@ -215,27 +189,13 @@ OpRun prepare_fp8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& 
   // pointer 4 bytes after the A scale.
   dw->buf = DeviceBuffer(dw->scales_off + 12 * sizeof(float));
   const float scales[12] = {w_scale, 0.0f, 0.0f, 0.0f, xs.scale, 0.0f, 0.0f, 0.0f, os.inv, 0.0f, 0.0f, 0.0f};
-  if (fused_gu) {  // [gate; up] rows interleaved for the fused GEMM (and its GEMV)
-    std::vector<uint8_t> inter(code_bytes);
-    fp8_swiglu_interleave_rows(codes.data_as<uint8_t>(), inter.data(), out_n, k);
-    KILN_CUDA_CHECK(cudaMemcpy(dw->buf.get(), inter.data(), code_bytes, cudaMemcpyHostToDevice));
-  } else {
-    KILN_CUDA_CHECK(cudaMemcpy(dw->buf.get(), codes.data(), code_bytes, cudaMemcpyHostToDevice));
-  }
+  KILN_CUDA_CHECK(cudaMemcpy(dw->buf.get(), codes.data(), code_bytes, cudaMemcpyHostToDevice));
   KILN_CUDA_CHECK(cudaMemcpy(static_cast<char*>(dw->buf.get()) + dw->scales_off, scales, sizeof(scales),
                              cudaMemcpyHostToDevice));
   pc.weights->add_bytes(code_bytes);
 
-  // The fused GEMM's configurations timed per row bucket; else cuBLASLt's FP8 algorithms
-  // at a prefill shape, as tune_gemms does for bf16.
-  Fp8SwigluPlan fused_plan;
-  if (fused_gu && Gemm::tuning_enabled()) {
-    std::vector<Fp8SwigluTiming> timings;
-    fused_plan = fp8_swiglu_gemm_tune(dw->codes(), nn, k, pc.cx->num_sms, pc.cx->stream, &timings);
-    for (const Fp8SwigluTiming& tm : timings)
-      log_debug("cuda: fp8 swiglu gemm ", tm.m, "x", nn, "x", k, " ", fp8_swiglu_config_name(tm.config), ": ",
-                tm.ms * 1000.0f, " us");
-  } else if (Gemm::tuning_enabled()) {
+  // cuBLASLt's FP8 algorithms timed at a prefill shape, as tune_gemms does for bf16.
+  if (Gemm::tuning_enabled()) {
     const int64_t m = 128;
     DeviceBuffer xb(size_t(m * k) * 2), xq(size_t(m * k)), yb(size_t(m * nn) * 2);
     launch_fill_random(xb.get(), DType::kBF16, m * k, 11, pc.cx->stream);  // never time on zeros
@@ -253,15 +213,11 @@ OpRun prepare_fp8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& 
     cudaStream_t s = c.cx->stream;
     // Scratch: the input's E4M3 codes (unless they arrive so), then [gate | up] in bf16
     // (SwiGLU through cuBLASLt) or y in bf16 before its codes (y_codes otherwise).
-    // The fused GEMM's workspace (its tile scheduler's; often none) in place of [gate | up].
     const bool gemv = fp8_gemv_supports(t, k);
-    const Fp8SwigluConfig cfg = fused_plan.pick(t);
-    const size_t ws_bytes = fused_gu && !gemv ? fp8_swiglu_gemm_workspace(cfg, t, nn, k) : 0;
     const size_t q_bytes = x_codes ? 0 : align256(size_t(t * k));
-    const size_t mid_bytes = fused_gu && !gemv  ? ws_bytes
-                             : !gemv && swiglu ? size_t(t * nn) * (gu_e4m3 ? 1 : 2)
-                             : y_codes         ? size_t(t * out_n) * 2
-                                               : 0;
+    const size_t mid_bytes = !gemv && swiglu ? size_t(t * nn) * (gu_e4m3 ? 1 : 2)
+                             : y_codes        ? size_t(t * out_n) * 2
+                                              : 0;
     auto* scratch = static_cast<char*>(c.scratch(q_bytes + mid_bytes));
     const uint8_t* xq = static_cast<const uint8_t*>(x.data);
     if (!x_codes) {
@@ -271,12 +227,8 @@ OpRun prepare_fp8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& 
     void* mid = scratch + q_bytes;
     auto* yq = static_cast<uint8_t*>(y.data);
     if (gemv) {
-      launch_fp8_gemv(xq, dw->codes(), scale, bias, y_codes ? mid : y.data, t, out_n, k, s, epi,
-                      fused_gu ? int(kFp8SwigluBlock) : 0);
+      launch_fp8_gemv(xq, dw->codes(), scale, bias, y_codes ? mid : y.data, t, out_n, k, s, epi);
       if (y_codes) launch_fp8_quantize(DType::kBF16, mid, t * out_n, y_codes->inv, yq, s);
-    } else if (fused_gu) {
-      launch_fp8_swiglu_gemm(cfg, xq, dw->codes(), t, nn, k, scale, y_codes->inv, yq, ws_bytes ? mid : nullptr,
-                             ws_bytes, c.cx->num_sms, s);
     } else if (gu_e4m3) {
       c.cx->gemm->run_fp8_e4m3(xq, dw->codes(), dw->scales(), mid, t, nn, k, s);
       launch_swiglu_e4m3(static_cast<const uint8_t*>(mid), t, out_n, os.scale, y_codes->inv, yq, s);

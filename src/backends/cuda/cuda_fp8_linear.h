@@ -28,13 +28,6 @@ OpRun prepare_fp8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& 
 // KILN_CUDA_FP8_FUSE, read when a graph is prepared: unset or 1 fuses, 0 does not; any
 // other value is a kInvalidArgument error naming it.
 bool fp8_fuse_enabled();
-// KILN_CUDA_FP8_SWIGLU_GEMM, read when a graph is prepared: 1 runs a swiglu FP8 Linear
-// whose output is E4M3 codes (no bias, no out_amax E4M3 path) through the fused gate|up
-// GEMM (ops/fp8_swiglu_gemm_sm90.h) where it is built and the device is sm_90: its weight
-// rows are then interleaved, decode rows take the GEMV over that layout; unset or 0 keeps
-// cuBLASLt + the SwiGLU pass (measured faster: bench/RESULTS.md, session 13); other
-// values are a kInvalidArgument error.
-bool fp8_swiglu_gemm_enabled();
 // KILN_CUDA_FP8_GATEUP_E4M3, read when a graph is prepared: unset or 1 lets a swiglu FP8
 // Linear with attr out_amax (quant/fp8.h's --fp8-gate-up-out) write [gate | up] as E4M3
 // (cuBLASLt D scale 448 / out_amax) for the E4M3 SwiGLU (ops/elementwise_fp8.h) when that

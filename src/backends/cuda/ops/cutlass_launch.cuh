@@ -1,7 +1,7 @@
-// What the CUTLASS 3 GEMMs of the CUDA backend (int8_gemm_sm90.cuh,
-// fp8_swiglu_gemm_sm90.cu) share around CUTLASS's device adapter: can_implement as a
-// message, and a launch whose every failure is a kiln error naming the kernel. Included
-// only by translation units compiled with CUTLASS (sm_90a).
+// What the CUTLASS 3 GEMMs of the CUDA backend (int8_gemm_sm90.cuh) share around CUTLASS's
+// device adapter: can_implement as a message, and a launch whose every failure is a kiln
+// error naming the kernel. Included only by translation units compiled with CUTLASS
+// (sm_90a).
 #pragma once
 
 #include <cuda_runtime_api.h>

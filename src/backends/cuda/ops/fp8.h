@@ -27,10 +27,8 @@ bool fp8_gemv_supports(int64_t m, int64_t k);
 // y[m, n] (bf16) = epi(scale * Σ_k e(x[m, k]) e(w[n, k]) + bias[n]), x and w E4M3 codes
 // (16-byte aligned rows), bias bf16 (may be null), scale = x_scale * w_scale. With
 // kSwiGlu, w holds 2n rows ([gate; up], bias 2n) and y = silu(gate) * up; outputs are
-// rounded to bf16 where the unfused kernels would round them (gemv.h). swiglu_block > 0:
-// w's gate and up rows are interleaved in blocks of that many rows (GemvFusion).
+// rounded to bf16 where the unfused kernels would round them (gemv.h).
 void launch_fp8_gemv(const uint8_t* x, const uint8_t* w, float scale, const void* bias, void* y, int64_t m,
-                     int64_t n, int64_t k, cudaStream_t s, GemvEpilogue epi = GemvEpilogue::kNone,
-                     int swiglu_block = 0);
+                     int64_t n, int64_t k, cudaStream_t s, GemvEpilogue epi = GemvEpilogue::kNone);
 
 }  // namespace kiln::cuda

@@ -89,7 +89,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 gemv_kernel(const typename F::X* __restrict__ x, const typename F::W* __restrict__ w, float scale,
             const typename F::Y* __restrict__ bias, typename F::Y* y, int n, int k, GemvNorm norm,
             const float* __restrict__ gamma, const float* __restrict__ beta, float eps,
-            const typename F::Y* residual, int swiglu_block) {
+            const typename F::Y* residual) {
   using T = typename F::Y;
   constexpr int R = E == GemvEpilogue::kSwiGlu ? 2 : 1;
   extern __shared__ uint4 gemv_xs[];  // kNorm: the M normalized rows
@@ -106,12 +106,8 @@ gemv_kernel(const typename F::X* __restrict__ x, const typename F::W* __restrict
   const uint4* wr[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    const int64_t at = live ? row : 0;
-    // Gate row (r = 0) and up row (r = 1) of output `row`: n rows apart, or within the
-    // row's interleaved block pair.
-    const int64_t wrow = R == 2 && swiglu_block > 0
-                             ? at / swiglu_block * 2 * swiglu_block + at % swiglu_block + r * swiglu_block
-                             : at + int64_t(r) * n;
+    // Gate row (r = 0) and up row (r = 1) of output `row`: n rows apart.
+    const int64_t wrow = (live ? row : 0) + int64_t(r) * n;
     wr[r] = reinterpret_cast<const uint4*>(w + wrow * k);
   }
   const uint4* xr = reinterpret_cast<const uint4*>(x);
@@ -207,7 +203,6 @@ struct Fused {
   const float* beta = nullptr;
   float eps = 0.0f;
   const typename F::Y* residual = nullptr;
-  int swiglu_block = 0;
 };
 
 template <typename F, GemvEpilogue E, int S, bool kNorm>
@@ -217,7 +212,7 @@ void launch_split_norm(const typename F::X* x, const typename F::W* w, float sca
   const size_t smem = kNorm ? size_t(m * k) * sizeof(typename F::X) : 0;
 #define KILN_GEMV_LAUNCH(M_)                                                                                   \
   launch_k(gemv_kernel<F, M_, E, S, kNorm>, grid, kWarps * 32, smem, s, x, w, scale, b, y, int(n), int(k), f.norm, \
-           f.gamma, f.beta, f.eps, f.residual, f.swiglu_block)
+           f.gamma, f.beta, f.eps, f.residual)
   switch (m) {
     case 1: KILN_GEMV_LAUNCH(1); break;
     case 2: KILN_GEMV_LAUNCH(2); break;
@@ -264,11 +259,7 @@ void launch_format(const void* x, const void* w, float scale, const void* bias, 
   auto* bt = static_cast<const typename F::Y*>(bias);
   auto* yt = static_cast<typename F::Y*>(y);
   const Fused<F> f{fusion.norm, fusion.gamma, fusion.beta, fusion.eps,
-                   static_cast<const typename F::Y*>(fusion.residual), fusion.swiglu_block};
-  KILN_THROW_IF(fusion.swiglu_block != 0 && (epi != GemvEpilogue::kSwiGlu || bias || fusion.swiglu_block < 0 ||
-                                             n % fusion.swiglu_block != 0),
-                kInternal, "cuda gemv: interleaved gate|up blocks of ", fusion.swiglu_block,
-                " rows need swiglu, no bias and whole blocks (n=", n, ")");
+                   static_cast<const typename F::Y*>(fusion.residual)};
   switch (epi) {
     case GemvEpilogue::kNone: launch_rows<F, GemvEpilogue::kNone>(xt, wt, scale, bt, yt, m, n, k, s, f); break;
     case GemvEpilogue::kGeluErf: launch_rows<F, GemvEpilogue::kGeluErf>(xt, wt, scale, bt, yt, m, n, k, s, f); break;
@@ -316,12 +307,10 @@ bool fp8_gemv_supports(int64_t m, int64_t k) {
 }
 
 void launch_fp8_gemv(const uint8_t* x, const uint8_t* w, float scale, const void* bias, void* y, int64_t m,
-                     int64_t n, int64_t k, cudaStream_t s, GemvEpilogue epi, int swiglu_block) {
+                     int64_t n, int64_t k, cudaStream_t s, GemvEpilogue epi) {
   KILN_THROW_IF(!fp8_gemv_supports(m, k), kInternal, "cuda fp8 gemv: unsupported m=", m, " k=", k);
   if (n == 0) return;
-  GemvFusion fusion;
-  fusion.swiglu_block = swiglu_block;
-  launch_format<E4M3>(x, w, scale, bias, y, m, n, k, s, epi, fusion);
+  launch_format<E4M3>(x, w, scale, bias, y, m, n, k, s, epi);
 }
 
 }  // namespace kiln::cuda

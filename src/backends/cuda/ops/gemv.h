@@ -39,10 +39,6 @@ struct GemvFusion {
   const float* beta = nullptr;   // [k] f32 or null (kLayer only)
   float eps = 0.0f;
   const void* residual = nullptr;
-  // kSwiGlu only: 0 when w is [gate (n rows); up (n rows)], else the rows of each block of
-  // an interleaved w (gate rows 0..b-1, up rows 0..b-1, gate rows b..2b-1, ...: the FP8
-  // Linear's layout for its fused gate|up GEMM, fp8_swiglu_gemm_sm90.h); no bias then.
-  int swiglu_block = 0;
 };
 // Shared memory the norm prologue may take per block: the m normalized rows (m·k·2 bytes)
 // must fit, so that enough blocks stay resident per SM to keep the weight stream going.
