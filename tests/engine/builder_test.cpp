@@ -3,6 +3,7 @@
 // weights are stored once; HF tokenizer files and GGUF-free models round-trip.
 #include <gtest/gtest.h>
 
+#include "backends/cpu/cpu_ops.h"
 #include "engine_test_util.h"
 #include "runtime/model_tokenizer.h"
 
@@ -89,6 +90,33 @@ TEST(Builder, RejectsBadOptions) {
   o.model = o.output;
   o.output = (dir / "again.kiln").string();
   EXPECT_THROW(build_engine(o), Error) << "an engine is not a build input";
+}
+
+// The CPU GEMM tactics an engine stores: the string form round-trips (the panel count
+// only where set, so engines built before that field read back as auto), and a bad
+// field is an error naming it.
+TEST(Builder, CpuLinearTacticStringsRoundTrip) {
+  using cpu::LinearSplit;
+  for (const cpu::LinearTactic& t : {cpu::LinearTactic{6, 0, LinearSplit::kPanels, 0, 0},
+                                     cpu::LinearTactic{4, 256, LinearSplit::kRows, 2, 1},
+                                     cpu::LinearTactic{6, 768, LinearSplit::kAuto, 0, 2}}) {
+    const std::string s = cpu::linear_tactic_str(t);
+    const cpu::LinearTactic back = cpu::linear_tactic_parse(s);
+    EXPECT_EQ(back.mr, t.mr) << s;
+    EXPECT_EQ(back.kc, t.kc) << s;
+    EXPECT_EQ(back.split, t.split) << s;
+    EXPECT_EQ(back.threads, t.threads) << s;
+    EXPECT_EQ(back.panels, t.panels) << s;
+  }
+  EXPECT_EQ(cpu::linear_tactic_parse("mr=6,kc=0,split=panels,threads=0").panels, 0);
+  for (const char* bad : {"mr=6,panels=3", "panels=", "mr=5", "pannels=2"}) {
+    try {
+      cpu::linear_tactic_parse(bad);
+      ADD_FAILURE() << bad << " parsed";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("linear tactic"), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace

@@ -675,7 +675,9 @@ const std::map<std::string, OpPrepare>& op_table() {
 
 std::string linear_tactic_str(const LinearTactic& t) {
   const char* split = t.split == LinearSplit::kPanels ? "panels" : t.split == LinearSplit::kRows ? "rows" : "auto";
-  return str_cat("mr=", t.mr, ",kc=", t.kc, ",split=", split, ",threads=", t.threads);
+  std::string s = str_cat("mr=", t.mr, ",kc=", t.kc, ",split=", split, ",threads=", t.threads);
+  if (t.panels) s += str_cat(",panels=", t.panels);  // absent: auto (engines built before the field)
+  return s;
 }
 
 LinearTactic linear_tactic_parse(const std::string& s) {
@@ -700,11 +702,12 @@ LinearTactic linear_tactic_parse(const std::string& s) {
         throw_error(ErrorCode::kInvalidArgument, "linear tactic '", s, "': mr must be 0, 4 or 6");
     } else if (key == "kc") t.kc = num(0, int64_t(1) << 40);
     else if (key == "threads") t.threads = int(num(0, 4096));
+    else if (key == "panels") t.panels = int(num(0, 2));
     else if (key == "split" && (val == "auto" || val == "panels" || val == "rows"))
       t.split = val == "panels" ? LinearSplit::kPanels : val == "rows" ? LinearSplit::kRows : LinearSplit::kAuto;
     else
       throw_error(ErrorCode::kInvalidArgument, "linear tactic '", s, "': unknown field '", item,
-                  "' (expected mr=, kc=, split=auto|panels|rows, threads=)");
+                  "' (expected mr=, kc=, split=auto|panels|rows, threads=, panels=0|1|2)");
     pos = end + 1;
   }
   return t;

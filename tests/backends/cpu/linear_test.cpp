@@ -49,7 +49,8 @@ void check(int64_t t, int64_t n, int64_t k, WeightStorage storage, bool with_bia
   SCOPED_TRACE(::testing::Message() << "T=" << t << " N=" << n << " K=" << k << " storage="
                                     << weight_storage_name(storage) << " bias=" << with_bias
                                     << " mr=" << tactic.mr << " kc=" << tactic.kc
-                                    << " split=" << int(tactic.split) << " threads=" << tactic.threads);
+                                    << " split=" << int(tactic.split) << " threads=" << tactic.threads
+                                    << " panels=" << tactic.panels);
   auto x = random_floats(t * k, seed);
   auto w = random_floats(n * k, seed + 1);
   auto b = random_floats(n, seed + 2);
@@ -92,14 +93,23 @@ TEST(Linear, EveryTactic) {
     uint64_t seed = 500;
     std::vector<int> mrs = {1, 4, 6};
     if (avx512_linear_enabled()) mrs.insert(mrs.end(), {9, 12});  // the AVX-512 kernel's taller tiles
+    // panels 2: the AVX-512 kernel's 32-wide tile over pairs of whole panels (N = 50: a
+    // pair, then a whole and a partial panel alone; 80: two pairs and one alone; 64: two
+    // pairs); the 1-panel kernels elsewhere.
     for (int mr : mrs)
       for (int64_t kc : {int64_t(16), int64_t(100), int64_t(0)})
         for (LinearSplit split : {LinearSplit::kPanels, LinearSplit::kRows})
-          for (int threads : {0, 1}) {
-            LinearTactic tac{mr, kc, split, threads};
-            check(37, 50, 230, WeightStorage::kF32, true, tac, seed += 3);
-            check(2, 19, 230, WeightStorage::kBF16, false, tac, seed += 3);
-          }
+          for (int threads : {0, 1})
+            for (int panels : {1, 2}) {
+              LinearTactic tac{mr, kc, split, threads, panels};
+              check(37, 50, 230, WeightStorage::kF32, true, tac, seed += 3);
+              check(2, 19, 230, WeightStorage::kBF16, false, tac, seed += 3);
+              if (panels == 2) {
+                check(29, 80, 230, WeightStorage::kF32, false, tac, seed += 3);
+                check(13, 64, 70, WeightStorage::kBF16, true, tac, seed += 3);
+                check(13, 64, 70, WeightStorage::kF16, true, tac, seed += 3);
+              }
+            }
   });
 }
 
@@ -129,6 +139,15 @@ TEST(Linear, RejectsKMismatch) {
   PackedWeight pw = pack_weight(w.data(), 8, 4, WeightStorage::kF32);
   std::vector<float> x(5), y(8);
   EXPECT_THROW(linear(x.data(), 1, 5, pw, nullptr, y.data()), kiln::Error);
+}
+
+TEST(Linear, RejectsABadPanelCount) {
+  auto w = random_floats(32 * 4, 1);
+  PackedWeight pw = pack_weight(w.data(), 32, 4, WeightStorage::kF32);
+  std::vector<float> x(4), y(32);
+  LinearTactic tac;
+  tac.panels = 3;
+  EXPECT_THROW(linear(x.data(), 1, 4, pw, nullptr, y.data(), tac), kiln::Error);
 }
 
 }  // namespace

@@ -51,8 +51,14 @@ enum class UnaryOp : uint8_t { kGeluErf, kGeluTanh, kSilu, kTanh, kExp };
 using Int8Microkernel = void (*)(int m, const int8_t* qx, int64_t ldx, const int8_t* panel, int64_t k4,
                                  int32_t* acc);
 
+// The same over two adjacent panels: an m × 32 tile (m <= 12), columns 0-15 from `panel`,
+// 16-31 from the panel panel_stride bytes further on; init (if used) holds 32 floats.
+using LinearMicrokernel2 = void (*)(int m, const float* x, int64_t ldx, const void* panel, int64_t panel_stride,
+                                    int64_t kc, float* y, int64_t ldy, const float* init, bool accumulate);
+
 namespace avx512 {
-LinearMicrokernel linear_microkernel(WeightStorage storage);  // null for quantized storage
+LinearMicrokernel linear_microkernel(WeightStorage storage);    // null for quantized storage
+LinearMicrokernel2 linear_microkernel2(WeightStorage storage);  // null for quantized storage
 }  // namespace avx512
 
 namespace avx2 {

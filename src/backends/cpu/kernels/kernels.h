@@ -78,9 +78,12 @@ struct LinearTactic {
   int64_t kc = 0;    // K cache block (0 = auto; >= K means unblocked)
   LinearSplit split = LinearSplit::kAuto;
   int threads = 0;   // 0 = the global pool's size; 1 = run on the calling thread
+  int panels = 0;    // 16-column panels per microkernel call: 1, or 2 (the AVX-512 kernel's
+                     // 32-wide tile; else 1); 0 = auto
 };
 // The heuristic behind LinearTactic{} for a shape (with every field filled in), for a
-// microkernel of at most max_mr rows (6: AVX2 and scalar, 12: AVX-512).
+// microkernel of at most max_mr rows (6: AVX2 and scalar, 12: AVX-512, whose kernel also
+// takes two panels a call).
 LinearTactic linear_default_tactic(int64_t t, int64_t n, int64_t k, int max_mr = 6);
 
 // bias may be null. y must not alias x.
