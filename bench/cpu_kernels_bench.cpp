@@ -199,7 +199,7 @@ void bench_gemm(double peak, bool sweep) {
         const bool ok = linear_ok(x, w, y.data(), t, sh.n, sh.k, st == WeightStorage::kF32 ? 1e-5 : 1e-2);
         // With AVX-512: the default against the one-panel 12 x 16 tile (the earlier default),
         // alternating rounds so that the shared host's drift hits both alike.
-        const bool ab = avx512_linear_enabled();
+        const bool ab = avx512_enabled();
         const LinearTactic one_panel{12, sh.k <= 1024 ? sh.k : 256, LinearSplit::kAuto, 0, 1};
         std::vector<double> sa, sb;
         for (int round = 0; round < (ab ? 3 : 1); ++round) {
@@ -232,8 +232,8 @@ void bench_gemm(double peak, bool sweep) {
           for (int panels : {1, 2})
             for (int64_t kc : {128, 256, 384, 768, 3072})
               for (LinearSplit split : {LinearSplit::kPanels, LinearSplit::kRows}) {
-                if (kc > sh.k || mr > linear_default_tactic(t, sh.n, sh.k, avx512_linear_enabled() ? 12 : 6).mr ||
-                    (panels == 2 && !avx512_linear_enabled()))
+                if (kc > sh.k || mr > linear_default_tactic(t, sh.n, sh.k, avx512_enabled() ? 12 : 6).mr ||
+                    (panels == 2 && !avx512_enabled()))
                   continue;
                 LinearTactic tac{mr, kc, split, 0, panels};
                 const double ts = time_median([&] { linear(x.data(), t, sh.k, pw, nullptr, y.data(), tac); }, 7);
@@ -282,7 +282,7 @@ int main(int argc, char** argv) {
   const double triad = triad_gbs();
   const double read = read_gbs();
   // The GEMM rows' %peak is of the FMA width their kernel uses.
-  const bool zmm = avx512_linear_enabled();
+  const bool zmm = avx512_enabled();
   const double peak_ymm = fma_peak_gflops(), peak = zmm ? fma_peak_gflops(true) : peak_ymm;
   std::printf("\n## ceilings\n");
   std::printf("triad a=b+s*c, 3x256 MB   %8.1f GB/s (read+write bytes, no write-allocate)\n", triad);

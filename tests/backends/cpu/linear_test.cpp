@@ -92,7 +92,7 @@ TEST(Linear, EveryTactic) {
   for_each_isa([&] {
     uint64_t seed = 500;
     std::vector<int> mrs = {1, 4, 6};
-    if (avx512_linear_enabled()) mrs.insert(mrs.end(), {9, 12});  // the AVX-512 kernel's taller tiles
+    if (avx512_enabled()) mrs.insert(mrs.end(), {9, 12});  // the AVX-512 kernel's taller tiles
     // panels 2: the AVX-512 kernel's 32-wide tile over pairs of whole panels (N = 50: a
     // pair, then a whole and a partial panel alone; 80: two pairs and one alone; 64: two
     // pairs); the 1-panel kernels elsewhere.

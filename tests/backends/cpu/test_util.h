@@ -23,19 +23,19 @@ inline std::vector<float> random_floats(size_t n, uint64_t seed, float lo = -1.0
   return v;
 }
 
-// Runs f once per supported ISA (scalar fallback, AVX2, and AVX2 with the AVX-512 linear
-// kernel where the CPU has AVX-512), labelling failures.
+// Runs f once per supported ISA (scalar fallback, AVX2, and AVX2 with the AVX-512
+// kernels where the CPU has AVX-512), labelling failures.
 template <typename F>
 void for_each_isa(F f) {
   const CpuIsa saved = cpu_isa();
-  const bool saved512 = avx512_linear_enabled() || cpu_isa() != CpuIsa::kAvx2;
+  const bool saved512 = avx512_enabled() || cpu_isa() != CpuIsa::kAvx2;
   for (CpuIsa isa : {CpuIsa::kScalar, CpuIsa::kAvx2}) {
     if (!cpu_isa_supported(isa)) continue;
     cpu_isa_set(isa);
     for (bool avx512 : {false, true}) {
       cpu_avx512_set(avx512);
-      if (avx512 && !avx512_linear_enabled()) continue;  // scalar, or no AVX-512 here
-      SCOPED_TRACE(std::string("isa=") + cpu_isa_name(isa) + (avx512 ? "+avx512 linear" : ""));
+      if (avx512 && !avx512_enabled()) continue;  // scalar, or no AVX-512 here
+      SCOPED_TRACE(std::string("isa=") + cpu_isa_name(isa) + (avx512 ? "+avx512" : ""));
       f();
     }
   }

@@ -238,7 +238,9 @@ void paged_attention(const float* q, const float* k_cache, const float* v_cache,
     ((d == 64 || d == 128) && seqs[s].q_len >= kBlockedRows ? blocked : per_row).push_back(seqs[s]);
   if (!blocked.empty()) {
     const int64_t nb = int64_t(blocked.size());
-    if (d == 64)
+    if (avx512_enabled())
+      avx512::attention_rows_f32(q, k_cache, v_cache, block_size, hq, hkv, d, scale, causal, blocked.data(), nb, out);
+    else if (d == 64)
       attention_rows<64>(q, k_cache, v_cache, block_size, hq, hkv, scale, causal, blocked.data(), nb, out);
     else
       attention_rows<128>(q, k_cache, v_cache, block_size, hq, hkv, scale, causal, blocked.data(), nb, out);

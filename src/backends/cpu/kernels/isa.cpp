@@ -54,7 +54,7 @@ std::atomic<bool>& avx512_on() {
 }
 }  // namespace
 
-bool avx512_linear_enabled() { return use_avx2() && avx512_on().load(std::memory_order_relaxed); }
+bool avx512_enabled() { return use_avx2() && avx512_on().load(std::memory_order_relaxed); }
 
 void cpu_avx512_set(bool on) { avx512_on().store(on && avx512_hardware(), std::memory_order_relaxed); }
 

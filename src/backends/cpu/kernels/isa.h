@@ -22,11 +22,12 @@ inline void with_tile_rows(int m, F&& f) {
   }(std::make_integer_sequence<int, kMax>{});
 }
 
-// The AVX-512 linear microkernel (linear_avx512.cpp, f32/bf16/f16 panels, m <= 12): where
-// the AVX2 kernels run (use_avx2()), the CPU has AVX-512F/BW/VL with the OS saving its
-// state, and neither KILN_CPU_AVX512=0 (read once) nor cpu_avx512_set(false) turned it off.
-bool avx512_linear_enabled();
-// Tests: force the AVX-512 linear kernel off (or back on where the CPU has it).
+// Whether the AVX-512 kernels run - the linear microkernels (linear_avx512.cpp, f32/bf16/f16
+// panels) and the prompt attention over f32 caches (attention_avx512.cpp): where the AVX2
+// kernels run (use_avx2()), the CPU has AVX-512F/BW/VL with the OS saving its state, and
+// neither KILN_CPU_AVX512=0 (read once) nor cpu_avx512_set(false) turned them off.
+bool avx512_enabled();
+// Tests: force the AVX-512 kernels off (or back on where the CPU has them).
 void cpu_avx512_set(bool on);
 
 // Where column c (0..15) of a panel row is stored. bf16 rows swap column groups 4-7 and
@@ -59,6 +60,10 @@ using LinearMicrokernel2 = void (*)(int m, const float* x, int64_t ldx, const vo
 namespace avx512 {
 LinearMicrokernel linear_microkernel(WeightStorage storage);    // null for quantized storage
 LinearMicrokernel2 linear_microkernel2(WeightStorage storage);  // null for quantized storage
+// paged_attention's blocked path for sequences of several query rows, f32 caches, d 64 or 128.
+void attention_rows_f32(const float* q, const float* k_cache, const float* v_cache, int64_t block_size, int64_t hq,
+                        int64_t hkv, int64_t d, float scale, bool causal, const AttentionSeq* seqs, int64_t num_seqs,
+                        float* out);
 }  // namespace avx512
 
 namespace avx2 {

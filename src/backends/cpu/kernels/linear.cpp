@@ -318,7 +318,7 @@ void linear(const float* x, int64_t t, int64_t k, const PackedWeight& w, const f
                 w.k);
   if (t <= 0) return;
   // AVX-512 where the CPU has it (f32/bf16/f16 panels): 12-row tiles, one zmm per row.
-  const LinearMicrokernel mk512 = avx512_linear_enabled() ? avx512::linear_microkernel(w.storage) : nullptr;
+  const LinearMicrokernel mk512 = avx512_enabled() ? avx512::linear_microkernel(w.storage) : nullptr;
   const int max_mr = mk512 ? kMaxMr : kMaxMrAvx2;
   LinearTactic tac = linear_default_tactic(t, w.n, k, max_mr);
   if (tactic.mr) tac.mr = tactic.mr;

@@ -6,7 +6,7 @@
 // ~1.1 loads per FMA, against the AVX2 kernel's 8-wide FMAs: about twice its FLOP/s where
 // the core has two 512-bit FMA units. Uses the AVX2 kernel's panels as packed (bf16 rows
 // keep their column swap, undone once per tile: to_tile_order). Compiled with
-// -mavx512f -mavx512bw -mavx512vl -mfma -mf16c; called only where avx512_linear_enabled().
+// -mavx512f -mavx512bw -mavx512vl -mfma -mf16c; called only where avx512_enabled().
 // Tested in tests/backends/cpu/linear_test.cpp.
 #include <immintrin.h>
 
