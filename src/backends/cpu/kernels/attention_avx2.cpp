@@ -9,6 +9,7 @@
 #include <limits>
 #include <vector>
 
+#include "backends/cpu/kernels/attention_blocked.h"
 #include "backends/cpu/kernels/attention_impl.h"
 #include "backends/cpu/kernels/isa.h"
 #include "backends/cpu/kernels/vec_math_avx2.h"
@@ -117,19 +118,12 @@ struct Avx2Ops {
 // dims at a time). The per-(row, head) loop of attention_impl.h pays a horizontal sum per
 // score and reloads the row's accumulator per key: this path does ~4x less work per
 // score. The same online softmax; sums in another order (within f32 rounding).
-constexpr int64_t kRowBlock = 32, kKeys = 64;
+constexpr int64_t kRowBlock = 32, kKeys = kBlockedKeys;
 
 template <int D>
 void attention_rows(const float* q, const float* k_cache, const float* v_cache, int64_t block_size, int64_t hq,
                     int64_t hkv, float scale, bool causal, const AttentionSeq* seqs, int64_t num_seqs, float* out) {
-  struct Unit {
-    int64_t seq, h, j0, j1;
-  };
-  std::vector<Unit> units;
-  for (int64_t s = 0; s < num_seqs; ++s)
-    for (int64_t h = 0; h < hq; ++h)
-      for (int64_t j0 = 0; j0 < seqs[s].q_len; j0 += kRowBlock)
-        units.push_back({s, h, j0, std::min<int64_t>(seqs[s].q_len, j0 + kRowBlock)});
+  const std::vector<BlockedUnit> units = blocked_units(seqs, num_seqs, hq, kRowBlock);
   const int64_t group = hq / hkv, kv_row = hkv * D;
   ThreadPool::global().parallel_for(int64_t(units.size()), [&](int64_t u0, int64_t u1, int) {
     alignas(32) float kt[D * kKeys];
@@ -137,7 +131,7 @@ void attention_rows(const float* q, const float* k_cache, const float* v_cache, 
     float m[kRowBlock], l[kRowBlock];
     const float* vrow[kKeys];
     for (int64_t ui = u0; ui < u1; ++ui) {
-      const Unit& un = units[size_t(ui)];
+      const BlockedUnit& un = units[size_t(ui)];
       const AttentionSeq& sq = seqs[un.seq];
       const int64_t rows = un.j1 - un.j0, kvh = un.h / group, ctx0 = sq.ctx_len - sq.q_len;
       auto limit = [&](int64_t r) { return causal ? ctx0 + un.j0 + r + 1 : int64_t(sq.ctx_len); };
@@ -151,17 +145,7 @@ void attention_rows(const float* q, const float* k_cache, const float* v_cache, 
       const int64_t last = limit(rows - 1);  // the most keys any row of the unit sees
       for (int64_t c0 = 0; c0 < last; c0 += kKeys) {
         const int64_t n = std::min(kKeys, last - c0);
-        for (int64_t c = 0; c < kKeys; ++c) {
-          if (c >= n) {
-            for (int64_t i = 0; i < D; ++i) kt[i * kKeys + c] = 0.0f;
-            continue;
-          }
-          const int64_t pos = c0 + c, b = pos / block_size;
-          const int64_t slot = int64_t(sq.block_table[b]) * block_size + (pos - b * block_size);
-          const float* kr = k_cache + slot * kv_row + kvh * D;
-          for (int64_t i = 0; i < D; ++i) kt[i * kKeys + c] = kr[i];
-          vrow[c] = v_cache + slot * kv_row + kvh * D;
-        }
+        gather_key_chunk<D>(sq, k_cache, v_cache, block_size, kv_row, kvh, c0, n, kt, vrow);
         for (int64_t r = 0; r < rows; ++r) {
           const int64_t nn = std::min(n, limit(r) - c0);  // keys of the chunk this row sees
           if (nn <= 0) continue;

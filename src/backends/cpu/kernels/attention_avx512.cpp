@@ -16,6 +16,7 @@
 #include <limits>
 #include <vector>
 
+#include "backends/cpu/kernels/attention_blocked.h"
 #include "backends/cpu/kernels/isa.h"
 #include "core/thread_pool.h"
 
@@ -47,7 +48,7 @@ inline __m512 exp512(__m512 x) {
   return _mm512_mul_ps(_mm512_mul_ps(p, s1), s2);
 }
 
-constexpr int64_t kRowBlock = 128, kKeys = 64, kR = 4, kT = kKeys / 16;
+constexpr int64_t kRowBlock = 128, kKeys = kBlockedKeys, kR = 4, kT = kKeys / 16;
 
 // Lanes [16t, 16t + 16) of a chunk below n live.
 inline __mmask16 live_mask(int64_t n, int t) {
@@ -58,14 +59,7 @@ inline __mmask16 live_mask(int64_t n, int t) {
 template <int D>
 void rows_impl(const float* q, const float* k_cache, const float* v_cache, int64_t block_size, int64_t hq,
                int64_t hkv, float scale, bool causal, const AttentionSeq* seqs, int64_t num_seqs, float* out) {
-  struct Unit {
-    int64_t seq, h, j0, j1;
-  };
-  std::vector<Unit> units;
-  for (int64_t s = 0; s < num_seqs; ++s)
-    for (int64_t h = 0; h < hq; ++h)
-      for (int64_t j0 = 0; j0 < seqs[s].q_len; j0 += kRowBlock)
-        units.push_back({s, h, j0, std::min<int64_t>(seqs[s].q_len, j0 + kRowBlock)});
+  const std::vector<BlockedUnit> units = blocked_units(seqs, num_seqs, hq, kRowBlock);
   const int64_t group = hq / hkv, kv_row = hkv * D;
   const float kNegInf = -std::numeric_limits<float>::infinity();
   ThreadPool::global().parallel_for(int64_t(units.size()), [&](int64_t u0, int64_t u1, int) {
@@ -74,7 +68,7 @@ void rows_impl(const float* q, const float* k_cache, const float* v_cache, int64
     float m[kRowBlock], l[kRowBlock];
     const float* vrow[kKeys];
     for (int64_t ui = u0; ui < u1; ++ui) {
-      const Unit& un = units[size_t(ui)];
+      const BlockedUnit& un = units[size_t(ui)];
       const AttentionSeq& sq = seqs[un.seq];
       const int64_t rows = un.j1 - un.j0, kvh = un.h / group, ctx0 = sq.ctx_len - sq.q_len;
       // Keys row r sees (0 for the padding rows of the last group of four).
@@ -96,17 +90,7 @@ void rows_impl(const float* q, const float* k_cache, const float* v_cache, int64
       const int64_t last = limit(rows - 1);  // the most keys any row of the unit sees
       for (int64_t c0 = 0; c0 < last; c0 += kKeys) {
         const int64_t n = std::min(kKeys, last - c0);
-        for (int64_t c = 0; c < kKeys; ++c) {
-          if (c >= n) {
-            for (int64_t i = 0; i < D; ++i) kt[i * kKeys + c] = 0.0f;
-            continue;
-          }
-          const int64_t pos = c0 + c, b = pos / block_size;
-          const int64_t slot = int64_t(sq.block_table[b]) * block_size + (pos - b * block_size);
-          const float* kr = k_cache + slot * kv_row + kvh * D;
-          for (int64_t i = 0; i < D; ++i) kt[i * kKeys + c] = kr[i];
-          vrow[c] = v_cache + slot * kv_row + kvh * D;
-        }
+        gather_key_chunk<D>(sq, k_cache, v_cache, block_size, kv_row, kvh, c0, n, kt, vrow);
         for (int64_t r0 = 0; r0 < rows; r0 += kR) {
           int64_t nn[kR], nmax = 0;
           for (int r = 0; r < kR; ++r) nmax = std::max(nmax, nn[r] = std::clamp<int64_t>(limit(r0 + r) - c0, 0, n));
