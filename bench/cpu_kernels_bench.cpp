@@ -232,8 +232,7 @@ void bench_gemm(double peak, bool sweep) {
           for (int panels : {1, 2})
             for (int64_t kc : {128, 256, 384, 768, 3072})
               for (LinearSplit split : {LinearSplit::kPanels, LinearSplit::kRows}) {
-                if (kc > sh.k || mr > linear_default_tactic(t, sh.n, sh.k, avx512_enabled() ? 12 : 6).mr ||
-                    (panels == 2 && !avx512_enabled()))
+                if (kc > sh.k || mr > (avx512_enabled() ? 12 : 6) || (panels == 2 && !avx512_enabled()))
                   continue;
                 LinearTactic tac{mr, kc, split, 0, panels};
                 const double ts = time_median([&] { linear(x.data(), t, sh.k, pw, nullptr, y.data(), tac); }, 7);
