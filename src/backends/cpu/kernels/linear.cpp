@@ -286,9 +286,9 @@ PackedWeight pack_quantized_weight(const QuantizedRows& q) {
 
 LinearTactic linear_default_tactic(int64_t t, int64_t n, int64_t k, int max_mr) {
   LinearTactic tac;
-  // From cpu_kernels_bench --sweep (2 threads): the tallest tile wins (6×16 with AVX2,
-  // 12×16 with AVX-512); K up to ~1k runs unblocked (the 16-wide panel slice still fits
-  // L1/L2), longer K blocks at 256 (3072->768, T=512: +25%).
+  // From cpu_kernels_bench --sweep (2 threads), one panel a call: the tallest tile wins
+  // (6×16 with AVX2, 12×16 with AVX-512 below 6 rows); K up to ~1k runs unblocked (the
+  // 16-wide panel slice still fits L1/L2), longer K blocks at 256 (3072->768, T=512: +25%).
   tac.mr = max_mr;
   tac.kc = k <= 1024 ? k : 256;
   tac.threads = ThreadPool::global().num_threads();
@@ -317,7 +317,8 @@ void linear(const float* x, int64_t t, int64_t k, const PackedWeight& w, const f
   KILN_THROW_IF(k != w.k, kInvalidArgument, "linear: x has K=", k, " but the weight was packed with K=",
                 w.k);
   if (t <= 0) return;
-  // AVX-512 where the CPU has it (f32/bf16/f16 panels): 12-row tiles, one zmm per row.
+  // AVX-512 where the CPU has it (f32/bf16/f16 panels): up to 12-row tiles, one zmm per
+  // row, and the two-panel 6 x 32 tile (linear_default_tactic).
   const LinearMicrokernel mk512 = avx512_enabled() ? avx512::linear_microkernel(w.storage) : nullptr;
   const int max_mr = mk512 ? kMaxMr : kMaxMrAvx2;
   LinearTactic tac = linear_default_tactic(t, w.n, k, max_mr);

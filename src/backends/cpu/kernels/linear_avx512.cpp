@@ -93,9 +93,10 @@ void tile(const float* x, int64_t ldx, const typename S::Elem* panel, int64_t kc
 
 // The two-panel form: an m × 32 tile over panels p and p + 1 in 2m accumulators. A k step
 // loads one row of each panel and broadcasts each x value once for its two FMAs: (m + 2)
-// loads per 2m FMAs (0.58 per FMA at m = 12, against 1.08 above), which takes the load
-// ports off the critical path of two 512-bit FMA units. 24 accumulators + 2 panel rows +
-// the broadcast fit the 32 zmm registers.
+// loads per 2m FMAs (0.67 per FMA at m = 6, the default tile; 1.08 for the 12 x 16 tile
+// above), which takes the load ports off the critical path of two 512-bit FMA units. At
+// m = 12 the 24 accumulators + 2 panel rows + the broadcast still fit the 32 zmm
+// registers, but measured slower than m = 6 (bench/RESULTS.md, session 14).
 template <typename S, int M>
 void tile2(const float* x, int64_t ldx, const typename S::Elem* p0, const typename S::Elem* p1, int64_t kc, float* y,
            int64_t ldy, const float* init, bool accumulate) {
