@@ -5,7 +5,8 @@
 // heads, head dim 64, 1 / 8 / 32 sequences of 128 tokens, bidirectional, K/V read in place
 // as the encoder path does). The tensor-core kernel runs at the CTA width its plan picks
 // (attention_flash_pick_width; printed, with the warp rows attention_flash_warp_rows
-// picks) and at 128 items with 16- and 32-row warps, in the same run. Random bf16
+// picks and the items per SM of the plan) and at 128 items with 16- and 32-row warps (the
+// 16-row column at 256 items per SM), in the same run. Random bf16
 // inputs through a shuffled 16-token block table (one-token blocks for the encoder);
 // median of 20 repeats of 5 launches back to back (CUDA events). Before timing, the
 // kernels' outputs are compared (max |flash - tile| over both widths and max |tile|; the
@@ -13,8 +14,9 @@
 // (query, key) pair, i.e. 2 hq d p(p+1) for a causal prompt of p tokens; GB/s the bytes
 // of q, k, v and the output, each once. Ceilings: an 8192^3 bf16 cuBLASLt GEMM and a
 // 1 GiB device-to-device copy in the same run.
-//   cuda_attention_bench [8b|1b|bert ...] [--len N]   (default: all; --len keeps the
-//   prompts of N tokens, e.g. one kernel under a profiler)
+//   cuda_attention_bench [8b|1b|bert ...] [--len N] [--seqs N]   (default: all; --len keeps
+//   the prompts of N tokens and --seqs the steps of N sequences, e.g. one kernel under a
+//   profiler)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -132,6 +134,7 @@ void run_case(const Case& c, int num_sms) {
     a.work = static_cast<const AttnWork*>(work.get());
     a.num_work = num_work;
     a.flash_width = plan.flash_width;
+    a.flash_items_per_sm = plan.flash_items_per_sm;
     return a;
   };
   DeviceBuffer work_flash, work_128, work_128r32, work_tile;
@@ -139,6 +142,7 @@ void run_case(const Case& c, int num_sms) {
   const AttentionArgs a_flash = args_for(true, 0, work_flash, n_flash, out_flash.get());
   AttentionArgs a_128 = args_for(true, 128, work_128, n_128, out_128.get());
   a_128.flash_warp_rows = 16;
+  a_128.flash_items_per_sm = 256;  // the column of the 256-item form, whatever the plan picks
   AttentionArgs a_128r32 = args_for(true, 128, work_128r32, n_128r32, out_128r32.get());
   a_128r32.flash_warp_rows = 32;
   const AttentionArgs a_tile = args_for(false, 0, work_tile, n_tile, out_tile.get());
@@ -165,10 +169,10 @@ void run_case(const Case& c, int num_sms) {
   const double flop = 4.0 * double(c.hq) * double(c.d) * pairs * c.seqs;
   const double bytes = 2.0 * double(q_elems) * 2 + 2.0 * double(tokens * c.hkv * c.d) * (c.code == KvCode::kNone ? 2 : 1);
   std::printf(
-      "| %s | %d x %d | %s | %d x %d | %.4f (%.0f, %.0f GB/s) | %.4f (%.0f) | %.4f (%.0f) | %.2fx | %.4f (%.0f) | "
+      "| %s | %d x %d | %s | %d x %d, %d/SM | %.4f (%.0f, %.0f GB/s) | %.4f (%.0f) | %.4f (%.0f) | %.2fx | %.4f (%.0f) | "
       "%.2fx | %d / %d / %d | %.2e / %.2e%s |\n",
       c.name, c.seqs, c.len, c.code == KvCode::kFp8 ? "fp8" : "bf16", a_flash.flash_width,
-      attention_flash_warp_rows(a_flash), t_flash, flop / (t_flash * 1e-3) / 1e12, bytes / (t_flash * 1e-3) / 1e9,
+      attention_flash_warp_rows(a_flash), a_flash.flash_items_per_sm, t_flash, flop / (t_flash * 1e-3) / 1e12, bytes / (t_flash * 1e-3) / 1e9,
       t_128, flop / (t_128 * 1e-3) / 1e12, t_128r32, flop / (t_128r32 * 1e-3) / 1e12, t_128 / t_128r32, t_tile,
       flop / (t_tile * 1e-3) / 1e12, t_tile / t_flash, n_flash * int(c.hkv), n_128 * int(c.hkv),
       n_tile * int(c.hkv), dmax, ymax, finite ? "" : " NON-FINITE");
@@ -178,11 +182,13 @@ void run_case(const Case& c, int num_sms) {
 
 int main(int argc, char** argv) {
   std::vector<std::string> which;
-  int32_t only_len = 0;
+  int32_t only_len = 0, only_seqs = 0;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--len" && i + 1 < argc)
       only_len = int32_t(std::stol(argv[++i]));
+    else if (arg == "--seqs" && i + 1 < argc)
+      only_seqs = int32_t(std::stol(argv[++i]));
     else
       which.push_back(arg);
   }
@@ -206,7 +212,7 @@ int main(int argc, char** argv) {
   }
   std::printf("device copy 1 GiB: %.0f GB/s (read + write)\n\n", bench::device_copy_gbs());
   std::printf(
-      "| shape | seqs x tokens | cache | width x warp rows | flash ms, picked (TFLOP/s, GB/s) | 128 x 16 ms (TFLOP/s) "
+      "| shape | seqs x tokens | cache | width x warp rows, items/SM | flash ms, picked (TFLOP/s, GB/s) | 128 x 16 ms (TFLOP/s) "
       "| 128 x 32 ms (TFLOP/s) | 16 / 32 rows | tile ms (TFLOP/s) | tile / flash | CTAs width / 128 / tile |"
       " max|flash - tile| / max|tile| |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::vector<Case> cases;
@@ -221,6 +227,6 @@ int main(int argc, char** argv) {
   if (want("bert"))
     for (int32_t b : {1, 8, 32}) cases.push_back({"BERT-base 12/12 d64 bidirectional", 12, 12, 64, b, 128, false});
   for (const Case& c : cases)
-    if (only_len == 0 || c.len == only_len) run_case(c, num_sms);
+    if ((only_len == 0 || c.len == only_len) && (only_seqs == 0 || c.seqs == only_seqs)) run_case(c, num_sms);
   return 0;
 }

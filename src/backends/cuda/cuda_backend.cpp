@@ -508,7 +508,7 @@ class CudaCompiledGraph final : public CompiledGraph {
       counters = std::max(counters, attention_counters(po.plan, key.second));
       graph_key_.insert(graph_key_.end(), {int64_t(po.plan.work.size()), int64_t(po.plan.combine.size()),
                                            int64_t(po.plan.num_partials), int64_t(po.plan.flash_width),
-                                           int64_t(po.plan.decode_splits)});
+                                           int64_t(po.plan.flash_items_per_sm), int64_t(po.plan.decode_splits)});
       plan_offs[key] = std::move(po);
     }
     // Block tables go last: the only section whose length changes between decode steps.
@@ -549,7 +549,8 @@ class CudaCompiledGraph final : public CompiledGraph {
     for (auto& [key, po] : plan_offs)
       dev_step_.plans[key] = {reinterpret_cast<const AttnWork*>(base + po.work), int32_t(po.plan.work.size()),
                               reinterpret_cast<const AttnCombine*>(base + po.combine), int32_t(po.plan.combine.size()),
-                              po.plan.num_partials, po.plan.flash_width, po.plan.decode_splits};
+                              po.plan.num_partials, po.plan.flash_width, po.plan.flash_items_per_sm,
+                              po.plan.decode_splits};
     attn_ws_.grow(std::max<size_t>(ws_floats * sizeof(float), 1), s);
     dev_step_.attn_workspace = static_cast<float*>(attn_ws_.get());
     // Zeroed when (re)allocated; each fused decode launch leaves its counters at zero.

@@ -561,6 +561,7 @@ OpRun prepare_attention(const ir::Node& n, const ir::Graph& g, PrepareContext& p
     a.num_combine = p.num_combine;
     a.num_partials = p.num_partials;
     a.flash_width = p.flash_width;
+    a.flash_items_per_sm = p.flash_items_per_sm;
     a.flash_warp_rows = c.dev->flash_warp_rows;
     a.workspace = c.dev->attn_workspace;
     if (c.kv) {

@@ -52,9 +52,14 @@ TEST(CudaAttentionInt8, FlashEpilogueWritesTheQuantizeKernelsCodes) {
   for (const Case& c : {Case{8, 2, 64, {200, 37, 130}, true}, Case{8, 2, 64, {200, 37, 130}, false},
                         Case{4, 4, 128, {150, 1, 64}, false}, Case{4, 2, 128, {300}, true}, Case{12, 12, 64, {128, 77}, false}})
     for (int width : kFlashCtaWidths)
-    for (DType dt : {DType::kBF16, DType::kF16}) {
+    for (DType dt : {DType::kBF16, DType::kF16})
+    for (int items : {256, 384}) {
+      // 384 items per SM: the kernel's form for short CTAs at head dim 64 (32-key softmax
+      // steps); its T output must also match the 256 form's within rounding.
+      if (items == 384 && c.d != 64) continue;
       const std::string what = str_cat(dtype_name(dt), " hq=", c.hq, " hkv=", c.hkv, " d=", c.d,
-                                       c.causal ? " causal" : " bidirectional", " seqs=", c.lens.size(), " width=", width);
+                                       c.causal ? " causal" : " bidirectional", " seqs=", c.lens.size(), " width=", width,
+                                       " items/SM=", items);
       ASSERT_TRUE(attention_flash_supported(dt, c.d)) << what;
       std::vector<AttnSeq> seqs;
       std::vector<int32_t> tables;  // without a cache each sequence's keys are its own rows
@@ -93,6 +98,7 @@ TEST(CudaAttentionInt8, FlashEpilogueWritesTheQuantizeKernelsCodes) {
       a.work = dwork.as<AttnWork>();
       a.num_work = int32_t(plan.work.size());
       a.flash_width = plan.flash_width;
+      a.flash_items_per_sm = items;
       a.out = out.get();
       launch_attention(a, nullptr);
       // The T output on the host, as f32: it sets the clip, and core/int8.h quantizes it.
@@ -104,6 +110,15 @@ TEST(CudaAttentionInt8, FlashEpilogueWritesTheQuantizeKernelsCodes) {
         ymax = std::max(ymax, std::fabs(y[i]));
       }
       ASSERT_GT(ymax, 0.0f) << what;
+      static std::vector<float> y256;  // the 256 form's output of this case (the loop's previous pass)
+      if (items == 256) {
+        y256 = y;
+      } else {
+        ASSERT_EQ(y256.size(), y.size()) << what;
+        float dmax = 0;
+        for (size_t i = 0; i < y.size(); ++i) dmax = std::max(dmax, std::fabs(y[i] - y256[i]));
+        EXPECT_LE(dmax, 0.02f * ymax) << what << ": the 384 form against the 256 form";
+      }
       const float inv = 1.0f / int8_act_scale(0.6 * ymax);
       launch_int8_quantize(dt, out.get(), t, qw, inv, q_ref.as<int8_t>(), nullptr, nullptr);
 

@@ -234,8 +234,8 @@ TEST(CudaAttentionPlan, FlashPlanCoversEveryItemLongestFirst) {
 }
 
 // The tensor-core CTAs' width (host only, no GPU): the widest whose grid (CTAs x KV heads)
-// reaches the SMs, else the narrowest; forced widths kept, others an error; the flash
-// decision itself as before (a decode step keeps the split plans).
+// reaches the SMs, else the narrowest; forced widths kept, others an error; the items per
+// SM; the flash decision itself as before (a decode step keeps the split plans).
 TEST(CudaAttentionPlan, FlashWidthFillsTheSms) {
   auto seqs_of = [](int n, int32_t len) {
     std::vector<AttnSeq> v;
@@ -266,6 +266,29 @@ TEST(CudaAttentionPlan, FlashWidthFillsTheSms) {
     const bool full = w.seqs[0].q_len * (w.hq / w.hkv) >= 64;
     EXPECT_EQ(attention_plan(w.seqs, w.hq, w.hkv, true, w.sms, 0, -1).flash_width, full ? w.width : 0) << w.what;
   }
+  // Items per SM: 384 only where every CTA reads at most kFlashShortKeys keys and 256 a SM
+  // would take more than one wave.
+  struct Items {
+    const char* what;
+    std::vector<AttnSeq> seqs;
+    int64_t hq, hkv;
+    bool causal;
+    int items;
+  };
+  std::vector<AttnSeq> chunk = seqs_of(32, 128);  // 128 new tokens after 200 cached: 328 keys
+  for (AttnSeq& s : chunk) s.ctx_len += 200;
+  const std::vector<Items> items = {
+      {"BERT-base batch 32: 49,152 items, 128 keys", seqs_of(32, 128), 12, 12, false, 384},
+      {"BERT-base batch 8: one wave", seqs_of(8, 128), 12, 12, false, 256},
+      {"BERT-base batch 22: 33,792 items, exactly one wave", seqs_of(22, 128), 12, 12, false, 256},
+      {"BERT-base batch 32 of 256 tokens", seqs_of(32, 256), 12, 12, false, 384},
+      {"BERT-base batch 32 of 320 tokens: 320 keys", seqs_of(32, 320), 12, 12, false, 256},
+      {"Llama 32/8 one prompt of 2048", seqs_of(1, 2048), 32, 8, true, 256},
+      {"32 causal chunks of 128 after 200 cached tokens", chunk, 12, 12, true, 256},
+  };
+  for (const Items& w : items)
+    EXPECT_EQ(attention_plan(w.seqs, w.hq, w.hkv, w.causal, 132, 0, 1).flash_items_per_sm, w.items) << w.what;
+
   const std::vector<AttnSeq> bert = seqs_of(1, 128);
   for (int forced : kFlashCtaWidths) EXPECT_EQ(attention_plan(bert, 12, 12, false, 132, 0, 1, forced).flash_width, forced);
   for (int bad : {16, 48, 256, -64}) EXPECT_THROW(attention_plan(bert, 12, 12, false, 132, 0, 1, bad), Error) << bad;

@@ -46,6 +46,9 @@ constexpr int kAttnItemsPerCta = 16;
 // The plan takes the widest whose grid still gives every SM a CTA (AttentionPlan::flash_width).
 constexpr int kFlashCtaWidths[] = {128, 64, 32};
 constexpr int kFlashMaxItemsPerCta = kFlashCtaWidths[0];
+// CTAs reading at most this many keys are short: their time is the loads' latency more
+// than their MMAs, so how many waves the grid takes decides (AttentionPlan::flash_items_per_sm).
+constexpr int64_t kFlashShortKeys = 256;
 constexpr bool attention_flash_width_valid(int width) {
   for (int w : kFlashCtaWidths)
     if (w == width) return true;
@@ -74,6 +77,10 @@ struct AttentionPlan {
   // > 0: a plan of the tensor-core kernel whose CTAs take this many (query row, head)
   // items each (one of kFlashCtaWidths); 0: the tile / decode kernels'.
   int32_t flash_width = 0;
+  // Items resident per SM the tensor-core kernel is built for: 256, or 384 where every
+  // CTA reads at most kFlashShortKeys keys and 256 would take more than one wave (the
+  // kernel has a 384 form at head dim 64 over a 16-bit cache; elsewhere 256 runs).
+  int32_t flash_items_per_sm = 256;
   // > 0: a plan of the cluster decode kernel (attention_plan_decode_cluster): this many
   // splits per (sequence, KV head), no work items, no partials in global memory.
   int32_t decode_splits = 0;
@@ -159,6 +166,7 @@ struct AttentionArgs {
   int32_t num_partials = 0;
   float* workspace = nullptr;       // attention_workspace_floats()
   int32_t flash_width = 0;          // > 0: the plan is a tensor-core one (AttentionPlan::flash_width)
+  int32_t flash_items_per_sm = 256;  // AttentionPlan::flash_items_per_sm
   // Query items a tensor-core warp takes (attention_flash_warp_rows): 0 picked, 16 or 32
   // (32 only in 128-item CTAs; a forced 32 in narrower ones takes 16).
   int32_t flash_warp_rows = 0;

@@ -61,10 +61,14 @@ constexpr size_t flash2_smem_bytes() {
   return size_t(W + 4 * kF2Keys) * size_t(D + 8) * sizeof(T);
 }
 
-// 256 items per SM (two 128-item CTAs, four of 64, eight of 32): 16 warps of at most 128
-// registers a thread at MT = 1, 8 of at most 255 at MT = 2.
-template <typename T, int D, KvCode Q, int W, int MT>
-__global__ void __launch_bounds__(flash2_threads<W, MT>(), 256 / W)
+// Items resident per SM (I): 256 (two 128-item CTAs, four of 64, eight of 32): 16 warps of
+// at most 128 registers a thread at MT = 1, 8 of at most 255 at MT = 2; or 384 at head dim
+// 64 over a 16-bit cache (24 warps of at most 80 registers, 32-key softmax steps), which
+// the plan asks for when every CTA reads at most 256 keys and 256 items per SM would take
+// more than one wave (AttentionPlan::flash_items_per_sm): BERT-base's 32 x 128 tokens,
+// 49,152 items, then run as one wave of 132 SMs instead of 1.45.
+template <typename T, int D, KvCode Q, int W, int MT, int I>
+__global__ void __launch_bounds__(flash2_threads<W, MT>(), I / W)
     flash2_attention_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restrict__ k_cache,
                             const KvElem<T, Q>* __restrict__ v_cache,
                             const float* __restrict__ k_scales, const float* __restrict__ v_scales,
@@ -77,11 +81,14 @@ __global__ void __launch_bounds__(flash2_threads<W, MT>(), 256 / W)
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
   static_assert(D == 64 || D == 128);
   static_assert(attention_flash_width_valid(W) && (MT == 1 || MT == 2));
+  static_assert(I == 256 || (I == 384 && D == 64 && Q == KvCode::kNone && MT == 1));
   constexpr int kF2Threads = flash2_threads<W, MT>();
   // The slot lookups below give each of a tile's keys one thread.
   static_assert(kF2Threads >= kF2Keys);
-  // SK: keys per softmax step (a 32-key S for D = 128 leaves the registers for two CTAs per SM).
-  constexpr int LD = D + 8, KC = D / 16, SK = D == 128 ? 32 : 64, NT = SK / 8, DT = D / 8,
+  // SK: keys per softmax step (a 32-key S leaves the registers for two CTAs per SM at
+  // D = 128, for three at D = 64 and 384 items).
+  constexpr int LD = D + 8, KC = D / 16, SK = D == 128 || I > 256 ? 32 : 64,
+                NT = SK / 8, DT = D / 8,
                 CPR = D / 8;
   constexpr int KSTEP = kF2Threads / CPR, KPT = kF2Keys / KSTEP;  // keys per pass, passes per tile
   static_assert(kF2Threads % CPR == 0 && kF2Keys % KSTEP == 0);
@@ -347,10 +354,10 @@ __global__ void __launch_bounds__(flash2_threads<W, MT>(), 256 / W)
 
 // Launches a tensor-core plan of W-item CTAs of MT m-tiles a warp for activations T,
 // head dim D and cache codes Q: one CTA per (work item, KV head), work-major.
-template <typename T, int D, KvCode Q, int W, int MT>
+template <typename T, int D, KvCode Q, int W, int MT, int I = 256>
 void launch_flash2_typed(const AttentionArgs& a, cudaStream_t s) {
   constexpr size_t smem = flash2_smem_bytes<D, T, W>();
-  auto* kernel = flash2_attention_kernel<T, D, Q, W, MT>;
+  auto* kernel = flash2_attention_kernel<T, D, Q, W, MT, I>;
   // Over 48 KiB of dynamic shared memory needs the opt-in, once per device.
   constexpr int kMaxDevices = 64;
   static std::atomic<bool> opted[kMaxDevices];
@@ -374,6 +381,15 @@ void launch_flash2_typed(const AttentionArgs& a, cudaStream_t s) {
   KILN_CUDA_CHECK_LAUNCH();
 }
 
+// launch_flash2_typed of 16-row warps at the plan's items per SM: 384 where the kernel
+// has that form (head dim 64, 16-bit cache) and the plan asks for it.
+template <typename T, int D, KvCode Q, int W>
+void launch_flash2_rows16(const AttentionArgs& a, cudaStream_t s) {
+  if constexpr (D == 64 && Q == KvCode::kNone)
+    if (a.flash_items_per_sm == 384) return launch_flash2_typed<T, D, Q, W, 1, 384>(a, s);
+  launch_flash2_typed<T, D, Q, W, 1>(a, s);
+}
+
 // launch_flash2_typed for the plan's CTA width (AttentionArgs::flash_width) and the
 // rows a warp takes (attention_flash_warp_rows: 32 only in 128-item CTAs).
 template <typename T, int D, KvCode Q>
@@ -384,13 +400,13 @@ void launch_flash2_width(const AttentionArgs& a, cudaStream_t s) {
       if (rows == 32)
         launch_flash2_typed<T, D, Q, 128, 2>(a, s);
       else
-        launch_flash2_typed<T, D, Q, 128, 1>(a, s);
+        launch_flash2_rows16<T, D, Q, 128>(a, s);
       break;
     case 64:
-      launch_flash2_typed<T, D, Q, 64, 1>(a, s);
+      launch_flash2_rows16<T, D, Q, 64>(a, s);
       break;
     case 32:
-      launch_flash2_typed<T, D, Q, 32, 1>(a, s);
+      launch_flash2_rows16<T, D, Q, 32>(a, s);
       break;
     default:
       throw_error(ErrorCode::kInternal, "cuda flash attention: CTAs of ", a.flash_width,
