@@ -1,7 +1,8 @@
 // cpu_kernels_bench: measures this machine's ceilings (STREAM-like triad and read-only sum
 // over buffers far beyond the LLC, a register-only FMA loop on all threads) and reports the
 // CPU kernels against them: linear at T=1 (GB/s of weights, % of read bandwidth), at
-// T=128/512 (GFLOP/s, % of FMA peak), and paged-attention decode. Median of N timed repeats
+// T=128/512 (GFLOP/s, % of FMA peak; also with cold weights, rotated over copies beyond the
+// LLC as a model's forward sees them), and paged-attention decode. Median of N timed repeats
 // after warm-up; every kernel output is checked against a scalar reference before timing.
 // Usage: cpu_kernels_bench [--sweep] [--gemv]  (--sweep: time every LinearTactic at large T;
 // --gemv: ceilings and T=1 only)
@@ -210,8 +211,17 @@ void bench_gemm(double peak, bool sweep) {
         std::sort(sb.begin(), sb.end());
         const double s = sa[sa.size() / 2];
         const double gf = 2.0 * t * sh.n * sh.k / s / 1e9;
-        std::printf("%-10s %5lld->%-5lld %5lld %-5s %10.3f %10.1f %7.0f%%", sh.name, (long long)sh.k, (long long)sh.n,
-                    (long long)t, weight_storage_name(st), s * 1e3, gf, 100 * gf / peak);
+        // Cold weights, as in a model's forward (each Linear's panels were evicted by the
+        // other layers' since its last call): rotate over copies exceeding the LLC.
+        const size_t copies = std::max<size_t>(2, std::min<size_t>(48, (size_t(600) << 20) / pw.bytes() + 1));
+        std::vector<PackedWeight> pws;
+        for (size_t c = 0; c < copies; ++c) pws.push_back(pack_weight(w.data(), sh.n, sh.k, st));
+        size_t next = 0;
+        const double cold = time_median([&] { linear(x.data(), t, sh.k, pws[next++ % copies], nullptr, y.data()); },
+                                        std::max<int>(11, int(copies)), int(copies));
+        std::printf("%-10s %5lld->%-5lld %5lld %-5s %10.3f %10.1f %7.0f%%  cold %8.3f ms %7.1f GFLOP/s", sh.name,
+                    (long long)sh.k, (long long)sh.n, (long long)t, weight_storage_name(st), s * 1e3, gf, 100 * gf / peak,
+                    cold * 1e3, 2.0 * t * sh.n * sh.k / cold / 1e9);
         if (ab) std::printf("   12x16: %8.3f ms %7.1f GFLOP/s (x%.2f)", sb[1] * 1e3, 2.0 * t * sh.n * sh.k / sb[1] / 1e9, sb[1] / s);
         std::printf("%s\n", ok ? "" : "  WRONG RESULT");
         if (st == WeightStorage::kBF16) {
