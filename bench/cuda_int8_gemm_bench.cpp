@@ -19,7 +19,7 @@
 // Ceilings measured in the same run: a device-to-device copy and 8192^3 bf16 and int8
 // GEMMs. Timing only (random codes): correctness is tests/backends/cuda/w8a8_test.cpp and
 // int8_gemm_sm90_test.cpp.
-//   cuda_int8_gemm_bench
+//   cuda_int8_gemm_bench [--codes-only]
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -65,9 +65,41 @@ struct GeluTables {
   }
 };
 
+// --codes-only: the FFN up GEMM writing the down projection's codes (4096 x 3072 x 768),
+// each configuration launched 3 times eagerly and nothing else: one kernel per launch for a
+// profiler (ncu --kernel-name regex:device_kernel).
+int codes_only() {
+  const int64_t m = 4096, n = 3072, k = 768;
+  DeviceBuffer xq(size_t(m * k)), wq(size_t(n * k)), ws(size_t(n) * 4), bias(size_t(n) * 4), q(size_t(m * n));
+  launch_fill_random(xq.get(), DType::kF32, m * k / 4, 11, nullptr);
+  launch_fill_random(wq.get(), DType::kF32, n * k / 4, 12, nullptr);
+  launch_fill_random(ws.get(), DType::kF32, n, 13, nullptr);
+  launch_fill_random(bias.get(), DType::kF32, n, 14, nullptr);
+  Int8Epilogue e;
+  e.act = GemvEpilogue::kGeluErf;
+  e.x_scale = 0.02f;
+  e.w_scale = static_cast<const float*>(ws.get());
+  e.bias = static_cast<const float*>(bias.get());
+  int sms = 0;
+  KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  int8_gemm_sm90_prepare_codes_epilogue(DType::kBF16, nullptr);
+  for (int ci = 0; ci < kInt8GemmConfigs; ++ci) {
+    const auto c = Int8GemmConfig(ci);
+    const size_t wsb = int8_gemm_sm90_workspace(c, DType::kBF16, m, n, k, e.act, 1.0f / 0.03f);
+    DeviceBuffer wsp(wsb);
+    for (int r = 0; r < 3; ++r)
+      launch_int8_gemm_sm90(c, DType::kBF16, static_cast<const int8_t*>(xq.get()), static_cast<const int8_t*>(wq.get()),
+                            m, n, k, e, q.get(), wsp.get(), wsb, sms, nullptr, 1.0f / 0.03f);
+    KILN_CUDA_CHECK(cudaDeviceSynchronize());
+    std::printf("codes epilogue, %s: 3 launches\n", int8_gemm_config_name(c));
+  }
+  return 0;
+}
+
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  if (argc > 1 && std::string(argv[1]) == "--codes-only") return codes_only();
   Gemm gemm;
   {
     std::printf("device-to-device copy: %.0f GB/s (read + write)\n", bench::device_copy_gbs());

@@ -28,6 +28,8 @@ const char* int8_gemm_config_name(Int8GemmConfig c) {
       return "128x128x128 cooperative";
     case Int8GemmConfig::kPingpong64x128:
       return "64x128x128 ping-pong";
+    case Int8GemmConfig::kCooperative128x192:
+      return "128x192x128 cooperative";
   }
   return "?";
 }

@@ -101,6 +101,12 @@ struct CfgCooperative128 {
   using Schedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
   using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
 };
+struct CfgCooperative128x192 {
+  using Tile = Shape<_128, _192, _128>;
+  using Cluster = Shape<_1, _1, _1>;
+  using Schedule = cutlass::gemm::KernelTmaWarpSpecializedCooperative;
+  using EpilogueSchedule = cutlass::epilogue::TmaWarpSpecializedCooperative;
+};
 struct CfgPingpong64 {
   using Tile = Shape<_64, _128, _128>;
   using Cluster = Shape<_1, _1, _1>;
@@ -199,6 +205,8 @@ auto dispatch(Int8GemmConfig c, GemvEpilogue act, bool codes, F&& f) {
       return with_cfg.template operator()<CfgCooperative128>();
     case Int8GemmConfig::kPingpong64x128:
       return with_cfg.template operator()<CfgPingpong64>();
+    case Int8GemmConfig::kCooperative128x192:
+      return with_cfg.template operator()<CfgCooperative128x192>();
     case Int8GemmConfig::kPingpong128x128:
       break;
   }

@@ -28,8 +28,10 @@ enum class Int8GemmConfig : uint8_t {
   kPingpong128x128,     // 128x128x128, ping-pong warpgroups, 2x1 cluster (large M)
   kCooperative128x128,  // 128x128x128, both warpgroups on one tile, no cluster
   kPingpong64x128,      // 64x128x128, ping-pong, no cluster (few rows, or few tiles)
+  kCooperative128x192,  // 128x192x128, both warpgroups on one tile: N = 768 (BERT-base's o and
+                        // down projections) in 4 tiles, 4096 rows in one wave of 128 CTAs
 };
-constexpr int kInt8GemmConfigs = 3;
+constexpr int kInt8GemmConfigs = 4;
 const char* int8_gemm_config_name(Int8GemmConfig c);
 
 // Whether this build and the current device run the kernel: compiled in (CUTLASS headers
