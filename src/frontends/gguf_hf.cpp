@@ -270,6 +270,13 @@ Tensor GgufWeightSource::load(const std::string& name, DType want) const {
   return t;
 }
 
+std::optional<QuantFormat> GgufWeightSource::native_quant(const std::string& name) const {
+  const Mapping& m = mapping(name);
+  const GgufTensorInfo& t = file_->tensor_info(m.gguf_name);
+  if (m.transpose || t.shape.size() != 2) return std::nullopt;
+  return ggml_kept_quant_format(t.type);
+}
+
 std::optional<Tensor> GgufWeightSource::load_quantized(const std::string& name, QuantFormat f) const {
   const Mapping& m = mapping(name);
   const GgufTensorInfo& t = file_->tensor_info(m.gguf_name);

@@ -29,6 +29,7 @@ class GgufWeightSource final : public WeightSource {
   Tensor load(const std::string& name, DType want) const override;
   std::string describe() const override { return "GGUF '" + file_->path() + "'"; }
   std::optional<Tensor> load_quantized(const std::string& name, QuantFormat f) const override;
+  std::optional<QuantFormat> native_quant(const std::string& name) const override;
 
   // The GGUF tensor an HF name comes from (for diagnostics).
   const std::string& gguf_name(const std::string& hf_name) const;

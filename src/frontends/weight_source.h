@@ -44,9 +44,22 @@ class WeightSource {
   virtual std::optional<Tensor> load_quantized(const std::string& /*name*/, QuantFormat /*f*/) const {
     return std::nullopt;
   }
+  // --weight-dtype auto: every Linear weight the file stores in a format kiln keeps
+  // (native_quant) loads as its own codes in that format, each in its own; the others as
+  // f32.
+  void keep_native(bool on) { keep_native_ = on; }
+  // The format a weight stored in the file maps onto (GGUF Q8_0 -> q8, Q4_0 / Q4_1 / Q4_K
+  // -> q4), else nullopt.
+  virtual std::optional<QuantFormat> native_quant(const std::string& /*name*/) const { return std::nullopt; }
+  // The format `name` loads in under keep_quantized / keep_native, if any.
+  std::optional<QuantFormat> keep_format_for(const std::string& name) const {
+    if (keep_quantized_) return keep_quantized_;
+    return keep_native_ ? native_quant(name) : std::nullopt;
+  }
 
  private:
   std::optional<QuantFormat> keep_quantized_;
+  bool keep_native_ = false;
 };
 
 // A single .safetensors file.

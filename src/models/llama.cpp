@@ -124,7 +124,9 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
     if (bias != ir::kNoValue) in.push_back(bias);
     std::map<std::string, ir::Attr> attrs;
     if (g.weight(in[1]).dtype() == DType::kU8) {  // kept quantized (WeightSource::load_quantized)
-      attrs["weight_quant"] = std::string(quant_format_name(*src.kept_quantized()));
+      const std::string f = quant_format_name(*src.keep_format_for(weight + ".weight"));
+      attrs["weight_quant"] = f;
+      attrs["precision"] = f;  // runs in its own format whatever the global weight dtype
       const bool ends_o = weight.size() >= 6 && weight.compare(weight.size() - 6, 6, "o_proj") == 0;
       const bool ends_down = weight.size() >= 9 && weight.compare(weight.size() - 9, 9, "down_proj") == 0;
       attrs["weight_k"] = ends_o ? hq * hd : ends_down ? inter : h;

@@ -46,8 +46,9 @@ std::map<std::string, Tensor> load_declared_weights(const std::vector<WeightSpec
       throw_error(ErrorCode::kInvalidFile, "tensor '", name, "' has shape ",
                   shape_to_string(info.shape), " but the config implies ", shape_to_string(want),
                   " in ", source.describe());
-    if (spec.linear && !spec.transpose && spec.tied_to.empty() && source.kept_quantized()) {
-      if (std::optional<Tensor> q = source.load_quantized(name, *source.kept_quantized())) {
+    if (spec.linear && !spec.transpose && spec.tied_to.empty()) {
+      const std::optional<QuantFormat> f = source.keep_format_for(name);
+      if (std::optional<Tensor> q = f ? source.load_quantized(name, *f) : std::nullopt) {
         out.emplace(spec.name, std::move(*q));
         progress.update(++done);
         continue;

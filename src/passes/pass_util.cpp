@@ -44,12 +44,14 @@ std::map<std::string, ir::Attr> weight_quant_attrs(const ir::Node& linear) {
   if (!linear.has_attr("weight_quant")) return a;
   a["weight_quant"] = linear.attr_str("weight_quant");
   a["weight_k"] = linear.attr_int("weight_k", -1);
+  if (linear.has_attr("precision")) a["precision"] = linear.attr_str("precision");
   return a;
 }
 
 bool same_weight_quant(const ir::Node& a, const ir::Node& b) {
   return a.attr_str("weight_quant", "") == b.attr_str("weight_quant", "") &&
-         a.attr_int("weight_k", -1) == b.attr_int("weight_k", -1);
+         a.attr_int("weight_k", -1) == b.attr_int("weight_k", -1) &&
+         a.attr_str("precision", "") == b.attr_str("precision", "");
 }
 
 ir::ValueId concat_weights(ir::Graph& g, const std::vector<ir::ValueId>& parts, const std::string& name) {

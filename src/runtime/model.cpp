@@ -57,7 +57,8 @@ std::unique_ptr<Model> Model::from_built(BuiltModel built, const ModelOptions& o
   // fold scales into the norm in front of a Linear, and the q8/q4/FP8/W8A8 kernels have
   // no norm prologue.
   auto quantized = [](const std::string& p) { return p == "q8" || p == "q4" || p == "fp8" || p == "w8a8"; };
-  if (options.rewrite || quantized(options.weight_dtype) || quantized(options.precision)) {
+  const bool native = options.weight_dtype == "auto";  // kept GGUF codes are q8/q4 GEMMs
+  if (options.rewrite || native || quantized(options.weight_dtype) || quantized(options.precision)) {
     log_debug("quantized GEMMs: skipping fuse_norm_linear");
     po.disabled.push_back("fuse_norm_linear");
   }
@@ -67,7 +68,8 @@ std::unique_ptr<Model> Model::from_built(BuiltModel built, const ModelOptions& o
   m->add_top_logits(options.top_logits_k);
   if (options.rewrite) options.rewrite(m->built_.graph);
   CompileOptions co;
-  co.weight_dtype = options.weight_dtype;
+  // auto: Linears kept in their file's format carry it as their precision; the rest f32.
+  co.weight_dtype = native ? "f32" : options.weight_dtype;
   co.communicator = options.communicator;
   co.linear_observer = options.linear_observer;
   m->compile(options.backend, co, options.device);
@@ -219,20 +221,29 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
   // Q8_0 -> q8, Q4_0 / Q4_1 / Q4_K -> q4) load as their own codes instead of f32 that the
   // backend would quantize again. Not under graph rewrites, observers or tensor
   // parallelism, which read Linear weights as f32.
+  // --weight-dtype auto on the CPU backend: each Linear weight the file stores as Q8_0 /
+  // Q4_0 / Q4_1 / Q4_K keeps its codes in its own format (q8 or q4), as llama.cpp runs a
+  // GGUF; the others, and every weight of other sources, load as f32. Elsewhere auto is
+  // f32 (the CUDA backend's activation dtype follows the weight dtype, and a graph of
+  // f32 activations with q8/q4 Linears is not measured there).
   std::optional<QuantFormat> keep;
-  if (options.keep_file_quant && (options.weight_dtype == "q8" || options.weight_dtype == "q4") && !options.rewrite &&
-      !options.linear_observer && options.tensor_parallel <= 1)
+  const bool can_keep = options.keep_file_quant && !options.rewrite && !options.linear_observer &&
+                        options.tensor_parallel <= 1;
+  if (can_keep && (options.weight_dtype == "q8" || options.weight_dtype == "q4"))
     keep = options.weight_dtype == "q8" ? QuantFormat::kQ8 : QuantFormat::kQ4;
+  const bool native = can_keep && options.weight_dtype == "auto" && options.backend == "cpu";
   if (fs::is_directory(path)) {
     HfModelDir dir = HfModelDir::open(path);
     config = dir.config;
     dir.weights->keep_quantized(keep);
+    dir.weights->keep_native(native);
     built = build_model(config, *dir.weights);
   } else if (fs::path(path).extension() == ".gguf") {
     gguf = std::make_shared<const GgufFile>(GgufFile::open(path));
     config = gguf_to_hf_config(*gguf);
     GgufWeightSource weights(gguf);
     weights.keep_quantized(keep);
+    weights.keep_native(native);
     built = build_model(config, weights);
   } else if (fs::path(path).extension() == ".onnx") {
     return load_onnx(path, options);

@@ -22,7 +22,10 @@ struct OnnxModel;  // frontends/onnx/onnx_model.h
 
 struct ModelOptions {
   std::string backend = "cpu";
-  std::string weight_dtype = "f32";  // GEMM weight storage: f32 | bf16 | f16 | q8 | q4
+  // GEMM weight storage: f32 | bf16 | f16 | q8 | q4, or auto: on the CPU, a GGUF's
+  // Q8_0 / Q4_0 / Q4_1 / Q4_K Linears keep their own codes (q8 / q4), the rest f32;
+  // elsewhere f32.
+  std::string weight_dtype = "f32";
   std::shared_ptr<Communicator> communicator;  // tensor-parallel rank link, or null
   // Graph optimization (src/passes): 0 runs the faithful graph as built, 1 cleans up,
   // 2 also fuses. Ignored for engine files, which are optimized when built.

@@ -171,7 +171,7 @@ quant::CalibrationTable calibrate_model(const std::string& path, const ModelOpti
 
 kiln::QuantFormat awq_weight_format(const std::string& weight_dtype) {
   if (weight_dtype == "q8") return kiln::QuantFormat::kQ8;
-  if (weight_dtype == "q4" || weight_dtype == "f32") return kiln::QuantFormat::kQ4;
+  if (weight_dtype == "q4" || weight_dtype == "f32" || weight_dtype == "auto") return kiln::QuantFormat::kQ4;
   throw_error(ErrorCode::kInvalidArgument, "--quant awq stores GEMM weights as q4 (the default) or q8; --weight-dtype ",
               weight_dtype, " is neither");
 }

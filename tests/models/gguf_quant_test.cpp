@@ -1,11 +1,13 @@
 // A GGUF llama written here with Q4_0 / Q4_K attention and Q4_1 / Q8_0 / Q4_K MLP
 // weights, loaded with --weight-dtype q4 / q8: the Linears whose type maps onto the format
 // keep the file's codes, and the model computes the file's values (logits as the f32 path
-// on the dequantized weights, up to summation order; Q4_K up to its f16-rounded scales).
+// on the dequantized weights, up to summation order; Q4_K up to its f16-rounded scales);
+// with --weight-dtype auto each Linear keeps its own format.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdio>
+#include <map>
 #include <random>
 
 #include "../frontends/gguf_writer.h"
@@ -169,6 +171,41 @@ TEST(GgufQuantModel, KeptCodesComputeTheFilesValues) {
     std::printf("  %-32s max|logit| %.3g  kept-f32 %.3g  requantized-f32 %.3g  kept-requantized %.3g\n", what.c_str(),
                 scale, dk, dr, max_abs_diff(kept.logits, requant.logits));
   }
+}
+
+// --weight-dtype auto (the CLI's default): each Linear keeps its file's codes in its own
+// format - Q4_0 attention as q4, Q8_0 MLP as q8 in the same model - tagged with that
+// precision; the tied logits GEMM stays f32; the model computes the file's values.
+TEST(GgufQuantModel, AutoKeepsEachLinearInItsOwnFormat) {
+  TempDir dir;
+  const std::string path = dir.file("mixed.gguf");
+  write_file(path, quant_llama(GgmlType::kQ4_0, GgmlType::kQ8_0));
+  ModelOptions o;
+  o.weight_dtype = "auto";
+  auto model = Model::load(path, o);
+  std::map<std::string, size_t> formats;  // weight_quant -> Linears
+  size_t f32_linears = 0;
+  for (const ir::Node& n : model->graph().nodes()) {
+    if (n.op != "Linear") continue;
+    if (!n.has_attr("weight_quant")) {
+      ++f32_linears;
+      continue;
+    }
+    ++formats[n.attr_str("weight_quant")];
+    EXPECT_EQ(n.attr_str("precision", ""), n.attr_str("weight_quant")) << n.name;
+  }
+  EXPECT_EQ(formats["q4"], 4u);  // 2 layers x (qkv, o), fused or not: at least the fused count
+  EXPECT_EQ(formats["q8"], 4u);  // 2 layers x (gate_up, down)
+  EXPECT_EQ(f32_linears, 1u);    // the tied LM head
+  LlmRunner runner(*model, {.max_total_tokens = 64});
+  runner.add_sequence({1, 5, 9, 3, 14, 2, 7});
+  auto outs = runner.step();
+  ASSERT_EQ(outs.size(), 1u);
+  const Result f32 = run_model(path, "f32", true);
+  double scale = 0;
+  for (float v : f32.logits) scale = std::max(scale, double(std::fabs(v)));
+  ASSERT_GT(scale, 0.1);
+  EXPECT_LT(max_abs_diff(outs[0].logits, f32.logits), 1e-4 * scale) << "auto vs f32 on the file's values";
 }
 
 }  // namespace

@@ -201,8 +201,8 @@ Runner add_bench(CLI::App& app) {
   cmd->add_option("--random-weights", a->random_config,
                   "a config.json: benchmark its real shapes with random weights");
   cmd->add_option("--backend", a->model.backend, "cpu")->capture_default_str();
-  cmd->add_option("--weight-dtype", a->model.weight_dtype, "f32 | bf16 | f16 | q8 | q4")
-      ->check(CLI::IsMember({"f32", "bf16", "f16", "q8", "q4"}))
+  cmd->add_option("--weight-dtype", a->model.weight_dtype, "auto | f32 | bf16 | f16 | q8 | q4 (auto: as for generate)")
+      ->check(CLI::IsMember({"auto", "f32", "bf16", "f16", "q8", "q4"}))
       ->capture_default_str();
   add_pass_options(cmd, a->model.opt_level, a->model.disabled_passes);
   add_plugin_option(cmd);

@@ -20,7 +20,7 @@ struct ServeArgs {
   std::vector<std::string> models;
   std::string repo;
   std::string backend = "cpu";
-  std::string weight_dtype = "f32";
+  std::string weight_dtype = "auto";
   std::string kv_cache_dtype = "auto";
   std::string host = "127.0.0.1";
   int port = 8000;
@@ -124,8 +124,8 @@ Runner add_serve(CLI::App& app) {
   cmd->add_option("-m,--model", a->models, "a model to serve: PATH or NAME=PATH (repeatable); PATH random:CONFIG.json = random weights");
   cmd->add_option("--model-repo", a->repo, "a folder of models: *.gguf files and HF directories");
   cmd->add_option("--backend", a->backend, "where to run: cpu")->capture_default_str();
-  cmd->add_option("--weight-dtype", a->weight_dtype, "GEMM weight storage: f32, bf16, f16, q8, q4")
-      ->check(CLI::IsMember({"f32", "bf16", "f16", "q8", "q4"}))
+  cmd->add_option("--weight-dtype", a->weight_dtype, "GEMM weight storage: auto (as for generate), f32, bf16, f16, q8, q4")
+      ->check(CLI::IsMember({"auto", "f32", "bf16", "f16", "q8", "q4"}))
       ->capture_default_str();
   add_tp_option(cmd, a->tp);
   add_plugin_option(cmd);

@@ -37,7 +37,7 @@ SubRunner add_serve_bench(CLI::App* parent);
 struct ModelArgs {
   std::string model;
   std::string backend = "cpu";
-  std::string weight_dtype = "f32";
+  std::string weight_dtype = "auto";
   int opt_level = 2;
   std::vector<std::string> disabled_passes;
   std::string profile;  // engines: the optimization profile to run under ("" = first that fits)
