@@ -57,8 +57,10 @@ std::unique_ptr<Model> Model::from_built(BuiltModel built, const ModelOptions& o
   // fold scales into the norm in front of a Linear, and the q8/q4/FP8/W8A8 kernels have
   // no norm prologue.
   auto quantized = [](const std::string& p) { return p == "q8" || p == "q4" || p == "fp8" || p == "w8a8"; };
-  const bool native = options.weight_dtype == "auto";  // kept GGUF codes are q8/q4 GEMMs
-  if (options.rewrite || native || quantized(options.weight_dtype) || quantized(options.precision)) {
+  const bool native = options.weight_dtype == "auto";
+  bool kept = false;  // a Linear keeps a file's q8/q4 codes (auto): a quantized GEMM too
+  for (const ir::Node& n : m->built_.graph.nodes()) kept = kept || n.has_attr("weight_quant");
+  if (options.rewrite || kept || quantized(options.weight_dtype) || quantized(options.precision)) {
     log_debug("quantized GEMMs: skipping fuse_norm_linear");
     po.disabled.push_back("fuse_norm_linear");
   }
