@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/status.h"
+#include "core/weight_quant.h"
 #include "models/model_builder.h"
 
 namespace kiln {
@@ -92,7 +93,7 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
   std::vector<WeightSpec> specs = {
       {"model.embed_tokens.weight", {v, h}},
       {"model.norm.weight", {h}},
-      {"lm_head.weight", {v, h}, true, "model.embed_tokens.weight"},
+      {"lm_head.weight", {v, h}, true, "model.embed_tokens.weight", false, /*linear=*/true},
   };
   for (int64_t l = 0; l < info.num_layers; ++l) {
     std::string b = "model.layers." + std::to_string(l) + ".";
@@ -124,12 +125,15 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
     if (bias != ir::kNoValue) in.push_back(bias);
     std::map<std::string, ir::Attr> attrs;
     if (g.weight(in[1]).dtype() == DType::kU8) {  // kept quantized (WeightSource::load_quantized)
-      const std::string f = quant_format_name(*src.keep_format_for(weight + ".weight"));
-      attrs["weight_quant"] = f;
-      attrs["precision"] = f;  // runs in its own format whatever the global weight dtype
       const bool ends_o = weight.size() >= 6 && weight.compare(weight.size() - 6, 6, "o_proj") == 0;
       const bool ends_down = weight.size() >= 9 && weight.compare(weight.size() - 9, 9, "down_proj") == 0;
-      attrs["weight_k"] = ends_o ? hq * hd : ends_down ? inter : h;
+      const int64_t k = ends_o ? hq * hd : ends_down ? inter : h;
+      // The image's row bytes tell its format (a tied head's codes are the embedding's).
+      const QuantFormat f =
+          g.weight(in[1]).dim(1) == int64_t(quant_image_row_bytes(QuantFormat::kQ8, k)) ? QuantFormat::kQ8 : QuantFormat::kQ4;
+      attrs["weight_quant"] = std::string(quant_format_name(f));
+      attrs["precision"] = std::string(quant_format_name(f));  // its own format whatever the global weight dtype
+      attrs["weight_k"] = k;
     }
     return g.add("Linear", in, attrs, node);
   };

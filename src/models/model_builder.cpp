@@ -15,6 +15,20 @@ std::map<std::string, Tensor> load_declared_weights(const std::vector<WeightSpec
   auto* random = dynamic_cast<const RandomWeightSource*>(&source);
   for (const WeightSpec& spec : specs) {
     std::string name = spec.name;
+    // A Linear weight the source keeps quantized: its own codes, or for a tied one (an LM
+    // head sharing the token embedding) a copy of the embedding's codes, while the
+    // embedding itself loads as f32 rows for the lookup.
+    if (spec.linear && !spec.transpose && !random) {
+      const std::string from = source.has(name) ? name : spec.tied_to;
+      const bool ok = !from.empty() && source.has(from) && source.info(from).shape == spec.shape;  // else the checks below
+      const std::optional<QuantFormat> f = ok ? source.keep_format_for(from) : std::nullopt;
+      std::optional<Tensor> q = f ? source.load_quantized(from, *f) : std::nullopt;
+      if (q && q->rank() == 2 && !spec.shape.empty() && q->dim(0) == spec.shape[0]) {
+        out.emplace(spec.name, std::move(*q));
+        progress.update(++done);
+        continue;
+      }
+    }
     if (random) {
       if (!spec.tied_to.empty() && out.count(spec.tied_to))
         out.emplace(spec.name, out.at(spec.tied_to));
@@ -46,14 +60,6 @@ std::map<std::string, Tensor> load_declared_weights(const std::vector<WeightSpec
       throw_error(ErrorCode::kInvalidFile, "tensor '", name, "' has shape ",
                   shape_to_string(info.shape), " but the config implies ", shape_to_string(want),
                   " in ", source.describe());
-    if (spec.linear && !spec.transpose && spec.tied_to.empty()) {
-      const std::optional<QuantFormat> f = source.keep_format_for(name);
-      if (std::optional<Tensor> q = f ? source.load_quantized(name, *f) : std::nullopt) {
-        out.emplace(spec.name, std::move(*q));
-        progress.update(++done);
-        continue;
-      }
-    }
     Tensor t = source.load(name, DType::kF32);
     if (spec.transpose) {
       Tensor tt(DType::kF32, spec.shape);
