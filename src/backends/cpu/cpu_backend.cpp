@@ -69,8 +69,11 @@ class CpuCompiledGraph final : public CompiledGraph {
       for (const ir::Node& n : g.nodes()) {
         std::string key = n.op;
         if (n.op == "Linear") {
+          // N x K (a weight kept quantized is [N, row image bytes]: its K and format).
           const Tensor& w = g.weight(n.inputs[1]);
-          key += str_cat(" ", w.dim(0), "x", w.dim(1));
+          key += n.has_attr("weight_quant")
+                     ? str_cat(" ", w.dim(0), "x", n.attr_int("weight_k", 0), " ", n.attr_str("weight_quant"))
+                     : str_cat(" ", w.dim(0), "x", w.dim(1));
         }
         prof_keys_.push_back(std::move(key));
       }
