@@ -22,8 +22,7 @@ std::map<std::string, Tensor> load_declared_weights(const std::vector<WeightSpec
       const std::string from = source.has(name) ? name : spec.tied_to;
       const bool ok = !from.empty() && source.has(from) && source.info(from).shape == spec.shape;  // else the checks below
       const std::optional<QuantFormat> f = ok ? source.keep_format_for(from) : std::nullopt;
-      std::optional<Tensor> q = f ? source.load_quantized(from, *f) : std::nullopt;
-      if (q && q->rank() == 2 && !spec.shape.empty() && q->dim(0) == spec.shape[0]) {
+      if (std::optional<Tensor> q = f ? source.load_quantized(from, *f) : std::nullopt) {
         out.emplace(spec.name, std::move(*q));
         progress.update(++done);
         continue;

@@ -221,13 +221,12 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
   std::shared_ptr<const GgufFile> gguf;
   // --weight-dtype q8/q4: Linear weights the file already stores in that format (GGUF
   // Q8_0 -> q8, Q4_0 / Q4_1 / Q4_K -> q4) load as their own codes instead of f32 that the
-  // backend would quantize again. Not under graph rewrites, observers or tensor
+  // backend would quantize again. With auto on the CPU backend, each Linear weight the
+  // file stores as Q8_0 / Q4_0 / Q4_1 / Q4_K keeps its codes in its own format (q8 or
+  // q4), as llama.cpp runs a GGUF, and the rest loads as f32; elsewhere auto is f32 (the
+  // CUDA backend's activation dtype follows the weight dtype, and f32 activations with
+  // q8/q4 Linears are not measured there). Not under graph rewrites, observers or tensor
   // parallelism, which read Linear weights as f32.
-  // --weight-dtype auto on the CPU backend: each Linear weight the file stores as Q8_0 /
-  // Q4_0 / Q4_1 / Q4_K keeps its codes in its own format (q8 or q4), as llama.cpp runs a
-  // GGUF; the others, and every weight of other sources, load as f32. Elsewhere auto is
-  // f32 (the CUDA backend's activation dtype follows the weight dtype, and a graph of
-  // f32 activations with q8/q4 Linears is not measured there).
   std::optional<QuantFormat> keep;
   const bool can_keep = options.keep_file_quant && !options.rewrite && !options.linear_observer &&
                         options.tensor_parallel <= 1;

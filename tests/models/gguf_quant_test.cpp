@@ -58,8 +58,9 @@ std::string blocks(GgmlType t, int64_t n, int64_t k, std::mt19937& rng) {
   return out;
 }
 
-// K-quants need K % 256 == 0: h and inter 256 for them, else 64 and 96.
-std::string quant_llama(GgmlType attn, GgmlType mlp) {
+// K-quants need K % 256 == 0: h and inter 256 for them, else 64 and 96. The token
+// embedding (also the tied LM head) is f32 unless `embd` says Q8_0.
+std::string quant_llama(GgmlType attn, GgmlType mlp, GgmlType embd = GgmlType::kF32) {
   const bool k_quant = attn == GgmlType::kQ4_K || mlp == GgmlType::kQ4_K;
   const int64_t h = k_quant ? 256 : 64, inter = k_quant ? 256 : 96, vocab = 16, kv = h / 2;
   GgufWriter w;
@@ -79,7 +80,10 @@ std::string quant_llama(GgmlType attn, GgmlType mlp) {
   std::normal_distribution<float> nd(0.f, 1.f);
   std::vector<float> emb(size_t(vocab * h)), ones(size_t(h), 1.f);
   for (float& v : emb) v = nd(rng);
-  w.tensor("token_embd.weight", 0, {uint64_t(h), uint64_t(vocab)}, raw_bytes(emb));
+  if (embd == GgmlType::kQ8_0)
+    w.tensor("token_embd.weight", uint32_t(embd), {uint64_t(h), uint64_t(vocab)}, blocks(embd, vocab, h, rng));
+  else
+    w.tensor("token_embd.weight", 0, {uint64_t(h), uint64_t(vocab)}, raw_bytes(emb));
   w.tensor("output_norm.weight", 0, {uint64_t(h)}, raw_bytes(ones));
   for (int l = 0; l < 2; ++l) {
     const std::string b = "blk." + std::to_string(l) + ".";
@@ -175,37 +179,43 @@ TEST(GgufQuantModel, KeptCodesComputeTheFilesValues) {
 
 // --weight-dtype auto (the CLI's default): each Linear keeps its file's codes in its own
 // format - Q4_0 attention as q4, Q8_0 MLP as q8 in the same model - tagged with that
-// precision; the tied logits GEMM stays f32; the model computes the file's values.
+// precision; the tied logits GEMM stays f32 over an f32 embedding and takes a q8 copy of
+// a Q8_0 embedding's codes (the lookup still reads f32 rows); the model computes the
+// file's values.
 TEST(GgufQuantModel, AutoKeepsEachLinearInItsOwnFormat) {
   TempDir dir;
-  const std::string path = dir.file("mixed.gguf");
-  write_file(path, quant_llama(GgmlType::kQ4_0, GgmlType::kQ8_0));
-  ModelOptions o;
-  o.weight_dtype = "auto";
-  auto model = Model::load(path, o);
-  std::map<std::string, size_t> formats;  // weight_quant -> Linears
-  size_t f32_linears = 0;
-  for (const ir::Node& n : model->graph().nodes()) {
-    if (n.op != "Linear") continue;
-    if (!n.has_attr("weight_quant")) {
-      ++f32_linears;
-      continue;
+  for (GgmlType embd : {GgmlType::kF32, GgmlType::kQ8_0}) {
+    const bool q8_head = embd == GgmlType::kQ8_0;
+    const std::string what = std::string("token_embd ") + ggml_type_name(uint32_t(embd));
+    const std::string path = dir.file("mixed.gguf");
+    write_file(path, quant_llama(GgmlType::kQ4_0, GgmlType::kQ8_0, embd));
+    ModelOptions o;
+    o.weight_dtype = "auto";
+    auto model = Model::load(path, o);
+    std::map<std::string, size_t> formats;  // weight_quant -> Linears
+    size_t f32_linears = 0;
+    for (const ir::Node& n : model->graph().nodes()) {
+      if (n.op != "Linear") continue;
+      if (!n.has_attr("weight_quant")) {
+        ++f32_linears;
+        continue;
+      }
+      ++formats[n.attr_str("weight_quant")];
+      EXPECT_EQ(n.attr_str("precision", ""), n.attr_str("weight_quant")) << what << ": " << n.name;
     }
-    ++formats[n.attr_str("weight_quant")];
-    EXPECT_EQ(n.attr_str("precision", ""), n.attr_str("weight_quant")) << n.name;
+    EXPECT_EQ(formats["q4"], 4u) << what;                  // 2 layers x (qkv, o)
+    EXPECT_EQ(formats["q8"], q8_head ? 5u : 4u) << what;   // 2 layers x (gate_up, down) (+ the head)
+    EXPECT_EQ(f32_linears, q8_head ? 0u : 1u) << what;     // the tied LM head
+    LlmRunner runner(*model, {.max_total_tokens = 64});
+    runner.add_sequence({1, 5, 9, 3, 14, 2, 7});
+    auto outs = runner.step();
+    ASSERT_EQ(outs.size(), 1u) << what;
+    const Result f32 = run_model(path, "f32", true);
+    double scale = 0;
+    for (float v : f32.logits) scale = std::max(scale, double(std::fabs(v)));
+    ASSERT_GT(scale, 0.1) << what;
+    EXPECT_LT(max_abs_diff(outs[0].logits, f32.logits), 1e-4 * scale) << what << ": auto vs f32 on the file's values";
   }
-  EXPECT_EQ(formats["q4"], 4u);  // 2 layers x (qkv, o), fused or not: at least the fused count
-  EXPECT_EQ(formats["q8"], 4u);  // 2 layers x (gate_up, down)
-  EXPECT_EQ(f32_linears, 1u);    // the tied LM head
-  LlmRunner runner(*model, {.max_total_tokens = 64});
-  runner.add_sequence({1, 5, 9, 3, 14, 2, 7});
-  auto outs = runner.step();
-  ASSERT_EQ(outs.size(), 1u);
-  const Result f32 = run_model(path, "f32", true);
-  double scale = 0;
-  for (float v : f32.logits) scale = std::max(scale, double(std::fabs(v)));
-  ASSERT_GT(scale, 0.1);
-  EXPECT_LT(max_abs_diff(outs[0].logits, f32.logits), 1e-4 * scale) << "auto vs f32 on the file's values";
 }
 
 }  // namespace
