@@ -36,6 +36,8 @@ void Model::add_top_logits(int32_t k) {
   g.add_output(kTopLogprobsOutput, outs[2]);
 }
 
+std::string auto_weight_dtype(const std::string& backend) { return backend == "cpu" ? "f32" : "bf16"; }
+
 std::unique_ptr<Model> Model::from_built(BuiltModel built, const ModelOptions& options) {
   if (options.tensor_parallel != 0 && options.tensor_parallel != 1)
     return from_built_sharded(std::move(built), options);
@@ -70,8 +72,9 @@ std::unique_ptr<Model> Model::from_built(BuiltModel built, const ModelOptions& o
   m->add_top_logits(options.top_logits_k);
   if (options.rewrite) options.rewrite(m->built_.graph);
   CompileOptions co;
-  // auto: Linears kept in their file's format carry it as their precision; the rest f32.
-  co.weight_dtype = native ? "f32" : options.weight_dtype;
+  // auto: Linears kept in their file's format carry it as their precision; the rest take
+  // the backend's auto dtype.
+  co.weight_dtype = native ? auto_weight_dtype(options.backend) : options.weight_dtype;
   co.communicator = options.communicator;
   co.linear_observer = options.linear_observer;
   m->compile(options.backend, co, options.device);
@@ -221,18 +224,17 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
   std::shared_ptr<const GgufFile> gguf;
   // --weight-dtype q8/q4: Linear weights the file already stores in that format (GGUF
   // Q8_0 -> q8, Q4_0 / Q4_1 / Q4_K -> q4) load as their own codes instead of f32 that the
-  // backend would quantize again. With auto on the CPU backend, each Linear weight the
-  // file stores as Q8_0 / Q4_0 / Q4_1 / Q4_K keeps its codes in its own format (q8 or
-  // q4), as llama.cpp runs a GGUF, and the rest loads as f32; elsewhere auto is f32 (the
-  // CUDA backend's activation dtype follows the weight dtype, and f32 activations with
-  // q8/q4 Linears are not measured there). Not under graph rewrites, observers or tensor
-  // parallelism, which read Linear weights as f32.
+  // backend would quantize again. With auto, each Linear weight the file stores as Q8_0 /
+  // Q4_0 / Q4_1 / Q4_K keeps its codes in its own format (q8 or q4), as llama.cpp runs a
+  // GGUF, and the rest takes auto_weight_dtype (f32 on the CPU; bf16 weights and
+  // activations on CUDA). Not under graph rewrites, observers or tensor parallelism,
+  // which read Linear weights as f32.
   std::optional<QuantFormat> keep;
   const bool can_keep = options.keep_file_quant && !options.rewrite && !options.linear_observer &&
                         options.tensor_parallel <= 1;
   if (can_keep && (options.weight_dtype == "q8" || options.weight_dtype == "q4"))
     keep = options.weight_dtype == "q8" ? QuantFormat::kQ8 : QuantFormat::kQ4;
-  const bool native = can_keep && options.weight_dtype == "auto" && options.backend == "cpu";
+  const bool native = can_keep && options.weight_dtype == "auto";
   if (fs::is_directory(path)) {
     HfModelDir dir = HfModelDir::open(path);
     config = dir.config;

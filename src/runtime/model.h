@@ -22,9 +22,9 @@ struct OnnxModel;  // frontends/onnx/onnx_model.h
 
 struct ModelOptions {
   std::string backend = "cpu";
-  // GEMM weight storage: f32 | bf16 | f16 | q8 | q4, or auto: on the CPU, a GGUF's
-  // Q8_0 / Q4_0 / Q4_1 / Q4_K Linears keep their own codes (q8 / q4), the rest f32;
-  // elsewhere f32.
+  // GEMM weight storage: f32 | bf16 | f16 | q8 | q4, or auto: a GGUF's Q8_0 / Q4_0 /
+  // Q4_1 / Q4_K Linears keep their own codes (q8 / q4) and the rest take
+  // auto_weight_dtype(backend): f32 on the CPU, bf16 on CUDA (also the activations).
   std::string weight_dtype = "f32";
   std::shared_ptr<Communicator> communicator;  // tensor-parallel rank link, or null
   // Graph optimization (src/passes): 0 runs the faithful graph as built, 1 cleans up,
@@ -73,6 +73,13 @@ struct ModelOptions {
   // and quantizes them again at compile time (the path before, kept for comparison).
   bool keep_file_quant = true;
 };
+
+// What weight_dtype "auto" stores the weights a file does not keep quantized in, per
+// backend: "f32" on the CPU (its f32 kernels are its fastest exact path), "bf16" on CUDA
+// (CUDA's activation dtype follows it: bf16 tensor cores and half the bytes of f32, as
+// vLLM's dtype auto runs an f32 checkpoint in 16 bits; bf16 for f16 checkpoints too,
+// whose values it holds without overflow).
+std::string auto_weight_dtype(const std::string& backend);
 
 // The graph outputs of that node (ir op TopKLogits): [R, k] values, ids, log-probs.
 inline constexpr const char* kTopLogitsOutput = "top_logits";

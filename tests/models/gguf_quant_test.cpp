@@ -10,95 +10,15 @@
 #include <map>
 #include <random>
 
-#include "../frontends/gguf_writer.h"
-#include "../frontends/test_util.h"
-#include "core/dtype.h"
-#include "frontends/gguf_quants.h"
+#include "gguf_quant_llama.h"
 #include "runtime/llm_runner.h"
 
 namespace kiln {
 namespace {
 
-using test::GgufWriter;
-using test::raw_bytes;
+using test::quant_llama;
 using test::TempDir;
 using test::write_file;
-
-// n rows of k random ggml blocks of `t` (Q4_0 with negative and positive d; Q4_K with
-// magnitudes like llama.cpp's: sub-block scales ~ 1e-3..1e-2, mins ~ 0..0.05).
-std::string blocks(GgmlType t, int64_t n, int64_t k, std::mt19937& rng) {
-  const GgmlTypeTraits* tr = ggml_type_traits(uint32_t(t));
-  if (t == GgmlType::kQ4_K) {
-    std::uniform_real_distribution<float> dd(1e-4f, 2e-4f), mm(5e-4f, 1e-3f);
-    std::string out;
-    for (int64_t b = 0; b < n * k / 256; ++b) {
-      uint8_t sc[8], m[8], codes[256];
-      for (int j = 0; j < 8; ++j) {
-        sc[j] = uint8_t(rng() % 64);
-        m[j] = uint8_t(rng() % 64);
-      }
-      for (uint8_t& c : codes) c = uint8_t(rng() % 16);
-      out += test::q4_k_block(f32_to_f16(dd(rng)), f32_to_f16(mm(rng)), sc, m, codes);
-    }
-    return out;
-  }
-  std::uniform_real_distribution<float> dd(-0.02f, 0.02f), mm(-0.1f, 0.0f);
-  std::string out;
-  for (int64_t b = 0; b < n * k / 32; ++b) {
-    std::string blk(tr->type_size, '\0');
-    const uint16_t d = f32_to_f16(t == GgmlType::kQ4_0 ? dd(rng) : std::fabs(dd(rng)) + 1e-3f), m = f32_to_f16(mm(rng));
-    std::memcpy(blk.data(), &d, 2);
-    if (t == GgmlType::kQ4_1) std::memcpy(blk.data() + 2, &m, 2);
-    for (size_t j = t == GgmlType::kQ4_1 ? 4 : 2; j < blk.size(); ++j) {
-      blk[j] = char(rng());
-      if (t == GgmlType::kQ8_0 && uint8_t(blk[j]) == 0x80) blk[j] = 0;
-    }
-    out += blk;
-  }
-  return out;
-}
-
-// K-quants need K % 256 == 0: h and inter 256 for them, else 64 and 96. The token
-// embedding (also the tied LM head) is f32 unless `embd` says Q8_0.
-std::string quant_llama(GgmlType attn, GgmlType mlp, GgmlType embd = GgmlType::kF32) {
-  const bool k_quant = attn == GgmlType::kQ4_K || mlp == GgmlType::kQ4_K;
-  const int64_t h = k_quant ? 256 : 64, inter = k_quant ? 256 : 96, vocab = 16, kv = h / 2;
-  GgufWriter w;
-  w.kv_string("general.architecture", "llama");
-  w.kv_u32("llama.embedding_length", uint32_t(h));
-  w.kv_u32("llama.feed_forward_length", uint32_t(inter));
-  w.kv_u32("llama.block_count", 2);
-  w.kv_u32("llama.attention.head_count", 2);
-  w.kv_u32("llama.attention.head_count_kv", 1);
-  w.kv_u32("llama.context_length", 64);
-  w.kv_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
-  w.kv_f32("llama.rope.freq_base", 10000.f);
-  std::vector<std::string> toks;
-  for (int i = 0; i < vocab; ++i) toks.push_back("t" + std::to_string(i));
-  w.kv_strings("tokenizer.ggml.tokens", toks);
-  std::mt19937 rng(3);
-  std::normal_distribution<float> nd(0.f, 1.f);
-  std::vector<float> emb(size_t(vocab * h)), ones(size_t(h), 1.f);
-  for (float& v : emb) v = nd(rng);
-  if (embd == GgmlType::kQ8_0)
-    w.tensor("token_embd.weight", uint32_t(embd), {uint64_t(h), uint64_t(vocab)}, blocks(embd, vocab, h, rng));
-  else
-    w.tensor("token_embd.weight", 0, {uint64_t(h), uint64_t(vocab)}, raw_bytes(emb));
-  w.tensor("output_norm.weight", 0, {uint64_t(h)}, raw_bytes(ones));
-  for (int l = 0; l < 2; ++l) {
-    const std::string b = "blk." + std::to_string(l) + ".";
-    w.tensor(b + "attn_norm.weight", 0, {uint64_t(h)}, raw_bytes(ones));
-    w.tensor(b + "ffn_norm.weight", 0, {uint64_t(h)}, raw_bytes(ones));
-    w.tensor(b + "attn_q.weight", uint32_t(attn), {uint64_t(h), uint64_t(h)}, blocks(attn, h, h, rng));
-    w.tensor(b + "attn_k.weight", uint32_t(attn), {uint64_t(h), uint64_t(kv)}, blocks(attn, kv, h, rng));
-    w.tensor(b + "attn_v.weight", uint32_t(attn), {uint64_t(h), uint64_t(kv)}, blocks(attn, kv, h, rng));
-    w.tensor(b + "attn_output.weight", uint32_t(attn), {uint64_t(h), uint64_t(h)}, blocks(attn, h, h, rng));
-    w.tensor(b + "ffn_gate.weight", uint32_t(mlp), {uint64_t(h), uint64_t(inter)}, blocks(mlp, inter, h, rng));
-    w.tensor(b + "ffn_up.weight", uint32_t(mlp), {uint64_t(h), uint64_t(inter)}, blocks(mlp, inter, h, rng));
-    w.tensor(b + "ffn_down.weight", uint32_t(mlp), {uint64_t(inter), uint64_t(h)}, blocks(mlp, h, inter, rng));
-  }
-  return w.bytes();
-}
 
 struct Result {
   std::vector<float> logits;

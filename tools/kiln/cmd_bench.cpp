@@ -28,6 +28,14 @@ struct BenchArgs {
   double kv_fraction = 0;
 };
 
+// The weights as the table's header names them: the quantization mode, the dtype asked
+// for, or for auto what it resolved to on this backend ("auto (bf16)").
+std::string weights_label(const ModelArgs& m, const Model& model) {
+  if (!m.quant.mode.empty()) return m.quant.mode;
+  if (m.weight_dtype != "auto") return m.weight_dtype;
+  return "auto (" + model.compile_options().weight_dtype + ")";
+}
+
 using Clock = std::chrono::steady_clock;
 double secs(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -82,7 +90,7 @@ int run_encoder_bench(const BenchArgs& a, Model& model) {
   auto [lo, hi] = std::minmax_element(t.begin(), t.end());
   std::printf("model: %s (%s, %lld layers, hidden %lld), GEMM weights %s %.1f MiB, %d threads\n",
               model.path().c_str(), info.family.c_str(), (long long)info.num_layers, (long long)info.hidden_size,
-              a.model.quant.mode.empty() ? a.model.weight_dtype.c_str() : a.model.quant.mode.c_str(),
+              weights_label(a.model, model).c_str(),
               double(model.compiled().weight_bytes()) / (1 << 20), ThreadPool::global().num_threads());
   std::printf("outputs to the host: %s\n\n", a.hidden ? "hidden states, pooled, logits" : "pooled, logits (--hidden adds hidden states)");
   std::printf("| test | batch | seq len | ms per forward | spread (min-max ms) | sequences/s |\n|---|---|---|---|---|---|\n");
@@ -157,7 +165,7 @@ int run_bench(const BenchArgs& a) {
   std::printf("model: %s (%s, %lld layers, hidden %lld), GEMM weights %s %.1f MiB, %d threads\n",
               model->path().c_str(), info.family.c_str(), (long long)info.num_layers,
               (long long)info.hidden_size,
-              a.model.quant.mode.empty() ? a.model.weight_dtype.c_str() : a.model.quant.mode.c_str(), weight_bytes / (1 << 20),
+              weights_label(a.model, *model).c_str(), weight_bytes / (1 << 20),
               ThreadPool::global().num_threads());
   if (a.kv_fraction > 0)
     std::printf("KV pool: %lld blocks of 16 tokens (--kv-cache-fraction %g, capped by the batch's tokens)\n",

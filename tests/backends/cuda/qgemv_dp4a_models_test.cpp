@@ -11,6 +11,8 @@
 //    prompt, gaps <= 0.0035) and 5.6-6.6% on all 30 (gaps 0.0207 and 0.0033); the bounds are
 //    about twice the whole model's numbers, room for two diverging bf16 runs on top. A broken
 //    kernel moves the logits by the order of max|logit| itself.
+//  - the same real model under --weight-dtype auto (q4 blocks, a q8 tied head, bf16 else)
+//    against the CPU's auto model, teacher-forced along its greedy tokens, same bounds;
 //  - the tiny golden decoders (llama, qwen2, gpt2; hidden 64, random init): their logits move
 //    by 4-15% of max|logit| under the same rounding (measured on the H200, 2026-11-29; the f32
 //    emulation gives 2.3-4.0%), so near-ties are not asserted there; the check that still
@@ -23,6 +25,7 @@
 #include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 
 #include "../../models/golden_util.h"
 #include "backends/cuda/ops/gemv_quant.h"
@@ -112,6 +115,42 @@ TEST(CudaQGemvDp4aModels, SmolLM2TeacherForcedAgainstMma) {
     std::printf("  %s (%zu Linears with kept codes): dp4a vs mma teacher-forced argmax equal at %d of %d steps, "
                 "worst logits max|d|/max|mma| %.4f, worst differing-argmax gap %.4f of max|logit|\n",
                 what.c_str(), kept, c.equal, c.steps, c.worst_rel, c.worst_gap);
+    EXPECT_EQ(c.steps, int(want.size())) << what;
+    EXPECT_LE(c.worst_rel, 0.12) << what;
+  }
+}
+
+// --weight-dtype auto (the CLI's default) on the real SmolLM2: its Q4_1 blocks keep q4
+// codes (the dp4a GEMV), its Q8_0 token embedding gives the tied head a q8 copy, and the
+// rest runs in bf16; teacher-forced along the CPU's auto model (the same codes, f32
+// activations) under the bounds of the test above.
+TEST(CudaQGemvDp4aModels, SmolLM2AutoAgainstCpuAuto) {
+  KILN_SKIP_WITHOUT_CUDA();
+  const std::string path = smollm2_gguf_path();
+  if (!std::filesystem::exists(path)) GTEST_SKIP() << "real model not found at " << path;
+  Ref ref("smollm2");
+  auto cpu = Model::load(path, {.weight_dtype = "auto"});
+  auto gpu = Model::load(path, {.backend = "cuda", .weight_dtype = "auto"});
+  EXPECT_EQ(gpu->compile_options().weight_dtype, "bf16");
+  std::map<std::string, size_t> formats;
+  for (const ir::Node& n : gpu->graph().nodes())
+    if (n.op == "Linear") ++formats[n.attr_str("weight_quant", "none")];
+  EXPECT_GT(formats["q4"], 0u) << "the Q4_1 blocks keep q4 codes";
+  EXPECT_EQ(formats["q8"], 1u) << "the tied head takes the Q8_0 embedding's codes";
+  EXPECT_EQ(formats["none"], 0u);
+  const LlmRunnerOptions opt{.max_total_tokens = 1024};
+  for (int i = 0; i < 2; ++i) {
+    const std::vector<int32_t> prompt = ref.ids(str_cat("input_ids_", i));
+    std::vector<int32_t> want;
+    {
+      LlmRunner r(*cpu, opt);
+      want = r.generate_greedy({prompt}, 32)[0];
+    }
+    const std::string what = str_cat("smollm2 auto prompt ", i);
+    const Compared c = teacher_forced(*cpu, *gpu, prompt, want, opt, 4e-2, what);
+    std::printf("  %s (q4 x %zu, q8 x %zu): cuda vs cpu teacher-forced argmax equal at %d of %d steps, worst logits "
+                "max|d|/max|cpu| %.4f, worst differing-argmax gap %.4f of max|logit|\n",
+                what.c_str(), formats["q4"], formats["q8"], c.equal, c.steps, c.worst_rel, c.worst_gap);
     EXPECT_EQ(c.steps, int(want.size())) << what;
     EXPECT_LE(c.worst_rel, 0.12) << what;
   }

@@ -1,0 +1,63 @@
+// --weight-dtype auto on CUDA (the CLI's default): a GGUF's Q4_0 / Q8_0 Linears keep their
+// own codes in their own format side by side (q4 and q8 GEMVs in one model), the tied LM
+// head takes a q8 copy of a Q8_0 token embedding, and everything else (the other weights
+// and the activations) runs in bf16 (auto_weight_dtype). The model of
+// tests/models/gguf_quant_llama.h (2 layers, hidden 64), a prefill of 7 tokens and 4
+// decode steps, against the CPU's auto model (the same codes, f32 activations): logits
+// within the bf16 model bound (6e-2 of the reference's RMS; models_test.cpp), with the
+// tensor-core q4 GEMV (KILN_CUDA_QGEMV=mma: x multiplied as given; the default dp4a GEMV
+// rounds x to int8, which moves these tiny random models' logits by 4-15%, see
+// qgemv_dp4a_models_test.cpp, which runs the real SmolLM2 under auto with it). A file
+// with an f32 token embedding keeps the head in bf16. Skips without a GPU.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <map>
+
+#include "../../models/gguf_quant_llama.h"
+#include "cuda_model_test_util.h"
+
+namespace kiln::cuda {
+namespace {
+
+using namespace testing;
+
+TEST(CudaGgufAuto, EachLinearKeepsItsFormatBesideBf16) {
+  KILN_SKIP_WITHOUT_CUDA();
+  kiln::test::TempDir dir;
+  for (GgmlType embd : {GgmlType::kF32, GgmlType::kQ8_0}) {
+    const bool q8_head = embd == GgmlType::kQ8_0;
+    const std::string what = std::string("token_embd ") + ggml_type_name(uint32_t(embd));
+    const std::string path = dir.file("mixed.gguf");
+    kiln::test::write_file(path, kiln::test::quant_llama(GgmlType::kQ4_0, GgmlType::kQ8_0, embd));
+    ::setenv("KILN_CUDA_QGEMV", "mma", 1);  // read when the graph is compiled
+    auto gpu = Model::load(path, {.backend = "cuda", .weight_dtype = "auto"});
+    ::unsetenv("KILN_CUDA_QGEMV");
+    EXPECT_EQ(gpu->compile_options().weight_dtype, "bf16") << what;
+    std::map<std::string, size_t> formats;  // weight_quant -> Linears
+    size_t plain = 0;
+    for (const ir::Node& n : gpu->graph().nodes()) {
+      if (n.op != "Linear") continue;
+      if (!n.has_attr("weight_quant")) {
+        ++plain;
+        continue;
+      }
+      ++formats[n.attr_str("weight_quant")];
+      EXPECT_EQ(n.attr_str("precision", ""), n.attr_str("weight_quant")) << what << ": " << n.name;
+    }
+    EXPECT_GT(formats["q4"], 0u) << what << ": the Q4_0 attention keeps q4 codes";
+    EXPECT_GT(formats["q8"], 0u) << what << ": the Q8_0 MLP keeps q8 codes";
+    EXPECT_EQ(plain, q8_head ? 0u : 1u) << what << ": only an f32 embedding's tied head is not kept";
+    auto cpu = Model::load(path, {.weight_dtype = "auto"});
+    const std::vector<int32_t> prompt = {1, 5, 9, 3, 14, 2, 7}, decode = {4, 11, 0, 8};
+    const std::vector<float> want = logits_of(*cpu, prompt, decode), got = logits_of(*gpu, prompt, decode);
+    ASSERT_EQ(got.size(), want.size()) << what;
+    const double err = rel_rms(got, want);
+    std::printf("  gguf auto (%s) on cuda vs the cpu's auto: logits rel rms %.4g over %zu values\n", what.c_str(),
+                err, want.size());
+    EXPECT_LE(err, 6e-2) << what;
+  }
+}
+
+}  // namespace
+}  // namespace kiln::cuda
