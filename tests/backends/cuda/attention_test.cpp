@@ -9,7 +9,8 @@
 // pool's bit for bit; decode steps over directly filled pools (batch 1/3/64, contexts to
 // 4096, GQA groups 1-8) through the cluster decode kernel (unsplit and 2/8 splits) and
 // the fused grouped-query decode kernel; steps without a cache whose sequences are one
-// token each (the grouped kernel reading the rows in place). The tensor-core kernel also
+// token each (the grouped kernel reading the rows in place); the packed q|k|v front end's
+// 16-byte-chunk kernel against its element kernel, bit for bit. The tensor-core kernel also
 // over chunked prefills after a cached prefix, at each CTA width (128, 64, 32 items), and
 // its plan's coverage, order and width choice (host only); the decode switches read once
 // per compiled graph. Skips without a GPU (the plan
@@ -18,13 +19,16 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
 #include <numeric>
+#include <random>
 
 #include "backends/cpu/cpu_ops.h"
 #include "backends/cuda/cuda_ops.h"
+#include "backends/cuda/ops/attention.h"
 #include "cuda_test_util.h"
 
 namespace kiln::cuda {
@@ -616,6 +620,71 @@ TEST(CudaAttention, PackedQkvWithRopeMatchesCpu) {
 // activation dtype on the GPU and computed with a different sin/cos, so a code may land
 // one step away from the CPU's (int8: amax/127; E4M3: 2^-3 of the value): bounds 2e-2
 // and 4e-2 of max|ref| instead of the exact-codes ones.
+// launch_qkv_prep's 16-byte-chunk kernel against the one-thread-per-element kernel, bit
+// for bit (rotated q|k rows in place and both caches): bf16 and f16; Llama-3.1-8B's heads
+// (32 / 8 of 128), SmolLM2's (9 / 3 of 64: a group of 8 heads spanning q, k and v), a
+// partial rotary half (64 dims, 32 rotated), no RoPE (cache writes only), head dim 16,
+// rotation without caches; 1, 5 and 300 tokens (blocks of several tokens, a partial
+// last block), positions to 40,000 and some slots -1 (not written).
+TEST(CudaAttention, QkvPrepChunkKernelMatchesElementKernel) {
+  KILN_SKIP_WITHOUT_CUDA();
+  struct Case {
+    int64_t hq, hkv, d, rot;
+    bool rope, cache;
+  };
+  const std::vector<Case> cases = {{32, 8, 128, 128, true, true}, {9, 3, 64, 64, true, true},
+                                   {4, 2, 64, 32, true, true},    {12, 12, 64, 64, false, true},
+                                   {2, 1, 16, 16, true, true},    {8, 2, 128, 128, true, false}};
+  std::mt19937 rng(11);
+  for (DType dt : {DType::kBF16, DType::kF16}) {
+    for (const Case& c : cases) {
+      for (int64_t tokens : {1, 5, 300}) {
+        const std::string what = str_cat(dtype_name(dt), " hq ", c.hq, " hkv ", c.hkv, " d ", c.d, " rot ", c.rot,
+                                          c.rope ? "" : " (no rope)", c.cache ? "" : " (no cache)", " tokens ", tokens);
+        const int64_t width = (c.hq + 2 * c.hkv) * c.d, slots = tokens + 7, cache_elems = slots * c.hkv * c.d;
+        std::normal_distribution<float> nd(0.f, 2.f);
+        std::vector<uint16_t> qkv(size_t(tokens * width));
+        for (uint16_t& v : qkv) v = dt == DType::kBF16 ? f32_to_bf16(nd(rng)) : f32_to_f16(nd(rng));
+        std::vector<int32_t> pos(static_cast<size_t>(tokens));
+        for (int32_t& p : pos) p = int32_t(rng() % 40000);
+        std::vector<float> inv(size_t(c.rot / 2));
+        for (size_t i = 0; i < inv.size(); ++i) inv[i] = std::pow(500000.f, -2.f * float(i) / float(c.rot));
+        std::vector<int64_t> slot(static_cast<size_t>(tokens));
+        std::vector<int64_t> order(static_cast<size_t>(slots));
+        std::iota(order.begin(), order.end(), 0);
+        std::shuffle(order.begin(), order.end(), rng);
+        for (int64_t t = 0; t < tokens; ++t) slot[size_t(t)] = t % 4 == 3 ? -1 : order[size_t(t)];
+        Dev dpos(pos.data(), pos.size() * 4), dinv(inv.data(), inv.size() * 4), dslot(slot.data(), slot.size() * 8);
+        std::vector<uint16_t> got[3], want[3];
+        for (int way = 0; way < 2; ++way) {
+          Dev dq(qkv.data(), qkv.size() * 2), dk(size_t(cache_elems) * 2), dv(size_t(cache_elems) * 2);
+          KILN_CUDA_CHECK(cudaMemset(dk.get(), 0, size_t(cache_elems) * 2));
+          KILN_CUDA_CHECK(cudaMemset(dv.get(), 0, size_t(cache_elems) * 2));
+          QkvPrepArgs a{dt, dq.get(), tokens, c.hq, c.hkv, c.d, c.rope ? c.rot : 0,
+                        c.rope ? dpos.as<int32_t>() : nullptr, c.rope ? dinv.as<float>() : nullptr,
+                        c.cache ? dslot.as<int64_t>() : nullptr, c.cache ? dk.get() : nullptr,
+                        c.cache ? dv.get() : nullptr};
+          if (way == 0) {
+            ASSERT_TRUE(qkv_prep_vectorized(a)) << what;
+            launch_qkv_prep(a, nullptr);
+          } else {
+            launch_qkv_prep_elements(a, nullptr);
+          }
+          KILN_CUDA_CHECK(cudaDeviceSynchronize());
+          auto& out = way == 0 ? got : want;
+          out[0] = dq.host<uint16_t>(qkv.size());
+          out[1] = dk.host<uint16_t>(size_t(cache_elems));
+          out[2] = dv.host<uint16_t>(size_t(cache_elems));
+        }
+        EXPECT_EQ(got[0], want[0]) << what << ": q|k|v rows";
+        EXPECT_EQ(got[1], want[1]) << what << ": k cache";
+        EXPECT_EQ(got[2], want[2]) << what << ": v cache";
+        if (c.rope) EXPECT_NE(got[0], qkv) << what << ": rotated";
+      }
+    }
+  }
+}
+
 TEST(CudaAttention, PackedQkvQuantizedCachesMatchCpu) {
   KILN_SKIP_WITHOUT_CUDA();
   for (KvDType kd : {KvDType::kInt8, KvDType::kFp8})

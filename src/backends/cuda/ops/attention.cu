@@ -74,9 +74,125 @@ __global__ void qkv_prep_kernel(T* qkv, int64_t tokens, int hq, int hkv, int d, 
   }
 }
 
+// Eight 16-bit elements: one 16-byte load or store.
+template <typename T>
+union Vec8 {
+  uint4 u;
+  T e[8];
+};
+
+// qkv_prep_kernel in 16-byte chunks, for head dims, rotary halves and pass-through widths
+// that are multiples of 8 (every model kiln runs). A thread takes one token, chunk c of
+// the head dim (8 elements) and G consecutive heads of q|k|v (8; 1 for steps of a few
+// tokens, whose latency is one thread's chain): it loads all of
+// their chunks first (the in-place rotation stores cannot then delay a later load), takes
+// the chunk's 8 angles once for every rotated head (chunk c < rot / 16 rotates the pairs
+// (8c + i, 8c + i + rot / 2), whose second halves' chunks have nothing of their own to
+// do; chunks past rot pass through), and rounds as qkv_prep_kernel does (rope_pair's
+// operations), so both write the same bits. The element kernel's 64-bit index divisions
+// and per-head angles made it compute-bound: on the H200 the Attention node of a
+// Llama-3.1-8B layer at 2048 tokens took 198 us with it and 170 with this one (layer
+// profile; the flash kernel alone ~141; bench/RESULTS.md, 2026-12-01).
+constexpr int kPrepHeads = 8, kPrepFewTokens = 64;
+
+template <typename T, int G>
+__global__ void qkv_prep_vec_kernel(T* __restrict__ qkv, int tokens, int hq, int hkv, int d, int rot,
+                                    const int32_t* __restrict__ positions, const float* __restrict__ inv_freq,
+                                    const int64_t* __restrict__ slots, T* __restrict__ kc, T* __restrict__ vc,
+                                    int per_token, int tokens_per_block) {
+  const int chunks = d / 8, local = int(threadIdx.x), tt = local / per_token, r = local - tt * per_token;
+  const int g = r / chunks, c = r - g * chunks;
+  const int t = int(blockIdx.x) * tokens_per_block + tt;
+  const int heads = hq + 2 * hkv, half = inv_freq ? rot / 2 : 0;
+  if (t >= tokens) return;
+  const int h0 = g * G;
+  const bool first_half = c * 8 < half, second_half = !first_half && c * 8 < rot && half > 0;
+  pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
+  T* row = qkv + int64_t(t) * heads * d;
+  Vec8<T> a[G], b[G];
+#pragma unroll
+  for (int j = 0; j < G; ++j) {
+    const int h = h0 + j;
+    if (h >= heads) break;
+    const bool rotated = h < hq + hkv && half > 0;
+    if (rotated && second_half) continue;
+    a[j].u = *reinterpret_cast<const uint4*>(row + int64_t(h) * d + c * 8);
+    if (rotated && first_half) b[j].u = *reinterpret_cast<const uint4*>(row + int64_t(h) * d + c * 8 + half);
+  }
+  float sn[8], cs[8];
+  if (first_half) {
+    const int pos = positions[t];
+#pragma unroll
+    for (int i = 0; i < 8; ++i) rope_angle(pos, inv_freq[c * 8 + i], sn[i], cs[i]);
+  }
+  const int64_t slot = kc ? slots[t] : -1;
+#pragma unroll
+  for (int j = 0; j < G; ++j) {
+    const int h = h0 + j;
+    if (h >= heads) break;
+    const bool rotated = h < hq + hkv && half > 0;
+    if (rotated && second_half) continue;
+    if (rotated && first_half) {
+#pragma unroll
+      for (int i = 0; i < 8; ++i) {
+        float y1 = to_f32(a[j].e[i]), y2 = to_f32(b[j].e[i]);
+        rope_turn(y1, y2, sn[i], cs[i]);
+        a[j].e[i] = from_f32<T>(y1);
+        b[j].e[i] = from_f32<T>(y2);
+      }
+      *reinterpret_cast<uint4*>(row + int64_t(h) * d + c * 8) = a[j].u;
+      *reinterpret_cast<uint4*>(row + int64_t(h) * d + c * 8 + half) = b[j].u;
+    }
+    if (h < hq || slot < 0) continue;
+    const bool is_k = h < hq + hkv;
+    T* dst = (is_k ? kc : vc) + (slot * hkv + (is_k ? h - hq : h - hq - hkv)) * d + c * 8;
+    *reinterpret_cast<uint4*>(dst) = a[j].u;
+    if (rotated && first_half) *reinterpret_cast<uint4*>(dst + half) = b[j].u;
+  }
+}
+
 }  // namespace
 
+bool qkv_prep_vectorized(const QkvPrepArgs& a) {
+  static const bool elements = [] {
+    const char* e = std::getenv("KILN_CUDA_QKV_PREP");
+    return e && std::string(e) == "elements";
+  }();
+  const int64_t half = a.inv_freq ? a.rotary_dim / 2 : 0;
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const int64_t heads = a.hq + 2 * a.hkv;
+  const int64_t per_token = (a.tokens < kPrepFewTokens ? heads : (heads + kPrepHeads - 1) / kPrepHeads) * (a.d / 8);
+  return a.d % 8 == 0 && half % 8 == 0 && per_token <= 1024 && (a.d - (a.inv_freq ? a.rotary_dim : 0)) % 8 == 0 &&
+         a.tokens < (int64_t(1) << 30) && aligned(a.qkv) && aligned(a.k_cache) && aligned(a.v_cache) && !elements;
+}
+
 void launch_qkv_prep(const QkvPrepArgs& a, cudaStream_t s) {
+  if (a.tokens == 0) return;
+  KILN_THROW_IF(a.inv_freq && (a.rotary_dim <= 0 || a.rotary_dim % 2 || a.rotary_dim > a.d), kInvalidArgument,
+                "qkv rope: rotary_dim must be even and in (0, head_dim], got ", a.rotary_dim, " head_dim=", a.d);
+  if ((a.dtype == DType::kBF16 || a.dtype == DType::kF16) && qkv_prep_vectorized(a)) {
+    const bool few = a.tokens < kPrepFewTokens;
+    const int64_t heads = a.hq + 2 * a.hkv, g = few ? 1 : kPrepHeads;
+    const int per_token = int((heads + g - 1) / g * (a.d / 8));
+    const int tpb = std::max(1, 256 / per_token);
+    const unsigned blocks = unsigned((a.tokens + tpb - 1) / tpb);
+    auto run = [&]<typename T, int G>() {
+      launch_k(qkv_prep_vec_kernel<T, G>, dim3(blocks), dim3(unsigned(tpb * per_token)), 0, s,
+               static_cast<T*>(a.qkv), int(a.tokens), int(a.hq), int(a.hkv), int(a.d), int(a.rotary_dim),
+               a.positions, a.inv_freq, a.slot_mapping, static_cast<T*>(a.k_cache), static_cast<T*>(a.v_cache),
+               per_token, tpb);
+    };
+    if (a.dtype == DType::kBF16)
+      few ? run.template operator()<__nv_bfloat16, 1>() : run.template operator()<__nv_bfloat16, kPrepHeads>();
+    else
+      few ? run.template operator()<__half, 1>() : run.template operator()<__half, kPrepHeads>();
+    KILN_CUDA_CHECK_LAUNCH();
+    return;
+  }
+  launch_qkv_prep_elements(a, s);
+}
+
+void launch_qkv_prep_elements(const QkvPrepArgs& a, cudaStream_t s) {
   if (a.tokens == 0) return;
   KILN_THROW_IF(a.inv_freq && (a.rotary_dim <= 0 || a.rotary_dim % 2 || a.rotary_dim > a.d), kInvalidArgument,
                 "qkv rope: rotary_dim must be even and in (0, head_dim], got ", a.rotary_dim, " head_dim=", a.d);

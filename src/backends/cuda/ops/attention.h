@@ -248,5 +248,12 @@ struct QkvPrepArgs {
   void* v_cache = nullptr;
 };
 void launch_qkv_prep(const QkvPrepArgs& a, cudaStream_t s);
+// Whether launch_qkv_prep takes its 16-byte-chunk kernel for a (bf16/f16 aside): head dim,
+// rotary half and pass-through width multiples of 8, 16-byte aligned rows and caches.
+// KILN_CUDA_QKV_PREP=elements keeps the one-thread-per-element kernel (for comparison);
+// both write the same bits.
+bool qkv_prep_vectorized(const QkvPrepArgs& a);
+// The one-thread-per-element kernel, whatever a is (tests, comparisons).
+void launch_qkv_prep_elements(const QkvPrepArgs& a, cudaStream_t s);
 
 }  // namespace kiln::cuda

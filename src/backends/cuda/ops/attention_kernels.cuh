@@ -84,13 +84,21 @@ __device__ __forceinline__ void kv_load_vec(const uint4& raw, float* f) {
 
 // RoPE of the pair (x1, x2) at angle pos * inv_freq, in place: the IEEE operations of
 // launch_rope, so that every path rotating q and k rounds alike.
-__device__ __forceinline__ void rope_pair(float& x1, float& x2, int pos, float inv_freq) {
-  float sn, cs;
+// rope_turn: the rotation by an angle whose sine and cosine are given (rope_angle), for
+// kernels that rotate several heads at one angle.
+__device__ __forceinline__ void rope_angle(int pos, float inv_freq, float& sn, float& cs) {
   sincosf(__fmul_rn(float(pos), inv_freq), &sn, &cs);
+}
+__device__ __forceinline__ void rope_turn(float& x1, float& x2, float sn, float cs) {
   const float y1 = __fsub_rn(__fmul_rn(x1, cs), __fmul_rn(x2, sn));
   const float y2 = __fadd_rn(__fmul_rn(x2, cs), __fmul_rn(x1, sn));
   x1 = y1;
   x2 = y2;
+}
+__device__ __forceinline__ void rope_pair(float& x1, float& x2, int pos, float inv_freq) {
+  float sn, cs;
+  rope_angle(pos, inv_freq, sn, cs);
+  rope_turn(x1, x2, sn, cs);
 }
 
 // One warp quantizes a (token, kv head) row x[0, d) into dst as KvDType says (the CPU
