@@ -679,7 +679,9 @@ TEST(CudaAttention, QkvPrepChunkKernelMatchesElementKernel) {
         EXPECT_EQ(got[0], want[0]) << what << ": q|k|v rows";
         EXPECT_EQ(got[1], want[1]) << what << ": k cache";
         EXPECT_EQ(got[2], want[2]) << what << ": v cache";
-        if (c.rope) EXPECT_NE(got[0], qkv) << what << ": rotated";
+        if (c.rope) {
+          EXPECT_NE(got[0], qkv) << what << ": rotated";
+        }
       }
     }
   }

@@ -132,6 +132,10 @@ AttentionPlan attention_plan_decode_cluster(const std::vector<AttnSeq>& seqs, in
 // measurements), unset: 0 (planned per step).
 bool attention_decode_cluster_from_env();
 int attention_decode_splits_from_env();
+// KILN_CUDA_DECODE_STAGES, read once per process: unset or empty 0 (the cluster decode
+// kernel's launch picks 1 or 2 copy stages per warp from its grid: attention_decode.cuh),
+// 1 or 2 forces them (measurements); another value is an error naming it.
+int attention_decode_stages_from_env();
 // Floats of workspace the plan's partials need.
 size_t attention_workspace_floats(const AttentionPlan& plan, int64_t hkv, int64_t d);
 // Split counters (int32, zero between launches) the fused decode kernel needs for the plan.

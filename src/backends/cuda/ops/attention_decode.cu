@@ -63,6 +63,17 @@ int attention_decode_splits_from_env() {
   return int(v);
 }
 
+int attention_decode_stages_from_env() {
+  static const int stages = [] {
+    const char* e = std::getenv("KILN_CUDA_DECODE_STAGES");
+    if (!e || !*e) return 0;
+    KILN_THROW_IF(std::strcmp(e, "1") != 0 && std::strcmp(e, "2") != 0, kInvalidArgument, "KILN_CUDA_DECODE_STAGES='",
+                  e, "': expected 1 or 2 (the cluster decode kernel's copy stages per warp) or unset (by the grid)");
+    return e[0] - '0';
+  }();
+  return stages;
+}
+
 bool attention_decode_cluster_supported(DType t, int64_t hq, int64_t hkv, int64_t d) {
   return (t == DType::kBF16 || t == DType::kF16) && (d == 64 || d == 128) && hkv > 0 && hq % hkv == 0 &&
          hq / hkv <= kDecMaxGroup && device_has_clusters();
@@ -72,7 +83,7 @@ AttentionPlan attention_plan_decode_cluster(const std::vector<AttnSeq>& seqs, in
                                             int num_sms, int forced_splits) {
   (void)hq;
   // Keys one CTA has in flight at once (every warp's two stages).
-  const int64_t per_cta = int64_t(kDecWarps) * kDecStages * (d == 64 ? 32 : 16);
+  const int64_t per_cta = int64_t(kDecWarps) * kDecStagesMax * (d == 64 ? 32 : 16);
   int64_t max_ctx = 1;
   for (const AttnSeq& s : seqs) max_ctx = std::max<int64_t>(max_ctx, s.ctx_len);
   const int64_t by_len = pow2_ceil((max_ctx + per_cta - 1) / per_cta);

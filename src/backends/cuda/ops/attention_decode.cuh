@@ -9,7 +9,9 @@
 //   new key are ready while the copies fly;
 // - bytes in flight: each warp streams its own tiles (tile w, w + 4, ...) through a
 //   private two-stage cp.async ring, so the main loop has no CTA barrier; ~73 KB of
-//   shared memory: 3 CTAs and up to ~200 KB of copies in flight per SM;
+//   shared memory: 3 CTAs and up to ~200 KB of copies in flight per SM; a grid larger
+//   than one such wave (batch decode) takes one stage a warp instead, ~38 KB CTAs, 5 an
+//   SM (kDecStagesMax);
 // - tensor cores: S = Q K^T and O += P V with m16n8k16 MMAs, the group's q heads as the
 //   A rows (rows >= group are zero), as the prefill flash kernel does; int8/fp8 tiles are
 //   decoded (scale folded in) to 16-bit tiles by the warp that owns them.
@@ -21,6 +23,8 @@
 #include <cooperative_groups.h>
 #include <cuda_fp8.h>
 
+#include <algorithm>
+#include <atomic>
 #include <mutex>
 #include <set>
 
@@ -29,10 +33,16 @@
 namespace kiln::cuda {
 namespace {
 
-constexpr int kDecWarps = 4, kDecThreads = kDecWarps * 32, kDecStages = 2, kDecMaxGroup = 8;
+constexpr int kDecWarps = 4, kDecThreads = kDecWarps * 32, kDecMaxGroup = 8;
+// Stages a warp's cp.async ring has: 2 (a tile computed while the next lands) where the
+// grid fits one wave of the 2-stage kernel's 3 CTAs per SM (~73 KB of shared memory each);
+// 1 for larger grids (batch decode: 64 sequences x 8 KV heads are 512 CTAs), whose ~38 KB
+// CTAs fit 5 to an SM, so the grid runs in one wave instead of two, the other CTAs' copies
+// in flight while a warp computes (decode_cluster_stages).
+constexpr int kDecStagesMax = 2;
 
-// Shared-memory layout (bytes) of the kernel for head dim D and codes Q.
-template <int D, KvCode Q>
+// Shared-memory layout (bytes) of the kernel for head dim D, codes Q and ST stages a warp.
+template <int D, KvCode Q, int ST>
 struct DecLayout {
   static constexpr bool kQuant = Q != KvCode::kNone;
   static constexpr int KT = D == 64 ? 32 : 16;       // keys per warp tile: 4 / 8 KB of 16-bit K
@@ -42,7 +52,7 @@ struct DecLayout {
   // A stage: the K and V tiles as the cache holds them (+ the per-key scales).
   static constexpr int kStage = kQuant ? 2 * kTileC + 2 * KT * 4 : 2 * kTileT;
   // A warp's region: its stages, then (quantized) the decoded 16-bit K and V tiles.
-  static constexpr int kWarp = kDecStages * kStage + (kQuant ? 2 * kTileT : 0);
+  static constexpr int kWarp = ST * kStage + (kQuant ? 2 * kTileT : 0);
   // A partial (8 rows of D f32 + (m, l) per row): a warp's aliases the start of its own
   // region once its loop is done; the CTA's follows warp 0's.
   static constexpr int kPart = kDecMaxGroup * D * 4 + kDecMaxGroup * 2 * 4;
@@ -102,10 +112,11 @@ __device__ __forceinline__ void dec_cp_async4(void* smem, const void* gmem, bool
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 4 : 0));
 }
 
-template <typename T, int D, KvCode Q>
+template <typename T, int D, KvCode Q, int ST>
 __global__ void __launch_bounds__(kDecThreads)
 attention_decode_cluster_kernel(const DecParams<T> p) {
-  using L = DecLayout<D, Q>;
+  using L = DecLayout<D, Q, ST>;
+  static_assert(ST == 1 || ST == 2);
   using E = KvElem<T, Q>;
   constexpr bool kQuant = L::kQuant;
   constexpr int KT = L::KT, LD = L::LD, NT = KT / 8, KK = KT / 16, KC = D / 16, DT = D / 8;
@@ -152,12 +163,12 @@ attention_decode_cluster_kernel(const DecParams<T> p) {
     const int pos = lo + (warp + i * kDecWarps) * KT + lane;
     return i < my_tiles && lane < KT && pos < hi ? __ldg(bt + pos / p.block_size) : 0;
   };
-  // Issues tile i's copies into stage i % 2 (keys past hi and the new token's: zeros);
+  // Issues tile i's copies into stage i % ST (keys past hi and the new token's: zeros);
   // always commits a group, so that a wait for "all but the newest" is tile i's.
   auto issue = [&](int i, int blk) {
     if (i < my_tiles) {
       const int t0 = lo + (warp + i * kDecWarps) * KT;
-      unsigned char* st = wbase + (i % kDecStages) * L::kStage;
+      unsigned char* st = wbase + (i % ST) * L::kStage;
 #pragma unroll
       for (int e = lane; e < KT * CPR; e += 32) {
         const int j = e / CPR, c = e % CPR, pos = t0 + j;
@@ -183,10 +194,10 @@ attention_decode_cluster_kernel(const DecParams<T> p) {
 
   const bool rope = p.inv_freq != nullptr;
   const int qpos = rope ? p.positions[sq.q_start] : 0;
-  int blk0 = tile_block(0), blk1 = tile_block(1);
+  int blk0 = tile_block(0), blk1 = ST == 2 ? tile_block(1) : 0;
   issue(0, blk0);
-  issue(1, blk1);
-  int blk_next = tile_block(2);
+  if constexpr (ST == 2) issue(1, blk1);
+  int blk_next = tile_block(ST);
 
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
   // The q rows and the new K/V rows, loads in flight together.
@@ -257,10 +268,10 @@ attention_decode_cluster_kernel(const DecParams<T> p) {
   const int mi = lane >> 3;
 
   for (int i = 0; i < my_tiles; ++i) {
-    cp_async_wait<kDecStages - 1>();  // tile i has landed (this lane's copies)...
+    cp_async_wait<ST - 1>();  // tile i has landed (this lane's copies)...
     __syncwarp();                      // ...and every lane's
     const int t0 = lo + (warp + i * kDecWarps) * KT;
-    unsigned char* st = wbase + (i % kDecStages) * L::kStage;
+    unsigned char* st = wbase + (i % ST) * L::kStage;
     if (has_new && newpos >= t0 && newpos < t0 + KT) {  // the new token's row, from shared memory
       const int jn = newpos - t0;
       constexpr int RC = D * int(sizeof(E)) / 16;
@@ -279,7 +290,7 @@ attention_decode_cluster_kernel(const DecParams<T> p) {
     const T* vs;
     if constexpr (kQuant) {
       // Codes to 16-bit values with the row's scale folded in (as the flash kernel's tiles).
-      T* kt = reinterpret_cast<T*>(wbase + kDecStages * L::kStage);
+      T* kt = reinterpret_cast<T*>(wbase + ST * L::kStage);
       T* vt = kt + KT * LD;
       const float* sc = reinterpret_cast<const float*>(st + 2 * L::kTileC);
 #pragma unroll
@@ -333,8 +344,8 @@ attention_decode_cluster_kernel(const DecParams<T> p) {
       }
     }
     __syncwarp();  // every lane is done with this stage before it is refilled
-    issue(i + kDecStages, blk_next);
-    blk_next = tile_block(i + kDecStages + 1);
+    issue(i + ST, blk_next);
+    blk_next = tile_block(i + ST + 1);
   }
   cp_async_wait<0>();
   pdl_trigger();  // the keys and values are read: the next kernel may launch
@@ -416,22 +427,28 @@ attention_decode_cluster_kernel(const DecParams<T> p) {
 }
 
 // Launches the kernel for T, D, Q over (sequences x splits, KV heads), clusters of `splits`.
-template <typename T, int D, KvCode Q>
-void launch_decode_cluster_typed(const AttentionArgs& a, cudaStream_t s) {
-  using L = DecLayout<D, Q>;
-  auto* kernel = attention_decode_cluster_kernel<T, D, Q>;
-  // A host-side attribute per device, set on a step's eager first run before any capture.
+// The kernel of T, D, Q, ST with its shared-memory attribute set on the current device
+// (a host-side attribute per device, set on a step's eager first run before any capture).
+template <typename T, int D, KvCode Q, int ST>
+auto decode_cluster_kernel_ready() {
+  auto* kernel = attention_decode_cluster_kernel<T, D, Q, ST>;
   static std::mutex mu;
   static std::set<int> done;
   int dev = 0;
   KILN_CUDA_CHECK(cudaGetDevice(&dev));
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    if (!done.count(dev)) {
-      KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, L::kBytes));
-      done.insert(dev);
-    }
+  std::lock_guard<std::mutex> lock(mu);
+  if (!done.count(dev)) {
+    KILN_CUDA_CHECK(
+        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, DecLayout<D, Q, ST>::kBytes));
+    done.insert(dev);
   }
+  return kernel;
+}
+
+template <typename T, int D, KvCode Q, int ST>
+void launch_decode_cluster_staged(const AttentionArgs& a, cudaStream_t s) {
+  using L = DecLayout<D, Q, ST>;
+  auto* kernel = decode_cluster_kernel_ready<T, D, Q, ST>();
   DecParams<T> p;
   p.q = static_cast<const T*>(a.q);
   p.q_stride = a.q_stride ? a.q_stride : a.hq * D;
@@ -459,6 +476,35 @@ void launch_decode_cluster_typed(const AttentionArgs& a, cudaStream_t s) {
   const dim3 grid(unsigned(a.num_seqs) * unsigned(a.decode_splits), unsigned(a.hkv));
   launch_k_cluster(kernel, grid, dim3(kDecThreads), size_t(L::kBytes), s, dim3(unsigned(a.decode_splits), 1, 1), p);
   KILN_CUDA_CHECK_LAUNCH();
+}
+
+// The stages (kDecStagesMax's comment): 1 when the grid exceeds one wave of the 2-stage
+// kernel (its resident CTAs per SM as the occupancy calculator counts them, asked once per
+// device) unless KILN_CUDA_DECODE_STAGES forces them. The grid depends only on the batch
+// and head shapes, so a captured graph replays the kernel it captured.
+template <typename T, int D, KvCode Q>
+void launch_decode_cluster_typed(const AttentionArgs& a, cudaStream_t s) {
+  int st = attention_decode_stages_from_env();
+  if (st == 0) {
+    constexpr int kMaxDevices = 64;
+    static std::atomic<int64_t> wave[kMaxDevices];  // CTAs of one 2-stage wave; 0: not asked
+    int dev = 0;
+    KILN_CUDA_CHECK(cudaGetDevice(&dev));
+    int64_t w = dev >= 0 && dev < kMaxDevices ? wave[dev].load() : 0;
+    if (w == 0) {
+      int per_sm = 0, sms = 0;
+      KILN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+          &per_sm, decode_cluster_kernel_ready<T, D, Q, 2>(), kDecThreads, DecLayout<D, Q, 2>::kBytes));
+      KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+      w = std::max<int64_t>(1, int64_t(per_sm) * sms);
+      if (dev >= 0 && dev < kMaxDevices) wave[dev].store(w);
+    }
+    st = a.num_seqs * a.decode_splits * a.hkv > w ? 1 : 2;
+  }
+  if (st == 1)
+    launch_decode_cluster_staged<T, D, Q, 1>(a, s);
+  else
+    launch_decode_cluster_staged<T, D, Q, 2>(a, s);
 }
 
 template <KvCode Q>
