@@ -91,33 +91,40 @@ Compared teacher_forced(Model& ref, Model& got, const std::vector<int32_t>& prom
   return c;
 }
 
+// Both fixture prompts: `got` teacher-forced along `ref`'s 32 greedy tokens, every step's
+// logits within 0.12 of max|logit| and differing argmaxes near-ties (<= 4e-2).
+void smollm2_prompts_teacher_forced(Model& ref, Model& got, const std::string& label, const std::string& models,
+                                    const std::string& pair) {
+  Ref fixture("smollm2");
+  const LlmRunnerOptions opt{.max_total_tokens = 1024};
+  for (int i = 0; i < 2; ++i) {
+    const std::vector<int32_t> prompt = fixture.ids(str_cat("input_ids_", i));
+    std::vector<int32_t> want;
+    {
+      LlmRunner r(ref, opt);
+      want = r.generate_greedy({prompt}, 32)[0];
+    }
+    const std::string what = str_cat(label, " prompt ", i);
+    const Compared c = teacher_forced(ref, got, prompt, want, opt, 4e-2, what);
+    std::printf("  %s (%s): %s teacher-forced argmax equal at %d of %d steps, worst logits max|d|/max|ref| %.4f, "
+                "worst differing-argmax gap %.4f of max|logit|\n",
+                what.c_str(), models.c_str(), pair.c_str(), c.equal, c.steps, c.worst_rel, c.worst_gap);
+    EXPECT_EQ(c.steps, int(want.size())) << what;
+    EXPECT_LE(c.worst_rel, 0.12) << what;
+  }
+}
+
 TEST(CudaQGemvDp4aModels, SmolLM2TeacherForcedAgainstMma) {
   KILN_SKIP_WITHOUT_CUDA();
   const std::string path = smollm2_gguf_path();
   if (!std::filesystem::exists(path)) GTEST_SKIP() << "real model not found at " << path;
   ASSERT_EQ(qgemv_kernel(DType::kBF16), QGemvKernel::kDp4a) << "dp4a is the default on this device";
-  Ref ref("smollm2");
   auto mma = load_q4(path, "mma");
   auto dp4a = load_q4(path, "");  // the default
   size_t kept = 0;
   for (const ir::Node& n : dp4a->graph().nodes()) kept += n.has_attr("weight_quant");
   EXPECT_GT(kept, 0u) << "the GGUF's q4 codes are kept (no requantization)";
-  const LlmRunnerOptions opt{.max_total_tokens = 1024};
-  for (int i = 0; i < 2; ++i) {
-    const std::vector<int32_t> prompt = ref.ids(str_cat("input_ids_", i));
-    std::vector<int32_t> want;
-    {
-      LlmRunner r(*mma, opt);
-      want = r.generate_greedy({prompt}, 32)[0];
-    }
-    const std::string what = str_cat("smollm2 q4 prompt ", i);
-    const Compared c = teacher_forced(*mma, *dp4a, prompt, want, opt, 4e-2, what);
-    std::printf("  %s (%zu Linears with kept codes): dp4a vs mma teacher-forced argmax equal at %d of %d steps, "
-                "worst logits max|d|/max|mma| %.4f, worst differing-argmax gap %.4f of max|logit|\n",
-                what.c_str(), kept, c.equal, c.steps, c.worst_rel, c.worst_gap);
-    EXPECT_EQ(c.steps, int(want.size())) << what;
-    EXPECT_LE(c.worst_rel, 0.12) << what;
-  }
+  smollm2_prompts_teacher_forced(*mma, *dp4a, "smollm2 q4", str_cat(kept, " Linears with kept codes"), "dp4a vs mma");
 }
 
 // --weight-dtype auto (the CLI's default) on the real SmolLM2: its Q4_1 blocks keep q4
@@ -128,7 +135,6 @@ TEST(CudaQGemvDp4aModels, SmolLM2AutoAgainstCpuAuto) {
   KILN_SKIP_WITHOUT_CUDA();
   const std::string path = smollm2_gguf_path();
   if (!std::filesystem::exists(path)) GTEST_SKIP() << "real model not found at " << path;
-  Ref ref("smollm2");
   auto cpu = Model::load(path, {.weight_dtype = "auto"});
   auto gpu = Model::load(path, {.backend = "cuda", .weight_dtype = "auto"});
   EXPECT_EQ(gpu->compile_options().weight_dtype, "bf16");
@@ -138,22 +144,8 @@ TEST(CudaQGemvDp4aModels, SmolLM2AutoAgainstCpuAuto) {
   EXPECT_GT(formats["q4"], 0u) << "the Q4_1 blocks keep q4 codes";
   EXPECT_EQ(formats["q8"], 1u) << "the tied head takes the Q8_0 embedding's codes";
   EXPECT_EQ(formats["none"], 0u);
-  const LlmRunnerOptions opt{.max_total_tokens = 1024};
-  for (int i = 0; i < 2; ++i) {
-    const std::vector<int32_t> prompt = ref.ids(str_cat("input_ids_", i));
-    std::vector<int32_t> want;
-    {
-      LlmRunner r(*cpu, opt);
-      want = r.generate_greedy({prompt}, 32)[0];
-    }
-    const std::string what = str_cat("smollm2 auto prompt ", i);
-    const Compared c = teacher_forced(*cpu, *gpu, prompt, want, opt, 4e-2, what);
-    std::printf("  %s (q4 x %zu, q8 x %zu): cuda vs cpu teacher-forced argmax equal at %d of %d steps, worst logits "
-                "max|d|/max|cpu| %.4f, worst differing-argmax gap %.4f of max|logit|\n",
-                what.c_str(), formats["q4"], formats["q8"], c.equal, c.steps, c.worst_rel, c.worst_gap);
-    EXPECT_EQ(c.steps, int(want.size())) << what;
-    EXPECT_LE(c.worst_rel, 0.12) << what;
-  }
+  smollm2_prompts_teacher_forced(*cpu, *gpu, "smollm2 auto", str_cat("q4 x ", formats["q4"], ", q8 x ", formats["q8"]),
+                                 "cuda vs cpu");
 }
 
 TEST(CudaQGemvDp4aModels, GoldenDecodersStayCloseToMma) {
