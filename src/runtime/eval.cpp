@@ -18,15 +18,21 @@ double PerplexityResult::ref_perplexity() const {
 
 namespace {
 
-// All-position logits of one window, in token order.
-std::vector<float> window_logits(Model& model, const std::vector<int32_t>& window) {
+// All-position logits of one window, in token order: as one prompt, or (decode) its first
+// token and then one token per step.
+std::vector<float> window_logits(Model& model, const std::vector<int32_t>& window, bool decode) {
   LlmRunnerOptions ro;
   ro.max_total_tokens = int64_t(window.size()) + 16;
   LlmRunner runner(model, ro);
-  runner.add_sequence(window);
+  const int32_t seq = runner.add_sequence(decode ? std::vector<int32_t>{window[0]} : window);
   std::vector<float> logits;
   while (runner.has_pending())
     for (auto& o : runner.step(/*all_logits=*/true)) logits.insert(logits.end(), o.logits.begin(), o.logits.end());
+  if (decode)
+    for (size_t i = 1; i < window.size(); ++i) {
+      runner.append_tokens(seq, {window[i]});
+      for (auto& o : runner.step(/*all_logits=*/true)) logits.insert(logits.end(), o.logits.begin(), o.logits.end());
+    }
   return logits;
 }
 
@@ -64,9 +70,9 @@ PerplexityResult evaluate_perplexity(Model& model, const std::vector<int32_t>& a
   for (int64_t begin = 0; scored_until < int64_t(tokens.size()); begin += opt.stride) {
     int64_t end = std::min<int64_t>(int64_t(tokens.size()), begin + opt.context);
     std::vector<int32_t> window(tokens.begin() + begin, tokens.begin() + end);
-    std::vector<float> logits = window_logits(model, window);
+    std::vector<float> logits = window_logits(model, window, opt.decode);
     std::vector<float> ref_logits;
-    if (reference) ref_logits = window_logits(*reference, window);
+    if (reference) ref_logits = window_logits(*reference, window, opt.decode);
     // Position p of the window predicts token begin + p + 1.
     for (int64_t target = std::max(scored_until, begin + 1); target < end; ++target) {
       int64_t p = target - begin - 1;

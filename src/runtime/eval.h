@@ -15,6 +15,9 @@ struct PerplexityOptions {
   int32_t context = 256;  // tokens per window
   int32_t stride = 128;   // tokens scored per window after the first (<= context)
   int64_t max_tokens = 0; // 0: the whole text
+  // Each window fed one token per step after its first (decode steps, the rows a
+  // generation's GEMVs see) instead of as one prompt; the same tokens are scored.
+  bool decode = false;
 };
 
 struct PerplexityResult {

@@ -1,6 +1,7 @@
 // Perplexity evaluation against HuggingFace logits: the perplexity kiln reports for a
 // prompt equals exp(mean NLL) computed from transformers' logits for the same tokens;
-// strided windows cover every token once; KL of a model against itself is zero.
+// strided windows cover every token once (also fed one token per step, --decode); KL of a
+// model against itself is zero.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -31,6 +32,10 @@ TEST(Eval, PerplexityMatchesTransformersLogits) {
   PerplexityResult r = evaluate_perplexity(*model, tokens, {.context = 16, .stride = 16});
   EXPECT_EQ(r.scored, int64_t(tokens.size()) - 1);
   EXPECT_NEAR(r.perplexity(), want, 1e-4 * want);
+  // --decode: the same windows fed one token per step score the same tokens alike.
+  PerplexityResult d = evaluate_perplexity(*model, tokens, {.context = 16, .stride = 16, .decode = true});
+  EXPECT_EQ(d.scored, r.scored);
+  EXPECT_NEAR(d.perplexity(), want, 1e-4 * want);
 }
 
 TEST(Eval, StridedWindowsScoreEveryTokenOnceAndSelfKlIsZero) {

@@ -196,6 +196,8 @@ Runner add_eval(CLI::App& app) {
   cmd->add_option("--stride", a->opt.stride, "new tokens scored per window")->capture_default_str();
   cmd->add_option("--max-tokens", a->opt.max_tokens, "score at most this many tokens (0 = all)")
       ->capture_default_str();
+  cmd->add_flag("--decode", a->opt.decode,
+                "feed each window one token per step (the decode path generation runs) instead of as one prompt");
   cmd->callback([which] { *which = 1; });
   CLI::App* emb = eval->add_subcommand("embeddings", "an encoder's embeddings vs the f32 model's (cosine, labels)");
   add_common(emb, *a);
