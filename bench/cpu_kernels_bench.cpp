@@ -1,6 +1,6 @@
 // cpu_kernels_bench: measures this machine's ceilings (STREAM-like triad and read-only sum
 // over buffers far beyond the LLC, a register-only FMA loop on all threads) and reports the
-// CPU kernels against them: linear at T=1 (GB/s of weights, % of read bandwidth), at
+// CPU kernels against them: linear at T=1 (GB/s of weights f32/bf16/q8/q4, % of read bandwidth), at
 // T=128/512 (GFLOP/s, % of FMA peak; also with cold weights, rotated over copies beyond the
 // LLC as a model's forward sees them), and paged-attention decode. Median of N timed repeats
 // after warm-up; every kernel output is checked against a scalar reference before timing.
@@ -160,9 +160,13 @@ void bench_gemv(double read_bw) {
   std::printf("%-10s %-11s %-5s %9s %9s %12s %12s %8s\n", "shape", "K->N", "store", "MB", "hot us",
               "hot GB/s", "cold GB/s", "%readBW");
   for (const auto& sh : shapes)
-    for (WeightStorage st : {WeightStorage::kF32, WeightStorage::kBF16}) {
+    for (WeightStorage st : {WeightStorage::kF32, WeightStorage::kBF16, WeightStorage::kQ8, WeightStorage::kQ4}) {
       auto w = random_floats(size_t(sh.n * sh.k), 1);
       auto x = random_floats(size_t(sh.k), 2);
+      // The bound against the f32 weights: f32 exact up to summation order, the others their
+      // rounding (bf16 8 bits; q8 / q4 codes per group of 32, errors of ~1/254 / ~1/30 of
+      // the group's range, mostly cancelling in the sum).
+      const double tol = st == WeightStorage::kF32 ? 1e-5 : st == WeightStorage::kQ4 ? 0.1 : 2e-2;
       // Cold: rotate over enough packed copies to exceed the LLC, so weights come from DRAM.
       PackedWeight first = pack_weight(w.data(), sh.n, sh.k, st);
       const size_t copies = std::max<size_t>(1, std::min<size_t>(64, (size_t(800) << 20) / first.bytes() + 1));
@@ -170,7 +174,7 @@ void bench_gemv(double read_bw) {
       for (size_t c = 1; c < copies; ++c) pws.push_back(pack_weight(w.data(), sh.n, sh.k, st));
       std::vector<float> y(sh.n);
       linear(x.data(), 1, sh.k, first, nullptr, y.data());
-      const bool ok = linear_ok(x, w, y.data(), 1, sh.n, sh.k, st == WeightStorage::kF32 ? 1e-5 : 1e-2);
+      const bool ok = linear_ok(x, w, y.data(), 1, sh.n, sh.k, tol);
       const double hot = time_median([&] { linear(x.data(), 1, sh.k, first, nullptr, y.data()); }, 51, 5);
       size_t next = 0;
       const double cold = time_median([&] {

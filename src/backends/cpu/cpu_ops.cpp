@@ -381,6 +381,9 @@ OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, const CompileOptions
     }
     out_n = packed->n;
     LinearTactic tactic = linear_tactic_for(n, opt);
+    // The logits GEMM keeps x as given: rounding its input to int8 (a decode GEMV's
+    // shortcut) moved SmolLM2's chat answer off a near-tie of its first token.
+    tactic.int8_x = g.find_output("logits") != n.outputs[0];
     const float* b = f32(bias.empty() ? nullptr : &bias);
     gemm = [packed, bias, b, tactic](const float* x, int64_t t, int64_t k, float* y) {
       linear(x, t, k, *packed, b, y, tactic);

@@ -2,11 +2,15 @@
 // quantizes independently (per 32-value group and output, round
 // to nearest; q8 symmetric, q4 with a per-group min) and multiplies in double; and the
 // quantization error against the exact
-// f32 weights stays within the rounding bound of the format.
+// f32 weights stays within the rounding bound of the format. At up to 4 rows on a CPU with
+// AVX-512 VNNI + VBMI, linear() rounds x to int8 per group of 32 (the int8-activation GEMV):
+// against the same reference on the rounded x, and against the exact weights within the
+// quantization and rounding errors; every case also runs with it switched off.
 #include <gtest/gtest.h>
 
 #include <cmath>
 
+#include "backends/cpu/kernels/isa.h"
 #include "core/dtype.h"
 #include "core/status.h"
 #include "test_util.h"
@@ -21,8 +25,10 @@ using testing::random_floats;
 // q8: symmetric, scale = max|w| / 127. q4: asymmetric, scale = (max - min) / 15. Scales
 // and mins are stored as f16 relative to a power-of-two row factor F that puts the row's
 // largest scale or |min| in [2^14, 2^15]; codes round against the stored values.
-std::vector<double> dequantized(const std::vector<float>& w, int64_t n, int64_t k, bool q8) {
+std::vector<double> dequantized(const std::vector<float>& w, int64_t n, int64_t k, bool q8,
+                                std::vector<double>* mins = nullptr) {
   std::vector<double> d(w.size());
+  if (mins) mins->assign(size_t(n * (k / 32)), 0.0);
   for (int64_t r = 0; r < n; ++r) {
     std::vector<float> scale, offset;
     float big = 0;
@@ -41,6 +47,7 @@ std::vector<double> dequantized(const std::vector<float>& w, int64_t n, int64_t 
       const float* v = w.data() + r * k + g;
       const float s = f16_to_f32(f32_to_f16(scale[size_t(g / 32)] / f)) * f;
       const float m = f16_to_f32(f32_to_f16(offset[size_t(g / 32)] / f)) * f;
+      if (mins) (*mins)[size_t(r * (k / 32) + g / 32)] = m;
       for (int64_t i = 0; i < 32; ++i) {
         float q = s > 0 ? std::nearbyint((v[i] - m) / s) : 0.0f;
         q = q8 ? std::clamp(q, -127.0f, 127.0f) : std::clamp(q, 0.0f, 15.0f);
@@ -57,7 +64,35 @@ void check(int64_t t, int64_t n, int64_t k, WeightStorage s, uint64_t seed) {
   auto x = random_floats(size_t(t * k), seed);
   auto w = random_floats(size_t(n * k), seed + 1);
   auto bias = random_floats(size_t(n), seed + 2);
-  auto dq = dequantized(w, n, k, s == WeightStorage::kQ8);
+  std::vector<double> mins;
+  auto dq = dequantized(w, n, k, s == WeightStorage::kQ8, &mins);
+  // The int8-activation GEMV (t <= kQGemvInt8MaxRows on AVX-512 VNNI): x as
+  // quantize_rows_groups rounds it (dx * qx), each group's min times the exact Σx.
+  const int64_t groups = k / 32;
+  std::vector<int8_t> qx(size_t(t * k));
+  std::vector<float> dx(size_t(t * groups)), sx(size_t(t * groups));
+  quantize_rows_groups(x.data(), t, k, qx.data(), dx.data(), sx.data());
+  std::vector<double> ref8(size_t(t * n)), tol8(size_t(t * n)), qtol8(size_t(t * n));
+  for (int64_t i = 0; i < t; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = bias[j], mag = std::fabs(bias[j]), qerr = 0;
+      for (int64_t g = 0; g < groups; ++g) {
+        const double m = mins[size_t(j * groups + g)];
+        double xs = 0;
+        for (int64_t kk = g * 32; kk < g * 32 + 32; ++kk) {
+          const double xr = double(dx[size_t(i * groups + g)]) * qx[size_t(i * k + kk)];
+          acc += xr * (dq[j * k + kk] - m);
+          xs += x[i * k + kk];
+          mag += std::fabs(xr * (dq[j * k + kk] - m)) + std::fabs(x[i * k + kk] * m);
+          qerr += std::fabs(x[i * k + kk] - xr) * std::fabs(dq[j * k + kk] - m) +
+                  std::fabs(double(x[i * k + kk]) * (dq[j * k + kk] - w[j * k + kk]));
+        }
+        acc += m * xs;
+      }
+      ref8[i * n + j] = acc;
+      tol8[i * n + j] = 4.0 * double(k) * 0x1p-24 * 2.0 * mag + 1e-6;
+      qtol8[i * n + j] = qerr + tol8[i * n + j];
+    }
   std::vector<double> ref(size_t(t * n)), exact(size_t(t * n)), tol(size_t(t * n)), qtol(size_t(t * n));
   for (int64_t i = 0; i < t; ++i)
     for (int64_t j = 0; j < n; ++j) {
@@ -75,18 +110,55 @@ void check(int64_t t, int64_t n, int64_t k, WeightStorage s, uint64_t seed) {
       qtol[i * n + j] = qerr + tol[i * n + j];
     }
   PackedWeight pw = pack_weight(w.data(), n, k, s);
-  for_each_isa([&] {
-    std::vector<float> y(size_t(t * n));
-    linear(x.data(), t, k, pw, bias.data(), y.data());
-    expect_within(y, ref, tol, "vs dequantized reference");
-    expect_within(y, exact, qtol, "vs exact weights within the quantization error");
-  });
+  const bool saved = cpu_qgemv_int8_enabled();
+  for (bool int8 : {false, true}) {
+    cpu_qgemv_int8_set(int8);
+    for_each_isa([&] {
+      std::vector<float> y(size_t(t * n));
+      linear(x.data(), t, k, pw, bias.data(), y.data());
+      if (t <= kQGemvInt8MaxRows && avx512_qgemv_int8_supported()) {
+        SCOPED_TRACE("int8-activation GEMV");
+        expect_within(y, ref8, tol8, "vs dequantized reference on int8-rounded x");
+        expect_within(y, exact, qtol8, "vs exact weights within the quantization and rounding errors");
+        return;
+      }
+      expect_within(y, ref, tol, "vs dequantized reference");
+      expect_within(y, exact, qtol, "vs exact weights within the quantization error");
+    });
+  }
+  cpu_qgemv_int8_set(saved);
+}
+
+// quantize_rows_groups: per row and group of 32, d = max|x| / 127, qx = rint(x * 127 /
+// max|x|), sx the f32 sum; a group of zeros gives d = 0 and codes 0.
+TEST(QuantLinear, Int8GroupRounding) {
+  auto x = random_floats(3 * 96, 5);
+  for (int i = 32; i < 64; ++i) x[size_t(i)] = 0.0f;  // row 0's second group
+  x[70] = 3.5f;                                       // a group whose max is one outlier
+  std::vector<int8_t> q(x.size());
+  std::vector<float> d(9), sx(9);
+  quantize_rows_groups(x.data(), 3, 96, q.data(), d.data(), sx.data());
+  for (int64_t r = 0; r < 3; ++r)
+    for (int64_t g = 0; g < 3; ++g) {
+      float amax = 0, sum = 0;
+      for (int64_t i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[size_t(r * 96 + g * 32 + i)]));
+      for (int64_t i = 0; i < 32; ++i) sum += x[size_t(r * 96 + g * 32 + i)];
+      EXPECT_EQ(d[size_t(r * 3 + g)], amax / 127.0f);
+      EXPECT_EQ(sx[size_t(r * 3 + g)], sum);
+      for (int64_t i = 0; i < 32; ++i) {
+        const int64_t at = r * 96 + g * 32 + i;
+        const int want = amax > 0 ? int(std::nearbyint(x[size_t(at)] * (127.0f / amax))) : 0;
+        EXPECT_EQ(int(q[size_t(at)]), want) << "row " << r << " group " << g << " element " << i;
+      }
+    }
+  EXPECT_EQ(q[70], 127);
+  EXPECT_THROW(quantize_rows_groups(x.data(), 1, 48, q.data(), d.data(), sx.data()), Error);
 }
 
 TEST(QuantLinear, MatchesIndependentDequantization) {
   uint64_t seed = 100;
   for (WeightStorage s : {WeightStorage::kQ8, WeightStorage::kQ4})
-    for (int64_t t : {1, 2, 3, 7, 64})
+    for (int64_t t : {1, 2, 3, 4, 7, 64})
       for (auto [n, k] : {std::pair<int64_t, int64_t>{16, 32}, {50, 96}, {17, 320}, {130, 768}})
         check(t, n, k, s, seed += 7);
 }

@@ -9,6 +9,7 @@
 
 #include "backends/cpu/kernels/isa.h"
 #include "core/env_switch.h"
+#include "core/status.h"
 
 namespace kiln::cpu {
 namespace {
@@ -55,6 +56,32 @@ std::atomic<bool>& avx512_on() {
 }  // namespace
 
 bool avx512_enabled() { return use_avx2() && avx512_on().load(std::memory_order_relaxed); }
+
+namespace {
+std::atomic<bool>& qgemv_int8_on() {
+  static std::atomic<bool> on{[] {
+    const char* e = std::getenv("KILN_CPU_QGEMV");
+    if (!e || !*e || std::strcmp(e, "int8") == 0) return true;
+    KILN_THROW_IF(std::strcmp(e, "f32") != 0, kInvalidArgument, "KILN_CPU_QGEMV='", e,
+                  "': expected 'int8' (decode rows of q8/q4 Linears against int8-rounded activations where the CPU "
+                  "has AVX-512 VNNI) or 'f32' (the f32 kernels)");
+    return false;
+  }()};
+  return on;
+}
+}  // namespace
+
+bool cpu_qgemv_int8_enabled() { return qgemv_int8_on().load(std::memory_order_relaxed); }
+
+void cpu_qgemv_int8_set(bool on) { qgemv_int8_on().store(on, std::memory_order_relaxed); }
+
+bool avx512_qgemv_int8_supported() {
+  static const bool hw = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi");
+  }();
+  return hw && avx512_enabled() && cpu_qgemv_int8_enabled();
+}
 
 void cpu_avx512_set(bool on) { avx512_on().store(on && avx512_hardware(), std::memory_order_relaxed); }
 

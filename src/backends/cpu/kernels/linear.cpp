@@ -214,7 +214,69 @@ struct LinearRun {
   }
 };
 
+// linear() for q8/q4 weights and t <= kQGemvInt8MaxRows rows on AVX-512 VNNI (kernels.h):
+// x rounded once per call, threads owning contiguous panels as the f32 kernels' do.
+void linear_qgemv_int8(const float* x, int64_t t, int64_t k, const PackedWeight& w, const float* bias, float* y,
+                       int threads) {
+  const int64_t groups = k / kQuantGroup, n = w.n;
+  thread_local std::vector<int8_t> qx;
+  thread_local std::vector<float> scales;
+  qx.resize(size_t(t * k));
+  scales.resize(size_t(2 * t * groups));
+  float* dx = scales.data();
+  float* sx = dx + t * groups;
+  quantize_rows_groups(x, t, k, qx.data(), dx, sx);
+  const bool q4 = w.storage == WeightStorage::kQ4;
+  float tail_bias[kNr] = {};
+  if (bias) {
+    const int64_t last = (w.panels() - 1) * kNr;
+    for (int64_t c = 0; c < kNr; ++c) tail_bias[c] = last + c < n ? bias[last + c] : 0.0f;
+  }
+  const int8_t* q = qx.data();
+  auto run = [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t cols = std::min(kNr, n - p * kNr);
+      if (cols == kNr) {
+        avx512::qgemv_int8(int(t), q4, q, dx, sx, k, groups, w.panel(p), groups, y + p * kNr, n,
+                           bias ? bias + p * kNr : nullptr, false);
+        continue;
+      }
+      float tile[kQGemvInt8MaxRows * kNr];
+      avx512::qgemv_int8(int(t), q4, q, dx, sx, k, groups, w.panel(p), groups, tile, kNr, bias ? tail_bias : nullptr,
+                         false);
+      for (int64_t r = 0; r < t; ++r) std::memcpy(y + r * n + p * kNr, tile + r * kNr, size_t(cols) * 4);
+    }
+  };
+  if (threads <= 1)
+    run(0, w.panels());
+  else
+    ThreadPool::global().parallel_for(w.panels(), [&](int64_t b, int64_t e, int) { run(b, e); }, 1);
+}
+
 }  // namespace
+
+void quantize_rows_groups(const float* x, int64_t t, int64_t k, int8_t* qx, float* dx, float* sx) {
+  KILN_THROW_IF(k % kQuantGroup != 0, kInvalidArgument, "quantize_rows_groups: K=", k, " is not a multiple of ",
+                kQuantGroup);
+  const int64_t groups = k / kQuantGroup;
+  for (int64_t r = 0; r < t; ++r)
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* xg = x + r * k + g * kQuantGroup;
+      int8_t* qg = qx + r * k + g * kQuantGroup;
+      float amax = 0.0f, sum = 0.0f;
+      for (int64_t i = 0; i < kQuantGroup; ++i) {
+        amax = std::max(amax, std::fabs(xg[i]));
+        sum += xg[i];
+      }
+      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+      for (int64_t i = 0; i < kQuantGroup; ++i) {
+        const float v = std::nearbyint(xg[i] * inv);
+        qg[i] = int8_t(v >= 127.0f ? 127 : v <= -127.0f ? -127 : v == v ? int(v) : 0);
+      }
+      dx[r * groups + g] = amax / 127.0f;
+      sx[r * groups + g] = sum;
+    }
+}
 
 const char* weight_storage_name(WeightStorage s) {
   switch (s) {
@@ -334,6 +396,11 @@ void linear(const float* x, int64_t t, int64_t k, const PackedWeight& w, const f
   KILN_THROW_IF(tac.mr < 1 || tac.mr > max_mr, kInvalidArgument, "linear: tactic mr must be in [1, ", max_mr,
                 "], got ", tac.mr);
 
+  if (weight_storage_quantized(w.storage) && t <= kQGemvInt8MaxRows && tactic.int8_x &&
+      avx512_qgemv_int8_supported()) {
+    linear_qgemv_int8(x, t, k, w, bias, y, tac.threads);
+    return;
+  }
   LinearRun run{x, t, k, w.n, &w, bias, y,
                 mk512 ? mk512 : use_avx2() ? avx2::linear_microkernel(w.storage) : scalar_linear_microkernel(w.storage),
                 mk512 && tac.panels == 2 ? avx512::linear_microkernel2(w.storage) : nullptr,

@@ -1,0 +1,122 @@
+// Weight-only q8/q4 decode GEMV rows on AVX-512 VNNI + VBMI, against activations rounded
+// to int8 per group of 32 (quantize_rows_groups: d = max|x| / 127, xq = rint(x / d)), the
+// CUDA backend's dp4a GEMV and llama.cpp's Q4 x Q8 dot products do the same. Why: the f32
+// kernels widen and convert every code (about 11 instructions per 16 q4 weights), which
+// bounds them at ~25 G weights/s on two cores of the dev VM, half its read bandwidth
+// (cpu_kernels_bench --gemv). Here one vpdpbusd multiplies 64 codes by 4 x codes each.
+// The panels keep their layout (kernels.h): a 4-row block of a group - 4 k values x 16
+// columns, 32 bytes of nibbles (q4) or 64 bytes (q8) - is one load; its codes are split
+// into nibbles (q4) and one vpermb gathers each column's 4 codes into its dword. q4 codes
+// (0..15) are the unsigned operand against the signed x codes; q8's signed codes take x +
+// 128 as the unsigned operand and the group's Σ codes (a second vpdpbusd against ones)
+// removes the 128 again. The group's exact integer sums, converted to f32 (|sum| < 2^24),
+// are folded into the tile as the f32 kernels fold theirs: acc += float(sum) * (scale[c] *
+// dx) (+ min[c] * Σx for q4, the f32 sum of the group's x). Compiled with
+// -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mavx512vbmi; called only after a CPUID
+// check (isa.cpp: avx512_qgemv_int8_supported). Tested in tests/backends/cpu/linear_test.cpp
+// against a scalar evaluation of the same rounding.
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "backends/cpu/kernels/isa.h"
+
+namespace kiln::cpu::avx512 {
+namespace {
+
+// vpermb indices: output byte 4c + r (column c, row r of the block) from the loaded block.
+// q4: the low nibbles of bytes 0-31 (row r at 8r + j: column j) then the high nibbles
+// (column j + 8) as bytes 32-63; q8: row r at 16r + c.
+struct Perm {
+  alignas(64) uint8_t q4[64], q8[64];
+  Perm() {
+    for (int c = 0; c < 16; ++c)
+      for (int r = 0; r < 4; ++r) {
+        q4[4 * c + r] = uint8_t(c < 8 ? 8 * r + c : 32 + 8 * r + (c - 8));
+        q8[4 * c + r] = uint8_t(16 * r + c);
+      }
+  }
+};
+const Perm kPerm;
+
+template <bool kQ4, int M>
+void qgemv_rows(const int8_t* qx, const float* dx, const float* sx, int64_t ldq, int64_t ldg, const uint8_t* group,
+                int64_t groups, float* y, int64_t ldy, const float* init, bool accumulate) {
+  constexpr size_t kCodeBytes = kQuantGroup * (kQ4 ? 8 : 16);
+  constexpr size_t kGroupBytes = kCodeBytes + (kQ4 ? 128 : 64);
+  constexpr int U = M == 1 ? 4 : M == 2 ? 2 : 1;
+  const __m512i perm = _mm512_load_si512(kQ4 ? kPerm.q4 : kPerm.q8);
+  const __m512i nib = _mm512_set1_epi8(15), ones = _mm512_set1_epi8(1), off = _mm512_set1_epi8(-128);
+  __m512 acc[M];
+#pragma GCC unroll 4
+  for (int r = 0; r < M; ++r)
+    acc[r] = accumulate ? _mm512_loadu_ps(y + r * ldy) : init ? _mm512_loadu_ps(init) : _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g, group += kGroupBytes) {
+#pragma GCC unroll 16
+    for (size_t o = 0; o < kGroupBytes; o += 64)  // the group 4 ahead (the next panel's at a panel's end)
+      _mm_prefetch(reinterpret_cast<const char*>(group + 4 * kGroupBytes + o), _MM_HINT_T0);
+    // U independent sums a row (blocks b, b + U, ...): one chain of 8 dependent vpdpbusd
+    // (5 cycles each) would bound a row at ~13 codes a cycle.
+    __m512i sum[U][M], wsum = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int u = 0; u < U; ++u)
+#pragma GCC unroll 4
+      for (int r = 0; r < M; ++r) sum[u][r] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+    for (int b = 0; b < kQuantGroup / 4; ++b) {
+      constexpr int kBlocks = kQuantGroup / 4;
+      static_assert(kBlocks % U == 0);
+      const int u = b % U;
+      __m512i w;
+      if constexpr (kQ4) {
+        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + b * 32));
+        const __m512i both = _mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1);
+        w = _mm512_permutexvar_epi8(perm, _mm512_and_si512(both, nib));
+      } else {
+        w = _mm512_permutexvar_epi8(perm, _mm512_loadu_si512(group + b * 64));
+        wsum = _mm512_dpbusd_epi32(wsum, ones, w);
+      }
+#pragma GCC unroll 4
+      for (int r = 0; r < M; ++r) {
+        int32_t xw;
+        std::memcpy(&xw, qx + r * ldq + g * kQuantGroup + b * 4, 4);
+        const __m512i xb = _mm512_set1_epi32(xw);
+        if constexpr (kQ4)
+          sum[u][r] = _mm512_dpbusd_epi32(sum[u][r], w, xb);
+        else
+          sum[u][r] = _mm512_dpbusd_epi32(sum[u][r], _mm512_xor_si512(xb, off), w);  // (x + 128) as unsigned
+      }
+    }
+#pragma GCC unroll 4
+    for (int u = 1; u < U; ++u)
+#pragma GCC unroll 4
+      for (int r = 0; r < M; ++r) sum[0][r] = _mm512_add_epi32(sum[0][r], sum[u][r]);
+    const float* scale = reinterpret_cast<const float*>(group + kCodeBytes);
+    const __m512 s = _mm512_loadu_ps(scale);
+#pragma GCC unroll 4
+    for (int r = 0; r < M; ++r) {
+      __m512i exact = sum[0][r];
+      if constexpr (!kQ4) exact = _mm512_sub_epi32(exact, _mm512_slli_epi32(wsum, 7));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(s, _mm512_set1_ps(dx[r * ldg + g])), acc[r]);
+      if constexpr (kQ4) acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(scale + 16), _mm512_set1_ps(sx[r * ldg + g]), acc[r]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < M; ++r) _mm512_storeu_ps(y + r * ldy, acc[r]);
+}
+
+}  // namespace
+
+void qgemv_int8(int m, bool q4, const int8_t* qx, const float* dx, const float* sx, int64_t ldq, int64_t ldg,
+                const uint8_t* group, int64_t groups, float* y, int64_t ldy, const float* init, bool accumulate) {
+  with_tile_rows<kQGemvInt8MaxRows>(m, [&](auto rows) {
+    constexpr int M = decltype(rows)::value;
+    if (q4)
+      qgemv_rows<true, M>(qx, dx, sx, ldq, ldg, group, groups, y, ldy, init, accumulate);
+    else
+      qgemv_rows<false, M>(qx, dx, sx, ldq, ldg, group, groups, y, ldy, init, accumulate);
+  });
+}
+
+}  // namespace kiln::cpu::avx512
