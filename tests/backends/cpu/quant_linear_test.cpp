@@ -129,6 +129,42 @@ void check(int64_t t, int64_t n, int64_t k, WeightStorage s, uint64_t seed) {
   cpu_qgemv_int8_set(saved);
 }
 
+// The AVX-512 q8/q4 tiles do each AVX2 lane's arithmetic in one zmm lane: the same bits
+// at every row count (the int8-activation GEMV off), N tails and K blocks included.
+TEST(QuantLinear, Avx512TilesGiveTheAvx2Bits) {
+  if (!cpu_isa_supported(CpuIsa::kAvx2)) GTEST_SKIP() << "no AVX2";
+  const CpuIsa saved_isa = cpu_isa();
+  const bool saved512 = avx512_enabled(), saved_int8 = cpu_qgemv_int8_enabled();
+  cpu_isa_set(CpuIsa::kAvx2);
+  cpu_avx512_set(true);
+  if (!avx512_enabled()) {
+    cpu_isa_set(saved_isa);
+    GTEST_SKIP() << "no AVX-512 here";
+  }
+  cpu_qgemv_int8_set(false);
+  uint64_t seed = 300;
+  for (WeightStorage s : {WeightStorage::kQ8, WeightStorage::kQ4})
+    for (int64_t t : {1, 2, 5, 7, 13})
+      for (auto [n, k] : {std::pair<int64_t, int64_t>{50, 96}, {33, 5120}}) {
+        auto x = random_floats(size_t(t * k), seed += 3);
+        auto w = random_floats(size_t(n * k), seed + 1);
+        auto bias = random_floats(size_t(n), seed + 2);
+        PackedWeight pw = pack_weight(w.data(), n, k, s);
+        std::vector<float> y[2];
+        for (int wide = 0; wide < 2; ++wide) {
+          cpu_avx512_set(wide == 1);
+          y[wide].assign(size_t(t * n), NAN);
+          linear(x.data(), t, k, pw, bias.data(), y[wide].data());
+        }
+        size_t differ = 0;
+        for (size_t i = 0; i < y[0].size(); ++i) differ += f32_bits(y[0][i]) != f32_bits(y[1][i]);
+        EXPECT_EQ(differ, 0u) << weight_storage_name(s) << " T=" << t << " N=" << n << " K=" << k;
+      }
+  cpu_qgemv_int8_set(saved_int8);
+  cpu_isa_set(saved_isa);
+  cpu_avx512_set(saved512);
+}
+
 // quantize_rows_groups: per row and group of 32, d = max|x| / 127, qx = rint(x * 127 /
 // max|x|), sx the f32 sum; a group of zeros gives d = 0 and codes 0.
 TEST(QuantLinear, Int8GroupRounding) {
@@ -153,6 +189,21 @@ TEST(QuantLinear, Int8GroupRounding) {
     }
   EXPECT_EQ(q[70], 127);
   EXPECT_THROW(quantize_rows_groups(x.data(), 1, 48, q.data(), d.data(), sx.data()), Error);
+  // A NaN reaches the outputs, as through the f32 kernels.
+  x[5] = NAN;
+  quantize_rows_groups(x.data(), 1, 96, q.data(), d.data(), sx.data());
+  EXPECT_TRUE(std::isnan(d[0]));
+  EXPECT_FALSE(std::isnan(d[1]));
+  const bool saved = cpu_qgemv_int8_enabled();
+  cpu_qgemv_int8_set(true);
+  auto w = random_floats(16 * 96, 9);
+  for (WeightStorage st : {WeightStorage::kQ8, WeightStorage::kQ4}) {
+    PackedWeight pw = pack_weight(w.data(), 16, 96, st);
+    std::vector<float> y(16);
+    linear(x.data(), 1, 96, pw, nullptr, y.data());
+    for (float v : y) EXPECT_TRUE(std::isnan(v)) << weight_storage_name(st);
+  }
+  cpu_qgemv_int8_set(saved);
 }
 
 TEST(QuantLinear, MatchesIndependentDequantization) {

@@ -69,7 +69,7 @@ namespace avx512 {
 // indexed from that first group). Start: y if accumulate, else init (16 floats) or zero.
 void qgemv_int8(int m, bool q4, const int8_t* qx, const float* dx, const float* sx, int64_t ldq, int64_t ldg,
                 const uint8_t* group, int64_t groups, float* y, int64_t ldy, const float* init, bool accumulate);
-LinearMicrokernel linear_microkernel(WeightStorage storage);    // null for quantized storage
+LinearMicrokernel linear_microkernel(WeightStorage storage);    // q8/q4: the AVX2 kernels' bits
 LinearMicrokernel2 linear_microkernel2(WeightStorage storage);  // null for quantized storage
 // paged_attention's blocked path for sequences of several query rows, f32 caches, d 64 or 128.
 void attention_rows_f32(const float* q, const float* k_cache, const float* v_cache, int64_t block_size, int64_t hq,

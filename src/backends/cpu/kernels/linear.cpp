@@ -264,16 +264,21 @@ void quantize_rows_groups(const float* x, int64_t t, int64_t k, int8_t* qx, floa
       const float* xg = x + r * k + g * kQuantGroup;
       int8_t* qg = qx + r * k + g * kQuantGroup;
       float amax = 0.0f, sum = 0.0f;
+      bool nan = false;
       for (int64_t i = 0; i < kQuantGroup; ++i) {
         amax = std::max(amax, std::fabs(xg[i]));
         sum += xg[i];
+        nan = nan || xg[i] != xg[i];
       }
       const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
       for (int64_t i = 0; i < kQuantGroup; ++i) {
         const float v = std::nearbyint(xg[i] * inv);
         qg[i] = int8_t(v >= 127.0f ? 127 : v <= -127.0f ? -127 : v == v ? int(v) : 0);
       }
-      dx[r * groups + g] = amax / 127.0f;
+      // A NaN in x makes the group's scale NaN, so the outputs are NaN as x multiplied as
+      // given would make them (its code alone would read 0); an infinity already does
+      // (d = inf against codes 0).
+      dx[r * groups + g] = nan ? sum : amax / 127.0f;
       sx[r * groups + g] = sum;
     }
 }

@@ -7,7 +7,7 @@
 // the core has two 512-bit FMA units. Uses the AVX2 kernel's panels as packed (bf16 rows
 // keep their column swap, undone once per tile: to_tile_order). Compiled with
 // -mavx512f -mavx512bw -mavx512vl -mfma -mf16c; called only where avx512_enabled().
-// Tested in tests/backends/cpu/linear_test.cpp.
+// Tested in tests/backends/cpu/linear_test.cpp (and the q8/q4 tiles in quant_linear_test.cpp).
 #include <immintrin.h>
 
 #include <cstdint>
@@ -141,6 +141,87 @@ void microkernel2(int m, const float* x, int64_t ldx, const void* panel_v, int64
   with_tile_rows<12>(m, [&](auto rows) { tile2<S, decltype(rows)::value>(x, ldx, p0, p1, kc, y, ldy, init, accumulate); });
 }
 
+// Quantized panels (kQ8 / kQ4): the AVX2 kernel's arithmetic (linear_avx2.cpp's
+// quant_tile) with one zmm a row instead of two ymm - each lane does exactly what its AVX2
+// lane did (the same U chains over k, the same group fold, the same Σx order for q4's
+// min), so both give the same bits; a k row's codes widen with one conversion per 16
+// instead of two per 8. For the x rows the int8-activation GEMV does not take (the logits
+// GEMM; prompts of more than 4 rows; KILN_CPU_QGEMV=f32).
+struct Q8 {
+  static constexpr size_t kCodeBytes = kQuantGroup * 16;
+  static constexpr size_t kGroupBytes = kCodeBytes + 64;
+  static constexpr bool kHasMin = false;
+  static __m512 load(const uint8_t* group, int64_t r) {
+    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(group + r * 16))));
+  }
+};
+struct Q4 {
+  static constexpr size_t kCodeBytes = kQuantGroup * 8;
+  static constexpr size_t kGroupBytes = kCodeBytes + 128;
+  static constexpr bool kHasMin = true;
+  // Byte j of a row: column j in the low nibble, j + 8 in the high one.
+  static __m512 load(const uint8_t* group, int64_t r) {
+    const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(group + r * 8));
+    const __m128i mask = _mm_set1_epi8(15);
+    const __m128i c = _mm_unpacklo_epi64(_mm_and_si128(v, mask), _mm_and_si128(_mm_srli_epi16(v, 4), mask));
+    return _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(c));
+  }
+};
+
+template <typename Q, int M>
+void quant_tile(const float* x, int64_t ldx, const uint8_t* group, int64_t kc, float* y, int64_t ldy,
+                const float* init, bool accumulate) {
+  constexpr int U = M == 1 ? 2 : 1;  // as the AVX2 kernel: the same chains, the same sums
+  __m512 acc[M];
+#pragma GCC unroll 12
+  for (int r = 0; r < M; ++r)
+    acc[r] = accumulate ? _mm512_loadu_ps(y + r * ldy) : init ? _mm512_loadu_ps(init) : _mm512_setzero_ps();
+  for (int64_t g0 = 0; g0 < kc; g0 += kQuantGroup, group += Q::kGroupBytes) {
+    _mm_prefetch(reinterpret_cast<const char*>(group + 2 * Q::kGroupBytes), _MM_HINT_T0);
+    __m512 part[U][M];
+#pragma GCC unroll 2
+    for (int u = 0; u < U; ++u)
+#pragma GCC unroll 12
+      for (int r = 0; r < M; ++r) part[u][r] = _mm512_setzero_ps();
+    for (int64_t kk = 0; kk < kQuantGroup; kk += U) {
+#pragma GCC unroll 2
+      for (int u = 0; u < U; ++u) {
+        const __m512 b = Q::load(group, kk + u);
+#pragma GCC unroll 12
+        for (int r = 0; r < M; ++r)
+          part[u][r] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * ldx + g0 + kk + u]), b, part[u][r]);
+      }
+    }
+    const float* scale = reinterpret_cast<const float*>(group + Q::kCodeBytes);
+    const __m512 s = _mm512_loadu_ps(scale);
+#pragma GCC unroll 12
+    for (int r = 0; r < M; ++r) {
+#pragma GCC unroll 2
+      for (int u = 1; u < U; ++u) part[0][r] = _mm512_add_ps(part[0][r], part[u][r]);
+      acc[r] = _mm512_fmadd_ps(part[0][r], s, acc[r]);
+      if constexpr (Q::kHasMin) {
+        // Σx of the group in the AVX2 kernel's order.
+        const float* xr = x + r * ldx + g0;
+        const __m256 xs = _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(xr), _mm256_loadu_ps(xr + 8)),
+                                        _mm256_add_ps(_mm256_loadu_ps(xr + 16), _mm256_loadu_ps(xr + 24)));
+        __m128 h = _mm_add_ps(_mm256_castps256_ps128(xs), _mm256_extractf128_ps(xs, 1));
+        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_add_ss(h, _mm_movehdup_ps(h));
+        acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(_mm_cvtss_f32(h)), _mm512_loadu_ps(scale + 16), acc[r]);
+      }
+    }
+  }
+#pragma GCC unroll 12
+  for (int r = 0; r < M; ++r) _mm512_storeu_ps(y + r * ldy, acc[r]);
+}
+
+template <typename Q>
+void quant_microkernel(int m, const float* x, int64_t ldx, const void* panel_v, int64_t kc, float* y, int64_t ldy,
+                       const float* init, bool accumulate) {
+  const auto* group = static_cast<const uint8_t*>(panel_v);
+  with_tile_rows<12>(m, [&](auto rows) { quant_tile<Q, decltype(rows)::value>(x, ldx, group, kc, y, ldy, init, accumulate); });
+}
+
 }  // namespace
 
 LinearMicrokernel linear_microkernel(WeightStorage storage) {
@@ -148,8 +229,10 @@ LinearMicrokernel linear_microkernel(WeightStorage storage) {
     case WeightStorage::kF32: return microkernel<F32>;
     case WeightStorage::kBF16: return microkernel<BF16>;
     case WeightStorage::kF16: return microkernel<F16>;
-    default: return nullptr;  // quantized panels keep the AVX2 kernels
+    case WeightStorage::kQ8: return quant_microkernel<Q8>;
+    case WeightStorage::kQ4: return quant_microkernel<Q4>;
   }
+  return nullptr;
 }
 
 LinearMicrokernel2 linear_microkernel2(WeightStorage storage) {
