@@ -63,6 +63,7 @@ if [ -f "$smol" ]; then
   check tokenize 0 "capital" -- "$kiln" tokenize -m "$smol" -t "The capital"
   check chat-two-turns 0 "> " -- bash -c "printf 'Hi\\nThanks\\n' | '$kiln' chat -m '$smol' -n 4"
   check bad-utf8 1 "UTF-8" -- "$kiln" generate -m "$smol" -p $'\xff\xfe' -n 2
+  check bad-cpu-qgemv 1 "KILN_CPU_QGEMV" -- env KILN_CPU_QGEMV=fast "$kiln" generate -m "$smol" -p "Hi" -n 2
 else
   echo "skip real-model CLI checks: $smol not found"
 fi

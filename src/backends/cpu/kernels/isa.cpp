@@ -80,7 +80,9 @@ bool avx512_qgemv_int8_supported() {
     __builtin_cpu_init();
     return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vbmi");
   }();
-  return hw && avx512_enabled() && cpu_qgemv_int8_enabled();
+  // The switch first: a mistyped KILN_CPU_QGEMV is an error on every CPU, not only on those
+  // where it would matter.
+  return cpu_qgemv_int8_enabled() && hw && avx512_enabled();
 }
 
 void cpu_avx512_set(bool on) { avx512_on().store(on && avx512_hardware(), std::memory_order_relaxed); }
