@@ -214,6 +214,12 @@ struct LinearRun {
   }
 };
 
+// The last panel's bias, zero past N (its tile is computed 16 columns wide).
+void fill_tail_bias(const PackedWeight& w, const float* bias, float* tail) {
+  const int64_t last = (w.panels() - 1) * kNr;
+  for (int64_t c = 0; c < kNr; ++c) tail[c] = last + c < w.n ? bias[last + c] : 0.0f;
+}
+
 // linear() for q8/q4 weights and t <= kQGemvInt8MaxRows rows on AVX-512 VNNI (kernels.h):
 // x rounded once per call, threads owning contiguous panels as the f32 kernels' do.
 void linear_qgemv_int8(const float* x, int64_t t, int64_t k, const PackedWeight& w, const float* bias, float* y,
@@ -228,10 +234,7 @@ void linear_qgemv_int8(const float* x, int64_t t, int64_t k, const PackedWeight&
   quantize_rows_groups(x, t, k, qx.data(), dx, sx);
   const bool q4 = w.storage == WeightStorage::kQ4;
   float tail_bias[kNr] = {};
-  if (bias) {
-    const int64_t last = (w.panels() - 1) * kNr;
-    for (int64_t c = 0; c < kNr; ++c) tail_bias[c] = last + c < n ? bias[last + c] : 0.0f;
-  }
+  if (bias) fill_tail_bias(w, bias, tail_bias);
   const int8_t* q = qx.data();
   auto run = [&](int64_t p0, int64_t p1) {
     for (int64_t p = p0; p < p1; ++p) {
@@ -410,10 +413,7 @@ void linear(const float* x, int64_t t, int64_t k, const PackedWeight& w, const f
                 mk512 ? mk512 : use_avx2() ? avx2::linear_microkernel(w.storage) : scalar_linear_microkernel(w.storage),
                 mk512 && tac.panels == 2 ? avx512::linear_microkernel2(w.storage) : nullptr,
                 tac.mr, std::min(tac.kc, k), {}};
-  if (bias) {
-    const int64_t last = (w.panels() - 1) * kNr;
-    for (int64_t c = 0; c < kNr; ++c) run.tail_bias[c] = last + c < w.n ? bias[last + c] : 0.0f;
-  }
+  if (bias) fill_tail_bias(w, bias, run.tail_bias);
   if (tac.threads <= 1) {
     run.run(0, t, 0, w.panels());
   } else if (tac.split == LinearSplit::kRows) {

@@ -151,6 +151,11 @@ __global__ void qkv_prep_vec_kernel(T* __restrict__ qkv, int tokens, int hq, int
   }
 }
 
+void check_qkv_prep(const QkvPrepArgs& a) {
+  KILN_THROW_IF(a.inv_freq && (a.rotary_dim <= 0 || a.rotary_dim % 2 || a.rotary_dim > a.d), kInvalidArgument,
+                "qkv rope: rotary_dim must be even and in (0, head_dim], got ", a.rotary_dim, " head_dim=", a.d);
+}
+
 }  // namespace
 
 bool qkv_prep_vectorized(const QkvPrepArgs& a) {
@@ -168,8 +173,7 @@ bool qkv_prep_vectorized(const QkvPrepArgs& a) {
 
 void launch_qkv_prep(const QkvPrepArgs& a, cudaStream_t s) {
   if (a.tokens == 0) return;
-  KILN_THROW_IF(a.inv_freq && (a.rotary_dim <= 0 || a.rotary_dim % 2 || a.rotary_dim > a.d), kInvalidArgument,
-                "qkv rope: rotary_dim must be even and in (0, head_dim], got ", a.rotary_dim, " head_dim=", a.d);
+  check_qkv_prep(a);
   if ((a.dtype == DType::kBF16 || a.dtype == DType::kF16) && qkv_prep_vectorized(a)) {
     const bool few = a.tokens < kPrepFewTokens;
     const int64_t heads = a.hq + 2 * a.hkv, g = few ? 1 : kPrepHeads;
@@ -194,8 +198,7 @@ void launch_qkv_prep(const QkvPrepArgs& a, cudaStream_t s) {
 
 void launch_qkv_prep_elements(const QkvPrepArgs& a, cudaStream_t s) {
   if (a.tokens == 0) return;
-  KILN_THROW_IF(a.inv_freq && (a.rotary_dim <= 0 || a.rotary_dim % 2 || a.rotary_dim > a.d), kInvalidArgument,
-                "qkv rope: rotary_dim must be even and in (0, head_dim], got ", a.rotary_dim, " head_dim=", a.d);
+  check_qkv_prep(a);
   const int64_t half = a.inv_freq ? a.rotary_dim / 2 : 0;
   const int64_t total = a.tokens * (a.hq + 2 * a.hkv) * (a.d - half);
   KILN_CUDA_DISPATCH_FLOAT(a.dtype, T, {

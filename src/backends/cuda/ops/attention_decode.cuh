@@ -38,7 +38,7 @@ constexpr int kDecWarps = 4, kDecThreads = kDecWarps * 32, kDecMaxGroup = 8;
 // grid fits one wave of the 2-stage kernel's 3 CTAs per SM (~73 KB of shared memory each);
 // 1 for larger grids (batch decode: 64 sequences x 8 KV heads are 512 CTAs), whose ~38 KB
 // CTAs fit 5 to an SM, so the grid runs in one wave instead of two, the other CTAs' copies
-// in flight while a warp computes (decode_cluster_stages).
+// in flight while a warp computes (launch_decode_cluster_typed picks).
 constexpr int kDecStagesMax = 2;
 
 // Shared-memory layout (bytes) of the kernel for head dim D, codes Q and ST stages a warp.
@@ -426,7 +426,6 @@ attention_decode_cluster_kernel(const DecParams<T> p) {
   dec_cluster_sync();
 }
 
-// Launches the kernel for T, D, Q over (sequences x splits, KV heads), clusters of `splits`.
 // The kernel of T, D, Q, ST with its shared-memory attribute set on the current device
 // (a host-side attribute per device, set on a step's eager first run before any capture).
 template <typename T, int D, KvCode Q, int ST>
@@ -445,6 +444,8 @@ auto decode_cluster_kernel_ready() {
   return kernel;
 }
 
+// Launches the kernel for T, D, Q, ST over (sequences x splits, KV heads), clusters of
+// `splits`.
 template <typename T, int D, KvCode Q, int ST>
 void launch_decode_cluster_staged(const AttentionArgs& a, cudaStream_t s) {
   using L = DecLayout<D, Q, ST>;
@@ -478,7 +479,7 @@ void launch_decode_cluster_staged(const AttentionArgs& a, cudaStream_t s) {
   KILN_CUDA_CHECK_LAUNCH();
 }
 
-// The stages (kDecStagesMax's comment): 1 when the grid exceeds one wave of the 2-stage
+// The stages (see kDecStagesMax): 1 when the grid exceeds one wave of the 2-stage
 // kernel (its resident CTAs per SM as the occupancy calculator counts them, asked once per
 // device) unless KILN_CUDA_DECODE_STAGES forces them. The grid depends only on the batch
 // and head shapes, so a captured graph replays the kernel it captured.
