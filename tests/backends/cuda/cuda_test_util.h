@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backends/backend.h"
+#include "backends/cpu/kernels/kernels.h"
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/ops/norm.h"
@@ -24,6 +25,17 @@
 #include "ir/graph.h"
 
 namespace kiln::cuda::testing {
+
+// The CPU reference of these tests multiplies q8/q4 weights by x as given, as the CUDA
+// backend's f32 and mma kernels do (the dp4a GEMV's rounding has its own bounds): the CPU's
+// int8-activation GEMV (AVX-512 VNNI hosts, tested in the CPU suites) is off in every
+// binary that includes this header.
+class CpuQGemvF32Reference : public ::testing::Environment {
+ public:
+  void SetUp() override { cpu::cpu_qgemv_int8_set(false); }
+};
+inline ::testing::Environment* const kCpuQGemvF32Reference =
+    ::testing::AddGlobalTestEnvironment(new CpuQGemvF32Reference);
 
 #define KILN_SKIP_WITHOUT_CUDA()                                                          \
   do {                                                                                    \
