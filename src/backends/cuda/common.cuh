@@ -126,7 +126,9 @@ __device__ __forceinline__ float unary_f32(float x) {
 // flags and so launches without the attribute and never triggers. Both are no-ops before
 // sm_90 and when launched without the attribute. KILN_CUDA_PDL=0 turns the attribute off.
 // Measured on the H200: decode steps (GEMV chains) gain 1-9%; steps with cuBLASLt GEMMs
-// (prefill, encoders) lost 7-10%, so only decode steps use it.
+// (prefill, encoders) lost 7-10%, so those keep plain launches. The W8A8 Linears' CUTLASS
+// GEMMs take part (ops/cutlass_launch.cuh): a graph whose every GEMM is one uses dependent
+// launch in its steps of up to kPdlMaxStepRows rows too (convert.h: pdl_in_step).
 __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;\n" ::: "memory");
@@ -146,7 +148,7 @@ __device__ __forceinline__ void prefetch_l1(const void* p) {
 
 // Whether launches on the current device carry the programmatic-serialization attribute:
 // a Hopper-class device, KILN_CUDA_PDL not 0, and this thread's steps allow it
-// (set_pdl_allowed in cuda_ops.h; the backend allows it for decode steps only).
+// (set_pdl_allowed in convert.h; the backend allows it in decode steps and pdl_in_step's).
 bool pdl_enabled();
 
 // launch_k for a kernel whose blocks form thread-block clusters of `cluster` (sm_90+;

@@ -38,6 +38,7 @@
 #include "backends/cuda/cuda_decode_stack.h"
 #include "backends/cuda/cuda_fp8_linear.h"
 #include "backends/cuda/cuda_int8_fuse.h"
+#include "backends/cuda/cuda_w8a8_linear.h"
 #include "backends/cuda/cuda_graph.h"
 #include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/nccl_communicator.h"
@@ -141,6 +142,7 @@ class CudaCompiledGraph final : public CompiledGraph {
       else
         log_info("cuda: KILN_CUDA_DECODE_STACK=1, but this graph keeps a kernel per node: ", why);
     }
+    gemms_pdl_ = w8a8_graph_gemms_are_cutlass(g);
     plan_memory();
     plan_input_checks();
     plan_profile_keys();
@@ -183,7 +185,7 @@ class CudaCompiledGraph final : public CompiledGraph {
     if (step_times_) KILN_CUDA_CHECK(cudaEventRecord(step_ev_[0], s));
     bool enqueued = false;
     auto enqueue = [&] {
-      set_pdl_allowed((decode || pdl_in_every_step()) && !profile_);
+      set_pdl_allowed((decode || pdl_in_step(gemms_pdl_, step.num_tokens())) && !profile_);
       struct Reset {
         ~Reset() { set_pdl_allowed(false); }
       } reset;
@@ -715,6 +717,7 @@ class CudaCompiledGraph final : public CompiledGraph {
     return e && std::string(e) == "1";
   }();
   cudaEvent_t step_ev_[2] = {nullptr, nullptr};
+  bool gemms_pdl_ = false;  // every GEMM takes part in dependent launch (convert.h: pdl_in_step)
   // By (decode?, tokens): device and host times.
   std::map<std::pair<bool, int64_t>, std::pair<std::vector<float>, std::vector<float>>> step_ms_;
   bool profile_ = [] {

@@ -123,6 +123,16 @@ bool w8a8_linear_supported(const ir::Node& n, const ir::Graph& g, std::string* w
   return true;
 }
 
+bool w8a8_graph_gemms_are_cutlass(const ir::Graph& g) {
+  bool any = false;
+  for (const ir::Node& n : g.nodes()) {
+    if (n.op != "Linear") continue;
+    if (n.attr_str("quant", "") != "w8a8") return false;
+    any = true;
+  }
+  return any && w8a8_gemm_cutlass_from_env() && int8_gemm_sm90_available();
+}
+
 OpRun prepare_w8a8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) {
   std::string why;
   if (!w8a8_linear_supported(n, g, &why)) throw_error(ErrorCode::kUnsupported, "cuda: Linear '", n.name, "': ", why);

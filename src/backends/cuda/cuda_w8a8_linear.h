@@ -30,5 +30,9 @@ bool w8a8_linear_supported(const ir::Node& n, const ir::Graph& g, std::string* w
 // the activation dtype, for comparison. Any other value is a kInvalidArgument error.
 bool w8a8_act_in_epilogue();
 OpRun prepare_w8a8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& pc);
+// Whether g has Linears and every one is W8A8 through the fused CUTLASS GEMM (built, on an
+// sm_90 device, KILN_CUDA_W8A8_GEMM not cublaslt): its GEMMs then take part in dependent
+// launch (ops/cutlass_launch.cuh), so the backend may use it in every step (convert.h).
+bool w8a8_graph_gemms_are_cutlass(const ir::Graph& g);
 
 }  // namespace kiln::cuda

@@ -44,18 +44,22 @@ __global__ void spin_kernel(int64_t ns) {
 namespace {
 thread_local bool pdl_allowed = false;
 
-// KILN_CUDA_PDL, read once: unset, empty or "1" decode steps (the backend's default), "0"
+// KILN_CUDA_PDL, read once: unset, empty or "1" (the default) decode steps and the short
+// steps of a graph whose GEMMs all take part (pdl_in_step), "decode" decode steps only, "0"
 // none, "all" every step; anything else is an error naming the variable.
-enum class PdlSetting : uint8_t { kOff, kDecode, kAll };
+enum class PdlSetting : uint8_t { kOff, kAuto, kDecode, kAll };
 PdlSetting pdl_setting() {
   static const PdlSetting v = [] {
     const char* e = std::getenv("KILN_CUDA_PDL");
     const std::string s = e ? e : "";
-    if (s.empty() || s == "1") return PdlSetting::kDecode;
+    if (s.empty() || s == "1") return PdlSetting::kAuto;
     if (s == "0") return PdlSetting::kOff;
+    if (s == "decode") return PdlSetting::kDecode;
     if (s == "all") return PdlSetting::kAll;
     throw_error(ErrorCode::kInvalidArgument, "KILN_CUDA_PDL='", s,
-                "' (expected 1, the default: dependent launch in decode steps; all: in every step; or 0: never)");
+                "' (expected 1, the default: dependent launch in decode steps, and in steps of up to ",
+                kPdlMaxStepRows, " token rows of a graph whose GEMMs are kiln's or CUTLASS's; decode: in decode "
+                "steps only; all: in every step; or 0: never)");
   }();
   return v;
 }
@@ -63,7 +67,10 @@ PdlSetting pdl_setting() {
 
 void set_pdl_allowed(bool on) { pdl_allowed = on; }
 
-bool pdl_in_every_step() { return pdl_setting() == PdlSetting::kAll; }
+bool pdl_in_step(bool gemms_take_part, int64_t rows) {
+  const PdlSetting v = pdl_setting();
+  return v == PdlSetting::kAll || (v == PdlSetting::kAuto && gemms_take_part && rows <= kPdlMaxStepRows);
+}
 
 bool pdl_enabled() {
   if (!pdl_allowed || pdl_setting() == PdlSetting::kOff) return false;
