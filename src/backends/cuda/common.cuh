@@ -68,14 +68,18 @@ __device__ __forceinline__ float block_max(float v, float* scratch) { return blo
 // GELU (erf form) = x Phi(x), Phi(x) = erfc(-x / sqrt2) / 2, with erfc(t) for t = |x| / sqrt2
 // as tau exp(-t^2 + P(tau)), tau = 1 / (1 + t/2): the Chebyshev fit of Numerical Recipes'
 // erfcc (fractional error < 1.2e-7), x >= 0 taking x - (x/2) erfc(t). In f32 (t^2 = x^2/2
-// exact inside the FMA) its worst relative error against the exact GELU is 8.6e-7 over
-// [-12, 12] (outputs above 1.2e-5 in magnitude; checked on every float), against 1.3e-6
-// for 0.5x * erfcf(-x/sqrt2) evaluated in f32, the CPU reference's formula. It is a
-// third of erfcf's instructions (PTX: 24 vs 75), which made GELU passes compute-bound:
-// the W8A8 FFN-up's GELU-to-codes pass over [4096, 3072] took ~25 us for 38 MB.
+// exact inside the FMA) with an exact reciprocal its worst relative error against the exact
+// GELU was 8.6e-7 over [-12, 12] (outputs above 1.2e-5 in magnitude; checked on every
+// float), against 1.3e-6 for 0.5x * erfcf(-x/sqrt2) evaluated in f32, the CPU reference's
+// formula; tau now comes from the approximate reciprocal (MUFU.RCP, within 1 ulp, so tau
+// within 2 ulp), which adds at most a few 1e-7 (the GPU op tests hold it to the CPU's
+// GELU). It is a third of erfcf's instructions (PTX: 24 vs 75), which made GELU passes
+// compute-bound: the W8A8 FFN-up's GELU-to-codes pass over [4096, 3072] took ~25 us for
+// 38 MB. The IEEE division's slow-path call had cost the GELU epilogue of the int8 GEMM
+// (cuda_int8_gemm_bench, FFN up at 4096 rows) 56.3 us against 37.1 now.
 __device__ __forceinline__ float gelu_erf_f32(float x) {
   const float a = fabsf(x);
-  const float tau = 1.0f / fmaf(0.35355339059327373f, a, 1.0f);
+  const float tau = __fdividef(1.0f, fmaf(0.35355339059327373f, a, 1.0f));
   float p = 0.17087277f;
   p = fmaf(p, tau, -0.82215223f);
   p = fmaf(p, tau, 1.48851587f);
