@@ -232,6 +232,15 @@ class Backend {
   virtual std::vector<std::shared_ptr<Communicator>> make_communicators(int world_size, int first_device);
   // Identifies the device tactics were timed on ("cpu avx2 2 threads", "NVIDIA H200").
   virtual std::string device_name() const { return name(); }
+  // The device's ceilings, measured now (`kiln bench` prints its rates against them): a
+  // 1 GiB device-to-device copy in GB/s (bytes read + written) and a bf16 8192^3 GEMM in
+  // TFLOP/s; 0 where the backend does not measure one (the CPU: kiln bench times the host's
+  // memory triad itself) or the device has no room for the buffers.
+  struct Ceilings {
+    double copy_gbs = 0;
+    double gemm_tflops = 0;
+  };
+  virtual Ceilings measure_ceilings() { return {}; }
 };
 
 // "cpu" (always) or "cuda" (when built with CUDA); throws kUnsupported otherwise.

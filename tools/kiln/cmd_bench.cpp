@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <random>
+#include <set>
 
 #include "commands.h"
 #include "runtime/encoder_runner.h"
@@ -34,6 +35,34 @@ std::string weights_label(const ModelArgs& m, const Model& model) {
   if (!m.quant.mode.empty()) return m.quant.mode;
   if (m.weight_dtype != "auto") return m.weight_dtype;
   return "auto (" + model.compile_options().weight_dtype + ")";
+}
+
+// Bytes of weights a decode step reads. The CPU backend counts its Linears' weights as
+// stored; CUDA counts every upload, and so also the token embedding tables, of which a
+// step reads only its tokens' rows: an embedding table no Linear shares (untied; a tied
+// one is the LM head's weight, read whole) is left out, at the activation dtype CUDA keeps
+// it in (f32 for --weight-dtype f32, else 16-bit).
+double step_weight_bytes(Model& model) {
+  double bytes = double(model.compiled().weight_bytes());
+  if (model.backend().name() != "cuda") return bytes;
+  const ir::Graph& g = model.graph();
+  std::set<ir::ValueId> linear_weights;
+  for (const ir::Node& n : g.nodes())
+    if (n.op == "Linear" && n.inputs.size() > 1) linear_weights.insert(n.inputs[1]);
+  std::set<ir::ValueId> tables;
+  for (const ir::Node& n : g.nodes())
+    if ((n.op == "Embedding" || n.op == "EmbeddingLayerNorm") && n.inputs.size() > 1) {
+      // The token table: the first weight input (EmbeddingLayerNorm's position and type
+      // tables follow; their rows are few and counted as read).
+      for (ir::ValueId v : n.inputs)
+        if (v != ir::kNoValue && g.is_weight(v)) {
+          if (!linear_weights.count(v)) tables.insert(v);
+          break;
+        }
+    }
+  const double elem = model.compile_options().weight_dtype == "f32" ? 4.0 : 2.0;
+  for (ir::ValueId v : tables) bytes -= double(g.weight(v).numel()) * elem;
+  return std::max(bytes, 0.0);
 }
 
 using Clock = std::chrono::steady_clock;
@@ -114,11 +143,12 @@ int run_bench(const BenchArgs& a) {
   for (auto& p : prompts)
     for (int i = 0; i < a.prompt_len; ++i) p.push_back(tok(rng));
 
-  // The host's triad bounds CPU decoding; a GPU's ceiling is its own memory (measured by
-  // bench/cuda_hf_baseline.py --ceilings), so no fraction is printed there.
+  // The ceilings, measured first: the host's triad bounds CPU decoding; a GPU's are its
+  // device-to-device copy and its bf16 GEMM rate (the backend measures them).
   const bool on_cpu = a.model.backend == "cpu";
   const double bw = on_cpu ? measure_triad_gbs() : 0.0;
-  const double weight_bytes = double(model->compiled().weight_bytes());
+  const Backend::Ceilings ceil = on_cpu ? Backend::Ceilings{} : model->backend().measure_ceilings();
+  const double weight_bytes = step_weight_bytes(*model);
   // K/V bytes of one token as the backend stores them (one-token block): f32 on the CPU
   // or int8 codes + scales with --kv-cache-dtype int8; the CUDA pool's activation dtype.
   KvLayout token_layout{info.num_layers, 1, 1, info.num_kv_heads, info.head_dim, model->kv_dtype()};
@@ -162,7 +192,7 @@ int run_bench(const BenchArgs& a) {
   auto [tg_min, tg_max] = std::minmax_element(tg.begin(), tg.end());
   double ctx = a.prompt_len + a.gen_len / 2.0;
   double step_bytes = weight_bytes + double(a.batch) * ctx * kv_token_bytes;
-  std::printf("model: %s (%s, %lld layers, hidden %lld), GEMM weights %s %.1f MiB, %d threads\n",
+  std::printf("model: %s (%s, %lld layers, hidden %lld), weights %s: %.1f MiB read per decode step, %d threads\n",
               model->path().c_str(), info.family.c_str(), (long long)info.num_layers,
               (long long)info.hidden_size,
               weights_label(a.model, *model).c_str(), weight_bytes / (1 << 20),
@@ -172,8 +202,11 @@ int run_bench(const BenchArgs& a) {
                 (long long)kv_blocks, a.kv_fraction);
   if (on_cpu)
     std::printf("ceiling: memory triad %.2f GB/s\n\n", bw);
+  else if (ceil.copy_gbs > 0)
+    std::printf("ceilings (measured in this run): device-to-device copy %.0f GB/s (read + write), bf16 GEMM "
+                "8192^3 %.0f TFLOP/s\n\n", ceil.copy_gbs, ceil.gemm_tflops);
   else
-    std::printf("ceiling: not measured here for %s (bench/cuda_hf_baseline.py --ceilings)\n\n",
+    std::printf("ceilings: not measured (too little free memory on the %s device for their buffers)\n\n",
                 a.model.backend.c_str());
   // Prefill FLOPs: every Linear but the LM head (which sees only the last rows) on every
   // prompt token, plus causal attention (QK^T and PV: 4 d flops per visible key per head).
@@ -186,15 +219,22 @@ int run_bench(const BenchArgs& a) {
   const double p = a.prompt_len;
   const double pp_flops = a.batch * (2.0 * linear_params * p + 2.0 * double(info.head_dim * info.num_heads *
                                                                             info.num_layers) * p * (p + 1));
-  std::printf("| test | batch | tokens/s | ms | spread (min-max ms) | GB/s | %% of triad | TFLOP/s |\n");
-  std::printf("|---|---|---|---|---|---|---|---|\n");
-  std::printf("| pp%d | %d | %.1f | %.1f | %.1f-%.1f | | | %.1f |\n", a.prompt_len, a.batch,
-              a.batch * a.prompt_len / pp_s, pp_s * 1e3, *pp_min * 1e3, *pp_max * 1e3, pp_flops / pp_s / 1e12);
+  // A rate as a share of its ceiling, or blank where that was not measured.
+  auto share = [](double rate, double ceiling) {
+    return ceiling > 0 ? str_cat(int(100.0 * rate / ceiling + 0.5), "%") : std::string();
+  };
+  const double mem_ceiling = on_cpu ? bw : ceil.copy_gbs;
+  std::printf("| test | batch | tokens/s | ms | spread (min-max ms) | GB/s | %% of %s | TFLOP/s | %% of GEMM |\n",
+              on_cpu ? "triad" : "copy");
+  std::printf("|---|---|---|---|---|---|---|---|---|\n");
+  const double tflops = pp_flops / pp_s / 1e12;
+  std::printf("| pp%d | %d | %.1f | %.1f | %.1f-%.1f | | | %.1f | %s |\n", a.prompt_len, a.batch,
+              a.batch * a.prompt_len / pp_s, pp_s * 1e3, *pp_min * 1e3, *pp_max * 1e3, tflops,
+              share(tflops, ceil.gemm_tflops).c_str());
   const double gbs = step_bytes / tg_s / 1e9;
-  std::printf("| tg%d | %d | %.1f | %.2f /token | %.2f-%.2f | %.2f | %s | |\n", a.gen_len, a.batch,
-              a.batch / tg_s, tg_s * 1e3, *tg_min * 1e3, *tg_max * 1e3, gbs,
-              on_cpu ? str_cat(int(100.0 * gbs / bw + 0.5), "%").c_str() : "");
-  std::printf("\nmedian of %d repeats after one warm-up; tg GB/s = (GEMM weights + KV read) / step time;"
+  std::printf("| tg%d | %d | %.1f | %.2f /token | %.2f-%.2f | %.2f | %s | | |\n", a.gen_len, a.batch,
+              a.batch / tg_s, tg_s * 1e3, *tg_min * 1e3, *tg_max * 1e3, gbs, share(gbs, mem_ceiling).c_str());
+  std::printf("\nmedian of %d repeats after one warm-up; tg GB/s = (weights read per decode step + KV read) / step time;"
               " greedy: the top id per sequence comes back;\npp TFLOP/s = (2 x Linear weights (LM head excluded) x"
               " prompt tokens + causal attention's 2 x heads x head_dim x layers x p(p+1)) / prefill time.\n", a.repeats);
   return 0;

@@ -42,6 +42,7 @@
 #include "backends/cuda/cuda_graph.h"
 #include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/nccl_communicator.h"
+#include "backends/cuda/event_timing.h"
 #include "backends/cuda/ops/convert.h"
 #include "core/log.h"
 #include "core/status.h"
@@ -777,6 +778,36 @@ class CudaBackend final : public Backend {
   size_t kv_block_bytes(const KvLayout& layout) const override { return CudaKv::block_bytes_of(layout, act_); }
   std::vector<std::shared_ptr<Communicator>> make_communicators(int world_size, int first_device) override {
     return make_nccl_communicators(world_size, first_device);
+  }
+  Ceilings measure_ceilings() override {
+    auto cx = context();
+    cx->make_current();
+    Ceilings c;
+    constexpr size_t kCopyBytes = size_t(1) << 30;
+    constexpr int64_t kN = 8192;
+    size_t free_bytes = 0, total = 0;
+    KILN_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total));
+    // Room for the copy's two buffers (the GEMM's three need less) and a margin.
+    if (free_bytes < 2 * kCopyBytes + (size_t(256) << 20)) return c;
+    cudaStream_t s = cx->stream;
+    {
+      DeviceBuffer src(kCopyBytes), dst(kCopyBytes);
+      const float ms = median_launch_ms(s, 10, [&] {
+        KILN_CUDA_CHECK(cudaMemcpyAsync(dst.get(), src.get(), kCopyBytes, cudaMemcpyDeviceToDevice, s));
+      });
+      c.copy_gbs = 2.0 * double(kCopyBytes) / (double(ms) * 1e-3) / 1e9;
+    }
+    {
+      const size_t bytes = size_t(kN * kN) * 2;
+      DeviceBuffer x(bytes), w(bytes), y(bytes);
+      launch_fill_random(x.get(), DType::kBF16, kN * kN, 1, s);  // never time on zeros
+      launch_fill_random(w.get(), DType::kBF16, kN * kN, 2, s);
+      const float ms = median_launch_ms(s, 10, [&] {
+        cx->gemm->run(DType::kBF16, x.get(), w.get(), nullptr, y.get(), kN, kN, kN, s);
+      });
+      c.gemm_tflops = 2.0 * double(kN) * double(kN) * double(kN) / (double(ms) * 1e-3) / 1e12;
+    }
+    return c;
   }
   DeviceMemory memory_info() override {
     const int device = context()->device;
