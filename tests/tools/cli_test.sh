@@ -34,6 +34,7 @@ check bench-serve-help 0 "TTFT" -- "$kiln" bench serve --help
 check serve-bench-help 0 "TTFT" -- "$kiln" serve bench --help
 check bench-serve-no-server 1 "" -- "$kiln" bench serve --port 1 --model m --requests 1
 check bench-tiny 0 "tg" -- "$kiln" bench --random-weights "$fixtures/../../bench/configs/tiny-llama-test.json" -p 8 -n 4 -r 1
+check bench-encoder 0 "| forward | 2 | 16 |" -- "$kiln" bench -m "$fixtures/models/bert" -p 16 -b 2 -r 1
 check bench-ceiling 0 "% of triad" -- "$kiln" bench --random-weights "$fixtures/../../bench/configs/tiny-llama-test.json" -p 8 -n 4 -r 1
 check bench-step-bytes 0 "MiB read per decode step" -- "$kiln" bench --random-weights "$fixtures/../../bench/configs/tiny-llama-test.json" -p 8 -n 4 -r 1
 # Tensor parallelism: --tp 2 and 4 (in-process ranks) print --tp 1's tokens; bad splits are named.

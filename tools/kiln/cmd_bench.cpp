@@ -98,17 +98,52 @@ double measure_triad_gbs() {
   return 3.0 * 4.0 * double(n) / median(t) / 1e9;
 }
 
+// Parameters of the graph's Linears (weights held by the graph); skip_vocab leaves out an
+// LM head (vocab rows), which a prefill runs on its last rows only.
+double linear_params(Model& model, bool skip_vocab) {
+  const ir::Graph& g = model.graph();
+  double params = 0;
+  for (const ir::Node& n : g.nodes())
+    if (n.op == "Linear" && n.inputs.size() > 1 && g.is_weight(n.inputs[1])) {
+      const Tensor& w = g.weight(n.inputs[1]);
+      if (w.rank() == 2 && !(skip_vocab && w.dim(0) == model.info().vocab_size))
+        params += double(w.dim(0)) * double(w.dim(1));
+    }
+  return params;
+}
+
+// A rate as a share of its ceiling ("83%"), or blank where that was not measured.
+std::string share(double rate, double ceiling) {
+  return ceiling > 0 ? str_cat(int(100.0 * rate / ceiling + 0.5), "%") : std::string();
+}
+
+// The CUDA ceilings line (kiln bench measures them before timing the model).
+void print_ceilings(const Backend::Ceilings& c, const std::string& backend) {
+  if (c.copy_gbs > 0)
+    std::printf("ceilings (measured in this run): device-to-device copy %.0f GB/s (read + write), bf16 GEMM "
+                "8192^3 %.0f TFLOP/s\n\n", c.copy_gbs, c.gemm_tflops);
+  else
+    std::printf("ceilings: not measured (too little free memory on the %s device for their buffers)\n\n",
+                backend.c_str());
+}
+
 // Encoders: one forward of `batch` sequences of prompt_len random tokens (one ragged step).
 int run_encoder_bench(const BenchArgs& a, Model& model) {
   const ModelInfo& info = model.info();
   if (a.prompt_len > info.max_positions)
     throw_error(ErrorCode::kInvalidArgument, "sequence length ", a.prompt_len, " exceeds the model's ",
                 info.max_positions, " positions");
+  KILN_THROW_IF(info.vocab_size < 1, kInvalidArgument, "model has no vocabulary (vocab_size ", info.vocab_size, ")");
   std::mt19937 rng(7);
-  std::uniform_int_distribution<int32_t> tok(1000, int32_t(info.vocab_size - 1));
+  // Past the first 1000 ids (a WordPiece vocabulary's special and unused tokens) where the
+  // vocabulary is larger than that; every id of a smaller one.
+  const int32_t first = info.vocab_size > 2000 ? 1000 : 0;
+  std::uniform_int_distribution<int32_t> tok(first, int32_t(info.vocab_size - 1));
   std::vector<EncoderInput> batch(size_t(a.batch));
   for (auto& in : batch)
     for (int i = 0; i < a.prompt_len; ++i) in.tokens.push_back(tok(rng));
+  const bool on_cpu = a.model.backend == "cpu";
+  const Backend::Ceilings ceil = on_cpu ? Backend::Ceilings{} : model.backend().measure_ceilings();
   std::vector<double> t;
   for (int r = 0; r < a.repeats + 1; ++r) {  // repeat 0 warms up
     auto t0 = Clock::now();
@@ -121,10 +156,21 @@ int run_encoder_bench(const BenchArgs& a, Model& model) {
               model.path().c_str(), info.family.c_str(), (long long)info.num_layers, (long long)info.hidden_size,
               weights_label(a.model, model).c_str(),
               double(model.compiled().weight_bytes()) / (1 << 20), ThreadPool::global().num_threads());
-  std::printf("outputs to the host: %s\n\n", a.hidden ? "hidden states, pooled, logits" : "pooled, logits (--hidden adds hidden states)");
-  std::printf("| test | batch | seq len | ms per forward | spread (min-max ms) | sequences/s |\n|---|---|---|---|---|---|\n");
-  std::printf("| forward | %d | %d | %.2f | %.2f-%.2f | %.1f |\n", a.batch, a.prompt_len, s * 1e3, *lo * 1e3, *hi * 1e3,
-              double(a.batch) / s);
+  std::printf("outputs to the host: %s\n", a.hidden ? "hidden states, pooled, logits" : "pooled, logits (--hidden adds hidden states)");
+  if (on_cpu) std::printf("\n");
+  else print_ceilings(ceil, a.model.backend);
+  // Every Linear on every token, plus attention over the whole sequence (QK^T and PV: 4 d
+  // flops per key per head).
+  const double p = a.prompt_len;
+  const double flops = a.batch * (2.0 * linear_params(model, false) * p +
+                                  4.0 * double(info.head_dim * info.num_heads * info.num_layers) * p * p);
+  const double tflops = flops / s / 1e12;
+  std::printf("| test | batch | seq len | ms per forward | spread (min-max ms) | sequences/s | TFLOP/s | %% of GEMM |\n"
+              "|---|---|---|---|---|---|---|---|\n");
+  std::printf("| forward | %d | %d | %.2f | %.2f-%.2f | %.1f | %.1f | %s |\n", a.batch, a.prompt_len, s * 1e3, *lo * 1e3,
+              *hi * 1e3, double(a.batch) / s, tflops, share(tflops, ceil.gemm_tflops).c_str());
+  std::printf("\nmedian of %d repeats after one warm-up; TFLOP/s = (2 x Linear weights x tokens + attention's 4 x heads "
+              "x head_dim x layers x seq len^2 x batch) / forward time.\n", a.repeats);
   return 0;
 }
 
@@ -200,29 +246,13 @@ int run_bench(const BenchArgs& a) {
   if (a.kv_fraction > 0)
     std::printf("KV pool: %lld blocks of 16 tokens (--kv-cache-fraction %g, capped by the batch's tokens)\n",
                 (long long)kv_blocks, a.kv_fraction);
-  if (on_cpu)
-    std::printf("ceiling: memory triad %.2f GB/s\n\n", bw);
-  else if (ceil.copy_gbs > 0)
-    std::printf("ceilings (measured in this run): device-to-device copy %.0f GB/s (read + write), bf16 GEMM "
-                "8192^3 %.0f TFLOP/s\n\n", ceil.copy_gbs, ceil.gemm_tflops);
-  else
-    std::printf("ceilings: not measured (too little free memory on the %s device for their buffers)\n\n",
-                a.model.backend.c_str());
+  if (on_cpu) std::printf("ceiling: memory triad %.2f GB/s\n\n", bw);
+  else print_ceilings(ceil, a.model.backend);
   // Prefill FLOPs: every Linear but the LM head (which sees only the last rows) on every
   // prompt token, plus causal attention (QK^T and PV: 4 d flops per visible key per head).
-  double linear_params = 0;
-  for (const ir::Node& n : model->graph().nodes())
-    if (n.op == "Linear" && n.inputs.size() > 1 && model->graph().is_weight(n.inputs[1])) {
-      const Tensor& w = model->graph().weight(n.inputs[1]);
-      if (w.rank() == 2 && w.dim(0) != info.vocab_size) linear_params += double(w.dim(0)) * double(w.dim(1));
-    }
   const double p = a.prompt_len;
-  const double pp_flops = a.batch * (2.0 * linear_params * p + 2.0 * double(info.head_dim * info.num_heads *
-                                                                            info.num_layers) * p * (p + 1));
-  // A rate as a share of its ceiling, or blank where that was not measured.
-  auto share = [](double rate, double ceiling) {
-    return ceiling > 0 ? str_cat(int(100.0 * rate / ceiling + 0.5), "%") : std::string();
-  };
+  const double pp_flops = a.batch * (2.0 * linear_params(*model, true) * p +
+                                     2.0 * double(info.head_dim * info.num_heads * info.num_layers) * p * (p + 1));
   const double mem_ceiling = on_cpu ? bw : ceil.copy_gbs;
   std::printf("| test | batch | tokens/s | ms | spread (min-max ms) | GB/s | %% of %s | TFLOP/s | %% of GEMM |\n",
               on_cpu ? "triad" : "copy");
