@@ -203,6 +203,7 @@ struct Fused {
   const float* beta = nullptr;
   float eps = 0.0f;
   const typename F::Y* residual = nullptr;
+  int splits = 0;  // GemvFusion::splits
 };
 
 template <typename F, GemvEpilogue E, int S, bool kNorm>
@@ -243,7 +244,7 @@ int split_for(int64_t n, int64_t k) {
 template <typename F, GemvEpilogue E>
 void launch_rows(const typename F::X* x, const typename F::W* w, float scale, const typename F::Y* b,
                  typename F::Y* y, int64_t m, int64_t n, int64_t k, cudaStream_t s, const Fused<F>& f) {
-  switch (split_for(n, k)) {
+  switch (f.splits ? f.splits : split_for(n, k)) {
     case 1: launch_split<F, E, 1>(x, w, scale, b, y, m, n, k, s, f); break;
     case 2: launch_split<F, E, 2>(x, w, scale, b, y, m, n, k, s, f); break;
     default: launch_split<F, E, 4>(x, w, scale, b, y, m, n, k, s, f); break;
@@ -259,7 +260,7 @@ void launch_format(const void* x, const void* w, float scale, const void* bias, 
   auto* bt = static_cast<const typename F::Y*>(bias);
   auto* yt = static_cast<typename F::Y*>(y);
   const Fused<F> f{fusion.norm, fusion.gamma, fusion.beta, fusion.eps,
-                   static_cast<const typename F::Y*>(fusion.residual)};
+                   static_cast<const typename F::Y*>(fusion.residual), fusion.splits};
   switch (epi) {
     case GemvEpilogue::kNone: launch_rows<F, GemvEpilogue::kNone>(xt, wt, scale, bt, yt, m, n, k, s, f); break;
     case GemvEpilogue::kGeluErf: launch_rows<F, GemvEpilogue::kGeluErf>(xt, wt, scale, bt, yt, m, n, k, s, f); break;
@@ -295,6 +296,8 @@ void launch_gemv(DType dtype, const void* x, const void* w, const void* bias, vo
                 " k=", k);
   KILN_THROW_IF(fusion.norm != GemvNorm::kNone && (!gemv_norm_supports(dtype, m, k) || !fusion.gamma), kInternal,
                 "cuda gemv: no norm prologue for ", dtype_name(dtype), " m=", m, " k=", k);
+  KILN_THROW_IF(fusion.splits != 0 && fusion.splits != 1 && fusion.splits != 2 && fusion.splits != 4, kInternal,
+                "cuda gemv: ", fusion.splits, " splits (expected 1, 2 or 4)");
   if (n == 0) return;
   if (dtype == DType::kBF16)
     launch_format<Wide16<__nv_bfloat16>>(x, w, 1.0f, bias, y, m, n, k, s, epi, fusion);

@@ -39,6 +39,9 @@ struct GemvFusion {
   const float* beta = nullptr;   // [k] f32 or null (kLayer only)
   float eps = 0.0f;
   const void* residual = nullptr;
+  // Warps per output row (split-K): 0 the launcher's rule (gemv.cu: split_for); 1, 2 or 4
+  // forces it (cuda_gemv_bench compares them).
+  int splits = 0;
 };
 // Shared memory the norm prologue may take per block: the m normalized rows (m·k·2 bytes)
 // must fit, so that enough blocks stay resident per SM to keep the weight stream going.
