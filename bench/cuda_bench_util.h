@@ -11,6 +11,7 @@
 
 #include "backends/cuda/cuda_check.h"
 #include "backends/cuda/cuda_context.h"
+#include "backends/cuda/event_timing.h"
 #include "backends/cuda/ops/gemv.h"
 
 namespace kiln::cuda::bench {
@@ -87,13 +88,7 @@ float graph_ms(F&& f, cudaStream_t s, int calls = 10, int reps = 30) {
   return t[t.size() / 2];
 }
 
-// GB/s of a 1 GiB device-to-device copy, read + write bytes.
-inline double device_copy_gbs() {
-  const size_t bytes = size_t(1) << 30;
-  DeviceBuffer src(bytes), dst(bytes);
-  const float ms =
-      median_ms([&] { KILN_CUDA_CHECK(cudaMemcpyAsync(dst.get(), src.get(), bytes, cudaMemcpyDeviceToDevice)); }, 10);
-  return 2.0 * double(bytes) / (ms * 1e-3) / 1e9;
-}
+// GB/s of a 1 GiB device-to-device copy, read + write bytes (event_timing.h).
+inline double device_copy_gbs() { return kiln::cuda::device_copy_gbs(nullptr); }
 
 }  // namespace kiln::cuda::bench

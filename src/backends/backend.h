@@ -178,6 +178,9 @@ class CompiledGraph {
   TensorMap run(const TensorMap& inputs, const StepInfo& step, KvStorage* kv) { return run(inputs, step, kv, {}); }
   // Bytes of weights as stored by the backend, and of the activation plan's peak.
   virtual size_t weight_bytes() const = 0;
+  // Of weight_bytes(), those holding graph weight v (0 where the backend does not count it
+  // there: the CPU counts its Linears' weights only).
+  virtual size_t weight_bytes_of(ir::ValueId v) const { return 0; }
   virtual size_t activation_bytes() const = 0;
 };
 

@@ -37,31 +37,26 @@ std::string weights_label(const ModelArgs& m, const Model& model) {
   return "auto (" + model.compile_options().weight_dtype + ")";
 }
 
-// Bytes of weights a decode step reads. The CPU backend counts its Linears' weights as
-// stored; CUDA counts every upload, and so also the token embedding tables, of which a
-// step reads only its tokens' rows: an embedding table no Linear shares (untied; a tied
-// one is the LM head's weight, read whole) is left out, at the activation dtype CUDA keeps
-// it in (f32 for --weight-dtype f32, else 16-bit).
+// Bytes of weights a decode step reads: the backend's stored weights less the token
+// embedding tables that no Linear shares, of which a step reads only its tokens' rows (a
+// tied table is the LM head's weight, read whole). The CPU backend does not count them
+// (weight_bytes_of 0); CUDA does.
 double step_weight_bytes(Model& model) {
-  double bytes = double(model.compiled().weight_bytes());
-  if (model.backend().name() != "cuda") return bytes;
+  const CompiledGraph& cg = model.compiled();
+  double bytes = double(cg.weight_bytes());
   const ir::Graph& g = model.graph();
   std::set<ir::ValueId> linear_weights;
   for (const ir::Node& n : g.nodes())
     if (n.op == "Linear" && n.inputs.size() > 1) linear_weights.insert(n.inputs[1]);
-  std::set<ir::ValueId> tables;
   for (const ir::Node& n : g.nodes())
-    if ((n.op == "Embedding" || n.op == "EmbeddingLayerNorm") && n.inputs.size() > 1) {
+    if (n.op == "Embedding" || n.op == "EmbeddingLayerNorm")
       // The token table: the first weight input (EmbeddingLayerNorm's position and type
       // tables follow; their rows are few and counted as read).
       for (ir::ValueId v : n.inputs)
         if (v != ir::kNoValue && g.is_weight(v)) {
-          if (!linear_weights.count(v)) tables.insert(v);
+          if (!linear_weights.count(v)) bytes -= double(cg.weight_bytes_of(v));
           break;
         }
-    }
-  const double elem = model.compile_options().weight_dtype == "f32" ? 4.0 : 2.0;
-  for (ir::ValueId v : tables) bytes -= double(g.weight(v).numel()) * elem;
   return std::max(bytes, 0.0);
 }
 
@@ -152,7 +147,7 @@ int run_encoder_bench(const BenchArgs& a, Model& model) {
   }
   const double s = median(t);
   auto [lo, hi] = std::minmax_element(t.begin(), t.end());
-  std::printf("model: %s (%s, %lld layers, hidden %lld), GEMM weights %s %.1f MiB, %d threads\n",
+  std::printf("model: %s (%s, %lld layers, hidden %lld), weights %s %.1f MiB as stored, %d threads\n",
               model.path().c_str(), info.family.c_str(), (long long)info.num_layers, (long long)info.hidden_size,
               weights_label(a.model, model).c_str(),
               double(model.compiled().weight_bytes()) / (1 << 20), ThreadPool::global().num_threads());

@@ -254,6 +254,7 @@ class CudaCompiledGraph final : public CompiledGraph {
   }
 
   size_t weight_bytes() const override { return weights_.bytes(); }
+  size_t weight_bytes_of(ir::ValueId v) const override { return weights_.bytes_of(v); }
   size_t activation_bytes() const override {
     size_t b = 0;
     for (auto& s : slots_) b += s.size();
@@ -790,13 +791,7 @@ class CudaBackend final : public Backend {
     // Room for the copy's two buffers (the GEMM's three need less) and a margin.
     if (free_bytes < 2 * kCopyBytes + (size_t(256) << 20)) return c;
     cudaStream_t s = cx->stream;
-    {
-      DeviceBuffer src(kCopyBytes), dst(kCopyBytes);
-      const float ms = median_launch_ms(s, 10, [&] {
-        KILN_CUDA_CHECK(cudaMemcpyAsync(dst.get(), src.get(), kCopyBytes, cudaMemcpyDeviceToDevice, s));
-      });
-      c.copy_gbs = 2.0 * double(kCopyBytes) / (double(ms) * 1e-3) / 1e9;
-    }
+    c.copy_gbs = device_copy_gbs(s);
     {
       const size_t bytes = size_t(kN * kN) * 2;
       DeviceBuffer x(bytes), w(bytes), y(bytes);

@@ -41,6 +41,7 @@ const void* DeviceWeights::get(const ir::Graph& g, ir::ValueId v, DType dtype) {
     buf = DeviceBuffer(std::max<size_t>(host.nbytes(), 1));
     KILN_CUDA_CHECK(cudaMemcpy(buf.get(), host.data(), host.nbytes(), cudaMemcpyHostToDevice));
     bytes_ += host.nbytes();
+    by_value_[v] += host.nbytes();
   }
   return buf.get();
 }
@@ -75,6 +76,7 @@ const QuantWeightView& DeviceWeights::get_quant(const ir::Graph& g, ir::ValueId 
   buf = DeviceBuffer(img.bytes.size());
   KILN_CUDA_CHECK(cudaMemcpy(buf.get(), img.bytes.data(), img.bytes.size(), cudaMemcpyHostToDevice));
   bytes_ += img.bytes.size();
+  by_value_[v] += img.bytes.size();
   view = img.view_at(buf.get());
   return view;
 }

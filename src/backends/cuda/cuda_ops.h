@@ -146,12 +146,18 @@ class DeviceWeights {
   const QuantWeightView& get_quant(const ir::Graph& g, ir::ValueId v, QuantFormat f, QuantLayout layout,
                                    int64_t image_k = 0, QuantFormat image_f = QuantFormat::kQ4);
   size_t bytes() const { return bytes_; }
+  // Of bytes(), those get and get_quant uploaded for graph weight v (every copy of it).
+  size_t bytes_of(ir::ValueId v) const {
+    auto it = by_value_.find(v);
+    return it == by_value_.end() ? 0 : it->second;
+  }
   // Counts weights an op uploads itself (the FP8 Linear's codes).
   void add_bytes(size_t b) { bytes_ += b; }
 
  private:
   std::map<std::pair<ir::ValueId, DType>, DeviceBuffer> bufs_;
   std::map<std::tuple<ir::ValueId, QuantFormat, QuantLayout>, std::pair<DeviceBuffer, QuantWeightView>> quant_;
+  std::map<ir::ValueId, size_t> by_value_;
   size_t bytes_ = 0;
 };
 

@@ -1,5 +1,6 @@
 // Timing launches on a stream with CUDA events, for the kernels' tactic choices at load
-// (the fused int8 and FP8 CUTLASS GEMMs' tile configurations). Host code.
+// (the fused int8 and FP8 CUTLASS GEMMs' tile configurations) and the device's copy
+// ceiling. Host code.
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -8,6 +9,7 @@
 #include <vector>
 
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/cuda_context.h"
 
 namespace kiln::cuda {
 
@@ -39,6 +41,17 @@ float median_launch_ms(cudaStream_t s, int reps, Run&& run) {
   }
   std::sort(ms.begin(), ms.end());
   return ms[ms.size() / 2];
+}
+
+// GB/s of a 1 GiB device-to-device copy on s (bytes read + written), the median of 10 after
+// a warm-up: the memory ceiling `kiln bench` (Backend::measure_ceilings) and the bench/
+// programs rate the weight streams against. Needs 2 GiB free.
+inline double device_copy_gbs(cudaStream_t s) {
+  constexpr size_t kBytes = size_t(1) << 30;
+  DeviceBuffer src(kBytes), dst(kBytes);
+  const float ms = median_launch_ms(
+      s, 10, [&] { KILN_CUDA_CHECK(cudaMemcpyAsync(dst.get(), src.get(), kBytes, cudaMemcpyDeviceToDevice, s)); });
+  return 2.0 * double(kBytes) / (double(ms) * 1e-3) / 1e9;
 }
 
 }  // namespace kiln::cuda
