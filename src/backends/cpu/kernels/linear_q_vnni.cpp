@@ -13,7 +13,7 @@
 // are folded into the tile as the f32 kernels fold theirs: acc += float(sum) * (scale[c] *
 // dx) (+ min[c] * Σx for q4, the f32 sum of the group's x). Compiled with
 // -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mavx512vbmi; called only after a CPUID
-// check (isa.cpp: avx512_qgemv_int8_supported). Tested in tests/backends/cpu/linear_test.cpp
+// check (isa.cpp: avx512_qgemv_int8_supported). Tested in tests/backends/cpu/quant_linear_test.cpp
 // against a scalar evaluation of the same rounding.
 #include <immintrin.h>
 
