@@ -276,13 +276,14 @@ int main(int argc, char** argv) {
     for (int64_t m : {1, 2, 4})
       row("bf16", m, wbytes,
           [&] { launch_gemv(DType::kBF16, x.get(), w.get(), nullptr, y.get(), m, s.n, s.k, nullptr, s.epi); });
-    for (int splits : {1, 2, 4}) {  // the split-K rule's alternatives at one row
-      GemvFusion forced;
-      forced.splits = splits;
-      row(str_cat("bf16 S=", splits), 1, wbytes, [&] {
-        launch_gemv(DType::kBF16, x.get(), w.get(), nullptr, y.get(), 1, s.n, s.k, nullptr, s.epi, forced);
-      });
-    }
+    for (int64_t m : {1, 2, 4})  // the split-K rule's alternatives
+      for (int splits : {1, 2, 4}) {
+        GemvFusion forced;
+        forced.splits = splits;
+        row(str_cat("bf16 S=", splits), m, wbytes, [&] {
+          launch_gemv(DType::kBF16, x.get(), w.get(), nullptr, y.get(), m, s.n, s.k, nullptr, s.epi, forced);
+        });
+      }
     {
       DeviceBuffer gamma(size_t(s.k) * 4), xn(size_t(4 * s.k) * 2), res(size_t(4 * s.n) * 2);
       launch_fill_random(gamma.get(), DType::kF32, s.k, 6, nullptr);

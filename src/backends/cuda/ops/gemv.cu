@@ -233,18 +233,26 @@ void launch_split(const typename F::X* x, const typename F::W* w, float scale, c
   launch_split_norm<F, E, S, false>(x, w, scale, b, y, m, n, k, s, f);
 }
 
-// Warps per row: enough that about 8192 warps stream the matrix (an H200 holds ~8400),
-// and no split for long outputs (the LM head, big merged GEMMs) or short rows.
-int split_for(int64_t n, int64_t k) {
-  if (k < 1024) return 1;
-  const int64_t want = (8192 + n - 1) / n;
-  return want >= 4 ? 4 : want >= 2 ? 2 : 1;
+// Warps per output row (split-K), from the H200 sweep of `cuda_gemv_bench` (bench/RESULTS.md,
+// 2026-12-01 session 18: 1, 2, 4 splits at 1, 2, 4 token rows on the Llama-3.1-8B, TinyLlama
+// and GPT-2 Linears): the most splits that leave each warp at least kMinSlice elements of
+// K - 1024 at one token row (8B gate|up 60.1 -> 55.9 us, down 36.2 -> 34.0 us against one
+// split; TinyLlama's k = 2048 slower at 4), 1280 at more rows (8B gate|up at 2 rows 64.4
+// -> 58.9 us at 2 splits; 4 lose there) - and more for short outputs, until about 2048
+// warps stream the matrix, slices of at least 512 (GPT-2's 768x3072 projection at 2 rows:
+// 6.0 us unsplit, 4.2 us at 4 splits; its 768x768 o projection split in 2 made the whole
+// step ~3% slower).
+int split_for(int64_t m, int64_t n, int64_t k) {
+  const int64_t min_slice = m == 1 ? 1024 : 1280;
+  int s = k >= 4 * min_slice ? 4 : k >= 2 * min_slice ? 2 : 1;
+  while (s < 4 && n * s < 2048 && k / (2 * s) >= 512) s *= 2;
+  return s;
 }
 
 template <typename F, GemvEpilogue E>
 void launch_rows(const typename F::X* x, const typename F::W* w, float scale, const typename F::Y* b,
                  typename F::Y* y, int64_t m, int64_t n, int64_t k, cudaStream_t s, const Fused<F>& f) {
-  switch (f.splits ? f.splits : split_for(n, k)) {
+  switch (f.splits ? f.splits : split_for(m, n, k)) {
     case 1: launch_split<F, E, 1>(x, w, scale, b, y, m, n, k, s, f); break;
     case 2: launch_split<F, E, 2>(x, w, scale, b, y, m, n, k, s, f); break;
     default: launch_split<F, E, 4>(x, w, scale, b, y, m, n, k, s, f); break;
