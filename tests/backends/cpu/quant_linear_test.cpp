@@ -2,10 +2,11 @@
 // quantizes independently (per 32-value group and output, round
 // to nearest; q8 symmetric, q4 with a per-group min) and multiplies in double; and the
 // quantization error against the exact
-// f32 weights stays within the rounding bound of the format. At up to 4 rows on a CPU with
-// AVX-512 VNNI + VBMI, linear() rounds x to int8 per group of 32 (the int8-activation GEMV):
-// against the same reference on the rounded x, and against the exact weights within the
-// quantization and rounding errors; every case also runs with it switched off.
+// f32 weights stays within the rounding bound of the format. On a CPU with AVX-512 VNNI +
+// VBMI, linear() rounds x to int8 per group of 32 at every row count (the int8-activation
+// GEMV): against the same reference on the rounded x, against the exact weights within the
+// quantization and rounding errors, and row by row bit for bit across row counts, row
+// blocks and thread splits; every case also runs with it switched off.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -66,7 +67,7 @@ void check(int64_t t, int64_t n, int64_t k, WeightStorage s, uint64_t seed) {
   auto bias = random_floats(size_t(n), seed + 2);
   std::vector<double> mins;
   auto dq = dequantized(w, n, k, s == WeightStorage::kQ8, &mins);
-  // The int8-activation GEMV (t <= kQGemvInt8MaxRows on AVX-512 VNNI): x as
+  // The int8-activation GEMV (every row count on AVX-512 VNNI): x as
   // quantize_rows_groups rounds it (dx * qx), each group's min times the exact Σx.
   const int64_t groups = k / 32;
   std::vector<int8_t> qx(size_t(t * k));
@@ -116,7 +117,7 @@ void check(int64_t t, int64_t n, int64_t k, WeightStorage s, uint64_t seed) {
     for_each_isa([&] {
       std::vector<float> y(size_t(t * n));
       linear(x.data(), t, k, pw, bias.data(), y.data());
-      if (t <= kQGemvInt8MaxRows && avx512_qgemv_int8_supported()) {
+      if (avx512_qgemv_int8_supported()) {
         SCOPED_TRACE("int8-activation GEMV");
         expect_within(y, ref8, tol8, "vs dequantized reference on int8-rounded x");
         expect_within(y, exact, qtol8, "vs exact weights within the quantization and rounding errors");
@@ -165,8 +166,17 @@ TEST(QuantLinear, Avx512TilesGiveTheAvx2Bits) {
   cpu_avx512_set(saved512);
 }
 
+// The pairwise f32 sum quantize_rows_groups gives sx: x[i] + x[i + 16], then + 8, 4, 2, 1.
+float pairwise_sum(const float* x) {
+  float h[32];
+  for (int i = 0; i < 32; ++i) h[i] = x[i];
+  for (int w = 16; w >= 1; w /= 2)
+    for (int i = 0; i < w; ++i) h[i] = h[i] + h[i + w];
+  return h[0];
+}
+
 // quantize_rows_groups: per row and group of 32, d = max|x| / 127, qx = rint(x * 127 /
-// max|x|), sx the f32 sum; a group of zeros gives d = 0 and codes 0.
+// max|x|), sx the f32 sum (pairwise); a group of zeros gives d = 0 and codes 0.
 TEST(QuantLinear, Int8GroupRounding) {
   auto x = random_floats(3 * 96, 5);
   for (int i = 32; i < 64; ++i) x[size_t(i)] = 0.0f;  // row 0's second group
@@ -178,7 +188,7 @@ TEST(QuantLinear, Int8GroupRounding) {
     for (int64_t g = 0; g < 3; ++g) {
       float amax = 0, sum = 0;
       for (int64_t i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[size_t(r * 96 + g * 32 + i)]));
-      for (int64_t i = 0; i < 32; ++i) sum += x[size_t(r * 96 + g * 32 + i)];
+      sum = pairwise_sum(x.data() + r * 96 + g * 32);
       EXPECT_EQ(d[size_t(r * 3 + g)], amax / 127.0f);
       EXPECT_EQ(sx[size_t(r * 3 + g)], sum);
       for (int64_t i = 0; i < 32; ++i) {
@@ -203,6 +213,99 @@ TEST(QuantLinear, Int8GroupRounding) {
     linear(x.data(), 1, 96, pw, nullptr, y.data());
     for (float v : y) EXPECT_TRUE(std::isnan(v)) << weight_storage_name(st);
   }
+  cpu_qgemv_int8_set(saved);
+}
+
+// The AVX-512 rounding linear() uses gives quantize_rows_groups' bits: codes, d and Σx,
+// over random groups of several magnitudes, ties, zeros, outliers, infinities and NaNs.
+TEST(QuantLinear, Int8GroupRoundingAvx512Bits) {
+  const bool saved = cpu_qgemv_int8_enabled();
+  cpu_qgemv_int8_set(true);
+  const bool have = avx512_qgemv_int8_supported();
+  cpu_qgemv_int8_set(saved);
+  if (!have) GTEST_SKIP() << "no AVX-512 VNNI + VBMI here";
+  const int64_t t = 9, k = 256, groups = k / 32;
+  auto x = random_floats(size_t(t * k), 11);
+  for (int64_t r = 0; r < t; ++r)  // rows spanning 1e-30 .. 1e30
+    for (int64_t i = 0; i < k; ++i) x[size_t(r * k + i)] *= std::pow(10.0f, float(r * 7 - 30));
+  for (int i = 0; i < 32; ++i) x[size_t(32 + i)] = 0.0f;                  // a group of zeros
+  for (int i = 0; i < 32; ++i) x[size_t(64 + i)] = float(i - 16) * 0.5f;  // ties at 127 / 16 steps
+  x[100] = 1e6f;                                                           // an outlier
+  x[k + 3] = INFINITY;
+  x[k + 40] = -INFINITY;
+  x[k + 41] = INFINITY;  // inf + -inf in one group: a NaN sum
+  x[2 * k + 5] = NAN;
+  x[2 * k + 70] = -0.0f;
+  std::vector<int8_t> q[2];
+  std::vector<float> d[2], sx[2];
+  for (int v = 0; v < 2; ++v) {
+    q[v].assign(size_t(t * k), 99);
+    d[v].assign(size_t(t * groups), -1.0f);
+    sx[v].assign(size_t(t * groups), -1.0f);
+    (v ? avx512::quantize_rows_groups : quantize_rows_groups)(x.data(), t, k, q[v].data(), d[v].data(), sx[v].data());
+  }
+  for (size_t i = 0; i < q[0].size(); ++i) EXPECT_EQ(int(q[0][i]), int(q[1][i])) << "code " << i;
+  for (size_t i = 0; i < d[0].size(); ++i) {
+    EXPECT_EQ(f32_bits(d[0][i]), f32_bits(d[1][i])) << "d of group " << i;
+    EXPECT_EQ(f32_bits(sx[0][i]), f32_bits(sx[1][i])) << "sum of group " << i;
+  }
+}
+
+// Batch invariance: with the int8-activation path a row's outputs have the same bits
+// whatever the call's row count, wherever the row falls in a row block, and however the
+// threads split the call: every row of a T=37 call (4 blocks of 8 and one of 5) against
+// T=1 calls of that row alone. q8/q4, with and without bias, N tails (50, 33, 200: partial
+// last panels), on one thread and on the pool split by panels and by rows. The logits
+// GEMM's int8_x = false keeps the f32 kernels' bits.
+TEST(QuantLinear, Int8RowsAreBatchInvariant) {
+  const bool saved = cpu_qgemv_int8_enabled();
+  cpu_qgemv_int8_set(true);
+  if (!avx512_qgemv_int8_supported()) {
+    cpu_qgemv_int8_set(saved);
+    GTEST_SKIP() << "no AVX-512 VNNI + VBMI here: q8/q4 Linears run the f32 kernels";
+  }
+  const int64_t t = 37;
+  uint64_t seed = 700;
+  for (WeightStorage s : {WeightStorage::kQ8, WeightStorage::kQ4})
+    for (auto [n, k] : {std::pair<int64_t, int64_t>{50, 96}, {33, 5120}, {200, 320}})
+      for (bool with_bias : {false, true}) {
+        SCOPED_TRACE(std::string(weight_storage_name(s)) + " N=" + std::to_string(n) + " K=" + std::to_string(k) +
+                     (with_bias ? " bias" : ""));
+        auto x = random_floats(size_t(t * k), seed += 3);
+        for (int64_t r = 0; r < t; ++r)  // rows of different magnitudes
+          for (int64_t i = 0; i < k; ++i) x[size_t(r * k + i)] *= float(1 + r % 5) * (r % 3 ? 1.0f : 1e-3f);
+        auto w = random_floats(size_t(n * k), seed + 1);
+        auto b = random_floats(size_t(n), seed + 2);
+        const float* bias = with_bias ? b.data() : nullptr;
+        PackedWeight pw = pack_weight(w.data(), n, k, s);
+        std::vector<float> alone(size_t(t * n), NAN);
+        for (int64_t r = 0; r < t; ++r)
+          linear(x.data() + r * k, 1, k, pw, bias, alone.data() + r * n, LinearTactic{.threads = 1});
+        const LinearTactic tactics[] = {{.threads = 1}, {}, {.split = LinearSplit::kPanels},
+                                        {.split = LinearSplit::kRows}};
+        for (const LinearTactic& tac : tactics)
+          for (int64_t rows : {t, int64_t(13), int64_t(8), int64_t(2)}) {
+            std::vector<float> y(size_t(rows * n), NAN);
+            linear(x.data() + (t - rows) * k, rows, k, pw, bias, y.data(), tac);
+            size_t differ = 0, first = 0;
+            for (size_t i = 0; i < y.size(); ++i)
+              if (f32_bits(y[i]) != f32_bits(alone[size_t((t - rows) * n) + i]) && !differ++) first = i;
+            EXPECT_EQ(differ, 0u) << rows << " rows (the last of the 37), threads " << tac.threads << " split "
+                                  << int(tac.split) << ": first at row " << first / size_t(n) << " column "
+                                  << first % size_t(n);
+          }
+        // int8_x = false: the f32 kernels, as with the path switched off.
+        std::vector<float> f32_off(size_t(t * n)), f32_tactic(size_t(t * n));
+        LinearTactic logits;
+        logits.int8_x = false;
+        linear(x.data(), t, k, pw, bias, f32_tactic.data(), logits);
+        cpu_qgemv_int8_set(false);
+        linear(x.data(), t, k, pw, bias, f32_off.data());
+        cpu_qgemv_int8_set(true);
+        size_t differ = 0;
+        for (size_t i = 0; i < f32_off.size(); ++i) differ += f32_bits(f32_off[i]) != f32_bits(f32_tactic[i]);
+        EXPECT_EQ(differ, 0u) << "int8_x = false against KILN_CPU_QGEMV=f32";
+      }
   cpu_qgemv_int8_set(saved);
 }
 

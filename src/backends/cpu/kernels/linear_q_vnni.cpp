@@ -1,9 +1,13 @@
-// Weight-only q8/q4 decode GEMV rows on AVX-512 VNNI + VBMI, against activations rounded
-// to int8 per group of 32 (quantize_rows_groups: d = max|x| / 127, xq = rint(x / d)), the
+// Weight-only q8/q4 GEMV/GEMM rows on AVX-512 VNNI + VBMI, against activations rounded to
+// int8 per group of 32 (quantize_rows_groups: d = max|x| / 127, xq = rint(x / d)), the
 // CUDA backend's dp4a GEMV and llama.cpp's Q4 x Q8 dot products do the same. Why: the f32
 // kernels widen and convert every code (about 11 instructions per 16 q4 weights), which
 // bounds them at ~25 G weights/s on two cores of the dev VM, half its read bandwidth
 // (cpu_kernels_bench --gemv). Here one vpdpbusd multiplies 64 codes by 4 x codes each.
+// linear() runs every row count of a q8/q4 Linear through here, in blocks of up to
+// kQGemvInt8RowBlock rows a call: each row's arithmetic is the same in any block (the
+// integer sums are exact, the f32 steps per row fixed), so a row's output never depends on
+// the rows batched with it.
 // The panels keep their layout (kernels.h): a 4-row block of a group - 4 k values x 16
 // columns, 32 bytes of nibbles (q4) or 64 bytes (q8) - is one load; its codes are split
 // into nibbles (q4) and one vpermb gathers each column's 4 codes into its dword. q4 codes
@@ -14,7 +18,7 @@
 // dx) (+ min[c] * Σx for q4, the f32 sum of the group's x). Compiled with
 // -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mavx512vbmi; called only after a CPUID
 // check (isa.cpp: avx512_qgemv_int8_supported). Tested in tests/backends/cpu/quant_linear_test.cpp
-// against a scalar evaluation of the same rounding.
+// against a scalar evaluation of the same rounding, and row by row across row counts.
 #include <immintrin.h>
 
 #include <cstdint>
@@ -45,23 +49,23 @@ void qgemv_rows(const int8_t* qx, const float* dx, const float* sx, int64_t ldq,
                 int64_t groups, float* y, int64_t ldy, const float* init, bool accumulate) {
   constexpr size_t kCodeBytes = kQuantGroup * (kQ4 ? 8 : 16);
   constexpr size_t kGroupBytes = kCodeBytes + (kQ4 ? 128 : 64);
-  constexpr int U = M == 1 ? 4 : M == 2 ? 2 : 1;
+  // U independent sums a row (blocks b, b + U, ...): with fewer than ~8 chains of dependent
+  // vpdpbusd (5 cycles each) in flight the latency, not the port, bounds the kernel.
+  constexpr int U = M == 1 ? 4 : M <= 4 ? 2 : 1;
   const __m512i perm = _mm512_load_si512(kQ4 ? kPerm.q4 : kPerm.q8);
   const __m512i nib = _mm512_set1_epi8(15), ones = _mm512_set1_epi8(1), off = _mm512_set1_epi8(-128);
   __m512 acc[M];
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int r = 0; r < M; ++r)
     acc[r] = accumulate ? _mm512_loadu_ps(y + r * ldy) : init ? _mm512_loadu_ps(init) : _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g, group += kGroupBytes) {
 #pragma GCC unroll 16
     for (size_t o = 0; o < kGroupBytes; o += 64)  // the group 4 ahead (the next panel's at a panel's end)
       _mm_prefetch(reinterpret_cast<const char*>(group + 4 * kGroupBytes + o), _MM_HINT_T0);
-    // U independent sums a row (blocks b, b + U, ...): one chain of 8 dependent vpdpbusd
-    // (5 cycles each) would bound a row at ~13 codes a cycle.
     __m512i sum[U][M], wsum = _mm512_setzero_si512();
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int u = 0; u < U; ++u)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int r = 0; r < M; ++r) sum[u][r] = _mm512_setzero_si512();
 #pragma GCC unroll 8
     for (int b = 0; b < kQuantGroup / 4; ++b) {
@@ -77,7 +81,7 @@ void qgemv_rows(const int8_t* qx, const float* dx, const float* sx, int64_t ldq,
         w = _mm512_permutexvar_epi8(perm, _mm512_loadu_si512(group + b * 64));
         wsum = _mm512_dpbusd_epi32(wsum, ones, w);
       }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int r = 0; r < M; ++r) {
         int32_t xw;
         std::memcpy(&xw, qx + r * ldq + g * kQuantGroup + b * 4, 4);
@@ -88,13 +92,13 @@ void qgemv_rows(const int8_t* qx, const float* dx, const float* sx, int64_t ldq,
           sum[u][r] = _mm512_dpbusd_epi32(sum[u][r], _mm512_xor_si512(xb, off), w);  // (x + 128) as unsigned
       }
     }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int u = 1; u < U; ++u)
-#pragma GCC unroll 4
+#pragma GCC unroll 8
       for (int r = 0; r < M; ++r) sum[0][r] = _mm512_add_epi32(sum[0][r], sum[u][r]);
     const float* scale = reinterpret_cast<const float*>(group + kCodeBytes);
     const __m512 s = _mm512_loadu_ps(scale);
-#pragma GCC unroll 4
+#pragma GCC unroll 8
     for (int r = 0; r < M; ++r) {
       __m512i exact = sum[0][r];
       if constexpr (!kQ4) exact = _mm512_sub_epi32(exact, _mm512_slli_epi32(wsum, 7));
@@ -102,7 +106,7 @@ void qgemv_rows(const int8_t* qx, const float* dx, const float* sx, int64_t ldq,
       if constexpr (kQ4) acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(scale + 16), _mm512_set1_ps(sx[r * ldg + g]), acc[r]);
     }
   }
-#pragma GCC unroll 4
+#pragma GCC unroll 8
   for (int r = 0; r < M; ++r) _mm512_storeu_ps(y + r * ldy, acc[r]);
 }
 
@@ -110,13 +114,46 @@ void qgemv_rows(const int8_t* qx, const float* dx, const float* sx, int64_t ldq,
 
 void qgemv_int8(int m, bool q4, const int8_t* qx, const float* dx, const float* sx, int64_t ldq, int64_t ldg,
                 const uint8_t* group, int64_t groups, float* y, int64_t ldy, const float* init, bool accumulate) {
-  with_tile_rows<kQGemvInt8MaxRows>(m, [&](auto rows) {
+  with_tile_rows<kQGemvInt8RowBlock>(m, [&](auto rows) {
     constexpr int M = decltype(rows)::value;
     if (q4)
       qgemv_rows<true, M>(qx, dx, sx, ldq, ldg, group, groups, y, ldy, init, accumulate);
     else
       qgemv_rows<false, M>(qx, dx, sx, ldq, ldg, group, groups, y, ldy, init, accumulate);
   });
+}
+
+// quantize_rows_groups (linear.cpp) in zmm registers, bit for bit: the same products and
+// rint; the max is order-free (NaN lanes skipped as std::max skips them) and the sum takes
+// the scalar's pairwise order (halves added lane by lane: 16, 8, 4, 2, 1).
+void quantize_rows_groups(const float* x, int64_t t, int64_t k, int8_t* qx, float* dx, float* sx) {
+  const int64_t groups = k / kQuantGroup;
+  const __m512 hi = _mm512_set1_ps(127.0f), lo = _mm512_set1_ps(-127.0f);
+  for (int64_t r = 0; r < t; ++r)
+    for (int64_t g = 0; g < groups; ++g) {
+      const float* xg = x + r * k + g * kQuantGroup;
+      int8_t* qg = qx + r * k + g * kQuantGroup;
+      const __m512 a = _mm512_loadu_ps(xg), b = _mm512_loadu_ps(xg + 16);
+      const __mmask16 a_ok = _mm512_cmp_ps_mask(a, a, _CMP_ORD_Q), b_ok = _mm512_cmp_ps_mask(b, b, _CMP_ORD_Q);
+      const __m512 m = _mm512_max_ps(_mm512_maskz_mov_ps(a_ok, _mm512_abs_ps(a)), _mm512_maskz_mov_ps(b_ok, _mm512_abs_ps(b)));
+      const float amax = _mm512_reduce_max_ps(m);
+      const __m512 s16 = _mm512_add_ps(a, b);
+      const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(s16),
+                                      _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s16), 1)));
+      const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+      const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+      const float sum = _mm_cvtss_f32(_mm_add_ss(s2, _mm_movehdup_ps(s2)));
+      const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+      auto codes = [&](__m512 v) {
+        v = _mm512_roundscale_ps(_mm512_mul_ps(v, inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), v);  // NaN (x NaN, or inf * 0) -> 0
+        return _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(v, lo), hi)));
+      };
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(qg), codes(a));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(qg + 16), codes(b));
+      dx[r * groups + g] = (a_ok & b_ok) != 0xffff ? sum : amax / 127.0f;
+      sx[r * groups + g] = sum;
+    }
 }
 
 }  // namespace kiln::cpu::avx512
