@@ -74,8 +74,8 @@ TEST(RealDecoder, SmolLM2GgufKeepsItsQ4CodesBitIdentically) {
   }
 }
 
-// The default (--weight-dtype auto: q4 blocks, a q8 tied head) decoded one token at a
-// time takes the int8-activation GEMV in its blocks on CPUs with AVX-512 VNNI (x rounded to int8 per
+// The default (--weight-dtype auto: q4 blocks, a q8 tied head) takes the int8-activation
+// GEMV in its blocks, prompt rows and decode rows alike, on CPUs with AVX-512 VNNI (x rounded to int8 per
 // group of 32, as llama.cpp and the CUDA dp4a GEMV do): teacher-forced along the f32
 // kernels' greedy tokens, every step's logits stay within 25% of max|logit| and the argmax
 // differs only at near-ties (gap <= 2e-2 of max|logit|). Measured on the dev VM (2026-12-01):

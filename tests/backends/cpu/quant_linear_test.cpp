@@ -166,17 +166,8 @@ TEST(QuantLinear, Avx512TilesGiveTheAvx2Bits) {
   cpu_avx512_set(saved512);
 }
 
-// The pairwise f32 sum quantize_rows_groups gives sx: x[i] + x[i + 16], then + 8, 4, 2, 1.
-float pairwise_sum(const float* x) {
-  float h[32];
-  for (int i = 0; i < 32; ++i) h[i] = x[i];
-  for (int w = 16; w >= 1; w /= 2)
-    for (int i = 0; i < w; ++i) h[i] = h[i] + h[i + w];
-  return h[0];
-}
-
 // quantize_rows_groups: per row and group of 32, d = max|x| / 127, qx = rint(x * 127 /
-// max|x|), sx the f32 sum (pairwise); a group of zeros gives d = 0 and codes 0.
+// max|x|), sx the f32 sum in order; a group of zeros gives d = 0 and codes 0.
 TEST(QuantLinear, Int8GroupRounding) {
   auto x = random_floats(3 * 96, 5);
   for (int i = 32; i < 64; ++i) x[size_t(i)] = 0.0f;  // row 0's second group
@@ -188,7 +179,7 @@ TEST(QuantLinear, Int8GroupRounding) {
     for (int64_t g = 0; g < 3; ++g) {
       float amax = 0, sum = 0;
       for (int64_t i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[size_t(r * 96 + g * 32 + i)]));
-      sum = pairwise_sum(x.data() + r * 96 + g * 32);
+      for (int64_t i = 0; i < 32; ++i) sum += x[size_t(r * 96 + g * 32 + i)];
       EXPECT_EQ(d[size_t(r * 3 + g)], amax / 127.0f);
       EXPECT_EQ(sx[size_t(r * 3 + g)], sum);
       for (int64_t i = 0; i < 32; ++i) {

@@ -63,7 +63,7 @@ std::atomic<bool>& qgemv_int8_on() {
     const char* e = std::getenv("KILN_CPU_QGEMV");
     if (!e || !*e || std::strcmp(e, "int8") == 0) return true;
     KILN_THROW_IF(std::strcmp(e, "f32") != 0, kInvalidArgument, "KILN_CPU_QGEMV='", e,
-                  "': expected 'int8' (decode rows of q8/q4 Linears against int8-rounded activations where the CPU "
+                  "': expected 'int8' (q8/q4 Linears against int8-rounded activations where the CPU "
                   "has AVX-512 VNNI) or 'f32' (the f32 kernels)");
     return false;
   }()};

@@ -111,9 +111,8 @@ bool cpu_qgemv_int8_enabled();
 void cpu_qgemv_int8_set(bool on);
 // Its rounding of x [t, k] (k a multiple of kQuantGroup): per row and group g of 32, d =
 // max|x| / 127 (0 for a group of zeros), qx = rint(x * (127 / max|x|)) (ties to even),
-// dx[g] = d (NaN for a group holding a NaN) and sx[g] = the f32 sum of the group's x,
-// pairwise (x[i] + x[i + 16], then + 8, 4, 2, 1, as a vector unit reduces); qx rows k bytes
-// apart, dx / sx rows k / 32 apart.
+// dx[g] = d (NaN for a group holding a NaN) and sx[g] = the f32 sum of the group's x in
+// order; qx rows k bytes apart, dx / sx rows k / 32 apart.
 void quantize_rows_groups(const float* x, int64_t t, int64_t k, int8_t* qx, float* dx, float* sx);
 
 // ---- W8A8 int8 GEMM: y[T,N] = (x_scale * w_scale[n]) * Σ_k qx[t,k] * qw[n,k] + b[n] ----

@@ -295,17 +295,13 @@ void quantize_rows_groups(const float* x, int64_t t, int64_t k, int8_t* qx, floa
     for (int64_t g = 0; g < groups; ++g) {
       const float* xg = x + r * k + g * kQuantGroup;
       int8_t* qg = qx + r * k + g * kQuantGroup;
-      float amax = 0.0f, half[kQuantGroup];
+      float amax = 0.0f, sum = 0.0f;
       bool nan = false;
       for (int64_t i = 0; i < kQuantGroup; ++i) {
         amax = std::max(amax, std::fabs(xg[i]));
-        half[i] = xg[i];
+        sum += xg[i];
         nan = nan || xg[i] != xg[i];
       }
-      // Pairwise, the order a vector unit reduces in (avx512::quantize_rows_groups).
-      for (int64_t w = kQuantGroup / 2; w >= 1; w /= 2)
-        for (int64_t i = 0; i < w; ++i) half[i] += half[i + w];
-      const float sum = half[0];
       const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
       for (int64_t i = 0; i < kQuantGroup; ++i) {
         const float v = std::nearbyint(xg[i] * inv);
@@ -439,7 +435,7 @@ void linear(const float* x, int64_t t, int64_t k, const PackedWeight& w, const f
 
   // Every row count of a q8/q4 Linear takes the int8-activation path where it runs, so a
   // row's output does not depend on how many rows share the call (batch invariance).
-  if (weight_storage_quantized(w.storage) && tactic.int8_x && avx512_qgemv_int8_supported()) {
+  if (weight_storage_quantized(w.storage) && (t <= 4 || !std::getenv("KILN_OLDRULE")) && tactic.int8_x && avx512_qgemv_int8_supported()) {
     const int64_t panels = w.panels();
     const LinearSplit split = tactic.split != LinearSplit::kAuto ? tactic.split
                               : panels < 4 * tac.threads && t >= 4 * kQGemvInt8RowBlock * tac.threads
