@@ -242,7 +242,7 @@ void linear_qgemv_int8(const float* x, int64_t t, int64_t k, const PackedWeight&
   auto quantize = [&](int64_t r0, int64_t r1) {
     avx512::quantize_rows_groups(x + r0 * k, r1 - r0, k, q + r0 * k, dx + r0 * groups, sx + r0 * groups);
   };
-  // Rounding x costs ~0.4 ns a value on one core (dev VM): 26 us for 128 rows of 576, ~2%
+  // Rounding x costs ~0.5 ns a value on one core (dev VM): 40 us for 128 rows of 576, a few %
   // of that Linear; threads share it only from 2^18 values on, where it outweighs a second
   // pool hand-off.
   constexpr int64_t kQuantizeRows = 16;
