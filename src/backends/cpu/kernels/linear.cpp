@@ -435,7 +435,7 @@ void linear(const float* x, int64_t t, int64_t k, const PackedWeight& w, const f
 
   // Every row count of a q8/q4 Linear takes the int8-activation path where it runs, so a
   // row's output does not depend on how many rows share the call (batch invariance).
-  if (weight_storage_quantized(w.storage) && (t <= 4 || !std::getenv("KILN_OLDRULE")) && tactic.int8_x && avx512_qgemv_int8_supported()) {
+  if (weight_storage_quantized(w.storage) && tactic.int8_x && avx512_qgemv_int8_supported()) {
     const int64_t panels = w.panels();
     const LinearSplit split = tactic.split != LinearSplit::kAuto ? tactic.split
                               : panels < 4 * tac.threads && t >= 4 * kQGemvInt8RowBlock * tac.threads
