@@ -28,9 +28,9 @@ using test::write_file;
 // KILN_CPU_QGEMV=f32 sets it; the rounding itself is tested in
 // tests/backends/cpu/quant_linear_test.cpp and tests/models/real_decoder_test.cpp.
 struct F32Activations {
-  bool saved = cpu::cpu_qgemv_int8_enabled();
-  F32Activations() { cpu::cpu_qgemv_int8_set(false); }
-  ~F32Activations() { cpu::cpu_qgemv_int8_set(saved); }
+  cpu::QGemvActs saved = cpu::cpu_qgemv_acts();
+  F32Activations() { cpu::cpu_qgemv_acts_set(cpu::QGemvActs::kF32); }
+  ~F32Activations() { cpu::cpu_qgemv_acts_set(saved); }
 };
 
 struct Result {

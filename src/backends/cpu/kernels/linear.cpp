@@ -230,17 +230,19 @@ constexpr int64_t kMcInt8 = 128;
 // contiguous panels, as the f32 kernels' do, or rows when the panels are too few to share
 // (linear_default_tactic's rule). Neither the split nor the blocking changes a row's bits.
 void linear_qgemv_int8(const float* x, int64_t t, int64_t k, const PackedWeight& w, const float* bias, float* y,
-                       int threads, LinearSplit split) {
+                       int threads, LinearSplit split, bool two_digits) {
   const int64_t groups = k / kQuantGroup, n = w.n;
   thread_local std::vector<int8_t> qx;
   thread_local std::vector<float> scales;
-  qx.resize(size_t(t * k));
+  qx.resize(size_t((two_digits ? 2 : 1) * t * k));
   scales.resize(size_t(2 * t * groups));
   int8_t* q = qx.data();
+  int8_t* qlo = two_digits ? q + t * k : nullptr;  // the residual's codes, rows as q's
   float* dx = scales.data();
   float* sx = dx + t * groups;
   auto quantize = [&](int64_t r0, int64_t r1) {
-    avx512::quantize_rows_groups(x + r0 * k, r1 - r0, k, q + r0 * k, dx + r0 * groups, sx + r0 * groups);
+    avx512::quantize_rows_groups(x + r0 * k, r1 - r0, k, q + r0 * k, dx + r0 * groups, sx + r0 * groups,
+                                 qlo ? qlo + r0 * k : nullptr);
   };
   // Rounding x costs ~0.5 ns a value on one core (dev VM): 40 us for 128 rows of 576, a few %
   // of that Linear; threads share it only from 2^18 values on, where it outweighs a second
@@ -264,13 +266,13 @@ void linear_qgemv_int8(const float* x, int64_t t, int64_t k, const PackedWeight&
           const int m = int(std::min(kRb, mc1 - r));
           float* yt = y + r * n + p * kNr;
           if (cols == kNr) {
-            avx512::qgemv_int8(m, q4, q + r * k, dx + r * groups, sx + r * groups, k, groups, w.panel(p), groups, yt,
+            avx512::qgemv_int8(m, q4, q + r * k, qlo ? qlo + r * k : nullptr, dx + r * groups, sx + r * groups, k, groups, w.panel(p), groups, yt,
                                n, init, false);
             continue;
           }
           // The zero-padded last panel computes 16 columns into a scratch tile.
           float tile[kRb * kNr];
-          avx512::qgemv_int8(m, q4, q + r * k, dx + r * groups, sx + r * groups, k, groups, w.panel(p), groups, tile,
+          avx512::qgemv_int8(m, q4, q + r * k, qlo ? qlo + r * k : nullptr, dx + r * groups, sx + r * groups, k, groups, w.panel(p), groups, tile,
                              kNr, init, false);
           for (int i = 0; i < m; ++i) std::memcpy(yt + i * n, tile + i * kNr, size_t(cols) * 4);
         }
@@ -287,14 +289,19 @@ void linear_qgemv_int8(const float* x, int64_t t, int64_t k, const PackedWeight&
 
 }  // namespace
 
-void quantize_rows_groups(const float* x, int64_t t, int64_t k, int8_t* qx, float* dx, float* sx) {
+void quantize_rows_groups(const float* x, int64_t t, int64_t k, int8_t* qx, float* dx, float* sx, int8_t* qlo) {
   KILN_THROW_IF(k % kQuantGroup != 0, kInvalidArgument, "quantize_rows_groups: K=", k, " is not a multiple of ",
                 kQuantGroup);
   const int64_t groups = k / kQuantGroup;
+  // rint(v) clamped to [-127, 127]; NaN (x NaN, or inf * 0) -> 0.
+  auto code = [](float v) {
+    v = std::nearbyint(v);
+    return int8_t(v >= 127.0f ? 127 : v <= -127.0f ? -127 : v == v ? int(v) : 0);
+  };
   for (int64_t r = 0; r < t; ++r)
     for (int64_t g = 0; g < groups; ++g) {
       const float* xg = x + r * k + g * kQuantGroup;
-      int8_t* qg = qx + r * k + g * kQuantGroup;
+      const int64_t at = r * k + g * kQuantGroup;
       float amax = 0.0f, sum = 0.0f;
       bool nan = false;
       for (int64_t i = 0; i < kQuantGroup; ++i) {
@@ -302,15 +309,16 @@ void quantize_rows_groups(const float* x, int64_t t, int64_t k, int8_t* qx, floa
         sum += xg[i];
         nan = nan || xg[i] != xg[i];
       }
-      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f, d = amax / 127.0f;
       for (int64_t i = 0; i < kQuantGroup; ++i) {
-        const float v = std::nearbyint(xg[i] * inv);
-        qg[i] = int8_t(v >= 127.0f ? 127 : v <= -127.0f ? -127 : v == v ? int(v) : 0);
+        qx[at + i] = code(xg[i] * inv);
+        // The residual (one rounding: |x - d q| <= d / 2 up to an ulp) in steps of d / 254.
+        if (qlo) qlo[at + i] = code(std::fma(-d, float(qx[at + i]), xg[i]) * (inv * 254.0f));
       }
       // A NaN in x makes the group's scale NaN, so the outputs are NaN as x multiplied as
       // given would make them (its code alone would read 0); an infinity already does
       // (d = inf against codes 0).
-      dx[r * groups + g] = nan ? sum : amax / 127.0f;
+      dx[r * groups + g] = nan ? sum : d;
       sx[r * groups + g] = sum;
     }
 }
@@ -441,7 +449,7 @@ void linear(const float* x, int64_t t, int64_t k, const PackedWeight& w, const f
                               : panels < 4 * tac.threads && t >= 4 * kQGemvInt8RowBlock * tac.threads
                                   ? LinearSplit::kRows
                                   : LinearSplit::kPanels;
-    linear_qgemv_int8(x, t, k, w, bias, y, tac.threads, split);
+    linear_qgemv_int8(x, t, k, w, bias, y, tac.threads, split, cpu_qgemv_acts() == QGemvActs::kInt16);
     return;
   }
   LinearRun run{x, t, k, w.n, &w, bias, y,

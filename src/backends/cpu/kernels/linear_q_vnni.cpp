@@ -1,6 +1,12 @@
 // Weight-only q8/q4 GEMV/GEMM rows on AVX-512 VNNI + VBMI, against activations rounded to
 // int8 per group of 32 (quantize_rows_groups: d = max|x| / 127, xq = rint(x / d)), the
-// CUDA backend's dp4a GEMV and llama.cpp's Q4 x Q8 dot products do the same. Why: the f32
+// CUDA backend's dp4a GEMV and llama.cpp's Q4 x Q8 dot products do the same - by default
+// (KILN_CPU_QGEMV=int16) with a second int8 digit for the residual, x ~ d (xq + xlo / 254):
+// one int8 digit leaves each value off by up to d / 2, which a group holding one of
+// SmolLM2's outlier activations turns into a coarse grid for the other 31 (q4 perplexity
+// +6.2% vs f32 with one digit, +4.0% with two; bench/RESULTS.md). The second digit is a
+// second vpdpbusd per code block (the weights' operand is shared) and one FMA per group
+// and row: D = Σ q xq + Σ q xlo / 254, exact integer sums each. Why: the f32
 // kernels widen and convert every code (about 11 instructions per 16 q4 weights), which
 // bounds them at ~25 G weights/s on two cores of the dev VM, half its read bandwidth
 // (cpu_kernels_bench --gemv). Here one vpdpbusd multiplies 64 codes by 4 x codes each.
@@ -44,16 +50,19 @@ struct Perm {
 };
 const Perm kPerm;
 
-template <bool kQ4, int M>
-void qgemv_rows(const int8_t* qx, const float* dx, const float* sx, int64_t ldq, int64_t ldg, const uint8_t* group,
-                int64_t groups, float* y, int64_t ldy, const float* init, bool accumulate) {
+template <bool kQ4, bool kTwo, int M>
+void qgemv_rows(const int8_t* qx, const int8_t* qlo, const float* dx, const float* sx, int64_t ldq, int64_t ldg,
+                const uint8_t* group, int64_t groups, float* y, int64_t ldy, const float* init, bool accumulate) {
   constexpr size_t kCodeBytes = kQuantGroup * (kQ4 ? 8 : 16);
   constexpr size_t kGroupBytes = kCodeBytes + (kQ4 ? 128 : 64);
   // U independent sums a row (blocks b, b + U, ...): with fewer than ~8 chains of dependent
-  // vpdpbusd (5 cycles each) in flight the latency, not the port, bounds the kernel.
-  constexpr int U = M == 1 ? 4 : M <= 4 ? 2 : 1;
+  // vpdpbusd (5 cycles each) in flight the latency, not the port, bounds the kernel. Two
+  // digits a value (kTwo) give each row two chains of their own.
+  constexpr int U = M == 1 ? (kTwo ? 2 : 4) : M <= 4 && !kTwo ? 2 : 1;
+  constexpr int D = kTwo ? 2 : 1;  // digits: the codes of x, then those of its residual
   const __m512i perm = _mm512_load_si512(kQ4 ? kPerm.q4 : kPerm.q8);
   const __m512i nib = _mm512_set1_epi8(15), ones = _mm512_set1_epi8(1), off = _mm512_set1_epi8(-128);
+  const int8_t* digit[2] = {qx, kTwo ? qlo : qx};
   __m512 acc[M];
 #pragma GCC unroll 8
   for (int r = 0; r < M; ++r)
@@ -62,11 +71,13 @@ void qgemv_rows(const int8_t* qx, const float* dx, const float* sx, int64_t ldq,
 #pragma GCC unroll 16
     for (size_t o = 0; o < kGroupBytes; o += 64)  // the group 4 ahead (the next panel's at a panel's end)
       _mm_prefetch(reinterpret_cast<const char*>(group + 4 * kGroupBytes + o), _MM_HINT_T0);
-    __m512i sum[U][M], wsum = _mm512_setzero_si512();
+    __m512i sum[U][D][M], wsum = _mm512_setzero_si512();
 #pragma GCC unroll 8
     for (int u = 0; u < U; ++u)
+#pragma GCC unroll 2
+      for (int d = 0; d < D; ++d)
 #pragma GCC unroll 8
-      for (int r = 0; r < M; ++r) sum[u][r] = _mm512_setzero_si512();
+        for (int r = 0; r < M; ++r) sum[u][d][r] = _mm512_setzero_si512();
 #pragma GCC unroll 8
     for (int b = 0; b < kQuantGroup / 4; ++b) {
       constexpr int kBlocks = kQuantGroup / 4;
@@ -81,28 +92,39 @@ void qgemv_rows(const int8_t* qx, const float* dx, const float* sx, int64_t ldq,
         w = _mm512_permutexvar_epi8(perm, _mm512_loadu_si512(group + b * 64));
         wsum = _mm512_dpbusd_epi32(wsum, ones, w);
       }
+#pragma GCC unroll 2
+      for (int d = 0; d < D; ++d)
 #pragma GCC unroll 8
-      for (int r = 0; r < M; ++r) {
-        int32_t xw;
-        std::memcpy(&xw, qx + r * ldq + g * kQuantGroup + b * 4, 4);
-        const __m512i xb = _mm512_set1_epi32(xw);
-        if constexpr (kQ4)
-          sum[u][r] = _mm512_dpbusd_epi32(sum[u][r], w, xb);
-        else
-          sum[u][r] = _mm512_dpbusd_epi32(sum[u][r], _mm512_xor_si512(xb, off), w);  // (x + 128) as unsigned
-      }
+        for (int r = 0; r < M; ++r) {
+          int32_t xw;
+          std::memcpy(&xw, digit[d] + r * ldq + g * kQuantGroup + b * 4, 4);
+          const __m512i xb = _mm512_set1_epi32(xw);
+          if constexpr (kQ4)
+            sum[u][d][r] = _mm512_dpbusd_epi32(sum[u][d][r], w, xb);
+          else
+            sum[u][d][r] = _mm512_dpbusd_epi32(sum[u][d][r], _mm512_xor_si512(xb, off), w);  // (x + 128) as unsigned
+        }
     }
 #pragma GCC unroll 8
     for (int u = 1; u < U; ++u)
+#pragma GCC unroll 2
+      for (int d = 0; d < D; ++d)
 #pragma GCC unroll 8
-      for (int r = 0; r < M; ++r) sum[0][r] = _mm512_add_epi32(sum[0][r], sum[u][r]);
+        for (int r = 0; r < M; ++r) sum[0][d][r] = _mm512_add_epi32(sum[0][d][r], sum[u][d][r]);
     const float* scale = reinterpret_cast<const float*>(group + kCodeBytes);
     const __m512 s = _mm512_loadu_ps(scale);
 #pragma GCC unroll 8
     for (int r = 0; r < M; ++r) {
-      __m512i exact = sum[0][r];
-      if constexpr (!kQ4) exact = _mm512_sub_epi32(exact, _mm512_slli_epi32(wsum, 7));
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(exact), _mm512_mul_ps(s, _mm512_set1_ps(dx[r * ldg + g])), acc[r]);
+      __m512 dot[D];
+#pragma GCC unroll 2
+      for (int d = 0; d < D; ++d) {
+        __m512i exact = sum[0][d][r];
+        if constexpr (!kQ4) exact = _mm512_sub_epi32(exact, _mm512_slli_epi32(wsum, 7));
+        dot[d] = _mm512_cvtepi32_ps(exact);
+      }
+      // Two digits: Σ q (x codes + residual codes / 254) in one rounding, then as one digit.
+      if constexpr (kTwo) dot[0] = _mm512_fmadd_ps(dot[1], _mm512_set1_ps(kQGemvLoDigit), dot[0]);
+      acc[r] = _mm512_fmadd_ps(dot[0], _mm512_mul_ps(s, _mm512_set1_ps(dx[r * ldg + g])), acc[r]);
       if constexpr (kQ4) acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(scale + 16), _mm512_set1_ps(sx[r * ldg + g]), acc[r]);
     }
   }
@@ -112,23 +134,28 @@ void qgemv_rows(const int8_t* qx, const float* dx, const float* sx, int64_t ldq,
 
 }  // namespace
 
-void qgemv_int8(int m, bool q4, const int8_t* qx, const float* dx, const float* sx, int64_t ldq, int64_t ldg,
-                const uint8_t* group, int64_t groups, float* y, int64_t ldy, const float* init, bool accumulate) {
+void qgemv_int8(int m, bool q4, const int8_t* qx, const int8_t* qlo, const float* dx, const float* sx, int64_t ldq,
+                int64_t ldg, const uint8_t* group, int64_t groups, float* y, int64_t ldy, const float* init,
+                bool accumulate) {
   with_tile_rows<kQGemvInt8RowBlock>(m, [&](auto rows) {
     constexpr int M = decltype(rows)::value;
-    if (q4)
-      qgemv_rows<true, M>(qx, dx, sx, ldq, ldg, group, groups, y, ldy, init, accumulate);
+    if (q4 && qlo)
+      qgemv_rows<true, true, M>(qx, qlo, dx, sx, ldq, ldg, group, groups, y, ldy, init, accumulate);
+    else if (q4)
+      qgemv_rows<true, false, M>(qx, qlo, dx, sx, ldq, ldg, group, groups, y, ldy, init, accumulate);
+    else if (qlo)
+      qgemv_rows<false, true, M>(qx, qlo, dx, sx, ldq, ldg, group, groups, y, ldy, init, accumulate);
     else
-      qgemv_rows<false, M>(qx, dx, sx, ldq, ldg, group, groups, y, ldy, init, accumulate);
+      qgemv_rows<false, false, M>(qx, qlo, dx, sx, ldq, ldg, group, groups, y, ldy, init, accumulate);
   });
 }
 
-// quantize_rows_groups (linear.cpp) in zmm registers, bit for bit: the same products and
-// rint, the max order-free (NaN lanes skipped as std::max skips them), and each group's sum
-// in the scalar's order - 16 groups at a time, lane j summing group j's values one by one
-// (gathered 32 floats apart). Why that order: SmolLM2's q4 Linears are sensitive to it
-// (`eval perplexity --decode` on 300 GPL-3 tokens: 23.00 in order, 23.84 summed pairwise).
-void quantize_rows_groups(const float* x, int64_t t, int64_t k, int8_t* qx, float* dx, float* sx) {
+// quantize_rows_groups (linear.cpp) in zmm registers, bit for bit: the same products, rint
+// and residual FMA, the max order-free (NaN lanes skipped as std::max skips them), and each
+// group's sum in the scalar's order - 16 groups at a time, lane j summing group j's values
+// one by one (gathered 32 floats apart). Why that order: SmolLM2's q4 Linears are sensitive
+// to it (`eval perplexity --decode` on 300 GPL-3 tokens: 23.00 in order, 23.84 summed pairwise).
+void quantize_rows_groups(const float* x, int64_t t, int64_t k, int8_t* qx, float* dx, float* sx, int8_t* qlo) {
   const int64_t groups = k / kQuantGroup;
   const __m512 hi = _mm512_set1_ps(127.0f), lo = _mm512_set1_ps(-127.0f);
   const __m512i stride = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
@@ -146,20 +173,29 @@ void quantize_rows_groups(const float* x, int64_t t, int64_t k, int8_t* qx, floa
     }
     for (int64_t g = 0; g < groups; ++g) {
       const float* xg = xr + g * kQuantGroup;
-      int8_t* qg = qx + r * k + g * kQuantGroup;
+      const int64_t at = r * k + g * kQuantGroup;
       const __m512 a = _mm512_loadu_ps(xg), b = _mm512_loadu_ps(xg + 16);
       const __mmask16 a_ok = _mm512_cmp_ps_mask(a, a, _CMP_ORD_Q), b_ok = _mm512_cmp_ps_mask(b, b, _CMP_ORD_Q);
       const __m512 m = _mm512_max_ps(_mm512_maskz_mov_ps(a_ok, _mm512_abs_ps(a)), _mm512_maskz_mov_ps(b_ok, _mm512_abs_ps(b)));
-      const float amax = _mm512_reduce_max_ps(m);
-      const __m512 inv = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
-      auto codes = [&](__m512 v) {
-        v = _mm512_roundscale_ps(_mm512_mul_ps(v, inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-        v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), v);  // NaN (x NaN, or inf * 0) -> 0
-        return _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(v, lo), hi)));
+      const float amax = _mm512_reduce_max_ps(m), inv = amax > 0.0f ? 127.0f / amax : 0.0f, d = amax / 127.0f;
+      const __m512 vinv = _mm512_set1_ps(inv), vinv2 = _mm512_set1_ps(inv * 254.0f), vd = _mm512_set1_ps(d);
+      // rint(v * s) clamped to [-127, 127], NaN (x NaN, or inf * 0) -> 0, as a float.
+      auto code = [&](__m512 v, __m512 s) {
+        v = _mm512_roundscale_ps(_mm512_mul_ps(v, s), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        v = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(v, v, _CMP_ORD_Q), v);
+        return _mm512_min_ps(_mm512_max_ps(v, lo), hi);
       };
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(qg), codes(a));
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(qg + 16), codes(b));
-      dx[r * groups + g] = (a_ok & b_ok) != 0xffff ? sr[g] : amax / 127.0f;
+      auto store = [](int8_t* dst, __m512 c) {
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst), _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(c)));
+      };
+      const __m512 ca = code(a, vinv), cb = code(b, vinv);
+      store(qx + at, ca);
+      store(qx + at + 16, cb);
+      if (qlo) {  // the residual x - d q, exact up to one rounding, in steps of d / 254
+        store(qlo + at, code(_mm512_fnmadd_ps(vd, ca, a), vinv2));
+        store(qlo + at + 16, code(_mm512_fnmadd_ps(vd, cb, b), vinv2));
+      }
+      dx[r * groups + g] = (a_ok & b_ok) != 0xffff ? sr[g] : d;
     }
   }
 }
