@@ -66,7 +66,8 @@ namespace avx512 {
 // y[r][0..16) (+)= Σ_g D_g[r][c] * (scale_g[c] * dx[r][g]) (+ min_g[c] * sx[r][g] for q4) over
 // `groups` groups of a q8/q4 panel starting at `group`, D = float(Σ_k qx[r][32g + k] q[k][c])
 // or, with qlo (the second digits), fma(float(Σ_k qlo q), kQGemvLoDigit, float(Σ_k qx q))
-// (m <= kQGemvInt8RowBlock rows; qx / qlo rows ldq bytes apart, dx / sx rows ldg floats
+// (m <= kQGemvInt8RowBlock rows; for q8 panels the x codes come biased, x + 128 as uint8;
+// qx / qlo rows ldq bytes apart, dx / sx rows ldg floats
 // apart, all indexed from that first group). Start: y if accumulate, else init (16 floats)
 // or zero. Row r's result depends only on row r's inputs, not on m.
 void qgemv_int8(int m, bool q4, const int8_t* qx, const int8_t* qlo, const float* dx, const float* sx, int64_t ldq,

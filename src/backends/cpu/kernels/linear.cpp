@@ -240,9 +240,16 @@ void linear_qgemv_int8(const float* x, int64_t t, int64_t k, const PackedWeight&
   int8_t* qlo = two_digits ? q + t * k : nullptr;  // the residual's codes, rows as q's
   float* dx = scales.data();
   float* sx = dx + t * groups;
+  const bool q4 = w.storage == WeightStorage::kQ4;
   auto quantize = [&](int64_t r0, int64_t r1) {
     avx512::quantize_rows_groups(x + r0 * k, r1 - r0, k, q + r0 * k, dx + r0 * groups, sx + r0 * groups,
                                  qlo ? qlo + r0 * k : nullptr);
+    if (q4) return;
+    // q8 codes are signed, so x goes in as vpdpbusd's unsigned operand, x + 128: biased once
+    // here instead of per row and code block in the kernel (qgemv_int8).
+    for (int8_t* c : {q, qlo})
+      if (c)
+        for (int64_t i = r0 * k; i < r1 * k; ++i) c[i] = int8_t(uint8_t(c[i]) ^ 0x80u);
   };
   // Rounding x costs ~0.5 ns a value on one core (dev VM): 40 us for 128 rows of 576, a few %
   // of that Linear; threads share it only from 2^18 values on, where it outweighs a second
@@ -252,7 +259,6 @@ void linear_qgemv_int8(const float* x, int64_t t, int64_t k, const PackedWeight&
     quantize(0, t);
   else
     ThreadPool::global().parallel_for(t, [&](int64_t b, int64_t e, int) { quantize(b, e); }, kQuantizeRows);
-  const bool q4 = w.storage == WeightStorage::kQ4;
   float tail_bias[kNr] = {};
   if (bias) fill_tail_bias(w, bias, tail_bias);
   constexpr int64_t kRb = kQGemvInt8RowBlock;

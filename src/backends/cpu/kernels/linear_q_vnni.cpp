@@ -18,8 +18,8 @@
 // columns, 32 bytes of nibbles (q4) or 64 bytes (q8) - is one load; its codes are split
 // into nibbles (q4) and one vpermb gathers each column's 4 codes into its dword. q4 codes
 // (0..15) are the unsigned operand against the signed x codes; q8's signed codes take x +
-// 128 as the unsigned operand and the group's Σ codes (a second vpdpbusd against ones)
-// removes the 128 again. The group's exact integer sums, converted to f32 (|sum| < 2^24),
+// 128 as the unsigned operand (linear() stores q8's x codes biased) and the group's Σ codes
+// (a vpdpbusd against ones) removes the 128 again. The group's exact integer sums, converted to f32 (|sum| < 2^24),
 // are folded into the tile as the f32 kernels fold theirs: acc += float(sum) * (scale[c] *
 // dx) (+ min[c] * Σx for q4, the f32 sum of the group's x). Compiled with
 // -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mavx512vbmi; called only after a CPUID
@@ -61,7 +61,7 @@ void qgemv_rows(const int8_t* qx, const int8_t* qlo, const float* dx, const floa
   constexpr int U = M == 1 ? (kTwo ? 2 : 4) : M <= 4 && !kTwo ? 2 : 1;
   constexpr int D = kTwo ? 2 : 1;  // digits: the codes of x, then those of its residual
   const __m512i perm = _mm512_load_si512(kQ4 ? kPerm.q4 : kPerm.q8);
-  const __m512i nib = _mm512_set1_epi8(15), ones = _mm512_set1_epi8(1), off = _mm512_set1_epi8(-128);
+  const __m512i nib = _mm512_set1_epi8(15), ones = _mm512_set1_epi8(1);
   const int8_t* digit[2] = {qx, kTwo ? qlo : qx};
   __m512 acc[M];
 #pragma GCC unroll 8
@@ -102,7 +102,7 @@ void qgemv_rows(const int8_t* qx, const int8_t* qlo, const float* dx, const floa
           if constexpr (kQ4)
             sum[u][d][r] = _mm512_dpbusd_epi32(sum[u][d][r], w, xb);
           else
-            sum[u][d][r] = _mm512_dpbusd_epi32(sum[u][d][r], _mm512_xor_si512(xb, off), w);  // (x + 128) as unsigned
+            sum[u][d][r] = _mm512_dpbusd_epi32(sum[u][d][r], xb, w);  // x + 128 (biased by the caller) as unsigned
         }
     }
 #pragma GCC unroll 8
