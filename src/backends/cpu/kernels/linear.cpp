@@ -271,15 +271,16 @@ void linear_qgemv_int8(const float* x, int64_t t, int64_t k, const PackedWeight&
         for (int64_t r = mc0; r < mc1; r += kRb) {
           const int m = int(std::min(kRb, mc1 - r));
           float* yt = y + r * n + p * kNr;
+          const int8_t* lo = qlo ? qlo + r * k : nullptr;
           if (cols == kNr) {
-            avx512::qgemv_int8(m, q4, q + r * k, qlo ? qlo + r * k : nullptr, dx + r * groups, sx + r * groups, k, groups, w.panel(p), groups, yt,
-                               n, init, false);
+            avx512::qgemv_int8(m, q4, q + r * k, lo, dx + r * groups, sx + r * groups, k, groups, w.panel(p), groups,
+                               yt, n, init, false);
             continue;
           }
           // The zero-padded last panel computes 16 columns into a scratch tile.
           float tile[kRb * kNr];
-          avx512::qgemv_int8(m, q4, q + r * k, qlo ? qlo + r * k : nullptr, dx + r * groups, sx + r * groups, k, groups, w.panel(p), groups, tile,
-                             kNr, init, false);
+          avx512::qgemv_int8(m, q4, q + r * k, lo, dx + r * groups, sx + r * groups, k, groups, w.panel(p), groups,
+                             tile, kNr, init, false);
           for (int i = 0; i < m; ++i) std::memcpy(yt + i * n, tile + i * kNr, size_t(cols) * 4);
         }
       }
