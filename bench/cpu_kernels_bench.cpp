@@ -4,8 +4,9 @@
 // T=128/512 (GFLOP/s, % of FMA peak; also with cold weights, rotated over copies beyond the
 // LLC as a model's forward sees them), and paged-attention decode. Median of N timed repeats
 // after warm-up; every kernel output is checked against a scalar reference before timing.
-// Usage: cpu_kernels_bench [--sweep] [--gemv]  (--sweep: time every LinearTactic at large T;
-// --gemv: ceilings and T=1 only)
+// Usage: cpu_kernels_bench [--sweep] [--gemv] [--qrows]  (--sweep: time every LinearTactic
+// at large T; --gemv: ceilings and T=1 only; --qrows: q8/q4 Linears at 1-128 rows, the
+// int8-activation path against the f32 kernels, nothing else)
 #include <immintrin.h>
 
 #include <algorithm>
@@ -257,6 +258,50 @@ void bench_gemm(double peak, bool sweep) {
       }
 }
 
+// q8/q4 Linears (SmolLM2-135M's and BERT-base's shapes) at decode to prefill row counts: the
+// int8-activation path (AVX-512 VNNI, every row count) with x as two int8 digits (int16, the
+// default) and as one (int8) against the f32 kernels (KILN_CPU_QGEMV=f32), hot weights,
+// alternating rounds so the shared host's drift hits all three.
+void bench_qrows() {
+  const QGemvActs saved = cpu_qgemv_acts();
+  cpu_qgemv_acts_set(QGemvActs::kInt16);
+  if (!avx512_qgemv_int8_supported()) {
+    cpu_qgemv_acts_set(saved);
+    std::printf("\n## q8/q4 rows: no AVX-512 VNNI + VBMI here (or KILN_CPU_QGEMV=f32)\n");
+    return;
+  }
+  const Shape shapes[] = {{"smol.gate", 576, 1536}, {"smol.down", 1536, 576}, {"smol.k", 576, 192},
+                          {"bert.fc", 768, 3072}};
+  const QGemvActs modes[] = {QGemvActs::kF32, QGemvActs::kInt8, QGemvActs::kInt16};
+  std::printf("\n## q8/q4 linear by rows: f32 kernels vs int8-activation path, one digit (int8) and two (int16), "
+              "hot weights; GFLOP/s\n");
+  std::printf("%-10s %-11s %5s %-5s %9s %9s %9s %8s %8s\n", "shape", "K->N", "T", "store", "f32", "int8", "int16",
+              "f32/i16", "i8/i16");
+  for (const auto& sh : shapes)
+    for (WeightStorage st : {WeightStorage::kQ8, WeightStorage::kQ4})
+      for (int64_t t : {1, 4, 8, 16, 37, 128}) {
+        auto w = random_floats(size_t(sh.n * sh.k), 1);
+        auto x = random_floats(size_t(t * sh.k), 2);
+        PackedWeight pw = pack_weight(w.data(), sh.n, sh.k, st);
+        std::vector<float> y(size_t(t * sh.n));
+        bool ok = true;
+        std::vector<double> s[3];
+        for (int round = 0; round < 3; ++round)
+          for (int m = 0; m < 3; ++m) {
+            cpu_qgemv_acts_set(modes[m]);
+            linear(x.data(), t, sh.k, pw, nullptr, y.data());
+            ok = ok && linear_ok(x, w, y.data(), t, sh.n, sh.k, st == WeightStorage::kQ4 ? 0.1 : 2e-2);
+            s[m].push_back(time_median([&] { linear(x.data(), t, sh.k, pw, nullptr, y.data()); }, t >= 37 ? 9 : 31));
+          }
+        for (auto& v : s) std::sort(v.begin(), v.end());
+        const double flop = 2.0 * t * sh.n * sh.k, f = s[0][1], i8 = s[1][1], i16 = s[2][1];
+        std::printf("%-10s %5lld->%-5lld %5lld %-5s %9.1f %9.1f %9.1f %7.2fx %7.2fx%s\n", sh.name, (long long)sh.k,
+                    (long long)sh.n, (long long)t, weight_storage_name(st), flop / f / 1e9, flop / i8 / 1e9,
+                    flop / i16 / 1e9, f / i16, i8 / i16, ok ? "" : "  WRONG RESULT");
+      }
+  cpu_qgemv_acts_set(saved);
+}
+
 // ---- attention ------------------------------------------------------------------------
 void bench_attention(double read_bw) {
   std::printf("\n## paged attention decode (GPT-2 small: Hq=Hkv=12, D=64, block 16)\n");
@@ -286,12 +331,17 @@ void bench_attention(double read_bw) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  bool sweep = false, only_gemv = false;
+  bool sweep = false, only_gemv = false, only_qrows = false;
   for (int i = 1; i < argc; ++i) {
     sweep |= std::strcmp(argv[i], "--sweep") == 0;
     only_gemv |= std::strcmp(argv[i], "--gemv") == 0;
+    only_qrows |= std::strcmp(argv[i], "--qrows") == 0;
   }
   std::printf("# kiln cpu_kernels_bench  isa=%s threads=%d\n", cpu_isa_name(cpu_isa()), pool().num_threads());
+  if (only_qrows) {
+    bench_qrows();
+    return 0;
+  }
   const double triad = triad_gbs();
   const double read = read_gbs();
   // The GEMM rows' %peak is of the FMA width their kernel uses.

@@ -2,7 +2,8 @@
 // weights, loaded with --weight-dtype q4 / q8: the Linears whose type maps onto the format
 // keep the file's codes, and the model computes the file's values (logits as the f32 path
 // on the dequantized weights, up to summation order; Q4_K up to its f16-rounded scales);
-// with --weight-dtype auto each Linear keeps its own format.
+// with --weight-dtype auto each Linear keeps its own format. These compare weight values,
+// so x is multiplied as given (the int8-activation path off, see F32Activations).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,6 +11,7 @@
 #include <map>
 #include <random>
 
+#include "backends/cpu/kernels/kernels.h"
 #include "gguf_quant_llama.h"
 #include "runtime/llm_runner.h"
 
@@ -19,6 +21,17 @@ namespace {
 using test::quant_llama;
 using test::TempDir;
 using test::write_file;
+
+// On CPUs with AVX-512 VNNI q8/q4 Linears round x to int8 per group of 32 (at every row
+// count); that moves these logits by ~1e-2 of max|logit| and would hide what is checked
+// here (kept codes = the file's values, up to summation order). The switch as
+// KILN_CPU_QGEMV=f32 sets it; the rounding itself is tested in
+// tests/backends/cpu/quant_linear_test.cpp and tests/models/real_decoder_test.cpp.
+struct F32Activations {
+  cpu::QGemvActs saved = cpu::cpu_qgemv_acts();
+  F32Activations() { cpu::cpu_qgemv_acts_set(cpu::QGemvActs::kF32); }
+  ~F32Activations() { cpu::cpu_qgemv_acts_set(saved); }
+};
 
 struct Result {
   std::vector<float> logits;
@@ -57,6 +70,7 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
 constexpr double kQ4KLogitBound = 4.0 / 2048;
 
 TEST(GgufQuantModel, KeptCodesComputeTheFilesValues) {
+  const F32Activations f32_x;
   TempDir dir;
   struct Case {
     GgmlType attn, mlp;
@@ -103,6 +117,7 @@ TEST(GgufQuantModel, KeptCodesComputeTheFilesValues) {
 // a Q8_0 embedding's codes (the lookup still reads f32 rows); the model computes the
 // file's values.
 TEST(GgufQuantModel, AutoKeepsEachLinearInItsOwnFormat) {
+  const F32Activations f32_x;
   TempDir dir;
   for (GgmlType embd : {GgmlType::kF32, GgmlType::kQ8_0}) {
     const bool q8_head = embd == GgmlType::kQ8_0;

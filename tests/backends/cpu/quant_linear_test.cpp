@@ -2,10 +2,11 @@
 // quantizes independently (per 32-value group and output, round
 // to nearest; q8 symmetric, q4 with a per-group min) and multiplies in double; and the
 // quantization error against the exact
-// f32 weights stays within the rounding bound of the format. At up to 4 rows on a CPU with
-// AVX-512 VNNI + VBMI, linear() rounds x to int8 per group of 32 (the int8-activation GEMV):
-// against the same reference on the rounded x, and against the exact weights within the
-// quantization and rounding errors; every case also runs with it switched off.
+// f32 weights stays within the rounding bound of the format. On a CPU with AVX-512 VNNI +
+// VBMI, linear() rounds x to int8 per group of 32 at every row count (the int8-activation
+// GEMV): against the same reference on the rounded x, against the exact weights within the
+// quantization and rounding errors, and row by row bit for bit across row counts, row
+// blocks and thread splits; every case also runs with it switched off.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -58,6 +59,11 @@ std::vector<double> dequantized(const std::vector<float>& w, int64_t n, int64_t 
   return d;
 }
 
+// The most x's rounding moves a value, in units of its group's d: half a step of d with one
+// int8 digit, half a step of d / 254 with two (a 1e-3 margin for the f32 products, the
+// residual's ulp and the digit weight's rounding).
+double rounding_step(QGemvActs acts) { return acts == QGemvActs::kInt16 ? 1.001 / 508.0 : 0.5 * 1.001; }
+
 void check(int64_t t, int64_t n, int64_t k, WeightStorage s, uint64_t seed) {
   SCOPED_TRACE(std::string(weight_storage_name(s)) + " T=" + std::to_string(t) + " N=" +
                std::to_string(n) + " K=" + std::to_string(k));
@@ -66,33 +72,6 @@ void check(int64_t t, int64_t n, int64_t k, WeightStorage s, uint64_t seed) {
   auto bias = random_floats(size_t(n), seed + 2);
   std::vector<double> mins;
   auto dq = dequantized(w, n, k, s == WeightStorage::kQ8, &mins);
-  // The int8-activation GEMV (t <= kQGemvInt8MaxRows on AVX-512 VNNI): x as
-  // quantize_rows_groups rounds it (dx * qx), each group's min times the exact Σx.
-  const int64_t groups = k / 32;
-  std::vector<int8_t> qx(size_t(t * k));
-  std::vector<float> dx(size_t(t * groups)), sx(size_t(t * groups));
-  quantize_rows_groups(x.data(), t, k, qx.data(), dx.data(), sx.data());
-  std::vector<double> ref8(size_t(t * n)), tol8(size_t(t * n)), qtol8(size_t(t * n));
-  for (int64_t i = 0; i < t; ++i)
-    for (int64_t j = 0; j < n; ++j) {
-      double acc = bias[j], mag = std::fabs(bias[j]), qerr = 0;
-      for (int64_t g = 0; g < groups; ++g) {
-        const double m = mins[size_t(j * groups + g)];
-        double xs = 0;
-        for (int64_t kk = g * 32; kk < g * 32 + 32; ++kk) {
-          const double xr = double(dx[size_t(i * groups + g)]) * qx[size_t(i * k + kk)];
-          acc += xr * (dq[j * k + kk] - m);
-          xs += x[i * k + kk];
-          mag += std::fabs(xr * (dq[j * k + kk] - m)) + std::fabs(x[i * k + kk] * m);
-          qerr += std::fabs(x[i * k + kk] - xr) * std::fabs(dq[j * k + kk] - m) +
-                  std::fabs(double(x[i * k + kk]) * (dq[j * k + kk] - w[j * k + kk]));
-        }
-        acc += m * xs;
-      }
-      ref8[i * n + j] = acc;
-      tol8[i * n + j] = 4.0 * double(k) * 0x1p-24 * 2.0 * mag + 1e-6;
-      qtol8[i * n + j] = qerr + tol8[i * n + j];
-    }
   std::vector<double> ref(size_t(t * n)), exact(size_t(t * n)), tol(size_t(t * n)), qtol(size_t(t * n));
   for (int64_t i = 0; i < t; ++i)
     for (int64_t j = 0; j < n; ++j) {
@@ -110,15 +89,50 @@ void check(int64_t t, int64_t n, int64_t k, WeightStorage s, uint64_t seed) {
       qtol[i * n + j] = qerr + tol[i * n + j];
     }
   PackedWeight pw = pack_weight(w.data(), n, k, s);
-  const bool saved = cpu_qgemv_int8_enabled();
-  for (bool int8 : {false, true}) {
-    cpu_qgemv_int8_set(int8);
+  const QGemvActs saved = cpu_qgemv_acts();
+  for (QGemvActs acts : {QGemvActs::kF32, QGemvActs::kInt8, QGemvActs::kInt16}) {
+    SCOPED_TRACE("KILN_CPU_QGEMV mode " + std::to_string(int(acts)));
+    cpu_qgemv_acts_set(acts);
+    // The int8-activation GEMV (every row count on AVX-512 VNNI): x as quantize_rows_groups
+    // rounds it, xr = d (q + q_lo / 254) (q_lo = 0 with one digit), each group's min times the
+    // exact Σx. Against the dequantized reference on xr (f32 summation), on x within x's
+    // rounding bound (|Δy| <= Σ_g e_g Σ_k |scale_g q_k|, e_g = rounding_step * d_g: the
+    // bound kernels.h states for linear()), and against the exact weights.
+    const int64_t groups = k / 32;
+    std::vector<int8_t> qx(size_t(t * k)), qlo(size_t(t * k), 0);
+    std::vector<float> dx(size_t(t * groups)), sx(size_t(t * groups));
+    quantize_rows_groups(x.data(), t, k, qx.data(), dx.data(), sx.data(),
+                         acts == QGemvActs::kInt16 ? qlo.data() : nullptr);
+    std::vector<double> ref8(size_t(t * n)), tol8(size_t(t * n)), qtol8(size_t(t * n)), xtol8(size_t(t * n));
+    for (int64_t i = 0; i < t; ++i)
+      for (int64_t j = 0; j < n; ++j) {
+        double acc = bias[j], mag = std::fabs(bias[j]), qerr = 0, xerr = 0;
+        for (int64_t g = 0; g < groups; ++g) {
+          const double m = mins[size_t(j * groups + g)], d = dx[size_t(i * groups + g)];
+          double xs = 0;
+          for (int64_t kk = g * 32; kk < g * 32 + 32; ++kk) {
+            const double xr = d * (qx[size_t(i * k + kk)] + double(kQGemvLoDigit) * qlo[size_t(i * k + kk)]);
+            acc += xr * (dq[j * k + kk] - m);
+            xs += x[i * k + kk];
+            mag += std::fabs(xr * (dq[j * k + kk] - m)) + std::fabs(x[i * k + kk] * m);
+            qerr += std::fabs(x[i * k + kk] - xr) * std::fabs(dq[j * k + kk] - m) +
+                    std::fabs(double(x[i * k + kk]) * (dq[j * k + kk] - w[j * k + kk]));
+            xerr += rounding_step(acts) * d * std::fabs(dq[j * k + kk] - m);
+          }
+          acc += m * xs;
+        }
+        ref8[i * n + j] = acc;
+        tol8[i * n + j] = 4.0 * double(k) * 0x1p-24 * 2.0 * mag + 1e-6;
+        qtol8[i * n + j] = qerr + tol8[i * n + j];
+        xtol8[i * n + j] = xerr + tol[i * n + j] + tol8[i * n + j];
+      }
     for_each_isa([&] {
       std::vector<float> y(size_t(t * n));
       linear(x.data(), t, k, pw, bias.data(), y.data());
-      if (t <= kQGemvInt8MaxRows && avx512_qgemv_int8_supported()) {
+      if (avx512_qgemv_int8_supported()) {
         SCOPED_TRACE("int8-activation GEMV");
-        expect_within(y, ref8, tol8, "vs dequantized reference on int8-rounded x");
+        expect_within(y, ref8, tol8, "vs dequantized reference on the rounded x");
+        expect_within(y, ref, xtol8, "vs dequantized reference on x within x's rounding bound");
         expect_within(y, exact, qtol8, "vs exact weights within the quantization and rounding errors");
         return;
       }
@@ -126,7 +140,7 @@ void check(int64_t t, int64_t n, int64_t k, WeightStorage s, uint64_t seed) {
       expect_within(y, exact, qtol, "vs exact weights within the quantization error");
     });
   }
-  cpu_qgemv_int8_set(saved);
+  cpu_qgemv_acts_set(saved);
 }
 
 // The AVX-512 q8/q4 tiles do each AVX2 lane's arithmetic in one zmm lane: the same bits
@@ -134,14 +148,15 @@ void check(int64_t t, int64_t n, int64_t k, WeightStorage s, uint64_t seed) {
 TEST(QuantLinear, Avx512TilesGiveTheAvx2Bits) {
   if (!cpu_isa_supported(CpuIsa::kAvx2)) GTEST_SKIP() << "no AVX2";
   const CpuIsa saved_isa = cpu_isa();
-  const bool saved512 = avx512_enabled(), saved_int8 = cpu_qgemv_int8_enabled();
+  const bool saved512 = avx512_enabled();
+  const QGemvActs saved_acts = cpu_qgemv_acts();
   cpu_isa_set(CpuIsa::kAvx2);
   cpu_avx512_set(true);
   if (!avx512_enabled()) {
     cpu_isa_set(saved_isa);
     GTEST_SKIP() << "no AVX-512 here";
   }
-  cpu_qgemv_int8_set(false);
+  cpu_qgemv_acts_set(QGemvActs::kF32);
   uint64_t seed = 300;
   for (WeightStorage s : {WeightStorage::kQ8, WeightStorage::kQ4})
     for (int64_t t : {1, 2, 5, 7, 13})
@@ -160,50 +175,205 @@ TEST(QuantLinear, Avx512TilesGiveTheAvx2Bits) {
         for (size_t i = 0; i < y[0].size(); ++i) differ += f32_bits(y[0][i]) != f32_bits(y[1][i]);
         EXPECT_EQ(differ, 0u) << weight_storage_name(s) << " T=" << t << " N=" << n << " K=" << k;
       }
-  cpu_qgemv_int8_set(saved_int8);
+  cpu_qgemv_acts_set(saved_acts);
   cpu_isa_set(saved_isa);
   cpu_avx512_set(saved512);
 }
 
 // quantize_rows_groups: per row and group of 32, d = max|x| / 127, qx = rint(x * 127 /
-// max|x|), sx the f32 sum; a group of zeros gives d = 0 and codes 0.
+// max|x|), sx the f32 sum in order; a group of zeros gives d = 0 and codes 0. The second
+// digit: qlo = rint(fma(-d, qx, x) * (127 / max|x| * 254)), |qlo| <= 127, and d (qx + qlo /
+// 254) is within d / 508 of x (one digit: d / 2), up to the f32 products' rounding.
 TEST(QuantLinear, Int8GroupRounding) {
   auto x = random_floats(3 * 96, 5);
   for (int i = 32; i < 64; ++i) x[size_t(i)] = 0.0f;  // row 0's second group
   x[70] = 3.5f;                                       // a group whose max is one outlier
-  std::vector<int8_t> q(x.size());
-  std::vector<float> d(9), sx(9);
-  quantize_rows_groups(x.data(), 3, 96, q.data(), d.data(), sx.data());
+  for (int i = 0; i < 32; ++i) x[size_t(96 + i)] = float(i - 16) / 32.0f;  // row 1: exact steps and ties
+  x[96 + 31] = 127.0f / 64.0f;  // d = 1/64: values k/128 are ties of the first digit, k/32512 of the second
+  x[96 + 5] = 1.0f / 128.0f;    // residual exactly d / 2
+  x[96 + 6] = -3.0f / 128.0f;   // -1.5 d: a tie (rint -> -2, residual +d / 2)
+  x[96 + 7] = 1.0f / 32512.0f;  // a tie of the second digit (0.5 steps of d / 254)
+  std::vector<int8_t> q(x.size()), ql(x.size()), q1(x.size());
+  std::vector<float> d(9), sx(9), d1(9), sx1(9);
+  quantize_rows_groups(x.data(), 3, 96, q.data(), d.data(), sx.data(), ql.data());
+  quantize_rows_groups(x.data(), 3, 96, q1.data(), d1.data(), sx1.data());
   for (int64_t r = 0; r < 3; ++r)
     for (int64_t g = 0; g < 3; ++g) {
       float amax = 0, sum = 0;
       for (int64_t i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[size_t(r * 96 + g * 32 + i)]));
       for (int64_t i = 0; i < 32; ++i) sum += x[size_t(r * 96 + g * 32 + i)];
-      EXPECT_EQ(d[size_t(r * 3 + g)], amax / 127.0f);
+      const float dg = amax / 127.0f;
+      EXPECT_EQ(d[size_t(r * 3 + g)], dg);
       EXPECT_EQ(sx[size_t(r * 3 + g)], sum);
+      EXPECT_EQ(f32_bits(d1[size_t(r * 3 + g)]), f32_bits(dg));  // the same d, sum and first digit
+      EXPECT_EQ(f32_bits(sx1[size_t(r * 3 + g)]), f32_bits(sum));
       for (int64_t i = 0; i < 32; ++i) {
         const int64_t at = r * 96 + g * 32 + i;
-        const int want = amax > 0 ? int(std::nearbyint(x[size_t(at)] * (127.0f / amax))) : 0;
+        const float xv = x[size_t(at)];
+        const int want = amax > 0 ? int(std::nearbyint(xv * (127.0f / amax))) : 0;
         EXPECT_EQ(int(q[size_t(at)]), want) << "row " << r << " group " << g << " element " << i;
+        EXPECT_EQ(int(q1[size_t(at)]), want) << "row " << r << " group " << g << " element " << i;
+        const float res = std::fma(-dg, float(want), xv);
+        const int want_lo = amax > 0 ? int(std::nearbyint(res * (127.0f / amax * 254.0f))) : 0;
+        EXPECT_EQ(int(ql[size_t(at)]), want_lo) << "row " << r << " group " << g << " element " << i;
+        EXPECT_LE(std::abs(int(ql[size_t(at)])), 127);
+        const double xr1 = double(dg) * want, xr2 = double(dg) * (want + double(kQGemvLoDigit) * want_lo);
+        EXPECT_LE(std::fabs(xv - xr1), rounding_step(QGemvActs::kInt8) * dg) << "at " << at;
+        EXPECT_LE(std::fabs(xv - xr2), rounding_step(QGemvActs::kInt16) * dg) << "at " << at;
       }
     }
   EXPECT_EQ(q[70], 127);
+  EXPECT_EQ(ql[70], 0);
+  // Row 1 (d = 1/64): 1/128 = d/2 rounds to 0 (ties to even), residual d/2 -> 127 steps of
+  // d/254; -1.5 d -> -2, residual +d/2 -> 127; d/508 = half a step -> 0 (even), residual kept.
+  EXPECT_EQ(d[3], 1.0f / 64.0f);
+  EXPECT_EQ(int(q[96 + 5]), 0);
+  EXPECT_EQ(int(ql[96 + 5]), 127);
+  EXPECT_EQ(int(q[96 + 6]), -2);
+  EXPECT_EQ(int(ql[96 + 6]), 127);
+  EXPECT_EQ(int(q[96 + 7]), 0);
+  EXPECT_EQ(int(ql[96 + 7]), 0);
+  EXPECT_EQ(int(q[96 + 0]), -32);  // -16/32 = -32 d exactly: no residual
+  EXPECT_EQ(int(ql[96 + 0]), 0);
   EXPECT_THROW(quantize_rows_groups(x.data(), 1, 48, q.data(), d.data(), sx.data()), Error);
-  // A NaN reaches the outputs, as through the f32 kernels.
-  x[5] = NAN;
-  quantize_rows_groups(x.data(), 1, 96, q.data(), d.data(), sx.data());
-  EXPECT_TRUE(std::isnan(d[0]));
-  EXPECT_FALSE(std::isnan(d[1]));
-  const bool saved = cpu_qgemv_int8_enabled();
-  cpu_qgemv_int8_set(true);
+  // A NaN reaches the outputs, as through the f32 kernels; so does an infinity (d = inf
+  // against codes 0; its residual inf - inf * 0 is NaN, code 0).
+  const QGemvActs saved = cpu_qgemv_acts();
   auto w = random_floats(16 * 96, 9);
-  for (WeightStorage st : {WeightStorage::kQ8, WeightStorage::kQ4}) {
-    PackedWeight pw = pack_weight(w.data(), 16, 96, st);
-    std::vector<float> y(16);
-    linear(x.data(), 1, 96, pw, nullptr, y.data());
-    for (float v : y) EXPECT_TRUE(std::isnan(v)) << weight_storage_name(st);
+  for (float bad : {NAN, INFINITY}) {
+    x[5] = bad;
+    quantize_rows_groups(x.data(), 1, 96, q.data(), d.data(), sx.data(), ql.data());
+    EXPECT_EQ(std::isnan(d[0]), std::isnan(bad));
+    EXPECT_FALSE(std::isnan(d[1]));
+    EXPECT_EQ(int(q[5]), 0);
+    EXPECT_EQ(int(ql[5]), 0);
+    if (std::isinf(bad))  // 127 / inf = 0: every code of the group 0
+      for (int i = 0; i < 32; ++i) EXPECT_EQ(int(q[size_t(i)]) | int(ql[size_t(i)]), 0) << i;
+    for (QGemvActs acts : {QGemvActs::kInt8, QGemvActs::kInt16}) {
+      cpu_qgemv_acts_set(acts);
+      for (WeightStorage st : {WeightStorage::kQ8, WeightStorage::kQ4}) {
+        PackedWeight pw = pack_weight(w.data(), 16, 96, st);
+        std::vector<float> y(16);
+        linear(x.data(), 1, 96, pw, nullptr, y.data());
+        for (float v : y) EXPECT_TRUE(std::isnan(v)) << weight_storage_name(st) << " x holding " << bad;
+      }
+    }
   }
-  cpu_qgemv_int8_set(saved);
+  cpu_qgemv_acts_set(saved);
+}
+
+// The AVX-512 rounding linear() uses gives quantize_rows_groups' bits: both digits' codes, d
+// and Σx, over random groups of several magnitudes, ties, zeros, outliers, infinities and NaNs.
+TEST(QuantLinear, Int8GroupRoundingAvx512Bits) {
+  const QGemvActs saved = cpu_qgemv_acts();
+  cpu_qgemv_acts_set(QGemvActs::kInt16);
+  const bool have = avx512_qgemv_int8_supported();
+  cpu_qgemv_acts_set(saved);
+  if (!have) GTEST_SKIP() << "no AVX-512 VNNI + VBMI here";
+  const int64_t t = 9, k = 256, groups = k / 32;
+  auto x = random_floats(size_t(t * k), 11);
+  for (int64_t r = 0; r < t; ++r)  // rows spanning 1e-30 .. 1e30
+    for (int64_t i = 0; i < k; ++i) x[size_t(r * k + i)] *= std::pow(10.0f, float(r * 7 - 30));
+  for (int i = 0; i < 32; ++i) x[size_t(32 + i)] = 0.0f;                  // a group of zeros
+  for (int i = 0; i < 32; ++i) x[size_t(64 + i)] = float(i - 16) * 0.5f;  // ties at 127 / 16 steps
+  x[100] = 1e6f;                                                           // an outlier
+  x[k + 3] = INFINITY;
+  x[k + 40] = -INFINITY;
+  x[k + 41] = INFINITY;  // inf + -inf in one group: a NaN sum
+  x[2 * k + 5] = NAN;
+  x[2 * k + 70] = -0.0f;
+  for (int i = 0; i < 32; ++i) x[size_t(3 * k + 96 + i)] = float(i - 16) / 32.0f;  // d = 1/64: ties of both digits
+  x[3 * k + 96 + 31] = 127.0f / 64.0f;
+  x[3 * k + 96 + 5] = 1.0f / 128.0f;
+  x[3 * k + 96 + 7] = 1.0f / 32512.0f;
+  std::vector<int8_t> q[2], ql[2];
+  std::vector<float> d[2], sx[2];
+  for (int v = 0; v < 2; ++v) {
+    q[v].assign(size_t(t * k), 99);
+    ql[v].assign(size_t(t * k), 99);
+    d[v].assign(size_t(t * groups), -1.0f);
+    sx[v].assign(size_t(t * groups), -1.0f);
+    (v ? avx512::quantize_rows_groups : quantize_rows_groups)(x.data(), t, k, q[v].data(), d[v].data(), sx[v].data(),
+                                                             ql[v].data());
+  }
+  for (size_t i = 0; i < q[0].size(); ++i) {
+    EXPECT_EQ(int(q[0][i]), int(q[1][i])) << "code " << i;
+    EXPECT_EQ(int(ql[0][i]), int(ql[1][i])) << "second digit " << i;
+  }
+  // Without the second digit: the same first digits, d and sums.
+  std::vector<int8_t> q1(size_t(t * k));
+  std::vector<float> d1(size_t(t * groups)), sx1(size_t(t * groups));
+  avx512::quantize_rows_groups(x.data(), t, k, q1.data(), d1.data(), sx1.data());
+  for (size_t i = 0; i < q1.size(); ++i) EXPECT_EQ(int(q1[i]), int(q[0][i])) << "code " << i;
+  for (size_t i = 0; i < d1.size(); ++i) {
+    EXPECT_EQ(f32_bits(d1[i]), f32_bits(d[0][i])) << "d of group " << i;
+    EXPECT_EQ(f32_bits(sx1[i]), f32_bits(sx[0][i])) << "sum of group " << i;
+  }
+  for (size_t i = 0; i < d[0].size(); ++i) {
+    EXPECT_EQ(f32_bits(d[0][i]), f32_bits(d[1][i])) << "d of group " << i;
+    EXPECT_EQ(f32_bits(sx[0][i]), f32_bits(sx[1][i])) << "sum of group " << i;
+  }
+}
+
+// Batch invariance: with the int8-activation path a row's outputs have the same bits
+// whatever the call's row count, wherever the row falls in a row block, and however the
+// threads split the call: every row of a T=37 call (4 blocks of 8 and one of 5) against
+// T=1 calls of that row alone. q8/q4, with and without bias, N tails (50, 33, 200: partial
+// last panels), on one thread and on the pool split by panels and by rows. The logits
+// GEMM's int8_x = false keeps the f32 kernels' bits.
+TEST(QuantLinear, Int8RowsAreBatchInvariant) {
+  const QGemvActs saved = cpu_qgemv_acts();
+  cpu_qgemv_acts_set(QGemvActs::kInt16);
+  if (!avx512_qgemv_int8_supported()) {
+    cpu_qgemv_acts_set(saved);
+    GTEST_SKIP() << "no AVX-512 VNNI + VBMI here: q8/q4 Linears run the f32 kernels";
+  }
+  const int64_t t = 37;
+  for (QGemvActs acts : {QGemvActs::kInt16, QGemvActs::kInt8}) {
+  cpu_qgemv_acts_set(acts);
+  uint64_t seed = 700;
+  for (WeightStorage s : {WeightStorage::kQ8, WeightStorage::kQ4})
+    for (auto [n, k] : {std::pair<int64_t, int64_t>{50, 96}, {33, 5120}, {200, 320}})
+      for (bool with_bias : {false, true}) {
+        SCOPED_TRACE(std::string(weight_storage_name(s)) + " N=" + std::to_string(n) + " K=" + std::to_string(k) +
+                     (with_bias ? " bias" : "") + (acts == QGemvActs::kInt16 ? " int16" : " int8"));
+        auto x = random_floats(size_t(t * k), seed += 3);
+        for (int64_t r = 0; r < t; ++r)  // rows of different magnitudes
+          for (int64_t i = 0; i < k; ++i) x[size_t(r * k + i)] *= float(1 + r % 5) * (r % 3 ? 1.0f : 1e-3f);
+        auto w = random_floats(size_t(n * k), seed + 1);
+        auto b = random_floats(size_t(n), seed + 2);
+        const float* bias = with_bias ? b.data() : nullptr;
+        PackedWeight pw = pack_weight(w.data(), n, k, s);
+        std::vector<float> alone(size_t(t * n), NAN);
+        for (int64_t r = 0; r < t; ++r)
+          linear(x.data() + r * k, 1, k, pw, bias, alone.data() + r * n, LinearTactic{.threads = 1});
+        const LinearTactic tactics[] = {{.threads = 1}, {}, {.split = LinearSplit::kPanels},
+                                        {.split = LinearSplit::kRows}};
+        for (const LinearTactic& tac : tactics)
+          for (int64_t rows : {t, int64_t(13), int64_t(8), int64_t(2)}) {
+            std::vector<float> y(size_t(rows * n), NAN);
+            linear(x.data() + (t - rows) * k, rows, k, pw, bias, y.data(), tac);
+            size_t differ = 0, first = 0;
+            for (size_t i = 0; i < y.size(); ++i)
+              if (f32_bits(y[i]) != f32_bits(alone[size_t((t - rows) * n) + i]) && !differ++) first = i;
+            EXPECT_EQ(differ, 0u) << rows << " rows (the last of the 37), threads " << tac.threads << " split "
+                                  << int(tac.split) << ": first at row " << first / size_t(n) << " column "
+                                  << first % size_t(n);
+          }
+        // int8_x = false: the f32 kernels, as with the path switched off.
+        std::vector<float> f32_off(size_t(t * n)), f32_tactic(size_t(t * n));
+        LinearTactic logits;
+        logits.int8_x = false;
+        linear(x.data(), t, k, pw, bias, f32_tactic.data(), logits);
+        cpu_qgemv_acts_set(QGemvActs::kF32);
+        linear(x.data(), t, k, pw, bias, f32_off.data());
+        cpu_qgemv_acts_set(acts);
+        size_t differ = 0;
+        for (size_t i = 0; i < f32_off.size(); ++i) differ += f32_bits(f32_off[i]) != f32_bits(f32_tactic[i]);
+        EXPECT_EQ(differ, 0u) << "int8_x = false against KILN_CPU_QGEMV=f32";
+      }
+  }
+  cpu_qgemv_acts_set(saved);
 }
 
 TEST(QuantLinear, MatchesIndependentDequantization) {

@@ -32,7 +32,7 @@ namespace kiln::cuda::testing {
 // binary that includes this header.
 class CpuQGemvF32Reference : public ::testing::Environment {
  public:
-  void SetUp() override { cpu::cpu_qgemv_int8_set(false); }
+  void SetUp() override { cpu::cpu_qgemv_acts_set(cpu::QGemvActs::kF32); }
 };
 inline ::testing::Environment* const kCpuQGemvF32Reference =
     ::testing::AddGlobalTestEnvironment(new CpuQGemvF32Reference);

@@ -58,22 +58,24 @@ std::atomic<bool>& avx512_on() {
 bool avx512_enabled() { return use_avx2() && avx512_on().load(std::memory_order_relaxed); }
 
 namespace {
-std::atomic<bool>& qgemv_int8_on() {
-  static std::atomic<bool> on{[] {
+std::atomic<QGemvActs>& qgemv_acts() {
+  static std::atomic<QGemvActs> acts{[] {
     const char* e = std::getenv("KILN_CPU_QGEMV");
-    if (!e || !*e || std::strcmp(e, "int8") == 0) return true;
+    if (!e || !*e || std::strcmp(e, "int16") == 0) return QGemvActs::kInt16;
+    if (std::strcmp(e, "int8") == 0) return QGemvActs::kInt8;
     KILN_THROW_IF(std::strcmp(e, "f32") != 0, kInvalidArgument, "KILN_CPU_QGEMV='", e,
-                  "': expected 'int8' (decode rows of q8/q4 Linears against int8-rounded activations where the CPU "
-                  "has AVX-512 VNNI) or 'f32' (the f32 kernels)");
-    return false;
+                  "': expected 'int16' (the default: q8/q4 Linears against activations rounded to two int8 "
+                  "digits, where the CPU has AVX-512 VNNI), 'int8' (one digit) or 'f32' (the f32 kernels, x as "
+                  "given)");
+    return QGemvActs::kF32;
   }()};
-  return on;
+  return acts;
 }
 }  // namespace
 
-bool cpu_qgemv_int8_enabled() { return qgemv_int8_on().load(std::memory_order_relaxed); }
+QGemvActs cpu_qgemv_acts() { return qgemv_acts().load(std::memory_order_relaxed); }
 
-void cpu_qgemv_int8_set(bool on) { qgemv_int8_on().store(on, std::memory_order_relaxed); }
+void cpu_qgemv_acts_set(QGemvActs acts) { qgemv_acts().store(acts, std::memory_order_relaxed); }
 
 bool avx512_qgemv_int8_supported() {
   static const bool hw = [] {
@@ -82,7 +84,7 @@ bool avx512_qgemv_int8_supported() {
   }();
   // The switch first: a mistyped KILN_CPU_QGEMV is an error on every CPU, not only on those
   // where it would matter.
-  return cpu_qgemv_int8_enabled() && hw && avx512_enabled();
+  return cpu_qgemv_acts() != QGemvActs::kF32 && hw && avx512_enabled();
 }
 
 void cpu_avx512_set(bool on) { avx512_on().store(on && avx512_hardware(), std::memory_order_relaxed); }

@@ -57,18 +57,25 @@ using Int8Microkernel = void (*)(int m, const int8_t* qx, int64_t ldx, const int
 using LinearMicrokernel2 = void (*)(int m, const float* x, int64_t ldx, const void* panel, int64_t panel_stride,
                                     int64_t kc, float* y, int64_t ldy, const float* init, bool accumulate);
 
-// Whether q8/q4 Linears of at most kQGemvInt8MaxRows rows take the int8-activation GEMV
-// (linear_q_vnni.cpp): the AVX-512 kernels run (avx512_enabled), the CPU has AVX-512 VNNI and
-// VBMI, and cpu_qgemv_int8_enabled() (kernels.h).
+// Whether q8/q4 Linears take the int8-activation GEMV (linear_q_vnni.cpp) at every row
+// count: the AVX-512 kernels run (avx512_enabled), the CPU has AVX-512 VNNI and VBMI, and
+// cpu_qgemv_acts() != kF32 (kernels.h).
 bool avx512_qgemv_int8_supported();
 
 namespace avx512 {
-// y[r][0..16) (+)= Σ_g float(Σ_k qx[r][32g + k] q[k][c]) * (scale_g[c] * dx[r][g]) (+ min_g[c] *
-// sx[r][g] for q4) over `groups` groups of a q8/q4 panel starting at `group` (m <=
-// kQGemvInt8MaxRows rows; qx rows ldq bytes apart, dx / sx rows ldg floats apart, both
-// indexed from that first group). Start: y if accumulate, else init (16 floats) or zero.
-void qgemv_int8(int m, bool q4, const int8_t* qx, const float* dx, const float* sx, int64_t ldq, int64_t ldg,
-                const uint8_t* group, int64_t groups, float* y, int64_t ldy, const float* init, bool accumulate);
+// y[r][0..16) (+)= Σ_g D_g[r][c] * (scale_g[c] * dx[r][g]) (+ min_g[c] * sx[r][g] for q4) over
+// `groups` groups of a q8/q4 panel starting at `group`, D = float(Σ_k qx[r][32g + k] q[k][c])
+// or, with qlo (the second digits), fma(float(Σ_k qlo q), kQGemvLoDigit, float(Σ_k qx q))
+// (m <= kQGemvInt8RowBlock rows; for q8 panels the x codes come biased, x + 128 as uint8;
+// qx / qlo rows ldq bytes apart, dx / sx rows ldg floats
+// apart, all indexed from that first group). Start: y if accumulate, else init (16 floats)
+// or zero. Row r's result depends only on row r's inputs, not on m.
+void qgemv_int8(int m, bool q4, const int8_t* qx, const int8_t* qlo, const float* dx, const float* sx, int64_t ldq,
+                int64_t ldg, const uint8_t* group, int64_t groups, float* y, int64_t ldy, const float* init,
+                bool accumulate);
+// quantize_rows_groups (kernels.h) with the same bits, for CPUs with AVX-512 F/BW.
+void quantize_rows_groups(const float* x, int64_t t, int64_t k, int8_t* qx, float* dx, float* sx,
+                          int8_t* qlo = nullptr);
 LinearMicrokernel linear_microkernel(WeightStorage storage);    // q8/q4: the AVX2 kernels' bits
 LinearMicrokernel2 linear_microkernel2(WeightStorage storage);  // null for quantized storage
 // paged_attention's blocked path for sequences of several query rows, f32 caches, d 64 or 128.

@@ -80,8 +80,8 @@ struct LinearTactic {
   int threads = 0;   // 0 = the global pool's size; 1 = run on the calling thread
   int panels = 0;    // 16-column panels per microkernel call: 1, or 2 (the AVX-512 kernel's
                      // 32-wide tile; else 1); 0 = auto
-  // q8/q4 weights at few rows may take the int8-activation GEMV (linear()); false keeps
-  // x as given (the CPU backend's logits GEMM, whose errors move the distribution itself).
+  // q8/q4 weights may take the int8-activation GEMV (linear()); false keeps x as given
+  // (the CPU backend's logits GEMM, whose errors move the distribution itself).
   // Not part of the tactic string: the backend sets it per node.
   bool int8_x = true;
 };
@@ -90,26 +90,46 @@ struct LinearTactic {
 // takes two panels a call).
 LinearTactic linear_default_tactic(int64_t t, int64_t n, int64_t k, int max_mr = 6);
 
-// bias may be null. y must not alias x. q8/q4 weights at t <= kQGemvInt8MaxRows rows on a
-// CPU with AVX-512 VNNI + VBMI (and cpu_qgemv_int8_enabled()) take the int8-activation GEMV:
-// each row's x rounded per group of 32 as quantize_rows_groups does, exact integer dot
-// products with the codes, then the f32 kernels' scaling (x's rounding is the only new
-// error: |Δy[c]| <= Σ_g |scale_g[c]| Σ_k |q_k| d_g / 2; q4's min term takes the exact
-// Σx); elsewhere, and for other weights, the f32 kernels multiply x as given.
+// bias may be null. y must not alias x. q8/q4 weights on a CPU with AVX-512 VNNI + VBMI (and
+// cpu_qgemv_acts() != kF32, tactic.int8_x) take the int8-activation GEMV at every row count:
+// each row's x rounded per group of 32 as quantize_rows_groups does - by default to two
+// int8 digits (kInt16), else one (kInt8) -, exact integer dot products of each digit with
+// the codes, then the f32 kernels' scaling. x's rounding is the only new error: |Δy[c]| <=
+// Σ_g |scale_g[c]| Σ_k |q_k| e_g, e_g = d_g / 2 with one digit and d_g / 508 (d_g / 254 / 2,
+// plus an ulp of the residual) with two; q4's min term takes the exact Σx. Each row's bits
+// are the same whatever rows share the call (a sequence's logits do not depend on the batch
+// it was stepped in, nor prefill's numerics on the prompt's length); elsewhere, and for
+// other weights, the f32 kernels multiply x as given.
 void linear(const float* x, int64_t t, int64_t k, const PackedWeight& w, const float* bias,
             float* y, const LinearTactic& tactic = {});
 
-// Rows the int8-activation q8/q4 GEMV takes (decode steps of a few sequences).
-inline constexpr int kQGemvInt8MaxRows = 4;
-// The int8-activation GEMV's switch: KILN_CPU_QGEMV unset or "int8" on, "f32" off (read
-// once; anything else is a kInvalidArgument error naming it); tests flip it.
-bool cpu_qgemv_int8_enabled();
-void cpu_qgemv_int8_set(bool on);
+// Rows per call of the int8-activation q8/q4 GEMV kernel: linear() walks each weight panel
+// over all of a Linear's rows in blocks of this many (a decode step of up to 8 sequences is
+// one block; 8 rows keep 8 independent vpdpbusd chains in flight).
+inline constexpr int kQGemvInt8RowBlock = 8;
+// What the q8/q4 Linears multiply (KILN_CPU_QGEMV, read once; anything else is a
+// kInvalidArgument error naming it; tests flip it with cpu_qgemv_acts_set):
+//  kInt16 ("int16", the default): x rounded to two int8 digits per value, x ~ d (q + q_lo /
+//         254): 16-bit codes (|254 q + q_lo| <= 32385) for two vpdpbusd per code block. Error
+//         <= d / 508 a value. SmolLM2-135M --weight-dtype q4 perplexity on GPL-3 vs f32:
+//         +3.97%, as with x as given; one digit: +6.16% (bench/RESULTS.md).
+//  kInt8 ("int8"): one digit, x ~ d q, error <= d / 2: half the integer work, and the
+//         SmolLM2 outlier activations' groups get a coarse grid.
+//  kF32 ("f32"): the f32 kernels, x as given (as on CPUs without AVX-512 VNNI + VBMI).
+enum class QGemvActs : uint8_t { kF32, kInt8, kInt16 };
+QGemvActs cpu_qgemv_acts();
+void cpu_qgemv_acts_set(QGemvActs acts);
+// The weight of the second digit: x ~ d (q + kQGemvLoDigit q_lo).
+inline constexpr float kQGemvLoDigit = 1.0f / 254.0f;
 // Its rounding of x [t, k] (k a multiple of kQuantGroup): per row and group g of 32, d =
 // max|x| / 127 (0 for a group of zeros), qx = rint(x * (127 / max|x|)) (ties to even),
 // dx[g] = d (NaN for a group holding a NaN) and sx[g] = the f32 sum of the group's x in
-// order; qx rows k bytes apart, dx / sx rows k / 32 apart.
-void quantize_rows_groups(const float* x, int64_t t, int64_t k, int8_t* qx, float* dx, float* sx);
+// order; qx rows k bytes apart, dx / sx rows k / 32 apart. With qlo (rows as qx's), the
+// second digit: qlo = rint(fma(-d, qx, x) * (127 / max|x| * 254)), the residual (|.| <= d /
+// 2 up to an ulp) in steps of d / 254, so |qlo| <= 127 and |x - d (qx + qlo / 254)| <= d /
+// 508 up to a few ulps of d; codes of NaN (and of the inf * 0 an infinite x meets) are 0.
+void quantize_rows_groups(const float* x, int64_t t, int64_t k, int8_t* qx, float* dx, float* sx,
+                          int8_t* qlo = nullptr);
 
 // ---- W8A8 int8 GEMM: y[T,N] = (x_scale * w_scale[n]) * Σ_k qx[t,k] * qw[n,k] + b[n] ----
 // Weights are symmetric int8 per output channel (codes in [-127, 127], w = scale[n] * q);

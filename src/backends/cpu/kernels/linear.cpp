@@ -220,52 +220,95 @@ void fill_tail_bias(const PackedWeight& w, const float* bias, float* tail) {
   for (int64_t c = 0; c < kNr; ++c) tail[c] = last + c < w.n ? bias[last + c] : 0.0f;
 }
 
-// linear() for q8/q4 weights and t <= kQGemvInt8MaxRows rows on AVX-512 VNNI (kernels.h):
-// x rounded once per call, threads owning contiguous panels as the f32 kernels' do.
+// Rows of the int8-activation path per outer block: their codes (kMcInt8 x K bytes, 132 KiB
+// at K = 1024) stay in L2 while every panel passes over them, as kMc does for the f32 kernels.
+constexpr int64_t kMcInt8 = 128;
+
+// linear() for q8/q4 weights on AVX-512 VNNI (kernels.h): x rounded once per call (by
+// threads over rows when there is much of it), then per panel blocks of kQGemvInt8RowBlock rows,
+// so a panel is read from memory once and stays in L1/L2 across the blocks. Threads own
+// contiguous panels, as the f32 kernels' do, or rows when the panels are too few to share
+// (linear_default_tactic's rule). Neither the split nor the blocking changes a row's bits.
 void linear_qgemv_int8(const float* x, int64_t t, int64_t k, const PackedWeight& w, const float* bias, float* y,
-                       int threads) {
+                       int threads, LinearSplit split, bool two_digits) {
   const int64_t groups = k / kQuantGroup, n = w.n;
   thread_local std::vector<int8_t> qx;
   thread_local std::vector<float> scales;
-  qx.resize(size_t(t * k));
+  qx.resize(size_t((two_digits ? 2 : 1) * t * k));
   scales.resize(size_t(2 * t * groups));
+  int8_t* q = qx.data();
+  int8_t* qlo = two_digits ? q + t * k : nullptr;  // the residual's codes, rows as q's
   float* dx = scales.data();
   float* sx = dx + t * groups;
-  quantize_rows_groups(x, t, k, qx.data(), dx, sx);
   const bool q4 = w.storage == WeightStorage::kQ4;
+  auto quantize = [&](int64_t r0, int64_t r1) {
+    avx512::quantize_rows_groups(x + r0 * k, r1 - r0, k, q + r0 * k, dx + r0 * groups, sx + r0 * groups,
+                                 qlo ? qlo + r0 * k : nullptr);
+    if (q4) return;
+    // q8 codes are signed, so x goes in as vpdpbusd's unsigned operand, x + 128: biased once
+    // here instead of per row and code block in the kernel (qgemv_int8).
+    for (int8_t* c : {q, qlo})
+      if (c)
+        for (int64_t i = r0 * k; i < r1 * k; ++i) c[i] = int8_t(uint8_t(c[i]) ^ 0x80u);
+  };
+  // Rounding x costs ~0.5 ns a value on one core (dev VM): 40 us for 128 rows of 576, a few %
+  // of that Linear; threads share it only from 2^18 values on, where it outweighs a second
+  // pool hand-off.
+  constexpr int64_t kQuantizeRows = 16;
+  if (threads <= 1 || t * k < (int64_t(1) << 18))
+    quantize(0, t);
+  else
+    ThreadPool::global().parallel_for(t, [&](int64_t b, int64_t e, int) { quantize(b, e); }, kQuantizeRows);
   float tail_bias[kNr] = {};
   if (bias) fill_tail_bias(w, bias, tail_bias);
-  const int8_t* q = qx.data();
-  auto run = [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p) {
-      const int64_t cols = std::min(kNr, n - p * kNr);
-      if (cols == kNr) {
-        avx512::qgemv_int8(int(t), q4, q, dx, sx, k, groups, w.panel(p), groups, y + p * kNr, n,
-                           bias ? bias + p * kNr : nullptr, false);
-        continue;
+  constexpr int64_t kRb = kQGemvInt8RowBlock;
+  auto run = [&](int64_t r0, int64_t r1, int64_t p0, int64_t p1) {
+    for (int64_t mc0 = r0; mc0 < r1; mc0 += kMcInt8) {
+      const int64_t mc1 = std::min(r1, mc0 + kMcInt8);
+      for (int64_t p = p0; p < p1; ++p) {
+        const int64_t cols = std::min(kNr, n - p * kNr);
+        const float* init = bias ? (cols == kNr ? bias + p * kNr : tail_bias) : nullptr;
+        for (int64_t r = mc0; r < mc1; r += kRb) {
+          const int m = int(std::min(kRb, mc1 - r));
+          float* yt = y + r * n + p * kNr;
+          const int8_t* lo = qlo ? qlo + r * k : nullptr;
+          if (cols == kNr) {
+            avx512::qgemv_int8(m, q4, q + r * k, lo, dx + r * groups, sx + r * groups, k, groups, w.panel(p), groups,
+                               yt, n, init, false);
+            continue;
+          }
+          // The zero-padded last panel computes 16 columns into a scratch tile.
+          float tile[kRb * kNr];
+          avx512::qgemv_int8(m, q4, q + r * k, lo, dx + r * groups, sx + r * groups, k, groups, w.panel(p), groups,
+                             tile, kNr, init, false);
+          for (int i = 0; i < m; ++i) std::memcpy(yt + i * n, tile + i * kNr, size_t(cols) * 4);
+        }
       }
-      float tile[kQGemvInt8MaxRows * kNr];
-      avx512::qgemv_int8(int(t), q4, q, dx, sx, k, groups, w.panel(p), groups, tile, kNr, bias ? tail_bias : nullptr,
-                         false);
-      for (int64_t r = 0; r < t; ++r) std::memcpy(y + r * n + p * kNr, tile + r * kNr, size_t(cols) * 4);
     }
   };
   if (threads <= 1)
-    run(0, w.panels());
+    run(0, t, 0, w.panels());
+  else if (split == LinearSplit::kRows)
+    ThreadPool::global().parallel_for(t, [&](int64_t b, int64_t e, int) { run(b, e, 0, w.panels()); }, kRb);
   else
-    ThreadPool::global().parallel_for(w.panels(), [&](int64_t b, int64_t e, int) { run(b, e); }, 1);
+    ThreadPool::global().parallel_for(w.panels(), [&](int64_t b, int64_t e, int) { run(0, t, b, e); }, 1);
 }
 
 }  // namespace
 
-void quantize_rows_groups(const float* x, int64_t t, int64_t k, int8_t* qx, float* dx, float* sx) {
+void quantize_rows_groups(const float* x, int64_t t, int64_t k, int8_t* qx, float* dx, float* sx, int8_t* qlo) {
   KILN_THROW_IF(k % kQuantGroup != 0, kInvalidArgument, "quantize_rows_groups: K=", k, " is not a multiple of ",
                 kQuantGroup);
   const int64_t groups = k / kQuantGroup;
+  // rint(v) clamped to [-127, 127]; NaN (x NaN, or inf * 0) -> 0.
+  auto code = [](float v) {
+    v = std::nearbyint(v);
+    return int8_t(v >= 127.0f ? 127 : v <= -127.0f ? -127 : v == v ? int(v) : 0);
+  };
   for (int64_t r = 0; r < t; ++r)
     for (int64_t g = 0; g < groups; ++g) {
       const float* xg = x + r * k + g * kQuantGroup;
-      int8_t* qg = qx + r * k + g * kQuantGroup;
+      const int64_t at = r * k + g * kQuantGroup;
       float amax = 0.0f, sum = 0.0f;
       bool nan = false;
       for (int64_t i = 0; i < kQuantGroup; ++i) {
@@ -273,15 +316,16 @@ void quantize_rows_groups(const float* x, int64_t t, int64_t k, int8_t* qx, floa
         sum += xg[i];
         nan = nan || xg[i] != xg[i];
       }
-      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f, d = amax / 127.0f;
       for (int64_t i = 0; i < kQuantGroup; ++i) {
-        const float v = std::nearbyint(xg[i] * inv);
-        qg[i] = int8_t(v >= 127.0f ? 127 : v <= -127.0f ? -127 : v == v ? int(v) : 0);
+        qx[at + i] = code(xg[i] * inv);
+        // The residual (one rounding: |x - d q| <= d / 2 up to an ulp) in steps of d / 254.
+        if (qlo) qlo[at + i] = code(std::fma(-d, float(qx[at + i]), xg[i]) * (inv * 254.0f));
       }
       // A NaN in x makes the group's scale NaN, so the outputs are NaN as x multiplied as
       // given would make them (its code alone would read 0); an infinity already does
       // (d = inf against codes 0).
-      dx[r * groups + g] = nan ? sum : amax / 127.0f;
+      dx[r * groups + g] = nan ? sum : d;
       sx[r * groups + g] = sum;
     }
 }
@@ -404,9 +448,15 @@ void linear(const float* x, int64_t t, int64_t k, const PackedWeight& w, const f
   KILN_THROW_IF(tac.mr < 1 || tac.mr > max_mr, kInvalidArgument, "linear: tactic mr must be in [1, ", max_mr,
                 "], got ", tac.mr);
 
-  if (weight_storage_quantized(w.storage) && t <= kQGemvInt8MaxRows && tactic.int8_x &&
-      avx512_qgemv_int8_supported()) {
-    linear_qgemv_int8(x, t, k, w, bias, y, tac.threads);
+  // Every row count of a q8/q4 Linear takes the int8-activation path where it runs, so a
+  // row's output does not depend on how many rows share the call (batch invariance).
+  if (weight_storage_quantized(w.storage) && tactic.int8_x && avx512_qgemv_int8_supported()) {
+    const int64_t panels = w.panels();
+    const LinearSplit split = tactic.split != LinearSplit::kAuto ? tactic.split
+                              : panels < 4 * tac.threads && t >= 4 * kQGemvInt8RowBlock * tac.threads
+                                  ? LinearSplit::kRows
+                                  : LinearSplit::kPanels;
+    linear_qgemv_int8(x, t, k, w, bias, y, tac.threads, split, cpu_qgemv_acts() == QGemvActs::kInt16);
     return;
   }
   LinearRun run{x, t, k, w.n, &w, bias, y,

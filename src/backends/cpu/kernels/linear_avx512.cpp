@@ -146,7 +146,7 @@ void microkernel2(int m, const float* x, int64_t ldx, const void* panel_v, int64
 // lane did (the same U chains over k, the same group fold, the same Σx order for q4's
 // min), so both give the same bits; a k row's codes widen with one conversion per 16
 // instead of two per 8. For the x rows the int8-activation GEMV does not take (the logits
-// GEMM; prompts of more than 4 rows; KILN_CPU_QGEMV=f32).
+// GEMM; KILN_CPU_QGEMV=f32; CPUs without AVX-512 VNNI + VBMI).
 struct Q8 {
   static constexpr size_t kCodeBytes = kQuantGroup * 16;
   static constexpr size_t kGroupBytes = kCodeBytes + 64;
