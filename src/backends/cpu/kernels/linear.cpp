@@ -220,8 +220,9 @@ void fill_tail_bias(const PackedWeight& w, const float* bias, float* tail) {
   for (int64_t c = 0; c < kNr; ++c) tail[c] = last + c < w.n ? bias[last + c] : 0.0f;
 }
 
-// Rows of the int8-activation path per outer block: their codes (kMcInt8 x K bytes, 132 KiB
-// at K = 1024) stay in L2 while every panel passes over them, as kMc does for the f32 kernels.
+// Rows of the int8-activation path per outer block: their codes (kMcInt8 x K bytes a digit,
+// 128 KiB at K = 1024, twice that with the second digit) stay in L2 while every panel
+// passes over them, as kMc does for the f32 kernels.
 constexpr int64_t kMcInt8 = 128;
 
 // linear() for q8/q4 weights on AVX-512 VNNI (kernels.h): x rounded once per call (by

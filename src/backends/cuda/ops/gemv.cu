@@ -235,13 +235,13 @@ void launch_split(const typename F::X* x, const typename F::W* w, float scale, c
 
 // Warps per output row (split-K), from the H200 sweep of `cuda_gemv_bench` (bench/RESULTS.md,
 // 2026-12-01 session 18: 1, 2, 4 splits at 1, 2, 4 token rows on the Llama-3.1-8B, TinyLlama
-// and GPT-2 Linears): the most splits that leave each warp at least kMinSlice elements of
-// K - 1024 at one token row (8B gate|up 60.1 -> 55.9 us, down 36.2 -> 34.0 us against one
+// and GPT-2 Linears): the most splits that leave each warp a slice of at least min_slice
+// elements of K - 1024 at one token row (8B gate|up 60.1 -> 55.9 us, down 36.2 -> 34.0 us against one
 // split; TinyLlama's k = 2048 slower at 4), 1280 at more rows (8B gate|up at 2 rows 64.4
 // -> 58.9 us at 2 splits; 4 lose there) - and more for short outputs, until about 2048
 // warps stream the matrix, slices of at least 512 (GPT-2's 768x3072 projection at 2 rows:
 // 6.0 us unsplit, 4.2 us at 4 splits; its 768x768 o projection split in 2 made the whole
-// step ~3% slower).
+// step ~3% slower, paired median of a binary A/B).
 int split_for(int64_t m, int64_t n, int64_t k) {
   const int64_t min_slice = m == 1 ? 1024 : 1280;
   int s = k >= 4 * min_slice ? 4 : k >= 2 * min_slice ? 2 : 1;
