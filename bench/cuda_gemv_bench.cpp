@@ -30,6 +30,8 @@
 //   cuda_gemv_bench qgemv [shape filter]        the quantized kernels (old / mma / dp4a) and
 //                                               the dp4a launch sweep only (cuda_qgemv_table.cpp)
 //   cuda_gemv_bench chain [shape filter]        the decode-chain table only
+//   cuda_gemv_bench qprologue [shape filter]    the dp4a GEMV with and without x's rounding
+//                                               (cuda_qgemv_table.cpp)
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -240,12 +242,17 @@ void chain_table(const char* filter, double copy_gbs) {
 int main(int argc, char** argv) {
   const bool qgemv_only = argc > 1 && std::string(argv[1]) == "qgemv";
   const bool chain_only = argc > 1 && std::string(argv[1]) == "chain";
-  const bool mode = qgemv_only || chain_only;
+  const bool prologue_only = argc > 1 && std::string(argv[1]) == "qprologue";
+  const bool mode = qgemv_only || chain_only || prologue_only;
   const char* filter = argc > (mode ? 2 : 1) ? argv[mode ? 2 : 1] : "";
   const double copy_gbs = bench::device_copy_gbs();
   std::printf("device-to-device copy: %.0f GB/s (read + write)\n\n", copy_gbs);
   if (chain_only) {
     chain_table(filter, copy_gbs);
+    return 0;
+  }
+  if (prologue_only) {
+    bench::qgemv_prologue_table(filter, copy_gbs);
     return 0;
   }
   if (qgemv_only) {

@@ -177,7 +177,7 @@ void qgemv_kernels_table(const char* filter, double copy_gbs) {
         std::string best_name = "default", bad;
         for (int depth : {2, 4, 8}) {
           if (m > 1 && depth != 4) continue;
-          for (int cps : {2, 3, 4}) {
+          for (int cps : {1}) {
             std::string line = str_cat("| ", s.what, " | ", quant_format_name(f), " | ", m, " | ", cps, " | ", depth);
             for (int splits : {1, 2, 4, 8}) {
               const QGemvDp4aTuning tune{cps, depth, splits};
@@ -211,6 +211,93 @@ void qgemv_kernels_table(const char* filter, double copy_gbs) {
               "\n\n| shape | w | rows | CTAs/SM | depth | split 1 | split 2 | split 4 | split 8 |\n"
               "|---|---|---|---|---|---|---|---|---|\n");
   for (auto& c : sweeps) std::printf("%s\n", c.c_str());
+}
+
+void qgemv_prologue_table(const char* filter, double copy_gbs) {
+  int dev = 0, l2 = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&dev));
+  KILN_CUDA_CHECK(cudaDeviceGetAttribute(&l2, cudaDevAttrL2CacheSize, dev));
+  cudaStream_t st = nullptr;
+  KILN_CUDA_CHECK(cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  std::printf("\ndp4a GEMV with and without x's rounding (skip x: timing only, garbage output). us per call, 20 calls "
+              "captured in one CUDA graph with PDL, weight copies cycled past 2 x L2; (%% of the %.0f GB/s copy). "
+              "bf16: the bf16 GEMV on the same shape (its own 2-byte weights), same method.\n\n"
+              "\n\n| shape | w | rows | CTAs/SM x depth x splits (CTAs) | us | us, skip x | prologue us |\n"
+              "|---|---|---|---|---|---|---|\n",
+              copy_gbs);
+  std::vector<std::string> checks;
+  for (const GemvShape& s : kLlamaGemvShapes) {
+    if (!std::strstr(s.what, filter)) continue;
+    const int64_t wrows = s.epi == GemvEpilogue::kSwiGlu ? 2 * s.n : s.n, mmax = kQGemvMaxRows;
+    DeviceBuffer wdq(size_t(wrows * s.k) * 2), x(size_t(mmax * s.k) * 2), y(size_t(mmax * s.n) * 2),
+        yref(size_t(mmax * s.n) * 2);
+    launch_fill_random(x.get(), DType::kBF16, mmax * s.k, 2, nullptr);
+    {  // the bf16 GEMV's own time (2-byte weights, copies past 2 x L2)
+      const size_t wb = size_t(wrows * s.k) * 2, n = std::max<size_t>(1, (2 * size_t(l2) + wb - 1) / wb);
+      std::vector<DeviceBuffer> ws;
+      for (size_t i = 0; i < n; ++i) {
+        ws.emplace_back(wb);
+        launch_fill_random(ws.back().get(), DType::kBF16, wrows * s.k, 30 + uint32_t(i), nullptr);
+      }
+      for (int64_t m : {1, 2}) {
+        size_t i = 0;
+        PdlScope on(true);
+        const float ms = graph_ms([&] {
+          launch_gemv(DType::kBF16, x.get(), ws[i++ % n].get(), nullptr, y.get(), m, s.n, s.k, st, s.epi);
+        }, st, 20);
+        const double gbs = double(wb) / (ms * 1e-3) / 1e9;
+        std::printf("| %s %lldx%lld | bf16 | %lld | rule | %.1f (%.0f%%) | | |\n", s.what, (long long)wrows,
+                    (long long)s.k, (long long)m, ms * 1e3, 100.0 * gbs / copy_gbs);
+      }
+    }
+    for (QuantFormat f : {QuantFormat::kQ4, QuantFormat::kQ8}) {
+      WeightCopies rows = make_copies(f, wrows, s.k, QuantLayout::kRows, size_t(l2), 10);
+      const QuantWeightView& r0 = rows.views[0];
+      launch_dequant_rows(DType::kBF16, r0, 0, wrows, wdq.get(), nullptr);
+      for (int64_t m : {1, 2, 4}) {
+        for (int64_t q0 = 0; q0 < m; q0 += 4)
+          launch_gemv(DType::kBF16, static_cast<const uint16_t*>(x.get()) + q0 * s.k, wdq.get(), nullptr,
+                      static_cast<uint16_t*>(yref.get()) + q0 * s.n, std::min<int64_t>(4, m - q0), s.n, s.k, nullptr,
+                      s.epi);
+        auto time_of = [&](const QGemvDp4aTuning& tune) {
+          if (!tune.skip_x) {
+            launch_qgemv_dp4a(DType::kBF16, x.get(), r0, nullptr, y.get(), m, s.n, nullptr, s.epi, tune);
+            KILN_CUDA_CHECK(cudaDeviceSynchronize());
+            const double err = max_rel(y.get(), yref.get(), size_t(m * s.n));
+            if (!(err < 2e-2))
+              checks.push_back(str_cat(s.what, " ", quant_format_name(f), " m=", m, " depth ", tune.depth,
+                                       " splits ", tune.splits, ": ", err, " TOO LARGE"));
+          }
+          PdlScope on(true);
+          return graph_ms([&] {
+            launch_qgemv_dp4a(DType::kBF16, x.get(), rows.take(), nullptr, y.get(), m, s.n, st, s.epi, tune);
+          }, st, 20);
+        };
+        for (int depth : {4, 8}) {
+          if (m > 1 && depth != 4) continue;
+          for (int splits : {0, 1, 2, 4}) {
+            QGemvDp4aTuning t{0, depth, splits};
+            QGemvDp4aPlan pl;
+            launch_qgemv_dp4a(DType::kBF16, x.get(), r0, nullptr, y.get(), m, s.n, nullptr, s.epi, t, &pl);
+            const float a = time_of(t);
+            t.skip_x = true;
+            const float b = time_of(t);
+            const double pct = 100.0 * double(r0.bytes()) / (a * 1e-3) / 1e9 / copy_gbs;
+            const double pct_b = 100.0 * double(r0.bytes()) / (b * 1e-3) / 1e9 / copy_gbs;
+            std::printf("| %s %lldx%lld | %s | %lld | %s%dx%dx%d (%d) | %.1f (%.0f%%) | %.1f (%.0f%%) | %.1f |\n",
+                        s.what, (long long)wrows, (long long)s.k, quant_format_name(f), (long long)m,
+                        splits == 0 ? "rule " : "", pl.ctas_per_sm, pl.depth, pl.splits, pl.ctas, a * 1e3, pct,
+                        b * 1e3, pct_b, (a - b) * 1e3);
+            std::fflush(stdout);
+          }
+        }
+      }
+    }
+  }
+  std::printf("\nchecks: %s\n", checks.empty() ? "every variant within 2e-2 of the bf16 GEMV on its weights dequantized"
+                                                : "");
+  for (auto& c : checks) std::printf("  %s\n", c.c_str());
+  cudaStreamDestroy(st);
 }
 
 }  // namespace kiln::cuda::bench

@@ -115,16 +115,19 @@ void launch_qgemv_mma(DType dtype, const void* x, const QuantWeightView& w, cons
 // on sm_61+ where that fits a CTA (at 8 rows up to k = 23K on an H100/H200).
 bool qgemv_dp4a_supports(DType dtype, int64_t m, int64_t k);
 // Launch parameters, for the bench's sweep; 0 = the default. ctas_per_sm: resident CTAs
-// of 8 warps per SM (capped by occupancy; default 3); depth: steps of 16-byte loads in
+// per SM, of 24 warps (16 with SwiGLU; capped by occupancy, which allows 1; default 1); depth: steps of 16-byte loads in
 // flight per lane, 2, 4 or 8 at one token row (more rows always run 4; default 4);
 // splits: warps of a CTA that share an output unit, each taking 1/splits of K, 1, 2, 4 or
 // 8 (default: qgemv_dp4a_default_splits; 1 where the exchange does not fit shared memory).
 // The defaults are placeholders until `cuda_gemv_bench qgemv` has been run on the target
 // device: its sweep prints each shape's time for every combination.
+// skip_x (a timing ablation only, `cuda_gemv_bench qprologue`): leave x's rounding out,
+// so the output is garbage; the difference in time is what the prologue costs.
 struct QGemvDp4aTuning {
   int ctas_per_sm = 0;
   int depth = 0;
   int splits = 0;
+  bool skip_x = false;
 };
 // The default split count for `units` output units of `steps` steps each (a step: one
 // 16-byte chunk per lane) over `resident_warps` warps: the fewest serial steps of the

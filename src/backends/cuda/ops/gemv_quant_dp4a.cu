@@ -40,10 +40,21 @@
 namespace kiln::cuda {
 namespace {
 
-constexpr int kWarps = 8, kThreads = kWarps * 32;
 constexpr int kMaxDevices = 64;
-constexpr int kDefaultCtasPerSm = 3;  // 24 warps per SM (bench: `cuda_gemv_bench qgemv` sweeps 2-4)
-constexpr int kDefaultDepth = 4;      // steps of loads in flight per lane
+constexpr int kMaxSplits = 8;
+constexpr int kDefaultCtasPerSm = 1;  // one CTA of dp4a_warps() warps per SM
+
+// Warps of a CTA: the SM's whole share (24 warps at <= 80 registers; the SwiGLU kernels
+// need up to 128 registers, so 16), in one CTA per SM. Each CTA rounds all of x into its
+// shared memory before its main loop; one CTA per SM does that once per SM instead of
+// once per 8 warps (`cuda_gemv_bench qprologue`: three 8-warp CTAs per SM spent 1.1 us of a
+// 7.2 us q4 q|k|v GEMV and 4.6 of 16.1 us of the down projection, k = 14336, in that
+// prologue).
+template <bool kSwiGlu>
+constexpr int dp4a_warps() {
+  return kSwiGlu ? 16 : 24;
+}
+constexpr int kDefaultDepth = 4;  // steps of loads in flight per lane
 
 struct DArgs {
   const void* x;
@@ -55,6 +66,7 @@ struct DArgs {
   int m, k, n_out, groups, chunks, steps, units;
   int splits, sps;  // split-K: S warps per output unit, each ceil(steps / S) = sps steps
   GemvEpilogue epi;
+  int skip_x;  // timing ablation (QGemvDp4aTuning::skip_x)
 };
 
 // Outputs per warp (RL) for MAXM token rows; 32 / RL lanes share an output along K.
@@ -98,8 +110,8 @@ __device__ __forceinline__ void to_f32x8(const uint4 u, float (&v)[8]) {
 //    codes' factor 16), Σx the f32 sum of the group's values as given.
 // Rounding: fma(x, 127 / max|x|, 1.5·2^23) holds rint(x·127/max|x|) in its low mantissa
 // bits (|.| <= 127), ties to even, its low byte the int8 code.
-// kXBatch: x chunks a thread loads before rounding any.
-template <typename T, bool kQ4, int kXBatch>
+// kXBatch: x chunks a thread loads before rounding any; kThreads: the CTA's threads.
+template <typename T, bool kQ4, int kXBatch, int kThreads, int MAXM>
 __device__ void quantize_x(const T* __restrict__ x, int m, int k, int groups, uint8_t* xq, float2* xd) {
   const int tasks = m * groups * 4;
   // Uniform trip count (the shuffles see every lane); kXBatch loads in flight per thread.
@@ -109,7 +121,7 @@ __device__ void quantize_x(const T* __restrict__ x, int m, int k, int groups, ui
     for (int b = 0; b < kXBatch; ++b) {
       const int task = base + b * kThreads + int(threadIdx.x);
       if (task < tasks) {
-        const int row = task / (groups * 4), rem = task - row * groups * 4;
+        const int row = MAXM == 1 ? 0 : task / (groups * 4), rem = task - row * groups * 4;
         raw[b] = __ldg(reinterpret_cast<const uint4*>(x + int64_t(row) * k + (rem >> 2) * 32 + (rem & 3) * 8));
       } else {
         raw[b] = make_uint4(0, 0, 0, 0);
@@ -120,7 +132,7 @@ __device__ void quantize_x(const T* __restrict__ x, int m, int k, int groups, ui
       if (base + b * kThreads >= tasks) break;  // uniform: no lane of this or later rounds has a task
       const int task = base + b * kThreads + int(threadIdx.x);
       const bool on = task < tasks;
-      const int row = on ? task / (groups * 4) : 0, rem = on ? task - row * groups * 4 : 0;
+      const int row = on && MAXM > 1 ? task / (groups * 4) : 0, rem = on ? task - row * groups * 4 : 0;
       const int g = rem >> 2, sub = rem & 3;
       float v[8];
       to_f32x8<T>(raw[b], v);
@@ -234,21 +246,16 @@ constexpr int red_per_warp() {
   return outs_per_warp<MAXM>() * (kSwiGlu ? 2 : 1) * MAXM;
 }
 
-// Named barrier `id` (1..4; 0 is __syncthreads) over `threads` threads of the CTA.
+// Named barrier `id` (1..15; 0 is __syncthreads) over `threads` threads of the CTA.
 __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
-// Resident CTAs the compiler is asked to allow: 3 for the one-row depth-8 kernel (80
-// registers, 20-24 bytes spilled, instead of 87-89 and 2 CTAs), else 2. The one-row depth-4
-// kernel needs no bound to fit 4 (62-64 registers; -Xptxas -v).
-template <int MAXM, bool kSwiGlu, int P>
-constexpr int dp4a_min_ctas() {
-  return MAXM == 1 && !kSwiGlu && P == 8 ? 3 : 2;
-}
-
+// One CTA of dp4a_warps() warps per SM: the compiler caps registers at 80 (24 warps; the
+// one-row depth-8 kernel spills 20-24 bytes there) or 128 (16 warps; -Xptxas -v).
 template <typename T, QuantFormat F, int MAXM, bool kSwiGlu, int P>
-__global__ void __launch_bounds__(kThreads, dp4a_min_ctas<MAXM, kSwiGlu, P>()) qgemv_dp4a_kernel(const DArgs a) {
+__global__ void __launch_bounds__(dp4a_warps<kSwiGlu>() * 32, 1) qgemv_dp4a_kernel(const DArgs a) {
+  constexpr int kWarps = dp4a_warps<kSwiGlu>(), kThreads = kWarps * 32;
   constexpr bool kQ4 = F == QuantFormat::kQ4;
   constexpr int RL = outs_per_warp<MAXM>(), KL = 32 / RL, RU = kSwiGlu ? 2 : 1, kRed = red_per_warp<MAXM, kSwiGlu>();
   extern __shared__ __align__(16) uint8_t smem[];
@@ -283,10 +290,11 @@ __global__ void __launch_bounds__(kThreads, dp4a_min_ctas<MAXM, kSwiGlu, P>()) q
   for (int p = 0; p < P; ++p) issue_and_advance(cw[p], sw[p]);
 
   pdl_wait();  // x is the previous kernel's output
-  // Two x loads in flight per thread, except where the second one's registers would cost
-  // the one-row kernel of depth 4 its 4th CTA per SM (62 -> 66 registers; -Xptxas -v).
-  constexpr int kXBatch = MAXM == 1 && !kSwiGlu && P == 4 ? 1 : 2;
-  quantize_x<T, kQ4, kXBatch>(static_cast<const T*>(a.x), a.m, a.k, a.groups, xq, xd);
+  // x's loads in flight per thread: 3 (24 warps: k <= 18K in one round trip at one row),
+  // 4 (16 warps: k <= 16K), 2 where the depth-8 kernel's registers are short.
+  constexpr int kXBatch = P == 8 ? 2 : kSwiGlu ? 4 : 3;
+  if (!a.skip_x)
+    quantize_x<T, kQ4, kXBatch, kThreads, MAXM>(static_cast<const T*>(a.x), a.m, a.k, a.groups, xq, xd);
   __syncthreads();
 
   const T* bias = static_cast<const T*>(a.bias);
@@ -382,15 +390,15 @@ DeviceInfo device_info() {
   return {sms[dev].load(), smem[dev].load(), cc[dev].load()};
 }
 
-// x's codes and (d, Σx) pairs; then, with split-K, the [2][kWarps][red floats] exchange.
-size_t smem_bytes(int64_t m, int64_t k, size_t red_floats = 0) {
-  return size_t(m * k) + size_t(m * (k / kQuantGroup)) * sizeof(float2) + 2 * kWarps * red_floats * sizeof(float);
+// x's codes and (d, Σx) pairs; then, with split-K, the [2][warps][red floats] exchange.
+size_t smem_bytes(int64_t m, int64_t k, size_t red_floats = 0, int warps = 0) {
+  return size_t(m * k) + size_t(m * (k / kQuantGroup)) * sizeof(float2) + 2 * size_t(warps) * red_floats * sizeof(float);
 }
 
 // CTAs of `kernel` resident per SM with `smem` bytes each; the kernel's dynamic shared
 // memory limit raised to the device's opt-in maximum once per device (a host-side
 // attribute: set on a step's eager first run, before any capture).
-int occupancy(const void* kernel, size_t smem) {
+int occupancy(const void* kernel, int threads, size_t smem) {
   static std::mutex mu;
   static std::map<std::tuple<const void*, int, size_t>, int> seen;
   int dev = 0;
@@ -403,7 +411,7 @@ int occupancy(const void* kernel, size_t smem) {
     seen[{kernel, dev, size_t(0)}] = 0;  // marks the attribute as set (smem 0 is never asked for)
   }
   int n = 0;
-  KILN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, kThreads, smem));
+  KILN_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem));
   KILN_CHECK(n > 0, "cuda dp4a gemv: ", smem, " bytes of shared memory leave no CTA resident");
   seen[{kernel, dev, smem}] = n;
   return n;
@@ -412,6 +420,7 @@ int occupancy(const void* kernel, size_t smem) {
 template <typename T, QuantFormat F, int MAXM, bool kSwiGlu, int P>
 void launch_depth(DArgs a, const QGemvDp4aTuning& tune, cudaStream_t s, QGemvDp4aPlan* plan) {
   auto* kernel = qgemv_dp4a_kernel<T, F, MAXM, kSwiGlu, P>;
+  constexpr int kWarps = dp4a_warps<kSwiGlu>(), kThreads = kWarps * 32;
   constexpr int RL = outs_per_warp<MAXM>();
   a.steps = (a.chunks + 32 / RL - 1) / (32 / RL);
   a.units = (a.n_out + RL - 1) / RL;
@@ -419,15 +428,16 @@ void launch_depth(DArgs a, const QGemvDp4aTuning& tune, cudaStream_t s, QGemvDp4
   const int cap = tune.ctas_per_sm > 0 ? tune.ctas_per_sm : kDefaultCtasPerSm;
   // The split-K exchange needs shared memory; where x leaves too little, no split.
   int splits = tune.splits > 0 ? tune.splits : 0;
-  if (smem_bytes(a.m, a.k, red_per_warp<MAXM, kSwiGlu>()) > size_t(d.smem_optin)) splits = 1;
+  if (smem_bytes(a.m, a.k, red_per_warp<MAXM, kSwiGlu>(), kWarps) > size_t(d.smem_optin)) splits = 1;
   if (splits == 0) {
-    const int per_sm = std::min(occupancy(reinterpret_cast<const void*>(kernel), smem_bytes(a.m, a.k)), cap);
+    const int per_sm =
+        std::min(occupancy(reinterpret_cast<const void*>(kernel), kThreads, smem_bytes(a.m, a.k)), cap);
     splits = qgemv_dp4a_default_splits(a.units, a.steps, int64_t(d.sms) * per_sm * kWarps);
   }
   a.splits = splits;
   a.sps = (a.steps + splits - 1) / splits;
-  const size_t smem = smem_bytes(a.m, a.k, splits > 1 ? red_per_warp<MAXM, kSwiGlu>() : 0);
-  const int per_sm = std::min(occupancy(reinterpret_cast<const void*>(kernel), smem), cap);
+  const size_t smem = smem_bytes(a.m, a.k, splits > 1 ? red_per_warp<MAXM, kSwiGlu>() : 0, kWarps);
+  const int per_sm = std::min(occupancy(reinterpret_cast<const void*>(kernel), kThreads, smem), cap);
   // As many rounds of output units per split-K group as the resident groups need, spread
   // evenly over the groups.
   const int64_t per_cta = kWarps / splits, resident = int64_t(d.sms) * per_sm * per_cta;
@@ -485,7 +495,7 @@ int qgemv_dp4a_default_splits(int64_t units, int64_t steps, int64_t resident_war
   if (units * 2 > resident_warps) return 1;
   int best = 1;
   int64_t best_cost = 0;
-  for (int s = 1; s <= kWarps; s *= 2) {
+  for (int s = 1; s <= kMaxSplits; s *= 2) {
     const int64_t sps = (steps + s - 1) / s;
     if (s > 1 && sps < 2) break;
     const int64_t groups = std::max<int64_t>(1, resident_warps / s);
@@ -516,7 +526,7 @@ void launch_qgemv_dp4a(DType dtype, const void* x, const QuantWeightView& w, con
   if (n_out == 0) return;
   const int groups = int(w.k / kQuantGroup);
   DArgs a{x, w.codes, w.scales, w.row_factor, bias, y, int(m), int(w.k), int(n_out),
-          groups, w.format == QuantFormat::kQ4 ? groups : 2 * groups, 0, 0, 1, 0, epi};
+          groups, w.format == QuantFormat::kQ4 ? groups : 2 * groups, 0, 0, 1, 0, epi, tune.skip_x ? 1 : 0};
   if (dtype == DType::kBF16) launch_typed<__nv_bfloat16>(a, w.format, tune, s, plan_only);
   else launch_typed<__half>(a, w.format, tune, s, plan_only);
 }
