@@ -222,7 +222,7 @@ void qgemv_prologue_table(const char* filter, double copy_gbs) {
   std::printf("\ndp4a GEMV with and without x's rounding (skip x: timing only, garbage output). us per call, 20 calls "
               "captured in one CUDA graph with PDL, weight copies cycled past 2 x L2; (%% of the %.0f GB/s copy). "
               "bf16: the bf16 GEMV on the same shape (its own 2-byte weights), same method.\n\n"
-              "\n\n| shape | w | rows | CTAs/SM x depth x splits (CTAs) | us | us, skip x | prologue us |\n"
+              "| shape | w | rows | CTAs/SM x depth x splits (CTAs) | us | us, skip x | prologue us |\n"
               "|---|---|---|---|---|---|---|\n",
               copy_gbs);
   std::vector<std::string> checks;

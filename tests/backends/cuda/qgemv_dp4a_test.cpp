@@ -421,7 +421,7 @@ TEST(CudaQGemvDp4a, SplitsAgreeWithTheUnsplitKernel) {
 // The default split rule (host only): the fewest serial steps per warp, more splits only
 // for a gain of more than 10%, at least 2 steps per split.
 TEST(CudaQGemvDp4a, DefaultSplitRule) {
-  // 8B shapes at one row on 132 SMs x 3 CTAs x 8 warps = 3168 resident warps.
+  // 8B shapes at one row on 132 SMs x one CTA of 24 warps = 3168 resident warps.
   // Outputs enough to fill half the warps: no split (measured: splits lost 1-50% there).
   EXPECT_EQ(qgemv_dp4a_default_splits(4096, 4, 3168), 1);    // o
   EXPECT_EQ(qgemv_dp4a_default_splits(4096, 14, 3168), 1);   // down

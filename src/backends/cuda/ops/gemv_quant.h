@@ -115,8 +115,9 @@ void launch_qgemv_mma(DType dtype, const void* x, const QuantWeightView& w, cons
 // on sm_61+ where that fits a CTA (at 8 rows up to k = 23K on an H100/H200).
 bool qgemv_dp4a_supports(DType dtype, int64_t m, int64_t k);
 // Launch parameters, for the bench's sweep; 0 = the default. ctas_per_sm: resident CTAs
-// per SM, of 24 warps (16 with SwiGLU; capped by occupancy, which allows 1; default 1); depth: steps of 16-byte loads in
-// flight per lane, 2, 4 or 8 at one token row (more rows always run 4; default 4);
+// per SM, of 24 warps (16 with SwiGLU; capped by occupancy, which allows 1; default 1);
+// depth: steps of 16-byte loads in flight per lane, 2, 4 or 8 at one token row (more rows
+// always run 4; default 4);
 // splits: warps of a CTA that share an output unit, each taking 1/splits of K, 1, 2, 4 or
 // 8 (default: qgemv_dp4a_default_splits; 1 where the exchange does not fit shared memory).
 // The defaults are placeholders until `cuda_gemv_bench qgemv` has been run on the target
