@@ -280,8 +280,10 @@ BuildReport build_engine(const BuildOptions& o) {
   BuildReport report;
   auto t0 = Clock::now();
   if (o.output.empty()) throw_error(ErrorCode::kInvalidArgument, "build: no output file (-o)");
-  const bool awq = o.quant.mode == "awq";
-  // AWQ stores plain q4/q8 weights (scaled): the precision pass assigns that format.
+  const bool gptq = gptq_mode(o.quant.mode);
+  const bool awq = o.quant.mode == "awq" || gptq;
+  // AWQ stores plain q4/q8 weights (scaled): the precision pass assigns that format. GPTQ
+  // stores its own q4/q8 row images (kept-quantized Linears).
   const std::string gemm_dtype = awq ? quant_format_name(awq_weight_format(o.weight_dtype)) : o.weight_dtype;
   ModelOptions mo{o.backend, gemm_dtype, nullptr, o.opt_level, o.disabled_passes, gemm_dtype, o.pin_precision};
   mo.onnx_import = o.onnx_import;
@@ -299,10 +301,12 @@ BuildReport build_engine(const BuildOptions& o) {
   auto w8a8_report = std::make_shared<quant::W8A8Report>();
   auto fp8_report = std::make_shared<quant::Fp8Report>();
   auto awq_report = std::make_shared<quant::AwqReport>();
+  auto gptq_report = std::make_shared<quant::GptqReport>();
   if (quantized) {
     quant_mode_check(o.quant);
     const quant::CalibrationTable table = calibration_for(o.model, mo, o.quant);
-    mo = awq                       ? awq_model_options(mo, table, o.quant, awq_report)
+    mo = gptq                      ? gptq_model_options(mo, table, o.quant, gptq_report)
+         : awq                     ? awq_model_options(mo, table, o.quant, awq_report)
          : o.quant.mode == "fp8" ? fp8_model_options(mo, table, o.quant, fp8_report)
                                  : w8a8_model_options(mo, table, o.quant, w8a8_report);
   }
@@ -339,7 +343,12 @@ BuildReport build_engine(const BuildOptions& o) {
     report.quant_summary = "w8a8 (" + (o.quant.act_scale == "per-token" ? std::string("per-token") : o.quant.method) + " activation scales, smoothing alpha " + std::to_string(o.quant.smooth_alpha) +
                            "): " + std::to_string(w8a8_report->quantized) + " Linears int8, " +
                            std::to_string(w8a8_report->kept) + " kept f32";
-  if (awq)
+  if (gptq)
+    report.quant_summary = str_cat(o.quant.mode, " (", gemm_dtype, ", damping ", o.quant.gptq_damp, "): ",
+                                   gptq_report->quantized, " Linears, output error on the calibration text ",
+                                   gptq_report->error_rtn > 0 ? gptq_report->error / gptq_report->error_rtn : 1.0,
+                                   " of plain rounding; ", gptq_report->kept, " kept f32");
+  else if (awq)
     report.quant_summary = str_cat("awq (", gemm_dtype, ", alpha grid ", o.quant.awq_grid, "): ", awq_report->scaled,
                                    " Linears scaled; 1/s folded into ", awq_report->folded_into_norm, " norms, ",
                                    awq_report->folded_into_v, " V and ", awq_report->folded_into_up,

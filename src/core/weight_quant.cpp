@@ -15,51 +15,69 @@ namespace kiln {
 
 const char* quant_format_name(QuantFormat f) { return f == QuantFormat::kQ8 ? "q8" : "q4"; }
 
+namespace {
+
+// A group's f32 scale and min by the format's rule (q8: max|v| / 127 and 0; q4: (max - min) / 15 and min).
+void group_range(const float* v, QuantFormat f, float* scale, float* lo) {
+  float mn = v[0], mx = v[0], amax = 0.0f;
+  for (int64_t i = 0; i < kQuantGroup; ++i) {
+    mn = std::min(mn, v[i]);
+    mx = std::max(mx, v[i]);
+    amax = std::max(amax, std::fabs(v[i]));
+  }
+  *scale = f == QuantFormat::kQ8 ? amax / 127.0f : (mx - mn) / 15.0f;
+  *lo = f == QuantFormat::kQ8 ? 0.0f : mn;
+}
+
+// f32 -> f16 saturating at f16's largest finite value (65504).
+uint16_t f16_saturate(float v) { return f32_to_f16(std::clamp(v, -65504.0f, 65504.0f)); }
+
+}  // namespace
+
+float quant_row_factor(const float* w, int64_t k, QuantFormat f) {
+  float big = 0.0f;
+  for (int64_t g = 0; g < k / kQuantGroup; ++g) {
+    float scale = 0, lo = 0;
+    group_range(w + g * kQuantGroup, f, &scale, &lo);
+    big = std::max({big, scale, std::fabs(lo)});
+  }
+  if (!(big > 0.0f) || !std::isfinite(big)) return 1.0f;
+  int e = 0;
+  std::frexp(big, &e);  // big = m * 2^e, m in [0.5, 1)
+  return std::ldexp(1.0f, std::max(e - 15, FLT_MIN_EXP - 1));
+}
+
+QuantGroup quant_group(const float* v, QuantFormat f, float row_factor) {
+  float scale = 0, lo = 0;
+  group_range(v, f, &scale, &lo);
+  QuantGroup q;
+  q.scale16 = f16_saturate(scale / row_factor);
+  q.min16 = f == QuantFormat::kQ8 ? uint16_t(0) : f16_saturate(lo / row_factor);
+  q.scale = f16_to_f32(q.scale16) * row_factor;
+  q.min = f == QuantFormat::kQ8 ? 0.0f : f16_to_f32(q.min16) * row_factor;
+  return q;
+}
+
+void set_quant_code(QuantFormat f, uint8_t* codes, int64_t i, int code) {
+  if (f == QuantFormat::kQ8) {
+    codes[i] = uint8_t(int8_t(code));
+  } else {
+    uint8_t& b = codes[i / 2];
+    b = (i & 1) ? uint8_t((b & 0x0f) | (code << 4)) : uint8_t((b & 0xf0) | code);
+  }
+}
+
 void quantize_row(const float* w, int64_t k, QuantFormat f, uint8_t* codes, uint16_t* scales, uint16_t* mins,
                   float* row_factor) {
-  const bool q8 = f == QuantFormat::kQ8;
-  const int64_t groups = k / kQuantGroup;
-  // Pass 1: each group's f32 scale and min, and the row's largest magnitude among them.
-  std::vector<float> scale(static_cast<size_t>(groups)), lo(static_cast<size_t>(groups));
-  float big = 0.0f;
-  for (int64_t g = 0; g < groups; ++g) {
-    const float* v = w + g * kQuantGroup;
-    float mn = v[0], mx = v[0], amax = 0.0f;
-    for (int64_t i = 0; i < kQuantGroup; ++i) {
-      mn = std::min(mn, v[i]);
-      mx = std::max(mx, v[i]);
-      amax = std::max(amax, std::fabs(v[i]));
-    }
-    scale[size_t(g)] = q8 ? amax / 127.0f : (mx - mn) / 15.0f;
-    lo[size_t(g)] = q8 ? 0.0f : mn;
-    big = std::max({big, scale[size_t(g)], std::fabs(lo[size_t(g)])});
-  }
-  float factor = 1.0f;
-  if (big > 0.0f && std::isfinite(big)) {
-    int e = 0;
-    std::frexp(big, &e);  // big = m * 2^e, m in [0.5, 1)
-    factor = std::ldexp(1.0f, std::max(e - 15, FLT_MIN_EXP - 1));
-  }
+  const float factor = quant_row_factor(w, k, f);
   *row_factor = factor;
-  // Pass 2: f16 scale/min relative to the factor, then codes against those stored values.
-  for (int64_t g = 0; g < groups; ++g) {
-    const uint16_t s16 = f32_to_f16(scale[size_t(g)] / factor);
-    const uint16_t m16 = f32_to_f16(lo[size_t(g)] / factor);
-    scales[g] = s16;
-    if (!q8) mins[g] = m16;
-    const float s = f16_to_f32(s16) * factor, m = q8 ? 0.0f : f16_to_f32(m16) * factor;
-    const float* v = w + g * kQuantGroup;
-    for (int64_t i = 0; i < kQuantGroup; ++i) {
-      const float q = s > 0.0f ? std::nearbyint((v[i] - m) / s) : 0.0f;
-      const int64_t at = g * kQuantGroup + i;
-      if (q8) {
-        codes[at] = uint8_t(int8_t(std::clamp(q, -127.0f, 127.0f)));
-      } else {
-        const uint8_t c = uint8_t(std::clamp(q, 0.0f, 15.0f));
-        uint8_t& b = codes[at / 2];
-        b = (at & 1) ? uint8_t((b & 0x0f) | (c << 4)) : uint8_t((b & 0xf0) | c);
-      }
-    }
+  // f16 scale/min relative to the factor, then codes against those stored values.
+  for (int64_t g = 0; g < k / kQuantGroup; ++g) {
+    const QuantGroup q = quant_group(w + g * kQuantGroup, f, factor);
+    scales[g] = q.scale16;
+    if (f == QuantFormat::kQ4) mins[g] = q.min16;
+    for (int64_t i = 0; i < kQuantGroup; ++i)
+      set_quant_code(f, codes, g * kQuantGroup + i, q.code(w[g * kQuantGroup + i], f));
   }
 }
 

@@ -14,6 +14,8 @@
 // rounded against the stored (f16-rounded) scale and min, to nearest, ties to even.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -37,6 +39,24 @@ inline size_t quant_row_code_bytes(QuantFormat f, int64_t k) {
 // and the row factor.
 void quantize_row(const float* w, int64_t k, QuantFormat f, uint8_t* codes, uint16_t* scales, uint16_t* mins,
                   float* row_factor);
+
+// The pieces of quantize_row, for quantizers that choose codes themselves (quant/gptq.h).
+// The row factor F quantize_row picks for w (a power of two; 1 for an all-zero row).
+float quant_row_factor(const float* w, int64_t k, QuantFormat f);
+// One group's stored scale and min (f16 relative to F, saturating at f16's range) and
+// the values they stand for; code(v) rounds v to the nearest code (ties to even), clamped.
+struct QuantGroup {
+  uint16_t scale16 = 0, min16 = 0;  // min16: q4 only
+  float scale = 0, min = 0;
+  int code(float v, QuantFormat f) const {
+    const float q = scale > 0.0f ? std::nearbyint((v - min) / scale) : 0.0f;
+    return f == QuantFormat::kQ8 ? int(std::clamp(q, -127.0f, 127.0f)) : int(std::clamp(q, 0.0f, 15.0f));
+  }
+  float value(int code) const { return scale * float(code) + min; }
+};
+QuantGroup quant_group(const float* v, QuantFormat f, float row_factor);  // v: kQuantGroup values
+// Stores code (q8: -127..127; q4: 0..15) as element i of a quantized row.
+void set_quant_code(QuantFormat f, uint8_t* codes, int64_t i, int code);
 
 // The code of element i of a quantized row (q8: -127..127; q4: 0..15).
 inline int quant_code(QuantFormat f, const uint8_t* codes, int64_t i) {

@@ -22,13 +22,6 @@ Tensor f32_copy(const Tensor& t) {
   return c;
 }
 
-bool keeps(const ir::Graph& g, const ir::Node& n, const std::vector<std::string>& keep) {
-  for (auto& k : keep)
-    if (!k.empty() && (n.name.find(k) != std::string::npos || g.value(n.inputs[1]).name.find(k) != std::string::npos))
-      return true;
-  return false;
-}
-
 // v is read only by nodes in `readers` (and is no graph output).
 bool only_read_by(const ir::Uses& u, ir::ValueId v, const std::vector<int32_t>& readers) {
   if (u.is_output[size_t(v)]) return false;
@@ -161,10 +154,17 @@ const char* awq_fold_name(AwqFold f) {
   return "?";
 }
 
+bool linear_kept(const ir::Graph& g, const ir::Node& n, const std::vector<std::string>& keep) {
+  for (auto& k : keep)
+    if (!k.empty() && (n.name.find(k) != std::string::npos || g.value(n.inputs[1]).name.find(k) != std::string::npos))
+      return true;
+  return false;
+}
+
 bool awq_quantizes(const ir::Graph& g, const ir::Node& n, const AwqOptions& o) {
   if (n.op != "Linear" || n.inputs.size() < 2 || !g.is_weight(n.inputs[1])) return false;
   const Tensor& w = g.weight(n.inputs[1]);
-  if (w.rank() != 2 || w.dim(1) % kQuantGroup != 0 || keeps(g, n, o.keep)) return false;
+  if (w.rank() != 2 || w.dim(1) % kQuantGroup != 0 || linear_kept(g, n, o.keep)) return false;
   const std::string p = n.attr_str("precision", "");
   return p.empty() || p == "q4" || p == "q8";
 }
@@ -306,7 +306,7 @@ AwqReport apply_awq(ir::Graph& g, const CalibrationTable& table, const AwqOption
                 ", not for ", fmt, " (recalibrate with --quant awq --weight-dtype ", fmt, ")");
   AwqReport rep;
   for (ir::Node& n : g.nodes())
-    if (n.op == "Linear" && n.inputs.size() >= 2 && g.is_weight(n.inputs[1]) && keeps(g, n, o.keep)) {
+    if (n.op == "Linear" && n.inputs.size() >= 2 && g.is_weight(n.inputs[1]) && linear_kept(g, n, o.keep)) {
       n.attrs["precision"] = std::string("f32");
       ++rep.kept;
     }

@@ -48,6 +48,8 @@ struct AwqGroup {
   std::vector<int64_t> tie;
 };
 
+// Whether --keep names this Linear (a substring of its node or weight name).
+bool linear_kept(const ir::Graph& g, const ir::Node& linear, const std::vector<std::string>& keep);
 // Whether AWQ quantizes this Linear: a constant rank-2 weight with K a multiple of 32,
 // not kept, and no per-node precision other than q4/q8.
 bool awq_quantizes(const ir::Graph& g, const ir::Node& linear, const AwqOptions& options);

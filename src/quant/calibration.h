@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -72,6 +73,15 @@ struct AwqEntry {
   double alpha = 0, error = 0, error_plain = 0;
 };
 
+// GPTQ's statistics of one Linear input (quant/gptq.h): sum of x^T x over the calibration
+// rows, [k, k] row-major, and the row count. Held in memory only (never in the cache file:
+// at K = 4096 one matrix is 128 MiB of doubles); an engine built with --quant gptq keeps
+// the result instead.
+struct GptqHessian {
+  int64_t k = 0, rows = 0;
+  std::vector<double> sum;
+};
+
 struct CalibrationTable {
   std::string model;      // what was calibrated (a path), informative
   std::string text;       // the calibration set, informative
@@ -83,6 +93,9 @@ struct CalibrationTable {
   // and, per Linear node name, the scales.
   std::string awq_format;
   std::map<std::string, AwqEntry> awq;
+  // GPTQ: per Linear node name, the Hessian of its input (Linears reading one input share
+  // it). Not saved by save().
+  std::map<std::string, std::shared_ptr<const GptqHessian>> gptq;
 
   // The amax of `node` for `method` and `format`; throws kNotFound naming the node (or
   // the missing threshold, e.g. an FP8 clip in a cache written before FP8 existed).

@@ -172,8 +172,8 @@ quant::CalibrationTable calibrate_model(const std::string& path, const ModelOpti
 kiln::QuantFormat awq_weight_format(const std::string& weight_dtype) {
   if (weight_dtype == "q8") return kiln::QuantFormat::kQ8;
   if (weight_dtype == "q4" || weight_dtype == "f32" || weight_dtype == "auto") return kiln::QuantFormat::kQ4;
-  throw_error(ErrorCode::kInvalidArgument, "--quant awq stores GEMM weights as q4 (the default) or q8; --weight-dtype ",
-              weight_dtype, " is neither");
+  throw_error(ErrorCode::kInvalidArgument, "--quant awq|gptq|awq-gptq stores GEMM weights as q4 (the default) or q8; "
+              "--weight-dtype ", weight_dtype, " is neither");
 }
 
 quant::CalibrationTable calibrate_awq(const std::string& path, const ModelOptions& base, const QuantOptions& q,
@@ -242,8 +242,62 @@ quant::CalibrationTable calibrate_awq(const std::string& path, const ModelOption
   return table;
 }
 
+bool gptq_mode(const std::string& mode) { return mode == "gptq" || mode == "awq-gptq"; }
+
+quant::CalibrationTable calibrate_gptq(const std::string& path, const ModelOptions& base, const QuantOptions& q,
+                                       kiln::QuantFormat format, const std::vector<std::vector<int32_t>>* sequences) {
+  // Linears reading one input share its Hessian: only the first of each group observes.
+  auto first_of = std::make_shared<std::map<std::string, std::string>>();
+  auto collectors = std::make_shared<std::map<std::string, quant::GptqCollector>>();
+  auto observer = std::make_shared<LinearObserver>();
+  observer->on_input = [first_of, collectors](const std::string& node, const float* x, int64_t t, int64_t k) {
+    auto f = first_of->find(node);
+    if (f != first_of->end() && f->second == node) collectors->try_emplace(node, node).first->second.observe(x, t, k);
+  };
+  auto model = load_calibration_model(path, base, observer, q.mode.c_str());
+  quant::AwqOptions ao;
+  ao.format = format;
+  ao.keep = q.keep;
+  const ir::Graph& g = model->graph();
+  const auto groups = quant::awq_groups(g, ao);
+  for (const quant::AwqGroup& grp : groups)
+    for (int32_t ni : grp.linears) (*first_of)[g.nodes()[size_t(ni)].name] = g.nodes()[size_t(grp.linears[0])].name;
+  auto seqs = sequences ? *sequences : calibration_sequences(*model, q);
+  int64_t tokens = 0;
+  for (auto& sq : seqs) tokens += int64_t(sq.size());
+  if (tokens == 0) throw_error(ErrorCode::kInvalidArgument, "calibration: the calibration set is empty");
+  log_info("gptq calibration: ", seqs.size(), " sequences, ", tokens, " tokens from ", q.calib, " (input Hessians of ",
+           groups.size(), " Linear groups)");
+  run_sequences(*model, seqs);
+
+  quant::CalibrationTable table =
+      q.mode == "awq-gptq" ? calibrate_awq(path, base, q, format, &seqs) : quant::CalibrationTable{};
+  table.model = path;
+  table.text = q.calib;
+  table.smooth_alpha = -1.0;
+  table.sequences = int64_t(seqs.size());
+  table.tokens = tokens;
+  for (const quant::AwqGroup& grp : groups) {
+    const std::string& first = g.nodes()[size_t(grp.linears[0])].name;
+    auto c = collectors->find(first);
+    if (c == collectors->end() || c->second.rows() == 0)
+      throw_error(ErrorCode::kInvalidArgument, "gptq calibration: Linear '", first,
+                  "' saw no activations on the calibration text");
+    auto h = c->second.finish();
+    for (int32_t ni : grp.linears) table.gptq[g.nodes()[size_t(ni)].name] = h;
+  }
+  return table;
+}
+
 quant::CalibrationTable calibration_for(const std::string& path, const ModelOptions& base, const QuantOptions& q) {
   std::string cache = ends_with(q.calib, ".json") ? q.calib : q.cache;
+  if (gptq_mode(q.mode)) {
+    if (!cache.empty())
+      throw_error(ErrorCode::kInvalidArgument, "--quant ", q.mode, " calibrates on text, not a cache ('", cache,
+                  "'): its input Hessians (K x K doubles per Linear input) are not cached; build an engine once "
+                  "(kiln build --quant ", q.mode, ") to keep the result");
+    return calibrate_gptq(path, base, q, awq_weight_format(base.weight_dtype));
+  }
   if (!cache.empty() && std::filesystem::exists(cache)) {
     quant::CalibrationTable t = quant::CalibrationTable::load(cache);
     if (q.mode == "awq") {
@@ -340,9 +394,41 @@ ModelOptions awq_model_options(ModelOptions base, const quant::CalibrationTable&
   return base;
 }
 
+ModelOptions gptq_model_options(ModelOptions base, const quant::CalibrationTable& table, const QuantOptions& q,
+                                std::shared_ptr<quant::GptqReport> report) {
+  quant::GptqOptions go;
+  go.format = awq_weight_format(base.weight_dtype);
+  go.damp = q.gptq_damp;
+  go.act_order = q.gptq_act_order;
+  go.keep = q.keep;
+  go.awq_scaled = q.mode == "awq-gptq";
+  quant::AwqOptions ao;
+  ao.format = go.format;
+  ao.grid = q.awq_grid;
+  ao.keep = q.keep;
+  auto t = std::make_shared<const quant::CalibrationTable>(table);
+  base.weight_dtype = quant_format_name(go.format);
+  base.rewrite = [t, go, ao, report](ir::Graph& g) {
+    if (go.awq_scaled) {
+      quant::AwqReport a = quant::apply_awq(g, *t, ao);
+      log_info("awq: ", a.scaled, " Linears scaled for ", quant_format_name(ao.format), "; 1/s folded into ",
+               a.folded_into_norm, " norms, ", a.folded_into_v, " V projections, ", a.folded_into_up,
+               " up projections; ", a.muls, " Mul nodes");
+    }
+    quant::GptqReport r = quant::apply_gptq(g, *t, go);
+    log_info("gptq: ", r.quantized, " Linears ", quant_format_name(go.format), " (damping ", go.damp, "), ", r.kept,
+             " kept f32; summed output error ", r.error_rtn > 0 ? r.error / r.error_rtn : 1.0, " of plain rounding");
+    if (report) *report = r;
+  };
+  return base;
+}
+
 void quant_mode_check(const QuantOptions& q) {
-  if (q.mode != "w8a8" && q.mode != "fp8" && q.mode != "awq")
-    throw_error(ErrorCode::kInvalidArgument, "unknown --quant mode '", q.mode, "' (expected w8a8, fp8 or awq)");
+  if (q.mode != "w8a8" && q.mode != "fp8" && q.mode != "awq" && !gptq_mode(q.mode))
+    throw_error(ErrorCode::kInvalidArgument, "unknown --quant mode '", q.mode,
+                "' (expected w8a8, fp8, awq, gptq or awq-gptq)");
+  if (!(q.gptq_damp >= 0.0) || !std::isfinite(q.gptq_damp))
+    throw_error(ErrorCode::kInvalidArgument, "--gptq-damp must be a finite value >= 0, got ", q.gptq_damp);
   quant::calib_method_parse(q.method);
   if (q.act_scale != "static" && q.act_scale != "per-token")
     throw_error(ErrorCode::kInvalidArgument, "unknown activation scale '", q.act_scale, "' (expected static or per-token)");
@@ -356,6 +442,7 @@ void quant_mode_check(const QuantOptions& q) {
 ModelOptions quant_model_options(const ModelOptions& base, const quant::CalibrationTable& table, const QuantOptions& q) {
   quant_mode_check(q);
   if (q.mode == "awq") return awq_model_options(base, table, q);
+  if (gptq_mode(q.mode)) return gptq_model_options(base, table, q);
   return q.mode == "fp8" ? fp8_model_options(base, table, q) : w8a8_model_options(base, table, q);
 }
 
@@ -380,8 +467,8 @@ quant::CalibrationTable synthetic_calibration(const ir::Graph& g, double amax) {
 std::unique_ptr<Model> load_random_model(const std::string& config, const ModelOptions& base, const QuantOptions& q) {
   if (q.mode.empty()) return Model::load_random(config, base);
   quant_mode_check(q);
-  if (q.mode == "awq")
-    throw_error(ErrorCode::kInvalidArgument, "--quant awq searches its scales on real activations; random weights "
+  if (q.mode == "awq" || gptq_mode(q.mode))
+    throw_error(ErrorCode::kInvalidArgument, "--quant ", q.mode, " calibrates on real activations; random weights "
                 "have none (measure speed with --weight-dtype q4, which stores the same format)");
   if (q.smooth_alpha >= 0)
     log_info("random weights: no calibration data, so no SmoothQuant migration (--smooth-alpha ignored)");

@@ -13,13 +13,14 @@
 #include "quant/awq.h"
 #include "quant/calibration.h"
 #include "quant/fp8.h"
+#include "quant/gptq.h"
 #include "quant/w8a8.h"
 #include "runtime/model.h"
 
 namespace kiln {
 
 struct QuantOptions {
-  std::string mode;               // "" (none) | "w8a8" | "fp8" | "awq"
+  std::string mode;               // "" (none) | "w8a8" | "fp8" | "awq" | "gptq" | "awq-gptq"
   // "default" (the built-in set: the project's docs), text files (comma-separated), or
   // a calibration cache (.json) written earlier.
   std::string calib = "default";
@@ -37,6 +38,10 @@ struct QuantOptions {
   // measured on (evenly spread over the calibration tokens).
   int32_t awq_grid = 20;
   int64_t awq_rows = 256;
+  // GPTQ: added to the input Hessian's diagonal, as a fraction of its mean.
+  double gptq_damp = 0.01;
+  // GPTQ: quantize columns by decreasing input energy (act order) instead of in order.
+  bool gptq_act_order = false;
 };
 
 // Calibrates the f32 model at `path` (never an engine) on `q.calib`. Throws
@@ -52,6 +57,16 @@ quant::CalibrationTable calibrate_model(const std::string& path, const ModelOpti
 quant::CalibrationTable calibrate_awq(const std::string& path, const ModelOptions& base, const QuantOptions& q,
                                       kiln::QuantFormat format,
                                       const std::vector<std::vector<int32_t>>* sequences = nullptr);
+// Whether mode is gptq or awq-gptq.
+bool gptq_mode(const std::string& mode);
+
+// GPTQ calibration of the f32 model at `path`: the input Hessian of every Linear group
+// (quant::GptqCollector), and for awq-gptq first the AWQ scales (calibrate_awq on the same
+// sequences). The Hessians stay in memory (never cached). Errors as calibrate_model.
+quant::CalibrationTable calibrate_gptq(const std::string& path, const ModelOptions& base, const QuantOptions& q,
+                                       kiln::QuantFormat format,
+                                       const std::vector<std::vector<int32_t>>* sequences = nullptr);
+
 // The weight format of --quant awq under --weight-dtype: q8 -> q8, q4 or f32 (the
 // default) -> q4; others throw kInvalidArgument.
 kiln::QuantFormat awq_weight_format(const std::string& weight_dtype);
@@ -72,6 +87,11 @@ ModelOptions fp8_model_options(ModelOptions base, const quant::CalibrationTable&
 // `base` with the AWQ rewrite of `table` installed (weight dtype q4 or q8).
 ModelOptions awq_model_options(ModelOptions base, const quant::CalibrationTable& table, const QuantOptions& q,
                                std::shared_ptr<quant::AwqReport> report = nullptr);
+
+// `base` with the GPTQ rewrite of `table` installed (weight dtype q4 or q8; awq-gptq: the
+// AWQ rewrite first, then GPTQ of the scaled weights).
+ModelOptions gptq_model_options(ModelOptions base, const quant::CalibrationTable& table, const QuantOptions& q,
+                                std::shared_ptr<quant::GptqReport> report = nullptr);
 
 // Throws kInvalidArgument naming what is wrong with q (mode, method, activation scale).
 void quant_mode_check(const QuantOptions& q);

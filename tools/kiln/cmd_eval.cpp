@@ -37,8 +37,8 @@ std::string model_label(const ModelArgs& m) {
     return model_label(weights) + ", KV " + m.kv_cache_dtype;
   }
   if (m.quant.mode.empty()) return m.weight_dtype;
-  if (m.quant.mode == "awq") {
-    std::string s = std::string(quant_format_name(awq_weight_format(m.weight_dtype))) + " + awq";
+  if (m.quant.mode == "awq" || gptq_mode(m.quant.mode)) {
+    std::string s = std::string(quant_format_name(awq_weight_format(m.weight_dtype))) + " + " + m.quant.mode;
     for (size_t i = 0; i < m.quant.keep.size(); ++i) s += (i ? "," : " (keep ") + m.quant.keep[i];
     return s + (m.quant.keep.empty() ? "" : ")");
   }
@@ -171,9 +171,9 @@ int run_embeddings(EvalArgs a) {
 void add_common(CLI::App* cmd, EvalArgs& a) {
   add_model_options(cmd, a.model);
   cmd->add_option("--compare-quant", a.compare_quant,
-                  "quantize the model (w8a8, fp8 or awq; --calib etc. apply) and compare it with the f32 model on the "
-                  "same text")
-      ->check(CLI::IsMember({"w8a8", "fp8", "awq"}));
+                  "quantize the model (w8a8, fp8, awq, gptq or awq-gptq; --calib etc. apply) and compare it with the "
+                  "f32 model on the same text")
+      ->check(CLI::IsMember({"w8a8", "fp8", "awq", "gptq", "awq-gptq"}));
   cmd->add_option("--per-layer", a.per_layer,
                   "list the N quantized Linears whose quantized output differs most from f32 on the same input");
 }

@@ -80,8 +80,10 @@ void add_quant_options(CLI::App* cmd, QuantOptions& q) {
   cmd->add_option("--quant", q.mode,
                   "post-training quantization: w8a8 (int8 weights and activations), fp8 (E4M3 weights and "
                   "activations, per-tensor scales), or awq (weight-only q4, or q8 with --weight-dtype q8, with "
-                  "activation-aware per-channel scales searched on the calibration text), all calibrated")
-      ->check(CLI::IsMember({"w8a8", "fp8", "awq"}));
+                  "activation-aware per-channel scales searched on the calibration text), gptq (weight-only q4/q8, each "
+                  "column's rounding error spread over the columns not yet quantized, weighted by the calibration "
+                  "inputs' Hessian) or awq-gptq (both), all calibrated")
+      ->check(CLI::IsMember({"w8a8", "fp8", "awq", "gptq", "awq-gptq"}));
   cmd->add_option("--calib", q.calib,
                   "calibration set: 'default' (the project's docs), text files (comma-separated), or a calibration "
                   "cache .json")
@@ -106,6 +108,12 @@ void add_quant_options(CLI::App* cmd, QuantOptions& q) {
   cmd->add_option("--awq-grid", q.awq_grid, "awq: steps of the alpha search over [0, 1]")
       ->check(CLI::Range(1, 1000))
       ->capture_default_str();
+  cmd->add_option("--gptq-damp", q.gptq_damp, "gptq: added to the input Hessian's diagonal, times its mean")
+      ->check(CLI::Range(0.0, 10.0))
+      ->capture_default_str();
+  cmd->add_flag("--gptq-act-order", q.gptq_act_order,
+               "gptq: quantize each weight's columns by decreasing input energy (the Hessian's diagonal) instead of "
+               "in order; each group's scale and min then come from the unmodified weights");
   cmd->add_option("--awq-rows", q.awq_rows, "awq: calibration rows per Linear input the output error is measured on")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 20))
       ->capture_default_str();
