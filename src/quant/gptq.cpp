@@ -18,23 +18,60 @@ ThreadPool& pool() { return ThreadPool::global(); }
 
 // Rows of the calibration batch transposed at a time: xt [k, kRowChunk] floats.
 constexpr int64_t kRowChunk = 256;
+// Rows of a weight swept together in gptq_quantize (they share each row of U from L1),
+// and scored together in gptq_output_error (they share each row of H).
+constexpr int64_t kRowBlock = 8;
+
+// The loops below keep kLanes independent partial sums, so the compiler vectorizes them
+// without reassociating (no -ffast-math); on x86-64 each also has an AVX2 clone, picked at
+// load time.
+constexpr int kLanes = 8;
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define KILN_GPTQ_CLONES __attribute__((target_clones("avx2", "default")))
+#else
+#define KILN_GPTQ_CLONES
+#endif
+
+// sum a[r] * b[r] for r < n, n a multiple of kLanes.
+KILN_GPTQ_CLONES float dot_lanes(const float* a, const float* b, int64_t n) {
+  float acc[kLanes] = {};
+  for (int64_t r = 0; r < n; r += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] += a[r + l] * b[r + l];
+  float s = 0;
+  for (int l = 0; l < kLanes; ++l) s += acc[l];
+  return s;
+}
+
+// sum h[j] * d[j] for j < n, in double.
+KILN_GPTQ_CLONES double dot_lanes(const double* h, const double* d, int64_t n) {
+  double acc[kLanes] = {};
+  int64_t j = 0;
+  for (; j + kLanes <= n; j += kLanes)
+    for (int l = 0; l < kLanes; ++l) acc[l] += h[j + l] * d[j + l];
+  double s = 0;
+  for (; j < n; ++j) s += h[j] * d[j];
+  for (int l = 0; l < kLanes; ++l) s += acc[l];
+  return s;
+}
+
+// y[t] -= e * u[t] for t < n.
+KILN_GPTQ_CLONES void axpy_neg(float* y, float e, const float* u, int64_t n) {
+  for (int64_t t = 0; t < n; ++t) y[t] -= e * u[t];
+}
 
 // In-place lower Cholesky factor of the symmetric a [k, k] (row-major; the upper triangle is
 // left as it was). False when a pivot is not positive.
 bool cholesky_lower(std::vector<double>& a, int64_t k) {
   for (int64_t j = 0; j < k; ++j) {
     const double* aj = a.data() + j * k;
-    double d = aj[j];
-    for (int64_t p = 0; p < j; ++p) d -= aj[p] * aj[p];
+    const double d = aj[j] - dot_lanes(aj, aj, j);
     if (!(d > 0.0) || !std::isfinite(d)) return false;
     const double ljj = std::sqrt(d);
     a[size_t(j * k + j)] = ljj;
     pool().parallel_for(k - j - 1, [&](int64_t b, int64_t e, int) {
       for (int64_t i = j + 1 + b; i < j + 1 + e; ++i) {
         double* ai = a.data() + i * k;
-        double s = ai[j];
-        for (int64_t p = 0; p < j; ++p) s -= ai[p] * aj[p];
-        ai[j] = s / ljj;
+        ai[j] = (ai[j] - dot_lanes(ai, aj, j)) / ljj;
       }
     }, 16);
   }
@@ -54,8 +91,12 @@ void GptqCollector::observe(const float* x, int64_t rows, int64_t k) {
   std::vector<float> xt(size_t(k * kRowChunk));
   for (int64_t r0 = 0; r0 < rows; r0 += kRowChunk) {
     const int64_t nr = std::min(kRowChunk, rows - r0);
-    for (int64_t r = 0; r < nr; ++r)
-      for (int64_t j = 0; j < k; ++j) xt[size_t(j * kRowChunk + r)] = x[(r0 + r) * k + j];
+    const int64_t padded = (nr + kLanes - 1) / kLanes * kLanes;  // zeros after row nr
+    for (int64_t j = 0; j < k; ++j) {
+      float* xj = xt.data() + j * kRowChunk;
+      for (int64_t r = 0; r < nr; ++r) xj[r] = x[(r0 + r) * k + j];
+      for (int64_t r = nr; r < padded; ++r) xj[r] = 0.0f;
+    }
     // Row i of the upper triangle costs k - i dot products: pair i with k - 1 - i so
     // contiguous chunks of pairs carry equal work.
     pool().parallel_for((k + 1) / 2, [&](int64_t b, int64_t e, int) {
@@ -65,12 +106,7 @@ void GptqCollector::observe(const float* x, int64_t rows, int64_t k) {
           const int64_t i = pair[c];
           const float* xi = xt.data() + i * kRowChunk;
           double* hi = h_.data() + i * k;
-          for (int64_t j = i; j < k; ++j) {
-            const float* xj = xt.data() + j * kRowChunk;
-            float s = 0.0f;
-            for (int64_t r = 0; r < nr; ++r) s += xi[r] * xj[r];
-            hi[j] += double(s);
-          }
+          for (int64_t j = i; j < k; ++j) hi[j] += double(dot_lanes(xi, xt.data() + j * kRowChunk, padded));
         }
       }
     });
@@ -129,16 +165,12 @@ std::vector<double> gptq_inverse_factor(const std::vector<double>& sum, int64_t 
       std::fill(y.begin(), y.end(), 0.0);
       for (int64_t i = c; i < k; ++i) {  // L y = e_c: y is 0 above c
         const double* li = l.data() + i * k;
-        double s = i == c ? 1.0 : 0.0;
-        for (int64_t p = c; p < i; ++p) s -= li[p] * y[size_t(p)];
-        y[size_t(i)] = s / li[i];
+        y[size_t(i)] = ((i == c ? 1.0 : 0.0) - dot_lanes(li + c, y.data() + c, i - c)) / li[i];
       }
       double* x = inv.data() + c * k;
       for (int64_t i = k - 1; i >= 0; --i) {  // L^T x = y
         const double* ui = lt.data() + i * k;
-        double s = y[size_t(i)];
-        for (int64_t p = i + 1; p < k; ++p) s -= ui[p] * x[p];
-        x[i] = s / ui[i];
+        x[i] = (y[size_t(i)] - dot_lanes(ui + i + 1, x + i + 1, k - i - 1)) / ui[i];
       }
     }
   });
@@ -191,40 +223,53 @@ kiln::QuantizedRows gptq_quantize(const float* w, int64_t n, int64_t k, const st
   q.scales.reset(new uint16_t[size_t(n) * groups]);
   if (format == kiln::QuantFormat::kQ4) q.mins.reset(new uint16_t[size_t(n) * groups]);
   q.row_factor.reset(new float[size_t(n)]);
-  pool().parallel_for(n, [&](int64_t r0, int64_t r1, int) {
-    std::vector<float> row(static_cast<size_t>(k));
-    std::vector<QuantGroup> grid(groups);
-    for (int64_t r = r0; r < r1; ++r) {
-      std::memcpy(row.data(), w + r * k, size_t(k) * sizeof(float));
-      for (int64_t j : dead) row[size_t(j)] = 0.0f;
-      // The row factor of the unmodified row: the sweep moves values by about one step of
-      // the grid, far inside f16's 2x headroom above the largest scale (quant_group saturates).
-      const float factor = quant_row_factor(row.data(), k, format);
-      q.row_factor[size_t(r)] = factor;
-      uint8_t* codes = q.codes.get() + size_t(r) * cb;
-      auto set_group = [&](int64_t g) {
-        grid[size_t(g)] = quant_group(row.data() + g * kQuantGroup, format, factor);
-        q.scales[size_t(r) * groups + size_t(g)] = grid[size_t(g)].scale16;
-        if (q.mins) q.mins[size_t(r) * groups + size_t(g)] = grid[size_t(g)].min16;
-      };
-      // In act order a group's columns are spread over the sweep: its grid comes from the
-      // unmodified row (GPTQ's static groups). In column order each group's grid is chosen
-      // from the updated values when the sweep reaches it.
-      if (!order.empty())
-        for (size_t g = 0; g < groups; ++g) set_group(int64_t(g));
-      for (int64_t s = 0; s < k; ++s) {  // s: sweep step, u's row; j: the weight column
-        const int64_t j = order.empty() ? s : order[size_t(s)];
-        if (order.empty() && j % kQuantGroup == 0) set_group(j / kQuantGroup);
-        const QuantGroup& qg = grid[size_t(j / kQuantGroup)];
-        const int c = qg.code(row[size_t(j)], format);
-        set_quant_code(format, codes, j, c);
-        const double* us = u.data() + s * k;
-        const float err = float((double(row[size_t(j)]) - double(qg.value(c))) / us[s]);
-        if (order.empty())
-          for (int64_t t = s + 1; t < k; ++t) row[size_t(t)] -= err * float(us[t]);
-        else
-          for (int64_t t = s + 1; t < k; ++t) row[size_t(order[size_t(t)])] -= err * float(us[t]);
+  // U in float for the sweep's updates (the error moved is a fraction of one grid step).
+  std::vector<float> uf(u.size());
+  for (size_t i = 0; i < u.size(); ++i) uf[i] = float(u[i]);
+  const int64_t blocks = (n + kRowBlock - 1) / kRowBlock;
+  pool().parallel_for(blocks, [&](int64_t b0, int64_t b1, int) {
+    // Swept in U's order: rows[i] holds the block's row i permuted by `order`, so every
+    // update is one contiguous axpy over the steps still to come.
+    std::vector<float> rows(static_cast<size_t>(kRowBlock * k));
+    std::vector<QuantGroup> grid(size_t(kRowBlock) * groups);
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      const int64_t r0 = blk * kRowBlock, nb = std::min(kRowBlock, n - r0);
+      for (int64_t i = 0; i < nb; ++i) {
+        const int64_t r = r0 + i;
+        std::vector<float> row(w + r * k, w + (r + 1) * k);
+        for (int64_t j : dead) row[size_t(j)] = 0.0f;
+        // The row factor of the unmodified row: the sweep moves values by about one step
+        // of the grid, far inside f16's 2x headroom above the largest scale (quant_group
+        // saturates).
+        const float factor = quant_row_factor(row.data(), k, format);
+        q.row_factor[size_t(r)] = factor;
+        // In act order a group's columns are spread over the sweep: its grid comes from the
+        // unmodified row (GPTQ's static groups). In column order each group's grid is
+        // chosen from the updated values when the sweep reaches it.
+        if (!order.empty())
+          for (size_t g = 0; g < groups; ++g) grid[size_t(i) * groups + g] = quant_group(row.data() + g * kQuantGroup, format, factor);
+        float* ri = rows.data() + i * k;
+        for (int64_t s = 0; s < k; ++s) ri[s] = row[size_t(order.empty() ? s : order[size_t(s)])];
       }
+      std::vector<float> group_vals(static_cast<size_t>(kQuantGroup));
+      for (int64_t s = 0; s < k; ++s) {  // s: sweep step, U's row; j: the weight column
+        const int64_t j = order.empty() ? s : order[size_t(s)];
+        const float* us = uf.data() + s * k;
+        for (int64_t i = 0; i < nb; ++i) {
+          float* ri = rows.data() + i * k;
+          QuantGroup& qg = grid[size_t(i) * groups + size_t(j / kQuantGroup)];
+          if (order.empty() && j % kQuantGroup == 0) qg = quant_group(ri + s, format, q.row_factor[size_t(r0 + i)]);
+          const int c = qg.code(ri[s], format);
+          set_quant_code(format, q.codes.get() + size_t(r0 + i) * cb, j, c);
+          const float err = float((double(ri[s]) - double(qg.value(c))) / u[size_t(s * k + s)]);
+          axpy_neg(ri + s + 1, err, us + s + 1, k - s - 1);
+        }
+      }
+      for (int64_t i = 0; i < nb; ++i)
+        for (size_t g = 0; g < groups; ++g) {
+          q.scales[size_t(r0 + i) * groups + g] = grid[size_t(i) * groups + g].scale16;
+          if (q.mins) q.mins[size_t(r0 + i) * groups + g] = grid[size_t(i) * groups + g].min16;
+        }
     }
   });
   return q;
@@ -235,20 +280,23 @@ double gptq_output_error(const float* w, const kiln::QuantizedRows& q, const std
   KILN_THROW_IF(int64_t(sum.size()) != k * k || rows <= 0, kInvalidArgument, "gptq: Hessian does not match K=", k);
   const size_t cb = quant_row_code_bytes(q.format, k), groups = size_t(q.groups());
   std::vector<double> part(size_t(pool().num_threads()), 0.0);
-  pool().parallel_for(n, [&](int64_t r0, int64_t r1, int t) {
+  const int64_t blocks = (n + kRowBlock - 1) / kRowBlock;
+  pool().parallel_for(blocks, [&](int64_t b0, int64_t b1, int t) {
     std::vector<float> deq(static_cast<size_t>(k));
-    std::vector<double> d(static_cast<size_t>(k));
-    for (int64_t r = r0; r < r1; ++r) {
-      dequantize_row(q.codes.get() + size_t(r) * cb, q.scales.get() + size_t(r) * groups,
-                     q.mins ? q.mins.get() + size_t(r) * groups : nullptr, q.row_factor[size_t(r)], k, q.format,
-                     deq.data());
-      for (int64_t j = 0; j < k; ++j) d[size_t(j)] = double(w[r * k + j]) - double(deq[size_t(j)]);
+    std::vector<double> d(static_cast<size_t>(kRowBlock * k));
+    for (int64_t blk = b0; blk < b1; ++blk) {
+      const int64_t r0 = blk * kRowBlock, nb = std::min(kRowBlock, n - r0);
+      for (int64_t i = 0; i < nb; ++i) {
+        const int64_t r = r0 + i;
+        dequantize_row(q.codes.get() + size_t(r) * cb, q.scales.get() + size_t(r) * groups,
+                       q.mins ? q.mins.get() + size_t(r) * groups : nullptr, q.row_factor[size_t(r)], k, q.format,
+                       deq.data());
+        for (int64_t j = 0; j < k; ++j) d[size_t(i * k + j)] = double(w[r * k + j]) - double(deq[size_t(j)]);
+      }
       double e = 0;
-      for (int64_t i = 0; i < k; ++i) {
-        const double* hi = sum.data() + i * k;
-        double s = 0;
-        for (int64_t j = 0; j < k; ++j) s += hi[j] * d[size_t(j)];
-        e += d[size_t(i)] * s;
+      for (int64_t row = 0; row < k; ++row) {  // H's row, shared by the block's rows
+        const double* hr = sum.data() + row * k;
+        for (int64_t i = 0; i < nb; ++i) e += d[size_t(i * k + row)] * dot_lanes(hr, d.data() + i * k, k);
       }
       part[size_t(t)] += e;
     }
