@@ -323,6 +323,7 @@ GptqReport apply_gptq(ir::Graph& g, const CalibrationTable& table, const GptqOpt
     }
     if (!awq_quantizes(g, n, ao)) continue;
     auto it = table.gptq.find(n.name);
+    if ((it == table.gptq.end() || !it->second) && o.partial) continue;
     if (it == table.gptq.end() || !it->second)
       throw_error(ErrorCode::kNotFound, "calibration table has no GPTQ Hessian for Linear '", n.name,
                   "' (calibrated on a different model or opt level?)");

@@ -35,6 +35,9 @@ struct GptqOptions {
   std::vector<std::string> keep;  // Linears (node or weight name substrings) left f32
   bool awq_scaled = false;        // the table's AWQ scales were applied before (awq-gptq)
   bool act_order = false;         // columns by decreasing H_jj (gptq_act_order)
+  // Linears without a Hessian in the table stay as they are instead of being an error
+  // (sequential calibration quantizes the layers calibrated so far).
+  bool partial = false;
 };
 
 // Sums x^T x over the rows one Linear input takes during calibration (the upper triangle,

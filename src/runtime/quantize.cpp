@@ -3,7 +3,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cctype>
+#include <climits>
+#include <cstring>
 #include <filesystem>
+#include <set>
 
 #include "core/log.h"
 #include "core/mapped_file.h"
@@ -244,15 +248,38 @@ quant::CalibrationTable calibrate_awq(const std::string& path, const ModelOption
 
 bool gptq_mode(const std::string& mode) { return mode == "gptq" || mode == "awq-gptq"; }
 
+namespace {
+
+// The transformer layer a Linear belongs to: N of a node named "layers.N...." or
+// "layer.N....", -1 for the rest (an LM head, a pooler), which come after every layer.
+int64_t linear_layer_index(const std::string& name) {
+  for (const char* prefix : {"layers.", "layer."}) {
+    const size_t n = std::strlen(prefix);
+    if (name.compare(0, n, prefix) != 0) continue;
+    size_t end = n;
+    while (end < name.size() && std::isdigit(static_cast<unsigned char>(name[end]))) ++end;
+    if (end > n && end < name.size() && name[end] == '.') return std::stoll(name.substr(n, end - n));
+  }
+  return -1;
+}
+
+}  // namespace
+
 quant::CalibrationTable calibrate_gptq(const std::string& path, const ModelOptions& base, const QuantOptions& q,
                                        kiln::QuantFormat format, const std::vector<std::vector<int32_t>>* sequences) {
-  // Linears reading one input share its Hessian: only the first of each group observes.
+  if (q.gptq_sequential && q.mode == "awq-gptq")
+    throw_error(ErrorCode::kInvalidArgument, "--gptq-sequential is for --quant gptq (awq-gptq's scales are searched on "
+                "the f32 model's activations)");
+  // Linears reading one input share its Hessian: only the first of each group observes,
+  // and only while its group is being calibrated (`active`).
   auto first_of = std::make_shared<std::map<std::string, std::string>>();
+  auto active = std::make_shared<std::set<std::string>>();
   auto collectors = std::make_shared<std::map<std::string, quant::GptqCollector>>();
   auto observer = std::make_shared<LinearObserver>();
-  observer->on_input = [first_of, collectors](const std::string& node, const float* x, int64_t t, int64_t k) {
+  observer->on_input = [first_of, active, collectors](const std::string& node, const float* x, int64_t t, int64_t k) {
     auto f = first_of->find(node);
-    if (f != first_of->end() && f->second == node) collectors->try_emplace(node, node).first->second.observe(x, t, k);
+    if (f != first_of->end() && f->second == node && active->count(node))
+      collectors->try_emplace(node, node).first->second.observe(x, t, k);
   };
   auto model = load_calibration_model(path, base, observer, q.mode.c_str());
   quant::AwqOptions ao;
@@ -260,15 +287,21 @@ quant::CalibrationTable calibrate_gptq(const std::string& path, const ModelOptio
   ao.keep = q.keep;
   const ir::Graph& g = model->graph();
   const auto groups = quant::awq_groups(g, ao);
-  for (const quant::AwqGroup& grp : groups)
-    for (int32_t ni : grp.linears) (*first_of)[g.nodes()[size_t(ni)].name] = g.nodes()[size_t(grp.linears[0])].name;
+  // Stages: all groups at once, or (sequential) one transformer layer at a time.
+  std::map<int64_t, std::vector<std::string>> stages;  // layer (-1 last) -> first Linears
+  for (const quant::AwqGroup& grp : groups) {
+    const std::string& first = g.nodes()[size_t(grp.linears[0])].name;
+    for (int32_t ni : grp.linears) (*first_of)[g.nodes()[size_t(ni)].name] = first;
+    const int64_t layer = linear_layer_index(first);
+    stages[q.gptq_sequential ? (layer < 0 ? INT64_MAX : layer) : 0].push_back(first);
+  }
   auto seqs = sequences ? *sequences : calibration_sequences(*model, q);
   int64_t tokens = 0;
   for (auto& sq : seqs) tokens += int64_t(sq.size());
   if (tokens == 0) throw_error(ErrorCode::kInvalidArgument, "calibration: the calibration set is empty");
   log_info("gptq calibration: ", seqs.size(), " sequences, ", tokens, " tokens from ", q.calib, " (input Hessians of ",
-           groups.size(), " Linear groups)");
-  run_sequences(*model, seqs);
+           groups.size(), " Linear groups", q.gptq_sequential ? str_cat(", in ", stages.size(), " sequential passes") : "",
+           ")");
 
   quant::CalibrationTable table =
       q.mode == "awq-gptq" ? calibrate_awq(path, base, q, format, &seqs) : quant::CalibrationTable{};
@@ -277,14 +310,41 @@ quant::CalibrationTable calibrate_gptq(const std::string& path, const ModelOptio
   table.smooth_alpha = -1.0;
   table.sequences = int64_t(seqs.size());
   table.tokens = tokens;
-  for (const quant::AwqGroup& grp : groups) {
-    const std::string& first = g.nodes()[size_t(grp.linears[0])].name;
-    auto c = collectors->find(first);
-    if (c == collectors->end() || c->second.rows() == 0)
-      throw_error(ErrorCode::kInvalidArgument, "gptq calibration: Linear '", first,
-                  "' saw no activations on the calibration text");
-    auto h = c->second.finish();
-    for (int32_t ni : grp.linears) table.gptq[g.nodes()[size_t(ni)].name] = h;
+  quant::GptqOptions go;
+  go.format = format;
+  go.damp = q.gptq_damp;
+  go.keep = q.keep;
+  go.act_order = q.gptq_act_order;
+  go.partial = true;
+  bool first_stage = true;
+  std::unique_ptr<Model> staged;  // `model` stays: g is its graph
+  for (const auto& [layer, firsts] : stages) {
+    active->clear();
+    active->insert(firsts.begin(), firsts.end());
+    if (!first_stage) {  // the model with every layer calibrated so far quantized
+      ModelOptions mo = base;
+      mo.weight_dtype = "f32";
+      mo.precision.clear();
+      mo.pin_precision.clear();
+      mo.linear_observer = observer;
+      auto t = std::make_shared<const quant::CalibrationTable>(table);
+      mo.rewrite = [t, go](ir::Graph& graph) { quant::apply_gptq(graph, *t, go); };
+      staged = Model::load(path, mo);
+      log_debug("gptq calibration: layer ", layer, " on the model with ", t->gptq.size(), " Linears quantized");
+    }
+    first_stage = false;
+    run_sequences(staged ? *staged : *model, seqs);
+    for (const quant::AwqGroup& grp : groups) {
+      const std::string& first = g.nodes()[size_t(grp.linears[0])].name;
+      if (!active->count(first)) continue;
+      auto c = collectors->find(first);
+      if (c == collectors->end() || c->second.rows() == 0)
+        throw_error(ErrorCode::kInvalidArgument, "gptq calibration: Linear '", first,
+                    "' saw no activations on the calibration text");
+      auto h = c->second.finish();
+      collectors->erase(c);
+      for (int32_t ni : grp.linears) table.gptq[g.nodes()[size_t(ni)].name] = h;
+    }
   }
   return table;
 }

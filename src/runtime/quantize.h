@@ -42,6 +42,10 @@ struct QuantOptions {
   double gptq_damp = 0.01;
   // GPTQ: quantize columns by decreasing input energy (act order) instead of in order.
   bool gptq_act_order = false;
+  // GPTQ: calibrate layer by layer, each layer's Hessians from the activations of the
+  // model whose earlier layers are already quantized (GPTQ's sequential mode; one
+  // calibration pass per layer).
+  bool gptq_sequential = false;
 };
 
 // Calibrates the f32 model at `path` (never an engine) on `q.calib`. Throws

@@ -225,10 +225,11 @@ TEST(Gptq, TinyDecoderRunsCloserToF32ThanPlainQ4) {
   const auto ref = all_logits(*f32, toks), ref_held = all_logits(*f32, held_out);
   const double plain = rel_error(all_logits(*q4, toks), ref);
   const double plain_held = rel_error(all_logits(*q4, held_out), ref_held);
-  for (std::string mode : {"gptq", "awq-gptq", "gptq act-order"}) {
+  for (std::string mode : {"gptq", "awq-gptq", "gptq act-order", "gptq sequential"}) {
     QuantOptions q;
     q.gptq_act_order = mode == "gptq act-order";
-    q.mode = q.gptq_act_order ? "gptq" : mode;
+    q.gptq_sequential = mode == "gptq sequential";
+    q.mode = mode == "awq-gptq" ? mode : "gptq";
     q.awq_rows = 64;
     const quant::CalibrationTable table = calibrate_gptq(dir, {}, q, QuantFormat::kQ4, &calib);
     EXPECT_EQ(table.gptq.size(), 2u * 4 + 1) << mode;  // per layer qkv, o, gate|up, down; the head
@@ -247,6 +248,36 @@ TEST(Gptq, TinyDecoderRunsCloserToF32ThanPlainQ4) {
     EXPECT_LT(e, 0.9 * plain) << mode;
     EXPECT_LT(e_held, 1.05 * plain_held) << mode;
   }
+}
+
+// Sequential calibration: layer 0's Hessians are the one-pass ones (its inputs do not
+// depend on any quantized Linear), every later Linear's come from the partly quantized
+// model and differ.
+TEST(Gptq, SequentialHessiansFollowTheQuantizedLayers) {
+  const std::string dir = testing::fixture_dir("llama");
+  auto calib = random_sequences(4, 24, 512, 23);
+  QuantOptions q;
+  q.mode = "gptq";
+  const quant::CalibrationTable once = calibrate_gptq(dir, {}, q, QuantFormat::kQ4, &calib);
+  q.gptq_sequential = true;
+  const quant::CalibrationTable seq = calibrate_gptq(dir, {}, q, QuantFormat::kQ4, &calib);
+  ASSERT_EQ(once.gptq.size(), seq.gptq.size());
+  int same = 0, differ = 0;
+  for (const auto& [name, h] : once.gptq) {
+    ASSERT_TRUE(seq.gptq.count(name)) << name;
+    const auto& hs = *seq.gptq.at(name);
+    ASSERT_EQ(hs.rows, h->rows) << name;
+    const bool equal = hs.sum == h->sum;
+    if (name.rfind("layers.0.", 0) == 0) {
+      EXPECT_TRUE(equal) << name;
+      ++same;
+    } else {
+      EXPECT_FALSE(equal) << name;
+      ++differ;
+    }
+  }
+  EXPECT_EQ(same, 4);    // q|k|v, o, gate|up, down of layer 0
+  EXPECT_EQ(differ, 5);  // those of layer 1, and the head
 }
 
 // The real all-MiniLM-L6-v2 (skipped when absent): GPTQ's q4 embeddings stay closer to
@@ -330,6 +361,12 @@ TEST(Gptq, BadInputIsAClearError) {
   expect_error([&] { quant_mode_check(q); }, ErrorCode::kInvalidArgument, "--gptq-damp");
   q.gptq_damp = 0.01;
   expect_error([&] { load_random_model("unused.json", {}, q); }, ErrorCode::kInvalidArgument, "real activations");
+  QuantOptions seq_awq;
+  seq_awq.mode = "awq-gptq";
+  seq_awq.gptq_sequential = true;
+  std::vector<std::vector<int32_t>> one = {{1, 2, 3, 4}};
+  expect_error([&] { calibrate_gptq(dir, {}, seq_awq, QuantFormat::kQ4, &one); }, ErrorCode::kInvalidArgument,
+               "--gptq-sequential");
 
   // A table without the Hessian of a Linear, or of the wrong width.
   auto f32 = Model::load(dir);

@@ -114,6 +114,9 @@ void add_quant_options(CLI::App* cmd, QuantOptions& q) {
   cmd->add_flag("--gptq-act-order", q.gptq_act_order,
                "gptq: quantize each weight's columns by decreasing input energy (the Hessian's diagonal) instead of "
                "in order; each group's scale and min then come from the unmodified weights");
+  cmd->add_flag("--gptq-sequential", q.gptq_sequential,
+               "gptq: calibrate one layer at a time, each on the activations of the model whose earlier layers are "
+               "already quantized (one calibration pass per layer)");
   cmd->add_option("--awq-rows", q.awq_rows, "awq: calibration rows per Linear input the output error is measured on")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 20))
       ->capture_default_str();
