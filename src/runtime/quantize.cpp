@@ -180,6 +180,29 @@ kiln::QuantFormat awq_weight_format(const std::string& weight_dtype) {
               "--weight-dtype ", weight_dtype, " is neither");
 }
 
+namespace {
+
+// The AWQ / GPTQ options of a command line's quantization options, for weights of `format`.
+quant::AwqOptions awq_options(const QuantOptions& q, kiln::QuantFormat format) {
+  quant::AwqOptions ao;
+  ao.format = format;
+  ao.grid = q.awq_grid;
+  ao.keep = q.keep;
+  return ao;
+}
+
+quant::GptqOptions gptq_options(const QuantOptions& q, kiln::QuantFormat format) {
+  quant::GptqOptions go;
+  go.format = format;
+  go.damp = q.gptq_damp;
+  go.act_order = q.gptq_act_order;
+  go.keep = q.keep;
+  go.awq_scaled = q.mode == "awq-gptq";
+  return go;
+}
+
+}  // namespace
+
 quant::CalibrationTable calibrate_awq(const std::string& path, const ModelOptions& base, const QuantOptions& q,
                                       kiln::QuantFormat format, const std::vector<std::vector<int32_t>>* sequences) {
   if (q.awq_rows < 1) throw_error(ErrorCode::kInvalidArgument, "awq: needs at least 1 calibration row, got ", q.awq_rows);
@@ -212,10 +235,7 @@ quant::CalibrationTable calibrate_awq(const std::string& path, const ModelOption
     table.tensors[name].channel_absmax = c.channel_absmax();
     table.tensors[name].rows = collectors->at(name).rows();
   }
-  quant::AwqOptions ao;
-  ao.format = format;
-  ao.grid = q.awq_grid;
-  ao.keep = q.keep;
+  const quant::AwqOptions ao = awq_options(q, format);
   const ir::Graph& g = model->graph();
   const auto groups = quant::awq_groups(g, ao);
   double err = 0, err_plain = 0;
@@ -282,9 +302,7 @@ quant::CalibrationTable calibrate_gptq(const std::string& path, const ModelOptio
       collectors->try_emplace(node, node).first->second.observe(x, t, k);
   };
   auto model = load_calibration_model(path, base, observer, q.mode.c_str());
-  quant::AwqOptions ao;
-  ao.format = format;
-  ao.keep = q.keep;
+  const quant::AwqOptions ao = awq_options(q, format);
   const ir::Graph& g = model->graph();
   const auto groups = quant::awq_groups(g, ao);
   // Stages: all groups at once, or (sequential) one transformer layer at a time.
@@ -310,11 +328,7 @@ quant::CalibrationTable calibrate_gptq(const std::string& path, const ModelOptio
   table.smooth_alpha = -1.0;
   table.sequences = int64_t(seqs.size());
   table.tokens = tokens;
-  quant::GptqOptions go;
-  go.format = format;
-  go.damp = q.gptq_damp;
-  go.keep = q.keep;
-  go.act_order = q.gptq_act_order;
+  quant::GptqOptions go = gptq_options(q, format);
   go.partial = true;
   bool first_stage = true;
   std::unique_ptr<Model> staged;  // `model` stays: g is its graph
@@ -438,10 +452,7 @@ ModelOptions fp8_model_options(ModelOptions base, const quant::CalibrationTable&
 
 ModelOptions awq_model_options(ModelOptions base, const quant::CalibrationTable& table, const QuantOptions& q,
                                std::shared_ptr<quant::AwqReport> report) {
-  quant::AwqOptions ao;
-  ao.format = awq_weight_format(base.weight_dtype);
-  ao.grid = q.awq_grid;
-  ao.keep = q.keep;
+  const quant::AwqOptions ao = awq_options(q, awq_weight_format(base.weight_dtype));
   auto t = std::make_shared<const quant::CalibrationTable>(table);
   base.weight_dtype = quant_format_name(ao.format);
   base.rewrite = [t, ao, report](ir::Graph& g) {
@@ -456,16 +467,8 @@ ModelOptions awq_model_options(ModelOptions base, const quant::CalibrationTable&
 
 ModelOptions gptq_model_options(ModelOptions base, const quant::CalibrationTable& table, const QuantOptions& q,
                                 std::shared_ptr<quant::GptqReport> report) {
-  quant::GptqOptions go;
-  go.format = awq_weight_format(base.weight_dtype);
-  go.damp = q.gptq_damp;
-  go.act_order = q.gptq_act_order;
-  go.keep = q.keep;
-  go.awq_scaled = q.mode == "awq-gptq";
-  quant::AwqOptions ao;
-  ao.format = go.format;
-  ao.grid = q.awq_grid;
-  ao.keep = q.keep;
+  const quant::GptqOptions go = gptq_options(q, awq_weight_format(base.weight_dtype));
+  const quant::AwqOptions ao = awq_options(q, go.format);
   auto t = std::make_shared<const quant::CalibrationTable>(table);
   base.weight_dtype = quant_format_name(go.format);
   base.rewrite = [t, go, ao, report](ir::Graph& g) {

@@ -270,15 +270,7 @@ TEST(Awq, CalibratedTinyDecoderCacheRoundTripsAndRuns) {
   std::filesystem::remove(path);
 }
 
-void expect_error(const std::function<void()>& f, ErrorCode code, const std::string& needle) {
-  try {
-    f();
-    FAIL() << "no error; expected one containing '" << needle << "'";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
+using quant_test::expect_error;
 
 TEST(Awq, BadCalibrationInputIsAClearError) {
   quant::AwqCollector c("layers.0.qkv_proj", 1);

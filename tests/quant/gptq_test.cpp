@@ -23,15 +23,7 @@ namespace {
 using quant_test::all_logits;
 using quant_test::random_sequences;
 
-void expect_error(const std::function<void()>& f, ErrorCode code, const std::string& needle) {
-  try {
-    f();
-    FAIL() << "no error; expected one containing '" << needle << "'";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), code) << e.what();
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
-  }
-}
+using quant_test::expect_error;
 
 // Inputs x = z A with a random mixing A: strongly correlated channels, as a Linear's
 // inputs are (they come out of a norm, an attention or an MLP).

@@ -1,9 +1,15 @@
 // Helpers shared by the quantization tests (one binary: quant_test).
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstdint>
+#include <functional>
 #include <random>
+#include <string>
 #include <vector>
+
+#include "core/status.h"
 
 #include "runtime/llm_runner.h"
 #include "runtime/model.h"
@@ -26,6 +32,17 @@ inline std::vector<std::vector<int32_t>> random_sequences(int n, int len, int64_
   for (auto& q : s)
     for (int i = 0; i < len; ++i) q.push_back(int32_t(rng() % uint64_t(vocab)));
   return s;
+}
+
+// f() throws a kiln Error of `code` whose message contains `needle`.
+inline void expect_error(const std::function<void()>& f, ErrorCode code, const std::string& needle) {
+  try {
+    f();
+    FAIL() << "no error; expected one containing '" << needle << "'";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), code) << e.what();
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace kiln::quant_test
