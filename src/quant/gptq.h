@@ -34,7 +34,7 @@ struct GptqOptions {
   double damp = 0.01;
   std::vector<std::string> keep;  // Linears (node or weight name substrings) left f32
   bool awq_scaled = false;        // the table's AWQ scales were applied before (awq-gptq)
-  bool act_order = false;         // columns by decreasing H_jj (gptq_act_order)
+  bool act_order = false;         // columns by decreasing H_jj (gptq_act_order; the CLI's default)
   // Linears without a Hessian in the table stay as they are instead of being an error
   // (sequential calibration quantizes the layers calibrated so far).
   bool partial = false;

@@ -111,9 +111,10 @@ void add_quant_options(CLI::App* cmd, QuantOptions& q) {
   cmd->add_option("--gptq-damp", q.gptq_damp, "gptq: added to the input Hessian's diagonal, times its mean")
       ->check(CLI::Range(0.0, 10.0))
       ->capture_default_str();
-  cmd->add_flag("--gptq-act-order", q.gptq_act_order,
-               "gptq: quantize each weight's columns by decreasing input energy (the Hessian's diagonal) instead of "
-               "in order; each group's scale and min then come from the unmodified weights");
+  cmd->add_flag("--gptq-act-order,!--gptq-column-order", q.gptq_act_order,
+               "gptq: quantize each weight's columns by decreasing input energy (the Hessian's diagonal; the "
+               "default), each group's scale and min then taken from the unmodified weights; or in column order, "
+               "each group's grid from the updated weights");
   cmd->add_flag("--gptq-sequential", q.gptq_sequential,
                "gptq: calibrate one layer at a time, each on the activations of the model whose earlier layers are "
                "already quantized (one calibration pass per layer)");
