@@ -228,10 +228,11 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
   // Q4_0 / Q4_1 / Q4_K keeps its codes in its own format (q8 or q4), as llama.cpp runs a
   // GGUF, and the rest takes auto_weight_dtype (f32 on the CPU; bf16 weights and
   // activations on CUDA). Not under graph rewrites, observers or tensor parallelism,
-  // which read Linear weights as f32.
+  // which read Linear weights as f32 (a rewrite that leaves such Linears alone says so:
+  // rewrite_keeps_file_quant).
   std::optional<QuantFormat> keep;
-  const bool can_keep = options.keep_file_quant && !options.rewrite && !options.linear_observer &&
-                        options.tensor_parallel <= 1;
+  const bool can_keep = options.keep_file_quant && (!options.rewrite || options.rewrite_keeps_file_quant) &&
+                        !options.linear_observer && options.tensor_parallel <= 1;
   if (can_keep && (options.weight_dtype == "q8" || options.weight_dtype == "q4"))
     keep = options.weight_dtype == "q8" ? QuantFormat::kQ8 : QuantFormat::kQ4;
   const bool native = can_keep && options.weight_dtype == "auto";

@@ -72,6 +72,9 @@ struct ModelOptions {
   // frontends/gguf_quants.h) keep the file's codes; false expands them to f32 at load
   // and quantizes them again at compile time (the path before, kept for comparison).
   bool keep_file_quant = true;
+  // The rewrite leaves Linears that keep the file's codes alone (GPTQ), so they may keep
+  // them under it; other rewrites (AWQ's scales, W8A8, FP8) read every weight as f32.
+  bool rewrite_keeps_file_quant = false;
 };
 
 // What weight_dtype "auto" stores the weights a file does not keep quantized in, per

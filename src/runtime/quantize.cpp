@@ -304,7 +304,26 @@ quant::CalibrationTable calibrate_gptq(const std::string& path, const ModelOptio
   auto model = load_calibration_model(path, base, observer, q.mode.c_str());
   const quant::AwqOptions ao = awq_options(q, format);
   const ir::Graph& g = model->graph();
-  const auto groups = quant::awq_groups(g, ao);
+  auto groups = quant::awq_groups(g, ao);
+  // A GGUF's Linears that keep their file's q4/q8 codes in the quantized model (apply_gptq
+  // leaves them) need no Hessian: the calibration model has them dequantized, so the
+  // quantized model's graph says which they are.
+  if (ends_with(path, ".gguf") && q.mode == "gptq") {
+    ModelOptions probe = base;
+    probe.weight_dtype = quant_format_name(format);
+    probe.rewrite = [](ir::Graph&) {};  // gptq_model_options's rewrite, as far as keeping goes
+    probe.rewrite_keeps_file_quant = true;
+    probe.linear_observer = nullptr;
+    auto quantized = Model::load(path, probe);
+    std::set<std::string> kept_codes;
+    for (const ir::Node& n : quantized->graph().nodes())
+      if (n.op == "Linear" && n.has_attr("weight_quant")) kept_codes.insert(n.name);
+    std::erase_if(groups, [&](const quant::AwqGroup& grp) {
+      return std::all_of(grp.linears.begin(), grp.linears.end(),
+                         [&](int32_t ni) { return kept_codes.count(g.nodes()[size_t(ni)].name) > 0; });
+    });
+    log_info("gptq calibration: ", kept_codes.size(), " Linears keep the file's codes (no Hessian)");
+  }
   // Stages: all groups at once, or (sequential) one transformer layer at a time.
   std::map<int64_t, std::vector<std::string>> stages;  // layer (-1 last) -> first Linears
   for (const quant::AwqGroup& grp : groups) {
@@ -471,6 +490,9 @@ ModelOptions gptq_model_options(ModelOptions base, const quant::CalibrationTable
   const quant::AwqOptions ao = awq_options(q, go.format);
   auto t = std::make_shared<const quant::CalibrationTable>(table);
   base.weight_dtype = quant_format_name(go.format);
+  // A GGUF's Linears stored in the format keep their codes (apply_gptq leaves them), unless
+  // AWQ's scales must multiply them first.
+  base.rewrite_keeps_file_quant = !go.awq_scaled;
   base.rewrite = [t, go, ao, report](ir::Graph& g) {
     if (go.awq_scaled) {
       quant::AwqReport a = quant::apply_awq(g, *t, ao);

@@ -9,11 +9,13 @@
 #include <cstring>
 #include <functional>
 #include <random>
+#include <unistd.h>
 
 #include "core/status.h"
 #include "runtime/encoder_runner.h"
 #include "runtime/model_tokenizer.h"
 #include "runtime/quantize.h"
+#include "../models/gguf_quant_llama.h"
 #include "../models/golden_util.h"
 #include "quant_test_util.h"
 
@@ -272,6 +274,37 @@ TEST(Gptq, SequentialHessiansFollowTheQuantizedLayers) {
   }
   EXPECT_EQ(same, 4);    // q|k|v, o, gate|up, down of layer 0
   EXPECT_EQ(differ, 5);  // those of layer 1, and the head
+}
+
+// A GGUF whose attention Linears are Q4_1 and MLP Linears Q8_0, quantized to q4 with GPTQ:
+// the Q4_1 ones keep the file's codes (no Hessian is collected for them, and the rewrite
+// leaves them), the Q8_0 ones and the head are GPTQ's.
+TEST(Gptq, GgufLinearsKeepTheirOwnCodes) {
+  const std::string path = ::testing::TempDir() + "/kiln_gptq_" + std::to_string(::getpid()) + ".gguf";
+  test::write_file(path, test::quant_llama(GgmlType::kQ4_1, GgmlType::kQ8_0));
+  auto calib = random_sequences(4, 16, 16, 29);
+  QuantOptions q;
+  q.mode = "gptq";
+  const quant::CalibrationTable table = calibrate_gptq(path, {}, q, QuantFormat::kQ4, &calib);
+  int file_codes = 0, gptq_rows = 0;
+  for (const auto& [name, h] : table.gptq) {
+    EXPECT_EQ(name.find("qkv"), std::string::npos) << name;
+    EXPECT_EQ(name.find("o_proj"), std::string::npos) << name;
+  }
+  EXPECT_EQ(table.gptq.size(), 2u * 2 + 1);  // gate|up and down of 2 layers, the head
+  auto report = std::make_shared<quant::GptqReport>();
+  auto m = Model::load(path, gptq_model_options({.weight_dtype = "q4"}, table, q, report));
+  EXPECT_EQ(report->quantized, 5);
+  for (const ir::Node& n : m->graph().nodes()) {
+    if (n.op != "Linear") continue;
+    EXPECT_EQ(n.attr_str("weight_quant", ""), "q4") << n.name;
+    const bool gptq = m->graph().value(n.inputs[1]).name.ends_with(".gptq");
+    (gptq ? gptq_rows : file_codes) += 1;
+    EXPECT_EQ(gptq, n.name.find("qkv") == std::string::npos && n.name.find("o_proj") == std::string::npos) << n.name;
+  }
+  EXPECT_EQ(file_codes, 4);
+  EXPECT_EQ(gptq_rows, 5);
+  std::filesystem::remove(path);
 }
 
 // The real all-MiniLM-L6-v2 (skipped when absent): GPTQ's q4 embeddings stay closer to
