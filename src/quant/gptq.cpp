@@ -311,7 +311,6 @@ GptqReport apply_gptq(ir::Graph& g, const CalibrationTable& table, const GptqOpt
   ao.format = o.format;
   ao.keep = o.keep;
   GptqReport rep;
-  const std::string fmt = quant_format_name(o.format);
   for (size_t ni = 0; ni < g.nodes().size(); ++ni) {
     ir::Node& n = g.nodes()[ni];
     if (n.op != "Linear" || n.inputs.size() < 2 || !g.is_weight(n.inputs[1])) continue;
@@ -328,6 +327,12 @@ GptqReport apply_gptq(ir::Graph& g, const CalibrationTable& table, const GptqOpt
       throw_error(ErrorCode::kNotFound, "calibration table has no GPTQ Hessian for Linear '", n.name,
                   "' (calibrated on a different model or opt level?)");
     const GptqHessian& h = *it->second;
+    // The node's own q4/q8 precision (a --pin-precision), else the options' format.
+    const std::string pinned = n.attr_str("precision", "");
+    const kiln::QuantFormat f = pinned == "q8" ? kiln::QuantFormat::kQ8
+                                : pinned == "q4" ? kiln::QuantFormat::kQ4
+                                                 : o.format;
+    const std::string fmt = quant_format_name(f);
     const Tensor& wt = g.weight(n.inputs[1]);
     const int64_t rows = wt.dim(0), k = wt.dim(1);
     if (h.k != k)
@@ -348,14 +353,14 @@ GptqReport apply_gptq(ir::Graph& g, const CalibrationTable& table, const GptqOpt
         gptq_inverse_factor(order.empty() ? sum : gptq_permute(sum, k, order), h.rows, k, o.damp, &dead);
     for (int64_t& d : dead) d = order.empty() ? d : order[size_t(d)];  // dead: u's indices -> columns
     const float* wp = w.data_as<float>();
-    kiln::QuantizedRows q = gptq_quantize(wp, rows, k, u, dead, o.format, order);
+    kiln::QuantizedRows q = gptq_quantize(wp, rows, k, u, dead, f, order);
     const double err = gptq_output_error(wp, q, sum, h.rows);
-    const double err_rtn = gptq_output_error(wp, kiln::quantize_rows(wp, rows, k, o.format), sum, h.rows);
+    const double err_rtn = gptq_output_error(wp, kiln::quantize_rows(wp, rows, k, f), sum, h.rows);
     log_debug("gptq: ", n.name, " [", rows, ", ", k, "]: output error ", err_rtn > 0 ? err / err_rtn : 1.0,
               " of plain ", fmt, dead.empty() ? "" : str_cat(", ", dead.size(), " dead input channels"));
     rep.error += err;
     rep.error_rtn += err_rtn;
-    const size_t rb = quant_image_row_bytes(o.format, k);
+    const size_t rb = quant_image_row_bytes(f, k);
     Tensor img(DType::kU8, {rows, int64_t(rb)});
     quant_rows_to_image(q, img.data_as<uint8_t>());
     const ir::ValueId nv = g.add_weight(g.value(n.inputs[1]).name + ".gptq", std::move(img));

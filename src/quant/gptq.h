@@ -90,7 +90,8 @@ struct GptqReport {
 };
 
 // Replaces the weight of every Linear AWQ would quantize (awq_quantizes) by its GPTQ row
-// image (attrs weight_quant, weight_k, precision = the format); kept Linears get attr
+// image (attrs weight_quant, weight_k, precision = the format: the node's own q4/q8
+// precision where --pin-precision set one, else options.format); kept Linears get attr
 // precision=f32. With options.awq_scaled, H is rescaled by the table's AWQ scales of the
 // Linear. Throws kNotFound when a Linear to quantize has no Hessian in the table,
 // kInvalidArgument when a Hessian's width differs from the Linear's K.

@@ -14,6 +14,7 @@
 #include "core/status.h"
 #include "runtime/encoder_runner.h"
 #include "runtime/model_tokenizer.h"
+#include "passes/pass.h"
 #include "runtime/quantize.h"
 #include "../models/gguf_quant_llama.h"
 #include "../models/golden_util.h"
@@ -274,6 +275,34 @@ TEST(Gptq, SequentialHessiansFollowTheQuantizedLayers) {
   }
   EXPECT_EQ(same, 4);    // q|k|v, o, gate|up, down of layer 0
   EXPECT_EQ(differ, 5);  // those of layer 1, and the head
+}
+
+// --pin-precision 'layers.0.*=q8' with GPTQ q4: layer 0's Linears get q8 row images, the
+// rest q4, and the pinned model sits closer to f32.
+TEST(Gptq, PinnedLinearsTakeTheirOwnFormat) {
+  const std::string dir = testing::fixture_dir("llama");
+  auto calib = random_sequences(8, 32, 512, 31);
+  QuantOptions q;
+  q.mode = "gptq";
+  const quant::CalibrationTable table = calibrate_gptq(dir, {}, q, QuantFormat::kQ4, &calib);
+  ModelOptions pinned = {.weight_dtype = "q4"};
+  pinned.precision = "q4";  // as kiln build sets it: assign_precision applies the pins
+  pinned.pin_precision = passes::parse_precision_pins("layers.0.*=q8");
+  auto m = Model::load(dir, gptq_model_options(pinned, table, q));
+  int q8 = 0, q4 = 0;
+  for (const ir::Node& n : m->graph().nodes()) {
+    // assign_precision keeps the logits GEMM f32 (as kiln build does), and GPTQ leaves it.
+    if (n.op != "Linear" || n.attr_str("precision", "") == "f32") continue;
+    const std::string f = n.attr_str("weight_quant", "");
+    EXPECT_EQ(f, n.name.rfind("layers.0.", 0) == 0 ? "q8" : "q4") << n.name;
+    (f == "q8" ? q8 : q4) += 1;
+  }
+  EXPECT_EQ(q8, 4);
+  EXPECT_EQ(q4, 4);
+  auto f32 = Model::load(dir);
+  auto all_q4 = Model::load(dir, gptq_model_options({.weight_dtype = "q4", .precision = "q4"}, table, q));
+  const auto ref = all_logits(*f32, calib[0]);
+  EXPECT_LT(rel_error(all_logits(*m, calib[0]), ref), rel_error(all_logits(*all_q4, calib[0]), ref));
 }
 
 // A GGUF whose attention Linears are Q4_1 and MLP Linears Q8_0, quantized to q4 with GPTQ:
