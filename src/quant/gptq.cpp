@@ -230,13 +230,13 @@ kiln::QuantizedRows gptq_quantize(const float* w, int64_t n, int64_t k, const st
   pool().parallel_for(blocks, [&](int64_t b0, int64_t b1, int) {
     // Swept in U's order: rows[i] holds the block's row i permuted by `order`, so every
     // update is one contiguous axpy over the steps still to come.
-    std::vector<float> rows(static_cast<size_t>(kRowBlock * k));
+    std::vector<float> rows(static_cast<size_t>(kRowBlock * k)), row(static_cast<size_t>(k));
     std::vector<QuantGroup> grid(size_t(kRowBlock) * groups);
     for (int64_t blk = b0; blk < b1; ++blk) {
       const int64_t r0 = blk * kRowBlock, nb = std::min(kRowBlock, n - r0);
       for (int64_t i = 0; i < nb; ++i) {
         const int64_t r = r0 + i;
-        std::vector<float> row(w + r * k, w + (r + 1) * k);
+        std::copy(w + r * k, w + (r + 1) * k, row.begin());
         for (int64_t j : dead) row[size_t(j)] = 0.0f;
         // The row factor of the unmodified row: the sweep moves values by about one step
         // of the grid, far inside f16's 2x headroom above the largest scale (quant_group
@@ -247,11 +247,11 @@ kiln::QuantizedRows gptq_quantize(const float* w, int64_t n, int64_t k, const st
         // unmodified row (GPTQ's static groups). In column order each group's grid is
         // chosen from the updated values when the sweep reaches it.
         if (!order.empty())
-          for (size_t g = 0; g < groups; ++g) grid[size_t(i) * groups + g] = quant_group(row.data() + g * kQuantGroup, format, factor);
+          for (size_t g = 0; g < groups; ++g)
+            grid[size_t(i) * groups + g] = quant_group(row.data() + g * kQuantGroup, format, factor);
         float* ri = rows.data() + i * k;
         for (int64_t s = 0; s < k; ++s) ri[s] = row[size_t(order.empty() ? s : order[size_t(s)])];
       }
-      std::vector<float> group_vals(static_cast<size_t>(kQuantGroup));
       for (int64_t s = 0; s < k; ++s) {  // s: sweep step, U's row; j: the weight column
         const int64_t j = order.empty() ? s : order[size_t(s)];
         const float* us = uf.data() + s * k;
@@ -311,6 +311,11 @@ GptqReport apply_gptq(ir::Graph& g, const CalibrationTable& table, const GptqOpt
   ao.format = o.format;
   ao.keep = o.keep;
   GptqReport rep;
+  struct Factor {
+    std::vector<double> u;
+    std::vector<int64_t> order, dead;
+  };
+  std::map<const GptqHessian*, Factor> factors;
   for (size_t ni = 0; ni < g.nodes().size(); ++ni) {
     ir::Node& n = g.nodes()[ni];
     if (n.op != "Linear" || n.inputs.size() < 2 || !g.is_weight(n.inputs[1])) continue;
@@ -347,23 +352,35 @@ GptqReport apply_gptq(ir::Graph& g, const CalibrationTable& table, const GptqOpt
       for (int64_t i = 0; i < k; ++i)
         for (int64_t j = 0; j < k; ++j) sum[size_t(i * k + j)] /= double(s[size_t(i)]) * double(s[size_t(j)]);
     }
-    std::vector<int64_t> dead, order;
-    if (o.act_order) order = gptq_act_order(sum, k);
-    const std::vector<double> u =
-        gptq_inverse_factor(order.empty() ? sum : gptq_permute(sum, k, order), h.rows, k, o.damp, &dead);
-    for (int64_t& d : dead) d = order.empty() ? d : order[size_t(d)];  // dead: u's indices -> columns
-    const float* wp = w.data_as<float>();
-    kiln::QuantizedRows q = gptq_quantize(wp, rows, k, u, dead, f, order);
-    const double err = gptq_output_error(wp, q, sum, h.rows);
-    const double err_rtn = gptq_output_error(wp, kiln::quantize_rows(wp, rows, k, f), sum, h.rows);
-    log_debug("gptq: ", n.name, " [", rows, ", ", k, "]: output error ", err_rtn > 0 ? err / err_rtn : 1.0,
-              " of plain ", fmt, dead.empty() ? "" : str_cat(", ", dead.size(), " dead input channels"));
-    rep.error += err;
-    rep.error_rtn += err_rtn;
-    const size_t rb = quant_image_row_bytes(f, k);
-    Tensor img(DType::kU8, {rows, int64_t(rb)});
-    quant_rows_to_image(q, img.data_as<uint8_t>());
-    const ir::ValueId nv = g.add_weight(g.value(n.inputs[1]).name + ".gptq", std::move(img));
+    GptqResult res;
+    const auto memo = o.memo ? o.memo->find(n.name) : std::map<std::string, GptqResult>::iterator{};
+    if (o.memo && memo != o.memo->end() && memo->second.format == f) {
+      res = memo->second;
+    } else {
+      // Linears sharing an input share its factor (unless AWQ scaled each group's H).
+      Factor& fa = o.awq_scaled ? factors[nullptr] : factors[&h];
+      if (o.awq_scaled || fa.u.empty()) {
+        fa = Factor{};
+        if (o.act_order) fa.order = gptq_act_order(sum, k);
+        fa.u = gptq_inverse_factor(fa.order.empty() ? sum : gptq_permute(sum, k, fa.order), h.rows, k, o.damp,
+                                   &fa.dead);
+        for (int64_t& d : fa.dead) d = fa.order.empty() ? d : fa.order[size_t(d)];  // u's indices -> columns
+      }
+      const float* wp = w.data_as<float>();
+      kiln::QuantizedRows q = gptq_quantize(wp, rows, k, fa.u, fa.dead, f, fa.order);
+      res.format = f;
+      res.error = gptq_output_error(wp, q, sum, h.rows);
+      res.error_rtn = gptq_output_error(wp, kiln::quantize_rows(wp, rows, k, f), sum, h.rows);
+      log_debug("gptq: ", n.name, " [", rows, ", ", k, "]: output error ",
+                res.error_rtn > 0 ? res.error / res.error_rtn : 1.0, " of plain ", fmt,
+                fa.dead.empty() ? "" : str_cat(", ", fa.dead.size(), " dead input channels"));
+      res.image = Tensor(DType::kU8, {rows, int64_t(quant_image_row_bytes(f, k))});
+      quant_rows_to_image(q, res.image.data_as<uint8_t>());
+      if (o.memo) (*o.memo)[n.name] = res;
+    }
+    rep.error += res.error;
+    rep.error_rtn += res.error_rtn;
+    const ir::ValueId nv = g.add_weight(g.value(n.inputs[1]).name + ".gptq", std::move(res.image));
     ir::Node& nn = g.nodes()[ni];  // add_weight does not add nodes, but keep the reference fresh
     nn.inputs[1] = nv;
     nn.attrs["weight_quant"] = fmt;

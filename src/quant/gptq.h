@@ -27,6 +27,14 @@
 
 namespace kiln::quant {
 
+// One Linear's GPTQ row image ([n, quant_image_row_bytes] u8), its format, and the output
+// errors of it and of plain rounding (gptq_output_error).
+struct GptqResult {
+  Tensor image;
+  kiln::QuantFormat format = kiln::QuantFormat::kQ4;
+  double error = 0, error_rtn = 0;
+};
+
 struct GptqOptions {
   kiln::QuantFormat format = kiln::QuantFormat::kQ4;
   // Added to H's diagonal: damp * mean(diag H) (GPTQ's percdamp), raised x10 (at most
@@ -38,6 +46,10 @@ struct GptqOptions {
   // Linears without a Hessian in the table stay as they are instead of being an error
   // (sequential calibration quantizes the layers calibrated so far).
   bool partial = false;
+  // Results by Linear name, filled by apply_gptq and reused by later calls with the same
+  // table and options (sequential calibration's stages quantize the same earlier layers
+  // again); null: none kept.
+  std::shared_ptr<std::map<std::string, GptqResult>> memo;
 };
 
 // Sums x^T x over the rows one Linear input takes during calibration (the upper triangle,

@@ -349,6 +349,7 @@ quant::CalibrationTable calibrate_gptq(const std::string& path, const ModelOptio
   table.tokens = tokens;
   quant::GptqOptions go = gptq_options(q, format);
   go.partial = true;
+  go.memo = std::make_shared<std::map<std::string, quant::GptqResult>>();  // each stage reuses the earlier layers
   bool first_stage = true;
   std::unique_ptr<Model> staged;  // `model` stays: g is its graph
   for (const auto& [layer, firsts] : stages) {
