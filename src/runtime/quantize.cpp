@@ -105,12 +105,23 @@ void run_sequences(Model& model, const std::vector<std::vector<int32_t>>& seqs) 
   }
 }
 
+// `base` on the CPU backend: calibration observes Linears through ModelOptions::
+// linear_observer, which only the CPU backend calls, so a build or load for CUDA still
+// calibrates on the CPU (the same f32 model).
+ModelOptions on_cpu(ModelOptions base) {
+  base.backend = "cpu";
+  base.device = 0;
+  base.communicator = nullptr;
+  return base;
+}
+
 // The float model a calibration observes: every Linear f32, whatever the build will
-// store, no rewrite, `observer` on the Linear inputs. An engine file is refused (it holds
-// the stored precision, not the float weights); `mode` is the --quant named in the error.
+// store, no rewrite, `observer` on the Linear inputs, on the CPU. An engine file is
+// refused (it holds the stored precision, not the float weights); `mode` is the --quant
+// named in the error.
 std::unique_ptr<Model> load_calibration_model(const std::string& path, const ModelOptions& base,
                                               std::shared_ptr<const LinearObserver> observer, const char* mode) {
-  ModelOptions mo = base;
+  ModelOptions mo = on_cpu(base);
   mo.weight_dtype = "f32";
   mo.precision.clear();
   mo.pin_precision.clear();
@@ -309,7 +320,7 @@ quant::CalibrationTable calibrate_gptq(const std::string& path, const ModelOptio
   // leaves them) need no Hessian: the calibration model has them dequantized, so the
   // quantized model's graph says which they are.
   if (ends_with(path, ".gguf") && q.mode == "gptq") {
-    ModelOptions probe = base;
+    ModelOptions probe = on_cpu(base);
     probe.weight_dtype = quant_format_name(format);
     probe.rewrite = [](ir::Graph&) {};  // gptq_model_options's rewrite, as far as keeping goes
     probe.rewrite_keeps_file_quant = true;
@@ -356,7 +367,7 @@ quant::CalibrationTable calibrate_gptq(const std::string& path, const ModelOptio
     active->clear();
     active->insert(firsts.begin(), firsts.end());
     if (!first_stage) {  // the model with every layer calibrated so far quantized
-      ModelOptions mo = base;
+      ModelOptions mo = on_cpu(base);
       mo.weight_dtype = "f32";
       mo.precision.clear();
       mo.pin_precision.clear();

@@ -277,6 +277,26 @@ TEST(Gptq, SequentialHessiansFollowTheQuantizedLayers) {
   EXPECT_EQ(differ, 5);  // those of layer 1, and the head
 }
 
+// A build or load for CUDA calibrates on the CPU (only the CPU backend calls the Linear
+// observer): the same Hessians as a CPU build, sequential stages included, and no GPU
+// needed to calibrate.
+TEST(Gptq, CudaBuildsCalibrateOnTheCpu) {
+  const std::string dir = testing::fixture_dir("llama");
+  auto calib = random_sequences(3, 16, 512, 29);
+  QuantOptions q;
+  q.mode = "gptq";
+  q.gptq_sequential = true;
+  const quant::CalibrationTable cpu = calibrate_gptq(dir, {}, q, QuantFormat::kQ4, &calib);
+  const quant::CalibrationTable cuda = calibrate_gptq(dir, {.backend = "cuda", .device = 3}, q, QuantFormat::kQ4, &calib);
+  ASSERT_EQ(cpu.gptq.size(), cuda.gptq.size());
+  ASSERT_FALSE(cpu.gptq.empty());
+  for (const auto& [name, h] : cpu.gptq) {
+    ASSERT_TRUE(cuda.gptq.count(name)) << name;
+    EXPECT_GT(h->rows, 0) << name;
+    EXPECT_EQ(cuda.gptq.at(name)->sum, h->sum) << name;
+  }
+}
+
 // --pin-precision 'layers.0.*=q8' with GPTQ q4: layer 0's Linears get q8 row images, the
 // rest q4, and the pinned model sits closer to f32.
 TEST(Gptq, PinnedLinearsTakeTheirOwnFormat) {

@@ -64,10 +64,11 @@ TEST(CudaGptqModel, RealMiniLmEmbeddingsMatchCpuGptq) {
   const quant::CalibrationTable table = calibrate_gptq(dir, {}, q, QuantFormat::kQ4);
   auto cpu = Model::load(dir, gptq_model_options({.weight_dtype = "q4"}, table, q));
   auto gpu = Model::load(dir, gptq_model_options({.backend = "cuda", .weight_dtype = "q4"}, table, q));
-  // An engine built on the CPU (GPTQ's row images in the file, calibrated again on the
-  // same default text: deterministic) runs on the GPU as the direct load does.
+  // An engine built for the GPU (GPTQ's row images in the file, calibrated again on the
+  // same default text: deterministic) runs as the direct load does.
   BuildOptions bo;
   bo.model = dir;
+  bo.backend = "cuda";
   bo.output = ::testing::TempDir() + "/kiln_cuda_gptq_" + std::to_string(::getpid()) + ".kiln";
   bo.tune = false;
   bo.weight_dtype = "q4";
