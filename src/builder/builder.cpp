@@ -446,7 +446,8 @@ BuildReport build_engine(const BuildOptions& o) {
   e.build.weight_dtype = weight_dtype;
   e.build.opt_level = o.opt_level;
   e.build.disabled_passes = o.disabled_passes;
-  for (auto& pin : o.pin_precision) e.build.pin_precision.push_back(pin.pattern + "=" + pin.precision);
+  // The pins the model was loaded with: the user's and a --effective-bits plan's.
+  for (auto& pin : mo.pin_precision) e.build.pin_precision.push_back(pin.pattern + "=" + pin.precision);
   e.build.workspace_bytes = o.workspace_bytes;
   for (auto& r : report.passes)
     if (r.changed) e.build.pass_report.push_back(r.name + ": " + r.stats);

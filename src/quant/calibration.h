@@ -96,6 +96,10 @@ struct CalibrationTable {
   // GPTQ: per Linear node name, the Hessian of its input (Linears reading one input share
   // it). Not saved by save().
   std::map<std::string, std::shared_ptr<const GptqHessian>> gptq;
+  // Mixed precision (--effective-bits): Linear node name -> the precision it is promoted
+  // to ("q8"), chosen by the measured sensitivity of the model's output to each Linear
+  // (runtime/quantize.h, plan_effective_bits). Not saved by save().
+  std::map<std::string, std::string> precision_plan;
 
   // The amax of `node` for `method` and `format`; throws kNotFound naming the node (or
   // the missing threshold, e.g. an FP8 clip in a cache written before FP8 existed).

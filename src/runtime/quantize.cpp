@@ -394,7 +394,9 @@ quant::CalibrationTable calibrate_gptq(const std::string& path, const ModelOptio
   return table;
 }
 
-quant::CalibrationTable calibration_for(const std::string& path, const ModelOptions& base, const QuantOptions& q) {
+namespace {
+
+quant::CalibrationTable calibration_of_mode(const std::string& path, const ModelOptions& base, const QuantOptions& q) {
   std::string cache = ends_with(q.calib, ".json") ? q.calib : q.cache;
   if (gptq_mode(q.mode)) {
     if (!cache.empty())
@@ -434,6 +436,193 @@ quant::CalibrationTable calibration_for(const std::string& path, const ModelOpti
     log_info("calibration: wrote ", q.cache);
   }
   return t;
+}
+
+// The plan of `table` as precision pins ahead of base's own (a user's pin wins), with the
+// precision pass on so that the pins apply (it also keeps the logits GEMM f32, as
+// `kiln build` does).
+void apply_precision_plan(ModelOptions& base, const quant::CalibrationTable& table, const QuantOptions& q,
+                          kiln::QuantFormat format) {
+  if (q.effective_bits <= 0) return;
+  if (base.precision.empty()) base.precision = quant_format_name(format);
+  std::vector<passes::PrecisionPin> pins;
+  for (const auto& [node, precision] : table.precision_plan) pins.push_back({node, precision});
+  pins.insert(pins.end(), base.pin_precision.begin(), base.pin_precision.end());
+  base.pin_precision = std::move(pins);
+}
+
+// The model outputs a plan compares: encoders, each sequence's mean-pooled embedding;
+// decoders, the log-probabilities of every position's next token ([tokens, vocab] per
+// sequence).
+std::vector<std::vector<float>> plan_outputs(Model& model, const std::vector<std::vector<int32_t>>& seqs) {
+  std::vector<std::vector<float>> out;
+  if (model.info().is_decoder) {
+    for (const auto& s : seqs) {
+      LlmRunnerOptions ro;
+      ro.max_total_tokens = int64_t(s.size()) + 16;
+      LlmRunner runner(model, ro);
+      runner.add_sequence(s);
+      std::vector<float> logits;
+      while (runner.has_pending())
+        for (SequenceOutput& o : runner.step(/*all_logits=*/true)) logits.insert(logits.end(), o.logits.begin(), o.logits.end());
+      const int64_t vocab = runner.vocab(), rows = int64_t(logits.size()) / std::max<int64_t>(vocab, 1);
+      for (int64_t r = 0; r < rows; ++r) {  // log-softmax in place
+        float* l = logits.data() + r * vocab;
+        const float mx = *std::max_element(l, l + vocab);
+        double sum = 0;
+        for (int64_t j = 0; j < vocab; ++j) sum += std::exp(double(l[j] - mx));
+        const float lse = mx + float(std::log(sum));
+        for (int64_t j = 0; j < vocab; ++j) l[j] -= lse;
+      }
+      out.push_back(std::move(logits));
+    }
+    return out;
+  }
+  constexpr size_t kBatch = 16;
+  for (size_t b = 0; b < seqs.size(); b += kBatch) {
+    std::vector<EncoderInput> batch;
+    for (size_t i = b; i < std::min(seqs.size(), b + kBatch); ++i) batch.push_back({seqs[i], {}});
+    for (EncoderOutput& o : encode(model, batch, {.hidden = false})) out.push_back(std::move(o.mean_pooled));
+  }
+  return out;
+}
+
+// How far `got` is from `ref` (plan_outputs of the same sequences): encoders the mean of
+// 1 - cosine, decoders the mean KL(ref || got) per token.
+double plan_distortion(const std::vector<std::vector<float>>& ref, const std::vector<std::vector<float>>& got,
+                       bool decoder, int64_t vocab) {
+  double total = 0;
+  int64_t count = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    const std::vector<float>& a = ref[i];
+    const std::vector<float>& b = got[i];
+    if (decoder) {
+      for (size_t r = 0; r + size_t(vocab) <= a.size(); r += size_t(vocab), ++count)
+        for (int64_t j = 0; j < vocab; ++j) {
+          const double la = a[r + size_t(j)];
+          total += std::exp(la) * (la - double(b[r + size_t(j)]));
+        }
+    } else {
+      double dot = 0, na = 0, nb = 0;
+      for (size_t j = 0; j < a.size(); ++j) {
+        dot += double(a[j]) * b[j];
+        na += double(a[j]) * a[j];
+        nb += double(b[j]) * b[j];
+      }
+      total += 1.0 - (na > 0 && nb > 0 ? dot / std::sqrt(na * nb) : 0.0);
+      ++count;
+    }
+  }
+  return count ? total / double(count) : 0.0;
+}
+
+}  // namespace
+
+quant::CalibrationTable calibration_for(const std::string& path, const ModelOptions& base, const QuantOptions& q) {
+  quant::CalibrationTable t = calibration_of_mode(path, base, q);
+  if (q.effective_bits > 0) plan_effective_bits(path, base, t, q);
+  return t;
+}
+
+PrecisionPlanReport plan_effective_bits(const std::string& path, const ModelOptions& base,
+                                        quant::CalibrationTable& table, const QuantOptions& q,
+                                        const std::vector<std::vector<int32_t>>* sequences) {
+  if (q.mode != "awq" && !gptq_mode(q.mode))
+    throw_error(ErrorCode::kInvalidArgument, "--effective-bits mixes q4 and q8 weights: it takes --quant awq, gptq or ",
+                "awq-gptq", q.mode.empty() ? std::string(" (no --quant given)") : ", not --quant " + q.mode);
+  const kiln::QuantFormat format = awq_weight_format(base.weight_dtype);
+  if (format != kiln::QuantFormat::kQ4)
+    throw_error(ErrorCode::kInvalidArgument, "--effective-bits promotes q4 Linears to q8: it needs q4 weights, got "
+                "--weight-dtype ", base.weight_dtype);
+  if (!(q.effective_bits >= kQ4BitsPerWeight && q.effective_bits <= kQ8BitsPerWeight))
+    throw_error(ErrorCode::kInvalidArgument, "--effective-bits must be in [", kQ4BitsPerWeight, ", ", kQ8BitsPerWeight,
+                "] (q4 stores 5 bits per weight with its scales, q8 8.5), got ", q.effective_bits);
+  if (q.mix_tokens < 1) throw_error(ErrorCode::kInvalidArgument, "--mix-tokens must be >= 1, got ", q.mix_tokens);
+  table.precision_plan.clear();
+  QuantOptions mode = q;
+  mode.effective_bits = 0;
+  const std::string fmt = quant_format_name(format);
+  ModelOptions cpu = on_cpu(base);
+  cpu.weight_dtype = fmt;
+  cpu.precision = fmt;
+
+  // The f32 model's outputs on the calibration text (decoders: the first mix_tokens tokens).
+  auto ref_model = load_calibration_model(path, cpu, nullptr, q.mode.c_str());
+  const bool decoder = ref_model->info().is_decoder;
+  std::vector<std::vector<int32_t>> seqs = sequences ? *sequences : calibration_sequences(*ref_model, q);
+  if (decoder) {
+    std::vector<std::vector<int32_t>> kept;
+    int64_t tokens = 0;
+    for (auto& s : seqs) {
+      if (tokens >= q.mix_tokens) break;
+      if (tokens + int64_t(s.size()) > q.mix_tokens) s.resize(size_t(std::max<int64_t>(q.mix_tokens - tokens, 2)));
+      tokens += int64_t(s.size());
+      kept.push_back(std::move(s));
+    }
+    seqs = std::move(kept);
+  }
+  const std::vector<std::vector<float>> ref = plan_outputs(*ref_model, seqs);
+  int64_t vocab = 0;
+  if (decoder) vocab = LlmRunner(*ref_model, {.max_total_tokens = 64}).vocab();
+  ref_model.reset();
+
+  // Candidates: the Linears the mode quantizes to q4 in the model as it will be built.
+  PrecisionPlanReport report;
+  report.measure = decoder ? "KL (nats/token)" : "1 - cosine of the mean-pooled embedding";
+  const ModelOptions quantized = quant_model_options(cpu, table, mode);
+  {
+    ModelOptions find = quantized;
+    const quant::AwqOptions ao = awq_options(mode, format);
+    auto rows = std::make_shared<std::vector<PrecisionPlanRow>>();
+    find.rewrite = [rows, ao, fmt](ir::Graph& g) {
+      for (const ir::Node& n : g.nodes())
+        if (quant::awq_quantizes(g, n, ao) && !n.has_attr("weight_quant") && n.attr_str("precision", "") == fmt)
+          rows->push_back({n.name, g.weight(n.inputs[1]).numel()});
+    };
+    Model::load(path, find);
+    report.rows = *rows;
+  }
+  if (report.rows.empty())
+    throw_error(ErrorCode::kInvalidArgument, "--effective-bits: '", path, "' has no Linear that --quant ", q.mode,
+                " stores as q4 (a GGUF's q4 Linears keep their codes; pinned Linears keep their precision)");
+
+  // Each candidate alone at q4, every other Linear f32.
+  int64_t total_weights = 0;
+  for (PrecisionPlanRow& row : report.rows) {
+    ModelOptions one = quantized;
+    one.pin_precision = {{"*", "f32"}, {row.node, fmt}};
+    auto m = Model::load(path, one);
+    row.distortion = plan_distortion(ref, plan_outputs(*m, seqs), decoder, vocab);
+    total_weights += row.weights;
+    log_debug("effective bits: ", row.node, " alone at q4: ", report.measure, " ", row.distortion);
+  }
+
+  // Greedy: the most distortion per extra bit first, while the budget holds.
+  std::stable_sort(report.rows.begin(), report.rows.end(), [](const PrecisionPlanRow& a, const PrecisionPlanRow& b) {
+    return a.distortion / double(a.weights) > b.distortion / double(b.weights);
+  });
+  const double budget = (q.effective_bits - kQ4BitsPerWeight) * double(total_weights);
+  double used = 0;
+  for (PrecisionPlanRow& row : report.rows) {
+    report.distortion_q4 += row.distortion;
+    const double extra = (kQ8BitsPerWeight - kQ4BitsPerWeight) * double(row.weights);
+    if (row.distortion > 0 && used + extra <= budget * (1 + 1e-12)) {
+      used += extra;
+      row.promoted = true;
+      table.precision_plan[row.node] = "q8";
+    } else {
+      report.distortion_plan += row.distortion;
+    }
+  }
+  report.effective_bits = kQ4BitsPerWeight + used / double(total_weights);
+  std::string promoted;
+  for (const PrecisionPlanRow& row : report.rows)
+    if (row.promoted) promoted += (promoted.empty() ? "" : ", ") + row.node;
+  log_info("effective bits: ", table.precision_plan.size(), " of ", report.rows.size(), " Linears q8 (",
+           promoted.empty() ? std::string("none") : promoted, "): ", report.effective_bits,
+           " bits per weight; summed single-Linear ", report.measure, " ", report.distortion_q4, " all q4 -> ",
+           report.distortion_plan, " (", seqs.size(), " calibration sequences)");
+  return report;
 }
 
 ModelOptions w8a8_model_options(ModelOptions base, const quant::CalibrationTable& table, const QuantOptions& q,
@@ -486,6 +675,7 @@ ModelOptions awq_model_options(ModelOptions base, const quant::CalibrationTable&
   const quant::AwqOptions ao = awq_options(q, awq_weight_format(base.weight_dtype));
   auto t = std::make_shared<const quant::CalibrationTable>(table);
   base.weight_dtype = quant_format_name(ao.format);
+  apply_precision_plan(base, table, q, ao.format);
   base.rewrite = [t, ao, report](ir::Graph& g) {
     quant::AwqReport r = quant::apply_awq(g, *t, ao);
     log_info("awq: ", r.scaled, " Linears scaled for ", quant_format_name(ao.format), ", ", r.kept,
@@ -502,6 +692,7 @@ ModelOptions gptq_model_options(ModelOptions base, const quant::CalibrationTable
   const quant::AwqOptions ao = awq_options(q, go.format);
   auto t = std::make_shared<const quant::CalibrationTable>(table);
   base.weight_dtype = quant_format_name(go.format);
+  apply_precision_plan(base, table, q, go.format);
   // A GGUF's Linears stored in the format keep their codes (apply_gptq leaves them), unless
   // AWQ's scales must multiply them first.
   base.rewrite_keeps_file_quant = !go.awq_scaled;

@@ -47,6 +47,13 @@ struct QuantOptions {
   // model whose earlier layers are already quantized (GPTQ's sequential mode; one
   // calibration pass per layer).
   bool gptq_sequential = false;
+  // Weight-only q4 modes (awq, gptq, awq-gptq): > 0 promotes the Linears whose q4 error
+  // costs the model's output most to q8 until the quantized Linears average this many
+  // stored bits per weight (q4 = 5, q8 = 8.5 with their scales; 0: every Linear q4).
+  double effective_bits = 0;
+  // Decoders: calibration tokens the sensitivity of each Linear is measured on (the f32
+  // model's log-probabilities of these tokens are held in memory: tokens x vocab floats).
+  int64_t mix_tokens = 512;
 };
 
 // Calibrates the f32 model at `path` (never an engine) on `q.calib`. Throws
@@ -76,8 +83,41 @@ quant::CalibrationTable calibrate_gptq(const std::string& path, const ModelOptio
 // default) -> q4; others throw kInvalidArgument.
 kiln::QuantFormat awq_weight_format(const std::string& weight_dtype);
 
+// Stored bits per weight of the q4 and q8 formats, their f16 scales (q4: and mins) per
+// group of 32 included (core/weight_quant.h).
+constexpr double kQ4BitsPerWeight = 5.0, kQ8BitsPerWeight = 8.5;
+
+// One Linear's row of a mixed-precision plan.
+struct PrecisionPlanRow {
+  std::string node;
+  int64_t weights = 0;     // elements of its weight
+  double distortion = 0;   // the model's output distortion with only this Linear q4
+  bool promoted = false;   // q8 in the plan
+};
+struct PrecisionPlanReport {
+  std::vector<PrecisionPlanRow> rows;  // by decreasing distortion per promoted bit
+  std::string measure;                 // "1 - cosine of the mean-pooled embedding" | "KL (nats/token)"
+  double effective_bits = 0;           // of the plan
+  double distortion_q4 = 0, distortion_plan = 0;  // sums over the rows (the additive estimate)
+};
+
+// --effective-bits: measures, on the calibration text, how far the model's output moves
+// when only one Linear is quantized (q4, by q's mode: AWQ scales / GPTQ of `table`) while
+// every other stays f32 - encoders: 1 - cosine of the mean-pooled embedding, decoders: the
+// mean KL divergence of the next-token distributions - then promotes Linears to q8 by
+// decreasing distortion per extra bit while the average stays within q.effective_bits,
+// and stores the choice in table.precision_plan (read by awq/gptq_model_options, which
+// with q.effective_bits > 0 also run the precision pass: the logits GEMM stays f32). GGUF
+// Linears that keep their file's codes and Linears pinned to another precision are not
+// candidates. Throws kInvalidArgument for a mode other than awq/gptq/awq-gptq, q8 weights,
+// or a budget outside [5, 8.5].
+// `sequences`, when given, replaces the tokenized q.calib (as in calibrate_model).
+PrecisionPlanReport plan_effective_bits(const std::string& path, const ModelOptions& base,
+                                        quant::CalibrationTable& table, const QuantOptions& q,
+                                        const std::vector<std::vector<int32_t>>* sequences = nullptr);
+
 // The calibration table for q: the cache or a .json --calib when given, else calibrates
-// (and writes q.cache when set).
+// (and writes q.cache when set); with q.effective_bits, then plans the mixed precision.
 quant::CalibrationTable calibration_for(const std::string& path, const ModelOptions& base, const QuantOptions& q);
 
 // `base` with the W8A8 rewrite of `table` installed (weight dtype w8a8); `report`, when

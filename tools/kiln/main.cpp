@@ -118,6 +118,15 @@ void add_quant_options(CLI::App* cmd, QuantOptions& q) {
   cmd->add_flag("--gptq-sequential", q.gptq_sequential,
                "gptq: calibrate one layer at a time, each on the activations of the model whose earlier layers are "
                "already quantized (one calibration pass per layer)");
+  cmd->add_option("--effective-bits", q.effective_bits,
+                  "awq/gptq q4: promote to q8 the Linears whose q4 error moves the model's output most (each "
+                  "measured alone on the calibration text) until the quantized Linears average this many bits per "
+                  "weight (q4 = 5, q8 = 8.5 with their scales)")
+      ->check(CLI::Range(kQ4BitsPerWeight, kQ8BitsPerWeight));
+  cmd->add_option("--mix-tokens", q.mix_tokens,
+                  "--effective-bits on a decoder: calibration tokens each Linear's sensitivity is measured on")
+      ->check(CLI::Range(int64_t(16), int64_t(1) << 20))
+      ->capture_default_str();
   cmd->add_option("--awq-rows", q.awq_rows, "awq: calibration rows per Linear input the output error is measured on")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 20))
       ->capture_default_str();
