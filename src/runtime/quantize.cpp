@@ -723,6 +723,12 @@ void quant_mode_check(const QuantOptions& q) {
   if (q.mode == "fp8" && q.act_scale != "static")
     throw_error(ErrorCode::kInvalidArgument, "--quant fp8 takes static activation scales only (got --act-scale ",
                 q.act_scale, ")");
+  if (q.effective_bits > 0 && q.mode != "awq" && !gptq_mode(q.mode))
+    throw_error(ErrorCode::kInvalidArgument, "--effective-bits mixes q4 and q8 weights: it takes --quant awq, gptq or "
+                "awq-gptq, not --quant ", q.mode);
+  if (q.effective_bits > 0 && !(q.effective_bits >= kQ4BitsPerWeight && q.effective_bits <= kQ8BitsPerWeight))
+    throw_error(ErrorCode::kInvalidArgument, "--effective-bits must be in [", kQ4BitsPerWeight, ", ", kQ8BitsPerWeight,
+                "] (q4 stores 5 bits per weight with its scales, q8 8.5), got ", q.effective_bits);
   if (q.fp8_gate_up_out && q.mode != "fp8")
     throw_error(ErrorCode::kInvalidArgument, "--fp8-gate-up-out applies to --quant fp8 only (got --quant ", q.mode, ")");
 }
@@ -753,6 +759,7 @@ quant::CalibrationTable synthetic_calibration(const ir::Graph& g, double amax) {
 }
 
 std::unique_ptr<Model> load_random_model(const std::string& config, const ModelOptions& base, const QuantOptions& q) {
+  check_effective_bits_has_mode(q);
   if (q.mode.empty()) return Model::load_random(config, base);
   quant_mode_check(q);
   if (q.mode == "awq" || gptq_mode(q.mode))
@@ -771,7 +778,14 @@ std::unique_ptr<Model> load_random_model(const std::string& config, const ModelO
   return Model::load_random(config, o);
 }
 
+void check_effective_bits_has_mode(const QuantOptions& q) {
+  if (q.mode.empty() && q.effective_bits > 0)
+    throw_error(ErrorCode::kInvalidArgument, "--effective-bits mixes q4 and q8 weights by calibration: it takes --quant "
+                "awq, gptq or awq-gptq (no --quant given)");
+}
+
 std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& base, const QuantOptions& q) {
+  check_effective_bits_has_mode(q);
   if (q.mode.empty()) return Model::load(path, base);
   quant_mode_check(q);  // fail before calibrating
   if (std::filesystem::is_regular_file(path) && is_engine_file(path))

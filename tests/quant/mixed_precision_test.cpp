@@ -206,14 +206,15 @@ TEST(EffectiveBits, BadOptionsAreClearErrors) {
 }
 
 // The real all-MiniLM-L6-v2 (scripts/fetch_models.sh; skipped when absent): GPTQ q4 with
-// a plan at 5.5 bits reaches the encoder goal's cosine 0.99 on the calibration text
-// itself (held-out text: bench/RESULTS.md).
+// a plan at 6 bits per weight reaches the encoder goal's cosine 0.99 on sentences outside
+// the calibration text (0.9914 mean over 300 GPL-3 sentences, where all-q4 GPTQ gives
+// 0.9857: bench/RESULTS.md).
 TEST(EffectiveBits, RealMiniLmReachesTheCosineGoal) {
   const std::string dir = testing::models_dir() + "/all-minilm-l6-v2";
   if (!std::filesystem::exists(dir + "/config.json")) GTEST_SKIP() << "real model not found at " << dir;
   QuantOptions q;
   q.mode = "gptq";
-  q.effective_bits = 5.5;
+  q.effective_bits = 6.0;
   // Built into an engine, which records the plan's pins and runs as planned.
   BuildOptions bo;
   bo.model = dir;
@@ -246,7 +247,7 @@ TEST(EffectiveBits, RealMiniLmReachesTheCosineGoal) {
     }
     mean += dot / std::sqrt(na * nb) / double(a.size());
   }
-  std::printf("minilm gptq q4 at 5.5 effective bits: mean cosine vs f32 %.5f\n", mean);
+  std::printf("minilm gptq q4 at 6 effective bits: mean cosine vs f32 %.5f\n", mean);
   EXPECT_GT(mean, 0.99);
 }
 

@@ -33,6 +33,8 @@ check no-classifier 1 "no classification head" -- "$kiln" classify -m "$fixtures
 check bench-serve-help 0 "TTFT" -- "$kiln" bench serve --help
 check serve-bench-help 0 "TTFT" -- "$kiln" serve bench --help
 check bench-serve-no-server 1 "" -- "$kiln" bench serve --port 1 --model m --requests 1
+check effective-bits-mode 1 "--effective-bits mixes q4 and q8" -- "$kiln" generate -m "$fixtures/models/llama" --ids 1,2 -n 1 --quant w8a8 --effective-bits 6
+check effective-bits-no-mode 1 "no --quant given" -- "$kiln" build -m "$fixtures/models/llama" -o /tmp/kiln_cli_eb_$$.kiln --effective-bits 6
 check bench-tiny 0 "tg" -- "$kiln" bench --random-weights "$fixtures/../../bench/configs/tiny-llama-test.json" -p 8 -n 4 -r 1
 check bench-encoder 0 "| forward | 2 | 16 |" -- "$kiln" bench -m "$fixtures/models/bert" -p 16 -b 2 -r 1
 check bench-ceiling 0 "% of triad" -- "$kiln" bench --random-weights "$fixtures/../../bench/configs/tiny-llama-test.json" -p 8 -n 4 -r 1

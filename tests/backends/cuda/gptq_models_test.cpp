@@ -55,6 +55,44 @@ TEST(CudaGptqModel, TinyLlamaMatchesCpuGptq) {
   EXPECT_LT(e_gpu, 4 * e_bf16 + 1e-3);
 }
 
+// --effective-bits: a plan mixing q8 and q4 row images (and the f32 logits GEMM its
+// precision pass keeps) runs on the GPU as on the CPU.
+TEST(CudaGptqModel, TinyLlamaMixedPlanMatchesCpu) {
+  KILN_SKIP_WITHOUT_CUDA();
+  const std::string dir = fixtures_dir() + "/models/llama";
+  std::mt19937_64 rng(23);
+  auto seq = [&](int len) {
+    std::vector<int32_t> s;
+    for (int i = 0; i < len; ++i) s.push_back(int32_t(rng() % 512));
+    return s;
+  };
+  std::vector<std::vector<int32_t>> calib;
+  for (int i = 0; i < 6; ++i) calib.push_back(seq(32));
+  const auto prompt = seq(20), decode = seq(6);
+  QuantOptions q;
+  q.mode = "gptq";
+  q.effective_bits = 6.0;
+  quant::CalibrationTable table = calibrate_gptq(dir, {}, q, QuantFormat::kQ4, &calib);
+  plan_effective_bits(dir, {.backend = "cuda", .weight_dtype = "q4"}, table, q, &calib);
+  ASSERT_FALSE(table.precision_plan.empty());
+  auto cpu = Model::load(dir, gptq_model_options({.weight_dtype = "q4"}, table, q));
+  auto gpu = Model::load(dir, gptq_model_options({.backend = "cuda", .weight_dtype = "q4"}, table, q));
+  int q8 = 0;
+  for (const ir::Node& n : gpu->graph().nodes()) q8 += n.attr_str("weight_quant", "") == "q8";
+  EXPECT_EQ(size_t(q8), table.precision_plan.size());
+  auto f32 = Model::load(dir);
+  auto gpu_bf16 = Model::load(dir, {.backend = "cuda", .weight_dtype = "bf16"});
+  const auto ref = logits_of(*cpu, prompt, decode), got = logits_of(*gpu, prompt, decode);
+  const auto ref_f32 = logits_of(*f32, prompt, decode);
+  const double e_gpu = rel_rms(got, ref), e_mixed = rel_rms(ref, ref_f32),
+               e_bf16 = rel_rms(logits_of(*gpu_bf16, prompt, decode), ref_f32);
+  std::printf("  mixed q4/q8 (%zu q8) logits: cuda vs cpu %.3g RMS; cuda bf16 vs f32 %.3g; cpu mixed vs f32 %.3g\n",
+              table.precision_plan.size(), e_gpu, e_bf16, e_mixed);
+  // As for all-q4 GPTQ above: the GPU's bf16 activations and int8-rounded x, not a code.
+  EXPECT_LT(e_gpu, e_mixed);
+  EXPECT_LT(e_gpu, 4 * e_bf16 + 1e-3);
+}
+
 TEST(CudaGptqModel, RealMiniLmEmbeddingsMatchCpuGptq) {
   KILN_SKIP_WITHOUT_CUDA();
   const std::string dir = kiln::testing::models_dir() + "/all-minilm-l6-v2";
