@@ -22,6 +22,7 @@ namespace kiln {
 namespace {
 
 using quant_test::all_logits;
+using quant_test::cosine;
 using quant_test::expect_error;
 using quant_test::random_sequences;
 
@@ -157,15 +158,7 @@ TEST(EffectiveBits, TinyEncoderPlanOnEmbeddings) {
     for (auto& s : calib) batch.push_back({s, {}});
     const auto a = encode(*f32, batch), b = encode(m, batch);
     double e = 0;
-    for (size_t i = 0; i < a.size(); ++i) {
-      double dot = 0, na = 0, nb = 0;
-      for (size_t j = 0; j < a[i].mean_pooled.size(); ++j) {
-        dot += double(a[i].mean_pooled[j]) * b[i].mean_pooled[j];
-        na += double(a[i].mean_pooled[j]) * a[i].mean_pooled[j];
-        nb += double(b[i].mean_pooled[j]) * b[i].mean_pooled[j];
-      }
-      e += 1.0 - dot / std::sqrt(na * nb);
-    }
+    for (size_t i = 0; i < a.size(); ++i) e += 1.0 - cosine(a[i].mean_pooled, b[i].mean_pooled);
     return e / double(a.size());
   };
   auto mixed = Model::load(dir, gptq_model_options({.weight_dtype = "q4"}, table, q));
@@ -238,15 +231,7 @@ TEST(EffectiveBits, RealMiniLmReachesTheCosineGoal) {
     batch.push_back({tokenizer->encode(t, true), {}});
   const auto a = encode(*f32, batch), b = encode(*model, batch);
   double mean = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    double dot = 0, na = 0, nb = 0;
-    for (size_t j = 0; j < a[i].mean_pooled.size(); ++j) {
-      dot += double(a[i].mean_pooled[j]) * b[i].mean_pooled[j];
-      na += double(a[i].mean_pooled[j]) * a[i].mean_pooled[j];
-      nb += double(b[i].mean_pooled[j]) * b[i].mean_pooled[j];
-    }
-    mean += dot / std::sqrt(na * nb) / double(a.size());
-  }
+  for (size_t i = 0; i < a.size(); ++i) mean += cosine(a[i].mean_pooled, b[i].mean_pooled) / double(a.size());
   std::printf("minilm gptq q4 at 6 effective bits: mean cosine vs f32 %.5f\n", mean);
   EXPECT_GT(mean, 0.99);
 }
