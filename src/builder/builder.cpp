@@ -303,9 +303,11 @@ BuildReport build_engine(const BuildOptions& o) {
   auto fp8_report = std::make_shared<quant::Fp8Report>();
   auto awq_report = std::make_shared<quant::AwqReport>();
   auto gptq_report = std::make_shared<quant::GptqReport>();
+  size_t planned_q8 = 0;  // Linears a --effective-bits plan promoted
   if (quantized) {
     quant_mode_check(o.quant);
     const quant::CalibrationTable table = calibration_for(o.model, mo, o.quant);
+    planned_q8 = table.precision_plan.size();
     mo = gptq                      ? gptq_model_options(mo, table, o.quant, gptq_report)
          : awq                     ? awq_model_options(mo, table, o.quant, awq_report)
          : o.quant.mode == "fp8" ? fp8_model_options(mo, table, o.quant, fp8_report)
@@ -354,6 +356,9 @@ BuildReport build_engine(const BuildOptions& o) {
                                    " Linears scaled; 1/s folded into ", awq_report->folded_into_norm, " norms, ",
                                    awq_report->folded_into_v, " V and ", awq_report->folded_into_up,
                                    " up projections, ", awq_report->muls, " Mul nodes");
+  if (o.quant.effective_bits > 0)
+    report.quant_summary += str_cat("; --effective-bits ", o.quant.effective_bits, ": ", planned_q8,
+                                    " Linears promoted to q8 (see the pinned list of `kiln inspect`)");
   if (o.quant.mode == "fp8") {
     for (ir::Graph* g : graphs) quant::store_fp8_weights(*g);  // E4M3 codes in the file, one byte per weight
     report.quant_summary = str_cat("fp8 (", o.quant.method, " activation clips, smoothing alpha ", o.quant.smooth_alpha,

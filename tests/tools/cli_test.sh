@@ -89,6 +89,13 @@ check inspect-engine-tp2-ranks 0 "  rank 1    " -- "$kiln" inspect -m "$tmp/llam
 check build-tp-heads 1 "4 attention heads do not split over 3 ranks" -- \
   "$kiln" build --tp 3 -m "$fixtures/models/llama" -o "$tmp/x.kiln" --no-tune
 check build-tp-encoder 1 "decoders only" -- "$kiln" build --tp 2 -m "$fixtures/models/bert" -o "$tmp/x.kiln" --no-tune
+# eval of an engine compares it with the model it was built from, never with itself.
+"$kiln" build -m "$fixtures/models/bert" -o "$tmp/bert-q8.kiln" --precision q8 --no-tune >/dev/null 2>&1
+printf 'a b c\n' > "$tmp/sentences.txt"
+check eval-engine-missing-reference 1 "pass the float model it was built from" -- \
+  "$kiln" eval embeddings -m "$tmp/bert-q8.kiln" --text "$tmp/sentences.txt" --reference "$tmp/nonexistent"
+check eval-engine-reference-engine 1 "is an engine; pass the float model" -- \
+  "$kiln" eval embeddings -m "$tmp/bert-q8.kiln" --text "$tmp/sentences.txt" --reference "$tmp/bert-q8.kiln"
 # `kiln serve --tp 2` answers a completion with --tp 1's tokens (port 0: the server picks one),
 # with the pool sized from free memory (capped) and preemption by swap; the TP=2 engine
 # served beside it (its --tp 2 agrees with the engine's) gives the same tokens.

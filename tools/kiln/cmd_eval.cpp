@@ -8,10 +8,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 
 #include "commands.h"
 #include "core/mapped_file.h"
 #include "core/status.h"
+#include "engine/engine.h"
 #include "runtime/encoder_runner.h"
 #include "runtime/eval.h"
 #include "runtime/model_tokenizer.h"
@@ -24,6 +26,9 @@ struct EvalArgs {
   ModelArgs model;
   std::string text;
   std::string reference_dtype;
+  // The float model the reference runs (default: the model itself, or for an engine the
+  // model directory it was built from).
+  std::string reference;
   std::string compare_quant;
   int per_layer = 0;
   PerplexityOptions opt;
@@ -39,6 +44,11 @@ std::string model_label(const ModelArgs& m) {
   if (m.quant.mode.empty()) return m.weight_dtype;
   if (m.quant.mode == "awq" || gptq_mode(m.quant.mode)) {
     std::string s = std::string(quant_format_name(awq_weight_format(m.weight_dtype))) + " + " + m.quant.mode;
+    if (m.quant.effective_bits > 0) {
+      char buf[48];
+      std::snprintf(buf, sizeof buf, ", q4/q8 mix <= %.2f bits", m.quant.effective_bits);
+      s += buf;
+    }
     for (size_t i = 0; i < m.quant.keep.size(); ++i) s += (i ? "," : " (keep ") + m.quant.keep[i];
     return s + (m.quant.keep.empty() ? "" : ")");
   }
@@ -71,8 +81,19 @@ void load_pair(EvalArgs& a, Loaded& l) {
     mo.linear_observer = l.errors.observer();
   }
   l.model = kiln::load_model(a.model.model, mo, a.model.quant);
-  if (!a.reference_dtype.empty())
-    l.ref = Model::load(a.model.model, {a.model.backend, a.reference_dtype, nullptr, a.model.opt_level, a.model.disabled_passes});
+  if (a.reference_dtype.empty()) return;
+  // An engine holds its built precision: the reference is the model it was built from
+  // (else every comparison would be of the engine with itself).
+  std::string ref = a.reference;
+  if (ref.empty()) ref = l.model->engine() ? l.model->engine()->build.source : a.model.model;
+  if (l.model->engine() && (ref.empty() || !std::filesystem::exists(ref)))
+    throw_error(ErrorCode::kInvalidArgument, "eval: '", a.model.model, "' is an engine built from '", ref,
+                "', which is not here; pass the float model it was built from with --reference MODEL");
+  if (std::filesystem::is_regular_file(ref) && is_engine_file(ref))
+    throw_error(ErrorCode::kInvalidArgument, "eval: the reference '", ref, "' is an engine; pass the float model "
+                "(a model directory, .gguf or .onnx) with --reference");
+  if (ref != a.model.model) std::fprintf(stderr, "reference: %s (%s weights)\n", ref.c_str(), a.reference_dtype.c_str());
+  l.ref = Model::load(ref, {a.model.backend, a.reference_dtype, nullptr, a.model.opt_level, a.model.disabled_passes});
 }
 
 void print_per_layer(const EvalArgs& a, const Loaded& l) {
@@ -174,6 +195,9 @@ void add_common(CLI::App* cmd, EvalArgs& a) {
                   "quantize the model (w8a8, fp8, awq, gptq or awq-gptq; --calib etc. apply) and compare it with the "
                   "f32 model on the same text")
       ->check(CLI::IsMember({"w8a8", "fp8", "awq", "gptq", "awq-gptq"}));
+  cmd->add_option("--reference", a.reference,
+                  "the float model the reference runs (default: the model itself; for an engine, the model it was "
+                  "built from, as recorded in it)");
   cmd->add_option("--per-layer", a.per_layer,
                   "list the N quantized Linears whose quantized output differs most from f32 on the same input");
 }
