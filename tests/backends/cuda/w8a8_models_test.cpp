@@ -69,8 +69,9 @@ std::vector<float> all_hidden(const std::vector<EncoderOutput>& out) {
 }
 
 // Quantizes the encoder at `dir` with `table` and compares the CUDA model with the CPU's.
+// min_cos: the worst cosine allowed between the GPU's and the CPU's hidden states.
 void check_encoder(const std::string& dir, const quant::CalibrationTable& table, const QuantOptions& q,
-                   const std::vector<std::vector<int32_t>>& seqs, const std::string& what) {
+                   const std::vector<std::vector<int32_t>>& seqs, const std::string& what, double min_cos = 0.999) {
   auto cpu = Model::load(dir, w8a8_model_options({}, table, q));
   auto gpu = Model::load(dir, w8a8_model_options({.backend = "cuda"}, table, q));
   auto f32 = Model::load(dir);
@@ -90,14 +91,14 @@ void check_encoder(const std::string& dir, const quant::CalibrationTable& table,
                e_int8 = rel_rms(all_hidden(ref), all_hidden(ref_f32));
   std::printf("  %s: worst cosine cuda vs cpu w8a8 %.6f; hidden RMS cuda vs cpu w8a8 %.3g, cuda vs f32 %.3g, cpu w8a8"
               " vs f32 %.3g\n", what.c_str(), cos, e_cpu, e_f32, e_int8);
-  EXPECT_GE(cos, 0.999) << what;
+  EXPECT_GE(cos, min_cos) << what;
   // A GPU that skipped the int8 rounding (or applied another) would sit nearer the f32 model.
   EXPECT_LT(e_cpu, e_f32) << what;
   // The GEMV path (<= 4 token rows).
   std::vector<EncoderInput> one = {{std::vector<int32_t>(seqs[0].begin(), seqs[0].begin() + 3), {}}};
   const double cos1 = worst_cosine(encode(*gpu, one), encode(*cpu, one), h);
   std::printf("  %s, one 3-token sequence: worst cosine %.6f\n", what.c_str(), cos1);
-  EXPECT_GE(cos1, 0.999) << what << " (3 tokens)";
+  EXPECT_GE(cos1, min_cos) << what << " (3 tokens)";
 }
 
 // W8A8 options with activation scales calibrated by `method` (static or per-token
@@ -126,11 +127,27 @@ TEST(CudaW8a8Model, RealMiniLmMatchesCpuW8a8) {
   KILN_SKIP_WITHOUT_CUDA();
   const std::string dir = kiln::testing::models_dir() + "/all-minilm-l6-v2";
   if (!std::filesystem::exists(dir + "/config.json")) GTEST_SKIP() << "real model not found at " << dir;
-  QuantOptions q;
-  q.mode = "w8a8";
-  q.max_sequences = 16;
-  const quant::CalibrationTable table = calibrate_model(dir, {}, q);  // the built-in calibration text
-  check_encoder(dir, table, q, random_tokens({128, 64, 31, 128}, 1000, 30000, 6), "all-MiniLM-L6-v2 w8a8");
+  const auto seqs = random_tokens({128, 64, 31, 128}, 1000, 30000, 6);
+  // The GPU rounds bf16 activations to int8, the CPU f32 ones: a bf16 rounding (~2^-9
+  // relative) moves a value by a good part of an int8 step (amax / 127) near the row's
+  // maximum, so many codes differ by one and the GPU's W8A8 departs from the CPU's by about
+  // int8's own error (measured on the H200, hidden RMS GPU vs CPU W8A8 / CPU W8A8 vs f32:
+  // per-token 0.067 / 0.076, the tiny BERT above 0.014 / 0.017; bf16 alone vs f32 0.013).
+  // What must hold is that the GPU sits nearer the CPU's W8A8 than f32 (check_encoder) and
+  // every token within cosine 0.985 (measured: static 0.9924, static with the FFN output
+  // projections f32 0.9956, per-token 0.9910).
+  struct Mode {
+    const char* scales;
+    bool keep_ffn_out;
+  };
+  for (const Mode& m : {Mode{"static", false}, Mode{"static", true}, Mode{"per-token", false}}) {
+    QuantOptions q = w8a8_quant("kl", m.scales);
+    q.max_sequences = 16;
+    if (m.keep_ffn_out) q.keep = {"ffn_out"};
+    const quant::CalibrationTable table = calibrate_model(dir, {}, q);  // the built-in calibration text
+    check_encoder(dir, table, q, seqs, str_cat("all-MiniLM-L6-v2 w8a8 ", m.scales, m.keep_ffn_out ? " keep ffn_out" : ""),
+                  0.985);
+  }
 }
 
 // Nodes of the model's graph that write int8 codes (norms, SmoothQuant Muls), and how many
