@@ -292,7 +292,7 @@ BuildReport build_engine(const BuildOptions& o) {
                 o.tensor_parallel);
   mo.tensor_parallel = o.tensor_parallel;
   const bool quantized = !o.quant.mode.empty();
-  check_effective_bits_has_mode(o.quant);
+  check_effective_bits(o.quant);
   if (quantized && o.tensor_parallel > 1)
     throw_error(ErrorCode::kUnsupported, "build: --quant ", o.quant.mode, " with --tp ", o.tensor_parallel,
                 " is not supported (calibration and smoothing run on the unsharded model); build with --tp 1, "

@@ -527,17 +527,14 @@ quant::CalibrationTable calibration_for(const std::string& path, const ModelOpti
 PrecisionPlanReport plan_effective_bits(const std::string& path, const ModelOptions& base,
                                         quant::CalibrationTable& table, const QuantOptions& q,
                                         const std::vector<std::vector<int32_t>>* sequences) {
-  if (q.mode != "awq" && !gptq_mode(q.mode))
-    throw_error(ErrorCode::kInvalidArgument, "--effective-bits mixes q4 and q8 weights: it takes --quant awq, gptq or ",
-                "awq-gptq", q.mode.empty() ? std::string(" (no --quant given)") : ", not --quant " + q.mode);
+  check_effective_bits(q);
+  if (q.effective_bits <= 0)
+    throw_error(ErrorCode::kInvalidArgument, "--effective-bits must be in [", kQ4BitsPerWeight, ", ", kQ8BitsPerWeight,
+                "], got ", q.effective_bits);
   const kiln::QuantFormat format = awq_weight_format(base.weight_dtype);
   if (format != kiln::QuantFormat::kQ4)
     throw_error(ErrorCode::kInvalidArgument, "--effective-bits promotes q4 Linears to q8: it needs q4 weights, got "
                 "--weight-dtype ", base.weight_dtype);
-  if (!(q.effective_bits >= kQ4BitsPerWeight && q.effective_bits <= kQ8BitsPerWeight))
-    throw_error(ErrorCode::kInvalidArgument, "--effective-bits must be in [", kQ4BitsPerWeight, ", ", kQ8BitsPerWeight,
-                "] (q4 stores 5 bits per weight with its scales, q8 8.5), got ", q.effective_bits);
-  if (q.mix_tokens < 1) throw_error(ErrorCode::kInvalidArgument, "--mix-tokens must be >= 1, got ", q.mix_tokens);
   table.precision_plan.clear();
   QuantOptions mode = q;
   mode.effective_bits = 0;
@@ -561,9 +558,10 @@ PrecisionPlanReport plan_effective_bits(const std::string& path, const ModelOpti
     }
     seqs = std::move(kept);
   }
+  if (seqs.empty()) throw_error(ErrorCode::kInvalidArgument, "--effective-bits: the calibration set is empty");
   const std::vector<std::vector<float>> ref = plan_outputs(*ref_model, seqs);
-  int64_t vocab = 0;
-  if (decoder) vocab = LlmRunner(*ref_model, {.max_total_tokens = 64}).vocab();
+  // Decoders: one row of log-probabilities per token of each sequence.
+  const int64_t vocab = decoder ? int64_t(ref[0].size() / seqs[0].size()) : 0;
   ref_model.reset();
 
   // Candidates: the Linears the mode quantizes to q4 in the model as it will be built.
@@ -723,12 +721,7 @@ void quant_mode_check(const QuantOptions& q) {
   if (q.mode == "fp8" && q.act_scale != "static")
     throw_error(ErrorCode::kInvalidArgument, "--quant fp8 takes static activation scales only (got --act-scale ",
                 q.act_scale, ")");
-  if (q.effective_bits > 0 && q.mode != "awq" && !gptq_mode(q.mode))
-    throw_error(ErrorCode::kInvalidArgument, "--effective-bits mixes q4 and q8 weights: it takes --quant awq, gptq or "
-                "awq-gptq, not --quant ", q.mode);
-  if (q.effective_bits > 0 && !(q.effective_bits >= kQ4BitsPerWeight && q.effective_bits <= kQ8BitsPerWeight))
-    throw_error(ErrorCode::kInvalidArgument, "--effective-bits must be in [", kQ4BitsPerWeight, ", ", kQ8BitsPerWeight,
-                "] (q4 stores 5 bits per weight with its scales, q8 8.5), got ", q.effective_bits);
+  check_effective_bits(q);
   if (q.fp8_gate_up_out && q.mode != "fp8")
     throw_error(ErrorCode::kInvalidArgument, "--fp8-gate-up-out applies to --quant fp8 only (got --quant ", q.mode, ")");
 }
@@ -759,7 +752,7 @@ quant::CalibrationTable synthetic_calibration(const ir::Graph& g, double amax) {
 }
 
 std::unique_ptr<Model> load_random_model(const std::string& config, const ModelOptions& base, const QuantOptions& q) {
-  check_effective_bits_has_mode(q);
+  check_effective_bits(q);
   if (q.mode.empty()) return Model::load_random(config, base);
   quant_mode_check(q);
   if (q.mode == "awq" || gptq_mode(q.mode))
@@ -778,14 +771,19 @@ std::unique_ptr<Model> load_random_model(const std::string& config, const ModelO
   return Model::load_random(config, o);
 }
 
-void check_effective_bits_has_mode(const QuantOptions& q) {
-  if (q.mode.empty() && q.effective_bits > 0)
+void check_effective_bits(const QuantOptions& q) {
+  if (q.effective_bits == 0) return;
+  if (q.mode != "awq" && !gptq_mode(q.mode))
     throw_error(ErrorCode::kInvalidArgument, "--effective-bits mixes q4 and q8 weights by calibration: it takes --quant "
-                "awq, gptq or awq-gptq (no --quant given)");
+                "awq, gptq or awq-gptq", q.mode.empty() ? std::string(" (no --quant given)") : ", not --quant " + q.mode);
+  if (!(q.effective_bits >= kQ4BitsPerWeight && q.effective_bits <= kQ8BitsPerWeight))
+    throw_error(ErrorCode::kInvalidArgument, "--effective-bits must be in [", kQ4BitsPerWeight, ", ", kQ8BitsPerWeight,
+                "] (q4 stores 5 bits per weight with its scales, q8 8.5), got ", q.effective_bits);
+  if (q.mix_tokens < 1) throw_error(ErrorCode::kInvalidArgument, "--mix-tokens must be >= 1, got ", q.mix_tokens);
 }
 
 std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& base, const QuantOptions& q) {
-  check_effective_bits_has_mode(q);
+  check_effective_bits(q);
   if (q.mode.empty()) return Model::load(path, base);
   quant_mode_check(q);  // fail before calibrating
   if (std::filesystem::is_regular_file(path) && is_engine_file(path))

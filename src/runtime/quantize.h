@@ -143,8 +143,9 @@ void quant_mode_check(const QuantOptions& q);
 // The mode's *_model_options.
 ModelOptions quant_model_options(const ModelOptions& base, const quant::CalibrationTable& table, const QuantOptions& q);
 
-// Throws kInvalidArgument when q asks for --effective-bits without a --quant mode.
-void check_effective_bits_has_mode(const QuantOptions& q);
+// Throws kInvalidArgument naming the problem when q's --effective-bits is set without a
+// weight-only --quant mode (awq, gptq, awq-gptq), outside [5, 8.5], or with --mix-tokens < 1.
+void check_effective_bits(const QuantOptions& q);
 
 // Model::load, quantized as q says (q.mode empty: plain load).
 std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& base, const QuantOptions& q);
