@@ -438,13 +438,14 @@ quant::CalibrationTable calibration_of_mode(const std::string& path, const Model
   return t;
 }
 
-// The plan of `table` as precision pins ahead of base's own (a user's pin wins), with the
-// precision pass on so that the pins apply (it also keeps the logits GEMM f32, as
-// `kiln build` does).
+// The precision pass on, in the weight format, as `kiln build` runs it: it keeps the logits
+// GEMM f32, so that a direct load (`kiln eval/generate --quant awq|gptq`) measures the model
+// an engine of the same options holds; then the plan of `table` as precision pins ahead of
+// base's own (a user's pin wins).
 void apply_precision_plan(ModelOptions& base, const quant::CalibrationTable& table, const QuantOptions& q,
                           kiln::QuantFormat format) {
-  if (q.effective_bits <= 0) return;
   if (base.precision.empty()) base.precision = quant_format_name(format);
+  if (q.effective_bits <= 0) return;
   std::vector<passes::PrecisionPin> pins;
   for (const auto& [node, precision] : table.precision_plan) pins.push_back({node, precision});
   pins.insert(pins.end(), base.pin_precision.begin(), base.pin_precision.end());

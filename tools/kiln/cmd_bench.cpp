@@ -279,7 +279,7 @@ Runner add_bench(CLI::App& app) {
       ->capture_default_str();
   add_pass_options(cmd, a->model.opt_level, a->model.disabled_passes);
   add_plugin_option(cmd);
-  add_quant_options(cmd, a->model.quant);
+  add_quant_options(cmd, a->model.quant, "--weight-dtype");
   add_tp_option(cmd, a->model.tp);
   add_kv_fraction_option(cmd, a->kv_fraction);
   add_kv_dtype_option(cmd, a->model.kv_cache_dtype);

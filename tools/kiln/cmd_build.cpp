@@ -53,7 +53,7 @@ Runner add_build(CLI::App& app) {
   cmd->add_flag("--pack-weights", a->o.pack_weights,
                 "store GEMM weights in the backend's packed layout: loading maps them in place instead of packing, "
                 "but the engine runs only on that backend");
-  add_quant_options(cmd, a->o.quant);
+  add_quant_options(cmd, a->o.quant, "--precision");
   cmd->add_flag("--no-tune", a->no_tune, "skip tactic timing (the backend's heuristics at run time)");
   cmd->add_option("--timing-cache", a->o.timing_cache, "JSON timing cache, read and updated (faster rebuilds)");
   return [a] {

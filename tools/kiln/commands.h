@@ -62,7 +62,8 @@ void add_model_options(CLI::App* cmd, ModelArgs& args);
 void add_pass_options(CLI::App* cmd, int& opt_level, std::vector<std::string>& disabled);
 ModelOptions model_options(const ModelArgs& args);
 // --quant, --calib, --calib-method, --calib-cache, --keep, --smooth-alpha, --calib-seqs.
-void add_quant_options(CLI::App* cmd, QuantOptions& q);
+// q8_option: the flag that selects q8 weights for awq/gptq in this command (its help text).
+void add_quant_options(CLI::App* cmd, QuantOptions& q, const std::string& q8_option);
 // Model::load, quantized when --quant asks for it.
 std::unique_ptr<Model> load_model(const ModelArgs& args);
 

@@ -38,7 +38,7 @@ void add_model_options(CLI::App* cmd, ModelArgs& args) {
   cmd->add_option("--engine-profile", args.profile,
                   "engines: run under this optimization profile (default: per step, the first that fits)");
   add_onnx_option(cmd, args.onnx_import);
-  add_quant_options(cmd, args.quant);
+  add_quant_options(cmd, args.quant, "--weight-dtype");
   add_tp_option(cmd, args.tp);
   add_plugin_option(cmd);
 }
@@ -76,13 +76,13 @@ void add_onnx_option(CLI::App* cmd, std::string& mode) {
       ->capture_default_str();
 }
 
-void add_quant_options(CLI::App* cmd, QuantOptions& q) {
+void add_quant_options(CLI::App* cmd, QuantOptions& q, const std::string& q8_option) {
   cmd->add_option("--quant", q.mode,
                   "post-training quantization: w8a8 (int8 weights and activations), fp8 (E4M3 weights and "
-                  "activations, per-tensor scales), or awq (weight-only q4, or q8 with --weight-dtype q8, with "
+                  "activations, per-tensor scales), or awq (weight-only q4, or q8 with " + q8_option + " q8, with "
                   "activation-aware per-channel scales searched on the calibration text), gptq (weight-only q4/q8, each "
                   "column's rounding error spread over the columns not yet quantized, weighted by the calibration "
-                  "inputs' Hessian) or awq-gptq (both), all calibrated")
+                  "inputs' Hessian) or awq-gptq (both), all calibrated; awq/gptq keep the logits GEMM f32")
       ->check(CLI::IsMember({"w8a8", "fp8", "awq", "gptq", "awq-gptq"}));
   cmd->add_option("--calib", q.calib,
                   "calibration set: 'default' (the project's docs), text files (comma-separated), or a calibration "
