@@ -33,6 +33,10 @@ check no-classifier 1 "no classification head" -- "$kiln" classify -m "$fixtures
 check bench-serve-help 0 "TTFT" -- "$kiln" bench serve --help
 check serve-bench-help 0 "TTFT" -- "$kiln" serve bench --help
 check bench-serve-no-server 1 "" -- "$kiln" bench serve --port 1 --model m --requests 1
+# --pin-precision on a direct load runs the precision pass as kiln build does.
+check pin-direct 0 "q8        layers.0.qkv_proj" -- "$kiln" inspect -m "$fixtures/models/llama" --weight-dtype q4 --pin-precision 'layers.0.*=q8'
+check pin-auto 1 "needs --weight-dtype" -- "$kiln" generate -m "$fixtures/models/llama" --ids 1,2 -n 1 --pin-precision 'layers.0.*=q8'
+check pin-bad 1 "NODE_GLOB=PRECISION" -- "$kiln" generate -m "$fixtures/models/llama" --ids 1,2 -n 1 --weight-dtype q4 --pin-precision 'layers.0'
 check effective-bits-mode 1 "--effective-bits mixes q4 and q8" -- "$kiln" generate -m "$fixtures/models/llama" --ids 1,2 -n 1 --quant w8a8 --effective-bits 6
 check effective-bits-no-mode 1 "no --quant given" -- "$kiln" build -m "$fixtures/models/llama" -o /tmp/kiln_cli_eb_$$.kiln --effective-bits 6
 check bench-tiny 0 "tg" -- "$kiln" bench --random-weights "$fixtures/../../bench/configs/tiny-llama-test.json" -p 8 -n 4 -r 1
@@ -83,6 +87,8 @@ check generate-engine-tp2-given 0 "$tp1" -- \
   "$kiln" generate -m "$tmp/llama-tp2.kiln" --ids 5,6,7,300 -n 8 -q --print-ids --ignore-eos --tp 2
 check engine-tp-mismatch 1 "built for tensor parallelism over 2 ranks (\`kiln build --tp 2\`), but --tp 4 was asked" -- \
   "$kiln" generate -m "$tmp/llama-tp2.kiln" --ids 5 --tp 4
+check pin-engine 1 "keeps the precisions it was built with" -- \
+  "$kiln" generate -m "$tmp/llama-tp2.kiln" --ids 5 --weight-dtype q4 --pin-precision 'layers.0.*=q8'
 check inspect-engine-tp2 0 "tensor par  2 ranks (recorded in the engine): 2 of 4 attention heads, 1 of 2 K/V heads each" -- \
   "$kiln" inspect -m "$tmp/llama-tp2.kiln"
 check inspect-engine-tp2-ranks 0 "  rank 1    " -- "$kiln" inspect -m "$tmp/llama-tp2.kiln"

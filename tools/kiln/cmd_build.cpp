@@ -30,9 +30,7 @@ Runner add_build(CLI::App& app) {
                   "GEMM, norms and softmax stay f32")
       ->check(CLI::IsMember({"f32", "bf16", "f16", "q8", "q4"}))
       ->capture_default_str();
-  cmd->add_option("--pin-precision", a->pins,
-                  "GEMMs pinned to a precision: NODE_GLOB=PRECISION[,...], e.g. 'lm_head=bf16,layers.0.*=f32' "
-                  "(node names as in `kiln inspect --graph`; repeatable, the last match wins)");
+  add_pin_option(cmd, a->pins);
   cmd->add_option("--backend", a->o.backend, "the backend to tune for")->capture_default_str();
   cmd->add_option("--tp", a->o.tensor_parallel,
                   "tensor parallelism: shard the decoder over N ranks and store every rank's optimized graph and "

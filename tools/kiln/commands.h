@@ -46,7 +46,10 @@ struct ModelArgs {
   int tp = 0;  // tensor-parallel ranks (ModelOptions::tensor_parallel; 0: not given)
   std::string kv_cache_dtype = "auto";  // ModelOptions::kv_cache_dtype (add_kv_dtype_option)
   bool gguf_requantize = false;  // ModelOptions::keep_file_quant = false
+  std::vector<std::string> pins;  // --pin-precision: ModelOptions::precision + pin_precision
 };
+// --pin-precision NODE_GLOB=PRECISION[,...] (kiln build, and the model-loading commands).
+void add_pin_option(CLI::App* cmd, std::vector<std::string>& pins);
 // --tp N (ModelOptions::tensor_parallel).
 void add_tp_option(CLI::App* cmd, int& tp);
 // --kv-cache-fraction F (LlmRunnerOptions / ExecutorOptions::kv_cache_fraction; 0 = not

@@ -1,11 +1,14 @@
 // kiln: compile and run Transformer models. Subcommands live in cmd_*.cpp.
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <string>
 
 #include "commands.h"
 #include "core/status.h"
+#include "engine/engine.h"
 #include "ir/plugin.h"
+#include "passes/pass.h"
 
 namespace kiln::cli {
 
@@ -39,6 +42,7 @@ void add_model_options(CLI::App* cmd, ModelArgs& args) {
                   "engines: run under this optimization profile (default: per step, the first that fits)");
   add_onnx_option(cmd, args.onnx_import);
   add_quant_options(cmd, args.quant, "--weight-dtype");
+  add_pin_option(cmd, args.pins);
   add_tp_option(cmd, args.tp);
   add_plugin_option(cmd);
 }
@@ -57,6 +61,13 @@ void add_kv_dtype_option(CLI::App* cmd, std::string& dtype) {
                   "element plus one scale per token and K/V head (about a quarter of the f32 bytes, a half of bf16)")
       ->check(CLI::IsMember({"auto", "int8", "fp8"}))
       ->capture_default_str();
+}
+
+void add_pin_option(CLI::App* cmd, std::vector<std::string>& pins) {
+  cmd->add_option("--pin-precision", pins,
+                  "GEMMs pinned to a precision: NODE_GLOB=PRECISION[,...], e.g. 'lm_head=bf16,layers.0.*=f32' "
+                  "(node names as in `kiln inspect --graph`; repeatable, the last match wins); the other GEMMs take "
+                  "the weight precision (--weight-dtype; build: --precision), the logits GEMM f32 unless pinned");
 }
 
 void add_tp_option(CLI::App* cmd, int& tp) {
@@ -149,6 +160,20 @@ ModelOptions model_options(const ModelArgs& a) {
   o.onnx_import = a.onnx_import;
   o.tensor_parallel = a.tp;
   o.kv_cache_dtype = a.kv_cache_dtype;
+  // Pins run the precision pass, with the weight dtype as every other GEMM's precision
+  // (what `kiln build --precision D --pin-precision ...` stores).
+  for (const std::string& p : a.pins)
+    for (auto& pin : passes::parse_precision_pins(p)) o.pin_precision.push_back(pin);
+  if (!o.pin_precision.empty()) {
+    if (a.weight_dtype == "auto")
+      throw_error(ErrorCode::kInvalidArgument, "--pin-precision needs --weight-dtype f32, bf16, f16, q8 or q4 (the "
+                  "precision of the GEMMs not pinned), not auto");
+    namespace fs = std::filesystem;
+    if (fs::is_regular_file(a.model) && (is_engine_file(a.model) || fs::path(a.model).extension() == ".kiln"))
+      throw_error(ErrorCode::kInvalidArgument, "--pin-precision: '", a.model, "' is an engine, which keeps the "
+                  "precisions it was built with; pin them with `kiln build --pin-precision`");
+    o.precision = a.weight_dtype;
+  }
   return o;
 }
 
