@@ -36,6 +36,13 @@ struct EvalArgs {
 };
 
 std::string model_label(const ModelArgs& m) {
+  if (!m.pins.empty()) {
+    ModelArgs unpinned = m;
+    unpinned.pins.clear();
+    std::string s = model_label(unpinned) + ", pinned ";
+    for (size_t i = 0; i < m.pins.size(); ++i) s += (i ? "," : "") + m.pins[i];
+    return s;
+  }
   if (m.kv_cache_dtype != "auto") {
     ModelArgs weights = m;
     weights.kv_cache_dtype = "auto";
