@@ -16,27 +16,23 @@ double PerplexityResult::ref_perplexity() const {
   return scored ? std::exp(ref_nll_sum / double(scored)) : 0.0;
 }
 
-namespace {
-
-// All-position logits of one window, in token order: as one prompt, or (decode) its first
-// token and then one token per step.
-std::vector<float> window_logits(Model& model, const std::vector<int32_t>& window, bool decode) {
+std::vector<float> sequence_logits(Model& model, const std::vector<int32_t>& tokens, bool decode) {
+  KILN_THROW_IF(tokens.empty(), kInvalidArgument, "sequence_logits: no tokens");
   LlmRunnerOptions ro;
-  ro.max_total_tokens = int64_t(window.size()) + 16;
+  ro.max_total_tokens = int64_t(tokens.size()) + 16;
   LlmRunner runner(model, ro);
-  const int32_t seq = runner.add_sequence(decode ? std::vector<int32_t>{window[0]} : window);
+  const int32_t seq = runner.add_sequence(decode ? std::vector<int32_t>{tokens[0]} : tokens);
   std::vector<float> logits;
   while (runner.has_pending())
     for (auto& o : runner.step(/*all_logits=*/true)) logits.insert(logits.end(), o.logits.begin(), o.logits.end());
   if (decode)
-    for (size_t i = 1; i < window.size(); ++i) {
-      runner.append_tokens(seq, {window[i]});
+    for (size_t i = 1; i < tokens.size(); ++i) {
+      runner.append_tokens(seq, {tokens[i]});
       for (auto& o : runner.step(/*all_logits=*/true)) logits.insert(logits.end(), o.logits.begin(), o.logits.end());
     }
   return logits;
 }
 
-// log-softmax of one row, in double.
 void log_softmax(const float* x, int64_t n, std::vector<double>& out) {
   double mx = *std::max_element(x, x + n);
   double sum = 0;
@@ -45,8 +41,6 @@ void log_softmax(const float* x, int64_t n, std::vector<double>& out) {
   out.resize(size_t(n));
   for (int64_t i = 0; i < n; ++i) out[size_t(i)] = double(x[i]) - lse;
 }
-
-}  // namespace
 
 PerplexityResult evaluate_perplexity(Model& model, const std::vector<int32_t>& all_tokens,
                                      const PerplexityOptions& opt, Model* reference) {
@@ -70,9 +64,9 @@ PerplexityResult evaluate_perplexity(Model& model, const std::vector<int32_t>& a
   for (int64_t begin = 0; scored_until < int64_t(tokens.size()); begin += opt.stride) {
     int64_t end = std::min<int64_t>(int64_t(tokens.size()), begin + opt.context);
     std::vector<int32_t> window(tokens.begin() + begin, tokens.begin() + end);
-    std::vector<float> logits = window_logits(model, window, opt.decode);
+    std::vector<float> logits = sequence_logits(model, window, opt.decode);
     std::vector<float> ref_logits;
-    if (reference) ref_logits = window_logits(*reference, window, opt.decode);
+    if (reference) ref_logits = sequence_logits(*reference, window, opt.decode);
     // Position p of the window predicts token begin + p + 1.
     for (int64_t target = std::max(scored_until, begin + 1); target < end; ++target) {
       int64_t p = target - begin - 1;

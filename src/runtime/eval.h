@@ -38,4 +38,11 @@ struct PerplexityResult {
 PerplexityResult evaluate_perplexity(Model& model, const std::vector<int32_t>& tokens,
                                      const PerplexityOptions& options, Model* reference = nullptr);
 
+// The logits of every position of `tokens` ([tokens, vocab], in token order) through a
+// runner of their own: as one prompt, or (decode) the first token and then one token per
+// step. Also the calibration and --effective-bits passes' decoder forward.
+std::vector<float> sequence_logits(Model& model, const std::vector<int32_t>& tokens, bool decode = false);
+// log-softmax of one row of n logits, in double.
+void log_softmax(const float* x, int64_t n, std::vector<double>& out);
+
 }  // namespace kiln

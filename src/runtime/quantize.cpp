@@ -13,6 +13,7 @@
 #include "core/mapped_file.h"
 #include "core/status.h"
 #include "runtime/encoder_runner.h"
+#include "runtime/eval.h"
 #include "runtime/llm_runner.h"
 #include "runtime/model_tokenizer.h"
 
@@ -88,13 +89,7 @@ std::vector<std::vector<int32_t>> calibration_sequences(const Model& model, cons
 
 void run_sequences(Model& model, const std::vector<std::vector<int32_t>>& seqs) {
   if (model.info().is_decoder) {
-    for (auto& s : seqs) {
-      LlmRunnerOptions ro;
-      ro.max_total_tokens = int64_t(s.size()) + 16;
-      LlmRunner runner(model, ro);
-      runner.add_sequence(s);
-      while (runner.has_pending()) runner.step(/*all_logits=*/true);
-    }
+    for (auto& s : seqs) sequence_logits(model, s);  // every position's rows reach the LM head's observer
     return;
   }
   constexpr size_t kBatch = 16;
@@ -458,22 +453,14 @@ void apply_precision_plan(ModelOptions& base, const quant::CalibrationTable& tab
 std::vector<std::vector<float>> plan_outputs(Model& model, const std::vector<std::vector<int32_t>>& seqs) {
   std::vector<std::vector<float>> out;
   if (model.info().is_decoder) {
+    std::vector<double> lp;
     for (const auto& s : seqs) {
-      LlmRunnerOptions ro;
-      ro.max_total_tokens = int64_t(s.size()) + 16;
-      LlmRunner runner(model, ro);
-      runner.add_sequence(s);
-      std::vector<float> logits;
-      while (runner.has_pending())
-        for (SequenceOutput& o : runner.step(/*all_logits=*/true)) logits.insert(logits.end(), o.logits.begin(), o.logits.end());
-      const int64_t vocab = runner.vocab(), rows = int64_t(logits.size()) / std::max<int64_t>(vocab, 1);
-      for (int64_t r = 0; r < rows; ++r) {  // log-softmax in place
-        float* l = logits.data() + r * vocab;
-        const float mx = *std::max_element(l, l + vocab);
-        double sum = 0;
-        for (int64_t j = 0; j < vocab; ++j) sum += std::exp(double(l[j] - mx));
-        const float lse = mx + float(std::log(sum));
-        for (int64_t j = 0; j < vocab; ++j) l[j] -= lse;
+      std::vector<float> logits = sequence_logits(model, s);
+      const int64_t vocab = int64_t(logits.size() / s.size());  // a row per position
+      for (size_t r = 0; r * size_t(vocab) < logits.size(); ++r) {
+        float* l = logits.data() + r * size_t(vocab);
+        log_softmax(l, vocab, lp);
+        std::copy(lp.begin(), lp.end(), l);
       }
       out.push_back(std::move(logits));
     }
