@@ -159,6 +159,11 @@ struct CompileOptions {
   // (backends/shape_profile.h). Empty: any size.
   std::vector<ShapeProfile> profiles;
   std::string profile;
+  // Whether a backend may time GEMM tactics at a decode batch size the first time a step
+  // of that size runs (CUDA: Gemm::RowTuningScope, ~50-70 ms a new size). A server, whose
+  // batch sizes change with every arrival and finish, turns it off: each new size would
+  // stall the streams running (see ModelOptions::step_tuning).
+  bool step_tuning = true;
 };
 
 // Host tensors keyed by graph input/output name.

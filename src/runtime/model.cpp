@@ -77,6 +77,7 @@ std::unique_ptr<Model> Model::from_built(BuiltModel built, const ModelOptions& o
   co.weight_dtype = native ? auto_weight_dtype(options.backend) : options.weight_dtype;
   co.communicator = options.communicator;
   co.linear_observer = options.linear_observer;
+  co.step_tuning = options.step_tuning;
   m->compile(options.backend, co, options.device);
   return m;
 }
@@ -152,6 +153,7 @@ std::unique_ptr<Model> Model::load_engine_rank(const std::shared_ptr<EngineConte
     co.profiles.push_back(std::move(sp));
   }
   co.profile = options.profile;
+  co.step_tuning = options.step_tuning;
   auto backend = create_backend(options.backend, options.device + rank);
   const std::string device_name = backend->device_name();
   const auto& tables = tp ? e->ranks[size_t(rank)].tactic_tables : e->tactic_tables;

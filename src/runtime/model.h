@@ -64,6 +64,10 @@ struct ModelOptions {
   // activation dtype), "int8" or "fp8" (E4M3), the last two with per (token, kv head)
   // scales. See KvDType in backends/backend.h.
   std::string kv_cache_dtype = "auto";
+  // CompileOptions::step_tuning: GEMM tactics timed at each new decode batch size's first
+  // step (CUDA; KILN_CUDA_GEMM_TUNE_M=0 turns it off everywhere). `kiln serve` turns it
+  // off unless --tune-batch-sizes.
+  bool step_tuning = true;
   // Which device of the backend runs the model (CUDA device index); tensor-parallel
   // rank r runs on device + r.
   int device = 0;

@@ -224,6 +224,23 @@ TEST_F(ServerTest, KserveV2MetadataAndInferOnAClassifier) {
   EXPECT_EQ(j["outputs"][2]["data"].size(), 2u);
 }
 
+// `kiln serve` loads its models with ModelOptions::step_tuning off (unless
+// --tune-batch-sizes): the repository's options reach each model's backend, the
+// tensor-parallel ranks' too, and a model loaded without them keeps the default.
+TEST(ServerRepository, StepTuningReachesTheBackend) {
+  for (int tp : {1, 2}) {
+    ModelOptions mo;
+    mo.step_tuning = false;
+    mo.tensor_parallel = tp;
+    ModelRepository repo(mo, {});
+    repo.add(fixture("llama"), "llama");
+    Model& m = *repo.find("llama")->model;
+    EXPECT_FALSE(m.compile_options().step_tuning) << "tp " << tp;
+    for (int r = 1; r < m.tp_world(); ++r) EXPECT_FALSE(m.tp_rank(r).compile_options().step_tuning) << "rank " << r;
+  }
+  EXPECT_TRUE(Model::load(fixture("llama"))->compile_options().step_tuning);
+}
+
 // `kiln serve --tp 2`: the repository loads the model as two tensor-parallel ranks and
 // the executor drives both; completions (greedy, n > 1) equal the unsharded model's.
 TEST(ServerTensorParallel, CompletionsEqualTheUnshardedModel) {

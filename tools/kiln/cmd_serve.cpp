@@ -42,6 +42,7 @@ struct ServeArgs {
   std::string instance;
   int drain_timeout_s = 30;
   int tp = 0;  // not given: an engine's own ranks, else 1
+  bool tune_batch_sizes = false;  // ModelOptions::step_tuning
 };
 
 std::atomic<int> g_signal{0};
@@ -66,6 +67,7 @@ int run_serve(const ServeArgs& a) {
   ModelOptions mo{a.backend, a.weight_dtype};
   mo.tensor_parallel = a.tp;
   mo.kv_cache_dtype = a.kv_cache_dtype;
+  mo.step_tuning = a.tune_batch_sizes;
   server::ModelRepository repo(mo, eo);
   for (const std::string& m : a.models) {
     size_t eq = m.find('=');
@@ -151,6 +153,10 @@ Runner add_serve(CLI::App& app) {
       ->check(CLI::Range(int64_t(1), int64_t(1) << 20))
       ->capture_default_str();
   cmd->add_option("--max-running", a->max_running, "sequences running at once")->check(CLI::Range(1, 1 << 16))->capture_default_str();
+  cmd->add_flag("--tune-batch-sizes", a->tune_batch_sizes,
+                "cuda: time GEMM tactics at each decode batch size the first time a step of that size runs, as "
+                "`kiln bench` does (~50-70 ms a new size, during which every stream waits; off by default: batch "
+                "sizes change with every arrival and finish)");
   cmd->add_option("--policy", a->policy, "scheduling: fcfs or priority")
       ->check(CLI::IsMember({"fcfs", "priority"}))
       ->capture_default_str();
