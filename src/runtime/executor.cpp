@@ -502,25 +502,20 @@ struct Executor::Impl {
       rows.emplace_back(&c, r);
     }
     // Sampling is independent per sequence (its own sampler and row), so it may run on the
-    // thread pool; the bookkeeping after it touches shared request state and does not.
-    // The pool pays off only for rows of whole logits: waking its workers after an engine
-    // step cost ~0.3-0.5 ms (measured on the 2-core VM and the H200's 16-core host), while
-    // 64 rows of top candidates take ~3 us on this thread.
+    // thread pool (ExecutorOptions::parallel_sample_values: rows of whole logits); the
+    // bookkeeping after it touches shared request state and does not.
     std::vector<SampledToken> drawn(rows.size());
     auto draw = [&](int64_t begin, int64_t end, int) {
       for (int64_t k = begin; k < end; ++k) drawn[size_t(k)] = sample(*rows[size_t(k)].first, rows[size_t(k)].second);
     };
     size_t values = 0;  // logits the step's samplers read
     for (const auto& [c, r] : rows) values += r.full.empty() ? r.top.logits.size() : r.full.size();
-    if (rows.size() >= 2 && values >= kParallelSampleValues) ThreadPool::global().parallel_for(int64_t(rows.size()), draw);
+    if (rows.size() >= 2 && values >= opt.parallel_sample_values)
+      ThreadPool::global().parallel_for(int64_t(rows.size()), draw);
     else draw(0, int64_t(rows.size()), 0);
     for (size_t k = 0; k < rows.size(); ++k) take_token(*rows[k].first, std::move(drawn[k]));
     sample_s += since(t2);
   }
-
-  // Logits a step's samplers read at least before they run on the thread pool (about two
-  // rows of a 128K vocabulary: well over the pool's wake-up cost of serial work).
-  static constexpr size_t kParallelSampleValues = size_t(1) << 18;
 
   // One sequence's row of a step: whole logits (sampling scratch) or top candidates.
   struct Row {

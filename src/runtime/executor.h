@@ -89,6 +89,11 @@ struct ExecutorOptions {
   // Steps whose every sampled row can be drawn exactly from the model's TopKLogits
   // candidates (Sampler::samples_from_top) fetch those instead of whole logits rows.
   bool top_logits = true;
+  // Logits a step's samplers read at least before they run on the thread pool, a row per
+  // task (about two rows of a 128K vocabulary by default). Waking the pool after an engine
+  // step costs ~0.3-0.5 ms, while 64 rows of top candidates take ~3 us on the executor's
+  // thread. 0: always the pool (tests).
+  size_t parallel_sample_values = size_t(1) << 18;
 };
 
 struct ExecutorStats {

@@ -406,6 +406,55 @@ TEST_F(ExecutorTest, RunnerTopCandidatesAreTheTopOfTheLogits) {
 // The executor with and without TopKLogits steps: the same tokens and logprobs, bit for
 // bit, for greedy, top-k (+ top-p/min-p) and n > 1; a top-p-only request falls back to
 // whole rows for the steps it is in.
+// Sampling on the thread pool (forced) or on the executor's thread (the default for rows of
+// top candidates) draws the same tokens and logprobs: each row has its own sampler and seed.
+TEST_F(ExecutorTest, PoolAndSerialSamplingDrawTheSameTokens) {
+  auto ps = prompts(12, 31, 4, 30);
+  auto run = [&](size_t parallel_values) {
+    ExecutorOptions opt;
+    opt.parallel_sample_values = parallel_values;
+    Executor ex(*model_, nullptr, opt);
+    std::vector<uint64_t> ids;
+    std::vector<GenerationResult> out(ps.size());
+    std::mutex mu;
+    std::condition_variable cv;
+    size_t done = 0;
+    for (size_t i = 0; i < ps.size(); ++i) {
+      GenerationRequest r = greedy(ps[i], 12);
+      r.sampling.seed = 7 + i;
+      r.sampling.temperature = i % 2 ? 0.9f : 0.0f;
+      r.sampling.top_k = i % 3 == 1 ? 16 : 0;
+      r.sampling.logprobs = 2;
+      ex.submit(r, [&, i](RequestUpdate&& u) {
+        std::lock_guard lk(mu);
+        for (auto& c : u.choices) {
+          out[i].choices.resize(std::max(out[i].choices.size(), size_t(c.index) + 1));
+          auto& dst = out[i].choices[size_t(c.index)];
+          dst.tokens.insert(dst.tokens.end(), c.tokens.begin(), c.tokens.end());
+          for (auto& lp : c.logprobs) dst.logprobs.push_back(lp);
+        }
+        if (u.done) {
+          ++done;
+          cv.notify_all();
+        }
+      });
+    }
+    std::unique_lock lk(mu);
+    cv.wait(lk, [&] { return done == ps.size(); });
+    return out;
+  };
+  const auto pool = run(0), serial = run(size_t(1) << 40);
+  for (size_t i = 0; i < ps.size(); ++i) {
+    ASSERT_EQ(pool[i].choices.size(), 1u) << i;
+    ASSERT_EQ(serial[i].choices.size(), 1u) << i;
+    EXPECT_EQ(pool[i].choices[0].tokens.size(), 12u) << i;
+    EXPECT_EQ(pool[i].choices[0].tokens, serial[i].choices[0].tokens) << "request " << i;
+    ASSERT_EQ(pool[i].choices[0].logprobs.size(), serial[i].choices[0].logprobs.size()) << i;
+    for (size_t j = 0; j < pool[i].choices[0].logprobs.size(); ++j)
+      EXPECT_EQ(pool[i].choices[0].logprobs[j].logprob, serial[i].choices[0].logprobs[j].logprob) << i << " " << j;
+  }
+}
+
 TEST_F(ExecutorTest, TopLogitsStepsGiveTheSameOutputsAsWholeRows) {
   auto ps = prompts(8, 21, 5, 40);
   std::vector<GenerationRequest> reqs;
