@@ -42,6 +42,12 @@ void log_softmax(const float* x, int64_t n, std::vector<double>& out) {
   for (int64_t i = 0; i < n; ++i) out[size_t(i)] = double(x[i]) - lse;
 }
 
+double cosine(const std::vector<float>& a, const std::vector<float>& b) {
+  double ab = 0, aa = 0, bb = 0;
+  for (size_t i = 0; i < a.size(); ++i) ab += double(a[i]) * b[i], aa += double(a[i]) * a[i], bb += double(b[i]) * b[i];
+  return aa > 0 && bb > 0 ? ab / std::sqrt(aa * bb) : 0.0;
+}
+
 PerplexityResult evaluate_perplexity(Model& model, const std::vector<int32_t>& all_tokens,
                                      const PerplexityOptions& opt, Model* reference) {
   if (opt.context < 2 || opt.stride < 1 || opt.stride > opt.context)

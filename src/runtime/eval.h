@@ -44,5 +44,7 @@ PerplexityResult evaluate_perplexity(Model& model, const std::vector<int32_t>& t
 std::vector<float> sequence_logits(Model& model, const std::vector<int32_t>& tokens, bool decode = false);
 // log-softmax of one row of n logits, in double.
 void log_softmax(const float* x, int64_t n, std::vector<double>& out);
+// Cosine similarity of two equal-length vectors (0 when either is zero).
+double cosine(const std::vector<float>& a, const std::vector<float>& b);
 
 }  // namespace kiln

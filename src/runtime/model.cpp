@@ -175,6 +175,9 @@ std::unique_ptr<Model> Model::load_engine_rank(const std::shared_ptr<EngineConte
 
 std::unique_ptr<Model> Model::load_engine(const std::string& path, const ModelOptions& options) {
   kv_dtype_parse(options.kv_cache_dtype);  // a bad value is refused before the file is read
+  if (!options.pin_precision.empty())
+    throw_error(ErrorCode::kInvalidArgument, "--pin-precision: '", path, "' is an engine, which keeps the precisions ",
+                "it was built with; pin them with `kiln build --pin-precision`");
   auto e = std::make_shared<EngineContents>(engine_load(path));
   const int world = e->tp_world;
   // The ranks are in the file: --tp may only confirm their number.

@@ -491,13 +491,7 @@ double plan_distortion(const std::vector<std::vector<float>>& ref, const std::ve
           total += std::exp(la) * (la - double(b[r + size_t(j)]));
         }
     } else {
-      double dot = 0, na = 0, nb = 0;
-      for (size_t j = 0; j < a.size(); ++j) {
-        dot += double(a[j]) * b[j];
-        na += double(a[j]) * a[j];
-        nb += double(b[j]) * b[j];
-      }
-      total += 1.0 - (na > 0 && nb > 0 ? dot / std::sqrt(na * nb) : 0.0);
+      total += 1.0 - cosine(a, b);
       ++count;
     }
   }

@@ -396,7 +396,7 @@ TEST(Gptq, RealMiniLmEmbeddingsCloserToF32ThanPlainQ4) {
   auto distance = [&](Model& m) {  // 1 - mean cosine of the mean-pooled embeddings
     const auto out = encode(m, batch);
     double sum = 0;
-    for (size_t i = 0; i < out.size(); ++i) sum += quant_test::cosine(out[i].mean_pooled, ref[i].mean_pooled);
+    for (size_t i = 0; i < out.size(); ++i) sum += kiln::cosine(out[i].mean_pooled, ref[i].mean_pooled);
     return 1.0 - sum / double(out.size());
   };
   const double plain = distance(*Model::load(dir, {.weight_dtype = "q4"}));

@@ -22,7 +22,6 @@ namespace kiln {
 namespace {
 
 using quant_test::all_logits;
-using quant_test::cosine;
 using quant_test::expect_error;
 using quant_test::random_sequences;
 

@@ -3,7 +3,6 @@
 
 #include <gtest/gtest.h>
 
-#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <random>
@@ -12,6 +11,7 @@
 
 #include "core/status.h"
 
+#include "runtime/eval.h"
 #include "runtime/llm_runner.h"
 #include "runtime/model.h"
 
@@ -25,17 +25,6 @@ inline std::vector<float> all_logits(Model& m, const std::vector<int32_t>& toks)
   while (runner.has_pending())
     for (auto& o : runner.step(true)) out.insert(out.end(), o.logits.begin(), o.logits.end());
   return out;
-}
-
-// The cosine of two vectors of one length (in double).
-inline double cosine(const std::vector<float>& a, const std::vector<float>& b) {
-  double dot = 0, na = 0, nb = 0;
-  for (size_t j = 0; j < a.size() && j < b.size(); ++j) {
-    dot += double(a[j]) * b[j];
-    na += double(a[j]) * a[j];
-    nb += double(b[j]) * b[j];
-  }
-  return na > 0 && nb > 0 ? dot / std::sqrt(na * nb) : 0.0;
 }
 
 inline std::vector<std::vector<int32_t>> random_sequences(int n, int len, int64_t vocab, uint64_t seed) {

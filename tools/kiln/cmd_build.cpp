@@ -56,8 +56,7 @@ Runner add_build(CLI::App& app) {
   cmd->add_option("--timing-cache", a->o.timing_cache, "JSON timing cache, read and updated (faster rebuilds)");
   return [a] {
     for (auto& p : a->profiles) a->o.profiles.push_back(parse_profile(p));
-    for (auto& p : a->pins)
-      for (auto& pin : passes::parse_precision_pins(p)) a->o.pin_precision.push_back(pin);
+    for (auto& pin : parse_pin_options(a->pins)) a->o.pin_precision.push_back(pin);
     if (!a->workspace.empty()) a->o.workspace_bytes = parse_bytes(a->workspace);
     a->o.tune = !a->no_tune;
     BuildReport r = build_engine(a->o);

@@ -139,12 +139,6 @@ int run_perplexity(EvalArgs a) {
   return 0;
 }
 
-double cosine(const std::vector<float>& a, const std::vector<float>& b) {
-  double ab = 0, aa = 0, bb = 0;
-  for (size_t i = 0; i < a.size(); ++i) ab += double(a[i]) * b[i], aa += double(a[i]) * a[i], bb += double(b[i]) * b[i];
-  return aa > 0 && bb > 0 ? ab / std::sqrt(aa * bb) : 0.0;
-}
-
 int run_embeddings(EvalArgs a) {
   if (a.reference_dtype.empty()) a.reference_dtype = "f32";
   Loaded l;

@@ -50,6 +50,8 @@ struct ModelArgs {
 };
 // --pin-precision NODE_GLOB=PRECISION[,...] (kiln build, and the model-loading commands).
 void add_pin_option(CLI::App* cmd, std::vector<std::string>& pins);
+// The pins of those options, parsed (a malformed one is an error naming it).
+std::vector<passes::PrecisionPin> parse_pin_options(const std::vector<std::string>& pins);
 // --tp N (ModelOptions::tensor_parallel).
 void add_tp_option(CLI::App* cmd, int& tp);
 // --kv-cache-fraction F (LlmRunnerOptions / ExecutorOptions::kv_cache_fraction; 0 = not

@@ -1,12 +1,10 @@
 // kiln: compile and run Transformer models. Subcommands live in cmd_*.cpp.
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <string>
 
 #include "commands.h"
 #include "core/status.h"
-#include "engine/engine.h"
 #include "ir/plugin.h"
 #include "passes/pass.h"
 
@@ -68,6 +66,13 @@ void add_pin_option(CLI::App* cmd, std::vector<std::string>& pins) {
                   "GEMMs pinned to a precision: NODE_GLOB=PRECISION[,...], e.g. 'lm_head=bf16,layers.0.*=f32' "
                   "(node names as in `kiln inspect --graph`; repeatable, the last match wins); the other GEMMs take "
                   "the weight precision (--weight-dtype; build: --precision), the logits GEMM f32 unless pinned");
+}
+
+std::vector<passes::PrecisionPin> parse_pin_options(const std::vector<std::string>& pins) {
+  std::vector<passes::PrecisionPin> out;
+  for (const std::string& p : pins)
+    for (auto& pin : passes::parse_precision_pins(p)) out.push_back(pin);
+  return out;
 }
 
 void add_tp_option(CLI::App* cmd, int& tp) {
@@ -161,17 +166,12 @@ ModelOptions model_options(const ModelArgs& a) {
   o.tensor_parallel = a.tp;
   o.kv_cache_dtype = a.kv_cache_dtype;
   // Pins run the precision pass, with the weight dtype as every other GEMM's precision
-  // (what `kiln build --precision D --pin-precision ...` stores).
-  for (const std::string& p : a.pins)
-    for (auto& pin : passes::parse_precision_pins(p)) o.pin_precision.push_back(pin);
+  // (what `kiln build --precision D --pin-precision ...` stores); engines refuse them.
+  o.pin_precision = parse_pin_options(a.pins);
   if (!o.pin_precision.empty()) {
     if (a.weight_dtype == "auto")
       throw_error(ErrorCode::kInvalidArgument, "--pin-precision needs --weight-dtype f32, bf16, f16, q8 or q4 (the "
                   "precision of the GEMMs not pinned), not auto");
-    namespace fs = std::filesystem;
-    if (fs::is_regular_file(a.model) && (is_engine_file(a.model) || fs::path(a.model).extension() == ".kiln"))
-      throw_error(ErrorCode::kInvalidArgument, "--pin-precision: '", a.model, "' is an engine, which keeps the "
-                  "precisions it was built with; pin them with `kiln build --pin-precision`");
     o.precision = a.weight_dtype;
   }
   return o;
