@@ -3,6 +3,7 @@
 # shape) loaded by `kiln serve bench` at several concurrencies with fixed 128/128
 # lengths, then HF transformers' batched generate at the same batch sizes, in one run.
 #   bench/serve_round.sh KILN CONFIG OUT_DIR [concurrencies...]
+# KILN_SERVE_ARGS: more `kiln serve` flags (e.g. "--decode-padding off"); HF=0: kiln only.
 set -uo pipefail
 kiln=$1 cfg=$2 out=$3; shift 3
 conc=("$@"); [ ${#conc[@]} -gt 0 ] || conc=(1 16 64 256)
@@ -11,7 +12,7 @@ mkdir -p "$out"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
 port=18777
 "$kiln" serve --backend cuda --weight-dtype bf16 -m model=random:"$cfg" --port $port \
-  --kv-tokens 131072 --max-running 256 --max-step-tokens 4096 --http-threads 512 2>"$out/server.log" &
+  --kv-tokens 131072 --max-running 256 --max-step-tokens 4096 --http-threads 512 ${KILN_SERVE_ARGS:-} 2>"$out/server.log" &
 srv=$!
 get() { python3 -c "import urllib.request,sys; print(urllib.request.urlopen(sys.argv[1]).read().decode())" "$1" 2>/dev/null; }
 for i in $(seq 600); do get http://127.0.0.1:$port/health/ready >/dev/null && break; sleep 0.5; done

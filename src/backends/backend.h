@@ -187,6 +187,10 @@ class CompiledGraph {
   // there: the CPU counts its Linears' weights only).
   virtual size_t weight_bytes_of(ir::ValueId v) const { return 0; }
   virtual size_t activation_bytes() const = 0;
+  // Whether steps are captured per shape and replayed (CUDA graphs): a caller whose
+  // shapes vary, such as a server's decode batch, then keeps to a few of them
+  // (LlmRunnerOptions::decode_buckets).
+  virtual bool captures_steps() const { return false; }
 };
 
 class Backend {

@@ -80,8 +80,14 @@ struct Executor::Request {
 
 struct Executor::Impl {
   Impl(Model& m, const tok::Tokenizer* t, const ExecutorOptions& o)
-      : model(m), tokenizer(t), opt(o), runner(m, runner_options(o)), kv(runner.kv_manager()),
+      : model(m), tokenizer(t), opt(o), runner(m, runner_options(m, o)), kv(runner.kv_manager()),
         prefix(kv), sessions(kv, o.session_idle_timeout, o.max_sessions) {
+    if (padded(m, o) && o.warm_decode) {
+      const auto t0 = Clock::now();
+      const int64_t n = runner.warm_decode_buckets(o.max_running);
+      log_info("decode steps padded to ", decode_row_buckets(o.max_running).size(), " batch sizes up to ",
+               decode_row_buckets(o.max_running).back(), "; ", n, " warm-up steps in ", since(t0), " s");
+    }
     if (tokenizer) model_stops = tokenizer->stop_ids();
     if (model.info().eos_token_id >= 0) model_stops.push_back(int32_t(model.info().eos_token_id));
     if (opt.preemption == PreemptionMode::kSwap) {
@@ -103,8 +109,13 @@ struct Executor::Impl {
     sessions.clear();
     prefix.clear();
   }
-  static LlmRunnerOptions runner_options(const ExecutorOptions& o) {
+  static bool padded(Model& m, const ExecutorOptions& o) {
+    return o.decode_padding == DecodePadding::kOn ||
+           (o.decode_padding == DecodePadding::kAuto && m.compiled().captures_steps());
+  }
+  static LlmRunnerOptions runner_options(Model& m, const ExecutorOptions& o) {
     LlmRunnerOptions r;
+    if (padded(m, o)) r.decode_buckets = decode_row_buckets(o.max_running);
     r.block_size = o.block_size;
     r.max_total_tokens = o.kv_tokens;
     r.max_step_tokens = o.max_step_tokens;

@@ -69,6 +69,9 @@ enum class PreemptionMode {
 };
 const char* preemption_mode_name(PreemptionMode m);  // "recompute", "swap"
 
+// Whether decode steps run padded to a few row counts (ExecutorOptions::decode_padding).
+enum class DecodePadding { kAuto, kOn, kOff };
+
 struct ExecutorOptions {
   int32_t block_size = 16;
   // KV pool size in tokens; with kv_cache_fraction, an upper bound (0: none).
@@ -94,6 +97,14 @@ struct ExecutorOptions {
   // step costs ~0.3-0.5 ms, while 64 rows of top candidates take ~3 us on the executor's
   // thread. 0: always the pool (tests).
   size_t parallel_sample_values = size_t(1) << 18;
+  // Decode steps padded to decode_row_buckets(max_running) (LlmRunnerOptions::
+  // decode_buckets); kAuto: where the backend captures steps (CompiledGraph::
+  // captures_steps, CUDA graphs), so that the first step at each new batch size does
+  // not run eagerly and stall every stream (2-15 ms on the H200 at the 1B shape).
+  DecodePadding decode_padding = DecodePadding::kAuto;
+  // With padding: run every bucket's steps once the model is loaded, before the first
+  // request (LlmRunner::warm_decode_buckets).
+  bool warm_decode = true;
 };
 
 struct ExecutorStats {

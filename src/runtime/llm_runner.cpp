@@ -250,10 +250,13 @@ TensorMap LlmRunner::run_parts(std::span<const StepChunk> chunks, bool all_logit
 
   int64_t t_total = 0;
   for (auto& c : chunks) t_total += int64_t(c.tokens.size());
-  Tensor tokens(DType::kI32, {t_total}), positions(DType::kI32, {t_total});
+  // A pure decode step (one token a chunk) may run padded to its bucket.
+  const bool decode = !all_logits && t_total == int64_t(chunks.size());
+  const int64_t pad = decode ? decode_bucket(t_total) - t_total : 0;
+  Tensor tokens(DType::kI32, {t_total + pad}), positions(DType::kI32, {t_total + pad});
   StepInfo step;
   step.top_k = top_k;
-  step.slot_mapping.resize(size_t(t_total));
+  step.slot_mapping.resize(size_t(t_total + pad));
   std::vector<int32_t> rows;
   int32_t t = 0;
   for (auto& c : chunks) {
@@ -273,9 +276,74 @@ TensorMap LlmRunner::run_parts(std::span<const StepChunk> chunks, bool all_logit
       rows.push_back(t + n - 1);
     t += n;
   }
+  const int64_t wanted = int64_t(rows.size());
+  if (pad > 0) add_pad_rows(pad, tokens, positions, step, rows);
   Tensor logit_rows(DType::kI32, {int64_t(rows.size())});
   std::copy(rows.begin(), rows.end(), logit_rows.data_as<int32_t>());
-  return run_ranks({{"tokens", tokens}, {"positions", positions}, {"logit_rows", logit_rows}}, step, outputs);
+  TensorMap out = run_ranks({{"tokens", tokens}, {"positions", positions}, {"logit_rows", logit_rows}}, step, outputs);
+  if (pad > 0)  // every output asked for has a row per logit row: the pad rows' go
+    for (auto& [name, t] : out) t = t.slice_rows(0, wanted);
+  return out;
+}
+
+std::vector<int64_t> decode_row_buckets(int64_t max_rows) {
+  std::vector<int64_t> b;
+  for (int64_t r = 1; r < 8; r *= 2) {
+    b.push_back(r);
+    if (r >= max_rows) return b;
+  }
+  for (int64_t r = 8;; r += r < 256 ? 8 : 16) {
+    b.push_back(r);
+    if (r >= max_rows) return b;
+  }
+}
+
+int64_t LlmRunner::decode_bucket(int64_t rows) const {
+  auto it = std::lower_bound(opt_.decode_buckets.begin(), opt_.decode_buckets.end(), rows);
+  return it == opt_.decode_buckets.end() ? rows : *it;
+}
+
+void LlmRunner::add_pad_rows(int64_t pad, Tensor& tokens, Tensor& positions, StepInfo& step,
+                             std::vector<int32_t>& rows) const {
+  const int32_t first = int32_t(tokens.dim(0) - pad);
+  KILN_CHECK(step.slot_mapping.size() == size_t(tokens.dim(0)) && positions.dim(0) == tokens.dim(0),
+             "pad rows: the step's slots and positions must have the padded length");
+  for (int32_t t = first; t < first + int32_t(pad); ++t) {
+    tokens.data_as<int32_t>()[t] = 0;
+    positions.data_as<int32_t>()[t] = 0;
+    step.slot_mapping[size_t(t)] = -1;       // no K/V written...
+    step.seqs.push_back({t, 1, 1, {0}});      // ...and only its own key attended (block 0 is read, not used)
+    rows.push_back(t);
+  }
+}
+
+int64_t LlmRunner::warm_decode_buckets(int64_t max_rows) {
+  // The output variants the executor's steps ask for (Executor: step()).
+  std::vector<std::pair<std::vector<std::string>, int32_t>> variants;
+  if (top_k_ > 0) {
+    const std::vector<std::string> top = {kTopLogitsOutput, kTopIdsOutput, kTopLogprobsOutput};
+    variants = {{top, 1}, {top, top_k_}};
+  } else {
+    variants = {{{"logits"}, 0}};
+  }
+  int64_t steps = 0;
+  for (int64_t b : opt_.decode_buckets) {
+    for (const auto& [outputs, top_k] : variants)
+      for (int rep = 0; rep < 2; ++rep) {  // a capturing backend: eager, then captured
+        Tensor tokens(DType::kI32, {b}), positions(DType::kI32, {b});
+        StepInfo step;
+        step.top_k = top_k;
+        step.slot_mapping.resize(size_t(b));
+        std::vector<int32_t> rows;
+        add_pad_rows(b, tokens, positions, step, rows);
+        Tensor logit_rows(DType::kI32, {b});
+        std::copy(rows.begin(), rows.end(), logit_rows.data_as<int32_t>());
+        run_ranks({{"tokens", tokens}, {"positions", positions}, {"logit_rows", logit_rows}}, step, outputs);
+        ++steps;
+      }
+    if (b >= max_rows) break;
+  }
+  return steps;
 }
 
 // Ranks 1..N-1 on threads of their own, rank 0 on the caller's. Each rank's AllReduce

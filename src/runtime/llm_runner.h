@@ -45,7 +45,18 @@ struct LlmRunnerOptions {
   double kv_cache_fraction = 0;
   // Replaces Backend::memory_info() when set (tests fake the free memory with it).
   std::function<DeviceMemory(Backend&)> device_memory;
+  // Row counts (ascending) that a pure decode step (one new token per chunk) is padded up
+  // to: the smallest one >= its rows; none when empty or past the last. A pad row feeds
+  // token 0 at position 0 with a context of one token (its own), writes no K/V (slot -1)
+  // and its outputs are dropped, so callers see the unpadded step. A backend that
+  // captures a step per shape (CUDA graphs) then meets only these few row counts, where
+  // a server's batch size changes with every arrival and finish (decode_row_buckets).
+  std::vector<int64_t> decode_buckets;
 };
+
+// vLLM's capture sizes: 1, 2, 4, then every multiple of 8 up to 256, then of 16, up to
+// the first of them >= max_rows.
+std::vector<int64_t> decode_row_buckets(int64_t max_rows);
 
 // One sequence's share of an explicit step (the executor's micro-batch scheduler
 // chooses these): `tokens` are fed at positions kv->length onwards.
@@ -114,6 +125,11 @@ class LlmRunner {
   // a GPU); needs top_logits_k() > 0. need > 0: only the first `need` candidates of each
   // row are wanted (StepInfo::top_k): the result may then have k() == min(need, k).
   StepTopLogits run_chunks_top(std::span<const StepChunk> chunks, int32_t need = 0);
+  // Runs every decode bucket of at most max_rows rows (LlmRunnerOptions::decode_buckets)
+  // with pad rows only, twice per output variant a caller uses (the top candidate alone,
+  // the model's k candidates; whole logits without TopKLogits), so that a capturing
+  // backend has made its plans and graphs before the first request. Returns the steps run.
+  int64_t warm_decode_buckets(int64_t max_rows);
   // k of the model's TopKLogits outputs; 0 when it has none.
   int32_t top_logits_k() const { return top_k_; }
   // Entries of a logits row.
@@ -132,6 +148,10 @@ class LlmRunner {
   };
   TensorMap run_parts(std::span<const StepChunk> chunks, bool all_logits, const std::vector<std::string>& outputs,
                       int32_t top_k = 0);
+  // The bucket a decode step of `rows` rows is padded to (rows when none).
+  int64_t decode_bucket(int64_t rows) const;
+  // Appends `pad` pad rows (decode_buckets) to a step's inputs.
+  void add_pad_rows(int64_t pad, Tensor& tokens, Tensor& positions, StepInfo& step, std::vector<int32_t>& rows) const;
   Seq& get(int32_t seq);
   const Seq& get(int32_t seq) const;
 

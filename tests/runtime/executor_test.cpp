@@ -455,6 +455,74 @@ TEST_F(ExecutorTest, PoolAndSerialSamplingDrawTheSameTokens) {
   }
 }
 
+// Decode steps padded to a bucket (LlmRunnerOptions::decode_buckets): the same logits
+// and top candidates as unpadded steps, no KV block taken by the pad rows; the warm-up
+// runs each bucket without changing the pool; the executor padded on the CPU (forced)
+// gives each request's tokens alone.
+TEST_F(ExecutorTest, PaddedDecodeStepsGiveTheUnpaddedOutputs) {
+  EXPECT_EQ(decode_row_buckets(1), (std::vector<int64_t>{1}));
+  EXPECT_EQ(decode_row_buckets(5), (std::vector<int64_t>{1, 2, 4, 8}));
+  const auto b64 = decode_row_buckets(64);
+  EXPECT_EQ(b64.size(), 11u);
+  EXPECT_EQ(b64.back(), 64);
+  const auto b300 = decode_row_buckets(300);
+  EXPECT_EQ(std::vector<int64_t>(b300.end() - 4, b300.end()), (std::vector<int64_t>{256, 272, 288, 304}));
+
+  LlmRunnerOptions padded_opt;
+  padded_opt.decode_buckets = {4, 8};
+  LlmRunner plain(*model_), padded(*model_, padded_opt);
+  const int32_t free0 = padded.kv().allocator().num_free();
+  // Buckets 4 and 8 (the first >= 6), two output variants, eager + captured: 8 steps.
+  EXPECT_EQ(padded.warm_decode_buckets(6), 8);
+  EXPECT_EQ(padded.kv().allocator().num_free(), free0);
+  auto ps = prompts(5, 41, 3, 20);
+  std::vector<KvSequence> sa(ps.size()), sb(ps.size());
+  for (int step = 0; step < 5; ++step) {
+    // Steps 1-2 decode all five sequences (padded to 8), steps 3-4 the first three (to 4).
+    const size_t n = step < 3 ? ps.size() : 3;
+    std::vector<StepChunk> ca, cb;
+    std::vector<std::vector<int32_t>> feed;
+    for (size_t i = 0; i < n; ++i) feed.push_back(step == 0 ? ps[i] : std::vector<int32_t>{int32_t(11 + step + i)});
+    for (size_t i = 0; i < n; ++i) {
+      ca.push_back({&sa[i], feed[i], true});
+      cb.push_back({&sb[i], feed[i], true});
+    }
+    const bool top = step % 2 == 1;
+    if (top) {
+      StepTopLogits ta = plain.run_chunks_top(ca, 1), tb = padded.run_chunks_top(cb, 1);
+      ASSERT_EQ(tb.ids.shape(), ta.ids.shape()) << "step " << step;
+      for (int64_t r = 0; r < ta.ids.dim(0); ++r) {
+        EXPECT_EQ(tb.row(r).ids[0], ta.row(r).ids[0]) << "step " << step << " row " << r;
+        EXPECT_NEAR(tb.row(r).logprobs[0], ta.row(r).logprobs[0], 1e-4) << "step " << step << " row " << r;
+      }
+    } else {
+      Tensor la = plain.run_chunks_logits(ca), lb = padded.run_chunks_logits(cb);
+      ASSERT_EQ(lb.shape(), la.shape()) << "step " << step;
+      for (int64_t i = 0; i < la.numel(); ++i)
+        ASSERT_NEAR(lb.data_as<float>()[i], la.data_as<float>()[i], 1e-4) << "step " << step << " value " << i;
+    }
+    EXPECT_EQ(padded.kv().allocator().num_free(), plain.kv().allocator().num_free()) << "step " << step;
+  }
+  for (size_t i = 0; i < ps.size(); ++i) {
+    plain.kv_manager().free(sa[i]);
+    padded.kv_manager().free(sb[i]);
+  }
+
+  auto qs = prompts(7, 43, 1, 30);
+  ExecutorOptions opt;
+  opt.max_step_tokens = 40;
+  opt.decode_padding = DecodePadding::kOn;
+  Executor ex(*model_, nullptr, opt);
+  std::vector<GenerationRequest> reqs;
+  for (size_t i = 0; i < qs.size(); ++i) reqs.push_back(greedy(qs[i], 6 + int32_t(i % 3) * 3));
+  auto got = run_concurrently(ex, reqs);
+  for (size_t i = 0; i < qs.size(); ++i) {
+    ASSERT_EQ(got[i].error, "");
+    EXPECT_EQ(got[i].choices.at(0).tokens, alone(qs[i], reqs[i].max_tokens)) << "request " << i;
+  }
+  expect_no_leak(ex);
+}
+
 TEST_F(ExecutorTest, TopLogitsStepsGiveTheSameOutputsAsWholeRows) {
   auto ps = prompts(8, 21, 5, 40);
   std::vector<GenerationRequest> reqs;

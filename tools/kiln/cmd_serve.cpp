@@ -43,6 +43,7 @@ struct ServeArgs {
   int drain_timeout_s = 30;
   int tp = 0;  // not given: an engine's own ranks, else 1
   bool tune_batch_sizes = false;  // ModelOptions::step_tuning
+  std::string decode_padding = "auto";  // ExecutorOptions::decode_padding
 };
 
 std::atomic<int> g_signal{0};
@@ -64,6 +65,9 @@ int run_serve(const ServeArgs& a) {
   eo.policy = a.policy == "priority" ? SchedulePolicy::kPriority : SchedulePolicy::kFcfs;
   eo.prefix_caching = !a.no_prefix_cache;
   eo.session_idle_timeout = std::chrono::milliseconds(int64_t(a.session_timeout_s * 1000));
+  eo.decode_padding = a.decode_padding == "on"    ? DecodePadding::kOn
+                      : a.decode_padding == "off" ? DecodePadding::kOff
+                                                  : DecodePadding::kAuto;
   ModelOptions mo{a.backend, a.weight_dtype};
   mo.tensor_parallel = a.tp;
   mo.kv_cache_dtype = a.kv_cache_dtype;
@@ -157,6 +161,11 @@ Runner add_serve(CLI::App& app) {
                 "cuda: time GEMM tactics at each decode batch size the first time a step of that size runs, as "
                 "`kiln bench` does (~50-70 ms a new size, during which every stream waits; off by default: batch "
                 "sizes change with every arrival and finish)");
+  cmd->add_option("--decode-padding", a->decode_padding,
+                  "pad decode steps to a few batch sizes (1, 2, 4, multiples of 8), each captured at start-up: "
+                  "auto (where steps are captured: cuda), on, off")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
   cmd->add_option("--policy", a->policy, "scheduling: fcfs or priority")
       ->check(CLI::IsMember({"fcfs", "priority"}))
       ->capture_default_str();

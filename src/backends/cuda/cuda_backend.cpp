@@ -12,7 +12,8 @@
 // eager in the last bits (seen on the H200), and replay must give eager's bits.
 // A decode step's first run at a new batch size times the cuBLASLt tactics of its GEMMs at
 // that row count (gemm.h; KILN_CUDA_GEMM_TUNE_M=0 keeps the heuristic's first).
-// KILN_CUDA_STEP_TIMES=1 logs the median device time of graph-able steps (CUDA events).
+// KILN_CUDA_STEP_TIMES=1 logs the median and largest device time of the steps of each
+// kind and token count (CUDA events).
 // KILN_CUDA_PROFILE=1 is the layer profiler (like trtexec --dumpProfile): every step runs
 // eagerly behind a short spin kernel, so its launches are queued before the first kernel
 // starts and the kernels then run back to back as in a graph; CUDA events between the
@@ -221,10 +222,10 @@ class CudaCompiledGraph final : public CompiledGraph {
     // The first step of a shape creates cuBLASLt plans and sizes buffers on the host
     // between launches: a warm-up, left out of the profile.
     if (profile_ && !profiled_shapes_.insert(graph_key_).second) collect_profile(decode);
-    if (step_times_ && (decode || graphable)) {
+    if (step_times_) {
       float ms = 0;
       KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, step_ev_[0], step_ev_[1]));
-      auto& times = step_ms_[{decode, step.num_tokens()}];
+      auto& times = step_ms_[{decode ? 0 : graphable ? 1 : 2, step.num_tokens()}];
       times.first.push_back(ms);
       times.second.push_back(
           std::chrono::duration<float, std::milli>(std::chrono::steady_clock::now() - host0).count());
@@ -242,9 +243,10 @@ class CudaCompiledGraph final : public CompiledGraph {
         std::nth_element(x.begin(), x.begin() + x.size() / 2, x.end());
         return x[x.size() / 2];
       };
-      log_info("cuda: ", kind.first ? "decode" : "cache-less", " steps of ", kind.second, " tokens: median device ", med(v.first), " ms, host run() ",
-               med(v.second), " ms over ", v.first.size(), " steps; graphs captured ", graphs_.captures(),
-               ", replayed ", graphs_.replays());
+      log_info("cuda: ", kind.first == 0 ? "decode" : kind.first == 1 ? "cache-less" : "prefill", " steps of ",
+               kind.second, " tokens: median device ", med(v.first), " ms (max ",
+               *std::max_element(v.first.begin(), v.first.end()), "), host run() ", med(v.second), " ms over ",
+               v.first.size(), " steps; graphs captured ", graphs_.captures(), ", replayed ", graphs_.replays());
     }
     if (step_times_) {
       cudaEventDestroy(step_ev_[0]);
@@ -254,6 +256,7 @@ class CudaCompiledGraph final : public CompiledGraph {
     for (cudaEvent_t e : prof_ev_) cudaEventDestroy(e);
   }
 
+  bool captures_steps() const override { return graphs_enabled_ && !profile_ && prep_.act != DType::kF32; }
   size_t weight_bytes() const override { return weights_.bytes(); }
   size_t weight_bytes_of(ir::ValueId v) const override { return weights_.bytes_of(v); }
   size_t activation_bytes() const override {
@@ -721,8 +724,8 @@ class CudaCompiledGraph final : public CompiledGraph {
   }();
   cudaEvent_t step_ev_[2] = {nullptr, nullptr};
   bool gemms_pdl_ = false;  // every GEMM takes part in dependent launch (convert.h: pdl_in_step)
-  // By (decode?, tokens): device and host times.
-  std::map<std::pair<bool, int64_t>, std::pair<std::vector<float>, std::vector<float>>> step_ms_;
+  // By (0 decode, 1 cache-less, 2 other steps with a KV cache; tokens): device and host times.
+  std::map<std::pair<int, int64_t>, std::pair<std::vector<float>, std::vector<float>>> step_ms_;
   bool profile_ = [] {
     const char* e = std::getenv("KILN_CUDA_PROFILE");
     return e && std::string(e) == "1";

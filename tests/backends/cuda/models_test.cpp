@@ -140,6 +140,47 @@ TEST(CudaGraphs, DecodeReplayIsBitIdenticalToEager) {
     }
 }
 
+// Decode steps padded to buckets (LlmRunnerOptions::decode_buckets, the server's
+// default on CUDA), warmed so that they replay graphs captured with pad rows only: the
+// same logits as unpadded steps within the GEMMs' bf16 rounding (another row count may
+// take another cuBLASLt algorithm), fed the same tokens; the pad rows take no KV block.
+TEST(CudaGraphs, PaddedDecodeStepsMatchUnpadded) {
+  KILN_SKIP_WITHOUT_CUDA();
+  auto model = Model::load(fixtures_dir() + "/models/llama", {.backend = "cuda", .weight_dtype = "bf16"});
+  ASSERT_TRUE(model->compiled().captures_steps());
+  LlmRunner plain(*model), padded(*model, {.decode_buckets = {4, 8}});
+  EXPECT_EQ(padded.warm_decode_buckets(8), 8);
+  std::vector<KvSequence> sa(5), sb(5);
+  double worst = 0;
+  for (int step = 0; step < 8; ++step) {
+    const size_t n = step < 4 ? 5 : 3;  // padded to 8, then to 4
+    std::vector<StepChunk> ca, cb;
+    std::vector<std::vector<int32_t>> feed;
+    for (size_t i = 0; i < n; ++i) {
+      std::vector<int32_t> f;
+      for (int t = 0; t < (step == 0 ? 7 + 5 * int(i) : 1); ++t) f.push_back(int32_t(3 + (t * 31 + step * 7 + i * 53) % 400));
+      feed.push_back(f);
+    }
+    for (size_t i = 0; i < n; ++i) {
+      ca.push_back({&sa[i], feed[i], true});
+      cb.push_back({&sb[i], feed[i], true});
+    }
+    Tensor la = plain.run_chunks_logits(ca), lb = padded.run_chunks_logits(cb);
+    ASSERT_EQ(lb.shape(), la.shape()) << "step " << step;
+    std::vector<float> a(la.data_as<float>(), la.data_as<float>() + la.numel());
+    std::vector<float> b(lb.data_as<float>(), lb.data_as<float>() + lb.numel());
+    const double e = rel_rms(b, a);
+    worst = std::max(worst, e);
+    EXPECT_LE(e, 1e-2) << "step " << step;
+    EXPECT_EQ(padded.kv().allocator().num_free(), plain.kv().allocator().num_free()) << "step " << step;
+  }
+  std::printf("  padded vs unpadded decode steps: worst relative RMS %.3g\n", worst);
+  for (size_t i = 0; i < 5; ++i) {
+    plain.kv_manager().free(sa[i]);
+    padded.kv_manager().free(sb[i]);
+  }
+}
+
 // The executor on CUDA with and without TopKLogits steps (decode steps as CUDA graphs in
 // bf16, eager in f32): the candidates are the logits' own values, so the tokens are the
 // same; logprobs differ at most by the log-sum-exp's summation order (both in double).
