@@ -162,7 +162,9 @@ struct CompileOptions {
   // Whether a backend may time GEMM tactics at a decode batch size the first time a step
   // of that size runs (CUDA: Gemm::RowTuningScope, ~50-70 ms a new size). A server, whose
   // batch sizes change with every arrival and finish, turns it off: each new size would
-  // stall the streams running (see ModelOptions::step_tuning).
+  // stall the streams running (see ModelOptions::step_tuning). Off, CUDA also runs a row
+  // count between powers of two with the algorithms of the power of two above it
+  // (Gemm::set_row_buckets).
   bool step_tuning = true;
 };
 

@@ -115,7 +115,10 @@ class CudaCompiledGraph final : public CompiledGraph {
         cx_(std::move(cx)) {
     const ir::Graph& g = graph_;  // the graph run: given, or its rewritten copy
     cx_->make_current();
-    if (!opt.step_tuning) cx_->gemm->set_row_tuning(false);
+    if (!opt.step_tuning) {
+      cx_->gemm->set_row_tuning(false);
+      cx_->gemm->set_row_buckets(true);
+    }
     prep_.communicator = opt.communicator;
     prep_.act = act_dtype_from_option(opt.weight_dtype);
     prep_.weight_dtype = opt.weight_dtype;

@@ -292,6 +292,60 @@ TEST(CudaGemmRowTuning, NotTimedOutsideScopesUnderCaptureWhenOffOrTunedAtLoad) {
   KILN_CUDA_CHECK(cudaStreamDestroy(s));
 }
 
+// Row buckets (a server's GEMMs): a row count between powers of two runs the algorithms
+// of the power of two above it that cuBLASLt accepts for it, with that plan's choice; the
+// outputs stay within the bf16 bound of f64, with bias and with a residual; powers of two
+// and one row keep their own heuristic lists.
+TEST(CudaGemmRowTuning, RowBucketsRunThePowerOfTwosAlgorithms) {
+  KILN_SKIP_WITHOUT_CUDA();
+  cudaStream_t s = nullptr;
+  KILN_CUDA_CHECK(cudaStreamCreate(&s));
+  std::mt19937_64 rng(29);
+  const int64_t n = 1536, k = 1024, mmax = 1024;
+  Bf16Operand x(mmax * k, rng), w(n * k, rng), bias(n, rng), res(mmax * n, rng);
+  DeviceBuffer y(size_t(mmax * n) * 2);
+  Gemm g, plain;
+  g.set_row_buckets(true);
+  for (int64_t m : {3, 61, 100, 255, 700}) {
+    for (bool with_bias : {false, true}) {
+      const bool residual = !with_bias;
+      const std::string what = str_cat("bf16 m=", m, with_bias ? " +bias" : " +residual");
+      const void* bp = with_bias ? bias.dev.get() : nullptr;
+      const void* rp = residual ? res.dev.get() : nullptr;
+      g.run(DType::kBF16, x.dev.get(), w.dev.get(), bp, y.get(), m, n, k, s, 0, rp);
+      KILN_CUDA_CHECK(cudaStreamSynchronize(s));
+      std::vector<double> ref(size_t(m * n));
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < n; ++j) {
+          double acc = with_bias ? bias.host[size_t(j)] : 0.0;
+          for (int64_t q = 0; q < k; ++q) acc += double(x.host[size_t(i * k + q)]) * w.host[size_t(j * k + q)];
+          ref[size_t(i * n + j)] = acc + (residual ? res.host[size_t(i * n + j)] : 0.0);
+        }
+      EXPECT_LE(rel_err(download_bf16(y, m * n), ref), op_tolerance("bf16")) << what;
+      int64_t mb = 1;
+      while (mb < m) mb *= 2;
+      const Gemm::Choice c = g.choice(DType::kBF16, DType::kBF16, m, n, k, with_bias);
+      const Gemm::Choice base = g.choice(DType::kBF16, DType::kBF16, mb, n, k, with_bias);
+      ASSERT_GE(base.candidates, 1) << what << ": the power of two's plan was not made";
+      EXPECT_GE(c.candidates, 1) << what;
+      EXPECT_LE(c.candidates, base.candidates) << what << ": more algorithms than the bucket's";
+      plain.run(DType::kBF16, x.dev.get(), w.dev.get(), bp, y.get(), m, n, k, s, 0, rp);
+      std::printf("  %-26s %d of the m=%lld plan's %d algorithms (its own heuristic: %d)\n", what.c_str(),
+                  c.candidates, (long long)mb, base.candidates,
+                  plain.choice(DType::kBF16, DType::kBF16, m, n, k, with_bias).candidates);
+    }
+  }
+  // Powers of two and one row: their own plans, as without buckets.
+  for (int64_t m : {1, 64}) {
+    g.run(DType::kBF16, x.dev.get(), w.dev.get(), nullptr, y.get(), m, n, k, s);
+    plain.run(DType::kBF16, x.dev.get(), w.dev.get(), nullptr, y.get(), m, n, k, s);
+    EXPECT_EQ(g.choice(DType::kBF16, DType::kBF16, m, n, k, false).candidates,
+              plain.choice(DType::kBF16, DType::kBF16, m, n, k, false).candidates) << "m=" << m;
+  }
+  KILN_CUDA_CHECK(cudaStreamSynchronize(s));
+  KILN_CUDA_CHECK(cudaStreamDestroy(s));
+}
+
 TEST(CudaGemmRowTuning, Fp8TunedRowCountMatchesTheHeuristicPath) {
   KILN_SKIP_WITHOUT_CUDA();
   if (!fp8_device_supported(0)) GTEST_SKIP() << "no FP8 on this device";

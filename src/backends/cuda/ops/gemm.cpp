@@ -61,6 +61,7 @@ struct Plan {
   int chosen = 0;
   std::vector<Gemm::TacticTime> times;  // the timings that chose `chosen` (none: the heuristic's first)
   bool integer = false;  // int8 operands: alpha and beta are int32
+  bool bucketed = false;  // algorithms taken from the plan of the power of two above m (row buckets)
   ~Plan() {
     if (op) cublasLtMatmulDescDestroy(op);
     if (a) cublasLtMatrixLayoutDestroy(a);
@@ -137,6 +138,8 @@ struct Gemm::Impl {
   void* workspace = nullptr;
   size_t workspace_bytes = 0;
   std::map<Key, std::unique_ptr<Plan>> plans;
+  bool row_buckets = false;  // Gemm::set_row_buckets
+  static constexpr int64_t kRowBucketMax = int64_t(1) << 16;
   bool fp8_fast_accum = [] {
     const char* e = std::getenv("KILN_CUDA_FP8_FAST_ACCUM");
     return e && std::string(e) == "1";
@@ -185,6 +188,30 @@ struct Gemm::Impl {
     KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->b, ti, uint64_t(k), uint64_t(m), k));
     KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->c, t, uint64_t(n), uint64_t(m), ldy));
     if (fp8_out) KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->d, cuda_type(out), uint64_t(n), uint64_t(m), ldy));
+    // Row buckets: a row count between powers of two runs the algorithms of the power of
+    // two above it (each checked for this m), so the changing step sizes of a server
+    // (mixed decode + prefill-chunk steps) reuse kernels already loaded instead of
+    // querying the heuristic and loading new kernels at every new size.
+    if (row_buckets && m > 1 && m < kRowBucketMax && (m & (m - 1)) != 0 && !p->integer && in != DType::kFP8E4M3) {
+      int64_t mb = 1;
+      while (mb < m) mb *= 2;
+      const Plan& base = plan(in, out, mb, n, k, bias, scales, ldy);
+      for (size_t i = 0; i < base.algos.size(); ++i) {
+        cublasLtMatmulHeuristicResult_t r{};
+        if (cublasLtMatmulAlgoCheck(handle, p->op, p->a, p->b, p->c, p->d ? p->d : p->c, &base.algos[i].algo, &r) !=
+                CUBLAS_STATUS_SUCCESS ||
+            r.workspaceSize > workspace_bytes)
+          continue;
+        if (int(i) == base.chosen) p->chosen = int(p->algos.size());
+        p->algos.push_back(r);
+      }
+      if (!p->algos.empty()) {
+        p->bucketed = true;
+        slot = std::move(p);
+        return *slot;
+      }
+      p->chosen = 0;
+    }
     cublasLtMatmulPreference_t pref = nullptr;
     KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
     KILN_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
@@ -373,6 +400,8 @@ bool Gemm::row_tuning_from_env() {
 }
 
 void Gemm::set_row_tuning(bool on) { impl_->row_tuning.set_enabled(on); }
+
+void Gemm::set_row_buckets(bool on) { impl_->row_buckets = on; }
 
 Gemm::RowTuningScope::RowTuningScope(Gemm& g) : g_(g) { g_.impl_->row_tuning.open(); }
 

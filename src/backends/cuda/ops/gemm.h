@@ -102,6 +102,14 @@ class Gemm {
   static constexpr float kRowTuneMargin = 0.02f;
   static bool row_tuning_from_env();  // read once
   void set_row_tuning(bool on);
+  // Row buckets (off by default): a plan for 2 < m < 65536 rows, m not a power of two,
+  // takes the algorithms of the next power of two's plan that cuBLASLt accepts for m
+  // (cublasLtMatmulAlgoCheck), and that plan's choice, instead of querying the heuristic
+  // for m; none accepted: the heuristic. 16-bit plans only (not int8, not FP8). For
+  // servers, whose step sizes change with every arrival, finish and prefill chunk: no
+  // heuristic query and no kernel loaded for the first time at each new size (seen
+  // costing 6-10 ms a new size on the H200). Plans made before the switch keep theirs.
+  void set_row_buckets(bool on);
   class RowTuningScope {
    public:
     explicit RowTuningScope(Gemm& g);
