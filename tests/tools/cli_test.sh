@@ -31,6 +31,8 @@ check no-tokenizer 1 "has no tokenizer" -- "$kiln" generate -m "$fixtures/models
 check encoder-generate 1 "encoder" -- "$kiln" generate -m "$fixtures/models/bert" --ids 1,2
 check no-classifier 1 "no classification head" -- "$kiln" classify -m "$fixtures/models/gpt2" --ids 1
 check serve-help-tuning 0 "--tune-batch-sizes" -- "$kiln" serve --help
+check serve-help-padding 0 "--decode-padding" -- "$kiln" serve --help
+check serve-bad-padding 105 "--decode-padding: sometimes not in" -- "$kiln" serve --decode-padding sometimes -m x
 check bench-serve-help 0 "TTFT" -- "$kiln" bench serve --help
 check serve-bench-help 0 "TTFT" -- "$kiln" serve bench --help
 check bench-serve-no-server 1 "" -- "$kiln" bench serve --port 1 --model m --requests 1
