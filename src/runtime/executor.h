@@ -102,8 +102,9 @@ struct ExecutorOptions {
   // captures_steps, CUDA graphs), so that the first step at each new batch size does
   // not run eagerly and stall every stream (2-15 ms on the H200 at the 1B shape).
   DecodePadding decode_padding = DecodePadding::kAuto;
-  // With padding: run every bucket's steps once the model is loaded, before the first
-  // request (LlmRunner::warm_decode_buckets).
+  // With padding: run every bucket's steps, and prefills of each power of two up to
+  // max_step_tokens, once the model is loaded, before the first request
+  // (LlmRunner::warm_decode_buckets, warm_prefill_sizes).
   bool warm_decode = true;
 };
 

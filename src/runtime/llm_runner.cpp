@@ -317,6 +317,34 @@ void LlmRunner::add_pad_rows(int64_t pad, Tensor& tokens, Tensor& positions, Ste
   }
 }
 
+int64_t LlmRunner::warm_prefill_sizes() {
+  const int64_t limit = std::min<int64_t>(opt_.max_step_tokens, model_.info().max_positions);
+  const std::vector<std::string> outputs =
+      top_k_ > 0 ? std::vector<std::string>{kTopLogitsOutput, kTopIdsOutput, kTopLogprobsOutput}
+                 : std::vector<std::string>{"logits"};
+  int64_t steps = 0;
+  for (int64_t p = 2;; p *= 2) {
+    const int64_t n = std::min(p, limit);
+    if (n < 2) break;
+    Tensor tokens(DType::kI32, {n}), positions(DType::kI32, {n});
+    StepInfo step;
+    step.top_k = top_k_ > 0 ? 1 : 0;
+    step.slot_mapping.assign(size_t(n), -1);  // no K/V written
+    for (int32_t i = 0; i < int32_t(n); ++i) {
+      tokens.data_as<int32_t>()[i] = 0;
+      positions.data_as<int32_t>()[i] = i;
+    }
+    // One sequence over the whole step; its table repeats block 0 (read, never used).
+    step.seqs.push_back({0, int32_t(n), int32_t(n), std::vector<int32_t>(size_t((n + opt_.block_size - 1) / opt_.block_size), 0)});
+    Tensor logit_rows(DType::kI32, {1});
+    logit_rows.data_as<int32_t>()[0] = int32_t(n - 1);
+    run_ranks({{"tokens", tokens}, {"positions", positions}, {"logit_rows", logit_rows}}, step, outputs);
+    ++steps;
+    if (n >= limit) break;
+  }
+  return steps;
+}
+
 int64_t LlmRunner::warm_decode_buckets(int64_t max_rows) {
   // The output variants the executor's steps ask for (Executor: step()).
   std::vector<std::pair<std::vector<std::string>, int32_t>> variants;

@@ -456,8 +456,8 @@ TEST_F(ExecutorTest, PoolAndSerialSamplingDrawTheSameTokens) {
 }
 
 // Decode steps padded to a bucket (LlmRunnerOptions::decode_buckets): the same logits
-// and top candidates as unpadded steps, no KV block taken by the pad rows; the warm-up
-// runs each bucket without changing the pool; the executor padded on the CPU (forced)
+// and top candidates as unpadded steps, no KV block taken by the pad rows; the warm-ups
+// run each bucket and prefill size without changing the pool; the executor padded on the CPU (forced)
 // gives each request's tokens alone.
 TEST_F(ExecutorTest, PaddedDecodeStepsGiveTheUnpaddedOutputs) {
   EXPECT_EQ(decode_row_buckets(1), (std::vector<int64_t>{1}));
@@ -470,10 +470,14 @@ TEST_F(ExecutorTest, PaddedDecodeStepsGiveTheUnpaddedOutputs) {
 
   LlmRunnerOptions padded_opt;
   padded_opt.decode_buckets = {4, 8};
+  padded_opt.max_step_tokens = 48;
   LlmRunner plain(*model_), padded(*model_, padded_opt);
   const int32_t free0 = padded.kv().allocator().num_free();
   // Buckets 4 and 8 (the first >= 6), two output variants, eager + captured: 8 steps.
   EXPECT_EQ(padded.warm_decode_buckets(6), 8);
+  // Prefills of 2, 4, 8, 16, 32 and 48 tokens (max_step_tokens).
+  ASSERT_GE(model_->info().max_positions, 48);
+  EXPECT_EQ(padded.warm_prefill_sizes(), 6);
   EXPECT_EQ(padded.kv().allocator().num_free(), free0);
   auto ps = prompts(5, 41, 3, 20);
   std::vector<KvSequence> sa(ps.size()), sb(ps.size());

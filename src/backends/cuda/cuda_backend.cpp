@@ -13,7 +13,8 @@
 // A decode step's first run at a new batch size times the cuBLASLt tactics of its GEMMs at
 // that row count (gemm.h; KILN_CUDA_GEMM_TUNE_M=0 keeps the heuristic's first).
 // KILN_CUDA_STEP_TIMES=1 logs the median and largest device time of the steps of each
-// kind and token count (CUDA events).
+// kind and token count (CUDA events); with KILN_LOG=debug also each step that is not a
+// decode step, in order, and every device buffer that grows again (a synchronizing free).
 // KILN_CUDA_PROFILE=1 is the layer profiler (like trtexec --dumpProfile): every step runs
 // eagerly behind a short spin kernel, so its launches are queued before the first kernel
 // starts and the kernels then run back to back as in a graph; CUDA events between the
@@ -232,8 +233,17 @@ class CudaCompiledGraph final : public CompiledGraph {
       times.first.push_back(ms);
       times.second.push_back(
           std::chrono::duration<float, std::milli>(std::chrono::steady_clock::now() - host0).count());
+      if (!decode)  // the steps whose shapes change: one line each, in order (KILN_LOG=debug)
+        log_debug("cuda: step of ", step.num_tokens(), " tokens, ", step.seqs.size(), " sequences (longest query ",
+                  max_q_len_of(step), "): device ", ms, " ms");
     }
     return out;
+  }
+
+  static int64_t max_q_len_of(const StepInfo& step) {
+    int64_t m = 0;
+    for (const StepSequence& ss : step.seqs) m = std::max<int64_t>(m, ss.q_len);
+    return m;
   }
 
   ~CudaCompiledGraph() override {

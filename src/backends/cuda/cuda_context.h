@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "backends/cuda/cuda_check.h"
+#include "core/log.h"
 #include "backends/cuda/ops/gemm.h"
 
 namespace kiln::cuda {
@@ -41,6 +42,7 @@ class DeviceBuffer {
     if (bytes <= bytes_) return;
     if (p_) {
       if (stream) KILN_CUDA_CHECK(cudaStreamSynchronize(stream));
+      log_debug("cuda: a device buffer regrown from ", bytes_, " to ", bytes, " bytes (a synchronizing free + malloc)");
       release();
     }
     const size_t rounded = (bytes + 65535) / 65536 * 65536;
