@@ -1,7 +1,7 @@
 // Tensor parallelism through the serving executor: for each tiny golden decoder, a
 // model loaded with tensor_parallel = 2 and 4 (ranks as threads, one block allocator
 // driving every rank's KV pool) gives TP=1's tokens for concurrent requests, including
-// prefix-sharing ones, n > 1 (greedy and seeded), sessions and preemption (recompute
+// prefix-sharing ones, n > 1 (greedy and seeded), sessions, padded decode steps and preemption (recompute
 // and swap) under a small pool, and leaks no block; bad tensor_parallel values are errors naming the cause.
 #include <gtest/gtest.h>
 
@@ -56,10 +56,11 @@ struct Outcome {
   ExecutorStats stats;
 };
 
-Outcome run_workload(Model& model) {
+Outcome run_workload(Model& model, DecodePadding padding = DecodePadding::kAuto) {
   std::mt19937 rng(11);
   ExecutorOptions opt;
   opt.max_step_tokens = 32;  // chunked prefill mixed with decodes
+  opt.decode_padding = padding;  // the CPU: auto is off
   Executor ex(model, nullptr, opt);
   Outcome o;
   auto collect = [&](const std::vector<GenerationResult>& rs) {
@@ -125,6 +126,13 @@ TEST_P(TpExecutor, ShardedRanksGiveTheUnshardedTokens) {
     // One allocator made the same decisions as the unsharded run's: nothing leaked.
     EXPECT_EQ(got.stats.kv_blocks_free, want.stats.kv_blocks_free) << name << " TP=" << world;
     EXPECT_EQ(got.stats.kv_blocks_cached, want.stats.kv_blocks_cached) << name << " TP=" << world;
+    if (world != 2) continue;
+    // Decode steps padded to buckets (pad rows on every rank, warm-up included): the same.
+    const Outcome padded = run_workload(*tp, DecodePadding::kOn);
+    ASSERT_EQ(padded.tokens.size(), want.tokens.size());
+    for (size_t i = 0; i < want.tokens.size(); ++i)
+      EXPECT_EQ(padded.tokens[i], want.tokens[i]) << name << " TP=2 padded, request " << i;
+    EXPECT_EQ(padded.stats.kv_blocks_free, want.stats.kv_blocks_free) << name << " TP=2 padded";
   }
 }
 
