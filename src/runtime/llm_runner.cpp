@@ -318,7 +318,7 @@ void LlmRunner::add_pad_rows(int64_t pad, Tensor& tokens, Tensor& positions, Ste
 }
 
 int64_t LlmRunner::warm_prefill_sizes() {
-  const int64_t limit = std::min<int64_t>(opt_.max_step_tokens, model_.info().max_positions);
+  const int64_t limit = opt_.max_step_tokens;
   const std::vector<std::string> outputs =
       top_k_ > 0 ? std::vector<std::string>{kTopLogitsOutput, kTopIdsOutput, kTopLogprobsOutput}
                  : std::vector<std::string>{"logits"};
@@ -330,12 +330,17 @@ int64_t LlmRunner::warm_prefill_sizes() {
     StepInfo step;
     step.top_k = top_k_ > 0 ? 1 : 0;
     step.slot_mapping.assign(size_t(n), -1);  // no K/V written
-    for (int32_t i = 0; i < int32_t(n); ++i) {
-      tokens.data_as<int32_t>()[i] = 0;
-      positions.data_as<int32_t>()[i] = i;
+    for (int32_t i = 0; i < int32_t(n); ++i) tokens.data_as<int32_t>()[i] = 0;
+    // Pad sequences of at most kWarmSeq tokens (the GEMMs see all n rows; attention stays
+    // linear in n), whose tables repeat block 0 (read, never used).
+    constexpr int64_t kWarmSeq = 256;
+    const int64_t per_seq = std::min<int64_t>(kWarmSeq, model_.info().max_positions);
+    for (int64_t q = 0; q < n; q += per_seq) {
+      const int64_t len = std::min(per_seq, n - q);
+      for (int64_t i = 0; i < len; ++i) positions.data_as<int32_t>()[q + i] = int32_t(i);
+      step.seqs.push_back({int32_t(q), int32_t(len), int32_t(len),
+                           std::vector<int32_t>(size_t((len + opt_.block_size - 1) / opt_.block_size), 0)});
     }
-    // One sequence over the whole step; its table repeats block 0 (read, never used).
-    step.seqs.push_back({0, int32_t(n), int32_t(n), std::vector<int32_t>(size_t((n + opt_.block_size - 1) / opt_.block_size), 0)});
     Tensor logit_rows(DType::kI32, {1});
     logit_rows.data_as<int32_t>()[0] = int32_t(n - 1);
     run_ranks({{"tokens", tokens}, {"positions", positions}, {"logit_rows", logit_rows}}, step, outputs);

@@ -131,7 +131,7 @@ class LlmRunner {
   // backend has made its plans and graphs before the first request. Returns the steps run.
   int64_t warm_decode_buckets(int64_t max_rows);
   // Runs one prefill step of each power of two from 2 tokens up to max_step_tokens (the
-  // last one max_step_tokens itself), a single pad sequence writing no K/V, so that a
+  // last one max_step_tokens itself), pad sequences of up to 256 tokens writing no K/V, so that a
   // backend has made the GEMM plans (CUDA: Gemm::set_row_buckets' powers of two) and
   // grown the buffers that a server's mixed steps of any size use. Returns the steps run.
   int64_t warm_prefill_sizes();

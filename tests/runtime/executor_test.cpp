@@ -476,7 +476,6 @@ TEST_F(ExecutorTest, PaddedDecodeStepsGiveTheUnpaddedOutputs) {
   // Buckets 4 and 8 (the first >= 6), two output variants, eager + captured: 8 steps.
   EXPECT_EQ(padded.warm_decode_buckets(6), 8);
   // Prefills of 2, 4, 8, 16, 32 and 48 tokens (max_step_tokens).
-  ASSERT_GE(model_->info().max_positions, 48);
   EXPECT_EQ(padded.warm_prefill_sizes(), 6);
   EXPECT_EQ(padded.kv().allocator().num_free(), free0);
   auto ps = prompts(5, 41, 3, 20);
