@@ -278,12 +278,22 @@ TensorMap LlmRunner::run_parts(std::span<const StepChunk> chunks, bool all_logit
   }
   const int64_t wanted = int64_t(rows.size());
   if (pad > 0) add_pad_rows(pad, tokens, positions, step, rows);
-  Tensor logit_rows(DType::kI32, {int64_t(rows.size())});
-  std::copy(rows.begin(), rows.end(), logit_rows.data_as<int32_t>());
-  TensorMap out = run_ranks({{"tokens", tokens}, {"positions", positions}, {"logit_rows", logit_rows}}, step, outputs);
+  TensorMap out = run_step(tokens, positions, rows, step, outputs);
   if (pad > 0)  // every output asked for has a row per logit row: the pad rows' go
     for (auto& [name, t] : out) t = t.slice_rows(0, wanted);
   return out;
+}
+
+TensorMap LlmRunner::run_step(const Tensor& tokens, const Tensor& positions, const std::vector<int32_t>& rows,
+                              const StepInfo& step, const std::vector<std::string>& outputs) {
+  Tensor logit_rows(DType::kI32, {int64_t(rows.size())});
+  std::copy(rows.begin(), rows.end(), logit_rows.data_as<int32_t>());
+  return run_ranks({{"tokens", tokens}, {"positions", positions}, {"logit_rows", logit_rows}}, step, outputs);
+}
+
+std::vector<std::string> LlmRunner::step_outputs() const {
+  if (top_k_ > 0) return {kTopLogitsOutput, kTopIdsOutput, kTopLogprobsOutput};
+  return {"logits"};
 }
 
 std::vector<int64_t> decode_row_buckets(int64_t max_rows) {
@@ -319,9 +329,6 @@ void LlmRunner::add_pad_rows(int64_t pad, Tensor& tokens, Tensor& positions, Ste
 
 int64_t LlmRunner::warm_prefill_sizes() {
   const int64_t limit = opt_.max_step_tokens;
-  const std::vector<std::string> outputs =
-      top_k_ > 0 ? std::vector<std::string>{kTopLogitsOutput, kTopIdsOutput, kTopLogprobsOutput}
-                 : std::vector<std::string>{"logits"};
   int64_t steps = 0;
   for (int64_t p = 2;; p *= 2) {
     const int64_t n = std::min(p, limit);
@@ -341,9 +348,7 @@ int64_t LlmRunner::warm_prefill_sizes() {
       step.seqs.push_back({int32_t(q), int32_t(len), int32_t(len),
                            std::vector<int32_t>(size_t((len + opt_.block_size - 1) / opt_.block_size), 0)});
     }
-    Tensor logit_rows(DType::kI32, {1});
-    logit_rows.data_as<int32_t>()[0] = int32_t(n - 1);
-    run_ranks({{"tokens", tokens}, {"positions", positions}, {"logit_rows", logit_rows}}, step, outputs);
+    run_step(tokens, positions, {int32_t(n - 1)}, step, step_outputs());
     ++steps;
     if (n >= limit) break;
   }
@@ -351,17 +356,12 @@ int64_t LlmRunner::warm_prefill_sizes() {
 }
 
 int64_t LlmRunner::warm_decode_buckets(int64_t max_rows) {
-  // The output variants the executor's steps ask for (Executor: step()).
-  std::vector<std::pair<std::vector<std::string>, int32_t>> variants;
-  if (top_k_ > 0) {
-    const std::vector<std::string> top = {kTopLogitsOutput, kTopIdsOutput, kTopLogprobsOutput};
-    variants = {{top, 1}, {top, top_k_}};
-  } else {
-    variants = {{{"logits"}, 0}};
-  }
+  // The output widths the executor's steps ask for (Executor: step()): the top candidate
+  // alone and the model's k, or whole logits rows.
+  const std::vector<int32_t> widths = top_k_ > 0 ? std::vector<int32_t>{1, top_k_} : std::vector<int32_t>{0};
   int64_t steps = 0;
   for (int64_t b : opt_.decode_buckets) {
-    for (const auto& [outputs, top_k] : variants)
+    for (int32_t top_k : widths)
       for (int rep = 0; rep < 2; ++rep) {  // a capturing backend: eager, then captured
         Tensor tokens(DType::kI32, {b}), positions(DType::kI32, {b});
         StepInfo step;
@@ -369,9 +369,7 @@ int64_t LlmRunner::warm_decode_buckets(int64_t max_rows) {
         step.slot_mapping.resize(size_t(b));
         std::vector<int32_t> rows;
         add_pad_rows(b, tokens, positions, step, rows);
-        Tensor logit_rows(DType::kI32, {b});
-        std::copy(rows.begin(), rows.end(), logit_rows.data_as<int32_t>());
-        run_ranks({{"tokens", tokens}, {"positions", positions}, {"logit_rows", logit_rows}}, step, outputs);
+        run_step(tokens, positions, rows, step, step_outputs());
         ++steps;
       }
     if (b >= max_rows) break;

@@ -153,6 +153,11 @@ class LlmRunner {
   };
   TensorMap run_parts(std::span<const StepChunk> chunks, bool all_logits, const std::vector<std::string>& outputs,
                       int32_t top_k = 0);
+  // Runs one step of these inputs on every rank; `rows` are the logit rows.
+  TensorMap run_step(const Tensor& tokens, const Tensor& positions, const std::vector<int32_t>& rows,
+                     const StepInfo& step, const std::vector<std::string>& outputs);
+  // The outputs an executor's step fetches: TopKLogits' when the model has them, else logits.
+  std::vector<std::string> step_outputs() const;
   // The bucket a decode step of `rows` rows is padded to (rows when none).
   int64_t decode_bucket(int64_t rows) const;
   // Appends `pad` pad rows (decode_buckets) to a step's inputs.
