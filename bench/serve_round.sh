@@ -10,6 +10,8 @@ conc=("$@"); [ ${#conc[@]} -gt 0 ] || conc=(1 16 64 256)
 here=$(cd "$(dirname "$0")" && pwd)
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$out/gpu.txt"
+# HF's batched generate is bound by the host's Python: its CPU goes into the record too.
+{ grep -m1 "model name" /proc/cpuinfo; echo "host cores: $(nproc)"; } | tee -a "$out/gpu.txt"
 port=18777
 "$kiln" serve --backend cuda --weight-dtype bf16 -m model=random:"$cfg" --port $port \
   --kv-tokens 131072 --max-running 256 --max-step-tokens 4096 --http-threads 512 ${KILN_SERVE_ARGS:-} 2>"$out/server.log" &
