@@ -297,6 +297,7 @@ std::vector<std::string> LlmRunner::step_outputs() const {
 }
 
 std::vector<int64_t> decode_row_buckets(int64_t max_rows) {
+  max_rows = std::min(max_rows, kMaxDecodeBucket);
   std::vector<int64_t> b;
   for (int64_t r = 1; r < 8; r *= 2) {
     b.push_back(r);

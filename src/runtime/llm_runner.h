@@ -55,7 +55,9 @@ struct LlmRunnerOptions {
 };
 
 // vLLM's capture sizes: 1, 2, 4, then every multiple of 8 up to 256, then of 16, up to
-// the first of them >= max_rows.
+// the first of them >= min(max_rows, kMaxDecodeBucket) (as vLLM's largest capture size:
+// larger decode steps run unpadded, and a start-up warm-up stays at 51 sizes at most).
+inline constexpr int64_t kMaxDecodeBucket = 512;
 std::vector<int64_t> decode_row_buckets(int64_t max_rows);
 
 // One sequence's share of an explicit step (the executor's micro-batch scheduler

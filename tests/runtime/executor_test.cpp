@@ -467,6 +467,8 @@ TEST_F(ExecutorTest, PaddedDecodeStepsGiveTheUnpaddedOutputs) {
   EXPECT_EQ(b64.back(), 64);
   const auto b300 = decode_row_buckets(300);
   EXPECT_EQ(std::vector<int64_t>(b300.end() - 4, b300.end()), (std::vector<int64_t>{256, 272, 288, 304}));
+  EXPECT_EQ(decode_row_buckets(1 << 16).back(), kMaxDecodeBucket);  // larger steps run unpadded
+  EXPECT_EQ(decode_row_buckets(1 << 16).size(), 3u + 32u + 16u);
 
   LlmRunnerOptions padded_opt;
   padded_opt.decode_buckets = {4, 8};
