@@ -162,7 +162,7 @@ Runner add_serve(CLI::App& app) {
                 "`kiln bench` does (~50-70 ms a new size, during which every stream waits; off by default: batch "
                 "sizes change with every arrival and finish)");
   cmd->add_option("--decode-padding", a->decode_padding,
-                  "pad decode steps to a few batch sizes (1, 2, 4, multiples of 8), each captured at start-up: "
+                  "pad decode steps to a few batch sizes (1, 2, 4, multiples of 8, then of 16 up to 512), each captured at start-up: "
                   "auto (where steps are captured: cuda), on, off")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
