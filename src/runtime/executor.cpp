@@ -82,12 +82,12 @@ struct Executor::Impl {
   Impl(Model& m, const tok::Tokenizer* t, const ExecutorOptions& o)
       : model(m), tokenizer(t), opt(o), runner(m, runner_options(m, o)), kv(runner.kv_manager()),
         prefix(kv), sessions(kv, o.session_idle_timeout, o.max_sessions) {
-    if (padded(m, o) && o.warm_decode) {
+    if (!runner.decode_buckets().empty() && o.warm_decode) {
       const auto t0 = Clock::now();
       const int64_t n = runner.warm_decode_buckets(o.max_running) + runner.warm_prefill_sizes();
-      const std::vector<int64_t> buckets = decode_row_buckets(o.max_running);
-      log_info("decode steps padded to ", buckets.size(), " batch sizes up to ", buckets.back(), "; ", n,
-               " warm-up steps (those and prefills of 2 to ", o.max_step_tokens, " tokens) in ", since(t0), " s");
+      log_info("decode steps padded to ", runner.decode_buckets().size(), " batch sizes up to ",
+               runner.decode_buckets().back(), "; ", n, " warm-up steps (those and prefills of 2 to ",
+               o.max_step_tokens, " tokens) in ", since(t0), " s");
     }
     if (tokenizer) model_stops = tokenizer->stop_ids();
     if (model.info().eos_token_id >= 0) model_stops.push_back(int32_t(model.info().eos_token_id));

@@ -133,10 +133,13 @@ class LlmRunner {
   // backend has made its plans and graphs before the first request. Returns the steps run.
   int64_t warm_decode_buckets(int64_t max_rows);
   // Runs one prefill step of each power of two from 2 tokens up to max_step_tokens (the
-  // last one max_step_tokens itself), pad sequences of up to 256 tokens writing no K/V, so that a
-  // backend has made the GEMM plans (CUDA: Gemm::set_row_buckets' powers of two) and
-  // grown the buffers that a server's mixed steps of any size use. Returns the steps run.
+  // last one max_step_tokens itself), in pad sequences of up to 256 tokens writing no
+  // K/V, so that a backend has made the GEMM plans (CUDA: Gemm::set_row_buckets' powers
+  // of two) and grown the buffers that a server's mixed steps of any size use. Returns
+  // the steps run.
   int64_t warm_prefill_sizes();
+  // LlmRunnerOptions::decode_buckets (empty: decode steps run unpadded).
+  const std::vector<int64_t>& decode_buckets() const { return opt_.decode_buckets; }
   // k of the model's TopKLogits outputs; 0 when it has none.
   int32_t top_logits_k() const { return top_k_; }
   // Entries of a logits row.

@@ -500,9 +500,7 @@ class CudaCompiledGraph final : public CompiledGraph {
         KILN_THROW_IF(sl < -1 || sl >= slots, kOutOfRange, "step: KV slot ", sl, " outside [-1, ", slots, ")");
     }
     // Attention launches bake in the longest query run (1 when decoding).
-    int64_t max_q_len = 0;
-    for (const StepSequence& ss : step.seqs) max_q_len = std::max<int64_t>(max_q_len, ss.q_len);
-    graph_key_.push_back(max_q_len);
+    graph_key_.push_back(max_q_len_of(step));
     graph_key_.push_back(step.top_k);  // TopKLogits' output width
     graphable = all_int && (decode || !kv);
     const size_t seqs_off = w.put_vec(seqs);

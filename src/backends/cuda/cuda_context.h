@@ -15,8 +15,8 @@
 #include <utility>
 
 #include "backends/cuda/cuda_check.h"
-#include "core/log.h"
 #include "backends/cuda/ops/gemm.h"
+#include "core/log.h"
 
 namespace kiln::cuda {
 

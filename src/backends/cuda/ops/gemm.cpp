@@ -61,7 +61,6 @@ struct Plan {
   int chosen = 0;
   std::vector<Gemm::TacticTime> times;  // the timings that chose `chosen` (none: the heuristic's first)
   bool integer = false;  // int8 operands: alpha and beta are int32
-  bool bucketed = false;  // algorithms taken from the plan of the power of two above m (row buckets)
   ~Plan() {
     if (op) cublasLtMatmulDescDestroy(op);
     if (a) cublasLtMatrixLayoutDestroy(a);
@@ -190,8 +189,8 @@ struct Gemm::Impl {
     if (fp8_out) KILN_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&p->d, cuda_type(out), uint64_t(n), uint64_t(m), ldy));
     // Row buckets: a row count between powers of two runs the algorithms of the power of
     // two above it (each checked for this m), so the changing step sizes of a server
-    // (mixed decode + prefill-chunk steps) reuse kernels already loaded instead of
-    // querying the heuristic and loading new kernels at every new size.
+    // (mixed decode + prefill-chunk steps) reuse that plan instead of querying the
+    // heuristic at every new size.
     if (row_buckets && m > 1 && m < kRowBucketMax && (m & (m - 1)) != 0 && !p->integer && in != DType::kFP8E4M3) {
       int64_t mb = 1;
       while (mb < m) mb *= 2;
@@ -206,7 +205,6 @@ struct Gemm::Impl {
         p->algos.push_back(r);
       }
       if (!p->algos.empty()) {
-        p->bucketed = true;
         slot = std::move(p);
         return *slot;
       }

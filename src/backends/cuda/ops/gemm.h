@@ -107,8 +107,9 @@ class Gemm {
   // (cublasLtMatmulAlgoCheck), and that plan's choice, instead of querying the heuristic
   // for m; none accepted: the heuristic. 16-bit plans only (not int8, not FP8). For
   // servers, whose step sizes change with every arrival, finish and prefill chunk: no
-  // heuristic query and no kernel loaded for the first time at each new size (seen
-  // costing 6-10 ms a new size on the H200). Plans made before the switch keep theirs.
+  // heuristic query at each new size (a new plan's first step was seen ~4.6 ms slower
+  // than its second on the H200, bench/RESULTS.md 2026-12-02 session 23; the executor's
+  // warm-up makes the powers of two's plans). Plans made before the switch keep theirs.
   void set_row_buckets(bool on);
   class RowTuningScope {
    public:
