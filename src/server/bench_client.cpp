@@ -42,6 +42,7 @@ struct TurnResult {
   std::vector<double> itl_ms;
   std::vector<int32_t> tokens;
   int64_t input_tokens = 0;
+  int64_t sequences = 0;  // embeddings
 };
 
 TurnResult stream_one(const BenchOptions& o, const std::vector<int32_t>& prompt, int max_tokens,
@@ -108,6 +109,40 @@ TurnResult stream_one(const BenchOptions& o, const std::vector<int32_t>& prompt,
   return r;
 }
 
+void add_auth(const BenchOptions& o, httplib::Headers& h) {
+  if (!o.api_key.empty()) h.emplace("Authorization", "Bearer " + o.api_key);
+}
+
+// One /v1/embeddings request of these inputs; ok when every input got an embedding.
+TurnResult embed_one(const BenchOptions& o, const std::vector<std::vector<int32_t>>& inputs) {
+  TurnResult r;
+  for (auto& in : inputs) r.input_tokens += int64_t(in.size());
+  Json body = {{"model", o.model}, {"input", inputs}, {"encoding_format", "base64"}};
+  httplib::Client cli(o.host, o.port);
+  cli.set_read_timeout(600);
+  httplib::Headers h;
+  add_auth(o, h);
+  auto t0 = Clock::now();
+  auto res = cli.Post("/v1/embeddings", h, body.dump(), "application/json");
+  r.e2e_ms = std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+  if (!res) {
+    r.error = "connection failed: " + httplib::to_string(res.error());
+    return r;
+  }
+  if (res->status != 200) {
+    r.error = "HTTP " + std::to_string(res->status) + ": " + res->body.substr(0, 300);
+    return r;
+  }
+  Json j = Json::parse(res->body, nullptr, false);
+  if (j.is_discarded() || !j.contains("data") || j["data"].size() != inputs.size()) {
+    r.error = "unexpected response: " + res->body.substr(0, 300);
+    return r;
+  }
+  r.sequences = int64_t(inputs.size());
+  r.ok = true;
+  return r;
+}
+
 std::vector<int32_t> random_ids(std::mt19937_64& rng, int n, int vocab) {
   std::vector<int32_t> v(static_cast<size_t>(n));
   for (auto& t : v) t = int32_t(10 + rng() % uint64_t(std::max(1, vocab - 10)));
@@ -137,6 +172,15 @@ BenchReport run_serve_bench(const BenchOptions& o) {
   auto t_begin = Clock::now();
   auto conversation = [&](int c) {
     std::mt19937_64 rng(o.seed * 1000003u + uint64_t(c));
+    if (o.endpoint == "embeddings") {
+      std::vector<std::vector<int32_t>> inputs;
+      for (int i = 0; i < std::max(1, o.inputs_per_request); ++i)
+        inputs.push_back(random_ids(rng, uniform(rng, o.input_min, o.input_max), o.vocab));
+      TurnResult r = embed_one(o, inputs);
+      std::lock_guard lk(mu);
+      results.push_back(std::move(r));
+      return;
+    }
     std::vector<int32_t> prompt = random_ids(rng, uniform(rng, o.input_min, o.input_max), o.vocab);
     std::string session = o.sessions ? "bench-" + std::to_string(o.seed) + "-" + std::to_string(c) : "";
     for (int turn = 0; turn < o.turns; ++turn) {
@@ -178,6 +222,12 @@ BenchReport run_serve_bench(const BenchOptions& o) {
     }
     ++rep.completed;
     rep.input_tokens += r.input_tokens;
+    rep.sequences += r.sequences;
+    if (o.endpoint == "embeddings") {
+      e2e.push_back(r.e2e_ms);
+      if (r.e2e_ms <= o.ttft_target_ms) ++good;
+      continue;
+    }
     rep.output_tokens += int64_t(r.tokens.size());
     ttft.push_back(r.ttft_ms);
     e2e.push_back(r.e2e_ms);
@@ -197,6 +247,7 @@ BenchReport run_serve_bench(const BenchOptions& o) {
   rep.output_throughput = double(rep.output_tokens) / rep.duration_s;
   rep.total_throughput = double(rep.input_tokens + rep.output_tokens) / rep.duration_s;
   rep.goodput = double(good) / rep.duration_s;
+  rep.sequence_throughput = double(rep.sequences) / rep.duration_s;
   return rep;
 }
 
@@ -211,9 +262,15 @@ std::string BenchReport::to_text(const BenchOptions& o) const {
   s += "requests: " + std::to_string(completed) + " completed, " + std::to_string(failed) + " failed";
   s += fmt(" in %.2f s (concurrency %.0f, %.2f conversations/s; 0 = all at once)\n", duration_s,
            double(o.concurrency), o.rate);
-  s += fmt("throughput: %.2f req/s, %.1f output tok/s, %.1f total tok/s\n", request_throughput, output_throughput,
-           total_throughput);
-  s += fmt("goodput (TTFT <= %.0f ms, TPOT <= %.0f ms): %.2f req/s\n", o.ttft_target_ms, o.tpot_target_ms, goodput);
+  if (o.endpoint == "embeddings") {
+    s += fmt("throughput: %.2f req/s, %.1f sequences/s, %.1f input tok/s\n", request_throughput, sequence_throughput,
+             total_throughput);
+    s += fmt("goodput (E2E <= %.0f ms): %.2f req/s\n", o.ttft_target_ms, goodput, 0.0);  // the third value is unused
+  } else {
+    s += fmt("throughput: %.2f req/s, %.1f output tok/s, %.1f total tok/s\n", request_throughput, output_throughput,
+             total_throughput);
+    s += fmt("goodput (TTFT <= %.0f ms, TPOT <= %.0f ms): %.2f req/s\n", o.ttft_target_ms, o.tpot_target_ms, goodput);
+  }
   auto row = [&](const char* name, const Summary& x) {
     if (x.count) s += std::string(name) + fmt(" mean %9.2f   median %9.2f   p99 %9.2f\n", x.mean, x.median, x.p99);
   };
@@ -233,7 +290,9 @@ std::string BenchReport::to_json(const BenchOptions& o) const {
   auto sj = [](const Summary& x) { return Json{{"mean", x.mean}, {"median", x.median}, {"p99", x.p99}, {"count", x.count}}; };
   Json j = {{"model", o.model}, {"requests", o.requests}, {"concurrency", o.concurrency}, {"rate", o.rate},
             {"input_len", {o.input_min, o.input_max}}, {"output_len", {o.output_min, o.output_max}},
-            {"turns", o.turns}, {"sessions", o.sessions}, {"completed", completed}, {"failed", failed},
+            {"turns", o.turns}, {"sessions", o.sessions}, {"endpoint", o.endpoint},
+            {"inputs_per_request", o.inputs_per_request}, {"sequences", sequences},
+            {"sequence_throughput", sequence_throughput}, {"completed", completed}, {"failed", failed},
             {"duration_s", duration_s}, {"input_tokens", input_tokens}, {"output_tokens", output_tokens},
             {"request_throughput", request_throughput}, {"output_throughput", output_throughput},
             {"total_throughput", total_throughput}, {"goodput", goodput}, {"ttft_ms", sj(ttft_ms)},

@@ -3,7 +3,9 @@
 // Poisson arrivals, streamed completions with ignore_eos; reports TTFT, TPOT, ITL
 // (mean/median/p99), request and token throughput and goodput. Multi-turn mode replays
 // conversations (each turn = previous prompt + answer + new tokens) with or without
-// session ids, to measure what KV reuse does to later turns' TTFT.
+// session ids, to measure what KV reuse does to later turns' TTFT. Embeddings mode posts
+// /v1/embeddings requests of random token-id inputs instead (encoder serving): request
+// and sequence throughput and end-to-end latency.
 // Exercised by tests/server/bench_client_test.cpp against an in-process server.
 #pragma once
 
@@ -29,6 +31,8 @@ struct BenchOptions {
   bool sessions = false;  // send a session id per conversation
   double ttft_target_ms = 2000, tpot_target_ms = 100;  // goodput (MLPerf server targets)
   uint64_t seed = 0;
+  std::string endpoint = "completions";  // or "embeddings"
+  int inputs_per_request = 1;            // embeddings: inputs in each request
 };
 
 struct Summary {
@@ -41,9 +45,11 @@ struct BenchReport {
   int completed = 0, failed = 0;
   double duration_s = 0;
   int64_t input_tokens = 0, output_tokens = 0;
+  int64_t sequences = 0;  // embeddings: inputs embedded
   Summary ttft_ms, tpot_ms, itl_ms, e2e_ms;
   Summary ttft_first_turn_ms, ttft_later_turns_ms;  // multi-turn only
   double request_throughput = 0, output_throughput = 0, total_throughput = 0, goodput = 0;
+  double sequence_throughput = 0;  // embeddings
   std::string first_error;
   std::string to_text(const BenchOptions& o) const;
   std::string to_json(const BenchOptions& o) const;

@@ -127,6 +127,30 @@ std::string Metrics::render(const ModelRepository& repo) const {
     out += std::string("# HELP ") + s.name + " " + s.help + "\n# TYPE " + s.name + " " + s.type + "\n";
     for (auto& [name, st] : stats) out += std::string(s.name) + "{model=\"" + label(name) + "\"} " + num(s.get(st)) + "\n";
   }
+  // Encoders: the batcher's counters (mean sequences per forward = sequences / forwards).
+  struct EncSeries {
+    const char* name;
+    const char* type;
+    const char* help;
+    double (*get)(const EncoderBatcherStats&);
+  };
+  static const EncSeries enc_series[] = {
+      {"kiln_encoder_forwards_total", "counter", "Encoder forwards run (each a batch of queued sequences).", [](const EncoderBatcherStats& s) { return double(s.forwards); }},
+      {"kiln_encoder_sequences_total", "counter", "Sequences through encoder forwards.", [](const EncoderBatcherStats& s) { return double(s.sequences); }},
+      {"kiln_encoder_tokens_total", "counter", "Tokens through encoder forwards.", [](const EncoderBatcherStats& s) { return double(s.tokens); }},
+      {"kiln_encoder_largest_batch", "gauge", "Most sequences in one encoder forward since start.", [](const EncoderBatcherStats& s) { return double(s.largest_batch); }},
+      {"kiln_encoder_queue_sequences", "gauge", "Sequences waiting for an encoder forward.", [](const EncoderBatcherStats& s) { return double(s.queued); }},
+      {"kiln_encoder_running_sequences", "gauge", "Sequences in the encoder forward running now.", [](const EncoderBatcherStats& s) { return double(s.running); }},
+      {"kiln_encoder_failed_requests_total", "counter", "Encoder requests whose forward failed.", [](const EncoderBatcherStats& s) { return double(s.failed_requests); }},
+      {"kiln_encoder_busy_seconds_total", "counter", "Time spent in encoder forwards.", [](const EncoderBatcherStats& s) { return s.busy_seconds; }},
+  };
+  std::vector<std::pair<std::string, EncoderBatcherStats>> enc_stats;
+  for (auto& m : repo.models())
+    if (m->batcher) enc_stats.emplace_back(m->name, m->batcher->stats());
+  for (const EncSeries& s : enc_series) {
+    out += std::string("# HELP ") + s.name + " " + s.help + "\n# TYPE " + s.name + " " + s.type + "\n";
+    for (auto& [name, st] : enc_stats) out += std::string(s.name) + "{model=\"" + label(name) + "\"} " + num(s.get(st)) + "\n";
+  }
   out += "# HELP kiln_executor_seconds_total Executor time by phase (emit: update callbacks on the emitter thread, overlapping the next step).\n# TYPE kiln_executor_seconds_total counter\n";
   for (auto& [name, st] : stats) {
     const std::pair<const char*, double> phases[] = {

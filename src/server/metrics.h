@@ -1,7 +1,8 @@
 // Prometheus metrics in the text exposition format: request counters by endpoint and
 // status, TTFT/TPOT/end-to-end latency histograms per model, and the executors' gauges
 // and counters (queue depth, running sequences, batch size, KV blocks, prefix-cache and
-// session counters, preemptions and KV swapping) read at scrape time. Tested in tests/server/.
+// session counters, preemptions and KV swapping) and the encoder batchers' counters
+// (forwards, sequences, queue depth) read at scrape time. Tested in tests/server/.
 #pragma once
 
 #include <array>

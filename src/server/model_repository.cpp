@@ -53,6 +53,11 @@ ServedModel& ModelRepository::add_loaded(std::unique_ptr<Model> model, std::stri
   }
   if (m->model->info().is_decoder)
     m->executor = std::make_unique<Executor>(*m->model, m->tokenizer ? &*m->tokenizer : nullptr, exec_opt_);
+  else if (m->model->info().family != "onnx") {  // ONNX graphs run op by op, not through encode()
+    EncoderBatcherOptions eo = enc_opt_;
+    eo.encode.hidden = false;  // the routes return pooled embeddings and logits
+    m->batcher = std::make_unique<EncoderBatcher>(*m->model, eo);
+  }
   models_.push_back(std::move(m));
   return *models_.back();
 }

@@ -1,5 +1,6 @@
 // The models a server serves, by name: decoders each with their tokenizer and an
-// Executor; encoders with their tokenizer, run one batch at a time. Built from explicit
+// Executor; encoders with their tokenizer and an EncoderBatcher (concurrent requests
+// share forwards). Built from explicit
 // paths or from a repository folder (every *.gguf file and every directory holding a
 // config.json is one model, named after the entry). Tested in tests/server/.
 #pragma once
@@ -11,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/encoder_batcher.h"
 #include "runtime/executor.h"
 #include "runtime/model.h"
 #include "tokenizer/chat_template.h"
@@ -26,14 +28,15 @@ struct ServedModel {
   std::optional<tok::Tokenizer> tokenizer;
   std::unique_ptr<tok::ChatTemplate> chat_template;  // parsed once; null without one
   std::unique_ptr<Executor> executor;                // decoders
-  std::mutex encode_mu;                              // encoders: one batch at a time
+  std::unique_ptr<EncoderBatcher> batcher;           // encoders (declared after model: stops first)
   bool is_decoder() const { return executor != nullptr; }
 };
 
 class ModelRepository {
  public:
-  ModelRepository(ModelOptions model_options, ExecutorOptions executor_options)
-      : model_opt_(std::move(model_options)), exec_opt_(executor_options) {}
+  ModelRepository(ModelOptions model_options, ExecutorOptions executor_options,
+                  EncoderBatcherOptions encoder_options = {})
+      : model_opt_(std::move(model_options)), exec_opt_(executor_options), enc_opt_(encoder_options) {}
   // Loads `path` as `name` (empty: the file or directory name without .gguf);
   // "random:CONFIG.json" builds that architecture with random weights.
   ServedModel& add(const std::string& path, std::string name = {});
@@ -53,6 +56,7 @@ class ModelRepository {
   ServedModel& finish_add(std::unique_ptr<ServedModel> m);
   ModelOptions model_opt_;
   ExecutorOptions exec_opt_;
+  EncoderBatcherOptions enc_opt_;
   std::vector<std::unique_ptr<ServedModel>> models_;
 };
 

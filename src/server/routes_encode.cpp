@@ -1,7 +1,8 @@
 // Encoder routes: /v1/embeddings (mean-pooled, L2-normalized embeddings, as
 // sentence-transformers models define them; the same as `kiln embed`) and KServe v2
 // metadata + /infer (texts in; logits, probabilities and labels out for classifiers,
-// embeddings otherwise). One batch runs at a time per model (encode() is synchronous).
+// embeddings otherwise). Requests go through the model's EncoderBatcher, so concurrent
+// clients share forwards.
 #include <cmath>
 
 #include "core/status.h"
@@ -53,9 +54,9 @@ std::vector<float> normalized(std::vector<float> v) {
   return v;
 }
 
-std::vector<EncoderOutput> run_encoder(ServedModel& m, const std::vector<EncoderInput>& batch) {
-  std::lock_guard lk(m.encode_mu);
-  return encode(*m.model, batch, {.hidden = false});  // the routes return pooled embeddings and logits
+std::vector<EncoderOutput> run_encoder(ServedModel& m, std::vector<EncoderInput> batch) {
+  if (!m.batcher) return encode(*m.model, batch, {.hidden = false});  // says why it cannot (an ONNX graph)
+  return m.batcher->run(std::move(batch));
 }
 
 }  // namespace

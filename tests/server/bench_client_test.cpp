@@ -57,5 +57,39 @@ TEST(BenchClient, MultiTurnSessionsAgainstALiveServer) {
   EXPECT_NE(r.first_error.find("404"), std::string::npos) << r.first_error;
 }
 
+TEST(BenchClient, EmbeddingsAgainstALiveServer) {
+  ModelRepository repo({}, {});
+  repo.add(fixture("bert"), "bert");
+  TestServer srv(repo);
+  BenchOptions o;
+  o.port = srv.port();
+  o.model = "bert";
+  o.endpoint = "embeddings";
+  o.requests = 24;
+  o.concurrency = 6;
+  o.inputs_per_request = 3;
+  o.input_min = 2, o.input_max = 16;
+  o.vocab = 90;
+  BenchReport r = run_serve_bench(o);
+  EXPECT_EQ(r.completed, 24) << r.first_error;
+  EXPECT_EQ(r.failed, 0);
+  EXPECT_EQ(r.sequences, 72);
+  EXPECT_GE(r.input_tokens, 72 * 2);
+  EXPECT_LE(r.input_tokens, 72 * 16);
+  EXPECT_EQ(r.e2e_ms.count, 24u);
+  EXPECT_EQ(r.ttft_ms.count, 0u);
+  EXPECT_GT(r.sequence_throughput, 0);
+  EXPECT_NE(r.to_text(o).find("sequences/s"), std::string::npos);
+  // The server saw every sequence through its batcher.
+  EXPECT_EQ(repo.find("bert")->batcher->stats().sequences, 72);
+
+  o.input_max = 200;  // past the model's positions: every request fails with a 400, and says so
+  o.input_min = 200;
+  o.requests = 2;
+  r = run_serve_bench(o);
+  EXPECT_EQ(r.failed, 2);
+  EXPECT_NE(r.first_error.find("400"), std::string::npos) << r.first_error;
+}
+
 }  // namespace
 }  // namespace kiln::server

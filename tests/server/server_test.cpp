@@ -206,6 +206,48 @@ TEST_F(ServerTest, EmbeddingsFloatAndBase64AgreeAndAreNormalized) {
   EXPECT_EQ(s, base64_floats(e0));
 }
 
+// Concurrent clients' embeddings share forwards (the encoder batcher) and each gets
+// what it gets alone; /metrics counts the forwards and sequences.
+TEST_F(ServerTest, ConcurrentEmbeddingsMatchTheirSequentialResults) {
+  const int kClients = 16;
+  std::vector<Json> bodies;
+  std::vector<std::vector<float>> expected;
+  for (int c = 0; c < kClients; ++c) {
+    std::vector<int32_t> ids = {1};
+    for (int i = 0; i < 2 + c % 7; ++i) ids.push_back(3 + (c * 5 + i * 3) % 40);
+    bodies.push_back({{"model", "bert"}, {"input", {ids}}});
+    auto r = post(port(), "/v1/embeddings", bodies.back());
+    ASSERT_EQ(r.status, 200) << r.body;
+    expected.push_back(r.json()["data"][0]["embedding"].get<std::vector<float>>());
+  }
+  std::vector<std::vector<float>> got(kClients);
+  std::vector<int> status(kClients);
+  std::vector<std::thread> clients;
+  for (int round = 0; round < 3; ++round) {
+    clients.clear();
+    for (int c = 0; c < kClients; ++c)
+      clients.emplace_back([&, c] {
+        auto r = post(port(), "/v1/embeddings", bodies[size_t(c)]);
+        status[size_t(c)] = r.status;
+        if (r.status == 200) got[size_t(c)] = r.json()["data"][0]["embedding"].get<std::vector<float>>();
+      });
+    for (auto& t : clients) t.join();
+    for (int c = 0; c < kClients; ++c) {
+      ASSERT_EQ(status[size_t(c)], 200) << "client " << c;
+      ASSERT_EQ(got[size_t(c)].size(), expected[size_t(c)].size());
+      for (size_t k = 0; k < got[size_t(c)].size(); ++k)
+        EXPECT_NEAR(got[size_t(c)][k], expected[size_t(c)][k], 1e-5) << "client " << c << " value " << k;
+    }
+  }
+  const std::string m = get(port(), "/metrics").body;
+  for (const char* name : {"kiln_encoder_forwards_total{model=\"bert\"}", "kiln_encoder_sequences_total{model=\"bert\"}",
+                           "kiln_encoder_queue_sequences{model=\"bert\"} 0", "kiln_encoder_failed_requests_total{model=\"bert\"} 0"})
+    EXPECT_NE(m.find(name), std::string::npos) << name;
+  const EncoderBatcherStats st = repo_->find("bert")->batcher->stats();
+  EXPECT_GE(st.sequences, 4 * kClients);
+  EXPECT_LE(st.forwards, st.sequences);
+}
+
 TEST_F(ServerTest, KserveV2MetadataAndInferOnAClassifier) {
   auto meta = get(port(), "/v2/models/bert");
   ASSERT_EQ(meta.status, 200);

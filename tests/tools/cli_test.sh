@@ -33,6 +33,9 @@ check no-classifier 1 "no classification head" -- "$kiln" classify -m "$fixtures
 check serve-help-tuning 0 "--tune-batch-sizes" -- "$kiln" serve --help
 check serve-help-padding 0 "--decode-padding" -- "$kiln" serve --help
 check serve-bad-padding 105 "--decode-padding: sometimes not in" -- "$kiln" serve --decode-padding sometimes -m x
+check serve-help-encoder-batching 0 "--encoder-max-batch-tokens" -- "$kiln" serve --help
+check serve-bad-encoder-batch 105 "--encoder-max-batch: Value 0 not in range" -- "$kiln" serve --encoder-max-batch 0 -m x
+check serve-bench-bad-endpoint 105 "--endpoint: chat not in" -- "$kiln" serve bench --model m --endpoint chat
 check bench-serve-help 0 "TTFT" -- "$kiln" bench serve --help
 check serve-bench-help 0 "TTFT" -- "$kiln" serve bench --help
 check bench-serve-no-server 1 "" -- "$kiln" bench serve --port 1 --model m --requests 1

@@ -44,6 +44,8 @@ struct ServeArgs {
   int tp = 0;  // not given: an engine's own ranks, else 1
   bool tune_batch_sizes = false;  // ModelOptions::step_tuning
   std::string decode_padding = "auto";  // ExecutorOptions::decode_padding
+  EncoderBatcherOptions encoder;         // encoders' dynamic batching
+  int64_t encoder_delay_us = 0;
 };
 
 std::atomic<int> g_signal{0};
@@ -72,7 +74,9 @@ int run_serve(const ServeArgs& a) {
   mo.tensor_parallel = a.tp;
   mo.kv_cache_dtype = a.kv_cache_dtype;
   mo.step_tuning = a.tune_batch_sizes;
-  server::ModelRepository repo(mo, eo);
+  EncoderBatcherOptions enc = a.encoder;
+  enc.max_queue_delay = std::chrono::microseconds(a.encoder_delay_us);
+  server::ModelRepository repo(mo, eo, enc);
   for (const std::string& m : a.models) {
     size_t eq = m.find('=');
     if (eq != std::string::npos) repo.add(m.substr(eq + 1), m.substr(0, eq));
@@ -166,6 +170,19 @@ Runner add_serve(CLI::App& app) {
                   "auto (where steps are captured: cuda), on, off")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
+  cmd->add_option("--encoder-max-batch-tokens", a->encoder.max_batch_tokens,
+                  "encoders: tokens per forward; concurrent requests' sequences share forwards up to this (a longer "
+                  "sequence runs alone)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 24))
+      ->capture_default_str();
+  cmd->add_option("--encoder-max-batch", a->encoder.max_batch_sequences,
+                  "encoders: sequences per forward (1: one at a time, no batching across requests)")
+      ->check(CLI::Range(1, 1 << 16))
+      ->capture_default_str();
+  cmd->add_option("--encoder-batch-delay-us", a->encoder_delay_us,
+                  "encoders: how long a queued sequence may wait for more to fill its forward (0: run what is queued at once)")
+      ->check(CLI::Range(int64_t(0), int64_t(10000000)))
+      ->capture_default_str();
   cmd->add_option("--policy", a->policy, "scheduling: fcfs or priority")
       ->check(CLI::IsMember({"fcfs", "priority"}))
       ->capture_default_str();
@@ -216,6 +233,14 @@ SubRunner add_serve_bench(CLI::App* parent) {
   bench->add_option("--ttft-target-ms", b->ttft_target_ms, "goodput TTFT target")->capture_default_str();
   bench->add_option("--tpot-target-ms", b->tpot_target_ms, "goodput TPOT target")->capture_default_str();
   bench->add_option("--seed", b->seed, "prompt and arrival seed")->capture_default_str();
+  bench->add_option("--endpoint", b->endpoint,
+                    "completions (streamed generation) or embeddings (encoders: --input-min/max tokens an input; the "
+                    "goodput target is --ttft-target-ms on the whole request)")
+      ->check(CLI::IsMember({"completions", "embeddings"}))
+      ->capture_default_str();
+  bench->add_option("--inputs-per-request", b->inputs_per_request, "embeddings: inputs in each request")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
   bench->add_option("--json", *json_out, "also write the report as JSON to this file");
   return {bench, [b, json_out] {
     if (b->input_min > b->input_max || b->output_min > b->output_max)

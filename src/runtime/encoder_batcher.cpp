@@ -1,0 +1,213 @@
+// EncoderBatcher (see encoder_batcher.h).
+#include "runtime/encoder_batcher.h"
+
+#include <algorithm>
+#include <exception>
+
+#include "core/status.h"
+
+namespace kiln {
+
+struct EncoderBatcher::Request {
+  std::vector<EncoderInput> inputs;
+  std::vector<EncoderOutput> outputs;
+  size_t remaining = 0;
+  bool failed = false;
+  std::promise<std::vector<EncoderOutput>> done;
+};
+
+EncoderBatcher::EncoderBatcher(Model& model, EncoderBatcherOptions options) : model_(model), opt_(std::move(options)) {
+  const ModelInfo& info = model_.info();
+  if (info.is_decoder)
+    throw_error(ErrorCode::kInvalidArgument, "the encoder batcher needs an encoder model; '", info.family,
+                "' is a decoder");
+  KILN_THROW_IF(opt_.max_batch_tokens < 1 || opt_.max_batch_sequences < 1 || opt_.max_queued_sequences < 1 ||
+                    opt_.max_queue_delay.count() < 0,
+                kInvalidArgument, "encoder batching: the batch budgets (", opt_.max_batch_tokens, " tokens, ",
+                opt_.max_batch_sequences, " sequences) and the queue limit (", opt_.max_queued_sequences,
+                ") must be positive, the queue delay (", opt_.max_queue_delay.count(), " us) not negative");
+  worker_ = std::thread([this] { loop(); });
+}
+
+EncoderBatcher::~EncoderBatcher() {
+  {
+    std::lock_guard lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  worker_.join();
+}
+
+void EncoderBatcher::validate(const std::vector<EncoderInput>& inputs) const {
+  const ModelInfo& info = model_.info();
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    const EncoderInput& in = inputs[i];
+    if (in.tokens.empty()) throw_error(ErrorCode::kInvalidArgument, "input ", i, " is empty");
+    if (int64_t(in.tokens.size()) > info.max_positions)
+      throw_error(ErrorCode::kOutOfRange, "input ", i, " has ", in.tokens.size(), " tokens; the model takes at most ",
+                  info.max_positions);
+    if (!in.token_types.empty() && in.token_types.size() != in.tokens.size())
+      throw_error(ErrorCode::kInvalidArgument, "input ", i, ": ", in.token_types.size(), " token types for ",
+                  in.tokens.size(), " tokens");
+    for (int32_t t : in.tokens)
+      if (t < 0 || t >= info.vocab_size)
+        throw_error(ErrorCode::kOutOfRange, "input ", i, ": token id ", t, " is outside the vocabulary [0, ",
+                    info.vocab_size, ")");
+    for (int32_t t : in.token_types)
+      if (t < 0) throw_error(ErrorCode::kOutOfRange, "input ", i, ": token type ", t, " is negative");
+  }
+}
+
+std::future<std::vector<EncoderOutput>> EncoderBatcher::submit(std::vector<EncoderInput> inputs) {
+  validate(inputs);
+  auto req = std::make_shared<Request>();
+  std::future<std::vector<EncoderOutput>> fut = req->done.get_future();
+  if (inputs.empty()) {
+    req->done.set_value({});
+    return fut;
+  }
+  req->remaining = inputs.size();
+  req->outputs.resize(inputs.size());
+  req->inputs = std::move(inputs);
+  {
+    std::lock_guard lk(mu_);
+    if (stop_) throw_error(ErrorCode::kUnsupported, "the encoder batcher is stopping");
+    if (int64_t(queue_.size() + req->inputs.size()) > opt_.max_queued_sequences)
+      throw_error(ErrorCode::kOutOfMemory, "the encoder queue is full (", queue_.size(), " sequences waiting, at most ",
+                  opt_.max_queued_sequences, "); try again later");
+    const auto now = std::chrono::steady_clock::now();
+    for (size_t i = 0; i < req->inputs.size(); ++i) queue_.push_back({req, i, now});
+    stats_.queued = int64_t(queue_.size());
+  }
+  cv_.notify_one();
+  return fut;
+}
+
+EncoderBatcherStats EncoderBatcher::stats() const {
+  std::lock_guard lk(mu_);
+  return stats_;
+}
+
+// The queue's head, in arrival order, while it fits both budgets (the first sequence is
+// always taken, however long). Called with mu_ held and the queue not empty.
+std::vector<EncoderBatcher::Item> EncoderBatcher::take_batch(std::unique_lock<std::mutex>& lk) {
+  auto fits = [&](size_t n, int64_t tokens) {
+    return int64_t(n) <= opt_.max_batch_sequences && tokens <= opt_.max_batch_tokens;
+  };
+  // With a queue delay, wait while what is queued leaves room and the oldest may wait on.
+  if (opt_.max_queue_delay.count() > 0) {
+    const auto deadline = queue_.front().arrival + opt_.max_queue_delay;
+    auto full = [&] {
+      int64_t tokens = 0;
+      for (size_t i = 0; i < queue_.size(); ++i) {
+        tokens += int64_t(queue_[i].req->inputs[queue_[i].index].tokens.size());
+        if (!fits(i + 1, tokens)) return true;
+      }
+      return int64_t(queue_.size()) == opt_.max_batch_sequences;
+    };
+    while (!stop_ && !full() && std::chrono::steady_clock::now() < deadline) cv_.wait_until(lk, deadline);
+  }
+  std::vector<Item> batch;
+  int64_t tokens = 0;
+  while (!queue_.empty()) {
+    const Item& it = queue_.front();
+    const int64_t n = int64_t(it.req->inputs[it.index].tokens.size());
+    if (!batch.empty() && !fits(batch.size() + 1, tokens + n)) break;
+    tokens += n;
+    batch.push_back(std::move(queue_.front()));
+    queue_.pop_front();
+  }
+  return batch;
+}
+
+void EncoderBatcher::loop() {
+  std::unique_lock lk(mu_);
+  for (;;) {
+    cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stopping, and everything queued has run
+    std::vector<Item> batch = take_batch(lk);
+    stats_.queued = int64_t(queue_.size());
+    stats_.running = int64_t(batch.size());
+    lk.unlock();
+    run_batch(batch);
+    lk.lock();
+    stats_.running = 0;
+  }
+}
+
+// One forward over the batch's sequences; each output goes to its request, and a
+// request whose last sequence this was completes.
+void EncoderBatcher::forward(const std::vector<Item>& batch) {
+  std::vector<EncoderInput> inputs;
+  inputs.reserve(batch.size());
+  int64_t tokens = 0;
+  for (const Item& it : batch) {
+    inputs.push_back(it.req->inputs[it.index]);
+    tokens += int64_t(inputs.back().tokens.size());
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<EncoderOutput> out = encode(model_, inputs, opt_.encode);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::vector<Request*> completed;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    Request& r = *batch[i].req;
+    r.outputs[batch[i].index] = std::move(out[i]);
+    if (--r.remaining == 0 && !r.failed) completed.push_back(&r);
+  }
+  {  // counted before any caller sees its result
+    std::lock_guard lk(mu_);
+    stats_.forwards += 1;
+    stats_.sequences += int64_t(batch.size());
+    stats_.tokens += tokens;
+    stats_.requests += int64_t(completed.size());
+    stats_.largest_batch = std::max(stats_.largest_batch, int64_t(batch.size()));
+    stats_.busy_seconds += secs;
+  }
+  for (Request* r : completed) {
+    r->inputs.clear();
+    r->done.set_value(std::move(r->outputs));
+  }
+}
+
+void EncoderBatcher::run_batch(const std::vector<Item>& batch) {
+  auto fail = [&](const std::vector<Item>& items, std::exception_ptr e) {
+    std::vector<Request*> failed;
+    for (const Item& it : items) {
+      Request& r = *it.req;
+      if (!r.failed) {
+        r.failed = true;
+        failed.push_back(&r);
+      }
+      --r.remaining;
+    }
+    {
+      std::lock_guard lk(mu_);
+      stats_.requests += int64_t(failed.size());
+      stats_.failed_requests += int64_t(failed.size());
+    }
+    for (Request* r : failed) r->done.set_exception(e);
+  };
+  try {
+    forward(batch);
+    return;
+  } catch (...) {
+    // Several requests shared the forward: run each request's sequences alone, so an
+    // input that passed validate() but fails the model fails only its own request.
+    bool several = false;
+    for (const Item& it : batch) several = several || it.req != batch.front().req;
+    if (!several) return fail(batch, std::current_exception());
+  }
+  for (size_t i = 0; i < batch.size();) {
+    size_t j = i;
+    std::vector<Item> one;
+    while (j < batch.size() && batch[j].req == batch[i].req) one.push_back(batch[j++]);
+    try {
+      forward(one);
+    } catch (...) {
+      fail(one, std::current_exception());
+    }
+    i = j;
+  }
+}
+
+}  // namespace kiln
