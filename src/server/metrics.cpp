@@ -65,6 +65,25 @@ static std::string label(const std::string& v) {
   return out;
 }
 
+// A per-model series read from a stats struct at scrape time.
+template <typename Stats>
+struct Series {
+  const char* name;
+  const char* type;
+  const char* help;
+  double (*get)(const Stats&);
+};
+
+// Each series' HELP/TYPE lines, then one sample per model.
+template <typename Stats, size_t N>
+void render_series(std::string& out, const Series<Stats> (&series)[N],
+                   const std::vector<std::pair<std::string, Stats>>& stats) {
+  for (const Series<Stats>& s : series) {
+    out += std::string("# HELP ") + s.name + " " + s.help + "\n# TYPE " + s.name + " " + s.type + "\n";
+    for (auto& [name, st] : stats) out += std::string(s.name) + "{model=\"" + label(name) + "\"} " + num(s.get(st)) + "\n";
+  }
+}
+
 std::string Metrics::render(const ModelRepository& repo) const {
   std::string out;
   std::lock_guard lk(mu_);
@@ -85,13 +104,7 @@ std::string Metrics::render(const ModelRepository& repo) const {
   out += "# HELP kiln_generation_tokens_total Generated tokens of finished requests.\n# TYPE kiln_generation_tokens_total counter\n";
   for (auto& [m, t] : tokens_) out += "kiln_generation_tokens_total{model=\"" + label(m) + "\"} " + std::to_string(t.second) + "\n";
 
-  struct Series {
-    const char* name;
-    const char* type;
-    const char* help;
-    double (*get)(const ExecutorStats&);
-  };
-  static const Series series[] = {
+  static const Series<ExecutorStats> series[] = {
       {"kiln_num_requests_waiting", "gauge", "Sequences waiting for admission (queue depth).", [](const ExecutorStats& s) { return double(s.waiting); }},
       {"kiln_num_requests_running", "gauge", "Sequences admitted and running.", [](const ExecutorStats& s) { return double(s.running); }},
       {"kiln_batch_size", "gauge", "Sequences in the last engine step.", [](const ExecutorStats& s) { return double(s.last_batch_seqs); }},
@@ -123,18 +136,9 @@ std::string Metrics::render(const ModelRepository& repo) const {
   std::vector<std::pair<std::string, ExecutorStats>> stats;
   for (auto& m : repo.models())
     if (m->executor) stats.emplace_back(m->name, m->executor->stats());
-  for (const Series& s : series) {
-    out += std::string("# HELP ") + s.name + " " + s.help + "\n# TYPE " + s.name + " " + s.type + "\n";
-    for (auto& [name, st] : stats) out += std::string(s.name) + "{model=\"" + label(name) + "\"} " + num(s.get(st)) + "\n";
-  }
+  render_series(out, series, stats);
   // Encoders: the batcher's counters (mean sequences per forward = sequences / forwards).
-  struct EncSeries {
-    const char* name;
-    const char* type;
-    const char* help;
-    double (*get)(const EncoderBatcherStats&);
-  };
-  static const EncSeries enc_series[] = {
+  static const Series<EncoderBatcherStats> enc_series[] = {
       {"kiln_encoder_forwards_total", "counter", "Encoder forwards run (each a batch of queued sequences).", [](const EncoderBatcherStats& s) { return double(s.forwards); }},
       {"kiln_encoder_sequences_total", "counter", "Sequences through encoder forwards.", [](const EncoderBatcherStats& s) { return double(s.sequences); }},
       {"kiln_encoder_tokens_total", "counter", "Tokens through encoder forwards.", [](const EncoderBatcherStats& s) { return double(s.tokens); }},
@@ -147,10 +151,7 @@ std::string Metrics::render(const ModelRepository& repo) const {
   std::vector<std::pair<std::string, EncoderBatcherStats>> enc_stats;
   for (auto& m : repo.models())
     if (m->batcher) enc_stats.emplace_back(m->name, m->batcher->stats());
-  for (const EncSeries& s : enc_series) {
-    out += std::string("# HELP ") + s.name + " " + s.help + "\n# TYPE " + s.name + " " + s.type + "\n";
-    for (auto& [name, st] : enc_stats) out += std::string(s.name) + "{model=\"" + label(name) + "\"} " + num(s.get(st)) + "\n";
-  }
+  render_series(out, enc_series, enc_stats);
   out += "# HELP kiln_executor_seconds_total Executor time by phase (emit: update callbacks on the emitter thread, overlapping the next step).\n# TYPE kiln_executor_seconds_total counter\n";
   for (auto& [name, st] : stats) {
     const std::pair<const char*, double> phases[] = {

@@ -105,7 +105,9 @@ TEST_F(ServerTest, StreamingDeliversEveryTokenOnceThenUsageAndDone) {
     for (auto& c : j["choices"]) {
       for (auto& t : c["token_ids"]) ids.push_back(t.get<int32_t>());
       if (!c["finish_reason"].is_null()) finish = c["finish_reason"];
-      if (!c["token_ids"].empty()) EXPECT_EQ(c["logprobs"]["top_logprobs"][0].size(), 2u);
+      if (!c["token_ids"].empty()) {
+        EXPECT_EQ(c["logprobs"]["top_logprobs"][0].size(), 2u);
+      }
     }
   }
   EXPECT_EQ(ids, alone(prompt, 12));
