@@ -1,18 +1,22 @@
 // Bounded loopback load test (CI, tiny Llama fixture): 64 concurrent clients send 320
 // requests of mixed lengths: streamed and not, some sharing a prefix, some two-turn
-// sessions, some hung up midway. Every finished request must carry exactly the greedy
+// sessions, some hung up midway, and ~1 in 11 embedding requests to a tiny BERT served
+// beside it (batched across clients). Every finished request must carry exactly the greedy
 // tokens of that request run alone (no token lost, duplicated or mixed up between
-// requests), cancelled ones must end cleanly, and afterwards the server is healthy, idle,
-// holds no leaked KV blocks and its memory did not grow.
+// requests; embeddings within 1e-5 of each input alone), cancelled ones must end
+// cleanly, and afterwards the server is healthy, idle, holds no leaked KV blocks and its
+// memory did not grow.
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
 #include <fstream>
 #include <map>
 #include <mutex>
 #include <random>
 #include <unistd.h>
 
+#include "runtime/encoder_runner.h"
 #include "runtime/llm_runner.h"
 #include "server_util.h"
 
@@ -35,12 +39,13 @@ std::vector<int32_t> turn_two(std::vector<int32_t> prompt, const std::vector<int
   return prompt;
 }
 
-enum class Kind { kStream, kPlain, kShared, kCancel, kSession };
+enum class Kind { kStream, kPlain, kShared, kCancel, kSession, kEmbed };
 
 struct Job {
   Kind kind;
   std::vector<int32_t> prompt;
   int max_tokens;
+  std::vector<std::vector<int32_t>> inputs;  // kEmbed: /v1/embeddings inputs (the encoder)
 };
 
 std::vector<int32_t> ids_of(const SseResult& s, std::string* finish) {
@@ -62,6 +67,7 @@ TEST(ServerLoad, ConcurrentMixedTrafficIsExactAndLeavesNoTrace) {
   eo.session_idle_timeout = std::chrono::milliseconds(500);
   ModelRepository repo({}, eo);
   repo.add(fixture("llama"), "llama");
+  repo.add(fixture("bert"), "bert");  // embedding requests share the server (and batch with each other)
   Model& model = *repo.find("llama")->model;
   TestServer srv(repo);
 
@@ -75,8 +81,11 @@ TEST(ServerLoad, ConcurrentMixedTrafficIsExactAndLeavesNoTrace) {
   std::vector<Job> jobs;
   for (int i = 0; i < 320; ++i) {
     Job j;
-    int r = int(rng() % 10);
-    j.kind = r < 4 ? Kind::kStream : r < 6 ? Kind::kPlain : r < 8 ? Kind::kShared : r < 9 ? Kind::kCancel : Kind::kSession;
+    int r = int(rng() % 11);
+    j.kind = r < 4 ? Kind::kStream : r < 6 ? Kind::kPlain : r < 8 ? Kind::kShared : r < 9 ? Kind::kCancel
+           : r < 10 ? Kind::kSession : Kind::kEmbed;
+    if (j.kind == Kind::kEmbed)
+      for (int k = 0; k < 1 + int(rng() % 3); ++k) j.inputs.push_back(random_ids(2 + int(rng() % 39)));
     j.max_tokens = 4 + int(rng() % 37);
     if (j.kind == Kind::kShared) {
       j.prompt = shared;
@@ -100,7 +109,20 @@ TEST(ServerLoad, ConcurrentMixedTrafficIsExactAndLeavesNoTrace) {
     }
     return r;
   };
+  // Each embedding input alone (a batch of one through encode()), normalized as the route does.
+  std::map<std::vector<int32_t>, std::vector<float>> embed_refs;
+  Model& bert = *repo.find("bert")->model;
+  for (auto& j : jobs)
+    for (auto& in : j.inputs)
+      if (!embed_refs.count(in)) {
+        std::vector<float> e = encode(bert, {EncoderInput{in, {}}}, {.hidden = false}).at(0).mean_pooled;
+        double n = 0;
+        for (float x : e) n += double(x) * x;
+        for (float& x : e) x = float(x / std::sqrt(n));
+        embed_refs[in] = e;
+      }
   for (auto& j : jobs) {
+    if (j.kind == Kind::kEmbed) continue;
     auto first = reference(j.prompt, j.max_tokens);
     if (j.kind == Kind::kSession) reference(turn_two(j.prompt, first), j.max_tokens);
   }
@@ -129,6 +151,21 @@ TEST(ServerLoad, ConcurrentMixedTrafficIsExactAndLeavesNoTrace) {
       if (rj.is_discarded() || !rj["choices"][0]["token_ids"].is_array()) return fail(i, "bad body " + r.body.substr(0, 300));
       auto got = rj["choices"][0]["token_ids"].get<std::vector<int32_t>>();
       if (got != alone(j.prompt, j.max_tokens)) return fail(i, "tokens differ from the request alone");
+      ++completed;
+      return;
+    }
+    if (j.kind == Kind::kEmbed) {
+      auto r = post(srv.port(), "/v1/embeddings", Json{{"model", "bert"}, {"input", j.inputs}});
+      if (r.status != 200) return fail(i, "embeddings status " + std::to_string(r.status) + " " + r.body.substr(0, 300));
+      Json rj = Json::parse(r.body, nullptr, false);
+      if (rj.is_discarded() || rj["data"].size() != j.inputs.size()) return fail(i, "bad body " + r.body.substr(0, 300));
+      for (size_t k = 0; k < j.inputs.size(); ++k) {
+        auto got = rj["data"][k]["embedding"].get<std::vector<float>>();
+        const auto& want = embed_refs.at(j.inputs[k]);
+        if (got.size() != want.size()) return fail(i, "embedding size");
+        for (size_t d = 0; d < got.size(); ++d)
+          if (std::fabs(got[d] - want[d]) > 1e-5f) return fail(i, "embedding differs from the input alone");
+      }
       ++completed;
       return;
     }
@@ -204,6 +241,11 @@ TEST(ServerLoad, ConcurrentMixedTrafficIsExactAndLeavesNoTrace) {
 #else
   EXPECT_LT(rss_end - rss_warm, int64_t(64) << 20) << "memory grew across the run";
 #endif
+  const EncoderBatcherStats es = repo.find("bert")->batcher->stats();
+  EXPECT_EQ(es.failed_requests, 0);
+  EXPECT_EQ(es.queued + es.running, 0);
+  std::printf("[load] encoder: %lld requests, %lld sequences in %lld forwards\n", (long long)es.requests,
+              (long long)es.sequences, (long long)es.forwards);
   EXPECT_EQ(get(srv.port(), "/health/ready").status, 200);
   EXPECT_EQ(post(srv.port(), "/v1/completions", body_of({1, 2, 3}, 3, false)).status, 200);
 }
