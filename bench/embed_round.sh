@@ -6,7 +6,8 @@
 # same input mix, in one run.
 #   bench/embed_round.sh KILN CONFIG OUT_DIR [concurrencies...]
 # LO/HI: input lengths (default 16-128); DTYPE: bf16 (default) or f16; HF=0: kiln only;
-# BACKEND=cpu (with a small config) checks the script itself.
+# BACKEND=cpu (with a small config) checks the script itself; KILN_SERVE_ARGS: more
+# `kiln serve` flags (e.g. "--encoder-batch-delay-us 500").
 set -uo pipefail
 kiln=$1 cfg=$2 out=$3; shift 3
 conc=("$@"); [ ${#conc[@]} -gt 0 ] || conc=(1 16 64 256)
@@ -21,7 +22,7 @@ vocab=$(python3 -c "import json; print(json.load(open('$cfg'))['vocab_size'])")
 for mode in batched one; do
   args=""; [ $mode = one ] && args="--encoder-max-batch 1"
   "$kiln" serve --backend ${BACKEND:-cuda} --weight-dtype $dtype -m model=random:"$cfg" --port $port --http-threads 512 $args \
-    2>"$out/server_$mode.log" &
+    ${KILN_SERVE_ARGS:-} 2>"$out/server_$mode.log" &
   srv=$!
   for i in $(seq 600); do get http://127.0.0.1:$port/health/ready >/dev/null && break; sleep 0.5; done
   "$kiln" serve bench --endpoint embeddings --port $port --model model -c 8 --requests 64 --input-min $lo \
