@@ -38,28 +38,8 @@ EncoderBatcher::~EncoderBatcher() {
   worker_.join();
 }
 
-void EncoderBatcher::validate(const std::vector<EncoderInput>& inputs) const {
-  const ModelInfo& info = model_.info();
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    const EncoderInput& in = inputs[i];
-    if (in.tokens.empty()) throw_error(ErrorCode::kInvalidArgument, "input ", i, " is empty");
-    if (int64_t(in.tokens.size()) > info.max_positions)
-      throw_error(ErrorCode::kOutOfRange, "input ", i, " has ", in.tokens.size(), " tokens; the model takes at most ",
-                  info.max_positions);
-    if (!in.token_types.empty() && in.token_types.size() != in.tokens.size())
-      throw_error(ErrorCode::kInvalidArgument, "input ", i, ": ", in.token_types.size(), " token types for ",
-                  in.tokens.size(), " tokens");
-    for (int32_t t : in.tokens)
-      if (t < 0 || t >= info.vocab_size)
-        throw_error(ErrorCode::kOutOfRange, "input ", i, ": token id ", t, " is outside the vocabulary [0, ",
-                    info.vocab_size, ")");
-    for (int32_t t : in.token_types)
-      if (t < 0) throw_error(ErrorCode::kOutOfRange, "input ", i, ": token type ", t, " is negative");
-  }
-}
-
 std::future<std::vector<EncoderOutput>> EncoderBatcher::submit(std::vector<EncoderInput> inputs) {
-  validate(inputs);
+  check_encoder_inputs(model_.info(), inputs);
   auto req = std::make_shared<Request>();
   std::future<std::vector<EncoderOutput>> fut = req->done.get_future();
   if (inputs.empty()) {
@@ -77,7 +57,6 @@ std::future<std::vector<EncoderOutput>> EncoderBatcher::submit(std::vector<Encod
                   opt_.max_queued_sequences, "); try again later");
     const auto now = std::chrono::steady_clock::now();
     for (size_t i = 0; i < req->inputs.size(); ++i) queue_.push_back({req, i, now});
-    stats_.queued = int64_t(queue_.size());
   }
   cv_.notify_one();
   return fut;
@@ -85,7 +64,9 @@ std::future<std::vector<EncoderOutput>> EncoderBatcher::submit(std::vector<Encod
 
 EncoderBatcherStats EncoderBatcher::stats() const {
   std::lock_guard lk(mu_);
-  return stats_;
+  EncoderBatcherStats s = stats_;
+  s.queued = int64_t(queue_.size());
+  return s;
 }
 
 // The queue's head, in arrival order, while it fits both budgets (the first sequence is
@@ -126,7 +107,6 @@ void EncoderBatcher::loop() {
     cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
     if (queue_.empty()) return;  // stopping, and everything queued has run
     std::vector<Item> batch = take_batch(lk);
-    stats_.queued = int64_t(queue_.size());
     stats_.running = int64_t(batch.size());
     lk.unlock();
     run_batch(batch);
@@ -192,7 +172,7 @@ void EncoderBatcher::run_batch(const std::vector<Item>& batch) {
     return;
   } catch (...) {
     // Several requests shared the forward: run each request's sequences alone, so an
-    // input that passed validate() but fails the model fails only its own request.
+    // input that passed check_encoder_inputs() but fails the model fails only its own request.
     bool several = false;
     for (const Item& it : batch) several = several || it.req != batch.front().req;
     if (!several) return fail(batch, std::current_exception());

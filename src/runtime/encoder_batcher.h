@@ -41,7 +41,7 @@ struct EncoderBatcherStats {
   int64_t requests = 0;         // requests completed (ok or failed)
   int64_t failed_requests = 0;  // of which failed
   int64_t largest_batch = 0;    // most sequences in one forward
-  int64_t queued = 0;           // sequences waiting now
+  int64_t queued = 0;           // sequences waiting now (read from the queue by stats())
   int64_t running = 0;          // sequences in the forward running now
   double busy_seconds = 0;      // time spent in encode()
 };
@@ -62,7 +62,6 @@ class EncoderBatcher {
   std::vector<EncoderOutput> run(std::vector<EncoderInput> inputs) { return submit(std::move(inputs)).get(); }
 
   EncoderBatcherStats stats() const;
-  const EncoderBatcherOptions& options() const { return opt_; }
 
  private:
   struct Request;
@@ -71,7 +70,6 @@ class EncoderBatcher {
     size_t index;
     std::chrono::steady_clock::time_point arrival;
   };
-  void validate(const std::vector<EncoderInput>& inputs) const;
   void loop();
   std::vector<Item> take_batch(std::unique_lock<std::mutex>& lk);
   void run_batch(const std::vector<Item>& batch);

@@ -15,18 +15,9 @@ std::vector<EncoderOutput> encode(Model& model, const std::vector<EncoderInput>&
                 "inputs (Model::compiled().run with ", model.graph().inputs().size(), " named tensors), not through "
                 "encode(); for kiln's encoder path load the HuggingFace directory (config.json + safetensors)");
   if (batch.empty()) return {};
+  check_encoder_inputs(info, batch);
   int64_t total = 0;
-  for (size_t i = 0; i < batch.size(); ++i) {
-    const auto& in = batch[i];
-    if (in.tokens.empty()) throw_error(ErrorCode::kInvalidArgument, "input ", i, " is empty");
-    if (int64_t(in.tokens.size()) > info.max_positions)
-      throw_error(ErrorCode::kOutOfRange, "input ", i, " has ", in.tokens.size(),
-                  " tokens; the model takes at most ", info.max_positions);
-    if (!in.token_types.empty() && in.token_types.size() != in.tokens.size())
-      throw_error(ErrorCode::kInvalidArgument, "input ", i, ": ", in.token_types.size(),
-                  " token types for ", in.tokens.size(), " tokens");
-    total += int64_t(in.tokens.size());
-  }
+  for (const auto& in : batch) total += int64_t(in.tokens.size());
   Tensor tokens(DType::kI32, {total}), positions(DType::kI32, {total}), types(DType::kI32, {total});
   Tensor cls(DType::kI32, {int64_t(batch.size())});
   StepInfo step;
@@ -69,6 +60,25 @@ std::vector<EncoderOutput> encode(Model& model, const std::vector<EncoderInput>&
     if (out.count("logits")) result[i].logits = row(out.at("logits"), int64_t(i));
   }
   return result;
+}
+
+void check_encoder_inputs(const ModelInfo& info, const std::vector<EncoderInput>& batch) {
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const EncoderInput& in = batch[i];
+    if (in.tokens.empty()) throw_error(ErrorCode::kInvalidArgument, "input ", i, " is empty");
+    if (int64_t(in.tokens.size()) > info.max_positions)
+      throw_error(ErrorCode::kOutOfRange, "input ", i, " has ", in.tokens.size(), " tokens; the model takes at most ",
+                  info.max_positions);
+    if (!in.token_types.empty() && in.token_types.size() != in.tokens.size())
+      throw_error(ErrorCode::kInvalidArgument, "input ", i, ": ", in.token_types.size(), " token types for ",
+                  in.tokens.size(), " tokens");
+    for (int32_t t : in.tokens)
+      if (t < 0 || t >= info.vocab_size)
+        throw_error(ErrorCode::kOutOfRange, "input ", i, ": token id ", t, " is outside the vocabulary [0, ",
+                    info.vocab_size, ")");
+    for (int32_t t : in.token_types)
+      if (t < 0) throw_error(ErrorCode::kOutOfRange, "input ", i, ": token type ", t, " is negative");
+  }
 }
 
 std::vector<EncoderInput> encoder_inputs_from_padded(const std::vector<int32_t>& ids,

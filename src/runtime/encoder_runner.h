@@ -31,6 +31,12 @@ struct EncodeOptions {
 
 std::vector<EncoderOutput> encode(Model& model, const std::vector<EncoderInput>& batch, const EncodeOptions& opt = {});
 
+// What encode() checks before it runs (and EncoderBatcher when a request is submitted):
+// each input non-empty, within the model's positions, token ids inside the vocabulary,
+// token types (when given) one per token and not negative. Throws kInvalidArgument /
+// kOutOfRange naming the input.
+void check_encoder_inputs(const ModelInfo& info, const std::vector<EncoderInput>& batch);
+
 // HuggingFace's padded layout ([rows, cols] ids, token types and attention mask, row
 // major) to ragged inputs: each row keeps the tokens its mask marks. `token_types` may
 // be empty (all zeros). Throws kInvalidArgument when the sizes disagree.
