@@ -12,6 +12,7 @@ const char* error_code_name(ErrorCode code) {
     case ErrorCode::kOutOfRange: return "out of range";
     case ErrorCode::kOutOfMemory: return "out of memory";
     case ErrorCode::kIo: return "i/o error";
+    case ErrorCode::kCancelled: return "cancelled";
     case ErrorCode::kInternal: return "internal error";
   }
   return "error";

@@ -21,6 +21,7 @@ enum class ErrorCode {
   kOutOfRange,       // a shape outside a profile, an index past the end
   kOutOfMemory,      // a budget (host, device, KV blocks) is exhausted
   kIo,               // the OS refused (open, read, mmap)
+  kCancelled,        // the caller withdrew the request (e.g. its client hung up)
   kInternal,
 };
 

@@ -8,11 +8,15 @@
 
 namespace kiln {
 
+// remaining, settled and cancelled are guarded by mu_; the promise is set once, by the
+// thread that sets settled.
 struct EncoderBatcher::Request {
+  uint64_t id = 0;
   std::vector<EncoderInput> inputs;
   std::vector<EncoderOutput> outputs;
-  size_t remaining = 0;
-  bool failed = false;
+  size_t remaining = 0;  // sequences queued or in a forward
+  bool settled = false;
+  bool cancelled = false;
   std::promise<std::vector<EncoderOutput>> done;
 };
 
@@ -38,13 +42,13 @@ EncoderBatcher::~EncoderBatcher() {
   worker_.join();
 }
 
-std::future<std::vector<EncoderOutput>> EncoderBatcher::submit(std::vector<EncoderInput> inputs) {
+EncoderJob EncoderBatcher::submit_job(std::vector<EncoderInput> inputs) {
   check_encoder_inputs(model_.info(), inputs);
   auto req = std::make_shared<Request>();
-  std::future<std::vector<EncoderOutput>> fut = req->done.get_future();
+  EncoderJob job{req->done.get_future(), 0};
   if (inputs.empty()) {
     req->done.set_value({});
-    return fut;
+    return job;
   }
   req->remaining = inputs.size();
   req->outputs.resize(inputs.size());
@@ -55,11 +59,49 @@ std::future<std::vector<EncoderOutput>> EncoderBatcher::submit(std::vector<Encod
     if (int64_t(queue_.size() + req->inputs.size()) > opt_.max_queued_sequences)
       throw_error(ErrorCode::kOutOfMemory, "the encoder queue is full (", queue_.size(), " sequences waiting, at most ",
                   opt_.max_queued_sequences, "); try again later");
+    req->id = job.id = next_id_++;
+    live_[req->id] = req;
     const auto now = std::chrono::steady_clock::now();
     for (size_t i = 0; i < req->inputs.size(); ++i) queue_.push_back({req, i, now});
   }
   cv_.notify_one();
-  return fut;
+  return job;
+}
+
+bool EncoderBatcher::cancel(uint64_t id) {
+  std::shared_ptr<Request> r;
+  {
+    std::lock_guard lk(mu_);
+    auto it = live_.find(id);
+    if (it == live_.end()) return false;
+    r = it->second.lock();
+    if (!r || r->settled) return false;
+    r->cancelled = true;
+    const size_t before = queue_.size();
+    std::erase_if(queue_, [&](const Item& q) { return q.req == r; });
+    const size_t dropped = before - queue_.size();
+    r->remaining -= dropped;
+    stats_.cancelled_sequences += int64_t(dropped);
+    if (dropped > 0) cv_.notify_one();  // a batch waiting on a queue delay may have nothing left
+    if (r->remaining > 0) return true;  // the forward running the rest settles it
+    r->settled = true;
+    live_.erase(it);
+    stats_.requests += 1;
+    stats_.cancelled_requests += 1;
+  }
+  r->inputs.clear();
+  r->done.set_exception(std::make_exception_ptr(Error(ErrorCode::kCancelled, "the encoder request was cancelled")));
+  return true;
+}
+
+void EncoderBatcher::finish(const std::vector<std::shared_ptr<Request>>& done) {
+  for (const auto& r : done) {
+    r->inputs.clear();
+    if (r->cancelled)
+      r->done.set_exception(std::make_exception_ptr(Error(ErrorCode::kCancelled, "the encoder request was cancelled")));
+    else
+      r->done.set_value(std::move(r->outputs));
+  }
 }
 
 EncoderBatcherStats EncoderBatcher::stats() const {
@@ -86,7 +128,8 @@ std::vector<EncoderBatcher::Item> EncoderBatcher::take_batch(std::unique_lock<st
       }
       return int64_t(queue_.size()) == opt_.max_batch_sequences;
     };
-    while (!stop_ && !full() && std::chrono::steady_clock::now() < deadline) cv_.wait_until(lk, deadline);
+    while (!stop_ && !queue_.empty() && !full() && std::chrono::steady_clock::now() < deadline)
+      cv_.wait_until(lk, deadline);
   }
   std::vector<Item> batch;
   int64_t tokens = 0;
@@ -107,6 +150,7 @@ void EncoderBatcher::loop() {
     cv_.wait(lk, [&] { return stop_ || !queue_.empty(); });
     if (queue_.empty()) return;  // stopping, and everything queued has run
     std::vector<Item> batch = take_batch(lk);
+    if (batch.empty()) continue;  // cancelled while the batch waited
     stats_.running = int64_t(batch.size());
     lk.unlock();
     run_batch(batch);
@@ -128,44 +172,53 @@ void EncoderBatcher::forward(const std::vector<Item>& batch) {
   const auto t0 = std::chrono::steady_clock::now();
   std::vector<EncoderOutput> out = encode(model_, inputs, opt_.encode);
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  std::vector<Request*> completed;
-  for (size_t i = 0; i < batch.size(); ++i) {
-    Request& r = *batch[i].req;
-    r.outputs[batch[i].index] = std::move(out[i]);
-    if (--r.remaining == 0 && !r.failed) completed.push_back(&r);
-  }
+  std::vector<std::shared_ptr<Request>> done;
   {  // counted before any caller sees its result
     std::lock_guard lk(mu_);
+    for (size_t i = 0; i < batch.size(); ++i) {
+      const std::shared_ptr<Request>& r = batch[i].req;
+      r->outputs[batch[i].index] = std::move(out[i]);
+      if (--r->remaining > 0) continue;
+      live_.erase(r->id);
+      if (r->settled) continue;  // failed in an earlier forward
+      r->settled = true;
+      done.push_back(r);
+      stats_.requests += 1;
+      if (r->cancelled) stats_.cancelled_requests += 1;
+    }
     stats_.forwards += 1;
     stats_.sequences += int64_t(batch.size());
     stats_.tokens += tokens;
-    stats_.requests += int64_t(completed.size());
     stats_.largest_batch = std::max(stats_.largest_batch, int64_t(batch.size()));
     stats_.busy_seconds += secs;
   }
-  for (Request* r : completed) {
-    r->inputs.clear();
-    r->done.set_value(std::move(r->outputs));
-  }
+  finish(done);
 }
 
 void EncoderBatcher::run_batch(const std::vector<Item>& batch) {
   auto fail = [&](const std::vector<Item>& items, std::exception_ptr e) {
-    std::vector<Request*> failed;
-    for (const Item& it : items) {
-      Request& r = *it.req;
-      if (!r.failed) {
-        r.failed = true;
-        failed.push_back(&r);
-      }
-      --r.remaining;
-    }
+    std::vector<std::shared_ptr<Request>> failed;
     {
       std::lock_guard lk(mu_);
+      for (const Item& it : items) {
+        const std::shared_ptr<Request>& r = it.req;
+        if (!r->settled) {
+          r->settled = true;
+          failed.push_back(r);
+        }
+        --r->remaining;
+      }
+      for (const auto& r : failed) {  // its sequences still queued would run for nothing
+        const size_t before = queue_.size();
+        std::erase_if(queue_, [&](const Item& q) { return q.req == r; });
+        r->remaining -= before - queue_.size();
+      }
+      for (const Item& it : items)
+        if (it.req->remaining == 0) live_.erase(it.req->id);
       stats_.requests += int64_t(failed.size());
       stats_.failed_requests += int64_t(failed.size());
     }
-    for (Request* r : failed) r->done.set_exception(e);
+    for (const auto& r : failed) r->done.set_exception(e);
   };
   try {
     forward(batch);

@@ -7,7 +7,8 @@
 // be spread over several forwards; it completes when the last of them has run. Inputs
 // are validated when submitted, so one client's bad input fails only that client; an
 // error inside a forward (e.g. out of device memory) fails the requests with a sequence
-// in it. Tested in tests/runtime/encoder_batcher_test.cpp and tests/server/.
+// in it. A request may be withdrawn (its client hung up): its sequences still queued are
+// dropped and its future fails with kCancelled. Tested in tests/runtime/encoder_batcher_test.cpp and tests/server/.
 #pragma once
 
 #include <chrono>
@@ -18,6 +19,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "runtime/encoder_runner.h"
@@ -34,12 +36,21 @@ struct EncoderBatcherOptions {
   EncodeOptions encode;
 };
 
+// A queued request: its outputs (in input order) once they have run, and the id that
+// withdraws it.
+struct EncoderJob {
+  std::future<std::vector<EncoderOutput>> result;
+  uint64_t id = 0;
+};
+
 struct EncoderBatcherStats {
   int64_t forwards = 0;         // encode() calls run
   int64_t sequences = 0;        // sequences through them
   int64_t tokens = 0;           // tokens through them
   int64_t requests = 0;         // requests completed (ok or failed)
   int64_t failed_requests = 0;  // of which failed
+  int64_t cancelled_requests = 0;  // of which withdrawn by cancel()
+  int64_t cancelled_sequences = 0;  // sequences dropped from the queue by cancel()
   int64_t largest_batch = 0;    // most sequences in one forward
   int64_t queued = 0;           // sequences waiting now (read from the queue by stats())
   int64_t running = 0;          // sequences in the forward running now
@@ -58,8 +69,15 @@ class EncoderBatcher {
   // Queues `inputs` (validated here: throws kInvalidArgument / kOutOfRange naming the
   // input, kOutOfMemory when the queue is full, kUnsupported once stopping) and returns
   // their outputs, in order, once they have run; the future holds a forward's error.
-  std::future<std::vector<EncoderOutput>> submit(std::vector<EncoderInput> inputs);
+  std::future<std::vector<EncoderOutput>> submit(std::vector<EncoderInput> inputs) {
+    return submit_job(std::move(inputs)).result;
+  }
+  EncoderJob submit_job(std::vector<EncoderInput> inputs);
   std::vector<EncoderOutput> run(std::vector<EncoderInput> inputs) { return submit(std::move(inputs)).get(); }
+  // Withdraws request `id`: its queued sequences leave the queue, and its future fails
+  // with kCancelled (at once, or when a forward already running its other sequences
+  // ends; those outputs are dropped). False when the request has already completed.
+  bool cancel(uint64_t id);
 
   EncoderBatcherStats stats() const;
 
@@ -74,12 +92,17 @@ class EncoderBatcher {
   std::vector<Item> take_batch(std::unique_lock<std::mutex>& lk);
   void run_batch(const std::vector<Item>& batch);
   void forward(const std::vector<Item>& batch);
+  // Ends the requests of `done` (their last sequence has run): cancelled ones with
+  // kCancelled, the rest with their outputs. Called without mu_ held.
+  void finish(const std::vector<std::shared_ptr<Request>>& done);
 
   Model& model_;
   const EncoderBatcherOptions opt_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Item> queue_;
+  std::unordered_map<uint64_t, std::weak_ptr<Request>> live_;  // submitted, not yet finished
+  uint64_t next_id_ = 1;
   bool stop_ = false;
   EncoderBatcherStats stats_;
   std::thread worker_;

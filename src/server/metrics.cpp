@@ -146,6 +146,7 @@ std::string Metrics::render(const ModelRepository& repo) const {
       {"kiln_encoder_queue_sequences", "gauge", "Sequences waiting for an encoder forward.", [](const EncoderBatcherStats& s) { return double(s.queued); }},
       {"kiln_encoder_running_sequences", "gauge", "Sequences in the encoder forward running now.", [](const EncoderBatcherStats& s) { return double(s.running); }},
       {"kiln_encoder_failed_requests_total", "counter", "Encoder requests whose forward failed.", [](const EncoderBatcherStats& s) { return double(s.failed_requests); }},
+      {"kiln_encoder_cancelled_requests_total", "counter", "Encoder requests withdrawn (their client hung up).", [](const EncoderBatcherStats& s) { return double(s.cancelled_requests); }},
       {"kiln_encoder_busy_seconds_total", "counter", "Time spent in encoder forwards.", [](const EncoderBatcherStats& s) { return s.busy_seconds; }},
   };
   std::vector<std::pair<std::string, EncoderBatcherStats>> enc_stats;

@@ -2,8 +2,14 @@
 // sentence-transformers models define them; the same as `kiln embed`) and KServe v2
 // metadata + /infer (texts in; logits, probabilities and labels out for classifiers,
 // embeddings otherwise). Requests go through the model's EncoderBatcher, so concurrent
-// clients share forwards.
+// clients share forwards. A request still queued after a moment answers through a
+// chunked response that sends a space (JSON whitespace) every 250 ms until its outputs
+// are ready, so a client that hangs up is noticed and its request withdrawn from the
+// queue, as the completion routes do.
 #include <cmath>
+#include <functional>
+#include <memory>
+#include <mutex>
 
 #include "core/status.h"
 #include "runtime/encoder_runner.h"
@@ -54,12 +60,107 @@ std::vector<float> normalized(std::vector<float> v) {
   return v;
 }
 
-std::vector<EncoderOutput> run_encoder(ServedModel& m, std::vector<EncoderInput> batch) {
-  if (!m.batcher) return encode(*m.model, batch, {.hidden = false});  // says why it cannot (an ONNX graph)
-  return m.batcher->run(std::move(batch));
-}
+// One encoder request from submission to its answer: shared by the handler, the chunked
+// provider and its releaser.
+struct EncoderCall {
+  Server::Impl* srv = nullptr;
+  ServedModel* model = nullptr;
+  const char* endpoint = "";
+  int64_t tokens = 0;
+  EncoderJob job;
+  std::function<Json(std::vector<EncoderOutput>&)> ok;       // the 200 body
+  std::function<Json(int, const std::string&)> error_json;  // an error's body
+  std::mutex mu;
+  bool settled = false;
+
+  // Once per request: metrics and the server's count of active responses.
+  void settle(int status) {
+    std::lock_guard lk(mu);
+    if (settled) return;
+    settled = true;
+    srv->metrics.count_request(model->name, endpoint, status);
+    if (status == 200) srv->metrics.add_tokens(model->name, tokens, 0);
+    --srv->active;
+  }
+  void cancel() {
+    model->batcher->cancel(job.id);
+    settle(499);
+  }
+  // The finished job's (status, body).
+  std::pair<int, Json> answer() {
+    try {
+      std::vector<EncoderOutput> out = job.result.get();
+      return {200, ok(out)};
+    } catch (const Error& e) {
+      const int status = status_of(e);
+      return {status, error_json(status, e.what())};
+    }
+  }
+};
+
+constexpr auto kInlineWait = std::chrono::milliseconds(50);
+constexpr auto kProbeEvery = std::chrono::milliseconds(250);
 
 }  // namespace
+
+// Runs `batch` on model m and answers: at once when it is done within kInlineWait (any
+// status), else through a chunked 200 response that probes the connection while the
+// request waits (an error then arrives as the body) and withdraws it when the client is gone.
+void Server::Impl::answer_encoder(ServedModel& m, std::vector<EncoderInput> batch, int64_t tokens,
+                                  httplib::Response& res, const char* endpoint,
+                                  std::function<Json(std::vector<EncoderOutput>&)> ok,
+                                  std::function<Json(int, const std::string&)> error_json) {
+  if (!m.batcher) {  // an ONNX graph: encode() says why it cannot run
+    std::vector<EncoderOutput> out;
+    {
+      ActiveScope scope(active);
+      out = encode(*m.model, batch, {.hidden = false});
+    }
+    metrics.count_request(m.name, endpoint, 200);
+    metrics.add_tokens(m.name, tokens, 0);
+    return send_json(res, 200, ok(out));
+  }
+  auto call = std::make_shared<EncoderCall>();
+  call->srv = this;
+  call->model = &m;
+  call->endpoint = endpoint;
+  call->tokens = tokens;
+  call->ok = std::move(ok);
+  call->error_json = std::move(error_json);
+  ++active;
+  try {
+    call->job = m.batcher->submit_job(std::move(batch));
+  } catch (...) {
+    --active;
+    throw;
+  }
+  if (call->job.result.wait_for(kInlineWait) == std::future_status::ready) {
+    auto [status, body] = call->answer();
+    call->settle(status);
+    return send_json(res, status, body);
+  }
+  res.set_chunked_content_provider(
+      "application/json",
+      [call](size_t, httplib::DataSink& sink) {
+        if (call->job.result.wait_for(kProbeEvery) != std::future_status::ready) {
+          if (sink.write(" ", 1)) return true;
+          call->cancel();
+          return false;
+        }
+        auto [status, body] = call->answer();
+        const std::string text = dump(body);
+        if (!sink.write(text.data(), text.size())) {
+          call->settle(499);
+          return false;
+        }
+        call->settle(status);
+        sink.done();
+        return true;
+      },
+      [call](bool success) {
+        if (!success) call->cancel();
+      });
+}
 
 void Server::Impl::handle_embeddings(const httplib::Request& req, httplib::Response& res) {
   std::string model_name;
@@ -69,23 +170,22 @@ void Server::Impl::handle_embeddings(const httplib::Request& req, httplib::Respo
     model_name = p.model;
     ServedModel& m = find_encoder(repo, p.model);
     int64_t tokens = 0;
-    std::vector<EncoderOutput> out;
-    {
-      ActiveScope scope(active);
-      out = run_encoder(m, encoder_inputs(m, p.texts, p.ids, &tokens));
-    }
-    Json data = Json::array();
-    for (size_t i = 0; i < out.size(); ++i) {
-      std::vector<float> e = normalized(out[i].mean_pooled);
-      Json item = {{"object", "embedding"}, {"index", i}};
-      if (p.base64) item["embedding"] = base64_floats(e);
-      else item["embedding"] = e;
-      data.push_back(item);
-    }
-    metrics.count_request(model_name, "/v1/embeddings", 200);
-    metrics.add_tokens(model_name, tokens, 0);
-    send_json(res, 200, Json{{"object", "list"}, {"data", data}, {"model", m.name},
-                             {"usage", {{"prompt_tokens", tokens}, {"total_tokens", tokens}}}});
+    std::vector<EncoderInput> batch = encoder_inputs(m, p.texts, p.ids, &tokens);
+    const bool base64 = p.base64;
+    auto ok = [&m, base64, tokens](std::vector<EncoderOutput>& out) {
+      Json data = Json::array();
+      for (size_t i = 0; i < out.size(); ++i) {
+        std::vector<float> e = normalized(out[i].mean_pooled);
+        Json item = {{"object", "embedding"}, {"index", i}};
+        if (base64) item["embedding"] = base64_floats(e);
+        else item["embedding"] = e;
+        data.push_back(item);
+      }
+      return Json{{"object", "list"}, {"data", data}, {"model", m.name},
+                  {"usage", {{"prompt_tokens", tokens}, {"total_tokens", tokens}}}};
+    };
+    auto err = [](int status, const std::string& msg) { return error_body(ApiError(status, msg)); };
+    answer_encoder(m, std::move(batch), tokens, res, "/v1/embeddings", ok, err);
   } catch (const ApiError& e) {
     metrics.count_request(model_name, "/v1/embeddings", e.status);
     send_error(res, e);
@@ -127,51 +227,49 @@ void Server::Impl::handle_kserve_infer(const httplib::Request& req, httplib::Res
     KserveInferParams p = parse_kserve_infer(parse_json_body(req.body), opt.limits);
     ServedModel& m = find_encoder(repo, req.matches[1]);
     int64_t tokens = 0;
-    std::vector<EncoderOutput> out;
-    {
-      ActiveScope scope(active);
-      out = run_encoder(m, encoder_inputs(m, p.texts, p.ids, &tokens));
-    }
-    const ModelInfo& info = m.model->info();
-    auto wanted = [&](const char* name) {
-      return p.outputs.empty() || std::find(p.outputs.begin(), p.outputs.end(), name) != p.outputs.end();
-    };
-    const int64_t n = int64_t(out.size());
-    Json outputs = Json::array();
-    if (info.num_labels > 0) {
-      std::vector<float> logits, probs;
-      Json labels = Json::array();
-      for (auto& o : out) {
-        logits.insert(logits.end(), o.logits.begin(), o.logits.end());
-        float mx = *std::max_element(o.logits.begin(), o.logits.end());
-        double z = 0;
-        for (float x : o.logits) z += std::exp(double(x - mx));
-        size_t best = 0;
-        for (size_t k = 0; k < o.logits.size(); ++k) {
-          probs.push_back(float(std::exp(double(o.logits[k] - mx)) / z));
-          if (o.logits[k] > o.logits[best]) best = k;
+    std::vector<EncoderInput> batch = encoder_inputs(m, p.texts, p.ids, &tokens);
+    auto ok = [&m, p](std::vector<EncoderOutput>& out) {
+      const ModelInfo& info = m.model->info();
+      auto wanted = [&](const char* name) {
+        return p.outputs.empty() || std::find(p.outputs.begin(), p.outputs.end(), name) != p.outputs.end();
+      };
+      const int64_t n = int64_t(out.size());
+      Json outputs = Json::array();
+      if (info.num_labels > 0) {
+        std::vector<float> logits, probs;
+        Json labels = Json::array();
+        for (auto& o : out) {
+          logits.insert(logits.end(), o.logits.begin(), o.logits.end());
+          float mx = *std::max_element(o.logits.begin(), o.logits.end());
+          double z = 0;
+          for (float x : o.logits) z += std::exp(double(x - mx));
+          size_t best = 0;
+          for (size_t k = 0; k < o.logits.size(); ++k) {
+            probs.push_back(float(std::exp(double(o.logits[k] - mx)) / z));
+            if (o.logits[k] > o.logits[best]) best = k;
+          }
+          labels.push_back(best < info.labels.size() ? info.labels[best] : "LABEL_" + std::to_string(best));
         }
-        labels.push_back(best < info.labels.size() ? info.labels[best] : "LABEL_" + std::to_string(best));
+        if (wanted("logits"))
+          outputs.push_back({{"name", "logits"}, {"datatype", "FP32"}, {"shape", {n, info.num_labels}}, {"data", logits}});
+        if (wanted("probabilities"))
+          outputs.push_back({{"name", "probabilities"}, {"datatype", "FP32"}, {"shape", {n, info.num_labels}}, {"data", probs}});
+        if (wanted("label")) outputs.push_back({{"name", "label"}, {"datatype", "BYTES"}, {"shape", {n}}, {"data", labels}});
       }
-      if (wanted("logits"))
-        outputs.push_back({{"name", "logits"}, {"datatype", "FP32"}, {"shape", {n, info.num_labels}}, {"data", logits}});
-      if (wanted("probabilities"))
-        outputs.push_back({{"name", "probabilities"}, {"datatype", "FP32"}, {"shape", {n, info.num_labels}}, {"data", probs}});
-      if (wanted("label")) outputs.push_back({{"name", "label"}, {"datatype", "BYTES"}, {"shape", {n}}, {"data", labels}});
-    }
-    if (wanted("embedding")) {
-      std::vector<float> emb;
-      for (auto& o : out) {
-        auto e = normalized(o.mean_pooled);
-        emb.insert(emb.end(), e.begin(), e.end());
+      if (wanted("embedding")) {
+        std::vector<float> emb;
+        for (auto& o : out) {
+          auto e = normalized(o.mean_pooled);
+          emb.insert(emb.end(), e.begin(), e.end());
+        }
+        outputs.push_back({{"name", "embedding"}, {"datatype", "FP32"}, {"shape", {n, info.hidden_size}}, {"data", emb}});
       }
-      outputs.push_back({{"name", "embedding"}, {"datatype", "FP32"}, {"shape", {n, info.hidden_size}}, {"data", emb}});
-    }
-    metrics.count_request(m.name, "/v2/infer", 200);
-    metrics.add_tokens(m.name, tokens, 0);
-    Json body = {{"model_name", m.name}, {"model_version", "1"}, {"outputs", outputs}};
-    if (!p.id.empty()) body["id"] = p.id;
-    send_json(res, 200, body);
+      Json body = {{"model_name", m.name}, {"model_version", "1"}, {"outputs", outputs}};
+      if (!p.id.empty()) body["id"] = p.id;
+      return body;
+    };
+    auto err = [](int, const std::string& msg) { return Json{{"error", msg}}; };
+    answer_encoder(m, std::move(batch), tokens, res, "/v2/infer", ok, err);
   } catch (const ApiError& e) {
     fail(e.status, e.what());
   } catch (const Error& e) {

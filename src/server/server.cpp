@@ -20,6 +20,7 @@ int status_of(const Error& e) {
     case ErrorCode::kNotFound: return 404;
     case ErrorCode::kUnsupported: return 503;  // the executor refuses while draining
     case ErrorCode::kOutOfMemory: return 503;
+    case ErrorCode::kCancelled: return 499;  // nginx's "client closed request"
     default: return 500;
   }
 }

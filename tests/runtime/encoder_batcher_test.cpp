@@ -222,5 +222,82 @@ TEST(EncoderBatcher, RejectsDecodersAndBadOptions) {
   EXPECT_THROW({ EncoderBatcher b(*bert, o); }, Error);
 }
 
+// cancel(): a queued request leaves the queue and its future fails with kCancelled; the
+// others run as if it had never come; a finished or unknown id is refused; a batch
+// whose every sequence was withdrawn while it waited runs no forward.
+TEST(EncoderBatcher, CancelledRequestsLeaveTheQueue) {
+  auto model = tiny_bert();
+  std::mt19937 rng(11);
+  EncoderBatcherOptions o;
+  o.max_queue_delay = 400ms;  // what is queued waits: cancelled while it does
+  o.encode.hidden = false;
+  EncoderBatcher batcher(*model, o);
+  std::vector<EncoderInput> a = {random_input(rng, model->info().vocab_size, 3, 9),
+                                 random_input(rng, model->info().vocab_size, 3, 9)};
+  std::vector<EncoderInput> b = {random_input(rng, model->info().vocab_size, 3, 9)};
+  EncoderJob ja = batcher.submit_job(a), jb = batcher.submit_job(b);
+  EXPECT_NE(ja.id, jb.id);
+  EXPECT_TRUE(batcher.cancel(ja.id));
+  EXPECT_FALSE(batcher.cancel(ja.id)) << "already withdrawn";
+  ASSERT_EQ(ja.result.wait_for(0s), std::future_status::ready) << "a request with nothing running fails at once";
+  try {
+    ja.result.get();
+    ADD_FAILURE() << "a cancelled request returned outputs";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kCancelled) << e.what();
+  }
+  std::vector<EncoderOutput> out = jb.result.get();
+  EncoderBatcherStats s = batcher.stats();
+  EXPECT_EQ(s.forwards, 1);
+  EXPECT_EQ(s.sequences, 1);
+  EXPECT_EQ(s.requests, 2);
+  EXPECT_EQ(s.cancelled_requests, 1);
+  EXPECT_EQ(s.cancelled_sequences, 2);
+  EXPECT_EQ(s.failed_requests, 0);
+  EXPECT_FALSE(batcher.cancel(jb.id)) << "already completed";
+  EXPECT_FALSE(batcher.cancel(987654)) << "never submitted";
+  expect_same_as_alone(*model, b, out, "the request left in the queue");
+
+  // Everything queued withdrawn while the batch waits: no forward, and the batcher
+  // serves the next request.
+  EncoderJob jc = batcher.submit_job(a);
+  EXPECT_TRUE(batcher.cancel(jc.id));
+  std::this_thread::sleep_for(600ms);
+  EXPECT_EQ(batcher.stats().forwards, 1);
+  expect_same_as_alone(*model, b, batcher.run(b), "after an emptied batch");
+  s = batcher.stats();
+  EXPECT_EQ(s.forwards, 2);
+  EXPECT_EQ(s.cancelled_requests, 2);
+  EXPECT_EQ(s.queued, 0);
+}
+
+// A request cancelled while a forward runs one of its sequences fails with kCancelled
+// once that forward ends; its other sequences never run.
+TEST(EncoderBatcher, CancelDuringAForwardSettlesWhenItEnds) {
+  auto model = tiny_bert();
+  std::mt19937 rng(12);
+  EncoderBatcherOptions o;
+  o.max_batch_sequences = 1;  // one sequence a forward: the rest stay queued
+  o.encode.hidden = false;
+  EncoderBatcher batcher(*model, o);
+  std::vector<EncoderInput> many;
+  for (int i = 0; i < 64; ++i) many.push_back(random_input(rng, model->info().vocab_size, 20, 40));
+  EncoderJob j = batcher.submit_job(many);
+  while (batcher.stats().running == 0 && batcher.stats().forwards == 0) std::this_thread::yield();
+  ASSERT_TRUE(batcher.cancel(j.id));
+  try {
+    j.result.get();
+    ADD_FAILURE() << "a cancelled request returned outputs";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kCancelled) << e.what();
+  }
+  const EncoderBatcherStats s = batcher.stats();
+  EXPECT_EQ(s.cancelled_requests, 1);
+  EXPECT_EQ(s.requests, 1);
+  EXPECT_GE(s.cancelled_sequences, 1);
+  EXPECT_EQ(s.sequences + s.cancelled_sequences, 64) << "every sequence ran or was dropped, once";
+  EXPECT_EQ(s.queued, 0);
+}
+
 }  // namespace
 }  // namespace kiln

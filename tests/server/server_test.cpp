@@ -250,6 +250,46 @@ TEST_F(ServerTest, ConcurrentEmbeddingsMatchTheirSequentialResults) {
   EXPECT_LE(st.forwards, st.sequences);
 }
 
+// A client that hangs up while its embedding request is queued: the server notices (the
+// whitespace it sends while the request waits fails to write) and withdraws the request,
+// so no forward runs for it; the next client, whose request waits as long, gets its
+// embedding through the same kind of response (leading whitespace, then the JSON).
+TEST(ServerEncoders, AClientThatHangsUpWithdrawsItsQueuedRequest) {
+  EncoderBatcherOptions bo;
+  bo.max_queue_delay = std::chrono::milliseconds(1500);  // every request waits this long
+  ModelRepository repo({}, {}, bo);
+  repo.add(fixture("bert"), "bert");
+  TestServer srv(repo);
+  const Json body = {{"model", "bert"}, {"input", {std::vector<int32_t>{1, 7, 9, 2}}}};
+  {
+    httplib::Client cli("127.0.0.1", srv.port());
+    cli.set_read_timeout(0, 200 * 1000);  // gives up after 200 ms and closes
+    auto r = cli.Post("/v1/embeddings", body.dump(), "application/json");
+    EXPECT_FALSE(r) << "the client was meant to time out";
+  }
+  EncoderBatcher& b = *repo.find("bert")->batcher;
+  for (int i = 0; i < 100 && b.stats().cancelled_requests == 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EncoderBatcherStats st = b.stats();
+  EXPECT_EQ(st.cancelled_requests, 1);
+  EXPECT_EQ(st.cancelled_sequences, 1);
+  EXPECT_EQ(st.forwards, 0);
+  auto r = post(srv.port(), "/v1/embeddings", body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  EXPECT_EQ(r.body.front(), ' ') << "answered after waiting, through the chunked response";
+  auto e = r.json()["data"][0]["embedding"].get<std::vector<float>>();
+  const auto alone = encode(*repo.find("bert")->model, {{{1, 7, 9, 2}, {}}}, {.hidden = false});
+  ASSERT_EQ(e.size(), alone[0].mean_pooled.size());
+  double n = 0;
+  for (float x : alone[0].mean_pooled) n += double(x) * x;
+  for (size_t k = 0; k < e.size(); ++k) EXPECT_NEAR(e[k], alone[0].mean_pooled[k] / std::sqrt(n), 1e-5) << k;
+  st = b.stats();
+  EXPECT_EQ(st.forwards, 1);
+  EXPECT_EQ(st.cancelled_requests, 1);
+  const std::string m = get(srv.port(), "/metrics").body;
+  EXPECT_NE(m.find("kiln_encoder_cancelled_requests_total{model=\"bert\"} 1"), std::string::npos) << m;
+  EXPECT_NE(m.find("endpoint=\"/v1/embeddings\",status=\"499\""), std::string::npos) << "counted as a hang-up";
+}
+
 TEST_F(ServerTest, KserveV2MetadataAndInferOnAClassifier) {
   auto meta = get(port(), "/v2/models/bert");
   ASSERT_EQ(meta.status, 200);
