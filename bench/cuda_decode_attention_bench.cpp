@@ -1,14 +1,17 @@
-// Decode attention alone on the GPU: the cluster decode kernel (the default) against the
-// fused grouped-query kernel it replaced (KILN_CUDA_DECODE_ATTN=old), both with the
-// step's RoPE and new-token KV write inside, over a bf16 paged cache (16-token blocks,
-// shuffled): TinyLlama-1.1B (32 q / 4 KV heads) and GPT-2 small (12 heads, no RoPE) at
-// batch 1 with contexts 160, 1024 and 8192; Llama-3.2-1B (32 q / 8 KV heads) at batch
-// 64 and 256 with contexts uniform in [2c/3, 4c/3] for c = 192 and 1024. Each variant
-// runs as a CUDA graph of 16 back-to-back launches (programmatic dependent launch on, as
-// in a decode step); the table gives us per call (median of 30 graph replays), the K/V
-// bytes read per second and their share of a device-to-device copy measured in the same
-// run (read + write bytes), the splits each plan uses, and max |old - new| of the outputs.
-// KILN_CUDA_DECODE_SPLITS=1|2|4|8 forces the cluster kernel's splits, as in the backend.
+// Decode attention alone on the GPU, every kernel that can take a decode step, all with
+// the step's RoPE and new-token KV write inside, over a paged cache (16-token blocks,
+// shuffled): the fused grouped-query kernel (KILN_CUDA_DECODE_ATTN=old), the cluster
+// decode kernel (KILN_CUDA_DECODE_WARP=0), the warp decode kernel with 1, 2 or 3 copy
+// stages (16-bit caches), and the launch's own pick. Shapes: TinyLlama-1.1B (32 q / 4 KV
+// heads) and GPT-2 small (12 heads, no RoPE) at batch 1 with contexts 160, 1024 and 8192;
+// Llama-3.2-1B (32 q / 8 KV heads, d64) at batch 64 and 256 and Llama-3.1-8B (32 / 8,
+// d128) at batch 32-256, contexts all c or uniform in [2c/3, 4c/3]. Each variant runs as
+// a CUDA graph of 16 back-to-back launches (programmatic dependent launch on, as in a
+// decode step); the table gives us per call (median of 30 graph replays) and the K/V
+// bytes read per second as a share of a device-to-device copy measured in the same run
+// (read + write bytes), the cluster plan's splits, and the largest output difference from
+// the cluster kernel. KILN_CUDA_DECODE_SPLITS=1|2|4|8 forces the cluster kernel's splits,
+// as in the backend.
 //   cuda_decode_attention_bench [--kv int8|fp8]
 #include <cuda_runtime_api.h>
 
@@ -75,7 +78,7 @@ struct Result {
   std::vector<uint16_t> out;
 };
 
-Result run_variant(const Case& c, bool cluster, KvCode code, int num_sms, int forced_splits) {
+Result run_variant(const Case& c, bool cluster, KvCode code, int num_sms, int forced_splits, int forced_warp) {
   std::mt19937_64 rng(uint64_t(c.batch * 1000 + c.ctx + c.m.hq));
   const int64_t bs = 16, hq = c.m.hq, hkv = c.m.hkv, d = c.m.d, width = (hq + 2 * hkv) * d;
   std::uniform_int_distribution<int64_t> spread(2 * c.ctx / 3, 4 * c.ctx / 3);
@@ -123,7 +126,7 @@ Result run_variant(const Case& c, bool cluster, KvCode code, int num_sms, int fo
   DeviceBuffer d_seqs = upload(seqs), d_tables = upload(tables), d_slots = upload(slots),
                d_pos = upload(positions), d_inv = upload(inv);
 
-  AttentionPlan plan = cluster ? attention_plan_decode_cluster(seqs, hq, hkv, d, num_sms, forced_splits)
+  AttentionPlan plan = cluster ? attention_plan_decode_cluster(seqs, hq, hkv, d, num_sms, forced_splits, forced_warp)
                                : attention_plan_decode(seqs, hq, hkv, num_sms);
   DeviceBuffer d_work = upload(plan.work), d_comb = upload(plan.combine);
   DeviceBuffer ws(std::max<size_t>(attention_workspace_floats(plan, hkv, d) * 4, 4));
@@ -163,6 +166,7 @@ Result run_variant(const Case& c, bool cluster, KvCode code, int num_sms, int fo
   a.slot_mapping = static_cast<const int64_t*>(d_slots.get());
   a.counters = static_cast<int32_t*>(ctr.get());
   a.decode_splits = plan.decode_splits;
+  a.decode_warp = plan.decode_warp;
   a.num_seqs = int32_t(seqs.size());
 
   auto launch = [&](cudaStream_t s) {
@@ -215,16 +219,35 @@ int main(int argc, char** argv) {
     std::printf("%s, %d SMs; device-to-device copy %.0f GB/s (read + write); cache %s, 16-token blocks\n", prop.name,
                 sms, copy, code == KvCode::kNone ? "bf16" : code == KvCode::kInt8 ? "int8" : "fp8");
     const Shape tiny{"tinyllama-1.1b", 32, 4, 64, true}, gpt2{"gpt2", 12, 12, 64, false},
-        l1b{"llama-3.2-1b", 32, 8, 64, true};
+        l1b{"llama-3.2-1b", 32, 8, 64, true}, l8b{"llama-3.1-8b", 32, 8, 128, true};
     const std::vector<Case> cases = {
-        {tiny, 1, 160, false}, {tiny, 1, 1024, false}, {tiny, 1, 8192, false}, {gpt2, 1, 160, false},
+        {tiny, 1, 160, false},  {tiny, 1, 1024, false}, {tiny, 1, 8192, false}, {gpt2, 1, 160, false},
         {gpt2, 1, 1024, false}, {gpt2, 1, 8192, false}, {l1b, 64, 192, true},  {l1b, 64, 1024, true},
-        {l1b, 256, 192, true}, {l1b, 256, 1024, true}};
-    std::printf("%-15s %5s %6s %9s | %9s %8s %6s %6s | %9s %8s %6s %6s | %8s %10s\n", "model", "batch", "ctx",
-                "KV MB", "old us", "GB/s", "%copy", "splits", "new us", "GB/s", "%copy", "splits", "speedup",
-                "max|diff|");
+        {l1b, 256, 192, true},  {l1b, 256, 1024, true}, {l8b, 32, 160, false}, {l8b, 64, 160, false},
+        {l8b, 64, 1024, true},  {l8b, 128, 160, false}, {l8b, 128, 512, false}, {l8b, 256, 160, false},
+        {l8b, 256, 256, false}, {l8b, 256, 384, false}, {l8b, 256, 512, false}, {l8b, 256, 768, false},
+        {l8b, 256, 1024, true}, {l1b, 256, 256, false}, {l1b, 256, 384, false}, {l1b, 256, 512, false},
+        {l1b, 256, 768, false}};
+    // The variants: the grouped-query kernels (KILN_CUDA_DECODE_ATTN=old), the cluster
+    // kernel (KILN_CUDA_DECODE_WARP=0), the warp kernel with 1-3 stages (16-bit caches,
+    // unsplit plans), and what the launch picks by itself (the default, "auto").
+    struct Variant {
+      const char* name;
+      bool cluster;
+      int warp;  // the plan's forced_warp (KILN_CUDA_DECODE_WARP), -1: planned
+    };
+    std::vector<Variant> variants = {{"old", false, -1}, {"cluster", true, 0}};
+    if (code == KvCode::kNone) {
+      variants.push_back({"warp1", true, 1});
+      variants.push_back({"warp2", true, 2});
+      variants.push_back({"warp3", true, 3});
+    }
+    variants.push_back({"auto", true, -1});
+    std::printf("us per call (%% of copy); max|diff| against the cluster kernel\n%-15s %5s %6s %8s %6s", "model",
+                "batch", "ctx", "KV MB", "splits");
+    for (const Variant& v : variants) std::printf(" | %15s", v.name);
+    std::printf(" | %9s\n", "max|diff|");
     for (const Case& c : cases) {
-      const Result o = run_variant(c, false, code, sms, 0), n = run_variant(c, true, code, sms, forced_splits);
       double bytes = 0;
       {
         std::mt19937_64 rng(uint64_t(c.batch * 1000 + c.ctx + c.m.hq));
@@ -233,13 +256,19 @@ int main(int argc, char** argv) {
           bytes += double(c.spread ? spread(rng) : c.ctx) * double(c.m.hkv * c.m.d) * 2.0 *
                    (code == KvCode::kNone ? 2.0 : 1.0);
       }
+      std::vector<Result> rs;
+      for (const Variant& v : variants) rs.push_back(run_variant(c, v.cluster, code, sms, forced_splits, v.warp));
+      std::printf("%-15s %5lld %6lld %8.2f %6d", c.m.name, (long long)c.batch, (long long)c.ctx, bytes / 1e6,
+                  rs[1].splits);
       double maxdiff = 0;
-      for (size_t i = 0; i < o.out.size(); ++i)
-        maxdiff = std::max(maxdiff, double(std::fabs(bf16_bits_to_f32(o.out[i]) - bf16_bits_to_f32(n.out[i]))));
-      const double go = bytes / (o.us * 1e-6) / 1e9, gn = bytes / (n.us * 1e-6) / 1e9;
-      std::printf("%-15s %5lld %6lld %9.2f | %9.2f %8.0f %5.1f%% %6d | %9.2f %8.0f %5.1f%% %6d | %7.2fx %10.3g\n",
-                  c.m.name, (long long)c.batch, (long long)c.ctx, bytes / 1e6, o.us, go, 100.0 * go / copy, o.splits,
-                  n.us, gn, 100.0 * gn / copy, n.splits, o.us / n.us, maxdiff);
+      for (size_t k = 0; k < rs.size(); ++k) {
+        const double gbs = bytes / (rs[k].us * 1e-6) / 1e9;
+        std::printf(" | %7.2f (%4.1f%%)", rs[k].us, 100.0 * gbs / copy);
+        for (size_t i = 0; i < rs[1].out.size(); ++i)
+          maxdiff = std::max(maxdiff,
+                             double(std::fabs(bf16_bits_to_f32(rs[k].out[i]) - bf16_bits_to_f32(rs[1].out[i]))));
+      }
+      std::printf(" | %9.3g\n", maxdiff);
     }
     return 0;
   } catch (const std::exception& e) {

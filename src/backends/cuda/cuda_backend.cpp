@@ -517,7 +517,7 @@ class CudaCompiledGraph final : public CompiledGraph {
     for (auto key : attn_keys_) {
       PlanOff po;
       po.plan = cluster  ? attention_plan_decode_cluster(seqs, key.first, key.second, attn_max_d_, cx_->num_sms,
-                                                         decode_splits_)
+                                                         decode_splits_, decode_warp_)
                 : decode ? attention_plan_decode(seqs, key.first, key.second, cx_->num_sms)
                          : attention_plan(seqs, key.first, key.second, true, cx_->num_sms, split_chunk_,
                                           attn_flash_ok_ ? flash_mode_ : 0, flash_width_);
@@ -527,7 +527,8 @@ class CudaCompiledGraph final : public CompiledGraph {
       counters = std::max(counters, attention_counters(po.plan, key.second));
       graph_key_.insert(graph_key_.end(), {int64_t(po.plan.work.size()), int64_t(po.plan.combine.size()),
                                            int64_t(po.plan.num_partials), int64_t(po.plan.flash_width),
-                                           int64_t(po.plan.flash_items_per_sm), int64_t(po.plan.decode_splits)});
+                                           int64_t(po.plan.flash_items_per_sm), int64_t(po.plan.decode_splits),
+                                           int64_t(po.plan.decode_warp)});
       plan_offs[key] = std::move(po);
     }
     // Block tables go last: the only section whose length changes between decode steps.
@@ -569,7 +570,7 @@ class CudaCompiledGraph final : public CompiledGraph {
       dev_step_.plans[key] = {reinterpret_cast<const AttnWork*>(base + po.work), int32_t(po.plan.work.size()),
                               reinterpret_cast<const AttnCombine*>(base + po.combine), int32_t(po.plan.combine.size()),
                               po.plan.num_partials, po.plan.flash_width, po.plan.flash_items_per_sm,
-                              po.plan.decode_splits};
+                              po.plan.decode_splits, po.plan.decode_warp};
     attn_ws_.grow(std::max<size_t>(ws_floats * sizeof(float), 1), s);
     dev_step_.attn_workspace = static_cast<float*>(attn_ws_.get());
     // Zeroed when (re)allocated; each fused decode launch leaves its counters at zero.
@@ -703,9 +704,11 @@ class CudaCompiledGraph final : public CompiledGraph {
   // KILN_CUDA_FLASH_WARP_ROWS: items per tensor-core warp (16, 32; tests), unset: picked.
   int flash_warp_rows_ = attention_flash_warp_rows_from_env();
   // Read here, once per compiled graph, like the other switches: KILN_CUDA_DECODE_ATTN
-  // (false: "old", the grouped-query decode kernels) and KILN_CUDA_DECODE_SPLITS (0: planned).
+  // (false: "old", the grouped-query decode kernels), KILN_CUDA_DECODE_SPLITS (0: planned)
+  // and KILN_CUDA_DECODE_WARP (-1: planned).
   bool decode_cluster_ = attention_decode_cluster_from_env();
   int decode_splits_ = attention_decode_splits_from_env();
+  int decode_warp_ = attention_decode_warp_from_env();
   int64_t split_chunk_ = [] {
     const char* e = std::getenv("KILN_CUDA_SPLIT_CHUNK");  // tests force split-KV with it
     return e ? std::atoll(e) : 0LL;

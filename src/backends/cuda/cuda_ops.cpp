@@ -592,6 +592,7 @@ OpRun prepare_attention(const ir::Node& n, const ir::Graph& g, PrepareContext& p
         f.early_trigger = t <= kGemvMaxRows;  // the next Linear is a GEMV: let it launch early
         if (p.decode_splits > 0) {
           f.decode_splits = p.decode_splits;
+          f.decode_warp = p.decode_warp;
           f.num_seqs = c.dev->num_seqs;
           launch_attention_decode_cluster(f, c.cx->stream);
           quantize_out(f);

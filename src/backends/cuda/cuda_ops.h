@@ -100,6 +100,7 @@ struct DevAttentionPlan {
   int32_t flash_width = 0;    // > 0: a tensor-core plan of CTAs this many items wide
   int32_t flash_items_per_sm = 256;  // AttentionPlan::flash_items_per_sm
   int32_t decode_splits = 0;  // > 0: the cluster decode kernel's plan
+  int32_t decode_warp = 0;    // AttentionPlan::decode_warp
 };
 
 // The step's metadata on the device (one upload per step).

@@ -190,7 +190,11 @@ TEST(CudaAttention, ChunkedPrefillTensorCore) {
 TEST(CudaAttention, BadDecodeSwitchesAreErrors) {
   KILN_SKIP_WITHOUT_CUDA();
   for (const auto& [name, value] : std::vector<std::pair<const char*, const char*>>{
-           {"KILN_CUDA_DECODE_ATTN", "fast"}, {"KILN_CUDA_DECODE_SPLITS", "3"}, {"KILN_CUDA_DECODE_SPLITS", "4x"}}) {
+           {"KILN_CUDA_DECODE_ATTN", "fast"},
+           {"KILN_CUDA_DECODE_SPLITS", "3"},
+           {"KILN_CUDA_DECODE_SPLITS", "4x"},
+           {"KILN_CUDA_DECODE_WARP", "4"},
+           {"KILN_CUDA_DECODE_WARP", "1x"}}) {
     const ScopedEnv env(name, value);
     auto be = create_backend("cuda");
     try {
@@ -380,6 +384,41 @@ TEST(CudaAttentionPlan, DecodeSwitchesAndForcedSplits) {
   for (int forced : {1, 2, 4, 8})
     EXPECT_EQ(attention_plan_decode_cluster(seqs, 32, 8, 64, 132, forced).decode_splits, forced);
   EXPECT_THROW(attention_plan_decode_cluster(seqs, 32, 8, 64, 132, 3), Error);
+  for (const char* bad : {"4", "-1", "1x", "warp"}) {
+    const ScopedEnv warp("KILN_CUDA_DECODE_WARP", bad);
+    EXPECT_THROW(attention_decode_warp_from_env(), Error) << bad;
+  }
+  for (const char* good : {"0", "1", "2", "3"}) {
+    const ScopedEnv warp("KILN_CUDA_DECODE_WARP", good);
+    EXPECT_EQ(attention_decode_warp_from_env(), good[0] - '0');
+  }
+  {
+    const ScopedEnv warp("KILN_CUDA_DECODE_WARP", "");
+    EXPECT_EQ(attention_decode_warp_from_env(), -1);
+  }
+  // The warp decode kernel: planned for an unsplit grid of >= 3 (head dim 128) or 4 (64)
+  // (sequence, KV head) items an SM, 2 stages at 128 up to 12 items an SM, 3 beyond, 1 at
+  // 64; never with 0; always (1 split) when forced.
+  EXPECT_EQ(attention_plan_decode_cluster(seqs, 32, 8, 64, 132).decode_warp, 0);
+  auto warp_for = [](int64_t batch, int64_t d, int32_t ctx) {
+    return attention_plan_decode_cluster(std::vector<AttnSeq>(size_t(batch), AttnSeq{0, 1, ctx, 0}), 32, 8, d, 132)
+        .decode_warp;
+  };
+  EXPECT_EQ(warp_for(49, 128, 160), 0);  // 392 items < 3 x 132
+  EXPECT_EQ(warp_for(50, 128, 160), 2);  // 400
+  EXPECT_EQ(warp_for(198, 128, 160), 2);  // 1584 = 12 x 132
+  EXPECT_EQ(warp_for(199, 128, 160), 3);
+  EXPECT_EQ(warp_for(256, 128, 8192), 3);  // long contexts too: batch decode is unsplit
+  EXPECT_EQ(warp_for(65, 64, 160), 0);   // 520 < 4 x 132
+  EXPECT_EQ(warp_for(66, 64, 160), 1);
+  EXPECT_EQ(warp_for(256, 64, 1024), 1);
+  const std::vector<AttnSeq> batch(256, AttnSeq{0, 1, 160, 0});
+  EXPECT_EQ(attention_plan_decode_cluster(batch, 32, 8, 128, 132).decode_splits, 1);
+  EXPECT_EQ(attention_plan_decode_cluster(batch, 32, 8, 128, 132, 0, 0).decode_warp, 0);
+  const AttentionPlan forced = attention_plan_decode_cluster({{0, 1, 8192, 0}}, 32, 8, 128, 132, 0, 3);
+  EXPECT_EQ(forced.decode_splits, 1);
+  EXPECT_EQ(forced.decode_warp, 3);
+  EXPECT_THROW(attention_plan_decode_cluster(seqs, 32, 8, 64, 132, 0, 4), Error);
 }
 
 // int8 and fp8 caches: decode steps through the decode kernel (GQA groups 1-4) and split
@@ -712,7 +751,8 @@ TEST(CudaAttention, PackedQkvQuantizedCachesMatchCpu) {
 // The CUDA runs of one scenario under several (KILN_CUDA_SPLIT_CHUNK, KILN_CUDA_DECODE_ATTN
 // / KILN_CUDA_DECODE_SPLITS) settings against one CPU run: the cluster decode kernel
 // (16-bit, head dims 64/128; decode "": its automatic splits, "s1" / "s2" / "s8": 1, 2 or
-// 8 splits merged through the cluster, empty splits included) and the fused grouped
+// 8 splits merged through the cluster, empty splits included), the warp decode kernel
+// (16-bit caches; "w1" / "w2" / "w3": forced, with 1, 2 or 3 copy stages) and the fused grouped
 // decode kernel (decode "old"; split "0": the decode plan's automatic splits, "64":
 // forced 64-key splits, "-1": none). Every setting runs all the steps in order on a fresh
 // pool, which `fill` (if set) fills before the first step as it filled the CPU pool. The
@@ -723,7 +763,8 @@ struct DecodeVariant {
   std::string split, decode;
 };
 const std::vector<DecodeVariant> kDecodeVariants = {{"0", ""},   {"0", "s1"}, {"0", "s2"}, {"0", "s8"},
-                                                    {"0", "old"}, {"64", ""},  {"-1", ""}};
+                                                    {"0", "w1"}, {"0", "w2"}, {"0", "w3"}, {"0", "old"},
+                                                    {"64", ""},  {"-1", ""}};
 
 // A variant's graph on a fresh CUDA backend, compiled under its variables.
 std::unique_ptr<CompiledGraph> compile_variant(Backend& gpu, const ir::Graph& g, const std::string& dt,
@@ -732,6 +773,8 @@ std::unique_ptr<CompiledGraph> compile_variant(Backend& gpu, const ir::Graph& g,
   const ScopedEnv attn("KILN_CUDA_DECODE_ATTN", v.decode == "old" ? "old" : "");
   const bool forced = v.decode.size() == 2 && v.decode[0] == 's';
   const ScopedEnv splits("KILN_CUDA_DECODE_SPLITS", forced ? v.decode.substr(1) : "");
+  const bool warp = v.decode.size() == 2 && v.decode[0] == 'w';
+  const ScopedEnv warps("KILN_CUDA_DECODE_WARP", warp ? v.decode.substr(1) : "");
   return gpu.compile(g, {.weight_dtype = dt});
 }
 
@@ -749,7 +792,8 @@ void expect_variants_match(const ir::Graph& g, const std::vector<StepCase>& case
     gkvs.push_back(gpus.back()->allocate_kv(layout));
     if (fill) fill(*ckv, *gkvs.back());
   }
-  const ScopedEnv bad_attn("KILN_CUDA_DECODE_ATTN", "bad"), bad_splits("KILN_CUDA_DECODE_SPLITS", "3");
+  const ScopedEnv bad_attn("KILN_CUDA_DECODE_ATTN", "bad"), bad_splits("KILN_CUDA_DECODE_SPLITS", "3"),
+      bad_warp("KILN_CUDA_DECODE_WARP", "9");
   for (size_t i = 0; i < cases.size(); ++i) {
     const Tensor want = cg->run(cases[i].inputs, cases[i].step, ckv.get()).at("y").clone();
     for (size_t v = 0; v < kDecodeVariants.size(); ++v) {
@@ -880,6 +924,11 @@ TEST(CudaAttention, GroupedDecodeMatchesCpu) {
   check_prefilled_decode({4, 1, 16, {3, 64, 129}}, KvDType::kAuto, {"f32", "bf16"});
   check_prefilled_decode({32, 8, 64, b64}, KvDType::kAuto, {"bf16", "f32"});
   check_prefilled_decode({16, 2, 128, b64}, KvDType::kAuto, {"f16"});
+  // 80 x 8 = 640 (sequence, KV head) items at head dim 128: the plan's own pick is the
+  // warp decode kernel (2 stages) on a device of up to 213 SMs (kDecodeWarpMinItemsPerSm128).
+  std::vector<int32_t> b80(80);
+  for (int32_t& x : b80) x = len(rng);
+  check_prefilled_decode({32, 8, 128, b80}, KvDType::kAuto, {"bf16"});
 }
 
 TEST(CudaAttention, GroupedDecodeQuantizedMatchesCpu) {

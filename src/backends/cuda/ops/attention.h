@@ -20,7 +20,9 @@
 // at head dims 64/128 on sm_90+, decode steps take the cluster decode kernel instead
 // (attention_decode.cuh: tensor cores, per-warp cp.async streams, splits merged in a
 // thread-block cluster; KILN_CUDA_DECODE_ATTN=old, read when a graph is compiled, keeps
-// the grouped one).
+// the grouped one), and batch decode over a 16-bit cache with short contexts the warp
+// decode kernel (attention_decode_warp.cuh: a warp per (sequence, KV head), no barrier,
+// no merge; AttentionPlan::decode_warp).
 // Tested against the CPU backend in tests/backends/cuda/attention_test.cpp.
 #pragma once
 
@@ -84,6 +86,9 @@ struct AttentionPlan {
   // > 0: a plan of the cluster decode kernel (attention_plan_decode_cluster): this many
   // splits per (sequence, KV head), no work items, no partials in global memory.
   int32_t decode_splits = 0;
+  // > 0 (with decode_splits 1): over a 16-bit cache, the warp decode kernel
+  // (attention_decode_warp.cuh) with this many copy stages a warp takes the step instead.
+  int32_t decode_warp = 0;
 };
 
 bool attention_supports_head_dim(int64_t d);
@@ -122,9 +127,17 @@ AttentionPlan attention_plan_decode(const std::vector<AttnSeq>& seqs, int64_t hq
 // its plan: splits per (sequence, KV head), a power of two up to 8 picked from the batch
 // (fill ~2 CTAs per SM) and the longest context (~one CTA's keys in flight per split);
 // the grid changes only when that power does. forced_splits > 0 (1, 2, 4 or 8) fixes it.
+// An unsplit plan of batch decode takes the warp decode kernel (AttentionPlan::
+// decode_warp) from 3 (sequence, KV head) items an SM at head dim 128 and from 4 at head
+// dim 64: 2 copy stages a warp at 128 (3 CTAs an SM, one wave up to 12 items an SM), 3
+// beyond that wave, and 1 stage at 64. Measured on the H200 (cuda_decode_attention_bench,
+// bench/RESULTS.md session 26): Llama-3.1-8B shapes (8 KV heads, d128) at batch 32 / 64 /
+// 128 / 256 and contexts 160-1024, Llama-3.2-1B (d64) at 64 and 256. forced_warp >= 0
+// fixes it: 0 never, 1-3 always, with that many stages and 1 split.
+constexpr int64_t kDecodeWarpMinItemsPerSm128 = 3, kDecodeWarpMinItemsPerSm64 = 4, kDecodeWarpStages3ItemsPerSm = 12;
 bool attention_decode_cluster_supported(DType t, int64_t hq, int64_t hkv, int64_t d);
 AttentionPlan attention_plan_decode_cluster(const std::vector<AttnSeq>& seqs, int64_t hq, int64_t hkv, int64_t d,
-                                            int num_sms, int forced_splits = 0);
+                                            int num_sms, int forced_splits = 0, int forced_warp = -1);
 // The switches of decode attention, read once when a graph is compiled (a mistyped value
 // is an error naming the variable): KILN_CUDA_DECODE_ATTN "old" keeps the grouped-query
 // kernels (false), unset or "cluster" takes the cluster kernel where it is supported
@@ -136,6 +149,12 @@ int attention_decode_splits_from_env();
 // kernel's launch picks 1 or 2 copy stages per warp from its grid: attention_decode.cuh),
 // 1 or 2 forces them (measurements); another value is an error naming it.
 int attention_decode_stages_from_env();
+// KILN_CUDA_DECODE_WARP, read when a graph is compiled: unset or empty -1 (planned: the
+// warp decode kernel for batch decode over a 16-bit cache), 0 the cluster kernel only,
+// 1-3 the warp kernel with that many copy stages a warp for every decode step (tests,
+// measurements; attention_plan_decode_cluster's forced_warp); another value is an error
+// naming it.
+int attention_decode_warp_from_env();
 // Floats of workspace the plan's partials need.
 size_t attention_workspace_floats(const AttentionPlan& plan, int64_t hkv, int64_t d);
 // Split counters (int32, zero between launches) the fused decode kernel needs for the plan.
@@ -186,8 +205,10 @@ struct AttentionArgs {
   int64_t rotary_dim = 0;
   const int64_t* slot_mapping = nullptr;
   int32_t* counters = nullptr;
-  // A cluster decode plan (AttentionPlan::decode_splits > 0) over num_seqs sequences.
+  // A cluster decode plan (AttentionPlan::decode_splits > 0) over num_seqs sequences;
+  // AttentionPlan::decode_warp.
   int32_t decode_splits = 0;
+  int32_t decode_warp = 0;
   int32_t num_seqs = 0;
   // Trigger the dependent launch at the kernel's start rather than after its main loop
   // (decode steps of a few rows, where the next kernel is a weight-streaming GEMV that

@@ -2,6 +2,7 @@
 // (attention_decode.cuh; attention_decode_quant.cu has the int8/fp8 ones). Tested in
 // tests/backends/cuda/attention_test.cpp.
 #include "backends/cuda/ops/attention_decode.cuh"
+#include "backends/cuda/ops/attention_decode_warp.cuh"
 
 #include <atomic>
 #include <cstdlib>
@@ -63,6 +64,15 @@ int attention_decode_splits_from_env() {
   return int(v);
 }
 
+int attention_decode_warp_from_env() {
+  const char* e = std::getenv("KILN_CUDA_DECODE_WARP");
+  if (!e || !*e) return -1;
+  KILN_THROW_IF(std::strlen(e) != 1 || e[0] < '0' || e[0] > '3', kInvalidArgument, "KILN_CUDA_DECODE_WARP='", e,
+                "': expected 0 (the cluster decode kernel), 1, 2 or 3 (the warp decode kernel with that many copy "
+                "stages) or unset (by the grid)");
+  return e[0] - '0';
+}
+
 int attention_decode_stages_from_env() {
   static const int stages = [] {
     const char* e = std::getenv("KILN_CUDA_DECODE_STAGES");
@@ -80,7 +90,7 @@ bool attention_decode_cluster_supported(DType t, int64_t hq, int64_t hkv, int64_
 }
 
 AttentionPlan attention_plan_decode_cluster(const std::vector<AttnSeq>& seqs, int64_t hq, int64_t hkv, int64_t d,
-                                            int num_sms, int forced_splits) {
+                                            int num_sms, int forced_splits, int forced_warp) {
   (void)hq;
   // Keys one CTA has in flight at once (every warp's two stages).
   const int64_t per_cta = int64_t(kDecWarps) * kDecStagesMax * (d == 64 ? 32 : 16);
@@ -95,6 +105,17 @@ AttentionPlan attention_plan_decode_cluster(const std::vector<AttnSeq>& seqs, in
     KILN_THROW_IF(!splits_valid(forced_splits), kInternal,
                   "cuda attention: ", forced_splits, " forced cluster decode splits (1, 2, 4 or 8)");
     plan.decode_splits = int32_t(forced_splits);
+  }
+  KILN_THROW_IF(forced_warp > 3, kInternal, "cuda attention: ", forced_warp, " forced warp decode stages (1 to 3)");
+  if (forced_warp > 0) {
+    plan.decode_splits = 1;
+    plan.decode_warp = int32_t(forced_warp);
+  } else if (forced_warp < 0 && plan.decode_splits == 1) {
+    const int64_t sms = std::max(num_sms, 1);
+    if (d == 128 && units >= kDecodeWarpMinItemsPerSm128 * sms)
+      plan.decode_warp = units > kDecodeWarpStages3ItemsPerSm * sms ? 3 : 2;
+    else if (d != 128 && units >= kDecodeWarpMinItemsPerSm64 * sms)
+      plan.decode_warp = 1;
   }
   return plan;
 }
@@ -115,6 +136,12 @@ void launch_attention_decode_cluster(const AttentionArgs& a, cudaStream_t s) {
   if (a.kv_code != KvCode::kNone) {
     KILN_THROW_IF(!a.k_scales || !a.v_scales, kInternal, "cuda attention: a quantized cache without scales");
     launch_attention_decode_cluster_quantized(a, s);
+    return;
+  }
+  if (a.decode_warp > 0) {
+    KILN_THROW_IF(a.decode_splits != 1 || a.decode_warp > 3, kInternal, "cuda attention: the warp decode kernel with ",
+                  a.decode_splits, " splits and ", a.decode_warp, " stages (1 split, 1 to 3 stages)");
+    launch_decode_warp(a, a.decode_warp, s);
     return;
   }
   launch_decode_cluster_codes<KvCode::kNone>(a, s);
