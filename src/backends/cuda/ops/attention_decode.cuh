@@ -112,6 +112,79 @@ __device__ __forceinline__ void dec_cp_async4(void* smem, const void* gmem, bool
   asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(gmem), "r"(valid ? 4 : 0));
 }
 
+// qkv_prep_kernel's rotation and rounding (rope_pair), pairs (u, u + rot / 2), of the
+// group's q rows (LD elements apart) and, with_new, the new key row after them; thread
+// `first` of `stride` takes pairs first, first + stride, ...
+template <typename T>
+__device__ __forceinline__ void dec_rope_rows(T* q_s, int ld, T* new_k, int group, bool with_new, int rot, int pos,
+                                              const float* inv_freq, int first, int stride) {
+  const int half = rot / 2;
+  for (int e = first; e < (group + (with_new ? 1 : 0)) * half; e += stride) {
+    const int r = e / half, u = e % half;
+    T* x = r < group ? q_s + r * ld : new_k;
+    float x1 = to_f32(x[u]), x2 = to_f32(x[u + half]);
+    rope_pair(x1, x2, pos, inv_freq[u]);
+    x[u] = from_f32<T>(x1);
+    x[u + half] = from_f32<T>(x2);
+  }
+}
+
+// The kernel `Kernel` with its dynamic shared-memory attribute set to `Bytes` on the
+// current device (a host-side attribute per device, set on a step's eager first run
+// before any capture).
+template <auto Kernel, int Bytes>
+auto dec_kernel_ready() {
+  static std::mutex mu;
+  static std::set<int> done;
+  int dev = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  if (!done.count(dev)) {
+    KILN_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Bytes));
+    done.insert(dev);
+  }
+  return Kernel;
+}
+
+// One tile of a decode warp: S = Q K^T for KT keys (16-bit K and V tiles, rows LD
+// elements apart; n-tiles of 8) with qa the A fragments of the group's q rows (row g;
+// rows g + 8 are zero), in the log2 domain with keys >= hi masked, the online softmax
+// step, and O += P V (P, row g in 16 bits, as A fragments; V's B fragments by
+// ldmatrix.trans). The tile's first key t0 < hi is visible, so the new max is finite.
+template <typename T, int D, int KT, int LD>
+__device__ __forceinline__ void dec_tile_attend(const T* ks, const T* vs, const uint32_t (&qa)[D / 16][2], int t0,
+                                                int hi, float scale_log2, float (&o)[D / 8][4], float& m, float& l) {
+  constexpr int NT = KT / 8, KK = KT / 16, KC = D / 16;
+  const int lane = int(threadIdx.x) & 31, g = lane >> 2, t = lane & 3, mi = lane >> 3;
+  float s[NT][4];
+#pragma unroll
+  for (int n = 0; n < NT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
+#pragma unroll
+  for (int k = 0; k < KC; ++k) {
+    const uint32_t a[4] = {qa[k][0], 0u, qa[k][1], 0u};
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      const T* kp = &ks[(n * 8 + g) * LD + k * 16 + 2 * t];
+      mma16816<T>(s[n], a, *reinterpret_cast<const uint32_t*>(kp), *reinterpret_cast<const uint32_t*>(kp + 8));
+    }
+  }
+  const float corr =
+      online_softmax_step(s, 0, m, l, scale_log2, [&](int n, int e) { return t0 + n * 8 + 2 * t + e < hi; });
+  online_softmax_rescale(o, 0, corr);
+#pragma unroll
+  for (int kk = 0; kk < KK; ++kk) {
+    const uint32_t a[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), 0u, pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                           0u};
+#pragma unroll
+    for (int d2 = 0; d2 < D / 16; ++d2) {
+      uint32_t b[4];
+      ldmatrix_x4_trans(b, &vs[(kk * 16 + (mi & 1) * 8 + (lane & 7)) * LD + d2 * 16 + (mi >> 1) * 8]);
+      mma16816<T>(o[2 * d2], a, b[0], b[1]);
+      mma16816<T>(o[2 * d2 + 1], a, b[2], b[3]);
+    }
+  }
+}
+
 template <typename T, int D, KvCode Q, int ST>
 __global__ void __launch_bounds__(kDecThreads)
 attention_decode_cluster_kernel(const DecParams<T> p) {
@@ -119,7 +192,7 @@ attention_decode_cluster_kernel(const DecParams<T> p) {
   static_assert(ST == 1 || ST == 2);
   using E = KvElem<T, Q>;
   constexpr bool kQuant = L::kQuant;
-  constexpr int KT = L::KT, LD = L::LD, NT = KT / 8, KK = KT / 16, KC = D / 16, DT = D / 8;
+  constexpr int KT = L::KT, LD = L::LD, KC = D / 16, DT = D / 8;
   constexpr int ROWB = kQuant ? D : LD * 2;          // bytes per key row in a stage tile
   constexpr int TILEB = kQuant ? L::kTileC : L::kTileT;
   constexpr int CPR = D * int(sizeof(E)) / 16;        // 16-byte chunks per cache row
@@ -217,16 +290,7 @@ attention_decode_cluster_kernel(const DecParams<T> p) {
   if (loads_new) *reinterpret_cast<uint4*>(&new_t[threadIdx.x / (D / QV) * D + qc]) = nraw;
   __syncthreads();
   if (rope) {
-    // qkv_prep_kernel's rotation and rounding (rope_pair), pairs (u, u + rot / 2).
-    const int half = p.rot / 2;
-    for (int e = threadIdx.x; e < (group + (has_new ? 1 : 0)) * half; e += kDecThreads) {
-      const int r = e / half, u = e % half;
-      T* x = r < group ? q_s + r * LD : new_t;
-      float x1 = to_f32(x[u]), x2 = to_f32(x[u + half]);
-      rope_pair(x1, x2, qpos, p.inv_freq[u]);
-      x[u] = from_f32<T>(x1);
-      x[u + half] = from_f32<T>(x2);
-    }
+    dec_rope_rows(q_s, LD, new_t, group, has_new, p.rot, qpos, p.inv_freq, int(threadIdx.x), kDecThreads);
     __syncthreads();
   }
   if constexpr (kQuant) {
@@ -265,7 +329,6 @@ attention_decode_cluster_kernel(const DecParams<T> p) {
   float o[DT][4], m = -INFINITY, l = 0.0f;
 #pragma unroll
   for (int i = 0; i < DT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
-  const int mi = lane >> 3;
 
   for (int i = 0; i < my_tiles; ++i) {
     cp_async_wait<ST - 1>();  // tile i has landed (this lane's copies)...
@@ -313,36 +376,7 @@ attention_decode_cluster_kernel(const DecParams<T> p) {
       vs = reinterpret_cast<const T*>(st + L::kTileT);
     }
 
-    // S = Q K^T for the tile's KT keys (n-tiles of 8), in the log2 domain, masked.
-    float s[NT][4];
-#pragma unroll
-    for (int n = 0; n < NT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#pragma unroll
-    for (int k = 0; k < KC; ++k) {
-      const uint32_t a[4] = {qa[k][0], 0u, qa[k][1], 0u};
-#pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        const T* kp = &ks[(n * 8 + g) * LD + k * 16 + 2 * t];
-        mma16816<T>(s[n], a, *reinterpret_cast<const uint32_t*>(kp), *reinterpret_cast<const uint32_t*>(kp + 8));
-      }
-    }
-    // Row g only (rows g + 8 are zero); key t0 < hi is visible, so the new max is finite.
-    const float corr = online_softmax_step(s, 0, m, l, p.scale_log2,
-                                           [&](int n, int e) { return t0 + n * 8 + 2 * t + e < hi; });
-    online_softmax_rescale(o, 0, corr);
-    // O += P V: P (row g, 16-bit) as A fragments, V's B fragments by ldmatrix.trans.
-#pragma unroll
-    for (int kk = 0; kk < KK; ++kk) {
-      const uint32_t a[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), 0u, pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                             0u};
-#pragma unroll
-      for (int d2 = 0; d2 < D / 16; ++d2) {
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, &vs[(kk * 16 + (mi & 1) * 8 + (lane & 7)) * LD + d2 * 16 + (mi >> 1) * 8]);
-        mma16816<T>(o[2 * d2], a, b[0], b[1]);
-        mma16816<T>(o[2 * d2 + 1], a, b[2], b[3]);
-      }
-    }
+    dec_tile_attend<T, D, KT, LD>(ks, vs, qa, t0, hi, p.scale_log2, o, m, l);
     __syncwarp();  // every lane is done with this stage before it is refilled
     issue(i + ST, blk_next);
     blk_next = tile_block(i + ST + 1);
@@ -426,30 +460,9 @@ attention_decode_cluster_kernel(const DecParams<T> p) {
   dec_cluster_sync();
 }
 
-// The kernel of T, D, Q, ST with its shared-memory attribute set on the current device
-// (a host-side attribute per device, set on a step's eager first run before any capture).
-template <typename T, int D, KvCode Q, int ST>
-auto decode_cluster_kernel_ready() {
-  auto* kernel = attention_decode_cluster_kernel<T, D, Q, ST>;
-  static std::mutex mu;
-  static std::set<int> done;
-  int dev = 0;
-  KILN_CUDA_CHECK(cudaGetDevice(&dev));
-  std::lock_guard<std::mutex> lock(mu);
-  if (!done.count(dev)) {
-    KILN_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, DecLayout<D, Q, ST>::kBytes));
-    done.insert(dev);
-  }
-  return kernel;
-}
-
-// Launches the kernel for T, D, Q, ST over (sequences x splits, KV heads), clusters of
-// `splits`.
-template <typename T, int D, KvCode Q, int ST>
-void launch_decode_cluster_staged(const AttentionArgs& a, cudaStream_t s) {
-  using L = DecLayout<D, Q, ST>;
-  auto* kernel = decode_cluster_kernel_ready<T, D, Q, ST>();
+// The decode kernels' parameters of a launch's arguments (head dim D).
+template <typename T, int D>
+DecParams<T> dec_params_of(const AttentionArgs& a) {
   DecParams<T> p;
   p.q = static_cast<const T*>(a.q);
   p.q_stride = a.q_stride ? a.q_stride : a.hq * D;
@@ -474,6 +487,22 @@ void launch_decode_cluster_staged(const AttentionArgs& a, cudaStream_t s) {
   p.inv_freq = a.inv_freq;
   p.slots = a.slot_mapping;
   p.early_trigger = a.early_trigger;
+  return p;
+}
+
+// The kernel of T, D, Q, ST, ready to launch (dec_kernel_ready).
+template <typename T, int D, KvCode Q, int ST>
+auto decode_cluster_kernel_ready() {
+  return dec_kernel_ready<attention_decode_cluster_kernel<T, D, Q, ST>, DecLayout<D, Q, ST>::kBytes>();
+}
+
+// Launches the kernel for T, D, Q, ST over (sequences x splits, KV heads), clusters of
+// `splits`.
+template <typename T, int D, KvCode Q, int ST>
+void launch_decode_cluster_staged(const AttentionArgs& a, cudaStream_t s) {
+  using L = DecLayout<D, Q, ST>;
+  auto* kernel = decode_cluster_kernel_ready<T, D, Q, ST>();
+  const DecParams<T> p = dec_params_of<T, D>(a);
   const dim3 grid(unsigned(a.num_seqs) * unsigned(a.decode_splits), unsigned(a.hkv));
   launch_k_cluster(kernel, grid, dim3(kDecThreads), size_t(L::kBytes), s, dim3(unsigned(a.decode_splits), 1, 1), p);
   KILN_CUDA_CHECK_LAUNCH();

@@ -48,7 +48,7 @@ struct DwLayout {
 template <typename T, int D, int ST>
 __global__ void __launch_bounds__(kDwThreads) attention_decode_warp_kernel(const DecParams<T> p, int items) {
   using L = DwLayout<D, ST>;
-  constexpr int KT = L::KT, LD = L::LD, NT = KT / 8, KK = KT / 16, KC = D / 16, DT = D / 8;
+  constexpr int KT = L::KT, LD = L::LD, KC = D / 16, DT = D / 8;
   constexpr int CPR = D * 2 / 16;  // 16-byte chunks per cache row
   constexpr unsigned kFull = 0xffffffffu;
   static_assert(D == 64 || D == 128);
@@ -129,15 +129,7 @@ __global__ void __launch_bounds__(kDwThreads) attention_decode_warp_kernel(const
   }
   __syncwarp();
   if (rope) {
-    const int half = p.rot / 2;
-    for (int e = lane; e < (group + 1) * half; e += 32) {
-      const int r = e / half, u = e % half;
-      T* x = r < group ? q_s + r * LD : new_t;
-      float x1 = to_f32(x[u]), x2 = to_f32(x[u + half]);
-      rope_pair(x1, x2, qpos, p.inv_freq[u]);
-      x[u] = from_f32<T>(x1);
-      x[u + half] = from_f32<T>(x2);
-    }
+    dec_rope_rows(q_s, LD, new_t, group, true, p.rot, qpos, p.inv_freq, lane, 32);
     __syncwarp();
   }
   {
@@ -164,7 +156,6 @@ __global__ void __launch_bounds__(kDwThreads) attention_decode_warp_kernel(const
   float o[DT][4], m = -INFINITY, l = 0.0f;
 #pragma unroll
   for (int i = 0; i < DT; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
-  const int mi = lane >> 3;
 
   for (int i = 0; i < ntiles; ++i) {
     cp_async_wait<ST - 1>();
@@ -182,33 +173,7 @@ __global__ void __launch_bounds__(kDwThreads) attention_decode_warp_kernel(const
     }
     const T* ks = reinterpret_cast<const T*>(st);
     const T* vs = reinterpret_cast<const T*>(st + L::kTile);
-    float s[NT][4];
-#pragma unroll
-    for (int n = 0; n < NT; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.0f;
-#pragma unroll
-    for (int k = 0; k < KC; ++k) {
-      const uint32_t a[4] = {qa[k][0], 0u, qa[k][1], 0u};
-#pragma unroll
-      for (int n = 0; n < NT; ++n) {
-        const T* kp = &ks[(n * 8 + g) * LD + k * 16 + 2 * t];
-        mma16816<T>(s[n], a, *reinterpret_cast<const uint32_t*>(kp), *reinterpret_cast<const uint32_t*>(kp + 8));
-      }
-    }
-    const float corr = online_softmax_step(s, 0, m, l, p.scale_log2,
-                                           [&](int n, int e) { return t0 + n * 8 + 2 * t + e < ctx; });
-    online_softmax_rescale(o, 0, corr);
-#pragma unroll
-    for (int kk = 0; kk < KK; ++kk) {
-      const uint32_t a[4] = {pack2<T>(s[2 * kk][0], s[2 * kk][1]), 0u, pack2<T>(s[2 * kk + 1][0], s[2 * kk + 1][1]),
-                             0u};
-#pragma unroll
-      for (int d2 = 0; d2 < D / 16; ++d2) {
-        uint32_t b[4];
-        ldmatrix_x4_trans(b, &vs[(kk * 16 + (mi & 1) * 8 + (lane & 7)) * LD + d2 * 16 + (mi >> 1) * 8]);
-        mma16816<T>(o[2 * d2], a, b[0], b[1]);
-        mma16816<T>(o[2 * d2 + 1], a, b[2], b[3]);
-      }
-    }
+    dec_tile_attend<T, D, KT, LD>(ks, vs, qa, t0, ctx, p.scale_log2, o, m, l);
     __syncwarp();  // every lane is done with this stage before it is refilled
     issue(i + ST, row_next);
     row_next = tile_row(i + ST + 1);
@@ -229,44 +194,13 @@ __global__ void __launch_bounds__(kDwThreads) attention_decode_warp_kernel(const
 
 template <typename T, int D, int ST>
 auto decode_warp_kernel_ready() {
-  auto* kernel = attention_decode_warp_kernel<T, D, ST>;
-  static std::mutex mu;
-  static std::set<int> done;
-  int dev = 0;
-  KILN_CUDA_CHECK(cudaGetDevice(&dev));
-  std::lock_guard<std::mutex> lock(mu);
-  if (!done.count(dev)) {
-    KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, DwLayout<D, ST>::kBytes));
-    done.insert(dev);
-  }
-  return kernel;
+  return dec_kernel_ready<attention_decode_warp_kernel<T, D, ST>, DwLayout<D, ST>::kBytes>();
 }
 
 template <typename T, int D, int ST>
 void launch_decode_warp_staged(const AttentionArgs& a, cudaStream_t s) {
   auto* kernel = decode_warp_kernel_ready<T, D, ST>();
-  DecParams<T> p;
-  p.q = static_cast<const T*>(a.q);
-  p.q_stride = a.q_stride ? a.q_stride : a.hq * D;
-  p.k_cache = const_cast<void*>(a.k_cache);
-  p.v_cache = const_cast<void*>(a.v_cache);
-  p.out = static_cast<T*>(a.out);
-  p.block_size = int(a.block_size);
-  p.hq = int(a.hq);
-  p.hkv = int(a.hkv);
-  p.splits = 1;
-  p.rot = int(a.rotary_dim);
-  p.kv_row = a.kv_stride ? a.kv_stride : a.hkv * D;
-  p.scale_log2 = a.scale * kLog2e;
-  p.seqs = a.seqs;
-  p.block_tables = a.block_tables;
-  p.k_new = static_cast<const T*>(a.k_new);
-  p.v_new = static_cast<const T*>(a.v_new);
-  p.new_stride = a.new_stride;
-  p.positions = a.positions;
-  p.inv_freq = a.inv_freq;
-  p.slots = a.slot_mapping;
-  p.early_trigger = a.early_trigger;
+  const DecParams<T> p = dec_params_of<T, D>(a);  // splits: 1 by the plan
   const int items = int(a.num_seqs * a.hkv);
   const dim3 grid(unsigned((items + kDwWarps - 1) / kDwWarps));
   launch_k(kernel, grid, dim3(kDwThreads), size_t(DwLayout<D, ST>::kBytes), s, p, items);
