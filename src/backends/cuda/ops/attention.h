@@ -20,8 +20,8 @@
 // at head dims 64/128 on sm_90+, decode steps take the cluster decode kernel instead
 // (attention_decode.cuh: tensor cores, per-warp cp.async streams, splits merged in a
 // thread-block cluster; KILN_CUDA_DECODE_ATTN=old, read when a graph is compiled, keeps
-// the grouped one), and batch decode over a 16-bit cache with short contexts the warp
-// decode kernel (attention_decode_warp.cuh: a warp per (sequence, KV head), no barrier,
+// the grouped one), and batch decode over a 16-bit cache (from ~3-4 (sequence, KV head)
+// pairs an SM, attention_plan_decode_cluster) the warp decode kernel (attention_decode_warp.cuh: a warp per (sequence, KV head), no barrier,
 // no merge; AttentionPlan::decode_warp).
 // Tested against the CPU backend in tests/backends/cuda/attention_test.cpp.
 #pragma once

@@ -69,7 +69,7 @@ int attention_decode_warp_from_env() {
   if (!e || !*e) return -1;
   KILN_THROW_IF(std::strlen(e) != 1 || e[0] < '0' || e[0] > '3', kInvalidArgument, "KILN_CUDA_DECODE_WARP='", e,
                 "': expected 0 (the cluster decode kernel), 1, 2 or 3 (the warp decode kernel with that many copy "
-                "stages) or unset (by the grid)");
+                "stages for every decode step) or unset (planned from the batch)");
   return e[0] - '0';
 }
 
