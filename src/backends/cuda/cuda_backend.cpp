@@ -196,10 +196,11 @@ class CudaCompiledGraph final : public CompiledGraph {
       struct Reset {
         ~Reset() { set_pdl_allowed(false); }
       } reset;
-      // A decode step's GEMMs are timed at its row count the first time it is met, before
-      // any graph of that batch size is captured (gemm.h: Gemm::RowTuningScope).
+      // A decode step's GEMMs (every step's with KILN_CUDA_GEMM_TUNE_M=all) are timed at its
+      // row count the first time it is met, before any graph of that size is captured
+      // (gemm.h: Gemm::RowTuningScope).
       std::optional<Gemm::RowTuningScope> row_tuning;
-      if (decode) row_tuning.emplace(*cx_->gemm);
+      if (decode || Gemm::row_tuning_every_step()) row_tuning.emplace(*cx_->gemm);
       run_nodes(step, cuda_kv, host_vals);
       convert_outputs();
       enqueued = true;

@@ -4,10 +4,13 @@
 // heuristic offers, keeps one of them, and its outputs equal the untimed path's (the
 // heuristic's first) and an f64 reference within the bf16 bound, in bf16 (with bias and
 // with a residual) and FP8; outside a scope, under graph capture, with the switch off, or
-// at a row count tuned at load, nothing is timed anew.
+// at a row count tuned at load, nothing is timed anew. The tactic search and cache
+// (gemm_search.h) on the device: CudaGemmSearch (their host side: gemm_search_test.cpp).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
+#include <filesystem>
 #include <random>
 #include <vector>
 
@@ -16,6 +19,7 @@
 #include "backends/cuda/ops/fp8.h"
 #include "backends/cuda/ops/gemm.h"
 #include "backends/cuda/ops/gemm_row_tuning.h"
+#include "backends/cuda/ops/gemm_search.h"
 #include "core/dtype.h"
 #include "cuda_test_util.h"
 
@@ -92,7 +96,11 @@ TEST(GemmRowTuning, EnvironmentValue) {
   EXPECT_TRUE(gemm_row_tuning_from_value(""));
   EXPECT_TRUE(gemm_row_tuning_from_value("1"));
   EXPECT_FALSE(gemm_row_tuning_from_value("0"));
-  for (const char* bad : {"off", "2", "true"}) {
+  EXPECT_TRUE(gemm_row_tuning_from_value("all"));
+  EXPECT_EQ(gemm_tune_rows_from_value("all"), GemmTuneRows::kAll);
+  EXPECT_EQ(gemm_tune_rows_from_value(nullptr), GemmTuneRows::kDecode);
+  EXPECT_EQ(gemm_tune_rows_from_value("0"), GemmTuneRows::kOff);
+  for (const char* bad : {"off", "2", "true", "ALL"}) {
     try {
       gemm_row_tuning_from_value(bad);
       ADD_FAILURE() << "KILN_CUDA_GEMM_TUNE_M=" << bad << " accepted";
@@ -116,6 +124,19 @@ struct Bf16Operand {
     KILN_CUDA_CHECK(cudaMemcpy(dev.get(), bits.data(), bits.size() * 2, cudaMemcpyHostToDevice));
   }
 };
+
+// y = x·wᵀ (+ bias) (+ residual) in f64, x [m, k], w [n, k].
+std::vector<double> gemm_ref(const Bf16Operand& x, const Bf16Operand& w, const Bf16Operand* bias,
+                             const Bf16Operand* residual, int64_t m, int64_t n, int64_t k) {
+  std::vector<double> ref(size_t(m * n));
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t j = 0; j < n; ++j) {
+      double acc = bias ? bias->host[size_t(j)] : 0.0;
+      for (int64_t q = 0; q < k; ++q) acc += double(x.host[size_t(i * k + q)]) * w.host[size_t(j * k + q)];
+      ref[size_t(i * n + j)] = acc + (residual ? residual->host[size_t(i * n + j)] : 0.0);
+    }
+  return ref;
+}
 
 std::vector<float> download_bf16(const DeviceBuffer& b, int64_t n) {
   std::vector<uint16_t> bits(static_cast<size_t>(n));
@@ -173,13 +194,8 @@ TEST(CudaGemmRowTuning, TunedRowCountsMatchTheHeuristicPath) {
     Bf16Operand x(cs.m * cs.k, rng), w(cs.n * cs.k, rng), bias(cs.n, rng), res(cs.m * cs.n, rng);
     const void* bp = cs.bias ? bias.dev.get() : nullptr;
     const void* rp = cs.residual ? res.dev.get() : nullptr;
-    std::vector<double> ref(size_t(cs.m * cs.n));
-    for (int64_t i = 0; i < cs.m; ++i)
-      for (int64_t j = 0; j < cs.n; ++j) {
-        double acc = cs.bias ? bias.host[size_t(j)] : 0.0;
-        for (int64_t q = 0; q < cs.k; ++q) acc += double(x.host[size_t(i * cs.k + q)]) * w.host[size_t(j * cs.k + q)];
-        ref[size_t(i * cs.n + j)] = acc + (cs.residual ? res.host[size_t(i * cs.n + j)] : 0.0);
-      }
+    const std::vector<double> ref =
+        gemm_ref(x, w, cs.bias ? &bias : nullptr, cs.residual ? &res : nullptr, cs.m, cs.n, cs.k);
     DeviceBuffer y0(size_t(cs.m * cs.n) * 2), y1(size_t(cs.m * cs.n) * 2);
 
     Gemm untimed;  // no scope: the heuristic's first
@@ -392,6 +408,102 @@ TEST(CudaGemmRowTuning, Fp8TunedRowCountMatchesTheHeuristicPath) {
   EXPECT_LE(e01, op_tolerance("bf16"));
   EXPECT_LE(e0, op_tolerance("bf16"));
   EXPECT_LE(e1, op_tolerance("bf16"));
+  KILN_CUDA_CHECK(cudaStreamDestroy(s));
+}
+
+// GEMM tactic search and the tactic cache (gemm_search.h): a searched plan times the
+// heuristic's candidates and the search's and its output equals an f64 reference within the
+// bf16 bound; a cache written by one Gemm gives a second its choice untimed (also inside a
+// decode step's scope); an entry cuBLASLt refuses is timed anew and replaced.
+TEST(CudaGemmSearch, SearchedChoiceIsCorrectAndTheCacheGivesItUntimed) {
+  KILN_SKIP_WITHOUT_CUDA();
+  cudaStream_t s = nullptr;
+  KILN_CUDA_CHECK(cudaStreamCreate(&s));
+  std::mt19937_64 rng(23);
+  const auto dir = std::filesystem::temp_directory_path() / ("kiln_gemm_cache_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  const std::string path = (dir / "cache.json").string();
+  struct Case {
+    int64_t m, n, k;
+    bool bias;
+  };
+  for (const Case& cs : {Case{256, 1536, 1024, false}, Case{128, 768, 3072, true}, Case{48, 2304, 768, true}}) {
+    const std::string what = str_cat("bf16 m=", cs.m, " n=", cs.n, " k=", cs.k, cs.bias ? " +bias" : "");
+    Bf16Operand x(cs.m * cs.k, rng), w(cs.n * cs.k, rng), bias(cs.n, rng);
+    const void* bp = cs.bias ? bias.dev.get() : nullptr;
+    const std::vector<double> ref = gemm_ref(x, w, cs.bias ? &bias : nullptr, nullptr, cs.m, cs.n, cs.k);
+    DeviceBuffer y(size_t(cs.m * cs.n) * 2);
+
+    Gemm plain;
+    plain.tune(DType::kBF16, x.dev.get(), w.dev.get(), bp, y.get(), cs.m, cs.n, cs.k, s);
+    const Gemm::Choice c0 = plain.choice(DType::kBF16, DType::kBF16, cs.m, cs.n, cs.k, cs.bias);
+
+    Gemm searched;
+    searched.set_search(true);
+    searched.set_tactic_cache(path);
+    const auto times = searched.tune(DType::kBF16, x.dev.get(), w.dev.get(), bp, y.get(), cs.m, cs.n, cs.k, s);
+    const Gemm::Choice c1 = searched.choice(DType::kBF16, DType::kBF16, cs.m, cs.n, cs.k, cs.bias);
+    EXPECT_GT(c1.candidates, c0.candidates) << what << ": the search added no candidate";
+    EXPECT_LE(c1.candidates, c0.candidates + 8) << what;
+    ASSERT_EQ(int(times.size()), c1.candidates) << what << ": every candidate timed";
+    float best = INFINITY;
+    for (auto& t : times) best = std::min(best, t.ms);
+    EXPECT_EQ(times[size_t(c1.tactic)].ms, best) << what;
+    EXPECT_FALSE(c1.cached);
+    ASSERT_TRUE(GemmAlgoConfig::parse(c1.algo).has_value()) << c1.algo;
+    searched.run(DType::kBF16, x.dev.get(), w.dev.get(), bp, y.get(), cs.m, cs.n, cs.k, s);
+    KILN_CUDA_CHECK(cudaStreamSynchronize(s));
+    const double e1 = rel_err(download_bf16(y, int64_t(ref.size())), ref);
+    std::printf("  %-28s heuristic's best #%d %.1f us, searched #%d of %d %.1f us (%s), err %.3g\n", what.c_str(),
+                c0.tactic, c0.times[size_t(c0.tactic)].ms * 1e3, c1.tactic, c1.candidates, best * 1e3,
+                c1.algo.c_str(), e1);
+    EXPECT_LE(e1, op_tolerance("bf16")) << what;
+
+    // A second Gemm with the cache: the same configuration, untimed, the same output bound.
+    Gemm later;
+    later.set_tactic_cache(path);
+    EXPECT_TRUE(later.tune(DType::kBF16, x.dev.get(), w.dev.get(), bp, y.get(), cs.m, cs.n, cs.k, s).empty()) << what;
+    const Gemm::Choice c2 = later.choice(DType::kBF16, DType::kBF16, cs.m, cs.n, cs.k, cs.bias);
+    EXPECT_TRUE(c2.cached) << what;
+    EXPECT_TRUE(c2.times.empty()) << what;
+    EXPECT_EQ(c2.algo, c1.algo) << what;
+    KILN_CUDA_CHECK(cudaMemset(y.get(), 0xff, size_t(cs.m * cs.n) * 2));  // NaNs unless written
+    later.run(DType::kBF16, x.dev.get(), w.dev.get(), bp, y.get(), cs.m, cs.n, cs.k, s);
+    KILN_CUDA_CHECK(cudaStreamSynchronize(s));
+    EXPECT_LE(rel_err(download_bf16(y, int64_t(ref.size())), ref), op_tolerance("bf16")) << what;
+    // Inside a decode step's scope the cached row count is not timed again either.
+    later.set_row_tuning(true);
+    {
+      Gemm::RowTuningScope scope(later);
+      later.run(DType::kBF16, x.dev.get(), w.dev.get(), bp, y.get(), cs.m, cs.n, cs.k, s);
+    }
+    EXPECT_TRUE(later.choice(DType::kBF16, DType::kBF16, cs.m, cs.n, cs.k, cs.bias).times.empty()) << what;
+  }
+
+  // An entry cuBLASLt refuses (no such algorithm): the plan is timed anew and the entry replaced.
+  {
+    const std::string device = gemm_tactic_device();
+    const GemmShape shape{int(DType::kBF16), int(DType::kBF16), 1536, 1024, false, 1536};
+    const std::string key = gemm_cache_key(shape, 64, false);
+    {
+      GemmTacticCache c(path, device);
+      ASSERT_GT(c.size(), 0u) << "the searches above wrote no entry for '" << device << "'";
+      GemmAlgoConfig junk;
+      junk.id = 99999;
+      c.put(key, {junk, 1.0});
+    }
+    Bf16Operand x(64 * 1024, rng), w(1536 * 1024, rng);
+    DeviceBuffer y(size_t(64 * 1536) * 2);
+    Gemm g;
+    g.set_tactic_cache(path);
+    const auto times = g.tune(DType::kBF16, x.dev.get(), w.dev.get(), nullptr, y.get(), 64, 1536, 1024, s);
+    EXPECT_FALSE(times.empty()) << "a refused entry was not timed anew";
+    EXPECT_FALSE(g.choice(DType::kBF16, DType::kBF16, 64, 1536, 1024, false).cached);
+    GemmTacticCache c(path, device);
+    ASSERT_TRUE(c.find(key).has_value());
+    EXPECT_NE(c.find(key)->algo.id, 99999) << "the refused entry was not replaced";
+  }
+  std::filesystem::remove_all(dir);
   KILN_CUDA_CHECK(cudaStreamDestroy(s));
 }
 

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdlib>
 #include <functional>
 #include <map>
@@ -16,6 +17,8 @@
 #include "core/log.h"
 #include "core/status.h"
 #include "backends/cuda/ops/gemm.h"
+#include "backends/cuda/ops/gemm_lt_config.h"
+#include "backends/cuda/ops/gemm_search.h"
 #include "backends/cuda/ops/gemm_skinny.h"
 #include "backends/cuda/ops/gemm_row_tuning.h"
 #include "backends/cuda/ops/l2_flush.h"
@@ -61,6 +64,12 @@ struct Plan {
   int chosen = 0;
   std::vector<Gemm::TacticTime> times;  // the timings that chose `chosen` (none: the heuristic's first)
   bool integer = false;  // int8 operands: alpha and beta are int32
+  // The types the plan's descriptors were made with (for cublasLtMatmulAlgoInit).
+  cublasComputeType_t compute = CUBLAS_COMPUTE_32F;
+  cudaDataType_t scale_t = CUDA_R_32F, ab_t = CUDA_R_16BF, c_t = CUDA_R_16BF, d_t = CUDA_R_16BF;
+  bool fp8_fast = false;     // an FP8 plan made with fast accumulation (part of its cache key)
+  bool cached = false;       // chosen from the tactic cache: never timed
+  bool searched = false;     // a search has added its candidates (or found none)
   ~Plan() {
     if (op) cublasLtMatmulDescDestroy(op);
     if (a) cublasLtMatrixLayoutDestroy(a);
@@ -150,6 +159,15 @@ struct Gemm::Impl {
   void* flush = nullptr;
   size_t flush_bytes = 0;
   bool flush_tried = false;
+  // Gemm::set_search / KILN_CUDA_GEMM_SEARCH, and the tactic cache (gemm_search.h; made by
+  // the first plan when a path is set, KILN_CUDA_TACTIC_CACHE or set_tactic_cache).
+  bool search = gemm_search_from_value(std::getenv("KILN_CUDA_GEMM_SEARCH"));
+  std::string cache_path = [] {
+    const char* e = std::getenv("KILN_CUDA_TACTIC_CACHE");
+    return std::string(e ? e : "");
+  }();
+  std::unique_ptr<GemmTacticCache> cache;
+  static constexpr int kSearchKeep = 8;  // the searched configurations timed beside the heuristic's
 
   // Operands x, w in `in`; y and bias in `out`; y rows ldy elements apart (0: n). FP8
   // plans take the first caller's scale pointers before the heuristic runs (as NVIDIA's
@@ -168,8 +186,13 @@ struct Gemm::Impl {
     const cudaDataType_t ti = cuda_type(in), t = fp8_out ? CUDA_R_16BF : cuda_type(out);
     // INT8 (IMMA): exact int32 accumulation, int32 alpha/beta and output.
     p->integer = in == DType::kI8;
-    KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->op, p->integer ? CUBLAS_COMPUTE_32I : CUBLAS_COMPUTE_32F,
-                                               p->integer ? CUDA_R_32I : CUDA_R_32F));
+    p->compute = p->integer ? CUBLAS_COMPUTE_32I : CUBLAS_COMPUTE_32F;
+    p->scale_t = p->integer ? CUDA_R_32I : CUDA_R_32F;
+    p->ab_t = ti;
+    p->c_t = t;
+    p->d_t = fp8_out ? cuda_type(out) : t;
+    p->fp8_fast = in == DType::kFP8E4M3 && fp8_fast_accum;
+    KILN_CUBLAS_CHECK(cublasLtMatmulDescCreate(&p->op, p->compute, p->scale_t));
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof(ta)));
     KILN_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(p->op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof(tb)));
@@ -227,6 +250,7 @@ struct Gemm::Impl {
     KILN_THROW_IF(found == 0, kUnsupported, "cuda gemm: cuBLASLt offers no algorithm for ", dtype_name(in), " x ",
                   dtype_name(in), " -> ", dtype_name(out), " m=", m, " n=", n, " k=", k);
     p->algos.resize(size_t(found));
+    from_cache(*p);
     const SkinnyMode skinny = in == DType::kBF16 || in == DType::kF16 ? skinny_mode() : SkinnyMode::kOff;
     if (skinny != SkinnyMode::kOff && out == in && m <= kSkinnyMaxRows) {
       // Timed: the configurations worth it; forced: any that leaves no split without k.
@@ -236,10 +260,198 @@ struct Gemm::Impl {
       if (skinny == SkinnyMode::kForce && !p->own.empty()) {
         p->chosen = int(p->algos.size() + p->own.size()) - 1;
         p->forced = true;
+        p->cached = false;
       }
     }
     slot = std::move(p);
     return *slot;
+  }
+
+  // The tactic cache, made at first use (null without a path).
+  GemmTacticCache* tactic_cache() {
+    if (cache || cache_path.empty()) return cache.get();
+    cache = std::make_unique<GemmTacticCache>(cache_path, gemm_tactic_device());
+    log_info("cuda: GEMM tactic cache '", cache_path, "': ", cache->size(), " choices for this device");
+    return cache.get();
+  }
+
+  // Whether the algorithm with config c is valid for plan p; its heuristic-result form in *r.
+  bool make_algo(const Plan& p, const GemmAlgoConfig& c, cublasLtMatmulHeuristicResult_t* r) {
+    cublasLtMatmulAlgo_t a{};
+    if (cublasLtMatmulAlgoInit(handle, p.compute, p.scale_t, p.ab_t, p.ab_t, p.c_t, p.d_t, c.id, &a) !=
+            CUBLAS_STATUS_SUCCESS ||
+        !set_configs(a, c))
+      return false;
+    return check_algo(p, a, r);
+  }
+  bool check_algo(const Plan& p, const cublasLtMatmulAlgo_t& a, cublasLtMatmulHeuristicResult_t* r) {
+    *r = {};
+    if (cublasLtMatmulAlgoCheck(handle, p.op, p.a, p.b, p.c, p.d ? p.d : p.c, &a, r) != CUBLAS_STATUS_SUCCESS ||
+        r->workspaceSize > workspace_bytes)
+      return false;
+    r->algo = a;
+    return true;
+  }
+
+  // A new plan takes the cache's choice for its key when cuBLASLt still accepts it: chosen
+  // without timing, now and inside decode steps.
+  void from_cache(Plan& p) {
+    GemmTacticCache* tc = tactic_cache();
+    if (!tc) return;
+    const std::string key = gemm_cache_key(p.shape, p.m, p.fp8_fast);
+    const auto e = tc->find(key);
+    if (!e) return;
+    cublasLtMatmulHeuristicResult_t r{};
+    if (!make_algo(p, e->algo, &r)) {
+      log_info("cuda: GEMM tactic cache: cuBLASLt no longer accepts ", e->algo.str(), " for ", key, "; timing anew");
+      return;
+    }
+    p.chosen = -1;
+    for (size_t i = 0; i < p.algos.size() && p.chosen < 0; ++i)
+      if (config_of(p.algos[i].algo) == e->algo) p.chosen = int(i);
+    if (p.chosen < 0) {
+      p.chosen = int(p.algos.size());
+      p.algos.push_back(r);
+    }
+    p.cached = true;
+    p.searched = true;
+    row_tuning.mark_timed(p.shape, p.m);
+    log_debug("cuda: ", key, ": ", e->algo.str(), " from the tactic cache (", e->us, " us)");
+  }
+
+  // After timing: the cache keeps plan p's choice (not a skinny GEMM's: those are not cuBLASLt's).
+  void remember(const Plan& p) {
+    GemmTacticCache* tc = tactic_cache();
+    if (!tc || p.chosen >= int(p.algos.size()) || size_t(p.chosen) >= p.times.size()) return;
+    tc->put(gemm_cache_key(p.shape, p.m, p.fp8_fast), {config_of(p.algos[size_t(p.chosen)].algo),
+                                                       double(p.times[size_t(p.chosen)].ms) * 1000.0});
+  }
+
+  // With the search on, adds to p.algos (after the heuristic's) the kSearchKeep fastest of
+  // cuBLASLt's other configurations for p, by a quick timing on the caller's operands
+  // (run(t) enqueues tactic t; no L2 flush; 2 calls each after a warm-up), for the regular
+  // timing to choose among. Screened: every algorithm id and tile the check accepts (its
+  // first accepted stages and cluster shape, custom option 0); then the 6 best with every
+  // custom option and cluster shape, and the 3 best with 2-4 k splits.
+  template <typename Run>
+  void search_candidates(Plan& p, cudaStream_t s, Run&& run) {
+    if (!search || p.searched || p.forced) return;
+    p.searched = true;
+    const auto t0 = std::chrono::steady_clock::now();
+    const size_t heur = p.algos.size();
+    std::vector<GemmAlgoConfig> seen;
+    for (auto& r : p.algos) seen.push_back(config_of(r.algo));
+    auto add = [&](const cublasLtMatmulAlgo_t& a) {
+      const GemmAlgoConfig c = config_of(a);
+      if (std::find(seen.begin(), seen.end(), c) != seen.end()) return false;
+      cublasLtMatmulHeuristicResult_t r{};
+      if (!check_algo(p, a, &r)) return false;
+      seen.push_back(c);
+      p.algos.push_back(r);
+      return true;
+    };
+    cudaEvent_t ev[2];
+    KILN_CUDA_CHECK(cudaEventCreate(&ev[0]));
+    KILN_CUDA_CHECK(cudaEventCreate(&ev[1]));
+    std::vector<std::pair<float, size_t>> quick;  // (us, index into p.algos)
+    auto time_from = [&](size_t first) {
+      for (size_t t = first; t < p.algos.size(); ++t) {
+        float us = INFINITY;
+        try {
+          run(int(t));
+          KILN_CUDA_CHECK(cudaEventRecord(ev[0], s));
+          run(int(t));
+          run(int(t));
+          KILN_CUDA_CHECK(cudaEventRecord(ev[1], s));
+          KILN_CUDA_CHECK(cudaEventSynchronize(ev[1]));
+          float ms = 0;
+          KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
+          us = ms * 500.0f;
+        } catch (const Error&) {
+          KILN_CUDA_CHECK(cudaStreamSynchronize(s));  // a launch cuBLASLt refused: not a candidate
+        }
+        quick.push_back({us, t});
+      }
+    };
+    int ids[256];
+    int nids = 0;
+    KILN_CUBLAS_CHECK(cublasLtMatmulAlgoGetIds(handle, p.compute, p.scale_t, p.ab_t, p.ab_t, p.c_t, p.d_t, 256, ids, &nids));
+    const uint16_t clusters[] = {CUBLASLT_CLUSTER_SHAPE_AUTO,  CUBLASLT_CLUSTER_SHAPE_1x1x1, CUBLASLT_CLUSTER_SHAPE_2x1x1,
+                                 CUBLASLT_CLUSTER_SHAPE_1x2x1, CUBLASLT_CLUSTER_SHAPE_2x2x1, CUBLASLT_CLUSTER_SHAPE_4x1x1,
+                                 CUBLASLT_CLUSTER_SHAPE_1x4x1};
+    for (int i = 0; i < nids; ++i) {
+      cublasLtMatmulAlgo_t base{};
+      if (cublasLtMatmulAlgoInit(handle, p.compute, p.scale_t, p.ab_t, p.ab_t, p.c_t, p.d_t, ids[i], &base) !=
+          CUBLAS_STATUS_SUCCESS)
+        continue;
+      auto tiles = cap_list<uint32_t>(base, CUBLASLT_ALGO_CAP_TILE_IDS);
+      auto stages = cap_list<uint32_t>(base, CUBLASLT_ALGO_CAP_STAGES_IDS);
+      if (tiles.empty()) tiles.push_back(CUBLASLT_MATMUL_TILE_UNDEFINED);
+      stages.insert(stages.begin(), CUBLASLT_MATMUL_STAGES_UNDEFINED);
+      for (uint32_t tile : tiles) {
+        bool done = false;
+        for (size_t st = 0; st < stages.size() && !done; ++st)
+          for (size_t c = 0; c < 2 && !done; ++c) {  // AUTO, then 1x1x1
+            cublasLtMatmulAlgo_t a = base;
+            set_config(a, CUBLASLT_ALGO_CONFIG_TILE_ID, tile);
+            set_config(a, CUBLASLT_ALGO_CONFIG_STAGES_ID, stages[st]);
+            set_config(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, clusters[c]);
+            done = add(a);
+          }
+      }
+    }
+    const size_t screened = p.algos.size() - heur;
+    time_from(heur);
+    auto best = [&](size_t n) {
+      std::sort(quick.begin(), quick.end());
+      std::vector<cublasLtMatmulAlgo_t> out;
+      for (size_t i = 0; i < quick.size() && out.size() < n; ++i)
+        if (std::isfinite(quick[i].first)) out.push_back(p.algos[quick[i].second].algo);
+      return out;
+    };
+    size_t first = p.algos.size();
+    for (const cublasLtMatmulAlgo_t& b : best(6)) {
+      const int custom_max = std::min(cap_value<int32_t>(b, CUBLASLT_ALGO_CAP_CUSTOM_OPTION_MAX), 15);
+      for (int custom = 0; custom <= custom_max; ++custom)
+        for (uint16_t cl : clusters) {
+          cublasLtMatmulAlgo_t a = b;
+          set_config(a, CUBLASLT_ALGO_CONFIG_CUSTOM_OPTION, uint32_t(custom));
+          set_config(a, CUBLASLT_ALGO_CONFIG_CLUSTER_SHAPE_ID, cl);
+          add(a);
+        }
+    }
+    time_from(first);
+    first = p.algos.size();
+    for (const cublasLtMatmulAlgo_t& b : best(3)) {
+      if (!cap_value<int32_t>(b, CUBLASLT_ALGO_CAP_SPLITK_SUPPORT)) continue;
+      const uint32_t mask = cap_value<uint32_t>(b, CUBLASLT_ALGO_CAP_REDUCTION_SCHEME_MASK);
+      for (int32_t splits : {2, 3, 4}) {
+        if (p.shape.k / splits < 512) continue;
+        for (uint32_t red : {uint32_t(CUBLASLT_REDUCTION_SCHEME_INPLACE), uint32_t(CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE),
+                             uint32_t(CUBLASLT_REDUCTION_SCHEME_OUTPUT_TYPE)}) {
+          if (!(mask & red)) continue;
+          cublasLtMatmulAlgo_t a = b;
+          set_config(a, CUBLASLT_ALGO_CONFIG_SPLITK_NUM, splits);
+          set_config(a, CUBLASLT_ALGO_CONFIG_REDUCTION_SCHEME, red);
+          add(a);
+        }
+      }
+    }
+    time_from(first);
+    const size_t candidates = p.algos.size() - heur;
+    std::vector<cublasLtMatmulHeuristicResult_t> keep;
+    std::sort(quick.begin(), quick.end());
+    for (size_t i = 0; i < quick.size() && keep.size() < size_t(kSearchKeep); ++i)
+      if (std::isfinite(quick[i].first)) keep.push_back(p.algos[quick[i].second]);
+    p.algos.resize(heur);
+    p.algos.insert(p.algos.end(), keep.begin(), keep.end());
+    cudaEventDestroy(ev[0]);
+    cudaEventDestroy(ev[1]);
+    log_debug("cuda: ", gemm_kind(p.shape), " m=", p.m, " n=", p.shape.n, " k=", p.shape.k, ": searched ", candidates,
+              " configurations (", screened, " algorithm x tile) in ",
+              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count(), " ms; ",
+              keep.size(), " timed beside the heuristic's ", heur, quick.empty() ? "" : ", the quickest ",
+              quick.empty() ? "" : config_of(keep.empty() ? p.algos[0].algo : keep[0].algo).str());
   }
 
   static void set_scales(cublasLtMatmulDesc_t op, const float* scales, bool d_scale) {
@@ -297,9 +509,11 @@ struct Gemm::Impl {
     if (!row_tuning.claim(p.shape, p.m, can_time && capture == cudaStreamCaptureStatusNone)) return;
     const auto t0 = std::chrono::steady_clock::now();
     if (!flush_tried) alloc_flush(s);
+    search_candidates(p, s, run);
     auto times = time_tactics(
         p, tactic_count(p, own_ok), s, Gemm::kRowTuneReps, run, [&] { if (flush) launch_l2_flush(flush, flush_bytes, s); },
         Gemm::kRowTuneMargin);
+    remember(p);
     row_tuning.add_cost(p.m, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     Gemm::log_tactics(gemm_kind(p.shape), p.m, p.shape.n, p.shape.k, times);
     log_debug("cuda: ", gemm_kind(p.shape), " m=", p.m, " n=", p.shape.n, " k=", p.shape.k, " keeps #", p.chosen,
@@ -328,6 +542,15 @@ struct Gemm::Impl {
     flush_tried = false;
   }
 };
+
+std::string gemm_tactic_device() {
+  int dev = 0, sms = 0;
+  cudaDeviceProp prop{};
+  KILN_CUDA_CHECK(cudaGetDevice(&dev));
+  KILN_CUDA_CHECK(cudaGetDeviceProperties(&prop, dev));
+  KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  return str_cat(prop.name, " (", sms, " SMs), cuBLASLt ", cublasLtGetVersion());
+}
 
 Gemm::Gemm(size_t workspace_bytes) : impl_(std::make_unique<Impl>()) {
   KILN_CUBLAS_CHECK(cublasLtCreate(&impl_->handle));
@@ -397,9 +620,21 @@ bool Gemm::row_tuning_from_env() {
   return on;
 }
 
+bool Gemm::row_tuning_every_step() {
+  static const bool all = gemm_tune_rows_from_value(std::getenv("KILN_CUDA_GEMM_TUNE_M")) == GemmTuneRows::kAll;
+  return all && tuning_enabled();
+}
+
 void Gemm::set_row_tuning(bool on) { impl_->row_tuning.set_enabled(on); }
 
 void Gemm::set_row_buckets(bool on) { impl_->row_buckets = on; }
+
+void Gemm::set_search(bool on) { impl_->search = on; }
+
+void Gemm::set_tactic_cache(const std::string& path) {
+  impl_->cache.reset();
+  impl_->cache_path = path;
+}
 
 Gemm::RowTuningScope::RowTuningScope(Gemm& g) : g_(g) { g_.impl_->row_tuning.open(); }
 
@@ -417,7 +652,8 @@ Gemm::Choice Gemm::choice(DType in, DType out, int64_t m, int64_t n, int64_t k, 
   auto it = impl_->plans.find(Key{GemmShape{int(in), int(out), n, k, bias, ldy == 0 ? n : ldy}, m});
   if (it == impl_->plans.end()) return {};
   const Plan& p = *it->second;
-  return {p.chosen, int(p.algos.size() + p.own.size()), p.times};
+  return {p.chosen, int(p.algos.size() + p.own.size()), p.times,
+          p.chosen < int(p.algos.size()) ? config_of(p.algos[size_t(p.chosen)].algo).str() : std::string(), p.cached};
 }
 
 void Gemm::log_tactics(const char* what, int64_t m, int64_t n, int64_t k, const std::vector<TacticTime>& times) {
@@ -440,9 +676,13 @@ std::vector<Gemm::TacticTime> Gemm::tune(DType dtype, const void* x, const void*
   if (m == 0 || n == 0) return {};
   Plan& p = impl_->plan(dtype, dtype, m, n, k, bias != nullptr);
   impl_->row_tuning.mark_timed(p.shape, m);
-  if (p.forced) return {};  // stays on the forced configuration
+  if (p.forced || p.cached) return {};  // stays on the forced or the cache's configuration
   const bool own_ok = !p.own.empty() && gemm_skinny_supported(dtype, m, n, k, 0, x, w, bias, y, nullptr);
-  return time_tactics(p, Impl::tactic_count(p, own_ok), s, reps, [&](int t) { impl_->matmul(p, t, x, w, bias, y, s); });
+  auto run = [&](int t) { impl_->matmul(p, t, x, w, bias, y, s); };
+  impl_->search_candidates(p, s, run);
+  auto times = time_tactics(p, Impl::tactic_count(p, own_ok), s, reps, run);
+  impl_->remember(p);
+  return times;
 }
 
 std::vector<Gemm::TacticTime> Gemm::tune_fp8(const void* x, const void* w, const float* scales, const void* bias,
@@ -450,7 +690,12 @@ std::vector<Gemm::TacticTime> Gemm::tune_fp8(const void* x, const void* w, const
   if (m == 0 || n == 0) return {};
   Plan& p = impl_->plan(DType::kFP8E4M3, DType::kBF16, m, n, k, bias != nullptr, scales);
   impl_->row_tuning.mark_timed(p.shape, m);
-  return time_tactics(p, int(p.algos.size()), s, reps, [&](int t) { impl_->matmul(p, t, x, w, bias, y, s, scales); });
+  if (p.cached) return {};
+  auto run = [&](int t) { impl_->matmul(p, t, x, w, bias, y, s, scales); };
+  impl_->search_candidates(p, s, run);
+  auto times = time_tactics(p, int(p.algos.size()), s, reps, run);
+  impl_->remember(p);
+  return times;
 }
 
 std::vector<Gemm::TacticTime> Gemm::tune_int8(const void* x, const void* w, int32_t* y, int64_t m, int64_t n,
@@ -458,7 +703,12 @@ std::vector<Gemm::TacticTime> Gemm::tune_int8(const void* x, const void* w, int3
   if (m == 0 || n == 0) return {};
   Plan& p = impl_->plan(DType::kI8, DType::kI32, m, n, k, false);
   impl_->row_tuning.mark_timed(p.shape, m);
-  return time_tactics(p, int(p.algos.size()), s, reps, [&](int t) { impl_->matmul(p, t, x, w, nullptr, y, s); });
+  if (p.cached) return {};
+  auto run = [&](int t) { impl_->matmul(p, t, x, w, nullptr, y, s); };
+  impl_->search_candidates(p, s, run);
+  auto times = time_tactics(p, int(p.algos.size()), s, reps, run);
+  impl_->remember(p);
+  return times;
 }
 
 }  // namespace kiln::cuda

@@ -19,12 +19,16 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "backends/cuda/ops/gemv.h"
 #include "core/dtype.h"
 
 namespace kiln::cuda {
+
+// The current device as the tactic cache names it: "NVIDIA H200 (132 SMs), cuBLASLt 130100".
+std::string gemm_tactic_device();
 
 class Gemm {
  public:
@@ -101,6 +105,9 @@ class Gemm {
   static constexpr int kRowTuneReps = 5;
   static constexpr float kRowTuneMargin = 0.02f;
   static bool row_tuning_from_env();  // read once
+  // KILN_CUDA_GEMM_TUNE_M=all: the backend opens a scope around every step, not only
+  // decode steps (prefill chunks and encoder forwards are timed at their row counts too).
+  static bool row_tuning_every_step();
   void set_row_tuning(bool on);
   // Row buckets (off by default): a plan for 2 < m < 65536 rows, m not a power of two,
   // takes the algorithms of the next power of two's plan that cuBLASLt accepts for m
@@ -111,6 +118,19 @@ class Gemm {
   // than its second on the H200, bench/RESULTS.md 2026-12-02 session 23; the executor's
   // warm-up makes the powers of two's plans). Plans made before the switch keep theirs.
   void set_row_buckets(bool on);
+  // Tactic search (gemm_search.h): when on, every timing of a plan (tune*, and a decode
+  // row count's first step) first screens cuBLASLt's configuration space beyond the
+  // heuristic's list on the same operands - each algorithm and tile it accepts, then the
+  // best tiles' custom options, cluster shapes and k splits - and times the kSearchKeep
+  // quickest beside the heuristic's candidates. ~0.1-2 s per (shape, m) on the H200. Off by
+  // default; KILN_CUDA_GEMM_SEARCH=1 turns it on. Plans already timed keep their choice.
+  void set_search(bool on);
+  // The tactic cache file (gemm_search.h; "" none, the default unless
+  // KILN_CUDA_TACTIC_CACHE names one): a plan made afterwards whose (types, m, shape) the
+  // cache holds for this device and cuBLASLt takes that configuration untimed, and each
+  // timing writes its choice into it. With the search on, one run fills the cache and
+  // later ones (kiln serve, which times nothing at new batch sizes) start from its choices.
+  void set_tactic_cache(const std::string& path);
   class RowTuningScope {
    public:
     explicit RowTuningScope(Gemm& g);
@@ -122,13 +142,15 @@ class Gemm {
     Gemm& g_;
   };
 
-  // What a plan uses: its tactic (an index into the heuristic's list), how many
-  // algorithms the heuristic offered, and the timings that chose it (empty when it was
+  // What a plan uses: its tactic (an index into the heuristic's list, then the search's
+  // and the cache's), how many candidates it had, and the timings that chose it (empty when it was
   // not timed: the heuristic's first). tactic is -1 when no GEMM of that shape and m ran.
   struct Choice {
     int tactic = -1;
     int candidates = 0;
     std::vector<TacticTime> times;
+    std::string algo;     // the chosen cuBLASLt configuration (GemmAlgoConfig::str), "" for a skinny tactic
+    bool cached = false;  // taken from the tactic cache, untimed
   };
   Choice choice(DType in, DType out, int64_t m, int64_t n, int64_t k, bool bias, int64_t ldy = 0) const;
   // Logs a shape's timings at debug level: "cuda: <what> m=.. n=.. k=.. tactics: #i=..us".

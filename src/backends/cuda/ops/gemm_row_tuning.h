@@ -25,12 +25,20 @@ struct GemmShape {
   auto operator<=>(const GemmShape&) const = default;
 };
 
-// KILN_CUDA_GEMM_TUNE_M's value: unset, empty or "1" times decode row counts, "0" does
-// not; anything else is an error naming the variable.
-inline bool gemm_row_tuning_from_value(const char* v) {
-  return env_switch_value("KILN_CUDA_GEMM_TUNE_M", v, "decode steps time the GEMM tactics at their row count",
-                          "the heuristic's first algorithm at row counts not tuned at load");
+// KILN_CUDA_GEMM_TUNE_M's value: unset, empty or "1" times decode row counts, "all" the row
+// counts of every step (prefill chunks and encoder forwards too: for fixed shapes, such as
+// an encoder served at one batch size, or with a tactic cache that keeps the choices), "0"
+// none; anything else is an error naming the variable.
+enum class GemmTuneRows : uint8_t { kOff, kDecode, kAll };
+inline GemmTuneRows gemm_tune_rows_from_value(const char* v) {
+  if (v && std::strcmp(v, "all") == 0) return GemmTuneRows::kAll;
+  return env_switch_value("KILN_CUDA_GEMM_TUNE_M", v,
+                          "decode steps time the GEMM tactics at their row count; or all: every step does",
+                          "the heuristic's first algorithm at row counts not tuned at load")
+             ? GemmTuneRows::kDecode
+             : GemmTuneRows::kOff;
 }
+inline bool gemm_row_tuning_from_value(const char* v) { return gemm_tune_rows_from_value(v) != GemmTuneRows::kOff; }
 
 // A (shape, m) is decided once: timed at load (Gemm::tune*), or met by a GEMM inside an
 // open window (a decode step being enqueued). Deciding inside a window times it unless the
