@@ -80,36 +80,54 @@ std::string gemm_cache_key(const GemmShape& shape, int64_t m, bool fp8_fast_accu
                  fp8_fast_accum && shape.in == int(DType::kFP8E4M3) ? " fast-accum" : "");
 }
 
+std::map<std::string, GemmTacticCache::Entry> GemmTacticCache::parse(std::string_view text, const std::string& device,
+                                                                     nlohmann::json* doc, size_t* bad) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw_error(ErrorCode::kInvalidArgument, "not JSON: ", e.what());
+  }
+  const auto ver = j.is_object() ? j.find("version") : j.end();
+  const auto devs = j.is_object() ? j.find("devices") : j.end();
+  if (ver == j.end() || !ver->is_number_integer() || ver->get<int64_t>() != 1 || devs == j.end() || !devs->is_object())
+    throw_error(ErrorCode::kInvalidArgument, "not a version-1 tactic cache");
+  std::map<std::string, Entry> out;
+  size_t skipped = 0;
+  const auto d = devs->find(device);
+  if (d != devs->end() && d->is_object())
+    for (auto it = d->begin(); it != d->end(); ++it) {
+      const nlohmann::json& e = it.value();
+      const auto algo = e.is_object() ? e.find("algo") : e.end();
+      const auto us = e.is_object() ? e.find("us") : e.end();
+      std::optional<GemmAlgoConfig> c;
+      if (algo != e.end() && algo->is_string()) c = GemmAlgoConfig::parse(algo->get<std::string>());
+      if (!c || us == e.end() || !us->is_number()) {
+        ++skipped;
+        continue;
+      }
+      out[it.key()] = {*c, us->get<double>()};
+    }
+  if (bad) *bad = skipped;
+  if (doc) *doc = std::move(j);
+  return out;
+}
+
 GemmTacticCache::GemmTacticCache(std::string path, std::string device)
     : path_(std::move(path)), device_(std::move(device)), doc_(nlohmann::json::object()) {
   if (path_.empty()) return;
   std::error_code ec;
   if (!std::filesystem::exists(path_, ec)) return;
+  size_t bad = 0;
   try {
-    doc_ = nlohmann::json::parse(read_text_file(path_));
-    if (!doc_.is_object() || doc_.value("version", 0) != 1 || !doc_.contains("devices") || !doc_["devices"].is_object())
-      throw_error(ErrorCode::kInvalidArgument, "not a version-1 tactic cache");
-  } catch (const std::exception& e) {
+    entries_ = parse(read_text_file(path_), device_, &doc_, &bad);
+  } catch (const Error& e) {
     const std::string aside = path_ + ".bad";
     std::filesystem::rename(path_, aside, ec);
     log_warn("cuda: GEMM tactic cache '", path_, "' is unreadable (", e.what(), "); ",
              ec ? "starting a new one" : "moved to '" + aside + "', starting a new one");
     doc_ = nlohmann::json::object();
     return;
-  }
-  const auto d = doc_["devices"].find(device_);
-  if (d == doc_["devices"].end() || !d->is_object()) return;
-  size_t bad = 0;
-  for (auto it = d->begin(); it != d->end(); ++it) {
-    const nlohmann::json& e = it.value();
-    std::optional<GemmAlgoConfig> c;
-    if (e.is_object() && e.contains("algo") && e["algo"].is_string()) c = GemmAlgoConfig::parse(e["algo"].get<std::string>());
-    const nlohmann::json* us = e.is_object() && e.contains("us") ? &e["us"] : nullptr;
-    if (!c || !us || !us->is_number()) {
-      ++bad;
-      continue;
-    }
-    entries_[it.key()] = {*c, us->get<double>()};
   }
   if (bad) log_warn("cuda: GEMM tactic cache '", path_, "': ", bad, " malformed entries for this device ignored");
 }

@@ -66,6 +66,11 @@ class GemmTacticCache {
   GemmTacticCache(std::string path, std::string device);
   const std::string& path() const { return path_; }
   std::optional<Entry> find(const std::string& key) const;
+  // The entries for `device` in a cache file's text, the whole document in *doc (may be
+  // null); throws kiln::Error (kInvalidArgument) when the text is not a version-1 cache.
+  // Malformed entries are skipped and counted in *bad (may be null).
+  static std::map<std::string, Entry> parse(std::string_view text, const std::string& device, nlohmann::json* doc,
+                                            size_t* bad);
   // Records an entry and rewrites the file (through a temporary file and a rename, so a
   // reader never sees half of it). A write that fails is a warning, not an error.
   void put(const std::string& key, const Entry& e);
