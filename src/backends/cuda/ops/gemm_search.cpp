@@ -4,10 +4,14 @@
 #include <cerrno>
 #include <charconv>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <limits>
 #include <system_error>
+#include <type_traits>
+
+#include <unistd.h>
 
 #include "core/dtype.h"
 #include "core/log.h"
@@ -147,7 +151,9 @@ void GemmTacticCache::put(const std::string& key, const Entry& e) {
 }
 
 void GemmTacticCache::save() const {
-  const std::string tmp = path_ + ".tmp";
+  // A temporary name of this process's own: two processes sharing a cache never write into
+  // one file; the later rename wins whole.
+  const std::string tmp = str_cat(path_, ".tmp.", ::getpid());
   {
     std::ofstream f(tmp, std::ios::trunc);
     f << doc_.dump(1) << "\n";
