@@ -166,6 +166,10 @@ struct CompileOptions {
   // count between powers of two with the algorithms of the power of two above it
   // (Gemm::set_row_buckets).
   bool step_tuning = true;
+  // A file keeping the GEMM tactics timed on this device (CUDA: gemm_search.h's tactic
+  // cache, read at compile and updated by every timing; "" none, unless
+  // KILN_CUDA_TACTIC_CACHE names one). Backends without timed GEMMs ignore it.
+  std::string tactic_cache;
 };
 
 // Host tensors keyed by graph input/output name.

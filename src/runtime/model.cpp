@@ -78,6 +78,7 @@ std::unique_ptr<Model> Model::from_built(BuiltModel built, const ModelOptions& o
   co.communicator = options.communicator;
   co.linear_observer = options.linear_observer;
   co.step_tuning = options.step_tuning;
+  co.tactic_cache = options.tactic_cache;
   m->compile(options.backend, co, options.device);
   return m;
 }
@@ -154,6 +155,7 @@ std::unique_ptr<Model> Model::load_engine_rank(const std::shared_ptr<EngineConte
   }
   co.profile = options.profile;
   co.step_tuning = options.step_tuning;
+  co.tactic_cache = options.tactic_cache;
   auto backend = create_backend(options.backend, options.device + rank);
   const std::string device_name = backend->device_name();
   const auto& tables = tp ? e->ranks[size_t(rank)].tactic_tables : e->tactic_tables;

@@ -68,6 +68,8 @@ struct ModelOptions {
   // step (CUDA; KILN_CUDA_GEMM_TUNE_M=0 turns it off everywhere). `kiln serve` turns it
   // off unless --tune-batch-sizes.
   bool step_tuning = true;
+  // CompileOptions::tactic_cache (--tactic-cache).
+  std::string tactic_cache;
   // Which device of the backend runs the model (CUDA device index); tensor-parallel
   // rank r runs on device + r.
   int device = 0;

@@ -22,6 +22,7 @@ struct ServeArgs {
   std::string backend = "cpu";
   std::string weight_dtype = "auto";
   std::string kv_cache_dtype = "auto";
+  std::string tactic_cache;  // ModelOptions::tactic_cache
   std::string host = "127.0.0.1";
   int port = 8000;
   std::vector<std::string> api_keys;
@@ -74,6 +75,7 @@ int run_serve(const ServeArgs& a) {
   mo.tensor_parallel = a.tp;
   mo.kv_cache_dtype = a.kv_cache_dtype;
   mo.step_tuning = a.tune_batch_sizes;
+  mo.tactic_cache = a.tactic_cache;
   EncoderBatcherOptions enc = a.encoder;
   enc.max_queue_delay = std::chrono::microseconds(a.encoder_delay_us);
   server::ModelRepository repo(mo, eo, enc);
@@ -148,6 +150,7 @@ Runner add_serve(CLI::App& app) {
                                ->capture_default_str();
   add_kv_fraction_option(cmd, a->kv_fraction);
   add_kv_dtype_option(cmd, a->kv_cache_dtype);
+  add_tactic_cache_option(cmd, a->tactic_cache);
   cmd->add_option("--preemption", a->preemption,
                   "when KV blocks run out, a preempted sequence is recomputed later or its KV is swapped to host memory")
       ->check(CLI::IsMember({"recompute", "swap"}))

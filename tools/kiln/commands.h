@@ -47,7 +47,10 @@ struct ModelArgs {
   std::string kv_cache_dtype = "auto";  // ModelOptions::kv_cache_dtype (add_kv_dtype_option)
   bool gguf_requantize = false;  // ModelOptions::keep_file_quant = false
   std::vector<std::string> pins;  // --pin-precision: ModelOptions::precision + pin_precision
+  std::string tactic_cache;       // --tactic-cache: ModelOptions::tactic_cache
 };
+// --tactic-cache FILE (ModelOptions::tactic_cache), for the commands that load a model.
+void add_tactic_cache_option(CLI::App* cmd, std::string& path);
 // --pin-precision NODE_GLOB=PRECISION[,...] (kiln build, and the model-loading commands).
 void add_pin_option(CLI::App* cmd, std::vector<std::string>& pins);
 // The pins of those options, parsed (a malformed one is an error naming it).

@@ -43,6 +43,14 @@ void add_model_options(CLI::App* cmd, ModelArgs& args) {
   add_pin_option(cmd, args.pins);
   add_tp_option(cmd, args.tp);
   add_plugin_option(cmd);
+  add_tactic_cache_option(cmd, args.tactic_cache);
+}
+
+void add_tactic_cache_option(CLI::App* cmd, std::string& path) {
+  cmd->add_option("--tactic-cache", path,
+                  "cuda: a JSON file of the GEMM algorithms timed on this GPU and cuBLASLt, read at load (those "
+                  "choices are taken untimed) and updated by every timing, e.g. filled by `kiln bench -b 64` for "
+                  "`kiln serve`, which times nothing at new batch sizes (also KILN_CUDA_TACTIC_CACHE)");
 }
 
 CLI::Option* add_kv_fraction_option(CLI::App* cmd, double& fraction) {
@@ -165,6 +173,7 @@ ModelOptions model_options(const ModelArgs& a) {
   o.onnx_import = a.onnx_import;
   o.tensor_parallel = a.tp;
   o.kv_cache_dtype = a.kv_cache_dtype;
+  o.tactic_cache = a.tactic_cache;
   // Pins run the precision pass, with the weight dtype as every other GEMM's precision
   // (what `kiln build --precision D --pin-precision ...` stores); engines refuse them.
   o.pin_precision = parse_pin_options(a.pins);

@@ -120,6 +120,7 @@ class CudaCompiledGraph final : public CompiledGraph {
       cx_->gemm->set_row_tuning(false);
       cx_->gemm->set_row_buckets(true);
     }
+    if (!opt.tactic_cache.empty()) cx_->gemm->set_tactic_cache(opt.tactic_cache);
     prep_.communicator = opt.communicator;
     prep_.act = act_dtype_from_option(opt.weight_dtype);
     prep_.weight_dtype = opt.weight_dtype;
