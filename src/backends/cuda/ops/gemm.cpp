@@ -454,6 +454,16 @@ struct Gemm::Impl {
               quick.empty() ? "" : config_of(keep.empty() ? p.algos[0].algo : keep[0].algo).str());
   }
 
+  // Times plan p's tactics (the search's too, when on) and keeps the choice in the cache.
+  template <typename Run>
+  std::vector<Gemm::TacticTime> search_and_time(Plan& p, bool own_ok, cudaStream_t s, int reps, Run&& run,
+                                                const std::function<void()>& before = {}, float keep_first = 0) {
+    search_candidates(p, s, run);
+    auto times = time_tactics(p, tactic_count(p, own_ok), s, reps, run, before, keep_first);
+    remember(p);
+    return times;
+  }
+
   static void set_scales(cublasLtMatmulDesc_t op, const float* scales, bool d_scale) {
     const float* a_scale = scales;
     const float* b_scale = scales + 4;  // 16 bytes further: see gemm.h
@@ -509,11 +519,9 @@ struct Gemm::Impl {
     if (!row_tuning.claim(p.shape, p.m, can_time && capture == cudaStreamCaptureStatusNone)) return;
     const auto t0 = std::chrono::steady_clock::now();
     if (!flush_tried) alloc_flush(s);
-    search_candidates(p, s, run);
-    auto times = time_tactics(
-        p, tactic_count(p, own_ok), s, Gemm::kRowTuneReps, run, [&] { if (flush) launch_l2_flush(flush, flush_bytes, s); },
+    auto times = search_and_time(
+        p, own_ok, s, Gemm::kRowTuneReps, run, [&] { if (flush) launch_l2_flush(flush, flush_bytes, s); },
         Gemm::kRowTuneMargin);
-    remember(p);
     row_tuning.add_cost(p.m, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
     Gemm::log_tactics(gemm_kind(p.shape), p.m, p.shape.n, p.shape.k, times);
     log_debug("cuda: ", gemm_kind(p.shape), " m=", p.m, " n=", p.shape.n, " k=", p.shape.k, " keeps #", p.chosen,
@@ -644,7 +652,7 @@ Gemm::RowTuningScope::~RowTuningScope() {
   if (im.row_tuning.is_open()) return;
   im.free_flush();
   for (auto& t : timed)
-    log_info("cuda: GEMM tactics timed at m=", t.m, " (a decode step's first run at that row count): ", t.shapes,
+    log_info("cuda: GEMM tactics timed at m=", t.m, " (a step's first run at that row count): ", t.shapes,
              t.shapes == 1 ? " shape in " : " shapes in ", t.ms, " ms (KILN_CUDA_GEMM_TUNE_M=0 skips this)");
 }
 
@@ -678,11 +686,7 @@ std::vector<Gemm::TacticTime> Gemm::tune(DType dtype, const void* x, const void*
   impl_->row_tuning.mark_timed(p.shape, m);
   if (p.forced || p.cached) return {};  // stays on the forced or the cache's configuration
   const bool own_ok = !p.own.empty() && gemm_skinny_supported(dtype, m, n, k, 0, x, w, bias, y, nullptr);
-  auto run = [&](int t) { impl_->matmul(p, t, x, w, bias, y, s); };
-  impl_->search_candidates(p, s, run);
-  auto times = time_tactics(p, Impl::tactic_count(p, own_ok), s, reps, run);
-  impl_->remember(p);
-  return times;
+  return impl_->search_and_time(p, own_ok, s, reps, [&](int t) { impl_->matmul(p, t, x, w, bias, y, s); });
 }
 
 std::vector<Gemm::TacticTime> Gemm::tune_fp8(const void* x, const void* w, const float* scales, const void* bias,
@@ -691,11 +695,7 @@ std::vector<Gemm::TacticTime> Gemm::tune_fp8(const void* x, const void* w, const
   Plan& p = impl_->plan(DType::kFP8E4M3, DType::kBF16, m, n, k, bias != nullptr, scales);
   impl_->row_tuning.mark_timed(p.shape, m);
   if (p.cached) return {};
-  auto run = [&](int t) { impl_->matmul(p, t, x, w, bias, y, s, scales); };
-  impl_->search_candidates(p, s, run);
-  auto times = time_tactics(p, int(p.algos.size()), s, reps, run);
-  impl_->remember(p);
-  return times;
+  return impl_->search_and_time(p, false, s, reps, [&](int t) { impl_->matmul(p, t, x, w, bias, y, s, scales); });
 }
 
 std::vector<Gemm::TacticTime> Gemm::tune_int8(const void* x, const void* w, int32_t* y, int64_t m, int64_t n,
@@ -704,11 +704,7 @@ std::vector<Gemm::TacticTime> Gemm::tune_int8(const void* x, const void* w, int3
   Plan& p = impl_->plan(DType::kI8, DType::kI32, m, n, k, false);
   impl_->row_tuning.mark_timed(p.shape, m);
   if (p.cached) return {};
-  auto run = [&](int t) { impl_->matmul(p, t, x, w, nullptr, y, s); };
-  impl_->search_candidates(p, s, run);
-  auto times = time_tactics(p, int(p.algos.size()), s, reps, run);
-  impl_->remember(p);
-  return times;
+  return impl_->search_and_time(p, false, s, reps, [&](int t) { impl_->matmul(p, t, x, w, nullptr, y, s); });
 }
 
 }  // namespace kiln::cuda
