@@ -57,6 +57,11 @@ using Int8Microkernel = void (*)(int m, const int8_t* qx, int64_t ldx, const int
 using LinearMicrokernel2 = void (*)(int m, const float* x, int64_t ldx, const void* panel, int64_t panel_stride,
                                     int64_t kc, float* y, int64_t ldy, const float* init, bool accumulate);
 
+// Widens kc rows of a bf16/f16 panel (from its row k0) to f32 rows in column order at
+// dst (64-byte aligned, kc * 16 floats): the panel an f32 microkernel reads with the same
+// per-lane values the 16-bit microkernel widens in registers, so both give the same bits.
+using LinearWiden = void (*)(const void* panel, int64_t kc, float* dst);
+
 // Whether q8/q4 Linears take the int8-activation GEMV (linear_q_vnni.cpp) at every row
 // count: the AVX-512 kernels run (avx512_enabled), the CPU has AVX-512 VNNI and VBMI, and
 // cpu_qgemv_acts() != kF32 (kernels.h).
@@ -78,6 +83,7 @@ void quantize_rows_groups(const float* x, int64_t t, int64_t k, int8_t* qx, floa
                           int8_t* qlo = nullptr);
 LinearMicrokernel linear_microkernel(WeightStorage storage);    // q8/q4: the AVX2 kernels' bits
 LinearMicrokernel2 linear_microkernel2(WeightStorage storage);  // null for quantized storage
+LinearWiden linear_widen(WeightStorage storage);                // bf16/f16, else null
 // paged_attention's blocked path for sequences of several query rows, f32 caches, d 64 or 128.
 void attention_rows_f32(const float* q, const float* k_cache, const float* v_cache, int64_t block_size, int64_t hq,
                         int64_t hkv, int64_t d, float scale, bool causal, const AttentionSeq* seqs, int64_t num_seqs,
@@ -86,6 +92,7 @@ void attention_rows_f32(const float* q, const float* k_cache, const float* v_cac
 
 namespace avx2 {
 LinearMicrokernel linear_microkernel(WeightStorage storage);
+LinearWiden linear_widen(WeightStorage storage);  // bf16/f16, else null
 Int8Microkernel int8_microkernel();       // maddubs + madd (any AVX2 CPU)
 Int8Microkernel int8_microkernel_vnni();  // vpdpbusd; only when avx_vnni_supported()
 bool avx_vnni_supported();

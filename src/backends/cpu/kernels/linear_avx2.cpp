@@ -99,6 +99,18 @@ void tile(const float* x, int64_t ldx, const typename S::Elem* panel, int64_t kc
   }
 }
 
+// A 16-bit panel's rows as f32 in column order (isa.h's LinearWiden), through S::load.
+template <typename S>
+void widen(const void* panel_v, int64_t kc, float* dst) {
+  const auto* panel = static_cast<const typename S::Elem*>(panel_v);
+  for (int64_t kk = 0; kk < kc; ++kk) {
+    __m256 lo, hi;
+    S::load(panel + kk * 16, lo, hi);
+    _mm256_store_ps(dst + kk * 16, lo);
+    _mm256_store_ps(dst + kk * 16 + 8, hi);
+  }
+}
+
 // Quantized panels (kQ8 / kQ4): codes widen to f32 in registers; each group of
 // kQuantGroup rows is summed unscaled, then folded into the tile with one FMA by the
 // group's 16 scales (q4 also adds min * sum(x) of the group), so the per-weight cost
@@ -210,6 +222,12 @@ void microkernel(int m, const float* x, int64_t ldx, const void* panel_v, int64_
 }
 
 }  // namespace
+
+LinearWiden linear_widen(WeightStorage storage) {
+  if (storage == WeightStorage::kBF16) return widen<BF16>;
+  if (storage == WeightStorage::kF16) return widen<F16>;
+  return nullptr;
+}
 
 LinearMicrokernel linear_microkernel(WeightStorage storage) {
   switch (storage) {

@@ -141,6 +141,14 @@ void microkernel2(int m, const float* x, int64_t ldx, const void* panel_v, int64
   with_tile_rows<12>(m, [&](auto rows) { tile2<S, decltype(rows)::value>(x, ldx, p0, p1, kc, y, ldy, init, accumulate); });
 }
 
+// A 16-bit panel's rows as f32 in column order (isa.h's LinearWiden): each row through
+// S::load, so the values are those the 16-bit tiles multiply.
+template <typename S>
+void widen(const void* panel_v, int64_t kc, float* dst) {
+  const auto* panel = static_cast<const typename S::Elem*>(panel_v);
+  for (int64_t kk = 0; kk < kc; ++kk) _mm512_store_ps(dst + kk * 16, to_tile_order<S>(S::load(panel + kk * 16)));
+}
+
 // Quantized panels (kQ8 / kQ4): the AVX2 kernel's arithmetic (linear_avx2.cpp's
 // quant_tile) with one zmm a row instead of two ymm - each lane does exactly what its AVX2
 // lane did (the same U chains over k, the same group fold, the same Σx order for q4's
@@ -232,6 +240,12 @@ LinearMicrokernel linear_microkernel(WeightStorage storage) {
     case WeightStorage::kQ8: return quant_microkernel<Q8>;
     case WeightStorage::kQ4: return quant_microkernel<Q4>;
   }
+  return nullptr;
+}
+
+LinearWiden linear_widen(WeightStorage storage) {
+  if (storage == WeightStorage::kBF16) return widen<BF16>;
+  if (storage == WeightStorage::kF16) return widen<F16>;
   return nullptr;
 }
 
