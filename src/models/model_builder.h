@@ -36,6 +36,9 @@ struct ModelInfo {
 struct BuiltModel {
   ir::Graph graph;
   ModelInfo info;
+  // "bf16" / "f16" when every matrix of the checkpoint is stored in it (a 16-bit
+  // checkpoint), else "": what --weight-dtype auto keeps GEMM weights in on the CPU.
+  std::string stored_dtype;
 };
 
 // A weight a family expects. `shape` is what the graph needs; `transpose` marks

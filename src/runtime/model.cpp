@@ -36,7 +36,29 @@ void Model::add_top_logits(int32_t k) {
   g.add_output(kTopLogprobsOutput, outs[2]);
 }
 
-std::string auto_weight_dtype(const std::string& backend) { return backend == "cpu" ? "f32" : "bf16"; }
+std::string auto_weight_dtype(const std::string& backend, const std::string& stored_dtype) {
+  if (backend == "cpu") return stored_dtype.empty() ? "f32" : stored_dtype;
+  return "bf16";
+}
+
+namespace {
+
+// BuiltModel::stored_dtype of a checkpoint: the dtype all its matrices (2-D tensors) are
+// stored in when that is bf16 or f16 for every one of them, else "" (f32, quantized or
+// mixed files).
+std::string stored_matrix_dtype(const WeightSource& src) {
+  std::optional<DType> common;
+  for (const std::string& name : src.names()) {
+    const TensorInfo i = src.info(name);
+    if (i.shape.size() != 2) continue;
+    if (!i.storage.empty() || (i.dtype != DType::kBF16 && i.dtype != DType::kF16)) return "";
+    if (common && *common != i.dtype) return "";
+    common = i.dtype;
+  }
+  return common ? dtype_name(*common) : "";
+}
+
+}  // namespace
 
 std::unique_ptr<Model> Model::from_built(BuiltModel built, const ModelOptions& options) {
   if (options.tensor_parallel != 0 && options.tensor_parallel != 1)
@@ -73,8 +95,11 @@ std::unique_ptr<Model> Model::from_built(BuiltModel built, const ModelOptions& o
   if (options.rewrite) options.rewrite(m->built_.graph);
   CompileOptions co;
   // auto: Linears kept in their file's format carry it as their precision; the rest take
-  // the backend's auto dtype.
-  co.weight_dtype = native ? auto_weight_dtype(options.backend) : options.weight_dtype;
+  // the backend's auto dtype (a 16-bit checkpoint's own dtype on the CPU, unless a rewrite
+  // or an observer reads the Linears: they work on f32 weights).
+  const bool stored_ok = !options.rewrite && !options.linear_observer;
+  co.weight_dtype =
+      native ? auto_weight_dtype(options.backend, stored_ok ? m->built_.stored_dtype : "") : options.weight_dtype;
   co.communicator = options.communicator;
   co.linear_observer = options.linear_observer;
   co.step_tuning = options.step_tuning;
@@ -94,7 +119,10 @@ std::unique_ptr<Model> Model::from_built_sharded(BuiltModel built, const ModelOp
                 "' is an encoder (run it with --tp 1)");
   // Shards first: an indivisible split is the user's error, before any device is touched.
   std::vector<BuiltModel> shards;
-  for (int r = 0; r < world; ++r) shards.push_back(shard_tensor_parallel(built, r, world));
+  for (int r = 0; r < world; ++r) {
+    shards.push_back(shard_tensor_parallel(built, r, world));
+    shards.back().stored_dtype = built.stored_dtype;
+  }
   ModelInfo unsharded_info = built.info;
   built = {};  // the unsharded weights are not needed past here
   auto comms = create_backend(options.backend, options.device)->make_communicators(world, options.device);
@@ -249,6 +277,7 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
     dir.weights->keep_quantized(keep);
     dir.weights->keep_native(native);
     built = build_model(config, *dir.weights);
+    built.stored_dtype = stored_matrix_dtype(*dir.weights);
   } else if (fs::path(path).extension() == ".gguf") {
     gguf = std::make_shared<const GgufFile>(GgufFile::open(path));
     config = gguf_to_hf_config(*gguf);
@@ -256,6 +285,7 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
     weights.keep_quantized(keep);
     weights.keep_native(native);
     built = build_model(config, weights);
+    built.stored_dtype = stored_matrix_dtype(weights);
   } else if (fs::path(path).extension() == ".onnx") {
     return load_onnx(path, options);
   } else {

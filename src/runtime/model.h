@@ -24,7 +24,8 @@ struct ModelOptions {
   std::string backend = "cpu";
   // GEMM weight storage: f32 | bf16 | f16 | q8 | q4, or auto: a GGUF's Q8_0 / Q4_0 /
   // Q4_1 / Q4_K Linears keep their own codes (q8 / q4) and the rest take
-  // auto_weight_dtype(backend): f32 on the CPU, bf16 on CUDA (also the activations).
+  // auto_weight_dtype: f32 on the CPU (a bf16/f16 checkpoint's own dtype), bf16 on CUDA
+  // (also the activations).
   std::string weight_dtype = "f32";
   std::shared_ptr<Communicator> communicator;  // tensor-parallel rank link, or null
   // Graph optimization (src/passes): 0 runs the faithful graph as built, 1 cleans up,
@@ -84,11 +85,13 @@ struct ModelOptions {
 };
 
 // What weight_dtype "auto" stores the weights a file does not keep quantized in, per
-// backend: "f32" on the CPU (its f32 kernels are its fastest exact path), "bf16" on CUDA
-// (CUDA's activation dtype follows it: bf16 tensor cores and half the bytes of f32, as
-// vLLM's dtype auto runs an f32 checkpoint in 16 bits; bf16 for f16 checkpoints too,
-// whose values it holds without overflow).
-std::string auto_weight_dtype(const std::string& backend);
+// backend: on the CPU the checkpoint's own bf16/f16 when every matrix is stored in it
+// (`stored_dtype`, BuiltModel::stored_dtype: the same values as f32 and half the bytes a
+// decode step streams, prefill as fast - 16-bit panels are widened once per row block),
+// else "f32"; "bf16" on CUDA (CUDA's activation dtype follows it: bf16 tensor cores and
+// half the bytes of f32, as vLLM's dtype auto runs an f32 checkpoint in 16 bits; bf16 for
+// f16 checkpoints too, whose values it holds without overflow).
+std::string auto_weight_dtype(const std::string& backend, const std::string& stored_dtype = "");
 
 // The graph outputs of that node (ir op TopKLogits): [R, k] values, ids, log-probs.
 inline constexpr const char* kTopLogitsOutput = "top_logits";

@@ -153,5 +153,95 @@ TEST(GgufQuantModel, AutoKeepsEachLinearInItsOwnFormat) {
   }
 }
 
+
+// A small GGUF llama whose matrices are all F16 or BF16 (GGML types 1 / 30), norms f32;
+// `f32_head` stores the LM head (output.weight) as f32 instead, making the file mixed.
+std::string half_llama(GgmlType t, bool f32_head = false) {
+  const int64_t h = 64, inter = 96, vocab = 16, kv = h / 2;
+  test::GgufWriter w;
+  w.kv_string("general.architecture", "llama");
+  w.kv_u32("llama.embedding_length", uint32_t(h));
+  w.kv_u32("llama.feed_forward_length", uint32_t(inter));
+  w.kv_u32("llama.block_count", 2);
+  w.kv_u32("llama.attention.head_count", 2);
+  w.kv_u32("llama.attention.head_count_kv", 1);
+  w.kv_u32("llama.context_length", 64);
+  w.kv_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+  w.kv_f32("llama.rope.freq_base", 10000.f);
+  std::vector<std::string> toks;
+  for (int i = 0; i < vocab; ++i) toks.push_back("t" + std::to_string(i));
+  w.kv_strings("tokenizer.ggml.tokens", toks);
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.f, 0.5f);
+  auto matrix = [&](const std::string& name, int64_t n, int64_t k, bool f32 = false) {
+    std::vector<float> v(size_t(n * k));
+    for (float& x : v) x = nd(rng);
+    if (f32) return w.tensor(name, 0, {uint64_t(k), uint64_t(n)}, test::raw_bytes(v));
+    std::vector<uint16_t> c(v.size());
+    for (size_t i = 0; i < v.size(); ++i) c[i] = t == GgmlType::kBF16 ? f32_to_bf16(v[i]) : f32_to_f16(v[i]);
+    w.tensor(name, uint32_t(t), {uint64_t(k), uint64_t(n)}, test::raw_bytes(c));
+  };
+  std::vector<float> ones(size_t(h), 1.f);
+  matrix("token_embd.weight", vocab, h);
+  matrix("output.weight", vocab, h, f32_head);
+  w.tensor("output_norm.weight", 0, {uint64_t(h)}, test::raw_bytes(ones));
+  for (int l = 0; l < 2; ++l) {
+    const std::string b = "blk." + std::to_string(l) + ".";
+    w.tensor(b + "attn_norm.weight", 0, {uint64_t(h)}, test::raw_bytes(ones));
+    w.tensor(b + "ffn_norm.weight", 0, {uint64_t(h)}, test::raw_bytes(ones));
+    matrix(b + "attn_q.weight", h, h);
+    matrix(b + "attn_k.weight", kv, h);
+    matrix(b + "attn_v.weight", kv, h);
+    matrix(b + "attn_output.weight", h, h);
+    matrix(b + "ffn_gate.weight", inter, h);
+    matrix(b + "ffn_up.weight", inter, h);
+    matrix(b + "ffn_down.weight", h, inter);
+  }
+  return w.bytes();
+}
+
+std::vector<float> prompt_logits(Model& model, size_t tokens) {
+  LlmRunner runner(model, {.max_total_tokens = 64});
+  std::vector<int32_t> ids;
+  for (size_t i = 0; i < tokens; ++i) ids.push_back(int32_t((i * 7 + 3) % 16));
+  runner.add_sequence(ids);
+  auto outs = runner.step();
+  EXPECT_EQ(outs.size(), 1u);
+  return outs.empty() ? std::vector<float>{} : outs[0].logits;
+}
+
+// --weight-dtype auto on the CPU keeps a 16-bit checkpoint's GEMM weights in its own dtype
+// (the same values as f32, half the bytes): the logits are f32 weights' to the bit, for a
+// short prompt (the 16-bit tiles) and one of 40 tokens (16-bit panels widened once per row
+// block). A file with one f32 matrix keeps f32; so does auto on a rewrite (w8a8 etc. read
+// f32 weights), covered by the quantization tests' own runs.
+TEST(GgufHalfModel, AutoKeepsASixteenBitCheckpointsDtypeOnTheCpu) {
+  TempDir dir;
+  for (GgmlType t : {GgmlType::kBF16, GgmlType::kF16}) {
+    const std::string want = t == GgmlType::kBF16 ? "bf16" : "f16";
+    const std::string path = dir.file(want + ".gguf");
+    write_file(path, half_llama(t));
+    ModelOptions o;
+    o.weight_dtype = "auto";
+    auto model = Model::load(path, o);
+    EXPECT_EQ(model->compile_options().weight_dtype, want);
+    o.weight_dtype = "f32";
+    auto f32 = Model::load(path, o);
+    EXPECT_EQ(f32->compile_options().weight_dtype, "f32");
+    EXPECT_LT(model->compiled().weight_bytes(), f32->compiled().weight_bytes() * 6 / 10) << want;
+    for (size_t tokens : {size_t(3), size_t(40)}) {
+      const std::vector<float> a = prompt_logits(*model, tokens), b = prompt_logits(*f32, tokens);
+      ASSERT_EQ(a.size(), b.size());
+      ASSERT_FALSE(a.empty());
+      for (size_t i = 0; i < a.size(); ++i)
+        EXPECT_EQ(f32_bits(a[i]), f32_bits(b[i])) << want << ", " << tokens << " tokens, logit " << i;
+    }
+    const std::string mixed = dir.file(want + "-f32-head.gguf");
+    write_file(mixed, half_llama(t, /*f32_head=*/true));
+    o.weight_dtype = "auto";
+    EXPECT_EQ(Model::load(mixed, o)->compile_options().weight_dtype, "f32") << want;
+  }
+}
+
 }  // namespace
 }  // namespace kiln
