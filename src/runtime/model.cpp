@@ -43,14 +43,15 @@ std::string auto_weight_dtype(const std::string& backend, const std::string& sto
 
 namespace {
 
-// BuiltModel::stored_dtype of a checkpoint: the dtype all its matrices (2-D tensors) are
-// stored in when that is bf16 or f16 for every one of them, else "" (f32, quantized or
-// mixed files).
+// BuiltModel::stored_dtype of a checkpoint: the dtype all its floating-point matrices
+// (2-D tensors; integer buffers such as BERT's position_ids aside) are stored in when that
+// is bf16 or f16 for every one of them, else "" (f32, quantized or mixed files).
 std::string stored_matrix_dtype(const WeightSource& src) {
   std::optional<DType> common;
   for (const std::string& name : src.names()) {
     const TensorInfo i = src.info(name);
-    if (i.shape.size() != 2) continue;
+    if (i.shape.size() != 2 || (i.storage.empty() && !dtype_is_float(i.dtype)))
+      continue;
     if (!i.storage.empty() || (i.dtype != DType::kBF16 && i.dtype != DType::kF16)) return "";
     if (common && *common != i.dtype) return "";
     common = i.dtype;
