@@ -50,12 +50,9 @@ inline std::string blocks(GgmlType t, int64_t n, int64_t k, std::mt19937& rng) {
   return out;
 }
 
-// K-quants need K % 256 == 0: h and inter 256 for them, else 64 and 96. The token
-// embedding (also the tied LM head) is f32 unless `embd` says Q8_0.
-inline std::string quant_llama(GgmlType attn, GgmlType mlp, GgmlType embd = GgmlType::kF32) {
-  const bool k_quant = attn == GgmlType::kQ4_K || mlp == GgmlType::kQ4_K;
-  const int64_t h = k_quant ? 256 : 64, inter = k_quant ? 256 : 96, vocab = 16, kv = h / 2;
-  GgufWriter w;
+// The metadata of the small 2-layer llamas here (2 heads, 1 KV head, context 64) and a
+// vocabulary of t0, t1, ...
+inline void small_llama_header(GgufWriter& w, int64_t h, int64_t inter, int64_t vocab) {
   w.kv_string("general.architecture", "llama");
   w.kv_u32("llama.embedding_length", uint32_t(h));
   w.kv_u32("llama.feed_forward_length", uint32_t(inter));
@@ -66,8 +63,17 @@ inline std::string quant_llama(GgmlType attn, GgmlType mlp, GgmlType embd = Ggml
   w.kv_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
   w.kv_f32("llama.rope.freq_base", 10000.f);
   std::vector<std::string> toks;
-  for (int i = 0; i < vocab; ++i) toks.push_back("t" + std::to_string(i));
+  for (int64_t i = 0; i < vocab; ++i) toks.push_back("t" + std::to_string(i));
   w.kv_strings("tokenizer.ggml.tokens", toks);
+}
+
+// K-quants need K % 256 == 0: h and inter 256 for them, else 64 and 96. The token
+// embedding (also the tied LM head) is f32 unless `embd` says Q8_0.
+inline std::string quant_llama(GgmlType attn, GgmlType mlp, GgmlType embd = GgmlType::kF32) {
+  const bool k_quant = attn == GgmlType::kQ4_K || mlp == GgmlType::kQ4_K;
+  const int64_t h = k_quant ? 256 : 64, inter = k_quant ? 256 : 96, vocab = 16, kv = h / 2;
+  GgufWriter w;
+  small_llama_header(w, h, inter, vocab);
   std::mt19937 rng(3);
   std::normal_distribution<float> nd(0.f, 1.f);
   std::vector<float> emb(size_t(vocab * h)), ones(size_t(h), 1.f);

@@ -159,18 +159,7 @@ TEST(GgufQuantModel, AutoKeepsEachLinearInItsOwnFormat) {
 std::string half_llama(GgmlType t, bool f32_head = false) {
   const int64_t h = 64, inter = 96, vocab = 16, kv = h / 2;
   test::GgufWriter w;
-  w.kv_string("general.architecture", "llama");
-  w.kv_u32("llama.embedding_length", uint32_t(h));
-  w.kv_u32("llama.feed_forward_length", uint32_t(inter));
-  w.kv_u32("llama.block_count", 2);
-  w.kv_u32("llama.attention.head_count", 2);
-  w.kv_u32("llama.attention.head_count_kv", 1);
-  w.kv_u32("llama.context_length", 64);
-  w.kv_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
-  w.kv_f32("llama.rope.freq_base", 10000.f);
-  std::vector<std::string> toks;
-  for (int i = 0; i < vocab; ++i) toks.push_back("t" + std::to_string(i));
-  w.kv_strings("tokenizer.ggml.tokens", toks);
+  test::small_llama_header(w, h, inter, vocab);
   std::mt19937 rng(5);
   std::normal_distribution<float> nd(0.f, 0.5f);
   auto matrix = [&](const std::string& name, int64_t n, int64_t k, bool f32 = false) {
