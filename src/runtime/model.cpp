@@ -50,9 +50,9 @@ std::string stored_matrix_dtype(const WeightSource& src) {
   std::optional<DType> common;
   for (const std::string& name : src.names()) {
     const TensorInfo i = src.info(name);
-    if (i.shape.size() != 2 || (i.storage.empty() && !dtype_is_float(i.dtype)))
-      continue;
-    if (!i.storage.empty() || (i.dtype != DType::kBF16 && i.dtype != DType::kF16)) return "";
+    if (i.shape.size() != 2) continue;
+    if (i.storage.empty() && !dtype_is_float(i.dtype)) continue;  // an integer buffer
+    if (!i.storage.empty() || (i.dtype != DType::kBF16 && i.dtype != DType::kF16)) return "";  // quantized, f32
     if (common && *common != i.dtype) return "";
     common = i.dtype;
   }

@@ -24,7 +24,7 @@ struct ModelOptions {
   std::string backend = "cpu";
   // GEMM weight storage: f32 | bf16 | f16 | q8 | q4, or auto: a GGUF's Q8_0 / Q4_0 /
   // Q4_1 / Q4_K Linears keep their own codes (q8 / q4) and the rest take
-  // auto_weight_dtype: f32 on the CPU (a bf16/f16 checkpoint's own dtype), bf16 on CUDA
+  // auto_weight_dtype: on the CPU f32, or a bf16/f16 checkpoint's own dtype; bf16 on CUDA
   // (also the activations).
   std::string weight_dtype = "f32";
   std::shared_ptr<Communicator> communicator;  // tensor-parallel rank link, or null

@@ -3,7 +3,8 @@
 // keep the file's codes, and the model computes the file's values (logits as the f32 path
 // on the dequantized weights, up to summation order; Q4_K up to its f16-rounded scales);
 // with --weight-dtype auto each Linear keeps its own format. These compare weight values,
-// so x is multiplied as given (the int8-activation path off, see F32Activations).
+// so x is multiplied as given (the int8-activation path off, see F32Activations). Also:
+// auto keeps a 16-bit (bf16/f16) checkpoint's own dtype on the CPU (HalfCheckpoint).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,7 +12,12 @@
 #include <map>
 #include <random>
 
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
 #include "backends/cpu/kernels/kernels.h"
+#include "frontends/weight_source.h"
+#include "golden_util.h"
 #include "gguf_quant_llama.h"
 #include "runtime/llm_runner.h"
 
@@ -204,7 +210,7 @@ std::vector<float> prompt_logits(Model& model, size_t tokens) {
 // short prompt (the 16-bit tiles) and one of 40 tokens (16-bit panels widened once per row
 // block). A file with one f32 matrix keeps f32; so does auto on a rewrite (w8a8 etc. read
 // f32 weights), covered by the quantization tests' own runs.
-TEST(GgufHalfModel, AutoKeepsASixteenBitCheckpointsDtypeOnTheCpu) {
+TEST(HalfCheckpoint, GgufAutoKeepsItsDtypeOnTheCpu) {
   TempDir dir;
   for (GgmlType t : {GgmlType::kBF16, GgmlType::kF16}) {
     const std::string want = t == GgmlType::kBF16 ? "bf16" : "f16";
@@ -229,6 +235,55 @@ TEST(GgufHalfModel, AutoKeepsASixteenBitCheckpointsDtypeOnTheCpu) {
     write_file(mixed, half_llama(t, /*f32_head=*/true));
     o.weight_dtype = "auto";
     EXPECT_EQ(Model::load(mixed, o)->compile_options().weight_dtype, "f32") << want;
+  }
+}
+
+// The same for an HF directory: the llama fixture rewritten with bf16 matrices (f32 norms)
+// and an int64 2-D buffer beside them (as BERT checkpoints carry position_ids), which the
+// rule skips.
+TEST(HalfCheckpoint, SafetensorsAutoKeepsItsDtypeOnTheCpu) {
+  const std::string src = testing::fixture_dir("llama");
+  auto st = open_safetensors_source(src + "/model.safetensors");
+  nlohmann::json header = nlohmann::json::object();
+  std::string data;
+  for (const std::string& name : st->names()) {
+    const TensorInfo info = st->info(name);
+    const Tensor t = st->load(name, DType::kF32);
+    const float* v = t.data_as<float>();
+    std::string bytes;
+    if (info.shape.size() == 2) {
+      std::vector<uint16_t> b(size_t(t.numel()));
+      for (size_t i = 0; i < b.size(); ++i) b[i] = f32_to_bf16(v[i]);
+      bytes = test::raw_bytes(b);
+    } else {
+      bytes = std::string(reinterpret_cast<const char*>(v), size_t(t.numel()) * 4);
+    }
+    header[name] = {{"dtype", info.shape.size() == 2 ? "BF16" : "F32"},
+                    {"shape", info.shape},
+                    {"data_offsets", {data.size(), data.size() + bytes.size()}}};
+    data += bytes;
+  }
+  std::vector<int64_t> positions(8);
+  for (size_t i = 0; i < positions.size(); ++i) positions[i] = int64_t(i);
+  const std::string pos = test::raw_bytes(positions);
+  header["position_ids"] = {{"dtype", "I64"}, {"shape", {1, 8}}, {"data_offsets", {data.size(), data.size() + pos.size()}}};
+  data += pos;
+  TempDir dir;
+  const std::string model_dir = dir.file("llama-bf16");
+  std::filesystem::create_directories(model_dir);
+  std::filesystem::copy_file(src + "/config.json", model_dir + "/config.json");
+  write_file(model_dir + "/model.safetensors", test::safetensors_bytes(header.dump(), data));
+  ModelOptions o;
+  o.weight_dtype = "auto";
+  auto model = Model::load(model_dir, o);
+  EXPECT_EQ(model->compile_options().weight_dtype, "bf16");
+  o.weight_dtype = "f32";
+  auto f32 = Model::load(model_dir, o);
+  for (size_t tokens : {size_t(3), size_t(40)}) {
+    const std::vector<float> a = prompt_logits(*model, tokens), b = prompt_logits(*f32, tokens);
+    ASSERT_EQ(a.size(), b.size());
+    ASSERT_FALSE(a.empty());
+    for (size_t i = 0; i < a.size(); ++i) EXPECT_EQ(f32_bits(a[i]), f32_bits(b[i])) << tokens << " tokens, logit " << i;
   }
 }
 
