@@ -223,7 +223,7 @@ TEST(EnginePackedWeights, SameOutputsAsPackingAtLoad) {
     size_t layouts = 0;
     for (auto& n : packed->graph().nodes())
       if (n.op == "Linear") {
-        EXPECT_EQ(n.attr_str("weight_layout", ""), "cpu_panels16_v1") << n.name;
+        EXPECT_EQ(n.attr_str("weight_layout", ""), "cpu_panels16_v2") << n.name;
         EXPECT_EQ(packed->graph().weight(n.inputs[1]).dtype(), DType::kU8);
         ++layouts;
       }
@@ -232,6 +232,42 @@ TEST(EnginePackedWeights, SameOutputsAsPackingAtLoad) {
     auto want = decode_logits(*portable), got = decode_logits(*packed);
     ASSERT_EQ(want.size(), got.size());
     EXPECT_EQ(want, got) << "the packed bytes are exactly what packing at load produces";
+  }
+}
+
+// Layout v2 changed only bf16 panels (rows in pairs): an engine of layout v1 still loads
+// and runs the same where its panels are f32 or q8, and bf16 ones are refused by name.
+TEST(EnginePackedWeights, LayoutV1EnginesLoadWhereTheirBytesAreUnchanged) {
+  auto dir = scratch_dir();
+  for (const char* dtype : {"f32", "q8", "bf16"}) {
+    SCOPED_TRACE(dtype);
+    BuildOptions o = options("llama", dir / "packed.kiln");
+    o.weight_dtype = dtype;
+    o.pack_weights = true;
+    build_engine(o);
+    EngineContents e = engine_load(o.output);
+    size_t relabeled = 0;
+    for (auto& n : e.graph.nodes())
+      if (n.attr_str("weight_layout", "") == "cpu_panels16_v2") {
+        n.attrs["weight_layout"] = std::string("cpu_panels16_v1");
+        ++relabeled;
+      }
+    ASSERT_GE(relabeled, 9u);  // the Linears (and an embedding tied to an f32 head)
+    const std::string v1 = (dir / "v1.kiln").string();
+    engine_write(v1, e);
+    if (std::string(dtype) == "bf16") {
+      try {
+        Model::load(v1);
+        ADD_FAILURE() << "a v1 engine's bf16 panels were read as v2";
+      } catch (const Error& err) {
+        const std::string msg = err.what();
+        EXPECT_NE(msg.find("bf16 weights packed for layout 'cpu_panels16_v1'"), std::string::npos) << msg;
+        EXPECT_NE(msg.find("rebuild the engine"), std::string::npos) << msg;
+      }
+      continue;
+    }
+    auto want = decode_logits(*Model::load(o.output)), got = decode_logits(*Model::load(v1));
+    EXPECT_EQ(want, got);
   }
 }
 

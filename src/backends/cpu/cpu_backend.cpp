@@ -310,7 +310,9 @@ class CpuBackend final : public Backend {
   size_t pack_weights(ir::Graph& graph, const CompileOptions& opt) override {
     return cpu::pack_linear_weights(graph, opt);
   }
-  bool supports_weight_layout(const std::string& layout) const override { return layout == cpu::kCpuPackedLayout; }
+  bool supports_weight_layout(const std::string& layout) const override {
+    return layout == cpu::kCpuPackedLayout || layout == cpu::kCpuPackedLayoutV1;  // v1: packed_weight_view decides
+  }
 
   std::string device_name() const override {
     return str_cat("cpu ", cpu::cpu_isa_name(cpu::cpu_isa()), " ", ThreadPool::global().num_threads(), " threads");

@@ -70,13 +70,18 @@ WeightStorage storage_from_option(const std::string& s) {
               "' (expected f32, bf16, f16, q8, q4, w8a8 or fp8)");
 }
 
+bool cpu_packed_layout_readable(const std::string& layout, const std::string& storage) {
+  return layout == kCpuPackedLayout || (layout == kCpuPackedLayoutV1 && storage != "bf16");
+}
+
 // A weight the builder already packed (pack_linear_weights): a view of its bytes,
 // which for a loaded engine are the file's mapping, so nothing is copied or repacked.
 std::shared_ptr<PackedWeight> packed_weight_view(const ir::Node& n, const ir::Graph& g, size_t input) {
   const std::string layout = n.attr_str("weight_layout");
-  if (layout != kCpuPackedLayout)
-    throw_error(ErrorCode::kUnsupported, "cpu: ", n.op, " '", n.name, "' has weights packed for layout '", layout,
-                "', the cpu backend reads '", kCpuPackedLayout, "'; rebuild the engine for this backend");
+  if (!cpu_packed_layout_readable(layout, n.attr_str("weight_storage")))
+    throw_error(ErrorCode::kUnsupported, "cpu: ", n.op, " '", n.name, "' has ", n.attr_str("weight_storage"),
+                " weights packed for layout '", layout, "', the cpu backend reads '", kCpuPackedLayout,
+                "'; rebuild the engine for this backend");
   auto w = std::make_shared<PackedWeight>();
   w->n = n.attr_int("weight_n");
   w->k = n.attr_int("weight_k");

@@ -48,8 +48,12 @@ OpRun prepare_plugin(const ir::Node& n, const ir::Graph& g, const CompileOptions
 std::string linear_weight_storage(const ir::Node& n, const CompileOptions& opt);
 
 // The layout name of packed panels (kernels.h PackedWeight) in an engine; bump the
-// suffix if PackedWeight's byte layout ever changes, so old engines are refused.
-constexpr const char* kCpuPackedLayout = "cpu_panels16_v1";
+// suffix if PackedWeight's byte layout ever changes, so old engines are refused. v2: bf16
+// rows in pairs; v1 engines' f32/f16/q8/q4 panels are the same bytes and still load.
+constexpr const char* kCpuPackedLayout = "cpu_panels16_v2";
+constexpr const char* kCpuPackedLayoutV1 = "cpu_panels16_v1";
+// Whether packed panels of `storage` (a weight_storage name) in `layout` are readable.
+bool cpu_packed_layout_readable(const std::string& layout, const std::string& storage);
 // Build time: replaces every Linear's [N, K] weight by its packed panels (u8 bytes,
 // attrs weight_layout / weight_n / weight_k / weight_storage), so loading the engine
 // maps them in place instead of packing. Returns the number of Linears rewritten.

@@ -113,37 +113,53 @@ TEST(Linear, EveryTactic) {
   });
 }
 
+// bf16 panels hold rows in pairs, so K blocks start on even rows: an odd kc is rounded
+// down (to 2 at least), and an odd K ends on a half-empty pair.
+TEST(Linear, Bf16PanelsTakeOddKBlocks) {
+  for_each_isa([&] {
+    uint64_t seed = 700;
+    for (int64_t kc : {int64_t(1), int64_t(45)})
+      for (int64_t t : {int64_t(1), int64_t(2), int64_t(37)})
+        for (int64_t k : {int64_t(231), int64_t(230)}) {
+          LinearTactic tac{};
+          tac.kc = kc;
+          check(t, 50, k, WeightStorage::kBF16, true, tac, seed += 3);
+        }
+  });
+}
+
 // 16-bit panels give the bits of f32 panels holding the same rounded values: the 16-bit
 // tiles widen each panel row in registers and do the f32 tiles' FMAs lane for lane, and
 // row blocks of 24+ rows (linear.cpp's kWidenMinRows) widen each panel slice once into a
 // scratch and run the f32 tiles themselves. Every tile shape, K blocking and panel
-// pairing, with a bias and a partial last panel, below and above that row count.
+// pairing, with a bias and a partial last panel, below and above that row count; an odd K
+// leaves bf16's last row pair half empty.
 TEST(Linear, HalfPanelsGiveTheBitsOfTheirF32Values) {
-  const int64_t k = 300;
   for_each_isa([&] {
     uint64_t seed = 900;
     for (WeightStorage s : {WeightStorage::kBF16, WeightStorage::kF16})
-      for (int64_t t : {int64_t(13), int64_t(61), int64_t(140)})
-        for (int64_t n : {int64_t(64), int64_t(50)})
-          for (int64_t kc : {int64_t(0), int64_t(128)})
-            for (int panels : {0, 1, 2}) {
-              SCOPED_TRACE(::testing::Message() << weight_storage_name(s) << " T=" << t << " N=" << n
-                                                << " kc=" << kc << " panels=" << panels);
-              auto x = random_floats(t * k, seed += 3);
-              auto w = random_floats(n * k, seed += 3);
-              auto b = random_floats(n, seed += 3);
-              for (float& v : w)
-                v = s == WeightStorage::kBF16 ? bf16_to_f32(f32_to_bf16(v)) : f16_to_f32(f32_to_f16(v));
-              PackedWeight half = pack_weight(w.data(), n, k, s);
-              PackedWeight full = pack_weight(w.data(), n, k, WeightStorage::kF32);
-              LinearTactic tac{};
-              tac.kc = kc;
-              tac.panels = panels;
-              std::vector<float> y(t * n, NAN), y32(t * n, NAN);
-              linear(x.data(), t, k, half, b.data(), y.data(), tac);
-              linear(x.data(), t, k, full, b.data(), y32.data(), tac);
-              for (int64_t i = 0; i < t * n; ++i) ASSERT_EQ(f32_bits(y[i]), f32_bits(y32[i])) << "element " << i;
-            }
+      for (int64_t k : {int64_t(300), int64_t(77)})
+        for (int64_t t : {int64_t(2), int64_t(13), int64_t(61), int64_t(140)})
+          for (int64_t n : {int64_t(64), int64_t(50)})
+            for (int64_t kc : {int64_t(0), int64_t(128), int64_t(46)})
+              for (int panels : {0, 1, 2}) {
+                SCOPED_TRACE(::testing::Message() << weight_storage_name(s) << " K=" << k << " T=" << t << " N=" << n
+                                                  << " kc=" << kc << " panels=" << panels);
+                auto x = random_floats(t * k, seed += 3);
+                auto w = random_floats(n * k, seed += 3);
+                auto b = random_floats(n, seed += 3);
+                for (float& v : w)
+                  v = s == WeightStorage::kBF16 ? bf16_to_f32(f32_to_bf16(v)) : f16_to_f32(f32_to_f16(v));
+                PackedWeight half = pack_weight(w.data(), n, k, s);
+                PackedWeight full = pack_weight(w.data(), n, k, WeightStorage::kF32);
+                LinearTactic tac{};
+                tac.kc = kc;
+                tac.panels = panels;
+                std::vector<float> y(t * n, NAN), y32(t * n, NAN);
+                linear(x.data(), t, k, half, b.data(), y.data(), tac);
+                linear(x.data(), t, k, full, b.data(), y32.data(), tac);
+                for (int64_t i = 0; i < t * n; ++i) ASSERT_EQ(f32_bits(y[i]), f32_bits(y32[i])) << "element " << i;
+              }
   });
 }
 
@@ -157,7 +173,8 @@ TEST(Linear, HalfStorageVsF32Weights) {
   for_each_isa([&] {
     for (auto [s, rel] : {std::pair{WeightStorage::kBF16, 0x1p-9}, std::pair{WeightStorage::kF16, 0x1p-11}}) {
       PackedWeight pw = pack_weight(w.data(), n, k, s);
-      EXPECT_EQ(pw.bytes(), size_t(pw.panels() * 16 * k * 2));
+      // bf16 rows go in pairs: K = 129 stores 130 rows, the last zero.
+      EXPECT_EQ(pw.bytes(), size_t(pw.panels() * 16 * (s == WeightStorage::kBF16 ? k + 1 : k) * 2));
       std::vector<float> y(t * n);
       linear(x.data(), t, k, pw, nullptr, y.data());
       std::vector<double> tol(t * n);

@@ -42,8 +42,12 @@ inline bool weight_storage_quantized(WeightStorage s) {
 // Weights repacked into column panels of kPanelWidth outputs: panel p holds outputs
 // [16p, 16p+16) as [K][16] contiguous, so the microkernel streams one panel front to
 // back and a T=1 GEMV reads every weight byte exactly once. The last panel is zero-padded.
-// Quantized panels are a sequence of groups: kQuantGroup rows of 16 codes, then the
-// group's 16 f32 scales (and for q4 its 16 f32 mins), so one stream carries both.
+// bf16 panels store their rows in pairs (K rounded up to even, the last row zero): the
+// 32-bit word c of pair j holds column c of row 2j in its low half and of row 2j+1 in its
+// high half, so one 64-byte load widens to both rows with a shift and a mask (an f32 is
+// its bf16 bits shifted up), in column order. Quantized panels are a sequence of groups:
+// kQuantGroup rows of 16 codes, then the group's 16 f32 scales (and for q4 its 16 f32
+// mins), so one stream carries both.
 struct PackedWeight {
   static constexpr int64_t kPanelWidth = 16;
   int64_t n = 0, k = 0;
@@ -51,7 +55,10 @@ struct PackedWeight {
   std::shared_ptr<uint8_t[]> data;  // 64-byte aligned; panels() * panel_bytes()
 
   int64_t panels() const { return (n + kPanelWidth - 1) / kPanelWidth; }
-  // Bytes from a panel's start to its row k0 (a multiple of kQuantGroup when quantized).
+  // Rows a panel stores: K, rounded up to even for bf16's row pairs.
+  int64_t stored_k() const { return storage == WeightStorage::kBF16 ? (k + 1) / 2 * 2 : k; }
+  // Bytes from a panel's start to its row k0 (a multiple of kQuantGroup when quantized,
+  // even for bf16).
   size_t offset(int64_t k0) const {
     switch (storage) {
       case WeightStorage::kQ8: return size_t(k0 / kQuantGroup) * (kQuantGroup * kPanelWidth + 64);
@@ -59,7 +66,7 @@ struct PackedWeight {
       default: return size_t(k0 * kPanelWidth) * weight_storage_size(storage);
     }
   }
-  size_t panel_bytes() const { return offset(k); }
+  size_t panel_bytes() const { return offset(stored_k()); }
   size_t bytes() const { return size_t(panels()) * panel_bytes(); }
   const uint8_t* panel(int64_t p) const { return data.get() + size_t(p) * panel_bytes(); }
 };

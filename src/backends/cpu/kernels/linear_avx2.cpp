@@ -11,41 +11,46 @@
 namespace kiln::cpu::avx2 {
 namespace {
 
+// load(panel, kk, lo, hi): row kk of a panel as columns 0-7 and 8-15 in f32.
 struct F32 {
   using Elem = float;
-  static void load(const Elem* p, __m256& lo, __m256& hi) {
-    lo = _mm256_load_ps(p);
-    hi = _mm256_load_ps(p + 8);
+  static void load(const Elem* panel, int64_t kk, __m256& lo, __m256& hi) {
+    lo = _mm256_load_ps(panel + kk * 16);
+    hi = _mm256_load_ps(panel + kk * 16 + 8);
   }
 };
-// bf16 is the top half of an f32: interleaving zeros below each value widens it. The
-// in-lane unpacks give columns 0-7 / 8-15 because packing permuted them (panel_slot).
+// bf16 is the top half of an f32, and bf16 panels store rows in pairs (PackedWeight): a
+// pair's 32-bit words hold the even row in their low halves, widened by a shift, and the
+// odd row in their high halves, widened by a mask (one uop with its load).
 struct BF16 {
   using Elem = uint16_t;
-  static void load(const Elem* p, __m256& lo, __m256& hi) {
-    const __m256i v = _mm256_load_si256(reinterpret_cast<const __m256i*>(p));
-    lo = _mm256_castsi256_ps(_mm256_unpacklo_epi16(_mm256_setzero_si256(), v));
-    hi = _mm256_castsi256_ps(_mm256_unpackhi_epi16(_mm256_setzero_si256(), v));
+  static void load(const Elem* panel, int64_t kk, __m256& lo, __m256& hi) {
+    const auto* p = reinterpret_cast<const __m256i*>(panel + (kk & ~int64_t(1)) * 16);
+    const __m256i v0 = _mm256_load_si256(p), v1 = _mm256_load_si256(p + 1);
+    if (kk & 1) {
+      const __m256i mask = _mm256_set1_epi32(int(0xFFFF0000u));
+      lo = _mm256_castsi256_ps(_mm256_and_si256(v0, mask));
+      hi = _mm256_castsi256_ps(_mm256_and_si256(v1, mask));
+    } else {
+      lo = _mm256_castsi256_ps(_mm256_slli_epi32(v0, 16));
+      hi = _mm256_castsi256_ps(_mm256_slli_epi32(v1, 16));
+    }
   }
 };
 struct F16 {
   using Elem = uint16_t;
-  static void load(const Elem* p, __m256& lo, __m256& hi) {
-    lo = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(p)));
-    hi = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(p + 8)));
+  static void load(const Elem* panel, int64_t kk, __m256& lo, __m256& hi) {
+    lo = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(panel + kk * 16)));
+    hi = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(panel + kk * 16 + 8)));
   }
 };
 
 // With few rows the 2m accumulator chains cannot hide the FMA latency (4 cycles, 2 per
 // cycle), so small m keeps U independent accumulator sets over consecutive k.
 template <typename S, int M>
-constexpr int64_t kPrefetchRowsFor = 2048 / (16 * sizeof(typename S::Elem));
-
-template <typename S, int M>
 void tile(const float* x, int64_t ldx, const typename S::Elem* panel, int64_t kc, float* y,
           int64_t ldy, const float* init, bool accumulate) {
   constexpr int U = M == 1 ? 4 : (M == 2 ? 2 : 1);
-  constexpr int64_t kPrefetchRows = kPrefetchRowsFor<S, M>;
   __m256 acc[U][M][2];
 #pragma GCC unroll 8
   for (int r = 0; r < M; ++r) {
@@ -63,12 +68,11 @@ void tile(const float* x, int64_t ldx, const typename S::Elem* panel, int64_t kc
   }
   int64_t kk = 0;
   for (; kk + U <= kc; kk += U) {
-    // Few rows = a GEMV-like stream: prefetch ~2 KB ahead so DRAM latency stays hidden.
-    if constexpr (M <= 2) _mm_prefetch(reinterpret_cast<const char*>(panel + (kk + kPrefetchRows) * 16), _MM_HINT_T0);
+    if constexpr (M <= 2) prefetch_stream<U * 16 * sizeof(typename S::Elem)>(panel + kk * 16);
 #pragma GCC unroll 8
     for (int u = 0; u < U; ++u) {
       __m256 b0, b1;
-      S::load(panel + (kk + u) * 16, b0, b1);
+      S::load(panel, kk + u, b0, b1);
 #pragma GCC unroll 8
       for (int r = 0; r < M; ++r) {
         const __m256 a = _mm256_broadcast_ss(x + r * ldx + kk + u);
@@ -79,7 +83,7 @@ void tile(const float* x, int64_t ldx, const typename S::Elem* panel, int64_t kc
   }
   for (; kk < kc; ++kk) {
     __m256 b0, b1;
-    S::load(panel + kk * 16, b0, b1);
+    S::load(panel, kk, b0, b1);
 #pragma GCC unroll 8
     for (int r = 0; r < M; ++r) {
       const __m256 a = _mm256_broadcast_ss(x + r * ldx + kk);
@@ -105,7 +109,7 @@ void widen(const void* panel_v, int64_t kc, float* dst) {
   const auto* panel = static_cast<const typename S::Elem*>(panel_v);
   for (int64_t kk = 0; kk < kc; ++kk) {
     __m256 lo, hi;
-    S::load(panel + kk * 16, lo, hi);
+    S::load(panel, kk, lo, hi);
     _mm256_store_ps(dst + kk * 16, lo);
     _mm256_store_ps(dst + kk * 16 + 8, hi);
   }

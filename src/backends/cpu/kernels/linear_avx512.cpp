@@ -4,8 +4,7 @@
 // adjacent panels (tile2, below) for tiles of several rows. Twelve independent
 // accumulators cover the FMA latency of two 512-bit FMA units; the broadcast loads cost
 // ~1.1 loads per FMA, against the AVX2 kernel's 8-wide FMAs: about twice its FLOP/s where
-// the core has two 512-bit FMA units. Uses the AVX2 kernel's panels as packed (bf16 rows
-// keep their column swap, undone once per tile: to_tile_order). Compiled with
+// the core has two 512-bit FMA units. Uses the AVX2 kernel's panels as packed. Compiled with
 // -mavx512f -mavx512bw -mavx512vl -mfma -mf16c; called only where avx512_enabled().
 // Tested in tests/backends/cpu/linear_test.cpp (and the q8/q4 tiles in quant_linear_test.cpp).
 #include <immintrin.h>
@@ -17,69 +16,78 @@
 namespace kiln::cpu::avx512 {
 namespace {
 
-// load(p): a panel row as 16 f32 lanes. kSlotOrder: the lanes hold the row in its
-// stored (panel_slot) order, and the tile puts its accumulators into that order at the
-// start and back into column order at the end (to_tile_order: the swap of columns 4-7
-// and 8-11 is its own inverse), once per tile instead of once per k step.
+// row(panel, kk): row kk of a panel as 16 f32 lanes in column order; pair(panel, kk, a, b):
+// rows kk and kk + 1 (kk even), which bf16 panels store in one 64-byte line (PackedWeight).
 struct F32 {
   using Elem = float;
-  static constexpr bool kSlotOrder = false;
-  static __m512 load(const Elem* p) { return _mm512_load_ps(p); }
+  static __m512 row(const Elem* panel, int64_t kk) { return _mm512_load_ps(panel + kk * 16); }
+  static void pair(const Elem* panel, int64_t kk, __m512& a, __m512& b) {
+    a = row(panel, kk);
+    b = row(panel, kk + 1);
+  }
 };
-// bf16 is the top half of an f32: zero-extend each value to 32 bits and shift it up (one
-// shuffle uop and one shift, where unpacking in column order took three shuffles, on the
-// port that the second 512-bit FMA unit shares).
+// bf16 is the top half of an f32: a row pair's 32-bit words hold row kk in their low and
+// row kk + 1 in their high halves, so a shift widens the first and a mask the second - one
+// load and two single-uop operations for 32 values, in column order (where widening 16
+// values took a zero-extend on the shuffle port, which the second 512-bit FMA unit shares,
+// and a shift).
 struct BF16 {
   using Elem = uint16_t;
-  static constexpr bool kSlotOrder = true;
-  static __m512 load(const Elem* p) {
-    const __m512i w = _mm512_cvtepu16_epi32(_mm256_load_si256(reinterpret_cast<const __m256i*>(p)));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+  static __m512 low(__m512i v) { return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16)); }
+  static __m512 high(__m512i v) {
+    return _mm512_castsi512_ps(_mm512_and_si512(v, _mm512_set1_epi32(int(0xFFFF0000u))));
+  }
+  static __m512i line(const Elem* panel, int64_t kk) { return _mm512_loadu_si512(panel + (kk & ~int64_t(1)) * 16); }
+  static __m512 row(const Elem* panel, int64_t kk) { return kk & 1 ? high(line(panel, kk)) : low(line(panel, kk)); }
+  static void pair(const Elem* panel, int64_t kk, __m512& a, __m512& b) {
+    const __m512i v = line(panel, kk);
+    a = low(v);
+    b = high(v);
   }
 };
 struct F16 {
   using Elem = uint16_t;
-  static constexpr bool kSlotOrder = false;
-  static __m512 load(const Elem* p) { return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(p))); }
+  static __m512 row(const Elem* panel, int64_t kk) {
+    return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(panel + kk * 16)));
+  }
+  static void pair(const Elem* panel, int64_t kk, __m512& a, __m512& b) {
+    a = row(panel, kk);
+    b = row(panel, kk + 1);
+  }
 };
-
-// Column order <-> the bf16 panels' slot order (isa.h's panel_slot).
-template <typename S>
-__m512 to_tile_order(__m512 v) {
-  if constexpr (!S::kSlotOrder) return v;
-  const __m512i idx = _mm512_setr_epi32(0, 1, 2, 3, 8, 9, 10, 11, 4, 5, 6, 7, 12, 13, 14, 15);
-  return _mm512_permutexvar_ps(idx, v);
-}
 
 template <typename S, int M>
 void tile(const float* x, int64_t ldx, const typename S::Elem* panel, int64_t kc, float* y, int64_t ldy,
           const float* init, bool accumulate) {
   // Few rows: U independent accumulator sets over consecutive k cover the FMA latency.
-  constexpr int U = M == 1 ? 4 : (M <= 3 ? 2 : 1);
+  // A step covers whole row pairs; row k goes to set k mod U in every case, so the sums
+  // (and bits) are those of one row at a time.
+  constexpr int U = M == 1 ? 8 : (M <= 3 ? 2 : 1);
+  constexpr int kStep = U < 2 ? 2 : U;
   __m512 acc[U][M];
 #pragma GCC unroll 12
   for (int r = 0; r < M; ++r) {
-    acc[0][r] = to_tile_order<S>(accumulate ? _mm512_loadu_ps(y + r * ldy)
-                                 : init     ? _mm512_loadu_ps(init)
-                                            : _mm512_setzero_ps());
+    acc[0][r] = accumulate ? _mm512_loadu_ps(y + r * ldy) : init ? _mm512_loadu_ps(init) : _mm512_setzero_ps();
 #pragma GCC unroll 4
     for (int u = 1; u < U; ++u) acc[u][r] = _mm512_setzero_ps();
   }
   int64_t kk = 0;
-  for (; kk + U <= kc; kk += U) {
-    // Few rows = a GEMV-like stream: prefetch ~2 KB ahead so DRAM latency stays hidden.
-    if constexpr (M <= 2)
-      _mm_prefetch(reinterpret_cast<const char*>(panel + (kk + 2048 / (16 * sizeof(typename S::Elem))) * 16),
-                   _MM_HINT_T0);
+  for (; kk + kStep <= kc; kk += kStep) {
+    if constexpr (M <= 2) prefetch_stream<kStep * 16 * sizeof(typename S::Elem)>(panel + kk * 16);
 #pragma GCC unroll 4
-    for (int u = 0; u < U; ++u) {
-      const __m512 b = S::load(panel + (kk + u) * 16);
+    for (int u = 0; u < kStep; u += 2) {
+      __m512 b0, b1;
+      S::pair(panel, kk + u, b0, b1);
 #pragma GCC unroll 12
-      for (int r = 0; r < M; ++r) acc[u][r] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * ldx + kk + u]), b, acc[u][r]);
+      for (int r = 0; r < M; ++r)
+        acc[u % U][r] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * ldx + kk + u]), b0, acc[u % U][r]);
+#pragma GCC unroll 12
+      for (int r = 0; r < M; ++r)
+        acc[(u + 1) % U][r] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * ldx + kk + u + 1]), b1, acc[(u + 1) % U][r]);
     }
   }
   for (; kk < kc; ++kk) {
-    const __m512 b = S::load(panel + kk * 16);
+    const __m512 b = S::row(panel, kk);
 #pragma GCC unroll 12
     for (int r = 0; r < M; ++r) acc[0][r] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * ldx + kk]), b, acc[0][r]);
   }
@@ -87,7 +95,7 @@ void tile(const float* x, int64_t ldx, const typename S::Elem* panel, int64_t kc
   for (int r = 0; r < M; ++r) {
 #pragma GCC unroll 4
     for (int u = 1; u < U; ++u) acc[0][r] = _mm512_add_ps(acc[0][r], acc[u][r]);
-    _mm512_storeu_ps(y + r * ldy, to_tile_order<S>(acc[0][r]));
+    _mm512_storeu_ps(y + r * ldy, acc[0][r]);
   }
 }
 
@@ -96,33 +104,38 @@ void tile(const float* x, int64_t ldx, const typename S::Elem* panel, int64_t kc
 // loads per 2m FMAs (0.67 per FMA at m = 6, the default tile; 1.08 for the 12 x 16 tile
 // above), which takes the load ports off the critical path of two 512-bit FMA units. At
 // m = 12 the 24 accumulators + 2 panel rows + the broadcast still fit the 32 zmm
-// registers, but measured slower than m = 6 (bench/RESULTS.md, session 14).
+// registers, but measured slower than m = 6 (bench/RESULTS.md, session 14). Rows go by
+// pairs (bf16's lines), each accumulator still taking k in order.
 template <typename S, int M>
 void tile2(const float* x, int64_t ldx, const typename S::Elem* p0, const typename S::Elem* p1, int64_t kc, float* y,
            int64_t ldy, const float* init, bool accumulate) {
   __m512 a0[M], a1[M];
 #pragma GCC unroll 12
   for (int r = 0; r < M; ++r) {
-    a0[r] = to_tile_order<S>(accumulate ? _mm512_loadu_ps(y + r * ldy)
-                             : init     ? _mm512_loadu_ps(init)
-                                        : _mm512_setzero_ps());
-    a1[r] = to_tile_order<S>(accumulate ? _mm512_loadu_ps(y + r * ldy + 16)
-                             : init     ? _mm512_loadu_ps(init + 16)
-                                        : _mm512_setzero_ps());
+    a0[r] = accumulate ? _mm512_loadu_ps(y + r * ldy) : init ? _mm512_loadu_ps(init) : _mm512_setzero_ps();
+    a1[r] = accumulate ? _mm512_loadu_ps(y + r * ldy + 16) : init ? _mm512_loadu_ps(init + 16) : _mm512_setzero_ps();
   }
-  for (int64_t kk = 0; kk < kc; ++kk) {
-    const __m512 b0 = S::load(p0 + kk * 16), b1 = S::load(p1 + kk * 16);
+  auto step = [&](int64_t kk, __m512 b0, __m512 b1) {
 #pragma GCC unroll 12
     for (int r = 0; r < M; ++r) {
       const __m512 xv = _mm512_set1_ps(x[r * ldx + kk]);
       a0[r] = _mm512_fmadd_ps(xv, b0, a0[r]);
       a1[r] = _mm512_fmadd_ps(xv, b1, a1[r]);
     }
+  };
+  int64_t kk = 0;
+  for (; kk + 2 <= kc; kk += 2) {
+    __m512 b00, b01, b10, b11;
+    S::pair(p0, kk, b00, b01);
+    S::pair(p1, kk, b10, b11);
+    step(kk, b00, b10);
+    step(kk + 1, b01, b11);
   }
+  if (kk < kc) step(kk, S::row(p0, kk), S::row(p1, kk));
 #pragma GCC unroll 12
   for (int r = 0; r < M; ++r) {
-    _mm512_storeu_ps(y + r * ldy, to_tile_order<S>(a0[r]));
-    _mm512_storeu_ps(y + r * ldy + 16, to_tile_order<S>(a1[r]));
+    _mm512_storeu_ps(y + r * ldy, a0[r]);
+    _mm512_storeu_ps(y + r * ldy + 16, a1[r]);
   }
 }
 
@@ -141,12 +154,19 @@ void microkernel2(int m, const float* x, int64_t ldx, const void* panel_v, int64
   with_tile_rows<12>(m, [&](auto rows) { tile2<S, decltype(rows)::value>(x, ldx, p0, p1, kc, y, ldy, init, accumulate); });
 }
 
-// A 16-bit panel's rows as f32 in column order (isa.h's LinearWiden): each row through
-// S::load, so the values are those the 16-bit tiles multiply.
+// A 16-bit panel's rows as f32 in column order (isa.h's LinearWiden): the values the
+// 16-bit tiles multiply.
 template <typename S>
 void widen(const void* panel_v, int64_t kc, float* dst) {
   const auto* panel = static_cast<const typename S::Elem*>(panel_v);
-  for (int64_t kk = 0; kk < kc; ++kk) _mm512_store_ps(dst + kk * 16, to_tile_order<S>(S::load(panel + kk * 16)));
+  int64_t kk = 0;
+  for (; kk + 2 <= kc; kk += 2) {
+    __m512 a, b;
+    S::pair(panel, kk, a, b);
+    _mm512_store_ps(dst + kk * 16, a);
+    _mm512_store_ps(dst + kk * 16 + 16, b);
+  }
+  if (kk < kc) _mm512_store_ps(dst + kk * 16, S::row(panel, kk));
 }
 
 // Quantized panels (kQ8 / kQ4): the AVX2 kernel's arithmetic (linear_avx2.cpp's
