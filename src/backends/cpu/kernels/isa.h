@@ -81,7 +81,18 @@ using LinearWiden = void (*)(const void* panel, int64_t kc, float* dst);
 // cpu_qgemv_acts() != kF32 (kernels.h).
 bool avx512_qgemv_int8_supported();
 
+// Whether W8A8 Linears take the AVX-512 VNNI tiles (avx512::int8_tile): the AVX-512 kernels
+// run (avx512_enabled) and the CPU has AVX-512 VNNI.
+bool avx512_int8_supported();
+
 namespace avx512 {
+// W8A8 (PackedInt8Weight) on AVX-512 VNNI: an m x 16 tile (m <= kInt8TileRows) of one panel,
+// or m x 32 over it and the next (panels = 2, panel_stride bytes on): acc[(p * m + r) * 16 + c]
+// = Σ_k x[r][k] w[16p + c][k] exactly, from rows biased to u8 (x + 128, ldx bytes apart) and
+// the panels' bias128 (16 a panel, from the first one's).
+constexpr int kInt8TileRows = 6;
+void int8_tile(int m, int panels, const uint8_t* ux, int64_t ldx, const int8_t* panel, int64_t panel_stride,
+               int64_t k4, const int32_t* bias128, int32_t* acc);
 // y[r][0..16) (+)= Σ_g D_g[r][c] * (scale_g[c] * dx[r][g]) (+ min_g[c] * sx[r][g] for q4) over
 // `groups` groups of a q8/q4 panel starting at `group`, D = float(Σ_k qx[r][32g + k] q[k][c])
 // or, with qlo (the second digits), fma(float(Σ_k qlo q), kQGemvLoDigit, float(Σ_k qx q))

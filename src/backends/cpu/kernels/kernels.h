@@ -149,9 +149,12 @@ struct PackedInt8Weight {
   int64_t n = 0, k = 0, k4 = 0;
   std::shared_ptr<int8_t[]> data;   // 64-byte aligned; panels() * k4 * 64 bytes
   std::shared_ptr<float[]> scale;   // [panels() * 16], 0 past N
+  // [panels() * 16]: 128 * Σ_k of each column's codes (0 past N), which the AVX-512 VNNI
+  // tiles take off their sums over x biased to unsigned bytes.
+  std::shared_ptr<int32_t[]> bias128;
   int64_t panels() const { return (n + kPanelWidth - 1) / kPanelWidth; }
   const int8_t* panel(int64_t p) const { return data.get() + size_t(p * k4 * 64); }
-  size_t bytes() const { return size_t(panels() * k4 * 64) + size_t(panels() * 16 * 4); }
+  size_t bytes() const { return size_t(panels() * k4 * 64) + size_t(panels() * 16 * 8); }
 };
 // w: [N, K] f32. Per-channel scale = max|w[n,:]| / 127 (a zero row gets scale 0).
 PackedInt8Weight pack_weight_int8(const float* w, int64_t n, int64_t k);

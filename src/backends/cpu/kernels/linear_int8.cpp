@@ -50,6 +50,7 @@ PackedInt8Weight pack_weight_int8(const float* w, int64_t n, int64_t k) {
   const std::shared_ptr<uint8_t[]> buf = host_buffer(data_bytes);
   pw.data = std::shared_ptr<int8_t[]>(buf, reinterpret_cast<int8_t*>(buf.get()));
   pw.scale = std::shared_ptr<float[]>(new float[size_t(pw.panels() * kNr)]());
+  pw.bias128 = std::shared_ptr<int32_t[]>(new int32_t[size_t(pw.panels() * kNr)]());
   std::memset(pw.data.get(), 0, data_bytes);
   ThreadPool::global().parallel_for(pw.panels(), [&](int64_t p0, int64_t p1, int) {
     for (int64_t p = p0; p < p1; ++p)
@@ -59,7 +60,12 @@ PackedInt8Weight pack_weight_int8(const float* w, int64_t n, int64_t k) {
         std::vector<int8_t> q(static_cast<size_t>(k));
         pw.scale[size_t(row)] = int8_quantize_channel(w + row * k, k, q.data());
         int8_t* dst = pw.data.get() + p * pw.k4 * 64 + c * 4;
-        for (int64_t i = 0; i < k; ++i) dst[(i / 4) * 64 + i % 4] = q[size_t(i)];
+        int32_t sum = 0;
+        for (int64_t i = 0; i < k; ++i) {
+          dst[(i / 4) * 64 + i % 4] = q[size_t(i)];
+          sum += q[size_t(i)];
+        }
+        pw.bias128[size_t(row)] = 128 * sum;
       }
   });
   return pw;
@@ -78,6 +84,14 @@ void quantize_rows_int8(const float* x, int64_t t, int64_t k, float inv_scale, i
   }
 }
 
+bool avx512_int8_supported() {
+  static const bool hw = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vnni");
+  }();
+  return hw && avx512_enabled();
+}
+
 namespace {
 
 // AVX-VNNI when the CPU has it (KILN_CPU_VNNI=0 turns it off), else AVX2, else scalar.
@@ -88,10 +102,43 @@ Int8Microkernel int8_kernel() {
   return vnni ? avx2::int8_microkernel_vnni() : avx2::int8_microkernel();
 }
 
+// The AVX-512 VNNI form of int8_drive: 6 x 32 tiles over pairs of panels (a thread's odd
+// last panel alone) on rows biased to unsigned bytes once per call, in blocks of 96 rows
+// (a multiple of the tile's 6).
+template <typename Epilogue>
+void int8_drive_avx512(const int8_t* qx, int64_t t, int64_t ldx, const PackedInt8Weight& w, Epilogue&& epi) {
+  constexpr int kMr512 = avx512::kInt8TileRows;
+  constexpr int64_t kRowBlock = 16 * kMr512;
+  thread_local std::vector<uint8_t> biased;
+  if (biased.size() < size_t(t * ldx)) biased.resize(size_t(t * ldx));
+  uint8_t* ux = biased.data();
+  for (int64_t i = 0; i < t * ldx; ++i) ux[i] = uint8_t(qx[i]) ^ 0x80;
+  const int64_t stride = w.k4 * 64;
+  auto body = [&](int64_t p0, int64_t p1, int64_t r0, int64_t r1) {
+    alignas(64) int32_t acc[2 * kMr512 * kNr];
+    for (int64_t rb = r0; rb < r1; rb += kRowBlock)
+      for (int64_t p = p0; p < p1;) {
+        const int np = p + 1 < p1 ? 2 : 1;
+        for (int64_t r = rb; r < std::min(r1, rb + kRowBlock); r += kMr512) {
+          const int m = int(std::min<int64_t>(kMr512, r1 - r));
+          avx512::int8_tile(m, np, ux + r * ldx, ldx, w.panel(p), stride, w.k4, w.bias128.get() + p * kNr, acc);
+          for (int q = 0; q < np; ++q) epi(r, m, p + q, acc + q * m * kNr);
+        }
+        p += np;
+      }
+  };
+  const int threads = ThreadPool::global().num_threads();
+  if (w.panels() >= 4 * threads || t < 4 * kMr512 * threads)
+    ThreadPool::global().parallel_for(w.panels(), [&](int64_t b, int64_t e, int) { body(b, e, 0, t); }, 2);
+  else
+    ThreadPool::global().parallel_for(t, [&](int64_t b, int64_t e, int) { body(0, w.panels(), b, e); }, kMr512);
+}
+
 // Rows in blocks of kMr for each panel; threads own panels (each streams its own slice
 // of the weights once per block of rows that fits in cache).
 template <typename Epilogue>
 void int8_drive(const int8_t* qx, int64_t t, int64_t ldx, const PackedInt8Weight& w, Epilogue&& epi) {
+  if (avx512_int8_supported()) return int8_drive_avx512(qx, t, ldx, w, epi);
   Int8Microkernel mk = int8_kernel();
   constexpr int64_t kRowBlock = 64;
   auto body = [&](int64_t p0, int64_t p1, int64_t r0, int64_t r1) {
