@@ -8,6 +8,8 @@ one forward of `batch` random sequences of `seq` tokens (all attended), median o
 repeats after a warm-up, on the same number of threads. Two ONNX Runtime sessions, as a
 user would run them: the exported graph at ORT_ENABLE_ALL, and the graph after
 onnxruntime.transformers' BERT optimizer (fused Attention, SkipLayerNorm, BiasGelu).
+With --int8, also that graph after onnxruntime.quantization.quantize_dynamic (int8 weights
+per channel, activations per tensor at run time), next to `kiln bench --quant w8a8`.
 Prints a markdown table; `kiln bench` prints the same ms column.
 
   python3 bench/ort_cpu_baseline.py --config bench/configs/bert-base.json -b 1 -p 128 --threads 2
@@ -83,6 +85,8 @@ def main():
     ap.add_argument("-p", "--seq", type=int, default=128)
     ap.add_argument("-r", "--repeats", type=int, default=20)
     ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--int8", action="store_true",
+                    help="also time the graph after onnxruntime.quantization.quantize_dynamic (int8)")
     a = ap.parse_args()
     cfg = transformers.BertConfig(**{k: v for k, v in json.load(open(a.config)).items() if k != "model_type"})
     rng = np.random.default_rng(0)
@@ -102,6 +106,17 @@ def main():
             rows.append(("transformers optimizer (fused)", time_forward(session(fused, a.threads), feeds, a.repeats)))
         except Exception as e:  # an optimizer that does not run is reported, not fatal
             print(f"onnxruntime.transformers optimizer failed: {e}")
+            fused = plain
+        if a.int8:
+            # ORT's int8 path for BERT on a CPU: the (optimized) graph through quantize_dynamic -
+            # int8 weights per channel, activations quantized per tensor at run time.
+            from onnxruntime.quantization import QuantType, quantize_dynamic
+            q8 = os.path.join(d, "model_int8.onnx")
+            import onnx
+            quantize_dynamic(fused, q8, weight_type=QuantType.QInt8, per_channel=True,
+                             extra_options={"DefaultTensorType": onnx.TensorProto.FLOAT})
+            rows.append(("quantize_dynamic int8 (per-channel weights)",
+                         time_forward(session(q8, a.threads), feeds, a.repeats)))
     print(f"baseline: onnxruntime {ort.__version__}, torch {torch.__version__}, transformers "
           f"{transformers.__version__}, {params / 1e6:.1f} M parameters, f32, threads "
           f"{a.threads or 'default'}")
