@@ -91,6 +91,11 @@ namespace avx512 {
 // = Σ_k x[r][k] w[16p + c][k] exactly, from rows biased to u8 (x + 128, ldx bytes apart) and
 // the panels' bias128 (16 a panel, from the first one's).
 constexpr int kInt8TileRows = 6;
+// linear_int8's epilogue over such a tile's rows of one panel: y[r][c] = float(acc[r * 16 + c])
+// * (xs[r] * scale[c]) + bias[c] (bias may be null) for c < cols, a multiply then an add, as
+// the scalar epilogue computes it.
+void int8_dequantize(int m, const int32_t* acc, const float* xs, const float* scale, const float* bias, int64_t cols,
+                     float* y, int64_t ldy);
 void int8_tile(int m, int panels, const uint8_t* ux, int64_t ldx, const int8_t* panel, int64_t panel_stride,
                int64_t k4, const int32_t* bias128, int32_t* acc);
 // y[r][0..16) (+)= Σ_g D_g[r][c] * (scale_g[c] * dx[r][g]) (+ min_g[c] * sx[r][g] for q4) over

@@ -192,8 +192,16 @@ void linear_int8(const float* x, int64_t t, int64_t k, const PackedInt8Weight& w
   }
   const int8_t* qx = qbuf.data();
   const float* rs = dynamic ? row_scale.data() : nullptr;
+  const bool avx512 = avx512_int8_supported();
   int8_drive(qx, t, ldx, w, [&](int64_t r, int m, int64_t p, const int32_t* tile) {
     const int64_t cols = std::min(kNr, w.n - p * kNr);
+    if (avx512) {
+      float xs[avx512::kInt8TileRows];
+      for (int i = 0; i < m; ++i) xs[i] = rs ? rs[r + i] : x_scale;
+      avx512::int8_dequantize(m, tile, xs, w.scale.get() + p * kNr, bias ? bias + p * kNr : nullptr, cols,
+                              y + r * w.n + p * kNr, w.n);
+      return;
+    }
     float b[kNr];
     for (int64_t c = 0; c < cols; ++c) b[c] = bias ? bias[p * kNr + c] : 0.0f;
     for (int i = 0; i < m; ++i) {

@@ -4,7 +4,8 @@
 // the rows arrive biased (x + 128 as u8: int8_bias_rows) and each column's 128 * Σ_k w
 // (PackedInt8Weight::bias128) comes off at the end: Σ (x + 128) w - 128 Σ w = Σ x w, exact
 // in int32 like every other W8A8 kernel, so all of them give the same accumulators.
-// Compiled with -mavx512f -mavx512bw -mavx512vnni; called only where avx512_int8_supported().
+// Compiled with -mavx512f -mavx512bw -mavx512vnni -ffp-contract=off; called only where
+// avx512_int8_supported().
 // Tested in tests/backends/cpu/linear_int8_test.cpp.
 #include <immintrin.h>
 
@@ -55,6 +56,19 @@ void tiles(int m, const uint8_t* ux, int64_t ldx, const int8_t* panel, int64_t p
 }
 
 }  // namespace
+
+void int8_dequantize(int m, const int32_t* acc, const float* xs, const float* scale, const float* bias, int64_t cols,
+                     float* y, int64_t ldy) {
+  const __mmask16 k = cols >= 16 ? __mmask16(0xFFFF) : __mmask16((1u << cols) - 1);
+  const __m512 s = _mm512_maskz_loadu_ps(k, scale);
+  const __m512 b = bias ? _mm512_maskz_loadu_ps(k, bias) : _mm512_setzero_ps();
+  for (int r = 0; r < m; ++r) {
+    const __m512 v = _mm512_cvtepi32_ps(_mm512_loadu_si512(acc + r * 16));
+    // A multiply, then an add (no FMA: the file is built with -ffp-contract=off).
+    const __m512 prod = _mm512_mul_ps(v, _mm512_mul_ps(_mm512_set1_ps(xs[r]), s));
+    _mm512_mask_storeu_ps(y + r * ldy, k, _mm512_add_ps(prod, b));
+  }
+}
 
 void int8_tile(int m, int panels, const uint8_t* ux, int64_t ldx, const int8_t* panel, int64_t panel_stride,
                int64_t k4, const int32_t* bias128, int32_t* acc) {
