@@ -64,7 +64,8 @@ void rows_impl(const float* q, const float* k_cache, const float* v_cache, int64
   const float kNegInf = -std::numeric_limits<float>::infinity();
   ThreadPool::global().parallel_for(int64_t(units.size()), [&](int64_t u0, int64_t u1, int) {
     alignas(64) float kt[D * kKeys];
-    alignas(64) float qs[kRowBlock * D], acc[kRowBlock * D], p[kR][kKeys];
+    alignas(64) float qs[kRowBlock * D], acc[kRowBlock * D];
+    alignas(64) float p[kR][kKeys];
     float m[kRowBlock], l[kRowBlock];
     const float* vrow[kKeys];
     for (int64_t ui = u0; ui < u1; ++ui) {
@@ -113,6 +114,13 @@ void rows_impl(const float* q, const float* k_cache, const float* v_cache, int64
               for (int t = 0; t < kT; ++t) sc[r][t] = _mm512_fmadd_ps(qb, kv[t], sc[r][t]);
             }
           }
+          // The scores go to p (their exponentials replace them below): indexed at run time
+          // by the softmax, sc in registers made GCC keep it in memory and store all 16
+          // accumulators on every step of the loop above.
+#pragma GCC unroll 4
+          for (int r = 0; r < kR; ++r)
+#pragma GCC unroll 4
+            for (int t = 0; t < kT; ++t) _mm512_store_ps(p[r] + 16 * t, sc[r][t]);
           // Each row's online softmax step: masked max, rescale factor, P into p[r].
           float corr[kR];
           for (int r = 0; r < kR; ++r) {
@@ -122,7 +130,8 @@ void rows_impl(const float* q, const float* k_cache, const float* v_cache, int64
               continue;
             }
             __m512 vmax = vset(kNegInf);
-            for (int t = 0; t < kT; ++t) vmax = _mm512_mask_max_ps(vmax, live_mask(nn[r], t), vmax, sc[r][t]);
+            for (int t = 0; t < kT; ++t)
+              vmax = _mm512_mask_max_ps(vmax, live_mask(nn[r], t), vmax, _mm512_load_ps(p[r] + 16 * t));
             const int64_t ri = r0 + r;
             const float m_new = std::max(m[ri], _mm512_reduce_max_ps(vmax));
             if (m_new > m[ri] && l[ri] > 0.0f) {
@@ -132,7 +141,8 @@ void rows_impl(const float* q, const float* k_cache, const float* v_cache, int64
             m[ri] = m_new;
             __m512 psum = _mm512_setzero_ps();
             for (int t = 0; t < kT; ++t) {
-              const __m512 e = _mm512_maskz_mov_ps(live_mask(nn[r], t), exp512(_mm512_sub_ps(sc[r][t], vset(m_new))));
+              const __m512 e =
+                  _mm512_maskz_mov_ps(live_mask(nn[r], t), exp512(_mm512_sub_ps(_mm512_load_ps(p[r] + 16 * t), vset(m_new))));
               _mm512_storeu_ps(p[r] + 16 * t, e);
               psum = _mm512_add_ps(psum, e);
             }
