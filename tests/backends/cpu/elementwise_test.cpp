@@ -6,7 +6,9 @@
 #include <cmath>
 #include <functional>
 
+#include "backends/cpu/kernels/isa.h"
 #include "backends/cpu/kernels/kernels.h"
+#include "core/dtype.h"
 #include "test_util.h"
 
 namespace kiln::cpu {
@@ -63,6 +65,39 @@ TEST(Elementwise, UnaryVsStd) {
       expect_within(y, ref, tol, c.name);
     }
   });
+}
+
+// The AVX-512 activations run vec_math.h's operations 16 lanes wide: the AVX2 kernels'
+// bits, element for element, at every length (masked tails included).
+TEST(Elementwise, Avx512ActivationsGiveTheAvx2Bits) {
+  if (!cpu_isa_supported(CpuIsa::kAvx2)) GTEST_SKIP() << "no AVX2 here";
+  const CpuIsa saved = cpu_isa();
+  cpu_isa_set(CpuIsa::kAvx2);
+  cpu_avx512_set(true);
+  if (!avx512_enabled()) {
+    cpu_isa_set(saved);
+    GTEST_SKIP() << "no AVX-512 here (or KILN_CPU_AVX512=0)";
+  }
+  const auto x = wide_inputs();
+  const auto u = random_floats(x.size(), 8, -10.0f, 10.0f);
+  void (*const fns[])(const float*, int64_t, float*) = {&kiln::cpu::exp, &kiln::cpu::tanh, &silu, &gelu_erf,
+                                                         &gelu_tanh};
+  for (int64_t n : {int64_t(1), int64_t(15), int64_t(17), int64_t(x.size())})
+    for (int f = 0; f <= 5; ++f) {
+      SCOPED_TRACE(::testing::Message() << "function " << f << " n=" << n);
+      std::vector<float> wide(static_cast<size_t>(n)), narrow(static_cast<size_t>(n));
+      auto run = [&](bool zmm, float* y) {
+        cpu_avx512_set(zmm);
+        if (f < 5) fns[f](x.data(), n, y);
+        else swiglu(x.data(), u.data(), n, y);
+      };
+      run(true, wide.data());
+      run(false, narrow.data());
+      for (int64_t i = 0; i < n; ++i)
+        ASSERT_EQ(f32_bits(wide[size_t(i)]), f32_bits(narrow[size_t(i)])) << "x = " << x[size_t(i)];
+    }
+  cpu_avx512_set(true);
+  cpu_isa_set(saved);
 }
 
 TEST(Elementwise, BinaryAndSwiglu) {

@@ -18,6 +18,7 @@
 
 #include "backends/cpu/kernels/attention_blocked.h"
 #include "backends/cpu/kernels/isa.h"
+#include "backends/cpu/kernels/vec_math.h"
 #include "core/thread_pool.h"
 
 namespace kiln::cpu::avx512 {
@@ -25,28 +26,8 @@ namespace {
 
 inline __m512 vset(float v) { return _mm512_set1_ps(v); }
 
-// exp(x), the AVX2 kernels' formula (vec_math_avx2.h's exp_hilo with lo = 0) 16 wide:
-// Cody-Waite reduction by n·ln2, a degree-6 Cephes polynomial, 2^n applied as two factors.
-inline __m512 exp512(__m512 x) {
-  x = _mm512_min_ps(_mm512_max_ps(x, vset(-104.0f)), vset(89.0f));
-  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, vset(1.44269504088896341f)),
-                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  __m512 r = _mm512_fnmadd_ps(n, vset(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, vset(-2.12194440e-4f), r);
-  __m512 p = vset(1.9875691500e-4f);
-  p = _mm512_fmadd_ps(p, r, vset(1.3981999507e-3f));
-  p = _mm512_fmadd_ps(p, r, vset(8.3334519073e-3f));
-  p = _mm512_fmadd_ps(p, r, vset(4.1665795894e-2f));
-  p = _mm512_fmadd_ps(p, r, vset(1.6666665459e-1f));
-  p = _mm512_fmadd_ps(p, r, vset(5.0000001201e-1f));
-  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, vset(1.0f)));
-  const __m512i ni = _mm512_cvtps_epi32(n);
-  const __m512i n1 = _mm512_srai_epi32(ni, 1);
-  const __m512i n2 = _mm512_sub_epi32(ni, n1);
-  const __m512 s1 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n1, _mm512_set1_epi32(127)), 23));
-  const __m512 s2 = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(n2, _mm512_set1_epi32(127)), 23));
-  return _mm512_mul_ps(_mm512_mul_ps(p, s1), s2);
-}
+// exp(x): vec_math.h's, 16 lanes wide (the AVX2 kernels' operations per lane).
+inline __m512 exp512(__m512 x) { return vec::exp<vec::Z>(x); }
 
 constexpr int64_t kRowBlock = 128, kKeys = kBlockedKeys, kR = 4, kT = kKeys / 16;
 

@@ -31,8 +31,9 @@ float scalar_unary(UnaryOp op, float xf) {
 }
 
 void unary(UnaryOp op, const float* x, int64_t n, float* out) {
-  const bool vec = use_avx2();
+  const bool vec = use_avx2(), zmm = avx512_enabled();
   ThreadPool::global().parallel_for(n, [&](int64_t b, int64_t e, int) {
+    if (zmm) return avx512::unary(op, x + b, e - b, out + b);
     if (vec) return avx2::unary(op, x + b, e - b, out + b);
     for (int64_t i = b; i < e; ++i) out[i] = scalar_unary(op, x[i]);
   }, kGrain);
@@ -65,7 +66,7 @@ void mul(const float* a, const float* b, int64_t n, float* out) {
   binary(a, b, n, out, avx2::mul, [](float u, float v) { return u * v; });
 }
 void swiglu(const float* gate, const float* up, int64_t n, float* out) {
-  binary(gate, up, n, out, avx2::swiglu,
+  binary(gate, up, n, out, avx512_enabled() ? avx512::swiglu : avx2::swiglu,
          [](float g, float u) { return g / (1.0f + std::exp(-g)) * u; });
 }
 void gelu_erf(const float* x, int64_t n, float* out) { unary(UnaryOp::kGeluErf, x, n, out); }

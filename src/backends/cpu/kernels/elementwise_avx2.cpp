@@ -11,34 +11,9 @@
 namespace kiln::cpu::avx2 {
 namespace {
 
-// gelu_erf(x) = 0.5x·erfc(-x/√2): written per sign so neither side cancels
-// (x >= 0: x·(1 - erfc(z)/2); x < 0: x·erfc(z)/2, z = |x|/√2), with z² = x²/2 exact as
-// hi + lo. |x| is capped at 18 (erfc(12.7) underflows f32) so x² cannot overflow.
-inline __m256 gelu_erf_ps(__m256 x) {
-  const __m256 a = _mm256_min_ps(abs_ps(x), vset(18.0f));
-  const __m256 a2 = _mm256_mul_ps(a, a);
-  const __m256 a2_lo = _mm256_fmsub_ps(a, a, a2);
-  const __m256 half = vset(0.5f);
-  const __m256 h = _mm256_mul_ps(half, erfc_pos_ps(_mm256_mul_ps(a, vset(0.70710678118654752f)),
-                                                   _mm256_mul_ps(a2, half), _mm256_mul_ps(a2_lo, half)));
-  const __m256 pos = _mm256_sub_ps(vset(1.0f), h);
-  return _mm256_mul_ps(x, _mm256_blendv_ps(pos, h, x));  // blendv picks h where x's sign bit is set
-}
-// sigmoid(y) from e = exp(-|y|) (never overflows): 1/(1+e) for y >= 0, e/(1+e) below, so
-// results stay accurate down to the f32 normal range instead of flushing via inf.
-inline __m256 sigmoid_ps(__m256 y) {
-  const __m256 e = exp_ps(_mm256_sub_ps(_mm256_setzero_ps(), abs_ps(y)));
-  const __m256 num = _mm256_blendv_ps(vset(1.0f), e, y);  // blendv picks e where y < 0
-  return _mm256_div_ps(num, _mm256_add_ps(vset(1.0f), e));
-}
-// 0.5x(1 + tanh(u)) = x·sigmoid(2u): the same value without cancellation for x << 0.
-inline __m256 gelu_tanh_ps(__m256 x) {
-  const __m256 x2 = _mm256_mul_ps(x, x);
-  const __m256 u = _mm256_mul_ps(_mm256_mul_ps(vset(0.7978845608028654f), x),
-                                 _mm256_fmadd_ps(vset(0.044715f), x2, vset(1.0f)));
-  return _mm256_mul_ps(x, sigmoid_ps(_mm256_add_ps(u, u)));
-}
-inline __m256 silu_ps(__m256 x) { return _mm256_mul_ps(x, sigmoid_ps(x)); }
+inline __m256 gelu_erf_ps(__m256 x) { return vec::gelu_erf<vec::Y>(x); }
+inline __m256 gelu_tanh_ps(__m256 x) { return vec::gelu_tanh<vec::Y>(x); }
+inline __m256 silu_ps(__m256 x) { return vec::silu<vec::Y>(x); }
 
 template <typename F>
 void map1(const float* x, int64_t n, float* out, F f) {

@@ -114,6 +114,9 @@ void quantize_rows_groups(const float* x, int64_t t, int64_t k, int8_t* qx, floa
 LinearMicrokernel linear_microkernel(WeightStorage storage);    // q8/q4: the AVX2 kernels' bits
 LinearMicrokernel2 linear_microkernel2(WeightStorage storage);  // null for quantized storage
 LinearWiden linear_widen(WeightStorage storage);                // bf16/f16, else null
+// The AVX2 kernels' unary / swiglu (same bits), 16 lanes wide.
+void unary(UnaryOp op, const float* x, int64_t n, float* out);
+void swiglu(const float* gate, const float* up, int64_t n, float* out);
 // paged_attention's blocked path for sequences of several query rows, f32 caches, d 64 or 128.
 void attention_rows_f32(const float* q, const float* k_cache, const float* v_cache, int64_t block_size, int64_t hq,
                         int64_t hkv, int64_t d, float scale, bool causal, const AttentionSeq* seqs, int64_t num_seqs,
