@@ -238,6 +238,28 @@ TEST(LinearInt8, Avx512TilesAreExact) {
     }
 }
 
+// Enough rows that x is quantized (and biased) on every thread of the pool: each row's
+// output is the bits of that row run alone (quantized on the calling thread), with static
+// and with per-token scales.
+TEST(LinearInt8, ManyRowsGiveEachRowsOwnBits) {
+  const int64_t t = 70, n = 40, k = 600;
+  auto x = random_floats(size_t(t * k), 12, -2.0f, 2.0f);
+  auto w = random_floats(size_t(n * k), 13);
+  auto bias = random_floats(size_t(n), 14);
+  PackedInt8Weight pw = pack_weight_int8(w.data(), n, k);
+  for_each_isa([&] {
+    for (float x_scale : {2.0f / 127.0f, 0.0f}) {
+      SCOPED_TRACE(x_scale > 0 ? "static scale" : "per-token scales");
+      std::vector<float> all(static_cast<size_t>(t * n)), one(static_cast<size_t>(n));
+      linear_int8(x.data(), t, k, pw, x_scale, bias.data(), all.data());
+      for (int64_t r = 0; r < t; ++r) {
+        linear_int8(x.data() + r * k, 1, k, pw, x_scale, bias.data(), one.data());
+        for (int64_t c = 0; c < n; ++c) ASSERT_EQ(all[size_t(r * n + c)], one[size_t(c)]) << "row " << r << " col " << c;
+      }
+    }
+  });
+}
+
 TEST(LinearInt8, BadShapesAreErrors) {
   std::vector<float> w(16, 1.0f);
   EXPECT_THROW(pack_weight_int8(w.data(), 0, 16), std::exception);
