@@ -186,8 +186,6 @@ TEST(LinearInt8, EveryMicrokernelVariantIsExact) {
     for (int64_t i = 0; i < k; ++i) qx[size_t(r * ldx + i)] = int8_t(std::nearbyint(xs[size_t(r * k + i)]));
   std::vector<std::pair<const char*, Int8Microkernel>> variants;
   if (cpu_isa_supported(CpuIsa::kAvx2)) variants.emplace_back("avx2", avx2::int8_microkernel());
-  if (cpu_isa_supported(CpuIsa::kAvx2) && avx2::avx_vnni_supported())
-    variants.emplace_back("avx_vnni", avx2::int8_microkernel_vnni());
   for (auto& [name, mk] : variants)
     for (int m = 1; m <= 4; ++m) {
       SCOPED_TRACE(std::string(name) + " m=" + std::to_string(m));
@@ -202,11 +200,21 @@ TEST(LinearInt8, EveryMicrokernelVariantIsExact) {
     }
 }
 
-// The AVX-512 VNNI tiles (u8 x s8 products over x biased by 128, 128 * Σw taken off) at
-// every row count and over one or two panels, with x and w at their extremes (±127), against
-// the integer reference: the same int32 sums as the other kernels.
-TEST(LinearInt8, Avx512TilesAreExact) {
-  if (!avx512_int8_supported()) GTEST_SKIP() << "no AVX-512 VNNI here (or KILN_CPU_AVX512=0)";
+// The biased-x tiles - AVX-512 VNNI (one or two panels) and AVX-VNNI (one panel): u8 x s8
+// products over x biased by 128, 128 * Σw taken off - at every row count, with x and w at
+// their extremes (±127), against the integer reference: the same int32 sums as the other
+// kernels.
+TEST(LinearInt8, BiasedTilesAreExact) {
+  struct Tiles {
+    const char* name;
+    void (*tile)(int, int, const uint8_t*, int64_t, const int8_t*, int64_t, int64_t, const int32_t*, int32_t*);
+    int rows, panels;
+  };
+  std::vector<Tiles> variants;
+  if (avx512_int8_supported()) variants.push_back({"avx512_vnni", avx512::int8_tile, avx512::kInt8TileRows, 2});
+  if (cpu_isa_supported(CpuIsa::kAvx2) && avx2::avx_vnni_supported())
+    variants.push_back({"avx_vnni", avx2::int8_tile_vnni, avx2::kInt8VnniTileRows, 1});
+  if (variants.empty()) GTEST_SKIP() << "neither AVX-512 VNNI nor AVX-VNNI here";
   const int64_t n = 32, k = 203;
   auto w = random_floats(size_t(n * k), 10);
   for (int64_t i = 0; i < k; ++i) w[size_t(3 * k + i)] = i % 2 ? 1.0f : -1.0f;  // column 3: every code ±127
@@ -214,7 +222,7 @@ TEST(LinearInt8, Avx512TilesAreExact) {
   std::vector<int> qw;
   std::vector<float> scale;
   reference_weight_codes(w, n, k, qw, scale);
-  const int rows = avx512::kInt8TileRows;
+  const int rows = 6;
   const int64_t ldx = 4 * pw.k4;
   std::vector<int8_t> qx(size_t(rows * ldx), 0);
   auto xs = random_floats(size_t(rows * k), 11, -127.4f, 127.4f);
@@ -223,19 +231,20 @@ TEST(LinearInt8, Avx512TilesAreExact) {
   for (int64_t i = 0; i < k; ++i) qx[size_t(i)] = i % 3 ? 127 : -127;  // row 0: every code ±127
   std::vector<uint8_t> ux(qx.size());
   for (size_t i = 0; i < qx.size(); ++i) ux[i] = uint8_t(qx[i] + 128);
-  for (int panels : {1, 2})
-    for (int m = 1; m <= rows; ++m) {
-      SCOPED_TRACE("panels=" + std::to_string(panels) + " m=" + std::to_string(m));
-      std::vector<int32_t> acc(size_t(panels * m * 16), -1);
-      avx512::int8_tile(m, panels, ux.data(), ldx, pw.panel(0), pw.k4 * 64, pw.k4, pw.bias128.get(), acc.data());
-      for (int p = 0; p < panels; ++p)
-        for (int r = 0; r < m; ++r)
-          for (int64_t c = 0; c < 16; ++c) {
-            int64_t ref = 0;
-            for (int64_t i = 0; i < k; ++i) ref += int64_t(qx[size_t(r * ldx + i)]) * qw[size_t((16 * p + c) * k + i)];
-            ASSERT_EQ(int64_t(acc[size_t((p * m + r) * 16 + c)]), ref) << "panel " << p << " row " << r << " col " << c;
-          }
-    }
+  for (const Tiles& v : variants)
+    for (int panels = 1; panels <= v.panels; ++panels)
+      for (int m = 1; m <= std::min(rows, v.rows); ++m) {
+        SCOPED_TRACE(std::string(v.name) + " panels=" + std::to_string(panels) + " m=" + std::to_string(m));
+        std::vector<int32_t> acc(size_t(panels * m * 16), -1);
+        v.tile(m, panels, ux.data(), ldx, pw.panel(0), pw.k4 * 64, pw.k4, pw.bias128.get(), acc.data());
+        for (int p = 0; p < panels; ++p)
+          for (int r = 0; r < m; ++r)
+            for (int64_t c = 0; c < 16; ++c) {
+              int64_t ref = 0;
+              for (int64_t i = 0; i < k; ++i) ref += int64_t(qx[size_t(r * ldx + i)]) * qw[size_t((16 * p + c) * k + i)];
+              ASSERT_EQ(int64_t(acc[size_t((p * m + r) * 16 + c)]), ref) << "panel " << p << " row " << r << " col " << c;
+            }
+      }
 }
 
 // Enough rows that x is quantized (and biased) on every thread of the pool: each row's

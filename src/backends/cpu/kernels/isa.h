@@ -126,8 +126,12 @@ void attention_rows_f32(const float* q, const float* k_cache, const float* v_cac
 namespace avx2 {
 LinearMicrokernel linear_microkernel(WeightStorage storage);
 LinearWiden linear_widen(WeightStorage storage);  // bf16/f16, else null
-Int8Microkernel int8_microkernel();       // maddubs + madd (any AVX2 CPU)
-Int8Microkernel int8_microkernel_vnni();  // vpdpbusd; only when avx_vnni_supported()
+Int8Microkernel int8_microkernel();  // maddubs + madd (any AVX2 CPU)
+// avx512::int8_tile's contract in ymm registers on AVX-VNNI (only when avx_vnni_supported()):
+// m <= kInt8VnniTileRows rows of one panel (the panel count and stride are ignored).
+constexpr int kInt8VnniTileRows = 6;
+void int8_tile_vnni(int m, int panels, const uint8_t* ux, int64_t ldx, const int8_t* panel, int64_t panel_stride,
+                    int64_t k4, const int32_t* bias128, int32_t* acc);
 bool avx_vnni_supported();
 void quantize_row_int8(const float* x, int64_t k, float inv_scale, int8_t* q);
 

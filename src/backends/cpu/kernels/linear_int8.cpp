@@ -96,21 +96,32 @@ bool avx512_int8_supported() {
 
 namespace {
 
-// AVX-VNNI when the CPU has it (KILN_CPU_VNNI=0 turns it off), else AVX2, else scalar.
-Int8Microkernel int8_kernel() {
-  if (!use_avx2()) return scalar_int8_microkernel;
+// The biased-x tiles (avx512::int8_tile, or its ymm form on AVX-VNNI): up to `rows` x 16
+// `panels` per call.
+struct BiasedTiles {
+  void (*tile)(int m, int panels, const uint8_t* ux, int64_t ldx, const int8_t* panel, int64_t panel_stride,
+               int64_t k4, const int32_t* bias128, int32_t* acc);
+  int rows, panels;
+};
+
+// The AVX-512 VNNI tiles where they run, else the AVX-VNNI ones (KILN_CPU_VNNI=0 turns those
+// off), else none: the AVX2 maddubs / scalar microkernels.
+const BiasedTiles* biased_tiles() {
+  static const BiasedTiles zmm{avx512::int8_tile, avx512::kInt8TileRows, 2};
+  static const BiasedTiles ymm{avx2::int8_tile_vnni, avx2::kInt8VnniTileRows, 1};
+  if (avx512_int8_supported()) return &zmm;
   static const bool vnni = avx2::avx_vnni_supported() && !(std::getenv("KILN_CPU_VNNI") &&
                                                            std::string(std::getenv("KILN_CPU_VNNI")) == "0");
-  return vnni ? avx2::int8_microkernel_vnni() : avx2::int8_microkernel();
+  return use_avx2() && vnni ? &ymm : nullptr;
 }
 
-// The AVX-512 VNNI form of int8_drive: 6 x 32 tiles over pairs of panels (a thread's odd
-// last panel alone) on rows biased to unsigned bytes once per call, in blocks of 96 rows
-// (a multiple of the tile's 6).
+// int8_drive over biased tiles: x biased to unsigned bytes once per call (on every thread),
+// then tiles over up to `panels` adjacent panels (a thread's odd last panel alone) in blocks
+// of 16 tiles of rows.
 template <typename Epilogue>
-void int8_drive_avx512(const int8_t* qx, int64_t t, int64_t ldx, const PackedInt8Weight& w, Epilogue&& epi) {
-  constexpr int kMr512 = avx512::kInt8TileRows;
-  constexpr int64_t kRowBlock = 16 * kMr512;
+void int8_drive_biased(const BiasedTiles& k, const int8_t* qx, int64_t t, int64_t ldx, const PackedInt8Weight& w,
+                       Epilogue&& epi) {
+  const int64_t row_block = 16 * k.rows;
   thread_local std::vector<uint8_t> biased;
   if (biased.size() < size_t(t * ldx)) biased.resize(size_t(t * ldx));
   uint8_t* ux = biased.data();
@@ -119,31 +130,32 @@ void int8_drive_avx512(const int8_t* qx, int64_t t, int64_t ldx, const PackedInt
   }, kParallelValues);
   const int64_t stride = w.k4 * 64;
   auto body = [&](int64_t p0, int64_t p1, int64_t r0, int64_t r1) {
-    alignas(64) int32_t acc[2 * kMr512 * kNr];
-    for (int64_t rb = r0; rb < r1; rb += kRowBlock)
+    alignas(64) int32_t acc[2 * avx512::kInt8TileRows * kNr];
+    static_assert(avx2::kInt8VnniTileRows <= 2 * avx512::kInt8TileRows);
+    for (int64_t rb = r0; rb < r1; rb += row_block)
       for (int64_t p = p0; p < p1;) {
-        const int np = p + 1 < p1 ? 2 : 1;
-        for (int64_t r = rb; r < std::min(r1, rb + kRowBlock); r += kMr512) {
-          const int m = int(std::min<int64_t>(kMr512, r1 - r));
-          avx512::int8_tile(m, np, ux + r * ldx, ldx, w.panel(p), stride, w.k4, w.bias128.get() + p * kNr, acc);
+        const int np = k.panels == 2 && p + 1 < p1 ? 2 : 1;
+        for (int64_t r = rb; r < std::min(r1, rb + row_block); r += k.rows) {
+          const int m = int(std::min<int64_t>(k.rows, r1 - r));
+          k.tile(m, np, ux + r * ldx, ldx, w.panel(p), stride, w.k4, w.bias128.get() + p * kNr, acc);
           for (int q = 0; q < np; ++q) epi(r, m, p + q, acc + q * m * kNr);
         }
         p += np;
       }
   };
   const int threads = ThreadPool::global().num_threads();
-  if (w.panels() >= 4 * threads || t < 4 * kMr512 * threads)
-    ThreadPool::global().parallel_for(w.panels(), [&](int64_t b, int64_t e, int) { body(b, e, 0, t); }, 2);
+  if (w.panels() >= 4 * threads || t < 4 * k.rows * threads)
+    ThreadPool::global().parallel_for(w.panels(), [&](int64_t b, int64_t e, int) { body(b, e, 0, t); }, k.panels);
   else
-    ThreadPool::global().parallel_for(t, [&](int64_t b, int64_t e, int) { body(0, w.panels(), b, e); }, kMr512);
+    ThreadPool::global().parallel_for(t, [&](int64_t b, int64_t e, int) { body(0, w.panels(), b, e); }, k.rows);
 }
 
 // Rows in blocks of kMr for each panel; threads own panels (each streams its own slice
 // of the weights once per block of rows that fits in cache).
 template <typename Epilogue>
 void int8_drive(const int8_t* qx, int64_t t, int64_t ldx, const PackedInt8Weight& w, Epilogue&& epi) {
-  if (avx512_int8_supported()) return int8_drive_avx512(qx, t, ldx, w, epi);
-  Int8Microkernel mk = int8_kernel();
+  if (const BiasedTiles* k = biased_tiles()) return int8_drive_biased(*k, qx, t, ldx, w, epi);
+  Int8Microkernel mk = use_avx2() ? avx2::int8_microkernel() : scalar_int8_microkernel;
   constexpr int64_t kRowBlock = 64;
   auto body = [&](int64_t p0, int64_t p1, int64_t r0, int64_t r1) {
     alignas(64) int32_t acc[kMr * kNr];
@@ -203,7 +215,7 @@ void linear_int8(const float* x, int64_t t, int64_t k, const PackedInt8Weight& w
   }, std::max<int64_t>(1, kParallelValues / k));
   const int8_t* qx = qbuf.data();
   const float* rs = dynamic ? row_scale.data() : nullptr;
-  const bool avx512 = avx512_int8_supported();
+  const bool avx512 = avx512_int8_supported();  // the zmm epilogue: only with the zmm tiles
   int8_drive(qx, t, ldx, w, [&](int64_t r, int m, int64_t p, const int32_t* tile) {
     const int64_t cols = std::min(kNr, w.n - p * kNr);
     if (avx512) {
