@@ -452,8 +452,8 @@ LinearTactic linear_default_tactic(int64_t t, int64_t n, int64_t k, int max_mr) 
   // 16-wide panel slice still fits L1/L2), longer K blocks at 256 (3072->768, T=512: +25%).
   tac.mr = max_mr;
   // One tile of rows (decode) reuses no panel slice: K unblocked, so each thread streams
-  // its panels front to back (cpu_kernels_bench --gemv, mlp.proj K = 3072, bf16, 2 threads: 98-118% -> 116-127% of
-  // the read-only bandwidth, cold).
+  // its panels front to back (cpu_kernels_bench --gemv, mlp.proj K = 3072, bf16, 2 threads:
+  // 98-118% -> 116-127% of the read-only bandwidth, cold).
   tac.kc = k <= 1024 || t <= max_mr ? k : 256;
   tac.threads = ThreadPool::global().num_threads();
   const int64_t panels = (n + kNr - 1) / kNr;

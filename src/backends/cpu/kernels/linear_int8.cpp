@@ -97,37 +97,36 @@ bool avx512_int8_supported() {
 namespace {
 
 // The biased-x tiles (avx512::int8_tile, or its ymm form on AVX-VNNI): up to `rows` x 16
-// `panels` per call.
+// `panels` per call; zmm: linear_int8 may take avx512::int8_dequantize as its epilogue.
 struct BiasedTiles {
   void (*tile)(int m, int panels, const uint8_t* ux, int64_t ldx, const int8_t* panel, int64_t panel_stride,
                int64_t k4, const int32_t* bias128, int32_t* acc);
   int rows, panels;
+  bool zmm;
 };
+
+// x + 128 as unsigned bytes, in place: the biased tiles' rows.
+void bias_codes(int8_t* q, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) q[i] = int8_t(uint8_t(q[i]) ^ 0x80);
+}
 
 // The AVX-512 VNNI tiles where they run, else the AVX-VNNI ones (KILN_CPU_VNNI=0 turns those
 // off), else none: the AVX2 maddubs / scalar microkernels.
 const BiasedTiles* biased_tiles() {
-  static const BiasedTiles zmm{avx512::int8_tile, avx512::kInt8TileRows, 2};
-  static const BiasedTiles ymm{avx2::int8_tile_vnni, avx2::kInt8VnniTileRows, 1};
+  static const BiasedTiles zmm{avx512::int8_tile, avx512::kInt8TileRows, 2, true};
+  static const BiasedTiles ymm{avx2::int8_tile_vnni, avx2::kInt8VnniTileRows, 1, false};
   if (avx512_int8_supported()) return &zmm;
   static const bool vnni = avx2::avx_vnni_supported() && !(std::getenv("KILN_CPU_VNNI") &&
                                                            std::string(std::getenv("KILN_CPU_VNNI")) == "0");
   return use_avx2() && vnni ? &ymm : nullptr;
 }
 
-// int8_drive over biased tiles: x biased to unsigned bytes once per call (on every thread),
-// then tiles over up to `panels` adjacent panels (a thread's odd last panel alone) in blocks
-// of 16 tiles of rows.
+// int8_drive over biased tiles (rows ux already biased): tiles over up to `panels` adjacent
+// panels (a thread's odd last panel alone) in blocks of 16 tiles of rows.
 template <typename Epilogue>
-void int8_drive_biased(const BiasedTiles& k, const int8_t* qx, int64_t t, int64_t ldx, const PackedInt8Weight& w,
+void int8_drive_biased(const BiasedTiles& k, const uint8_t* ux, int64_t t, int64_t ldx, const PackedInt8Weight& w,
                        Epilogue&& epi) {
   const int64_t row_block = 16 * k.rows;
-  thread_local std::vector<uint8_t> biased;
-  if (biased.size() < size_t(t * ldx)) biased.resize(size_t(t * ldx));
-  uint8_t* ux = biased.data();
-  ThreadPool::global().parallel_for(t * ldx, [&](int64_t b, int64_t e, int) {
-    for (int64_t i = b; i < e; ++i) ux[i] = uint8_t(qx[i]) ^ 0x80;
-  }, kParallelValues);
   const int64_t stride = w.k4 * 64;
   auto body = [&](int64_t p0, int64_t p1, int64_t r0, int64_t r1) {
     alignas(64) int32_t acc[2 * avx512::kInt8TileRows * kNr];
@@ -151,10 +150,19 @@ void int8_drive_biased(const BiasedTiles& k, const int8_t* qx, int64_t t, int64_
 }
 
 // Rows in blocks of kMr for each panel; threads own panels (each streams its own slice
-// of the weights once per block of rows that fits in cache).
+// of the weights once per block of rows that fits in cache). Where biased_tiles() run, qx
+// holds the rows already biased (x_biased: bias_codes) or they are biased into a copy here.
 template <typename Epilogue>
-void int8_drive(const int8_t* qx, int64_t t, int64_t ldx, const PackedInt8Weight& w, Epilogue&& epi) {
-  if (const BiasedTiles* k = biased_tiles()) return int8_drive_biased(*k, qx, t, ldx, w, epi);
+void int8_drive(const int8_t* qx, bool x_biased, int64_t t, int64_t ldx, const PackedInt8Weight& w, Epilogue&& epi) {
+  if (const BiasedTiles* k = biased_tiles()) {
+    if (x_biased) return int8_drive_biased(*k, reinterpret_cast<const uint8_t*>(qx), t, ldx, w, epi);
+    thread_local std::vector<int8_t> copy;
+    copy.assign(qx, qx + t * ldx);
+    int8_t* const c = copy.data();  // the workers get this thread's buffer, not their own
+    ThreadPool::global().parallel_for(t * ldx, [&](int64_t b, int64_t e, int) { bias_codes(c + b, e - b); },
+                                      kParallelValues);
+    return int8_drive_biased(*k, reinterpret_cast<const uint8_t*>(c), t, ldx, w, epi);
+  }
   Int8Microkernel mk = use_avx2() ? avx2::int8_microkernel() : scalar_int8_microkernel;
   constexpr int64_t kRowBlock = 64;
   auto body = [&](int64_t p0, int64_t p1, int64_t r0, int64_t r1) {
@@ -178,7 +186,7 @@ void int8_drive(const int8_t* qx, int64_t t, int64_t ldx, const PackedInt8Weight
 
 void gemm_int8_acc(const int8_t* qx, int64_t t, const PackedInt8Weight& w, int32_t* acc) {
   if (t <= 0) return;
-  int8_drive(qx, t, 4 * w.k4, w, [&](int64_t r, int m, int64_t p, const int32_t* tile) {
+  int8_drive(qx, false, t, 4 * w.k4, w, [&](int64_t r, int m, int64_t p, const int32_t* tile) {
     const int64_t cols = std::min(kNr, w.n - p * kNr);
     for (int i = 0; i < m; ++i)
       std::memcpy(acc + (r + i) * w.n + p * kNr, tile + i * kNr, size_t(cols) * 4);
@@ -197,8 +205,10 @@ void linear_int8(const float* x, int64_t t, int64_t k, const PackedInt8Weight& w
   const bool dynamic = !(x_scale > 0.0f);
   if (dynamic) row_scale.resize(size_t(t));
   // Rows quantize on every thread once there is enough of them (a prompt: 128 x 3072 values
-  // took ~5% of BERT-base's W8A8 forward on the calling thread alone). The buffers are this
-  // thread's: the workers get their addresses, not their own thread_local copies.
+  // took ~5% of BERT-base's W8A8 forward on the calling thread alone), and for the biased
+  // tiles are biased while in cache. The buffers are this thread's: the workers get their
+  // addresses, not their own thread_local copies.
+  const BiasedTiles* tiles = biased_tiles();
   int8_t* const q = qbuf.data();
   float* const scales = row_scale.data();
   ThreadPool::global().parallel_for(t, [&](int64_t r0, int64_t r1, int) {
@@ -211,14 +221,14 @@ void linear_int8(const float* x, int64_t t, int64_t k, const PackedInt8Weight& w
         inv = 1.0f / scales[r];
       }
       quantize_rows_int8(x + r * k, 1, k, inv, q + r * ldx, ldx);
+      if (tiles) bias_codes(q + r * ldx, ldx);
     }
   }, std::max<int64_t>(1, kParallelValues / k));
-  const int8_t* qx = qbuf.data();
   const float* rs = dynamic ? row_scale.data() : nullptr;
-  const bool avx512 = avx512_int8_supported();  // the zmm epilogue: only with the zmm tiles
-  int8_drive(qx, t, ldx, w, [&](int64_t r, int m, int64_t p, const int32_t* tile) {
+  const bool zmm_epilogue = tiles && tiles->zmm;
+  int8_drive(q, tiles != nullptr, t, ldx, w, [&](int64_t r, int m, int64_t p, const int32_t* tile) {
     const int64_t cols = std::min(kNr, w.n - p * kNr);
-    if (avx512) {
+    if (zmm_epilogue) {
       float xs[avx512::kInt8TileRows];
       for (int i = 0; i < m; ++i) xs[i] = rs ? rs[r + i] : x_scale;
       avx512::int8_dequantize(m, tile, xs, w.scale.get() + p * kNr, bias ? bias + p * kNr : nullptr, cols,
