@@ -284,6 +284,10 @@ std::optional<Tensor> GgufWeightSource::load_quantized(const std::string& name, 
   const int64_t n = t.shape[0], k = t.shape[1];
   std::optional<QuantizedRows> q = ggml_to_quantized_rows(t.type, file_->tensor_data(t), n, k);
   if (!q) return std::nullopt;
+  if (ggml_requantized_to_q8(t.type)) {
+    std::lock_guard<std::mutex> lock(requantized_mu_);
+    ++requantized_[ggml_type_name(t.type)];
+  }
   Tensor img(DType::kU8, {n, int64_t(quant_image_row_bytes(f, k))});
   quant_rows_to_image(*q, img.data_as<uint8_t>());
   if (m.permute_heads > 0) {  // image rows are self-contained: permute them like f32 rows
@@ -294,6 +298,17 @@ std::optional<Tensor> GgufWeightSource::load_quantized(const std::string& name, 
     }
   }
   return img;
+}
+
+std::string GgufWeightSource::requantized_summary() const {
+  std::lock_guard<std::mutex> lock(requantized_mu_);
+  std::string out;
+  int total = 0;
+  for (const auto& [type, count] : requantized_) {
+    out += (out.empty() ? "" : ", ") + std::to_string(count) + " " + type;
+    total += count;
+  }
+  return total == 0 ? out : out + (total == 1 ? " tensor" : " tensors");
 }
 
 }  // namespace kiln

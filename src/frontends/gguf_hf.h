@@ -4,7 +4,9 @@
 // Tested in tests/frontends/gguf_test.cpp (synthetic files and the real SmolLM2 GGUF).
 #pragma once
 
+#include <map>
 #include <memory>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -33,6 +35,9 @@ class GgufWeightSource final : public WeightSource {
 
   // The GGUF tensor an HF name comes from (for diagnostics).
   const std::string& gguf_name(const std::string& hf_name) const;
+  // What load_quantized has requantized to q8 so far (ggml_requantized_to_q8), e.g.
+  // "57 Q6_K, 12 Q5_K tensors"; "" when none.
+  std::string requantized_summary() const;
 
  private:
   struct Mapping {
@@ -44,6 +49,8 @@ class GgufWeightSource final : public WeightSource {
 
   std::shared_ptr<const GgufFile> file_;
   std::map<std::string, Mapping> map_;  // HF name -> GGUF tensor
+  mutable std::mutex requantized_mu_;
+  mutable std::map<std::string, int> requantized_;  // ggml type name -> tensors
 };
 
 // HF name of a GGUF tensor for `arch`, or "" when it has no HF counterpart.

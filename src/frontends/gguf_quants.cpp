@@ -295,22 +295,35 @@ const char* ggml_type_name(uint32_t type) {
 
 std::optional<QuantFormat> ggml_exact_quant_format(uint32_t type) {
   switch (GgmlType(type)) {
-    case GgmlType::kQ8_0: return QuantFormat::kQ8;
+    case GgmlType::kQ8_0:
+    case GgmlType::kQ5_0: return QuantFormat::kQ8;
     case GgmlType::kQ4_0:
     case GgmlType::kQ4_1: return QuantFormat::kQ4;
     default: return std::nullopt;
   }
 }
 
+bool ggml_requantized_to_q8(uint32_t type) {
+  switch (GgmlType(type)) {
+    case GgmlType::kQ5_1:
+    case GgmlType::kQ2_K:
+    case GgmlType::kQ3_K:
+    case GgmlType::kQ5_K:
+    case GgmlType::kQ6_K: return true;
+    default: return false;
+  }
+}
+
 std::optional<QuantFormat> ggml_kept_quant_format(uint32_t type) {
   if (GgmlType(type) == GgmlType::kQ4_K) return QuantFormat::kQ4;
+  if (ggml_requantized_to_q8(type)) return QuantFormat::kQ8;
   return ggml_exact_quant_format(type);
 }
 
 namespace {
 
-// One row of Q8_0 / Q4_0 / Q4_1 blocks as kiln q8 / q4 under row factor 1, value for
-// value; false when a block has no image (a Q8_0 code of -128, a Q4_0 min -8d that
+// One row of Q8_0 / Q5_0 / Q4_0 / Q4_1 blocks as kiln q8 / q4 under row factor 1, value
+// for value; false when a block has no image (a Q8_0 code of -128, a Q4_0 min -8d that
 // overflows f16).
 bool legacy_row(GgmlType t, const uint8_t* src, int64_t groups, uint8_t* codes, uint16_t* scales, uint16_t* mins,
                 float* row_factor) {
@@ -325,6 +338,16 @@ bool legacy_row(GgmlType t, const uint8_t* src, int64_t groups, uint8_t* codes, 
       for (int j = 0; j < kQK; ++j) {
         if (b[2 + j] == 0x80) return false;  // -128: outside q8's [-127, 127]
         codes[g * kQK + j] = b[2 + j];
+      }
+      continue;
+    }
+    if (t == GgmlType::kQ5_0) {  // d * (q - 16): q8 code q - 16 in [-16, 15], scale d
+      uint32_t qh;
+      std::memcpy(&qh, b + 2, 4);
+      const uint8_t* qs = b + 6;
+      for (int j = 0; j < 16; ++j) {
+        codes[g * kQK + j] = uint8_t(int8_t(((qs[j] & 0xf) | (((qh >> j) << 4) & 0x10)) - 16));
+        codes[g * kQK + j + 16] = uint8_t(int8_t(((qs[j] >> 4) | ((qh >> (j + 12)) & 0x10)) - 16));
       }
       continue;
     }
@@ -426,15 +449,24 @@ std::optional<QuantizedRows> ggml_to_quantized_rows(uint32_t type, const uint8_t
   if (*f == QuantFormat::kQ4) q.mins.reset(new uint16_t[size_t(n * groups)]);
   q.row_factor.reset(new float[size_t(n)]);
   std::atomic<bool> ok{true};
+  const bool requantize = ggml_requantized_to_q8(type);
   ThreadPool::global().parallel_for(n, [&](int64_t r0, int64_t r1, int) {
+    std::vector<float> row(requantize ? size_t(k) : 0);
     for (int64_t r = r0; r < r1 && ok.load(std::memory_order_relaxed); ++r) {
       const uint8_t* s = src + size_t(r) * src_row_bytes;
       uint8_t* codes = q.codes.get() + size_t(r) * row_bytes;
       uint16_t* scales = q.scales.get() + size_t(r * groups);
       uint16_t* mins = q.mins ? q.mins.get() + size_t(r * groups) : nullptr;
       float* factor = q.row_factor.get() + r;
-      const bool row_ok = t == GgmlType::kQ4_K ? q4_k_row(s, k, codes, scales, mins, factor)
-                                                : legacy_row(t, s, groups, codes, scales, mins, factor);
+      bool row_ok;
+      if (requantize) {
+        tr->to_f32(s, row.data(), k);
+        row_ok = std::all_of(row.begin(), row.end(), [](float v) { return std::isfinite(v); });
+        if (row_ok) quantize_row(row.data(), k, QuantFormat::kQ8, codes, scales, mins, factor);
+      } else {
+        row_ok = t == GgmlType::kQ4_K ? q4_k_row(s, k, codes, scales, mins, factor)
+                                      : legacy_row(t, s, groups, codes, scales, mins, factor);
+      }
       if (!row_ok) ok.store(false, std::memory_order_relaxed);
     }
   });

@@ -33,8 +33,8 @@ const GgmlTypeTraits* ggml_type_traits(uint32_t type);
 const char* ggml_type_name(uint32_t type);
 
 // The kiln weight format (core/weight_quant.h) a ggml type maps onto exactly, code for
-// code, or nullopt: Q8_0 -> q8 (scale d), Q4_0 -> q4 (scale d, min -8d), Q4_1 -> q4
-// (scale d, min m), all with row factor 1.
+// code, or nullopt: Q8_0 -> q8 (scale d), Q5_0 -> q8 (codes q - 16, scale d), Q4_0 -> q4
+// (scale d, min -8d), Q4_1 -> q4 (scale d, min m), all with row factor 1.
 std::optional<QuantFormat> ggml_exact_quant_format(uint32_t type);
 // The kiln format whose codes a ggml type keeps at load (--weight-dtype q8/q4): the exact
 // ones above, and Q4_K -> q4, which is *nearly* exact: each 32-element sub-block is one
@@ -42,15 +42,23 @@ std::optional<QuantFormat> ggml_exact_quant_format(uint32_t type);
 // products are rounded to f16 (to nearest, relative error <= 2^-11 each, under a
 // per-row power-of-two row factor that keeps them in f16's normal range), so an element
 // differs from ggml's d * sc * q - dmin * m by at most (2^-11 + 2^-22) * (|d * sc * q| +
-// |dmin * m|) (the last term: f32 rounding of both sums). Other K-quants (5/6-bit or
-// 2/3-bit codes, 16-element sub-blocks) have no image and keep the
-// dequantize-then-quantize path.
+// |dmin * m|) (the last term: f32 rounding of both sums). The types whose codes have no
+// q8/q4 image (5- and 6-bit codes with a min or under 16-element sub-blocks, or 2/3-bit
+// codes: Q5_1, Q2_K, Q3_K, Q5_K, Q6_K) map onto q8 by requantization (ggml_requantized_to_q8),
+// so a Q4_K_M / Q5_K_M / Q6_K file's Linears all stay quantized instead of expanding to
+// f32: 8.5 bits a weight instead of the file's 2.6-6.6 (Q6_K: 6.56), each value moved
+// by at most half a q8 step (<= amax / 254 of its group of 32, about 1/8 of a Q6_K step).
 std::optional<QuantFormat> ggml_kept_quant_format(uint32_t type);
+// True for the types ggml_kept_quant_format maps onto q8 by dequantizing each row and
+// quantizing it again (quantize_row), rather than by keeping their codes.
+bool ggml_requantized_to_q8(uint32_t type);
 
 // Re-lays n rows of k elements of ggml type `type` (rows contiguous, k a multiple of the
 // type's block size) as kiln QuantizedRows holding the same codes: dequantize_row of
-// row r equals ggml's own dequantization of that row (Q4_K: within the bound above).
-// nullopt when the type has no kept format or a block does not fit it (a Q8_0 code of
+// row r equals ggml's own dequantization of that row (Q4_K: within the bound above;
+// requantized types: quantize_row of that dequantization, the bits --weight-dtype q8
+// gives the f32 weight). nullopt when the type has no kept format, a requantized row
+// holds a non-finite value, or a block does not fit it (a Q8_0 code of
 // -128, a Q4_0 min -8d that overflows f16, a Q4_K row whose nonzero scales / mins span
 // more than f16's normal range under one row factor, or a non-finite Q4_K d / dmin);
 // the caller then dequantizes instead. kInvalidArgument when k is not a positive

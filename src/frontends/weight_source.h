@@ -36,7 +36,7 @@ class WeightSource {
   // Weights already quantized in the file: with keep_quantized(f) set (--weight-dtype
   // q8/q4), model builders load Linear weights through load_quantized first.
   // load_quantized gives a u8 [n, quant_image_row_bytes(f, k)] image (core/weight_quant.h)
-  // holding the file's own codes when the stored type maps onto f (GGUF Q8_0 -> q8,
+  // holding the file's own codes when the stored type maps onto f (GGUF Q8_0 / Q5_0 -> q8,
   // Q4_0 / Q4_1 -> q4 exactly, Q4_K -> q4 with f16-rounded scales), else nullopt and the
   // weight loads as f32 as before.
   void keep_quantized(std::optional<QuantFormat> f) { keep_quantized_ = f; }
@@ -48,8 +48,8 @@ class WeightSource {
   // (native_quant) loads as its own codes in that format, each in its own; the others as
   // f32.
   void keep_native(bool on) { keep_native_ = on; }
-  // The format a weight stored in the file maps onto (GGUF Q8_0 -> q8, Q4_0 / Q4_1 / Q4_K
-  // -> q4), else nullopt.
+  // The format a weight stored in the file maps onto (GGUF Q8_0 / Q5_0 -> q8, Q4_0 / Q4_1 / Q4_K
+  // -> q4, Q5_1 / Q2_K / Q3_K / Q5_K / Q6_K -> q8 requantized), else nullopt.
   virtual std::optional<QuantFormat> native_quant(const std::string& /*name*/) const { return std::nullopt; }
   // The format `name` loads in under keep_quantized / keep_native, if any.
   std::optional<QuantFormat> keep_format_for(const std::string& name) const {

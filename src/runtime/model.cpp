@@ -259,10 +259,11 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
   nlohmann::json config;
   std::shared_ptr<const GgufFile> gguf;
   // --weight-dtype q8/q4: Linear weights the file already stores in that format (GGUF
-  // Q8_0 -> q8, Q4_0 / Q4_1 / Q4_K -> q4) load as their own codes instead of f32 that the
+  // Q8_0 / Q5_0 -> q8, Q4_0 / Q4_1 / Q4_K -> q4) load as their own codes instead of f32 that the
   // backend would quantize again. With auto, each Linear weight the file stores as Q8_0 /
-  // Q4_0 / Q4_1 / Q4_K keeps its codes in its own format (q8 or q4), as llama.cpp runs a
-  // GGUF, and the rest takes auto_weight_dtype (f32 on the CPU; bf16 weights and
+  // Q5_0 / Q4_0 / Q4_1 / Q4_K keeps its codes in its own format (q8 or q4), as llama.cpp runs a
+  // GGUF, one stored as Q5_1 / Q2_K / Q3_K / Q5_K / Q6_K is requantized to q8
+  // (ggml_kept_quant_format), and the rest takes auto_weight_dtype (f32 on the CPU; bf16 weights and
   // activations on CUDA). Not under graph rewrites, observers or tensor parallelism,
   // which read Linear weights as f32 (a rewrite that leaves such Linears alone says so:
   // rewrite_keeps_file_quant).
@@ -287,6 +288,8 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
     weights.keep_native(native);
     built = build_model(config, weights);
     built.stored_dtype = stored_matrix_dtype(weights);
+    if (const std::string r = weights.requantized_summary(); !r.empty())
+      log_info("GGUF ", r, " requantized to q8 (8.5 bits per weight; no q8/q4 image keeps their codes)");
   } else if (fs::path(path).extension() == ".onnx") {
     return load_onnx(path, options);
   } else {

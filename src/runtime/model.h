@@ -22,8 +22,9 @@ struct OnnxModel;  // frontends/onnx/onnx_model.h
 
 struct ModelOptions {
   std::string backend = "cpu";
-  // GEMM weight storage: f32 | bf16 | f16 | q8 | q4, or auto: a GGUF's Q8_0 / Q4_0 /
-  // Q4_1 / Q4_K Linears keep their own codes (q8 / q4) and the rest take
+  // GEMM weight storage: f32 | bf16 | f16 | q8 | q4, or auto: a GGUF's Q8_0 / Q5_0 /
+  // Q4_0 / Q4_1 / Q4_K Linears keep their own codes (q8 / q4), its Q5_1 / Q5_K / Q6_K /
+  // Q2_K / Q3_K Linears are requantized to q8 (frontends/gguf_quants.h), and the rest take
   // auto_weight_dtype: on the CPU f32, or a bf16/f16 checkpoint's own dtype; bf16 on CUDA
   // (also the activations).
   std::string weight_dtype = "f32";
@@ -74,8 +75,8 @@ struct ModelOptions {
   // Which device of the backend runs the model (CUDA device index); tensor-parallel
   // rank r runs on device + r.
   int device = 0;
-  // With weight_dtype q8/q4: Linear weights a GGUF stores in that very format (Q8_0 ->
-  // q8, Q4_0 / Q4_1 -> q4 exactly; Q4_K -> q4 with its codes and scales rounded to f16,
+  // With weight_dtype q8/q4: Linear weights a GGUF stores in that very format (Q8_0 /
+  // Q5_0 -> q8, Q4_0 / Q4_1 -> q4 exactly; Q4_K -> q4 with its codes and scales rounded to f16,
   // frontends/gguf_quants.h) keep the file's codes; false expands them to f32 at load
   // and quantizes them again at compile time (the path before, kept for comparison).
   bool keep_file_quant = true;

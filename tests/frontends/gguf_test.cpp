@@ -215,12 +215,12 @@ TEST(GgufQuants, Q8_0AndQ4_1RequantizeToTheirOwnBlocks) {
   }
 }
 
-// Q8_0 / Q4_0 / Q4_1 re-laid as kiln q8 / q4 stand for exactly ggml's values, row by row.
+// Q8_0 / Q5_0 / Q4_0 / Q4_1 re-laid as kiln q8 / q4 stand for exactly ggml's values, row by row.
 TEST(GgufQuants, ExactImagesDequantizeToGgmlsValues) {
   std::mt19937 rng(11);
   std::uniform_real_distribution<float> dd(-2e-2f, 2e-2f), mm(-0.1f, 0.1f);
   const int64_t n = 3, k = 96;
-  for (GgmlType t : {GgmlType::kQ8_0, GgmlType::kQ4_0, GgmlType::kQ4_1}) {
+  for (GgmlType t : {GgmlType::kQ8_0, GgmlType::kQ5_0, GgmlType::kQ4_0, GgmlType::kQ4_1}) {
     const GgmlTypeTraits* tr = ggml_type_traits(uint32_t(t));
     std::string bytes;
     for (int64_t b = 0; b < n * k / 32; ++b) {
@@ -379,13 +379,71 @@ TEST(GgufQuants, Q4KRowsOutOfF16RangeHaveNoImage) {
   expect_error([&] { q4k(wide, 2, 128); }, ErrorCode::kInvalidArgument, {"Q4_K", "256", "K=128"});
 }
 
+// Types with no q8/q4 image of their codes (5/6-bit codes with a min or 16-element
+// sub-blocks, 2/3-bit codes) are
+// requantized to q8: the bits quantize_rows gives ggml's dequantization of each row (what
+// --weight-dtype q8 makes of the f32 weight), each value within half a q8 step of ggml's.
+TEST(GgufQuants, FiveAndSixBitTypesAreRequantizedToQ8) {
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> dd(1e-3f, 2e-2f);
+  struct Case {
+    GgmlType type;
+    std::vector<size_t> f16_at;  // offsets of the block's f16 d / dmin fields
+  };
+  const Case cases[] = {{GgmlType::kQ5_1, {0, 2}}, {GgmlType::kQ2_K, {80, 82}}, {GgmlType::kQ3_K, {108}},
+                        {GgmlType::kQ5_K, {0, 2}}, {GgmlType::kQ6_K, {208}}};
+  const int64_t n = 3, k = 512;
+  for (const Case& c : cases) {
+    const GgmlTypeTraits* tr = ggml_type_traits(uint32_t(c.type));
+    ASSERT_TRUE(ggml_requantized_to_q8(uint32_t(c.type))) << tr->name;
+    EXPECT_EQ(ggml_kept_quant_format(uint32_t(c.type)), QuantFormat::kQ8) << tr->name;
+    EXPECT_FALSE(ggml_exact_quant_format(uint32_t(c.type)).has_value()) << tr->name;
+    std::string bytes;
+    for (int64_t b = 0; b < n * k / tr->block_size; ++b) {
+      std::string block(tr->type_size, '\0');
+      for (char& ch : block) ch = char(rng());
+      for (size_t at : c.f16_at) {
+        const uint16_t d = f32_to_f16(dd(rng));
+        std::memcpy(block.data() + at, &d, 2);
+      }
+      bytes += block;
+    }
+    const auto* src = reinterpret_cast<const uint8_t*>(bytes.data());
+    std::vector<float> want(size_t(n * k));
+    tr->to_f32(src, want.data(), n * k);
+    const QuantizedRows ref = quantize_rows(want.data(), n, k, QuantFormat::kQ8);
+    std::optional<QuantizedRows> q = ggml_to_quantized_rows(uint32_t(c.type), src, n, k);
+    ASSERT_TRUE(q.has_value()) << tr->name;
+    ASSERT_EQ(q->format, QuantFormat::kQ8);
+    EXPECT_EQ(std::memcmp(q->codes.get(), ref.codes.get(), size_t(n * k)), 0) << tr->name;
+    EXPECT_EQ(std::memcmp(q->scales.get(), ref.scales.get(), size_t(n * q->groups()) * 2), 0) << tr->name;
+    EXPECT_EQ(std::memcmp(q->row_factor.get(), ref.row_factor.get(), size_t(n) * 4), 0) << tr->name;
+    std::vector<float> got(static_cast<size_t>(k));
+    for (int64_t r = 0; r < n; ++r) {
+      dequantize_row(q->codes.get() + size_t(r * k), q->scales.get() + r * q->groups(), nullptr,
+                     q->row_factor[size_t(r)], k, QuantFormat::kQ8, got.data());
+      for (int64_t i = 0; i < k; ++i) {
+        const float step = f16_to_f32(q->scales[size_t(r * q->groups() + i / 32)]) * q->row_factor[size_t(r)];
+        ASSERT_LE(std::fabs(got[size_t(i)] - want[size_t(r * k + i)]), 0.5f * step * (1 + 1e-5f))
+            << tr->name << " row " << r << " i " << i;
+      }
+    }
+    // A row holding a non-finite value has no image (it then loads as f32, as before).
+    std::string bad = bytes;
+    const uint16_t inf = 0x7c00;
+    std::memcpy(bad.data() + c.f16_at[0], &inf, 2);
+    EXPECT_FALSE(ggml_to_quantized_rows(uint32_t(c.type), reinterpret_cast<const uint8_t*>(bad.data()), n, k))
+        << tr->name;
+  }
+}
+
 TEST(GgufQuants, InexactBlocksAndTypesHaveNoImage) {
   EXPECT_FALSE(ggml_exact_quant_format(uint32_t(GgmlType::kQ4_K)).has_value());
   EXPECT_EQ(ggml_kept_quant_format(uint32_t(GgmlType::kQ4_K)), QuantFormat::kQ4);  // nearly exact
   EXPECT_EQ(ggml_kept_quant_format(uint32_t(GgmlType::kQ4_1)), QuantFormat::kQ4);
-  EXPECT_FALSE(ggml_kept_quant_format(uint32_t(GgmlType::kQ5_K)).has_value());
-  EXPECT_FALSE(ggml_kept_quant_format(uint32_t(GgmlType::kQ6_K)).has_value());
-  EXPECT_FALSE(ggml_exact_quant_format(uint32_t(GgmlType::kQ5_0)).has_value());
+  EXPECT_FALSE(ggml_exact_quant_format(uint32_t(GgmlType::kQ5_1)).has_value());
+  EXPECT_FALSE(ggml_kept_quant_format(uint32_t(GgmlType::kF16)).has_value());
+  EXPECT_FALSE(ggml_kept_quant_format(uint32_t(GgmlType::kQ8_K)).has_value());
   std::string q8(34, '\0');
   q8[2 + 7] = char(0x80);  // code -128
   EXPECT_FALSE(ggml_to_quantized_rows(uint32_t(GgmlType::kQ8_0), reinterpret_cast<const uint8_t*>(q8.data()), 1, 32));
@@ -393,8 +451,11 @@ TEST(GgufQuants, InexactBlocksAndTypesHaveNoImage) {
   const uint16_t big = f32_to_f16(30000.0f);  // -8d overflows f16
   std::memcpy(q40.data(), &big, 2);
   EXPECT_FALSE(ggml_to_quantized_rows(uint32_t(GgmlType::kQ4_0), reinterpret_cast<const uint8_t*>(q40.data()), 1, 32));
-  std::string k6(210, '\0');
-  EXPECT_FALSE(ggml_to_quantized_rows(uint32_t(GgmlType::kQ6_K), reinterpret_cast<const uint8_t*>(k6.data()), 1, 256));
+  std::string k6(210, '\0');  // zeros: requantized to q8 zeros
+  std::optional<QuantizedRows> z6 =
+      ggml_to_quantized_rows(uint32_t(GgmlType::kQ6_K), reinterpret_cast<const uint8_t*>(k6.data()), 1, 256);
+  ASSERT_TRUE(z6.has_value());
+  for (int i = 0; i < 256; ++i) ASSERT_EQ(quant_code(QuantFormat::kQ8, z6->codes.get(), i), 0);
   std::string q41(20 * 2, '\0');
   expect_error([&] { ggml_to_quantized_rows(uint32_t(GgmlType::kQ4_1), reinterpret_cast<const uint8_t*>(q41.data()), 1, 48); },
                ErrorCode::kInvalidArgument, {"Q4_1", "K=48"});

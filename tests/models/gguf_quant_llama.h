@@ -1,5 +1,5 @@
-// A small GGUF llama written in memory with quantized Linear weights (Q4_0 / Q4_1 / Q8_0 /
-// Q4_K blocks of random codes): the models of gguf_quant_test.cpp and of the CUDA backend's
+// A small GGUF llama written in memory with quantized Linear weights (Q4_0 / Q4_1 / Q5_0 /
+// Q8_0 / Q4_K / Q6_K blocks of random codes): the models of gguf_quant_test.cpp and of the CUDA backend's
 // gguf_auto_models_test.cpp.
 #pragma once
 
@@ -31,6 +31,18 @@ inline std::string blocks(GgmlType t, int64_t n, int64_t k, std::mt19937& rng) {
       }
       for (uint8_t& c : codes) c = uint8_t(rng() % 16);
       out += test::q4_k_block(f32_to_f16(dd(rng)), f32_to_f16(mm(rng)), sc, m, codes);
+    }
+    return out;
+  }
+  if (t == GgmlType::kQ6_K) {  // random 6-bit codes and int8 sub-block scales; d ~ 2e-5..5e-5
+    std::uniform_real_distribution<float> dd(2e-5f, 5e-5f);
+    std::string out;
+    for (int64_t b = 0; b < n * k / 256; ++b) {
+      std::string blk(210, '\0');
+      for (size_t j = 0; j < 208; ++j) blk[j] = char(rng());
+      const uint16_t d = f32_to_f16(dd(rng));
+      std::memcpy(blk.data() + 208, &d, 2);
+      out += blk;
     }
     return out;
   }
@@ -70,7 +82,8 @@ inline void small_llama_header(GgufWriter& w, int64_t h, int64_t inter, int64_t 
 // K-quants need K % 256 == 0: h and inter 256 for them, else 64 and 96. The token
 // embedding (also the tied LM head) is f32 unless `embd` says Q8_0.
 inline std::string quant_llama(GgmlType attn, GgmlType mlp, GgmlType embd = GgmlType::kF32) {
-  const bool k_quant = attn == GgmlType::kQ4_K || mlp == GgmlType::kQ4_K;
+  const auto is_k = [](GgmlType t) { return t == GgmlType::kQ4_K || t == GgmlType::kQ6_K; };
+  const bool k_quant = is_k(attn) || is_k(mlp);
   const int64_t h = k_quant ? 256 : 64, inter = k_quant ? 256 : 96, vocab = 16, kv = h / 2;
   GgufWriter w;
   small_llama_header(w, h, inter, vocab);

@@ -159,6 +159,47 @@ TEST(GgufQuantModel, AutoKeepsEachLinearInItsOwnFormat) {
   }
 }
 
+// --weight-dtype auto over the types with no q8/q4 image of their codes: a Q6_K MLP is
+// requantized to q8 beside Q4_K attention kept as q4 (a Q4_K_M file's mix), so no Linear
+// expands to f32; a Q5_0 one keeps its codes as q8 (d * (q - 16)) and computes the file's
+// values. Requantizing moves each Q6_K weight by at most half a q8 step (~1/8 of its Q6_K
+// step; the unit bound is in tests/frontends/gguf_test.cpp); through 2 layers that moves
+// these random models' logits by 2.5e-4 of max|logit| (measured), bound 4e-3.
+TEST(GgufQuantModel, AutoRequantizesSixBitLinearsToQ8AndKeepsQ5_0) {
+  const F32Activations f32_x;
+  TempDir dir;
+  struct Case {
+    GgmlType attn, mlp;
+    size_t q4, q8;
+    double bound;  // of max|logit|, auto vs f32 on the file's values
+  };
+  for (const Case& c : {Case{GgmlType::kQ4_K, GgmlType::kQ6_K, 4, 4, 4e-3},
+                        Case{GgmlType::kQ5_0, GgmlType::kQ8_0, 0, 8, 1e-4}}) {
+    const std::string what = std::string(ggml_type_name(uint32_t(c.attn))) + "/" + ggml_type_name(uint32_t(c.mlp));
+    const std::string path = dir.file("mixed.gguf");
+    write_file(path, quant_llama(c.attn, c.mlp));
+    ModelOptions o;
+    o.weight_dtype = "auto";
+    auto model = Model::load(path, o);
+    std::map<std::string, size_t> formats;
+    for (const ir::Node& n : model->graph().nodes())
+      if (n.op == "Linear") ++formats[n.attr_str("weight_quant", "f32")];
+    EXPECT_EQ(formats["q4"], c.q4) << what;
+    EXPECT_EQ(formats["q8"], c.q8) << what;
+    EXPECT_EQ(formats["f32"], 1u) << what << ": only the tied head over the f32 embedding";
+    LlmRunner runner(*model, {.max_total_tokens = 64});
+    runner.add_sequence({1, 5, 9, 3, 14, 2, 7});
+    auto outs = runner.step();
+    ASSERT_EQ(outs.size(), 1u) << what;
+    const Result f32 = run_model(path, "f32", true);
+    double scale = 0;
+    for (float v : f32.logits) scale = std::max(scale, double(std::fabs(v)));
+    ASSERT_GT(scale, 0.1) << what;
+    const double d = max_abs_diff(outs[0].logits, f32.logits);
+    std::printf("  %-12s auto vs f32: max|logit| %.3g, max diff %.3g (%.2g of it)\n", what.c_str(), scale, d, d / scale);
+    EXPECT_LT(d, c.bound * scale) << what;
+  }
+}
 
 // A small GGUF llama whose matrices are all F16 or BF16 (GGML types 1 / 30), norms f32;
 // `f32_head` stores the LM head (output.weight) as f32 instead, making the file mixed.
