@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds llama.cpp's `llama-bench` (the baseline of bench/llamacpp_round.sh) from the
+# Builds llama.cpp's `llama-bench` (the baseline of bench/llamacpp_round.sh) and its tools from the
 # llama.cpp sources that PyPI's llama-cpp-python sdist vendors (pinned below; PyPI is the
 # only registry kiln's machines reach). CPU: native SIMD, static. CUDA (`cuda` argument):
 # sm_90a only, flash attention on, statically linked ggml, dynamic CUDA libraries.
@@ -33,7 +33,9 @@ case "$kind" in
 esac
 build=.cache/llamacpp/build-$kind
 cmake -S "$llama" -B "$build" "${args[@]}" >/dev/null
-cmake --build "$build" -j "$(nproc)" --target llama-bench
+# llama-quantize writes the K-quant mixes (Q4_K_M, ...) bench/llamacpp_round.sh compares on,
+# llama-perplexity measures what running a file costs llama.cpp (its --kl-divergence).
+cmake --build "$build" -j "$(nproc)" --target llama-bench llama-quantize llama-perplexity
 mkdir -p ".cache/llamacpp/$kind"
-cp "$build/bin/llama-bench" ".cache/llamacpp/$kind/"
-echo "llama-bench ($kind, llama-cpp-python $version's llama.cpp) in .cache/llamacpp/$kind" >&2
+cp "$build/bin/llama-bench" "$build/bin/llama-quantize" "$build/bin/llama-perplexity" ".cache/llamacpp/$kind/"
+echo "llama-bench, llama-quantize, llama-perplexity ($kind, llama-cpp-python $version's llama.cpp) in .cache/llamacpp/$kind" >&2

@@ -5,7 +5,11 @@
 # alternating rounds. Logs and a results table go to OUT_DIR.
 #   bench/llamacpp_round.sh OUT_DIR CONFIG:TYPE|FILE.gguf...  (CONFIG: a bench/configs name, no .json;
 #                                                          a .gguf path is run as it is and kept)
-# Env: KILN=path/to/kiln, LLAMA_BENCH=path/to/llama-bench, BACKEND=cpu|cuda (default cuda),
+# TYPE: f16 bf16 q8_0 q4_0 q4_k (gguf_synth.py writes them), or one of llama-quantize's
+# mixes in capitals (Q4_K_M, Q5_K_M, Q6_K, ...: llama.cpp's own quantizer turns a bf16
+# synth into that file, with its own choice of type per tensor).
+# Env: KILN=path/to/kiln, LLAMA_BENCH=path/to/llama-bench, LLAMA_QUANTIZE=path/to/llama-quantize
+#      (default: beside llama-bench), BACKEND=cpu|cuda (default cuda),
 #      THREADS (cpu), P=512 N=128 R=2, GGUF_DIR (default OUT_DIR; files are deleted after
 #      their round unless KEEP=1), CFGS (default bench/configs), PYTHONPATH with gguf-py.
 # llama-bench comes from the vendored llama.cpp of PyPI's llama-cpp-python sdist
@@ -42,7 +46,15 @@ for spec in "$@"; do
     cfg=${spec%%:*}; type=${spec#*:}
     f=$gdir/$cfg-$type.gguf
     t0=$(date +%s)
-    python3 "$here/gguf_synth.py" "$cfgs/$cfg.json" "$type" "$f" >>"$log" 2>&1 || { echo "synth $spec failed" | tee -a "$log"; continue; }
+    case "$type" in
+      [A-Z]*)  # a llama-quantize mix of a bf16 synth
+        lq=${LLAMA_QUANTIZE:-$(dirname "$lb")/llama-quantize}
+        python3 "$here/gguf_synth.py" "$cfgs/$cfg.json" bf16 "$f.bf16" >>"$log" 2>&1 \
+          && "$lq" "$f.bf16" "$f" "$type" "$threads" >>"$log" 2>&1
+        ok=$?; rm -f "$f.bf16"
+        [ $ok = 0 ] || { echo "synth + llama-quantize $spec failed" | tee -a "$log"; continue; } ;;
+      *) python3 "$here/gguf_synth.py" "$cfgs/$cfg.json" "$type" "$f" >>"$log" 2>&1 || { echo "synth $spec failed" | tee -a "$log"; continue; } ;;
+    esac
     echo "== $spec ($(du -h "$f" | cut -f1), written in $(( $(date +%s) - t0 )) s)" | tee -a "$log"
   fi
   for r in $(seq 1 "$R"); do
