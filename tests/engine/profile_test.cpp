@@ -223,7 +223,7 @@ TEST(EnginePackedWeights, SameOutputsAsPackingAtLoad) {
     size_t layouts = 0;
     for (auto& n : packed->graph().nodes())
       if (n.op == "Linear") {
-        EXPECT_EQ(n.attr_str("weight_layout", ""), "cpu_panels16_v2") << n.name;
+        EXPECT_EQ(n.attr_str("weight_layout", ""), "cpu_panels16_v3") << n.name;
         EXPECT_EQ(packed->graph().weight(n.inputs[1]).dtype(), DType::kU8);
         ++layouts;
       }
@@ -235,38 +235,47 @@ TEST(EnginePackedWeights, SameOutputsAsPackingAtLoad) {
   }
 }
 
-// Layout v2 changed only bf16 panels (rows in pairs): an engine of layout v1 still loads
-// and runs the same where its panels are f32 or q8, and bf16 ones are refused by name.
-TEST(EnginePackedWeights, LayoutV1EnginesLoadWhereTheirBytesAreUnchanged) {
+// Layout v2 changed only bf16 panels (rows in pairs), v3 only q8/q4 ones (f16 scales and
+// exponents): an engine of an older layout still loads and runs the same where its panels'
+// bytes are unchanged (f32 of v1 and v2, bf16 of v2), and the others are refused by name.
+TEST(EnginePackedWeights, OlderLayoutEnginesLoadWhereTheirBytesAreUnchanged) {
   auto dir = scratch_dir();
-  for (const char* dtype : {"f32", "q8", "bf16"}) {
-    SCOPED_TRACE(dtype);
+  struct Case {
+    const char* layout;
+    const char* dtype;
+    bool loads;
+  };
+  for (const Case& c : {Case{"cpu_panels16_v1", "f32", true}, Case{"cpu_panels16_v1", "q8", false},
+                        Case{"cpu_panels16_v1", "bf16", false}, Case{"cpu_panels16_v2", "f32", true},
+                        Case{"cpu_panels16_v2", "bf16", true}, Case{"cpu_panels16_v2", "q4", false}}) {
+    SCOPED_TRACE(std::string(c.layout) + " " + c.dtype);
     BuildOptions o = options("llama", dir / "packed.kiln");
-    o.weight_dtype = dtype;
+    o.weight_dtype = c.dtype;
     o.pack_weights = true;
     build_engine(o);
     EngineContents e = engine_load(o.output);
     size_t relabeled = 0;
     for (auto& n : e.graph.nodes())
-      if (n.attr_str("weight_layout", "") == "cpu_panels16_v2") {
-        n.attrs["weight_layout"] = std::string("cpu_panels16_v1");
+      if (n.attr_str("weight_layout", "") == "cpu_panels16_v3") {
+        n.attrs["weight_layout"] = std::string(c.layout);
         ++relabeled;
       }
     ASSERT_GE(relabeled, 9u);  // the Linears (and an embedding tied to an f32 head)
-    const std::string v1 = (dir / "v1.kiln").string();
-    engine_write(v1, e);
-    if (std::string(dtype) == "bf16") {
+    const std::string old = (dir / "old.kiln").string();
+    engine_write(old, e);
+    if (!c.loads) {
       try {
-        Model::load(v1);
-        ADD_FAILURE() << "a v1 engine's bf16 panels were read as v2";
+        Model::load(old);
+        ADD_FAILURE() << "an older engine's panels were read as the current layout";
       } catch (const Error& err) {
         const std::string msg = err.what();
-        EXPECT_NE(msg.find("bf16 weights packed for layout 'cpu_panels16_v1'"), std::string::npos) << msg;
+        EXPECT_NE(msg.find(std::string(c.dtype) + " weights packed for layout '" + c.layout + "'"), std::string::npos)
+            << msg;
         EXPECT_NE(msg.find("rebuild the engine"), std::string::npos) << msg;
       }
       continue;
     }
-    auto want = decode_logits(*Model::load(o.output)), got = decode_logits(*Model::load(v1));
+    auto want = decode_logits(*Model::load(o.output)), got = decode_logits(*Model::load(old));
     EXPECT_EQ(want, got);
   }
 }

@@ -311,7 +311,8 @@ class CpuBackend final : public Backend {
     return cpu::pack_linear_weights(graph, opt);
   }
   bool supports_weight_layout(const std::string& layout) const override {
-    return layout == cpu::kCpuPackedLayout || layout == cpu::kCpuPackedLayoutV1;  // v1: packed_weight_view decides
+    // v1 / v2: packed_weight_view decides by storage
+    return layout == cpu::kCpuPackedLayout || layout == cpu::kCpuPackedLayoutV2 || layout == cpu::kCpuPackedLayoutV1;
   }
 
   std::string device_name() const override {

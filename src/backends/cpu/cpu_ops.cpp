@@ -71,7 +71,9 @@ WeightStorage storage_from_option(const std::string& s) {
 }
 
 bool cpu_packed_layout_readable(const std::string& layout, const std::string& storage) {
-  return layout == kCpuPackedLayout || (layout == kCpuPackedLayoutV1 && storage != "bf16");
+  const bool same_since_v1 = storage == "f32" || storage == "f16";
+  return layout == kCpuPackedLayout || (layout == kCpuPackedLayoutV2 && (same_since_v1 || storage == "bf16")) ||
+         (layout == kCpuPackedLayoutV1 && same_since_v1);
 }
 
 // A weight the builder already packed (pack_linear_weights): a view of its bytes,

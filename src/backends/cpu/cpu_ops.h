@@ -49,8 +49,11 @@ std::string linear_weight_storage(const ir::Node& n, const CompileOptions& opt);
 
 // The layout name of packed panels (kernels.h PackedWeight) in an engine; bump the
 // suffix if PackedWeight's byte layout ever changes, so old engines are refused. v2: bf16
-// rows in pairs; v1 engines' f32/f16/q8/q4 panels are the same bytes and still load.
-constexpr const char* kCpuPackedLayout = "cpu_panels16_v2";
+// rows in pairs; v3: q8/q4 groups hold f16 scales / mins and row-factor exponents instead
+// of f32 scales / mins. Older engines' panels whose bytes are unchanged still load: f32 and
+// f16 of v1 and v2, bf16 of v2.
+constexpr const char* kCpuPackedLayout = "cpu_panels16_v3";
+constexpr const char* kCpuPackedLayoutV2 = "cpu_panels16_v2";
 constexpr const char* kCpuPackedLayoutV1 = "cpu_panels16_v1";
 // Whether packed panels of `storage` (a weight_storage name) in `layout` are readable.
 bool cpu_packed_layout_readable(const std::string& layout, const std::string& storage);

@@ -387,9 +387,46 @@ TEST(QuantLinear, MatchesIndependentDequantization) {
 TEST(QuantLinear, PackingLayoutAndErrors) {
   auto w = random_floats(64 * 64, 3);
   PackedWeight q8 = pack_weight(w.data(), 64, 64, WeightStorage::kQ8);
-  EXPECT_EQ(q8.bytes(), size_t(4 * 2 * (32 * 16 + 64)));  // 4 panels x 2 groups
+  // 4 panels x 2 groups (codes, 16 f16 scales, q4: 16 f16 mins, 16 exponents), each panel
+  // padded to whole 64-byte lines: q8 2 x 560 -> 1152, q4 2 x 336 -> 704.
+  EXPECT_EQ(quant_group_bytes(WeightStorage::kQ8), size_t(32 * 16 + 32 + 16));
+  EXPECT_EQ(quant_group_bytes(WeightStorage::kQ4), size_t(32 * 8 + 64 + 16));
+  EXPECT_EQ(q8.bytes(), size_t(4 * 1152));
   PackedWeight q4 = pack_weight(w.data(), 64, 64, WeightStorage::kQ4);
-  EXPECT_EQ(q4.bytes(), size_t(4 * 2 * (32 * 8 + 128)));
+  EXPECT_EQ(q4.bytes(), size_t(4 * 704));
+  // Each group's f32 scale and min are the shared format's F * f16 value, bit for bit.
+  for (WeightStorage st : {WeightStorage::kQ8, WeightStorage::kQ4}) {
+    const QuantFormat f = st == WeightStorage::kQ8 ? QuantFormat::kQ8 : QuantFormat::kQ4;
+    // Rows of very different magnitudes: row factors from 2^-30 to 2^10.
+    std::vector<float> v(w);
+    for (int64_t r = 0; r < 64; ++r)
+      for (int64_t i = 0; i < 64; ++i) v[size_t(r * 64 + i)] *= std::ldexp(1.0f, int(r % 41) - 30);
+    const QuantizedRows q = quantize_rows(v.data(), 64, 64, f);
+    for (const PackedWeight& pw : {pack_weight(v.data(), 64, 64, st), pack_quantized_weight(q)})
+      for (int64_t p = 0; p < pw.panels(); ++p)
+        for (int64_t g = 0; g < 2; ++g)
+          for (int64_t c = 0; c < 16; ++c) {
+            const uint8_t* group = pw.panel(p) + pw.offset(g * 32);
+            const int64_t row = p * 16 + c;
+            const float F = q.row_factor[size_t(row)];
+            EXPECT_EQ(f32_bits(quant_group_value(st, group, false, c)),
+                      f32_bits(f16_to_f32(q.scales[size_t(row * 2 + g)]) * F));
+            if (st == WeightStorage::kQ4)
+              EXPECT_EQ(f32_bits(quant_group_value(st, group, true, c)),
+                        f32_bits(f16_to_f32(q.mins[size_t(row * 2 + g)]) * F));
+          }
+  }
+  {  // a row factor that is no power of two (a damaged image) is refused by name
+    QuantizedRows q = quantize_rows(w.data(), 64, 64, QuantFormat::kQ8);
+    q.row_factor[5] = 3.0f;
+    try {
+      pack_quantized_weight(q);
+      ADD_FAILURE() << "a row factor of 3 was packed";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+      EXPECT_NE(std::string(e.what()).find("row 5's row factor 3 is not a power of two"), std::string::npos) << e.what();
+    }
+  }
   EXPECT_THROW(pack_weight(w.data(), 64, 48, WeightStorage::kQ4), Error);  // K % 32 != 0
   std::vector<float> zeros(32 * 16, 0.0f), x(32, 1.0f), y(16, 5.0f);
   PackedWeight z = pack_weight(zeros.data(), 16, 32, WeightStorage::kQ4);

@@ -6,8 +6,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 
+#include "core/dtype.h"
 #include "core/weight_quant.h"
 
 namespace kiln::cpu {
@@ -27,9 +29,10 @@ const char* cpu_isa_name(CpuIsa isa);
 // formats of core/weight_quant.h (every group of kQuantGroup consecutive K values of one
 // output shares a scale): q8 symmetric, int8 codes in [-127, 127], w = scale * q (GGUF's
 // Q8_0 grid); q4 asymmetric, 4-bit codes in [0, 15] (two per byte), w = scale * q + min
-// (GGUF's Q4_1 grid, so Q4_1 checkpoints repack without loss). The panels hold each
-// scale/min as f32 (the f16 value times the row factor). Activations and accumulation
-// stay f32.
+// (GGUF's Q4_1 grid, so Q4_1 checkpoints repack without loss). The panels keep each
+// scale/min as its f16 value and the row factor as its power-of-two exponent; kernels
+// multiply the two back (exact: the f32 scale the format stands for). Activations and
+// accumulation stay f32.
 enum class WeightStorage : uint8_t { kF32, kBF16, kF16, kQ8, kQ4 };
 using kiln::kQuantGroup;
 const char* weight_storage_name(WeightStorage s);
@@ -46,8 +49,34 @@ inline bool weight_storage_quantized(WeightStorage s) {
 // 32-bit word c of pair j holds column c of row 2j in its low half and of row 2j+1 in its
 // high half, so one 64-byte load widens to both rows with a shift and a mask (an f32 is
 // its bf16 bits shifted up), in column order. Quantized panels are a sequence of groups:
-// kQuantGroup rows of 16 codes, then the group's 16 f32 scales (and for q4 its 16 f32
-// mins), so one stream carries both.
+// kQuantGroup rows of 16 codes, then the group's 16 f16 scales, for q4 its 16 f16 mins,
+// then the 16 columns' row-factor exponents e (int8; F = 2^e, in [-126, 127]), so one
+// stream carries all: a column's f32 scale is f16 scale x 2^e, exactly the value the
+// shared format stands for (core/weight_quant.h). Per weight: q4 5.25 bits (f32 scales and
+// mins took 6), q8 8.75 (9). A quantized panel is padded to whole 64-byte lines.
+constexpr size_t quant_code_bytes(WeightStorage s) {
+  return s == WeightStorage::kQ8 ? kQuantGroup * 16 : kQuantGroup * 8;
+}
+// Bytes from a group's start to its f16 scales, f16 mins (q4) and int8 exponents.
+constexpr size_t quant_scales_at(WeightStorage s) { return quant_code_bytes(s); }
+constexpr size_t quant_mins_at(WeightStorage s) { return quant_code_bytes(s) + 32; }
+constexpr size_t quant_exps_at(WeightStorage s) {
+  return quant_code_bytes(s) + (s == WeightStorage::kQ8 ? 32 : 64);
+}
+constexpr size_t quant_group_bytes(WeightStorage s) { return quant_exps_at(s) + 16; }
+// The row factor 2^e as an f32, e in [-126, 127] (the int8 a group stores).
+inline float quant_exp_factor(int8_t e) {
+  const uint32_t bits = uint32_t(int32_t(e) + 127) << 23;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+// The f32 scale (or q4 min) of column c of a group: its f16 value times 2^e.
+inline float quant_group_value(WeightStorage s, const uint8_t* group, bool min, int64_t c) {
+  uint16_t h;
+  std::memcpy(&h, group + (min ? quant_mins_at(s) : quant_scales_at(s)) + 2 * c, 2);
+  return f16_to_f32(h) * quant_exp_factor(int8_t(group[quant_exps_at(s) + c]));
+}
 struct PackedWeight {
   static constexpr int64_t kPanelWidth = 16;
   int64_t n = 0, k = 0;
@@ -61,12 +90,14 @@ struct PackedWeight {
   // even for bf16).
   size_t offset(int64_t k0) const {
     switch (storage) {
-      case WeightStorage::kQ8: return size_t(k0 / kQuantGroup) * (kQuantGroup * kPanelWidth + 64);
-      case WeightStorage::kQ4: return size_t(k0 / kQuantGroup) * (kQuantGroup * kPanelWidth / 2 + 128);
+      case WeightStorage::kQ8:
+      case WeightStorage::kQ4: return size_t(k0 / kQuantGroup) * quant_group_bytes(storage);
       default: return size_t(k0 * kPanelWidth) * weight_storage_size(storage);
     }
   }
-  size_t panel_bytes() const { return offset(stored_k()); }
+  size_t panel_bytes() const {
+    return weight_storage_quantized(storage) ? (offset(stored_k()) + 63) / 64 * 64 : offset(stored_k());
+  }
   size_t bytes() const { return size_t(panels()) * panel_bytes(); }
   const uint8_t* panel(int64_t p) const { return data.get() + size_t(p) * panel_bytes(); }
 };

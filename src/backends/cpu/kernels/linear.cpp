@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <memory>
 #include <vector>
 
@@ -66,25 +67,22 @@ inline int quant_code(WeightStorage s, const uint8_t* group, int64_t r, int64_t 
   return int(c < 8 ? (b & 15) : (b >> 4));
 }
 
-// Bytes of one quantized group: codes, 16 scales, and for q4 16 mins.
-constexpr size_t quant_group_bytes(WeightStorage s) {
-  return s == WeightStorage::kQ8 ? kQuantGroup * kNr + 64 : kQuantGroup * kNr / 2 + 128;
-}
-
 // Quantized weights: per group, sum x*q in f32, then scale once per group and column
 // (q4 adds min * sum(x) for its offset).
 template <WeightStorage kS>
 void scalar_quant_microkernel(int m, const float* x, int64_t ldx, const void* panel_v, int64_t kc,
                               float* y, int64_t ldy, const float* init, bool accumulate) {
   const auto* group = static_cast<const uint8_t*>(panel_v);
-  const size_t codes = kS == WeightStorage::kQ8 ? kQuantGroup * kNr : kQuantGroup * kNr / 2;
   float acc[kMaxMr][kNr];
-  static_assert(quant_group_bytes(kS) > 0);
   for (int r = 0; r < m; ++r)
     for (int c = 0; c < kNr; ++c)
       acc[r][c] = accumulate ? y[r * ldy + c] : (init ? init[c] : 0.0f);
   for (int64_t g0 = 0; g0 < kc; g0 += kQuantGroup, group += quant_group_bytes(kS)) {
-    const float* scale = reinterpret_cast<const float*>(group + codes);
+    float scale[2 * kNr];  // scales, then (q4) mins
+    for (int c = 0; c < kNr; ++c) {
+      scale[c] = quant_group_value(kS, group, false, c);
+      if constexpr (kS == WeightStorage::kQ4) scale[kNr + c] = quant_group_value(kS, group, true, c);
+    }
     for (int r = 0; r < m; ++r) {
       float part[kNr] = {}, xsum = 0.0f;
       for (int64_t kk = 0; kk < kQuantGroup; ++kk) {
@@ -113,14 +111,22 @@ LinearMicrokernel scalar_linear_microkernel(WeightStorage s) {
   return nullptr;
 }
 
+// quantize_row's row factors are powers of two in [2^-126, 2^113] (core/weight_quant.h);
+// an image from a file is checked before packing (pack_quantized_weight).
+std::optional<int8_t> quant_row_factor_exp(float factor) {
+  int e = 0;
+  const float m = std::isfinite(factor) ? std::frexp(factor, &e) : 0.0f;  // factor = 0.5 * 2^e
+  if (m != 0.5f || e - 1 < -126 || e - 1 > 127) return std::nullopt;
+  return int8_t(e - 1);
+}
+
 // Quantizes the panel's 16 rows with the shared q8/q4 quantizer (core/weight_quant.h),
-// so every backend runs the same codes and scales, then lays them out group by group;
-// a scale here is the stored f16 scale times the row factor (exact in f32).
+// so every backend runs the same codes and scales, then lays them out group by group:
+// f16 scales and mins as stored, the row factor as its exponent (kernels.h).
 // With `q` set, the rows come already quantized (pack_quantized_weight) and w is unused.
 void pack_quantized_panel(const float* w, const QuantizedRows* q, int64_t n, int64_t k, int64_t p, WeightStorage s,
                           uint8_t* dst) {
   const QuantFormat f = s == WeightStorage::kQ8 ? QuantFormat::kQ8 : QuantFormat::kQ4;
-  const size_t codes_bytes = s == WeightStorage::kQ8 ? kQuantGroup * kNr : kQuantGroup * kNr / 2;
   const int64_t groups = k / kQuantGroup;
   const size_t row_bytes = quant_row_code_bytes(f, k);
   std::vector<uint8_t> codes(size_t(kNr) * row_bytes, 0);
@@ -139,12 +145,14 @@ void pack_quantized_panel(const float* w, const QuantizedRows* q, int64_t n, int
     quantize_row(w + row * k, k, f, codes.data() + size_t(c) * row_bytes, scales.data() + c * groups,
                  mins.data() + c * groups, &factor[c]);
   }
+  int8_t exps[kNr] = {};  // F = 2^e; padding columns 2^0
+  for (int64_t c = 0; c < kNr; ++c) exps[c] = quant_row_factor_exp(factor[c]).value_or(0);
   auto code = [&](int64_t c, int64_t i) { return kiln::quant_code(f, codes.data() + size_t(c) * row_bytes, i); };
   for (int64_t g = 0; g < groups; ++g, dst += quant_group_bytes(s)) {
-    float* sc = reinterpret_cast<float*>(dst + codes_bytes);
     for (int64_t c = 0; c < kNr; ++c) {
-      sc[c] = f16_to_f32(scales[size_t(c * groups + g)]) * factor[c];
-      if (s == WeightStorage::kQ4) sc[kNr + c] = f16_to_f32(mins[size_t(c * groups + g)]) * factor[c];
+      std::memcpy(dst + quant_scales_at(s) + 2 * c, &scales[size_t(c * groups + g)], 2);
+      if (s == WeightStorage::kQ4) std::memcpy(dst + quant_mins_at(s) + 2 * c, &mins[size_t(c * groups + g)], 2);
+      dst[quant_exps_at(s) + c] = uint8_t(exps[c]);
     }
     for (int64_t r = 0; r < kQuantGroup; ++r) {
       const int64_t i = g * kQuantGroup + r;
@@ -408,6 +416,7 @@ PackedWeight pack_weight(const float* w, int64_t n, int64_t k, WeightStorage sto
     for (int64_t p = p0; p < p1; ++p) {
       uint8_t* dst = pw.data.get() + size_t(p) * pw.panel_bytes();
       if (weight_storage_quantized(storage)) {
+        std::memset(dst, 0, pw.panel_bytes());  // the line padding too: engines store these bytes
         pack_quantized_panel(w, nullptr, n, k, p, storage, dst);
         continue;
       }
@@ -437,10 +446,16 @@ PackedWeight pack_quantized_weight(const QuantizedRows& q) {
   pw.n = q.n;
   pw.k = q.k;
   pw.storage = q.format == QuantFormat::kQ8 ? WeightStorage::kQ8 : WeightStorage::kQ4;
+  for (int64_t r = 0; r < q.n; ++r)
+    KILN_THROW_IF(!quant_row_factor_exp(q.row_factor[size_t(r)]), kInvalidArgument, "pack_quantized_weight: row ", r,
+                  "'s row factor ", q.row_factor[size_t(r)], " is not a power of two in [2^-126, 2^127]");
   pw.data = host_buffer(pw.bytes());
   ThreadPool::global().parallel_for(pw.panels(), [&](int64_t p0, int64_t p1, int) {
-    for (int64_t p = p0; p < p1; ++p)
-      pack_quantized_panel(nullptr, &q, q.n, q.k, p, pw.storage, pw.data.get() + size_t(p) * pw.panel_bytes());
+    for (int64_t p = p0; p < p1; ++p) {
+      uint8_t* dst = pw.data.get() + size_t(p) * pw.panel_bytes();
+      std::memset(dst, 0, pw.panel_bytes());  // the line padding too: engines store these bytes
+      pack_quantized_panel(nullptr, &q, q.n, q.k, p, pw.storage, dst);
+    }
   });
   return pw;
 }

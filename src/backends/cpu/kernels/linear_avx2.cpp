@@ -119,9 +119,19 @@ void widen(const void* panel_v, int64_t kc, float* dst) {
 // kQuantGroup rows is summed unscaled, then folded into the tile with one FMA by the
 // group's 16 scales (q4 also adds min * sum(x) of the group), so the per-weight cost
 // is a widen + convert + FMA.
+// 8 of a group's f32 scales (or q4 mins), columns c0..c0+7: f16 x 2^e, the product pack
+// time would form (exact).
+template <WeightStorage kS>
+__m256 group_values(const uint8_t* group, bool min, int c0) {
+  const __m256i e = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(group + quant_exps_at(kS) + c0)));
+  const __m256 f = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(e, _mm256_set1_epi32(127)), 23));
+  const size_t at = (min ? quant_mins_at(kS) : quant_scales_at(kS)) + 2 * size_t(c0);
+  return _mm256_mul_ps(_mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group + at))), f);
+}
+
 struct Q8 {
-  static constexpr size_t kCodeBytes = kQuantGroup * 16;
-  static constexpr size_t kGroupBytes = kCodeBytes + 64;  // + 16 scales
+  static constexpr WeightStorage kStorage = WeightStorage::kQ8;
+  static constexpr size_t kGroupBytes = quant_group_bytes(kStorage);  // codes, f16 scales, exponents
   static constexpr bool kHasMin = false;
   static void load(const uint8_t* row, __m256& lo, __m256& hi) {
     const __m128i v = _mm_load_si128(reinterpret_cast<const __m128i*>(row));
@@ -131,8 +141,8 @@ struct Q8 {
   static const uint8_t* row(const uint8_t* group, int64_t r) { return group + r * 16; }
 };
 struct Q4 {
-  static constexpr size_t kCodeBytes = kQuantGroup * 8;
-  static constexpr size_t kGroupBytes = kCodeBytes + 128;  // + 16 scales + 16 mins
+  static constexpr WeightStorage kStorage = WeightStorage::kQ4;
+  static constexpr size_t kGroupBytes = quant_group_bytes(kStorage);  // codes, f16 scales and mins, exponents
   static constexpr bool kHasMin = true;
   static void load(const uint8_t* row, __m256& lo, __m256& hi) {
     const __m128i v = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row));
@@ -180,8 +190,12 @@ void quant_tile(const float* x, int64_t ldx, const uint8_t* group, int64_t kc, f
         }
       }
     }
-    const float* scale = reinterpret_cast<const float*>(group + Q::kCodeBytes);
-    const __m256 s0 = _mm256_loadu_ps(scale), s1 = _mm256_loadu_ps(scale + 8);
+    const __m256 s0 = group_values<Q::kStorage>(group, false, 0), s1 = group_values<Q::kStorage>(group, false, 8);
+    [[maybe_unused]] __m256 m0 = s0, m1 = s1;
+    if constexpr (Q::kHasMin) {
+      m0 = group_values<Q::kStorage>(group, true, 0);
+      m1 = group_values<Q::kStorage>(group, true, 8);
+    }
 #pragma GCC unroll 8
     for (int r = 0; r < M; ++r) {
 #pragma GCC unroll 8
@@ -199,8 +213,8 @@ void quant_tile(const float* x, int64_t ldx, const uint8_t* group, int64_t kc, f
         h = _mm_add_ps(h, _mm_movehl_ps(h, h));
         h = _mm_add_ss(h, _mm_movehdup_ps(h));
         const __m256 xsum = _mm256_broadcastss_ps(h);
-        acc[r][0] = _mm256_fmadd_ps(xsum, _mm256_loadu_ps(scale + 16), acc[r][0]);
-        acc[r][1] = _mm256_fmadd_ps(xsum, _mm256_loadu_ps(scale + 24), acc[r][1]);
+        acc[r][0] = _mm256_fmadd_ps(xsum, m0, acc[r][0]);
+        acc[r][1] = _mm256_fmadd_ps(xsum, m1, acc[r][1]);
       }
     }
   }

@@ -175,17 +175,27 @@ void widen(const void* panel_v, int64_t kc, float* dst) {
 // min), so both give the same bits; a k row's codes widen with one conversion per 16
 // instead of two per 8. For the x rows the int8-activation GEMV does not take (the logits
 // GEMM; KILN_CPU_QGEMV=f32; CPUs without AVX-512 VNNI + VBMI).
+// A group's 16 f32 scales (or q4 mins) from its f16 values and the columns' exponents:
+// f16 x 2^e, the product pack time would form (exact).
+template <WeightStorage kS>
+__m512 group_values(const uint8_t* group, bool min) {
+  const __m512i e = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group + quant_exps_at(kS))));
+  const __m512 f = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(e, _mm512_set1_epi32(127)), 23));
+  const size_t at = min ? quant_mins_at(kS) : quant_scales_at(kS);
+  return _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + at))), f);
+}
+
 struct Q8 {
-  static constexpr size_t kCodeBytes = kQuantGroup * 16;
-  static constexpr size_t kGroupBytes = kCodeBytes + 64;
+  static constexpr WeightStorage kStorage = WeightStorage::kQ8;
+  static constexpr size_t kGroupBytes = quant_group_bytes(kStorage);
   static constexpr bool kHasMin = false;
   static __m512 load(const uint8_t* group, int64_t r) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_load_si128(reinterpret_cast<const __m128i*>(group + r * 16))));
   }
 };
 struct Q4 {
-  static constexpr size_t kCodeBytes = kQuantGroup * 8;
-  static constexpr size_t kGroupBytes = kCodeBytes + 128;
+  static constexpr WeightStorage kStorage = WeightStorage::kQ4;
+  static constexpr size_t kGroupBytes = quant_group_bytes(kStorage);
   static constexpr bool kHasMin = true;
   // Byte j of a row: column j in the low nibble, j + 8 in the high one.
   static __m512 load(const uint8_t* group, int64_t r) {
@@ -220,8 +230,8 @@ void quant_tile(const float* x, int64_t ldx, const uint8_t* group, int64_t kc, f
           part[u][r] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * ldx + g0 + kk + u]), b, part[u][r]);
       }
     }
-    const float* scale = reinterpret_cast<const float*>(group + Q::kCodeBytes);
-    const __m512 s = _mm512_loadu_ps(scale);
+    const __m512 s = group_values<Q::kStorage>(group, false);
+    [[maybe_unused]] const __m512 mins = Q::kHasMin ? group_values<Q::kStorage>(group, true) : s;
 #pragma GCC unroll 12
     for (int r = 0; r < M; ++r) {
 #pragma GCC unroll 2
@@ -235,7 +245,7 @@ void quant_tile(const float* x, int64_t ldx, const uint8_t* group, int64_t kc, f
         __m128 h = _mm_add_ps(_mm256_castps256_ps128(xs), _mm256_extractf128_ps(xs, 1));
         h = _mm_add_ps(h, _mm_movehl_ps(h, h));
         h = _mm_add_ss(h, _mm_movehdup_ps(h));
-        acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(_mm_cvtss_f32(h)), _mm512_loadu_ps(scale + 16), acc[r]);
+        acc[r] = _mm512_fmadd_ps(_mm512_set1_ps(_mm_cvtss_f32(h)), mins, acc[r]);
       }
     }
   }

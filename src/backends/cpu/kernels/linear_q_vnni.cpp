@@ -21,7 +21,8 @@
 // 128 as the unsigned operand (linear() stores q8's x codes biased) and the group's Σ codes
 // (a vpdpbusd against ones) removes the 128 again. The group's exact integer sums, converted to f32 (|sum| < 2^24),
 // are folded into the tile as the f32 kernels fold theirs: acc += float(sum) * (scale[c] *
-// dx) (+ min[c] * Σx for q4, the f32 sum of the group's x). Compiled with
+// dx) (+ min[c] * Σx for q4, the f32 sum of the group's x), scale and min the f32 values
+// f16 x 2^e of the panel's group (kernels.h). Compiled with
 // -mavx512f -mavx512bw -mavx512vl -mavx512vnni -mavx512vbmi; called only after a CPUID
 // check (isa.cpp: avx512_qgemv_int8_supported). Tested in tests/backends/cpu/quant_linear_test.cpp
 // against a scalar evaluation of the same rounding, and row by row across row counts.
@@ -50,11 +51,13 @@ struct Perm {
 };
 const Perm kPerm;
 
+constexpr size_t kQPrefetchGroups = 16;
+
 template <bool kQ4, bool kTwo, int M>
 void qgemv_rows(const int8_t* qx, const int8_t* qlo, const float* dx, const float* sx, int64_t ldq, int64_t ldg,
                 const uint8_t* group, int64_t groups, float* y, int64_t ldy, const float* init, bool accumulate) {
-  constexpr size_t kCodeBytes = kQuantGroup * (kQ4 ? 8 : 16);
-  constexpr size_t kGroupBytes = kCodeBytes + (kQ4 ? 128 : 64);
+  constexpr WeightStorage kS = kQ4 ? WeightStorage::kQ4 : WeightStorage::kQ8;
+  constexpr size_t kGroupBytes = quant_group_bytes(kS);
   // U independent sums a row (blocks b, b + U, ...): with fewer than ~8 chains of dependent
   // vpdpbusd (5 cycles each) in flight the latency, not the port, bounds the kernel. Two
   // digits a value (kTwo) give each row two chains of their own.
@@ -68,9 +71,12 @@ void qgemv_rows(const int8_t* qx, const int8_t* qlo, const float* dx, const floa
   for (int r = 0; r < M; ++r)
     acc[r] = accumulate ? _mm512_loadu_ps(y + r * ldy) : init ? _mm512_loadu_ps(init) : _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g, group += kGroupBytes) {
+    // The group kQPrefetchGroups ahead (into the next panel at a panel's end) into L2: 5.4 KB
+    // ahead for q4, 9 KB for q8. 4 groups into L1 left the stream ~20% (q4) / ~10% (q8)
+    // short of it (cpu_kernels_bench --gemv, cold weights, 2026-12-05).
 #pragma GCC unroll 16
-    for (size_t o = 0; o < kGroupBytes; o += 64)  // the group 4 ahead (the next panel's at a panel's end)
-      _mm_prefetch(reinterpret_cast<const char*>(group + 4 * kGroupBytes + o), _MM_HINT_T0);
+    for (size_t o = 0; o < kGroupBytes; o += 64)
+      _mm_prefetch(reinterpret_cast<const char*>(group + kQPrefetchGroups * kGroupBytes + o), _MM_HINT_T1);
     __m512i sum[U][D][M], wsum = _mm512_setzero_si512();
 #pragma GCC unroll 8
     for (int u = 0; u < U; ++u)
@@ -111,8 +117,14 @@ void qgemv_rows(const int8_t* qx, const int8_t* qlo, const float* dx, const floa
       for (int d = 0; d < D; ++d)
 #pragma GCC unroll 8
         for (int r = 0; r < M; ++r) sum[0][d][r] = _mm512_add_epi32(sum[0][d][r], sum[u][d][r]);
-    const float* scale = reinterpret_cast<const float*>(group + kCodeBytes);
-    const __m512 s = _mm512_loadu_ps(scale);
+    // The group's f32 scales (q4: and mins): f16 x 2^e, the products pack time would form.
+    const __m512i e = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group + quant_exps_at(kS))));
+    const __m512 f = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(e, _mm512_set1_epi32(127)), 23));
+    const auto f16s = [&](size_t at) {
+      return _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + at))), f);
+    };
+    const __m512 s = f16s(quant_scales_at(kS));
+    [[maybe_unused]] const __m512 mins = kQ4 ? f16s(quant_mins_at(kS)) : s;
 #pragma GCC unroll 8
     for (int r = 0; r < M; ++r) {
       __m512 dot[D];
@@ -125,7 +137,7 @@ void qgemv_rows(const int8_t* qx, const int8_t* qlo, const float* dx, const floa
       // Two digits: Σ q (x codes + residual codes / 254) in one rounding, then as one digit.
       if constexpr (kTwo) dot[0] = _mm512_fmadd_ps(dot[1], _mm512_set1_ps(kQGemvLoDigit), dot[0]);
       acc[r] = _mm512_fmadd_ps(dot[0], _mm512_mul_ps(s, _mm512_set1_ps(dx[r * ldg + g])), acc[r]);
-      if constexpr (kQ4) acc[r] = _mm512_fmadd_ps(_mm512_loadu_ps(scale + 16), _mm512_set1_ps(sx[r * ldg + g]), acc[r]);
+      if constexpr (kQ4) acc[r] = _mm512_fmadd_ps(mins, _mm512_set1_ps(sx[r * ldg + g]), acc[r]);
     }
   }
 #pragma GCC unroll 8
