@@ -40,15 +40,18 @@ inline int64_t panel_index(WeightStorage s, int64_t kk, int64_t c) {
 // A GEMV-like stream (tiles of one or two rows) prefetches every 64-byte line of its panel
 // this far ahead, so DRAM latency stays hidden. One prefetch per line: one per k step of
 // several rows left most lines to the hardware prefetcher (one row, T = 1, 2 threads on
-// the dev VM: bf16 weights streamed at 22 GB/s cold, 27 with every line prefetched).
-constexpr int64_t kStreamPrefetchBytes = 4096;
+// the dev VM: bf16 weights streamed at 22 GB/s cold, 27 with every line prefetched). Into
+// L2, 8 KB ahead, rather than 4 KB ahead into L1: TinyLlama-shape decode f16 74.3-75.6 ->
+// 70.8-73.4 ms/token, bf16 70.0-73.3 -> 69.2-72.5 (within noise; 2026-12-05, alternating
+// runs), the direction the q8/q4 kernels' L2 prefetch took (linear_q_vnni.cpp).
+constexpr int64_t kStreamPrefetchBytes = 8192;
 
-// Prefetches the lines of `bytes` at p + kStreamPrefetchBytes into L1.
+// Prefetches the lines of `bytes` at p + kStreamPrefetchBytes into L2.
 template <int64_t kBytes>
 inline void prefetch_stream(const void* p) {
   const char* c = static_cast<const char*>(p) + kStreamPrefetchBytes;
 #pragma GCC unroll 4
-  for (int64_t l = 0; l < (kBytes + 63) / 64; ++l) __builtin_prefetch(c + 64 * l, 0, 3);
+  for (int64_t l = 0; l < (kBytes + 63) / 64; ++l) __builtin_prefetch(c + 64 * l, 0, 2);
 }
 
 // Computes an m × 16 tile (m <= 6): y[r][0..16) (+)= Σ_k x[r*ldx + k] * panel[k][0..16).
