@@ -284,14 +284,21 @@ BuildReport build_engine(const BuildOptions& o) {
   const bool awq = o.quant.mode == "awq" || gptq;
   // AWQ stores plain q4/q8 weights (scaled): the precision pass assigns that format. GPTQ
   // stores its own q4/q8 row images (kept-quantized Linears).
-  const std::string gemm_dtype = awq ? quant_format_name(awq_weight_format(o.weight_dtype)) : o.weight_dtype;
-  ModelOptions mo{o.backend, gemm_dtype, nullptr, o.opt_level, o.disabled_passes, gemm_dtype, o.pin_precision};
+  const bool quantized = !o.quant.mode.empty();
+  // auto (as `generate` loads a checkpoint): each Linear a GGUF stores quantized keeps (or is
+  // requantized to) q8/q4 and the rest take the backend's auto dtype; the engine records the
+  // resolved dtype. Under --quant the calibrated rewrites choose the formats, and with
+  // --pin-precision the precision pass needs one dtype for the GEMMs not pinned: auto is f32.
+  const bool native = o.weight_dtype == "auto" && !quantized && o.pin_precision.empty();
+  const std::string base_dtype = o.weight_dtype == "auto" && !native ? "f32" : o.weight_dtype;
+  const std::string gemm_dtype = awq ? quant_format_name(awq_weight_format(base_dtype)) : base_dtype;
+  ModelOptions mo{o.backend, gemm_dtype, nullptr, o.opt_level, o.disabled_passes, native ? "" : gemm_dtype,
+                  o.pin_precision};
   mo.onnx_import = o.onnx_import;
   if (o.tensor_parallel < 1 || o.tensor_parallel > kEngineMaxTensorParallel)
     throw_error(ErrorCode::kInvalidArgument, "build: --tp must be in [1, ", kEngineMaxTensorParallel, "], got ",
                 o.tensor_parallel);
   mo.tensor_parallel = o.tensor_parallel;
-  const bool quantized = !o.quant.mode.empty();
   check_effective_bits(o.quant);
   if (quantized && o.tensor_parallel > 1)
     throw_error(ErrorCode::kUnsupported, "build: --quant ", o.quant.mode, " with --tp ", o.tensor_parallel,
@@ -340,7 +347,10 @@ BuildReport build_engine(const BuildOptions& o) {
       graphs.push_back(&e.ranks[size_t(r)].graph);
     }
   }
-  const std::string weight_dtype = awq ? gemm_dtype : quantized ? o.quant.mode : o.weight_dtype;
+  const std::string weight_dtype = awq         ? gemm_dtype
+                                   : quantized ? o.quant.mode
+                                   : native    ? model->compile_options().weight_dtype
+                                               : o.weight_dtype;
   for (ir::Graph* g : graphs) convert_gemm_weights(*g, weight_dtype);
   if (o.quant.mode == "w8a8")
     report.quant_summary = "w8a8 (" + (o.quant.act_scale == "per-token" ? std::string("per-token") : o.quant.method) + " activation scales, smoothing alpha " + std::to_string(o.quant.smooth_alpha) +
@@ -450,6 +460,15 @@ BuildReport build_engine(const BuildOptions& o) {
   e.build.source = o.model;
   e.build.kiln_version = KILN_VERSION_STRING;
   e.build.weight_dtype = weight_dtype;
+  report.weights = weight_dtype;
+  if (native) {
+    std::map<std::string, int> kept;
+    for (const ir::Node& n : graphs.front()->nodes())
+      if (n.op == "Linear" && n.has_attr("weight_quant")) ++kept[n.attr_str("weight_quant")];
+    std::string list;
+    for (const auto& [format, count] : kept) list += (list.empty() ? "" : ", ") + std::to_string(count) + " " + format;
+    if (!list.empty()) report.weights += " (" + list + " Linears kept from the file)";
+  }
   e.build.opt_level = o.opt_level;
   e.build.disabled_passes = o.disabled_passes;
   // The pins the model was loaded with: the user's and a --effective-bits plan's.

@@ -24,7 +24,10 @@ struct BuildOptions {
   bool random_weights = false;
   std::string output;          // the engine file to write
   std::string backend = "cpu";
-  std::string weight_dtype = "f32";  // GEMM weights: f32 | bf16 | f16 (as stored) | q8 | q4
+  // GEMM weights: f32 | bf16 | f16 (as stored) | q8 | q4, or auto (as Model::load: a GGUF's
+  // quantized Linears as q8/q4 codes, the rest in the backend's auto dtype; f32 under --quant or
+  // pins).
+  std::string weight_dtype = "f32";
   // Layers pinned to another precision (passes/assign_precision; `--pin-precision`).
   std::vector<passes::PrecisionPin> pin_precision;
   int opt_level = 2;
@@ -65,6 +68,9 @@ struct BuildReport {
   int tp_world = 1;
   std::vector<uint64_t> rank_weight_bytes;  // tensor parallelism: each rank's weights (replicated ones counted per rank)
   std::string quant_summary;  // what the quantization rewrite did, or empty
+  // The engine's GEMM weights: the dtype it records, and under auto the Linears that
+  // keep a file's codes, e.g. "f32 (16 q4, 105 q8 Linears kept from the file)".
+  std::string weights;
 };
 
 BuildReport build_engine(const BuildOptions& options);

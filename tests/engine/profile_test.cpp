@@ -5,6 +5,9 @@
 // the max shapes) with a --workspace limit, and engines of schema 1.0 still loading.
 #include <gtest/gtest.h>
 
+#include <map>
+
+#include "../models/gguf_quant_llama.h"
 #include "backends/memory_plan.h"
 #include "engine_test_util.h"
 #include "runtime/encoder_runner.h"
@@ -278,6 +281,44 @@ TEST(EnginePackedWeights, OlderLayoutEnginesLoadWhereTheirBytesAreUnchanged) {
     auto want = decode_logits(*Model::load(o.output)), got = decode_logits(*Model::load(old));
     EXPECT_EQ(want, got);
   }
+}
+
+// `kiln build --precision auto` (the CLI's default) stores what `generate` runs from the
+// same checkpoint: a GGUF's Q4_K Linears as q4 codes and its Q6_K ones requantized to q8,
+// the rest f32 on the CPU; the engine records the resolved dtype (f32), runs those same
+// formats and gives the checkpoint's logits bit for bit, portable or packed. An f32 HF
+// checkpoint stays f32.
+TEST(EngineAutoPrecision, GgufQuantizedLinearsStayQuantized) {
+  auto dir = scratch_dir();
+  const std::string gguf = (dir / "mixed.gguf").string();
+  kiln::test::write_file(gguf, kiln::test::quant_llama(GgmlType::kQ4_K, GgmlType::kQ6_K));
+  ModelOptions mo;
+  mo.weight_dtype = "auto";
+  auto direct = Model::load(gguf, mo);
+  const std::vector<float> want = decode_logits(*direct);
+  for (bool pack : {false, true}) {
+    SCOPED_TRACE(pack ? "packed" : "portable");
+    BuildOptions o;
+    o.model = gguf;
+    o.output = (dir / "auto.kiln").string();
+    o.tune = false;
+    o.weight_dtype = "auto";
+    o.pack_weights = pack;
+    BuildReport r = build_engine(o);
+    EXPECT_EQ(r.weights, "f32 (4 q4, 4 q8 Linears kept from the file)");
+    auto engine = Model::load(o.output);
+    EXPECT_EQ(engine->compile_options().weight_dtype, "f32");
+    std::map<std::string, int> formats;
+    for (const ir::Node& n : engine->graph().nodes())
+      if (n.op == "Linear") ++formats[n.attr_str("precision", "f32")];
+    EXPECT_EQ(formats["q4"], 4);  // 2 layers x (qkv, o)
+    EXPECT_EQ(formats["q8"], 4);  // 2 layers x (gate_up, down)
+    EXPECT_EQ(decode_logits(*engine), want);
+  }
+  BuildOptions hf = options("llama", dir / "hf.kiln");
+  hf.weight_dtype = "auto";
+  EXPECT_EQ(build_engine(hf).weights, "f32");
+  EXPECT_EQ(Model::load(hf.output)->compile_options().weight_dtype, "f32");
 }
 
 // GPT-2's token embedding is tied to its (f32) LM head: packed, the embedding reads the

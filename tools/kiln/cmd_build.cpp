@@ -25,10 +25,14 @@ Runner add_build(CLI::App& app) {
   cmd->add_option("-m,--model", a->o.model, "a HuggingFace directory, a .gguf or an .onnx file")->required();
   cmd->add_option("-o,--output", a->o.output, "the engine file to write")->required();
   cmd->add_flag("--random-weights", a->o.random_weights, "-m is a config.json: real shapes, random weights");
+  a->o.weight_dtype = "auto";
   cmd->add_option("--precision,--dtype", a->o.weight_dtype,
-                  "GEMM weights: f32, bf16, f16 (stored so), q8 or q4 (stored f32, quantized at load); the logits "
-                  "GEMM, norms and softmax stay f32")
-      ->check(CLI::IsMember({"f32", "bf16", "f16", "q8", "q4"}))
+                  "GEMM weights: auto (as generate loads the model: a GGUF's quantized Linears stored as q8/q4 codes, "
+                  "the rest in the backend's dtype - f32 on the CPU, or a 16-bit checkpoint's own dtype; bf16 on "
+                  "cuda; f32 under --quant or --pin-precision), f32, bf16, f16 (stored so), q8 or q4 (stored f32, "
+                  "quantized at load); "
+                  "the logits GEMM, norms and softmax stay f32")
+      ->check(CLI::IsMember({"auto", "f32", "bf16", "f16", "q8", "q4"}))
       ->capture_default_str();
   add_pin_option(cmd, a->pins);
   cmd->add_option("--backend", a->o.backend, "the backend to tune for")->capture_default_str();
@@ -84,8 +88,7 @@ Runner add_build(CLI::App& app) {
     if (r.packed_gemms) std::printf("weights     %zu GEMMs stored packed for the %s backend\n", r.packed_gemms, a->o.backend.c_str());
     if (a->o.workspace_bytes) std::printf("workspace   %s limit: every profile fits\n", format_bytes(a->o.workspace_bytes).c_str());
     if (!r.quant_summary.empty()) std::printf("quant       %s\n", r.quant_summary.c_str());
-    std::printf("engine      %.1f MiB, GEMM weights %s\n", double(r.bytes) / (1 << 20),
-                a->o.quant.mode.empty() ? a->o.weight_dtype.c_str() : a->o.quant.mode.c_str());
+    std::printf("engine      %.1f MiB, GEMM weights %s\n", double(r.bytes) / (1 << 20), r.weights.c_str());
     return 0;
   };
 }

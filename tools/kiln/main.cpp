@@ -27,8 +27,8 @@ void add_model_options(CLI::App* cmd, ModelArgs& args) {
       ->required();
   cmd->add_option("--backend", args.backend, "where to run: cpu")->capture_default_str();
   cmd->add_option("--weight-dtype", args.weight_dtype,
-                  "storage of GEMM weights: auto (a GGUF's Q8_0/Q4_0/Q4_1/Q4_K Linears keep their own codes, as q8/q4, "
-                  "and the rest is f32 on the CPU - a bf16/f16 checkpoint's own dtype when every matrix is stored in it -, "
+                  "storage of GEMM weights: auto (a GGUF's Q8_0/Q5_0/Q4_0/Q4_1/Q4_K Linears keep their own codes, as q8/q4, "
+                  "its Q5_1/Q5_K/Q6_K/Q2_K/Q3_K ones are requantized to q8, and the rest is f32 on the CPU - a bf16/f16 checkpoint's own dtype when every matrix is stored in it -, "
                   "bf16 on CUDA), f32 (exact), bf16/f16 (half the memory traffic), "
                   "q8/q4 (weight-only int8/int4, groups of 32)")
       ->check(CLI::IsMember({"auto", "f32", "bf16", "f16", "q8", "q4"}))
