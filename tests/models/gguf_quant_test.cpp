@@ -67,6 +67,24 @@ double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return m;
 }
 
+// The test prompt's prefill logits through `model`, beside those of the same file loaded
+// with f32 weights (the file's values) and their max |logit|.
+struct VsF32 {
+  std::vector<float> got, want;
+  double scale = 0;
+};
+VsF32 prefill_vs_f32(Model& model, const std::string& path) {
+  VsF32 r;
+  LlmRunner runner(model, {.max_total_tokens = 64});
+  runner.add_sequence({1, 5, 9, 3, 14, 2, 7});
+  auto outs = runner.step();
+  EXPECT_EQ(outs.size(), 1u);
+  if (!outs.empty()) r.got = outs[0].logits;
+  r.want = run_model(path, "f32", true).logits;
+  for (float v : r.want) r.scale = std::max(r.scale, double(std::fabs(v)));
+  return r;
+}
+
 // Kept Q4_K weights differ from the file's by at most (2^-11 + 2^-22) * (|d sc q| +
 // |dmin m|) per element (frontends/gguf_quants.h), each rounding independent, so each
 // Linear's output moves by well under 2^-11 of the size of its terms; through 2 layers
@@ -147,15 +165,9 @@ TEST(GgufQuantModel, AutoKeepsEachLinearInItsOwnFormat) {
     EXPECT_EQ(formats["q4"], 4u) << what;                  // 2 layers x (qkv, o)
     EXPECT_EQ(formats["q8"], q8_head ? 5u : 4u) << what;   // 2 layers x (gate_up, down) (+ the head)
     EXPECT_EQ(f32_linears, q8_head ? 0u : 1u) << what;     // the tied LM head
-    LlmRunner runner(*model, {.max_total_tokens = 64});
-    runner.add_sequence({1, 5, 9, 3, 14, 2, 7});
-    auto outs = runner.step();
-    ASSERT_EQ(outs.size(), 1u) << what;
-    const Result f32 = run_model(path, "f32", true);
-    double scale = 0;
-    for (float v : f32.logits) scale = std::max(scale, double(std::fabs(v)));
-    ASSERT_GT(scale, 0.1) << what;
-    EXPECT_LT(max_abs_diff(outs[0].logits, f32.logits), 1e-4 * scale) << what << ": auto vs f32 on the file's values";
+    const VsF32 r = prefill_vs_f32(*model, path);
+    ASSERT_GT(r.scale, 0.1) << what;
+    EXPECT_LT(max_abs_diff(r.got, r.want), 1e-4 * r.scale) << what << ": auto vs f32 on the file's values";
   }
 }
 
@@ -187,17 +199,12 @@ TEST(GgufQuantModel, AutoRequantizesSixBitLinearsToQ8AndKeepsQ5_0) {
     EXPECT_EQ(formats["q4"], c.q4) << what;
     EXPECT_EQ(formats["q8"], c.q8) << what;
     EXPECT_EQ(formats["f32"], 1u) << what << ": only the tied head over the f32 embedding";
-    LlmRunner runner(*model, {.max_total_tokens = 64});
-    runner.add_sequence({1, 5, 9, 3, 14, 2, 7});
-    auto outs = runner.step();
-    ASSERT_EQ(outs.size(), 1u) << what;
-    const Result f32 = run_model(path, "f32", true);
-    double scale = 0;
-    for (float v : f32.logits) scale = std::max(scale, double(std::fabs(v)));
-    ASSERT_GT(scale, 0.1) << what;
-    const double d = max_abs_diff(outs[0].logits, f32.logits);
-    std::printf("  %-12s auto vs f32: max|logit| %.3g, max diff %.3g (%.2g of it)\n", what.c_str(), scale, d, d / scale);
-    EXPECT_LT(d, c.bound * scale) << what;
+    const VsF32 r = prefill_vs_f32(*model, path);
+    ASSERT_GT(r.scale, 0.1) << what;
+    const double d = max_abs_diff(r.got, r.want);
+    std::printf("  %-12s auto vs f32: max|logit| %.3g, max diff %.3g (%.2g of it)\n", what.c_str(), r.scale, d,
+                d / r.scale);
+    EXPECT_LT(d, c.bound * r.scale) << what;
   }
 }
 
