@@ -282,14 +282,13 @@ std::optional<Tensor> GgufWeightSource::load_quantized(const std::string& name, 
   const GgufTensorInfo& t = file_->tensor_info(m.gguf_name);
   if (m.transpose || t.shape.size() != 2 || ggml_kept_quant_format(t.type) != f) return std::nullopt;
   const int64_t n = t.shape[0], k = t.shape[1];
-  std::optional<QuantizedRows> q = ggml_to_quantized_rows(t.type, file_->tensor_data(t), n, k);
-  if (!q) return std::nullopt;
+  std::optional<Tensor> image = ggml_to_quantized_image(t.type, file_->tensor_data(t), n, k);
+  if (!image) return std::nullopt;
   if (ggml_requantized_to_q8(t.type)) {
     std::lock_guard<std::mutex> lock(requantized_mu_);
     ++requantized_[ggml_type_name(t.type)];
   }
-  Tensor img(DType::kU8, {n, int64_t(quant_image_row_bytes(f, k))});
-  quant_rows_to_image(*q, img.data_as<uint8_t>());
+  Tensor img = std::move(*image);
   if (m.permute_heads > 0) {  // image rows are self-contained: permute them like f32 rows
     try {
       img = gguf_unpermute_rows(img, m.permute_heads);

@@ -437,6 +437,44 @@ TEST(GgufQuants, FiveAndSixBitTypesAreRequantizedToQ8) {
   }
 }
 
+// ggml_to_quantized_image writes the bytes quant_rows_to_image makes of
+// ggml_to_quantized_rows, for every kept type (exact, nearly exact, requantized), and has
+// no image where the rows have none.
+TEST(GgufQuants, ImagesAreTheRowsLaidOut) {
+  std::mt19937 rng(21);
+  const int64_t n = 5, k = 256;
+  for (GgmlType t : {GgmlType::kQ8_0, GgmlType::kQ5_0, GgmlType::kQ4_0, GgmlType::kQ4_1, GgmlType::kQ4_K,
+                     GgmlType::kQ5_1, GgmlType::kQ6_K}) {
+    const GgmlTypeTraits* tr = ggml_type_traits(uint32_t(t));
+    std::string bytes(size_t(n * k / tr->block_size) * tr->type_size, '\0');
+    for (char& c : bytes) c = char(rng());
+    for (size_t b = 0; b < bytes.size(); b += tr->type_size)  // small finite f16 d / dmin fields
+      for (size_t at : t == GgmlType::kQ6_K   ? std::vector<size_t>{208}
+                       : t == GgmlType::kQ8_0 || t == GgmlType::kQ5_0 || t == GgmlType::kQ4_0 ? std::vector<size_t>{0}
+                                                                                           : std::vector<size_t>{0, 2}) {
+        const uint16_t d = f32_to_f16(1e-3f * float(1 + rng() % 100));
+        std::memcpy(bytes.data() + b + at, &d, 2);
+      }
+    if (t == GgmlType::kQ8_0)
+      for (size_t b = 0; b < bytes.size(); b += 34)
+        for (size_t j = 2; j < 34; ++j)
+          if (uint8_t(bytes[b + j]) == 0x80) bytes[b + j] = 0;
+    const auto* src = reinterpret_cast<const uint8_t*>(bytes.data());
+    std::optional<QuantizedRows> q = ggml_to_quantized_rows(uint32_t(t), src, n, k);
+    std::optional<Tensor> img = ggml_to_quantized_image(uint32_t(t), src, n, k);
+    ASSERT_TRUE(q.has_value()) << tr->name;
+    ASSERT_TRUE(img.has_value()) << tr->name;
+    std::vector<uint8_t> want(size_t(n) * quant_image_row_bytes(q->format, k));
+    quant_rows_to_image(*q, want.data());
+    ASSERT_EQ(img->nbytes(), want.size()) << tr->name;
+    EXPECT_EQ(std::memcmp(img->data(), want.data(), want.size()), 0) << tr->name;
+  }
+  std::string q8(34 * 8, '\0');
+  q8[2 + 7] = char(0x80);  // code -128: no image
+  EXPECT_FALSE(ggml_to_quantized_image(uint32_t(GgmlType::kQ8_0), reinterpret_cast<const uint8_t*>(q8.data()), 1, 256));
+  EXPECT_FALSE(ggml_to_quantized_image(uint32_t(GgmlType::kF16), reinterpret_cast<const uint8_t*>(q8.data()), 1, 32));
+}
+
 TEST(GgufQuants, InexactBlocksAndTypesHaveNoImage) {
   EXPECT_FALSE(ggml_exact_quant_format(uint32_t(GgmlType::kQ4_K)).has_value());
   EXPECT_EQ(ggml_kept_quant_format(uint32_t(GgmlType::kQ4_K)), QuantFormat::kQ4);  // nearly exact
