@@ -461,14 +461,8 @@ BuildReport build_engine(const BuildOptions& o) {
   e.build.kiln_version = KILN_VERSION_STRING;
   e.build.weight_dtype = weight_dtype;
   report.weights = weight_dtype;
-  if (native) {
-    std::map<std::string, int> kept;
-    for (const ir::Node& n : graphs.front()->nodes())
-      if (n.op == "Linear" && n.has_attr("weight_quant")) ++kept[n.attr_str("weight_quant")];
-    std::string list;
-    for (const auto& [format, count] : kept) list += (list.empty() ? "" : ", ") + std::to_string(count) + " " + format;
-    if (!list.empty()) report.weights += " (" + list + " Linears kept from the file)";
-  }
+  if (const std::string kept = native ? kept_linear_formats(*graphs.front()) : ""; !kept.empty())
+    report.weights += " (" + kept + " kept from the file)";
   e.build.opt_level = o.opt_level;
   e.build.disabled_passes = o.disabled_passes;
   // The pins the model was loaded with: the user's and a --effective-bits plan's.

@@ -432,99 +432,51 @@ bool q4_k_row(const uint8_t* src, int64_t k, uint8_t* codes, uint16_t* scales, u
 
 }  // namespace
 
-namespace {
-
-// Where row r of a conversion goes: its codes, f16 scales, (q4) f16 mins and f32 row factor
-// (written with memcpy: an image row's factor need not be 4-byte aligned).
-struct RowDst {
-  uint8_t* codes;
-  uint16_t* scales;
-  uint16_t* mins;
-  uint8_t* factor;
-};
-
-// The parallel row loop of ggml_to_quantized_rows / _image: rows of `type` into its kept
-// format through dst(r); false when a row has no image.
-template <typename Dst>
-bool convert_rows(uint32_t type, const uint8_t* src, int64_t n, int64_t k, Dst dst) {
+std::optional<Tensor> ggml_to_quantized_image(uint32_t type, const uint8_t* src, int64_t n, int64_t k) {
+  const std::optional<QuantFormat> f = ggml_kept_quant_format(type);
+  if (!f) return std::nullopt;
   const GgmlTypeTraits* tr = ggml_type_traits(type);
+  KILN_THROW_IF(n <= 0 || k <= 0 || k % tr->block_size != 0, kInvalidArgument, "GGUF ", ggml_type_name(type),
+                " rows need N > 0 and K a positive multiple of ", tr->block_size, ", got N=", n, " K=", k);
   const GgmlType t = GgmlType(type);
   const int64_t groups = k / kQuantGroup;
+  const size_t rb = quant_image_row_bytes(*f, k), cb = quant_row_code_bytes(*f, k);
   const size_t src_row_bytes = size_t(k / tr->block_size) * tr->type_size;
+  Tensor img(DType::kU8, {n, int64_t(rb)});
+  uint8_t* base = img.data_as<uint8_t>();
   std::atomic<bool> ok{true};
   const bool requantize = ggml_requantized_to_q8(type);
   ThreadPool::global().parallel_for(n, [&](int64_t r0, int64_t r1, int) {
     std::vector<float> row(requantize ? size_t(k) : 0);
     for (int64_t r = r0; r < r1 && ok.load(std::memory_order_relaxed); ++r) {
       const uint8_t* s = src + size_t(r) * src_row_bytes;
-      const RowDst d = dst(r);
+      // An image row: codes, f16 scales, (q4) f16 mins, f32 factor. rb and cb are even, so
+      // the f16 arrays are 2-byte aligned; the factor need not be 4-byte aligned (memcpy).
+      uint8_t* codes = base + size_t(r) * rb;
+      auto* scales = reinterpret_cast<uint16_t*>(codes + cb);
+      uint16_t* mins = *f == QuantFormat::kQ4 ? scales + groups : nullptr;
       float factor = 1.0f;
       bool row_ok;
       if (requantize) {
         tr->to_f32(s, row.data(), k);
         row_ok = std::all_of(row.begin(), row.end(), [](float v) { return std::isfinite(v); });
-        if (row_ok) quantize_row(row.data(), k, QuantFormat::kQ8, d.codes, d.scales, d.mins, &factor);
+        if (row_ok) quantize_row(row.data(), k, QuantFormat::kQ8, codes, scales, mins, &factor);
       } else {
-        row_ok = t == GgmlType::kQ4_K ? q4_k_row(s, k, d.codes, d.scales, d.mins, &factor)
-                                      : legacy_row(t, s, groups, d.codes, d.scales, d.mins, &factor);
+        row_ok = t == GgmlType::kQ4_K ? q4_k_row(s, k, codes, scales, mins, &factor)
+                                      : legacy_row(t, s, groups, codes, scales, mins, &factor);
       }
-      std::memcpy(d.factor, &factor, sizeof(float));
+      std::memcpy(codes + rb - sizeof(float), &factor, sizeof(float));
       if (!row_ok) ok.store(false, std::memory_order_relaxed);
     }
   });
-  return ok.load();
+  if (!ok.load()) return std::nullopt;
+  return img;
 }
-
-std::optional<QuantFormat> checked_kept_format(uint32_t type, int64_t n, int64_t k) {
-  const std::optional<QuantFormat> f = ggml_kept_quant_format(type);
-  if (!f) return std::nullopt;
-  const GgmlTypeTraits* tr = ggml_type_traits(type);
-  KILN_THROW_IF(n <= 0 || k <= 0 || k % tr->block_size != 0, kInvalidArgument, "GGUF ", ggml_type_name(type),
-                " rows need N > 0 and K a positive multiple of ", tr->block_size, ", got N=", n, " K=", k);
-  return f;
-}
-
-}  // namespace
 
 std::optional<QuantizedRows> ggml_to_quantized_rows(uint32_t type, const uint8_t* src, int64_t n, int64_t k) {
-  const std::optional<QuantFormat> f = checked_kept_format(type, n, k);
-  if (!f) return std::nullopt;
-  QuantizedRows q;
-  q.format = *f;
-  q.n = n;
-  q.k = k;
-  const int64_t groups = q.groups();
-  const size_t row_bytes = quant_row_code_bytes(*f, k);
-  q.codes.reset(new uint8_t[size_t(n) * row_bytes]);
-  q.scales.reset(new uint16_t[size_t(n * groups)]);
-  if (*f == QuantFormat::kQ4) q.mins.reset(new uint16_t[size_t(n * groups)]);
-  q.row_factor.reset(new float[size_t(n)]);
-  const bool ok = convert_rows(type, src, n, k, [&](int64_t r) {
-    return RowDst{q.codes.get() + size_t(r) * row_bytes, q.scales.get() + size_t(r * groups),
-                  q.mins ? q.mins.get() + size_t(r * groups) : nullptr,
-                  reinterpret_cast<uint8_t*>(q.row_factor.get() + r)};
-  });
-  if (!ok) return std::nullopt;
-  return q;
-}
-
-std::optional<Tensor> ggml_to_quantized_image(uint32_t type, const uint8_t* src, int64_t n, int64_t k) {
-  const std::optional<QuantFormat> f = checked_kept_format(type, n, k);
-  if (!f) return std::nullopt;
-  const int64_t groups = k / kQuantGroup;
-  const size_t rb = quant_image_row_bytes(*f, k), cb = quant_row_code_bytes(*f, k);
-  Tensor img(DType::kU8, {n, int64_t(rb)});
-  uint8_t* base = img.data_as<uint8_t>();
-  // Image rows: codes, f16 scales, (q4) f16 mins, f32 factor; rb and cb are even, so the
-  // f16 arrays are 2-byte aligned.
-  const bool ok = convert_rows(type, src, n, k, [&](int64_t r) {
-    uint8_t* row = base + size_t(r) * rb;
-    auto* scales = reinterpret_cast<uint16_t*>(row + cb);
-    uint16_t* mins = *f == QuantFormat::kQ4 ? scales + groups : nullptr;
-    return RowDst{row, scales, mins, row + cb + size_t(groups) * 2 * (*f == QuantFormat::kQ4 ? 2 : 1)};
-  });
-  if (!ok) return std::nullopt;
-  return img;
+  std::optional<Tensor> img = ggml_to_quantized_image(type, src, n, k);
+  if (!img) return std::nullopt;
+  return quant_rows_from_image(img->data_as<uint8_t>(), n, k, *ggml_kept_quant_format(type));
 }
 
 }  // namespace kiln

@@ -66,8 +66,9 @@ bool ggml_requantized_to_q8(uint32_t type);
 // multiple of the block size (32, Q4_K 256). Rows are converted in parallel.
 std::optional<QuantizedRows> ggml_to_quantized_rows(uint32_t type, const uint8_t* src, int64_t n, int64_t k);
 // The same rows written straight into one u8 [n, quant_image_row_bytes] image (the layout
-// quant_rows_to_image writes; how a kept weight travels in the graph), without the
-// QuantizedRows in between: one copy of the weight fewer at load.
+// quant_rows_to_image writes; how a kept weight travels in the graph): what loading uses,
+// one copy of the weight fewer than QuantizedRows and an image. ggml_to_quantized_rows is
+// this image read back (quant_rows_from_image).
 std::optional<Tensor> ggml_to_quantized_image(uint32_t type, const uint8_t* src, int64_t n, int64_t k);
 
 }  // namespace kiln

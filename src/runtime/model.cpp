@@ -3,6 +3,7 @@
 #include "runtime/model.h"
 
 #include <filesystem>
+#include <map>
 
 #include "backends/communicator.h"
 #include "core/log.h"
@@ -34,6 +35,19 @@ void Model::add_top_logits(int32_t k) {
   g.add_output(kTopLogitsOutput, outs[0]);
   g.add_output(kTopIdsOutput, outs[1]);
   g.add_output(kTopLogprobsOutput, outs[2]);
+}
+
+std::string kept_linear_formats(const ir::Graph& g) {
+  std::map<std::string, int> kept;
+  int total = 0;
+  for (const ir::Node& n : g.nodes())
+    if (n.op == "Linear" && n.has_attr("weight_quant")) {
+      ++kept[n.attr_str("weight_quant")];
+      ++total;
+    }
+  std::string out;
+  for (const auto& [format, count] : kept) out += (out.empty() ? "" : ", ") + std::to_string(count) + " " + format;
+  return total == 0 ? out : out + (total == 1 ? " Linear" : " Linears");
 }
 
 std::string auto_weight_dtype(const std::string& backend, const std::string& stored_dtype) {

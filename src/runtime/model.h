@@ -93,6 +93,9 @@ struct ModelOptions {
 // half the bytes of f32, as vLLM's dtype auto runs an f32 checkpoint in 16 bits; bf16 for
 // f16 checkpoints too, whose values it holds without overflow).
 std::string auto_weight_dtype(const std::string& backend, const std::string& stored_dtype = "");
+// The Linears of g that keep a file's codes (weight_quant), by format: "16 q4, 105 q8
+// Linears" ("1 q8 Linear"), or "" when none do (what `kiln bench` and `kiln build` report).
+std::string kept_linear_formats(const ir::Graph& g);
 
 // The graph outputs of that node (ir op TopKLogits): [R, k] values, ids, log-probs.
 inline constexpr const char* kTopLogitsOutput = "top_logits";

@@ -5,7 +5,6 @@
 #include <chrono>
 #include <cstdio>
 #include <random>
-#include <map>
 #include <set>
 
 #include "commands.h"
@@ -35,14 +34,9 @@ struct BenchArgs {
 std::string weights_label(const ModelArgs& m, const Model& model) {
   if (!m.quant.mode.empty()) return m.quant.mode;
   if (m.weight_dtype != "auto") return m.weight_dtype;
-  // auto: the Linears that keep a file's codes (weight_quant) by format, then the rest.
-  std::map<std::string, int> kept;
-  for (const ir::Node& n : model.graph().nodes())
-    if (n.op == "Linear" && n.has_attr("weight_quant")) ++kept[n.attr_str("weight_quant")];
-  std::string out = "auto (";
-  for (const auto& [format, count] : kept)
-    out += std::to_string(count) + " " + format + (count == 1 ? " Linear, " : " Linears, ");
-  return out + (kept.empty() ? "" : "the rest ") + model.compile_options().weight_dtype + ")";
+  // auto: the Linears that keep a file's codes, then the rest.
+  const std::string kept = kept_linear_formats(model.graph());
+  return "auto (" + (kept.empty() ? "" : kept + ", the rest ") + model.compile_options().weight_dtype + ")";
 }
 
 // Bytes of weights a decode step reads: the backend's stored weights less the token

@@ -5,6 +5,9 @@
 
 #include <type_traits>
 #include <utility>
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 
 #include "backends/cpu/kernels/kernels.h"
 
@@ -124,6 +127,18 @@ void swiglu(const float* gate, const float* up, int64_t n, float* out);
 void attention_rows_f32(const float* q, const float* k_cache, const float* v_cache, int64_t block_size, int64_t hq,
                         int64_t hkv, int64_t d, float scale, bool causal, const AttentionSeq* seqs, int64_t num_seqs,
                         float* out);
+
+#ifdef __AVX512F__
+// (Only in files compiled for AVX-512.) A quantized group's 16 f32 scales, or q4 mins: its
+// f16 values times the columns' 2^e (kernels.h), the products pack time would form (exact).
+template <WeightStorage kS>
+inline __m512 quant_group_values(const uint8_t* group, bool min) {
+  const __m512i e = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group + quant_exps_at(kS))));
+  const __m512 f = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(e, _mm512_set1_epi32(127)), 23));
+  const size_t at = min ? quant_mins_at(kS) : quant_scales_at(kS);
+  return _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + at))), f);
+}
+#endif
 }  // namespace avx512
 
 namespace avx2 {

@@ -64,6 +64,10 @@ constexpr size_t quant_exps_at(WeightStorage s) {
   return quant_code_bytes(s) + (s == WeightStorage::kQ8 ? 32 : 64);
 }
 constexpr size_t quant_group_bytes(WeightStorage s) { return quant_exps_at(s) + 16; }
+// Bytes of a quantized panel of k rows: its groups, padded to whole 64-byte lines.
+constexpr size_t quant_panel_bytes(WeightStorage s, int64_t k) {
+  return (size_t(k / kQuantGroup) * quant_group_bytes(s) + 63) / 64 * 64;
+}
 // The row factor 2^e as an f32, e in [-126, 127] (the int8 a group stores).
 inline float quant_exp_factor(int8_t e) {
   const uint32_t bits = uint32_t(int32_t(e) + 127) << 23;
@@ -96,7 +100,7 @@ struct PackedWeight {
     }
   }
   size_t panel_bytes() const {
-    return weight_storage_quantized(storage) ? (offset(stored_k()) + 63) / 64 * 64 : offset(stored_k());
+    return weight_storage_quantized(storage) ? quant_panel_bytes(storage, k) : offset(stored_k());
   }
   size_t bytes() const { return size_t(panels()) * panel_bytes(); }
   const uint8_t* panel(int64_t p) const { return data.get() + size_t(p) * panel_bytes(); }

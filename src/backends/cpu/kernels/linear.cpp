@@ -164,6 +164,8 @@ void pack_quantized_panel(const float* w, const QuantizedRows* q, int64_t n, int
       }
     }
   }
+  // The line padding: zeros (engines store these bytes).
+  std::memset(dst, 0, quant_panel_bytes(s, k) - size_t(groups) * quant_group_bytes(s));
 }
 
 // Rows of the tile are processed in blocks of `mc` so the x block (mc × kc floats) stays
@@ -416,7 +418,6 @@ PackedWeight pack_weight(const float* w, int64_t n, int64_t k, WeightStorage sto
     for (int64_t p = p0; p < p1; ++p) {
       uint8_t* dst = pw.data.get() + size_t(p) * pw.panel_bytes();
       if (weight_storage_quantized(storage)) {
-        std::memset(dst, 0, pw.panel_bytes());  // the line padding too: engines store these bytes
         pack_quantized_panel(w, nullptr, n, k, p, storage, dst);
         continue;
       }
@@ -453,7 +454,6 @@ PackedWeight pack_quantized_weight(const QuantizedRows& q) {
   ThreadPool::global().parallel_for(pw.panels(), [&](int64_t p0, int64_t p1, int) {
     for (int64_t p = p0; p < p1; ++p) {
       uint8_t* dst = pw.data.get() + size_t(p) * pw.panel_bytes();
-      std::memset(dst, 0, pw.panel_bytes());  // the line padding too: engines store these bytes
       pack_quantized_panel(nullptr, &q, q.n, q.k, p, pw.storage, dst);
     }
   });

@@ -175,16 +175,6 @@ void widen(const void* panel_v, int64_t kc, float* dst) {
 // min), so both give the same bits; a k row's codes widen with one conversion per 16
 // instead of two per 8. For the x rows the int8-activation GEMV does not take (the logits
 // GEMM; KILN_CPU_QGEMV=f32; CPUs without AVX-512 VNNI + VBMI).
-// A group's 16 f32 scales (or q4 mins) from its f16 values and the columns' exponents:
-// f16 x 2^e, the product pack time would form (exact).
-template <WeightStorage kS>
-__m512 group_values(const uint8_t* group, bool min) {
-  const __m512i e = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group + quant_exps_at(kS))));
-  const __m512 f = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(e, _mm512_set1_epi32(127)), 23));
-  const size_t at = min ? quant_mins_at(kS) : quant_scales_at(kS);
-  return _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + at))), f);
-}
-
 struct Q8 {
   static constexpr WeightStorage kStorage = WeightStorage::kQ8;
   static constexpr size_t kGroupBytes = quant_group_bytes(kStorage);
@@ -234,8 +224,8 @@ void quant_tile(const float* x, int64_t ldx, const uint8_t* group, int64_t kc, f
           part[u][r] = _mm512_fmadd_ps(_mm512_set1_ps(x[r * ldx + g0 + kk + u]), b, part[u][r]);
       }
     }
-    const __m512 s = group_values<Q::kStorage>(group, false);
-    [[maybe_unused]] const __m512 mins = Q::kHasMin ? group_values<Q::kStorage>(group, true) : s;
+    const __m512 s = quant_group_values<Q::kStorage>(group, false);
+    [[maybe_unused]] const __m512 mins = Q::kHasMin ? quant_group_values<Q::kStorage>(group, true) : s;
 #pragma GCC unroll 12
     for (int r = 0; r < M; ++r) {
 #pragma GCC unroll 2

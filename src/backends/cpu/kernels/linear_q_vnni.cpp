@@ -117,14 +117,8 @@ void qgemv_rows(const int8_t* qx, const int8_t* qlo, const float* dx, const floa
       for (int d = 0; d < D; ++d)
 #pragma GCC unroll 8
         for (int r = 0; r < M; ++r) sum[0][d][r] = _mm512_add_epi32(sum[0][d][r], sum[u][d][r]);
-    // The group's f32 scales (q4: and mins): f16 x 2^e, the products pack time would form.
-    const __m512i e = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(group + quant_exps_at(kS))));
-    const __m512 f = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_add_epi32(e, _mm512_set1_epi32(127)), 23));
-    const auto f16s = [&](size_t at) {
-      return _mm512_mul_ps(_mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + at))), f);
-    };
-    const __m512 s = f16s(quant_scales_at(kS));
-    [[maybe_unused]] const __m512 mins = kQ4 ? f16s(quant_mins_at(kS)) : s;
+    const __m512 s = quant_group_values<kS>(group, false);
+    [[maybe_unused]] const __m512 mins = kQ4 ? quant_group_values<kS>(group, true) : s;
 #pragma GCC unroll 8
     for (int r = 0; r < M; ++r) {
       __m512 dot[D];
