@@ -25,6 +25,7 @@
 #include "backends/cuda/ops/rope.h"
 #include "backends/cuda/ops/rows.h"
 #include "backends/cuda/ops/topk.h"
+#include "core/env_switch.h"
 #include "core/log.h"
 #include "core/status.h"
 #include "core/weight_quant.h"
@@ -350,11 +351,33 @@ LinearScratch linear_scratch(OpContext& c, const LinearFusion& f, bool norm, DTy
 // Bytes of one dequantized weight tile: small enough to stay in L2 (50 MB on an H100/H200)
 // between the dequantize kernel writing it and cuBLASLt reading it.
 constexpr size_t kDequantTileBytes = size_t(24) << 20;
+// The largest tile a prompt's rows may take (the workspace grows to it, or to the largest
+// q8/q4 weight if smaller).
+constexpr size_t kDequantWideTileBytes = size_t(256) << 20;
+// From this many token rows the GEMM behind a tile is bound by its arithmetic, and a tile
+// too small to fill the device costs more than the tile's trip through memory.
+constexpr int64_t kDequantWideFromRows = 256;
 
-// A q8/q4 Linear: the quantized GEMV for up to kQGemvMaxRows rows; beyond, tiles of whole
-// rows (multiples of 128, so each tile's slice of y and of the bias keeps cuBLASLt's
-// 256-byte alignment) dequantized into the workspace, each multiplied by cuBLASLt into
-// its column slice of y (or of the [gate | up] scratch).
+}  // namespace
+
+// Rows of the weight tiles of a q8/q4 Linear's dequantize + cuBLASLt path (see the header).
+int64_t dequant_tile_rows(int64_t n, int64_t k, size_t elem_bytes, int64_t t, int sms, bool wide) {
+  const auto rows_of = [&](size_t bytes) {
+    return std::max<int64_t>(128, int64_t(bytes / (size_t(k) * elem_bytes)) / 128 * 128);
+  };
+  int64_t rows = rows_of(kDequantTileBytes);
+  if (wide && t >= kDequantWideFromRows) {
+    // Enough 128 x 256 output tiles for four waves, within the wide cap.
+    const int64_t row_tiles = (t + 127) / 128, want = int64_t(4) * std::max(sms, 1);
+    rows = std::min(std::max(rows, (want + row_tiles - 1) / row_tiles * 256), rows_of(kDequantWideTileBytes));
+  }
+  if (rows >= n) return n;
+  const int64_t tiles = (n + rows - 1) / rows;  // even tiles, each a multiple of 128 rows
+  return std::min(n, ((n + tiles - 1) / tiles + 127) / 128 * 128);
+}
+
+namespace {
+
 OpRun prepare_linear_quant(const ir::Node& n, const ir::Graph& g, PrepareContext& pc, QuantFormat f,
                            LinearEpilogue epi) {
   ir::ValueId wv = need_weight(n, g, 1, "weight");
@@ -370,10 +393,14 @@ OpRun prepare_linear_quant(const ir::Node& n, const ir::Graph& g, PrepareContext
   KILN_THROW_IF(swiglu && nn % 2 != 0, kInvalidArgument, "linear '", n.name, "': swiglu needs an even number of rows");
   const int64_t out_n = swiglu ? nn / 2 : nn;
   const size_t es = dtype_size(pc.act);
-  const int64_t tile_rows =
-      std::min(nn, std::max<int64_t>(128, int64_t(kDequantTileBytes / (size_t(k) * es)) / 128 * 128));
+  // Tiles sized per call from the token rows (KILN_CUDA_DEQUANT_WIDE=0: the L2-sized tiles
+  // at every row count); the workspace holds the largest.
+  const bool wide = env_switch("KILN_CUDA_DEQUANT_WIDE", "prompts' tiles fill the device",
+                               "every tile sized for L2");
+  const int sms = pc.cx->num_sms;
+  const int64_t max_tile_rows = dequant_tile_rows(nn, k, es, kDequantWideFromRows, sms, wide);
   KILN_CHECK(pc.dequant_ws, "cuda: no dequantization workspace");
-  pc.dequant_ws->grow(size_t(tile_rows * k) * es, nullptr);  // nothing runs yet: no stream to drain
+  pc.dequant_ws->grow(size_t(max_tile_rows * k) * es, nullptr);  // nothing runs yet: no stream to drain
   DeviceBuffer* ws = pc.dequant_ws;
   const std::string name = n.name;
   // Norm and residual (pass fuse_norm_linear, for a Linear pinned to q8/q4): the norm
@@ -393,6 +420,7 @@ OpRun prepare_linear_quant(const ir::Node& n, const ir::Graph& g, PrepareContext
     if (gemv) {
       launch_gemv_quant(y.dtype, xin, w, bias, y.data, t, out_n, s, epi.gemv, qk);
     } else {
+      const int64_t tile_rows = dequant_tile_rows(nn, k, es, t, sms, wide);
       KILN_CHECK(ws->size() >= size_t(tile_rows * k) * es, "cuda: dequantization workspace too small");
       auto* dst = swiglu ? scr.gu : static_cast<char*>(y.data);
       for (int64_t r0 = 0; r0 < nn; r0 += tile_rows) {

@@ -59,5 +59,40 @@ TEST(CudaGgufAuto, EachLinearKeepsItsFormatBesideBf16) {
   }
 }
 
+// A Q4_K_M-style mix on CUDA: Q4_K attention kept as q4 codes, a Q6_K MLP requantized to
+// q8 at load (ggml_requantized_to_q8, as on the CPU), and a Q5_0 attention kept exactly as
+// q8 codes beside a Q8_0 MLP. Both backends load the same codes, so the bound is the bf16
+// model's (6e-2 of the reference's RMS, as above).
+TEST(CudaGgufAuto, KQuantMixesStayQuantized) {
+  KILN_SKIP_WITHOUT_CUDA();
+  kiln::test::TempDir dir;
+  struct Case {
+    GgmlType attn, mlp;
+    size_t q4, q8;
+  };
+  for (const Case& c : {Case{GgmlType::kQ4_K, GgmlType::kQ6_K, 4, 4}, Case{GgmlType::kQ5_0, GgmlType::kQ8_0, 0, 8}}) {
+    const std::string what = std::string(ggml_type_name(uint32_t(c.attn))) + "/" + ggml_type_name(uint32_t(c.mlp));
+    const std::string path = dir.file("kquant.gguf");
+    kiln::test::write_file(path, kiln::test::quant_llama(c.attn, c.mlp));
+    ::setenv("KILN_CUDA_QGEMV", "mma", 1);  // read when the graph is compiled
+    auto gpu = Model::load(path, {.backend = "cuda", .weight_dtype = "auto"});
+    ::unsetenv("KILN_CUDA_QGEMV");
+    std::map<std::string, size_t> formats;  // weight_quant -> Linears ("bf16": not kept)
+    for (const ir::Node& n : gpu->graph().nodes())
+      if (n.op == "Linear") ++formats[n.attr_str("weight_quant", "bf16")];
+    EXPECT_EQ(formats["q4"], c.q4) << what;
+    EXPECT_EQ(formats["q8"], c.q8) << what;
+    EXPECT_EQ(formats["bf16"], 1u) << what << ": only the tied head over the f32 embedding";
+    auto cpu = Model::load(path, {.weight_dtype = "auto"});
+    const std::vector<int32_t> prompt = {1, 5, 9, 3, 14, 2, 7}, decode = {4, 11, 0, 8};
+    const std::vector<float> want = logits_of(*cpu, prompt, decode), got = logits_of(*gpu, prompt, decode);
+    ASSERT_EQ(got.size(), want.size()) << what;
+    const double err = rel_rms(got, want);
+    std::printf("  gguf auto (%s) on cuda vs the cpu's auto: logits rel rms %.4g over %zu values\n", what.c_str(),
+                err, want.size());
+    EXPECT_LE(err, 6e-2) << what;
+  }
+}
+
 }  // namespace
 }  // namespace kiln::cuda

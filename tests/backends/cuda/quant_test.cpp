@@ -17,6 +17,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/ops/gemv_quant.h"
 #include "core/weight_quant.h"
 
@@ -121,11 +122,12 @@ TEST(CudaQuant, GemmTilesAndResidentSize) {
       for (bool swiglu : {false, true}) {
         std::map<std::string, ir::Attr> attrs{{"precision", std::string(q)}};
         if (swiglu) attrs["activation"] = std::string("swiglu");
-        QuantCase c = linear_case(n, k, true, attrs, {40, 1}, dt, uint64_t(swiglu) + q[1]);
+        // 300 rows: one tile the width of the device (dequant_tile_rows); 40: L2-sized tiles.
+        QuantCase c = linear_case(n, k, true, attrs, {300, 40, 1}, dt, uint64_t(swiglu) + q[1]);
         // The default kernel (dp4a for bf16) at t=1: its bound.
         expect_backends_match_opts(c.g, c.steps, {.weight_dtype = "f32"}, {.weight_dtype = dt},
                                    dt == "f32" ? kQuantF32Tol : op_tolerance(dt) + kDp4aExtraTol,
-                                   str_cat("Linear ", q, swiglu ? "+swiglu" : "", " n=4000 k=4096 t=40,1"));
+                                   str_cat("Linear ", q, swiglu ? "+swiglu" : "", " n=4000 k=4096 t=300,40,1"));
         auto gg = create_backend("cuda")->compile(c.g, {.weight_dtype = dt});
         const double bf16_bytes = double(n * k) * 2, got = double(gg->weight_bytes());
         const double want = std::string(q) == "q8" ? double(n) * (k + k / 32 * 2 + 4) : double(n) * (k / 2 + k / 32 * 4 + 4);
@@ -133,6 +135,27 @@ TEST(CudaQuant, GemmTilesAndResidentSize) {
         EXPECT_GE(got, want) << q;
         EXPECT_LE(got, want + double(n) * 4 + 4096) << q << ": more than the quantized weight and the bias";
       }
+}
+
+// The tile rule alone (no GPU): L2-sized even tiles below 256 token rows; from 256 rows,
+// enough rows for four waves of 128 x 256 output tiles, capped at 256 MB.
+TEST(CudaQuant, DequantTilesFillTheDeviceAtPromptRows) {
+  const int sms = 132;
+  // Llama-3.1-8B's gate|up [28672, 4096], bf16 tiles: 24 MB is 3072 rows.
+  EXPECT_EQ(dequant_tile_rows(28672, 4096, 2, 64, sms, true), 2944);     // 10 even tiles
+  EXPECT_EQ(dequant_tile_rows(28672, 4096, 2, 512, sms, false), 2944);   // KILN_CUDA_DEQUANT_WIDE=0
+  EXPECT_EQ(dequant_tile_rows(28672, 4096, 2, 512, sms, true), 28672);   // one tile: 4 x 112 CTAs
+  EXPECT_EQ(dequant_tile_rows(28672, 4096, 2, 2048, sms, true), 7168);   // 33 x 256 rows -> 4 even tiles
+  // The LM head [128256, 4096] at 512 rows: 256 MB caps a tile at 32768 rows.
+  EXPECT_EQ(dequant_tile_rows(128256, 4096, 2, 512, sms, true), 32128);
+  // Small weights are one tile; tiles are multiples of 128 rows or the whole weight.
+  EXPECT_EQ(dequant_tile_rows(1000, 4096, 2, 9, sms, true), 1000);
+  for (int64_t t : {9, 255, 256, 1000, 4096})
+    for (int64_t n : {4000, 14336, 50000}) {
+      const int64_t r = dequant_tile_rows(n, 4096, 4, t, sms, true);
+      EXPECT_TRUE(r == n || r % 128 == 0) << n << " " << t;
+      EXPECT_LE(size_t(r) * 4096 * 4, size_t(256) << 20) << n << " " << t;
+    }
 }
 
 // `--weight-dtype q8|q4`: every Linear quantized, bf16 activations; K = 100 (not a
