@@ -119,6 +119,10 @@ std::unique_ptr<Model> Model::from_built(BuiltModel built, const ModelOptions& o
   co.linear_observer = options.linear_observer;
   co.step_tuning = options.step_tuning;
   co.tactic_cache = options.tactic_cache;
+  if (options.pack_weights_at_load && !options.linear_observer) {
+    const size_t packed = backend->pack_weights(m->built_.graph, co);
+    if (packed) log_debug("packed ", packed, " Linear weights into the graph before compiling");
+  }
   m->compile(options.backend, co, options.device);
   return m;
 }

@@ -337,3 +337,58 @@ TEST(HalfCheckpoint, SafetensorsAutoKeepsItsDtypeOnTheCpu) {
 
 }  // namespace
 }  // namespace kiln
+
+namespace kiln {
+namespace {
+
+// Prefill logits of 7 tokens and 3 decode steps.
+std::vector<float> logits_of(Model& m) {
+  LlmRunner runner(m, {.max_total_tokens = 64});
+  const int32_t id = runner.add_sequence({1, 5, 9, 3, 14, 2, 7});
+  std::vector<float> out;
+  while (runner.has_pending())
+    for (auto& o : runner.step(true)) out.insert(out.end(), o.logits.begin(), o.logits.end());
+  for (int32_t tok : {4, 11, 0}) {
+    runner.append_tokens(id, {tok});
+    for (auto& o : runner.step(false)) out.insert(out.end(), o.logits.begin(), o.logits.end());
+  }
+  return out;
+}
+
+// ModelOptions::pack_weights_at_load on the CPU: the model's graph holds the Linears'
+// panels (weight_layout, no [N, K] weight left beside them) and computes the bits the
+// unpacked load computes, which packs the same weights inside the backend: GGUF q4/q8
+// images with a requantized Q6_K MLP (auto), a bf16 checkpoint (auto keeps bf16), a
+// model whose LM head is tied to its token embedding (GPT-2), and --weight-dtype q4.
+TEST(PackAtLoad, TheGraphHoldsThePanelsAndComputesTheSameBits) {
+  TempDir dir;
+  const std::string kquant = dir.file("kquant.gguf"), half = dir.file("bf16.gguf");
+  write_file(kquant, quant_llama(GgmlType::kQ4_K, GgmlType::kQ6_K));
+  write_file(half, half_llama(GgmlType::kBF16));
+  struct Case {
+    std::string path, dtype;
+  };
+  for (const Case& c : {Case{kquant, "auto"}, Case{half, "auto"}, Case{testing::fixture_dir("gpt2"), "f32"},
+                        Case{testing::fixture_dir("llama"), "q4"}}) {
+    const std::string what = c.path + " " + c.dtype;
+    ModelOptions o;
+    o.weight_dtype = c.dtype;
+    auto plain = Model::load(c.path, o);
+    o.pack_weights_at_load = true;
+    auto packed = Model::load(c.path, o);
+    size_t linears = 0;
+    for (const ir::Node& n : packed->graph().nodes()) {
+      if (n.op != "Linear") continue;
+      ++linears;
+      EXPECT_TRUE(n.has_attr("weight_layout")) << what << ": " << n.name;
+      EXPECT_EQ(packed->graph().weight(n.inputs[1]).dtype(), DType::kU8) << what << ": " << n.name;
+    }
+    EXPECT_GT(linears, 0u) << what;
+    const std::vector<float> want = logits_of(*plain), got = logits_of(*packed);
+    ASSERT_EQ(got.size(), want.size()) << what;
+    EXPECT_EQ(max_abs_diff(got, want), 0.0) << what;
+  }
+}
+
+}  // namespace
+}  // namespace kiln

@@ -95,16 +95,19 @@ double measure_triad_gbs() {
   return 3.0 * 4.0 * double(n) / median(t) / 1e9;
 }
 
-// Parameters of the graph's Linears (weights held by the graph); skip_vocab leaves out an
-// LM head (vocab rows), which a prefill runs on its last rows only.
+// Parameters of the graph's Linears (weights held by the graph, [N, K] or packed with
+// their weight_n / weight_k); skip_vocab leaves out an LM head (vocab rows), which a
+// prefill runs on its last rows only.
 double linear_params(Model& model, bool skip_vocab) {
   const ir::Graph& g = model.graph();
   double params = 0;
   for (const ir::Node& n : g.nodes())
     if (n.op == "Linear" && n.inputs.size() > 1 && g.is_weight(n.inputs[1])) {
       const Tensor& w = g.weight(n.inputs[1]);
-      if (w.rank() == 2 && !(skip_vocab && w.dim(0) == model.info().vocab_size))
-        params += double(w.dim(0)) * double(w.dim(1));
+      const bool packed = n.has_attr("weight_layout");
+      if (!packed && w.rank() != 2) continue;
+      const int64_t rows = packed ? n.attr_int("weight_n") : w.dim(0), k = packed ? n.attr_int("weight_k") : w.dim(1);
+      if (!(skip_vocab && rows == model.info().vocab_size)) params += double(rows) * double(k);
     }
   return params;
 }

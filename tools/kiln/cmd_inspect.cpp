@@ -125,7 +125,9 @@ Runner add_inspect(CLI::App& app) {
   add_model_options(cmd, *a);
   cmd->add_flag("--graph", *graph, "print the IR graph");
   return [a, graph] {
-    auto m = Model::load(a->model, model_options(*a));
+    ModelOptions mo = model_options(*a);
+    mo.pack_weights_at_load = false;  // the graph as built: [N, K] Linear weights
+    auto m = Model::load(a->model, mo);
     const ModelInfo& i = m->model_info();  // unsharded (tensor parallelism: rank 0's share below)
     std::printf("model       %s\n", m->path().c_str());
     std::printf("family      %s (model_type %s), %s\n", i.family.c_str(), i.model_type.c_str(),

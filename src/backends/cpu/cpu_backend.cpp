@@ -50,14 +50,14 @@ class CpuCompiledGraph final : public CompiledGraph {
         }
         // Bytes of the stored form (per node: assign_precision may pin some layers;
         // w8a8 Linears hold int8, fp8 ones their decoded codes as bf16): codes plus
-        // one f32 scale per 32 values for q8/q4.
+        // f16 scales (q4: and mins) and an exponent per group of 32 for q8/q4 (the panels).
         const std::string st = cpu::linear_weight_storage(n, opt);
         const std::string quant = n.attr_str("quant", "");
         const double bits = quant == "w8a8"                               ? 8
                             : quant == "fp8"                              ? 16
                             : st == "f32" || st == "w8a8" || st == "fp8" ? 32
-                            : st == "q8"                  ? 9
-                            : st == "q4"                  ? 5
+                            : st == "q8"                  ? 8.75
+                            : st == "q4"                  ? 5.25
                                                           : 16;
         // A weight kept quantized (weight_quant) is [N, row image bytes]: count N * K values.
         const double values = n.has_attr("weight_quant") ? double(w.dim(0)) * double(n.attr_int("weight_k", 0))
@@ -69,11 +69,14 @@ class CpuCompiledGraph final : public CompiledGraph {
       for (const ir::Node& n : g.nodes()) {
         std::string key = n.op;
         if (n.op == "Linear") {
-          // N x K (a weight kept quantized is [N, row image bytes]: its K and format).
+          // N x K (a packed weight is bytes with its weight_n / weight_k; a weight kept
+          // quantized is [N, row image bytes]: its K and format).
           const Tensor& w = g.weight(n.inputs[1]);
-          key += n.has_attr("weight_quant")
-                     ? str_cat(" ", w.dim(0), "x", n.attr_int("weight_k", 0), " ", n.attr_str("weight_quant"))
-                     : str_cat(" ", w.dim(0), "x", w.dim(1));
+          const bool packed = n.has_attr("weight_layout");
+          const int64_t rows = packed ? n.attr_int("weight_n") : w.dim(0),
+                        k = packed || n.has_attr("weight_quant") ? n.attr_int("weight_k", 0) : w.dim(1);
+          key += str_cat(" ", rows, "x", k);
+          if (n.has_attr("weight_quant")) key += " " + n.attr_str("weight_quant");
         }
         prof_keys_.push_back(std::move(key));
       }

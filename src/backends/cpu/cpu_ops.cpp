@@ -730,9 +730,22 @@ std::string linear_weight_storage(const ir::Node& n, const CompileOptions& opt) 
 size_t pack_linear_weights(ir::Graph& g, const CompileOptions& opt) {
   // Tied weights (distinct values sharing one buffer, like GPT-2's LM head and token
   // embedding) pack once: keyed by the source buffer.
+  // Every weight's buffer is noted before any is released (below), so an address freed
+  // and reused while packing never matches an earlier key.
   using Key = std::tuple<const void*, size_t, WeightStorage>;
   std::map<Key, ir::ValueId> done;
-  auto key = [&](ir::ValueId v, WeightStorage st) { return Key{g.weight(v).data(), g.weight(v).nbytes(), st}; };
+  std::vector<std::pair<const void*, size_t>> buffer_of(g.num_values());
+  // Readers of each weight (node inputs, graph outputs): a source's [N, K] tensor is
+  // released once its last reader is packed, so the originals and the panels are not all
+  // held at once (the peak of a load).
+  std::vector<int> readers(g.num_values(), 0);
+  for (size_t v = 0; v < g.num_values(); ++v)
+    if (g.is_weight(ir::ValueId(v))) buffer_of[v] = {g.weight(ir::ValueId(v)).data(), g.weight(ir::ValueId(v)).nbytes()};
+  for (const ir::Node& n : g.nodes())
+    for (ir::ValueId v : n.inputs)
+      if (v != ir::kNoValue) ++readers[size_t(v)];
+  for (const auto& [name, v] : g.outputs()) ++readers[size_t(v)];
+  auto key = [&](ir::ValueId v, WeightStorage st) { return Key{buffer_of[size_t(v)].first, buffer_of[size_t(v)].second, st}; };
   size_t packed = 0;
   for (size_t i = 0; i < g.nodes().size(); ++i) {
     const ir::Node& n = g.nodes()[i];
@@ -753,6 +766,7 @@ size_t pack_linear_weights(ir::Graph& g, const CompileOptions& opt) {
     }
     ir::Node& m = g.nodes()[i];
     m.inputs[1] = it->second;
+    if (--readers[size_t(src)] == 0) g.weight(src) = Tensor();  // compact() drops the value
     m.attrs["weight_layout"] = std::string(kCpuPackedLayout);
     m.attrs["weight_n"] = out;
     m.attrs["weight_k"] = k;
