@@ -132,6 +132,16 @@ void quant_rows_to_image(const QuantizedRows& q, uint8_t* dst) {
   }
 }
 
+void dequantize_image_row(const uint8_t* row, int64_t k, QuantFormat f, float* out) {
+  const size_t cb = quant_row_code_bytes(f, k), groups = size_t(k / kQuantGroup);
+  // The scales follow the codes (a multiple of 16 bytes), so they are 2-byte aligned.
+  const auto* scales = reinterpret_cast<const uint16_t*>(row + cb);
+  const uint16_t* mins = f == QuantFormat::kQ4 ? scales + groups : nullptr;
+  float factor;
+  std::memcpy(&factor, row + cb + groups * 2 * (f == QuantFormat::kQ4 ? 2 : 1), sizeof(float));
+  dequantize_row(row, scales, mins, factor, k, f, out);
+}
+
 QuantizedRows quant_rows_from_image(const uint8_t* src, int64_t n, int64_t k, QuantFormat f) {
   KILN_THROW_IF(n <= 0 || k <= 0 || k % kQuantGroup != 0, kInvalidArgument, quant_format_name(f),
                 " weight image needs N > 0 and K a positive multiple of ", kQuantGroup, ", got N=", n, " K=", k);

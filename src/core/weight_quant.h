@@ -94,6 +94,9 @@ size_t quant_image_row_bytes(QuantFormat f, int64_t k);
 void quant_rows_to_image(const QuantizedRows& q, uint8_t* dst);  // dst: n * row bytes
 // kInvalidArgument when k is not a positive multiple of kQuantGroup.
 QuantizedRows quant_rows_from_image(const uint8_t* src, int64_t n, int64_t k, QuantFormat f);
+// The values of one image row (quant_image_row_bytes(f, k) bytes at `row`), as
+// dequantize_row gives them: a quantized lookup table's rows are read so (Embedding).
+void dequantize_image_row(const uint8_t* row, int64_t k, QuantFormat f, float* out);
 // "q8" / "q4" -> the format; kInvalidArgument naming `what` otherwise.
 QuantFormat quant_format_from_name(const std::string& name, const std::string& what);
 

@@ -184,7 +184,19 @@ std::vector<ValueType> infer_embedding(const Node& n, const In& in) {
   }
   need_rank(n, table, 2, "table");
   need_index(n, ids, "ids");
-  return {{table.dtype == DType::kF32 ? DType::kF32 : DType::kF32, Shape{ids.shape[0], table.shape[1]}}};
+  if (n.has_attr("weight_quant")) {  // a table kept quantized: u8 [vocab, row bytes] rows of weight_k values
+    const std::string f = n.attr_str("weight_quant");
+    if (f != "q8" && f != "q4") shape_error(n, str_cat("weight_quant must be q8 or q4, got '", f, "'"));
+    const int64_t dim = n.attr_int("weight_k", -1);
+    if (dim <= 0 || dim % kQuantGroup != 0 || dim > (int64_t(1) << 31))
+      shape_error(n, str_cat("a quantized table needs weight_k a positive multiple of ", kQuantGroup, ", got ", dim));
+    const size_t row = quant_image_row_bytes(f == "q8" ? QuantFormat::kQ8 : QuantFormat::kQ4, dim);
+    if (table.dtype != DType::kU8 || !dims_agree(table.shape[1], Dim(int64_t(row))))
+      shape_error(n, str_cat(f, " table %", table.name, " must be u8 [vocab, ", row, "] for ", dim, " values a row, got ",
+                             dtype_name(table.dtype), table.shape.str()));
+    return {{DType::kF32, Shape{ids.shape[0], Dim(dim)}}};
+  }
+  return {{DType::kF32, Shape{ids.shape[0], table.shape[1]}}};
 }
 
 // BERT's embeddings fused with their LayerNorm: inputs (gamma, beta?, table_0, ids_0,

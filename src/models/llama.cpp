@@ -91,7 +91,7 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
   const bool mlp_bias = c.value("mlp_bias", false);
 
   std::vector<WeightSpec> specs = {
-      {"model.embed_tokens.weight", {v, h}},
+      {"model.embed_tokens.weight", {v, h}, true, "", false, false, /*table=*/true},
       {"model.norm.weight", {h}},
       {"lm_head.weight", {v, h}, true, "model.embed_tokens.weight", false, /*linear=*/true},
   };
@@ -143,7 +143,16 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
   ir::ValueId rows = g.add_input("logit_rows", DType::kI32, {"R"});
   ir::ValueId inv_freq = g.add_weight("rope.inv_freq", rope_inv_freq(c, hd));
   const int64_t rotary_dim = 2 * g.weight(inv_freq).dim(0);
-  ir::ValueId x = g.add("Embedding", {W("model.embed_tokens.weight"), tokens}, {}, "embed_tokens");
+  // A table kept quantized (WeightSpec::table): rows of h values in the image's format.
+  std::map<std::string, ir::Attr> embed_attrs;
+  const ir::ValueId table = W("model.embed_tokens.weight");
+  if (g.weight(table).dtype() == DType::kU8) {
+    const QuantFormat f =
+        g.weight(table).dim(1) == int64_t(quant_image_row_bytes(QuantFormat::kQ8, h)) ? QuantFormat::kQ8 : QuantFormat::kQ4;
+    embed_attrs["weight_quant"] = std::string(quant_format_name(f));
+    embed_attrs["weight_k"] = h;
+  }
+  ir::ValueId x = g.add("Embedding", {table, tokens}, embed_attrs, "embed_tokens");
   const double scale = 1.0 / std::sqrt(double(hd));
   for (int64_t l = 0; l < info.num_layers; ++l) {
     std::string b = "model.layers." + std::to_string(l) + ".";

@@ -2,6 +2,7 @@
 #include "models/model_builder.h"
 
 #include "core/log.h"
+#include "core/weight_quant.h"
 #include "core/status.h"
 #include "models/random_weights.h"
 
@@ -18,10 +19,18 @@ std::map<std::string, Tensor> load_declared_weights(const std::vector<WeightSpec
     // A Linear weight the source keeps quantized: its own codes, or for a tied one (an LM
     // head sharing the token embedding) a copy of the embedding's codes, while the
     // embedding itself loads as f32 rows for the lookup.
-    if (spec.linear && !spec.transpose && !random) {
+    if ((spec.linear || spec.table) && !spec.transpose && !random) {
       const std::string from = source.has(name) ? name : spec.tied_to;
       const bool ok = !from.empty() && source.has(from) && source.info(from).shape == spec.shape;  // else the checks below
       const std::optional<QuantFormat> f = ok ? source.keep_format_for(from) : std::nullopt;
+      // A head tied to a table kept in the same format shares the table's image.
+      if (auto t = out.find(from); f && from != name && t != out.end() && t->second.dtype() == DType::kU8 &&
+                                   t->second.rank() == 2 && t->second.dim(0) == spec.shape[0] &&
+                                   size_t(t->second.dim(1)) == quant_image_row_bytes(*f, spec.shape[1])) {
+        out.emplace(spec.name, t->second);
+        progress.update(++done);
+        continue;
+      }
       if (std::optional<Tensor> q = f ? source.load_quantized(from, *f) : std::nullopt) {
         out.emplace(spec.name, std::move(*q));
         progress.update(++done);

@@ -53,6 +53,12 @@ struct WeightSpec {
   // A Linear weight [out, in]: loaded as a quantized image (WeightSource::load_quantized)
   // when the source keeps quantized weights and has this one in that format.
   bool linear = false;
+  // A lookup table [rows, dim] (a token embedding): like `linear`, loaded as a quantized
+  // image (rows of dim values) when the source keeps its format, so a GGUF's quantized
+  // embedding is not expanded to f32 (an 8B Llama's: 2.1 GB f32, 0.3 GB as q4). The
+  // builder marks its Embedding node (weight_quant, weight_k); a Linear tied to it shares
+  // the image.
+  bool table = false;
 };
 
 // Loads every declared weight as f32, checks shapes, and returns them by name (absent

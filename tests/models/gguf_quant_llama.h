@@ -80,7 +80,7 @@ inline void small_llama_header(GgufWriter& w, int64_t h, int64_t inter, int64_t 
 }
 
 // K-quants need K % 256 == 0: h and inter 256 for them, else 64 and 96. The token
-// embedding (also the tied LM head) is f32 unless `embd` says Q8_0.
+// embedding (also the tied LM head) is f32 unless `embd` names a quantized type.
 inline std::string quant_llama(GgmlType attn, GgmlType mlp, GgmlType embd = GgmlType::kF32) {
   const auto is_k = [](GgmlType t) { return t == GgmlType::kQ4_K || t == GgmlType::kQ6_K; };
   const bool k_quant = is_k(attn) || is_k(mlp);
@@ -91,7 +91,7 @@ inline std::string quant_llama(GgmlType attn, GgmlType mlp, GgmlType embd = Ggml
   std::normal_distribution<float> nd(0.f, 1.f);
   std::vector<float> emb(size_t(vocab * h)), ones(size_t(h), 1.f);
   for (float& v : emb) v = nd(rng);
-  if (embd == GgmlType::kQ8_0)
+  if (embd != GgmlType::kF32)
     w.tensor("token_embd.weight", uint32_t(embd), {uint64_t(h), uint64_t(vocab)}, blocks(embd, vocab, h, rng));
   else
     w.tensor("token_embd.weight", 0, {uint64_t(h), uint64_t(vocab)}, raw_bytes(emb));

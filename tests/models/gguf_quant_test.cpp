@@ -137,9 +137,9 @@ TEST(GgufQuantModel, KeptCodesComputeTheFilesValues) {
 
 // --weight-dtype auto (the CLI's default): each Linear keeps its file's codes in its own
 // format - Q4_0 attention as q4, Q8_0 MLP as q8 in the same model - tagged with that
-// precision; the tied logits GEMM stays f32 over an f32 embedding and takes a q8 copy of
-// a Q8_0 embedding's codes (the lookup still reads f32 rows); the model computes the
-// file's values.
+// precision; the tied logits GEMM stays f32 over an f32 embedding; a Q8_0 embedding
+// stays q8 (the lookup dequantizes its rows: WeightSpec::table) and the tied head shares
+// its image; the model computes the file's values.
 TEST(GgufQuantModel, AutoKeepsEachLinearInItsOwnFormat) {
   const F32Activations f32_x;
   TempDir dir;
@@ -151,6 +151,17 @@ TEST(GgufQuantModel, AutoKeepsEachLinearInItsOwnFormat) {
     ModelOptions o;
     o.weight_dtype = "auto";
     auto model = Model::load(path, o);
+    const ir::Graph& g = model->graph();
+    const ir::Node* embed = nullptr;
+    const ir::Node* head = nullptr;
+    for (const ir::Node& n : g.nodes()) {
+      if (n.op == "Embedding") embed = &n;
+      if (n.name == "lm_head") head = &n;
+    }
+    ASSERT_TRUE(embed && head) << what;
+    EXPECT_EQ(embed->attr_str("weight_quant", "f32"), q8_head ? "q8" : "f32") << what;
+    if (q8_head)  // one image for the table and the tied head
+      EXPECT_EQ(g.weight(embed->inputs[0]).data(), g.weight(head->inputs[1]).data()) << what;
     std::map<std::string, size_t> formats;  // weight_quant -> Linears
     size_t f32_linears = 0;
     for (const ir::Node& n : model->graph().nodes()) {
@@ -181,24 +192,30 @@ TEST(GgufQuantModel, AutoRequantizesSixBitLinearsToQ8AndKeepsQ5_0) {
   const F32Activations f32_x;
   TempDir dir;
   struct Case {
-    GgmlType attn, mlp;
+    GgmlType attn, mlp, embd;
     size_t q4, q8;
     double bound;  // of max|logit|, auto vs f32 on the file's values
   };
-  for (const Case& c : {Case{GgmlType::kQ4_K, GgmlType::kQ6_K, 4, 4, 4e-3},
-                        Case{GgmlType::kQ5_0, GgmlType::kQ8_0, 0, 8, 1e-4}}) {
-    const std::string what = std::string(ggml_type_name(uint32_t(c.attn))) + "/" + ggml_type_name(uint32_t(c.mlp));
+  // The third: a Q4_K token embedding (Q4_K_M's) stays a q4 table, the tied head shares it.
+  for (const Case& c : {Case{GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kF32, 4, 4, 4e-3},
+                        Case{GgmlType::kQ5_0, GgmlType::kQ8_0, GgmlType::kF32, 0, 8, 1e-4},
+                        Case{GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kQ4_K, 5, 4, 4e-3}}) {
+    const std::string what = std::string(ggml_type_name(uint32_t(c.attn))) + "/" + ggml_type_name(uint32_t(c.mlp)) +
+                             "/" + ggml_type_name(uint32_t(c.embd));
     const std::string path = dir.file("mixed.gguf");
-    write_file(path, quant_llama(c.attn, c.mlp));
+    write_file(path, quant_llama(c.attn, c.mlp, c.embd));
     ModelOptions o;
     o.weight_dtype = "auto";
     auto model = Model::load(path, o);
     std::map<std::string, size_t> formats;
-    for (const ir::Node& n : model->graph().nodes())
+    for (const ir::Node& n : model->graph().nodes()) {
       if (n.op == "Linear") ++formats[n.attr_str("weight_quant", "f32")];
+      if (n.op == "Embedding")
+        EXPECT_EQ(n.attr_str("weight_quant", "f32"), c.embd == GgmlType::kQ4_K ? "q4" : "f32") << what;
+    }
     EXPECT_EQ(formats["q4"], c.q4) << what;
     EXPECT_EQ(formats["q8"], c.q8) << what;
-    EXPECT_EQ(formats["f32"], 1u) << what << ": only the tied head over the f32 embedding";
+    EXPECT_EQ(formats["f32"], c.embd == GgmlType::kF32 ? 1u : 0u) << what << ": only the tied head over the f32 embedding";
     const VsF32 r = prefill_vs_f32(*model, path);
     ASSERT_GT(r.scale, 0.1) << what;
     const double d = max_abs_diff(r.got, r.want);

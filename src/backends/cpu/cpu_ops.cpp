@@ -123,8 +123,30 @@ OpRun prepare_packed_embedding(const ir::Node& n, const ir::Graph& g) {
   };
 }
 
+// A table kept quantized (weight_quant: a GGUF's own codes, WeightSpec::table): each
+// looked-up row is dequantized from the image, so the table stays at its file size.
+OpRun prepare_quant_embedding(const ir::Node& n, const ir::Graph& g) {
+  const Tensor& img = g.weight(n.inputs[0]);
+  weight_image_rows(n, img.slice_rows(0, std::min<int64_t>(img.dim(0), 1)));  // checks the image's shape
+  const QuantFormat f = quant_format_from_name(n.attr_str("weight_quant"), "cpu: node '" + n.name + "'");
+  const int64_t dim = n.attr_int("weight_k"), rows = img.dim(0);
+  const size_t row_bytes = size_t(img.dim(1));
+  return [img, f, dim, rows, row_bytes](OpContext& c) {
+    const Tensor& ids = *c.inputs[1];
+    const int64_t t = ids.dim(0);
+    Tensor& y = c.out(0, {t, dim});
+    for (int64_t i = 0; i < t; ++i) {
+      const int32_t id = ids.data_as<int32_t>()[i];
+      KILN_THROW_IF(id < 0 || id >= rows, kOutOfRange, "embedding: token id ", id, " at position ", i,
+                    " is outside the vocabulary of size ", rows);
+      dequantize_image_row(img.data_as<uint8_t>() + size_t(id) * row_bytes, dim, f, y.data_as<float>() + i * dim);
+    }
+  };
+}
+
 OpRun prepare_embedding(const ir::Node& n, const ir::Graph& g, const CompileOptions&) {
   if (n.has_attr("weight_layout")) return prepare_packed_embedding(n, g);
+  if (n.has_attr("weight_quant")) return prepare_quant_embedding(n, g);
   Tensor table = weight_f32(g, n.inputs[0], n, "table");
   return [table](OpContext& c) {
     const Tensor& ids = *c.inputs[1];

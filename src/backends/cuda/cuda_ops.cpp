@@ -28,6 +28,7 @@
 #include "core/env_switch.h"
 #include "core/log.h"
 #include "core/status.h"
+#include "core/thread_pool.h"
 #include "core/weight_quant.h"
 #include "ir/plugin.h"
 
@@ -44,6 +45,32 @@ const void* DeviceWeights::get(const ir::Graph& g, ir::ValueId v, DType dtype) {
     bytes_ += host.nbytes();
     by_value_[v] += host.nbytes();
   }
+  return buf.get();
+}
+
+const void* DeviceWeights::get_dequantized(const ir::Graph& g, ir::ValueId v, DType dtype, int64_t image_k,
+                                           QuantFormat image_f) {
+  auto& buf = bufs_[{v, dtype}];
+  if (buf.get()) return buf.get();
+  const Tensor& t = g.weight(v);
+  const size_t row_bytes = quant_image_row_bytes(image_f, image_k);
+  KILN_THROW_IF(t.dtype() != DType::kU8 || t.rank() != 2 || image_k % kQuantGroup != 0 || size_t(t.dim(1)) != row_bytes,
+                kInvalidArgument, "cuda: ", quant_format_name(image_f), " table image %", g.value(v).name, " ",
+                dtype_name(t.dtype()), t.shape_str(), " does not fit K=", image_k);
+  const int64_t n = t.dim(0);
+  Tensor host(dtype, {n, image_k});
+  const size_t es = dtype_size(dtype);
+  ThreadPool::global().parallel_for(n, [&](int64_t r0, int64_t r1, int) {
+    std::vector<float> row(static_cast<size_t>(image_k));
+    for (int64_t r = r0; r < r1; ++r) {
+      dequantize_image_row(t.data_as<uint8_t>() + size_t(r) * row_bytes, image_k, image_f, row.data());
+      dtype_convert(row.data(), DType::kF32, static_cast<uint8_t*>(host.data()) + size_t(r * image_k) * es, dtype, size_t(image_k));
+    }
+  });
+  buf = DeviceBuffer(host.nbytes());
+  KILN_CUDA_CHECK(cudaMemcpy(buf.get(), host.data(), host.nbytes(), cudaMemcpyHostToDevice));
+  bytes_ += host.nbytes();
+  by_value_[v] += host.nbytes();
   return buf.get();
 }
 
@@ -139,8 +166,13 @@ ir::ValueId need_weight(const ir::Node& n, const ir::Graph& g, size_t i, const c
 
 OpRun prepare_embedding(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) {
   ir::ValueId tv = need_weight(n, g, 0, "table");
-  const void* table = pc.weights->get(g, tv, pc.act);
-  const int64_t vocab = g.weight(tv).dim(0), dim = g.weight(tv).dim(1);
+  // A table kept quantized (weight_quant, a GGUF's codes) is expanded at upload.
+  const bool image = n.has_attr("weight_quant");
+  const void* table =
+      image ? pc.weights->get_dequantized(g, tv, pc.act, n.attr_int("weight_k", -1),
+                                          quant_format_from_name(n.attr_str("weight_quant"), "cuda: node '" + n.name + "'"))
+            : pc.weights->get(g, tv, pc.act);
+  const int64_t vocab = g.weight(tv).dim(0), dim = image ? n.attr_int("weight_k", -1) : g.weight(tv).dim(1);
   return [=](OpContext& c) {
     const DevTensor& ids = *c.inputs[1];
     const int64_t t = ids.dim(0);

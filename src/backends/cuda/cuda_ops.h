@@ -141,6 +141,9 @@ using OpRun = std::function<void(OpContext&)>;
 class DeviceWeights {
  public:
   const void* get(const ir::Graph& g, ir::ValueId v, DType dtype);
+  // A u8 [n, row bytes] row image of K = image_k in format image_f (a lookup table kept
+  // quantized: the Embedding's weight_quant) expanded to `dtype` rows [n, image_k].
+  const void* get_dequantized(const ir::Graph& g, ir::ValueId v, DType dtype, int64_t image_k, QuantFormat image_f);
   // image_k > 0: the weight arrived quantized, a u8 [n, row bytes] row image of K =
   // image_k in format image_f (core/weight_quant.h; a GGUF's own codes), uploaded as
   // is when image_f == f, else expanded and quantized to f.

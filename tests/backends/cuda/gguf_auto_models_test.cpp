@@ -60,20 +60,25 @@ TEST(CudaGgufAuto, EachLinearKeepsItsFormatBesideBf16) {
 }
 
 // A Q4_K_M-style mix on CUDA: Q4_K attention kept as q4 codes, a Q6_K MLP requantized to
-// q8 at load (ggml_requantized_to_q8, as on the CPU), and a Q5_0 attention kept exactly as
-// q8 codes beside a Q8_0 MLP. Both backends load the same codes, so the bound is the bf16
+// q8 at load (ggml_requantized_to_q8, as on the CPU), a Q4_K token embedding kept as a q4
+// table, and a Q5_0 attention kept exactly as q8 codes beside a Q8_0 MLP. Both backends load the same codes, so the bound is the bf16
 // model's (6e-2 of the reference's RMS, as above).
 TEST(CudaGgufAuto, KQuantMixesStayQuantized) {
   KILN_SKIP_WITHOUT_CUDA();
   kiln::test::TempDir dir;
   struct Case {
-    GgmlType attn, mlp;
-    size_t q4, q8;
+    GgmlType attn, mlp, embd;
+    size_t q4, q8, plain;
   };
-  for (const Case& c : {Case{GgmlType::kQ4_K, GgmlType::kQ6_K, 4, 4}, Case{GgmlType::kQ5_0, GgmlType::kQ8_0, 0, 8}}) {
-    const std::string what = std::string(ggml_type_name(uint32_t(c.attn))) + "/" + ggml_type_name(uint32_t(c.mlp));
+  // The third: a Q4_K token embedding stays a q4 table (expanded to bf16 on upload) and the
+  // tied head keeps its q4 codes.
+  for (const Case& c : {Case{GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kF32, 4, 4, 1},
+                        Case{GgmlType::kQ5_0, GgmlType::kQ8_0, GgmlType::kF32, 0, 8, 1},
+                        Case{GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kQ4_K, 5, 4, 0}}) {
+    const std::string what = std::string(ggml_type_name(uint32_t(c.attn))) + "/" + ggml_type_name(uint32_t(c.mlp)) +
+                             "/" + ggml_type_name(uint32_t(c.embd));
     const std::string path = dir.file("kquant.gguf");
-    kiln::test::write_file(path, kiln::test::quant_llama(c.attn, c.mlp));
+    kiln::test::write_file(path, kiln::test::quant_llama(c.attn, c.mlp, c.embd));
     ::setenv("KILN_CUDA_QGEMV", "mma", 1);  // read when the graph is compiled
     auto gpu = Model::load(path, {.backend = "cuda", .weight_dtype = "auto"});
     ::unsetenv("KILN_CUDA_QGEMV");
@@ -82,7 +87,7 @@ TEST(CudaGgufAuto, KQuantMixesStayQuantized) {
       if (n.op == "Linear") ++formats[n.attr_str("weight_quant", "bf16")];
     EXPECT_EQ(formats["q4"], c.q4) << what;
     EXPECT_EQ(formats["q8"], c.q8) << what;
-    EXPECT_EQ(formats["bf16"], 1u) << what << ": only the tied head over the f32 embedding";
+    EXPECT_EQ(formats["bf16"], c.plain) << what << ": only the tied head over an f32 embedding";
     auto cpu = Model::load(path, {.weight_dtype = "auto"});
     const std::vector<int32_t> prompt = {1, 5, 9, 3, 14, 2, 7}, decode = {4, 11, 0, 8};
     const std::vector<float> want = logits_of(*cpu, prompt, decode), got = logits_of(*gpu, prompt, decode);
