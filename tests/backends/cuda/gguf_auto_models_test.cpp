@@ -22,6 +22,19 @@ namespace {
 
 using namespace testing;
 
+// A prefill of 7 tokens and 4 decode steps on `gpu` against the CPU's auto model of the
+// same file: logits within the bf16 model bound (6e-2 of the reference's RMS).
+void expect_like_the_cpus_auto(Model& gpu, const std::string& path, const std::string& what) {
+  auto cpu = Model::load(path, {.weight_dtype = "auto"});
+  const std::vector<int32_t> prompt = {1, 5, 9, 3, 14, 2, 7}, decode = {4, 11, 0, 8};
+  const std::vector<float> want = logits_of(*cpu, prompt, decode), got = logits_of(gpu, prompt, decode);
+  ASSERT_EQ(got.size(), want.size()) << what;
+  const double err = rel_rms(got, want);
+  std::printf("  gguf auto (%s) on cuda vs the cpu's auto: logits rel rms %.4g over %zu values\n", what.c_str(), err,
+              want.size());
+  EXPECT_LE(err, 6e-2) << what;
+}
+
 TEST(CudaGgufAuto, EachLinearKeepsItsFormatBesideBf16) {
   KILN_SKIP_WITHOUT_CUDA();
   kiln::test::TempDir dir;
@@ -48,14 +61,7 @@ TEST(CudaGgufAuto, EachLinearKeepsItsFormatBesideBf16) {
     EXPECT_GT(formats["q4"], 0u) << what << ": the Q4_0 attention keeps q4 codes";
     EXPECT_GT(formats["q8"], 0u) << what << ": the Q8_0 MLP keeps q8 codes";
     EXPECT_EQ(plain, q8_head ? 0u : 1u) << what << ": only an f32 embedding's tied head is not kept";
-    auto cpu = Model::load(path, {.weight_dtype = "auto"});
-    const std::vector<int32_t> prompt = {1, 5, 9, 3, 14, 2, 7}, decode = {4, 11, 0, 8};
-    const std::vector<float> want = logits_of(*cpu, prompt, decode), got = logits_of(*gpu, prompt, decode);
-    ASSERT_EQ(got.size(), want.size()) << what;
-    const double err = rel_rms(got, want);
-    std::printf("  gguf auto (%s) on cuda vs the cpu's auto: logits rel rms %.4g over %zu values\n", what.c_str(),
-                err, want.size());
-    EXPECT_LE(err, 6e-2) << what;
+    expect_like_the_cpus_auto(*gpu, path, what);
   }
 }
 
@@ -88,14 +94,7 @@ TEST(CudaGgufAuto, KQuantMixesStayQuantized) {
     EXPECT_EQ(formats["q4"], c.q4) << what;
     EXPECT_EQ(formats["q8"], c.q8) << what;
     EXPECT_EQ(formats["bf16"], c.plain) << what << ": only the tied head over an f32 embedding";
-    auto cpu = Model::load(path, {.weight_dtype = "auto"});
-    const std::vector<int32_t> prompt = {1, 5, 9, 3, 14, 2, 7}, decode = {4, 11, 0, 8};
-    const std::vector<float> want = logits_of(*cpu, prompt, decode), got = logits_of(*gpu, prompt, decode);
-    ASSERT_EQ(got.size(), want.size()) << what;
-    const double err = rel_rms(got, want);
-    std::printf("  gguf auto (%s) on cuda vs the cpu's auto: logits rel rms %.4g over %zu values\n", what.c_str(),
-                err, want.size());
-    EXPECT_LE(err, 6e-2) << what;
+    expect_like_the_cpus_auto(*gpu, path, what);
   }
 }
 
