@@ -197,6 +197,11 @@ class CompiledGraph {
   // shapes vary, such as a server's decode batch, then keeps to a few of them
   // (LlmRunnerOptions::decode_buckets).
   virtual bool captures_steps() const { return false; }
+  // The weights of the graph this was compiled from whose every use runs from copies on
+  // the backend's device, after dropping its own references to their host tensors: the
+  // caller may release those too (ModelOptions::lean_host_weights). CUDA: the weights it
+  // uploaded; the CPU: none (it reads host memory).
+  virtual std::vector<ir::ValueId> release_host_weights() { return {}; }
 };
 
 class Backend {

@@ -119,11 +119,21 @@ std::unique_ptr<Model> Model::from_built(BuiltModel built, const ModelOptions& o
   co.linear_observer = options.linear_observer;
   co.step_tuning = options.step_tuning;
   co.tactic_cache = options.tactic_cache;
-  if (options.pack_weights_at_load && !options.linear_observer) {
+  if (options.lean_host_weights && !options.linear_observer) {
     const size_t packed = backend->pack_weights(m->built_.graph, co);
     if (packed) log_debug("packed ", packed, " Linear weights into the graph before compiling");
   }
   m->compile(options.backend, co, options.device);
+  if (options.lean_host_weights && !options.linear_observer) {
+    size_t freed = 0;
+    for (ir::ValueId v : m->compiled_->release_host_weights()) {
+      Tensor& w = m->built_.graph.weight(v);
+      if (w.empty()) continue;
+      freed += w.nbytes();
+      w = Tensor::view(nullptr, w.dtype(), w.shape());  // dtype and shape only
+    }
+    if (freed) log_debug("released ", freed >> 20, " MiB of host weights the device holds");
+  }
   return m;
 }
 

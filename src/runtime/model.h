@@ -83,17 +83,16 @@ struct ModelOptions {
   // The rewrite leaves Linears that keep the file's codes alone (GPTQ), so they may keep
   // them under it; other rewrites (AWQ's scales, W8A8, FP8) read every weight as f32.
   bool rewrite_keeps_file_quant = false;
-  // Backends that run Linears from weights of their own layout (the CPU's panels,
-  // Backend::pack_weights) get them packed into the model's graph before compiling, as
-  // `kiln build --pack-weights` stores them in an engine: the graph then holds one copy
-  // of each Linear weight (the panels) instead of the [N, K] original beside the backend's
-  // packed copy, and each original is freed as soon as it is packed (a q8 TinyLlama GGUF
-  // on the CPU: ~1 GiB less resident). Then graph() holds the packed bytes, with the
-  // Linears' weight_n / weight_k attributes, not [N, K] weights, so it is off by default
-  // for callers that read the graph's Linear weights after loading (quantization
-  // rewrites, kiln build); the commands that only run a model turn it on. Not under a
-  // linear_observer (it reads the originals).
-  bool pack_weights_at_load = false;
+  // Keep no host copy of a weight the backend holds in its own form. The CPU: Linears
+  // are packed into the model's graph before compiling (Backend::pack_weights, as
+  // `kiln build --pack-weights` stores them), each [N, K] original freed as soon as it is
+  // packed (a q8 TinyLlama GGUF: ~1 GiB less resident); CUDA: after compiling, the
+  // host tensors of the weights it uploaded are released (CompiledGraph::
+  // release_host_weights; the graph keeps their dtype and shape, with no data). Then
+  // graph() no longer holds the [N, K] weights, so it is off by default for callers that
+  // read them after loading (quantization rewrites, kiln build, kiln inspect); the
+  // commands that only run a model turn it on. Not under a linear_observer.
+  bool lean_host_weights = false;
 };
 
 // What weight_dtype "auto" stores the weights a file does not keep quantized in, per

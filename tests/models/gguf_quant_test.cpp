@@ -372,7 +372,7 @@ std::vector<float> logits_of(Model& m) {
   return out;
 }
 
-// ModelOptions::pack_weights_at_load on the CPU: the model's graph holds the Linears'
+// ModelOptions::lean_host_weights on the CPU: the model's graph holds the Linears'
 // panels (weight_layout, no [N, K] weight left beside them) and computes the bits the
 // unpacked load computes, which packs the same weights inside the backend: GGUF q4/q8
 // images with a requantized Q6_K MLP (auto), a bf16 checkpoint (auto keeps bf16), a
@@ -391,7 +391,7 @@ TEST(PackAtLoad, TheGraphHoldsThePanelsAndComputesTheSameBits) {
     ModelOptions o;
     o.weight_dtype = c.dtype;
     auto plain = Model::load(c.path, o);
-    o.pack_weights_at_load = true;
+    o.lean_host_weights = true;
     auto packed = Model::load(c.path, o);
     size_t linears = 0;
     for (const ir::Node& n : packed->graph().nodes()) {

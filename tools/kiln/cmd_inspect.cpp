@@ -126,7 +126,7 @@ Runner add_inspect(CLI::App& app) {
   cmd->add_flag("--graph", *graph, "print the IR graph");
   return [a, graph] {
     ModelOptions mo = model_options(*a);
-    mo.pack_weights_at_load = false;  // the graph as built: [N, K] Linear weights
+    mo.lean_host_weights = false;  // the graph as built: [N, K] Linear weights
     auto m = Model::load(a->model, mo);
     const ModelInfo& i = m->model_info();  // unsharded (tensor parallelism: rank 0's share below)
     std::printf("model       %s\n", m->path().c_str());

@@ -76,7 +76,7 @@ int run_serve(const ServeArgs& a) {
   mo.kv_cache_dtype = a.kv_cache_dtype;
   mo.step_tuning = a.tune_batch_sizes;
   mo.tactic_cache = a.tactic_cache;
-  mo.pack_weights_at_load = true;
+  mo.lean_host_weights = true;
   EncoderBatcherOptions enc = a.encoder;
   enc.max_queue_delay = std::chrono::microseconds(a.encoder_delay_us);
   server::ModelRepository repo(mo, eo, enc);

@@ -175,7 +175,7 @@ ModelOptions model_options(const ModelArgs& a) {
   o.tensor_parallel = a.tp;
   o.kv_cache_dtype = a.kv_cache_dtype;
   o.tactic_cache = a.tactic_cache;
-  o.pack_weights_at_load = true;  // the commands run the model; kiln inspect shows the graph unpacked
+  o.lean_host_weights = true;  // the commands run the model; kiln inspect shows the graph unpacked
   // Pins run the precision pass, with the weight dtype as every other GEMM's precision
   // (what `kiln build --precision D --pin-precision ...` stores); engines refuse them.
   o.pin_precision = parse_pin_options(a.pins);

@@ -272,6 +272,17 @@ class CudaCompiledGraph final : public CompiledGraph {
   }
 
   bool captures_steps() const override { return graphs_enabled_ && !profile_ && prep_.act != DType::kF32; }
+  // Every uploaded weight: the runners hold device pointers and shapes, and nothing reads
+  // a host weight after compiling (GEMM tactics at new batch sizes time the uploads).
+  std::vector<ir::ValueId> release_host_weights() override {
+    std::vector<ir::ValueId> vs = weights_.uploaded();
+    if (own_graph_)
+      for (ir::ValueId v : vs) {
+        Tensor& w = own_graph_->weight(v);
+        w = Tensor::view(nullptr, w.dtype(), w.shape());
+      }
+    return vs;
+  }
   size_t weight_bytes() const override { return weights_.bytes(); }
   size_t weight_bytes_of(ir::ValueId v) const override { return weights_.bytes_of(v); }
   size_t activation_bytes() const override {

@@ -157,6 +157,12 @@ class DeviceWeights {
   }
   // Counts weights an op uploads itself (the FP8 Linear's codes).
   void add_bytes(size_t b) { bytes_ += b; }
+  // The graph weights get, get_dequantized and get_quant uploaded.
+  std::vector<ir::ValueId> uploaded() const {
+    std::vector<ir::ValueId> out;
+    for (const auto& [v, bytes] : by_value_) out.push_back(v);
+    return out;
+  }
 
  private:
   std::map<std::pair<ir::ValueId, DType>, DeviceBuffer> bufs_;

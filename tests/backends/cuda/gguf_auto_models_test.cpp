@@ -98,5 +98,35 @@ TEST(CudaGgufAuto, KQuantMixesStayQuantized) {
   }
 }
 
+// ModelOptions::lean_host_weights on CUDA: after compiling, the host tensors of every
+// uploaded weight are released (dtype and shape kept, no data) and the model computes the
+// logits it computes with them kept, bit for bit (the same device weights).
+TEST(CudaLeanHost, ReleasedHostWeightsComputeTheSameLogits) {
+  KILN_SKIP_WITHOUT_CUDA();
+  kiln::test::TempDir dir;
+  const std::string path = dir.file("lean.gguf");
+  kiln::test::write_file(path, kiln::test::quant_llama(GgmlType::kQ4_K, GgmlType::kQ6_K, GgmlType::kQ4_K));
+  ModelOptions o{.backend = "cuda", .weight_dtype = "auto"};
+  auto kept = Model::load(path, o);
+  o.lean_host_weights = true;
+  auto lean = Model::load(path, o);
+  size_t released = 0, weights = 0;
+  const ir::Graph& g = lean->graph();
+  for (size_t v = 0; v < g.num_values(); ++v)
+    if (g.is_weight(ir::ValueId(v))) {
+      ++weights;
+      released += g.weight(ir::ValueId(v)).empty();
+      EXPECT_EQ(g.weight(ir::ValueId(v)).shape(), kept->graph().weight(ir::ValueId(v)).shape());
+    }
+  std::printf("  %zu of %zu host weights released\n", released, weights);
+  for (const ir::Node& n : g.nodes())  // the large ones: every Linear's and the table
+    if (n.op == "Linear" || n.op == "Embedding")
+      EXPECT_TRUE(g.weight(n.inputs[n.op == "Linear" ? 1 : 0]).empty()) << n.name;
+  const std::vector<int32_t> prompt = {1, 5, 9, 3, 14, 2, 7}, decode = {4, 11, 0, 8};
+  const std::vector<float> want = logits_of(*kept, prompt, decode), got = logits_of(*lean, prompt, decode);
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(got, want);
+}
+
 }  // namespace
 }  // namespace kiln::cuda
