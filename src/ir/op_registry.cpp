@@ -94,21 +94,28 @@ std::vector<ValueType> infer_packed_linear(const Node& n, const In& in) {
   return linear_output(n, x, Dim(out));
 }
 
-// A weight kept quantized (attrs weight_quant, weight_k): u8 [out, row bytes], the
-// row image of core/weight_quant.h.
-std::vector<ValueType> infer_quant_image_linear(const Node& n, const In& in) {
-  const Value& x = need(n, in, 0, "x");
-  const Value& w = need(n, in, 1, "weight");
-  need_rank(n, x, 2, "x");
+// A weight kept quantized (attrs weight_quant, weight_k): u8 [rows, row bytes], the row
+// image of core/weight_quant.h (a Linear's [out, K] weight, an Embedding's [vocab, dim]
+// table). Checks the attrs and w's shape; returns weight_k.
+int64_t check_quant_image(const Node& n, const Value& w, const char* role, const char* rows) {
   const std::string f = n.attr_str("weight_quant");
   if (f != "q8" && f != "q4") shape_error(n, str_cat("weight_quant must be q8 or q4, got '", f, "'"));
   const int64_t k = n.attr_int("weight_k", -1);
   if (k <= 0 || k % kQuantGroup != 0 || k > (int64_t(1) << 31))
-    shape_error(n, str_cat("a quantized weight needs weight_k a positive multiple of ", kQuantGroup, ", got ", k));
+    shape_error(n, str_cat("a quantized ", role, " needs weight_k a positive multiple of ", kQuantGroup, ", got ", k));
   const size_t row = quant_image_row_bytes(f == "q8" ? QuantFormat::kQ8 : QuantFormat::kQ4, k);
   if (w.dtype != DType::kU8 || w.shape.rank() != 2 || !dims_agree(w.shape[1], Dim(int64_t(row))))
-    shape_error(n, str_cat(f, " weight %", w.name, " must be u8 [out, ", row, "] for K=", k, ", got ",
+    shape_error(n, str_cat(f, " ", role, " %", w.name, " must be u8 [", rows, ", ", row, "] for K=", k, ", got ",
                            dtype_name(w.dtype), w.shape.str()));
+  return k;
+}
+
+std::vector<ValueType> infer_quant_image_linear(const Node& n, const In& in) {
+  const Value& x = need(n, in, 0, "x");
+  const Value& w = need(n, in, 1, "weight");
+  need_rank(n, x, 2, "x");
+  const int64_t k = check_quant_image(n, w, "weight", "out");
+  const std::string f = n.attr_str("weight_quant");
   if (!dims_agree(x.shape[1], Dim(k)))
     shape_error(n, str_cat("x ", x.shape.str(), " times ", f, " weight [", w.shape[0].str(), ", ", k, "]: inner dims differ"));
   if (in.size() > 2 && in[2] && (in[2]->shape.rank() != 1 || !dims_agree(in[2]->shape[0], w.shape[0])))
@@ -184,18 +191,8 @@ std::vector<ValueType> infer_embedding(const Node& n, const In& in) {
   }
   need_rank(n, table, 2, "table");
   need_index(n, ids, "ids");
-  if (n.has_attr("weight_quant")) {  // a table kept quantized: u8 [vocab, row bytes] rows of weight_k values
-    const std::string f = n.attr_str("weight_quant");
-    if (f != "q8" && f != "q4") shape_error(n, str_cat("weight_quant must be q8 or q4, got '", f, "'"));
-    const int64_t dim = n.attr_int("weight_k", -1);
-    if (dim <= 0 || dim % kQuantGroup != 0 || dim > (int64_t(1) << 31))
-      shape_error(n, str_cat("a quantized table needs weight_k a positive multiple of ", kQuantGroup, ", got ", dim));
-    const size_t row = quant_image_row_bytes(f == "q8" ? QuantFormat::kQ8 : QuantFormat::kQ4, dim);
-    if (table.dtype != DType::kU8 || !dims_agree(table.shape[1], Dim(int64_t(row))))
-      shape_error(n, str_cat(f, " table %", table.name, " must be u8 [vocab, ", row, "] for ", dim, " values a row, got ",
-                             dtype_name(table.dtype), table.shape.str()));
-    return {{DType::kF32, Shape{ids.shape[0], Dim(dim)}}};
-  }
+  if (n.has_attr("weight_quant"))  // a table kept quantized: rows of weight_k values
+    return {{DType::kF32, Shape{ids.shape[0], Dim(check_quant_image(n, table, "table", "vocab"))}}};
   return {{DType::kF32, Shape{ids.shape[0], table.shape[1]}}};
 }
 

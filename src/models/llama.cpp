@@ -119,6 +119,12 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
   ir::Graph& g = m.graph;
   auto W = [&](const std::string& name) { return g.add_weight(name, w.at(name)); };
   auto Wopt = [&](const std::string& name) { return w.count(name) ? W(name) : ir::kNoValue; };
+  // A weight kept quantized (WeightSource::load_quantized): its row bytes tell its format
+  // (a tied head's codes are the embedding's).
+  auto image_format = [&](ir::ValueId w, int64_t k) {
+    return g.weight(w).dim(1) == int64_t(quant_image_row_bytes(QuantFormat::kQ8, k)) ? QuantFormat::kQ8
+                                                                                       : QuantFormat::kQ4;
+  };
   auto linear = [&](ir::ValueId x, const std::string& weight, const std::string& node) {
     std::vector<ir::ValueId> in = {x, W(weight + ".weight")};
     ir::ValueId bias = Wopt(weight + ".bias");
@@ -128,9 +134,7 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
       const bool ends_o = weight.size() >= 6 && weight.compare(weight.size() - 6, 6, "o_proj") == 0;
       const bool ends_down = weight.size() >= 9 && weight.compare(weight.size() - 9, 9, "down_proj") == 0;
       const int64_t k = ends_o ? hq * hd : ends_down ? inter : h;
-      // The image's row bytes tell its format (a tied head's codes are the embedding's).
-      const QuantFormat f =
-          g.weight(in[1]).dim(1) == int64_t(quant_image_row_bytes(QuantFormat::kQ8, k)) ? QuantFormat::kQ8 : QuantFormat::kQ4;
+      const QuantFormat f = image_format(in[1], k);
       attrs["weight_quant"] = std::string(quant_format_name(f));
       attrs["precision"] = std::string(quant_format_name(f));  // its own format whatever the global weight dtype
       attrs["weight_k"] = k;
@@ -147,9 +151,7 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
   std::map<std::string, ir::Attr> embed_attrs;
   const ir::ValueId table = W("model.embed_tokens.weight");
   if (g.weight(table).dtype() == DType::kU8) {
-    const QuantFormat f =
-        g.weight(table).dim(1) == int64_t(quant_image_row_bytes(QuantFormat::kQ8, h)) ? QuantFormat::kQ8 : QuantFormat::kQ4;
-    embed_attrs["weight_quant"] = std::string(quant_format_name(f));
+    embed_attrs["weight_quant"] = std::string(quant_format_name(image_format(table, h)));
     embed_attrs["weight_k"] = h;
   }
   ir::ValueId x = g.add("Embedding", {table, tokens}, embed_attrs, "embed_tokens");

@@ -2,8 +2,8 @@
 #include "models/model_builder.h"
 
 #include "core/log.h"
-#include "core/weight_quant.h"
 #include "core/status.h"
+#include "core/weight_quant.h"
 #include "models/random_weights.h"
 
 namespace kiln {
@@ -16,9 +16,10 @@ std::map<std::string, Tensor> load_declared_weights(const std::vector<WeightSpec
   auto* random = dynamic_cast<const RandomWeightSource*>(&source);
   for (const WeightSpec& spec : specs) {
     std::string name = spec.name;
-    // A Linear weight the source keeps quantized: its own codes, or for a tied one (an LM
-    // head sharing the token embedding) a copy of the embedding's codes, while the
-    // embedding itself loads as f32 rows for the lookup.
+    // A Linear weight or lookup table the source keeps quantized: its own codes; a tied
+    // Linear (an LM head over the token embedding) shares the table's image when the table
+    // was kept in the same format, else loads the embedding's codes itself (the table then
+    // loads as f32 rows for the lookup).
     if ((spec.linear || spec.table) && !spec.transpose && !random) {
       const std::string from = source.has(name) ? name : spec.tied_to;
       const bool ok = !from.empty() && source.has(from) && source.info(from).shape == spec.shape;  // else the checks below

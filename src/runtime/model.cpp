@@ -119,12 +119,13 @@ std::unique_ptr<Model> Model::from_built(BuiltModel built, const ModelOptions& o
   co.linear_observer = options.linear_observer;
   co.step_tuning = options.step_tuning;
   co.tactic_cache = options.tactic_cache;
-  if (options.lean_host_weights && !options.linear_observer) {
+  const bool lean = options.lean_host_weights && !options.linear_observer;
+  if (lean) {
     const size_t packed = backend->pack_weights(m->built_.graph, co);
     if (packed) log_debug("packed ", packed, " Linear weights into the graph before compiling");
   }
   m->compile(options.backend, co, options.device);
-  if (options.lean_host_weights && !options.linear_observer) {
+  if (lean) {
     size_t freed = 0;
     for (ir::ValueId v : m->compiled_->release_host_weights()) {
       Tensor& w = m->built_.graph.weight(v);

@@ -39,13 +39,16 @@ const void* DeviceWeights::get(const ir::Graph& g, ir::ValueId v, DType dtype) {
   auto& buf = bufs_[{v, dtype}];
   if (!buf.get()) {
     const Tensor& t = g.weight(v);
-    Tensor host = t.dtype() == dtype ? t : t.to(dtype);
-    buf = DeviceBuffer(std::max<size_t>(host.nbytes(), 1));
-    KILN_CUDA_CHECK(cudaMemcpy(buf.get(), host.data(), host.nbytes(), cudaMemcpyHostToDevice));
-    bytes_ += host.nbytes();
-    by_value_[v] += host.nbytes();
+    upload(buf, v, t.dtype() == dtype ? t : t.to(dtype));
   }
   return buf.get();
+}
+
+void DeviceWeights::upload(DeviceBuffer& buf, ir::ValueId v, const Tensor& host) {
+  buf = DeviceBuffer(std::max<size_t>(host.nbytes(), 1));
+  KILN_CUDA_CHECK(cudaMemcpy(buf.get(), host.data(), host.nbytes(), cudaMemcpyHostToDevice));
+  bytes_ += host.nbytes();
+  by_value_[v] += host.nbytes();
 }
 
 const void* DeviceWeights::get_dequantized(const ir::Graph& g, ir::ValueId v, DType dtype, int64_t image_k,
@@ -67,10 +70,7 @@ const void* DeviceWeights::get_dequantized(const ir::Graph& g, ir::ValueId v, DT
       dtype_convert(row.data(), DType::kF32, static_cast<uint8_t*>(host.data()) + size_t(r * image_k) * es, dtype, size_t(image_k));
     }
   });
-  buf = DeviceBuffer(host.nbytes());
-  KILN_CUDA_CHECK(cudaMemcpy(buf.get(), host.data(), host.nbytes(), cudaMemcpyHostToDevice));
-  bytes_ += host.nbytes();
-  by_value_[v] += host.nbytes();
+  upload(buf, v, host);
   return buf.get();
 }
 
@@ -410,6 +410,10 @@ int64_t dequant_tile_rows(int64_t n, int64_t k, size_t elem_bytes, int64_t t, in
 
 namespace {
 
+// A q8/q4 Linear: the quantized GEMV for up to kQGemvMaxRows rows; beyond, tiles of whole
+// rows (dequant_tile_rows: multiples of 128, so each tile's slice of y and of the bias
+// keeps cuBLASLt's 256-byte alignment) dequantized into the workspace, each multiplied by
+// cuBLASLt into its column slice of y (or of the [gate | up] scratch).
 OpRun prepare_linear_quant(const ir::Node& n, const ir::Graph& g, PrepareContext& pc, QuantFormat f,
                            LinearEpilogue epi) {
   ir::ValueId wv = need_weight(n, g, 1, "weight");

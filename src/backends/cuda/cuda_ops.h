@@ -165,6 +165,7 @@ class DeviceWeights {
   }
 
  private:
+  void upload(DeviceBuffer& buf, ir::ValueId v, const Tensor& host);  // into buf, counted for v
   std::map<std::pair<ir::ValueId, DType>, DeviceBuffer> bufs_;
   std::map<std::tuple<ir::ValueId, QuantFormat, QuantLayout>, std::pair<DeviceBuffer, QuantWeightView>> quant_;
   std::map<ir::ValueId, size_t> by_value_;
