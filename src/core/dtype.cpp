@@ -158,18 +158,27 @@ void dtype_convert(const void* src, DType from, void* dst, DType to, size_t n) {
     std::memcpy(dst, src, n * dtype_size(from));
     return;
   }
-  // Fast paths for the conversions weight loading does in bulk.
-  if (to == DType::kF32 && from == DType::kF16) {
-    auto s = static_cast<const uint16_t*>(src);
-    auto d = static_cast<float*>(dst);
-    for (size_t i = 0; i < n; ++i) d[i] = f16_to_f32(s[i]);
-    return;
-  }
-  if (to == DType::kF32 && from == DType::kBF16) {
-    auto s = static_cast<const uint16_t*>(src);
-    auto d = static_cast<float*>(dst);
-    for (size_t i = 0; i < n; ++i) d[i] = bf16_to_f32(s[i]);
-    return;
+  // Fast paths for the conversions weight loading and uploads do in bulk: between f32,
+  // bf16 and f16 through f32 (which holds every bf16 and f16 value exactly, so the result
+  // is the generic path's).
+  auto is_float = [](DType d) { return d == DType::kF32 || d == DType::kBF16 || d == DType::kF16; };
+  if (is_float(from) && is_float(to)) {
+    auto run = [&](auto load, auto store) {
+      for (size_t i = 0; i < n; ++i) store(i, load(i));
+    };
+    auto narrow = [&](auto load) {
+      switch (to) {
+        case DType::kF32: return run(load, [d = static_cast<float*>(dst)](size_t i, float v) { d[i] = v; });
+        case DType::kBF16:
+          return run(load, [d = static_cast<uint16_t*>(dst)](size_t i, float v) { d[i] = f32_to_bf16(v); });
+        default: return run(load, [d = static_cast<uint16_t*>(dst)](size_t i, float v) { d[i] = f32_to_f16(v); });
+      }
+    };
+    switch (from) {
+      case DType::kF32: return narrow([s = static_cast<const float*>(src)](size_t i) { return s[i]; });
+      case DType::kBF16: return narrow([s = static_cast<const uint16_t*>(src)](size_t i) { return bf16_to_f32(s[i]); });
+      default: return narrow([s = static_cast<const uint16_t*>(src)](size_t i) { return f16_to_f32(s[i]); });
+    }
   }
   for (size_t i = 0; i < n; ++i) store_from_double(dst, to, i, load_as_double(src, from, i));
 }

@@ -1,5 +1,8 @@
 // DType conversions: exhaustive f16 round trip, bf16 rounding, fp8 saturation.
 #include <gtest/gtest.h>
+#include <vector>
+#include <cstring>
+#include <bit>
 
 #include <cmath>
 
@@ -59,6 +62,40 @@ TEST(DType, ConvertBulk) {
   dtype_convert(ids, DType::kI64, ids32, DType::kI32, 2);
   EXPECT_EQ(ids32[0], 7);
   EXPECT_EQ(ids32[1], -3);
+}
+
+// Between f32, bf16 and f16 every conversion rounds as the element functions do (round to
+// nearest even; NaN, infinities, subnormals, overflow), whichever pair is asked.
+TEST(DType, ConvertBetweenFloatsRoundsAsTheElementFunctions) {
+  std::vector<float> f = {0.0f, -0.0f, 1.0f / 3, -7.5e-3f, 65504.0f, 70000.0f, -1e30f, 3e-39f, 6e-8f, 1e-9f,
+                          1.00390625f, 1.0029296875f, INFINITY, -INFINITY, NAN};
+  for (uint32_t i = 0; i < 2000; ++i) f.push_back(std::ldexp(float(i * 2654435761u % 100003) / 100003.f - 0.5f, int(i % 60) - 30));
+  const size_t n = f.size();
+  std::vector<uint16_t> bf(n), hf(n);
+  for (size_t i = 0; i < n; ++i) bf[i] = f32_to_bf16(f[i]), hf[i] = f32_to_f16(f[i]);
+  struct Typed {
+    DType d;
+    const void* data;
+  };
+  // What element i of `from` becomes in `to`, through the scalar functions.
+  auto want = [&](DType from, DType to, size_t i) -> uint32_t {
+    const float v = from == DType::kF32 ? f[i] : from == DType::kBF16 ? bf16_to_f32(bf[i]) : f16_to_f32(hf[i]);
+    if (to == DType::kF32) return f32_bits(v);
+    return to == DType::kBF16 ? f32_to_bf16(v) : f32_to_f16(v);
+  };
+  for (Typed from : {Typed{DType::kF32, f.data()}, Typed{DType::kBF16, bf.data()}, Typed{DType::kF16, hf.data()}})
+    for (DType to : {DType::kF32, DType::kBF16, DType::kF16}) {
+      std::vector<uint8_t> out(n * dtype_size(to));
+      dtype_convert(from.data, from.d, out.data(), to, n);
+      for (size_t i = 0; i < n; ++i) {
+        uint32_t got = 0;
+        std::memcpy(&got, out.data() + i * dtype_size(to), dtype_size(to));
+        const uint32_t w = want(from.d, to, i);
+        const bool nan = to == DType::kF32 ? std::isnan(std::bit_cast<float>(got)) : (got & 0x7fff) > (to == DType::kBF16 ? 0x7f80u : 0x7c00u);
+        if (std::isnan(f[i])) EXPECT_TRUE(nan) << dtype_name(from.d) << " -> " << dtype_name(to) << " NaN";
+        else ASSERT_EQ(got, w) << dtype_name(from.d) << " -> " << dtype_name(to) << " element " << i << " (" << f[i] << ")";
+      }
+    }
 }
 
 }  // namespace kiln
