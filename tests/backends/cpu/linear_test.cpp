@@ -4,6 +4,8 @@
 // unrounded weights).
 #include <gtest/gtest.h>
 
+#include <cstring>
+
 #include "backends/cpu/kernels/kernels.h"
 #include "core/dtype.h"
 #include "core/status.h"
@@ -183,6 +185,31 @@ TEST(Linear, HalfStorageVsF32Weights) {
       expect_within(y, exact.y, tol, weight_storage_name(s));
     }
   });
+}
+
+// Packing straight from bf16 / f16 weights (a 16-bit checkpoint's) makes the bytes that
+// packing their f32 values makes, in every storage, with a partial last panel (N = 50)
+// and K not a multiple of the bf16 row pair; other dtypes are refused.
+TEST(Linear, PackingFromHalfWeightsMakesTheF32PanelsBytes) {
+  for (DType half : {DType::kBF16, DType::kF16})
+    for (WeightStorage s : {WeightStorage::kF32, WeightStorage::kBF16, WeightStorage::kF16, WeightStorage::kQ8,
+                            WeightStorage::kQ4})
+      for (int64_t n : {int64_t(64), int64_t(50)}) {
+        const int64_t k = weight_storage_quantized(s) ? 256 : 77;
+        SCOPED_TRACE(::testing::Message() << dtype_name(half) << " -> " << weight_storage_name(s) << " N=" << n);
+        const auto f = random_floats(n * k, uint64_t(n + k));
+        std::vector<uint16_t> h(f.size());
+        std::vector<float> wide(f.size());
+        for (size_t i = 0; i < f.size(); ++i) {
+          h[i] = half == DType::kBF16 ? f32_to_bf16(f[i]) : f32_to_f16(f[i]);
+          wide[i] = half == DType::kBF16 ? bf16_to_f32(h[i]) : f16_to_f32(h[i]);
+        }
+        const PackedWeight a = pack_weight(h.data(), half, n, k, s), b = pack_weight(wide.data(), n, k, s);
+        ASSERT_EQ(a.bytes(), b.bytes());
+        EXPECT_EQ(std::memcmp(a.data.get(), b.data.get(), a.bytes()), 0);
+      }
+  std::vector<int8_t> codes(16 * 32);
+  EXPECT_THROW(pack_weight(codes.data(), DType::kI8, 16, 32, WeightStorage::kF32), kiln::Error);
 }
 
 TEST(Linear, RejectsKMismatch) {

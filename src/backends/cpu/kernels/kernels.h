@@ -109,6 +109,9 @@ struct PackedWeight {
 // w: PyTorch Linear layout [N, K] (out, in), f32. bf16/f16 round to nearest even;
 // kQ8/kQ4 need K to be a multiple of kQuantGroup (kInvalidArgument otherwise).
 PackedWeight pack_weight(const float* w, int64_t n, int64_t k, WeightStorage storage);
+// The same from weights stored as f32, bf16 or f16 (a 16-bit checkpoint's), widened a
+// panel's rows at a time, so no f32 copy of the whole weight is made.
+PackedWeight pack_weight(const void* w, DType dtype, int64_t n, int64_t k, WeightStorage storage);
 // Packs rows that arrive already quantized (a GGUF Q8_0 / Q4_0 / Q4_1 / Q4_K weight): the same
 // panels pack_weight(w, q8|q4) makes, from q's own codes, scales, mins and row factors.
 PackedWeight pack_quantized_weight(const QuantizedRows& q);

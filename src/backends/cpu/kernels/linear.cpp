@@ -403,28 +403,40 @@ size_t weight_storage_size(WeightStorage s) {
   return s == WeightStorage::kF32 ? 4 : 2;
 }
 
-PackedWeight pack_weight(const float* w, int64_t n, int64_t k, WeightStorage storage) {
+PackedWeight pack_weight(const void* w, DType dtype, int64_t n, int64_t k, WeightStorage storage) {
   KILN_THROW_IF(n <= 0 || k <= 0, kInvalidArgument, "pack_weight: expected N, K > 0, got N=", n,
                 " K=", k);
   KILN_THROW_IF(weight_storage_quantized(storage) && k % kQuantGroup != 0, kInvalidArgument,
                 "pack_weight: ", weight_storage_name(storage), " needs K to be a multiple of ",
                 kQuantGroup, ", got K=", k);
+  KILN_THROW_IF(dtype != DType::kF32 && dtype != DType::kBF16 && dtype != DType::kF16, kInvalidArgument,
+                "pack_weight: weights of dtype ", dtype_name(dtype), " (expected f32, bf16 or f16)");
   PackedWeight pw;
   pw.n = n;
   pw.k = k;
   pw.storage = storage;
   pw.data = host_buffer(pw.bytes());
+  const size_t es = dtype_size(dtype);
   ThreadPool::global().parallel_for(pw.panels(), [&](int64_t p0, int64_t p1, int) {
+    std::vector<float> widened;  // a panel's rows as f32, when w is not f32
     for (int64_t p = p0; p < p1; ++p) {
       uint8_t* dst = pw.data.get() + size_t(p) * pw.panel_bytes();
+      // This panel's rows [p * kNr, p * kNr + rows) as f32 (rows past N are zeros below).
+      const int64_t first = p * kNr, rows = std::min<int64_t>(kNr, n - first);
+      const uint8_t* src = static_cast<const uint8_t*>(w) + size_t(first * k) * es;
+      const float* r = reinterpret_cast<const float*>(src);
+      if (dtype != DType::kF32) {
+        widened.resize(size_t(rows * k));
+        dtype_convert(src, dtype, widened.data(), DType::kF32, widened.size());
+        r = widened.data();
+      }
       if (weight_storage_quantized(storage)) {
-        pack_quantized_panel(w, nullptr, n, k, p, storage, dst);
+        pack_quantized_panel(r, nullptr, rows, k, 0, storage, dst);
         continue;
       }
       for (int64_t c = 0; c < kNr; ++c) {
-        const int64_t row = p * kNr + c;
         for (int64_t kk = 0; kk < pw.stored_k(); ++kk) {
-          const float v = row < n && kk < k ? w[row * k + kk] : 0.0f;
+          const float v = c < rows && kk < k ? r[c * k + kk] : 0.0f;
           const int64_t i = panel_index(storage, kk, c);
           switch (storage) {
             case WeightStorage::kF32: reinterpret_cast<float*>(dst)[i] = v; break;
@@ -437,6 +449,10 @@ PackedWeight pack_weight(const float* w, int64_t n, int64_t k, WeightStorage sto
     }
   });
   return pw;
+}
+
+PackedWeight pack_weight(const float* w, int64_t n, int64_t k, WeightStorage storage) {
+  return pack_weight(w, DType::kF32, n, k, storage);
 }
 
 PackedWeight pack_quantized_weight(const QuantizedRows& q) {
