@@ -270,6 +270,18 @@ Tensor GgufWeightSource::load(const std::string& name, DType want) const {
   return t;
 }
 
+std::optional<Tensor> GgufWeightSource::view(const std::string& name) const {
+  const Mapping& m = mapping(name);
+  const GgufTensorInfo& t = file_->tensor_info(m.gguf_name);
+  const DType d = GgufFile::natural_dtype(t.type);
+  const bool plain = t.type == uint32_t(GgmlType::kF32) || d != DType::kF32;  // F32, F16, BF16: no codes
+  const uint8_t* data = file_->tensor_data(t);
+  if (!plain || m.permute_heads > 0 || m.transpose || reinterpret_cast<uintptr_t>(data) % dtype_size(d) != 0)
+    return std::nullopt;
+  // const_cast: Tensor has no const view; the mapping is read-only, so a write faults.
+  return Tensor::view(const_cast<uint8_t*>(data), d, t.shape, std::shared_ptr<const void>(file_));
+}
+
 std::optional<QuantFormat> GgufWeightSource::native_quant(const std::string& name) const {
   const Mapping& m = mapping(name);
   const GgufTensorInfo& t = file_->tensor_info(m.gguf_name);

@@ -29,6 +29,7 @@ class GgufWeightSource final : public WeightSource {
   bool has(const std::string& name) const override { return map_.count(name) != 0; }
   TensorInfo info(const std::string& name) const override;
   Tensor load(const std::string& name, DType want) const override;
+  std::optional<Tensor> view(const std::string& name) const override;
   std::string describe() const override { return "GGUF '" + file_->path() + "'"; }
   std::optional<Tensor> load_quantized(const std::string& name, QuantFormat f) const override;
   std::optional<QuantFormat> native_quant(const std::string& name) const override;

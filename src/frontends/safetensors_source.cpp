@@ -14,6 +14,14 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// The file's own bytes, when they are aligned for the dtype (the format lets the data
+// section start at any offset).
+std::optional<Tensor> aligned_view(const SafetensorsFile& f, const std::string& name) {
+  Tensor t = f.tensor(name);
+  if (reinterpret_cast<uintptr_t>(t.data()) % dtype_size(t.dtype()) != 0) return std::nullopt;
+  return t;
+}
+
 class SafetensorsSource final : public WeightSource {
  public:
   explicit SafetensorsSource(SafetensorsFile f) : file_(std::move(f)) {}
@@ -23,6 +31,7 @@ class SafetensorsSource final : public WeightSource {
   Tensor load(const std::string& name, DType want) const override {
     return file_.tensor_copy(name, want);
   }
+  std::optional<Tensor> view(const std::string& name) const override { return aligned_view(file_, name); }
   std::string describe() const override { return "safetensors '" + file_.path() + "'"; }
 
  private:
@@ -46,6 +55,7 @@ class ShardedSource final : public WeightSource {
   Tensor load(const std::string& name, DType want) const override {
     return shard(name).tensor_copy(name, want);
   }
+  std::optional<Tensor> view(const std::string& name) const override { return aligned_view(shard(name), name); }
   std::string describe() const override {
     return "sharded safetensors '" + index_path_ + "' (" + std::to_string(shards_.size()) +
            " shards)";

@@ -32,6 +32,10 @@ class WeightSource {
   virtual Tensor load(const std::string& name, DType want) const = 0;
   // For error messages: "safetensors 'dir/model.safetensors'".
   virtual std::string describe() const = 0;
+  // A zero-copy, read-only view of the tensor in its stored dtype, holding the file's
+  // mapping alive, when its bytes are usable as they lie (unquantized, not permuted or
+  // transposed on the way, aligned for the dtype); else nullopt (use load).
+  virtual std::optional<Tensor> view(const std::string& /*name*/) const { return std::nullopt; }
 
   // Weights already quantized in the file: with keep_quantized(f) set (--weight-dtype
   // q8/q4), model builders load Linear weights through load_quantized first.
@@ -48,6 +52,12 @@ class WeightSource {
   // (native_quant) loads as its own codes in that format, each in its own; the others as
   // f32.
   void keep_native(bool on) { keep_native_ = on; }
+  // Linear weights and lookup tables the file stores as bf16 / f16 load in that dtype
+  // instead of f32 (load_declared_weights), so a 16-bit checkpoint is not held at twice
+  // its size while the backend packs or uploads it. Every consumer must then read the
+  // weight's dtype (the backends convert; see ModelOptions::lean_host_weights).
+  void keep_16bit(bool on) { keep_16bit_ = on; }
+  bool keeps_16bit() const { return keep_16bit_; }
   // The format a weight stored in the file maps onto (GGUF Q8_0 / Q5_0 -> q8, Q4_0 / Q4_1 / Q4_K
   // -> q4, Q5_1 / Q2_K / Q3_K / Q5_K / Q6_K -> q8 requantized), else nullopt.
   virtual std::optional<QuantFormat> native_quant(const std::string& /*name*/) const { return std::nullopt; }
@@ -60,6 +70,7 @@ class WeightSource {
  private:
   std::optional<QuantFormat> keep_quantized_;
   bool keep_native_ = false;
+  bool keep_16bit_ = false;
 };
 
 // A single .safetensors file.

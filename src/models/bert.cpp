@@ -67,7 +67,7 @@ BuiltModel build_bert(const nlohmann::json& c, const WeightSource& src) {
       std::string s = lin;
       int64_t out = s == "intermediate.dense" ? inter : h;
       int64_t in = s == "output.dense" ? inter : h;
-      specs.push_back({b + s + ".weight", {out, in}});
+      specs.push_back({b + s + ".weight", {out, in}, true, "", false, /*linear=*/true});
       specs.push_back({b + s + ".bias", {out}});
     }
     for (const char* ln : {"attention.output.LayerNorm", "output.LayerNorm"}) {

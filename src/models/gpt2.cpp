@@ -47,15 +47,15 @@ BuiltModel build_gpt2(const nlohmann::json& c, const WeightSource& src) {
     std::string b = p + "h." + std::to_string(l) + ".";
     specs.push_back({b + "ln_1.weight", {h}});
     specs.push_back({b + "ln_1.bias", {h}});
-    specs.push_back({b + "attn.c_attn.weight", {3 * h, h}, true, "", true});
+    specs.push_back({b + "attn.c_attn.weight", {3 * h, h}, true, "", /*transpose=*/true, /*linear=*/true});
     specs.push_back({b + "attn.c_attn.bias", {3 * h}});
-    specs.push_back({b + "attn.c_proj.weight", {h, h}, true, "", true});
+    specs.push_back({b + "attn.c_proj.weight", {h, h}, true, "", /*transpose=*/true, /*linear=*/true});
     specs.push_back({b + "attn.c_proj.bias", {h}});
     specs.push_back({b + "ln_2.weight", {h}});
     specs.push_back({b + "ln_2.bias", {h}});
-    specs.push_back({b + "mlp.c_fc.weight", {inner, h}, true, "", true});
+    specs.push_back({b + "mlp.c_fc.weight", {inner, h}, true, "", /*transpose=*/true, /*linear=*/true});
     specs.push_back({b + "mlp.c_fc.bias", {inner}});
-    specs.push_back({b + "mlp.c_proj.weight", {h, inner}, true, "", true});
+    specs.push_back({b + "mlp.c_proj.weight", {h, inner}, true, "", /*transpose=*/true, /*linear=*/true});
     specs.push_back({b + "mlp.c_proj.bias", {h}});
   }
   auto w = load_declared_weights(specs, src);

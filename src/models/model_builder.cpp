@@ -1,6 +1,8 @@
 // Declared-weight loading, config helpers and the family registry (see model_builder.h).
 #include "models/model_builder.h"
 
+#include <cstdint>
+
 #include "core/log.h"
 #include "core/status.h"
 #include "core/weight_quant.h"
@@ -69,14 +71,26 @@ std::map<std::string, Tensor> load_declared_weights(const std::vector<WeightSpec
       throw_error(ErrorCode::kInvalidFile, "tensor '", name, "' has shape ",
                   shape_to_string(info.shape), " but the config implies ", shape_to_string(want),
                   " in ", source.describe());
-    Tensor t = source.load(name, DType::kF32);
+    // A 16-bit matrix stays in its dtype when the source keeps 16-bit weights (the values
+    // are the same: bf16 and f16 widen to f32 exactly), as a view of the file's mapping
+    // where its bytes lie usable (no copy until the backend packs or uploads it).
+    const bool keep16 = source.keeps_16bit() && (spec.linear || spec.table) && info.storage.empty() &&
+                        (info.dtype == DType::kBF16 || info.dtype == DType::kF16);
+    std::optional<Tensor> mapped = keep16 ? source.view(name) : std::nullopt;
+    Tensor t = mapped ? std::move(*mapped) : source.load(name, keep16 ? info.dtype : DType::kF32);
     if (spec.transpose) {
-      Tensor tt(DType::kF32, spec.shape);
-      int64_t rows = want[0], cols = want[1];
-      const float* s = t.data_as<float>();
-      float* d = tt.data_as<float>();
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t c = 0; c < cols; ++c) d[c * rows + r] = s[r * cols + c];
+      Tensor tt(t.dtype(), spec.shape);
+      const int64_t rows = want[0], cols = want[1];
+      auto transpose = [&]<typename E>(E) {
+        const E* s = static_cast<const E*>(t.data());
+        E* d = static_cast<E*>(tt.data());
+        for (int64_t r = 0; r < rows; ++r)
+          for (int64_t c = 0; c < cols; ++c) d[c * rows + r] = s[r * cols + c];
+      };
+      if (dtype_size(t.dtype()) == 2)
+        transpose(uint16_t{});
+      else
+        transpose(float{});
       t = std::move(tt);
     }
     out.emplace(spec.name, std::move(t));

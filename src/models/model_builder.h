@@ -61,8 +61,9 @@ struct WeightSpec {
   bool table = false;
 };
 
-// Loads every declared weight as f32, checks shapes, and returns them by name (absent
-// optional weights are missing from the map). Errors name the tensor, the expected and
+// Loads every declared weight as f32 (Linear weights and tables: as the source keeps
+// them, quantized images or 16-bit, see WeightSource), checks shapes, and returns them by
+// name (absent optional weights are missing from the map). Errors name the tensor, the expected and
 // found shape, and the source file. Shows a progress line for slow loads.
 std::map<std::string, Tensor> load_declared_weights(const std::vector<WeightSpec>& specs,
                                                     const WeightSource& source);

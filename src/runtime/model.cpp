@@ -302,11 +302,17 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
   if (can_keep && (options.weight_dtype == "q8" || options.weight_dtype == "q4"))
     keep = options.weight_dtype == "q8" ? QuantFormat::kQ8 : QuantFormat::kQ4;
   const bool native = can_keep && options.weight_dtype == "auto";
+  // A model that only runs (lean_host_weights) keeps a 16-bit checkpoint's matrices in
+  // their dtype until the backend packs or uploads them: half the host memory of f32 and
+  // the same values. Rewrites, observers and tensor-parallel sharding read f32 weights.
+  const bool keep16 = options.lean_host_weights && !options.rewrite && !options.linear_observer &&
+                      options.tensor_parallel <= 1;
   if (fs::is_directory(path)) {
     HfModelDir dir = HfModelDir::open(path);
     config = dir.config;
     dir.weights->keep_quantized(keep);
     dir.weights->keep_native(native);
+    dir.weights->keep_16bit(keep16);
     built = build_model(config, *dir.weights);
     built.stored_dtype = stored_matrix_dtype(*dir.weights);
   } else if (fs::path(path).extension() == ".gguf") {
@@ -315,6 +321,7 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
     GgufWeightSource weights(gguf);
     weights.keep_quantized(keep);
     weights.keep_native(native);
+    weights.keep_16bit(keep16);
     built = build_model(config, weights);
     built.stored_dtype = stored_matrix_dtype(weights);
     if (const std::string r = weights.requantized_summary(); !r.empty())

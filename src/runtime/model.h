@@ -91,7 +91,10 @@ struct ModelOptions {
   // release_host_weights; the graph keeps their dtype and shape, with no data). Then
   // graph() no longer holds the [N, K] weights, so it is off by default for callers that
   // read them after loading (quantization rewrites, kiln build, kiln inspect); the
-  // commands that only run a model turn it on. Not under a linear_observer.
+  // commands that only run a model turn it on. Not under a linear_observer. It also
+  // loads a 16-bit checkpoint's Linear weights and token table in their file dtype
+  // (WeightSource::keep_16bit) instead of f32: the same values in half the bytes until
+  // they are packed or uploaded.
   bool lean_host_weights = false;
 };
 

@@ -19,6 +19,7 @@
 #include "frontends/weight_source.h"
 #include "golden_util.h"
 #include "gguf_quant_llama.h"
+#include "runtime/encoder_runner.h"
 #include "runtime/llm_runner.h"
 
 namespace kiln {
@@ -303,41 +304,56 @@ TEST(HalfCheckpoint, GgufAutoKeepsItsDtypeOnTheCpu) {
   }
 }
 
-// The same for an HF directory: the llama fixture rewritten with bf16 matrices (f32 norms)
-// and an int64 2-D buffer beside them (as BERT checkpoints carry position_ids), which the
-// rule skips.
-TEST(HalfCheckpoint, SafetensorsAutoKeepsItsDtypeOnTheCpu) {
-  const std::string src = testing::fixture_dir("llama");
+// An HF directory holding fixture `name` with its 2-D float matrices rewritten in `half`
+// (bf16 or f16; f32 norms and biases), plus an int64 2-D buffer when `position_ids` (as
+// BERT checkpoints carry). `odd_header`: the JSON header is one byte longer than 8-byte
+// padding, so every tensor of the data section lies misaligned for its dtype.
+std::string half_checkpoint_dir(const TempDir& dir, const std::string& name, DType half, bool position_ids = false,
+                                bool odd_header = false) {
+  const std::string src = testing::fixture_dir(name);
   auto st = open_safetensors_source(src + "/model.safetensors");
   nlohmann::json header = nlohmann::json::object();
   std::string data;
-  for (const std::string& name : st->names()) {
-    const TensorInfo info = st->info(name);
-    const Tensor t = st->load(name, DType::kF32);
+  for (const std::string& tensor : st->names()) {
+    const TensorInfo info = st->info(tensor);
+    const Tensor t = st->load(tensor, DType::kF32);
     const float* v = t.data_as<float>();
     std::string bytes;
     if (info.shape.size() == 2) {
       std::vector<uint16_t> b(size_t(t.numel()));
-      for (size_t i = 0; i < b.size(); ++i) b[i] = f32_to_bf16(v[i]);
+      for (size_t i = 0; i < b.size(); ++i) b[i] = half == DType::kBF16 ? f32_to_bf16(v[i]) : f32_to_f16(v[i]);
       bytes = test::raw_bytes(b);
     } else {
       bytes = std::string(reinterpret_cast<const char*>(v), size_t(t.numel()) * 4);
     }
-    header[name] = {{"dtype", info.shape.size() == 2 ? "BF16" : "F32"},
-                    {"shape", info.shape},
-                    {"data_offsets", {data.size(), data.size() + bytes.size()}}};
+    header[tensor] = {{"dtype", info.shape.size() == 2 ? (half == DType::kBF16 ? "BF16" : "F16") : "F32"},
+                      {"shape", info.shape},
+                      {"data_offsets", {data.size(), data.size() + bytes.size()}}};
     data += bytes;
   }
-  std::vector<int64_t> positions(8);
-  for (size_t i = 0; i < positions.size(); ++i) positions[i] = int64_t(i);
-  const std::string pos = test::raw_bytes(positions);
-  header["position_ids"] = {{"dtype", "I64"}, {"shape", {1, 8}}, {"data_offsets", {data.size(), data.size() + pos.size()}}};
-  data += pos;
-  TempDir dir;
-  const std::string model_dir = dir.file("llama-bf16");
+  if (position_ids) {
+    std::vector<int64_t> positions(8);
+    for (size_t i = 0; i < positions.size(); ++i) positions[i] = int64_t(i);
+    const std::string pos = test::raw_bytes(positions);
+    header["position_ids"] = {{"dtype", "I64"}, {"shape", {1, 8}}, {"data_offsets", {data.size(), data.size() + pos.size()}}};
+    data += pos;
+  }
+  std::string json = header.dump();
+  // safetensors writers pad the header to 8 bytes (the data section then lies aligned).
+  while ((8 + json.size()) % 8 != 0) json += " ";
+  if (odd_header) json += " ";
+  const std::string model_dir = dir.file(name + "-" + dtype_name(half) + (odd_header ? "-odd" : ""));
   std::filesystem::create_directories(model_dir);
   std::filesystem::copy_file(src + "/config.json", model_dir + "/config.json");
-  write_file(model_dir + "/model.safetensors", test::safetensors_bytes(header.dump(), data));
+  write_file(model_dir + "/model.safetensors", test::safetensors_bytes(json, data));
+  return model_dir;
+}
+
+// The same for an HF directory: the llama fixture rewritten with bf16 matrices (f32 norms)
+// and an int64 2-D buffer beside them, which the rule skips.
+TEST(HalfCheckpoint, SafetensorsAutoKeepsItsDtypeOnTheCpu) {
+  TempDir dir;
+  const std::string model_dir = half_checkpoint_dir(dir, "llama", DType::kBF16, /*position_ids=*/true);
   ModelOptions o;
   o.weight_dtype = "auto";
   auto model = Model::load(model_dir, o);
@@ -404,6 +420,95 @@ TEST(PackAtLoad, TheGraphHoldsThePanelsAndComputesTheSameBits) {
     const std::vector<float> want = logits_of(*plain), got = logits_of(*packed);
     ASSERT_EQ(got.size(), want.size()) << what;
     EXPECT_EQ(max_abs_diff(got, want), 0.0) << what;
+  }
+}
+
+// WeightSource::keep_16bit (on under lean_host_weights): a 16-bit checkpoint's Linear
+// weights and token table load in their own dtype, as views of the file's mapping where
+// its bytes lie aligned and as aligned copies where they do not; norms still load f32.
+TEST(Keep16Bit, HalfMatricesLoadAsTheFilesOwnBytes) {
+  TempDir dir;
+  const std::string aligned = half_checkpoint_dir(dir, "llama", DType::kBF16);
+  const std::string odd = half_checkpoint_dir(dir, "llama", DType::kBF16, /*position_ids=*/false, /*odd_header=*/true);
+  const std::string q = "model.layers.0.self_attn.q_proj.weight", table = "model.embed_tokens.weight",
+                    norm = "model.norm.weight";
+  for (const std::string& d : {aligned, odd}) {
+    auto src = open_safetensors_source(d + "/model.safetensors");
+    const std::vector<WeightSpec> specs = {{.name = q, .shape = src->info(q).shape, .linear = true},
+                                           {.name = table, .shape = src->info(table).shape, .table = true},
+                                           {.name = norm, .shape = src->info(norm).shape}};
+    const auto f32 = load_declared_weights(specs, *src);
+    src->keep_16bit(true);
+    const auto half = load_declared_weights(specs, *src);
+    EXPECT_EQ(f32.at(q).dtype(), DType::kF32);
+    EXPECT_EQ(half.at(norm).dtype(), DType::kF32);
+    for (const std::string& name : {q, table}) {
+      const Tensor& t = half.at(name);
+      ASSERT_EQ(t.dtype(), DType::kBF16) << d << " " << name;
+      const std::optional<Tensor> view = src->view(name);
+      if (d == aligned) {
+        ASSERT_TRUE(view) << name;
+        EXPECT_EQ(t.data(), view->data()) << name << ": not the file's own bytes";
+      } else {
+        EXPECT_FALSE(view) << name << ": a misaligned view";
+        EXPECT_EQ(reinterpret_cast<uintptr_t>(t.data()) % 64, 0u) << name;
+      }
+      const Tensor wide = t.to(DType::kF32);
+      ASSERT_EQ(wide.numel(), f32.at(name).numel());
+      for (int64_t i = 0; i < wide.numel(); ++i)
+        ASSERT_EQ(f32_bits(wide.data_as<float>()[i]), f32_bits(f32.at(name).data_as<float>()[i])) << name << " " << i;
+    }
+  }
+}
+
+// A model loaded with 16-bit weights computes the bits of the f32 load (bf16 and f16 widen
+// exactly): bf16 and f16 HF directories (aligned and not, GPT-2's transposed Conv1D
+// weights) and GGUF files (permuted q/k rows), with auto, f32 and q4 GEMM weights.
+TEST(Keep16Bit, HalfWeightsComputeTheBitsOfTheF32Load) {
+  TempDir dir;
+  const std::string bf16_gguf = dir.file("bf16.gguf"), f16_gguf = dir.file("f16.gguf");
+  write_file(bf16_gguf, half_llama(GgmlType::kBF16));
+  write_file(f16_gguf, half_llama(GgmlType::kF16));
+  struct Case {
+    std::string path, dtype;
+  };
+  for (const Case& c : {Case{half_checkpoint_dir(dir, "llama", DType::kBF16), "auto"},
+                        Case{half_checkpoint_dir(dir, "llama", DType::kBF16, false, /*odd_header=*/true), "f32"},
+                        Case{half_checkpoint_dir(dir, "gpt2", DType::kF16), "auto"},
+                        Case{half_checkpoint_dir(dir, "qwen2", DType::kF16), "q4"}, Case{bf16_gguf, "auto"},
+                        Case{f16_gguf, "q4"}}) {
+    const std::string what = c.path + " " + c.dtype;
+    ModelOptions o;
+    o.weight_dtype = c.dtype;
+    auto plain = Model::load(c.path, o);
+    o.lean_host_weights = true;
+    auto lean = Model::load(c.path, o);
+    // The Llama family's token table (WeightSpec::table) stays in the file's dtype.
+    auto table_dtype = [](const Model& m) {
+      for (const ir::Node& n : m.graph().nodes())
+        if (n.op == "Embedding") return m.graph().weight(n.inputs[0]).dtype();
+      return DType::kU8;
+    };
+    EXPECT_EQ(table_dtype(*plain), DType::kF32) << what;
+    if (c.path.find("gpt2") == std::string::npos) EXPECT_TRUE(dtype_size(table_dtype(*lean)) == 2) << what;
+    const std::vector<float> want = logits_of(*plain), got = logits_of(*lean);
+    ASSERT_EQ(got.size(), want.size()) << what;
+    ASSERT_FALSE(got.empty()) << what;
+    EXPECT_EQ(max_abs_diff(got, want), 0.0) << what;
+  }
+  // An encoder (BERT's Linears; its tables stay f32 for the fused embedding norm).
+  const std::string bert = half_checkpoint_dir(dir, "bert", DType::kF16);
+  ModelOptions o;
+  auto plain = Model::load(bert, o);
+  o.lean_host_weights = true;
+  auto lean = Model::load(bert, o);
+  const std::vector<EncoderInput> batch = {{{2, 7, 4, 9, 3}, {0, 0, 0, 1, 1}}, {{5, 1}, {}}};
+  const auto want = encode(*plain, batch), got = encode(*lean, batch);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t b = 0; b < got.size(); ++b) {
+    ASSERT_FALSE(want[b].hidden.empty());
+    EXPECT_EQ(max_abs_diff(got[b].hidden, want[b].hidden), 0.0) << "bert sequence " << b;
+    EXPECT_EQ(max_abs_diff(got[b].logits, want[b].logits), 0.0) << "bert sequence " << b;
   }
 }
 

@@ -123,6 +123,23 @@ OpRun prepare_packed_embedding(const ir::Node& n, const ir::Graph& g) {
   };
 }
 
+// An Embedding whose rows are widened to f32 one at a time as they are looked up
+// (fetch(id, dst) writes row id's dim values), for tables not held as f32.
+template <typename Fetch>
+OpRun row_lookup_op(int64_t rows, int64_t dim, Fetch fetch) {
+  return [rows, dim, fetch](OpContext& c) {
+    const Tensor& ids = *c.inputs[1];
+    const int64_t t = ids.dim(0);
+    Tensor& y = c.out(0, {t, dim});
+    for (int64_t i = 0; i < t; ++i) {
+      const int32_t id = ids.data_as<int32_t>()[i];
+      KILN_THROW_IF(id < 0 || id >= rows, kOutOfRange, "embedding: token id ", id, " at position ", i,
+                    " is outside the vocabulary of size ", rows);
+      fetch(id, y.data_as<float>() + i * dim);
+    }
+  };
+}
+
 // A table kept quantized (weight_quant: a GGUF's own codes, WeightSpec::table): each
 // looked-up row is dequantized from the image, so the table stays at its file size.
 OpRun prepare_quant_embedding(const ir::Node& n, const ir::Graph& g) {
@@ -131,22 +148,25 @@ OpRun prepare_quant_embedding(const ir::Node& n, const ir::Graph& g) {
   const QuantFormat f = quant_format_from_name(n.attr_str("weight_quant"), "cpu: node '" + n.name + "'");
   const int64_t dim = n.attr_int("weight_k"), rows = img.dim(0);
   const size_t row_bytes = size_t(img.dim(1));
-  return [img, f, dim, rows, row_bytes](OpContext& c) {
-    const Tensor& ids = *c.inputs[1];
-    const int64_t t = ids.dim(0);
-    Tensor& y = c.out(0, {t, dim});
-    for (int64_t i = 0; i < t; ++i) {
-      const int32_t id = ids.data_as<int32_t>()[i];
-      KILN_THROW_IF(id < 0 || id >= rows, kOutOfRange, "embedding: token id ", id, " at position ", i,
-                    " is outside the vocabulary of size ", rows);
-      dequantize_image_row(img.data_as<uint8_t>() + size_t(id) * row_bytes, dim, f, y.data_as<float>() + i * dim);
-    }
-  };
+  return row_lookup_op(rows, dim, [img, f, dim, row_bytes](int32_t id, float* dst) {
+    dequantize_image_row(img.data_as<uint8_t>() + size_t(id) * row_bytes, dim, f, dst);
+  });
 }
 
 OpRun prepare_embedding(const ir::Node& n, const ir::Graph& g, const CompileOptions&) {
   if (n.has_attr("weight_layout")) return prepare_packed_embedding(n, g);
   if (n.has_attr("weight_quant")) return prepare_quant_embedding(n, g);
+  if (g.is_weight(n.inputs[0]) && (g.weight(n.inputs[0]).dtype() == DType::kBF16 ||
+                                   g.weight(n.inputs[0]).dtype() == DType::kF16)) {
+    // A 16-bit table (a bf16 checkpoint's, WeightSource::keep_16bit) widens only the rows
+    // looked up, so no f32 copy of it is made.
+    const Tensor table = g.weight(n.inputs[0]);
+    const int64_t dim = table.dim(1);
+    const size_t row_bytes = size_t(dim) * dtype_size(table.dtype());
+    return row_lookup_op(table.dim(0), dim, [table, dim, row_bytes](int32_t id, float* dst) {
+      dtype_convert(table.data_as<uint8_t>() + size_t(id) * row_bytes, table.dtype(), dst, DType::kF32, size_t(dim));
+    });
+  }
   Tensor table = weight_f32(g, n.inputs[0], n, "table");
   return [table](OpContext& c) {
     const Tensor& ids = *c.inputs[1];
@@ -385,6 +405,10 @@ PackedWeight pack_linear_weight(const ir::Graph& g, const ir::Node& n, const Com
     if (storage == (n.attr_str("weight_quant") == "q8" ? WeightStorage::kQ8 : WeightStorage::kQ4))
       return pack_quantized_weight(weight_image_rows(n, g.weight(src)));
   }
+  // A 16-bit weight packs straight from its own bytes (no f32 copy of it).
+  if (const Tensor* t = g.is_weight(src) ? &g.weight(src) : nullptr;
+      t && !n.has_attr("weight_quant") && (t->dtype() == DType::kBF16 || t->dtype() == DType::kF16) && t->rank() == 2)
+    return pack_weight(t->data(), t->dtype(), t->dim(0), t->dim(1), linear_storage(n, t->dim(1), opt));
   Tensor w = weight_f32(g, src, n, "weight");
   return pack_weight(w.data_as<float>(), w.dim(0), w.dim(1), linear_storage(n, w.dim(1), opt));
 }
