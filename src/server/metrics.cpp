@@ -3,6 +3,7 @@
 
 #include <cstdio>
 
+#include "core/host_memory.h"
 #include "server/model_repository.h"
 
 namespace kiln::server {
@@ -160,6 +161,15 @@ std::string Metrics::render(const ModelRepository& repo) const {
     for (auto& [phase, v] : phases)
       out += "kiln_executor_seconds_total{model=\"" + label(name) + "\",phase=\"" + phase + "\"} " + num(v) + "\n";
   }
+  // The process's host memory (the Prometheus client libraries' standard name for the
+  // resident size; anonymous memory is what weights, panels and host KV hold).
+  const HostMemory mem = host_memory();
+  if (mem.resident >= 0)
+    out += "# HELP process_resident_memory_bytes Resident memory size in bytes.\n"
+           "# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes " + std::to_string(mem.resident) + "\n";
+  if (mem.anon >= 0)
+    out += "# HELP kiln_host_anonymous_memory_bytes Resident anonymous memory (not mapped files) in bytes.\n"
+           "# TYPE kiln_host_anonymous_memory_bytes gauge\nkiln_host_anonymous_memory_bytes " + std::to_string(mem.anon) + "\n";
   return out;
 }
 

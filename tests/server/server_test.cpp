@@ -5,6 +5,8 @@
 // a tensor-parallel (TP=2) model served like any other; swap preemption and its metrics.
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include <cmath>
 #include <thread>
 
@@ -63,6 +65,15 @@ TEST_F(ServerTest, HealthModelsAndMetrics) {
   for (const char* name : {"kiln_kv_blocks_total{model=\"llama\"} 128", "kiln_num_requests_waiting",
                            "kiln_prefix_cache_hit_rate", "kiln_preemptions_total", "kiln_session_expiries_total"})
     EXPECT_NE(metrics.body.find(name), std::string::npos) << name;
+  // The process's host memory (Linux): the resident size holds at least its anonymous part.
+  auto gauge = [&](const std::string& name) {
+    const size_t at = metrics.body.find("\n" + name + " ");
+    return at == std::string::npos ? -1.0 : std::stod(metrics.body.substr(at + name.size() + 2));
+  };
+  if (std::ifstream("/proc/self/status")) {
+    EXPECT_GT(gauge("kiln_host_anonymous_memory_bytes"), 0) << metrics.body;
+    EXPECT_GE(gauge("process_resident_memory_bytes"), gauge("kiln_host_anonymous_memory_bytes"));
+  }
 }
 
 TEST_F(ServerTest, CompletionWithTokenIdsMatchesTheRunnerAlone) {

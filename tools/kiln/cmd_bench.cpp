@@ -9,6 +9,7 @@
 
 #include "commands.h"
 #include "runtime/encoder_runner.h"
+#include "core/host_memory.h"
 #include "core/status.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
@@ -66,6 +67,17 @@ using Clock = std::chrono::steady_clock;
 double secs(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
+// The model's load time and what the process holds in host memory once it is loaded:
+// anonymous memory (weights, packed panels, KV pool) and resident pages of mapped files.
+void print_load(double load_s) {
+  const HostMemory m = host_memory();
+  std::printf("load: %.2f s", load_s);
+  if (m.anon >= 0 && m.file >= 0 && m.peak >= 0)
+    std::printf("; host memory after load: %.0f MiB anonymous + %.0f MiB of mapped files resident, peak %.0f MiB",
+                double(m.anon) / (1 << 20), double(m.file) / (1 << 20), double(m.peak) / (1 << 20));
+  std::printf("\n");
+}
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -128,7 +140,7 @@ void print_ceilings(const Backend::Ceilings& c, const std::string& backend) {
 }
 
 // Encoders: one forward of `batch` sequences of prompt_len random tokens (one ragged step).
-int run_encoder_bench(const BenchArgs& a, Model& model) {
+int run_encoder_bench(const BenchArgs& a, Model& model, double load_s) {
   const ModelInfo& info = model.info();
   if (a.prompt_len > info.max_positions)
     throw_error(ErrorCode::kInvalidArgument, "sequence length ", a.prompt_len, " exceeds the model's ",
@@ -156,6 +168,7 @@ int run_encoder_bench(const BenchArgs& a, Model& model) {
               model.path().c_str(), info.family.c_str(), (long long)info.num_layers, (long long)info.hidden_size,
               weights_label(a.model, model).c_str(),
               double(model.compiled().weight_bytes()) / (1 << 20), ThreadPool::global().num_threads());
+  print_load(load_s);
   std::printf("outputs to the host: %s\n", a.hidden ? "hidden states, pooled, logits" : "pooled, logits (--hidden adds hidden states)");
   if (on_cpu) std::printf("\n");
   else print_ceilings(ceil, a.model.backend);
@@ -176,10 +189,12 @@ int run_encoder_bench(const BenchArgs& a, Model& model) {
 
 int run_bench(const BenchArgs& a) {
   ModelOptions mo = model_options(a.model);
+  const auto load0 = Clock::now();
   auto model = a.random_config.empty() ? kiln::load_model(a.model.model, mo, a.model.quant)
                                        : kiln::load_random_model(a.random_config, mo, a.model.quant);
+  const double load_s = secs(load0, Clock::now());
   const ModelInfo& info = model->info();
-  if (!info.is_decoder) return run_encoder_bench(a, *model);
+  if (!info.is_decoder) return run_encoder_bench(a, *model, load_s);
   if (a.prompt_len + a.gen_len > info.max_positions)
     throw_error(ErrorCode::kInvalidArgument, "prompt + generated tokens (", a.prompt_len + a.gen_len,
                 ") exceed the model's ", info.max_positions, " positions");
@@ -243,6 +258,7 @@ int run_bench(const BenchArgs& a) {
               (long long)info.hidden_size,
               weights_label(a.model, *model).c_str(), weight_bytes / (1 << 20),
               ThreadPool::global().num_threads());
+  print_load(load_s);
   if (a.kv_fraction > 0)
     std::printf("KV pool: %lld blocks of 16 tokens (--kv-cache-fraction %g, capped by the batch's tokens)\n",
                 (long long)kv_blocks, a.kv_fraction);
