@@ -26,7 +26,10 @@ double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::
 // gathered, not streamed). q8/q4 keep f32 in the file: the backend quantizes when it
 // packs (exactly as when loading the checkpoint directly). A weight read by GEMMs of
 // different precisions (or also by a non-GEMM, like a tied LM head and its embedding)
-// gets its own converted copy per precision; f32 readers keep the original.
+// gets its own converted copy per precision; f32 readers keep the original. A weight a
+// 16-bit checkpoint kept in its dtype (ModelOptions::keep_16bit_weights) stays so for
+// every reader but a GEMM stored in the other 16-bit dtype: f32, q8 and q4 GEMMs and the
+// other kernels widen its values exactly.
 void convert_gemm_weights(ir::Graph& g, const std::string& dtype) {
   auto wanted = [&](const ir::Node& n, size_t input) {
     if (n.op != "Linear" || input != 1) return DType::kF32;
@@ -39,7 +42,27 @@ void convert_gemm_weights(ir::Graph& g, const std::string& dtype) {
       if (n.inputs[i] != ir::kNoValue && g.is_weight(n.inputs[i])) readers[n.inputs[i]].insert(wanted(n, i));
   std::map<std::pair<ir::ValueId, DType>, ir::ValueId> copies;
   for (auto& [w, dts] : readers) {
-    if (g.weight(w).dtype() != DType::kF32) continue;
+    const DType src = g.weight(w).dtype();
+    if (src == DType::kBF16 || src == DType::kF16) {
+      std::set<DType> other;  // the other 16-bit dtype, where a GEMM stores it
+      bool as_is = false;     // a reader taking the weight as it is
+      for (DType dt : dts)
+        if ((dt == DType::kBF16 || dt == DType::kF16) && dt != src)
+          other.insert(dt);
+        else
+          as_is = true;
+      if (other.empty()) continue;
+      if (!as_is) {
+        Tensor& t = g.weight(w);
+        t = t.to(*other.begin());
+        g.value(w).dtype = t.dtype();
+      } else {
+        copies[{w, *other.begin()}] = g.add_weight(g.value(w).name + "." + dtype_name(*other.begin()),
+                                                   g.weight(w).to(*other.begin()));
+      }
+      continue;
+    }
+    if (src != DType::kF32) continue;
     if (dts.size() == 1 && *dts.begin() != DType::kF32) {  // the common case: converted in place
       Tensor& t = g.weight(w);
       t = t.to(*dts.begin());
@@ -295,6 +318,9 @@ BuildReport build_engine(const BuildOptions& o) {
   ModelOptions mo{o.backend, gemm_dtype, nullptr, o.opt_level, o.disabled_passes, native ? "" : gemm_dtype,
                   o.pin_precision};
   mo.onnx_import = o.onnx_import;
+  // The conversions below read a 16-bit checkpoint's own dtype (not under --quant, whose
+  // calibration and rewrites read f32 weights).
+  mo.keep_16bit_weights = !quantized;
   if (o.tensor_parallel < 1 || o.tensor_parallel > kEngineMaxTensorParallel)
     throw_error(ErrorCode::kInvalidArgument, "build: --tp must be in [1, ", kEngineMaxTensorParallel, "], got ",
                 o.tensor_parallel);

@@ -302,11 +302,11 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
   if (can_keep && (options.weight_dtype == "q8" || options.weight_dtype == "q4"))
     keep = options.weight_dtype == "q8" ? QuantFormat::kQ8 : QuantFormat::kQ4;
   const bool native = can_keep && options.weight_dtype == "auto";
-  // A model that only runs (lean_host_weights) keeps a 16-bit checkpoint's matrices in
-  // their dtype until the backend packs or uploads them: half the host memory of f32 and
-  // the same values. Rewrites, observers and tensor-parallel sharding read f32 weights.
-  const bool keep16 = options.lean_host_weights && !options.rewrite && !options.linear_observer &&
-                      options.tensor_parallel <= 1;
+  // A 16-bit checkpoint's matrices stay in their dtype until the backend packs or uploads
+  // them: half the host memory of f32 (none where they are views of the file) and the same
+  // values. Rewrites, observers and tensor-parallel sharding read f32 weights.
+  const bool keep16 = (options.lean_host_weights || options.keep_16bit_weights) && !options.rewrite &&
+                      !options.linear_observer && options.tensor_parallel <= 1;
   if (fs::is_directory(path)) {
     HfModelDir dir = HfModelDir::open(path);
     config = dir.config;

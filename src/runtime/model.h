@@ -91,11 +91,16 @@ struct ModelOptions {
   // release_host_weights; the graph keeps their dtype and shape, with no data). Then
   // graph() no longer holds the [N, K] weights, so it is off by default for callers that
   // read them after loading (quantization rewrites, kiln build, kiln inspect); the
-  // commands that only run a model turn it on. Not under a linear_observer. It also
-  // loads a 16-bit checkpoint's Linear weights and token table in their file dtype
-  // (WeightSource::keep_16bit) instead of f32: the same values in half the bytes until
-  // they are packed or uploaded.
+  // commands that only run a model turn it on. Not under a linear_observer. It implies
+  // keep_16bit_weights.
   bool lean_host_weights = false;
+  // A 16-bit checkpoint's Linear weights and token table load in their file dtype
+  // (WeightSource::keep_16bit: views of the file's mapping where aligned) instead of f32:
+  // the same values in half the bytes, or none, until the backend packs or uploads them.
+  // For callers whose weights only reach the backends or kiln build's conversions (which
+  // read any float dtype); ignored under rewrites, observers and tensor parallelism, which
+  // read f32 weights.
+  bool keep_16bit_weights = false;
 };
 
 // What weight_dtype "auto" stores the weights a file does not keep quantized in, per

@@ -81,6 +81,51 @@ TEST(EngineFile, Bf16WeightsStayCloseAndHalveTheFile) {
   KILN_EXPECT_CLOSE(got.data(), want.data(), got.size(), 3e-2, "bf16 engine vs f32 engine");
 }
 
+// kiln build from a 16-bit checkpoint reads its matrices in their own dtype
+// (ModelOptions::keep_16bit_weights): GEMM weights are stored as the checkpoint holds them
+// (auto) or in the other 16-bit dtype asked for, and the engine computes the bits of the
+// checkpoint loaded directly; BERT's f32 tables stay f32.
+TEST(EngineFile, SixteenBitCheckpointsBuildInTheirOwnDtype) {
+  auto dir = scratch_dir();
+  struct Case {
+    std::string family;
+    DType stored;
+    std::string weight_dtype;
+    DType want;
+  };
+  for (const Case& c : {Case{"llama", DType::kBF16, "auto", DType::kBF16}, Case{"bert", DType::kF16, "auto", DType::kF16},
+                        Case{"qwen2", DType::kBF16, "f16", DType::kF16}}) {
+    const std::string what = c.family + " " + c.weight_dtype;
+    const std::string ckpt = testing::write_half_checkpoint(c.family, (dir / (c.family + "-half")).string(), c.stored);
+    BuildOptions o;
+    o.model = ckpt;
+    o.output = (dir / (c.family + ".kiln")).string();
+    o.weight_dtype = c.weight_dtype;
+    o.tune = false;
+    build_engine(o);
+    const EngineContents e = engine_load(o.output);
+    size_t linears = 0;
+    for (const ir::Node& n : e.graph.nodes())
+      if (n.op == "Linear") {
+        ++linears;
+        // Under a named dtype the logits GEMM runs in f32: its weights stay as stored
+        // (their values exactly).
+        const bool logits = n.name == "lm_head" && c.weight_dtype != "auto";
+        EXPECT_EQ(e.graph.weight(n.inputs[1]).dtype(), logits ? c.stored : c.want) << what << ": " << n.name;
+      }
+    EXPECT_GT(linears, 0u) << what;
+    ModelOptions mo;
+    mo.weight_dtype = c.weight_dtype;
+    // A named dtype runs the precision pass in kiln build (the logits GEMM stays f32).
+    if (c.weight_dtype != "auto") mo.precision = c.weight_dtype;
+    auto direct = Model::load(ckpt, mo);
+    auto engine = Model::load(o.output);
+    const std::vector<float> want = run_logits(*direct), got = run_logits(*engine);
+    ASSERT_EQ(got.size(), want.size()) << what;
+    for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(f32_bits(got[i]), f32_bits(want[i])) << what << " " << i;
+  }
+}
+
 void expect_load_error(const std::filesystem::path& p, const std::string& what) {
   try {
     Model::load(p.string());

@@ -304,49 +304,10 @@ TEST(HalfCheckpoint, GgufAutoKeepsItsDtypeOnTheCpu) {
   }
 }
 
-// An HF directory holding fixture `name` with its 2-D float matrices rewritten in `half`
-// (bf16 or f16; f32 norms and biases), plus an int64 2-D buffer when `position_ids` (as
-// BERT checkpoints carry). `odd_header`: the JSON header is one byte longer than 8-byte
-// padding, so every tensor of the data section lies misaligned for its dtype.
 std::string half_checkpoint_dir(const TempDir& dir, const std::string& name, DType half, bool position_ids = false,
                                 bool odd_header = false) {
-  const std::string src = testing::fixture_dir(name);
-  auto st = open_safetensors_source(src + "/model.safetensors");
-  nlohmann::json header = nlohmann::json::object();
-  std::string data;
-  for (const std::string& tensor : st->names()) {
-    const TensorInfo info = st->info(tensor);
-    const Tensor t = st->load(tensor, DType::kF32);
-    const float* v = t.data_as<float>();
-    std::string bytes;
-    if (info.shape.size() == 2) {
-      std::vector<uint16_t> b(size_t(t.numel()));
-      for (size_t i = 0; i < b.size(); ++i) b[i] = half == DType::kBF16 ? f32_to_bf16(v[i]) : f32_to_f16(v[i]);
-      bytes = test::raw_bytes(b);
-    } else {
-      bytes = std::string(reinterpret_cast<const char*>(v), size_t(t.numel()) * 4);
-    }
-    header[tensor] = {{"dtype", info.shape.size() == 2 ? (half == DType::kBF16 ? "BF16" : "F16") : "F32"},
-                      {"shape", info.shape},
-                      {"data_offsets", {data.size(), data.size() + bytes.size()}}};
-    data += bytes;
-  }
-  if (position_ids) {
-    std::vector<int64_t> positions(8);
-    for (size_t i = 0; i < positions.size(); ++i) positions[i] = int64_t(i);
-    const std::string pos = test::raw_bytes(positions);
-    header["position_ids"] = {{"dtype", "I64"}, {"shape", {1, 8}}, {"data_offsets", {data.size(), data.size() + pos.size()}}};
-    data += pos;
-  }
-  std::string json = header.dump();
-  // safetensors writers pad the header to 8 bytes (the data section then lies aligned).
-  while ((8 + json.size()) % 8 != 0) json += " ";
-  if (odd_header) json += " ";
-  const std::string model_dir = dir.file(name + "-" + dtype_name(half) + (odd_header ? "-odd" : ""));
-  std::filesystem::create_directories(model_dir);
-  std::filesystem::copy_file(src + "/config.json", model_dir + "/config.json");
-  write_file(model_dir + "/model.safetensors", test::safetensors_bytes(json, data));
-  return model_dir;
+  return testing::write_half_checkpoint(
+      name, dir.file(name + "-" + dtype_name(half) + (odd_header ? "-odd" : "")), half, position_ids, odd_header);
 }
 
 // The same for an HF directory: the llama fixture rewritten with bf16 matrices (f32 norms)

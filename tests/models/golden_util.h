@@ -8,6 +8,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <nlohmann/json.hpp>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -81,5 +83,49 @@ inline Diff compare(const float* got, const float* ref, size_t n) {
                 d_.max_abs_err, d_.max_abs_ref, d_.rel());                               \
     EXPECT_LE(d_.rel(), (tol)) << (what);                                                \
   } while (0)
+
+// Writes fixture `name` into `out_dir` (created; config.json copied) with its 2-D float
+// matrices in `half` (bf16 or f16; f32 norms and biases), plus an int64 2-D buffer when
+// `position_ids` (as BERT checkpoints carry), and returns `out_dir`. The JSON header is
+// padded to 8 bytes as safetensors writers do, so every tensor lies aligned; with
+// `odd_header` one byte more, so every tensor of the data section lies misaligned.
+inline std::string write_half_checkpoint(const std::string& name, const std::string& out_dir, DType half,
+                                         bool position_ids = false, bool odd_header = false) {
+  const std::string src = fixture_dir(name);
+  auto st = open_safetensors_source(src + "/model.safetensors");
+  nlohmann::json header = nlohmann::json::object();
+  std::string data;
+  auto append = [&](const std::string& tensor, const char* dtype, const std::vector<int64_t>& shape, const void* p,
+                    size_t bytes) {
+    header[tensor] = {{"dtype", dtype}, {"shape", shape}, {"data_offsets", {data.size(), data.size() + bytes}}};
+    data.append(static_cast<const char*>(p), bytes);
+  };
+  for (const std::string& tensor : st->names()) {
+    const TensorInfo info = st->info(tensor);
+    const Tensor t = st->load(tensor, DType::kF32);
+    if (info.shape.size() == 2) {
+      const Tensor h = t.to(half);
+      append(tensor, half == DType::kBF16 ? "BF16" : "F16", info.shape, h.data(), h.nbytes());
+    } else {
+      append(tensor, "F32", info.shape, t.data(), t.nbytes());
+    }
+  }
+  if (position_ids) {
+    std::vector<int64_t> positions(8);
+    for (size_t i = 0; i < positions.size(); ++i) positions[i] = int64_t(i);
+    append("position_ids", "I64", {1, 8}, positions.data(), positions.size() * 8);
+  }
+  std::string json = header.dump();
+  while ((8 + json.size()) % 8 != 0) json += " ";
+  if (odd_header) json += " ";
+  std::filesystem::create_directories(out_dir);
+  std::filesystem::copy_file(src + "/config.json", out_dir + "/config.json",
+                             std::filesystem::copy_options::overwrite_existing);
+  std::ofstream f(out_dir + "/model.safetensors", std::ios::binary);
+  const uint64_t len = json.size();
+  f.write(reinterpret_cast<const char*>(&len), 8);  // little-endian hosts
+  f << json << data;
+  return out_dir;
+}
 
 }  // namespace kiln::testing
