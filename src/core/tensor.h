@@ -54,6 +54,9 @@ class Tensor {
   Tensor to(DType to) const;
   Tensor clone() const { return to(dtype_); }
   std::string shape_str() const;
+  // Whatever keeps the memory alive (the buffer of an owning tensor, a view's keepalive);
+  // null for a view of memory someone else guarantees.
+  const std::shared_ptr<const void>& owner() const { return owner_; }
 
  private:
   DType dtype_ = DType::kF32;

@@ -70,6 +70,18 @@ ir::ValueId concat_weights(ir::Graph& g, const std::vector<ir::ValueId>& parts, 
   }
   std::vector<int64_t> shape = first.shape();
   shape[0] = rows;
+  // Parts lying back to back in one buffer (views of a checkpoint's mapping whose file
+  // stores them in this order, like an HF file's gate_proj and up_proj): the stacked
+  // weight is a view of that span, so nothing is copied.
+  bool adjacent = first.owner() != nullptr;
+  const uint8_t* next = static_cast<const uint8_t*>(first.data());
+  for (ir::ValueId p : parts) {
+    const Tensor& t = g.weight(p);
+    adjacent = adjacent && t.owner() == first.owner() && t.data() == next;
+    next += t.nbytes();
+  }
+  if (adjacent)
+    return g.add_weight(name, Tensor::view(const_cast<void*>(first.data()), first.dtype(), shape, first.owner()));
   Tensor out(first.dtype(), shape);
   size_t at = 0;
   for (ir::ValueId p : parts) {

@@ -71,6 +71,31 @@ TEST(FuseSwiGlu, MergesGateAndUpIntoOneLinear) {
   EXPECT_EQ(opt.weight_bytes(), bytes) << "the separate gate/up weights must be dropped";
 }
 
+// Gate and up weights lying back to back in one buffer (views of a checkpoint's mapping
+// that stores them in that order) stack into a view of that span, not a copy; the same
+// rows apart or in two buffers are copied. The outputs match the unfused graph either way.
+TEST(FuseSwiGlu, AdjacentWeightsOfOneBufferStackWithoutACopy) {
+  const Tensor both = random_tensor({48, 16}, 4);
+  const Tensor other = random_tensor({24, 16}, 5);
+  auto build = [&](const Tensor& wg, const Tensor& wu) {
+    ir::Graph g;
+    ir::ValueId x = g.add_input("x", DType::kF32, {"T", 16});
+    ir::ValueId gate = g.add("Linear", {x, g.add_weight("wg", wg)}, {}, "mlp.gate_proj");
+    ir::ValueId up = g.add("Linear", {x, g.add_weight("wu", wu)}, {}, "mlp.up_proj");
+    g.add_output("y", g.add("Mul", {g.add("Silu", {gate}), up}));
+    ir::Graph opt = run_ab(g, *passes::make_fuse_swiglu_pass());
+    for (const ir::Node& n : opt.nodes())
+      if (n.op == "Linear") return opt.weight(n.inputs[1]);
+    ADD_FAILURE() << "no merged Linear";
+    return Tensor();
+  };
+  const Tensor view = build(both.slice_rows(0, 24), both.slice_rows(24, 48));
+  EXPECT_EQ(view.data(), both.data()) << "adjacent rows of one buffer: a view";
+  EXPECT_EQ(view.shape(), (std::vector<int64_t>{48, 16}));
+  EXPECT_NE(build(both.slice_rows(24, 48), both.slice_rows(0, 24)).data(), both.data()) << "out of order: a copy";
+  EXPECT_NE(build(both.slice_rows(0, 24), other).data(), both.data()) << "two buffers: a copy";
+}
+
 TEST(FuseLinearActivation, SwiGluBecomesTheMergedGemmsEpilogue) {
   ir::Graph g;
   ir::ValueId x = g.add_input("x", DType::kF32, {"T", 16});
