@@ -349,6 +349,16 @@ std::vector<float> logits_of(Model& m) {
   return out;
 }
 
+// The model at `path` loaded as the library does by default and with lean_host_weights.
+std::pair<std::unique_ptr<Model>, std::unique_ptr<Model>> load_plain_and_lean(const std::string& path,
+                                                                              const std::string& weight_dtype) {
+  ModelOptions o;
+  o.weight_dtype = weight_dtype;
+  auto plain = Model::load(path, o);
+  o.lean_host_weights = true;
+  return {std::move(plain), Model::load(path, o)};
+}
+
 // ModelOptions::lean_host_weights on the CPU: the model's graph holds the Linears'
 // panels (weight_layout, no [N, K] weight left beside them) and computes the bits the
 // unpacked load computes, which packs the same weights inside the backend: GGUF q4/q8
@@ -365,11 +375,7 @@ TEST(PackAtLoad, TheGraphHoldsThePanelsAndComputesTheSameBits) {
   for (const Case& c : {Case{kquant, "auto"}, Case{half, "auto"}, Case{testing::fixture_dir("gpt2"), "f32"},
                         Case{testing::fixture_dir("llama"), "q4"}}) {
     const std::string what = c.path + " " + c.dtype;
-    ModelOptions o;
-    o.weight_dtype = c.dtype;
-    auto plain = Model::load(c.path, o);
-    o.lean_host_weights = true;
-    auto packed = Model::load(c.path, o);
+    auto [plain, packed] = load_plain_and_lean(c.path, c.dtype);
     size_t linears = 0;
     for (const ir::Node& n : packed->graph().nodes()) {
       if (n.op != "Linear") continue;
@@ -439,11 +445,7 @@ TEST(Keep16Bit, HalfWeightsComputeTheBitsOfTheF32Load) {
                         Case{half_checkpoint_dir(dir, "qwen2", DType::kF16), "q4"}, Case{bf16_gguf, "auto"},
                         Case{f16_gguf, "q4"}}) {
     const std::string what = c.path + " " + c.dtype;
-    ModelOptions o;
-    o.weight_dtype = c.dtype;
-    auto plain = Model::load(c.path, o);
-    o.lean_host_weights = true;
-    auto lean = Model::load(c.path, o);
+    auto [plain, lean] = load_plain_and_lean(c.path, c.dtype);
     // The Llama family's token table (WeightSpec::table) stays in the file's dtype.
     auto table_dtype = [](const Model& m) {
       for (const ir::Node& n : m.graph().nodes())
@@ -459,12 +461,9 @@ TEST(Keep16Bit, HalfWeightsComputeTheBitsOfTheF32Load) {
   }
   // An encoder (BERT's Linears; its tables stay f32 for the fused embedding norm).
   const std::string bert = half_checkpoint_dir(dir, "bert", DType::kF16);
-  ModelOptions o;
-  auto plain = Model::load(bert, o);
-  o.lean_host_weights = true;
-  auto lean = Model::load(bert, o);
+  auto [plain_bert, lean_bert] = load_plain_and_lean(bert, "auto");
   const std::vector<EncoderInput> batch = {{{2, 7, 4, 9, 3}, {0, 0, 0, 1, 1}}, {{5, 1}, {}}};
-  const auto want = encode(*plain, batch), got = encode(*lean, batch);
+  const auto want = encode(*plain_bert, batch), got = encode(*lean_bert, batch);
   ASSERT_EQ(got.size(), want.size());
   for (size_t b = 0; b < got.size(); ++b) {
     ASSERT_FALSE(want[b].hidden.empty());
