@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 
 #include "core/status.h"
 #include "frontends/gguf.h"
@@ -50,6 +51,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       // Q8_0 / Q4_0 / Q4_1 / Q4_K tensors re-laid as kiln q8 / q4 images.
       quietly([&] { src.load_quantized(name, kiln::QuantFormat::kQ4); });
       quietly([&] { src.load_quantized(name, kiln::QuantFormat::kQ8); });
+      // A view (16-bit checkpoints load so) lies inside the input: read its every byte.
+      quietly([&] {
+        if (std::optional<kiln::Tensor> v = src.view(name)) {
+          uint8_t sum = 0;
+          for (size_t i = 0; i < v->nbytes(); ++i) sum ^= static_cast<const uint8_t*>(v->data())[i];
+          volatile uint8_t sink = sum;
+          (void)sink;
+          if (v->nbytes() != src.info(name).nbytes) __builtin_trap();
+        }
+      });
     }
   });
   return 0;

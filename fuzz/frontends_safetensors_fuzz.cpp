@@ -14,6 +14,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       const auto& info = f.info(name);
       kiln::Tensor t = f.tensor_copy(name, kiln::DType::kF32);
       if (size_t(t.numel()) * kiln::dtype_size(info.dtype) != info.nbytes) __builtin_trap();
+      // The zero-copy view (16-bit checkpoints load so) lies inside the input.
+      const kiln::Tensor v = f.tensor(name);
+      const auto* p = static_cast<const uint8_t*>(v.data());
+      if (v.nbytes() != info.nbytes || (v.nbytes() && (p < data || p + v.nbytes() > data + size))) __builtin_trap();
     }
   } catch (const kiln::Error&) {
   }
