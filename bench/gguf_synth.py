@@ -1,6 +1,7 @@
-# A llama-family GGUF of a given shape with random weights, in one GGML type for every
-# Linear (F16, BF16, Q8_0 or Q4_0, as `llama-quantize --pure` writes them), so that kiln and
-# llama.cpp can be timed on the same file (bench/llamacpp_round.sh, bench/RESULTS.md).
+# A llama-family or GPT-2 GGUF of a given shape with random weights, in one GGML type for
+# every Linear and the token table (F16, BF16, Q8_0 or Q4_0, as `llama-quantize --pure`
+# writes them), so that kiln and llama.cpp can be timed on the same file
+# (bench/llamacpp_round.sh, bench/RESULTS.md).
 # Weights are random codes with scales giving a std of ~0.02 (never zeros: BENCHMARKING.md);
 # norms are ones. Llama-3 rope_scaling is not written (both engines then run plain RoPE).
 # Run: python3 bench/gguf_synth.py CONFIG.json TYPE OUT.gguf [--layers N]
@@ -18,8 +19,12 @@ p.add_argument("out")
 p.add_argument("--layers", type=int, default=0, help="override num_hidden_layers")
 a = p.parse_args()
 c = json.load(open(a.config))
-if c.get("model_type") not in ("llama", "mistral"):
-    raise SystemExit(f"gguf_synth.py: model_type {c.get('model_type')!r}: only llama-family configs")
+gpt2 = c.get("model_type") == "gpt2"
+if c.get("model_type") not in ("llama", "mistral", "gpt2"):
+    raise SystemExit(f"gguf_synth.py: model_type {c.get('model_type')!r}: only llama-family and gpt2 configs")
+if gpt2:  # GPT-2's config names
+    c = dict(c, hidden_size=c["n_embd"], num_hidden_layers=c["n_layer"], num_attention_heads=c["n_head"],
+             intermediate_size=c.get("n_inner") or 4 * c["n_embd"], max_position_embeddings=c["n_positions"])
 h, inter, heads = c["hidden_size"], c["intermediate_size"], c["num_attention_heads"]
 kv_heads = c.get("num_key_value_heads", heads)
 head_dim = c.get("head_dim", h // heads)
@@ -27,19 +32,22 @@ vocab, layers = c["vocab_size"], a.layers or c["num_hidden_layers"]
 rng = np.random.default_rng(0)
 Q = gguf.GGMLQuantizationType
 
-w = gguf.GGUFWriter(a.out, "llama")
+w = gguf.GGUFWriter(a.out, "gpt2" if gpt2 else "llama")
 w.add_name(f"synthetic {a.config} {a.type}")
 w.add_block_count(layers)
 w.add_context_length(min(c.get("max_position_embeddings", 4096), 8192))
 w.add_embedding_length(h)
 w.add_feed_forward_length(inter)
 w.add_head_count(heads)
-w.add_head_count_kv(kv_heads)
-w.add_key_length(head_dim)
-w.add_value_length(head_dim)
-w.add_rope_dimension_count(head_dim)
-w.add_rope_freq_base(float(c.get("rope_theta", 10000.0)))
-w.add_layer_norm_rms_eps(float(c.get("rms_norm_eps", 1e-5)))
+if gpt2:
+    w.add_layer_norm_eps(float(c.get("layer_norm_epsilon", 1e-5)))
+else:
+    w.add_head_count_kv(kv_heads)
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_dimension_count(head_dim)
+    w.add_rope_freq_base(float(c.get("rope_theta", 10000.0)))
+    w.add_layer_norm_rms_eps(float(c.get("rms_norm_eps", 1e-5)))
 w.add_vocab_size(vocab)
 w.add_file_type({"f16": 1, "bf16": 32, "q8_0": 7, "q4_0": 2, "q4_k": 15}[a.type])
 w.add_tokenizer_model("llama")
@@ -90,6 +98,26 @@ def linear(name, n, k):
 
 
 ones = np.ones(h, np.float32)
+if gpt2:  # LayerNorms with biases, biased Linears, learned positions, the head tied to the table
+    zeros = lambda n: np.zeros(n, np.float32)
+    linear("token_embd.weight", vocab, h)
+    w.add_tensor("position_embd.weight", rng.normal(0, 0.01, (c["max_position_embeddings"], h)).astype(np.float32))
+    w.add_tensor("output_norm.weight", ones)
+    w.add_tensor("output_norm.bias", zeros(h))
+    for l in range(layers):
+        p_ = f"blk.{l}."
+        for norm in ("attn_norm", "ffn_norm"):
+            w.add_tensor(p_ + norm + ".weight", ones)
+            w.add_tensor(p_ + norm + ".bias", zeros(h))
+        for name, n, k in (("attn_qkv", 3 * h, h), ("attn_output", h, h), ("ffn_up", inter, h), ("ffn_down", h, inter)):
+            linear(p_ + name + ".weight", n, k)
+            w.add_tensor(p_ + name + ".bias", zeros(n))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    print(f"wrote {a.out}: {layers} layers, {a.type}")
+    raise SystemExit(0)
 linear("token_embd.weight", vocab, h)
 w.add_tensor("output_norm.weight", ones)
 if not c.get("tie_word_embeddings", False):

@@ -285,14 +285,15 @@ std::optional<Tensor> GgufWeightSource::view(const std::string& name) const {
 std::optional<QuantFormat> GgufWeightSource::native_quant(const std::string& name) const {
   const Mapping& m = mapping(name);
   const GgufTensorInfo& t = file_->tensor_info(m.gguf_name);
-  if (m.transpose || t.shape.size() != 2) return std::nullopt;
+  if (t.shape.size() != 2) return std::nullopt;
   return ggml_kept_quant_format(t.type);
 }
 
 std::optional<Tensor> GgufWeightSource::load_quantized(const std::string& name, QuantFormat f) const {
   const Mapping& m = mapping(name);
   const GgufTensorInfo& t = file_->tensor_info(m.gguf_name);
-  if (m.transpose || t.shape.size() != 2 || ggml_kept_quant_format(t.type) != f) return std::nullopt;
+  // A transposed mapping's image holds the file's rows (stored_transposed).
+  if (t.shape.size() != 2 || ggml_kept_quant_format(t.type) != f) return std::nullopt;
   const int64_t n = t.shape[0], k = t.shape[1];
   std::optional<Tensor> image = ggml_to_quantized_image(t.type, file_->tensor_data(t), n, k);
   if (!image) return std::nullopt;

@@ -33,6 +33,7 @@ class GgufWeightSource final : public WeightSource {
   std::string describe() const override { return "GGUF '" + file_->path() + "'"; }
   std::optional<Tensor> load_quantized(const std::string& name, QuantFormat f) const override;
   std::optional<QuantFormat> native_quant(const std::string& name) const override;
+  bool stored_transposed(const std::string& name) const override { return mapping(name).transpose; }
 
   // The GGUF tensor an HF name comes from (for diagnostics).
   const std::string& gguf_name(const std::string& hf_name) const;

@@ -45,9 +45,15 @@ class WeightSource {
   // weight loads as f32 as before.
   void keep_quantized(std::optional<QuantFormat> f) { keep_quantized_ = f; }
   std::optional<QuantFormat> kept_quantized() const { return keep_quantized_; }
+  // The image's rows are the matrix's rows as the file stores them: for a tensor the file
+  // holds transposed from its HF layout (stored_transposed) those are the HF tensor's columns,
+  // i.e. a Linear's [out, in] rows where HF keeps [in, out] (GPT-2's Conv1D).
   virtual std::optional<Tensor> load_quantized(const std::string& /*name*/, QuantFormat /*f*/) const {
     return std::nullopt;
   }
+  // The file stores this tensor as the transpose of its HF layout (GGUF's GPT-2 Conv1D
+  // weights: [out, in] in the file, [in, out] under the HF name; load() transposes them).
+  virtual bool stored_transposed(const std::string& /*name*/) const { return false; }
   // --weight-dtype auto: every Linear weight the file stores in a format kiln keeps
   // (native_quant) loads as its own codes in that format, each in its own; the others as
   // f32.

@@ -37,11 +37,11 @@ BuiltModel build_gpt2(const nlohmann::json& c, const WeightSource& src) {
   // that saved them.
   const std::string p = src.has("transformer.wte.weight") ? "transformer." : "";
   std::vector<WeightSpec> specs = {
-      {p + "wte.weight", {v, h}},
+      {p + "wte.weight", {v, h}, true, "", false, false, /*table=*/true},
       {p + "wpe.weight", {info.max_positions, h}},
       {p + "ln_f.weight", {h}},
       {p + "ln_f.bias", {h}},
-      {"lm_head.weight", {v, h}, true, p + "wte.weight"},
+      {"lm_head.weight", {v, h}, true, p + "wte.weight", false, /*linear=*/true},
   };
   for (int64_t l = 0; l < L; ++l) {
     std::string b = p + "h." + std::to_string(l) + ".";
@@ -74,7 +74,15 @@ BuiltModel build_gpt2(const nlohmann::json& c, const WeightSource& src) {
   ir::ValueId tokens = g.add_input("tokens", DType::kI32, {"T"});
   ir::ValueId positions = g.add_input("positions", DType::kI32, {"T"});
   ir::ValueId rows = g.add_input("logit_rows", DType::kI32, {"R"});
-  ir::ValueId x = g.add("Add", {g.add("Embedding", {W(p + "wte.weight"), tokens}, {}, "embed_tokens"),
+  // A GGUF's quantized Linears and token table stay q8/q4 row images (load_declared_weights);
+  // the graph marks them with their format and K.
+  auto linear = [&](ir::ValueId x, ir::ValueId weight, ir::ValueId bias, int64_t k, const std::string& node) {
+    std::vector<ir::ValueId> in = {x, weight};
+    if (bias != ir::kNoValue) in.push_back(bias);
+    return g.add("Linear", in, kept_quant_linear_attrs(g.weight(weight), k), node);
+  };
+  const ir::ValueId wte = W(p + "wte.weight");
+  ir::ValueId x = g.add("Add", {g.add("Embedding", {wte, tokens}, kept_quant_table_attrs(g.weight(wte), h), "embed_tokens"),
                                 g.add("Embedding", {W(p + "wpe.weight"), positions}, {}, "embed_positions")},
                         {}, "embed");
   const double scale = 1.0 / std::sqrt(double(info.head_dim));
@@ -85,27 +93,25 @@ BuiltModel build_gpt2(const nlohmann::json& c, const WeightSource& src) {
                           n + "ln_1");
     ir::ValueId qkv[3];
     for (int i = 0; i < 3; ++i)
-      qkv[i] = g.add("Linear", {a, split_rows(b + "attn.c_attn.weight", i, h),
-                                split_rows(b + "attn.c_attn.bias", i, h)},
-                     {}, n + "attn." + "qkv"[i] + "_proj");
+      qkv[i] = linear(a, split_rows(b + "attn.c_attn.weight", i, h), split_rows(b + "attn.c_attn.bias", i, h), h,
+                      n + "attn." + "qkv"[i] + "_proj");
     ir::ValueId att = g.add("Attention", {qkv[0], qkv[1], qkv[2]},
                             {{"layer", l}, {"num_heads", info.num_heads}, {"num_kv_heads", info.num_heads},
                              {"head_dim", info.head_dim}, {"scale", scale}, {"causal", int64_t(1)}},
                             n + "attn");
-    ir::ValueId o = g.add("Linear", {att, W(b + "attn.c_proj.weight"), W(b + "attn.c_proj.bias")}, {},
-                          n + "attn.c_proj");
+    ir::ValueId o = linear(att, W(b + "attn.c_proj.weight"), W(b + "attn.c_proj.bias"), h, n + "attn.c_proj");
     x = g.add("Add", {x, o}, {}, n + "residual_1");
     ir::ValueId f = g.add("LayerNorm", {x, W(b + "ln_2.weight"), W(b + "ln_2.bias")}, {{"eps", eps}},
                           n + "ln_2");
-    f = g.add("Linear", {f, W(b + "mlp.c_fc.weight"), W(b + "mlp.c_fc.bias")}, {}, n + "mlp.c_fc");
+    f = linear(f, W(b + "mlp.c_fc.weight"), W(b + "mlp.c_fc.bias"), h, n + "mlp.c_fc");
     f = g.add("Gelu", {f}, {{"approximate", approx}}, n + "mlp.act");
-    f = g.add("Linear", {f, W(b + "mlp.c_proj.weight"), W(b + "mlp.c_proj.bias")}, {}, n + "mlp.c_proj");
+    f = linear(f, W(b + "mlp.c_proj.weight"), W(b + "mlp.c_proj.bias"), inner, n + "mlp.c_proj");
     x = g.add("Add", {x, f}, {}, n + "residual_2");
   }
   ir::ValueId hidden = g.add("LayerNorm", {x, W(p + "ln_f.weight"), W(p + "ln_f.bias")},
                              {{"eps", eps}}, "ln_f");
   ir::ValueId last = g.add("GatherRows", {hidden, rows}, {}, "select_rows");
-  ir::ValueId logits = g.add("Linear", {last, W("lm_head.weight")}, {}, "lm_head");
+  ir::ValueId logits = linear(last, W("lm_head.weight"), ir::kNoValue, h, "lm_head");
   g.add_output("hidden", hidden);
   g.add_output("logits", logits);
   return m;

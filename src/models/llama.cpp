@@ -119,27 +119,16 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
   ir::Graph& g = m.graph;
   auto W = [&](const std::string& name) { return g.add_weight(name, w.at(name)); };
   auto Wopt = [&](const std::string& name) { return w.count(name) ? W(name) : ir::kNoValue; };
-  // A weight kept quantized (WeightSource::load_quantized): its row bytes tell its format
-  // (a tied head's codes are the embedding's).
-  auto image_format = [&](ir::ValueId w, int64_t k) {
-    return g.weight(w).dim(1) == int64_t(quant_image_row_bytes(QuantFormat::kQ8, k)) ? QuantFormat::kQ8
-                                                                                       : QuantFormat::kQ4;
-  };
+  // A weight kept quantized (WeightSource::load_quantized; a tied head's codes are the
+  // embedding's) carries its format and K.
   auto linear = [&](ir::ValueId x, const std::string& weight, const std::string& node) {
     std::vector<ir::ValueId> in = {x, W(weight + ".weight")};
     ir::ValueId bias = Wopt(weight + ".bias");
     if (bias != ir::kNoValue) in.push_back(bias);
-    std::map<std::string, ir::Attr> attrs;
-    if (g.weight(in[1]).dtype() == DType::kU8) {  // kept quantized (WeightSource::load_quantized)
-      const bool ends_o = weight.size() >= 6 && weight.compare(weight.size() - 6, 6, "o_proj") == 0;
-      const bool ends_down = weight.size() >= 9 && weight.compare(weight.size() - 9, 9, "down_proj") == 0;
-      const int64_t k = ends_o ? hq * hd : ends_down ? inter : h;
-      const QuantFormat f = image_format(in[1], k);
-      attrs["weight_quant"] = std::string(quant_format_name(f));
-      attrs["precision"] = std::string(quant_format_name(f));  // its own format whatever the global weight dtype
-      attrs["weight_k"] = k;
-    }
-    return g.add("Linear", in, attrs, node);
+    const bool ends_o = weight.size() >= 6 && weight.compare(weight.size() - 6, 6, "o_proj") == 0;
+    const bool ends_down = weight.size() >= 9 && weight.compare(weight.size() - 9, 9, "down_proj") == 0;
+    const int64_t k = ends_o ? hq * hd : ends_down ? inter : h;
+    return g.add("Linear", in, kept_quant_linear_attrs(g.weight(in[1]), k), node);
   };
 
   ir::ValueId tokens = g.add_input("tokens", DType::kI32, {"T"});
@@ -148,13 +137,8 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
   ir::ValueId inv_freq = g.add_weight("rope.inv_freq", rope_inv_freq(c, hd));
   const int64_t rotary_dim = 2 * g.weight(inv_freq).dim(0);
   // A table kept quantized (WeightSpec::table): rows of h values in the image's format.
-  std::map<std::string, ir::Attr> embed_attrs;
   const ir::ValueId table = W("model.embed_tokens.weight");
-  if (g.weight(table).dtype() == DType::kU8) {
-    embed_attrs["weight_quant"] = std::string(quant_format_name(image_format(table, h)));
-    embed_attrs["weight_k"] = h;
-  }
-  ir::ValueId x = g.add("Embedding", {table, tokens}, embed_attrs, "embed_tokens");
+  ir::ValueId x = g.add("Embedding", {table, tokens}, kept_quant_table_attrs(g.weight(table), h), "embed_tokens");
   const double scale = 1.0 / std::sqrt(double(hd));
   for (int64_t l = 0; l < info.num_layers; ++l) {
     std::string b = "model.layers." + std::to_string(l) + ".";

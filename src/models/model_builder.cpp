@@ -22,9 +22,14 @@ std::map<std::string, Tensor> load_declared_weights(const std::vector<WeightSpec
     // Linear (an LM head over the token embedding) shares the table's image when the table
     // was kept in the same format, else loads the embedding's codes itself (the table then
     // loads as f32 rows for the lookup).
-    if ((spec.linear || spec.table) && !spec.transpose && !random) {
+    // A transposed weight (GPT-2's Conv1D, HF [in, out]) qualifies where the file stores its
+    // [out, in] rows (stored_transposed: a GGUF's), which its image then holds.
+    if ((spec.linear || spec.table) && !random) {
       const std::string from = source.has(name) ? name : spec.tied_to;
-      const bool ok = !from.empty() && source.has(from) && source.info(from).shape == spec.shape;  // else the checks below
+      std::vector<int64_t> hf_shape = spec.shape;
+      if (spec.transpose && hf_shape.size() == 2) std::swap(hf_shape[0], hf_shape[1]);
+      const bool ok = !from.empty() && source.has(from) && source.info(from).shape == hf_shape &&
+                      spec.transpose == source.stored_transposed(from);  // else the checks below
       const std::optional<QuantFormat> f = ok ? source.keep_format_for(from) : std::nullopt;
       // A head tied to a table kept in the same format shares the table's image.
       if (auto t = out.find(from); f && from != name && t != out.end() && t->second.dtype() == DType::kU8 &&
@@ -97,6 +102,30 @@ std::map<std::string, Tensor> load_declared_weights(const std::vector<WeightSpec
     progress.update(++done);
   }
   return out;
+}
+
+namespace {
+QuantFormat image_format(const Tensor& w, int64_t k) {
+  return w.dim(1) == int64_t(quant_image_row_bytes(QuantFormat::kQ8, k)) ? QuantFormat::kQ8 : QuantFormat::kQ4;
+}
+}  // namespace
+
+std::map<std::string, ir::Attr> kept_quant_linear_attrs(const Tensor& w, int64_t k) {
+  std::map<std::string, ir::Attr> attrs;
+  if (w.dtype() != DType::kU8 || w.rank() != 2) return attrs;
+  const std::string f = quant_format_name(image_format(w, k));
+  attrs["weight_quant"] = f;
+  attrs["precision"] = f;
+  attrs["weight_k"] = k;
+  return attrs;
+}
+
+std::map<std::string, ir::Attr> kept_quant_table_attrs(const Tensor& table, int64_t dim) {
+  std::map<std::string, ir::Attr> attrs;
+  if (table.dtype() != DType::kU8 || table.rank() != 2) return attrs;
+  attrs["weight_quant"] = std::string(quant_format_name(image_format(table, dim)));
+  attrs["weight_k"] = dim;
+  return attrs;
 }
 
 namespace {

@@ -68,6 +68,15 @@ struct WeightSpec {
 std::map<std::string, Tensor> load_declared_weights(const std::vector<WeightSpec>& specs,
                                                     const WeightSource& source);
 
+// A weight loaded as a quantized row image (WeightSource::load_quantized; u8 rows whose
+// byte count tells q8 from q4) of rows of k values: a Linear's attributes for it
+// (weight_quant, precision - its own format whatever the global weight dtype - and
+// weight_k), empty for any other weight.
+std::map<std::string, ir::Attr> kept_quant_linear_attrs(const Tensor& w, int64_t k);
+// The same for an Embedding over a kept table (WeightSpec::table) of rows of dim values:
+// weight_quant and weight_k, empty for a table of floats.
+std::map<std::string, ir::Attr> kept_quant_table_attrs(const Tensor& table, int64_t dim);
+
 // Typed config access with errors naming the key.
 int64_t config_int(const nlohmann::json& c, const std::string& key);
 int64_t config_int(const nlohmann::json& c, const std::string& key, int64_t fallback);

@@ -1,8 +1,9 @@
 // A small GGUF llama written in memory with quantized Linear weights (Q4_0 / Q4_1 / Q5_0 /
-// Q8_0 / Q4_K / Q6_K blocks of random codes): the models of gguf_quant_test.cpp and of the CUDA backend's
-// gguf_auto_models_test.cpp.
+// Q8_0 / Q4_K / Q6_K blocks of random codes), and the GPT-2 fixture as a Q8_0 GGUF: the
+// models of gguf_quant_test.cpp and of the CUDA backend's gguf_auto_models_test.cpp.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -13,6 +14,7 @@
 #include "../frontends/test_util.h"
 #include "core/dtype.h"
 #include "frontends/gguf_quants.h"
+#include "frontends/weight_source.h"
 
 namespace kiln::test {
 
@@ -107,6 +109,64 @@ inline std::string quant_llama(GgmlType attn, GgmlType mlp, GgmlType embd = Ggml
     w.tensor(b + "ffn_gate.weight", uint32_t(mlp), {uint64_t(h), uint64_t(inter)}, blocks(mlp, inter, h, rng));
     w.tensor(b + "ffn_up.weight", uint32_t(mlp), {uint64_t(h), uint64_t(inter)}, blocks(mlp, inter, h, rng));
     w.tensor(b + "ffn_down.weight", uint32_t(mlp), {uint64_t(inter), uint64_t(h)}, blocks(mlp, h, inter, rng));
+  }
+  return w.bytes();
+}
+
+// The gpt2 fixture (`fixture`: its directory) as llama.cpp's converter writes a Q8_0 GGUF of it: Linears and the
+// token table Q8_0 (the Conv1D weights stored [out, in], the transpose of HF's [in, out]),
+// position table, norms and biases F32, the LM head tied to the table.
+inline std::string q8_gpt2(const std::string& fixture) {
+  auto st = open_safetensors_source(fixture + "/model.safetensors");
+  const std::string p = st->has("transformer.wte.weight") ? "transformer." : "";
+  GgufWriter w;
+  w.kv_string("general.architecture", "gpt2");
+  w.kv_u32("gpt2.embedding_length", 64);
+  w.kv_u32("gpt2.block_count", 2);
+  w.kv_u32("gpt2.attention.head_count", 4);
+  w.kv_u32("gpt2.context_length", 128);
+  w.kv_u32("gpt2.feed_forward_length", 256);
+  w.kv_f32("gpt2.attention.layer_norm_epsilon", 1e-5f);
+  auto f32 = [&](const std::string& gguf, const std::string& hf) {
+    const Tensor t = st->load(p + hf, DType::kF32);
+    std::vector<uint64_t> ne(t.shape().rbegin(), t.shape().rend());
+    w.tensor(gguf, 0, ne, std::string(static_cast<const char*>(t.data()), t.nbytes()));
+  };
+  // Q8_0 blocks of the [n, k] rows (transposed from HF's [k, n] when `conv1d`).
+  auto q8 = [&](const std::string& gguf, const std::string& hf, bool conv1d) {
+    const Tensor t = st->load(p + hf, DType::kF32);
+    const int64_t n = conv1d ? t.dim(1) : t.dim(0), k = conv1d ? t.dim(0) : t.dim(1);
+    std::string bytes;
+    std::vector<float> row(static_cast<size_t>(k));
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t c = 0; c < k; ++c) row[size_t(c)] = t.data_as<float>()[conv1d ? c * n + r : r * k + c];
+      for (int64_t b = 0; b < k; b += 32) {
+        float amax = 0;
+        for (int64_t i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(row[size_t(b + i)]));
+        const uint16_t d = f32_to_f16(amax / 127);
+        const float dd = f16_to_f32(d);
+        bytes.append(reinterpret_cast<const char*>(&d), 2);
+        for (int64_t i = 0; i < 32; ++i)
+          bytes += char(int8_t(dd > 0 ? std::clamp(std::nearbyint(row[size_t(b + i)] / dd), -127.f, 127.f) : 0.f));
+      }
+    }
+    w.tensor(gguf, uint32_t(GgmlType::kQ8_0), {uint64_t(k), uint64_t(n)}, bytes);
+  };
+  q8("token_embd.weight", "wte.weight", false);
+  f32("position_embd.weight", "wpe.weight");
+  f32("output_norm.weight", "ln_f.weight");
+  f32("output_norm.bias", "ln_f.bias");
+  for (int l = 0; l < 2; ++l) {
+    const std::string g = "blk." + std::to_string(l) + ".", h = "h." + std::to_string(l) + ".";
+    for (const char* part : {"weight", "bias"}) {
+      f32(g + "attn_norm." + part, h + "ln_1." + part);
+      f32(g + "ffn_norm." + part, h + "ln_2." + part);
+    }
+    for (const auto& [gg, hf] : {std::pair{"attn_qkv", "attn.c_attn"}, std::pair{"attn_output", "attn.c_proj"},
+                                 std::pair{"ffn_up", "mlp.c_fc"}, std::pair{"ffn_down", "mlp.c_proj"}}) {
+      q8(g + gg + ".weight", h + hf + ".weight", true);
+      f32(g + gg + ".bias", h + hf + ".bias");
+    }
   }
   return w.bytes();
 }

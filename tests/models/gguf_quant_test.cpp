@@ -7,6 +7,7 @@
 // auto keeps a 16-bit (bf16/f16) checkpoint's own dtype on the CPU (HalfCheckpoint).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -359,21 +360,59 @@ std::pair<std::unique_ptr<Model>, std::unique_ptr<Model>> load_plain_and_lean(co
   return {std::move(plain), Model::load(path, o)};
 }
 
+// A Q8_0 GPT-2 GGUF runs on its own codes under auto: every Linear (Conv1D weights read
+// as the file's [out, in] rows) and the token table stay q8 images, the tied LM head
+// shares the table's, and the logits are the file's values' (its f32 expansion) up to
+// summation order; the f32 load keeps nothing.
+TEST(GgufQuantModel, Gpt2KeepsItsQ8LinearsAndTokenTable) {
+  const F32Activations f32_x;
+  TempDir dir;
+  const std::string path = dir.file("gpt2_q8.gguf");
+  write_file(path, test::q8_gpt2(testing::fixture_dir("gpt2")));
+  ModelOptions o;
+  o.weight_dtype = "auto";
+  auto model = Model::load(path, o);
+  size_t linears = 0, kept = 0;
+  const void* table = nullptr;
+  const void* head = nullptr;
+  for (const ir::Node& n : model->graph().nodes()) {
+    if (n.op == "Embedding" && n.name == "embed_tokens") {
+      EXPECT_EQ(n.attr_str("weight_quant", ""), "q8");
+      table = model->graph().weight(n.inputs[0]).data();
+    }
+    if (n.op != "Linear") continue;
+    ++linears;
+    kept += n.attr_str("weight_quant", "") == "q8";
+    if (n.name == "lm_head") head = model->graph().weight(n.inputs[1]).data();
+  }
+  EXPECT_GT(linears, 0u);
+  EXPECT_EQ(kept, linears) << "every Linear keeps the file's Q8_0 codes";
+  ASSERT_NE(table, nullptr);
+  EXPECT_EQ(head, table) << "the tied head shares the table's image";
+  const VsF32 r = prefill_vs_f32(*model, path);
+  ASSERT_GT(r.scale, 0.01);
+  EXPECT_LT(max_abs_diff(r.got, r.want), 1e-4 * r.scale);
+  EXPECT_EQ(run_model(path, "f32", true).kept, 0u);
+}
+
 // ModelOptions::lean_host_weights on the CPU: the model's graph holds the Linears'
 // panels (weight_layout, no [N, K] weight left beside them) and computes the bits the
 // unpacked load computes, which packs the same weights inside the backend: GGUF q4/q8
 // images with a requantized Q6_K MLP (auto), a bf16 checkpoint (auto keeps bf16), a
-// model whose LM head is tied to its token embedding (GPT-2), and --weight-dtype q4.
+// model whose LM head is tied to its token embedding (GPT-2, and its Q8_0 GGUF whose head
+// shares the table's image), and --weight-dtype q4.
 TEST(PackAtLoad, TheGraphHoldsThePanelsAndComputesTheSameBits) {
   TempDir dir;
   const std::string kquant = dir.file("kquant.gguf"), half = dir.file("bf16.gguf");
   write_file(kquant, quant_llama(GgmlType::kQ4_K, GgmlType::kQ6_K));
   write_file(half, half_llama(GgmlType::kBF16));
+  const std::string gpt2_q8 = dir.file("gpt2_q8.gguf");
+  write_file(gpt2_q8, test::q8_gpt2(testing::fixture_dir("gpt2")));
   struct Case {
     std::string path, dtype;
   };
   for (const Case& c : {Case{kquant, "auto"}, Case{half, "auto"}, Case{testing::fixture_dir("gpt2"), "f32"},
-                        Case{testing::fixture_dir("llama"), "q4"}}) {
+                        Case{testing::fixture_dir("llama"), "q4"}, Case{gpt2_q8, "auto"}}) {
     const std::string what = c.path + " " + c.dtype;
     auto [plain, packed] = load_plain_and_lean(c.path, c.dtype);
     size_t linears = 0;

@@ -98,6 +98,28 @@ TEST(CudaGgufAuto, KQuantMixesStayQuantized) {
   }
 }
 
+// A Q8_0 GPT-2 GGUF (Conv1D weights as the file's [out, in] rows): every Linear keeps its
+// q8 codes on CUDA, the token table is expanded to bf16 at upload with the tied head keeping
+// its q8 codes, and the logits follow the CPU's auto model of the same file.
+TEST(CudaGgufAuto, Gpt2KeepsItsQ8Linears) {
+  KILN_SKIP_WITHOUT_CUDA();
+  kiln::test::TempDir dir;
+  const std::string path = dir.file("gpt2_q8.gguf");
+  kiln::test::write_file(path, kiln::test::q8_gpt2(fixture_dir("gpt2")));
+  ::setenv("KILN_CUDA_QGEMV", "mma", 1);  // read when the graph is compiled
+  auto gpu = Model::load(path, {.backend = "cuda", .weight_dtype = "auto"});
+  ::unsetenv("KILN_CUDA_QGEMV");
+  size_t linears = 0, q8 = 0;
+  for (const ir::Node& n : gpu->graph().nodes())
+    if (n.op == "Linear") {
+      ++linears;
+      q8 += n.attr_str("weight_quant", "") == "q8";
+    }
+  EXPECT_GT(linears, 0u);
+  EXPECT_EQ(q8, linears);
+  expect_like_the_cpus_auto(*gpu, path, "gpt2 Q8_0");
+}
+
 // ModelOptions::lean_host_weights on CUDA: after compiling, the host tensors of every
 // uploaded weight are released (dtype and shape kept, no data) and the model computes the
 // logits it computes with them kept, bit for bit (the same device weights).
