@@ -105,7 +105,7 @@ TEST(CudaGgufAuto, Gpt2KeepsItsQ8Linears) {
   KILN_SKIP_WITHOUT_CUDA();
   kiln::test::TempDir dir;
   const std::string path = dir.file("gpt2_q8.gguf");
-  kiln::test::write_file(path, kiln::test::q8_gpt2(fixture_dir("gpt2")));
+  kiln::test::write_file(path, kiln::test::q8_gpt2(kiln::testing::fixture_dir("gpt2")));
   ::setenv("KILN_CUDA_QGEMV", "mma", 1);  // read when the graph is compiled
   auto gpu = Model::load(path, {.backend = "cuda", .weight_dtype = "auto"});
   ::unsetenv("KILN_CUDA_QGEMV");
