@@ -121,11 +121,10 @@ inline std::string q8_gpt2(const std::string& fixture) {
   const std::string p = st->has("transformer.wte.weight") ? "transformer." : "";
   GgufWriter w;
   w.kv_string("general.architecture", "gpt2");
-  w.kv_u32("gpt2.embedding_length", 64);
-  w.kv_u32("gpt2.block_count", 2);
-  w.kv_u32("gpt2.attention.head_count", 4);
-  w.kv_u32("gpt2.context_length", 128);
-  w.kv_u32("gpt2.feed_forward_length", 256);
+  for (const auto& [key, value] : {std::pair{"embedding_length", 64}, std::pair{"block_count", 2},
+                                   std::pair{"attention.head_count", 4}, std::pair{"context_length", 128},
+                                   std::pair{"feed_forward_length", 256}})
+    w.kv_u32(std::string("gpt2.") + key, uint32_t(value));
   w.kv_f32("gpt2.attention.layer_norm_epsilon", 1e-5f);
   auto f32 = [&](const std::string& gguf, const std::string& hf) {
     const Tensor t = st->load(p + hf, DType::kF32);
