@@ -2,6 +2,7 @@
 // for the backend (see model.h).
 #include "runtime/model.h"
 
+#include <chrono>
 #include <filesystem>
 #include <map>
 
@@ -57,6 +58,9 @@ std::string auto_weight_dtype(const std::string& backend, const std::string& sto
 
 namespace {
 
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
 // BuiltModel::stored_dtype of a checkpoint: the dtype all its floating-point matrices
 // (2-D tensors; integer buffers such as BERT's position_ids aside) are stored in when that
 // is bf16 or f16 for every one of them, else "" (f32, quantized or mixed files).
@@ -103,7 +107,9 @@ std::unique_ptr<Model> Model::from_built(BuiltModel built, const ModelOptions& o
     log_debug("quantized GEMMs: skipping fuse_norm_linear");
     po.disabled.push_back("fuse_norm_linear");
   }
+  auto t0 = Clock::now();
   m->pass_report_ = passes::run_passes(m->built_.graph, po);
+  m->load_times_.passes = since(t0);
   if (options.opt_level > 0)
     log_debug("passes:\n", passes::format_pass_report(m->pass_report_));
   m->add_top_logits(options.top_logits_k);
@@ -121,10 +127,14 @@ std::unique_ptr<Model> Model::from_built(BuiltModel built, const ModelOptions& o
   co.tactic_cache = options.tactic_cache;
   const bool lean = options.lean_host_weights && !options.linear_observer;
   if (lean) {
+    t0 = Clock::now();
     const size_t packed = backend->pack_weights(m->built_.graph, co);
     if (packed) log_debug("packed ", packed, " Linear weights into the graph before compiling");
+    m->load_times_.pack = since(t0);
   }
+  t0 = Clock::now();
   m->compile(options.backend, co, options.device);
+  m->load_times_.compile = since(t0);
   if (lean) {
     size_t freed = 0;
     for (ir::ValueId v : m->compiled_->release_host_weights()) {
@@ -229,7 +239,9 @@ std::unique_ptr<Model> Model::load_engine_rank(const std::shared_ptr<EngineConte
            " tuned tactics");
   m->engine_ = e;
   m->add_top_logits(options.top_logits_k);
+  const auto t0 = Clock::now();
   m->compile(std::move(backend), co);
+  m->load_times_.compile = since(t0);
   return m;
 }
 
@@ -238,7 +250,9 @@ std::unique_ptr<Model> Model::load_engine(const std::string& path, const ModelOp
   if (!options.pin_precision.empty())
     throw_error(ErrorCode::kInvalidArgument, "--pin-precision: '", path, "' is an engine, which keeps the precisions ",
                 "it was built with; pin them with `kiln build --pin-precision`");
+  const auto read0 = Clock::now();
   auto e = std::make_shared<EngineContents>(engine_load(path));
+  const double read_s = since(read0);
   const int world = e->tp_world;
   // The ranks are in the file: --tp may only confirm their number.
   if (options.tensor_parallel != 0 && options.tensor_parallel != world) {
@@ -263,6 +277,7 @@ std::unique_ptr<Model> Model::load_engine(const std::string& path, const ModelOp
                " communicators for ", world, " ranks");
   }
   auto m = load_engine_rank(e, 0, options, comms[0]);
+  m->load_times_.read = read_s;
   m->path_ = path;
   for (int r = 1; r < world; ++r) {
     m->tp_peers_.push_back(load_engine_rank(e, r, options, comms[size_t(r)]));
@@ -284,6 +299,7 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
     throw_error(ErrorCode::kUnsupported, "tensor parallelism (--tp ", options.tensor_parallel,
                 ") is not supported for .onnx files; load the model's HuggingFace directory or .gguf file instead");
   if (engine) return load_engine(path, options);
+  const auto read0 = Clock::now();
   BuiltModel built;
   nlohmann::json config;
   std::shared_ptr<const GgufFile> gguf;
@@ -334,7 +350,9 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
   }
   log_info("loaded ", built.info.family, " model from ", path, ": ", built.graph.nodes().size(),
            " nodes, ", built.graph.weight_bytes() >> 20, " MiB of weights");
+  const double read_s = since(read0);
   auto m = from_built(std::move(built), options);
+  m->load_times_.read = read_s;
   m->path_ = path;
   m->config_ = std::move(config);
   m->gguf_ = std::move(gguf);

@@ -160,6 +160,15 @@ class Model {
   KvDType kv_dtype() const { return kv_dtype_; }
   // What the optimization passes did to the graph (empty at opt level 0).
   const std::vector<passes::PassResult>& pass_report() const { return pass_report_; }
+  // Where the load's time went, in seconds (0 for a phase this load did not have; a
+  // tensor-parallel model: rank 0's passes and compile).
+  struct LoadTimes {
+    double read = 0;     // the file opened and the graph built with its weights (an engine: checked and parsed)
+    double passes = 0;   // graph passes
+    double pack = 0;     // Linears packed into the graph before compiling (lean_host_weights, CPU)
+    double compile = 0;  // the backend's compile: CPU packing, device uploads, GEMM tactic timing
+  };
+  const LoadTimes& load_times() const { return load_times_; }
 
  private:
   BuiltModel built_;
@@ -169,6 +178,7 @@ class Model {
   nlohmann::json config_;
   std::shared_ptr<const GgufFile> gguf_;
   std::vector<passes::PassResult> pass_report_;
+  LoadTimes load_times_;
   std::shared_ptr<const EngineContents> engine_;
   CompileOptions compile_options_;
   KvDType kv_dtype_ = KvDType::kAuto;

@@ -162,8 +162,9 @@ TEST(GgufQuantModel, AutoKeepsEachLinearInItsOwnFormat) {
     }
     ASSERT_TRUE(embed && head) << what;
     EXPECT_EQ(embed->attr_str("weight_quant", "f32"), q8_head ? "q8" : "f32") << what;
-    if (q8_head)  // one image for the table and the tied head
+    if (q8_head) {  // one image for the table and the tied head
       EXPECT_EQ(g.weight(embed->inputs[0]).data(), g.weight(head->inputs[1]).data()) << what;
+    }
     std::map<std::string, size_t> formats;  // weight_quant -> Linears
     size_t f32_linears = 0;
     for (const ir::Node& n : model->graph().nodes()) {
@@ -212,8 +213,9 @@ TEST(GgufQuantModel, AutoRequantizesSixBitLinearsToQ8AndKeepsQ5_0) {
     std::map<std::string, size_t> formats;
     for (const ir::Node& n : model->graph().nodes()) {
       if (n.op == "Linear") ++formats[n.attr_str("weight_quant", "f32")];
-      if (n.op == "Embedding")
+      if (n.op == "Embedding") {
         EXPECT_EQ(n.attr_str("weight_quant", "f32"), c.embd == GgmlType::kQ4_K ? "q4" : "f32") << what;
+      }
     }
     EXPECT_EQ(formats["q4"], c.q4) << what;
     EXPECT_EQ(formats["q8"], c.q8) << what;
@@ -415,6 +417,11 @@ TEST(PackAtLoad, TheGraphHoldsThePanelsAndComputesTheSameBits) {
                         Case{testing::fixture_dir("llama"), "q4"}, Case{gpt2_q8, "auto"}}) {
     const std::string what = c.path + " " + c.dtype;
     auto [plain, packed] = load_plain_and_lean(c.path, c.dtype);
+    // Model::load_times: packing into the graph is a phase of the lean load only.
+    EXPECT_GT(packed->load_times().pack, 0.0) << what;
+    EXPECT_EQ(plain->load_times().pack, 0.0) << what;
+    EXPECT_GT(plain->load_times().read, 0.0) << what;
+    EXPECT_GT(plain->load_times().compile, 0.0) << what;
     size_t linears = 0;
     for (const ir::Node& n : packed->graph().nodes()) {
       if (n.op != "Linear") continue;

@@ -67,11 +67,14 @@ using Clock = std::chrono::steady_clock;
 double secs(Clock::time_point a, Clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
-// The model's load time and what the process holds in host memory once it is loaded:
-// anonymous memory (weights, packed panels, KV pool) and resident pages of mapped files.
-void print_load(double load_s) {
+// The model's load time (and where it went: Model::load_times) and what the process holds
+// in host memory once it is loaded: anonymous memory (weights, packed panels, KV pool) and
+// resident pages of mapped files.
+void print_load(double load_s, const Model& model) {
   const HostMemory m = host_memory();
-  std::printf("load: %.2f s", load_s);
+  const Model::LoadTimes& t = model.load_times();
+  std::printf("load: %.2f s (read %.2f, passes %.2f, packing %.2f, compile %.2f)", load_s, t.read, t.passes, t.pack,
+              t.compile);
   if (m.anon >= 0 && m.file >= 0 && m.peak >= 0)
     std::printf("; host memory after load: %.0f MiB anonymous + %.0f MiB of mapped files resident, peak %.0f MiB",
                 double(m.anon) / (1 << 20), double(m.file) / (1 << 20), double(m.peak) / (1 << 20));
@@ -168,7 +171,7 @@ int run_encoder_bench(const BenchArgs& a, Model& model, double load_s) {
               model.path().c_str(), info.family.c_str(), (long long)info.num_layers, (long long)info.hidden_size,
               weights_label(a.model, model).c_str(),
               double(model.compiled().weight_bytes()) / (1 << 20), ThreadPool::global().num_threads());
-  print_load(load_s);
+  print_load(load_s, model);
   std::printf("outputs to the host: %s\n", a.hidden ? "hidden states, pooled, logits" : "pooled, logits (--hidden adds hidden states)");
   if (on_cpu) std::printf("\n");
   else print_ceilings(ceil, a.model.backend);
@@ -258,7 +261,7 @@ int run_bench(const BenchArgs& a) {
               (long long)info.hidden_size,
               weights_label(a.model, *model).c_str(), weight_bytes / (1 << 20),
               ThreadPool::global().num_threads());
-  print_load(load_s);
+  print_load(load_s, *model);
   if (a.kv_fraction > 0)
     std::printf("KV pool: %lld blocks of 16 tokens (--kv-cache-fraction %g, capped by the batch's tokens)\n",
                 (long long)kv_blocks, a.kv_fraction);

@@ -142,8 +142,9 @@ TEST(CudaLeanHost, ReleasedHostWeightsComputeTheSameLogits) {
     }
   std::printf("  %zu of %zu host weights released\n", released, weights);
   for (const ir::Node& n : g.nodes())  // the large ones: every Linear's and the table
-    if (n.op == "Linear" || n.op == "Embedding")
+    if (n.op == "Linear" || n.op == "Embedding") {
       EXPECT_TRUE(g.weight(n.inputs[n.op == "Linear" ? 1 : 0]).empty()) << n.name;
+    }
   const std::vector<int32_t> prompt = {1, 5, 9, 3, 14, 2, 7}, decode = {4, 11, 0, 8};
   const std::vector<float> want = logits_of(*kept, prompt, decode), got = logits_of(*lean, prompt, decode);
   ASSERT_EQ(got.size(), want.size());
