@@ -170,6 +170,13 @@ std::string Metrics::render(const ModelRepository& repo) const {
   if (mem.anon >= 0)
     out += "# HELP kiln_host_anonymous_memory_bytes Resident anonymous memory (not mapped files) in bytes.\n"
            "# TYPE kiln_host_anonymous_memory_bytes gauge\nkiln_host_anonymous_memory_bytes " + std::to_string(mem.anon) + "\n";
+  const ProcessTimes times = process_times();
+  if (times.cpu_seconds >= 0)
+    out += "# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.\n"
+           "# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total " + std::to_string(times.cpu_seconds) + "\n";
+  if (times.start_time >= 0)
+    out += "# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.\n"
+           "# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds " + std::to_string(times.start_time) + "\n";
   return out;
 }
 

@@ -39,5 +39,23 @@ TEST(HostMemory, SeesAnAllocationItTouches) {
   EXPECT_EQ(block[bytes - 1], 1);
 }
 
+TEST(HostMemory, ParsesTheProcessTimes) {
+  // A command name with spaces and parentheses; utime 250 and stime 50 ticks, started 1000
+  // ticks after boot.
+  std::string stat = "4242 (kiln (serve) x) S 1 4242 4242 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 3 0 1000 1 2";
+  const ProcessTimes t = parse_proc_times(stat, "cpu  1 2 3\nbtime 1700000000\nprocesses 9\n", 100.0);
+  EXPECT_DOUBLE_EQ(t.cpu_seconds, 3.0);
+  EXPECT_DOUBLE_EQ(t.start_time, 1700000010.0);
+  const ProcessTimes bad = parse_proc_times("no parenthesis", "btime 5\n", 100.0);
+  EXPECT_EQ(bad.cpu_seconds, -1);
+  EXPECT_EQ(bad.start_time, -1);
+  EXPECT_EQ(parse_proc_times(stat, "cpu 1\n", 100.0).start_time, -1) << "no btime";
+  if (std::ifstream("/proc/self/stat")) {
+    const ProcessTimes live = process_times();
+    EXPECT_GE(live.cpu_seconds, 0);
+    EXPECT_GT(live.start_time, 1e9);
+  }
+}
+
 }  // namespace
 }  // namespace kiln

@@ -65,7 +65,8 @@ TEST_F(ServerTest, HealthModelsAndMetrics) {
   for (const char* name : {"kiln_kv_blocks_total{model=\"llama\"} 128", "kiln_num_requests_waiting",
                            "kiln_prefix_cache_hit_rate", "kiln_preemptions_total", "kiln_session_expiries_total"})
     EXPECT_NE(metrics.body.find(name), std::string::npos) << name;
-  // The process's host memory (Linux): the resident size holds at least its anonymous part.
+  // The process's host memory (Linux: the resident size holds at least its anonymous part),
+  // CPU time and start time.
   auto gauge = [&](const std::string& name) {
     const size_t at = metrics.body.find("\n" + name + " ");
     return at == std::string::npos ? -1.0 : std::stod(metrics.body.substr(at + name.size() + 2));
@@ -73,6 +74,8 @@ TEST_F(ServerTest, HealthModelsAndMetrics) {
   if (std::ifstream("/proc/self/status")) {
     EXPECT_GT(gauge("kiln_host_anonymous_memory_bytes"), 0) << metrics.body;
     EXPECT_GE(gauge("process_resident_memory_bytes"), gauge("kiln_host_anonymous_memory_bytes"));
+    EXPECT_GE(gauge("process_cpu_seconds_total"), 0) << metrics.body;
+    EXPECT_GT(gauge("process_start_time_seconds"), 1e9) << metrics.body;
   }
 }
 
