@@ -24,6 +24,7 @@ check generate-ids 0 "" -- "$kiln" generate -m "$fixtures/models/gpt2" --ids 5,6
 check classify-ids 0 "LABEL_" -- "$kiln" classify -m "$fixtures/models/bert" --ids 5,6,7,8
 check embed-ids 0 "[" -- "$kiln" embed -m "$fixtures/models/bert" --ids 5,6,7
 check inspect 0 "decoder" -- "$kiln" inspect -m "$fixtures/models/llama" --graph
+check inspect-load 0 "load        read " -- "$kiln" inspect -m "$fixtures/models/llama"
 check missing-model 1 "does not exist" -- "$kiln" generate -m /nonexistent --ids 1
 check bad-ids 1 "not a token id" -- "$kiln" generate -m "$fixtures/models/gpt2" --ids 1,x
 check oov-id 1 "outside the vocabulary" -- "$kiln" generate -m "$fixtures/models/gpt2" --ids 999999

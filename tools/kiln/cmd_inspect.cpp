@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "commands.h"
+#include "core/host_memory.h"
 #include "ir/plugin.h"
 #include "runtime/model.h"
 
@@ -179,6 +180,12 @@ Runner add_inspect(CLI::App& app) {
       for (int r = 0; r < m->tp_world(); ++r) kv += kv_bytes_per_token(m->tp_rank(r).info());
       std::printf("KV cache    %lld bytes per token%s\n", (long long)kv, m->tp_world() > 1 ? ", all ranks" : "");
     }
+    const Model::LoadTimes& t = m->load_times();
+    std::printf("load        read %.2f s, passes %.2f s, compile %.2f s", t.read, t.passes, t.compile);
+    if (const HostMemory mem = host_memory(); mem.anon >= 0 && mem.file >= 0)
+      std::printf("; host memory %.1f MiB anonymous + %.1f MiB of mapped files resident", double(mem.anon) / (1 << 20),
+                  double(mem.file) / (1 << 20));
+    std::printf("\n");
     if (*graph) std::printf("\n%s", m->graph().dump().c_str());
     return 0;
   };
