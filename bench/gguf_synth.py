@@ -112,27 +112,22 @@ if gpt2:  # LayerNorms with biases, biased Linears, learned positions, the head 
         for name, n, k in (("attn_qkv", 3 * h, h), ("attn_output", h, h), ("ffn_up", inter, h), ("ffn_down", h, inter)):
             linear(p_ + name + ".weight", n, k)
             w.add_tensor(p_ + name + ".bias", zeros(n))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    print(f"wrote {a.out}: {layers} layers, {a.type}")
-    raise SystemExit(0)
-linear("token_embd.weight", vocab, h)
-w.add_tensor("output_norm.weight", ones)
-if not c.get("tie_word_embeddings", False):
-    linear("output.weight", vocab, h)
-for l in range(layers):
-    p_ = f"blk.{l}."
-    w.add_tensor(p_ + "attn_norm.weight", ones)
-    w.add_tensor(p_ + "ffn_norm.weight", ones)
-    linear(p_ + "attn_q.weight", heads * head_dim, h)
-    linear(p_ + "attn_k.weight", kv_heads * head_dim, h)
-    linear(p_ + "attn_v.weight", kv_heads * head_dim, h)
-    linear(p_ + "attn_output.weight", h, heads * head_dim)
-    linear(p_ + "ffn_gate.weight", inter, h)
-    linear(p_ + "ffn_up.weight", inter, h)
-    linear(p_ + "ffn_down.weight", h, inter)
+else:
+    linear("token_embd.weight", vocab, h)
+    w.add_tensor("output_norm.weight", ones)
+    if not c.get("tie_word_embeddings", False):
+        linear("output.weight", vocab, h)
+    for l in range(layers):
+        p_ = f"blk.{l}."
+        w.add_tensor(p_ + "attn_norm.weight", ones)
+        w.add_tensor(p_ + "ffn_norm.weight", ones)
+        linear(p_ + "attn_q.weight", heads * head_dim, h)
+        linear(p_ + "attn_k.weight", kv_heads * head_dim, h)
+        linear(p_ + "attn_v.weight", kv_heads * head_dim, h)
+        linear(p_ + "attn_output.weight", h, heads * head_dim)
+        linear(p_ + "ffn_gate.weight", inter, h)
+        linear(p_ + "ffn_up.weight", inter, h)
+        linear(p_ + "ffn_down.weight", h, inter)
 w.write_header_to_file()
 w.write_kv_data_to_file()
 w.write_tensors_to_file()

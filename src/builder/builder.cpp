@@ -42,36 +42,21 @@ void convert_gemm_weights(ir::Graph& g, const std::string& dtype) {
       if (n.inputs[i] != ir::kNoValue && g.is_weight(n.inputs[i])) readers[n.inputs[i]].insert(wanted(n, i));
   std::map<std::pair<ir::ValueId, DType>, ir::ValueId> copies;
   for (auto& [w, dts] : readers) {
+    // The dtypes its readers want that the stored one does not serve: f32 readers take
+    // f32 or 16-bit weights as they are (16-bit values widen exactly).
     const DType src = g.weight(w).dtype();
-    if (src == DType::kBF16 || src == DType::kF16) {
-      std::set<DType> other;  // the other 16-bit dtype, where a GEMM stores it
-      bool as_is = false;     // a reader taking the weight as it is
-      for (DType dt : dts)
-        if ((dt == DType::kBF16 || dt == DType::kF16) && dt != src)
-          other.insert(dt);
-        else
-          as_is = true;
-      if (other.empty()) continue;
-      if (!as_is) {
-        Tensor& t = g.weight(w);
-        t = t.to(*other.begin());
-        g.value(w).dtype = t.dtype();
-      } else {
-        copies[{w, *other.begin()}] = g.add_weight(g.value(w).name + "." + dtype_name(*other.begin()),
-                                                   g.weight(w).to(*other.begin()));
-      }
-      continue;
-    }
-    if (src != DType::kF32) continue;
-    if (dts.size() == 1 && *dts.begin() != DType::kF32) {  // the common case: converted in place
+    if (src != DType::kF32 && src != DType::kBF16 && src != DType::kF16) continue;
+    std::set<DType> convert;
+    for (DType dt : dts)
+      if (dt != src && dt != DType::kF32) convert.insert(dt);
+    if (convert.empty()) continue;
+    if (dts.size() == 1) {  // the common case: converted in place
       Tensor& t = g.weight(w);
       t = t.to(*dts.begin());
       g.value(w).dtype = t.dtype();
       continue;
     }
-    for (DType dt : dts)
-      if (dt != DType::kF32)
-        copies[{w, dt}] = g.add_weight(g.value(w).name + "." + dtype_name(dt), g.weight(w).to(dt));
+    for (DType dt : convert) copies[{w, dt}] = g.add_weight(g.value(w).name + "." + dtype_name(dt), g.weight(w).to(dt));
   }
   for (ir::Node& n : g.nodes())
     if (n.op == "Linear") {

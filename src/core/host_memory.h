@@ -1,9 +1,9 @@
 // What this process holds in host memory, from /proc/self/status (Linux): what `kiln
-// bench` reports after loading a model and `kiln serve` exports on /metrics (with the
-// process's CPU and start times). Anonymous
-// memory is what the process itself allocated (weights, panels, KV); file-backed resident
-// pages are mapped files (a GGUF's or a safetensors' mapping, an engine), which the
-// kernel can drop and re-read. Tested in tests/core/host_memory_test.cpp.
+// bench` and `kiln inspect` report after loading a model and `kiln serve` exports on
+// /metrics (with the process's CPU and start times). Anonymous memory is what the process
+// itself allocated (weights, panels, KV); file-backed resident pages are mapped files (a
+// GGUF's or a safetensors' mapping, an engine), which the kernel can drop and re-read.
+// Tested in tests/core/host_memory_test.cpp.
 #pragma once
 
 #include <cstdint>

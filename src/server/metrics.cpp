@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "core/host_memory.h"
+#include "core/status.h"
 #include "server/model_repository.h"
 
 namespace kiln::server {
@@ -161,22 +162,23 @@ std::string Metrics::render(const ModelRepository& repo) const {
     for (auto& [phase, v] : phases)
       out += "kiln_executor_seconds_total{model=\"" + label(name) + "\",phase=\"" + phase + "\"} " + num(v) + "\n";
   }
-  // The process's host memory (the Prometheus client libraries' standard name for the
-  // resident size; anonymous memory is what weights, panels and host KV hold).
+  // The process (the Prometheus client libraries' standard names for resident memory, CPU
+  // and start time; anonymous memory is what weights, panels and host KV hold). A value
+  // /proc could not give (< 0) is left out.
+  auto process = [&](const char* name, const char* type, const char* help, double v, bool integer) {
+    if (v < 0) return;
+    out += str_cat("# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n", name, " ",
+                   integer ? std::to_string(int64_t(v)) : std::to_string(v), "\n");
+  };
   const HostMemory mem = host_memory();
-  if (mem.resident >= 0)
-    out += "# HELP process_resident_memory_bytes Resident memory size in bytes.\n"
-           "# TYPE process_resident_memory_bytes gauge\nprocess_resident_memory_bytes " + std::to_string(mem.resident) + "\n";
-  if (mem.anon >= 0)
-    out += "# HELP kiln_host_anonymous_memory_bytes Resident anonymous memory (not mapped files) in bytes.\n"
-           "# TYPE kiln_host_anonymous_memory_bytes gauge\nkiln_host_anonymous_memory_bytes " + std::to_string(mem.anon) + "\n";
   const ProcessTimes times = process_times();
-  if (times.cpu_seconds >= 0)
-    out += "# HELP process_cpu_seconds_total Total user and system CPU time spent in seconds.\n"
-           "# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total " + std::to_string(times.cpu_seconds) + "\n";
-  if (times.start_time >= 0)
-    out += "# HELP process_start_time_seconds Start time of the process since unix epoch in seconds.\n"
-           "# TYPE process_start_time_seconds gauge\nprocess_start_time_seconds " + std::to_string(times.start_time) + "\n";
+  process("process_resident_memory_bytes", "gauge", "Resident memory size in bytes.", double(mem.resident), true);
+  process("kiln_host_anonymous_memory_bytes", "gauge", "Resident anonymous memory (not mapped files) in bytes.",
+          double(mem.anon), true);
+  process("process_cpu_seconds_total", "counter", "Total user and system CPU time spent in seconds.", times.cpu_seconds,
+          false);
+  process("process_start_time_seconds", "gauge", "Start time of the process since unix epoch in seconds.",
+          times.start_time, false);
   return out;
 }
 

@@ -156,11 +156,10 @@ OpRun prepare_quant_embedding(const ir::Node& n, const ir::Graph& g) {
 OpRun prepare_embedding(const ir::Node& n, const ir::Graph& g, const CompileOptions&) {
   if (n.has_attr("weight_layout")) return prepare_packed_embedding(n, g);
   if (n.has_attr("weight_quant")) return prepare_quant_embedding(n, g);
-  if (g.is_weight(n.inputs[0]) && (g.weight(n.inputs[0]).dtype() == DType::kBF16 ||
-                                   g.weight(n.inputs[0]).dtype() == DType::kF16)) {
-    // A 16-bit table (a bf16 checkpoint's, WeightSource::keep_16bit) widens only the rows
-    // looked up, so no f32 copy of it is made.
-    const Tensor table = g.weight(n.inputs[0]);
+  // A 16-bit table (a bf16 checkpoint's, WeightSource::keep_16bit) widens only the rows
+  // looked up, so no f32 copy of it is made.
+  if (const Tensor table = g.is_weight(n.inputs[0]) ? g.weight(n.inputs[0]) : Tensor();
+      table.dtype() == DType::kBF16 || table.dtype() == DType::kF16) {
     const int64_t dim = table.dim(1);
     const size_t row_bytes = size_t(dim) * dtype_size(table.dtype());
     return row_lookup_op(table.dim(0), dim, [table, dim, row_bytes](int32_t id, float* dst) {
