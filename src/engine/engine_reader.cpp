@@ -357,7 +357,7 @@ nlohmann::json model_info_to_json(const ModelInfo& i) {
           {"vocab_size", i.vocab_size}, {"hidden_size", i.hidden_size}, {"num_layers", i.num_layers},
           {"num_heads", i.num_heads}, {"num_kv_heads", i.num_kv_heads}, {"head_dim", i.head_dim},
           {"max_positions", i.max_positions}, {"num_labels", i.num_labels}, {"bos_token_id", i.bos_token_id},
-          {"eos_token_id", i.eos_token_id}, {"labels", i.labels}};
+          {"eos_token_id", i.eos_token_id}, {"labels", i.labels}, {"pooling", i.pooling}};
 }
 
 ModelInfo model_info_from_json(const nlohmann::json& j) {
@@ -374,6 +374,9 @@ ModelInfo model_info_from_json(const nlohmann::json& j) {
       throw_error(ErrorCode::kInvalidFile, "model info: ", k, " = ", *p, " is out of range");
   }
   i.labels = j.at("labels").get<std::vector<std::string>>();
+  i.pooling = j.value("pooling", "mean");  // engines written before it was recorded pooled by mean
+  if (i.pooling != "mean" && i.pooling != "cls")
+    throw_error(ErrorCode::kInvalidFile, "model info: pooling '", i.pooling, "' (expected mean or cls)");
   return i;
 }
 

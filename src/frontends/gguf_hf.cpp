@@ -6,8 +6,12 @@
 
 #include <cstdio>
 #include <cstring>
+#include <optional>
+#include <span>
 
+#include "core/log.h"
 #include "core/status.h"
+#include "frontends/hf_dir.h"
 
 namespace kiln {
 namespace {
@@ -56,6 +60,41 @@ const NameRule kGpt2Layer[] = {
     {"ffn_up.weight", "mlp.c_fc.weight"},      {"ffn_up.bias", "mlp.c_fc.bias"},
     {"ffn_down.weight", "mlp.c_proj.weight"},  {"ffn_down.bias", "mlp.c_proj.bias"},
 };
+
+// llama.cpp's names for BertModel (gguf-py's TensorNameMap for MODEL_ARCH.BERT). Its
+// converter drops the pooler and renames a classifier to cls.output, which have no HF
+// counterpart here.
+const NameRule kBertGlobal[] = {
+    {"token_embd.weight", "embeddings.word_embeddings.weight"},
+    {"position_embd.weight", "embeddings.position_embeddings.weight"},
+    {"token_types.weight", "embeddings.token_type_embeddings.weight"},
+    {"token_embd_norm.weight", "embeddings.LayerNorm.weight"},
+    {"token_embd_norm.bias", "embeddings.LayerNorm.bias"},
+};
+const NameRule kBertLayer[] = {
+    {"attn_q.weight", "attention.self.query.weight"},      {"attn_q.bias", "attention.self.query.bias"},
+    {"attn_k.weight", "attention.self.key.weight"},        {"attn_k.bias", "attention.self.key.bias"},
+    {"attn_v.weight", "attention.self.value.weight"},      {"attn_v.bias", "attention.self.value.bias"},
+    {"attn_output.weight", "attention.output.dense.weight"}, {"attn_output.bias", "attention.output.dense.bias"},
+    {"attn_output_norm.weight", "attention.output.LayerNorm.weight"},
+    {"attn_output_norm.bias", "attention.output.LayerNorm.bias"},
+    {"ffn_up.weight", "intermediate.dense.weight"},        {"ffn_up.bias", "intermediate.dense.bias"},
+    {"ffn_down.weight", "output.dense.weight"},            {"ffn_down.bias", "output.dense.bias"},
+    {"layer_output_norm.weight", "output.LayerNorm.weight"}, {"layer_output_norm.bias", "output.LayerNorm.bias"},
+};
+
+// An architecture's name rules: whole names, then "blk.N.<suffix>" -> prefix + N + "." + hf.
+struct ArchNames {
+  std::span<const NameRule> global, layer;
+  const char* layer_prefix;
+};
+
+std::optional<ArchNames> arch_names(const std::string& arch) {
+  if (arch == "llama" || arch == "qwen2") return ArchNames{kLlamaGlobal, kLlamaLayer, "model.layers."};
+  if (arch == "gpt2") return ArchNames{kGpt2Global, kGpt2Layer, "h."};
+  if (arch == "bert") return ArchNames{kBertGlobal, kBertLayer, "encoder.layer."};
+  return std::nullopt;
+}
 
 bool is_llama_like(const std::string& arch) { return arch == "llama" || arch == "qwen2"; }
 
@@ -145,17 +184,50 @@ json gguf_to_hf_config(const GgufFile& f) {
     add_token_ids(f, c);
     return c;
   }
+  if (arch == "bert") {
+    c["model_type"] = "bert";
+    c["architectures"] = {"BertModel"};
+    const uint32_t hidden = req_u32(f, a + "embedding_length");
+    c["hidden_size"] = hidden;
+    c["intermediate_size"] = opt_u32(f, a + "feed_forward_length", 4 * hidden);
+    c["num_hidden_layers"] = req_u32(f, a + "block_count");
+    c["num_attention_heads"] = req_u32(f, a + "attention.head_count");
+    c["max_position_embeddings"] = opt_u32(f, a + "context_length", 512);
+    c["layer_norm_eps"] = f.has_key(a + "attention.layer_norm_epsilon")
+                              ? f32_to_decimal(f.get_f32(a + "attention.layer_norm_epsilon"))
+                              : 1e-12;
+    c["hidden_act"] = "gelu";
+    c["vocab_size"] = vocab_size(f, arch);
+    if (const GgufTensorInfo* t = f.find_tensor("token_types.weight"); t && t->shape.size() == 2)
+      c["type_vocab_size"] = t->shape[0];
+    else
+      c["type_vocab_size"] = opt_u32(f, "tokenizer.ggml.token_type_count", 2);
+    if (f.find_tensor("blk.0.attn_qkv.weight"))
+      throw_error(ErrorCode::kUnsupported, f.path(), ": a bert GGUF with fused attn_qkv tensors "
+                  "(kiln reads llama.cpp's BertModel layout: attn_q, attn_k, attn_v)");
+    // llama.cpp's enum llama_pooling_type: 0 none, 1 mean, 2 cls, 3 last, 4 rank.
+    const uint32_t pooling = opt_u32(f, a + "pooling_type", 0);
+    if (pooling == 1) c[kPoolingConfigKey] = "mean";
+    else if (pooling == 2) c[kPoolingConfigKey] = "cls";
+    else if (pooling != 0)
+      throw_error(ErrorCode::kUnsupported, f.path(), ": ", a, "pooling_type ", pooling,
+                  pooling == 4 ? " (a reranker)" : pooling == 3 ? " (last token)" : "",
+                  "; kiln's bert pools by mean or by the [CLS] row");
+    if (f.find_tensor("cls.output.weight"))
+      log_warn(f.path(), ": its classification head (cls.output) is not used: llama.cpp's converter drops "
+               "the pooler that HF's BertForSequenceClassification applies before it; embeddings only");
+    add_token_ids(f, c);
+    return c;
+  }
   throw_error(ErrorCode::kUnsupported, f.path(), ": GGUF architecture '", arch,
-              "' has no HF mapping in kiln (supported: llama, qwen2, gpt2)");
+              "' has no HF mapping in kiln (supported: llama, qwen2, gpt2, bert)");
 }
 
 std::string gguf_to_hf_name(const std::string& arch, const std::string& g) {
-  const bool llama = is_llama_like(arch);
-  if (!llama && arch != "gpt2") return "";
-  const NameRule* gb = llama ? std::begin(kLlamaGlobal) : std::begin(kGpt2Global);
-  const NameRule* ge = llama ? std::end(kLlamaGlobal) : std::end(kGpt2Global);
-  for (const NameRule* r = gb; r != ge; ++r)
-    if (g == r->gguf) return r->hf;
+  const std::optional<ArchNames> names = arch_names(arch);
+  if (!names) return "";
+  for (const NameRule& r : names->global)
+    if (g == r.gguf) return r.hf;
   // Per-layer names: "blk.<N>.<suffix>".
   if (g.rfind("blk.", 0) != 0) return "";
   const size_t dot = g.find('.', 4);
@@ -163,11 +235,8 @@ std::string gguf_to_hf_name(const std::string& arch, const std::string& g) {
   const std::string layer = g.substr(4, dot - 4);
   if (layer.find_first_not_of("0123456789") != std::string::npos) return "";
   const std::string suffix = g.substr(dot + 1);
-  const NameRule* lb = llama ? std::begin(kLlamaLayer) : std::begin(kGpt2Layer);
-  const NameRule* le = llama ? std::end(kLlamaLayer) : std::end(kGpt2Layer);
-  for (const NameRule* r = lb; r != le; ++r)
-    if (suffix == r->gguf)
-      return (llama ? "model.layers." : "h.") + layer + "." + r->hf;
+  for (const NameRule& r : names->layer)
+    if (suffix == r.gguf) return names->layer_prefix + layer + "." + r.hf;
   return "";
 }
 

@@ -1,6 +1,6 @@
 // A HuggingFace view of a GGUF file: its metadata as an HF config.json and its tensors
 // under HF names, with llama.cpp's conversion undone (Q/K row permutation for llama,
-// Conv1D transposes for gpt2), so model builders only ever see HF conventions.
+// Conv1D transposes for gpt2, BertModel's names for bert), so model builders only ever see HF conventions.
 // Tested in tests/frontends/gguf_test.cpp (synthetic files and the real SmolLM2 GGUF).
 #pragma once
 
@@ -17,7 +17,9 @@
 namespace kiln {
 
 // config.json equivalent for general.architecture llama (also Mistral, SmolLM2,
-// TinyLlama), qwen2 and gpt2; throws kUnsupported for other architectures and
+// TinyLlama), qwen2, gpt2 and bert (BertModel as llama.cpp's converter writes it:
+// embedding models such as all-MiniLM or bge; <arch>.pooling_type becomes
+// kPoolingConfigKey); throws kUnsupported for other architectures and
 // kInvalidFile when a required key is missing.
 nlohmann::json gguf_to_hf_config(const GgufFile& file);
 

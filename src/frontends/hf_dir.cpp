@@ -2,6 +2,7 @@
 #include "frontends/hf_dir.h"
 
 #include <filesystem>
+#include <set>
 #include <vector>
 
 #include "core/mapped_file.h"
@@ -48,6 +49,48 @@ std::string single_gguf(const fs::path& d) {
 
 }  // namespace
 
+std::optional<std::string> sentence_transformers_pooling(const std::string& dir) {
+  const fs::path d(dir);
+  const fs::path modules_path = d / "modules.json";
+  if (!fs::exists(modules_path)) return std::nullopt;
+  const nlohmann::json modules = read_json_file(modules_path.string());
+  if (!modules.is_array())
+    throw_error(ErrorCode::kInvalidFile, modules_path.string(), ": expected a JSON array of modules, found ",
+                modules.type_name());
+  std::optional<std::string> pooling;
+  for (const auto& m : modules) {
+    const std::string type = m.is_object() ? m.value("type", "") : "";
+    const std::string path = m.is_object() ? m.value("path", "") : "";
+    const std::string name = type.substr(type.rfind('.') + 1);  // npos + 1 = 0: the whole name
+    if (name == "Transformer" || name == "Normalize") continue;  // kiln's encoder; embeddings are normalized anyway
+    if (name != "Pooling")
+      throw_error(ErrorCode::kUnsupported, modules_path.string(), ": module '", type.empty() ? m.dump() : type,
+                  "' (", path, ") is not applied by kiln (it understands Transformer, Pooling and Normalize), "
+                  "so its embeddings would differ from sentence-transformers'");
+    const fs::path config_path = d / path / "config.json";
+    const nlohmann::json c = read_json_file(config_path.string());
+    if (!c.is_object())
+      throw_error(ErrorCode::kInvalidFile, config_path.string(), ": expected a JSON object");
+    // Each mode a flag; a "pooling_mode" string where a writer put one instead.
+    std::set<std::string> modes;
+    auto add = [&](const std::string& mode) {
+      modes.insert(mode == "mean_tokens" ? "mean" : mode == "cls_token" ? "cls" : mode);
+    };
+    if (c.contains("pooling_mode") && c["pooling_mode"].is_string()) add(c["pooling_mode"]);
+    for (const char* mode : {"cls_token", "mean_tokens", "max_tokens", "mean_sqrt_len_tokens", "weightedmean_tokens",
+                             "lasttoken"})
+      if (c.value(std::string("pooling_mode_") + mode, false)) add(mode);
+    if (modes.size() != 1)
+      throw_error(ErrorCode::kUnsupported, config_path.string(), ": ", modes.size(),
+                  " pooling modes; kiln pools one way, by mean or by the [CLS] row");
+    if (*modes.begin() != "mean" && *modes.begin() != "cls")
+      throw_error(ErrorCode::kUnsupported, config_path.string(), ": pooling mode '", *modes.begin(),
+                  "' (kiln pools by mean or by the [CLS] row)");
+    pooling = *modes.begin();
+  }
+  return pooling;
+}
+
 HfModelDir HfModelDir::open(const std::string& dir) {
   if (fs::is_regular_file(dir) && fs::path(dir).extension() == ".gguf")
     return open_gguf(dir, fs::path(dir).parent_path().string());
@@ -66,6 +109,7 @@ HfModelDir HfModelDir::open(const std::string& dir) {
   if (!m.config.is_object())
     throw_error(ErrorCode::kInvalidFile, config.string(), ": expected a JSON object, found ",
                 m.config.type_name());
+  if (auto pooling = sentence_transformers_pooling(dir)) m.config[kPoolingConfigKey] = *pooling;
 
   if (fs::exists(d / "model.safetensors")) {
     m.weights = open_safetensors_source((d / "model.safetensors").string());

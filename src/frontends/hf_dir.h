@@ -5,6 +5,7 @@
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -21,6 +22,18 @@ struct HfModelDir {
   // JSON, with the parser's message and byte offset), kUnsupported (pytorch_model.bin).
   static HfModelDir open(const std::string& dir);
 };
+
+// The config key through which a checkpoint's sentence-embedding pooling reaches a model
+// builder (ModelInfo::pooling): set by HfModelDir::open from modules.json and by
+// gguf_to_hf_config from <arch>.pooling_type; HF configs have no such key.
+inline constexpr const char* kPoolingConfigKey = "kiln_pooling";
+
+// A sentence-transformers directory's pooling: "mean" or "cls" from the Pooling module
+// that modules.json names; nullopt without modules.json or a Pooling module. Throws
+// kUnsupported for other pooling modes and for modules kiln does not apply (Dense...),
+// kInvalidFile for malformed files. HfModelDir::open records it as the config's
+// kPoolingConfigKey.
+std::optional<std::string> sentence_transformers_pooling(const std::string& dir);
 
 // Reads and parses a JSON file; errors name the file, the parser's message and offset.
 nlohmann::json read_json_file(const std::string& path);

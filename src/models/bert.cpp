@@ -1,11 +1,12 @@
 // The BERT family (BERT, MiniLM, Chinese BERT): word + position + token-type embeddings,
 // post-LayerNorm encoder blocks with erf-GELU, bidirectional attention within each
 // sequence, the tanh pooler over [CLS], an optional sequence-classification head, and
-// mean pooling (sentence embeddings). Tested in tests/models/bert_golden_test.cpp
+// the sentence embedding's poolings: the mean of the rows and the [CLS] row. Tested in tests/models/bert_golden_test.cpp
 // against transformers' BertForSequenceClassification and the real all-MiniLM-L6-v2.
 #include <cmath>
 
 #include "core/status.h"
+#include "frontends/hf_dir.h"
 #include "models/model_builder.h"
 
 namespace kiln {
@@ -21,6 +22,9 @@ BuiltModel build_bert(const nlohmann::json& c, const WeightSource& src) {
   info.num_heads = config_int(c, "num_attention_heads");
   info.num_kv_heads = info.num_heads;
   info.max_positions = config_int(c, "max_position_embeddings");
+  info.pooling = config_str(c, kPoolingConfigKey, "mean");
+  if (info.pooling != "mean" && info.pooling != "cls")
+    throw_error(ErrorCode::kUnsupported, "bert: pooling '", info.pooling, "' (mean or cls)");
   const int64_t h = info.hidden_size, L = info.num_layers;
   if (h % info.num_heads)
     throw_error(ErrorCode::kInvalidFile, "config.json: hidden_size ", h,
@@ -49,7 +53,7 @@ BuiltModel build_bert(const nlohmann::json& c, const WeightSource& src) {
         info.labels.push_back(c["id2label"].value(std::to_string(i), "LABEL_" + std::to_string(i)));
   }
   std::vector<WeightSpec> specs = {
-      {p + "embeddings.word_embeddings.weight", {info.vocab_size, h}},
+      {p + "embeddings.word_embeddings.weight", {info.vocab_size, h}, true, "", false, false, /*table=*/true},
       {p + "embeddings.position_embeddings.weight", {info.max_positions, h}},
       {p + "embeddings.token_type_embeddings.weight", {types, h}},
       {p + "embeddings.LayerNorm.weight", {h}},
@@ -79,8 +83,10 @@ BuiltModel build_bert(const nlohmann::json& c, const WeightSource& src) {
 
   ir::Graph& g = m.graph;
   auto W = [&](const std::string& name) { return g.add_weight(name, w.at(name)); };
-  auto linear = [&](ir::ValueId x, const std::string& weight, const std::string& node) {
-    return g.add("Linear", {x, W(weight + ".weight"), W(weight + ".bias")}, {}, node);
+  // A GGUF's quantized Linears and token table stay q8 row images (load_declared_weights).
+  auto linear = [&](ir::ValueId x, const std::string& weight, const std::string& node, int64_t k) {
+    const ir::ValueId wt = W(weight + ".weight");
+    return g.add("Linear", {x, wt, W(weight + ".bias")}, kept_quant_linear_attrs(g.weight(wt), k), node);
   };
   auto layer_norm = [&](ir::ValueId x, const std::string& weight, const std::string& node) {
     return g.add("LayerNorm", {x, W(weight + ".weight"), W(weight + ".bias")}, {{"eps", eps}}, node);
@@ -91,7 +97,8 @@ BuiltModel build_bert(const nlohmann::json& c, const WeightSource& src) {
   ir::ValueId token_types = g.add_input("token_types", DType::kI32, {"T"});
   ir::ValueId cls_rows = g.add_input("cls_rows", DType::kI32, {"B"});
   std::string e = p + "embeddings.";
-  ir::ValueId x = g.add("Add", {g.add("Embedding", {W(e + "word_embeddings.weight"), tokens}, {}, "embed_words"),
+  ir::ValueId x = g.add("Add", {g.add("Embedding", {W(e + "word_embeddings.weight"), tokens},
+                                       kept_quant_table_attrs(w.at(e + "word_embeddings.weight"), h), "embed_words"),
                                 g.add("Embedding", {W(e + "position_embeddings.weight"), positions}, {},
                                       "embed_positions")},
                         {}, "embed_sum");
@@ -103,28 +110,29 @@ BuiltModel build_bert(const nlohmann::json& c, const WeightSource& src) {
   for (int64_t l = 0; l < L; ++l) {
     std::string b = p + "encoder.layer." + std::to_string(l) + ".";
     std::string n = "layer." + std::to_string(l) + ".";
-    ir::ValueId q = linear(x, b + "attention.self.query", n + "query");
-    ir::ValueId k = linear(x, b + "attention.self.key", n + "key");
-    ir::ValueId v = linear(x, b + "attention.self.value", n + "value");
+    ir::ValueId q = linear(x, b + "attention.self.query", n + "query", h);
+    ir::ValueId k = linear(x, b + "attention.self.key", n + "key", h);
+    ir::ValueId v = linear(x, b + "attention.self.value", n + "value", h);
     ir::ValueId att = g.add("Attention", {q, k, v},
                             {{"layer", l}, {"num_heads", info.num_heads}, {"num_kv_heads", info.num_heads},
                              {"head_dim", info.head_dim}, {"scale", scale}, {"causal", int64_t(0)}},
                             n + "attn");
-    att = linear(att, b + "attention.output.dense", n + "attn_out");
+    att = linear(att, b + "attention.output.dense", n + "attn_out", h);
     x = layer_norm(g.add("Add", {att, x}, {}, n + "residual_1"), b + "attention.output.LayerNorm",
                    n + "attn_norm");
-    ir::ValueId f = g.add("Gelu", {linear(x, b + "intermediate.dense", n + "intermediate")},
+    ir::ValueId f = g.add("Gelu", {linear(x, b + "intermediate.dense", n + "intermediate", h)},
                           {{"approximate", approx}}, n + "act");
-    f = linear(f, b + "output.dense", n + "ffn_out");
+    f = linear(f, b + "output.dense", n + "ffn_out", inter);
     x = layer_norm(g.add("Add", {f, x}, {}, n + "residual_2"), b + "output.LayerNorm", n + "ffn_norm");
   }
   g.add_output("hidden", x);
   g.add_output("mean_pooled", g.add("SeqMeanPool", {x}, {}, "mean_pool"));
+  ir::ValueId cls = g.add("GatherRows", {x, cls_rows}, {}, "select_cls");
+  g.add_output("cls_hidden", cls);
   if (has_pooler) {
-    ir::ValueId cls = g.add("GatherRows", {x, cls_rows}, {}, "select_cls");
-    ir::ValueId pooled = g.add("Tanh", {linear(cls, p + "pooler.dense", "pooler")}, {}, "pooler_act");
+    ir::ValueId pooled = g.add("Tanh", {linear(cls, p + "pooler.dense", "pooler", h)}, {}, "pooler_act");
     g.add_output("pooled", pooled);
-    if (has_classifier) g.add_output("logits", linear(pooled, "classifier", "classifier"));
+    if (has_classifier) g.add_output("logits", linear(pooled, "classifier", "classifier", h));
   }
   return m;
 }

@@ -31,7 +31,12 @@ struct ModelInfo {
   int64_t bos_token_id = -1;
   int64_t eos_token_id = -1;
   std::vector<std::string> labels;  // id2label, when the config has one
+  // Encoders: how a sentence embedding pools the token rows, "mean" or "cls" (the [CLS]
+  // row's hidden state) - a sentence-transformers directory's Pooling module, a GGUF's
+  // pooling_type; "mean" when neither says.
+  std::string pooling = "mean";
 };
+
 
 struct BuiltModel {
   ir::Graph graph;

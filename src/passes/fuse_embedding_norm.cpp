@@ -3,7 +3,8 @@
 // output and normalizes them there, instead of three gathers, two adds and a norm with
 // four [T, H] intermediates. Fires only when every intermediate (each gather and each
 // partial sum) is read by this chain alone: GPT-2's wte + wpe sum is also the residual
-// stream, so it is left to fuse_add_norm. Tested in tests/passes/fusion_test.cpp.
+// stream, so it is left to fuse_add_norm. A table kept as q8/q4 codes (a GGUF's) stays an
+// Embedding of its own. Tested in tests/passes/fusion_test.cpp.
 #include "passes/pass.h"
 #include "passes/pass_util.h"
 
@@ -98,6 +99,9 @@ class FuseEmbeddingNorm final : public Pass {
         collect(g, uses, p, lookups, adds, why);
       } else if (!g.is_weight(p->inputs[0])) {
         why = str_cat("the table of '", p->name, "' is computed, not a weight");
+      } else if (!p->attr_str("weight_quant", "").empty()) {
+        why = str_cat("the table of '", p->name, "' is a ", p->attr_str("weight_quant", ""),
+                      " image (a GGUF's codes), which the fused op does not read");
       } else {
         lookups.push_back(p);
       }

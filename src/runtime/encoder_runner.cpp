@@ -1,6 +1,8 @@
 // Encoder batches in one ragged step (see encoder_runner.h).
 #include "runtime/encoder_runner.h"
 
+#include <algorithm>
+
 #include "core/status.h"
 
 namespace kiln {
@@ -39,6 +41,10 @@ std::vector<EncoderOutput> encode(Model& model, const std::vector<EncoderInput>&
   if (!opt.hidden)
     for (const auto& [name, id] : model.graph().outputs())
       if (name != "hidden") wanted.push_back(name);
+  const auto& outputs = model.graph().outputs();
+  if (info.pooling == "cls" &&
+      std::none_of(outputs.begin(), outputs.end(), [](const auto& o) { return o.first == "cls_hidden"; }))
+    throw_error(ErrorCode::kInvalidFile, "'", model.path(), "' pools by [CLS] but its graph has no cls_hidden output");
   TensorMap out = model.compiled().run(
       {{"tokens", tokens}, {"positions", positions}, {"token_types", types}, {"cls_rows", cls}},
       step, nullptr, wanted);
@@ -56,6 +62,8 @@ std::vector<EncoderOutput> encode(Model& model, const std::vector<EncoderInput>&
                               hidden.data_as<float>() + (s.q_start + s.q_len) * h);
     }
     result[i].mean_pooled = row(out.at("mean_pooled"), int64_t(i));
+    if (out.count("cls_hidden")) result[i].cls_hidden = row(out.at("cls_hidden"), int64_t(i));
+    result[i].embedding = info.pooling == "cls" ? result[i].cls_hidden : result[i].mean_pooled;
     if (out.count("pooled")) result[i].pooled = row(out.at("pooled"), int64_t(i));
     if (out.count("logits")) result[i].logits = row(out.at("logits"), int64_t(i));
   }

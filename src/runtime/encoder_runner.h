@@ -1,6 +1,6 @@
 // Runs an encoder (BERT family) over a batch of sequences in one ragged step, with no
-// padding: per sequence its hidden states, mean-pooled embedding and, when the model
-// has them, the [CLS] pooler output and classification logits. Tested in
+// padding: per sequence its hidden states, mean-pooled and [CLS] rows, its sentence
+// embedding (the model's pooling, not normalized) and, when the model has them, the [CLS] pooler output and classification logits. Tested in
 // tests/models/bert_golden_test.cpp.
 #pragma once
 
@@ -19,6 +19,8 @@ struct EncoderInput {
 struct EncoderOutput {
   std::vector<float> hidden;       // [len * hidden_size]
   std::vector<float> mean_pooled;  // [hidden_size]
+  std::vector<float> cls_hidden;   // [hidden_size]: the [CLS] (first) row of `hidden`
+  std::vector<float> embedding;    // the sentence embedding: mean_pooled or cls_hidden by ModelInfo::pooling
   std::vector<float> pooled;       // [hidden_size] (pooler), empty without one
   std::vector<float> logits;       // [num_labels], empty without a classifier
 };

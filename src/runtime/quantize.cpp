@@ -447,7 +447,7 @@ void apply_precision_plan(ModelOptions& base, const quant::CalibrationTable& tab
   base.pin_precision = std::move(pins);
 }
 
-// The model outputs a plan compares: encoders, each sequence's mean-pooled embedding;
+// The model outputs a plan compares: encoders, each sequence's sentence embedding (the model's pooling);
 // decoders, the log-probabilities of every position's next token ([tokens, vocab] per
 // sequence).
 std::vector<std::vector<float>> plan_outputs(Model& model, const std::vector<std::vector<int32_t>>& seqs) {
@@ -470,7 +470,7 @@ std::vector<std::vector<float>> plan_outputs(Model& model, const std::vector<std
   for (size_t b = 0; b < seqs.size(); b += kBatch) {
     std::vector<EncoderInput> batch;
     for (size_t i = b; i < std::min(seqs.size(), b + kBatch); ++i) batch.push_back({seqs[i], {}});
-    for (EncoderOutput& o : encode(model, batch, {.hidden = false})) out.push_back(std::move(o.mean_pooled));
+    for (EncoderOutput& o : encode(model, batch, {.hidden = false})) out.push_back(std::move(o.embedding));
   }
   return out;
 }
@@ -548,7 +548,7 @@ PrecisionPlanReport plan_effective_bits(const std::string& path, const ModelOpti
 
   // Candidates: the Linears the mode quantizes to q4 in the model as it will be built.
   PrecisionPlanReport report;
-  report.measure = decoder ? "KL (nats/token)" : "1 - cosine of the mean-pooled embedding";
+  report.measure = decoder ? "KL (nats/token)" : "1 - cosine of the sentence embedding";
   const ModelOptions quantized = quant_model_options(cpu, table, mode);
   {
     ModelOptions find = quantized;

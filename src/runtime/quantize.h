@@ -96,14 +96,14 @@ struct PrecisionPlanRow {
 };
 struct PrecisionPlanReport {
   std::vector<PrecisionPlanRow> rows;  // by decreasing distortion per promoted bit
-  std::string measure;                 // "1 - cosine of the mean-pooled embedding" | "KL (nats/token)"
+  std::string measure;                 // "1 - cosine of the sentence embedding" | "KL (nats/token)"
   double effective_bits = 0;           // of the plan
   double distortion_q4 = 0, distortion_plan = 0;  // sums over the rows (the additive estimate)
 };
 
 // --effective-bits: measures, on the calibration text, how far the model's output moves
 // when only one Linear is quantized (q4, by q's mode: AWQ scales / GPTQ of `table`) while
-// every other stays f32 - encoders: 1 - cosine of the mean-pooled embedding, decoders: the
+// every other stays f32 - encoders: 1 - cosine of the sentence embedding, decoders: the
 // mean KL divergence of the next-token distributions - then promotes Linears to q8 by
 // decreasing distortion per extra bit while the average stays within q.effective_bits,
 // and stores the choice in table.precision_plan (read by awq/gptq_model_options, which

@@ -1,5 +1,6 @@
-// Encoder routes: /v1/embeddings (mean-pooled, L2-normalized embeddings, as
-// sentence-transformers models define them; the same as `kiln embed`) and KServe v2
+// Encoder routes: /v1/embeddings (L2-normalized sentence embeddings pooled as the model
+// says - mean or [CLS], ModelInfo::pooling -, as sentence-transformers defines them; the
+// same as `kiln embed`) and KServe v2
 // metadata + /infer (texts in; logits, probabilities and labels out for classifiers,
 // embeddings otherwise). Requests go through the model's EncoderBatcher, so concurrent
 // clients share forwards. A request still queued after a moment answers through a
@@ -175,7 +176,7 @@ void Server::Impl::handle_embeddings(const httplib::Request& req, httplib::Respo
     auto ok = [&m, base64, tokens](std::vector<EncoderOutput>& out) {
       Json data = Json::array();
       for (size_t i = 0; i < out.size(); ++i) {
-        std::vector<float> e = normalized(out[i].mean_pooled);
+        std::vector<float> e = normalized(out[i].embedding);
         Json item = {{"object", "embedding"}, {"index", i}};
         if (base64) item["embedding"] = base64_floats(e);
         else item["embedding"] = e;
@@ -259,7 +260,7 @@ void Server::Impl::handle_kserve_infer(const httplib::Request& req, httplib::Res
       if (wanted("embedding")) {
         std::vector<float> emb;
         for (auto& o : out) {
-          auto e = normalized(o.mean_pooled);
+          auto e = normalized(o.embedding);
           emb.insert(emb.end(), e.begin(), e.end());
         }
         outputs.push_back({{"name", "embedding"}, {"datatype", "FP32"}, {"shape", {n, info.hidden_size}}, {"data", emb}});

@@ -6,6 +6,7 @@
 
 #include <random>
 
+#include "engine/engine.h"
 #include "engine/xxhash64.h"
 #include "engine_test_util.h"
 #include "runtime/encoder_runner.h"
@@ -123,6 +124,47 @@ TEST(EngineFile, SixteenBitCheckpointsBuildInTheirOwnDtype) {
     const std::vector<float> want = run_logits(*direct), got = run_logits(*engine);
     ASSERT_EQ(got.size(), want.size()) << what;
     for (size_t i = 0; i < got.size(); ++i) ASSERT_EQ(f32_bits(got[i]), f32_bits(want[i])) << what << " " << i;
+  }
+}
+
+// A sentence-transformers encoder pooling by [CLS]: the engine keeps the pooling, and its
+// sentence embeddings are the [CLS] rows the checkpoint gives. Engines written before
+// the pooling was recorded (no "pooling" in their model info) pool by mean.
+TEST(EngineFile, KeepsTheSentenceEmbeddingsPooling) {
+  const auto scratch = scratch_dir(), dir = scratch / "cls-pooling";
+  std::filesystem::create_directories(dir / "1_Pooling");
+  for (const char* f : {"config.json", "model.safetensors"})
+    std::filesystem::copy_file(testing::fixture_dir("bert") + "/" + f, dir / f,
+                               std::filesystem::copy_options::overwrite_existing);
+  write_bytes(dir / "modules.json", R"([{"path": "", "type": "sentence_transformers.models.Transformer"},
+                                        {"path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}])");
+  write_bytes(dir / "1_Pooling/config.json", R"({"pooling_mode_cls_token": true})");
+  BuildOptions o;
+  o.model = dir.string();
+  o.output = (scratch / "cls-pooling.kiln").string();
+  o.tune = false;
+  build_engine(o);
+  auto direct = Model::load(dir.string());
+  auto engine = Model::load(o.output);
+  EXPECT_EQ(direct->info().pooling, "cls");
+  EXPECT_EQ(engine->info().pooling, "cls");
+  const std::vector<EncoderInput> in = {{{2, 5, 7, 9, 3}, {}}, {{2, 8, 3}, {}}};
+  const auto want = encode(*direct, in), got = encode(*engine, in);
+  for (size_t i = 0; i < in.size(); ++i) {
+    EXPECT_EQ(got[i].embedding, want[i].embedding) << i;
+    EXPECT_EQ(got[i].embedding, got[i].cls_hidden) << i;
+    EXPECT_NE(got[i].embedding, got[i].mean_pooled) << i;
+  }
+  nlohmann::json info = model_info_to_json(engine->info());
+  EXPECT_EQ(info.at("pooling"), "cls");
+  info.erase("pooling");
+  EXPECT_EQ(model_info_from_json(info).pooling, "mean");
+  info["pooling"] = "max";
+  try {
+    model_info_from_json(info);
+    ADD_FAILURE() << "accepted pooling 'max'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("pooling 'max'"), std::string::npos) << e.what();
   }
 }
 

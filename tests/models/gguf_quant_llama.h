@@ -1,11 +1,17 @@
 // A small GGUF llama written in memory with quantized Linear weights (Q4_0 / Q4_1 / Q5_0 /
-// Q8_0 / Q4_K / Q6_K blocks of random codes), and the GPT-2 fixture as a Q8_0 GGUF: the
-// models of gguf_quant_test.cpp and of the CUDA backend's gguf_auto_models_test.cpp.
+// Q8_0 / Q4_K / Q6_K blocks of random codes), the GPT-2 fixture as a Q8_0 GGUF and BERT
+// directories as llama.cpp's BertModel GGUFs: the models of gguf_quant_test.cpp,
+// bert_gguf_test.cpp and the CUDA backend's gguf_auto_models_test.cpp.
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <stdexcept>
 #include <random>
 #include <string>
 #include <vector>
@@ -13,6 +19,7 @@
 #include "../frontends/gguf_writer.h"
 #include "../frontends/test_util.h"
 #include "core/dtype.h"
+#include "core/mapped_file.h"
 #include "frontends/gguf_quants.h"
 #include "frontends/weight_source.h"
 
@@ -113,27 +120,28 @@ inline std::string quant_llama(GgmlType attn, GgmlType mlp, GgmlType embd = Ggml
   return w.bytes();
 }
 
-// The gpt2 fixture (`fixture`: its directory) as llama.cpp's converter writes a Q8_0 GGUF of it: Linears and the
-// token table Q8_0 (the Conv1D weights stored [out, in], the transpose of HF's [in, out]),
-// position table, norms and biases F32, the LM head tied to the table.
-inline std::string q8_gpt2(const std::string& fixture) {
-  auto st = open_safetensors_source(fixture + "/model.safetensors");
-  const std::string p = st->has("transformer.wte.weight") ? "transformer." : "";
-  GgufWriter w;
-  w.kv_string("general.architecture", "gpt2");
-  for (const auto& [key, value] : {std::pair{"embedding_length", 64}, std::pair{"block_count", 2},
-                                   std::pair{"attention.head_count", 4}, std::pair{"context_length", 128},
-                                   std::pair{"feed_forward_length", 256}})
-    w.kv_u32(std::string("gpt2.") + key, uint32_t(value));
-  w.kv_f32("gpt2.attention.layer_norm_epsilon", 1e-5f);
-  auto f32 = [&](const std::string& gguf, const std::string& hf) {
-    const Tensor t = st->load(p + hf, DType::kF32);
+// A checkpoint's tensors written into a GGUF as llama.cpp's converter stores them: f32 as
+// read, rounded to F16, or Q8_0 blocks of the [n, k] rows (transposed from HF's [k, n]
+// when `conv1d`). HF names are read under `prefix`.
+struct CheckpointToGguf {
+  GgufWriter& w;
+  std::unique_ptr<WeightSource> st;
+  std::string prefix;
+
+  void f32(const std::string& gguf, const std::string& hf) { write(GgmlType::kF32, gguf, hf); }
+  void write(GgmlType type, const std::string& gguf, const std::string& hf, bool conv1d = false) {
+    const Tensor t = st->load(prefix + hf, DType::kF32);
+    if (type == GgmlType::kQ8_0) return q8(gguf, t, conv1d);
     std::vector<uint64_t> ne(t.shape().rbegin(), t.shape().rend());
-    w.tensor(gguf, 0, ne, std::string(static_cast<const char*>(t.data()), t.nbytes()));
-  };
-  // Q8_0 blocks of the [n, k] rows (transposed from HF's [k, n] when `conv1d`).
-  auto q8 = [&](const std::string& gguf, const std::string& hf, bool conv1d) {
-    const Tensor t = st->load(p + hf, DType::kF32);
+    if (type == GgmlType::kF32) return w.tensor(gguf, 0, ne, std::string(static_cast<const char*>(t.data()), t.nbytes()));
+    if (type != GgmlType::kF16) throw std::invalid_argument("CheckpointToGguf: F32, F16 or Q8_0");
+    std::vector<uint16_t> half(size_t(t.numel()));
+    for (size_t i = 0; i < half.size(); ++i) half[i] = f32_to_f16(t.data_as<float>()[i]);
+    w.tensor(gguf, uint32_t(GgmlType::kF16), ne, raw_bytes(half));
+  }
+
+ private:
+  void q8(const std::string& gguf, const Tensor& t, bool conv1d) {
     const int64_t n = conv1d ? t.dim(1) : t.dim(0), k = conv1d ? t.dim(0) : t.dim(1);
     std::string bytes;
     std::vector<float> row(static_cast<size_t>(k));
@@ -150,22 +158,101 @@ inline std::string q8_gpt2(const std::string& fixture) {
       }
     }
     w.tensor(gguf, uint32_t(GgmlType::kQ8_0), {uint64_t(k), uint64_t(n)}, bytes);
-  };
-  q8("token_embd.weight", "wte.weight", false);
-  f32("position_embd.weight", "wpe.weight");
-  f32("output_norm.weight", "ln_f.weight");
-  f32("output_norm.bias", "ln_f.bias");
+  }
+};
+
+// The gpt2 fixture (`fixture`: its directory) as llama.cpp's converter writes a Q8_0 GGUF of it: Linears and the
+// token table Q8_0 (the Conv1D weights stored [out, in], the transpose of HF's [in, out]),
+// position table, norms and biases F32, the LM head tied to the table.
+inline std::string q8_gpt2(const std::string& fixture) {
+  GgufWriter w;
+  CheckpointToGguf c{w, open_safetensors_source(fixture + "/model.safetensors"), ""};
+  if (c.st->has("transformer.wte.weight")) c.prefix = "transformer.";
+  w.kv_string("general.architecture", "gpt2");
+  for (const auto& [key, value] : {std::pair{"embedding_length", 64}, std::pair{"block_count", 2},
+                                   std::pair{"attention.head_count", 4}, std::pair{"context_length", 128},
+                                   std::pair{"feed_forward_length", 256}})
+    w.kv_u32(std::string("gpt2.") + key, uint32_t(value));
+  w.kv_f32("gpt2.attention.layer_norm_epsilon", 1e-5f);
+  c.write(GgmlType::kQ8_0, "token_embd.weight", "wte.weight");
+  c.f32("position_embd.weight", "wpe.weight");
+  c.f32("output_norm.weight", "ln_f.weight");
+  c.f32("output_norm.bias", "ln_f.bias");
   for (int l = 0; l < 2; ++l) {
     const std::string g = "blk." + std::to_string(l) + ".", h = "h." + std::to_string(l) + ".";
     for (const char* part : {"weight", "bias"}) {
-      f32(g + "attn_norm." + part, h + "ln_1." + part);
-      f32(g + "ffn_norm." + part, h + "ln_2." + part);
+      c.f32(g + "attn_norm." + part, h + "ln_1." + part);
+      c.f32(g + "ffn_norm." + part, h + "ln_2." + part);
     }
     for (const auto& [gg, hf] : {std::pair{"attn_qkv", "attn.c_attn"}, std::pair{"attn_output", "attn.c_proj"},
                                  std::pair{"ffn_up", "mlp.c_fc"}, std::pair{"ffn_down", "mlp.c_proj"}}) {
-      q8(g + gg + ".weight", h + hf + ".weight", true);
-      f32(g + gg + ".bias", h + hf + ".bias");
+      c.write(GgmlType::kQ8_0, g + gg + ".weight", h + hf + ".weight", /*conv1d=*/true);
+      c.f32(g + gg + ".bias", h + hf + ".bias");
     }
+  }
+  return w.bytes();
+}
+
+// A BERT directory (config.json + model.safetensors, a vocab.txt when it has one) as
+// llama.cpp's converter writes a BertModel GGUF: the token table and the Linears in
+// `matrices` (F32, F16 or Q8_0), the position and token-type tables, norms and biases
+// F32, no pooler or classifier, `pooling_type` as llama.cpp numbers it (0 none, 1 mean,
+// 2 cls, 3 last, 4 rank) unless negative, and the vocabulary in llama.cpp's "phantom
+// space" form (a word start's "\u2581" prefix, continuations without "##", control tokens
+// as they are); without vocab.txt, tokens t0, t1, ...
+inline std::string bert_gguf(const std::string& dir, GgmlType matrices, int pooling_type) {
+  const nlohmann::json c = nlohmann::json::parse(read_text_file(dir + "/config.json"));
+  GgufWriter w;
+  CheckpointToGguf t{w, open_safetensors_source(dir + "/model.safetensors"), ""};
+  if (t.st->has("bert.embeddings.word_embeddings.weight")) t.prefix = "bert.";
+  const int layers = c.at("num_hidden_layers");
+  w.kv_string("general.architecture", "bert");
+  w.kv_u32("bert.embedding_length", c.at("hidden_size"));
+  w.kv_u32("bert.feed_forward_length", c.at("intermediate_size"));
+  w.kv_u32("bert.block_count", uint32_t(layers));
+  w.kv_u32("bert.attention.head_count", c.at("num_attention_heads"));
+  w.kv_u32("bert.context_length", c.at("max_position_embeddings"));
+  w.kv_f32("bert.attention.layer_norm_epsilon", c.value("layer_norm_eps", 1e-12f));
+  if (pooling_type >= 0) w.kv_u32("bert.pooling_type", uint32_t(pooling_type));
+  w.kv_u32("tokenizer.ggml.token_type_count", c.value("type_vocab_size", 2u));
+  std::vector<std::string> tokens;
+  std::vector<int32_t> types;
+  std::map<std::string, uint32_t> ids;
+  if (std::filesystem::exists(dir + "/vocab.txt")) {
+    std::istringstream in(read_text_file(dir + "/vocab.txt"));
+    for (std::string tok; std::getline(in, tok);) {
+      ids[tok] = uint32_t(tokens.size());
+      const bool control = tok == "[PAD]" || tok == "[UNK]" || tok == "[CLS]" || tok == "[SEP]" || tok == "[MASK]";
+      types.push_back(control ? 3 : 1);
+      tokens.push_back(control ? tok : tok.rfind("##", 0) == 0 ? tok.substr(2) : "\xE2\x96\x81" + tok);
+    }
+  } else {
+    for (int i = 0; i < int(c.at("vocab_size")); ++i) tokens.push_back("t" + std::to_string(i));
+    types.assign(tokens.size(), 1);
+  }
+  w.kv_string("tokenizer.ggml.model", "bert");
+  w.kv_strings("tokenizer.ggml.tokens", tokens);
+  w.kv_array<int32_t>("tokenizer.ggml.token_type", 5, types);
+  for (const auto& [key, tok] : {std::pair{"unknown", "[UNK]"}, std::pair{"seperator", "[SEP]"},
+                                 std::pair{"padding", "[PAD]"}, std::pair{"cls", "[CLS]"}, std::pair{"mask", "[MASK]"}})
+    if (ids.count(tok)) w.kv_u32(std::string("tokenizer.ggml.") + key + "_token_id", ids[tok]);
+  t.write(matrices, "token_embd.weight", "embeddings.word_embeddings.weight");
+  t.f32("position_embd.weight", "embeddings.position_embeddings.weight");
+  t.f32("token_types.weight", "embeddings.token_type_embeddings.weight");
+  t.f32("token_embd_norm.weight", "embeddings.LayerNorm.weight");
+  t.f32("token_embd_norm.bias", "embeddings.LayerNorm.bias");
+  for (int l = 0; l < layers; ++l) {
+    const std::string g = "blk." + std::to_string(l) + ".", h = "encoder.layer." + std::to_string(l) + ".";
+    for (const auto& [gg, hf] : {std::pair{"attn_q", "attention.self.query"}, std::pair{"attn_k", "attention.self.key"},
+                                 std::pair{"attn_v", "attention.self.value"},
+                                 std::pair{"attn_output", "attention.output.dense"},
+                                 std::pair{"ffn_up", "intermediate.dense"}, std::pair{"ffn_down", "output.dense"}}) {
+      t.write(matrices, g + gg + ".weight", h + hf + ".weight");
+      t.f32(g + gg + ".bias", h + hf + ".bias");
+    }
+    for (const auto& [gg, hf] : {std::pair{"attn_output_norm", "attention.output.LayerNorm"},
+                                 std::pair{"layer_output_norm", "output.LayerNorm"}})
+      for (const char* part : {".weight", ".bias"}) t.f32(g + gg + part, h + hf + part);
   }
   return w.bytes();
 }

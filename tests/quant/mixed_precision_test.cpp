@@ -149,7 +149,7 @@ TEST(EffectiveBits, TinyEncoderPlanOnEmbeddings) {
   quant::CalibrationTable table = calibrate_gptq(dir, {}, q, QuantFormat::kQ4, &calib);
   q.effective_bits = 6.5;
   PrecisionPlanReport plan = plan_effective_bits(dir, {.weight_dtype = "q4"}, table, q, &calib);
-  EXPECT_EQ(plan.measure, "1 - cosine of the mean-pooled embedding");
+  EXPECT_EQ(plan.measure, "1 - cosine of the sentence embedding");
   EXPECT_FALSE(table.precision_plan.empty());
   EXPECT_LE(plan.effective_bits, 6.5 + 1e-9);
   auto cosine_error = [&](Model& m) {

@@ -23,6 +23,9 @@ check help 0 "generate" -- "$kiln" --help
 check generate-ids 0 "" -- "$kiln" generate -m "$fixtures/models/gpt2" --ids 5,6,7 -n 4 -q
 check classify-ids 0 "LABEL_" -- "$kiln" classify -m "$fixtures/models/bert" --ids 5,6,7,8
 check embed-ids 0 "[" -- "$kiln" embed -m "$fixtures/models/bert" --ids 5,6,7
+check embed-pooler 0 "[" -- "$kiln" embed -m "$fixtures/models/bert" --ids 5,6,7 --pooling pooler --no-normalize
+check embed-pooling-bad 105 "--pooling: max not in" -- "$kiln" embed -m "$fixtures/models/bert" --ids 5,6,7 --pooling max
+check inspect-pooling 0 "pooling     mean" -- "$kiln" inspect -m "$fixtures/models/bert"
 check inspect 0 "decoder" -- "$kiln" inspect -m "$fixtures/models/llama" --graph
 check inspect-load 0 "load        read " -- "$kiln" inspect -m "$fixtures/models/llama"
 check missing-model 1 "does not exist" -- "$kiln" generate -m /nonexistent --ids 1

@@ -16,7 +16,7 @@ struct EncodeArgs {
   std::vector<std::string> texts;
   std::vector<std::string> ids;
   bool no_normalize = false;
-  std::string pooling = "mean";
+  std::string pooling = "model";
 };
 
 std::vector<EncoderInput> encoder_inputs(const Model& model, const EncodeArgs& a) {
@@ -48,8 +48,13 @@ int run_embed(const EncodeArgs& a) {
   auto out = encode(*model, encoder_inputs(*model, a));
   std::printf("[\n");
   for (size_t i = 0; i < out.size(); ++i) {
-    std::vector<float> v = a.pooling == "cls" ? out[i].pooled : out[i].mean_pooled;
-    if (v.empty()) throw_error(ErrorCode::kUnsupported, "the model has no pooler for --pooling cls");
+    std::vector<float> v = a.pooling == "model"  ? out[i].embedding
+                           : a.pooling == "mean" ? out[i].mean_pooled
+                           : a.pooling == "cls"  ? out[i].cls_hidden
+                                                 : out[i].pooled;
+    if (v.empty())
+      throw_error(ErrorCode::kUnsupported, a.pooling == "pooler" ? "the model has no pooler (pooler.dense) for --pooling pooler"
+                                                                 : "the model's graph has no [CLS] output for --pooling cls");
     if (!a.no_normalize) {
       double n = 0;
       for (float x : v) n += double(x) * x;
@@ -96,8 +101,10 @@ static Runner add_encoder_command(CLI::App& app, const char* name, const char* h
   cmd->add_option("-t,--text", a->texts, "input text (repeat for a batch)");
   cmd->add_option("--ids", a->ids, "input as token ids \"101,2023,102\" (repeatable)");
   if (embed) {
-    cmd->add_option("--pooling", a->pooling, "mean (sentence embeddings) or cls (pooler output)")
-        ->check(CLI::IsMember({"mean", "cls"}))
+    cmd->add_option("--pooling", a->pooling,
+                    "model (the checkpoint's: modules.json's Pooling, a GGUF's pooling_type, else mean), mean, "
+                    "cls (the [CLS] row) or pooler (BertModel's tanh pooler over [CLS])")
+        ->check(CLI::IsMember({"model", "mean", "cls", "pooler"}))
         ->capture_default_str();
     cmd->add_flag("--no-normalize", a->no_normalize, "do not L2-normalize the embeddings");
   }

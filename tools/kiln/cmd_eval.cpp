@@ -169,7 +169,7 @@ int run_embeddings(EvalArgs a) {
     auto q = encode(*l.model, batch);
     auto f = encode(*l.ref, batch);
     for (size_t i = 0; i < q.size(); ++i) {
-      const double c = cosine(q[i].mean_pooled, f[i].mean_pooled);
+      const double c = cosine(q[i].embedding, f[i].embedding);
       sum += c;
       lo = std::min(lo, c);
       if (!q[i].logits.empty()) {
@@ -181,7 +181,7 @@ int run_embeddings(EvalArgs a) {
   }
   double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   std::printf("text %s: %zu sentences (one per line, <= 128 tokens), %.1f s\n", a.text.c_str(), inputs.size(), s);
-  std::printf("| weights | mean-pooled embedding cosine vs %s: mean | min | label agreement |\n|---|---|---|---|\n",
+  std::printf("| weights | sentence embedding cosine vs %s: mean | min | label agreement |\n|---|---|---|---|\n",
               a.reference_dtype.c_str());
   std::printf("| %s | %.5f | %.5f |", model_label(a.model).c_str(), sum / double(inputs.size()), lo);
   if (with_labels) std::printf(" %.2f%% |\n", 100.0 * double(agree) / double(with_labels));

@@ -152,6 +152,7 @@ Runner add_inspect(CLI::App& app) {
                   (long long)i.max_positions);
     }
     if (i.num_labels) std::printf("labels      %lld\n", (long long)i.num_labels);
+    if (!i.is_decoder && i.family != "onnx") std::printf("pooling     %s (sentence embeddings)\n", i.pooling.c_str());
     std::printf("graph       %zu nodes, %.1f MiB of weights%s\n", m->graph().nodes().size(),
                 double(m->graph().weight_bytes()) / (1 << 20), m->tp_world() > 1 ? " (rank 0)" : "");
     std::map<std::string, int> ops;
