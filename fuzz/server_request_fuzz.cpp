@@ -1,4 +1,4 @@
-// libFuzzer target: the server's request parsers (OpenAI completions, chat, embeddings,
+// libFuzzer target: the server's request parsers (OpenAI completions, chat, embeddings, rerank,
 // KServe v2 infer) on arbitrary bytes. Any crash, sanitizer report or exception other
 // than server::ApiError (the 4xx path) is a bug.
 // Build: see fuzz/CMakeLists.txt, or directly:
@@ -31,5 +31,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   guarded([&] { (void)parse_completion(j, true, limits); });
   guarded([&] { (void)parse_embeddings(j, limits); });
   guarded([&] { (void)parse_kserve_infer(j, limits); });
+  guarded([&] { (void)parse_rerank(j, limits); });
   return 0;
 }

@@ -2,6 +2,7 @@
 #include "runtime/encoder_runner.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/status.h"
 
@@ -87,6 +88,49 @@ void check_encoder_inputs(const ModelInfo& info, const std::vector<EncoderInput>
     for (int32_t t : in.token_types)
       if (t < 0) throw_error(ErrorCode::kOutOfRange, "input ", i, ": token type ", t, " is negative");
   }
+}
+
+bool is_cross_encoder(const ModelInfo& info) { return !info.is_decoder && info.num_labels == 1; }
+
+std::vector<EncoderInput> rerank_inputs(const tok::Tokenizer& tokenizer, const ModelInfo& info,
+                                        const std::string& query, const std::vector<std::string>& documents) {
+  tok::EncodeOptions eo;
+  eo.max_length = size_t(info.max_positions);
+  std::vector<EncoderInput> inputs;
+  if (!is_cross_encoder(info)) {
+    const tok::Encoding q = tokenizer.encode_full(query, eo);
+    inputs.push_back({q.ids, q.type_ids});
+  }
+  for (const std::string& d : documents) {
+    const tok::Encoding e = is_cross_encoder(info) ? tokenizer.encode_pair(query, d, eo) : tokenizer.encode_full(d, eo);
+    inputs.push_back({e.ids, e.type_ids});
+  }
+  return inputs;
+}
+
+std::vector<float> rerank_scores(const ModelInfo& info, const std::vector<EncoderOutput>& outputs) {
+  std::vector<float> scores;
+  if (is_cross_encoder(info)) {
+    for (const EncoderOutput& o : outputs) {
+      if (o.logits.size() != 1)
+        throw_error(ErrorCode::kInternal, "rerank_scores: a cross-encoder output has ", o.logits.size(), " logits");
+      scores.push_back(float(1.0 / (1.0 + std::exp(-double(o.logits[0])))));
+    }
+    return scores;
+  }
+  if (outputs.empty()) throw_error(ErrorCode::kInternal, "rerank_scores: no query output");
+  const std::vector<float>& q = outputs[0].embedding;
+  for (size_t i = 1; i < outputs.size(); ++i) {
+    const std::vector<float>& d = outputs[i].embedding;
+    double qd = 0, qq = 0, dd = 0;
+    for (size_t k = 0; k < q.size() && k < d.size(); ++k) {
+      qd += double(q[k]) * d[k];
+      qq += double(q[k]) * q[k];
+      dd += double(d[k]) * d[k];
+    }
+    scores.push_back(qq > 0 && dd > 0 ? float(qd / std::sqrt(qq * dd)) : 0.0f);
+  }
+  return scores;
 }
 
 std::vector<EncoderInput> encoder_inputs_from_padded(const std::vector<int32_t>& ids,

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "runtime/model.h"
+#include "tokenizer/tokenizer.h"
 
 namespace kiln {
 
@@ -38,6 +39,20 @@ std::vector<EncoderOutput> encode(Model& model, const std::vector<EncoderInput>&
 // token types (when given) one per token and not negative. Throws kInvalidArgument /
 // kOutOfRange naming the input.
 void check_encoder_inputs(const ModelInfo& info, const std::vector<EncoderInput>& batch);
+
+// Reranking a query's documents. A cross-encoder - an encoder whose classification head
+// has one label, such as ms-marco-MiniLM - reads each (query, document) pair as one
+// sequence ([CLS] query [SEP] document [SEP], token types 0 then 1, longest-first
+// truncation to the model's positions) and scores it sigmoid(logit), as
+// sentence-transformers' CrossEncoder and vLLM's /rerank do. Any other encoder scores a
+// document by the cosine of its sentence embedding and the query's (a bi-encoder).
+bool is_cross_encoder(const ModelInfo& info);
+// The encoder inputs that score `documents` against `query`: a pair a document for a
+// cross-encoder; the query, then each document, for a bi-encoder.
+std::vector<EncoderInput> rerank_inputs(const tok::Tokenizer& tokenizer, const ModelInfo& info,
+                                        const std::string& query, const std::vector<std::string>& documents);
+// The documents' scores from the outputs of rerank_inputs' inputs.
+std::vector<float> rerank_scores(const ModelInfo& info, const std::vector<EncoderOutput>& outputs);
 
 // HuggingFace's padded layout ([rows, cols] ids, token types and attention mask, row
 // major) to ragged inputs: each row keeps the tokens its mask marks. `token_types` may

@@ -262,6 +262,28 @@ EmbeddingParams parse_embeddings(const Json& j, const RequestLimits& limits) {
   return p;
 }
 
+RerankParams parse_rerank(const Json& j, const RequestLimits& limits) {
+  RerankParams p;
+  p.model = get_string(j, "model", true);
+  p.query = get_string(j, "query", true);
+  if (p.query.empty()) throw ApiError(400, "'query' is empty", "query");
+  const Json* docs = field(j, "documents");
+  if (!docs) throw ApiError(400, "'documents' is required", "documents");
+  if (!docs->is_array() || docs->empty()) bad_type("documents", "a non-empty array of strings or {\"text\": ...} objects");
+  if (docs->size() > limits.max_inputs)
+    throw ApiError(400, "'documents' has " + std::to_string(docs->size()) + " entries, more than the limit of " +
+                            std::to_string(limits.max_inputs), "documents");
+  for (const Json& d : *docs) {
+    const Json* text = d.is_object() ? field(d, "text") : &d;
+    if (!text || !text->is_string()) bad_type("documents", "an array of strings or {\"text\": ...} objects");
+    if (text->get_ref<const std::string&>().empty()) throw ApiError(400, "'documents' contains an empty text", "documents");
+    p.documents.push_back(text->get<std::string>());
+  }
+  p.top_n = get_int(j, "top_n", 0, 1, std::numeric_limits<int32_t>::max());
+  p.return_documents = get_bool(j, "return_documents", false);
+  return p;
+}
+
 KserveInferParams parse_kserve_infer(const Json& j, const RequestLimits& limits) {
   KserveInferParams p;
   p.id = get_string(j, "id", false);

@@ -71,6 +71,18 @@ struct EmbeddingParams {
 };
 EmbeddingParams parse_embeddings(const Json& body, const RequestLimits& limits);
 
+// /v1/rerank (and /v2/rerank, /rerank): the request Cohere, Jina, vLLM and llama.cpp's
+// servers take - a query and documents (strings or {"text": ...} objects), optional
+// top_n (the best n results; all by default) and return_documents.
+struct RerankParams {
+  std::string model;
+  std::string query;
+  std::vector<std::string> documents;
+  int64_t top_n = 0;  // 0: every document
+  bool return_documents = false;
+};
+RerankParams parse_rerank(const Json& body, const RequestLimits& limits);
+
 // KServe v2 /infer for encoders: one input, a BYTES tensor [N] of texts or an
 // INT32/INT64 tensor [N, L] of token ids.
 struct KserveInferParams {

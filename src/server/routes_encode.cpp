@@ -1,12 +1,14 @@
 // Encoder routes: /v1/embeddings (L2-normalized sentence embeddings pooled as the model
 // says - mean or [CLS], ModelInfo::pooling -, as sentence-transformers defines them; the
-// same as `kiln embed`) and KServe v2
+// same as `kiln embed`), /v1/rerank (a query's documents ranked by a cross-encoder's
+// sigmoid(logit) or an embedding model's cosine; the same as `kiln rerank`) and KServe v2
 // metadata + /infer (texts in; logits, probabilities and labels out for classifiers,
 // embeddings otherwise). Requests go through the model's EncoderBatcher, so concurrent
 // clients share forwards. A request still queued after a moment answers through a
 // chunked response that sends a space (JSON whitespace) every 250 ms until its outputs
 // are ready, so a client that hangs up is noticed and its request withdrawn from the
 // queue, as the completion routes do.
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <memory>
@@ -193,6 +195,49 @@ void Server::Impl::handle_embeddings(const httplib::Request& req, httplib::Respo
   } catch (const Error& e) {
     int status = status_of(e);
     metrics.count_request(model_name, "/v1/embeddings", status);
+    send_error(res, ApiError(status, e.what()));
+  }
+}
+
+void Server::Impl::handle_rerank(const httplib::Request& req, httplib::Response& res, const char* endpoint) {
+  std::string model_name;
+  try {
+    if (draining) throw ApiError(503, "the server is shutting down", {}, "server_error");
+    RerankParams p = parse_rerank(parse_json_body(req.body), opt.limits);
+    model_name = p.model;
+    ServedModel& m = find_encoder(repo, p.model);
+    if (!m.tokenizer) throw ApiError(400, "model '" + m.name + "' has no tokenizer to read the query and documents", "model");
+    const ModelInfo& info = m.model->info();
+    if (info.num_labels > 1)
+      throw ApiError(400, "model '" + m.name + "' is a classifier with " + std::to_string(info.num_labels) +
+                              " labels; reranking needs a cross-encoder (one label) or an embedding model", "model");
+    std::vector<EncoderInput> batch = rerank_inputs(*m.tokenizer, info, p.query, p.documents);
+    int64_t tokens = 0;
+    for (const EncoderInput& in : batch) tokens += int64_t(in.tokens.size());
+    const uint64_t id = next_id++;
+    auto ok = [&m, p = std::move(p), tokens, id](std::vector<EncoderOutput>& out) {
+      const std::vector<float> scores = rerank_scores(m.model->info(), out);
+      std::vector<size_t> order(scores.size());
+      for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+      std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return scores[a] > scores[b]; });
+      if (p.top_n > 0 && size_t(p.top_n) < order.size()) order.resize(size_t(p.top_n));
+      Json results = Json::array();
+      for (size_t i : order) {
+        Json r = {{"index", i}, {"relevance_score", scores[i]}};
+        if (p.return_documents) r["document"] = {{"text", p.documents[i]}};
+        results.push_back(std::move(r));
+      }
+      return Json{{"id", "rerank-" + std::to_string(id)}, {"object", "rerank"}, {"model", m.name},
+                  {"results", results}, {"usage", {{"prompt_tokens", tokens}, {"total_tokens", tokens}}}};
+    };
+    auto err = [](int status, const std::string& msg) { return error_body(ApiError(status, msg)); };
+    answer_encoder(m, std::move(batch), tokens, res, endpoint, ok, err);
+  } catch (const ApiError& e) {
+    metrics.count_request(model_name, endpoint, e.status);
+    send_error(res, e);
+  } catch (const Error& e) {
+    const int status = status_of(e);
+    metrics.count_request(model_name, endpoint, status);
     send_error(res, ApiError(status, e.what()));
   }
 }

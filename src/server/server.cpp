@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "core/status.h"
+#include "runtime/encoder_runner.h"
 #include "server/server_internal.h"
 
 namespace kiln::server {
@@ -141,7 +142,7 @@ void Server::Impl::install_routes() {
                       {"created", m->created},
                       {"owned_by", "kiln"},
                       {"max_model_len", m->executor ? m->executor->max_context() : m->model->info().max_positions},
-                      {"kind", m->is_decoder() ? "generate" : "embed"}});
+                      {"kind", m->is_decoder() ? "generate" : is_cross_encoder(m->model->info()) ? "rerank" : "embed"}});
     send_json(res, 200, Json{{"object", "list"}, {"data", data}});
   });
   http.Get(R"(/v1/models/([^/]+))", [this](const httplib::Request& req, httplib::Response& res) {
@@ -159,6 +160,9 @@ void Server::Impl::install_routes() {
   http.Post("/v1/embeddings", [this](const httplib::Request& req, httplib::Response& res) {
     handle_embeddings(req, res);
   });
+  // Cohere's v1 and v2 paths, and llama.cpp's / Jina's bare one: one request and answer.
+  for (const char* path : {"/v1/rerank", "/v2/rerank", "/rerank"})
+    http.Post(path, [this, path](const httplib::Request& req, httplib::Response& res) { handle_rerank(req, res, path); });
   http.Get("/v2", [](const httplib::Request&, httplib::Response& res) {
     send_json(res, 200, Json{{"name", "kiln"}, {"version", "0.1.0"}, {"extensions", Json::array()}});
   });

@@ -50,6 +50,7 @@ struct Server::Impl {
   void handle_completion(const httplib::Request& req, httplib::Response& res, bool chat);
   void handle_embeddings(const httplib::Request& req, httplib::Response& res);
   void handle_kserve_infer(const httplib::Request& req, httplib::Response& res);
+  void handle_rerank(const httplib::Request& req, httplib::Response& res, const char* endpoint);
   void answer_encoder(ServedModel& m, std::vector<EncoderInput> batch, int64_t tokens, httplib::Response& res,
                       const char* endpoint, std::function<Json(std::vector<EncoderOutput>&)> ok,
                       std::function<Json(int, const std::string&)> error_json);

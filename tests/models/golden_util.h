@@ -128,4 +128,55 @@ inline std::string write_half_checkpoint(const std::string& name, const std::str
   return out_dir;
 }
 
+// A cross-encoder (a one-label BertForSequenceClassification, as rerankers are) made of
+// the BERT directory `src`: its tensors read in place through a sharded index, beside a
+// second shard holding the head - row 0 of `src`'s classifier when it has one (so its
+// logit is `src`'s first logit), else a fixed pseudo-random row - and `src`'s config
+// with one label and its tokenizer files. Returns `out_dir`.
+inline std::string write_cross_encoder(const std::string& src, const std::string& out_dir) {
+  namespace fs = std::filesystem;
+  fs::create_directories(out_dir);
+  auto st = open_safetensors_source(src + "/model.safetensors");
+  const std::string prefix = st->has("bert.embeddings.word_embeddings.weight") ? "bert." : "";
+  const int64_t h = st->info(prefix + "embeddings.word_embeddings.weight").shape.at(1);
+  std::vector<float> w(static_cast<size_t>(h)), b(1, 0.1f);
+  if (st->has("classifier.weight")) {
+    const Tensor cw = st->load("classifier.weight", DType::kF32), cb = st->load("classifier.bias", DType::kF32);
+    std::copy(cw.data_as<float>(), cw.data_as<float>() + h, w.begin());
+    b[0] = cb.data_as<float>()[0];
+  } else {
+    uint32_t x = 12345;
+    for (float& v : w) v = float(int((x = x * 1664525u + 1013904223u) >> 16) % 2001 - 1000) * 1e-4f;
+  }
+  nlohmann::json header = {
+      {"classifier.weight", {{"dtype", "F32"}, {"shape", {1, h}}, {"data_offsets", {0, 4 * h}}}},
+      {"classifier.bias", {{"dtype", "F32"}, {"shape", {1}}, {"data_offsets", {4 * h, 4 * h + 4}}}}};
+  std::string json = header.dump();
+  while ((8 + json.size()) % 8 != 0) json += " ";
+  {
+    std::ofstream f(out_dir + "/head.safetensors", std::ios::binary);
+    const uint64_t len = json.size();
+    f.write(reinterpret_cast<const char*>(&len), 8);  // little-endian hosts
+    f << json;
+    f.write(reinterpret_cast<const char*>(w.data()), std::streamsize(4 * h));
+    f.write(reinterpret_cast<const char*>(b.data()), 4);
+  }
+  const fs::path body = fs::path(out_dir) / "body.safetensors";
+  fs::remove(body);
+  fs::create_symlink(fs::absolute(src + "/model.safetensors"), body);
+  nlohmann::json map = nlohmann::json::object();
+  for (const std::string& name : st->names())
+    if (name.rfind("classifier.", 0) != 0) map[name] = "body.safetensors";
+  map["classifier.weight"] = map["classifier.bias"] = "head.safetensors";
+  std::ofstream(out_dir + "/model.safetensors.index.json") << nlohmann::json{{"weight_map", map}}.dump();
+  nlohmann::json config = nlohmann::json::parse(std::ifstream(src + "/config.json"));
+  config["architectures"] = {"BertForSequenceClassification"};
+  config["id2label"] = {{"0", "LABEL_0"}};
+  config["label2id"] = {{"LABEL_0", 0}};
+  std::ofstream(out_dir + "/config.json") << config.dump();
+  for (const char* f : {"tokenizer.json", "tokenizer_config.json", "vocab.txt", "special_tokens_map.json"})
+    if (fs::exists(src + "/" + f)) fs::copy_file(src + "/" + f, out_dir + "/" + f, fs::copy_options::overwrite_existing);
+  return out_dir;
+}
+
 }  // namespace kiln::testing

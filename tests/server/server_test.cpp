@@ -1,5 +1,5 @@
 // The HTTP server over loopback with cpp-httplib's client: OpenAI completions (plain
-// and SSE), embeddings (float and base64), KServe v2, health, models, metrics, API
+// and SSE), embeddings (float and base64), reranking, KServe v2, health, models, metrics, API
 // keys, every kind of bad input as an OpenAI-format 4xx, graceful drain; with the
 // real SmolLM2 and MiniLM (when fetched): chat, stop strings, sessions, disconnects;
 // a tensor-parallel (TP=2) model served like any other; swap preemption and its metrics.
@@ -10,6 +10,9 @@
 #include <cmath>
 #include <thread>
 
+#include "../frontends/test_util.h"
+#include "../models/golden_util.h"
+#include "runtime/encoder_runner.h"
 #include "runtime/llm_runner.h"
 #include "server_util.h"
 
@@ -183,6 +186,18 @@ TEST_F(ServerTest, BadInputIsAClear4xxAndTheServerIsUnaffected) {
       {"/v1/embeddings", R"({"model":"bert","input":{"a":1}})", 400, "input"},
       {"/v1/embeddings", R"({"model":"bert","input":"text"})", 400, "no tokenizer"},
       {"/v1/embeddings", R"({"model":"bert","input":[1,2],"encoding_format":"hex"})", 400, "encoding_format"},
+      {"/v1/rerank", R"({"model":"bert","query":"q","documents":["a"]})", 400, "no tokenizer"},
+      {"/v1/rerank", R"({"model":"llama","query":"q","documents":["a"]})", 400, "decoder"},
+      {"/v1/rerank", R"({"model":"nope","query":"q","documents":["a"]})", 404, "does not exist"},
+      {"/v1/rerank", R"({"model":"bert","documents":["a"]})", 400, "'query' is required"},
+      {"/v1/rerank", R"({"model":"bert","query":"","documents":["a"]})", 400, "'query' is empty"},
+      {"/v1/rerank", R"({"model":"bert","query":"q","documents":[]})", 400, "documents"},
+      {"/v1/rerank", R"({"model":"bert","query":"q","documents":[1]})", 400, "documents"},
+      {"/v1/rerank", R"({"model":"bert","query":"q","documents":[{"txt":"a"}]})", 400, "documents"},
+      {"/v1/rerank", R"({"model":"bert","query":"q","documents":[""]})", 400, "empty text"},
+      {"/v1/rerank", R"({"model":"bert","query":"q","documents":["a"],"top_n":0})", 400, "top_n"},
+      {"/v1/rerank", R"({"model":"bert","query":"q","documents":["a"],"return_documents":"yes"})", 400, "return_documents"},
+      {"/rerank", R"({"model":"bert","query":"q","documents":"a"})", 400, "documents"},
       {"/v1/nothing", "{}", 404, "no route"},
       {"/v2/models/bert/infer", R"({"inputs":[]})", 400, "inputs"},
       {"/v2/models/bert/infer", R"({"inputs":[{"name":"ids","datatype":"INT64","shape":[1,3],"data":[1,2]}]})", 400, "elements"},
@@ -460,6 +475,64 @@ TEST(ServerDrain, InFlightStreamsFinishThenTheListenerStops) {
   }
   EXPECT_EQ(n, 100u) << s.raw.substr(0, 300);
   EXPECT_EQ(get(srv.port(), "/health/live").status, 0);  // no longer listening
+}
+
+// ---- reranking with the real all-MiniLM-L6-v2: as an embedding model and as a cross-encoder ----
+
+TEST(RerankServer, RanksDocumentsAsTheLibraryDoes) {
+  const std::string minilm = real_model("all-minilm-l6-v2");
+  if (minilm.empty()) GTEST_SKIP() << "all-MiniLM-L6-v2 not fetched (scripts/fetch_models.sh)";
+  test::TempDir dir;
+  ModelRepository repo({}, {});
+  repo.add(minilm, "minilm");
+  repo.add(kiln::testing::write_cross_encoder(minilm, dir.file("ce")), "ce");
+  TestServer srv(repo);
+  const std::string query = "A man is eating food.";
+  const std::vector<std::string> docs = {"A man is eating a piece of bread.", "A monkey is playing drums.",
+                                         "The girl is carrying a baby.", "A man is riding a horse."};
+  auto models = get(srv.port(), "/v1/models").json();
+  EXPECT_EQ(models["data"][0]["kind"], "embed");
+  EXPECT_EQ(models["data"][1]["kind"], "rerank");
+  for (const char* name : {"minilm", "ce"}) {
+    ServedModel& m = *repo.find(name);
+    const auto in = rerank_inputs(*m.tokenizer, m.model->info(), query, docs);
+    const auto want = rerank_scores(m.model->info(), encode(*m.model, in, {.hidden = false}));
+    int64_t tokens = 0;
+    for (const auto& x : in) tokens += int64_t(x.tokens.size());
+    Json docs_json = Json::array();  // strings and {"text": ...} objects alike
+    for (size_t i = 0; i < docs.size(); ++i) docs_json.push_back(i % 2 ? Json{{"text", docs[i]}} : Json(docs[i]));
+    auto r = post(srv.port(), "/v1/rerank", Json{{"model", name}, {"query", query}, {"documents", docs_json}});
+    ASSERT_EQ(r.status, 200) << r.body;
+    const Json j = r.json();
+    EXPECT_EQ(j["model"], name);
+    EXPECT_EQ(j["usage"]["total_tokens"], tokens);
+    ASSERT_EQ(j["results"].size(), docs.size());
+    std::vector<bool> seen(docs.size(), false);
+    for (size_t k = 0; k < docs.size(); ++k) {
+      const Json& res = j["results"][k];
+      const size_t i = res["index"];
+      ASSERT_LT(i, docs.size());
+      seen[i] = true;
+      EXPECT_NEAR(res["relevance_score"].get<double>(), want[i], 1e-5) << name << " " << docs[i];
+      EXPECT_FALSE(res.contains("document"));
+      if (k) EXPECT_LE(res["relevance_score"].get<double>(), j["results"][k - 1]["relevance_score"].get<double>());
+    }
+    EXPECT_EQ(std::count(seen.begin(), seen.end(), true), long(docs.size()));
+    if (std::string(name) == "minilm") EXPECT_EQ(j["results"][0]["index"], 0) << "the bread sentence first";
+    // top_n and return_documents; Cohere's v2 path and the bare one answer alike.
+    for (const char* path : {"/v1/rerank", "/v2/rerank", "/rerank"}) {
+      auto t = post(srv.port(), path,
+                    Json{{"model", name}, {"query", query}, {"documents", docs}, {"top_n", 2}, {"return_documents", true}});
+      ASSERT_EQ(t.status, 200) << path << " " << t.body;
+      const Json tj = t.json();
+      ASSERT_EQ(tj["results"].size(), 2u) << path;
+      for (size_t k = 0; k < 2; ++k) {
+        EXPECT_EQ(tj["results"][k]["index"], j["results"][k]["index"]) << path;
+        EXPECT_EQ(tj["results"][k]["document"]["text"], docs[tj["results"][k]["index"].get<size_t>()]) << path;
+      }
+    }
+  }
+  EXPECT_NE(get(srv.port(), "/metrics").body.find("endpoint=\"/v2/rerank\",status=\"200\""), std::string::npos);
 }
 
 // ---- with the real SmolLM2-135M-Instruct (text, chat template, stop strings) ----

@@ -1,4 +1,5 @@
-// `kiln embed`, `kiln classify` (encoders) and `kiln tokenize`.
+// `kiln embed`, `kiln classify`, `kiln rerank` (encoders) and `kiln tokenize`.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -92,7 +93,48 @@ int run_classify(const EncodeArgs& a) {
   return 0;
 }
 
+struct RerankArgs {
+  ModelArgs model;
+  std::string query;
+  std::vector<std::string> documents;
+  int top_n = 0;
+};
+
+int run_rerank(const RerankArgs& a) {
+  auto model = load_model(a.model);
+  const ModelInfo& info = model->info();
+  if (info.is_decoder)
+    throw_error(ErrorCode::kUnsupported, "'", a.model.model, "' is a decoder; rerank needs an encoder");
+  if (info.num_labels > 1)
+    throw_error(ErrorCode::kUnsupported, "'", a.model.model, "' is a classifier with ", info.num_labels,
+                " labels; rerank needs a cross-encoder (one label) or an embedding model");
+  auto tokenizer = load_model_tokenizer(*model);
+  if (!tokenizer) throw_error(ErrorCode::kInvalidArgument, "'", a.model.model, "' has no tokenizer");
+  auto out = encode(*model, rerank_inputs(*tokenizer, info, a.query, a.documents), {.hidden = false});
+  const std::vector<float> scores = rerank_scores(info, out);
+  std::vector<size_t> order(scores.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) { return scores[x] > scores[y]; });
+  if (a.top_n > 0 && size_t(a.top_n) < order.size()) order.resize(size_t(a.top_n));
+  std::fprintf(stderr, "scores: %s\n",
+               is_cross_encoder(info) ? "sigmoid of the cross-encoder's logit for each (query, document) pair"
+                                      : "cosine of the query's and each document's sentence embeddings");
+  for (size_t i : order) std::printf("%.6f  [%zu] %s\n", scores[i], i, a.documents[i].c_str());
+  return 0;
+}
+
 }  // namespace
+
+Runner add_rerank(CLI::App& app) {
+  auto a = std::make_shared<RerankArgs>();
+  CLI::App* cmd = app.add_subcommand("rerank", "rank documents by their relevance to a query (a cross-encoder, or an "
+                                               "embedding model's cosine)");
+  add_model_options(cmd, a->model);
+  cmd->add_option("-q,--query", a->query, "the query")->required();
+  cmd->add_option("-d,--document", a->documents, "a document (repeat for each)")->required();
+  cmd->add_option("--top-n", a->top_n, "print the best n only (default: all)")->check(CLI::NonNegativeNumber);
+  return [a] { return run_rerank(*a); };
+}
 
 static Runner add_encoder_command(CLI::App& app, const char* name, const char* help, bool embed) {
   auto a = std::make_shared<EncodeArgs>();

@@ -18,6 +18,7 @@ Runner add_generate(CLI::App& app);
 Runner add_chat(CLI::App& app);
 Runner add_embed(CLI::App& app);
 Runner add_classify(CLI::App& app);
+Runner add_rerank(CLI::App& app);
 Runner add_tokenize(CLI::App& app);
 Runner add_inspect(CLI::App& app);
 Runner add_bench(CLI::App& app);

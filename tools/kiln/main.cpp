@@ -223,7 +223,7 @@ int main(int argc, char** argv) {
   int threads = 0;
   app.add_option("--threads", threads, "CPU threads (default: all cores)");
   std::vector<kiln::cli::Runner> runners = {
-      kiln::cli::add_generate(app), kiln::cli::add_chat(app), kiln::cli::add_embed(app), kiln::cli::add_classify(app),
+      kiln::cli::add_generate(app), kiln::cli::add_chat(app), kiln::cli::add_embed(app), kiln::cli::add_classify(app), kiln::cli::add_rerank(app),
       kiln::cli::add_tokenize(app), kiln::cli::add_inspect(app), kiln::cli::add_bench(app), kiln::cli::add_eval(app),
       kiln::cli::add_serve(app), kiln::cli::add_build(app)};
   CLI11_PARSE(app, argc, argv);
