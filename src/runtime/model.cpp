@@ -61,15 +61,17 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
-// BuiltModel::stored_dtype of a checkpoint: the dtype all its floating-point matrices
-// (2-D tensors; integer buffers such as BERT's position_ids aside) are stored in when that
-// is bf16 or f16 for every one of them, else "" (f32, quantized or mixed files).
-std::string stored_matrix_dtype(const WeightSource& src) {
+// BuiltModel::stored_dtype of a checkpoint: the dtype its GEMM weights (the matrices the
+// graph's Linears read) are all stored in when that is bf16 or f16 for every one of them,
+// else "" (f32, quantized or mixed files). Other matrices do not count: llama.cpp's
+// converter keeps BERT's position and token-type tables F32 in an F16 file.
+std::string stored_matrix_dtype(const WeightSource& src, const ir::Graph& g) {
   std::optional<DType> common;
-  for (const std::string& name : src.names()) {
+  for (const ir::Node& n : g.nodes()) {
+    if (n.op != "Linear" || n.inputs.size() < 2 || !g.is_weight(n.inputs[1])) continue;
+    const std::string& name = g.value(n.inputs[1]).name;
+    if (!src.has(name)) continue;
     const TensorInfo i = src.info(name);
-    if (i.shape.size() != 2) continue;
-    if (i.storage.empty() && !dtype_is_float(i.dtype)) continue;  // an integer buffer
     if (!i.storage.empty() || (i.dtype != DType::kBF16 && i.dtype != DType::kF16)) return "";  // quantized, f32
     if (common && *common != i.dtype) return "";
     common = i.dtype;
@@ -330,7 +332,7 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
     dir.weights->keep_native(native);
     dir.weights->keep_16bit(keep16);
     built = build_model(config, *dir.weights);
-    built.stored_dtype = stored_matrix_dtype(*dir.weights);
+    built.stored_dtype = stored_matrix_dtype(*dir.weights, built.graph);
   } else if (fs::path(path).extension() == ".gguf") {
     gguf = std::make_shared<const GgufFile>(GgufFile::open(path));
     config = gguf_to_hf_config(*gguf);
@@ -339,7 +341,7 @@ std::unique_ptr<Model> Model::load(const std::string& path, const ModelOptions& 
     weights.keep_native(native);
     weights.keep_16bit(keep16);
     built = build_model(config, weights);
-    built.stored_dtype = stored_matrix_dtype(weights);
+    built.stored_dtype = stored_matrix_dtype(weights, built.graph);
     if (const std::string r = weights.requantized_summary(); !r.empty())
       log_info("GGUF ", r, " requantized to q8 (8.5 bits per weight; no q8/q4 image keeps their codes)");
   } else if (fs::path(path).extension() == ".onnx") {

@@ -35,6 +35,8 @@ tok::GgufTokenizerData gguf_tokenizer_data(const GgufFile& f) {
   d.add_bos = flag("tokenizer.ggml.add_bos_token");
   d.add_eos = flag("tokenizer.ggml.add_eos_token");
   d.add_space_prefix = flag("tokenizer.ggml.add_space_prefix");
+  d.lowercase = flag("tokenizer.ggml.normalizer.lowercase");
+  d.strip_accents = flag("tokenizer.ggml.normalizer.strip_accents");
   d.chat_template = str("tokenizer.chat_template");
   return d;
 }
@@ -47,6 +49,8 @@ nlohmann::json gguf_tokenizer_to_json(const tok::GgufTokenizerData& d) {
   if (d.add_bos) j["add_bos"] = *d.add_bos;
   if (d.add_eos) j["add_eos"] = *d.add_eos;
   if (d.add_space_prefix) j["add_space_prefix"] = *d.add_space_prefix;
+  if (d.lowercase) j["lowercase"] = *d.lowercase;
+  if (d.strip_accents) j["strip_accents"] = *d.strip_accents;
   return j;
 }
 
@@ -66,6 +70,8 @@ tok::GgufTokenizerData gguf_tokenizer_from_json(const nlohmann::json& j) {
     if (j.contains("add_bos")) d.add_bos = j["add_bos"].get<bool>();
     if (j.contains("add_eos")) d.add_eos = j["add_eos"].get<bool>();
     if (j.contains("add_space_prefix")) d.add_space_prefix = j["add_space_prefix"].get<bool>();
+    if (j.contains("lowercase")) d.lowercase = j["lowercase"].get<bool>();
+    if (j.contains("strip_accents")) d.strip_accents = j["strip_accents"].get<bool>();
   } catch (const nlohmann::json::exception& e) {
     throw_error(ErrorCode::kInvalidFile, "engine tokenizer (GGUF metadata): ", e.what());
   }

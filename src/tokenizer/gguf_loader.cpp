@@ -126,7 +126,10 @@ std::shared_ptr<const TokenizerImpl> load_gguf(const GgufTokenizerData& d) {
       vocab.emplace(t, static_cast<int32_t>(i));
     }
     const std::string unk = d.unk_id >= 0 ? d.tokens[static_cast<size_t>(d.unk_id)] : "[UNK]";
-    impl->normalizers.push_back(make_bert_normalizer(true, true, true, true));
+    // llama.cpp's BertNormalizer options: lowercase unless the file says not (older
+    // files, all uncased, lack the key), accents stripped as lowercase is unless said.
+    const bool lowercase = d.lowercase.value_or(true);
+    impl->normalizers.push_back(make_bert_normalizer(true, true, d.strip_accents.value_or(lowercase), lowercase));
     impl->pre_tokenizers.push_back(make_bert_pre_tokenizer());
     impl->model = std::make_unique<WordPieceModel>(std::move(vocab), unk, "##", 100);
     impl->decoders.push_back(make_wordpiece_decoder("##", true));

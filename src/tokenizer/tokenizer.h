@@ -37,6 +37,8 @@ struct GgufTokenizerData {
   std::optional<bool> add_bos;          // tokenizer.ggml.add_bos_token
   std::optional<bool> add_eos;          // tokenizer.ggml.add_eos_token
   std::optional<bool> add_space_prefix; // tokenizer.ggml.add_space_prefix
+  std::optional<bool> lowercase;        // tokenizer.ggml.normalizer.lowercase (bert; absent: true)
+  std::optional<bool> strip_accents;    // tokenizer.ggml.normalizer.strip_accents (absent: as lowercase)
   std::string chat_template;            // tokenizer.chat_template
 };
 

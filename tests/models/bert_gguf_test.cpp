@@ -139,6 +139,9 @@ TEST(BertGguf, RealMiniLmInEachTypeMatchesTransformers) {
     ASSERT_EQ(sentences.size(), want.inputs.size());
     for (size_t i = 0; i < sentences.size(); ++i)
       EXPECT_EQ(tokenizer->encode_full(sentences[i], {}).ids, want.inputs[i].tokens) << name << ": " << sentences[i];
+    // An F16 file runs on its F16 Linears under auto, though llama.cpp's converter keeps the
+    // position and token-type tables F32.
+    if (type == GgmlType::kF16) EXPECT_EQ(model->compile_options().weight_dtype, "f16");
     if (type == GgmlType::kQ8_0) {
       const auto [linears, kept] = linears_keeping(*model, "q8");
       EXPECT_GE(linears, 24u) << "6 layers: Q|K|V merged, output, up, down";

@@ -1,5 +1,6 @@
 // WordPiece (BERT / all-MiniLM-L6-v2): golden ids from HF for single texts and
-// pairs with LongestFirst truncation, the vocab.txt fallback, padding and masks.
+// pairs with LongestFirst truncation, the vocab.txt fallback, padding and masks; a
+// GGUF's WordPiece vocabulary and normalizer options.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -101,6 +102,27 @@ TEST(WordPiece, ChineseCharactersAreSplitOneByOne) {
   EXPECT_EQ(tok.encode("中文 Café, unable xyz", true),
             (std::vector<int32_t>{1, 3, 4, 5, 8, 6, 7, 0, 2}));
   EXPECT_EQ(tok.decode(std::vector<int32_t>{1, 5, 8, 6, 7, 2}, true), "cafe, unable");
+}
+
+// A GGUF's WordPiece vocabulary (llama.cpp's converter: word starts marked U+2581,
+// continuations without "##") under llama.cpp's BertNormalizer options: lowercased and
+// accent-stripped unless the file says otherwise (older files, all uncased, lack the keys).
+TEST(WordPiece, GgufNormalizerOptionsFollowTheFile) {
+  GgufTokenizerData d;
+  d.model = "bert";
+  d.tokens = {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "\xE2\x96\x81hello", "\xE2\x96\x81Hello", "\xE2\x96\x81h\xC3\xA9llo", "s"};
+  d.token_type = {3, 3, 3, 3, 1, 1, 1, 1};
+  d.unk_id = 1;
+  d.cls_id = 2;
+  d.sep_id = 3;
+  auto ids = [&](const std::string& text) { return Tokenizer::from_gguf(d).encode(text, true); };
+  EXPECT_EQ(ids("Hellos"), (std::vector<int32_t>{2, 4, 7, 3})) << "no keys: lowercase";
+  EXPECT_EQ(ids("h\xC3\xA9llo"), (std::vector<int32_t>{2, 4, 3})) << "no keys: accents stripped";
+  d.lowercase = false;
+  EXPECT_EQ(ids("Hellos"), (std::vector<int32_t>{2, 5, 7, 3})) << "cased";
+  EXPECT_EQ(ids("h\xC3\xA9llo"), (std::vector<int32_t>{2, 6, 3})) << "cased: accents kept";
+  d.strip_accents = true;
+  EXPECT_EQ(ids("h\xC3\xA9llo"), (std::vector<int32_t>{2, 4, 3})) << "cased, accents stripped";
 }
 
 }  // namespace
