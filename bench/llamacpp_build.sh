@@ -25,7 +25,7 @@ elif [ ! -f "$llama/CMakeLists.txt" ]; then
   tar xzf "$sdist" -C "$src" --strip-components=1
 fi
 args=(-G Ninja -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF -DBUILD_SHARED_LIBS=OFF -DLLAMA_BUILD_TESTS=OFF
-      -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF)
+      -DLLAMA_BUILD_EXAMPLES=ON -DLLAMA_BUILD_SERVER=OFF -DLLAMA_OPENSSL=OFF)
 case "$kind" in
   cpu) args+=(-DGGML_NATIVE=ON) ;;
   cuda) args+=(-DGGML_NATIVE=OFF -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90a-real -DGGML_CUDA_NCCL=OFF) ;;
@@ -34,8 +34,9 @@ esac
 build=.cache/llamacpp/build-$kind
 cmake -S "$llama" -B "$build" "${args[@]}" >/dev/null
 # llama-quantize writes the K-quant mixes (Q4_K_M, ...) bench/llamacpp_round.sh compares on,
-# llama-perplexity measures what running a file costs llama.cpp (its --kl-divergence).
-cmake --build "$build" -j "$(nproc)" --target llama-bench llama-quantize llama-perplexity
+# llama-perplexity measures what running a file costs llama.cpp (its --kl-divergence);
+# llama-embedding runs BERT-family GGUFs in batches (bench/llamacpp_embed_round.sh).
+cmake --build "$build" -j "$(nproc)" --target llama-bench llama-quantize llama-perplexity llama-embedding
 mkdir -p ".cache/llamacpp/$kind"
-cp "$build/bin/llama-bench" "$build/bin/llama-quantize" "$build/bin/llama-perplexity" ".cache/llamacpp/$kind/"
-echo "llama-bench, llama-quantize, llama-perplexity ($kind, llama-cpp-python $version's llama.cpp) in .cache/llamacpp/$kind" >&2
+cp "$build/bin/llama-bench" "$build/bin/llama-quantize" "$build/bin/llama-perplexity" "$build/bin/llama-embedding" ".cache/llamacpp/$kind/"
+echo "llama-bench, llama-quantize, llama-perplexity, llama-embedding ($kind, llama-cpp-python $version's llama.cpp) in .cache/llamacpp/$kind" >&2

@@ -133,9 +133,12 @@ std::shared_ptr<const TokenizerImpl> load_gguf(const GgufTokenizerData& d) {
     impl->pre_tokenizers.push_back(make_bert_pre_tokenizer());
     impl->model = std::make_unique<WordPieceModel>(std::move(vocab), unk, "##", 100);
     impl->decoders.push_back(make_wordpiece_decoder("##", true));
-    if (d.cls_id >= 0 && d.sep_id >= 0) {
-      TemplateItem cls{false, 0, {d.cls_id}, 0}, sep{false, 0, {d.sep_id}, 0};
-      TemplateItem a{true, 0, {}, 0}, b{true, 1, {}, 1}, sep_b{false, 0, {d.sep_id}, 1};
+    // [CLS] A [SEP] (B [SEP]): llama.cpp's converter now writes [CLS] as the BOS and [SEP]
+    // as the separator (and EOS); older files name cls_token_id.
+    const int32_t cls_id = d.cls_id >= 0 ? d.cls_id : d.bos_id, sep_id = d.sep_id >= 0 ? d.sep_id : d.eos_id;
+    if (cls_id >= 0 && sep_id >= 0) {
+      TemplateItem cls{false, 0, {cls_id}, 0}, sep{false, 0, {sep_id}, 0};
+      TemplateItem a{true, 0, {}, 0}, b{true, 1, {}, 1}, sep_b{false, 0, {sep_id}, 1};
       impl->post.single = {cls, a, sep};
       impl->post.pair = {cls, a, sep, b, sep_b};
     }

@@ -233,8 +233,9 @@ inline std::string bert_gguf(const std::string& dir, GgmlType matrices, int pool
   w.kv_string("tokenizer.ggml.model", "bert");
   w.kv_strings("tokenizer.ggml.tokens", tokens);
   w.kv_array<int32_t>("tokenizer.ggml.token_type", 5, types);
-  for (const auto& [key, tok] : {std::pair{"unknown", "[UNK]"}, std::pair{"seperator", "[SEP]"},
-                                 std::pair{"padding", "[PAD]"}, std::pair{"cls", "[CLS]"}, std::pair{"mask", "[MASK]"}})
+  // As the converter's SpecialVocab writes them: [CLS] as the BOS, [SEP] as the EOS and separator.
+  for (const auto& [key, tok] : {std::pair{"unknown", "[UNK]"}, std::pair{"seperator", "[SEP]"}, std::pair{"bos", "[CLS]"},
+                                 std::pair{"eos", "[SEP]"}, std::pair{"padding", "[PAD]"}, std::pair{"mask", "[MASK]"}})
     if (ids.count(tok)) w.kv_u32(std::string("tokenizer.ggml.") + key + "_token_id", ids[tok]);
   t.write(matrices, "token_embd.weight", "embeddings.word_embeddings.weight");
   t.f32("position_embd.weight", "embeddings.position_embeddings.weight");

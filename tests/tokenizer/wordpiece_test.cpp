@@ -123,6 +123,11 @@ TEST(WordPiece, GgufNormalizerOptionsFollowTheFile) {
   EXPECT_EQ(ids("h\xC3\xA9llo"), (std::vector<int32_t>{2, 6, 3})) << "cased: accents kept";
   d.strip_accents = true;
   EXPECT_EQ(ids("h\xC3\xA9llo"), (std::vector<int32_t>{2, 4, 3})) << "cased, accents stripped";
+  // Today's converter names [CLS] the BOS and [SEP] the EOS, with no cls_token_id.
+  d.cls_id = d.sep_id = -1;
+  d.bos_id = 2;
+  d.eos_id = 3;
+  EXPECT_EQ(ids("h\xC3\xA9llo"), (std::vector<int32_t>{2, 4, 3})) << "[CLS] and [SEP] from the BOS and EOS";
 }
 
 }  // namespace
