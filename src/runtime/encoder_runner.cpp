@@ -133,6 +133,14 @@ std::vector<float> rerank_scores(const ModelInfo& info, const std::vector<Encode
   return scores;
 }
 
+std::vector<size_t> rerank_order(const std::vector<float>& scores, int64_t top_n) {
+  std::vector<size_t> order(scores.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return scores[a] > scores[b]; });
+  if (top_n > 0 && size_t(top_n) < order.size()) order.resize(size_t(top_n));
+  return order;
+}
+
 std::vector<EncoderInput> encoder_inputs_from_padded(const std::vector<int32_t>& ids,
                                                      const std::vector<int32_t>& token_types,
                                                      const std::vector<int32_t>& attention_mask,

@@ -53,6 +53,9 @@ std::vector<EncoderInput> rerank_inputs(const tok::Tokenizer& tokenizer, const M
                                         const std::string& query, const std::vector<std::string>& documents);
 // The documents' scores from the outputs of rerank_inputs' inputs.
 std::vector<float> rerank_scores(const ModelInfo& info, const std::vector<EncoderOutput>& outputs);
+// The documents' indices, best score first (ties in document order), the best `top_n`
+// only when top_n > 0.
+std::vector<size_t> rerank_order(const std::vector<float>& scores, int64_t top_n);
 
 // HuggingFace's padded layout ([rows, cols] ids, token types and attention mask, row
 // major) to ragged inputs: each row keeps the tokens its mask marks. `token_types` may

@@ -217,12 +217,8 @@ void Server::Impl::handle_rerank(const httplib::Request& req, httplib::Response&
     const uint64_t id = next_id++;
     auto ok = [&m, p = std::move(p), tokens, id](std::vector<EncoderOutput>& out) {
       const std::vector<float> scores = rerank_scores(m.model->info(), out);
-      std::vector<size_t> order(scores.size());
-      for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-      std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return scores[a] > scores[b]; });
-      if (p.top_n > 0 && size_t(p.top_n) < order.size()) order.resize(size_t(p.top_n));
       Json results = Json::array();
-      for (size_t i : order) {
+      for (size_t i : rerank_order(scores, p.top_n)) {
         Json r = {{"index", i}, {"relevance_score", scores[i]}};
         if (p.return_documents) r["document"] = {{"text", p.documents[i]}};
         results.push_back(std::move(r));

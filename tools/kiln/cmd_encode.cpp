@@ -112,14 +112,10 @@ int run_rerank(const RerankArgs& a) {
   if (!tokenizer) throw_error(ErrorCode::kInvalidArgument, "'", a.model.model, "' has no tokenizer");
   auto out = encode(*model, rerank_inputs(*tokenizer, info, a.query, a.documents), {.hidden = false});
   const std::vector<float> scores = rerank_scores(info, out);
-  std::vector<size_t> order(scores.size());
-  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
-  std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) { return scores[x] > scores[y]; });
-  if (a.top_n > 0 && size_t(a.top_n) < order.size()) order.resize(size_t(a.top_n));
   std::fprintf(stderr, "scores: %s\n",
                is_cross_encoder(info) ? "sigmoid of the cross-encoder's logit for each (query, document) pair"
                                       : "cosine of the query's and each document's sentence embeddings");
-  for (size_t i : order) std::printf("%.6f  [%zu] %s\n", scores[i], i, a.documents[i].c_str());
+  for (size_t i : rerank_order(scores, a.top_n)) std::printf("%.6f  [%zu] %s\n", scores[i], i, a.documents[i].c_str());
   return 0;
 }
 
