@@ -412,6 +412,18 @@ PackedWeight pack_linear_weight(const ir::Graph& g, const ir::Node& n, const Com
   return pack_weight(w.data_as<float>(), w.dim(0), w.dim(1), linear_storage(n, w.dim(1), opt));
 }
 
+// Whether the graph is an encoder's: it has Attention nodes and every one is
+// bidirectional (causal = 0), so no step of it decodes.
+bool is_encoder_graph(const ir::Graph& g) {
+  bool attention = false;
+  for (const ir::Node& n : g.nodes())
+    if (n.op == "Attention") {
+      if (n.attr_int("causal", 1) != 0) return false;
+      attention = true;
+    }
+  return attention;
+}
+
 OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, const CompileOptions& opt) {
   Tensor bias = weight_f32(g, n.input(2), n, "bias");
   LinearGemm gemm;
@@ -436,6 +448,10 @@ OpRun prepare_linear(const ir::Node& n, const ir::Graph& g, const CompileOptions
     // The logits GEMM keeps x as given: rounding its input to int8 (a decode GEMV's
     // shortcut) moved SmolLM2's chat answer off a near-tie of its first token.
     tactic.int8_x = g.find_output("logits") != n.outputs[0];
+    // An encoder (every Attention bidirectional, so no decode steps) widens q8/q4 panels
+    // to f32 and keeps its activations f32: faster than the int8-activation path on
+    // prompts and closer to the weights' values.
+    tactic.widen_quant = is_encoder_graph(g);
     const float* b = f32(bias.empty() ? nullptr : &bias);
     gemm = [packed, bias, b, tactic](const float* x, int64_t t, int64_t k, float* y) {
       linear(x, t, k, *packed, b, y, tactic);

@@ -80,6 +80,8 @@ using LinearMicrokernel2 = void (*)(int m, const float* x, int64_t ldx, const vo
 // Widens kc rows of a bf16/f16 panel (from its row k0) to f32 rows in column order at
 // dst (64-byte aligned, kc * 16 floats): the panel an f32 microkernel reads with the same
 // per-lane values the 16-bit microkernel widens in registers, so both give the same bits.
+// For a q8/q4 panel (kc whole groups from a group boundary), its values as dequantize_row
+// gives them (LinearTactic::widen_quant).
 using LinearWiden = void (*)(const void* panel, int64_t kc, float* dst);
 
 // Whether q8/q4 Linears take the int8-activation GEMV (linear_q_vnni.cpp) at every row
@@ -119,7 +121,7 @@ void quantize_rows_groups(const float* x, int64_t t, int64_t k, int8_t* qx, floa
                           int8_t* qlo = nullptr);
 LinearMicrokernel linear_microkernel(WeightStorage storage);    // q8/q4: the AVX2 kernels' bits
 LinearMicrokernel2 linear_microkernel2(WeightStorage storage);  // null for quantized storage
-LinearWiden linear_widen(WeightStorage storage);                // bf16/f16, else null
+LinearWiden linear_widen(WeightStorage storage);                // bf16/f16 and q8/q4
 // The AVX2 kernels' unary / swiglu (same bits), 16 lanes wide.
 void unary(UnaryOp op, const float* x, int64_t n, float* out);
 void swiglu(const float* gate, const float* up, int64_t n, float* out);

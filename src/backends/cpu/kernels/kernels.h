@@ -129,6 +129,14 @@ struct LinearTactic {
   // (the CPU backend's logits GEMM, whose errors move the distribution itself).
   // Not part of the tactic string: the backend sets it per node.
   bool int8_x = true;
+  // q8/q4 weights with the AVX-512 kernels: each K slice of a panel dequantized to f32
+  // once per row block (code x scale (+ min), dequantize_row's values) and multiplied by
+  // the f32 tiles, at every row count - f32 activations and the f32 kernels' speed on
+  // prompts, the bits of the f32 kernels on the dequantized weights. For encoders, which
+  // have no decode GEMV whose rows would have to agree with the prompt's (the CPU
+  // backend sets it for graphs whose every Attention is bidirectional). Not part of the
+  // tactic string.
+  bool widen_quant = false;
 };
 // The heuristic behind LinearTactic{} for a shape (with every field filled in), for a
 // microkernel of at most max_mr rows (6: AVX2 and scalar, 12: AVX-512, whose kernel also

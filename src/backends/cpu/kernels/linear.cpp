@@ -210,15 +210,17 @@ struct LinearRun {
   int mr;
   int64_t kc;
   float tail_bias[kNr];
-  // 16-bit panels: their widening and the same ISA's f32 kernels (kWidenMinRows).
+  // 16-bit panels: their widening and the same ISA's f32 kernels (kWidenMinRows); q8/q4
+  // panels under LinearTactic::widen_quant: their dequantization, at every row count.
   LinearWiden widen = nullptr;
   LinearMicrokernel mk_f32 = nullptr;
   LinearMicrokernel2 mk2_f32 = nullptr;
+  bool widen_always = false;
 
   void run(int64_t r0, int64_t r1, int64_t p0, int64_t p1) const {
     for (int64_t mc0 = r0; mc0 < r1; mc0 += kMc) {
       const int64_t mc1 = std::min(r1, mc0 + kMc);
-      const bool widened = widen && mc1 - mc0 >= kWidenMinRows;
+      const bool widened = widen && (widen_always || mc1 - mc0 >= kWidenMinRows);
       float* scratch = widened ? widen_scratch(size_t(2 * kNr * std::min(kc, k))) : nullptr;
       for (int64_t k0 = 0; k0 < k; k0 += kc) {
         const int64_t kb = std::min(kc, k - k0);
@@ -532,8 +534,10 @@ void linear(const float* x, int64_t t, int64_t k, const PackedWeight& w, const f
                 "], got ", tac.mr);
 
   // Every row count of a q8/q4 Linear takes the int8-activation path where it runs, so a
-  // row's output does not depend on how many rows share the call (batch invariance).
-  if (weight_storage_quantized(w.storage) && tactic.int8_x && avx512_qgemv_int8_supported()) {
+  // row's output does not depend on how many rows share the call (batch invariance);
+  // encoders widen the panels to f32 instead (LinearTactic::widen_quant).
+  const bool widen_quant = weight_storage_quantized(w.storage) && tactic.widen_quant && mk512;
+  if (weight_storage_quantized(w.storage) && tactic.int8_x && !widen_quant && avx512_qgemv_int8_supported()) {
     const int64_t panels = w.panels();
     const LinearSplit split = tactic.split != LinearSplit::kAuto ? tactic.split
                               : panels < 4 * tac.threads && t >= 4 * kQGemvInt8RowBlock * tac.threads
@@ -546,7 +550,12 @@ void linear(const float* x, int64_t t, int64_t k, const PackedWeight& w, const f
                 mk512 ? mk512 : use_avx2() ? avx2::linear_microkernel(w.storage) : scalar_linear_microkernel(w.storage),
                 mk512 && tac.panels == 2 ? avx512::linear_microkernel2(w.storage) : nullptr,
                 tac.mr, std::min(tac.kc, k), {}};
-  if (w.storage == WeightStorage::kBF16 || w.storage == WeightStorage::kF16) {
+  if (widen_quant) {  // every block widened: the f32 kernels' tiles, two panels a call included
+    run.widen = avx512::linear_widen(w.storage);
+    run.widen_always = true;
+    run.mk_f32 = avx512::linear_microkernel(WeightStorage::kF32);
+    run.mk2 = run.mk2_f32 = tac.panels == 2 ? avx512::linear_microkernel2(WeightStorage::kF32) : nullptr;
+  } else if (w.storage == WeightStorage::kBF16 || w.storage == WeightStorage::kF16) {
     if (mk512) {
       run.widen = avx512::linear_widen(w.storage);
       run.mk_f32 = avx512::linear_microkernel(WeightStorage::kF32);

@@ -247,6 +247,24 @@ void quant_tile(const float* x, int64_t ldx, const uint8_t* group, int64_t kc, f
   for (int r = 0; r < M; ++r) _mm512_storeu_ps(y + r * ldy, acc[r]);
 }
 
+// A q8/q4 panel's kc rows (whole groups) as f32 rows in column order: scale x code (+ min),
+// a multiply then an add as dequantize_row computes them (scale x code is exact: an f16
+// scale times a power of two times a code of at most 8 bits), so the same values.
+template <typename Q>
+void widen_quant(const void* panel_v, int64_t kc, float* dst) {
+  const auto* group = static_cast<const uint8_t*>(panel_v);
+  for (int64_t g0 = 0; g0 < kc; g0 += kQuantGroup, group += Q::kGroupBytes) {
+    const __m512 s = quant_group_values<Q::kStorage>(group, false);
+    [[maybe_unused]] const __m512 m = Q::kHasMin ? quant_group_values<Q::kStorage>(group, true) : s;
+#pragma GCC unroll 4
+    for (int64_t r = 0; r < kQuantGroup; ++r) {
+      __m512 v = _mm512_mul_ps(s, Q::load(group, r));
+      if constexpr (Q::kHasMin) v = _mm512_add_ps(v, m);
+      _mm512_store_ps(dst + (g0 + r) * 16, v);
+    }
+  }
+}
+
 template <typename Q>
 void quant_microkernel(int m, const float* x, int64_t ldx, const void* panel_v, int64_t kc, float* y, int64_t ldy,
                        const float* init, bool accumulate) {
@@ -268,9 +286,13 @@ LinearMicrokernel linear_microkernel(WeightStorage storage) {
 }
 
 LinearWiden linear_widen(WeightStorage storage) {
-  if (storage == WeightStorage::kBF16) return widen<BF16>;
-  if (storage == WeightStorage::kF16) return widen<F16>;
-  return nullptr;
+  switch (storage) {
+    case WeightStorage::kBF16: return widen<BF16>;
+    case WeightStorage::kF16: return widen<F16>;
+    case WeightStorage::kQ8: return widen_quant<Q8>;
+    case WeightStorage::kQ4: return widen_quant<Q4>;
+    default: return nullptr;
+  }
 }
 
 LinearMicrokernel2 linear_microkernel2(WeightStorage storage) {
