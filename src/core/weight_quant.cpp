@@ -90,6 +90,14 @@ void dequantize_row(const uint8_t* codes, const uint16_t* scales, const uint16_t
   }
 }
 
+void dequantize_rows(const QuantizedRows& q, int64_t r0, int64_t r1, float* out) {
+  const size_t cb = quant_row_code_bytes(q.format, q.k);
+  for (int64_t r = r0; r < r1; ++r)
+    dequantize_row(q.codes.get() + size_t(r) * cb, q.scales.get() + r * q.groups(),
+                   q.mins ? q.mins.get() + r * q.groups() : nullptr, q.row_factor[size_t(r)], q.k, q.format,
+                   out + (r - r0) * q.k);
+}
+
 QuantizedRows quantize_rows(const float* w, int64_t n, int64_t k, QuantFormat f) {
   KILN_THROW_IF(n <= 0 || k <= 0 || k % kQuantGroup != 0, kInvalidArgument, quant_format_name(f),
                 " quantization needs N > 0 and K a positive multiple of ", kQuantGroup, ", got N=", n, " K=", k);

@@ -83,6 +83,8 @@ struct QuantizedRows {
   int64_t groups() const { return k / kQuantGroup; }
 };
 QuantizedRows quantize_rows(const float* w, int64_t n, int64_t k, QuantFormat f);
+// Rows [r0, r1) of q as dequantize_row gives them, into out (r1 - r0 rows of q.k floats).
+void dequantize_rows(const QuantizedRows& q, int64_t r0, int64_t r1, float* out);
 
 // QuantizedRows as one byte image of n rows of quant_image_row_bytes(f, k) bytes each:
 // a row's codes, then its f16 scales, (q4) its f16 mins, then its f32 row factor. Rows

@@ -278,7 +278,6 @@ kiln::QuantizedRows gptq_quantize(const float* w, int64_t n, int64_t k, const st
 double gptq_output_error(const float* w, const kiln::QuantizedRows& q, const std::vector<double>& sum, int64_t rows) {
   const int64_t n = q.n, k = q.k;
   KILN_THROW_IF(int64_t(sum.size()) != k * k || rows <= 0, kInvalidArgument, "gptq: Hessian does not match K=", k);
-  const size_t cb = quant_row_code_bytes(q.format, k), groups = size_t(q.groups());
   std::vector<double> part(size_t(pool().num_threads()), 0.0);
   const int64_t blocks = (n + kRowBlock - 1) / kRowBlock;
   pool().parallel_for(blocks, [&](int64_t b0, int64_t b1, int t) {
@@ -288,9 +287,7 @@ double gptq_output_error(const float* w, const kiln::QuantizedRows& q, const std
       const int64_t r0 = blk * kRowBlock, nb = std::min(kRowBlock, n - r0);
       for (int64_t i = 0; i < nb; ++i) {
         const int64_t r = r0 + i;
-        dequantize_row(q.codes.get() + size_t(r) * cb, q.scales.get() + size_t(r) * groups,
-                       q.mins ? q.mins.get() + size_t(r) * groups : nullptr, q.row_factor[size_t(r)], k, q.format,
-                       deq.data());
+        dequantize_rows(q, r, r + 1, deq.data());
         for (int64_t j = 0; j < k; ++j) d[size_t(i * k + j)] = double(w[r * k + j]) - double(deq[size_t(j)]);
       }
       double e = 0;

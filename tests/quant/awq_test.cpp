@@ -30,11 +30,7 @@ double reference_error(const std::vector<float>& w, int64_t n, int64_t k, const 
     for (int64_t j = 0; j < k; ++j) ws[size_t(i * k + j)] = w[size_t(i * k + j)] * s[size_t(j)];
   QuantizedRows q = quantize_rows(ws.data(), n, k, f);
   std::vector<float> deq(size_t(n * k));
-  const size_t row_bytes = quant_row_code_bytes(f, k);
-  for (int64_t i = 0; i < n; ++i)
-    dequantize_row(q.codes.get() + size_t(i) * row_bytes, q.scales.get() + i * q.groups(),
-                   q.mins ? q.mins.get() + i * q.groups() : nullptr, q.row_factor[size_t(i)], k, f,
-                   deq.data() + i * k);
+  dequantize_rows(q, 0, n, deq.data());
   double err = 0;
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t i = 0; i < n; ++i) {

@@ -38,13 +38,8 @@ QuantizedRows weight_image_rows(const ir::Node& n, const Tensor& img) {
 Tensor dequantize_weight_image(const ir::Node& n, const Tensor& img) {
   const QuantizedRows q = weight_image_rows(n, img);
   Tensor out(DType::kF32, {q.n, q.k});
-  const size_t cb = quant_row_code_bytes(q.format, q.k);
-  ThreadPool::global().parallel_for(q.n, [&](int64_t r0, int64_t r1, int) {
-    for (int64_t r = r0; r < r1; ++r)
-      dequantize_row(q.codes.get() + size_t(r) * cb, q.scales.get() + r * q.groups(),
-                     q.mins ? q.mins.get() + r * q.groups() : nullptr, q.row_factor[size_t(r)], q.k, q.format,
-                     out.data_as<float>() + r * q.k);
-  });
+  ThreadPool::global().parallel_for(
+      q.n, [&](int64_t r0, int64_t r1, int) { dequantize_rows(q, r0, r1, out.data_as<float>() + r0 * q.k); });
   return out;
 }
 

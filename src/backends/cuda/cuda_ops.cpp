@@ -89,11 +89,7 @@ const QuantWeightView& DeviceWeights::get_quant(const ir::Graph& g, ir::ValueId 
     rows = quant_rows_from_image(t.data_as<uint8_t>(), t.dim(0), image_k, image_f);
     if (image_f != f) {  // another format asked for: expand the file's values, quantize again
       std::vector<float> wf(size_t(rows.n * rows.k));
-      const size_t cb = quant_row_code_bytes(rows.format, rows.k);
-      for (int64_t r = 0; r < rows.n; ++r)
-        dequantize_row(rows.codes.get() + size_t(r) * cb, rows.scales.get() + r * rows.groups(),
-                       rows.mins ? rows.mins.get() + r * rows.groups() : nullptr, rows.row_factor[size_t(r)], rows.k,
-                       rows.format, wf.data() + r * rows.k);
+      dequantize_rows(rows, 0, rows.n, wf.data());
       rows = quantize_rows(wf.data(), rows.n, rows.k, f);
     }
   } else {

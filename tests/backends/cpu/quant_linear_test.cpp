@@ -389,11 +389,7 @@ TEST(QuantLinear, WidenedPanelsAreTheF32KernelsOnTheDequantizedWeights) {
       auto w = random_floats(size_t(n * k), seed += 3);
       const QuantizedRows q = quantize_rows(w.data(), n, k, f);
       std::vector<float> dq(size_t(n * k));
-      const size_t code_bytes = quant_row_code_bytes(f, k);
-      for (int64_t r = 0; r < n; ++r)
-        dequantize_row(q.codes.get() + size_t(r) * code_bytes, q.scales.get() + r * q.groups(),
-                       q.mins ? q.mins.get() + r * q.groups() : nullptr, q.row_factor[size_t(r)], k, f,
-                       dq.data() + r * k);
+      dequantize_rows(q, 0, n, dq.data());
       const PackedWeight pq = pack_quantized_weight(q), pf = pack_weight(dq.data(), n, k, WeightStorage::kF32);
       auto b = random_floats(size_t(n), seed + 1);
       for (int64_t t : {1, 5, 37})
