@@ -16,6 +16,7 @@
 
 #include "../../models/gguf_quant_llama.h"
 #include "cuda_model_test_util.h"
+#include "runtime/encoder_runner.h"
 
 namespace kiln::cuda {
 namespace {
@@ -118,6 +119,35 @@ TEST(CudaGgufAuto, Gpt2KeepsItsQ8Linears) {
   EXPECT_GT(linears, 0u);
   EXPECT_EQ(q8, linears);
   expect_like_the_cpus_auto(*gpu, path, "gpt2 Q8_0");
+}
+
+// A BERT GGUF (llama.cpp's converter layout, the tiny classifier fixture as Q8_0, pooling
+// by [CLS]): its Linears keep their q8 codes on the GPU, the table is looked up from its
+// image, and the sentence embeddings are the CPU's to bf16's rounding.
+TEST(CudaGgufAuto, BertKeepsItsQ8LinearsAndTable) {
+  KILN_SKIP_WITHOUT_CUDA();
+  kiln::test::TempDir dir;
+  const std::string path = dir.file("bert_q8.gguf");
+  kiln::test::write_file(path, kiln::test::bert_gguf(kiln::testing::fixture_dir("bert"), GgmlType::kQ8_0, 2));
+  auto gpu = Model::load(path, {.backend = "cuda", .weight_dtype = "auto"});
+  auto cpu = Model::load(path, {.weight_dtype = "auto"});
+  EXPECT_EQ(gpu->info().pooling, "cls");
+  size_t linears = 0, q8 = 0;
+  for (const ir::Node& n : gpu->graph().nodes())
+    if (n.op == "Linear") {
+      ++linears;
+      q8 += n.attr_str("weight_quant", "") == "q8";
+    }
+  EXPECT_GT(linears, 0u);
+  EXPECT_EQ(q8, linears);
+  const std::vector<EncoderInput> in = {{{2, 5, 7, 9, 3}, {}}, {{2, 8, 3, 11, 12, 13, 3}, {0, 0, 0, 1, 1, 1, 1}}};
+  const auto want = encode(*cpu, in), got = encode(*gpu, in);
+  for (size_t i = 0; i < in.size(); ++i) {
+    const double err = rel_rms(got[i].embedding, want[i].embedding);
+    std::printf("  bert Q8_0 gguf on cuda vs the cpu: sequence %zu embedding rel rms %.4g\n", i, err);
+    EXPECT_LE(err, 6e-2) << i;
+    EXPECT_LE(rel_rms(got[i].mean_pooled, want[i].mean_pooled), 6e-2) << i;
+  }
 }
 
 // ModelOptions::lean_host_weights on CUDA: after compiling, the host tensors of every
