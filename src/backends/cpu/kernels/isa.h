@@ -145,7 +145,7 @@ inline __m512 quant_group_values(const uint8_t* group, bool min) {
 
 namespace avx2 {
 LinearMicrokernel linear_microkernel(WeightStorage storage);
-LinearWiden linear_widen(WeightStorage storage);  // bf16/f16, else null
+LinearWiden linear_widen(WeightStorage storage);  // bf16/f16 and q8/q4
 Int8Microkernel int8_microkernel();  // maddubs + madd (any AVX2 CPU)
 // avx512::int8_tile's contract in ymm registers on AVX-VNNI (only when avx_vnni_supported()):
 // m <= kInt8VnniTileRows rows of one panel (the panel count and stride are ignored).

@@ -129,7 +129,7 @@ struct LinearTactic {
   // (the CPU backend's logits GEMM, whose errors move the distribution itself).
   // Not part of the tactic string: the backend sets it per node.
   bool int8_x = true;
-  // q8/q4 weights with the AVX-512 kernels: each K slice of a panel dequantized to f32
+  // q8/q4 weights with the AVX-512 or AVX2 kernels: each K slice of a panel dequantized to f32
   // once per row block (code x scale (+ min), dequantize_row's values) and multiplied by
   // the f32 tiles, at every row count - f32 activations and the f32 kernels' speed on
   // prompts, the bits of the f32 kernels on the dequantized weights. For encoders, which

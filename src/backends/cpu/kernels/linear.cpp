@@ -536,7 +536,7 @@ void linear(const float* x, int64_t t, int64_t k, const PackedWeight& w, const f
   // Every row count of a q8/q4 Linear takes the int8-activation path where it runs, so a
   // row's output does not depend on how many rows share the call (batch invariance);
   // encoders widen the panels to f32 instead (LinearTactic::widen_quant).
-  const bool widen_quant = weight_storage_quantized(w.storage) && tactic.widen_quant && mk512;
+  const bool widen_quant = weight_storage_quantized(w.storage) && tactic.widen_quant && (mk512 || use_avx2());
   if (weight_storage_quantized(w.storage) && tactic.int8_x && !widen_quant && avx512_qgemv_int8_supported()) {
     const int64_t panels = w.panels();
     const LinearSplit split = tactic.split != LinearSplit::kAuto ? tactic.split
@@ -551,10 +551,15 @@ void linear(const float* x, int64_t t, int64_t k, const PackedWeight& w, const f
                 mk512 && tac.panels == 2 ? avx512::linear_microkernel2(w.storage) : nullptr,
                 tac.mr, std::min(tac.kc, k), {}};
   if (widen_quant) {  // every block widened: the f32 kernels' tiles, two panels a call included
-    run.widen = avx512::linear_widen(w.storage);
     run.widen_always = true;
-    run.mk_f32 = avx512::linear_microkernel(WeightStorage::kF32);
-    run.mk2 = run.mk2_f32 = tac.panels == 2 ? avx512::linear_microkernel2(WeightStorage::kF32) : nullptr;
+    if (mk512) {
+      run.widen = avx512::linear_widen(w.storage);
+      run.mk_f32 = avx512::linear_microkernel(WeightStorage::kF32);
+      run.mk2 = run.mk2_f32 = tac.panels == 2 ? avx512::linear_microkernel2(WeightStorage::kF32) : nullptr;
+    } else {
+      run.widen = avx2::linear_widen(w.storage);
+      run.mk_f32 = avx2::linear_microkernel(WeightStorage::kF32);
+    }
   } else if (w.storage == WeightStorage::kBF16 || w.storage == WeightStorage::kF16) {
     if (mk512) {
       run.widen = avx512::linear_widen(w.storage);

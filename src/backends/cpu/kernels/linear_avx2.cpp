@@ -153,6 +153,33 @@ struct Q4 {
   static const uint8_t* row(const uint8_t* group, int64_t r) { return group + r * 8; }
 };
 
+// A q8/q4 panel's kc rows (whole groups) as f32 rows in column order, the values
+// dequantize_row gives (LinearTactic::widen_quant; avx512's widen_quant in ymm halves).
+template <typename Q>
+void widen_quant(const void* panel_v, int64_t kc, float* dst) {
+  const auto* group = static_cast<const uint8_t*>(panel_v);
+  for (int64_t g0 = 0; g0 < kc; g0 += kQuantGroup, group += Q::kGroupBytes) {
+    const __m256 s0 = group_values<Q::kStorage>(group, false, 0), s1 = group_values<Q::kStorage>(group, false, 8);
+    [[maybe_unused]] __m256 m0 = s0, m1 = s1;
+    if constexpr (Q::kHasMin) {
+      m0 = group_values<Q::kStorage>(group, true, 0);
+      m1 = group_values<Q::kStorage>(group, true, 8);
+    }
+    for (int64_t r = 0; r < kQuantGroup; ++r) {
+      __m256 lo, hi;
+      Q::load(Q::row(group, r), lo, hi);
+      lo = _mm256_mul_ps(s0, lo);
+      hi = _mm256_mul_ps(s1, hi);
+      if constexpr (Q::kHasMin) {
+        lo = _mm256_add_ps(lo, m0);
+        hi = _mm256_add_ps(hi, m1);
+      }
+      _mm256_store_ps(dst + (g0 + r) * 16, lo);
+      _mm256_store_ps(dst + (g0 + r) * 16 + 8, hi);
+    }
+  }
+}
+
 template <typename Q, int M>
 void quant_tile(const float* x, int64_t ldx, const uint8_t* group, int64_t kc, float* y,
                 int64_t ldy, const float* init, bool accumulate) {
@@ -246,9 +273,13 @@ void microkernel(int m, const float* x, int64_t ldx, const void* panel_v, int64_
 }  // namespace
 
 LinearWiden linear_widen(WeightStorage storage) {
-  if (storage == WeightStorage::kBF16) return widen<BF16>;
-  if (storage == WeightStorage::kF16) return widen<F16>;
-  return nullptr;
+  switch (storage) {
+    case WeightStorage::kBF16: return widen<BF16>;
+    case WeightStorage::kF16: return widen<F16>;
+    case WeightStorage::kQ8: return widen_quant<Q8>;
+    case WeightStorage::kQ4: return widen_quant<Q4>;
+    default: return nullptr;
+  }
 }
 
 LinearMicrokernel linear_microkernel(WeightStorage storage) {
