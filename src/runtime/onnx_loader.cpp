@@ -8,10 +8,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <optional>
 
 #include "core/log.h"
 #include "core/status.h"
+#include "frontends/hf_dir.h"
 #include "frontends/onnx/onnx_hf.h"
 #include "frontends/onnx/onnx_import.h"
 #include "frontends/onnx/onnx_kv.h"
@@ -208,6 +210,15 @@ std::unique_ptr<Model> Model::from_onnx(const onnx::OnnxModel& file, const std::
     }
     if (view) {
       try {
+        // A sentence-transformers model's export sits in its directory, or in its onnx/
+        // folder: the directory's modules.json says how it pools, as for the safetensors.
+        namespace fs = std::filesystem;
+        if (view->family == "bert")
+          for (const fs::path& dir : {fs::path(path).parent_path(), fs::path(path).parent_path().parent_path()})
+            if (!dir.empty() && fs::exists(dir / "modules.json")) {
+              if (auto pooling = sentence_transformers_pooling(dir.string())) view->config[kPoolingConfigKey] = *pooling;
+              break;
+            }
         auto m = from_built(build_model(view->config, *view->weights), options);
         m->path_ = path;
         m->config_ = view->config;

@@ -239,6 +239,24 @@ TEST_P(OnnxBertFamily, ReachesTheEncoderPath) {
 
 INSTANTIATE_TEST_SUITE_P(Opsets, OnnxBertFamily, ::testing::Values("bert", "bert_opset17"));
 
+// A sentence-transformers export (onnx/model.onnx inside the model's directory): the
+// directory's modules.json chooses the pooling, as for its safetensors.
+TEST(OnnxFamily, BertExportPoolsAsItsSentenceTransformersDirectory) {
+  test::TempDir dir;
+  std::filesystem::create_directories(dir.file("onnx"));
+  std::filesystem::create_directories(dir.file("1_Pooling"));
+  std::filesystem::copy_file(fixture("bert/model.onnx"), dir.file("onnx/model.onnx"));
+  test::write_file(dir.file("modules.json"), R"([{"path": "", "type": "sentence_transformers.models.Transformer"},
+                                                {"path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}])");
+  test::write_file(dir.file("1_Pooling/config.json"), R"({"pooling_mode_cls_token": true})");
+  auto m = Model::load(dir.file("onnx/model.onnx"));
+  ASSERT_EQ(m->info().family, "bert");
+  EXPECT_EQ(m->info().pooling, "cls");
+  const auto out = encode(*m, {{{1, 5, 9, 2}, {}}});
+  EXPECT_EQ(out[0].embedding, out[0].cls_hidden);
+  EXPECT_EQ(Model::load(fixture("bert/model.onnx"))->info().pooling, "mean") << "no modules.json beside it";
+}
+
 TEST(OnnxFamily, Gpt2ReachesTheDecoderPath) {
   auto m = Model::load(fixture("gpt2/model.onnx"));
   ASSERT_EQ(m->info().family, "gpt2");
