@@ -102,6 +102,18 @@ TEST(CudaGgufAuto, KQuantMixesStayQuantized) {
 // A Q8_0 GPT-2 GGUF (Conv1D weights as the file's [out, in] rows): every Linear keeps its
 // q8 codes on CUDA, the token table is expanded to bf16 at upload with the tied head keeping
 // its q8 codes, and the logits follow the CPU's auto model of the same file.
+// Every Linear of the model's graph keeps the file's q8 codes.
+void expect_every_linear_keeps_q8(const Model& m) {
+  size_t linears = 0, q8 = 0;
+  for (const ir::Node& n : m.graph().nodes())
+    if (n.op == "Linear") {
+      ++linears;
+      q8 += n.attr_str("weight_quant", "") == "q8";
+    }
+  EXPECT_GT(linears, 0u);
+  EXPECT_EQ(q8, linears);
+}
+
 TEST(CudaGgufAuto, Gpt2KeepsItsQ8Linears) {
   KILN_SKIP_WITHOUT_CUDA();
   kiln::test::TempDir dir;
@@ -110,14 +122,7 @@ TEST(CudaGgufAuto, Gpt2KeepsItsQ8Linears) {
   ::setenv("KILN_CUDA_QGEMV", "mma", 1);  // read when the graph is compiled
   auto gpu = Model::load(path, {.backend = "cuda", .weight_dtype = "auto"});
   ::unsetenv("KILN_CUDA_QGEMV");
-  size_t linears = 0, q8 = 0;
-  for (const ir::Node& n : gpu->graph().nodes())
-    if (n.op == "Linear") {
-      ++linears;
-      q8 += n.attr_str("weight_quant", "") == "q8";
-    }
-  EXPECT_GT(linears, 0u);
-  EXPECT_EQ(q8, linears);
+  expect_every_linear_keeps_q8(*gpu);
   expect_like_the_cpus_auto(*gpu, path, "gpt2 Q8_0");
 }
 
@@ -132,14 +137,7 @@ TEST(CudaGgufAuto, BertKeepsItsQ8LinearsAndTable) {
   auto gpu = Model::load(path, {.backend = "cuda", .weight_dtype = "auto"});
   auto cpu = Model::load(path, {.weight_dtype = "auto"});
   EXPECT_EQ(gpu->info().pooling, "cls");
-  size_t linears = 0, q8 = 0;
-  for (const ir::Node& n : gpu->graph().nodes())
-    if (n.op == "Linear") {
-      ++linears;
-      q8 += n.attr_str("weight_quant", "") == "q8";
-    }
-  EXPECT_GT(linears, 0u);
-  EXPECT_EQ(q8, linears);
+  expect_every_linear_keeps_q8(*gpu);
   const std::vector<EncoderInput> in = {{{2, 5, 7, 9, 3}, {}}, {{2, 8, 3, 11, 12, 13, 3}, {0, 0, 0, 1, 1, 1, 1}}};
   const auto want = encode(*cpu, in), got = encode(*gpu, in);
   for (size_t i = 0; i < in.size(); ++i) {
