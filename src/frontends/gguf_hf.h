@@ -1,6 +1,7 @@
 // A HuggingFace view of a GGUF file: its metadata as an HF config.json and its tensors
 // under HF names, with llama.cpp's conversion undone (Q/K row permutation for llama,
-// Conv1D transposes for gpt2, BertModel's names for bert), so model builders only ever see HF conventions.
+// Conv1D transposes for gpt2, BertModel's names for bert), so model builders only ever
+// see HF conventions.
 // Tested in tests/frontends/gguf_test.cpp (synthetic files and the real SmolLM2 GGUF).
 #pragma once
 

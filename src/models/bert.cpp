@@ -1,8 +1,9 @@
 // The BERT family (BERT, MiniLM, Chinese BERT): word + position + token-type embeddings,
 // post-LayerNorm encoder blocks with erf-GELU, bidirectional attention within each
 // sequence, the tanh pooler over [CLS], an optional sequence-classification head, and
-// the sentence embedding's poolings: the mean of the rows and the [CLS] row. Tested in tests/models/bert_golden_test.cpp
-// against transformers' BertForSequenceClassification and the real all-MiniLM-L6-v2.
+// the sentence embedding's poolings: the mean of the rows and the [CLS] row. Tested in
+// tests/models/bert_golden_test.cpp against transformers' BertForSequenceClassification
+// and the real all-MiniLM-L6-v2, and in bert_gguf_test.cpp (GGUFs, pooling).
 #include <cmath>
 
 #include "core/status.h"

@@ -37,7 +37,6 @@ struct ModelInfo {
   std::string pooling = "mean";
 };
 
-
 struct BuiltModel {
   ir::Graph graph;
   ModelInfo info;

@@ -92,6 +92,14 @@ void check_encoder_inputs(const ModelInfo& info, const std::vector<EncoderInput>
 
 bool is_cross_encoder(const ModelInfo& info) { return !info.is_decoder && info.num_labels == 1; }
 
+void check_rerank_model(const ModelInfo& info, const std::string& model) {
+  if (info.is_decoder)
+    throw_error(ErrorCode::kInvalidArgument, "'", model, "' is a decoder; reranking needs an encoder");
+  if (info.num_labels > 1)
+    throw_error(ErrorCode::kInvalidArgument, "'", model, "' is a classifier with ", info.num_labels,
+                " labels; reranking needs a cross-encoder (one label) or an embedding model");
+}
+
 std::vector<EncoderInput> rerank_inputs(const tok::Tokenizer& tokenizer, const ModelInfo& info,
                                         const std::string& query, const std::vector<std::string>& documents) {
   tok::EncodeOptions eo;

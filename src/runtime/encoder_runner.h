@@ -1,7 +1,8 @@
 // Runs an encoder (BERT family) over a batch of sequences in one ragged step, with no
 // padding: per sequence its hidden states, mean-pooled and [CLS] rows, its sentence
-// embedding (the model's pooling, not normalized) and, when the model has them, the [CLS] pooler output and classification logits. Tested in
-// tests/models/bert_golden_test.cpp.
+// embedding (the model's pooling, not normalized) and, when the model has them, the
+// [CLS] pooler output and classification logits; and reranking on top of it. Tested in
+// tests/models/bert_golden_test.cpp, bert_gguf_test.cpp and rerank_test.cpp.
 #pragma once
 
 #include <cstdint>
@@ -47,6 +48,9 @@ void check_encoder_inputs(const ModelInfo& info, const std::vector<EncoderInput>
 // sentence-transformers' CrossEncoder and vLLM's /rerank do. Any other encoder scores a
 // document by the cosine of its sentence embedding and the query's (a bi-encoder).
 bool is_cross_encoder(const ModelInfo& info);
+// Throws kInvalidArgument naming `model` unless it can rerank: an encoder that is a
+// cross-encoder or has no classification head (a classifier of several labels cannot).
+void check_rerank_model(const ModelInfo& info, const std::string& model);
 // The encoder inputs that score `documents` against `query`: a pair a document for a
 // cross-encoder; the query, then each document, for a bi-encoder.
 std::vector<EncoderInput> rerank_inputs(const tok::Tokenizer& tokenizer, const ModelInfo& info,

@@ -208,9 +208,7 @@ void Server::Impl::handle_rerank(const httplib::Request& req, httplib::Response&
     ServedModel& m = find_encoder(repo, p.model);
     if (!m.tokenizer) throw ApiError(400, "model '" + m.name + "' has no tokenizer to read the query and documents", "model");
     const ModelInfo& info = m.model->info();
-    if (info.num_labels > 1)
-      throw ApiError(400, "model '" + m.name + "' is a classifier with " + std::to_string(info.num_labels) +
-                              " labels; reranking needs a cross-encoder (one label) or an embedding model", "model");
+    check_rerank_model(info, m.name);  // kInvalidArgument: a 400
     std::vector<EncoderInput> batch = rerank_inputs(*m.tokenizer, info, p.query, p.documents);
     int64_t tokens = 0;
     for (const EncoderInput& in : batch) tokens += int64_t(in.tokens.size());

@@ -103,11 +103,7 @@ struct RerankArgs {
 int run_rerank(const RerankArgs& a) {
   auto model = load_model(a.model);
   const ModelInfo& info = model->info();
-  if (info.is_decoder)
-    throw_error(ErrorCode::kUnsupported, "'", a.model.model, "' is a decoder; rerank needs an encoder");
-  if (info.num_labels > 1)
-    throw_error(ErrorCode::kUnsupported, "'", a.model.model, "' is a classifier with ", info.num_labels,
-                " labels; rerank needs a cross-encoder (one label) or an embedding model");
+  check_rerank_model(info, a.model.model);
   auto tokenizer = load_model_tokenizer(*model);
   if (!tokenizer) throw_error(ErrorCode::kInvalidArgument, "'", a.model.model, "' has no tokenizer");
   auto out = encode(*model, rerank_inputs(*tokenizer, info, a.query, a.documents), {.hidden = false});
