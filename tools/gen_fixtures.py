@@ -10,6 +10,8 @@ What it makes (under --out, default tests/fixtures/models/):
     llama/   LlamaForCausalLM, GQA (4 q / 2 kv heads, head_dim 16), tied head,
              llama3 rope scaling with original_max_position_embeddings=32
     qwen2/   Qwen2ForCausalLM, QKV bias, 4 q / 1 kv head, untied head, theta 1e6
+    qwen3/   Qwen3ForCausalLM, per-head q/k RMSNorm, head_dim 32 (4 x 32 != hidden 64),
+             4 q / 2 kv heads, tied head, theta 1e6
     bert/    BertForSequenceClassification (3 labels), token_type_ids in use
 
   Real-model references (only reference.* is committed, never the weights; the
@@ -227,10 +229,26 @@ def tiny_decoder_configs():
         use_sliding_window=False,
         **common,
     )
+    qwen3 = transformers.Qwen3Config(
+        hidden_size=HIDDEN,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        intermediate_size=128,
+        max_position_embeddings=MAX_POS,
+        rms_norm_eps=1e-6,
+        rope_theta=1e6,
+        tie_word_embeddings=True,
+        attention_bias=False,
+        use_sliding_window=False,
+        **common,
+    )
     return {
         "gpt2": (transformers.GPT2LMHeadModel, gpt2, 1001),
         "llama": (transformers.LlamaForCausalLM, llama, 1002),
         "qwen2": (transformers.Qwen2ForCausalLM, qwen2, 1003),
+        "qwen3": (transformers.Qwen3ForCausalLM, qwen3, 1005),
     }
 
 
@@ -378,6 +396,11 @@ def gen_tiny_decoder(name, cls, config, seed, out):
         meta["rope_inv_freq"] = model.model.rotary_emb.inv_freq.tolist()
     if name == "qwen2":
         meta["notes"].append("untied: lm_head.weight present; q/k/v_proj have biases (randomized, nonzero)")
+    if name == "qwen3":
+        meta["notes"].append(
+            "q_norm/k_norm: RMSNorm over each head's 32 values before RoPE (weights randomized); "
+            "lm_head tied to embed_tokens"
+        )
     write_json(d / "reference.json", meta)
 
 
@@ -736,7 +759,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="tests/fixtures/models", type=Path)
     ap.add_argument("--models-dir", default=".cache/models", type=Path)
-    ap.add_argument("--only", default="", help="comma list of gpt2,llama,qwen2,bert,smollm2,minilm")
+    ap.add_argument("--only", default="", help="comma list of gpt2,llama,qwen2,qwen3,bert,smollm2,minilm")
     args = ap.parse_args()
     only = set(filter(None, args.only.split(",")))
     want = lambda n: not only or n in only  # noqa: E731

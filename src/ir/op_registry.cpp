@@ -54,6 +54,28 @@ std::vector<ValueType> infer_unary(const Node& n, const In& in) {
   return {{x.dtype, x.shape}};
 }
 
+// HeadRMSNorm: x [..., W]; the first `groups` (default W / head_dim) groups of head_dim
+// values normalized, each by the shared weight [head_dim] or its slice of [groups *
+// head_dim]; the rest of the row copied (q and k heads of a packed q|k|v row).
+std::vector<ValueType> infer_head_norm(const Node& n, const In& in) {
+  const Value& x = need(n, in, 0, "x");
+  const Value& w = need(n, in, 1, "weight");
+  need_float(n, x, "x");
+  need_rank(n, w, 1, "weight");
+  const int64_t d = n.attr_int("head_dim");
+  if (d <= 0) shape_error(n, str_cat("head_dim ", d, " must be positive"));
+  if (x.shape.rank() < 1 || !x.shape.back().is_concrete() || !w.shape[0].is_concrete())
+    shape_error(n, str_cat("needs x with a concrete last dim and a weight of concrete length, got x ", x.shape.str(),
+                           ", weight ", w.shape.str()));
+  const int64_t width = x.shape.back().value, groups = n.attr_int("groups", width / d);
+  if (groups <= 0 || groups * d > width || (!n.has_attr("groups") && width % d != 0))
+    shape_error(n, str_cat(groups, " groups of head_dim ", d, " do not fit the last dim of x ", x.shape.str()));
+  if (w.shape[0].value != d && w.shape[0].value != groups * d)
+    shape_error(n, str_cat("weight ", w.shape.str(), " is neither [head_dim] = [", d, "] nor [groups * head_dim] = [",
+                           groups * d, "]"));
+  return {{x.dtype, x.shape}};
+}
+
 std::vector<ValueType> infer_norm(const Node& n, const In& in) {
   const Value& x = need(n, in, 0, "x");
   const Value& w = need(n, in, 1, "weight");
@@ -337,6 +359,9 @@ std::map<std::string, OpSchema> make_registry() {
   add({"SwiGLU", 1, 1, {}, "x = [gate | up] on the last dim -> silu(gate) * up", infer_swiglu});
   add({"LayerNorm", 2, 3, {"eps"}, "(x - mean) / sqrt(var + eps) * w + b over the last dim", infer_norm});
   add({"RMSNorm", 2, 2, {"eps"}, "x / sqrt(mean(x^2) + eps) * w over the last dim", infer_norm});
+  add({"HeadRMSNorm", 2, 2, {"eps", "head_dim"}, "RMSNorm over each group of head_dim values of the last dim "
+       "(per-head q/k norm, Qwen3); weight [head_dim] shared or [groups * head_dim]; optional attr groups: only "
+       "the first groups * head_dim values are normalized, the rest copied", infer_head_norm});
   add({"Linear", 2, 6, {}, "x[T,K] . weight[N,K]^T + bias[N]; optional attr activation = gelu_erf | gelu_tanh | silu "
        "| swiglu (an epilogue; swiglu: silu(first N/2 outputs) * last N/2 -> [T, N/2]); fused forms "
        "(fuse_norm_linear): inputs 3-5 residual[T,N'], norm_weight[K], norm_bias[K]; attr norm = rms | layer "

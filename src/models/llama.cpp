@@ -1,7 +1,8 @@
-// The Llama family (Llama 2/3, Mistral, Qwen2, SmolLM, TinyLlama): RMSNorm, RoPE with
-// optional Llama-3/linear scaling, GQA/MQA, SwiGLU MLP, optional QKV bias (Qwen2),
-// tied or untied LM head. Tested in tests/models/decoder_golden_test.cpp against
-// transformers' LlamaForCausalLM and Qwen2ForCausalLM.
+// The Llama family (Llama 2/3, Mistral, Qwen2, Qwen3, SmolLM, TinyLlama): RMSNorm, RoPE
+// with optional Llama-3/linear scaling, GQA/MQA, SwiGLU MLP, optional QKV bias (Qwen2),
+// per-head q/k RMSNorm before RoPE (Qwen3), tied or untied LM head. Tested in
+// tests/models/decoder_golden_test.cpp against transformers' LlamaForCausalLM,
+// Qwen2ForCausalLM and Qwen3ForCausalLM.
 #include <cmath>
 
 #include "core/status.h"
@@ -89,6 +90,7 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
   const bool qkv_bias = c.value("model_type", "") == "qwen2" || c.value("attention_bias", false);
   const bool o_bias = c.value("model_type", "") != "qwen2" && c.value("attention_bias", false);
   const bool mlp_bias = c.value("mlp_bias", false);
+  const bool qk_norm = c.value("model_type", "") == "qwen3";
 
   std::vector<WeightSpec> specs = {
       {"model.embed_tokens.weight", {v, h}, true, "", false, false, /*table=*/true},
@@ -106,6 +108,10 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
     specs.push_back({b + "self_attn.k_proj.bias", {hkv * hd}, qkv_bias});
     specs.push_back({b + "self_attn.v_proj.bias", {hkv * hd}, qkv_bias});
     specs.push_back({b + "self_attn.o_proj.bias", {h}, o_bias});
+    if (qk_norm) {
+      specs.push_back({b + "self_attn.q_norm.weight", {hd}});
+      specs.push_back({b + "self_attn.k_norm.weight", {hd}});
+    }
     specs.push_back({b + "post_attention_layernorm.weight", {h}});
     specs.push_back({b + "mlp.gate_proj.weight", {inter, h}, true, "", false, /*linear=*/true});
     specs.push_back({b + "mlp.up_proj.weight", {inter, h}, true, "", false, /*linear=*/true});
@@ -148,6 +154,10 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
     ir::ValueId q = linear(a, b + "self_attn.q_proj", n + "q_proj");
     ir::ValueId k = linear(a, b + "self_attn.k_proj", n + "k_proj");
     ir::ValueId vv = linear(a, b + "self_attn.v_proj", n + "v_proj");
+    if (qk_norm) {  // Qwen3: each head's q and k RMS-normalized before RoPE
+      q = g.add("HeadRMSNorm", {q, W(b + "self_attn.q_norm.weight")}, {{"eps", eps}, {"head_dim", hd}}, n + "q_norm");
+      k = g.add("HeadRMSNorm", {k, W(b + "self_attn.k_norm.weight")}, {{"eps", eps}, {"head_dim", hd}}, n + "k_norm");
+    }
     q = g.add("Rope", {q, positions, inv_freq},
               {{"num_heads", hq}, {"head_dim", hd}, {"rotary_dim", rotary_dim}}, n + "q_rope");
     k = g.add("Rope", {k, positions, inv_freq},

@@ -86,11 +86,19 @@ BuiltModel shard_tensor_parallel(const BuiltModel& model, int rank, int world) {
       const int64_t local_q = q1 - q0, local_kv = k1 - k0;
       new_attrs[i] = {{"num_heads", local_q}, {"num_kv_heads", local_kv}};
       for (int j = 0; j < 3; ++j) {
-        // Through an optional Rope to the projecting Linear.
+        // Through an optional Rope and per-head norm (Qwen3; one weight for every head,
+        // so a rank's heads keep it) to the projecting Linear.
         int p = producer(g, n.inputs[size_t(j)]);
         if (p >= 0 && nodes[size_t(p)].op == "Rope") {
           new_attrs[size_t(p)] = {{"num_heads", j == 0 ? local_q : local_kv}};
           p = producer(g, nodes[size_t(p)].inputs[0]);
+        }
+        if (p >= 0 && nodes[size_t(p)].op == "HeadRMSNorm") {
+          const ir::Node& nm = nodes[size_t(p)];
+          if (nm.has_attr("groups") || !g.is_weight(nm.inputs[1]) || g.weight(nm.inputs[1]).numel() != d)
+            throw_error(ErrorCode::kUnsupported, "tensor parallel: '", nm.name,
+                        "' does not normalize every head with one weight");
+          p = producer(g, nm.inputs[0]);
         }
         if (p < 0 || nodes[size_t(p)].op != "Linear")
           throw_error(ErrorCode::kUnsupported, "tensor parallel: attention '", n.name, "' input ", j,

@@ -20,7 +20,7 @@ namespace {
 constexpr const char* kName = "assign_precision";
 
 bool sensitive(const std::string& op) {
-  static const std::set<std::string> ops = {"LayerNorm",    "RMSNorm",   "AddLayerNorm", "AddRMSNorm",
+  static const std::set<std::string> ops = {"LayerNorm",    "RMSNorm",   "HeadRMSNorm", "AddLayerNorm", "AddRMSNorm",
                                             "EmbeddingLayerNorm", "Attention", "SeqMeanPool"};
   return ops.count(op) != 0;
 }

@@ -3,7 +3,9 @@
 // [Wq; Wk; Wv] and one Attention{packed_qkv=1} that takes the [T, (hq+2hkv)*d] result
 // and, when there was a Rope, positions + inv_freq (RoPE is applied inside the op, so
 // backends keep one simple rope kernel on contiguous q and k). One GEMM instead of
-// three reads the activations once and launches once. Tested in tests/passes/fusion_test.cpp.
+// three reads the activations once and launches once. Per-head q/k norms before the
+// Ropes (Qwen3's HeadRMSNorm) become one HeadRMSNorm over the packed row's q and k heads
+// (each head's weight stacked; v copied). Tested in tests/passes/fusion_test.cpp.
 #include "passes/pass.h"
 #include "passes/pass_util.h"
 
@@ -42,6 +44,7 @@ class FuseQkvAttention final : public Pass {
   struct Match {
     const ir::Node* lin[3] = {};   // q, k, v projections
     const ir::Node* rope[2] = {};  // q, k ropes (both or neither)
+    const ir::Node* norm[2] = {};  // q, k HeadRMSNorms before the ropes (both or neither)
   };
 
   static bool match(const ir::Graph& g, const ir::Uses& uses, int32_t att_idx, Match& m) {
@@ -51,9 +54,25 @@ class FuseQkvAttention final : public Pass {
     }
     if ((m.rope[0] == nullptr) != (m.rope[1] == nullptr))
       return not_fired(kName, att, "only one of q and k goes through a single-use Rope"), false;
+    for (int r = 0; r < 2 && m.rope[0]; ++r)
+      m.norm[r] = single_use_producer(g, uses, m.rope[r]->inputs[0], "HeadRMSNorm", node_index(g, m.rope[r]));
+    if ((m.norm[0] == nullptr) != (m.norm[1] == nullptr))
+      return not_fired(kName, att, "only one of q and k goes through a single-use HeadRMSNorm"), false;
+    if (m.norm[0]) {
+      const int64_t d = att.attr_int("head_dim");
+      for (const ir::Node* nm : m.norm)
+        if (nm->has_attr("groups") || nm->attr_int("head_dim") != d || !g.is_weight(nm->inputs[1]) ||
+            g.weight(nm->inputs[1]).numel() != d)
+          return not_fired(kName, att, "HeadRMSNorm '", nm->name, "' is not one weight of head_dim for every head"),
+                 false;
+      if (m.norm[0]->attr_float("eps") != m.norm[1]->attr_float("eps") ||
+          g.weight(m.norm[0]->inputs[1]).dtype() != g.weight(m.norm[1]->inputs[1]).dtype())
+        return not_fired(kName, att, "the q and k HeadRMSNorms differ in eps or weight dtype"), false;
+    }
     for (int r = 0; r < 3; ++r) {
-      ir::ValueId v = r < 2 && m.rope[r] ? m.rope[r]->inputs[0] : att.inputs[size_t(r)];
-      int32_t user = r < 2 && m.rope[r] ? node_index(g, m.rope[r]) : att_idx;
+      const ir::Node* before = r < 2 ? (m.norm[r] ? m.norm[r] : m.rope[r]) : nullptr;  // what reads the projection
+      ir::ValueId v = before ? before->inputs[0] : att.inputs[size_t(r)];
+      int32_t user = before ? node_index(g, before) : att_idx;
       m.lin[r] = single_use_producer(g, uses, v, "Linear", user);
       if (!m.lin[r]) return not_fired(kName, att, "input ", r, " is not a single-use Linear"), false;
       if (m.lin[r]->has_attr("activation"))
@@ -103,11 +122,24 @@ class FuseQkvAttention final : public Pass {
     for (auto* l : m.lin) dead[size_t(node_index(g, l))] = true;
     for (auto* r : m.rope)
       if (r) dead[size_t(node_index(g, r))] = true;
+    // The q and k norms: each head's weight, hq q heads then hkv k heads.
+    std::vector<ir::ValueId> norm_w;
+    double norm_eps = 0;
+    if (m.norm[0]) {
+      norm_w.assign(size_t(att.attr_int("num_heads")), m.norm[0]->inputs[1]);
+      norm_w.insert(norm_w.end(), size_t(att.attr_int("num_kv_heads")), m.norm[1]->inputs[1]);
+      norm_eps = m.norm[0]->attr_float("eps");
+      for (auto* nm : m.norm) dead[size_t(node_index(g, nm))] = true;
+    }
     dead[size_t(att_idx)] = true;
 
     std::vector<ir::ValueId> lin_in = {x, concat_weights(g, w, scope + "qkv_proj.weight")};
     if (b[0] != ir::kNoValue) lin_in.push_back(concat_weights(g, b, scope + "qkv_proj.bias"));
     ir::ValueId qkv = g.add("Linear", lin_in, quant_attrs, scope + "qkv_proj");
+    if (!norm_w.empty())
+      qkv = g.add("HeadRMSNorm", {qkv, concat_weights(g, norm_w, scope + "qk_norm.weight")},
+                  {{"eps", norm_eps}, {"head_dim", att.attr_int("head_dim")}, {"groups", int64_t(norm_w.size())}},
+                  scope + "qk_norm");
     auto attrs = att.attrs;
     attrs["packed_qkv"] = int64_t(1);
     std::vector<ir::ValueId> att_in = {qkv};

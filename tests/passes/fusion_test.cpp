@@ -121,8 +121,9 @@ TEST(FuseSwiGlu, DoesNotFireWhenTheGateIsReadTwice) {
   run_ab(g, *passes::make_fuse_swiglu_pass(), false);
 }
 
-// A Llama- (rope, GQA, no bias) or GPT-2/BERT-shaped (bias, no rope) attention block.
-ir::Graph attention_block(bool rope, bool bias, bool causal) {
+// A Llama- (rope, GQA, no bias) or GPT-2/BERT-shaped (bias, no rope) attention block;
+// `qk_norm`: Qwen3's per-head q and k RMSNorms before the ropes.
+ir::Graph attention_block(bool rope, bool bias, bool causal, bool qk_norm = false) {
   const int64_t hq = 4, hkv = rope ? 2 : 4, d = 8, h = 32;
   ir::Graph g;
   ir::ValueId x = g.add_input("x", DType::kF32, {"T", h});
@@ -136,6 +137,12 @@ ir::Graph attention_block(bool rope, bool bias, bool causal) {
     return g.add("Linear", in, {}, std::string("l0.") + name);
   };
   ir::ValueId q = proj("q_proj", hq * d, 1), k = proj("k_proj", hkv * d, 2), v = proj("v_proj", hkv * d, 3);
+  if (qk_norm) {
+    Tensor qw = random_tensor({d}, 5), kw = random_tensor({d}, 6);
+    for (int64_t i = 0; i < d; ++i) qw.data_as<float>()[i] += 1.5f, kw.data_as<float>()[i] -= 1.5f;
+    q = g.add("HeadRMSNorm", {q, g.add_weight("q_norm.w", qw)}, {{"eps", 1e-6}, {"head_dim", d}}, "l0.q_norm");
+    k = g.add("HeadRMSNorm", {k, g.add_weight("k_norm.w", kw)}, {{"eps", 1e-6}, {"head_dim", d}}, "l0.k_norm");
+  }
   if (rope) {
     q = g.add("Rope", {q, pos, inv_freq}, {{"num_heads", hq}, {"head_dim", d}});
     k = g.add("Rope", {k, pos, inv_freq}, {{"num_heads", hkv}, {"head_dim", d}});
@@ -159,6 +166,26 @@ TEST(FuseQkvAttention, LlamaStyleWithRopeAndGqa) {
       EXPECT_EQ(n.attr_int("packed_qkv"), 1);
       EXPECT_EQ(n.inputs.size(), 3u);  // qkv, positions, inv_freq
     }
+}
+
+// Qwen3: the q and k norms become one HeadRMSNorm over the packed row's q and k heads
+// (each head's weight stacked: 4 q heads, then 2 k heads; v copied).
+TEST(FuseQkvAttention, PerHeadQkNormsNormalizeThePackedRow) {
+  ir::Graph g = attention_block(/*rope=*/true, /*bias=*/false, /*causal=*/true, /*qk_norm=*/true);
+  ir::Graph opt = run_ab(g, *passes::make_fuse_qkv_attention_pass());
+  EXPECT_EQ(count_ops(opt, "Rope"), 0u);
+  EXPECT_EQ(count_ops(opt, "Linear"), 2u);
+  ASSERT_EQ(count_ops(opt, "HeadRMSNorm"), 1u);
+  for (auto& n : opt.nodes())
+    if (n.op == "HeadRMSNorm") {
+      EXPECT_EQ(n.attr_int("groups"), 6);
+      EXPECT_EQ(opt.weight(n.inputs[1]).numel(), 6 * 8);
+    }
+  // A k norm read elsewhere keeps the block as it was.
+  ir::Graph kept = attention_block(true, false, true, true);
+  for (auto& n : kept.nodes())
+    if (n.name == "l0.k_norm") kept.add_output("k", n.outputs[0]);
+  run_ab(kept, *passes::make_fuse_qkv_attention_pass(), false);
 }
 
 TEST(FuseQkvAttention, BiasedProjectionsWithoutRope) {

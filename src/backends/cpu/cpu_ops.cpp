@@ -271,6 +271,20 @@ OpRun prepare_rms_norm(const ir::Node& n, const ir::Graph& g, const CompileOptio
   };
 }
 
+// HeadRMSNorm (Qwen3's q_norm / k_norm): each head's values normalized on its own.
+OpRun prepare_head_rms_norm(const ir::Node& n, const ir::Graph& g, const CompileOptions&) {
+  Tensor w = weight_f32(g, n.inputs[1], n, "weight");
+  const float eps = float(n.attr_float("eps"));
+  const int64_t d = n.attr_int("head_dim"), groups_attr = n.attr_int("groups", 0);
+  return [w, eps, d, groups_attr](OpContext& c) {
+    const Tensor& x = *c.inputs[0];
+    Tensor& y = c.out(0, x.shape());
+    const int64_t width = x.dim(-1), groups = groups_attr ? groups_attr : width / d;
+    head_rms_norm(x.data_as<float>(), w.data_as<float>(), w.numel() == d ? 0 : d, eps, x.numel() / width, width,
+                  groups, d, y.data_as<float>());
+  };
+}
+
 // The builder's tactic for this node (CompileOptions::tactics), else the heuristic.
 LinearTactic linear_tactic_for(const ir::Node& n, const CompileOptions& opt) {
   auto it = opt.tactics.find(n.name);
@@ -720,6 +734,7 @@ const std::map<std::string, OpPrepare>& op_table() {
       {"EmbeddingLayerNorm", prepare_embedding_layer_norm},
       {"LayerNorm", prepare_layer_norm},
       {"RMSNorm", prepare_rms_norm},
+      {"HeadRMSNorm", prepare_head_rms_norm},
       {"AddLayerNorm", prepare_add_norm},
       {"AddRMSNorm", prepare_add_norm},
       {"SwiGLU", prepare_swiglu},

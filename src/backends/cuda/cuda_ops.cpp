@@ -272,6 +272,22 @@ OpRun prepare_norm(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) {
   };
 }
 
+// HeadRMSNorm: RMSNorm over each head's values (Qwen3's q_norm / k_norm).
+OpRun prepare_head_norm(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) {
+  const ir::ValueId wid = need_weight(n, g, 1, "weight");
+  const int64_t d = n.attr_int("head_dim"), groups_attr = n.attr_int("groups", 0);
+  const int64_t w_stride = g.weight(wid).numel() == d ? 0 : d;
+  auto* w = static_cast<const float*>(pc.weights->get(g, wid, DType::kF32));
+  const float eps = float(n.attr_float("eps"));
+  return [=](OpContext& c) {
+    const DevTensor& x = *c.inputs[0];
+    DevTensor& y = c.out(0, x.shape);
+    const int64_t width = x.dim(-1);
+    launch_head_rms_norm(x.dtype, x.data, w, w_stride, eps, x.numel() / width, width,
+                         groups_attr ? groups_attr : width / d, d, y.data, c.cx->stream);
+  };
+}
+
 // SwiGLU (pass fuse_swiglu): [T, 2I] = [gate | up] -> [T, I].
 OpRun prepare_swiglu(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) {
   if (const auto q = fp8_fused_output(n, 0, g, pc.act))
@@ -781,6 +797,7 @@ const std::map<std::string, OpPrepare>& op_table() {
       {"Mul", prepare_binary<BinaryOp::kMul>},
       {"LayerNorm", prepare_norm},
       {"RMSNorm", prepare_norm},
+      {"HeadRMSNorm", prepare_head_norm},
       {"AddLayerNorm", prepare_norm},
       {"AddRMSNorm", prepare_norm},
       {"SwiGLU", prepare_swiglu},
@@ -857,7 +874,7 @@ bool cuda_op_supported(const ir::Node& n, const ir::Graph& g, std::string* why) 
                         "with --disable-pass fuse_norm_linear)"));
   if ((n.op == "AddRMSNorm" || n.op == "AddLayerNorm") && !(weight_at(2) && weight_at(3)))
     return fail("norm weight/bias inputs must be weights");
-  if ((n.op == "RMSNorm" && !weight_at(1)) || (n.op == "Embedding" && !weight_at(0)) || (n.op == "Rope" && !weight_at(2)))
+  if (((n.op == "RMSNorm" || n.op == "HeadRMSNorm") && !weight_at(1)) || (n.op == "Embedding" && !weight_at(0)) || (n.op == "Rope" && !weight_at(2)))
     return fail("parameter inputs must be weights");
   return true;
 }

@@ -64,6 +64,37 @@ TEST(Norm, ShapeTable) {
   });
 }
 
+// Per-head RMSNorm (Qwen3's q/k norm): every head of a row on its own, with one weight
+// shared by the heads or one per head, and a packed row whose tail (v) is copied.
+TEST(Norm, HeadRmsNorm) {
+  const int64_t rows = 6, d = 36, groups = 5;
+  for (int64_t tail : {int64_t(0), 2 * d}) {
+    const int64_t width = groups * d + tail;
+    auto x = random_floats(rows * width, 11, -3.0f, 5.0f);
+    for (bool shared : {true, false}) {
+      auto w = random_floats(shared ? d : groups * d, 12, 0.5f, 1.5f);
+      std::vector<double> ref(x.size());
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t g = 0; g < groups; ++g) {
+          std::vector<float> head(x.begin() + r * width + g * d, x.begin() + r * width + (g + 1) * d);
+          std::vector<float> hw(w.begin() + (shared ? 0 : g * d), w.begin() + (shared ? 0 : g * d) + d);
+          auto y = ref_norm(head, hw, hw, 1, d, 1e-6f, true);
+          std::copy(y.begin(), y.end(), ref.begin() + r * width + g * d);
+        }
+        for (int64_t i = groups * d; i < width; ++i) ref[size_t(r * width + i)] = x[size_t(r * width + i)];
+      }
+      for_each_isa([&] {
+        std::vector<float> y(x.size());
+        head_rms_norm(x.data(), w.data(), shared ? 0 : d, 1e-6f, rows, width, groups, d, y.data());
+        expect_within(y, ref, tolerance(ref, d), shared ? "head_rms_norm, shared weight" : "head_rms_norm");
+        std::vector<float> z = x;  // in place
+        head_rms_norm(z.data(), w.data(), shared ? 0 : d, 1e-6f, rows, width, groups, d, z.data());
+        EXPECT_EQ(z, y);
+      });
+    }
+  }
+}
+
 TEST(Norm, FusedResidual) {
   const int64_t rows = 5, dim = 100;
   auto x = random_floats(rows * dim, 1);

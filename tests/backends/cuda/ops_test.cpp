@@ -87,6 +87,26 @@ TEST(CudaOps, Norms) {
       }
 }
 
+// HeadRMSNorm (Qwen3's q/k norm): heads of 64 and 128 with one weight for every head, and
+// a packed q|k|v row whose first groups heads are normalized with a weight each.
+TEST(CudaOps, HeadRmsNorm) {
+  KILN_SKIP_WITHOUT_CUDA();
+  for (const auto& dt : all_dtypes())
+    for (int64_t rows : {1, 37})
+      for (int64_t d : {64, 128})
+        for (bool packed : {false, true}) {
+          std::mt19937_64 rng(uint64_t(rows * 5 + d + packed));
+          const int64_t groups = packed ? 6 : 8, width = 8 * d;  // packed: 4 q + 2 k heads, then 2 v
+          OneNode o;
+          o.input("x", random_tensor({rows, width}, rng, dt, -3.0f, 3.0f), Shape{"T", width});
+          o.weight("w", random_tensor({packed ? groups * d : d}, rng, "f32", 0.5f, 1.5f));
+          std::map<std::string, ir::Attr> attrs{{"eps", 1e-6}, {"head_dim", d}};
+          if (packed) attrs["groups"] = groups;
+          o.node("HeadRMSNorm", attrs);
+          o.check(dt, str_cat("HeadRMSNorm rows=", rows, " d=", d, packed ? " packed" : ""));
+        }
+}
+
 // The fused ops the CUDA backend claims (fuse_add_norm, fuse_swiglu): both outputs of
 // AddRMSNorm/AddLayerNorm and SwiGLU against the CPU backend.
 TEST(CudaOps, FusedAddNormAndSwiGlu) {

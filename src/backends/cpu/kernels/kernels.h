@@ -242,6 +242,11 @@ void layer_norm(const float* x, const float* gamma, const float* beta, float eps
                 int64_t dim, float* y);
 // Llama RMSNorm: y = x / sqrt(mean(x²) + eps) * w, all in f32.
 void rms_norm(const float* x, const float* w, float eps, int64_t rows, int64_t dim, float* y);
+// Per-head RMSNorm (HeadRMSNorm): rows of `width` values; the first `groups` groups of d
+// values each normalized and scaled by w + g * w_stride (w_stride 0: one weight shared by
+// every group, d: one per group); values from groups * d on copied.
+void head_rms_norm(const float* x, const float* w, int64_t w_stride, float eps, int64_t rows, int64_t width,
+                   int64_t groups, int64_t d, float* y);
 // Fused residual add: sum = x + residual (written, may alias either), y = norm(sum).
 void add_rms_norm(const float* x, const float* residual, const float* w, float eps, int64_t rows,
                   int64_t dim, float* sum, float* y);

@@ -73,6 +73,18 @@ void layer_norm(const float* x, const float* gamma, const float* beta, float eps
 void rms_norm(const float* x, const float* w, float eps, int64_t rows, int64_t dim, float* y) {
   rms_norm_impl(x, nullptr, w, eps, rows, dim, nullptr, y);
 }
+void head_rms_norm(const float* x, const float* w, int64_t w_stride, float eps, int64_t rows, int64_t width,
+                   int64_t groups, int64_t d, float* y) {
+  const bool vec = use_avx2();
+  for_rows(rows, width, [&](int64_t r) {
+    const float* xr = x + r * width;
+    float* yr = y + r * width;
+    for (int64_t g = 0; g < groups; ++g)
+      (vec ? avx2::rms_norm_row : scalar_rms_norm_row)(xr + g * d, nullptr, w + g * w_stride, eps, d, nullptr,
+                                                       yr + g * d);
+    for (int64_t i = groups * d; i < width; ++i) yr[i] = xr[i];
+  });
+}
 void add_rms_norm(const float* x, const float* residual, const float* w, float eps, int64_t rows,
                   int64_t dim, float* sum, float* y) {
   rms_norm_impl(x, residual, w, eps, rows, dim, sum, y);

@@ -673,4 +673,44 @@ bool launch_add_norm_shaped(DType t, bool rms, const void* x, const void* res, c
   return ok;
 }
 
+namespace {
+
+// HeadRMSNorm: a block per row, a warp per head (32-256 values: a few a lane, reduced
+// with shuffles), then the row's tail copied. The sum of squares in f32 as the CPU's.
+template <typename T>
+__global__ void head_rms_norm_kernel(const T* x, const float* __restrict__ w, int64_t w_stride,
+                                     float eps, int64_t width, int64_t groups, int64_t d, T* y) {
+  const T* xr = x + int64_t(blockIdx.x) * width;
+  T* yr = y + int64_t(blockIdx.x) * width;
+  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, warps = int(blockDim.x) / 32;
+  for (int64_t g = warp; g < groups; g += warps) {
+    const T* xg = xr + g * d;
+    float ss = 0.0f;
+    for (int64_t i = lane; i < d; i += 32) {
+      const float v = to_f32(xg[i]);
+      ss += v * v;
+    }
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    const float r = 1.0f / sqrtf(ss / float(d) + eps);
+    const float* wg = w + g * w_stride;
+    for (int64_t i = lane; i < d; i += 32) yr[g * d + i] = from_f32<T>(to_f32(xg[i]) * r * wg[i]);
+  }
+  for (int64_t i = groups * d + threadIdx.x; i < width; i += blockDim.x) yr[i] = xr[i];
+}
+
+}  // namespace
+
+void launch_head_rms_norm(DType t, const void* x, const float* w, int64_t w_stride, float eps, int64_t rows,
+                          int64_t width, int64_t groups, int64_t d, void* y, cudaStream_t s) {
+  KILN_THROW_IF(groups * d > width || d <= 0, kInternal, "cuda head norm: ", groups, " groups of ", d,
+                " values do not fit rows of ", width);
+  if (rows == 0) return;
+  const int threads = int(std::clamp<int64_t>(groups, 1, 8)) * 32;
+  KILN_CUDA_DISPATCH_FLOAT(t, T, {
+    head_rms_norm_kernel<T><<<unsigned(rows), unsigned(threads), 0, s>>>(
+        static_cast<const T*>(x), w, w_stride, eps, width, groups, d, static_cast<T*>(y));
+  });
+  KILN_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace kiln::cuda

@@ -19,6 +19,11 @@ void launch_layer_norm(DType t, const void* x, const float* gamma, const float* 
                        int64_t rows, int64_t dim, void* y, cudaStream_t s);
 void launch_rms_norm(DType t, const void* x, const float* w, float eps, int64_t rows, int64_t dim,
                      void* y, cudaStream_t s);
+// HeadRMSNorm (Qwen3's per-head q/k norm): rows of `width` values; the first `groups`
+// groups of d values each normalized and scaled by w + g * w_stride (0: one weight for
+// every group); the rest of each row copied. y may alias x.
+void launch_head_rms_norm(DType t, const void* x, const float* w, int64_t w_stride, float eps, int64_t rows,
+                          int64_t width, int64_t groups, int64_t d, void* y, cudaStream_t s);
 // Fused residual add (AddLayerNorm / AddRMSNorm): sum = x + res (in T), y = norm(sum).
 // sum and y must not alias x or res.
 void launch_add_layer_norm(DType t, const void* x, const void* res, const float* gamma, const float* beta,
