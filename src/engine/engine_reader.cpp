@@ -375,8 +375,13 @@ ModelInfo model_info_from_json(const nlohmann::json& j) {
   }
   i.labels = j.at("labels").get<std::vector<std::string>>();
   i.pooling = j.value("pooling", "mean");  // engines written before it was recorded pooled by mean
-  if (i.pooling != "mean" && i.pooling != "cls")
-    throw_error(ErrorCode::kInvalidFile, "model info: pooling '", i.pooling, "' (expected mean or cls)");
+  // Decoders: "last" for embedding models, else none (engines written before decoders
+  // could pool recorded the encoders' default, mean).
+  if (i.is_decoder && i.pooling == "mean") i.pooling = "";
+  const bool known = i.is_decoder ? i.pooling == "last" || i.pooling == "" : i.pooling == "mean" || i.pooling == "cls";
+  if (!known)
+    throw_error(ErrorCode::kInvalidFile, "model info: pooling '", i.pooling, "' (expected ",
+                i.is_decoder ? "last or none for a decoder" : "mean or cls for an encoder", ")");
   return i;
 }
 

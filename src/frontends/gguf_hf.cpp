@@ -41,6 +41,8 @@ const NameRule kLlamaLayer[] = {
     {"attn_q.bias", "self_attn.q_proj.bias"},
     {"attn_k.bias", "self_attn.k_proj.bias"},
     {"attn_v.bias", "self_attn.v_proj.bias"},
+    {"attn_q_norm.weight", "self_attn.q_norm.weight"},
+    {"attn_k_norm.weight", "self_attn.k_norm.weight"},
     {"attn_output.weight", "self_attn.o_proj.weight"},
     {"ffn_norm.weight", "post_attention_layernorm.weight"},
     {"ffn_gate.weight", "mlp.gate_proj.weight"},
@@ -90,13 +92,13 @@ struct ArchNames {
 };
 
 std::optional<ArchNames> arch_names(const std::string& arch) {
-  if (arch == "llama" || arch == "qwen2") return ArchNames{kLlamaGlobal, kLlamaLayer, "model.layers."};
+  if (arch == "llama" || arch == "qwen2" || arch == "qwen3") return ArchNames{kLlamaGlobal, kLlamaLayer, "model.layers."};
   if (arch == "gpt2") return ArchNames{kGpt2Global, kGpt2Layer, "h."};
   if (arch == "bert") return ArchNames{kBertGlobal, kBertLayer, "encoder.layer."};
   return std::nullopt;
 }
 
-bool is_llama_like(const std::string& arch) { return arch == "llama" || arch == "qwen2"; }
+bool is_llama_like(const std::string& arch) { return arch == "llama" || arch == "qwen2" || arch == "qwen3"; }
 
 uint32_t opt_u32(const GgufFile& f, const std::string& key, uint32_t dflt) {
   return f.has_key(key) ? f.get_u32(key) : dflt;
@@ -124,6 +126,20 @@ void add_token_ids(const GgufFile& f, json& c) {
   if (f.has_key("tokenizer.ggml.eos_token_id")) c["eos_token_id"] = f.get_u32("tokenizer.ggml.eos_token_id");
 }
 
+// llama.cpp's enum llama_pooling_type (<arch>.pooling_type, written for embedding
+// models): 0 none, 1 mean, 2 cls, 3 last, 4 rank (a reranker, which kiln does not read).
+// Encoders (bert) pool by mean or [CLS]; decoders by their last token.
+void add_pooling(const GgufFile& f, const std::string& a, bool decoder, json& c) {
+  const uint32_t pooling = opt_u32(f, a + "pooling_type", 0);
+  if (!decoder && (pooling == 1 || pooling == 2)) c[kPoolingConfigKey] = pooling == 1 ? "mean" : "cls";
+  else if (decoder && pooling == 3) c[kPoolingConfigKey] = "last";
+  else if (pooling != 0)
+    throw_error(ErrorCode::kUnsupported, f.path(), ": ", a, "pooling_type ", pooling,
+                pooling == 4 ? " (a reranker)" : pooling == 3 ? " (last token)" : "",
+                decoder ? "; kiln's decoder embedding models pool their last token (3)"
+                        : "; kiln's bert pools by mean (1) or by the [CLS] row (2)");
+}
+
 }  // namespace
 
 json gguf_to_hf_config(const GgufFile& f) {
@@ -134,7 +150,7 @@ json gguf_to_hf_config(const GgufFile& f) {
   json c;
   if (is_llama_like(arch)) {
     c["model_type"] = arch;
-    c["architectures"] = {arch == "llama" ? "LlamaForCausalLM" : "Qwen2ForCausalLM"};
+    c["architectures"] = {arch == "llama" ? "LlamaForCausalLM" : arch == "qwen2" ? "Qwen2ForCausalLM" : "Qwen3ForCausalLM"};
     c["hidden_act"] = "silu";
     const uint32_t hidden = req_u32(f, a + "embedding_length");
     const uint32_t heads = req_u32(f, a + "attention.head_count");
@@ -163,6 +179,7 @@ json gguf_to_hf_config(const GgufFile& f) {
         rs["original_max_position_embeddings"] = f.get_u32(a + "rope.scaling.original_context_length");
       c["rope_scaling"] = rs;
     }
+    add_pooling(f, a, /*decoder=*/true, c);
     add_token_ids(f, c);
     return c;
   }
@@ -205,14 +222,7 @@ json gguf_to_hf_config(const GgufFile& f) {
     if (f.find_tensor("blk.0.attn_qkv.weight"))
       throw_error(ErrorCode::kUnsupported, f.path(), ": a bert GGUF with fused attn_qkv tensors "
                   "(kiln reads llama.cpp's BertModel layout: attn_q, attn_k, attn_v)");
-    // llama.cpp's enum llama_pooling_type: 0 none, 1 mean, 2 cls, 3 last, 4 rank.
-    const uint32_t pooling = opt_u32(f, a + "pooling_type", 0);
-    if (pooling == 1) c[kPoolingConfigKey] = "mean";
-    else if (pooling == 2) c[kPoolingConfigKey] = "cls";
-    else if (pooling != 0)
-      throw_error(ErrorCode::kUnsupported, f.path(), ": ", a, "pooling_type ", pooling,
-                  pooling == 4 ? " (a reranker)" : pooling == 3 ? " (last token)" : "",
-                  "; kiln's bert pools by mean or by the [CLS] row");
+    add_pooling(f, a, /*decoder=*/false, c);
     if (f.find_tensor("cls.output.weight"))
       log_warn(f.path(), ": its classification head (cls.output) is not used: llama.cpp's converter drops "
                "the pooler that HF's BertForSequenceClassification applies before it; embeddings only");
@@ -220,7 +230,7 @@ json gguf_to_hf_config(const GgufFile& f) {
     return c;
   }
   throw_error(ErrorCode::kUnsupported, f.path(), ": GGUF architecture '", arch,
-              "' has no HF mapping in kiln (supported: llama, qwen2, gpt2, bert)");
+              "' has no HF mapping in kiln (supported: llama, qwen2, qwen3, gpt2, bert)");
 }
 
 std::string gguf_to_hf_name(const std::string& arch, const std::string& g) {

@@ -82,11 +82,12 @@ std::optional<std::string> sentence_transformers_pooling(const std::string& dir)
       if (c.value(std::string("pooling_mode_") + mode, false)) add(mode);
     if (modes.size() != 1)
       throw_error(ErrorCode::kUnsupported, config_path.string(), ": ", modes.size(),
-                  " pooling modes; kiln pools one way, by mean or by the [CLS] row");
-    if (*modes.begin() != "mean" && *modes.begin() != "cls")
-      throw_error(ErrorCode::kUnsupported, config_path.string(), ": pooling mode '", *modes.begin(),
-                  "' (kiln pools by mean or by the [CLS] row)");
-    pooling = *modes.begin();
+                  " pooling modes; kiln pools one way, by mean, by the [CLS] row or by the last token");
+    const std::string mode = *modes.begin() == "lasttoken" ? "last" : *modes.begin();
+    if (mode != "mean" && mode != "cls" && mode != "last")
+      throw_error(ErrorCode::kUnsupported, config_path.string(), ": pooling mode '", mode,
+                  "' (kiln pools by mean, by the [CLS] row or by the last token)");
+    pooling = mode;
   }
   return pooling;
 }

@@ -28,7 +28,8 @@ struct HfModelDir {
 // gguf_to_hf_config from <arch>.pooling_type; HF configs have no such key.
 inline constexpr const char* kPoolingConfigKey = "kiln_pooling";
 
-// A sentence-transformers directory's pooling: "mean" or "cls" from the Pooling module
+// A sentence-transformers directory's pooling: "mean", "cls" or "last" (lasttoken: decoder
+// embedding models such as Qwen3-Embedding) from the Pooling module
 // that modules.json names; nullopt without modules.json or a Pooling module. Throws
 // kUnsupported for other pooling modes and for modules kiln does not apply (Dense...),
 // kInvalidFile for malformed files. HfModelDir::open records it as the config's

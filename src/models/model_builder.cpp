@@ -6,6 +6,7 @@
 #include "core/log.h"
 #include "core/status.h"
 #include "core/weight_quant.h"
+#include "frontends/hf_dir.h"
 #include "models/random_weights.h"
 
 namespace kiln {
@@ -168,7 +169,7 @@ std::string config_str(const nlohmann::json& c, const std::string& key, const st
 const std::vector<ModelFamily>& model_families() {
   static const std::vector<ModelFamily> families = {
       {"gpt2", {"gpt2"}, build_gpt2},
-      {"llama", {"llama", "mistral", "qwen2", "smollm"}, build_llama},
+      {"llama", {"llama", "mistral", "qwen2", "qwen3", "smollm"}, build_llama},
       {"bert", {"bert"}, build_bert},
   };
   return families;
@@ -181,6 +182,13 @@ BuiltModel build_model(const nlohmann::json& config, const WeightSource& weights
       if (t == type) {
         BuiltModel m = f.build(config, weights);
         m.info.model_type = type;
+        if (m.info.is_decoder) {
+          // A decoder is an embedding model when its checkpoint says how to pool.
+          m.info.pooling = config_str(config, kPoolingConfigKey, "");
+          if (m.info.pooling != "" && m.info.pooling != "last")
+            throw_error(ErrorCode::kUnsupported, type, ": sentence-embedding pooling '", m.info.pooling,
+                        "' (kiln's decoder embedding models pool their last token)");
+        }
         ir::verify(m.graph);
         return m;
       }

@@ -31,9 +31,12 @@ struct ModelInfo {
   int64_t bos_token_id = -1;
   int64_t eos_token_id = -1;
   std::vector<std::string> labels;  // id2label, when the config has one
-  // Encoders: how a sentence embedding pools the token rows, "mean" or "cls" (the [CLS]
-  // row's hidden state) - a sentence-transformers directory's Pooling module, a GGUF's
-  // pooling_type; "mean" when neither says.
+  // How a sentence embedding pools the token rows: a sentence-transformers directory's
+  // Pooling module, a GGUF's pooling_type. Encoders: "mean" or "cls" (the [CLS] row's
+  // hidden state); "mean" when neither says. Decoders: "last" (the last token's final
+  // hidden state, e.g. Qwen3-Embedding) when the checkpoint declares it - the model is
+  // then an embedding model (kiln serve offers /v1/embeddings, not completions) -, else
+  // "" (encode() still pools the last token).
   std::string pooling = "mean";
 };
 

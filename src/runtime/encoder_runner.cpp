@@ -5,14 +5,106 @@
 #include <cmath>
 
 #include "core/status.h"
+#include "runtime/llm_runner.h"
 
 namespace kiln {
 
+namespace {
+
+// A decoder's sentence embeddings: each input prefilled (causal attention over its own
+// tokens, in ragged steps of whole inputs or chunks of a long one) through a KV pool of
+// the batch's size. The embedding is the last token's final hidden state (the final
+// norm's output), as sentence-transformers' lasttoken pooling and vLLM's embed task pool a
+// decoder; mean_pooled and cls_hidden (the first token's row) are there too.
+std::vector<EncoderOutput> encode_decoder(Model& model, const std::vector<EncoderInput>& batch,
+                                          const EncodeOptions& opt) {
+  const int64_t h = model.info().hidden_size, step_max = opt.decoder_step_tokens;
+  KILN_THROW_IF(step_max < 1, kInvalidArgument, "decoder_step_tokens ", step_max, " must be positive");
+  int64_t total = 0, longest = 0;
+  for (const auto& in : batch) {
+    total += int64_t(in.tokens.size());
+    longest = std::max<int64_t>(longest, int64_t(in.tokens.size()));
+  }
+  // A step's inputs (each rounded up to whole blocks), or a long input's whole cache.
+  LlmRunnerOptions ro;
+  ro.block_size = 16;
+  ro.max_step_tokens = step_max;
+  ro.max_total_tokens =
+      std::max(std::min<int64_t>(total, step_max), longest) + 16 * int64_t(batch.size() + 1);
+  LlmRunner runner(model, ro);
+  std::vector<EncoderOutput> result(batch.size());
+  std::vector<std::vector<double>> sums(batch.size(), std::vector<double>(size_t(h), 0.0));
+  size_t next = 0;       // the first input not yet (wholly) fed
+  int64_t fed = 0;       // tokens of batch[next] fed in earlier steps (a long input)
+  KvSequence long_kv;    // batch[next]'s cache while it prefills in chunks
+  while (next < batch.size()) {
+    // One step: whole inputs while they fit, or the next chunk of one long input.
+    std::vector<StepChunk> chunks;
+    std::vector<KvSequence> kvs;
+    std::vector<std::pair<size_t, int64_t>> parts;  // (input, first token of the chunk)
+    kvs.reserve(batch.size());
+    int64_t step_tokens = 0;
+    if (fed > 0 || int64_t(batch[next].tokens.size()) > step_max) {
+      const auto& toks = batch[next].tokens;
+      const int64_t n = std::min<int64_t>(step_max, int64_t(toks.size()) - fed);
+      chunks.push_back({&long_kv, std::span<const int32_t>(toks.data() + fed, size_t(n)), true});
+      parts.emplace_back(next, fed);
+    } else {
+      while (next + parts.size() < batch.size()) {
+        const auto& toks = batch[next + parts.size()].tokens;
+        if (!parts.empty() && step_tokens + int64_t(toks.size()) > step_max) break;
+        if (int64_t(toks.size()) > step_max) break;
+        kvs.emplace_back();
+        // One logit row a step (the LM head's GEMM needs a row; embeddings use none).
+        chunks.push_back({&kvs.back(), std::span<const int32_t>(toks), parts.empty()});
+        parts.emplace_back(next + parts.size(), 0);
+        step_tokens += int64_t(toks.size());
+      }
+    }
+    const Tensor hidden = runner.run_chunks_hidden(chunks);
+    int64_t row = 0;
+    for (size_t c = 0; c < chunks.size(); ++c) {
+      const auto [i, first] = parts[c];
+      const int64_t n = int64_t(chunks[c].tokens.size());
+      const float* rows = hidden.data_as<float>() + row * h;
+      EncoderOutput& r = result[i];
+      if (opt.hidden) r.hidden.insert(r.hidden.end(), rows, rows + n * h);
+      if (first == 0) r.cls_hidden.assign(rows, rows + h);
+      for (int64_t t = 0; t < n; ++t)
+        for (int64_t j = 0; j < h; ++j) sums[i][size_t(j)] += rows[t * h + j];
+      const int64_t len = int64_t(batch[i].tokens.size());
+      if (first + n == len) {  // the input's last token
+        r.embedding.assign(rows + (n - 1) * h, rows + n * h);
+        r.mean_pooled.resize(size_t(h));
+        for (int64_t j = 0; j < h; ++j) r.mean_pooled[size_t(j)] = float(sums[i][size_t(j)] / double(len));
+      }
+      row += n;
+    }
+    if (!parts.empty() && chunks[0].kv == &long_kv) {
+      fed += int64_t(chunks[0].tokens.size());
+      if (fed == int64_t(batch[next].tokens.size())) {
+        runner.kv_manager().free(long_kv);
+        long_kv = {};
+        fed = 0;
+        ++next;
+      }
+    } else {
+      for (auto& kv : kvs) runner.kv_manager().free(kv);
+      next += parts.size();
+    }
+  }
+  return result;
+}
+
+}  // namespace
+
 std::vector<EncoderOutput> encode(Model& model, const std::vector<EncoderInput>& batch, const EncodeOptions& opt) {
   const ModelInfo& info = model.info();
-  if (info.is_decoder)
-    throw_error(ErrorCode::kInvalidArgument, "encode() needs an encoder model; '", info.family,
-                "' is a decoder");
+  if (info.is_decoder) {
+    if (batch.empty()) return {};
+    check_encoder_inputs(info, batch);
+    return encode_decoder(model, batch, opt);
+  }
   if (info.family == "onnx")
     throw_error(ErrorCode::kUnsupported, "'", model.path(), "' is an ONNX graph imported op by op: it runs with its own "
                 "inputs (Model::compiled().run with ", model.graph().inputs().size(), " named tensors), not through "
@@ -93,8 +185,9 @@ void check_encoder_inputs(const ModelInfo& info, const std::vector<EncoderInput>
 bool is_cross_encoder(const ModelInfo& info) { return !info.is_decoder && info.num_labels == 1; }
 
 void check_rerank_model(const ModelInfo& info, const std::string& model) {
-  if (info.is_decoder)
-    throw_error(ErrorCode::kInvalidArgument, "'", model, "' is a decoder; reranking needs an encoder");
+  if (info.is_decoder && info.pooling.empty())
+    throw_error(ErrorCode::kInvalidArgument, "'", model, "' is a decoder; reranking needs an encoder or an embedding "
+                "model");
   if (info.num_labels > 1)
     throw_error(ErrorCode::kInvalidArgument, "'", model, "' is a classifier with ", info.num_labels,
                 " labels; reranking needs a cross-encoder (one label) or an embedding model");

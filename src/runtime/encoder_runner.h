@@ -1,7 +1,10 @@
 // Runs an encoder (BERT family) over a batch of sequences in one ragged step, with no
 // padding: per sequence its hidden states, mean-pooled and [CLS] rows, its sentence
 // embedding (the model's pooling, not normalized) and, when the model has them, the
-// [CLS] pooler output and classification logits; and reranking on top of it. Tested in
+// [CLS] pooler output and classification logits; and reranking on top of it. A decoder
+// (a decoder embedding model such as Qwen3-Embedding, or any decoder) embeds too: its
+// inputs are prefilled through a KV pool of the batch's size and the embedding is the
+// last token's final hidden state (sentence-transformers' lasttoken pooling). Tested in
 // tests/models/bert_golden_test.cpp, bert_gguf_test.cpp and rerank_test.cpp.
 #pragma once
 
@@ -31,6 +34,9 @@ struct EncodeOptions {
   // Per-token hidden states ([tokens, hidden] from the device, the bulk of a large
   // batch's output); false fetches only the pooled rows and logits, leaving `hidden` empty.
   bool hidden = true;
+  // Decoders: the token rows of one prefill step (whole inputs while they fit; a longer
+  // input prefills in chunks of it).
+  int64_t decoder_step_tokens = 2048;
 };
 
 std::vector<EncoderOutput> encode(Model& model, const std::vector<EncoderInput>& batch, const EncodeOptions& opt = {});
@@ -49,7 +55,8 @@ void check_encoder_inputs(const ModelInfo& info, const std::vector<EncoderInput>
 // document by the cosine of its sentence embedding and the query's (a bi-encoder).
 bool is_cross_encoder(const ModelInfo& info);
 // Throws kInvalidArgument naming `model` unless it can rerank: an encoder that is a
-// cross-encoder or has no classification head (a classifier of several labels cannot).
+// cross-encoder or has no classification head (a classifier of several labels cannot),
+// or a decoder embedding model (ModelInfo::pooling "last").
 void check_rerank_model(const ModelInfo& info, const std::string& model);
 // The encoder inputs that score `documents` against `query`: a pair a document for a
 // cross-encoder; the query, then each document, for a bi-encoder.

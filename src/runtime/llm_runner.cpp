@@ -232,7 +232,7 @@ int32_t LlmRunner::context_length(int32_t seq) const { return get(seq).kv.length
 // The shared body of step() and run_chunks(): capacity and position checks first so a
 // failing step changes nothing, then grow, bind the ragged inputs and run.
 TensorMap LlmRunner::run_parts(std::span<const StepChunk> chunks, bool all_logits,
-                               const std::vector<std::string>& outputs, int32_t top_k) {
+                               const std::vector<std::string>& outputs, int32_t top_k, bool pad_decode) {
   const ModelInfo& info = model_.info();
   int32_t blocks = 0;
   for (auto& c : chunks) {
@@ -251,7 +251,7 @@ TensorMap LlmRunner::run_parts(std::span<const StepChunk> chunks, bool all_logit
   int64_t t_total = 0;
   for (auto& c : chunks) t_total += int64_t(c.tokens.size());
   // A pure decode step (one token a chunk) may run padded to its bucket.
-  const bool decode = !all_logits && t_total == int64_t(chunks.size());
+  const bool decode = pad_decode && !all_logits && t_total == int64_t(chunks.size());
   const int64_t pad = decode ? decode_bucket(t_total) - t_total : 0;
   Tensor tokens(DType::kI32, {t_total + pad}), positions(DType::kI32, {t_total + pad});
   StepInfo step;
@@ -412,6 +412,10 @@ Tensor LlmRunner::run_chunks_logits(std::span<const StepChunk> chunks) {
   KILN_CHECK(!chunks.empty(), "a step with no chunks");
   TensorMap out = run_parts(chunks, false, {"logits"});
   return std::move(out.at("logits"));
+}
+
+Tensor LlmRunner::run_chunks_hidden(std::span<const StepChunk> chunks) {
+  return run_parts(chunks, /*all_logits=*/false, {"hidden"}, 0, /*pad_decode=*/false).at("hidden");
 }
 
 StepTopLogits LlmRunner::run_chunks_top(std::span<const StepChunk> chunks, int32_t need) {

@@ -127,6 +127,10 @@ class LlmRunner {
   // a GPU); needs top_logits_k() > 0. need > 0: only the first `need` candidates of each
   // row are wanted (StepInfo::top_k): the result may then have k() == min(need, k).
   StepTopLogits run_chunks_top(std::span<const StepChunk> chunks, int32_t need = 0);
+  // The same step (never padded), returning the model's final hidden states (its
+  // "hidden" output, after the final norm) of every token fed: [tokens, hidden_size] in
+  // chunk order. Decoder embeddings (encode()) pool these.
+  Tensor run_chunks_hidden(std::span<const StepChunk> chunks);
   // Runs every decode bucket of at most max_rows rows (LlmRunnerOptions::decode_buckets)
   // with pad rows only, twice per output variant a caller uses (the top candidate alone,
   // the model's k candidates; whole logits without TopKLogits), so that a capturing
@@ -156,8 +160,10 @@ class LlmRunner {
     KvSequence kv;
     std::vector<int32_t> pending;
   };
+  // pad_decode: a pure decode step may run padded to its bucket (the outputs asked for
+  // must then have one row per logit row).
   TensorMap run_parts(std::span<const StepChunk> chunks, bool all_logits, const std::vector<std::string>& outputs,
-                      int32_t top_k = 0);
+                      int32_t top_k = 0, bool pad_decode = true);
   // Runs one step of these inputs on every rank; `rows` are the logit rows.
   TensorMap run_step(const Tensor& tokens, const Tensor& positions, const std::vector<int32_t>& rows,
                      const StepInfo& step, const std::vector<std::string>& outputs);

@@ -51,7 +51,9 @@ ServedModel& ModelRepository::add_loaded(std::unique_ptr<Model> model, std::stri
       std::fprintf(stderr, "kiln serve: %s: chat template unusable: %s\n", m->name.c_str(), e.what());
     }
   }
-  if (m->model->info().is_decoder)
+  // A decoder whose checkpoint declares sentence-embedding pooling (Qwen3-Embedding) is
+  // served as an embedding model, as vLLM's embed task serves it.
+  if (m->model->info().is_decoder && m->model->info().pooling.empty())
     m->executor = std::make_unique<Executor>(*m->model, m->tokenizer ? &*m->tokenizer : nullptr, exec_opt_);
   else if (m->model->info().family != "onnx") {  // ONNX graphs run op by op, not through encode()
     EncoderBatcherOptions eo = enc_opt_;

@@ -27,8 +27,9 @@ struct ServedModel {
   std::unique_ptr<Model> model;
   std::optional<tok::Tokenizer> tokenizer;
   std::unique_ptr<tok::ChatTemplate> chat_template;  // parsed once; null without one
-  std::unique_ptr<Executor> executor;                // decoders
-  std::unique_ptr<EncoderBatcher> batcher;           // encoders (declared after model: stops first)
+  std::unique_ptr<Executor> executor;                // decoders that generate
+  std::unique_ptr<EncoderBatcher> batcher;           // encoders and decoder embedding models (declared
+                                                     // after model: stops first)
   bool is_decoder() const { return executor != nullptr; }
 };
 

@@ -270,7 +270,8 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
     ServedModel* m = repo.find(p.model);
     if (!m) throw ApiError(404, "model '" + p.model + "' does not exist", "model", "invalid_request_error", "model_not_found");
     if (!m->is_decoder())
-      throw ApiError(400, "model '" + p.model + "' is an encoder; use /v1/embeddings, /v1/rerank or /v2/models/" + p.model + "/infer", "model");
+      throw ApiError(400, "model '" + p.model + "' is " + (m->model->info().is_decoder ? "an embedding model" : "an encoder") +
+                              "; use /v1/embeddings, /v1/rerank or /v2/models/" + p.model + "/infer", "model");
     if (p.session_id.empty()) p.session_id = req.get_header_value("X-Session-Id");
     if (!m->tokenizer) p.return_token_ids = true;  // no text to return: the ids are the output
     call->model = m;

@@ -89,13 +89,15 @@ inline void small_llama_header(GgufWriter& w, int64_t h, int64_t inter, int64_t 
 }
 
 // K-quants need K % 256 == 0: h and inter 256 for them, else 64 and 96. The token
-// embedding (also the tied LM head) is f32 unless `embd` names a quantized type.
-inline std::string quant_llama(GgmlType attn, GgmlType mlp, GgmlType embd = GgmlType::kF32) {
+// embedding (also the tied LM head) is f32 unless `embd` names a quantized type;
+// `pooling_type` >= 0 writes llama.pooling_type (an embedding model's GGUF).
+inline std::string quant_llama(GgmlType attn, GgmlType mlp, GgmlType embd = GgmlType::kF32, int pooling_type = -1) {
   const auto is_k = [](GgmlType t) { return t == GgmlType::kQ4_K || t == GgmlType::kQ6_K; };
   const bool k_quant = is_k(attn) || is_k(mlp);
   const int64_t h = k_quant ? 256 : 64, inter = k_quant ? 256 : 96, vocab = 16, kv = h / 2;
   GgufWriter w;
   small_llama_header(w, h, inter, vocab);
+  if (pooling_type >= 0) w.kv_u32("llama.pooling_type", uint32_t(pooling_type));
   std::mt19937 rng(3);
   std::normal_distribution<float> nd(0.f, 1.f);
   std::vector<float> emb(size_t(vocab * h)), ones(size_t(h), 1.f);
@@ -189,6 +191,42 @@ inline std::string q8_gpt2(const std::string& fixture) {
       c.write(GgmlType::kQ8_0, g + gg + ".weight", h + hf + ".weight", /*conv1d=*/true);
       c.f32(g + gg + ".bias", h + hf + ".bias");
     }
+  }
+  return w.bytes();
+}
+
+// The qwen3 fixture (`fixture`: its directory) as llama.cpp's converter writes a GGUF of
+// it (arch qwen3: no q/k row permutation, per-head attn_q_norm / attn_k_norm): the
+// Linears in `matrices` (F32, F16 or Q8_0), the token table (also the tied LM head) F32,
+// norms F32.
+inline std::string qwen3_gguf(const std::string& fixture, GgmlType matrices) {
+  const nlohmann::json cfg = nlohmann::json::parse(read_text_file(fixture + "/config.json"));
+  GgufWriter w;
+  CheckpointToGguf c{w, open_safetensors_source(fixture + "/model.safetensors"), "model."};
+  w.kv_string("general.architecture", "qwen3");
+  for (const auto& [key, hf] : {std::pair{"embedding_length", "hidden_size"}, std::pair{"block_count", "num_hidden_layers"},
+                                std::pair{"attention.head_count", "num_attention_heads"},
+                                std::pair{"attention.head_count_kv", "num_key_value_heads"},
+                                std::pair{"attention.key_length", "head_dim"},
+                                std::pair{"attention.value_length", "head_dim"},
+                                std::pair{"context_length", "max_position_embeddings"},
+                                std::pair{"feed_forward_length", "intermediate_size"}})
+    w.kv_u32(std::string("qwen3.") + key, cfg.at(hf).get<uint32_t>());
+  w.kv_f32("qwen3.attention.layer_norm_rms_epsilon", cfg.at("rms_norm_eps").get<float>());
+  w.kv_f32("qwen3.rope.freq_base", cfg.at("rope_theta").get<float>());
+  c.f32("token_embd.weight", "embed_tokens.weight");
+  c.f32("output_norm.weight", "norm.weight");
+  for (int l = 0; l < cfg.at("num_hidden_layers").get<int>(); ++l) {
+    const std::string g = "blk." + std::to_string(l) + ".", h = "layers." + std::to_string(l) + ".";
+    c.f32(g + "attn_norm.weight", h + "input_layernorm.weight");
+    c.f32(g + "ffn_norm.weight", h + "post_attention_layernorm.weight");
+    c.f32(g + "attn_q_norm.weight", h + "self_attn.q_norm.weight");
+    c.f32(g + "attn_k_norm.weight", h + "self_attn.k_norm.weight");
+    for (const auto& [gg, hf] : {std::pair{"attn_q", "self_attn.q_proj"}, std::pair{"attn_k", "self_attn.k_proj"},
+                                 std::pair{"attn_v", "self_attn.v_proj"}, std::pair{"attn_output", "self_attn.o_proj"},
+                                 std::pair{"ffn_gate", "mlp.gate_proj"}, std::pair{"ffn_up", "mlp.up_proj"},
+                                 std::pair{"ffn_down", "mlp.down_proj"}})
+      c.write(matrices, g + gg + ".weight", h + hf + ".weight");
   }
   return w.bytes();
 }

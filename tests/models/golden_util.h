@@ -128,6 +128,24 @@ inline std::string write_half_checkpoint(const std::string& name, const std::str
   return out_dir;
 }
 
+// A decoder embedding model (as Qwen3-Embedding ships) made of the decoder fixture
+// `family`: its config and weights beside a sentence-transformers modules.json whose
+// Pooling module pools the last token. Returns `out_dir`.
+inline std::string write_decoder_embedding_dir(const std::string& family, const std::string& out_dir) {
+  namespace fs = std::filesystem;
+  fs::create_directories(fs::path(out_dir) / "1_Pooling");
+  for (const char* f : {"config.json", "model.safetensors"})
+    fs::copy_file(fixture_dir(family) + "/" + f, out_dir + "/" + f, fs::copy_options::overwrite_existing);
+  std::ofstream(out_dir + "/modules.json")
+      << R"([{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+             {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+             {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"}])";
+  std::ofstream(out_dir + "/1_Pooling/config.json")
+      << R"({"pooling_mode_cls_token": false, "pooling_mode_mean_tokens": false, "pooling_mode_lasttoken": true,
+             "include_prompt": true})";
+  return out_dir;
+}
+
 // A cross-encoder (a one-label BertForSequenceClassification, as rerankers are) made of
 // the BERT directory `src`: its tensors read in place through a sharded index, beside a
 // second shard holding the head - row 0 of `src`'s classifier when it has one (so its

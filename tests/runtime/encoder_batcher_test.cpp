@@ -213,9 +213,18 @@ TEST(EncoderBatcher, QueueLimitAndShutdown) {
   expect_same_as_alone(*model, in, queued.get(), "drained at shutdown");
 }
 
-TEST(EncoderBatcher, RejectsDecodersAndBadOptions) {
+// A decoder's requests batch as an encoder's (decoder embedding models: their last
+// token's final hidden state, as encode() computes it); bad budgets are refused.
+TEST(EncoderBatcher, BatchesDecodersAndRejectsBadOptions) {
   auto gpt2 = Model::load(std::string(KILN_FIXTURES_DIR) + "/models/gpt2");
-  EXPECT_THROW({ EncoderBatcher b(*gpt2); }, Error);
+  {
+    EncoderBatcher b(*gpt2);
+    const std::vector<EncoderInput> in = {{{5, 6, 7, 8}, {}}, {{9, 10}, {}}};
+    auto got = b.submit(in).get();
+    auto want = encode(*gpt2, in);
+    ASSERT_EQ(got.size(), 2u);
+    for (size_t i = 0; i < 2; ++i) EXPECT_EQ(got[i].embedding, want[i].embedding) << i;
+  }
   auto bert = tiny_bert();
   EncoderBatcherOptions o;
   o.max_batch_tokens = 0;

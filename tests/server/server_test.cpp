@@ -479,6 +479,36 @@ TEST(ServerDrain, InFlightStreamsFinishThenTheListenerStops) {
 
 // ---- reranking with the real all-MiniLM-L6-v2: as an embedding model and as a cross-encoder ----
 
+// A decoder embedding model (lasttoken pooling) is served as an embedding model:
+// /v1/embeddings answers the normalized last-token states of transformers' fixture,
+// /v1/models says "embed", and generation routes answer 400.
+TEST(DecoderEmbedServer, EmbeddingsAreTheNormalizedLastTokenStates) {
+  test::TempDir dir;
+  ModelRepository repo({}, {});
+  repo.add(kiln::testing::write_decoder_embedding_dir("llama", dir.file("llama-embed")), "llama-embed");
+  TestServer srv(repo);
+  EXPECT_EQ(get(srv.port(), "/v1/models").json()["data"][0]["kind"], "embed");
+  kiln::testing::Reference ref("llama");
+  const auto prompts = ref.prompts();
+  const auto hidden = ref.f32("hidden_last");
+  const int64_t smax = ref.shape("hidden_last")[1], h = ref.shape("hidden_last")[2];
+  auto r = post(srv.port(), "/v1/embeddings", Json{{"model", "llama-embed"}, {"input", prompts}});
+  ASSERT_EQ(r.status, 200) << r.body;
+  const Json j = r.json();
+  ASSERT_EQ(j["data"].size(), prompts.size());
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    const float* last = hidden.data() + (int64_t(b) * smax + int64_t(prompts[b].size()) - 1) * h;
+    double norm = 0;
+    for (int64_t k = 0; k < h; ++k) norm += double(last[k]) * last[k];
+    const auto got = j["data"][b]["embedding"].get<std::vector<float>>();
+    ASSERT_EQ(got.size(), size_t(h));
+    for (int64_t k = 0; k < h; ++k) EXPECT_NEAR(got[size_t(k)], last[k] / std::sqrt(norm), 1e-5) << b << " " << k;
+  }
+  auto c = post(srv.port(), "/v1/completions", Json{{"model", "llama-embed"}, {"prompt", prompts[0]}});
+  EXPECT_EQ(c.status, 400) << c.body;
+  EXPECT_NE(c.body.find("an embedding model"), std::string::npos) << c.body;
+}
+
 TEST(RerankServer, RanksDocumentsAsTheLibraryDoes) {
   const std::string minilm = real_model("all-minilm-l6-v2");
   if (minilm.empty()) GTEST_SKIP() << "all-MiniLM-L6-v2 not fetched (scripts/fetch_models.sh)";

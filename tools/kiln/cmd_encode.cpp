@@ -136,8 +136,8 @@ static Runner add_encoder_command(CLI::App& app, const char* name, const char* h
   cmd->add_option("--ids", a->ids, "input as token ids \"101,2023,102\" (repeatable)");
   if (embed) {
     cmd->add_option("--pooling", a->pooling,
-                    "model (the checkpoint's: modules.json's Pooling, a GGUF's pooling_type, else mean), mean, "
-                    "cls (the [CLS] row) or pooler (BertModel's tanh pooler over [CLS])")
+                    "model (the checkpoint's: modules.json's Pooling, a GGUF's pooling_type, else mean; a "
+                    "decoder's last token), mean, cls (the [CLS] row) or pooler (BertModel's tanh pooler over [CLS])")
         ->check(CLI::IsMember({"model", "mean", "cls", "pooler"}))
         ->capture_default_str();
     cmd->add_flag("--no-normalize", a->no_normalize, "do not L2-normalize the embeddings");
@@ -146,7 +146,8 @@ static Runner add_encoder_command(CLI::App& app, const char* name, const char* h
 }
 
 Runner add_embed(CLI::App& app) {
-  return add_encoder_command(app, "embed", "sentence embeddings from an encoder (BERT family)", true);
+  return add_encoder_command(app, "embed", "sentence embeddings from an encoder (BERT family) or a decoder (its last "
+                             "token: Qwen3-Embedding and other decoder embedding models)", true);
 }
 
 Runner add_classify(CLI::App& app) {

@@ -152,7 +152,8 @@ Runner add_inspect(CLI::App& app) {
                   (long long)i.max_positions);
     }
     if (i.num_labels) std::printf("labels      %lld\n", (long long)i.num_labels);
-    if (!i.is_decoder && i.family != "onnx") std::printf("pooling     %s (sentence embeddings)\n", i.pooling.c_str());
+    if (!i.pooling.empty() && i.family != "onnx")
+      std::printf("pooling     %s (sentence embeddings%s)\n", i.pooling.c_str(), i.is_decoder ? ": an embedding model" : "");
     std::printf("graph       %zu nodes, %.1f MiB of weights%s\n", m->graph().nodes().size(),
                 double(m->graph().weight_bytes()) / (1 << 20), m->tp_world() > 1 ? " (rank 0)" : "");
     std::map<std::string, int> ops;
