@@ -191,6 +191,15 @@ CompletionParams parse_completion(const Json& j, bool chat, const RequestLimits&
       }
       p.messages.push_back(out);
     }
+    if (const Json* kw = field(j, "chat_template_kwargs"); kw && !kw->is_null()) {
+      if (!kw->is_object()) bad_type("chat_template_kwargs", "an object of template variables");
+      for (const auto& [name, value] : kw->items()) {
+        if (name == "messages" || name == "add_generation_prompt" || name == "bos_token" || name == "eos_token")
+          throw ApiError(400, "chat_template_kwargs may not set '" + name + "' (the server sets it)",
+                         "chat_template_kwargs");
+        p.template_kwargs[name] = value;
+      }
+    }
     int64_t mt = get_int(j, "max_completion_tokens", -1, 1, limits.max_tokens);
     p.max_tokens = int32_t(get_int(j, "max_tokens", mt, 1, limits.max_tokens));
     p.logprobs = get_bool(j, "logprobs", false);

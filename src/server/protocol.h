@@ -44,6 +44,9 @@ struct CompletionParams {
   std::string prompt_text;          // completions: text (when prompt_ids is empty)
   std::vector<int32_t> prompt_ids;  // completions: a token-id prompt
   Json messages;                    // chat
+  // chat: extra chat-template variables (vLLM's and SGLang's chat_template_kwargs, e.g.
+  // {"enable_thinking": false} for Qwen3), an object whose keys are names.
+  Json template_kwargs = Json::object();
   int32_t max_tokens = -1;          // -1: up to the context (chat default)
   int32_t n = 1;
   bool stream = false;

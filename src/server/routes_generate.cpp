@@ -246,6 +246,7 @@ std::vector<int32_t> build_prompt(const ServedModel& m, const CompletionParams& 
     tok::ChatTemplateOptions o;
     o.bos_token = m.tokenizer->bos_token();
     o.eos_token = m.tokenizer->eos_token();
+    o.extra = p.template_kwargs;
     std::string text = m.chat_template->render(p.messages, o);
     return m.tokenizer->encode(text, /*add_special=*/false);
   }

@@ -181,6 +181,11 @@ TEST_F(ServerTest, BadInputIsAClear4xxAndTheServerIsUnaffected) {
       {"/v1/chat/completions", R"({"model":"llama","messages":[]})", 400, "messages"},
       {"/v1/chat/completions", R"({"model":"llama","messages":[{"role":"wizard","content":"hi"}]})", 400, "role"},
       {"/v1/chat/completions", R"({"model":"llama","messages":"hi"})", 400, "messages"},
+      {"/v1/chat/completions", R"({"model":"llama","messages":[{"role":"user","content":"hi"}],"chat_template_kwargs":5})",
+       400, "chat_template_kwargs"},
+      {"/v1/chat/completions",
+       R"({"model":"llama","messages":[{"role":"user","content":"hi"}],"chat_template_kwargs":{"messages":[]}})", 400,
+       "may not set 'messages'"},
       {"/v1/embeddings", R"({"model":"llama","input":[1,2]})", 400, "decoder"},
       {"/v1/embeddings", R"({"model":"bert","input":[]})", 400, "input"},
       {"/v1/embeddings", R"({"model":"bert","input":{"a":1}})", 400, "input"},
@@ -592,6 +597,24 @@ class RealModelServerTest : public ::testing::Test {
 };
 ModelRepository* RealModelServerTest::repo_ = nullptr;
 TestServer* RealModelServerTest::srv_ = nullptr;
+
+// chat_template_kwargs (vLLM's extension; Qwen3's enable_thinking) reach the template as
+// variables: a template that reads one renders a longer prompt with it set.
+TEST_F(RealModelServerTest, ChatTemplateKwargsReachTheTemplate) {
+  ServedModel& m = *repo_->find("smollm2");
+  auto saved = std::move(m.chat_template);
+  m.chat_template = std::make_unique<tok::ChatTemplate>(
+      "{% for m in messages %}{{ m.content }}{% endfor %}"
+      "{% if enable_thinking is defined and enable_thinking is false %} /no_think thanks{% endif %}");
+  Json body = {{"model", "smollm2"}, {"messages", {{{"role", "user"}, {"content", "Hello there"}}}}, {"max_tokens", 1}};
+  auto plain = post(srv_->port(), "/v1/chat/completions", body);
+  body["chat_template_kwargs"] = {{"enable_thinking", false}};
+  auto with = post(srv_->port(), "/v1/chat/completions", body);
+  m.chat_template = std::move(saved);
+  ASSERT_EQ(plain.status, 200) << plain.body;
+  ASSERT_EQ(with.status, 200) << with.body;
+  EXPECT_GT(with.json()["usage"]["prompt_tokens"].get<int>(), plain.json()["usage"]["prompt_tokens"].get<int>());
+}
 
 TEST_F(RealModelServerTest, ChatStreamingAndNonStreamingAgree) {
   Json body = {{"model", "smollm2"},
