@@ -4,12 +4,15 @@
 // KV-cache decoding vs recomputation, batch vs single, and chunked prefill.
 #include <gtest/gtest.h>
 
+#include "gguf_quant_llama.h"
 #include "golden_util.h"
 #include "runtime/llm_runner.h"
 
 namespace kiln {
 namespace {
 
+using test::TempDir;
+using test::write_file;
 using testing::Reference;
 
 class DecoderGolden : public ::testing::TestWithParam<std::string> {
@@ -226,7 +229,40 @@ TEST_P(DecoderGolden, ForkSharesPrefixBlocks) {
                     GetParam() + " forked decode");
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, DecoderGolden, ::testing::Values("gpt2", "llama", "qwen2"));
+INSTANTIATE_TEST_SUITE_P(Families, DecoderGolden, ::testing::Values("gpt2", "llama", "qwen2", "qwen3"));
+
+// The qwen3 fixture as llama.cpp's converter writes it (arch qwen3, attn_q_norm /
+// attn_k_norm): F32 computes transformers' logits as the HF directory does; F16 and Q8_0
+// Linears move them by their rounding: measured 0.07-0.11% (F16) and 2.2/2.2/3.5% (Q8_0)
+// of max |logit| - the same 0.0215/0.0222/0.0348 that transformers computes on this
+// model with its Linears rounded to Q8_0 blocks, so kiln runs the file's values.
+TEST(Qwen3Gguf, LogitsMatchTransformers) {
+  Reference ref("qwen3");
+  auto ids = ref.ids("input_ids");
+  auto lengths = ref.ids("lengths");
+  const int64_t smax = ref.shape("input_ids")[1];
+  auto want = ref.f32("logits");
+  TempDir dir;
+  for (auto [type, tol] : {std::pair{GgmlType::kF32, 1e-4}, std::pair{GgmlType::kF16, 2e-3},
+                           std::pair{GgmlType::kQ8_0, 5e-2}}) {
+    const std::string path = dir.file("qwen3_" + std::to_string(int(type)) + ".gguf");
+    write_file(path, test::qwen3_gguf(testing::fixture_dir("qwen3"), type));
+    ModelOptions o;
+    o.weight_dtype = "f32";
+    auto model = Model::load(path, o);
+    EXPECT_EQ(model->info().head_dim, 32);
+    const int64_t vocab = model->info().vocab_size;
+    for (size_t b = 0; b < lengths.size(); ++b) {
+      std::vector<int32_t> p(ids.begin() + int64_t(b) * smax, ids.begin() + int64_t(b) * smax + lengths[b]);
+      LlmRunner runner(*model);
+      runner.add_sequence(p);
+      auto got = runner.step(/*all_logits=*/true)[0].logits;
+      ASSERT_EQ(got.size(), p.size() * size_t(vocab));
+      KILN_EXPECT_CLOSE(got.data(), want.data() + b * size_t(smax * vocab), got.size(), tol,
+                        "qwen3 GGUF type " + std::to_string(int(type)) + ", prompt " + std::to_string(b));
+    }
+  }
+}
 
 }  // namespace
 }  // namespace kiln
