@@ -216,33 +216,20 @@ def tiny_decoder_configs():
         tie_word_embeddings=True,
         **common,
     )
-    qwen2 = transformers.Qwen2Config(
+    # Qwen2 and Qwen3 share these; each adds its own heads and head.
+    qwen = dict(
         hidden_size=HIDDEN,
         num_hidden_layers=LAYERS,
-        num_attention_heads=4,
-        num_key_value_heads=1,
         intermediate_size=128,
         max_position_embeddings=MAX_POS,
         rms_norm_eps=1e-6,
         rope_theta=1e6,
-        tie_word_embeddings=False,
         use_sliding_window=False,
         **common,
     )
+    qwen2 = transformers.Qwen2Config(num_attention_heads=4, num_key_value_heads=1, tie_word_embeddings=False, **qwen)
     qwen3 = transformers.Qwen3Config(
-        hidden_size=HIDDEN,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        intermediate_size=128,
-        max_position_embeddings=MAX_POS,
-        rms_norm_eps=1e-6,
-        rope_theta=1e6,
-        tie_word_embeddings=True,
-        attention_bias=False,
-        use_sliding_window=False,
-        **common,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True, attention_bias=False, **qwen
     )
     return {
         "gpt2": (transformers.GPT2LMHeadModel, gpt2, 1001),
