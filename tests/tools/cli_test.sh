@@ -25,6 +25,9 @@ check classify-ids 0 "LABEL_" -- "$kiln" classify -m "$fixtures/models/bert" --i
 check embed-ids 0 "[" -- "$kiln" embed -m "$fixtures/models/bert" --ids 5,6,7
 check embed-pooler 0 "[" -- "$kiln" embed -m "$fixtures/models/bert" --ids 5,6,7 --pooling pooler --no-normalize
 check embed-pooling-bad 105 "--pooling: max not in" -- "$kiln" embed -m "$fixtures/models/bert" --ids 5,6,7 --pooling max
+check embed-decoder 0 "[" -- "$kiln" embed -m "$fixtures/models/qwen3" --ids 5,6,7 --ids 9,10
+check embed-decoder-tp 0 "[" -- "$kiln" embed -m "$fixtures/models/qwen3" --ids 5,6,7 --tp 2
+check embed-decoder-pooler 1 "no pooler" -- "$kiln" embed -m "$fixtures/models/qwen3" --ids 5,6,7 --pooling pooler
 check rerank-classifier 1 "classifier with 3 labels" -- "$kiln" rerank -m "$fixtures/models/bert" -q a -d b
 check rerank-decoder 1 "is a decoder" -- "$kiln" rerank -m "$fixtures/models/gpt2" -q a -d b
 check rerank-no-documents 106 "--document is required" -- "$kiln" rerank -m "$fixtures/models/bert" -q a

@@ -47,12 +47,12 @@ void print_vector(const std::vector<float>& v) {
 int run_embed(const EncodeArgs& a) {
   auto model = load_model(a.model);
   auto out = encode(*model, encoder_inputs(*model, a));
-  std::printf("[\n");
-  for (size_t i = 0; i < out.size(); ++i) {
-    std::vector<float> v = a.pooling == "model"  ? out[i].embedding
-                           : a.pooling == "mean" ? out[i].mean_pooled
-                           : a.pooling == "cls"  ? out[i].cls_hidden
-                                                 : out[i].pooled;
+  std::vector<std::vector<float>> vs;
+  for (const EncoderOutput& o : out) {  // every vector first: an error leaves stdout empty
+    std::vector<float> v = a.pooling == "model" ? o.embedding
+                           : a.pooling == "mean" ? o.mean_pooled
+                           : a.pooling == "cls"  ? o.cls_hidden
+                                                 : o.pooled;
     if (v.empty())
       throw_error(ErrorCode::kUnsupported, a.pooling == "pooler" ? "the model has no pooler (pooler.dense) for --pooling pooler"
                                                                  : "the model's graph has no [CLS] output for --pooling cls");
@@ -62,9 +62,13 @@ int run_embed(const EncodeArgs& a) {
       float inv = n > 0 ? float(1.0 / std::sqrt(n)) : 0.0f;
       for (float& x : v) x *= inv;
     }
+    vs.push_back(std::move(v));
+  }
+  std::printf("[\n");
+  for (size_t i = 0; i < vs.size(); ++i) {
     std::printf("  ");
-    print_vector(v);
-    std::printf("%s\n", i + 1 < out.size() ? "," : "");
+    print_vector(vs[i]);
+    std::printf("%s\n", i + 1 < vs.size() ? "," : "");
   }
   std::printf("]\n");
   return 0;
