@@ -1,4 +1,5 @@
-# A llama-family or GPT-2 GGUF of a given shape with random weights, in one GGML type for
+# A llama-family (Qwen3 included: per-head q/k norms) or GPT-2 GGUF of a given shape with
+# random weights, in one GGML type for
 # every Linear and the token table (F16, BF16, Q8_0 or Q4_0, as `llama-quantize --pure`
 # writes them), so that kiln and llama.cpp can be timed on the same file
 # (bench/llamacpp_round.sh, bench/RESULTS.md).
@@ -20,8 +21,9 @@ p.add_argument("--layers", type=int, default=0, help="override num_hidden_layers
 a = p.parse_args()
 c = json.load(open(a.config))
 gpt2 = c.get("model_type") == "gpt2"
-if c.get("model_type") not in ("llama", "mistral", "gpt2"):
-    raise SystemExit(f"gguf_synth.py: model_type {c.get('model_type')!r}: only llama-family and gpt2 configs")
+if c.get("model_type") not in ("llama", "mistral", "qwen3", "gpt2"):
+    raise SystemExit(f"gguf_synth.py: model_type {c.get('model_type')!r}: only llama-family, qwen3 and gpt2 configs")
+qwen3 = c.get("model_type") == "qwen3"
 if gpt2:  # GPT-2's config names
     c = dict(c, hidden_size=c["n_embd"], num_hidden_layers=c["n_layer"], num_attention_heads=c["n_head"],
              intermediate_size=c.get("n_inner") or 4 * c["n_embd"], max_position_embeddings=c["n_positions"])
@@ -32,7 +34,7 @@ vocab, layers = c["vocab_size"], a.layers or c["num_hidden_layers"]
 rng = np.random.default_rng(0)
 Q = gguf.GGMLQuantizationType
 
-w = gguf.GGUFWriter(a.out, "gpt2" if gpt2 else "llama")
+w = gguf.GGUFWriter(a.out, "gpt2" if gpt2 else "qwen3" if qwen3 else "llama")
 w.add_name(f"synthetic {a.config} {a.type}")
 w.add_block_count(layers)
 w.add_context_length(min(c.get("max_position_embeddings", 4096), 8192))
@@ -121,6 +123,9 @@ else:
         p_ = f"blk.{l}."
         w.add_tensor(p_ + "attn_norm.weight", ones)
         w.add_tensor(p_ + "ffn_norm.weight", ones)
+        if qwen3:
+            w.add_tensor(p_ + "attn_q_norm.weight", np.ones(head_dim, np.float32))
+            w.add_tensor(p_ + "attn_k_norm.weight", np.ones(head_dim, np.float32))
         linear(p_ + "attn_q.weight", heads * head_dim, h)
         linear(p_ + "attn_k.weight", kv_heads * head_dim, h)
         linear(p_ + "attn_v.weight", kv_heads * head_dim, h)
