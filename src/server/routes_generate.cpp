@@ -7,8 +7,10 @@
 #include <condition_variable>
 #include <deque>
 #include <mutex>
+#include <optional>
 
 #include "core/status.h"
+#include "server/reasoning.h"
 #include "server/server_internal.h"
 #include "tokenizer/chat_template.h"
 
@@ -51,7 +53,10 @@ struct Channel {
 };
 
 struct ChoiceState {
-  std::string text;
+  std::string text;  // chat with a reasoning parser: the answer (content) only
+  std::optional<ReasoningSplitter> splitter;  // chat with --reasoning-parser
+  std::string reasoning;                      // what the splitter took as reasoning
+  ReasoningSplitter::Delta last;              // the latest update's share of each
   std::vector<int32_t> tokens;
   Json logprobs;  // accumulated (non-streaming)
   std::string finish;
@@ -187,7 +192,13 @@ Json stream_chunk(Call& c, const ChoiceUpdate& u) {
       delta["role"] = "assistant";
       st.role_sent = true;
     }
-    if (!u.text.empty() || u.finish == FinishReason::kNone) delta["content"] = u.text;
+    if (st.splitter) {
+      if (!st.last.reasoning.empty()) delta["reasoning_content"] = st.last.reasoning;
+      if (!st.last.content.empty() || (st.last.reasoning.empty() && u.finish == FinishReason::kNone))
+        delta["content"] = st.last.content;
+    } else if (!u.text.empty() || u.finish == FinishReason::kNone) {
+      delta["content"] = u.text;
+    }
     choice["delta"] = delta;
   } else {
     choice["text"] = u.text;
@@ -208,8 +219,12 @@ Json final_body(Call& c) {
   for (size_t i = 0; i < c.choices.size(); ++i) {
     ChoiceState& st = c.choices[i];
     Json choice = {{"index", i}};
-    if (c.params.chat) choice["message"] = {{"role", "assistant"}, {"content", st.text}};
-    else choice["text"] = st.text;
+    if (c.params.chat) {
+      choice["message"] = {{"role", "assistant"}, {"content", st.text}};
+      if (st.splitter) choice["message"]["reasoning_content"] = st.reasoning.empty() ? Json(nullptr) : Json(st.reasoning);
+    } else {
+      choice["text"] = st.text;
+    }
     choice["logprobs"] = c.params.logprobs ? st.logprobs : Json(nullptr);
     choice["finish_reason"] = st.finish.empty() ? Json(nullptr) : Json(st.finish);
     if (c.params.return_token_ids) choice["token_ids"] = st.tokens;
@@ -224,7 +239,18 @@ void absorb(Call& c, const RequestUpdate& u) {
   for (auto& cu : u.choices) {
     ChoiceState& st = c.choices.at(size_t(cu.index));
     const size_t base = st.text.size();
-    st.text += cu.text;
+    if (st.splitter) {
+      st.last = st.splitter->feed(cu.text);
+      if (cu.finish != FinishReason::kNone) {
+        const ReasoningSplitter::Delta rest = st.splitter->finish();
+        st.last.reasoning += rest.reasoning;
+        st.last.content += rest.content;
+      }
+      st.reasoning += st.last.reasoning;
+      st.text += st.last.content;
+    } else {
+      st.text += cu.text;
+    }
     st.tokens.insert(st.tokens.end(), cu.tokens.begin(), cu.tokens.end());
     if (c.params.logprobs && !cu.logprobs.empty())
       append_logprobs(st.logprobs, logprobs_json(*c.model, cu, c.params.chat, base), c.params.chat);
@@ -239,7 +265,8 @@ void absorb(Call& c, const RequestUpdate& u) {
 
 bool write(httplib::DataSink& sink, const std::string& s) { return sink.write(s.data(), s.size()); }
 
-std::vector<int32_t> build_prompt(const ServedModel& m, const CompletionParams& p) {
+// `chat_text`: the rendered chat prompt (chat requests).
+std::vector<int32_t> build_prompt(const ServedModel& m, const CompletionParams& p, std::string* chat_text) {
   if (p.chat) {
     if (!m.tokenizer || !m.chat_template)
       throw ApiError(400, "model '" + m.name + "' has no chat template; use /v1/completions", "messages");
@@ -247,8 +274,8 @@ std::vector<int32_t> build_prompt(const ServedModel& m, const CompletionParams& 
     o.bos_token = m.tokenizer->bos_token();
     o.eos_token = m.tokenizer->eos_token();
     o.extra = p.template_kwargs;
-    std::string text = m.chat_template->render(p.messages, o);
-    return m.tokenizer->encode(text, /*add_special=*/false);
+    *chat_text = m.chat_template->render(p.messages, o);
+    return m.tokenizer->encode(*chat_text, /*add_special=*/false);
   }
   if (!p.prompt_ids.empty()) return p.prompt_ids;
   if (!m.tokenizer)
@@ -276,7 +303,8 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
     if (p.session_id.empty()) p.session_id = req.get_header_value("X-Session-Id");
     if (!m->tokenizer) p.return_token_ids = true;  // no text to return: the ids are the output
     call->model = m;
-    std::vector<int32_t> prompt = build_prompt(*m, p);
+    std::string chat_text;
+    std::vector<int32_t> prompt = build_prompt(*m, p, &chat_text);
     if (prompt.empty()) throw ApiError(400, "the prompt encodes to no tokens", chat ? "messages" : "prompt");
     const int64_t ctx = m->executor->max_context();
     int64_t max_tokens = p.max_tokens;
@@ -300,6 +328,8 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
     g.session_id = p.session_id;
     call->srv = this;
     call->choices.resize(size_t(p.n));
+    if (chat && opt.reasoning_parser)
+      for (ChoiceState& st : call->choices) st.splitter.emplace(ReasoningSplitter::prompt_opens_reasoning(chat_text));
     call->created = unix_now();
     call->id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id++);
     auto ch = call->channel;

@@ -26,6 +26,9 @@ struct ServerOptions {
   // Sent as X-Kiln-Instance on every response (which replica answered, behind a proxy);
   // empty: "host:port".
   std::string instance_name;
+  // Chat responses of thinking models (Qwen3, DeepSeek-R1): true carries the text between
+  // <think> and </think> as reasoning_content beside the answer's content (reasoning.h).
+  bool reasoning_parser = false;
 };
 
 class Server {

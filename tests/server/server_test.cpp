@@ -616,6 +616,49 @@ TEST_F(RealModelServerTest, ChatTemplateKwargsReachTheTemplate) {
   EXPECT_GT(with.json()["usage"]["prompt_tokens"].get<int>(), plain.json()["usage"]["prompt_tokens"].get<int>());
 }
 
+// --reasoning-parser: a chat template that opens a <think> block at the end of the prompt
+// (as DeepSeek-R1's does) makes the whole answer - cut by max_tokens before any </think> -
+// reasoning_content, in the body and in the stream's deltas alike; without the opened
+// block the answer stays content, with reasoning_content null.
+TEST_F(RealModelServerTest, ReasoningParserSplitsThinkingOutput) {
+  ServerOptions so;
+  so.reasoning_parser = true;
+  TestServer srv(*repo_, so);
+  ServedModel& m = *repo_->find("smollm2");
+  auto saved = std::move(m.chat_template);
+  Json body = {{"model", "smollm2"},
+               {"messages", {{{"role", "user"}, {"content", "What is the capital of France?"}}}},
+               {"max_tokens", 6},
+               {"temperature", 0}};
+  m.chat_template = std::make_unique<tok::ChatTemplate>(
+      "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+      "<|im_start|>assistant\n<think>\n");
+  auto r = post(srv.port(), "/v1/chat/completions", body);
+  body["stream"] = true;
+  auto s = post_sse(srv.port(), "/v1/chat/completions", body);
+  body.erase("stream");
+  m.chat_template = std::move(saved);
+  auto plain = post(srv.port(), "/v1/chat/completions", body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const Json msg = r.json()["choices"][0]["message"];
+  ASSERT_TRUE(msg["reasoning_content"].is_string()) << msg.dump();
+  EXPECT_FALSE(msg["reasoning_content"].get<std::string>().empty());
+  EXPECT_EQ(msg["content"], "");
+  ASSERT_TRUE(s.done);
+  std::string streamed_reasoning, streamed_content;
+  for (auto& e : s.events) {
+    const Json d = Json::parse(e)["choices"][0]["delta"];
+    if (d.contains("reasoning_content")) streamed_reasoning += d["reasoning_content"].get<std::string>();
+    if (d.contains("content")) streamed_content += d["content"].get<std::string>();
+  }
+  EXPECT_EQ(streamed_reasoning, msg["reasoning_content"].get<std::string>());
+  EXPECT_EQ(streamed_content, "");
+  ASSERT_EQ(plain.status, 200) << plain.body;
+  const Json pm = plain.json()["choices"][0]["message"];
+  EXPECT_TRUE(pm["reasoning_content"].is_null()) << pm.dump();
+  EXPECT_NE(pm["content"].get<std::string>().find("Paris"), std::string::npos) << pm.dump();
+}
+
 TEST_F(RealModelServerTest, ChatStreamingAndNonStreamingAgree) {
   Json body = {{"model", "smollm2"},
                {"messages", {{{"role", "user"}, {"content", "What is the capital of France?"}}}},

@@ -41,6 +41,7 @@ struct ServeArgs {
   int max_tokens = 4096;
   int http_threads = 128;
   std::string instance;
+  std::string reasoning_parser = "none";
   int drain_timeout_s = 30;
   int tp = 0;  // not given: an engine's own ranks, else 1
   bool tune_batch_sizes = false;  // ModelOptions::step_tuning
@@ -96,6 +97,7 @@ int run_serve(const ServeArgs& a) {
   so.limits.max_tokens = a.max_tokens;
   so.http_threads = a.http_threads;
   so.instance_name = a.instance;
+  so.reasoning_parser = a.reasoning_parser != "none";
   so.drain_timeout_s = a.drain_timeout_s;
   server::Server srv(repo, so);
   int port = srv.bind();
@@ -203,6 +205,11 @@ Runner add_serve(CLI::App& app) {
       ->check(CLI::Range(0, 86400))
       ->capture_default_str();
   cmd->add_option("--instance-name", a->instance, "X-Kiln-Instance response header (default host:port)");
+  cmd->add_option("--reasoning-parser", a->reasoning_parser,
+                  "thinking models' chat output: think (also qwen3, deepseek_r1) carries the text between <think> and "
+                  "</think> as reasoning_content beside the content; none leaves it in the content")
+      ->check(CLI::IsMember({"none", "think", "qwen3", "deepseek_r1"}))
+      ->capture_default_str();
 
   // `kiln serve bench` (also `kiln bench serve`): load-test a running server.
   SubRunner bench = add_serve_bench(cmd);
