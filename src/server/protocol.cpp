@@ -240,7 +240,7 @@ EmbeddingParams parse_embeddings(const Json& j, const RequestLimits& limits) {
   if (!fmt.empty() && fmt != "float" && fmt != "base64")
     throw ApiError(400, "'encoding_format' must be \"float\" or \"base64\"", "encoding_format");
   p.base64 = fmt == "base64";
-  if (field(j, "dimensions")) throw ApiError(400, "'dimensions' is not supported", "dimensions");
+  p.dimensions = get_int(j, "dimensions", 0, 1, int64_t(1) << 20);
   const Json* in = field(j, "input");
   if (!in) throw ApiError(400, "'input' is required", "input");
   if (in->is_string()) {

@@ -71,6 +71,9 @@ struct EmbeddingParams {
   std::vector<std::string> texts;
   std::vector<std::vector<int32_t>> ids;
   bool base64 = false;  // encoding_format "base64" (the openai client's default)
+  // > 0: the first `dimensions` values of each embedding, normalized again (Matryoshka
+  // embeddings such as Qwen3-Embedding's or OpenAI's text-embedding-3 `dimensions`).
+  int64_t dimensions = 0;
 };
 EmbeddingParams parse_embeddings(const Json& body, const RequestLimits& limits);
 

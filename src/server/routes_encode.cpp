@@ -172,13 +172,20 @@ void Server::Impl::handle_embeddings(const httplib::Request& req, httplib::Respo
     EmbeddingParams p = parse_embeddings(parse_json_body(req.body), opt.limits);
     model_name = p.model;
     ServedModel& m = find_encoder(repo, p.model);
+    const int64_t hidden = m.model->info().hidden_size;
+    if (p.dimensions > hidden)
+      throw ApiError(400, "'dimensions' is " + std::to_string(p.dimensions) + " but model '" + m.name + "' embeds in " +
+                              std::to_string(hidden), "dimensions");
     int64_t tokens = 0;
     std::vector<EncoderInput> batch = encoder_inputs(m, p.texts, p.ids, &tokens);
     const bool base64 = p.base64;
-    auto ok = [&m, base64, tokens](std::vector<EncoderOutput>& out) {
+    const size_t dims = size_t(p.dimensions > 0 ? p.dimensions : hidden);
+    auto ok = [&m, base64, tokens, dims](std::vector<EncoderOutput>& out) {
       Json data = Json::array();
       for (size_t i = 0; i < out.size(); ++i) {
-        std::vector<float> e = normalized(out[i].embedding);
+        std::vector<float> e = out[i].embedding;
+        e.resize(std::min(e.size(), dims));  // Matryoshka: the leading values, then normalized
+        e = normalized(std::move(e));
         Json item = {{"object", "embedding"}, {"index", i}};
         if (base64) item["embedding"] = base64_floats(e);
         else item["embedding"] = e;

@@ -509,6 +509,22 @@ TEST(DecoderEmbedServer, EmbeddingsAreTheNormalizedLastTokenStates) {
     ASSERT_EQ(got.size(), size_t(h));
     for (int64_t k = 0; k < h; ++k) EXPECT_NEAR(got[size_t(k)], last[k] / std::sqrt(norm), 1e-5) << b << " " << k;
   }
+  // dimensions (Matryoshka): the first 16 values, normalized again; out of range is a 400.
+  auto d = post(srv.port(), "/v1/embeddings", Json{{"model", "llama-embed"}, {"input", prompts}, {"dimensions", 16}});
+  ASSERT_EQ(d.status, 200) << d.body;
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    const float* last = hidden.data() + (int64_t(b) * smax + int64_t(prompts[b].size()) - 1) * h;
+    double norm = 0;
+    for (int64_t k = 0; k < 16; ++k) norm += double(last[k]) * last[k];
+    const auto got = d.json()["data"][b]["embedding"].get<std::vector<float>>();
+    ASSERT_EQ(got.size(), 16u);
+    for (int64_t k = 0; k < 16; ++k) EXPECT_NEAR(got[size_t(k)], last[k] / std::sqrt(norm), 1e-5) << b << " " << k;
+  }
+  for (int dims : {0, 65}) {
+    auto bad = post(srv.port(), "/v1/embeddings", Json{{"model", "llama-embed"}, {"input", prompts}, {"dimensions", dims}});
+    EXPECT_EQ(bad.status, 400) << bad.body;
+    EXPECT_NE(bad.body.find("dimensions"), std::string::npos) << bad.body;
+  }
   auto c = post(srv.port(), "/v1/completions", Json{{"model", "llama-embed"}, {"prompt", prompts[0]}});
   EXPECT_EQ(c.status, 400) << c.body;
   EXPECT_NE(c.body.find("an embedding model"), std::string::npos) << c.body;
