@@ -5,6 +5,7 @@
 // Qwen2ForCausalLM and Qwen3ForCausalLM.
 #include <cmath>
 
+#include "core/log.h"
 #include "core/status.h"
 #include "core/weight_quant.h"
 #include "models/model_builder.h"
@@ -73,6 +74,29 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
   info.num_kv_heads = config_int(c, "num_key_value_heads", info.num_heads);
   info.head_dim = config_int(c, "head_dim", info.hidden_size / info.num_heads);
   info.max_positions = config_int(c, "max_position_embeddings", 2048);
+  // Sliding-window attention (Mistral v0.1's 4096; Qwen2/Qwen3 with use_sliding_window):
+  // each query sees its last `sliding_window` keys, which is full causal attention while a
+  // sequence is no longer than the window. kiln's attention is full, so such a model runs
+  // up to its window - exactly - and a longer sequence is refused rather than computed
+  // differently.
+  if (auto it = c.find("sliding_window"); it != c.end() && !it->is_null()) {
+    const std::string type = c.value("model_type", "");
+    // transformers' layer_types says per layer; else Qwen2/Qwen3 slide only with
+    // use_sliding_window, in the layers from max_window_layers on.
+    bool used = (type != "qwen2" && type != "qwen3") ||
+                (c.value("use_sliding_window", false) &&
+                 config_int(c, "max_window_layers", 0) < config_int(c, "num_hidden_layers"));
+    if (auto lt = c.find("layer_types"); lt != c.end() && lt->is_array()) {
+      used = false;
+      for (const auto& t : *lt) used = used || (t.is_string() && t.get<std::string>() == "sliding_attention");
+    }
+    const int64_t window = config_int(c, "sliding_window");
+    if (used && window > 0 && window < info.max_positions) {
+      log_warn(type, ": sliding-window attention of ", window, " tokens; kiln attends fully, so sequences are "
+               "limited to ", window, " tokens (of max_position_embeddings ", info.max_positions, ")");
+      info.max_positions = window;
+    }
+  }
   info.bos_token_id = config_int(c, "bos_token_id", -1);
   if (c.contains("eos_token_id") && c["eos_token_id"].is_array() && !c["eos_token_id"].empty())
     info.eos_token_id = c["eos_token_id"][0].get<int64_t>();

@@ -264,5 +264,46 @@ TEST(Qwen3Gguf, LogitsMatchTransformers) {
   }
 }
 
+// Sliding-window attention (Mistral v0.1, Qwen2/Qwen3 with use_sliding_window) is full
+// attention up to the window: such a model runs exactly that far and refuses a longer
+// sequence; a window the config does not use (use_sliding_window false, or every
+// layer_types entry full_attention) changes nothing.
+TEST(SlidingWindow, ModelsRunUpToTheirWindow) {
+  namespace fs = std::filesystem;
+  TempDir dir;
+  auto variant = [&](const std::string& family, const std::string& name, const nlohmann::json& patch) {
+    const std::string d = dir.file(name);
+    fs::create_directories(d);
+    fs::copy_file(testing::fixture_dir(family) + "/model.safetensors", d + "/model.safetensors");
+    nlohmann::json c = nlohmann::json::parse(read_text_file(testing::fixture_dir(family) + "/config.json"));
+    c.merge_patch(patch);
+    write_file(d + "/config.json", c.dump());
+    return Model::load(d);
+  };
+  auto windowed = variant("llama", "llama_w16", {{"sliding_window", 16}});
+  EXPECT_EQ(windowed->info().max_positions, 16);
+  auto plain = Model::load(testing::fixture_dir("llama"));
+  std::vector<int32_t> seq;
+  for (int i = 0; i < 16; ++i) seq.push_back(int32_t(3 + i * 7 % 500));
+  LlmRunner a(*windowed), b(*plain);
+  a.add_sequence(seq);
+  b.add_sequence(seq);
+  EXPECT_EQ(a.step(true)[0].logits, b.step(true)[0].logits) << "within the window: full attention";
+  LlmRunner c(*windowed);
+  seq.push_back(5);
+  c.add_sequence(seq);
+  test::expect_error([&] { c.step(); }, ErrorCode::kOutOfRange, {"17 tokens", "16 positions"});
+  EXPECT_EQ(variant("qwen2", "qwen2_off", {{"sliding_window", 16}, {"use_sliding_window", false}})->info().max_positions,
+            128);
+  EXPECT_EQ(variant("qwen3", "qwen3_on", {{"sliding_window", 16}, {"use_sliding_window", true}, {"max_window_layers", 0},
+                                          {"layer_types", {"sliding_attention", "full_attention"}}})
+                ->info().max_positions,
+            16);
+  EXPECT_EQ(variant("qwen3", "qwen3_full", {{"sliding_window", 16}, {"use_sliding_window", true}, {"max_window_layers", 0},
+                                            {"layer_types", {"full_attention", "full_attention"}}})
+                ->info().max_positions,
+            128);
+}
+
 }  // namespace
 }  // namespace kiln
