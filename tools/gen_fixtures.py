@@ -12,6 +12,8 @@ What it makes (under --out, default tests/fixtures/models/):
     qwen2/   Qwen2ForCausalLM, QKV bias, 4 q / 1 kv head, untied head, theta 1e6
     qwen3/   Qwen3ForCausalLM, per-head q/k RMSNorm, head_dim 32 (4 x 32 != hidden 64),
              4 q / 2 kv heads, tied head, theta 1e6
+    phi3/    Phi3ForCausalLM, fused qkv_proj and gate_up_proj, partial rotary (8 of 16
+             dims), 4 q / 2 kv heads, untied head
     bert/    BertForSequenceClassification (3 labels), token_type_ids in use
 
   Real-model references (only reference.* is committed, never the weights; the
@@ -231,11 +233,30 @@ def tiny_decoder_configs():
     qwen3 = transformers.Qwen3Config(
         num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True, attention_bias=False, **qwen
     )
+    phi3 = transformers.Phi3Config(
+        hidden_size=HIDDEN,
+        num_hidden_layers=LAYERS,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=128,
+        max_position_embeddings=MAX_POS,
+        original_max_position_embeddings=MAX_POS,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        partial_rotary_factor=0.5,
+        sliding_window=None,
+        tie_word_embeddings=False,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attention_dropout=0.0,
+        **common,
+    )
     return {
         "gpt2": (transformers.GPT2LMHeadModel, gpt2, 1001),
         "llama": (transformers.LlamaForCausalLM, llama, 1002),
         "qwen2": (transformers.Qwen2ForCausalLM, qwen2, 1003),
         "qwen3": (transformers.Qwen3ForCausalLM, qwen3, 1005),
+        "phi3": (transformers.Phi3ForCausalLM, phi3, 1006),
     }
 
 
@@ -383,6 +404,11 @@ def gen_tiny_decoder(name, cls, config, seed, out):
         meta["rope_inv_freq"] = model.model.rotary_emb.inv_freq.tolist()
     if name == "qwen2":
         meta["notes"].append("untied: lm_head.weight present; q/k/v_proj have biases (randomized, nonzero)")
+    if name == "phi3":
+        meta["notes"].append(
+            "self_attn.qkv_proj = [q; k; v] rows and mlp.gate_up_proj = [gate; up] rows; RoPE on the first 8 of "
+            "each head's 16 dims (partial_rotary_factor 0.5); untied: lm_head.weight present"
+        )
     if name == "qwen3":
         meta["notes"].append(
             "q_norm/k_norm: RMSNorm over each head's 32 values before RoPE (weights randomized); "
@@ -746,7 +772,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="tests/fixtures/models", type=Path)
     ap.add_argument("--models-dir", default=".cache/models", type=Path)
-    ap.add_argument("--only", default="", help="comma list of gpt2,llama,qwen2,qwen3,bert,smollm2,minilm")
+    ap.add_argument("--only", default="", help="comma list of gpt2,llama,qwen2,qwen3,phi3,bert,smollm2,minilm")
     args = ap.parse_args()
     only = set(filter(None, args.only.split(",")))
     want = lambda n: not only or n in only  # noqa: E731

@@ -1,8 +1,9 @@
-// The Llama family (Llama 2/3, Mistral, Qwen2, Qwen3, SmolLM, TinyLlama): RMSNorm, RoPE
-// with optional Llama-3/linear scaling, GQA/MQA, SwiGLU MLP, optional QKV bias (Qwen2),
-// per-head q/k RMSNorm before RoPE (Qwen3), tied or untied LM head. Tested in
-// tests/models/decoder_golden_test.cpp against transformers' LlamaForCausalLM,
-// Qwen2ForCausalLM and Qwen3ForCausalLM.
+// The Llama family (Llama 2/3, Mistral, Qwen2, Qwen3, Phi-3, SmolLM, TinyLlama): RMSNorm,
+// RoPE with optional Llama-3/linear scaling and partial rotary dims, GQA/MQA, SwiGLU MLP,
+// optional QKV bias (Qwen2), per-head q/k RMSNorm before RoPE (Qwen3), fused qkv_proj and
+// gate_up_proj (Phi-3), tied or untied LM head. Tested in tests/models/decoder_golden_test.cpp
+// against transformers' LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM and
+// Phi3ForCausalLM.
 #include <cmath>
 
 #include "core/log.h"
@@ -115,7 +116,10 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
   const bool o_bias = c.value("model_type", "") != "qwen2" && c.value("attention_bias", false);
   const bool mlp_bias = c.value("mlp_bias", false);
   const bool qk_norm = c.value("model_type", "") == "qwen3";
-
+  // Phi-3: q|k|v in one qkv_proj and gate|up in one gate_up_proj, read as row views of
+  // them under the Llama names (fuse_qkv_attention and fuse_swiglu stack the views back
+  // into the same bytes, without a copy).
+  const bool fused_proj = c.value("model_type", "") == "phi3";
   std::vector<WeightSpec> specs = {
       {"model.embed_tokens.weight", {v, h}, true, "", false, false, /*table=*/true},
       {"model.norm.weight", {h}},
@@ -124,9 +128,16 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
   for (int64_t l = 0; l < info.num_layers; ++l) {
     std::string b = "model.layers." + std::to_string(l) + ".";
     specs.push_back({b + "input_layernorm.weight", {h}});
-    specs.push_back({b + "self_attn.q_proj.weight", {hq * hd, h}, true, "", false, /*linear=*/true});
-    specs.push_back({b + "self_attn.k_proj.weight", {hkv * hd, h}, true, "", false, /*linear=*/true});
-    specs.push_back({b + "self_attn.v_proj.weight", {hkv * hd, h}, true, "", false, /*linear=*/true});
+    if (fused_proj) {
+      specs.push_back({b + "self_attn.qkv_proj.weight", {(hq + 2 * hkv) * hd, h}, true, "", false, /*linear=*/true});
+      specs.push_back({b + "mlp.gate_up_proj.weight", {2 * inter, h}, true, "", false, /*linear=*/true});
+    } else {
+      specs.push_back({b + "self_attn.q_proj.weight", {hq * hd, h}, true, "", false, /*linear=*/true});
+      specs.push_back({b + "self_attn.k_proj.weight", {hkv * hd, h}, true, "", false, /*linear=*/true});
+      specs.push_back({b + "self_attn.v_proj.weight", {hkv * hd, h}, true, "", false, /*linear=*/true});
+      specs.push_back({b + "mlp.gate_proj.weight", {inter, h}, true, "", false, /*linear=*/true});
+      specs.push_back({b + "mlp.up_proj.weight", {inter, h}, true, "", false, /*linear=*/true});
+    }
     specs.push_back({b + "self_attn.o_proj.weight", {h, hq * hd}, true, "", false, /*linear=*/true});
     specs.push_back({b + "self_attn.q_proj.bias", {hq * hd}, qkv_bias});
     specs.push_back({b + "self_attn.k_proj.bias", {hkv * hd}, qkv_bias});
@@ -137,14 +148,31 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
       specs.push_back({b + "self_attn.k_norm.weight", {hd}});
     }
     specs.push_back({b + "post_attention_layernorm.weight", {h}});
-    specs.push_back({b + "mlp.gate_proj.weight", {inter, h}, true, "", false, /*linear=*/true});
-    specs.push_back({b + "mlp.up_proj.weight", {inter, h}, true, "", false, /*linear=*/true});
     specs.push_back({b + "mlp.down_proj.weight", {h, inter}, true, "", false, /*linear=*/true});
     specs.push_back({b + "mlp.gate_proj.bias", {inter}, mlp_bias});
     specs.push_back({b + "mlp.up_proj.bias", {inter}, mlp_bias});
     specs.push_back({b + "mlp.down_proj.bias", {h}, mlp_bias});
   }
   auto w = load_declared_weights(specs, src);
+  if (fused_proj)
+    for (int64_t l = 0; l < info.num_layers; ++l) {
+      const std::string b = "model.layers." + std::to_string(l) + ".";
+      auto split = [&](const std::string& fused, std::vector<std::pair<std::string, int64_t>> parts) {
+        const Tensor t = w.at(b + fused);
+        if (t.dtype() != DType::kF32 && t.dtype() != DType::kBF16 && t.dtype() != DType::kF16)
+          throw_error(ErrorCode::kUnsupported, "phi3: ", b, fused, " is stored as ", dtype_name(t.dtype()),
+                      "; kiln splits fused projections of f32/bf16/f16 checkpoints only");
+        int64_t row = 0;
+        for (auto& [name, rows] : parts) {
+          w[b + name] = t.slice_rows(row, row + rows);
+          row += rows;
+        }
+        w.erase(b + fused);
+      };
+      split("self_attn.qkv_proj.weight",
+            {{"self_attn.q_proj.weight", hq * hd}, {"self_attn.k_proj.weight", hkv * hd}, {"self_attn.v_proj.weight", hkv * hd}});
+      split("mlp.gate_up_proj.weight", {{"mlp.gate_proj.weight", inter}, {"mlp.up_proj.weight", inter}});
+    }
 
   ir::Graph& g = m.graph;
   auto W = [&](const std::string& name) { return g.add_weight(name, w.at(name)); };

@@ -229,7 +229,7 @@ TEST_P(DecoderGolden, ForkSharesPrefixBlocks) {
                     GetParam() + " forked decode");
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, DecoderGolden, ::testing::Values("gpt2", "llama", "qwen2", "qwen3"));
+INSTANTIATE_TEST_SUITE_P(Families, DecoderGolden, ::testing::Values("gpt2", "llama", "qwen2", "qwen3", "phi3"));
 
 // The qwen3 fixture as llama.cpp's converter writes it (arch qwen3, attn_q_norm /
 // attn_k_norm): F32 computes transformers' logits as the HF directory does; F16 and Q8_0
@@ -295,6 +295,10 @@ TEST(SlidingWindow, ModelsRunUpToTheirWindow) {
   test::expect_error([&] { c.step(); }, ErrorCode::kOutOfRange, {"17 tokens", "16 positions"});
   EXPECT_EQ(variant("qwen2", "qwen2_off", {{"sliding_window", 16}, {"use_sliding_window", false}})->info().max_positions,
             128);
+  EXPECT_EQ(variant("phi3", "phi3_w", {{"sliding_window", 32}})->info().max_positions, 32);  // Phi-3-mini-4k: 2047
+  // Phi-3.5 / Phi-4-mini's LongRoPE is not implemented: an error naming it, not other logits.
+  test::expect_error([&] { variant("phi3", "phi3_longrope", {{"rope_scaling", {{"type", "longrope"}}}}); },
+                     ErrorCode::kUnsupported, {"longrope"});
   EXPECT_EQ(variant("qwen3", "qwen3_on", {{"sliding_window", 16}, {"use_sliding_window", true}, {"max_window_layers", 0},
                                           {"layer_types", {"sliding_attention", "full_attention"}}})
                 ->info().max_positions,

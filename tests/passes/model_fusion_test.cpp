@@ -95,7 +95,7 @@ TEST(ModelNormLinearFusion, FoldsTheDecodersNorms) {
     const char* add_norm;
     size_t add_norms_left;
   };
-  for (Case c : {Case{"llama", "AddRMSNorm", 0}, Case{"qwen2", "AddRMSNorm", 0}, Case{"qwen3", "AddRMSNorm", 0}, Case{"gpt2", "AddLayerNorm", 1}}) {
+  for (Case c : {Case{"llama", "AddRMSNorm", 0}, Case{"qwen2", "AddRMSNorm", 0}, Case{"qwen3", "AddRMSNorm", 0}, Case{"phi3", "AddRMSNorm", 0}, Case{"gpt2", "AddLayerNorm", 1}}) {
     SCOPED_TRACE(c.model);
     ModelOptions o;
     o.top_logits_k = 0;  // compare the logits themselves
@@ -124,7 +124,7 @@ TEST(ModelNormLinearFusion, FoldsTheDecodersNorms) {
 
 INSTANTIATE_TEST_SUITE_P(Families, ModelFusion,
                          ::testing::Values(Expect{"gpt2", 1, false}, Expect{"llama", 0, true},
-                                           Expect{"qwen2", 0, true}, Expect{"qwen3", 0, true}, Expect{"bert", 0, false, 1}),
+                                           Expect{"qwen2", 0, true}, Expect{"qwen3", 0, true}, Expect{"phi3", 0, true}, Expect{"bert", 0, false, 1}),
                          [](const auto& info) { return info.param.model; });
 
 }  // namespace
