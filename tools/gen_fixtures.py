@@ -198,14 +198,14 @@ def tiny_decoder_configs():
         attn_pdrop=0.0,
         **common,
     )
+    # The Llama-shaped decoders share these.
+    decoder = dict(
+        hidden_size=HIDDEN, num_hidden_layers=LAYERS, intermediate_size=128, max_position_embeddings=MAX_POS, **common
+    )
     llama = transformers.LlamaConfig(
-        hidden_size=HIDDEN,
-        num_hidden_layers=LAYERS,
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=16,
-        intermediate_size=128,
-        max_position_embeddings=MAX_POS,
         rms_norm_eps=1e-5,
         rope_theta=10000.0,
         rope_scaling={
@@ -216,30 +216,17 @@ def tiny_decoder_configs():
             "original_max_position_embeddings": 32,
         },
         tie_word_embeddings=True,
-        **common,
+        **decoder,
     )
     # Qwen2 and Qwen3 share these; each adds its own heads and head.
-    qwen = dict(
-        hidden_size=HIDDEN,
-        num_hidden_layers=LAYERS,
-        intermediate_size=128,
-        max_position_embeddings=MAX_POS,
-        rms_norm_eps=1e-6,
-        rope_theta=1e6,
-        use_sliding_window=False,
-        **common,
-    )
+    qwen = dict(rms_norm_eps=1e-6, rope_theta=1e6, use_sliding_window=False, **decoder)
     qwen2 = transformers.Qwen2Config(num_attention_heads=4, num_key_value_heads=1, tie_word_embeddings=False, **qwen)
     qwen3 = transformers.Qwen3Config(
         num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True, attention_bias=False, **qwen
     )
     phi3 = transformers.Phi3Config(
-        hidden_size=HIDDEN,
-        num_hidden_layers=LAYERS,
         num_attention_heads=4,
         num_key_value_heads=2,
-        intermediate_size=128,
-        max_position_embeddings=MAX_POS,
         original_max_position_embeddings=MAX_POS,
         rms_norm_eps=1e-5,
         rope_theta=10000.0,
@@ -249,7 +236,7 @@ def tiny_decoder_configs():
         resid_pdrop=0.0,
         embd_pdrop=0.0,
         attention_dropout=0.0,
-        **common,
+        **decoder,
     )
     return {
         "gpt2": (transformers.GPT2LMHeadModel, gpt2, 1001),
