@@ -64,6 +64,11 @@ try:
     vecs = [d.embedding for d in emb.data]
     assert len(vecs) == 2 and len(vecs[0]) == 384, len(vecs[0])
     assert abs(sum(x * x for x in vecs[0]) - 1.0) < 1e-3
+    # dimensions: the leading values of the same embedding, normalized again.
+    short = client.embeddings.create(model="minilm", input=["a cat sits on the mat"], dimensions=64).data[0].embedding
+    assert len(short) == 64, len(short)
+    norm = sum(x * x for x in vecs[0][:64]) ** 0.5
+    assert max(abs(a - b / norm) for a, b in zip(short, vecs[0][:64])) < 1e-5
 
     try:
         client.completions.create(model="smollm2", prompt="x", max_tokens=-1)
