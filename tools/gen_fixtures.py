@@ -14,6 +14,9 @@ What it makes (under --out, default tests/fixtures/models/):
              4 q / 2 kv heads, tied head, theta 1e6
     phi3/    Phi3ForCausalLM, fused qkv_proj and gate_up_proj, partial rotary (8 of 16
              dims), 4 q / 2 kv heads, untied head
+    gemma3/  Gemma3ForCausalLM (gemma3_text): (1 + w) norms, sandwich norms, GELU(tanh)
+             gate, q/k norms, a sliding (local, theta 1e4) then a full (global, theta 1e6,
+             linear scaling 2) layer, query_pre_attn_scalar 24, window = max positions
     bert/    BertForSequenceClassification (3 labels), token_type_ids in use
 
   Real-model references (only reference.* is committed, never the weights; the
@@ -238,12 +241,26 @@ def tiny_decoder_configs():
         attention_dropout=0.0,
         **decoder,
     )
+    gemma3 = transformers.Gemma3TextConfig(
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        layer_types=["sliding_attention", "full_attention"],
+        sliding_window=MAX_POS,
+        query_pre_attn_scalar=24,
+        rope_parameters={
+            "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
+        },
+        **decoder,
+    )
     return {
         "gpt2": (transformers.GPT2LMHeadModel, gpt2, 1001),
         "llama": (transformers.LlamaForCausalLM, llama, 1002),
         "qwen2": (transformers.Qwen2ForCausalLM, qwen2, 1003),
         "qwen3": (transformers.Qwen3ForCausalLM, qwen3, 1005),
         "phi3": (transformers.Phi3ForCausalLM, phi3, 1006),
+        "gemma3": (transformers.Gemma3ForCausalLM, gemma3, 1007),
     }
 
 
@@ -391,6 +408,12 @@ def gen_tiny_decoder(name, cls, config, seed, out):
         meta["rope_inv_freq"] = model.model.rotary_emb.inv_freq.tolist()
     if name == "qwen2":
         meta["notes"].append("untied: lm_head.weight present; q/k/v_proj have biases (randomized, nonzero)")
+    if name == "gemma3":
+        meta["notes"].append(
+            "norm weights are w with the norm scaling by (1 + w); the embedding is scaled by sqrt(64); layer 0 "
+            "slides (RoPE theta 1e4), layer 1 is global (theta 1e6, linear factor 2); the window equals the 128 "
+            "positions, so full attention is the sliding one; tied head"
+        )
     if name == "phi3":
         meta["notes"].append(
             "self_attn.qkv_proj = [q; k; v] rows and mlp.gate_up_proj = [gate; up] rows; RoPE on the first 8 of "
@@ -759,7 +782,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="tests/fixtures/models", type=Path)
     ap.add_argument("--models-dir", default=".cache/models", type=Path)
-    ap.add_argument("--only", default="", help="comma list of gpt2,llama,qwen2,qwen3,phi3,bert,smollm2,minilm")
+    ap.add_argument("--only", default="", help="comma list of gpt2,llama,qwen2,qwen3,phi3,gemma3,bert,smollm2,minilm")
     args = ap.parse_args()
     only = set(filter(None, args.only.split(",")))
     want = lambda n: not only or n in only  # noqa: E731

@@ -13,10 +13,6 @@
 
 namespace kiln {
 
-namespace {
-
-// RoPE inverse frequencies as transformers computes them (f32 arithmetic), including
-// the rope_scaling variants kiln supports.
 Tensor rope_inv_freq(const nlohmann::json& c, int64_t head_dim) {
   const float base = float(config_float(c, "rope_theta", 10000.0));
   const int64_t dim = int64_t(double(head_dim) * config_float(c, "partial_rotary_factor", 1.0));
@@ -61,8 +57,6 @@ Tensor rope_inv_freq(const nlohmann::json& c, int64_t head_dim) {
   throw_error(ErrorCode::kUnsupported, "config.json: rope_scaling type '", type,
               "' is not supported (supported: default, linear, llama3)");
 }
-
-}  // namespace
 
 BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
   BuiltModel m;

@@ -106,6 +106,11 @@ BuiltModel build_model(const nlohmann::json& config, const WeightSource& weights
 // Families (each in its own file).
 BuiltModel build_gpt2(const nlohmann::json& config, const WeightSource& weights);
 BuiltModel build_llama(const nlohmann::json& config, const WeightSource& weights);
+BuiltModel build_gemma3(const nlohmann::json& config, const WeightSource& weights);
+// RoPE inverse frequencies [rotary_dim / 2] as transformers computes them (f32
+// arithmetic) from a config's rope_theta, partial_rotary_factor and rope_scaling
+// (default, linear, llama3; others kUnsupported).
+Tensor rope_inv_freq(const nlohmann::json& config, int64_t head_dim);
 BuiltModel build_bert(const nlohmann::json& config, const WeightSource& weights);
 
 }  // namespace kiln

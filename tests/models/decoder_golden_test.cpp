@@ -229,7 +229,7 @@ TEST_P(DecoderGolden, ForkSharesPrefixBlocks) {
                     GetParam() + " forked decode");
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, DecoderGolden, ::testing::Values("gpt2", "llama", "qwen2", "qwen3", "phi3"));
+INSTANTIATE_TEST_SUITE_P(Families, DecoderGolden, ::testing::Values("gpt2", "llama", "qwen2", "qwen3", "phi3", "gemma3"));
 
 // The qwen3 fixture as llama.cpp's converter writes it (arch qwen3, attn_q_norm /
 // attn_k_norm): F32 computes transformers' logits as the HF directory does; F16 and Q8_0
@@ -307,6 +307,47 @@ TEST(SlidingWindow, ModelsRunUpToTheirWindow) {
                                             {"layer_types", {"full_attention", "full_attention"}}})
                 ->info().max_positions,
             128);
+}
+
+// Gemma 3 configs as the Hub's checkpoints write them (transformers 4.x: rope_theta +
+// rope_scaling for the global layers, rope_local_base_freq, sliding_window_pattern, no
+// layer_types or rope_parameters) build the fixture's model; the sliding window caps the
+// positions; Gemma 2's soft-capping is refused.
+TEST(Gemma3Config, HubKeysBuildTheSameModel) {
+  namespace fs = std::filesystem;
+  TempDir dir;
+  auto variant = [&](const std::string& name, const nlohmann::json& patch) {
+    const std::string d = dir.file(name);
+    fs::create_directories(d);
+    fs::copy_file(testing::fixture_dir("gemma3") + "/model.safetensors", d + "/model.safetensors");
+    nlohmann::json c = nlohmann::json::parse(read_text_file(testing::fixture_dir("gemma3") + "/config.json"));
+    c.merge_patch(patch);
+    write_file(d + "/config.json", c.dump());
+    return d;
+  };
+  const nlohmann::json hub = {{"layer_types", nullptr},
+                              {"rope_parameters", nullptr},
+                              {"rope_theta", 1e6},
+                              {"rope_scaling", {{"rope_type", "linear"}, {"factor", 2.0}}},
+                              {"rope_local_base_freq", 1e4},
+                              {"sliding_window_pattern", 2}};
+  auto model = Model::load(variant("hub", hub));
+  Reference ref("gemma3");
+  const auto prompts = ref.prompts();
+  const auto want = ref.f32("logits");
+  const int64_t smax = ref.shape("input_ids")[1], vocab = model->info().vocab_size;
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    LlmRunner runner(*model);
+    runner.add_sequence(prompts[b]);
+    auto got = runner.step(true)[0].logits;
+    KILN_EXPECT_CLOSE(got.data(), want.data() + b * size_t(smax * vocab), got.size(), 1e-4,
+                      "gemma3 with the Hub's config keys, prompt " + std::to_string(b));
+  }
+  nlohmann::json windowed = hub;
+  windowed["sliding_window"] = 16;
+  EXPECT_EQ(Model::load(variant("w16", windowed))->info().max_positions, 16);
+  test::expect_error([&] { Model::load(variant("softcap", {{"final_logit_softcapping", 30.0}})); },
+                     ErrorCode::kUnsupported, {"final_logit_softcapping"});
 }
 
 }  // namespace
