@@ -21,7 +21,6 @@ struct EncoderBatcher::Request {
 };
 
 EncoderBatcher::EncoderBatcher(Model& model, EncoderBatcherOptions options) : model_(model), opt_(std::move(options)) {
-  const ModelInfo& info = model_.info();
   KILN_THROW_IF(opt_.max_batch_tokens < 1 || opt_.max_batch_sequences < 1 || opt_.max_queued_sequences < 1 ||
                     opt_.max_queue_delay.count() < 0,
                 kInvalidArgument, "encoder batching: the batch budgets (", opt_.max_batch_tokens, " tokens, ",

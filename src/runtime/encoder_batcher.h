@@ -59,8 +59,9 @@ struct EncoderBatcherStats {
 
 class EncoderBatcher {
  public:
-  // `model` (an encoder) must outlive the batcher, and nothing else may run it while the
-  // batcher has work (a model runs one forward at a time).
+  // `model` (an encoder, or a decoder that embeds: see encode()) must outlive the
+  // batcher, and nothing else may run it while the batcher has work (a model runs one
+  // forward at a time).
   EncoderBatcher(Model& model, EncoderBatcherOptions options = {});
   ~EncoderBatcher();  // runs what is queued, then stops
   EncoderBatcher(const EncoderBatcher&) = delete;
