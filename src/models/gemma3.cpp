@@ -49,23 +49,10 @@ BuiltModel build_gemma3(const nlohmann::json& c, const WeightSource& src) {
   BuiltModel m;
   ModelInfo& info = m.info;
   info.family = "gemma3";
-  info.vocab_size = config_int(c, "vocab_size");
-  info.hidden_size = config_int(c, "hidden_size");
-  info.num_layers = config_int(c, "num_hidden_layers");
-  info.num_heads = config_int(c, "num_attention_heads");
-  info.num_kv_heads = config_int(c, "num_key_value_heads", info.num_heads);
-  info.head_dim = config_int(c, "head_dim", 256);
-  info.max_positions = config_int(c, "max_position_embeddings", 32768);
-  info.bos_token_id = config_int(c, "bos_token_id", -1);
-  if (c.contains("eos_token_id") && c["eos_token_id"].is_array() && !c["eos_token_id"].empty())
-    info.eos_token_id = c["eos_token_id"][0].get<int64_t>();
-  else
-    info.eos_token_id = config_int(c, "eos_token_id", -1);
+  read_decoder_info(c, 32768, info);
+  info.head_dim = config_int(c, "head_dim", 256);  // transformers' Gemma3TextConfig default
   const int64_t h = info.hidden_size, v = info.vocab_size, hd = info.head_dim;
   const int64_t hq = info.num_heads, hkv = info.num_kv_heads, inter = config_int(c, "intermediate_size");
-  if (hq % hkv)
-    throw_error(ErrorCode::kInvalidFile, "config.json: num_attention_heads ", hq, " is not a multiple of num_key_value_heads ",
-                hkv);
   const double eps = config_float(c, "rms_norm_eps", 1e-6);
   for (const char* cap : {"attn_logit_softcapping", "final_logit_softcapping"})
     if (c.contains(cap) && !c[cap].is_null())
@@ -95,14 +82,8 @@ BuiltModel build_gemma3(const nlohmann::json& c, const WeightSource& src) {
       throw_error(ErrorCode::kInvalidFile, "config.json: layer type '", t, "' (sliding_attention or full_attention)");
     slides = slides || t == "sliding_attention";
   }
-  if (slides && c.contains("sliding_window") && !c["sliding_window"].is_null()) {
-    const int64_t window = config_int(c, "sliding_window");
-    if (window > 0 && window < info.max_positions) {
-      log_warn("gemma3: sliding-window attention of ", window, " tokens in the local layers; kiln attends fully, so "
-               "sequences are limited to ", window, " tokens (of max_position_embeddings ", info.max_positions, ")");
-      info.max_positions = window;
-    }
-  }
+  if (slides && c.contains("sliding_window") && !c["sliding_window"].is_null())
+    limit_to_sliding_window("gemma3 (local layers)", config_int(c, "sliding_window"), info);
 
   std::vector<WeightSpec> specs = {
       {"model.embed_tokens.weight", {v, h}, true, "", false, false, /*table=*/true},

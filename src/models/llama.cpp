@@ -58,22 +58,36 @@ Tensor rope_inv_freq(const nlohmann::json& c, int64_t head_dim) {
               "' is not supported (supported: default, linear, llama3)");
 }
 
-BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
-  BuiltModel m;
-  ModelInfo& info = m.info;
-  info.family = "llama";
+void read_decoder_info(const nlohmann::json& c, int64_t default_max_positions, ModelInfo& info) {
   info.vocab_size = config_int(c, "vocab_size");
   info.hidden_size = config_int(c, "hidden_size");
   info.num_layers = config_int(c, "num_hidden_layers");
   info.num_heads = config_int(c, "num_attention_heads");
   info.num_kv_heads = config_int(c, "num_key_value_heads", info.num_heads);
   info.head_dim = config_int(c, "head_dim", info.hidden_size / info.num_heads);
-  info.max_positions = config_int(c, "max_position_embeddings", 2048);
-  // Sliding-window attention (Mistral v0.1's 4096; Qwen2/Qwen3 with use_sliding_window):
-  // each query sees its last `sliding_window` keys, which is full causal attention while a
-  // sequence is no longer than the window. kiln's attention is full, so such a model runs
-  // up to its window - exactly - and a longer sequence is refused rather than computed
-  // differently.
+  info.max_positions = config_int(c, "max_position_embeddings", default_max_positions);
+  info.bos_token_id = config_int(c, "bos_token_id", -1);
+  if (c.contains("eos_token_id") && c["eos_token_id"].is_array() && !c["eos_token_id"].empty())
+    info.eos_token_id = c["eos_token_id"][0].get<int64_t>();
+  else
+    info.eos_token_id = config_int(c, "eos_token_id", -1);
+  if (info.num_kv_heads <= 0 || info.num_heads % info.num_kv_heads)
+    throw_error(ErrorCode::kInvalidFile, "config.json: num_attention_heads ", info.num_heads,
+                " is not a multiple of num_key_value_heads ", info.num_kv_heads);
+}
+
+void limit_to_sliding_window(const std::string& what, int64_t window, ModelInfo& info) {
+  if (window <= 0 || window >= info.max_positions) return;
+  log_warn(what, ": sliding-window attention of ", window, " tokens; kiln attends fully, so sequences are limited to ",
+           window, " tokens (of max_position_embeddings ", info.max_positions, ")");
+  info.max_positions = window;
+}
+
+BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
+  BuiltModel m;
+  ModelInfo& info = m.info;
+  info.family = "llama";
+  read_decoder_info(c, 2048, info);
   if (auto it = c.find("sliding_window"); it != c.end() && !it->is_null()) {
     const std::string type = c.value("model_type", "");
     // transformers' layer_types says per layer; else Qwen2/Qwen3 slide only with
@@ -85,23 +99,10 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
       used = false;
       for (const auto& t : *lt) used = used || (t.is_string() && t.get<std::string>() == "sliding_attention");
     }
-    const int64_t window = config_int(c, "sliding_window");
-    if (used && window > 0 && window < info.max_positions) {
-      log_warn(type, ": sliding-window attention of ", window, " tokens; kiln attends fully, so sequences are "
-               "limited to ", window, " tokens (of max_position_embeddings ", info.max_positions, ")");
-      info.max_positions = window;
-    }
+    if (used) limit_to_sliding_window(type, config_int(c, "sliding_window"), info);
   }
-  info.bos_token_id = config_int(c, "bos_token_id", -1);
-  if (c.contains("eos_token_id") && c["eos_token_id"].is_array() && !c["eos_token_id"].empty())
-    info.eos_token_id = c["eos_token_id"][0].get<int64_t>();
-  else
-    info.eos_token_id = config_int(c, "eos_token_id", -1);
   const int64_t h = info.hidden_size, v = info.vocab_size, hd = info.head_dim;
   const int64_t hq = info.num_heads, hkv = info.num_kv_heads;
-  if (hq % hkv)
-    throw_error(ErrorCode::kInvalidFile, "config.json: num_attention_heads ", hq,
-                " is not a multiple of num_key_value_heads ", hkv);
   const int64_t inter = config_int(c, "intermediate_size");
   const double eps = config_float(c, "rms_norm_eps", 1e-6);
   std::string act = config_str(c, "hidden_act", "silu");

@@ -107,6 +107,16 @@ BuiltModel build_model(const nlohmann::json& config, const WeightSource& weights
 BuiltModel build_gpt2(const nlohmann::json& config, const WeightSource& weights);
 BuiltModel build_llama(const nlohmann::json& config, const WeightSource& weights);
 BuiltModel build_gemma3(const nlohmann::json& config, const WeightSource& weights);
+// A decoder config's shape and token ids into `info` (head_dim defaults to hidden /
+// heads, max_position_embeddings to default_max_positions); kInvalidFile when the heads
+// do not group over the KV heads.
+void read_decoder_info(const nlohmann::json& config, int64_t default_max_positions, ModelInfo& info);
+// Sliding-window attention where the model's layers use it: each query sees its last
+// `window` keys, which is full causal attention while a sequence is no longer than the
+// window. kiln attends fully, so such a model runs up to its window - exactly - and
+// a longer sequence is refused (max_positions = window, with a warning naming `what`)
+// rather than computed differently.
+void limit_to_sliding_window(const std::string& what, int64_t window, ModelInfo& info);
 // RoPE inverse frequencies [rotary_dim / 2] as transformers computes them (f32
 // arithmetic) from a config's rope_theta, partial_rotary_factor and rope_scaling
 // (default, linear, llama3; others kUnsupported).
