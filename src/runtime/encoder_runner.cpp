@@ -30,7 +30,7 @@ std::vector<EncoderOutput> encode_decoder(Model& model, const std::vector<Encode
   ro.block_size = 16;
   ro.max_step_tokens = step_max;
   ro.max_total_tokens =
-      std::max(std::min<int64_t>(total, step_max), longest) + 16 * int64_t(batch.size() + 1);
+      std::max(std::min<int64_t>(total, step_max), longest) + ro.block_size * int64_t(batch.size() + 1);
   LlmRunner runner(model, ro);
   std::vector<EncoderOutput> result(batch.size());
   std::vector<std::vector<double>> sums(batch.size(), std::vector<double>(size_t(h), 0.0));
@@ -80,7 +80,7 @@ std::vector<EncoderOutput> encode_decoder(Model& model, const std::vector<Encode
       }
       row += n;
     }
-    if (!parts.empty() && chunks[0].kv == &long_kv) {
+    if (chunks[0].kv == &long_kv) {
       fed += int64_t(chunks[0].tokens.size());
       if (fed == int64_t(batch[next].tokens.size())) {
         runner.kv_manager().free(long_kv);
