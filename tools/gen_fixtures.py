@@ -16,7 +16,9 @@ What it makes (under --out, default tests/fixtures/models/):
              dims), 4 q / 2 kv heads, untied head
     gemma3/  Gemma3ForCausalLM (gemma3_text): (1 + w) norms, sandwich norms, GELU(tanh)
              gate, q/k norms, a sliding (local, theta 1e4) then a full (global, theta 1e6,
-             linear scaling 2) layer, query_pre_attn_scalar 24, window = max positions
+             linear scaling 2) layer, query_pre_attn_scalar 24, sliding window 6
+    mistral/ MistralForCausalLM, sliding window 6 in every layer (prompts of 11 and 16
+             tokens and 20 greedy steps run past it), 4 q / 2 kv heads, untied head
     bert/    BertForSequenceClassification (3 labels), token_type_ids in use
 
   Real-model references (only reference.* is committed, never the weights; the
@@ -62,6 +64,7 @@ PROMPT_LENS = [5, 11, 16]
 N_NEW = 20
 PAD_ID = 0
 TOL = 1e-5
+SLIDING_WINDOW = 6  # gemma3's local layers and mistral: shorter than the prompts
 MIN_MARGIN = 0.01  # min top1-top2 logit gap along greedy runs of tiny models
 
 
@@ -246,12 +249,22 @@ def tiny_decoder_configs():
         num_key_value_heads=2,
         head_dim=32,
         layer_types=["sliding_attention", "full_attention"],
-        sliding_window=MAX_POS,
+        sliding_window=SLIDING_WINDOW,
         query_pre_attn_scalar=24,
         rope_parameters={
             "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
         },
+        **decoder,
+    )
+    mistral = transformers.MistralConfig(
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        sliding_window=SLIDING_WINDOW,
+        tie_word_embeddings=False,
         **decoder,
     )
     return {
@@ -261,6 +274,7 @@ def tiny_decoder_configs():
         "qwen3": (transformers.Qwen3ForCausalLM, qwen3, 1005),
         "phi3": (transformers.Phi3ForCausalLM, phi3, 1006),
         "gemma3": (transformers.Gemma3ForCausalLM, gemma3, 1007),
+        "mistral": (transformers.MistralForCausalLM, mistral, 1008),
     }
 
 
@@ -411,8 +425,13 @@ def gen_tiny_decoder(name, cls, config, seed, out):
     if name == "gemma3":
         meta["notes"].append(
             "norm weights are w with the norm scaling by (1 + w); the embedding is scaled by sqrt(64); layer 0 "
-            "slides (RoPE theta 1e4), layer 1 is global (theta 1e6, linear factor 2); the window equals the 128 "
-            "positions, so full attention is the sliding one; tied head"
+            "slides (RoPE theta 1e4) over its last 6 keys, layer 1 is global (theta 1e6, linear factor 2) and "
+            "attends fully; tied head"
+        )
+    if name == "mistral":
+        meta["notes"].append(
+            "every layer attends to its last 6 keys (itself included): the 11- and 16-token prompts and the 20 "
+            "greedy steps run past the window; untied: lm_head.weight present"
         )
     if name == "phi3":
         meta["notes"].append(
@@ -782,7 +801,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="tests/fixtures/models", type=Path)
     ap.add_argument("--models-dir", default=".cache/models", type=Path)
-    ap.add_argument("--only", default="", help="comma list of gpt2,llama,qwen2,qwen3,phi3,gemma3,bert,smollm2,minilm")
+    ap.add_argument("--only", default="", help="comma list of gpt2,llama,qwen2,qwen3,phi3,gemma3,mistral,bert,smollm2,minilm")
     args = ap.parse_args()
     only = set(filter(None, args.only.split(",")))
     want = lambda n: not only or n in only  # noqa: E731

@@ -242,6 +242,10 @@ class Backend {
   // today's graph (the CPU runs "fuse_norm_linear" Linears, e.g. from a CUDA engine or
   // in the pass's tests, but its graphs keep their norm nodes).
   virtual bool wants_fusion(const std::string& pass) const { return supports_fusion(pass); }
+  // Whether Attention's `window` attribute (sliding-window attention: Mistral v0.1, Gemma
+  // 3's local layers, ...) is implemented. A backend without it attends fully; Model caps
+  // the sequences it runs at the smallest window, where both agree.
+  virtual bool supports_sliding_window() const { return false; }
   // Build time (`kiln build --pack-weights`): rewrites GEMM weights in `graph` into this
   // backend's run-time layout, so that loading the engine packs nothing; returns how
   // many nodes it rewrote (0: the backend has no such layout). Rewritten nodes carry
@@ -266,9 +270,15 @@ class Backend {
   virtual Ceilings measure_ceilings() { return {}; }
 };
 
-// "cpu" (always) or "cuda" (when built with CUDA); throws kUnsupported otherwise.
-// `device`: which device of that kind (CUDA device index; the CPU has one).
+// "cpu" (always), "cuda" (when built with CUDA) or a registered backend; throws
+// kUnsupported otherwise. `device`: which device of that kind (CUDA device index; the
+// CPU has one).
 std::unique_ptr<Backend> create_backend(const std::string& name, int device = 0);
 std::vector<std::string> available_backends();
+// Makes `name` a backend create_backend() (and ModelOptions::backend) knows, built by
+// `make(device)`: a backend outside this tree, or a test's variant of one. The built-in
+// names cannot be replaced (kInvalidArgument); registering a name again replaces it.
+using BackendFactory = std::function<std::unique_ptr<Backend>(int device)>;
+void register_backend(const std::string& name, BackendFactory make);
 
 }  // namespace kiln

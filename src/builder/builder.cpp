@@ -345,6 +345,7 @@ BuildReport build_engine(const BuildOptions& o) {
   EngineContents e;
   e.tp_world = world;
   e.info = model->model_info();
+  e.info.max_positions = model->declared_max_positions();
   e.config = model->config();
   std::vector<ir::Graph*> graphs;
   if (world == 1) {
@@ -354,6 +355,7 @@ BuildReport build_engine(const BuildOptions& o) {
     e.ranks.resize(size_t(world));
     for (int r = 0; r < world; ++r) {
       e.ranks[size_t(r)].info = model->tp_rank(r).info();
+      e.ranks[size_t(r)].info.max_positions = model->tp_rank(r).declared_max_positions();
       e.ranks[size_t(r)].graph = model->tp_rank(r).graph();
       graphs.push_back(&e.ranks[size_t(r)].graph);
     }

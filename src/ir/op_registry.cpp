@@ -264,6 +264,8 @@ std::vector<ValueType> infer_attention(const Node& n, const In& in) {
   int64_t hq = n.attr_int("num_heads"), hkv = n.attr_int("num_kv_heads"), d = n.attr_int("head_dim");
   if (hq <= 0 || hkv <= 0 || d <= 0 || hq % hkv)
     shape_error(n, str_cat("num_heads ", hq, " must be a positive multiple of num_kv_heads ", hkv));
+  if (const int64_t w = n.attr_int("window", 0); w < 0 || (w > 0 && n.attr_int("causal", 1) == 0))
+    shape_error(n, str_cat("a sliding window (window ", w, ") must be positive and causal"));
   auto check = [&](const Value& t, int64_t width, const char* role) {
     need_rank(n, t, 2, role);
     if (t.shape[1].is_concrete() && t.shape[1].value != width)
@@ -373,7 +375,8 @@ std::map<std::string, OpSchema> make_registry() {
        "rotary embedding (rotate-half convention) of x[T, heads*head_dim] at positions", infer_rope});
   add({"Attention", 1, 3, {"layer", "num_heads", "num_kv_heads", "head_dim", "scale", "causal"},
        "paged attention: writes k,v into the KV cache, attends over each sequence's context; "
-       "packed_qkv=1 takes one [T, (hq+2hkv)*d] input (+ positions, inv_freq: RoPE inside)",
+       "packed_qkv=1 takes one [T, (hq+2hkv)*d] input (+ positions, inv_freq: RoPE inside); optional "
+       "window > 0: sliding window, the query at position p sees keys (p - window, p]",
        infer_attention});
   add({"GatherRows", 2, 2, {}, "out[r] = x[rows[r]]", infer_gather_rows});
   add({"SeqMeanPool", 1, 1, {}, "mean of each sequence's rows of x (one row per sequence)",

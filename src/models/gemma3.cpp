@@ -3,8 +3,8 @@
 // "sandwich" norms (each block's output normalized again before its residual add), a
 // GELU(tanh)-gated MLP, attention scaled by query_pre_attn_scalar^-1/2, and RoPE whose base
 // differs between the sliding-window (local) and full-attention (global) layers. The local
-// layers attend to their last `sliding_window` keys; kiln attends fully, so a model runs up
-// to its window (exactly) and refuses longer sequences. Soft-capping (Gemma 2) is refused.
+// layers attend to their last `sliding_window` keys (Attention's window attribute).
+// Soft-capping (Gemma 2) is refused.
 // Tested in tests/models/decoder_golden_test.cpp against transformers' Gemma3ForCausalLM.
 #include <cmath>
 
@@ -76,14 +76,13 @@ BuiltModel build_gemma3(const nlohmann::json& c, const WeightSource& src) {
   if (int64_t(types.size()) != info.num_layers)
     throw_error(ErrorCode::kInvalidFile, "config.json: layer_types has ", types.size(), " entries for ", info.num_layers,
                 " layers");
-  bool slides = false;
+  std::vector<bool> slides;
   for (const auto& t : types) {
     if (t != "sliding_attention" && t != "full_attention")
       throw_error(ErrorCode::kInvalidFile, "config.json: layer type '", t, "' (sliding_attention or full_attention)");
-    slides = slides || t == "sliding_attention";
+    slides.push_back(t == "sliding_attention");
   }
-  if (slides && c.contains("sliding_window") && !c["sliding_window"].is_null())
-    limit_to_sliding_window("gemma3 (local layers)", config_int(c, "sliding_window"), info);
+  const std::vector<int64_t> window = sliding_windows(c, slides, info);
 
   std::vector<WeightSpec> specs = {
       {"model.embed_tokens.weight", {v, h}, true, "", false, false, /*table=*/true},
@@ -141,10 +140,10 @@ BuiltModel build_gemma3(const nlohmann::json& c, const WeightSource& src) {
     k = g.add("HeadRMSNorm", {k, norm_w(b + "self_attn.k_norm.weight")}, {{"eps", eps}, {"head_dim", hd}}, n + "k_norm");
     q = g.add("Rope", {q, positions, freq}, {{"num_heads", hq}, {"head_dim", hd}, {"rotary_dim", rot}}, n + "q_rope");
     k = g.add("Rope", {k, positions, freq}, {{"num_heads", hkv}, {"head_dim", hd}, {"rotary_dim", rot}}, n + "k_rope");
-    ir::ValueId att = g.add("Attention", {q, k, vv},
-                            {{"layer", l}, {"num_heads", hq}, {"num_kv_heads", hkv}, {"head_dim", hd},
-                             {"scale", att_scale}, {"causal", int64_t(1)}},
-                            n + "attn");
+    std::map<std::string, ir::Attr> att_attrs = {{"layer", l},        {"num_heads", hq},       {"num_kv_heads", hkv},
+                                                 {"head_dim", hd},    {"scale", att_scale}, {"causal", int64_t(1)}};
+    if (window[size_t(l)]) att_attrs["window"] = window[size_t(l)];
+    ir::ValueId att = g.add("Attention", {q, k, vv}, std::move(att_attrs), n + "attn");
     ir::ValueId o = rms(linear(att, b + "self_attn.o_proj", hq * hd, n + "o_proj"), b + "post_attention_layernorm.weight",
                         n + "post_attention_layernorm");
     x = g.add("Add", {x, o}, {}, n + "residual_1");

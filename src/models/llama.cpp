@@ -76,11 +76,16 @@ void read_decoder_info(const nlohmann::json& c, int64_t default_max_positions, M
                 " is not a multiple of num_key_value_heads ", info.num_kv_heads);
 }
 
-void limit_to_sliding_window(const std::string& what, int64_t window, ModelInfo& info) {
-  if (window <= 0 || window >= info.max_positions) return;
-  log_warn(what, ": sliding-window attention of ", window, " tokens; kiln attends fully, so sequences are limited to ",
-           window, " tokens (of max_position_embeddings ", info.max_positions, ")");
-  info.max_positions = window;
+std::vector<int64_t> sliding_windows(const nlohmann::json& c, const std::vector<bool>& slides,
+                                     const ModelInfo& info) {
+  std::vector<int64_t> windows(slides.size(), 0);
+  auto it = c.find("sliding_window");
+  if (it == c.end() || it->is_null()) return windows;
+  const int64_t window = config_int(c, "sliding_window");
+  if (window < 1) throw_error(ErrorCode::kInvalidFile, "config.json: sliding_window ", window, " (expected >= 1)");
+  for (size_t l = 0; l < slides.size(); ++l)
+    if (slides[l] && window < info.max_positions) windows[l] = window;
+  return windows;
 }
 
 BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
@@ -88,19 +93,26 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
   ModelInfo& info = m.info;
   info.family = "llama";
   read_decoder_info(c, 2048, info);
-  if (auto it = c.find("sliding_window"); it != c.end() && !it->is_null()) {
+  // Which layers slide (transformers): layer_types where given; else Mistral and Phi-3
+  // every layer, Qwen2/Qwen3 with use_sliding_window the layers from max_window_layers on;
+  // Llama configs have no sliding window.
+  std::vector<bool> slides(size_t(info.num_layers), false);
+  {
     const std::string type = c.value("model_type", "");
-    // transformers' layer_types says per layer; else Qwen2/Qwen3 slide only with
-    // use_sliding_window, in the layers from max_window_layers on.
-    bool used = (type != "qwen2" && type != "qwen3") ||
-                (c.value("use_sliding_window", false) &&
-                 config_int(c, "max_window_layers", 0) < config_int(c, "num_hidden_layers"));
     if (auto lt = c.find("layer_types"); lt != c.end() && lt->is_array()) {
-      used = false;
-      for (const auto& t : *lt) used = used || (t.is_string() && t.get<std::string>() == "sliding_attention");
+      if (int64_t(lt->size()) != info.num_layers)
+        throw_error(ErrorCode::kInvalidFile, "config.json: layer_types has ", lt->size(), " entries for ",
+                    info.num_layers, " layers");
+      for (size_t l = 0; l < slides.size(); ++l)
+        slides[l] = (*lt)[l].is_string() && (*lt)[l].get<std::string>() == "sliding_attention";
+    } else if (type == "mistral" || type == "phi3") {
+      slides.assign(slides.size(), true);
+    } else if ((type == "qwen2" || type == "qwen3") && c.value("use_sliding_window", false)) {
+      const int64_t from = config_int(c, "max_window_layers", 0);
+      for (size_t l = 0; l < slides.size(); ++l) slides[l] = int64_t(l) >= from;
     }
-    if (used) limit_to_sliding_window(type, config_int(c, "sliding_window"), info);
   }
+  const std::vector<int64_t> window = sliding_windows(c, slides, info);
   const int64_t h = info.hidden_size, v = info.vocab_size, hd = info.head_dim;
   const int64_t hq = info.num_heads, hkv = info.num_kv_heads;
   const int64_t inter = config_int(c, "intermediate_size");
@@ -209,10 +221,10 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
               {{"num_heads", hq}, {"head_dim", hd}, {"rotary_dim", rotary_dim}}, n + "q_rope");
     k = g.add("Rope", {k, positions, inv_freq},
               {{"num_heads", hkv}, {"head_dim", hd}, {"rotary_dim", rotary_dim}}, n + "k_rope");
-    ir::ValueId att = g.add("Attention", {q, k, vv},
-                            {{"layer", l}, {"num_heads", hq}, {"num_kv_heads", hkv},
-                             {"head_dim", hd}, {"scale", scale}, {"causal", int64_t(1)}},
-                            n + "attn");
+    std::map<std::string, ir::Attr> att_attrs = {{"layer", l}, {"num_heads", hq},   {"num_kv_heads", hkv},
+                                                 {"head_dim", hd}, {"scale", scale}, {"causal", int64_t(1)}};
+    if (window[size_t(l)]) att_attrs["window"] = window[size_t(l)];
+    ir::ValueId att = g.add("Attention", {q, k, vv}, std::move(att_attrs), n + "attn");
     x = g.add("Add", {x, linear(att, b + "self_attn.o_proj", n + "o_proj")}, {}, n + "residual_1");
     ir::ValueId f = g.add("RMSNorm", {x, W(b + "post_attention_layernorm.weight")}, {{"eps", eps}},
                           n + "post_attention_layernorm");

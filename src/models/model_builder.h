@@ -111,12 +111,12 @@ BuiltModel build_gemma3(const nlohmann::json& config, const WeightSource& weight
 // heads, max_position_embeddings to default_max_positions); kInvalidFile when the heads
 // do not group over the KV heads.
 void read_decoder_info(const nlohmann::json& config, int64_t default_max_positions, ModelInfo& info);
-// Sliding-window attention where the model's layers use it: each query sees its last
-// `window` keys, which is full causal attention while a sequence is no longer than the
-// window. kiln attends fully, so such a model runs up to its window - exactly - and
-// a longer sequence is refused (max_positions = window, with a warning naming `what`)
-// rather than computed differently.
-void limit_to_sliding_window(const std::string& what, int64_t window, ModelInfo& info);
+// Sliding-window attention, each layer's Attention `window` attribute: config.json's
+// sliding_window (each query sees its last `window` keys, itself included) in the layers
+// where slides[l], else 0 (full attention); 0 too where the window is not shorter than
+// max_positions (it cuts nothing). kInvalidFile for a window below 1.
+std::vector<int64_t> sliding_windows(const nlohmann::json& config, const std::vector<bool>& slides,
+                                     const ModelInfo& info);
 // RoPE inverse frequencies [rotary_dim / 2] as transformers computes them (f32
 // arithmetic) from a config's rope_theta, partial_rotary_factor and rope_scaling
 // (default, linear, llama3; others kUnsupported).

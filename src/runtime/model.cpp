@@ -24,6 +24,18 @@ void Model::compile(std::unique_ptr<Backend> backend, CompileOptions options) {
   backend_ = std::move(backend);
   compile_options_ = std::move(options);
   compiled_ = backend_->compile(built_.graph, compile_options_);
+  declared_max_positions_ = built_.info.max_positions;
+  if (backend_->supports_sliding_window()) return;
+  int64_t window = 0;
+  for (const ir::Node& n : built_.graph.nodes())
+    if (n.op == "Attention" && n.attr_int("window", 0) > 0)
+      window = window ? std::min(window, n.attr_int("window")) : n.attr_int("window");
+  if (window > 0 && window < built_.info.max_positions) {
+    log_warn(built_.info.family, ": sliding-window attention of ", window, " tokens, which the ", backend_->name(),
+             " backend does not implement (it attends fully): sequences are limited to ", window, " tokens (of ",
+             built_.info.max_positions, ")");
+    built_.info.max_positions = window;
+  }
 }
 
 // After the passes: the node is the runtime's, not part of the model's faithful graph.
@@ -180,6 +192,7 @@ std::unique_ptr<Model> Model::from_built_sharded(BuiltModel built, const ModelOp
     m->tp_peers_.push_back(from_built(std::move(shards[size_t(r)]), ro));
   }
   m->unsharded_info_ = std::move(unsharded_info);
+  m->unsharded_info_.max_positions = m->info().max_positions;  // a backend's window cap (compile)
   log_info("tensor parallel: ", world, " ranks of ", m->info().num_heads, " attention heads, ",
            m->info().num_kv_heads, " K/V heads each");
   return m;
@@ -287,6 +300,7 @@ std::unique_ptr<Model> Model::load_engine(const std::string& path, const ModelOp
   }
   if (world > 1) {
     m->unsharded_info_ = e->info;
+    m->unsharded_info_.max_positions = m->info().max_positions;  // a backend's window cap (compile)
     log_info("tensor parallel engine ", path, ": ", world, " ranks of ", m->info().num_heads, " attention heads, ",
              m->info().num_kv_heads, " K/V heads each");
   }

@@ -139,6 +139,11 @@ class Model {
   const ModelInfo& info() const { return built_.info; }
   // The whole model's info: info(), or for a tensor-parallel model the unsharded one.
   const ModelInfo& model_info() const { return tp_peers_.empty() ? built_.info : unsharded_info_; }
+  // The model's own max_positions. info().max_positions is less where the backend has no
+  // sliding-window attention (Backend::supports_sliding_window): then the smallest window
+  // of the graph's Attention nodes, so that full attention computes the same. Engines
+  // store this one.
+  int64_t declared_max_positions() const { return declared_max_positions_; }
   // Tensor parallelism: this object is rank 0 and owns the other ranks' shards, each
   // compiled with its communicator; a step runs every rank at once (LlmRunner).
   int tp_world() const { return 1 + int(tp_peers_.size()); }
@@ -184,6 +189,7 @@ class Model {
   KvDType kv_dtype_ = KvDType::kAuto;
   std::vector<std::unique_ptr<Model>> tp_peers_;  // ranks 1..N-1
   ModelInfo unsharded_info_;                      // tensor parallelism: before sharding
+  int64_t declared_max_positions_ = 0;
 
   static std::unique_ptr<Model> from_built_sharded(BuiltModel built, const ModelOptions& options);
   static std::unique_ptr<Model> load_engine(const std::string& path, const ModelOptions& options);

@@ -229,7 +229,8 @@ TEST_P(DecoderGolden, ForkSharesPrefixBlocks) {
                     GetParam() + " forked decode");
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, DecoderGolden, ::testing::Values("gpt2", "llama", "qwen2", "qwen3", "phi3", "gemma3"));
+INSTANTIATE_TEST_SUITE_P(Families, DecoderGolden,
+                         ::testing::Values("gpt2", "llama", "qwen2", "qwen3", "phi3", "gemma3", "mistral"));
 
 // The qwen3 fixture as llama.cpp's converter writes it (arch qwen3, attn_q_norm /
 // attn_k_norm): F32 computes transformers' logits as the HF directory does; F16 and Q8_0
@@ -264,11 +265,12 @@ TEST(Qwen3Gguf, LogitsMatchTransformers) {
   }
 }
 
-// Sliding-window attention (Mistral v0.1, Qwen2/Qwen3 with use_sliding_window) is full
-// attention up to the window: such a model runs exactly that far and refuses a longer
-// sequence; a window the config does not use (use_sliding_window false, or every
-// layer_types entry full_attention) changes nothing.
-TEST(SlidingWindow, ModelsRunUpToTheirWindow) {
+// Which layers slide, from config.json (the mistral and gemma3 fixtures check the
+// attention itself against transformers): every layer of Mistral and Phi-3, Qwen2/Qwen3's
+// layers from max_window_layers on with use_sliding_window, layer_types where given; a
+// Llama config's sliding_window and a window no shorter than the positions do nothing.
+// The CPU runs the whole max_positions either way.
+TEST(SlidingWindow, LayersThatSlideCarryTheWindow) {
   namespace fs = std::filesystem;
   TempDir dir;
   auto variant = [&](const std::string& family, const std::string& name, const nlohmann::json& patch) {
@@ -280,39 +282,82 @@ TEST(SlidingWindow, ModelsRunUpToTheirWindow) {
     write_file(d + "/config.json", c.dump());
     return Model::load(d);
   };
-  auto windowed = variant("llama", "llama_w16", {{"sliding_window", 16}});
-  EXPECT_EQ(windowed->info().max_positions, 16);
-  auto plain = Model::load(testing::fixture_dir("llama"));
-  std::vector<int32_t> seq;
-  for (int i = 0; i < 16; ++i) seq.push_back(int32_t(3 + i * 7 % 500));
-  LlmRunner a(*windowed), b(*plain);
-  a.add_sequence(seq);
-  b.add_sequence(seq);
-  EXPECT_EQ(a.step(true)[0].logits, b.step(true)[0].logits) << "within the window: full attention";
-  LlmRunner c(*windowed);
-  seq.push_back(5);
-  c.add_sequence(seq);
-  test::expect_error([&] { c.step(); }, ErrorCode::kOutOfRange, {"17 tokens", "16 positions"});
-  EXPECT_EQ(variant("qwen2", "qwen2_off", {{"sliding_window", 16}, {"use_sliding_window", false}})->info().max_positions,
-            128);
-  EXPECT_EQ(variant("phi3", "phi3_w", {{"sliding_window", 32}})->info().max_positions, 32);  // Phi-3-mini-4k: 2047
+  // The window of each layer's Attention node (0: none).
+  auto windows = [](const Model& m) {
+    std::vector<int64_t> w;
+    for (const ir::Node& n : m.graph().nodes())
+      if (n.op == "Attention") w.push_back(n.attr_int("window", 0));
+    return w;
+  };
+  using W = std::vector<int64_t>;
+  auto mistral = Model::load(testing::fixture_dir("mistral"));
+  EXPECT_EQ(windows(*mistral), (W{6, 6}));
+  EXPECT_EQ(mistral->info().max_positions, 128);
+  EXPECT_EQ(windows(*Model::load(testing::fixture_dir("gemma3"))), (W{6, 0}));
+  EXPECT_EQ(windows(*variant("phi3", "phi3_w", {{"sliding_window", 32}})), (W{32, 32}));  // Phi-3-mini-4k: 2047
+  EXPECT_EQ(windows(*variant("llama", "llama_w", {{"sliding_window", 16}})), (W{0, 0}));
+  EXPECT_EQ(windows(*variant("mistral", "mistral_long", {{"sliding_window", 128}})), (W{0, 0}));
+  EXPECT_EQ(windows(*variant("qwen2", "qwen2_off", {{"sliding_window", 16}, {"use_sliding_window", false}})), (W{0, 0}));
+  EXPECT_EQ(windows(*variant("qwen2", "qwen2_on", {{"sliding_window", 16}, {"use_sliding_window", true},
+                                                   {"max_window_layers", 1}, {"layer_types", nullptr}})),
+            (W{0, 16}));
+  EXPECT_EQ(windows(*variant("qwen3", "qwen3_types", {{"sliding_window", 16}, {"use_sliding_window", true},
+                                                      {"layer_types", {"sliding_attention", "full_attention"}}})),
+            (W{16, 0}));
+  test::expect_error([&] { variant("mistral", "mistral_zero", {{"sliding_window", 0}}); }, ErrorCode::kInvalidFile,
+                     {"sliding_window 0"});
+  test::expect_error([&] { variant("qwen3", "qwen3_bad_types", {{"layer_types", {"full_attention"}}}); },
+                     ErrorCode::kInvalidFile, {"layer_types", "1 entries", "2 layers"});
   // Phi-3.5 / Phi-4-mini's LongRoPE is not implemented: an error naming it, not other logits.
   test::expect_error([&] { variant("phi3", "phi3_longrope", {{"rope_scaling", {{"type", "longrope"}}}}); },
                      ErrorCode::kUnsupported, {"longrope"});
-  EXPECT_EQ(variant("qwen3", "qwen3_on", {{"sliding_window", 16}, {"use_sliding_window", true}, {"max_window_layers", 0},
-                                          {"layer_types", {"sliding_attention", "full_attention"}}})
-                ->info().max_positions,
-            16);
-  EXPECT_EQ(variant("qwen3", "qwen3_full", {{"sliding_window", 16}, {"use_sliding_window", true}, {"max_window_layers", 0},
-                                            {"layer_types", {"full_attention", "full_attention"}}})
-                ->info().max_positions,
-            128);
+}
+
+// A backend without sliding-window attention (Backend::supports_sliding_window) runs such
+// a model up to its smallest window, where full attention is the same, and refuses a longer
+// sequence; engines keep the model's own max_positions.
+TEST(SlidingWindow, BackendsWithoutItRunUpToTheWindow) {
+  class FullAttentionCpu : public Backend {
+   public:
+    FullAttentionCpu() : cpu_(create_backend("cpu")) {}
+    std::string name() const override { return "full-attention cpu"; }
+    bool supports(const ir::Node& n, const ir::Graph& g) const override { return cpu_->supports(n, g); }
+    std::unique_ptr<CompiledGraph> compile(const ir::Graph& g, const CompileOptions& o) override {
+      // Attends fully: the window attribute dropped (a copy the compiled graph reads).
+      graphs_.push_back(std::make_unique<ir::Graph>(g));
+      for (ir::Node& n : graphs_.back()->nodes()) n.attrs.erase("window");
+      return cpu_->compile(*graphs_.back(), o);
+    }
+    std::unique_ptr<KvStorage> allocate_kv(const KvLayout& l) override { return cpu_->allocate_kv(l); }
+    DeviceMemory memory_info() override { return cpu_->memory_info(); }
+    bool supports_fusion(const std::string& p) const override { return cpu_->supports_fusion(p); }
+
+   private:
+    std::unique_ptr<Backend> cpu_;
+    std::vector<std::unique_ptr<ir::Graph>> graphs_;
+  };
+  register_backend("full-attention-cpu", [](int) { return std::make_unique<FullAttentionCpu>(); });
+  ModelOptions o;
+  o.backend = "full-attention-cpu";
+  auto capped = Model::load(testing::fixture_dir("mistral"), o);
+  EXPECT_EQ(capped->info().max_positions, 6);
+  EXPECT_EQ(capped->declared_max_positions(), 128);
+  auto exact = Model::load(testing::fixture_dir("mistral"));
+  std::vector<int32_t> seq = {3, 10, 17, 24, 31, 38};
+  LlmRunner a(*capped), b(*exact);
+  a.add_sequence(seq);
+  b.add_sequence(seq);
+  EXPECT_EQ(a.step(true)[0].logits, b.step(true)[0].logits) << "within the window: full attention";
+  LlmRunner c(*capped);
+  seq.push_back(5);
+  c.add_sequence(seq);
+  test::expect_error([&] { c.step(); }, ErrorCode::kOutOfRange, {"7 tokens", "6 positions"});
 }
 
 // Gemma 3 configs as the Hub's checkpoints write them (transformers 4.x: rope_theta +
 // rope_scaling for the global layers, rope_local_base_freq, sliding_window_pattern, no
-// layer_types or rope_parameters) build the fixture's model; the sliding window caps the
-// positions; Gemma 2's soft-capping is refused.
+// layer_types or rope_parameters) build the fixture's model; Gemma 2's soft-capping is
+// refused.
 TEST(Gemma3Config, HubKeysBuildTheSameModel) {
   namespace fs = std::filesystem;
   TempDir dir;
@@ -343,9 +388,6 @@ TEST(Gemma3Config, HubKeysBuildTheSameModel) {
     KILN_EXPECT_CLOSE(got.data(), want.data() + b * size_t(smax * vocab), got.size(), 1e-4,
                       "gemma3 with the Hub's config keys, prompt " + std::to_string(b));
   }
-  nlohmann::json windowed = hub;
-  windowed["sliding_window"] = 16;
-  EXPECT_EQ(Model::load(variant("w16", windowed))->info().max_positions, 16);
   test::expect_error([&] { Model::load(variant("softcap", {{"final_logit_softcapping", 30.0}})); },
                      ErrorCode::kUnsupported, {"final_logit_softcapping"});
 }

@@ -1,6 +1,7 @@
 // Paged attention vs naive dense attention (double) over the unpaged K/V: random shuffled
 // block tables, GQA ratios 1/2/4, causal and not, decode, chunked prefill (q_len > 1 with
-// existing context), several sequences per call, D 16..128, block sizes 16/32, long context.
+// existing context), several sequences per call, D 16..128, block sizes 16/32, long context,
+// sliding windows (each query sees its last `window` keys) on every path.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -22,9 +23,9 @@ using testing::random_floats;
 struct SeqSpec { int32_t q_len, ctx_len; };
 
 void run_case(int64_t d, int64_t block_size, int64_t hq, int64_t hkv, bool causal,
-              const std::vector<SeqSpec>& specs, uint64_t seed) {
-  SCOPED_TRACE(::testing::Message() << "D=" << d << " bs=" << block_size << " Hq=" << hq << " Hkv="
-                                    << hkv << " causal=" << causal << " seqs=" << specs.size());
+              const std::vector<SeqSpec>& specs, uint64_t seed, int64_t window = 0) {
+  SCOPED_TRACE(::testing::Message() << "D=" << d << " bs=" << block_size << " Hq=" << hq << " Hkv=" << hkv
+                                    << " causal=" << causal << " window=" << window << " seqs=" << specs.size());
   std::mt19937_64 rng(seed);
   // Dense per-sequence K/V [ctx, Hkv, D], scattered into shuffled physical blocks.
   int64_t total_blocks = 0;
@@ -69,9 +70,10 @@ void run_case(int64_t d, int64_t block_size, int64_t hq, int64_t hkv, bool causa
         const int64_t t = seqs[si].q_start + j, kvh = h / (hq / hkv);
         const int64_t pos = specs[si].ctx_len - specs[si].q_len + j;
         const int64_t n = causal ? pos + 1 : specs[si].ctx_len;
-        std::vector<double> s(n);
+        const int64_t first = window > 0 ? std::max<int64_t>(0, n - window) : 0;
+        std::vector<double> s(n, -INFINITY);
         double mx = -INFINITY, sum = 0;
-        for (int64_t p = 0; p < n; ++p) {
+        for (int64_t p = first; p < n; ++p) {
           double dot = 0;
           for (int64_t i = 0; i < d; ++i)
             dot += double(q[(t * hq + h) * d + i]) * dense_k[si][p * row + kvh * d + i];
@@ -81,14 +83,14 @@ void run_case(int64_t d, int64_t block_size, int64_t hq, int64_t hkv, bool causa
         for (auto& v : s) sum += (v = std::exp(v - mx));
         for (int64_t i = 0; i < d; ++i) {
           double o = 0;
-          for (int64_t p = 0; p < n; ++p) o += s[p] * dense_v[si][p * row + kvh * d + i];
+          for (int64_t p = first; p < n; ++p) o += s[p] * dense_v[si][p * row + kvh * d + i];
           ref[(t * hq + h) * d + i] = o / sum;
         }
       }
   for_each_isa([&] {
     std::vector<float> out(q.size(), NAN);
     paged_attention(q.data(), k_cache.data(), v_cache.data(), block_size, hq, hkv, d, scale, causal,
-                    seqs.data(), int64_t(seqs.size()), out.data());
+                    seqs.data(), int64_t(seqs.size()), out.data(), window);
     expect_within(out, ref, tol, "paged_attention");
   });
 }
@@ -109,6 +111,19 @@ TEST(PagedAttention, LongContext) {
   run_case(128, 32, 4, 1, true, {{1, 4100}}, 100);
 }
 
+// Windows of 1 key (itself), shorter than a 64-key chunk, one chunk, and longer than some
+// contexts, on the per-row path (decode, D 16/32) and the blocked prompt paths (D 64/128,
+// q_len >= 4; 150 rows span two 128-row units): where a row's window starts inside a
+// chunk, past the unit's first row, and where it reaches back before the new tokens.
+TEST(PagedAttention, SlidingWindow) {
+  uint64_t seed = 500;
+  for (int64_t window : {1, 5, 64, 100})
+    for (int64_t d : {16, 64, 128})
+      for (auto [hq, hkv] : {std::pair{4, 4}, std::pair{8, 2}})
+        run_case(d, 16, hq, hkv, true, {{1, 1}, {1, 90}, {1, 300}, {17, 50}, {150, 150}, {6, 240}, {40, 60}},
+                 seed++, window);
+}
+
 TEST(PagedAttention, RejectsBadArguments) {
   std::vector<float> buf(64);
   int32_t table[1] = {0};
@@ -118,6 +133,11 @@ TEST(PagedAttention, RejectsBadArguments) {
   s = {0, 1, 1, table};
   EXPECT_THROW(paged_attention(buf.data(), buf.data(), buf.data(), 16, 3, 2, 4, 1.0f, true, &s, 1,
                                buf.data()), kiln::Error);
+  // A sliding window needs causal attention and a positive size.
+  EXPECT_THROW(paged_attention(buf.data(), buf.data(), buf.data(), 16, 2, 2, 4, 1.0f, false, &s, 1, buf.data(), 4),
+               kiln::Error);
+  EXPECT_THROW(paged_attention(buf.data(), buf.data(), buf.data(), 16, 2, 2, 4, 1.0f, true, &s, 1, buf.data(), -1),
+               kiln::Error);
 }
 
 }  // namespace

@@ -102,9 +102,9 @@ TEST(KvFp8, CacheWriteStoresRowsPerSlotAndHead) {
 // convex combination of V rows, so the V error alone is <= 0.0625; the K error (also
 // <= 2^-4 relative, |q| <= 2) moves the softmax weights a little: 0.08.
 double run_case(int64_t d, int64_t block_size, int64_t hq, int64_t hkv, bool causal,
-                const std::vector<SeqSpec>& specs, uint64_t seed) {
+                const std::vector<SeqSpec>& specs, uint64_t seed, int64_t window = 0) {
   return quantized_attention_case<Fp8Code>("fp8", kv_cache_write_fp8, paged_attention_fp8, decode, 0.08, d, block_size,
-                                           hq, hkv, causal, specs, seed);
+                                           hq, hkv, causal, specs, seed, window);
 }
 
 TEST(KvFp8, PagedAttentionMatchesDequantizedAndF32) {
@@ -115,6 +115,9 @@ TEST(KvFp8, PagedAttentionMatchesDequantizedAndF32) {
       for (bool causal : {true, false})
         worst = std::max(worst, run_case(d, 16, hq, hkv, causal, {{1, 1}, {1, 40}, {17, 50}, {3, 33}}, seed++));
   worst = std::max(worst, run_case(128, 16, 9, 3, true, {{1, 700}}, 99));
+  // A sliding window of 7 keys: decode, chunked prefill, prompts.
+  for (int64_t d : {16, 64})
+    worst = std::max(worst, run_case(d, 16, 8, 2, true, {{1, 1}, {1, 40}, {17, 50}, {3, 33}}, seed++, 7));
   std::printf("fp8 KV attention: max |err| vs the f32 cache %.3g\n", worst);
   EXPECT_GT(worst, 0.0) << "the fp8 path must differ from f32 somewhere (it quantizes)";
 }

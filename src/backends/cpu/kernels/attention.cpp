@@ -51,8 +51,10 @@ struct ScalarOps {
   }
 };
 
-void check_attention_args(int64_t block_size, int64_t hq, int64_t hkv, int64_t d, const AttentionSeq* seqs,
-                          int64_t num_seqs) {
+void check_attention_args(int64_t block_size, int64_t hq, int64_t hkv, int64_t d, bool causal, int64_t window,
+                          const AttentionSeq* seqs, int64_t num_seqs) {
+  KILN_THROW_IF(window < 0 || (window > 0 && !causal), kInvalidArgument,
+                "paged_attention: a sliding window (", window, ") needs causal attention and window >= 0");
   KILN_THROW_IF(hkv <= 0 || hq % hkv != 0, kInvalidArgument,
                 "paged_attention: Hq must be a multiple of Hkv, got Hq=", hq, " Hkv=", hkv);
   KILN_THROW_IF(block_size <= 0 || d <= 0, kInvalidArgument, "paged_attention: expected block_size, D > 0, got ",
@@ -67,39 +69,39 @@ void check_attention_args(int64_t block_size, int64_t hq, int64_t hkv, int64_t d
 
 void paged_attention(const float* q, const float* k_cache, const float* v_cache,
                      int64_t block_size, int64_t hq, int64_t hkv, int64_t d, float scale,
-                     bool causal, const AttentionSeq* seqs, int64_t num_seqs, float* out) {
-  check_attention_args(block_size, hq, hkv, d, seqs, num_seqs);
+                     bool causal, const AttentionSeq* seqs, int64_t num_seqs, float* out, int64_t window) {
+  check_attention_args(block_size, hq, hkv, d, causal, window, seqs, num_seqs);
   if (use_avx2())
-    avx2::paged_attention(q, k_cache, v_cache, block_size, hq, hkv, d, scale, causal, seqs, num_seqs, out);
+    avx2::paged_attention(q, k_cache, v_cache, block_size, hq, hkv, d, scale, causal, seqs, num_seqs, out, window);
   else
     paged_attention_impl<ScalarOps, float>(q, k_cache, nullptr, v_cache, nullptr, block_size, hq, hkv, d, scale,
-                                           causal, seqs, num_seqs, out);
+                                           causal, seqs, num_seqs, out, window);
 }
 
 void paged_attention_int8(const float* q, const int8_t* k_codes, const float* k_scales,
                           const int8_t* v_codes, const float* v_scales, int64_t block_size, int64_t hq,
                           int64_t hkv, int64_t d, float scale, bool causal, const AttentionSeq* seqs,
-                          int64_t num_seqs, float* out) {
-  check_attention_args(block_size, hq, hkv, d, seqs, num_seqs);
+                          int64_t num_seqs, float* out, int64_t window) {
+  check_attention_args(block_size, hq, hkv, d, causal, window, seqs, num_seqs);
   if (use_avx2())
     avx2::paged_attention_int8(q, k_codes, k_scales, v_codes, v_scales, block_size, hq, hkv, d, scale, causal,
-                               seqs, num_seqs, out);
+                               seqs, num_seqs, out, window);
   else
     paged_attention_impl<ScalarOps, int8_t>(q, k_codes, k_scales, v_codes, v_scales, block_size, hq, hkv, d,
-                                            scale, causal, seqs, num_seqs, out);
+                                            scale, causal, seqs, num_seqs, out, window);
 }
 
 void paged_attention_fp8(const float* q, const Fp8Code* k_codes, const float* k_scales,
                          const Fp8Code* v_codes, const float* v_scales, int64_t block_size, int64_t hq,
                          int64_t hkv, int64_t d, float scale, bool causal, const AttentionSeq* seqs,
-                         int64_t num_seqs, float* out) {
-  check_attention_args(block_size, hq, hkv, d, seqs, num_seqs);
+                         int64_t num_seqs, float* out, int64_t window) {
+  check_attention_args(block_size, hq, hkv, d, causal, window, seqs, num_seqs);
   if (use_avx2())
     avx2::paged_attention_fp8(q, k_codes, k_scales, v_codes, v_scales, block_size, hq, hkv, d, scale, causal,
-                              seqs, num_seqs, out);
+                              seqs, num_seqs, out, window);
   else
     paged_attention_impl<ScalarOps, Fp8Code>(q, k_codes, k_scales, v_codes, v_scales, block_size, hq, hkv, d,
-                                             scale, causal, seqs, num_seqs, out);
+                                             scale, causal, seqs, num_seqs, out, window);
 }
 
 namespace {

@@ -122,7 +122,8 @@ constexpr int64_t kRowBlock = 32, kKeys = kBlockedKeys;
 
 template <int D>
 void attention_rows(const float* q, const float* k_cache, const float* v_cache, int64_t block_size, int64_t hq,
-                    int64_t hkv, float scale, bool causal, const AttentionSeq* seqs, int64_t num_seqs, float* out) {
+                    int64_t hkv, float scale, bool causal, const AttentionSeq* seqs, int64_t num_seqs, float* out,
+                    int64_t window) {
   const std::vector<BlockedUnit> units = blocked_units(seqs, num_seqs, hq, kRowBlock);
   const int64_t group = hq / hkv, kv_row = hkv * D;
   ThreadPool::global().parallel_for(int64_t(units.size()), [&](int64_t u0, int64_t u1, int) {
@@ -135,6 +136,8 @@ void attention_rows(const float* q, const float* k_cache, const float* v_cache, 
       const AttentionSeq& sq = seqs[un.seq];
       const int64_t rows = un.j1 - un.j0, kvh = un.h / group, ctx0 = sq.ctx_len - sq.q_len;
       auto limit = [&](int64_t r) { return causal ? ctx0 + un.j0 + r + 1 : int64_t(sq.ctx_len); };
+      // The first key row r sees (a sliding window's start; 0 without one).
+      auto first = [&](int64_t r) { return window > 0 ? std::max<int64_t>(0, limit(r) - window) : int64_t(0); };
       for (int64_t r = 0; r < rows; ++r) {
         const float* qr = q + ((sq.q_start + un.j0 + r) * hq + un.h) * D;
         for (int64_t i = 0; i < D; ++i) qs[r * D + i] = qr[i] * scale;
@@ -143,12 +146,13 @@ void attention_rows(const float* q, const float* k_cache, const float* v_cache, 
         l[r] = 0.0f;
       }
       const int64_t last = limit(rows - 1);  // the most keys any row of the unit sees
-      for (int64_t c0 = 0; c0 < last; c0 += kKeys) {
+      for (int64_t c0 = first(0); c0 < last; c0 += kKeys) {
         const int64_t n = std::min(kKeys, last - c0);
         gather_key_chunk<D>(sq, k_cache, v_cache, block_size, kv_row, kvh, c0, n, kt, vrow);
         for (int64_t r = 0; r < rows; ++r) {
-          const int64_t nn = std::min(n, limit(r) - c0);  // keys of the chunk this row sees
-          if (nn <= 0) continue;
+          // Keys [lo, nn) of the chunk this row sees.
+          const int64_t nn = std::min(n, limit(r) - c0), lo = std::max<int64_t>(0, first(r) - c0);
+          if (nn <= lo) continue;
           __m256 sc[kKeys / 8];
           for (auto& x : sc) x = _mm256_setzero_ps();
           const float* qr = qs + r * D;
@@ -158,12 +162,13 @@ void attention_rows(const float* q, const float* k_cache, const float* v_cache, 
 #pragma GCC unroll 8
             for (int t = 0; t < kKeys / 8; ++t) sc[t] = _mm256_fmadd_ps(qi, _mm256_load_ps(kti + 8 * t), sc[t]);
           }
-          // Keys past nn: -inf before the max, weight 0 after the exp.
+          // Keys outside [lo, nn): -inf before the max, weight 0 after the exp.
           __m256 live[kKeys / 8];
           __m256 vmax = vset(-std::numeric_limits<float>::infinity());
           for (int t = 0; t < kKeys / 8; ++t) {
             const __m256i idx = _mm256_add_epi32(_mm256_set1_epi32(8 * t), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
-            live[t] = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(int(nn)), idx));
+            live[t] = _mm256_castsi256_ps(_mm256_andnot_si256(_mm256_cmpgt_epi32(_mm256_set1_epi32(int(lo)), idx),
+                                                              _mm256_cmpgt_epi32(_mm256_set1_epi32(int(nn)), idx)));
             sc[t] = _mm256_blendv_ps(vset(-std::numeric_limits<float>::infinity()), sc[t], live[t]);
             vmax = _mm256_max_ps(vmax, sc[t]);
           }
@@ -187,7 +192,7 @@ void attention_rows(const float* q, const float* k_cache, const float* v_cache, 
             __m256 o[8];
 #pragma GCC unroll 8
             for (int i = 0; i < 8; ++i) o[i] = _mm256_loadu_ps(ar + d0 + 8 * i);
-            for (int64_t c = 0; c < nn; ++c) {
+            for (int64_t c = lo; c < nn; ++c) {
               const __m256 pc = _mm256_broadcast_ss(p + c);
               const float* vr = vrow[c] + d0;
 #pragma GCC unroll 8
@@ -211,7 +216,7 @@ void attention_rows(const float* q, const float* k_cache, const float* v_cache, 
 
 void paged_attention(const float* q, const float* k_cache, const float* v_cache,
                      int64_t block_size, int64_t hq, int64_t hkv, int64_t d, float scale,
-                     bool causal, const AttentionSeq* seqs, int64_t num_seqs, float* out) {
+                     bool causal, const AttentionSeq* seqs, int64_t num_seqs, float* out, int64_t window) {
   // Sequences with enough query rows that a transposed key chunk serves several (prompts,
   // prefill chunks) take the blocked path at head dims 64 / 128; decode rows and other head
   // dims the per-row loop (a decode row would pay the transposition of its whole context).
@@ -223,31 +228,31 @@ void paged_attention(const float* q, const float* k_cache, const float* v_cache,
   if (!blocked.empty()) {
     const int64_t nb = int64_t(blocked.size());
     if (avx512_enabled())
-      avx512::attention_rows_f32(q, k_cache, v_cache, block_size, hq, hkv, d, scale, causal, blocked.data(), nb, out);
+      avx512::attention_rows_f32(q, k_cache, v_cache, block_size, hq, hkv, d, scale, causal, blocked.data(), nb, out, window);
     else if (d == 64)
-      attention_rows<64>(q, k_cache, v_cache, block_size, hq, hkv, scale, causal, blocked.data(), nb, out);
+      attention_rows<64>(q, k_cache, v_cache, block_size, hq, hkv, scale, causal, blocked.data(), nb, out, window);
     else
-      attention_rows<128>(q, k_cache, v_cache, block_size, hq, hkv, scale, causal, blocked.data(), nb, out);
+      attention_rows<128>(q, k_cache, v_cache, block_size, hq, hkv, scale, causal, blocked.data(), nb, out, window);
   }
   if (!per_row.empty())
     paged_attention_impl<Avx2Ops, float>(q, k_cache, nullptr, v_cache, nullptr, block_size, hq, hkv, d, scale,
-                                         causal, per_row.data(), int64_t(per_row.size()), out);
+                                         causal, per_row.data(), int64_t(per_row.size()), out, window);
 }
 
 void paged_attention_int8(const float* q, const int8_t* k_codes, const float* k_scales,
                           const int8_t* v_codes, const float* v_scales, int64_t block_size, int64_t hq,
                           int64_t hkv, int64_t d, float scale, bool causal, const AttentionSeq* seqs,
-                          int64_t num_seqs, float* out) {
+                          int64_t num_seqs, float* out, int64_t window) {
   paged_attention_impl<Avx2Ops, int8_t>(q, k_codes, k_scales, v_codes, v_scales, block_size, hq, hkv, d, scale,
-                                        causal, seqs, num_seqs, out);
+                                        causal, seqs, num_seqs, out, window);
 }
 
 void paged_attention_fp8(const float* q, const Fp8Code* k_codes, const float* k_scales,
                          const Fp8Code* v_codes, const float* v_scales, int64_t block_size, int64_t hq,
                          int64_t hkv, int64_t d, float scale, bool causal, const AttentionSeq* seqs,
-                         int64_t num_seqs, float* out) {
+                         int64_t num_seqs, float* out, int64_t window) {
   paged_attention_impl<Avx2Ops, Fp8Code>(q, k_codes, k_scales, v_codes, v_scales, block_size, hq, hkv, d, scale,
-                                         causal, seqs, num_seqs, out);
+                                         causal, seqs, num_seqs, out, window);
 }
 
 }  // namespace kiln::cpu::avx2

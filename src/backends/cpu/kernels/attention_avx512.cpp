@@ -39,7 +39,8 @@ inline __mmask16 live_mask(int64_t n, int t) {
 
 template <int D>
 void rows_impl(const float* q, const float* k_cache, const float* v_cache, int64_t block_size, int64_t hq,
-               int64_t hkv, float scale, bool causal, const AttentionSeq* seqs, int64_t num_seqs, float* out) {
+               int64_t hkv, float scale, bool causal, const AttentionSeq* seqs, int64_t num_seqs, float* out,
+               int64_t window) {
   const std::vector<BlockedUnit> units = blocked_units(seqs, num_seqs, hq, kRowBlock);
   const int64_t group = hq / hkv, kv_row = hkv * D;
   const float kNegInf = -std::numeric_limits<float>::infinity();
@@ -58,6 +59,8 @@ void rows_impl(const float* q, const float* k_cache, const float* v_cache, int64
         if (r >= rows) return 0;
         return causal ? ctx0 + un.j0 + r + 1 : int64_t(sq.ctx_len);
       };
+      // The first key row r sees (a sliding window's start; 0 without one).
+      auto first = [&](int64_t r) { return window > 0 ? std::max<int64_t>(0, limit(r) - window) : int64_t(0); };
       for (int64_t r = 0; r < kRowBlock; ++r) {
         if (r < rows) {
           const float* qr = q + ((sq.q_start + un.j0 + r) * hq + un.h) * D;
@@ -70,12 +73,19 @@ void rows_impl(const float* q, const float* k_cache, const float* v_cache, int64
         l[r] = 0.0f;
       }
       const int64_t last = limit(rows - 1);  // the most keys any row of the unit sees
-      for (int64_t c0 = 0; c0 < last; c0 += kKeys) {
+      for (int64_t c0 = first(0); c0 < last; c0 += kKeys) {
         const int64_t n = std::min(kKeys, last - c0);
         gather_key_chunk<D>(sq, k_cache, v_cache, block_size, kv_row, kvh, c0, n, kt, vrow);
         for (int64_t r0 = 0; r0 < rows; r0 += kR) {
-          int64_t nn[kR], nmax = 0;
-          for (int r = 0; r < kR; ++r) nmax = std::max(nmax, nn[r] = std::clamp<int64_t>(limit(r0 + r) - c0, 0, n));
+          // Row r0 + r sees keys [lo[r], nn[r]) of the chunk (nn[r] = 0: none).
+          int64_t nn[kR], lo[kR], nmax = 0, lmin = n;
+          for (int r = 0; r < kR; ++r) {
+            nn[r] = std::clamp<int64_t>(limit(r0 + r) - c0, 0, n);
+            lo[r] = std::clamp<int64_t>(first(r0 + r) - c0, 0, n);
+            if (nn[r] <= lo[r]) nn[r] = lo[r] = 0;
+            if (nn[r] > 0) lmin = std::min(lmin, lo[r]);
+            nmax = std::max(nmax, nn[r]);
+          }
           if (nmax == 0) continue;
           // S = Q Kt for four rows: each Kt row loaded once.
           __m512 sc[kR][kT];
@@ -110,9 +120,10 @@ void rows_impl(const float* q, const float* k_cache, const float* v_cache, int64
               std::fill(p[r], p[r] + kKeys, 0.0f);
               continue;
             }
+            __mmask16 live[kT];
+            for (int t = 0; t < kT; ++t) live[t] = __mmask16(live_mask(nn[r], t) & ~live_mask(lo[r], t));
             __m512 vmax = vset(kNegInf);
-            for (int t = 0; t < kT; ++t)
-              vmax = _mm512_mask_max_ps(vmax, live_mask(nn[r], t), vmax, _mm512_load_ps(p[r] + 16 * t));
+            for (int t = 0; t < kT; ++t) vmax = _mm512_mask_max_ps(vmax, live[t], vmax, _mm512_load_ps(p[r] + 16 * t));
             const int64_t ri = r0 + r;
             const float m_new = std::max(m[ri], _mm512_reduce_max_ps(vmax));
             if (m_new > m[ri] && l[ri] > 0.0f) {
@@ -123,7 +134,7 @@ void rows_impl(const float* q, const float* k_cache, const float* v_cache, int64
             __m512 psum = _mm512_setzero_ps();
             for (int t = 0; t < kT; ++t) {
               const __m512 e =
-                  _mm512_maskz_mov_ps(live_mask(nn[r], t), exp512(_mm512_sub_ps(_mm512_load_ps(p[r] + 16 * t), vset(m_new))));
+                  _mm512_maskz_mov_ps(live[t], exp512(_mm512_sub_ps(_mm512_load_ps(p[r] + 16 * t), vset(m_new))));
               _mm512_storeu_ps(p[r] + 16 * t, e);
               psum = _mm512_add_ps(psum, e);
             }
@@ -137,7 +148,7 @@ void rows_impl(const float* q, const float* k_cache, const float* v_cache, int64
 #pragma GCC unroll 4
               for (int i = 0; i < 4; ++i)
                 o[r][i] = _mm512_mul_ps(_mm512_loadu_ps(acc + (r0 + r) * D + d0 + 16 * i), vset(corr[r]));
-            for (int64_t c = 0; c < nmax; ++c) {
+            for (int64_t c = lmin; c < nmax; ++c) {
               __m512 vv[4];
 #pragma GCC unroll 4
               for (int i = 0; i < 4; ++i) vv[i] = _mm512_loadu_ps(vrow[c] + d0 + 16 * i);
@@ -168,9 +179,9 @@ void rows_impl(const float* q, const float* k_cache, const float* v_cache, int64
 
 void attention_rows_f32(const float* q, const float* k_cache, const float* v_cache, int64_t block_size, int64_t hq,
                         int64_t hkv, int64_t d, float scale, bool causal, const AttentionSeq* seqs, int64_t num_seqs,
-                        float* out) {
-  if (d == 64) rows_impl<64>(q, k_cache, v_cache, block_size, hq, hkv, scale, causal, seqs, num_seqs, out);
-  else rows_impl<128>(q, k_cache, v_cache, block_size, hq, hkv, scale, causal, seqs, num_seqs, out);
+                        float* out, int64_t window) {
+  if (d == 64) rows_impl<64>(q, k_cache, v_cache, block_size, hq, hkv, scale, causal, seqs, num_seqs, out, window);
+  else rows_impl<128>(q, k_cache, v_cache, block_size, hq, hkv, scale, causal, seqs, num_seqs, out, window);
 }
 
 }  // namespace kiln::cpu::avx512

@@ -24,13 +24,14 @@ namespace kiln::cpu {
 // ms per forward on 2 threads, before chunks).
 // Elem is float (f32 cache; the scale pointers are unused) or int8_t / Fp8Code (codes,
 // with one scale per (slot, kv head) at k_scales/v_scales[slot * hkv + kvh], applied to
-// the dot product and to the probability that weights the V row).
+// the dot product and to the probability that weights the V row). window > 0 (causal only):
+// a query at position p sees keys (p - window, p], window keys with itself.
 constexpr int64_t kAttnChunk = 64;
 
 template <typename Ops, typename Elem>
 void paged_attention_impl(const float* q, const Elem* k_cache, const float* k_scales, const Elem* v_cache,
                           const float* v_scales, int64_t block_size, int64_t hq, int64_t hkv, int64_t d, float scale,
-                          bool causal, const AttentionSeq* seqs, int64_t num_seqs, float* out) {
+                          bool causal, const AttentionSeq* seqs, int64_t num_seqs, float* out, int64_t window) {
   // rows_before[s] = query rows of sequences before s, to map a flat item to (seq, j, h).
   std::unique_ptr<int64_t[]> rows_before(new int64_t[num_seqs + 1]);
   rows_before[0] = 0;
@@ -55,11 +56,12 @@ void paged_attention_impl(const float* q, const Elem* k_cache, const float* k_sc
       const int64_t j = row - rows_before[seq];
       const int64_t t = sq.q_start + j;
       const int64_t limit = causal ? sq.ctx_len - sq.q_len + j + 1 : sq.ctx_len;
+      const int64_t first = window > 0 ? std::max<int64_t>(0, limit - window) : 0;  // sliding window
       const int64_t kvh = h / group;
       for (int64_t i = 0; i < d; ++i) qs[i] = q[(t * hq + h) * d + i] * scale;
       std::fill(acc, acc + d, 0.0f);
       float m = -std::numeric_limits<float>::infinity(), l = 0.0f;
-      for (int64_t c0 = 0; c0 < limit; c0 += kAttnChunk) {
+      for (int64_t c0 = first; c0 < limit; c0 += kAttnChunk) {
         const int64_t n = std::min(kAttnChunk, limit - c0);
         float cmax = -std::numeric_limits<float>::infinity();
         for (int64_t i = 0; i < n; ++i) {

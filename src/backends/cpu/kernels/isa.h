@@ -128,7 +128,7 @@ void swiglu(const float* gate, const float* up, int64_t n, float* out);
 // paged_attention's blocked path for sequences of several query rows, f32 caches, d 64 or 128.
 void attention_rows_f32(const float* q, const float* k_cache, const float* v_cache, int64_t block_size, int64_t hq,
                         int64_t hkv, int64_t d, float scale, bool causal, const AttentionSeq* seqs, int64_t num_seqs,
-                        float* out);
+                        float* out, int64_t window);
 
 #ifdef __AVX512F__
 // (Only in files compiled for AVX-512.) A quantized group's 16 f32 scales, or q4 mins: its
@@ -168,15 +168,15 @@ void softmax_row(const float* x, int64_t dim, float* out);
 
 void paged_attention(const float* q, const float* k_cache, const float* v_cache,
                      int64_t block_size, int64_t hq, int64_t hkv, int64_t d, float scale,
-                     bool causal, const AttentionSeq* seqs, int64_t num_seqs, float* out);
+                     bool causal, const AttentionSeq* seqs, int64_t num_seqs, float* out, int64_t window);
 void paged_attention_int8(const float* q, const int8_t* k_codes, const float* k_scales,
                           const int8_t* v_codes, const float* v_scales, int64_t block_size, int64_t hq,
                           int64_t hkv, int64_t d, float scale, bool causal, const AttentionSeq* seqs,
-                          int64_t num_seqs, float* out);
+                          int64_t num_seqs, float* out, int64_t window);
 void paged_attention_fp8(const float* q, const Fp8Code* k_codes, const float* k_scales,
                          const Fp8Code* v_codes, const float* v_scales, int64_t block_size, int64_t hq,
                          int64_t hkv, int64_t d, float scale, bool causal, const AttentionSeq* seqs,
-                         int64_t num_seqs, float* out);
+                         int64_t num_seqs, float* out, int64_t window);
 }  // namespace avx2
 
 }  // namespace kiln::cpu
