@@ -133,12 +133,17 @@ class CudaCompiledGraph final : public CompiledGraph {
         throw_error(ErrorCode::kUnsupported, "cuda backend cannot run node '", n.name, "' (", n.op, "): ", why);
       runners_.push_back((*find_cuda_op(n.op))(n, g, prep_));
       if (n.op == "Attention") {
-        attn_keys_.insert({n.attr_int("num_heads"), n.attr_int("num_kv_heads")});
+        // Sliding-window nodes plan apart, on the tile and decode kernels only: they
+        // leave the tensor-core and cluster choices of the other nodes alone.
+        const bool sliding = n.attr_int("window", 0) > 0;
+        attn_keys_.insert({n.attr_int("num_heads"), n.attr_int("num_kv_heads"), sliding});
         attn_max_d_ = std::max(attn_max_d_, n.attr_int("head_dim"));
-        attn_flash_ok_ = attn_flash_ok_ && attention_flash_supported(prep_.act, n.attr_int("head_dim"));
-        attn_cluster_ok_ = attn_cluster_ok_ && decode_cluster_ &&
-                           attention_decode_cluster_supported(prep_.act, n.attr_int("num_heads"),
-                                                              n.attr_int("num_kv_heads"), n.attr_int("head_dim"));
+        if (!sliding) {
+          attn_flash_ok_ = attn_flash_ok_ && attention_flash_supported(prep_.act, n.attr_int("head_dim"));
+          attn_cluster_ok_ = attn_cluster_ok_ && decode_cluster_ &&
+                             attention_decode_cluster_supported(prep_.act, n.attr_int("num_heads"),
+                                                                n.attr_int("num_kv_heads"), n.attr_int("head_dim"));
+        }
       }
     }
     if (CudaDecodeStack::enabled_from_env()) {
@@ -522,22 +527,23 @@ class CudaCompiledGraph final : public CompiledGraph {
       size_t work, combine;
       AttentionPlan plan;
     };
-    std::map<std::pair<int64_t, int64_t>, PlanOff> plan_offs;
+    std::map<AttnPlanKey, PlanOff> plan_offs;
     size_t ws_floats = 0, counters = 0;
     // Decode steps take the cluster decode kernel where every attention node suits it
     // (decided when the graph was compiled: attn_cluster_ok_).
     const bool cluster = decode && attn_cluster_ok_;
     for (auto key : attn_keys_) {
       PlanOff po;
-      po.plan = cluster  ? attention_plan_decode_cluster(seqs, key.first, key.second, attn_max_d_, cx_->num_sms,
-                                                         decode_splits_, decode_warp_)
-                : decode ? attention_plan_decode(seqs, key.first, key.second, cx_->num_sms)
-                         : attention_plan(seqs, key.first, key.second, true, cx_->num_sms, split_chunk_,
-                                          attn_flash_ok_ ? flash_mode_ : 0, flash_width_);
+      po.plan = cluster && !key.sliding
+                    ? attention_plan_decode_cluster(seqs, key.hq, key.hkv, attn_max_d_, cx_->num_sms, decode_splits_,
+                                                    decode_warp_)
+                : decode ? attention_plan_decode(seqs, key.hq, key.hkv, cx_->num_sms)
+                         : attention_plan(seqs, key.hq, key.hkv, true, cx_->num_sms, split_chunk_,
+                                          attn_flash_ok_ && !key.sliding ? flash_mode_ : 0, flash_width_);
       po.work = w.put_vec(po.plan.work);
       po.combine = w.put_vec(po.plan.combine);
-      ws_floats = std::max(ws_floats, attention_workspace_floats(po.plan, key.second, attn_max_d_));
-      counters = std::max(counters, attention_counters(po.plan, key.second));
+      ws_floats = std::max(ws_floats, attention_workspace_floats(po.plan, key.hkv, attn_max_d_));
+      counters = std::max(counters, attention_counters(po.plan, key.hkv));
       graph_key_.insert(graph_key_.end(), {int64_t(po.plan.work.size()), int64_t(po.plan.combine.size()),
                                            int64_t(po.plan.num_partials), int64_t(po.plan.flash_width),
                                            int64_t(po.plan.flash_items_per_sm), int64_t(po.plan.decode_splits),
@@ -702,7 +708,7 @@ class CudaCompiledGraph final : public CompiledGraph {
   PrepareContext prep_;
   std::vector<OpRun> runners_;
   std::unique_ptr<CudaDecodeStack> stack_;  // null: the graph is no plain Llama-family stack (or switched off)
-  std::set<std::pair<int64_t, int64_t>> attn_keys_;
+  std::set<AttnPlanKey> attn_keys_;
   int64_t attn_max_d_ = 0;
   bool attn_flash_ok_ = true;  // every Attention node's head dim and dtype suit the tensor-core kernel
   // ... and the cluster decode kernel (attention_decode_cluster_supported, KILN_CUDA_DECODE_ATTN not "old").
@@ -794,6 +800,8 @@ class CudaBackend final : public Backend {
     }
     return supports_fusion(pass);
   }
+  // Sliding-window Attention nodes run on the tile and decode kernels (AttnPlanKey).
+  bool supports_sliding_window() const override { return true; }
   std::unique_ptr<CompiledGraph> compile(const ir::Graph& graph, const CompileOptions& opt) override {
     auto g = std::make_unique<CudaCompiledGraph>(graph, opt, context());
     act_ = g->act();

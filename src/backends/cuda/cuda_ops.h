@@ -90,6 +90,15 @@ class CudaKv : public KvStorage {
   int32_t host_blocks_ = 0;
 };
 
+// Which attention nodes share a step's plan: those of the same heads, and sliding-window
+// ones apart (their plans keep to the tile and decode kernels, which implement the window:
+// AttentionArgs::window).
+struct AttnPlanKey {
+  int64_t hq = 0, hkv = 0;
+  bool sliding = false;
+  auto operator<=>(const AttnPlanKey&) const = default;
+};
+
 // One attention configuration's plan for the current step, on the device.
 struct DevAttentionPlan {
   const AttnWork* work = nullptr;
@@ -109,7 +118,7 @@ struct DevStep {
   int32_t num_seqs = 0;
   const int32_t* block_tables = nullptr;
   const int64_t* slot_mapping = nullptr;
-  std::map<std::pair<int64_t, int64_t>, DevAttentionPlan> plans;  // by (num_heads, num_kv_heads)
+  std::map<AttnPlanKey, DevAttentionPlan> plans;
   int32_t flash_warp_rows = 0;  // KILN_CUDA_FLASH_WARP_ROWS (AttentionArgs::flash_warp_rows)
   float* attn_workspace = nullptr;
   int32_t* attn_counters = nullptr;  // the fused decode kernel's split counters, zero between launches

@@ -23,6 +23,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
+#include <map>
 #include <numeric>
 #include <random>
 
@@ -41,15 +42,20 @@ struct Config {
   std::vector<int32_t> prompts;  // prompt length per sequence
 };
 
-ir::Graph attention_graph(const Config& c, bool causal) {
+// window > 0: a sliding-window attention node (each query sees its last `window` keys).
+ir::Graph attention_graph(const Config& c, bool causal, int64_t window = 0) {
   ir::Graph g;
   ir::ValueId q = g.add_input("q", DType::kF32, Shape{"T", c.hq * c.d});
   ir::ValueId k = g.add_input("k", DType::kF32, Shape{"T", c.hkv * c.d});
   ir::ValueId v = g.add_input("v", DType::kF32, Shape{"T", c.hkv * c.d});
-  g.add_output("y", g.add("Attention", {q, k, v},
-                          {{"layer", int64_t(0)}, {"num_heads", c.hq}, {"num_kv_heads", c.hkv}, {"head_dim", c.d},
-                           {"scale", 1.0 / std::sqrt(double(c.d))}, {"causal", int64_t(causal)}},
-                          "attn"));
+  std::map<std::string, ir::Attr> attrs = {{"layer", int64_t(0)},
+                                           {"num_heads", c.hq},
+                                           {"num_kv_heads", c.hkv},
+                                           {"head_dim", c.d},
+                                           {"scale", 1.0 / std::sqrt(double(c.d))},
+                                           {"causal", int64_t(causal)}};
+  if (window > 0) attrs["window"] = window;
+  g.add_output("y", g.add("Attention", {q, k, v}, std::move(attrs), "attn"));
   return g;
 }
 
@@ -114,7 +120,7 @@ double quantized_tolerance(const std::string& dtype) {
 // flash "1" plans the tensor-core kernel for every non-decode step it supports (16-bit,
 // head dims 64/128): prefills and the mixed chunk + decode steps.
 void check_decoder(const Config& c, const std::string& split_chunk, const std::string& flash = "",
-                   KvDType kv_dtype = KvDType::kAuto) {
+                   KvDType kv_dtype = KvDType::kAuto, int64_t window = 0) {
   setenv("KILN_CUDA_SPLIT_CHUNK", split_chunk.c_str(), 1);
   setenv("KILN_CUDA_FLASH", flash.c_str(), 1);
   int64_t tokens = 0;
@@ -127,9 +133,9 @@ void check_decoder(const Config& c, const std::string& split_chunk, const std::s
                 .dtype = kv_dtype};
     std::string what = str_cat("attn hq=", c.hq, " hkv=", c.hkv, " d=", c.d, " bs=", c.block_size, " seqs=", c.prompts.size(),
                                " max_prompt=", *std::max_element(c.prompts.begin(), c.prompts.end()), " split=", split_chunk, " flash=", flash,
-                               " kv=", kv_dtype_name(kv_dtype));
+                               " kv=", kv_dtype_name(kv_dtype), " window=", window);
     const double tol = kv_dtype == KvDType::kAuto ? op_tolerance(dt) : quantized_tolerance(dt);
-    expect_backends_match(attention_graph(c, true), steps, dt, tol, what, kv);
+    expect_backends_match(attention_graph(c, true, window), steps, dt, tol, what, kv);
   }
   unsetenv("KILN_CUDA_SPLIT_CHUNK");
   unsetenv("KILN_CUDA_FLASH");
@@ -153,6 +159,20 @@ TEST(CudaAttention, DecoderLongContexts) {
     check_decoder(Config{4, 2, 64, 16, {3000, 700}}, "0", flash);
     check_decoder(Config{32, 8, 128, 16, {1100, 37, 1}}, "0", flash);
   }
+}
+
+// Sliding windows (Mistral, Gemma's local layers) on the tile and decode kernels: a window
+// of one key, windows shorter than a 32-key tile, across tiles and splits, and longer than
+// some contexts; prefill, decode and chunk steps; plans split and not, the tensor-core
+// kernel asked for (the window keeps its nodes off it); int8 / fp8 caches.
+TEST(CudaAttention, SlidingWindowMatchesCpu) {
+  KILN_SKIP_WITHOUT_CUDA();
+  for (int64_t window : {1, 7, 40, 100})
+    for (const Config& c : {Config{4, 2, 16, 16, {5, 1, 17}}, Config{9, 3, 64, 16, {133, 7}},
+                            Config{32, 8, 128, 16, {300, 16, 1}}})
+      for (const char* split : {"0", "-1", "16"}) check_decoder(c, split, "1", KvDType::kAuto, window);
+  for (KvDType kv : {KvDType::kInt8, KvDType::kFp8})
+    check_decoder(Config{8, 2, 64, 16, {200, 9, 1}}, "0", "", kv, 50);
 }
 
 void check_chunked(const Config& c, const std::vector<std::vector<int32_t>>& chunks, KvDType kv_dtype,

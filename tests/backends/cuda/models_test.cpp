@@ -247,7 +247,7 @@ TEST(CudaTopLogits, ExecutorOutputsMatchWholeRowSteps) {
 // model bound and where the argmax differs it is a near-tie of the CPU's logits.
 TEST(CudaQuantModels, GenerationMatchesCpuQuantized) {
   KILN_SKIP_WITHOUT_CUDA();
-  for (std::string family : {"llama", "qwen2", "qwen3", "phi3", "gemma3", "gpt2"}) {
+  for (std::string family : {"llama", "qwen2", "qwen3", "phi3", "gemma3", "mistral", "gpt2"}) {
     const std::string dir = fixtures_dir() + "/models/" + family;
     Ref ref(family);
     auto prompts = ref.prompts();
@@ -330,7 +330,7 @@ TEST(CudaQuantModels, GenerationMatchesCpuQuantized) {
 // closer to the CPU's fp8 than fp8 is to exact) and near-ties up to 5e-2 of max|logit|.
 TEST(CudaQuantizedKv, DecoderMatchesCpuWithTheSameCacheDtype) {
   KILN_SKIP_WITHOUT_CUDA();
-  for (std::string family : {"llama", "qwen2", "qwen3", "phi3", "gemma3", "gpt2"}) {
+  for (std::string family : {"llama", "qwen2", "qwen3", "phi3", "gemma3", "mistral", "gpt2"}) {
     const std::string dir = fixtures_dir() + "/models/" + family;
     Ref ref(family);
     auto prompts = ref.prompts();
@@ -386,7 +386,7 @@ TEST(CudaQuantizedKv, DecoderMatchesCpuWithTheSameCacheDtype) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, CudaDecoderGolden,
-                         ::testing::Combine(::testing::Values("gpt2", "llama", "qwen2", "qwen3", "phi3", "gemma3"),
+                         ::testing::Combine(::testing::Values("gpt2", "llama", "qwen2", "qwen3", "phi3", "gemma3", "mistral"),
                                             ::testing::Values("f32", "bf16", "f16")),
                          [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param); });
 

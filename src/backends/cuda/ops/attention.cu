@@ -389,6 +389,8 @@ void launch_attention(const AttentionArgs& a, cudaStream_t s) {
   if (a.kv_code != KvCode::kNone)
     KILN_THROW_IF(!a.k_scales || !a.v_scales, kInternal, "cuda attention: a quantized cache without scales");
   KILN_THROW_IF(a.out_codes && a.flash_width == 0, kInternal, "cuda attention: output codes need a tensor-core plan");
+  KILN_THROW_IF(a.window < 0 || (a.window > 0 && (!a.causal || a.flash_width != 0)), kInternal,
+                "cuda attention: a sliding window of ", a.window, " keys needs causal attention and the tile kernels");
   if (a.flash_width != 0) {
     KILN_THROW_IF(!attention_flash_width_valid(a.flash_width), kInternal, "cuda attention: a tensor-core plan of ",
                   a.flash_width, "-item CTAs (expected 128, 64 or 32)");

@@ -180,6 +180,11 @@ struct AttentionArgs {
   int64_t block_size = 16, hq = 0, hkv = 0, d = 0;
   float scale = 1.0f;
   bool causal = true;
+  // > 0 (causal only): a sliding window, the query at position p sees keys (p - window, p].
+  // The tile and decode kernels (launch_attention over a plan of attention_plan or
+  // attention_plan_decode) implement it; the tensor-core, grouped, cluster and warp decode
+  // kernels do not, and refuse it.
+  int32_t window = 0;
   const AttnSeq* seqs = nullptr;    // device
   const int32_t* block_tables = nullptr;
   const AttnWork* work = nullptr;

@@ -156,17 +156,21 @@ __device__ __forceinline__ void attn_stage_q(float (&qs)[N][D], const T* __restr
   }
 }
 
-// The online-softmax state of items first .. first + R - 1: the keys each sees (lim:
-// causal, up to its own position; 0 past the sequence's n_items), running max m, sum l
-// and unnormalized acc (dims lane, lane + 32, ...).
+// The first key a query row at position `pos` sees: its sliding window's start (0 without one).
+__device__ __forceinline__ int attn_window_start(int pos, int window) { return window > 0 ? max(0, pos + 1 - window) : 0; }
+
+// The online-softmax state of items first .. first + R - 1: the keys each sees ([lo, lim):
+// causal, up to its own position, from its sliding window's start; lim 0 past the
+// sequence's n_items), running max m, sum l and unnormalized acc (dims lane, lane + 32, ...).
 template <int R, int DPL>
-__device__ __forceinline__ void attn_init_items(int (&lim)[R], float (&m)[R], float (&l)[R], float (&acc)[R][DPL],
-                                                int first, int n_items, int group, int ctx0, const AttnSeq& sq,
-                                                const AttnWork& w, bool causal) {
+__device__ __forceinline__ void attn_init_items(int (&lo)[R], int (&lim)[R], float (&m)[R], float (&l)[R],
+                                                float (&acc)[R][DPL], int first, int n_items, int group, int ctx0,
+                                                const AttnSeq& sq, const AttnWork& w, bool causal, int window) {
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int item = first + r;
     lim[r] = item < n_items ? min(causal ? ctx0 + item / group + 1 : sq.ctx_len, w.kv_end) : 0;
+    lo[r] = attn_window_start(ctx0 + item / group, window);
     m[r] = -INFINITY;
     l[r] = 0.0f;
 #pragma unroll
@@ -179,7 +183,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 attention_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restrict__ k_cache,
                  const KvElem<T, Q>* __restrict__ v_cache, const float* __restrict__ k_scales,
                  const float* __restrict__ v_scales, T* __restrict__ out, int block_size, int hq, int hkv, int64_t q_stride, int64_t kv_row,
-                 float scale, bool causal,
+                 float scale, bool causal, int window,
                  const AttnSeq* __restrict__ seqs, const int32_t* __restrict__ block_tables,
                  const AttnWork* __restrict__ works, float* __restrict__ part_o, float* __restrict__ part_ml) {
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
@@ -201,15 +205,17 @@ attention_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restrict__ k_cac
   constexpr int CVEC = 16 / int(sizeof(KvElem<T, Q>)), CVPR = D / CVEC;
   static_assert(D % CVEC == 0);
   attn_stage_q<T, D, kAttnItemsPerCta>(qs, q, q_stride, sq, w.item_begin, n_items, kvh, group, scale);
-  int lim[R];
+  int lo[R], lim[R];
   float m[R], l[R], acc[R][DPL];
-  attn_init_items<R, DPL>(lim, m, l, acc, w.item_begin + warp * R, n_items, group, ctx0, sq, w, causal);
+  attn_init_items<R, DPL>(lo, lim, m, l, acc, w.item_begin + warp * R, n_items, group, ctx0, sq, w, causal, window);
   const int last = min(n_items, w.item_begin + kAttnItemsPerCta) - 1;
   const int hi = min(w.kv_end, causal ? ctx0 + last / group + 1 : sq.ctx_len);
   const int32_t* bt = block_tables + sq.bt_offset;
+  // The CTA's first item sees the earliest keys: no key before its window start is read.
+  const int begin = max(w.kv_begin, attn_window_start(ctx0 + w.item_begin / group, window));
 
   constexpr int NV = (kTileKeys * CVPR + kThreads - 1) / kThreads;  // vectors per thread per tile
-  for (int t0 = w.kv_begin; t0 < hi; t0 += kTileKeys) {
+  for (int t0 = begin; t0 < hi; t0 += kTileKeys) {
     // Every load of the tile is issued before the barrier, so their latencies overlap
     // with each other and with the wait for the previous tile's readers.
     uint4 kr[NV], vr[NV];
@@ -262,9 +268,10 @@ attention_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restrict__ k_cac
     const int p = t0 + lane;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      if (t0 >= lim[r]) continue;  // uniform across the warp: no key of this tile is visible
-      const float sv = p < lim[r] ? s[r] : -INFINITY;
-      const float m_new = fmaxf(m[r], warp_max(sv));  // finite: key t0 is visible
+      // Uniform across the warp: no key of this tile is visible.
+      if (max(t0, lo[r]) >= min(t0 + kTileKeys, lim[r])) continue;
+      const float sv = p < lim[r] && p >= lo[r] ? s[r] : -INFINITY;
+      const float m_new = fmaxf(m[r], warp_max(sv));  // finite: some key of the tile is visible
       const float corr = expf(m[r] - m_new);
       const float pr = expf(sv - m_new);
       l[r] = l[r] * corr + warp_sum(pr);
@@ -322,7 +329,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 attention_decode_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restrict__ k_cache,
                         const KvElem<T, Q>* __restrict__ v_cache, const float* __restrict__ k_scales,
                         const float* __restrict__ v_scales, T* __restrict__ out, int block_size, int hq, int hkv, int64_t q_stride, int64_t kv_row,
-                        float scale, bool causal, const AttnSeq* __restrict__ seqs,
+                        float scale, bool causal, int window, const AttnSeq* __restrict__ seqs,
                         const int32_t* __restrict__ block_tables, const AttnWork* __restrict__ works,
                         float* __restrict__ part_o, float* __restrict__ part_ml) {
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
@@ -338,15 +345,17 @@ attention_decode_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restrict_
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int ctx0 = sq.ctx_len - sq.q_len;
   attn_stage_q<T, D, R>(qs, q, q_stride, sq, w.item_begin, n_items, kvh, group, scale);
-  int lim[R];
+  int lo[R], lim[R];
   float m[R], l[R], acc[R][DPL];
-  attn_init_items<R, DPL>(lim, m, l, acc, w.item_begin, n_items, group, ctx0, sq, w, causal);
+  attn_init_items<R, DPL>(lo, lim, m, l, acc, w.item_begin, n_items, group, ctx0, sq, w, causal, window);
   const int last = min(n_items, w.item_begin + R) - 1;
   const int hi = min(w.kv_end, causal ? ctx0 + last / group + 1 : sq.ctx_len);
   const int32_t* bt = block_tables + sq.bt_offset;
+  // The first item sees the earliest keys: no key before its window start is read.
+  const int begin = max(w.kv_begin, attn_window_start(ctx0 + w.item_begin / group, window));
   __syncthreads();  // qs written
 
-  for (int t0 = w.kv_begin + warp * 32; t0 < hi; t0 += kWarps * 32) {
+  for (int t0 = begin + warp * 32; t0 < hi; t0 += kWarps * 32) {
     const int p = t0 + lane;
     int64_t off = 0;
     float s[R];
@@ -386,9 +395,10 @@ attention_decode_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restrict_
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       pr[r] = 0.0f;
-      if (t0 >= lim[r]) continue;  // uniform across the warp: no key of this tile is visible
-      const float sv = p < lim[r] ? s[r] : -INFINITY;
-      const float m_new = fmaxf(m[r], warp_max(sv));  // finite: key t0 is visible
+      // Uniform across the warp: no key of this tile is visible.
+      if (max(t0, lo[r]) >= min(t0 + 32, lim[r])) continue;
+      const float sv = p < lim[r] && p >= lo[r] ? s[r] : -INFINITY;
+      const float m_new = fmaxf(m[r], warp_max(sv));  // finite: some key of the tile is visible
       const float corr = expf(m[r] - m_new);
       pr[r] = expf(sv - m_new);
       l[r] = l[r] * corr + warp_sum(pr[r]);
@@ -665,8 +675,8 @@ void launch_typed(const AttentionArgs& a, cudaStream_t s) {
   // tile kernel: each split is a short key range, and its four warps share it by items.
   auto go = [&](auto kernel) {
     launch_k(kernel, ta.grid, kWarps * 32, 0, s, ta.q, ta.k_cache, ta.v_cache, a.k_scales, a.v_scales, ta.out,
-        int(a.block_size), int(a.hq), int(a.hkv), ta.q_stride, ta.kv_row, a.scale, a.causal, a.seqs, a.block_tables,
-        a.work, ta.part_o, ta.part_ml);
+        int(a.block_size), int(a.hq), int(a.hkv), ta.q_stride, ta.kv_row, a.scale, a.causal, int(a.window), a.seqs,
+        a.block_tables, a.work, ta.part_o, ta.part_ml);
   };
   const int64_t items = a.max_q_len * (a.hq / a.hkv);
   const bool decode = a.max_q_len > 0 && a.num_partials == 0;
