@@ -17,6 +17,9 @@ What it makes (under --out, default tests/fixtures/models/):
     gemma3/  Gemma3ForCausalLM (gemma3_text): (1 + w) norms, sandwich norms, GELU(tanh)
              gate, q/k norms, a sliding (local, theta 1e4) then a full (global, theta 1e6,
              linear scaling 2) layer, query_pre_attn_scalar 24, sliding window 6
+    gemma2/  Gemma2ForCausalLM: Gemma 3's norms and MLP without q/k norms, one RoPE, a
+             sliding (window 6) then a full layer, attention logits soft-capped at 2 and
+             the final logits at 5 (small caps, so that they matter on a tiny model)
     mistral/ MistralForCausalLM, sliding window 6 in every layer (prompts of 11 and 16
              tokens and 20 greedy steps run past it), 4 q / 2 kv heads, untied head
     bert/    BertForSequenceClassification (3 labels), token_type_ids in use
@@ -257,6 +260,18 @@ def tiny_decoder_configs():
         },
         **decoder,
     )
+    gemma2 = transformers.Gemma2Config(
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        layer_types=["sliding_attention", "full_attention"],
+        sliding_window=SLIDING_WINDOW,
+        query_pre_attn_scalar=24,
+        attn_logit_softcapping=2.0,
+        final_logit_softcapping=5.0,
+        rope_theta=10000.0,
+        **decoder,
+    )
     mistral = transformers.MistralConfig(
         num_attention_heads=4,
         num_key_value_heads=2,
@@ -275,6 +290,7 @@ def tiny_decoder_configs():
         "phi3": (transformers.Phi3ForCausalLM, phi3, 1006),
         "gemma3": (transformers.Gemma3ForCausalLM, gemma3, 1007),
         "mistral": (transformers.MistralForCausalLM, mistral, 1008),
+        "gemma2": (transformers.Gemma2ForCausalLM, gemma2, 1009),
     }
 
 
@@ -427,6 +443,12 @@ def gen_tiny_decoder(name, cls, config, seed, out):
             "norm weights are w with the norm scaling by (1 + w); the embedding is scaled by sqrt(64); layer 0 "
             "slides (RoPE theta 1e4) over its last 6 keys, layer 1 is global (theta 1e6, linear factor 2) and "
             "attends fully; tied head"
+        )
+    if name == "gemma2":
+        meta["notes"].append(
+            "norm weights are w with the norm scaling by (1 + w); the embedding is scaled by sqrt(64); layer 0 "
+            "slides over its last 6 keys, layer 1 attends fully; attention scores (after the 24^-1/2 scale) become "
+            "2 tanh(s / 2), the logits 5 tanh(z / 5); tied head"
         )
     if name == "mistral":
         meta["notes"].append(
@@ -801,7 +823,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="tests/fixtures/models", type=Path)
     ap.add_argument("--models-dir", default=".cache/models", type=Path)
-    ap.add_argument("--only", default="", help="comma list of gpt2,llama,qwen2,qwen3,phi3,gemma3,mistral,bert,smollm2,minilm")
+    ap.add_argument("--only", default="", help="comma list of gpt2,llama,qwen2,qwen3,phi3,gemma3,mistral,gemma2,bert,smollm2,minilm")
     args = ap.parse_args()
     only = set(filter(None, args.only.split(",")))
     want = lambda n: not only or n in only  # noqa: E731

@@ -4,6 +4,7 @@
 #include "ir/op_registry.h"
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 
 #include "core/status.h"
@@ -266,6 +267,8 @@ std::vector<ValueType> infer_attention(const Node& n, const In& in) {
     shape_error(n, str_cat("num_heads ", hq, " must be a positive multiple of num_kv_heads ", hkv));
   if (const int64_t w = n.attr_int("window", 0); w < 0 || (w > 0 && n.attr_int("causal", 1) == 0))
     shape_error(n, str_cat("a sliding window (window ", w, ") must be positive and causal"));
+  if (const double cap = n.attr_float("softcap", 0.0); !(cap >= 0.0) || std::isinf(cap))
+    shape_error(n, str_cat("softcap ", cap, " (0: none, or a finite positive cap)"));
   auto check = [&](const Value& t, int64_t width, const char* role) {
     need_rank(n, t, 2, role);
     if (t.shape[1].is_concrete() && t.shape[1].value != width)
@@ -376,7 +379,8 @@ std::map<std::string, OpSchema> make_registry() {
   add({"Attention", 1, 3, {"layer", "num_heads", "num_kv_heads", "head_dim", "scale", "causal"},
        "paged attention: writes k,v into the KV cache, attends over each sequence's context; "
        "packed_qkv=1 takes one [T, (hq+2hkv)*d] input (+ positions, inv_freq: RoPE inside); optional "
-       "window > 0: sliding window, the query at position p sees keys (p - window, p]",
+       "window > 0: sliding window, the query at position p sees keys (p - window, p]; optional softcap > 0: "
+       "scores s (q.k times scale) become softcap * tanh(s / softcap) before the softmax (Gemma 2)",
        infer_attention});
   add({"GatherRows", 2, 2, {}, "out[r] = x[rows[r]]", infer_gather_rows});
   add({"SeqMeanPool", 1, 1, {}, "mean of each sequence's rows of x (one row per sequence)",

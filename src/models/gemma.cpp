@@ -1,11 +1,13 @@
-// Gemma 3 text decoders (Gemma3ForCausalLM, model_type gemma3_text): the token
-// embedding scaled by sqrt(hidden), RMSNorms that scale by (1 + w), per-head q/k norms,
-// "sandwich" norms (each block's output normalized again before its residual add), a
-// GELU(tanh)-gated MLP, attention scaled by query_pre_attn_scalar^-1/2, and RoPE whose base
-// differs between the sliding-window (local) and full-attention (global) layers. The local
-// layers attend to their last `sliding_window` keys (Attention's window attribute).
-// Soft-capping (Gemma 2) is refused.
-// Tested in tests/models/decoder_golden_test.cpp against transformers' Gemma3ForCausalLM.
+// Gemma 2 (Gemma2ForCausalLM, model_type gemma2) and Gemma 3 text (Gemma3ForCausalLM,
+// gemma3_text) decoders: the token embedding scaled by sqrt(hidden), RMSNorms that scale by
+// (1 + w), "sandwich" norms (each block's output normalized again before its residual
+// add), a GELU(tanh)-gated MLP, attention scaled by query_pre_attn_scalar^-1/2, local
+// layers that attend to their last `sliding_window` keys (Attention's window attribute)
+// beside global ones, and soft-capping where the config sets it: attention scores s become
+// c tanh(s / c) (Attention's softcap attribute), the logits z the same with their own cap.
+// Gemma 3 adds per-head q/k norms and a RoPE base per layer type; Gemma 2 has one RoPE.
+// Tested in tests/models/decoder_golden_test.cpp against transformers' Gemma2ForCausalLM
+// and Gemma3ForCausalLM.
 #include <cmath>
 
 #include "core/log.h"
@@ -43,33 +45,45 @@ Tensor one_plus(const Tensor& w) {
   return t;
 }
 
-}  // namespace
+// A soft-cap from config.json: 0 where absent or null; kInvalidFile unless positive.
+double softcap(const nlohmann::json& c, const char* key) {
+  auto it = c.find(key);
+  if (it == c.end() || it->is_null()) return 0.0;
+  const double cap = config_float(c, key);
+  if (!(cap > 0.0)) throw_error(ErrorCode::kInvalidFile, "config.json: ", key, " ", cap, " (expected > 0)");
+  return cap;
+}
 
-BuiltModel build_gemma3(const nlohmann::json& c, const WeightSource& src) {
+// gemma3: Gemma 3 text, else Gemma 2.
+BuiltModel build_gemma(const nlohmann::json& c, const WeightSource& src, bool gemma3) {
   BuiltModel m;
   ModelInfo& info = m.info;
-  info.family = "gemma3";
-  read_decoder_info(c, 32768, info);
-  info.head_dim = config_int(c, "head_dim", 256);  // transformers' Gemma3TextConfig default
+  info.family = gemma3 ? "gemma3" : "gemma2";
+  const std::string what = info.family;
+  read_decoder_info(c, gemma3 ? 32768 : 8192, info);
+  info.head_dim = config_int(c, "head_dim", 256);  // transformers' Gemma2Config / Gemma3TextConfig default
   const int64_t h = info.hidden_size, v = info.vocab_size, hd = info.head_dim;
   const int64_t hq = info.num_heads, hkv = info.num_kv_heads, inter = config_int(c, "intermediate_size");
   const double eps = config_float(c, "rms_norm_eps", 1e-6);
-  for (const char* cap : {"attn_logit_softcapping", "final_logit_softcapping"})
-    if (c.contains(cap) && !c[cap].is_null())
-      throw_error(ErrorCode::kUnsupported, "gemma3: ", cap, " (Gemma 2's soft-capping) is not supported");
+  const double attn_cap = softcap(c, "attn_logit_softcapping"), final_cap = softcap(c, "final_logit_softcapping");
   const std::string act = config_str(c, "hidden_activation", "gelu_pytorch_tanh");
   if (act != "gelu_pytorch_tanh")
-    throw_error(ErrorCode::kUnsupported, "gemma3: hidden_activation '", act, "' (expected gelu_pytorch_tanh)");
-  if (c.value("use_bidirectional_attention", false))
-    throw_error(ErrorCode::kUnsupported, "gemma3: use_bidirectional_attention (an encoder variant) is not supported");
-  if (c.value("attention_bias", false)) throw_error(ErrorCode::kUnsupported, "gemma3: attention_bias");
+    throw_error(ErrorCode::kUnsupported, what, ": hidden_activation '", act, "' (expected gelu_pytorch_tanh)");
+  auto flag = [&](const char* key) {  // absent or null: false (transformers writes null for unset ones)
+    auto it = c.find(key);
+    return it != c.end() && !it->is_null() && it->is_boolean() && it->get<bool>();
+  };
+  if (flag("use_bidirectional_attention"))
+    throw_error(ErrorCode::kUnsupported, what, ": use_bidirectional_attention (an encoder variant) is not supported");
+  if (flag("attention_bias")) throw_error(ErrorCode::kUnsupported, what, ": attention_bias");
 
-  // Which layers slide: layer_types, else every sliding_window_pattern-th layer is global.
+  // Which layers slide: layer_types, else Gemma 3 every sliding_window_pattern-th layer
+  // global, Gemma 2 every other one (layer 0 slides).
   std::vector<std::string> types;
   if (auto lt = c.find("layer_types"); lt != c.end() && lt->is_array()) {
     for (const auto& t : *lt) types.push_back(t.is_string() ? t.get<std::string>() : "");
   } else {
-    const int64_t pattern = config_int(c, "sliding_window_pattern", 6);
+    const int64_t pattern = gemma3 ? config_int(c, "sliding_window_pattern", 6) : 2;
     for (int64_t l = 0; l < info.num_layers; ++l)
       types.push_back(pattern > 0 && (l + 1) % pattern == 0 ? "full_attention" : "sliding_attention");
   }
@@ -94,8 +108,10 @@ BuiltModel build_gemma3(const nlohmann::json& c, const WeightSource& src) {
     for (const char* n : {"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                           "post_feedforward_layernorm"})
       specs.push_back({b + n + ".weight", {h}});
-    specs.push_back({b + "self_attn.q_norm.weight", {hd}});
-    specs.push_back({b + "self_attn.k_norm.weight", {hd}});
+    if (gemma3) {
+      specs.push_back({b + "self_attn.q_norm.weight", {hd}});
+      specs.push_back({b + "self_attn.k_norm.weight", {hd}});
+    }
     specs.push_back({b + "self_attn.q_proj.weight", {hq * hd, h}, true, "", false, /*linear=*/true});
     specs.push_back({b + "self_attn.k_proj.weight", {hkv * hd, h}, true, "", false, /*linear=*/true});
     specs.push_back({b + "self_attn.v_proj.weight", {hkv * hd, h}, true, "", false, /*linear=*/true});
@@ -120,8 +136,13 @@ BuiltModel build_gemma3(const nlohmann::json& c, const WeightSource& src) {
   ir::ValueId tokens = g.add_input("tokens", DType::kI32, {"T"});
   ir::ValueId positions = g.add_input("positions", DType::kI32, {"T"});
   ir::ValueId rows = g.add_input("logit_rows", DType::kI32, {"R"});
-  ir::ValueId inv_freq[2] = {g.add_weight("rope.local_inv_freq", gemma_inv_freq(c, "sliding_attention", hd)),
-                             g.add_weight("rope.global_inv_freq", gemma_inv_freq(c, "full_attention", hd))};
+  ir::ValueId inv_freq[2];
+  if (gemma3) {
+    inv_freq[0] = g.add_weight("rope.local_inv_freq", gemma_inv_freq(c, "sliding_attention", hd));
+    inv_freq[1] = g.add_weight("rope.global_inv_freq", gemma_inv_freq(c, "full_attention", hd));
+  } else {
+    inv_freq[0] = inv_freq[1] = g.add_weight("rope.inv_freq", rope_inv_freq(c, hd));
+  }
   const ir::ValueId table = W("model.embed_tokens.weight");
   ir::ValueId x = g.add("Embedding", {table, tokens}, kept_quant_table_attrs(g.weight(table), h), "embed_tokens");
   Tensor scale(DType::kF32, {h});
@@ -136,13 +157,18 @@ BuiltModel build_gemma3(const nlohmann::json& c, const WeightSource& src) {
     ir::ValueId q = linear(a, b + "self_attn.q_proj", h, n + "q_proj");
     ir::ValueId k = linear(a, b + "self_attn.k_proj", h, n + "k_proj");
     ir::ValueId vv = linear(a, b + "self_attn.v_proj", h, n + "v_proj");
-    q = g.add("HeadRMSNorm", {q, norm_w(b + "self_attn.q_norm.weight")}, {{"eps", eps}, {"head_dim", hd}}, n + "q_norm");
-    k = g.add("HeadRMSNorm", {k, norm_w(b + "self_attn.k_norm.weight")}, {{"eps", eps}, {"head_dim", hd}}, n + "k_norm");
+    if (gemma3) {
+      q = g.add("HeadRMSNorm", {q, norm_w(b + "self_attn.q_norm.weight")}, {{"eps", eps}, {"head_dim", hd}},
+                n + "q_norm");
+      k = g.add("HeadRMSNorm", {k, norm_w(b + "self_attn.k_norm.weight")}, {{"eps", eps}, {"head_dim", hd}},
+                n + "k_norm");
+    }
     q = g.add("Rope", {q, positions, freq}, {{"num_heads", hq}, {"head_dim", hd}, {"rotary_dim", rot}}, n + "q_rope");
     k = g.add("Rope", {k, positions, freq}, {{"num_heads", hkv}, {"head_dim", hd}, {"rotary_dim", rot}}, n + "k_rope");
     std::map<std::string, ir::Attr> att_attrs = {{"layer", l},        {"num_heads", hq},       {"num_kv_heads", hkv},
                                                  {"head_dim", hd},    {"scale", att_scale}, {"causal", int64_t(1)}};
     if (window[size_t(l)]) att_attrs["window"] = window[size_t(l)];
+    if (attn_cap > 0.0) att_attrs["softcap"] = attn_cap;
     ir::ValueId att = g.add("Attention", {q, k, vv}, std::move(att_attrs), n + "attn");
     ir::ValueId o = rms(linear(att, b + "self_attn.o_proj", hq * hd, n + "o_proj"), b + "post_attention_layernorm.weight",
                         n + "post_attention_layernorm");
@@ -158,8 +184,25 @@ BuiltModel build_gemma3(const nlohmann::json& c, const WeightSource& src) {
   ir::ValueId hidden = rms(x, "model.norm.weight", "norm");
   ir::ValueId last = g.add("GatherRows", {hidden, rows}, {}, "select_rows");
   g.add_output("hidden", hidden);
-  g.add_output("logits", linear(last, "lm_head", h, "lm_head"));
+  ir::ValueId logits = linear(last, "lm_head", h, "lm_head");
+  if (final_cap > 0.0) {
+    // z -> cap tanh(z / cap), as transformers computes it (divide, tanh, multiply).
+    Tensor inv(DType::kF32, {v}), cap(DType::kF32, {v});
+    for (int64_t i = 0; i < v; ++i) {
+      inv.data_as<float>()[i] = float(1.0 / final_cap);
+      cap.data_as<float>()[i] = float(final_cap);
+    }
+    logits = g.add("Mul", {logits, g.add_weight("logit_softcap.inv", std::move(inv))}, {}, "logit_softcap_in");
+    logits = g.add("Tanh", {logits}, {}, "logit_softcap_tanh");
+    logits = g.add("Mul", {logits, g.add_weight("logit_softcap.cap", std::move(cap))}, {}, "logit_softcap");
+  }
+  g.add_output("logits", logits);
   return m;
 }
+
+}  // namespace
+
+BuiltModel build_gemma2(const nlohmann::json& c, const WeightSource& src) { return build_gemma(c, src, false); }
+BuiltModel build_gemma3(const nlohmann::json& c, const WeightSource& src) { return build_gemma(c, src, true); }
 
 }  // namespace kiln

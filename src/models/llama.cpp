@@ -14,15 +14,30 @@
 namespace kiln {
 
 Tensor rope_inv_freq(const nlohmann::json& c, int64_t head_dim) {
-  const float base = float(config_float(c, "rope_theta", 10000.0));
-  const int64_t dim = int64_t(double(head_dim) * config_float(c, "partial_rotary_factor", 1.0));
+  // transformers v5 writes the rope settings only under "rope_parameters" (rope_theta,
+  // rope_type with its parameters, partial_rotary_factor); older configs keep rope_theta,
+  // rope_scaling and partial_rotary_factor at the top level. As transformers reads them:
+  // a rope_scaling replaces rope_parameters, and a value missing from the one in use comes
+  // from the top level. (A rope_parameters nested by layer type is the caller's: Gemma 3.)
+  const nlohmann::json* rp = nullptr;
+  if (auto it = c.find("rope_scaling"); it != c.end() && it->is_object()) {
+    rp = &*it;
+  } else if (auto jt = c.find("rope_parameters"); jt != c.end() && jt->is_object() &&
+                                                  (jt->contains("rope_theta") || jt->contains("rope_type"))) {
+    rp = &*jt;
+  }
+  auto number = [&](const char* key, double fallback) {
+    if (rp && rp->contains(key) && (*rp)[key].is_number()) return (*rp)[key].get<double>();
+    return config_float(c, key, fallback);
+  };
+  const float base = float(number("rope_theta", 10000.0));
+  const int64_t dim = int64_t(double(head_dim) * number("partial_rotary_factor", 1.0));
   Tensor t(DType::kF32, {dim / 2});
   float* f = t.data_as<float>();
   for (int64_t i = 0; i < dim / 2; ++i)
     f[i] = 1.0f / std::pow(base, float(2 * i) / float(dim));
-  auto it = c.find("rope_scaling");
-  if (it == c.end() || it->is_null()) return t;
-  const nlohmann::json& s = *it;
+  if (!rp) return t;
+  const nlohmann::json& s = *rp;
   std::string type = s.value("rope_type", s.value("type", std::string("default")));
   if (type == "default") return t;
   auto num = [&](const char* k) {

@@ -106,6 +106,7 @@ BuiltModel build_model(const nlohmann::json& config, const WeightSource& weights
 // Families (each in its own file).
 BuiltModel build_gpt2(const nlohmann::json& config, const WeightSource& weights);
 BuiltModel build_llama(const nlohmann::json& config, const WeightSource& weights);
+BuiltModel build_gemma2(const nlohmann::json& config, const WeightSource& weights);
 BuiltModel build_gemma3(const nlohmann::json& config, const WeightSource& weights);
 // A decoder config's shape and token ids into `info` (head_dim defaults to hidden /
 // heads, max_position_embeddings to default_max_positions); kInvalidFile when the heads

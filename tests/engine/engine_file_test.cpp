@@ -64,7 +64,7 @@ TEST_P(EngineRoundTrip, SameOutputsAsTheModelLoadedDirectly) {
   KILN_EXPECT_CLOSE(got.data(), want.data(), got.size(), 1e-6, GetParam() + " engine vs direct");
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, EngineRoundTrip, ::testing::Values("gpt2", "llama", "qwen2", "qwen3", "phi3", "gemma3", "mistral", "bert"));
+INSTANTIATE_TEST_SUITE_P(Families, EngineRoundTrip, ::testing::Values("gpt2", "llama", "qwen2", "qwen3", "phi3", "gemma3", "mistral", "gemma2", "bert"));
 
 TEST(EngineFile, Bf16WeightsStayCloseAndHalveTheFile) {
   auto dir = scratch_dir();

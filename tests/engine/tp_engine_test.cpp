@@ -116,7 +116,7 @@ TEST_P(TpEngine, RunsShardedWithTheUnshardedModelsTokens) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Decoders, TpEngine, ::testing::Values("gpt2", "llama", "qwen2", "qwen3", "phi3", "gemma3", "mistral"));
+INSTANTIATE_TEST_SUITE_P(Decoders, TpEngine, ::testing::Values("gpt2", "llama", "qwen2", "qwen3", "phi3", "gemma3", "mistral", "gemma2"));
 
 TEST(TpEngineFile, ReplicatedWeightsAreStoredOnceEvenWhenConvertedPerRank) {
   // A bf16-pinned LM head (Llama's is tied to the f32 embedding) and packed weights:

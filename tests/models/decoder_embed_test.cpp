@@ -67,7 +67,7 @@ TEST_P(DecoderEmbed, LastTokenRowIsTransformersFinalHiddenState) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Families, DecoderEmbed, ::testing::Values("gpt2", "llama", "qwen2", "qwen3", "phi3", "gemma3", "mistral"));
+INSTANTIATE_TEST_SUITE_P(Families, DecoderEmbed, ::testing::Values("gpt2", "llama", "qwen2", "qwen3", "phi3", "gemma3", "mistral", "gemma2"));
 
 // A sentence-transformers directory of a decoder with lasttoken pooling (as
 // Qwen3-Embedding ships) is an embedding model: pooling "last".

@@ -80,7 +80,7 @@ TEST_P(TensorParallel, DecoderMatchesUnsharded) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, TensorParallel,
-                         ::testing::Combine(::testing::Values("gpt2", "llama", "qwen2", "qwen3", "phi3", "gemma3", "mistral"),
+                         ::testing::Combine(::testing::Values("gpt2", "llama", "qwen2", "qwen3", "phi3", "gemma3", "mistral", "gemma2"),
                                             ::testing::Values(2, 4)));
 
 TEST(TensorParallelEncoder, BertShardsMatchUnsharded) {

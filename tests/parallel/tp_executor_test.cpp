@@ -136,7 +136,7 @@ TEST_P(TpExecutor, ShardedRanksGiveTheUnshardedTokens) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Models, TpExecutor, ::testing::Values("llama", "gpt2", "qwen2", "qwen3", "phi3", "gemma3", "mistral"));
+INSTANTIATE_TEST_SUITE_P(Models, TpExecutor, ::testing::Values("llama", "gpt2", "qwen2", "qwen3", "phi3", "gemma3", "mistral", "gemma2"));
 
 TEST(TpExecutorPreemption, SmallPoolPreemptsAndKeepsOutputsExact) {
   auto one = Model::load(testing::fixture_dir("llama"));

@@ -571,6 +571,7 @@ struct AttentionParams {
   float scale;
   bool causal;
   int64_t window;  // sliding window in keys; 0: none
+  float softcap;   // scores s -> softcap tanh(s / softcap); 0: none
 };
 
 // Attention over contiguous q [T, hq*d], k and v [T, hkv*d].
@@ -602,14 +603,14 @@ void run_attention(OpContext& c, const AttentionParams& p, const float* q, const
     if (kv.is_int8())
       paged_attention_int8(q, kv.k_codes(l), kv.k_scales(l), kv.v_codes(l), kv.v_scales(l),
                            kv.layout().block_size, p.hq, p.hkv, p.d, p.scale, p.causal, seqs.data(),
-                           int64_t(seqs.size()), y.data_as<float>(), p.window);
+                           int64_t(seqs.size()), y.data_as<float>(), p.window, p.softcap);
     else if (kv.is_fp8())
       paged_attention_fp8(q, kv.k_fp8(l), kv.k_scales(l), kv.v_fp8(l), kv.v_scales(l), kv.layout().block_size,
                           p.hq, p.hkv, p.d, p.scale, p.causal, seqs.data(), int64_t(seqs.size()),
-                          y.data_as<float>(), p.window);
+                          y.data_as<float>(), p.window, p.softcap);
     else
       paged_attention(q, kv.k(l), kv.v(l), kv.layout().block_size, p.hq, p.hkv, p.d, p.scale, p.causal,
-                      seqs.data(), int64_t(seqs.size()), y.data_as<float>(), p.window);
+                      seqs.data(), int64_t(seqs.size()), y.data_as<float>(), p.window, p.softcap);
   } else {
     // No cache (encoders): read K/V in place as a pool of one-token blocks, so
     // sequence s's "block table" is just its own rows.
@@ -623,14 +624,14 @@ void run_attention(OpContext& c, const AttentionParams& p, const float* q, const
       seqs[s] = {ss.q_start, ss.q_len, ss.ctx_len, identity.data() + ss.q_start};
     }
     paged_attention(q, k, v, 1, p.hq, p.hkv, p.d, p.scale, p.causal, seqs.data(),
-                    int64_t(seqs.size()), y.data_as<float>(), p.window);
+                    int64_t(seqs.size()), y.data_as<float>(), p.window, p.softcap);
   }
 }
 
 OpRun prepare_attention(const ir::Node& n, const ir::Graph& g, const CompileOptions&) {
   AttentionParams p{n.name, n.attr_int("layer"), n.attr_int("num_heads"), n.attr_int("num_kv_heads"),
                     n.attr_int("head_dim"), 0, float(n.attr_float("scale")), n.attr_int("causal") != 0,
-                    n.attr_int("window", 0)};
+                    n.attr_int("window", 0), float(n.attr_float("softcap", 0.0))};
   p.rotary_dim = n.attr_int("rotary_dim", p.d);
   if (!n.attr_int("packed_qkv", 0))
     return [p](OpContext& c) {

@@ -23,9 +23,10 @@ using testing::random_floats;
 struct SeqSpec { int32_t q_len, ctx_len; };
 
 void run_case(int64_t d, int64_t block_size, int64_t hq, int64_t hkv, bool causal,
-              const std::vector<SeqSpec>& specs, uint64_t seed, int64_t window = 0) {
+              const std::vector<SeqSpec>& specs, uint64_t seed, int64_t window = 0, float softcap = 0.0f) {
   SCOPED_TRACE(::testing::Message() << "D=" << d << " bs=" << block_size << " Hq=" << hq << " Hkv=" << hkv
-                                    << " causal=" << causal << " window=" << window << " seqs=" << specs.size());
+                                    << " causal=" << causal << " window=" << window << " softcap=" << softcap
+                                    << " seqs=" << specs.size());
   std::mt19937_64 rng(seed);
   // Dense per-sequence K/V [ctx, Hkv, D], scattered into shuffled physical blocks.
   int64_t total_blocks = 0;
@@ -78,6 +79,7 @@ void run_case(int64_t d, int64_t block_size, int64_t hq, int64_t hkv, bool causa
           for (int64_t i = 0; i < d; ++i)
             dot += double(q[(t * hq + h) * d + i]) * dense_k[si][p * row + kvh * d + i];
           s[p] = dot * scale;
+          if (softcap > 0.0f) s[p] = softcap * std::tanh(s[p] / softcap);
           mx = std::max(mx, s[p]);
         }
         for (auto& v : s) sum += (v = std::exp(v - mx));
@@ -90,7 +92,8 @@ void run_case(int64_t d, int64_t block_size, int64_t hq, int64_t hkv, bool causa
   for_each_isa([&] {
     std::vector<float> out(q.size(), NAN);
     paged_attention(q.data(), k_cache.data(), v_cache.data(), block_size, hq, hkv, d, scale, causal,
-                    seqs.data(), int64_t(seqs.size()), out.data(), window);
+                    seqs.data(), int64_t(seqs.size()), out.data(), window,
+                    softcap);
     expect_within(out, ref, tol, "paged_attention");
   });
 }
@@ -124,6 +127,17 @@ TEST(PagedAttention, SlidingWindow) {
                  seed++, window);
 }
 
+// Gemma 2's soft-capped scores (s -> c tanh(s / c)), with and without a sliding window,
+// every head dim (64 and 128 prompts leave the blocked paths for the per-row loop).
+TEST(PagedAttention, SoftCappedScores) {
+  uint64_t seed = 700;
+  for (float cap : {0.5f, 3.0f})
+    for (int64_t d : {16, 64, 128})
+      for (int64_t window : {0, 9})
+        run_case(d, 16, 8, 2, true, {{1, 1}, {1, 90}, {17, 50}, {40, 40}}, seed++, window, cap);
+  run_case(64, 16, 4, 4, false, {{30, 30}}, seed, 0, 1.0f);
+}
+
 TEST(PagedAttention, RejectsBadArguments) {
   std::vector<float> buf(64);
   int32_t table[1] = {0};
@@ -138,6 +152,9 @@ TEST(PagedAttention, RejectsBadArguments) {
                kiln::Error);
   EXPECT_THROW(paged_attention(buf.data(), buf.data(), buf.data(), 16, 2, 2, 4, 1.0f, true, &s, 1, buf.data(), -1),
                kiln::Error);
+  for (float cap : {-1.0f, NAN, INFINITY})
+    EXPECT_THROW(paged_attention(buf.data(), buf.data(), buf.data(), 16, 2, 2, 4, 1.0f, true, &s, 1, buf.data(), 0, cap),
+                 kiln::Error);
 }
 
 }  // namespace

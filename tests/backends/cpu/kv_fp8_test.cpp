@@ -102,9 +102,10 @@ TEST(KvFp8, CacheWriteStoresRowsPerSlotAndHead) {
 // convex combination of V rows, so the V error alone is <= 0.0625; the K error (also
 // <= 2^-4 relative, |q| <= 2) moves the softmax weights a little: 0.08.
 double run_case(int64_t d, int64_t block_size, int64_t hq, int64_t hkv, bool causal,
-                const std::vector<SeqSpec>& specs, uint64_t seed, int64_t window = 0) {
+                const std::vector<SeqSpec>& specs, uint64_t seed, int64_t window = 0,
+                float softcap = 0.0f) {
   return quantized_attention_case<Fp8Code>("fp8", kv_cache_write_fp8, paged_attention_fp8, decode, 0.08, d, block_size,
-                                           hq, hkv, causal, specs, seed, window);
+                                           hq, hkv, causal, specs, seed, window, softcap);
 }
 
 TEST(KvFp8, PagedAttentionMatchesDequantizedAndF32) {
@@ -118,6 +119,9 @@ TEST(KvFp8, PagedAttentionMatchesDequantizedAndF32) {
   // A sliding window of 7 keys: decode, chunked prefill, prompts.
   for (int64_t d : {16, 64})
     worst = std::max(worst, run_case(d, 16, 8, 2, true, {{1, 1}, {1, 40}, {17, 50}, {3, 33}}, seed++, 7));
+  // Soft-capped scores (Gemma 2), with and without the window.
+  for (int64_t window : {0, 7})
+    worst = std::max(worst, run_case(64, 16, 8, 2, true, {{1, 40}, {17, 50}}, seed++, window, 1.5f));
   std::printf("fp8 KV attention: max |err| vs the f32 cache %.3g\n", worst);
   EXPECT_GT(worst, 0.0) << "the fp8 path must differ from f32 somewhere (it quantizes)";
 }

@@ -67,10 +67,11 @@ TEST(KvInt8, CacheWriteStoresRowsPerSlotAndHead) {
 // by <= 1/254; outputs are convex combinations of V rows, so the V error alone is <= 0.004,
 // and the K error moves the softmax weights a little (|q| <= 2): 0.02.
 void run_case(int64_t d, int64_t block_size, int64_t hq, int64_t hkv, bool causal,
-              const std::vector<SeqSpec>& specs, uint64_t seed, int64_t window = 0) {
+              const std::vector<SeqSpec>& specs, uint64_t seed, int64_t window = 0,
+              float softcap = 0.0f) {
   const double max_quant_err = quantized_attention_case<int8_t>(
       "int8", kv_cache_write_int8, paged_attention_int8, [](int8_t c) { return float(c); }, 0.02, d, block_size, hq,
-      hkv, causal, specs, seed, window);
+      hkv, causal, specs, seed, window, softcap);
   EXPECT_GT(max_quant_err, 0.0) << "the int8 path must differ from f32 somewhere (it quantizes)";
 }
 
@@ -83,6 +84,8 @@ TEST(KvInt8, PagedAttentionMatchesDequantizedAndF32) {
   run_case(64, 16, 9, 3, true, {{1, 700}}, 99);
   // A sliding window of 7 keys: decode, chunked prefill, prompts.
   for (int64_t d : {16, 64}) run_case(d, 16, 8, 2, true, {{1, 1}, {1, 40}, {17, 50}, {3, 33}}, seed++, 7);
+  // Soft-capped scores (Gemma 2), with and without the window.
+  for (int64_t window : {0, 7}) run_case(64, 16, 8, 2, true, {{1, 40}, {17, 50}}, seed++, window, 1.5f);
 }
 
 }  // namespace

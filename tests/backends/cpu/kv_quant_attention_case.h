@@ -29,9 +29,10 @@ struct SeqSpec {
 template <typename Code, typename Write, typename Attend, typename Decode>
 double quantized_attention_case(const std::string& name, Write write, Attend attend, Decode decode, double quant_bound,
                                 int64_t d, int64_t block_size, int64_t hq, int64_t hkv, bool causal,
-                                const std::vector<SeqSpec>& specs, uint64_t seed, int64_t window = 0) {
+                                const std::vector<SeqSpec>& specs, uint64_t seed, int64_t window = 0,
+                                float softcap = 0.0f) {
   SCOPED_TRACE(::testing::Message() << name << " D=" << d << " bs=" << block_size << " Hq=" << hq << " Hkv=" << hkv
-                                    << " causal=" << causal << " window=" << window);
+                                    << " causal=" << causal << " window=" << window << " softcap=" << softcap);
   std::mt19937_64 rng(seed);
   int64_t total_blocks = 1;  // block 0 stays unused
   for (auto& s : specs) total_blocks += (s.ctx_len + block_size - 1) / block_size;
@@ -76,14 +77,14 @@ double quantized_attention_case(const std::string& name, Write write, Attend att
   const int64_t n = int64_t(seqs.size());
   std::vector<float> ref_f32(q.size()), ref_deq(q.size());
   paged_attention(q.data(), k_f32.data(), v_f32.data(), block_size, hq, hkv, d, scale, causal, seqs.data(), n,
-                  ref_f32.data(), window);
+                  ref_f32.data(), window, softcap);
   paged_attention(q.data(), k_deq.data(), v_deq.data(), block_size, hq, hkv, d, scale, causal, seqs.data(), n,
-                  ref_deq.data(), window);
+                  ref_deq.data(), window, softcap);
   double max_quant_err = 0;
   for_each_isa([&] {
     std::vector<float> out(q.size(), NAN);
     attend(q.data(), kc.data(), ks.data(), vc.data(), vs.data(), block_size, hq, hkv, d, scale, causal, seqs.data(), n,
-           out.data(), window);
+           out.data(), window, softcap);
     expect_within(out, std::vector<double>(ref_deq.begin(), ref_deq.end()), std::vector<double>(q.size(), 2e-5),
                   name + " attention vs attention on the dequantized cache");
     expect_within(out, std::vector<double>(ref_f32.begin(), ref_f32.end()), std::vector<double>(q.size(), quant_bound),

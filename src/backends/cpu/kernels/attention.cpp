@@ -52,7 +52,9 @@ struct ScalarOps {
 };
 
 void check_attention_args(int64_t block_size, int64_t hq, int64_t hkv, int64_t d, bool causal, int64_t window,
-                          const AttentionSeq* seqs, int64_t num_seqs) {
+                          float softcap, const AttentionSeq* seqs, int64_t num_seqs) {
+  KILN_THROW_IF(!(softcap >= 0.0f) || std::isinf(softcap), kInvalidArgument, "paged_attention: softcap ", softcap,
+                " (expected 0: none, or a finite positive cap)");
   KILN_THROW_IF(window < 0 || (window > 0 && !causal), kInvalidArgument,
                 "paged_attention: a sliding window (", window, ") needs causal attention and window >= 0");
   KILN_THROW_IF(hkv <= 0 || hq % hkv != 0, kInvalidArgument,
@@ -69,39 +71,39 @@ void check_attention_args(int64_t block_size, int64_t hq, int64_t hkv, int64_t d
 
 void paged_attention(const float* q, const float* k_cache, const float* v_cache,
                      int64_t block_size, int64_t hq, int64_t hkv, int64_t d, float scale,
-                     bool causal, const AttentionSeq* seqs, int64_t num_seqs, float* out, int64_t window) {
-  check_attention_args(block_size, hq, hkv, d, causal, window, seqs, num_seqs);
+                     bool causal, const AttentionSeq* seqs, int64_t num_seqs, float* out, int64_t window, float softcap) {
+  check_attention_args(block_size, hq, hkv, d, causal, window, softcap, seqs, num_seqs);
   if (use_avx2())
-    avx2::paged_attention(q, k_cache, v_cache, block_size, hq, hkv, d, scale, causal, seqs, num_seqs, out, window);
+    avx2::paged_attention(q, k_cache, v_cache, block_size, hq, hkv, d, scale, causal, seqs, num_seqs, out, window, softcap);
   else
     paged_attention_impl<ScalarOps, float>(q, k_cache, nullptr, v_cache, nullptr, block_size, hq, hkv, d, scale,
-                                           causal, seqs, num_seqs, out, window);
+                                           causal, seqs, num_seqs, out, window, softcap);
 }
 
 void paged_attention_int8(const float* q, const int8_t* k_codes, const float* k_scales,
                           const int8_t* v_codes, const float* v_scales, int64_t block_size, int64_t hq,
                           int64_t hkv, int64_t d, float scale, bool causal, const AttentionSeq* seqs,
-                          int64_t num_seqs, float* out, int64_t window) {
-  check_attention_args(block_size, hq, hkv, d, causal, window, seqs, num_seqs);
+                          int64_t num_seqs, float* out, int64_t window, float softcap) {
+  check_attention_args(block_size, hq, hkv, d, causal, window, softcap, seqs, num_seqs);
   if (use_avx2())
     avx2::paged_attention_int8(q, k_codes, k_scales, v_codes, v_scales, block_size, hq, hkv, d, scale, causal,
-                               seqs, num_seqs, out, window);
+                               seqs, num_seqs, out, window, softcap);
   else
     paged_attention_impl<ScalarOps, int8_t>(q, k_codes, k_scales, v_codes, v_scales, block_size, hq, hkv, d,
-                                            scale, causal, seqs, num_seqs, out, window);
+                                            scale, causal, seqs, num_seqs, out, window, softcap);
 }
 
 void paged_attention_fp8(const float* q, const Fp8Code* k_codes, const float* k_scales,
                          const Fp8Code* v_codes, const float* v_scales, int64_t block_size, int64_t hq,
                          int64_t hkv, int64_t d, float scale, bool causal, const AttentionSeq* seqs,
-                         int64_t num_seqs, float* out, int64_t window) {
-  check_attention_args(block_size, hq, hkv, d, causal, window, seqs, num_seqs);
+                         int64_t num_seqs, float* out, int64_t window, float softcap) {
+  check_attention_args(block_size, hq, hkv, d, causal, window, softcap, seqs, num_seqs);
   if (use_avx2())
     avx2::paged_attention_fp8(q, k_codes, k_scales, v_codes, v_scales, block_size, hq, hkv, d, scale, causal,
-                              seqs, num_seqs, out, window);
+                              seqs, num_seqs, out, window, softcap);
   else
     paged_attention_impl<ScalarOps, Fp8Code>(q, k_codes, k_scales, v_codes, v_scales, block_size, hq, hkv, d,
-                                             scale, causal, seqs, num_seqs, out, window);
+                                             scale, causal, seqs, num_seqs, out, window, softcap);
 }
 
 namespace {

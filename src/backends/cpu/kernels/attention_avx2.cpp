@@ -216,15 +216,16 @@ void attention_rows(const float* q, const float* k_cache, const float* v_cache, 
 
 void paged_attention(const float* q, const float* k_cache, const float* v_cache,
                      int64_t block_size, int64_t hq, int64_t hkv, int64_t d, float scale,
-                     bool causal, const AttentionSeq* seqs, int64_t num_seqs, float* out, int64_t window) {
+                     bool causal, const AttentionSeq* seqs, int64_t num_seqs, float* out, int64_t window,
+                     float softcap) {
   // Sequences with enough query rows that a transposed key chunk serves several (prompts,
   // prefill chunks) take the blocked path at head dims 64 / 128; decode rows and other head
   // dims the per-row loop (a decode row would pay the transposition of its whole context).
-  // The two sets write disjoint rows of out.
+  // The two sets write disjoint rows of out. Soft-capped scores take the per-row loop.
   constexpr int32_t kBlockedRows = 4;
   std::vector<AttentionSeq> blocked, per_row;
   for (int64_t s = 0; s < num_seqs; ++s)
-    ((d == 64 || d == 128) && seqs[s].q_len >= kBlockedRows ? blocked : per_row).push_back(seqs[s]);
+    ((d == 64 || d == 128) && softcap == 0.0f && seqs[s].q_len >= kBlockedRows ? blocked : per_row).push_back(seqs[s]);
   if (!blocked.empty()) {
     const int64_t nb = int64_t(blocked.size());
     if (avx512_enabled())
@@ -236,23 +237,23 @@ void paged_attention(const float* q, const float* k_cache, const float* v_cache,
   }
   if (!per_row.empty())
     paged_attention_impl<Avx2Ops, float>(q, k_cache, nullptr, v_cache, nullptr, block_size, hq, hkv, d, scale,
-                                         causal, per_row.data(), int64_t(per_row.size()), out, window);
+                                         causal, per_row.data(), int64_t(per_row.size()), out, window, softcap);
 }
 
 void paged_attention_int8(const float* q, const int8_t* k_codes, const float* k_scales,
                           const int8_t* v_codes, const float* v_scales, int64_t block_size, int64_t hq,
                           int64_t hkv, int64_t d, float scale, bool causal, const AttentionSeq* seqs,
-                          int64_t num_seqs, float* out, int64_t window) {
+                          int64_t num_seqs, float* out, int64_t window, float softcap) {
   paged_attention_impl<Avx2Ops, int8_t>(q, k_codes, k_scales, v_codes, v_scales, block_size, hq, hkv, d, scale,
-                                        causal, seqs, num_seqs, out, window);
+                                        causal, seqs, num_seqs, out, window, softcap);
 }
 
 void paged_attention_fp8(const float* q, const Fp8Code* k_codes, const float* k_scales,
                          const Fp8Code* v_codes, const float* v_scales, int64_t block_size, int64_t hq,
                          int64_t hkv, int64_t d, float scale, bool causal, const AttentionSeq* seqs,
-                         int64_t num_seqs, float* out, int64_t window) {
+                         int64_t num_seqs, float* out, int64_t window, float softcap) {
   paged_attention_impl<Avx2Ops, Fp8Code>(q, k_codes, k_scales, v_codes, v_scales, block_size, hq, hkv, d, scale,
-                                         causal, seqs, num_seqs, out, window);
+                                         causal, seqs, num_seqs, out, window, softcap);
 }
 
 }  // namespace kiln::cpu::avx2

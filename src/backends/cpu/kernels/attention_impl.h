@@ -25,13 +25,15 @@ namespace kiln::cpu {
 // Elem is float (f32 cache; the scale pointers are unused) or int8_t / Fp8Code (codes,
 // with one scale per (slot, kv head) at k_scales/v_scales[slot * hkv + kvh], applied to
 // the dot product and to the probability that weights the V row). window > 0 (causal only):
-// a query at position p sees keys (p - window, p], window keys with itself.
+// a query at position p sees keys (p - window, p], window keys with itself. softcap > 0:
+// each score s becomes softcap * tanh(s / softcap).
 constexpr int64_t kAttnChunk = 64;
 
 template <typename Ops, typename Elem>
 void paged_attention_impl(const float* q, const Elem* k_cache, const float* k_scales, const Elem* v_cache,
                           const float* v_scales, int64_t block_size, int64_t hq, int64_t hkv, int64_t d, float scale,
-                          bool causal, const AttentionSeq* seqs, int64_t num_seqs, float* out, int64_t window) {
+                          bool causal, const AttentionSeq* seqs, int64_t num_seqs, float* out, int64_t window,
+                          float softcap) {
   // rows_before[s] = query rows of sequences before s, to map a flat item to (seq, j, h).
   std::unique_ptr<int64_t[]> rows_before(new int64_t[num_seqs + 1]);
   rows_before[0] = 0;
@@ -69,6 +71,7 @@ void paged_attention_impl(const float* q, const Elem* k_cache, const float* k_sc
           slot[i] = int64_t(sq.block_table[b]) * block_size + (p - b * block_size);
           score[i] = Ops::dot(qs, k_cache + slot[i] * kv_row + kvh * d, d);
           if constexpr (kQuantized) score[i] *= k_scales[slot[i] * hkv + kvh];
+          if (softcap > 0.0f) score[i] = softcap * std::tanh(score[i] / softcap);
           cmax = std::max(cmax, score[i]);
         }
         const float m_new = std::max(m, cmax);

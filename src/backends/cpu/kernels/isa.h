@@ -168,15 +168,16 @@ void softmax_row(const float* x, int64_t dim, float* out);
 
 void paged_attention(const float* q, const float* k_cache, const float* v_cache,
                      int64_t block_size, int64_t hq, int64_t hkv, int64_t d, float scale,
-                     bool causal, const AttentionSeq* seqs, int64_t num_seqs, float* out, int64_t window);
+                     bool causal, const AttentionSeq* seqs, int64_t num_seqs, float* out, int64_t window,
+                     float softcap);
 void paged_attention_int8(const float* q, const int8_t* k_codes, const float* k_scales,
                           const int8_t* v_codes, const float* v_scales, int64_t block_size, int64_t hq,
                           int64_t hkv, int64_t d, float scale, bool causal, const AttentionSeq* seqs,
-                          int64_t num_seqs, float* out, int64_t window);
+                          int64_t num_seqs, float* out, int64_t window, float softcap);
 void paged_attention_fp8(const float* q, const Fp8Code* k_codes, const float* k_scales,
                          const Fp8Code* v_codes, const float* v_scales, int64_t block_size, int64_t hq,
                          int64_t hkv, int64_t d, float scale, bool causal, const AttentionSeq* seqs,
-                         int64_t num_seqs, float* out, int64_t window);
+                         int64_t num_seqs, float* out, int64_t window, float softcap);
 }  // namespace avx2
 
 }  // namespace kiln::cpu

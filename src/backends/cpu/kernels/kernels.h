@@ -289,10 +289,13 @@ struct AttentionSeq {
 // GQA: query head h reads kv head h / (Hq / Hkv). causal: query at position p sees
 // positions <= p; otherwise all ctx_len positions of its sequence. window > 0 (causal
 // only): a sliding window, the query at position p sees positions (p - window, p], as
-// transformers' sliding_window (Mistral, Gemma local layers). Online softmax in f32.
+// transformers' sliding_window (Mistral, Gemma local layers). softcap > 0: each score s
+// (q.k times scale) becomes softcap * tanh(s / softcap) before the softmax (Gemma 2's
+// attn_logit_softcapping). Online softmax in f32.
 void paged_attention(const float* q, const float* k_cache, const float* v_cache,
                      int64_t block_size, int64_t hq, int64_t hkv, int64_t d, float scale,
-                     bool causal, const AttentionSeq* seqs, int64_t num_seqs, float* out, int64_t window = 0);
+                     bool causal, const AttentionSeq* seqs, int64_t num_seqs, float* out, int64_t window = 0,
+                     float softcap = 0.0f);
 // Writes k, v [T, Hkv, D] into the caches at slot_mapping[i] = block * block_size + row;
 // a slot of -1 skips the token (padding).
 void kv_cache_write(const float* k, const float* v, const int64_t* slot_mapping, int64_t t,
@@ -312,7 +315,8 @@ void kv_cache_write_int8(const float* k, const float* v, const int64_t* slot_map
 void paged_attention_int8(const float* q, const int8_t* k_codes, const float* k_scales,
                           const int8_t* v_codes, const float* v_scales, int64_t block_size, int64_t hq,
                           int64_t hkv, int64_t d, float scale, bool causal, const AttentionSeq* seqs,
-                          int64_t num_seqs, float* out, int64_t window = 0);
+                          int64_t num_seqs, float* out, int64_t window = 0,
+                     float softcap = 0.0f);
 
 // FP8 KV cache (KvDType::kFp8): the same layout with FP8 E4M3 codes (one byte, their own
 // type so the attention loop overloads on it). A row is quantized when written: s = max|x|
@@ -329,7 +333,8 @@ void kv_cache_write_fp8(const float* k, const float* v, const int64_t* slot_mapp
 void paged_attention_fp8(const float* q, const Fp8Code* k_codes, const float* k_scales,
                          const Fp8Code* v_codes, const float* v_scales, int64_t block_size, int64_t hq,
                          int64_t hkv, int64_t d, float scale, bool causal, const AttentionSeq* seqs,
-                         int64_t num_seqs, float* out, int64_t window = 0);
+                         int64_t num_seqs, float* out, int64_t window = 0,
+                     float softcap = 0.0f);
 
 // ---- Embedding -----------------------------------------------------------------------
 // out[i] = table[ids[i]]; throws kiln::Error (kOutOfRange) naming the id and vocab size.
