@@ -270,22 +270,44 @@ TEST(Qwen3Gguf, LogitsMatchTransformers) {
   }
 }
 
+// A copy of fixture `family` in dir/name whose config.json has `patch` merged in (a null
+// deletes a key); returns its directory.
+std::string fixture_variant(TempDir& dir, const std::string& family, const std::string& name,
+                            const nlohmann::json& patch) {
+  namespace fs = std::filesystem;
+  const std::string d = dir.file(name);
+  fs::create_directories(d);
+  fs::copy_file(testing::fixture_dir(family) + "/model.safetensors", d + "/model.safetensors");
+  nlohmann::json c = nlohmann::json::parse(read_text_file(testing::fixture_dir(family) + "/config.json"));
+  c.merge_patch(patch);
+  write_file(d + "/config.json", c.dump());
+  return d;
+}
+
+// Each of fixture `family`'s prompts in one step of `model`: its logits against transformers'.
+void expect_prompt_logits(Model& model, const std::string& family, const std::string& what) {
+  Reference ref(family);
+  const auto prompts = ref.prompts();
+  const auto want = ref.f32("logits");
+  const int64_t smax = ref.shape("input_ids")[1], vocab = model.info().vocab_size;
+  for (size_t b = 0; b < prompts.size(); ++b) {
+    LlmRunner runner(model);
+    runner.add_sequence(prompts[b]);
+    auto got = runner.step(true)[0].logits;
+    KILN_EXPECT_CLOSE(got.data(), want.data() + b * size_t(smax * vocab), got.size(), 1e-4,
+                      what + ", prompt " + std::to_string(b));
+  }
+}
+
 // Which layers slide, from config.json (the mistral and gemma3 fixtures check the
 // attention itself against transformers): every layer of Mistral and Phi-3, Qwen2/Qwen3's
 // layers from max_window_layers on with use_sliding_window, layer_types where given; a
 // Llama config's sliding_window and a window no shorter than the positions do nothing.
 // The CPU runs the whole max_positions either way.
 TEST(SlidingWindow, LayersThatSlideCarryTheWindow) {
-  namespace fs = std::filesystem;
   TempDir dir;
   auto variant = [&](const std::string& family, const std::string& name, const nlohmann::json& patch) {
-    const std::string d = dir.file(name);
-    fs::create_directories(d);
-    fs::copy_file(testing::fixture_dir(family) + "/model.safetensors", d + "/model.safetensors");
-    nlohmann::json c = nlohmann::json::parse(read_text_file(testing::fixture_dir(family) + "/config.json"));
-    c.merge_patch(patch);
-    write_file(d + "/config.json", c.dump());
-    return Model::load(d);
+    return Model::load(fixture_variant(dir, family, name, patch));
   };
   // The window of each layer's Attention node (0: none).
   auto windows = [](const Model& m) {
@@ -363,28 +385,14 @@ TEST(SlidingWindow, BackendsWithoutItRunUpToTheWindow) {
 // (rope_theta, llama3 scaling, partial_rotary_factor), none at the top level. Before
 // kiln read them there, such a Qwen3 ran at theta 1e4 instead of 1e6.
 TEST(DecoderConfig, RopeParametersAloneBuildTheSameModel) {
-  namespace fs = std::filesystem;
   TempDir dir;
   for (std::string family : {"llama", "qwen3", "phi3"}) {
-    const std::string d = dir.file(family);
-    fs::create_directories(d);
-    fs::copy_file(testing::fixture_dir(family) + "/model.safetensors", d + "/model.safetensors");
-    nlohmann::json c = nlohmann::json::parse(read_text_file(testing::fixture_dir(family) + "/config.json"));
+    const nlohmann::json c = nlohmann::json::parse(read_text_file(testing::fixture_dir(family) + "/config.json"));
     ASSERT_TRUE(c.contains("rope_parameters")) << family;
-    for (const char* key : {"rope_theta", "rope_scaling", "partial_rotary_factor"}) c.erase(key);
-    write_file(d + "/config.json", c.dump());
-    auto model = Model::load(d);
-    Reference ref(family);
-    const auto prompts = ref.prompts();
-    const auto want = ref.f32("logits");
-    const int64_t smax = ref.shape("input_ids")[1], vocab = model->info().vocab_size;
-    for (size_t b = 0; b < prompts.size(); ++b) {
-      LlmRunner runner(*model);
-      runner.add_sequence(prompts[b]);
-      auto got = runner.step(true)[0].logits;
-      KILN_EXPECT_CLOSE(got.data(), want.data() + b * size_t(smax * vocab), got.size(), 1e-4,
-                        family + " with rope_parameters only, prompt " + std::to_string(b));
-    }
+    auto model = Model::load(
+        fixture_variant(dir, family, family, {{"rope_theta", nullptr}, {"rope_scaling", nullptr},
+                                              {"partial_rotary_factor", nullptr}}));
+    expect_prompt_logits(*model, family, family + " with rope_parameters only");
   }
 }
 
@@ -392,16 +400,9 @@ TEST(DecoderConfig, RopeParametersAloneBuildTheSameModel) {
 // rope_scaling for the global layers, rope_local_base_freq, sliding_window_pattern, no
 // layer_types or rope_parameters) build the fixture's model; a soft-cap must be positive.
 TEST(Gemma3Config, HubKeysBuildTheSameModel) {
-  namespace fs = std::filesystem;
   TempDir dir;
   auto variant = [&](const std::string& name, const nlohmann::json& patch) {
-    const std::string d = dir.file(name);
-    fs::create_directories(d);
-    fs::copy_file(testing::fixture_dir("gemma3") + "/model.safetensors", d + "/model.safetensors");
-    nlohmann::json c = nlohmann::json::parse(read_text_file(testing::fixture_dir("gemma3") + "/config.json"));
-    c.merge_patch(patch);
-    write_file(d + "/config.json", c.dump());
-    return d;
+    return fixture_variant(dir, "gemma3", name, patch);
   };
   const nlohmann::json hub = {{"layer_types", nullptr},
                               {"rope_parameters", nullptr},
@@ -410,19 +411,19 @@ TEST(Gemma3Config, HubKeysBuildTheSameModel) {
                               {"rope_local_base_freq", 1e4},
                               {"sliding_window_pattern", 2}};
   auto model = Model::load(variant("hub", hub));
-  Reference ref("gemma3");
-  const auto prompts = ref.prompts();
-  const auto want = ref.f32("logits");
-  const int64_t smax = ref.shape("input_ids")[1], vocab = model->info().vocab_size;
-  for (size_t b = 0; b < prompts.size(); ++b) {
-    LlmRunner runner(*model);
-    runner.add_sequence(prompts[b]);
-    auto got = runner.step(true)[0].logits;
-    KILN_EXPECT_CLOSE(got.data(), want.data() + b * size_t(smax * vocab), got.size(), 1e-4,
-                      "gemma3 with the Hub's config keys, prompt " + std::to_string(b));
-  }
+  expect_prompt_logits(*model, "gemma3", "gemma3 with the Hub's config keys");
   test::expect_error([&] { Model::load(variant("softcap", {{"final_logit_softcapping", -30.0}})); },
                      ErrorCode::kInvalidFile, {"final_logit_softcapping", "expected > 0"});
+}
+
+// A Gemma 2 config as the Hub's checkpoints write it (transformers 4.x: no layer_types,
+// where every other layer slides from layer 0, and rope_theta at the top level) builds the
+// fixture's model.
+TEST(Gemma2Config, HubKeysBuildTheSameModel) {
+  TempDir dir;
+  auto model = Model::load(
+      fixture_variant(dir, "gemma2", "hub", {{"layer_types", nullptr}, {"rope_parameters", nullptr}, {"rope_theta", 1e4}}));
+  expect_prompt_logits(*model, "gemma2", "gemma2 with the Hub's config keys");
 }
 
 }  // namespace

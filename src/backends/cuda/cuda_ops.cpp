@@ -587,6 +587,8 @@ OpRun prepare_attention(const ir::Node& n, const ir::Graph& g, PrepareContext& p
   const int64_t window = n.attr_int("window", 0);
   KILN_THROW_IF(window < 0 || (window > 0 && !causal), kInvalidArgument, "attention '", n.name, "': window ", window,
                 " (a sliding window is positive and causal)");
+  const float softcap = float(n.attr_float("softcap", 0.0));
+  const bool tile_only = attention_tile_only(n);
   const bool packed = n.attr_int("packed_qkv", 0) != 0;
   const int64_t rot = n.attr_int("rotary_dim", d);
   const float* inv_freq =
@@ -629,6 +631,7 @@ OpRun prepare_attention(const ir::Node& n, const ir::Graph& g, PrepareContext& p
     a.scale = scale;
     a.causal = causal;
     a.window = int32_t(window);
+    a.softcap = softcap;
     for (const StepSequence& ss : c.step->seqs) a.max_q_len = std::max<int64_t>(a.max_q_len, ss.q_len);
     const size_t es = dtype_size(dt);
     const void* k = packed ? static_cast<const char*>(q.data) + size_t(hq * d) * es : c.inputs[1]->data;
@@ -636,7 +639,7 @@ OpRun prepare_attention(const ir::Node& n, const ir::Graph& g, PrepareContext& p
     if (packed) a.q_stride = width;
     a.seqs = c.dev->seqs;
     a.block_tables = c.dev->block_tables;
-    const DevAttentionPlan& p = c.dev->plans.at({hq, hkv, window > 0});
+    const DevAttentionPlan& p = c.dev->plans.at({hq, hkv, tile_only});
     a.work = p.work;
     a.num_work = p.num_work;
     a.combine = p.combine;
@@ -845,10 +848,8 @@ bool cuda_op_supported(const ir::Node& n, const ir::Graph& g, std::string* why) 
   if (!find_cuda_op(n.op)) return fail(str_cat("no CUDA kernel for op '", n.op, "'"));
   if (n.op == "Attention") {
     const int64_t d = n.attr_int("head_dim", 0);
-    if (!attention_supports_head_dim(d)) return fail(str_cat("attention head_dim ", d, " (supported: 16, 32, 64, 128)"));
-    if (n.attr_float("softcap", 0.0) > 0.0)
-      return fail("attention logit soft-capping (Gemma 2's attn_logit_softcapping) is not implemented on CUDA; run "
-                  "the model with --backend cpu");
+    if (!attention_supports_head_dim(d))
+      return fail(str_cat("attention head_dim ", d, " (supported: 16, 32, 64, 128, 256)"));
     if (n.attr_int("packed_qkv", 0)) {
       // The packed rows are rotated in place: nothing else may read them.
       const ir::ValueId qkv = n.inputs[0];

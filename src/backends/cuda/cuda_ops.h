@@ -90,14 +90,18 @@ class CudaKv : public KvStorage {
   int32_t host_blocks_ = 0;
 };
 
-// Which attention nodes share a step's plan: those of the same heads, and sliding-window
-// ones apart (their plans keep to the tile and decode kernels, which implement the window:
-// AttentionArgs::window).
+// Which attention nodes share a step's plan: those of the same heads, and the ones with a
+// sliding window or soft-capped scores apart (tile_only: their plans keep to the tile and
+// decode kernels, the only ones with AttentionArgs::window and softcap).
 struct AttnPlanKey {
   int64_t hq = 0, hkv = 0;
-  bool sliding = false;
+  bool tile_only = false;
   auto operator<=>(const AttnPlanKey&) const = default;
 };
+// An Attention node's AttnPlanKey::tile_only.
+inline bool attention_tile_only(const ir::Node& n) {
+  return n.attr_int("window", 0) > 0 || n.attr_float("softcap", 0.0) > 0.0;
+}
 
 // One attention configuration's plan for the current step, on the device.
 struct DevAttentionPlan {

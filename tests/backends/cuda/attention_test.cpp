@@ -42,8 +42,9 @@ struct Config {
   std::vector<int32_t> prompts;  // prompt length per sequence
 };
 
-// window > 0: a sliding-window attention node (each query sees its last `window` keys).
-ir::Graph attention_graph(const Config& c, bool causal, int64_t window = 0) {
+// window > 0: a sliding-window attention node (each query sees its last `window` keys);
+// softcap > 0: its scores soft-capped (Gemma 2).
+ir::Graph attention_graph(const Config& c, bool causal, int64_t window = 0, double softcap = 0.0) {
   ir::Graph g;
   ir::ValueId q = g.add_input("q", DType::kF32, Shape{"T", c.hq * c.d});
   ir::ValueId k = g.add_input("k", DType::kF32, Shape{"T", c.hkv * c.d});
@@ -55,6 +56,7 @@ ir::Graph attention_graph(const Config& c, bool causal, int64_t window = 0) {
                                            {"scale", 1.0 / std::sqrt(double(c.d))},
                                            {"causal", int64_t(causal)}};
   if (window > 0) attrs["window"] = window;
+  if (softcap > 0.0) attrs["softcap"] = softcap;
   g.add_output("y", g.add("Attention", {q, k, v}, std::move(attrs), "attn"));
   return g;
 }
@@ -120,7 +122,7 @@ double quantized_tolerance(const std::string& dtype) {
 // flash "1" plans the tensor-core kernel for every non-decode step it supports (16-bit,
 // head dims 64/128): prefills and the mixed chunk + decode steps.
 void check_decoder(const Config& c, const std::string& split_chunk, const std::string& flash = "",
-                   KvDType kv_dtype = KvDType::kAuto, int64_t window = 0) {
+                   KvDType kv_dtype = KvDType::kAuto, int64_t window = 0, double softcap = 0.0) {
   setenv("KILN_CUDA_SPLIT_CHUNK", split_chunk.c_str(), 1);
   setenv("KILN_CUDA_FLASH", flash.c_str(), 1);
   int64_t tokens = 0;
@@ -133,9 +135,9 @@ void check_decoder(const Config& c, const std::string& split_chunk, const std::s
                 .dtype = kv_dtype};
     std::string what = str_cat("attn hq=", c.hq, " hkv=", c.hkv, " d=", c.d, " bs=", c.block_size, " seqs=", c.prompts.size(),
                                " max_prompt=", *std::max_element(c.prompts.begin(), c.prompts.end()), " split=", split_chunk, " flash=", flash,
-                               " kv=", kv_dtype_name(kv_dtype), " window=", window);
+                               " kv=", kv_dtype_name(kv_dtype), " window=", window, " softcap=", softcap);
     const double tol = kv_dtype == KvDType::kAuto ? op_tolerance(dt) : quantized_tolerance(dt);
-    expect_backends_match(attention_graph(c, true, window), steps, dt, tol, what, kv);
+    expect_backends_match(attention_graph(c, true, window, softcap), steps, dt, tol, what, kv);
   }
   unsetenv("KILN_CUDA_SPLIT_CHUNK");
   unsetenv("KILN_CUDA_FLASH");
@@ -173,6 +175,23 @@ TEST(CudaAttention, SlidingWindowMatchesCpu) {
       for (const char* split : {"0", "-1", "16"}) check_decoder(c, split, "1", KvDType::kAuto, window);
   for (KvDType kv : {KvDType::kInt8, KvDType::kFp8})
     check_decoder(Config{8, 2, 64, 16, {200, 9, 1}}, "0", "", kv, 50);
+}
+
+// Head dim 256 (Gemma 2 and 3) on the tile kernel (dynamic shared memory past 48 KiB) and
+// the decode kernel: prefill, decode and chunk steps, split and not, GQA groups of 2 and
+// 8 (Gemma 3 1B: 4 q heads over 1 KV head); Gemma 2's soft-capped scores, alone and with
+// a sliding window, on every head dim; quantized caches at 256.
+TEST(CudaAttention, HeadDim256AndSoftCapMatchCpu) {
+  KILN_SKIP_WITHOUT_CUDA();
+  for (const Config& c : {Config{4, 2, 256, 16, {5, 1, 17}}, Config{8, 1, 256, 16, {150, 16, 1}}})
+    for (const char* split : {"0", "-1", "16"}) {
+      check_decoder(c, split);
+      check_decoder(c, split, "", KvDType::kAuto, 40);
+    }
+  for (const Config& c : {Config{4, 2, 16, 16, {5, 1, 17}}, Config{9, 3, 64, 16, {133, 7}},
+                          Config{32, 8, 128, 16, {300, 16, 1}}, Config{8, 2, 256, 16, {70, 3}}})
+    for (int64_t window : {0, 9}) check_decoder(c, "0", "1", KvDType::kAuto, window, 1.5);
+  for (KvDType kv : {KvDType::kInt8, KvDType::kFp8}) check_decoder(Config{4, 1, 256, 16, {90, 2, 1}}, "0", "", kv, 20, 2.0);
 }
 
 void check_chunked(const Config& c, const std::vector<std::vector<int32_t>>& chunks, KvDType kv_dtype,

@@ -30,6 +30,13 @@ using namespace testing;
 
 double model_tolerance(const std::string& dtype) { return dtype == "f32" ? 1e-4 : dtype == "f16" ? 1e-2 : 6e-2; }
 
+// The bf16 bounds' factor for a family: 2.5 for gemma2, whose logits are soft-capped at 5
+// (max |logit| ~4.9 is the cap, not the scale of the values bf16 rounding moves, and the
+// attention scores' cap at 2 saturates). Measured on the H100: bf16 logits 0.088 and decode
+// 0.089 of max |logit| (f16: 0.0077, f32: 2.7e-6), int8 / fp8 KV with bf16 activations 0.188
+// / 0.350.
+double bf16_factor(const std::string& family) { return family == "gemma2" ? 2.5 : 1.0; }
+
 // The golden models' HF reference outputs (tests/models/golden_util.h).
 using Ref = kiln::testing::Reference;
 
@@ -50,7 +57,7 @@ TEST_P(CudaDecoderGolden, LogitsGreedyAndDecodeMatchTransformers) {
   Ref ref(family);
   const int64_t smax = ref.shape("input_ids")[1], vocab = model->info().vocab_size;
   auto prompts = ref.prompts();
-  const double tol = model_tolerance(dtype);
+  const double tol = model_tolerance(dtype) * (dtype == "bf16" ? bf16_factor(family) : 1.0);
   const std::string tag = family + " " + dtype;
 
   // All-position logits of every prompt in one ragged step.
@@ -247,7 +254,7 @@ TEST(CudaTopLogits, ExecutorOutputsMatchWholeRowSteps) {
 // model bound and where the argmax differs it is a near-tie of the CPU's logits.
 TEST(CudaQuantModels, GenerationMatchesCpuQuantized) {
   KILN_SKIP_WITHOUT_CUDA();
-  for (std::string family : {"llama", "qwen2", "qwen3", "phi3", "gemma3", "mistral", "gpt2"}) {
+  for (std::string family : {"llama", "qwen2", "qwen3", "phi3", "gemma3", "mistral", "gemma2", "gpt2"}) {
     const std::string dir = fixtures_dir() + "/models/" + family;
     Ref ref(family);
     auto prompts = ref.prompts();
@@ -330,7 +337,7 @@ TEST(CudaQuantModels, GenerationMatchesCpuQuantized) {
 // closer to the CPU's fp8 than fp8 is to exact) and near-ties up to 5e-2 of max|logit|.
 TEST(CudaQuantizedKv, DecoderMatchesCpuWithTheSameCacheDtype) {
   KILN_SKIP_WITHOUT_CUDA();
-  for (std::string family : {"llama", "qwen2", "qwen3", "phi3", "gemma3", "mistral", "gpt2"}) {
+  for (std::string family : {"llama", "qwen2", "qwen3", "phi3", "gemma3", "mistral", "gemma2", "gpt2"}) {
     const std::string dir = fixtures_dir() + "/models/" + family;
     Ref ref(family);
     auto prompts = ref.prompts();
@@ -350,7 +357,7 @@ TEST(CudaQuantizedKv, DecoderMatchesCpuWithTheSameCacheDtype) {
         go.kv_cache_dtype = kv;
         auto gpu = Model::load(dir, go);
         const int64_t v = gpu->info().vocab_size;
-        const double tol = dt == "f32" ? 1e-2 : kv == "fp8" ? 2e-1 : 1e-1;
+        const double tol = dt == "f32" ? 1e-2 : (kv == "fp8" ? 2e-1 : 1e-1) * bf16_factor(family);
         const double tie = dt == "bf16" && kv == "fp8" ? 5e-2 : 2e-2;
         for (size_t i = 0; i < prompts.size(); ++i) {
           LlmRunner rc(*cpu, {.block_size = 4}), rg(*gpu, {.block_size = 4});
@@ -386,7 +393,7 @@ TEST(CudaQuantizedKv, DecoderMatchesCpuWithTheSameCacheDtype) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, CudaDecoderGolden,
-                         ::testing::Combine(::testing::Values("gpt2", "llama", "qwen2", "qwen3", "phi3", "gemma3", "mistral"),
+                         ::testing::Combine(::testing::Values("gpt2", "llama", "qwen2", "qwen3", "phi3", "gemma3", "mistral", "gemma2"),
                                             ::testing::Values("f32", "bf16", "f16")),
                          [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param); });
 

@@ -91,6 +91,8 @@ struct AttentionPlan {
   int32_t decode_warp = 0;
 };
 
+// Head dims 16, 32, 64 and 128 on every kernel; 256 (Gemma) on the tile and decode
+// kernels only (the tensor-core, grouped, cluster and warp decode kernels stop at 128).
 bool attention_supports_head_dim(int64_t d);
 // Whether the tensor-core prefill kernel takes this activation dtype and head dim (any
 // KvCode: quantized tiles are decoded to the activation dtype).
@@ -185,6 +187,9 @@ struct AttentionArgs {
   // attention_plan_decode) implement it; the tensor-core, grouped, cluster and warp decode
   // kernels do not, and refuse it.
   int32_t window = 0;
+  // > 0: each score s (q.k times scale) becomes softcap * tanh(s / softcap) before the
+  // softmax (Gemma 2); the tile and decode kernels only, as window.
+  float softcap = 0.0f;
   const AttnSeq* seqs = nullptr;    // device
   const int32_t* block_tables = nullptr;
   const AttnWork* work = nullptr;

@@ -129,22 +129,6 @@ __device__ __forceinline__ void dec_rope_rows(T* q_s, int ld, T* new_k, int grou
   }
 }
 
-// The kernel `Kernel` with its dynamic shared-memory attribute set to `Bytes` on the
-// current device (a host-side attribute per device, set on a step's eager first run
-// before any capture).
-template <auto Kernel, int Bytes>
-auto dec_kernel_ready() {
-  static std::mutex mu;
-  static std::set<int> done;
-  int dev = 0;
-  KILN_CUDA_CHECK(cudaGetDevice(&dev));
-  std::lock_guard<std::mutex> lock(mu);
-  if (!done.count(dev)) {
-    KILN_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Bytes));
-    done.insert(dev);
-  }
-  return Kernel;
-}
 
 // One tile of a decode warp: S = Q K^T for KT keys (16-bit K and V tiles, rows LD
 // elements apart; n-tiles of 8) with qa the A fragments of the group's q rows (row g;
@@ -490,10 +474,10 @@ DecParams<T> dec_params_of(const AttentionArgs& a) {
   return p;
 }
 
-// The kernel of T, D, Q, ST, ready to launch (dec_kernel_ready).
+// The kernel of T, D, Q, ST, ready to launch (smem_kernel_ready).
 template <typename T, int D, KvCode Q, int ST>
 auto decode_cluster_kernel_ready() {
-  return dec_kernel_ready<attention_decode_cluster_kernel<T, D, Q, ST>, DecLayout<D, Q, ST>::kBytes>();
+  return smem_kernel_ready<attention_decode_cluster_kernel<T, D, Q, ST>, DecLayout<D, Q, ST>::kBytes>();
 }
 
 // Launches the kernel for T, D, Q, ST over (sequences x splits, KV heads), clusters of

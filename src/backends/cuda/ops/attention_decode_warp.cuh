@@ -194,7 +194,7 @@ __global__ void __launch_bounds__(kDwThreads) attention_decode_warp_kernel(const
 
 template <typename T, int D, int ST>
 auto decode_warp_kernel_ready() {
-  return dec_kernel_ready<attention_decode_warp_kernel<T, D, ST>, DwLayout<D, ST>::kBytes>();
+  return smem_kernel_ready<attention_decode_warp_kernel<T, D, ST>, DwLayout<D, ST>::kBytes>();
 }
 
 template <typename T, int D, int ST>

@@ -13,6 +13,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <mutex>
+#include <set>
 #include <type_traits>
 
 #include "backends/cuda/common.cuh"
@@ -178,19 +180,59 @@ __device__ __forceinline__ void attn_init_items(int (&lo)[R], int (&lim)[R], flo
   }
 }
 
+// The kernel `Kernel` with its dynamic shared-memory attribute set to `Bytes` on the
+// current device (a host-side attribute per device, set on a step's eager first run
+// before any capture): a kernel of more than 48 KiB of dynamic shared memory needs it.
+template <auto Kernel, int Bytes>
+auto smem_kernel_ready() {
+  static std::mutex mu;
+  static std::set<int> done;
+  int dev = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  if (!done.count(dev)) {
+    KILN_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Bytes));
+    done.insert(dev);
+  }
+  return Kernel;
+}
+
+// A score s (q.k times scale) soft-capped: softcap * tanh(s / softcap) (Gemma 2); 0: as is.
+__device__ __forceinline__ float attn_softcap(float s, float softcap) {
+  return softcap > 0.0f ? softcap * tanhf(s / softcap) : s;
+}
+
+// The tile kernel's shared memory: q rows [16][D], a key tile [32][D + 1] (+1: lane j reads
+// row j, column c -> distinct banks) and its value tile [32][D], in floats. Static up to
+// head dim 128 (41 KiB); at 256 (82 KiB) past the 48 KiB of static shared memory, so
+// dynamic (attention_tile_smem_bytes, opted in at launch).
+template <int D>
+constexpr int kTileSmemFloats = kAttnItemsPerCta * D + kTileKeys * (D + 1) + kTileKeys * D;
+template <int D>
+constexpr bool kTileSmemDynamic = D > 128;
+
 template <typename T, int D, KvCode Q>
 __global__ void __launch_bounds__(kWarps * 32)
 attention_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restrict__ k_cache,
                  const KvElem<T, Q>* __restrict__ v_cache, const float* __restrict__ k_scales,
                  const float* __restrict__ v_scales, T* __restrict__ out, int block_size, int hq, int hkv, int64_t q_stride, int64_t kv_row,
-                 float scale, bool causal, int window,
+                 float scale, bool causal, int window, float softcap,
                  const AttnSeq* __restrict__ seqs, const int32_t* __restrict__ block_tables,
                  const AttnWork* __restrict__ works, float* __restrict__ part_o, float* __restrict__ part_ml) {
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
   constexpr int R = kItemsPerWarp, DPL = (D + 31) / 32;
-  __shared__ float qs[kAttnItemsPerCta][D];
-  __shared__ float ks[kTileKeys][D + 1];  // +1: lane j reads row j, column c -> distinct banks
-  __shared__ float vs[kTileKeys][D];
+  float* smem;
+  if constexpr (kTileSmemDynamic<D>) {
+    extern __shared__ float4 attn_tile_dyn[];
+    smem = reinterpret_cast<float*>(attn_tile_dyn);
+  } else {
+    __shared__ float4 attn_tile_static[kTileSmemFloats<D> / 4];
+    smem = reinterpret_cast<float*>(attn_tile_static);
+  }
+  static_assert(kTileSmemFloats<D> % 4 == 0 && (kAttnItemsPerCta * D + kTileKeys * (D + 1)) % 4 == 0);
+  auto& qs = *reinterpret_cast<float(*)[kAttnItemsPerCta][D]>(smem);
+  auto& ks = *reinterpret_cast<float(*)[kTileKeys][D + 1]>(smem + kAttnItemsPerCta * D);
+  auto& vs = *reinterpret_cast<float(*)[kTileKeys][D]>(smem + kAttnItemsPerCta * D + kTileKeys * (D + 1));
   const AttnWork w = works[blockIdx.x];
   if (w.partial >= 0 && w.kv_begin >= w.kv_end && w.kv_begin > 0) return;  // an empty split: never combined
   const AttnSeq sq = seqs[w.seq];
@@ -270,7 +312,7 @@ attention_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restrict__ k_cac
     for (int r = 0; r < R; ++r) {
       // Uniform across the warp: no key of this tile is visible.
       if (max(t0, lo[r]) >= min(t0 + kTileKeys, lim[r])) continue;
-      const float sv = p < lim[r] && p >= lo[r] ? s[r] : -INFINITY;
+      const float sv = p < lim[r] && p >= lo[r] ? attn_softcap(s[r], softcap) : -INFINITY;
       const float m_new = fmaxf(m[r], warp_max(sv));  // finite: some key of the tile is visible
       const float corr = expf(m[r] - m_new);
       const float pr = expf(sv - m_new);
@@ -329,7 +371,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 attention_decode_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restrict__ k_cache,
                         const KvElem<T, Q>* __restrict__ v_cache, const float* __restrict__ k_scales,
                         const float* __restrict__ v_scales, T* __restrict__ out, int block_size, int hq, int hkv, int64_t q_stride, int64_t kv_row,
-                        float scale, bool causal, int window, const AttnSeq* __restrict__ seqs,
+                        float scale, bool causal, int window, float softcap, const AttnSeq* __restrict__ seqs,
                         const int32_t* __restrict__ block_tables, const AttnWork* __restrict__ works,
                         float* __restrict__ part_o, float* __restrict__ part_ml) {
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
@@ -397,7 +439,7 @@ attention_decode_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restrict_
       pr[r] = 0.0f;
       // Uniform across the warp: no key of this tile is visible.
       if (max(t0, lo[r]) >= min(t0 + 32, lim[r])) continue;
-      const float sv = p < lim[r] && p >= lo[r] ? s[r] : -INFINITY;
+      const float sv = p < lim[r] && p >= lo[r] ? attn_softcap(s[r], softcap) : -INFINITY;
       const float m_new = fmaxf(m[r], warp_max(sv));  // finite: some key of the tile is visible
       const float corr = expf(m[r] - m_new);
       pr[r] = expf(sv - m_new);
@@ -673,19 +715,23 @@ void launch_typed(const AttentionArgs& a, cudaStream_t s) {
   // (a batch large enough to fill the GPU): the decode kernel, whose warps split the keys
   // (measured on Llama-3.2-1B: attention -35% at batch 64 and 256). Split plans keep the
   // tile kernel: each split is a short key range, and its four warps share it by items.
-  auto go = [&](auto kernel) {
-    launch_k(kernel, ta.grid, kWarps * 32, 0, s, ta.q, ta.k_cache, ta.v_cache, a.k_scales, a.v_scales, ta.out,
-        int(a.block_size), int(a.hq), int(a.hkv), ta.q_stride, ta.kv_row, a.scale, a.causal, int(a.window), a.seqs,
-        a.block_tables, a.work, ta.part_o, ta.part_ml);
+  auto go = [&](auto kernel, size_t smem) {
+    launch_k(kernel, ta.grid, kWarps * 32, smem, s, ta.q, ta.k_cache, ta.v_cache, a.k_scales, a.v_scales, ta.out,
+        int(a.block_size), int(a.hq), int(a.hkv), ta.q_stride, ta.kv_row, a.scale, a.causal, int(a.window), a.softcap,
+        a.seqs, a.block_tables, a.work, ta.part_o, ta.part_ml);
   };
   const int64_t items = a.max_q_len * (a.hq / a.hkv);
   const bool decode = a.max_q_len > 0 && a.num_partials == 0;
-  if (decode && items <= 4)
-    go(attention_decode_kernel<T, D, 4, Q>);
-  else if (decode && items <= 8)
-    go(attention_decode_kernel<T, D, 8, Q>);
-  else
-    go(attention_kernel<T, D, Q>);
+  if (decode && items <= 4) {
+    go(attention_decode_kernel<T, D, 4, Q>, 0);
+  } else if (decode && items <= 8) {
+    go(attention_decode_kernel<T, D, 8, Q>, 0);
+  } else if constexpr (kTileSmemDynamic<D>) {
+    constexpr int bytes = kTileSmemFloats<D> * int(sizeof(float));
+    go(smem_kernel_ready<attention_kernel<T, D, Q>, bytes>(), size_t(bytes));
+  } else {
+    go(attention_kernel<T, D, Q>, 0);
+  }
   KILN_CUDA_CHECK_LAUNCH();
   if (a.num_combine > 0) {
     launch_k(attention_combine_kernel<T, D>, dim3(unsigned(a.num_combine), unsigned(a.hkv)), 128, 0, s, ta.out,
@@ -694,9 +740,14 @@ void launch_typed(const AttentionArgs& a, cudaStream_t s) {
   }
 }
 
-// launch_typed for every activation dtype and head dim, with cache codes Q.
+// launch_typed for every activation dtype and head dim, with cache codes Q. Head dim 256
+// (Gemma) has only these tile / decode kernels (attention_dispatch's other users stop at 128).
 template <KvCode Q>
 void launch_attention_codes(const AttentionArgs& a, cudaStream_t s) {
+  if (a.d == 256) {
+    KILN_CUDA_DISPATCH_FLOAT(a.dtype, T, { launch_typed<T, 256, Q>(a, s); });
+    return;
+  }
   attention_dispatch(a.dtype, a.d, [&](auto t, auto d) {
     launch_typed<typename decltype(t)::type, decltype(d)::value, Q>(a, s);
   });
