@@ -400,6 +400,14 @@ def gen_tiny_decoder(name, cls, config, seed, out):
 
     refs["logits"] = logits
     refs["hidden_last"] = hidden_last
+    if name in ("gemma2", "gemma3"):
+        # llama.cpp's Gemma GGUFs carry no query_pre_attn_scalar: it scales by head_dim^-1/2
+        # (kiln's GGUF tests read the fixture written as a GGUF against these).
+        alt = cls.from_pretrained(
+            d, attn_implementation="eager", dtype=torch.float32, query_pre_attn_scalar=config.head_dim
+        ).eval()
+        with torch.no_grad():
+            refs["logits_head_dim_scale"] = alt(ids, attention_mask=mask).logits
     valid = mask.bool()
     pm = margins(logits[valid])
     log(f"  prompt logits min top1-top2 margin (valid positions): {pm:.4f}")
@@ -425,6 +433,8 @@ def gen_tiny_decoder(name, cls, config, seed, out):
             "hidden_last": "[3, Smax, H] output of the final norm (hidden_states[-1])",
             "greedy": "[3, 20] generated ids (continuation only, prompt excluded)",
             "greedy_logits_i": "[20, V] raw logits that produced greedy[i, t] (step t)",
+            "logits_head_dim_scale": "(gemma2, gemma3) logits with query_pre_attn_scalar = head_dim, as "
+            "llama.cpp scales",
         },
         "notes": notes,
     }

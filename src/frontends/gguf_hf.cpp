@@ -63,6 +63,24 @@ const NameRule kGpt2Layer[] = {
     {"ffn_down.weight", "mlp.c_proj.weight"},  {"ffn_down.bias", "mlp.c_proj.bias"},
 };
 
+// Gemma 2 / 3 (llama.cpp's GEMMA2 / GEMMA3 tensors): the Llama names plus the sandwich
+// norms; ffn_norm is the pre-feed-forward norm here.
+const NameRule kGemmaLayer[] = {
+    {"attn_norm.weight", "input_layernorm.weight"},
+    {"attn_q.weight", "self_attn.q_proj.weight"},
+    {"attn_k.weight", "self_attn.k_proj.weight"},
+    {"attn_v.weight", "self_attn.v_proj.weight"},
+    {"attn_q_norm.weight", "self_attn.q_norm.weight"},
+    {"attn_k_norm.weight", "self_attn.k_norm.weight"},
+    {"attn_output.weight", "self_attn.o_proj.weight"},
+    {"post_attention_norm.weight", "post_attention_layernorm.weight"},
+    {"ffn_norm.weight", "pre_feedforward_layernorm.weight"},
+    {"post_ffw_norm.weight", "post_feedforward_layernorm.weight"},
+    {"ffn_gate.weight", "mlp.gate_proj.weight"},
+    {"ffn_up.weight", "mlp.up_proj.weight"},
+    {"ffn_down.weight", "mlp.down_proj.weight"},
+};
+
 // llama.cpp's names for BertModel (gguf-py's TensorNameMap for MODEL_ARCH.BERT). Its
 // converter drops the pooler and renames a classifier to cls.output, which have no HF
 // counterpart here.
@@ -93,6 +111,7 @@ struct ArchNames {
 
 std::optional<ArchNames> arch_names(const std::string& arch) {
   if (arch == "llama" || arch == "qwen2" || arch == "qwen3") return ArchNames{kLlamaGlobal, kLlamaLayer, "model.layers."};
+  if (arch == "gemma2" || arch == "gemma3") return ArchNames{kLlamaGlobal, kGemmaLayer, "model.layers."};
   if (arch == "gpt2") return ArchNames{kGpt2Global, kGpt2Layer, "h."};
   if (arch == "bert") return ArchNames{kBertGlobal, kBertLayer, "encoder.layer."};
   return std::nullopt;
@@ -140,6 +159,88 @@ void add_pooling(const GgufFile& f, const std::string& a, bool decoder, json& c)
                         : "; kiln's bert pools by mean (1) or by the [CLS] row (2)");
 }
 
+double opt_f32(const GgufFile& f, const std::string& key, double dflt) {
+  return f.has_key(key) ? f32_to_decimal(f.get_f32(key)) : dflt;
+}
+
+// llama.cpp's Gemma 2 / Gemma 3 (src/models/gemma2.cpp, gemma3.cpp) as a transformers
+// config. What the file does not say, llama.cpp fixes, and so does this: the attention
+// scale (head_dim^-1/2; (hidden / heads)^-1/2 for the 27B shapes: 46 layers of Gemma 2, 62
+// of Gemma 3), which layers slide (<arch>.attention.sliding_window_pattern: per-layer bools
+// or every n-th layer full, n = 2 for Gemma 2 and 6 for Gemma 3), Gemma 2's window (4096)
+// and soft-caps (50 and 30) when absent, Gemma 3's local RoPE base (rope.freq_base_swa,
+// else 10000, unscaled). The norms come as (1 + w) (kNormsOnePlusConfigKey).
+json gemma_config(const GgufFile& f, const std::string& arch) {
+  const std::string a = arch + ".";
+  const bool g3 = arch == "gemma3";
+  json c;
+  c["model_type"] = g3 ? "gemma3_text" : "gemma2";
+  c["architectures"] = {g3 ? "Gemma3ForCausalLM" : "Gemma2ForCausalLM"};
+  c["hidden_activation"] = "gelu_pytorch_tanh";
+  const uint32_t hidden = req_u32(f, a + "embedding_length"), heads = req_u32(f, a + "attention.head_count");
+  const uint32_t layers = req_u32(f, a + "block_count");
+  if (heads == 0 || layers == 0)
+    throw_error(ErrorCode::kInvalidFile, f.path(), ": ", a, "attention.head_count and block_count must be > 0");
+  const uint32_t head_dim = opt_u32(f, a + "attention.key_length", hidden / heads);
+  c["hidden_size"] = hidden;
+  c["intermediate_size"] = req_u32(f, a + "feed_forward_length");
+  c["num_hidden_layers"] = layers;
+  c["num_attention_heads"] = heads;
+  c["num_key_value_heads"] = opt_u32(f, a + "attention.head_count_kv", heads);
+  c["head_dim"] = head_dim;
+  c["query_pre_attn_scalar"] = layers == (g3 ? 62u : 46u) ? hidden / heads : head_dim;
+  c["rms_norm_eps"] = opt_f32(f, a + "attention.layer_norm_rms_epsilon", 1e-6);
+  c["max_position_embeddings"] = opt_u32(f, a + "context_length", g3 ? 32768 : 8192);
+  c["vocab_size"] = vocab_size(f, arch);
+  c["tie_word_embeddings"] = f.find_tensor("output.weight") == nullptr;
+  c[kNormsOnePlusConfigKey] = true;
+
+  const uint32_t window = opt_u32(f, a + "attention.sliding_window", g3 ? 0 : 4096);
+  std::vector<bool> slides(layers, false);
+  if (window > 0) {
+    const std::string key = a + "attention.sliding_window_pattern";
+    if (f.has_key(key) && f.value(key).type == GgufType::kArray) {
+      const GgufValue& v = f.value(key);
+      if (v.elem_type != GgufType::kBool || v.count != layers || v.raw.size() != layers)
+        throw_error(ErrorCode::kInvalidFile, f.path(), ": ", key, " must be ", layers, " bools (one per layer)");
+      for (uint32_t l = 0; l < layers; ++l) slides[l] = v.raw[l] != 0;
+    } else {
+      const uint32_t n = opt_u32(f, key, g3 ? 6 : 2);
+      for (uint32_t l = 0; l < layers; ++l) slides[l] = n == 0 || l % n < n - 1;
+    }
+    c["sliding_window"] = window;
+  }
+  json types = json::array();
+  for (bool s : slides) types.push_back(s ? "sliding_attention" : "full_attention");
+  c["layer_types"] = types;
+
+  const double theta = opt_f32(f, a + "rope.freq_base", g3 ? 1000000.0 : 10000.0);
+  json scaling;  // the global layers' (Gemma 3) or every layer's (Gemma 2)
+  if (f.has_key(a + "rope.scaling.type") && f.get_string(a + "rope.scaling.type") != "none") {
+    scaling["rope_type"] = f.get_string(a + "rope.scaling.type");
+    if (f.has_key(a + "rope.scaling.factor")) scaling["factor"] = opt_f32(f, a + "rope.scaling.factor", 1.0);
+  }
+  if (g3) {
+    json global = scaling.is_null() ? json{{"rope_type", "default"}} : scaling;
+    global["rope_theta"] = theta;
+    c["rope_parameters"] = {
+        {"full_attention", global},
+        {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", opt_f32(f, a + "rope.freq_base_swa", 10000.0)}}}};
+    if (const double cap = opt_f32(f, a + "final_logit_softcapping", 0.0); cap > 0.0) c["final_logit_softcapping"] = cap;
+  } else {
+    if (f.has_key(a + "rope.freq_base_swa") && opt_f32(f, a + "rope.freq_base_swa", theta) != theta)
+      throw_error(ErrorCode::kUnsupported, f.path(), ": ", a, "rope.freq_base_swa differs from rope.freq_base (kiln's ",
+                  "Gemma 2 has one RoPE)");
+    c["rope_theta"] = theta;
+    if (!scaling.is_null()) c["rope_scaling"] = scaling;
+    c["attn_logit_softcapping"] = opt_f32(f, a + "attn_logit_softcapping", 50.0);
+    c["final_logit_softcapping"] = opt_f32(f, a + "final_logit_softcapping", 30.0);
+  }
+  add_pooling(f, a, /*decoder=*/true, c);
+  add_token_ids(f, c);
+  return c;
+}
+
 }  // namespace
 
 json gguf_to_hf_config(const GgufFile& f) {
@@ -183,6 +284,7 @@ json gguf_to_hf_config(const GgufFile& f) {
     add_token_ids(f, c);
     return c;
   }
+  if (arch == "gemma2" || arch == "gemma3") return gemma_config(f, arch);
   if (arch == "gpt2") {
     c["model_type"] = "gpt2";
     c["architectures"] = {"GPT2LMHeadModel"};
@@ -230,7 +332,7 @@ json gguf_to_hf_config(const GgufFile& f) {
     return c;
   }
   throw_error(ErrorCode::kUnsupported, f.path(), ": GGUF architecture '", arch,
-              "' has no HF mapping in kiln (supported: llama, qwen2, qwen3, gpt2, bert)");
+              "' has no HF mapping in kiln (supported: llama, qwen2, qwen3, gemma2, gemma3, gpt2, bert)");
 }
 
 std::string gguf_to_hf_name(const std::string& arch, const std::string& g) {

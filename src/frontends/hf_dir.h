@@ -27,6 +27,10 @@ struct HfModelDir {
 // builder (ModelInfo::pooling): set by HfModelDir::open from modules.json and by
 // gguf_to_hf_config from <arch>.pooling_type; HF configs have no such key.
 inline constexpr const char* kPoolingConfigKey = "kiln_pooling";
+// Set (true) by gguf_to_hf_config for Gemma GGUFs, whose RMSNorm weights llama.cpp's
+// converter stores as (1 + w), the factor the norm scales by: the Gemma builder takes them
+// as they are instead of adding the 1 itself.
+inline constexpr const char* kNormsOnePlusConfigKey = "kiln_norms_one_plus";
 
 // A sentence-transformers directory's pooling: "mean", "cls" or "last" (lasttoken: decoder
 // embedding models such as Qwen3-Embedding) from the Pooling module

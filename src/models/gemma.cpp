@@ -13,6 +13,7 @@
 #include "core/log.h"
 #include "core/status.h"
 #include "core/weight_quant.h"
+#include "frontends/hf_dir.h"
 #include "models/model_builder.h"
 
 namespace kiln {
@@ -124,7 +125,13 @@ BuiltModel build_gemma(const nlohmann::json& c, const WeightSource& src, bool ge
 
   ir::Graph& g = m.graph;
   auto W = [&](const std::string& name) { return g.add_weight(name, w.at(name)); };
-  auto norm_w = [&](const std::string& name) { return g.add_weight(name + ".one_plus", one_plus(w.at(name))); };
+  // The (1 + w) each norm scales by: a GGUF stores it so already (kNormsOnePlusConfigKey).
+  const bool one_plus_stored = c.value(kNormsOnePlusConfigKey, false);
+  auto norm_w = [&](const std::string& name) {
+    const Tensor& t = w.at(name);
+    return g.add_weight(name + ".one_plus",
+                        one_plus_stored ? (t.dtype() == DType::kF32 ? t : t.to(DType::kF32)) : one_plus(t));
+  };
   auto linear = [&](ir::ValueId x, const std::string& weight, int64_t k, const std::string& node) {
     const ir::ValueId wt = W(weight + ".weight");
     return g.add("Linear", {x, wt}, kept_quant_linear_attrs(g.weight(wt), k), node);

@@ -9,6 +9,7 @@
 #include <random>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "core/dtype.h"
@@ -734,6 +735,58 @@ TEST(GgufHf, Gpt2TransposesConv1D) {
   EXPECT_EQ(t.shape(), (std::vector<int64_t>{2, 6}));
   EXPECT_EQ(t.data_as<float>()[1], 2.f);  // HF [in, out][0][1] = GGUF [out, in][1][0]
   EXPECT_TRUE(src.has("wte.weight"));
+}
+
+// Gemma GGUFs as llama.cpp reads them: the 27B shapes (46 / 62 layers) scale attention by
+// (hidden / heads)^-1/2, the others by head_dim^-1/2; Gemma 3's layers slide five in six
+// (every sixth global) unless the file says otherwise, its local RoPE base defaults to 1e4;
+// Gemma 2's window and soft-caps default to 4096, 50 and 30; a per-layer pattern of the
+// wrong length is an error.
+TEST(GgufHf, GemmaConfig) {
+  auto gemma = [](const std::string& arch, uint32_t layers, std::function<void(GgufWriter&)> extra = {}) {
+    GgufWriter w;
+    w.kv_string("general.architecture", arch);
+    w.kv_u32(arch + ".embedding_length", 64);
+    w.kv_u32(arch + ".block_count", layers);
+    w.kv_u32(arch + ".attention.head_count", 4);
+    w.kv_u32(arch + ".attention.head_count_kv", 2);
+    w.kv_u32(arch + ".attention.key_length", 32);
+    w.kv_u32(arch + ".feed_forward_length", 128);
+    w.kv_u32(arch + ".vocab_size", 10);
+    if (extra) extra(w);
+    return gguf_to_hf_config(parse(w.bytes()));
+  };
+  auto g3 = gemma("gemma3", 12, [](GgufWriter& w) { w.kv_u32("gemma3.attention.sliding_window", 512); });
+  EXPECT_EQ(g3["model_type"], "gemma3_text");
+  EXPECT_EQ(g3["query_pre_attn_scalar"], 32);
+  EXPECT_EQ(g3["sliding_window"], 512);
+  EXPECT_EQ(g3["layer_types"][4], "sliding_attention");
+  EXPECT_EQ(g3["layer_types"][5], "full_attention");
+  EXPECT_EQ(g3["layer_types"][11], "full_attention");
+  EXPECT_EQ(g3["rope_parameters"]["sliding_attention"]["rope_theta"], 10000.0);
+  EXPECT_EQ(g3["rope_parameters"]["full_attention"]["rope_theta"], 1000000.0);
+  EXPECT_FALSE(g3.contains("final_logit_softcapping"));
+  EXPECT_EQ(g3[kNormsOnePlusConfigKey], true);
+  EXPECT_EQ(gemma("gemma3", 62)["query_pre_attn_scalar"], 16);  // 27B: hidden / heads
+  EXPECT_FALSE(gemma("gemma3", 2).contains("sliding_window"));  // no window key: every layer global
+  auto g2 = gemma("gemma2", 4);
+  EXPECT_EQ(g2["model_type"], "gemma2");
+  EXPECT_EQ(g2["sliding_window"], 4096);
+  EXPECT_EQ(g2["layer_types"], (nlohmann::json{"sliding_attention", "full_attention", "sliding_attention",
+                                                "full_attention"}));
+  EXPECT_EQ(g2["attn_logit_softcapping"], 50.0);
+  EXPECT_EQ(g2["final_logit_softcapping"], 30.0);
+  EXPECT_EQ(gemma("gemma2", 46)["query_pre_attn_scalar"], 16);
+  expect_error(
+      [&] {
+        gemma("gemma3", 3, [](GgufWriter& w) {
+          w.kv_u32("gemma3.attention.sliding_window", 8);
+          w.kv_array("gemma3.attention.sliding_window_pattern", 7, std::vector<uint8_t>{1, 0});
+        });
+      },
+      ErrorCode::kInvalidFile, {"sliding_window_pattern", "3 bools"});
+  expect_error([&] { gemma("gemma2", 2, [](GgufWriter& w) { w.kv_f32("gemma2.rope.freq_base_swa", 5e4f); }); },
+               ErrorCode::kUnsupported, {"freq_base_swa"});
 }
 
 TEST(GgufHf, UnsupportedArchitecture) {

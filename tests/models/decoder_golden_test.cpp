@@ -299,6 +299,46 @@ void expect_prompt_logits(Model& model, const std::string& family, const std::st
   }
 }
 
+// The gemma2 and gemma3 fixtures as llama.cpp's converter writes them (norms stored as
+// (1 + w), the sandwich norms' GGUF names, window, soft-caps and RoPE bases as metadata,
+// which layers slide as gemma3's bool array or gemma2's default pattern) against
+// transformers with query_pre_attn_scalar = head_dim, the scale llama.cpp uses (the
+// fixtures' own 24 is not in a GGUF): F32 within 1e-4 of max |logit| (measured 5e-7 -
+// 2.9e-6), F16 and Q8_0 Linears within their rounding. gemma2's Q8_0 moves its soft-capped
+// logits by 0.051 / 0.102 / 0.145 of max |logit|: exactly what transformers computes on the
+// model with its Linears rounded to Q8_0 blocks (0.0506 / 0.1018 / 0.1450, checked in Python),
+// so kiln runs the file's values; its bound is 0.2.
+TEST(GemmaGguf, LogitsMatchTransformers) {
+  TempDir dir;
+  for (std::string arch : {"gemma2", "gemma3"}) {
+    Reference ref(arch);
+    const auto prompts = ref.prompts();
+    const auto want = ref.f32("logits_head_dim_scale");
+    const int64_t smax = ref.shape("input_ids")[1];
+    for (auto [type, tol] : {std::pair{GgmlType::kF32, 1e-4}, std::pair{GgmlType::kF16, 3e-3},
+                             std::pair{GgmlType::kQ8_0, arch == "gemma2" ? 0.2 : 6e-2}}) {
+      const std::string path = dir.file(arch + "_" + std::to_string(int(type)) + ".gguf");
+      write_file(path, test::gemma_gguf(testing::fixture_dir(arch), arch, type));
+      ModelOptions o;
+      o.weight_dtype = "f32";
+      auto model = Model::load(path, o);
+      EXPECT_EQ(model->info().family, arch);
+      std::vector<int64_t> windows;
+      for (const ir::Node& n : model->graph().nodes())
+        if (n.op == "Attention") windows.push_back(n.attr_int("window", 0));
+      EXPECT_EQ(windows, (std::vector<int64_t>{6, 0})) << arch;
+      const int64_t vocab = model->info().vocab_size;
+      for (size_t b = 0; b < prompts.size(); ++b) {
+        LlmRunner runner(*model);
+        runner.add_sequence(prompts[b]);
+        auto got = runner.step(/*all_logits=*/true)[0].logits;
+        KILN_EXPECT_CLOSE(got.data(), want.data() + b * size_t(smax * vocab), got.size(), tol,
+                          arch + " GGUF type " + std::to_string(int(type)) + ", prompt " + std::to_string(b));
+      }
+    }
+  }
+}
+
 // Which layers slide, from config.json (the mistral and gemma3 fixtures check the
 // attention itself against transformers): every layer of Mistral and Phi-3, Qwen2/Qwen3's
 // layers from max_window_layers on with use_sliding_window, layer_types where given; a

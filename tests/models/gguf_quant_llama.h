@@ -231,6 +231,71 @@ inline std::string qwen3_gguf(const std::string& fixture, GgmlType matrices) {
   return w.bytes();
 }
 
+// The gemma2 or gemma3 fixture (`fixture`: its directory) as llama.cpp's converter writes a
+// GGUF of it (arch gemma2 / gemma3): every RMSNorm weight stored as (1 + w), the sandwich
+// norms as post_attention_norm / ffn_norm / post_ffw_norm, the Linears in `matrices` (F32,
+// F16 or Q8_0), the token table (also the tied LM head) and norms F32; the window, the
+// soft-caps and Gemma 3's two RoPE bases and linear scaling as metadata. Which layers slide:
+// gemma3 as a per-layer bool array, gemma2 by llama.cpp's default (every other layer from
+// layer 0). No query_pre_attn_scalar: llama.cpp scales by head_dim^-1/2.
+inline std::string gemma_gguf(const std::string& fixture, const std::string& arch, GgmlType matrices) {
+  const nlohmann::json cfg = nlohmann::json::parse(read_text_file(fixture + "/config.json"));
+  GgufWriter w;
+  CheckpointToGguf c{w, open_safetensors_source(fixture + "/model.safetensors"), "model."};
+  const std::string a = arch + ".";
+  w.kv_string("general.architecture", arch);
+  for (const auto& [key, hf] : {std::pair{"embedding_length", "hidden_size"}, std::pair{"block_count", "num_hidden_layers"},
+                                std::pair{"attention.head_count", "num_attention_heads"},
+                                std::pair{"attention.head_count_kv", "num_key_value_heads"},
+                                std::pair{"attention.key_length", "head_dim"},
+                                std::pair{"attention.value_length", "head_dim"},
+                                std::pair{"context_length", "max_position_embeddings"},
+                                std::pair{"feed_forward_length", "intermediate_size"},
+                                std::pair{"attention.sliding_window", "sliding_window"}})
+    w.kv_u32(a + key, cfg.at(hf).get<uint32_t>());
+  w.kv_f32(a + "attention.layer_norm_rms_epsilon", cfg.at("rms_norm_eps").get<float>());
+  const int layers = cfg.at("num_hidden_layers").get<int>();
+  if (arch == "gemma3") {
+    const nlohmann::json& rp = cfg.at("rope_parameters");
+    w.kv_f32(a + "rope.freq_base", rp.at("full_attention").at("rope_theta").get<float>());
+    w.kv_string(a + "rope.scaling.type", rp.at("full_attention").at("rope_type").get<std::string>());
+    w.kv_f32(a + "rope.scaling.factor", rp.at("full_attention").at("factor").get<float>());
+    w.kv_f32(a + "rope.freq_base_swa", rp.at("sliding_attention").at("rope_theta").get<float>());
+    std::vector<uint8_t> slides;
+    for (const auto& t : cfg.at("layer_types")) slides.push_back(t.get<std::string>() == "sliding_attention");
+    w.kv_array(a + "attention.sliding_window_pattern", 7 /*bool*/, slides);
+  } else {
+    w.kv_f32(a + "rope.freq_base", cfg.at("rope_theta").get<float>());
+    w.kv_f32(a + "attn_logit_softcapping", cfg.at("attn_logit_softcapping").get<float>());
+    w.kv_f32(a + "final_logit_softcapping", cfg.at("final_logit_softcapping").get<float>());
+  }
+  // (1 + w), as the converter stores every Gemma norm.
+  auto norm = [&](const std::string& gguf, const std::string& hf) {
+    Tensor t = c.st->load("model." + hf, DType::kF32);
+    for (int64_t i = 0; i < t.numel(); ++i) t.data_as<float>()[i] += 1.0f;
+    w.tensor(gguf, 0, {uint64_t(t.numel())}, std::string(static_cast<const char*>(t.data()), t.nbytes()));
+  };
+  c.f32("token_embd.weight", "embed_tokens.weight");
+  norm("output_norm.weight", "norm.weight");
+  for (int l = 0; l < layers; ++l) {
+    const std::string g = "blk." + std::to_string(l) + ".", h = "layers." + std::to_string(l) + ".";
+    norm(g + "attn_norm.weight", h + "input_layernorm.weight");
+    norm(g + "post_attention_norm.weight", h + "post_attention_layernorm.weight");
+    norm(g + "ffn_norm.weight", h + "pre_feedforward_layernorm.weight");
+    norm(g + "post_ffw_norm.weight", h + "post_feedforward_layernorm.weight");
+    if (arch == "gemma3") {
+      norm(g + "attn_q_norm.weight", h + "self_attn.q_norm.weight");
+      norm(g + "attn_k_norm.weight", h + "self_attn.k_norm.weight");
+    }
+    for (const auto& [gg, hf] : {std::pair{"attn_q", "self_attn.q_proj"}, std::pair{"attn_k", "self_attn.k_proj"},
+                                 std::pair{"attn_v", "self_attn.v_proj"}, std::pair{"attn_output", "self_attn.o_proj"},
+                                 std::pair{"ffn_gate", "mlp.gate_proj"}, std::pair{"ffn_up", "mlp.up_proj"},
+                                 std::pair{"ffn_down", "mlp.down_proj"}})
+      c.write(matrices, g + gg + ".weight", h + hf + ".weight");
+  }
+  return w.bytes();
+}
+
 // A BERT directory (config.json + model.safetensors, a vocab.txt when it has one) as
 // llama.cpp's converter writes a BertModel GGUF: the token table and the Linears in
 // `matrices` (F32, F16 or Q8_0), the position and token-type tables, norms and biases
