@@ -20,6 +20,9 @@ What it makes (under --out, default tests/fixtures/models/):
     gemma2/  Gemma2ForCausalLM: Gemma 3's norms and MLP without q/k norms, one RoPE, a
              sliding (window 6) then a full layer, attention logits soft-capped at 2 and
              the final logits at 5 (small caps, so that they matter on a tiny model)
+    phi3_longrope/ Phi3ForCausalLM with LongRoPE (Phi-3.5 / Phi-4-mini): short factors on the
+             4 rotary frequencies, max positions 256 over an original 64 (attention factor
+             sqrt(1 + ln 4 / ln 64)); prompts and greedy runs stay within the 64
     mistral/ MistralForCausalLM, sliding window 6 in every layer (prompts of 11 and 16
              tokens and 20 greedy steps run past it), 4 q / 2 kv heads, untied head
     bert/    BertForSequenceClassification (3 labels), token_type_ids in use
@@ -272,6 +275,25 @@ def tiny_decoder_configs():
         rope_theta=10000.0,
         **decoder,
     )
+    phi3_longrope = transformers.Phi3Config(
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        partial_rotary_factor=0.5,
+        original_max_position_embeddings=64,
+        rope_scaling={
+            "type": "longrope",
+            "short_factor": [1.0, 1.4, 2.3, 3.9],
+            "long_factor": [1.1, 2.0, 5.5, 9.0],
+        },
+        sliding_window=None,
+        tie_word_embeddings=False,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attention_dropout=0.0,
+        **dict(decoder, max_position_embeddings=256),
+    )
     mistral = transformers.MistralConfig(
         num_attention_heads=4,
         num_key_value_heads=2,
@@ -291,6 +313,7 @@ def tiny_decoder_configs():
         "gemma3": (transformers.Gemma3ForCausalLM, gemma3, 1007),
         "mistral": (transformers.MistralForCausalLM, mistral, 1008),
         "gemma2": (transformers.Gemma2ForCausalLM, gemma2, 1009),
+        "phi3_longrope": (transformers.Phi3ForCausalLM, phi3_longrope, 1010),
     }
 
 
@@ -833,7 +856,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="tests/fixtures/models", type=Path)
     ap.add_argument("--models-dir", default=".cache/models", type=Path)
-    ap.add_argument("--only", default="", help="comma list of gpt2,llama,qwen2,qwen3,phi3,gemma3,mistral,gemma2,bert,smollm2,minilm")
+    ap.add_argument("--only", default="", help="comma list of gpt2,llama,qwen2,qwen3,phi3,gemma3,mistral,gemma2,phi3_longrope,bert,smollm2,minilm")
     args = ap.parse_args()
     only = set(filter(None, args.only.split(",")))
     want = lambda n: not only or n in only  # noqa: E731

@@ -4,6 +4,7 @@
 // gate_up_proj (Phi-3), tied or untied LM head. Tested in tests/models/decoder_golden_test.cpp
 // against transformers' LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM and
 // Phi3ForCausalLM.
+#include <algorithm>
 #include <cmath>
 
 #include "core/log.h"
@@ -13,7 +14,7 @@
 
 namespace kiln {
 
-Tensor rope_inv_freq(const nlohmann::json& c, int64_t head_dim) {
+Tensor rope_inv_freq(const nlohmann::json& c, int64_t head_dim, LongRope* longrope) {
   // transformers v5 writes the rope settings only under "rope_parameters" (rope_theta,
   // rope_type with its parameters, partial_rotary_factor); older configs keep rope_theta,
   // rope_scaling and partial_rotary_factor at the top level. As transformers reads them:
@@ -69,8 +70,37 @@ Tensor rope_inv_freq(const nlohmann::json& c, int64_t head_dim) {
     }
     return t;
   }
+  if (type == "longrope") {
+    // transformers' _compute_longrope_parameters at sequence lengths up to
+    // original_max_position_embeddings: inv_freq / short_factor, and cos / sin times the
+    // attention factor (sqrt(1 + ln(factor) / ln(original)) unless given). Past that length
+    // transformers switches every position to long_factor, which kiln does not (the caller
+    // caps the positions).
+    if (!longrope)
+      throw_error(ErrorCode::kUnsupported, "config.json: rope_scaling type 'longrope' in this model family");
+    if (!s.contains("short_factor") || !s["short_factor"].is_array() || int64_t(s["short_factor"].size()) != dim / 2)
+      throw_error(ErrorCode::kInvalidFile, "config.json: rope_scaling (longrope) needs 'short_factor' with ", dim / 2,
+                  " values (rotary dims / 2)");
+    const double original = number("original_max_position_embeddings", 0.0);
+    if (!(original > 0.0))
+      throw_error(ErrorCode::kInvalidFile, "config.json: rope_scaling (longrope) needs original_max_position_embeddings");
+    const double factor = s.contains("factor") && s["factor"].is_number()
+                              ? s["factor"].get<double>()
+                              : config_float(c, "max_position_embeddings", original) / original;
+    longrope->original_max_positions = int64_t(original);
+    longrope->attention_factor = s.contains("attention_factor") && s["attention_factor"].is_number()
+                                     ? s["attention_factor"].get<double>()
+                                     : factor <= 1.0 ? 1.0 : std::sqrt(1.0 + std::log(factor) / std::log(original));
+    // 1 / (short * base^(2i/dim)) in f32, as transformers divides.
+    for (int64_t i = 0; i < dim / 2; ++i) {
+      const nlohmann::json& e = s["short_factor"][size_t(i)];
+      if (!e.is_number()) throw_error(ErrorCode::kInvalidFile, "config.json: longrope short_factor[", i, "] is not a number");
+      f[i] = 1.0f / (float(e.get<double>()) * std::pow(base, float(2 * i) / float(dim)));
+    }
+    return t;
+  }
   throw_error(ErrorCode::kUnsupported, "config.json: rope_scaling type '", type,
-              "' is not supported (supported: default, linear, llama3)");
+              "' is not supported (supported: default, linear, llama3, longrope)");
 }
 
 void read_decoder_info(const nlohmann::json& c, int64_t default_max_positions, ModelInfo& info) {
@@ -196,6 +226,44 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
       split("mlp.gate_up_proj.weight", {{"mlp.gate_proj.weight", inter}, {"mlp.up_proj.weight", inter}});
     }
 
+  LongRope longrope;
+  Tensor inv_freq_t = rope_inv_freq(c, hd, &longrope);
+  const int64_t rotary_dim = 2 * inv_freq_t.dim(0);
+  if (longrope.original_max_positions > 0) {
+    // LongRoPE multiplies cos and sin by its attention factor: the rotated dims of q and k
+    // come out scaled by it. A rotation commutes with a scalar, so the same comes from
+    // those rows of q_proj and k_proj (and their biases) scaled at load.
+    if (qk_norm && longrope.attention_factor != 1.0)
+      throw_error(ErrorCode::kUnsupported, "llama: LongRoPE's attention factor with per-head q/k norms");
+    if (longrope.attention_factor != 1.0)
+      for (int64_t l = 0; l < info.num_layers; ++l)
+        for (const auto& [proj, heads] : {std::pair{"q_proj", hq}, std::pair{"k_proj", hkv}})
+          for (const char* part : {".weight", ".bias"}) {
+            const std::string name = "model.layers." + std::to_string(l) + ".self_attn." + proj + part;
+            auto it = w.find(name);
+            if (it == w.end()) continue;
+            const Tensor& t = it->second;
+            if (t.dtype() != DType::kF32 && t.dtype() != DType::kBF16 && t.dtype() != DType::kF16)
+              throw_error(ErrorCode::kUnsupported, "llama: LongRoPE's attention factor on ", name, " stored as ",
+                          dtype_name(t.dtype()), " (f32/bf16/f16 checkpoints only)");
+            Tensor f = t.to(DType::kF32);
+            Tensor scaled(DType::kF32, f.shape());
+            std::copy_n(f.data_as<float>(), f.numel(), scaled.data_as<float>());
+            const int64_t cols = f.rank() == 2 ? f.dim(1) : 1;
+            for (int64_t hh = 0; hh < heads; ++hh)
+              for (int64_t r = 0; r < rotary_dim; ++r)
+                for (int64_t k = 0; k < cols; ++k)
+                  scaled.data_as<float>()[(hh * hd + r) * cols + k] *= float(longrope.attention_factor);
+            it->second = std::move(scaled);
+          }
+    if (longrope.original_max_positions < info.max_positions) {
+      log_warn(c.value("model_type", "llama"), ": LongRoPE beyond original_max_position_embeddings ",
+               longrope.original_max_positions, " (its long factors) is not implemented: sequences are limited to ",
+               longrope.original_max_positions, " tokens (of ", info.max_positions, ")");
+      info.max_positions = longrope.original_max_positions;
+    }
+  }
+
   ir::Graph& g = m.graph;
   auto W = [&](const std::string& name) { return g.add_weight(name, w.at(name)); };
   auto Wopt = [&](const std::string& name) { return w.count(name) ? W(name) : ir::kNoValue; };
@@ -214,8 +282,7 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
   ir::ValueId tokens = g.add_input("tokens", DType::kI32, {"T"});
   ir::ValueId positions = g.add_input("positions", DType::kI32, {"T"});
   ir::ValueId rows = g.add_input("logit_rows", DType::kI32, {"R"});
-  ir::ValueId inv_freq = g.add_weight("rope.inv_freq", rope_inv_freq(c, hd));
-  const int64_t rotary_dim = 2 * g.weight(inv_freq).dim(0);
+  ir::ValueId inv_freq = g.add_weight("rope.inv_freq", std::move(inv_freq_t));
   // A table kept quantized (WeightSpec::table): rows of h values in the image's format.
   const ir::ValueId table = W("model.embed_tokens.weight");
   ir::ValueId x = g.add("Embedding", {table, tokens}, kept_quant_table_attrs(g.weight(table), h), "embed_tokens");

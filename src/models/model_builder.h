@@ -118,10 +118,16 @@ void read_decoder_info(const nlohmann::json& config, int64_t default_max_positio
 // max_positions (it cuts nothing). kInvalidFile for a window below 1.
 std::vector<int64_t> sliding_windows(const nlohmann::json& config, const std::vector<bool>& slides,
                                      const ModelInfo& info);
+// LongRoPE (Phi-3.5, Phi-4-mini): what rope_inv_freq found besides the frequencies.
+struct LongRope {
+  double attention_factor = 1.0;       // cos and sin are multiplied by it
+  int64_t original_max_positions = 0;  // past it transformers switches to long_factor
+};
 // RoPE inverse frequencies [rotary_dim / 2] as transformers computes them (f32
-// arithmetic) from a config's rope_theta, partial_rotary_factor and rope_scaling
-// (default, linear, llama3; others kUnsupported).
-Tensor rope_inv_freq(const nlohmann::json& config, int64_t head_dim);
+// arithmetic) from a config's rope_theta, partial_rotary_factor and rope_scaling or
+// rope_parameters (default, linear, llama3, and longrope's short factors where `longrope`
+// is given to take the rest; others kUnsupported).
+Tensor rope_inv_freq(const nlohmann::json& config, int64_t head_dim, LongRope* longrope = nullptr);
 BuiltModel build_bert(const nlohmann::json& config, const WeightSource& weights);
 
 }  // namespace kiln

@@ -235,7 +235,8 @@ TEST_P(DecoderGolden, ForkSharesPrefixBlocks) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, DecoderGolden,
-                         ::testing::Values("gpt2", "llama", "qwen2", "qwen3", "phi3", "gemma3", "mistral", "gemma2"));
+                         ::testing::Values("gpt2", "llama", "qwen2", "qwen3", "phi3", "gemma3", "mistral", "gemma2",
+                                           "phi3_longrope"));
 
 // The qwen3 fixture as llama.cpp's converter writes it (arch qwen3, attn_q_norm /
 // attn_k_norm): F32 computes transformers' logits as the HF directory does; F16 and Q8_0
@@ -375,9 +376,12 @@ TEST(SlidingWindow, LayersThatSlideCarryTheWindow) {
                      {"sliding_window 0"});
   test::expect_error([&] { variant("qwen3", "qwen3_bad_types", {{"layer_types", {"full_attention"}}}); },
                      ErrorCode::kInvalidFile, {"layer_types", "1 entries", "2 layers"});
-  // Phi-3.5 / Phi-4-mini's LongRoPE is not implemented: an error naming it, not other logits.
-  test::expect_error([&] { variant("phi3", "phi3_longrope", {{"rope_scaling", {{"type", "longrope"}}}}); },
-                     ErrorCode::kUnsupported, {"longrope"});
+  // LongRoPE without its short factors: an error naming what is missing, not other logits.
+  test::expect_error([&] { variant("phi3", "phi3_longrope_bad", {{"rope_scaling", {{"type", "longrope"}}}}); },
+                     ErrorCode::kInvalidFile, {"longrope", "short_factor"});
+  // The LongRoPE fixture runs up to its original 64 positions (its long factors, past them,
+  // are not implemented), where transformers uses the short ones.
+  EXPECT_EQ(Model::load(testing::fixture_dir("phi3_longrope"))->info().max_positions, 64);
 }
 
 // A backend without sliding-window attention (Backend::supports_sliding_window) runs such

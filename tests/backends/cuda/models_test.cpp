@@ -393,7 +393,8 @@ TEST(CudaQuantizedKv, DecoderMatchesCpuWithTheSameCacheDtype) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, CudaDecoderGolden,
-                         ::testing::Combine(::testing::Values("gpt2", "llama", "qwen2", "qwen3", "phi3", "gemma3", "mistral", "gemma2"),
+                         ::testing::Combine(::testing::Values("gpt2", "llama", "qwen2", "qwen3", "phi3", "gemma3", "mistral", "gemma2",
+                                                              "phi3_longrope"),
                                             ::testing::Values("f32", "bf16", "f16")),
                          [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param); });
 
