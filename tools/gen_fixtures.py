@@ -25,6 +25,10 @@ What it makes (under --out, default tests/fixtures/models/):
              sqrt(1 + ln 4 / ln 64)); prompts and greedy runs stay within the 64
     mistral/ MistralForCausalLM, sliding window 6 in every layer (prompts of 11 and 16
              tokens and 20 greedy steps run past it), 4 q / 2 kv heads, untied head
+    gemma3_mm/ Gemma3ForConditionalGeneration (model_type gemma3, multimodal): the gemma3
+             fixture's language model with a tiny random SigLIP vision tower, saved as
+             transformers saves it (language_model.model.*); no reference of its own: its
+             text-only logits equal gemma3's reference bit for bit (checked here)
     bert/    BertForSequenceClassification (3 labels), token_type_ids in use
 
   Real-model references (only reference.* is committed, never the weights; the
@@ -501,6 +505,37 @@ def gen_tiny_decoder(name, cls, config, seed, out):
     write_json(d / "reference.json", meta)
 
 
+def gen_gemma3_multimodal(out):
+    log("== gemma3_mm")
+    src, d = out / "gemma3", out / "gemma3_mm"
+    d.mkdir(parents=True, exist_ok=True)
+    text = json.load(open(src / "config.json"))
+    drop = ("architectures", "transformers_version", "dtype", "model_type")
+    text_cfg = transformers.Gemma3TextConfig(**{k: v for k, v in text.items() if k not in drop})
+    vision = transformers.SiglipVisionConfig(
+        hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28, patch_size=14
+    )
+    cfg = transformers.Gemma3Config(
+        text_config=text_cfg, vision_config=vision, mm_tokens_per_image=4, boi_token_index=3, eoi_token_index=4,
+        image_token_index=5,
+    )
+    cfg._attn_implementation = "eager"
+    torch.manual_seed(1011)
+    model = transformers.Gemma3ForConditionalGeneration(cfg).float().eval()
+    from safetensors.torch import load_file
+
+    sd = load_file(src / "model.safetensors")
+    model.model.language_model.load_state_dict({k[len("model."):]: v for k, v in sd.items() if k.startswith("model.")})
+    model.save_pretrained(d, safe_serialization=True)
+    model = transformers.Gemma3ForConditionalGeneration.from_pretrained(
+        d, attn_implementation="eager", dtype=torch.float32
+    ).eval()
+    ref = load_file(src / "reference.safetensors")
+    with torch.no_grad():
+        logits = model(input_ids=ref["input_ids"], attention_mask=ref["attention_mask"]).logits
+    check("text-only logits == the gemma3 reference (bit for bit)", maxdiff(logits, ref["logits"]), 0.0)
+
+
 # ----------------------------------------------------------------------------
 # Tiny BERT
 # ----------------------------------------------------------------------------
@@ -856,7 +891,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="tests/fixtures/models", type=Path)
     ap.add_argument("--models-dir", default=".cache/models", type=Path)
-    ap.add_argument("--only", default="", help="comma list of gpt2,llama,qwen2,qwen3,phi3,gemma3,mistral,gemma2,phi3_longrope,bert,smollm2,minilm")
+    ap.add_argument("--only", default="", help="comma list of gpt2,llama,qwen2,qwen3,phi3,gemma3,mistral,gemma2,phi3_longrope,gemma3_mm,bert,smollm2,minilm")
     args = ap.parse_args()
     only = set(filter(None, args.only.split(",")))
     want = lambda n: not only or n in only  # noqa: E731
@@ -865,6 +900,8 @@ def main():
     for name, (cls, cfg, seed) in tiny_decoder_configs().items():
         if want(name):
             gen_tiny_decoder(name, cls, cfg, seed, args.out)
+    if want("gemma3_mm"):
+        gen_gemma3_multimodal(args.out)
     if want("bert"):
         gen_tiny_bert(args.out)
     if want("smollm2"):

@@ -209,6 +209,8 @@ json gemma_config(const GgufFile& f, const std::string& arch) {
       for (uint32_t l = 0; l < layers; ++l) slides[l] = n == 0 || l % n < n - 1;
     }
     c["sliding_window"] = window;
+  } else {
+    c["sliding_window"] = nullptr;  // explicitly none (transformers' default would be 4096)
   }
   json types = json::array();
   for (bool s : slides) types.push_back(s ? "sliding_attention" : "full_attention");

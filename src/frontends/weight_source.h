@@ -58,6 +58,7 @@ class WeightSource {
   // (native_quant) loads as its own codes in that format, each in its own; the others as
   // f32.
   void keep_native(bool on) { keep_native_ = on; }
+  bool keeps_native() const { return keep_native_; }
   // Linear weights and lookup tables the file stores as bf16 / f16 load in that dtype
   // instead of f32 (load_declared_weights), so a 16-bit checkpoint is not held at twice
   // its size while the backend packs or uploads it. Every consumer must then read the

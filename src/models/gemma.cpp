@@ -8,6 +8,7 @@
 // Gemma 3 adds per-head q/k norms and a RoPE base per layer type; Gemma 2 has one RoPE.
 // Tested in tests/models/decoder_golden_test.cpp against transformers' Gemma2ForCausalLM
 // and Gemma3ForCausalLM.
+#include <algorithm>
 #include <cmath>
 
 #include "core/log.h"
@@ -55,13 +56,28 @@ double softcap(const nlohmann::json& c, const char* key) {
   return cap;
 }
 
+// config.json with transformers' Gemma2Config / Gemma3TextConfig defaults for the keys it
+// leaves out (an explicit null stays: no window, no soft-cap).
+nlohmann::json with_gemma_defaults(nlohmann::json c, bool gemma3) {
+  const nlohmann::json defaults = {{"vocab_size", gemma3 ? 262208 : 256000},
+                                   {"max_position_embeddings", gemma3 ? 131072 : 8192},
+                                   {"query_pre_attn_scalar", 256},
+                                   {"sliding_window", 4096},
+                                   {"attn_logit_softcapping", gemma3 ? nlohmann::json() : nlohmann::json(50.0)},
+                                   {"final_logit_softcapping", gemma3 ? nlohmann::json() : nlohmann::json(30.0)}};
+  for (const auto& [key, value] : defaults.items())
+    if (!c.contains(key)) c[key] = value;
+  return c;
+}
+
 // gemma3: Gemma 3 text, else Gemma 2.
-BuiltModel build_gemma(const nlohmann::json& c, const WeightSource& src, bool gemma3) {
+BuiltModel build_gemma(const nlohmann::json& config, const WeightSource& src, bool gemma3) {
+  const nlohmann::json c = with_gemma_defaults(config, gemma3);
   BuiltModel m;
   ModelInfo& info = m.info;
   info.family = gemma3 ? "gemma3" : "gemma2";
   const std::string what = info.family;
-  read_decoder_info(c, gemma3 ? 32768 : 8192, info);
+  read_decoder_info(c, gemma3 ? 131072 : 8192, info);
   info.head_dim = config_int(c, "head_dim", 256);  // transformers' Gemma2Config / Gemma3TextConfig default
   const int64_t h = info.hidden_size, v = info.vocab_size, hd = info.head_dim;
   const int64_t hq = info.num_heads, hkv = info.num_kv_heads, inter = config_int(c, "intermediate_size");
@@ -211,5 +227,75 @@ BuiltModel build_gemma(const nlohmann::json& c, const WeightSource& src, bool ge
 
 BuiltModel build_gemma2(const nlohmann::json& c, const WeightSource& src) { return build_gemma(c, src, false); }
 BuiltModel build_gemma3(const nlohmann::json& c, const WeightSource& src) { return build_gemma(c, src, true); }
+
+namespace {
+
+// The language model of a multimodal Gemma 3 checkpoint under the text model's names:
+// "model.X" is transformers v5's "model.language_model.X" (v4: "language_model.model.X"),
+// "lm_head.weight" v5's "lm_head.weight" (v4: "language_model.lm_head.weight"); the vision
+// tower and projector are not read.
+class GemmaTextTower final : public WeightSource {
+ public:
+  explicit GemmaTextTower(const WeightSource& inner) : inner_(inner) {
+    if (inner.has("model.language_model.embed_tokens.weight")) {
+      prefix_ = "model.language_model.";
+      head_ = "lm_head.weight";
+    } else if (inner.has("language_model.model.embed_tokens.weight")) {
+      prefix_ = "language_model.model.";
+      head_ = "language_model.lm_head.weight";
+    } else {
+      throw_error(ErrorCode::kInvalidFile, inner.describe(), ": a multimodal Gemma 3 checkpoint without its language ",
+                  "model's weights (model.language_model.embed_tokens.weight or language_model.model.embed_tokens.weight)");
+    }
+    keep_quantized(inner.kept_quantized());
+    keep_native(inner.keeps_native());
+    keep_16bit(inner.keeps_16bit());
+  }
+  std::vector<std::string> names() const override {
+    std::vector<std::string> out;
+    for (const std::string& n : inner_.names()) {
+      if (n.rfind(prefix_, 0) == 0) out.push_back("model." + n.substr(prefix_.size()));
+      else if (n == head_) out.push_back("lm_head.weight");
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+  bool has(const std::string& name) const override { return inner_.has(outer(name)); }
+  TensorInfo info(const std::string& name) const override { return inner_.info(outer(name)); }
+  Tensor load(const std::string& name, DType want) const override { return inner_.load(outer(name), want); }
+  std::string describe() const override { return inner_.describe() + " (its language model)"; }
+  std::optional<Tensor> view(const std::string& name) const override { return inner_.view(outer(name)); }
+  std::optional<Tensor> load_quantized(const std::string& name, QuantFormat f) const override {
+    return inner_.load_quantized(outer(name), f);
+  }
+  bool stored_transposed(const std::string& name) const override { return inner_.stored_transposed(outer(name)); }
+  std::optional<QuantFormat> native_quant(const std::string& name) const override {
+    return inner_.native_quant(outer(name));
+  }
+
+ private:
+  std::string outer(const std::string& name) const {
+    if (name == "lm_head.weight") return head_;
+    if (name.rfind("model.", 0) == 0) return prefix_ + name.substr(6);
+    return name;
+  }
+  const WeightSource& inner_;
+  std::string prefix_, head_;
+};
+
+}  // namespace
+
+BuiltModel build_gemma3_multimodal(const nlohmann::json& c, const WeightSource& src) {
+  auto it = c.find("text_config");
+  if (it == c.end() || !it->is_object())
+    throw_error(ErrorCode::kInvalidFile, "config.json: a gemma3 (multimodal) config without its text_config object");
+  nlohmann::json text = *it;
+  text["model_type"] = "gemma3_text";
+  for (const char* key : {"bos_token_id", "eos_token_id", "pad_token_id", kPoolingConfigKey})
+    if (!text.contains(key) && c.contains(key)) text[key] = c[key];
+  const GemmaTextTower tower(src);
+  log_info("gemma3: a multimodal checkpoint; kiln runs its language model (text in, text out), not the vision tower");
+  return build_gemma(text, tower, true);
+}
 
 }  // namespace kiln

@@ -108,6 +108,9 @@ BuiltModel build_gpt2(const nlohmann::json& config, const WeightSource& weights)
 BuiltModel build_llama(const nlohmann::json& config, const WeightSource& weights);
 BuiltModel build_gemma2(const nlohmann::json& config, const WeightSource& weights);
 BuiltModel build_gemma3(const nlohmann::json& config, const WeightSource& weights);
+// model_type gemma3 (Gemma3ForConditionalGeneration): the language model of a multimodal
+// Gemma 3 checkpoint (text_config; the vision tower is not read).
+BuiltModel build_gemma3_multimodal(const nlohmann::json& config, const WeightSource& weights);
 // A decoder config's shape and token ids into `info` (head_dim defaults to hidden /
 // heads, max_position_embeddings to default_max_positions); kInvalidFile when the heads
 // do not group over the KV heads.

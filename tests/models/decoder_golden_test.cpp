@@ -4,6 +4,9 @@
 // KV-cache decoding vs recomputation, batch vs single, and chunked prefill.
 #include <gtest/gtest.h>
 
+#include <cstring>
+#include <filesystem>
+
 #include "gguf_quant_llama.h"
 #include "golden_util.h"
 #include "runtime/llm_runner.h"
@@ -468,6 +471,61 @@ TEST(Gemma2Config, HubKeysBuildTheSameModel) {
   auto model = Model::load(
       fixture_variant(dir, "gemma2", "hub", {{"layer_types", nullptr}, {"rope_parameters", nullptr}, {"rope_theta", 1e4}}));
   expect_prompt_logits(*model, "gemma2", "gemma2 with the Hub's config keys");
+  // Keys a config leaves out take transformers' Gemma2Config defaults: soft-caps 50 and 30,
+  // query_pre_attn_scalar 256, window 4096 (wider than the 128 positions: none).
+  auto defaults = Model::load(fixture_variant(dir, "gemma2", "defaults",
+                                              {{"attn_logit_softcapping", nullptr},
+                                               {"query_pre_attn_scalar", nullptr},
+                                               {"sliding_window", nullptr}}));
+  for (const ir::Node& n : defaults->graph().nodes())
+    if (n.op == "Attention") {
+      EXPECT_EQ(n.attr_float("softcap", 0.0), 50.0) << n.name;
+      EXPECT_DOUBLE_EQ(n.attr_float("scale"), 1.0 / 16.0) << n.name;
+      EXPECT_EQ(n.attr_int("window", 0), 0) << n.name;
+    }
+}
+
+// A multimodal Gemma 3 checkpoint (Gemma3ForConditionalGeneration, model_type gemma3: the
+// gemma3 fixture's language model beside a tiny vision tower, saved by transformers as
+// language_model.model.*): its language model, whose text-only logits transformers computes
+// bit for bit as the gemma3 reference, the same under v5's model.language_model.* names;
+// errors for a checkpoint without the language model or a config without text_config.
+TEST(Gemma3Multimodal, RunsItsLanguageModel) {
+  namespace fs = std::filesystem;
+  auto model = Model::load(testing::fixture_dir("gemma3_mm"));
+  EXPECT_EQ(model->info().family, "gemma3");
+  EXPECT_EQ(model->info().model_type, "gemma3");
+  expect_prompt_logits(*model, "gemma3", "gemma3 multimodal checkpoint");
+
+  // The same tensors renamed: language_model.model.X -> model.language_model.X.
+  TempDir dir;
+  const std::string bytes = read_text_file(testing::fixture_dir("gemma3_mm") + "/model.safetensors");
+  uint64_t n = 0;
+  std::memcpy(&n, bytes.data(), 8);
+  const nlohmann::json header = nlohmann::json::parse(bytes.substr(8, size_t(n)));
+  nlohmann::json renamed = nlohmann::json::object();
+  for (const auto& [key, value] : header.items()) {
+    const std::string from = "language_model.model.";
+    renamed[key.rfind(from, 0) == 0 ? "model.language_model." + key.substr(from.size()) : key] = value;
+  }
+  std::string h = renamed.dump();
+  h.append((8 - h.size() % 8) % 8, ' ');
+  const uint64_t hn = h.size();
+  const std::string v5 = dir.file("v5");
+  fs::create_directories(v5);
+  fs::copy_file(testing::fixture_dir("gemma3_mm") + "/config.json", v5 + "/config.json");
+  write_file(v5 + "/model.safetensors",
+             std::string(reinterpret_cast<const char*>(&hn), 8) + h + bytes.substr(8 + size_t(n)));
+  expect_prompt_logits(*Model::load(v5), "gemma3", "gemma3 multimodal checkpoint, v5 names");
+
+  const std::string no_lm = dir.file("no_lm");
+  fs::create_directories(no_lm);
+  fs::copy_file(testing::fixture_dir("gemma3_mm") + "/config.json", no_lm + "/config.json");
+  fs::copy_file(testing::fixture_dir("gemma3") + "/model.safetensors", no_lm + "/model.safetensors");
+  test::expect_error([&] { Model::load(no_lm); }, ErrorCode::kInvalidFile, {"language model", "embed_tokens"});
+  test::expect_error(
+      [&] { Model::load(fixture_variant(dir, "gemma3_mm", "no_text_config", {{"text_config", nullptr}})); },
+      ErrorCode::kInvalidFile, {"text_config"});
 }
 
 }  // namespace
