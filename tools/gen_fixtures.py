@@ -240,10 +240,10 @@ def tiny_decoder_configs():
     qwen3 = transformers.Qwen3Config(
         num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True, attention_bias=False, **qwen
     )
-    phi3 = transformers.Phi3Config(
+    # Phi-3 and Phi-3 with LongRoPE share these.
+    phi = dict(
         num_attention_heads=4,
         num_key_value_heads=2,
-        original_max_position_embeddings=MAX_POS,
         rms_norm_eps=1e-5,
         rope_theta=10000.0,
         partial_rotary_factor=0.5,
@@ -252,50 +252,36 @@ def tiny_decoder_configs():
         resid_pdrop=0.0,
         embd_pdrop=0.0,
         attention_dropout=0.0,
-        **decoder,
     )
-    gemma3 = transformers.Gemma3TextConfig(
+    phi3 = transformers.Phi3Config(original_max_position_embeddings=MAX_POS, **phi, **decoder)
+    # Gemma 2 and Gemma 3 share these: a sliding then a full layer, their own attention scale.
+    gemma = dict(
         num_attention_heads=4,
         num_key_value_heads=2,
         head_dim=32,
         layer_types=["sliding_attention", "full_attention"],
         sliding_window=SLIDING_WINDOW,
         query_pre_attn_scalar=24,
+    )
+    gemma3 = transformers.Gemma3TextConfig(
         rope_parameters={
             "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e6},
             "sliding_attention": {"rope_type": "default", "rope_theta": 1e4},
         },
+        **gemma,
         **decoder,
     )
     gemma2 = transformers.Gemma2Config(
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        layer_types=["sliding_attention", "full_attention"],
-        sliding_window=SLIDING_WINDOW,
-        query_pre_attn_scalar=24,
-        attn_logit_softcapping=2.0,
-        final_logit_softcapping=5.0,
-        rope_theta=10000.0,
-        **decoder,
+        attn_logit_softcapping=2.0, final_logit_softcapping=5.0, rope_theta=10000.0, **gemma, **decoder
     )
     phi3_longrope = transformers.Phi3Config(
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        rms_norm_eps=1e-5,
-        rope_theta=10000.0,
-        partial_rotary_factor=0.5,
         original_max_position_embeddings=64,
         rope_scaling={
             "type": "longrope",
             "short_factor": [1.0, 1.4, 2.3, 3.9],
             "long_factor": [1.1, 2.0, 5.5, 9.0],
         },
-        sliding_window=None,
-        tie_word_embeddings=False,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        attention_dropout=0.0,
+        **phi,
         **dict(decoder, max_position_embeddings=256),
     )
     mistral = transformers.MistralConfig(
@@ -460,8 +446,6 @@ def gen_tiny_decoder(name, cls, config, seed, out):
             "hidden_last": "[3, Smax, H] output of the final norm (hidden_states[-1])",
             "greedy": "[3, 20] generated ids (continuation only, prompt excluded)",
             "greedy_logits_i": "[20, V] raw logits that produced greedy[i, t] (step t)",
-            "logits_head_dim_scale": "(gemma2, gemma3) logits with query_pre_attn_scalar = head_dim, as "
-            "llama.cpp scales",
         },
         "notes": notes,
     }
@@ -480,6 +464,10 @@ def gen_tiny_decoder(name, cls, config, seed, out):
             "norm weights are w with the norm scaling by (1 + w); the embedding is scaled by sqrt(64); layer 0 "
             "slides (RoPE theta 1e4) over its last 6 keys, layer 1 is global (theta 1e6, linear factor 2) and "
             "attends fully; tied head"
+        )
+    if "logits_head_dim_scale" in refs:
+        meta["tensor_notes"]["logits_head_dim_scale"] = (
+            "[3, Smax, V] logits with query_pre_attn_scalar = head_dim, as llama.cpp scales"
         )
     if name == "gemma2":
         meta["notes"].append(

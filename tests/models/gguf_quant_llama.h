@@ -131,6 +131,14 @@ struct CheckpointToGguf {
   std::string prefix;
 
   void f32(const std::string& gguf, const std::string& hf) { write(GgmlType::kF32, gguf, hf); }
+  // A Llama-shaped layer's seven Linears (blk.N. prefix g, HF layer prefix h) in `type`.
+  void llama_linears(GgmlType type, const std::string& g, const std::string& h) {
+    for (const auto& [gg, hf] : {std::pair{"attn_q", "self_attn.q_proj"}, std::pair{"attn_k", "self_attn.k_proj"},
+                                 std::pair{"attn_v", "self_attn.v_proj"}, std::pair{"attn_output", "self_attn.o_proj"},
+                                 std::pair{"ffn_gate", "mlp.gate_proj"}, std::pair{"ffn_up", "mlp.up_proj"},
+                                 std::pair{"ffn_down", "mlp.down_proj"}})
+      write(type, g + gg + ".weight", h + hf + ".weight");
+  }
   void write(GgmlType type, const std::string& gguf, const std::string& hf, bool conv1d = false) {
     const Tensor t = st->load(prefix + hf, DType::kF32);
     if (type == GgmlType::kQ8_0) return q8(gguf, t, conv1d);
@@ -195,6 +203,21 @@ inline std::string q8_gpt2(const std::string& fixture) {
   return w.bytes();
 }
 
+// A decoder's architecture and shape as llama.cpp's converter writes them (<arch>.*
+// keys from the HF config `cfg`).
+inline void write_decoder_shape(GgufWriter& w, const std::string& arch, const nlohmann::json& cfg) {
+  w.kv_string("general.architecture", arch);
+  for (const auto& [key, hf] : {std::pair{"embedding_length", "hidden_size"}, std::pair{"block_count", "num_hidden_layers"},
+                                std::pair{"attention.head_count", "num_attention_heads"},
+                                std::pair{"attention.head_count_kv", "num_key_value_heads"},
+                                std::pair{"attention.key_length", "head_dim"},
+                                std::pair{"attention.value_length", "head_dim"},
+                                std::pair{"context_length", "max_position_embeddings"},
+                                std::pair{"feed_forward_length", "intermediate_size"}})
+    w.kv_u32(arch + "." + key, cfg.at(hf).get<uint32_t>());
+  w.kv_f32(arch + ".attention.layer_norm_rms_epsilon", cfg.at("rms_norm_eps").get<float>());
+}
+
 // The qwen3 fixture (`fixture`: its directory) as llama.cpp's converter writes a GGUF of
 // it (arch qwen3: no q/k row permutation, per-head attn_q_norm / attn_k_norm): the
 // Linears in `matrices` (F32, F16 or Q8_0), the token table (also the tied LM head) F32,
@@ -203,16 +226,7 @@ inline std::string qwen3_gguf(const std::string& fixture, GgmlType matrices) {
   const nlohmann::json cfg = nlohmann::json::parse(read_text_file(fixture + "/config.json"));
   GgufWriter w;
   CheckpointToGguf c{w, open_safetensors_source(fixture + "/model.safetensors"), "model."};
-  w.kv_string("general.architecture", "qwen3");
-  for (const auto& [key, hf] : {std::pair{"embedding_length", "hidden_size"}, std::pair{"block_count", "num_hidden_layers"},
-                                std::pair{"attention.head_count", "num_attention_heads"},
-                                std::pair{"attention.head_count_kv", "num_key_value_heads"},
-                                std::pair{"attention.key_length", "head_dim"},
-                                std::pair{"attention.value_length", "head_dim"},
-                                std::pair{"context_length", "max_position_embeddings"},
-                                std::pair{"feed_forward_length", "intermediate_size"}})
-    w.kv_u32(std::string("qwen3.") + key, cfg.at(hf).get<uint32_t>());
-  w.kv_f32("qwen3.attention.layer_norm_rms_epsilon", cfg.at("rms_norm_eps").get<float>());
+  write_decoder_shape(w, "qwen3", cfg);
   w.kv_f32("qwen3.rope.freq_base", cfg.at("rope_theta").get<float>());
   c.f32("token_embd.weight", "embed_tokens.weight");
   c.f32("output_norm.weight", "norm.weight");
@@ -222,11 +236,7 @@ inline std::string qwen3_gguf(const std::string& fixture, GgmlType matrices) {
     c.f32(g + "ffn_norm.weight", h + "post_attention_layernorm.weight");
     c.f32(g + "attn_q_norm.weight", h + "self_attn.q_norm.weight");
     c.f32(g + "attn_k_norm.weight", h + "self_attn.k_norm.weight");
-    for (const auto& [gg, hf] : {std::pair{"attn_q", "self_attn.q_proj"}, std::pair{"attn_k", "self_attn.k_proj"},
-                                 std::pair{"attn_v", "self_attn.v_proj"}, std::pair{"attn_output", "self_attn.o_proj"},
-                                 std::pair{"ffn_gate", "mlp.gate_proj"}, std::pair{"ffn_up", "mlp.up_proj"},
-                                 std::pair{"ffn_down", "mlp.down_proj"}})
-      c.write(matrices, g + gg + ".weight", h + hf + ".weight");
+    c.llama_linears(matrices, g, h);
   }
   return w.bytes();
 }
@@ -243,17 +253,8 @@ inline std::string gemma_gguf(const std::string& fixture, const std::string& arc
   GgufWriter w;
   CheckpointToGguf c{w, open_safetensors_source(fixture + "/model.safetensors"), "model."};
   const std::string a = arch + ".";
-  w.kv_string("general.architecture", arch);
-  for (const auto& [key, hf] : {std::pair{"embedding_length", "hidden_size"}, std::pair{"block_count", "num_hidden_layers"},
-                                std::pair{"attention.head_count", "num_attention_heads"},
-                                std::pair{"attention.head_count_kv", "num_key_value_heads"},
-                                std::pair{"attention.key_length", "head_dim"},
-                                std::pair{"attention.value_length", "head_dim"},
-                                std::pair{"context_length", "max_position_embeddings"},
-                                std::pair{"feed_forward_length", "intermediate_size"},
-                                std::pair{"attention.sliding_window", "sliding_window"}})
-    w.kv_u32(a + key, cfg.at(hf).get<uint32_t>());
-  w.kv_f32(a + "attention.layer_norm_rms_epsilon", cfg.at("rms_norm_eps").get<float>());
+  write_decoder_shape(w, arch, cfg);
+  w.kv_u32(a + "attention.sliding_window", cfg.at("sliding_window").get<uint32_t>());
   const int layers = cfg.at("num_hidden_layers").get<int>();
   if (arch == "gemma3") {
     const nlohmann::json& rp = cfg.at("rope_parameters");
@@ -287,11 +288,7 @@ inline std::string gemma_gguf(const std::string& fixture, const std::string& arc
       norm(g + "attn_q_norm.weight", h + "self_attn.q_norm.weight");
       norm(g + "attn_k_norm.weight", h + "self_attn.k_norm.weight");
     }
-    for (const auto& [gg, hf] : {std::pair{"attn_q", "self_attn.q_proj"}, std::pair{"attn_k", "self_attn.k_proj"},
-                                 std::pair{"attn_v", "self_attn.v_proj"}, std::pair{"attn_output", "self_attn.o_proj"},
-                                 std::pair{"ffn_gate", "mlp.gate_proj"}, std::pair{"ffn_up", "mlp.up_proj"},
-                                 std::pair{"ffn_down", "mlp.down_proj"}})
-      c.write(matrices, g + gg + ".weight", h + hf + ".weight");
+    c.llama_linears(matrices, g, h);
   }
   return w.bytes();
 }
