@@ -179,8 +179,12 @@ json gemma_config(const GgufFile& f, const std::string& arch) {
   c["hidden_activation"] = "gelu_pytorch_tanh";
   const uint32_t hidden = req_u32(f, a + "embedding_length"), heads = req_u32(f, a + "attention.head_count");
   const uint32_t layers = req_u32(f, a + "block_count");
-  if (heads == 0 || layers == 0)
-    throw_error(ErrorCode::kInvalidFile, f.path(), ": ", a, "attention.head_count and block_count must be > 0");
+  // The per-layer types below are one entry a layer: a bound keeps a corrupt count from
+  // asking for billions of them (the largest Gemma has 62 layers).
+  constexpr uint32_t kMaxLayers = 4096;
+  if (heads == 0 || layers == 0 || layers > kMaxLayers)
+    throw_error(ErrorCode::kInvalidFile, f.path(), ": ", a, "attention.head_count (", heads, ") and block_count (",
+                layers, ") must be > 0, block_count at most ", kMaxLayers);
   const uint32_t head_dim = opt_u32(f, a + "attention.key_length", hidden / heads);
   c["hidden_size"] = hidden;
   c["intermediate_size"] = req_u32(f, a + "feed_forward_length");

@@ -787,6 +787,8 @@ TEST(GgufHf, GemmaConfig) {
       ErrorCode::kInvalidFile, {"sliding_window_pattern", "3 bools"});
   expect_error([&] { gemma("gemma2", 2, [](GgufWriter& w) { w.kv_f32("gemma2.rope.freq_base_swa", 5e4f); }); },
                ErrorCode::kUnsupported, {"freq_base_swa"});
+  // A corrupt layer count is an error, not billions of per-layer entries (found by fuzzing).
+  expect_error([&] { gemma("gemma3", 4000000000u); }, ErrorCode::kInvalidFile, {"block_count", "4000000000"});
 }
 
 TEST(GgufHf, UnsupportedArchitecture) {
