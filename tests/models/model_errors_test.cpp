@@ -89,6 +89,12 @@ TEST_F(ModelErrors, NotAModel) {
   EXPECT_THROW(Model::load((dir_ / "weights.bin").string()), Error);
 }
 
+TEST_F(ModelErrors, ImplausibleLayerCount) {
+  config_["num_hidden_layers"] = 4000000000LL;
+  std::string e = load_error();
+  EXPECT_NE(e.find("num_hidden_layers 4000000000"), std::string::npos) << e;
+}
+
 TEST_F(ModelErrors, UnsupportedRopeScaling) {
   config_["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}};
   std::string e = load_error();

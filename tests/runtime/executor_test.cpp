@@ -450,8 +450,12 @@ TEST_F(ExecutorTest, PoolAndSerialSamplingDrawTheSameTokens) {
     EXPECT_EQ(pool[i].choices[0].tokens.size(), 12u) << i;
     EXPECT_EQ(pool[i].choices[0].tokens, serial[i].choices[0].tokens) << "request " << i;
     ASSERT_EQ(pool[i].choices[0].logprobs.size(), serial[i].choices[0].logprobs.size()) << i;
+    // Which requests share a step depends on when the executor thread picks them up, and
+    // another batch can move a logit in its last bits (seen once in ~30 runs): the log-probs
+    // agree to rounding, the draws exactly.
     for (size_t j = 0; j < pool[i].choices[0].logprobs.size(); ++j)
-      EXPECT_EQ(pool[i].choices[0].logprobs[j].logprob, serial[i].choices[0].logprobs[j].logprob) << i << " " << j;
+      EXPECT_NEAR(pool[i].choices[0].logprobs[j].logprob, serial[i].choices[0].logprobs[j].logprob, 1e-5)
+          << i << " " << j;
   }
 }
 
