@@ -123,6 +123,22 @@ uint32_t opt_u32(const GgufFile& f, const std::string& key, uint32_t dflt) {
   return f.has_key(key) ? f.get_u32(key) : dflt;
 }
 
+double opt_f32(const GgufFile& f, const std::string& key, double dflt) {
+  return f.has_key(key) ? f32_to_decimal(f.get_f32(key)) : dflt;
+}
+
+// <a>rope.scaling.* as an HF rope_scaling object (type, factor, original context); null
+// without one or for type "none".
+json rope_scaling(const GgufFile& f, const std::string& a) {
+  if (!f.has_key(a + "rope.scaling.type") || f.get_string(a + "rope.scaling.type") == "none") return nullptr;
+  json rs;
+  rs["type"] = rs["rope_type"] = f.get_string(a + "rope.scaling.type");
+  if (f.has_key(a + "rope.scaling.factor")) rs["factor"] = opt_f32(f, a + "rope.scaling.factor", 1.0);
+  if (f.has_key(a + "rope.scaling.original_context_length"))
+    rs["original_max_position_embeddings"] = f.get_u32(a + "rope.scaling.original_context_length");
+  return rs;
+}
+
 uint32_t req_u32(const GgufFile& f, const std::string& key) {
   if (!f.has_key(key))
     throw_error(ErrorCode::kInvalidFile, f.path(), ": required metadata key '", key,
@@ -157,10 +173,6 @@ void add_pooling(const GgufFile& f, const std::string& a, bool decoder, json& c)
                 pooling == 4 ? " (a reranker)" : pooling == 3 ? " (last token)" : "",
                 decoder ? "; kiln's decoder embedding models pool their last token (3)"
                         : "; kiln's bert pools by mean (1) or by the [CLS] row (2)");
-}
-
-double opt_f32(const GgufFile& f, const std::string& key, double dflt) {
-  return f.has_key(key) ? f32_to_decimal(f.get_f32(key)) : dflt;
 }
 
 // llama.cpp's Gemma 2 / Gemma 3 (src/models/gemma2.cpp, gemma3.cpp) as a transformers
@@ -206,7 +218,8 @@ json gemma_config(const GgufFile& f, const std::string& arch) {
     if (f.has_key(key) && f.value(key).type == GgufType::kArray) {
       const GgufValue& v = f.value(key);
       if (v.elem_type != GgufType::kBool || v.count != layers || v.raw.size() != layers)
-        throw_error(ErrorCode::kInvalidFile, f.path(), ": ", key, " must be ", layers, " bools (one per layer)");
+        throw_error(ErrorCode::kInvalidFile, f.path(), ": ", key, " must be ", layers, " bools (one per layer), found ",
+                    v.count, " of type ", gguf_type_name(v.elem_type));
       for (uint32_t l = 0; l < layers; ++l) slides[l] = v.raw[l] != 0;
     } else {
       const uint32_t n = opt_u32(f, key, g3 ? 6 : 2);
@@ -221,11 +234,7 @@ json gemma_config(const GgufFile& f, const std::string& arch) {
   c["layer_types"] = types;
 
   const double theta = opt_f32(f, a + "rope.freq_base", g3 ? 1000000.0 : 10000.0);
-  json scaling;  // the global layers' (Gemma 3) or every layer's (Gemma 2)
-  if (f.has_key(a + "rope.scaling.type") && f.get_string(a + "rope.scaling.type") != "none") {
-    scaling["rope_type"] = f.get_string(a + "rope.scaling.type");
-    if (f.has_key(a + "rope.scaling.factor")) scaling["factor"] = opt_f32(f, a + "rope.scaling.factor", 1.0);
-  }
+  const json scaling = rope_scaling(f, a);  // the global layers' (Gemma 3) or every layer's (Gemma 2)
   if (g3) {
     json global = scaling.is_null() ? json{{"rope_type", "default"}} : scaling;
     global["rope_theta"] = theta;
@@ -234,7 +243,7 @@ json gemma_config(const GgufFile& f, const std::string& arch) {
         {"sliding_attention", {{"rope_type", "default"}, {"rope_theta", opt_f32(f, a + "rope.freq_base_swa", 10000.0)}}}};
     if (const double cap = opt_f32(f, a + "final_logit_softcapping", 0.0); cap > 0.0) c["final_logit_softcapping"] = cap;
   } else {
-    if (f.has_key(a + "rope.freq_base_swa") && opt_f32(f, a + "rope.freq_base_swa", theta) != theta)
+    if (opt_f32(f, a + "rope.freq_base_swa", theta) != theta)
       throw_error(ErrorCode::kUnsupported, f.path(), ": ", a, "rope.freq_base_swa differs from rope.freq_base (kiln's ",
                   "Gemma 2 has one RoPE)");
     c["rope_theta"] = theta;
@@ -268,24 +277,13 @@ json gguf_to_hf_config(const GgufFile& f) {
     c["num_attention_heads"] = heads;
     c["num_key_value_heads"] = opt_u32(f, a + "attention.head_count_kv", heads);
     c["head_dim"] = opt_u32(f, a + "attention.key_length", hidden / heads);
-    c["rms_norm_eps"] = f.has_key(a + "attention.layer_norm_rms_epsilon")
-                            ? f32_to_decimal(f.get_f32(a + "attention.layer_norm_rms_epsilon"))
-                            : 1e-6;
-    c["rope_theta"] = f.has_key(a + "rope.freq_base") ? f32_to_decimal(f.get_f32(a + "rope.freq_base"))
-                                                      : 10000.0;
+    c["rms_norm_eps"] = opt_f32(f, a + "attention.layer_norm_rms_epsilon", 1e-6);
+    c["rope_theta"] = opt_f32(f, a + "rope.freq_base", 10000.0);
     c["max_position_embeddings"] = opt_u32(f, a + "context_length", 2048);
     c["vocab_size"] = vocab_size(f, arch);
     c["tie_word_embeddings"] = f.find_tensor("output.weight") == nullptr;
     c["attention_bias"] = f.find_tensor("blk.0.attn_q.bias") != nullptr;
-    if (f.has_key(a + "rope.scaling.type") && f.get_string(a + "rope.scaling.type") != "none") {
-      json rs;
-      rs["type"] = rs["rope_type"] = f.get_string(a + "rope.scaling.type");
-      if (f.has_key(a + "rope.scaling.factor"))
-        rs["factor"] = f32_to_decimal(f.get_f32(a + "rope.scaling.factor"));
-      if (f.has_key(a + "rope.scaling.original_context_length"))
-        rs["original_max_position_embeddings"] = f.get_u32(a + "rope.scaling.original_context_length");
-      c["rope_scaling"] = rs;
-    }
+    if (json rs = rope_scaling(f, a); !rs.is_null()) c["rope_scaling"] = rs;
     add_pooling(f, a, /*decoder=*/true, c);
     add_token_ids(f, c);
     return c;
@@ -300,9 +298,7 @@ json gguf_to_hf_config(const GgufFile& f) {
     c["n_head"] = req_u32(f, a + "attention.head_count");
     c["n_positions"] = c["n_ctx"] = opt_u32(f, a + "context_length", 1024);
     c["n_inner"] = opt_u32(f, a + "feed_forward_length", 4 * hidden);
-    c["layer_norm_epsilon"] = f.has_key(a + "attention.layer_norm_epsilon")
-                                  ? f32_to_decimal(f.get_f32(a + "attention.layer_norm_epsilon"))
-                                  : 1e-5;
+    c["layer_norm_epsilon"] = opt_f32(f, a + "attention.layer_norm_epsilon", 1e-5);
     c["activation_function"] = "gelu_new";
     c["vocab_size"] = vocab_size(f, arch);
     c["tie_word_embeddings"] = f.find_tensor("output.weight") == nullptr;
@@ -318,9 +314,7 @@ json gguf_to_hf_config(const GgufFile& f) {
     c["num_hidden_layers"] = req_u32(f, a + "block_count");
     c["num_attention_heads"] = req_u32(f, a + "attention.head_count");
     c["max_position_embeddings"] = opt_u32(f, a + "context_length", 512);
-    c["layer_norm_eps"] = f.has_key(a + "attention.layer_norm_epsilon")
-                              ? f32_to_decimal(f.get_f32(a + "attention.layer_norm_epsilon"))
-                              : 1e-12;
+    c["layer_norm_eps"] = opt_f32(f, a + "attention.layer_norm_epsilon", 1e-12);
     c["hidden_act"] = "gelu";
     c["vocab_size"] = vocab_size(f, arch);
     if (const GgufTensorInfo* t = f.find_tensor("token_types.weight"); t && t->shape.size() == 2)

@@ -60,7 +60,6 @@ double softcap(const nlohmann::json& c, const char* key) {
 // leaves out (an explicit null stays: no window, no soft-cap).
 nlohmann::json with_gemma_defaults(nlohmann::json c, bool gemma3) {
   const nlohmann::json defaults = {{"vocab_size", gemma3 ? 262208 : 256000},
-                                   {"max_position_embeddings", gemma3 ? 131072 : 8192},
                                    {"query_pre_attn_scalar", 256},
                                    {"sliding_window", 4096},
                                    {"attn_logit_softcapping", gemma3 ? nlohmann::json() : nlohmann::json(50.0)},
@@ -96,23 +95,10 @@ BuiltModel build_gemma(const nlohmann::json& config, const WeightSource& src, bo
 
   // Which layers slide: layer_types, else Gemma 3 every sliding_window_pattern-th layer
   // global, Gemma 2 every other one (layer 0 slides).
-  std::vector<std::string> types;
-  if (auto lt = c.find("layer_types"); lt != c.end() && lt->is_array()) {
-    for (const auto& t : *lt) types.push_back(t.is_string() ? t.get<std::string>() : "");
-  } else {
-    const int64_t pattern = gemma3 ? config_int(c, "sliding_window_pattern", 6) : 2;
-    for (int64_t l = 0; l < info.num_layers; ++l)
-      types.push_back(pattern > 0 && (l + 1) % pattern == 0 ? "full_attention" : "sliding_attention");
-  }
-  if (int64_t(types.size()) != info.num_layers)
-    throw_error(ErrorCode::kInvalidFile, "config.json: layer_types has ", types.size(), " entries for ", info.num_layers,
-                " layers");
-  std::vector<bool> slides;
-  for (const auto& t : types) {
-    if (t != "sliding_attention" && t != "full_attention")
-      throw_error(ErrorCode::kInvalidFile, "config.json: layer type '", t, "' (sliding_attention or full_attention)");
-    slides.push_back(t == "sliding_attention");
-  }
+  std::vector<bool> pattern_slides;
+  const int64_t pattern = gemma3 ? config_int(c, "sliding_window_pattern", 6) : 2;
+  for (int64_t l = 0; l < info.num_layers; ++l) pattern_slides.push_back(!(pattern > 0 && (l + 1) % pattern == 0));
+  const std::vector<bool> slides = sliding_layers(c, info, std::move(pattern_slides));
   const std::vector<int64_t> window = sliding_windows(c, slides, info);
 
   std::vector<WeightSpec> specs = {
@@ -174,7 +160,7 @@ BuiltModel build_gemma(const nlohmann::json& config, const WeightSource& src, bo
   const double att_scale = 1.0 / std::sqrt(config_float(c, "query_pre_attn_scalar", double(hd)));
   for (int64_t l = 0; l < info.num_layers; ++l) {
     const std::string b = "model.layers." + std::to_string(l) + ".", n = "layers." + std::to_string(l) + ".";
-    const ir::ValueId freq = inv_freq[types[size_t(l)] == "full_attention" ? 1 : 0];
+    const ir::ValueId freq = inv_freq[slides[size_t(l)] ? 0 : 1];
     const int64_t rot = 2 * g.weight(freq).dim(0);
     ir::ValueId a = rms(x, b + "input_layernorm.weight", n + "input_layernorm");
     ir::ValueId q = linear(a, b + "self_attn.q_proj", h, n + "q_proj");

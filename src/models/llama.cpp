@@ -136,6 +136,22 @@ std::vector<int64_t> sliding_windows(const nlohmann::json& c, const std::vector<
   return windows;
 }
 
+std::vector<bool> sliding_layers(const nlohmann::json& c, const ModelInfo& info, std::vector<bool> fallback) {
+  auto lt = c.find("layer_types");
+  if (lt == c.end() || !lt->is_array()) return fallback;
+  if (int64_t(lt->size()) != info.num_layers)
+    throw_error(ErrorCode::kInvalidFile, "config.json: layer_types has ", lt->size(), " entries for ", info.num_layers,
+                " layers");
+  std::vector<bool> slides;
+  for (const auto& t : *lt) {
+    if (!t.is_string() || (t.get<std::string>() != "sliding_attention" && t.get<std::string>() != "full_attention"))
+      throw_error(ErrorCode::kInvalidFile, "config.json: layer type ", t.dump(),
+                  " (expected \"sliding_attention\" or \"full_attention\")");
+    slides.push_back(t.get<std::string>() == "sliding_attention");
+  }
+  return slides;
+}
+
 BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
   BuiltModel m;
   ModelInfo& info = m.info;
@@ -144,23 +160,15 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
   // Which layers slide (transformers): layer_types where given; else Mistral and Phi-3
   // every layer, Qwen2/Qwen3 with use_sliding_window the layers from max_window_layers on;
   // Llama configs have no sliding window.
-  std::vector<bool> slides(size_t(info.num_layers), false);
-  {
-    const std::string type = c.value("model_type", "");
-    if (auto lt = c.find("layer_types"); lt != c.end() && lt->is_array()) {
-      if (int64_t(lt->size()) != info.num_layers)
-        throw_error(ErrorCode::kInvalidFile, "config.json: layer_types has ", lt->size(), " entries for ",
-                    info.num_layers, " layers");
-      for (size_t l = 0; l < slides.size(); ++l)
-        slides[l] = (*lt)[l].is_string() && (*lt)[l].get<std::string>() == "sliding_attention";
-    } else if (type == "mistral" || type == "phi3") {
-      slides.assign(slides.size(), true);
-    } else if ((type == "qwen2" || type == "qwen3") && c.value("use_sliding_window", false)) {
-      const int64_t from = config_int(c, "max_window_layers", 0);
-      for (size_t l = 0; l < slides.size(); ++l) slides[l] = int64_t(l) >= from;
-    }
+  std::vector<bool> fallback(size_t(info.num_layers), false);
+  const std::string type = c.value("model_type", "");
+  if (type == "mistral" || type == "phi3") {
+    fallback.assign(fallback.size(), true);
+  } else if ((type == "qwen2" || type == "qwen3") && c.value("use_sliding_window", false)) {
+    const int64_t from = config_int(c, "max_window_layers", 0);
+    for (size_t l = 0; l < fallback.size(); ++l) fallback[l] = int64_t(l) >= from;
   }
-  const std::vector<int64_t> window = sliding_windows(c, slides, info);
+  const std::vector<int64_t> window = sliding_windows(c, sliding_layers(c, info, std::move(fallback)), info);
   const int64_t h = info.hidden_size, v = info.vocab_size, hd = info.head_dim;
   const int64_t hq = info.num_heads, hkv = info.num_kv_heads;
   const int64_t inter = config_int(c, "intermediate_size");

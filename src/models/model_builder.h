@@ -121,6 +121,10 @@ void read_decoder_info(const nlohmann::json& config, int64_t default_max_positio
 // max_positions (it cuts nothing). kInvalidFile for a window below 1.
 std::vector<int64_t> sliding_windows(const nlohmann::json& config, const std::vector<bool>& slides,
                                      const ModelInfo& info);
+// Which of info.num_layers layers slide: config.json's layer_types where given (one
+// "sliding_attention" or "full_attention" per layer, else kInvalidFile naming what it
+// found), else `fallback` (the family's rule when a config has no layer_types).
+std::vector<bool> sliding_layers(const nlohmann::json& config, const ModelInfo& info, std::vector<bool> fallback);
 // LongRoPE (Phi-3.5, Phi-4-mini): what rope_inv_freq found besides the frequencies.
 struct LongRope {
   double attention_factor = 1.0;       // cos and sin are multiplied by it

@@ -379,6 +379,9 @@ TEST(SlidingWindow, LayersThatSlideCarryTheWindow) {
                      {"sliding_window 0"});
   test::expect_error([&] { variant("qwen3", "qwen3_bad_types", {{"layer_types", {"full_attention"}}}); },
                      ErrorCode::kInvalidFile, {"layer_types", "1 entries", "2 layers"});
+  test::expect_error(
+      [&] { variant("qwen3", "qwen3_odd_type", {{"layer_types", {"sliding_attention", "chunked_attention"}}}); },
+      ErrorCode::kInvalidFile, {"chunked_attention", "sliding_attention", "full_attention"});
   // LongRoPE without its short factors: an error naming what is missing, not other logits.
   test::expect_error([&] { variant("phi3", "phi3_longrope_bad", {{"rope_scaling", {{"type", "longrope"}}}}); },
                      ErrorCode::kInvalidFile, {"longrope", "short_factor"});
