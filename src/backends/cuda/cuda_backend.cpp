@@ -133,17 +133,17 @@ class CudaCompiledGraph final : public CompiledGraph {
         throw_error(ErrorCode::kUnsupported, "cuda backend cannot run node '", n.name, "' (", n.op, "): ", why);
       runners_.push_back((*find_cuda_op(n.op))(n, g, prep_));
       if (n.op == "Attention") {
-        // Sliding-window and soft-capped nodes plan apart, on the tile and decode kernels
-        // only: they leave the tensor-core and cluster choices of the other nodes alone.
+        // Sliding-window and soft-capped nodes plan apart: the cluster decode kernel but
+        // not the warp one, the tensor-core prefill kernel only at head dim 256
+        // (attention_flash_supports_window), else the tile kernel.
         const bool tile_only = attention_tile_only(n);
         attn_keys_.insert({n.attr_int("num_heads"), n.attr_int("num_kv_heads"), tile_only});
         attn_max_d_ = std::max(attn_max_d_, n.attr_int("head_dim"));
-        if (!tile_only) {
+        if (!tile_only || attention_flash_supports_window(n.attr_int("head_dim")))
           attn_flash_ok_ = attn_flash_ok_ && attention_flash_supported(prep_.act, n.attr_int("head_dim"));
-          attn_cluster_ok_ = attn_cluster_ok_ && decode_cluster_ &&
-                             attention_decode_cluster_supported(prep_.act, n.attr_int("num_heads"),
-                                                                n.attr_int("num_kv_heads"), n.attr_int("head_dim"));
-        }
+        attn_cluster_ok_ = attn_cluster_ok_ && decode_cluster_ &&
+                           attention_decode_cluster_supported(prep_.act, n.attr_int("num_heads"),
+                                                              n.attr_int("num_kv_heads"), n.attr_int("head_dim"));
       }
     }
     if (CudaDecodeStack::enabled_from_env()) {
@@ -534,12 +534,15 @@ class CudaCompiledGraph final : public CompiledGraph {
     const bool cluster = decode && attn_cluster_ok_;
     for (auto key : attn_keys_) {
       PlanOff po;
-      po.plan = cluster && !key.tile_only
-                    ? attention_plan_decode_cluster(seqs, key.hq, key.hkv, attn_max_d_, cx_->num_sms, decode_splits_,
-                                                    decode_warp_)
+      po.plan = cluster ? attention_plan_decode_cluster(seqs, key.hq, key.hkv, attn_max_d_, cx_->num_sms,
+                                                        decode_splits_, key.tile_only ? 0 : decode_warp_)
                 : decode ? attention_plan_decode(seqs, key.hq, key.hkv, cx_->num_sms)
                          : attention_plan(seqs, key.hq, key.hkv, true, cx_->num_sms, split_chunk_,
-                                          attn_flash_ok_ && !key.tile_only ? flash_mode_ : 0, flash_width_);
+                                          attn_flash_ok_ && (!key.tile_only || attention_flash_supports_window(
+                                                                                   attn_max_d_))
+                                              ? flash_mode_
+                                              : 0,
+                                          flash_width_);
       po.work = w.put_vec(po.plan.work);
       po.combine = w.put_vec(po.plan.combine);
       ws_floats = std::max(ws_floats, attention_workspace_floats(po.plan, key.hkv, attn_max_d_));

@@ -91,8 +91,9 @@ class CudaKv : public KvStorage {
 };
 
 // Which attention nodes share a step's plan: those of the same heads, and the ones with a
-// sliding window or soft-capped scores apart (tile_only: their plans keep to the tile and
-// decode kernels, the only ones with AttentionArgs::window and softcap).
+// sliding window or soft-capped scores apart (tile_only: their plans keep to the kernels
+// with AttentionArgs::window and softcap - the tile and cluster decode kernels, and the
+// tensor-core one at head dim 256).
 struct AttnPlanKey {
   int64_t hq = 0, hkv = 0;
   bool tile_only = false;

@@ -177,16 +177,25 @@ TEST(CudaAttention, SlidingWindowMatchesCpu) {
     check_decoder(Config{8, 2, 64, 16, {200, 9, 1}}, "0", "", kv, 50);
 }
 
-// Head dim 256 (Gemma 2 and 3) on the tile kernel (dynamic shared memory past 48 KiB) and
-// the decode kernel: prefill, decode and chunk steps, split and not, GQA groups of 2 and
-// 8 (Gemma 3 1B: 4 q heads over 1 KV head); Gemma 2's soft-capped scores, alone and with
-// a sliding window, on every head dim; quantized caches at 256.
+// Head dim 256 (Gemma 2 and 3) on the tile kernel (dynamic shared memory past 48 KiB),
+// the tensor-core kernel (windows and soft caps included) and the decode kernels:
+// prefill, decode and chunk steps, split and not, GQA groups of 2 and 8 (Gemma 3 1B: 4 q
+// heads over 1 KV head); Gemma 2's soft-capped scores, alone and with a sliding window,
+// on every head dim; quantized caches at 256.
 TEST(CudaAttention, HeadDim256AndSoftCapMatchCpu) {
   KILN_SKIP_WITHOUT_CUDA();
   for (const Config& c : {Config{4, 2, 256, 16, {5, 1, 17}}, Config{8, 1, 256, 16, {150, 16, 1}}})
-    for (const char* split : {"0", "-1", "16"}) {
-      check_decoder(c, split);
-      check_decoder(c, split, "", KvDType::kAuto, 40);
+    for (const char* split : {"0", "-1", "16"})
+      for (const char* flash : {"", "0", "1"}) {  // the tensor-core kernel takes 256 and windows too
+        check_decoder(c, split, flash);
+        check_decoder(c, split, flash, KvDType::kAuto, 40);
+      }
+  // Windows across the tensor-core kernel's 64-key tiles and 32-key steps, prompts of
+  // several CTAs, with and without a soft cap.
+  for (int64_t window : {1, 33, 64, 130})
+    for (const char* flash : {"0", "1"}) {
+      check_decoder(Config{4, 1, 256, 16, {300, 70}}, "0", flash, KvDType::kAuto, window, window == 33 ? 3.0 : 0.0);
+      check_decoder(Config{16, 8, 256, 16, {200}}, "0", flash, KvDType::kAuto, window, 0.0);
     }
   for (const Config& c : {Config{4, 2, 16, 16, {5, 1, 17}}, Config{9, 3, 64, 16, {133, 7}},
                           Config{32, 8, 128, 16, {300, 16, 1}}, Config{8, 2, 256, 16, {70, 3}}})
@@ -579,7 +588,8 @@ TEST(CudaAttention, TensorCoreWidthsMatchCpu) {
        std::vector<std::pair<int, const char*>>{{128, "32"}, {128, "16"}, {64, ""}, {32, ""}}) {
     const ScopedEnv width_env("KILN_CUDA_FLASH_WIDTH", std::to_string(width)),
         rows_env("KILN_CUDA_FLASH_WARP_ROWS", rows);
-    for (const Config& c : {Config{12, 12, 64, 1, {128, 77, 3}}, Config{32, 8, 128, 1, {45, 200}}})
+    for (const Config& c : {Config{12, 12, 64, 1, {128, 77, 3}}, Config{32, 8, 128, 1, {45, 200}},
+                            Config{8, 4, 256, 1, {100, 30}}})
       for (bool causal : {false, true})
         for (const std::string& dt : half) {
           const ScopedEnv flash("KILN_CUDA_FLASH", "1");
@@ -593,7 +603,9 @@ TEST(CudaAttention, TensorCoreWidthsMatchCpu) {
     check_chunked(Config{12, 12, 64, 16, {}}, {{129, 60}, {45}, {1, 100}}, KvDType::kAuto, half);
     check_chunked(Config{12, 12, 64, 16, {}}, {{100, 37}, {13}}, KvDType::kAuto, {"bf16"}, false);
     check_chunked(Config{32, 8, 128, 16, {}}, {{90}, {33, 20}}, KvDType::kAuto, {"bf16"}, false);
+    check_chunked(Config{4, 1, 256, 16, {}}, {{150, 40}, {20, 1}}, KvDType::kAuto, half);
     for (KvDType kd : {KvDType::kInt8, KvDType::kFp8}) {
+      check_chunked(Config{4, 1, 256, 16, {}}, {{90, 30}}, kd, {"bf16"});
       check_chunked(Config{32, 8, 128, 16, {}}, {{150, 40}, {37}}, kd, {"bf16"});
       check_chunked(Config{12, 12, 64, 16, {}}, {{70}, {19, 3}}, kd, {"f16"});
     }
@@ -858,7 +870,8 @@ struct DecodeCase {
   std::vector<int32_t> ctx;  // context length of the first decode step, its new token included
 };
 
-void check_prefilled_decode(const DecodeCase& c, KvDType kd, const std::vector<std::string>& dtypes, int steps = 4) {
+void check_prefilled_decode(const DecodeCase& c, KvDType kd, const std::vector<std::string>& dtypes, int steps = 4,
+                            int64_t window = 0, double softcap = 0.0) {
   constexpr int64_t bs = 16;
   int64_t blocks = 4;
   for (int32_t L : c.ctx) blocks += (L + steps + bs - 1) / bs;
@@ -940,8 +953,8 @@ void check_prefilled_decode(const DecodeCase& c, KvDType kd, const std::vector<s
     };
     const std::string what = str_cat("decode hq=", c.hq, " hkv=", c.hkv, " d=", c.d, " batch=", c.ctx.size(),
                                      " max_ctx=", *std::max_element(c.ctx.begin(), c.ctx.end()), " kv=",
-                                     kv_dtype_name(kd));
-    expect_variants_match(attention_graph({c.hq, c.hkv, c.d, bs, {}}, true), cases, dt,
+                                     kv_dtype_name(kd), " window=", window, " softcap=", softcap);
+    expect_variants_match(attention_graph({c.hq, c.hkv, c.d, bs, {}}, true, window, softcap), cases, dt,
                           kd == KvDType::kAuto ? op_tolerance(dt) : quantized_tolerance(dt), what, layout, fill);
   }
 }
@@ -985,6 +998,32 @@ TEST(CudaAttention, GroupedDecodeQuantizedMatchesCpu) {
   }
 }
 
+// Head dim 256 (Gemma 2 and 3) on the cluster decode kernel, with sliding windows (of one
+// key, shorter than a warp's 16-key tile, across splits) and soft-capped scores, batch 1
+// to 64, GQA groups 1 / 2 / 4 / 8, 16-bit and int8 / fp8 caches; head dims 64 / 128 with a
+// window and a soft cap too. The warp decode variants keep such nodes on the cluster kernel.
+TEST(CudaAttention, ClusterDecodeWindowsSoftCapAndHeadDim256MatchCpu) {
+  KILN_SKIP_WITHOUT_CUDA();
+  std::mt19937_64 rng(7);
+  std::uniform_int_distribution<int32_t> len(1, 700);
+  std::vector<int32_t> b64(64);
+  for (int32_t& x : b64) x = len(rng);
+  check_prefilled_decode({4, 1, 256, {190}}, KvDType::kAuto, all_dtypes());
+  check_prefilled_decode({8, 4, 256, {1, 37, 2000}}, KvDType::kAuto, all_dtypes());
+  check_prefilled_decode({8, 1, 256, {600}}, KvDType::kAuto, {"bf16"});
+  check_prefilled_decode({4, 4, 256, b64}, KvDType::kAuto, {"bf16"});
+  for (int64_t window : {1, 9, 100})
+    check_prefilled_decode({4, 1, 256, {1, 50, 1500}}, KvDType::kAuto, {"bf16", "f16"}, 4, window);
+  check_prefilled_decode({8, 4, 256, {3, 700}}, KvDType::kAuto, {"bf16"}, 4, 0, 1.5);
+  check_prefilled_decode({8, 4, 256, b64}, KvDType::kAuto, {"bf16"}, 4, 512, 2.0);
+  check_prefilled_decode({32, 8, 128, {5, 3000}}, KvDType::kAuto, {"bf16"}, 4, 300, 1.5);
+  check_prefilled_decode({9, 3, 64, {33, 1, 700}}, KvDType::kAuto, {"f16"}, 4, 40, 0.5);
+  for (KvDType kd : {KvDType::kInt8, KvDType::kFp8}) {
+    check_prefilled_decode({4, 1, 256, {1, 300}}, kd, {"bf16"});
+    check_prefilled_decode({8, 4, 256, {40, 900}}, kd, {"bf16"}, 4, 64, 2.0);
+  }
+}
+
 // A prefill of every prompt, then `decodes` decode steps (one token per sequence).
 std::vector<StepCase> prefill_then_decode(const Config& c, const std::string& dt, int64_t num_blocks, int decodes,
                                           std::mt19937_64& rng) {
@@ -1020,11 +1059,12 @@ std::vector<StepCase> prefill_then_decode(const Config& c, const std::string& dt
 // The fused decode kernel on packed q|k|v rows: RoPE (full and partial rotary dims, and
 // none as GPT-2) of q and the new key inside the kernel, the new K/V written to the
 // cache by the kernel and read back by the next steps: a prefill, then four decode
-// steps, GQA groups 1/4/8, head dims 64/128, batch 1 and 3.
+// steps, GQA groups 1/2/4/8, head dims 64/128/256, batch 1 to 3.
 TEST(CudaAttention, FusedDecodeWithRopeMatchesCpu) {
   KILN_SKIP_WITHOUT_CUDA();
   for (const Config& c : {Config{8, 8, 64, 16, {300}}, Config{32, 4, 64, 16, {1, 40, 130}},
-                          Config{16, 4, 128, 16, {70, 3, 257}}, Config{8, 1, 128, 16, {500}}})
+                          Config{16, 4, 128, 16, {70, 3, 257}}, Config{8, 1, 128, 16, {500}},
+                          Config{4, 1, 256, 16, {200}}, Config{8, 4, 256, 16, {3, 90}}})
     for (int64_t rot : {c.d, c.d / 2, int64_t(0)})
       for (const auto& dt : all_dtypes()) {
         if (dt == "f16" && rot == c.d / 2) continue;  // the partial rotary dims in f32 and bf16 only

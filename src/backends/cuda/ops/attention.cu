@@ -212,8 +212,10 @@ void launch_qkv_prep_elements(const QkvPrepArgs& a, cudaStream_t s) {
 bool attention_supports_head_dim(int64_t d) { return d == 16 || d == 32 || d == 64 || d == 128 || d == 256; }
 
 bool attention_flash_supported(DType t, int64_t d) {
-  return (t == DType::kBF16 || t == DType::kF16) && (d == 64 || d == 128);
+  return (t == DType::kBF16 || t == DType::kF16) && (d == 64 || d == 128 || d == 256);
 }
+
+bool attention_flash_supports_window(int64_t d) { return d == 256; }
 
 int attention_flash_pick_width(const std::vector<AttnSeq>& seqs, int64_t hq, int64_t hkv, int num_sms) {
   const int64_t group = hq / hkv;
@@ -389,10 +391,12 @@ void launch_attention(const AttentionArgs& a, cudaStream_t s) {
   if (a.kv_code != KvCode::kNone)
     KILN_THROW_IF(!a.k_scales || !a.v_scales, kInternal, "cuda attention: a quantized cache without scales");
   KILN_THROW_IF(a.out_codes && a.flash_width == 0, kInternal, "cuda attention: output codes need a tensor-core plan");
-  KILN_THROW_IF(a.window < 0 || (a.window > 0 && (!a.causal || a.flash_width != 0)), kInternal,
-                "cuda attention: a sliding window of ", a.window, " keys needs causal attention and the tile kernels");
-  KILN_THROW_IF(a.softcap < 0.0f || (a.softcap > 0.0f && a.flash_width != 0), kInternal, "cuda attention: softcap ",
-                a.softcap, " needs the tile kernels");
+  const bool flash_window = a.flash_width == 0 || attention_flash_supports_window(a.d);
+  KILN_THROW_IF(a.window < 0 || (a.window > 0 && (!a.causal || !flash_window)), kInternal,
+                "cuda attention: a sliding window of ", a.window, " keys needs causal attention and, at head_dim ", a.d,
+                ", the tile kernels");
+  KILN_THROW_IF(a.softcap < 0.0f || (a.softcap > 0.0f && !flash_window), kInternal, "cuda attention: softcap ",
+                a.softcap, " at head_dim ", a.d, " needs the tile kernels");
   if (a.flash_width != 0) {
     KILN_THROW_IF(!attention_flash_width_valid(a.flash_width), kInternal, "cuda attention: a tensor-core plan of ",
                   a.flash_width, "-item CTAs (expected 128, 64 or 32)");

@@ -91,12 +91,16 @@ struct AttentionPlan {
   int32_t decode_warp = 0;
 };
 
-// Head dims 16, 32, 64 and 128 on every kernel; 256 (Gemma) on the tile and decode
-// kernels only (the tensor-core, grouped, cluster and warp decode kernels stop at 128).
+// Head dims 16, 32, 64 and 128 on every kernel; 256 (Gemma) on the tile, tensor-core and
+// cluster decode kernels (the grouped and warp decode kernels stop at 128).
 bool attention_supports_head_dim(int64_t d);
 // Whether the tensor-core prefill kernel takes this activation dtype and head dim (any
 // KvCode: quantized tiles are decoded to the activation dtype).
 bool attention_flash_supported(DType t, int64_t d);
+// Whether the tensor-core kernel also takes sliding windows and soft-capped scores at head
+// dim d (256 only: at 64 / 128 the bounds' registers would cost the kernel spills, and
+// such nodes keep the tile kernel).
+bool attention_flash_supports_window(int64_t d);
 // split_chunk: keys per split; 0 picks one so that the grid fills about 2 waves of
 // `num_sms` multiprocessors, < 0 never splits. flash (only where
 // attention_flash_supported): 0 never plans the tensor-core kernel, > 0 always, < 0

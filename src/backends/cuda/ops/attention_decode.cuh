@@ -1,5 +1,6 @@
 // Internal to the CUDA backend's attention: the cluster decode kernel (decode steps,
-// 16-bit activations, head dims 64/128, GQA group <= 8, any KvCode). A CTA takes one
+// 16-bit activations, head dims 64/128/256, GQA group <= 8, any KvCode; a sliding window
+// and soft-capped scores, Gemma's, included). A CTA takes one
 // (sequence, KV head, split); the splits of a (sequence, KV head) form one thread-block
 // cluster and merge through distributed shared memory, so an unsplit context needs no
 // merge at all and a split one no global round trip. Why it is shaped so:
@@ -45,7 +46,7 @@ constexpr int kDecStagesMax = 2;
 template <int D, KvCode Q, int ST>
 struct DecLayout {
   static constexpr bool kQuant = Q != KvCode::kNone;
-  static constexpr int KT = D == 64 ? 32 : 16;       // keys per warp tile: 4 / 8 KB of 16-bit K
+  static constexpr int KT = D == 64 ? 32 : 16;       // keys per warp tile: 4 / 4 / 8 KB of 16-bit K
   static constexpr int LD = D + 8;                   // 16-bit tile row (elements): conflict-free fragments
   static constexpr int kTileT = KT * LD * 2;         // a 16-bit K or V tile
   static constexpr int kTileC = KT * D;              // a code tile (int8 / fp8)
@@ -87,6 +88,11 @@ struct DecParams {
   const int32_t* positions = nullptr;
   const float* inv_freq = nullptr;  // null: no RoPE
   const int64_t* slots = nullptr;
+  // AttentionArgs::window (> 0: the new token sees its last `window` keys) and the
+  // soft-cap factors of AttentionArgs::softcap > 0: a score s becomes
+  // softcap_out * tanh(s * softcap_in), s * scale capped, in s's own units (0: no cap).
+  int window = 0;
+  float softcap_in = 0.0f, softcap_out = 0.0f;
   // AttentionArgs::early_trigger: safe here too - the only wait on other CTAs is the
   // cluster barrier of the split merge, and a cluster's CTAs are scheduled together.
   bool early_trigger = false;
@@ -132,12 +138,14 @@ __device__ __forceinline__ void dec_rope_rows(T* q_s, int ld, T* new_k, int grou
 
 // One tile of a decode warp: S = Q K^T for KT keys (16-bit K and V tiles, rows LD
 // elements apart; n-tiles of 8) with qa the A fragments of the group's q rows (row g;
-// rows g + 8 are zero), in the log2 domain with keys >= hi masked, the online softmax
+// rows g + 8 are zero), soft-capped where softcap_in > 0 (DecParams), in the log2 domain
+// with keys >= hi masked, the online softmax
 // step, and O += P V (P, row g in 16 bits, as A fragments; V's B fragments by
 // ldmatrix.trans). The tile's first key t0 < hi is visible, so the new max is finite.
 template <typename T, int D, int KT, int LD>
 __device__ __forceinline__ void dec_tile_attend(const T* ks, const T* vs, const uint32_t (&qa)[D / 16][2], int t0,
-                                                int hi, float scale_log2, float (&o)[D / 8][4], float& m, float& l) {
+                                                int hi, float scale_log2, float softcap_in, float softcap_out,
+                                                float (&o)[D / 8][4], float& m, float& l) {
   constexpr int NT = KT / 8, KK = KT / 16, KC = D / 16;
   const int lane = int(threadIdx.x) & 31, g = lane >> 2, t = lane & 3, mi = lane >> 3;
   float s[NT][4];
@@ -150,6 +158,13 @@ __device__ __forceinline__ void dec_tile_attend(const T* ks, const T* vs, const 
     for (int n = 0; n < NT; ++n) {
       const T* kp = &ks[(n * 8 + g) * LD + k * 16 + 2 * t];
       mma16816<T>(s[n], a, *reinterpret_cast<const uint32_t*>(kp), *reinterpret_cast<const uint32_t*>(kp + 8));
+    }
+  }
+  if (softcap_in > 0.0f) {
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      s[n][0] = softcap_out * tanhf(s[n][0] * softcap_in);
+      s[n][1] = softcap_out * tanhf(s[n][1] * softcap_in);
     }
   }
   const float corr =
@@ -182,7 +197,7 @@ attention_decode_cluster_kernel(const DecParams<T> p) {
   constexpr int CPR = D * int(sizeof(E)) / 16;        // 16-byte chunks per cache row
   constexpr int CVEC = 16 / int(sizeof(E));
   constexpr unsigned kFull = 0xffffffffu;
-  static_assert(D == 64 || D == 128);
+  static_assert(D == 64 || D == 128 || D == 256);
   extern __shared__ __align__(16) unsigned char smem[];
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -205,10 +220,12 @@ attention_decode_cluster_kernel(const DecParams<T> p) {
   // from the previous kernel: they are read after the wait.
   const AttnSeq sq = p.seqs[seq];
   const int ctx = sq.ctx_len;
-  // The splits cut the context into KT-aligned ranges; the last position (the new token,
-  // whose query row sees every key) lies in the last non-empty one.
-  const int chunk = ((ctx + S - 1) / S + KT - 1) / KT * KT;
-  const int lo = min(ctx, rank * chunk), hi = min(ctx, lo + chunk);
+  // The splits cut the keys the new token sees (the whole context, or its window's last
+  // keys) into KT-multiple ranges; the last position (the new token) lies in the last
+  // non-empty one.
+  const int first = p.window > 0 ? max(0, ctx - p.window) : 0;
+  const int chunk = ((ctx - first + S - 1) / S + KT - 1) / KT * KT;
+  const int lo = min(ctx, first + rank * chunk), hi = min(ctx, lo + chunk);
   const int newpos = ctx - 1;
   const bool has_new = lo < hi && hi == ctx;
   const int32_t* bt = p.block_tables + sq.bt_offset;
@@ -260,9 +277,17 @@ attention_decode_cluster_kernel(const DecParams<T> p) {
   // The q rows and the new K/V rows, loads in flight together.
   constexpr int QV = 8;  // 16-bit elements per 16-byte vector
   const int qr = threadIdx.x / (D / QV), qc = (threadIdx.x % (D / QV)) * QV;
-  uint4 qraw = make_uint4(0, 0, 0, 0), nraw = make_uint4(0, 0, 0, 0);
-  if (qr < group)
-    qraw = *reinterpret_cast<const uint4*>(p.q + int64_t(sq.q_start) * p.q_stride + int64_t(kvh * group + qr) * D + qc);
+  // Rows per pass over the q rows: 16 / 8 / 4 at head dim 64 / 128 / 256 (kDecMaxGroup
+  // rows are written, those past the group zero).
+  constexpr int QP = kDecThreads / (D / QV), QPASSES = (kDecMaxGroup + QP - 1) / QP;
+  uint4 qraw[QPASSES], nraw = make_uint4(0, 0, 0, 0);
+#pragma unroll
+  for (int i = 0; i < QPASSES; ++i) {
+    const int r = qr + i * QP;
+    qraw[i] = r < group ? *reinterpret_cast<const uint4*>(p.q + int64_t(sq.q_start) * p.q_stride +
+                                                          int64_t(kvh * group + r) * D + qc)
+                        : make_uint4(0, 0, 0, 0);
+  }
   const bool loads_new = has_new && threadIdx.x < 2 * (D / QV);
   if (loads_new) {
     const int which = threadIdx.x / (D / QV);
@@ -270,7 +295,9 @@ attention_decode_cluster_kernel(const DecParams<T> p) {
                                            int64_t(kvh) * D + qc);
   }
 
-  if (qr < kDecMaxGroup) *reinterpret_cast<uint4*>(&q_s[qr * LD + qc]) = qraw;
+#pragma unroll
+  for (int i = 0; i < QPASSES; ++i)
+    if (qr + i * QP < kDecMaxGroup) *reinterpret_cast<uint4*>(&q_s[(qr + i * QP) * LD + qc]) = qraw[i];
   if (loads_new) *reinterpret_cast<uint4*>(&new_t[threadIdx.x / (D / QV) * D + qc]) = nraw;
   __syncthreads();
   if (rope) {
@@ -322,8 +349,8 @@ attention_decode_cluster_kernel(const DecParams<T> p) {
     if (has_new && newpos >= t0 && newpos < t0 + KT) {  // the new token's row, from shared memory
       const int jn = newpos - t0;
       constexpr int RC = D * int(sizeof(E)) / 16;
-      if (lane < 2 * RC) {
-        const int which = lane / RC, c = (lane % RC) * 16;
+      for (int e = lane; e < 2 * RC; e += 32) {  // one pass up to head dim 128 in 16 bits
+        const int which = e / RC, c = (e % RC) * 16;
         const unsigned char* src =
             kQuant ? new_c + which * D + c : reinterpret_cast<const unsigned char*>(new_t + which * D) + c;
         *reinterpret_cast<uint4*>(st + which * TILEB + jn * ROWB + c) = *reinterpret_cast<const uint4*>(src);
@@ -360,7 +387,7 @@ attention_decode_cluster_kernel(const DecParams<T> p) {
       vs = reinterpret_cast<const T*>(st + L::kTileT);
     }
 
-    dec_tile_attend<T, D, KT, LD>(ks, vs, qa, t0, hi, p.scale_log2, o, m, l);
+    dec_tile_attend<T, D, KT, LD>(ks, vs, qa, t0, hi, p.scale_log2, p.softcap_in, p.softcap_out, o, m, l);
     __syncwarp();  // every lane is done with this stage before it is refilled
     issue(i + ST, blk_next);
     blk_next = tile_block(i + ST + 1);
@@ -471,6 +498,12 @@ DecParams<T> dec_params_of(const AttentionArgs& a) {
   p.inv_freq = a.inv_freq;
   p.slots = a.slot_mapping;
   p.early_trigger = a.early_trigger;
+  p.window = int(a.window);
+  if (a.softcap > 0.0f) {
+    // s * scale capped, in units of s: (softcap / scale) * tanh(s * (scale / softcap)).
+    p.softcap_in = a.scale / a.softcap;
+    p.softcap_out = a.softcap / a.scale;
+  }
   return p;
 }
 
@@ -526,13 +559,17 @@ void launch_decode_cluster_codes(const AttentionArgs& a, cudaStream_t s) {
   if (a.dtype == DType::kBF16) {
     if (a.d == 64)
       launch_decode_cluster_typed<__nv_bfloat16, 64, Q>(a, s);
-    else
+    else if (a.d == 128)
       launch_decode_cluster_typed<__nv_bfloat16, 128, Q>(a, s);
+    else
+      launch_decode_cluster_typed<__nv_bfloat16, 256, Q>(a, s);
   } else {
     if (a.d == 64)
       launch_decode_cluster_typed<__half, 64, Q>(a, s);
-    else
+    else if (a.d == 128)
       launch_decode_cluster_typed<__half, 128, Q>(a, s);
+    else
+      launch_decode_cluster_typed<__half, 256, Q>(a, s);
   }
 }
 

@@ -173,7 +173,7 @@ __global__ void __launch_bounds__(kDwThreads) attention_decode_warp_kernel(const
     }
     const T* ks = reinterpret_cast<const T*>(st);
     const T* vs = reinterpret_cast<const T*>(st + L::kTile);
-    dec_tile_attend<T, D, KT, LD>(ks, vs, qa, t0, ctx, p.scale_log2, o, m, l);
+    dec_tile_attend<T, D, KT, LD>(ks, vs, qa, t0, ctx, p.scale_log2, p.softcap_in, p.softcap_out, o, m, l);
     __syncwarp();  // every lane is done with this stage before it is refilled
     issue(i + ST, row_next);
     row_next = tile_row(i + ST + 1);

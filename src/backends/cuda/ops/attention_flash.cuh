@@ -1,6 +1,6 @@
 // Internal to the CUDA backend's attention: the pipelined tensor-core prefill kernel
 // (FlashAttention-2 structure; attention.h's plans with flash_width set), templated on the
-// activation type T (bf16/f16), the head dim D (64/128), the cache's codes Q and the CTA's
+// activation type T (bf16/f16), the head dim D (64/128/256), the cache's codes Q and the CTA's
 // items W (128, 64 or 32: W / 16 warps). Included by attention_flash.cu (Q = kNone) and attention_flash_quant.cu
 // (int8, fp8). Tested against the CPU backend in tests/backends/cuda/attention_test.cpp
 // (forced on), and against the tile kernel in bench/cuda_attention_bench.cpp.
@@ -30,6 +30,14 @@
 // with one static scale (W8A8), the codes of the T output's quantize pass, bit for bit.
 // Rows are D + 8 elements apart in shared memory: the eight 16-byte rows an ldmatrix
 // reads fall in distinct bank groups.
+// Sliding windows (each item sees only its last `window` keys) and soft-capped scores
+// (Gemma 2/3), at head dim 256 only (kWin; the 64/128 kernels would spill the registers
+// the bounds take, so their windowed nodes keep the tile kernel): the CTA starts at its
+// first item's window start, a warp skips the 32-key steps before its first item's, and
+// the mask takes each row's lower bound too; a capped score is c * tanh(s / c) of
+// s = q.k times scale, applied before the softmax.
+// Head dim 256 (Gemma) runs 16-row warps at 128 items per SM: its O accumulators take 128
+// registers a thread, and the K/V stages ~135 KB of shared memory, one CTA an SM.
 #pragma once
 
 #include <atomic>
@@ -61,7 +69,8 @@ constexpr size_t flash2_smem_bytes() {
   return size_t(W + 4 * kF2Keys) * size_t(D + 8) * sizeof(T);
 }
 
-// Items resident per SM (I): 256 (two 128-item CTAs, four of 64, eight of 32): 16 warps of
+// Items resident per SM (I): 128 at head dim 256 (8 warps of at most 255 registers); else
+// 256 (two 128-item CTAs, four of 64, eight of 32): 16 warps of
 // at most 128 registers a thread at MT = 1, 8 of at most 255 at MT = 2; or 384 at head dim
 // 64 over a 16-bit cache (24 warps of at most 80 registers, 32-key softmax steps), which
 // the plan asks for when every CTA reads at most 256 keys and 256 items per SM would take
@@ -74,20 +83,23 @@ __global__ void __launch_bounds__(flash2_threads<W, MT>(), I / W)
                             const float* __restrict__ k_scales, const float* __restrict__ v_scales,
                             T* __restrict__ out, uint8_t* __restrict__ out_codes, float code_inv, bool code_int8,
                             int block_size, int bs_shift, int hq, int hkv,
-                            int64_t q_stride, int64_t kv_row, float scale_log2, bool causal,
+                            int64_t q_stride, int64_t kv_row, float scale_log2, bool causal, int window,
+                            float softcap_in, float softcap_out,
                             const AttnSeq* __restrict__ seqs,
                             const int32_t* __restrict__ block_tables,
                             const AttnWork* __restrict__ works) {
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
-  static_assert(D == 64 || D == 128);
+  static_assert(D == 64 || D == 128 || D == 256);
   static_assert(attention_flash_width_valid(W) && (MT == 1 || MT == 2));
-  static_assert(I == 256 || (I == 384 && D == 64 && Q == KvCode::kNone && MT == 1));
+  static_assert(D == 256 ? I == 128 && MT == 1
+                         : I == 256 || (I == 384 && D == 64 && Q == KvCode::kNone && MT == 1));
   constexpr int kF2Threads = flash2_threads<W, MT>();
+  constexpr bool kWin = D == 256;  // windows and soft caps (attention_flash_supports_window)
   // The slot lookups below give each of a tile's keys one thread.
   static_assert(kF2Threads >= kF2Keys);
   // SK: keys per softmax step (a 32-key S leaves the registers for two CTAs per SM at
   // D = 128, for three at D = 64 and 384 items).
-  constexpr int LD = D + 8, KC = D / 16, SK = D == 128 || I > 256 ? 32 : 64,
+  constexpr int LD = D + 8, KC = D / 16, SK = D >= 128 || I > 256 ? 32 : 64,
                 NT = SK / 8, DT = D / 8,
                 CPR = D / 8;
   constexpr int KSTEP = kF2Threads / CPR, KPT = kF2Keys / KSTEP;  // keys per pass, passes per tile
@@ -110,6 +122,8 @@ __global__ void __launch_bounds__(flash2_threads<W, MT>(), I / W)
   auto item_lim = [&](int item) {
     return min(causal ? ctx0 + item / group + 1 : sq.ctx_len, w.kv_end);
   };
+  // An item's first visible key: its window's start (0 without one; non-decreasing too).
+  auto item_lo = [&](int item) { return kWin ? attn_window_start(ctx0 + item / group, window) : 0; };
 
   for (int e = threadIdx.x; e < W * CPR; e += kF2Threads) {
     const int li = e / CPR, c = (e % CPR) * 8, item = w.item_begin + li;
@@ -120,19 +134,24 @@ __global__ void __launch_bounds__(flash2_threads<W, MT>(), I / W)
     cp_async16(qs + li * LD + c, src, valid);
   }
   const int last = min(n_items, w.item_begin + W) - 1;
-  // The CTA reads keys [kv_begin, hi).
-  const int hi = last >= w.item_begin ? item_lim(last) : w.kv_begin;
+  // The CTA reads keys [begin, hi): from its first item's window start (kv_begin without one).
+  const int begin = kWin ? max(w.kv_begin, item_lo(w.item_begin)) : w.kv_begin;
+  const int hi = last >= w.item_begin ? item_lim(last) : begin;
   const int first_w = w.item_begin + warp * 16 * MT;
   const bool warp_on = first_w < n_items;
-  const int w_lo = warp_on ? item_lim(first_w) : 0;  // seen by all the warp's items
-  const int w_hi = warp_on ? item_lim(min(first_w + 16 * MT - 1, n_items - 1)) : 0;  // seen by some
-  int lim[MT][2];  // this thread's rows g and g + 8 of each m-tile (the MMA row layout)
+  const int w_last = min(first_w + 16 * MT - 1, n_items - 1);
+  const int w_lo = warp_on ? item_lim(first_w) : 0;  // seen by all the warp's items (up to)
+  const int w_hi = warp_on ? item_lim(w_last) : 0;   // seen by some
+  const int w_first = warp_on ? item_lo(first_w) : 0;  // no item of the warp sees keys before
+  const int w_all = warp_on ? item_lo(w_last) : 0;     // every item sees keys from (down to)
+  int lim[MT][2], lo[MT][2];  // this thread's rows g and g + 8 of each m-tile (the MMA row layout)
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int item = first_w + 16 * mt + g + 8 * h;
       lim[mt][h] = item < n_items ? item_lim(item) : 0;
+      lo[mt][h] = item < n_items ? item_lo(item) : 0;
     }
 
   // The pool slot of each key of a tile (-1 past hi), looked up one tile ahead of its
@@ -214,7 +233,8 @@ __global__ void __launch_bounds__(flash2_threads<W, MT>(), I / W)
 #pragma unroll
     for (int jb = 0; jb < kF2Keys; jb += SK) {
       const int k0 = t0 + jb;
-      if (k0 >= w_hi) break;  // uniform across the warp
+      if (k0 >= w_hi) break;           // uniform across the warp
+      if (kWin && k0 + SK <= w_first) continue;  // before every item's window
       float s[MT][NT][4];
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
@@ -240,6 +260,14 @@ __global__ void __launch_bounds__(flash2_threads<W, MT>(), I / W)
         }
       }
 
+      if (kWin && softcap_in > 0.0f) {  // uniform across the grid
+#pragma unroll
+        for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) s[mt][nt][e] = softcap_out * tanhf(s[mt][nt][e] * softcap_in);
+      }
       // Online softmax; keys visible to all the warp's items skip the mask.
       auto fold = [&](auto masked) {
 #pragma unroll
@@ -248,9 +276,10 @@ __global__ void __launch_bounds__(flash2_threads<W, MT>(), I / W)
 #pragma unroll
           for (int h = 0; h < 2; ++h)
             corr[h] = online_softmax_step(s[mt], h, m[mt][h], l[mt][h], scale_log2, [&](int nt, int e) {
-              if constexpr (decltype(masked)::value)
-                return k0 + nt * 8 + 2 * t + e < lim[mt][h];
-              else
+              if constexpr (decltype(masked)::value) {
+                const int key = k0 + nt * 8 + 2 * t + e;
+                return key < lim[mt][h] && (!kWin || key >= lo[mt][h]);
+              } else
                 return true;
             });
           // Once the row maxima settle, most steps leave every row's scale at 1.
@@ -260,7 +289,7 @@ __global__ void __launch_bounds__(flash2_threads<W, MT>(), I / W)
           }
         }
       };
-      if (k0 + SK <= w_lo)
+      if (k0 + SK <= w_lo && (!kWin || k0 >= w_all))
         fold(std::false_type{});
       else
         fold(std::true_type{});
@@ -290,17 +319,17 @@ __global__ void __launch_bounds__(flash2_threads<W, MT>(), I / W)
     }
   };
 
-  const int n_tiles = hi > w.kv_begin ? (hi - w.kv_begin + kF2Keys - 1) / kF2Keys : 0;
+  const int n_tiles = hi > begin ? (hi - begin + kF2Keys - 1) / kF2Keys : 0;
   if (threadIdx.x < kF2Keys) {
-    slot_buf[0][threadIdx.x] = key_slot(w.kv_begin + int(threadIdx.x));
-    slot_buf[1][threadIdx.x] = key_slot(w.kv_begin + kF2Keys + int(threadIdx.x));
+    slot_buf[0][threadIdx.x] = key_slot(begin + int(threadIdx.x));
+    slot_buf[1][threadIdx.x] = key_slot(begin + kF2Keys + int(threadIdx.x));
   }
   __syncthreads();
   if (n_tiles > 0) load_tile(0, 0);
   cp_async_commit();  // Q and tile 0
 
   for (int it = 0; it < n_tiles; ++it) {
-    const int t0 = w.kv_begin + it * kF2Keys, stage = it & 1;
+    const int t0 = begin + it * kF2Keys, stage = it & 1;
     cp_async_wait<0>();
     // Tile it (and Q) is visible to every warp, and every warp is done with tile it - 1,
     // whose buffers (K/V stage ^ 1, slot_buf[it & 1]) are now overwritten.
@@ -377,7 +406,8 @@ void launch_flash2_typed(const AttentionArgs& a, cudaStream_t s) {
            static_cast<const T*>(a.q), static_cast<const KvElem<T, Q>*>(a.k_cache),
            static_cast<const KvElem<T, Q>*>(a.v_cache), a.k_scales, a.v_scales,
            static_cast<T*>(a.out), a.out_codes, a.out_code_inv, a.out_code == AttnOutCode::kInt8, bs, bs_shift, int(a.hq), int(a.hkv), qs, kvs,
-           a.scale * kLog2e, a.causal, a.seqs, a.block_tables, a.work);
+           a.scale * kLog2e, a.causal, int(a.window), a.softcap > 0.0f ? a.scale / a.softcap : 0.0f,
+           a.softcap > 0.0f ? a.softcap / a.scale : 0.0f, a.seqs, a.block_tables, a.work);
   KILN_CUDA_CHECK_LAUNCH();
 }
 
@@ -385,9 +415,13 @@ void launch_flash2_typed(const AttentionArgs& a, cudaStream_t s) {
 // has that form (head dim 64, 16-bit cache) and the plan asks for it.
 template <typename T, int D, KvCode Q, int W>
 void launch_flash2_rows16(const AttentionArgs& a, cudaStream_t s) {
-  if constexpr (D == 64 && Q == KvCode::kNone)
-    if (a.flash_items_per_sm == 384) return launch_flash2_typed<T, D, Q, W, 1, 384>(a, s);
-  launch_flash2_typed<T, D, Q, W, 1>(a, s);
+  if constexpr (D == 256) {
+    launch_flash2_typed<T, D, Q, W, 1, 128>(a, s);
+  } else {
+    if constexpr (D == 64 && Q == KvCode::kNone)
+      if (a.flash_items_per_sm == 384) return launch_flash2_typed<T, D, Q, W, 1, 384>(a, s);
+    launch_flash2_typed<T, D, Q, W, 1>(a, s);
+  }
 }
 
 // launch_flash2_typed for the plan's CTA width (AttentionArgs::flash_width) and the
@@ -397,10 +431,13 @@ void launch_flash2_width(const AttentionArgs& a, cudaStream_t s) {
   const int rows = attention_flash_warp_rows(a);
   switch (a.flash_width) {
     case 128:
-      if (rows == 32)
-        launch_flash2_typed<T, D, Q, 128, 2>(a, s);
-      else
-        launch_flash2_rows16<T, D, Q, 128>(a, s);
+      if constexpr (D != 256) {
+        if (rows == 32) {
+          launch_flash2_typed<T, D, Q, 128, 2>(a, s);
+          break;
+        }
+      }
+      launch_flash2_rows16<T, D, Q, 128>(a, s);
       break;
     case 64:
       launch_flash2_rows16<T, D, Q, 64>(a, s);
@@ -414,23 +451,27 @@ void launch_flash2_width(const AttentionArgs& a, cudaStream_t s) {
   }
 }
 
-// launch_flash2_width for bf16 / f16 and head dims 64 / 128, with cache codes Q.
+// launch_flash2_width for bf16 / f16 and head dims 64 / 128 / 256, with cache codes Q.
 template <KvCode Q>
 void launch_flash2_codes(const AttentionArgs& a, cudaStream_t s) {
-  KILN_THROW_IF(a.d != 64 && a.d != 128, kInternal, "cuda flash attention: head_dim ", a.d,
-                " (64 or 128)");
+  KILN_THROW_IF(a.d != 64 && a.d != 128 && a.d != 256, kInternal, "cuda flash attention: head_dim ", a.d,
+                " (64, 128 or 256)");
   switch (a.dtype) {
     case DType::kBF16:
       if (a.d == 64)
         launch_flash2_width<__nv_bfloat16, 64, Q>(a, s);
-      else
+      else if (a.d == 128)
         launch_flash2_width<__nv_bfloat16, 128, Q>(a, s);
+      else
+        launch_flash2_width<__nv_bfloat16, 256, Q>(a, s);
       break;
     case DType::kF16:
       if (a.d == 64)
         launch_flash2_width<__half, 64, Q>(a, s);
-      else
+      else if (a.d == 128)
         launch_flash2_width<__half, 128, Q>(a, s);
+      else
+        launch_flash2_width<__half, 256, Q>(a, s);
       break;
     default:
       throw_error(ErrorCode::kInternal, "cuda flash attention: dtype ", dtype_name(a.dtype),
