@@ -133,14 +133,20 @@ class CudaCompiledGraph final : public CompiledGraph {
         throw_error(ErrorCode::kUnsupported, "cuda backend cannot run node '", n.name, "' (", n.op, "): ", why);
       runners_.push_back((*find_cuda_op(n.op))(n, g, prep_));
       if (n.op == "Attention") {
-        // Sliding-window and soft-capped nodes plan apart: the cluster decode kernel but
-        // not the warp one, the tensor-core prefill kernel only at head dim 256
+        // Sliding-window and soft-capped nodes plan apart (attn_windows_): in steps where
+        // the window hides a key, or with a soft cap, the cluster decode kernel but not
+        // the warp one, the tensor-core prefill kernel only at head dim 256
         // (attention_flash_supports_window), else the tile kernel.
         const bool tile_only = attention_tile_only(n);
-        attn_keys_.insert({n.attr_int("num_heads"), n.attr_int("num_kv_heads"), tile_only});
+        const AttnPlanKey key{n.attr_int("num_heads"), n.attr_int("num_kv_heads"), tile_only};
+        attn_keys_.insert(key);
+        if (tile_only) {
+          AttnWindows& aw = attn_windows_[key];
+          if (n.attr_int("window", 0) > 0) aw.min_window = std::min(aw.min_window, n.attr_int("window"));
+          aw.softcap = aw.softcap || n.attr_float("softcap", 0.0) > 0.0;
+        }
         attn_max_d_ = std::max(attn_max_d_, n.attr_int("head_dim"));
-        if (!tile_only || attention_flash_supports_window(n.attr_int("head_dim")))
-          attn_flash_ok_ = attn_flash_ok_ && attention_flash_supported(prep_.act, n.attr_int("head_dim"));
+        attn_flash_ok_ = attn_flash_ok_ && attention_flash_supported(prep_.act, n.attr_int("head_dim"));
         attn_cluster_ok_ = attn_cluster_ok_ && decode_cluster_ &&
                            attention_decode_cluster_supported(prep_.act, n.attr_int("num_heads"),
                                                               n.attr_int("num_kv_heads"), n.attr_int("head_dim"));
@@ -526,19 +532,27 @@ class CudaCompiledGraph final : public CompiledGraph {
     struct PlanOff {
       size_t work, combine;
       AttentionPlan plan;
+      bool windowed = false;
     };
     std::map<AttnPlanKey, PlanOff> plan_offs;
     size_t ws_floats = 0, counters = 0;
     // Decode steps take the cluster decode kernel where every attention node suits it
     // (decided when the graph was compiled: attn_cluster_ok_).
     const bool cluster = decode && attn_cluster_ok_;
+    int64_t max_ctx = 0;
+    for (const AttnSeq& sq : seqs) max_ctx = std::max<int64_t>(max_ctx, sq.ctx_len);
     for (auto key : attn_keys_) {
       PlanOff po;
+      // A window no shorter than every context hides no key: such steps plan (and run)
+      // as if the nodes had none, on every kernel. Part of the graph key: a captured
+      // decode step replays only while the context stays on the same side of the window.
+      po.windowed = key.tile_only && attn_windows_.at(key).hides_keys(max_ctx);
+      graph_key_.push_back(po.windowed);
       po.plan = cluster ? attention_plan_decode_cluster(seqs, key.hq, key.hkv, attn_max_d_, cx_->num_sms,
-                                                        decode_splits_, key.tile_only ? 0 : decode_warp_)
+                                                        decode_splits_, po.windowed ? 0 : decode_warp_)
                 : decode ? attention_plan_decode(seqs, key.hq, key.hkv, cx_->num_sms)
                          : attention_plan(seqs, key.hq, key.hkv, true, cx_->num_sms, split_chunk_,
-                                          attn_flash_ok_ && (!key.tile_only || attention_flash_supports_window(
+                                          attn_flash_ok_ && (!po.windowed || attention_flash_supports_window(
                                                                                    attn_max_d_))
                                               ? flash_mode_
                                               : 0,
@@ -592,7 +606,7 @@ class CudaCompiledGraph final : public CompiledGraph {
       dev_step_.plans[key] = {reinterpret_cast<const AttnWork*>(base + po.work), int32_t(po.plan.work.size()),
                               reinterpret_cast<const AttnCombine*>(base + po.combine), int32_t(po.plan.combine.size()),
                               po.plan.num_partials, po.plan.flash_width, po.plan.flash_items_per_sm,
-                              po.plan.decode_splits, po.plan.decode_warp};
+                              po.plan.decode_splits, po.plan.decode_warp, po.windowed};
     attn_ws_.grow(std::max<size_t>(ws_floats * sizeof(float), 1), s);
     dev_step_.attn_workspace = static_cast<float*>(attn_ws_.get());
     // Zeroed when (re)allocated; each fused decode launch leaves its counters at zero.
@@ -712,6 +726,14 @@ class CudaCompiledGraph final : public CompiledGraph {
   std::vector<OpRun> runners_;
   std::unique_ptr<CudaDecodeStack> stack_;  // null: the graph is no plain Llama-family stack (or switched off)
   std::set<AttnPlanKey> attn_keys_;
+  // The sliding windows and soft caps of each tile_only key's nodes.
+  struct AttnWindows {
+    int64_t min_window = std::numeric_limits<int64_t>::max();  // the shortest window (max: none)
+    bool softcap = false;                                       // some node caps its scores
+    // Whether a step whose longest context is max_ctx needs the window and cap kernels.
+    bool hides_keys(int64_t max_ctx) const { return softcap || min_window < max_ctx; }
+  };
+  std::map<AttnPlanKey, AttnWindows> attn_windows_;
   int64_t attn_max_d_ = 0;
   bool attn_flash_ok_ = true;  // every Attention node's head dim and dtype suit the tensor-core kernel
   // ... and the cluster decode kernel (attention_decode_cluster_supported, KILN_CUDA_DECODE_ATTN not "old").

@@ -630,7 +630,6 @@ OpRun prepare_attention(const ir::Node& n, const ir::Graph& g, PrepareContext& p
     a.d = d;
     a.scale = scale;
     a.causal = causal;
-    a.window = int32_t(window);
     a.softcap = softcap;
     for (const StepSequence& ss : c.step->seqs) a.max_q_len = std::max<int64_t>(a.max_q_len, ss.q_len);
     const size_t es = dtype_size(dt);
@@ -640,6 +639,8 @@ OpRun prepare_attention(const ir::Node& n, const ir::Graph& g, PrepareContext& p
     a.seqs = c.dev->seqs;
     a.block_tables = c.dev->block_tables;
     const DevAttentionPlan& p = c.dev->plans.at({hq, hkv, tile_only});
+    a.window = p.windowed ? int32_t(window) : 0;  // else no context is longer than the window
+    KILN_CHECK(p.windowed || softcap == 0.0f, "cuda: attention '", name, "' planned without its soft cap");
     a.work = p.work;
     a.num_work = p.num_work;
     a.combine = p.combine;

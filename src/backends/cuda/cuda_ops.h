@@ -115,6 +115,9 @@ struct DevAttentionPlan {
   int32_t flash_items_per_sm = 256;  // AttentionPlan::flash_items_per_sm
   int32_t decode_splits = 0;  // > 0: the cluster decode kernel's plan
   int32_t decode_warp = 0;    // AttentionPlan::decode_warp
+  // The step runs its nodes' windows and soft caps (false: a window no shorter than any
+  // context, which hides no key, runs as none).
+  bool windowed = false;
 };
 
 // The step's metadata on the device (one upload per step).
