@@ -146,7 +146,8 @@ void check_decoder(const Config& c, const std::string& split_chunk, const std::s
 TEST(CudaAttention, DecoderShortContexts) {
   KILN_SKIP_WITHOUT_CUDA();
   for (const Config& c : {Config{4, 4, 16, 16, {5, 1, 17}}, Config{4, 2, 16, 4, {13, 2}}, Config{4, 1, 32, 16, {40, 3, 1}},
-                          Config{9, 3, 64, 16, {33, 7}}, Config{32, 8, 128, 16, {50, 16, 1}}, Config{8, 8, 64, 32, {100}}})
+                          Config{9, 3, 64, 16, {33, 7}}, Config{32, 8, 128, 16, {50, 16, 1}}, Config{8, 8, 64, 32, {100}},
+                          Config{32, 32, 96, 16, {40, 3, 1}}, Config{8, 2, 96, 16, {70}}})
     for (const char* split : {"0", "-1", "16"}) check_decoder(c, split, split[0] == '0' ? "1" : "");
 }
 
@@ -476,7 +477,7 @@ TEST(CudaAttention, QuantizedCachesMatchCpu) {
   KILN_SKIP_WITHOUT_CUDA();
   for (KvDType kd : {KvDType::kInt8, KvDType::kFp8}) {
     for (const Config& c : {Config{4, 4, 16, 16, {5, 1, 17}}, Config{8, 2, 32, 16, {40, 3}}, Config{9, 3, 64, 16, {33, 7}},
-                            Config{32, 8, 128, 16, {50, 16, 1}}})
+                            Config{32, 8, 128, 16, {50, 16, 1}}, Config{32, 32, 96, 16, {20, 3}}})
       for (const char* split : {"0", "-1", "16"}) check_decoder(c, split, split[0] == '0' ? "1" : "", kd);
     for (const char* split : {"0", "64", "-1"}) check_decoder(Config{4, 2, 64, 16, {3000, 700}}, split, "", kd);
     for (const char* flash : {"1", "0"}) check_decoder(Config{32, 8, 128, 16, {1100, 37, 1}}, "0", flash, kd);
@@ -1017,6 +1018,16 @@ TEST(CudaAttention, ClusterDecodeWindowsSoftCapAndHeadDim256MatchCpu) {
   check_prefilled_decode({8, 4, 256, {3, 700}}, KvDType::kAuto, {"bf16"}, 4, 0, 1.5);
   check_prefilled_decode({8, 4, 256, b64}, KvDType::kAuto, {"bf16"}, 4, 512, 2.0);
   check_prefilled_decode({32, 8, 128, {5, 3000}}, KvDType::kAuto, {"bf16"}, 4, 300, 1.5);
+  // Contexts growing past the window between steps (62..65 keys, window 64): the steps
+  // that hide no key run the plain kernels (the warp variants too), the later ones the
+  // window's, each through its own captured graph.
+  check_prefilled_decode({32, 8, 128, {62, 5}}, KvDType::kAuto, {"bf16", "f16"}, 4, 64);
+  check_prefilled_decode({4, 1, 256, {62}}, KvDType::kAuto, {"bf16"}, 4, 64);
+  // Head dim 96 (Phi-3-mini: 32 heads, MHA, window 2047) on the cluster decode kernel.
+  check_prefilled_decode({32, 32, 96, {1, 150, 2049}}, KvDType::kAuto, all_dtypes());
+  check_prefilled_decode({12, 4, 96, b64}, KvDType::kAuto, {"bf16"});
+  check_prefilled_decode({32, 32, 96, {62, 5}}, KvDType::kAuto, {"bf16"}, 4, 64);
+  for (KvDType kd : {KvDType::kInt8, KvDType::kFp8}) check_prefilled_decode({32, 32, 96, {3, 300}}, kd, {"bf16"});
   check_prefilled_decode({9, 3, 64, {33, 1, 700}}, KvDType::kAuto, {"f16"}, 4, 40, 0.5);
   for (KvDType kd : {KvDType::kInt8, KvDType::kFp8}) {
     check_prefilled_decode({4, 1, 256, {1, 300}}, kd, {"bf16"});
@@ -1059,12 +1070,12 @@ std::vector<StepCase> prefill_then_decode(const Config& c, const std::string& dt
 // The fused decode kernel on packed q|k|v rows: RoPE (full and partial rotary dims, and
 // none as GPT-2) of q and the new key inside the kernel, the new K/V written to the
 // cache by the kernel and read back by the next steps: a prefill, then four decode
-// steps, GQA groups 1/2/4/8, head dims 64/128/256, batch 1 to 3.
+// steps, GQA groups 1/2/4/8, head dims 64/96/128/256, batch 1 to 3.
 TEST(CudaAttention, FusedDecodeWithRopeMatchesCpu) {
   KILN_SKIP_WITHOUT_CUDA();
   for (const Config& c : {Config{8, 8, 64, 16, {300}}, Config{32, 4, 64, 16, {1, 40, 130}},
                           Config{16, 4, 128, 16, {70, 3, 257}}, Config{8, 1, 128, 16, {500}},
-                          Config{4, 1, 256, 16, {200}}, Config{8, 4, 256, 16, {3, 90}}})
+                          Config{4, 1, 256, 16, {200}}, Config{8, 4, 256, 16, {3, 90}}, Config{32, 32, 96, 16, {70, 3}}})
     for (int64_t rot : {c.d, c.d / 2, int64_t(0)})
       for (const auto& dt : all_dtypes()) {
         if (dt == "f16" && rot == c.d / 2) continue;  // the partial rotary dims in f32 and bf16 only

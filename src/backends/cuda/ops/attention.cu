@@ -209,7 +209,9 @@ void launch_qkv_prep_elements(const QkvPrepArgs& a, cudaStream_t s) {
   KILN_CUDA_CHECK_LAUNCH();
 }
 
-bool attention_supports_head_dim(int64_t d) { return d == 16 || d == 32 || d == 64 || d == 128 || d == 256; }
+bool attention_supports_head_dim(int64_t d) {
+  return d == 16 || d == 32 || d == 64 || d == 96 || d == 128 || d == 256;
+}
 
 bool attention_flash_supported(DType t, int64_t d) {
   return (t == DType::kBF16 || t == DType::kF16) && (d == 64 || d == 128 || d == 256);
@@ -386,7 +388,7 @@ void launch_attention(const AttentionArgs& a, cudaStream_t s) {
   KILN_THROW_IF(a.decode_splits > 0, kInternal, "cuda attention: a cluster decode plan reached the generic kernels");
   if (a.num_work == 0) return;
   KILN_THROW_IF(!attention_supports_head_dim(a.d), kUnsupported, "cuda attention: head_dim ", a.d,
-                " (supported: 16, 32, 64, 128, 256)");
+                " (supported: 16, 32, 64, 96, 128, 256)");
   KILN_THROW_IF(a.num_partials > 0 && !a.workspace, kInternal, "cuda attention: split plan without workspace");
   if (a.kv_code != KvCode::kNone)
     KILN_THROW_IF(!a.k_scales || !a.v_scales, kInternal, "cuda attention: a quantized cache without scales");

@@ -92,7 +92,8 @@ struct AttentionPlan {
 };
 
 // Head dims 16, 32, 64 and 128 on every kernel; 256 (Gemma) on the tile, tensor-core and
-// cluster decode kernels (the grouped and warp decode kernels stop at 128).
+// cluster decode kernels; 96 (Phi-3-mini / Phi-3.5-mini) on the tile and cluster decode
+// kernels (the grouped and warp decode kernels take 16-128 in powers of two).
 bool attention_supports_head_dim(int64_t d);
 // Whether the tensor-core prefill kernel takes this activation dtype and head dim (any
 // KvCode: quantized tiles are decoded to the activation dtype).

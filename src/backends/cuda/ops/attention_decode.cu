@@ -85,7 +85,8 @@ int attention_decode_stages_from_env() {
 }
 
 bool attention_decode_cluster_supported(DType t, int64_t hq, int64_t hkv, int64_t d) {
-  return (t == DType::kBF16 || t == DType::kF16) && (d == 64 || d == 128 || d == 256) && hkv > 0 && hq % hkv == 0 &&
+  return (t == DType::kBF16 || t == DType::kF16) && (d == 64 || d == 96 || d == 128 || d == 256) && hkv > 0 &&
+         hq % hkv == 0 &&
          hq / hkv <= kDecMaxGroup && device_has_clusters();
 }
 
@@ -108,8 +109,8 @@ AttentionPlan attention_plan_decode_cluster(const std::vector<AttnSeq>& seqs, in
   }
   KILN_THROW_IF(forced_warp > 3, kInternal, "cuda attention: ", forced_warp, " forced warp decode stages (1 to 3)");
   // The warp decode kernel has head dims 64 and 128 (and no window or soft cap: the
-  // backend asks such nodes' plans with forced_warp 0); 256 keeps to the cluster kernel.
-  if (d == 256) return plan;
+  // backend asks such nodes' plans with forced_warp 0); 96 and 256 keep to the cluster kernel.
+  if (d != 64 && d != 128) return plan;
   if (forced_warp > 0) {
     plan.decode_splits = 1;
     plan.decode_warp = int32_t(forced_warp);
@@ -126,7 +127,8 @@ AttentionPlan attention_plan_decode_cluster(const std::vector<AttnSeq>& seqs, in
 void launch_attention_decode_cluster(const AttentionArgs& a, cudaStream_t s) {
   KILN_THROW_IF(a.decode_splits < 1 || a.decode_splits > 8, kInternal, "cuda attention: cluster decode with ",
                 a.decode_splits, " splits (1 to 8)");
-  KILN_THROW_IF((a.dtype != DType::kBF16 && a.dtype != DType::kF16) || (a.d != 64 && a.d != 128 && a.d != 256) ||
+  KILN_THROW_IF((a.dtype != DType::kBF16 && a.dtype != DType::kF16) ||
+                    (a.d != 64 && a.d != 96 && a.d != 128 && a.d != 256) ||
                     a.hkv <= 0 ||
                     a.hq % a.hkv != 0 || a.hq / a.hkv > kDecMaxGroup || a.max_q_len != 1,
                 kInternal, "cuda attention: the cluster decode kernel for ", dtype_name(a.dtype), " hq=", a.hq,
@@ -143,7 +145,8 @@ void launch_attention_decode_cluster(const AttentionArgs& a, cudaStream_t s) {
     return;
   }
   if (a.decode_warp > 0) {
-    KILN_THROW_IF(a.decode_splits != 1 || a.decode_warp > 3 || a.d == 256 || a.window > 0 || a.softcap > 0.0f,
+    KILN_THROW_IF(a.decode_splits != 1 || a.decode_warp > 3 || (a.d != 64 && a.d != 128) || a.window > 0 ||
+                      a.softcap > 0.0f,
                   kInternal, "cuda attention: the warp decode kernel with ", a.decode_splits, " splits and ",
                   a.decode_warp, " stages, head_dim ", a.d, ", window ", a.window, ", softcap ", a.softcap,
                   " (1 split, 1 to 3 stages, head dims 64/128, no window or soft cap)");

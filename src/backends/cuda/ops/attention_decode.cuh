@@ -1,5 +1,5 @@
 // Internal to the CUDA backend's attention: the cluster decode kernel (decode steps,
-// 16-bit activations, head dims 64/128/256, GQA group <= 8, any KvCode; a sliding window
+// 16-bit activations, head dims 64/96/128/256, GQA group <= 8, any KvCode; a sliding window
 // and soft-capped scores, Gemma's, included). A CTA takes one
 // (sequence, KV head, split); the splits of a (sequence, KV head) form one thread-block
 // cluster and merge through distributed shared memory, so an unsplit context needs no
@@ -197,7 +197,7 @@ attention_decode_cluster_kernel(const DecParams<T> p) {
   constexpr int CPR = D * int(sizeof(E)) / 16;        // 16-byte chunks per cache row
   constexpr int CVEC = 16 / int(sizeof(E));
   constexpr unsigned kFull = 0xffffffffu;
-  static_assert(D == 64 || D == 128 || D == 256);
+  static_assert(D == 64 || D == 96 || D == 128 || D == 256);
   extern __shared__ __align__(16) unsigned char smem[];
 
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
@@ -277,8 +277,8 @@ attention_decode_cluster_kernel(const DecParams<T> p) {
   // The q rows and the new K/V rows, loads in flight together.
   constexpr int QV = 8;  // 16-bit elements per 16-byte vector
   const int qr = threadIdx.x / (D / QV), qc = (threadIdx.x % (D / QV)) * QV;
-  // Rows per pass over the q rows: 16 / 8 / 4 at head dim 64 / 128 / 256 (kDecMaxGroup
-  // rows are written, those past the group zero).
+  // Rows per pass over the q rows: 16 / 10 / 8 / 4 at head dim 64 / 96 / 128 / 256
+  // (kDecMaxGroup rows are written, those past the group zero).
   constexpr int QP = kDecThreads / (D / QV), QPASSES = (kDecMaxGroup + QP - 1) / QP;
   uint4 qraw[QPASSES], nraw = make_uint4(0, 0, 0, 0);
 #pragma unroll
@@ -559,6 +559,8 @@ void launch_decode_cluster_codes(const AttentionArgs& a, cudaStream_t s) {
   if (a.dtype == DType::kBF16) {
     if (a.d == 64)
       launch_decode_cluster_typed<__nv_bfloat16, 64, Q>(a, s);
+    else if (a.d == 96)
+      launch_decode_cluster_typed<__nv_bfloat16, 96, Q>(a, s);
     else if (a.d == 128)
       launch_decode_cluster_typed<__nv_bfloat16, 128, Q>(a, s);
     else
@@ -566,6 +568,8 @@ void launch_decode_cluster_codes(const AttentionArgs& a, cudaStream_t s) {
   } else {
     if (a.d == 64)
       launch_decode_cluster_typed<__half, 64, Q>(a, s);
+    else if (a.d == 96)
+      launch_decode_cluster_typed<__half, 96, Q>(a, s);
     else if (a.d == 128)
       launch_decode_cluster_typed<__half, 128, Q>(a, s);
     else

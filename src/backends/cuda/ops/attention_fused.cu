@@ -9,8 +9,9 @@ namespace kiln::cuda {
 
 bool attention_fused_decode_supported(const AttentionArgs& a) {
   // Quantized caches: head dims 64 and 128 (the others take the decode / tile kernels).
-  return a.flash_width == 0 && a.window == 0 && a.softcap == 0.0f && a.d <= 128 && a.max_q_len == 1 && a.hkv > 0 && a.hq % a.hkv == 0 && a.hq / a.hkv <= 8 &&
-         attention_supports_head_dim(a.d) && (a.kv_code == KvCode::kNone || a.d == 64 || a.d == 128);
+  const bool dims = a.d == 16 || a.d == 32 || a.d == 64 || a.d == 128;  // attention_dispatch's
+  return a.flash_width == 0 && a.window == 0 && a.softcap == 0.0f && dims && a.max_q_len == 1 && a.hkv > 0 &&
+         a.hq % a.hkv == 0 && a.hq / a.hkv <= 8 && (a.kv_code == KvCode::kNone || a.d == 64 || a.d == 128);
 }
 
 void launch_attention_fused_decode(const AttentionArgs& a, cudaStream_t s) {

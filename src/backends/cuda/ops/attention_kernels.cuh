@@ -408,7 +408,10 @@ attention_decode_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restrict_
       const int64_t slot = int64_t(bt[p / block_size]) * block_size + p % block_size;
       off = slot * kv_row + int64_t(kvh) * D;
       const uint4* kp = reinterpret_cast<const uint4*>(k_cache + off);
-      constexpr int KG = CVPR < 8 ? CVPR : 8;  // vectors in flight per group (registers)
+      // Vectors in flight per group (registers): at most 8, a divisor of the row's (12 at
+      // head dim 96 in 16 bits: 6).
+      constexpr int KG = CVPR <= 8 ? CVPR : CVPR % 8 == 0 ? 8 : CVPR % 6 == 0 ? 6 : 4;
+      static_assert(CVPR % KG == 0);
 #pragma unroll
       for (int c0 = 0; c0 < CVPR; c0 += KG) {
         uint4 kr[KG];
@@ -686,7 +689,7 @@ struct TypedAttention {
 };
 
 // fn(std::type_identity<T>{}, std::integral_constant<int, D>{}) for the activation dtype
-// t and head dim d: 16, 32, 64 or 128 (kWideOnly: 64 and 128 only).
+// t and head dim d: 16, 32, 64 or 128 (kWideOnly: 64 and 128 only); any other is an error.
 template <bool kWideOnly = false, typename Fn>
 void attention_dispatch(DType t, int64_t d, Fn&& fn) {
   KILN_CUDA_DISPATCH_FLOAT(t, T, {
@@ -699,8 +702,10 @@ void attention_dispatch(DType t, int64_t d, Fn&& fn) {
           throw_error(ErrorCode::kInternal, "cuda attention: head_dim ", d, " here (64 and 128 only)");
         } else if (d == 16) {
           fn(ty, std::integral_constant<int, 16>{});
-        } else {
+        } else if (d == 32) {
           fn(ty, std::integral_constant<int, 32>{});
+        } else {
+          throw_error(ErrorCode::kInternal, "cuda attention: head_dim ", d, " here (16, 32, 64 and 128 only)");
         }
     }
   });
@@ -740,12 +745,16 @@ void launch_typed(const AttentionArgs& a, cudaStream_t s) {
   }
 }
 
-// launch_typed for every activation dtype and head dim, with cache codes Q. Head dim 256
-// (Gemma) has only these tile / decode kernels (attention_dispatch's other users stop at 128).
+// launch_typed for every activation dtype and head dim, with cache codes Q. Head dims 96
+// and 256 are dispatched here only (attention_dispatch's other users stop at 128).
 template <KvCode Q>
 void launch_attention_codes(const AttentionArgs& a, cudaStream_t s) {
   if (a.d == 256) {
     KILN_CUDA_DISPATCH_FLOAT(a.dtype, T, { launch_typed<T, 256, Q>(a, s); });
+    return;
+  }
+  if (a.d == 96) {
+    KILN_CUDA_DISPATCH_FLOAT(a.dtype, T, { launch_typed<T, 96, Q>(a, s); });
     return;
   }
   attention_dispatch(a.dtype, a.d, [&](auto t, auto d) {
