@@ -362,6 +362,7 @@ std::map<std::string, OpSchema> make_registry() {
   add({"AddRMSNorm", 3, 3, {"eps"}, "s = a + b; outputs s and RMSNorm(s) (fused residual add)",
        infer_add_norm});
   add({"SwiGLU", 1, 1, {}, "x = [gate | up] on the last dim -> silu(gate) * up", infer_swiglu});
+  add({"GeGLU", 1, 1, {}, "x = [gate | up] on the last dim -> gelu_tanh(gate) * up (Gemma's MLP)", infer_swiglu});
   add({"LayerNorm", 2, 3, {"eps"}, "(x - mean) / sqrt(var + eps) * w + b over the last dim", infer_norm});
   add({"RMSNorm", 2, 2, {"eps"}, "x / sqrt(mean(x^2) + eps) * w over the last dim", infer_norm});
   add({"HeadRMSNorm", 2, 2, {"eps", "head_dim"}, "RMSNorm over each group of head_dim values of the last dim "

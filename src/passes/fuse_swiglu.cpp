@@ -1,6 +1,7 @@
 // Gate/up merge + SwiGLU: Mul(Silu(Linear(x, Wg)), Linear(x, Wu)) becomes
 // SwiGLU(Linear(x, [Wg; Wu])): one GEMM of twice the width (the activations are read
 // once) and one elementwise pass instead of Silu + Mul with an extra intermediate.
+// The GELU(tanh) gate (Gemma's MLP) likewise becomes GeGLU(Linear(x, [Wg; Wu])).
 // Tested in tests/passes/fusion_test.cpp.
 #include "passes/pass.h"
 #include "passes/pass_util.h"
@@ -26,9 +27,15 @@ class FuseSwiGlu final : public Pass {
       const ir::Node *silu = nullptr, *gate = nullptr, *up = nullptr;
       for (int side = 0; side < 2 && !silu; ++side) {
         silu = single_use_producer(g, uses, mul.inputs[size_t(side)], "Silu", mi);
+        if (!silu) {
+          // GELU(tanh) gates (Gemma): GeGLU; the erf GELU has no fused op.
+          silu = single_use_producer(g, uses, mul.inputs[size_t(side)], "Gelu", mi);
+          if (silu && silu->attr_str("approximate", "none") != "tanh") silu = nullptr;
+        }
         if (silu) up = single_use_producer(g, uses, mul.inputs[size_t(1 - side)], "Linear", mi);
       }
       if (!silu) continue;  // not a gated MLP: nothing to say
+      const char* fused_op = silu->op == "Silu" ? "SwiGLU" : "GeGLU";
       gate = single_use_producer(g, uses, silu->inputs[0], "Linear", node_index(g, silu));
       if (!gate || !up) {
         not_fired(kName, mul, "gate or up is not a single-use Linear");
@@ -52,7 +59,7 @@ class FuseSwiGlu final : public Pass {
       std::vector<ir::ValueId> in = {x, concat_weights(g, {wg, wu}, scope + "gate_up_proj.weight")};
       if (bg != ir::kNoValue) in.push_back(concat_weights(g, {bg, bu}, scope + "gate_up_proj.bias"));
       ir::ValueId gu = g.add("Linear", in, quant_attrs, scope + "gate_up_proj");
-      g.replace_uses(mul_out, g.add("SwiGLU", {gu}, {}, mul_name));
+      g.replace_uses(mul_out, g.add(fused_op, {gu}, {}, mul_name));
       ++fused;
       uses = ir::compute_uses(g);  // the rewrite redirected readers
     }
@@ -61,7 +68,7 @@ class FuseSwiGlu final : public Pass {
       return false;
     }
     ir::finish_rewrite(g, dead);
-    stats_ = str_cat("fused ", fused, " gate/up Linears + Silu*Mul into SwiGLU");
+    stats_ = str_cat("fused ", fused, " gate/up Linears + Silu*Mul / Gelu(tanh)*Mul into SwiGLU / GeGLU");
     return true;
   }
 };

@@ -132,7 +132,7 @@ std::vector<PassResult> run_passes(ir::Graph& g, const PassOptions& o) {
 std::string fusion_of(const ir::Node& n) {
   if (n.op == "Linear" && (n.has_attr("norm") || n.input(3) != ir::kNoValue)) return "fuse_norm_linear";
   if (n.op == "AddRMSNorm" || n.op == "AddLayerNorm") return "fuse_add_norm";
-  if (n.op == "SwiGLU") return "fuse_swiglu";
+  if (n.op == "SwiGLU" || n.op == "GeGLU") return "fuse_swiglu";
   if (n.op == "ScaledDotProductAttention") return "fuse_attention_pattern";
   if (n.op == "EmbeddingLayerNorm") return "fuse_embedding_norm";
   if (n.op == "Attention" && n.attr_int("packed_qkv", 0)) return "fuse_qkv_attention";

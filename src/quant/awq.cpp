@@ -88,7 +88,7 @@ void plan_fold(const ir::Graph& g, const ir::Uses& u, AwqGroup& grp) {
     }
     return;
   }
-  if (p.op == "SwiGLU") {
+  if (p.op == "SwiGLU" || p.op == "GeGLU") {  // act(gate) * up: likewise
     const int32_t lin = g.value(p.inputs[0]).producer;
     if (foldable_linear(g, u, lin, prod, "") && g.weight(g.nodes()[size_t(lin)].inputs[1]).dim(0) == 2 * grp.k) {
       grp.fold = AwqFold::kSwiGluUp;

@@ -111,6 +111,28 @@ TEST(FuseLinearActivation, SwiGluBecomesTheMergedGemmsEpilogue) {
   EXPECT_EQ(opt.value(opt.nodes()[0].outputs[0]).shape.str(), Shape({"T", 24}).str());
 }
 
+// Gemma's MLP: a GELU(tanh) gate merges with up into GeGLU, which keeps its own node
+// (no Linear epilogue); an erf GELU gate is left alone.
+TEST(FuseSwiGlu, GeluTanhGateBecomesGeGlu) {
+  for (const char* approx : {"tanh", "none"}) {
+    ir::Graph g;
+    ir::ValueId x = g.add_input("x", DType::kF32, {"T", 16});
+    ir::ValueId gate = g.add("Linear", {x, g.add_weight("wg", random_tensor({24, 16}, 1))}, {}, "mlp.gate_proj");
+    ir::ValueId up = g.add("Linear", {x, g.add_weight("wu", random_tensor({24, 16}, 2))}, {}, "mlp.up_proj");
+    ir::ValueId act = g.add("Gelu", {gate}, {{"approximate", std::string(approx)}}, "mlp.act");
+    ir::ValueId h = g.add("Mul", {act, up}, {}, "mlp.gate_mul");
+    g.add_output("y", g.add("Linear", {h, g.add_weight("wd", random_tensor({16, 24}, 3))}, {}, "mlp.down_proj"));
+    const bool tanh = std::string(approx) == "tanh";
+    ir::Graph merged = run_ab(g, *passes::make_fuse_swiglu_pass(), tanh);
+    EXPECT_EQ(count_ops(merged, "GeGLU"), tanh ? 1u : 0u) << approx;
+    EXPECT_EQ(count_ops(merged, "Linear"), tanh ? 2u : 3u) << approx;
+    EXPECT_EQ(count_ops(merged, "Gelu") + count_ops(merged, "Mul"), tanh ? 0u : 2u) << approx;
+    if (!tanh) continue;
+    ir::Graph opt = run_ab(merged, *passes::make_fuse_linear_activation_pass(), false);
+    EXPECT_EQ(count_ops(opt, "GeGLU"), 1u);
+  }
+}
+
 TEST(FuseSwiGlu, DoesNotFireWhenTheGateIsReadTwice) {
   ir::Graph g;
   ir::ValueId x = g.add_input("x", DType::kF32, {"T", 16});

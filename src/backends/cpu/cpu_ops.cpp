@@ -260,6 +260,28 @@ OpRun prepare_swiglu(const ir::Node&, const ir::Graph&, const CompileOptions&) {
   };
 }
 
+// GeGLU over [T, 2I] = [gate | up] rows: gelu_tanh(gate) (the Gelu op's and the Linear
+// epilogue's kernel) times up, in segments a thread owns.
+OpRun prepare_geglu(const ir::Node&, const ir::Graph&, const CompileOptions&) {
+  return [](OpContext& c) {
+    const Tensor& x = *c.inputs[0];
+    const int64_t t = x.dim(0), inter = x.dim(1) / 2;
+    Tensor& y = c.out(0, {t, inter});
+    const float* in = x.data_as<float>();
+    float* out = y.data_as<float>();
+    constexpr int64_t kSeg = 2048;
+    const int64_t segs = (inter + kSeg - 1) / kSeg;
+    ThreadPool::global().parallel_for(t * segs, [&](int64_t b, int64_t e, int) {
+      for (int64_t i = b; i < e; ++i) {
+        const int64_t r = i / segs, s = (i % segs) * kSeg, n = std::min(kSeg, inter - s);
+        const float* row = in + r * 2 * inter;
+        gelu_tanh(row + s, n, out + r * inter + s);
+        mul(out + r * inter + s, row + inter + s, n, out + r * inter + s);
+      }
+    });
+  };
+}
+
 OpRun prepare_rms_norm(const ir::Node& n, const ir::Graph& g, const CompileOptions&) {
   Tensor w = weight_f32(g, n.inputs[1], n, "weight");
   float eps = float(n.attr_float("eps"));
@@ -741,6 +763,7 @@ const std::map<std::string, OpPrepare>& op_table() {
       {"AddLayerNorm", prepare_add_norm},
       {"AddRMSNorm", prepare_add_norm},
       {"SwiGLU", prepare_swiglu},
+      {"GeGLU", prepare_geglu},
       {"Linear", prepare_linear},
       {"Gelu", prepare_gelu},
       {"Silu", prepare_unary<&silu>},

@@ -305,6 +305,16 @@ OpRun prepare_swiglu(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) 
   };
 }
 
+// GeGLU (pass fuse_swiglu, Gemma): [T, 2I] = [gate | up] -> gelu_tanh(gate) * up, [T, I].
+OpRun prepare_geglu(const ir::Node&, const ir::Graph&, PrepareContext&) {
+  return [](OpContext& c) {
+    const DevTensor& x = *c.inputs[0];
+    const int64_t t = x.dim(0), inter = x.dim(1) / 2;
+    DevTensor& y = c.out(0, {t, inter});
+    launch_geglu(y.dtype, x.data, t, inter, y.data, c.cx->stream);
+  };
+}
+
 // A Linear's activation epilogue (pass fuse_linear_activation): inside the GEMV; after a
 // cuBLASLt GEMM, one elementwise pass in place.
 struct LinearEpilogue {
@@ -809,6 +819,7 @@ const std::map<std::string, OpPrepare>& op_table() {
       {"AddLayerNorm", prepare_norm},
       {"AddRMSNorm", prepare_norm},
       {"SwiGLU", prepare_swiglu},
+      {"GeGLU", prepare_geglu},
       {"Linear", prepare_linear},
       {"Gelu", prepare_gelu},
       {"Silu", prepare_unary<UnaryOp::kSilu>},

@@ -108,7 +108,7 @@ TEST(CudaOps, HeadRmsNorm) {
 }
 
 // The fused ops the CUDA backend claims (fuse_add_norm, fuse_swiglu): both outputs of
-// AddRMSNorm/AddLayerNorm and SwiGLU against the CPU backend.
+// AddRMSNorm/AddLayerNorm, SwiGLU and GeGLU against the CPU backend.
 TEST(CudaOps, FusedAddNormAndSwiGlu) {
   KILN_SKIP_WITHOUT_CUDA();
   for (const auto& dt : all_dtypes())
@@ -127,10 +127,12 @@ TEST(CudaOps, FusedAddNormAndSwiGlu) {
           o.g.add_output("y", outs[1]);
           o.check(dt, str_cat(op, " rows=", rows, " dim=", dim));
         }
-        OneNode s;
-        s.input("x", random_tensor({rows, 2 * dim}, rng, dt, -6.0f, 6.0f), Shape{"T", 2 * dim});
-        s.node("SwiGLU");
-        s.check(dt, str_cat("SwiGLU rows=", rows, " inter=", dim));
+        for (const char* op : {"SwiGLU", "GeGLU"}) {
+          OneNode s;
+          s.input("x", random_tensor({rows, 2 * dim}, rng, dt, -6.0f, 6.0f), Shape{"T", 2 * dim});
+          s.node(op);
+          s.check(dt, str_cat(op, " rows=", rows, " inter=", dim));
+        }
       }
 }
 

@@ -36,17 +36,18 @@ __global__ void unary_kernel(const T* x, int64_t n, T* out) {
   }
 }
 
-// SwiGLU over rows of [gate | up]: out[r, i] = silu(gate) * up. silu is rounded to T
-// before the product, as the unfused Silu -> Mul pair would store it; swiglu_f32 is that
-// product before its own rounding.
-template <typename T>
+// SwiGLU over rows of [gate | up]: out[r, i] = silu(gate) * up (GeGLU: gelu_tanh(gate) *
+// up, kGate kGeluTanh). The gate's activation is rounded to T before the product, as the
+// unfused Silu / Gelu -> Mul pair would store it; swiglu_f32 is that product before its
+// own rounding.
+template <typename T, UnaryOp kGate = UnaryOp::kSilu>
 __device__ __forceinline__ float swiglu_f32(T gate, T up) {
-  const float g = to_f32(from_f32<T>(unary_f32<UnaryOp::kSilu>(to_f32(gate))));
+  const float g = to_f32(from_f32<T>(unary_f32<kGate>(to_f32(gate))));
   return g * to_f32(up);
 }
 
 // V columns per thread (inter % V == 0; 16-byte loads and stores when V > 1).
-template <typename T, int V>
+template <typename T, int V, UnaryOp kGate>
 __global__ void swiglu_kernel(const T* x, int64_t rows, int64_t inter, T* out) {
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
   const int64_t per_row = inter / V, n = rows * per_row;
@@ -57,7 +58,7 @@ __global__ void swiglu_kernel(const T* x, int64_t rows, int64_t inter, T* out) {
     const Vec<T, V> u = *reinterpret_cast<const Vec<T, V>*>(row + inter + c);
     Vec<T, V> y;
 #pragma unroll
-    for (int j = 0; j < V; ++j) y.e[j] = from_f32<T>(swiglu_f32(g.e[j], u.e[j]));
+    for (int j = 0; j < V; ++j) y.e[j] = from_f32<T>(swiglu_f32<T, kGate>(g.e[j], u.e[j]));
     *reinterpret_cast<Vec<T, V>*>(out + r * inter + c) = y;
   }
 }
@@ -135,18 +136,31 @@ bool vec_ok(int64_t len, const void* x, const void* out) {
 
 }  // namespace
 
-void launch_swiglu(DType t, const void* x, int64_t rows, int64_t inter, void* out, cudaStream_t s) {
+namespace {
+
+template <UnaryOp kGate>
+void launch_gated(DType t, const void* x, int64_t rows, int64_t inter, void* out, cudaStream_t s) {
   if (rows * inter == 0) return;
   KILN_CUDA_DISPATCH_FLOAT(t, T, {
     constexpr int V = 16 / int(sizeof(T));
     auto* px = static_cast<const T*>(x);
     auto* po = static_cast<T*>(out);
     if (vec_ok<T>(inter, x, out))
-      launch_k(swiglu_kernel<T, V>, grid_for(rows * inter / V, 256), 256, 0, s, px, rows, inter, po);
+      launch_k(swiglu_kernel<T, V, kGate>, grid_for(rows * inter / V, 256), 256, 0, s, px, rows, inter, po);
     else
-      launch_k(swiglu_kernel<T, 1>, grid_for(rows * inter, 256), 256, 0, s, px, rows, inter, po);
+      launch_k(swiglu_kernel<T, 1, kGate>, grid_for(rows * inter, 256), 256, 0, s, px, rows, inter, po);
   });
   KILN_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void launch_swiglu(DType t, const void* x, int64_t rows, int64_t inter, void* out, cudaStream_t s) {
+  launch_gated<UnaryOp::kSilu>(t, x, rows, inter, out, s);
+}
+
+void launch_geglu(DType t, const void* x, int64_t rows, int64_t inter, void* out, cudaStream_t s) {
+  launch_gated<UnaryOp::kGeluTanh>(t, x, rows, inter, out, s);
 }
 
 void launch_swiglu_fp8(DType t, const void* x, int64_t rows, int64_t inter, float inv, uint8_t* out,

@@ -20,5 +20,7 @@ void launch_binary(BinaryOp op, DType t, const void* a, const void* b, int64_t n
 void launch_unary(UnaryOp op, DType t, const void* x, int64_t n, void* out, cudaStream_t s);
 // x: [rows, 2 * inter] = [gate | up] per row; out: [rows, inter] = silu(gate) * up.
 void launch_swiglu(DType t, const void* x, int64_t rows, int64_t inter, void* out, cudaStream_t s);
+// The same rows, out = gelu_tanh(gate) * up (GeGLU, Gemma's MLP).
+void launch_geglu(DType t, const void* x, int64_t rows, int64_t inter, void* out, cudaStream_t s);
 
 }  // namespace kiln::cuda
