@@ -960,14 +960,20 @@ void check_prefilled_decode(const DecodeCase& c, KvDType kd, const std::vector<s
   }
 }
 
+// n context lengths drawn from [1, max_len].
+std::vector<int32_t> random_lengths(size_t n, int32_t max_len, std::mt19937_64& rng) {
+  std::uniform_int_distribution<int32_t> len(1, max_len);
+  std::vector<int32_t> out(n);
+  for (int32_t& x : out) x = len(rng);
+  return out;
+}
+
 // Batch 1 / 3 / 64, contexts 1..4096, GQA groups 1 / 2 / 4 / 8 (and 3, padded to 4), head
 // dims 64 / 128 (and 16 / 32 for the 16/32-bit cache).
 TEST(CudaAttention, GroupedDecodeMatchesCpu) {
   KILN_SKIP_WITHOUT_CUDA();
   std::mt19937_64 rng(5);
-  std::uniform_int_distribution<int32_t> len(1, 300);
-  std::vector<int32_t> b64(64);
-  for (int32_t& x : b64) x = len(rng);
+  const std::vector<int32_t> b64 = random_lengths(64, 300, rng);
   check_prefilled_decode({8, 1, 128, {4096}}, KvDType::kAuto, all_dtypes());
   check_prefilled_decode({8, 1, 128, {1}}, KvDType::kAuto, all_dtypes());
   check_prefilled_decode({32, 8, 64, {1, 150, 2049}}, KvDType::kAuto, all_dtypes());
@@ -979,17 +985,13 @@ TEST(CudaAttention, GroupedDecodeMatchesCpu) {
   check_prefilled_decode({16, 2, 128, b64}, KvDType::kAuto, {"f16"});
   // 80 x 8 = 640 (sequence, KV head) items at head dim 128: the plan's own pick is the
   // warp decode kernel (2 stages) on a device of up to 213 SMs (kDecodeWarpMinItemsPerSm128).
-  std::vector<int32_t> b80(80);
-  for (int32_t& x : b80) x = len(rng);
-  check_prefilled_decode({32, 8, 128, b80}, KvDType::kAuto, {"bf16"});
+  check_prefilled_decode({32, 8, 128, random_lengths(80, 300, rng)}, KvDType::kAuto, {"bf16"});
 }
 
 TEST(CudaAttention, GroupedDecodeQuantizedMatchesCpu) {
   KILN_SKIP_WITHOUT_CUDA();
   std::mt19937_64 rng(6);
-  std::uniform_int_distribution<int32_t> len(1, 200);
-  std::vector<int32_t> b64(64);
-  for (int32_t& x : b64) x = len(rng);
+  const std::vector<int32_t> b64 = random_lengths(64, 200, rng);
   for (KvDType kd : {KvDType::kInt8, KvDType::kFp8}) {
     check_prefilled_decode({8, 1, 128, {4096}}, kd, {"bf16"});
     check_prefilled_decode({32, 8, 64, {1, 150, 2049}}, kd, all_dtypes());
@@ -1006,9 +1008,7 @@ TEST(CudaAttention, GroupedDecodeQuantizedMatchesCpu) {
 TEST(CudaAttention, ClusterDecodeWindowsSoftCapAndHeadDim256MatchCpu) {
   KILN_SKIP_WITHOUT_CUDA();
   std::mt19937_64 rng(7);
-  std::uniform_int_distribution<int32_t> len(1, 700);
-  std::vector<int32_t> b64(64);
-  for (int32_t& x : b64) x = len(rng);
+  const std::vector<int32_t> b64 = random_lengths(64, 700, rng);
   check_prefilled_decode({4, 1, 256, {190}}, KvDType::kAuto, all_dtypes());
   check_prefilled_decode({8, 4, 256, {1, 37, 2000}}, KvDType::kAuto, all_dtypes());
   check_prefilled_decode({8, 1, 256, {600}}, KvDType::kAuto, {"bf16"});
