@@ -17,7 +17,7 @@ class FuseSwiGlu final : public Pass {
 
   bool run(ir::Graph& g) override {
     std::vector<bool> dead(g.nodes().size(), false);
-    size_t fused = 0;
+    size_t fused = 0, geglu = 0;
     ir::Uses uses = ir::compute_uses(g);
     const size_t n_nodes = g.nodes().size();
     for (size_t i = 0; i < n_nodes; ++i) {
@@ -61,6 +61,7 @@ class FuseSwiGlu final : public Pass {
       ir::ValueId gu = g.add("Linear", in, quant_attrs, scope + "gate_up_proj");
       g.replace_uses(mul_out, g.add(fused_op, {gu}, {}, mul_name));
       ++fused;
+      geglu += std::string(fused_op) == "GeGLU";
       uses = ir::compute_uses(g);  // the rewrite redirected readers
     }
     if (!fused) {
@@ -68,7 +69,10 @@ class FuseSwiGlu final : public Pass {
       return false;
     }
     ir::finish_rewrite(g, dead);
-    stats_ = str_cat("fused ", fused, " gate/up Linears + Silu*Mul / Gelu(tanh)*Mul into SwiGLU / GeGLU");
+    stats_ = geglu == 0 ? str_cat("fused ", fused, " gate/up Linears + Silu*Mul into SwiGLU")
+             : geglu == fused ? str_cat("fused ", fused, " gate/up Linears + Gelu(tanh)*Mul into GeGLU")
+                              : str_cat("fused ", fused - geglu, " gate/up Linears + Silu*Mul into SwiGLU and ", geglu,
+                                        " + Gelu(tanh)*Mul into GeGLU");
     return true;
   }
 };
