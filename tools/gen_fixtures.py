@@ -218,12 +218,9 @@ def tiny_decoder_configs():
     decoder = dict(
         hidden_size=HIDDEN, num_hidden_layers=LAYERS, intermediate_size=128, max_position_embeddings=MAX_POS, **common
     )
+    # Llama and Mistral share these heads, norm and RoPE base.
+    llama_like = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=16, rms_norm_eps=1e-5, rope_theta=10000.0)
     llama = transformers.LlamaConfig(
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        rms_norm_eps=1e-5,
-        rope_theta=10000.0,
         rope_scaling={
             "rope_type": "llama3",
             "factor": 8.0,
@@ -232,6 +229,7 @@ def tiny_decoder_configs():
             "original_max_position_embeddings": 32,
         },
         tie_word_embeddings=True,
+        **llama_like,
         **decoder,
     )
     # Qwen2 and Qwen3 share these; each adds its own heads and head.
@@ -285,14 +283,7 @@ def tiny_decoder_configs():
         **dict(decoder, max_position_embeddings=256),
     )
     mistral = transformers.MistralConfig(
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        rms_norm_eps=1e-5,
-        rope_theta=10000.0,
-        sliding_window=SLIDING_WINDOW,
-        tie_word_embeddings=False,
-        **decoder,
+        sliding_window=SLIDING_WINDOW, tie_word_embeddings=False, **llama_like, **decoder
     )
     return {
         "gpt2": (transformers.GPT2LMHeadModel, gpt2, 1001),

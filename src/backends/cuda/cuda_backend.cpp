@@ -133,18 +133,14 @@ class CudaCompiledGraph final : public CompiledGraph {
         throw_error(ErrorCode::kUnsupported, "cuda backend cannot run node '", n.name, "' (", n.op, "): ", why);
       runners_.push_back((*find_cuda_op(n.op))(n, g, prep_));
       if (n.op == "Attention") {
-        // Sliding-window and soft-capped nodes plan apart (attn_windows_): in steps where
+        // Sliding-window and soft-capped nodes plan apart (AttnWindows): in steps where
         // the window hides a key, or with a soft cap, the cluster decode kernel but not
         // the warp one, the tensor-core prefill kernel only at head dim 256
         // (attention_flash_supports_window), else the tile kernel.
-        const bool tile_only = attention_tile_only(n);
-        const AttnPlanKey key{n.attr_int("num_heads"), n.attr_int("num_kv_heads"), tile_only};
-        attn_keys_.insert(key);
-        if (tile_only) {
-          AttnWindows& aw = attn_windows_[key];
-          if (n.attr_int("window", 0) > 0) aw.min_window = std::min(aw.min_window, n.attr_int("window"));
-          aw.softcap = aw.softcap || n.attr_float("softcap", 0.0) > 0.0;
-        }
+        AttnWindows& aw =
+            attn_keys_[{n.attr_int("num_heads"), n.attr_int("num_kv_heads"), attention_window_or_cap(n)}];
+        if (n.attr_int("window", 0) > 0) aw.min_window = std::min(aw.min_window, n.attr_int("window"));
+        aw.softcap = aw.softcap || n.attr_float("softcap", 0.0) > 0.0;
         attn_max_d_ = std::max(attn_max_d_, n.attr_int("head_dim"));
         attn_flash_ok_ = attn_flash_ok_ && attention_flash_supported(prep_.act, n.attr_int("head_dim"));
         attn_cluster_ok_ = attn_cluster_ok_ && decode_cluster_ &&
@@ -541,12 +537,12 @@ class CudaCompiledGraph final : public CompiledGraph {
     const bool cluster = decode && attn_cluster_ok_;
     int64_t max_ctx = 0;
     for (const AttnSeq& sq : seqs) max_ctx = std::max<int64_t>(max_ctx, sq.ctx_len);
-    for (auto key : attn_keys_) {
+    for (const auto& [key, windows] : attn_keys_) {
       PlanOff po;
       // A window no shorter than every context hides no key: such steps plan (and run)
       // as if the nodes had none, on every kernel. Part of the graph key: a captured
       // decode step replays only while the context stays on the same side of the window.
-      po.windowed = key.tile_only && attn_windows_.at(key).hides_keys(max_ctx);
+      po.windowed = windows.hides_keys(max_ctx);
       graph_key_.push_back(po.windowed);
       po.plan = cluster ? attention_plan_decode_cluster(seqs, key.hq, key.hkv, attn_max_d_, cx_->num_sms,
                                                         decode_splits_, po.windowed ? 0 : decode_warp_)
@@ -725,15 +721,14 @@ class CudaCompiledGraph final : public CompiledGraph {
   PrepareContext prep_;
   std::vector<OpRun> runners_;
   std::unique_ptr<CudaDecodeStack> stack_;  // null: the graph is no plain Llama-family stack (or switched off)
-  std::set<AttnPlanKey> attn_keys_;
-  // The sliding windows and soft caps of each tile_only key's nodes.
+  // The sliding windows and soft caps of a key's nodes (none for window_or_cap false).
   struct AttnWindows {
     int64_t min_window = std::numeric_limits<int64_t>::max();  // the shortest window (max: none)
     bool softcap = false;                                       // some node caps its scores
     // Whether a step whose longest context is max_ctx needs the window and cap kernels.
     bool hides_keys(int64_t max_ctx) const { return softcap || min_window < max_ctx; }
   };
-  std::map<AttnPlanKey, AttnWindows> attn_windows_;
+  std::map<AttnPlanKey, AttnWindows> attn_keys_;  // every Attention node's key
   int64_t attn_max_d_ = 0;
   bool attn_flash_ok_ = true;  // every Attention node's head dim and dtype suit the tensor-core kernel
   // ... and the cluster decode kernel (attention_decode_cluster_supported, KILN_CUDA_DECODE_ATTN not "old").
@@ -825,7 +820,8 @@ class CudaBackend final : public Backend {
     }
     return supports_fusion(pass);
   }
-  // Sliding-window Attention nodes run on the tile and decode kernels (AttnPlanKey).
+  // Sliding windows and soft caps: the tile, cluster decode and (head dim 256) tensor-core
+  // kernels, planned per step (AttnPlanKey, AttnWindows).
   bool supports_sliding_window() const override { return true; }
   std::unique_ptr<CompiledGraph> compile(const ir::Graph& graph, const CompileOptions& opt) override {
     auto g = std::make_unique<CudaCompiledGraph>(graph, opt, context());

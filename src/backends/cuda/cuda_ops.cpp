@@ -598,7 +598,7 @@ OpRun prepare_attention(const ir::Node& n, const ir::Graph& g, PrepareContext& p
   KILN_THROW_IF(window < 0 || (window > 0 && !causal), kInvalidArgument, "attention '", n.name, "': window ", window,
                 " (a sliding window is positive and causal)");
   const float softcap = float(n.attr_float("softcap", 0.0));
-  const bool tile_only = attention_tile_only(n);
+  const bool window_or_cap = attention_window_or_cap(n);
   const bool packed = n.attr_int("packed_qkv", 0) != 0;
   const int64_t rot = n.attr_int("rotary_dim", d);
   const float* inv_freq =
@@ -648,7 +648,7 @@ OpRun prepare_attention(const ir::Node& n, const ir::Graph& g, PrepareContext& p
     if (packed) a.q_stride = width;
     a.seqs = c.dev->seqs;
     a.block_tables = c.dev->block_tables;
-    const DevAttentionPlan& p = c.dev->plans.at({hq, hkv, tile_only});
+    const DevAttentionPlan& p = c.dev->plans.at({hq, hkv, window_or_cap});
     a.window = p.windowed ? int32_t(window) : 0;  // else no context is longer than the window
     KILN_CHECK(p.windowed || softcap == 0.0f, "cuda: attention '", name, "' planned without its soft cap");
     a.work = p.work;
@@ -861,7 +861,7 @@ bool cuda_op_supported(const ir::Node& n, const ir::Graph& g, std::string* why) 
   if (n.op == "Attention") {
     const int64_t d = n.attr_int("head_dim", 0);
     if (!attention_supports_head_dim(d))
-      return fail(str_cat("attention head_dim ", d, " (supported: 16, 32, 64, 128, 256)"));
+      return fail(str_cat("attention head_dim ", d, " (supported: ", kAttentionHeadDims, ")"));
     if (n.attr_int("packed_qkv", 0)) {
       // The packed rows are rotated in place: nothing else may read them.
       const ir::ValueId qkv = n.inputs[0];

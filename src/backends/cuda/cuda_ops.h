@@ -91,16 +91,16 @@ class CudaKv : public KvStorage {
 };
 
 // Which attention nodes share a step's plan: those of the same heads, and the ones with a
-// sliding window or soft-capped scores apart (tile_only: their plans keep to the kernels
-// with AttentionArgs::window and softcap - the tile and cluster decode kernels, and the
-// tensor-core one at head dim 256).
+// sliding window or soft-capped scores apart (window_or_cap: in steps where those matter,
+// their plans keep to the kernels with AttentionArgs::window and softcap - the tile and
+// cluster decode kernels, and the tensor-core one at head dim 256).
 struct AttnPlanKey {
   int64_t hq = 0, hkv = 0;
-  bool tile_only = false;
+  bool window_or_cap = false;
   auto operator<=>(const AttnPlanKey&) const = default;
 };
-// An Attention node's AttnPlanKey::tile_only.
-inline bool attention_tile_only(const ir::Node& n) {
+// An Attention node's AttnPlanKey::window_or_cap.
+inline bool attention_window_or_cap(const ir::Node& n) {
   return n.attr_int("window", 0) > 0 || n.attr_float("softcap", 0.0) > 0.0;
 }
 

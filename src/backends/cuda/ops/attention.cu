@@ -388,7 +388,7 @@ void launch_attention(const AttentionArgs& a, cudaStream_t s) {
   KILN_THROW_IF(a.decode_splits > 0, kInternal, "cuda attention: a cluster decode plan reached the generic kernels");
   if (a.num_work == 0) return;
   KILN_THROW_IF(!attention_supports_head_dim(a.d), kUnsupported, "cuda attention: head_dim ", a.d,
-                " (supported: 16, 32, 64, 96, 128, 256)");
+                " (supported: ", kAttentionHeadDims, ")");
   KILN_THROW_IF(a.num_partials > 0 && !a.workspace, kInternal, "cuda attention: split plan without workspace");
   if (a.kv_code != KvCode::kNone)
     KILN_THROW_IF(!a.k_scales || !a.v_scales, kInternal, "cuda attention: a quantized cache without scales");

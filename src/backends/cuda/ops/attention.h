@@ -95,6 +95,8 @@ struct AttentionPlan {
 // cluster decode kernels; 96 (Phi-3-mini / Phi-3.5-mini) on the tile and cluster decode
 // kernels (the grouped and warp decode kernels take 16-128 in powers of two).
 bool attention_supports_head_dim(int64_t d);
+// Those head dims, as error messages name them.
+inline constexpr const char* kAttentionHeadDims = "16, 32, 64, 96, 128, 256";
 // Whether the tensor-core prefill kernel takes this activation dtype and head dim (any
 // KvCode: quantized tiles are decoded to the activation dtype).
 bool attention_flash_supported(DType t, int64_t d);
@@ -188,12 +190,12 @@ struct AttentionArgs {
   float scale = 1.0f;
   bool causal = true;
   // > 0 (causal only): a sliding window, the query at position p sees keys (p - window, p].
-  // The tile and decode kernels (launch_attention over a plan of attention_plan or
-  // attention_plan_decode) implement it; the tensor-core, grouped, cluster and warp decode
+  // The tile kernels, the cluster decode kernel and, at head dim 256, the tensor-core
+  // kernel implement it (attention_flash_supports_window); the grouped and warp decode
   // kernels do not, and refuse it.
   int32_t window = 0;
   // > 0: each score s (q.k times scale) becomes softcap * tanh(s / softcap) before the
-  // softmax (Gemma 2); the tile and decode kernels only, as window.
+  // softmax (Gemma 2); the same kernels as window.
   float softcap = 0.0f;
   const AttnSeq* seqs = nullptr;    // device
   const int32_t* block_tables = nullptr;

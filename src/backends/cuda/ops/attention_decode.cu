@@ -44,6 +44,9 @@ int64_t pow2_floor(int64_t x) {
 // The split counts the kernel's clusters take.
 bool splits_valid(long v) { return v == 1 || v == 2 || v == 4 || v == 8; }
 
+// The head dims launch_decode_cluster_codes instantiates.
+bool cluster_head_dim(int64_t d) { return d == 64 || d == 96 || d == 128 || d == 256; }
+
 }  // namespace
 
 bool attention_decode_cluster_from_env() {
@@ -85,8 +88,7 @@ int attention_decode_stages_from_env() {
 }
 
 bool attention_decode_cluster_supported(DType t, int64_t hq, int64_t hkv, int64_t d) {
-  return (t == DType::kBF16 || t == DType::kF16) && (d == 64 || d == 96 || d == 128 || d == 256) && hkv > 0 &&
-         hq % hkv == 0 &&
+  return (t == DType::kBF16 || t == DType::kF16) && cluster_head_dim(d) && hkv > 0 && hq % hkv == 0 &&
          hq / hkv <= kDecMaxGroup && device_has_clusters();
 }
 
@@ -127,9 +129,7 @@ AttentionPlan attention_plan_decode_cluster(const std::vector<AttnSeq>& seqs, in
 void launch_attention_decode_cluster(const AttentionArgs& a, cudaStream_t s) {
   KILN_THROW_IF(a.decode_splits < 1 || a.decode_splits > 8, kInternal, "cuda attention: cluster decode with ",
                 a.decode_splits, " splits (1 to 8)");
-  KILN_THROW_IF((a.dtype != DType::kBF16 && a.dtype != DType::kF16) ||
-                    (a.d != 64 && a.d != 96 && a.d != 128 && a.d != 256) ||
-                    a.hkv <= 0 ||
+  KILN_THROW_IF((a.dtype != DType::kBF16 && a.dtype != DType::kF16) || !cluster_head_dim(a.d) || a.hkv <= 0 ||
                     a.hq % a.hkv != 0 || a.hq / a.hkv > kDecMaxGroup || a.max_q_len != 1,
                 kInternal, "cuda attention: the cluster decode kernel for ", dtype_name(a.dtype), " hq=", a.hq,
                 " hkv=", a.hkv, " head_dim=", a.d, " max_q_len=", a.max_q_len);

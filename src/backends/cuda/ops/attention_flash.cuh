@@ -386,18 +386,8 @@ __global__ void __launch_bounds__(flash2_threads<W, MT>(), I / W)
 template <typename T, int D, KvCode Q, int W, int MT, int I = 256>
 void launch_flash2_typed(const AttentionArgs& a, cudaStream_t s) {
   constexpr size_t smem = flash2_smem_bytes<D, T, W>();
-  auto* kernel = flash2_attention_kernel<T, D, Q, W, MT, I>;
   // Over 48 KiB of dynamic shared memory needs the opt-in, once per device.
-  constexpr int kMaxDevices = 64;
-  static std::atomic<bool> opted[kMaxDevices];
-  int dev = 0;
-  KILN_CUDA_CHECK(cudaGetDevice(&dev));
-  KILN_CHECK(dev >= 0 && dev < kMaxDevices, "cuda flash attention: device ", dev, " out of range");
-  if (!opted[dev].load()) {
-    KILN_CUDA_CHECK(
-        cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    opted[dev].store(true);
-  }
+  auto* kernel = smem_kernel_ready<flash2_attention_kernel<T, D, Q, W, MT, I>, smem>();
   const int bs = int(a.block_size);
   const int bs_shift = bs > 0 && (bs & (bs - 1)) == 0 ? __builtin_ctz(unsigned(bs)) : -1;
   const int64_t qs = a.q_stride ? a.q_stride : a.hq * D,

@@ -13,8 +13,7 @@
 
 #include <algorithm>
 #include <cmath>
-#include <mutex>
-#include <set>
+#include <atomic>
 #include <type_traits>
 
 #include "backends/cuda/common.cuh"
@@ -183,16 +182,17 @@ __device__ __forceinline__ void attn_init_items(int (&lo)[R], int (&lim)[R], flo
 // The kernel `Kernel` with its dynamic shared-memory attribute set to `Bytes` on the
 // current device (a host-side attribute per device, set on a step's eager first run
 // before any capture): a kernel of more than 48 KiB of dynamic shared memory needs it.
-template <auto Kernel, int Bytes>
+// Every launch asks, so the check is one atomic load (setting it twice is harmless).
+template <auto Kernel, size_t Bytes>
 auto smem_kernel_ready() {
-  static std::mutex mu;
-  static std::set<int> done;
+  constexpr int kMaxDevices = 64;
+  static std::atomic<bool> done[kMaxDevices];
   int dev = 0;
   KILN_CUDA_CHECK(cudaGetDevice(&dev));
-  std::lock_guard<std::mutex> lock(mu);
-  if (!done.count(dev)) {
-    KILN_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Bytes));
-    done.insert(dev);
+  KILN_CHECK(dev >= 0 && dev < kMaxDevices, "cuda: device ", dev, " out of range");
+  if (!done[dev].load(std::memory_order_acquire)) {
+    KILN_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Bytes)));
+    done[dev].store(true, std::memory_order_release);
   }
   return Kernel;
 }
@@ -205,7 +205,7 @@ __device__ __forceinline__ float attn_softcap(float s, float softcap) {
 // The tile kernel's shared memory: q rows [16][D], a key tile [32][D + 1] (+1: lane j reads
 // row j, column c -> distinct banks) and its value tile [32][D], in floats. Static up to
 // head dim 128 (41 KiB); at 256 (82 KiB) past the 48 KiB of static shared memory, so
-// dynamic (attention_tile_smem_bytes, opted in at launch).
+// dynamic (kTileSmemDynamic, opted in at launch by smem_kernel_ready).
 template <int D>
 constexpr int kTileSmemFloats = kAttnItemsPerCta * D + kTileKeys * (D + 1) + kTileKeys * D;
 template <int D>
