@@ -87,13 +87,15 @@ TEST(CudaOps, Norms) {
       }
 }
 
-// HeadRMSNorm (Qwen3's q/k norm): heads of 64 and 128 with one weight for every head, and
-// a packed q|k|v row whose first groups heads are normalized with a weight each.
+// HeadRMSNorm (Qwen3's q/k norm): heads of 64 to 256 with one weight for every head, and
+// a packed q|k|v row whose first groups heads are normalized with a weight each (a lane's
+// values as one vector at 64/128/256 in 16 bits, the per-value loop at 96 and 80; the
+// tail of 2 heads is one copy warp's share at 64/80/96/128, two at 256).
 TEST(CudaOps, HeadRmsNorm) {
   KILN_SKIP_WITHOUT_CUDA();
   for (const auto& dt : all_dtypes())
     for (int64_t rows : {1, 37})
-      for (int64_t d : {64, 128})
+      for (int64_t d : {64, 80, 96, 128, 256})
         for (bool packed : {false, true}) {
           std::mt19937_64 rng(uint64_t(rows * 5 + d + packed));
           const int64_t groups = packed ? 6 : 8, width = 8 * d;  // packed: 4 q + 2 k heads, then 2 v

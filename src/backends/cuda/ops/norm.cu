@@ -675,40 +675,101 @@ bool launch_add_norm_shaped(DType t, bool rms, const void* x, const void* res, c
 
 namespace {
 
-// HeadRMSNorm: a block per row, a warp per head (32-256 values: a few a lane, reduced
-// with shuffles), then the row's tail copied. The sum of squares in f32 as the CPU's.
-template <typename T>
-__global__ void head_rms_norm_kernel(const T* x, const float* __restrict__ w, int64_t w_stride,
-                                     float eps, int64_t width, int64_t groups, int64_t d, T* y) {
-  const T* xr = x + int64_t(blockIdx.x) * width;
-  T* yr = y + int64_t(blockIdx.x) * width;
-  const int warp = int(threadIdx.x) / 32, lane = int(threadIdx.x) % 32, warps = int(blockDim.x) / 32;
-  for (int64_t g = warp; g < groups; g += warps) {
+// HeadRMSNorm: a warp per (row, head), kHeadWarps to a block, so a decode row's heads
+// spread over several SMs instead of queueing in one block. A lane holds E = d / 32
+// consecutive values of its head (one load of 2E bytes at 16 bits; any d takes the
+// generic per-value loop, E = 0); the sum of squares in f32 as the CPU's, reduced with
+// shuffles. The row's tail (values past the normalized heads: v of a packed q|k|v row) is
+// copied by extra warps, 32 x kHeadTailPerLane values each. Launched with dependent launch
+// like the norms: the weights toward L1 before the wait and, in a decode step of a few
+// rows, the trigger at the start (the attention after it then issues its cache reads).
+constexpr int kHeadWarps = 4, kHeadTailPerLane = 8;
+
+template <typename T, int E>
+struct alignas(sizeof(T) * E) HeadVec {
+  T v[E];
+};
+
+template <typename T, int E>
+__global__ void __launch_bounds__(kHeadWarps * 32)
+head_rms_norm_kernel(const T* x, const float* __restrict__ w, int64_t w_stride, float eps, int64_t rows,
+                     int64_t width, int64_t groups, int64_t tail_tasks, int d, T* y, bool early) {
+  const int lane = int(threadIdx.x) % 32;
+  const int64_t task = int64_t(blockIdx.x) * kHeadWarps + int(threadIdx.x) / 32;
+  const int64_t per_row = groups + tail_tasks;
+  const int64_t row = task / per_row, g = task % per_row;
+  if (early) pdl_trigger();
+  if (row >= rows) return;  // no barrier below: a warp without a task is done
+  const T* xr = x + row * width;
+  T* yr = y + row * width;
+  if (g >= groups) {  // the tail, copied
+    const int64_t t0 = groups * d + (g - groups) * 32 * kHeadTailPerLane;
+    pdl_wait();
+    const int64_t t1 = t0 + 32 * kHeadTailPerLane < width ? t0 + 32 * kHeadTailPerLane : width;
+    for (int64_t i = t0 + lane; i < t1; i += 32) yr[i] = xr[i];
+    return;
+  }
+  const float* wg = w + g * w_stride;
+  if constexpr (E > 0) {
+    float wv[E];
+#pragma unroll
+    for (int e = 0; e < E; ++e) wv[e] = wg[lane * E + e];  // requested before the wait
+    pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
+    const HeadVec<T, E> xv = *reinterpret_cast<const HeadVec<T, E>*>(xr + g * d + lane * E);
+    float ss = 0.0f;
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const float v = to_f32(xv.v[e]);
+      ss += v * v;
+    }
+    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    const float r = 1.0f / sqrtf(ss / float(d) + eps);
+    HeadVec<T, E> out;
+#pragma unroll
+    for (int e = 0; e < E; ++e) out.v[e] = from_f32<T>(to_f32(xv.v[e]) * r * wv[e]);
+    *reinterpret_cast<HeadVec<T, E>*>(yr + g * d + lane * E) = out;
+  } else {
+    if (lane < d) prefetch_l1(wg + lane);
+    pdl_wait();
     const T* xg = xr + g * d;
     float ss = 0.0f;
-    for (int64_t i = lane; i < d; i += 32) {
+    for (int i = lane; i < d; i += 32) {
       const float v = to_f32(xg[i]);
       ss += v * v;
     }
     for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
     const float r = 1.0f / sqrtf(ss / float(d) + eps);
-    const float* wg = w + g * w_stride;
-    for (int64_t i = lane; i < d; i += 32) yr[g * d + i] = from_f32<T>(to_f32(xg[i]) * r * wg[i]);
+    for (int i = lane; i < d; i += 32) yr[g * d + i] = from_f32<T>(to_f32(xg[i]) * r * wg[i]);
   }
-  for (int64_t i = groups * d + threadIdx.x; i < width; i += blockDim.x) yr[i] = xr[i];
+}
+
+template <typename T, int E>
+void launch_head_typed(const void* x, const float* w, int64_t w_stride, float eps, int64_t rows, int64_t width,
+                       int64_t groups, int64_t d, void* y, cudaStream_t s) {
+  const int64_t tail = width - groups * d, tail_tasks = (tail + 32 * kHeadTailPerLane - 1) / (32 * kHeadTailPerLane);
+  const int64_t tasks = rows * (groups + tail_tasks);
+  launch_k(head_rms_norm_kernel<T, E>, dim3(unsigned((tasks + kHeadWarps - 1) / kHeadWarps)), kHeadWarps * 32, 0, s,
+           static_cast<const T*>(x), w, w_stride, eps, rows, width, groups, tail_tasks, int(d), static_cast<T*>(y),
+           early_trigger(rows));
 }
 
 }  // namespace
 
 void launch_head_rms_norm(DType t, const void* x, const float* w, int64_t w_stride, float eps, int64_t rows,
                           int64_t width, int64_t groups, int64_t d, void* y, cudaStream_t s) {
-  KILN_THROW_IF(groups * d > width || d <= 0, kInternal, "cuda head norm: ", groups, " groups of ", d,
-                " values do not fit rows of ", width);
+  KILN_THROW_IF(groups * d > width || d <= 0 || d > (int64_t(1) << 20), kInternal, "cuda head norm: ", groups,
+                " groups of ", d, " values do not fit rows of ", width);
   if (rows == 0) return;
-  const int threads = int(std::clamp<int64_t>(groups, 1, 8)) * 32;
   KILN_CUDA_DISPATCH_FLOAT(t, T, {
-    head_rms_norm_kernel<T><<<unsigned(rows), unsigned(threads), 0, s>>>(
-        static_cast<const T*>(x), w, w_stride, eps, width, groups, d, static_cast<T*>(y));
+    // A lane's d / 32 values in one load where they are whole, aligned vectors.
+    const int64_t e = d % 32 == 0 ? d / 32 : 0;
+    const bool vec = (e == 2 || e == 4 || (e == 8 && sizeof(T) == 2)) && width % e == 0 &&
+                     reinterpret_cast<uintptr_t>(x) % (sizeof(T) * e) == 0 &&
+                     reinterpret_cast<uintptr_t>(y) % (sizeof(T) * e) == 0;
+    if (!vec) launch_head_typed<T, 0>(x, w, w_stride, eps, rows, width, groups, d, y, s);
+    else if (e == 2) launch_head_typed<T, 2>(x, w, w_stride, eps, rows, width, groups, d, y, s);
+    else if (e == 4) launch_head_typed<T, 4>(x, w, w_stride, eps, rows, width, groups, d, y, s);
+    else if constexpr (sizeof(T) == 2) launch_head_typed<T, 8>(x, w, w_stride, eps, rows, width, groups, d, y, s);
   });
   KILN_CUDA_CHECK_LAUNCH();
 }
