@@ -3,9 +3,11 @@
 // q / 8 KV heads, head dim 128, causal, one prompt of 512 / 2048 / 8192 tokens; at 2048
 // also with an fp8 cache), Llama-3.2-1B's (32 / 8, head dim 64) and BERT-base's (12
 // heads, head dim 64, 1 / 8 / 32 sequences of 128 tokens, bidirectional, K/V read in place
-// as the encoder path does). The tensor-core kernel runs at the CTA width its plan picks
+// as the encoder path does), Qwen3-0.6B's (16 / 8, 128) and Gemma 3 1B's (4 / 1, 256) at
+// 512 / 2048. The tensor-core kernel runs at the CTA width its plan picks
 // (attention_flash_pick_width; printed, with the warp rows attention_flash_warp_rows
-// picks and the items per SM of the plan) and at 128 items with 16- and 32-row warps (the
+// picks and the items per SM of the plan), with the key splits the plan makes for a
+// short grid and their combine, and unsplit at 128 items with 16- and 32-row warps (the
 // 16-row column at 256 items per SM), in the same run. Random bf16
 // inputs through a shuffled 16-token block table (one-token blocks for the encoder);
 // median of 20 repeats of 5 launches back to back (CUDA events). Before timing, the
@@ -104,12 +106,15 @@ void run_case(const Case& c, int num_sms) {
   }
   DeviceBuffer dseqs = upload(seqs), dtables = upload(tables);
 
-  // flash: the tensor-core plan of CTAs `width` items wide (0: the plan's pick); else the
-  // tile kernel's (prefill rows: never split).
+  // flash: the tensor-core plan of CTAs `width` items wide (0: the plan's pick, with the
+  // key splits it makes for a short grid); else the tile kernel's (prefill rows: never split).
+  DeviceBuffer combine_flash, ws_flash;
   auto args_for = [&](bool flash, int width, DeviceBuffer& work, int32_t& num_work, void* out) {
-    const AttentionPlan plan = attention_plan(seqs, c.hq, c.hkv, c.causal, num_sms, 0, flash ? 1 : 0, width);
+    const bool picked = flash && width == 0;
+    const AttentionPlan plan =
+        attention_plan(seqs, c.hq, c.hkv, c.causal, num_sms, picked ? 0 : -1, flash ? 1 : 0, width);
     KILN_CHECK((plan.flash_width > 0) == flash && (width == 0 || plan.flash_width == width) &&
-                   plan.num_partials == 0,
+                   (picked || plan.num_partials == 0),
                "bench: not the plan asked for");
     work = upload(plan.work);
     num_work = int32_t(plan.work.size());
@@ -135,6 +140,14 @@ void run_case(const Case& c, int num_sms) {
     a.num_work = num_work;
     a.flash_width = plan.flash_width;
     a.flash_items_per_sm = plan.flash_items_per_sm;
+    if (plan.num_partials > 0) {
+      combine_flash = upload(plan.combine);
+      ws_flash = DeviceBuffer(attention_workspace_floats(plan, c.hkv, c.d) * sizeof(float));
+      a.combine = static_cast<const AttnCombine*>(combine_flash.get());
+      a.num_combine = int32_t(plan.combine.size());
+      a.num_partials = plan.num_partials;
+      a.workspace = static_cast<float*>(ws_flash.get());
+    }
     return a;
   };
   DeviceBuffer work_flash, work_128, work_128r32, work_tile;
@@ -224,6 +237,12 @@ int main(int argc, char** argv) {
   if (want("1b"))
     for (int32_t p : {512, 2048, 8192})
       cases.push_back({"Llama-3.2-1B 32/8 d64 causal", 32, 8, 64, 1, p, true});
+  if (want("qwen3"))
+    for (int32_t p : {512, 2048})
+      cases.push_back({"Qwen3-0.6B 16/8 d128 causal", 16, 8, 128, 1, p, true});
+  if (want("gemma3"))
+    for (int32_t p : {512, 2048})
+      cases.push_back({"Gemma-3-1B 4/1 d256 causal", 4, 1, 256, 1, p, true});
   if (want("bert"))
     for (int32_t b : {1, 8, 32}) cases.push_back({"BERT-base 12/12 d64 bidirectional", 12, 12, 64, b, 128, false});
   for (const Case& c : cases)

@@ -732,7 +732,7 @@ OpRun prepare_attention(const ir::Node& n, const ir::Graph& g, PrepareContext& p
       a.block_size = 1;
       if (packed) a.kv_stride = width;
     }
-    if ((codes || icodes) && a.flash_width > 0) {
+    if ((codes || icodes) && a.flash_width > 0 && a.num_partials == 0) {  // a key split's combine writes T
       a.out_codes = static_cast<uint8_t*>(y);
       a.out_code_inv = codes ? codes->inv : icodes->inv;
       a.out_code = codes ? AttnOutCode::kFp8 : AttnOutCode::kInt8;

@@ -70,7 +70,8 @@ TEST(CudaAttentionInt8, FlashEpilogueWritesTheQuantizeKernelsCodes) {
         t += n;
         max_len = std::max(max_len, n);
       }
-      const AttentionPlan plan = attention_plan(seqs, c.hq, c.hkv, c.causal, sms, 0, 1, width);
+      // Unsplit (split_chunk -1): a key-split plan's combine writes T, then the quantize pass.
+      const AttentionPlan plan = attention_plan(seqs, c.hq, c.hkv, c.causal, sms, -1, 1, width);
       ASSERT_EQ(plan.flash_width, width) << what;
       ASSERT_EQ(plan.num_partials, 0) << what;
       std::mt19937_64 rng(uint64_t(c.d * 131 + c.hq * 7 + t + int(dt)));

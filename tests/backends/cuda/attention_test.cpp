@@ -264,7 +264,8 @@ TEST(CudaAttentionPlan, FlashPlanCoversEveryItemLongestFirst) {
   for (int forced : {0, 128, 64, 32})
     for (bool causal : {true, false}) {
       SCOPED_TRACE(str_cat("width ", forced, causal ? " causal" : " bidirectional"));
-      const AttentionPlan plan = attention_plan(seqs, hq, hkv, causal, 132, 0, 1, forced);
+      // Unsplit (split_chunk -1; key splits: FlashKeySplitsTileEachCtasKeys).
+      const AttentionPlan plan = attention_plan(seqs, hq, hkv, causal, 132, -1, 1, forced);
       const int64_t width = forced ? forced : 128;  // 34 CTAs x 4 KV heads of 128 fill 132 SMs
       ASSERT_EQ(plan.flash_width, width);
       int64_t ctas = 0;
@@ -288,6 +289,93 @@ TEST(CudaAttentionPlan, FlashPlanCoversEveryItemLongestFirst) {
       for (const auto& v : seen)
         for (int x : v) EXPECT_EQ(x, 1);
     }
+}
+
+// Tensor-core key splits (host only, no GPU): a short causal grid cuts its longer CTAs'
+// keys into chunks of at least kFlashMinSplitKeys that tile [0, ctx_len) exactly (the last
+// one ends where the unsplit item did), one partial each, combined per work item; pieces
+// listed with the most keys they read first; a full grid, an encoder batch of 128 tokens
+// and split_chunk < 0 stay unsplit; a forced chunk is kept.
+TEST(CudaAttentionPlan, FlashKeySplitsTileEachCtasKeys) {
+  auto check_tiling = [](const AttentionPlan& p, const std::vector<AttnSeq>& seqs, int64_t group,
+                         const std::string& what) {
+    std::map<int32_t, std::vector<std::pair<int32_t, int32_t>>> pieces;  // combine -> key ranges
+    int32_t prev = INT32_MAX;
+    for (const AttnWork& w : p.work) {
+      if (w.partial < 0) {
+        EXPECT_EQ(w.kv_begin, 0) << what;
+        continue;
+      }
+      const AttnSeq& sq = seqs[size_t(w.seq)];
+      const int32_t last = std::min<int32_t>(w.item_begin + p.flash_width, sq.q_len * int32_t(group)) - 1;
+      const int32_t len = std::min(w.kv_end, sq.ctx_len - sq.q_len + last / int32_t(group) + 1) - w.kv_begin;
+      EXPECT_LE(len, prev) << what << ": pieces not longest first";
+      prev = len;
+      ASSERT_GE(w.combine, 0) << what;
+      ASSERT_LT(size_t(w.combine), p.combine.size()) << what;
+      const AttnCombine& cb = p.combine[size_t(w.combine)];
+      EXPECT_EQ(cb.seq, w.seq) << what;
+      EXPECT_EQ(cb.item_begin, w.item_begin) << what;
+      EXPECT_GE(w.partial, cb.partial_begin) << what;
+      EXPECT_LT(w.partial, cb.partial_begin + cb.num_splits) << what;
+      pieces[w.combine].push_back({w.kv_begin, w.kv_end});
+    }
+    int32_t partials = 0;
+    for (size_t c = 0; c < p.combine.size(); ++c) {
+      auto& v = pieces[int32_t(c)];
+      std::sort(v.begin(), v.end());
+      const AttnCombine& cb = p.combine[c];
+      ASSERT_EQ(int32_t(v.size()), cb.num_splits) << what;
+      EXPECT_GE(cb.num_splits, 2) << what;
+      partials += cb.num_splits;
+      const AttnSeq& s = seqs[size_t(cb.seq)];
+      const int32_t last_row = std::min<int32_t>(cb.item_begin + p.flash_width, s.q_len * int32_t(group)) - 1;
+      const int32_t keys = s.ctx_len - s.q_len + last_row / int32_t(group) + 1;  // causal
+      int32_t at = 0;
+      for (const auto& [b, e] : v) {
+        EXPECT_EQ(b, at) << what << ": a gap or overlap";
+        EXPECT_GT(e, b) << what;
+        EXPECT_LT(b, keys) << what << ": a chunk past the causal keys";
+        at = e;
+      }
+      EXPECT_EQ(at, s.ctx_len) << what;
+    }
+    EXPECT_EQ(partials, p.num_partials) << what;
+  };
+  auto seqs_of = [](int n, int32_t len) {
+    std::vector<AttnSeq> v;
+    for (int i = 0; i < n; ++i) v.push_back({i * len, len, len, 0});
+    return v;
+  };
+  // Gemma 3 1B (4 / 1): a prompt of 512 (64 CTAs of 32 items) and a chunk of 128 after
+  // 2,000 cached tokens (16 CTAs, 2,001-2,128 keys each).
+  std::vector<AttnSeq> after = seqs_of(1, 128);
+  after[0].ctx_len += 2000;
+  for (const std::vector<AttnSeq>& seqs : {seqs_of(1, 512), after}) {
+    const int64_t hq = 4, hkv = 1;
+    const AttentionPlan p = attention_plan(seqs, hq, hkv, true, 132, 0, 1);
+    const std::string what = str_cat(hq, "/", hkv, " ", seqs[0].q_len, " tokens of ", seqs[0].ctx_len);
+    EXPECT_GT(p.num_partials, 0) << what;
+    for (const AttnWork& w : p.work) EXPECT_GE(w.kv_end - w.kv_begin, w.partial >= 0 ? 1 : 0) << what;
+    for (const AttnCombine& cb : p.combine) EXPECT_GE(cb.num_splits, 2) << what;
+    check_tiling(p, seqs, hq / hkv, what);
+    // Chunks of at least kFlashMinSplitKeys, but the last of a CTA's.
+    for (const AttnWork& w : p.work)
+      if (w.partial >= 0 && w.kv_begin == 0) EXPECT_GE(w.kv_end, kFlashMinSplitKeys) << what;
+    EXPECT_EQ(attention_plan(seqs, hq, hkv, true, 132, -1, 1).num_partials, 0) << what << ": never split";
+  }
+  // Forced chunks (tests): 64 keys over two sequences with cached tokens.
+  std::vector<AttnSeq> chunked = seqs_of(2, 100);
+  chunked[1].ctx_len += 300;
+  const AttentionPlan forced = attention_plan(chunked, 8, 2, true, 132, 64, 1);
+  EXPECT_GT(forced.num_partials, 0);
+  check_tiling(forced, chunked, 4, "forced 64-key chunks");
+  // Grids that fill half the SMs (Qwen3-0.6B and Llama-3.2-1B at pp512: 256 CTAs; 8B
+  // pp2048) and BERT-base at 1 x 128 tokens: no splits.
+  EXPECT_EQ(attention_plan(seqs_of(1, 512), 16, 8, true, 132, 0, 1).num_partials, 0);
+  EXPECT_EQ(attention_plan(seqs_of(1, 512), 32, 8, true, 132, 0, 1).num_partials, 0);
+  EXPECT_EQ(attention_plan(seqs_of(1, 2048), 32, 8, true, 132, 0, 1).num_partials, 0);
+  EXPECT_EQ(attention_plan(seqs_of(1, 128), 12, 12, false, 132, 0, 1).num_partials, 0);
 }
 
 // The tensor-core CTAs' width (host only, no GPU): the widest whose grid (CTAs x KV heads)

@@ -9,6 +9,7 @@
 // int8/fp8 caches; attention_fused.cu: the grouped-query decode kernel).
 #include "backends/cuda/ops/attention_kernels.cuh"
 
+#include <algorithm>
 #include <cstdlib>
 #include <iterator>
 #include <numeric>
@@ -260,6 +261,58 @@ int attention_flash_warp_rows(const AttentionArgs& a) {
   return a.d == 128 && a.kv_code == KvCode::kNone ? 32 : 16;
 }
 
+namespace {
+
+// A tensor-core plan's key splits (see attention_plan): keys[i] is the number of keys work
+// item i reads. Chunk c of an item reads keys [c * chunk, min(keys, (c + 1) * chunk)) into
+// its own partial; the pieces are listed with the most keys first, as the plan's CTAs.
+void split_flash_keys(AttentionPlan& plan, const std::vector<int64_t>& keys, int64_t hkv, int num_sms,
+                      int64_t split_chunk) {
+  if (split_chunk < 0 || plan.work.empty()) return;
+  int64_t chunk = split_chunk;
+  if (chunk == 0) {
+    // Only a grid that leaves half the SMs idle: measured on the H100 (cuda_attention_bench,
+    // bench/RESULTS.md session 37), Gemma 3 1B's pp512 (64 CTAs of 32 items) ran in 27.8 us
+    // split against 45.7, while Qwen3-0.6B's and Llama-3.2-1B's (256 CTAs, up to 512 keys
+    // each) lost 15-20% to the partials and the combine.
+    const int64_t ctas = int64_t(plan.work.size()) * hkv;
+    if (2 * ctas > int64_t(num_sms)) return;
+    const int64_t resident = int64_t(std::max(num_sms, 1)) * (plan.flash_items_per_sm / plan.flash_width);
+    const int64_t per_cta = resident / ctas;  // chunks one wave holds per CTA
+    if (per_cta < 2) return;
+    const int64_t max_keys = *std::max_element(keys.begin(), keys.end());
+    chunk = std::max<int64_t>(kFlashMinSplitKeys, ((max_keys + per_cta - 1) / per_cta + 63) / 64 * 64);
+  }
+  std::vector<AttnWork> work;
+  std::vector<int64_t> len;
+  for (size_t i = 0; i < plan.work.size(); ++i) {
+    const AttnWork& w = plan.work[i];
+    const int64_t n = (keys[i] + chunk - 1) / chunk;
+    if (n <= 1) {
+      work.push_back(w);
+      len.push_back(keys[i]);
+      continue;
+    }
+    const auto cb = int32_t(plan.combine.size());
+    plan.combine.push_back({w.seq, plan.num_partials, int32_t(n), w.item_begin});
+    for (int64_t c = 0; c < n; ++c) {
+      // The last chunk ends where the work item did: a bidirectional node planned as
+      // causal (the backend plans every node of a key alike) still reads every key.
+      const int64_t b = c * chunk, e = c + 1 < n ? b + chunk : int64_t(w.kv_end);
+      work.push_back({w.seq, w.item_begin, int32_t(b), int32_t(e), int32_t(plan.num_partials + c), cb});
+      len.push_back(std::min(keys[i], e) - b);
+    }
+    plan.num_partials += int32_t(n);
+  }
+  std::vector<size_t> order(work.size());
+  std::iota(order.begin(), order.end(), size_t(0));
+  std::stable_sort(order.begin(), order.end(), [&](size_t x, size_t y) { return len[x] > len[y]; });
+  plan.work.clear();
+  for (size_t i : order) plan.work.push_back(work[i]);
+}
+
+}  // namespace
+
 AttentionPlan attention_plan(const std::vector<AttnSeq>& seqs, int64_t hq, int64_t hkv, bool causal,
                              int num_sms, int64_t split_chunk, int flash, int flash_width) {
   KILN_THROW_IF(flash_width != 0 && !attention_flash_width_valid(flash_width), kInvalidArgument,
@@ -306,6 +359,10 @@ AttentionPlan attention_plan(const std::vector<AttnSeq>& seqs, int64_t hq, int64
       const int64_t max_keys = keys.empty() ? 0 : *std::max_element(keys.begin(), keys.end());
       const int64_t items = int64_t(plan.work.size()) * hkv * width;
       plan.flash_items_per_sm = max_keys <= kFlashShortKeys && items > int64_t(num_sms) * 256 ? 384 : 256;
+      std::vector<int64_t> sorted_keys;
+      sorted_keys.reserve(order.size());
+      for (size_t i : order) sorted_keys.push_back(keys[i]);
+      split_flash_keys(plan, sorted_keys, hkv, num_sms, split_chunk);
       return plan;
     }
   }
@@ -379,7 +436,8 @@ AttentionPlan attention_plan_decode(const std::vector<AttnSeq>& seqs, int64_t hq
 }
 
 size_t attention_workspace_floats(const AttentionPlan& plan, int64_t hkv, int64_t d) {
-  return size_t(plan.num_partials) * size_t(hkv) * kAttnItemsPerCta * size_t(d + 2);
+  const size_t items = plan.flash_width > 0 ? size_t(plan.flash_width) : size_t(kAttnItemsPerCta);
+  return size_t(plan.num_partials) * size_t(hkv) * items * size_t(d + 2);
 }
 
 size_t attention_counters(const AttentionPlan& plan, int64_t hkv) { return plan.combine.size() * size_t(hkv); }
@@ -392,7 +450,8 @@ void launch_attention(const AttentionArgs& a, cudaStream_t s) {
   KILN_THROW_IF(a.num_partials > 0 && !a.workspace, kInternal, "cuda attention: split plan without workspace");
   if (a.kv_code != KvCode::kNone)
     KILN_THROW_IF(!a.k_scales || !a.v_scales, kInternal, "cuda attention: a quantized cache without scales");
-  KILN_THROW_IF(a.out_codes && a.flash_width == 0, kInternal, "cuda attention: output codes need a tensor-core plan");
+  KILN_THROW_IF(a.out_codes && (a.flash_width == 0 || a.num_partials > 0), kInternal,
+                "cuda attention: output codes need a tensor-core plan without key splits");
   const bool flash_window = a.flash_width == 0 || attention_flash_supports_window(a.d);
   KILN_THROW_IF(a.window < 0 || (a.window > 0 && (!a.causal || !flash_window)), kInternal,
                 "cuda attention: a sliding window of ", a.window, " keys needs causal attention and, at head_dim ", a.d,

@@ -51,6 +51,9 @@ constexpr int kFlashMaxItemsPerCta = kFlashCtaWidths[0];
 // CTAs reading at most this many keys are short: their time is the loads' latency more
 // than their MMAs, so how many waves the grid takes decides (AttentionPlan::flash_items_per_sm).
 constexpr int64_t kFlashShortKeys = 256;
+// The shortest key chunk a tensor-core CTA takes when a short grid splits its keys (two
+// 64-key tiles: a split's partial, D floats an item, costs about what a tile's K/V does).
+constexpr int64_t kFlashMinSplitKeys = 128;
 constexpr bool attention_flash_width_valid(int width) {
   for (int w : kFlashCtaWidths)
     if (w == width) return true;
@@ -69,8 +72,12 @@ struct AttnWork {
   int32_t seq, item_begin, kv_begin, kv_end, partial;
   int32_t combine = -1;
 };
+// The splits of one work item's items: partials [partial_begin, + num_splits), each
+// holding the items from item_begin on (16 a partial for the tile kernels' splits of a
+// decode-like sequence, flash_width for a tensor-core plan's key splits).
 struct AttnCombine {
   int32_t seq, partial_begin, num_splits;
+  int32_t item_begin = 0;
 };
 struct AttentionPlan {
   std::vector<AttnWork> work;
@@ -79,6 +86,8 @@ struct AttentionPlan {
   // > 0: a plan of the tensor-core kernel whose CTAs take this many (query row, head)
   // items each (one of kFlashCtaWidths); 0: the tile / decode kernels'.
   int32_t flash_width = 0;
+  // A tensor-core plan's CTAs may each take a chunk of their items' keys (partial >= 0),
+  // merged per work item by the combine kernel; see attention_plan.
   // Items resident per SM the tensor-core kernel is built for: 256, or 384 where every
   // CTA reads at most kFlashShortKeys keys and 256 would take more than one wave (the
   // kernel has a 384 form at head dim 64 over a 16-bit cache; elsewhere 256 runs).
@@ -105,7 +114,11 @@ bool attention_flash_supported(DType t, int64_t d);
 // such nodes keep the tile kernel).
 bool attention_flash_supports_window(int64_t d);
 // split_chunk: keys per split; 0 picks one so that the grid fills about 2 waves of
-// `num_sms` multiprocessors, < 0 never splits. flash (only where
+// `num_sms` multiprocessors, < 0 never splits. A tensor-core plan splits too: with 0,
+// where its grid leaves half the SMs idle (a prompt of a few hundred tokens over one KV
+// head, Gemma 3 1B's: the last CTA reads every key, 64 at a time, while most SMs idle),
+// each CTA's keys are cut into chunks of at least kFlashMinSplitKeys, as many as one wave
+// of resident CTAs holds; with > 0, into chunks of that many keys (tests). flash (only where
 // attention_flash_supported): 0 never plans the tensor-core kernel, > 0 always, < 0
 // when a sequence fills 64 items or the 128-item tensor-core CTAs fill the GPU (prefill;
 // decode steps keep the split plans); its CTAs are listed with the most keys first.

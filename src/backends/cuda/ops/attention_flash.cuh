@@ -87,7 +87,8 @@ __global__ void __launch_bounds__(flash2_threads<W, MT>(), I / W)
                             float softcap_in, float softcap_out,
                             const AttnSeq* __restrict__ seqs,
                             const int32_t* __restrict__ block_tables,
-                            const AttnWork* __restrict__ works) {
+                            const AttnWork* __restrict__ works, float* __restrict__ part_o,
+                            float* __restrict__ part_ml) {
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
   static_assert(D == 64 || D == 128 || D == 256);
   static_assert(attention_flash_width_valid(W) && (MT == 1 || MT == 2));
@@ -352,6 +353,19 @@ __global__ void __launch_bounds__(flash2_threads<W, MT>(), I / W)
     den += __shfl_xor_sync(0xffffffffu, den, 2);
     const int item = first_w + 16 * mt + g + 8 * h;
     if (item >= n_items) continue;
+    if (w.partial >= 0) {
+      // A key split: the unnormalized partial for the combine kernel, m in natural-log
+      // units (the tile kernels' partials; a row that saw no key keeps m = -inf, l = 0).
+      const int64_t base = (int64_t(w.partial) * hkv + kvh) * W + (item - w.item_begin);
+#pragma unroll
+      for (int i = 0; i < DT; ++i)
+        *reinterpret_cast<float2*>(part_o + base * D + i * 8 + 2 * t) = make_float2(o[mt][i][2 * h], o[mt][i][2 * h + 1]);
+      if (t == 0) {
+        part_ml[base * 2] = m[mt][h] * kLn2;
+        part_ml[base * 2 + 1] = den;
+      }
+      continue;
+    }
     const int64_t row = sq.q_start + item / group, head = kvh * group + item % group;
     const int64_t at = (row * hq + head) * D + 2 * t;
     const float inv = den > 0.0f ? 1.0f / den : 0.0f;
@@ -392,13 +406,21 @@ void launch_flash2_typed(const AttentionArgs& a, cudaStream_t s) {
   const int bs_shift = bs > 0 && (bs & (bs - 1)) == 0 ? __builtin_ctz(unsigned(bs)) : -1;
   const int64_t qs = a.q_stride ? a.q_stride : a.hq * D,
                 kvs = a.kv_stride ? a.kv_stride : a.hkv * D;
+  // Key splits (a short grid): the partials, W items each, then their (m, l) pairs.
+  float* part_o = a.num_partials > 0 ? a.workspace : nullptr;
+  float* part_ml = part_o ? part_o + size_t(a.num_partials) * size_t(a.hkv) * W * D : nullptr;
   launch_k(kernel, dim3(unsigned(int64_t(a.num_work) * a.hkv)), dim3(flash2_threads<W, MT>()), smem, s,
            static_cast<const T*>(a.q), static_cast<const KvElem<T, Q>*>(a.k_cache),
            static_cast<const KvElem<T, Q>*>(a.v_cache), a.k_scales, a.v_scales,
            static_cast<T*>(a.out), a.out_codes, a.out_code_inv, a.out_code == AttnOutCode::kInt8, bs, bs_shift, int(a.hq), int(a.hkv), qs, kvs,
            a.scale * kLog2e, a.causal, int(a.window), a.softcap > 0.0f ? a.scale / a.softcap : 0.0f,
-           a.softcap > 0.0f ? a.softcap / a.scale : 0.0f, a.seqs, a.block_tables, a.work);
+           a.softcap > 0.0f ? a.softcap / a.scale : 0.0f, a.seqs, a.block_tables, a.work, part_o, part_ml);
   KILN_CUDA_CHECK_LAUNCH();
+  if (a.num_combine > 0) {
+    launch_k(attention_combine_kernel<T, D>, dim3(unsigned(a.num_combine), unsigned(a.hkv), unsigned(W / 4)), 128, 0, s,
+             static_cast<T*>(a.out), int(a.hq), int(a.hkv), a.seqs, a.combine, part_o, part_ml, W);
+    KILN_CUDA_CHECK_LAUNCH();
+  }
 }
 
 // launch_flash2_typed of 16-row warps at the plan's items per SM: 384 where the kernel

@@ -580,19 +580,25 @@ __device__ __forceinline__ void merge_partials(T* o, int splits, const BaseOf& b
   }
 }
 
-// Merges each split sequence's partials (merge_partials); warp w merges items w, w + 4, ...
+// Merges each combine's partials (merge_partials): a partial holds `per_partial` items
+// (kAttnItemsPerCta for the tile kernels, the CTA width for tensor-core key splits) from
+// the combine's item_begin on; warp w of grid slice z merges items z * 4 + w, then every
+// 4 * gridDim.z on (the tensor-core splits launch a warp per item: each merge is a few
+// dependent L2 round trips, too many in a row for one warp).
 template <typename T, int D>
 __global__ void attention_combine_kernel(T* __restrict__ out, int hq, int hkv, const AttnSeq* __restrict__ seqs,
                                          const AttnCombine* __restrict__ combines,
-                                         const float* __restrict__ part_o, const float* __restrict__ part_ml) {
+                                         const float* __restrict__ part_o, const float* __restrict__ part_ml,
+                                         int per_partial) {
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
   const AttnCombine cb = combines[blockIdx.x];
   const AttnSeq sq = seqs[cb.seq];
-  const int kvh = blockIdx.y, group = hq / hkv, n_items = sq.q_len * group;
+  const int kvh = blockIdx.y, group = hq / hkv, n = min(per_partial, sq.q_len * group - cb.item_begin);
   const int warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
-  for (int li = warp; li < n_items; li += warps) {
-    auto base_of = [&](int sp) { return (int64_t(cb.partial_begin + sp) * hkv + kvh) * kAttnItemsPerCta + li; };
-    const int64_t row = sq.q_start + li / group, h = kvh * group + li % group;
+  for (int li = int(blockIdx.z) * warps + warp; li < n; li += warps * int(gridDim.z)) {
+    auto base_of = [&](int sp) { return (int64_t(cb.partial_begin + sp) * hkv + kvh) * per_partial + li; };
+    const int item = cb.item_begin + li;
+    const int64_t row = sq.q_start + item / group, h = kvh * group + item % group;
     merge_partials<T, D, false>(out + (row * hq + h) * D, cb.num_splits, base_of, part_o, part_ml);
   }
 }
@@ -602,6 +608,7 @@ __global__ void attention_combine_kernel(T* __restrict__ out, int hq, int hkv, c
 // copies, ldmatrix, and the online softmax on S fragments in the log2 domain (the scale
 // times kLog2e, exp2 for the weights: one MUFU op each).
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;  // a log2-domain maximum times this: natural-log units
 
 template <typename T> __device__ __forceinline__ uint32_t pack2(float a, float b);
 template <> __device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float a, float b) {
@@ -740,7 +747,7 @@ void launch_typed(const AttentionArgs& a, cudaStream_t s) {
   KILN_CUDA_CHECK_LAUNCH();
   if (a.num_combine > 0) {
     launch_k(attention_combine_kernel<T, D>, dim3(unsigned(a.num_combine), unsigned(a.hkv)), 128, 0, s, ta.out,
-        int(a.hq), int(a.hkv), a.seqs, a.combine, ta.part_o, ta.part_ml);
+        int(a.hq), int(a.hkv), a.seqs, a.combine, ta.part_o, ta.part_ml, kAttnItemsPerCta);
     KILN_CUDA_CHECK_LAUNCH();
   }
 }
