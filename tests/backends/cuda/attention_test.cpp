@@ -668,7 +668,8 @@ TEST(CudaAttention, EncoderBidirectionalWithoutCache) {
 // against the CPU backend: one-token blocks (the encoder path: K/V rows read in
 // place) bidirectional and causal, 16-token paged blocks causal (prompts of different
 // lengths, then chunks after the cached prefix, 1-token chunks beside long ones) and
-// bidirectional, int8/fp8 caches; head dims 64 and 128, MHA (12/12) and GQA (32/8); item
+// bidirectional, int8/fp8 caches; head dims 64, 96 (Phi-3-mini's 32/32: a tile's copies
+// dealt out chunk by chunk), 128 and 256, MHA (12/12, 32/32) and GQA (32/8, 8/4, 4/1); item
 // counts off every width (3, 45, 77, 308, ...).
 TEST(CudaAttention, TensorCoreWidthsMatchCpu) {
   KILN_SKIP_WITHOUT_CUDA();
@@ -678,7 +679,7 @@ TEST(CudaAttention, TensorCoreWidthsMatchCpu) {
     const ScopedEnv width_env("KILN_CUDA_FLASH_WIDTH", std::to_string(width)),
         rows_env("KILN_CUDA_FLASH_WARP_ROWS", rows);
     for (const Config& c : {Config{12, 12, 64, 1, {128, 77, 3}}, Config{32, 8, 128, 1, {45, 200}},
-                            Config{8, 4, 256, 1, {100, 30}}})
+                            Config{8, 4, 256, 1, {100, 30}}, Config{32, 32, 96, 1, {70, 130}}})
       for (bool causal : {false, true})
         for (const std::string& dt : half) {
           const ScopedEnv flash("KILN_CUDA_FLASH", "1");
@@ -693,7 +694,9 @@ TEST(CudaAttention, TensorCoreWidthsMatchCpu) {
     check_chunked(Config{12, 12, 64, 16, {}}, {{100, 37}, {13}}, KvDType::kAuto, {"bf16"}, false);
     check_chunked(Config{32, 8, 128, 16, {}}, {{90}, {33, 20}}, KvDType::kAuto, {"bf16"}, false);
     check_chunked(Config{4, 1, 256, 16, {}}, {{150, 40}, {20, 1}}, KvDType::kAuto, half);
+    check_chunked(Config{32, 32, 96, 16, {}}, {{100, 30}, {7, 1}}, KvDType::kAuto, half);  // Phi-3-mini's heads
     for (KvDType kd : {KvDType::kInt8, KvDType::kFp8}) {
+      check_chunked(Config{32, 32, 96, 16, {}}, {{80, 20}}, kd, {"bf16"});
       check_chunked(Config{4, 1, 256, 16, {}}, {{90, 30}}, kd, {"bf16"});
       check_chunked(Config{32, 8, 128, 16, {}}, {{150, 40}, {37}}, kd, {"bf16"});
       check_chunked(Config{12, 12, 64, 16, {}}, {{70}, {19, 3}}, kd, {"f16"});

@@ -215,7 +215,7 @@ bool attention_supports_head_dim(int64_t d) {
 }
 
 bool attention_flash_supported(DType t, int64_t d) {
-  return (t == DType::kBF16 || t == DType::kF16) && (d == 64 || d == 128 || d == 256);
+  return (t == DType::kBF16 || t == DType::kF16) && (d == 64 || d == 96 || d == 128 || d == 256);
 }
 
 bool attention_flash_supports_window(int64_t d) { return d == 256; }

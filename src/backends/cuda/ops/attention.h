@@ -100,9 +100,9 @@ struct AttentionPlan {
   int32_t decode_warp = 0;
 };
 
-// Head dims 16, 32, 64 and 128 on every kernel; 256 (Gemma) on the tile, tensor-core and
-// cluster decode kernels; 96 (Phi-3-mini / Phi-3.5-mini) on the tile and cluster decode
-// kernels (the grouped and warp decode kernels take 16-128 in powers of two).
+// Head dims 16, 32, 64 and 128 on every kernel; 256 (Gemma) and 96 (Phi-3-mini /
+// Phi-3.5-mini) on the tile, tensor-core and cluster decode kernels (the grouped and warp
+// decode kernels take 16-128 in powers of two; the tensor-core kernel takes 64 and up).
 bool attention_supports_head_dim(int64_t d);
 // Those head dims, as error messages name them.
 inline constexpr const char* kAttentionHeadDims = "16, 32, 64, 96, 128, 256";

@@ -1,6 +1,6 @@
 // Internal to the CUDA backend's attention: the pipelined tensor-core prefill kernel
 // (FlashAttention-2 structure; attention.h's plans with flash_width set), templated on the
-// activation type T (bf16/f16), the head dim D (64/128/256), the cache's codes Q and the CTA's
+// activation type T (bf16/f16), the head dim D (64/96/128/256), the cache's codes Q and the CTA's
 // items W (128, 64 or 32: W / 16 warps). Included by attention_flash.cu (Q = kNone) and attention_flash_quant.cu
 // (int8, fp8). Tested against the CPU backend in tests/backends/cuda/attention_test.cpp
 // (forced on), and against the tile kernel in bench/cuda_attention_bench.cpp.
@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(flash2_threads<W, MT>(), I / W)
                             const AttnWork* __restrict__ works, float* __restrict__ part_o,
                             float* __restrict__ part_ml) {
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
-  static_assert(D == 64 || D == 128 || D == 256);
+  static_assert(D == 64 || D == 96 || D == 128 || D == 256);
   static_assert(attention_flash_width_valid(W) && (MT == 1 || MT == 2));
   static_assert(D == 256 ? I == 128 && MT == 1
                          : I == 256 || (I == 384 && D == 64 && Q == KvCode::kNone && MT == 1));
@@ -100,11 +100,16 @@ __global__ void __launch_bounds__(flash2_threads<W, MT>(), I / W)
   static_assert(kF2Threads >= kF2Keys);
   // SK: keys per softmax step (a 32-key S leaves the registers for two CTAs per SM at
   // D = 128, for three at D = 64 and 384 items).
-  constexpr int LD = D + 8, KC = D / 16, SK = D >= 128 || I > 256 ? 32 : 64,
+  constexpr int LD = D + 8, KC = D / 16, SK = D >= 96 || I > 256 ? 32 : 64,
                 NT = SK / 8, DT = D / 8,
                 CPR = D / 8;
-  constexpr int KSTEP = kF2Threads / CPR, KPT = kF2Keys / KSTEP;  // keys per pass, passes per tile
-  static_assert(kF2Threads % CPR == 0 && kF2Keys % KSTEP == 0);
+  // A tile's copies: KPT passes of KSTEP keys, a thread a 16-byte chunk (c) of key j0 + i
+  // KSTEP; at head dim 96 (12 chunks a row, dividing no CTA's thread count) the chunks of
+  // the tile are instead dealt out in thread order, e = tid, tid + threads, ... (kRowSplit).
+  constexpr bool kRowSplit = kF2Threads % CPR == 0;
+  constexpr int KSTEP = kRowSplit ? kF2Threads / CPR : 1, KPT = kRowSplit ? kF2Keys / KSTEP : 1;
+  static_assert(!kRowSplit || kF2Keys % KSTEP == 0);
+  static_assert(kF2Keys * CPR % kF2Threads == 0, "the copy loops are uniform across the CTA");
   extern __shared__ __align__(16) unsigned char f2_smem[];
   T* qs = reinterpret_cast<T*>(f2_smem);   // [W][LD]
   T* kbuf = qs + W * LD;                   // [2][64][LD]
@@ -170,7 +175,38 @@ __global__ void __launch_bounds__(flash2_threads<W, MT>(), I / W)
     T* vd = vbuf + stage * kF2Keys * LD;
     const int32_t* slots = slot_buf[tile & 1];
     const int c = (threadIdx.x % CPR) * 8, j0 = threadIdx.x / CPR;
-    if constexpr (Q == KvCode::kNone) {
+    if constexpr (!kRowSplit) {
+      // Head dim 96: chunk e of the tile is key e / CPR's chunk e % CPR (loads of codes
+      // decoded one chunk at a time; no pairing across passes).
+      for (int e = threadIdx.x; e < kF2Keys * CPR; e += kF2Threads) {
+        const int j = e / CPR, ce = (e % CPR) * 8, slot = slots[j];
+        const int64_t off = slot >= 0 ? int64_t(slot) * kv_row + int64_t(kvh) * D + ce : 0;
+        if constexpr (Q == KvCode::kNone) {
+          cp_async16(kd + j * LD + ce, k_cache + off, slot >= 0);
+          cp_async16(vd + j * LD + ce, v_cache + off, slot >= 0);
+        } else {
+          uint2 kr = make_uint2(0, 0), vr = make_uint2(0, 0);
+          float ksc = 0.0f, vsc = 0.0f;
+          if (slot >= 0) {
+            kr = *reinterpret_cast<const uint2*>(k_cache + off);
+            vr = *reinterpret_cast<const uint2*>(v_cache + off);
+            ksc = k_scales[int64_t(slot) * hkv + kvh] * kv_code_unit<Q>();
+            vsc = v_scales[int64_t(slot) * hkv + kvh] * kv_code_unit<Q>();
+          }
+          float f[8];
+          kv_decode4<Q>(kr.x, f);
+          kv_decode4<Q>(kr.y, f + 4);
+          *reinterpret_cast<uint4*>(kd + j * LD + ce) =
+              make_uint4(pack2<T>(f[0] * ksc, f[1] * ksc), pack2<T>(f[2] * ksc, f[3] * ksc),
+                         pack2<T>(f[4] * ksc, f[5] * ksc), pack2<T>(f[6] * ksc, f[7] * ksc));
+          kv_decode4<Q>(vr.x, f);
+          kv_decode4<Q>(vr.y, f + 4);
+          *reinterpret_cast<uint4*>(vd + j * LD + ce) =
+              make_uint4(pack2<T>(f[0] * vsc, f[1] * vsc), pack2<T>(f[2] * vsc, f[3] * vsc),
+                         pack2<T>(f[4] * vsc, f[5] * vsc), pack2<T>(f[6] * vsc, f[7] * vsc));
+        }
+      }
+    } else if constexpr (Q == KvCode::kNone) {
 #pragma unroll
       for (int i = 0; i < KPT; ++i) {
         const int j = j0 + i * KSTEP, slot = slots[j];
@@ -443,7 +479,7 @@ void launch_flash2_width(const AttentionArgs& a, cudaStream_t s) {
   const int rows = attention_flash_warp_rows(a);
   switch (a.flash_width) {
     case 128:
-      if constexpr (D != 256) {
+      if constexpr (D == 64 || D == 128) {
         if (rows == 32) {
           launch_flash2_typed<T, D, Q, 128, 2>(a, s);
           break;
@@ -466,12 +502,14 @@ void launch_flash2_width(const AttentionArgs& a, cudaStream_t s) {
 // launch_flash2_width for bf16 / f16 and head dims 64 / 128 / 256, with cache codes Q.
 template <KvCode Q>
 void launch_flash2_codes(const AttentionArgs& a, cudaStream_t s) {
-  KILN_THROW_IF(a.d != 64 && a.d != 128 && a.d != 256, kInternal, "cuda flash attention: head_dim ", a.d,
-                " (64, 128 or 256)");
+  KILN_THROW_IF(a.d != 64 && a.d != 96 && a.d != 128 && a.d != 256, kInternal, "cuda flash attention: head_dim ",
+                a.d, " (64, 96, 128 or 256)");
   switch (a.dtype) {
     case DType::kBF16:
       if (a.d == 64)
         launch_flash2_width<__nv_bfloat16, 64, Q>(a, s);
+      else if (a.d == 96)
+        launch_flash2_width<__nv_bfloat16, 96, Q>(a, s);
       else if (a.d == 128)
         launch_flash2_width<__nv_bfloat16, 128, Q>(a, s);
       else
@@ -480,6 +518,8 @@ void launch_flash2_codes(const AttentionArgs& a, cudaStream_t s) {
     case DType::kF16:
       if (a.d == 64)
         launch_flash2_width<__half, 64, Q>(a, s);
+      else if (a.d == 96)
+        launch_flash2_width<__half, 96, Q>(a, s);
       else if (a.d == 128)
         launch_flash2_width<__half, 128, Q>(a, s);
       else
