@@ -164,15 +164,16 @@ TEST(CudaAttention, DecoderLongContexts) {
   }
 }
 
-// Sliding windows (Mistral, Gemma's local layers) on the tile and decode kernels: a window
-// of one key, windows shorter than a 32-key tile, across tiles and splits, and longer than
-// some contexts; prefill, decode and chunk steps; plans split and not, the tensor-core
-// kernel asked for (the window keeps its nodes off it); int8 / fp8 caches.
+// Sliding windows (Mistral, Gemma's local layers, Phi-3-mini) on the tile and decode
+// kernels: a window of one key, windows shorter than a 32-key tile, across tiles and
+// splits, and longer than some contexts; prefill, decode and chunk steps; plans split and
+// not, the tensor-core kernel asked for (the window keeps nodes of head dims 16-128 off
+// it; at 96, Phi-3-mini's heads, it takes them); int8 / fp8 caches.
 TEST(CudaAttention, SlidingWindowMatchesCpu) {
   KILN_SKIP_WITHOUT_CUDA();
   for (int64_t window : {1, 7, 40, 100})
     for (const Config& c : {Config{4, 2, 16, 16, {5, 1, 17}}, Config{9, 3, 64, 16, {133, 7}},
-                            Config{32, 8, 128, 16, {300, 16, 1}}})
+                            Config{32, 8, 128, 16, {300, 16, 1}}, Config{32, 32, 96, 16, {300, 16, 1}}})
       for (const char* split : {"0", "-1", "16"}) check_decoder(c, split, "1", KvDType::kAuto, window);
   for (KvDType kv : {KvDType::kInt8, KvDType::kFp8})
     check_decoder(Config{8, 2, 64, 16, {200, 9, 1}}, "0", "", kv, 50);
@@ -199,7 +200,8 @@ TEST(CudaAttention, HeadDim256AndSoftCapMatchCpu) {
       check_decoder(Config{16, 8, 256, 16, {200}}, "0", flash, KvDType::kAuto, window, 0.0);
     }
   for (const Config& c : {Config{4, 2, 16, 16, {5, 1, 17}}, Config{9, 3, 64, 16, {133, 7}},
-                          Config{32, 8, 128, 16, {300, 16, 1}}, Config{8, 2, 256, 16, {70, 3}}})
+                          Config{32, 8, 128, 16, {300, 16, 1}}, Config{8, 2, 256, 16, {70, 3}},
+                          Config{8, 8, 96, 16, {70, 3}}})
     for (int64_t window : {0, 9}) check_decoder(c, "0", "1", KvDType::kAuto, window, 1.5);
   for (KvDType kv : {KvDType::kInt8, KvDType::kFp8}) check_decoder(Config{4, 1, 256, 16, {90, 2, 1}}, "0", "", kv, 20, 2.0);
 }

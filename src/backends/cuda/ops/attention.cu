@@ -218,7 +218,7 @@ bool attention_flash_supported(DType t, int64_t d) {
   return (t == DType::kBF16 || t == DType::kF16) && (d == 64 || d == 96 || d == 128 || d == 256);
 }
 
-bool attention_flash_supports_window(int64_t d) { return d == 256; }
+bool attention_flash_supports_window(int64_t d) { return d == 256 || d == 96; }
 
 int attention_flash_pick_width(const std::vector<AttnSeq>& seqs, int64_t hq, int64_t hkv, int num_sms) {
   const int64_t group = hq / hkv;

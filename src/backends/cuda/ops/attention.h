@@ -110,7 +110,7 @@ inline constexpr const char* kAttentionHeadDims = "16, 32, 64, 96, 128, 256";
 // KvCode: quantized tiles are decoded to the activation dtype).
 bool attention_flash_supported(DType t, int64_t d);
 // Whether the tensor-core kernel also takes sliding windows and soft-capped scores at head
-// dim d (256 only: at 64 / 128 the bounds' registers would cost the kernel spills, and
+// dim d (256 and 96: at 64 / 128 the bounds' registers would cost the kernel spills, and
 // such nodes keep the tile kernel).
 bool attention_flash_supports_window(int64_t d);
 // split_chunk: keys per split; 0 picks one so that the grid fills about 2 waves of

@@ -31,8 +31,10 @@
 // Rows are D + 8 elements apart in shared memory: the eight 16-byte rows an ldmatrix
 // reads fall in distinct bank groups.
 // Sliding windows (each item sees only its last `window` keys) and soft-capped scores
-// (Gemma 2/3), at head dim 256 only (kWin; the 64/128 kernels would spill the registers
-// the bounds take, so their windowed nodes keep the tile kernel): the CTA starts at its
+// (Gemma 2/3; Phi-3-mini's window at head dim 96), at head dims 256 and 96 only (kWin;
+// the 64/128 kernels would spill the registers the bounds take, so their windowed nodes
+// keep the tile kernel; at 96 only the steps with a window take the form that has
+// them, 20 bytes of spills): the CTA starts at its
 // first item's window start, a warp skips the 32-key steps before its first item's, and
 // the mask takes each row's lower bound too; a capped score is c * tanh(s / c) of
 // s = q.k times scale, applied before the softmax.
@@ -76,7 +78,7 @@ constexpr size_t flash2_smem_bytes() {
 // the plan asks for when every CTA reads at most 256 keys and 256 items per SM would take
 // more than one wave (AttentionPlan::flash_items_per_sm): BERT-base's 32 x 128 tokens,
 // 49,152 items, then run as one wave of 132 SMs instead of 1.45.
-template <typename T, int D, KvCode Q, int W, int MT, int I>
+template <typename T, int D, KvCode Q, int W, int MT, int I, bool kWin>
 __global__ void __launch_bounds__(flash2_threads<W, MT>(), I / W)
     flash2_attention_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restrict__ k_cache,
                             const KvElem<T, Q>* __restrict__ v_cache,
@@ -95,7 +97,10 @@ __global__ void __launch_bounds__(flash2_threads<W, MT>(), I / W)
   static_assert(D == 256 ? I == 128 && MT == 1
                          : I == 256 || (I == 384 && D == 64 && Q == KvCode::kNone && MT == 1));
   constexpr int kF2Threads = flash2_threads<W, MT>();
-  constexpr bool kWin = D == 256;  // windows and soft caps (attention_flash_supports_window)
+  // kWin: windows and soft caps (attention_flash_supports_window): always at head dim 256;
+  // at 96 a second form for the steps that have them (their bounds cost 20 bytes of
+  // spills there); never at 64 / 128 (16-80).
+  static_assert(!kWin || D == 256 || D == 96);
   // The slot lookups below give each of a tile's keys one thread.
   static_assert(kF2Threads >= kF2Keys);
   // SK: keys per softmax step (a 32-key S leaves the registers for two CTAs per SM at
@@ -433,11 +438,11 @@ __global__ void __launch_bounds__(flash2_threads<W, MT>(), I / W)
 
 // Launches a tensor-core plan of W-item CTAs of MT m-tiles a warp for activations T,
 // head dim D and cache codes Q: one CTA per (work item, KV head), work-major.
-template <typename T, int D, KvCode Q, int W, int MT, int I = 256>
-void launch_flash2_typed(const AttentionArgs& a, cudaStream_t s) {
+template <typename T, int D, KvCode Q, int W, int MT, int I, bool kWin>
+void launch_flash2_form(const AttentionArgs& a, cudaStream_t s) {
   constexpr size_t smem = flash2_smem_bytes<D, T, W>();
   // Over 48 KiB of dynamic shared memory needs the opt-in, once per device.
-  auto* kernel = smem_kernel_ready<flash2_attention_kernel<T, D, Q, W, MT, I>, smem>();
+  auto* kernel = smem_kernel_ready<flash2_attention_kernel<T, D, Q, W, MT, I, kWin>, smem>();
   const int bs = int(a.block_size);
   const int bs_shift = bs > 0 && (bs & (bs - 1)) == 0 ? __builtin_ctz(unsigned(bs)) : -1;
   const int64_t qs = a.q_stride ? a.q_stride : a.hq * D,
@@ -457,6 +462,16 @@ void launch_flash2_typed(const AttentionArgs& a, cudaStream_t s) {
              static_cast<T*>(a.out), int(a.hq), int(a.hkv), a.seqs, a.combine, part_o, part_ml, W);
     KILN_CUDA_CHECK_LAUNCH();
   }
+}
+
+// launch_flash2_form with the window / soft-cap bounds where the step has them (head dim
+// 96: a form each), always at 256, never at 64 / 128.
+template <typename T, int D, KvCode Q, int W, int MT, int I = 256>
+void launch_flash2_typed(const AttentionArgs& a, cudaStream_t s) {
+  if constexpr (D == 96) {
+    if (a.window > 0 || a.softcap > 0.0f) return launch_flash2_form<T, D, Q, W, MT, I, true>(a, s);
+  }
+  launch_flash2_form<T, D, Q, W, MT, I, D == 256>(a, s);
 }
 
 // launch_flash2_typed of 16-row warps at the plan's items per SM: 384 where the kernel
