@@ -264,8 +264,9 @@ int attention_flash_warp_rows(const AttentionArgs& a) {
 namespace {
 
 // A tensor-core plan's key splits (see attention_plan): keys[i] is the number of keys work
-// item i reads. Chunk c of an item reads keys [c * chunk, min(keys, (c + 1) * chunk)) into
-// its own partial; the pieces are listed with the most keys first, as the plan's CTAs.
+// item i reads. Chunk c of an item reads keys [c * chunk, (c + 1) * chunk) into its own
+// partial, the last one up to the item's kv_end; the pieces are listed with the most keys
+// they read first, as the plan's CTAs are.
 void split_flash_keys(AttentionPlan& plan, const std::vector<int64_t>& keys, int64_t hkv, int num_sms,
                       int64_t split_chunk) {
   if (split_chunk < 0 || plan.work.empty()) return;
