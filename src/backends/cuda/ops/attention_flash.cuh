@@ -400,7 +400,8 @@ __global__ void __launch_bounds__(flash2_threads<W, MT>(), I / W)
       const int64_t base = (int64_t(w.partial) * hkv + kvh) * W + (item - w.item_begin);
 #pragma unroll
       for (int i = 0; i < DT; ++i)
-        *reinterpret_cast<float2*>(part_o + base * D + i * 8 + 2 * t) = make_float2(o[mt][i][2 * h], o[mt][i][2 * h + 1]);
+        *reinterpret_cast<float2*>(part_o + base * D + i * 8 + 2 * t) =
+            make_float2(o[mt][i][2 * h], o[mt][i][2 * h + 1]);
       if (t == 0) {
         part_ml[base * 2] = m[mt][h] * kLn2;
         part_ml[base * 2 + 1] = den;
