@@ -84,10 +84,10 @@ struct AttentionPlan {
   std::vector<AttnCombine> combine;
   int32_t num_partials = 0;
   // > 0: a plan of the tensor-core kernel whose CTAs take this many (query row, head)
-  // items each (one of kFlashCtaWidths); 0: the tile / decode kernels'.
+  // items each (one of kFlashCtaWidths); 0: the tile / decode kernels'. Its CTAs may each
+  // take a chunk of their items' keys (partial >= 0), merged per work item by the combine
+  // kernel (see attention_plan).
   int32_t flash_width = 0;
-  // A tensor-core plan's CTAs may each take a chunk of their items' keys (partial >= 0),
-  // merged per work item by the combine kernel; see attention_plan.
   // Items resident per SM the tensor-core kernel is built for: 256, or 384 where every
   // CTA reads at most kFlashShortKeys keys and 256 would take more than one wave (the
   // kernel has a 384 form at head dim 64 over a 16-bit cache; elsewhere 256 runs).

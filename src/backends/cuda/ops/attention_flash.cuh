@@ -66,6 +66,17 @@ __device__ __forceinline__ int64_t f2_slot(const int32_t* bt, int bs, int bs_shi
   return int64_t(bt[b]) * bs + (p - b * bs);
 }
 
+// Eight cache codes of one key (raw), decoded and times the key's scale sc, stored as T
+// at dst (16 bytes of a K or V tile row).
+template <typename T, KvCode Q>
+__device__ __forceinline__ void f2_store_decoded(T* dst, uint2 raw, float sc) {
+  float f[8];
+  kv_decode4<Q>(raw.x, f);
+  kv_decode4<Q>(raw.y, f + 4);
+  *reinterpret_cast<uint4*>(dst) = make_uint4(pack2<T>(f[0] * sc, f[1] * sc), pack2<T>(f[2] * sc, f[3] * sc),
+                                              pack2<T>(f[4] * sc, f[5] * sc), pack2<T>(f[6] * sc, f[7] * sc));
+}
+
 template <int D, typename T, int W>
 constexpr size_t flash2_smem_bytes() {
   return size_t(W + 4 * kF2Keys) * size_t(D + 8) * sizeof(T);
@@ -198,17 +209,8 @@ __global__ void __launch_bounds__(flash2_threads<W, MT>(), I / W)
             ksc = k_scales[int64_t(slot) * hkv + kvh] * kv_code_unit<Q>();
             vsc = v_scales[int64_t(slot) * hkv + kvh] * kv_code_unit<Q>();
           }
-          float f[8];
-          kv_decode4<Q>(kr.x, f);
-          kv_decode4<Q>(kr.y, f + 4);
-          *reinterpret_cast<uint4*>(kd + j * LD + ce) =
-              make_uint4(pack2<T>(f[0] * ksc, f[1] * ksc), pack2<T>(f[2] * ksc, f[3] * ksc),
-                         pack2<T>(f[4] * ksc, f[5] * ksc), pack2<T>(f[6] * ksc, f[7] * ksc));
-          kv_decode4<Q>(vr.x, f);
-          kv_decode4<Q>(vr.y, f + 4);
-          *reinterpret_cast<uint4*>(vd + j * LD + ce) =
-              make_uint4(pack2<T>(f[0] * vsc, f[1] * vsc), pack2<T>(f[2] * vsc, f[3] * vsc),
-                         pack2<T>(f[4] * vsc, f[5] * vsc), pack2<T>(f[6] * vsc, f[7] * vsc));
+          f2_store_decoded<T, Q>(kd + j * LD + ce, kr, ksc);
+          f2_store_decoded<T, Q>(vd + j * LD + ce, vr, vsc);
         }
       }
     } else if constexpr (Q == KvCode::kNone) {
@@ -243,17 +245,8 @@ __global__ void __launch_bounds__(flash2_threads<W, MT>(), I / W)
 #pragma unroll
         for (int i = 0; i < G; ++i) {
           const int j = j0 + (i0 + i) * KSTEP;
-          float f[8];
-          kv_decode4<Q>(kr[i].x, f);
-          kv_decode4<Q>(kr[i].y, f + 4);
-          *reinterpret_cast<uint4*>(kd + j * LD + c) = make_uint4(
-              pack2<T>(f[0] * ksc[i], f[1] * ksc[i]), pack2<T>(f[2] * ksc[i], f[3] * ksc[i]),
-              pack2<T>(f[4] * ksc[i], f[5] * ksc[i]), pack2<T>(f[6] * ksc[i], f[7] * ksc[i]));
-          kv_decode4<Q>(vr[i].x, f);
-          kv_decode4<Q>(vr[i].y, f + 4);
-          *reinterpret_cast<uint4*>(vd + j * LD + c) = make_uint4(
-              pack2<T>(f[0] * vsc[i], f[1] * vsc[i]), pack2<T>(f[2] * vsc[i], f[3] * vsc[i]),
-              pack2<T>(f[4] * vsc[i], f[5] * vsc[i]), pack2<T>(f[6] * vsc[i], f[7] * vsc[i]));
+          f2_store_decoded<T, Q>(kd + j * LD + c, kr[i], ksc[i]);
+          f2_store_decoded<T, Q>(vd + j * LD + c, vr[i], vsc[i]);
         }
       }
     }
@@ -386,6 +379,10 @@ __global__ void __launch_bounds__(flash2_threads<W, MT>(), I / W)
   }
   cp_async_wait<0>();  // nothing in flight when the CTA exits (an empty range still staged Q)
 
+  // A key split's partial index (-1: none), read again here and its item offset formed
+  // from the thread's own indices, rather than keeping the work item's fields live through
+  // the main loop (that raised the d 128 forms' spills from 12 to 28-32 bytes, -Xptxas -v).
+  const int32_t partial = works[blockIdx.x / unsigned(hkv)].partial;
 #pragma unroll
   for (int mh = 0; mh < 2 * MT; ++mh) {
     const int mt = mh >> 1, h = mh & 1;
@@ -394,10 +391,11 @@ __global__ void __launch_bounds__(flash2_threads<W, MT>(), I / W)
     den += __shfl_xor_sync(0xffffffffu, den, 2);
     const int item = first_w + 16 * mt + g + 8 * h;
     if (item >= n_items) continue;
-    if (w.partial >= 0) {
+    if (partial >= 0) {
       // A key split: the unnormalized partial for the combine kernel, m in natural-log
       // units (the tile kernels' partials; a row that saw no key keeps m = -inf, l = 0).
-      const int64_t base = (int64_t(w.partial) * hkv + kvh) * W + (item - w.item_begin);
+      const int li = warp * 16 * MT + 16 * mt + g + 8 * h;  // item - the work item's first
+      const int64_t base = (int64_t(partial) * hkv + kvh) * W + li;
 #pragma unroll
       for (int i = 0; i < DT; ++i)
         *reinterpret_cast<float2*>(part_o + base * D + i * 8 + 2 * t) =

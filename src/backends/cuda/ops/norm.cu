@@ -722,8 +722,7 @@ head_rms_norm_kernel(const T* x, const float* __restrict__ w, int64_t w_stride, 
       const float v = to_f32(xv.v[e]);
       ss += v * v;
     }
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    const float r = 1.0f / sqrtf(ss / float(d) + eps);
+    const float r = 1.0f / sqrtf(warp_sum(ss) / float(d) + eps);
     HeadVec<T, E> out;
 #pragma unroll
     for (int e = 0; e < E; ++e) out.v[e] = from_f32<T>(to_f32(xv.v[e]) * r * wv[e]);
@@ -737,8 +736,7 @@ head_rms_norm_kernel(const T* x, const float* __restrict__ w, int64_t w_stride, 
       const float v = to_f32(xg[i]);
       ss += v * v;
     }
-    for (int o = 16; o > 0; o >>= 1) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    const float r = 1.0f / sqrtf(ss / float(d) + eps);
+    const float r = 1.0f / sqrtf(warp_sum(ss) / float(d) + eps);
     for (int i = lane; i < d; i += 32) yr[g * d + i] = from_f32<T>(to_f32(xg[i]) * r * wg[i]);
   }
 }
