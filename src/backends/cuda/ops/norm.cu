@@ -756,7 +756,7 @@ void launch_head_typed(const void* x, const float* w, int64_t w_stride, float ep
 void launch_head_rms_norm(DType t, const void* x, const float* w, int64_t w_stride, float eps, int64_t rows,
                           int64_t width, int64_t groups, int64_t d, void* y, cudaStream_t s) {
   KILN_THROW_IF(groups * d > width || d <= 0 || d > (int64_t(1) << 20), kInternal, "cuda head norm: ", groups,
-                " groups of ", d, " values do not fit rows of ", width);
+                " groups of ", d, " values (head dims 1 to 2^20, groups x head dim <= the row) in rows of ", width);
   if (rows == 0) return;
   KILN_CUDA_DISPATCH_FLOAT(t, T, {
     // A lane's d / 32 values in one load where they are whole, aligned vectors.
