@@ -22,7 +22,13 @@ What it makes (under --out, default tests/fixtures/models/):
              the final logits at 5 (small caps, so that they matter on a tiny model)
     phi3_longrope/ Phi3ForCausalLM with LongRoPE (Phi-3.5 / Phi-4-mini): short factors on the
              4 rotary frequencies, max positions 256 over an original 64 (attention factor
-             sqrt(1 + ln 4 / ln 64)); prompts and greedy runs stay within the 64
+             sqrt(1 + ln 4 / ln 64)); prompts and greedy runs stay within the 64.
+             reference_long.*: an 80-token prompt and 20 greedy steps past the 64, where
+             transformers rotates every position by the long factors (made by
+             --only phi3_longrope_long from the committed model, which it leaves alone)
+    phi3_longrope_full/ the same with every dim rotated (partial_rotary_factor 1, as Phi-3.5-mini:
+             8 factors each), so that the attention factor scales every dim of q.k; its
+             reference_long.* as phi3_longrope's (--only phi3_longrope_full_long)
     mistral/ MistralForCausalLM, sliding window 6 in every layer (prompts of 11 and 16
              tokens and 20 greedy steps run past it), 4 q / 2 kv heads, untied head
     gemma3_mm/ Gemma3ForConditionalGeneration (model_type gemma3, multimodal): the gemma3
@@ -282,6 +288,16 @@ def tiny_decoder_configs():
         **phi,
         **dict(decoder, max_position_embeddings=256),
     )
+    phi3_longrope_full = transformers.Phi3Config(
+        original_max_position_embeddings=64,
+        rope_scaling={
+            "type": "longrope",
+            "short_factor": [1.0, 1.1, 1.3, 1.6, 2.0, 2.6, 3.3, 4.0],
+            "long_factor": [1.0, 1.2, 1.8, 2.9, 4.4, 6.1, 8.0, 10.0],
+        },
+        **dict(phi, partial_rotary_factor=1.0),
+        **dict(decoder, max_position_embeddings=256),
+    )
     mistral = transformers.MistralConfig(
         sliding_window=SLIDING_WINDOW, tie_word_embeddings=False, **llama_like, **decoder
     )
@@ -295,6 +311,7 @@ def tiny_decoder_configs():
         "mistral": (transformers.MistralForCausalLM, mistral, 1008),
         "gemma2": (transformers.Gemma2ForCausalLM, gemma2, 1009),
         "phi3_longrope": (transformers.Phi3ForCausalLM, phi3_longrope, 1010),
+        "phi3_longrope_full": (transformers.Phi3ForCausalLM, phi3_longrope_full, 1011),
     }
 
 
@@ -482,6 +499,74 @@ def gen_tiny_decoder(name, cls, config, seed, out):
             "lm_head tied to embed_tokens"
         )
     write_json(d / "reference.json", meta)
+
+
+LONG_PROMPT = 80  # phi3_longrope_long: past the fixture's original 64 positions
+
+
+def gen_longrope_long(out, name):
+    """References for a LongRoPE model past original_max_position_embeddings, from the
+    committed model `name`: transformers' longrope_frequency_update takes the long
+    factors for every position of a forward whose last position is past it, so a prompt
+    already that long is rotated by them throughout, prompt and greedy steps alike."""
+    log(f"== {name}_long")
+    d = out / name
+    model = transformers.Phi3ForCausalLM.from_pretrained(d, dtype=torch.float32, attn_implementation="eager").eval()
+    orig = model.config.rope_parameters["original_max_position_embeddings"]
+    if LONG_PROMPT <= orig:
+        raise SystemExit("the long prompt must be past original_max_position_embeddings")
+    # The same weights with the short factors in the long ones' place: how much the long
+    # factors change the logits (the test must be able to tell them apart).
+    short_cfg = model.config.to_dict()
+    short_cfg["rope_parameters"] = dict(short_cfg["rope_parameters"], long_factor=short_cfg["rope_parameters"]["short_factor"])
+    short_cfg.pop("rope_scaling", None)
+    short = transformers.Phi3ForCausalLM(transformers.Phi3Config(**short_cfg)).float().eval()
+    short.load_state_dict(model.state_dict())
+    short.config._attn_implementation = "eager"
+    for prompt_seed in range(2000, 2100):
+        ids = make_prompts(prompt_seed, lens=[LONG_PROMPT])[0][None]
+        with torch.no_grad():
+            logits = model(ids).logits[0]
+            toks, raw, scores = greedy_generate(model, ids, N_NEW)
+        gmargin = margins(raw)
+        if margins(logits[-1:]) >= MIN_MARGIN and gmargin >= MIN_MARGIN:
+            break
+        log(f"  prompt seed {prompt_seed}: margin below {MIN_MARGIN}, retry")
+    else:
+        raise SystemExit("no prompt seed gave a tie-free long greedy run")
+    with torch.no_grad():
+        toks_m, logits_m = greedy_manual(model, ids, N_NEW)
+        short_logits = short(ids).logits[0]
+    if not torch.equal(toks_m, toks):
+        raise SystemExit("generate() tokens differ from manual greedy on the long prompt")
+    check("long greedy logits: generate vs full recompute", maxdiff(raw, logits_m), 1e-4)
+    long_vs_short = maxdiff(logits, short_logits)
+    log(f"  long vs short factors, prompt logits max|diff| = {long_vs_short:.4f}")
+    if long_vs_short < 0.05:
+        raise SystemExit("the long factors hardly change the logits: the fixture could not tell them apart")
+    tensors = save_ref(
+        d / "reference_long.safetensors",
+        {"input_ids": ids[0], "logits": logits, "greedy": toks, "greedy_logits": raw},
+    )
+    write_json(
+        d / "reference_long.json",
+        {
+            "model": name,
+            "versions": versions(),
+            "prompt_seed": prompt_seed,
+            "prompt_gen": "torch.randint(3, V, (80,), generator=torch.Generator().manual_seed(prompt_seed))",
+            "original_max_position_embeddings": orig,
+            "greedy": "do_sample=False, no eos stop; verified equal to argmax over raw logits with full recompute",
+            "greedy_min_top1_top2_margin": gmargin,
+            "long_vs_short_factor_logits_max_diff": long_vs_short,
+            "tensors": tensors,
+            "tensor_notes": {
+                "logits": "[80, V] one forward of the prompt: every position rotated by long_factor",
+                "greedy": "[20] generated ids (continuation only)",
+                "greedy_logits": "[20, V] raw logits that produced greedy[t]",
+            },
+        },
+    )
 
 
 def gen_gemma3_multimodal(out):
@@ -870,15 +955,18 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="tests/fixtures/models", type=Path)
     ap.add_argument("--models-dir", default=".cache/models", type=Path)
-    ap.add_argument("--only", default="", help="comma list of gpt2,llama,qwen2,qwen3,phi3,gemma3,mistral,gemma2,phi3_longrope,gemma3_mm,bert,smollm2,minilm")
+    ap.add_argument("--only", default="", help="comma list of gpt2,llama,qwen2,qwen3,phi3,gemma3,mistral,gemma2,phi3_longrope,phi3_longrope_full,phi3_longrope_long,phi3_longrope_full_long,gemma3_mm,bert,smollm2,minilm")
     args = ap.parse_args()
     only = set(filter(None, args.only.split(",")))
     want = lambda n: not only or n in only  # noqa: E731
     args.out.mkdir(parents=True, exist_ok=True)
     log(f"versions: {versions()}")
     for name, (cls, cfg, seed) in tiny_decoder_configs().items():
-        if want(name):
+        if want(name) and name + "_long" not in only:
             gen_tiny_decoder(name, cls, cfg, seed, args.out)
+    for name in ("phi3_longrope", "phi3_longrope_full"):
+        if name + "_long" in only:  # only when asked: it reads the committed model
+            gen_longrope_long(args.out, name)
     if want("gemma3_mm"):
         gen_gemma3_multimodal(args.out)
     if want("bert"):

@@ -303,6 +303,7 @@ BuildReport build_engine(const BuildOptions& o) {
   ModelOptions mo{o.backend, gemm_dtype, nullptr, o.opt_level, o.disabled_passes, native ? "" : gemm_dtype,
                   o.pin_precision};
   mo.onnx_import = o.onnx_import;
+  mo.max_context = o.max_context;
   // The conversions below read a 16-bit checkpoint's own dtype (not under --quant, whose
   // calibration and rewrites read f32 weights).
   mo.keep_16bit_weights = !quantized;

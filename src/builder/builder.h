@@ -54,6 +54,9 @@ struct BuildOptions {
   // packs every rank's graph, and writes them all into the one engine file, which then
   // loads sharded over N ranks without the checkpoint.
   int tensor_parallel = 1;
+  // ModelOptions::max_context (`--max-context`): a LongRoPE model built past its original
+  // length stores its long factors.
+  int64_t max_context = 0;
 };
 
 struct BuildReport {

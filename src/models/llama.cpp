@@ -71,16 +71,16 @@ Tensor rope_inv_freq(const nlohmann::json& c, int64_t head_dim, LongRope* longro
     return t;
   }
   if (type == "longrope") {
-    // transformers' _compute_longrope_parameters at sequence lengths up to
-    // original_max_position_embeddings: inv_freq / short_factor, and cos / sin times the
-    // attention factor (sqrt(1 + ln(factor) / ln(original)) unless given). Past that length
-    // transformers switches every position to long_factor, which kiln does not (the caller
-    // caps the positions).
+    // transformers' _compute_longrope_parameters: inv_freq / short_factor at sequence
+    // lengths up to original_max_position_embeddings, inv_freq / long_factor past it, and
+    // cos / sin times the attention factor (sqrt(1 + ln(factor) / ln(original)) unless
+    // given) at both. The short ones are returned, the long ones go to the caller.
     if (!longrope)
       throw_error(ErrorCode::kUnsupported, "config.json: rope_scaling type 'longrope' in this model family");
-    if (!s.contains("short_factor") || !s["short_factor"].is_array() || int64_t(s["short_factor"].size()) != dim / 2)
-      throw_error(ErrorCode::kInvalidFile, "config.json: rope_scaling (longrope) needs 'short_factor' with ", dim / 2,
-                  " values (rotary dims / 2)");
+    for (const char* key : {"short_factor", "long_factor"})
+      if (!s.contains(key) || !s[key].is_array() || int64_t(s[key].size()) != dim / 2)
+        throw_error(ErrorCode::kInvalidFile, "config.json: rope_scaling (longrope) needs '", key, "' with ", dim / 2,
+                    " values (rotary dims / 2)");
     const double original = number("original_max_position_embeddings", 0.0);
     if (!(original > 0.0))
       throw_error(ErrorCode::kInvalidFile, "config.json: rope_scaling (longrope) needs original_max_position_embeddings");
@@ -91,11 +91,16 @@ Tensor rope_inv_freq(const nlohmann::json& c, int64_t head_dim, LongRope* longro
     longrope->attention_factor = s.contains("attention_factor") && s["attention_factor"].is_number()
                                      ? s["attention_factor"].get<double>()
                                      : factor <= 1.0 ? 1.0 : std::sqrt(1.0 + std::log(factor) / std::log(original));
-    // 1 / (short * base^(2i/dim)) in f32, as transformers divides.
-    for (int64_t i = 0; i < dim / 2; ++i) {
-      const nlohmann::json& e = s["short_factor"][size_t(i)];
-      if (!e.is_number()) throw_error(ErrorCode::kInvalidFile, "config.json: longrope short_factor[", i, "] is not a number");
-      f[i] = 1.0f / (float(e.get<double>()) * std::pow(base, float(2 * i) / float(dim)));
+    // 1 / (factor * base^(2i/dim)) in f32, as transformers divides.
+    longrope->long_inv_freq = Tensor(DType::kF32, {dim / 2});
+    for (const char* key : {"short_factor", "long_factor"}) {
+      float* out = key[0] == 's' ? f : longrope->long_inv_freq.data_as<float>();
+      for (int64_t i = 0; i < dim / 2; ++i) {
+        const nlohmann::json& e = s[key][size_t(i)];
+        if (!e.is_number())
+          throw_error(ErrorCode::kInvalidFile, "config.json: longrope ", key, "[", i, "] is not a number");
+        out[i] = 1.0f / (float(e.get<double>()) * std::pow(base, float(2 * i) / float(dim)));
+      }
     }
     return t;
   }
@@ -240,13 +245,20 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
   LongRope longrope;
   Tensor inv_freq_t = rope_inv_freq(c, hd, &longrope);
   const int64_t rotary_dim = 2 * inv_freq_t.dim(0);
+  double scale = 1.0 / std::sqrt(double(hd));
   if (longrope.original_max_positions > 0) {
-    // LongRoPE multiplies cos and sin by its attention factor: the rotated dims of q and k
-    // come out scaled by it. A rotation commutes with a scalar, so the same comes from
-    // those rows of q_proj and k_proj (and their biases) scaled at load.
-    if (qk_norm && longrope.attention_factor != 1.0)
-      throw_error(ErrorCode::kUnsupported, "llama: LongRoPE's attention factor with per-head q/k norms");
-    if (longrope.attention_factor != 1.0)
+    // LongRoPE multiplies cos and sin by its attention factor f: the rotated dims of q and
+    // k come out scaled by it. Where every dim is rotated (Phi-3.5-mini), q.k is f^2 times
+    // what it was, which the attention's scale takes (whatever the weights' storage). Else
+    // (Phi-4-mini rotates 3/4 of each head) the rotated rows of q_proj and k_proj (and their
+    // biases) are scaled at load: a rotation commutes with a scalar.
+    const double f = longrope.attention_factor;
+    if (rotary_dim == hd) {
+      scale *= f * f;
+    } else if (f != 1.0) {
+      if (qk_norm)
+        throw_error(ErrorCode::kUnsupported, "llama: LongRoPE's attention factor with per-head q/k norms and a "
+                    "partial rotary");
       for (int64_t l = 0; l < info.num_layers; ++l)
         for (const auto& [proj, heads] : {std::pair{"q_proj", hq}, std::pair{"k_proj", hkv}})
           for (const char* part : {".weight", ".bias"}) {
@@ -256,21 +268,21 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
             const Tensor& t = it->second;
             if (t.dtype() != DType::kF32 && t.dtype() != DType::kBF16 && t.dtype() != DType::kF16)
               throw_error(ErrorCode::kUnsupported, "llama: LongRoPE's attention factor on ", name, " stored as ",
-                          dtype_name(t.dtype()), " (f32/bf16/f16 checkpoints only)");
-            Tensor f = t.to(DType::kF32);
-            Tensor scaled(DType::kF32, f.shape());
-            std::copy_n(f.data_as<float>(), f.numel(), scaled.data_as<float>());
-            const int64_t cols = f.rank() == 2 ? f.dim(1) : 1;
+                          dtype_name(t.dtype()), " with a partial rotary (f32/bf16/f16 weights only: load with "
+                          "--weight-dtype f32, bf16 or f16)");
+            Tensor scaled = t.to(DType::kF32).clone();
+            const int64_t cols = scaled.rank() == 2 ? scaled.dim(1) : 1;
             for (int64_t hh = 0; hh < heads; ++hh)
               for (int64_t r = 0; r < rotary_dim; ++r)
-                for (int64_t k = 0; k < cols; ++k)
-                  scaled.data_as<float>()[(hh * hd + r) * cols + k] *= float(longrope.attention_factor);
+                for (int64_t k = 0; k < cols; ++k) scaled.data_as<float>()[(hh * hd + r) * cols + k] *= float(f);
             it->second = std::move(scaled);
           }
+    }
     if (longrope.original_max_positions < info.max_positions) {
-      log_warn(c.value("model_type", "llama"), ": LongRoPE beyond original_max_position_embeddings ",
-               longrope.original_max_positions, " (its long factors) is not implemented: sequences are limited to ",
-               longrope.original_max_positions, " tokens (of ", info.max_positions, ")");
+      log_info(c.value("model_type", "llama"), ": LongRoPE's short factors, good to original_max_position_embeddings ",
+               longrope.original_max_positions, " tokens; --max-context N (up to ", info.max_positions,
+               ") takes its long factors for every position");
+      m.long_context = BuiltModel::LongContext{{}, std::move(longrope.long_inv_freq), info.max_positions};
       info.max_positions = longrope.original_max_positions;
     }
   }
@@ -294,10 +306,10 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
   ir::ValueId positions = g.add_input("positions", DType::kI32, {"T"});
   ir::ValueId rows = g.add_input("logit_rows", DType::kI32, {"R"});
   ir::ValueId inv_freq = g.add_weight("rope.inv_freq", std::move(inv_freq_t));
+  if (m.long_context) m.long_context->inv_freq = {inv_freq};
   // A table kept quantized (WeightSpec::table): rows of h values in the image's format.
   const ir::ValueId table = W("model.embed_tokens.weight");
   ir::ValueId x = g.add("Embedding", {table, tokens}, kept_quant_table_attrs(g.weight(table), h), "embed_tokens");
-  const double scale = 1.0 / std::sqrt(double(hd));
   for (int64_t l = 0; l < info.num_layers; ++l) {
     std::string b = "model.layers." + std::to_string(l) + ".";
     std::string n = "layers." + std::to_string(l) + ".";

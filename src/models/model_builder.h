@@ -7,6 +7,7 @@
 
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,16 @@ struct BuiltModel {
   // "bf16" / "f16" when every matrix of the checkpoint is stored in it (a 16-bit
   // checkpoint), else "": what --weight-dtype auto keeps GEMM weights in on the CPU.
   std::string stored_dtype;
+  // LongRoPE: the graph's inverse frequencies (`inv_freq`, weights) hold the short factors,
+  // good up to info.max_positions (original_max_position_embeddings); a context past it
+  // (ModelOptions::max_context, up to `max_positions`) swaps in `long_inv_freq` for every
+  // position, as llama.cpp does for such a context. Empty for every other model.
+  struct LongContext {
+    std::vector<ir::ValueId> inv_freq;
+    Tensor long_inv_freq;
+    int64_t max_positions = 0;
+  };
+  std::optional<LongContext> long_context;
 };
 
 // A weight a family expects. `shape` is what the graph needs; `transpose` marks
@@ -129,11 +140,12 @@ std::vector<bool> sliding_layers(const nlohmann::json& config, const ModelInfo& 
 struct LongRope {
   double attention_factor = 1.0;       // cos and sin are multiplied by it
   int64_t original_max_positions = 0;  // past it transformers switches to long_factor
+  Tensor long_inv_freq;                // [rotary_dim / 2]: the inverse frequencies with long_factor
 };
 // RoPE inverse frequencies [rotary_dim / 2] as transformers computes them (f32
 // arithmetic) from a config's rope_theta, partial_rotary_factor and rope_scaling or
 // rope_parameters (default, linear, llama3, and longrope's short factors where `longrope`
-// is given to take the rest; others kUnsupported).
+// is given to take the rest, its long factors among them; others kUnsupported).
 Tensor rope_inv_freq(const nlohmann::json& config, int64_t head_dim, LongRope* longrope = nullptr);
 BuiltModel build_bert(const nlohmann::json& config, const WeightSource& weights);
 

@@ -91,9 +91,28 @@ std::string stored_matrix_dtype(const WeightSource& src, const ir::Graph& g) {
   return common ? dtype_name(*common) : "";
 }
 
+// ModelOptions::max_context on a built model: caps info.max_positions, or past a
+// LongRoPE model's original length swaps its long-factor inverse frequencies in.
+void apply_max_context(BuiltModel& built, int64_t n) {
+  if (n <= 0) return;
+  ModelInfo& info = built.info;
+  const int64_t limit = built.long_context ? built.long_context->max_positions : info.max_positions;
+  if (n > limit)
+    throw_error(ErrorCode::kInvalidArgument, "--max-context ", n, " exceeds the model's ", limit, " positions (",
+                info.family, ")");
+  if (built.long_context && n > info.max_positions) {
+    for (ir::ValueId v : built.long_context->inv_freq) built.graph.weight(v) = built.long_context->long_inv_freq.clone();
+    log_info(info.family, ": --max-context ", n, " is past LongRoPE's original ", info.max_positions,
+             " positions: its long factors rotate every position");
+  }
+  info.max_positions = n;
+  built.long_context.reset();
+}
+
 }  // namespace
 
 std::unique_ptr<Model> Model::from_built(BuiltModel built, const ModelOptions& options) {
+  apply_max_context(built, options.max_context);
   if (options.tensor_parallel != 0 && options.tensor_parallel != 1)
     return from_built_sharded(std::move(built), options);
   if (!options.profile.empty())
@@ -225,6 +244,11 @@ std::unique_ptr<Model> Model::load_engine_rank(const std::shared_ptr<EngineConte
   m->kv_dtype_ = kv_dtype_parse(options.kv_cache_dtype);
   m->built_.graph = std::move(tp ? e->ranks[size_t(rank)].graph : e->graph);
   m->built_.info = tp ? e->ranks[size_t(rank)].info : e->info;
+  if (options.max_context > m->built_.info.max_positions)
+    throw_error(ErrorCode::kInvalidArgument, "--max-context ", options.max_context, " exceeds the engine's ",
+                m->built_.info.max_positions, " positions (a LongRoPE model's long factors are chosen when the engine "
+                "is built: `kiln build --max-context`)");
+  if (options.max_context > 0) m->built_.info.max_positions = options.max_context;
   m->config_ = e->config;
   CompileOptions co;
   // GEMM weights are stored in the engine in their final precision.

@@ -101,6 +101,14 @@ struct ModelOptions {
   // read any float dtype); ignored under rewrites, observers and tensor parallelism, which
   // read f32 weights.
   bool keep_16bit_weights = false;
+  // The longest sequence the model is run at (tokens; 0: the model's own limit). Less
+  // caps info().max_positions; more than the model's limit is an error. A LongRoPE model
+  // (Phi-3.5, Phi-4-mini) runs its short factors up to original_max_position_embeddings,
+  // its default limit; a context past that takes its long factors at every position (the
+  // rule llama.cpp applies to a context that long; transformers switches per forward, so
+  // the two agree wherever a sequence's prompt is already past that length). Engines:
+  // caps only (`kiln build --max-context` stores the choice).
+  int64_t max_context = 0;
 };
 
 // What weight_dtype "auto" stores the weights a file does not keep quantized in, per

@@ -239,7 +239,7 @@ TEST_P(DecoderGolden, ForkSharesPrefixBlocks) {
 
 INSTANTIATE_TEST_SUITE_P(Families, DecoderGolden,
                          ::testing::Values("gpt2", "llama", "qwen2", "qwen3", "phi3", "gemma3", "mistral", "gemma2",
-                                           "phi3_longrope"));
+                                           "phi3_longrope", "phi3_longrope_full"));
 
 // The qwen3 fixture as llama.cpp's converter writes it (arch qwen3, attn_q_norm /
 // attn_k_norm): F32 computes transformers' logits as the HF directory does; F16 and Q8_0
@@ -385,10 +385,70 @@ TEST(SlidingWindow, LayersThatSlideCarryTheWindow) {
   // LongRoPE without its short factors: an error naming what is missing, not other logits.
   test::expect_error([&] { variant("phi3", "phi3_longrope_bad", {{"rope_scaling", {{"type", "longrope"}}}}); },
                      ErrorCode::kInvalidFile, {"longrope", "short_factor"});
-  // The LongRoPE fixture runs up to its original 64 positions (its long factors, past them,
-  // are not implemented), where transformers uses the short ones.
-  EXPECT_EQ(Model::load(testing::fixture_dir("phi3_longrope"))->info().max_positions, 64);
+  test::expect_error(
+      [&] {
+        variant("phi3", "phi3_longrope_short_only",
+                {{"rope_scaling", {{"type", "longrope"}, {"short_factor", {1.0, 1.0, 1.0, 1.0}}}}});
+      },
+      ErrorCode::kInvalidFile, {"longrope", "long_factor", "4 values"});
 }
+
+// LongRoPE: by default the fixtures run up to their original 64 positions with the short
+// factors (where transformers uses them); --max-context past 64 (up to their 256) takes the
+// long factors at every position, which is what transformers computes for a prompt past
+// 64 tokens and its continuation (reference_long: an 80-token prompt, 20 greedy steps).
+// phi3_longrope rotates half of each head's dims (the attention factor goes into q_proj /
+// k_proj rows), phi3_longrope_full all of them (the factor squared goes into the
+// attention's scale).
+class LongRope : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(LongRope, LongFactorsPastTheOriginalContext) {
+  const std::string dir = testing::fixture_dir(GetParam());
+  EXPECT_EQ(Model::load(dir)->info().max_positions, 64);
+  Reference ref(GetParam(), "reference_long");
+  const std::vector<int32_t> prompt = ref.ids("input_ids");
+  ASSERT_EQ(prompt.size(), 80u);
+  {
+    auto short_only = Model::load(dir);
+    LlmRunner runner(*short_only);
+    runner.add_sequence(prompt);
+    test::expect_error(
+        [&] {
+          while (runner.has_pending()) runner.step();
+        },
+        ErrorCode::kOutOfRange, {"beyond the model's 64 positions"});
+  }
+  test::expect_error([&] { Model::load(dir, {.max_context = 257}); }, ErrorCode::kInvalidArgument,
+                     {"--max-context 257", "256 positions"});
+  EXPECT_EQ(Model::load(dir, {.max_context = 48})->info().max_positions, 48);
+  auto model = Model::load(dir, {.max_context = 256});
+  ASSERT_EQ(model->info().max_positions, 256);
+  const int64_t vocab = model->info().vocab_size;
+  LlmRunner runner(*model);
+  const int32_t seq = runner.add_sequence(prompt);
+  std::vector<float> logits;
+  while (runner.has_pending())
+    for (auto& o : runner.step(/*all_logits=*/true)) logits.insert(logits.end(), o.logits.begin(), o.logits.end());
+  const auto want = ref.f32("logits");
+  ASSERT_EQ(logits.size(), want.size());
+  KILN_EXPECT_CLOSE(logits.data(), want.data(), logits.size(), 1e-4, GetParam() + " long-factor prompt logits");
+  // Greedy steps past the prompt, each against transformers' raw logits of that step.
+  const auto greedy = ref.ids("greedy");
+  const auto greedy_logits = ref.f32("greedy_logits");
+  int32_t next = argmax(logits.data() + logits.size() - size_t(vocab), vocab);
+  for (size_t t = 0; t < greedy.size(); ++t) {
+    ASSERT_EQ(next, greedy[t]) << "greedy step " << t;
+    if (t + 1 == greedy.size()) break;
+    runner.append_tokens(seq, {next});
+    auto out = runner.step();
+    ASSERT_EQ(out.size(), 1u);
+    KILN_EXPECT_CLOSE(out[0].logits.data(), greedy_logits.data() + (t + 1) * size_t(vocab), size_t(vocab), 1e-4,
+                      GetParam() + " long-factor greedy step " + std::to_string(t + 1));
+    next = argmax(out[0].logits.data(), vocab);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Fixtures, LongRope, ::testing::Values("phi3_longrope", "phi3_longrope_full"));
 
 // A backend without sliding-window attention (Backend::supports_sliding_window) runs such
 // a model up to its smallest window, where full attention is the same, and refuses a longer

@@ -33,8 +33,10 @@ inline std::string models_dir() {
 
 class Reference {
  public:
-  explicit Reference(const std::string& model)
-      : src_(open_safetensors_source(fixture_dir(model) + "/reference.safetensors")) {}
+  // `file`: the fixture's reference tensors (reference_long: phi3_longrope past its
+  // original positions).
+  explicit Reference(const std::string& model, const std::string& file = "reference")
+      : src_(open_safetensors_source(fixture_dir(model) + "/" + file + ".safetensors")) {}
   bool has(const std::string& name) const { return src_->has(name); }
   std::vector<int64_t> shape(const std::string& name) const { return src_->info(name).shape; }
   std::vector<float> f32(const std::string& name) const {

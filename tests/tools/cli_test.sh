@@ -35,6 +35,9 @@ check inspect-pooling 0 "pooling     mean" -- "$kiln" inspect -m "$fixtures/mode
 check inspect 0 "decoder" -- "$kiln" inspect -m "$fixtures/models/llama" --graph
 check inspect-load 0 "load        read " -- "$kiln" inspect -m "$fixtures/models/llama"
 check missing-model 1 "does not exist" -- "$kiln" generate -m /nonexistent --ids 1
+check max-context-long 0 "" -- "$kiln" generate -m "$fixtures/models/phi3_longrope" --max-context 200 --ids "$(seq -s, 3 72)" -n 4 -q
+check max-context-short 1 "beyond the model's 64 positions" -- "$kiln" generate -m "$fixtures/models/phi3_longrope" --ids "$(seq -s, 3 72)" -n 4 -q
+check max-context-over 1 "--max-context 300 exceeds the model's 256 positions" -- "$kiln" generate -m "$fixtures/models/phi3_longrope" --max-context 300 --ids 5 -n 1
 check bad-ids 1 "not a token id" -- "$kiln" generate -m "$fixtures/models/gpt2" --ids 1,x
 check oov-id 1 "outside the vocabulary" -- "$kiln" generate -m "$fixtures/models/gpt2" --ids 999999
 check no-tokenizer 1 "has no tokenizer" -- "$kiln" generate -m "$fixtures/models/gpt2" -p hello

@@ -308,6 +308,7 @@ Runner add_bench(CLI::App& app) {
   add_kv_fraction_option(cmd, a->kv_fraction);
   add_kv_dtype_option(cmd, a->model.kv_cache_dtype);
   add_tactic_cache_option(cmd, a->model.tactic_cache);
+  add_max_context_option(cmd, a->model.max_context);
   cmd->add_option("-p,--prompt-len", a->prompt_len, "prompt tokens (pp)")->capture_default_str();
   cmd->add_option("-n,--gen-len", a->gen_len, "generated tokens (tg)")->capture_default_str();
   cmd->add_option("-b,--batch", a->batch, "sequences decoded together")->capture_default_str();

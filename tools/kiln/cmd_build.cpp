@@ -58,6 +58,7 @@ Runner add_build(CLI::App& app) {
   add_quant_options(cmd, a->o.quant, "--precision");
   cmd->add_flag("--no-tune", a->no_tune, "skip tactic timing (the backend's heuristics at run time)");
   cmd->add_option("--timing-cache", a->o.timing_cache, "JSON timing cache, read and updated (faster rebuilds)");
+  add_max_context_option(cmd, a->o.max_context);
   return [a] {
     for (auto& p : a->profiles) a->o.profiles.push_back(parse_profile(p));
     for (auto& pin : parse_pin_options(a->pins)) a->o.pin_precision.push_back(pin);

@@ -23,6 +23,7 @@ struct ServeArgs {
   std::string weight_dtype = "auto";
   std::string kv_cache_dtype = "auto";
   std::string tactic_cache;  // ModelOptions::tactic_cache
+  int64_t max_context = 0;   // ModelOptions::max_context
   std::string host = "127.0.0.1";
   int port = 8000;
   std::vector<std::string> api_keys;
@@ -77,6 +78,7 @@ int run_serve(const ServeArgs& a) {
   mo.kv_cache_dtype = a.kv_cache_dtype;
   mo.step_tuning = a.tune_batch_sizes;
   mo.tactic_cache = a.tactic_cache;
+  mo.max_context = a.max_context;
   mo.lean_host_weights = true;
   EncoderBatcherOptions enc = a.encoder;
   enc.max_queue_delay = std::chrono::microseconds(a.encoder_delay_us);
@@ -144,6 +146,7 @@ Runner add_serve(CLI::App& app) {
       ->capture_default_str();
   add_tp_option(cmd, a->tp);
   add_plugin_option(cmd);
+  add_max_context_option(cmd, a->max_context);
   cmd->add_option("--host", a->host, "address to bind (0.0.0.0 exposes the server)")->capture_default_str();
   cmd->add_option("--port", a->port, "TCP port")->check(CLI::Range(0, 65535))->capture_default_str();
   cmd->add_option("--api-key", a->api_keys, "require 'Authorization: Bearer KEY' (repeatable; or $KILN_API_KEY)");

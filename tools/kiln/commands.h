@@ -49,7 +49,10 @@ struct ModelArgs {
   bool gguf_requantize = false;  // ModelOptions::keep_file_quant = false
   std::vector<std::string> pins;  // --pin-precision: ModelOptions::precision + pin_precision
   std::string tactic_cache;       // --tactic-cache: ModelOptions::tactic_cache
+  int64_t max_context = 0;        // --max-context: ModelOptions::max_context
 };
+// --max-context N (ModelOptions::max_context), for the commands that load a model.
+void add_max_context_option(CLI::App* cmd, int64_t& tokens);
 // --tactic-cache FILE (ModelOptions::tactic_cache), for the commands that load a model.
 void add_tactic_cache_option(CLI::App* cmd, std::string& path);
 // --pin-precision NODE_GLOB=PRECISION[,...] (kiln build, and the model-loading commands).

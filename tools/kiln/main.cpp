@@ -45,6 +45,15 @@ void add_model_options(CLI::App* cmd, ModelArgs& args) {
   add_tp_option(cmd, args.tp);
   add_plugin_option(cmd);
   add_tactic_cache_option(cmd, args.tactic_cache);
+  add_max_context_option(cmd, args.max_context);
+}
+
+void add_max_context_option(CLI::App* cmd, int64_t& tokens) {
+  cmd->add_option("--max-context", tokens,
+                  "the longest sequence in tokens (default: the model's limit; a LongRoPE model's is its original "
+                  "length, and a context past it takes the long factors at every position, up to "
+                  "max_position_embeddings)")
+      ->check(CLI::Range(int64_t(1), int64_t(1) << 40));
 }
 
 void add_tactic_cache_option(CLI::App* cmd, std::string& path) {
@@ -175,6 +184,7 @@ ModelOptions model_options(const ModelArgs& a) {
   o.tensor_parallel = a.tp;
   o.kv_cache_dtype = a.kv_cache_dtype;
   o.tactic_cache = a.tactic_cache;
+  o.max_context = a.max_context;
   o.lean_host_weights = true;  // the commands run the model; kiln inspect shows the graph unpacked
   // Pins run the precision pass, with the weight dtype as every other GEMM's precision
   // (what `kiln build --precision D --pin-precision ...` stores); engines refuse them.

@@ -392,9 +392,50 @@ TEST(CudaQuantizedKv, DecoderMatchesCpuWithTheSameCacheDtype) {
   }
 }
 
+// LongRoPE past the original context (--max-context): the long factors' prompt logits and
+// decode steps against transformers' (reference_long), in each activation dtype; half the
+// dims rotated (phi3_longrope) and all of them (phi3_longrope_full).
+TEST(CudaLongRope, LongFactorsPastTheOriginalContext) {
+  KILN_SKIP_WITHOUT_CUDA();
+  for (std::string fixture : {"phi3_longrope", "phi3_longrope_full"}) {
+    Ref ref(fixture, "reference_long");
+    const std::vector<int32_t> prompt = ref.ids("input_ids");
+    const auto want = ref.f32("logits"), greedy_logits = ref.f32("greedy_logits");
+    const auto greedy = ref.ids("greedy");
+    for (std::string dtype : {"f32", "bf16", "f16"}) {
+      auto model = Model::load(fixtures_dir() + "/models/" + fixture,
+                               {.backend = "cuda", .weight_dtype = dtype, .max_context = 256});
+      const int64_t vocab = model->info().vocab_size;
+      const double tol = model_tolerance(dtype) * (dtype == "bf16" ? bf16_factor(fixture) : 1.0);
+      const std::string tag = fixture + " long " + dtype;
+      LlmRunner runner(*model);
+      const int32_t seq = runner.add_sequence(prompt);
+      std::vector<float> logits;
+      while (runner.has_pending())
+        for (auto& o : runner.step(/*all_logits=*/true)) logits.insert(logits.end(), o.logits.begin(), o.logits.end());
+      ASSERT_EQ(logits.size(), want.size());
+      expect_close(logits.data(), want.data(), logits.size(), tol, tag + " prompt logits");
+      // Decode steps fed transformers' greedy ids, each against that step's logits.
+      double worst = 0;
+      for (size_t t = 0; t + 1 < greedy.size(); ++t) {
+        runner.append_tokens(seq, {greedy[t]});
+        auto out = runner.step();
+        ASSERT_EQ(out.size(), 1u);
+        Diff d = diff(Tensor::view(out[0].logits.data(), DType::kF32, {vocab}),
+                      Tensor::view(const_cast<float*>(greedy_logits.data()) + (t + 1) * size_t(vocab), DType::kF32,
+                                   {vocab}));
+        worst = std::max(worst, d.rel());
+        if (dtype == "f32") EXPECT_EQ(argmax(out[0].logits.data(), vocab), greedy[t + 1]) << tag << " step " << t + 1;
+      }
+      std::printf("  %-48s worst step rel %.3g\n", (tag + " decode").c_str(), worst);
+      EXPECT_LE(worst, tol) << tag << " decode";
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Families, CudaDecoderGolden,
                          ::testing::Combine(::testing::Values("gpt2", "llama", "qwen2", "qwen3", "phi3", "gemma3", "mistral", "gemma2",
-                                                              "phi3_longrope"),
+                                                              "phi3_longrope", "phi3_longrope_full"),
                                             ::testing::Values("f32", "bf16", "f16")),
                          [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param); });
 
