@@ -81,6 +81,17 @@ const NameRule kGemmaLayer[] = {
     {"ffn_down.weight", "mlp.down_proj.weight"},
 };
 
+// Phi-3 (llama.cpp's PHI3 tensors): q|k|v in one attn_qkv and gate|up in one ffn_up, as
+// transformers' Phi3 stores them (qkv_proj, gate_up_proj: the llama builder reads row views).
+const NameRule kPhi3Layer[] = {
+    {"attn_norm.weight", "input_layernorm.weight"},
+    {"attn_qkv.weight", "self_attn.qkv_proj.weight"},
+    {"attn_output.weight", "self_attn.o_proj.weight"},
+    {"ffn_norm.weight", "post_attention_layernorm.weight"},
+    {"ffn_up.weight", "mlp.gate_up_proj.weight"},
+    {"ffn_down.weight", "mlp.down_proj.weight"},
+};
+
 // llama.cpp's names for BertModel (gguf-py's TensorNameMap for MODEL_ARCH.BERT). Its
 // converter drops the pooler and renames a classifier to cls.output, which have no HF
 // counterpart here.
@@ -112,6 +123,7 @@ struct ArchNames {
 std::optional<ArchNames> arch_names(const std::string& arch) {
   if (arch == "llama" || arch == "qwen2" || arch == "qwen3") return ArchNames{kLlamaGlobal, kLlamaLayer, "model.layers."};
   if (arch == "gemma2" || arch == "gemma3") return ArchNames{kLlamaGlobal, kGemmaLayer, "model.layers."};
+  if (arch == "phi3") return ArchNames{kLlamaGlobal, kPhi3Layer, "model.layers."};
   if (arch == "gpt2") return ArchNames{kGpt2Global, kGpt2Layer, "h."};
   if (arch == "bert") return ArchNames{kBertGlobal, kBertLayer, "encoder.layer."};
   return std::nullopt;
@@ -256,6 +268,67 @@ json gemma_config(const GgufFile& f, const std::string& arch) {
   return c;
 }
 
+// llama.cpp's Phi-3 (convert_hf_to_gguf.py's Phi3MiniModel; Phi-3.5 and Phi-4-mini are
+// this arch too) as a transformers Phi3 config: the rotary dims as partial_rotary_factor,
+// a sliding window of 0 as none, and LongRoPE as the converter stores it - the factors as
+// the tensors rope_factors_short / rope_factors_long, the original context and the
+// attention factor as rope.scaling.* keys.
+json phi3_config(const GgufFile& f) {
+  const std::string a = "phi3.";
+  json c;
+  c["model_type"] = "phi3";
+  c["architectures"] = {"Phi3ForCausalLM"};
+  c["hidden_act"] = "silu";
+  const uint32_t hidden = req_u32(f, a + "embedding_length"), heads = req_u32(f, a + "attention.head_count");
+  if (heads == 0 || hidden % heads != 0)
+    throw_error(ErrorCode::kInvalidFile, f.path(), ": ", a, "attention.head_count (", heads,
+                ") must divide embedding_length (", hidden, ")");
+  const uint32_t head_dim = hidden / heads;
+  c["hidden_size"] = hidden;
+  c["intermediate_size"] = req_u32(f, a + "feed_forward_length");
+  c["num_hidden_layers"] = req_u32(f, a + "block_count");
+  c["num_attention_heads"] = heads;
+  c["num_key_value_heads"] = opt_u32(f, a + "attention.head_count_kv", heads);
+  c["rms_norm_eps"] = opt_f32(f, a + "attention.layer_norm_rms_epsilon", 1e-5);
+  c["rope_theta"] = opt_f32(f, a + "rope.freq_base", 10000.0);
+  const uint32_t rot = opt_u32(f, a + "rope.dimension_count", head_dim);
+  if (rot == 0 || rot > head_dim || rot % 2 != 0)
+    throw_error(ErrorCode::kInvalidFile, f.path(), ": ", a, "rope.dimension_count ", rot,
+                " must be even and in [2, head dim ", head_dim, "]");
+  c["partial_rotary_factor"] = double(rot) / double(head_dim);
+  const uint32_t ctx = opt_u32(f, a + "context_length", 4096);
+  c["max_position_embeddings"] = ctx;
+  c["original_max_position_embeddings"] = opt_u32(f, a + "rope.scaling.original_context_length", ctx);
+  const uint32_t window = opt_u32(f, a + "attention.sliding_window", 0);
+  c["sliding_window"] = window > 0 ? json(window) : json(nullptr);
+  c["vocab_size"] = vocab_size(f, "phi3");
+  c["tie_word_embeddings"] = f.find_tensor("output.weight") == nullptr;
+  const GgufTensorInfo* shortf = f.find_tensor("rope_factors_short.weight");
+  const GgufTensorInfo* longf = f.find_tensor("rope_factors_long.weight");
+  if (shortf || longf) {
+    if (!shortf || !longf)
+      throw_error(ErrorCode::kInvalidFile, f.path(), ": LongRoPE needs both rope_factors_short.weight and "
+                  "rope_factors_long.weight, found only ", shortf ? "the short" : "the long", " one");
+    json rs = {{"type", "longrope"}, {"rope_type", "longrope"},
+               {"original_max_position_embeddings", c["original_max_position_embeddings"]}};
+    for (const auto& [key, name] : {std::pair{"short_factor", "rope_factors_short.weight"},
+                                    std::pair{"long_factor", "rope_factors_long.weight"}}) {
+      const Tensor t = f.load(name, DType::kF32);
+      if (t.numel() != int64_t(rot / 2))
+        throw_error(ErrorCode::kInvalidFile, f.path(), ": ", name, " holds ", t.numel(), " factors, expected ", rot / 2,
+                    " (rotary dims / 2)");
+      json v = json::array();
+      for (int64_t i = 0; i < t.numel(); ++i) v.push_back(f32_to_decimal(t.data_as<float>()[i]));
+      rs[key] = std::move(v);
+    }
+    if (f.has_key(a + "rope.scaling.attn_factor")) rs["attention_factor"] = opt_f32(f, a + "rope.scaling.attn_factor", 1.0);
+    c["rope_scaling"] = std::move(rs);
+  }
+  add_pooling(f, a, /*decoder=*/true, c);
+  add_token_ids(f, c);
+  return c;
+}
+
 }  // namespace
 
 json gguf_to_hf_config(const GgufFile& f) {
@@ -289,6 +362,7 @@ json gguf_to_hf_config(const GgufFile& f) {
     return c;
   }
   if (arch == "gemma2" || arch == "gemma3") return gemma_config(f, arch);
+  if (arch == "phi3") return phi3_config(f);
   if (arch == "gpt2") {
     c["model_type"] = "gpt2";
     c["architectures"] = {"GPT2LMHeadModel"};
@@ -332,7 +406,7 @@ json gguf_to_hf_config(const GgufFile& f) {
     return c;
   }
   throw_error(ErrorCode::kUnsupported, f.path(), ": GGUF architecture '", arch,
-              "' has no HF mapping in kiln (supported: llama, qwen2, qwen3, gemma2, gemma3, gpt2, bert)");
+              "' has no HF mapping in kiln (supported: llama, qwen2, qwen3, phi3, gemma2, gemma3, gpt2, bert)");
 }
 
 std::string gguf_to_hf_name(const std::string& arch, const std::string& g) {

@@ -225,11 +225,14 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
   if (fused_proj)
     for (int64_t l = 0; l < info.num_layers; ++l) {
       const std::string b = "model.layers." + std::to_string(l) + ".";
+      // Rows of f32 / 16-bit weights, or of a kept q8/q4 image (a GGUF's codes: [rows,
+      // bytes a row], each row self-contained).
       auto split = [&](const std::string& fused, std::vector<std::pair<std::string, int64_t>> parts) {
         const Tensor t = w.at(b + fused);
-        if (t.dtype() != DType::kF32 && t.dtype() != DType::kBF16 && t.dtype() != DType::kF16)
+        if (t.dtype() != DType::kF32 && t.dtype() != DType::kBF16 && t.dtype() != DType::kF16 &&
+            !(t.dtype() == DType::kU8 && t.rank() == 2))
           throw_error(ErrorCode::kUnsupported, "phi3: ", b, fused, " is stored as ", dtype_name(t.dtype()),
-                      "; kiln splits fused projections of f32/bf16/f16 checkpoints only");
+                      "; kiln splits fused projections of f32/bf16/f16 weights and q8/q4 images only");
         int64_t row = 0;
         for (auto& [name, rows] : parts) {
           w[b + name] = t.slice_rows(row, row + rows);

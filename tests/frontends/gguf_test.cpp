@@ -791,6 +791,58 @@ TEST(GgufHf, GemmaConfig) {
   expect_error([&] { gemma("gemma3", 4000000000u); }, ErrorCode::kInvalidFile, {"block_count", "4000000000"});
 }
 
+// Phi-3 as llama.cpp's converter writes it (Phi-3.5-mini's shape, scaled down): the
+// rotary dims as partial_rotary_factor, a window of 0 as none, LongRoPE from the
+// rope_factors_* tensors and the rope.scaling keys; malformed ones name what is wrong.
+TEST(GgufHf, Phi3Config) {
+  auto phi3 = [](std::function<void(GgufWriter&)> extra = {}) {
+    GgufWriter w;
+    w.kv_string("general.architecture", "phi3");
+    w.kv_u32("phi3.embedding_length", 64);
+    w.kv_u32("phi3.block_count", 2);
+    w.kv_u32("phi3.attention.head_count", 4);
+    w.kv_u32("phi3.attention.head_count_kv", 4);
+    w.kv_u32("phi3.feed_forward_length", 128);
+    w.kv_u32("phi3.vocab_size", 10);
+    w.kv_u32("phi3.context_length", 1024);
+    w.kv_u32("phi3.rope.scaling.original_context_length", 256);
+    w.kv_u32("phi3.attention.sliding_window", 0);
+    if (extra) extra(w);
+    return gguf_to_hf_config(parse(w.bytes()));
+  };
+  auto factors = [](GgufWriter& w, const char* name, std::vector<float> v) {
+    w.tensor(name, 0, {uint64_t(v.size())}, std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4));
+  };
+  auto plain = phi3([](GgufWriter& w) { w.kv_u32("phi3.rope.dimension_count", 12); });
+  EXPECT_EQ(plain["model_type"], "phi3");
+  EXPECT_DOUBLE_EQ(plain["partial_rotary_factor"].get<double>(), 0.75);
+  EXPECT_TRUE(plain["sliding_window"].is_null());
+  EXPECT_EQ(plain["max_position_embeddings"], 1024);
+  EXPECT_EQ(plain["original_max_position_embeddings"], 256);
+  EXPECT_FALSE(plain.contains("rope_scaling"));
+  auto lr = phi3([&](GgufWriter& w) {
+    w.kv_f32("phi3.rope.scaling.attn_factor", 1.25f);
+    factors(w, "rope_factors_short.weight", {1, 1, 1, 1, 1, 1, 1, 1});
+    factors(w, "rope_factors_long.weight", {1, 2, 3, 4, 5, 6, 7, 8});
+  });
+  EXPECT_EQ(lr["rope_scaling"]["type"], "longrope");
+  EXPECT_EQ(lr["rope_scaling"]["long_factor"][7], 8.0);
+  EXPECT_EQ(lr["rope_scaling"]["attention_factor"], 1.25);
+  EXPECT_EQ(lr["rope_scaling"]["original_max_position_embeddings"], 256);
+  expect_error([&] { phi3([&](GgufWriter& w) { factors(w, "rope_factors_long.weight", {1, 2, 3, 4, 5, 6, 7, 8}); }); },
+               ErrorCode::kInvalidFile, {"rope_factors_short.weight", "only the long"});
+  expect_error(
+      [&] {
+        phi3([&](GgufWriter& w) {
+          factors(w, "rope_factors_short.weight", {1, 1, 1});
+          factors(w, "rope_factors_long.weight", {1, 2, 3});
+        });
+      },
+      ErrorCode::kInvalidFile, {"rope_factors_short.weight", "3 factors", "expected 8"});
+  expect_error([&] { phi3([](GgufWriter& w) { w.kv_u32("phi3.rope.dimension_count", 17); }); }, ErrorCode::kInvalidFile,
+               {"rope.dimension_count 17", "head dim 16"});
+}
+
 TEST(GgufHf, UnsupportedArchitecture) {
   GgufWriter w;
   w.kv_string("general.architecture", "mamba");

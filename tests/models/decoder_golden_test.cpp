@@ -303,6 +303,90 @@ void expect_prompt_logits(Model& model, const std::string& family, const std::st
   }
 }
 
+// The phi3 and phi3_longrope fixtures as llama.cpp's converter writes them (arch phi3: fused
+// attn_qkv and ffn_up, the rotary dims and the original context as keys, LongRoPE's factors
+// as rope_factors_* tensors and its attention factor as a key): F32 within 1e-4 of max
+// |logit| of transformers', F16 and Q8_0 Linears within their rounding (F16: 2.1e-3 / 1.2e-3 /
+// 1.2e-3, what transformers computes with the Linears rounded to f16, checked in Python);
+// a Q8_0 file kept quantized (--weight-dtype auto: fused q8 images split into row views) as
+// close as the expanded one. The LongRoPE file past its original context with
+// --max-context, against transformers' long-factor logits; its partial rotary takes the
+// attention factor into q_proj / k_proj rows, which a kept image cannot: a clear error.
+TEST(Phi3Gguf, LogitsMatchTransformers) {
+  TempDir dir;
+  for (auto [type, tol] : {std::pair{GgmlType::kF32, 1e-4}, std::pair{GgmlType::kF16, 3e-3},
+                           std::pair{GgmlType::kQ8_0, 5e-2}}) {
+    const std::string path = dir.file("phi3_" + std::to_string(int(type)) + ".gguf");
+    write_file(path, test::phi3_gguf(testing::fixture_dir("phi3"), type));
+    for (std::string dtype : {"f32", "auto"}) {
+      if (dtype == "auto" && type != GgmlType::kQ8_0) continue;
+      ModelOptions o;
+      o.weight_dtype = dtype;
+      auto model = Model::load(path, o);
+      EXPECT_EQ(model->info().head_dim, 16);
+      if (dtype == "auto") {
+        int kept = 0;
+        for (const ir::Node& n : model->graph().nodes()) kept += n.has_attr("weight_quant");
+        EXPECT_GE(kept, 8) << "the Q8_0 Linears keep their codes";
+      }
+      Reference ref("phi3");
+      const auto prompts = ref.prompts();
+      const auto want = ref.f32("logits");
+      const int64_t smax = ref.shape("input_ids")[1], vocab = model->info().vocab_size;
+      for (size_t b = 0; b < prompts.size(); ++b) {
+        LlmRunner runner(*model);
+        runner.add_sequence(prompts[b]);
+        auto got = runner.step(true)[0].logits;
+        ASSERT_EQ(got.size(), prompts[b].size() * size_t(vocab));
+        KILN_EXPECT_CLOSE(got.data(), want.data() + b * size_t(smax * vocab), got.size(), tol,
+                          "phi3 GGUF type " + std::to_string(int(type)) + " " + dtype + ", prompt " + std::to_string(b));
+      }
+    }
+  }
+  const std::string lr = dir.file("phi3_longrope.gguf");
+  write_file(lr, test::phi3_gguf(testing::fixture_dir("phi3_longrope"), GgmlType::kF32));
+  {
+    auto model = Model::load(lr, {.weight_dtype = "f32"});
+    EXPECT_EQ(model->info().max_positions, 64);
+    expect_prompt_logits(*model, "phi3_longrope", "phi3_longrope GGUF");
+  }
+  {
+    auto model = Model::load(lr, {.weight_dtype = "f32", .max_context = 256});
+    Reference ref("phi3_longrope", "reference_long");
+    LlmRunner runner(*model);
+    runner.add_sequence(ref.ids("input_ids"));
+    std::vector<float> got;
+    while (runner.has_pending())
+      for (auto& o : runner.step(true)) got.insert(got.end(), o.logits.begin(), o.logits.end());
+    const auto want = ref.f32("logits");
+    ASSERT_EQ(got.size(), want.size());
+    KILN_EXPECT_CLOSE(got.data(), want.data(), got.size(), 1e-4, "phi3_longrope GGUF, long factors");
+  }
+  const std::string lr8 = dir.file("phi3_longrope_q8.gguf");
+  write_file(lr8, test::phi3_gguf(testing::fixture_dir("phi3_longrope"), GgmlType::kQ8_0));
+  test::expect_error([&] { Model::load(lr8, {.weight_dtype = "auto"}); }, ErrorCode::kUnsupported,
+                     {"attention factor", "partial rotary", "--weight-dtype f32"});
+  // Every dim rotated (as Phi-3.5-mini): the attention factor is the attention's, so the
+  // Q8_0 file runs with its codes kept too. Its 80-token prompt moves by 0.0681 of max
+  // |logit| either way: what transformers computes with the Linears rounded to Q8_0 blocks
+  // (0.0681, checked in Python).
+  const std::string full8 = dir.file("phi3_longrope_full_q8.gguf");
+  write_file(full8, test::phi3_gguf(testing::fixture_dir("phi3_longrope_full"), GgmlType::kQ8_0));
+  for (std::string dtype : {"f32", "auto"}) {
+    auto model = Model::load(full8, {.weight_dtype = dtype, .max_context = 256});
+    Reference ref("phi3_longrope_full", "reference_long");
+    LlmRunner runner(*model);
+    runner.add_sequence(ref.ids("input_ids"));
+    std::vector<float> got;
+    while (runner.has_pending())
+      for (auto& o : runner.step(true)) got.insert(got.end(), o.logits.begin(), o.logits.end());
+    const auto want = ref.f32("logits");
+    ASSERT_EQ(got.size(), want.size());
+    KILN_EXPECT_CLOSE(got.data(), want.data(), got.size(), 8e-2,
+                      "phi3_longrope_full Q8_0 GGUF " + dtype + ", long factors");
+  }
+}
+
 // The gemma2 and gemma3 fixtures as llama.cpp's converter writes them (norms stored as
 // (1 + w), the sandwich norms' GGUF names, window, soft-caps and RoPE bases as metadata,
 // which layers slide as gemma3's bool array or gemma2's default pattern) against

@@ -241,6 +241,57 @@ inline std::string qwen3_gguf(const std::string& fixture, GgmlType matrices) {
   return w.bytes();
 }
 
+// A Phi-3 fixture (phi3, phi3_longrope; `fixture`: its directory) as llama.cpp's converter
+// (Phi3MiniModel) writes a GGUF of it: arch phi3 with the rotary dims, the original context
+// and the sliding window (0: none) as keys, q|k|v and gate|up fused (attn_qkv, ffn_up) in
+// `matrices` (F32, F16 or Q8_0) like the other Linears, the token table, LM head and norms
+// F32, and LongRoPE's factors as the tensors rope_factors_short / rope_factors_long with
+// its attention factor as rope.scaling.attn_factor (the converter's sqrt(1 + ln(s) /
+// ln(original)), s = max / original positions).
+inline std::string phi3_gguf(const std::string& fixture, GgmlType matrices) {
+  const nlohmann::json cfg = nlohmann::json::parse(read_text_file(fixture + "/config.json"));
+  GgufWriter w;
+  CheckpointToGguf c{w, open_safetensors_source(fixture + "/model.safetensors"), ""};
+  const uint32_t hidden = cfg.at("hidden_size").get<uint32_t>(), heads = cfg.at("num_attention_heads").get<uint32_t>();
+  const uint32_t ctx = cfg.at("max_position_embeddings").get<uint32_t>();
+  const uint32_t orig = cfg.value("original_max_position_embeddings", ctx);
+  const uint32_t window = cfg.at("sliding_window").is_null() ? 0u : cfg.at("sliding_window").get<uint32_t>();
+  w.kv_string("general.architecture", "phi3");
+  for (const auto& [key, value] :
+       {std::pair{"context_length", ctx}, std::pair{"rope.scaling.original_context_length", orig},
+        std::pair{"embedding_length", hidden}, std::pair{"feed_forward_length", cfg.at("intermediate_size").get<uint32_t>()},
+        std::pair{"block_count", cfg.at("num_hidden_layers").get<uint32_t>()}, std::pair{"attention.head_count", heads},
+        std::pair{"attention.head_count_kv", cfg.at("num_key_value_heads").get<uint32_t>()},
+        std::pair{"rope.dimension_count", uint32_t(cfg.at("partial_rotary_factor").get<double>() * hidden) / heads},
+        std::pair{"attention.sliding_window", window}})
+    w.kv_u32(std::string("phi3.") + key, value);
+  w.kv_f32("phi3.attention.layer_norm_rms_epsilon", cfg.at("rms_norm_eps").get<float>());
+  w.kv_f32("phi3.rope.freq_base", cfg.at("rope_theta").get<float>());
+  if (cfg.contains("rope_scaling") && cfg.at("rope_scaling").is_object()) {
+    const nlohmann::json& rs = cfg.at("rope_scaling");
+    const double s = double(ctx) / double(orig);
+    w.kv_f32("phi3.rope.scaling.attn_factor", float(s > 1.0 ? std::sqrt(1.0 + std::log(s) / std::log(double(orig))) : 1.0));
+    for (const auto& [name, key] : {std::pair{"rope_factors_long.weight", "long_factor"},
+                                    std::pair{"rope_factors_short.weight", "short_factor"}}) {
+      std::vector<float> v;
+      for (const auto& e : rs.at(key)) v.push_back(e.get<float>());
+      w.tensor(name, 0, {uint64_t(v.size())}, std::string(reinterpret_cast<const char*>(v.data()), v.size() * 4));
+    }
+  }
+  c.f32("token_embd.weight", "model.embed_tokens.weight");
+  c.f32("output_norm.weight", "model.norm.weight");
+  c.f32("output.weight", "lm_head.weight");
+  for (int l = 0; l < cfg.at("num_hidden_layers").get<int>(); ++l) {
+    const std::string g = "blk." + std::to_string(l) + ".", h = "model.layers." + std::to_string(l) + ".";
+    c.f32(g + "attn_norm.weight", h + "input_layernorm.weight");
+    c.f32(g + "ffn_norm.weight", h + "post_attention_layernorm.weight");
+    for (const auto& [gg, hf] : {std::pair{"attn_qkv", "self_attn.qkv_proj"}, std::pair{"attn_output", "self_attn.o_proj"},
+                                 std::pair{"ffn_up", "mlp.gate_up_proj"}, std::pair{"ffn_down", "mlp.down_proj"}})
+      c.write(matrices, g + gg + ".weight", h + hf + ".weight");
+  }
+  return w.bytes();
+}
+
 // The gemma2 or gemma3 fixture (`fixture`: its directory) as llama.cpp's converter writes a
 // GGUF of it (arch gemma2 / gemma3): every RMSNorm weight stored as (1 + w), the sandwich
 // norms as post_attention_norm / ffn_norm / post_ffw_norm, the Linears in `matrices` (F32,
