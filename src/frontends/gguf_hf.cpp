@@ -313,10 +313,10 @@ json phi3_config(const GgufFile& f) {
                {"original_max_position_embeddings", c["original_max_position_embeddings"]}};
     for (const auto& [key, name] : {std::pair{"short_factor", "rope_factors_short.weight"},
                                     std::pair{"long_factor", "rope_factors_long.weight"}}) {
-      const Tensor t = f.load(name, DType::kF32);
-      if (t.numel() != int64_t(rot / 2))
-        throw_error(ErrorCode::kInvalidFile, f.path(), ": ", name, " holds ", t.numel(), " factors, expected ", rot / 2,
+      if (const int64_t n = f.find_tensor(name)->numel; n != int64_t(rot / 2))
+        throw_error(ErrorCode::kInvalidFile, f.path(), ": ", name, " holds ", n, " factors, expected ", rot / 2,
                     " (rotary dims / 2)");
+      const Tensor t = f.load(name, DType::kF32);
       json v = json::array();
       for (int64_t i = 0; i < t.numel(); ++i) v.push_back(f32_to_decimal(t.data_as<float>()[i]));
       rs[key] = std::move(v);
