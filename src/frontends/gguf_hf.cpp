@@ -4,6 +4,7 @@
 
 #include "frontends/gguf_quants.h"
 
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <optional>
@@ -357,6 +358,22 @@ json gguf_to_hf_config(const GgufFile& f) {
     c["tie_word_embeddings"] = f.find_tensor("output.weight") == nullptr;
     c["attention_bias"] = f.find_tensor("blk.0.attn_q.bias") != nullptr;
     if (json rs = rope_scaling(f, a); !rs.is_null()) c["rope_scaling"] = rs;
+    if (const GgufTensorInfo* t = f.find_tensor("rope_freqs.weight")) {
+      const uint32_t rot = opt_u32(f, a + "rope.dimension_count", c["head_dim"].get<uint32_t>());
+      if (t->numel != int64_t(rot / 2))
+        throw_error(ErrorCode::kInvalidFile, f.path(), ": rope_freqs.weight holds ", t->numel,
+                    " frequency factors, expected ", rot / 2, " (rotary dims / 2)");
+      const Tensor v = f.load("rope_freqs.weight", DType::kF32);
+      json factors = json::array();
+      for (int64_t i = 0; i < v.numel(); ++i) {
+        const float x = v.data_as<float>()[i];
+        if (!(x > 0.0f) || !std::isfinite(x))
+          throw_error(ErrorCode::kInvalidFile, f.path(), ": rope_freqs.weight[", i, "] is ", x,
+                      " (frequency divisors are positive)");
+        factors.push_back(f32_to_decimal(x));
+      }
+      c[kRopeFreqFactorsConfigKey] = std::move(factors);
+    }
     add_pooling(f, a, /*decoder=*/true, c);
     add_token_ids(f, c);
     return c;

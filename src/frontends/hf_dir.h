@@ -31,6 +31,11 @@ inline constexpr const char* kPoolingConfigKey = "kiln_pooling";
 // converter stores as (1 + w), the factor the norm scales by: the Gemma builder takes them
 // as they are instead of adding the 1 itself.
 inline constexpr const char* kNormsOnePlusConfigKey = "kiln_norms_one_plus";
+// Set by gguf_to_hf_config where a GGUF holds rope_freqs.weight (Llama 3.1+ as llama.cpp's
+// converter writes it: Llama 3's RoPE scaling is no metadata key there but this tensor of
+// per-frequency divisors): the builder divides each inverse frequency by its entry, as
+// llama.cpp's rope does.
+inline constexpr const char* kRopeFreqFactorsConfigKey = "kiln_rope_freq_factors";
 
 // A sentence-transformers directory's pooling: "mean", "cls" or "last" (lasttoken: decoder
 // embedding models such as Qwen3-Embedding) from the Pooling module

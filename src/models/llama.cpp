@@ -10,11 +10,14 @@
 #include "core/log.h"
 #include "core/status.h"
 #include "core/weight_quant.h"
+#include "frontends/hf_dir.h"
 #include "models/model_builder.h"
 
 namespace kiln {
 
-Tensor rope_inv_freq(const nlohmann::json& c, int64_t head_dim, LongRope* longrope) {
+namespace {
+
+Tensor rope_inv_freq_of_type(const nlohmann::json& c, int64_t head_dim, LongRope* longrope) {
   // transformers v5 writes the rope settings only under "rope_parameters" (rope_theta,
   // rope_type with its parameters, partial_rotary_factor); older configs keep rope_theta,
   // rope_scaling and partial_rotary_factor at the top level. As transformers reads them:
@@ -106,6 +109,22 @@ Tensor rope_inv_freq(const nlohmann::json& c, int64_t head_dim, LongRope* longro
   }
   throw_error(ErrorCode::kUnsupported, "config.json: rope_scaling type '", type,
               "' is not supported (supported: default, linear, llama3, longrope)");
+}
+
+}  // namespace
+
+Tensor rope_inv_freq(const nlohmann::json& c, int64_t head_dim, LongRope* longrope) {
+  Tensor t = rope_inv_freq_of_type(c, head_dim, longrope);
+  // A GGUF's rope_freqs.weight (kRopeFreqFactorsConfigKey): llama.cpp divides each
+  // frequency by its entry.
+  auto it = c.find(kRopeFreqFactorsConfigKey);
+  if (it == c.end()) return t;
+  if (!it->is_array() || int64_t(it->size()) != t.dim(0))
+    throw_error(ErrorCode::kInvalidFile, "rope frequency factors: ", it->is_array() ? it->size() : 0, " values for ",
+                t.dim(0), " rotary frequencies");
+  float* f = t.data_as<float>();
+  for (int64_t i = 0; i < t.dim(0); ++i) f[i] /= (*it)[size_t(i)].get<float>();
+  return t;
 }
 
 void read_decoder_info(const nlohmann::json& c, int64_t default_max_positions, ModelInfo& info) {

@@ -661,7 +661,7 @@ std::string tiny_llama(bool with_output) {
   w.tensor("blk.0.attn_v.weight", 0, {8, 4}, rows(4, 8));
   w.tensor("blk.0.ffn_gate.weight", 0, {8, 16}, rows(16, 8));
   w.tensor("output_norm.weight", 0, {8}, rows(1, 8));
-  w.tensor("rope_freqs.weight", 0, {2}, rows(1, 2));
+  w.tensor("rope_freqs.weight", 0, {2}, raw_bytes(std::vector<float>{1.0f, 2.5f}));
   if (with_output) w.tensor("output.weight", 0, {8, 4}, rows(4, 8));
   return w.bytes();
 }
@@ -683,9 +683,30 @@ TEST(GgufHf, LlamaConfig) {
   EXPECT_EQ(c["tie_word_embeddings"], true);
   EXPECT_EQ(c["rope_scaling"]["rope_type"], "linear");
   EXPECT_EQ(c["rope_scaling"]["factor"], 2.0);
+  // Llama 3's scaling as llama.cpp's converter stores it: per-frequency divisors.
+  EXPECT_EQ(c[kRopeFreqFactorsConfigKey], (nlohmann::json{1.0, 2.5}));
   EXPECT_EQ(c["bos_token_id"], 1);
   EXPECT_EQ(c["eos_token_id"], 2);
   EXPECT_EQ(gguf_to_hf_config(parse(tiny_llama(true)))["tie_word_embeddings"], false);
+}
+
+// A rope_freqs.weight that does not hold one positive divisor per rotary frequency.
+TEST(GgufHf, BadRopeFreqs) {
+  auto with = [](std::vector<float> v) {
+    GgufWriter w;
+    w.kv_string("general.architecture", "llama");
+    w.kv_u32("llama.embedding_length", 8);
+    w.kv_u32("llama.feed_forward_length", 16);
+    w.kv_u32("llama.block_count", 1);
+    w.kv_u32("llama.attention.head_count", 2);
+    w.kv_u32("llama.vocab_size", 4);
+    w.tensor("rope_freqs.weight", 0, {uint64_t(v.size())}, raw_bytes(v));
+    return gguf_to_hf_config(parse(w.bytes()));
+  };
+  EXPECT_EQ(with({1.0f, 8.0f})[kRopeFreqFactorsConfigKey].size(), 2u);
+  expect_error([&] { with({1.0f, 2.0f, 3.0f}); }, ErrorCode::kInvalidFile, {"rope_freqs.weight", "3 frequency factors", "expected 2"});
+  expect_error([&] { with({1.0f, 0.0f}); }, ErrorCode::kInvalidFile, {"rope_freqs.weight[1]", "positive"});
+  expect_error([&] { with({1.0f, NAN}); }, ErrorCode::kInvalidFile, {"rope_freqs.weight[1]"});
 }
 
 TEST(GgufHf, LlamaNamesAndPermutation) {

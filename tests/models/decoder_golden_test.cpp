@@ -303,6 +303,35 @@ void expect_prompt_logits(Model& model, const std::string& family, const std::st
   }
 }
 
+// The llama fixture as llama.cpp's converter writes it: q/k rows permuted, and its Llama 3
+// RoPE scaling only as the rope_freqs.weight tensor of per-frequency divisors (no scaling
+// keys), which must rotate as transformers' llama3 frequencies do. F32 within 1e-4 of max
+// |logit|, F16 and Q8_0 (kept and expanded) within their rounding.
+TEST(LlamaGguf, RopeFreqsTensorMatchesTransformers) {
+  TempDir dir;
+  for (auto [type, tol] : {std::pair{GgmlType::kF32, 1e-4}, std::pair{GgmlType::kF16, 3e-3},
+                           std::pair{GgmlType::kQ8_0, 5e-2}}) {
+    const std::string path = dir.file("llama_" + std::to_string(int(type)) + ".gguf");
+    write_file(path, test::llama_gguf(testing::fixture_dir("llama"), type));
+    for (std::string dtype : {"f32", "auto"}) {
+      if (dtype == "auto" && type != GgmlType::kQ8_0) continue;
+      auto model = Model::load(path, {.weight_dtype = dtype});
+      Reference ref("llama");
+      const auto prompts = ref.prompts();
+      const auto want = ref.f32("logits");
+      const int64_t smax = ref.shape("input_ids")[1], vocab = model->info().vocab_size;
+      for (size_t b = 0; b < prompts.size(); ++b) {
+        LlmRunner runner(*model);
+        runner.add_sequence(prompts[b]);
+        auto got = runner.step(true)[0].logits;
+        ASSERT_EQ(got.size(), prompts[b].size() * size_t(vocab));
+        KILN_EXPECT_CLOSE(got.data(), want.data() + b * size_t(smax * vocab), got.size(), tol,
+                          "llama GGUF type " + std::to_string(int(type)) + " " + dtype + ", prompt " + std::to_string(b));
+      }
+    }
+  }
+}
+
 // The phi3 and phi3_longrope fixtures as llama.cpp's converter writes them (arch phi3: fused
 // attn_qkv and ffn_up, the rotary dims and the original context as keys, LongRoPE's factors
 // as rope_factors_* tensors and its attention factor as a key): F32 within 1e-4 of max

@@ -139,8 +139,22 @@ struct CheckpointToGguf {
                                  std::pair{"ffn_down", "mlp.down_proj"}})
       write(type, g + gg + ".weight", h + hf + ".weight");
   }
-  void write(GgmlType type, const std::string& gguf, const std::string& hf, bool conv1d = false) {
-    const Tensor t = st->load(prefix + hf, DType::kF32);
+  // `permute_heads` > 0: the rows of each of that many heads reordered as the converter
+  // permutes Llama's q_proj / k_proj (HF's rotate-half pairs (d, d + half) to llama.cpp's
+  // adjacent pairs (2d, 2d + 1)), before the rows are stored or quantized.
+  void write(GgmlType type, const std::string& gguf, const std::string& hf, bool conv1d = false,
+             int64_t permute_heads = 0) {
+    Tensor t = st->load(prefix + hf, DType::kF32);
+    if (permute_heads > 0) {
+      const int64_t rows = t.dim(0), cols = t.numel() / rows, hd = rows / permute_heads, half = hd / 2;
+      Tensor p(DType::kF32, t.shape());
+      for (int64_t h = 0; h < permute_heads; ++h)
+        for (int64_t d = 0; d < half; ++d)
+          for (int64_t j = 0; j < 2; ++j)
+            std::memcpy(p.data_as<float>() + (h * hd + 2 * d + j) * cols, t.data_as<float>() + (h * hd + j * half + d) * cols,
+                        size_t(cols) * sizeof(float));
+      t = std::move(p);
+    }
     if (type == GgmlType::kQ8_0) return q8(gguf, t, conv1d);
     std::vector<uint64_t> ne(t.shape().rbegin(), t.shape().rend());
     if (type == GgmlType::kF32) return w.tensor(gguf, 0, ne, std::string(static_cast<const char*>(t.data()), t.nbytes()));
@@ -287,6 +301,57 @@ inline std::string phi3_gguf(const std::string& fixture, GgmlType matrices) {
     c.f32(g + "ffn_norm.weight", h + "post_attention_layernorm.weight");
     for (const auto& [gg, hf] : {std::pair{"attn_qkv", "self_attn.qkv_proj"}, std::pair{"attn_output", "self_attn.o_proj"},
                                  std::pair{"ffn_up", "mlp.gate_up_proj"}, std::pair{"ffn_down", "mlp.down_proj"}})
+      c.write(matrices, g + gg + ".weight", h + hf + ".weight");
+  }
+  return w.bytes();
+}
+
+// The llama fixture (`fixture`: its directory) as llama.cpp's converter (LlamaModel) writes a
+// GGUF of it: q_proj / k_proj rows permuted to llama.cpp's rotary pairs, the Linears in
+// `matrices` (F32, F16 or Q8_0), the token table (also the tied LM head) and norms F32, and
+// Llama 3's RoPE scaling not as keys but as the tensor rope_freqs.weight: each frequency's
+// divisor (1 for short wavelengths, `factor` for long ones, smoothed between), as the
+// converter's generate_extra_tensors computes it.
+inline std::string llama_gguf(const std::string& fixture, GgmlType matrices) {
+  const nlohmann::json cfg = nlohmann::json::parse(read_text_file(fixture + "/config.json"));
+  GgufWriter w;
+  CheckpointToGguf c{w, open_safetensors_source(fixture + "/model.safetensors"), "model."};
+  write_decoder_shape(w, "llama", cfg);
+  const double base = cfg.at("rope_theta").get<double>();
+  w.kv_f32("llama.rope.freq_base", float(base));
+  w.kv_u32("llama.rope.dimension_count", cfg.at("head_dim").get<uint32_t>());
+  const nlohmann::json& rs = cfg.at("rope_scaling");
+  const int64_t dim = cfg.at("head_dim").get<int64_t>();
+  const double factor = rs.at("factor").get<double>(), lo = rs.at("low_freq_factor").get<double>(),
+               hi = rs.at("high_freq_factor").get<double>(),
+               old_ctx = rs.at("original_max_position_embeddings").get<double>();
+  std::vector<float> factors;
+  for (int64_t i = 0; i < dim; i += 2) {
+    const double freq = 1.0 / std::pow(base, double(float(i) / float(dim)));
+    const double wavelen = 2 * M_PI / freq;
+    if (wavelen < old_ctx / hi) {
+      factors.push_back(1.0f);
+    } else if (wavelen > old_ctx / lo) {
+      factors.push_back(float(factor));
+    } else {
+      const double smooth = (old_ctx / wavelen - lo) / (hi - lo);
+      factors.push_back(float(1.0 / ((1 - smooth) / factor + smooth)));
+    }
+  }
+  w.tensor("rope_freqs.weight", 0, {uint64_t(factors.size())},
+           std::string(reinterpret_cast<const char*>(factors.data()), factors.size() * 4));
+  c.f32("token_embd.weight", "embed_tokens.weight");
+  c.f32("output_norm.weight", "norm.weight");
+  const int64_t heads = cfg.at("num_attention_heads").get<int64_t>(), kv = cfg.at("num_key_value_heads").get<int64_t>();
+  for (int l = 0; l < cfg.at("num_hidden_layers").get<int>(); ++l) {
+    const std::string g = "blk." + std::to_string(l) + ".", h = "layers." + std::to_string(l) + ".";
+    c.f32(g + "attn_norm.weight", h + "input_layernorm.weight");
+    c.f32(g + "ffn_norm.weight", h + "post_attention_layernorm.weight");
+    c.write(matrices, g + "attn_q.weight", h + "self_attn.q_proj.weight", false, heads);
+    c.write(matrices, g + "attn_k.weight", h + "self_attn.k_proj.weight", false, kv);
+    for (const auto& [gg, hf] : {std::pair{"attn_v", "self_attn.v_proj"}, std::pair{"attn_output", "self_attn.o_proj"},
+                                 std::pair{"ffn_gate", "mlp.gate_proj"}, std::pair{"ffn_up", "mlp.up_proj"},
+                                 std::pair{"ffn_down", "mlp.down_proj"}})
       c.write(matrices, g + gg + ".weight", h + hf + ".weight");
   }
   return w.bytes();
