@@ -632,8 +632,9 @@ TEST(GgufCorrupt, EveryPrefix) {
 // --- the HF view ---
 
 // A llama GGUF with 2 layers of width 8, 2 heads (head_dim 4) and 1 KV head; q rows
-// hold their own row index so the un-permutation can be read off directly.
-std::string tiny_llama(bool with_output) {
+// hold their own row index so the un-permutation can be read off directly; `rope_freqs`:
+// its rope_freqs.weight (Llama 3's per-frequency divisors).
+std::string tiny_llama(bool with_output, const std::vector<float>& rope_freqs = {1.0f, 2.5f}) {
   GgufWriter w;
   w.kv_string("general.architecture", "llama");
   w.kv_u32("llama.embedding_length", 8);
@@ -661,7 +662,7 @@ std::string tiny_llama(bool with_output) {
   w.tensor("blk.0.attn_v.weight", 0, {8, 4}, rows(4, 8));
   w.tensor("blk.0.ffn_gate.weight", 0, {8, 16}, rows(16, 8));
   w.tensor("output_norm.weight", 0, {8}, rows(1, 8));
-  w.tensor("rope_freqs.weight", 0, {2}, raw_bytes(std::vector<float>{1.0f, 2.5f}));
+  w.tensor("rope_freqs.weight", 0, {uint64_t(rope_freqs.size())}, raw_bytes(rope_freqs));
   if (with_output) w.tensor("output.weight", 0, {8, 4}, rows(4, 8));
   return w.bytes();
 }
@@ -692,18 +693,7 @@ TEST(GgufHf, LlamaConfig) {
 
 // A rope_freqs.weight that does not hold one positive divisor per rotary frequency.
 TEST(GgufHf, BadRopeFreqs) {
-  auto with = [](std::vector<float> v) {
-    GgufWriter w;
-    w.kv_string("general.architecture", "llama");
-    w.kv_u32("llama.embedding_length", 8);
-    w.kv_u32("llama.feed_forward_length", 16);
-    w.kv_u32("llama.block_count", 1);
-    w.kv_u32("llama.attention.head_count", 2);
-    w.kv_u32("llama.vocab_size", 4);
-    w.tensor("rope_freqs.weight", 0, {uint64_t(v.size())}, raw_bytes(v));
-    return gguf_to_hf_config(parse(w.bytes()));
-  };
-  EXPECT_EQ(with({1.0f, 8.0f})[kRopeFreqFactorsConfigKey].size(), 2u);
+  auto with = [](std::vector<float> v) { return gguf_to_hf_config(parse(tiny_llama(false, v))); };
   expect_error([&] { with({1.0f, 2.0f, 3.0f}); }, ErrorCode::kInvalidFile, {"rope_freqs.weight", "3 frequency factors", "expected 2"});
   expect_error([&] { with({1.0f, 0.0f}); }, ErrorCode::kInvalidFile, {"rope_freqs.weight[1]", "positive"});
   expect_error([&] { with({1.0f, NAN}); }, ErrorCode::kInvalidFile, {"rope_freqs.weight[1]"});

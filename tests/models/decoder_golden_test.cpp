@@ -288,8 +288,9 @@ std::string fixture_variant(TempDir& dir, const std::string& family, const std::
   return d;
 }
 
-// Each of fixture `family`'s prompts in one step of `model`: its logits against transformers'.
-void expect_prompt_logits(Model& model, const std::string& family, const std::string& what) {
+// Each of fixture `family`'s prompts in one step of `model`: its logits against transformers'
+// within `tol` of max |logit|.
+void expect_prompt_logits(Model& model, const std::string& family, const std::string& what, double tol = 1e-4) {
   Reference ref(family);
   const auto prompts = ref.prompts();
   const auto want = ref.f32("logits");
@@ -298,8 +299,46 @@ void expect_prompt_logits(Model& model, const std::string& family, const std::st
     LlmRunner runner(model);
     runner.add_sequence(prompts[b]);
     auto got = runner.step(true)[0].logits;
-    KILN_EXPECT_CLOSE(got.data(), want.data() + b * size_t(smax * vocab), got.size(), 1e-4,
+    ASSERT_EQ(got.size(), prompts[b].size() * size_t(vocab));
+    KILN_EXPECT_CLOSE(got.data(), want.data() + b * size_t(smax * vocab), got.size(), tol,
                       what + ", prompt " + std::to_string(b));
+  }
+}
+
+// The all-position logits of a LongRoPE fixture's long prompt (reference_long) in `model`
+// against transformers' within `tol` of max |logit|.
+void expect_long_prompt_logits(Model& model, const std::string& family, double tol, const std::string& what) {
+  Reference ref(family, "reference_long");
+  LlmRunner runner(model);
+  runner.add_sequence(ref.ids("input_ids"));
+  std::vector<float> got;
+  while (runner.has_pending())
+    for (auto& o : runner.step(true)) got.insert(got.end(), o.logits.begin(), o.logits.end());
+  const auto want = ref.f32("logits");
+  ASSERT_EQ(got.size(), want.size());
+  KILN_EXPECT_CLOSE(got.data(), want.data(), got.size(), tol, what);
+}
+
+// Fixture `family` as `to_gguf` writes it (llama.cpp's converter) with its Linears in F32,
+// F16 and Q8_0, each loaded with weights expanded to f32 (the Q8_0 one also with its codes
+// kept, --weight-dtype auto): prompt logits against transformers' within 1e-4 of max |logit|
+// (F32) or the Linears' rounding (F16 3e-3, Q8_0 5e-2).
+void expect_gguf_in_each_type(TempDir& dir, const std::string& family,
+                              std::string (*to_gguf)(const std::string&, GgmlType)) {
+  for (auto [type, tol] : {std::pair{GgmlType::kF32, 1e-4}, std::pair{GgmlType::kF16, 3e-3},
+                           std::pair{GgmlType::kQ8_0, 5e-2}}) {
+    const std::string path = dir.file(family + "_" + std::to_string(int(type)) + ".gguf");
+    write_file(path, to_gguf(testing::fixture_dir(family), type));
+    for (std::string dtype : {"f32", "auto"}) {
+      if (dtype == "auto" && type != GgmlType::kQ8_0) continue;
+      auto model = Model::load(path, {.weight_dtype = dtype});
+      if (dtype == "auto") {
+        int kept = 0;
+        for (const ir::Node& n : model->graph().nodes()) kept += n.has_attr("weight_quant");
+        EXPECT_GE(kept, 8) << family << ": the Q8_0 Linears keep their codes";
+      }
+      expect_prompt_logits(*model, family, family + " GGUF type " + std::to_string(int(type)) + " " + dtype, tol);
+    }
   }
 }
 
@@ -309,27 +348,7 @@ void expect_prompt_logits(Model& model, const std::string& family, const std::st
 // |logit|, F16 and Q8_0 (kept and expanded) within their rounding.
 TEST(LlamaGguf, RopeFreqsTensorMatchesTransformers) {
   TempDir dir;
-  for (auto [type, tol] : {std::pair{GgmlType::kF32, 1e-4}, std::pair{GgmlType::kF16, 3e-3},
-                           std::pair{GgmlType::kQ8_0, 5e-2}}) {
-    const std::string path = dir.file("llama_" + std::to_string(int(type)) + ".gguf");
-    write_file(path, test::llama_gguf(testing::fixture_dir("llama"), type));
-    for (std::string dtype : {"f32", "auto"}) {
-      if (dtype == "auto" && type != GgmlType::kQ8_0) continue;
-      auto model = Model::load(path, {.weight_dtype = dtype});
-      Reference ref("llama");
-      const auto prompts = ref.prompts();
-      const auto want = ref.f32("logits");
-      const int64_t smax = ref.shape("input_ids")[1], vocab = model->info().vocab_size;
-      for (size_t b = 0; b < prompts.size(); ++b) {
-        LlmRunner runner(*model);
-        runner.add_sequence(prompts[b]);
-        auto got = runner.step(true)[0].logits;
-        ASSERT_EQ(got.size(), prompts[b].size() * size_t(vocab));
-        KILN_EXPECT_CLOSE(got.data(), want.data() + b * size_t(smax * vocab), got.size(), tol,
-                          "llama GGUF type " + std::to_string(int(type)) + " " + dtype + ", prompt " + std::to_string(b));
-      }
-    }
-  }
+  expect_gguf_in_each_type(dir, "llama", test::llama_gguf);
 }
 
 // The phi3 and phi3_longrope fixtures as llama.cpp's converter writes them (arch phi3: fused
@@ -343,35 +362,7 @@ TEST(LlamaGguf, RopeFreqsTensorMatchesTransformers) {
 // attention factor into q_proj / k_proj rows, which a kept image cannot: a clear error.
 TEST(Phi3Gguf, LogitsMatchTransformers) {
   TempDir dir;
-  for (auto [type, tol] : {std::pair{GgmlType::kF32, 1e-4}, std::pair{GgmlType::kF16, 3e-3},
-                           std::pair{GgmlType::kQ8_0, 5e-2}}) {
-    const std::string path = dir.file("phi3_" + std::to_string(int(type)) + ".gguf");
-    write_file(path, test::phi3_gguf(testing::fixture_dir("phi3"), type));
-    for (std::string dtype : {"f32", "auto"}) {
-      if (dtype == "auto" && type != GgmlType::kQ8_0) continue;
-      ModelOptions o;
-      o.weight_dtype = dtype;
-      auto model = Model::load(path, o);
-      EXPECT_EQ(model->info().head_dim, 16);
-      if (dtype == "auto") {
-        int kept = 0;
-        for (const ir::Node& n : model->graph().nodes()) kept += n.has_attr("weight_quant");
-        EXPECT_GE(kept, 8) << "the Q8_0 Linears keep their codes";
-      }
-      Reference ref("phi3");
-      const auto prompts = ref.prompts();
-      const auto want = ref.f32("logits");
-      const int64_t smax = ref.shape("input_ids")[1], vocab = model->info().vocab_size;
-      for (size_t b = 0; b < prompts.size(); ++b) {
-        LlmRunner runner(*model);
-        runner.add_sequence(prompts[b]);
-        auto got = runner.step(true)[0].logits;
-        ASSERT_EQ(got.size(), prompts[b].size() * size_t(vocab));
-        KILN_EXPECT_CLOSE(got.data(), want.data() + b * size_t(smax * vocab), got.size(), tol,
-                          "phi3 GGUF type " + std::to_string(int(type)) + " " + dtype + ", prompt " + std::to_string(b));
-      }
-    }
-  }
+  expect_gguf_in_each_type(dir, "phi3", test::phi3_gguf);
   const std::string lr = dir.file("phi3_longrope.gguf");
   write_file(lr, test::phi3_gguf(testing::fixture_dir("phi3_longrope"), GgmlType::kF32));
   {
@@ -379,18 +370,8 @@ TEST(Phi3Gguf, LogitsMatchTransformers) {
     EXPECT_EQ(model->info().max_positions, 64);
     expect_prompt_logits(*model, "phi3_longrope", "phi3_longrope GGUF");
   }
-  {
-    auto model = Model::load(lr, {.weight_dtype = "f32", .max_context = 256});
-    Reference ref("phi3_longrope", "reference_long");
-    LlmRunner runner(*model);
-    runner.add_sequence(ref.ids("input_ids"));
-    std::vector<float> got;
-    while (runner.has_pending())
-      for (auto& o : runner.step(true)) got.insert(got.end(), o.logits.begin(), o.logits.end());
-    const auto want = ref.f32("logits");
-    ASSERT_EQ(got.size(), want.size());
-    KILN_EXPECT_CLOSE(got.data(), want.data(), got.size(), 1e-4, "phi3_longrope GGUF, long factors");
-  }
+  expect_long_prompt_logits(*Model::load(lr, {.weight_dtype = "f32", .max_context = 256}), "phi3_longrope", 1e-4,
+                            "phi3_longrope GGUF, long factors");
   const std::string lr8 = dir.file("phi3_longrope_q8.gguf");
   write_file(lr8, test::phi3_gguf(testing::fixture_dir("phi3_longrope"), GgmlType::kQ8_0));
   test::expect_error([&] { Model::load(lr8, {.weight_dtype = "auto"}); }, ErrorCode::kUnsupported,
@@ -401,19 +382,9 @@ TEST(Phi3Gguf, LogitsMatchTransformers) {
   // (0.0681, checked in Python).
   const std::string full8 = dir.file("phi3_longrope_full_q8.gguf");
   write_file(full8, test::phi3_gguf(testing::fixture_dir("phi3_longrope_full"), GgmlType::kQ8_0));
-  for (std::string dtype : {"f32", "auto"}) {
-    auto model = Model::load(full8, {.weight_dtype = dtype, .max_context = 256});
-    Reference ref("phi3_longrope_full", "reference_long");
-    LlmRunner runner(*model);
-    runner.add_sequence(ref.ids("input_ids"));
-    std::vector<float> got;
-    while (runner.has_pending())
-      for (auto& o : runner.step(true)) got.insert(got.end(), o.logits.begin(), o.logits.end());
-    const auto want = ref.f32("logits");
-    ASSERT_EQ(got.size(), want.size());
-    KILN_EXPECT_CLOSE(got.data(), want.data(), got.size(), 8e-2,
-                      "phi3_longrope_full Q8_0 GGUF " + dtype + ", long factors");
-  }
+  for (std::string dtype : {"f32", "auto"})
+    expect_long_prompt_logits(*Model::load(full8, {.weight_dtype = dtype, .max_context = 256}), "phi3_longrope_full",
+                              8e-2, "phi3_longrope_full Q8_0 GGUF " + dtype + ", long factors");
 }
 
 // The gemma2 and gemma3 fixtures as llama.cpp's converter writes them (norms stored as
