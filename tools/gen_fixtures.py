@@ -29,6 +29,9 @@ What it makes (under --out, default tests/fixtures/models/):
     phi3_longrope_full/ the same with every dim rotated (partial_rotary_factor 1, as Phi-3.5-mini:
              8 factors each), so that the attention factor scales every dim of q.k; its
              reference_long.* as phi3_longrope's (--only phi3_longrope_full_long)
+    qwen3_yarn/ the qwen3 shape with YaRN (factor 4 over an original 32 positions, theta 1e4:
+             frequencies blended between interpolated and not across the dims, cos / sin
+             times 0.1 ln 4 + 1); static, so every position is scaled
     mistral/ MistralForCausalLM, sliding window 6 in every layer (prompts of 11 and 16
              tokens and 20 greedy steps run past it), 4 q / 2 kv heads, untied head
     gemma3_mm/ Gemma3ForConditionalGeneration (model_type gemma3, multimodal): the gemma3
@@ -244,6 +247,15 @@ def tiny_decoder_configs():
     qwen3 = transformers.Qwen3Config(
         num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True, attention_bias=False, **qwen
     )
+    qwen3_yarn = transformers.Qwen3Config(
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        tie_word_embeddings=True,
+        attention_bias=False,
+        rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+        **dict(qwen, rope_theta=10000.0),
+    )
     # Phi-3 and Phi-3 with LongRoPE share these.
     phi = dict(
         num_attention_heads=4,
@@ -312,6 +324,7 @@ def tiny_decoder_configs():
         "gemma2": (transformers.Gemma2ForCausalLM, gemma2, 1009),
         "phi3_longrope": (transformers.Phi3ForCausalLM, phi3_longrope, 1010),
         "phi3_longrope_full": (transformers.Phi3ForCausalLM, phi3_longrope_full, 1011),
+        "qwen3_yarn": (transformers.Qwen3ForCausalLM, qwen3_yarn, 1012),
     }
 
 
@@ -955,7 +968,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="tests/fixtures/models", type=Path)
     ap.add_argument("--models-dir", default=".cache/models", type=Path)
-    ap.add_argument("--only", default="", help="comma list of gpt2,llama,qwen2,qwen3,phi3,gemma3,mistral,gemma2,phi3_longrope,phi3_longrope_full,phi3_longrope_long,phi3_longrope_full_long,gemma3_mm,bert,smollm2,minilm")
+    ap.add_argument("--only", default="", help="comma list of gpt2,llama,qwen2,qwen3,phi3,gemma3,mistral,gemma2,phi3_longrope,phi3_longrope_full,phi3_longrope_long,phi3_longrope_full_long,qwen3_yarn,gemma3_mm,bert,smollm2,minilm")
     args = ap.parse_args()
     only = set(filter(None, args.only.split(",")))
     want = lambda n: not only or n in only  # noqa: E731

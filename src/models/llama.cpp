@@ -17,7 +17,7 @@ namespace kiln {
 
 namespace {
 
-Tensor rope_inv_freq_of_type(const nlohmann::json& c, int64_t head_dim, LongRope* longrope) {
+Tensor rope_inv_freq_of_type(const nlohmann::json& c, int64_t head_dim, RopeExtras* extras) {
   // transformers v5 writes the rope settings only under "rope_parameters" (rope_theta,
   // rope_type with its parameters, partial_rotary_factor); older configs keep rope_theta,
   // rope_scaling and partial_rotary_factor at the top level. As transformers reads them:
@@ -78,7 +78,7 @@ Tensor rope_inv_freq_of_type(const nlohmann::json& c, int64_t head_dim, LongRope
     // lengths up to original_max_position_embeddings, inv_freq / long_factor past it, and
     // cos / sin times the attention factor (sqrt(1 + ln(factor) / ln(original)) unless
     // given) at both. The short ones are returned, the long ones go to the caller.
-    if (!longrope)
+    if (!extras)
       throw_error(ErrorCode::kUnsupported, "config.json: rope_scaling type 'longrope' in this model family");
     for (const char* key : {"short_factor", "long_factor"})
       if (!s.contains(key) || !s[key].is_array() || int64_t(s[key].size()) != dim / 2)
@@ -90,14 +90,14 @@ Tensor rope_inv_freq_of_type(const nlohmann::json& c, int64_t head_dim, LongRope
     const double factor = s.contains("factor") && s["factor"].is_number()
                               ? s["factor"].get<double>()
                               : config_float(c, "max_position_embeddings", original) / original;
-    longrope->original_max_positions = int64_t(original);
-    longrope->attention_factor = s.contains("attention_factor") && s["attention_factor"].is_number()
+    extras->original_max_positions = int64_t(original);
+    extras->attention_factor = s.contains("attention_factor") && s["attention_factor"].is_number()
                                      ? s["attention_factor"].get<double>()
                                      : factor <= 1.0 ? 1.0 : std::sqrt(1.0 + std::log(factor) / std::log(original));
     // 1 / (factor * base^(2i/dim)) in f32, as transformers divides.
-    longrope->long_inv_freq = Tensor(DType::kF32, {dim / 2});
+    extras->long_inv_freq = Tensor(DType::kF32, {dim / 2});
     for (const char* key : {"short_factor", "long_factor"}) {
-      float* out = key[0] == 's' ? f : longrope->long_inv_freq.data_as<float>();
+      float* out = key[0] == 's' ? f : extras->long_inv_freq.data_as<float>();
       for (int64_t i = 0; i < dim / 2; ++i) {
         const nlohmann::json& e = s[key][size_t(i)];
         if (!e.is_number())
@@ -107,14 +107,57 @@ Tensor rope_inv_freq_of_type(const nlohmann::json& c, int64_t head_dim, LongRope
     }
     return t;
   }
+  if (type == "yarn") {
+    // transformers' _compute_yarn_parameters (static: every position): each frequency a
+    // blend of itself (extrapolation) and itself / factor (interpolation), by a linear ramp
+    // over the dims between the correction range of beta_fast and beta_slow rotations in
+    // the original context; cos / sin times the attention factor (0.1 ln(factor) + 1, or
+    // the mscale / mscale_all_dim ratio, unless given).
+    if (!extras) throw_error(ErrorCode::kUnsupported, "config.json: rope_scaling type 'yarn' in this model family");
+    const double max_pos = config_float(c, "max_position_embeddings", 0.0);
+    const double original = number("original_max_position_embeddings", max_pos);
+    if (!(original > 0.0))
+      throw_error(ErrorCode::kInvalidFile, "config.json: rope_scaling (yarn) needs original_max_position_embeddings");
+    const double factor = s.contains("factor") && s["factor"].is_number() ? s["factor"].get<double>() : max_pos / original;
+    if (!(factor > 0.0) || !std::isfinite(factor))
+      throw_error(ErrorCode::kInvalidFile, "config.json: rope_scaling (yarn) factor ", factor, " (expected > 0)");
+    auto opt = [&](const char* k, double fallback) {
+      // transformers reads these with `or`: a 0 or null takes the default too.
+      return s.contains(k) && s[k].is_number() && s[k].get<double>() != 0.0 ? s[k].get<double>() : fallback;
+    };
+    auto get_mscale = [](double scale, double m) { return scale <= 1.0 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; };
+    if (s.contains("attention_factor") && s["attention_factor"].is_number())
+      extras->attention_factor = s["attention_factor"].get<double>();
+    else if (opt("mscale", 0.0) != 0.0 && opt("mscale_all_dim", 0.0) != 0.0)
+      extras->attention_factor = get_mscale(factor, opt("mscale", 0.0)) / get_mscale(factor, opt("mscale_all_dim", 0.0));
+    else
+      extras->attention_factor = get_mscale(factor, 1.0);
+    const double beta_fast = opt("beta_fast", 32.0), beta_slow = opt("beta_slow", 1.0);
+    const bool truncate = !s.contains("truncate") || !s["truncate"].is_boolean() || s["truncate"].get<bool>();
+    auto correction_dim = [&](double rotations) {
+      return double(dim) * std::log(original / (rotations * 2.0 * M_PI)) / (2.0 * std::log(double(base)));
+    };
+    double low = correction_dim(beta_fast), high = correction_dim(beta_slow);
+    if (truncate) low = std::floor(low), high = std::ceil(high);
+    low = std::max(low, 0.0);
+    high = std::min(high, double(dim - 1));
+    if (low == high) high += 0.001;  // as transformers: no division by zero
+    for (int64_t i = 0; i < dim / 2; ++i) {
+      const float pos_freq = std::pow(base, float(2 * i) / float(dim));
+      const float extrapolation = 1.0f / pos_freq, interpolation = 1.0f / (float(factor) * pos_freq);
+      const float ramp = std::clamp((float(i) - float(low)) / (float(high) - float(low)), 0.0f, 1.0f);
+      f[i] = interpolation * ramp + extrapolation * (1.0f - ramp);
+    }
+    return t;
+  }
   throw_error(ErrorCode::kUnsupported, "config.json: rope_scaling type '", type,
-              "' is not supported (supported: default, linear, llama3, longrope)");
+              "' is not supported (supported: default, linear, llama3, longrope, yarn)");
 }
 
 }  // namespace
 
-Tensor rope_inv_freq(const nlohmann::json& c, int64_t head_dim, LongRope* longrope) {
-  Tensor t = rope_inv_freq_of_type(c, head_dim, longrope);
+Tensor rope_inv_freq(const nlohmann::json& c, int64_t head_dim, RopeExtras* extras) {
+  Tensor t = rope_inv_freq_of_type(c, head_dim, extras);
   // A GGUF's rope_freqs.weight (kRopeFreqFactorsConfigKey): llama.cpp divides each
   // frequency by its entry.
   auto it = c.find(kRopeFreqFactorsConfigKey);
@@ -264,22 +307,21 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
       split("mlp.gate_up_proj.weight", {{"mlp.gate_proj.weight", inter}, {"mlp.up_proj.weight", inter}});
     }
 
-  LongRope longrope;
-  Tensor inv_freq_t = rope_inv_freq(c, hd, &longrope);
+  RopeExtras rope;
+  Tensor inv_freq_t = rope_inv_freq(c, hd, &rope);
   const int64_t rotary_dim = 2 * inv_freq_t.dim(0);
   double scale = 1.0 / std::sqrt(double(hd));
-  if (longrope.original_max_positions > 0) {
-    // LongRoPE multiplies cos and sin by its attention factor f: the rotated dims of q and
-    // k come out scaled by it. Where every dim is rotated (Phi-3.5-mini), q.k is f^2 times
-    // what it was, which the attention's scale takes (whatever the weights' storage). Else
-    // (Phi-4-mini rotates 3/4 of each head) the rotated rows of q_proj and k_proj (and their
-    // biases) are scaled at load: a rotation commutes with a scalar.
-    const double f = longrope.attention_factor;
+  if (const double f = rope.attention_factor; f != 1.0) {
+    // LongRoPE and YaRN multiply cos and sin by an attention factor f: the rotated dims of
+    // q and k come out scaled by it. Where every dim is rotated (Phi-3.5-mini, Qwen), q.k is
+    // f^2 times what it was, which the attention's scale takes (whatever the weights'
+    // storage). Else (Phi-4-mini rotates 3/4 of each head) the rotated rows of q_proj and
+    // k_proj (and their biases) are scaled at load: a rotation commutes with a scalar.
     if (rotary_dim == hd) {
       scale *= f * f;
-    } else if (f != 1.0) {
+    } else {
       if (qk_norm)
-        throw_error(ErrorCode::kUnsupported, "llama: LongRoPE's attention factor with per-head q/k norms and a "
+        throw_error(ErrorCode::kUnsupported, "llama: RoPE's attention factor with per-head q/k norms and a "
                     "partial rotary");
       for (int64_t l = 0; l < info.num_layers; ++l)
         for (const auto& [proj, heads] : {std::pair{"q_proj", hq}, std::pair{"k_proj", hkv}})
@@ -289,7 +331,7 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
             if (it == w.end()) continue;
             const Tensor& t = it->second;
             if (t.dtype() != DType::kF32 && t.dtype() != DType::kBF16 && t.dtype() != DType::kF16)
-              throw_error(ErrorCode::kUnsupported, "llama: LongRoPE's attention factor on ", name, " stored as ",
+              throw_error(ErrorCode::kUnsupported, "llama: RoPE's attention factor on ", name, " stored as ",
                           dtype_name(t.dtype()), " with a partial rotary (f32/bf16/f16 weights only: load with "
                           "--weight-dtype f32, bf16 or f16)");
             Tensor scaled = t.to(DType::kF32).clone();
@@ -300,13 +342,13 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
             it->second = std::move(scaled);
           }
     }
-    if (longrope.original_max_positions < info.max_positions) {
-      log_info(c.value("model_type", "llama"), ": LongRoPE's short factors, good to original_max_position_embeddings ",
-               longrope.original_max_positions, " tokens; --max-context N (up to ", info.max_positions,
-               ") takes its long factors for every position");
-      m.long_context = BuiltModel::LongContext{{}, std::move(longrope.long_inv_freq), info.max_positions};
-      info.max_positions = longrope.original_max_positions;
-    }
+  }
+  if (rope.original_max_positions > 0 && rope.original_max_positions < info.max_positions) {
+    log_info(c.value("model_type", "llama"), ": LongRoPE's short factors, good to original_max_position_embeddings ",
+             rope.original_max_positions, " tokens; --max-context N (up to ", info.max_positions,
+             ") takes its long factors for every position");
+    m.long_context = BuiltModel::LongContext{{}, std::move(rope.long_inv_freq), info.max_positions};
+    info.max_positions = rope.original_max_positions;
   }
 
   ir::Graph& g = m.graph;

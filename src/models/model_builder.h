@@ -136,17 +136,19 @@ std::vector<int64_t> sliding_windows(const nlohmann::json& config, const std::ve
 // "sliding_attention" or "full_attention" per layer, else kInvalidFile naming what it
 // found), else `fallback` (the family's rule when a config has no layer_types).
 std::vector<bool> sliding_layers(const nlohmann::json& config, const ModelInfo& info, std::vector<bool> fallback);
-// LongRoPE (Phi-3.5, Phi-4-mini): what rope_inv_freq found besides the frequencies.
-struct LongRope {
-  double attention_factor = 1.0;       // cos and sin are multiplied by it
-  int64_t original_max_positions = 0;  // past it transformers switches to long_factor
-  Tensor long_inv_freq;                // [rotary_dim / 2]: the inverse frequencies with long_factor
+// What rope_inv_freq found besides the frequencies, for the scaling types that have more:
+// LongRoPE (Phi-3.5, Phi-4-mini) and YaRN (Qwen2.5 / Qwen3 long context).
+struct RopeExtras {
+  double attention_factor = 1.0;       // cos and sin are multiplied by it (LongRoPE, YaRN)
+  int64_t original_max_positions = 0;  // LongRoPE: past it transformers switches to long_factor
+  Tensor long_inv_freq;                // LongRoPE: [rotary_dim / 2], the inverse frequencies with long_factor
 };
 // RoPE inverse frequencies [rotary_dim / 2] as transformers computes them (f32
 // arithmetic) from a config's rope_theta, partial_rotary_factor and rope_scaling or
-// rope_parameters (default, linear, llama3, and longrope's short factors where `longrope`
-// is given to take the rest, its long factors among them; others kUnsupported).
-Tensor rope_inv_freq(const nlohmann::json& config, int64_t head_dim, LongRope* longrope = nullptr);
+// rope_parameters: default, linear, llama3, and where `extras` is given to take the rest,
+// longrope (its short factors) and yarn; others kUnsupported. A GGUF's frequency divisors
+// (kRopeFreqFactorsConfigKey) divide the result.
+Tensor rope_inv_freq(const nlohmann::json& config, int64_t head_dim, RopeExtras* extras = nullptr);
 BuiltModel build_bert(const nlohmann::json& config, const WeightSource& weights);
 
 }  // namespace kiln

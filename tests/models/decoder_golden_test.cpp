@@ -239,40 +239,7 @@ TEST_P(DecoderGolden, ForkSharesPrefixBlocks) {
 
 INSTANTIATE_TEST_SUITE_P(Families, DecoderGolden,
                          ::testing::Values("gpt2", "llama", "qwen2", "qwen3", "phi3", "gemma3", "mistral", "gemma2",
-                                           "phi3_longrope", "phi3_longrope_full"));
-
-// The qwen3 fixture as llama.cpp's converter writes it (arch qwen3, attn_q_norm /
-// attn_k_norm): F32 computes transformers' logits as the HF directory does; F16 and Q8_0
-// Linears move them by their rounding: measured 0.07-0.11% (F16) and 2.2/2.2/3.5% (Q8_0)
-// of max |logit| - the same 0.0215/0.0222/0.0348 that transformers computes on this
-// model with its Linears rounded to Q8_0 blocks, so kiln runs the file's values.
-TEST(Qwen3Gguf, LogitsMatchTransformers) {
-  Reference ref("qwen3");
-  auto ids = ref.ids("input_ids");
-  auto lengths = ref.ids("lengths");
-  const int64_t smax = ref.shape("input_ids")[1];
-  auto want = ref.f32("logits");
-  TempDir dir;
-  for (auto [type, tol] : {std::pair{GgmlType::kF32, 1e-4}, std::pair{GgmlType::kF16, 2e-3},
-                           std::pair{GgmlType::kQ8_0, 5e-2}}) {
-    const std::string path = dir.file("qwen3_" + std::to_string(int(type)) + ".gguf");
-    write_file(path, test::qwen3_gguf(testing::fixture_dir("qwen3"), type));
-    ModelOptions o;
-    o.weight_dtype = "f32";
-    auto model = Model::load(path, o);
-    EXPECT_EQ(model->info().head_dim, 32);
-    const int64_t vocab = model->info().vocab_size;
-    for (size_t b = 0; b < lengths.size(); ++b) {
-      std::vector<int32_t> p(ids.begin() + int64_t(b) * smax, ids.begin() + int64_t(b) * smax + lengths[b]);
-      LlmRunner runner(*model);
-      runner.add_sequence(p);
-      auto got = runner.step(/*all_logits=*/true)[0].logits;
-      ASSERT_EQ(got.size(), p.size() * size_t(vocab));
-      KILN_EXPECT_CLOSE(got.data(), want.data() + b * size_t(smax * vocab), got.size(), tol,
-                        "qwen3 GGUF type " + std::to_string(int(type)) + ", prompt " + std::to_string(b));
-    }
-  }
-}
+                                           "phi3_longrope", "phi3_longrope_full", "qwen3_yarn"));
 
 // A copy of fixture `family` in dir/name whose config.json has `patch` merged in (a null
 // deletes a key); returns its directory.
@@ -340,6 +307,18 @@ void expect_gguf_in_each_type(TempDir& dir, const std::string& family,
       expect_prompt_logits(*model, family, family + " GGUF type " + std::to_string(int(type)) + " " + dtype, tol);
     }
   }
+}
+
+// The qwen3 fixture as llama.cpp's converter writes it (arch qwen3, attn_q_norm /
+// attn_k_norm): F32 computes transformers' logits as the HF directory does; F16 and Q8_0
+// Linears move them by their rounding: measured 0.07-0.11% (F16) and 2.2/2.2/3.5% (Q8_0)
+// of max |logit| - the same 0.0215/0.0222/0.0348 that transformers computes on this
+// model with its Linears rounded to Q8_0 blocks, so kiln runs the file's values. qwen3_yarn
+// too, its YaRN as the converter writes it (rope.scaling.type yarn, factor, original
+// context).
+TEST(Qwen3Gguf, LogitsMatchTransformers) {
+  TempDir dir;
+  for (const char* family : {"qwen3", "qwen3_yarn"}) expect_gguf_in_each_type(dir, family, test::qwen3_gguf);
 }
 
 // The llama fixture as llama.cpp's converter writes it: q/k rows permuted, and its Llama 3
@@ -475,6 +454,29 @@ TEST(SlidingWindow, LayersThatSlideCarryTheWindow) {
                 {{"rope_scaling", {{"type", "longrope"}, {"short_factor", {1.0, 1.0, 1.0, 1.0}}}}});
       },
       ErrorCode::kInvalidFile, {"longrope", "long_factor", "4 values"});
+}
+
+// YaRN's optional keys (beta_fast / beta_slow, no truncation, mscale / mscale_all_dim)
+// against transformers 5.25's _compute_yarn_parameters on the same config (values printed
+// by it); the fixture qwen3_yarn covers the defaults end to end.
+TEST(RopeScaling, YarnOptionsMatchTransformers) {
+  const nlohmann::json c = {
+      {"hidden_size", 64}, {"num_attention_heads", 2}, {"head_dim", 32}, {"max_position_embeddings", 512},
+      {"rope_theta", 10000.0},
+      {"rope_scaling",
+       {{"rope_type", "yarn"}, {"factor", 8.0}, {"original_max_position_embeddings", 64}, {"beta_fast", 16},
+        {"beta_slow", 2}, {"truncate", false}, {"mscale", 1.0}, {"mscale_all_dim", 0.8}}}};
+  const std::vector<double> want = {1.0,          0.388342232,   0.120533988,   0.0222284924,
+                                    0.0125000002, 0.0070292661,  0.00395284733, 0.00222284929,
+                                    0.00124999997, 0.000702926656, 0.000395284733, 0.000222284929,
+                                    0.000125000006, 7.02926627e-05, 3.95284733e-05, 2.22284925e-05};
+  RopeExtras extras;
+  const Tensor f = rope_inv_freq(c, 32, &extras);
+  ASSERT_EQ(f.numel(), int64_t(want.size()));
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_NEAR(f.data_as<float>()[i], want[i], 2e-6 * want[i]) << i;
+  EXPECT_NEAR(extras.attention_factor, 1.0356570849393496, 1e-12);
+  // Without the extras (a family that cannot apply the attention factor): an error.
+  test::expect_error([&] { rope_inv_freq(c, 32); }, ErrorCode::kUnsupported, {"yarn", "model family"});
 }
 
 // LongRoPE: by default the fixtures run up to their original 64 positions with the short

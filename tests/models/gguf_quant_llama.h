@@ -232,8 +232,9 @@ inline void write_decoder_shape(GgufWriter& w, const std::string& arch, const nl
   w.kv_f32(arch + ".attention.layer_norm_rms_epsilon", cfg.at("rms_norm_eps").get<float>());
 }
 
-// The qwen3 fixture (`fixture`: its directory) as llama.cpp's converter writes a GGUF of
-// it (arch qwen3: no q/k row permutation, per-head attn_q_norm / attn_k_norm): the
+// The qwen3 or qwen3_yarn fixture (`fixture`: its directory) as llama.cpp's converter writes
+// a GGUF of it (arch qwen3: no q/k row permutation, per-head attn_q_norm / attn_k_norm,
+// YaRN as rope.scaling.* keys): the
 // Linears in `matrices` (F32, F16 or Q8_0), the token table (also the tied LM head) F32,
 // norms F32.
 inline std::string qwen3_gguf(const std::string& fixture, GgmlType matrices) {
@@ -242,6 +243,12 @@ inline std::string qwen3_gguf(const std::string& fixture, GgmlType matrices) {
   CheckpointToGguf c{w, open_safetensors_source(fixture + "/model.safetensors"), "model."};
   write_decoder_shape(w, "qwen3", cfg);
   w.kv_f32("qwen3.rope.freq_base", cfg.at("rope_theta").get<float>());
+  if (cfg.contains("rope_scaling") && cfg.at("rope_scaling").is_object()) {  // YaRN, as the converter writes it
+    const nlohmann::json& rs = cfg.at("rope_scaling");
+    w.kv_string("qwen3.rope.scaling.type", rs.at("rope_type").get<std::string>());
+    w.kv_f32("qwen3.rope.scaling.factor", rs.at("factor").get<float>());
+    w.kv_u32("qwen3.rope.scaling.original_context_length", rs.at("original_max_position_embeddings").get<uint32_t>());
+  }
   c.f32("token_embd.weight", "embed_tokens.weight");
   c.f32("output_norm.weight", "norm.weight");
   for (int l = 0; l < cfg.at("num_hidden_layers").get<int>(); ++l) {
