@@ -32,6 +32,8 @@ What it makes (under --out, default tests/fixtures/models/):
     qwen3_yarn/ the qwen3 shape with YaRN (factor 4 over an original 32 positions, theta 1e4:
              frequencies blended between interpolated and not across the dims, cos / sin
              times 0.1 ln 4 + 1); static, so every position is scaled
+    smollm3/ SmolLM3ForCausalLM: the Llama layout with NoPE layers (no_rope_layer_interval 2:
+             layer 1 takes no RoPE), GQA 4 q / 2 kv heads, tied head
     mistral/ MistralForCausalLM, sliding window 6 in every layer (prompts of 11 and 16
              tokens and 20 greedy steps run past it), 4 q / 2 kv heads, untied head
     gemma3_mm/ Gemma3ForConditionalGeneration (model_type gemma3, multimodal): the gemma3
@@ -256,6 +258,15 @@ def tiny_decoder_configs():
         rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
         **dict(qwen, rope_theta=10000.0),
     )
+    smollm3 = transformers.SmolLM3Config(
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        no_rope_layer_interval=2,
+        tie_word_embeddings=True,
+        **decoder,
+    )
     # Phi-3 and Phi-3 with LongRoPE share these.
     phi = dict(
         num_attention_heads=4,
@@ -325,6 +336,7 @@ def tiny_decoder_configs():
         "phi3_longrope": (transformers.Phi3ForCausalLM, phi3_longrope, 1010),
         "phi3_longrope_full": (transformers.Phi3ForCausalLM, phi3_longrope_full, 1011),
         "qwen3_yarn": (transformers.Qwen3ForCausalLM, qwen3_yarn, 1012),
+        "smollm3": (transformers.SmolLM3ForCausalLM, smollm3, 1013),
     }
 
 
@@ -968,7 +980,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="tests/fixtures/models", type=Path)
     ap.add_argument("--models-dir", default=".cache/models", type=Path)
-    ap.add_argument("--only", default="", help="comma list of gpt2,llama,qwen2,qwen3,phi3,gemma3,mistral,gemma2,phi3_longrope,phi3_longrope_full,phi3_longrope_long,phi3_longrope_full_long,qwen3_yarn,gemma3_mm,bert,smollm2,minilm")
+    ap.add_argument("--only", default="", help="comma list of gpt2,llama,qwen2,qwen3,phi3,gemma3,mistral,gemma2,phi3_longrope,phi3_longrope_full,phi3_longrope_long,phi3_longrope_full_long,qwen3_yarn,smollm3,gemma3_mm,bert,smollm2,minilm")
     args = ap.parse_args()
     only = set(filter(None, args.only.split(",")))
     want = lambda n: not only or n in only  # noqa: E731

@@ -43,6 +43,8 @@ Tensor rope_inv_freq_of_type(const nlohmann::json& c, int64_t head_dim, RopeExtr
   if (!rp) return t;
   const nlohmann::json& s = *rp;
   std::string type = s.value("rope_type", s.value("type", std::string("default")));
+  // transformers' Phi3Config reads the older names "su" and "yarn" as "longrope".
+  if (c.value("model_type", "") == "phi3" && (type == "su" || type == "yarn")) type = "longrope";
   if (type == "default") return t;
   auto num = [&](const char* k) {
     if (!s.contains(k) || !s[k].is_number())
@@ -224,18 +226,41 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
   ModelInfo& info = m.info;
   info.family = "llama";
   read_decoder_info(c, 2048, info);
-  // Which layers slide (transformers): layer_types where given; else Mistral and Phi-3
-  // every layer, Qwen2/Qwen3 with use_sliding_window the layers from max_window_layers on;
-  // Llama configs have no sliding window.
-  std::vector<bool> fallback(size_t(info.num_layers), false);
   const std::string type = c.value("model_type", "");
+  // SmolLM3: layers whose no_rope_layers entry is 0 take no RoPE (NoPE); without the list,
+  // every no_rope_layer_interval-th layer (transformers' SmolLM3Config).
+  std::vector<bool> rotates(size_t(info.num_layers), true);
+  if (type == "smollm3") {
+    if (auto it = c.find("no_rope_layers"); it != c.end() && !it->is_null()) {
+      if (!it->is_array() || int64_t(it->size()) != info.num_layers)
+        throw_error(ErrorCode::kInvalidFile, "config.json: no_rope_layers must hold one 0/1 entry per layer (",
+                    info.num_layers, ")");
+      for (size_t l = 0; l < rotates.size(); ++l) {
+        if (!(*it)[l].is_number_integer())
+          throw_error(ErrorCode::kInvalidFile, "config.json: no_rope_layers[", l, "] is not 0 or 1");
+        rotates[l] = (*it)[l].get<int64_t>() != 0;
+      }
+    } else {
+      const int64_t every = config_int(c, "no_rope_layer_interval", 4);
+      if (every < 1) throw_error(ErrorCode::kInvalidFile, "config.json: no_rope_layer_interval ", every, " (expected >= 1)");
+      for (size_t l = 0; l < rotates.size(); ++l) rotates[l] = int64_t(l + 1) % every != 0;
+    }
+  }
+  // Which layers slide (transformers): layer_types where given; else Mistral and Phi-3
+  // every layer, Qwen2/Qwen3 with use_sliding_window the layers from max_window_layers on,
+  // SmolLM3 with use_sliding_window its NoPE layers (and no layer without it); Llama configs
+  // have no sliding window.
+  std::vector<bool> fallback(size_t(info.num_layers), false);
   if (type == "mistral" || type == "phi3") {
     fallback.assign(fallback.size(), true);
   } else if ((type == "qwen2" || type == "qwen3") && c.value("use_sliding_window", false)) {
     const int64_t from = config_int(c, "max_window_layers", 0);
     for (size_t l = 0; l < fallback.size(); ++l) fallback[l] = int64_t(l) >= from;
+  } else if (type == "smollm3") {
+    for (size_t l = 0; l < fallback.size(); ++l) fallback[l] = !rotates[l];
   }
-  const std::vector<int64_t> window = sliding_windows(c, sliding_layers(c, info, std::move(fallback)), info);
+  std::vector<int64_t> window = sliding_windows(c, sliding_layers(c, info, std::move(fallback)), info);
+  if (type == "smollm3" && !c.value("use_sliding_window", false)) window.assign(window.size(), 0);
   const int64_t h = info.hidden_size, v = info.vocab_size, hd = info.head_dim;
   const int64_t hq = info.num_heads, hkv = info.num_kv_heads;
   const int64_t inter = config_int(c, "intermediate_size");
@@ -386,10 +411,12 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
       q = g.add("HeadRMSNorm", {q, W(b + "self_attn.q_norm.weight")}, {{"eps", eps}, {"head_dim", hd}}, n + "q_norm");
       k = g.add("HeadRMSNorm", {k, W(b + "self_attn.k_norm.weight")}, {{"eps", eps}, {"head_dim", hd}}, n + "k_norm");
     }
-    q = g.add("Rope", {q, positions, inv_freq},
-              {{"num_heads", hq}, {"head_dim", hd}, {"rotary_dim", rotary_dim}}, n + "q_rope");
-    k = g.add("Rope", {k, positions, inv_freq},
-              {{"num_heads", hkv}, {"head_dim", hd}, {"rotary_dim", rotary_dim}}, n + "k_rope");
+    if (rotates[size_t(l)]) {
+      q = g.add("Rope", {q, positions, inv_freq},
+                {{"num_heads", hq}, {"head_dim", hd}, {"rotary_dim", rotary_dim}}, n + "q_rope");
+      k = g.add("Rope", {k, positions, inv_freq},
+                {{"num_heads", hkv}, {"head_dim", hd}, {"rotary_dim", rotary_dim}}, n + "k_rope");
+    }
     std::map<std::string, ir::Attr> att_attrs = {{"layer", l}, {"num_heads", hq},   {"num_kv_heads", hkv},
                                                  {"head_dim", hd}, {"scale", scale}, {"causal", int64_t(1)}};
     if (window[size_t(l)]) att_attrs["window"] = window[size_t(l)];

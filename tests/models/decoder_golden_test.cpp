@@ -239,7 +239,7 @@ TEST_P(DecoderGolden, ForkSharesPrefixBlocks) {
 
 INSTANTIATE_TEST_SUITE_P(Families, DecoderGolden,
                          ::testing::Values("gpt2", "llama", "qwen2", "qwen3", "phi3", "gemma3", "mistral", "gemma2",
-                                           "phi3_longrope", "phi3_longrope_full", "qwen3_yarn"));
+                                           "phi3_longrope", "phi3_longrope_full", "qwen3_yarn", "smollm3"));
 
 // A copy of fixture `family` in dir/name whose config.json has `patch` merged in (a null
 // deletes a key); returns its directory.
@@ -445,6 +445,8 @@ TEST(SlidingWindow, LayersThatSlideCarryTheWindow) {
   test::expect_error(
       [&] { variant("qwen3", "qwen3_odd_type", {{"layer_types", {"sliding_attention", "chunked_attention"}}}); },
       ErrorCode::kInvalidFile, {"chunked_attention", "sliding_attention", "full_attention"});
+  test::expect_error([&] { variant("smollm3", "smollm3_bad_nope", {{"no_rope_layers", {1}}}); },
+                     ErrorCode::kInvalidFile, {"no_rope_layers", "one 0/1 entry per layer (2)"});
   // LongRoPE without its short factors: an error naming what is missing, not other logits.
   test::expect_error([&] { variant("phi3", "phi3_longrope_bad", {{"rope_scaling", {{"type", "longrope"}}}}); },
                      ErrorCode::kInvalidFile, {"longrope", "short_factor"});
@@ -454,6 +456,19 @@ TEST(SlidingWindow, LayersThatSlideCarryTheWindow) {
                 {{"rope_scaling", {{"type", "longrope"}, {"short_factor", {1.0, 1.0, 1.0, 1.0}}}}});
       },
       ErrorCode::kInvalidFile, {"longrope", "long_factor", "4 values"});
+}
+
+// Phi-3 configs saved with LongRoPE's older names ("su", and "yarn", which transformers'
+// Phi3Config also reads as longrope) run as the longrope fixture does.
+TEST(RopeScaling, Phi3OlderLongRopeNames) {
+  TempDir dir;
+  for (const char* name : {"su", "yarn"}) {
+    auto model = Model::load(
+        fixture_variant(dir, "phi3_longrope", std::string("phi3_") + name,
+                        {{"rope_scaling", {{"type", name}, {"rope_type", nullptr}}}, {"rope_parameters", nullptr}}));
+    EXPECT_EQ(model->info().max_positions, 64) << name;
+    expect_prompt_logits(*model, "phi3_longrope", std::string("phi3_longrope as '") + name + "'");
+  }
 }
 
 // YaRN's optional keys (beta_fast / beta_slow, no truncation, mscale / mscale_all_dim)
