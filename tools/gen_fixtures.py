@@ -32,8 +32,9 @@ What it makes (under --out, default tests/fixtures/models/):
     qwen3_yarn/ the qwen3 shape with YaRN (factor 4 over an original 32 positions, theta 1e4:
              frequencies blended between interpolated and not across the dims, cos / sin
              times 0.1 ln 4 + 1); static, so every position is scaled
-    smollm3/ SmolLM3ForCausalLM: the Llama layout with NoPE layers (no_rope_layer_interval 2:
-             layer 1 takes no RoPE), GQA 4 q / 2 kv heads, tied head
+    smollm3/ SmolLM3ForCausalLM: the Llama layout with NoPE layers (4 layers, the default
+             no_rope_layer_interval 4 that llama.cpp assumes: layer 3 takes no RoPE), GQA 4 q /
+             2 kv heads, tied head
     mistral/ MistralForCausalLM, sliding window 6 in every layer (prompts of 11 and 16
              tokens and 20 greedy steps run past it), 4 q / 2 kv heads, untied head
     gemma3_mm/ Gemma3ForConditionalGeneration (model_type gemma3, multimodal): the gemma3
@@ -263,9 +264,9 @@ def tiny_decoder_configs():
         num_key_value_heads=2,
         rms_norm_eps=1e-6,
         rope_theta=10000.0,
-        no_rope_layer_interval=2,
+        no_rope_layer_interval=4,
         tie_word_embeddings=True,
-        **decoder,
+        **dict(decoder, num_hidden_layers=4),
     )
     # Phi-3 and Phi-3 with LongRoPE share these.
     phi = dict(

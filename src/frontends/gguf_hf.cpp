@@ -122,7 +122,8 @@ struct ArchNames {
 };
 
 std::optional<ArchNames> arch_names(const std::string& arch) {
-  if (arch == "llama" || arch == "qwen2" || arch == "qwen3") return ArchNames{kLlamaGlobal, kLlamaLayer, "model.layers."};
+  if (arch == "llama" || arch == "qwen2" || arch == "qwen3" || arch == "smollm3")
+    return ArchNames{kLlamaGlobal, kLlamaLayer, "model.layers."};
   if (arch == "gemma2" || arch == "gemma3") return ArchNames{kLlamaGlobal, kGemmaLayer, "model.layers."};
   if (arch == "phi3") return ArchNames{kLlamaGlobal, kPhi3Layer, "model.layers."};
   if (arch == "gpt2") return ArchNames{kGpt2Global, kGpt2Layer, "h."};
@@ -130,7 +131,9 @@ std::optional<ArchNames> arch_names(const std::string& arch) {
   return std::nullopt;
 }
 
-bool is_llama_like(const std::string& arch) { return arch == "llama" || arch == "qwen2" || arch == "qwen3"; }
+bool is_llama_like(const std::string& arch) {
+  return arch == "llama" || arch == "qwen2" || arch == "qwen3" || arch == "smollm3";
+}
 
 uint32_t opt_u32(const GgufFile& f, const std::string& key, uint32_t dflt) {
   return f.has_key(key) ? f.get_u32(key) : dflt;
@@ -340,7 +343,13 @@ json gguf_to_hf_config(const GgufFile& f) {
   json c;
   if (is_llama_like(arch)) {
     c["model_type"] = arch;
-    c["architectures"] = {arch == "llama" ? "LlamaForCausalLM" : arch == "qwen2" ? "Qwen2ForCausalLM" : "Qwen3ForCausalLM"};
+    c["architectures"] = {arch == "llama"   ? "LlamaForCausalLM"
+                          : arch == "qwen2" ? "Qwen2ForCausalLM"
+                          : arch == "qwen3" ? "Qwen3ForCausalLM"
+                                            : "SmolLM3ForCausalLM"};
+    // SmolLM3: llama.cpp writes no NoPE key and takes every 4th layer as one, as
+    // transformers' default no_rope_layer_interval does.
+    if (arch == "smollm3") c["no_rope_layer_interval"] = 4;
     c["hidden_act"] = "silu";
     const uint32_t hidden = req_u32(f, a + "embedding_length");
     const uint32_t heads = req_u32(f, a + "attention.head_count");
@@ -423,7 +432,7 @@ json gguf_to_hf_config(const GgufFile& f) {
     return c;
   }
   throw_error(ErrorCode::kUnsupported, f.path(), ": GGUF architecture '", arch,
-              "' has no HF mapping in kiln (supported: llama, qwen2, qwen3, phi3, gemma2, gemma3, gpt2, bert)");
+              "' has no HF mapping in kiln (supported: llama, qwen2, qwen3, smollm3, phi3, gemma2, gemma3, gpt2, bert)");
 }
 
 std::string gguf_to_hf_name(const std::string& arch, const std::string& g) {
@@ -466,9 +475,9 @@ GgufWeightSource::GgufWeightSource(std::shared_ptr<const GgufFile> file) : file_
   const std::string arch =
       f.has_key("general.architecture") ? f.get_string("general.architecture") : "";
   int heads = 0, kv_heads = 0;
-  if (arch == "llama") {  // only llama's converter permutes (transformers' LlamaTensorProcessor)
-    heads = int(req_u32(f, "llama.attention.head_count"));
-    kv_heads = int(opt_u32(f, "llama.attention.head_count_kv", uint32_t(heads)));
+  if (arch == "llama" || arch == "smollm3") {  // the converters that permute (LlamaModel and its subclasses)
+    heads = int(req_u32(f, arch + ".attention.head_count"));
+    kv_heads = int(opt_u32(f, arch + ".attention.head_count_kv", uint32_t(heads)));
   }
   for (const auto& t : f.tensors()) {
     Mapping m;

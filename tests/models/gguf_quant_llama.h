@@ -313,40 +313,44 @@ inline std::string phi3_gguf(const std::string& fixture, GgmlType matrices) {
   return w.bytes();
 }
 
-// The llama fixture (`fixture`: its directory) as llama.cpp's converter (LlamaModel) writes a
-// GGUF of it: q_proj / k_proj rows permuted to llama.cpp's rotary pairs, the Linears in
-// `matrices` (F32, F16 or Q8_0), the token table (also the tied LM head) and norms F32, and
-// Llama 3's RoPE scaling not as keys but as the tensor rope_freqs.weight: each frequency's
-// divisor (1 for short wavelengths, `factor` for long ones, smoothed between), as the
-// converter's generate_extra_tensors computes it.
-inline std::string llama_gguf(const std::string& fixture, GgmlType matrices) {
-  const nlohmann::json cfg = nlohmann::json::parse(read_text_file(fixture + "/config.json"));
+// The llama (or smollm3, `arch` smollm3) fixture (`fixture`: its directory) as llama.cpp's
+// converter (LlamaModel, SmolLM3Model) writes a GGUF of it: q_proj / k_proj rows permuted to
+// llama.cpp's rotary pairs, the Linears in `matrices` (F32, F16 or Q8_0), the token table
+// (also the tied LM head) and norms F32, and Llama 3's RoPE scaling not as keys but as the
+// tensor rope_freqs.weight: each frequency's divisor (1 for short wavelengths, `factor` for
+// long ones, smoothed between), as the converter's generate_extra_tensors computes it.
+inline std::string llama_gguf(const std::string& fixture, GgmlType matrices, const std::string& arch) {
+  nlohmann::json cfg = nlohmann::json::parse(read_text_file(fixture + "/config.json"));
+  if (!cfg.contains("head_dim"))
+    cfg["head_dim"] = cfg.at("hidden_size").get<int64_t>() / cfg.at("num_attention_heads").get<int64_t>();
   GgufWriter w;
   CheckpointToGguf c{w, open_safetensors_source(fixture + "/model.safetensors"), "model."};
-  write_decoder_shape(w, "llama", cfg);
+  write_decoder_shape(w, arch, cfg);
   const double base = cfg.at("rope_theta").get<double>();
-  w.kv_f32("llama.rope.freq_base", float(base));
-  w.kv_u32("llama.rope.dimension_count", cfg.at("head_dim").get<uint32_t>());
-  const nlohmann::json& rs = cfg.at("rope_scaling");
   const int64_t dim = cfg.at("head_dim").get<int64_t>();
-  const double factor = rs.at("factor").get<double>(), lo = rs.at("low_freq_factor").get<double>(),
-               hi = rs.at("high_freq_factor").get<double>(),
-               old_ctx = rs.at("original_max_position_embeddings").get<double>();
-  std::vector<float> factors;
-  for (int64_t i = 0; i < dim; i += 2) {
-    const double freq = 1.0 / std::pow(base, double(float(i) / float(dim)));
-    const double wavelen = 2 * M_PI / freq;
-    if (wavelen < old_ctx / hi) {
-      factors.push_back(1.0f);
-    } else if (wavelen > old_ctx / lo) {
-      factors.push_back(float(factor));
-    } else {
-      const double smooth = (old_ctx / wavelen - lo) / (hi - lo);
-      factors.push_back(float(1.0 / ((1 - smooth) / factor + smooth)));
+  w.kv_f32(arch + ".rope.freq_base", float(base));
+  w.kv_u32(arch + ".rope.dimension_count", uint32_t(dim));
+  if (cfg.contains("rope_scaling") && cfg.at("rope_scaling").is_object()) {
+    const nlohmann::json& rs = cfg.at("rope_scaling");
+    const double factor = rs.at("factor").get<double>(), lo = rs.at("low_freq_factor").get<double>(),
+                 hi = rs.at("high_freq_factor").get<double>(),
+                 old_ctx = rs.at("original_max_position_embeddings").get<double>();
+    std::vector<float> factors;
+    for (int64_t i = 0; i < dim; i += 2) {
+      const double freq = 1.0 / std::pow(base, double(float(i) / float(dim)));
+      const double wavelen = 2 * M_PI / freq;
+      if (wavelen < old_ctx / hi) {
+        factors.push_back(1.0f);
+      } else if (wavelen > old_ctx / lo) {
+        factors.push_back(float(factor));
+      } else {
+        const double smooth = (old_ctx / wavelen - lo) / (hi - lo);
+        factors.push_back(float(1.0 / ((1 - smooth) / factor + smooth)));
+      }
     }
+    w.tensor("rope_freqs.weight", 0, {uint64_t(factors.size())},
+             std::string(reinterpret_cast<const char*>(factors.data()), factors.size() * 4));
   }
-  w.tensor("rope_freqs.weight", 0, {uint64_t(factors.size())},
-           std::string(reinterpret_cast<const char*>(factors.data()), factors.size() * 4));
   c.f32("token_embd.weight", "embed_tokens.weight");
   c.f32("output_norm.weight", "norm.weight");
   const int64_t heads = cfg.at("num_attention_heads").get<int64_t>(), kv = cfg.at("num_key_value_heads").get<int64_t>();
@@ -362,6 +366,12 @@ inline std::string llama_gguf(const std::string& fixture, GgmlType matrices) {
       c.write(matrices, g + gg + ".weight", h + hf + ".weight");
   }
   return w.bytes();
+}
+inline std::string llama_gguf(const std::string& fixture, GgmlType matrices) {
+  return llama_gguf(fixture, matrices, "llama");
+}
+inline std::string smollm3_gguf(const std::string& fixture, GgmlType matrices) {
+  return llama_gguf(fixture, matrices, "smollm3");
 }
 
 // The gemma2 or gemma3 fixture (`fixture`: its directory) as llama.cpp's converter writes a
