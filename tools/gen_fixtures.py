@@ -35,6 +35,8 @@ What it makes (under --out, default tests/fixtures/models/):
     smollm3/ SmolLM3ForCausalLM: the Llama layout with NoPE layers (4 layers, the default
              no_rope_layer_interval 4 that llama.cpp assumes: layer 3 takes no RoPE), GQA 4 q /
              2 kv heads, tied head
+    granite/ GraniteForCausalLM: the Llama layout with IBM's multipliers (embeddings x 3,
+             attention scale 0.2, each block's output x 0.5, logits / 2.5), GQA, tied head
     mistral/ MistralForCausalLM, sliding window 6 in every layer (prompts of 11 and 16
              tokens and 20 greedy steps run past it), 4 q / 2 kv heads, untied head
     gemma3_mm/ Gemma3ForConditionalGeneration (model_type gemma3, multimodal): the gemma3
@@ -268,6 +270,15 @@ def tiny_decoder_configs():
         tie_word_embeddings=True,
         **dict(decoder, num_hidden_layers=4),
     )
+    granite = transformers.GraniteConfig(
+        embedding_multiplier=3.0,
+        attention_multiplier=0.2,
+        residual_multiplier=0.5,
+        logits_scaling=2.5,
+        tie_word_embeddings=True,
+        **llama_like,
+        **decoder,
+    )
     # Phi-3 and Phi-3 with LongRoPE share these.
     phi = dict(
         num_attention_heads=4,
@@ -338,6 +349,7 @@ def tiny_decoder_configs():
         "phi3_longrope_full": (transformers.Phi3ForCausalLM, phi3_longrope_full, 1011),
         "qwen3_yarn": (transformers.Qwen3ForCausalLM, qwen3_yarn, 1012),
         "smollm3": (transformers.SmolLM3ForCausalLM, smollm3, 1013),
+        "granite": (transformers.GraniteForCausalLM, granite, 1014),
     }
 
 
@@ -981,7 +993,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="tests/fixtures/models", type=Path)
     ap.add_argument("--models-dir", default=".cache/models", type=Path)
-    ap.add_argument("--only", default="", help="comma list of gpt2,llama,qwen2,qwen3,phi3,gemma3,mistral,gemma2,phi3_longrope,phi3_longrope_full,phi3_longrope_long,phi3_longrope_full_long,qwen3_yarn,smollm3,gemma3_mm,bert,smollm2,minilm")
+    ap.add_argument("--only", default="", help="comma list of gpt2,llama,qwen2,qwen3,phi3,gemma3,mistral,gemma2,phi3_longrope,phi3_longrope_full,phi3_longrope_long,phi3_longrope_full_long,qwen3_yarn,smollm3,granite,gemma3_mm,bert,smollm2,minilm")
     args = ap.parse_args()
     only = set(filter(None, args.only.split(",")))
     want = lambda n: not only or n in only  # noqa: E731

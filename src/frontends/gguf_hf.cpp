@@ -122,7 +122,7 @@ struct ArchNames {
 };
 
 std::optional<ArchNames> arch_names(const std::string& arch) {
-  if (arch == "llama" || arch == "qwen2" || arch == "qwen3" || arch == "smollm3")
+  if (arch == "llama" || arch == "qwen2" || arch == "qwen3" || arch == "smollm3" || arch == "granite")
     return ArchNames{kLlamaGlobal, kLlamaLayer, "model.layers."};
   if (arch == "gemma2" || arch == "gemma3") return ArchNames{kLlamaGlobal, kGemmaLayer, "model.layers."};
   if (arch == "phi3") return ArchNames{kLlamaGlobal, kPhi3Layer, "model.layers."};
@@ -132,7 +132,7 @@ std::optional<ArchNames> arch_names(const std::string& arch) {
 }
 
 bool is_llama_like(const std::string& arch) {
-  return arch == "llama" || arch == "qwen2" || arch == "qwen3" || arch == "smollm3";
+  return arch == "llama" || arch == "qwen2" || arch == "qwen3" || arch == "smollm3" || arch == "granite";
 }
 
 uint32_t opt_u32(const GgufFile& f, const std::string& key, uint32_t dflt) {
@@ -343,13 +343,21 @@ json gguf_to_hf_config(const GgufFile& f) {
   json c;
   if (is_llama_like(arch)) {
     c["model_type"] = arch;
-    c["architectures"] = {arch == "llama"   ? "LlamaForCausalLM"
-                          : arch == "qwen2" ? "Qwen2ForCausalLM"
-                          : arch == "qwen3" ? "Qwen3ForCausalLM"
-                                            : "SmolLM3ForCausalLM"};
+    c["architectures"] = {arch == "llama"     ? "LlamaForCausalLM"
+                          : arch == "qwen2"   ? "Qwen2ForCausalLM"
+                          : arch == "qwen3"   ? "Qwen3ForCausalLM"
+                          : arch == "granite" ? "GraniteForCausalLM"
+                                              : "SmolLM3ForCausalLM"};
     // SmolLM3: llama.cpp writes no NoPE key and takes every 4th layer as one, as
     // transformers' default no_rope_layer_interval does.
     if (arch == "smollm3") c["no_rope_layer_interval"] = 4;
+    // Granite: the converter writes its multipliers as these scales (absent: 1).
+    if (arch == "granite")
+      for (const auto& [key, hf] : {std::pair{"embedding_scale", "embedding_multiplier"},
+                                    std::pair{"residual_scale", "residual_multiplier"},
+                                    std::pair{"attention.scale", "attention_multiplier"},
+                                    std::pair{"logit_scale", "logits_scaling"}})
+        if (f.has_key(a + key)) c[hf] = opt_f32(f, a + key, 1.0);
     c["hidden_act"] = "silu";
     const uint32_t hidden = req_u32(f, a + "embedding_length");
     const uint32_t heads = req_u32(f, a + "attention.head_count");
@@ -432,7 +440,7 @@ json gguf_to_hf_config(const GgufFile& f) {
     return c;
   }
   throw_error(ErrorCode::kUnsupported, f.path(), ": GGUF architecture '", arch,
-              "' has no HF mapping in kiln (supported: llama, qwen2, qwen3, smollm3, phi3, gemma2, gemma3, gpt2, bert)");
+              "' has no HF mapping in kiln (supported: llama, qwen2, qwen3, smollm3, granite, phi3, gemma2, gemma3, gpt2, bert)");
 }
 
 std::string gguf_to_hf_name(const std::string& arch, const std::string& g) {
@@ -475,7 +483,8 @@ GgufWeightSource::GgufWeightSource(std::shared_ptr<const GgufFile> file) : file_
   const std::string arch =
       f.has_key("general.architecture") ? f.get_string("general.architecture") : "";
   int heads = 0, kv_heads = 0;
-  if (arch == "llama" || arch == "smollm3") {  // the converters that permute (LlamaModel and its subclasses)
+  // The converters that permute (LlamaModel and its subclasses SmolLM3Model, GraniteModel).
+  if (arch == "llama" || arch == "smollm3" || arch == "granite") {
     heads = int(req_u32(f, arch + ".attention.head_count"));
     kv_heads = int(opt_u32(f, arch + ".attention.head_count_kv", uint32_t(heads)));
   }

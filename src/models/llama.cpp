@@ -335,7 +335,18 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
   RopeExtras rope;
   Tensor inv_freq_t = rope_inv_freq(c, hd, &rope);
   const int64_t rotary_dim = 2 * inv_freq_t.dim(0);
-  double scale = 1.0 / std::sqrt(double(hd));
+  // Granite: the attention's scale is attention_multiplier; the embeddings are multiplied
+  // by embedding_multiplier, each block's output by residual_multiplier before its residual
+  // add, and the logits divided by logits_scaling.
+  const bool granite = type == "granite";
+  auto multiplier = [&](const char* key) {
+    const double v = granite ? config_float(c, key, 1.0) : 1.0;
+    if (!(v > 0.0) || !std::isfinite(v)) throw_error(ErrorCode::kInvalidFile, "config.json: ", key, " ", v, " (expected > 0)");
+    return v;
+  };
+  const double embedding_mult = multiplier("embedding_multiplier"), residual_mult = multiplier("residual_multiplier"),
+               logits_scaling = multiplier("logits_scaling");
+  double scale = granite ? multiplier("attention_multiplier") : 1.0 / std::sqrt(double(hd));
   if (const double f = rope.attention_factor; f != 1.0) {
     // LongRoPE and YaRN multiply cos and sin by an attention factor f: the rotated dims of
     // q and k come out scaled by it. Where every dim is rotated (Phi-3.5-mini, Qwen), q.k is
@@ -399,6 +410,14 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
   // A table kept quantized (WeightSpec::table): rows of h values in the image's format.
   const ir::ValueId table = W("model.embed_tokens.weight");
   ir::ValueId x = g.add("Embedding", {table, tokens}, kept_quant_table_attrs(g.weight(table), h), "embed_tokens");
+  // A constant [h] multiplier (Granite's), or none where it is 1.
+  auto times = [&](ir::ValueId v, double k, const std::string& node) {
+    if (k == 1.0) return v;
+    Tensor t(DType::kF32, {h});
+    std::fill_n(t.data_as<float>(), t.numel(), float(k));
+    return g.add("Mul", {v, g.add_weight(node + ".multiplier", std::move(t))}, {}, node);
+  };
+  x = times(x, embedding_mult, "embed_multiplier");
   for (int64_t l = 0; l < info.num_layers; ++l) {
     std::string b = "model.layers." + std::to_string(l) + ".";
     std::string n = "layers." + std::to_string(l) + ".";
@@ -421,17 +440,21 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
                                                  {"head_dim", hd}, {"scale", scale}, {"causal", int64_t(1)}};
     if (window[size_t(l)]) att_attrs["window"] = window[size_t(l)];
     ir::ValueId att = g.add("Attention", {q, k, vv}, std::move(att_attrs), n + "attn");
-    x = g.add("Add", {x, linear(att, b + "self_attn.o_proj", n + "o_proj")}, {}, n + "residual_1");
+    x = g.add("Add", {x, times(linear(att, b + "self_attn.o_proj", n + "o_proj"), residual_mult, n + "attn_multiplier")},
+              {}, n + "residual_1");
     ir::ValueId f = g.add("RMSNorm", {x, W(b + "post_attention_layernorm.weight")}, {{"eps", eps}},
                           n + "post_attention_layernorm");
     ir::ValueId gate = g.add("Silu", {linear(f, b + "mlp.gate_proj", n + "gate_proj")}, {}, n + "act");
     ir::ValueId up = linear(f, b + "mlp.up_proj", n + "up_proj");
     f = linear(g.add("Mul", {gate, up}, {}, n + "gate_mul"), b + "mlp.down_proj", n + "down_proj");
-    x = g.add("Add", {x, f}, {}, n + "residual_2");
+    x = g.add("Add", {x, times(f, residual_mult, n + "mlp_multiplier")}, {}, n + "residual_2");
   }
   ir::ValueId hidden = g.add("RMSNorm", {x, W("model.norm.weight")}, {{"eps", eps}}, "norm");
   ir::ValueId last = g.add("GatherRows", {hidden, rows}, {}, "select_rows");
   g.add_output("hidden", hidden);
+  // Granite's logits / logits_scaling, as the LM head's input rows times its inverse (the
+  // LM head stays the graph's logits GEMM).
+  last = times(last, 1.0 / logits_scaling, "logits_scaling");
   g.add_output("logits", linear(last, "lm_head", "lm_head"));
   return m;
 }

@@ -244,7 +244,8 @@ TEST_P(DecoderGolden, ForkSharesPrefixBlocks) {
 
 INSTANTIATE_TEST_SUITE_P(Families, DecoderGolden,
                          ::testing::Values("gpt2", "llama", "qwen2", "qwen3", "phi3", "gemma3", "mistral", "gemma2",
-                                           "phi3_longrope", "phi3_longrope_full", "qwen3_yarn", "smollm3"));
+                                           "phi3_longrope", "phi3_longrope_full", "qwen3_yarn", "smollm3",
+                                           "granite"));
 
 // A copy of fixture `family` in dir/name whose config.json has `patch` merged in (a null
 // deletes a key); returns its directory.
@@ -342,6 +343,13 @@ TEST(LlamaGguf, RopeFreqsTensorMatchesTransformers) {
 TEST(SmolLM3Gguf, LogitsMatchTransformers) {
   TempDir dir;
   expect_gguf_in_each_type(dir, "smollm3", test::smollm3_gguf, 0.1);
+}
+
+// The granite fixture as llama.cpp's converter writes it (arch granite: Llama's permuted q/k,
+// the multipliers as embedding_scale / residual_scale / attention.scale / logit_scale).
+TEST(GraniteGguf, LogitsMatchTransformers) {
+  TempDir dir;
+  expect_gguf_in_each_type(dir, "granite", test::granite_gguf);
 }
 
 // The phi3 and phi3_longrope fixtures as llama.cpp's converter writes them (arch phi3: fused

@@ -313,8 +313,9 @@ inline std::string phi3_gguf(const std::string& fixture, GgmlType matrices) {
   return w.bytes();
 }
 
-// The llama (or smollm3, `arch` smollm3) fixture (`fixture`: its directory) as llama.cpp's
-// converter (LlamaModel, SmolLM3Model) writes a GGUF of it: q_proj / k_proj rows permuted to
+// The llama (or smollm3 / granite, `arch` smollm3 / granite) fixture (`fixture`: its
+// directory) as llama.cpp's converter (LlamaModel, SmolLM3Model, GraniteModel: its
+// multipliers as <arch>.*_scale keys) writes a GGUF of it: q_proj / k_proj rows permuted to
 // llama.cpp's rotary pairs, the Linears in `matrices` (F32, F16 or Q8_0), the token table
 // (also the tied LM head) and norms F32, and Llama 3's RoPE scaling not as keys but as the
 // tensor rope_freqs.weight: each frequency's divisor (1 for short wavelengths, `factor` for
@@ -330,6 +331,12 @@ inline std::string llama_gguf(const std::string& fixture, GgmlType matrices, con
   const int64_t dim = cfg.at("head_dim").get<int64_t>();
   w.kv_f32(arch + ".rope.freq_base", float(base));
   w.kv_u32(arch + ".rope.dimension_count", uint32_t(dim));
+  if (arch == "granite")  // GraniteModel: the multipliers as scales
+    for (const auto& [key, hf] : {std::pair{"embedding_scale", "embedding_multiplier"},
+                                  std::pair{"residual_scale", "residual_multiplier"},
+                                  std::pair{"attention.scale", "attention_multiplier"},
+                                  std::pair{"logit_scale", "logits_scaling"}})
+      w.kv_f32(arch + "." + key, cfg.at(hf).get<float>());
   if (cfg.contains("rope_scaling") && cfg.at("rope_scaling").is_object()) {
     const nlohmann::json& rs = cfg.at("rope_scaling");
     const double factor = rs.at("factor").get<double>(), lo = rs.at("low_freq_factor").get<double>(),
@@ -372,6 +379,9 @@ inline std::string llama_gguf(const std::string& fixture, GgmlType matrices) {
 }
 inline std::string smollm3_gguf(const std::string& fixture, GgmlType matrices) {
   return llama_gguf(fixture, matrices, "smollm3");
+}
+inline std::string granite_gguf(const std::string& fixture, GgmlType matrices) {
+  return llama_gguf(fixture, matrices, "granite");
 }
 
 // The gemma2 or gemma3 fixture (`fixture`: its directory) as llama.cpp's converter writes a
