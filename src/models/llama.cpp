@@ -246,12 +246,12 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
       for (size_t l = 0; l < rotates.size(); ++l) rotates[l] = int64_t(l + 1) % every != 0;
     }
   }
-  // Which layers slide (transformers): layer_types where given; else Mistral and Phi-3
-  // every layer, Qwen2/Qwen3 with use_sliding_window the layers from max_window_layers on,
+  // Which layers slide (transformers): layer_types where given; else Mistral, Ministral and
+  // Phi-3 every layer, Qwen2/Qwen3 with use_sliding_window the layers from max_window_layers on,
   // SmolLM3 with use_sliding_window its NoPE layers (and no layer without it); Llama configs
   // have no sliding window.
   std::vector<bool> fallback(size_t(info.num_layers), false);
-  if (type == "mistral" || type == "phi3") {
+  if (type == "mistral" || type == "ministral" || type == "phi3") {
     fallback.assign(fallback.size(), true);
   } else if ((type == "qwen2" || type == "qwen3") && c.value("use_sliding_window", false)) {
     const int64_t from = config_int(c, "max_window_layers", 0);
@@ -259,7 +259,14 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
   } else if (type == "smollm3") {
     for (size_t l = 0; l < fallback.size(); ++l) fallback[l] = !rotates[l];
   }
-  std::vector<int64_t> window = sliding_windows(c, sliding_layers(c, info, std::move(fallback)), info);
+  // Ministral's config leaves out a window of 4096 (transformers' MinistralConfig default).
+  nlohmann::json with_window;
+  if (type == "ministral" && !c.contains("sliding_window")) {
+    with_window = c;
+    with_window["sliding_window"] = 4096;
+  }
+  std::vector<int64_t> window =
+      sliding_windows(with_window.is_null() ? c : with_window, sliding_layers(c, info, std::move(fallback)), info);
   if (type == "smollm3" && !c.value("use_sliding_window", false)) window.assign(window.size(), 0);
   const int64_t h = info.hidden_size, v = info.vocab_size, hd = info.head_dim;
   const int64_t hq = info.num_heads, hkv = info.num_kv_heads;

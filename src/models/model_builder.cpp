@@ -169,7 +169,9 @@ std::string config_str(const nlohmann::json& c, const std::string& key, const st
 const std::vector<ModelFamily>& model_families() {
   static const std::vector<ModelFamily> families = {
       {"gpt2", {"gpt2"}, build_gpt2},
-      {"llama", {"llama", "mistral", "qwen2", "qwen3", "phi3", "smollm", "smollm3", "granite"}, build_llama},
+      {"llama", {"llama", "mistral", "qwen2", "qwen3", "phi3", "smollm", "smollm3", "granite",
+                 "ministral"},
+       build_llama},
       {"gemma2", {"gemma2"}, build_gemma2},
       {"gemma3", {"gemma3_text"}, build_gemma3},
       {"gemma3_multimodal", {"gemma3"}, build_gemma3_multimodal},

@@ -245,7 +245,7 @@ TEST_P(DecoderGolden, ForkSharesPrefixBlocks) {
 INSTANTIATE_TEST_SUITE_P(Families, DecoderGolden,
                          ::testing::Values("gpt2", "llama", "qwen2", "qwen3", "phi3", "gemma3", "mistral", "gemma2",
                                            "phi3_longrope", "phi3_longrope_full", "qwen3_yarn", "smollm3",
-                                           "granite"));
+                                           "granite", "ministral"));
 
 // A copy of fixture `family` in dir/name whose config.json has `patch` merged in (a null
 // deletes a key); returns its directory.
@@ -452,6 +452,10 @@ TEST(SlidingWindow, LayersThatSlideCarryTheWindow) {
   EXPECT_EQ(windows(*Model::load(testing::fixture_dir("gemma3"))), (W{6, 0}));
   EXPECT_EQ(windows(*variant("phi3", "phi3_w", {{"sliding_window", 32}})), (W{32, 32}));  // Phi-3-mini-4k: 2047
   EXPECT_EQ(windows(*variant("llama", "llama_w", {{"sliding_window", 16}})), (W{0, 0}));
+  // Ministral: its layer_types; a config without sliding_window takes transformers' 4096.
+  EXPECT_EQ(windows(*Model::load(testing::fixture_dir("ministral"))), (W{6, 0}));
+  EXPECT_EQ(windows(*variant("ministral", "ministral_default", {{"sliding_window", nullptr}, {"max_position_embeddings", 8192}})),
+            (W{4096, 0}));
   EXPECT_EQ(windows(*variant("mistral", "mistral_long", {{"sliding_window", 128}})), (W{0, 0}));
   EXPECT_EQ(windows(*variant("qwen2", "qwen2_off", {{"sliding_window", 16}, {"use_sliding_window", false}})), (W{0, 0}));
   EXPECT_EQ(windows(*variant("qwen2", "qwen2_on", {{"sliding_window", 16}, {"use_sliding_window", true},
