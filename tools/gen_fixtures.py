@@ -39,6 +39,8 @@ What it makes (under --out, default tests/fixtures/models/):
              attention scale 0.2, each block's output x 0.5, logits / 2.5), GQA, tied head
     ministral/ MinistralForCausalLM: Mistral with per-layer types (layer 0 slides over 6
              keys, layer 1 attends fully), QKV without bias, untied head
+    olmo2/   Olmo2ForCausalLM: no pre-norms, attention and MLP outputs RMS-normalized before
+             their residual adds, q / k RMS-normalized over the whole projection, untied head
     mistral/ MistralForCausalLM, sliding window 6 in every layer (prompts of 11 and 16
              tokens and 20 greedy steps run past it), 4 q / 2 kv heads, untied head
     gemma3_mm/ Gemma3ForConditionalGeneration (model_type gemma3, multimodal): the gemma3
@@ -288,6 +290,14 @@ def tiny_decoder_configs():
         **llama_like,
         **decoder,
     )
+    olmo2 = transformers.Olmo2Config(
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        **decoder,
+    )
     # Phi-3 and Phi-3 with LongRoPE share these.
     phi = dict(
         num_attention_heads=4,
@@ -360,6 +370,7 @@ def tiny_decoder_configs():
         "smollm3": (transformers.SmolLM3ForCausalLM, smollm3, 1013),
         "granite": (transformers.GraniteForCausalLM, granite, 1014),
         "ministral": (transformers.MinistralForCausalLM, ministral, 1015),
+        "olmo2": (transformers.Olmo2ForCausalLM, olmo2, 1016),
     }
 
 
@@ -1003,7 +1014,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="tests/fixtures/models", type=Path)
     ap.add_argument("--models-dir", default=".cache/models", type=Path)
-    ap.add_argument("--only", default="", help="comma list of gpt2,llama,qwen2,qwen3,phi3,gemma3,mistral,gemma2,phi3_longrope,phi3_longrope_full,phi3_longrope_long,phi3_longrope_full_long,qwen3_yarn,smollm3,granite,ministral,gemma3_mm,bert,smollm2,minilm")
+    ap.add_argument("--only", default="", help="comma list of gpt2,llama,qwen2,qwen3,phi3,gemma3,mistral,gemma2,phi3_longrope,phi3_longrope_full,phi3_longrope_long,phi3_longrope_full_long,qwen3_yarn,smollm3,granite,ministral,olmo2,gemma3_mm,bert,smollm2,minilm")
     args = ap.parse_args()
     only = set(filter(None, args.only.split(",")))
     want = lambda n: not only or n in only  # noqa: E731

@@ -278,6 +278,10 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
   const bool o_bias = c.value("model_type", "") != "qwen2" && c.value("attention_bias", false);
   const bool mlp_bias = c.value("mlp_bias", false);
   const bool qk_norm = c.value("model_type", "") == "qwen3";
+  // OLMo 2: no norm before attention or MLP; each one's output RMS-normalized before its
+  // residual add (post_attention_layernorm, post_feedforward_layernorm), and q and k
+  // RMS-normalized over the whole projection (q_norm [hq * hd], k_norm [hkv * hd]).
+  const bool olmo2 = type == "olmo2";
   // Phi-3: q|k|v in one qkv_proj and gate|up in one gate_up_proj, read as row views of
   // them under the Llama names (fuse_qkv_attention and fuse_swiglu stack the views back
   // into the same bytes, without a copy).
@@ -289,7 +293,7 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
   };
   for (int64_t l = 0; l < info.num_layers; ++l) {
     std::string b = "model.layers." + std::to_string(l) + ".";
-    specs.push_back({b + "input_layernorm.weight", {h}});
+    if (!olmo2) specs.push_back({b + "input_layernorm.weight", {h}});
     if (fused_proj) {
       specs.push_back({b + "self_attn.qkv_proj.weight", {(hq + 2 * hkv) * hd, h}, true, "", false, /*linear=*/true});
       specs.push_back({b + "mlp.gate_up_proj.weight", {2 * inter, h}, true, "", false, /*linear=*/true});
@@ -305,6 +309,11 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
     specs.push_back({b + "self_attn.k_proj.bias", {hkv * hd}, qkv_bias});
     specs.push_back({b + "self_attn.v_proj.bias", {hkv * hd}, qkv_bias});
     specs.push_back({b + "self_attn.o_proj.bias", {h}, o_bias});
+    if (olmo2) {
+      specs.push_back({b + "self_attn.q_norm.weight", {hq * hd}});
+      specs.push_back({b + "self_attn.k_norm.weight", {hkv * hd}});
+      specs.push_back({b + "post_feedforward_layernorm.weight", {h}});
+    }
     if (qk_norm) {
       specs.push_back({b + "self_attn.q_norm.weight", {hd}});
       specs.push_back({b + "self_attn.k_norm.weight", {hd}});
@@ -428,14 +437,18 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
   for (int64_t l = 0; l < info.num_layers; ++l) {
     std::string b = "model.layers." + std::to_string(l) + ".";
     std::string n = "layers." + std::to_string(l) + ".";
-    ir::ValueId a = g.add("RMSNorm", {x, W(b + "input_layernorm.weight")}, {{"eps", eps}},
-                          n + "input_layernorm");
+    auto rms = [&](ir::ValueId v, const std::string& weight, const std::string& node) {
+      return g.add("RMSNorm", {v, W(b + weight + ".weight")}, {{"eps", eps}}, n + node);
+    };
+    ir::ValueId a = olmo2 ? x : rms(x, "input_layernorm", "input_layernorm");
     ir::ValueId q = linear(a, b + "self_attn.q_proj", n + "q_proj");
     ir::ValueId k = linear(a, b + "self_attn.k_proj", n + "k_proj");
     ir::ValueId vv = linear(a, b + "self_attn.v_proj", n + "v_proj");
-    if (qk_norm) {  // Qwen3: each head's q and k RMS-normalized before RoPE
-      q = g.add("HeadRMSNorm", {q, W(b + "self_attn.q_norm.weight")}, {{"eps", eps}, {"head_dim", hd}}, n + "q_norm");
-      k = g.add("HeadRMSNorm", {k, W(b + "self_attn.k_norm.weight")}, {{"eps", eps}, {"head_dim", hd}}, n + "k_norm");
+    if (qk_norm || olmo2) {  // Qwen3: each head's q and k RMS-normalized before RoPE; OLMo 2: all of q, all of k
+      q = g.add("HeadRMSNorm", {q, W(b + "self_attn.q_norm.weight")}, {{"eps", eps}, {"head_dim", olmo2 ? hq * hd : hd}},
+                n + "q_norm");
+      k = g.add("HeadRMSNorm", {k, W(b + "self_attn.k_norm.weight")}, {{"eps", eps}, {"head_dim", olmo2 ? hkv * hd : hd}},
+                n + "k_norm");
     }
     if (rotates[size_t(l)]) {
       q = g.add("Rope", {q, positions, inv_freq},
@@ -447,13 +460,14 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
                                                  {"head_dim", hd}, {"scale", scale}, {"causal", int64_t(1)}};
     if (window[size_t(l)]) att_attrs["window"] = window[size_t(l)];
     ir::ValueId att = g.add("Attention", {q, k, vv}, std::move(att_attrs), n + "attn");
-    x = g.add("Add", {x, times(linear(att, b + "self_attn.o_proj", n + "o_proj"), residual_mult, n + "attn_multiplier")},
-              {}, n + "residual_1");
-    ir::ValueId f = g.add("RMSNorm", {x, W(b + "post_attention_layernorm.weight")}, {{"eps", eps}},
-                          n + "post_attention_layernorm");
+    ir::ValueId o = times(linear(att, b + "self_attn.o_proj", n + "o_proj"), residual_mult, n + "attn_multiplier");
+    if (olmo2) o = rms(o, "post_attention_layernorm", "post_attention_layernorm");
+    x = g.add("Add", {x, o}, {}, n + "residual_1");
+    ir::ValueId f = olmo2 ? x : rms(x, "post_attention_layernorm", "post_attention_layernorm");
     ir::ValueId gate = g.add("Silu", {linear(f, b + "mlp.gate_proj", n + "gate_proj")}, {}, n + "act");
     ir::ValueId up = linear(f, b + "mlp.up_proj", n + "up_proj");
     f = linear(g.add("Mul", {gate, up}, {}, n + "gate_mul"), b + "mlp.down_proj", n + "down_proj");
+    if (olmo2) f = rms(f, "post_feedforward_layernorm", "post_feedforward_layernorm");
     x = g.add("Add", {x, times(f, residual_mult, n + "mlp_multiplier")}, {}, n + "residual_2");
   }
   ir::ValueId hidden = g.add("RMSNorm", {x, W("model.norm.weight")}, {{"eps", eps}}, "norm");

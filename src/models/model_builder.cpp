@@ -170,7 +170,7 @@ const std::vector<ModelFamily>& model_families() {
   static const std::vector<ModelFamily> families = {
       {"gpt2", {"gpt2"}, build_gpt2},
       {"llama", {"llama", "mistral", "qwen2", "qwen3", "phi3", "smollm", "smollm3", "granite",
-                 "ministral"},
+                 "ministral", "olmo2"},
        build_llama},
       {"gemma2", {"gemma2"}, build_gemma2},
       {"gemma3", {"gemma3_text"}, build_gemma3},
