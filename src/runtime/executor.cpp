@@ -642,6 +642,10 @@ uint64_t Executor::submit(GenerationRequest request, UpdateCallback on_update) {
     throw_error(ErrorCode::kInvalidArgument, "max_tokens must be at least 1, got ", request.max_tokens);
   std::string bad = sampling_params_error(request.sampling);
   if (!bad.empty()) throw_error(ErrorCode::kInvalidArgument, bad);
+  for (const auto& [t, bias] : request.sampling.logit_bias)
+    if (t >= info.vocab_size)
+      throw_error(ErrorCode::kInvalidArgument, "logit_bias: token id ", t, " is outside the vocabulary (",
+                  info.vocab_size, " tokens)");
   if (!request.stop.empty() && !impl_->tokenizer)
     throw_error(ErrorCode::kInvalidArgument, "stop strings need a model with a tokenizer");
   int64_t limit = max_context();

@@ -26,6 +26,11 @@ std::string sampling_params_error(const SamplingParams& p) {
     return str_cat("frequency_penalty must be in [-2, 2], got ", p.frequency_penalty);
   if (p.logprobs < -1 || p.logprobs > 20)
     return str_cat("logprobs must be in [0, 20], got ", p.logprobs);
+  for (const auto& [token, bias] : p.logit_bias) {
+    if (token < 0) return str_cat("logit_bias: token id ", token, " is negative");
+    if (!finite(bias) || bias < -100 || bias > 100)
+      return str_cat("logit_bias: the bias of token ", token, " must be in [-100, 100], got ", bias);
+  }
   return {};
 }
 
@@ -109,6 +114,8 @@ void Sampler::accept(int32_t token) {
 
 void Sampler::apply_penalties(std::span<float> logits) const {
   const int64_t v = int64_t(logits.size());
+  for (const auto& [t, bias] : params_.logit_bias)
+    if (t < v) logits[size_t(t)] += bias;
   if (params_.repetition_penalty != 1.0f) {
     const float p = params_.repetition_penalty;
     for (int32_t t : seen_) {
@@ -203,7 +210,8 @@ SampledToken Sampler::sample(std::span<float> logits) {
 }
 
 bool Sampler::samples_from_top(int32_t k, int32_t vocab) const {
-  if (params_.repetition_penalty != 1.0f || params_.presence_penalty != 0 || params_.frequency_penalty != 0)
+  if (params_.repetition_penalty != 1.0f || params_.presence_penalty != 0 || params_.frequency_penalty != 0 ||
+      !params_.logit_bias.empty())
     return false;
   if (k < 1 || params_.logprobs > k) return false;
   if (params_.greedy()) return true;

@@ -1,4 +1,5 @@
-// Token sampling for one sequence: penalties (repetition, presence, frequency), then
+// Token sampling for one sequence: logit biases (OpenAI's logit_bias), penalties
+// (repetition, presence, frequency), then
 // greedy or temperature + top-k + top-p + min-p, drawn from a per-sequence seeded RNG so
 // that the same seed gives the same output; logprobs (with top-n alternatives) come from
 // the model's raw distribution, as OpenAI and vLLM report them. A sampler can also draw
@@ -14,6 +15,7 @@
 #include <span>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 namespace kiln {
@@ -28,6 +30,9 @@ struct SamplingParams {
   float frequency_penalty = 0.0f;   // [-2, 2]
   std::optional<uint64_t> seed;     // unset: the executor picks one per request
   int32_t logprobs = -1;            // -1: none; 0: the chosen token's; n: plus top-n (<= 20)
+  // OpenAI's logit_bias: (token id, bias in [-100, 100]) added to the logits before the
+  // penalties and the draw (the logprobs stay the model's raw distribution, as vLLM's).
+  std::vector<std::pair<int32_t, float>> logit_bias;
 
   bool greedy() const { return temperature <= 0.0f; }
 };
@@ -66,7 +71,8 @@ class Sampler {
   SampledToken sample(std::span<float> logits);
   // Whether sample(TopLogits) with k candidates per row is exactly sample() of the whole
   // row: greedy, or top_k in [1, min(k, vocab - 1)] (top-p and min-p then act on those
-  // top_k only); logprobs <= k; no penalties (they move logits the candidates lack).
+  // top_k only); logprobs <= k; no penalties or logit biases (they move logits the
+  // candidates lack).
   // Not: plain temperature or top-p without top_k, whose draw and normalization run
   // over the whole vocabulary. Exact for rows without NaN; a row whose values are all
   // -inf or NaN still gives greedy's token 0.

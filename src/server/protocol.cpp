@@ -1,9 +1,11 @@
 // Request parsing and validation (see protocol.h). Every field is type-checked before
 // use; unknown fields are ignored as OpenAI's API does; unsupported options that would
-// change results (echo, best_of > n, logit_bias) are refused rather than ignored.
+// change results (echo, best_of > n) are refused rather than ignored.
 #include "server/protocol.h"
 
+#include <cerrno>
 #include <cmath>
+#include <cstdlib>
 #include <limits>
 
 namespace kiln::server {
@@ -120,8 +122,24 @@ void parse_sampling(const Json& j, CompletionParams& p, const RequestLimits& lim
   p.n = int32_t(get_int(j, "n", 1, 1, limits.max_n));
   if (field(j, "best_of") && get_int(j, "best_of", p.n, 1, limits.max_n) != p.n)
     throw ApiError(400, "'best_of' other than n is not supported", "best_of");
-  if (const Json* lb = field(j, "logit_bias"); lb && !(lb->is_object() && lb->empty()))
-    throw ApiError(400, "'logit_bias' is not supported", "logit_bias");
+  if (const Json* lb = field(j, "logit_bias"); lb && !lb->is_null()) {
+    // {"<token id>": bias in [-100, 100], ...}, as OpenAI's API takes it.
+    if (!lb->is_object()) bad_type("logit_bias", "an object mapping token ids to biases");
+    if (lb->size() > size_t(limits.max_logit_bias))
+      throw ApiError(400, "'logit_bias' has more than " + std::to_string(limits.max_logit_bias) + " entries",
+                     "logit_bias");
+    for (const auto& [key, value] : lb->items()) {
+      char* end = nullptr;
+      errno = 0;
+      const long long id = key.empty() ? -1 : std::strtoll(key.c_str(), &end, 10);
+      if (key.empty() || *end != '\0' || errno != 0 || id < 0 || id > std::numeric_limits<int32_t>::max())
+        throw ApiError(400, "'logit_bias' key '" + key + "' is not a token id", "logit_bias");
+      if (!value.is_number() || !std::isfinite(value.get<double>()) || value.get<double>() < -100 ||
+          value.get<double>() > 100)
+        throw ApiError(400, "'logit_bias' of token " + key + " must be a number in [-100, 100]", "logit_bias");
+      s.logit_bias.emplace_back(int32_t(id), float(value.get<double>()));
+    }
+  }
   if (const Json* st = field(j, "stop")) {
     if (st->is_string()) {
       p.stop.push_back(st->get<std::string>());

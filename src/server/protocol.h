@@ -35,6 +35,7 @@ struct RequestLimits {
   int32_t max_stop = 8;
   size_t max_stop_bytes = 256;
   size_t max_inputs = 256;  // embeddings / KServe batch
+  int32_t max_logit_bias = 1024;  // logit_bias entries
 };
 
 // /v1/completions and /v1/chat/completions after validation, before tokenization.

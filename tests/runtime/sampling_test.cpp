@@ -197,6 +197,34 @@ TEST(Sampling, ParameterValidationNamesTheBadValue) {
   p = {};
   p.presence_penalty = 3;
   EXPECT_NE(sampling_params_error(p).find("presence_penalty"), std::string::npos);
+  p = {};
+  p.logit_bias = {{3, 150.0f}};
+  EXPECT_NE(sampling_params_error(p).find("logit_bias"), std::string::npos);
+  p.logit_bias = {{-1, 1.0f}};
+  EXPECT_NE(sampling_params_error(p).find("negative"), std::string::npos);
+}
+
+// logit_bias adds to the logits before the draw: the distribution becomes softmax(l + b);
+// +-100 forces or bans a token; the logprobs stay the raw distribution's; and such a
+// sampler never draws from top-k candidates alone.
+TEST(Sampling, LogitBiasShiftsTheDistribution) {
+  SamplingParams p;
+  p.logit_bias = {{3, float(std::log(10.0))}, {0, float(std::log(0.2))}};
+  // probs 0.5, 0.3, 0.15, 0.05 -> weights 0.1, 0.3, 0.15, 0.5 (sum 1.05)
+  expect_distribution(draw(p, logits_of(kProbs), 20000), {0.1 / 1.05, 0.3 / 1.05, 0.15 / 1.05, 0.5 / 1.05});
+  SamplingParams g;
+  g.temperature = 0;
+  g.logprobs = 0;
+  g.logit_bias = {{2, 100.0f}};
+  auto l = logits_of(kProbs);
+  Sampler forced(g, 1);
+  const SampledToken t = forced.sample(l);
+  EXPECT_EQ(t.token, 2);
+  EXPECT_NEAR(t.logprob, std::log(0.15), 1e-5);  // the model's own probability
+  g.logit_bias = {{0, -100.0f}};
+  l = logits_of(kProbs);
+  EXPECT_EQ(Sampler(g, 1).sample(l).token, 1);
+  EXPECT_FALSE(Sampler(g, 1).samples_from_top(4, 4));
 }
 
 // The TopKLogits candidates of one row, as the CPU backend computes them.

@@ -142,6 +142,27 @@ TEST_F(ServerTest, NChoicesAndSeedsAreReproducible) {
   EXPECT_EQ(a["usage"]["completion_tokens"], 18);
 }
 
+// logit_bias (OpenAI's): +100 on a token makes greedy choose it at every step, -100 on the
+// token greedy would choose moves it off; the logprobs stay the model's own. Such requests
+// sample from whole rows (a bias moves logits the top-k candidates lack).
+TEST_F(ServerTest, LogitBiasSteersTheChoice) {
+  std::vector<int32_t> prompt = {5, 17, 33, 250, 9, 41};
+  const std::vector<int32_t> plain = alone(prompt, 4);
+  Json body = greedy_ids(prompt, 4);
+  body["logit_bias"] = {{"123", 100}};
+  body["logprobs"] = 1;
+  auto r = post(port(), "/v1/completions", body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  auto j = r.json();
+  EXPECT_EQ(j["choices"][0]["token_ids"].get<std::vector<int32_t>>(), std::vector<int32_t>(4, 123));
+  for (const auto& lp : j["choices"][0]["logprobs"]["token_logprobs"]) EXPECT_LT(lp.get<double>(), 0.0);
+  body = greedy_ids(prompt, 1);
+  body["logit_bias"] = {{std::to_string(plain[0]), -100}};
+  auto banned = post(port(), "/v1/completions", body).json();
+  ASSERT_EQ(banned["choices"][0]["token_ids"].size(), 1u);
+  EXPECT_NE(banned["choices"][0]["token_ids"][0].get<int32_t>(), plain[0]);
+}
+
 struct BadCase {
   const char* path;
   std::string body;
@@ -173,7 +194,11 @@ TEST_F(ServerTest, BadInputIsAClear4xxAndTheServerIsUnaffected) {
       {"/v1/completions", R"({"model":"llama","prompt":"text"})", 400, "no tokenizer"},
       {"/v1/completions", R"({"model":"llama","prompt":[1,2],"max_tokens":200})", 400, "maximum context length"},
       {"/v1/completions", R"({"model":"llama","prompt":[1,2],"echo":true})", 400, "echo"},
-      {"/v1/completions", R"({"model":"llama","prompt":[1,2],"logit_bias":{"5":1}})", 400, "logit_bias"},
+      {"/v1/completions", R"({"model":"llama","prompt":[1,2],"logit_bias":[5]})", 400, "logit_bias"},
+      {"/v1/completions", R"({"model":"llama","prompt":[1,2],"logit_bias":{"x5":1}})", 400, "'x5' is not a token id"},
+      {"/v1/completions", R"({"model":"llama","prompt":[1,2],"logit_bias":{"5":101}})", 400, "[-100, 100]"},
+      {"/v1/completions", R"({"model":"llama","prompt":[1,2],"logit_bias":{"5":"a"}})", 400, "[-100, 100]"},
+      {"/v1/completions", R"({"model":"llama","prompt":[1,2],"logit_bias":{"99999":1}})", 400, "outside the vocabulary"},
       {"/v1/completions", R"({"model":"bert","prompt":[1,2]})", 400, "encoder"},
       {"/v1/completions", bad_utf8, 400, "not valid JSON"},
       {"/v1/completions", "{\"model\":\"llama\",\"prompt\":\"" + big + "\"}", 413, "larger than"},
