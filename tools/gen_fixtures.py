@@ -41,6 +41,9 @@ What it makes (under --out, default tests/fixtures/models/):
              keys, layer 1 attends fully), QKV without bias, untied head
     olmo2/   Olmo2ForCausalLM: no pre-norms, attention and MLP outputs RMS-normalized before
              their residual adds, q / k RMS-normalized over the whole projection, untied head
+    gemma/   GemmaForCausalLM (Gemma 1): (1 + w) norms, embeddings times sqrt(64), GELU(tanh)
+             gate, the Llama layout (no sandwich norms, windows or soft-caps), head_dim 32,
+             MQA (4 q heads over 1 kv head), tied head
     mistral/ MistralForCausalLM, sliding window 6 in every layer (prompts of 11 and 16
              tokens and 20 greedy steps run past it), 4 q / 2 kv heads, untied head
     gemma3_mm/ Gemma3ForConditionalGeneration (model_type gemma3, multimodal): the gemma3
@@ -298,6 +301,14 @@ def tiny_decoder_configs():
         tie_word_embeddings=False,
         **decoder,
     )
+    gemma1 = transformers.GemmaConfig(
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=32,
+        rope_theta=10000.0,
+        hidden_act="gelu",  # the official configs' legacy value: the tanh approximation
+        **decoder,
+    )
     # Phi-3 and Phi-3 with LongRoPE share these.
     phi = dict(
         num_attention_heads=4,
@@ -371,6 +382,7 @@ def tiny_decoder_configs():
         "granite": (transformers.GraniteForCausalLM, granite, 1014),
         "ministral": (transformers.MinistralForCausalLM, ministral, 1015),
         "olmo2": (transformers.Olmo2ForCausalLM, olmo2, 1016),
+        "gemma": (transformers.GemmaForCausalLM, gemma1, 1019),
     }
 
 
@@ -1014,7 +1026,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="tests/fixtures/models", type=Path)
     ap.add_argument("--models-dir", default=".cache/models", type=Path)
-    ap.add_argument("--only", default="", help="comma list of gpt2,llama,qwen2,qwen3,phi3,gemma3,mistral,gemma2,phi3_longrope,phi3_longrope_full,phi3_longrope_long,phi3_longrope_full_long,qwen3_yarn,smollm3,granite,ministral,olmo2,gemma3_mm,bert,smollm2,minilm")
+    ap.add_argument("--only", default="", help="comma list of gpt2,llama,qwen2,qwen3,phi3,gemma3,mistral,gemma2,phi3_longrope,phi3_longrope_full,phi3_longrope_long,phi3_longrope_full_long,qwen3_yarn,smollm3,granite,ministral,olmo2,gemma,gemma3_mm,bert,smollm2,minilm")
     args = ap.parse_args()
     only = set(filter(None, args.only.split(",")))
     want = lambda n: not only or n in only  # noqa: E731

@@ -125,6 +125,7 @@ std::optional<ArchNames> arch_names(const std::string& arch) {
   if (arch == "llama" || arch == "qwen2" || arch == "qwen3" || arch == "smollm3" || arch == "granite")
     return ArchNames{kLlamaGlobal, kLlamaLayer, "model.layers."};
   if (arch == "gemma2" || arch == "gemma3") return ArchNames{kLlamaGlobal, kGemmaLayer, "model.layers."};
+  if (arch == "gemma") return ArchNames{kLlamaGlobal, kLlamaLayer, "model.layers."};  // Gemma 1: Llama's layout
   if (arch == "phi3") return ArchNames{kLlamaGlobal, kPhi3Layer, "model.layers."};
   if (arch == "gpt2") return ArchNames{kGpt2Global, kGpt2Layer, "h."};
   if (arch == "bert") return ArchNames{kBertGlobal, kBertLayer, "encoder.layer."};
@@ -200,10 +201,10 @@ void add_pooling(const GgufFile& f, const std::string& a, bool decoder, json& c)
 // else 10000, unscaled). The norms come as (1 + w) (kNormsOnePlusConfigKey).
 json gemma_config(const GgufFile& f, const std::string& arch) {
   const std::string a = arch + ".";
-  const bool g3 = arch == "gemma3";
+  const bool g3 = arch == "gemma3", g1 = arch == "gemma";
   json c;
-  c["model_type"] = g3 ? "gemma3_text" : "gemma2";
-  c["architectures"] = {g3 ? "Gemma3ForCausalLM" : "Gemma2ForCausalLM"};
+  c["model_type"] = g3 ? "gemma3_text" : g1 ? "gemma" : "gemma2";
+  c["architectures"] = {g3 ? "Gemma3ForCausalLM" : g1 ? "GemmaForCausalLM" : "Gemma2ForCausalLM"};
   c["hidden_activation"] = "gelu_pytorch_tanh";
   const uint32_t hidden = req_u32(f, a + "embedding_length"), heads = req_u32(f, a + "attention.head_count");
   const uint32_t layers = req_u32(f, a + "block_count");
@@ -226,6 +227,14 @@ json gemma_config(const GgufFile& f, const std::string& arch) {
   c["vocab_size"] = vocab_size(f, arch);
   c["tie_word_embeddings"] = f.find_tensor("output.weight") == nullptr;
   c[kNormsOnePlusConfigKey] = true;
+  if (g1) {  // Gemma 1: no window, soft-caps or per-layer types; scaled by head_dim^-1/2
+    c.erase("query_pre_attn_scalar");
+    c["hidden_act"] = "gelu_pytorch_tanh";
+    c["rope_theta"] = opt_f32(f, a + "rope.freq_base", 10000.0);
+    add_pooling(f, a, /*decoder=*/true, c);
+    add_token_ids(f, c);
+    return c;
+  }
 
   const uint32_t window = opt_u32(f, a + "attention.sliding_window", g3 ? 0 : 4096);
   std::vector<bool> slides(layers, false);
@@ -395,7 +404,7 @@ json gguf_to_hf_config(const GgufFile& f) {
     add_token_ids(f, c);
     return c;
   }
-  if (arch == "gemma2" || arch == "gemma3") return gemma_config(f, arch);
+  if (arch == "gemma" || arch == "gemma2" || arch == "gemma3") return gemma_config(f, arch);
   if (arch == "phi3") return phi3_config(f);
   if (arch == "gpt2") {
     c["model_type"] = "gpt2";
@@ -440,7 +449,7 @@ json gguf_to_hf_config(const GgufFile& f) {
     return c;
   }
   throw_error(ErrorCode::kUnsupported, f.path(), ": GGUF architecture '", arch,
-              "' has no HF mapping in kiln (supported: llama, qwen2, qwen3, smollm3, granite, phi3, gemma2, gemma3, gpt2, bert)");
+              "' has no HF mapping in kiln (supported: llama, qwen2, qwen3, smollm3, granite, phi3, gemma, gemma2, gemma3, gpt2, bert)");
 }
 
 std::string gguf_to_hf_name(const std::string& arch, const std::string& g) {

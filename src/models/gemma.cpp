@@ -56,25 +56,31 @@ double softcap(const nlohmann::json& c, const char* key) {
   return cap;
 }
 
-// config.json with transformers' Gemma2Config / Gemma3TextConfig defaults for the keys it
-// leaves out (an explicit null stays: no window, no soft-cap).
-nlohmann::json with_gemma_defaults(nlohmann::json c, bool gemma3) {
-  const nlohmann::json defaults = {{"vocab_size", gemma3 ? 262208 : 256000},
-                                   {"query_pre_attn_scalar", 256},
-                                   {"sliding_window", 4096},
-                                   {"attn_logit_softcapping", gemma3 ? nlohmann::json() : nlohmann::json(50.0)},
-                                   {"final_logit_softcapping", gemma3 ? nlohmann::json() : nlohmann::json(30.0)}};
+// config.json with transformers' GemmaConfig / Gemma2Config / Gemma3TextConfig defaults for
+// the keys it leaves out (an explicit null stays: no window, no soft-cap). Gemma 1 has no
+// window, soft-caps or query_pre_attn_scalar (head_dim^-1/2).
+nlohmann::json with_gemma_defaults(nlohmann::json c, int version) {
+  const bool gemma3 = version == 3;
+  const nlohmann::json defaults =
+      version == 1 ? nlohmann::json{{"vocab_size", 256000}}
+                   : nlohmann::json{{"vocab_size", gemma3 ? 262208 : 256000},
+                                    {"query_pre_attn_scalar", 256},
+                                    {"sliding_window", 4096},
+                                    {"attn_logit_softcapping", gemma3 ? nlohmann::json() : nlohmann::json(50.0)},
+                                    {"final_logit_softcapping", gemma3 ? nlohmann::json() : nlohmann::json(30.0)}};
   for (const auto& [key, value] : defaults.items())
     if (!c.contains(key)) c[key] = value;
   return c;
 }
 
-// gemma3: Gemma 3 text, else Gemma 2.
-BuiltModel build_gemma(const nlohmann::json& config, const WeightSource& src, bool gemma3) {
-  const nlohmann::json c = with_gemma_defaults(config, gemma3);
+// Gemma 1, 2 or 3 (text). Gemma 1 has Llama's layout: input_layernorm before attention,
+// post_attention_layernorm before the MLP, no sandwich norms, windows or soft-caps.
+BuiltModel build_gemma(const nlohmann::json& config, const WeightSource& src, int version) {
+  const nlohmann::json c = with_gemma_defaults(config, version);
+  const bool gemma3 = version == 3, gemma1 = version == 1;
   BuiltModel m;
   ModelInfo& info = m.info;
-  info.family = gemma3 ? "gemma3" : "gemma2";
+  info.family = gemma3 ? "gemma3" : gemma1 ? "gemma" : "gemma2";
   const std::string what = info.family;
   read_decoder_info(c, gemma3 ? 131072 : 8192, info);
   info.head_dim = config_int(c, "head_dim", 256);  // transformers' Gemma2Config / Gemma3TextConfig default
@@ -82,7 +88,11 @@ BuiltModel build_gemma(const nlohmann::json& config, const WeightSource& src, bo
   const int64_t hq = info.num_heads, hkv = info.num_kv_heads, inter = config_int(c, "intermediate_size");
   const double eps = config_float(c, "rms_norm_eps", 1e-6);
   const double attn_cap = softcap(c, "attn_logit_softcapping"), final_cap = softcap(c, "final_logit_softcapping");
-  const std::string act = config_str(c, "hidden_activation", "gelu_pytorch_tanh");
+  // Gemma 1 names it hidden_act, whose legacy "gelu" transformers' GemmaConfig reads as the
+  // tanh approximation.
+  std::string act = config_str(c, "hidden_activation", gemma1 ? "" : "gelu_pytorch_tanh");
+  if (gemma1 && act.empty()) act = config_str(c, "hidden_act", "gelu_pytorch_tanh");
+  if (gemma1 && act == "gelu") act = "gelu_pytorch_tanh";
   if (act != "gelu_pytorch_tanh")
     throw_error(ErrorCode::kUnsupported, what, ": hidden_activation '", act, "' (expected gelu_pytorch_tanh)");
   auto flag = [&](const char* key) {  // absent or null: false (transformers writes null for unset ones)
@@ -97,7 +107,8 @@ BuiltModel build_gemma(const nlohmann::json& config, const WeightSource& src, bo
   // global, Gemma 2 every other one (layer 0 slides).
   std::vector<bool> pattern_slides;
   const int64_t pattern = gemma3 ? config_int(c, "sliding_window_pattern", 6) : 2;
-  for (int64_t l = 0; l < info.num_layers; ++l) pattern_slides.push_back(!(pattern > 0 && (l + 1) % pattern == 0));
+  for (int64_t l = 0; l < info.num_layers; ++l)
+    pattern_slides.push_back(!gemma1 && !(pattern > 0 && (l + 1) % pattern == 0));
   const std::vector<bool> slides = sliding_layers(c, info, std::move(pattern_slides));
   const std::vector<int64_t> window = sliding_windows(c, slides, info);
 
@@ -108,9 +119,12 @@ BuiltModel build_gemma(const nlohmann::json& config, const WeightSource& src, bo
   };
   for (int64_t l = 0; l < info.num_layers; ++l) {
     const std::string b = "model.layers." + std::to_string(l) + ".";
-    for (const char* n : {"input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
-                          "post_feedforward_layernorm"})
-      specs.push_back({b + n + ".weight", {h}});
+    specs.push_back({b + "input_layernorm.weight", {h}});
+    specs.push_back({b + "post_attention_layernorm.weight", {h}});
+    if (!gemma1) {  // the sandwich norms
+      specs.push_back({b + "pre_feedforward_layernorm.weight", {h}});
+      specs.push_back({b + "post_feedforward_layernorm.weight", {h}});
+    }
     if (gemma3) {
       specs.push_back({b + "self_attn.q_norm.weight", {hd}});
       specs.push_back({b + "self_attn.k_norm.weight", {hd}});
@@ -179,15 +193,16 @@ BuiltModel build_gemma(const nlohmann::json& config, const WeightSource& src, bo
     if (window[size_t(l)]) att_attrs["window"] = window[size_t(l)];
     if (attn_cap > 0.0) att_attrs["softcap"] = attn_cap;
     ir::ValueId att = g.add("Attention", {q, k, vv}, std::move(att_attrs), n + "attn");
-    ir::ValueId o = rms(linear(att, b + "self_attn.o_proj", hq * hd, n + "o_proj"), b + "post_attention_layernorm.weight",
-                        n + "post_attention_layernorm");
+    ir::ValueId o = linear(att, b + "self_attn.o_proj", hq * hd, n + "o_proj");
+    if (!gemma1) o = rms(o, b + "post_attention_layernorm.weight", n + "post_attention_layernorm");
     x = g.add("Add", {x, o}, {}, n + "residual_1");
-    ir::ValueId f = rms(x, b + "pre_feedforward_layernorm.weight", n + "pre_feedforward_layernorm");
+    ir::ValueId f = gemma1 ? rms(x, b + "post_attention_layernorm.weight", n + "post_attention_layernorm")
+                           : rms(x, b + "pre_feedforward_layernorm.weight", n + "pre_feedforward_layernorm");
     ir::ValueId gate = g.add("Gelu", {linear(f, b + "mlp.gate_proj", h, n + "gate_proj")}, {{"approximate", "tanh"}},
                              n + "act");
     ir::ValueId up = linear(f, b + "mlp.up_proj", h, n + "up_proj");
     f = linear(g.add("Mul", {gate, up}, {}, n + "gate_mul"), b + "mlp.down_proj", inter, n + "down_proj");
-    f = rms(f, b + "post_feedforward_layernorm.weight", n + "post_feedforward_layernorm");
+    if (!gemma1) f = rms(f, b + "post_feedforward_layernorm.weight", n + "post_feedforward_layernorm");
     x = g.add("Add", {x, f}, {}, n + "residual_2");
   }
   ir::ValueId hidden = rms(x, "model.norm.weight", "norm");
@@ -211,8 +226,9 @@ BuiltModel build_gemma(const nlohmann::json& config, const WeightSource& src, bo
 
 }  // namespace
 
-BuiltModel build_gemma2(const nlohmann::json& c, const WeightSource& src) { return build_gemma(c, src, false); }
-BuiltModel build_gemma3(const nlohmann::json& c, const WeightSource& src) { return build_gemma(c, src, true); }
+BuiltModel build_gemma1(const nlohmann::json& c, const WeightSource& src) { return build_gemma(c, src, 1); }
+BuiltModel build_gemma2(const nlohmann::json& c, const WeightSource& src) { return build_gemma(c, src, 2); }
+BuiltModel build_gemma3(const nlohmann::json& c, const WeightSource& src) { return build_gemma(c, src, 3); }
 
 namespace {
 
@@ -281,7 +297,7 @@ BuiltModel build_gemma3_multimodal(const nlohmann::json& c, const WeightSource& 
     if (!text.contains(key) && c.contains(key)) text[key] = c[key];
   const GemmaTextTower tower(src);
   log_info("gemma3: a multimodal checkpoint; kiln runs its language model (text in, text out), not the vision tower");
-  return build_gemma(text, tower, true);
+  return build_gemma(text, tower, 3);
 }
 
 }  // namespace kiln

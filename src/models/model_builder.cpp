@@ -172,6 +172,7 @@ const std::vector<ModelFamily>& model_families() {
       {"llama", {"llama", "mistral", "qwen2", "qwen3", "phi3", "smollm", "smollm3", "granite",
                  "ministral", "olmo2"},
        build_llama},
+      {"gemma", {"gemma"}, build_gemma1},
       {"gemma2", {"gemma2"}, build_gemma2},
       {"gemma3", {"gemma3_text"}, build_gemma3},
       {"gemma3_multimodal", {"gemma3"}, build_gemma3_multimodal},

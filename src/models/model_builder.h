@@ -117,6 +117,7 @@ BuiltModel build_model(const nlohmann::json& config, const WeightSource& weights
 // Families (each in its own file).
 BuiltModel build_gpt2(const nlohmann::json& config, const WeightSource& weights);
 BuiltModel build_llama(const nlohmann::json& config, const WeightSource& weights);
+BuiltModel build_gemma1(const nlohmann::json& config, const WeightSource& weights);
 BuiltModel build_gemma2(const nlohmann::json& config, const WeightSource& weights);
 BuiltModel build_gemma3(const nlohmann::json& config, const WeightSource& weights);
 // model_type gemma3 (Gemma3ForConditionalGeneration): the language model of a multimodal

@@ -148,9 +148,12 @@ void expect_quantized_kv_close(const std::string& family, const std::string& kv_
 }
 
 // smollm3 is the deepest fixture (4 layers, the last without RoPE): measured worst 0.101
-// (int8) and 0.496 (fp8, one step; the rest <= 0.233), so 0.15 and 0.6.
+// (int8) and 0.496 (fp8, one step; the rest <= 0.233), so 0.15 and 0.6. gemma (Gemma 1:
+// embeddings times 8 into one K/V head of 32) is the most sensitive to any rounding (its
+// f16 weights move transformers' logits by 0.43%): 0.154 and 0.348, so 0.2 and 0.5.
 TEST_P(DecoderGolden, Int8KvCacheDecodeStaysCloseToF32Cache) {
-  expect_quantized_kv_close(GetParam(), "int8", GetParam() == "smollm3" ? 0.15 : 0.1);
+  const std::string& f = GetParam();
+  expect_quantized_kv_close(f, "int8", f == "smollm3" ? 0.15 : f == "gemma" ? 0.2 : 0.1);
 }
 
 // gemma2's logits are soft-capped (5 tanh(z / 5)): max |logit| ~4.9 is the cap, not the
@@ -158,7 +161,7 @@ TEST_P(DecoderGolden, Int8KvCacheDecodeStaysCloseToF32Cache) {
 // decode step of prompt 1), so 0.5.
 TEST_P(DecoderGolden, Fp8KvCacheDecodeStaysCloseToF32Cache) {
   const std::string& f = GetParam();
-  expect_quantized_kv_close(f, "fp8", f == "gemma2" ? 0.5 : f == "smollm3" ? 0.6 : 0.3);
+  expect_quantized_kv_close(f, "fp8", f == "gemma2" || f == "gemma" ? 0.5 : f == "smollm3" ? 0.6 : 0.3);
 }
 
 TEST(DecoderKvDtype, UnknownKvCacheDtypeNamesTheFlag) {
@@ -245,7 +248,7 @@ TEST_P(DecoderGolden, ForkSharesPrefixBlocks) {
 INSTANTIATE_TEST_SUITE_P(Families, DecoderGolden,
                          ::testing::Values("gpt2", "llama", "qwen2", "qwen3", "phi3", "gemma3", "mistral", "gemma2",
                                            "phi3_longrope", "phi3_longrope_full", "qwen3_yarn", "smollm3",
-                                           "granite", "ministral", "olmo2"));
+                                           "granite", "ministral", "olmo2", "gemma"));
 
 // A copy of fixture `family` in dir/name whose config.json has `patch` merged in (a null
 // deletes a key); returns its directory.
@@ -295,10 +298,11 @@ void expect_long_prompt_logits(Model& model, const std::string& family, double t
 // Fixture `family` as `to_gguf` writes it (llama.cpp's converter) with its Linears in F32,
 // F16 and Q8_0, each loaded with weights expanded to f32 (the Q8_0 one also with its codes
 // kept, --weight-dtype auto): prompt logits against transformers' within 1e-4 of max |logit|
-// (F32) or the Linears' rounding (F16 3e-3, Q8_0 `q8_tol`).
+// (F32) or the Linears' rounding (F16 `f16_tol`, Q8_0 `q8_tol`).
 void expect_gguf_in_each_type(TempDir& dir, const std::string& family,
-                              std::string (*to_gguf)(const std::string&, GgmlType), double q8_tol = 5e-2) {
-  for (auto [type, tol] : {std::pair{GgmlType::kF32, 1e-4}, std::pair{GgmlType::kF16, 3e-3},
+                              std::string (*to_gguf)(const std::string&, GgmlType), double q8_tol = 5e-2,
+                              double f16_tol = 3e-3) {
+  for (auto [type, tol] : {std::pair{GgmlType::kF32, 1e-4}, std::pair{GgmlType::kF16, f16_tol},
                            std::pair{GgmlType::kQ8_0, q8_tol}}) {
     const std::string path = dir.file(family + "_" + std::to_string(int(type)) + ".gguf");
     write_file(path, to_gguf(testing::fixture_dir(family), type));
@@ -343,6 +347,15 @@ TEST(LlamaGguf, RopeFreqsTensorMatchesTransformers) {
 TEST(SmolLM3Gguf, LogitsMatchTransformers) {
   TempDir dir;
   expect_gguf_in_each_type(dir, "smollm3", test::smollm3_gguf, 0.1);
+}
+
+// The gemma (Gemma 1) fixture as llama.cpp's converter writes it (arch gemma: (1 + w) norms,
+// Llama's tensor names, no permutation). This fixture moves the most under rounded weights:
+// F16 0.11 / 0.43 / 0.42% and Q8_0 2.6 / 12.2 / 14.6% of max |logit|, what transformers
+// computes with its Linears rounded so (checked in Python), hence 6e-3 and 0.2.
+TEST(Gemma1Gguf, LogitsMatchTransformers) {
+  TempDir dir;
+  expect_gguf_in_each_type(dir, "gemma", test::gemma1_gguf, 0.2, 6e-3);
 }
 
 // The granite fixture as llama.cpp's converter writes it (arch granite: Llama's permuted q/k,

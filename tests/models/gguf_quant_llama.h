@@ -384,8 +384,9 @@ inline std::string granite_gguf(const std::string& fixture, GgmlType matrices) {
   return llama_gguf(fixture, matrices, "granite");
 }
 
-// The gemma2 or gemma3 fixture (`fixture`: its directory) as llama.cpp's converter writes a
-// GGUF of it (arch gemma2 / gemma3): every RMSNorm weight stored as (1 + w), the sandwich
+// The gemma, gemma2 or gemma3 fixture (`fixture`: its directory) as llama.cpp's converter
+// writes a GGUF of it (arch gemma / gemma2 / gemma3; Gemma 1 without the sandwich norms,
+// window and soft-caps): every RMSNorm weight stored as (1 + w), the sandwich
 // norms as post_attention_norm / ffn_norm / post_ffw_norm, the Linears in `matrices` (F32,
 // F16 or Q8_0), the token table (also the tied LM head) and norms F32; the window, the
 // soft-caps and Gemma 3's two RoPE bases and linear scaling as metadata. Which layers slide:
@@ -397,9 +398,11 @@ inline std::string gemma_gguf(const std::string& fixture, const std::string& arc
   CheckpointToGguf c{w, open_safetensors_source(fixture + "/model.safetensors"), "model."};
   const std::string a = arch + ".";
   write_decoder_shape(w, arch, cfg);
-  w.kv_u32(a + "attention.sliding_window", cfg.at("sliding_window").get<uint32_t>());
   const int layers = cfg.at("num_hidden_layers").get<int>();
-  if (arch == "gemma3") {
+  if (arch != "gemma") w.kv_u32(a + "attention.sliding_window", cfg.at("sliding_window").get<uint32_t>());
+  if (arch == "gemma") {
+    w.kv_f32(a + "rope.freq_base", cfg.at("rope_theta").get<float>());
+  } else if (arch == "gemma3") {
     const nlohmann::json& rp = cfg.at("rope_parameters");
     w.kv_f32(a + "rope.freq_base", rp.at("full_attention").at("rope_theta").get<float>());
     w.kv_string(a + "rope.scaling.type", rp.at("full_attention").at("rope_type").get<std::string>());
@@ -424,9 +427,13 @@ inline std::string gemma_gguf(const std::string& fixture, const std::string& arc
   for (int l = 0; l < layers; ++l) {
     const std::string g = "blk." + std::to_string(l) + ".", h = "layers." + std::to_string(l) + ".";
     norm(g + "attn_norm.weight", h + "input_layernorm.weight");
-    norm(g + "post_attention_norm.weight", h + "post_attention_layernorm.weight");
-    norm(g + "ffn_norm.weight", h + "pre_feedforward_layernorm.weight");
-    norm(g + "post_ffw_norm.weight", h + "post_feedforward_layernorm.weight");
+    if (arch == "gemma") {  // Gemma 1: Llama's names, ffn_norm before the MLP
+      norm(g + "ffn_norm.weight", h + "post_attention_layernorm.weight");
+    } else {
+      norm(g + "post_attention_norm.weight", h + "post_attention_layernorm.weight");
+      norm(g + "ffn_norm.weight", h + "pre_feedforward_layernorm.weight");
+      norm(g + "post_ffw_norm.weight", h + "post_feedforward_layernorm.weight");
+    }
     if (arch == "gemma3") {
       norm(g + "attn_q_norm.weight", h + "self_attn.q_norm.weight");
       norm(g + "attn_k_norm.weight", h + "self_attn.k_norm.weight");
@@ -434,6 +441,9 @@ inline std::string gemma_gguf(const std::string& fixture, const std::string& arc
     c.llama_linears(matrices, g, h);
   }
   return w.bytes();
+}
+inline std::string gemma1_gguf(const std::string& fixture, GgmlType matrices) {
+  return gemma_gguf(fixture, "gemma", matrices);
 }
 
 // A BERT directory (config.json + model.safetensors, a vocab.txt when it has one) as
