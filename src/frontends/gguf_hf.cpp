@@ -82,6 +82,22 @@ const NameRule kGemmaLayer[] = {
     {"ffn_down.weight", "mlp.down_proj.weight"},
 };
 
+// OLMo 2 (llama.cpp's OLMO2 tensors): no pre-norms; the block outputs' norms and q / k norms
+// over the whole projection.
+const NameRule kOlmo2Layer[] = {
+    {"attn_q.weight", "self_attn.q_proj.weight"},
+    {"attn_k.weight", "self_attn.k_proj.weight"},
+    {"attn_v.weight", "self_attn.v_proj.weight"},
+    {"attn_q_norm.weight", "self_attn.q_norm.weight"},
+    {"attn_k_norm.weight", "self_attn.k_norm.weight"},
+    {"attn_output.weight", "self_attn.o_proj.weight"},
+    {"post_attention_norm.weight", "post_attention_layernorm.weight"},
+    {"ffn_gate.weight", "mlp.gate_proj.weight"},
+    {"ffn_up.weight", "mlp.up_proj.weight"},
+    {"ffn_down.weight", "mlp.down_proj.weight"},
+    {"post_ffw_norm.weight", "post_feedforward_layernorm.weight"},
+};
+
 // Phi-3 (llama.cpp's PHI3 tensors): q|k|v in one attn_qkv and gate|up in one ffn_up, as
 // transformers' Phi3 stores them (qkv_proj, gate_up_proj: the llama builder reads row views).
 const NameRule kPhi3Layer[] = {
@@ -127,13 +143,15 @@ std::optional<ArchNames> arch_names(const std::string& arch) {
   if (arch == "gemma2" || arch == "gemma3") return ArchNames{kLlamaGlobal, kGemmaLayer, "model.layers."};
   if (arch == "gemma") return ArchNames{kLlamaGlobal, kLlamaLayer, "model.layers."};  // Gemma 1: Llama's layout
   if (arch == "phi3") return ArchNames{kLlamaGlobal, kPhi3Layer, "model.layers."};
+  if (arch == "olmo2") return ArchNames{kLlamaGlobal, kOlmo2Layer, "model.layers."};
   if (arch == "gpt2") return ArchNames{kGpt2Global, kGpt2Layer, "h."};
   if (arch == "bert") return ArchNames{kBertGlobal, kBertLayer, "encoder.layer."};
   return std::nullopt;
 }
 
 bool is_llama_like(const std::string& arch) {
-  return arch == "llama" || arch == "qwen2" || arch == "qwen3" || arch == "smollm3" || arch == "granite";
+  return arch == "llama" || arch == "qwen2" || arch == "qwen3" || arch == "smollm3" || arch == "granite" ||
+         arch == "olmo2";
 }
 
 uint32_t opt_u32(const GgufFile& f, const std::string& key, uint32_t dflt) {
@@ -356,6 +374,7 @@ json gguf_to_hf_config(const GgufFile& f) {
                           : arch == "qwen2"   ? "Qwen2ForCausalLM"
                           : arch == "qwen3"   ? "Qwen3ForCausalLM"
                           : arch == "granite" ? "GraniteForCausalLM"
+                          : arch == "olmo2"   ? "Olmo2ForCausalLM"
                                               : "SmolLM3ForCausalLM"};
     // SmolLM3: llama.cpp writes no NoPE key and takes every 4th layer as one, as
     // transformers' default no_rope_layer_interval does.
@@ -449,7 +468,7 @@ json gguf_to_hf_config(const GgufFile& f) {
     return c;
   }
   throw_error(ErrorCode::kUnsupported, f.path(), ": GGUF architecture '", arch,
-              "' has no HF mapping in kiln (supported: llama, qwen2, qwen3, smollm3, granite, phi3, gemma, gemma2, gemma3, gpt2, bert)");
+              "' has no HF mapping in kiln (supported: llama, qwen2, qwen3, smollm3, granite, olmo2, phi3, gemma, gemma2, gemma3, gpt2, bert)");
 }
 
 std::string gguf_to_hf_name(const std::string& arch, const std::string& g) {

@@ -349,6 +349,13 @@ TEST(SmolLM3Gguf, LogitsMatchTransformers) {
   expect_gguf_in_each_type(dir, "smollm3", test::smollm3_gguf, 0.1);
 }
 
+// The olmo2 fixture as llama.cpp's converter writes it (arch olmo2: no permutation, the
+// block outputs' norms as post_attention_norm / post_ffw_norm).
+TEST(Olmo2Gguf, LogitsMatchTransformers) {
+  TempDir dir;
+  expect_gguf_in_each_type(dir, "olmo2", test::olmo2_gguf);
+}
+
 // The gemma (Gemma 1) fixture as llama.cpp's converter writes it (arch gemma: (1 + w) norms,
 // Llama's tensor names, no permutation). This fixture moves the most under rounded weights:
 // F16 0.11 / 0.43 / 0.42% and Q8_0 2.6 / 12.2 / 14.6% of max |logit|, what transformers

@@ -384,6 +384,34 @@ inline std::string granite_gguf(const std::string& fixture, GgmlType matrices) {
   return llama_gguf(fixture, matrices, "granite");
 }
 
+// The olmo2 fixture (`fixture`: its directory) as llama.cpp's converter (Olmo2Model) writes a
+// GGUF of it: no q/k permutation, the block outputs' norms as post_attention_norm /
+// post_ffw_norm, q / k norms over the whole projection, the Linears in `matrices`, the token
+// table, LM head and norms F32.
+inline std::string olmo2_gguf(const std::string& fixture, GgmlType matrices) {
+  nlohmann::json cfg = nlohmann::json::parse(read_text_file(fixture + "/config.json"));
+  if (!cfg.contains("head_dim"))
+    cfg["head_dim"] = cfg.at("hidden_size").get<int64_t>() / cfg.at("num_attention_heads").get<int64_t>();
+  GgufWriter w;
+  CheckpointToGguf c{w, open_safetensors_source(fixture + "/model.safetensors"), "model."};
+  write_decoder_shape(w, "olmo2", cfg);
+  w.kv_f32("olmo2.rope.freq_base", cfg.at("rope_theta").get<float>());
+  c.f32("token_embd.weight", "embed_tokens.weight");
+  c.f32("output_norm.weight", "norm.weight");
+  c.prefix = "";  // the LM head is not under model.
+  c.f32("output.weight", "lm_head.weight");
+  c.prefix = "model.";
+  for (int l = 0; l < cfg.at("num_hidden_layers").get<int>(); ++l) {
+    const std::string g = "blk." + std::to_string(l) + ".", h = "layers." + std::to_string(l) + ".";
+    c.f32(g + "attn_q_norm.weight", h + "self_attn.q_norm.weight");
+    c.f32(g + "attn_k_norm.weight", h + "self_attn.k_norm.weight");
+    c.f32(g + "post_attention_norm.weight", h + "post_attention_layernorm.weight");
+    c.f32(g + "post_ffw_norm.weight", h + "post_feedforward_layernorm.weight");
+    c.llama_linears(matrices, g, h);
+  }
+  return w.bytes();
+}
+
 // The gemma, gemma2 or gemma3 fixture (`fixture`: its directory) as llama.cpp's converter
 // writes a GGUF of it (arch gemma / gemma2 / gemma3; Gemma 1 without the sandwich norms,
 // window and soft-caps): every RMSNorm weight stored as (1 + w), the sandwich
