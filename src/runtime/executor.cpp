@@ -10,11 +10,13 @@
 #include <deque>
 #include <future>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "core/log.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
+#include "runtime/json_constraint.h"
 #include "runtime/kv_cache/prefix_cache.h"
 #include "runtime/kv_cache/session_store.h"
 #include "runtime/kv_cache/swap_space.h"
@@ -49,6 +51,7 @@ struct Executor::Choice {
   StopStringMatcher stops;
   int32_t cached_blocks = 0;  // full blocks already offered to the prefix cache
   SwappedKv swapped;          // preempted by swap: where its KV waits (kv is empty then)
+  std::optional<JsonAcceptor> json;  // GenerationRequest::json_object: the document so far
   bool finished = false;
   FinishReason reason = FinishReason::kNone;
   int32_t pending() const { return int32_t(tokens.size()) - kv.length; }
@@ -134,6 +137,9 @@ struct Executor::Impl {
   SessionStore sessions;
   std::unique_ptr<KvSwapSpace> swap;  // PreemptionMode::kSwap only
   std::vector<int32_t> model_stops;
+  // Each token's bytes for JSON-constrained choices (special tokens: empty), built at the
+  // first such request.
+  std::vector<std::string> json_pieces;
   std::map<uint64_t, std::unique_ptr<Request>> requests;
   std::vector<Choice*> waiting, running;
   int64_t next_key = 0;
@@ -168,6 +174,14 @@ struct Executor::Impl {
     c.sampler->add_context(r.req.prompt);
     if (tokenizer) c.detok = std::make_unique<tok::StreamDecoder>(*tokenizer);
     c.stops = StopStringMatcher(r.req.stop);
+    if (r.req.json_object) {
+      c.json.emplace();
+      if (json_pieces.empty() && tokenizer) {
+        json_pieces.resize(tokenizer->vocab_size());
+        for (size_t id = 0; id < json_pieces.size(); ++id)
+          if (!tokenizer->is_special(int32_t(id))) json_pieces[id] = tokenizer->token_to_piece(int32_t(id));
+      }
+    }
   }
 
   void drop_from(std::vector<Choice*>& v, Choice* c) { std::erase(v, c); }
@@ -476,7 +490,7 @@ struct Executor::Impl {
     int32_t need = 1;
     for (size_t i = 0; use_top && i < seqs.size(); ++i)
       if (chunks[i].want_logits && !seqs[i]->finished) {
-        use_top = seqs[i]->sampler->samples_from_top(runner.top_logits_k(), runner.vocab());
+        use_top = !seqs[i]->json && seqs[i]->sampler->samples_from_top(runner.top_logits_k(), runner.vocab());
         need = std::max(need, seqs[i]->sampler->top_candidates_needed());
       }
     if (need > 1) need = runner.top_logits_k();
@@ -534,8 +548,11 @@ struct Executor::Impl {
     std::span<float> full;
     TopLogits top;
   };
-  static SampledToken sample(Choice& c, const Row& r) {
-    return r.full.empty() ? c.sampler->sample(r.top) : c.sampler->sample(r.full);
+  // A JSON-constrained choice's row is masked to the tokens that continue its document first.
+  SampledToken sample(Choice& c, const Row& r) const {
+    if (r.full.empty()) return c.sampler->sample(r.top);
+    if (c.json) mask_json_logits(*c.json, json_pieces, {}, r.full);
+    return c.sampler->sample(r.full);
   }
 
   // n > 1: the other choices share the prompt's blocks, forked once it is prefilled.
@@ -558,7 +575,7 @@ struct Executor::Impl {
         take_token(*raw, sample(*raw, row));
       } else {
         std::vector<float> l(row.full.begin(), row.full.end());
-        take_token(*raw, raw->sampler->sample(l));
+        take_token(*raw, sample(*raw, Row{std::span<float>(l), {}}));
       }
     }
   }
@@ -573,6 +590,11 @@ struct Executor::Impl {
   void take_token(Choice& c, SampledToken&& st) {
     Request& r = *c.req;
     const int32_t token = st.token;
+    // The mask left no token (the draw fell back to one): nothing continues the document.
+    if (c.json && !(size_t(token) < json_pieces.size() && c.json->accept(json_pieces[size_t(token)]))) {
+      log_warn("executor: request ", r.id, ": no token continues its JSON document; ending it there");
+      return finish_choice(c, FinishReason::kStop);
+    }
     c.tokens.push_back(token);
     ++c.generated;
     ++generated;
@@ -584,6 +606,7 @@ struct Executor::Impl {
       u.text += c.stops.put(c.detok->put(token));
       if (c.stops.matched()) return finish_choice(c, FinishReason::kStop);
     }
+    if (c.json && c.json->complete()) return finish_choice(c, FinishReason::kStop);
     if (c.generated >= r.req.max_tokens || int64_t(c.tokens.size()) >= model.info().max_positions)
       return finish_choice(c, FinishReason::kLength);
   }
@@ -648,6 +671,8 @@ uint64_t Executor::submit(GenerationRequest request, UpdateCallback on_update) {
                   info.vocab_size, " tokens)");
   if (!request.stop.empty() && !impl_->tokenizer)
     throw_error(ErrorCode::kInvalidArgument, "stop strings need a model with a tokenizer");
+  if (request.json_object && !impl_->tokenizer)
+    throw_error(ErrorCode::kInvalidArgument, "response_format json_object needs a model with a tokenizer");
   int64_t limit = max_context();
   if (int64_t(request.prompt.size()) + request.max_tokens > limit)
     throw_error(ErrorCode::kOutOfRange, "the prompt (", request.prompt.size(),

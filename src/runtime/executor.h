@@ -38,6 +38,10 @@ struct GenerationRequest {
   std::vector<int32_t> stop_ids;   // besides the model's end tokens
   std::vector<std::string> stop;   // stop strings (need a tokenizer)
   bool ignore_eos = false;         // do not stop at the model's end tokens
+  // OpenAI's response_format {"type": "json_object"}: every token must continue one JSON
+  // object (runtime/json_constraint.h); the choice ends (kStop) as soon as the object closes.
+  // Needs a tokenizer; such requests sample from whole logits rows.
+  bool json_object = false;
   int32_t priority = 0;            // larger first under SchedulePolicy::kPriority
   std::string session_id;          // keep this conversation's KV after the request
 };

@@ -163,6 +163,15 @@ void parse_sampling(const Json& j, CompletionParams& p, const RequestLimits& lim
     p.stop_token_ids = token_ids(*ids, "stop_token_ids");
   }
   p.ignore_eos = get_bool(j, "ignore_eos", false);
+  if (const Json* rf = field(j, "response_format"); rf && !rf->is_null()) {
+    // {"type": "text"} (the default) or {"type": "json_object"}; a JSON schema is refused
+    // rather than ignored.
+    if (!rf->is_object()) bad_type("response_format", "an object");
+    const std::string type = get_string(*rf, "type", true);
+    if (type == "json_object") p.json_object = true;
+    else if (type != "text")
+      throw ApiError(400, "'response_format' type '" + type + "' is not supported (text, json_object)", "response_format");
+  }
   p.priority = int32_t(get_int(j, "priority", 0, -1000000, 1000000));
   p.session_id = get_string(j, "session_id", false);
   if (p.session_id.size() > 256) throw ApiError(400, "'session_id' is longer than 256 bytes", "session_id");

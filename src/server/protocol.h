@@ -60,6 +60,7 @@ struct CompletionParams {
   int32_t priority = 0;
   std::string session_id;
   bool return_token_ids = false;    // extension: choices carry "token_ids"
+  bool json_object = false;         // response_format {"type": "json_object"}
 };
 
 // Throws ApiError naming the offending field.

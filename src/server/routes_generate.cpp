@@ -324,6 +324,7 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
     g.stop_ids = p.stop_token_ids;
     g.stop = p.stop;
     g.ignore_eos = p.ignore_eos;
+    g.json_object = p.json_object;
     g.priority = p.priority;
     g.session_id = p.session_id;
     call->srv = this;

@@ -10,12 +10,15 @@
 #include <atomic>
 #include <condition_variable>
 #include <mutex>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <thread>
 
 #include "backends/cpu/kernels/kernels.h"
 #include "core/status.h"
 #include "runtime/executor.h"
+#include "runtime/json_constraint.h"
+#include "tokenizer/tokenizer.h"
 #include "executor_test_util.h"
 
 namespace kiln {
@@ -252,6 +255,12 @@ TEST_F(ExecutorTest, BadRequestsAreRejectedWithClearErrors) {
   r = greedy({1, 2}, 4);
   r.stop = {"x"};
   expect_error(r, "tokenizer");
+  r = greedy({1, 2}, 4);
+  r.json_object = true;
+  expect_error(r, "json_object needs a model with a tokenizer");
+  r = greedy({1, 2}, 4);
+  r.sampling.logit_bias = {{600, 1.0f}};
+  expect_error(r, "logit_bias: token id 600 is outside the vocabulary");
   // Still healthy afterwards.
   EXPECT_EQ(ex.generate(greedy({5, 6, 7}, 3)).choices[0].tokens.size(), 3u);
 }
@@ -815,6 +824,87 @@ TEST_F(ExecutorTest, SwappedOutRequestsResumeExactlyOrFreeTheirHostSpaceWhenCanc
       EXPECT_EQ(s.swapped_in, 1);
     }
   }
+}
+
+// A byte-level BPE tokenizer.json for the fixtures' 512-token vocabulary (GPT-2's
+// bytes-to-unicode alphabet, ids 0-255 the bytes, 256-511 merges of two of them): enough for
+// the pieces a JSON-constrained choice is masked by.
+std::string json_test_tokenizer() {
+  std::vector<std::string> byte_char(256);
+  int extra = 0;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+    const uint32_t cp = printable ? uint32_t(b) : uint32_t(256 + extra++);
+    std::string u;
+    if (cp < 0x80) u += char(cp);
+    else u += char(0xC0 | (cp >> 6)), u += char(0x80 | (cp & 0x3F));
+    byte_char[size_t(b)] = u;
+  }
+  nlohmann::json vocab = nlohmann::json::object(), merges = nlohmann::json::array();
+  for (int b = 0; b < 256; ++b) vocab[byte_char[size_t(b)]] = b;
+  // JSON-ish pairs first, then arbitrary ones, 256 in all.
+  std::vector<std::pair<uint8_t, uint8_t>> pairs = {{'{', '"'}, {'"', ':'}, {'"', ','}, {'"', '}'}, {':', ' '},
+                                                     {',', ' '}, {' ', '"'}, {'t', 'r'}, {'u', 'e'}, {'n', 'u'},
+                                                     {'1', '2'}, {'[', ']'}, {'{', '}'}, {'\\', 'n'}};
+  for (int a = 'a'; pairs.size() < 256; ++a)
+    for (int b = 'a'; b <= 'z' && pairs.size() < 256; ++b) pairs.push_back({uint8_t(a), uint8_t(b)});
+  int id = 256;
+  for (auto [a, b] : pairs) {
+    const std::string merged = byte_char[a] + byte_char[b];
+    if (vocab.contains(merged)) continue;
+    vocab[merged] = id++;
+    merges.push_back(byte_char[a] + " " + byte_char[b]);
+  }
+  return nlohmann::json{{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}}},
+                        {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}}},
+                        {"decoder", {{"type", "ByteLevel"}}}}
+      .dump();
+}
+
+// response_format json_object: sampled choices (a random model, temperature 1) whose every
+// token continues one JSON object; those that end before max_tokens end as the object closes,
+// and nlohmann's parser (an independent one) takes their text as an object. A bias toward '}'
+// makes most of them close; a finished choice's text is the object, nothing after it.
+TEST_F(ExecutorTest, JsonObjectChoicesAreJson) {
+  const tok::Tokenizer tokenizer = tok::Tokenizer::from_hf_json(json_test_tokenizer());
+  ASSERT_EQ(tokenizer.vocab_size(), 512u);
+  Executor ex(*model_, &tokenizer);
+  int closed = 0, total = 0;
+  for (uint64_t seed = 1; seed <= 12; ++seed) {
+    GenerationRequest r;
+    r.prompt = {5, 17, 33, 250, 9};
+    r.max_tokens = 40;
+    r.n = 2;
+    r.sampling.temperature = 1.0f;
+    r.sampling.seed = seed;
+    r.sampling.logit_bias = {{tokenizer.token_to_id("}"), 4.0f}, {tokenizer.token_to_id("\""), 2.0f}};
+    r.json_object = true;
+    const GenerationResult out = ex.generate(r);
+    ASSERT_TRUE(out.error.empty()) << out.error;
+    for (const auto& c : out.choices) {
+      ++total;
+      const std::string text = tokenizer.decode(c.tokens);
+      EXPECT_EQ(text, c.text);
+      if (c.finish == FinishReason::kStop) {
+        ++closed;
+        bool parsed = false;
+        try {
+          parsed = nlohmann::json::parse(text).is_object();
+        } catch (const nlohmann::json::exception& e) {
+          ADD_FAILURE() << "not JSON: " << text << " (" << e.what() << ")";
+        }
+        EXPECT_TRUE(parsed) << text;
+        EXPECT_EQ(text.back(), '}') << text;
+      } else {
+        EXPECT_EQ(c.finish, FinishReason::kLength) << text;
+        EXPECT_EQ(c.tokens.size(), 40u);
+        JsonAcceptor prefix;
+        EXPECT_TRUE(prefix.accept(text)) << "an unfinished choice is still a JSON prefix: " << text;
+      }
+    }
+  }
+  EXPECT_GE(closed, total / 2) << closed << " of " << total << " choices closed their object";
+  expect_no_leak(ex);
 }
 
 }  // namespace

@@ -195,6 +195,11 @@ TEST_F(ServerTest, BadInputIsAClear4xxAndTheServerIsUnaffected) {
       {"/v1/completions", R"({"model":"llama","prompt":[1,2],"max_tokens":200})", 400, "maximum context length"},
       {"/v1/completions", R"({"model":"llama","prompt":[1,2],"echo":true})", 400, "echo"},
       {"/v1/completions", R"({"model":"llama","prompt":[1,2],"logit_bias":[5]})", 400, "logit_bias"},
+      {"/v1/completions", R"({"model":"llama","prompt":[1,2],"response_format":{"type":"json_schema"}})", 400,
+       "'json_schema' is not supported"},
+      {"/v1/completions", R"({"model":"llama","prompt":[1,2],"response_format":"json"})", 400, "response_format"},
+      {"/v1/completions", R"({"model":"llama","prompt":[1,2],"response_format":{"type":"json_object"}})", 400,
+       "needs a model with a tokenizer"},
       {"/v1/completions", R"({"model":"llama","prompt":[1,2],"logit_bias":{"x5":1}})", 400, "'x5' is not a token id"},
       {"/v1/completions", R"({"model":"llama","prompt":[1,2],"logit_bias":{"5":101}})", 400, "[-100, 100]"},
       {"/v1/completions", R"({"model":"llama","prompt":[1,2],"logit_bias":{"5":"a"}})", 400, "[-100, 100]"},
@@ -698,6 +703,36 @@ TEST_F(RealModelServerTest, ReasoningParserSplitsThinkingOutput) {
   const Json pm = plain.json()["choices"][0]["message"];
   EXPECT_TRUE(pm["reasoning_content"].is_null()) << pm.dump();
   EXPECT_NE(pm["content"].get<std::string>().find("Paris"), std::string::npos) << pm.dump();
+}
+
+// response_format json_object on the real model: greedy, streamed and not, the content is
+// one JSON object (nlohmann's parser takes it) and the choice ends as it closes.
+TEST_F(RealModelServerTest, JsonObjectResponseFormat) {
+  Json body = {{"model", "smollm2"},
+               {"messages",
+                {{{"role", "user"},
+                  {"content", "What is the capital of France? Answer as a JSON object with the key capital."}}}},
+               {"max_tokens", 120},
+               {"temperature", 0},
+               {"response_format", {{"type", "json_object"}}}};
+  auto r = post(srv_->port(), "/v1/chat/completions", body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const Json choice = r.json()["choices"][0];
+  const std::string content = choice["message"]["content"].get<std::string>();
+  std::printf("  json_object content (%s): %s\n", choice["finish_reason"].get<std::string>().c_str(), Json(content).dump().c_str());
+  ASSERT_EQ(choice["finish_reason"], "stop") << content;
+  Json parsed;
+  ASSERT_NO_THROW(parsed = Json::parse(content)) << content;
+  EXPECT_TRUE(parsed.is_object()) << content;
+  body["stream"] = true;
+  auto s = post_sse(srv_->port(), "/v1/chat/completions", body);
+  ASSERT_TRUE(s.done);
+  std::string streamed;
+  for (auto& e : s.events) {
+    const Json d = Json::parse(e)["choices"][0]["delta"];
+    if (d.contains("content")) streamed += d["content"].get<std::string>();
+  }
+  EXPECT_EQ(streamed, content);
 }
 
 TEST_F(RealModelServerTest, ChatStreamingAndNonStreamingAgree) {
