@@ -137,9 +137,9 @@ struct Executor::Impl {
   SessionStore sessions;
   std::unique_ptr<KvSwapSpace> swap;  // PreemptionMode::kSwap only
   std::vector<int32_t> model_stops;
-  // Each token's bytes for JSON-constrained choices (special tokens: empty), built at the
-  // first such request.
-  std::vector<std::string> json_pieces;
+  // The tokens' bytes and the allowed sets of JSON-constrained choices, built at the first
+  // such request.
+  std::unique_ptr<JsonTokenMask> json_mask;
   std::map<uint64_t, std::unique_ptr<Request>> requests;
   std::vector<Choice*> waiting, running;
   int64_t next_key = 0;
@@ -176,10 +176,11 @@ struct Executor::Impl {
     c.stops = StopStringMatcher(r.req.stop);
     if (r.req.json_object) {
       c.json.emplace();
-      if (json_pieces.empty() && tokenizer) {
-        json_pieces.resize(tokenizer->vocab_size());
-        for (size_t id = 0; id < json_pieces.size(); ++id)
-          if (!tokenizer->is_special(int32_t(id))) json_pieces[id] = tokenizer->token_to_piece(int32_t(id));
+      if (!json_mask && tokenizer) {
+        std::vector<std::string> pieces(tokenizer->vocab_size());
+        for (size_t id = 0; id < pieces.size(); ++id)
+          if (!tokenizer->is_special(int32_t(id))) pieces[id] = tokenizer->token_to_piece(int32_t(id));
+        json_mask = std::make_unique<JsonTokenMask>(std::move(pieces));
       }
     }
   }
@@ -551,7 +552,7 @@ struct Executor::Impl {
   // A JSON-constrained choice's row is masked to the tokens that continue its document first.
   SampledToken sample(Choice& c, const Row& r) const {
     if (r.full.empty()) return c.sampler->sample(r.top);
-    if (c.json) mask_json_logits(*c.json, json_pieces, {}, r.full);
+    if (c.json) json_mask->apply(*c.json, r.full);
     return c.sampler->sample(r.full);
   }
 
@@ -591,7 +592,7 @@ struct Executor::Impl {
     Request& r = *c.req;
     const int32_t token = st.token;
     // The mask left no token (the draw fell back to one): nothing continues the document.
-    if (c.json && !(size_t(token) < json_pieces.size() && c.json->accept(json_pieces[size_t(token)]))) {
+    if (c.json && !(json_mask && !json_mask->piece(token).empty() && c.json->accept(json_mask->piece(token)))) {
       log_warn("executor: request ", r.id, ": no token continues its JSON document; ending it there");
       return finish_choice(c, FinishReason::kStop);
     }

@@ -250,6 +250,17 @@ bool JsonAcceptor::step(uint8_t b) {
   return false;
 }
 
+std::string JsonAcceptor::key() const {
+  std::string k;
+  k.reserve(24 + size_t(depth_));
+  for (uint8_t v : {uint8_t(expect_), uint8_t(lex_), uint8_t(key_), uint8_t(started_), uint8_t(done_), utf8_left_,
+                    utf8_min_, utf8_max_, hex_left_, uint8_t(code_ >> 8), uint8_t(code_), uint8_t(need_low_), number_,
+                    literal_, literal_at_, whitespace_})
+    k += char(v);
+  k.append(reinterpret_cast<const char*>(stack_.data()), size_t(depth_));
+  return k;
+}
+
 int64_t mask_json_logits(const JsonAcceptor& state, std::span<const std::string> pieces,
                          std::span<const int32_t> stop_ids, std::span<float> logits) {
   constexpr float kOff = -std::numeric_limits<float>::infinity();
@@ -269,6 +280,43 @@ int64_t mask_json_logits(const JsonAcceptor& state, std::span<const std::string>
   }
   for (size_t id = n; id < logits.size(); ++id) logits[id] = kOff;  // ids past the vocabulary
   return allowed;
+}
+
+int64_t JsonTokenMask::apply(const JsonAcceptor& state, std::span<float> logits) {
+  const std::string key = state.key();
+  std::vector<uint64_t> bits;
+  {
+    std::lock_guard lk(mu_);
+    if (auto it = sets_.find(key); it != sets_.end()) bits = it->second;
+  }
+  if (bits.empty()) {
+    bits.assign((pieces_.size() + 63) / 64, 0);
+    for (size_t id = 0; id < pieces_.size(); ++id) {
+      JsonAcceptor next = state;
+      if (!pieces_[id].empty() && next.accept(pieces_[id])) bits[id / 64] |= uint64_t(1) << (id % 64);
+    }
+    std::lock_guard lk(mu_);
+    if (sets_.size() >= kMaxStates) sets_.clear();
+    sets_.emplace(key, bits);
+  }
+  constexpr float kOff = -std::numeric_limits<float>::infinity();
+  int64_t allowed = 0;
+  for (size_t id = 0; id < logits.size(); ++id) {
+    const bool ok = id < pieces_.size() && (bits[id / 64] >> (id % 64) & 1);
+    if (ok) ++allowed;
+    else logits[id] = kOff;
+  }
+  return allowed;
+}
+
+const std::string& JsonTokenMask::piece(int32_t id) const {
+  static const std::string kNone;
+  return id >= 0 && size_t(id) < pieces_.size() ? pieces_[size_t(id)] : kNone;
+}
+
+size_t JsonTokenMask::cached_states() const {
+  std::lock_guard lk(mu_);
+  return sets_.size();
 }
 
 }  // namespace kiln

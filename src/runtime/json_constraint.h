@@ -6,9 +6,11 @@
 
 #include <array>
 #include <cstdint>
+#include <mutex>
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 namespace kiln {
@@ -29,6 +31,9 @@ class JsonAcceptor {
   bool accept(std::string_view s);
   // The top-level object is closed: the document is whole.
   bool complete() const { return done_; }
+  // The whole state as bytes: equal for states that accept exactly the same continuations
+  // (JsonTokenMask's cache key).
+  std::string key() const;
 
  private:
   enum class Lex : uint8_t { kNone, kString, kEscape, kUnicode, kNumber, kLiteral };
@@ -73,5 +78,25 @@ class JsonAcceptor {
 // Returns how many tokens remain allowed.
 int64_t mask_json_logits(const JsonAcceptor& state, std::span<const std::string> pieces,
                          std::span<const int32_t> stop_ids, std::span<float> logits);
+
+// mask_json_logits for one vocabulary, remembering each document state's set of allowed
+// tokens (a bit per token): the states of a generation recur (inside a string, after a key's
+// colon at the same depth, ...), so most steps reuse a set instead of trying every token's
+// bytes. Safe to call from several threads.
+class JsonTokenMask {
+ public:
+  explicit JsonTokenMask(std::vector<std::string> pieces) : pieces_(std::move(pieces)) {}
+  // Puts -inf on the tokens of `logits` that cannot come next; returns how many remain.
+  int64_t apply(const JsonAcceptor& state, std::span<float> logits);
+  // The bytes of token id ("" for special tokens and ids past the vocabulary).
+  const std::string& piece(int32_t id) const;
+  size_t cached_states() const;
+
+ private:
+  static constexpr size_t kMaxStates = 512;  // ~6 KB each for a 49k vocabulary
+  std::vector<std::string> pieces_;
+  mutable std::mutex mu_;
+  std::unordered_map<std::string, std::vector<uint64_t>> sets_;
+};
 
 }  // namespace kiln

@@ -160,5 +160,25 @@ TEST(JsonMask, KeepsTheTokensThatContinue) {
   EXPECT_EQ(logits[8], 0.0f);
 }
 
+// The cached sets give what mask_json_logits gives, state by state along a document (each
+// state's first use computes its set, later ones reuse it); equal states share one set.
+TEST(JsonMask, CachedSetsEqualTheDirectMask) {
+  std::vector<std::string> pieces = {"{", "}", "\"a\"", ":", "1", " ", "", "x", "{\"", "\"}", ",", "[", "]", "\""};
+  JsonTokenMask cached(pieces);
+  const std::string doc = "{\"a\": [1, {\"x\": \"a1\"}, [ ]], \"b\": {}}";
+  for (int pass = 0; pass < 2; ++pass) {
+    JsonAcceptor state;
+    for (size_t i = 0; i <= doc.size(); ++i) {
+      std::vector<float> direct(pieces.size() + 1, 0.0f), via_cache(pieces.size() + 1, 0.0f);
+      EXPECT_EQ(mask_json_logits(state, pieces, {}, direct), cached.apply(state, via_cache)) << i;
+      EXPECT_EQ(direct, via_cache) << "after " << doc.substr(0, i);
+      if (i < doc.size()) ASSERT_TRUE(state.accept(uint8_t(doc[i])));
+    }
+  }
+  EXPECT_LT(cached.cached_states(), doc.size()) << "recurring states share a set";
+  EXPECT_EQ(cached.piece(2), "\"a\"");
+  EXPECT_EQ(cached.piece(99), "");
+}
+
 }  // namespace
 }  // namespace kiln
