@@ -82,22 +82,6 @@ const NameRule kGemmaLayer[] = {
     {"ffn_down.weight", "mlp.down_proj.weight"},
 };
 
-// OLMo 2 (llama.cpp's OLMO2 tensors): no pre-norms; the block outputs' norms and q / k norms
-// over the whole projection.
-const NameRule kOlmo2Layer[] = {
-    {"attn_q.weight", "self_attn.q_proj.weight"},
-    {"attn_k.weight", "self_attn.k_proj.weight"},
-    {"attn_v.weight", "self_attn.v_proj.weight"},
-    {"attn_q_norm.weight", "self_attn.q_norm.weight"},
-    {"attn_k_norm.weight", "self_attn.k_norm.weight"},
-    {"attn_output.weight", "self_attn.o_proj.weight"},
-    {"post_attention_norm.weight", "post_attention_layernorm.weight"},
-    {"ffn_gate.weight", "mlp.gate_proj.weight"},
-    {"ffn_up.weight", "mlp.up_proj.weight"},
-    {"ffn_down.weight", "mlp.down_proj.weight"},
-    {"post_ffw_norm.weight", "post_feedforward_layernorm.weight"},
-};
-
 // Phi-3 (llama.cpp's PHI3 tensors): q|k|v in one attn_qkv and gate|up in one ffn_up, as
 // transformers' Phi3 stores them (qkv_proj, gate_up_proj: the llama builder reads row views).
 const NameRule kPhi3Layer[] = {
@@ -143,7 +127,9 @@ std::optional<ArchNames> arch_names(const std::string& arch) {
   if (arch == "gemma2" || arch == "gemma3") return ArchNames{kLlamaGlobal, kGemmaLayer, "model.layers."};
   if (arch == "gemma") return ArchNames{kLlamaGlobal, kLlamaLayer, "model.layers."};  // Gemma 1: Llama's layout
   if (arch == "phi3") return ArchNames{kLlamaGlobal, kPhi3Layer, "model.layers."};
-  if (arch == "olmo2") return ArchNames{kLlamaGlobal, kOlmo2Layer, "model.layers."};
+  // OLMo 2: Gemma's names for its output and q / k norms, and no pre-norms (so no attn_norm /
+  // ffn_norm tensors).
+  if (arch == "olmo2") return ArchNames{kLlamaGlobal, kGemmaLayer, "model.layers."};
   if (arch == "gpt2") return ArchNames{kGpt2Global, kGpt2Layer, "h."};
   if (arch == "bert") return ArchNames{kBertGlobal, kBertLayer, "encoder.layer."};
   return std::nullopt;
