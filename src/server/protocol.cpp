@@ -260,6 +260,26 @@ CompletionParams parse_completion(const Json& j, bool chat, const RequestLimits&
   return p;
 }
 
+TokenizeParams parse_tokenize(const Json& body, const RequestLimits& limits) {
+  if (!body.is_object()) throw ApiError(400, "the request body must be a JSON object");
+  TokenizeParams t;
+  const bool chat = field(body, "messages") != nullptr;
+  t.request = parse_completion(body, chat, limits);
+  t.add_special_tokens = get_bool(body, "add_special_tokens", !chat);
+  return t;
+}
+
+DetokenizeParams parse_detokenize(const Json& body) {
+  if (!body.is_object()) throw ApiError(400, "the request body must be a JSON object");
+  DetokenizeParams d;
+  d.model = get_string(body, "model", true);
+  const Json* ids = field(body, "tokens");
+  if (!ids) throw ApiError(400, "'tokens' is required", "tokens");
+  if (!ids->is_array()) bad_type("tokens", "an array of token ids");
+  d.tokens = token_ids(*ids, "tokens");
+  return d;
+}
+
 EmbeddingParams parse_embeddings(const Json& j, const RequestLimits& limits) {
   EmbeddingParams p;
   p.model = get_string(j, "model", true);

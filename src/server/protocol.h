@@ -67,6 +67,20 @@ struct CompletionParams {
 Json parse_json_body(const std::string& body);
 CompletionParams parse_completion(const Json& body, bool chat, const RequestLimits& limits);
 
+// /tokenize (vLLM's): a completions prompt or chat messages of `model`, with
+// add_special_tokens (default: true for a prompt, false for messages, which the chat
+// template renders with its own special tokens); /detokenize: token ids.
+struct TokenizeParams {
+  CompletionParams request;  // model, prompt_text / prompt_ids or messages (+ template kwargs)
+  bool add_special_tokens = true;
+};
+TokenizeParams parse_tokenize(const Json& body, const RequestLimits& limits);
+struct DetokenizeParams {
+  std::string model;
+  std::vector<int32_t> tokens;
+};
+DetokenizeParams parse_detokenize(const Json& body);
+
 // /v1/embeddings: texts or token-id lists.
 struct EmbeddingParams {
   std::string model;

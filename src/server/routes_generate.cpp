@@ -285,6 +285,57 @@ std::vector<int32_t> build_prompt(const ServedModel& m, const CompletionParams& 
 
 }  // namespace
 
+// vLLM's /tokenize and /detokenize: a prompt or chat messages to the token ids a
+// completion would run (with the model's context), or ids back to text.
+void Server::Impl::handle_tokenize(const httplib::Request& req, httplib::Response& res, bool detokenize) {
+  const char* endpoint = detokenize ? "/detokenize" : "/tokenize";
+  std::string model_name;
+  try {
+    const Json body = parse_json_body(req.body);
+    ServedModel* m = nullptr;
+    auto find_model = [&](const std::string& name) {
+      model_name = name;
+      m = repo.find(name);
+      if (!m) throw ApiError(404, "model '" + name + "' does not exist", "model", "invalid_request_error", "model_not_found");
+      if (!m->tokenizer) throw ApiError(400, "model '" + name + "' has no tokenizer", "model");
+    };
+    Json out;
+    if (detokenize) {
+      DetokenizeParams d = parse_detokenize(body);
+      find_model(d.model);
+      const int64_t vocab = int64_t(m->tokenizer->vocab_size());
+      for (int32_t t : d.tokens)
+        if (t >= vocab)
+          throw ApiError(400, "token id " + std::to_string(t) + " is outside the vocabulary (" + std::to_string(vocab) +
+                                  " tokens)", "tokens");
+      out = {{"prompt", m->tokenizer->decode(d.tokens)}};
+    } else {
+      TokenizeParams t = parse_tokenize(body, opt.limits);
+      find_model(t.request.model);
+      std::string chat_text;
+      std::vector<int32_t> ids = t.request.chat || !t.request.prompt_ids.empty() || t.add_special_tokens
+                                     ? build_prompt(*m, t.request, &chat_text)
+                                     : m->tokenizer->encode(t.request.prompt_text, /*add_special=*/false);
+      if (t.request.chat && t.add_special_tokens) {
+        // Messages with add_special_tokens: the tokenizer's own BOS in front, as vLLM adds it.
+        std::vector<int32_t> with = m->tokenizer->encode(chat_text, /*add_special=*/true);
+        ids = std::move(with);
+      }
+      const int64_t max_len = m->executor ? m->executor->max_context() : m->model->info().max_positions;
+      out = {{"count", ids.size()}, {"max_model_len", max_len}, {"tokens", ids}};
+    }
+    metrics.count_request(model_name, endpoint, 200);
+    send_json(res, 200, out);
+  } catch (const ApiError& e) {
+    metrics.count_request(model_name, endpoint, e.status);
+    send_error(res, e);
+  } catch (const Error& e) {
+    const int status = status_of(e);
+    metrics.count_request(model_name, endpoint, status);
+    send_error(res, ApiError(status, e.what()));
+  }
+}
+
 void Server::Impl::handle_completion(const httplib::Request& req, httplib::Response& res, bool chat) {
   const char* endpoint = chat ? "/v1/chat/completions" : "/v1/completions";
   auto call = std::make_shared<Call>();

@@ -77,7 +77,7 @@ void Server::shutdown() {
 }
 
 static bool needs_auth(const std::string& path) {
-  return path.rfind("/v1/", 0) == 0 || path.rfind("/v2", 0) == 0;
+  return path.rfind("/v1/", 0) == 0 || path.rfind("/v2", 0) == 0 || path == "/tokenize" || path == "/detokenize";
 }
 
 void Server::Impl::install_routes() {
@@ -157,6 +157,11 @@ void Server::Impl::install_routes() {
   http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
     handle_completion(req, res, true);
   });
+  for (const bool detokenize : {false, true})
+    http.Post(detokenize ? "/detokenize" : "/tokenize",
+              [this, detokenize](const httplib::Request& req, httplib::Response& res) {
+                handle_tokenize(req, res, detokenize);
+              });
   http.Post("/v1/embeddings", [this](const httplib::Request& req, httplib::Response& res) {
     handle_embeddings(req, res);
   });

@@ -48,6 +48,7 @@ struct Server::Impl {
   Impl(ModelRepository& r, ServerOptions o) : repo(r), opt(std::move(o)) {}
   void install_routes();
   void handle_completion(const httplib::Request& req, httplib::Response& res, bool chat);
+  void handle_tokenize(const httplib::Request& req, httplib::Response& res, bool detokenize);
   void handle_embeddings(const httplib::Request& req, httplib::Response& res);
   void handle_kserve_infer(const httplib::Request& req, httplib::Response& res);
   void handle_rerank(const httplib::Request& req, httplib::Response& res, const char* endpoint);

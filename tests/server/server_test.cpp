@@ -195,6 +195,10 @@ TEST_F(ServerTest, BadInputIsAClear4xxAndTheServerIsUnaffected) {
       {"/v1/completions", R"({"model":"llama","prompt":[1,2],"max_tokens":200})", 400, "maximum context length"},
       {"/v1/completions", R"({"model":"llama","prompt":[1,2],"echo":true})", 400, "echo"},
       {"/v1/completions", R"({"model":"llama","prompt":[1,2],"logit_bias":[5]})", 400, "logit_bias"},
+      {"/tokenize", R"({"model":"llama","prompt":"hi"})", 400, "has no tokenizer"},
+      {"/tokenize", R"({"model":"nope","prompt":"hi"})", 404, "does not exist"},
+      {"/detokenize", R"({"model":"llama"})", 400, "'tokens' is required"},
+      {"/detokenize", R"({"model":"llama","tokens":"1"})", 400, "tokens"},
       {"/v1/completions", R"({"model":"llama","prompt":[1,2],"response_format":{"type":"json_schema"}})", 400,
        "'json_schema' is not supported"},
       {"/v1/completions", R"({"model":"llama","prompt":[1,2],"response_format":"json"})", 400, "response_format"},
@@ -703,6 +707,33 @@ TEST_F(RealModelServerTest, ReasoningParserSplitsThinkingOutput) {
   const Json pm = plain.json()["choices"][0]["message"];
   EXPECT_TRUE(pm["reasoning_content"].is_null()) << pm.dump();
   EXPECT_NE(pm["content"].get<std::string>().find("Paris"), std::string::npos) << pm.dump();
+}
+
+// vLLM's /tokenize and /detokenize on the real model: a prompt's ids are the tokenizer's
+// (with and without its special tokens), they decode back to the text, and chat messages
+// count the tokens a chat completion of them takes as its prompt.
+TEST_F(RealModelServerTest, TokenizeAndDetokenize) {
+  const tok::Tokenizer& tk = *repo_->find("smollm2")->tokenizer;
+  const std::string text = "The capital of France is Paris.";
+  auto t = post(srv_->port(), "/tokenize", Json{{"model", "smollm2"}, {"prompt", text}});
+  ASSERT_EQ(t.status, 200) << t.body;
+  const Json tj = t.json();
+  EXPECT_EQ(tj["tokens"].get<std::vector<int32_t>>(), tk.encode(text));
+  EXPECT_EQ(tj["count"], tk.encode(text).size());
+  EXPECT_GT(tj["max_model_len"].get<int64_t>(), 0);
+  auto plain = post(srv_->port(), "/tokenize", Json{{"model", "smollm2"}, {"prompt", text}, {"add_special_tokens", false}});
+  EXPECT_EQ(plain.json()["tokens"].get<std::vector<int32_t>>(), tk.encode(text, false));
+  auto d = post(srv_->port(), "/detokenize", Json{{"model", "smollm2"}, {"tokens", tk.encode(text, false)}});
+  ASSERT_EQ(d.status, 200) << d.body;
+  EXPECT_EQ(d.json()["prompt"], text);
+  EXPECT_EQ(post(srv_->port(), "/detokenize", Json{{"model", "smollm2"}, {"tokens", {1, 99999999}}}).status, 400);
+  const Json messages = {{{"role", "user"}, {"content", "What is the capital of France?"}}};
+  auto m = post(srv_->port(), "/tokenize", Json{{"model", "smollm2"}, {"messages", messages}});
+  ASSERT_EQ(m.status, 200) << m.body;
+  auto c = post(srv_->port(), "/v1/chat/completions",
+                Json{{"model", "smollm2"}, {"messages", messages}, {"max_tokens", 1}, {"temperature", 0}});
+  ASSERT_EQ(c.status, 200) << c.body;
+  EXPECT_EQ(m.json()["count"], c.json()["usage"]["prompt_tokens"]);
 }
 
 // response_format json_object on the real model: greedy, streamed and not, the content is
