@@ -32,5 +32,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   guarded([&] { (void)parse_embeddings(j, limits); });
   guarded([&] { (void)parse_kserve_infer(j, limits); });
   guarded([&] { (void)parse_rerank(j, limits); });
+  guarded([&] { (void)parse_tokenize(j, limits); });
+  guarded([&] { (void)parse_detokenize(j); });
   return 0;
 }
