@@ -44,6 +44,8 @@ What it makes (under --out, default tests/fixtures/models/):
     gemma/   GemmaForCausalLM (Gemma 1): (1 + w) norms, embeddings times sqrt(64), GELU(tanh)
              gate, the Llama layout (no sandwich norms, windows or soft-caps), head_dim 32,
              MQA (4 q heads over 1 kv head), tied head
+    glm4/    Glm4ForCausalLM: pre- and post-norms around attention and MLP, RoPE on interleaved
+             pairs of half the head dims, q/k/v bias, fused gate_up_proj, GQA, untied head
     mistral/ MistralForCausalLM, sliding window 6 in every layer (prompts of 11 and 16
              tokens and 20 greedy steps run past it), 4 q / 2 kv heads, untied head
     gemma3_mm/ Gemma3ForConditionalGeneration (model_type gemma3, multimodal): the gemma3
@@ -309,6 +311,17 @@ def tiny_decoder_configs():
         hidden_act="gelu",  # the official configs' legacy value: the tanh approximation
         **decoder,
     )
+    glm4 = transformers.Glm4Config(
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        partial_rotary_factor=0.5,
+        attention_bias=True,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        **decoder,
+    )
     # Phi-3 and Phi-3 with LongRoPE share these.
     phi = dict(
         num_attention_heads=4,
@@ -383,6 +396,7 @@ def tiny_decoder_configs():
         "ministral": (transformers.MinistralForCausalLM, ministral, 1015),
         "olmo2": (transformers.Olmo2ForCausalLM, olmo2, 1016),
         "gemma": (transformers.GemmaForCausalLM, gemma1, 1019),
+        "glm4": (transformers.Glm4ForCausalLM, glm4, 1020),
     }
 
 
@@ -1026,7 +1040,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="tests/fixtures/models", type=Path)
     ap.add_argument("--models-dir", default=".cache/models", type=Path)
-    ap.add_argument("--only", default="", help="comma list of gpt2,llama,qwen2,qwen3,phi3,gemma3,mistral,gemma2,phi3_longrope,phi3_longrope_full,phi3_longrope_long,phi3_longrope_full_long,qwen3_yarn,smollm3,granite,ministral,olmo2,gemma,gemma3_mm,bert,smollm2,minilm")
+    ap.add_argument("--only", default="", help="comma list of gpt2,llama,qwen2,qwen3,phi3,gemma3,mistral,gemma2,phi3_longrope,phi3_longrope_full,phi3_longrope_long,phi3_longrope_full_long,qwen3_yarn,smollm3,granite,ministral,olmo2,gemma,glm4,gemma3_mm,bert,smollm2,minilm")
     args = ap.parse_args()
     only = set(filter(None, args.only.split(",")))
     want = lambda n: not only or n in only  # noqa: E731

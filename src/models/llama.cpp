@@ -6,6 +6,7 @@
 // Phi3ForCausalLM.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "core/log.h"
 #include "core/status.h"
@@ -275,17 +276,25 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
   std::string act = config_str(c, "hidden_act", "silu");
   if (act != "silu") throw_error(ErrorCode::kUnsupported, "llama: hidden_act '", act, "' (expected silu)");
   const bool qkv_bias = c.value("model_type", "") == "qwen2" || c.value("attention_bias", false);
-  const bool o_bias = c.value("model_type", "") != "qwen2" && c.value("attention_bias", false);
+  // GLM-4: attention_bias is q/k/v's only.
+  const bool o_bias = type != "qwen2" && type != "glm4" && c.value("attention_bias", false);
   const bool mlp_bias = c.value("mlp_bias", false);
   const bool qk_norm = c.value("model_type", "") == "qwen3";
   // OLMo 2: no norm before attention or MLP; each one's output RMS-normalized before its
   // residual add (post_attention_layernorm, post_feedforward_layernorm), and q and k
   // RMS-normalized over the whole projection (q_norm [hq * hd], k_norm [hkv * hd]).
   const bool olmo2 = type == "olmo2";
+  // GLM-4: Llama's pre-norms plus each block's output RMS-normalized before its residual
+  // add (post_self_attn_layernorm, post_mlp_layernorm), gate|up in one gate_up_proj, and
+  // RoPE on interleaved pairs (2i, 2i + 1) of its rotary dims, taken to kiln's halves by a
+  // row permutation of q_proj / k_proj at load (q.k is the same under one permutation of
+  // both).
+  const bool glm4 = type == "glm4";
   // Phi-3: q|k|v in one qkv_proj and gate|up in one gate_up_proj, read as row views of
   // them under the Llama names (fuse_qkv_attention and fuse_swiglu stack the views back
   // into the same bytes, without a copy).
   const bool fused_proj = c.value("model_type", "") == "phi3";
+  const bool fused_gate_up = fused_proj || glm4;
   std::vector<WeightSpec> specs = {
       {"model.embed_tokens.weight", {v, h}, true, "", false, false, /*table=*/true},
       {"model.norm.weight", {h}},
@@ -296,13 +305,20 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
     if (!olmo2) specs.push_back({b + "input_layernorm.weight", {h}});
     if (fused_proj) {
       specs.push_back({b + "self_attn.qkv_proj.weight", {(hq + 2 * hkv) * hd, h}, true, "", false, /*linear=*/true});
-      specs.push_back({b + "mlp.gate_up_proj.weight", {2 * inter, h}, true, "", false, /*linear=*/true});
     } else {
       specs.push_back({b + "self_attn.q_proj.weight", {hq * hd, h}, true, "", false, /*linear=*/true});
       specs.push_back({b + "self_attn.k_proj.weight", {hkv * hd, h}, true, "", false, /*linear=*/true});
       specs.push_back({b + "self_attn.v_proj.weight", {hkv * hd, h}, true, "", false, /*linear=*/true});
+    }
+    if (fused_gate_up) {
+      specs.push_back({b + "mlp.gate_up_proj.weight", {2 * inter, h}, true, "", false, /*linear=*/true});
+    } else {
       specs.push_back({b + "mlp.gate_proj.weight", {inter, h}, true, "", false, /*linear=*/true});
       specs.push_back({b + "mlp.up_proj.weight", {inter, h}, true, "", false, /*linear=*/true});
+    }
+    if (glm4) {
+      specs.push_back({b + "post_self_attn_layernorm.weight", {h}});
+      specs.push_back({b + "post_mlp_layernorm.weight", {h}});
     }
     specs.push_back({b + "self_attn.o_proj.weight", {h, hq * hd}, true, "", false, /*linear=*/true});
     specs.push_back({b + "self_attn.q_proj.bias", {hq * hd}, qkv_bias});
@@ -325,7 +341,7 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
     specs.push_back({b + "mlp.down_proj.bias", {h}, mlp_bias});
   }
   auto w = load_declared_weights(specs, src);
-  if (fused_proj)
+  if (fused_gate_up)
     for (int64_t l = 0; l < info.num_layers; ++l) {
       const std::string b = "model.layers." + std::to_string(l) + ".";
       // Rows of f32 / 16-bit weights, or of a kept q8/q4 image (a GGUF's codes: [rows,
@@ -334,7 +350,7 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
         const Tensor t = w.at(b + fused);
         if (t.dtype() != DType::kF32 && t.dtype() != DType::kBF16 && t.dtype() != DType::kF16 &&
             !(t.dtype() == DType::kU8 && t.rank() == 2))
-          throw_error(ErrorCode::kUnsupported, "phi3: ", b, fused, " is stored as ", dtype_name(t.dtype()),
+          throw_error(ErrorCode::kUnsupported, type, ": ", b, fused, " is stored as ", dtype_name(t.dtype()),
                       "; kiln splits fused projections of f32/bf16/f16 weights and q8/q4 images only");
         int64_t row = 0;
         for (auto& [name, rows] : parts) {
@@ -343,8 +359,10 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
         }
         w.erase(b + fused);
       };
-      split("self_attn.qkv_proj.weight",
-            {{"self_attn.q_proj.weight", hq * hd}, {"self_attn.k_proj.weight", hkv * hd}, {"self_attn.v_proj.weight", hkv * hd}});
+      if (fused_proj)
+        split("self_attn.qkv_proj.weight", {{"self_attn.q_proj.weight", hq * hd},
+                                            {"self_attn.k_proj.weight", hkv * hd},
+                                            {"self_attn.v_proj.weight", hkv * hd}});
       split("mlp.gate_up_proj.weight", {{"mlp.gate_proj.weight", inter}, {"mlp.up_proj.weight", inter}});
     }
 
@@ -394,6 +412,26 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
             it->second = std::move(scaled);
           }
     }
+  }
+  if (glm4) {
+    // Row 2i of each head's rotary dims becomes row i, row 2i + 1 row rotary_dim / 2 + i
+    // (the pass-through dims stay): rows of any storage, kept q8/q4 images included.
+    for (int64_t l = 0; l < info.num_layers; ++l)
+      for (const auto& [proj, heads] : {std::pair{"q_proj", hq}, std::pair{"k_proj", hkv}})
+        for (const char* part : {".weight", ".bias"}) {
+          auto it = w.find("model.layers." + std::to_string(l) + ".self_attn." + proj + part);
+          if (it == w.end()) continue;
+          const Tensor& t = it->second;
+          const size_t row = t.nbytes() / size_t(t.dim(0));
+          Tensor out(t.dtype(), t.shape());
+          std::memcpy(out.data(), t.data(), t.nbytes());
+          for (int64_t hh = 0; hh < heads; ++hh)
+            for (int64_t i = 0; i < rotary_dim / 2; ++i)
+              for (int64_t j = 0; j < 2; ++j)
+                std::memcpy(static_cast<uint8_t*>(out.data()) + size_t(hh * hd + j * rotary_dim / 2 + i) * row,
+                            static_cast<const uint8_t*>(t.data()) + size_t(hh * hd + 2 * i + j) * row, row);
+          it->second = std::move(out);
+        }
   }
   if (rope.original_max_positions > 0 && rope.original_max_positions < info.max_positions) {
     log_info(c.value("model_type", "llama"), ": LongRoPE's short factors, good to original_max_position_embeddings ",
@@ -462,12 +500,14 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
     ir::ValueId att = g.add("Attention", {q, k, vv}, std::move(att_attrs), n + "attn");
     ir::ValueId o = times(linear(att, b + "self_attn.o_proj", n + "o_proj"), residual_mult, n + "attn_multiplier");
     if (olmo2) o = rms(o, "post_attention_layernorm", "post_attention_layernorm");
+    if (glm4) o = rms(o, "post_self_attn_layernorm", "post_self_attn_layernorm");
     x = g.add("Add", {x, o}, {}, n + "residual_1");
     ir::ValueId f = olmo2 ? x : rms(x, "post_attention_layernorm", "post_attention_layernorm");
     ir::ValueId gate = g.add("Silu", {linear(f, b + "mlp.gate_proj", n + "gate_proj")}, {}, n + "act");
     ir::ValueId up = linear(f, b + "mlp.up_proj", n + "up_proj");
     f = linear(g.add("Mul", {gate, up}, {}, n + "gate_mul"), b + "mlp.down_proj", n + "down_proj");
     if (olmo2) f = rms(f, "post_feedforward_layernorm", "post_feedforward_layernorm");
+    if (glm4) f = rms(f, "post_mlp_layernorm", "post_mlp_layernorm");
     x = g.add("Add", {x, times(f, residual_mult, n + "mlp_multiplier")}, {}, n + "residual_2");
   }
   ir::ValueId hidden = g.add("RMSNorm", {x, W("model.norm.weight")}, {{"eps", eps}}, "norm");

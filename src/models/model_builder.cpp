@@ -170,7 +170,7 @@ const std::vector<ModelFamily>& model_families() {
   static const std::vector<ModelFamily> families = {
       {"gpt2", {"gpt2"}, build_gpt2},
       {"llama", {"llama", "mistral", "qwen2", "qwen3", "phi3", "smollm", "smollm3", "granite",
-                 "ministral", "olmo2"},
+                 "ministral", "olmo2", "glm4"},
        build_llama},
       {"gemma", {"gemma"}, build_gemma1},
       {"gemma2", {"gemma2"}, build_gemma2},

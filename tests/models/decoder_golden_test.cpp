@@ -248,7 +248,7 @@ TEST_P(DecoderGolden, ForkSharesPrefixBlocks) {
 INSTANTIATE_TEST_SUITE_P(Families, DecoderGolden,
                          ::testing::Values("gpt2", "llama", "qwen2", "qwen3", "phi3", "gemma3", "mistral", "gemma2",
                                            "phi3_longrope", "phi3_longrope_full", "qwen3_yarn", "smollm3",
-                                           "granite", "ministral", "olmo2", "gemma"));
+                                           "granite", "ministral", "olmo2", "gemma", "glm4"));
 
 // A copy of fixture `family` in dir/name whose config.json has `patch` merged in (a null
 // deletes a key); returns its directory.

@@ -440,7 +440,7 @@ TEST(CudaLongRope, LongFactorsPastTheOriginalContext) {
 INSTANTIATE_TEST_SUITE_P(Families, CudaDecoderGolden,
                          ::testing::Combine(::testing::Values("gpt2", "llama", "qwen2", "qwen3", "phi3", "gemma3", "mistral", "gemma2",
                                                               "phi3_longrope", "phi3_longrope_full", "qwen3_yarn", "smollm3",
-                                                              "granite", "ministral", "olmo2", "gemma"),
+                                                              "granite", "ministral", "olmo2", "gemma", "glm4"),
                                             ::testing::Values("f32", "bf16", "f16")),
                          [](const auto& info) { return std::get<0>(info.param) + "_" + std::get<1>(info.param); });
 
