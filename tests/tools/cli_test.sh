@@ -111,6 +111,13 @@ check pin-engine 1 "keeps the precisions it was built with" -- \
 check inspect-engine-tp2 0 "tensor par  2 ranks (recorded in the engine): 2 of 4 attention heads, 1 of 2 K/V heads each" -- \
   "$kiln" inspect -m "$tmp/llama-tp2.kiln"
 check inspect-engine-tp2-ranks 0 "  rank 1    " -- "$kiln" inspect -m "$tmp/llama-tp2.kiln"
+# `kiln build --max-context` stores a LongRoPE model's long factors: the engine generates what
+# the checkpoint loaded with the same --max-context generates, and caps further contexts.
+lr=$("$kiln" generate -m "$fixtures/models/phi3_longrope" --max-context 256 --ids "$(seq -s, 3 72)" -n 4 -q --print-ids)
+[ -n "$lr" ] || { echo "FAIL max-context reference: no ids"; fail=1; }
+check build-max-context 0 "" -- "$kiln" build -m "$fixtures/models/phi3_longrope" --max-context 256 -o "$tmp/lr.kiln" --no-tune
+check generate-engine-max-context 0 "$lr" -- "$kiln" generate -m "$tmp/lr.kiln" --ids "$(seq -s, 3 72)" -n 4 -q --print-ids
+check engine-max-context-over 1 "exceeds the engine's 256 positions" -- "$kiln" generate -m "$tmp/lr.kiln" --max-context 300 --ids 5 -n 1
 check build-tp-heads 1 "4 attention heads do not split over 3 ranks" -- \
   "$kiln" build --tp 3 -m "$fixtures/models/llama" -o "$tmp/x.kiln" --no-tune
 check build-tp-encoder 1 "decoders only" -- "$kiln" build --tp 2 -m "$fixtures/models/bert" -o "$tmp/x.kiln" --no-tune
