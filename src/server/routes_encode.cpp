@@ -197,12 +197,9 @@ void Server::Impl::handle_embeddings(const httplib::Request& req, httplib::Respo
     auto err = [](int status, const std::string& msg) { return error_body(ApiError(status, msg)); };
     answer_encoder(m, std::move(batch), tokens, res, "/v1/embeddings", ok, err);
   } catch (const ApiError& e) {
-    metrics.count_request(model_name, "/v1/embeddings", e.status);
-    send_error(res, e);
+    reply_error(res, model_name, "/v1/embeddings", e);
   } catch (const Error& e) {
-    int status = status_of(e);
-    metrics.count_request(model_name, "/v1/embeddings", status);
-    send_error(res, ApiError(status, e.what()));
+    reply_error(res, model_name, "/v1/embeddings", e);
   }
 }
 
@@ -234,13 +231,20 @@ void Server::Impl::handle_rerank(const httplib::Request& req, httplib::Response&
     auto err = [](int status, const std::string& msg) { return error_body(ApiError(status, msg)); };
     answer_encoder(m, std::move(batch), tokens, res, endpoint, ok, err);
   } catch (const ApiError& e) {
-    metrics.count_request(model_name, endpoint, e.status);
-    send_error(res, e);
+    reply_error(res, model_name, endpoint, e);
   } catch (const Error& e) {
-    const int status = status_of(e);
-    metrics.count_request(model_name, endpoint, status);
-    send_error(res, ApiError(status, e.what()));
+    reply_error(res, model_name, endpoint, e);
   }
+}
+
+void Server::Impl::reply_error(httplib::Response& res, const std::string& model, const char* endpoint,
+                               const ApiError& e) {
+  metrics.count_request(model, endpoint, e.status);
+  send_error(res, e);
+}
+
+void Server::Impl::reply_error(httplib::Response& res, const std::string& model, const char* endpoint, const Error& e) {
+  reply_error(res, model, endpoint, ApiError(status_of(e), e.what()));
 }
 
 void Server::Impl::handle_kserve_model(const httplib::Request& req, httplib::Response& res) {

@@ -327,12 +327,9 @@ void Server::Impl::handle_tokenize(const httplib::Request& req, httplib::Respons
     metrics.count_request(model_name, endpoint, 200);
     send_json(res, 200, out);
   } catch (const ApiError& e) {
-    metrics.count_request(model_name, endpoint, e.status);
-    send_error(res, e);
+    reply_error(res, model_name, endpoint, e);
   } catch (const Error& e) {
-    const int status = status_of(e);
-    metrics.count_request(model_name, endpoint, status);
-    send_error(res, ApiError(status, e.what()));
+    reply_error(res, model_name, endpoint, e);
   }
 }
 

@@ -49,6 +49,10 @@ struct Server::Impl {
   void install_routes();
   void handle_completion(const httplib::Request& req, httplib::Response& res, bool chat);
   void handle_tokenize(const httplib::Request& req, httplib::Response& res, bool detokenize);
+  // A handler's failure as its response, counted in the metrics: an ApiError as it is, a
+  // kiln::Error with the status of its code (status_of).
+  void reply_error(httplib::Response& res, const std::string& model, const char* endpoint, const ApiError& e);
+  void reply_error(httplib::Response& res, const std::string& model, const char* endpoint, const Error& e);
   void handle_embeddings(const httplib::Request& req, httplib::Response& res);
   void handle_kserve_infer(const httplib::Request& req, httplib::Response& res);
   void handle_rerank(const httplib::Request& req, httplib::Response& res, const char* endpoint);

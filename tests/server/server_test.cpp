@@ -673,8 +673,14 @@ TEST_F(RealModelServerTest, ChatTemplateKwargsReachTheTemplate) {
 TEST_F(RealModelServerTest, ReasoningParserSplitsThinkingOutput) {
   ServerOptions so;
   so.reasoning_parser = true;
-  TestServer srv(*repo_, so);
-  ServedModel& m = *repo_->find("smollm2");
+  // A repository of its own: this server's shutdown drains its executors, which the suite's
+  // other tests (in the same process) still use.
+  ExecutorOptions eo;
+  eo.kv_tokens = 4096;
+  ModelRepository repo({}, eo);
+  repo.add(real_model("smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"), "smollm2");
+  TestServer srv(repo, so);
+  ServedModel& m = *repo.find("smollm2");
   auto saved = std::move(m.chat_template);
   Json body = {{"model", "smollm2"},
                {"messages", {{{"role", "user"}, {"content", "What is the capital of France?"}}}},
