@@ -39,7 +39,7 @@ int main(int argc, char** argv) {
       for (int r = 0; r < repeats; ++r) {
         std::fill(logits.begin(), logits.end(), 0.0f);
         const auto t0 = std::chrono::steady_clock::now();
-        allowed = mask_json_logits(state, pieces, {}, logits);
+        allowed = mask_json_logits(state, pieces, logits);
         ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
       }
       std::nth_element(ms.begin(), ms.begin() + ms.size() / 2, ms.end());

@@ -474,16 +474,22 @@ std::string gguf_to_hf_name(const std::string& arch, const std::string& g) {
   return "";
 }
 
-Tensor gguf_unpermute_rows(const Tensor& t, int n_head) {
+Tensor gguf_unpermute_rows(const Tensor& t, int n_head, int64_t rotary_dim) {
   const int64_t rows = t.rank() >= 1 ? t.dim(0) : 0;
   if (n_head <= 0 || rows % (2 * int64_t(n_head)) != 0)
     throw_error(ErrorCode::kInvalidFile, "cannot undo the rotary permutation of a tensor with ",
                 rows, " rows over ", n_head, " heads (rows must divide into 2 * heads)");
-  const int64_t head_dim = rows / n_head, half = head_dim / 2;
+  const int64_t head_dim = rows / n_head;
+  if (rotary_dim == 0) rotary_dim = head_dim;
+  if (rotary_dim < 0 || rotary_dim > head_dim || rotary_dim % 2 != 0)
+    throw_error(ErrorCode::kInvalidFile, "cannot undo the rotary permutation of ", rotary_dim, " rotary rows in heads of ",
+                head_dim, " (expected an even count up to the head's)");
+  const int64_t half = rotary_dim / 2;
   const size_t row_bytes = rows ? t.nbytes() / size_t(rows) : 0;
   Tensor out(t.dtype(), t.shape());
   const auto* src = static_cast<const uint8_t*>(t.data());
   auto* dst = static_cast<uint8_t*>(out.data());
+  std::memcpy(dst, src, t.nbytes());  // rows past the rotary ones stay
   for (int64_t h = 0; h < n_head; ++h)
     for (int64_t d = 0; d < half; ++d)
       for (int64_t j = 0; j < 2; ++j)

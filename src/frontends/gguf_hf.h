@@ -62,7 +62,9 @@ class GgufWeightSource final : public WeightSource {
 std::string gguf_to_hf_name(const std::string& arch, const std::string& gguf_name);
 
 // Undoes llama.cpp's permute() of Q/K rows (transformers' reverse_permute_weights):
-// within each head of `rows / n_head` rows, GGUF row 2*d + j becomes HF row j*half + d.
-Tensor gguf_unpermute_rows(const Tensor& t, int n_head);
+// within each head of `rows / n_head` rows, GGUF row 2*d + j becomes HF row j*half + d,
+// over the head's first `rotary_dim` rows (0: all of them; the others stay). The same
+// reorder takes RoPE on interleaved pairs (GLM-4) to kiln's rotate-half pairs.
+Tensor gguf_unpermute_rows(const Tensor& t, int n_head, int64_t rotary_dim = 0);
 
 }  // namespace kiln

@@ -6,11 +6,11 @@
 // Phi3ForCausalLM.
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 
 #include "core/log.h"
 #include "core/status.h"
 #include "core/weight_quant.h"
+#include "frontends/gguf_hf.h"
 #include "frontends/hf_dir.h"
 #include "models/model_builder.h"
 
@@ -275,11 +275,11 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
   const double eps = config_float(c, "rms_norm_eps", 1e-6);
   std::string act = config_str(c, "hidden_act", "silu");
   if (act != "silu") throw_error(ErrorCode::kUnsupported, "llama: hidden_act '", act, "' (expected silu)");
-  const bool qkv_bias = c.value("model_type", "") == "qwen2" || c.value("attention_bias", false);
+  const bool qkv_bias = type == "qwen2" || c.value("attention_bias", false);
   // GLM-4: attention_bias is q/k/v's only.
   const bool o_bias = type != "qwen2" && type != "glm4" && c.value("attention_bias", false);
   const bool mlp_bias = c.value("mlp_bias", false);
-  const bool qk_norm = c.value("model_type", "") == "qwen3";
+  const bool qk_norm = type == "qwen3";
   // OLMo 2: no norm before attention or MLP; each one's output RMS-normalized before its
   // residual add (post_attention_layernorm, post_feedforward_layernorm), and q and k
   // RMS-normalized over the whole projection (q_norm [hq * hd], k_norm [hkv * hd]).
@@ -293,7 +293,7 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
   // Phi-3: q|k|v in one qkv_proj and gate|up in one gate_up_proj, read as row views of
   // them under the Llama names (fuse_qkv_attention and fuse_swiglu stack the views back
   // into the same bytes, without a copy).
-  const bool fused_proj = c.value("model_type", "") == "phi3";
+  const bool fused_proj = type == "phi3";
   const bool fused_gate_up = fused_proj || glm4;
   std::vector<WeightSpec> specs = {
       {"model.embed_tokens.weight", {v, h}, true, "", false, false, /*table=*/true},
@@ -413,26 +413,12 @@ BuiltModel build_llama(const nlohmann::json& c, const WeightSource& src) {
           }
     }
   }
-  if (glm4) {
-    // Row 2i of each head's rotary dims becomes row i, row 2i + 1 row rotary_dim / 2 + i
-    // (the pass-through dims stay): rows of any storage, kept q8/q4 images included.
+  if (glm4)  // each head's interleaved rotary rows to halves, as a GGUF's (any row storage)
     for (int64_t l = 0; l < info.num_layers; ++l)
       for (const auto& [proj, heads] : {std::pair{"q_proj", hq}, std::pair{"k_proj", hkv}})
-        for (const char* part : {".weight", ".bias"}) {
-          auto it = w.find("model.layers." + std::to_string(l) + ".self_attn." + proj + part);
-          if (it == w.end()) continue;
-          const Tensor& t = it->second;
-          const size_t row = t.nbytes() / size_t(t.dim(0));
-          Tensor out(t.dtype(), t.shape());
-          std::memcpy(out.data(), t.data(), t.nbytes());
-          for (int64_t hh = 0; hh < heads; ++hh)
-            for (int64_t i = 0; i < rotary_dim / 2; ++i)
-              for (int64_t j = 0; j < 2; ++j)
-                std::memcpy(static_cast<uint8_t*>(out.data()) + size_t(hh * hd + j * rotary_dim / 2 + i) * row,
-                            static_cast<const uint8_t*>(t.data()) + size_t(hh * hd + 2 * i + j) * row, row);
-          it->second = std::move(out);
-        }
-  }
+        for (const char* part : {".weight", ".bias"})
+          if (auto it = w.find("model.layers." + std::to_string(l) + ".self_attn." + proj + part); it != w.end())
+            it->second = gguf_unpermute_rows(it->second, int(heads), rotary_dim);
   if (rope.original_max_positions > 0 && rope.original_max_positions < info.max_positions) {
     log_info(c.value("model_type", "llama"), ": LongRoPE's short factors, good to original_max_position_embeddings ",
              rope.original_max_positions, " tokens; --max-context N (up to ", info.max_positions,

@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <limits>
 
+#include "tokenizer/unicode.h"
+
 namespace kiln {
 namespace {
 
@@ -140,22 +142,12 @@ bool JsonAcceptor::step(uint8_t b) {
       if (b == '\\') return lex_ = Lex::kEscape, true;
       if (b < 0x20) return false;
       if (b < 0x80) return true;
-      // A UTF-8 lead byte, with the bounds of its first continuation byte (no overlong
-      // forms, no surrogates, nothing past U+10FFFF).
-      if (b >= 0xC2 && b <= 0xDF) {
-        utf8_left_ = 1;
-      } else if (b >= 0xE0 && b <= 0xEF) {
-        utf8_left_ = 2;
-        if (b == 0xE0) utf8_min_ = 0xA0;
-        if (b == 0xED) utf8_max_ = 0x9F;
-      } else if (b >= 0xF0 && b <= 0xF4) {
-        utf8_left_ = 3;
-        if (b == 0xF0) utf8_min_ = 0x90;
-        if (b == 0xF4) utf8_max_ = 0x8F;
-      } else {
-        return false;
+      {  // a UTF-8 lead byte, and the bounds of its first continuation byte
+        size_t length = 0;
+        if (!tok::utf8_lead_bounds(b, length, utf8_min_, utf8_max_)) return false;
+        utf8_left_ = uint8_t(length - 1);
+        return true;
       }
-      return true;
     case Lex::kEscape:
       if (need_low_ && b != 'u') return false;
       if (b == 'u') {
@@ -261,25 +253,33 @@ std::string JsonAcceptor::key() const {
   return k;
 }
 
-int64_t mask_json_logits(const JsonAcceptor& state, std::span<const std::string> pieces,
-                         std::span<const int32_t> stop_ids, std::span<float> logits) {
+namespace {
+
+// A bit per token of `pieces`: whether all its bytes continue the document.
+std::vector<uint64_t> allowed_bits(const JsonAcceptor& state, std::span<const std::string> pieces) {
+  std::vector<uint64_t> bits((pieces.size() + 63) / 64, 0);
+  for (size_t id = 0; id < pieces.size(); ++id) {
+    JsonAcceptor next = state;
+    if (!pieces[id].empty() && next.accept(pieces[id])) bits[id / 64] |= uint64_t(1) << (id % 64);
+  }
+  return bits;
+}
+
+// -inf on the tokens whose bit is clear (and on ids past the bits' `n` tokens).
+int64_t apply_bits(const std::vector<uint64_t>& bits, size_t n, std::span<float> logits) {
   constexpr float kOff = -std::numeric_limits<float>::infinity();
   int64_t allowed = 0;
-  const size_t n = std::min(pieces.size(), logits.size());
-  for (size_t id = 0; id < n; ++id) {
-    const std::string& piece = pieces[id];
-    bool ok = false;
-    if (piece.empty()) {
-      ok = state.complete() && std::find(stop_ids.begin(), stop_ids.end(), int32_t(id)) != stop_ids.end();
-    } else {
-      JsonAcceptor next = state;
-      ok = next.accept(piece);
-    }
-    if (ok) ++allowed;
+  for (size_t id = 0; id < logits.size(); ++id) {
+    if (id < n && (bits[id / 64] >> (id % 64) & 1)) ++allowed;
     else logits[id] = kOff;
   }
-  for (size_t id = n; id < logits.size(); ++id) logits[id] = kOff;  // ids past the vocabulary
   return allowed;
+}
+
+}  // namespace
+
+int64_t mask_json_logits(const JsonAcceptor& state, std::span<const std::string> pieces, std::span<float> logits) {
+  return apply_bits(allowed_bits(state, pieces), pieces.size(), logits);
 }
 
 int64_t JsonTokenMask::apply(const JsonAcceptor& state, std::span<float> logits) {
@@ -290,23 +290,12 @@ int64_t JsonTokenMask::apply(const JsonAcceptor& state, std::span<float> logits)
     if (auto it = sets_.find(key); it != sets_.end()) bits = it->second;
   }
   if (bits.empty()) {
-    bits.assign((pieces_.size() + 63) / 64, 0);
-    for (size_t id = 0; id < pieces_.size(); ++id) {
-      JsonAcceptor next = state;
-      if (!pieces_[id].empty() && next.accept(pieces_[id])) bits[id / 64] |= uint64_t(1) << (id % 64);
-    }
+    bits = allowed_bits(state, pieces_);
     std::lock_guard lk(mu_);
     if (sets_.size() >= kMaxStates) sets_.clear();
     sets_.emplace(key, bits);
   }
-  constexpr float kOff = -std::numeric_limits<float>::infinity();
-  int64_t allowed = 0;
-  for (size_t id = 0; id < logits.size(); ++id) {
-    const bool ok = id < pieces_.size() && (bits[id / 64] >> (id % 64) & 1);
-    if (ok) ++allowed;
-    else logits[id] = kOff;
-  }
-  return allowed;
+  return apply_bits(bits, pieces_.size(), logits);
 }
 
 const std::string& JsonTokenMask::piece(int32_t id) const {

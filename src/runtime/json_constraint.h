@@ -74,10 +74,10 @@ class JsonAcceptor {
 
 // A row's mask for a model's vocabulary: pieces[id] is the bytes token id decodes to alone
 // (tok::Tokenizer::token_to_piece), empty for special tokens, which never continue a
-// document; `stop_ids` end one that is complete. Tokens that cannot come next get -inf.
-// Returns how many tokens remain allowed.
-int64_t mask_json_logits(const JsonAcceptor& state, std::span<const std::string> pieces,
-                         std::span<const int32_t> stop_ids, std::span<float> logits);
+// document (nothing does once it is complete: the executor ends the choice there). Tokens
+// that cannot come next, and ids past `pieces`, get -inf. Returns how many remain allowed.
+// Every token's bytes are tried: JsonTokenMask remembers the result per state.
+int64_t mask_json_logits(const JsonAcceptor& state, std::span<const std::string> pieces, std::span<float> logits);
 
 // mask_json_logits for one vocabulary, remembering each document state's set of allowed
 // tokens (a bit per token): the states of a generation recur (inside a string, after a key's

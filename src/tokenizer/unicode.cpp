@@ -120,25 +120,31 @@ std::vector<char32_t> utf8_to_cps(std::string_view s) {
 
 // Length of the maximal prefix of an invalid sequence at s[pos] that could still
 // have been valid (Unicode's "maximal subpart"), at least 1.
-static size_t maximal_subpart(std::string_view s, size_t pos) {
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data()) + pos;
-  const size_t avail = s.size() - pos;
-  const unsigned char c = p[0];
-  size_t n;
-  unsigned char lo = 0x80, hi = 0xBF;
+bool utf8_lead_bounds(unsigned char c, size_t& length, unsigned char& lo, unsigned char& hi) {
+  lo = 0x80;
+  hi = 0xBF;
   if (c >= 0xC2 && c <= 0xDF) {
-    n = 2;
+    length = 2;
   } else if (c >= 0xE0 && c <= 0xEF) {
-    n = 3;
+    length = 3;
     if (c == 0xE0) lo = 0xA0;
     if (c == 0xED) hi = 0x9F;
   } else if (c >= 0xF0 && c <= 0xF4) {
-    n = 4;
+    length = 4;
     if (c == 0xF0) lo = 0x90;
     if (c == 0xF4) hi = 0x8F;
   } else {
-    return 1;
+    return false;
   }
+  return true;
+}
+
+static size_t maximal_subpart(std::string_view s, size_t pos) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data()) + pos;
+  const size_t avail = s.size() - pos;
+  size_t n;
+  unsigned char lo, hi;
+  if (!utf8_lead_bounds(p[0], n, lo, hi)) return 1;
   size_t k = 1;
   if (k < avail && k < n && p[k] >= lo && p[k] <= hi) {
     ++k;

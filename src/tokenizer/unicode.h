@@ -16,6 +16,10 @@ namespace kiln::tok {
 size_t utf8_decode(std::string_view s, size_t pos, char32_t* cp);
 // Length of the UTF-8 sequence a lead byte announces (1 for invalid lead bytes).
 size_t utf8_len(unsigned char lead);
+// A multi-byte sequence's lead byte: its length (2-4) and the bounds [lo, hi] of its
+// first continuation byte (no overlong forms, no surrogates, nothing past U+10FFFF; the
+// later continuation bytes are 0x80-0xBF). False for a byte that leads no such sequence.
+bool utf8_lead_bounds(unsigned char lead, size_t& length, unsigned char& lo, unsigned char& hi);
 void utf8_append(std::string& out, char32_t cp);
 std::string utf8_encode(char32_t cp);
 // Offset of the first invalid byte, or npos when s is valid UTF-8.

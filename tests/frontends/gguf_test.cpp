@@ -699,6 +699,18 @@ TEST(GgufHf, BadRopeFreqs) {
   expect_error([&] { with({1.0f, NAN}); }, ErrorCode::kInvalidFile, {"rope_freqs.weight[1]"});
 }
 
+// The rotary rows of each head reordered (2d + j -> j * half + d), the others kept; an odd or
+// oversized rotary count is an error naming it.
+TEST(GgufHf, UnpermuteRowsOfARotaryPrefix) {
+  Tensor t(DType::kF32, {12});  // 2 heads of 6 rows, 4 of them rotary
+  for (int i = 0; i < 12; ++i) t.data_as<float>()[i] = float(i);
+  const Tensor u = gguf_unpermute_rows(t, 2, 4);
+  EXPECT_EQ(std::vector<float>(u.data_as<float>(), u.data_as<float>() + 12),
+            (std::vector<float>{0, 2, 1, 3, 4, 5, 6, 8, 7, 9, 10, 11}));
+  expect_error([&] { gguf_unpermute_rows(t, 2, 3); }, ErrorCode::kInvalidFile, {"3 rotary rows", "heads of 6"});
+  expect_error([&] { gguf_unpermute_rows(t, 2, 8); }, ErrorCode::kInvalidFile, {"8 rotary rows"});
+}
+
 TEST(GgufHf, LlamaNamesAndPermutation) {
   auto file = std::make_shared<const GgufFile>(parse(tiny_llama(true)));
   GgufWeightSource src(file);

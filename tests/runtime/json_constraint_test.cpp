@@ -138,23 +138,22 @@ TEST(JsonAcceptor, AgreesWithTheParserOnRandomStrings) {
 
 TEST(JsonMask, KeepsTheTokensThatContinue) {
   const std::vector<std::string> pieces = {"{", "}", "\"a\"", ":", "1", " ", "", "x", "{\"", "\"}"};
-  const std::vector<int32_t> stops = {6};
   std::vector<float> logits(pieces.size() + 2, 0.0f);  // two ids past the pieces
   JsonAcceptor start;
-  EXPECT_EQ(mask_json_logits(start, pieces, stops, logits), 3);  // "{", " ", "{\""
+  EXPECT_EQ(mask_json_logits(start, pieces, logits), 3);  // "{", " ", "{\""
   const float off = -std::numeric_limits<float>::infinity();
   EXPECT_EQ(logits[0], 0.0f);
   EXPECT_EQ(logits[1], off);
   EXPECT_EQ(logits[5], 0.0f);
-  EXPECT_EQ(logits[6], off) << "a stop token ends only a whole document";
+  EXPECT_EQ(logits[6], off) << "a special token (empty piece) never continues a document";
   EXPECT_EQ(logits[8], 0.0f);
   EXPECT_EQ(logits[10], off);
   JsonAcceptor in_key;
   ASSERT_TRUE(in_key.accept("{\"a"));
   logits.assign(logits.size(), 0.0f);
   // Inside a key: every byte but the ones closing it before a colon ("\"a\"", "\"}") and
-  // the empty stop piece.
-  EXPECT_EQ(mask_json_logits(in_key, pieces, stops, logits), 7);
+  // the empty (special) piece.
+  EXPECT_EQ(mask_json_logits(in_key, pieces, logits), 7);
   EXPECT_EQ(logits[2], off);
   EXPECT_EQ(logits[9], off);
   EXPECT_EQ(logits[8], 0.0f);
@@ -170,7 +169,7 @@ TEST(JsonMask, CachedSetsEqualTheDirectMask) {
     JsonAcceptor state;
     for (size_t i = 0; i <= doc.size(); ++i) {
       std::vector<float> direct(pieces.size() + 1, 0.0f), via_cache(pieces.size() + 1, 0.0f);
-      EXPECT_EQ(mask_json_logits(state, pieces, {}, direct), cached.apply(state, via_cache)) << i;
+      EXPECT_EQ(mask_json_logits(state, pieces, direct), cached.apply(state, via_cache)) << i;
       EXPECT_EQ(direct, via_cache) << "after " << doc.substr(0, i);
       if (i < doc.size()) ASSERT_TRUE(state.accept(uint8_t(doc[i])));
     }
