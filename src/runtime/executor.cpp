@@ -68,6 +68,9 @@ struct Executor::Request {
   std::vector<std::unique_ptr<Choice>> choices;
   bool forked = false;
   bool admitted_once = false;
+  int32_t prompt_lp_next = 1;  // the next prompt token whose logprob is due
+  // Prompt logprobs still to compute: the prompt's KV may not come from caches until then.
+  bool prompt_lp_due() const { return req.prompt_logprobs >= 0 && prompt_lp_next < int32_t(req.prompt.size()); }
   int32_t cached_tokens = 0;
   int32_t unfinished = 1;
   RequestUpdate update;  // collected during a loop turn, sent at its end
@@ -309,7 +312,7 @@ struct Executor::Impl {
   }
 
   bool session_eligible(const Choice& c) const {
-    return !c.req->req.session_id.empty() && c.index == 0 && !c.req->admitted_once;
+    return !c.req->req.session_id.empty() && c.index == 0 && !c.req->admitted_once && !c.req->prompt_lp_due();
   }
 
   // Blocks a waiting sequence will take: all its tokens minus those it can reuse, plus
@@ -320,7 +323,7 @@ struct Executor::Impl {
     int32_t reused = 0;
     if (session_eligible(c)) reused = sessions.peek(c.req->req.session_id, c.tokens) / bs;
     const int32_t reusable = c.swapped.empty() ? (len - 1) / bs : c.swapped.length / bs;
-    if (reused == 0 && opt.prefix_caching) reused = prefix.peek(c.tokens, reusable);
+    if (reused == 0 && opt.prefix_caching && !c.req->prompt_lp_due()) reused = prefix.peek(c.tokens, reusable);
     return (len + bs - 1) / bs - reused + 1;
   }
 
@@ -328,7 +331,7 @@ struct Executor::Impl {
   void attach_kv(Choice& c) {
     Request& r = *c.req;
     if (c.kv.length == 0 && session_eligible(c)) c.kv = sessions.take(r.req.session_id, c.tokens);
-    if (c.kv.length == 0 && c.kv.blocks.empty() && opt.prefix_caching) {
+    if (c.kv.length == 0 && c.kv.blocks.empty() && opt.prefix_caching && !r.prompt_lp_due()) {
       const int32_t len = int32_t(c.tokens.size());
       c.kv = prefix.match(c.tokens, (len - 1) / kv.block_size());
     }
@@ -481,6 +484,7 @@ struct Executor::Impl {
       ch.kv = &c->kv;
       ch.tokens = std::span<const int32_t>(c->tokens.data() + c->kv.length, size_t(p.tokens));
       ch.want_logits = p.tokens == c->pending();
+      ch.all_logits = c->index == 0 && c->req->prompt_lp_due();
       chunks.push_back(ch);
     }
     // Whole logits rows cross to the host only when some row's sampling needs them.
@@ -489,11 +493,13 @@ struct Executor::Impl {
     // widths, so two graph variants per batch size at most).
     bool use_top = opt.top_logits && runner.top_logits_k() > 0;
     int32_t need = 1;
-    for (size_t i = 0; use_top && i < seqs.size(); ++i)
-      if (chunks[i].want_logits && !seqs[i]->finished) {
+    for (size_t i = 0; use_top && i < seqs.size(); ++i) {
+      if (chunks[i].all_logits) use_top = false;
+      if (use_top && chunks[i].want_logits && !seqs[i]->finished) {
         use_top = !seqs[i]->json && seqs[i]->sampler->samples_from_top(runner.top_logits_k(), runner.vocab());
         need = std::max(need, seqs[i]->sampler->top_candidates_needed());
       }
+    }
     if (need > 1) need = runner.top_logits_k();
     Tensor logits;
     StepTopLogits top;
@@ -519,11 +525,23 @@ struct Executor::Impl {
     for (size_t i = 0; i < seqs.size(); ++i) {
       Choice& c = *seqs[i];
       if (opt.prefix_caching) c.cached_blocks = prefix.insert(c.kv, c.tokens, c.cached_blocks);
-      if (!chunks[i].want_logits) continue;
+      if (chunks[i].all_logits) {
+        const int64_t n = int64_t(chunks[i].tokens.size());
+        if (!c.finished) take_prompt_logprobs(c, logits, row, c.kv.length - int32_t(n), int32_t(n));
+        row += n - 1;  // the last is want_logits' row
+      }
+      if (!chunks[i].want_logits) {
+        row += chunks[i].all_logits;
+        continue;
+      }
       Row r;
       if (use_top) r.top = top.row(row++);
       else r.full = std::span<float>(logits.data_as<float>() + row++ * vocab, size_t(vocab));
       if (c.finished) continue;
+      if (c.req->req.max_tokens == 0) {  // the prompt alone (its logprobs)
+        finish_choice(c, FinishReason::kLength);
+        continue;
+      }
       // n > 1: the other choices fork off here and sample from their own copies first.
       if (!c.req->forked) fork_choices(c, r);
       rows.emplace_back(&c, r);
@@ -542,6 +560,33 @@ struct Executor::Impl {
     else draw(0, int64_t(rows.size()), 0);
     for (size_t k = 0; k < rows.size(); ++k) take_token(*rows[k].first, std::move(drawn[k]));
     sample_s += since(t2);
+  }
+
+  // GenerationRequest::prompt_logprobs of a chunk's rows: `n` rows from `row` of `logits`
+  // at positions from `start`; the row at position q gives the logprob of prompt[q + 1].
+  // Each is computed once (a chunk recomputed after preemption is skipped), on the thread
+  // pool (a row costs a pass over the vocabulary, and a prefill chunk has hundreds).
+  void take_prompt_logprobs(Choice& c, const Tensor& logits, int64_t row, int32_t start, int32_t n) {
+    Request& r = *c.req;
+    const auto& prompt = r.req.prompt;
+    const int64_t vocab = logits.dim(1);
+    const int32_t first = std::max(r.prompt_lp_next - 1, start);
+    const int32_t last = std::min<int32_t>(start + n, int32_t(prompt.size()) - 1);  // positions [first, last)
+    if (first >= last) return;
+    std::vector<SampledToken> lp(size_t(last - first));
+    auto rows = [&](int64_t b, int64_t e, int) {
+      for (int64_t k = b; k < e; ++k) {
+        const int32_t q = first + int32_t(k);
+        const float* x = logits.data_as<float>() + (row + q - start) * vocab;
+        lp[size_t(k)] = logprobs_of(std::span<const float>(x, size_t(vocab)), prompt[size_t(q + 1)],
+                                    r.req.prompt_logprobs);
+      }
+    };
+    if (lp.size() >= 4) ThreadPool::global().parallel_for(int64_t(lp.size()), rows);
+    else rows(0, int64_t(lp.size()), 0);
+    auto& out = r.update.prompt_logprobs;
+    out.insert(out.end(), std::make_move_iterator(lp.begin()), std::make_move_iterator(lp.end()));
+    r.prompt_lp_next = last + 1;
   }
 
   // One sequence's row of a step: whole logits (sampling scratch) or top candidates.
@@ -662,8 +707,12 @@ uint64_t Executor::submit(GenerationRequest request, UpdateCallback on_update) {
                   info.vocab_size, " tokens)");
   if (request.n < 1 || request.n > 16)
     throw_error(ErrorCode::kInvalidArgument, "n must be in [1, 16], got ", request.n);
-  if (request.max_tokens < 1)
-    throw_error(ErrorCode::kInvalidArgument, "max_tokens must be at least 1, got ", request.max_tokens);
+  if (request.max_tokens < 0 || (request.max_tokens == 0 && request.n != 1))
+    throw_error(ErrorCode::kInvalidArgument, "max_tokens must be at least ", request.n == 1 ? 0 : 1,
+                request.n == 1 ? "" : " with n > 1", ", got ", request.max_tokens);
+  if (request.prompt_logprobs < -1 || request.prompt_logprobs > 20)
+    throw_error(ErrorCode::kInvalidArgument, "prompt_logprobs must be in [0, 20] (or -1: none), got ",
+                request.prompt_logprobs);
   std::string bad = sampling_params_error(request.sampling);
   if (!bad.empty()) throw_error(ErrorCode::kInvalidArgument, bad);
   for (const auto& [t, bias] : request.sampling.logit_bias)
@@ -714,6 +763,7 @@ GenerationResult Executor::generate(GenerationRequest request) {
   int32_t n = request.n;
   result->choices.resize(size_t(n));
   submit(std::move(request), [result, done](RequestUpdate&& u) {
+    result->prompt_logprobs.insert(result->prompt_logprobs.end(), u.prompt_logprobs.begin(), u.prompt_logprobs.end());
     for (auto& c : u.choices) {
       auto& out = result->choices.at(size_t(c.index));
       out.tokens.insert(out.tokens.end(), c.tokens.begin(), c.tokens.end());

@@ -33,7 +33,7 @@ const char* finish_reason_name(FinishReason r);  // "stop", "length", "cancelled
 struct GenerationRequest {
   std::vector<int32_t> prompt;
   SamplingParams sampling;
-  int32_t max_tokens = 16;
+  int32_t max_tokens = 16;  // 0 (with n = 1): the prompt only, ending with kLength
   int32_t n = 1;                   // choices sampled from one shared prompt prefill
   std::vector<int32_t> stop_ids;   // besides the model's end tokens
   std::vector<std::string> stop;   // stop strings (need a tokenizer)
@@ -42,6 +42,12 @@ struct GenerationRequest {
   // object (runtime/json_constraint.h); the choice ends (kStop) as soon as the object closes.
   // Needs a tokenizer; such requests sample from whole logits rows.
   bool json_object = false;
+  // >= 0: the logprob of every prompt token after the first given the tokens before it,
+  // with this many top alternatives (<= 20; OpenAI's echo with logprobs, vLLM's
+  // prompt_logprobs), in RequestUpdate::prompt_logprobs. The prompt is then prefilled in
+  // full (no prefix-cache or session reuse) and its prefill steps bring a whole logits
+  // row per prompt token to the host.
+  int32_t prompt_logprobs = -1;
   int32_t priority = 0;            // larger first under SchedulePolicy::kPriority
   std::string session_id;          // keep this conversation's KV after the request
 };
@@ -59,6 +65,9 @@ struct RequestUpdate {
   std::vector<ChoiceUpdate> choices;
   bool done = false;       // the last update of this request
   std::string error;       // with done: why the request failed
+  // GenerationRequest::prompt_logprobs: those of prompt tokens 1, 2, ... (the first has
+  // none), each once, in order, as the prefill computes them.
+  std::vector<SampledToken> prompt_logprobs;
   int32_t prompt_tokens = 0;
   int32_t cached_tokens = 0;  // prompt tokens whose KV came from the prefix cache/session
   int32_t completion_tokens = 0;  // with done: over all choices
@@ -142,6 +151,7 @@ struct GenerationResult {
     FinishReason finish = FinishReason::kNone;
   };
   std::vector<Choice> choices;
+  std::vector<SampledToken> prompt_logprobs;  // GenerationRequest::prompt_logprobs
   std::string error;
   int32_t prompt_tokens = 0, cached_tokens = 0, completion_tokens = 0;
 };

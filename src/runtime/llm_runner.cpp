@@ -249,9 +249,13 @@ TensorMap LlmRunner::run_parts(std::span<const StepChunk> chunks, bool all_logit
                 " are free (raise the KV budget or run fewer sequences)");
 
   int64_t t_total = 0;
-  for (auto& c : chunks) t_total += int64_t(c.tokens.size());
+  bool every_row = all_logits;
+  for (auto& c : chunks) {
+    t_total += int64_t(c.tokens.size());
+    every_row |= c.all_logits;
+  }
   // A pure decode step (one token a chunk) may run padded to its bucket.
-  const bool decode = pad_decode && !all_logits && t_total == int64_t(chunks.size());
+  const bool decode = pad_decode && !every_row && t_total == int64_t(chunks.size());
   const int64_t pad = decode ? decode_bucket(t_total) - t_total : 0;
   Tensor tokens(DType::kI32, {t_total + pad}), positions(DType::kI32, {t_total + pad});
   StepInfo step;
@@ -270,7 +274,7 @@ TensorMap LlmRunner::run_parts(std::span<const StepChunk> chunks, bool all_logit
       step.slot_mapping[size_t(t + i)] = kv_->slot(kv, start + i);
     }
     step.seqs.push_back({t, n, kv.length, kv.blocks});
-    if (all_logits)
+    if (all_logits || c.all_logits)
       for (int32_t i = 0; i < n; ++i) rows.push_back(t + i);
     else if (c.want_logits)
       rows.push_back(t + n - 1);
@@ -438,10 +442,11 @@ std::vector<std::vector<float>> LlmRunner::run_chunks(std::span<const StepChunk>
   std::vector<std::vector<float>> result;
   int64_t row = 0;
   for (auto& c : chunks) {
-    if (!c.want_logits) continue;
-    const float* src = logits.data_as<float>() + row * v;
-    result.emplace_back(src, src + v);
-    ++row;
+    const int64_t rows = c.all_logits ? int64_t(c.tokens.size()) : c.want_logits ? 1 : 0;
+    for (int64_t i = 0; i < rows; ++i, ++row) {
+      const float* src = logits.data_as<float>() + row * v;
+      result.emplace_back(src, src + v);
+    }
   }
   return result;
 }

@@ -66,6 +66,9 @@ struct StepChunk {
   KvSequence* kv = nullptr;
   std::span<const int32_t> tokens;
   bool want_logits = false;  // the logits of the chunk's last token
+  // The logits of every token of the chunk, a row each in order (prompt logprobs); the
+  // last of them is want_logits' row. Such a step never runs padded.
+  bool all_logits = false;
 };
 
 struct SequenceOutput {
@@ -118,7 +121,7 @@ class LlmRunner {
   // One engine step over explicit chunks whose KV the caller owns. Grows each chunk's
   // sequence. Throws kOutOfMemory (changing nothing) when the pool cannot hold the
   // step and kOutOfRange past the model's positions. Returns [vocab] logits for each
-  // chunk with want_logits, in order.
+  // chunk with want_logits, in order (chunks with all_logits: a row per token instead).
   std::vector<std::vector<float>> run_chunks(std::span<const StepChunk> chunks);
   // The same, returning the [chunks with want_logits, vocab] logits tensor itself (no
   // per-sequence copies: at batch 256 x 128k vocab those copies cost milliseconds).

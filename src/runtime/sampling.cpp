@@ -79,6 +79,8 @@ SampledToken logprobs_of(std::span<const float> logits, int32_t token, int32_t t
   SampledToken out;
   out.token = token;
   out.logprob = float(double(logits[size_t(token)]) - lse);
+  out.rank = 1;
+  for (float x : logits) out.rank += x > logits[size_t(token)];
   if (top_n > 0) {
     int32_t n = std::min<int32_t>(top_n, int32_t(logits.size()));
     std::vector<int32_t> idx(logits.size());

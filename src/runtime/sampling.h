@@ -49,6 +49,7 @@ struct SampledToken {
   int32_t token = -1;
   float logprob = 0;                // of `token` under the raw distribution (if asked)
   std::vector<TokenLogprob> top;    // the top-n alternatives, most likely first
+  int32_t rank = 0;  // logprobs_of: 1 + the tokens with larger logits (0: not computed)
 };
 
 // One row of the TopKLogits op's outputs (ir op registry): the k largest logits of a

@@ -1,6 +1,6 @@
 // Request parsing and validation (see protocol.h). Every field is type-checked before
 // use; unknown fields are ignored as OpenAI's API does; unsupported options that would
-// change results (echo, best_of > n) are refused rather than ignored.
+// change results (chat's echo, best_of > n) are refused rather than ignored.
 #include "server/protocol.h"
 
 #include <cerrno>
@@ -233,6 +233,9 @@ CompletionParams parse_completion(const Json& j, bool chat, const RequestLimits&
     int64_t top = get_int(j, "top_logprobs", 0, 0, 20);
     if (top > 0 && !p.logprobs) throw ApiError(400, "'top_logprobs' needs 'logprobs': true", "top_logprobs");
     p.sampling.logprobs = p.logprobs ? int32_t(top) : -1;
+    for (const char* key : {"echo", "prompt_logprobs"})
+      if (const Json* f = field(j, key); f && !f->is_null() && *f != false)
+        throw ApiError(400, std::string("'") + key + "' is supported on /v1/completions only", key);
   } else {
     const Json* pr = field(j, "prompt");
     if (!pr) throw ApiError(400, "'prompt' is required", "prompt");
@@ -251,11 +254,14 @@ CompletionParams parse_completion(const Json& j, bool chat, const RequestLimits&
       bad_type("prompt", "a string or an array of token ids");
     }
     if (p.prompt_text.empty() && p.prompt_ids.empty()) throw ApiError(400, "'prompt' is empty", "prompt");
-    p.max_tokens = int32_t(get_int(j, "max_tokens", 16, 1, limits.max_tokens));
-    if (get_bool(j, "echo", false)) throw ApiError(400, "'echo' is not supported", "echo");
+    p.echo = get_bool(j, "echo", false);
+    p.max_tokens = int32_t(get_int(j, "max_tokens", 16, p.echo ? 0 : 1, limits.max_tokens));
+    if (p.max_tokens == 0 && p.n > 1)
+      throw ApiError(400, "'max_tokens' 0 (the prompt alone) needs n = 1", "max_tokens");
     int64_t lp = get_int(j, "logprobs", -1, 0, 20);
     p.logprobs = lp >= 0;
     p.sampling.logprobs = int32_t(lp);
+    p.prompt_logprobs = int32_t(get_int(j, "prompt_logprobs", -1, 0, 20));
   }
   return p;
 }

@@ -54,6 +54,12 @@ struct CompletionParams {
   bool include_usage = false;       // stream_options.include_usage
   SamplingParams sampling;
   bool logprobs = false;            // chat: logprobs; completions: logprobs != null
+  // completions: the prompt's text before the completion's, and with logprobs its tokens'
+  // logprobs before the completion's (the first one null); max_tokens may then be 0.
+  bool echo = false;
+  // completions (vLLM's extension): each choice's "prompt_logprobs", the logprob, rank and
+  // text of every prompt token (the first one null) with this many top alternatives.
+  int32_t prompt_logprobs = -1;
   std::vector<std::string> stop;
   std::vector<int32_t> stop_token_ids;
   bool ignore_eos = false;

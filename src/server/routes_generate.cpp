@@ -73,6 +73,11 @@ struct Call {
   std::string id;
   int64_t created = 0;
   std::vector<ChoiceState> choices;
+  // echo / prompt_logprobs: the prompt, its text, and its tokens' logprobs (from the second).
+  std::vector<int32_t> prompt;
+  std::string echo_text;
+  std::vector<SampledToken> prompt_logprobs;
+  bool echo_sent = false;  // streaming: the prompt's chunks went out
   int32_t prompt_tokens = 0, cached_tokens = 0, completion_tokens = 0;
   bool finished = false;  // metrics and the active count are settled
   bool cancelled = false;
@@ -151,6 +156,47 @@ Json logprobs_json(const ServedModel& m, const ChoiceUpdate& u, bool chat, size_
   return Json{{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
 }
 
+// echo with logprobs: the prompt's tokens in completions' logprobs format, the first
+// token's logprob null (nothing comes before it), offsets from the start of the text.
+Json prompt_logprobs_json(const Call& c) {
+  Json tokens = Json::array(), lps = Json::array(), tops = Json::array(), offsets = Json::array();
+  size_t offset = 0;
+  for (size_t i = 0; i < c.prompt.size(); ++i) {
+    std::string piece = piece_of(*c.model, c.prompt[i]);
+    tokens.push_back(piece);
+    offsets.push_back(offset);
+    offset += piece.size();
+    if (i == 0 || i > c.prompt_logprobs.size()) {
+      lps.push_back(nullptr);
+      tops.push_back(nullptr);
+      continue;
+    }
+    const SampledToken& lp = c.prompt_logprobs[i - 1];
+    lps.push_back(lp.logprob);
+    Json top = Json::object();
+    for (auto& t : lp.top) top[piece_of(*c.model, t.token)] = t.logprob;
+    tops.push_back(top);
+  }
+  return Json{{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offsets}};
+}
+
+// vLLM's prompt_logprobs: per prompt token (the first null) {"<id>": {logprob, rank,
+// decoded_token}} for the token itself and its top alternatives.
+Json vllm_prompt_logprobs(const Call& c) {
+  Json out = Json::array({nullptr});
+  for (const SampledToken& lp : c.prompt_logprobs) {
+    Json entry = Json::object();
+    entry[std::to_string(lp.token)] = {{"logprob", lp.logprob}, {"rank", lp.rank},
+                                       {"decoded_token", piece_of(*c.model, lp.token)}};
+    for (size_t k = 0; k < lp.top.size(); ++k)
+      if (lp.top[k].token != lp.token)
+        entry[std::to_string(lp.top[k].token)] = {{"logprob", lp.top[k].logprob}, {"rank", k + 1},
+                                                  {"decoded_token", piece_of(*c.model, lp.top[k].token)}};
+    out.push_back(entry);
+  }
+  return out;
+}
+
 void append_logprobs(Json& acc, const Json& more, bool chat) {
   if (acc.is_null()) {
     acc = more;
@@ -213,6 +259,25 @@ Json stream_chunk(Call& c, const ChoiceUpdate& u) {
   return j;
 }
 
+// Streaming echo / prompt_logprobs: a chunk per choice with the prompt's text (and
+// logprobs), before the first generated token's (the prompt's logprobs are all in by then).
+std::string echo_chunks(Call& c) {
+  c.echo_sent = true;
+  if (!c.params.echo && c.params.prompt_logprobs < 0) return {};
+  std::string out;
+  for (size_t i = 0; i < c.choices.size(); ++i) {
+    Json j = envelope(c, true);
+    Json choice = {{"index", i}, {"text", c.echo_text}};
+    choice["logprobs"] = c.params.echo && c.params.logprobs ? prompt_logprobs_json(c) : Json(nullptr);
+    choice["finish_reason"] = nullptr;
+    if (c.params.prompt_logprobs >= 0) choice["prompt_logprobs"] = vllm_prompt_logprobs(c);
+    if (c.params.return_token_ids) choice["prompt_token_ids"] = c.prompt;
+    j["choices"] = Json::array({choice});
+    out += "data: " + dump(j) + "\n\n";
+  }
+  return out;
+}
+
 Json final_body(Call& c) {
   Json j = envelope(c, false);
   Json choices = Json::array();
@@ -225,7 +290,14 @@ Json final_body(Call& c) {
     } else {
       choice["text"] = st.text;
     }
-    choice["logprobs"] = c.params.logprobs ? st.logprobs : Json(nullptr);
+    Json logprobs = c.params.logprobs ? st.logprobs : Json(nullptr);
+    if (c.params.logprobs && c.params.echo) {
+      Json all = prompt_logprobs_json(c);
+      if (!logprobs.is_null()) append_logprobs(all, logprobs, false);
+      logprobs = std::move(all);
+    }
+    choice["logprobs"] = logprobs;
+    if (c.params.prompt_logprobs >= 0) choice["prompt_logprobs"] = vllm_prompt_logprobs(c);
     choice["finish_reason"] = st.finish.empty() ? Json(nullptr) : Json(st.finish);
     if (c.params.return_token_ids) choice["token_ids"] = st.tokens;
     choices.push_back(choice);
@@ -236,6 +308,7 @@ Json final_body(Call& c) {
 }
 
 void absorb(Call& c, const RequestUpdate& u) {
+  c.prompt_logprobs.insert(c.prompt_logprobs.end(), u.prompt_logprobs.begin(), u.prompt_logprobs.end());
   for (auto& cu : u.choices) {
     ChoiceState& st = c.choices.at(size_t(cu.index));
     const size_t base = st.text.size();
@@ -357,15 +430,18 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
     const int64_t ctx = m->executor->max_context();
     int64_t max_tokens = p.max_tokens;
     if (max_tokens < 0) max_tokens = std::min<int64_t>(opt.limits.max_tokens, ctx - int64_t(prompt.size()));
-    if (max_tokens < 1 || int64_t(prompt.size()) + max_tokens > ctx)
+    if (max_tokens < (p.echo ? 0 : 1) || int64_t(prompt.size()) + max_tokens > ctx)
       throw ApiError(400, "this model's maximum context length is " + std::to_string(ctx) + " tokens; you requested " +
                               std::to_string(int64_t(prompt.size()) + std::max<int64_t>(max_tokens, 0)) + " (" +
                               std::to_string(prompt.size()) + " in the prompt, " + std::to_string(std::max<int64_t>(max_tokens, 0)) +
                               " for the completion); shorten the prompt or lower max_tokens",
                      chat ? "messages" : "prompt", "invalid_request_error", "context_length_exceeded");
 
+    if (p.echo) call->echo_text = !p.prompt_ids.empty() && m->tokenizer ? m->tokenizer->decode(p.prompt_ids) : p.prompt_text;
+    if (p.echo || p.prompt_logprobs >= 0) call->prompt = prompt;
     GenerationRequest g;
     g.prompt = std::move(prompt);
+    g.prompt_logprobs = std::max(p.prompt_logprobs, p.echo && p.logprobs ? p.sampling.logprobs : -1);
     g.sampling = p.sampling;
     g.max_tokens = int32_t(max_tokens);
     g.n = p.n;
@@ -377,6 +453,7 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
     g.session_id = p.session_id;
     call->srv = this;
     call->choices.resize(size_t(p.n));
+    for (ChoiceState& st : call->choices) st.text = call->echo_text;  // echo: offsets count it
     if (chat && opt.reasoning_parser)
       for (ChoiceState& st : call->choices) st.splitter.emplace(ReasoningSplitter::prompt_opens_reasoning(chat_text));
     call->created = unix_now();
@@ -411,6 +488,7 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
           }
           absorb(*call, u);
           std::string out;
+          if (!call->echo_sent && (!u.choices.empty() || u.done)) out += echo_chunks(*call);
           for (auto& cu : u.choices) out += "data: " + dump(stream_chunk(*call, cu)) + "\n\n";
           if (u.done) {
             if (!u.error.empty())

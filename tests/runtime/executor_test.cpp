@@ -20,6 +20,7 @@
 #include "runtime/json_constraint.h"
 #include "tokenizer/tokenizer.h"
 #include "executor_test_util.h"
+#include "../models/golden_util.h"
 
 namespace kiln {
 namespace {
@@ -244,9 +245,15 @@ TEST_F(ExecutorTest, BadRequestsAreRejectedWithClearErrors) {
   expect_error(greedy({}, 4), "empty");
   expect_error(greedy({1, 512}, 4), "outside the vocabulary");
   expect_error(greedy({1, -1}, 4), "outside the vocabulary");
-  expect_error(greedy({1, 2}, 0), "max_tokens");
+  expect_error(greedy({1, 2}, -1), "max_tokens");
+  auto r = greedy({1, 2}, 0);
+  r.n = 2;
+  expect_error(r, "max_tokens must be at least 1 with n > 1");
+  r = greedy({1, 2}, 4);
+  r.prompt_logprobs = 21;
+  expect_error(r, "prompt_logprobs must be in [0, 20]");
   expect_error(greedy(std::vector<int32_t>(40, 5), 40), "exceeds the context");
-  auto r = greedy({1, 2}, 4);
+  r = greedy({1, 2}, 4);
   r.n = 0;
   expect_error(r, "n must be");
   r = greedy({1, 2}, 4);
@@ -904,6 +911,81 @@ TEST_F(ExecutorTest, JsonObjectChoicesAreJson) {
     }
   }
   EXPECT_GE(closed, total / 2) << closed << " of " << total << " choices closed their object";
+  expect_no_leak(ex);
+}
+
+// Prompt logprobs (OpenAI's echo with logprobs) against transformers' logits of the same
+// prompt: the prompt is prefilled in chunks of a few tokens, beside other requests'
+// decodes, after the same prompt filled the prefix cache (which must then not be
+// reused); max_tokens 0 returns the prompt's logprobs alone.
+TEST_F(ExecutorTest, PromptLogprobsAreTransformersLogSoftmax) {
+  const testing::Reference ref("llama");
+  const auto prompt = ref.prompts().at(2);
+  const auto logits = ref.f32("logits");  // [3, Smax, V]
+  const int64_t smax = ref.shape("logits")[1], vocab = ref.shape("logits")[2];
+  ASSERT_EQ(prompt.size(), 16u);
+  // log_softmax of the reference row at position q of prompt 2.
+  auto ref_logprob = [&](size_t q, int32_t token) {
+    const float* x = logits.data() + (2 * smax + int64_t(q)) * vocab;
+    double mx = *std::max_element(x, x + vocab), sum = 0;
+    for (int64_t v = 0; v < vocab; ++v) sum += std::exp(double(x[v]) - mx);
+    return double(x[token]) - mx - std::log(sum);
+  };
+  auto check = [&](const GenerationResult& res, int32_t top_n) {
+    ASSERT_EQ(res.prompt_logprobs.size(), prompt.size() - 1);
+    for (size_t q = 0; q + 1 < prompt.size(); ++q) {
+      const SampledToken& lp = res.prompt_logprobs[q];
+      EXPECT_EQ(lp.token, prompt[q + 1]);
+      EXPECT_NEAR(lp.logprob, ref_logprob(q, prompt[q + 1]), 1e-4) << "prompt token " << q + 1;
+      ASSERT_EQ(lp.top.size(), size_t(top_n));
+      double best = -INFINITY;
+      for (int64_t v = 0; v < vocab; ++v) best = std::max(best, ref_logprob(q, int32_t(v)));
+      if (top_n > 0) {
+        EXPECT_NEAR(lp.top[0].logprob, best, 1e-4);
+      }
+      for (size_t k = 0; k < lp.top.size(); ++k) {
+        EXPECT_NEAR(lp.top[k].logprob, ref_logprob(q, lp.top[k].token), 1e-4);
+        if (k > 0) {
+          EXPECT_LE(lp.top[k].logprob, lp.top[k - 1].logprob);
+        }
+      }
+    }
+  };
+  ExecutorOptions opt;
+  opt.max_step_tokens = 6;  // the 16-token prompt takes three steps
+  opt.kv_tokens = 256;
+  opt.block_size = 4;  // blocks the 16-token prompt can share
+  Executor ex(*model_, nullptr, opt);
+
+  GenerationRequest only = greedy(prompt, 0);
+  only.prompt_logprobs = 3;
+  GenerationResult a = ex.generate(only);
+  ASSERT_TRUE(a.error.empty()) << a.error;
+  check(a, 3);
+  ASSERT_EQ(a.choices.size(), 1u);
+  EXPECT_TRUE(a.choices[0].tokens.empty());
+  EXPECT_EQ(a.choices[0].finish, FinishReason::kLength);
+  EXPECT_EQ(a.completion_tokens, 0);
+
+  // The prompt's blocks are in the prefix cache now; other requests decode meanwhile.
+  const auto others = prompts(3, 11, 3, 9);
+  std::vector<GenerationRequest> reqs;
+  for (auto& p : others) reqs.push_back(greedy(p, 12));
+  GenerationRequest with = greedy(prompt, 5);
+  with.prompt_logprobs = 0;
+  reqs.push_back(with);
+  auto results = run_concurrently(ex, reqs);
+  for (size_t i = 0; i < others.size(); ++i) EXPECT_EQ(results[i].choices[0].tokens, alone(others[i], 12));
+  const GenerationResult& b = results.back();
+  check(b, 0);
+  EXPECT_EQ(b.cached_tokens, 0);
+  const auto greedy_ref = ref.ids("greedy");  // [3, 20]
+  EXPECT_EQ(b.choices[0].tokens, std::vector<int32_t>(greedy_ref.begin() + 40, greedy_ref.begin() + 45));
+  // Without prompt logprobs the same prompt reuses the cached blocks again.
+  GenerationResult c = ex.generate(greedy(prompt, 5));
+  EXPECT_GT(c.cached_tokens, 0);
+  EXPECT_TRUE(c.prompt_logprobs.empty());
+  EXPECT_EQ(c.choices[0].tokens, b.choices[0].tokens);
   expect_no_leak(ex);
 }
 

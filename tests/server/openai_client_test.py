@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The official `openai` Python package against `kiln serve` on loopback: models,
-completions, chat (plain and streamed), embeddings (the client's default base64
+completions (with echo and logprobs), chat (plain and streamed), embeddings (the client's default base64
 encoding), and a bad request surfacing as openai.BadRequestError. Exits 77 (CTest: skipped)
 when the package or the real models are missing.
 Usage: openai_client_test.py KILN_BINARY MODELS_DIR"""
@@ -40,6 +40,22 @@ try:
     c = client.completions.create(model="smollm2", prompt="The capital of France is", max_tokens=6, temperature=0)
     assert "Paris" in c.choices[0].text, c
     assert c.usage.completion_tokens == 6 and c.usage.prompt_tokens > 3, c.usage
+
+    # echo + logprobs, as lm-evaluation-harness scores a continuation: the prompt's tokens'
+    # logprobs (the first None) then the completion's; max_tokens 0: the prompt alone.
+    e = client.completions.create(model="smollm2", prompt="The capital of France is", max_tokens=1,
+                                  temperature=0, echo=True, logprobs=1)
+    lp = e.choices[0].logprobs
+    assert e.choices[0].text.startswith("The capital of France is"), e.choices[0].text
+    assert len(lp.tokens) == e.usage.prompt_tokens + 1 and lp.token_logprobs[0] is None, lp
+    assert all(x is not None and x <= 0 for x in lp.token_logprobs[1:]), lp.token_logprobs
+    assert all(len(t) == 1 for t in lp.top_logprobs[1:]), lp.top_logprobs
+    p0 = client.completions.create(model="smollm2", prompt="The capital of France is", max_tokens=0,
+                                   echo=True, logprobs=1)
+    assert p0.choices[0].text == "The capital of France is" and p0.usage.completion_tokens == 0, p0
+    p0lp = p0.choices[0].logprobs.token_logprobs
+    assert len(p0lp) == len(lp.token_logprobs) - 1 and p0lp[0] is None, p0lp
+    assert max(abs(a - b) for a, b in zip(p0lp[1:], lp.token_logprobs[1:-1])) < 1e-5, (p0lp, lp.token_logprobs)
 
     chat = client.chat.completions.create(
         model="smollm2", messages=[{"role": "user", "content": "What is the capital of France?"}],

@@ -132,6 +132,88 @@ TEST_F(ServerTest, StreamingDeliversEveryTokenOnceThenUsageAndDone) {
   EXPECT_EQ(usage["completion_tokens"], 12);
 }
 
+// echo with logprobs (how lm-evaluation-harness scores a continuation through an
+// OpenAI-compatible server) and vLLM's prompt_logprobs, against transformers' logits of
+// the fixture's prompt; max_tokens 0 returns the prompt alone; streaming sends the prompt
+// first.
+TEST_F(ServerTest, EchoAndPromptLogprobsAreTransformersLogSoftmax) {
+  const kiln::testing::Reference ref("llama");
+  const auto prompt = ref.prompts().at(2);
+  const auto logits = ref.f32("logits");  // [3, Smax, V]
+  const int64_t smax = ref.shape("logits")[1], vocab = ref.shape("logits")[2];
+  auto ref_logprob = [&](size_t q, int32_t token) {  // of `token` after prompt[0..q]
+    const float* x = logits.data() + (2 * smax + int64_t(q)) * vocab;
+    double mx = *std::max_element(x, x + vocab), sum = 0;
+    for (int64_t v = 0; v < vocab; ++v) sum += std::exp(double(x[v]) - mx);
+    return double(x[token]) - mx - std::log(sum);
+  };
+  auto check_prompt = [&](const Json& lp) {
+    ASSERT_GE(lp["token_logprobs"].size(), prompt.size());
+    EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+    EXPECT_TRUE(lp["top_logprobs"][0].is_null());
+    for (size_t i = 1; i < prompt.size(); ++i) {
+      EXPECT_EQ(lp["tokens"][i], std::to_string(prompt[i]));  // no tokenizer: the ids
+      EXPECT_NEAR(lp["token_logprobs"][i].get<double>(), ref_logprob(i - 1, prompt[i]), 1e-4) << i;
+      EXPECT_EQ(lp["top_logprobs"][i].size(), 1u);
+      EXPECT_GT(lp["text_offset"][i].get<int64_t>(), lp["text_offset"][i - 1].get<int64_t>());
+    }
+  };
+  Json body = greedy_ids(prompt, 1);
+  body["logprobs"] = 1;
+  auto plain = post(port(), "/v1/completions", body);
+  ASSERT_EQ(plain.status, 200) << plain.body;
+  body["echo"] = true;
+  auto echoed = post(port(), "/v1/completions", body);
+  ASSERT_EQ(echoed.status, 200) << echoed.body;
+  Json lp = echoed.json()["choices"][0]["logprobs"];
+  check_prompt(lp);
+  ASSERT_EQ(lp["token_logprobs"].size(), prompt.size() + 1);
+  // The completion's token follows, as without echo.
+  const Json gen = plain.json()["choices"][0]["logprobs"];
+  EXPECT_EQ(lp["tokens"][prompt.size()], gen["tokens"][0]);
+  EXPECT_NEAR(lp["token_logprobs"][prompt.size()].get<double>(), gen["token_logprobs"][0].get<double>(), 1e-5);
+  EXPECT_EQ(echoed.json()["choices"][0]["token_ids"], plain.json()["choices"][0]["token_ids"]);
+
+  body["max_tokens"] = 0;  // the prompt alone
+  auto only = post(port(), "/v1/completions", body);
+  ASSERT_EQ(only.status, 200) << only.body;
+  check_prompt(only.json()["choices"][0]["logprobs"]);
+  EXPECT_EQ(only.json()["choices"][0]["logprobs"]["token_logprobs"].size(), prompt.size());
+  EXPECT_EQ(only.json()["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(only.json()["usage"]["completion_tokens"], 0);
+
+  Json v = greedy_ids(prompt, 2);
+  v["prompt_logprobs"] = 2;
+  auto vl = post(port(), "/v1/completions", v);
+  ASSERT_EQ(vl.status, 200) << vl.body;
+  const Json pl = vl.json()["choices"][0]["prompt_logprobs"];
+  ASSERT_EQ(pl.size(), prompt.size());
+  EXPECT_TRUE(pl[0].is_null());
+  for (size_t i = 1; i < prompt.size(); ++i) {
+    const Json& e = pl[i][std::to_string(prompt[i])];
+    EXPECT_NEAR(e["logprob"].get<double>(), ref_logprob(i - 1, prompt[i]), 1e-4) << i;
+    EXPECT_GE(e["rank"].get<int>(), 1);
+    EXPECT_GE(pl[i].size(), 2u);
+    EXPECT_LE(pl[i].size(), 3u);
+  }
+
+  body["max_tokens"] = 3;
+  body["stream"] = true;
+  auto s = post_sse(port(), "/v1/completions", body);
+  ASSERT_EQ(s.status, 200);
+  ASSERT_GE(s.events.size(), 2u);
+  const Json first = Json::parse(s.events[0])["choices"][0];
+  check_prompt(first["logprobs"]);
+  EXPECT_EQ(first["logprobs"]["token_logprobs"].size(), prompt.size());
+  std::vector<int32_t> ids;
+  for (size_t e = 1; e < s.events.size(); ++e) {
+    const Json j = Json::parse(s.events[e]);
+    for (auto& c : j["choices"])
+      for (auto& t : c["token_ids"]) ids.push_back(t.get<int32_t>());
+  }
+  EXPECT_EQ(ids, alone(prompt, 3));
+}
+
 TEST_F(ServerTest, NChoicesAndSeedsAreReproducible) {
   Json body = {{"model", "llama"}, {"prompt", {1, 2, 3, 4, 5}}, {"max_tokens", 6}, {"n", 3},
                {"seed", 99}, {"temperature", 1.0}, {"ignore_eos", true}, {"return_token_ids", true}};
@@ -193,7 +275,11 @@ TEST_F(ServerTest, BadInputIsAClear4xxAndTheServerIsUnaffected) {
       {"/v1/completions", R"({"model":"llama","prompt":[1,-3]})", 400, "token id"},
       {"/v1/completions", R"({"model":"llama","prompt":"text"})", 400, "no tokenizer"},
       {"/v1/completions", R"({"model":"llama","prompt":[1,2],"max_tokens":200})", 400, "maximum context length"},
-      {"/v1/completions", R"({"model":"llama","prompt":[1,2],"echo":true})", 400, "echo"},
+      {"/v1/chat/completions", R"({"model":"llama","messages":[{"role":"user","content":"hi"}],"echo":true})", 400,
+       "'echo' is supported on /v1/completions only"},
+      {"/v1/completions", R"({"model":"llama","prompt":[1,2],"echo":true,"max_tokens":0,"n":2})", 400, "needs n = 1"},
+      {"/v1/completions", R"({"model":"llama","prompt":[1,2],"max_tokens":0})", 400, "max_tokens"},
+      {"/v1/completions", R"({"model":"llama","prompt":[1,2],"prompt_logprobs":21})", 400, "prompt_logprobs"},
       {"/v1/completions", R"({"model":"llama","prompt":[1,2],"logit_bias":[5]})", 400, "logit_bias"},
       {"/tokenize", R"({"model":"llama","prompt":"hi"})", 400, "has no tokenizer"},
       {"/tokenize", R"({"model":"nope","prompt":"hi"})", 404, "does not exist"},

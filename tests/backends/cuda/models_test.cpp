@@ -11,9 +11,11 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <thread>
 
 #include "../../models/golden_util.h"
 #include "cuda_model_test_util.h"
@@ -247,6 +249,54 @@ TEST(CudaTopLogits, ExecutorOutputsMatchWholeRowSteps) {
       }
     }
     std::printf("  %s: top-k steps vs whole rows: same tokens, logprobs max|err| %.3g\n", dtype.c_str(), max_err);
+  }
+}
+
+// Prompt logprobs (echo) on CUDA: the prompt prefilled in chunks whose steps bring every
+// row's logits, beside other requests' padded, graph-replayed decodes; against
+// transformers' log-softmax of the same prompt (f32 weights; bf16 within its rounding).
+TEST(CudaExecutor, PromptLogprobsMatchTransformers) {
+  KILN_SKIP_WITHOUT_CUDA();
+  const kiln::testing::Reference ref("llama");
+  const auto prompt = ref.prompts().at(2);
+  const auto logits = ref.f32("logits");  // [3, Smax, V]
+  const int64_t smax = ref.shape("logits")[1], vocab = ref.shape("logits")[2];
+  auto ref_logprob = [&](size_t q, int32_t token) {
+    const float* x = logits.data() + (2 * smax + int64_t(q)) * vocab;
+    double mx = *std::max_element(x, x + vocab), sum = 0;
+    for (int64_t v = 0; v < vocab; ++v) sum += std::exp(double(x[v]) - mx);
+    return double(x[token]) - mx - std::log(sum);
+  };
+  for (std::string dtype : {"f32", "bf16"}) {
+    auto model = Model::load(fixtures_dir() + "/models/llama", {.backend = "cuda", .weight_dtype = dtype});
+    ExecutorOptions opt;
+    opt.max_step_tokens = 6;
+    Executor ex(*model, nullptr, opt);
+    GenerationRequest other;
+    other.prompt = {5, 9, 14};
+    other.max_tokens = 24;
+    other.ignore_eos = true;
+    other.sampling.temperature = 0;
+    GenerationRequest echo = other;
+    echo.prompt = prompt;
+    echo.max_tokens = 0;
+    echo.prompt_logprobs = 1;
+    GenerationResult a, b;
+    std::thread t([&] { a = ex.generate(other); });
+    b = ex.generate(echo);
+    t.join();
+    ASSERT_EQ(a.error, "");
+    ASSERT_EQ(b.error, "");
+    ASSERT_EQ(b.prompt_logprobs.size(), prompt.size() - 1);
+    double worst = 0;
+    for (size_t q = 0; q + 1 < prompt.size(); ++q) {
+      EXPECT_EQ(b.prompt_logprobs[q].token, prompt[q + 1]);
+      worst = std::max(worst, std::fabs(b.prompt_logprobs[q].logprob - ref_logprob(q, prompt[q + 1])));
+      ASSERT_EQ(b.prompt_logprobs[q].top.size(), 1u);
+    }
+    std::printf("  %s: prompt logprobs max|err| vs transformers %.3g\n", dtype.c_str(), worst);
+    EXPECT_LE(worst, dtype == "f32" ? 2e-3 : 0.15) << dtype;
+    EXPECT_EQ(a.choices[0].tokens.size(), 24u);
   }
 }
 
