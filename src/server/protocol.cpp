@@ -183,6 +183,80 @@ void parse_sampling(const Json& j, CompletionParams& p, const RequestLimits& lim
   }
 }
 
+// An assistant message's tool_calls as chat templates read them: OpenAI's
+// {"id", "type": "function", "function": {"name", "arguments": "<JSON text>"}} with the
+// arguments parsed into an object (what HF templates and vLLM give them: Qwen2.5's writes
+// `arguments | tojson`).
+Json tool_calls_for_template(const Json& calls) {
+  if (!calls.is_array()) bad_type("messages[].tool_calls", "an array of tool calls");
+  Json out = Json::array();
+  for (const Json& call : calls) {
+    if (!call.is_object()) bad_type("messages[].tool_calls", "an array of tool calls");
+    const Json* fn = field(call, "function");
+    if (!fn || !fn->is_object()) throw ApiError(400, "a tool call needs a 'function' object", "messages");
+    Json f = {{"name", get_string(*fn, "name", true)}};
+    const Json* args = field(*fn, "arguments");
+    if (!args || args->is_null()) {
+      f["arguments"] = Json::object();
+    } else if (args->is_string()) {
+      Json parsed = Json::parse(args->get<std::string>(), nullptr, /*allow_exceptions=*/false);
+      if (parsed.is_discarded() || !parsed.is_object())
+        throw ApiError(400, "tool call '" + f["name"].get<std::string>() + "': 'arguments' is not a JSON object",
+                       "messages");
+      f["arguments"] = parsed;
+    } else if (args->is_object()) {
+      f["arguments"] = *args;
+    } else {
+      bad_type("messages[].tool_calls[].function.arguments", "a JSON object's text");
+    }
+    Json c = {{"type", "function"}, {"function", f}};
+    if (const Json* id = field(call, "id"); id && id->is_string()) c["id"] = *id;
+    out.push_back(c);
+  }
+  return out;
+}
+
+// tools and tool_choice (chat).
+void parse_tools(const Json& j, CompletionParams& p) {
+  const Json* tools = field(j, "tools");
+  if (tools && !tools->is_null()) {
+    if (!tools->is_array()) bad_type("tools", "an array of tools");
+    if (tools->size() > 128) throw ApiError(400, "'tools' has more than 128 entries", "tools");
+    for (const Json& t : *tools) {
+      if (!t.is_object() || get_string(t, "type", false) != "function")
+        throw ApiError(400, "every tool must be {\"type\": \"function\", \"function\": {...}}", "tools");
+      const Json* fn = field(t, "function");
+      if (!fn || !fn->is_object()) throw ApiError(400, "a tool needs a 'function' object", "tools");
+      const std::string name = get_string(*fn, "name", true);
+      if (name.empty() || name.size() > 64) throw ApiError(400, "a tool's name must have 1 to 64 characters", "tools");
+      if (const Json* params = field(*fn, "parameters"); params && !params->is_null() && !params->is_object())
+        bad_type("tools[].function.parameters", "a JSON Schema object");
+      p.tools.push_back(t);
+    }
+  }
+  const Json* choice = field(j, "tool_choice");
+  if (!choice || choice->is_null()) {
+    p.tool_choice = p.tools.empty() ? "none" : "auto";
+  } else if (choice->is_string()) {
+    p.tool_choice = choice->get<std::string>();
+    if (p.tool_choice != "none" && p.tool_choice != "auto" && p.tool_choice != "required")
+      throw ApiError(400, "'tool_choice' must be \"none\", \"auto\", \"required\" or a function", "tool_choice");
+  } else if (choice->is_object()) {
+    const Json* fn = field(*choice, "function");
+    if (get_string(*choice, "type", false) != "function" || !fn || !fn->is_object())
+      bad_type("tool_choice", "{\"type\": \"function\", \"function\": {\"name\": ...}}");
+    p.tool_choice = "function";
+    p.tool_choice_name = get_string(*fn, "name", true);
+    bool known = false;
+    for (const Json& t : p.tools) known |= t["function"]["name"] == p.tool_choice_name;
+    if (!known) throw ApiError(400, "tool_choice names '" + p.tool_choice_name + "', which is not in 'tools'", "tool_choice");
+  } else {
+    bad_type("tool_choice", "a string or an object");
+  }
+  if (p.tools.empty() && p.tool_choice != "none")
+    throw ApiError(400, "'tool_choice' \"" + p.tool_choice + "\" needs 'tools'", "tool_choice");
+}
+
 }  // namespace
 
 CompletionParams parse_completion(const Json& j, bool chat, const RequestLimits& limits) {
@@ -201,7 +275,7 @@ CompletionParams parse_completion(const Json& j, bool chat, const RequestLimits&
         throw ApiError(400, "unknown message role '" + role + "'", "messages");
       const Json* c = field(msg, "content");
       Json out = {{"role", role == "developer" ? "system" : role}};
-      if (!c) {
+      if (!c || c->is_null()) {
         out["content"] = "";
       } else if (c->is_string()) {
         out["content"] = *c;
@@ -216,8 +290,21 @@ CompletionParams parse_completion(const Json& j, bool chat, const RequestLimits&
       } else {
         bad_type("messages[].content", "a string or an array of content parts");
       }
+      if (role == "assistant") {
+        if (const Json* calls = field(msg, "tool_calls"); calls && !calls->is_null())
+          out["tool_calls"] = tool_calls_for_template(*calls);
+      }
+      if (role == "tool") {
+        // The call this answers; templates that show it (Llama 3.1, Mistral) read tool_call_id.
+        for (const char* key : {"tool_call_id", "name"})
+          if (const Json* v = field(msg, key); v && !v->is_null()) {
+            if (!v->is_string()) bad_type(std::string("messages[].") + key, "a string");
+            out[key] = *v;
+          }
+      }
       p.messages.push_back(out);
     }
+    parse_tools(j, p);
     if (const Json* kw = field(j, "chat_template_kwargs"); kw && !kw->is_null()) {
       if (!kw->is_object()) bad_type("chat_template_kwargs", "an object of template variables");
       for (const auto& [name, value] : kw->items()) {

@@ -67,6 +67,13 @@ struct CompletionParams {
   std::string session_id;
   bool return_token_ids = false;    // extension: choices carry "token_ids"
   bool json_object = false;         // response_format {"type": "json_object"}
+  // chat: OpenAI's function tools, [{"type": "function", "function": {"name", "description",
+  // "parameters"}}] (rendered by the chat template as its `tools`), and tool_choice: "auto"
+  // (the model decides; its output is parsed by --tool-call-parser), "none", "required" or
+  // one function by name (tool_choice_name).
+  Json tools = Json::array();
+  std::string tool_choice = "none";
+  std::string tool_choice_name;
 };
 
 // Throws ApiError naming the offending field.

@@ -8,6 +8,7 @@
 #include <deque>
 #include <mutex>
 #include <optional>
+#include <random>
 
 #include "core/status.h"
 #include "server/reasoning.h"
@@ -56,7 +57,11 @@ struct ChoiceState {
   std::string text;  // chat with a reasoning parser: the answer (content) only
   std::optional<ReasoningSplitter> splitter;  // chat with --reasoning-parser
   std::string reasoning;                      // what the splitter took as reasoning
-  ReasoningSplitter::Delta last;              // the latest update's share of each
+  ReasoningSplitter::Delta last;              // chat: the latest update's share of each
+  std::optional<ToolCallSplitter> tools;      // chat with tools, tool_choice "auto"
+  std::vector<ToolCall> calls;                // the tool calls read so far ...
+  std::vector<std::string> call_ids;          // ... their ids ...
+  size_t calls_sent = 0;                      // ... and how many a stream has sent
   std::vector<int32_t> tokens;
   Json logprobs;  // accumulated (non-streaming)
   std::string finish;
@@ -210,9 +215,25 @@ void append_logprobs(Json& acc, const Json& more, bool chat) {
   }
 }
 
-std::string finish_name(FinishReason r) {
+std::string finish_name(const ChoiceState& st, FinishReason r) {
   if (r == FinishReason::kError || r == FinishReason::kCancelled) return "abort";
+  if (r == FinishReason::kStop && !st.calls.empty()) return "tool_calls";
   return finish_reason_name(r);
+}
+
+Json tool_call_json(const ChoiceState& st, size_t k) {
+  return Json{{"id", st.call_ids[k]},
+              {"type", "function"},
+              {"function", {{"name", st.calls[k].name}, {"arguments", st.calls[k].arguments}}}};
+}
+
+// OpenAI-style tool call ids: "call_" and 24 random letters and digits.
+std::string new_call_id() {
+  static constexpr char kAlnum[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+  thread_local std::mt19937_64 rng(std::random_device{}());
+  std::string id = "call_";
+  for (int i = 0; i < 24; ++i) id += kAlnum[rng() % 62];
+  return id;
 }
 
 Json usage_json(const Call& c) {
@@ -238,12 +259,18 @@ Json stream_chunk(Call& c, const ChoiceUpdate& u) {
       delta["role"] = "assistant";
       st.role_sent = true;
     }
-    if (st.splitter) {
-      if (!st.last.reasoning.empty()) delta["reasoning_content"] = st.last.reasoning;
-      if (!st.last.content.empty() || (st.last.reasoning.empty() && u.finish == FinishReason::kNone))
-        delta["content"] = st.last.content;
-    } else if (!u.text.empty() || u.finish == FinishReason::kNone) {
-      delta["content"] = u.text;
+    const bool new_calls = st.calls_sent < st.calls.size();
+    if (!st.last.reasoning.empty()) delta["reasoning_content"] = st.last.reasoning;
+    if (!st.last.content.empty() || (st.last.reasoning.empty() && !new_calls && u.finish == FinishReason::kNone))
+      delta["content"] = st.last.content;
+    if (new_calls) {
+      Json calls = Json::array();
+      for (; st.calls_sent < st.calls.size(); ++st.calls_sent) {
+        Json c = tool_call_json(st, st.calls_sent);
+        c["index"] = st.calls_sent;
+        calls.push_back(c);
+      }
+      delta["tool_calls"] = calls;
     }
     choice["delta"] = delta;
   } else {
@@ -253,7 +280,7 @@ Json stream_chunk(Call& c, const ChoiceUpdate& u) {
   size_t base = st.text.size() >= u.text.size() ? st.text.size() - u.text.size() : 0;
   choice["logprobs"] =
       c.params.logprobs && !u.logprobs.empty() ? logprobs_json(*c.model, u, c.params.chat, base) : Json(nullptr);
-  choice["finish_reason"] = u.finish == FinishReason::kNone ? Json(nullptr) : Json(finish_name(u.finish));
+  choice["finish_reason"] = u.finish == FinishReason::kNone ? Json(nullptr) : Json(finish_name(st, u.finish));
   if (c.params.return_token_ids) choice["token_ids"] = u.tokens;
   j["choices"] = Json::array({choice});
   return j;
@@ -287,6 +314,12 @@ Json final_body(Call& c) {
     if (c.params.chat) {
       choice["message"] = {{"role", "assistant"}, {"content", st.text}};
       if (st.splitter) choice["message"]["reasoning_content"] = st.reasoning.empty() ? Json(nullptr) : Json(st.reasoning);
+      if (!st.calls.empty()) {
+        if (st.text.find_first_not_of(" \t\r\n") == std::string::npos) choice["message"]["content"] = nullptr;
+        Json calls = Json::array();
+        for (size_t k = 0; k < st.calls.size(); ++k) calls.push_back(tool_call_json(st, k));
+        choice["message"]["tool_calls"] = calls;
+      }
     } else {
       choice["text"] = st.text;
     }
@@ -312,12 +345,31 @@ void absorb(Call& c, const RequestUpdate& u) {
   for (auto& cu : u.choices) {
     ChoiceState& st = c.choices.at(size_t(cu.index));
     const size_t base = st.text.size();
-    if (st.splitter) {
-      st.last = st.splitter->feed(cu.text);
-      if (cu.finish != FinishReason::kNone) {
-        const ReasoningSplitter::Delta rest = st.splitter->finish();
-        st.last.reasoning += rest.reasoning;
-        st.last.content += rest.content;
+    const bool last = cu.finish != FinishReason::kNone;
+    if (c.params.chat) {
+      // Reasoning apart first, then tool calls out of the answer.
+      if (st.splitter) {
+        st.last = st.splitter->feed(cu.text);
+        if (last) {
+          const ReasoningSplitter::Delta rest = st.splitter->finish();
+          st.last.reasoning += rest.reasoning;
+          st.last.content += rest.content;
+        }
+      } else {
+        st.last = {{}, cu.text};
+      }
+      if (st.tools) {
+        ToolCallDelta d = st.tools->feed(st.last.content);
+        if (last) {
+          ToolCallDelta rest = st.tools->finish();
+          d.content += rest.content;
+          for (auto& call : rest.calls) d.calls.push_back(std::move(call));
+        }
+        st.last.content = std::move(d.content);
+        for (auto& call : d.calls) {
+          st.calls.push_back(std::move(call));
+          st.call_ids.push_back(new_call_id());
+        }
       }
       st.reasoning += st.last.reasoning;
       st.text += st.last.content;
@@ -327,7 +379,7 @@ void absorb(Call& c, const RequestUpdate& u) {
     st.tokens.insert(st.tokens.end(), cu.tokens.begin(), cu.tokens.end());
     if (c.params.logprobs && !cu.logprobs.empty())
       append_logprobs(st.logprobs, logprobs_json(*c.model, cu, c.params.chat, base), c.params.chat);
-    if (cu.finish != FinishReason::kNone) st.finish = finish_name(cu.finish);
+    if (cu.finish != FinishReason::kNone) st.finish = finish_name(st, cu.finish);
   }
   if (u.done) {
     c.prompt_tokens = u.prompt_tokens;
@@ -347,6 +399,7 @@ std::vector<int32_t> build_prompt(const ServedModel& m, const CompletionParams& 
     o.bos_token = m.tokenizer->bos_token();
     o.eos_token = m.tokenizer->eos_token();
     o.extra = p.template_kwargs;
+    if (!p.tools.empty()) o.extra["tools"] = p.tools;
     *chat_text = m.chat_template->render(p.messages, o);
     return m.tokenizer->encode(*chat_text, /*add_special=*/false);
   }
@@ -422,6 +475,12 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
       throw ApiError(400, "model '" + p.model + "' is " + (m->model->info().is_decoder ? "an embedding model" : "an encoder") +
                               "; use /v1/embeddings, /v1/rerank or /v2/models/" + p.model + "/infer", "model");
     if (p.session_id.empty()) p.session_id = req.get_header_value("X-Session-Id");
+    if (p.tool_choice == "auto" && opt.tool_parser == ToolParser::kNone)
+      throw ApiError(400, "tool_choice \"auto\" needs a server started with --tool-call-parser (hermes, llama3_json)",
+                     "tool_choice");
+    if (p.tool_choice == "required" || p.tool_choice == "function")
+      throw ApiError(400, "tool_choice \"" + p.tool_choice + "\" is not supported yet (\"auto\" and \"none\" are)",
+                     "tool_choice");
     if (!m->tokenizer) p.return_token_ids = true;  // no text to return: the ids are the output
     call->model = m;
     std::string chat_text;
@@ -456,6 +515,8 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
     for (ChoiceState& st : call->choices) st.text = call->echo_text;  // echo: offsets count it
     if (chat && opt.reasoning_parser)
       for (ChoiceState& st : call->choices) st.splitter.emplace(ReasoningSplitter::prompt_opens_reasoning(chat_text));
+    if (chat && p.tool_choice == "auto")
+      for (ChoiceState& st : call->choices) st.tools.emplace(opt.tool_parser);
     call->created = unix_now();
     call->id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id++);
     auto ch = call->channel;

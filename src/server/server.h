@@ -12,6 +12,7 @@
 
 #include "server/model_repository.h"
 #include "server/protocol.h"
+#include "server/tool_calls.h"
 
 namespace kiln::server {
 
@@ -29,6 +30,9 @@ struct ServerOptions {
   // Chat responses of thinking models (Qwen3, DeepSeek-R1): true carries the text between
   // <think> and </think> as reasoning_content beside the answer's content (reasoning.h).
   bool reasoning_parser = false;
+  // How chat output with tools is read back into message.tool_calls (tool_calls.h);
+  // kNone: tool_choice "auto" is refused (nothing would read the calls).
+  ToolParser tool_parser = ToolParser::kNone;
 };
 
 class Server {

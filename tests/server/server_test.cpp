@@ -7,6 +7,7 @@
 
 #include <fstream>
 
+#include <atomic>
 #include <cmath>
 #include <thread>
 
@@ -281,6 +282,17 @@ TEST_F(ServerTest, BadInputIsAClear4xxAndTheServerIsUnaffected) {
       {"/v1/completions", R"({"model":"llama","prompt":[1,2],"max_tokens":0})", 400, "max_tokens"},
       {"/v1/completions", R"({"model":"llama","prompt":[1,2],"prompt_logprobs":21})", 400, "prompt_logprobs"},
       {"/v1/completions", R"({"model":"llama","prompt":[1,2],"logit_bias":[5]})", 400, "logit_bias"},
+      {"/v1/chat/completions", R"({"model":"llama","messages":[{"role":"user","content":"hi"}],"tools":{}})", 400, "'tools'"},
+      {"/v1/chat/completions", R"({"model":"llama","messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function"}]})",
+       400, "'function' object"},
+      {"/v1/chat/completions", R"({"model":"llama","messages":[{"role":"user","content":"hi"}],"tool_choice":"auto"})", 400,
+       "needs 'tools'"},
+      {"/v1/chat/completions",
+       R"({"model":"llama","messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"type":"function","function":{"name":"g"}}})",
+       400, "not in 'tools'"},
+      {"/v1/chat/completions",
+       R"({"model":"llama","messages":[{"role":"assistant","content":null,"tool_calls":[{"type":"function","function":{"name":"f","arguments":"{bad"}}]}]})",
+       400, "not a JSON object"},
       {"/tokenize", R"({"model":"llama","prompt":"hi"})", 400, "has no tokenizer"},
       {"/tokenize", R"({"model":"nope","prompt":"hi"})", 404, "does not exist"},
       {"/detokenize", R"({"model":"llama"})", 400, "'tokens' is required"},
@@ -586,8 +598,12 @@ TEST(ServerDrain, InFlightStreamsFinishThenTheListenerStops) {
   Json body = greedy_ids({1, 2, 3}, 100);
   body["stream"] = true;
   SseResult s;
-  std::thread client([&] { s = post_sse(srv.port(), "/v1/completions", body); });
-  while (repo.find("llama")->executor->stats().running == 0 && !s.done)
+  std::atomic<bool> answered{false};
+  std::thread client([&] {
+    s = post_sse(srv.port(), "/v1/completions", body);
+    answered = true;
+  });
+  while (repo.find("llama")->executor->stats().running == 0 && !answered)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   srv.shutdown();
   client.join();
@@ -826,6 +842,41 @@ TEST_F(RealModelServerTest, TokenizeAndDetokenize) {
                 Json{{"model", "smollm2"}, {"messages", messages}, {"max_tokens", 1}, {"temperature", 0}});
   ASSERT_EQ(c.status, 200) << c.body;
   EXPECT_EQ(m.json()["count"], c.json()["usage"]["prompt_tokens"]);
+}
+
+// tools and assistant tool_calls reach the chat template as transformers gives them: Qwen2.5's
+// template (tests/fixtures/tokenizer) renders the request - tool call arguments sent as
+// OpenAI's JSON text - into the prompt transformers rendered from the same conversation.
+TEST_F(RealModelServerTest, ToolsAndToolCallsReachTheChatTemplate) {
+  std::ifstream in(std::string(KILN_FIXTURES_DIR) + "/tokenizer/chat_templates.json");
+  const Json fx = Json::parse(in);
+  std::string rendered;
+  for (const Json& c : fx["cases"])
+    if (c["template"] == "qwen2_5" && c["conversation"] == "tool_call" && c["add_generation_prompt"] == true &&
+        c["tools"] == true)
+      rendered = c["rendered"];
+  ASSERT_FALSE(rendered.empty());
+  Json messages = fx["conversations"]["tool_call"];
+  for (Json& m : messages)
+    if (m.contains("tool_calls"))
+      for (Json& call : m["tool_calls"]) call["function"]["arguments"] = call["function"]["arguments"].dump();
+  ServedModel& m = *repo_->find("smollm2");
+  auto saved = std::move(m.chat_template);
+  m.chat_template = std::make_unique<tok::ChatTemplate>(fx["templates"]["qwen2_5"].get<std::string>());
+  auto t = post(srv_->port(), "/tokenize", Json{{"model", "smollm2"}, {"messages", messages}, {"tools", fx["tools"]}});
+  // tool_choice "auto" needs --tool-call-parser, which this server was not given.
+  auto refused = post(srv_->port(), "/v1/chat/completions",
+                      Json{{"model", "smollm2"}, {"messages", messages}, {"tools", fx["tools"]}, {"max_tokens", 1}});
+  auto none = post(srv_->port(), "/v1/chat/completions",
+                   Json{{"model", "smollm2"}, {"messages", messages}, {"tools", fx["tools"]}, {"tool_choice", "none"},
+                        {"max_tokens", 1}});
+  m.chat_template = std::move(saved);
+  ASSERT_EQ(t.status, 200) << t.body;
+  EXPECT_EQ(t.json()["tokens"].get<std::vector<int32_t>>(), m.tokenizer->encode(rendered, false));
+  EXPECT_EQ(refused.status, 400);
+  EXPECT_NE(refused.body.find("--tool-call-parser"), std::string::npos) << refused.body;
+  ASSERT_EQ(none.status, 200) << none.body;
+  EXPECT_EQ(none.json()["usage"]["prompt_tokens"], t.json()["count"]);
 }
 
 // response_format json_object on the real model: greedy, streamed and not, the content is

@@ -43,6 +43,7 @@ struct ServeArgs {
   int http_threads = 128;
   std::string instance;
   std::string reasoning_parser = "none";
+  std::string tool_parser = "none";
   int drain_timeout_s = 30;
   int tp = 0;  // not given: an engine's own ranks, else 1
   bool tune_batch_sizes = false;  // ModelOptions::step_tuning
@@ -100,6 +101,7 @@ int run_serve(const ServeArgs& a) {
   so.http_threads = a.http_threads;
   so.instance_name = a.instance;
   so.reasoning_parser = a.reasoning_parser != "none";
+  so.tool_parser = server::tool_parser_from_name(a.tool_parser);
   so.drain_timeout_s = a.drain_timeout_s;
   server::Server srv(repo, so);
   int port = srv.bind();
@@ -212,6 +214,12 @@ Runner add_serve(CLI::App& app) {
                   "thinking models' chat output: think (also qwen3, deepseek_r1) carries the text between <think> and "
                   "</think> as reasoning_content beside the content; none leaves it in the content")
       ->check(CLI::IsMember({"none", "think", "qwen3", "deepseek_r1"}))
+      ->capture_default_str();
+  cmd->add_option("--tool-call-parser", a->tool_parser,
+                  "chat requests with tools: read the model's tool calls back into message.tool_calls - hermes "
+                  "(<tool_call>{...}</tool_call>: Qwen2.5/3, Hermes, SmolLM3) or llama3_json (Llama 3.1-3.3); none "
+                  "refuses tool_choice \"auto\"")
+      ->check(CLI::IsMember({"none", "hermes", "llama3_json"}))
       ->capture_default_str();
 
   // `kiln serve bench` (also `kiln bench serve`): load-test a running server.

@@ -1,0 +1,197 @@
+// Tool calls in chat output (see tool_calls.h).
+#include "server/tool_calls.h"
+
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <stdexcept>
+
+namespace kiln::server {
+
+namespace {
+
+using Json = nlohmann::ordered_json;
+
+constexpr std::string_view kOpen = "<tool_call>", kClose = "</tool_call>";
+
+bool is_space(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
+bool all_space(std::string_view s) {
+  for (char c : s)
+    if (!is_space(c)) return false;
+  return true;
+}
+
+// The length of the longest suffix of s that is a proper prefix of tag (text that may
+// still become the tag).
+size_t partial_tag(std::string_view s, std::string_view tag) {
+  for (size_t n = std::min(s.size(), tag.size() - 1); n > 0; --n)
+    if (s.substr(s.size() - n) == tag.substr(0, n)) return n;
+  return 0;
+}
+
+// {"name": string, "<args_key>": object or JSON text} -> a call; nullopt otherwise.
+std::optional<ToolCall> call_of(const Json& j, std::initializer_list<const char*> args_keys) {
+  if (!j.is_object()) return std::nullopt;
+  auto name = j.find("name");
+  if (name == j.end() || !name->is_string() || name->get<std::string>().empty()) return std::nullopt;
+  ToolCall c;
+  c.name = name->get<std::string>();
+  c.arguments = "{}";
+  for (const char* key : args_keys) {
+    auto a = j.find(key);
+    if (a == j.end()) continue;
+    if (a->is_object()) {
+      c.arguments = a->dump();
+    } else if (a->is_string()) {  // some models write the arguments' JSON as a string
+      Json inner = Json::parse(a->get<std::string>(), nullptr, /*allow_exceptions=*/false);
+      if (!inner.is_object()) return std::nullopt;
+      c.arguments = inner.dump();
+    } else {
+      return std::nullopt;
+    }
+    break;
+  }
+  return c;
+}
+
+std::optional<ToolCall> parse_call(std::string_view text, std::initializer_list<const char*> args_keys) {
+  Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return std::nullopt;
+  return call_of(j, args_keys);
+}
+
+// The end (one past '}') of the JSON object starting at s[at] == '{', or npos when it does
+// not close within s.
+size_t object_end(std::string_view s, size_t at) {
+  int depth = 0;
+  bool in_string = false, escape = false;
+  for (size_t i = at; i < s.size(); ++i) {
+    const char c = s[i];
+    if (in_string) {
+      if (escape) escape = false;
+      else if (c == '\\') escape = true;
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      ++depth;
+    } else if (c == '}' || c == ']') {
+      if (--depth == 0) return i + 1;
+    }
+  }
+  return std::string_view::npos;
+}
+
+}  // namespace
+
+ToolParser tool_parser_from_name(std::string_view name) {
+  if (name == "hermes") return ToolParser::kHermes;
+  if (name == "llama3_json") return ToolParser::kLlama3Json;
+  if (name == "none" || name.empty()) return ToolParser::kNone;
+  throw std::invalid_argument("unknown tool-call parser '" + std::string(name) + "' (hermes, llama3_json, none)");
+}
+
+const char* tool_parser_name(ToolParser p) {
+  switch (p) {
+    case ToolParser::kHermes: return "hermes";
+    case ToolParser::kLlama3Json: return "llama3_json";
+    default: return "none";
+  }
+}
+
+ToolCallDelta ToolCallSplitter::feed(std::string_view text) {
+  held_ += text;
+  return drain(false);
+}
+
+ToolCallDelta ToolCallSplitter::finish() { return drain(true); }
+
+ToolCallDelta ToolCallSplitter::drain(bool final) {
+  ToolCallDelta out;
+  if (parser_ == ToolParser::kNone) {
+    out.content = std::move(held_);
+    held_.clear();
+    return out;
+  }
+  if (parser_ == ToolParser::kLlama3Json) {
+    if (!decided_) {
+      size_t i = 0;
+      while (i < held_.size() && is_space(held_[i])) ++i;
+      if (i == held_.size() && !final) return out;  // only whitespace so far
+      decided_ = true;
+      json_body_ = i < held_.size() && held_[i] == '{';
+    }
+    if (!json_body_) {
+      out.content = std::move(held_);
+      held_.clear();
+      return out;
+    }
+    if (!final) return out;
+    // The whole output: objects separated by ';' (and whitespace), each a call.
+    std::vector<ToolCall> calls;
+    size_t i = 0;
+    bool ok = true;
+    while (ok) {
+      while (i < held_.size() && (is_space(held_[i]) || held_[i] == ';')) ++i;
+      if (i == held_.size()) break;
+      const size_t end = held_[i] == '{' ? object_end(held_, i) : std::string_view::npos;
+      std::optional<ToolCall> c;
+      if (end != std::string_view::npos) c = parse_call(std::string_view(held_).substr(i, end - i), {"parameters", "arguments"});
+      if (!c) ok = false;
+      else calls.push_back(std::move(*c));
+      i = end;
+    }
+    if (ok && !calls.empty()) {
+      calls_ += int(calls.size());
+      out.calls = std::move(calls);
+    } else {
+      out.content = std::move(held_);
+    }
+    held_.clear();
+    return out;
+  }
+  // hermes
+  for (;;) {
+    if (!in_call_) {  // outside a call
+      const size_t at = held_.find(kOpen);
+      if (at == std::string::npos) {
+        const size_t keep = final ? 0 : partial_tag(held_, kOpen);
+        std::string text = held_.substr(0, held_.size() - keep);
+        // Whitespace between and after calls is not content; before text it is.
+        if (calls_ > 0 && all_space(text)) {
+          if (final) held_.clear();
+          return out;
+        }
+        out.content += text;
+        held_.erase(0, held_.size() - keep);
+        return out;
+      }
+      const std::string before = held_.substr(0, at);
+      if (!(calls_ > 0 && all_space(before))) out.content += before;
+      held_.erase(0, at + kOpen.size());
+      in_call_ = true;
+      continue;
+    }
+    const size_t end = held_.find(kClose);
+    if (end == std::string::npos && !final) return out;
+    const std::string body = held_.substr(0, end == std::string::npos ? held_.size() : end);
+    if (auto c = parse_call(body, {"arguments", "parameters"})) {
+      out.calls.push_back(std::move(*c));
+      ++calls_;
+    } else {
+      out.content += std::string(kOpen) + body + (end == std::string::npos ? "" : std::string(kClose));
+    }
+    held_.erase(0, end == std::string::npos ? held_.size() : end + kClose.size());
+    in_call_ = false;
+    if (final && held_.empty()) return out;
+  }
+}
+
+ToolCallDelta parse_tool_calls(ToolParser parser, std::string_view text) {
+  ToolCallSplitter s(parser);
+  ToolCallDelta a = s.feed(text), b = s.finish();
+  a.content += b.content;
+  for (auto& c : b.calls) a.calls.push_back(std::move(c));
+  return a;
+}
+
+}  // namespace kiln::server

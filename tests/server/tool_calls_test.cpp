@@ -1,0 +1,137 @@
+// Tool-call parsing (server/tool_calls.h): hermes and llama3_json outputs as whole texts
+// and streamed in every split, text before and between calls, malformed calls left as
+// text, and held-back partial tags.
+#include <gtest/gtest.h>
+
+#include <random>
+
+#include "server/tool_calls.h"
+
+namespace kiln::server {
+namespace {
+
+// Streams `text` split at `cuts` and collects the deltas.
+ToolCallDelta streamed(ToolParser p, const std::string& text, std::vector<size_t> cuts) {
+  ToolCallSplitter s(p);
+  ToolCallDelta all;
+  size_t at = 0;
+  cuts.push_back(text.size());
+  for (size_t cut : cuts) {
+    ToolCallDelta d = s.feed(std::string_view(text).substr(at, cut - at));
+    all.content += d.content;
+    for (auto& c : d.calls) all.calls.push_back(c);
+    at = cut;
+  }
+  ToolCallDelta d = s.finish();
+  all.content += d.content;
+  for (auto& c : d.calls) all.calls.push_back(c);
+  return all;
+}
+
+// Every single split, and random multi-way splits, give the whole-text result.
+void expect_any_split_agrees(ToolParser p, const std::string& text) {
+  const ToolCallDelta whole = parse_tool_calls(p, text);
+  for (size_t cut = 0; cut <= text.size(); ++cut) {
+    ToolCallDelta d = streamed(p, text, {cut});
+    EXPECT_EQ(d.content, whole.content) << "split at " << cut;
+    ASSERT_EQ(d.calls.size(), whole.calls.size()) << "split at " << cut;
+    for (size_t i = 0; i < d.calls.size(); ++i) {
+      EXPECT_EQ(d.calls[i].name, whole.calls[i].name);
+      EXPECT_EQ(d.calls[i].arguments, whole.calls[i].arguments);
+    }
+  }
+  std::mt19937 rng(7);
+  for (int trial = 0; trial < 50; ++trial) {
+    std::vector<size_t> cuts;
+    for (size_t i = 1; i < text.size(); ++i)
+      if (rng() % 3 == 0) cuts.push_back(i);
+    ToolCallDelta d = streamed(p, text, cuts);
+    EXPECT_EQ(d.content, whole.content);
+    EXPECT_EQ(d.calls.size(), whole.calls.size());
+  }
+}
+
+TEST(ToolCalls, HermesCallsAfterText) {
+  const std::string out =
+      "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 2}}\n"
+      "</tool_call>\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>";
+  ToolCallDelta d = parse_tool_calls(ToolParser::kHermes, out);
+  EXPECT_EQ(d.content, "Let me check.\n");
+  ASSERT_EQ(d.calls.size(), 2u);
+  EXPECT_EQ(d.calls[0].name, "get_weather");
+  EXPECT_EQ(d.calls[0].arguments, R"({"city":"Paris","days":2})");
+  EXPECT_EQ(d.calls[1].name, "get_time");
+  EXPECT_EQ(d.calls[1].arguments, "{}");
+  expect_any_split_agrees(ToolParser::kHermes, out);
+}
+
+TEST(ToolCalls, HermesPlainTextAndLookalikes) {
+  for (const std::string out : {"The answer is 4.", "a < b and <tool_ is not a tag", "ends with <tool_c"}) {
+    ToolCallDelta d = parse_tool_calls(ToolParser::kHermes, out);
+    EXPECT_EQ(d.content, out);
+    EXPECT_TRUE(d.calls.empty());
+    expect_any_split_agrees(ToolParser::kHermes, out);
+  }
+  // A prefix of the tag is held back until the text decides it.
+  ToolCallSplitter s(ToolParser::kHermes);
+  EXPECT_EQ(s.feed("Hi <tool").content, "Hi ");
+  EXPECT_EQ(s.feed("box>").content, "<toolbox>");
+}
+
+TEST(ToolCalls, HermesMalformedCallStaysText) {
+  const std::string bad = "<tool_call>{\"name\": \"f\", \"arguments\": [1]}</tool_call>";
+  ToolCallDelta d = parse_tool_calls(ToolParser::kHermes, bad);
+  EXPECT_TRUE(d.calls.empty());
+  EXPECT_EQ(d.content, bad);
+  const std::string not_json = "<tool_call>not json</tool_call> after";
+  d = parse_tool_calls(ToolParser::kHermes, not_json);
+  EXPECT_TRUE(d.calls.empty());
+  EXPECT_EQ(d.content, not_json);
+  // Cut off before </tool_call> (max_tokens, or a stop at the end token): parsed if whole.
+  d = parse_tool_calls(ToolParser::kHermes, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n");
+  ASSERT_EQ(d.calls.size(), 1u);
+  EXPECT_EQ(d.calls[0].arguments, R"({"x":1})");
+  d = parse_tool_calls(ToolParser::kHermes, "<tool_call>\n{\"name\": \"f\", \"argu");
+  EXPECT_TRUE(d.calls.empty());
+  EXPECT_EQ(d.content, "<tool_call>\n{\"name\": \"f\", \"argu");
+  // Arguments written as a JSON string are read as the object they encode.
+  d = parse_tool_calls(ToolParser::kHermes, R"(<tool_call>{"name": "f", "arguments": "{\"x\": [1, 2]}"}</tool_call>)");
+  ASSERT_EQ(d.calls.size(), 1u);
+  EXPECT_EQ(d.calls[0].arguments, R"({"x":[1,2]})");
+}
+
+TEST(ToolCalls, Llama3JsonCalls) {
+  const std::string out = R"({"name": "get_weather", "parameters": {"city": "Paris; France", "note": "a } b"}}; {"name": "g", "parameters": {}})";
+  ToolCallDelta d = parse_tool_calls(ToolParser::kLlama3Json, out);
+  EXPECT_EQ(d.content, "");
+  ASSERT_EQ(d.calls.size(), 2u);
+  EXPECT_EQ(d.calls[0].name, "get_weather");
+  EXPECT_EQ(d.calls[0].arguments, R"({"city":"Paris; France","note":"a } b"})");
+  EXPECT_EQ(d.calls[1].name, "g");
+  expect_any_split_agrees(ToolParser::kLlama3Json, out);
+  // Text is content, streamed as it comes once it does not open with '{'.
+  ToolCallSplitter s(ToolParser::kLlama3Json);
+  EXPECT_EQ(s.feed("  ").content, "");
+  EXPECT_EQ(s.feed("Paris is sunny").content, "  Paris is sunny");
+  // JSON that is not a call is content.
+  for (const std::string text : {R"({"answer": 4})", R"({"name": "f", "parameters": {}} trailing)", "{\"name\": \"f\""}) {
+    d = parse_tool_calls(ToolParser::kLlama3Json, text);
+    EXPECT_TRUE(d.calls.empty()) << text;
+    EXPECT_EQ(d.content, text);
+  }
+}
+
+TEST(ToolCalls, ParserNames) {
+  EXPECT_EQ(tool_parser_from_name("hermes"), ToolParser::kHermes);
+  EXPECT_EQ(tool_parser_from_name("llama3_json"), ToolParser::kLlama3Json);
+  EXPECT_STREQ(tool_parser_name(ToolParser::kLlama3Json), "llama3_json");
+  try {
+    tool_parser_from_name("mistral");
+    ADD_FAILURE();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("hermes, llama3_json"), std::string::npos);
+  }
+}
+
+}  // namespace
+}  // namespace kiln::server
