@@ -16,6 +16,7 @@
 #include "core/log.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
+#include "runtime/grammar.h"
 #include "runtime/json_constraint.h"
 #include "runtime/kv_cache/prefix_cache.h"
 #include "runtime/kv_cache/session_store.h"
@@ -52,6 +53,8 @@ struct Executor::Choice {
   int32_t cached_blocks = 0;  // full blocks already offered to the prefix cache
   SwappedKv swapped;          // preempted by swap: where its KV waits (kv is empty then)
   std::optional<JsonAcceptor> json;  // GenerationRequest::json_object: the document so far
+  std::optional<GrammarState> grammar;  // GenerationRequest::grammar: the document so far ...
+  std::shared_ptr<GrammarTokenMask> grammar_mask;  // ... and its grammar's mask
   bool finished = false;
   FinishReason reason = FinishReason::kNone;
   int32_t pending() const { return int32_t(tokens.size()) - kv.length; }
@@ -143,6 +146,12 @@ struct Executor::Impl {
   // The tokens' bytes and the allowed sets of JSON-constrained choices, built at the first
   // such request.
   std::unique_ptr<JsonTokenMask> json_mask;
+  // Grammar-constrained choices: the vocabulary's byte trie (built at the first one) and a
+  // mask per grammar, which keeps the allowed sets of the states it met for later requests
+  // with the same grammar (the server compiles each schema once).
+  std::shared_ptr<const TokenTrie> vocab_trie;
+  std::map<const Grammar*, std::shared_ptr<GrammarTokenMask>> grammar_masks;
+  static constexpr size_t kMaxGrammarMasks = 16;  // at most 16 x GrammarTokenMask::kMaxCacheBytes
   std::map<uint64_t, std::unique_ptr<Request>> requests;
   std::vector<Choice*> waiting, running;
   int64_t next_key = 0;
@@ -179,13 +188,32 @@ struct Executor::Impl {
     c.stops = StopStringMatcher(r.req.stop);
     if (r.req.json_object) {
       c.json.emplace();
-      if (!json_mask && tokenizer) {
-        std::vector<std::string> pieces(tokenizer->vocab_size());
-        for (size_t id = 0; id < pieces.size(); ++id)
-          if (!tokenizer->is_special(int32_t(id))) pieces[id] = tokenizer->token_to_piece(int32_t(id));
-        json_mask = std::make_unique<JsonTokenMask>(std::move(pieces));
-      }
+      if (!json_mask && tokenizer) json_mask = std::make_unique<JsonTokenMask>(token_pieces());
     }
+    if (r.req.grammar && tokenizer) {
+      c.grammar.emplace(r.req.grammar);
+      c.grammar_mask = grammar_mask(r.req.grammar);
+    }
+  }
+
+  // The bytes each token decodes to alone ("" for special tokens).
+  std::vector<std::string> token_pieces() const {
+    std::vector<std::string> pieces(tokenizer->vocab_size());
+    for (size_t id = 0; id < pieces.size(); ++id)
+      if (!tokenizer->is_special(int32_t(id))) pieces[id] = tokenizer->token_to_piece(int32_t(id));
+    return pieces;
+  }
+
+  std::shared_ptr<GrammarTokenMask> grammar_mask(const std::shared_ptr<const Grammar>& g) {
+    if (!vocab_trie) vocab_trie = std::make_shared<const TokenTrie>(token_pieces());
+    auto it = grammar_masks.find(g.get());
+    if (it != grammar_masks.end()) return it->second;
+    if (grammar_masks.size() >= kMaxGrammarMasks)  // drop those no running choice holds
+      std::erase_if(grammar_masks, [](const auto& kv) { return kv.second.use_count() == 1; });
+    // The mask holds its grammar, so the key cannot be reused by another grammar meanwhile.
+    auto mask = std::make_shared<GrammarTokenMask>(g, vocab_trie);
+    grammar_masks.emplace(g.get(), mask);
+    return mask;
   }
 
   void drop_from(std::vector<Choice*>& v, Choice* c) { std::erase(v, c); }
@@ -496,7 +524,7 @@ struct Executor::Impl {
     for (size_t i = 0; use_top && i < seqs.size(); ++i) {
       if (chunks[i].all_logits) use_top = false;
       if (use_top && chunks[i].want_logits && !seqs[i]->finished) {
-        use_top = !seqs[i]->json && seqs[i]->sampler->samples_from_top(runner.top_logits_k(), runner.vocab());
+        use_top = !seqs[i]->json && !seqs[i]->grammar && seqs[i]->sampler->samples_from_top(runner.top_logits_k(), runner.vocab());
         need = std::max(need, seqs[i]->sampler->top_candidates_needed());
       }
     }
@@ -598,6 +626,15 @@ struct Executor::Impl {
   SampledToken sample(Choice& c, const Row& r) const {
     if (r.full.empty()) return c.sampler->sample(r.top);
     if (c.json) json_mask->apply(*c.json, r.full);
+    if (c.grammar) {
+      // End tokens only where the document may end.
+      std::vector<std::pair<int32_t, float>> ends;
+      if (c.grammar->complete())
+        for (int32_t t : end_ids(*c.req))
+          if (t >= 0 && size_t(t) < r.full.size()) ends.emplace_back(t, r.full[size_t(t)]);
+      c.grammar_mask->apply(*c.grammar, r.full);
+      for (auto [t, x] : ends) r.full[size_t(t)] = x;
+    }
     return c.sampler->sample(r.full);
   }
 
@@ -626,6 +663,14 @@ struct Executor::Impl {
     }
   }
 
+  // The ids that end a choice: the request's stop ids, and the model's end tokens unless
+  // ignore_eos.
+  std::vector<int32_t> end_ids(const Request& r) const {
+    std::vector<int32_t> ids = r.req.stop_ids;
+    if (!r.req.ignore_eos) ids.insert(ids.end(), model_stops.begin(), model_stops.end());
+    return ids;
+  }
+
   bool is_stop_id(const Request& r, int32_t t) const {
     if (std::find(r.req.stop_ids.begin(), r.req.stop_ids.end(), t) != r.req.stop_ids.end())
       return true;
@@ -641,6 +686,13 @@ struct Executor::Impl {
       log_warn("executor: request ", r.id, ": no token continues its JSON document; ending it there");
       return finish_choice(c, FinishReason::kStop);
     }
+    if (c.grammar && !(c.grammar->complete() && is_stop_id(r, token))) {
+      const std::string& piece = vocab_trie->piece(token);
+      if (piece.empty() || !c.grammar->accept(piece)) {
+        log_warn("executor: request ", r.id, ": no token continues its grammar's document; ending it there");
+        return finish_choice(c, FinishReason::kStop);
+      }
+    }
     c.tokens.push_back(token);
     ++c.generated;
     ++generated;
@@ -653,6 +705,7 @@ struct Executor::Impl {
       if (c.stops.matched()) return finish_choice(c, FinishReason::kStop);
     }
     if (c.json && c.json->complete()) return finish_choice(c, FinishReason::kStop);
+    if (c.grammar && c.grammar->complete() && !c.grammar->can_continue()) return finish_choice(c, FinishReason::kStop);
     if (c.generated >= r.req.max_tokens || int64_t(c.tokens.size()) >= model.info().max_positions)
       return finish_choice(c, FinishReason::kLength);
   }
@@ -723,6 +776,8 @@ uint64_t Executor::submit(GenerationRequest request, UpdateCallback on_update) {
     throw_error(ErrorCode::kInvalidArgument, "stop strings need a model with a tokenizer");
   if (request.json_object && !impl_->tokenizer)
     throw_error(ErrorCode::kInvalidArgument, "response_format json_object needs a model with a tokenizer");
+  if (request.grammar && !impl_->tokenizer)
+    throw_error(ErrorCode::kInvalidArgument, "constrained decoding (a grammar, a JSON schema) needs a model with a tokenizer");
   int64_t limit = max_context();
   if (int64_t(request.prompt.size()) + request.max_tokens > limit)
     throw_error(ErrorCode::kOutOfRange, "the prompt (", request.prompt.size(),

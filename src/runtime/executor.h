@@ -26,6 +26,7 @@ namespace kiln {
 namespace tok {
 class Tokenizer;
 }
+class Grammar;
 
 enum class FinishReason { kNone, kStop, kLength, kCancelled, kError };
 const char* finish_reason_name(FinishReason r);  // "stop", "length", "cancelled", "error"
@@ -42,6 +43,11 @@ struct GenerationRequest {
   // object (runtime/json_constraint.h); the choice ends (kStop) as soon as the object closes.
   // Needs a tokenizer; such requests sample from whole logits rows.
   bool json_object = false;
+  // Constrained decoding to a grammar (runtime/grammar.h: a JSON Schema's, GBNF): every
+  // token's bytes must continue a document of it; the model's end tokens (and stop_ids) are
+  // allowed only where the document is complete, and the choice ends (kStop) where nothing
+  // can follow. Needs a tokenizer; such requests sample from whole logits rows.
+  std::shared_ptr<const Grammar> grammar;
   // >= 0: the logprob of every prompt token after the first given the tokens before it,
   // with this many top alternatives (<= 20; OpenAI's echo with logprobs, vLLM's
   // prompt_logprobs), in RequestUpdate::prompt_logprobs. The prompt is then prefilled in

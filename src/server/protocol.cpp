@@ -107,6 +107,16 @@ std::vector<int32_t> token_ids(const Json& a, const std::string& key) {
   return ids;
 }
 
+// A JSON Schema given as an object (or a boolean), or as its JSON text (vLLM's guided_json).
+Json schema_value(const Json& s, const std::string& key) {
+  if (s.is_object() || s.is_boolean()) return s;
+  if (s.is_string()) {
+    Json parsed = Json::parse(s.get<std::string>(), nullptr, /*allow_exceptions=*/false);
+    if (!parsed.is_discarded() && (parsed.is_object() || parsed.is_boolean())) return parsed;
+  }
+  bad_type(key, "a JSON Schema (an object or its JSON text)");
+}
+
 void parse_sampling(const Json& j, CompletionParams& p, const RequestLimits& limits) {
   SamplingParams& s = p.sampling;
   s.temperature = float(get_number(j, "temperature", 1.0, 0.0, 2.0));
@@ -168,10 +178,44 @@ void parse_sampling(const Json& j, CompletionParams& p, const RequestLimits& lim
     // rather than ignored.
     if (!rf->is_object()) bad_type("response_format", "an object");
     const std::string type = get_string(*rf, "type", true);
-    if (type == "json_object") p.json_object = true;
-    else if (type != "text")
-      throw ApiError(400, "'response_format' type '" + type + "' is not supported (text, json_object)", "response_format");
+    if (type == "json_object") {
+      // llama.cpp's server takes a schema here too.
+      if (const Json* s = field(*rf, "schema"); s && !s->is_null()) p.json_schema = schema_value(*s, "response_format");
+      else p.json_object = true;
+    } else if (type == "json_schema") {
+      const Json* js = field(*rf, "json_schema");
+      if (!js || !js->is_object()) throw ApiError(400, "response_format json_schema needs a 'json_schema' object", "response_format");
+      const Json* s = field(*js, "schema");
+      if (!s) throw ApiError(400, "response_format json_schema needs 'json_schema.schema'", "response_format");
+      p.json_schema = schema_value(*s, "response_format");
+    } else if (type != "text") {
+      throw ApiError(400, "'response_format' type '" + type + "' is not supported (text, json_object, json_schema)",
+                     "response_format");
+    }
   }
+  for (const char* key : {"guided_json", "json_schema"})
+    if (const Json* s = field(j, key); s && !s->is_null()) {
+      if (!p.json_schema.is_null()) throw ApiError(400, "more than one JSON schema given", key);
+      p.json_schema = schema_value(*s, key);
+    }
+  for (const char* key : {"guided_grammar", "grammar"})
+    if (const Json* g = field(j, key); g && !g->is_null()) {
+      if (!g->is_string() || g->get<std::string>().empty()) bad_type(key, "a non-empty GBNF grammar");
+      if (!p.grammar.empty()) throw ApiError(400, "more than one grammar given", key);
+      p.grammar = g->get<std::string>();
+      if (p.grammar.size() > 65536) throw ApiError(400, std::string("'") + key + "' is longer than 64 KiB", key);
+    }
+  if (const Json* gc = field(j, "guided_choice"); gc && !gc->is_null()) {
+    if (!gc->is_array() || gc->empty()) bad_type("guided_choice", "a non-empty array of strings");
+    for (const Json& x : *gc) {
+      if (!x.is_string() || x.get<std::string>().empty()) bad_type("guided_choice", "a non-empty array of non-empty strings");
+      p.guided_choice.push_back(x.get<std::string>());
+    }
+  }
+  if (field(j, "guided_regex")) throw ApiError(400, "'guided_regex' is not supported (use guided_grammar)", "guided_regex");
+  if (int(p.json_object) + int(!p.json_schema.is_null()) + int(!p.grammar.empty()) + int(!p.guided_choice.empty()) > 1)
+    throw ApiError(400, "give at most one of response_format, a JSON schema, a grammar and guided_choice",
+                   "response_format");
   p.priority = int32_t(get_int(j, "priority", 0, -1000000, 1000000));
   p.session_id = get_string(j, "session_id", false);
   if (p.session_id.size() > 256) throw ApiError(400, "'session_id' is longer than 256 bytes", "session_id");
@@ -253,6 +297,7 @@ void parse_tools(const Json& j, CompletionParams& p) {
   } else {
     bad_type("tool_choice", "a string or an object");
   }
+  p.parallel_tool_calls = get_bool(j, "parallel_tool_calls", true);
   if (p.tools.empty() && p.tool_choice != "none")
     throw ApiError(400, "'tool_choice' \"" + p.tool_choice + "\" needs 'tools'", "tool_choice");
 }

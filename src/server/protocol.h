@@ -67,6 +67,13 @@ struct CompletionParams {
   std::string session_id;
   bool return_token_ids = false;    // extension: choices carry "token_ids"
   bool json_object = false;         // response_format {"type": "json_object"}
+  // Constrained decoding, at most one of: a JSON Schema (response_format {"type":
+  // "json_schema", "json_schema": {"schema": ...}}, vLLM's guided_json, llama.cpp's
+  // json_schema or response_format {"type": "json_object", "schema": ...}); a GBNF grammar
+  // (llama.cpp's grammar, vLLM's guided_grammar); one of some strings (vLLM's guided_choice).
+  Json json_schema;                 // null: none
+  std::string grammar;
+  std::vector<std::string> guided_choice;
   // chat: OpenAI's function tools, [{"type": "function", "function": {"name", "description",
   // "parameters"}}] (rendered by the chat template as its `tools`), and tool_choice: "auto"
   // (the model decides; its output is parsed by --tool-call-parser), "none", "required" or
@@ -74,6 +81,7 @@ struct CompletionParams {
   Json tools = Json::array();
   std::string tool_choice = "none";
   std::string tool_choice_name;
+  bool parallel_tool_calls = true;  // false: tool_choice "required" makes exactly one call
 };
 
 // Throws ApiError naming the offending field.

@@ -59,6 +59,10 @@ struct ChoiceState {
   std::string reasoning;                      // what the splitter took as reasoning
   ReasoningSplitter::Delta last;              // chat: the latest update's share of each
   std::optional<ToolCallSplitter> tools;      // chat with tools, tool_choice "auto"
+  // tool_choice "required" (a JSON array of calls) or one function (its arguments): the
+  // output, constrained to that JSON, is read back into calls as it ends.
+  enum class Forced : uint8_t { kNone, kRequired, kNamed } forced = Forced::kNone;
+  std::string forced_text;
   std::vector<ToolCall> calls;                // the tool calls read so far ...
   std::vector<std::string> call_ids;          // ... their ids ...
   size_t calls_sent = 0;                      // ... and how many a stream has sent
@@ -340,6 +344,73 @@ Json final_body(Call& c) {
   return j;
 }
 
+// A forced tool choice's output as calls; none when it is not the JSON it was constrained to
+// (max_tokens cut it).
+std::vector<ToolCall> forced_calls(const CompletionParams& p, const ChoiceState& st) {
+  const Json j = Json::parse(st.forced_text, nullptr, /*allow_exceptions=*/false);
+  std::vector<ToolCall> calls;
+  if (st.forced == ChoiceState::Forced::kNamed) {
+    if (j.is_object()) calls.push_back({p.tool_choice_name, j.dump()});
+    return calls;
+  }
+  if (!j.is_array()) return {};
+  for (const Json& x : j) {
+    if (!x.is_object() || !x.contains("name") || !x["name"].is_string() || !x.contains("parameters") ||
+        !x["parameters"].is_object())
+      return {};
+    calls.push_back({x["name"].get<std::string>(), x["parameters"].dump()});
+  }
+  return calls;
+}
+
+// GBNF for exactly one of `choices` (vLLM's guided_choice). Non-ASCII bytes stay as they are
+// (a literal matches its UTF-8 bytes); quotes, backslashes and control bytes are escaped.
+std::string choice_gbnf(const std::vector<std::string>& choices) {
+  std::string g = "root ::= ";
+  for (size_t i = 0; i < choices.size(); ++i) {
+    if (i) g += " | ";
+    g += '"';
+    for (unsigned char ch : choices[i]) {
+      if (ch == '"' || ch == '\\') {
+        g += '\\';
+        g += char(ch);
+      } else if (ch < 0x20 || ch == 0x7f) {
+        static constexpr char kHex[] = "0123456789ABCDEF";
+        g += "\\x";
+        g += kHex[ch >> 4];
+        g += kHex[ch & 15];
+      } else {
+        g += char(ch);
+      }
+    }
+    g += '"';
+  }
+  return g;
+}
+
+// The JSON a forced tool choice constrains the output to: the named function's arguments
+// (its parameters schema), or for "required" an array of one or more {"name", "parameters"}
+// calls of any of the tools (vLLM's form; one with parallel_tool_calls false). A tool without
+// parameters takes any object. A parameters schema's $refs resolve against itself only where
+// it is the root (a named function).
+Json forced_tool_schema(const CompletionParams& p) {
+  auto params = [](const Json& tool) {
+    const Json& fn = tool["function"];
+    return fn.contains("parameters") && !fn["parameters"].is_null() ? fn["parameters"] : Json{{"type", "object"}};
+  };
+  Json any = Json::array();
+  for (const Json& t : p.tools) {
+    if (p.tool_choice == "function" && t["function"]["name"] == p.tool_choice_name) return params(t);
+    any.push_back({{"type", "object"},
+                   {"properties", {{"name", {{"const", t["function"]["name"]}}}, {"parameters", params(t)}}},
+                   {"required", {"name", "parameters"}},
+                   {"additionalProperties", false}});
+  }
+  Json array = {{"type", "array"}, {"minItems", 1}, {"items", {{"anyOf", any}}}};
+  if (!p.parallel_tool_calls) array["maxItems"] = 1;
+  return array;
+}
+
 void absorb(Call& c, const RequestUpdate& u) {
   c.prompt_logprobs.insert(c.prompt_logprobs.end(), u.prompt_logprobs.begin(), u.prompt_logprobs.end());
   for (auto& cu : u.choices) {
@@ -358,7 +429,18 @@ void absorb(Call& c, const RequestUpdate& u) {
       } else {
         st.last = {{}, cu.text};
       }
-      if (st.tools) {
+      if (st.forced != ChoiceState::Forced::kNone) {
+        st.forced_text += st.last.content;
+        st.last.content.clear();
+        if (last) {
+          std::vector<ToolCall> calls = forced_calls(c.params, st);
+          if (calls.empty()) st.last.content = st.forced_text;  // cut short: the text as it is
+          for (auto& call : calls) {
+            st.calls.push_back(std::move(call));
+            st.call_ids.push_back(new_call_id());
+          }
+        }
+      } else if (st.tools) {
         ToolCallDelta d = st.tools->feed(st.last.content);
         if (last) {
           ToolCallDelta rest = st.tools->finish();
@@ -459,6 +541,40 @@ void Server::Impl::handle_tokenize(const httplib::Request& req, httplib::Respons
   }
 }
 
+std::shared_ptr<const Grammar> Server::Impl::request_grammar(const CompletionParams& p) {
+  Json schema = p.json_schema;
+  std::string key, param = "response_format";
+  if (p.tool_choice == "required" || p.tool_choice == "function") {
+    schema = forced_tool_schema(p);
+    param = "tools";
+  }
+  if (!schema.is_null()) {
+    key = "json:" + schema.dump();
+  } else if (!p.grammar.empty()) {
+    key = "gbnf:" + p.grammar;
+    param = "grammar";
+  } else if (!p.guided_choice.empty()) {
+    key = "gbnf:" + choice_gbnf(p.guided_choice);
+    param = "guided_choice";
+  } else {
+    return nullptr;
+  }
+  {
+    std::lock_guard lk(grammars_mu);
+    if (auto it = grammars.find(key); it != grammars.end()) return it->second;
+  }
+  std::shared_ptr<const Grammar> g;
+  try {  // outside the lock: a large schema takes a while
+    g = !schema.is_null() ? grammar_from_json_schema(schema) : grammar_from_gbnf(std::string_view(key).substr(5));
+  } catch (const Error& e) {
+    throw ApiError(400, std::string("cannot constrain decoding to it: ") + e.what(), param);
+  }
+  std::lock_guard lk(grammars_mu);
+  if (grammars.size() >= kMaxGrammars) grammars.clear();
+  grammars.emplace(key, g);
+  return g;
+}
+
 void Server::Impl::handle_completion(const httplib::Request& req, httplib::Response& res, bool chat) {
   const char* endpoint = chat ? "/v1/chat/completions" : "/v1/completions";
   auto call = std::make_shared<Call>();
@@ -478,8 +594,9 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
     if (p.tool_choice == "auto" && opt.tool_parser == ToolParser::kNone)
       throw ApiError(400, "tool_choice \"auto\" needs a server started with --tool-call-parser (hermes, llama3_json)",
                      "tool_choice");
-    if (p.tool_choice == "required" || p.tool_choice == "function")
-      throw ApiError(400, "tool_choice \"" + p.tool_choice + "\" is not supported yet (\"auto\" and \"none\" are)",
+    const bool forced = p.tool_choice == "required" || p.tool_choice == "function";
+    if (forced && (p.json_object || !p.json_schema.is_null() || !p.grammar.empty() || !p.guided_choice.empty()))
+      throw ApiError(400, "tool_choice \"" + p.tool_choice + "\" constrains the output itself; drop the response format",
                      "tool_choice");
     if (!m->tokenizer) p.return_token_ids = true;  // no text to return: the ids are the output
     call->model = m;
@@ -508,6 +625,7 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
     g.stop = p.stop;
     g.ignore_eos = p.ignore_eos;
     g.json_object = p.json_object;
+    g.grammar = request_grammar(p);
     g.priority = p.priority;
     g.session_id = p.session_id;
     call->srv = this;
@@ -515,8 +633,11 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
     for (ChoiceState& st : call->choices) st.text = call->echo_text;  // echo: offsets count it
     if (chat && opt.reasoning_parser)
       for (ChoiceState& st : call->choices) st.splitter.emplace(ReasoningSplitter::prompt_opens_reasoning(chat_text));
-    if (chat && p.tool_choice == "auto")
-      for (ChoiceState& st : call->choices) st.tools.emplace(opt.tool_parser);
+    for (ChoiceState& st : call->choices) {
+      if (chat && p.tool_choice == "auto") st.tools.emplace(opt.tool_parser);
+      if (chat && p.tool_choice == "required") st.forced = ChoiceState::Forced::kRequired;
+      if (chat && p.tool_choice == "function") st.forced = ChoiceState::Forced::kNamed;
+    }
     call->created = unix_now();
     call->id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id++);
     auto ch = call->channel;

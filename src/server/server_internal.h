@@ -7,8 +7,12 @@
 #include <atomic>
 #include <chrono>
 #include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <string>
 
+#include "runtime/grammar.h"
 #include "server/metrics.h"
 #include "server/server.h"
 
@@ -44,11 +48,19 @@ struct Server::Impl {
   std::atomic<uint64_t> next_id{1};
   int port = 0;
   std::atomic<bool> stopped{false};
+  // Compiled grammars by their source ("json:" + schema, "gbnf:" + text): a schema sent
+  // again is not compiled again, and the executors' masks remember its states' token sets.
+  std::mutex grammars_mu;
+  std::map<std::string, std::shared_ptr<const Grammar>> grammars;
+  static constexpr size_t kMaxGrammars = 256;
 
   Impl(ModelRepository& r, ServerOptions o) : repo(r), opt(std::move(o)) {}
   void install_routes();
   void handle_completion(const httplib::Request& req, httplib::Response& res, bool chat);
   void handle_tokenize(const httplib::Request& req, httplib::Response& res, bool detokenize);
+  // The request's constrained decoding (json_schema, grammar, guided_choice, a forced tool
+  // choice) compiled, or null; throws ApiError for a schema or grammar it cannot compile.
+  std::shared_ptr<const Grammar> request_grammar(const CompletionParams& p);
   // A handler's failure as its response, counted in the metrics: an ApiError as it is, a
   // kiln::Error with the status of its code (status_of).
   void reply_error(httplib::Response& res, const std::string& model, const char* endpoint, const ApiError& e);

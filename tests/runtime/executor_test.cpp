@@ -17,6 +17,7 @@
 #include "backends/cpu/kernels/kernels.h"
 #include "core/status.h"
 #include "runtime/executor.h"
+#include "runtime/grammar.h"
 #include "runtime/json_constraint.h"
 #include "tokenizer/tokenizer.h"
 #include "executor_test_util.h"
@@ -911,6 +912,83 @@ TEST_F(ExecutorTest, JsonObjectChoicesAreJson) {
     }
   }
   EXPECT_GE(closed, total / 2) << closed << " of " << total << " choices closed their object";
+  expect_no_leak(ex);
+}
+
+// Grammar-constrained choices (a JSON Schema's, a GBNF one) of a random model at temperature 1:
+// every choice that ends by itself is a document of the grammar - nlohmann's parser takes the
+// schema's as an object with exactly its keys and value types - and one cut by max_tokens is
+// a prefix of one. The end token is allowed only once the document is complete.
+TEST_F(ExecutorTest, GrammarChoicesFollowTheirGrammar) {
+  const tok::Tokenizer tokenizer = tok::Tokenizer::from_hf_json(json_test_tokenizer());
+  Executor ex(*model_, &tokenizer);
+  const auto schema = nlohmann::ordered_json::parse(R"({"type": "object", "properties": {
+      "name": {"type": "string", "maxLength": 6}, "ok": {"type": "boolean"}, "n": {"type": "integer"},
+      "tags": {"type": "array", "items": {"enum": ["a", "b"]}, "maxItems": 2}},
+      "required": ["name", "ok", "n"], "additionalProperties": false})");
+  const std::shared_ptr<const Grammar> json_grammar = grammar_from_json_schema(schema);
+  int closed = 0, total = 0;
+  for (uint64_t seed = 1; seed <= 10; ++seed) {
+    GenerationRequest r;
+    r.prompt = {5, 17, 33, 250, 9};
+    r.max_tokens = 60;
+    r.n = 2;
+    r.sampling.temperature = 1.0f;
+    r.sampling.seed = seed;
+    r.grammar = json_grammar;
+    const GenerationResult out = ex.generate(r);
+    ASSERT_TRUE(out.error.empty()) << out.error;
+    for (const auto& c : out.choices) {
+      ++total;
+      const std::string text = tokenizer.decode(c.tokens);
+      if (c.finish == FinishReason::kStop) {
+        ++closed;
+        nlohmann::ordered_json j;
+        try {
+          j = nlohmann::ordered_json::parse(text);
+        } catch (const nlohmann::json::exception& e) {
+          ADD_FAILURE() << "not JSON: " << text << " (" << e.what() << ")";
+          continue;
+        }
+        ASSERT_TRUE(j.is_object()) << text;
+        size_t chars = 0;  // UTF-8 characters: the bytes that are not continuation bytes
+        if (j["name"].is_string())
+          for (unsigned char b : j["name"].get<std::string>()) chars += (b & 0xC0) != 0x80;
+        EXPECT_TRUE(j["name"].is_string() && chars <= 6) << text;
+        EXPECT_TRUE(j["ok"].is_boolean()) << text;
+        EXPECT_TRUE(j["n"].is_number_integer()) << text;
+        EXPECT_EQ(j.size(), j.contains("tags") ? 4u : 3u) << text;
+        if (j.contains("tags")) {
+          EXPECT_TRUE(j["tags"].is_array() && j["tags"].size() <= 2) << text;
+          for (auto& t : j["tags"]) EXPECT_TRUE(t == "a" || t == "b") << text;
+        }
+      } else {
+        EXPECT_EQ(c.finish, FinishReason::kLength) << text;
+        GrammarState prefix(json_grammar);
+        EXPECT_TRUE(prefix.accept(text)) << "an unfinished choice is still a prefix: " << text;
+      }
+    }
+  }
+  EXPECT_GE(closed, 1) << "no choice completed its document in 60 tokens";
+  std::printf("  JSON schema: %d of %d choices completed their document\n", closed, total);
+  // A GBNF grammar of two words: every choice is one of them, ended as it completes.
+  GenerationRequest r;
+  r.prompt = {5, 17, 33};
+  r.max_tokens = 10;
+  r.n = 4;
+  r.sampling.temperature = 1.0f;
+  r.sampling.seed = 3;
+  r.grammar = grammar_from_gbnf(R"(root ::= "yes" | "no" | "maybe")");
+  const GenerationResult words = ex.generate(r);
+  ASSERT_TRUE(words.error.empty()) << words.error;
+  for (const auto& c : words.choices) {
+    const std::string text = tokenizer.decode(c.tokens);
+    EXPECT_TRUE(text == "yes" || text == "no" || text == "maybe") << text;
+    EXPECT_EQ(c.finish, FinishReason::kStop);
+  }
+  // Without a tokenizer a grammar is refused.
+  Executor plain(*model_, nullptr);
+  EXPECT_THROW(plain.generate(r), Error);
   expect_no_leak(ex);
 }
 

@@ -298,7 +298,13 @@ TEST_F(ServerTest, BadInputIsAClear4xxAndTheServerIsUnaffected) {
       {"/detokenize", R"({"model":"llama"})", 400, "'tokens' is required"},
       {"/detokenize", R"({"model":"llama","tokens":"1"})", 400, "tokens"},
       {"/v1/completions", R"({"model":"llama","prompt":[1,2],"response_format":{"type":"json_schema"}})", 400,
-       "'json_schema' is not supported"},
+       "needs a 'json_schema' object"},
+      {"/v1/completions", R"({"model":"llama","prompt":[1,2],"response_format":{"type":"json_schema","json_schema":{"schema":{"type":"object"}}}})",
+       400, "needs a model with a tokenizer"},
+      {"/v1/completions", R"({"model":"llama","prompt":[1,2],"guided_choice":["a"],"grammar":"root ::= \"a\""})", 400,
+       "at most one"},
+      {"/v1/completions", R"({"model":"llama","prompt":[1,2],"guided_regex":"a+"})", 400, "guided_regex"},
+      {"/v1/completions", R"({"model":"llama","prompt":[1,2],"guided_json":"{not json"})", 400, "guided_json"},
       {"/v1/completions", R"({"model":"llama","prompt":[1,2],"response_format":"json"})", 400, "response_format"},
       {"/v1/completions", R"({"model":"llama","prompt":[1,2],"response_format":{"type":"json_object"}})", 400,
        "needs a model with a tokenizer"},
@@ -907,6 +913,140 @@ TEST_F(RealModelServerTest, JsonObjectResponseFormat) {
     if (d.contains("content")) streamed += d["content"].get<std::string>();
   }
   EXPECT_EQ(streamed, content);
+}
+
+// Structured outputs on the real model: response_format json_schema (streamed and not), vLLM's
+// guided_choice and guided_grammar; the content is a document of its schema or grammar.
+TEST_F(RealModelServerTest, JsonSchemaChoiceAndGrammarConstrainTheOutput) {
+  const Json schema = Json::parse(R"({"type": "object", "properties": {"city": {"type": "string", "maxLength": 20},
+      "population": {"type": "integer"}, "river": {"type": ["string", "null"]}},
+      "required": ["city", "population"], "additionalProperties": false})");
+  Json body = {{"model", "smollm2"},
+               {"messages", {{{"role", "user"}, {"content", "Which city is the capital of France? Answer in JSON."}}}},
+               {"max_tokens", 80},
+               {"temperature", 0},
+               {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "city"}, {"schema", schema}}}}}};
+  auto r = post(srv_->port(), "/v1/chat/completions", body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const Json choice = r.json()["choices"][0];
+  const std::string content = choice["message"]["content"].get<std::string>();
+  std::printf("  json_schema content (%s): %s\n", choice["finish_reason"].get<std::string>().c_str(), Json(content).dump().c_str());
+  ASSERT_EQ(choice["finish_reason"], "stop") << content;
+  Json parsed;
+  ASSERT_NO_THROW(parsed = Json::parse(content)) << content;
+  ASSERT_TRUE(parsed.is_object()) << content;
+  EXPECT_TRUE(parsed["city"].is_string()) << content;
+  EXPECT_TRUE(parsed["population"].is_number_integer()) << content;
+  for (auto& [key, value] : parsed.items()) EXPECT_TRUE(key == "city" || key == "population" || key == "river") << content;
+  body["stream"] = true;
+  auto s = post_sse(srv_->port(), "/v1/chat/completions", body);
+  ASSERT_TRUE(s.done);
+  std::string streamed;
+  for (auto& e : s.events) {
+    const Json d = Json::parse(e)["choices"][0]["delta"];
+    if (d.contains("content")) streamed += d["content"].get<std::string>();
+  }
+  EXPECT_EQ(streamed, content);
+
+  Json pick = {{"model", "smollm2"},
+               {"prompt", "The capital of France is"},
+               {"max_tokens", 10},
+               {"temperature", 0.8},
+               {"seed", 1},
+               {"n", 3},
+               {"guided_choice", {"Paris", "London", "Lyon \"center\""}}};
+  auto c = post(srv_->port(), "/v1/completions", pick);
+  ASSERT_EQ(c.status, 200) << c.body;
+  for (const Json& ch : c.json()["choices"]) {
+    const std::string text = ch["text"];
+    EXPECT_TRUE(text == "Paris" || text == "London" || text == "Lyon \"center\"") << text;
+    EXPECT_EQ(ch["finish_reason"], "stop");
+  }
+  pick.erase("guided_choice");
+  pick["guided_grammar"] = R"(root ::= [A-Z] [a-z]+ " " [0-9]{4})";
+  auto g = post(srv_->port(), "/v1/completions", pick);
+  ASSERT_EQ(g.status, 200) << g.body;
+  for (const Json& ch : g.json()["choices"]) {
+    const std::string text = ch["text"];
+    if (ch["finish_reason"] != "stop") continue;  // [a-z]+ may run past max_tokens
+    ASSERT_GE(text.size(), 7u) << text;
+    EXPECT_TRUE(std::isupper(static_cast<unsigned char>(text[0]))) << text;
+    EXPECT_EQ(text[text.size() - 5], ' ') << text;
+    for (size_t i = text.size() - 4; i < text.size(); ++i) EXPECT_TRUE(std::isdigit(static_cast<unsigned char>(text[i]))) << text;
+  }
+  pick["guided_grammar"] = "root ::= missing";
+  auto bad = post(srv_->port(), "/v1/completions", pick);
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_NE(bad.body.find("cannot constrain decoding"), std::string::npos) << bad.body;
+  pick.erase("guided_grammar");
+  pick["response_format"] = {{"type", "json_schema"}, {"json_schema", {{"schema", {{"type", "colour"}}}}}};
+  bad = post(srv_->port(), "/v1/completions", pick);
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_NE(bad.body.find("cannot constrain decoding"), std::string::npos) << bad.body;
+}
+
+// A forced tool choice: the output is constrained to the named function's arguments (or an
+// array of calls for "required") and comes back as message.tool_calls, content null - in the
+// body and as the stream's delta.tool_calls alike.
+TEST_F(RealModelServerTest, ForcedToolChoiceComesBackAsToolCalls) {
+  const Json tools = Json::parse(R"([
+    {"type": "function", "function": {"name": "get_weather", "description": "Get the weather for a city.",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 24},
+        "unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["city", "unit"], "additionalProperties": false}}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object",
+      "properties": {"zone": {"type": "string", "maxLength": 24}}, "required": ["zone"], "additionalProperties": false}}}])");
+  Json body = {{"model", "smollm2"},
+               {"messages", {{{"role", "user"}, {"content", "What is the weather in Paris?"}}}},
+               {"max_tokens", 80},
+               {"temperature", 0},
+               {"tools", tools},
+               {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}}};
+  auto r = post(srv_->port(), "/v1/chat/completions", body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const Json msg = r.json()["choices"][0]["message"];
+  std::printf("  named tool call: %s\n", msg.dump().c_str());
+  ASSERT_EQ(r.json()["choices"][0]["finish_reason"], "tool_calls") << r.body;
+  EXPECT_TRUE(msg["content"].is_null());
+  ASSERT_EQ(msg["tool_calls"].size(), 1u);
+  const Json call = msg["tool_calls"][0];
+  EXPECT_EQ(call["type"], "function");
+  EXPECT_EQ(call["function"]["name"], "get_weather");
+  EXPECT_EQ(call["id"].get<std::string>().rfind("call_", 0), 0u);
+  const Json args = Json::parse(call["function"]["arguments"].get<std::string>());
+  EXPECT_TRUE(args["city"].is_string());
+  EXPECT_TRUE(args["unit"] == "celsius" || args["unit"] == "fahrenheit") << args;
+  body["stream"] = true;
+  auto s = post_sse(srv_->port(), "/v1/chat/completions", body);
+  ASSERT_TRUE(s.done);
+  Json streamed_calls = Json::array();
+  std::string finish;
+  for (auto& e : s.events) {
+    const Json ch = Json::parse(e)["choices"][0];
+    if (ch["delta"].contains("tool_calls"))
+      for (auto& tc : ch["delta"]["tool_calls"]) streamed_calls.push_back(tc);
+    if (!ch["finish_reason"].is_null()) finish = ch["finish_reason"];
+  }
+  ASSERT_EQ(streamed_calls.size(), 1u);
+  EXPECT_EQ(streamed_calls[0]["index"], 0);
+  EXPECT_EQ(streamed_calls[0]["function"]["arguments"], call["function"]["arguments"]);
+  EXPECT_EQ(finish, "tool_calls");
+
+  body.erase("stream");
+  body["tool_choice"] = "required";
+  body["parallel_tool_calls"] = false;
+  auto req = post(srv_->port(), "/v1/chat/completions", body);
+  ASSERT_EQ(req.status, 200) << req.body;
+  const Json rmsg = req.json()["choices"][0]["message"];
+  std::printf("  required tool calls: %s\n", rmsg.dump().c_str());
+  ASSERT_EQ(req.json()["choices"][0]["finish_reason"], "tool_calls") << req.body;
+  ASSERT_GE(rmsg["tool_calls"].size(), 1u);
+  for (const Json& tc : rmsg["tool_calls"]) {
+    const std::string name = tc["function"]["name"];
+    EXPECT_TRUE(name == "get_weather" || name == "get_time") << name;
+    EXPECT_TRUE(Json::parse(tc["function"]["arguments"].get<std::string>()).is_object());
+  }
+  body["response_format"] = {{"type", "json_object"}};
+  EXPECT_EQ(post(srv_->port(), "/v1/chat/completions", body).status, 400);
 }
 
 TEST_F(RealModelServerTest, ChatStreamingAndNonStreamingAgree) {
