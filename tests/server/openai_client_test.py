@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
 """The official `openai` Python package against `kiln serve` on loopback: models,
-completions (with echo and logprobs), chat (plain and streamed), embeddings (the client's default base64
+completions (with echo and logprobs), chat (plain and streamed, structured outputs, a forced tool
+call), embeddings (the client's default base64
 encoding), and a bad request surfacing as openai.BadRequestError. Exits 77 (CTest: skipped)
 when the package or the real models are missing.
 Usage: openai_client_test.py KILN_BINARY MODELS_DIR"""
+import json
 import os
 import re
 import subprocess
@@ -63,6 +65,24 @@ try:
     text = chat.choices[0].message.content
     assert "Paris" in text, text
     assert chat.choices[0].message.role == "assistant"
+
+    # Structured outputs and a forced tool call, as the client sends them.
+    so = client.chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": "Which city is the capital of France? Answer in JSON."}],
+        max_tokens=60, temperature=0,
+        response_format={"type": "json_schema", "json_schema": {"name": "answer", "strict": True, "schema": {
+            "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+            "required": ["city"], "additionalProperties": False}}})
+    assert set(json.loads(so.choices[0].message.content)) == {"city"}, so.choices[0].message.content
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"],
+        "additionalProperties": False}}}]
+    tc = client.chat.completions.create(
+        model="smollm2", messages=[{"role": "user", "content": "What is the weather in Paris?"}], max_tokens=40,
+        temperature=0, tools=tools, tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    call = tc.choices[0].message.tool_calls[0]
+    assert tc.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather", tc
+    assert isinstance(json.loads(call.function.arguments)["city"], str), call
 
     stream = client.chat.completions.create(
         model="smollm2", messages=[{"role": "user", "content": "What is the capital of France?"}],
