@@ -21,6 +21,7 @@
 #include "runtime/kv_cache/prefix_cache.h"
 #include "runtime/kv_cache/session_store.h"
 #include "runtime/kv_cache/swap_space.h"
+#include "runtime/model_tokenizer.h"
 #include "runtime/sampling_stop.h"
 #include "tokenizer/tokenizer.h"
 
@@ -188,7 +189,7 @@ struct Executor::Impl {
     c.stops = StopStringMatcher(r.req.stop);
     if (r.req.json_object) {
       c.json.emplace();
-      if (!json_mask && tokenizer) json_mask = std::make_unique<JsonTokenMask>(token_pieces());
+      if (!json_mask && tokenizer) json_mask = std::make_unique<JsonTokenMask>(token_pieces(*tokenizer));
     }
     if (r.req.grammar && tokenizer) {
       c.grammar.emplace(r.req.grammar);
@@ -196,16 +197,8 @@ struct Executor::Impl {
     }
   }
 
-  // The bytes each token decodes to alone ("" for special tokens).
-  std::vector<std::string> token_pieces() const {
-    std::vector<std::string> pieces(tokenizer->vocab_size());
-    for (size_t id = 0; id < pieces.size(); ++id)
-      if (!tokenizer->is_special(int32_t(id))) pieces[id] = tokenizer->token_to_piece(int32_t(id));
-    return pieces;
-  }
-
   std::shared_ptr<GrammarTokenMask> grammar_mask(const std::shared_ptr<const Grammar>& g) {
-    if (!vocab_trie) vocab_trie = std::make_shared<const TokenTrie>(token_pieces());
+    if (!vocab_trie) vocab_trie = std::make_shared<const TokenTrie>(token_pieces(*tokenizer));
     auto it = grammar_masks.find(g.get());
     if (it != grammar_masks.end()) return it->second;
     if (grammar_masks.size() >= kMaxGrammarMasks)  // drop those no running choice holds

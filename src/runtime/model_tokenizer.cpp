@@ -146,4 +146,11 @@ std::optional<tok::Tokenizer> load_model_tokenizer(const Model& model) {
   return std::nullopt;
 }
 
+std::vector<std::string> token_pieces(const tok::Tokenizer& tokenizer) {
+  std::vector<std::string> pieces(tokenizer.vocab_size());
+  for (size_t id = 0; id < pieces.size(); ++id)
+    if (!tokenizer.is_special(int32_t(id))) pieces[id] = tokenizer.token_to_piece(int32_t(id));
+  return pieces;
+}
+
 }  // namespace kiln

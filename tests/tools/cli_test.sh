@@ -42,6 +42,22 @@ check bad-ids 1 "not a token id" -- "$kiln" generate -m "$fixtures/models/gpt2" 
 check oov-id 1 "outside the vocabulary" -- "$kiln" generate -m "$fixtures/models/gpt2" --ids 999999
 check no-tokenizer 1 "has no tokenizer" -- "$kiln" generate -m "$fixtures/models/gpt2" -p hello
 check encoder-generate 1 "encoder" -- "$kiln" generate -m "$fixtures/models/bert" --ids 1,2
+check grammar-no-tokenizer 1 "need a model with a tokenizer" -- "$kiln" generate -m "$fixtures/models/gpt2" --ids 5 --grammar 'root ::= "a"'
+smollm2="$fixtures/../../.cache/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"
+if [ -f "$smollm2" ]; then  # constrained generation with a real tokenizer (scripts/fetch_models.sh)
+  check grammar-bad 1 "undefined" -- "$kiln" generate -m "$smollm2" -p hi --grammar 'root ::= nothing'
+  check json-schema-bad 1 "not valid JSON" -- "$kiln" generate -m "$smollm2" -p hi --json-schema '{'
+  check grammar 0 " Paris." -- "$kiln" generate -m "$smollm2" -p "The capital of France is" -q -n 20 \
+    --grammar 'root ::= " " [A-Z] [a-z]+ "."'
+  doc=$("$kiln" generate -m "$smollm2" --chat -p "Give me a person as JSON." -q -n 100 \
+    --json-schema '{"type":"object","properties":{"name":{"type":"string"},"age":{"type":"integer"}},"required":["name","age"],"additionalProperties":false}' 2>&1)
+  if python3 -c 'import json,sys; d=json.loads(sys.argv[1]); assert set(d)=={"name","age"} and isinstance(d["age"],int)' "$doc"; then
+    echo "ok   json-schema"
+  else
+    echo "FAIL json-schema: $doc"
+    fail=1
+  fi
+fi
 check no-classifier 1 "no classification head" -- "$kiln" classify -m "$fixtures/models/gpt2" --ids 1
 check serve-help-tuning 0 "--tune-batch-sizes" -- "$kiln" serve --help
 check serve-help-padding 0 "--decode-padding" -- "$kiln" serve --help

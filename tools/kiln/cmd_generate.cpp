@@ -1,10 +1,13 @@
 // `kiln generate`: greedy continuation of a prompt (text through the model's own
-// tokenizer, or raw token ids), streamed as it decodes, with timing on stderr.
+// tokenizer, or raw token ids), streamed as it decodes, with timing on stderr; optionally
+// constrained to a JSON Schema or a GBNF grammar (runtime/grammar.h).
 #include <chrono>
 #include <cstdio>
 
 #include "commands.h"
 #include "core/status.h"
+#include "core/mapped_file.h"
+#include "runtime/grammar.h"
 #include "runtime/llm_runner.h"
 #include "runtime/model_tokenizer.h"
 #include "tokenizer/chat_template.h"
@@ -25,7 +28,12 @@ struct GenerateArgs {
   bool chat = false;
   std::string system;
   double kv_fraction = 0;
+  std::string json_schema;  // a schema's JSON text, or @FILE
+  std::string grammar;      // GBNF text, or @FILE
 };
+
+// "@path" reads the file; anything else is the text itself.
+std::string text_or_file(const std::string& s) { return !s.empty() && s[0] == '@' ? read_text_file(s.substr(1)) : s; }
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
@@ -77,18 +85,47 @@ int run_generate(const GenerateArgs& a) {
     stream.emplace(*tokenizer);
     if (!a.quiet && !a.chat) std::fputs(a.prompt.c_str(), stdout);
   }
+  // Constrained decoding: the row masked to the tokens that continue the document; end
+  // tokens only where it is complete; the output ends where nothing can follow.
+  std::optional<GrammarState> doc;
+  std::optional<GrammarTokenMask> mask;
+  std::shared_ptr<const TokenTrie> trie;
+  if (!a.json_schema.empty() || !a.grammar.empty()) {
+    if (!tokenizer) throw_error(ErrorCode::kInvalidArgument, "--json-schema and --grammar need a model with a tokenizer");
+    std::shared_ptr<const Grammar> g;
+    if (!a.json_schema.empty()) {
+      const auto schema = nlohmann::ordered_json::parse(text_or_file(a.json_schema), nullptr, false);
+      if (schema.is_discarded()) throw_error(ErrorCode::kInvalidArgument, "--json-schema is not valid JSON");
+      g = grammar_from_json_schema(schema);
+    } else {
+      g = grammar_from_gbnf(text_or_file(a.grammar));
+    }
+    trie = std::make_shared<const TokenTrie>(token_pieces(*tokenizer));
+    doc.emplace(g);
+    mask.emplace(g, trie);
+  }
   std::vector<int32_t> out;
   auto t_start = std::chrono::steady_clock::now();
   double prefill_s = 0;
   while (int(out.size()) < a.max_tokens) {
     auto res = runner.step();
     if (out.empty()) prefill_s = seconds_since(t_start);
-    int32_t next = argmax(res.at(0).logits.data(), int64_t(res[0].logits.size()));
+    std::vector<float>& row = res.at(0).logits;
+    if (doc) {
+      std::vector<std::pair<int32_t, float>> ends;
+      if (doc->complete())
+        for (int32_t s : stops) ends.emplace_back(s, row.at(size_t(s)));
+      if (mask->apply(*doc, row) == 0 && ends.empty()) break;  // nothing continues the document
+      for (auto [s, x] : ends) row[size_t(s)] = x;
+    }
+    int32_t next = argmax(row.data(), int64_t(row.size()));
     out.push_back(next);
     if (std::find(stops.begin(), stops.end(), next) != stops.end()) break;
+    if (doc && !doc->accept(trie->piece(next))) break;
     if (stream) std::fputs(stream->put(next).c_str(), stdout);
     else std::printf("%s%d", out.size() > 1 ? " " : "", next);
     std::fflush(stdout);
+    if (doc && doc->complete() && !doc->can_continue()) break;
     runner.append_tokens(seq, {next});
   }
   if (stream) std::fputs(stream->flush().c_str(), stdout);
@@ -130,6 +167,10 @@ Runner add_generate(CLI::App& app) {
   cmd->add_flag("-q,--quiet", a->quiet, "print only the generated continuation");
   add_kv_fraction_option(cmd, a->kv_fraction);
   add_kv_dtype_option(cmd, a->model.kv_cache_dtype);
+  auto* js = cmd->add_option("--json-schema", a->json_schema,
+                             "constrain the output to a JSON document of this schema (its JSON text, or @FILE)");
+  cmd->add_option("--grammar", a->grammar, "constrain the output to this GBNF grammar (llama.cpp's syntax; text or @FILE)")
+      ->excludes(js);
   return [a, cmd] {
     if (a->prompt.empty() && a->ids.empty())
       throw_error(ErrorCode::kInvalidArgument, "generate needs --prompt TEXT or --ids IDS");
