@@ -59,6 +59,11 @@ using grammar_detail::CpRanges;
 using ByteRange = std::pair<uint8_t, uint8_t>;
 // Bounds on what one grammar may compile to, and on the work of one byte's step.
 constexpr size_t kMaxElements = size_t(1) << 22;
+// Groups are parsed recursively: bounded so that a request cannot overflow the stack.
+constexpr int kMaxNesting = 1024;
+// Generated rules are named after the rule they appear in, cut to this many bytes (a long
+// name repeated in 65536 generated ones would be a request's memory many times over).
+constexpr size_t kMaxGeneratedName = 64;
 constexpr int64_t kMaxStepWork = int64_t(1) << 20;
 
 // UTF-8 cannot encode the surrogates.
@@ -172,6 +177,7 @@ class GrammarCompiler {
   size_t pos_ = 0;
   int32_t current_ = -1;  // the rule being parsed
   int generated_ = 0;     // rules generated for it so far
+  int nesting_ = 0;       // groups open at pos_
   size_t elements_ = 0;
   std::vector<Rule> rules_;
   std::unordered_map<std::string, int32_t> names_;
@@ -278,8 +284,9 @@ int32_t GrammarCompiler::rule_named(const std::string& name, size_t pos) {
 }
 
 int32_t GrammarCompiler::new_rule(std::vector<Seq> alts) {
-  const std::string& base = current_ >= 0 ? rules_[size_t(current_)].name : std::string("class");
-  rules_.push_back({str_cat(base, "-", ++generated_), std::move(alts), true, true, pos_, current_});
+  const std::string_view base = current_ >= 0 ? std::string_view(rules_[size_t(current_)].name) : "class";
+  rules_.push_back({str_cat(base.substr(0, kMaxGeneratedName), "-", ++generated_), std::move(alts), true, true, pos_,
+                    current_});
   return int32_t(rules_.size() - 1);
 }
 
@@ -395,9 +402,11 @@ void GrammarCompiler::parse_item(Seq& out) {
     out.push_back(class_element(cp_without_surrogates({{0, kMaxCodePoint}})));
   } else if (c == '(') {
     ++pos_;
+    if (++nesting_ > kMaxNesting) fail_at(at, "groups nest deeper than ", kMaxNesting, " levels");
     std::vector<Seq> alts = parse_alternatives();
     if (peek() != ')') fail_at(at, "'(' is not closed");
     ++pos_;
+    --nesting_;
     if (alts.size() == 1) out.insert(out.end(), alts[0].begin(), alts[0].end());
     else out.push_back(ref(new_rule(std::move(alts))));
   } else if (is_name_char(c)) {
@@ -651,41 +660,54 @@ class Stepper {
 
   uint64_t frame_hash(int32_t f) const { return f < 0 ? kBottomHash : frames_[size_t(f)].hash; }
 
-  // Normalizes the stack (pos, frame): follows ends and references to byte-set tops.
+  // Normalizes the stack (pos, frame): follows ends and references to byte-set tops. The
+  // alternatives still to follow wait in todo_, not on the call stack: a chain of rules that
+  // match nothing (("" | "a"){0,60000}) nests as deep as it is long.
   void expand(int32_t pos, int32_t frame) {
+    todo_.clear();
     for (;;) {
       if (++work_ > kMaxStepWork) {
         failed_ = true;
         return;
       }
       const int32_t e = g_.element(pos);
-      if (e >= 0) {
-        add(pos, frame);
-        return;
-      }
-      if (e == Grammar::kEnd) {
-        if (frame < 0) {
-          complete_ = true;
-          return;
-        }
+      if (e == Grammar::kEnd && frame >= 0) {
         pos = frames_[size_t(frame)].ret;
         frame = frames_[size_t(frame)].parent;
         continue;
       }
-      int32_t callee = frame;
-      if (g_.element(pos + 1) != Grammar::kEnd) {  // else a tail call: nothing to return to
-        const int32_t depth = frame < 0 ? 1 : frames_[size_t(frame)].depth + 1;
-        if (depth > GrammarState::kMaxDepth) return;  // too deep: this path is dropped
-        frames_.push_back({pos + 1, frame, depth, hash_mix(frame_hash(frame), uint64_t(pos + 1))});
-        callee = int32_t(frames_.size() - 1);
-      }
-      const auto alts = g_.alternatives(Grammar::rule_of(e));
-      for (size_t i = 0; i + 1 < alts.size(); ++i) {
-        expand(alts[i], callee);
+      if (Grammar::is_rule(e)) {
+        int32_t callee = frame;
+        bool dropped = false;
+        if (g_.element(pos + 1) != Grammar::kEnd) {  // else a tail call: nothing to return to
+          const int32_t depth = frame < 0 ? 1 : frames_[size_t(frame)].depth + 1;
+          dropped = depth > GrammarState::kMaxDepth;  // too deep: this path is dropped
+          if (!dropped) {
+            frames_.push_back({pos + 1, frame, depth, hash_mix(frame_hash(frame), uint64_t(pos + 1))});
+            callee = int32_t(frames_.size() - 1);
+          }
+        }
+        if (!dropped) {
+          const auto alts = g_.alternatives(Grammar::rule_of(e));
+          for (size_t i = alts.size() - 1; i > 0; --i) todo_.push_back({alts[i], callee});
+          // Each waiting alternative costs work: past the bound the step fails anyway.
+          if (work_ + int64_t(todo_.size()) > kMaxStepWork) {
+            failed_ = true;
+            return;
+          }
+          pos = alts[0];
+          frame = callee;
+          continue;
+        }
+      } else if (e >= 0) {
+        add(pos, frame);
         if (failed_) return;
+      } else {
+        complete_ = true;  // the end of the root
       }
-      pos = alts.back();
-      frame = callee;
+      if (todo_.empty()) return;
+      std::tie(pos, frame) = todo_.back();
+      todo_.pop_back();
     }
   }
 
@@ -740,6 +762,7 @@ class Stepper {
   bool indexed_ = false;
   int64_t work_ = 0;
   std::vector<int32_t> table_;
+  std::vector<std::pair<int32_t, int32_t>> todo_;  // (pos, frame) of alternatives to follow
 };
 
 // Past this many frames accept() compacts the arena mid-string (garbage of earlier bytes).

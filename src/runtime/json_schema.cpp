@@ -20,7 +20,10 @@
 // (multipleOf, min/maxProperties, patternProperties, propertyNames, dependencies, if/then/else,
 // not, contains, uniqueItems: true, unevaluated*), combinators beside other constraints,
 // allOf of several schemas, `false` where a value must appear, a known format or pattern
-// together with a length.
+// together with a length; past the bounds that keep a request's compile small (JSON nesting
+// and schemas within schemas, $ref chains included, past 128 levels; groups in a pattern past
+// 256; over 1024 properties on an object or 512 prefix items on an array; a property name
+// over 256 characters beside additionalProperties).
 //
 // Choices: whitespace between tokens is llama.cpp's: nothing, one space, or a line break and
 // up to kMaxSpace spaces or tabs (a model may pretty-print but not pad forever), allowed
@@ -53,6 +56,14 @@ using grammar_detail::cp_complement;
 using grammar_detail::cp_normalize;
 
 constexpr int kMaxSpace = 20;
+// Bounds on what a schema (a request's) may hold: the compilers recurse on nesting and on
+// runs of properties, and a tuple's optional tail nests a group per item in the grammar.
+constexpr int kMaxSchemaDepth = 128;        // JSON nesting, and schemas inside schemas ($ref included)
+constexpr int kMaxPatternNesting = 256;     // groups in a pattern
+constexpr size_t kMaxProperties = 1024;     // per object, `required` ones included
+constexpr size_t kMaxPrefixItems = 512;     // per array
+constexpr size_t kMaxExcludedKey = 256;     // characters of a property name kept from extra keys
+constexpr size_t kMaxRuleName = 64;         // bytes of a rule name taken from a hint
 
 // Fixed rules, added with what they use on first use.
 struct Primitive {
@@ -332,9 +343,11 @@ class PatternCompiler {
           if (i_ + 1 < end_ && p_[i_ + 1] == ':') i_ += 2;
           else fail("lookarounds and named groups are not supported");
         }
+        if (++nesting_ > kMaxPatternNesting) fail("groups nest deeper than ", kMaxPatternNesting, " levels");
         Piece inner = alternation(false);
         if (!more() || p_[i_] != ')') fail("'(' is not closed");
         ++i_;
+        --nesting_;
         return inner;
       }
       case '[': return {json_char_set(char_class())};
@@ -424,6 +437,7 @@ class PatternCompiler {
   std::vector<char32_t> p_;
   size_t i_ = 0;
   size_t end_ = 0;
+  int nesting_ = 0;
 };
 
 std::string pointer_token(const std::string& key) {
@@ -440,6 +454,7 @@ class SchemaCompiler {
   }
 
   std::string compile() {
+    if (json_depth(root_) > kMaxSchemaDepth) fail("", "the schema nests deeper than ", kMaxSchemaDepth, " levels");
     const std::string body = visit(root_, "", "root");
     std::string out = "root ::= " + primitive("space") + " " + body + "\n";
     for (const auto& [name, rule] : rules_) out += name + " ::= " + rule + "\n";
@@ -454,6 +469,20 @@ class SchemaCompiler {
     throw_error(ErrorCode::kInvalidArgument, "JSON schema at #", ptr, ": ", args...);
   }
 
+  // How deep v nests (a scalar: 1), found without recursion: dump() and copies recurse.
+  static int json_depth(const Json& v) {
+    int deepest = 0;
+    std::vector<std::pair<const Json*, int>> todo = {{&v, 1}};
+    while (!todo.empty() && deepest <= kMaxSchemaDepth) {
+      const auto [at, depth] = todo.back();
+      todo.pop_back();
+      deepest = std::max(deepest, depth);
+      if (at->is_structured())
+        for (const Json& child : *at) todo.push_back({&child, depth + 1});
+    }
+    return deepest;
+  }
+
   std::string primitive(const std::string& name) {
     if (used_primitives_.insert(name).second)
       for (const Primitive& p : primitives())
@@ -465,12 +494,16 @@ class SchemaCompiler {
   std::string unique_name(const std::string& hint) {
     std::string base;
     for (char c : hint) {
+      if (base.size() >= kMaxRuleName) break;
       const char k = std::isalnum(uint8_t(c)) ? c : '-';
       if (k != '-' || base.empty() || base.back() != '-') base += k;
     }
     if (base.empty()) base = "r";
-    std::string name = base;
-    for (int k = 1; !names_.insert(name).second; ++k) name = base + "-" + std::to_string(k);
+    // Suffixes below next are taken (names are never given back): many hints alike stay linear.
+    int& next = next_suffix_[base];
+    std::string name = next == 0 ? base : base + "-" + std::to_string(next);
+    while (!names_.insert(name).second) name = base + "-" + std::to_string(++next);
+    ++next;
     return name;
   }
 
@@ -501,7 +534,15 @@ class SchemaCompiler {
     return int64_t(d);
   }
 
+  struct DepthGuard {
+    int& depth;
+    ~DepthGuard() { --depth; }
+  };
+
   std::string visit(const Json& s, const std::string& ptr, const std::string& hint) {
+    ++depth_;
+    const DepthGuard guard{depth_};
+    if (depth_ > kMaxSchemaDepth) fail(ptr, "schemas nest deeper than ", kMaxSchemaDepth, " levels ($ref included)");
     if (s.is_boolean()) {
       if (s.get<bool>()) return primitive("value");
       fail(ptr, "the schema false matches nothing");
@@ -723,6 +764,8 @@ class SchemaCompiler {
       rest_ptr = ptr + "/items";
     }
     if (prefix && !prefix->is_array()) fail(prefix_ptr, "expected an array of schemas");
+    if (prefix && prefix->size() > kMaxPrefixItems)
+      fail(prefix_ptr, prefix->size(), " items are past the supported ", kMaxPrefixItems);
     const int64_t k = prefix ? int64_t(prefix->size()) : 0;
     const bool more = !(rest && rest->is_boolean() && !rest->get<bool>()) && (max < 0 || max > k);
     if (!more && min > k) fail(ptr, "minItems ", min, " needs more items than the schema allows");
@@ -767,6 +810,7 @@ class SchemaCompiler {
     if (s.contains("required")) {
       const Json& r = s["required"];
       if (!r.is_array()) fail(ptr + "/required", "expected an array of property names");
+      if (r.size() > kMaxProperties) fail(ptr + "/required", r.size(), " names are past the supported ", kMaxProperties);
       for (const Json& k : r) {
         if (!k.is_string()) fail(ptr + "/required", "expected property names, found ", k.dump());
         required.insert(k.get<std::string>());
@@ -775,6 +819,8 @@ class SchemaCompiler {
     if (s.contains("properties")) {
       const Json& p = s["properties"];
       if (!p.is_object()) fail(ptr + "/properties", "expected an object of schemas");
+      if (p.size() > kMaxProperties)
+        fail(ptr + "/properties", p.size(), " properties are past the supported ", kMaxProperties);
       for (const auto& [key, schema] : p.items()) {
         const bool req = required.count(key) > 0;
         const std::string where = ptr + "/properties/" + pointer_token(key);
@@ -791,6 +837,8 @@ class SchemaCompiler {
       if (!declared && !(s.contains("properties") && s["properties"].contains(key)))
         props.push_back({key, &kAny, true, ptr + "/required"});
     }
+    if (props.size() > kMaxProperties)
+      fail(ptr, props.size(), " properties (required ones included) are past the supported ", kMaxProperties);
     const Json* extra = nullptr;  // the schema of keys beyond the properties, if any may come
     if (s.contains("additionalProperties")) {
       const Json& a = s["additionalProperties"];
@@ -867,6 +915,10 @@ class SchemaCompiler {
         return primitive("string");  // such keys are written escaped: no exclusion
       keys.push_back(std::move(cps));
     }
+    for (size_t i = 0; i < keys.size(); ++i)  // the trie below recurses along each key
+      if (keys[i].size() > kMaxExcludedKey)
+        fail(props[i].ptr, "a property name longer than ", kMaxExcludedKey,
+             " characters beside additionalProperties is not supported");
     std::sort(keys.begin(), keys.end());
     std::function<std::string(size_t, size_t, size_t)> node = [&](size_t lo, size_t hi, size_t depth) {
       std::vector<std::string> alts;
@@ -899,7 +951,9 @@ class SchemaCompiler {
   std::vector<std::pair<std::string, std::string>> rules_;
   std::unordered_set<std::string> names_;
   std::unordered_map<std::string, std::string> refs_;
+  std::unordered_map<std::string, int> next_suffix_;  // unique_name's next suffix per base
   std::set<std::string> used_primitives_;
+  int depth_ = 0;  // visit() calls open
 };
 
 }  // namespace

@@ -379,9 +379,19 @@ CompletionParams parse_completion(const Json& j, bool chat, const RequestLimits&
       p.prompt_text = (*pr)[0].get<std::string>();
     } else if (pr->is_array() && pr->size() == 1 && (*pr)[0].is_array()) {
       p.prompt_ids = token_ids((*pr)[0], "prompt");
-    } else if (pr->is_array() && pr->size() > 1) {
-      throw ApiError(400, "batched prompts are not supported: send one prompt per request (or use n)",
-                     "prompt");
+    } else if (pr->is_array() && pr->size() > 1 && ((*pr)[0].is_string() || (*pr)[0].is_array())) {
+      if (pr->size() > limits.max_inputs)
+        throw ApiError(400, "'prompt' has more than " + std::to_string(limits.max_inputs) + " prompts", "prompt");
+      for (size_t k = 0; k < pr->size(); ++k) {
+        const Json& one = (*pr)[k];
+        CompletionParams::Prompt q;
+        if (one.is_string() && (*pr)[0].is_string()) q.text = one.get<std::string>();
+        else if (one.is_array() && (*pr)[0].is_array()) q.ids = token_ids(one, "prompt");
+        else bad_type("prompt", "an array of strings or an array of token-id arrays");
+        if (q.text.empty() && q.ids.empty()) throw ApiError(400, "prompt " + std::to_string(k) + " is empty", "prompt");
+        if (k == 0) p.prompt_text = q.text, p.prompt_ids = q.ids;
+        else p.more_prompts.push_back(std::move(q));
+      }
     } else {
       bad_type("prompt", "a string or an array of token ids");
     }
@@ -403,6 +413,7 @@ TokenizeParams parse_tokenize(const Json& body, const RequestLimits& limits) {
   TokenizeParams t;
   const bool chat = field(body, "messages") != nullptr;
   t.request = parse_completion(body, chat, limits);
+  if (!t.request.more_prompts.empty()) throw ApiError(400, "/tokenize takes one prompt", "prompt");
   t.add_special_tokens = get_bool(body, "add_special_tokens", !chat);
   return t;
 }

@@ -44,6 +44,13 @@ struct CompletionParams {
   std::string model;
   std::string prompt_text;          // completions: text (when prompt_ids is empty)
   std::vector<int32_t> prompt_ids;  // completions: a token-id prompt
+  // completions given a batch of prompts (OpenAI's array of strings or of token-id arrays):
+  // the second and later ones; prompt k's n choices come at indices k * n ... k * n + n - 1.
+  struct Prompt {
+    std::string text;
+    std::vector<int32_t> ids;
+  };
+  std::vector<Prompt> more_prompts;
   Json messages;                    // chat
   // chat: extra chat-template variables (vLLM's and SGLang's chat_template_kwargs, e.g.
   // {"enable_thinking": false} for Qwen3), an object whose keys are names.

@@ -72,30 +72,56 @@ struct ChoiceState {
   bool role_sent = false;
 };
 
+// One prompt of a request (a completion may batch several): its executor request, its
+// token counts, and for echo / prompt_logprobs its ids, text and tokens' logprobs (from the
+// second token on).
+struct PromptState {
+  uint64_t request_id = 0;
+  std::vector<int32_t> ids;
+  std::string echo_text;
+  std::vector<SampledToken> logprobs;
+  bool echo_sent = false;  // streaming: its choices' echo chunks went out
+  bool done = false;
+  int32_t prompt_tokens = 0, cached_tokens = 0, completion_tokens = 0;
+};
+
 // Everything the response writer needs, shared by the provider and its releaser.
 struct Call {
   Server::Impl* srv = nullptr;
   ServedModel* model = nullptr;
   CompletionParams params;
   std::shared_ptr<Channel> channel = std::make_shared<Channel>();
-  uint64_t request_id = 0;
   std::string id;
   int64_t created = 0;
-  std::vector<ChoiceState> choices;
-  // echo / prompt_logprobs: the prompt, its text, and its tokens' logprobs (from the second).
-  std::vector<int32_t> prompt;
-  std::string echo_text;
-  std::vector<SampledToken> prompt_logprobs;
-  bool echo_sent = false;  // streaming: the prompt's chunks went out
-  int32_t prompt_tokens = 0, cached_tokens = 0, completion_tokens = 0;
+  std::vector<PromptState> prompts;
+  std::vector<ChoiceState> choices;  // n per prompt: choice i of prompt p is choices[p * n + i]
+  std::string error;                 // the first failed prompt's
   bool finished = false;  // metrics and the active count are settled
   bool cancelled = false;
   std::mutex settle_mu;
 
   const char* endpoint() const { return params.chat ? "/v1/chat/completions" : "/v1/completions"; }
-
+  size_t prompt_of(uint64_t request_id) const {
+    for (size_t p = 0; p < prompts.size(); ++p)
+      if (prompts[p].request_id == request_id) return p;
+    return 0;
+  }
+  bool all_done() const {
+    for (const PromptState& p : prompts)
+      if (!p.done) return false;
+    return true;
+  }
+  int32_t total(int32_t PromptState::*count) const {
+    int32_t sum = 0;
+    for (const PromptState& p : prompts) sum += p.*count;
+    return sum;
+  }
+  void cancel_requests() {
+    for (const PromptState& p : prompts)
+      if (p.request_id && !p.done) model->executor->cancel(p.request_id);
+  }
   void cancel() {
-    model->executor->cancel(request_id);
+    cancel_requests();
     settle(499);
   }
   // Once per request: metrics and the server's count of active responses.
@@ -116,7 +142,7 @@ struct Call {
         for (auto& c : choices) most = std::max<int32_t>(most, int32_t(c.tokens.size()));
         if (most > 1) srv->metrics.observe_tpot(model->name, (e2e - ttft) / double(most - 1));
       }
-      srv->metrics.add_tokens(model->name, prompt_tokens, completion_tokens);
+      srv->metrics.add_tokens(model->name, total(&PromptState::prompt_tokens), total(&PromptState::completion_tokens));
     }
     --srv->active;
   }
@@ -167,20 +193,20 @@ Json logprobs_json(const ServedModel& m, const ChoiceUpdate& u, bool chat, size_
 
 // echo with logprobs: the prompt's tokens in completions' logprobs format, the first
 // token's logprob null (nothing comes before it), offsets from the start of the text.
-Json prompt_logprobs_json(const Call& c) {
+Json prompt_logprobs_json(const Call& c, const PromptState& ps) {
   Json tokens = Json::array(), lps = Json::array(), tops = Json::array(), offsets = Json::array();
   size_t offset = 0;
-  for (size_t i = 0; i < c.prompt.size(); ++i) {
-    std::string piece = piece_of(*c.model, c.prompt[i]);
+  for (size_t i = 0; i < ps.ids.size(); ++i) {
+    std::string piece = piece_of(*c.model, ps.ids[i]);
     tokens.push_back(piece);
     offsets.push_back(offset);
     offset += piece.size();
-    if (i == 0 || i > c.prompt_logprobs.size()) {
+    if (i == 0 || i > ps.logprobs.size()) {
       lps.push_back(nullptr);
       tops.push_back(nullptr);
       continue;
     }
-    const SampledToken& lp = c.prompt_logprobs[i - 1];
+    const SampledToken& lp = ps.logprobs[i - 1];
     lps.push_back(lp.logprob);
     Json top = Json::object();
     for (auto& t : lp.top) top[piece_of(*c.model, t.token)] = t.logprob;
@@ -191,9 +217,9 @@ Json prompt_logprobs_json(const Call& c) {
 
 // vLLM's prompt_logprobs: per prompt token (the first null) {"<id>": {logprob, rank,
 // decoded_token}} for the token itself and its top alternatives.
-Json vllm_prompt_logprobs(const Call& c) {
+Json vllm_prompt_logprobs(const Call& c, const PromptState& ps) {
   Json out = Json::array({nullptr});
-  for (const SampledToken& lp : c.prompt_logprobs) {
+  for (const SampledToken& lp : ps.logprobs) {
     Json entry = Json::object();
     entry[std::to_string(lp.token)] = {{"logprob", lp.logprob}, {"rank", lp.rank},
                                        {"decoded_token", piece_of(*c.model, lp.token)}};
@@ -241,10 +267,11 @@ std::string new_call_id() {
 }
 
 Json usage_json(const Call& c) {
-  return Json{{"prompt_tokens", c.prompt_tokens},
-              {"completion_tokens", c.completion_tokens},
-              {"total_tokens", c.prompt_tokens + c.completion_tokens},
-              {"prompt_tokens_details", {{"cached_tokens", c.cached_tokens}}}};
+  const int32_t prompt = c.total(&PromptState::prompt_tokens), completion = c.total(&PromptState::completion_tokens);
+  return Json{{"prompt_tokens", prompt},
+              {"completion_tokens", completion},
+              {"total_tokens", prompt + completion},
+              {"prompt_tokens_details", {{"cached_tokens", c.total(&PromptState::cached_tokens)}}}};
 }
 
 Json envelope(const Call& c, bool chunk) {
@@ -252,11 +279,12 @@ Json envelope(const Call& c, bool chunk) {
   return Json{{"id", c.id}, {"object", object}, {"created", c.created}, {"model", c.model->name}};
 }
 
-// One SSE chunk for one choice's update.
-Json stream_chunk(Call& c, const ChoiceUpdate& u) {
+// One SSE chunk for one choice's update; `index` is the choice's in the response (prompt p's
+// choice i is p * n + i).
+Json stream_chunk(Call& c, const ChoiceUpdate& u, size_t index) {
   Json j = envelope(c, true);
-  ChoiceState& st = c.choices.at(size_t(u.index));
-  Json choice = {{"index", u.index}};
+  ChoiceState& st = c.choices.at(index);
+  Json choice = {{"index", index}};
   if (c.params.chat) {
     Json delta = Json::object();
     if (!st.role_sent) {
@@ -290,19 +318,21 @@ Json stream_chunk(Call& c, const ChoiceUpdate& u) {
   return j;
 }
 
-// Streaming echo / prompt_logprobs: a chunk per choice with the prompt's text (and
-// logprobs), before the first generated token's (the prompt's logprobs are all in by then).
-std::string echo_chunks(Call& c) {
-  c.echo_sent = true;
+// Streaming echo / prompt_logprobs: a chunk per choice of prompt p with the prompt's text (and
+// logprobs), before its first generated token's (the prompt's logprobs are all in by then).
+std::string echo_chunks(Call& c, size_t p) {
+  PromptState& ps = c.prompts[p];
+  ps.echo_sent = true;
   if (!c.params.echo && c.params.prompt_logprobs < 0) return {};
   std::string out;
-  for (size_t i = 0; i < c.choices.size(); ++i) {
+  const size_t n = size_t(c.params.n);
+  for (size_t i = p * n; i < (p + 1) * n; ++i) {
     Json j = envelope(c, true);
-    Json choice = {{"index", i}, {"text", c.echo_text}};
-    choice["logprobs"] = c.params.echo && c.params.logprobs ? prompt_logprobs_json(c) : Json(nullptr);
+    Json choice = {{"index", i}, {"text", ps.echo_text}};
+    choice["logprobs"] = c.params.echo && c.params.logprobs ? prompt_logprobs_json(c, ps) : Json(nullptr);
     choice["finish_reason"] = nullptr;
-    if (c.params.prompt_logprobs >= 0) choice["prompt_logprobs"] = vllm_prompt_logprobs(c);
-    if (c.params.return_token_ids) choice["prompt_token_ids"] = c.prompt;
+    if (c.params.prompt_logprobs >= 0) choice["prompt_logprobs"] = vllm_prompt_logprobs(c, ps);
+    if (c.params.return_token_ids) choice["prompt_token_ids"] = ps.ids;
     j["choices"] = Json::array({choice});
     out += "data: " + dump(j) + "\n\n";
   }
@@ -314,6 +344,7 @@ Json final_body(Call& c) {
   Json choices = Json::array();
   for (size_t i = 0; i < c.choices.size(); ++i) {
     ChoiceState& st = c.choices[i];
+    const PromptState& ps = c.prompts[i / size_t(c.params.n)];
     Json choice = {{"index", i}};
     if (c.params.chat) {
       choice["message"] = {{"role", "assistant"}, {"content", st.text}};
@@ -329,12 +360,12 @@ Json final_body(Call& c) {
     }
     Json logprobs = c.params.logprobs ? st.logprobs : Json(nullptr);
     if (c.params.logprobs && c.params.echo) {
-      Json all = prompt_logprobs_json(c);
+      Json all = prompt_logprobs_json(c, ps);
       if (!logprobs.is_null()) append_logprobs(all, logprobs, false);
       logprobs = std::move(all);
     }
     choice["logprobs"] = logprobs;
-    if (c.params.prompt_logprobs >= 0) choice["prompt_logprobs"] = vllm_prompt_logprobs(c);
+    if (c.params.prompt_logprobs >= 0) choice["prompt_logprobs"] = vllm_prompt_logprobs(c, ps);
     choice["finish_reason"] = st.finish.empty() ? Json(nullptr) : Json(st.finish);
     if (c.params.return_token_ids) choice["token_ids"] = st.tokens;
     choices.push_back(choice);
@@ -411,10 +442,14 @@ Json forced_tool_schema(const CompletionParams& p) {
   return array;
 }
 
-void absorb(Call& c, const RequestUpdate& u) {
-  c.prompt_logprobs.insert(c.prompt_logprobs.end(), u.prompt_logprobs.begin(), u.prompt_logprobs.end());
+// Takes one prompt's update into the response's state; returns the prompt's index. A failed
+// prompt cancels the others (the response is an error).
+size_t absorb(Call& c, const RequestUpdate& u) {
+  const size_t p = c.prompt_of(u.id);
+  PromptState& ps = c.prompts[p];
+  ps.logprobs.insert(ps.logprobs.end(), u.prompt_logprobs.begin(), u.prompt_logprobs.end());
   for (auto& cu : u.choices) {
-    ChoiceState& st = c.choices.at(size_t(cu.index));
+    ChoiceState& st = c.choices.at(p * size_t(c.params.n) + size_t(cu.index));
     const size_t base = st.text.size();
     const bool last = cu.finish != FinishReason::kNone;
     if (c.params.chat) {
@@ -464,10 +499,16 @@ void absorb(Call& c, const RequestUpdate& u) {
     if (cu.finish != FinishReason::kNone) st.finish = finish_name(st, cu.finish);
   }
   if (u.done) {
-    c.prompt_tokens = u.prompt_tokens;
-    c.cached_tokens = u.cached_tokens;
-    c.completion_tokens = u.completion_tokens;
+    ps.done = true;
+    ps.prompt_tokens = u.prompt_tokens;
+    ps.cached_tokens = u.cached_tokens;
+    ps.completion_tokens = u.completion_tokens;
+    if (!u.error.empty() && c.error.empty()) {
+      c.error = u.error;
+      c.cancel_requests();
+    }
   }
+  return p;
 }
 
 bool write(httplib::DataSink& sink, const std::string& s) { return sink.write(s.data(), s.size()); }
@@ -475,6 +516,7 @@ bool write(httplib::DataSink& sink, const std::string& s) { return sink.write(s.
 // `chat_text`: the rendered chat prompt (chat requests).
 std::vector<int32_t> build_prompt(const ServedModel& m, const CompletionParams& p, std::string* chat_text) {
   if (p.chat) {
+    KILN_CHECK(chat_text, "a chat prompt renders into chat_text");
     if (!m.tokenizer || !m.chat_template)
       throw ApiError(400, "model '" + m.name + "' has no chat template; use /v1/completions", "messages");
     tok::ChatTemplateOptions o;
@@ -591,6 +633,8 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
       throw ApiError(400, "model '" + p.model + "' is " + (m->model->info().is_decoder ? "an embedding model" : "an encoder") +
                               "; use /v1/embeddings, /v1/rerank or /v2/models/" + p.model + "/infer", "model");
     if (p.session_id.empty()) p.session_id = req.get_header_value("X-Session-Id");
+    if (!p.session_id.empty() && !p.more_prompts.empty())
+      throw ApiError(400, "a session holds one conversation: a batch of prompts cannot carry a session id", "prompt");
     if (p.tool_choice == "auto" && opt.tool_parser == ToolParser::kNone)
       throw ApiError(400, "tool_choice \"auto\" needs a server started with --tool-call-parser (hermes, llama3_json)",
                      "tool_choice");
@@ -600,23 +644,34 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
                      "tool_choice");
     if (!m->tokenizer) p.return_token_ids = true;  // no text to return: the ids are the output
     call->model = m;
+    // The prompts: chat's rendered messages, or a completion's prompt and its batch.
     std::string chat_text;
-    std::vector<int32_t> prompt = build_prompt(*m, p, &chat_text);
-    if (prompt.empty()) throw ApiError(400, "the prompt encodes to no tokens", chat ? "messages" : "prompt");
+    std::vector<std::vector<int32_t>> prompts = {build_prompt(*m, p, &chat_text)};
+    std::vector<std::string> texts = {p.prompt_text};
+    for (const CompletionParams::Prompt& more : p.more_prompts) {
+      CompletionParams one;
+      one.prompt_text = more.text;
+      one.prompt_ids = more.ids;
+      prompts.push_back(build_prompt(*m, one, nullptr));
+      texts.push_back(more.text);
+    }
     const int64_t ctx = m->executor->max_context();
     int64_t max_tokens = p.max_tokens;
-    if (max_tokens < 0) max_tokens = std::min<int64_t>(opt.limits.max_tokens, ctx - int64_t(prompt.size()));
-    if (max_tokens < (p.echo ? 0 : 1) || int64_t(prompt.size()) + max_tokens > ctx)
-      throw ApiError(400, "this model's maximum context length is " + std::to_string(ctx) + " tokens; you requested " +
-                              std::to_string(int64_t(prompt.size()) + std::max<int64_t>(max_tokens, 0)) + " (" +
-                              std::to_string(prompt.size()) + " in the prompt, " + std::to_string(std::max<int64_t>(max_tokens, 0)) +
-                              " for the completion); shorten the prompt or lower max_tokens",
-                     chat ? "messages" : "prompt", "invalid_request_error", "context_length_exceeded");
-
-    if (p.echo) call->echo_text = !p.prompt_ids.empty() && m->tokenizer ? m->tokenizer->decode(p.prompt_ids) : p.prompt_text;
-    if (p.echo || p.prompt_logprobs >= 0) call->prompt = prompt;
+    for (size_t k = 0; k < prompts.size(); ++k) {
+      const std::vector<int32_t>& prompt = prompts[k];
+      const std::string where = prompts.size() > 1 ? "prompt " + std::to_string(k) + ": " : "";
+      if (prompt.empty()) throw ApiError(400, where + "the prompt encodes to no tokens", chat ? "messages" : "prompt");
+      if (p.max_tokens < 0) max_tokens = std::min<int64_t>(opt.limits.max_tokens, ctx - int64_t(prompt.size()));
+      if (max_tokens < (p.echo ? 0 : 1) || int64_t(prompt.size()) + max_tokens > ctx)
+        throw ApiError(400, where + "this model's maximum context length is " + std::to_string(ctx) +
+                                " tokens; you requested " +
+                                std::to_string(int64_t(prompt.size()) + std::max<int64_t>(max_tokens, 0)) + " (" +
+                                std::to_string(prompt.size()) + " in the prompt, " +
+                                std::to_string(std::max<int64_t>(max_tokens, 0)) +
+                                " for the completion); shorten the prompt or lower max_tokens",
+                       chat ? "messages" : "prompt", "invalid_request_error", "context_length_exceeded");
+    }
     GenerationRequest g;
-    g.prompt = std::move(prompt);
     g.prompt_logprobs = std::max(p.prompt_logprobs, p.echo && p.logprobs ? p.sampling.logprobs : -1);
     g.sampling = p.sampling;
     g.max_tokens = int32_t(max_tokens);
@@ -629,11 +684,16 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
     g.priority = p.priority;
     g.session_id = p.session_id;
     call->srv = this;
-    call->choices.resize(size_t(p.n));
-    for (ChoiceState& st : call->choices) st.text = call->echo_text;  // echo: offsets count it
-    if (chat && opt.reasoning_parser)
-      for (ChoiceState& st : call->choices) st.splitter.emplace(ReasoningSplitter::prompt_opens_reasoning(chat_text));
+    call->prompts.resize(prompts.size());
+    call->choices.resize(prompts.size() * size_t(p.n));
+    for (size_t k = 0; k < prompts.size(); ++k) {
+      PromptState& ps = call->prompts[k];
+      if (p.echo) ps.echo_text = texts[k].empty() && m->tokenizer ? m->tokenizer->decode(prompts[k]) : texts[k];
+      if (p.echo || p.prompt_logprobs >= 0) ps.ids = prompts[k];
+      for (size_t i = 0; i < size_t(p.n); ++i) call->choices[k * size_t(p.n) + i].text = ps.echo_text;  // offsets count it
+    }
     for (ChoiceState& st : call->choices) {
+      if (chat && opt.reasoning_parser) st.splitter.emplace(ReasoningSplitter::prompt_opens_reasoning(chat_text));
       if (chat && p.tool_choice == "auto") st.tools.emplace(opt.tool_parser);
       if (chat && p.tool_choice == "required") st.forced = ChoiceState::Forced::kRequired;
       if (chat && p.tool_choice == "function") st.forced = ChoiceState::Forced::kNamed;
@@ -643,8 +703,13 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
     auto ch = call->channel;
     ++active;
     try {
-      call->request_id = m->executor->submit(std::move(g), [ch](RequestUpdate&& u) { ch->push(std::move(u)); });
+      for (size_t k = 0; k < prompts.size(); ++k) {
+        GenerationRequest one = g;
+        one.prompt = std::move(prompts[k]);
+        call->prompts[k].request_id = m->executor->submit(std::move(one), [ch](RequestUpdate&& u) { ch->push(std::move(u)); });
+      }
     } catch (...) {
+      call->cancel_requests();  // those already submitted
       --active;
       throw;
     }
@@ -668,13 +733,15 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
             call->cancel();
             return false;
           }
-          absorb(*call, u);
+          const size_t prompt = absorb(*call, u);
+          const bool all_done = call->all_done();
           std::string out;
-          if (!call->echo_sent && (!u.choices.empty() || u.done)) out += echo_chunks(*call);
-          for (auto& cu : u.choices) out += "data: " + dump(stream_chunk(*call, cu)) + "\n\n";
-          if (u.done) {
-            if (!u.error.empty())
-              out += "data: " + dump(error_body(500, u.error, "server_error")) + "\n\n";
+          if (!call->prompts[prompt].echo_sent && (!u.choices.empty() || u.done)) out += echo_chunks(*call, prompt);
+          for (auto& cu : u.choices)
+            out += "data: " + dump(stream_chunk(*call, cu, prompt * size_t(call->params.n) + size_t(cu.index))) + "\n\n";
+          if (all_done) {
+            if (!call->error.empty())
+              out += "data: " + dump(error_body(500, call->error, "server_error")) + "\n\n";
             if (call->params.include_usage) {
               Json j = envelope(*call, true);
               j["choices"] = Json::array();
@@ -687,8 +754,8 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
             call->cancel();
             return false;
           }
-          if (u.done) {
-            call->settle(u.error.empty() ? 200 : 500);
+          if (all_done) {
+            call->settle(call->error.empty() ? 200 : 500);
             sink.done();
           }
           return true;
@@ -708,13 +775,14 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
           return false;
         }
         absorb(*call, u);
-        if (!u.done) return true;
-        std::string body = u.error.empty() ? dump(final_body(*call)) : dump(error_body(500, u.error, "server_error"));
+        if (!call->all_done()) return true;
+        const std::string body =
+            call->error.empty() ? dump(final_body(*call)) : dump(error_body(500, call->error, "server_error"));
         if (!write(sink, body)) {
           call->cancel();
           return false;
         }
-        call->settle(u.error.empty() ? 200 : 500);
+        call->settle(call->error.empty() ? 200 : 500);
         sink.done();
         return true;
       },

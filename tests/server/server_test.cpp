@@ -215,6 +215,60 @@ TEST_F(ServerTest, EchoAndPromptLogprobsAreTransformersLogSoftmax) {
   EXPECT_EQ(ids, alone(prompt, 3));
 }
 
+// A batch of prompts (OpenAI's array prompt, as lm-evaluation-harness sends with batch_size
+// > 1): prompt k's n choices at indices k * n ..., each what its prompt gives alone, usage
+// summed over the prompts; streamed and not; with echo + logprobs each choice echoes its own
+// prompt.
+TEST_F(ServerTest, BatchedPromptsAnswerEachPromptsChoicesInOrder) {
+  const std::vector<std::vector<int32_t>> prompts = {{5, 17, 33}, {250, 9, 41, 7, 8}, {100}};
+  Json body = greedy_ids({}, 6);
+  body["prompt"] = prompts;
+  body["n"] = 2;
+  auto r = post(port(), "/v1/completions", body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const Json j = r.json();
+  ASSERT_EQ(j["choices"].size(), 6u);
+  for (size_t k = 0; k < prompts.size(); ++k)
+    for (size_t i = 0; i < 2; ++i) {
+      const Json& c = j["choices"][k * 2 + i];
+      EXPECT_EQ(c["index"], k * 2 + i);
+      EXPECT_EQ(c["token_ids"].get<std::vector<int32_t>>(), alone(prompts[k], 6)) << "prompt " << k;
+    }
+  EXPECT_EQ(j["usage"]["prompt_tokens"], 9);  // each prompt once, whatever n
+  body["stream"] = true;
+  auto s = post_sse(port(), "/v1/completions", body);
+  ASSERT_TRUE(s.done);
+  std::vector<std::vector<int32_t>> streamed(6);
+  for (auto& e : s.events) {
+    const Json ev = Json::parse(e);
+    for (auto& c : ev["choices"])
+      for (auto& t : c["token_ids"]) streamed[c["index"].get<size_t>()].push_back(t.get<int32_t>());
+  }
+  for (size_t k = 0; k < 6; ++k) EXPECT_EQ(streamed[k], alone(prompts[k / 2], 6)) << "choice " << k;
+  Json echo = greedy_ids({}, 1);
+  echo["prompt"] = prompts;
+  echo["echo"] = true;
+  echo["logprobs"] = 0;
+  auto e = post(port(), "/v1/completions", echo);
+  ASSERT_EQ(e.status, 200) << e.body;
+  for (size_t k = 0; k < prompts.size(); ++k) {
+    const Json lp = e.json()["choices"][k]["logprobs"];
+    ASSERT_EQ(lp["tokens"].size(), prompts[k].size() + 1) << k;
+    EXPECT_EQ(lp["tokens"][0], std::to_string(prompts[k][0]));
+    EXPECT_TRUE(lp["token_logprobs"][0].is_null());
+  }
+  body.erase("stream");
+  body["prompt"] = Json::array({Json::array({1, 2}), Json::array({1, 99999})});
+  auto bad = post(port(), "/v1/completions", body);
+  EXPECT_EQ(bad.status, 400);
+  EXPECT_NE(bad.body.find("outside the vocabulary"), std::string::npos) << bad.body;
+  body["prompt"] = Json::array({Json::array({1, 2}), "text"});
+  EXPECT_EQ(post(port(), "/v1/completions", body).status, 400);
+  body["prompt"] = Json::array({Json::array({1, 2}), Json::array({3})});
+  body["session_id"] = "s1";
+  EXPECT_EQ(post(port(), "/v1/completions", body).status, 400);
+}
+
 TEST_F(ServerTest, NChoicesAndSeedsAreReproducible) {
   Json body = {{"model", "llama"}, {"prompt", {1, 2, 3, 4, 5}}, {"max_tokens", 6}, {"n", 3},
                {"seed", 99}, {"temperature", 1.0}, {"ignore_eos", true}, {"return_token_ids", true}};
