@@ -1011,8 +1011,10 @@ TEST_F(ExecutorTest, PromptLogprobsAreTransformersLogSoftmax) {
   };
   auto check = [&](const GenerationResult& res, int32_t top_n) {
     ASSERT_EQ(res.prompt_logprobs.size(), prompt.size() - 1);
+    double worst = 0;
     for (size_t q = 0; q + 1 < prompt.size(); ++q) {
       const SampledToken& lp = res.prompt_logprobs[q];
+      worst = std::max(worst, std::fabs(lp.logprob - ref_logprob(q, prompt[q + 1])));
       EXPECT_EQ(lp.token, prompt[q + 1]);
       EXPECT_NEAR(lp.logprob, ref_logprob(q, prompt[q + 1]), 1e-4) << "prompt token " << q + 1;
       ASSERT_EQ(lp.top.size(), size_t(top_n));
@@ -1028,6 +1030,7 @@ TEST_F(ExecutorTest, PromptLogprobsAreTransformersLogSoftmax) {
         }
       }
     }
+    std::printf("  prompt logprobs (top %d) max|err| vs transformers %.3g\n", top_n, worst);
   };
   ExecutorOptions opt;
   opt.max_step_tokens = 6;  // the 16-token prompt takes three steps
