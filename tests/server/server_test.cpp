@@ -832,6 +832,52 @@ TEST_F(RealModelServerTest, ChatTemplateKwargsReachTheTemplate) {
 // (as DeepSeek-R1's does) makes the whole answer - cut by max_tokens before any </think> -
 // reasoning_content, in the body and in the stream's deltas alike; without the opened
 // block the answer stays content, with reasoning_content null.
+// tool_choice "auto" with --tool-call-parser hermes: the model's output (forced here by a
+// grammar to text and a call in Qwen2.5's format) comes back as content and
+// message.tool_calls, finish_reason tool_calls; streamed as content deltas, then the call as
+// delta.tool_calls once it closes.
+TEST_F(RealModelServerTest, HermesToolCallsAreReadFromTheOutput) {
+  ServerOptions so;
+  so.tool_parser = ToolParser::kHermes;
+  ExecutorOptions eo;  // a repository of its own (see ReasoningParserSplitsThinkingOutput)
+  eo.kv_tokens = 4096;
+  ModelRepository repo({}, eo);
+  repo.add(real_model("smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"), "smollm2");
+  TestServer srv(repo, so);
+  const Json tools = Json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])");
+  Json body = {{"model", "smollm2"},
+               {"messages", {{{"role", "user"}, {"content", "What is the weather in Paris?"}}}},
+               {"max_tokens", 200},  // the forced text takes the model many small tokens
+               {"temperature", 0},
+               {"tools", tools},
+               {"grammar", R"(root ::= "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>")"}};
+  auto r = post(srv.port(), "/v1/chat/completions", body);
+  ASSERT_EQ(r.status, 200) << r.body;
+  const Json choice = r.json()["choices"][0];
+  EXPECT_EQ(choice["finish_reason"], "tool_calls") << r.body;
+  EXPECT_EQ(choice["message"]["content"], "Let me check.\n");
+  ASSERT_EQ(choice["message"]["tool_calls"].size(), 1u) << r.body;
+  EXPECT_EQ(choice["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+  EXPECT_EQ(choice["message"]["tool_calls"][0]["function"]["arguments"], R"({"city":"Paris"})");
+  body["stream"] = true;
+  auto s = post_sse(srv.port(), "/v1/chat/completions", body);
+  ASSERT_TRUE(s.done);
+  std::string content, finish;
+  Json calls = Json::array();
+  for (auto& e : s.events) {
+    const Json ch = Json::parse(e)["choices"][0];
+    if (ch["delta"].contains("content")) content += ch["delta"]["content"].get<std::string>();
+    if (ch["delta"].contains("tool_calls"))
+      for (auto& tc : ch["delta"]["tool_calls"]) calls.push_back(tc);
+    if (!ch["finish_reason"].is_null()) finish = ch["finish_reason"];
+  }
+  EXPECT_EQ(content, "Let me check.\n");
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0]["function"]["arguments"], R"({"city":"Paris"})");
+  EXPECT_EQ(finish, "tool_calls");
+}
+
 TEST_F(RealModelServerTest, ReasoningParserSplitsThinkingOutput) {
   ServerOptions so;
   so.reasoning_parser = true;
