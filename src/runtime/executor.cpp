@@ -56,6 +56,7 @@ struct Executor::Choice {
   std::optional<JsonAcceptor> json;  // GenerationRequest::json_object: the document so far
   std::optional<GrammarState> grammar;  // GenerationRequest::grammar: the document so far ...
   std::shared_ptr<GrammarTokenMask> grammar_mask;  // ... and its grammar's mask
+  bool grammar_too_costly = false;  // a mask went past GrammarTokenMask::kMaxMaskWork
   bool finished = false;
   FinishReason reason = FinishReason::kNone;
   int32_t pending() const { return int32_t(tokens.size()) - kv.length; }
@@ -625,7 +626,10 @@ struct Executor::Impl {
       if (c.grammar->complete())
         for (int32_t t : end_ids(*c.req))
           if (t >= 0 && size_t(t) < r.full.size()) ends.emplace_back(t, r.full[size_t(t)]);
-      c.grammar_mask->apply(*c.grammar, r.full);
+      if (c.grammar_mask->apply(*c.grammar, r.full) < 0) {
+        c.grammar_too_costly = true;  // take_token fails the request
+        return {};
+      }
       for (auto [t, x] : ends) r.full[size_t(t)] = x;
     }
     return c.sampler->sample(r.full);
@@ -673,6 +677,9 @@ struct Executor::Impl {
   // A sampled token joins its sequence: update, stop ids, text + stop strings, limits.
   void take_token(Choice& c, SampledToken&& st) {
     Request& r = *c.req;
+    if (c.grammar_too_costly)
+      return fail_request(r, str_cat("the grammar is too ambiguous to constrain decoding with (a token mask took more "
+                                     "than ", GrammarTokenMask::kMaxMaskWork, " parse-stack steps); simplify it"));
     const int32_t token = st.token;
     // The mask left no token (the draw fell back to one): nothing continues the document.
     if (c.json && !(json_mask && !json_mask->piece(token).empty() && c.json->accept(json_mask->piece(token)))) {

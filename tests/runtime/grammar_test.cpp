@@ -5,6 +5,7 @@
 // its cache, and greedy decoding that always ends in a document the schema accepts; random
 // and mutated byte strings never crash and whatever a JSON grammar completes parses as JSON.
 // Prints the time of an uncached mask over a synthetic 50k-piece vocabulary.
+#include <algorithm>
 #include <gtest/gtest.h>
 
 #include <chrono>
@@ -230,6 +231,24 @@ TEST(GrammarGbnf, ErrorMessages) {
   std::string huge = "root ::=";
   for (int i = 0; i < 40; ++i) huge += " [a-z]{60000}";
   has(gbnf_error(huge), {"too large"});
+  // Groups are parsed recursively: nesting is bounded, not a stack overflow.
+  auto nested = [](int n) {
+    return "root ::= " + std::string(size_t(n), '(') + "\"a\"" + std::string(size_t(n), ')');
+  };
+  EXPECT_TRUE(accepts(grammar_from_gbnf(nested(1000)), "a"));
+  has(gbnf_error(nested(200000)), {"line 1, column 1034", "nest deeper than 1024"});
+}
+
+TEST(GrammarGbnf, GeneratedRuleNamesAreShort) {
+  // 65536 generated rules each named after a long rule used to copy its name 65536 times.
+  const std::string name(1000, 'x');
+  const GrammarPtr g = grammar_from_gbnf(name + " ::= [a]{0,65536}\nroot ::= " + name);
+  ASSERT_GT(g->rule_count(), 65536u);
+  for (size_t r = 0; r < g->rule_count(); ++r) {
+    const std::string& rule = g->rule_name(int32_t(r));
+    ASSERT_TRUE(rule == name || rule.size() <= 80) << rule.size();
+  }
+  EXPECT_TRUE(accepts(g, "aaa"));
 }
 
 TEST(GrammarEngine, RightRecursionKeepsStacksBounded) {
@@ -289,6 +308,16 @@ TEST(GrammarEngine, PathologicalGrammarsAreRefusedNotExploded) {
   GrammarState ok(blow);
   EXPECT_TRUE(ok.accept("aaacbab"));
   EXPECT_TRUE(ok.complete());
+  // A long chain of rules that may match nothing used to recurse once per link at the start
+  // (a stack overflow at 65536): now the alternatives wait on a heap stack, and the start's
+  // 65536 stacks (one per 'a') are refused.
+  const GrammarPtr chain = grammar_from_gbnf("root ::= (\"\" | \"a\"){0,65536} \"z\"");
+  GrammarState refused(chain);
+  EXPECT_FALSE(refused.can_continue());
+  const GrammarPtr short_chain = grammar_from_gbnf("root ::= (\"\" | \"a\"){0,40} \"z\"");
+  EXPECT_TRUE(accepts(short_chain, "z"));
+  EXPECT_TRUE(accepts(short_chain, std::string(40, 'a') + "z"));
+  EXPECT_FALSE(accepts(short_chain, std::string(41, 'a') + "z"));
 }
 
 // --- JSON Schema ---------------------------------------------------------------------------
@@ -485,6 +514,70 @@ TEST(JsonSchemaErrors, NameThePointer) {
   EXPECT_NO_THROW(grammar_from_json_schema(Json::parse(
       R"({"$schema":"https://json-schema.org/draft/2020-12/schema","$id":"x","title":"T","description":"D",
           "examples":[1],"x-custom":5,"type":"integer","uniqueItems":false,"$comment":"c"})")));
+}
+
+// A request's schema cannot overflow the stack or take time or memory far past its size: the
+// compilers recurse on nesting and on runs of properties.
+TEST(JsonSchemaErrors, BoundsKeepRequestsSmall) {
+  auto has = [](const std::string& msg, std::initializer_list<const char*> parts) {
+    for (const char* p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
+  };
+  auto nested_items = [](int n) {
+    std::string s;
+    for (int i = 0; i < n; ++i) s += R"({"type":"array","items":)";
+    return s + R"({"type":"integer"})" + std::string(size_t(n), '}');
+  };
+  expect_schema(nested_items(20), {std::string(20, '[') + "1" + std::string(20, ']')}, {"1"});
+  EXPECT_NO_THROW(grammar_from_json_schema(Json::parse(nested_items(120))));
+  has(schema_error(nested_items(100000)), {"nests deeper than 128"});
+  has(schema_error(std::string(300000, '[') + std::string(300000, ']')), {"nests deeper than 128"});
+  has(schema_error(R"({"enum":[)" + std::string(300000, '[') + std::string(300000, ']') + "]}"),
+      {"nests deeper than 128"});
+  Json chain = {{"$defs", Json::object()}, {"$ref", "#/$defs/a0"}};
+  for (int i = 0; i < 5000; ++i)
+    chain["$defs"]["a" + std::to_string(i)] = {{"$ref", "#/$defs/a" + std::to_string(i + 1)}};
+  chain["$defs"]["a5000"] = {{"type", "integer"}};
+  has(error_of([&] { grammar_from_json_schema(chain); }), {"#/$defs/a127", "nest deeper than 128", "$ref"});
+  has(schema_error(R"({"type":"string","pattern":")" + std::string(100000, '(') + "a" + std::string(100000, ')') +
+                   R"("})"),
+      {"#/pattern", "nest deeper than 256"});
+  auto object = [](int n, bool required) {
+    Json s = {{"type", "object"}, {"properties", Json::object()}, {"required", Json::array()}};
+    for (int i = 0; i < n; ++i) {
+      s["properties"]["k" + std::to_string(i)] = {{"type", "integer"}};
+      if (required) s["required"].push_back("k" + std::to_string(i));
+    }
+    return s;
+  };
+  for (bool required : {false, true}) {
+    const GrammarPtr g = grammar_from_json_schema(object(1024, required));
+    EXPECT_EQ(accepts(g, R"({"k1023":1})"), !required);
+    has(error_of([&] { grammar_from_json_schema(object(1500, required)); }), {"past the supported 1024"});
+  }
+  auto tuple = [](int n) {
+    Json s = {{"type", "array"}, {"prefixItems", Json::array()}};
+    for (int i = 0; i < n; ++i) s["prefixItems"].push_back({{"type", "integer"}});
+    return s;
+  };
+  EXPECT_TRUE(accepts(grammar_from_json_schema(tuple(512)), "[1,2,3]"));
+  has(error_of([&] { grammar_from_json_schema(tuple(100000)); }), {"#/prefixItems", "100000 items", "supported 512"});
+  auto long_key = [](size_t n) {
+    return Json{{"properties", {{std::string(n, 'k'), {{"type", "integer"}}}}}, {"additionalProperties", true}};
+  };
+  EXPECT_TRUE(accepts(grammar_from_json_schema(long_key(256)), R"({"k":1})"));
+  has(error_of([&] { grammar_from_json_schema(long_key(500000)); }), {"longer than 256 characters"});
+  // Many $defs whose names sanitize alike (rule names remember their next free suffix, not
+  // searched from 1 each time: 30000 took 30 s) still get distinct rules.
+  Json alike = {{"$defs", Json::object()}, {"anyOf", Json::array()}};
+  for (int i = 0; i < 3000; ++i) {
+    std::string key = "a";
+    for (int b = i; b > 0; b /= 10) key += "!@#$%^&*()"[b % 10];
+    alike["$defs"][key] = {{"const", "v" + std::to_string(i)}};
+    alike["anyOf"].push_back({{"$ref", "#/$defs/" + key}});
+  }
+  const GrammarPtr g = grammar_from_json_schema(alike);  // a rule defined twice would throw
+  EXPECT_GT(g->rule_count(), 3000u);
+  EXPECT_NE(json_schema_to_gbnf(alike).find("\na--2998 ::= ( \"\\\"v2999\\\"\" )\n"), std::string::npos);
 }
 
 // --- Token masks ---------------------------------------------------------------------------
@@ -761,6 +854,30 @@ TEST(GrammarTokenMask, UncachedMaskTimeOverA50kVocabulary) {
                 static_cast<long long>(kept), prefix);
     EXPECT_GT(kept, 0);
   }
+}
+
+// An ambiguous grammar whose states hold hundreds of stacks would take minutes to mask over a
+// large vocabulary: past kMaxMaskWork the mask gives up (-1, logits untouched) and
+// allowed() throws, while a schema's states over the same vocabulary stay far below it.
+TEST(GrammarTokenMask, AmbiguousGrammarsStopAtTheWorkBudget) {
+  const auto vocab = std::make_shared<const TokenTrie>(synthetic_vocab(50000));
+  const GrammarPtr bad = grammar_from_gbnf(R"(root ::= ("" | [a-y]){0,300} "z")");
+  GrammarState s(bad);
+  ASSERT_TRUE(s.accept("ab"));
+  GrammarTokenMask mask(bad, vocab);
+  std::vector<float> logits(vocab->vocab_size(), 1.0f);
+  const auto t0 = std::chrono::steady_clock::now();
+  EXPECT_EQ(mask.apply(s, logits), -1);
+  std::printf("[ grammar  ] an ambiguous grammar's mask gave up after %.0f ms\n",
+              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  EXPECT_TRUE(std::all_of(logits.begin(), logits.end(), [](float x) { return x == 1.0f; }));
+  EXPECT_EQ(mask.cached_states(), 0u);
+  EXPECT_THROW(mask.allowed(s), Error);
+  const GrammarPtr good = grammar_from_json_schema(Json::parse(R"({"type":"object","properties":{"a":{"type":"string"}}})"));
+  GrammarState in_string(good);
+  ASSERT_TRUE(in_string.accept(R"({"a":"x)"));
+  GrammarTokenMask ok(good, vocab);
+  EXPECT_GT(ok.apply(in_string, logits), 0);
 }
 
 // --- Random input --------------------------------------------------------------------------
