@@ -115,7 +115,11 @@ int run_generate(const GenerateArgs& a) {
       std::vector<std::pair<int32_t, float>> ends;
       if (doc->complete())
         for (int32_t s : stops) ends.emplace_back(s, row.at(size_t(s)));
-      if (mask->apply(*doc, row) == 0 && ends.empty()) break;  // nothing continues the document
+      const int64_t kept = mask->apply(*doc, row);
+      if (kept < 0)
+        throw_error(ErrorCode::kInvalidArgument, "the grammar is too ambiguous to constrain decoding with (a token "
+                    "mask took more than ", GrammarTokenMask::kMaxMaskWork, " parse-stack steps)");
+      if (kept == 0 && ends.empty()) break;  // nothing continues the document
       for (auto [s, x] : ends) row[size_t(s)] = x;
     }
     int32_t next = argmax(row.data(), int64_t(row.size()));
