@@ -882,6 +882,17 @@ TEST(GrammarTokenMask, AmbiguousGrammarsStopAtTheWorkBudget) {
 
 // --- Random input --------------------------------------------------------------------------
 
+// Inserts, erases or replaces one byte of s at a random place (the replacement from alphabet).
+void mutate_byte(std::string& s, const std::string& alphabet, std::mt19937& rng) {
+  const size_t at = s.empty() ? 0 : rng() % s.size();
+  const char c = alphabet[rng() % alphabet.size()];
+  switch (rng() % 3) {
+    case 0: s.insert(s.begin() + long(at), c); break;
+    case 1: if (!s.empty()) s.erase(s.begin() + long(at)); break;
+    default: if (!s.empty()) s[at] = c;
+  }
+}
+
 TEST(GrammarFuzz, RandomAndMutatedBytesNeverCrash) {
   const std::vector<std::pair<GrammarPtr, std::vector<std::string>>> grammars = {
       {grammar_from_gbnf(kArithmetic), {"(1+2)*3.5", "-4/2"}},
@@ -902,15 +913,7 @@ TEST(GrammarFuzz, RandomAndMutatedBytesNeverCrash) {
         for (size_t i = 0; i < len; ++i) s += char(iter % 2 ? rng() % 256 : uint8_t(alphabet[rng() % alphabet.size()]));
       } else {
         s = seeds[rng() % seeds.size()];
-        for (int m = 0; m < 1 + int(rng() % 3); ++m) {
-          const size_t at = s.empty() ? 0 : rng() % s.size();
-          const char c = alphabet[rng() % alphabet.size()];
-          switch (rng() % 3) {
-            case 0: s.insert(s.begin() + long(at), c); break;
-            case 1: if (!s.empty()) s.erase(s.begin() + long(at)); break;
-            default: if (!s.empty()) s[at] = c;
-          }
-        }
+        for (int m = 0; m < 1 + int(rng() % 3); ++m) mutate_byte(s, alphabet, rng);
       }
       GrammarState whole(g);
       const bool ok = whole.accept(s);
@@ -947,15 +950,7 @@ b ::= [\x41-\u00e9] . "\U0001F600")"};
                                                      "c":{"type":"array","prefixItems":[{"type":"integer"}],
                                                      "minItems":1,"maxItems":3}},"required":["a"]})"};
   auto mutate = [&](std::string s, const std::string& alphabet) {
-    for (int m = 0; m < 1 + int(rng() % 4); ++m) {
-      const size_t at = s.empty() ? 0 : rng() % s.size();
-      const char c = alphabet[rng() % alphabet.size()];
-      switch (rng() % 3) {
-        case 0: s.insert(s.begin() + long(at), c); break;
-        case 1: if (!s.empty()) s.erase(s.begin() + long(at)); break;
-        default: if (!s.empty()) s[at] = c;
-      }
-    }
+    for (int m = 0; m < 1 + int(rng() % 4); ++m) mutate_byte(s, alphabet, rng);
     return s;
   };
   auto run = [&](const GrammarPtr& g) {

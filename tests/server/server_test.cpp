@@ -987,6 +987,29 @@ TEST_F(RealModelServerTest, ToolsAndToolCallsReachTheChatTemplate) {
 
 // response_format json_object on the real model: greedy, streamed and not, the content is
 // one JSON object (nlohmann's parser takes it) and the choice ends as it closes.
+// A constrained chat request's content, asked for whole and streamed (they must agree), its
+// finish reason "stop", parsed as JSON (discarded when it does not parse).
+Json json_content_both_ways(int port, Json body, const char* what) {
+  auto r = post(port, "/v1/chat/completions", body);
+  EXPECT_EQ(r.status, 200) << r.body;
+  if (r.status != 200) return Json::value_t::discarded;
+  const Json choice = r.json()["choices"][0];
+  const std::string content = choice["message"]["content"].get<std::string>();
+  std::printf("  %s content (%s): %s\n", what, choice["finish_reason"].get<std::string>().c_str(),
+              Json(content).dump().c_str());
+  EXPECT_EQ(choice["finish_reason"], "stop") << content;
+  body["stream"] = true;
+  auto s = post_sse(port, "/v1/chat/completions", body);
+  EXPECT_TRUE(s.done);
+  std::string streamed;
+  for (auto& e : s.events) {
+    const Json d = Json::parse(e)["choices"][0]["delta"];
+    if (d.contains("content")) streamed += d["content"].get<std::string>();
+  }
+  EXPECT_EQ(streamed, content);
+  return Json::parse(content, nullptr, /*allow_exceptions=*/false);
+}
+
 TEST_F(RealModelServerTest, JsonObjectResponseFormat) {
   Json body = {{"model", "smollm2"},
                {"messages",
@@ -995,24 +1018,8 @@ TEST_F(RealModelServerTest, JsonObjectResponseFormat) {
                {"max_tokens", 120},
                {"temperature", 0},
                {"response_format", {{"type", "json_object"}}}};
-  auto r = post(srv_->port(), "/v1/chat/completions", body);
-  ASSERT_EQ(r.status, 200) << r.body;
-  const Json choice = r.json()["choices"][0];
-  const std::string content = choice["message"]["content"].get<std::string>();
-  std::printf("  json_object content (%s): %s\n", choice["finish_reason"].get<std::string>().c_str(), Json(content).dump().c_str());
-  ASSERT_EQ(choice["finish_reason"], "stop") << content;
-  Json parsed;
-  ASSERT_NO_THROW(parsed = Json::parse(content)) << content;
-  EXPECT_TRUE(parsed.is_object()) << content;
-  body["stream"] = true;
-  auto s = post_sse(srv_->port(), "/v1/chat/completions", body);
-  ASSERT_TRUE(s.done);
-  std::string streamed;
-  for (auto& e : s.events) {
-    const Json d = Json::parse(e)["choices"][0]["delta"];
-    if (d.contains("content")) streamed += d["content"].get<std::string>();
-  }
-  EXPECT_EQ(streamed, content);
+  const Json parsed = json_content_both_ways(srv_->port(), body, "json_object");
+  EXPECT_TRUE(parsed.is_object()) << parsed;
 }
 
 // Structured outputs on the real model: response_format json_schema (streamed and not), vLLM's
@@ -1026,27 +1033,11 @@ TEST_F(RealModelServerTest, JsonSchemaChoiceAndGrammarConstrainTheOutput) {
                {"max_tokens", 80},
                {"temperature", 0},
                {"response_format", {{"type", "json_schema"}, {"json_schema", {{"name", "city"}, {"schema", schema}}}}}};
-  auto r = post(srv_->port(), "/v1/chat/completions", body);
-  ASSERT_EQ(r.status, 200) << r.body;
-  const Json choice = r.json()["choices"][0];
-  const std::string content = choice["message"]["content"].get<std::string>();
-  std::printf("  json_schema content (%s): %s\n", choice["finish_reason"].get<std::string>().c_str(), Json(content).dump().c_str());
-  ASSERT_EQ(choice["finish_reason"], "stop") << content;
-  Json parsed;
-  ASSERT_NO_THROW(parsed = Json::parse(content)) << content;
-  ASSERT_TRUE(parsed.is_object()) << content;
-  EXPECT_TRUE(parsed["city"].is_string()) << content;
-  EXPECT_TRUE(parsed["population"].is_number_integer()) << content;
-  for (auto& [key, value] : parsed.items()) EXPECT_TRUE(key == "city" || key == "population" || key == "river") << content;
-  body["stream"] = true;
-  auto s = post_sse(srv_->port(), "/v1/chat/completions", body);
-  ASSERT_TRUE(s.done);
-  std::string streamed;
-  for (auto& e : s.events) {
-    const Json d = Json::parse(e)["choices"][0]["delta"];
-    if (d.contains("content")) streamed += d["content"].get<std::string>();
-  }
-  EXPECT_EQ(streamed, content);
+  Json parsed = json_content_both_ways(srv_->port(), body, "json_schema");
+  ASSERT_TRUE(parsed.is_object()) << parsed;
+  EXPECT_TRUE(parsed["city"].is_string()) << parsed;
+  EXPECT_TRUE(parsed["population"].is_number_integer()) << parsed;
+  for (auto& [key, value] : parsed.items()) EXPECT_TRUE(key == "city" || key == "population" || key == "river") << parsed;
 
   Json pick = {{"model", "smollm2"},
                {"prompt", "The capital of France is"},
