@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <tuple>
 
@@ -124,6 +125,8 @@ class Stepper {
 
   // Expansion steps over every step() and start() so far (GrammarTokenMask's budget).
   int64_t total_work() const { return total_work_ + work_; }
+  // The deepest frame any call reached so far.
+  int32_t max_depth() const { return max_depth_; }
 
   // `in` advanced past byte b; false when that makes too many stacks or too much work.
   bool step(std::span<const Head> in, uint8_t b, std::vector<Head>& out, bool& complete) {
@@ -174,6 +177,7 @@ class Stepper {
         if (g_.element(pos + 1) != Grammar::kEnd) {  // else a tail call: nothing to return to
           const int32_t depth = frame < 0 ? 1 : frames_[size_t(frame)].depth + 1;
           dropped = depth > GrammarState::kMaxDepth;  // too deep: this path is dropped
+          max_depth_ = std::max(max_depth_, depth);
           if (!dropped) {
             frames_.push_back({pos + 1, frame, depth, hash_mix(frame_hash(frame), uint64_t(pos + 1))});
             callee = int32_t(frames_.size() - 1);
@@ -254,6 +258,7 @@ class Stepper {
   bool indexed_ = false;
   int64_t work_ = 0;
   int64_t total_work_ = 0;  // of the steps before the current one
+  int32_t max_depth_ = 0;   // the deepest frame a call reached
   std::vector<int32_t> table_;
   std::vector<std::pair<int32_t, int32_t>> todo_;  // (pos, frame) of alternatives to follow
 };
@@ -396,20 +401,30 @@ GrammarTokenMask::GrammarTokenMask(std::shared_ptr<const Grammar> grammar, std::
 // once, and a subtree is skipped as soon as no stack takes its byte.
 std::vector<uint64_t> GrammarTokenMask::allowed(const GrammarState& state) const {
   std::vector<uint64_t> bits;
-  if (!walk(state, bits))
+  if (!split_walk(state, bits))
     throw_error(ErrorCode::kInvalidArgument, "the grammar's token mask took more than ", kMaxMaskWork,
                 " parse-stack steps (too ambiguous)");
   return bits;
 }
 
-bool GrammarTokenMask::walk(const GrammarState& state, std::vector<uint64_t>& bits) const {
-  KILN_CHECK(&state.grammar() == grammar_.get(), "a GrammarState of another grammar");
-  const auto nodes = vocab_->nodes();
-  const auto ids = vocab_->ids();
-  bits.assign((vocab_->vocab_size() + 63) / 64, 0);
-  if (state.heads_.empty()) return true;
-  std::vector<Frame> frames = state.frames_;
-  Stepper stepper(*grammar_, frames);
+// A depth-first walk of the trie below `node`, carrying the stacks (`heads` at `node`): a
+// token's shared prefixes are advanced once, and a subtree is skipped as soon as no stack
+// takes its byte. Sets the bits of the tokens some stack takes whole. With `touched`, a byte
+// after which some stack ended its bottom rule (complete: what comes next is below the cut)
+// is not followed: its node and byte path go into `touched` instead. False past the budget.
+namespace {
+
+// A trie node whose subtree a cut state could not decide, and the bytes leading to it.
+struct Touched {
+  int32_t node;
+  std::string path;
+};
+
+bool dfs(const Grammar& grammar, const TokenTrie& vocab, Stepper& stepper, std::vector<Frame>& frames,
+         std::vector<Head> heads, int32_t node, std::vector<uint64_t>& bits, std::vector<Touched>* touched) {
+  const auto nodes = vocab.nodes();
+  const auto ids = vocab.ids();
+  const Grammar* grammar_ = &grammar;
   struct Level {
     std::vector<Head> heads;
     ByteSet next{};  // the bytes some stack takes
@@ -425,14 +440,17 @@ bool GrammarTokenMask::walk(const GrammarState& state, std::vector<uint64_t>& bi
     }
   };
   std::vector<Level> levels(1);
-  levels[0].heads = state.heads_;
-  levels[0].child = 1;
+  levels[0].heads = std::move(heads);
+  levels[0].node = node;
+  levels[0].child = node + 1;
   next_bytes(levels[0]);
+  std::string path;  // the bytes from `node` to the current level (touched paths)
   size_t d = 0;
   for (;;) {
     if (levels[d].child >= nodes[size_t(levels[d].node)].end) {
       if (d == 0) break;
       frames.resize(levels[d].mark);
+      if (touched) path.pop_back();
       --d;
       continue;
     }
@@ -440,13 +458,19 @@ bool GrammarTokenMask::walk(const GrammarState& state, std::vector<uint64_t>& bi
     const TokenTrie::Node& n = nodes[size_t(c)];
     levels[d].child = n.end;
     if (!byte_set_has(levels[d].next, n.byte)) continue;
+    if (stepper.total_work() > GrammarTokenMask::kMaxMaskWork) return false;
     if (levels.size() == d + 1) levels.emplace_back();
     Level& up = levels[d];
     Level& down = levels[d + 1];
-    if (stepper.total_work() > kMaxMaskWork) return false;
     down.mark = frames.size();
     bool complete = false;
-    if (!stepper.step(up.heads, n.byte, down.heads, complete) || (down.heads.empty() && !complete)) {
+    const bool stepped = stepper.step(up.heads, n.byte, down.heads, complete);
+    if (touched && (!stepped || complete)) {  // the cut state cannot decide this subtree
+      touched->push_back({c, path + char(n.byte)});
+      frames.resize(down.mark);
+      continue;
+    }
+    if (!stepped || (down.heads.empty() && !complete)) {
       frames.resize(down.mark);
       continue;
     }
@@ -461,7 +485,132 @@ bool GrammarTokenMask::walk(const GrammarState& state, std::vector<uint64_t>& bi
     down.node = c;
     down.child = c + 1;
     next_bytes(down);
+    if (touched) path += char(n.byte);
     ++d;
+  }
+  return true;
+}
+
+}  // namespace
+
+// What a state cut above its stacks' common frame takes (GrammarTokenMask::split_walk).
+struct GrammarTokenMask::Cut {
+  std::vector<uint64_t> bits;    // tokens taken without finishing the cut
+  std::vector<Touched> touched;  // where a stack finished it: up to the whole state
+  int32_t depth = 0;             // the deepest frame the walk met, counted from the cut
+};
+
+bool GrammarTokenMask::walk(const GrammarState& state, std::vector<uint64_t>& bits) const {
+  KILN_CHECK(&state.grammar() == grammar_.get(), "a GrammarState of another grammar");
+  bits.assign((vocab_->vocab_size() + 63) / 64, 0);
+  if (state.heads_.empty()) return true;
+  std::vector<Frame> frames = state.frames_;
+  Stepper stepper(*grammar_, frames);
+  return dfs(*grammar_, *vocab_, stepper, frames, state.heads_, 0, bits, nullptr);
+}
+
+// A state's stacks all stand on one frame F (their lowest common frame) inside a JSON string,
+// a number, a key - most of a document's states - and it differs from the states at the same
+// positions elsewhere in the document only from F down. So its walk is split: the state cut
+// at F (F and what is below it replaced by the bottom, depths counted from F, keyed by what is
+// above F) is walked once and remembered - the tokens it takes without any stack finishing
+// the cut, which the whole state takes alike, and the trie nodes where a stack finished it -
+// and only those nodes' subtrees are walked from the whole state. Stacks, their merging and
+// the work budget map one to one between the two (the frames above F re-hashed from the
+// bottom as the stepper hashes them), so the set is the whole walk's, bit for bit; the
+// token-mask tests and the fuzz target check it against trying every piece.
+bool GrammarTokenMask::split_walk(const GrammarState& state, std::vector<uint64_t>& bits) const {
+  KILN_CHECK(&state.grammar() == grammar_.get(), "a GrammarState of another grammar");
+  const auto& heads = state.heads_;
+  const auto& fr = state.frames_;
+  auto depth = [&](int32_t f) { return f < 0 ? 0 : fr[size_t(f)].depth; };
+  int32_t lca = heads.empty() ? -1 : heads[0].frame;
+  for (const Head& h : heads) {
+    int32_t a = lca, b = h.frame;
+    while (a != b && a >= 0 && b >= 0) {
+      const int32_t da = depth(a), db = depth(b);
+      if (da >= db) a = fr[size_t(a)].parent;
+      if (db >= da) b = fr[size_t(b)].parent;
+    }
+    lca = a == b ? a : -1;
+    if (lca < 0) break;
+  }
+  if (lca < 0) return walk(state, bits);
+  const int32_t base = depth(lca);
+  // The cut: the frames above the common one, re-hashed from the bottom as the stepper hashes.
+  GrammarState cut_state = state;
+  cut_state.complete_ = false;
+  cut_state.frames_.clear();
+  cut_state.heads_.clear();
+  std::vector<int32_t> moved(fr.size(), -2);
+  std::function<int32_t(int32_t)> move = [&](int32_t f) -> int32_t {
+    if (f == lca) return -1;
+    if (moved[size_t(f)] != -2) return moved[size_t(f)];
+    const int32_t parent = move(fr[size_t(f)].parent);
+    const uint64_t below = parent < 0 ? kBottomHash : cut_state.frames_[size_t(parent)].hash;
+    cut_state.frames_.push_back(
+        {fr[size_t(f)].ret, parent, fr[size_t(f)].depth - base, hash_mix(below, uint64_t(fr[size_t(f)].ret))});
+    return moved[size_t(f)] = int32_t(cut_state.frames_.size() - 1);
+  };
+  for (const Head& h : heads) {
+    const int32_t f = move(h.frame);
+    const uint64_t below = f < 0 ? kBottomHash : cut_state.frames_[size_t(f)].hash;
+    cut_state.heads_.push_back({h.pos, f, hash_mix(below ^ 0x5851F42D4C957F2Dull, uint64_t(h.pos))});
+  }
+  cut_state.canonicalize();
+  const std::string key = "T" + cut_state.key();
+  std::shared_ptr<const Cut> cut;
+  {
+    std::lock_guard lk(mu_);
+    if (auto it = cuts_.find(key); it != cuts_.end()) cut = it->second;
+  }
+  int64_t spent = 0;
+  if (!cut) {
+    auto fresh = std::make_shared<Cut>();
+    fresh->bits.assign((vocab_->vocab_size() + 63) / 64, 0);
+    std::vector<Frame> frames = cut_state.frames_;
+    Stepper stepper(*grammar_, frames);
+    if (!dfs(*grammar_, *vocab_, stepper, frames, cut_state.heads_, 0, fresh->bits, &fresh->touched)) return false;
+    spent = stepper.total_work();
+    fresh->depth = stepper.max_depth();
+    for (const Frame& f : cut_state.frames_) fresh->depth = std::max(fresh->depth, f.depth);
+    cut = fresh;
+    std::lock_guard lk(mu_);
+    if (cuts_.size() >= max_states_) cuts_.clear();
+    cuts_.emplace(key, cut);
+  }
+  // Depths count from the cut: at this state's depth a path the cut's walk kept could be
+  // too deep (GrammarState::kMaxDepth), and only the whole walk says what is dropped then.
+  if (cut->depth + base > GrammarState::kMaxDepth) return walk(state, bits);
+  bits = cut->bits;
+  // The touched subtrees from the whole state: along the node's path, then below it.
+  const auto nodes = vocab_->nodes();
+  const auto ids = vocab_->ids();
+  std::vector<Frame> frames = state.frames_;
+  Stepper stepper(*grammar_, frames);
+  std::vector<Head> at, next;
+  for (const Touched& t : cut->touched) {
+    const size_t mark = frames.size();
+    at = heads;
+    bool ok = true, complete = false;
+    for (char b : t.path) {
+      if (!stepper.step(at, uint8_t(b), next, complete) || (next.empty() && !complete)) {
+        ok = false;
+        break;
+      }
+      at.swap(next);
+    }
+    if (ok) {
+      const TokenTrie::Node& n = nodes[size_t(t.node)];
+      for (int32_t k = n.tokens_begin; k < n.tokens_end; ++k) {
+        const auto id = size_t(ids[size_t(k)]);
+        bits[id / 64] |= uint64_t(1) << (id % 64);
+      }
+      if (!at.empty() && t.node + 1 < n.end && !dfs(*grammar_, *vocab_, stepper, frames, at, t.node, bits, nullptr))
+        return false;
+    }
+    frames.resize(mark);
+    if (spent + stepper.total_work() > kMaxMaskWork) return false;
   }
   return true;
 }
@@ -478,7 +627,7 @@ int64_t GrammarTokenMask::apply(const GrammarState& state, std::span<float> logi
   }
   if (!bits) {
     std::vector<uint64_t> set;
-    if (!walk(state, set)) return -1;
+    if (!split_walk(state, set)) return -1;
     bits = std::make_shared<const std::vector<uint64_t>>(std::move(set));
     std::lock_guard lk(mu_);
     if (!sets_.count(key)) {

@@ -184,8 +184,11 @@ class GrammarTokenMask {
   size_t cached_states() const;
 
  private:
+  struct Cut;
   // The allowed set into `bits`; false past kMaxMaskWork.
   bool walk(const GrammarState& state, std::vector<uint64_t>& bits) const;
+  // The same, sharing the walk above the stacks' common frame with other states (grammar.cpp).
+  bool split_walk(const GrammarState& state, std::vector<uint64_t>& bits) const;
   using Bits = std::shared_ptr<const std::vector<uint64_t>>;
   std::shared_ptr<const Grammar> grammar_;
   std::shared_ptr<const TokenTrie> vocab_;
@@ -193,6 +196,7 @@ class GrammarTokenMask {
   mutable std::mutex mu_;
   std::list<std::pair<std::string, Bits>> lru_;  // most recently used first
   std::unordered_map<std::string, std::list<std::pair<std::string, Bits>>::iterator> sets_;
+  mutable std::unordered_map<std::string, std::shared_ptr<const Cut>> cuts_;  // by the cut's positions
 };
 
 }  // namespace kiln
