@@ -989,6 +989,14 @@ TEST_F(ExecutorTest, GrammarChoicesFollowTheirGrammar) {
   // Without a tokenizer a grammar is refused.
   Executor plain(*model_, nullptr);
   EXPECT_THROW(plain.generate(r), Error);
+  // A grammar too ambiguous to mask within GrammarTokenMask::kMaxMaskWork fails its request
+  // with a message; the executor goes on serving others.
+  r.n = 1;
+  r.grammar = grammar_from_gbnf(R"(root ::= ("" | [a-y]){0,300} "z")");
+  const GenerationResult costly = ex.generate(r);
+  EXPECT_NE(costly.error.find("too ambiguous"), std::string::npos) << costly.error;
+  EXPECT_EQ(costly.choices.at(0).finish, FinishReason::kError);
+  EXPECT_EQ(ex.generate(greedy({5, 6, 7}, 3)).choices[0].tokens.size(), 3u);
   expect_no_leak(ex);
 }
 
