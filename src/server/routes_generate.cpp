@@ -636,7 +636,9 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
     if (!p.session_id.empty() && !p.more_prompts.empty())
       throw ApiError(400, "a session holds one conversation: a batch of prompts cannot carry a session id", "prompt");
     if (p.tool_choice == "auto" && opt.tool_parser == ToolParser::kNone)
-      throw ApiError(400, "tool_choice \"auto\" needs a server started with --tool-call-parser (hermes, llama3_json)",
+      throw ApiError(400,
+                     "tool_choice \"auto\" needs a server started with --tool-call-parser (hermes, llama3_json, "
+                     "mistral)",
                      "tool_choice");
     const bool forced = p.tool_choice == "required" || p.tool_choice == "function";
     if (forced && (p.json_object || !p.json_schema.is_null() || !p.grammar.empty() || !p.guided_choice.empty()))

@@ -11,7 +11,7 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
-constexpr std::string_view kOpen = "<tool_call>", kClose = "</tool_call>";
+constexpr std::string_view kOpen = "<tool_call>", kClose = "</tool_call>", kMistralTag = "[TOOL_CALLS]";
 
 bool is_space(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
 bool all_space(std::string_view s) {
@@ -86,14 +86,17 @@ size_t object_end(std::string_view s, size_t at) {
 ToolParser tool_parser_from_name(std::string_view name) {
   if (name == "hermes") return ToolParser::kHermes;
   if (name == "llama3_json") return ToolParser::kLlama3Json;
+  if (name == "mistral") return ToolParser::kMistral;
   if (name == "none" || name.empty()) return ToolParser::kNone;
-  throw std::invalid_argument("unknown tool-call parser '" + std::string(name) + "' (hermes, llama3_json, none)");
+  throw std::invalid_argument("unknown tool-call parser '" + std::string(name) +
+                              "' (hermes, llama3_json, mistral, none)");
 }
 
 const char* tool_parser_name(ToolParser p) {
   switch (p) {
     case ToolParser::kHermes: return "hermes";
     case ToolParser::kLlama3Json: return "llama3_json";
+    case ToolParser::kMistral: return "mistral";
     default: return "none";
   }
 }
@@ -109,6 +112,45 @@ ToolCallDelta ToolCallSplitter::drain(bool final) {
   ToolCallDelta out;
   if (parser_ == ToolParser::kNone) {
     out.content = std::move(held_);
+    held_.clear();
+    return out;
+  }
+  if (parser_ == ToolParser::kMistral) {
+    if (!decided_) {
+      size_t i = 0;
+      while (i < held_.size() && is_space(held_[i])) ++i;
+      const std::string_view rest = std::string_view(held_).substr(i);
+      // Too little text to tell "[TOOL_CALLS]" or "[{" from other text: wait for more.
+      if (!final && (rest.empty() || (kMistralTag.substr(0, rest.size()) == rest && rest.size() < kMistralTag.size()) ||
+                     rest == "["))
+        return out;
+      decided_ = true;
+      json_body_ = rest.starts_with(kMistralTag) || rest.starts_with("[{") || rest.starts_with("[ ") ||
+                   rest.starts_with("[\n");
+    }
+    if (!json_body_) {
+      out.content = std::move(held_);
+      held_.clear();
+      return out;
+    }
+    if (!final) return out;
+    std::string_view body(held_);
+    while (!body.empty() && is_space(body.front())) body.remove_prefix(1);
+    if (body.starts_with(kMistralTag)) body.remove_prefix(kMistralTag.size());
+    const Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
+    std::vector<ToolCall> calls;
+    bool ok = j.is_array() && !j.empty();
+    for (size_t k = 0; ok && k < j.size(); ++k) {
+      std::optional<ToolCall> c = call_of(j[k], {"arguments", "parameters"});
+      if (c) calls.push_back(std::move(*c));
+      else ok = false;
+    }
+    if (ok) {
+      calls_ += int(calls.size());
+      out.calls = std::move(calls);
+    } else {
+      out.content = std::move(held_);
+    }
     held_.clear();
     return out;
   }

@@ -6,6 +6,9 @@
 //   llama3_json  the whole output is {"name": ..., "parameters": {...}} objects separated by
 //                ';' (Llama 3.1-3.3: their template's JSON tool calling; <|python_tag|> is a
 //                special token, already gone from the text)
+//   mistral      the whole output is [{"name": ..., "arguments": {...}}, ...] after the
+//                [TOOL_CALLS] control token (Mistral 7B v0.3, Nemo, Small; the token itself
+//                is skipped from the text, or taken off when it is there)
 // A call whose JSON does not parse stays text, as vLLM leaves it. Tested in
 // tests/server/tool_calls_test.cpp.
 #pragma once
@@ -16,8 +19,9 @@
 
 namespace kiln::server {
 
-enum class ToolParser { kNone, kHermes, kLlama3Json };
-// "hermes", "llama3_json" (and "none"); throws std::invalid_argument naming the choices.
+enum class ToolParser { kNone, kHermes, kLlama3Json, kMistral };
+// "hermes", "llama3_json", "mistral" (and "none"); throws std::invalid_argument naming the
+// choices.
 ToolParser tool_parser_from_name(std::string_view name);
 const char* tool_parser_name(ToolParser p);
 
@@ -47,7 +51,7 @@ class ToolCallSplitter {
   ToolParser parser_;
   std::string held_;
   bool decided_ = false;  // llama3_json: whether the output is tool calls was decided
-  bool json_body_ = false;  // llama3_json: it is (calls are parsed at the end)
+  bool json_body_ = false;  // llama3_json, mistral: it is (calls are parsed at the end)
   bool in_call_ = false;    // hermes: inside <tool_call>
   int calls_ = 0;
 };

@@ -121,15 +121,39 @@ TEST(ToolCalls, Llama3JsonCalls) {
   }
 }
 
+TEST(ToolCalls, MistralCallArrays) {
+  for (const std::string out : {R"([{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "g", "arguments": {}}])",
+                                R"([TOOL_CALLS] [{"name": "get_weather", "arguments": {"city": "Paris"}}, {"name": "g", "arguments": {}}])"}) {
+    ToolCallDelta d = parse_tool_calls(ToolParser::kMistral, out);
+    EXPECT_EQ(d.content, "") << out;
+    ASSERT_EQ(d.calls.size(), 2u) << out;
+    EXPECT_EQ(d.calls[0].name, "get_weather");
+    EXPECT_EQ(d.calls[0].arguments, R"({"city":"Paris"})");
+    EXPECT_EQ(d.calls[1].arguments, "{}");
+    expect_any_split_agrees(ToolParser::kMistral, out);
+  }
+  // Text (even starting with '[' but not a call array) is content, streamed as it comes.
+  for (const std::string text : {"Paris is sunny.", "[1] A footnote", R"([{"answer": 4}])", "[TOOL_CALLS] not json"}) {
+    ToolCallDelta d = parse_tool_calls(ToolParser::kMistral, text);
+    EXPECT_TRUE(d.calls.empty()) << text;
+    EXPECT_EQ(d.content, text);
+    expect_any_split_agrees(ToolParser::kMistral, text);
+  }
+  ToolCallSplitter s(ToolParser::kMistral);
+  EXPECT_EQ(s.feed("[TOOL").content, "");
+  EXPECT_EQ(s.feed("S] is a tag-like word").content, "[TOOLS] is a tag-like word");
+}
+
 TEST(ToolCalls, ParserNames) {
   EXPECT_EQ(tool_parser_from_name("hermes"), ToolParser::kHermes);
   EXPECT_EQ(tool_parser_from_name("llama3_json"), ToolParser::kLlama3Json);
+  EXPECT_EQ(tool_parser_from_name("mistral"), ToolParser::kMistral);
   EXPECT_STREQ(tool_parser_name(ToolParser::kLlama3Json), "llama3_json");
   try {
-    tool_parser_from_name("mistral");
+    tool_parser_from_name("pythonic");
     ADD_FAILURE();
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("hermes, llama3_json"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("hermes, llama3_json, mistral"), std::string::npos);
   }
 }
 

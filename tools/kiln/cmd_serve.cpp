@@ -217,9 +217,9 @@ Runner add_serve(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--tool-call-parser", a->tool_parser,
                   "chat requests with tools: read the model's tool calls back into message.tool_calls - hermes "
-                  "(<tool_call>{...}</tool_call>: Qwen2.5/3, Hermes, SmolLM3) or llama3_json (Llama 3.1-3.3); none "
-                  "refuses tool_choice \"auto\"")
-      ->check(CLI::IsMember({"none", "hermes", "llama3_json"}))
+                  "(<tool_call>{...}</tool_call>: Qwen2.5/3, Hermes, SmolLM3), llama3_json (Llama 3.1-3.3) or mistral "
+                  "([TOOL_CALLS] [...]: Mistral 7B v0.3, Nemo, Small); none refuses tool_choice \"auto\"")
+      ->check(CLI::IsMember({"none", "hermes", "llama3_json", "mistral"}))
       ->capture_default_str();
 
   // `kiln serve bench` (also `kiln bench serve`): load-test a running server.
