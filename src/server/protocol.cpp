@@ -193,26 +193,41 @@ void parse_sampling(const Json& j, CompletionParams& p, const RequestLimits& lim
                      "response_format");
     }
   }
-  for (const char* key : {"guided_json", "json_schema"})
-    if (const Json* s = field(j, key); s && !s->is_null()) {
+  // vLLM's structured_outputs object (since v0.12) and its older top-level guided_* fields;
+  // llama.cpp's json_schema and grammar.
+  auto constraint = [&](const std::string& kind, const Json& v, const std::string& key) {
+    if (v.is_null()) return;
+    if (kind == "json") {
       if (!p.json_schema.is_null()) throw ApiError(400, "more than one JSON schema given", key);
-      p.json_schema = schema_value(*s, key);
-    }
-  for (const char* key : {"guided_grammar", "grammar"})
-    if (const Json* g = field(j, key); g && !g->is_null()) {
-      if (!g->is_string() || g->get<std::string>().empty()) bad_type(key, "a non-empty GBNF grammar");
+      p.json_schema = schema_value(v, key);
+    } else if (kind == "grammar") {
+      if (!v.is_string() || v.get<std::string>().empty()) bad_type(key, "a non-empty GBNF grammar");
       if (!p.grammar.empty()) throw ApiError(400, "more than one grammar given", key);
-      p.grammar = g->get<std::string>();
-      if (p.grammar.size() > 65536) throw ApiError(400, std::string("'") + key + "' is longer than 64 KiB", key);
+      p.grammar = v.get<std::string>();
+      if (p.grammar.size() > 65536) throw ApiError(400, "'" + key + "' is longer than 64 KiB", key);
+    } else if (kind == "choice") {
+      if (!v.is_array() || v.empty()) bad_type(key, "a non-empty array of strings");
+      if (!p.guided_choice.empty()) throw ApiError(400, "more than one choice list given", key);
+      for (const Json& x : v) {
+        if (!x.is_string() || x.get<std::string>().empty()) bad_type(key, "a non-empty array of non-empty strings");
+        p.guided_choice.push_back(x.get<std::string>());
+      }
+    } else {  // regex, whitespace_pattern, structural_tag: they would change the output
+      throw ApiError(400, "'" + key + "' is not supported (json, grammar and choice are)", key);
     }
-  if (const Json* gc = field(j, "guided_choice"); gc && !gc->is_null()) {
-    if (!gc->is_array() || gc->empty()) bad_type("guided_choice", "a non-empty array of strings");
-    for (const Json& x : *gc) {
-      if (!x.is_string() || x.get<std::string>().empty()) bad_type("guided_choice", "a non-empty array of non-empty strings");
-      p.guided_choice.push_back(x.get<std::string>());
-    }
+  };
+  for (const char* kind : {"json", "grammar", "choice", "regex", "whitespace_pattern"})
+    if (const Json* v = field(j, std::string("guided_") + kind)) constraint(kind, *v, std::string("guided_") + kind);
+  if (const Json* v = field(j, "json_schema")) constraint("json", *v, "json_schema");
+  if (const Json* v = field(j, "grammar")) constraint("grammar", *v, "grammar");
+  if (const Json* so = field(j, "structured_outputs"); so && !so->is_null()) {
+    if (!so->is_object()) bad_type("structured_outputs", "an object");
+    for (const auto& [kind, v] : so->items())
+      if (kind == "json" || kind == "grammar" || kind == "choice" || kind == "regex" || kind == "whitespace_pattern" ||
+          kind == "structural_tag")
+        constraint(kind, v, "structured_outputs." + kind);
+    // Other keys (disable_fallback, disable_any_whitespace, ...) choose among backends: none here.
   }
-  if (field(j, "guided_regex")) throw ApiError(400, "'guided_regex' is not supported (use guided_grammar)", "guided_regex");
   if (int(p.json_object) + int(!p.json_schema.is_null()) + int(!p.grammar.empty()) + int(!p.guided_choice.empty()) > 1)
     throw ApiError(400, "give at most one of response_format, a JSON schema, a grammar and guided_choice",
                    "response_format");

@@ -358,6 +358,12 @@ TEST_F(ServerTest, BadInputIsAClear4xxAndTheServerIsUnaffected) {
       {"/v1/completions", R"({"model":"llama","prompt":[1,2],"guided_choice":["a"],"grammar":"root ::= \"a\""})", 400,
        "at most one"},
       {"/v1/completions", R"({"model":"llama","prompt":[1,2],"guided_regex":"a+"})", 400, "guided_regex"},
+      {"/v1/completions", R"({"model":"llama","prompt":[1,2],"structured_outputs":{"regex":"a+"}})", 400,
+       "'structured_outputs.regex' is not supported"},
+      {"/v1/completions", R"({"model":"llama","prompt":[1,2],"structured_outputs":{"choice":[]}})", 400,
+       "structured_outputs.choice"},
+      {"/v1/completions", R"({"model":"llama","prompt":[1,2],"structured_outputs":{"choice":["a"]},"guided_choice":["b"]})",
+       400, "more than one choice list"},
       {"/v1/completions", R"({"model":"llama","prompt":[1,2],"guided_json":"{not json"})", 400, "guided_json"},
       {"/v1/completions", R"({"model":"llama","prompt":[1,2],"response_format":"json"})", 400, "response_format"},
       {"/v1/completions", R"({"model":"llama","prompt":[1,2],"response_format":{"type":"json_object"}})", 400,
@@ -1054,6 +1060,11 @@ TEST_F(RealModelServerTest, JsonSchemaChoiceAndGrammarConstrainTheOutput) {
     EXPECT_EQ(ch["finish_reason"], "stop");
   }
   pick.erase("guided_choice");
+  pick["structured_outputs"] = {{"choice", {"Paris", "London"}}, {"disable_fallback", true}};  // vLLM >= 0.12's form
+  auto so = post(srv_->port(), "/v1/completions", pick);
+  ASSERT_EQ(so.status, 200) << so.body;
+  for (const Json& ch : so.json()["choices"]) EXPECT_TRUE(ch["text"] == "Paris" || ch["text"] == "London") << ch;
+  pick.erase("structured_outputs");
   pick["guided_grammar"] = R"(root ::= [A-Z] [a-z]+ " " [0-9]{4})";
   auto g = post(srv_->port(), "/v1/completions", pick);
   ASSERT_EQ(g.status, 200) << g.body;
