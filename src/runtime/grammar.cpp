@@ -12,6 +12,7 @@
 #include "runtime/grammar.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -636,13 +637,26 @@ int64_t GrammarTokenMask::apply(const GrammarState& state, std::span<float> logi
       for (; sets_.size() > max_states_; lru_.pop_back()) sets_.erase(lru_.back().first);
     }
   }
+  // A word of 64 tokens at a time: inside a string nearly all are allowed, at structural
+  // positions nearly none, so most words are all ones or all zeros.
   constexpr float kOff = -std::numeric_limits<float>::infinity();
-  const size_t n = vocab_->vocab_size();
+  const size_t n = std::min(vocab_->vocab_size(), logits.size());
   int64_t kept = 0;
-  for (size_t id = 0; id < logits.size(); ++id) {
-    if (id < n && ((*bits)[id / 64] >> (id % 64) & 1)) ++kept;
-    else logits[id] = kOff;
+  for (size_t base = 0; base < n; base += 64) {
+    const size_t len = std::min<size_t>(64, n - base);
+    uint64_t w = (*bits)[base / 64];
+    if (len < 64) w &= (uint64_t(1) << len) - 1;
+    kept += std::popcount(w);
+    if (w == (len == 64 ? ~uint64_t(0) : (uint64_t(1) << len) - 1)) continue;
+    float* x = logits.data() + base;
+    if (w == 0) {
+      std::fill(x, x + len, kOff);
+      continue;
+    }
+    for (size_t i = 0; i < len; ++i)
+      if (!(w >> i & 1)) x[i] = kOff;
   }
+  std::fill(logits.begin() + std::ptrdiff_t(n), logits.end(), kOff);  // ids past the vocabulary
   return kept;
 }
 
