@@ -577,7 +577,8 @@ bool GrammarTokenMask::split_walk(const GrammarState& state, std::vector<uint64_
     for (const Frame& f : cut_state.frames_) fresh->depth = std::max(fresh->depth, f.depth);
     cut = fresh;
     std::lock_guard lk(mu_);
-    if (cuts_.size() >= max_states_) cuts_.clear();
+    // A cut holds a set and its touched paths (tens of KB): a grammar has few distinct ones.
+    if (cuts_.size() >= kMaxCuts) cuts_.clear();
     cuts_.emplace(key, cut);
   }
   // Depths count from the cut: at this state's depth a path the cut's walk kept could be

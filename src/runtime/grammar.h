@@ -196,6 +196,7 @@ class GrammarTokenMask {
   mutable std::mutex mu_;
   std::list<std::pair<std::string, Bits>> lru_;  // most recently used first
   std::unordered_map<std::string, std::list<std::pair<std::string, Bits>>::iterator> sets_;
+  static constexpr size_t kMaxCuts = 64;
   mutable std::unordered_map<std::string, std::shared_ptr<const Cut>> cuts_;  // by the cut's positions
 };
 
