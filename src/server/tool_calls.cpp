@@ -81,6 +81,52 @@ size_t object_end(std::string_view s, size_t at) {
   return std::string_view::npos;
 }
 
+// Whole-output formats: whether the text so far (leading whitespace skipped) is too short to
+// tell calls from text, and whether it opens as calls.
+bool undecided(ToolParser p, std::string_view rest) {
+  if (p == ToolParser::kMistral)
+    return rest.empty() || rest == "[" || (rest.size() < kMistralTag.size() && kMistralTag.starts_with(rest));
+  return rest.empty();
+}
+bool opens_calls(ToolParser p, std::string_view rest) {
+  if (p == ToolParser::kMistral)
+    return rest.starts_with(kMistralTag) || rest.starts_with("[{") || rest.starts_with("[ ") || rest.starts_with("[\n");
+  return rest.starts_with("{");
+}
+
+// llama3_json: {"name", "parameters"} objects separated by ';' and whitespace; none unless
+// every object is a call.
+std::vector<ToolCall> llama3_calls(std::string_view text) {
+  std::vector<ToolCall> calls;
+  size_t i = 0;
+  for (;;) {
+    while (i < text.size() && (is_space(text[i]) || text[i] == ';')) ++i;
+    if (i == text.size()) return calls;
+    const size_t end = text[i] == '{' ? object_end(text, i) : std::string_view::npos;
+    if (end == std::string_view::npos) return {};
+    std::optional<ToolCall> c = parse_call(text.substr(i, end - i), {"parameters", "arguments"});
+    if (!c) return {};
+    calls.push_back(std::move(*c));
+    i = end;
+  }
+}
+
+// mistral: [TOOL_CALLS] (when still in the text) and a JSON array of calls; none unless every
+// element is a call.
+std::vector<ToolCall> mistral_calls(std::string_view text) {
+  while (!text.empty() && is_space(text.front())) text.remove_prefix(1);
+  if (text.starts_with(kMistralTag)) text.remove_prefix(kMistralTag.size());
+  const Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_array()) return {};
+  std::vector<ToolCall> calls;
+  for (const Json& x : j) {
+    std::optional<ToolCall> c = call_of(x, {"arguments", "parameters"});
+    if (!c) return {};
+    calls.push_back(std::move(*c));
+  }
+  return calls;
+}
+
 }  // namespace
 
 ToolParser tool_parser_from_name(std::string_view name) {
@@ -115,18 +161,16 @@ ToolCallDelta ToolCallSplitter::drain(bool final) {
     held_.clear();
     return out;
   }
-  if (parser_ == ToolParser::kMistral) {
+  if (parser_ == ToolParser::kLlama3Json || parser_ == ToolParser::kMistral) {
+    // Whole-output formats: once the output opens as calls it is held to the end and parsed
+    // whole; if it does not parse, all of it is content.
     if (!decided_) {
       size_t i = 0;
       while (i < held_.size() && is_space(held_[i])) ++i;
       const std::string_view rest = std::string_view(held_).substr(i);
-      // Too little text to tell "[TOOL_CALLS]" or "[{" from other text: wait for more.
-      if (!final && (rest.empty() || (kMistralTag.substr(0, rest.size()) == rest && rest.size() < kMistralTag.size()) ||
-                     rest == "["))
-        return out;
+      if (!final && undecided(parser_, rest)) return out;
       decided_ = true;
-      json_body_ = rest.starts_with(kMistralTag) || rest.starts_with("[{") || rest.starts_with("[ ") ||
-                   rest.starts_with("[\n");
+      json_body_ = opens_calls(parser_, rest);
     }
     if (!json_body_) {
       out.content = std::move(held_);
@@ -134,55 +178,8 @@ ToolCallDelta ToolCallSplitter::drain(bool final) {
       return out;
     }
     if (!final) return out;
-    std::string_view body(held_);
-    while (!body.empty() && is_space(body.front())) body.remove_prefix(1);
-    if (body.starts_with(kMistralTag)) body.remove_prefix(kMistralTag.size());
-    const Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
-    std::vector<ToolCall> calls;
-    bool ok = j.is_array() && !j.empty();
-    for (size_t k = 0; ok && k < j.size(); ++k) {
-      std::optional<ToolCall> c = call_of(j[k], {"arguments", "parameters"});
-      if (c) calls.push_back(std::move(*c));
-      else ok = false;
-    }
-    if (ok) {
-      calls_ += int(calls.size());
-      out.calls = std::move(calls);
-    } else {
-      out.content = std::move(held_);
-    }
-    held_.clear();
-    return out;
-  }
-  if (parser_ == ToolParser::kLlama3Json) {
-    if (!decided_) {
-      size_t i = 0;
-      while (i < held_.size() && is_space(held_[i])) ++i;
-      if (i == held_.size() && !final) return out;  // only whitespace so far
-      decided_ = true;
-      json_body_ = i < held_.size() && held_[i] == '{';
-    }
-    if (!json_body_) {
-      out.content = std::move(held_);
-      held_.clear();
-      return out;
-    }
-    if (!final) return out;
-    // The whole output: objects separated by ';' (and whitespace), each a call.
-    std::vector<ToolCall> calls;
-    size_t i = 0;
-    bool ok = true;
-    while (ok) {
-      while (i < held_.size() && (is_space(held_[i]) || held_[i] == ';')) ++i;
-      if (i == held_.size()) break;
-      const size_t end = held_[i] == '{' ? object_end(held_, i) : std::string_view::npos;
-      std::optional<ToolCall> c;
-      if (end != std::string_view::npos) c = parse_call(std::string_view(held_).substr(i, end - i), {"parameters", "arguments"});
-      if (!c) ok = false;
-      else calls.push_back(std::move(*c));
-      i = end;
-    }
-    if (ok && !calls.empty()) {
+    std::vector<ToolCall> calls = parser_ == ToolParser::kMistral ? mistral_calls(held_) : llama3_calls(held_);
+    if (!calls.empty()) {
       calls_ += int(calls.size());
       out.calls = std::move(calls);
     } else {
