@@ -869,6 +869,17 @@ std::string json_test_tokenizer() {
       .dump();
 }
 
+// Two choices sampled at temperature 1 from a fixed prompt (the constrained-decoding tests).
+GenerationRequest sampled_pair(uint64_t seed, int32_t max_tokens) {
+  GenerationRequest r;
+  r.prompt = {5, 17, 33, 250, 9};
+  r.max_tokens = max_tokens;
+  r.n = 2;
+  r.sampling.temperature = 1.0f;
+  r.sampling.seed = seed;
+  return r;
+}
+
 // response_format json_object: sampled choices (a random model, temperature 1) whose every
 // token continues one JSON object; those that end before max_tokens end as the object closes,
 // and nlohmann's parser (an independent one) takes their text as an object. A bias toward '}'
@@ -879,12 +890,7 @@ TEST_F(ExecutorTest, JsonObjectChoicesAreJson) {
   Executor ex(*model_, &tokenizer);
   int closed = 0, total = 0;
   for (uint64_t seed = 1; seed <= 12; ++seed) {
-    GenerationRequest r;
-    r.prompt = {5, 17, 33, 250, 9};
-    r.max_tokens = 40;
-    r.n = 2;
-    r.sampling.temperature = 1.0f;
-    r.sampling.seed = seed;
+    GenerationRequest r = sampled_pair(seed, 40);
     r.sampling.logit_bias = {{tokenizer.token_to_id("}"), 4.0f}, {tokenizer.token_to_id("\""), 2.0f}};
     r.json_object = true;
     const GenerationResult out = ex.generate(r);
@@ -929,12 +935,7 @@ TEST_F(ExecutorTest, GrammarChoicesFollowTheirGrammar) {
   const std::shared_ptr<const Grammar> json_grammar = grammar_from_json_schema(schema);
   int closed = 0, total = 0;
   for (uint64_t seed = 1; seed <= 10; ++seed) {
-    GenerationRequest r;
-    r.prompt = {5, 17, 33, 250, 9};
-    r.max_tokens = 60;
-    r.n = 2;
-    r.sampling.temperature = 1.0f;
-    r.sampling.seed = seed;
+    GenerationRequest r = sampled_pair(seed, 60);
     r.grammar = json_grammar;
     const GenerationResult out = ex.generate(r);
     ASSERT_TRUE(out.error.empty()) << out.error;
