@@ -620,17 +620,10 @@ struct Executor::Impl {
   SampledToken sample(Choice& c, const Row& r) const {
     if (r.full.empty()) return c.sampler->sample(r.top);
     if (c.json) json_mask->apply(*c.json, r.full);
-    if (c.grammar) {
-      // End tokens only where the document may end.
-      std::vector<std::pair<int32_t, float>> ends;
-      if (c.grammar->complete())
-        for (int32_t t : end_ids(*c.req))
-          if (t >= 0 && size_t(t) < r.full.size()) ends.emplace_back(t, r.full[size_t(t)]);
-      if (c.grammar_mask->apply(*c.grammar, r.full) < 0) {
-        c.grammar_too_costly = true;  // take_token fails the request
-        return {};
-      }
-      for (auto [t, x] : ends) r.full[size_t(t)] = x;
+    // End tokens only where the document may end.
+    if (c.grammar && c.grammar_mask->apply(*c.grammar, r.full, end_ids(*c.req)) < 0) {
+      c.grammar_too_costly = true;  // take_token fails the request
+      return {};
     }
     return c.sampler->sample(r.full);
   }

@@ -13,6 +13,7 @@
 
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -617,7 +618,7 @@ bool GrammarTokenMask::split_walk(const GrammarState& state, std::vector<uint64_
   return true;
 }
 
-int64_t GrammarTokenMask::apply(const GrammarState& state, std::span<float> logits) {
+int64_t GrammarTokenMask::apply(const GrammarState& state, std::span<float> logits, std::span<const int32_t> ends) {
   const std::string key = state.key();
   Bits bits;
   {
@@ -638,6 +639,10 @@ int64_t GrammarTokenMask::apply(const GrammarState& state, std::span<float> logi
       for (; sets_.size() > max_states_; lru_.pop_back()) sets_.erase(lru_.back().first);
     }
   }
+  std::vector<std::pair<int32_t, float>> kept_ends;
+  if (state.complete())
+    for (int32_t id : ends)
+      if (id >= 0 && size_t(id) < logits.size()) kept_ends.emplace_back(id, logits[size_t(id)]);
   // A word of 64 tokens at a time: inside a string nearly all are allowed, at structural
   // positions nearly none, so most words are all ones or all zeros.
   constexpr float kOff = -std::numeric_limits<float>::infinity();
@@ -658,6 +663,10 @@ int64_t GrammarTokenMask::apply(const GrammarState& state, std::span<float> logi
       if (!(w >> i & 1)) x[i] = kOff;
   }
   std::fill(logits.begin() + std::ptrdiff_t(n), logits.end(), kOff);  // ids past the vocabulary
+  for (auto [id, x] : kept_ends) {
+    kept += std::isinf(logits[size_t(id)]) && x != kOff;
+    logits[size_t(id)] = x;
+  }
   return kept;
 }
 

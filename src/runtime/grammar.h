@@ -176,8 +176,10 @@ class GrammarTokenMask {
   GrammarTokenMask(std::shared_ptr<const Grammar> grammar, std::shared_ptr<const TokenTrie> vocab,
                    size_t max_cache_bytes = kMaxCacheBytes);
   // Puts -inf on the tokens of `logits` that cannot come next; returns how many stay, or -1
-  // (logits untouched) when the state's set would take more than kMaxMaskWork.
-  int64_t apply(const GrammarState& state, std::span<float> logits);
+  // (logits untouched) when the state's set would take more than kMaxMaskWork. `ends` (the
+  // end-of-sequence and stop ids) keep their logits where the state is complete(): the
+  // document may end there.
+  int64_t apply(const GrammarState& state, std::span<float> logits, std::span<const int32_t> ends = {});
   // The allowed set without the cache: bit id % 64 of word id / 64 (kiln::Error past
   // kMaxMaskWork).
   std::vector<uint64_t> allowed(const GrammarState& state) const;

@@ -687,6 +687,24 @@ TEST(GrammarTokenMask, CacheSpecialTokensAndThePastTheVocabulary) {
   EXPECT_EQ(vocab->piece(-1), "");
   EXPECT_EQ(vocab->piece(int32_t(pieces.size())), "");
   EXPECT_EQ(vocab->piece(2), " ");
+  // End ids (a special token, past the vocabulary too) keep their logits only where the
+  // document may end.
+  int32_t special = -1;
+  for (size_t id = 0; id < pieces.size() && special < 0; ++id)
+    if (pieces[id].empty()) special = int32_t(id);
+  ASSERT_GE(special, 0);
+  const std::vector<int32_t> ends = {special, int32_t(pieces.size() + 3)};
+  std::vector<float> d(pieces.size() + 7, 0.5f);
+  EXPECT_EQ(mask.apply(s, d, ends), n);  // inside a string: not complete
+  EXPECT_EQ(d[size_t(special)], -std::numeric_limits<float>::infinity());
+  GrammarState whole(g);
+  ASSERT_TRUE(whole.accept("{\"value\":1}"));
+  ASSERT_TRUE(whole.complete());
+  std::vector<float> e(pieces.size() + 7, 0.5f), f = e;
+  const int64_t m = mask.apply(whole, e);
+  EXPECT_EQ(mask.apply(whole, f, ends), m + 2);
+  EXPECT_EQ(f[size_t(special)], 0.5f);
+  EXPECT_EQ(f[pieces.size() + 3], 0.5f);
 }
 
 TEST(GrammarTokenMask, EvictsPastItsBudgetAndIsThreadSafe) {

@@ -112,15 +112,11 @@ int run_generate(const GenerateArgs& a) {
     if (out.empty()) prefill_s = seconds_since(t_start);
     std::vector<float>& row = res.at(0).logits;
     if (doc) {
-      std::vector<std::pair<int32_t, float>> ends;
-      if (doc->complete())
-        for (int32_t s : stops) ends.emplace_back(s, row.at(size_t(s)));
-      const int64_t kept = mask->apply(*doc, row);
+      const int64_t kept = mask->apply(*doc, row, stops);
       if (kept < 0)
         throw_error(ErrorCode::kInvalidArgument, "the grammar is too ambiguous to constrain decoding with (a token "
                     "mask took more than ", GrammarTokenMask::kMaxMaskWork, " parse-stack steps)");
-      if (kept == 0 && ends.empty()) break;  // nothing continues the document
-      for (auto [s, x] : ends) row[size_t(s)] = x;
+      if (kept == 0) break;  // nothing continues the document, nor may it end
     }
     int32_t next = argmax(row.data(), int64_t(row.size()));
     out.push_back(next);
