@@ -601,7 +601,7 @@ struct Executor::Impl {
         const int32_t q = first + int32_t(k);
         const float* x = logits.data_as<float>() + (row + q - start) * vocab;
         lp[size_t(k)] = logprobs_of(std::span<const float>(x, size_t(vocab)), prompt[size_t(q + 1)],
-                                    r.req.prompt_logprobs);
+                                    r.req.prompt_logprobs, /*with_rank=*/true);
       }
     };
     if (lp.size() >= 4) ThreadPool::global().parallel_for(int64_t(lp.size()), rows);

@@ -69,7 +69,7 @@ int32_t greedy_argmax(const float* x, int32_t n) {
   return chosen;
 }
 
-SampledToken logprobs_of(std::span<const float> logits, int32_t token, int32_t top_n) {
+SampledToken logprobs_of(std::span<const float> logits, int32_t token, int32_t top_n, bool with_rank) {
   // log-sum-exp in double: vocabularies of 150k entries lose digits in float.
   float mx = -std::numeric_limits<float>::infinity();
   for (float x : logits) mx = std::max(mx, x);
@@ -79,8 +79,10 @@ SampledToken logprobs_of(std::span<const float> logits, int32_t token, int32_t t
   SampledToken out;
   out.token = token;
   out.logprob = float(double(logits[size_t(token)]) - lse);
-  out.rank = 1;
-  for (float x : logits) out.rank += x > logits[size_t(token)];
+  if (with_rank) {
+    out.rank = 1;
+    for (float x : logits) out.rank += x > logits[size_t(token)];
+  }
   if (top_n > 0) {
     int32_t n = std::min<int32_t>(top_n, int32_t(logits.size()));
     std::vector<int32_t> idx(logits.size());

@@ -49,7 +49,7 @@ struct SampledToken {
   int32_t token = -1;
   float logprob = 0;                // of `token` under the raw distribution (if asked)
   std::vector<TokenLogprob> top;    // the top-n alternatives, most likely first
-  int32_t rank = 0;  // logprobs_of: 1 + the tokens with larger logits (0: not computed)
+  int32_t rank = 0;  // logprobs_of with_rank: 1 + the tokens with larger logits (0: not computed)
 };
 
 // One row of the TopKLogits op's outputs (ir op registry): the k largest logits of a
@@ -110,7 +110,8 @@ class Sampler {
 // Index of the largest value (the lowest such index on ties; 0 when all are NaN or -inf).
 int32_t greedy_argmax(const float* x, int32_t n);
 
-// log-softmax value of logits[token] and the top-n (token, logprob) of raw logits.
-SampledToken logprobs_of(std::span<const float> logits, int32_t token, int32_t top_n);
+// log-softmax value of logits[token] and the top-n (token, logprob) of raw logits; with_rank:
+// also its rank (one more pass over the row; vLLM's prompt_logprobs report it).
+SampledToken logprobs_of(std::span<const float> logits, int32_t token, int32_t top_n, bool with_rank = false);
 
 }  // namespace kiln
