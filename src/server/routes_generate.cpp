@@ -64,7 +64,6 @@ struct ChoiceState {
   enum class Forced : uint8_t { kNone, kRequired, kNamed } forced = Forced::kNone;
   std::string forced_text;
   std::vector<ToolCall> calls;                // the tool calls read so far ...
-  std::vector<std::string> call_ids;          // ... their ids ...
   size_t calls_sent = 0;                      // ... and how many a stream has sent
   std::vector<int32_t> tokens;
   Json logprobs;  // accumulated (non-streaming)
@@ -252,7 +251,7 @@ std::string finish_name(const ChoiceState& st, FinishReason r) {
 }
 
 Json tool_call_json(const ChoiceState& st, size_t k) {
-  return Json{{"id", st.call_ids[k]},
+  return Json{{"id", st.calls[k].id},
               {"type", "function"},
               {"function", {{"name", st.calls[k].name}, {"arguments", st.calls[k].arguments}}}};
 }
@@ -471,8 +470,8 @@ size_t absorb(Call& c, const RequestUpdate& u) {
           std::vector<ToolCall> calls = forced_calls(c.params, st);
           if (calls.empty()) st.last.content = st.forced_text;  // cut short: the text as it is
           for (auto& call : calls) {
+            call.id = new_call_id();
             st.calls.push_back(std::move(call));
-            st.call_ids.push_back(new_call_id());
           }
         }
       } else if (st.tools) {
@@ -484,8 +483,8 @@ size_t absorb(Call& c, const RequestUpdate& u) {
         }
         st.last.content = std::move(d.content);
         for (auto& call : d.calls) {
+          call.id = new_call_id();
           st.calls.push_back(std::move(call));
-          st.call_ids.push_back(new_call_id());
         }
       }
       st.reasoning += st.last.reasoning;

@@ -28,6 +28,7 @@ const char* tool_parser_name(ToolParser p);
 struct ToolCall {
   std::string name;
   std::string arguments;  // a JSON object's compact text, as OpenAI's API returns it
+  std::string id;         // given by the server as the call is read ("call_...")
 };
 
 struct ToolCallDelta {
