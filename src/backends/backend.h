@@ -50,6 +50,12 @@ struct StepInfo {
 // infinity has s = NaN (attention then reads NaN, as it would from a 16/32-bit cache).
 // Both factors are computed in f32 (127.0f / amax, amax / 127.0f): every backend
 // quantizes to the same codes and scales. Both backends implement both.
+// Key centering (KvLayout::k_shift): a quantized pool may store each key row less a
+// constant vector m of its layer and kv head, i.e. quantize x - m (computed in f32)
+// instead of x. Every key of a head then moves by the same m, so each query's scores
+// move by the same q.m and the softmax is unchanged; only the rounding error shrinks
+// where keys share a large common part (the channel biases of RoPE's slow pairs).
+// Values are stored as they are (their mean would not cancel).
 enum class KvDType { kAuto, kInt8, kFp8 };
 // "auto" | "int8" | "fp8"; throws kInvalidArgument naming --kv-cache-dtype otherwise.
 KvDType kv_dtype_parse(const std::string& name);
@@ -66,6 +72,15 @@ struct KvLayout {
   int64_t num_kv_heads = 0;
   int64_t head_dim = 0;
   KvDType dtype = KvDType::kAuto;
+  // Quantized dtypes: the key shift m, [num_layers, num_kv_heads, head_dim] f32
+  // (runtime/kv_calibration.h measures it); null or empty: keys stored as they are.
+  // A kAuto pool ignores it.
+  std::shared_ptr<const std::vector<float>> k_shift;
+  // Layer `l`'s shift [num_kv_heads * head_dim] when this layout quantizes with one; else null.
+  const float* k_shift_of(int64_t l) const {
+    if (!kv_dtype_quantized(dtype) || !k_shift || k_shift->empty()) return nullptr;
+    return k_shift->data() + l * num_kv_heads * head_dim;
+  }
   size_t bytes() const {
     return size_t(2 * num_layers * num_blocks * block_size * num_kv_heads * head_dim) * 4;
   }
@@ -105,7 +120,21 @@ class KvStorage {
   // touches the slots itself.
   virtual void swap_out(std::span<const KvSwapCopy> copies);
   virtual void swap_in(std::span<const KvSwapCopy> copies);
+
+  // Copies layer `layer`'s keys at pool slots `slots` (block * block_size + row) to the
+  // host as f32 rows [slots.size(), num_kv_heads * head_dim], as attention reads them
+  // (a 16-bit pool's values widened). Unquantized (kAuto) pools only: the key-shift
+  // calibration reads what an exact cache holds. Waits for the device. Others throw
+  // kUnsupported; a slot or layer out of range throws kInvalidArgument.
+  virtual void read_keys(int64_t layer, std::span<const int64_t> slots, float* out) const;
 };
+
+// read_keys' argument checks, shared by the backends (kInvalidArgument naming the bad
+// layer or slot; kUnsupported for a quantized pool).
+void kv_check_read_keys(const KvLayout& layout, int64_t layer, std::span<const int64_t> slots);
+// A layout's k_shift, when set, holds num_layers * num_kv_heads * head_dim finite values
+// (kInvalidArgument saying what is wrong otherwise). Backends check it on allocation.
+void kv_check_k_shift(const KvLayout& layout);
 
 // Free and total memory of the device a backend allocates on. Ranks on one `device`
 // share its free memory.

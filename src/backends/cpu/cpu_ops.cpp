@@ -612,10 +612,10 @@ void run_attention(OpContext& c, const AttentionParams& p, const float* q, const
     const int64_t l = p.layer;
     if (kv.is_int8())
       kv_cache_write_int8(k, v, step.slot_mapping.data(), t, p.hkv, p.d, kv.k_codes(l), kv.k_scales(l),
-                          kv.v_codes(l), kv.v_scales(l));
+                          kv.v_codes(l), kv.v_scales(l), kv.k_shift(l));
     else if (kv.is_fp8())
       kv_cache_write_fp8(k, v, step.slot_mapping.data(), t, p.hkv, p.d, kv.k_fp8(l), kv.k_scales(l), kv.v_fp8(l),
-                         kv.v_scales(l));
+                         kv.v_scales(l), kv.k_shift(l));
     else
       kv_cache_write(k, v, step.slot_mapping.data(), t, p.hkv, p.d, kv.k(l), kv.v(l));
     for (size_t s = 0; s < seqs.size(); ++s) {
@@ -899,6 +899,7 @@ const OpPrepare* find_cpu_op(const std::string& op) {
 }
 
 CpuKv::CpuKv(const KvLayout& layout) : layout_(layout) {
+  kv_check_k_shift(layout);
   const DType elem = is_quantized() ? DType::kI8 : DType::kF32;
   k_ = Tensor(elem, {layout.num_layers * layer_elems()});
   v_ = Tensor(elem, {layout.num_layers * layer_elems()});
@@ -906,6 +907,13 @@ CpuKv::CpuKv(const KvLayout& layout) : layout_(layout) {
     k_scale_ = Tensor(DType::kF32, {layout.num_layers * layer_rows()});
     v_scale_ = Tensor(DType::kF32, {layout.num_layers * layer_rows()});
   }
+}
+
+void CpuKv::read_keys(int64_t layer, std::span<const int64_t> slots, float* out) const {
+  kv_check_read_keys(layout_, layer, slots);
+  const int64_t row = layout_.num_kv_heads * layout_.head_dim;
+  const float* k = k_.data_as<float>() + layer * layer_elems();
+  for (size_t i = 0; i < slots.size(); ++i) std::memcpy(out + int64_t(i) * row, k + slots[i] * row, size_t(row) * 4);
 }
 
 size_t CpuKv::block_bytes_of(const KvLayout& layout) {

@@ -87,6 +87,9 @@ class CpuKv : public KvStorage {
   size_t block_bytes() const override { return block_bytes_of(layout_); }
   void swap_out(std::span<const KvSwapCopy> copies) override;
   void swap_in(std::span<const KvSwapCopy> copies) override;
+  void read_keys(int64_t layer, std::span<const int64_t> slots, float* out) const override;
+  // Quantized pools: layer `layer`'s key shift [Hkv * D] (KvLayout::k_shift), or null.
+  const float* k_shift(int64_t layer) const { return layout_.k_shift_of(layer); }
   // f32 pool (dtype kAuto).
   float* k(int64_t layer) { return k_.data_as<float>() + layer * layer_elems(); }
   float* v(int64_t layer) { return v_.data_as<float>() + layer * layer_elems(); }

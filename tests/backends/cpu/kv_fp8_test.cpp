@@ -95,6 +95,20 @@ TEST(KvFp8, CacheWriteStoresRowsPerSlotAndHead) {
     EXPECT_TRUE(std::equal(want.begin(), want.end(), vc.begin() + (2 * hkv + h) * d));
   }
   for (int64_t slot : {0, 1, 3, 4, 5}) EXPECT_EQ(ks[size_t(slot * hkv)], -1.0f) << "slot " << slot << " untouched";
+
+  // With a key shift the keys are stored as k - shift (per kv head), the values as they are.
+  auto shift = random_floats(size_t(hkv * d), 5, -3.0f, 3.0f);
+  kv_cache_write_fp8(k.data(), v.data(), slot_mapping, 2, hkv, d, kc.data(), ks.data(), vc.data(), vs.data(),
+                     shift.data());
+  for (int64_t h = 0; h < hkv; ++h) {
+    std::vector<float> centered(static_cast<size_t>(d));
+    for (int64_t c = 0; c < d; ++c) centered[size_t(c)] = k[size_t((hkv + h) * d + c)] - shift[size_t(h * d + c)];
+    std::vector<Fp8Code> want(static_cast<size_t>(d));
+    EXPECT_EQ(ks[size_t(2 * hkv + h)], kv_quantize_row_fp8(centered.data(), d, want.data()));
+    EXPECT_TRUE(std::equal(want.begin(), want.end(), kc.begin() + (2 * hkv + h) * d));
+    EXPECT_EQ(vs[size_t(2 * hkv + h)], kv_quantize_row_fp8(v.data() + (hkv + h) * d, d, want.data()));
+    EXPECT_TRUE(std::equal(want.begin(), want.end(), vc.begin() + (2 * hkv + h) * d));
+  }
 }
 
 // Returns the largest |fp8 attention - f32 attention| over every output. Quantization
@@ -103,9 +117,28 @@ TEST(KvFp8, CacheWriteStoresRowsPerSlotAndHead) {
 // <= 2^-4 relative, |q| <= 2) moves the softmax weights a little: 0.08.
 double run_case(int64_t d, int64_t block_size, int64_t hq, int64_t hkv, bool causal,
                 const std::vector<SeqSpec>& specs, uint64_t seed, int64_t window = 0,
-                float softcap = 0.0f) {
-  return quantized_attention_case<Fp8Code>("fp8", kv_cache_write_fp8, paged_attention_fp8, decode, 0.08, d, block_size,
-                                           hq, hkv, causal, specs, seed, window, softcap);
+                float softcap = 0.0f, double bound = 0.08, const std::vector<float>* k_bias = nullptr,
+                const std::vector<float>* k_shift = nullptr) {
+  return quantized_attention_case<Fp8Code>("fp8", kv_cache_write_fp8, paged_attention_fp8, decode, bound, d,
+                                           block_size, hq, hkv, causal, specs, seed, window, softcap, k_bias, k_shift);
+}
+
+// Keys with a large common part (a bias per channel, as RoPE's slow channels carry): E4M3
+// rounds each key element to 2^-4 of itself, so the bias costs the scores its own rounding
+// error; shifting the stored keys by that common part (KvLayout::k_shift) leaves the
+// softmax unchanged and quantizes only the small remainder. The shifted cache must be
+// several times closer to the f32 attention than the plain one.
+TEST(KvFp8, KeyShiftLeavesSoftmaxAndShrinksError) {
+  const int64_t d = 64, hq = 8, hkv = 2;
+  auto bias = random_floats(size_t(hkv * d), 31, -12.0f, 12.0f);
+  const std::vector<SeqSpec> specs = {{1, 40}, {17, 50}, {1, 300}};
+  const double plain = run_case(d, 16, hq, hkv, true, specs, 77, 0, 0.0f, 10.0, &bias);
+  const double shifted = run_case(d, 16, hq, hkv, true, specs, 77, 0, 0.0f, 0.08, &bias, &bias);
+  // A shift that is not the bias still leaves the softmax exact (the (a) check inside).
+  auto other = random_floats(size_t(hkv * d), 32, -1.0f, 1.0f);
+  run_case(d, 16, hq, hkv, true, specs, 78, 0, 0.0f, 10.0, &bias, &other);
+  std::printf("fp8 KV with biased keys: max |err| %.3g plain, %.3g with the key shift\n", plain, shifted);
+  EXPECT_LT(shifted * 4, plain);
 }
 
 TEST(KvFp8, PagedAttentionMatchesDequantizedAndF32) {

@@ -75,6 +75,26 @@ void run_case(int64_t d, int64_t block_size, int64_t hq, int64_t hkv, bool causa
   EXPECT_GT(max_quant_err, 0.0) << "the int8 path must differ from f32 somewhere (it quantizes)";
 }
 
+// Keys with a common bias per channel: int8's step is the row's max |x| / 127, so the bias
+// widens every key's step; the key shift (KvLayout::k_shift) stores k - bias and leaves the
+// softmax unchanged. The shifted cache must be several times closer to f32 attention.
+TEST(KvInt8, KeyShiftLeavesSoftmaxAndShrinksError) {
+  const int64_t d = 64, hq = 8, hkv = 2;
+  auto bias = random_floats(size_t(hkv * d), 41, -12.0f, 12.0f);
+  const std::vector<SeqSpec> specs = {{1, 40}, {17, 50}, {1, 300}};
+  auto write = [](const float* k, const float* v, const int64_t* slots, int64_t t, int64_t hkv_, int64_t d_,
+                  int8_t* kc, float* ks, int8_t* vc, float* vs, const float* shift) {
+    kv_cache_write_int8(k, v, slots, t, hkv_, d_, kc, ks, vc, vs, shift);
+  };
+  auto decode = [](int8_t c) { return float(c); };
+  const double plain = quantized_attention_case<int8_t>("int8", write, paged_attention_int8, decode, 10.0, d, 16, hq,
+                                                        hkv, true, specs, 87, 0, 0.0f, &bias);
+  const double shifted = quantized_attention_case<int8_t>("int8", write, paged_attention_int8, decode, 0.02, d, 16,
+                                                          hq, hkv, true, specs, 87, 0, 0.0f, &bias, &bias);
+  std::printf("int8 KV with biased keys: max |err| %.3g plain, %.3g with the key shift\n", plain, shifted);
+  EXPECT_LT(shifted * 4, plain);
+}
+
 TEST(KvInt8, PagedAttentionMatchesDequantizedAndF32) {
   uint64_t seed = 11;
   for (int64_t d : {16, 64, 72})

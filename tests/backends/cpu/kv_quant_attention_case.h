@@ -4,6 +4,10 @@
 // codec's paged attention (every ISA) compared with (a) paged_attention on the exactly
 // dequantized cache, within f32 rounding (2e-5), and (b) paged_attention on the f32 K/V,
 // within the codec's quantization bound. Returns the largest |quantized - f32| output.
+// Key centering: `k_bias` [hkv * d], when given, is added to every key row (a common
+// part, as RoPE's slow channels carry), and `k_shift` is passed to the write; the cache
+// then holds k - k_shift, and (a) compares with attention on those dequantized keys
+// (softmax does not see the shift).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -30,7 +34,8 @@ template <typename Code, typename Write, typename Attend, typename Decode>
 double quantized_attention_case(const std::string& name, Write write, Attend attend, Decode decode, double quant_bound,
                                 int64_t d, int64_t block_size, int64_t hq, int64_t hkv, bool causal,
                                 const std::vector<SeqSpec>& specs, uint64_t seed, int64_t window = 0,
-                                float softcap = 0.0f) {
+                                float softcap = 0.0f, const std::vector<float>* k_bias = nullptr,
+                                const std::vector<float>* k_shift = nullptr) {
   SCOPED_TRACE(::testing::Message() << name << " D=" << d << " bs=" << block_size << " Hq=" << hq << " Hkv=" << hkv
                                     << " causal=" << causal << " window=" << window << " softcap=" << softcap);
   std::mt19937_64 rng(seed);
@@ -53,8 +58,11 @@ double quantized_attention_case(const std::string& name, Write write, Attend att
     for (int64_t p = 0; p < s.ctx_len; ++p)
       slot_mapping[size_t(p)] = int64_t(table[size_t(p / block_size)]) * block_size + p % block_size;
     auto k = random_floats(size_t(s.ctx_len * row), rng()), v = random_floats(size_t(s.ctx_len * row), rng());
+    if (k_bias)
+      for (size_t i = 0; i < k.size(); ++i) k[i] += (*k_bias)[i % size_t(row)];
     kv_cache_write(k.data(), v.data(), slot_mapping.data(), s.ctx_len, hkv, d, k_f32.data(), v_f32.data());
-    write(k.data(), v.data(), slot_mapping.data(), s.ctx_len, hkv, d, kc.data(), ks.data(), vc.data(), vs.data());
+    write(k.data(), v.data(), slot_mapping.data(), s.ctx_len, hkv, d, kc.data(), ks.data(), vc.data(), vs.data(),
+          k_shift ? k_shift->data() : nullptr);
     tables.push_back(std::move(table));
     t_total += s.q_len;
   }

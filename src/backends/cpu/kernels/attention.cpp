@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "backends/cpu/kernels/attention_impl.h"
 #include "backends/cpu/kernels/isa.h"
@@ -150,32 +151,45 @@ float kv_quantize_row_fp8(const float* x, int64_t d, Fp8Code* codes) {
   return s;
 }
 
-void kv_cache_write_fp8(const float* k, const float* v, const int64_t* slot_mapping, int64_t t,
-                        int64_t hkv, int64_t d, Fp8Code* k_codes, float* k_scales, Fp8Code* v_codes,
-                        float* v_scales) {
+namespace {
+
+// Quantizes every (token, kv head) row of this step's K and V with `quantize`, keys less
+// k_shift when given.
+template <typename Code, float (*Quantize)(const float*, int64_t, Code*)>
+void kv_cache_write_codes(const float* k, const float* v, const int64_t* slot_mapping, int64_t t, int64_t hkv,
+                          int64_t d, Code* k_codes, float* k_scales, Code* v_codes, float* v_scales,
+                          const float* k_shift) {
+  std::vector<float> centered(k_shift ? size_t(d) : 0);
   for (int64_t i = 0; i < t; ++i) {
     const int64_t slot = slot_mapping[i];
     if (slot < 0) continue;
     for (int64_t h = 0; h < hkv; ++h) {
       const int64_t row = (i * hkv + h) * d, dst = (slot * hkv + h) * d;
-      k_scales[slot * hkv + h] = kv_quantize_row_fp8(k + row, d, k_codes + dst);
-      v_scales[slot * hkv + h] = kv_quantize_row_fp8(v + row, d, v_codes + dst);
+      const float* key = k + row;
+      if (k_shift) {
+        for (int64_t c = 0; c < d; ++c) centered[size_t(c)] = key[c] - k_shift[h * d + c];
+        key = centered.data();
+      }
+      k_scales[slot * hkv + h] = Quantize(key, d, k_codes + dst);
+      v_scales[slot * hkv + h] = Quantize(v + row, d, v_codes + dst);
     }
   }
 }
 
+}  // namespace
+
+void kv_cache_write_fp8(const float* k, const float* v, const int64_t* slot_mapping, int64_t t,
+                        int64_t hkv, int64_t d, Fp8Code* k_codes, float* k_scales, Fp8Code* v_codes,
+                        float* v_scales, const float* k_shift) {
+  kv_cache_write_codes<Fp8Code, &kv_quantize_row_fp8>(k, v, slot_mapping, t, hkv, d, k_codes, k_scales, v_codes,
+                                                      v_scales, k_shift);
+}
+
 void kv_cache_write_int8(const float* k, const float* v, const int64_t* slot_mapping, int64_t t,
                          int64_t hkv, int64_t d, int8_t* k_codes, float* k_scales, int8_t* v_codes,
-                         float* v_scales) {
-  for (int64_t i = 0; i < t; ++i) {
-    const int64_t slot = slot_mapping[i];
-    if (slot < 0) continue;
-    for (int64_t h = 0; h < hkv; ++h) {
-      const int64_t row = (i * hkv + h) * d, dst = (slot * hkv + h) * d;
-      k_scales[slot * hkv + h] = kv_quantize_row(k + row, d, k_codes + dst);
-      v_scales[slot * hkv + h] = kv_quantize_row(v + row, d, v_codes + dst);
-    }
-  }
+                         float* v_scales, const float* k_shift) {
+  kv_cache_write_codes<int8_t, &kv_quantize_row>(k, v, slot_mapping, t, hkv, d, k_codes, k_scales, v_codes,
+                                                 v_scales, k_shift);
 }
 
 void kv_cache_write(const float* k, const float* v, const int64_t* slot_mapping, int64_t t,

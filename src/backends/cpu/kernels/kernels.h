@@ -306,10 +306,12 @@ void kv_cache_write(const float* k, const float* v, const int64_t* slot_mapping,
 // s = max|x| / 127 over its D values, code = round(x / s) in [-127, 127] (s = 0 and all codes
 // 0 for an all-zero row), so |x - code * s| <= s / 2. Returns s.
 float kv_quantize_row(const float* x, int64_t d, int8_t* codes);
-// kv_cache_write into the int8 cache: quantizes each (token, kv head) row.
+// kv_cache_write into the int8 cache: quantizes each (token, kv head) row. k_shift, when
+// not null, is the layer's key shift [Hkv, D] (KvLayout::k_shift): key rows are quantized
+// as k - k_shift (each difference rounded to f32), value rows as they are.
 void kv_cache_write_int8(const float* k, const float* v, const int64_t* slot_mapping, int64_t t,
                          int64_t hkv, int64_t d, int8_t* k_codes, float* k_scales, int8_t* v_codes,
-                         float* v_scales);
+                         float* v_scales, const float* k_shift = nullptr);
 // paged_attention over the int8 cache: the scales are applied inside the dot products and
 // the V accumulation (q . (s * c) = s * (q . c)); no dequantized copy is made.
 void paged_attention_int8(const float* q, const int8_t* k_codes, const float* k_scales,
@@ -325,9 +327,10 @@ void paged_attention_int8(const float* q, const int8_t* k_codes, const float* k_
 // range (|x| >= 2^-6 * s) and <= 2^-10 * s below it. Zero and non-finite rows as for int8.
 enum class Fp8Code : uint8_t {};
 float kv_quantize_row_fp8(const float* x, int64_t d, Fp8Code* codes);
+// The same into the fp8 cache (k_shift as for int8).
 void kv_cache_write_fp8(const float* k, const float* v, const int64_t* slot_mapping, int64_t t,
                         int64_t hkv, int64_t d, Fp8Code* k_codes, float* k_scales, Fp8Code* v_codes,
-                        float* v_scales);
+                        float* v_scales, const float* k_shift = nullptr);
 // paged_attention over the fp8 cache, the scales applied as in paged_attention_int8 and the
 // codes decoded exactly in registers.
 void paged_attention_fp8(const float* q, const Fp8Code* k_codes, const float* k_scales,
