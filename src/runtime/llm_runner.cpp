@@ -9,6 +9,7 @@
 #include "core/log.h"
 #include "core/status.h"
 #include "runtime/kv_cache/kv_sizing.h"
+#include "runtime/kv_calibration.h"
 
 namespace kiln {
 
@@ -53,9 +54,10 @@ class MirroredKv final : public KvStorage {
   std::vector<KvStorage*> ranks_;
 };
 
-KvLayout rank_layout(const Model& rank, int64_t blocks, int64_t block_size) {
+KvLayout rank_layout(const Model& rank, int64_t blocks, int64_t block_size, KvDType dtype) {
   KvLayout layout;
-  layout.dtype = rank.kv_dtype();
+  layout.dtype = dtype;
+  if (kv_dtype_quantized(dtype)) layout.k_shift = rank.kv_key_shift();
   layout.num_layers = rank.info().num_layers;
   layout.num_blocks = blocks;
   layout.block_size = block_size;
@@ -97,11 +99,14 @@ LlmRunner::LlmRunner(Model& model, const LlmRunnerOptions& options) : model_(mod
   llm_require_decoder(model);
   if (opt_.block_size <= 0)
     throw_error(ErrorCode::kInvalidArgument, "KV block size must be positive, got ", opt_.block_size);
+  // A quantized pool's key shift is measured first, so that its runner's memory is
+  // released before this pool is sized.
+  if (!opt_.kv_dtype) ensure_kv_key_shift(model);
   const int32_t blocks = pool_blocks();
   for (int r = 0; r < model.tp_world(); ++r) {
     Model& rank = model.tp_rank(r);
     ranks_.push_back(&rank);
-    storages_.push_back(rank.backend().allocate_kv(rank_layout(rank, blocks, opt_.block_size)));
+    storages_.push_back(rank.backend().allocate_kv(rank_layout(rank, blocks, opt_.block_size, kv_dtype())));
   }
   KvStorage* pool = storages_[0].get();
   if (storages_.size() > 1) pool = (mirror_ = std::make_unique<MirroredKv>(storages_)).get();
@@ -134,7 +139,7 @@ int32_t LlmRunner::pool_blocks() const {
       KvPoolBudget& b = devices[mem.device];
       b.device = mem.device;
       b.free_bytes = mem.free_bytes;
-      b.block_bytes += rank.backend().kv_block_bytes(rank_layout(rank, 1, bs));
+      b.block_bytes += rank.backend().kv_block_bytes(rank_layout(rank, 1, bs, kv_dtype()));
       b.activation_bytes += pending_activation_bytes(rank, opt_.max_step_tokens);
     }
     // One max-length request, plus the executor's spare block (see Executor::max_context).
@@ -162,7 +167,7 @@ int32_t LlmRunner::pool_blocks() const {
   size_t block_bytes = 0;
   for (int r = 0; r < model_.tp_world(); ++r) {
     Model& rank = model_.tp_rank(r);
-    block_bytes += rank.backend().kv_block_bytes(rank_layout(rank, 1, bs));
+    block_bytes += rank.backend().kv_block_bytes(rank_layout(rank, 1, bs, kv_dtype()));
   }
   const KvDType kvd = model_.kv_dtype();
   log_info("KV cache: ", blocks, " blocks x ", bs, " tokens = ", blocks * bs, " tokens, ",

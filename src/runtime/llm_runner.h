@@ -22,6 +22,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
@@ -52,6 +53,9 @@ struct LlmRunnerOptions {
   // captures a step per shape (CUDA graphs) then meets only these few row counts, where
   // a server's batch size changes with every arrival and finish (decode_row_buckets).
   std::vector<int64_t> decode_buckets;
+  // Replaces the model's KV dtype (ModelOptions::kv_cache_dtype) for this runner's pool;
+  // the key-shift calibration (runtime/kv_calibration.h) fills an unquantized pool so.
+  std::optional<KvDType> kv_dtype;
 };
 
 // vLLM's capture sizes: 1, 2, 4, then every multiple of 8 up to 256, then of 16, up to
@@ -155,7 +159,11 @@ class LlmRunner {
   const KvCacheManager& kv() const { return *kv_; }
   // The pool, for a caller that manages its own sequences (the executor).
   KvCacheManager& kv_manager() { return *kv_; }
+  // Tensor-parallel rank `rank`'s pool (its K/V heads); rank 0 for an unsharded model.
+  KvStorage& rank_storage(int rank) { return *storages_.at(size_t(rank)); }
   const Model& model() const { return model_; }
+  // The dtype of this runner's pool: LlmRunnerOptions::kv_dtype, else the model's.
+  KvDType kv_dtype() const { return opt_.kv_dtype.value_or(model_.kv_dtype()); }
   int32_t context_length(int32_t seq) const;
 
  private:

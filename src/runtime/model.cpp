@@ -120,6 +120,7 @@ std::unique_ptr<Model> Model::from_built(BuiltModel built, const ModelOptions& o
                 "' was asked for, but only engine files have profiles (build one with `kiln build --profile`)");
   std::unique_ptr<Model> m(new Model());
   m->kv_dtype_ = kv_dtype_parse(options.kv_cache_dtype);
+  m->kv_calib_ = options.kv_calib;
   m->built_ = std::move(built);
   // Fusions the backend does not implement (or does not gain from) are skipped for it.
   passes::PassOptions po{options.opt_level, options.disabled_passes, options.precision, options.pin_precision};
@@ -242,6 +243,7 @@ std::unique_ptr<Model> Model::load_engine_rank(const std::shared_ptr<EngineConte
   const bool tp = e->tp_world > 1;
   std::unique_ptr<Model> m(new Model());
   m->kv_dtype_ = kv_dtype_parse(options.kv_cache_dtype);
+  m->kv_calib_ = options.kv_calib;
   m->built_.graph = std::move(tp ? e->ranks[size_t(rank)].graph : e->graph);
   m->built_.info = tp ? e->ranks[size_t(rank)].info : e->info;
   if (options.max_context > m->built_.info.max_positions)

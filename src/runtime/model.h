@@ -66,6 +66,11 @@ struct ModelOptions {
   // activation dtype), "int8" or "fp8" (E4M3), the last two with per (token, kv head)
   // scales. See KvDType in backends/backend.h.
   std::string kv_cache_dtype = "auto";
+  // Key centering of an int8/fp8 KV cache (KvLayout::k_shift, runtime/kv_calibration.h):
+  // the text the key shift is measured on when the first runner is made ("default": the
+  // built-in calibration set; text files, comma-separated), or "none" (keys stored as
+  // they are). Unused with the auto cache.
+  std::string kv_calib = "default";
   // CompileOptions::step_tuning: GEMM tactics timed at each new decode batch size's first
   // step (CUDA; KILN_CUDA_GEMM_TUNE_M=0 turns it off everywhere). `kiln serve` turns it
   // off unless --tune-batch-sizes.
@@ -171,6 +176,17 @@ class Model {
   const CompileOptions& compile_options() const { return compile_options_; }
   // ModelOptions::kv_cache_dtype, parsed: the dtype of the KV pools runners allocate.
   KvDType kv_dtype() const { return kv_dtype_; }
+  // ModelOptions::kv_calib.
+  const std::string& kv_calib() const { return kv_calib_; }
+  // The key shift of this rank's quantized KV pools ([layers, this rank's kv heads,
+  // head_dim]; KvLayout::k_shift), null when none. kv_key_shift_measured(): whether
+  // calibrate_kv_key_shift has run (a null shift then means none is used).
+  std::shared_ptr<const std::vector<float>> kv_key_shift() const { return kv_key_shift_; }
+  bool kv_key_shift_measured() const { return kv_key_shift_measured_; }
+  void set_kv_key_shift(std::shared_ptr<const std::vector<float>> shift) {
+    kv_key_shift_ = std::move(shift);
+    kv_key_shift_measured_ = true;
+  }
   // What the optimization passes did to the graph (empty at opt level 0).
   const std::vector<passes::PassResult>& pass_report() const { return pass_report_; }
   // Where the load's time went, in seconds (0 for a phase this load did not have; a
@@ -195,6 +211,9 @@ class Model {
   std::shared_ptr<const EngineContents> engine_;
   CompileOptions compile_options_;
   KvDType kv_dtype_ = KvDType::kAuto;
+  std::string kv_calib_ = "default";
+  std::shared_ptr<const std::vector<float>> kv_key_shift_;
+  bool kv_key_shift_measured_ = false;
   std::vector<std::unique_ptr<Model>> tp_peers_;  // ranks 1..N-1
   ModelInfo unsharded_info_;                      // tensor parallelism: before sharding
   int64_t declared_max_positions_ = 0;

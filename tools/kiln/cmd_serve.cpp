@@ -22,6 +22,7 @@ struct ServeArgs {
   std::string backend = "cpu";
   std::string weight_dtype = "auto";
   std::string kv_cache_dtype = "auto";
+  std::string kv_calib = "default";
   std::string tactic_cache;  // ModelOptions::tactic_cache
   int64_t max_context = 0;   // ModelOptions::max_context
   std::string host = "127.0.0.1";
@@ -77,6 +78,7 @@ int run_serve(const ServeArgs& a) {
   ModelOptions mo{a.backend, a.weight_dtype};
   mo.tensor_parallel = a.tp;
   mo.kv_cache_dtype = a.kv_cache_dtype;
+  mo.kv_calib = a.kv_calib;
   mo.step_tuning = a.tune_batch_sizes;
   mo.tactic_cache = a.tactic_cache;
   mo.max_context = a.max_context;
@@ -157,7 +159,7 @@ Runner add_serve(CLI::App& app) {
                                ->check(CLI::Range(int64_t(16), int64_t(1) << 30))
                                ->capture_default_str();
   add_kv_fraction_option(cmd, a->kv_fraction);
-  add_kv_dtype_option(cmd, a->kv_cache_dtype);
+  add_kv_dtype_option(cmd, a->kv_cache_dtype, a->kv_calib);
   add_tactic_cache_option(cmd, a->tactic_cache);
   cmd->add_option("--preemption", a->preemption,
                   "when KV blocks run out, a preempted sequence is recomputed later or its KV is swapped to host memory")

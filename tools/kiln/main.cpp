@@ -71,11 +71,16 @@ CLI::Option* add_kv_fraction_option(CLI::App* cmd, double& fraction) {
       ->check(CLI::Range(0.0, 1.0) & CLI::PositiveNumber);
 }
 
-void add_kv_dtype_option(CLI::App* cmd, std::string& dtype) {
+void add_kv_dtype_option(CLI::App* cmd, std::string& dtype, std::string& calib) {
   cmd->add_option("--kv-cache-dtype", dtype,
                   "KV cache storage: auto (the backend's activation dtype), int8 or fp8 (E4M3): one byte per "
                   "element plus one scale per token and K/V head (about a quarter of the f32 bytes, a half of bf16)")
       ->check(CLI::IsMember({"auto", "int8", "fp8"}))
+      ->capture_default_str();
+  cmd->add_option("--kv-calib", calib,
+                  "int8/fp8 KV cache: the text each layer's mean key is measured on at load (keys are stored less "
+                  "it, which the softmax does not see, so less of them is rounded away): default (the built-in "
+                  "calibration set, 3,968 tokens at most), text files (comma-separated), or none")
       ->capture_default_str();
 }
 
@@ -183,6 +188,7 @@ ModelOptions model_options(const ModelArgs& a) {
   o.onnx_import = a.onnx_import;
   o.tensor_parallel = a.tp;
   o.kv_cache_dtype = a.kv_cache_dtype;
+  o.kv_calib = a.kv_calib;
   o.tactic_cache = a.tactic_cache;
   o.max_context = a.max_context;
   o.lean_host_weights = true;  // the commands run the model; kiln inspect shows the graph unpacked
