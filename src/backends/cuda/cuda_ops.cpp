@@ -674,6 +674,7 @@ OpRun prepare_attention(const ir::Node& n, const ir::Graph& g, PrepareContext& p
         f.kv_code = kv.code();
         f.k_scales = kv.k_scales(layer);
         f.v_scales = kv.v_scales(layer);
+        f.k_shift = kv.k_shift(layer);
         f.block_size = kv.layout().block_size;
         f.k_new = k;
         f.v_new = v;
@@ -711,7 +712,8 @@ OpRun prepare_attention(const ir::Node& n, const ir::Graph& g, PrepareContext& p
       if (quantized) {
         launch_kv_quant_write(dt, kv.code(), k, v, packed ? width : hkv * d, c.dev->slot_mapping, t, hkv, d,
                               static_cast<uint8_t*>(kv.k(layer)), kv.k_scales(layer),
-                              static_cast<uint8_t*>(kv.v(layer)), kv.v_scales(layer), c.cx->stream);
+                              static_cast<uint8_t*>(kv.v(layer)), kv.v_scales(layer), c.cx->stream,
+                              kv.k_shift(layer));
         a.kv_code = kv.code();
         a.k_scales = kv.k_scales(layer);
         a.v_scales = kv.v_scales(layer);
@@ -914,6 +916,7 @@ KvCode kv_code_of(KvDType t) {
 
 CudaKv::CudaKv(const KvLayout& layout, DType act, std::shared_ptr<CudaContext> cx)
     : layout_(layout), dtype_(act), code_(kv_code_of(layout.dtype)), cx_(std::move(cx)) {
+  kv_check_k_shift(layout_);
   cx_->make_current();
   elem_bytes_ = code_ == KvCode::kNone ? dtype_size(act) : 1;
   const size_t bytes = std::max<size_t>(size_t(layout_.num_layers) * layer_bytes(), 1);
@@ -927,6 +930,37 @@ CudaKv::CudaKv(const KvLayout& layout, DType act, std::shared_ptr<CudaContext> c
     v_scale_ = DeviceBuffer(sbytes);
     KILN_CUDA_CHECK(cudaMemsetAsync(k_scale_.get(), 0, sbytes, cx_->stream));
     KILN_CUDA_CHECK(cudaMemsetAsync(v_scale_.get(), 0, sbytes, cx_->stream));
+    if (layout_.k_shift_of(0)) {
+      const size_t bytes_shift = layout_.k_shift->size() * sizeof(float);
+      k_shift_ = DeviceBuffer(bytes_shift);
+      KILN_CUDA_CHECK(cudaMemcpy(k_shift_.get(), layout_.k_shift->data(), bytes_shift, cudaMemcpyHostToDevice));
+    }
+  }
+}
+
+void CudaKv::read_keys(int64_t layer, std::span<const int64_t> slots, float* out) const {
+  kv_check_read_keys(layout_, layer, slots);
+  cx_->make_current();
+  const int64_t row = layout_.num_kv_heads * layout_.head_dim;
+  int64_t top = 0;
+  for (int64_t s : slots) top = std::max(top, s + 1);
+  // The layer's rows up to the highest slot asked for, then gathered and widened here.
+  std::vector<uint8_t> host(size_t(top * row) * elem_bytes_);
+  if (!host.empty())
+    KILN_CUDA_CHECK(cudaMemcpyAsync(host.data(), k(layer), host.size(), cudaMemcpyDeviceToHost, cx_->stream));
+  KILN_CUDA_CHECK(cudaStreamSynchronize(cx_->stream));
+  for (size_t i = 0; i < slots.size(); ++i) {
+    const uint8_t* src = host.data() + size_t(slots[i] * row) * elem_bytes_;
+    float* dst = out + int64_t(i) * row;
+    for (int64_t c = 0; c < row; ++c) {
+      if (dtype_ == DType::kF32) {
+        std::memcpy(dst + c, src + c * 4, 4);
+      } else {
+        uint16_t h;
+        std::memcpy(&h, src + c * 2, 2);
+        dst[c] = dtype_ == DType::kBF16 ? bf16_to_f32(h) : f16_to_f32(h);
+      }
+    }
   }
 }
 

@@ -64,8 +64,17 @@ class CudaKv : public KvStorage {
   // Quantized pools: the layer's scales, [num_blocks * block_size, Hkv]; null for kAuto.
   float* k_scales(int64_t layer) const { return scales_at(k_scale_, layer); }
   float* v_scales(int64_t layer) const { return scales_at(v_scale_, layer); }
+  // Quantized pools with a key shift (KvLayout::k_shift): the layer's [Hkv, D] on the
+  // device; null otherwise.
+  const float* k_shift(int64_t layer) const {
+    if (!k_shift_.get()) return nullptr;
+    return static_cast<const float*>(k_shift_.get()) + layer * layout_.num_kv_heads * layout_.head_dim;
+  }
+  void read_keys(int64_t layer, std::span<const int64_t> slots, float* out) const override;
   // Every device buffer of the pool (captured step graphs bake their addresses in).
-  std::vector<const void*> buffers() const { return {k_.get(), v_.get(), k_scale_.get(), v_scale_.get()}; }
+  std::vector<const void*> buffers() const {
+    return {k_.get(), v_.get(), k_scale_.get(), v_scale_.get(), k_shift_.get()};
+  }
 
  private:
   // One block of K (or V) in one layer: codes or elements, and (quantized) scales.
@@ -86,6 +95,7 @@ class CudaKv : public KvStorage {
   std::shared_ptr<CudaContext> cx_;
   DeviceBuffer k_, v_;
   DeviceBuffer k_scale_, v_scale_;  // quantized only
+  DeviceBuffer k_shift_;            // quantized with a key shift only
   PinnedBuffer host_;
   int32_t host_blocks_ = 0;
 };

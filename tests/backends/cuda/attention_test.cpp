@@ -5,8 +5,8 @@
 // cache, bidirectional); the tensor-core prefill kernel automatic and forced; the int8
 // and fp8 caches (--kv-cache-dtype) against the CPU backend with the same cache dtype,
 // through the decode, tile and tensor-core kernels, split and unsplit, and the packed
-// RoPE path with its quantizing cache write; the pool's codes and scales equal the CPU
-// pool's bit for bit; decode steps over directly filled pools (batch 1/3/64, contexts to
+// RoPE path with its quantizing cache write, with and without a key shift
+// (KvLayout::k_shift); the pool's codes and scales equal the CPU pool's bit for bit; decode steps over directly filled pools (batch 1/3/64, contexts to
 // 4096, GQA groups 1-8) through the cluster decode kernel (unsplit and 2/8 splits) and
 // the fused grouped-query decode kernel; steps without a cache whose sequences are one
 // token each (the grouped kernel reading the rows in place); the packed q|k|v front end's
@@ -574,16 +574,27 @@ TEST(CudaAttention, QuantizedCachesMatchCpu) {
   }
 }
 
+// A key shift (KvLayout::k_shift) of [layers, hkv, d] random values.
+std::shared_ptr<const std::vector<float>> random_key_shift(int64_t layers, int64_t hkv, int64_t d, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+  auto s = std::make_shared<std::vector<float>>(size_t(layers * hkv * d));
+  for (float& x : *s) x = u(rng);
+  return s;
+}
+
 // After a prefill step and a decode step (whose new K/V the fused decode kernel
 // quantizes itself), the CUDA pool's codes and scales are the CPU pool's, bit for bit
-// (both backends quantize the same f32 values with the same operations); one token's K
-// rows are all zeros (scale 0, codes 0).
+// (both backends quantize the same f32 values with the same operations), with and
+// without a key shift; one token's K rows are all zeros (scale 0, codes 0, unless the
+// keys are shifted).
 TEST(CudaAttention, QuantizedPoolHoldsTheCpuCodesAndScales) {
   KILN_SKIP_WITHOUT_CUDA();
   const Config c{8, 2, 64, 16, {37, 5}};
   for (KvDType kd : {KvDType::kInt8, KvDType::kFp8})
-    for (const std::string dt : {"f32", "bf16"}) {
-      SCOPED_TRACE(str_cat(kv_dtype_name(kd), " ", dt));
+    for (const std::string dt : {"f32", "bf16"})
+    for (bool shifted : {false, true}) {
+      SCOPED_TRACE(str_cat(kv_dtype_name(kd), " ", dt, shifted ? " key shift" : ""));
       std::mt19937_64 rng(17);
       const int64_t blocks = 8;
       auto steps = decoder_steps(c, dt, blocks, rng);
@@ -591,6 +602,7 @@ TEST(CudaAttention, QuantizedPoolHoldsTheCpuCodesAndScales) {
       std::fill_n(k.data_as<float>() + 3 * c.hkv * c.d, c.hkv * c.d, 0.0f);
       KvLayout layout{.num_layers = 1, .num_blocks = blocks, .block_size = c.block_size, .num_kv_heads = c.hkv,
                       .head_dim = c.d, .dtype = kd};
+      if (shifted) layout.k_shift = random_key_shift(1, c.hkv, c.d, 23);
       auto cpu = create_backend("cpu");
       auto gpu = create_backend("cuda");
       ir::Graph g = attention_graph(c, true);
@@ -629,7 +641,7 @@ TEST(CudaAttention, QuantizedPoolHoldsTheCpuCodesAndScales) {
           }
         }
       EXPECT_EQ(written, size_t((42 + 2) * c.hkv));
-      EXPECT_EQ(zero_rows, size_t(c.hkv)) << "token 3's all-zero K rows have scale 0";
+      EXPECT_EQ(zero_rows, shifted ? 0 : size_t(c.hkv)) << "token 3's all-zero K rows have scale 0 when unshifted";
       EXPECT_EQ(code_diff, 0u);
       EXPECT_EQ(scale_diff, 0u);
     }
@@ -883,11 +895,16 @@ TEST(CudaAttention, PackedQkvQuantizedCachesMatchCpu) {
           KvLayout kv{.num_layers = 1, .num_blocks = blocks, .block_size = c.block_size, .num_kv_heads = c.hkv,
                       .head_dim = c.d, .dtype = kd};
           const double tol = rot == 0 ? quantized_tolerance(dt) : kd == KvDType::kInt8 ? 2e-2 : 4e-2;
+          // Without and with a key shift: the rotated keys' quantizing writes (prefill and
+          // the fused decode kernels) subtract it as the CPU does.
+          for (bool shifted : {false, true})
           for (const char* flash : {"", "1"}) {
+            kv.k_shift = shifted ? random_key_shift(1, c.hkv, c.d, uint64_t(rot + 7)) : nullptr;
             setenv("KILN_CUDA_FLASH", flash, 1);
             expect_backends_match(packed_graph(c, true, rot), steps, dt, tol,
                                   str_cat("packed attn hq=", c.hq, " hkv=", c.hkv, " d=", c.d, " rot=", rot,
-                                          " flash=", flash, " kv=", kv_dtype_name(kd)), kv);
+                                          " flash=", flash, " kv=", kv_dtype_name(kd), shifted ? " key shift" : ""),
+                                  kv);
             unsetenv("KILN_CUDA_FLASH");
           }
         }

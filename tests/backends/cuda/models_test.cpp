@@ -23,6 +23,7 @@
 #include "frontends/weight_source.h"
 #include "runtime/encoder_runner.h"
 #include "runtime/executor.h"
+#include "runtime/kv_calibration.h"
 #include "runtime/llm_runner.h"
 
 namespace kiln::cuda {
@@ -389,6 +390,10 @@ TEST(CudaQuantModels, GenerationMatchesCpuQuantized) {
 // step: on the H200 fp8 with bf16 activations reached 0.118 (llama; int8: 0.052), so fp8
 // gets 0.2 (the CPU's fp8 cache is 0.206 from the f32 cache on these models: the GPU stays
 // closer to the CPU's fp8 than fp8 is to exact) and near-ties up to 5e-2 of max|logit|.
+// Keys are centered (KvLayout::k_shift): each model measures its key shift on the same
+// ids through its own unquantized pool (CUDA: CudaKv::read_keys of a 16/32-bit pool), the
+// GPU's within 1e-4 (f32) or 2e-2 (bf16) of max |shift| of the CPU's; the GPU then takes
+// the CPU's shift, so both store the same codes.
 TEST(CudaQuantizedKv, DecoderMatchesCpuWithTheSameCacheDtype) {
   KILN_SKIP_WITHOUT_CUDA();
   for (std::string family : {"llama", "qwen2", "qwen3", "phi3", "gemma3", "mistral", "gemma2", "gpt2"}) {
@@ -399,6 +404,9 @@ TEST(CudaQuantizedKv, DecoderMatchesCpuWithTheSameCacheDtype) {
       ModelOptions co;
       co.kv_cache_dtype = kv;
       auto cpu = Model::load(dir, co);
+      std::vector<int32_t> calib_ids(600);
+      for (size_t i = 0; i < calib_ids.size(); ++i) calib_ids[i] = int32_t((i * 7919 + 13) % size_t(cpu->info().vocab_size));
+      calibrate_kv_key_shift(*cpu, calib_ids, "test ids");
       std::vector<std::vector<int32_t>> want;
       {
         LlmRunner rc(*cpu);
@@ -410,6 +418,19 @@ TEST(CudaQuantizedKv, DecoderMatchesCpuWithTheSameCacheDtype) {
         go.weight_dtype = dt;
         go.kv_cache_dtype = kv;
         auto gpu = Model::load(dir, go);
+        calibrate_kv_key_shift(*gpu, calib_ids, "test ids");
+        {
+          const auto& a = *cpu->kv_key_shift();
+          const auto& b = *gpu->kv_key_shift();
+          ASSERT_EQ(a.size(), b.size());
+          double worst = 0, top = 0;
+          for (size_t j = 0; j < a.size(); ++j) {
+            worst = std::max(worst, double(std::fabs(a[j] - b[j])));
+            top = std::max(top, double(std::fabs(a[j])));
+          }
+          EXPECT_LE(worst, (dt == "f32" ? 1e-4 : 2e-2) * top) << family << " " << dt << " key shift vs the CPU's";
+          gpu->set_kv_key_shift(cpu->kv_key_shift());
+        }
         const int64_t v = gpu->info().vocab_size;
         const double tol = dt == "f32" ? 1e-2 : (kv == "fp8" ? 2e-1 : 1e-1) * bf16_factor(family);
         const double tie = dt == "bf16" && kv == "fp8" ? 5e-2 : 2e-2;

@@ -190,6 +190,9 @@ struct AttentionArgs {
   KvCode kv_code = KvCode::kNone;   // int8/fp8: the caches hold codes, with these scales
   const float* k_scales = nullptr;  // [blocks * block_size, hkv]
   const float* v_scales = nullptr;
+  // Quantized caches: the layer's key shift [hkv, d] (KvLayout::k_shift) that the kernels
+  // writing new keys subtract before quantizing them; null: none.
+  const float* k_shift = nullptr;
   int64_t q_stride = 0, kv_stride = 0;  // 0: hq * d and hkv * d (dense)
   int64_t max_q_len = 0;  // the step's longest q_len; with its GQA group <= 8, the decode kernel runs
   void* out = nullptr;              // [T, hq, d]
@@ -280,10 +283,12 @@ void launch_kv_cache_write(DType t, const void* k, const void* v, const int64_t*
 // [hkv, d], `row_stride` elements apart (hkv * d dense; the packed q|k|v width when they
 // are views into packed rows); every (token, kv head) row is quantized as KvDType says
 // (backends/backend.h: the same codes and scales as the CPU backend) into codes
-// [slots, hkv, d] and scales [slots, hkv] at slot_mapping[i]; -1 skips the token.
+// [slots, hkv, d] and scales [slots, hkv] at slot_mapping[i]; -1 skips the token. Key rows
+// less k_shift [hkv, d] when it is not null (the CPU's kv_cache_write_int8/fp8).
 void launch_kv_quant_write(DType t, KvCode code, const void* k, const void* v, int64_t row_stride,
                            const int64_t* slot_mapping, int64_t tokens, int64_t hkv, int64_t d, uint8_t* k_codes,
-                           float* k_scales, uint8_t* v_codes, float* v_scales, cudaStream_t s);
+                           float* k_scales, uint8_t* v_codes, float* v_scales, cudaStream_t s,
+                           const float* k_shift = nullptr);
 
 // Packed attention's front end (pass fuse_qkv_attention): qkv [t, (hq + 2 hkv) * d] rows
 // from the merged Q/K/V projection. Rotates q and k in place (RoPE over the first

@@ -76,6 +76,7 @@ struct DecParams {
   void* v_cache = nullptr;
   float* k_scales = nullptr;
   float* v_scales = nullptr;
+  const float* k_shift = nullptr;  // quantized caches: [hkv, D] or null
   T* out = nullptr;
   int block_size = 16, hq = 0, hkv = 0, splits = 1, rot = 0;
   int64_t kv_row = 0;
@@ -308,7 +309,8 @@ attention_decode_cluster_kernel(const DecParams<T> p) {
     // Warp 0 quantizes the new K row, warp 1 the V row: kv_quant_write_kernel's codes
     // and scales (the CPU backend's).
     if (has_new && warp < 2) {
-      const float sc = kv_quantize_row<T, Q>(new_t + warp * D, D, new_c + warp * D);
+      const float* shift = warp == 0 && p.k_shift ? p.k_shift + kvh * D : nullptr;  // keys only
+      const float sc = kv_quantize_row<T, Q>(new_t + warp * D, D, new_c + warp * D, shift);
       if (lane == 0) new_sc[warp] = sc;
     }
     __syncthreads();
@@ -481,6 +483,7 @@ DecParams<T> dec_params_of(const AttentionArgs& a) {
   p.v_cache = const_cast<void*>(a.v_cache);
   p.k_scales = const_cast<float*>(a.k_scales);
   p.v_scales = const_cast<float*>(a.v_scales);
+  p.k_shift = a.k_shift;
   p.out = static_cast<T*>(a.out);
   p.block_size = int(a.block_size);
   p.hq = int(a.hq);

@@ -64,6 +64,7 @@ struct GqaFused {
   void* v_cache = nullptr;
   float* k_scales = nullptr;  // quantized caches
   float* v_scales = nullptr;
+  const float* k_shift = nullptr;  // quantized caches: [hkv, D] or null
   int32_t* counters = nullptr;
   const AttnCombine* combine = nullptr;
   bool early_trigger = false;  // AttentionArgs::early_trigger
@@ -176,7 +177,8 @@ attention_gqa_decode_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restr
     // Warp 0 quantizes the new K row, warp 1 the V row: the codes and scales of
     // kv_quant_write_kernel and the CPU backend.
     if (has_new && warp < 2) {
-      const float sc = kv_quantize_row<T, Q>(new_s[warp], D, newc_s[warp]);
+      const float* shift = warp == 0 && f.k_shift ? f.k_shift + kvh * D : nullptr;  // keys only
+      const float sc = kv_quantize_row<T, Q>(new_s[warp], D, newc_s[warp], shift);
       if (lane == 0) newsc_s[warp] = sc;
     }
     __syncthreads();
@@ -388,6 +390,7 @@ void launch_gqa_typed(const AttentionArgs& a, cudaStream_t s) {
   f.v_cache = const_cast<void*>(a.v_cache);
   f.k_scales = const_cast<float*>(a.k_scales);
   f.v_scales = const_cast<float*>(a.v_scales);
+  f.k_shift = a.k_shift;
   f.counters = a.counters;
   f.combine = a.combine;
   f.early_trigger = a.early_trigger;

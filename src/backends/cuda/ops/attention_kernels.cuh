@@ -106,14 +106,16 @@ __device__ __forceinline__ void rope_pair(float& x1, float& x2, int pos, float i
 // backend's kv_quantize_row / kv_quantize_row_fp8: f32 amax, the factors 127.0f / amax
 // and amax / 127.0f - or 448 - as IEEE divisions, round to nearest even, E4M3 through
 // the hardware's saturating conversion) and returns the row's scale (every lane): 0 for
-// a row of zeros, NaN for a non-finite row (codes 0).
+// a row of zeros, NaN for a non-finite row (codes 0). With `shift` (a key row's
+// KvLayout::k_shift, [d]) the row quantized is x - shift, each difference rounded to f32.
 template <typename T, KvCode Q>
-__device__ __forceinline__ float kv_quantize_row(const T* x, int d, uint8_t* dst) {
+__device__ __forceinline__ float kv_quantize_row(const T* x, int d, uint8_t* dst, const float* shift = nullptr) {
   const int lane = threadIdx.x & 31;
+  auto value = [&](int c) { return shift ? __fsub_rn(to_f32(x[c]), shift[c]) : to_f32(x[c]); };
   float amax = 0.0f;
   bool finite = true;
   for (int c = lane; c < d; c += 32) {
-    const float f = to_f32(x[c]);
+    const float f = value(c);
     amax = fmaxf(amax, fabsf(f));
     finite = finite && isfinite(f);
   }
@@ -126,7 +128,7 @@ __device__ __forceinline__ float kv_quantize_row(const T* x, int d, uint8_t* dst
   constexpr float kMax = Q == KvCode::kFp8 ? 448.0f : 127.0f;
   const float inv = __fdiv_rn(kMax, amax);
   for (int c = lane; c < d; c += 32) {
-    const float y = __fmul_rn(to_f32(x[c]), inv);
+    const float y = __fmul_rn(value(c), inv);
     if constexpr (Q == KvCode::kInt8)
       dst[c] = uint8_t(int8_t(fminf(fmaxf(rintf(y), -127.0f), 127.0f)));
     else
