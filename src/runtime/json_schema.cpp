@@ -14,8 +14,9 @@
 // quantifiers, `^`/`$` only at the ends; unanchored sides match any characters; lookarounds,
 // backreferences, word boundaries and \p{..} are refused; a pattern's characters must be
 // written as themselves or with JSON's short escapes, not as \u escapes).
-// Ignored: annotations and unknown keywords, `minimum`/`maximum`/`exclusive*` (except that an
-// integer's minimum >= 0 drops its sign), `uniqueItems: false`.
+// Integers: `minimum`, `maximum`, `exclusiveMinimum`, `exclusiveMaximum` (draft 6 numbers or
+// draft 4 booleans) as digit ranges (an unbounded side stops at 16 digits).
+// Ignored: annotations and unknown keywords, a `number`'s bounds, `uniqueItems: false`.
 // Refused (kInvalidArgument naming the JSON pointer): the other constraining keywords
 // (multipleOf, min/maxProperties, patternProperties, propertyNames, dependencies, if/then/else,
 // not, contains, uniqueItems: true, unevaluated*), combinators beside other constraints,
@@ -53,6 +54,48 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 using grammar_detail::CpRanges;
+
+// The largest integer magnitude the grammars write (16 digits, as the integer rule).
+constexpr int64_t kMaxIntMagnitude = 9999999999999999;
+
+// GBNF for the decimal digit strings of one length from x to y (x <= y, equal lengths):
+// the shared leading digits, then x's digit with the rest from x's up, the digits between
+// with any rest, and y's digit with the rest up to y's.
+std::string digits_between(const std::string& x, const std::string& y) {
+  const size_t n = x.size();
+  if (n == 0) return "";
+  auto lit = [](char c) { return std::string("\"") + c + "\""; };
+  const std::string xr = x.substr(1), yr = y.substr(1);
+  if (x[0] == y[0]) return n == 1 ? lit(x[0]) : lit(x[0]) + " " + digits_between(xr, yr);
+  const std::string any = n == 1 ? "" : n == 2 ? " [0-9]" : " [0-9]{" + std::to_string(n - 1) + "}";
+  const bool x_floor = xr.find_first_not_of('0') == std::string::npos;
+  const bool y_ceil = yr.find_first_not_of('9') == std::string::npos;
+  std::vector<std::string> parts;
+  char lo = x[0], hi = y[0];
+  if (!x_floor) parts.push_back(lit(lo++) + " " + digits_between(xr, std::string(n - 1, '9')));
+  if (!y_ceil) --hi;
+  if (lo <= hi) parts.push_back((lo == hi ? lit(lo) : std::string("[") + lo + "-" + hi + "]") + any);
+  if (!y_ceil) parts.push_back(lit(y[0]) + " " + digits_between(std::string(n - 1, '0'), yr));
+  if (parts.size() == 1) return parts[0];
+  std::string out = "( " + parts[0];
+  for (size_t i = 1; i < parts.size(); ++i) out += " | " + parts[i];
+  return out + " )";
+}
+
+// GBNF for the integers a..b written without leading zeros (0 <= a <= b <= kMaxIntMagnitude).
+std::string unsigned_between(int64_t a, int64_t b) {
+  std::vector<std::string> parts;
+  const std::string sa = std::to_string(a), sb = std::to_string(b);
+  for (size_t len = sa.size(); len <= sb.size(); ++len) {
+    const std::string lo = len == sa.size() ? sa : "1" + std::string(len - 1, '0');
+    const std::string hi = len == sb.size() ? sb : std::string(len, '9');
+    parts.push_back(digits_between(lo, hi));
+  }
+  if (parts.size() == 1) return parts[0];
+  std::string out = "( " + parts[0];
+  for (size_t i = 1; i < parts.size(); ++i) out += " | " + parts[i];
+  return out + " )";
+}
 using grammar_detail::cp_complement;
 using grammar_detail::cp_normalize;
 
@@ -91,7 +134,6 @@ const std::vector<Primitive>& primitives() {
        {}},
       {"number", "\"-\"? ( \"0\" | [1-9] [0-9]{0,15} ) ( \".\" [0-9]+ )? ( [eE] [-+]? [0-9]+ )?", {}},
       {"integer", "\"-\"? ( \"0\" | [1-9] [0-9]{0,15} )", {}},
-      {"unsigned", "\"0\" | [1-9] [0-9]{0,15}", {}},
       {"boolean", "\"true\" | \"false\"", {}},
       {"null", "\"null\"", {}},
       {"date", "[0-9]{4} \"-\" ( \"0\" [1-9] | \"1\" [0-2] ) \"-\" ( \"0\" [1-9] | [12] [0-9] | \"3\" [01] )", {}},
@@ -510,15 +552,44 @@ class SchemaCompiler {
     if (type == "null") return primitive("null");
     if (type == "boolean") return primitive("boolean");
     if (type == "number") return primitive("number");
-    if (type == "integer") {
-      const bool non_negative = (s.contains("minimum") && s["minimum"].get<double>() >= 0) ||
-                                (s.contains("exclusiveMinimum") && s["exclusiveMinimum"].is_number() &&
-                                 s["exclusiveMinimum"].get<double>() >= -1);
-      return primitive(non_negative ? "unsigned" : "integer");
-    }
+    if (type == "integer") return integer_expr(s, ptr);
     if (type == "string") return string_expr(s, ptr);
     if (type == "array") return array_expr(s, ptr, hint);
     return object_expr(s, ptr, hint);
+  }
+
+  // An integer within minimum / maximum / exclusiveMinimum / exclusiveMaximum (draft 6
+  // numbers, or draft 4 booleans beside minimum / maximum), as digit ranges; unbounded
+  // sides stop at 16 digits, as the integer rule does. "-0" is not written when bounded.
+  std::string integer_expr(const Json& s, const std::string& ptr) {
+    // long double holds every int64 bound exactly (a double rounds 9999999999999999 up).
+    constexpr long double kLimit = kMaxIntMagnitude;
+    long double lo = -INFINITY, hi = INFINITY;
+    auto bound = [&](const char* key, const char* draft4, bool is_min) {
+      if (s.contains(key)) {
+        const long double x = s[key].get<long double>();
+        const bool exclusive = s.contains(draft4) && s[draft4].is_boolean() && s[draft4].get<bool>();
+        if (is_min) lo = std::max(lo, exclusive ? std::floor(x) + 1 : std::ceil(x));
+        else hi = std::min(hi, exclusive ? std::ceil(x) - 1 : std::floor(x));
+      }
+      if (s.contains(draft4) && s[draft4].is_number()) {
+        const long double x = s[draft4].get<long double>();
+        if (is_min) lo = std::max(lo, std::floor(x) + 1);
+        else hi = std::min(hi, std::ceil(x) - 1);
+      }
+    };
+    bound("minimum", "exclusiveMinimum", true);
+    bound("maximum", "exclusiveMaximum", false);
+    if (lo == -INFINITY && hi == INFINITY) return primitive("integer");
+    if (lo > hi) fail(ptr, "no integer lies within its minimum and maximum");
+    if (lo > kLimit || hi < -kLimit)
+      fail(ptr, "its bounds leave no integer of at most 16 digits");
+    const int64_t a = lo < -kLimit ? -kMaxIntMagnitude : int64_t(lo);
+    const int64_t b = hi > kLimit ? kMaxIntMagnitude : int64_t(hi);
+    std::vector<std::string> parts;
+    if (b >= 0) parts.push_back(unsigned_between(std::max<int64_t>(a, 0), b));
+    if (a < 0) parts.push_back("\"-\" " + unsigned_between(std::max<int64_t>(-b, 1), -a));
+    return parts.size() == 1 ? "( " + parts[0] + " )" : "( " + parts[0] + " | " + parts[1] + " )";
   }
 
   std::string string_expr(const Json& s, const std::string& ptr) {

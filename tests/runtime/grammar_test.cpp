@@ -87,6 +87,11 @@ std::string schema_error(const std::string& schema) {
   return error_of([&] { grammar_from_json_schema(Json::parse(schema)); });
 }
 
+// Each of `parts` appears in the error message `msg`.
+void has(const std::string& msg, std::initializer_list<const char*> parts) {
+  for (const char* p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
+}
+
 const char* kArithmetic = R"gbnf(
 root   ::= expr
 expr   ::= term (("+" | "-") term)*
@@ -205,9 +210,6 @@ name ::= [a-z]+
 }
 
 TEST(GrammarGbnf, ErrorMessages) {
-  auto has = [](const std::string& msg, std::initializer_list<const char*> parts) {
-    for (const char* p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
-  };
   has(gbnf_error("root ::= \"abc"), {"GBNF line 1", "unterminated literal", "rule 'root'"});
   has(gbnf_error("root ::= a\n\na ::= \"x\" b\n"), {"line 3", "rule 'a' uses undefined rule 'b'"});
   has(gbnf_error("a ::= \"x\""), {"no rule named 'root'"});
@@ -464,9 +466,54 @@ TEST(JsonSchemaNumbers, NumbersAndIntegers) {
                 {"01", "1.", ".5", "+1", "1e", "--1", "00", "-", "1e+", "0x1", "NaN"});
   expect_schema(R"({"type":"integer"})", {"0", "-12", "1234567890123456"},
                 {"1.5", "01", "12345678901234567", "1e3", "-"});
-  expect_schema(R"({"type":"integer","minimum":0,"maximum":10})", {"0", "7"}, {"-1"});
+  expect_schema(R"({"type":"integer","minimum":0,"maximum":10})", {"0", "7", "10"}, {"-1", "11", "-0", "00"});
   expect_schema(R"({"type":"boolean"})", {"true", "false"}, {"True", "1"});
   expect_schema(R"({"type":"null"})", {"null"}, {"nil"});
+}
+
+// Integer bounds as digit ranges: every integer in [-2100, 2100] is accepted exactly when
+// it lies within the bounds (draft 6 exclusive numbers, draft 4 exclusive booleans,
+// fractional bounds), and the edges of 16-digit ranges.
+TEST(JsonSchemaNumbers, IntegerBoundsAreExact) {
+  struct Case {
+    const char* schema;
+    int64_t lo, hi;  // inclusive
+  };
+  const Case cases[] = {
+      {R"({"type":"integer","minimum":-15,"maximum":1234})", -15, 1234},
+      {R"({"type":"integer","minimum":7})", 7, INT64_MAX},
+      {R"({"type":"integer","maximum":-3})", INT64_MIN, -3},
+      {R"({"type":"integer","minimum":-1000,"maximum":-100})", -1000, -100},
+      {R"({"type":"integer","minimum":0,"maximum":0})", 0, 0},
+      {R"({"type":"integer","minimum":99,"maximum":1001})", 99, 1001},
+      {R"({"type":"integer","minimum":180,"maximum":2019})", 180, 2019},
+      {R"({"type":"integer","exclusiveMinimum":-5,"exclusiveMaximum":20})", -4, 19},
+      {R"({"type":"integer","minimum":-5,"exclusiveMinimum":true,"maximum":20,"exclusiveMaximum":true})", -4, 19},
+      {R"({"type":"integer","minimum":1.5,"maximum":9.99})", 2, 9},
+      {R"({"type":"integer","exclusiveMinimum":1.5,"exclusiveMaximum":9.5})", 2, 9},
+      {R"({"type":"integer","minimum":-3,"exclusiveMinimum":0,"maximum":50,"exclusiveMaximum":40})", 1, 39},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.schema);
+    GrammarPtr g = grammar_from_json_schema(Json::parse(c.schema));
+    int wrong = 0;
+    for (int64_t x = -2100; x <= 2100; ++x) {
+      const bool want = x >= c.lo && x <= c.hi;
+      if (accepts(g, std::to_string(x)) != want && ++wrong <= 5) ADD_FAILURE() << x << " should be " << (want ? "accepted" : "refused");
+    }
+    EXPECT_FALSE(accepts(g, "01"));
+    EXPECT_FALSE(accepts(g, "1.0"));
+  }
+  GrammarPtr wide =
+      grammar_from_json_schema(Json::parse(R"({"type":"integer","minimum":-9999999999999999,"maximum":123456789012})"));
+  for (const char* yes : {"-9999999999999999", "123456789012", "123456789011", "99999999999", "-1"})
+    EXPECT_TRUE(accepts(wide, yes)) << yes;
+  for (const char* no : {"-10000000000000000", "123456789013", "123456789100", "1000000000000"})
+    EXPECT_FALSE(accepts(wide, no)) << no;
+  has(schema_error(R"({"type":"integer","minimum":1e20})"), {"16 digits"});
+  has(schema_error(R"({"type":"integer","minimum":5,"maximum":4})"), {"no integer lies"});
+  has(schema_error(R"({"type":"integer","exclusiveMinimum":4,"exclusiveMaximum":5})"), {"no integer lies"});
+  has(schema_error(R"({"type":"integer","minimum":"3"})"), {"#/minimum", "expected a number"});
 }
 
 TEST(JsonSchemaWhitespace, IsBounded) {
@@ -487,9 +534,6 @@ TEST(JsonSchemaWhitespace, IsBounded) {
 }
 
 TEST(JsonSchemaErrors, NameThePointer) {
-  auto has = [](const std::string& msg, std::initializer_list<const char*> parts) {
-    for (const char* p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
-  };
   has(schema_error(R"({"type":"object","properties":{"a":{"type":"integer","multipleOf":3}}})"),
       {"#/properties/a/multipleOf", "not supported"});
   has(schema_error(R"({"type":"foo"})"), {"#/type", "unknown type 'foo'"});
@@ -519,9 +563,6 @@ TEST(JsonSchemaErrors, NameThePointer) {
 // A request's schema cannot overflow the stack or take time or memory far past its size: the
 // compilers recurse on nesting and on runs of properties.
 TEST(JsonSchemaErrors, BoundsKeepRequestsSmall) {
-  auto has = [](const std::string& msg, std::initializer_list<const char*> parts) {
-    for (const char* p : parts) EXPECT_NE(msg.find(p), std::string::npos) << "'" << p << "' not in: " << msg;
-  };
   auto nested_items = [](int n) {
     std::string s;
     for (int i = 0; i < n; ++i) s += R"({"type":"array","items":)";
