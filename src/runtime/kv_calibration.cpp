@@ -14,23 +14,12 @@
 #include "quant/calibration.h"
 #include "runtime/llm_runner.h"
 #include "runtime/model_tokenizer.h"
+#include "runtime/quantize.h"
 
 namespace kiln {
 namespace {
 
 constexpr size_t kMinSequence = 16;
-
-std::vector<std::string> split_sources(const std::string& s) {
-  std::vector<std::string> out;
-  size_t pos = 0;
-  while (pos <= s.size()) {
-    size_t end = s.find(',', pos);
-    if (end == std::string::npos) end = s.size();
-    if (end > pos) out.push_back(s.substr(pos, end - pos));
-    pos = end + 1;
-  }
-  return out;
-}
 
 void store_none(Model& model) {
   for (int r = 0; r < model.tp_world(); ++r) model.tp_rank(r).set_kv_key_shift(nullptr);
@@ -44,7 +33,7 @@ void calibrate_kv_key_shift(Model& model) {
     store_none(model);
     return;
   }
-  const std::vector<std::string> sources = split_sources(calib);
+  const std::vector<std::string> sources = split_commas(calib);
   if (sources.empty()) throw_error(ErrorCode::kInvalidArgument, "--kv-calib names no text (give default, none or files)");
   auto tokenizer = load_model_tokenizer(model);
   if (!tokenizer) {

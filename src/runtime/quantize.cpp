@@ -19,12 +19,6 @@
 
 namespace kiln {
 
-namespace {
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 std::vector<std::string> split_commas(const std::string& s) {
   std::vector<std::string> out;
   size_t pos = 0;
@@ -35,6 +29,12 @@ std::vector<std::string> split_commas(const std::string& s) {
     pos = end + 1;
   }
   return out;
+}
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // Calibration sequences: decoders get consecutive chunks of seq_len tokens of each text;

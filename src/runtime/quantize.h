@@ -56,6 +56,9 @@ struct QuantOptions {
   int64_t mix_tokens = 512;
 };
 
+// The non-empty comma-separated items of `s` (--calib, --kv-calib: text files).
+std::vector<std::string> split_commas(const std::string& s);
+
 // Calibrates the f32 model at `path` (never an engine) on `q.calib`. Throws
 // kInvalidArgument naming the problem for an empty set, a text that tokenizes to nothing,
 // or non-finite activations.
