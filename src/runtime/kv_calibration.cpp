@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <span>
 #include <string>
 #include <vector>
@@ -35,6 +36,10 @@ void calibrate_kv_key_shift(Model& model) {
   }
   const std::vector<std::string> sources = split_commas(calib);
   if (sources.empty()) throw_error(ErrorCode::kInvalidArgument, "--kv-calib names no text (give default, none or files)");
+  for (const std::string& src : sources)
+    if (src != "default" && !std::filesystem::is_regular_file(src))
+      throw_error(ErrorCode::kInvalidArgument, "--kv-calib: no text file '", src,
+                  "' (give default, none, or text files, comma-separated)");
   auto tokenizer = load_model_tokenizer(model);
   if (!tokenizer) {
     log_info("KV cache: '", model.path(), "' has no tokenizer to read calibration text; the ",

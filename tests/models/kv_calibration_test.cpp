@@ -144,6 +144,16 @@ TEST(KvCalibration, OptionsAndErrors) {
     EXPECT_FALSE(other->kv_key_shift()) << "--kv-calib none stores no shift";
   }
   {
+    mo.kv_calib = "/no/such/file.txt";
+    auto model = Model::load(dir, mo);
+    try {
+      calibrate_kv_key_shift(*model);
+      FAIL() << "expected an error naming the missing file";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("--kv-calib: no text file '/no/such/file.txt'"), std::string::npos) << e.what();
+    }
+  }
+  {
     // The auto cache never calibrates.
     auto model = Model::load(dir);
     LlmRunner runner(*model);
