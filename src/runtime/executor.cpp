@@ -13,11 +13,12 @@
 #include <optional>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "core/log.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
 #include "runtime/grammar.h"
-#include "runtime/json_constraint.h"
 #include "runtime/kv_cache/prefix_cache.h"
 #include "runtime/kv_cache/session_store.h"
 #include "runtime/kv_cache/swap_space.h"
@@ -53,7 +54,6 @@ struct Executor::Choice {
   StopStringMatcher stops;
   int32_t cached_blocks = 0;  // full blocks already offered to the prefix cache
   SwappedKv swapped;          // preempted by swap: where its KV waits (kv is empty then)
-  std::optional<JsonAcceptor> json;  // GenerationRequest::json_object: the document so far
   std::optional<GrammarState> grammar;  // GenerationRequest::grammar: the document so far ...
   std::shared_ptr<GrammarTokenMask> grammar_mask;  // ... and its grammar's mask
   bool grammar_too_costly = false;  // a mask went past GrammarTokenMask::kMaxMaskWork
@@ -147,7 +147,6 @@ struct Executor::Impl {
   std::vector<int32_t> model_stops;
   // The tokens' bytes and the allowed sets of JSON-constrained choices, built at the first
   // such request.
-  std::unique_ptr<JsonTokenMask> json_mask;
   // Grammar-constrained choices: the vocabulary's byte trie (built at the first one) and a
   // mask per grammar, which keeps the allowed sets of the states it met for later requests
   // with the same grammar (the server compiles each schema once).
@@ -188,13 +187,13 @@ struct Executor::Impl {
     c.sampler->add_context(r.req.prompt);
     if (tokenizer) c.detok = std::make_unique<tok::StreamDecoder>(*tokenizer);
     c.stops = StopStringMatcher(r.req.stop);
-    if (r.req.json_object) {
-      c.json.emplace();
-      if (!json_mask && tokenizer) json_mask = std::make_unique<JsonTokenMask>(token_pieces(*tokenizer));
-    }
-    if (r.req.grammar && tokenizer) {
-      c.grammar.emplace(r.req.grammar);
-      c.grammar_mask = grammar_mask(r.req.grammar);
+    // json_object is the grammar of the JSON Schema {"type": "object"}: any one object.
+    static const std::shared_ptr<const Grammar> kAnyObject =
+        grammar_from_json_schema(nlohmann::ordered_json{{"type", "object"}});
+    const std::shared_ptr<const Grammar>& g = r.req.grammar ? r.req.grammar : r.req.json_object ? kAnyObject : nullptr;
+    if (g && tokenizer) {
+      c.grammar.emplace(g);
+      c.grammar_mask = grammar_mask(g);
     }
   }
 
@@ -518,7 +517,7 @@ struct Executor::Impl {
     for (size_t i = 0; use_top && i < seqs.size(); ++i) {
       if (chunks[i].all_logits) use_top = false;
       if (use_top && chunks[i].want_logits && !seqs[i]->finished) {
-        use_top = !seqs[i]->json && !seqs[i]->grammar && seqs[i]->sampler->samples_from_top(runner.top_logits_k(), runner.vocab());
+        use_top = !seqs[i]->grammar && seqs[i]->sampler->samples_from_top(runner.top_logits_k(), runner.vocab());
         need = std::max(need, seqs[i]->sampler->top_candidates_needed());
       }
     }
@@ -616,10 +615,9 @@ struct Executor::Impl {
     std::span<float> full;
     TopLogits top;
   };
-  // A JSON-constrained choice's row is masked to the tokens that continue its document first.
+  // A constrained choice's row is masked to the tokens that continue its document first.
   SampledToken sample(Choice& c, const Row& r) const {
     if (r.full.empty()) return c.sampler->sample(r.top);
-    if (c.json) json_mask->apply(*c.json, r.full);
     // End tokens only where the document may end.
     if (c.grammar && c.grammar_mask->apply(*c.grammar, r.full, end_ids(*c.req)) < 0) {
       c.grammar_too_costly = true;  // take_token fails the request
@@ -675,10 +673,6 @@ struct Executor::Impl {
                                      "than ", GrammarTokenMask::kMaxMaskWork, " parse-stack steps); simplify it"));
     const int32_t token = st.token;
     // The mask left no token (the draw fell back to one): nothing continues the document.
-    if (c.json && !(json_mask && !json_mask->piece(token).empty() && c.json->accept(json_mask->piece(token)))) {
-      log_warn("executor: request ", r.id, ": no token continues its JSON document; ending it there");
-      return finish_choice(c, FinishReason::kStop);
-    }
     if (c.grammar && !(c.grammar->complete() && is_stop_id(r, token))) {
       const std::string& piece = vocab_trie->piece(token);
       if (piece.empty() || !c.grammar->accept(piece)) {
@@ -697,7 +691,6 @@ struct Executor::Impl {
       u.text += c.stops.put(c.detok->put(token));
       if (c.stops.matched()) return finish_choice(c, FinishReason::kStop);
     }
-    if (c.json && c.json->complete()) return finish_choice(c, FinishReason::kStop);
     if (c.grammar && c.grammar->complete() && !c.grammar->can_continue()) return finish_choice(c, FinishReason::kStop);
     if (c.generated >= r.req.max_tokens || int64_t(c.tokens.size()) >= model.info().max_positions)
       return finish_choice(c, FinishReason::kLength);

@@ -39,9 +39,9 @@ struct GenerationRequest {
   std::vector<int32_t> stop_ids;   // besides the model's end tokens
   std::vector<std::string> stop;   // stop strings (need a tokenizer)
   bool ignore_eos = false;         // do not stop at the model's end tokens
-  // OpenAI's response_format {"type": "json_object"}: every token must continue one JSON
-  // object (runtime/json_constraint.h); the choice ends (kStop) as soon as the object closes.
-  // Needs a tokenizer; such requests sample from whole logits rows.
+  // OpenAI's response_format {"type": "json_object"}: decoding constrained (as `grammar`
+  // below) to the grammar of the JSON Schema {"type": "object"}, any one JSON object; the
+  // choice ends (kStop) as soon as the object closes. Needs a tokenizer.
   bool json_object = false;
   // Constrained decoding to a grammar (runtime/grammar.h: a JSON Schema's, GBNF): every
   // token's bytes must continue a document of it; the model's end tokens (and stop_ids) are

@@ -21,7 +21,7 @@ nlohmann::json gguf_tokenizer_to_json(const tok::GgufTokenizerData& data);
 tok::GgufTokenizerData gguf_tokenizer_from_json(const nlohmann::json& j);
 
 // The bytes each token decodes to alone, "" for special tokens: what constrained decoding
-// (json_constraint.h, grammar.h) masks a logits row by.
+// (grammar.h) masks a logits row by.
 std::vector<std::string> token_pieces(const tok::Tokenizer& tokenizer);
 
 // The tokenizer files of a HF model directory that an engine embeds (name, bytes).
