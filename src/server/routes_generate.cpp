@@ -418,11 +418,32 @@ std::string choice_gbnf(const std::vector<std::string>& choices) {
   return g;
 }
 
+// Rewrites the local $refs of a schema that is embedded at JSON pointer `at` of a larger
+// one, so that they still point into it ("#" -> "#<at>", "#/$defs/x" -> "#<at>/$defs/x"): a
+// tool's parameters (pydantic's $defs) inside the "required" array schema. Values that
+// are data, not schemas (enum, const, default, examples), are left as they are.
+void rebase_refs(Json& s, const std::string& at) {
+  if (s.is_array()) {
+    for (Json& v : s) rebase_refs(v, at);
+    return;
+  }
+  if (!s.is_object()) return;
+  for (auto it = s.begin(); it != s.end(); ++it) {
+    const std::string& key = it.key();
+    if (key == "enum" || key == "const" || key == "default" || key == "examples") continue;
+    if (key == "$ref" && it->is_string()) {
+      const std::string ref = it->get<std::string>();
+      if (!ref.empty() && ref[0] == '#') *it = "#" + at + ref.substr(1);
+    } else {
+      rebase_refs(*it, at);
+    }
+  }
+}
+
 // The JSON a forced tool choice constrains the output to: the named function's arguments
 // (its parameters schema), or for "required" an array of one or more {"name", "parameters"}
-// calls of any of the tools (vLLM's form; one with parallel_tool_calls false). A tool without
-// parameters takes any object. A parameters schema's $refs resolve against itself only where
-// it is the root (a named function).
+// calls of any of the tools (vLLM's form; one with parallel_tool_calls false), each tool's
+// local $refs rebased to where its parameters sit. A tool without parameters takes any object.
 Json forced_tool_schema(const CompletionParams& p) {
   auto params = [](const Json& tool) {
     const Json& fn = tool["function"];
@@ -431,8 +452,10 @@ Json forced_tool_schema(const CompletionParams& p) {
   Json any = Json::array();
   for (const Json& t : p.tools) {
     if (p.tool_choice == "function" && t["function"]["name"] == p.tool_choice_name) return params(t);
+    Json parameters = params(t);
+    rebase_refs(parameters, "/items/anyOf/" + std::to_string(any.size()) + "/properties/parameters");
     any.push_back({{"type", "object"},
-                   {"properties", {{"name", {{"const", t["function"]["name"]}}}, {"parameters", params(t)}}},
+                   {"properties", {{"name", {{"const", t["function"]["name"]}}}, {"parameters", std::move(parameters)}}},
                    {"required", {"name", "parameters"}},
                    {"additionalProperties", false}});
   }

@@ -1149,6 +1149,31 @@ TEST_F(RealModelServerTest, ForcedToolChoiceComesBackAsToolCalls) {
   }
   body["response_format"] = {{"type", "json_object"}};
   EXPECT_EQ(post(srv_->port(), "/v1/chat/completions", body).status, 400);
+
+  // A pydantic-style tool (its parameters refer to their own $defs, also from inside a
+  // definition) after another tool: its $refs still resolve inside the "required" array.
+  body.erase("response_format");
+  body["tools"] = tools;
+  body["tools"].push_back(Json::parse(R"({"type": "function", "function": {"name": "book_trip", "parameters": {
+      "$defs": {"City": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 16},
+        "country": {"$ref": "#/$defs/Country"}}, "required": ["name", "country"], "additionalProperties": false},
+        "Country": {"enum": ["FR", "DE", "IT"]}},
+      "type": "object", "properties": {"to": {"$ref": "#/$defs/City"}}, "required": ["to"],
+      "additionalProperties": false}}})"));
+  body["messages"] = {{{"role", "user"}, {"content", "Book a trip to Paris."}}};
+  auto refs = post(srv_->port(), "/v1/chat/completions", body);
+  ASSERT_EQ(refs.status, 200) << refs.body;
+  const Json refs_msg = refs.json()["choices"][0]["message"];
+  std::printf("  required tool calls, a tool with $defs: %s\n", refs_msg.dump().c_str());
+  ASSERT_EQ(refs.json()["choices"][0]["finish_reason"], "tool_calls") << refs.body;
+  for (const Json& tc : refs_msg["tool_calls"]) {
+    const Json args = Json::parse(tc["function"]["arguments"].get<std::string>());
+    if (tc["function"]["name"] == "book_trip") {
+      EXPECT_TRUE(args["to"]["name"].is_string()) << args;
+      EXPECT_TRUE(args["to"]["country"] == "FR" || args["to"]["country"] == "DE" || args["to"]["country"] == "IT")
+          << args;
+    }
+  }
 }
 
 TEST_F(RealModelServerTest, ChatStreamingAndNonStreamingAgree) {
