@@ -55,7 +55,8 @@ struct StepInfo {
 // instead of x. Every key of a head then moves by the same m, so each query's scores
 // move by the same q.m and the softmax is unchanged; only the rounding error shrinks
 // where keys share a large common part (the channel biases of RoPE's slow pairs).
-// Values are stored as they are (their mean would not cancel).
+// Values are stored as they are (their mean would not cancel). Not for soft-capped scores
+// (the cap acts before the softmax): the runtime gives such layers a zero shift.
 enum class KvDType { kAuto, kInt8, kFp8 };
 // "auto" | "int8" | "fp8"; throws kInvalidArgument naming --kv-cache-dtype otherwise.
 KvDType kv_dtype_parse(const std::string& name);

@@ -111,6 +111,16 @@ void calibrate_kv_key_shift(Model& model, const std::vector<int32_t>& tokens, co
   for (int r = 0; r < world; ++r) {
     const ModelInfo& info = model.tp_rank(r).info();
     const int64_t row = info.num_kv_heads * info.head_dim;
+    // A soft cap (Gemma 2: s -> cap tanh(s / cap)) acts before the softmax, which then no
+    // longer cancels a shift of the scores: such layers keep their keys unshifted.
+    std::vector<bool> capped(size_t(info.num_layers), false);
+    for (const ir::Node& n : model.tp_rank(r).graph().nodes())
+      if (n.op == "Attention" && n.attr_float("softcap", 0.0) > 0.0) {
+        const int64_t l = n.attr_int("layer", -1);
+        if (l >= 0 && l < info.num_layers) capped[size_t(l)] = true;
+      }
+    for (int64_t l = 0; l < info.num_layers; ++l)
+      if (capped[size_t(l)]) std::fill_n(total[size_t(r)].begin() + l * row, row, 0.0);
     auto shift = std::make_shared<std::vector<float>>(total[size_t(r)].size());
     for (size_t i = 0; i < shift->size(); ++i) {
       const double m = total[size_t(r)][i] / double(seqs.size());

@@ -15,7 +15,8 @@
 // keys are weighted by how many of its queries read them (n - p at position p), and the
 // sequences count alike. Measured against shifts taken at one context length in
 // bench/RESULTS.md (2026-12-06): on SmolLM2 this mix is as good at 256-token contexts as
-// a 256-token calibration and keeps most of a 2048-token one's gain at 2048.
+// a 256-token calibration and keeps most of a 2048-token one's gain at 2048. Layers whose
+// scores are soft-capped (Gemma 2) get a zero shift: the cap acts before the softmax.
 // Tested in tests/runtime/kv_calibration_test.cpp.
 #pragma once
 

@@ -121,6 +121,22 @@ TEST(KvCalibration, ShiftedCacheDecodeStaysCloseToF32Cache) {
     }
 }
 
+// Gemma 2 caps its scores (cap tanh(s / cap)) before the softmax, which then would not
+// cancel a shift: its layers keep their keys unshifted, and decode stays close.
+TEST(KvCalibration, SoftCappedLayersStayUnshifted) {
+  ModelOptions mo;
+  mo.kv_cache_dtype = "fp8";
+  auto model = Model::load(testing::fixture_dir("gemma2"), mo);
+  calibrate_kv_key_shift(*model, random_ids(600, int32_t(model->info().vocab_size), 4), "random ids");
+  ASSERT_TRUE(model->kv_key_shift());
+  for (float x : *model->kv_key_shift()) ASSERT_EQ(x, 0.0f);
+  auto gemma3 = Model::load(testing::fixture_dir("gemma3"), mo);  // no soft cap: shifted
+  calibrate_kv_key_shift(*gemma3, random_ids(600, int32_t(gemma3->info().vocab_size), 4), "random ids");
+  double largest = 0;
+  for (float x : *gemma3->kv_key_shift()) largest = std::max(largest, double(std::fabs(x)));
+  EXPECT_GT(largest, 0.0);
+}
+
 TEST(KvCalibration, OptionsAndErrors) {
   const std::string dir = testing::fixture_dir("llama");
   ModelOptions mo;
