@@ -73,6 +73,8 @@ void calibrate_kv_key_shift(Model& model, const std::vector<int32_t>& tokens, co
     longest = std::max(longest, n);
   }
 
+  log_info("KV cache: measuring the ", kv_dtype_name(model.kv_dtype()), " cache's key shift on ", at, " tokens of ",
+           what, " (--kv-calib none skips it)");
   LlmRunnerOptions o;
   o.kv_dtype = KvDType::kAuto;
   o.max_total_tokens = int64_t(longest);
