@@ -22,6 +22,19 @@ namespace {
 
 constexpr size_t kMinSequence = 16;
 
+// The layers whose scores are soft-capped (Gemma 2: s -> cap tanh(s / cap)). The cap acts
+// before the softmax, which then no longer cancels a shift of the scores: such layers keep
+// their keys unshifted (a zero shift).
+std::vector<bool> soft_capped_layers(const Model& rank) {
+  std::vector<bool> capped(size_t(rank.info().num_layers), false);
+  for (const ir::Node& n : rank.graph().nodes())
+    if (n.op == "Attention" && n.attr_float("softcap", 0.0) > 0.0) {
+      const int64_t l = n.attr_int("layer", -1);
+      if (l >= 0 && l < int64_t(capped.size())) capped[size_t(l)] = true;
+    }
+  return capped;
+}
+
 void store_none(Model& model) {
   for (int r = 0; r < model.tp_world(); ++r) model.tp_rank(r).set_kv_key_shift(nullptr);
 }
@@ -82,6 +95,8 @@ void calibrate_kv_key_shift(Model& model, const std::vector<int32_t>& tokens, co
   LlmRunner runner(model, o);
   const int world = model.tp_world();
   std::vector<std::vector<double>> total(static_cast<size_t>(world));
+  std::vector<std::vector<bool>> capped;
+  for (int r = 0; r < world; ++r) capped.push_back(soft_capped_layers(model.tp_rank(r)));
   std::vector<float> keys;
   for (std::span<const int32_t> s : seqs) {
     KvSequence kv;
@@ -95,11 +110,12 @@ void calibrate_kv_key_shift(Model& model, const std::vector<int32_t>& tokens, co
       std::vector<double>& sum = total[size_t(r)];
       sum.resize(size_t(info.num_layers * row), 0.0);
       keys.resize(s.size() * size_t(row));
+      // Position p's key is read by the sequence's n - p queries at p and after.
+      const double wsum = double(s.size()) * double(s.size() + 1) / 2;
       for (int64_t l = 0; l < info.num_layers; ++l) {
+        if (capped[size_t(r)][size_t(l)]) continue;
         runner.rank_storage(r).read_keys(l, slots, keys.data());
         double* dst = sum.data() + l * row;
-        // Position p's key is read by the sequence's n - p queries at p and after.
-        const double wsum = double(s.size()) * double(s.size() + 1) / 2;
         for (size_t p = 0; p < s.size(); ++p) {
           const double w = double(s.size() - p) / wsum;
           for (int64_t c = 0; c < row; ++c) dst[c] += double(keys[p * size_t(row) + size_t(c)]) * w;
@@ -113,16 +129,6 @@ void calibrate_kv_key_shift(Model& model, const std::vector<int32_t>& tokens, co
   for (int r = 0; r < world; ++r) {
     const ModelInfo& info = model.tp_rank(r).info();
     const int64_t row = info.num_kv_heads * info.head_dim;
-    // A soft cap (Gemma 2: s -> cap tanh(s / cap)) acts before the softmax, which then no
-    // longer cancels a shift of the scores: such layers keep their keys unshifted.
-    std::vector<bool> capped(size_t(info.num_layers), false);
-    for (const ir::Node& n : model.tp_rank(r).graph().nodes())
-      if (n.op == "Attention" && n.attr_float("softcap", 0.0) > 0.0) {
-        const int64_t l = n.attr_int("layer", -1);
-        if (l >= 0 && l < info.num_layers) capped[size_t(l)] = true;
-      }
-    for (int64_t l = 0; l < info.num_layers; ++l)
-      if (capped[size_t(l)]) std::fill_n(total[size_t(r)].begin() + l * row, row, 0.0);
     auto shift = std::make_shared<std::vector<float>>(total[size_t(r)].size());
     for (size_t i = 0; i < shift->size(); ++i) {
       const double m = total[size_t(r)][i] / double(seqs.size());

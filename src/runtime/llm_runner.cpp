@@ -169,7 +169,7 @@ int32_t LlmRunner::pool_blocks() const {
     Model& rank = model_.tp_rank(r);
     block_bytes += rank.backend().kv_block_bytes(rank_layout(rank, 1, bs, kv_dtype()));
   }
-  const KvDType kvd = model_.kv_dtype();
+  const KvDType kvd = kv_dtype();
   log_info("KV cache: ", blocks, " blocks x ", bs, " tokens = ", blocks * bs, " tokens, ",
            kv_mib(size_t(blocks) * block_bytes), kv_dtype_quantized(kvd) ? str_cat(" (", kv_dtype_name(kvd), ")") : "",
            how);

@@ -949,19 +949,9 @@ void CudaKv::read_keys(int64_t layer, std::span<const int64_t> slots, float* out
   if (!host.empty())
     KILN_CUDA_CHECK(cudaMemcpyAsync(host.data(), k(layer), host.size(), cudaMemcpyDeviceToHost, cx_->stream));
   KILN_CUDA_CHECK(cudaStreamSynchronize(cx_->stream));
-  for (size_t i = 0; i < slots.size(); ++i) {
-    const uint8_t* src = host.data() + size_t(slots[i] * row) * elem_bytes_;
-    float* dst = out + int64_t(i) * row;
-    for (int64_t c = 0; c < row; ++c) {
-      if (dtype_ == DType::kF32) {
-        std::memcpy(dst + c, src + c * 4, 4);
-      } else {
-        uint16_t h;
-        std::memcpy(&h, src + c * 2, 2);
-        dst[c] = dtype_ == DType::kBF16 ? bf16_to_f32(h) : f16_to_f32(h);
-      }
-    }
-  }
+  for (size_t i = 0; i < slots.size(); ++i)
+    dtype_convert(host.data() + size_t(slots[i] * row) * elem_bytes_, dtype_, out + int64_t(i) * row, DType::kF32,
+                  size_t(row));
 }
 
 size_t CudaKv::block_bytes_of(const KvLayout& layout, DType act) {
