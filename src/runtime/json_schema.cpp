@@ -58,6 +58,14 @@ using grammar_detail::CpRanges;
 // The largest integer magnitude the grammars write (16 digits, as the integer rule).
 constexpr int64_t kMaxIntMagnitude = 9999999999999999;
 
+// GBNF choosing one of `parts` (non-empty): the part itself when it is the only one.
+std::string alternatives(const std::vector<std::string>& parts) {
+  if (parts.size() == 1) return parts[0];
+  std::string out = "( " + parts[0];
+  for (size_t i = 1; i < parts.size(); ++i) out += " | " + parts[i];
+  return out + " )";
+}
+
 // GBNF for the decimal digit strings of one length from x to y (x <= y, equal lengths):
 // the shared leading digits, then x's digit with the rest from x's up, the digits between
 // with any rest, and y's digit with the rest up to y's.
@@ -76,10 +84,7 @@ std::string digits_between(const std::string& x, const std::string& y) {
   if (!y_ceil) --hi;
   if (lo <= hi) parts.push_back((lo == hi ? lit(lo) : std::string("[") + lo + "-" + hi + "]") + any);
   if (!y_ceil) parts.push_back(lit(y[0]) + " " + digits_between(std::string(n - 1, '0'), yr));
-  if (parts.size() == 1) return parts[0];
-  std::string out = "( " + parts[0];
-  for (size_t i = 1; i < parts.size(); ++i) out += " | " + parts[i];
-  return out + " )";
+  return alternatives(parts);
 }
 
 // GBNF for the integers a..b written without leading zeros (0 <= a <= b <= kMaxIntMagnitude).
@@ -91,10 +96,7 @@ std::string unsigned_between(int64_t a, int64_t b) {
     const std::string hi = len == sb.size() ? sb : std::string(len, '9');
     parts.push_back(digits_between(lo, hi));
   }
-  if (parts.size() == 1) return parts[0];
-  std::string out = "( " + parts[0];
-  for (size_t i = 1; i < parts.size(); ++i) out += " | " + parts[i];
-  return out + " )";
+  return alternatives(parts);
 }
 using grammar_detail::cp_complement;
 using grammar_detail::cp_normalize;
@@ -589,7 +591,7 @@ class SchemaCompiler {
     std::vector<std::string> parts;
     if (b >= 0) parts.push_back(unsigned_between(std::max<int64_t>(a, 0), b));
     if (a < 0) parts.push_back("\"-\" " + unsigned_between(std::max<int64_t>(-b, 1), -a));
-    return parts.size() == 1 ? "( " + parts[0] + " )" : "( " + parts[0] + " | " + parts[1] + " )";
+    return parts.size() == 1 ? "( " + parts[0] + " )" : alternatives(parts);
   }
 
   std::string string_expr(const Json& s, const std::string& ptr) {
