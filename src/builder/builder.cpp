@@ -11,6 +11,7 @@
 #include "backends/memory_plan.h"
 #include "core/status.h"
 #include "runtime/model.h"
+#include "runtime/kv_calibration.h"
 #include "runtime/model_tokenizer.h"
 
 namespace kiln {
@@ -311,6 +312,7 @@ BuildReport build_engine(const BuildOptions& o) {
     throw_error(ErrorCode::kInvalidArgument, "build: --tp must be in [1, ", kEngineMaxTensorParallel, "], got ",
                 o.tensor_parallel);
   mo.tensor_parallel = o.tensor_parallel;
+  mo.kv_calib = o.kv_calib;
   check_effective_bits(o.quant);
   if (quantized && o.tensor_parallel > 1)
     throw_error(ErrorCode::kUnsupported, "build: --quant ", o.quant.mode, " with --tp ", o.tensor_parallel,
@@ -340,6 +342,12 @@ BuildReport build_engine(const BuildOptions& o) {
   report.passes = model->pass_report();
   report.nodes_before = report.passes.empty() ? model->graph().nodes().size() : report.passes.front().nodes_before;
   report.nodes_after = model->graph().nodes().size();
+  // A decoder's KV key shift, measured on the model as built (its quantized GEMMs too).
+  if (model->model_info().is_decoder) {
+    const auto tc = Clock::now();
+    calibrate_kv_key_shift(*model);
+    report.kv_calib_seconds = since(tc);
+  }
 
   // One graph, or (tensor parallelism) every rank's: each gets the same treatment below.
   const int world = model->tp_world();
@@ -470,6 +478,15 @@ BuildReport build_engine(const BuildOptions& o) {
   } else if (!o.random_weights && std::filesystem::is_directory(o.model)) {
     e.tokenizer.files = hf_tokenizer_files(o.model);
     if (!e.tokenizer.files.empty()) e.tokenizer.kind = "hf";
+  }
+  if (const std::string& src = model->kv_key_shift_source(); !src.empty()) {
+    e.kv_key_shift.recorded = true;
+    e.kv_key_shift.source = src;
+    e.kv_key_shift.tokens = model->kv_key_shift_tokens();
+    for (int r = 0; r < world; ++r)
+      if (auto shift = model->tp_rank(r).kv_key_shift())
+        (world == 1 ? e.kv_key_shift.values : e.ranks[size_t(r)].kv_key_shift) = *shift;
+    report.kv_key_shift = src == "none" ? src : str_cat("measured on ", e.kv_key_shift.tokens, " tokens of ", src);
   }
   e.build.source = o.model;
   e.build.kiln_version = KILN_VERSION_STRING;

@@ -57,6 +57,11 @@ struct BuildOptions {
   // ModelOptions::max_context (`--max-context`): a LongRoPE model built past its original
   // length stores its long factors.
   int64_t max_context = 0;
+  // The int8/fp8 KV cache's key shift (runtime/kv_calibration.h), measured on a decoder
+  // and stored in the engine, so that a quantized cache loads it instead of measuring:
+  // "default" (the built-in calibration text), "none" (record that keys stay unshifted),
+  // or comma-separated text files (`--kv-calib`).
+  std::string kv_calib = "default";
 };
 
 struct BuildReport {
@@ -74,6 +79,9 @@ struct BuildReport {
   // The engine's GEMM weights: the dtype it records, and under auto the Linears that
   // keep a file's codes, e.g. "f32 (16 q4, 105 q8 Linears kept from the file)".
   std::string weights;
+  // The KV key shift the engine records ("" when none: an encoder, or no tokenizer).
+  std::string kv_key_shift;
+  double kv_calib_seconds = 0;
 };
 
 BuildReport build_engine(const BuildOptions& options);

@@ -28,8 +28,9 @@ constexpr uint32_t kEngineSchemaVersion = 1;  // the FlatBuffers contents (major
 // Additive changes a 1.x reader may ignore. 1: several named profiles, each with its
 // planned activation arena; precision pins and the workspace limit in the build info.
 // 2: the plugin libraries the graph's Plugin nodes need. 3: tensor-parallel engines
-// (every rank's sharded graph in one file; see EngineContents::ranks).
-constexpr uint32_t kEngineSchemaMinor = 3;
+// (every rank's sharded graph in one file; see EngineContents::ranks). 4: the KV cache's
+// key shift measured at build (EngineKvKeyShift).
+constexpr uint32_t kEngineSchemaMinor = 4;
 // The most ranks an engine may record (a sanity bound on untrusted files; `--tp`'s range).
 constexpr int kEngineMaxTensorParallel = 64;
 constexpr size_t kEngineHeaderSize = 64;
@@ -80,12 +81,25 @@ struct EngineTokenizer {
   std::vector<std::pair<std::string, std::string>> files;  // name -> bytes
 };
 
+// The int8/fp8 KV cache's key shift measured at build (schema 1.4; KvLayout::k_shift,
+// runtime/kv_calibration.h). Not recorded: the build measured none (an older engine, or
+// no tokenizer to read calibration text), and a quantized cache measures it at load.
+struct EngineKvKeyShift {
+  bool recorded = false;
+  std::string source;   // what it was measured on; "none": built with --kv-calib none
+  uint32_t tokens = 0;  // calibration tokens
+  // [layers, kv heads, head_dim]; empty for "none" and in a tensor-parallel engine,
+  // whose ranks hold their own (EngineRank::kv_key_shift).
+  std::vector<float> values;
+};
+
 // One rank of a tensor-parallel engine (schema 1.3): its shard, already sharded and
 // optimized (parallel/tensor_parallel.h, then the passes), with its AllReduce nodes.
 struct EngineRank {
   ModelInfo info;  // this rank's share: num_heads and num_kv_heads per rank
   ir::Graph graph;
   std::vector<EngineTacticTable> tactic_tables;
+  std::vector<float> kv_key_shift;  // this rank's [layers, kv heads, head_dim] (when recorded and not "none")
 };
 
 // What an engine holds; the builder fills it, the loader returns it.
@@ -107,6 +121,7 @@ struct EngineContents {
   // As read (loaded engines). The writer ignores it and records the plugins of the
   // graph's own Plugin nodes (engine_plugins_of).
   std::vector<EnginePlugin> plugins;
+  EngineKvKeyShift kv_key_shift;
   std::shared_ptr<const MappedFile> file;  // keeps mmap'd weights alive (loaded engines)
 };
 

@@ -6,6 +6,7 @@
 // file and the part. Tested in tests/engine/engine_file_test.cpp; fuzzed by
 // fuzz/engine_load_fuzz.cpp.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 
@@ -224,6 +225,50 @@ void check_rank(const EngineRank& r, int rank, int world, const ModelInfo& model
           n.attr_int("num_kv_heads", -1), " K/V heads, its rank info says ", i.num_heads, " and ", i.num_kv_heads);
 }
 
+// A recorded key shift must fit the KV pool it shifts ([layers, kv heads, head_dim] of
+// `info`) and be finite. `v` absent: none.
+std::vector<float> read_kv_key_shift(const flatbuffers::Vector<float>* v, const ModelInfo& info,
+                                     const std::string& where, const std::string& what) {
+  std::vector<float> out;
+  if (!v) return out;
+  const uint64_t want = uint64_t(info.num_layers) * uint64_t(info.num_kv_heads) * uint64_t(info.head_dim);
+  if (v->size() != want)
+    bad(where, what, "KV key shift holds ", v->size(), " values, but ", info.num_layers, " layers x ",
+        info.num_kv_heads, " K/V heads x head_dim ", info.head_dim, " need ", want);
+  out.resize(v->size());
+  for (uint32_t i = 0; i < v->size(); ++i) {
+    out[i] = v->Get(i);
+    if (!std::isfinite(out[i])) bad(where, what, "KV key shift value ", i, " is not finite");
+  }
+  return out;
+}
+
+// Engine.kv_key_shift (schema 1.4) and the ranks' shares, checked against each other:
+// "none" holds no values; a measured shift is in the engine (tp_world 1) or in every rank.
+void read_kv_key_shift(const fb::Engine* e, EngineContents& out, const std::string& where) {
+  const fb::KvKeyShift* k = e->kv_key_shift();
+  for (uint32_t r = 0; r < out.ranks.size(); ++r) {
+    const std::string what = str_cat("rank ", r, ": ");
+    out.ranks[r].kv_key_shift = read_kv_key_shift(e->ranks()->Get(r)->kv_key_shift(), out.ranks[r].info, where, what);
+    const bool want = k && str(k->source()) != "none";
+    if (out.ranks[r].kv_key_shift.empty() == want)
+      bad(where, what, want ? "no KV key shift, though the engine records one" : "a KV key shift the engine does not record");
+  }
+  if (!k) return;
+  EngineKvKeyShift& s = out.kv_key_shift;
+  s.recorded = true;
+  s.source = str(k->source());
+  s.tokens = k->tokens();
+  if (!out.info.is_decoder) bad(where, "an encoder (", out.info.family, ") records a KV key shift");
+  s.values = read_kv_key_shift(k->values(), out.info, where, "");
+  const bool want = s.source != "none" && out.tp_world == 1;
+  if (want && s.values.empty()) bad(where, "KV key shift '", s.source, "' holds no values");
+  if (!want && !s.values.empty())
+    bad(where, "KV key shift '", s.source, "' holds values, which ",
+        s.source == "none" ? "an engine built with --kv-calib none" : "a tensor-parallel engine (its ranks hold them)",
+        " does not");
+}
+
 }  // namespace
 
 EngineContents engine_parse(const uint8_t* data, size_t size, std::shared_ptr<const void> owner,
@@ -308,6 +353,7 @@ EngineContents engine_parse(const uint8_t* data, size_t size, std::shared_ptr<co
       out.ranks.push_back(std::move(rank));
     }
   }
+  read_kv_key_shift(e, out, where);
   out.tokenizer.kind = str(e->tokenizer_kind());
   if (e->tokenizer_files())
     for (const fb::File* f : *e->tokenizer_files())

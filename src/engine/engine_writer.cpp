@@ -186,7 +186,8 @@ size_t engine_write(const std::string& path, const EngineContents& e) {
     for (const EngineRank& r : e.ranks) {
       auto info = fb.CreateString(model_info_to_json(r.info).dump());
       auto g = write_graph(fb, r.graph, blob);
-      rs.push_back(fb::CreateRank(fb, info, g, write_tactic_tables(fb, r.tactic_tables)));
+      auto shift = r.kv_key_shift.empty() ? 0 : fb.CreateVector(r.kv_key_shift);
+      rs.push_back(fb::CreateRank(fb, info, g, write_tactic_tables(fb, r.tactic_tables), shift));
       for (auto& p : engine_plugins_of(r.graph))
         if (std::none_of(plugin_list.begin(), plugin_list.end(), [&](auto& q) { return q.name == p.name; }))
           plugin_list.push_back(p);
@@ -218,10 +219,15 @@ size_t engine_write(const std::string& path, const EngineContents& e) {
   for (auto& p : plugin_list)
     plugins.push_back(fb::CreatePluginRef(fb, fb.CreateString(p.name), fb.CreateString(p.version),
                                           fb.CreateString(p.library), write_strings(fb, p.ops)));
+  Offset<fb::KvKeyShift> kv_key_shift = 0;
+  if (const EngineKvKeyShift& k = e.kv_key_shift; k.recorded)
+    kv_key_shift = fb::CreateKvKeyShift(fb, fb.CreateString(k.source), k.tokens,
+                                        k.values.empty() ? 0 : fb.CreateVector(k.values));
   auto root = fb::CreateEngine(fb, kEngineSchemaVersion, fb.CreateString(model_info_to_json(e.info).dump()),
                                fb.CreateString(e.config.dump()), graph, fb.CreateString(e.tokenizer.kind),
                                fb.CreateVector(files), build, fb.CreateVector(profs), tables,
-                               kEngineSchemaMinor, fb.CreateVector(plugins), uint32_t(e.tp_world), ranks);
+                               kEngineSchemaMinor, fb.CreateVector(plugins), uint32_t(e.tp_world), ranks,
+                               kv_key_shift);
   fb.Finish(root, fb::EngineIdentifier());
 
   EngineHeader h;

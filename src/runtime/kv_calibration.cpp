@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -35,8 +36,13 @@ std::vector<bool> soft_capped_layers(const Model& rank) {
   return capped;
 }
 
-void store_none(Model& model) {
-  for (int r = 0; r < model.tp_world(); ++r) model.tp_rank(r).set_kv_key_shift(nullptr);
+// The cache the shift is for: the model's quantized dtype, or (a build) both.
+std::string quantized_cache(const Model& model) {
+  return kv_dtype_quantized(model.kv_dtype()) ? kv_dtype_name(model.kv_dtype()) : "int8/fp8";
+}
+
+void store_none(Model& model, const std::string& source) {
+  for (int r = 0; r < model.tp_world(); ++r) model.tp_rank(r).set_kv_key_shift(nullptr, source, 0);
 }
 
 }  // namespace
@@ -44,7 +50,7 @@ void store_none(Model& model) {
 void calibrate_kv_key_shift(Model& model) {
   const std::string& calib = model.kv_calib();
   if (calib == "none") {
-    store_none(model);
+    store_none(model, "none");
     return;
   }
   const std::vector<std::string> sources = split_commas(calib);
@@ -53,11 +59,22 @@ void calibrate_kv_key_shift(Model& model) {
     if (src != "default" && !std::filesystem::is_regular_file(src))
       throw_error(ErrorCode::kInvalidArgument, "--kv-calib: no text file '", src,
                   "' (give default, none, or text files, comma-separated)");
-  auto tokenizer = load_model_tokenizer(model);
+  std::optional<tok::Tokenizer> tokenizer;
+  try {
+    tokenizer = load_model_tokenizer(model);
+  } catch (const Error& e) {
+    // The default is a refinement a model running on token ids does without; text the
+    // user named needs the tokenizer.
+    if (calib != "default") throw;
+    log_info("KV cache: cannot read the tokenizer of '", model.path(), "' (", e.what(), "); the ",
+             quantized_cache(model), " cache stores keys without a shift");
+    store_none(model, "");
+    return;
+  }
   if (!tokenizer) {
     log_info("KV cache: '", model.path(), "' has no tokenizer to read calibration text; the ",
-             kv_dtype_name(model.kv_dtype()), " cache stores keys without a shift");
-    store_none(model);
+             quantized_cache(model), " cache stores keys without a shift");
+    store_none(model, "");
     return;
   }
   std::vector<int32_t> tokens;
@@ -66,6 +83,13 @@ void calibrate_kv_key_shift(Model& model) {
     std::vector<int32_t> t = tokenizer->encode(text, /*add_special=*/true);
     tokens.insert(tokens.end(), t.begin(), t.end());
   }
+  // A tokenizer of another model gives ids the embedding cannot read: say so here.
+  const int64_t vocab = model.info().vocab_size;
+  for (int32_t id : tokens)
+    if (id < 0 || id >= vocab)
+      throw_error(ErrorCode::kInvalidArgument, "KV key calibration: the tokenizer of '", model.path(), "' gave id ", id,
+                  " for the calibration text, outside the model's vocabulary of ", vocab,
+                  " (is it this model's tokenizer?); --kv-calib none skips the calibration");
   calibrate_kv_key_shift(model, tokens,
                          calib == "default" ? std::string("the built-in calibration set") : "'" + calib + "'");
 }
@@ -86,7 +110,7 @@ void calibrate_kv_key_shift(Model& model, const std::vector<int32_t>& tokens, co
     longest = std::max(longest, n);
   }
 
-  log_info("KV cache: measuring the ", kv_dtype_name(model.kv_dtype()), " cache's key shift on ", at, " tokens of ",
+  log_info("KV cache: measuring the ", quantized_cache(model), " cache's key shift on ", at, " tokens of ",
            what, " (--kv-calib none skips it)");
   LlmRunnerOptions o;
   o.kv_dtype = KvDType::kAuto;
@@ -138,10 +162,10 @@ void calibrate_kv_key_shift(Model& model, const std::vector<int32_t>& tokens, co
       (*shift)[i] = float(m);
       largest = std::max(largest, std::fabs(m));
     }
-    model.tp_rank(r).set_kv_key_shift(std::move(shift));
+    model.tp_rank(r).set_kv_key_shift(std::move(shift), what, uint32_t(at));
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  log_info("KV cache: ", kv_dtype_name(model.kv_dtype()), " keys stored less their mean over ", at, " tokens of ",
+  log_info("KV cache: ", quantized_cache(model), " keys stored less their mean over ", at, " tokens of ",
            what, " (", seqs.size(), " sequences; largest |shift| ", largest, ") in ", secs, " s");
 }
 

@@ -279,6 +279,16 @@ std::unique_ptr<Model> Model::load_engine_rank(const std::shared_ptr<EngineConte
            m->built_.graph.weight_bytes() >> 20, " MiB of weights (", co.weight_dtype, "), ", co.tactics.size(),
            " tuned tactics");
   m->engine_ = e;
+  // The key shift measured at build serves the default --kv-calib; other text measures anew.
+  if (const EngineKvKeyShift& ks = e->kv_key_shift; ks.recorded && options.kv_calib == "default") {
+    const std::vector<float>& v = tp ? e->ranks[size_t(rank)].kv_key_shift : ks.values;
+    m->set_kv_key_shift(v.empty() ? nullptr : std::make_shared<const std::vector<float>>(v), ks.source, ks.tokens);
+    if (rank == 0 && kv_dtype_quantized(m->kv_dtype_))
+      log_info("KV cache: ", kv_dtype_name(m->kv_dtype_), " keys ",
+               v.empty() ? std::string("stored without a shift (the engine was built with --kv-calib none)")
+                         : str_cat("stored less the engine's key shift (measured at build on ", ks.tokens,
+                                   " tokens of ", ks.source, ")"));
+  }
   m->add_top_logits(options.top_logits_k);
   const auto t0 = Clock::now();
   m->compile(std::move(backend), co);

@@ -180,11 +180,17 @@ class Model {
   const std::string& kv_calib() const { return kv_calib_; }
   // The key shift of this rank's quantized KV pools ([layers, this rank's kv heads,
   // head_dim]; KvLayout::k_shift), null when none. kv_key_shift_measured(): whether
-  // calibrate_kv_key_shift has run (a null shift then means none is used).
+  // calibrate_kv_key_shift has run, or the engine recorded a shift (a null shift then
+  // means none is used). kv_key_shift_source(): what it was measured on and how many
+  // tokens; "none" under --kv-calib none; "" when measured as none (no tokenizer).
   std::shared_ptr<const std::vector<float>> kv_key_shift() const { return kv_key_shift_; }
   bool kv_key_shift_measured() const { return kv_key_shift_measured_; }
-  void set_kv_key_shift(std::shared_ptr<const std::vector<float>> shift) {
+  const std::string& kv_key_shift_source() const { return kv_key_shift_source_; }
+  uint32_t kv_key_shift_tokens() const { return kv_key_shift_tokens_; }
+  void set_kv_key_shift(std::shared_ptr<const std::vector<float>> shift, std::string source, uint32_t tokens) {
     kv_key_shift_ = std::move(shift);
+    kv_key_shift_source_ = std::move(source);
+    kv_key_shift_tokens_ = tokens;
     kv_key_shift_measured_ = true;
   }
   // What the optimization passes did to the graph (empty at opt level 0).
@@ -214,6 +220,8 @@ class Model {
   std::string kv_calib_ = "default";
   std::shared_ptr<const std::vector<float>> kv_key_shift_;
   bool kv_key_shift_measured_ = false;
+  std::string kv_key_shift_source_;
+  uint32_t kv_key_shift_tokens_ = 0;
   std::vector<std::unique_ptr<Model>> tp_peers_;  // ranks 1..N-1
   ModelInfo unsharded_info_;                      // tensor parallelism: before sharding
   int64_t declared_max_positions_ = 0;

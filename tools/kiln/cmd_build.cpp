@@ -59,6 +59,11 @@ Runner add_build(CLI::App& app) {
   cmd->add_flag("--no-tune", a->no_tune, "skip tactic timing (the backend's heuristics at run time)");
   cmd->add_option("--timing-cache", a->o.timing_cache, "JSON timing cache, read and updated (faster rebuilds)");
   add_max_context_option(cmd, a->o.max_context);
+  cmd->add_option("--kv-calib", a->o.kv_calib,
+                  "decoders: the text each layer's mean key is measured on for an int8/fp8 KV cache, stored in the "
+                  "engine so that a load with --kv-cache-dtype int8|fp8 uses it instead of measuring: default (the "
+                  "built-in calibration set), text files (comma-separated), or none (keys stay unshifted)")
+      ->capture_default_str();
   return [a] {
     for (auto& p : a->profiles) a->o.profiles.push_back(parse_profile(p));
     for (auto& pin : parse_pin_options(a->pins)) a->o.pin_precision.push_back(pin);
@@ -89,6 +94,8 @@ Runner add_build(CLI::App& app) {
     if (r.packed_gemms) std::printf("weights     %zu GEMMs stored packed for the %s backend\n", r.packed_gemms, a->o.backend.c_str());
     if (a->o.workspace_bytes) std::printf("workspace   %s limit: every profile fits\n", format_bytes(a->o.workspace_bytes).c_str());
     if (!r.quant_summary.empty()) std::printf("quant       %s\n", r.quant_summary.c_str());
+    if (!r.kv_key_shift.empty())
+      std::printf("kv shift    %s (%.2f s), for an int8/fp8 KV cache\n", r.kv_key_shift.c_str(), r.kv_calib_seconds);
     std::printf("engine      %.1f MiB, GEMM weights %s\n", double(r.bytes) / (1 << 20), r.weights.c_str());
     return 0;
   };

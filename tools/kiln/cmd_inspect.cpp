@@ -1,6 +1,8 @@
 // `kiln inspect`: what a model or engine is (family, shapes, weights, memory), its
 // layers after fusion (op counts and what each pass did), and for engines the build
 // options, profiles and tactics; with --graph, its IR one node per line.
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <map>
 #include <utility>
@@ -31,6 +33,20 @@ void print_engine(const EngineContents& e, const std::string& device) {
                 e.tp_world, e.tp_world);
   for (auto& line : b.pass_report) std::printf("  pass      %s\n", line.c_str());
   for (auto& pin : b.pin_precision) std::printf("  pinned    %s\n", pin.c_str());
+  if (const EngineKvKeyShift& k = e.kv_key_shift; k.recorded) {
+    if (k.source == "none") {
+      std::printf("kv shift    none (built with --kv-calib none): an int8/fp8 KV cache stores keys unshifted\n");
+    } else {
+      float largest = 0;
+      for (float v : k.values) largest = std::max(largest, std::fabs(v));
+      for (auto& r : e.ranks)
+        for (float v : r.kv_key_shift) largest = std::max(largest, std::fabs(v));
+      std::printf("kv shift    measured at build on %u tokens of %s (largest |shift| %.3g), for an int8/fp8 KV cache\n",
+                  k.tokens, k.source.c_str(), double(largest));
+    }
+  } else if (e.info.is_decoder) {
+    std::printf("kv shift    not recorded: an int8/fp8 KV cache measures it at load\n");
+  }
   for (auto& p : e.profiles) {
     std::string dims;
     for (auto& d : p.dims)

@@ -80,7 +80,8 @@ void add_kv_dtype_option(CLI::App* cmd, std::string& dtype, std::string& calib) 
   cmd->add_option("--kv-calib", calib,
                   "int8/fp8 KV cache: the text each layer's mean key is measured on at load (keys are stored less "
                   "it, which the softmax does not see, so less of them is rounded away): default (the built-in "
-                  "calibration set, 3,968 tokens at most), text files (comma-separated), or none")
+                  "calibration set, 3,968 tokens at most; an engine's shift measured at build when it has one), text "
+                  "files (comma-separated), or none")
       ->capture_default_str();
 }
 

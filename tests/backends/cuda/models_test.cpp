@@ -429,7 +429,7 @@ TEST(CudaQuantizedKv, DecoderMatchesCpuWithTheSameCacheDtype) {
             top = std::max(top, double(std::fabs(a[j])));
           }
           EXPECT_LE(worst, (dt == "f32" ? 1e-4 : 2e-2) * top) << family << " " << dt << " key shift vs the CPU's";
-          gpu->set_kv_key_shift(cpu->kv_key_shift());
+          gpu->set_kv_key_shift(cpu->kv_key_shift(), cpu->kv_key_shift_source(), cpu->kv_key_shift_tokens());
         }
         const int64_t v = gpu->info().vocab_size;
         const double tol = dt == "f32" ? 1e-2 : (kv == "fp8" ? 2e-1 : 1e-1) * bf16_factor(family);
