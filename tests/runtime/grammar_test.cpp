@@ -516,6 +516,79 @@ TEST(JsonSchemaNumbers, IntegerBoundsAreExact) {
   has(schema_error(R"({"type":"integer","minimum":"3"})"), {"#/minimum", "expected a number"});
 }
 
+// Number bounds as decimal ranges: every multiple of 0.001 in [-25, 25], written with and
+// without trailing zeros, is accepted exactly when it lies within the bounds (compared
+// here in integer thousandths), over inclusive, exclusive (draft 6 numbers, draft 4
+// booleans), one-sided and exponent-written bounds; then long fractions at the edges.
+TEST(JsonSchemaNumbers, NumberBoundsAreExact) {
+  constexpr int64_t kNone = INT64_MIN;
+  struct Case {
+    const char* schema;
+    int64_t lo;  // thousandths, kNone: unbounded
+    bool lo_strict;
+    int64_t hi;
+    bool hi_strict;
+  };
+  const Case cases[] = {
+      {R"({"type":"number","minimum":0,"maximum":1})", 0, false, 1000, false},
+      {R"({"type":"number","minimum":0.1,"maximum":0.95})", 100, false, 950, false},
+      {R"({"type":"number","exclusiveMinimum":0,"exclusiveMaximum":1})", 0, true, 1000, true},
+      {R"({"type":"number","minimum":-2.5,"maximum":3.25})", -2500, false, 3250, false},
+      {R"({"type":"number","exclusiveMinimum":-2.5,"maximum":-0.125})", -2500, true, -125, false},
+      {R"({"type":"number","minimum":-10})", -10000, false, kNone, false},
+      {R"({"type":"number","maximum":7.005})", kNone, false, 7005, false},
+      {R"({"type":"number","exclusiveMaximum":-3})", kNone, false, -3000, true},
+      {R"({"type":"number","minimum":1.5,"maximum":1.5})", 1500, false, 1500, false},
+      {R"({"type":"number","minimum":0,"exclusiveMinimum":true,"maximum":5,"exclusiveMaximum":true})", 0, true, 5000, true},
+      {R"({"type":"number","minimum":12.345,"exclusiveMaximum":20.5})", 12345, false, 20500, true},
+      {R"({"type":"number","minimum":-0.001,"maximum":0.001})", -1, false, 1, false},
+      {R"({"type":"number","minimum":0.5,"exclusiveMinimum":0.5,"maximum":2})", 500, true, 2000, false},
+      {R"({"type":"number","minimum":1e-3,"maximum":2e1})", 1, false, 20000, false},
+      {R"({"type":"number","exclusiveMinimum":-1,"exclusiveMaximum":0})", -1000, true, 0, true},
+      {R"({"type":"number","minimum":0,"maximum":0})", 0, false, 0, false},
+      {R"({"type":["number","null"],"minimum":-3,"exclusiveMinimum":-4,"maximum":9.9,"exclusiveMaximum":10})", -3000,
+       false, 9900, false},
+  };
+  auto render = [](int64_t k, bool pad) {
+    const int64_t m = k < 0 ? -k : k;
+    std::string s = (k < 0 ? "-" : "") + std::to_string(m / 1000);
+    std::string frac = std::to_string(1000 + m % 1000).substr(1);
+    if (!pad) frac.erase(frac.find_last_not_of('0') + 1);
+    return frac.empty() ? s : s + "." + frac;
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.schema);
+    GrammarPtr g = grammar_from_json_schema(Json::parse(c.schema));
+    int wrong = 0;
+    for (int64_t k = -25000; k <= 25000; k += 1) {
+      const bool want = (c.lo == kNone || (c.lo_strict ? k > c.lo : k >= c.lo)) &&
+                        (c.hi == kNone || (c.hi_strict ? k < c.hi : k <= c.hi));
+      for (bool pad : {false, true}) {
+        const std::string doc = render(k, pad);
+        if (accepts(g, doc) != want && ++wrong <= 5) ADD_FAILURE() << doc << " should be " << (want ? "accepted" : "refused");
+      }
+    }
+    for (const char* no : {"1e0", "01.5", "1.", ".5", "-0", "-0.0", "+1"}) EXPECT_FALSE(accepts(g, no)) << no;
+  }
+  // Long fractions at the edges.
+  GrammarPtr open = grammar_from_json_schema(Json::parse(R"({"type":"number","exclusiveMinimum":0,"exclusiveMaximum":1})"));
+  for (const char* yes : {"0.0000000001", "0.99999999999999999", "0.5000000000000000001"}) EXPECT_TRUE(accepts(open, yes)) << yes;
+  for (const char* no : {"0.0000000000", "1.0000", "0", "1", "-0.5"}) EXPECT_FALSE(accepts(open, no)) << no;
+  GrammarPtr tenth = grammar_from_json_schema(Json::parse(R"({"type":"number","minimum":0.1,"maximum":0.1000001})"));
+  for (const char* yes : {"0.1", "0.10000000", "0.1000001", "0.10000005", "0.10000010000"}) EXPECT_TRUE(accepts(tenth, yes)) << yes;
+  for (const char* no : {"0.09999999999", "0.10000011", "0.1000002", "0.2"}) EXPECT_FALSE(accepts(tenth, no)) << no;
+  GrammarPtr big = grammar_from_json_schema(Json::parse(R"({"type":"number","minimum":-1e300})"));
+  EXPECT_TRUE(accepts(big, "-9999999999999999.5"));
+  EXPECT_TRUE(accepts(big, "123.25"));
+  EXPECT_FALSE(accepts(big, "-1e5"));
+  has(schema_error(R"({"type":"number","minimum":2,"exclusiveMaximum":2})"), {"no number lies"});
+  has(schema_error(R"({"type":"number","minimum":2.5,"maximum":2.25})"), {"no number lies"});
+  has(schema_error(R"({"type":"number","minimum":1e20})"), {"16 integer digits"});
+  // In an object, as pydantic writes a bounded float field.
+  expect_schema(R"({"type":"object","properties":{"p":{"type":"number","minimum":0,"maximum":1}},"required":["p"]})",
+                {R"({"p":0.25})", R"({"p": 1})", R"({"p":0})"}, {R"({"p":1.01})", R"({"p":-0.1})", R"({"p":2e-1})"});
+}
+
 TEST(JsonSchemaWhitespace, IsBounded) {
   // llama.cpp's rule: nothing, one space, or a line break and up to 20 spaces or tabs.
   const std::string schema = R"({"type":"object","properties":{"a":{"type":"integer"}}})";

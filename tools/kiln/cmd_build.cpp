@@ -94,7 +94,9 @@ Runner add_build(CLI::App& app) {
     if (r.packed_gemms) std::printf("weights     %zu GEMMs stored packed for the %s backend\n", r.packed_gemms, a->o.backend.c_str());
     if (a->o.workspace_bytes) std::printf("workspace   %s limit: every profile fits\n", format_bytes(a->o.workspace_bytes).c_str());
     if (!r.quant_summary.empty()) std::printf("quant       %s\n", r.quant_summary.c_str());
-    if (!r.kv_key_shift.empty())
+    if (r.kv_key_shift == "none")
+      std::printf("kv shift    none (--kv-calib none): an int8/fp8 KV cache stores keys unshifted\n");
+    else if (!r.kv_key_shift.empty())
       std::printf("kv shift    %s (%.2f s), for an int8/fp8 KV cache\n", r.kv_key_shift.c_str(), r.kv_calib_seconds);
     std::printf("engine      %.1f MiB, GEMM weights %s\n", double(r.bytes) / (1 << 20), r.weights.c_str());
     return 0;
