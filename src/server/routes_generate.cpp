@@ -64,7 +64,9 @@ struct ChoiceState {
   enum class Forced : uint8_t { kNone, kRequired, kNamed } forced = Forced::kNone;
   std::string forced_text;
   std::vector<ToolCall> calls;                // the tool calls read so far ...
-  size_t calls_sent = 0;                      // ... and how many a stream has sent
+  size_t calls_sent = 0;                      // ... and how many a stream has sent (or streamed)
+  std::vector<ToolCallFragment> fragments;    // the latest update's pieces of calls being written
+  std::vector<std::string> call_ids;          // call k's id, given when its first piece or it appears
   std::vector<int32_t> tokens;
   Json logprobs;  // accumulated (non-streaming)
   std::string finish;
@@ -265,6 +267,12 @@ std::string new_call_id() {
   return id;
 }
 
+// Call k's id: made when its first fragment or the call itself is read, the same after.
+const std::string& call_id(ChoiceState& st, size_t k) {
+  while (st.call_ids.size() <= k) st.call_ids.push_back(new_call_id());
+  return st.call_ids[k];
+}
+
 Json usage_json(const Call& c) {
   const int32_t prompt = c.total(&PromptState::prompt_tokens), completion = c.total(&PromptState::completion_tokens);
   return Json{{"prompt_tokens", prompt},
@@ -290,19 +298,32 @@ Json stream_chunk(Call& c, const ChoiceUpdate& u, size_t index) {
       delta["role"] = "assistant";
       st.role_sent = true;
     }
-    const bool new_calls = st.calls_sent < st.calls.size();
+    // Pieces of calls being written (OpenAI's form: the first names the call, the rest
+    // carry arguments text), then calls that came whole; a streamed call is not sent again.
+    Json calls = Json::array();
+    for (ToolCallFragment& f : st.fragments) {
+      Json piece = {{"index", f.call}};
+      if (!f.name.empty()) {
+        piece["id"] = call_id(st, f.call);
+        piece["type"] = "function";
+        piece["function"] = {{"name", f.name}, {"arguments", f.arguments}};
+      } else {
+        piece["function"] = {{"arguments", f.arguments}};
+      }
+      calls.push_back(std::move(piece));
+    }
+    st.fragments.clear();
+    for (; st.calls_sent < st.calls.size(); ++st.calls_sent) {
+      if (st.calls[st.calls_sent].streamed) continue;
+      Json c = tool_call_json(st, st.calls_sent);
+      c["index"] = st.calls_sent;
+      calls.push_back(c);
+    }
+    const bool new_calls = !calls.empty();
     if (!st.last.reasoning.empty()) delta["reasoning_content"] = st.last.reasoning;
     if (!st.last.content.empty() || (st.last.reasoning.empty() && !new_calls && u.finish == FinishReason::kNone))
       delta["content"] = st.last.content;
-    if (new_calls) {
-      Json calls = Json::array();
-      for (; st.calls_sent < st.calls.size(); ++st.calls_sent) {
-        Json c = tool_call_json(st, st.calls_sent);
-        c["index"] = st.calls_sent;
-        calls.push_back(c);
-      }
-      delta["tool_calls"] = calls;
-    }
+    if (new_calls) delta["tool_calls"] = calls;
     choice["delta"] = delta;
   } else {
     choice["text"] = u.text;
@@ -487,13 +508,23 @@ size_t absorb(Call& c, const RequestUpdate& u) {
         st.last = {{}, cu.text};
       }
       if (st.forced != ChoiceState::Forced::kNone) {
+        // A named function's output is its arguments: they stream as the call's pieces.
+        const bool named = st.forced == ChoiceState::Forced::kNamed;
+        st.fragments.clear();
+        if (named && !st.last.content.empty())
+          st.fragments.push_back({0, st.forced_text.empty() ? c.params.tool_choice_name : "", st.last.content});
         st.forced_text += st.last.content;
         st.last.content.clear();
         if (last) {
           std::vector<ToolCall> calls = forced_calls(c.params, st);
-          if (calls.empty()) st.last.content = st.forced_text;  // cut short: the text as it is
+          // Cut short (max_tokens): a named call whose pieces are out is released as
+          // streamed; otherwise the text as it is.
+          if (named && calls.empty() && !st.forced_text.empty())
+            calls.push_back({c.params.tool_choice_name, st.forced_text});
+          if (named && !calls.empty()) calls[0].streamed = true;
+          if (calls.empty()) st.last.content = st.forced_text;
           for (auto& call : calls) {
-            call.id = new_call_id();
+            call.id = call_id(st, st.calls.size());
             st.calls.push_back(std::move(call));
           }
         }
@@ -503,10 +534,12 @@ size_t absorb(Call& c, const RequestUpdate& u) {
           ToolCallDelta rest = st.tools->finish();
           d.content += rest.content;
           for (auto& call : rest.calls) d.calls.push_back(std::move(call));
+          for (auto& f : rest.fragments) d.fragments.push_back(std::move(f));
         }
         st.last.content = std::move(d.content);
+        st.fragments = std::move(d.fragments);
         for (auto& call : d.calls) {
-          call.id = new_call_id();
+          call.id = call_id(st, st.calls.size());
           st.calls.push_back(std::move(call));
         }
       }

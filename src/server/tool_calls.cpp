@@ -81,6 +81,58 @@ size_t object_end(std::string_view s, size_t at) {
   return std::string_view::npos;
 }
 
+// Reading a hermes call's head, {"name": "<name>", "arguments" (or "parameters"): {.
+enum class Head { kIncomplete, kNo, kYes };
+
+// The head in `s` (a call's text so far): kYes with the name and where the arguments
+// object starts; kIncomplete while the text is a prefix of a head; kNo otherwise (another
+// key order, the arguments as a string: such calls are released whole).
+Head call_head(std::string_view s, std::string& name, size_t& args_at) {
+  size_t i = 0;
+  auto ws = [&] {
+    while (i < s.size() && is_space(s[i])) ++i;
+  };
+  auto lit = [&](std::string_view t) {
+    const size_t n = std::min(t.size(), s.size() - i);
+    if (s.substr(i, n) != t.substr(0, n)) return Head::kNo;
+    if (n < t.size()) return Head::kIncomplete;
+    i += n;
+    return Head::kYes;
+  };
+  for (std::string_view t : {"{", "\"name\"", ":"}) {
+    ws();
+    if (const Head h = lit(t); h != Head::kYes) return h;
+  }
+  ws();
+  if (i == s.size()) return Head::kIncomplete;
+  if (s[i] != '"') return Head::kNo;
+  size_t j = i + 1;
+  for (bool escape = false; j < s.size() && (escape || s[j] != '"'); ++j) escape = !escape && s[j] == '\\';
+  if (j == s.size()) return Head::kIncomplete;
+  const Json n = Json::parse(s.substr(i, j + 1 - i), nullptr, /*allow_exceptions=*/false);
+  if (!n.is_string() || n.get<std::string>().empty()) return Head::kNo;
+  i = j + 1;
+  ws();
+  if (const Head h = lit(","); h != Head::kYes) return h;
+  ws();
+  const size_t key_at = i;
+  Head key = lit("\"arguments\"");
+  if (key != Head::kYes) {
+    i = key_at;
+    const Head other = lit("\"parameters\"");
+    if (other == Head::kYes) key = other;
+    else return key == Head::kIncomplete || other == Head::kIncomplete ? Head::kIncomplete : Head::kNo;
+  }
+  ws();
+  if (const Head h = lit(":"); h != Head::kYes) return h;
+  ws();
+  if (i == s.size()) return Head::kIncomplete;
+  if (s[i] != '{') return Head::kNo;
+  name = n.get<std::string>();
+  args_at = i;
+  return Head::kYes;
+}
+
 // Whole-output formats: whether the text so far (leading whitespace skipped) is too short to
 // tell calls from text, and whether it opens as calls.
 bool undecided(ToolParser p, std::string_view rest) {
@@ -211,9 +263,18 @@ ToolCallDelta ToolCallSplitter::drain(bool final) {
       continue;
     }
     const size_t end = held_.find(kClose);
+    // The call's text so far: a tail that may be the start of </tool_call> waits.
+    const size_t visible = end != std::string::npos ? end : final ? held_.size() : held_.size() - partial_tag(held_, kClose);
+    stream_call(out, visible);
     if (end == std::string::npos && !final) return out;
-    const std::string body = held_.substr(0, end == std::string::npos ? held_.size() : end);
-    if (auto c = parse_call(body, {"arguments", "parameters"})) {
+    const std::string body = held_.substr(0, visible);
+    std::optional<ToolCall> c = parse_call(body, {"arguments", "parameters"});
+    if (args_at_ != std::string::npos) {
+      // Its fragments are out: the call is released, parsed or as streamed.
+      if (!c) c = ToolCall{streaming_name_, held_.substr(args_at_, args_sent_), "", false};
+      c->streamed = true;
+    }
+    if (c) {
       out.calls.push_back(std::move(*c));
       ++calls_;
     } else {
@@ -221,8 +282,35 @@ ToolCallDelta ToolCallSplitter::drain(bool final) {
     }
     held_.erase(0, end == std::string::npos ? held_.size() : end + kClose.size());
     in_call_ = false;
+    args_at_ = std::string::npos;
+    streaming_name_.clear();
+    args_sent_ = 0;
+    args_done_ = head_checked_ = false;
     if (final && held_.empty()) return out;
   }
+}
+
+void ToolCallSplitter::stream_call(ToolCallDelta& out, size_t visible) {
+  const std::string_view text = std::string_view(held_).substr(0, visible);
+  if (args_at_ == std::string::npos && !head_checked_) {
+    std::string name;
+    size_t at = 0;
+    const Head h = call_head(text, name, at);
+    if (h == Head::kNo) head_checked_ = true;
+    if (h != Head::kYes) return;
+    args_at_ = at;
+    streaming_name_ = name;
+    out.fragments.push_back({size_t(calls_), name, ""});
+  }
+  if (args_at_ == std::string::npos || args_done_) return;
+  const size_t close = object_end(text, args_at_);
+  const size_t upto = close == std::string_view::npos ? text.size() : close;
+  args_done_ = close != std::string_view::npos;
+  if (upto <= args_at_ + args_sent_) return;
+  std::string piece(text.substr(args_at_ + args_sent_, upto - args_at_ - args_sent_));
+  args_sent_ += piece.size();
+  if (!out.fragments.empty() && out.fragments.back().call == size_t(calls_)) out.fragments.back().arguments += piece;
+  else out.fragments.push_back({size_t(calls_), "", std::move(piece)});
 }
 
 ToolCallDelta parse_tool_calls(ToolParser parser, std::string_view text) {
@@ -230,6 +318,7 @@ ToolCallDelta parse_tool_calls(ToolParser parser, std::string_view text) {
   ToolCallDelta a = s.feed(text), b = s.finish();
   a.content += b.content;
   for (auto& c : b.calls) a.calls.push_back(std::move(c));
+  for (auto& f : b.fragments) a.fragments.push_back(std::move(f));
   return a;
 }
 

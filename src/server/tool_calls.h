@@ -29,17 +29,32 @@ struct ToolCall {
   std::string name;
   std::string arguments;  // a JSON object's compact text, as OpenAI's API returns it
   std::string id;         // given by the server as the call is read ("call_...")
+  bool streamed = false;  // its name and arguments went out as fragments before it closed
+};
+
+// A piece of a call still being written (hermes): the first names the call, the rest carry
+// the next text of its arguments, as OpenAI streams delta.tool_calls. The pieces' arguments
+// put together are the model's text of the arguments object.
+struct ToolCallFragment {
+  size_t call = 0;        // the call's number in the output (its index among the calls)
+  std::string name;       // on the call's first fragment only
+  std::string arguments;  // the next piece of the arguments' text (may be empty)
 };
 
 struct ToolCallDelta {
   std::string content;          // text that is not a tool call
   std::vector<ToolCall> calls;  // calls completed by this piece
+  std::vector<ToolCallFragment> fragments;  // pieces of calls not yet complete (and completing)
 };
 
 // Splits one choice's output, fed in pieces as it streams, into content and tool calls.
-// Text that might begin a call is held back until the next piece decides it; a call is
-// released whole once it closes; finish() parses what is held (an unclosed hermes call,
-// the llama3_json body) and releases the rest as content.
+// Text that might begin a call is held back until the next piece decides it; a hermes call
+// that opens as {"name": ..., "arguments": { streams as fragments (its name, then its
+// arguments as they are written) and is released as a call, marked streamed, once it
+// closes; other calls are released whole; finish() parses what is held (an unclosed hermes
+// call, the llama3_json body) and releases the rest as content. A streamed call whose
+// whole text then fails to parse is still released (its fragments are out), with the
+// arguments as streamed.
 class ToolCallSplitter {
  public:
   explicit ToolCallSplitter(ToolParser parser) : parser_(parser) {}
@@ -49,12 +64,23 @@ class ToolCallSplitter {
 
  private:
   ToolCallDelta drain(bool final);
+  // hermes, inside a call whose text so far is held_[0, visible): its head's fragment once
+  // read, then the arguments written since.
+  void stream_call(ToolCallDelta& out, size_t visible);
   ToolParser parser_;
   std::string held_;
   bool decided_ = false;  // llama3_json: whether the output is tool calls was decided
   bool json_body_ = false;  // llama3_json, mistral: it is (calls are parsed at the end)
   bool in_call_ = false;    // hermes: inside <tool_call>
   int calls_ = 0;
+  // hermes, inside a call: where its arguments object starts in held_ (npos: the call's
+  // head is not read yet, or it does not open as name then arguments), the call's name,
+  // how much of the arguments has gone out, and whether all of it has.
+  size_t args_at_ = std::string::npos;
+  std::string streaming_name_;
+  size_t args_sent_ = 0;
+  bool args_done_ = false;
+  bool head_checked_ = false;  // the head was read and does not stream
 };
 
 // Whole-output convenience: feed(text) + finish().

@@ -3,6 +3,7 @@
 // text, and held-back partial tags.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
 #include <random>
 
 #include "server/tool_calls.h"
@@ -20,12 +21,42 @@ ToolCallDelta streamed(ToolParser p, const std::string& text, std::vector<size_t
     ToolCallDelta d = s.feed(std::string_view(text).substr(at, cut - at));
     all.content += d.content;
     for (auto& c : d.calls) all.calls.push_back(c);
+    for (auto& f : d.fragments) all.fragments.push_back(f);
     at = cut;
   }
   ToolCallDelta d = s.finish();
   all.content += d.content;
   for (auto& c : d.calls) all.calls.push_back(c);
+  for (auto& f : d.fragments) all.fragments.push_back(f);
   return all;
+}
+
+// The fragments agree with the calls: a streamed call's first fragment names it and the
+// rest follow in order with its arguments' text (the same JSON value as the call's); a
+// call released whole has none.
+void expect_fragments_agree(const ToolCallDelta& d, const std::string& where) {
+  for (size_t k = 0; k < d.calls.size(); ++k) {
+    std::string args;
+    int named = 0, pieces = 0;
+    for (const ToolCallFragment& f : d.fragments)
+      if (f.call == k) {
+        if (!f.name.empty()) {
+          EXPECT_EQ(pieces, 0) << where << ": the name comes first";
+          EXPECT_EQ(f.name, d.calls[k].name) << where;
+          ++named;
+        }
+        ++pieces;
+        args += f.arguments;
+      }
+    if (!d.calls[k].streamed) {
+      EXPECT_EQ(pieces, 0) << where << ": call " << k << " came whole";
+      continue;
+    }
+    EXPECT_EQ(named, 1) << where;
+    const auto streamed = nlohmann::json::parse(args, nullptr, false);
+    EXPECT_EQ(streamed, nlohmann::json::parse(d.calls[k].arguments)) << where << ": " << args;
+  }
+  for (const ToolCallFragment& f : d.fragments) EXPECT_LT(f.call, d.calls.size()) << where << ": a fragment of no call";
 }
 
 // Every single split, and random multi-way splits, give the whole-text result.
@@ -38,7 +69,9 @@ void expect_any_split_agrees(ToolParser p, const std::string& text) {
     for (size_t i = 0; i < d.calls.size(); ++i) {
       EXPECT_EQ(d.calls[i].name, whole.calls[i].name);
       EXPECT_EQ(d.calls[i].arguments, whole.calls[i].arguments);
+      EXPECT_EQ(d.calls[i].streamed, whole.calls[i].streamed);
     }
+    expect_fragments_agree(d, "split at " + std::to_string(cut));
   }
   std::mt19937 rng(7);
   for (int trial = 0; trial < 50; ++trial) {
@@ -48,6 +81,7 @@ void expect_any_split_agrees(ToolParser p, const std::string& text) {
     ToolCallDelta d = streamed(p, text, cuts);
     EXPECT_EQ(d.content, whole.content);
     EXPECT_EQ(d.calls.size(), whole.calls.size());
+    expect_fragments_agree(d, "random split");
   }
 }
 
@@ -63,6 +97,58 @@ TEST(ToolCalls, HermesCallsAfterText) {
   EXPECT_EQ(d.calls[1].name, "get_time");
   EXPECT_EQ(d.calls[1].arguments, "{}");
   expect_any_split_agrees(ToolParser::kHermes, out);
+}
+
+// A hermes call opening {"name": ..., "arguments": { streams: its name as soon as the head
+// is read, then its arguments as they are written, held back only where a tail may be
+// </tool_call>; a call in another key order or with string arguments comes whole.
+TEST(ToolCalls, HermesCallsStreamAsFragments) {
+  ToolCallSplitter s(ToolParser::kHermes);
+  ToolCallDelta d = s.feed("Sure.\n<tool_call>\n{\"name\": \"write_file\", \"argu");
+  EXPECT_EQ(d.content, "Sure.\n");
+  EXPECT_TRUE(d.fragments.empty());
+  d = s.feed("ments\": {\"path\": \"a.txt\", ");
+  ASSERT_EQ(d.fragments.size(), 1u);
+  EXPECT_EQ(d.fragments[0].call, 0u);
+  EXPECT_EQ(d.fragments[0].name, "write_file");
+  EXPECT_EQ(d.fragments[0].arguments, "{\"path\": \"a.txt\", ");
+  d = s.feed("\"text\": \"line one\\nline }two\"");
+  ASSERT_EQ(d.fragments.size(), 1u);
+  EXPECT_EQ(d.fragments[0].name, "");
+  EXPECT_EQ(d.fragments[0].arguments, "\"text\": \"line one\\nline }two\"");
+  d = s.feed("}}\n</tool");
+  ASSERT_EQ(d.fragments.size(), 1u);
+  EXPECT_EQ(d.fragments[0].arguments, "}");  // the call's own brace and the tag's start wait
+  EXPECT_TRUE(d.calls.empty());
+  d = s.feed("_call>\n<tool_call>{\"name\": \"g\", \"parameters\": {}}</tool_call>");
+  ASSERT_EQ(d.calls.size(), 2u);
+  EXPECT_TRUE(d.calls[0].streamed);
+  EXPECT_EQ(d.calls[0].arguments, R"({"path":"a.txt","text":"line one\nline }two"})");
+  EXPECT_TRUE(d.calls[1].streamed);
+  ASSERT_EQ(d.fragments.size(), 1u);  // the second call's name and its arguments at once
+  EXPECT_EQ(d.fragments[0].call, 1u);
+  EXPECT_EQ(d.fragments[0].name, "g");
+  EXPECT_EQ(d.fragments[0].arguments, "{}");
+  EXPECT_EQ(s.finish().content, "");
+
+  const std::string mixed =
+      "<tool_call>{\"arguments\": {\"x\": 1}, \"name\": \"f\"}</tool_call>\n"
+      "<tool_call>{\"name\": \"h\", \"arguments\": \"{\\\"y\\\": 2}\"}</tool_call>\n"
+      "<tool_call>{\"name\": \"k\", \"arguments\": {\"z\": [1, {\"w\": \"}\"}]}}</tool_call>";
+  ToolCallDelta all = parse_tool_calls(ToolParser::kHermes, mixed);
+  ASSERT_EQ(all.calls.size(), 3u);
+  EXPECT_FALSE(all.calls[0].streamed);
+  EXPECT_FALSE(all.calls[1].streamed);
+  EXPECT_EQ(all.calls[1].arguments, R"({"y":2})");
+  EXPECT_TRUE(all.calls[2].streamed);
+  expect_any_split_agrees(ToolParser::kHermes, mixed);
+
+  // Streamed, then cut off (max_tokens): the call is released with what was streamed.
+  all = parse_tool_calls(ToolParser::kHermes, "<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": [1, 2");
+  ASSERT_EQ(all.calls.size(), 1u);
+  EXPECT_TRUE(all.calls[0].streamed);
+  EXPECT_EQ(all.calls[0].arguments, "{\"x\": [1, 2");
+  EXPECT_EQ(all.content, "");
 }
 
 TEST(ToolCalls, HermesPlainTextAndLookalikes) {
