@@ -248,16 +248,17 @@ ToolCallDelta ToolCallSplitter::drain(bool final) {
         const size_t keep = final ? 0 : partial_tag(held_, kOpen);
         std::string text = held_.substr(0, held_.size() - keep);
         // Whitespace between and after calls is not content; before text it is.
-        if (calls_ > 0 && all_space(text)) {
+        if (after_call_ && all_space(text)) {
           if (final) held_.clear();
           return out;
         }
         out.content += text;
+        after_call_ = false;
         held_.erase(0, held_.size() - keep);
         return out;
       }
       const std::string before = held_.substr(0, at);
-      if (!(calls_ > 0 && all_space(before))) out.content += before;
+      if (!(after_call_ && all_space(before))) out.content += before;
       held_.erase(0, at + kOpen.size());
       in_call_ = true;
       continue;
@@ -268,11 +269,15 @@ ToolCallDelta ToolCallSplitter::drain(bool final) {
     stream_call(out, visible);
     if (end == std::string::npos && !final) return out;
     const std::string body = held_.substr(0, visible);
-    std::optional<ToolCall> c = parse_call(body, {"arguments", "parameters"});
+    std::optional<ToolCall> c;
     if (args_at_ != std::string::npos) {
-      // Its fragments are out: the call is released, parsed or as streamed.
-      if (!c) c = ToolCall{streaming_name_, held_.substr(args_at_, args_sent_), "", false};
-      c->streamed = true;
+      // Its fragments are out: the call is what they said (its arguments compact once they
+      // parse, else as streamed), whatever else the body holds.
+      std::string args = held_.substr(args_at_, args_sent_);
+      const Json a = Json::parse(args, nullptr, /*allow_exceptions=*/false);
+      c = ToolCall{streaming_name_, a.is_object() ? a.dump() : std::move(args), "", true};
+    } else {
+      c = parse_call(body, {"arguments", "parameters"});
     }
     if (c) {
       out.calls.push_back(std::move(*c));
@@ -280,6 +285,7 @@ ToolCallDelta ToolCallSplitter::drain(bool final) {
     } else {
       out.content += std::string(kOpen) + body + (end == std::string::npos ? "" : std::string(kClose));
     }
+    after_call_ = bool(c);
     held_.erase(0, end == std::string::npos ? held_.size() : end + kClose.size());
     in_call_ = false;
     args_at_ = std::string::npos;

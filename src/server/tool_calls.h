@@ -52,9 +52,10 @@ struct ToolCallDelta {
 // that opens as {"name": ..., "arguments": { streams as fragments (its name, then its
 // arguments as they are written) and is released as a call, marked streamed, once it
 // closes; other calls are released whole; finish() parses what is held (an unclosed hermes
-// call, the llama3_json body) and releases the rest as content. A streamed call whose
-// whole text then fails to parse is still released (its fragments are out), with the
-// arguments as streamed.
+// call, the llama3_json body) and releases the rest as content. A streamed call is
+// released as its fragments said, even when the rest of its text does not parse (cut off,
+// or junk after the arguments): its name and arguments (compact when they parse, else as
+// streamed) are out already.
 class ToolCallSplitter {
  public:
   explicit ToolCallSplitter(ToolParser parser) : parser_(parser) {}
@@ -73,6 +74,7 @@ class ToolCallSplitter {
   bool json_body_ = false;  // llama3_json, mistral: it is (calls are parsed at the end)
   bool in_call_ = false;    // hermes: inside <tool_call>
   int calls_ = 0;
+  bool after_call_ = false;  // hermes: a call closed and no text has come since
   // hermes, inside a call: where its arguments object starts in held_ (npos: the call's
   // head is not read yet, or it does not open as name then arguments), the call's name,
   // how much of the arguments has gone out, and whether all of it has.

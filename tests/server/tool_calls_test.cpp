@@ -97,6 +97,12 @@ TEST(ToolCalls, HermesCallsAfterText) {
   EXPECT_EQ(d.calls[1].name, "get_time");
   EXPECT_EQ(d.calls[1].arguments, "{}");
   expect_any_split_agrees(ToolParser::kHermes, out);
+  // Text between calls keeps its whitespace however it arrives (found by tool_calls_fuzz:
+  // a line break after the text, in a piece of its own, was taken for space between calls).
+  const std::string between = "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>\nsee below\n"
+                              "<tool_call>{\"name\": \"g\", \"arguments\": {}}</tool_call>\n";
+  EXPECT_EQ(parse_tool_calls(ToolParser::kHermes, between).content, "\nsee below\n");
+  expect_any_split_agrees(ToolParser::kHermes, between);
 }
 
 // A hermes call opening {"name": ..., "arguments": { streams: its name as soon as the head

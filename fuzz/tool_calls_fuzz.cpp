@@ -1,0 +1,69 @@
+// libFuzzer target for the tool-call parsers (server/tool_calls.h), which read what a
+// model writes: any output, whole or fed in pieces, must split into the same content and
+// calls (names, arguments, whether streamed), and a streamed call's fragments must name it
+// first and put together the text of its arguments (the same JSON value once it parses).
+// The first byte picks the parser and the piece sizes; the rest is the output. Any crash,
+// sanitizer report or disagreement (a trap) is a bug. Seed the corpus with calls, e.g.
+// printf '\0<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>' > seeds/hermes.
+#include <cstddef>
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+
+#include "server/tool_calls.h"
+
+namespace {
+
+using kiln::server::ToolCallDelta;
+
+void check(bool ok) {
+  if (!ok) __builtin_trap();
+}
+
+void append(ToolCallDelta& all, ToolCallDelta d) {
+  all.content += d.content;
+  for (auto& c : d.calls) all.calls.push_back(std::move(c));
+  for (auto& f : d.fragments) all.fragments.push_back(std::move(f));
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size < 1 || size > 8192) return 0;
+  using kiln::server::ToolParser;
+  const ToolParser parsers[] = {ToolParser::kHermes, ToolParser::kLlama3Json, ToolParser::kMistral, ToolParser::kNone};
+  const ToolParser p = parsers[data[0] % 4];
+  const size_t step = 1 + data[0] / 4 % 13;  // piece sizes cycle 1..step
+  const std::string_view text(reinterpret_cast<const char*>(data + 1), size - 1);
+
+  const ToolCallDelta whole = kiln::server::parse_tool_calls(p, text);
+  kiln::server::ToolCallSplitter s(p);
+  ToolCallDelta all;
+  for (size_t at = 0, n = 1; at < text.size(); at += n, n = n % step + 1) append(all, s.feed(text.substr(at, n)));
+  append(all, s.finish());
+
+  check(all.content == whole.content);
+  check(all.calls.size() == whole.calls.size());
+  for (size_t k = 0; k < all.calls.size(); ++k) {
+    const auto& c = all.calls[k];
+    check(c.name == whole.calls[k].name && c.arguments == whole.calls[k].arguments &&
+          c.streamed == whole.calls[k].streamed);
+    std::string args;
+    int pieces = 0;
+    for (const auto& f : all.fragments)
+      if (f.call == k) {
+        check(f.name.empty() == (pieces > 0));  // the first piece, and only it, names the call
+        check(f.name.empty() || f.name == c.name);
+        args += f.arguments;
+        ++pieces;
+      }
+    check(c.streamed == (pieces > 0));
+    if (!c.streamed) continue;
+    const auto parsed = nlohmann::json::parse(c.arguments, nullptr, false);
+    if (parsed.is_discarded()) check(args == c.arguments);
+    else check(nlohmann::json::parse(args, nullptr, false) == parsed);
+  }
+  for (const auto& f : all.fragments) check(f.call < all.calls.size());
+  return 0;
+}
