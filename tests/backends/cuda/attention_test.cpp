@@ -894,7 +894,10 @@ TEST(CudaAttention, PackedQkvQuantizedCachesMatchCpu) {
           auto steps = packed_steps(c, dt, blocks, rot, rng);
           KvLayout kv{.num_layers = 1, .num_blocks = blocks, .block_size = c.block_size, .num_kv_heads = c.hkv,
                       .head_dim = c.d, .dtype = kd};
-          const double tol = rot == 0 ? quantized_tolerance(dt) : kd == KvDType::kInt8 ? 2e-2 : 4e-2;
+          // Rotated in the kernel: a key whose f32 rotation differs from the CPU's in the last
+          // bit can round to the neighbouring code, one E4M3 step (2^-4 relative) for fp8;
+          // with 16-bit inputs that gave up to 0.041 on the H100 (2026-12-06).
+          const double tol = rot == 0 ? quantized_tolerance(dt) : kd == KvDType::kInt8 ? 2e-2 : 5e-2;
           // Without and with a key shift: the rotated keys' quantizing writes (prefill and
           // the fused decode kernels) subtract it as the CPU does.
           for (bool shifted : {false, true})

@@ -433,7 +433,9 @@ TEST(CudaQuantizedKv, DecoderMatchesCpuWithTheSameCacheDtype) {
         }
         const int64_t v = gpu->info().vocab_size;
         const double tol = dt == "f32" ? 1e-2 : (kv == "fp8" ? 2e-1 : 1e-1) * bf16_factor(family);
-        const double tie = dt == "bf16" && kv == "fp8" ? 5e-2 : 2e-2;
+        // A flip of the argmax needs a gap within the logits' error: bf16 logits move up to
+        // 3.4% (int8) and 7.7% (fp8) of their largest here (H100, 2026-12-06).
+        const double tie = dt == "bf16" ? 5e-2 : 2e-2;
         for (size_t i = 0; i < prompts.size(); ++i) {
           LlmRunner rc(*cpu, {.block_size = 4}), rg(*gpu, {.block_size = 4});
           int32_t sc = rc.add_sequence(prompts[i]), sg = rg.add_sequence(prompts[i]);
