@@ -79,6 +79,14 @@ std::string json_schema_to_gbnf(const nlohmann::ordered_json& schema);
 // grammar_from_gbnf(json_schema_to_gbnf(schema)).
 std::shared_ptr<const Grammar> grammar_from_json_schema(const nlohmann::ordered_json& schema);
 
+// A regex (the subset JSON Schema's `pattern` takes: literals, escapes, classes, '.', groups,
+// '|', quantifiers; ^ and $ only at the ends) -> GBNF for text that matches it whole, as
+// vLLM's guided_regex and Outlines constrain it ('.' is any character but a line break).
+// Throws kInvalidArgument ("regex: ...") naming what is not supported.
+std::string regex_to_gbnf(std::string_view pattern);
+// grammar_from_gbnf(regex_to_gbnf(pattern)).
+std::shared_ptr<const Grammar> grammar_from_regex(std::string_view pattern);
+
 namespace grammar_detail {
 // Code point ranges [first, last]; cp_normalize sorts and merges them, cp_complement takes a
 // normalized set's complement within [0, U+10FFFF]. Shared by the GBNF and schema compilers.

@@ -15,6 +15,9 @@ constexpr char32_t kMaxCodePoint = 0x10FFFF;
 // json_schema.cpp: one character of a JSON string's content that is in `set`, as GBNF (the
 // plain ones as themselves, '"', '\\' and control characters escaped).
 std::string json_char_set(const CpRanges& set);
+// json_schema.cpp: one character in `set` as it is (a GBNF class; surrogates left out); ""
+// when the set is empty.
+std::string raw_char_set(const CpRanges& set);
 // json_schema.cpp: the GBNF repetition suffix for min to max times (max < 0: unbounded).
 std::string count_suffix(int64_t min, int64_t max);
 

@@ -354,6 +354,11 @@ CpRanges cp_without_surrogates(const CpRanges& r) {
 
 namespace grammar_detail {
 
+std::string raw_char_set(const CpRanges& set) {
+  const CpRanges r = cp_without_surrogates(set);
+  return r.empty() ? std::string() : gbnf_class(r);
+}
+
 // One character of a JSON string's content that is in `set`, as it may be written: the
 // plain ones as themselves, '"', '\\' and control characters escaped ('/' either way).
 std::string json_char_set(const CpRanges& raw) {

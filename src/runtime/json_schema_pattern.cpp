@@ -1,5 +1,6 @@
 // JSON Schema's `pattern` (a regex subset, ECMA-262 syntax) -> GBNF for the content of a JSON
-// string, used by the schema compiler (json_schema.cpp lists what is supported). Tested in
+// string, used by the schema compiler (json_schema.cpp lists what is supported); the same
+// subset as a whole-output constraint (regex_to_gbnf: vLLM's guided_regex). Tested in
 // tests/runtime/grammar_test.cpp; fuzzed by fuzz/grammar_fuzz.cpp.
 #include <algorithm>
 #include <cctype>
@@ -19,14 +20,17 @@ using grammar_detail::CpRanges;
 using grammar_detail::cp_complement;
 using grammar_detail::cp_normalize;
 using grammar_detail::json_char_set;
+using grammar_detail::raw_char_set;
 
 constexpr int kMaxPatternNesting = 256;  // groups in a pattern (they are parsed recursively)
 
 // A practical regex subset (ECMA-262 syntax, as JSON Schema's `pattern`) -> GBNF for the
-// content of a JSON string: what lies between its quotes, escapes included.
+// content of a JSON string (what lies between its quotes, escapes included; unanchored sides
+// match any characters), or (raw) for text that matches the whole pattern, as it is.
 class PatternCompiler {
  public:
-  PatternCompiler(std::string_view pattern, std::string where) : where_(std::move(where)) {
+  // `where` starts every error ("JSON schema at #/x: pattern", "regex").
+  PatternCompiler(std::string_view pattern, std::string where, bool raw) : where_(std::move(where)), raw_(raw) {
     if (tok::utf8_find_invalid(pattern) != std::string::npos) fail("the pattern is not valid UTF-8");
     p_ = tok::utf8_to_cps(pattern);
   }
@@ -47,13 +51,14 @@ class PatternCompiler {
     end_ = end;
     const std::string body = alternation(true).text;
     if (i_ != end_) fail("unmatched ')'");
+    if (raw_) return body;  // the whole text matches, anchors or not
     return (anchored_start ? "" : "char* ") + body + (anchored_end ? "" : " char*");
   }
 
  private:
   template <typename... Args>
   [[noreturn]] void fail(const Args&... args) const {
-    throw_error(ErrorCode::kInvalidArgument, "JSON schema at ", where_, ": pattern: ", args...,
+    throw_error(ErrorCode::kInvalidArgument, where_, ": ", args...,
                 " (supported: literals, escapes, classes, '.', groups, '|', quantifiers, ^ and $ at the ends)");
   }
   bool more() const { return i_ < end_; }
@@ -69,7 +74,8 @@ class PatternCompiler {
     Piece out = sequence();
     out.text = "( " + out.text;
     while (more() && p_[i_] == '|') {
-      if (top && (p_[0] == '^' || end_ < p_.size())) fail("group a top-level '|' inside the anchors: ^(a|b)$");
+      if (top && !raw_ && (p_[0] == '^' || end_ < p_.size()))
+        fail("group a top-level '|' inside the anchors: ^(a|b)$");
       ++i_;
       const Piece seq = sequence();
       out.text += " | " + seq.text;
@@ -142,12 +148,12 @@ class PatternCompiler {
         --nesting_;
         return inner;
       }
-      case '[': return {json_char_set(char_class())};
-      case '.': return {json_char_set(cp_complement({{'\n', '\n'}, {'\r', '\r'}, {0x2028, 0x2029}}))};
-      case '\\': return {json_char_set(escape())};
+      case '[': return {char_set(char_class())};
+      case '.': return {char_set(cp_complement({{'\n', '\n'}, {'\r', '\r'}, {0x2028, 0x2029}}))};
+      case '\\': return {char_set(escape())};
       case '^': case '$': fail("an anchor inside the pattern");
       case '*': case '+': case '?': fail("nothing to repeat");
-      default: return {json_char_set({{c, c}})};
+      default: return {char_set({{c, c}})};
     }
   }
 
@@ -190,6 +196,14 @@ class PatternCompiler {
     }
   }
 
+  // One character of `set`: as a JSON string writes it, or as it is.
+  std::string char_set(const CpRanges& set) const {
+    if (!raw_) return json_char_set(set);
+    std::string out = raw_char_set(set);
+    if (out.empty()) fail("a class that matches no character");
+    return out;
+  }
+
   static bool single(const CpRanges& r) { return r.size() == 1 && r[0].first == r[0].second; }
 
   CpRanges char_class() {
@@ -226,6 +240,7 @@ class PatternCompiler {
   }
 
   std::string where_;
+  bool raw_ = false;
   std::vector<char32_t> p_;
   size_t i_ = 0;
   size_t end_ = 0;
@@ -235,7 +250,15 @@ class PatternCompiler {
 }  // namespace
 
 std::string grammar_detail::json_pattern_to_gbnf(std::string_view pattern, std::string where) {
-  return PatternCompiler(pattern, std::move(where)).compile();
+  return PatternCompiler(pattern, "JSON schema at " + where + ": pattern", /*raw=*/false).compile();
+}
+
+std::string regex_to_gbnf(std::string_view pattern) {
+  return "root ::= " + PatternCompiler(pattern, "regex", /*raw=*/true).compile() + "\n";
+}
+
+std::shared_ptr<const Grammar> grammar_from_regex(std::string_view pattern) {
+  return grammar_from_gbnf(regex_to_gbnf(pattern));
 }
 
 }  // namespace kiln

@@ -8,6 +8,9 @@
 #include <cstdlib>
 #include <limits>
 
+#include "core/status.h"
+#include "runtime/grammar.h"
+
 namespace kiln::server {
 
 Json error_body(int status, const std::string& message, const std::string& type,
@@ -212,8 +215,18 @@ void parse_sampling(const Json& j, CompletionParams& p, const RequestLimits& lim
         if (!x.is_string() || x.get<std::string>().empty()) bad_type(key, "a non-empty array of non-empty strings");
         p.guided_choice.push_back(x.get<std::string>());
       }
-    } else {  // regex, whitespace_pattern, structural_tag: they would change the output
-      throw ApiError(400, "'" + key + "' is not supported (json, grammar and choice are)", key);
+    } else if (kind == "regex") {
+      // The whole output matches it: compiled here to GBNF, so a bad pattern is named at once.
+      if (!v.is_string() || v.get<std::string>().empty()) bad_type(key, "a non-empty regular expression");
+      if (!p.grammar.empty()) throw ApiError(400, "more than one grammar or regex given", key);
+      if (v.get<std::string>().size() > 65536) throw ApiError(400, "'" + key + "' is longer than 64 KiB", key);
+      try {
+        p.grammar = regex_to_gbnf(v.get<std::string>());
+      } catch (const Error& e) {
+        throw ApiError(400, "'" + key + "': " + e.what(), key);
+      }
+    } else {  // whitespace_pattern, structural_tag: they would change the output
+      throw ApiError(400, "'" + key + "' is not supported (json, grammar, regex and choice are)", key);
     }
   };
   for (const char* kind : {"json", "grammar", "choice", "regex", "whitespace_pattern"})

@@ -15,6 +15,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -587,6 +588,43 @@ TEST(JsonSchemaNumbers, NumberBoundsAreExact) {
   // In an object, as pydantic writes a bounded float field.
   expect_schema(R"({"type":"object","properties":{"p":{"type":"number","minimum":0,"maximum":1}},"required":["p"]})",
                 {R"({"p":0.25})", R"({"p": 1})", R"({"p":0})"}, {R"({"p":1.01})", R"({"p":-0.1})", R"({"p":2e-1})"});
+}
+
+// guided_regex: the whole text matches, exactly as std::regex (ECMAScript) decides, over
+// random strings of the patterns' alphabet; quotes and backslashes are plain characters here
+// (no JSON escaping), and unsupported syntax is named.
+TEST(Regex, WholeTextMatchesAsStdRegexDoes) {
+  const char* patterns[] = {"a+b*",          "(ab|cd){2,3}",   "[A-Z][a-z]{1,4}", "\\d{3}-\\d{2}", "^x?y$",
+                            "[^abc]+",       "(a|b)*c",        ".{2}",            "\\w+@\\w+\\.c", "colou?r",
+                            "a|b|",          "[a-c-]+",        "(?:xy)+z?",       "\"\\\\?",         "[\\s0-2]{1,3}",
+                            "(a|(b|c)d)+e?", "x{0}y|[.]{2,}"};
+  const std::string alphabet = "abcdexyzrouAZ0129-@.\"\\ \n";
+  std::mt19937 rng(11);
+  for (const char* pattern : patterns) {
+    SCOPED_TRACE(pattern);
+    GrammarPtr g = grammar_from_regex(pattern);
+    const std::regex want(pattern, std::regex::ECMAScript);
+    std::vector<std::string> docs = {"", "ab", "abcd", "xy", "colour", "color", "\"", "\"\\", "012", "aaab", "e"};
+    for (int k = 0; k < 4000; ++k) {
+      std::string s(rng() % 8, ' ');
+      for (char& ch : s) ch = alphabet[rng() % alphabet.size()];
+      docs.push_back(s);
+    }
+    int wrong = 0;
+    for (const std::string& d : docs)
+      if (accepts(g, d) != std::regex_match(d, want) && ++wrong <= 5)
+        ADD_FAILURE() << "'" << d << "' should be " << (std::regex_match(d, want) ? "accepted" : "refused");
+  }
+  EXPECT_TRUE(accepts(grammar_from_regex("caf\u00e9|\\u00e9t\u00e9"), "caf\u00e9"));
+  EXPECT_TRUE(accepts(grammar_from_regex("caf\u00e9|\\u00e9t\u00e9"), "\u00e9t\u00e9"));
+  for (const char* bad : {"a(b", "(?=a)", "\\bword", "a**", "[b-a]", "(\\1)"}) {
+    try {
+      grammar_from_regex(bad);
+      ADD_FAILURE() << bad << " compiled";
+    } catch (const Error& e) {
+      EXPECT_EQ(std::string(e.what()).rfind("regex: ", 0), 0u) << e.what();
+    }
+  }
 }
 
 TEST(JsonSchemaWhitespace, IsBounded) {

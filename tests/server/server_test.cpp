@@ -5,10 +5,10 @@
 // a tensor-parallel (TP=2) model served like any other; swap preemption and its metrics.
 #include <gtest/gtest.h>
 
-#include <fstream>
-
 #include <atomic>
 #include <cmath>
+#include <fstream>
+#include <regex>
 #include <thread>
 
 #include "../frontends/test_util.h"
@@ -357,9 +357,16 @@ TEST_F(ServerTest, BadInputIsAClear4xxAndTheServerIsUnaffected) {
        400, "needs a model with a tokenizer"},
       {"/v1/completions", R"({"model":"llama","prompt":[1,2],"guided_choice":["a"],"grammar":"root ::= \"a\""})", 400,
        "at most one"},
-      {"/v1/completions", R"({"model":"llama","prompt":[1,2],"guided_regex":"a+"})", 400, "guided_regex"},
+      {"/v1/completions", R"({"model":"llama","prompt":[1,2],"guided_regex":"a(b"})", 400,
+       "'guided_regex': regex: '(' is not closed"},
+      {"/v1/completions", R"({"model":"llama","prompt":[1,2],"guided_regex":"(?=a)b"})", 400, "lookarounds"},
+      {"/v1/completions", R"({"model":"llama","prompt":[1,2],"guided_regex":""})", 400, "guided_regex"},
       {"/v1/completions", R"({"model":"llama","prompt":[1,2],"structured_outputs":{"regex":"a+"}})", 400,
-       "'structured_outputs.regex' is not supported"},
+       "needs a model with a tokenizer"},
+      {"/v1/completions", R"({"model":"llama","prompt":[1,2],"structured_outputs":{"regex":"a+"},"grammar":"root ::= \"a\""})",
+       400, "more than one grammar"},
+      {"/v1/completions", R"({"model":"llama","prompt":[1,2],"structured_outputs":{"whitespace_pattern":" "}})", 400,
+       "'structured_outputs.whitespace_pattern' is not supported"},
       {"/v1/completions", R"({"model":"llama","prompt":[1,2],"structured_outputs":{"choice":[]}})", 400,
        "structured_outputs.choice"},
       {"/v1/completions", R"({"model":"llama","prompt":[1,2],"structured_outputs":{"choice":["a"]},"guided_choice":["b"]})",
@@ -1087,6 +1094,17 @@ TEST_F(RealModelServerTest, JsonSchemaChoiceAndGrammarConstrainTheOutput) {
     EXPECT_EQ(text[text.size() - 5], ' ') << text;
     for (size_t i = text.size() - 4; i < text.size(); ++i) EXPECT_TRUE(std::isdigit(static_cast<unsigned char>(text[i]))) << text;
   }
+  // vLLM's guided_regex: the whole text matches (\d, classes, counted repeats, '|').
+  pick.erase("guided_grammar");
+  pick["guided_regex"] = R"((Paris|Lyon), [A-Z]{2} \d{2,3}\.)";
+  auto re = post(srv_->port(), "/v1/completions", pick);
+  ASSERT_EQ(re.status, 200) << re.body;
+  for (const Json& ch : re.json()["choices"]) {
+    const std::string text = ch["text"];
+    EXPECT_EQ(ch["finish_reason"], "stop") << text;
+    EXPECT_TRUE(std::regex_match(text, std::regex(R"((Paris|Lyon), [A-Z]{2} \d{2,3}\.)"))) << text;
+  }
+  pick.erase("guided_regex");
   pick["guided_grammar"] = "root ::= missing";
   auto bad = post(srv_->port(), "/v1/completions", pick);
   EXPECT_EQ(bad.status, 400);

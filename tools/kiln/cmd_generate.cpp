@@ -1,6 +1,6 @@
 // `kiln generate`: greedy continuation of a prompt (text through the model's own
 // tokenizer, or raw token ids), streamed as it decodes, with timing on stderr; optionally
-// constrained to a JSON Schema or a GBNF grammar (runtime/grammar.h).
+// constrained to a JSON Schema, a GBNF grammar or a regex (runtime/grammar.h).
 #include <chrono>
 #include <cstdio>
 
@@ -30,6 +30,7 @@ struct GenerateArgs {
   double kv_fraction = 0;
   std::string json_schema;  // a schema's JSON text, or @FILE
   std::string grammar;      // GBNF text, or @FILE
+  std::string regex;        // a regex the whole output matches
 };
 
 // "@path" reads the file; anything else is the text itself.
@@ -90,13 +91,16 @@ int run_generate(const GenerateArgs& a) {
   std::optional<GrammarState> doc;
   std::optional<GrammarTokenMask> mask;
   std::shared_ptr<const TokenTrie> trie;
-  if (!a.json_schema.empty() || !a.grammar.empty()) {
-    if (!tokenizer) throw_error(ErrorCode::kInvalidArgument, "--json-schema and --grammar need a model with a tokenizer");
+  if (!a.json_schema.empty() || !a.grammar.empty() || !a.regex.empty()) {
+    if (!tokenizer)
+      throw_error(ErrorCode::kInvalidArgument, "--json-schema, --grammar and --regex need a model with a tokenizer");
     std::shared_ptr<const Grammar> g;
     if (!a.json_schema.empty()) {
       const auto schema = nlohmann::ordered_json::parse(text_or_file(a.json_schema), nullptr, false);
       if (schema.is_discarded()) throw_error(ErrorCode::kInvalidArgument, "--json-schema is not valid JSON");
       g = grammar_from_json_schema(schema);
+    } else if (!a.regex.empty()) {
+      g = grammar_from_regex(a.regex);
     } else {
       g = grammar_from_gbnf(text_or_file(a.grammar));
     }
@@ -169,8 +173,14 @@ Runner add_generate(CLI::App& app) {
   add_kv_dtype_option(cmd, a->model.kv_cache_dtype, a->model.kv_calib);
   auto* js = cmd->add_option("--json-schema", a->json_schema,
                              "constrain the output to a JSON document of this schema (its JSON text, or @FILE)");
-  cmd->add_option("--grammar", a->grammar, "constrain the output to this GBNF grammar (llama.cpp's syntax; text or @FILE)")
-      ->excludes(js);
+  auto* gr = cmd->add_option("--grammar", a->grammar,
+                             "constrain the output to this GBNF grammar (llama.cpp's syntax; text or @FILE)")
+                 ->excludes(js);
+  cmd->add_option("--regex", a->regex,
+                  "constrain the output to text that matches this regex whole (JSON Schema's pattern subset: "
+                  "classes, groups, '|', quantifiers; '.' is any character but a line break)")
+      ->excludes(js)
+      ->excludes(gr);
   return [a, cmd] {
     if (a->prompt.empty() && a->ids.empty())
       throw_error(ErrorCode::kInvalidArgument, "generate needs --prompt TEXT or --ids IDS");
