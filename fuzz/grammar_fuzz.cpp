@@ -1,8 +1,8 @@
-// libFuzzer target: the constrained-decoding grammar compilers (grammar_from_gbnf, and
-// grammar_from_json_schema on whatever parses as JSON) on arbitrary bytes, then a document
-// fed to a GrammarState in chunks and a GrammarTokenMask over a small fixed vocabulary. The
-// first byte picks the mode (even: GBNF, odd: JSON schema) and, with the second, where the
-// grammar ends and the document begins. Any crash, sanitizer report, hang, runaway memory or
+// libFuzzer target: the constrained-decoding grammar compilers (grammar_from_gbnf,
+// grammar_from_json_schema on whatever parses as JSON, grammar_from_regex) on arbitrary bytes,
+// then a document fed to a GrammarState in chunks and a GrammarTokenMask over a small fixed
+// vocabulary. The first byte picks the mode (mod 3: GBNF, JSON schema, regex) and, with the
+// second, where the grammar ends and the document begins. Any crash, sanitizer report, hang, runaway memory or
 // exception other than kiln::Error is a bug. Seed the corpus with the mode byte, the split
 // byte and a grammar, e.g. printf '\0\377root ::= "a"+' > seeds/gbnf.
 #include <cstddef>
@@ -39,8 +39,9 @@ std::shared_ptr<const kiln::TokenTrie> vocabulary() {
   return trie;
 }
 
-std::shared_ptr<const kiln::Grammar> compile(bool schema, std::string_view text) {
-  if (!schema) return kiln::grammar_from_gbnf(text);
+std::shared_ptr<const kiln::Grammar> compile(int mode, std::string_view text) {
+  if (mode == 0) return kiln::grammar_from_gbnf(text);
+  if (mode == 2) return kiln::grammar_from_regex(text);
   const auto j = nlohmann::ordered_json::parse(text, nullptr, false);
   if (j.is_discarded()) return nullptr;
   return kiln::grammar_from_json_schema(j);
@@ -50,14 +51,14 @@ std::shared_ptr<const kiln::Grammar> compile(bool schema, std::string_view text)
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 2 || size > kMaxInput) return 0;
-  const bool schema = data[0] & 1;
+  const int mode = data[0] % 3;
   // The grammar takes the first split/255 of the rest (all of it at 255); the document the rest.
   const std::string_view rest(reinterpret_cast<const char*>(data + 2), size - 2);
   const std::string_view text = rest.substr(0, rest.size() * data[1] / 255);
   const std::string_view doc = rest.substr(text.size());
   std::shared_ptr<const kiln::Grammar> grammar;
   try {
-    grammar = compile(schema, text);
+    grammar = compile(mode, text);
   } catch (const kiln::Error&) {
     return 0;  // expected for malformed or unsupported input
   }
