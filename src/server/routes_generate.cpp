@@ -693,7 +693,7 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
     if (p.tool_choice == "auto" && opt.tool_parser == ToolParser::kNone)
       throw ApiError(400,
                      "tool_choice \"auto\" needs a server started with --tool-call-parser (hermes, llama3_json, "
-                     "mistral)",
+                     "mistral, pythonic, granite)",
                      "tool_choice");
     const bool forced = p.tool_choice == "required" || p.tool_choice == "function";
     if (forced && (p.json_object || !p.json_schema.is_null() || !p.grammar.empty() || !p.guided_choice.empty()))

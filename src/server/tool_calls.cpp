@@ -11,7 +11,8 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
-constexpr std::string_view kOpen = "<tool_call>", kClose = "</tool_call>", kMistralTag = "[TOOL_CALLS]";
+constexpr std::string_view kOpen = "<tool_call>", kClose = "</tool_call>", kMistralTag = "[TOOL_CALLS]",
+                           kGraniteTag = "<|tool_call|>";
 
 bool is_space(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
 bool all_space(std::string_view s) {
@@ -133,14 +134,220 @@ Head call_head(std::string_view s, std::string& name, size_t& args_at) {
   return Head::kYes;
 }
 
+// pythonic: a Python list of keyword-argument calls, [f(a=1, b="x"), g()], as Llama 3.2 and
+// Llama 4 write them (ast.literal_eval's literals: strings, numbers, True/False/None, lists,
+// tuples, dicts), within Llama 4's <|python_start|> ... <|python_end|> when those are still in
+// the text. As vLLM's pythonic parser, positional arguments make the output text.
+constexpr std::string_view kPyStart = "<|python_start|>", kPyEnd = "<|python_end|>";
+constexpr int kMaxPyDepth = 64;
+
+class PythonCalls {
+ public:
+  explicit PythonCalls(std::string_view s) : s_(s) {}
+
+  // The calls, or nullopt unless the whole text is a list of them.
+  std::optional<std::vector<ToolCall>> read() {
+    ws();
+    eat_tag(kPyStart);
+    if (!eat('[')) return std::nullopt;
+    std::vector<ToolCall> calls;
+    while (!eat(']')) {
+      ToolCall c;
+      std::optional<std::string> name = ident();
+      if (!name || !eat('(')) return std::nullopt;
+      c.name = std::move(*name);
+      Json args = Json::object();
+      while (!eat(')')) {
+        std::optional<std::string> key = ident();
+        if (!key || !eat('=')) return std::nullopt;
+        std::optional<Json> v = value(0);
+        if (!v) return std::nullopt;
+        args[*key] = std::move(*v);
+        if (!eat(',') && !peek(')')) return std::nullopt;
+      }
+      c.arguments = args.dump(-1, ' ', false, Json::error_handler_t::replace);
+      calls.push_back(std::move(c));
+      if (!eat(',') && !peek(']')) return std::nullopt;
+    }
+    eat_tag(kPyEnd);
+    ws();
+    if (at_ != s_.size() || calls.empty()) return std::nullopt;
+    return calls;
+  }
+
+  // Whether the text so far opens such a list: [ and a name and ( (kIncomplete while it may).
+  Head opening() {
+    ws();
+    const std::string_view rest = s_.substr(at_);
+    if (rest.size() < kPyStart.size() && kPyStart.starts_with(rest)) return Head::kIncomplete;
+    eat_tag(kPyStart);
+    if (at_ == s_.size()) return Head::kIncomplete;
+    if (!eat('[')) return Head::kNo;
+    ws();
+    if (at_ == s_.size()) return Head::kIncomplete;
+    if (!ident()) return Head::kNo;
+    ws();
+    if (at_ == s_.size()) return Head::kIncomplete;
+    return peek('(') ? Head::kYes : Head::kNo;
+  }
+
+ private:
+  void ws() {
+    while (at_ < s_.size() && is_space(s_[at_])) ++at_;
+  }
+  bool peek(char c) {
+    ws();
+    return at_ < s_.size() && s_[at_] == c;
+  }
+  bool eat(char c) {
+    if (!peek(c)) return false;
+    ++at_;
+    return true;
+  }
+  void eat_tag(std::string_view tag) {
+    ws();
+    if (s_.substr(at_).starts_with(tag)) at_ += tag.size();
+  }
+  static bool ident_char(char c, bool first) {
+    return c == '_' || std::isalpha(static_cast<unsigned char>(c)) || (!first && std::isdigit(static_cast<unsigned char>(c)));
+  }
+  std::optional<std::string> ident() {
+    ws();
+    const size_t from = at_;
+    while (at_ < s_.size() && ident_char(s_[at_], at_ == from)) ++at_;
+    if (at_ == from) return std::nullopt;
+    return std::string(s_.substr(from, at_ - from));
+  }
+
+  std::optional<Json> value(int depth) {
+    if (depth > kMaxPyDepth) return std::nullopt;
+    ws();
+    if (at_ == s_.size()) return std::nullopt;
+    const char c = s_[at_];
+    if (c == '"' || c == '\'') return string_literal();
+    if (c == '[' || c == '(') {
+      const char close = c == '[' ? ']' : ')';
+      ++at_;
+      Json list = Json::array();
+      while (!eat(close)) {
+        std::optional<Json> v = value(depth + 1);
+        if (!v) return std::nullopt;
+        list.push_back(std::move(*v));
+        if (!eat(',') && !peek(close)) return std::nullopt;
+      }
+      return list;
+    }
+    if (c == '{') {
+      ++at_;
+      Json dict = Json::object();
+      while (!eat('}')) {
+        std::optional<Json> k = value(depth + 1);
+        if (!k || !(k->is_string() || k->is_number()) || !eat(':')) return std::nullopt;
+        std::optional<Json> v = value(depth + 1);
+        if (!v) return std::nullopt;
+        dict[k->is_string() ? k->get<std::string>() : k->dump()] = std::move(*v);
+        if (!eat(',') && !peek('}')) return std::nullopt;
+      }
+      return dict;
+    }
+    for (auto [word, v] : {std::pair<std::string_view, Json>{"True", true}, {"False", false}, {"None", nullptr}})
+      if (s_.substr(at_).starts_with(word) && !(at_ + word.size() < s_.size() && ident_char(s_[at_ + word.size()], false))) {
+        at_ += word.size();
+        return v;
+      }
+    // A number: JSON's grammar covers Python's decimal literals but a leading '+' or '.'.
+    size_t end = at_;
+    while (end < s_.size() && (std::isalnum(static_cast<unsigned char>(s_[end])) || s_[end] == '.' || s_[end] == '-' ||
+                               s_[end] == '+'))
+      ++end;
+    Json n = Json::parse(s_.substr(at_, end - at_), nullptr, /*allow_exceptions=*/false);
+    if (!n.is_number()) return std::nullopt;
+    at_ = end;
+    return n;
+  }
+
+  // A Python string literal ('...', "...", or tripled), its escapes decoded to UTF-8.
+  std::optional<Json> string_literal() {
+    const char q = s_[at_];
+    const bool triple = s_.substr(at_, 3) == std::string(3, q);
+    at_ += triple ? 3 : 1;
+    std::string out;
+    for (;;) {
+      if (at_ >= s_.size()) return std::nullopt;
+      const char c = s_[at_];
+      if (c == q && (!triple || s_.substr(at_, 3) == std::string(3, q))) {
+        at_ += triple ? 3 : 1;
+        return Json(std::move(out));
+      }
+      if (c == '\n' && !triple) return std::nullopt;
+      ++at_;
+      if (c != '\\') {
+        out += c;
+        continue;
+      }
+      if (at_ >= s_.size()) return std::nullopt;
+      const char e = s_[at_++];
+      switch (e) {
+        case 'n': out += '\n'; break;
+        case 't': out += '\t'; break;
+        case 'r': out += '\r'; break;
+        case 'b': out += '\b'; break;
+        case 'f': out += '\f'; break;
+        case '0': out += '\0'; break;
+        case '\n': break;  // a line continuation
+        case 'x': case 'u': case 'U': {
+          const size_t digits = e == 'x' ? 2 : e == 'u' ? 4 : 8;
+          uint32_t cp = 0;
+          for (size_t k = 0; k < digits; ++k) {
+            if (at_ >= s_.size() || !std::isxdigit(static_cast<unsigned char>(s_[at_]))) return std::nullopt;
+            const char h = s_[at_++];
+            cp = cp * 16 + uint32_t(h <= '9' ? h - '0' : (h | 0x20) - 'a' + 10);
+          }
+          if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return std::nullopt;
+          append_utf8(out, cp);
+          break;
+        }
+        default: out += e;  // \\ \' \" as themselves (and an unknown escape's character)
+      }
+    }
+  }
+
+  static void append_utf8(std::string& out, uint32_t cp) {
+    if (cp < 0x80) {
+      out += char(cp);
+    } else if (cp < 0x800) {
+      out += char(0xC0 | (cp >> 6));
+      out += char(0x80 | (cp & 0x3F));
+    } else if (cp < 0x10000) {
+      out += char(0xE0 | (cp >> 12));
+      out += char(0x80 | ((cp >> 6) & 0x3F));
+      out += char(0x80 | (cp & 0x3F));
+    } else {
+      out += char(0xF0 | (cp >> 18));
+      out += char(0x80 | ((cp >> 12) & 0x3F));
+      out += char(0x80 | ((cp >> 6) & 0x3F));
+      out += char(0x80 | (cp & 0x3F));
+    }
+  }
+
+  std::string_view s_;
+  size_t at_ = 0;
+};
+
 // Whole-output formats: whether the text so far (leading whitespace skipped) is too short to
 // tell calls from text, and whether it opens as calls.
 bool undecided(ToolParser p, std::string_view rest) {
+  if (p == ToolParser::kPythonic) return PythonCalls(rest).opening() == Head::kIncomplete;
+  if (p == ToolParser::kGranite)
+    return rest.empty() || rest == "[" || (rest.size() < kGraniteTag.size() && kGraniteTag.starts_with(rest));
   if (p == ToolParser::kMistral)
     return rest.empty() || rest == "[" || (rest.size() < kMistralTag.size() && kMistralTag.starts_with(rest));
   return rest.empty();
 }
 bool opens_calls(ToolParser p, std::string_view rest) {
+  if (p == ToolParser::kPythonic) return PythonCalls(rest).opening() == Head::kYes;
+  if (p == ToolParser::kGranite)
+    return rest.starts_with(kGraniteTag) || rest.starts_with("[{") || rest.starts_with("[ ") || rest.starts_with("[\n");
   if (p == ToolParser::kMistral)
     return rest.starts_with(kMistralTag) || rest.starts_with("[{") || rest.starts_with("[ ") || rest.starts_with("[\n");
   return rest.starts_with("{");
@@ -163,11 +370,11 @@ std::vector<ToolCall> llama3_calls(std::string_view text) {
   }
 }
 
-// mistral: [TOOL_CALLS] (when still in the text) and a JSON array of calls; none unless every
-// element is a call.
-std::vector<ToolCall> mistral_calls(std::string_view text) {
+// mistral and granite: the tag ([TOOL_CALLS], <|tool_call|>) when still in the text and a JSON
+// array of calls; none unless every element is a call.
+std::vector<ToolCall> array_calls(std::string_view text, std::string_view tag) {
   while (!text.empty() && is_space(text.front())) text.remove_prefix(1);
-  if (text.starts_with(kMistralTag)) text.remove_prefix(kMistralTag.size());
+  if (text.starts_with(tag)) text.remove_prefix(tag.size());
   const Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!j.is_array()) return {};
   std::vector<ToolCall> calls;
@@ -185,9 +392,11 @@ ToolParser tool_parser_from_name(std::string_view name) {
   if (name == "hermes") return ToolParser::kHermes;
   if (name == "llama3_json") return ToolParser::kLlama3Json;
   if (name == "mistral") return ToolParser::kMistral;
+  if (name == "pythonic") return ToolParser::kPythonic;
+  if (name == "granite") return ToolParser::kGranite;
   if (name == "none" || name.empty()) return ToolParser::kNone;
   throw std::invalid_argument("unknown tool-call parser '" + std::string(name) +
-                              "' (hermes, llama3_json, mistral, none)");
+                              "' (hermes, llama3_json, mistral, pythonic, granite, none)");
 }
 
 const char* tool_parser_name(ToolParser p) {
@@ -195,6 +404,8 @@ const char* tool_parser_name(ToolParser p) {
     case ToolParser::kHermes: return "hermes";
     case ToolParser::kLlama3Json: return "llama3_json";
     case ToolParser::kMistral: return "mistral";
+    case ToolParser::kPythonic: return "pythonic";
+    case ToolParser::kGranite: return "granite";
     default: return "none";
   }
 }
@@ -213,7 +424,7 @@ ToolCallDelta ToolCallSplitter::drain(bool final) {
     held_.clear();
     return out;
   }
-  if (parser_ == ToolParser::kLlama3Json || parser_ == ToolParser::kMistral) {
+  if (parser_ != ToolParser::kHermes) {
     // Whole-output formats: once the output opens as calls it is held to the end and parsed
     // whole; if it does not parse, all of it is content.
     if (!decided_) {
@@ -230,7 +441,11 @@ ToolCallDelta ToolCallSplitter::drain(bool final) {
       return out;
     }
     if (!final) return out;
-    std::vector<ToolCall> calls = parser_ == ToolParser::kMistral ? mistral_calls(held_) : llama3_calls(held_);
+    std::vector<ToolCall> calls;
+    if (parser_ == ToolParser::kMistral) calls = array_calls(held_, kMistralTag);
+    else if (parser_ == ToolParser::kGranite) calls = array_calls(held_, kGraniteTag);
+    else if (parser_ == ToolParser::kPythonic) calls = PythonCalls(held_).read().value_or(std::vector<ToolCall>{});
+    else calls = llama3_calls(held_);
     if (!calls.empty()) {
       calls_ += int(calls.size());
       out.calls = std::move(calls);

@@ -9,6 +9,11 @@
 //   mistral      the whole output is [{"name": ..., "arguments": {...}}, ...] after the
 //                [TOOL_CALLS] control token (Mistral 7B v0.3, Nemo, Small; the token itself
 //                is skipped from the text, or taken off when it is there)
+//   granite      the same array after <|tool_call|> (IBM Granite 3.x)
+//   pythonic     the whole output is a Python list of keyword calls, [f(a=1, b="x"), g()],
+//                with Python literals as values (Llama 3.2, Llama 4: within <|python_start|>
+//                ... <|python_end|> when those are in the text); positional arguments, or
+//                anything but literals, make it text, as in vLLM's parser
 // A call whose JSON does not parse stays text, as vLLM leaves it. Tested in
 // tests/server/tool_calls_test.cpp.
 #pragma once
@@ -19,9 +24,9 @@
 
 namespace kiln::server {
 
-enum class ToolParser { kNone, kHermes, kLlama3Json, kMistral };
-// "hermes", "llama3_json", "mistral" (and "none"); throws std::invalid_argument naming the
-// choices.
+enum class ToolParser { kNone, kHermes, kLlama3Json, kMistral, kPythonic, kGranite };
+// "hermes", "llama3_json", "mistral", "pythonic", "granite" (and "none"); throws
+// std::invalid_argument naming the choices.
 ToolParser tool_parser_from_name(std::string_view name);
 const char* tool_parser_name(ToolParser p);
 

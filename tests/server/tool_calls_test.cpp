@@ -236,16 +236,83 @@ TEST(ToolCalls, MistralCallArrays) {
   EXPECT_EQ(s.feed("S] is a tag-like word").content, "[TOOLS] is a tag-like word");
 }
 
+// Llama 3.2 / Llama 4: a Python list of keyword calls with literal values, read as
+// ast.literal_eval would (quotes, escapes, triple quotes, tuples, dicts with non-string keys,
+// True/False/None); anything else - positional arguments, expressions, text after the list -
+// is content, as vLLM's pythonic parser leaves it.
+TEST(ToolCalls, PythonicCallLists) {
+  const std::string out = R"([get_weather(city='San Francisco', metric="celsius"), get_time()])";
+  ToolCallDelta d = parse_tool_calls(ToolParser::kPythonic, out);
+  EXPECT_EQ(d.content, "");
+  ASSERT_EQ(d.calls.size(), 2u);
+  EXPECT_EQ(d.calls[0].name, "get_weather");
+  EXPECT_EQ(d.calls[0].arguments, R"({"city":"San Francisco","metric":"celsius"})");
+  EXPECT_EQ(d.calls[1].name, "get_time");
+  EXPECT_EQ(d.calls[1].arguments, "{}");
+  expect_any_split_agrees(ToolParser::kPythonic, out);
+
+  const std::string values =
+      "<|python_start|>[f(a=1, b=-2.5, c=True, d=None, e=[1, 'x', (2, 3)], g={'k': {\"n\": 1e3}, 2: 'two'},\n"
+      "  h='it\\'s \\u00e9\\n', i=\"\"\"tri\"ple\"\"\", j=0x1F if False else 0) ]<|python_end|>";
+  EXPECT_TRUE(parse_tool_calls(ToolParser::kPythonic, values).calls.empty()) << "an expression is not a literal";
+  const std::string literals =
+      "<|python_start|>[f(a=1, b=-2.5, c=True, d=None, e=[1, 'x', (2, 3)], g={'k': {\"n\": 1e3}, 2: 'two'},\n"
+      "  h='it\\'s \\u00e9\\n', i=\"\"\"tri\"ple\"\"\",), g2(),]<|python_end|>";
+  d = parse_tool_calls(ToolParser::kPythonic, literals);
+  ASSERT_EQ(d.calls.size(), 2u) << d.content;
+  EXPECT_EQ(nlohmann::json::parse(d.calls[0].arguments), nlohmann::json::parse(R"({"a": 1, "b": -2.5, "c": true,
+      "d": null, "e": [1, "x", [2, 3]], "g": {"k": {"n": 1000.0}, "2": "two"}, "h": "it's \u00e9\n", "i": "tri\"ple"})"));
+  EXPECT_EQ(d.calls[1].name, "g2");
+  expect_any_split_agrees(ToolParser::kPythonic, literals);
+
+  for (const std::string text : {"The answer is 4.", "[1] A footnote", "[f(1)]", "[f(x=1)] and more", "[f(x=open('a'))]",
+                                 "[]", "[f(x='unclosed)]", "[f(x=1)", "[ f (x = 1) ]x"}) {
+    d = parse_tool_calls(ToolParser::kPythonic, text);
+    EXPECT_TRUE(d.calls.empty()) << text;
+    EXPECT_EQ(d.content, text);
+    expect_any_split_agrees(ToolParser::kPythonic, text);
+  }
+  // Text is content as it comes once it cannot open a call list.
+  ToolCallSplitter s(ToolParser::kPythonic);
+  EXPECT_EQ(s.feed("[").content, "");
+  EXPECT_EQ(s.feed("1] sources").content, "[1] sources");
+  ToolCallSplitter t(ToolParser::kPythonic);
+  EXPECT_EQ(t.feed("[get_").content, "");
+  EXPECT_EQ(t.feed("time(").content, "") << "a call list is held to the end";
+  EXPECT_EQ(t.feed(")]").content, "");
+  ASSERT_EQ(t.finish().calls.size(), 1u);
+}
+
+TEST(ToolCalls, GraniteCallArrays) {
+  for (const std::string out : {R"(<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris"}}])",
+                                R"([{"name": "get_weather", "arguments": {"city": "Paris"}}])"}) {
+    ToolCallDelta d = parse_tool_calls(ToolParser::kGranite, out);
+    EXPECT_EQ(d.content, "") << out;
+    ASSERT_EQ(d.calls.size(), 1u) << out;
+    EXPECT_EQ(d.calls[0].arguments, R"({"city":"Paris"})");
+    expect_any_split_agrees(ToolParser::kGranite, out);
+  }
+  for (const std::string text : {"Paris is sunny.", "<|tool_call|> not json", "<|tool_"}) {
+    ToolCallDelta d = parse_tool_calls(ToolParser::kGranite, text);
+    EXPECT_TRUE(d.calls.empty()) << text;
+    EXPECT_EQ(d.content, text);
+    expect_any_split_agrees(ToolParser::kGranite, text);
+  }
+}
+
 TEST(ToolCalls, ParserNames) {
   EXPECT_EQ(tool_parser_from_name("hermes"), ToolParser::kHermes);
   EXPECT_EQ(tool_parser_from_name("llama3_json"), ToolParser::kLlama3Json);
   EXPECT_EQ(tool_parser_from_name("mistral"), ToolParser::kMistral);
+  EXPECT_EQ(tool_parser_from_name("pythonic"), ToolParser::kPythonic);
+  EXPECT_EQ(tool_parser_from_name("granite"), ToolParser::kGranite);
   EXPECT_STREQ(tool_parser_name(ToolParser::kLlama3Json), "llama3_json");
+  EXPECT_STREQ(tool_parser_name(ToolParser::kPythonic), "pythonic");
   try {
-    tool_parser_from_name("pythonic");
+    tool_parser_from_name("qwen3_xml");
     ADD_FAILURE();
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("hermes, llama3_json, mistral"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("hermes, llama3_json, mistral, pythonic, granite"), std::string::npos);
   }
 }
 

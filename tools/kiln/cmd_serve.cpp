@@ -219,9 +219,10 @@ Runner add_serve(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--tool-call-parser", a->tool_parser,
                   "chat requests with tools: read the model's tool calls back into message.tool_calls - hermes "
-                  "(<tool_call>{...}</tool_call>: Qwen2.5/3, Hermes, SmolLM3), llama3_json (Llama 3.1-3.3) or mistral "
-                  "([TOOL_CALLS] [...]: Mistral 7B v0.3, Nemo, Small); none refuses tool_choice \"auto\"")
-      ->check(CLI::IsMember({"none", "hermes", "llama3_json", "mistral"}))
+                  "(<tool_call>{...}</tool_call>: Qwen2.5/3, Hermes, SmolLM3), llama3_json (Llama 3.1-3.3), mistral "
+                  "([TOOL_CALLS] [...]: Mistral 7B v0.3, Nemo, Small), pythonic ([f(a=1), g()]: Llama 3.2, Llama 4) "
+                  "or granite (<|tool_call|> [...]: Granite 3.x); none refuses tool_choice \"auto\"")
+      ->check(CLI::IsMember({"none", "hermes", "llama3_json", "mistral", "pythonic", "granite"}))
       ->capture_default_str();
 
   // `kiln serve bench` (also `kiln bench serve`): load-test a running server.
