@@ -433,9 +433,9 @@ ToolCallDelta ToolCallSplitter::drain(bool final) {
       const std::string_view rest = std::string_view(held_).substr(i);
       if (!final && undecided(parser_, rest)) return out;
       decided_ = true;
-      json_body_ = opens_calls(parser_, rest);
+      calls_body_ = opens_calls(parser_, rest);
     }
-    if (!json_body_) {
+    if (!calls_body_) {
       out.content = std::move(held_);
       held_.clear();
       return out;

@@ -75,8 +75,10 @@ class ToolCallSplitter {
   void stream_call(ToolCallDelta& out, size_t visible);
   ToolParser parser_;
   std::string held_;
-  bool decided_ = false;  // llama3_json: whether the output is tool calls was decided
-  bool json_body_ = false;  // llama3_json, mistral: it is (calls are parsed at the end)
+  // Whole-output formats (all but hermes): whether the output is tool calls was decided,
+  // and whether it is (then its calls are parsed at the end).
+  bool decided_ = false;
+  bool calls_body_ = false;
   bool in_call_ = false;    // hermes: inside <tool_call>
   int calls_ = 0;
   bool after_call_ = false;  // hermes: a call closed and no text has come since
