@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "server/tool_calls.h"
 
@@ -66,5 +67,23 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     else check(nlohmann::json::parse(args, nullptr, false) == parsed);
   }
   for (const auto& f : all.fragments) check(f.call < all.calls.size());
+
+  // tool_choice "required"'s array streamer: the same calls in pieces as whole, and each
+  // call's fragments (its name first) put together are its streamed arguments.
+  kiln::server::CallArrayStreamer whole_array, pieces;
+  (void)whole_array.feed(text);
+  std::vector<std::string> args;
+  for (size_t at = 0, n = 1; at < text.size(); at += n, n = n % step + 1)
+    for (const auto& f : pieces.feed(text.substr(at, n))) {
+      check(f.name.empty() == (f.call < args.size()));
+      if (f.call == args.size()) args.emplace_back();
+      check(f.call < args.size());
+      args[f.call] += f.arguments;
+    }
+  check(pieces.streamed().size() == whole_array.streamed().size() && args.size() == pieces.streamed().size());
+  for (size_t k = 0; k < args.size(); ++k) {
+    check(pieces.streamed()[k].name == whole_array.streamed()[k].name);
+    check(pieces.streamed()[k].arguments == whole_array.streamed()[k].arguments && args[k] == pieces.streamed()[k].arguments);
+  }
   return 0;
 }

@@ -63,6 +63,7 @@ struct ChoiceState {
   // output, constrained to that JSON, is read back into calls as it ends.
   enum class Forced : uint8_t { kNone, kRequired, kNamed } forced = Forced::kNone;
   std::string forced_text;
+  CallArrayStreamer required_calls;  // kRequired: the array's calls streamed as written
   std::vector<ToolCall> calls;                // the tool calls read so far ...
   size_t calls_sent = 0;                      // ... and how many a stream has sent (or streamed)
   std::vector<ToolCallFragment> fragments;    // the latest update's pieces of calls being written
@@ -513,6 +514,7 @@ size_t absorb(Call& c, const RequestUpdate& u) {
         st.fragments.clear();
         if (named && !st.last.content.empty())
           st.fragments.push_back({0, st.forced_text.empty() ? c.params.tool_choice_name : "", st.last.content});
+        if (!named) st.fragments = st.required_calls.feed(st.last.content);
         st.forced_text += st.last.content;
         st.last.content.clear();
         if (last) {
@@ -522,6 +524,18 @@ size_t absorb(Call& c, const RequestUpdate& u) {
           if (named && calls.empty() && !st.forced_text.empty())
             calls.push_back({c.params.tool_choice_name, st.forced_text});
           if (named && !calls.empty()) calls[0].streamed = true;
+          if (!named && !st.required_calls.streamed().empty()) {
+            // The calls whose pieces are out are what those said (arguments compact once they
+            // parse); the rest, if the array parsed, come whole.
+            std::vector<ToolCall> out;
+            for (ToolCall sent : st.required_calls.streamed()) {
+              const Json a = Json::parse(sent.arguments, nullptr, /*allow_exceptions=*/false);
+              if (a.is_object()) sent.arguments = a.dump();
+              out.push_back(std::move(sent));
+            }
+            for (size_t k = out.size(); k < calls.size(); ++k) out.push_back(std::move(calls[k]));
+            calls = std::move(out);
+          }
           if (calls.empty()) st.last.content = st.forced_text;
           for (auto& call : calls) {
             call.id = call_id(st, st.calls.size());

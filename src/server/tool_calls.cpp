@@ -534,6 +534,61 @@ void ToolCallSplitter::stream_call(ToolCallDelta& out, size_t visible) {
   else out.fragments.push_back({size_t(calls_), "", std::move(piece)});
 }
 
+std::vector<ToolCallFragment> CallArrayStreamer::feed(std::string_view text) {
+  text_ += text;
+  std::vector<ToolCallFragment> out;
+  const std::string_view s = text_;
+  while (!stopped_) {
+    if (obj_at_ == std::string::npos) {  // between elements
+      while (next_ < s.size() && (is_space(s[next_]) || (opened_ && s[next_] == ','))) ++next_;
+      if (next_ == s.size()) break;
+      if (!opened_ && s[next_] == '[') {
+        opened_ = true;
+        ++next_;
+        continue;
+      }
+      if (!opened_ || s[next_] != '{') {  // ']' (the end) or what no call opens with
+        stopped_ = true;
+        break;
+      }
+      obj_at_ = next_;
+    }
+    if (args_at_ == std::string::npos) {
+      std::string name;
+      size_t rel = 0;
+      const Head h = call_head(s.substr(obj_at_), name, rel);
+      if (h == Head::kIncomplete) break;
+      if (h == Head::kNo) {
+        stopped_ = true;
+        break;
+      }
+      args_at_ = obj_at_ + rel;
+      out.push_back({streamed_.size(), name, ""});
+      streamed_.push_back({name, "", "", true});
+    }
+    ToolCall& call = streamed_.back();
+    if (!args_done_) {
+      const size_t close = object_end(s, args_at_);
+      const size_t upto = close == std::string_view::npos ? s.size() : close;
+      const size_t sent = args_at_ + call.arguments.size();
+      if (upto > sent) {
+        const std::string_view piece = s.substr(sent, upto - sent);
+        call.arguments += piece;
+        if (!out.empty() && out.back().call == streamed_.size() - 1) out.back().arguments += piece;
+        else out.push_back({streamed_.size() - 1, "", std::string(piece)});
+      }
+      if (close == std::string_view::npos) break;
+      args_done_ = true;
+    }
+    const size_t end = object_end(s, obj_at_);
+    if (end == std::string_view::npos) break;
+    next_ = end;
+    obj_at_ = args_at_ = std::string::npos;
+    args_done_ = false;
+  }
+  return out;
+}
+
 ToolCallDelta parse_tool_calls(ToolParser parser, std::string_view text) {
   ToolCallSplitter s(parser);
   ToolCallDelta a = s.feed(text), b = s.finish();

@@ -92,6 +92,28 @@ class ToolCallSplitter {
   bool head_checked_ = false;  // the head was read and does not stream
 };
 
+// tool_choice "required": the output, constrained to a JSON array of {"name": ...,
+// "parameters": {...}} calls, streamed as fragments while it is written (each call's name once
+// its head is read, then its parameters' text), as the hermes splitter streams its calls.
+// An element that does not open so stops the streaming; the array is parsed whole at the
+// end either way.
+class CallArrayStreamer {
+ public:
+  std::vector<ToolCallFragment> feed(std::string_view text);
+  // The calls streamed so far: their names and the parameters' text as streamed.
+  const std::vector<ToolCall>& streamed() const { return streamed_; }
+
+ private:
+  std::string text_;
+  size_t next_ = 0;                      // where the next element is looked for
+  size_t obj_at_ = std::string::npos;    // the element being read
+  size_t args_at_ = std::string::npos;   // its parameters object (npos: head not read)
+  bool args_done_ = false;
+  bool opened_ = false;  // the array's '[' was read
+  bool stopped_ = false;
+  std::vector<ToolCall> streamed_;
+};
+
 // Whole-output convenience: feed(text) + finish().
 ToolCallDelta parse_tool_calls(ToolParser parser, std::string_view text);
 

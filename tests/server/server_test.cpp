@@ -1183,6 +1183,35 @@ TEST_F(RealModelServerTest, ForcedToolChoiceComesBackAsToolCalls) {
     EXPECT_TRUE(name == "get_weather" || name == "get_time") << name;
     EXPECT_TRUE(Json::parse(tc["function"]["arguments"].get<std::string>()).is_object());
   }
+  // Streamed, the array's calls go out in pieces as they are written: put together by index,
+  // as the openai client does, they are the body's calls.
+  body["stream"] = true;
+  auto rs = post_sse(srv_->port(), "/v1/chat/completions", body);
+  body.erase("stream");
+  ASSERT_TRUE(rs.done);
+  std::vector<Json> joined;
+  size_t pieces = 0;
+  for (auto& e : rs.events) {
+    const Json ch = Json::parse(e)["choices"][0];
+    if (!ch["delta"].contains("tool_calls")) continue;
+    for (const Json& piece : ch["delta"]["tool_calls"]) {
+      const size_t k = piece["index"];
+      ++pieces;
+      if (k == joined.size()) {
+        EXPECT_TRUE(piece.contains("id")) << piece.dump();
+        joined.push_back({{"name", piece["function"]["name"]}, {"arguments", ""}});
+      }
+      ASSERT_LT(k, joined.size());
+      joined[k]["arguments"] = joined[k]["arguments"].get<std::string>() + piece["function"]["arguments"].get<std::string>();
+    }
+  }
+  ASSERT_EQ(joined.size(), rmsg["tool_calls"].size());
+  EXPECT_GT(pieces, joined.size()) << "the arguments stream in pieces";
+  for (size_t k = 0; k < joined.size(); ++k) {
+    EXPECT_EQ(joined[k]["name"], rmsg["tool_calls"][k]["function"]["name"]);
+    EXPECT_EQ(Json::parse(joined[k]["arguments"].get<std::string>()),
+              Json::parse(rmsg["tool_calls"][k]["function"]["arguments"].get<std::string>()));
+  }
   body["response_format"] = {{"type", "json_object"}};
   EXPECT_EQ(post(srv_->port(), "/v1/chat/completions", body).status, 400);
 

@@ -157,6 +157,42 @@ TEST(ToolCalls, HermesCallsStreamAsFragments) {
   EXPECT_EQ(all.content, "");
 }
 
+// tool_choice "required": the constrained array's calls stream as they are written, in any
+// split; an element that does not open as a call stops the streaming.
+TEST(ToolCalls, RequiredCallArraysStream) {
+  const std::string out = "[{\"name\": \"get_weather\", \"parameters\": {\"city\": \"Paris\", \"n\": [1, {\"x\": \"}\"}]}},\n"
+                          " {\"name\": \"get_time\", \"parameters\": {}}]";
+  for (size_t step : {size_t(1), size_t(3), size_t(7), out.size()}) {
+    CallArrayStreamer s;
+    std::vector<ToolCallFragment> all;
+    for (size_t at = 0; at < out.size(); at += step)
+      for (auto& f : s.feed(std::string_view(out).substr(at, step))) all.push_back(f);
+    ASSERT_EQ(s.streamed().size(), 2u) << step;
+    EXPECT_EQ(s.streamed()[0].name, "get_weather");
+    EXPECT_EQ(s.streamed()[0].arguments, R"({"city": "Paris", "n": [1, {"x": "}"}]})");
+    EXPECT_EQ(s.streamed()[1].arguments, "{}");
+    std::string args[2];
+    int named[2] = {0, 0};
+    for (const auto& f : all) {
+      ASSERT_LT(f.call, 2u);
+      if (!f.name.empty()) {
+        EXPECT_TRUE(args[f.call].empty()) << "the name comes first";
+        ++named[f.call];
+      }
+      args[f.call] += f.arguments;
+    }
+    EXPECT_EQ(named[0], 1);
+    EXPECT_EQ(named[1], 1);
+    EXPECT_EQ(args[0], s.streamed()[0].arguments);
+    EXPECT_EQ(args[1], "{}");
+  }
+  CallArrayStreamer other;
+  EXPECT_TRUE(other.feed("[{\"parameters\": {}, \"name\": \"f\"}, {\"name\": \"g\", \"parameters\": {}}]").empty());
+  EXPECT_TRUE(other.streamed().empty());
+  CallArrayStreamer not_array;
+  EXPECT_TRUE(not_array.feed("{\"name\": \"g\", \"parameters\": {}}").empty());
+}
+
 TEST(ToolCalls, HermesPlainTextAndLookalikes) {
   for (const std::string out : {"The answer is 4.", "a < b and <tool_ is not a tag", "ends with <tool_c"}) {
     ToolCallDelta d = parse_tool_calls(ToolParser::kHermes, out);
