@@ -49,6 +49,9 @@ if [ -f "$smollm2" ]; then  # constrained generation with a real tokenizer (scri
   check json-schema-bad 1 "not valid JSON" -- "$kiln" generate -m "$smollm2" -p hi --json-schema '{'
   check grammar 0 " Paris." -- "$kiln" generate -m "$smollm2" -p "The capital of France is" -q -n 20 \
     --grammar 'root ::= " " [A-Z] [a-z]+ "."'
+  check regex-bad 1 "regex: '(' is not closed" -- "$kiln" generate -m "$smollm2" -p hi --regex 'a(b'
+  out=$("$kiln" generate -m "$smollm2" -p "The year the Berlin Wall fell:" -q -n 8 --regex ' ?(19|20)[0-9]{2}\.' 2>&1)
+  if grep -qE '^ ?(19|20)[0-9]{2}\.$' <<<"$out"; then echo "ok   regex"; else echo "FAIL regex: $out"; fail=1; fi
   doc=$("$kiln" generate -m "$smollm2" --chat -p "Give me a person as JSON." -q -n 100 \
     --json-schema '{"type":"object","properties":{"name":{"type":"string"},"age":{"type":"integer"}},"required":["name","age"],"additionalProperties":false}' 2>&1)
   if python3 -c 'import json,sys; d=json.loads(sys.argv[1]); assert set(d)=={"name","age"} and isinstance(d["age"],int)' "$doc"; then
@@ -134,6 +137,20 @@ lr=$("$kiln" generate -m "$fixtures/models/phi3_longrope" --max-context 256 --id
 check build-max-context 0 "" -- "$kiln" build -m "$fixtures/models/phi3_longrope" --max-context 256 -o "$tmp/lr.kiln" --no-tune
 check generate-engine-max-context 0 "$lr" -- "$kiln" generate -m "$tmp/lr.kiln" --ids "$(seq -s, 3 72)" -n 4 -q --print-ids
 check engine-max-context-over 1 "exceeds the engine's 256 positions" -- "$kiln" generate -m "$tmp/lr.kiln" --max-context 300 --ids 5 -n 1
+# `kiln build` measures an int8/fp8 cache's key shift on a decoder with a tokenizer and stores
+# it; a load with --kv-cache-dtype fp8 takes it from the engine (the llama fixture with the
+# trained 500-token SentencePiece BPE, inside its 512-token vocabulary).
+cp -r "$fixtures/models/llama" "$tmp/llama-tok"
+cp "$fixtures/tokenizer/trained/spm_bpe.tokenizer.json" "$tmp/llama-tok/tokenizer.json"
+check build-kv-shift 0 "kv shift    measured on 640 tokens of the built-in calibration set" -- \
+  "$kiln" build -m "$tmp/llama-tok" -o "$tmp/llama-tok.kiln" --no-tune
+check inspect-kv-shift 0 "kv shift    measured at build on 640 tokens" -- "$kiln" inspect -m "$tmp/llama-tok.kiln"
+check generate-kv-shift 0 "keys stored less the engine's key shift" -- \
+  env KILN_LOG=info "$kiln" generate -m "$tmp/llama-tok.kiln" --kv-cache-dtype fp8 -p "hello world" -n 4
+check build-kv-shift-none 0 "kv shift    none (--kv-calib none)" -- \
+  "$kiln" build -m "$tmp/llama-tok" -o "$tmp/llama-none.kiln" --no-tune --kv-calib none
+check build-kv-shift-missing 1 "--kv-calib: no text file" -- \
+  "$kiln" build -m "$tmp/llama-tok" -o "$tmp/x.kiln" --no-tune --kv-calib "$tmp/nope.txt"
 check build-tp-heads 1 "4 attention heads do not split over 3 ranks" -- \
   "$kiln" build --tp 3 -m "$fixtures/models/llama" -o "$tmp/x.kiln" --no-tune
 check build-tp-encoder 1 "decoders only" -- "$kiln" build --tp 2 -m "$fixtures/models/bert" -o "$tmp/x.kiln" --no-tune
