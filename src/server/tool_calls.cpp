@@ -5,6 +5,8 @@
 #include <optional>
 #include <stdexcept>
 
+#include "tokenizer/unicode.h"
+
 namespace kiln::server {
 
 namespace {
@@ -304,29 +306,11 @@ class PythonCalls {
             cp = cp * 16 + uint32_t(h <= '9' ? h - '0' : (h | 0x20) - 'a' + 10);
           }
           if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return std::nullopt;
-          append_utf8(out, cp);
+          tok::utf8_append(out, char32_t(cp));
           break;
         }
         default: out += e;  // \\ \' \" as themselves (and an unknown escape's character)
       }
-    }
-  }
-
-  static void append_utf8(std::string& out, uint32_t cp) {
-    if (cp < 0x80) {
-      out += char(cp);
-    } else if (cp < 0x800) {
-      out += char(0xC0 | (cp >> 6));
-      out += char(0x80 | (cp & 0x3F));
-    } else if (cp < 0x10000) {
-      out += char(0xE0 | (cp >> 12));
-      out += char(0x80 | ((cp >> 6) & 0x3F));
-      out += char(0x80 | (cp & 0x3F));
-    } else {
-      out += char(0xF0 | (cp >> 18));
-      out += char(0x80 | ((cp >> 12) & 0x3F));
-      out += char(0x80 | ((cp >> 6) & 0x3F));
-      out += char(0x80 | (cp & 0x3F));
     }
   }
 

@@ -85,6 +85,16 @@ void expect_any_split_agrees(ToolParser p, const std::string& text) {
   }
 }
 
+// Outputs that are not calls: all content, however they are split.
+void expect_text(ToolParser p, std::initializer_list<std::string> texts) {
+  for (const std::string& text : texts) {
+    ToolCallDelta d = parse_tool_calls(p, text);
+    EXPECT_TRUE(d.calls.empty()) << text;
+    EXPECT_EQ(d.content, text);
+    expect_any_split_agrees(p, text);
+  }
+}
+
 TEST(ToolCalls, HermesCallsAfterText) {
   const std::string out =
       "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\", \"days\": 2}}\n"
@@ -261,12 +271,7 @@ TEST(ToolCalls, MistralCallArrays) {
     expect_any_split_agrees(ToolParser::kMistral, out);
   }
   // Text (even starting with '[' but not a call array) is content, streamed as it comes.
-  for (const std::string text : {"Paris is sunny.", "[1] A footnote", R"([{"answer": 4}])", "[TOOL_CALLS] not json"}) {
-    ToolCallDelta d = parse_tool_calls(ToolParser::kMistral, text);
-    EXPECT_TRUE(d.calls.empty()) << text;
-    EXPECT_EQ(d.content, text);
-    expect_any_split_agrees(ToolParser::kMistral, text);
-  }
+  expect_text(ToolParser::kMistral, {"Paris is sunny.", "[1] A footnote", R"([{"answer": 4}])", "[TOOL_CALLS] not json"});
   ToolCallSplitter s(ToolParser::kMistral);
   EXPECT_EQ(s.feed("[TOOL").content, "");
   EXPECT_EQ(s.feed("S] is a tag-like word").content, "[TOOLS] is a tag-like word");
@@ -301,13 +306,8 @@ TEST(ToolCalls, PythonicCallLists) {
   EXPECT_EQ(d.calls[1].name, "g2");
   expect_any_split_agrees(ToolParser::kPythonic, literals);
 
-  for (const std::string text : {"The answer is 4.", "[1] A footnote", "[f(1)]", "[f(x=1)] and more", "[f(x=open('a'))]",
-                                 "[]", "[f(x='unclosed)]", "[f(x=1)", "[ f (x = 1) ]x"}) {
-    d = parse_tool_calls(ToolParser::kPythonic, text);
-    EXPECT_TRUE(d.calls.empty()) << text;
-    EXPECT_EQ(d.content, text);
-    expect_any_split_agrees(ToolParser::kPythonic, text);
-  }
+  expect_text(ToolParser::kPythonic, {"The answer is 4.", "[1] A footnote", "[f(1)]", "[f(x=1)] and more",
+                                      "[f(x=open('a'))]", "[]", "[f(x='unclosed)]", "[f(x=1)", "[ f (x = 1) ]x"});
   // Text is content as it comes once it cannot open a call list.
   ToolCallSplitter s(ToolParser::kPythonic);
   EXPECT_EQ(s.feed("[").content, "");
@@ -328,12 +328,7 @@ TEST(ToolCalls, GraniteCallArrays) {
     EXPECT_EQ(d.calls[0].arguments, R"({"city":"Paris"})");
     expect_any_split_agrees(ToolParser::kGranite, out);
   }
-  for (const std::string text : {"Paris is sunny.", "<|tool_call|> not json", "<|tool_"}) {
-    ToolCallDelta d = parse_tool_calls(ToolParser::kGranite, text);
-    EXPECT_TRUE(d.calls.empty()) << text;
-    EXPECT_EQ(d.content, text);
-    expect_any_split_agrees(ToolParser::kGranite, text);
-  }
+  expect_text(ToolParser::kGranite, {"Paris is sunny.", "<|tool_call|> not json", "<|tool_"});
 }
 
 TEST(ToolCalls, ParserNames) {
