@@ -214,8 +214,8 @@ std::string fraction_digits(OptFrac lo, OptFrac hi) {
   return parts.empty() ? "" : alternatives(parts);
 }
 
-// GBNF for a fraction (\".\" and digits, or none for the value 0) within the bounds; "" when
-// none is allowed, nullopt when no fraction can be written.
+// GBNF for a fraction ("." and digits, or none for the value 0) within the bounds: "" when
+// only none is allowed, nullopt when no fraction meets them.
 std::optional<std::string> fraction_between(const OptFrac& lo, const OptFrac& hi) {
   const std::string digits = fraction_digits(lo, hi);
   const bool zero_ok = fraction_zero_meets(lo, hi);

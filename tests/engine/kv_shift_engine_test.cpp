@@ -141,14 +141,23 @@ TEST(KvShiftEngine, NoneAndNoTokenizer) {
   EXPECT_FALSE(std::filesystem::exists(o.output));
 }
 
-// A tokenizer whose ids the model cannot embed is named, with the way around it.
-TEST(KvShiftEngine, ForeignTokenizerIsAClearBuildError) {
+// A tokenizer whose ids the model cannot embed: under the default text the build records no
+// shift (the keys stay unshifted, with a warning); calibration text the user named is an
+// error that names the id, the vocabulary and the way around it.
+TEST(KvShiftEngine, ForeignTokenizer) {
   auto dir = scratch_dir();
   std::filesystem::copy(testing::fixture_dir("gpt2"), dir / "model");
   std::filesystem::copy_file(std::string(KILN_FIXTURES_DIR) + "/tokenizer/trained/gpt2_bpe.tokenizer.json",
                              dir / "model" / "tokenizer.json");  // 600 ids, the fixture embeds 512
+  BuildOptions o = options(dir / "model", dir / "g.kiln");
+  EXPECT_EQ(build_engine(o).kv_key_shift, "");
+  EXPECT_FALSE(engine_load(o.output).kv_key_shift.recorded);
+  const auto text = dir / "calib.txt";
+  testing::write_bytes(text, "text whose ids run past the fixture's vocabulary: zebra quixotic jukebox vortex");
+  o.kv_calib = text.string();
+  o.output = (dir / "x.kiln").string();
   try {
-    build_engine(options(dir / "model", dir / "g.kiln"));
+    build_engine(o);
     ADD_FAILURE() << "built with ids past the vocabulary";
   } catch (const Error& e) {
     const std::string msg = e.what();
