@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -20,6 +22,15 @@ std::string json_char_set(const CpRanges& set);
 std::string raw_char_set(const CpRanges& set);
 // json_schema.cpp: the GBNF repetition suffix for min to max times (max < 0: unbounded).
 std::string count_suffix(int64_t min, int64_t max);
+
+// json_schema_numbers.cpp: an integer's / a number's minimum, maximum, exclusiveMinimum and
+// exclusiveMaximum (draft 6 numbers, or draft 4 booleans beside minimum / maximum) as GBNF for
+// exactly the values within them (integers as digit ranges, numbers as decimal ranges written
+// without an exponent; an unbounded side stops at 16 integer digits; "-0" is not written);
+// nullopt when neither side is bounded. Throws kInvalidArgument ("JSON schema at #<ptr>: ...")
+// for bounds that no value meets.
+std::optional<std::string> integer_range_gbnf(const nlohmann::ordered_json& schema, const std::string& ptr);
+std::optional<std::string> number_range_gbnf(const nlohmann::ordered_json& schema, const std::string& ptr);
 
 // json_schema_pattern.cpp: a JSON Schema `pattern` -> GBNF for the content of a JSON string
 // (what lies between its quotes); errors name `where`, the pattern's JSON pointer.
