@@ -1,6 +1,7 @@
 // JSON Schema -> GBNF (grammar.h) for one JSON document matching the schema, in the manner of
 // llama.cpp's json-schema-to-grammar and OpenAI's structured outputs (`pattern` is compiled in
-// json_schema_pattern.cpp). Tested in tests/runtime/grammar_test.cpp.
+// json_schema_pattern.cpp, numeric bounds in json_schema_numbers.cpp). Tested in
+// tests/runtime/grammar_test.cpp.
 //
 // Supported: `type` (one or a list; absent: inferred from object/array/string keywords, else
 // any value), `enum`, `const` (their compact serialization, filtered by `type`), `anyOf`,
