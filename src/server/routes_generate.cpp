@@ -704,10 +704,19 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
     if (p.session_id.empty()) p.session_id = req.get_header_value("X-Session-Id");
     if (!p.session_id.empty() && !p.more_prompts.empty())
       throw ApiError(400, "a session holds one conversation: a batch of prompts cannot carry a session id", "prompt");
-    if (p.tool_choice == "auto" && opt.tool_parser == ToolParser::kNone)
+    // --tool-call-parser auto: the format the model's chat template shows.
+    const ToolParser tool_parser = opt.tool_parser != ToolParser::kAuto ? opt.tool_parser
+                                   : m->chat_template ? tool_parser_for_template(m->chat_template->source())
+                                                      : ToolParser::kNone;
+    if (p.tool_choice == "auto" && tool_parser == ToolParser::kNone)
       throw ApiError(400,
-                     "tool_choice \"auto\" needs a server started with --tool-call-parser (hermes, llama3_json, "
-                     "mistral, pythonic, granite)",
+                     std::string("tool_choice \"auto\" (the default with 'tools') needs to know how the model writes "
+                                 "tool calls: ") +
+                         (opt.tool_parser == ToolParser::kAuto
+                              ? "its chat template shows no format kiln reads; start the server with "
+                              : "start the server with ") +
+                         "--tool-call-parser (hermes, llama3_json, mistral, pythonic, granite), or send tool_choice "
+                         "\"required\" or a function",
                      "tool_choice");
     const bool forced = p.tool_choice == "required" || p.tool_choice == "function";
     if (forced && (p.json_object || !p.json_schema.is_null() || !p.grammar.empty() || !p.guided_choice.empty()))
@@ -765,7 +774,7 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
     }
     for (ChoiceState& st : call->choices) {
       if (chat && opt.reasoning_parser) st.splitter.emplace(ReasoningSplitter::prompt_opens_reasoning(chat_text));
-      if (chat && p.tool_choice == "auto") st.tools.emplace(opt.tool_parser);
+      if (chat && p.tool_choice == "auto") st.tools.emplace(tool_parser);
       if (chat && p.tool_choice == "required") st.forced = ChoiceState::Forced::kRequired;
       if (chat && p.tool_choice == "function") st.forced = ChoiceState::Forced::kNamed;
     }

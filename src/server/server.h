@@ -30,9 +30,10 @@ struct ServerOptions {
   // Chat responses of thinking models (Qwen3, DeepSeek-R1): true carries the text between
   // <think> and </think> as reasoning_content beside the answer's content (reasoning.h).
   bool reasoning_parser = false;
-  // How chat output with tools is read back into message.tool_calls (tool_calls.h);
-  // kNone: tool_choice "auto" is refused (nothing would read the calls).
-  ToolParser tool_parser = ToolParser::kNone;
+  // How chat output with tools is read back into message.tool_calls (tool_calls.h); kAuto:
+  // each model's from its chat template; kNone (or a template that shows no format):
+  // tool_choice "auto" is refused (nothing would read the calls).
+  ToolParser tool_parser = ToolParser::kAuto;
 };
 
 class Server {

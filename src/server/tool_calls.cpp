@@ -378,9 +378,10 @@ ToolParser tool_parser_from_name(std::string_view name) {
   if (name == "mistral") return ToolParser::kMistral;
   if (name == "pythonic") return ToolParser::kPythonic;
   if (name == "granite") return ToolParser::kGranite;
+  if (name == "auto") return ToolParser::kAuto;
   if (name == "none" || name.empty()) return ToolParser::kNone;
   throw std::invalid_argument("unknown tool-call parser '" + std::string(name) +
-                              "' (hermes, llama3_json, mistral, pythonic, granite, none)");
+                              "' (hermes, llama3_json, mistral, pythonic, granite, auto, none)");
 }
 
 const char* tool_parser_name(ToolParser p) {
@@ -390,8 +391,19 @@ const char* tool_parser_name(ToolParser p) {
     case ToolParser::kMistral: return "mistral";
     case ToolParser::kPythonic: return "pythonic";
     case ToolParser::kGranite: return "granite";
+    case ToolParser::kAuto: return "auto";
     default: return "none";
   }
+}
+
+ToolParser tool_parser_for_template(std::string_view t) {
+  auto has = [&](std::string_view s) { return t.find(s) != std::string_view::npos; };
+  if (has(kOpen)) return ToolParser::kHermes;
+  if (has(kMistralTag)) return ToolParser::kMistral;
+  if (has(kGraniteTag)) return ToolParser::kGranite;
+  if (has(kPyStart)) return ToolParser::kPythonic;
+  if (has("<|python_tag|>") || has("JSON for a function call")) return ToolParser::kLlama3Json;
+  return ToolParser::kNone;
 }
 
 ToolCallDelta ToolCallSplitter::feed(std::string_view text) {

@@ -24,11 +24,17 @@
 
 namespace kiln::server {
 
-enum class ToolParser { kNone, kHermes, kLlama3Json, kMistral, kPythonic, kGranite };
-// "hermes", "llama3_json", "mistral", "pythonic", "granite" (and "none"); throws
+// kAuto: each model's parser is read from its chat template (tool_parser_for_template).
+enum class ToolParser { kNone, kHermes, kLlama3Json, kMistral, kPythonic, kGranite, kAuto };
+// "hermes", "llama3_json", "mistral", "pythonic", "granite", "auto" (and "none"); throws
 // std::invalid_argument naming the choices.
 ToolParser tool_parser_from_name(std::string_view name);
 const char* tool_parser_name(ToolParser p);
+// The format a chat template tells its model to write tool calls in, from the markers it
+// renders: <tool_call> (hermes), [TOOL_CALLS] (mistral), <|tool_call|> (granite),
+// <|python_start|> (Llama 4: pythonic), <|python_tag|> or Llama 3.1's "JSON for a function
+// call" instruction (llama3_json); kNone when it shows none of them.
+ToolParser tool_parser_for_template(std::string_view chat_template);
 
 struct ToolCall {
   std::string name;

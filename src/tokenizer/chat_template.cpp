@@ -13,7 +13,7 @@ struct ChatTemplate::Parsed {
   jinja::NodeList nodes;
 };
 
-ChatTemplate::ChatTemplate(std::string_view source) : parsed_(std::make_unique<Parsed>()) {
+ChatTemplate::ChatTemplate(std::string_view source) : parsed_(std::make_unique<Parsed>()), source_(source) {
   parsed_->nodes = jinja::parse_template(source);
 }
 ChatTemplate::~ChatTemplate() = default;

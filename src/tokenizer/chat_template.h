@@ -41,10 +41,13 @@ class ChatTemplate {
   // kiln::Error kInvalidArgument carrying its message.
   std::string render(const nlohmann::ordered_json& messages,
                      const ChatTemplateOptions& options) const;
+  // The template's text, as given.
+  const std::string& source() const { return source_; }
 
  private:
   struct Parsed;
   std::unique_ptr<Parsed> parsed_;
+  std::string source_;
 };
 
 nlohmann::ordered_json to_json(const std::vector<ChatMessage>& messages);

@@ -994,16 +994,23 @@ TEST_F(RealModelServerTest, ToolsAndToolCallsReachTheChatTemplate) {
   auto saved = std::move(m.chat_template);
   m.chat_template = std::make_unique<tok::ChatTemplate>(fx["templates"]["qwen2_5"].get<std::string>());
   auto t = post(srv_->port(), "/tokenize", Json{{"model", "smollm2"}, {"messages", messages}, {"tools", fx["tools"]}});
-  // tool_choice "auto" needs --tool-call-parser, which this server was not given.
-  auto refused = post(srv_->port(), "/v1/chat/completions",
-                      Json{{"model", "smollm2"}, {"messages", messages}, {"tools", fx["tools"]}, {"max_tokens", 1}});
+  // tool_choice "auto" (the default with tools) reads calls in the format the chat template
+  // shows (--tool-call-parser auto, the default): Qwen2.5's <tool_call>, so hermes. SmolLM2's
+  // own template shows none, so there it is refused, naming the flag.
+  auto accepted = post(srv_->port(), "/v1/chat/completions",
+                       Json{{"model", "smollm2"}, {"messages", messages}, {"tools", fx["tools"]}, {"max_tokens", 1}});
   auto none = post(srv_->port(), "/v1/chat/completions",
                    Json{{"model", "smollm2"}, {"messages", messages}, {"tools", fx["tools"]}, {"tool_choice", "none"},
                         {"max_tokens", 1}});
   m.chat_template = std::move(saved);
+  auto refused = post(srv_->port(), "/v1/chat/completions",
+                      Json{{"model", "smollm2"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                           {"tools", fx["tools"]}, {"max_tokens", 1}});
   ASSERT_EQ(t.status, 200) << t.body;
   EXPECT_EQ(t.json()["tokens"].get<std::vector<int32_t>>(), m.tokenizer->encode(rendered, false));
+  EXPECT_EQ(accepted.status, 200) << accepted.body;
   EXPECT_EQ(refused.status, 400);
+  EXPECT_NE(refused.body.find("its chat template shows no format"), std::string::npos) << refused.body;
   EXPECT_NE(refused.body.find("--tool-call-parser"), std::string::npos) << refused.body;
   ASSERT_EQ(none.status, 200) << none.body;
   EXPECT_EQ(none.json()["usage"]["prompt_tokens"], t.json()["count"]);

@@ -331,6 +331,29 @@ TEST(ToolCalls, GraniteCallArrays) {
   expect_text(ToolParser::kGranite, {"Paris is sunny.", "<|tool_call|> not json", "<|tool_"});
 }
 
+// --tool-call-parser auto: the format a chat template renders or names.
+TEST(ToolCalls, ParserFromTheChatTemplate) {
+  const std::pair<const char*, ToolParser> cases[] = {
+      {"{%- if tools %}For each function call, return a json object with function name and arguments within "
+       "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": <args-json-object>}"
+       "\n</tool_call>{%- endif %}",
+       ToolParser::kHermes},
+      {"{%- if message.tool_calls %}{{- \"[TOOL_CALLS][\" }}{%- endif %}", ToolParser::kMistral},
+      {"{%- for tool_call in message.tool_calls %}<|tool_call|>{{ tool_call | tojson }}{%- endfor %}",
+       ToolParser::kGranite},
+      {"{{- '<|python_start|>' }}{%- if message.tool_calls %}[{{ call.name }}(...)]{%- endif %}",
+       ToolParser::kPythonic},
+      {"Given the following functions, please respond with a JSON for a function call with its proper arguments that "
+       "best answers the given prompt.",
+       ToolParser::kLlama3Json},
+      {"{%- if builtin_tools is defined %}{{- '<|python_tag|>' + tool_call.name }}{%- endif %}", ToolParser::kLlama3Json},
+      {"{% for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{% endfor %}",
+       ToolParser::kNone},
+      {"", ToolParser::kNone},
+  };
+  for (const auto& [t, want] : cases) EXPECT_EQ(tool_parser_for_template(t), want) << t;
+}
+
 TEST(ToolCalls, ParserNames) {
   EXPECT_EQ(tool_parser_from_name("hermes"), ToolParser::kHermes);
   EXPECT_EQ(tool_parser_from_name("llama3_json"), ToolParser::kLlama3Json);
@@ -339,11 +362,12 @@ TEST(ToolCalls, ParserNames) {
   EXPECT_EQ(tool_parser_from_name("granite"), ToolParser::kGranite);
   EXPECT_STREQ(tool_parser_name(ToolParser::kLlama3Json), "llama3_json");
   EXPECT_STREQ(tool_parser_name(ToolParser::kPythonic), "pythonic");
+  EXPECT_EQ(tool_parser_from_name("auto"), ToolParser::kAuto);
   try {
     tool_parser_from_name("qwen3_xml");
     ADD_FAILURE();
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("hermes, llama3_json, mistral, pythonic, granite"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("hermes, llama3_json, mistral, pythonic, granite, auto"), std::string::npos);
   }
 }
 

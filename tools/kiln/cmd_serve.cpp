@@ -44,7 +44,7 @@ struct ServeArgs {
   int http_threads = 128;
   std::string instance;
   std::string reasoning_parser = "none";
-  std::string tool_parser = "none";
+  std::string tool_parser = "auto";
   int drain_timeout_s = 30;
   int tp = 0;  // not given: an engine's own ranks, else 1
   bool tune_batch_sizes = false;  // ModelOptions::step_tuning
@@ -114,6 +114,11 @@ int run_serve(const ServeArgs& a) {
       kv = str_cat(", KV cache ", s.kv_blocks_total * a.block_size, " tokens, preemption by ",
                    preemption_mode_name(eo.preemption),
                    eo.preemption == PreemptionMode::kSwap ? str_cat(" (", s.swap_blocks_total, " host blocks)") : "");
+    }
+    if (m->executor && so.tool_parser == server::ToolParser::kAuto && m->chat_template) {
+      const server::ToolParser tp = server::tool_parser_for_template(m->chat_template->source());
+      kv += tp == server::ToolParser::kNone ? std::string(", no tool-call format in its chat template")
+                                             : str_cat(", tool calls read as ", server::tool_parser_name(tp));
     }
     std::fprintf(stderr, "[kiln] serving '%s' (%s, %s%s%s)\n", m->name.c_str(), m->model->info().family.c_str(),
                  m->is_decoder() ? "generate" : "embed",
@@ -218,11 +223,12 @@ Runner add_serve(CLI::App& app) {
       ->check(CLI::IsMember({"none", "think", "qwen3", "deepseek_r1"}))
       ->capture_default_str();
   cmd->add_option("--tool-call-parser", a->tool_parser,
-                  "chat requests with tools: read the model's tool calls back into message.tool_calls - hermes "
+                  "chat requests with tools: read the model's tool calls back into message.tool_calls - auto (the "
+                  "format each model's chat template shows), hermes "
                   "(<tool_call>{...}</tool_call>: Qwen2.5/3, Hermes, SmolLM3), llama3_json (Llama 3.1-3.3), mistral "
                   "([TOOL_CALLS] [...]: Mistral 7B v0.3, Nemo, Small), pythonic ([f(a=1), g()]: Llama 3.2, Llama 4) "
                   "or granite (<|tool_call|> [...]: Granite 3.x); none refuses tool_choice \"auto\"")
-      ->check(CLI::IsMember({"none", "hermes", "llama3_json", "mistral", "pythonic", "granite"}))
+      ->check(CLI::IsMember({"auto", "none", "hermes", "llama3_json", "mistral", "pythonic", "granite"}))
       ->capture_default_str();
 
   // `kiln serve bench` (also `kiln bench serve`): load-test a running server.
