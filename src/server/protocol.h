@@ -88,7 +88,8 @@ struct CompletionParams {
   Json tools = Json::array();
   std::string tool_choice = "none";
   std::string tool_choice_name;
-  bool parallel_tool_calls = true;  // false: tool_choice "required" makes exactly one call
+  // false: one call at most (tool_choice "required": exactly one; "auto": the model's first)
+  bool parallel_tool_calls = true;
 };
 
 // Throws ApiError naming the offending field.

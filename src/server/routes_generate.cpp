@@ -552,6 +552,10 @@ size_t absorb(Call& c, const RequestUpdate& u) {
         }
         st.last.content = std::move(d.content);
         st.fragments = std::move(d.fragments);
+        if (!c.params.parallel_tool_calls) {  // one call at most: the first
+          std::erase_if(st.fragments, [](const ToolCallFragment& f) { return f.call > 0; });
+          d.calls.resize(std::min(d.calls.size(), st.calls.empty() ? size_t(1) : size_t(0)));
+        }
         for (auto& call : d.calls) {
           call.id = call_id(st, st.calls.size());
           st.calls.push_back(std::move(call));

@@ -900,6 +900,27 @@ TEST_F(RealModelServerTest, HermesToolCallsAreReadFromTheOutput) {
   }
   EXPECT_EQ(arguments, R"({"city": "Paris"})");
   EXPECT_EQ(finish, "tool_calls");
+
+  // Two calls written; parallel_tool_calls false keeps the first, in the body and the stream.
+  body["grammar"] = R"(root ::= "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Lyon\"}}\n</tool_call>")";
+  body.erase("stream");
+  auto both = post(srv.port(), "/v1/chat/completions", body);
+  ASSERT_EQ(both.status, 200) << both.body;
+  EXPECT_EQ(both.json()["choices"][0]["message"]["tool_calls"].size(), 2u) << both.body;
+  body["parallel_tool_calls"] = false;
+  auto one = post(srv.port(), "/v1/chat/completions", body);
+  ASSERT_EQ(one.status, 200) << one.body;
+  const Json one_calls = one.json()["choices"][0]["message"]["tool_calls"];
+  ASSERT_EQ(one_calls.size(), 1u) << one.body;
+  EXPECT_EQ(one_calls[0]["function"]["arguments"], R"({"city":"Paris"})");
+  body["stream"] = true;
+  auto one_stream = post_sse(srv.port(), "/v1/chat/completions", body);
+  ASSERT_TRUE(one_stream.done);
+  for (auto& e : one_stream.events) {
+    const Json ch = Json::parse(e)["choices"][0];
+    if (ch["delta"].contains("tool_calls"))
+      for (auto& piece : ch["delta"]["tool_calls"]) EXPECT_EQ(piece["index"], 0) << piece.dump();
+  }
 }
 
 TEST_F(RealModelServerTest, ReasoningParserSplitsThinkingOutput) {
