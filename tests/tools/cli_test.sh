@@ -151,6 +151,19 @@ check build-kv-shift-none 0 "kv shift    none (--kv-calib none)" -- \
   "$kiln" build -m "$tmp/llama-tok" -o "$tmp/llama-none.kiln" --no-tune --kv-calib none
 check build-kv-shift-missing 1 "--kv-calib: no text file" -- \
   "$kiln" build -m "$tmp/llama-tok" -o "$tmp/x.kiln" --no-tune --kv-calib "$tmp/nope.txt"
+# `kiln serve --chat-template` replaces a model's template (a file or its text); the tool-call
+# format is then read from it (--tool-call-parser auto).
+printf '{%% for m in messages %%}{{ m.content }}{%% endfor %%}<tool_call>' > "$tmp/tools.jinja"
+timeout 60 "$kiln" serve -m "$tmp/llama-tok" --port 0 --chat-template "$tmp/tools.jinja" >"$tmp/serve.log" 2>&1 &
+srv=$!
+for _ in $(seq 200); do grep -q "listening" "$tmp/serve.log" 2>/dev/null && break; sleep 0.1; done
+kill $srv 2>/dev/null; wait $srv 2>/dev/null
+if grep -qF "tool calls read as hermes" "$tmp/serve.log"; then echo "ok   serve-chat-template"
+else echo "FAIL serve-chat-template: $(head -5 "$tmp/serve.log")"; fail=1; fi
+check serve-chat-template-bad 1 "--chat-template: chat template line 1" -- \
+  "$kiln" serve -m "$tmp/llama-tok" --port 0 --chat-template '{% for %}'
+check serve-chat-template-missing 1 "--chat-template: no file 'none.jinja'" -- \
+  "$kiln" serve -m "$tmp/llama-tok" --port 0 --chat-template none.jinja
 check build-tp-heads 1 "4 attention heads do not split over 3 ranks" -- \
   "$kiln" build --tp 3 -m "$fixtures/models/llama" -o "$tmp/x.kiln" --no-tune
 check build-tp-encoder 1 "decoders only" -- "$kiln" build --tp 2 -m "$fixtures/models/bert" -o "$tmp/x.kiln" --no-tune

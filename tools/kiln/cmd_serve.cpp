@@ -5,9 +5,11 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <thread>
 
 #include "commands.h"
+#include "core/mapped_file.h"
 #include "core/status.h"
 #include "server/bench_client.h"
 #include "server/server.h"
@@ -45,6 +47,7 @@ struct ServeArgs {
   std::string instance;
   std::string reasoning_parser = "none";
   std::string tool_parser = "auto";
+  std::string chat_template;  // a file or the template's text; "" = each model's own
   int drain_timeout_s = 30;
   int tp = 0;  // not given: an engine's own ranks, else 1
   bool tune_batch_sizes = false;  // ModelOptions::step_tuning
@@ -92,6 +95,20 @@ int run_serve(const ServeArgs& a) {
     else repo.add(m);
   }
   if (!a.repo.empty()) repo.add_directory(a.repo);
+  if (!a.chat_template.empty()) {
+    // vLLM's --chat-template: a file, or the template's own text.
+    const bool file = std::filesystem::is_regular_file(a.chat_template);
+    if (!file && a.chat_template.find("{{") == std::string::npos && a.chat_template.find("{%") == std::string::npos)
+      throw_error(ErrorCode::kInvalidArgument, "--chat-template: no file '", a.chat_template,
+                  "' (give a Jinja template's file or its text)");
+    const std::string text = file ? read_text_file(a.chat_template) : a.chat_template;
+    try {
+      for (auto& m : repo.models())
+        if (m->executor) m->chat_template = std::make_unique<tok::ChatTemplate>(text);
+    } catch (const Error& e) {
+      throw_error(e.code(), "--chat-template: ", e.what());
+    }
+  }
 
   server::ServerOptions so;
   so.host = a.host;
@@ -222,6 +239,9 @@ Runner add_serve(CLI::App& app) {
                   "</think> as reasoning_content beside the content; none leaves it in the content")
       ->check(CLI::IsMember({"none", "think", "qwen3", "deepseek_r1"}))
       ->capture_default_str();
+  cmd->add_option("--chat-template", a->chat_template,
+                  "a Jinja chat template (a file, or the template's text) for every generating model instead of "
+                  "its own, as vLLM's --chat-template: e.g. one that renders tools for a model whose own does not");
   cmd->add_option("--tool-call-parser", a->tool_parser,
                   "chat requests with tools: read the model's tool calls back into message.tool_calls - auto (the "
                   "format each model's chat template shows), hermes "
