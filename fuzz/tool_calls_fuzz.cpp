@@ -33,10 +33,11 @@ void append(ToolCallDelta& all, ToolCallDelta d) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1 || size > 8192) return 0;
   using kiln::server::ToolParser;
-  const ToolParser parsers[] = {ToolParser::kHermes,   ToolParser::kLlama3Json, ToolParser::kMistral,
-                                ToolParser::kPythonic, ToolParser::kGranite,    ToolParser::kNone};
-  const ToolParser p = parsers[data[0] % 6];
-  const size_t step = 1 + data[0] / 6 % 13;  // piece sizes cycle 1..step
+  const ToolParser parsers[] = {ToolParser::kHermes,  ToolParser::kLlama3Json, ToolParser::kMistral,
+                                ToolParser::kPythonic, ToolParser::kGranite,   ToolParser::kQwen3Xml,
+                                ToolParser::kNone};
+  const ToolParser p = parsers[data[0] % 7];
+  const size_t step = 1 + data[0] / 7 % 13;  // piece sizes cycle 1..step
   const std::string_view text(reinterpret_cast<const char*>(data + 1), size - 1);
 
   const ToolCallDelta whole = kiln::server::parse_tool_calls(p, text);

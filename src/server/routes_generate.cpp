@@ -719,7 +719,8 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
                          (opt.tool_parser == ToolParser::kAuto
                               ? "its chat template shows no format kiln reads; start the server with "
                               : "start the server with ") +
-                         "--tool-call-parser (hermes, llama3_json, mistral, pythonic, granite), or send tool_choice "
+                         "--tool-call-parser (hermes, llama3_json, mistral, pythonic, granite, qwen3_xml), or send "
+                         "tool_choice "
                          "\"required\" or a function",
                      "tool_choice");
     const bool forced = p.tool_choice == "required" || p.tool_choice == "function";
@@ -778,7 +779,7 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
     }
     for (ChoiceState& st : call->choices) {
       if (chat && opt.reasoning_parser) st.splitter.emplace(ReasoningSplitter::prompt_opens_reasoning(chat_text));
-      if (chat && p.tool_choice == "auto") st.tools.emplace(tool_parser);
+      if (chat && p.tool_choice == "auto") st.tools.emplace(tool_parser, p.tools);
       if (chat && p.tool_choice == "required") st.forced = ChoiceState::Forced::kRequired;
       if (chat && p.tool_choice == "function") st.forced = ChoiceState::Forced::kNamed;
     }

@@ -318,6 +318,69 @@ class PythonCalls {
   size_t at_ = 0;
 };
 
+// qwen3_xml: a call's body, <function=NAME> then <parameter=KEY>value</parameter>s and
+// </function>; nullopt unless it is exactly that. A value loses one line break at each end
+// and is typed by the tool's schema for KEY: string as written, integer / number / boolean
+// parsed (a value that does not parse stays a string), anything else parsed as JSON when it
+// parses (vLLM's qwen3_coder parser's rules).
+std::optional<ToolCall> xml_call(std::string_view body, const Json& tools) {
+  auto trim = [](std::string_view s) {
+    while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
+    while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
+    return s;
+  };
+  body = trim(body);
+  constexpr std::string_view kFn = "<function=", kFnEnd = "</function>", kPar = "<parameter=", kParEnd = "</parameter>";
+  if (!body.starts_with(kFn) || !body.ends_with(kFnEnd)) return std::nullopt;
+  body.remove_prefix(kFn.size());
+  body.remove_suffix(kFnEnd.size());
+  const size_t gt = body.find('>');
+  if (gt == std::string_view::npos) return std::nullopt;
+  ToolCall call;
+  call.name = std::string(trim(body.substr(0, gt)));
+  if (call.name.empty() || call.name.find_first_of("<\n") != std::string::npos) return std::nullopt;
+  const Json* properties = nullptr;
+  for (const Json& t : tools)
+    if (t.is_object() && t.contains("function") && t["function"].value("name", "") == call.name) {
+      const Json& fn = t["function"];
+      if (fn.contains("parameters") && fn["parameters"].is_object() && fn["parameters"].contains("properties") &&
+          fn["parameters"]["properties"].is_object())
+        properties = &fn["parameters"]["properties"];
+    }
+  Json args = Json::object();
+  std::string_view rest = trim(body.substr(gt + 1));
+  while (!rest.empty()) {
+    if (!rest.starts_with(kPar)) return std::nullopt;
+    rest.remove_prefix(kPar.size());
+    const size_t key_end = rest.find('>'), value_end = rest.find(kParEnd);
+    if (key_end == std::string_view::npos || value_end == std::string_view::npos || key_end > value_end)
+      return std::nullopt;
+    const std::string key(trim(rest.substr(0, key_end)));
+    std::string_view raw = rest.substr(key_end + 1, value_end - key_end - 1);
+    if (raw.starts_with('\n')) raw.remove_prefix(1);
+    if (raw.ends_with('\n')) raw.remove_suffix(1);
+    if (key.empty()) return std::nullopt;
+    std::string type;
+    if (properties && properties->contains(key) && (*properties)[key].is_object()) {
+      const Json& t = (*properties)[key].value("type", Json());
+      if (t.is_string()) type = t.get<std::string>();
+    }
+    Json value = std::string(raw);
+    if (type != "string" && !type.empty()) {
+      const Json parsed = Json::parse(trim(raw), nullptr, /*allow_exceptions=*/false);
+      const bool fits = type == "integer"   ? parsed.is_number_integer()
+                        : type == "number"  ? parsed.is_number()
+                        : type == "boolean" ? parsed.is_boolean()
+                                            : !parsed.is_discarded();
+      if (fits) value = parsed;
+    }
+    args[key] = std::move(value);
+    rest = trim(rest.substr(value_end + kParEnd.size()));
+  }
+  call.arguments = args.dump(-1, ' ', false, Json::error_handler_t::replace);
+  return call;
+}
+
 // Whole-output formats: whether the text so far (leading whitespace skipped) is too short to
 // tell calls from text, and whether it opens as calls.
 bool undecided(ToolParser p, std::string_view rest) {
@@ -378,10 +441,11 @@ ToolParser tool_parser_from_name(std::string_view name) {
   if (name == "mistral") return ToolParser::kMistral;
   if (name == "pythonic") return ToolParser::kPythonic;
   if (name == "granite") return ToolParser::kGranite;
+  if (name == "qwen3_xml") return ToolParser::kQwen3Xml;
   if (name == "auto") return ToolParser::kAuto;
   if (name == "none" || name.empty()) return ToolParser::kNone;
   throw std::invalid_argument("unknown tool-call parser '" + std::string(name) +
-                              "' (hermes, llama3_json, mistral, pythonic, granite, auto, none)");
+                              "' (hermes, llama3_json, mistral, pythonic, granite, qwen3_xml, auto, none)");
 }
 
 const char* tool_parser_name(ToolParser p) {
@@ -391,6 +455,7 @@ const char* tool_parser_name(ToolParser p) {
     case ToolParser::kMistral: return "mistral";
     case ToolParser::kPythonic: return "pythonic";
     case ToolParser::kGranite: return "granite";
+    case ToolParser::kQwen3Xml: return "qwen3_xml";
     case ToolParser::kAuto: return "auto";
     default: return "none";
   }
@@ -398,6 +463,7 @@ const char* tool_parser_name(ToolParser p) {
 
 ToolParser tool_parser_for_template(std::string_view t) {
   auto has = [&](std::string_view s) { return t.find(s) != std::string_view::npos; };
+  if (has("<function=")) return ToolParser::kQwen3Xml;  // inside <tool_call>: before hermes
   if (has(kOpen)) return ToolParser::kHermes;
   if (has(kMistralTag)) return ToolParser::kMistral;
   if (has(kGraniteTag)) return ToolParser::kGranite;
@@ -420,7 +486,8 @@ ToolCallDelta ToolCallSplitter::drain(bool final) {
     held_.clear();
     return out;
   }
-  if (parser_ != ToolParser::kHermes) {
+  const bool tagged = parser_ == ToolParser::kHermes || parser_ == ToolParser::kQwen3Xml;
+  if (!tagged) {
     // Whole-output formats: once the output opens as calls it is held to the end and parsed
     // whole; if it does not parse, all of it is content.
     if (!decided_) {
@@ -451,7 +518,7 @@ ToolCallDelta ToolCallSplitter::drain(bool final) {
     held_.clear();
     return out;
   }
-  // hermes
+  // hermes and qwen3_xml: calls within <tool_call> ... </tool_call> after text
   for (;;) {
     if (!in_call_) {  // outside a call
       const size_t at = held_.find(kOpen);
@@ -477,7 +544,7 @@ ToolCallDelta ToolCallSplitter::drain(bool final) {
     const size_t end = held_.find(kClose);
     // The call's text so far: a tail that may be the start of </tool_call> waits.
     const size_t visible = end != std::string::npos ? end : final ? held_.size() : held_.size() - partial_tag(held_, kClose);
-    stream_call(out, visible);
+    if (parser_ == ToolParser::kHermes) stream_call(out, visible);
     if (end == std::string::npos && !final) return out;
     const std::string body = held_.substr(0, visible);
     std::optional<ToolCall> c;
@@ -487,6 +554,8 @@ ToolCallDelta ToolCallSplitter::drain(bool final) {
       std::string args = held_.substr(args_at_, args_sent_);
       const Json a = Json::parse(args, nullptr, /*allow_exceptions=*/false);
       c = ToolCall{streaming_name_, a.is_object() ? a.dump() : std::move(args), "", true};
+    } else if (parser_ == ToolParser::kQwen3Xml) {
+      c = xml_call(body, tools_);
     } else {
       c = parse_call(body, {"arguments", "parameters"});
     }
@@ -585,8 +654,8 @@ std::vector<ToolCallFragment> CallArrayStreamer::feed(std::string_view text) {
   return out;
 }
 
-ToolCallDelta parse_tool_calls(ToolParser parser, std::string_view text) {
-  ToolCallSplitter s(parser);
+ToolCallDelta parse_tool_calls(ToolParser parser, std::string_view text, const nlohmann::ordered_json& tools) {
+  ToolCallSplitter s(parser, tools);
   ToolCallDelta a = s.feed(text), b = s.finish();
   a.content += b.content;
   for (auto& c : b.calls) a.calls.push_back(std::move(c));

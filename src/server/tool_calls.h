@@ -10,6 +10,10 @@
 //                [TOOL_CALLS] control token (Mistral 7B v0.3, Nemo, Small; the token itself
 //                is skipped from the text, or taken off when it is there)
 //   granite      the same array after <|tool_call|> (IBM Granite 3.x)
+//   qwen3_xml    <tool_call><function=NAME><parameter=KEY>value</parameter>...</function>
+//                </tool_call>, after optional text (Qwen3-Coder); each value is typed by the
+//                tool's JSON Schema (string as written; integer, number, boolean; other
+//                types parsed as JSON), as vLLM's qwen3_coder parser types them
 //   pythonic     the whole output is a Python list of keyword calls, [f(a=1, b="x"), g()],
 //                with Python literals as values (Llama 3.2, Llama 4: within <|python_start|>
 //                ... <|python_end|> when those are in the text); positional arguments, or
@@ -18,6 +22,7 @@
 // tests/server/tool_calls_test.cpp.
 #pragma once
 
+#include <nlohmann/json.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -25,13 +30,13 @@
 namespace kiln::server {
 
 // kAuto: each model's parser is read from its chat template (tool_parser_for_template).
-enum class ToolParser { kNone, kHermes, kLlama3Json, kMistral, kPythonic, kGranite, kAuto };
-// "hermes", "llama3_json", "mistral", "pythonic", "granite", "auto" (and "none"); throws
-// std::invalid_argument naming the choices.
+enum class ToolParser { kNone, kHermes, kLlama3Json, kMistral, kPythonic, kGranite, kQwen3Xml, kAuto };
+// "hermes", "llama3_json", "mistral", "pythonic", "granite", "qwen3_xml", "auto" (and "none");
+// throws std::invalid_argument naming the choices.
 ToolParser tool_parser_from_name(std::string_view name);
 const char* tool_parser_name(ToolParser p);
 // The format a chat template tells its model to write tool calls in, from the markers it
-// renders: <tool_call> (hermes), [TOOL_CALLS] (mistral), <|tool_call|> (granite),
+// renders: <function= (qwen3_xml), <tool_call> (hermes), [TOOL_CALLS] (mistral), <|tool_call|> (granite),
 // <|python_start|> (Llama 4: pythonic), <|python_tag|> or Llama 3.1's "JSON for a function
 // call" instruction (llama3_json); kNone when it shows none of them.
 ToolParser tool_parser_for_template(std::string_view chat_template);
@@ -69,7 +74,10 @@ struct ToolCallDelta {
 // streamed) are out already.
 class ToolCallSplitter {
  public:
-  explicit ToolCallSplitter(ToolParser parser) : parser_(parser) {}
+  // `tools`: the request's tools (OpenAI's array), whose parameter schemas type qwen3_xml's
+  // values.
+  explicit ToolCallSplitter(ToolParser parser, nlohmann::ordered_json tools = nlohmann::ordered_json::array())
+      : parser_(parser), tools_(std::move(tools)) {}
   ToolCallDelta feed(std::string_view text);
   ToolCallDelta finish();
   bool saw_calls() const { return calls_ > 0; }
@@ -80,6 +88,7 @@ class ToolCallSplitter {
   // read, then the arguments written since.
   void stream_call(ToolCallDelta& out, size_t visible);
   ToolParser parser_;
+  nlohmann::ordered_json tools_;
   std::string held_;
   // Whole-output formats (all but hermes): whether the output is tool calls was decided,
   // and whether it is (then its calls are parsed at the end).
@@ -121,6 +130,7 @@ class CallArrayStreamer {
 };
 
 // Whole-output convenience: feed(text) + finish().
-ToolCallDelta parse_tool_calls(ToolParser parser, std::string_view text);
+ToolCallDelta parse_tool_calls(ToolParser parser, std::string_view text,
+                               const nlohmann::ordered_json& tools = nlohmann::ordered_json::array());
 
 }  // namespace kiln::server

@@ -319,6 +319,37 @@ TEST(ToolCalls, PythonicCallLists) {
   ASSERT_EQ(t.finish().calls.size(), 1u);
 }
 
+// Qwen3-Coder: XML-style calls after text, each value typed by the tool's schema (a value
+// that does not fit its type stays a string; a key the schema lacks is a string).
+TEST(ToolCalls, Qwen3XmlCalls) {
+  const auto tools = nlohmann::ordered_json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
+      "metric": {"type": "boolean"}, "opts": {"type": "object"}, "zip": {"type": "string"}}}}}])");
+  const std::string out =
+      "Let me check.\n<tool_call>\n<function=get_weather>\n<parameter=city>\nNew York\n</parameter>\n"
+      "<parameter=days>\n3\n</parameter>\n<parameter=metric>\ntrue\n</parameter>\n<parameter=opts>\n{\"a\": [1, 2]}\n"
+      "</parameter>\n<parameter=zip>\n01234\n</parameter>\n<parameter=note>\nline one\nline two\n</parameter>\n"
+      "</function>\n</tool_call>\n<tool_call>\n<function=get_time>\n</function>\n</tool_call>";
+  ToolCallDelta d = parse_tool_calls(ToolParser::kQwen3Xml, out, tools);
+  EXPECT_EQ(d.content, "Let me check.\n");
+  ASSERT_EQ(d.calls.size(), 2u) << d.content;
+  EXPECT_EQ(d.calls[0].name, "get_weather");
+  EXPECT_EQ(nlohmann::json::parse(d.calls[0].arguments),
+            nlohmann::json::parse(R"({"city": "New York", "days": 3, "metric": true, "opts": {"a": [1, 2]},
+                "zip": "01234", "note": "line one\nline two"})"));
+  EXPECT_FALSE(d.calls[0].streamed);
+  EXPECT_EQ(d.calls[1].name, "get_time");
+  EXPECT_EQ(d.calls[1].arguments, "{}");
+  expect_any_split_agrees(ToolParser::kQwen3Xml, out);
+  // A value that does not fit its type stays a string.
+  d = parse_tool_calls(ToolParser::kQwen3Xml,
+                       "<tool_call><function=get_weather><parameter=days>three</parameter></function></tool_call>", tools);
+  ASSERT_EQ(d.calls.size(), 1u);
+  EXPECT_EQ(d.calls[0].arguments, R"({"days":"three"})");
+  expect_text(ToolParser::kQwen3Xml, {"Plain text.", "<tool_call>\n<function=f>\n<parameter=x>1</function>\n</tool_call>",
+                                      "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>"});
+}
+
 TEST(ToolCalls, GraniteCallArrays) {
   for (const std::string out : {R"(<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris"}}])",
                                 R"([{"name": "get_weather", "arguments": {"city": "Paris"}}])"}) {
@@ -346,6 +377,8 @@ TEST(ToolCalls, ParserFromTheChatTemplate) {
       {"Given the following functions, please respond with a JSON for a function call with its proper arguments that "
        "best answers the given prompt.",
        ToolParser::kLlama3Json},
+      {"<tool_call>\n<function=example_function_name>\n<parameter=example_parameter_1>\nvalue_1\n</parameter>",
+       ToolParser::kQwen3Xml},
       {"{%- if builtin_tools is defined %}{{- '<|python_tag|>' + tool_call.name }}{%- endif %}", ToolParser::kLlama3Json},
       {"{% for message in messages %}<|im_start|>{{ message.role }}\n{{ message.content }}<|im_end|>\n{% endfor %}",
        ToolParser::kNone},
@@ -363,11 +396,14 @@ TEST(ToolCalls, ParserNames) {
   EXPECT_STREQ(tool_parser_name(ToolParser::kLlama3Json), "llama3_json");
   EXPECT_STREQ(tool_parser_name(ToolParser::kPythonic), "pythonic");
   EXPECT_EQ(tool_parser_from_name("auto"), ToolParser::kAuto);
+  EXPECT_EQ(tool_parser_from_name("qwen3_xml"), ToolParser::kQwen3Xml);
+  EXPECT_STREQ(tool_parser_name(ToolParser::kQwen3Xml), "qwen3_xml");
   try {
-    tool_parser_from_name("qwen3_xml");
+    tool_parser_from_name("kimi_k2");
     ADD_FAILURE();
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("hermes, llama3_json, mistral, pythonic, granite, auto"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("hermes, llama3_json, mistral, pythonic, granite, qwen3_xml, auto"),
+              std::string::npos);
   }
 }
 
