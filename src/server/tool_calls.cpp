@@ -287,30 +287,7 @@ class PythonCalls {
         out += c;
         continue;
       }
-      if (at_ >= s_.size()) return std::nullopt;
-      const char e = s_[at_++];
-      switch (e) {
-        case 'n': out += '\n'; break;
-        case 't': out += '\t'; break;
-        case 'r': out += '\r'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case '0': out += '\0'; break;
-        case '\n': break;  // a line continuation
-        case 'x': case 'u': case 'U': {
-          const size_t digits = e == 'x' ? 2 : e == 'u' ? 4 : 8;
-          uint32_t cp = 0;
-          for (size_t k = 0; k < digits; ++k) {
-            if (at_ >= s_.size() || !std::isxdigit(static_cast<unsigned char>(s_[at_]))) return std::nullopt;
-            const char h = s_[at_++];
-            cp = cp * 16 + uint32_t(h <= '9' ? h - '0' : (h | 0x20) - 'a' + 10);
-          }
-          if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return std::nullopt;
-          tok::utf8_append(out, char32_t(cp));
-          break;
-        }
-        default: out += e;  // \\ \' \" as themselves (and an unknown escape's character)
-      }
+      if (!tok::python_unescape(s_, at_, out)) return std::nullopt;
     }
   }
 

@@ -5,6 +5,7 @@
 #include <utf8proc.h>
 
 #include <array>
+#include <cctype>
 #include <cstdlib>
 #include <memory>
 
@@ -49,6 +50,41 @@ size_t utf8_decode(std::string_view s, size_t pos, char32_t* cp) {
   if (v < min || v > 0x10FFFF || (v >= 0xD800 && v <= 0xDFFF)) return 0;
   *cp = v;
   return n;
+}
+
+bool python_unescape(std::string_view src, size_t& pos, std::string& out) {
+  if (pos >= src.size()) return false;
+  const char e = src[pos];
+  size_t digits = 0;
+  switch (e) {
+    case 'n': out += '\n'; break;
+    case 't': out += '\t'; break;
+    case 'r': out += '\r'; break;
+    case 'b': out += '\b'; break;
+    case 'f': out += '\f'; break;
+    case 'a': out += '\a'; break;
+    case 'v': out += '\v'; break;
+    case '0': out += '\0'; break;
+    case '\\': case '\'': case '"': out += e; break;
+    case '\n': break;  // a line continuation
+    case 'x': digits = 2; break;
+    case 'u': digits = 4; break;
+    case 'U': digits = 8; break;
+    default: out += '\\'; out += e;  // Python keeps unknown escapes verbatim
+  }
+  if (digits) {
+    if (pos + 1 + digits > src.size()) return false;
+    char32_t cp = 0;
+    for (size_t k = 1; k <= digits; ++k) {
+      const char h = src[pos + k];
+      if (!std::isxdigit(static_cast<unsigned char>(h))) return false;
+      cp = cp * 16 + char32_t(h <= '9' ? h - '0' : (h | 0x20) - 'a' + 10);
+    }
+    if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) return false;
+    utf8_append(out, cp);
+  }
+  pos += 1 + digits;
+  return true;
 }
 
 void utf8_append(std::string& out, char32_t cp) {

@@ -22,6 +22,13 @@ size_t utf8_len(unsigned char lead);
 bool utf8_lead_bounds(unsigned char lead, size_t& length, unsigned char& lo, unsigned char& hi);
 void utf8_append(std::string& out, char32_t cp);
 std::string utf8_encode(char32_t cp);
+// One escape of a Python string literal, its backslash just before src[pos]: appends what it
+// stands for to `out` (\n \t \r \b \f \a \v \0, \\ \' \", \xHH \uHHHH \UHHHHHHHH as UTF-8;
+// an unknown escape verbatim, backslash included, as Python keeps it; a backslash-newline
+// is a line continuation) and moves pos past it. False, pos unchanged, for one that is cut
+// off or whose hex digits are bad or name a surrogate or a code point past U+10FFFF. Used
+// by the chat templates' Jinja lexer and the pythonic tool-call parser.
+bool python_unescape(std::string_view src, size_t& pos, std::string& out);
 // Offset of the first invalid byte, or npos when s is valid UTF-8.
 size_t utf8_find_invalid(std::string_view s);
 // Throws kiln::Error(kInvalidArgument) naming `what` and the byte offset.

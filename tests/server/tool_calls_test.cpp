@@ -298,11 +298,12 @@ TEST(ToolCalls, PythonicCallLists) {
   EXPECT_TRUE(parse_tool_calls(ToolParser::kPythonic, values).calls.empty()) << "an expression is not a literal";
   const std::string literals =
       "<|python_start|>[f(a=1, b=-2.5, c=True, d=None, e=[1, 'x', (2, 3)], g={'k': {\"n\": 1e3}, 2: 'two'},\n"
-      "  h='it\\'s \\u00e9\\n', i=\"\"\"tri\"ple\"\"\",), g2(),]<|python_end|>";
+      "  h='it\\'s \\u00e9\\n', i=\"\"\"tri\"ple\"\"\", k='a\\qb\\a',), g2(),]<|python_end|>";
   d = parse_tool_calls(ToolParser::kPythonic, literals);
   ASSERT_EQ(d.calls.size(), 2u) << d.content;
   EXPECT_EQ(nlohmann::json::parse(d.calls[0].arguments), nlohmann::json::parse(R"({"a": 1, "b": -2.5, "c": true,
-      "d": null, "e": [1, "x", [2, 3]], "g": {"k": {"n": 1000.0}, "2": "two"}, "h": "it's \u00e9\n", "i": "tri\"ple"})"));
+      "d": null, "e": [1, "x", [2, 3]], "g": {"k": {"n": 1000.0}, "2": "two"}, "h": "it's \u00e9\n", "i": "tri\"ple",
+      "k": "a\\qb\u0007"})"));
   EXPECT_EQ(d.calls[1].name, "g2");
   expect_any_split_agrees(ToolParser::kPythonic, literals);
 

@@ -181,30 +181,8 @@ class Lexer {
         continue;
       }
       if (pos_ >= src_.size()) fail("unterminated string literal");
-      const char e = src_[pos_++];
-      auto hex = [&](size_t n) {
-        if (pos_ + n > src_.size()) fail("bad escape in string literal");
-        const std::string h(src_.substr(pos_, n));
-        for (char x : h) {
-          if (!std::isxdigit(static_cast<unsigned char>(x))) fail("bad escape in string literal");
-        }
-        pos_ += n;
-        const auto cp = static_cast<char32_t>(std::stoul(h, nullptr, 16));
-        if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF)) fail("bad escape in string literal");
-        utf8_append(out, cp);
-      };
-      switch (e) {
-        case 'n': out += '\n'; break;
-        case 't': out += '\t'; break;
-        case 'r': out += '\r'; break;
-        case '0': out += '\0'; break;
-        case 'x': hex(2); break;
-        case 'u': hex(4); break;
-        case 'U': hex(8); break;
-        case '\\': case '\'': case '"': out += e; break;
-        case '\n': ++line_; break;  // line continuation
-        default: out += '\\'; out += e;  // Python keeps unknown escapes verbatim
-      }
+      if (src_[pos_] == '\n') ++line_;  // a line continuation
+      if (!python_unescape(src_, pos_, out)) fail("bad escape in string literal");
     }
   }
 
