@@ -64,25 +64,7 @@ std::optional<ToolCall> parse_call(std::string_view text, std::initializer_list<
 
 // The end (one past '}') of the JSON object starting at s[at] == '{', or npos when it does
 // not close within s.
-size_t object_end(std::string_view s, size_t at) {
-  int depth = 0;
-  bool in_string = false, escape = false;
-  for (size_t i = at; i < s.size(); ++i) {
-    const char c = s[i];
-    if (in_string) {
-      if (escape) escape = false;
-      else if (c == '\\') escape = true;
-      else if (c == '"') in_string = false;
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      ++depth;
-    } else if (c == '}' || c == ']') {
-      if (--depth == 0) return i + 1;
-    }
-  }
-  return std::string_view::npos;
-}
+size_t object_end(std::string_view s, size_t at) { return JsonCloseScan(at).scan(s); }
 
 // Reading a hermes call's head, {"name": "<name>", "arguments" (or "parameters"): {.
 enum class Head { kIncomplete, kNo, kYes };
@@ -412,6 +394,24 @@ std::vector<ToolCall> array_calls(std::string_view text, std::string_view tag) {
 
 }  // namespace
 
+size_t JsonCloseScan::scan(std::string_view s) {
+  for (; pos_ < s.size(); ++pos_) {
+    const char c = s[pos_];
+    if (in_string_) {
+      if (escape_) escape_ = false;
+      else if (c == '\\') escape_ = true;
+      else if (c == '"') in_string_ = false;
+    } else if (c == '"') {
+      in_string_ = true;
+    } else if (c == '{' || c == '[') {
+      ++depth_;
+    } else if ((c == '}' || c == ']') && --depth_ == 0) {
+      return ++pos_;
+    }
+  }
+  return std::string_view::npos;
+}
+
 ToolParser tool_parser_from_name(std::string_view name) {
   if (name == "hermes") return ToolParser::kHermes;
   if (name == "llama3_json") return ToolParser::kLlama3Json;
@@ -562,11 +562,12 @@ void ToolCallSplitter::stream_call(ToolCallDelta& out, size_t visible) {
     if (h == Head::kNo) head_checked_ = true;
     if (h != Head::kYes) return;
     args_at_ = at;
+    args_scan_ = JsonCloseScan(at);
     streaming_name_ = name;
     out.fragments.push_back({size_t(calls_), name, ""});
   }
   if (args_at_ == std::string::npos || args_done_) return;
-  const size_t close = object_end(text, args_at_);
+  const size_t close = args_scan_.scan(text);
   const size_t upto = close == std::string_view::npos ? text.size() : close;
   args_done_ = close != std::string_view::npos;
   if (upto <= args_at_ + args_sent_) return;
@@ -594,6 +595,7 @@ std::vector<ToolCallFragment> CallArrayStreamer::feed(std::string_view text) {
         break;
       }
       obj_at_ = next_;
+      obj_scan_ = JsonCloseScan(obj_at_);
     }
     if (args_at_ == std::string::npos) {
       std::string name;
@@ -605,12 +607,13 @@ std::vector<ToolCallFragment> CallArrayStreamer::feed(std::string_view text) {
         break;
       }
       args_at_ = obj_at_ + rel;
+      args_scan_ = JsonCloseScan(args_at_);
       out.push_back({streamed_.size(), name, ""});
       streamed_.push_back({name, "", "", true});
     }
     ToolCall& call = streamed_.back();
     if (!args_done_) {
-      const size_t close = object_end(s, args_at_);
+      const size_t close = args_scan_.scan(s);
       const size_t upto = close == std::string_view::npos ? s.size() : close;
       const size_t sent = args_at_ + call.arguments.size();
       if (upto > sent) {
@@ -622,7 +625,7 @@ std::vector<ToolCallFragment> CallArrayStreamer::feed(std::string_view text) {
       if (close == std::string_view::npos) break;
       args_done_ = true;
     }
-    const size_t end = object_end(s, obj_at_);
+    const size_t end = obj_scan_.scan(s);
     if (end == std::string_view::npos) break;
     next_ = end;
     obj_at_ = args_at_ = std::string::npos;

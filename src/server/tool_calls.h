@@ -29,6 +29,21 @@
 
 namespace kiln::server {
 
+// Where a JSON object or array that opens at `at` closes, found resumably: each scan() reads
+// only the text added since the last one (the text only grows), so streaming a long value
+// stays linear. Strings and their escapes are skipped; the text need not be valid JSON.
+class JsonCloseScan {
+ public:
+  explicit JsonCloseScan(size_t at = std::string::npos) : pos_(at) {}
+  // One past the closing bracket within `s`, or npos while it is still open.
+  size_t scan(std::string_view s);
+
+ private:
+  size_t pos_;
+  int depth_ = 0;
+  bool in_string_ = false, escape_ = false;
+};
+
 // kAuto: each model's parser is read from its chat template (tool_parser_for_template).
 enum class ToolParser { kNone, kHermes, kLlama3Json, kMistral, kPythonic, kGranite, kQwen3Xml, kAuto };
 // "hermes", "llama3_json", "mistral", "pythonic", "granite", "qwen3_xml", "auto" (and "none");
@@ -101,6 +116,7 @@ class ToolCallSplitter {
   // head is not read yet, or it does not open as name then arguments), the call's name,
   // how much of the arguments has gone out, and whether all of it has.
   size_t args_at_ = std::string::npos;
+  JsonCloseScan args_scan_;
   std::string streaming_name_;
   size_t args_sent_ = 0;
   bool args_done_ = false;
@@ -123,6 +139,7 @@ class CallArrayStreamer {
   size_t next_ = 0;                      // where the next element is looked for
   size_t obj_at_ = std::string::npos;    // the element being read
   size_t args_at_ = std::string::npos;   // its parameters object (npos: head not read)
+  JsonCloseScan obj_scan_, args_scan_;
   bool args_done_ = false;
   bool opened_ = false;  // the array's '[' was read
   bool stopped_ = false;
