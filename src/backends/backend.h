@@ -57,6 +57,14 @@ struct StepInfo {
 // where keys share a large common part (the channel biases of RoPE's slow pairs).
 // Values are stored as they are (their mean would not cancel). Not for soft-capped scores
 // (the cap acts before the softmax): the runtime gives such layers a zero shift.
+// Key rotation (KvLayout::k_rotate): a quantized pool may store each key row (less its
+// shift) through a Walsh-Hadamard transform H of blocks of b channels, b the largest
+// power of two dividing head_dim (cpu kernels' kv_rotate_key: unnormalized, butterflies
+// in a fixed order so every backend stores the same codes), and attention multiplies each
+// query by H / b first: H is symmetric with H H = b I, so every score is unchanged. The
+// transform spreads a row's few large channels (RoPE's slow pairs, which queries share)
+// over all of them: E4M3 rounds each element relative to itself, and a score's error
+// is then a sum of many small, independent errors instead of one large one.
 enum class KvDType { kAuto, kInt8, kFp8 };
 // "auto" | "int8" | "fp8"; throws kInvalidArgument naming --kv-cache-dtype otherwise.
 KvDType kv_dtype_parse(const std::string& name);
@@ -77,6 +85,9 @@ struct KvLayout {
   // (runtime/kv_calibration.h measures it); null or empty: keys stored as they are.
   // A kAuto pool ignores it.
   std::shared_ptr<const std::vector<float>> k_shift;
+  // Quantized dtypes: keys stored rotated (see "Key rotation" above). A kAuto pool ignores it.
+  bool k_rotate = false;
+  bool k_rotated() const { return kv_dtype_quantized(dtype) && k_rotate; }
   // Layer `l`'s shift [num_kv_heads * head_dim] when this layout quantizes with one; else null.
   const float* k_shift_of(int64_t l) const {
     if (!kv_dtype_quantized(dtype) || !k_shift || k_shift->empty()) return nullptr;

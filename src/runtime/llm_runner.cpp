@@ -57,7 +57,10 @@ class MirroredKv final : public KvStorage {
 KvLayout rank_layout(const Model& rank, int64_t blocks, int64_t block_size, KvDType dtype) {
   KvLayout layout;
   layout.dtype = dtype;
-  if (kv_dtype_quantized(dtype)) layout.k_shift = rank.kv_key_shift();
+  if (kv_dtype_quantized(dtype)) {
+    layout.k_shift = rank.kv_key_shift();
+    layout.k_rotate = rank.kv_rotate();
+  }
   layout.num_layers = rank.info().num_layers;
   layout.num_blocks = blocks;
   layout.block_size = block_size;

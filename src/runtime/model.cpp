@@ -121,6 +121,7 @@ std::unique_ptr<Model> Model::from_built(BuiltModel built, const ModelOptions& o
   std::unique_ptr<Model> m(new Model());
   m->kv_dtype_ = kv_dtype_parse(options.kv_cache_dtype);
   m->kv_calib_ = options.kv_calib;
+  m->kv_rotate_ = options.kv_rotate;
   m->built_ = std::move(built);
   // Fusions the backend does not implement (or does not gain from) are skipped for it.
   passes::PassOptions po{options.opt_level, options.disabled_passes, options.precision, options.pin_precision};
@@ -244,6 +245,7 @@ std::unique_ptr<Model> Model::load_engine_rank(const std::shared_ptr<EngineConte
   std::unique_ptr<Model> m(new Model());
   m->kv_dtype_ = kv_dtype_parse(options.kv_cache_dtype);
   m->kv_calib_ = options.kv_calib;
+  m->kv_rotate_ = options.kv_rotate;
   m->built_.graph = std::move(tp ? e->ranks[size_t(rank)].graph : e->graph);
   m->built_.info = tp ? e->ranks[size_t(rank)].info : e->info;
   if (options.max_context > m->built_.info.max_positions)

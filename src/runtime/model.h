@@ -71,6 +71,11 @@ struct ModelOptions {
   // built-in calibration set; text files, comma-separated), or "none" (keys stored as
   // they are). Unused with the auto cache.
   std::string kv_calib = "default";
+  // Key rotation of an int8/fp8 KV cache (KvLayout::k_rotate): keys stored through a
+  // Walsh-Hadamard transform and queries multiplied by it, which leaves every score as it
+  // is but spreads the rounding of a row's few large channels over all of them. Unused
+  // with the auto cache.
+  bool kv_rotate = true;
   // CompileOptions::step_tuning: GEMM tactics timed at each new decode batch size's first
   // step (CUDA; KILN_CUDA_GEMM_TUNE_M=0 turns it off everywhere). `kiln serve` turns it
   // off unless --tune-batch-sizes.
@@ -178,6 +183,8 @@ class Model {
   KvDType kv_dtype() const { return kv_dtype_; }
   // ModelOptions::kv_calib.
   const std::string& kv_calib() const { return kv_calib_; }
+  // ModelOptions::kv_rotate.
+  bool kv_rotate() const { return kv_rotate_; }
   // The key shift of this rank's quantized KV pools ([layers, this rank's kv heads,
   // head_dim]; KvLayout::k_shift), null when none. kv_key_shift_measured(): whether
   // calibrate_kv_key_shift has run, or the engine recorded a shift (a null shift then
@@ -218,6 +225,7 @@ class Model {
   CompileOptions compile_options_;
   KvDType kv_dtype_ = KvDType::kAuto;
   std::string kv_calib_ = "default";
+  bool kv_rotate_ = true;
   std::shared_ptr<const std::vector<float>> kv_key_shift_;
   bool kv_key_shift_measured_ = false;
   std::string kv_key_shift_source_;

@@ -86,14 +86,18 @@ TEST(KvCalibration, GptShiftIsTheWeightedMeanKeyOfLayerZero) {
 
 // Decode through an fp8 / int8 cache whose keys are shifted by the calibrated mean stays as
 // close to the f32 cache as the unshifted cache's bounds (decoder_golden_test.cpp): the
-// softmax does not see the shift. The fixtures have no tokenizer, so the ids are random.
+// softmax does not see the shift; nor does it see the key rotation (KvLayout::k_rotate),
+// with and without which the cache is run. The fixtures have no tokenizer, so the ids
+// are random.
 TEST(KvCalibration, ShiftedCacheDecodeStaysCloseToF32Cache) {
   for (const std::string family : {"llama", "qwen2", "gpt2"})
-    for (const std::string kv : {"int8", "fp8"}) {
-      SCOPED_TRACE(family + " " + kv);
+    for (const std::string kv : {"int8", "fp8"})
+    for (bool rotate : {false, true}) {
+      SCOPED_TRACE(family + " " + kv + (rotate ? " rotated" : ""));
       auto f32_model = Model::load(testing::fixture_dir(family));
       ModelOptions mo;
       mo.kv_cache_dtype = kv;
+      mo.kv_rotate = rotate;
       auto q_model = Model::load(testing::fixture_dir(family), mo);
       calibrate_kv_key_shift(*q_model, random_ids(600, int32_t(q_model->info().vocab_size), 9), "random ids");
       ASSERT_TRUE(q_model->kv_key_shift());
@@ -116,7 +120,8 @@ TEST(KvCalibration, ShiftedCacheDecodeStaysCloseToF32Cache) {
         f32.append_tokens(sf, {next});
         qr.append_tokens(sq, {next});
       }
-      std::printf("%s %s KV with key shift: max |logit diff| / max |logit| %.3g\n", family.c_str(), kv.c_str(), worst);
+      std::printf("%s %s KV with key shift%s: max |logit diff| / max |logit| %.3g\n", family.c_str(), kv.c_str(),
+                  rotate ? " and rotation" : "", worst);
       EXPECT_LE(worst, kv == "int8" ? 0.1 : 0.3);
     }
 }
@@ -227,10 +232,11 @@ TEST(KvCalibration, RealDecoderFp8KeyShiftCutsDistributionError) {
   if (!std::filesystem::exists(path)) GTEST_SKIP() << "real model not found at " << path;
   if (!std::filesystem::exists(text_path)) GTEST_SKIP() << text_path << " not found";
   auto f32_model = Model::load(path);
-  ModelOptions none, shifted;
-  none.kv_cache_dtype = shifted.kv_cache_dtype = "fp8";
+  ModelOptions none, shifted, rotated;
+  none.kv_cache_dtype = shifted.kv_cache_dtype = rotated.kv_cache_dtype = "fp8";
   none.kv_calib = "none";
-  auto m_none = Model::load(path, none), m_shift = Model::load(path, shifted);
+  none.kv_rotate = shifted.kv_rotate = false;  // rotated: the shift and the rotation (the default)
+  auto m_none = Model::load(path, none), m_shift = Model::load(path, shifted), m_rot = Model::load(path, rotated);
   auto tokenizer = load_model_tokenizer(*f32_model);
   ASSERT_TRUE(tokenizer);
   const std::vector<int32_t> all = tokenizer->encode(read_text_file(text_path), false);
@@ -250,7 +256,7 @@ TEST(KvCalibration, RealDecoderFp8KeyShiftCutsDistributionError) {
     }
     return rows;
   };
-  const auto ref = logprobs(*f32_model), a = logprobs(*m_none), b = logprobs(*m_shift);
+  const auto ref = logprobs(*f32_model), a = logprobs(*m_none), b = logprobs(*m_shift), c = logprobs(*m_rot);
   ASSERT_TRUE(m_shift->kv_key_shift()) << "the GGUF's tokenizer reads the built-in calibration set";
   auto mean_kl = [&](const std::vector<std::vector<float>>& got) {
     double total = 0;
@@ -259,10 +265,13 @@ TEST(KvCalibration, RealDecoderFp8KeyShiftCutsDistributionError) {
         total += std::exp(double(ref[r][v])) * (double(ref[r][v]) - got[r][v]);
     return total / double(ref.size() - 1);
   };
-  const double kl_none = mean_kl(a), kl_shift = mean_kl(b);
-  std::printf("SmolLM2 fp8 KV: mean KL vs the f32 cache %.4g without the key shift, %.4g with it\n", kl_none, kl_shift);
+  const double kl_none = mean_kl(a), kl_shift = mean_kl(b), kl_rot = mean_kl(c);
+  std::printf("SmolLM2 fp8 KV: mean KL vs the f32 cache %.4g without the key shift, %.4g with it, %.4g with the "
+              "shift and the key rotation\n", kl_none, kl_shift, kl_rot);
   EXPECT_GT(kl_none, 0.0);
   EXPECT_LT(kl_shift, 0.85 * kl_none);
+  EXPECT_GT(kl_rot, 0.0);
+  EXPECT_LT(kl_rot, 0.9 * kl_shift);
 }
 
 }  // namespace

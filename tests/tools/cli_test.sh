@@ -147,6 +147,11 @@ check build-kv-shift 0 "kv shift    measured on 640 tokens of the built-in calib
 check inspect-kv-shift 0 "kv shift    measured at build on 640 tokens" -- "$kiln" inspect -m "$tmp/llama-tok.kiln"
 check generate-kv-shift 0 "keys stored less the engine's key shift" -- \
   env KILN_LOG=info "$kiln" generate -m "$tmp/llama-tok.kiln" --kv-cache-dtype fp8 -p "hello world" -n 4
+# --kv-rotate: keys through a Walsh-Hadamard transform (the default) or as they are.
+check generate-kv-rotate-off 0 "4 generated" -- \
+  "$kiln" generate -m "$tmp/llama-tok.kiln" --kv-cache-dtype int8 --kv-rotate off -p "hello world" -n 4
+check generate-kv-rotate-bad 105 "--kv-rotate: maybe not in {on,off}" -- \
+  "$kiln" generate -m "$tmp/llama-tok.kiln" --kv-cache-dtype int8 --kv-rotate maybe -p "hello world" -n 4
 check build-kv-shift-none 0 "kv shift    none (--kv-calib none)" -- \
   "$kiln" build -m "$tmp/llama-tok" -o "$tmp/llama-none.kiln" --no-tune --kv-calib none
 check build-kv-shift-missing 1 "--kv-calib: no text file" -- \

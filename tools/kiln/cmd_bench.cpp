@@ -306,7 +306,7 @@ Runner add_bench(CLI::App& app) {
   add_quant_options(cmd, a->model.quant, "--weight-dtype");
   add_tp_option(cmd, a->model.tp);
   add_kv_fraction_option(cmd, a->kv_fraction);
-  add_kv_dtype_option(cmd, a->model.kv_cache_dtype, a->model.kv_calib);
+  add_kv_dtype_option(cmd, a->model.kv_cache_dtype, a->model.kv_calib, a->model.kv_rotate);
   add_tactic_cache_option(cmd, a->model.tactic_cache);
   add_max_context_option(cmd, a->model.max_context);
   cmd->add_option("-p,--prompt-len", a->prompt_len, "prompt tokens (pp)")->capture_default_str();

@@ -92,7 +92,7 @@ Runner add_chat(CLI::App& app) {
   cmd->add_option("-n,--max-tokens", a->max_tokens, "tokens per reply")->capture_default_str();
   cmd->add_option("-c,--context", a->context, "context length in tokens")->capture_default_str();
   add_kv_fraction_option(cmd, a->kv_fraction);
-  add_kv_dtype_option(cmd, a->model.kv_cache_dtype, a->model.kv_calib);
+  add_kv_dtype_option(cmd, a->model.kv_cache_dtype, a->model.kv_calib, a->model.kv_rotate);
   return [a] { return run_chat(*a); };
 }
 

@@ -212,7 +212,7 @@ Runner add_eval(CLI::App& app) {
   eval->require_subcommand(1);
   CLI::App* cmd = eval->add_subcommand("perplexity", "perplexity of a decoder on a text file");
   add_common(cmd, *a);
-  add_kv_dtype_option(cmd, a->model.kv_cache_dtype, a->model.kv_calib);  // the reference (if any) keeps the auto cache
+  add_kv_dtype_option(cmd, a->model.kv_cache_dtype, a->model.kv_calib, a->model.kv_rotate);  // the reference (if any) keeps the auto cache
   cmd->add_option("--text", a->text, "UTF-8 text file")->required()->check(CLI::ExistingFile);
   cmd->add_option("--reference-dtype", a->reference_dtype,
                   "also run the model with these weights (f32|bf16|f16|q8|q4) and report KL vs them")

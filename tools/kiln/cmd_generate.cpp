@@ -170,7 +170,7 @@ Runner add_generate(CLI::App& app) {
   cmd->add_option("-s,--system", a->system, "system prompt (with --chat)");
   cmd->add_flag("-q,--quiet", a->quiet, "print only the generated continuation");
   add_kv_fraction_option(cmd, a->kv_fraction);
-  add_kv_dtype_option(cmd, a->model.kv_cache_dtype, a->model.kv_calib);
+  add_kv_dtype_option(cmd, a->model.kv_cache_dtype, a->model.kv_calib, a->model.kv_rotate);
   auto* js = cmd->add_option("--json-schema", a->json_schema,
                              "constrain the output to a JSON document of this schema (its JSON text, or @FILE)");
   auto* gr = cmd->add_option("--grammar", a->grammar,

@@ -25,6 +25,7 @@ struct ServeArgs {
   std::string weight_dtype = "auto";
   std::string kv_cache_dtype = "auto";
   std::string kv_calib = "default";
+  std::string kv_rotate = "on";
   std::string tactic_cache;  // ModelOptions::tactic_cache
   int64_t max_context = 0;   // ModelOptions::max_context
   std::string host = "127.0.0.1";
@@ -82,6 +83,7 @@ int run_serve(const ServeArgs& a) {
   mo.tensor_parallel = a.tp;
   mo.kv_cache_dtype = a.kv_cache_dtype;
   mo.kv_calib = a.kv_calib;
+  mo.kv_rotate = a.kv_rotate == "on";
   mo.step_tuning = a.tune_batch_sizes;
   mo.tactic_cache = a.tactic_cache;
   mo.max_context = a.max_context;
@@ -181,7 +183,7 @@ Runner add_serve(CLI::App& app) {
                                ->check(CLI::Range(int64_t(16), int64_t(1) << 30))
                                ->capture_default_str();
   add_kv_fraction_option(cmd, a->kv_fraction);
-  add_kv_dtype_option(cmd, a->kv_cache_dtype, a->kv_calib);
+  add_kv_dtype_option(cmd, a->kv_cache_dtype, a->kv_calib, a->kv_rotate);
   add_tactic_cache_option(cmd, a->tactic_cache);
   cmd->add_option("--preemption", a->preemption,
                   "when KV blocks run out, a preempted sequence is recomputed later or its KV is swapped to host memory")

@@ -47,6 +47,7 @@ struct ModelArgs {
   int tp = 0;  // tensor-parallel ranks (ModelOptions::tensor_parallel; 0: not given)
   std::string kv_cache_dtype = "auto";  // ModelOptions::kv_cache_dtype (add_kv_dtype_option)
   std::string kv_calib = "default";     // ModelOptions::kv_calib (add_kv_dtype_option)
+  std::string kv_rotate = "on";         // ModelOptions::kv_rotate: on | off (add_kv_dtype_option)
   bool gguf_requantize = false;  // ModelOptions::keep_file_quant = false
   std::vector<std::string> pins;  // --pin-precision: ModelOptions::precision + pin_precision
   std::string tactic_cache;       // --tactic-cache: ModelOptions::tactic_cache
@@ -67,8 +68,8 @@ void add_tp_option(CLI::App* cmd, int& tp);
 CLI::Option* add_kv_fraction_option(CLI::App* cmd, double& fraction);
 // --kv-cache-dtype auto|int8|fp8 (ModelOptions::kv_cache_dtype), for the commands that run
 // a decoder with a KV cache.
-// --kv-cache-dtype and --kv-calib (ModelOptions::kv_cache_dtype, kv_calib).
-void add_kv_dtype_option(CLI::App* cmd, std::string& dtype, std::string& calib);
+// --kv-cache-dtype, --kv-calib and --kv-rotate (ModelOptions::kv_cache_dtype, kv_calib, kv_rotate).
+void add_kv_dtype_option(CLI::App* cmd, std::string& dtype, std::string& calib, std::string& rotate);
 // --onnx-import auto|graph|family (ModelOptions::onnx_import).
 void add_onnx_option(CLI::App* cmd, std::string& mode);
 void add_model_options(CLI::App* cmd, ModelArgs& args);

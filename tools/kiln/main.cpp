@@ -71,7 +71,7 @@ CLI::Option* add_kv_fraction_option(CLI::App* cmd, double& fraction) {
       ->check(CLI::Range(0.0, 1.0) & CLI::PositiveNumber);
 }
 
-void add_kv_dtype_option(CLI::App* cmd, std::string& dtype, std::string& calib) {
+void add_kv_dtype_option(CLI::App* cmd, std::string& dtype, std::string& calib, std::string& rotate) {
   cmd->add_option("--kv-cache-dtype", dtype,
                   "KV cache storage: auto (the backend's activation dtype), int8 or fp8 (E4M3): one byte per "
                   "element plus one scale per token and K/V head (about a quarter of the f32 bytes, a half of bf16)")
@@ -82,6 +82,12 @@ void add_kv_dtype_option(CLI::App* cmd, std::string& dtype, std::string& calib) 
                   "it, which the softmax does not see, so less of them is rounded away): default (the built-in "
                   "calibration set, 3,968 tokens at most; an engine's shift measured at build when it has one), text "
                   "files (comma-separated), or none")
+      ->capture_default_str();
+  cmd->add_option("--kv-rotate", rotate,
+                  "int8/fp8 KV cache: store keys through a Walsh-Hadamard transform (queries take it too, so "
+                  "scores are unchanged), which spreads the rounding of a key's few large channels over all of "
+                  "them: on or off")
+      ->check(CLI::IsMember({"on", "off"}))
       ->capture_default_str();
 }
 
@@ -190,6 +196,7 @@ ModelOptions model_options(const ModelArgs& a) {
   o.tensor_parallel = a.tp;
   o.kv_cache_dtype = a.kv_cache_dtype;
   o.kv_calib = a.kv_calib;
+  o.kv_rotate = a.kv_rotate == "on";
   o.tactic_cache = a.tactic_cache;
   o.max_context = a.max_context;
   o.lean_host_weights = true;  // the commands run the model; kiln inspect shows the graph unpacked

@@ -610,17 +610,24 @@ void run_attention(OpContext& c, const AttentionParams& p, const float* q, const
     // Decoder: append this step's K/V to the pool, then attend through block tables.
     CpuKv& kv = *c.kv;
     const int64_t l = p.layer;
+    const bool rotate = kv.layout().k_rotated();
     if (kv.is_int8())
       kv_cache_write_int8(k, v, step.slot_mapping.data(), t, p.hkv, p.d, kv.k_codes(l), kv.k_scales(l),
-                          kv.v_codes(l), kv.v_scales(l), kv.k_shift(l));
+                          kv.v_codes(l), kv.v_scales(l), kv.k_shift(l), rotate);
     else if (kv.is_fp8())
       kv_cache_write_fp8(k, v, step.slot_mapping.data(), t, p.hkv, p.d, kv.k_fp8(l), kv.k_scales(l), kv.v_fp8(l),
-                         kv.v_scales(l), kv.k_shift(l));
+                         kv.v_scales(l), kv.k_shift(l), rotate);
     else
       kv_cache_write(k, v, step.slot_mapping.data(), t, p.hkv, p.d, kv.k(l), kv.v(l));
     for (size_t s = 0; s < seqs.size(); ++s) {
       auto& ss = step.seqs[s];
       seqs[s] = {ss.q_start, ss.q_len, ss.ctx_len, ss.block_table.data()};
+    }
+    thread_local std::vector<float> q_rotated;  // keys stored rotated: the queries take the transform too
+    if (rotate) {
+      q_rotated.resize(size_t(t * p.hq * p.d));
+      kv_rotate_queries(q, t * p.hq, p.d, q_rotated.data());
+      q = q_rotated.data();
     }
     if (kv.is_int8())
       paged_attention_int8(q, kv.k_codes(l), kv.k_scales(l), kv.v_codes(l), kv.v_scales(l),

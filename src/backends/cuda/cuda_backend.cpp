@@ -196,7 +196,7 @@ class CudaCompiledGraph final : public CompiledGraph {
     const bool decode = stage_step(inputs, step, cuda_kv, host_vals, graphable);
     graph_key_.push_back(out_mask_);  // a captured step converts only the wanted outputs
     // The attention kernels a step launches depend on what the pool stores.
-    graph_key_.push_back(cuda_kv ? int64_t(cuda_kv->code()) : -1);
+    graph_key_.push_back(cuda_kv ? int64_t(cuda_kv->code()) * 2 + (cuda_kv->layout().k_rotated() ? 1 : 0) : -1);
     if (step_times_) KILN_CUDA_CHECK(cudaEventRecord(step_ev_[0], s));
     bool enqueued = false;
     auto enqueue = [&] {

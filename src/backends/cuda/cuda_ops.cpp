@@ -675,6 +675,7 @@ OpRun prepare_attention(const ir::Node& n, const ir::Graph& g, PrepareContext& p
         f.k_scales = kv.k_scales(layer);
         f.v_scales = kv.v_scales(layer);
         f.k_shift = kv.k_shift(layer);
+        f.k_rotate = kv.layout().k_rotated();
         f.block_size = kv.layout().block_size;
         f.k_new = k;
         f.v_new = v;
@@ -713,8 +714,9 @@ OpRun prepare_attention(const ir::Node& n, const ir::Graph& g, PrepareContext& p
         launch_kv_quant_write(dt, kv.code(), k, v, packed ? width : hkv * d, c.dev->slot_mapping, t, hkv, d,
                               static_cast<uint8_t*>(kv.k(layer)), kv.k_scales(layer),
                               static_cast<uint8_t*>(kv.v(layer)), kv.v_scales(layer), c.cx->stream,
-                              kv.k_shift(layer));
+                              kv.k_shift(layer), kv.layout().k_rotated());
         a.kv_code = kv.code();
+        a.k_rotate = kv.layout().k_rotated();
         a.k_scales = kv.k_scales(layer);
         a.v_scales = kv.v_scales(layer);
       }

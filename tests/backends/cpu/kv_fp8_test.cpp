@@ -118,9 +118,11 @@ TEST(KvFp8, CacheWriteStoresRowsPerSlotAndHead) {
 double run_case(int64_t d, int64_t block_size, int64_t hq, int64_t hkv, bool causal,
                 const std::vector<SeqSpec>& specs, uint64_t seed, int64_t window = 0,
                 float softcap = 0.0f, double bound = 0.08, const std::vector<float>* k_bias = nullptr,
-                const std::vector<float>* k_shift = nullptr) {
+                const std::vector<float>* k_shift = nullptr, bool rotate = false,
+                const std::vector<float>* channels = nullptr) {
   return quantized_attention_case<Fp8Code>("fp8", kv_cache_write_fp8, paged_attention_fp8, decode, bound, d,
-                                           block_size, hq, hkv, causal, specs, seed, window, softcap, k_bias, k_shift);
+                                           block_size, hq, hkv, causal, specs, seed, window, softcap, k_bias, k_shift,
+                                           rotate, channels);
 }
 
 // Keys with a large common part (a bias per channel, as RoPE's slow channels carry): E4M3
@@ -141,6 +143,27 @@ TEST(KvFp8, KeyShiftLeavesSoftmaxAndShrinksError) {
   EXPECT_LT(shifted * 4, plain);
 }
 
+// Keys and queries sharing a few large channels (RoPE's slow pairs): E4M3 rounds each
+// element to 2^-4 of itself, so a score's error is dominated by those channels' rounding
+// times the query's large values there. Stored rotated (KvLayout::k_rotate) the rounding
+// spreads over every channel, where the query's other values are small: the score's error
+// shrinks by about sqrt(sum q^2 k^2 / (|q|^2 |k|^2 / d)). The rotated cache must be
+// several times closer to the f32 attention; with the shift as well, still as close.
+TEST(KvFp8, KeyRotationShrinksTheErrorOfLargeSharedChannels) {
+  const int64_t d = 64, hq = 8, hkv = 2;
+  std::vector<float> channels(size_t(d), 1.0f);
+  channels[3] = channels[3 + d / 2] = 8.0f;
+  const std::vector<SeqSpec> specs = {{1, 40}, {17, 50}, {1, 300}};
+  const double plain = run_case(d, 16, hq, hkv, true, specs, 79, 0, 0.0f, 10.0, nullptr, nullptr, false, &channels);
+  const double rotated = run_case(d, 16, hq, hkv, true, specs, 79, 0, 0.0f, 10.0, nullptr, nullptr, true, &channels);
+  auto bias = random_floats(size_t(hkv * d), 33, -2.0f, 2.0f);
+  const double both = run_case(d, 16, hq, hkv, true, specs, 79, 0, 0.0f, 10.0, &bias, &bias, true, &channels);
+  std::printf("fp8 KV with two large shared channels: max |err| %.3g plain, %.3g rotated, %.3g shifted + rotated\n",
+              plain, rotated, both);
+  EXPECT_LT(rotated * 2, plain);
+  EXPECT_LT(both * 2, plain);
+}
+
 TEST(KvFp8, PagedAttentionMatchesDequantizedAndF32) {
   uint64_t seed = 21;
   double worst = 0;
@@ -149,6 +172,11 @@ TEST(KvFp8, PagedAttentionMatchesDequantizedAndF32) {
       for (bool causal : {true, false})
         worst = std::max(worst, run_case(d, 16, hq, hkv, causal, {{1, 1}, {1, 40}, {17, 50}, {3, 33}}, seed++));
   worst = std::max(worst, run_case(128, 16, 9, 3, true, {{1, 700}}, 99));
+  // Keys stored rotated (KvLayout::k_rotate): blocks of 16, 64 and 8 (72 = 9 x 8), 128.
+  for (int64_t d : {16, 64, 72})
+    worst = std::max(worst, run_case(d, 16, 8, 2, true, {{1, 1}, {1, 40}, {17, 50}, {3, 33}}, seed++, 0, 0.0f, 0.08,
+                                     nullptr, nullptr, true));
+  worst = std::max(worst, run_case(128, 16, 9, 3, true, {{1, 300}}, seed++, 7, 1.5f, 0.08, nullptr, nullptr, true));
   // A sliding window of 7 keys: decode, chunked prefill, prompts.
   for (int64_t d : {16, 64})
     worst = std::max(worst, run_case(d, 16, 8, 2, true, {{1, 1}, {1, 40}, {17, 50}, {3, 33}}, seed++, 7));

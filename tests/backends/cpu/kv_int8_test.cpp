@@ -68,10 +68,10 @@ TEST(KvInt8, CacheWriteStoresRowsPerSlotAndHead) {
 // and the K error moves the softmax weights a little (|q| <= 2): 0.02.
 void run_case(int64_t d, int64_t block_size, int64_t hq, int64_t hkv, bool causal,
               const std::vector<SeqSpec>& specs, uint64_t seed, int64_t window = 0,
-              float softcap = 0.0f) {
+              float softcap = 0.0f, bool rotate = false) {
   const double max_quant_err = quantized_attention_case<int8_t>(
       "int8", kv_cache_write_int8, paged_attention_int8, [](int8_t c) { return float(c); }, 0.02, d, block_size, hq,
-      hkv, causal, specs, seed, window, softcap);
+      hkv, causal, specs, seed, window, softcap, nullptr, nullptr, rotate);
   EXPECT_GT(max_quant_err, 0.0) << "the int8 path must differ from f32 somewhere (it quantizes)";
 }
 
@@ -83,8 +83,8 @@ TEST(KvInt8, KeyShiftLeavesSoftmaxAndShrinksError) {
   auto bias = random_floats(size_t(hkv * d), 41, -12.0f, 12.0f);
   const std::vector<SeqSpec> specs = {{1, 40}, {17, 50}, {1, 300}};
   auto write = [](const float* k, const float* v, const int64_t* slots, int64_t t, int64_t hkv_, int64_t d_,
-                  int8_t* kc, float* ks, int8_t* vc, float* vs, const float* shift) {
-    kv_cache_write_int8(k, v, slots, t, hkv_, d_, kc, ks, vc, vs, shift);
+                  int8_t* kc, float* ks, int8_t* vc, float* vs, const float* shift, bool rotate) {
+    kv_cache_write_int8(k, v, slots, t, hkv_, d_, kc, ks, vc, vs, shift, rotate);
   };
   auto decode = [](int8_t c) { return float(c); };
   const double plain = quantized_attention_case<int8_t>("int8", write, paged_attention_int8, decode, 10.0, d, 16, hq,
@@ -95,12 +95,72 @@ TEST(KvInt8, KeyShiftLeavesSoftmaxAndShrinksError) {
   EXPECT_LT(shifted * 4, plain);
 }
 
+// Keys and queries sharing a few large channels (RoPE's slow pairs in real models): int8's
+// step is the row's max |x| / 127, set by those channels; stored rotated (KvLayout::
+// k_rotate) a row's energy spreads over every channel, so its max and step shrink. The
+// rotated cache must be several times closer to the f32 attention.
+TEST(KvInt8, KeyRotationShrinksTheErrorOfLargeSharedChannels) {
+  const int64_t d = 64, hq = 8, hkv = 2;
+  std::vector<float> channels(size_t(d), 1.0f);
+  channels[3] = channels[3 + d / 2] = 16.0f;
+  const std::vector<SeqSpec> specs = {{1, 40}, {17, 50}, {1, 300}};
+  auto decode = [](int8_t c) { return float(c); };
+  const double plain = quantized_attention_case<int8_t>("int8", kv_cache_write_int8, paged_attention_int8, decode,
+                                                        10.0, d, 16, hq, hkv, true, specs, 88, 0, 0.0f, nullptr,
+                                                        nullptr, false, &channels);
+  const double rotated = quantized_attention_case<int8_t>("int8", kv_cache_write_int8, paged_attention_int8, decode,
+                                                          10.0, d, 16, hq, hkv, true, specs, 88, 0, 0.0f, nullptr,
+                                                          nullptr, true, &channels);
+  std::printf("int8 KV with two large shared channels: max |err| %.3g plain, %.3g rotated\n", plain, rotated);
+  EXPECT_LT(rotated * 2, plain);
+}
+
+// kv_rotate_key is the Walsh-Hadamard transform of blocks of d & -d values (Sylvester's
+// order: H[i][j] = (-1)^popcount(i & j)); applied twice it gives b times the row, and
+// kv_rotate_queries' rows dotted with rotated keys give the plain dot products.
+TEST(KvRotation, BlockHadamardTransform) {
+  for (int64_t d : {1, 8, 16, 64, 72, 96, 128, 256}) {
+    SCOPED_TRACE(::testing::Message() << "d=" << d);
+    const int64_t b = kv_rotation_block(d);
+    EXPECT_EQ(d % b, 0);
+    EXPECT_EQ(b & (b - 1), 0);
+    EXPECT_NE((d / b) % 2, 0) << "the largest power of two dividing d";
+    const auto x = random_floats(size_t(d), uint64_t(d), -4.0f, 4.0f);
+    std::vector<float> y = x;
+    kv_rotate_key(y.data(), d);
+    for (int64_t i = 0; i < d; ++i) {
+      const int64_t blk = i / b * b;
+      double want = 0;
+      for (int64_t j = 0; j < b; ++j)
+        want += (__builtin_popcountll(uint64_t((i - blk) & j)) % 2 ? -1.0 : 1.0) * double(x[size_t(blk + j)]);
+      EXPECT_NEAR(y[size_t(i)], want, 1e-5 * double(b)) << "element " << i;
+    }
+    std::vector<float> twice = y;
+    kv_rotate_key(twice.data(), d);
+    for (int64_t i = 0; i < d; ++i) EXPECT_NEAR(twice[size_t(i)], double(b) * x[size_t(i)], 1e-5 * double(b * b));
+    const auto q = random_floats(size_t(2 * d), uint64_t(d) + 1, -2.0f, 2.0f);
+    std::vector<float> qr(q.size());
+    kv_rotate_queries(q.data(), 2, d, qr.data());
+    for (int64_t r = 0; r < 2; ++r) {
+      double plain = 0, rotated = 0;
+      for (int64_t i = 0; i < d; ++i) {
+        plain += double(q[size_t(r * d + i)]) * x[size_t(i)];
+        rotated += double(qr[size_t(r * d + i)]) * y[size_t(i)];
+      }
+      EXPECT_NEAR(rotated, plain, 1e-5 * double(d));
+    }
+  }
+}
+
 TEST(KvInt8, PagedAttentionMatchesDequantizedAndF32) {
   uint64_t seed = 11;
   for (int64_t d : {16, 64, 72})
     for (auto [hq, hkv] : {std::pair{4, 4}, std::pair{8, 2}})
       for (bool causal : {true, false})
         run_case(d, 16, hq, hkv, causal, {{1, 1}, {1, 40}, {17, 50}, {3, 33}}, seed++);
+  // Keys stored rotated (KvLayout::k_rotate): blocks of 16, 64 and 8 (72 = 9 x 8), 128.
+  for (int64_t d : {16, 64, 72}) run_case(d, 16, 8, 2, true, {{1, 1}, {1, 40}, {17, 50}, {3, 33}}, seed++, 0, 0.0f, true);
+  run_case(128, 16, 9, 3, true, {{1, 300}}, seed++, 7, 1.5f, true);
   run_case(64, 16, 9, 3, true, {{1, 700}}, 99);
   // A sliding window of 7 keys: decode, chunked prefill, prompts.
   for (int64_t d : {16, 64}) run_case(d, 16, 8, 2, true, {{1, 1}, {1, 40}, {17, 50}, {3, 33}}, seed++, 7);

@@ -122,7 +122,8 @@ double quantized_tolerance(const std::string& dtype) {
 // flash "1" plans the tensor-core kernel for every non-decode step it supports (16-bit,
 // head dims 64/128): prefills and the mixed chunk + decode steps.
 void check_decoder(const Config& c, const std::string& split_chunk, const std::string& flash = "",
-                   KvDType kv_dtype = KvDType::kAuto, int64_t window = 0, double softcap = 0.0) {
+                   KvDType kv_dtype = KvDType::kAuto, int64_t window = 0, double softcap = 0.0,
+                   bool k_rotate = false) {
   setenv("KILN_CUDA_SPLIT_CHUNK", split_chunk.c_str(), 1);
   setenv("KILN_CUDA_FLASH", flash.c_str(), 1);
   int64_t tokens = 0;
@@ -132,10 +133,11 @@ void check_decoder(const Config& c, const std::string& split_chunk, const std::s
     std::mt19937_64 rng(uint64_t(c.hq * 1000 + c.d + c.prompts.size()));
     auto steps = decoder_steps(c, dt, blocks, rng);
     KvLayout kv{.num_layers = 1, .num_blocks = blocks, .block_size = c.block_size, .num_kv_heads = c.hkv, .head_dim = c.d,
-                .dtype = kv_dtype};
+                .dtype = kv_dtype, .k_rotate = k_rotate};
     std::string what = str_cat("attn hq=", c.hq, " hkv=", c.hkv, " d=", c.d, " bs=", c.block_size, " seqs=", c.prompts.size(),
                                " max_prompt=", *std::max_element(c.prompts.begin(), c.prompts.end()), " split=", split_chunk, " flash=", flash,
-                               " kv=", kv_dtype_name(kv_dtype), " window=", window, " softcap=", softcap);
+                               " kv=", kv_dtype_name(kv_dtype), " window=", window, " softcap=", softcap,
+                               k_rotate ? " rotated keys" : "");
     const double tol = kv_dtype == KvDType::kAuto ? op_tolerance(dt) : quantized_tolerance(dt);
     expect_backends_match(attention_graph(c, true, window, softcap), steps, dt, tol, what, kv);
   }
@@ -574,6 +576,21 @@ TEST(CudaAttention, QuantizedCachesMatchCpu) {
   }
 }
 
+// Keys stored rotated (KvLayout::k_rotate): the quantizing writes rotate the keys as the
+// CPU does, and every kernel reading the cache rotates its queries - the decode kernel,
+// split plans (tile kernel + combine), the tile kernel's prefills and the tensor-core
+// kernel, head dims 16 (blocks of 16), 64, 96 (blocks of 32), 128 and 256.
+TEST(CudaAttention, RotatedKeysMatchCpu) {
+  KILN_SKIP_WITHOUT_CUDA();
+  for (KvDType kd : {KvDType::kInt8, KvDType::kFp8}) {
+    for (const Config& c : {Config{4, 4, 16, 16, {5, 1, 17}}, Config{9, 3, 64, 16, {33, 7}},
+                            Config{32, 8, 128, 16, {50, 16, 1}}, Config{32, 32, 96, 16, {20, 3}}})
+      for (const char* split : {"0", "-1", "16"}) check_decoder(c, split, split[0] == '0' ? "1" : "", kd, 0, 0.0, true);
+    for (const char* flash : {"1", "0"}) check_decoder(Config{32, 8, 128, 16, {1100, 37, 1}}, "0", flash, kd, 0, 0.0, true);
+    check_decoder(Config{8, 4, 256, 16, {100, 30}}, "0", "1", kd, 0, 0.0, true);
+  }
+}
+
 // A key shift (KvLayout::k_shift) of [layers, hkv, d] random values.
 std::shared_ptr<const std::vector<float>> random_key_shift(int64_t layers, int64_t hkv, int64_t d, uint64_t seed) {
   std::mt19937_64 rng(seed);
@@ -593,8 +610,9 @@ TEST(CudaAttention, QuantizedPoolHoldsTheCpuCodesAndScales) {
   const Config c{8, 2, 64, 16, {37, 5}};
   for (KvDType kd : {KvDType::kInt8, KvDType::kFp8})
     for (const std::string dt : {"f32", "bf16"})
-    for (bool shifted : {false, true}) {
-      SCOPED_TRACE(str_cat(kv_dtype_name(kd), " ", dt, shifted ? " key shift" : ""));
+    for (bool shifted : {false, true})
+    for (bool rotated : {false, true}) {
+      SCOPED_TRACE(str_cat(kv_dtype_name(kd), " ", dt, shifted ? " key shift" : "", rotated ? " rotated" : ""));
       std::mt19937_64 rng(17);
       const int64_t blocks = 8;
       auto steps = decoder_steps(c, dt, blocks, rng);
@@ -603,6 +621,7 @@ TEST(CudaAttention, QuantizedPoolHoldsTheCpuCodesAndScales) {
       KvLayout layout{.num_layers = 1, .num_blocks = blocks, .block_size = c.block_size, .num_kv_heads = c.hkv,
                       .head_dim = c.d, .dtype = kd};
       if (shifted) layout.k_shift = random_key_shift(1, c.hkv, c.d, 23);
+      layout.k_rotate = rotated;
       auto cpu = create_backend("cpu");
       auto gpu = create_backend("cuda");
       ir::Graph g = attention_graph(c, true);
@@ -898,15 +917,19 @@ TEST(CudaAttention, PackedQkvQuantizedCachesMatchCpu) {
           // bit can round to the neighbouring code, one E4M3 step (2^-4 relative) for fp8;
           // with 16-bit inputs that gave up to 0.041 on the H100 (2026-12-06).
           const double tol = rot == 0 ? quantized_tolerance(dt) : kd == KvDType::kInt8 ? 2e-2 : 5e-2;
-          // Without and with a key shift: the rotated keys' quantizing writes (prefill and
-          // the fused decode kernels) subtract it as the CPU does.
-          for (bool shifted : {false, true})
+          // Without and with a key shift, and with the shift and the key rotation: the
+          // rotated keys' quantizing writes (prefill and the fused decode kernels) subtract
+          // and rotate as the CPU does.
+          for (int mode : {0, 1, 2})
           for (const char* flash : {"", "1"}) {
+            const bool shifted = mode > 0;
             kv.k_shift = shifted ? random_key_shift(1, c.hkv, c.d, uint64_t(rot + 7)) : nullptr;
+            kv.k_rotate = mode == 2;
             setenv("KILN_CUDA_FLASH", flash, 1);
             expect_backends_match(packed_graph(c, true, rot), steps, dt, tol,
                                   str_cat("packed attn hq=", c.hq, " hkv=", c.hkv, " d=", c.d, " rot=", rot,
-                                          " flash=", flash, " kv=", kv_dtype_name(kd), shifted ? " key shift" : ""),
+                                          " flash=", flash, " kv=", kv_dtype_name(kd), shifted ? " key shift" : "",
+                                          kv.k_rotate ? " rotated" : ""),
                                   kv);
             unsetenv("KILN_CUDA_FLASH");
           }
@@ -985,12 +1008,12 @@ struct DecodeCase {
 };
 
 void check_prefilled_decode(const DecodeCase& c, KvDType kd, const std::vector<std::string>& dtypes, int steps = 4,
-                            int64_t window = 0, double softcap = 0.0) {
+                            int64_t window = 0, double softcap = 0.0, bool k_rotate = false) {
   constexpr int64_t bs = 16;
   int64_t blocks = 4;
   for (int32_t L : c.ctx) blocks += (L + steps + bs - 1) / bs;
   const KvLayout layout{.num_layers = 1, .num_blocks = blocks, .block_size = bs, .num_kv_heads = c.hkv,
-                        .head_dim = c.d, .dtype = kd};
+                        .head_dim = c.d, .dtype = kd, .k_rotate = k_rotate};
   const int64_t rows = blocks * bs * c.hkv, elems = rows * c.d;
   for (const std::string& dt : dtypes) {
     std::mt19937_64 rng(uint64_t(c.hq * 7919 + c.d * 31 + c.ctx.size() * 3 + int(kd)));
@@ -1067,7 +1090,8 @@ void check_prefilled_decode(const DecodeCase& c, KvDType kd, const std::vector<s
     };
     const std::string what = str_cat("decode hq=", c.hq, " hkv=", c.hkv, " d=", c.d, " batch=", c.ctx.size(),
                                      " max_ctx=", *std::max_element(c.ctx.begin(), c.ctx.end()), " kv=",
-                                     kv_dtype_name(kd), " window=", window, " softcap=", softcap);
+                                     kv_dtype_name(kd), " window=", window, " softcap=", softcap,
+                                     k_rotate ? " rotated keys" : "");
     expect_variants_match(attention_graph({c.hq, c.hkv, c.d, bs, {}}, true, window, softcap), cases, dt,
                           kd == KvDType::kAuto ? op_tolerance(dt) : quantized_tolerance(dt), what, layout, fill);
   }
@@ -1111,6 +1135,11 @@ TEST(CudaAttention, GroupedDecodeQuantizedMatchesCpu) {
     check_prefilled_decode({8, 8, 128, {5, 300}}, kd, {"f16"});
     check_prefilled_decode({32, 8, 64, b64}, kd, {"bf16"});
     check_prefilled_decode({4, 2, 32, {100, 3}}, kd, {"bf16"});  // head dim 32: today's kernels
+    // Keys stored rotated (KvLayout::k_rotate): every decode variant rotates its queries
+    // (the pool's random codes stand for rotated keys; the new keys are rotated as written).
+    check_prefilled_decode({32, 8, 64, {1, 150, 2049}}, kd, {"bf16", "f32"}, 4, 0, 0.0, true);
+    check_prefilled_decode({8, 1, 128, {700}}, kd, {"f16"}, 4, 0, 0.0, true);
+    check_prefilled_decode({8, 2, 256, {190, 3}}, kd, {"bf16"}, 4, 33, 30.0, true);
   }
 }
 

@@ -151,23 +151,45 @@ float kv_quantize_row_fp8(const float* x, int64_t d, Fp8Code* codes) {
   return s;
 }
 
+void kv_rotate_key(float* x, int64_t d) {
+  const int64_t b = kv_rotation_block(d);
+  for (int64_t h = 1; h < b; h *= 2)
+    for (int64_t i = 0; i < d; i += 2 * h)  // 2h divides b, which divides d: no pair crosses a block
+      for (int64_t j = i; j < i + h; ++j) {
+        const float a = x[j], c = x[j + h];
+        x[j] = a + c;
+        x[j + h] = a - c;
+      }
+}
+
+void kv_rotate_queries(const float* q, int64_t rows, int64_t d, float* out) {
+  const float inv_b = 1.0f / float(kv_rotation_block(d));
+  for (int64_t r = 0; r < rows; ++r) {
+    float* y = out + r * d;
+    if (y != q + r * d) std::copy(q + r * d, q + (r + 1) * d, y);
+    kv_rotate_key(y, d);
+    for (int64_t c = 0; c < d; ++c) y[c] *= inv_b;
+  }
+}
+
 namespace {
 
 // Quantizes every (token, kv head) row of this step's K and V with `quantize`, keys less
-// k_shift when given.
+// k_shift when given and through kv_rotate_key when k_rotate.
 template <typename Code, float (*Quantize)(const float*, int64_t, Code*)>
 void kv_cache_write_codes(const float* k, const float* v, const int64_t* slot_mapping, int64_t t, int64_t hkv,
                           int64_t d, Code* k_codes, float* k_scales, Code* v_codes, float* v_scales,
-                          const float* k_shift) {
-  std::vector<float> centered(k_shift ? size_t(d) : 0);
+                          const float* k_shift, bool k_rotate) {
+  std::vector<float> centered(k_shift || k_rotate ? size_t(d) : 0);
   for (int64_t i = 0; i < t; ++i) {
     const int64_t slot = slot_mapping[i];
     if (slot < 0) continue;
     for (int64_t h = 0; h < hkv; ++h) {
       const int64_t row = (i * hkv + h) * d, dst = (slot * hkv + h) * d;
       const float* key = k + row;
-      if (k_shift) {
-        for (int64_t c = 0; c < d; ++c) centered[size_t(c)] = key[c] - k_shift[h * d + c];
+      if (k_shift || k_rotate) {
+        for (int64_t c = 0; c < d; ++c) centered[size_t(c)] = k_shift ? key[c] - k_shift[h * d + c] : key[c];
+        if (k_rotate) kv_rotate_key(centered.data(), d);
         key = centered.data();
       }
       k_scales[slot * hkv + h] = Quantize(key, d, k_codes + dst);
@@ -180,16 +202,16 @@ void kv_cache_write_codes(const float* k, const float* v, const int64_t* slot_ma
 
 void kv_cache_write_fp8(const float* k, const float* v, const int64_t* slot_mapping, int64_t t,
                         int64_t hkv, int64_t d, Fp8Code* k_codes, float* k_scales, Fp8Code* v_codes,
-                        float* v_scales, const float* k_shift) {
+                        float* v_scales, const float* k_shift, bool k_rotate) {
   kv_cache_write_codes<Fp8Code, &kv_quantize_row_fp8>(k, v, slot_mapping, t, hkv, d, k_codes, k_scales, v_codes,
-                                                      v_scales, k_shift);
+                                                      v_scales, k_shift, k_rotate);
 }
 
 void kv_cache_write_int8(const float* k, const float* v, const int64_t* slot_mapping, int64_t t,
                          int64_t hkv, int64_t d, int8_t* k_codes, float* k_scales, int8_t* v_codes,
-                         float* v_scales, const float* k_shift) {
+                         float* v_scales, const float* k_shift, bool k_rotate) {
   kv_cache_write_codes<int8_t, &kv_quantize_row>(k, v, slot_mapping, t, hkv, d, k_codes, k_scales, v_codes,
-                                                 v_scales, k_shift);
+                                                 v_scales, k_shift, k_rotate);
 }
 
 void kv_cache_write(const float* k, const float* v, const int64_t* slot_mapping, int64_t t,

@@ -193,6 +193,10 @@ struct AttentionArgs {
   // Quantized caches: the layer's key shift [hkv, d] (KvLayout::k_shift) that the kernels
   // writing new keys subtract before quantizing them; null: none.
   const float* k_shift = nullptr;
+  // Quantized caches: keys stored rotated (KvLayout::k_rotate). The kernels writing new
+  // keys rotate them (after the shift) before quantizing them, and every kernel reading a
+  // quantized cache rotates its queries (kv_rotate_rows: H q / b).
+  bool k_rotate = false;
   int64_t q_stride = 0, kv_stride = 0;  // 0: hq * d and hkv * d (dense)
   int64_t max_q_len = 0;  // the step's longest q_len; with its GQA group <= 8, the decode kernel runs
   void* out = nullptr;              // [T, hq, d]
@@ -284,11 +288,12 @@ void launch_kv_cache_write(DType t, const void* k, const void* v, const int64_t*
 // are views into packed rows); every (token, kv head) row is quantized as KvDType says
 // (backends/backend.h: the same codes and scales as the CPU backend) into codes
 // [slots, hkv, d] and scales [slots, hkv] at slot_mapping[i]; -1 skips the token. Key rows
-// less k_shift [hkv, d] when it is not null (the CPU's kv_cache_write_int8/fp8).
+// less k_shift [hkv, d] when it is not null, then rotated when k_rotate (the CPU's
+// kv_cache_write_int8/fp8). d <= 256.
 void launch_kv_quant_write(DType t, KvCode code, const void* k, const void* v, int64_t row_stride,
                            const int64_t* slot_mapping, int64_t tokens, int64_t hkv, int64_t d, uint8_t* k_codes,
                            float* k_scales, uint8_t* v_codes, float* v_scales, cudaStream_t s,
-                           const float* k_shift = nullptr);
+                           const float* k_shift = nullptr, bool k_rotate = false);
 
 // Packed attention's front end (pass fuse_qkv_attention): qkv [t, (hq + 2 hkv) * d] rows
 // from the merged Q/K/V projection. Rotates q and k in place (RoPE over the first

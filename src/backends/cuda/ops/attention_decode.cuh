@@ -77,6 +77,7 @@ struct DecParams {
   float* k_scales = nullptr;
   float* v_scales = nullptr;
   const float* k_shift = nullptr;  // quantized caches: [hkv, D] or null
+  bool k_rotate = false;           // quantized caches: AttentionArgs::k_rotate
   T* out = nullptr;
   int block_size = 16, hq = 0, hkv = 0, splits = 1, rot = 0;
   int64_t kv_row = 0;
@@ -306,11 +307,13 @@ attention_decode_cluster_kernel(const DecParams<T> p) {
     __syncthreads();
   }
   if constexpr (kQuant) {
+    // Keys stored rotated: so are the q rows (as 16-bit values, the MMAs' A operand).
+    if (p.k_rotate) kv_rotate_rows<D>(q_s, group, LD, kDecWarps);
     // Warp 0 quantizes the new K row, warp 1 the V row: kv_quant_write_kernel's codes
     // and scales (the CPU backend's).
     if (has_new && warp < 2) {
       const float* shift = warp == 0 && p.k_shift ? p.k_shift + kvh * D : nullptr;  // keys only
-      const float sc = kv_quantize_row<T, Q>(new_t + warp * D, D, new_c + warp * D, shift);
+      const float sc = kv_quantize_row<T, Q>(new_t + warp * D, D, new_c + warp * D, shift, warp == 0 && p.k_rotate);
       if (lane == 0) new_sc[warp] = sc;
     }
     __syncthreads();
@@ -484,6 +487,7 @@ DecParams<T> dec_params_of(const AttentionArgs& a) {
   p.k_scales = const_cast<float*>(a.k_scales);
   p.v_scales = const_cast<float*>(a.v_scales);
   p.k_shift = a.k_shift;
+  p.k_rotate = a.k_rotate;
   p.out = static_cast<T*>(a.out);
   p.block_size = int(a.block_size);
   p.hq = int(a.hq);

@@ -97,7 +97,7 @@ __global__ void __launch_bounds__(flash2_threads<W, MT>(), I / W)
                             T* __restrict__ out, uint8_t* __restrict__ out_codes, float code_inv, bool code_int8,
                             int block_size, int bs_shift, int hq, int hkv,
                             int64_t q_stride, int64_t kv_row, float scale_log2, bool causal, int window,
-                            float softcap_in, float softcap_out,
+                            float softcap_in, float softcap_out, bool k_rotate,
                             const AttnSeq* __restrict__ seqs,
                             const int32_t* __restrict__ block_tables,
                             const AttnWork* __restrict__ works, float* __restrict__ part_o,
@@ -154,6 +154,14 @@ __global__ void __launch_bounds__(flash2_threads<W, MT>(), I / W)
                                int64_t(kvh * group + item % group) * D + c
                          : q;
     cp_async16(qs + li * LD + c, src, valid);
+  }
+  if constexpr (Q != KvCode::kNone) {
+    if (k_rotate) {  // keys stored rotated: so are the q rows (16-bit, the MMAs' A operand)
+      cp_async_commit();
+      cp_async_wait<0>();
+      __syncthreads();
+      kv_rotate_rows<D>(qs, W, LD, kF2Threads / 32);  // read after the __syncthreads before tile 0
+    }
   }
   const int last = min(n_items, w.item_begin + W) - 1;
   // The CTA reads keys [begin, hi): from its first item's window start (kv_begin without one).
@@ -454,7 +462,7 @@ void launch_flash2_form(const AttentionArgs& a, cudaStream_t s) {
            static_cast<const KvElem<T, Q>*>(a.v_cache), a.k_scales, a.v_scales,
            static_cast<T*>(a.out), a.out_codes, a.out_code_inv, a.out_code == AttnOutCode::kInt8, bs, bs_shift, int(a.hq), int(a.hkv), qs, kvs,
            a.scale * kLog2e, a.causal, int(a.window), a.softcap > 0.0f ? a.scale / a.softcap : 0.0f,
-           a.softcap > 0.0f ? a.softcap / a.scale : 0.0f, a.seqs, a.block_tables, a.work, part_o, part_ml);
+           a.softcap > 0.0f ? a.softcap / a.scale : 0.0f, a.k_rotate, a.seqs, a.block_tables, a.work, part_o, part_ml);
   KILN_CUDA_CHECK_LAUNCH();
   if (a.num_combine > 0) {
     launch_k(attention_combine_kernel<T, D>, dim3(unsigned(a.num_combine), unsigned(a.hkv), unsigned(W / 4)), 128, 0, s,

@@ -65,6 +65,7 @@ struct GqaFused {
   float* k_scales = nullptr;  // quantized caches
   float* v_scales = nullptr;
   const float* k_shift = nullptr;  // quantized caches: [hkv, D] or null
+  bool k_rotate = false;           // quantized caches: AttentionArgs::k_rotate
   int32_t* counters = nullptr;
   const AttnCombine* combine = nullptr;
   bool early_trigger = false;  // AttentionArgs::early_trigger
@@ -174,11 +175,13 @@ attention_gqa_decode_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restr
   }
   __syncthreads();  // new_s is final before a tile copies it
   if constexpr (kQuant) {
+    // Keys stored rotated: so are the queries (after their scale).
+    if (f.k_rotate) kv_rotate_rows<D>(&qs[0][0], GP, D, kWarpsG);
     // Warp 0 quantizes the new K row, warp 1 the V row: the codes and scales of
     // kv_quant_write_kernel and the CPU backend.
     if (has_new && warp < 2) {
       const float* shift = warp == 0 && f.k_shift ? f.k_shift + kvh * D : nullptr;  // keys only
-      const float sc = kv_quantize_row<T, Q>(new_s[warp], D, newc_s[warp], shift);
+      const float sc = kv_quantize_row<T, Q>(new_s[warp], D, newc_s[warp], shift, warp == 0 && f.k_rotate);
       if (lane == 0) newsc_s[warp] = sc;
     }
     __syncthreads();
@@ -391,6 +394,7 @@ void launch_gqa_typed(const AttentionArgs& a, cudaStream_t s) {
   f.k_scales = const_cast<float*>(a.k_scales);
   f.v_scales = const_cast<float*>(a.v_scales);
   f.k_shift = a.k_shift;
+  f.k_rotate = a.k_rotate;
   f.counters = a.counters;
   f.combine = a.combine;
   f.early_trigger = a.early_trigger;

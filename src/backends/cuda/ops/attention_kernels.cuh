@@ -102,23 +102,83 @@ __device__ __forceinline__ void rope_pair(float& x1, float& x2, int pos, float i
   rope_turn(x1, x2, sn, cs);
 }
 
-// One warp quantizes a (token, kv head) row x[0, d) into dst as KvDType says (the CPU
-// backend's kv_quantize_row / kv_quantize_row_fp8: f32 amax, the factors 127.0f / amax
-// and amax / 127.0f - or 448 - as IEEE divisions, round to nearest even, E4M3 through
-// the hardware's saturating conversion) and returns the row's scale (every lane): 0 for
-// a row of zeros, NaN for a non-finite row (codes 0). With `shift` (a key row's
-// KvLayout::k_shift, [d]) the row quantized is x - shift, each difference rounded to f32.
-template <typename T, KvCode Q>
-__device__ __forceinline__ float kv_quantize_row(const T* x, int d, uint8_t* dst, const float* shift = nullptr) {
+// KvLayout::k_rotate's transform (the CPU backend's kv_rotate_key) of a row x[0, d) that
+// a warp holds as v[i] = x[lane + 32 i] (lanes past d hold anything: no butterfly pairs
+// them with an element of the row): the unnormalized Walsh-Hadamard transform of blocks
+// of b = d & -d values, the same IEEE butterflies in the same order, so both backends
+// store the same codes. Called by all 32 lanes.
+template <int N>
+__device__ __forceinline__ void kv_rotate_warp(float (&v)[N], int d) {
+  const int lane = threadIdx.x & 31, b = d & -d;
+  for (int h = 1; h < b && h < 32; h *= 2) {  // partners in other lanes
+#pragma unroll
+    for (int i = 0; i < N; ++i) {
+      const float o = __shfl_xor_sync(0xffffffffu, v[i], h);
+      v[i] = (lane & h) ? __fsub_rn(o, v[i]) : __fadd_rn(v[i], o);
+    }
+  }
+#pragma unroll
+  for (int j = 1; j < N; j *= 2) {  // h = 32 j: partners in this lane's other registers
+    if (32 * j >= b) break;
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+      if ((i & j) == 0 && i + j < N) {
+        const float a = v[i], c = v[i + j];
+        v[i] = __fadd_rn(a, c);
+        v[i + j] = __fsub_rn(a, c);
+      }
+  }
+}
+
+// The queries' side of KvLayout::k_rotate (the CPU's kv_rotate_queries): rows [0, nrows)
+// of D values, `ld` elements apart in shared memory (f32 or 16-bit), each through
+// kv_rotate_warp and divided by the block size (a power of two: exact), in place; a warp
+// a row, `warps` warps. The caller synchronizes before and after.
+template <int D, typename E>
+__device__ __forceinline__ void kv_rotate_rows(E* rows, int nrows, int ld, int warps) {
+  constexpr int N = (D + 31) / 32;
   const int lane = threadIdx.x & 31;
-  auto value = [&](int c) { return shift ? __fsub_rn(to_f32(x[c]), shift[c]) : to_f32(x[c]); };
+  const float inv_b = 1.0f / float(D & -D);
+  for (int r = int(threadIdx.x >> 5); r < nrows; r += warps) {
+    E* x = rows + r * ld;
+    float v[N];
+#pragma unroll
+    for (int i = 0; i < N; ++i) v[i] = lane + 32 * i < D ? to_f32(x[lane + 32 * i]) : 0.0f;
+    kv_rotate_warp<N>(v, D);
+#pragma unroll
+    for (int i = 0; i < N; ++i)
+      if (lane + 32 * i < D) x[lane + 32 * i] = from_f32<E>(__fmul_rn(v[i], inv_b));
+  }
+}
+
+// One warp quantizes a (token, kv head) row x[0, d), d <= kKvQuantMaxDim, into dst as
+// KvDType says (the CPU backend's kv_quantize_row / kv_quantize_row_fp8: f32 amax, the
+// factors 127.0f / amax and amax / 127.0f - or 448 - as IEEE divisions, round to nearest
+// even, E4M3 through the hardware's saturating conversion) and returns the row's scale
+// (every lane): 0 for a row of zeros, NaN for a non-finite row (codes 0). With `shift` (a
+// key row's KvLayout::k_shift, [d]) the row quantized is x - shift, each difference
+// rounded to f32; with `rotate` (KvLayout::k_rotate) that row through kv_rotate_warp.
+constexpr int kKvQuantMaxDim = 256;
+template <typename T, KvCode Q>
+__device__ __forceinline__ float kv_quantize_row(const T* x, int d, uint8_t* dst, const float* shift = nullptr,
+                                                 bool rotate = false) {
+  constexpr int N = kKvQuantMaxDim / 32;
+  const int lane = threadIdx.x & 31;
+  float v[N];
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const int c = lane + 32 * i;
+    v[i] = c < d ? (shift ? __fsub_rn(to_f32(x[c]), shift[c]) : to_f32(x[c])) : 0.0f;
+  }
+  if (rotate) kv_rotate_warp<N>(v, d);
   float amax = 0.0f;
   bool finite = true;
-  for (int c = lane; c < d; c += 32) {
-    const float f = value(c);
-    amax = fmaxf(amax, fabsf(f));
-    finite = finite && isfinite(f);
-  }
+#pragma unroll
+  for (int i = 0; i < N; ++i)
+    if (lane + 32 * i < d) {
+      amax = fmaxf(amax, fabsf(v[i]));
+      finite = finite && isfinite(v[i]);
+    }
   amax = warp_max(amax);
   finite = __all_sync(0xffffffffu, finite);
   if (amax == 0.0f || !finite) {
@@ -127,8 +187,11 @@ __device__ __forceinline__ float kv_quantize_row(const T* x, int d, uint8_t* dst
   }
   constexpr float kMax = Q == KvCode::kFp8 ? 448.0f : 127.0f;
   const float inv = __fdiv_rn(kMax, amax);
-  for (int c = lane; c < d; c += 32) {
-    const float y = __fmul_rn(value(c), inv);
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const int c = lane + 32 * i;
+    if (c >= d) continue;
+    const float y = __fmul_rn(v[i], inv);
     if constexpr (Q == KvCode::kInt8)
       dst[c] = uint8_t(int8_t(fminf(fmaxf(rintf(y), -127.0f), 127.0f)));
     else
@@ -139,11 +202,13 @@ __device__ __forceinline__ float kv_quantize_row(const T* x, int d, uint8_t* dst
 
 // Stages the q rows of items [item_begin, item_begin + N) of the CTA's (sequence, KV
 // head) in qs as f32 times `scale`, zeros past the sequence's n_items (16-byte vectors:
-// rows are D-contiguous and 16-byte aligned).
+// rows are D-contiguous and 16-byte aligned); with `rotate` (keys stored rotated,
+// KvLayout::k_rotate) through kv_rotate_rows. Called by the whole CTA; the caller
+// synchronizes before reading qs.
 template <typename T, int D, int N>
 __device__ __forceinline__ void attn_stage_q(float (&qs)[N][D], const T* __restrict__ q, int64_t q_stride,
                                              const AttnSeq& sq, int item_begin, int n_items, int kvh, int group,
-                                             float scale) {
+                                             float scale, bool rotate) {
   constexpr int VEC = 16 / int(sizeof(T)), VPR = D / VEC;
   static_assert(D % VEC == 0);
   for (int e = threadIdx.x; e < N * VPR; e += kWarps * 32) {
@@ -156,6 +221,10 @@ __device__ __forceinline__ void attn_stage_q(float (&qs)[N][D], const T* __restr
     const T* v = reinterpret_cast<const T*>(&raw);
 #pragma unroll
     for (int i = 0; i < VEC; ++i) qs[li][c + i] = to_f32(v[i]) * scale;
+  }
+  if (rotate) {
+    __syncthreads();
+    kv_rotate_rows<D>(&qs[0][0], N, D, kWarps);
   }
 }
 
@@ -218,7 +287,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 attention_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restrict__ k_cache,
                  const KvElem<T, Q>* __restrict__ v_cache, const float* __restrict__ k_scales,
                  const float* __restrict__ v_scales, T* __restrict__ out, int block_size, int hq, int hkv, int64_t q_stride, int64_t kv_row,
-                 float scale, bool causal, int window, float softcap,
+                 float scale, bool causal, int window, float softcap, bool k_rotate,
                  const AttnSeq* __restrict__ seqs, const int32_t* __restrict__ block_tables,
                  const AttnWork* __restrict__ works, float* __restrict__ part_o, float* __restrict__ part_ml) {
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
@@ -248,7 +317,8 @@ attention_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restrict__ k_cac
   constexpr int kThreads = kWarps * 32;
   constexpr int CVEC = 16 / int(sizeof(KvElem<T, Q>)), CVPR = D / CVEC;
   static_assert(D % CVEC == 0);
-  attn_stage_q<T, D, kAttnItemsPerCta>(qs, q, q_stride, sq, w.item_begin, n_items, kvh, group, scale);
+  attn_stage_q<T, D, kAttnItemsPerCta>(qs, q, q_stride, sq, w.item_begin, n_items, kvh, group, scale,
+                                       Q != KvCode::kNone && k_rotate);
   int lo[R], lim[R];
   float m[R], l[R], acc[R][DPL];
   attn_init_items<R, DPL>(lo, lim, m, l, acc, w.item_begin + warp * R, n_items, group, ctx0, sq, w, causal, window);
@@ -373,7 +443,8 @@ __global__ void __launch_bounds__(kWarps * 32)
 attention_decode_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restrict__ k_cache,
                         const KvElem<T, Q>* __restrict__ v_cache, const float* __restrict__ k_scales,
                         const float* __restrict__ v_scales, T* __restrict__ out, int block_size, int hq, int hkv, int64_t q_stride, int64_t kv_row,
-                        float scale, bool causal, int window, float softcap, const AttnSeq* __restrict__ seqs,
+                        float scale, bool causal, int window, float softcap, bool k_rotate,
+                        const AttnSeq* __restrict__ seqs,
                         const int32_t* __restrict__ block_tables, const AttnWork* __restrict__ works,
                         float* __restrict__ part_o, float* __restrict__ part_ml) {
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
@@ -388,7 +459,7 @@ attention_decode_kernel(const T* __restrict__ q, const KvElem<T, Q>* __restrict_
   const int kvh = blockIdx.y, group = hq / hkv, n_items = sq.q_len * group;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int ctx0 = sq.ctx_len - sq.q_len;
-  attn_stage_q<T, D, R>(qs, q, q_stride, sq, w.item_begin, n_items, kvh, group, scale);
+  attn_stage_q<T, D, R>(qs, q, q_stride, sq, w.item_begin, n_items, kvh, group, scale, Q != KvCode::kNone && k_rotate);
   int lo[R], lim[R];
   float m[R], l[R], acc[R][DPL];
   attn_init_items<R, DPL>(lo, lim, m, l, acc, w.item_begin, n_items, group, ctx0, sq, w, causal, window);
@@ -732,7 +803,7 @@ void launch_typed(const AttentionArgs& a, cudaStream_t s) {
   auto go = [&](auto kernel, size_t smem) {
     launch_k(kernel, ta.grid, kWarps * 32, smem, s, ta.q, ta.k_cache, ta.v_cache, a.k_scales, a.v_scales, ta.out,
         int(a.block_size), int(a.hq), int(a.hkv), ta.q_stride, ta.kv_row, a.scale, a.causal, int(a.window), a.softcap,
-        a.seqs, a.block_tables, a.work, ta.part_o, ta.part_ml);
+        a.k_rotate, a.seqs, a.block_tables, a.work, ta.part_o, ta.part_ml);
   };
   const int64_t items = a.max_q_len * (a.hq / a.hkv);
   const bool decode = a.max_q_len > 0 && a.num_partials == 0;

@@ -19,7 +19,7 @@ __global__ void __launch_bounds__(kQuantWarps * 32)
 kv_quant_write_kernel(const T* __restrict__ k, const T* __restrict__ v, int64_t row_stride,
                       const int64_t* __restrict__ slots, int64_t tokens, int hkv, int d, uint8_t* __restrict__ kc,
                       float* __restrict__ ks, uint8_t* __restrict__ vc, float* __restrict__ vs,
-                      const float* __restrict__ k_shift) {
+                      const float* __restrict__ k_shift, bool k_rotate) {
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes are visible
   const int lane = threadIdx.x & 31;
   const int64_t row = int64_t(blockIdx.x) * kQuantWarps + (threadIdx.x >> 5);
@@ -31,7 +31,7 @@ kv_quant_write_kernel(const T* __restrict__ k, const T* __restrict__ v, int64_t 
   if (slot < 0) return;
   const T* x = (is_v ? v : k) + t * row_stride + int64_t(h) * d;
   const float* shift = !is_v && k_shift ? k_shift + int64_t(h) * d : nullptr;
-  const float sc = kv_quantize_row<T, Q>(x, d, (is_v ? vc : kc) + (slot * hkv + h) * d, shift);
+  const float sc = kv_quantize_row<T, Q>(x, d, (is_v ? vc : kc) + (slot * hkv + h) * d, shift, !is_v && k_rotate);
   if (lane == 0) (is_v ? vs : ks)[slot * hkv + h] = sc;
 }
 
@@ -47,9 +47,11 @@ void launch_attention_quantized(const AttentionArgs& a, cudaStream_t s) {
 void launch_kv_quant_write(DType t, KvCode code, const void* k, const void* v, int64_t row_stride,
                            const int64_t* slot_mapping, int64_t tokens, int64_t hkv, int64_t d, uint8_t* k_codes,
                            float* k_scales, uint8_t* v_codes, float* v_scales, cudaStream_t s,
-                           const float* k_shift) {
+                           const float* k_shift, bool k_rotate) {
   if (tokens == 0) return;
   KILN_THROW_IF(code == KvCode::kNone, kInternal, "kv_quant_write: the cache is not quantized");
+  KILN_THROW_IF(d <= 0 || d > kKvQuantMaxDim, kInternal, "kv_quant_write: head_dim ", d, " (1 to ", kKvQuantMaxDim,
+                " here)");
   const int64_t rows = tokens * 2 * hkv;
   const unsigned grid = unsigned((rows + kQuantWarps - 1) / kQuantWarps);
   KILN_CUDA_DISPATCH_FLOAT(t, T, {
@@ -57,10 +59,10 @@ void launch_kv_quant_write(DType t, KvCode code, const void* k, const void* v, i
     const auto* vt = static_cast<const T*>(v);
     if (code == KvCode::kInt8)
       launch_k(kv_quant_write_kernel<T, KvCode::kInt8>, grid, kQuantWarps * 32, 0, s, kt, vt, row_stride,
-          slot_mapping, tokens, int(hkv), int(d), k_codes, k_scales, v_codes, v_scales, k_shift);
+          slot_mapping, tokens, int(hkv), int(d), k_codes, k_scales, v_codes, v_scales, k_shift, k_rotate);
     else
       launch_k(kv_quant_write_kernel<T, KvCode::kFp8>, grid, kQuantWarps * 32, 0, s, kt, vt, row_stride,
-          slot_mapping, tokens, int(hkv), int(d), k_codes, k_scales, v_codes, v_scales, k_shift);
+          slot_mapping, tokens, int(hkv), int(d), k_codes, k_scales, v_codes, v_scales, k_shift, k_rotate);
   });
   KILN_CUDA_CHECK_LAUNCH();
 }
