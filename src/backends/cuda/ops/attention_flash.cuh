@@ -155,14 +155,10 @@ __global__ void __launch_bounds__(flash2_threads<W, MT>(), I / W)
                          : q;
     cp_async16(qs + li * LD + c, src, valid);
   }
-  if constexpr (Q != KvCode::kNone) {
-    if (k_rotate) {  // keys stored rotated: so are the q rows (16-bit, the MMAs' A operand)
-      cp_async_commit();
-      cp_async_wait<0>();
-      __syncthreads();
-      kv_rotate_rows<D>(qs, W, LD, kF2Threads / 32);  // read after the __syncthreads before tile 0
-    }
-  }
+  // Keys stored rotated (quantized caches): the q rows are rotated too, once they land
+  // (below, while tile 0's copies are in flight); they go as a copy group of their own.
+  const bool rotate_q = Q != KvCode::kNone && k_rotate;
+  if (rotate_q) cp_async_commit();
   const int last = min(n_items, w.item_begin + W) - 1;
   // The CTA reads keys [begin, hi): from its first item's window start (kv_begin without one).
   const int begin = kWin ? max(w.kv_begin, item_lo(w.item_begin)) : w.kv_begin;
@@ -369,7 +365,12 @@ __global__ void __launch_bounds__(flash2_threads<W, MT>(), I / W)
   }
   __syncthreads();
   if (n_tiles > 0) load_tile(0, 0);
-  cp_async_commit();  // Q and tile 0
+  cp_async_commit();  // Q and tile 0 (rotate_q: tile 0 only)
+  if (rotate_q) {
+    cp_async_wait<1>();  // this thread's Q copies have landed...
+    __syncthreads();     // ...and every thread's
+    kv_rotate_rows<D>(qs, W, LD, kF2Threads / 32);  // the 16-bit rows the MMAs read; the loop's barrier orders them
+  }
 
   for (int it = 0; it < n_tiles; ++it) {
     const int t0 = begin + it * kF2Keys, stage = it & 1;

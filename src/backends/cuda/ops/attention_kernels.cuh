@@ -113,6 +113,7 @@ __device__ __forceinline__ void kv_rotate_warp(float (&v)[N], int d) {
   for (int h = 1; h < b && h < 32; h *= 2) {  // partners in other lanes
 #pragma unroll
     for (int i = 0; i < N; ++i) {
+      if (32 * i >= d) break;  // uniform: registers past the row hold nothing
       const float o = __shfl_xor_sync(0xffffffffu, v[i], h);
       v[i] = (lane & h) ? __fsub_rn(o, v[i]) : __fadd_rn(v[i], o);
     }
