@@ -524,18 +524,9 @@ size_t absorb(Call& c, const RequestUpdate& u) {
           if (named && calls.empty() && !st.forced_text.empty())
             calls.push_back({c.params.tool_choice_name, st.forced_text});
           if (named && !calls.empty()) calls[0].streamed = true;
-          if (!named && !st.required_calls.streamed().empty()) {
-            // The calls whose pieces are out are what those said (arguments compact once they
-            // parse); the rest, if the array parsed, come whole.
-            std::vector<ToolCall> out;
-            for (ToolCall sent : st.required_calls.streamed()) {
-              const Json a = Json::parse(sent.arguments, nullptr, /*allow_exceptions=*/false);
-              if (a.is_object()) sent.arguments = a.dump();
-              out.push_back(std::move(sent));
-            }
-            for (size_t k = out.size(); k < calls.size(); ++k) out.push_back(std::move(calls[k]));
-            calls = std::move(out);
-          }
+          // The calls whose pieces are out are what those said; the rest, if the array
+          // parsed, come whole.
+          if (!named) calls = st.required_calls.released(std::move(calls));
           if (calls.empty()) st.last.content = st.forced_text;
           for (auto& call : calls) {
             call.id = call_id(st, st.calls.size());

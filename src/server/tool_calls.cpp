@@ -474,11 +474,24 @@ ToolCallDelta ToolCallSplitter::drain(bool final) {
       if (!final && undecided(parser_, rest)) return out;
       decided_ = true;
       calls_body_ = opens_calls(parser_, rest);
+      if (calls_body_ && parser_ != ToolParser::kPythonic) {
+        // JSON calls stream as they are written, from after the tag when it is there.
+        const std::string_view tag = parser_ == ToolParser::kMistral   ? kMistralTag
+                                     : parser_ == ToolParser::kGranite ? kGraniteTag
+                                                                       : std::string_view();
+        body_fed_ = i + (!tag.empty() && rest.starts_with(tag) ? tag.size() : 0);
+        body_.emplace(parser_ == ToolParser::kLlama3Json ? CallArrayStreamer::Form::kSemicolons
+                                                         : CallArrayStreamer::Form::kArray);
+      }
     }
     if (!calls_body_) {
       out.content = std::move(held_);
       held_.clear();
       return out;
+    }
+    if (body_ && body_fed_ < held_.size()) {
+      out.fragments = body_->feed(std::string_view(held_).substr(body_fed_));
+      body_fed_ = held_.size();
     }
     if (!final) return out;
     std::vector<ToolCall> calls;
@@ -486,6 +499,7 @@ ToolCallDelta ToolCallSplitter::drain(bool final) {
     else if (parser_ == ToolParser::kGranite) calls = array_calls(held_, kGraniteTag);
     else if (parser_ == ToolParser::kPythonic) calls = PythonCalls(held_).read().value_or(std::vector<ToolCall>{});
     else calls = llama3_calls(held_);
+    if (body_) calls = body_->released(std::move(calls));
     if (!calls.empty()) {
       calls_ += int(calls.size());
       out.calls = std::move(calls);
@@ -583,7 +597,7 @@ std::vector<ToolCallFragment> CallArrayStreamer::feed(std::string_view text) {
   const std::string_view s = text_;
   while (!stopped_) {
     if (obj_at_ == std::string::npos) {  // between elements
-      while (next_ < s.size() && (is_space(s[next_]) || (opened_ && s[next_] == ','))) ++next_;
+      while (next_ < s.size() && (is_space(s[next_]) || (opened_ && s[next_] == sep_))) ++next_;
       if (next_ == s.size()) break;
       if (!opened_ && s[next_] == '[') {
         opened_ = true;
@@ -631,6 +645,18 @@ std::vector<ToolCallFragment> CallArrayStreamer::feed(std::string_view text) {
     obj_at_ = args_at_ = std::string::npos;
     args_done_ = false;
   }
+  return out;
+}
+
+std::vector<ToolCall> CallArrayStreamer::released(std::vector<ToolCall> parsed) const {
+  if (streamed_.empty()) return parsed;
+  std::vector<ToolCall> out;
+  for (ToolCall c : streamed_) {
+    const Json a = Json::parse(c.arguments, nullptr, /*allow_exceptions=*/false);
+    if (a.is_object()) c.arguments = a.dump();
+    out.push_back(std::move(c));
+  }
+  for (size_t k = out.size(); k < parsed.size(); ++k) out.push_back(std::move(parsed[k]));
   return out;
 }
 

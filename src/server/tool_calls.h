@@ -23,6 +23,7 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -78,12 +79,47 @@ struct ToolCallDelta {
   std::vector<ToolCallFragment> fragments;  // pieces of calls not yet complete (and completing)
 };
 
+// A run of calls, {"name": ..., "parameters" (or "arguments"): {...}}, streamed as fragments
+// while it is written (each call's name once its head is read, then its arguments' text), as
+// the hermes splitter streams its calls: tool_choice "required"'s constrained output and the
+// mistral / granite bodies (kArray: a JSON array), llama3_json's (kSemicolons: objects
+// separated by ';'). An element that does not open so stops the streaming; the text is
+// parsed whole at the end either way.
+class CallArrayStreamer {
+ public:
+  enum class Form { kArray, kSemicolons };
+  explicit CallArrayStreamer(Form form = Form::kArray)
+      : sep_(form == Form::kArray ? ',' : ';'), opened_(form == Form::kSemicolons) {}
+  std::vector<ToolCallFragment> feed(std::string_view text);
+  // The calls streamed so far: their names and the parameters' text as streamed.
+  const std::vector<ToolCall>& streamed() const { return streamed_; }
+  // The calls to release at the end, given those the whole text parsed into (none when it
+  // did not parse): the streamed calls as their fragments said (arguments compact once they
+  // parse), whatever the rest of the text holds, then the parsed calls past them; with
+  // nothing streamed, the parsed calls.
+  std::vector<ToolCall> released(std::vector<ToolCall> parsed) const;
+
+ private:
+  std::string text_;
+  size_t next_ = 0;                      // where the next element is looked for
+  size_t obj_at_ = std::string::npos;    // the element being read
+  size_t args_at_ = std::string::npos;   // its parameters object (npos: head not read)
+  JsonCloseScan obj_scan_, args_scan_;
+  bool args_done_ = false;
+  char sep_;     // between elements
+  bool opened_;  // the array's '[' was read (kSemicolons: none to read)
+  bool stopped_ = false;
+  std::vector<ToolCall> streamed_;
+};
+
 // Splits one choice's output, fed in pieces as it streams, into content and tool calls.
 // Text that might begin a call is held back until the next piece decides it; a hermes call
 // that opens as {"name": ..., "arguments": { streams as fragments (its name, then its
 // arguments as they are written) and is released as a call, marked streamed, once it
-// closes; other calls are released whole; finish() parses what is held (an unclosed hermes
-// call, the llama3_json body) and releases the rest as content. A streamed call is
+// closes; the calls of mistral, granite and llama3_json bodies stream the same way
+// (CallArrayStreamer) and are released at the end; other calls are released whole; finish()
+// parses what is held (an unclosed hermes call, the whole-output bodies) and releases the
+// rest as content. A streamed call is
 // released as its fragments said, even when the rest of its text does not parse (cut off,
 // or junk after the arguments): its name and arguments (compact when they parse, else as
 // streamed) are out already.
@@ -111,6 +147,10 @@ class ToolCallSplitter {
   bool calls_body_ = false;
   bool in_call_ = false;    // hermes: inside <tool_call>
   int calls_ = 0;
+  // mistral, granite and llama3_json bodies: their calls streamed as written, and how much
+  // of held_ the streamer has read.
+  std::optional<CallArrayStreamer> body_;
+  size_t body_fed_ = 0;
   bool after_call_ = false;  // hermes: a call closed and no text has come since
   // hermes, inside a call: where its arguments object starts in held_ (npos: the call's
   // head is not read yet, or it does not open as name then arguments), the call's name,
@@ -121,29 +161,6 @@ class ToolCallSplitter {
   size_t args_sent_ = 0;
   bool args_done_ = false;
   bool head_checked_ = false;  // the head was read and does not stream
-};
-
-// tool_choice "required": the output, constrained to a JSON array of {"name": ...,
-// "parameters": {...}} calls, streamed as fragments while it is written (each call's name once
-// its head is read, then its parameters' text), as the hermes splitter streams its calls.
-// An element that does not open so stops the streaming; the array is parsed whole at the
-// end either way.
-class CallArrayStreamer {
- public:
-  std::vector<ToolCallFragment> feed(std::string_view text);
-  // The calls streamed so far: their names and the parameters' text as streamed.
-  const std::vector<ToolCall>& streamed() const { return streamed_; }
-
- private:
-  std::string text_;
-  size_t next_ = 0;                      // where the next element is looked for
-  size_t obj_at_ = std::string::npos;    // the element being read
-  size_t args_at_ = std::string::npos;   // its parameters object (npos: head not read)
-  JsonCloseScan obj_scan_, args_scan_;
-  bool args_done_ = false;
-  bool opened_ = false;  // the array's '[' was read
-  bool stopped_ = false;
-  std::vector<ToolCall> streamed_;
 };
 
 // Whole-output convenience: feed(text) + finish().

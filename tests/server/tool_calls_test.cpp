@@ -252,10 +252,58 @@ TEST(ToolCalls, Llama3JsonCalls) {
   EXPECT_EQ(s.feed("  ").content, "");
   EXPECT_EQ(s.feed("Paris is sunny").content, "  Paris is sunny");
   // JSON that is not a call is content.
-  for (const std::string text : {R"({"answer": 4})", R"({"name": "f", "parameters": {}} trailing)", "{\"name\": \"f\""}) {
+  for (const std::string text : {R"({"answer": 4})", "{\"name\": \"f\""}) {
     d = parse_tool_calls(ToolParser::kLlama3Json, text);
     EXPECT_TRUE(d.calls.empty()) << text;
     EXPECT_EQ(d.content, text);
+  }
+  // A call whose fragments are out is released as they said, whatever follows it.
+  d = parse_tool_calls(ToolParser::kLlama3Json, R"({"name": "f", "parameters": {"a": 1}} trailing)");
+  ASSERT_EQ(d.calls.size(), 1u);
+  EXPECT_TRUE(d.calls[0].streamed);
+  EXPECT_EQ(d.calls[0].arguments, R"({"a":1})");
+  EXPECT_EQ(d.content, "");
+}
+
+// The JSON whole-output formats stream their calls as they are written (OpenAI's
+// delta.tool_calls): a call's name once its head is read, then its arguments' text, each
+// call released at the end marked streamed.
+TEST(ToolCalls, WholeOutputJsonCallsStream) {
+  struct Case {
+    ToolParser parser;
+    std::vector<std::string> pieces;
+  };
+  for (const Case& c : {Case{ToolParser::kMistral, {"[TOOL_CALLS]", "[{\"name\": \"get_weather\", \"argu", "ments\": {\"ci",
+                                                    "ty\": \"Paris\"}}, {\"name\": \"g\", \"arguments\": {}}]"}},
+                        Case{ToolParser::kGranite, {"<|tool_call|>[{\"name\": \"get_weather\", \"arguments\": {\"ci",
+                                                    "ty\": \"Paris\"}}, {\"name\": \"g\", \"arguments\": {}}]"}},
+                        Case{ToolParser::kLlama3Json, {"{\"name\": \"get_weather\", \"parameters\": {\"ci",
+                                                       "ty\": \"Paris\"}}; {\"name\": \"g\", \"parameters\": {}}"}}}) {
+    SCOPED_TRACE(tool_parser_name(c.parser));
+    ToolCallSplitter s(c.parser);
+    std::vector<ToolCallFragment> frags;
+    size_t before_end = 0;
+    for (const std::string& p : c.pieces) {
+      ToolCallDelta d = s.feed(p);
+      EXPECT_EQ(d.content, "");
+      EXPECT_TRUE(d.calls.empty()) << "calls are released at the end";
+      for (auto& f : d.fragments) frags.push_back(std::move(f));
+    }
+    before_end = frags.size();
+    ToolCallDelta end = s.finish();
+    for (auto& f : end.fragments) frags.push_back(std::move(f));
+    ASSERT_GE(before_end, 3u) << "the first call's name and arguments went out while it was written";
+    EXPECT_EQ(frags[0].call, 0u);
+    EXPECT_EQ(frags[0].name, "get_weather");
+    std::string args0;
+    for (const auto& f : frags)
+      if (f.call == 0) args0 += f.arguments;
+    EXPECT_EQ(args0, R"({"city": "Paris"})");
+    ASSERT_EQ(end.calls.size(), 2u);
+    EXPECT_EQ(end.calls[0].name, "get_weather");
+    EXPECT_EQ(end.calls[0].arguments, R"({"city":"Paris"})");
+    EXPECT_TRUE(end.calls[0].streamed && end.calls[1].streamed);
+    EXPECT_EQ(end.content, "");
   }
 }
 
