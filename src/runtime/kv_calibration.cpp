@@ -172,7 +172,8 @@ void calibrate_kv_key_shift(Model& model, const std::vector<int32_t>& tokens, co
   }
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   log_info("KV cache: ", quantized_cache(model), " keys stored less their mean over ", at, " tokens of ",
-           what, " (", seqs.size(), " sequences; largest |shift| ", largest, ") in ", secs, " s");
+           what, " (", seqs.size(), " sequences; largest |shift| ", largest, ") in ", secs, " s",
+           model.kv_rotate() ? ", through a Walsh-Hadamard transform (--kv-rotate)" : "");
 }
 
 void ensure_kv_key_shift(Model& model) {

@@ -289,7 +289,8 @@ std::unique_ptr<Model> Model::load_engine_rank(const std::shared_ptr<EngineConte
       log_info("KV cache: ", kv_dtype_name(m->kv_dtype_), " keys ",
                v.empty() ? std::string("stored without a shift (the engine was built with --kv-calib none)")
                          : str_cat("stored less the engine's key shift (measured at build on ", ks.tokens,
-                                   " tokens of ", ks.source, ")"));
+                                   " tokens of ", ks.source, ")"),
+               m->kv_rotate_ ? ", through a Walsh-Hadamard transform (--kv-rotate)" : "");
   }
   m->add_top_logits(options.top_logits_k);
   const auto t0 = Clock::now();
