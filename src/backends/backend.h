@@ -66,7 +66,8 @@ struct StepInfo {
 // over all of them: E4M3 rounds each element relative to itself, and a score's error
 // is then a sum of many small, independent errors instead of one large one.
 enum class KvDType { kAuto, kInt8, kFp8 };
-// "auto" | "int8" | "fp8"; throws kInvalidArgument naming --kv-cache-dtype otherwise.
+// "auto" | "int8" | "fp8" (or vLLM's "fp8_e4m3"); throws kInvalidArgument naming
+// --kv-cache-dtype otherwise (fp8_e5m2 with why).
 KvDType kv_dtype_parse(const std::string& name);
 const char* kv_dtype_name(KvDType t);
 inline bool kv_dtype_quantized(KvDType t) { return t != KvDType::kAuto; }

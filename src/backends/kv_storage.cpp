@@ -10,9 +10,12 @@ namespace kiln {
 KvDType kv_dtype_parse(const std::string& name) {
   if (name == "auto") return KvDType::kAuto;
   if (name == "int8") return KvDType::kInt8;
-  if (name == "fp8") return KvDType::kFp8;
+  if (name == "fp8" || name == "fp8_e4m3") return KvDType::kFp8;  // vLLM's names of E4M3
+  if (name == "fp8_e5m2")
+    throw_error(ErrorCode::kInvalidArgument, "--kv-cache-dtype fp8_e5m2: the FP8 KV cache is E4M3 (fp8 or fp8_e4m3), "
+                "whose per-row scales cover the range E5M2 would trade precision for");
   throw_error(ErrorCode::kInvalidArgument, "--kv-cache-dtype: unknown KV cache dtype '", name,
-              "' (expected auto, int8 or fp8)");
+              "' (expected auto, int8, fp8 or fp8_e4m3)");
 }
 
 const char* kv_dtype_name(KvDType t) {

@@ -173,6 +173,16 @@ TEST(DecoderKvDtype, UnknownKvCacheDtypeNamesTheFlag) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("--kv-cache-dtype"), std::string::npos) << e.what();
   }
+  // vLLM's names: fp8_e4m3 is the fp8 cache; fp8_e5m2 is refused with why.
+  mo.kv_cache_dtype = "fp8_e4m3";
+  EXPECT_EQ(Model::load(testing::fixture_dir("llama"), mo)->kv_dtype(), KvDType::kFp8);
+  mo.kv_cache_dtype = "fp8_e5m2";
+  try {
+    Model::load(testing::fixture_dir("llama"), mo);
+    FAIL() << "expected kiln::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("E4M3"), std::string::npos) << e.what();
+  }
 }
 
 TEST_P(DecoderGolden, KvCacheDecodeMatchesTransformersStepLogits) {

@@ -73,9 +73,9 @@ CLI::Option* add_kv_fraction_option(CLI::App* cmd, double& fraction) {
 
 void add_kv_dtype_option(CLI::App* cmd, std::string& dtype, std::string& calib, std::string& rotate) {
   cmd->add_option("--kv-cache-dtype", dtype,
-                  "KV cache storage: auto (the backend's activation dtype), int8 or fp8 (E4M3): one byte per "
+                  "KV cache storage: auto (the backend's activation dtype), int8 or fp8 (E4M3; vLLM's fp8_e4m3 too): one byte per "
                   "element plus one scale per token and K/V head (about a quarter of the f32 bytes, a half of bf16)")
-      ->check(CLI::IsMember({"auto", "int8", "fp8"}))
+      ->check(CLI::IsMember({"auto", "int8", "fp8", "fp8_e4m3"}))
       ->capture_default_str();
   cmd->add_option("--kv-calib", calib,
                   "int8/fp8 KV cache: the text each layer's mean key is measured on at load (keys are stored less "
