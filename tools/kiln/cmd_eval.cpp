@@ -46,7 +46,7 @@ std::string model_label(const ModelArgs& m) {
   if (m.kv_cache_dtype != "auto") {
     ModelArgs weights = m;
     weights.kv_cache_dtype = "auto";
-    return model_label(weights) + ", KV " + m.kv_cache_dtype;
+    return model_label(weights) + ", KV " + m.kv_cache_dtype + (m.kv_rotate == "off" ? " (--kv-rotate off)" : "");
   }
   if (m.quant.mode.empty()) return m.weight_dtype;
   if (m.quant.mode == "awq" || gptq_mode(m.quant.mode)) {
