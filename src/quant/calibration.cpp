@@ -11,6 +11,7 @@
 
 #include "core/dtype.h"
 #include "core/fp8.h"
+#include "core/hadamard.h"
 #include "core/status.h"
 
 namespace kiln::quant {
@@ -343,22 +344,38 @@ void TensorCollector::observe_channels(const float* x, int64_t rows, int64_t k) 
       if (!std::isfinite(v)) not_finite(name_, r, j, v);
       channel_absmax_[size_t(j)] = std::max(channel_absmax_[size_t(j)], std::fabs(v));
     }
+  if (hadamard_)
+    for (int64_t r = 0; r < rows; ++r) {
+      row_.assign(x + r * k, x + (r + 1) * k);
+      hadamard_transform(row_.data(), k);
+      for (float v : row_) rotated_max_ = std::max(rotated_max_, double(std::fabs(v)));
+    }
   rows_ += rows;
 }
 
 void TensorCollector::begin_histogram(std::vector<float> inv_smooth) {
   KILN_CHECK(!channel_absmax_.empty(), "calibration: '", name_, "' has no pass-1 statistics");
   KILN_CHECK(inv_smooth.empty() || inv_smooth.size() == channel_absmax_.size(), "calibration: smoothing width");
+  KILN_CHECK(!hadamard_ || inv_smooth.empty(), "calibration: '", name_, "' is read rotated and cannot be smoothed");
   inv_smooth_ = std::move(inv_smooth);
   max_ = 0;
   for (size_t j = 0; j < channel_absmax_.size(); ++j)
     max_ = std::max(max_, double(channel_absmax_[j] * (inv_smooth_.empty() ? 1.0f : inv_smooth_[j])));
+  if (hadamard_) max_ = rotated_max_;
   hist_ = Histogram();
   hist_.range = max_;
 }
 
 void TensorCollector::observe_histogram(const float* x, int64_t rows, int64_t k) {
   check_k(k);
+  if (hadamard_) {
+    for (int64_t r = 0; r < rows; ++r) {
+      row_.assign(x + r * k, x + (r + 1) * k);
+      hadamard_transform(row_.data(), k);
+      for (float v : row_) hist_.add(std::fabs(v));  // finite: pass 1 checked the same rows
+    }
+    return;
+  }
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t j = 0; j < k; ++j) {
       const float v = x[r * k + j];

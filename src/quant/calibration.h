@@ -121,6 +121,11 @@ struct CalibrationTable {
 class TensorCollector {
  public:
   explicit TensorCollector(std::string name) : name_(std::move(name)) {}
+  // The input is read rotated (W8A8Options::hadamard): pass 1 also takes the max |x H| of
+  // its rows, pass 2 bins x H (no smoothing) over [0, that max]; "max" is that max. Call
+  // before the first observation.
+  void set_hadamard(bool on) { hadamard_ = on; }
+  bool hadamard() const { return hadamard_; }
   void observe_channels(const float* x, int64_t rows, int64_t k);
   // inv_smooth: [K] multipliers 1/s_j (empty: no smoothing). Call after pass 1.
   void begin_histogram(std::vector<float> inv_smooth);
@@ -138,6 +143,9 @@ class TensorCollector {
   Histogram hist_;
   double max_ = 0;
   double out_max_ = -1;  // < 0: no output seen
+  bool hadamard_ = false;
+  double rotated_max_ = 0;  // pass 1: max |x H| (hadamard_)
+  std::vector<float> row_;  // a rotated row
   int64_t rows_ = 0;
   void check_k(int64_t k);
 };

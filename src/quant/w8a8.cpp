@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "core/hadamard.h"
 #include "core/status.h"
 #include "ir/rewrite.h"
 #include "quant/norm_slots.h"
@@ -30,7 +31,23 @@ std::map<ir::ValueId, std::vector<int32_t>> groups_by_input(const ir::Graph& g, 
   return groups;
 }
 
+// Whether a group's input is rotated: any of its Linears is named by options.hadamard
+// (they share the input, so all of them read it rotated).
+bool group_rotates(const ir::Graph& g, const std::vector<int32_t>& nodes, const W8A8Options& o) {
+  for (int32_t ni : nodes)
+    if (w8a8_rotates(g.nodes()[size_t(ni)].name, o.hadamard)) return true;
+  return false;
+}
+
 }  // namespace
+
+bool w8a8_rotates(const std::string& node, const std::vector<std::string>& hadamard) {
+  for (auto& h : hadamard)
+    if (!h.empty() && node.find(h) != std::string::npos) return true;
+  return false;
+}
+
+std::string hadamard_calib_name(const std::string& node, int64_t b) { return node + "#hadamard" + std::to_string(b); }
 
 bool w8a8_keeps(const ir::Graph& g, const ir::Node& n, const W8A8Options& o) {
   for (auto& k : o.keep)
@@ -44,6 +61,7 @@ std::map<std::string, std::vector<float>> smooth_factors(const ir::Graph& g, con
   std::map<std::string, std::vector<float>> out;
   if (o.smooth_alpha < 0) return out;
   for (auto& [x, nodes] : groups_by_input(g, o)) {
+    if (group_rotates(g, nodes, o)) continue;  // rotated inputs are not smoothed
     const int64_t k = g.value(x).shape[g.value(x).shape.rank() - 1].value;
     std::vector<float> act(size_t(k), 0.0f), wmax(size_t(k), 0.0f);
     for (int32_t ni : nodes) {
@@ -83,7 +101,26 @@ W8A8Report apply_w8a8(ir::Graph& g, const CalibrationTable& table, const W8A8Opt
   bool added_nodes = false;
   for (auto& [x, nodes] : groups) {
     const std::string& first = g.nodes()[size_t(nodes[0])].name;
-    if (o.smooth_alpha >= 0) {
+    // Rotated inputs are int8 inputs: a smoothing-only rewrite leaves such groups as they are.
+    const bool rotate = group_rotates(g, nodes, o);
+    if (rotate && !o.quantize) continue;
+    if (rotate) {
+      // W H / b as new weights: (x H) (W H / b)^T = x W^T.
+      for (int32_t ni : nodes) {
+        ir::Node& n = g.nodes()[size_t(ni)];
+        Tensor w = f32_copy(g.weight(n.inputs[1]));
+        const int64_t k = w.dim(1), b = hadamard_block(k);
+        float* wp = w.data_as<float>();
+        for (int64_t r = 0; r < w.dim(0); ++r) {
+          hadamard_transform(wp + r * k, k);
+          for (int64_t j = 0; j < k; ++j) wp[r * k + j] /= float(b);
+        }
+        const std::string wname = g.value(n.inputs[1]).name + ".hadamard";
+        g.nodes()[size_t(ni)].inputs[1] = g.add_weight(wname, std::move(w));
+        g.nodes()[size_t(ni)].attrs["act_hadamard"] = b;
+        ++rep.rotated;
+      }
+    } else if (o.smooth_alpha >= 0) {
       const std::vector<float>& s = smooth.at(first);
       const int64_t k = int64_t(s.size());
       // W·s as new weights (a tied embedding stays untouched).
@@ -132,7 +169,13 @@ W8A8Report apply_w8a8(ir::Graph& g, const CalibrationTable& table, const W8A8Opt
     if (!o.quantize) continue;
     for (int32_t ni : nodes) {
       ir::Node& n = g.nodes()[size_t(ni)];
-      const double amax = table.amax(n.name, o.method);
+      const std::string entry = rotate ? hadamard_calib_name(n.name, n.attr_int("act_hadamard", 0)) : n.name;
+      const bool have = table.tensors.count(entry) > 0;
+      if (rotate && !have && !o.per_token)
+        throw_error(ErrorCode::kNotFound, "calibration table has no entry for the rotated input of Linear '", n.name,
+                    "' (", entry, "): the table was calibrated without --hadamard naming it; calibrate again "
+                    "(a new --calib-cache, or delete the old one)");
+      const double amax = rotate && !have ? 0.0 : table.amax(entry, o.method);  // per-token: unused
       n.attrs["quant"] = std::string("w8a8");
       n.attrs["act_amax"] = amax;
       if (o.per_token) n.attrs["act_dynamic"] = int64_t(1);

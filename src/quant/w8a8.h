@@ -24,10 +24,22 @@ struct W8A8Options {
   // Activation scales: per tensor from calibration (static), or per token from each
   // row's max at run time (attr act_dynamic=1; calibration then only sets smoothing).
   bool per_token = false;
+  // Linears (node name substrings) whose input rows go through a Walsh-Hadamard transform
+  // (core/hadamard.h, blocks of b = K & -K) before int8 rounding, the weight stored as
+  // W H / b so that the product is unchanged: a row's few huge channels (SwiGLU outputs
+  // feeding a down projection) spread over the block instead of setting the scale alone.
+  // Such Linears are not smoothed; attr act_hadamard = b. Their calibration entries are
+  // the rotated inputs', named hadamard_calib_name(node, b).
+  std::vector<std::string> hadamard;
 };
 
+// Whether options.hadamard names this Linear (by node name).
+bool w8a8_rotates(const std::string& node, const std::vector<std::string>& hadamard);
+// The calibration entry of a rotated Linear's input: "<node>#hadamard<b>".
+std::string hadamard_calib_name(const std::string& node, int64_t b);
+
 struct W8A8Report {
-  int quantized = 0, kept = 0, folded_into_norm = 0, smoothing_muls = 0;
+  int quantized = 0, kept = 0, folded_into_norm = 0, smoothing_muls = 0, rotated = 0;
   std::vector<std::string> kept_names;
 };
 

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <set>
 
+#include "core/hadamard.h"
 #include "core/log.h"
 #include "core/mapped_file.h"
 #include "core/status.h"
@@ -136,8 +137,10 @@ quant::CalibrationTable calibrate_model(const std::string& path, const ModelOpti
   auto collectors = std::make_shared<std::map<std::string, quant::TensorCollector>>();
   auto pass = std::make_shared<int>(1);
   auto observer = std::make_shared<LinearObserver>();
-  observer->on_input = [collectors, pass](const std::string& node, const float* x, int64_t t, int64_t k) {
-    auto it = collectors->try_emplace(node, node).first;
+  const std::vector<std::string> rotated = q.mode == "w8a8" ? q.hadamard : std::vector<std::string>{};
+  observer->on_input = [collectors, pass, rotated](const std::string& node, const float* x, int64_t t, int64_t k) {
+    auto [it, made] = collectors->try_emplace(node, node);
+    if (made) it->second.set_hadamard(quant::w8a8_rotates(node, rotated));
     if (*pass == 1) it->second.observe_channels(x, t, k);
     else it->second.observe_histogram(x, t, k);
   };
@@ -164,6 +167,7 @@ quant::CalibrationTable calibrate_model(const std::string& path, const ModelOpti
   quant::W8A8Options wo;
   wo.smooth_alpha = q.smooth_alpha;
   wo.keep = q.keep;
+  wo.hadamard = rotated;
   auto smooth = quant::smooth_factors(model->graph(), table, wo);
   for (auto& [name, c] : *collectors) {
     std::vector<float> inv;
@@ -175,7 +179,16 @@ quant::CalibrationTable calibrate_model(const std::string& path, const ModelOpti
   log_info("calibration: pass 2 (histograms of ", collectors->size(), " Linear inputs)");
   *pass = 2;
   run_sequences(*model, seqs);
-  for (auto& [name, c] : *collectors) table.tensors[name] = c.finish();
+  for (auto& [name, c] : *collectors) {
+    // A rotated input's statistics are filed under their own name (a table calibrated
+    // without the rotation then says so instead of giving the wrong clip).
+    if (c.hadamard()) {
+      table.tensors.erase(name);
+      table.tensors[quant::hadamard_calib_name(name, hadamard_block(int64_t(c.channel_absmax().size())))] = c.finish();
+    } else {
+      table.tensors[name] = c.finish();
+    }
+  }
   return table;
 }
 
@@ -611,6 +624,7 @@ ModelOptions w8a8_model_options(ModelOptions base, const quant::CalibrationTable
   wo.method = quant::calib_method_parse(q.method);
   wo.smooth_alpha = q.smooth_alpha;
   wo.keep = q.keep;
+  wo.hadamard = q.hadamard;
   if (q.act_scale != "static" && q.act_scale != "per-token")
     throw_error(ErrorCode::kInvalidArgument, "unknown activation scale '", q.act_scale, "' (expected static or per-token)");
   wo.per_token = q.act_scale == "per-token";
@@ -620,7 +634,8 @@ ModelOptions w8a8_model_options(ModelOptions base, const quant::CalibrationTable
     quant::W8A8Report r = quant::apply_w8a8(g, *t, wo);
     log_info("w8a8: ", r.quantized, " Linears int8 (", wo.per_token ? "per-token" : quant::calib_method_name(wo.method),
              " activation scales), ", r.kept,
-             " kept f32; smoothing folded into ", r.folded_into_norm, " norms, ", r.smoothing_muls, " Mul nodes");
+             " kept f32; smoothing folded into ", r.folded_into_norm, " norms, ", r.smoothing_muls, " Mul nodes; ",
+             r.rotated, " inputs rotated (--hadamard)");
     if (report) *report = r;
   };
   return base;
@@ -706,6 +721,8 @@ void quant_mode_check(const QuantOptions& q) {
   check_effective_bits(q);
   if (q.fp8_gate_up_out && q.mode != "fp8")
     throw_error(ErrorCode::kInvalidArgument, "--fp8-gate-up-out applies to --quant fp8 only (got --quant ", q.mode, ")");
+  if (!q.hadamard.empty() && q.mode != "w8a8")
+    throw_error(ErrorCode::kInvalidArgument, "--hadamard applies to --quant w8a8 only (got --quant ", q.mode, ")");
 }
 
 ModelOptions quant_model_options(const ModelOptions& base, const quant::CalibrationTable& table, const QuantOptions& q) {

@@ -26,6 +26,9 @@ struct QuantOptions {
   std::string calib = "default";
   std::string method = "kl";      // kl | mse | max | percentile
   std::vector<std::string> keep;  // Linears (node or weight name substrings) kept f32
+  // w8a8: Linears (node name substrings) whose inputs are rotated by a Walsh-Hadamard
+  // transform before int8 rounding (quant::W8A8Options::hadamard), e.g. "down_proj".
+  std::vector<std::string> hadamard;
   double smooth_alpha = 0.5;      // SmoothQuant migration strength; < 0: none
   std::string act_scale = "static";  // static (calibrated, per tensor) | per-token (dynamic)
   // fp8: the merged gate|up Linear's output rounded to E4M3 with its calibrated max

@@ -170,6 +170,79 @@ TEST(W8A8, TinyDecoderStaysNearF32AndEngineMatches) {
   std::filesystem::remove(bo.output);
 }
 
+// --hadamard down_proj: the down projections' inputs are rotated before int8 rounding and
+// their weights stored as W H / b. The model stays within the int8 bounds above (static
+// and per-token scales), the calibration files
+// the rotated inputs' statistics under their own names (max = max |x H|), an engine
+// reproduces the direct load, and a table calibrated without the rotation is refused by
+// name.
+TEST(W8A8, HadamardRotatedInputs) {
+  const std::string dir = testing::fixture_dir("llama");
+  auto f32 = Model::load(dir);
+  const int64_t v = f32->info().vocab_size;
+  auto calib = random_sequences(8, 32, v, 4);
+  QuantOptions q;
+  q.mode = "w8a8";
+  q.hadamard = {"down_proj"};
+  quant::CalibrationTable table = calibrate_model(dir, {}, q, &calib);
+  int rotated_entries = 0;
+  for (auto& [name, e] : table.tensors)
+    if (name.find("#hadamard") != std::string::npos) {
+      ++rotated_entries;
+      EXPECT_NE(name.find("down_proj#hadamard128"), std::string::npos) << name;  // K = 128: one block
+      EXPECT_GT(e.amax.at("max"), 0.0);
+      EXPECT_LE(e.amax.at("kl"), e.amax.at("max"));
+    }
+  EXPECT_EQ(rotated_entries, int(f32->info().num_layers));
+  auto toks = random_sequences(1, 24, v, 5)[0];
+  auto ref = all_logits(*f32, toks);
+  auto rel_rms = [&](const std::vector<float>& got) {
+    double err2 = 0, ref2 = 0;
+    for (size_t i = 0; i < ref.size(); ++i) err2 += double(got[i] - ref[i]) * (got[i] - ref[i]), ref2 += double(ref[i]) * ref[i];
+    return std::sqrt(err2 / ref2);
+  };
+  for (const char* scale : {"static", "per-token"}) {
+    SCOPED_TRACE(scale);
+    q.act_scale = scale;
+    auto report = std::make_shared<quant::W8A8Report>();
+    auto m = Model::load(dir, w8a8_model_options({}, table, q, report));
+    EXPECT_EQ(report->rotated, int(f32->info().num_layers));
+    int with_attr = 0;
+    for (auto& n : m->graph().nodes()) with_attr += n.attr_int("act_hadamard", 0) == 128;
+    EXPECT_EQ(with_attr, report->rotated);
+    const double e = rel_rms(all_logits(*m, toks));
+    EXPECT_LT(e, 0.15);
+    EXPECT_GT(e, 0.0);
+  }
+  q.act_scale = "static";
+  // An engine built with the rotation runs what the direct load runs.
+  const std::string tmp = ::testing::TempDir();
+  q.calib = tmp + "/kiln_w8a8_hadamard_calib.json";
+  table.save(q.calib);
+  auto direct = load_model(dir, {}, q);
+  BuildOptions bo;
+  bo.model = dir;
+  bo.output = tmp + "/kiln_w8a8_hadamard.kiln";
+  bo.tune = false;
+  bo.quant = q;
+  build_engine(bo);
+  EXPECT_EQ(all_logits(*Model::load(bo.output), toks), all_logits(*direct, toks));
+  std::filesystem::remove(bo.output);
+  // A table calibrated without the rotation names what is missing.
+  QuantOptions plain = q;
+  plain.hadamard.clear();
+  plain.calib = "default";
+  quant::CalibrationTable unrotated = calibrate_model(dir, {}, plain, &calib);
+  try {
+    Model::load(dir, w8a8_model_options({}, unrotated, q, nullptr));
+    FAIL() << "expected kiln::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("#hadamard128"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("calibrate again"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove(q.calib);
+}
+
 TEST(W8A8, BadCalibrationInputIsAClearError) {
   const std::string dir = testing::fixture_dir("llama");
   QuantOptions q;

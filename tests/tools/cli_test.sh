@@ -147,6 +147,8 @@ check build-kv-shift 0 "kv shift    measured on 640 tokens of the built-in calib
 check inspect-kv-shift 0 "kv shift    measured at build on 640 tokens" -- "$kiln" inspect -m "$tmp/llama-tok.kiln"
 check generate-kv-shift 0 "keys stored less the engine's key shift" -- \
   env KILN_LOG=info "$kiln" generate -m "$tmp/llama-tok.kiln" --kv-cache-dtype fp8 -p "hello world" -n 4
+check hadamard-not-w8a8 1 "--hadamard applies to --quant w8a8 only" -- \
+  "$kiln" generate -m "$tmp/llama-tok" --quant fp8 --hadamard down_proj -p "hello" -n 1
 # --kv-rotate: keys through a Walsh-Hadamard transform (the default) or as they are.
 check generate-kv-rotate-off 0 "4 generated" -- \
   "$kiln" generate -m "$tmp/llama-tok.kiln" --kv-cache-dtype int8 --kv-rotate off -p "hello world" -n 4

@@ -140,6 +140,11 @@ void add_quant_options(CLI::App* cmd, QuantOptions& q, const std::string& q8_opt
   cmd->add_option("--calib-cache", q.cache, "calibration cache: read when it exists, else written after calibrating");
   cmd->add_option("--keep", q.keep, "Linears kept f32 (node or weight name substrings, comma-separated), e.g. lm_head")
       ->delimiter(',');
+  cmd->add_option("--hadamard", q.hadamard,
+                  "w8a8: Linears (node name substrings, comma-separated, e.g. down_proj) whose inputs go through a "
+                  "Walsh-Hadamard transform before int8 rounding (the weights take it too, so the product is "
+                  "unchanged), spreading a row's few huge channels; not smoothed; CPU backend")
+      ->delimiter(',');
   cmd->add_option("--smooth-alpha", q.smooth_alpha, "SmoothQuant migration strength in [0, 1]; negative: none")
       ->capture_default_str();
   cmd->add_option("--act-scale", q.act_scale,

@@ -13,6 +13,7 @@
 
 #include "backends/communicator.h"
 #include "core/fp8.h"
+#include "core/hadamard.h"
 #include "core/int8.h"
 #include "core/log.h"
 #include "core/status.h"
@@ -337,6 +338,12 @@ LinearGemm w8a8_gemm(const ir::Node& n, const Tensor& w, const Tensor& bias, con
   if (!(amax >= 0) || !std::isfinite(amax))
     throw_error(ErrorCode::kInvalidArgument, "cpu: Linear '", n.name, "' has act_amax ", amax,
                 " (expected a finite value >= 0 from calibration)");
+  // act_hadamard = b (quant/w8a8.h): the input rows go through the Walsh-Hadamard
+  // transform of blocks of b first (the weight was stored as W H / b).
+  const int64_t had = n.attr_int("act_hadamard", 0);
+  if (had != 0 && had != hadamard_block(w.dim(1)))
+    throw_error(ErrorCode::kInvalidArgument, "cpu: Linear '", n.name, "' has act_hadamard ", had, " (its K = ", w.dim(1),
+                " rotates in blocks of ", hadamard_block(w.dim(1)), ")");
   auto packed = std::make_shared<PackedInt8Weight>(pack_weight_int8(w.data_as<float>(), w.dim(0), w.dim(1)));
   // act_dynamic=1: per-token scales computed from each row at run time (x_scale 0).
   const float x_scale = n.attr_int("act_dynamic", 0) ? 0.0f : int8_act_scale(amax);
@@ -347,7 +354,13 @@ LinearGemm w8a8_gemm(const ir::Node& n, const Tensor& w, const Tensor& bias, con
   std::shared_ptr<PackedWeight> ref;
   if (obs) ref = std::make_shared<PackedWeight>(pack_weight(w.data_as<float>(), w.dim(0), w.dim(1), WeightStorage::kF32));
   std::string name = n.name;
-  return [packed, x_scale, b, bias, obs, ref, name](const float* x, int64_t t, int64_t k, float* y) {
+  return [packed, x_scale, b, bias, obs, ref, name, had](const float* x, int64_t t, int64_t k, float* y) {
+    thread_local std::vector<float> rotated;
+    if (had) {
+      rotated.assign(x, x + t * k);
+      for (int64_t r = 0; r < t; ++r) hadamard_transform(rotated.data() + r * k, k);
+      x = rotated.data();
+    }
     linear_int8(x, t, k, *packed, x_scale, b, y);
     if (obs) {
       std::vector<float> yf(static_cast<size_t>(t * packed->n));

@@ -115,6 +115,9 @@ bool w8a8_linear_supported(const ir::Node& n, const ir::Graph& g, std::string* w
     return false;
   };
   if (!g.is_weight(n.inputs[1]) || n.has_attr("weight_layout")) return fail("w8a8 Linear weights must be plain weights");
+  if (n.has_attr("act_hadamard"))
+    return fail("its input is rotated (--hadamard), which the CPU backend runs; the CUDA int8 producers round "
+                "unrotated rows: build without --hadamard for CUDA");
   const Tensor& w = g.weight(n.inputs[1]);
   if (w.rank() != 2 || w.dim(1) % 4 != 0)
     return fail(str_cat("w8a8 Linear weight ", w.shape_str(),

@@ -11,6 +11,7 @@
 #include "backends/cpu/kernels/attention_impl.h"
 #include "backends/cpu/kernels/isa.h"
 #include "core/dtype.h"
+#include "core/hadamard.h"
 #include "core/fp8.h"
 #include "core/status.h"
 
@@ -151,16 +152,7 @@ float kv_quantize_row_fp8(const float* x, int64_t d, Fp8Code* codes) {
   return s;
 }
 
-void kv_rotate_key(float* x, int64_t d) {
-  const int64_t b = kv_rotation_block(d);
-  for (int64_t h = 1; h < b; h *= 2)
-    for (int64_t i = 0; i < d; i += 2 * h)  // 2h divides b, which divides d: no pair crosses a block
-      for (int64_t j = i; j < i + h; ++j) {
-        const float a = x[j], c = x[j + h];
-        x[j] = a + c;
-        x[j + h] = a - c;
-      }
-}
+void kv_rotate_key(float* x, int64_t d) { hadamard_transform(x, d); }
 
 void kv_rotate_queries(const float* q, int64_t rows, int64_t d, float* out) {
   const float inv_b = 1.0f / float(kv_rotation_block(d));

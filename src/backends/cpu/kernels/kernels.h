@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "core/dtype.h"
+#include "core/hadamard.h"
 #include "core/weight_quant.h"
 
 namespace kiln::cpu {
@@ -316,7 +317,7 @@ void kv_cache_write_int8(const float* k, const float* v, const int64_t* slot_map
                          float* v_scales, const float* k_shift = nullptr, bool k_rotate = false);
 // The block of KvLayout::k_rotate's transform: the largest power of two dividing the head
 // dim (64 -> 64, 96 -> 32, 80 -> 16).
-inline int64_t kv_rotation_block(int64_t d) { return d & -d; }
+inline int64_t kv_rotation_block(int64_t d) { return hadamard_block(d); }
 // KvLayout::k_rotate's transform of a key row x[0, d), in place: the Walsh-Hadamard
 // transform of each block of kv_rotation_block(d) values, unnormalized (butterflies
 // x[j], x[j + h] -> x[j] + x[j + h], x[j] - x[j + h] for h = 1, 2, 4, ... in that order,
