@@ -67,9 +67,15 @@ std::map<std::string, std::vector<float>> smooth_factors(const ir::Graph& g, con
     for (int32_t ni : nodes) {
       const ir::Node& n = g.nodes()[size_t(ni)];
       auto it = table.tensors.find(n.name);
-      if (it == table.tensors.end())
+      if (it == table.tensors.end()) {
+        auto rotated = table.tensors.lower_bound(n.name + "#hadamard");
+        if (rotated != table.tensors.end() && rotated->first.starts_with(n.name + "#hadamard"))
+          throw_error(ErrorCode::kNotFound, "calibration table has Linear '", n.name, "' only as a rotated input (",
+                      rotated->first, "): it was calibrated with --hadamard naming it; pass the same --hadamard, or "
+                      "calibrate again");
         throw_error(ErrorCode::kNotFound, "calibration table has no entry for Linear '", n.name,
                     "' (calibrated on a different model or opt level?)");
+      }
       if (int64_t(it->second.channel_absmax.size()) != k)
         throw_error(ErrorCode::kInvalidArgument, "calibration entry '", n.name, "' has ",
                     it->second.channel_absmax.size(), " channels, the Linear reads ", k);

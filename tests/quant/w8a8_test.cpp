@@ -228,9 +228,15 @@ TEST(W8A8, HadamardRotatedInputs) {
   build_engine(bo);
   EXPECT_EQ(all_logits(*Model::load(bo.output), toks), all_logits(*direct, toks));
   std::filesystem::remove(bo.output);
-  // A table calibrated without the rotation names what is missing.
+  // A table calibrated without the rotation names what is missing, and the other way round.
   QuantOptions plain = q;
   plain.hadamard.clear();
+  try {
+    Model::load(dir, w8a8_model_options({}, table, plain, nullptr));
+    FAIL() << "expected kiln::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("only as a rotated input"), std::string::npos) << e.what();
+  }
   plain.calib = "default";
   quant::CalibrationTable unrotated = calibrate_model(dir, {}, plain, &calib);
   try {
