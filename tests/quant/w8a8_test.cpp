@@ -39,6 +39,25 @@ quant::CalibrationTable synthetic_table(const Model& m) {
   return t;
 }
 
+// The llama fixture in f32, its vocabulary and 8 random calibration sequences of 32 tokens.
+struct TinyDecoder {
+  std::string dir = testing::fixture_dir("llama");
+  std::unique_ptr<Model> f32 = Model::load(dir);
+  int64_t v = f32->info().vocab_size;
+  std::vector<std::vector<int32_t>> calib = random_sequences(8, 32, v, 4);
+};
+
+// An engine of `dir` built with `q` (its calibration read from q.calib) at `path`, loaded.
+std::unique_ptr<Model> built_engine(const std::string& dir, const QuantOptions& q, const std::string& path) {
+  BuildOptions bo;
+  bo.model = dir;
+  bo.output = path;
+  bo.tune = false;
+  bo.quant = q;
+  build_engine(bo);
+  return Model::load(path);
+}
+
 double max_abs(const std::vector<float>& v) {
   double m = 0;
   for (float x : v) m = std::max(m, double(std::fabs(x)));
@@ -87,10 +106,11 @@ TEST(W8A8, SmoothingPreservesTheFloatEncoder) {
 }
 
 TEST(W8A8, TinyDecoderStaysNearF32AndEngineMatches) {
-  const std::string dir = testing::fixture_dir("llama");
-  auto f32 = Model::load(dir);
-  const int64_t v = f32->info().vocab_size;
-  auto calib = random_sequences(8, 32, v, 4);
+  TinyDecoder td;
+  const std::string& dir = td.dir;
+  auto& f32 = td.f32;
+  const int64_t v = td.v;
+  auto& calib = td.calib;
   QuantOptions q;
   q.mode = "w8a8";
   q.method = "kl";
@@ -156,18 +176,13 @@ TEST(W8A8, TinyDecoderStaysNearF32AndEngineMatches) {
   q.calib = tmp + "/kiln_w8a8_calib.json";
   table.save(q.calib);
   auto direct = load_model(dir, {}, q);
-  BuildOptions bo;
-  bo.model = dir;
-  bo.output = tmp + "/kiln_w8a8.kiln";
-  bo.tune = false;
-  bo.quant = q;
-  build_engine(bo);
-  auto engine = Model::load(bo.output);
+  const std::string engine_path = tmp + "/kiln_w8a8.kiln";
+  auto engine = built_engine(dir, q, engine_path);
   EXPECT_EQ(engine->compile_options().weight_dtype, "w8a8");
   EXPECT_EQ(all_logits(*engine, toks), all_logits(*direct, toks));
-  EXPECT_THROW(load_model(bo.output, {}, q), Error);  // an engine is not re-quantized
+  EXPECT_THROW(load_model(engine_path, {}, q), Error);  // an engine is not re-quantized
   std::filesystem::remove(q.calib);
-  std::filesystem::remove(bo.output);
+  std::filesystem::remove(engine_path);
 }
 
 // --hadamard down_proj: the down projections' inputs are rotated before int8 rounding and
@@ -177,14 +192,14 @@ TEST(W8A8, TinyDecoderStaysNearF32AndEngineMatches) {
 // reproduces the direct load, and a table calibrated without the rotation is refused by
 // name.
 TEST(W8A8, HadamardRotatedInputs) {
-  const std::string dir = testing::fixture_dir("llama");
-  auto f32 = Model::load(dir);
-  const int64_t v = f32->info().vocab_size;
-  auto calib = random_sequences(8, 32, v, 4);
+  TinyDecoder td;
+  const std::string& dir = td.dir;
+  auto& f32 = td.f32;
+  const int64_t v = td.v;
   QuantOptions q;
   q.mode = "w8a8";
   q.hadamard = {"down_proj"};
-  quant::CalibrationTable table = calibrate_model(dir, {}, q, &calib);
+  quant::CalibrationTable table = calibrate_model(dir, {}, q, &td.calib);
   int rotated_entries = 0;
   for (auto& [name, e] : table.tensors)
     if (name.find("#hadamard") != std::string::npos) {
@@ -220,32 +235,18 @@ TEST(W8A8, HadamardRotatedInputs) {
   q.calib = tmp + "/kiln_w8a8_hadamard_calib.json";
   table.save(q.calib);
   auto direct = load_model(dir, {}, q);
-  BuildOptions bo;
-  bo.model = dir;
-  bo.output = tmp + "/kiln_w8a8_hadamard.kiln";
-  bo.tune = false;
-  bo.quant = q;
-  build_engine(bo);
-  EXPECT_EQ(all_logits(*Model::load(bo.output), toks), all_logits(*direct, toks));
-  std::filesystem::remove(bo.output);
+  const std::string engine_path = tmp + "/kiln_w8a8_hadamard.kiln";
+  EXPECT_EQ(all_logits(*built_engine(dir, q, engine_path), toks), all_logits(*direct, toks));
+  std::filesystem::remove(engine_path);
   // A table calibrated without the rotation names what is missing, and the other way round.
   QuantOptions plain = q;
   plain.hadamard.clear();
-  try {
-    Model::load(dir, w8a8_model_options({}, table, plain, nullptr));
-    FAIL() << "expected kiln::Error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("only as a rotated input"), std::string::npos) << e.what();
-  }
+  quant_test::expect_error([&] { Model::load(dir, w8a8_model_options({}, table, plain, nullptr)); },
+                           ErrorCode::kNotFound, "only as a rotated input");
   plain.calib = "default";
-  quant::CalibrationTable unrotated = calibrate_model(dir, {}, plain, &calib);
-  try {
-    Model::load(dir, w8a8_model_options({}, unrotated, q, nullptr));
-    FAIL() << "expected kiln::Error";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("#hadamard128"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("calibrate again"), std::string::npos) << e.what();
-  }
+  quant::CalibrationTable unrotated = calibrate_model(dir, {}, plain, &td.calib);
+  quant_test::expect_error([&] { Model::load(dir, w8a8_model_options({}, unrotated, q, nullptr)); },
+                           ErrorCode::kNotFound, "#hadamard128): the table was calibrated without --hadamard");
   std::filesystem::remove(q.calib);
 }
 
