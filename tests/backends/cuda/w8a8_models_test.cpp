@@ -314,5 +314,23 @@ TEST(CudaW8a8Model, TinyLlamaFusedQuantizeIsBitIdentical) {
   }
 }
 
+// --hadamard (rotated Linear inputs) runs on the CPU backend; CUDA refuses such Linears by
+// name and says why instead of rounding unrotated rows.
+TEST(CudaW8a8Model, HadamardInputsAreRefusedWithWhy) {
+  KILN_SKIP_WITHOUT_CUDA();
+  const std::string dir = fixtures_dir() + "/models/llama";
+  std::vector<std::vector<int32_t>> calib = random_tokens(std::vector<int>(4, 32), 0, 512, 7);
+  QuantOptions q = w8a8_quant("max", "static");
+  q.hadamard = {"down_proj"};
+  const quant::CalibrationTable table = calibrate_model(dir, {}, q, &calib);
+  try {
+    Model::load(dir, w8a8_model_options({.backend = "cuda"}, table, q));
+    FAIL() << "expected kiln::Error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("down_proj"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--hadamard"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace kiln::cuda
