@@ -59,8 +59,8 @@ struct StepInfo {
 // (the cap acts before the softmax): the runtime gives such layers a zero shift.
 // Key rotation (KvLayout::k_rotate): a quantized pool may store each key row (less its
 // shift) through a Walsh-Hadamard transform H of blocks of b channels, b the largest
-// power of two dividing head_dim (cpu kernels' kv_rotate_key: unnormalized, butterflies
-// in a fixed order so every backend stores the same codes), and attention multiplies each
+// power of two dividing head_dim (core/hadamard.h: unnormalized, butterflies in a fixed
+// order so every backend stores the same codes), and attention multiplies each
 // query by H / b first: H is symmetric with H H = b I, so every score is unchanged. The
 // transform spreads a row's few large channels (RoPE's slow pairs, which queries share)
 // over all of them: E4M3 rounds each element relative to itself, and a score's error

@@ -664,7 +664,7 @@ OpRun prepare_attention(const ir::Node& n, const ir::Graph& g, PrepareContext& p
       KILN_THROW_IF(layer < 0 || layer >= c.kv->layout().num_layers, kInvalidArgument, "attention '", name,
                     "': layer ", layer, " is outside the KV pool's ", c.kv->layout().num_layers, " layers");
       CudaKv& kv = *c.kv;
-      const bool quantized = kv.code() != KvCode::kNone;
+      const bool quantized = kv.code() != KvCode::kNone, k_rotated = kv.layout().k_rotated();
       {
         // A decode step: RoPE, the (quantizing) cache write, attention and the split merge
         // in one kernel.
@@ -675,7 +675,7 @@ OpRun prepare_attention(const ir::Node& n, const ir::Graph& g, PrepareContext& p
         f.k_scales = kv.k_scales(layer);
         f.v_scales = kv.v_scales(layer);
         f.k_shift = kv.k_shift(layer);
-        f.k_rotate = kv.layout().k_rotated();
+        f.k_rotate = k_rotated;
         f.block_size = kv.layout().block_size;
         f.k_new = k;
         f.v_new = v;
@@ -714,9 +714,9 @@ OpRun prepare_attention(const ir::Node& n, const ir::Graph& g, PrepareContext& p
         launch_kv_quant_write(dt, kv.code(), k, v, packed ? width : hkv * d, c.dev->slot_mapping, t, hkv, d,
                               static_cast<uint8_t*>(kv.k(layer)), kv.k_scales(layer),
                               static_cast<uint8_t*>(kv.v(layer)), kv.v_scales(layer), c.cx->stream,
-                              kv.k_shift(layer), kv.layout().k_rotated());
+                              kv.k_shift(layer), k_rotated);
         a.kv_code = kv.code();
-        a.k_rotate = kv.layout().k_rotated();
+        a.k_rotate = k_rotated;
         a.k_scales = kv.k_scales(layer);
         a.v_scales = kv.v_scales(layer);
       }

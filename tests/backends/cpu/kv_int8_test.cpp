@@ -115,19 +115,19 @@ TEST(KvInt8, KeyRotationShrinksTheErrorOfLargeSharedChannels) {
   EXPECT_LT(rotated * 2, plain);
 }
 
-// kv_rotate_key is the Walsh-Hadamard transform of blocks of d & -d values (Sylvester's
+// hadamard_transform is the Walsh-Hadamard transform of blocks of d & -d values (Sylvester's
 // order: H[i][j] = (-1)^popcount(i & j)); applied twice it gives b times the row, and
 // kv_rotate_queries' rows dotted with rotated keys give the plain dot products.
 TEST(KvRotation, BlockHadamardTransform) {
   for (int64_t d : {1, 8, 16, 64, 72, 96, 128, 256}) {
     SCOPED_TRACE(::testing::Message() << "d=" << d);
-    const int64_t b = kv_rotation_block(d);
+    const int64_t b = hadamard_block(d);
     EXPECT_EQ(d % b, 0);
     EXPECT_EQ(b & (b - 1), 0);
     EXPECT_NE((d / b) % 2, 0) << "the largest power of two dividing d";
     const auto x = random_floats(size_t(d), uint64_t(d), -4.0f, 4.0f);
     std::vector<float> y = x;
-    kv_rotate_key(y.data(), d);
+    hadamard_transform(y.data(), d);
     for (int64_t i = 0; i < d; ++i) {
       const int64_t blk = i / b * b;
       double want = 0;
@@ -136,7 +136,7 @@ TEST(KvRotation, BlockHadamardTransform) {
       EXPECT_NEAR(y[size_t(i)], want, 1e-5 * double(b)) << "element " << i;
     }
     std::vector<float> twice = y;
-    kv_rotate_key(twice.data(), d);
+    hadamard_transform(twice.data(), d);
     for (int64_t i = 0; i < d; ++i) EXPECT_NEAR(twice[size_t(i)], double(b) * x[size_t(i)], 1e-5 * double(b * b));
     const auto q = random_floats(size_t(2 * d), uint64_t(d) + 1, -2.0f, 2.0f);
     std::vector<float> qr(q.size());

@@ -8,7 +8,7 @@
 // part, as RoPE's slow channels carry), and `k_shift` is passed to the write; the cache
 // then holds k - k_shift, and (a) compares with attention on those dequantized keys
 // (softmax does not see the shift). Key rotation: with `k_rotate` the write stores keys
-// through kv_rotate_key and the attention reads queries through kv_rotate_queries; (a)
+// through hadamard_transform and the attention reads queries through kv_rotate_queries; (a)
 // then compares with attention of those queries on the dequantized (rotated) keys.
 // `channel_scale` [d], when given, multiplies every key and query row channel by channel
 // (a few large channels that queries and keys share, as RoPE's slow pairs are).

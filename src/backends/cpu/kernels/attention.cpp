@@ -11,8 +11,8 @@
 #include "backends/cpu/kernels/attention_impl.h"
 #include "backends/cpu/kernels/isa.h"
 #include "core/dtype.h"
-#include "core/hadamard.h"
 #include "core/fp8.h"
+#include "core/hadamard.h"
 #include "core/status.h"
 
 namespace kiln::cpu {
@@ -152,14 +152,12 @@ float kv_quantize_row_fp8(const float* x, int64_t d, Fp8Code* codes) {
   return s;
 }
 
-void kv_rotate_key(float* x, int64_t d) { hadamard_transform(x, d); }
-
 void kv_rotate_queries(const float* q, int64_t rows, int64_t d, float* out) {
-  const float inv_b = 1.0f / float(kv_rotation_block(d));
+  const float inv_b = 1.0f / float(hadamard_block(d));
   for (int64_t r = 0; r < rows; ++r) {
     float* y = out + r * d;
     if (y != q + r * d) std::copy(q + r * d, q + (r + 1) * d, y);
-    kv_rotate_key(y, d);
+    hadamard_transform(y, d);
     for (int64_t c = 0; c < d; ++c) y[c] *= inv_b;
   }
 }
@@ -167,7 +165,7 @@ void kv_rotate_queries(const float* q, int64_t rows, int64_t d, float* out) {
 namespace {
 
 // Quantizes every (token, kv head) row of this step's K and V with `quantize`, keys less
-// k_shift when given and through kv_rotate_key when k_rotate.
+// k_shift when given and through hadamard_transform when k_rotate.
 template <typename Code, float (*Quantize)(const float*, int64_t, Code*)>
 void kv_cache_write_codes(const float* k, const float* v, const int64_t* slot_mapping, int64_t t, int64_t hkv,
                           int64_t d, Code* k_codes, float* k_scales, Code* v_codes, float* v_scales,
@@ -181,7 +179,7 @@ void kv_cache_write_codes(const float* k, const float* v, const int64_t* slot_ma
       const float* key = k + row;
       if (k_shift || k_rotate) {
         for (int64_t c = 0; c < d; ++c) centered[size_t(c)] = k_shift ? key[c] - k_shift[h * d + c] : key[c];
-        if (k_rotate) kv_rotate_key(centered.data(), d);
+        if (k_rotate) hadamard_transform(centered.data(), d);
         key = centered.data();
       }
       k_scales[slot * hkv + h] = Quantize(key, d, k_codes + dst);

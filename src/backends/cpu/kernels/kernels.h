@@ -310,22 +310,14 @@ float kv_quantize_row(const float* x, int64_t d, int8_t* codes);
 // kv_cache_write into the int8 cache: quantizes each (token, kv head) row. k_shift, when
 // not null, is the layer's key shift [Hkv, D] (KvLayout::k_shift): key rows are quantized
 // as k - k_shift (each difference rounded to f32), value rows as they are. k_rotate
-// (KvLayout::k_rotate): key rows go through kv_rotate_key (after the shift) before they
-// are quantized; queries then need kv_rotate_queries.
+// (KvLayout::k_rotate): key rows go through core/hadamard.h's hadamard_transform (after
+// the shift) before they are quantized; queries then need kv_rotate_queries.
 void kv_cache_write_int8(const float* k, const float* v, const int64_t* slot_mapping, int64_t t,
                          int64_t hkv, int64_t d, int8_t* k_codes, float* k_scales, int8_t* v_codes,
                          float* v_scales, const float* k_shift = nullptr, bool k_rotate = false);
-// The block of KvLayout::k_rotate's transform: the largest power of two dividing the head
-// dim (64 -> 64, 96 -> 32, 80 -> 16).
-inline int64_t kv_rotation_block(int64_t d) { return hadamard_block(d); }
-// KvLayout::k_rotate's transform of a key row x[0, d), in place: the Walsh-Hadamard
-// transform of each block of kv_rotation_block(d) values, unnormalized (butterflies
-// x[j], x[j + h] -> x[j] + x[j + h], x[j] - x[j + h] for h = 1, 2, 4, ... in that order,
-// so every backend rounds alike; the row's scale absorbs the growth).
-void kv_rotate_key(float* x, int64_t d);
-// The queries' side: rows [rows, d] of q to out (may alias), each transformed as
-// kv_rotate_key and divided by the block size b (exact: b is a power of two). The
-// transform H is symmetric with H H = b I, so (H q / b) . (H k) = q . k.
+// The queries' side of KvLayout::k_rotate: rows [rows, d] of q to out (may alias), each
+// through hadamard_transform and divided by its block size b (exact: b is a power of
+// two). The transform H is symmetric with H H = b I, so (H q / b) . (H k) = q . k.
 void kv_rotate_queries(const float* q, int64_t rows, int64_t d, float* out);
 // paged_attention over the int8 cache: the scales are applied inside the dot products and
 // the V accumulation (q . (s * c) = s * (q . c)); no dequantized copy is made.

@@ -102,7 +102,7 @@ __device__ __forceinline__ void rope_pair(float& x1, float& x2, int pos, float i
   rope_turn(x1, x2, sn, cs);
 }
 
-// KvLayout::k_rotate's transform (the CPU backend's kv_rotate_key) of a row x[0, d) that
+// KvLayout::k_rotate's transform (core/hadamard.h's hadamard_transform) of a row x[0, d) that
 // a warp holds as v[i] = x[lane + 32 i] (lanes past d hold anything: no butterfly pairs
 // them with an element of the row): the unnormalized Walsh-Hadamard transform of blocks
 // of b = d & -d values, the same IEEE butterflies in the same order, so both backends
