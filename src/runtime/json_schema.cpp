@@ -8,25 +8,29 @@
 // `oneOf` (as anyOf), `allOf` of one schema, `$ref` to any local pointer ("#", "#/$defs/x",
 // "#/definitions/x"; recursion allowed: one rule per target), `nullable` (OpenAPI);
 // objects: `properties` (in declared order: required ones always, any subset of the optional
-// ones), `required`, `additionalProperties`; arrays: `items`, `prefixItems` (or draft-7 tuple
-// `items` with `additionalItems`), `minItems`, `maxItems`; strings: `minLength`, `maxLength`
-// (characters), `format` date, time, date-time and uuid (other formats: any string),
-// `pattern` (a regex subset: literals, escapes, classes, `.`, `\d\w\s`, groups, `|`,
-// quantifiers, `^`/`$` only at the ends; unanchored sides match any characters; lookarounds,
-// backreferences, word boundaries and \p{..} are refused; a pattern's characters must be
-// written as themselves or with JSON's short escapes, not as \u escapes).
+// ones), `required`, `additionalProperties`, `minProperties`, `maxProperties` (counting the
+// required, the chosen optional and the extra keys; a state per optional property and count so
+// far); arrays: `items`, `prefixItems` (or draft-7 tuple `items` with `additionalItems`),
+// `minItems`, `maxItems`; strings: `minLength`, `maxLength` (characters), `format` date, time,
+// date-time and uuid (other formats: any string), `pattern` (a regex subset: literals,
+// escapes, classes, `.`, `\d\w\s`, groups, `|`, quantifiers, `^`/`$` only at the ends;
+// unanchored sides match any characters; lookarounds, backreferences, word boundaries and
+// \p{..} are refused; a pattern's characters must be written as themselves or with JSON's
+// short escapes, not as \u escapes).
 // Integers: `minimum`, `maximum`, `exclusiveMinimum`, `exclusiveMaximum` (draft 6 numbers or
 // draft 4 booleans) as digit ranges (an unbounded side stops at 16 digits); numbers: the
 // same bounds as exact decimal ranges, written without an exponent.
 // Ignored: annotations and unknown keywords, `uniqueItems: false`.
 // Refused (kInvalidArgument naming the JSON pointer): the other constraining keywords
-// (multipleOf, min/maxProperties, patternProperties, propertyNames, dependencies, if/then/else,
-// not, contains, uniqueItems: true, unevaluated*), combinators beside other constraints,
-// allOf of several schemas, `false` where a value must appear, a known format or pattern
-// together with a length; past the bounds that keep a request's compile small (JSON nesting
-// and schemas within schemas, $ref chains included, past 128 levels; groups in a pattern past
-// 256; over 1024 properties on an object or 512 prefix items on an array; a property name
-// over 256 characters beside additionalProperties).
+// (multipleOf, patternProperties, propertyNames, dependencies, if/then/else, not, contains,
+// uniqueItems: true, unevaluated*), combinators beside other constraints, allOf of several
+// schemas, `false` where a value must appear, a known format or pattern together with a length,
+// bounds no object meets (minProperties above the keys it may have, maxProperties below its
+// required ones); past the bounds that keep a request's compile small (JSON nesting and
+// schemas within schemas, $ref chains included, past 128 levels; groups in a pattern past 256;
+// over 1024 properties on an object or 512 prefix items on an array; a property name over 256
+// characters beside additionalProperties; min/maxProperties needing over 8192 states,
+// (optional properties + 1) x counts).
 //
 // Choices: whitespace between tokens is llama.cpp's: nothing, one space, or a line break and
 // up to kMaxSpace spaces or tabs (a model may pretty-print but not pad forever), allowed
@@ -34,13 +38,15 @@
 // bracket or quote closes); an object with `properties` (or `required`) and no
 // `additionalProperties` takes no other keys (what a caller listing properties wants
 // generated); extra keys come after the declared ones and must differ from them as written
-// (without escapes); integers have at most 16 digits; enum and const objects are written
-// compactly; \u escapes in strings must pair surrogates.
+// (without escapes), and are counted by min/maxProperties as written (the grammar does not keep
+// them distinct from each other); integers have at most 16 digits; enum and const objects are
+// written compactly; \u escapes in strings must pair surrogates.
 #include <algorithm>
 #include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <optional>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -67,6 +73,7 @@ constexpr int kMaxSpace = 20;
 constexpr int kMaxSchemaDepth = 128;        // JSON nesting, and schemas inside schemas ($ref included)
 constexpr size_t kMaxProperties = 1024;     // per object, `required` ones included
 constexpr size_t kMaxPrefixItems = 512;     // per array
+constexpr size_t kMaxCountedStates = 8192;  // per object: optional properties x their counts kept apart
 constexpr size_t kMaxExcludedKey = 256;     // characters of a property name kept from extra keys
 constexpr size_t kMaxRuleName = 64;         // bytes of a rule name taken from a hint
 
@@ -115,14 +122,14 @@ const std::vector<Primitive>& primitives() {
 }
 
 const std::set<std::string> kRefused = {
-    "multipleOf", "minProperties", "maxProperties", "patternProperties", "propertyNames", "dependentRequired",
-    "dependentSchemas", "dependencies", "if", "then", "else", "not", "contains", "minContains", "maxContains",
-    "uniqueItems", "unevaluatedProperties", "unevaluatedItems", "$dynamicRef", "$recursiveRef", "contentSchema"};
+    "multipleOf", "patternProperties", "propertyNames", "dependentRequired", "dependentSchemas", "dependencies", "if", "then",
+    "else", "not", "contains", "minContains", "maxContains", "uniqueItems", "unevaluatedProperties",
+    "unevaluatedItems", "$dynamicRef", "$recursiveRef", "contentSchema"};
 // Supported keywords that constrain a value directly (not through a combinator).
 const std::set<std::string> kAssertions = {
-    "type", "properties", "required", "additionalProperties", "items", "prefixItems", "additionalItems",
-    "minItems", "maxItems", "minLength", "maxLength", "pattern", "format", "minimum", "maximum",
-    "exclusiveMinimum", "exclusiveMaximum", "enum", "const"};
+    "type", "properties", "required", "additionalProperties", "minProperties", "maxProperties", "items",
+    "prefixItems", "additionalItems", "minItems", "maxItems", "minLength", "maxLength", "pattern", "format",
+    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "enum", "const"};
 
 std::string hex2(unsigned v) {
   static const char* kHex = "0123456789ABCDEF";
@@ -423,7 +430,8 @@ class SchemaCompiler {
       };
       const bool known_format = s.contains("format") && s["format"].is_string() &&
                                 format_rule(s["format"].get<std::string>()) != nullptr;
-      if (any({"properties", "additionalProperties", "required"})) types = {"object"};
+      if (any({"properties", "additionalProperties", "required", "minProperties", "maxProperties"}))
+        types = {"object"};
       else if (any({"items", "prefixItems", "additionalItems", "minItems", "maxItems"})) types = {"array"};
       else if (any({"pattern", "minLength", "maxLength"}) || known_format) types = {"string"};
       else return primitive("value");
@@ -658,7 +666,29 @@ class SchemaCompiler {
     } else if (props.empty()) {
       extra = &kAny;
     }
-    if (props.empty() && extra && is_true(*extra)) return primitive("object");
+    // minProperties / maxProperties: the required properties always come, so what is counted is
+    // the optional ones and the extra keys: from `need` up to `room` of them (room < 0: any).
+    const size_t n = props.size();
+    const int64_t required_count =
+        std::count_if(props.begin(), props.end(), [](const Property& p) { return p.required; });
+    const int64_t optional_count = int64_t(n) - required_count;
+    const int64_t min_props = count(s, ptr, "minProperties", 0), max_props = count(s, ptr, "maxProperties", -1);
+    if (max_props >= 0 && max_props < min_props)
+      fail(ptr, "maxProperties ", max_props, " is below minProperties ", min_props);
+    if (max_props >= 0 && max_props < required_count)
+      fail(ptr, "maxProperties ", max_props, " is below the ", required_count, " required properties");
+    if (!extra && min_props > int64_t(n))
+      fail(ptr, "minProperties ", min_props, " is above the ", n, " properties the object may have",
+           s.contains("additionalProperties") ? "" : " (no additionalProperties beside properties: no other keys)");
+    const int64_t need = std::max<int64_t>(0, min_props - required_count);
+    const int64_t room = max_props < 0 || (!extra && max_props >= int64_t(n)) ? -1 : max_props - required_count;
+    // The optional members so far, k, as a state: without `room`, counts past `need` are alike.
+    auto clamp = [&](int64_t k) { return room >= 0 ? k : std::min(k, need); };
+    const int64_t counts = std::min(room >= 0 ? room : need, optional_count) + 1;
+    if ((optional_count + 1) * counts > int64_t(kMaxCountedStates))
+      fail(ptr, "minProperties/maxProperties over ", optional_count, " optional properties take ",
+           (optional_count + 1) * counts, " grammar states, past the supported ", kMaxCountedStates);
+    if (props.empty() && extra && is_true(*extra) && need == 0 && room < 0) return primitive("object");
 
     const std::string space = primitive("space");
     const std::string comma = space + " " + gbnf_literal(",") + " " + space + " ";
@@ -679,37 +709,50 @@ class SchemaCompiler {
       const std::string value = rule_for(*extra, ptr + "/additionalProperties", hint + "-additional");
       extra_kv = add_rule(hint + "-additional-kv", other_key(props) + " " + colon + value);
     }
+    std::vector<int64_t> optional_from(n + 1, 0);  // optional properties from i on
+    for (size_t i = n; i-- > 0;) optional_from[i] = optional_from[i + 1] + (props[i].required ? 0 : 1);
+    // Whether the members from property i on, after k optional ones, can end within the counts.
+    auto can_end = [&](size_t i, int64_t k) {
+      return (room < 0 || k <= room) && (extra || k + optional_from[i] >= need);
+    };
     // first(i): one member or more from property i on, none before ("" when none may come);
-    // next(i): the members from property i on after some. Optional properties make rules
-    // (made when first asked for), required ones inline text.
-    const size_t n = props.size();
-    std::vector<std::string> first_memo(n + 1), next_memo(n + 1);
+    // next(i, k): the members from property i on after some, k of them optional (can_end(i, k)).
+    // Optional properties make rules (made when first asked for), required ones inline text.
+    std::vector<std::string> first_memo(n + 1);
+    std::map<std::pair<size_t, int64_t>, std::string> next_memo;
     auto join = [](const std::string& a, const std::string& b) { return b.empty() ? a : a + " " + b; };
-    std::function<std::string(size_t)> first, next;
-    next = [&](size_t i) -> std::string {
-      if (i == n) return extra ? "( " + comma + extra_kv + " )*" : "";
-      if (props[i].required) return comma + join(kv[i], next(i + 1));
-      if (next_memo[i].empty()) {
-        const std::string rest = next(i + 1);
-        next_memo[i] = add_rule(hint + "-after-" + props[i].key,
-                                comma + join(kv[i], next(i + 1)) + " | " + (rest.empty() ? "\"\"" : rest));
+    std::function<std::string(size_t)> first;
+    std::function<std::string(size_t, int64_t)> next;
+    next = [&](size_t i, int64_t k) -> std::string {
+      if (i == n) {
+        const int64_t hi = room < 0 ? -1 : room - k;
+        if (!extra || hi == 0) return "";
+        return "( " + comma + extra_kv + " )" + count_suffix(std::max<int64_t>(0, need - k), hi);
       }
-      return next_memo[i];
+      if (props[i].required) return comma + join(kv[i], next(i + 1, k));
+      if (auto it = next_memo.find({i, k}); it != next_memo.end()) return it->second;
+      const bool here = can_end(i + 1, k + 1), skip = can_end(i + 1, k);
+      std::string out = here ? comma + join(kv[i], next(i + 1, clamp(k + 1))) : next(i + 1, k);
+      if (here && skip) {
+        const std::string rest = next(i + 1, k);
+        out = add_rule(hint + "-after-" + props[i].key, out + " | " + (rest.empty() ? "\"\"" : rest));
+      }
+      return next_memo[{i, k}] = out;
     };
     first = [&](size_t i) -> std::string {
-      if (i == n) return extra ? join(extra_kv, next(n)) : "";
-      if (props[i].required) return join(kv[i], next(i + 1));
+      if (i == n) return extra && room != 0 ? join(extra_kv, next(n, clamp(1))) : "";
+      if (props[i].required) return can_end(i + 1, 0) ? join(kv[i], next(i + 1, 0)) : "";
       if (first_memo[i].empty()) {
-        const std::string here = join(kv[i], next(i + 1)), rest = first(i + 1);
-        first_memo[i] = rest.empty() ? here : add_rule(hint + "-from-" + props[i].key, here + " | " + rest);
+        const std::string here = can_end(i + 1, 1) ? join(kv[i], next(i + 1, clamp(1))) : "", rest = first(i + 1);
+        first_memo[i] = rest.empty() || here.empty() ? here + rest
+                                                     : add_rule(hint + "-from-" + props[i].key, here + " | " + rest);
       }
       return first_memo[i];
     };
     const std::string open = gbnf_literal("{") + " " + space + " ", close = gbnf_literal("}");
     const std::string members = first(0);
     if (members.empty()) return open + close;
-    if (std::none_of(props.begin(), props.end(), [](const Property& p) { return p.required; }))
-      return open + "( " + members + " " + space + " )? " + close;
+    if (required_count == 0 && min_props == 0) return open + "( " + members + " " + space + " )? " + close;
     return open + members + " " + space + " " + close;
   }
 

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <gtest/gtest.h>
 
+#include <bit>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -365,6 +366,84 @@ TEST(JsonSchemaObjects, AdditionalProperties) {
                 {R"({"a":1,"b":[true]})", R"({"c":{}})"}, {R"({"a":"x"})"});
 }
 
+// minProperties / maxProperties: every subset of the properties, in declared order, is
+// accepted exactly when its size is within the bounds (required ones present); extra keys
+// count as well; bounds that no object meets are refused.
+TEST(JsonSchemaObjects, MinAndMaxProperties) {
+  struct Case {
+    const char* schema;
+    int required_mask;  // properties a, b, c, d: bit 0 is a
+    int min, max;
+  };
+  const Case cases[] = {
+      {R"({"type":"object","properties":{"a":{},"b":{},"c":{},"d":{}},"minProperties":2,"maxProperties":3})", 0, 2, 3},
+      {R"({"type":"object","properties":{"a":{},"b":{},"c":{},"d":{}},"required":["a"],"minProperties":2,
+          "maxProperties":3})", 1, 2, 3},
+      {R"({"type":"object","properties":{"a":{},"b":{},"c":{},"d":{}},"required":["c"],"minProperties":3})", 4, 3, 4},
+      {R"({"type":"object","properties":{"a":{},"b":{},"c":{},"d":{}},"maxProperties":1})", 0, 0, 1},
+      {R"({"type":"object","properties":{"a":{},"b":{},"c":{},"d":{}},"required":["b","d"],"maxProperties":2})", 10, 2,
+       2},
+      {R"({"properties":{"a":{},"b":{},"c":{},"d":{}},"minProperties":4,"maxProperties":9})", 0, 4, 4},
+      {R"({"properties":{"a":{},"b":{},"c":{},"d":{}},"maxProperties":0})", 0, 0, 0},
+      {R"({"properties":{"a":{},"b":{},"c":{},"d":{}},"minProperties":0,"maxProperties":4})", 0, 0, 4},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.schema);
+    GrammarPtr g = grammar_from_json_schema(Json::parse(c.schema));
+    for (int subset = 0; subset < 16; ++subset) {
+      std::string doc = "{";
+      for (int i = 0; i < 4; ++i)
+        if (subset >> i & 1)
+          doc += std::string(doc.size() > 1 ? "," : "") + "\"" + char('a' + i) + "\":" + std::to_string(i);
+      doc += "}";
+      const int size = std::popcount(unsigned(subset));
+      const bool want = (subset & c.required_mask) == c.required_mask && size >= c.min && size <= c.max;
+      EXPECT_EQ(accepts(g, doc), want) << doc;
+    }
+  }
+  // Extra keys count: "a" and e extras of 5.
+  GrammarPtr g = grammar_from_json_schema(Json::parse(
+      R"({"type":"object","properties":{"a":{"type":"integer"}},"additionalProperties":{"type":"integer"},
+          "minProperties":2,"maxProperties":3})"));
+  for (bool a : {false, true})
+    for (int e = 0; e <= 5; ++e) {
+      std::string doc = a ? "{\"a\":0" : "{";
+      for (int i = 0; i < e; ++i)
+        doc += std::string(doc.size() > 1 ? "," : "") + "\"x" + std::to_string(i) + "\":" + std::to_string(i);
+      doc += "}";
+      const int size = int(a) + e;
+      EXPECT_EQ(accepts(g, doc), size >= 2 && size <= 3) << doc;
+    }
+  expect_schema(R"({"type":"object","minProperties":1})", {R"({"x":1})", R"({"x":1,"y":[{}]})"}, {"{}", "{ }"});
+  expect_schema(R"({"minProperties":2})", {R"({"x":1,"y":null})"}, {R"({"x":1})", "[1,2]"});
+  expect_schema(R"({"type":"object","maxProperties":2,"additionalProperties":{"type":"string"}})",
+                {"{}", R"({"x":"1"})", R"({"x":"1","y":"2"})"}, {R"({"x":"1","y":"2","z":"3"})", R"({"x":1})"});
+  expect_schema(R"({"type":"object","properties":{"id":{"type":"integer"}},"required":["id"],
+                   "additionalProperties":true,"maxProperties":2})",
+                {R"({"id":1})", R"({"id":1,"tag":"x"})"}, {R"({"id":1,"tag":"x","n":2})", R"({"tag":"x"})"});
+  expect_schema(R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"integer"}},
+                   "additionalProperties":{"type":"boolean"},"minProperties":4})",
+                {R"({"a":1,"b":2,"x":true,"y":false})", R"({"x":true,"y":false,"z":true,"w":true})"},
+                {R"({"a":1,"b":2,"x":true})", "{}"});
+  // Many optional properties, few allowed: states per property and count.
+  Json many = {{"type", "object"}, {"properties", Json::object()}, {"maxProperties", 2}, {"minProperties", 1}};
+  for (int i = 0; i < 300; ++i) many["properties"]["k" + std::to_string(i)] = {{"type", "integer"}};
+  expect_schema(many.dump(), {R"({"k0":1})", R"({"k5":1,"k299":2})"}, {"{}", R"({"k1":1,"k2":2,"k3":3})"});
+  many["maxProperties"] = 200;
+  has(error_of([&] { grammar_from_json_schema(many); }), {"300 optional properties", "past the supported 8192"});
+  // Bounds no object meets.
+  has(schema_error(R"({"type":"object","minProperties":3,"maxProperties":2})"),
+      {"maxProperties 2 is below minProperties 3"});
+  has(schema_error(R"({"type":"object","properties":{"a":{},"b":{}},"minProperties":3})"),
+      {"minProperties 3 is above the 2 properties", "no other keys"});
+  has(schema_error(R"({"type":"object","properties":{"a":{}},"additionalProperties":false,"minProperties":2})"),
+      {"minProperties 2 is above the 1 properties"});
+  has(schema_error(R"({"type":"object","properties":{"a":{},"b":{}},"required":["a","b"],"maxProperties":1})"),
+      {"maxProperties 1 is below the 2 required properties"});
+  has(schema_error(R"({"type":"object","minProperties":-1})"), {"#/minProperties", "non-negative"});
+  has(schema_error(R"({"type":"object","maxProperties":1.5})"), {"#/maxProperties", "non-negative integer"});
+}
+
 TEST(JsonSchemaArrays, ItemsCountsAndTuples) {
   expect_schema(R"({"type":"array","items":{"type":"array","items":{"type":"integer"}}})",
                 {"[]", "[[]]", "[[1,2],[3]]", "[ [ 1 ] , [] ]", "[\n  [\n    1\n  ]\n]"},
@@ -660,7 +739,7 @@ TEST(JsonSchemaErrors, NameThePointer) {
   has(schema_error(R"({"type":"string","anyOf":[{"minLength":1}]})"), {"'type' beside 'anyOf'"});
   has(schema_error(R"({"type":"object","properties":{"p":{"not":{}}}})"), {"#/properties/p/not"});
   has(schema_error(R"({"type":"array","uniqueItems":true})"), {"#/uniqueItems"});
-  has(schema_error(R"({"type":"object","minProperties":1})"), {"#/minProperties"});
+  has(schema_error(R"({"type":"object","patternProperties":{"^x":{}}})"), {"#/patternProperties"});
   has(schema_error(R"({"type":"object","required":["a"],"properties":{"a":false}})"), {"#/properties/a"});
   has(schema_error(R"({"type":"string","format":"date","maxLength":3})"), {"format 'date'"});
   has(schema_error(R"({"type":"array","minItems":3,"maxItems":2})"), {"below minItems"});
