@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "runtime/grammar.h"
 
@@ -31,6 +32,26 @@ std::string count_suffix(int64_t min, int64_t max);
 // for bounds that no value meets.
 std::optional<std::string> integer_range_gbnf(const nlohmann::ordered_json& schema, const std::string& ptr);
 std::optional<std::string> number_range_gbnf(const nlohmann::ordered_json& schema, const std::string& ptr);
+
+// json_schema_numbers.cpp: an integer or a number with `multipleOf` (and the bounds above beside
+// it) as an automaton over its text: state 0 starts, a move reads one character ('0'-'9', '.',
+// '-'), and every state reaches an accepting one. Values are written without an exponent, with
+// at most 16 integer digits, fraction digits past multipleOf's only zeros, and no "-0".
+// Throws kInvalidArgument for a multipleOf that is not above 0 or past the supported size
+// (multipleOf = m x 10^-d with m <= 1000 and, for numbers, d <= 9; at most 4096 states once
+// states of one language are merged), and for bounds that no multiple meets.
+struct TextAutomaton {
+  struct Move {
+    char c;
+    int to;
+  };
+  struct State {
+    std::vector<Move> moves;
+    bool accepts = false;
+  };
+  std::vector<State> states;
+};
+TextAutomaton multiple_of_automaton(const nlohmann::ordered_json& schema, const std::string& ptr, bool integer);
 
 // json_schema_pattern.cpp: a JSON Schema `pattern` -> GBNF for the content of a JSON string
 // (what lies between its quotes); errors name `where`, the pattern's JSON pointer.

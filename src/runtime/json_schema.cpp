@@ -19,18 +19,24 @@
 // short escapes, not as \u escapes).
 // Integers: `minimum`, `maximum`, `exclusiveMinimum`, `exclusiveMaximum` (draft 6 numbers or
 // draft 4 booleans) as digit ranges (an unbounded side stops at 16 digits); numbers: the
-// same bounds as exact decimal ranges, written without an exponent.
+// same bounds as exact decimal ranges, written without an exponent. `multipleOf` (for both;
+// alone it implies a number) as an automaton over the digits keeping the remainder, bounds
+// beside it included: with multipleOf = m x 10^-d, a number is written with the digits that
+// count (at most d fraction digits, then only zeros) and no exponent.
 // Ignored: annotations and unknown keywords, `uniqueItems: false`.
 // Refused (kInvalidArgument naming the JSON pointer): the other constraining keywords
-// (multipleOf, patternProperties, propertyNames, dependencies, if/then/else, not, contains,
-// uniqueItems: true, unevaluated*), combinators beside other constraints, allOf of several
-// schemas, `false` where a value must appear, a known format or pattern together with a length,
-// bounds no object meets (minProperties above the keys it may have, maxProperties below its
-// required ones); past the bounds that keep a request's compile small (JSON nesting and
-// schemas within schemas, $ref chains included, past 128 levels; groups in a pattern past 256;
-// over 1024 properties on an object or 512 prefix items on an array; a property name over 256
-// characters beside additionalProperties; min/maxProperties needing over 8192 states,
-// (optional properties + 1) x counts).
+// (patternProperties, propertyNames, dependencies, if/then/else, not, contains, uniqueItems:
+// true, unevaluated*), combinators beside other constraints, allOf of several schemas, `false`
+// where a value must appear, a known format or pattern together with a length, bounds no value
+// meets (minProperties above the keys an object may have, maxProperties below its required
+// ones, no multiple within minimum and maximum); past the bounds that keep a request's compile
+// small (JSON nesting and schemas within schemas, $ref chains included, past 128 levels;
+// groups in a pattern past 256; over 1024 properties on an object or 512 prefix items on an
+// array; a property name over 256 characters beside additionalProperties; multipleOf = m x
+// 10^-d with m over 1000 (for integers once 10^d's factors are taken out) or, for numbers, d
+// over 9, or whose automaton keeps over 4096 states (m coprime to 10 past about 250: a state per
+// remainder and digit position); min/maxProperties needing over 8192 states, (optional
+// properties + 1) x counts).
 //
 // Choices: whitespace between tokens is llama.cpp's: nothing, one space, or a line break and
 // up to kMaxSpace spaces or tabs (a model may pretty-print but not pad forever), allowed
@@ -122,14 +128,14 @@ const std::vector<Primitive>& primitives() {
 }
 
 const std::set<std::string> kRefused = {
-    "multipleOf", "patternProperties", "propertyNames", "dependentRequired", "dependentSchemas", "dependencies", "if", "then",
+    "patternProperties", "propertyNames", "dependentRequired", "dependentSchemas", "dependencies", "if", "then",
     "else", "not", "contains", "minContains", "maxContains", "uniqueItems", "unevaluatedProperties",
     "unevaluatedItems", "$dynamicRef", "$recursiveRef", "contentSchema"};
 // Supported keywords that constrain a value directly (not through a combinator).
 const std::set<std::string> kAssertions = {
     "type", "properties", "required", "additionalProperties", "minProperties", "maxProperties", "items",
     "prefixItems", "additionalItems", "minItems", "maxItems", "minLength", "maxLength", "pattern", "format",
-    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "enum", "const"};
+    "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf", "enum", "const"};
 
 std::string hex2(unsigned v) {
   static const char* kHex = "0123456789ABCDEF";
@@ -434,6 +440,7 @@ class SchemaCompiler {
         types = {"object"};
       else if (any({"items", "prefixItems", "additionalItems", "minItems", "maxItems"})) types = {"array"};
       else if (any({"pattern", "minLength", "maxLength"}) || known_format) types = {"string"};
+      else if (any({"multipleOf"})) types = {"number"};
       else return primitive("value");
     }
     if (types.size() == 1) return typed(s, types[0], ptr, hint);
@@ -527,6 +534,8 @@ class SchemaCompiler {
     if (type == "null") return primitive("null");
     if (type == "boolean") return primitive("boolean");
     if (type == "number" || type == "integer") {
+      if (s.contains("multipleOf"))
+        return automaton_expr(grammar_detail::multiple_of_automaton(s, ptr, type == "integer"), hint + "-mult");
       // Bounded: the values within; else the number or integer rule.
       std::optional<std::string> range = type == "number" ? grammar_detail::number_range_gbnf(s, ptr)
                                                           : grammar_detail::integer_range_gbnf(s, ptr);
@@ -535,6 +544,35 @@ class SchemaCompiler {
     if (type == "string") return string_expr(s, ptr);
     if (type == "array") return array_expr(s, ptr, hint);
     return object_expr(s, ptr, hint);
+  }
+
+  // An automaton's states as rules, one per state but the start, whose alternatives are
+  // returned; the moves of a state into one other are one character class, and a move into a
+  // state with none ends there.
+  std::string automaton_expr(const grammar_detail::TextAutomaton& a, const std::string& hint) {
+    std::vector<std::string> names(a.states.size());
+    for (size_t i = 1; i < a.states.size(); ++i)
+      if (!a.states[i].moves.empty()) names[i] = unique_name(hint);
+    auto body = [&](const grammar_detail::TextAutomaton::State& state) {
+      std::vector<std::pair<int, std::string>> groups;  // target, characters
+      for (auto [c, to] : state.moves) {
+        auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == to; });
+        if (it == groups.end()) groups.push_back({to, std::string(1, c)});
+        else it->second += c;
+      }
+      std::string out;
+      for (const auto& [to, chars] : groups) {
+        CpRanges set;
+        for (char c : chars) set.push_back({char32_t(c), char32_t(c)});
+        out += (out.empty() ? "" : " | ") + (chars.size() == 1 ? gbnf_literal(chars) : gbnf_class(cp_normalize(set))) +
+               (names[size_t(to)].empty() ? "" : " " + names[size_t(to)]);
+      }
+      if (state.accepts) out += out.empty() ? "\"\"" : " | \"\"";
+      return out;
+    };
+    for (size_t i = 1; i < a.states.size(); ++i)
+      if (!names[i].empty()) rules_.emplace_back(names[i], body(a.states[i]));
+    return "( " + body(a.states[0]) + " )";
   }
 
   std::string string_expr(const Json& s, const std::string& ptr) {

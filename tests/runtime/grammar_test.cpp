@@ -669,6 +669,115 @@ TEST(JsonSchemaNumbers, NumberBoundsAreExact) {
                 {R"({"p":0.25})", R"({"p": 1})", R"({"p":0})"}, {R"({"p":1.01})", R"({"p":-0.1})", R"({"p":2e-1})"});
 }
 
+// multipleOf: every integer in [-2100, 2100], and every multiple of 0.001 in [-25, 25] written
+// with and without trailing zeros, is accepted exactly when it is a multiple within the bounds
+// (compared here in integer millionths); then the 16-digit edges, trailing zeros past the
+// multiple's digits, and what is refused.
+TEST(JsonSchemaNumbers, MultipleOfIsExact) {
+  constexpr int64_t kNone = INT64_MIN;
+  struct Case {
+    const char* schema;
+    int64_t step;  // multipleOf, in millionths
+    int64_t lo;    // millionths, inclusive; kNone: unbounded
+    int64_t hi;
+  };
+  const Case integers[] = {
+      {R"({"type":"integer","multipleOf":3})", 3000000, kNone, kNone},
+      {R"({"type":"integer","multipleOf":7,"minimum":-50,"maximum":1234})", 7000000, -50000000, 1234000000},
+      {R"({"type":"integer","multipleOf":4,"exclusiveMinimum":8,"exclusiveMaximum":2000})", 4000000, 9000000,
+       1999000000},
+      {R"({"type":"integer","multipleOf":0.5})", 500000, kNone, kNone},
+      {R"({"type":"integer","multipleOf":2.5,"maximum":-15.5})", 2500000, kNone, -16000000},
+      {R"({"type":"integer","multipleOf":1000,"minimum":-1999.5})", 1000000000, -1999000000, kNone},
+      {R"({"type":"integer","multipleOf":97,"minimum":0})", 97000000, 0, kNone},
+      {R"({"type":"integer","multipleOf":12,"minimum":-2000,"exclusiveMinimum":true,"maximum":1500})", 12000000,
+       -1999000000, 1500000000},
+  };
+  for (const Case& c : integers) {
+    SCOPED_TRACE(c.schema);
+    GrammarPtr g = grammar_from_json_schema(Json::parse(c.schema));
+    int wrong = 0;
+    for (int64_t x = -2100; x <= 2100; ++x) {
+      const int64_t u = x * 1000000;
+      const bool want = u % c.step == 0 && (c.lo == kNone || u >= c.lo) && (c.hi == kNone || u <= c.hi);
+      if (accepts(g, std::to_string(x)) != want && ++wrong <= 5)
+        ADD_FAILURE() << x << " should be " << (want ? "accepted" : "refused");
+    }
+    for (const char* no : {"1.0", "0.0", "-0", "00", "03", "3e0", "+3"}) EXPECT_FALSE(accepts(g, no)) << no;
+  }
+  const Case numbers[] = {
+      {R"({"type":"number","multipleOf":0.01})", 10000, kNone, kNone},
+      {R"({"type":"number","multipleOf":2.5})", 2500000, kNone, kNone},
+      {R"({"type":"number","multipleOf":3})", 3000000, kNone, kNone},
+      {R"({"type":"number","multipleOf":0.125,"exclusiveMinimum":-3,"maximum":7.5})", 125000, -2999999, 7500000},
+      {R"({"type":"number","multipleOf":0.3,"minimum":0.1,"exclusiveMaximum":2.1})", 300000, 100000, 2099999},
+      {R"({"type":"number","multipleOf":0.007,"minimum":-1.2345,"maximum":-0.0001})", 7000, -1234500, -100},
+      {R"({"type":"number","multipleOf":1e-3,"minimum":-0.5,"maximum":0.5})", 1000, -500000, 500000},
+      {R"({"type":"number","multipleOf":0.05,"minimum":-1e300,"maximum":12.34})", 50000, kNone, 12340000},
+      {R"({"type":"number","multipleOf":0.25,"minimum":0,"exclusiveMinimum":true,"maximum":5,"exclusiveMaximum":true})",
+       250000, 1, 4999999},
+      {R"({"multipleOf":1.5})", 1500000, kNone, kNone},
+  };
+  auto render = [](int64_t k, bool pad) {  // k thousandths
+    const int64_t m = k < 0 ? -k : k;
+    std::string s = (k < 0 ? "-" : "") + std::to_string(m / 1000);
+    std::string frac = std::to_string(1000 + m % 1000).substr(1);
+    if (!pad) frac.erase(frac.find_last_not_of('0') + 1);
+    return frac.empty() ? s : s + "." + frac;
+  };
+  for (const Case& c : numbers) {
+    SCOPED_TRACE(c.schema);
+    GrammarPtr g = grammar_from_json_schema(Json::parse(c.schema));
+    int wrong = 0;
+    for (int64_t k = -25000; k <= 25000; ++k) {
+      const int64_t u = k * 1000;
+      const bool want = u % c.step == 0 && (c.lo == kNone || u >= c.lo) && (c.hi == kNone || u <= c.hi);
+      for (bool pad : {false, true}) {
+        const std::string doc = render(k, pad);
+        if (accepts(g, doc) != want && ++wrong <= 5)
+          ADD_FAILURE() << doc << " should be " << (want ? "accepted" : "refused");
+      }
+    }
+    for (const char* no : {"1e0", "01.5", "1.", ".5", "-0", "-0.0", "+1", "0.0000001"})
+      EXPECT_FALSE(accepts(g, no)) << no;
+  }
+  expect_schema(R"({"type":"number","multipleOf":0.01})",
+                {"1.25", "1.250000", "-0.07", "3", "3.0", "1234567890123456.99", "0.1"},
+                {"1.255", "1.2500001", "1.25e0", "12345678901234567", "0.001", "-0", "1.", "."});
+  expect_schema(R"({"type":"integer","multipleOf":3})",
+                {"0", "3", "-12", "999", "9999999999999999", "1000000000000002", "-9999999999999999"},
+                {"4", "10", "-13", "1.5", "3.0", "99999999999999999", "1000000000000001"});
+  expect_schema(R"({"type":"integer","multipleOf":0.5})", {"0", "1", "-7", "1234567890123456"}, {"0.5", "1.5"});
+  expect_schema(R"({"type":"number","multipleOf":2.5})", {"0", "2.5", "-5", "7.50", "1000"}, {"1", "2.6", "0.25"});
+  expect_schema(R"({"type":"number","multipleOf":0.000000001})", {"0.123456789", "5"}, {"0.1234567891"});
+  expect_schema(R"({"type":["integer","null"],"multipleOf":251})", {"null", "309876317", "-251"},
+                {"309876318", "252"});
+  // Remainders past 1000 fold where factors 2 and 5 cancel: only trailing digits matter.
+  expect_schema(R"({"type":"number","multipleOf":0.875})", {"7", "-1.75", "8750.000", "0.875"}, {"0.8750001", "1"});
+  expect_schema(R"({"type":"integer","multipleOf":1000,"maximum":1e15})",
+                {"0", "-9999999999999000", "1000000000000000", "123000"}, {"1000000000001000", "1100", "10"});
+  // In an object, beside a bounded one.
+  expect_schema(R"({"type":"object","properties":{"qty":{"type":"integer","multipleOf":6,"minimum":1,"maximum":100},
+                   "price":{"type":"number","multipleOf":0.01,"minimum":0}},"required":["qty","price"]})",
+                {R"({"qty":6,"price":19.99})", R"({"qty": 96, "price": 0})"},
+                {R"({"qty":0,"price":1})", R"({"qty":102,"price":1})", R"({"qty":6,"price":-1})",
+                 R"({"qty":6,"price":1.999})"});
+  has(schema_error(R"({"type":"number","multipleOf":1001})"), {"#/multipleOf", "at most 1000"});
+  has(schema_error(R"({"type":"integer","multipleOf":997})"), {"#/multipleOf", "past the supported 4096"});
+  has(schema_error(R"({"type":"number","multipleOf":0.1001})"), {"#/multipleOf", "1001 x 10^-4", "at most 1000"});
+  has(schema_error(R"({"type":"integer","multipleOf":1e20})"), {"#/multipleOf", "at most 1000"});
+  has(schema_error(R"({"type":"number","multipleOf":1e-10})"), {"#/multipleOf", "10 fraction digits", "supported 9"});
+  EXPECT_TRUE(accepts(grammar_from_json_schema(Json::parse(R"({"type":"integer","multipleOf":1e-10})")), "7"));
+  has(schema_error(R"({"type":"integer","multipleOf":0})"), {"#/multipleOf", "above 0"});
+  has(schema_error(R"({"type":"number","multipleOf":-2})"), {"#/multipleOf", "above 0"});
+  has(schema_error(R"({"type":"number","multipleOf":"2"})"), {"#/multipleOf", "expected a number"});
+  has(schema_error(R"({"type":"integer","multipleOf":6,"minimum":1,"maximum":5})"), {"no multiple of 6 lies"});
+  has(schema_error(R"({"type":"number","multipleOf":0.5,"exclusiveMinimum":1,"exclusiveMaximum":1.5})"),
+      {"no multiple of 0.5 lies"});
+  has(schema_error(R"({"type":"integer","multipleOf":7,"minimum":1e20})"), {"16 integer digits"});
+  has(schema_error(R"({"multipleOf":2,"anyOf":[{}]})"), {"'multipleOf' beside 'anyOf'"});
+}
+
 // guided_regex: the whole text matches, exactly as std::regex (ECMAScript) decides, over
 // random strings of the patterns' alphabet; quotes and backslashes are plain characters here
 // (no JSON escaping), and unsupported syntax is named.
@@ -724,8 +833,8 @@ TEST(JsonSchemaWhitespace, IsBounded) {
 }
 
 TEST(JsonSchemaErrors, NameThePointer) {
-  has(schema_error(R"({"type":"object","properties":{"a":{"type":"integer","multipleOf":3}}})"),
-      {"#/properties/a/multipleOf", "not supported"});
+  has(schema_error(R"({"type":"object","properties":{"a":{"type":"object","propertyNames":{"maxLength":3}}}})"),
+      {"#/properties/a/propertyNames", "not supported"});
   has(schema_error(R"({"type":"foo"})"), {"#/type", "unknown type 'foo'"});
   has(schema_error(R"({"$ref":"http://example.com/s.json"})"), {"#/$ref", "only local"});
   has(schema_error(R"({"$ref":"#/$defs/missing"})"), {"does not resolve"});
@@ -1009,6 +1118,15 @@ TEST(GrammarTokenMask, GreedyDecodingEndsInAcceptedDocuments) {
        }},
       {R"({"type":"array","items":{"type":"string","format":"date"},"maxItems":2})",
        [](const Json& j) { return j.is_array() && j.size() <= 2; }},
+      {R"({"type":"object","properties":{"p":{"type":"number","multipleOf":0.25,"minimum":-10,"maximum":10},
+          "q":{"type":"integer","multipleOf":7},"r":{"type":"boolean"}},"minProperties":2})",
+       [](const Json& j) {
+         if (!j.is_object() || j.size() < 2) return false;
+         if (j.contains("p") && (!j["p"].is_number() || std::abs(j["p"].get<double>()) > 10 ||
+                                 j["p"].get<double>() * 4 != std::floor(j["p"].get<double>() * 4)))
+           return false;
+         return !j.contains("q") || (j["q"].is_number_integer() && j["q"].get<int64_t>() % 7 == 0);
+       }},
   };
   std::mt19937 rng(5);
   for (const Case& c : cases) {
