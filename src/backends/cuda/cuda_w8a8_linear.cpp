@@ -98,6 +98,14 @@ bool w8a8_codes_epilogue_from_env() {
                     "the GEMM writes the activation dtype and a pass the codes");
 }
 
+// KILN_CUDA_W8A8_TUNE_CODES: a Linear with the codes epilogue times its configurations with
+// that epilogue (the kernel it runs), not as the plain GEMM.
+bool w8a8_tune_codes_from_env() {
+  return env_switch("KILN_CUDA_W8A8_TUNE_CODES",
+                    "a GEMM with the codes epilogue picks its tile configuration timed with that epilogue",
+                    "the codes epilogue takes the configuration timed for the plain GEMM");
+}
+
 }  // namespace
 
 bool w8a8_act_in_epilogue() {
@@ -122,7 +130,6 @@ bool w8a8_linear_supported(const ir::Node& n, const ir::Graph& g, std::string* w
   if (w.rank() != 2 || w.dim(1) % 4 != 0)
     return fail(str_cat("w8a8 Linear weight ", w.shape_str(),
                         ": cuBLASLt's int8 GEMM needs K a multiple of 4 (keep this Linear unquantized with --keep)"));
-  if (n.input(2) != ir::kNoValue && !g.is_weight(n.input(2))) return fail("w8a8 Linear bias must be a weight");
   return true;
 }
 
@@ -192,27 +199,6 @@ OpRun prepare_w8a8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext&
   const bool fused =
       w8a8_gemm_cutlass_from_env() && w8a8_fused_gemm_ok(pc.act, dw->codes(), out_n, k, gemm_base, &why_not);
   if (!fused && !why_not.empty()) log_debug("cuda: Linear '", n.name, "' uses cuBLASLt's int8 GEMM: ", why_not);
-  Int8GemmPlan plan;
-  const int sms = pc.cx->num_sms;
-  if (fused && Gemm::tuning_enabled()) {
-    std::vector<Int8GemmTiming> times;
-    plan = int8_gemm_sm90_tune(pc.act, dw->codes(), out_n, k, gemm_base, dynamic, sms, pc.cx->stream, &times);
-    std::string line;
-    for (const Int8GemmTiming& tt : times)
-      line += str_cat(" m=", tt.m, " ", int8_gemm_config_name(tt.config), "=", int(tt.ms * 1e3f), "us");
-    log_debug("cuda: int8 gemm (sm90) n=", out_n, " k=", k, line);
-  } else if (!fused && Gemm::tuning_enabled()) {
-    // cuBLASLt's int8 algorithms timed at a prefill shape, as tune_gemms does for bf16.
-    const int64_t m = 128;
-    DeviceBuffer xb(size_t(m * k) * 2), xq(size_t(m * k)), acc(size_t(m * n_pad) * 4);
-    launch_fill_random(xb.get(), DType::kBF16, m * k, 13, pc.cx->stream);  // never time on zeros
-    launch_int8_quantize(DType::kBF16, xb.get(), m, k, 1.0f / 0.02f, static_cast<int8_t*>(xq.get()), nullptr,
-                         pc.cx->stream);
-    Gemm::log_tactics("int8 gemm", m, n_pad, k,
-                      pc.cx->gemm->tune_int8(xq.get(), dw->codes(), static_cast<int32_t*>(acc.get()), m, n_pad, k,
-                                             pc.cx->stream));
-  }
-
   // The input may arrive as codes (and row scales) from its norm (cuda_int8_fuse.h), made
   // with this Linear's scale: no quantize pass then. That holds for a norm whose output
   // other nodes read too: on the compiled graph's copy this Linear reads the codes output
@@ -248,6 +234,33 @@ OpRun prepare_w8a8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext&
   }
   Int8Epilogue codes_base = gemm_base;
   codes_base.act = GemvEpilogue::kGeluErf;
+
+  Int8GemmPlan plan;
+  const int sms = pc.cx->num_sms;
+  if (fused && Gemm::tuning_enabled()) {
+    std::vector<Int8GemmTiming> times;
+    // The configuration of the kernel this Linear runs at prefill: with the codes epilogue,
+    // that kernel's (KILN_CUDA_W8A8_TUNE_CODES=0: the plain GEMM's, as before).
+    if (codes_epilogue && w8a8_tune_codes_from_env())
+      plan = int8_gemm_sm90_tune(pc.act, dw->codes(), out_n, k, codes_base, dynamic, sms, pc.cx->stream, &times,
+                                 y_codes->inv);
+    else
+      plan = int8_gemm_sm90_tune(pc.act, dw->codes(), out_n, k, gemm_base, dynamic, sms, pc.cx->stream, &times);
+    std::string line;
+    for (const Int8GemmTiming& tt : times)
+      line += str_cat(" m=", tt.m, " ", int8_gemm_config_name(tt.config), "=", int(tt.ms * 1e3f), "us");
+    log_debug("cuda: int8 gemm (sm90) n=", out_n, " k=", k, codes_epilogue ? " (codes epilogue)" : "", line);
+  } else if (!fused && Gemm::tuning_enabled()) {
+    // cuBLASLt's int8 algorithms timed at a prefill shape, as tune_gemms does for bf16.
+    const int64_t m = 128;
+    DeviceBuffer xb(size_t(m * k) * 2), xq(size_t(m * k)), acc(size_t(m * n_pad) * 4);
+    launch_fill_random(xb.get(), DType::kBF16, m * k, 13, pc.cx->stream);  // never time on zeros
+    launch_int8_quantize(DType::kBF16, xb.get(), m, k, 1.0f / 0.02f, static_cast<int8_t*>(xq.get()), nullptr,
+                         pc.cx->stream);
+    Gemm::log_tactics("int8 gemm", m, n_pad, k,
+                      pc.cx->gemm->tune_int8(xq.get(), dw->codes(), static_cast<int32_t*>(acc.get()), m, n_pad, k,
+                                             pc.cx->stream));
+  }
 
   const std::string name = n.name;
   const DType act = pc.act;

@@ -193,13 +193,17 @@ Int8GemmConfig int8_gemm_sm90_default(int64_t m, int64_t n, int sm_count) {
 
 Int8GemmPlan int8_gemm_sm90_tune(DType out, const int8_t* w, int64_t n, int64_t k,
                                  const Int8Epilogue& e, bool per_token, int sm_count,
-                                 cudaStream_t s, std::vector<Int8GemmTiming>* timings) {
-  using Key = std::tuple<int, DType, int64_t, int64_t, GemvEpilogue, bool>;
+                                 cudaStream_t s, std::vector<Int8GemmTiming>* timings,
+                                 float code_inv) {
+  using Key = std::tuple<int, DType, int64_t, int64_t, GemvEpilogue, bool, bool>;
   static std::mutex mu;
   static std::map<Key, std::pair<Int8GemmPlan, std::vector<Int8GemmTiming>>> cache;
   int dev = 0;
   KILN_CUDA_CHECK(cudaGetDevice(&dev));
-  const Key key{dev, out, n, k, e.act, per_token};
+  const bool codes = code_inv > 0;
+  KILN_THROW_IF(codes && e.act != GemvEpilogue::kGeluErf, kInternal,
+                "cuda int8 gemm (sm90): the codes epilogue is timed with gelu_erf only");
+  const Key key{dev, out, n, k, e.act, per_token, codes};
   {
     std::lock_guard<std::mutex> lock(mu);
     if (auto it = cache.find(key); it != cache.end()) {
@@ -210,11 +214,12 @@ Int8GemmPlan int8_gemm_sm90_tune(DType out, const int8_t* w, int64_t n, int64_t 
   // Row buckets whose output would pass kMaxTuneBytes (an LM head at 4096 rows: 1 GiB)
   // keep the default configuration, untimed.
   constexpr size_t kMaxTuneBytes = size_t(256) << 20;
-  auto timed = [&](int64_t m) { return size_t(m * n) * dtype_size(out) <= kMaxTuneBytes; };
+  const size_t out_bytes = codes ? 1 : dtype_size(out);
+  auto timed = [&](int64_t m) { return size_t(m * n) * out_bytes <= kMaxTuneBytes; };
   int64_t max_m = kInt8GemmTuneRows.front();
   for (int64_t m : kInt8GemmTuneRows)
     if (timed(m)) max_m = std::max(max_m, m);
-  DeviceBuffer xb(size_t(max_m * k)), yb(size_t(max_m * n) * dtype_size(out)),
+  DeviceBuffer xb(size_t(max_m * k)), yb(size_t(max_m * n) * out_bytes),
       rs(size_t(max_m) * 4);
   launch_fill_random(xb.get(), DType::kF32, max_m * k / 4, 21, s);  // any bytes are int8 codes
   launch_fill_random(rs.get(), DType::kF32, max_m, 22, s);
@@ -234,11 +239,11 @@ Int8GemmPlan int8_gemm_sm90_tune(DType out, const int8_t* w, int64_t n, int64_t 
       // Linears get 4-12 such CTAs for 132 SMs, and 5 eager launches of ~5 us each should
       // not decide between near-equal times there.
       if (c == Int8GemmConfig::kCooperative128x192 && m < 1024) continue;
-      const size_t ws_bytes = int8_gemm_sm90_workspace(c, out, m, n, k, e.act);
+      const size_t ws_bytes = int8_gemm_sm90_workspace(c, out, m, n, k, e.act, code_inv);
       DeviceBuffer ws(ws_bytes);
       auto run = [&] {
         launch_int8_gemm_sm90(c, out, static_cast<const int8_t*>(xb.get()), w, m, n, k, te,
-                              yb.get(), ws.get(), ws_bytes, sm_count, s);
+                              yb.get(), ws.get(), ws_bytes, sm_count, s, code_inv);
       };
       const float ms = median_launch_ms(s, 5, run);
       all.push_back({m, c, ms});

@@ -92,9 +92,12 @@ struct Int8GemmTiming {
 // place of e.row_scale), keeping the fastest per bucket; `timings` (optional) receives
 // every measurement. Allocates its own buffers (row counts whose output passes 256 MiB
 // keep the default, untimed, except the first) and synchronizes s. Cached per device and
-// shape: the layers of a model share a few shapes.
+// shape: the layers of a model share a few shapes. code_inv > 0 times the codes epilogue
+// (e.act kGeluErf, its table prepared) with that 1 / scale, the kernel such a Linear runs:
+// its configuration can differ from the plain GEMM's (cached apart).
 Int8GemmPlan int8_gemm_sm90_tune(DType out, const int8_t* w, int64_t n, int64_t k,
                                  const Int8Epilogue& e, bool per_token, int sm_count,
-                                 cudaStream_t s, std::vector<Int8GemmTiming>* timings = nullptr);
+                                 cudaStream_t s, std::vector<Int8GemmTiming>* timings = nullptr,
+                                 float code_inv = 0.0f);
 
 }  // namespace kiln::cuda
