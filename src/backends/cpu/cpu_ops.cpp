@@ -357,8 +357,13 @@ LinearGemm w8a8_gemm(const ir::Node& n, const Tensor& w, const Tensor& bias, con
   return [packed, x_scale, b, bias, obs, ref, name, had](const float* x, int64_t t, int64_t k, float* y) {
     thread_local std::vector<float> rotated;
     if (had) {
-      rotated.assign(x, x + t * k);
-      for (int64_t r = 0; r < t; ++r) hadamard_transform(rotated.data() + r * k, k);
+      rotated.resize(size_t(t * k));
+      float* dst = rotated.data();
+      // Rows apart on the pool (a prompt's rows: the copy and 9-10 butterfly passes each).
+      ThreadPool::global().parallel_for(t, [&](int64_t r0, int64_t r1, int) {
+        std::copy(x + r0 * k, x + r1 * k, dst + r0 * k);
+        for (int64_t r = r0; r < r1; ++r) hadamard_transform(dst + r * k, k);
+      });
       x = rotated.data();
     }
     linear_int8(x, t, k, *packed, x_scale, b, y);
