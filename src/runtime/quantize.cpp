@@ -732,7 +732,7 @@ ModelOptions quant_model_options(const ModelOptions& base, const quant::Calibrat
   return q.mode == "fp8" ? fp8_model_options(base, table, q) : w8a8_model_options(base, table, q);
 }
 
-quant::CalibrationTable synthetic_calibration(const ir::Graph& g, double amax) {
+quant::CalibrationTable synthetic_calibration(const ir::Graph& g, double amax, const std::vector<std::string>& hadamard) {
   quant::CalibrationTable t;
   t.model = "random weights";
   t.text = str_cat("none: every activation clip set to ", amax, " (speed measurements only)");
@@ -741,9 +741,11 @@ quant::CalibrationTable synthetic_calibration(const ir::Graph& g, double amax) {
     if (n.op != "Linear" || n.inputs.size() < 2 || !g.is_weight(n.inputs[1])) continue;
     const Tensor& w = g.weight(n.inputs[1]);
     if (w.rank() != 2) continue;
-    quant::TensorCalib& c = t.tensors[n.name];
-    c.channel_absmax.assign(size_t(w.dim(1)), float(amax));
-    for (const char* m : {"max", "percentile", "mse", "kl", "mse_fp8", "kl_fp8"}) c.amax[m] = amax;
+    const int64_t b = quant::w8a8_rotates(n.name, hadamard) ? hadamard_block(w.dim(1)) : 0;
+    const double clip = b ? amax * std::sqrt(double(b)) : amax;
+    quant::TensorCalib& c = t.tensors[b ? quant::hadamard_calib_name(n.name, b) : n.name];
+    c.channel_absmax.assign(size_t(w.dim(1)), float(clip));
+    for (const char* m : {"max", "percentile", "mse", "kl", "mse_fp8", "kl_fp8"}) c.amax[m] = clip;
     c.out_amax = amax;
     c.rows = 1;
   }
@@ -764,7 +766,9 @@ std::unique_ptr<Model> load_random_model(const std::string& config, const ModelO
   // The Linear names exist once the graph does: the table is made inside the rewrite.
   ModelOptions o = quant_model_options(base, quant::CalibrationTable{}, unsmoothed);
   o.rewrite = [base, unsmoothed](ir::Graph& g) {
-    ModelOptions inner = quant_model_options(base, synthetic_calibration(g, 8.0), unsmoothed);
+    ModelOptions inner = quant_model_options(
+        base, synthetic_calibration(g, 8.0, unsmoothed.mode == "w8a8" ? unsmoothed.hadamard : std::vector<std::string>{}),
+        unsmoothed);
     inner.rewrite(g);
   };
   return Model::load_random(config, o);

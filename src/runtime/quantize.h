@@ -159,8 +159,12 @@ std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& b
 // to calibrate on, so every Linear's activation clip is a placeholder (synthetic_calibration)
 // and SmoothQuant is off. Accuracy claims come from real models (kiln eval --compare-quant).
 std::unique_ptr<Model> load_random_model(const std::string& config, const ModelOptions& base, const QuantOptions& q);
-// A table giving every Linear of g the activation clip `amax` (all methods, all channels).
-quant::CalibrationTable synthetic_calibration(const ir::Graph& g, double amax);
+// A table giving every Linear of g the activation clip `amax` (all methods, all channels);
+// a Linear that `hadamard` names (W8A8Options::hadamard) gets its rotated input's entry
+// instead (quant::hadamard_calib_name), with the clip amax * sqrt(b): a rotated row of b
+// values grows by about that much.
+quant::CalibrationTable synthetic_calibration(const ir::Graph& g, double amax,
+                                              const std::vector<std::string>& hadamard = {});
 
 // Per quantized Linear, the error of its int8 output against the f32 GEMM of the same
 // input (install observer() in ModelOptions::linear_observer, run text, read rows()).

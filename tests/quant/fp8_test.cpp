@@ -502,6 +502,29 @@ TEST(QuantRandomWeights, PlaceholderClipsQuantizeEveryLinear) {
     auto out = r.step_greedy();
     ASSERT_EQ(out.size(), 1u) << mode;
   }
+  // W8A8 with --hadamard: the named Linears get their rotated input's placeholder entry,
+  // so they load rotated (act_hadamard) and run.
+  QuantOptions q;
+  q.mode = "w8a8";
+  q.hadamard = {"down_proj"};
+  auto m = load_random_model(cfg, {}, q);
+  int rotated = 0;
+  for (const ir::Node& n : m->graph().nodes()) rotated += n.attr_int("act_hadamard", 0) > 0;
+  EXPECT_EQ(rotated, 2) << "the two layers' down projections";
+  auto table = synthetic_calibration(m->graph(), 8.0, q.hadamard);
+  int rotated_entries = 0, plain_down = 0;
+  for (const auto& [name, e] : table.tensors) {
+    if (name.ends_with("down_proj#hadamard128")) {  // K = 128: one block, clip 8 * sqrt(128)
+      ++rotated_entries;
+      EXPECT_NEAR(e.amax.at("max"), 8.0 * std::sqrt(128.0), 1e-9) << name;
+    }
+    plain_down += name.ends_with("down_proj");
+  }
+  EXPECT_EQ(rotated_entries, 2);
+  EXPECT_EQ(plain_down, 0);
+  LlmRunner r(*m, {});
+  r.add_sequence({1, 2, 3, 4, 5});
+  EXPECT_EQ(r.step_greedy().size(), 1u);
   QuantOptions bad;
   bad.mode = "int3";
   EXPECT_THROW(load_random_model(cfg, {}, bad), Error);
