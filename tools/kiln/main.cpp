@@ -143,7 +143,7 @@ void add_quant_options(CLI::App* cmd, QuantOptions& q, const std::string& q8_opt
   cmd->add_option("--hadamard", q.hadamard,
                   "w8a8: Linears (node name substrings, comma-separated, e.g. down_proj) whose inputs go through a "
                   "Walsh-Hadamard transform before int8 rounding (the weights take it too, so the product is "
-                  "unchanged), spreading a row's few huge channels; not smoothed; CPU backend")
+                  "unchanged), spreading a row's few huge channels; not smoothed")
       ->delimiter(',');
   cmd->add_option("--smooth-alpha", q.smooth_alpha, "SmoothQuant migration strength in [0, 1]; negative: none")
       ->capture_default_str();

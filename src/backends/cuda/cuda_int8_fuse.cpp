@@ -48,7 +48,7 @@ bool int8_codes_producer(const ir::Node& n, size_t out, const ir::Graph& g) {
 // prepare reports it).
 std::optional<Int8Codes> int8_reader_codes(const ir::Node& m, size_t i, const ir::Graph& g, DType act) {
   if (i != 0 || m.op != "Linear" || m.attr_str("quant", "") != "w8a8" || !w8a8_linear_supported(m, g, nullptr) ||
-      m.has_attr("norm"))
+      m.has_attr("norm") || m.has_attr("act_hadamard"))  // a rotated input is quantized by its Linear
     return std::nullopt;
   if (!int8_codes_fit(g.weight(m.inputs[1]).dim(1), dtype_size(act))) return std::nullopt;
   const double amax = m.attr_float("act_amax", -1.0);

@@ -62,10 +62,10 @@ bool int8_fuse_enabled();
 // after those, a Mul of an activation by a weight row of the Linears' K, or Attention
 // (output 0; static scales only), the value is no graph output, it is read by at least
 // one node, each a quant="w8a8" Linear that w8a8_linear_supported and takes it as its
-// input x only, all with the same static scale or all per token (act_dynamic), and the
-// codes (with the row scales) fit the value's planned bytes (int8_codes_fit). A W8A8
-// Linear (output 0)
-// is a producer when its activation is gelu_erf, gelu_tanh or silu and it applies it in a
+// input x only, unrotated (no act_hadamard: such a Linear rotates and quantizes its input
+// itself), all with the same static scale or all per token (act_dynamic), and the codes
+// (with the row scales) fit the value's planned bytes (int8_codes_fit). A W8A8 Linear
+// (output 0) is a producer when its activation is gelu_erf, gelu_tanh or silu and it applies it in a
 // pass of its own (not KILN_CUDA_W8A8_ACT_EPILOGUE=1, w8a8_act_in_epilogue). The
 // producer's and the readers' prepare functions both ask this.
 std::optional<Int8Codes> int8_fused_output(const ir::Node& n, size_t out, const ir::Graph& g, DType act);

@@ -22,6 +22,7 @@
 #include "backends/cuda/ops/int8.h"
 #include "backends/cuda/ops/int8_gemm_sm90.h"
 #include "core/env_switch.h"
+#include "core/hadamard.h"
 #include "core/int8.h"
 #include "core/log.h"
 #include "core/status.h"
@@ -123,13 +124,21 @@ bool w8a8_linear_supported(const ir::Node& n, const ir::Graph& g, std::string* w
     return false;
   };
   if (!g.is_weight(n.inputs[1]) || n.has_attr("weight_layout")) return fail("w8a8 Linear weights must be plain weights");
-  if (n.has_attr("act_hadamard"))
-    return fail("its input is rotated (--hadamard), which the CPU backend runs; the CUDA int8 producers round "
-                "unrotated rows: build without --hadamard for CUDA");
   const Tensor& w = g.weight(n.inputs[1]);
   if (w.rank() != 2 || w.dim(1) % 4 != 0)
     return fail(str_cat("w8a8 Linear weight ", w.shape_str(),
                         ": cuBLASLt's int8 GEMM needs K a multiple of 4 (keep this Linear unquantized with --keep)"));
+  // --hadamard (quant/w8a8.h): the Linear rotates and quantizes its own input
+  // (launch_int8_quantize_hadamard), holding a row in shared memory.
+  if (n.has_attr("act_hadamard")) {
+    const int64_t b = n.attr_int("act_hadamard"), k = w.dim(1);
+    if (b != hadamard_block(k))
+      return fail(str_cat("act_hadamard ", b, " (its K = ", k, " rotates in blocks of ", hadamard_block(k), ")"));
+    if (k > kInt8HadamardMaxK)
+      return fail(str_cat("its input is rotated (--hadamard) and K = ", k, " is past the ", kInt8HadamardMaxK,
+                          " values a row the CUDA rotation holds"));
+  }
+  if (n.input(2) != ir::kNoValue && !g.is_weight(n.input(2))) return fail("w8a8 Linear bias must be a weight");
   return true;
 }
 
@@ -205,6 +214,10 @@ OpRun prepare_w8a8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext&
   // the norm writes beside it (int8_add_dual_outputs), whose readers are all such Linears.
   const auto [x_producer, x_out] = value_producer(g, n.inputs[0]);
   const bool x_codes = x_producer && int8_fused_output(*x_producer, x_out, g, pc.act).has_value();
+  // --hadamard: the input rows go through the transform before their rounding, here (no
+  // producer writes this Linear's codes: int8_reader_codes).
+  const int64_t hadamard = n.attr_int("act_hadamard", 0);
+  KILN_CHECK(!(x_codes && hadamard), "cuda: w8a8 Linear '", n.name, "' got codes for a rotated input");
   // The output may leave as the int8 codes of the W8A8 Linears reading it (only with
   // `split`: int8_fused_output asks w8a8_act_in_epilogue): every path first makes the
   // output in the activation dtype, in scratch, then its codes from it, as the readers'
@@ -308,6 +321,8 @@ OpRun prepare_w8a8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext&
     if (x_codes) {
       xq = static_cast<int8_t*>(x.data);
       rs = dynamic ? reinterpret_cast<float*>(static_cast<char*>(x.data) + int8_row_scales_offset(t, k)) : nullptr;
+    } else if (hadamard) {
+      launch_int8_quantize_hadamard(x.dtype, x.data, t, k, hadamard, inv, xq, rs, s);
     } else {
       launch_int8_quantize(x.dtype, x.data, t, k, inv, xq, rs, s);
     }

@@ -1,6 +1,7 @@
 // W8A8 INT8 on the device against the CPU backend's int8 kernels: the activation
 // quantization kernel bit for bit against core/int8.h over every bf16 value, ties and
-// specials (static and per-token scales); the W8A8 Linear (int8 GEMV for <= 4 rows, above
+// specials (static and per-token scales), and with the input rows rotated (--hadamard)
+// against core/hadamard.h then core/int8.h; the W8A8 Linear (int8 GEMV for <= 4 rows, above
 // the fused CUTLASS GEMM where built, else cuBLASLt's int8 GEMM in row tiles; BERT-base's
 // shapes up to 4096 rows; the two GEMMs give the same bits) over a
 // table of shapes, biases, activation epilogues and per-token scales, against the CPU's
@@ -18,9 +19,11 @@
 #include <limits>
 
 #include "backends/cuda/cuda_check.h"
+#include "backends/cuda/cuda_context.h"
 #include "backends/cuda/ops/int8.h"
 #include "backends/cuda/ops/int8_gemm_sm90.h"
 #include "core/dtype.h"
+#include "core/hadamard.h"
 #include "core/int8.h"
 #include "core/status.h"
 #include "cuda_test_util.h"
@@ -97,15 +100,84 @@ TEST(CudaW8a8, QuantizeKernelIsTheCoreRule) {
   }
 }
 
+// launch_int8_quantize_hadamard: each row through core/hadamard.h's transform on the host,
+// then core/int8.h's rule, code for code and row scale for row scale, in f32, f16 and
+// bf16, over block sizes 4 to 8192 (one block a row, or 3, 7 and 21 of them) and row
+// counts 1 to 33; and the bad arguments are errors naming them.
+TEST(CudaW8a8, RotatedQuantizeIsHostTransformThenCoreRule) {
+  KILN_SKIP_WITHOUT_CUDA();
+  struct C {
+    int64_t k, t;
+    DType dt;
+  };
+  for (C c : {C{4, 3, DType::kF32}, C{96, 33, DType::kBF16}, C{1536, 5, DType::kBF16}, C{1536, 1, DType::kF16},
+              C{8192, 2, DType::kBF16}, C{14336, 3, DType::kBF16}, C{5632, 4, DType::kF16}})
+    for (bool dynamic : {false, true}) {
+      const int64_t b = hadamard_block(c.k);
+      std::mt19937_64 rng(uint64_t(c.k * 5 + c.t + dynamic));
+      std::uniform_real_distribution<float> d(-1.0f, 1.0f);
+      Tensor xf(DType::kF32, {c.t, c.k});
+      for (int64_t i = 0; i < xf.numel(); ++i) xf.data_as<float>()[i] = d(rng) * (1.0f + float(i % 13));
+      if (c.t > 1) xf.data_as<float>()[c.k + 7] = 300.0f;  // one outlier channel in row 1
+      const Tensor xs = xf.to(c.dt), xr = xs.to(DType::kF32);  // what the device reads, in f32
+      // A static clip inside the rotated range: some codes saturate.
+      const float inv = dynamic ? 0.0f : 1.0f / int8_act_scale(0.3 * std::sqrt(double(b)) * 6.0);
+      const size_t es = dtype_size(c.dt), n = size_t(c.t * c.k);
+      DeviceBuffer dx(n * es), dq(n), ds(size_t(c.t) * 4);
+      KILN_CUDA_CHECK(cudaMemcpy(dx.get(), xs.data(), n * es, cudaMemcpyHostToDevice));
+      launch_int8_quantize_hadamard(c.dt, dx.get(), c.t, c.k, b, inv, static_cast<int8_t*>(dq.get()),
+                                    dynamic ? static_cast<float*>(ds.get()) : nullptr, nullptr);
+      std::vector<int8_t> q(n);
+      std::vector<float> rs(size_t(c.t));
+      KILN_CUDA_CHECK(cudaMemcpy(q.data(), dq.get(), n, cudaMemcpyDeviceToHost));
+      KILN_CUDA_CHECK(cudaMemcpy(rs.data(), ds.get(), size_t(c.t) * 4, cudaMemcpyDeviceToHost));
+      size_t bad = 0, saturated = 0;
+      for (int64_t r = 0; r < c.t; ++r) {
+        std::vector<float> row(xr.data_as<float>() + r * c.k, xr.data_as<float>() + (r + 1) * c.k);
+        hadamard_transform(row.data(), c.k);
+        float ri = inv;
+        if (dynamic) {
+          float amax = 0.0f;
+          for (float v : row) amax = std::max(amax, std::fabs(v));
+          EXPECT_EQ(rs[size_t(r)], int8_row_scale(amax)) << "k=" << c.k << " row " << r;
+          ri = 1.0f / int8_row_scale(amax);
+        }
+        for (int64_t i = 0; i < c.k; ++i) {
+          const int8_t want = int8_quantize(row[size_t(i)], ri);
+          saturated += want == 127 || want == -127;
+          if (q[size_t(r * c.k + i)] != want && bad++ < 5)
+            ADD_FAILURE() << "k=" << c.k << " b=" << b << " " << dtype_name(c.dt) << " row " << r << " col " << i
+                          << ": device " << int(q[size_t(r * c.k + i)]) << ", host " << int(want);
+        }
+      }
+      EXPECT_EQ(bad, 0u) << "k=" << c.k << (dynamic ? " per-token" : " static");
+      if (!dynamic && c.t > 1) EXPECT_GT(saturated, 0u) << "k=" << c.k << ": the static clip saturates nothing";
+    }
+  DeviceBuffer dx(4096), dq(1024);
+  auto expect_error = [&](int64_t k, int64_t b, const std::string& needle) {
+    try {
+      launch_int8_quantize_hadamard(DType::kBF16, dx.get(), 1, k, b, 1.0f, static_cast<int8_t*>(dq.get()), nullptr,
+                                    nullptr);
+      ADD_FAILURE() << "expected an error mentioning '" << needle << "'";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_error(96, 64, "block 64");                 // 64 does not divide 96
+  expect_error(96, 3, "block 3");                   // not a power of two
+  expect_error(kInt8HadamardMaxK * 2, 1024, "at most");  // past shared memory
+}
+
 // One W8A8 Linear: x [T, k] input, f32 weight [n, k] (each backend quantizes it per
 // channel at load), optional bias, activation epilogue, static or per-token scales.
 ir::Graph w8a8_linear_graph(int64_t k, int64_t n, bool bias, const std::string& act, double act_amax, bool dynamic,
-                            std::mt19937_64& rng) {
+                            std::mt19937_64& rng, int64_t act_hadamard = 0) {
   ir::Graph g;
   auto x = g.add_input("x", DType::kF32, Shape{"T", k});
   std::map<std::string, ir::Attr> attrs = {{"quant", std::string("w8a8")}, {"act_amax", act_amax}};
   if (!act.empty()) attrs["activation"] = act;
   if (dynamic) attrs["act_dynamic"] = int64_t(1);
+  if (act_hadamard) attrs["act_hadamard"] = act_hadamard;
   // Rows of different magnitudes, so the per-channel scales differ.
   Tensor w = random_tensor({n, k}, rng, "f32", -0.1f, 0.1f);
   for (int64_t r = 0; r < n; ++r)
@@ -164,6 +236,16 @@ void expect_close(const Tensor& got, const Tensor& want, const std::string& dtyp
   EXPECT_EQ(bad, 0u) << what << " (" << dtype << ")";
 }
 
+void expect_compile_error(const ir::Graph& g, const std::string& dtype, const std::string& needle) {
+  auto gpu = create_backend("cuda");
+  try {
+    gpu->compile(g, {.weight_dtype = dtype});
+    ADD_FAILURE() << "expected an error mentioning '" << needle << "'";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+  }
+}
+
 struct Shape3 {
   int64_t k, n;
   bool bias;
@@ -184,6 +266,31 @@ TEST(CudaW8a8, LinearMatchesCpuW8a8) {
         auto [got, want] = run_both(g, in, dt);
         expect_close(got, want, dt, str_cat("w8a8 Linear t=", t, " k=", s.k, " n=", s.n, s.bias ? " +bias" : ""));
       }
+}
+
+// --hadamard Linears (attr act_hadamard = b): both backends rotate the same input rows
+// and round them to the same codes (RotatedQuantizeIsHostTransformThenCoreRule), so the
+// outputs agree as the unrotated Linear's do; the GEMV (<= 4 rows) and the GEMMs, static
+// and per-token scales, SmolLM2's (1536: blocks of 512) and Llama-3.1-8B's (14336:
+// blocks of 2048) down projection widths. A wrong block size is refused by name.
+TEST(CudaW8a8, LinearWithRotatedInputMatchesCpu) {
+  KILN_SKIP_WITHOUT_CUDA();
+  for (Shape3 s : {Shape3{96, 40, true}, Shape3{1536, 576, false}, Shape3{14336, 256, false}})
+    for (bool dynamic : {false, true})
+      for (int64_t t : {1, 4, 5, 130}) {
+        const int64_t b = hadamard_block(s.k);
+        std::mt19937_64 rng(uint64_t(s.k + s.n * 3 + t * 7 + dynamic));
+        ir::Graph g = w8a8_linear_graph(s.k, s.n, s.bias, "", 0.5 * std::sqrt(double(b)), dynamic, rng, b);
+        TensorMap in = {{"x", random_tensor({t, s.k}, rng, "bf16")}};
+        for (const char* dt : {"f32", "bf16"}) {
+          auto [got, want] = run_both(g, in, dt);
+          expect_close(got, want, dt,
+                       str_cat("w8a8 Linear rotated b=", b, dynamic ? " per-token" : "", " t=", t, " k=", s.k));
+        }
+      }
+  std::mt19937_64 rng(3);
+  expect_compile_error(w8a8_linear_graph(96, 40, false, "", 1.0, false, rng, 64), "w8a8",
+                       "act_hadamard 64 (its K = 96 rotates in blocks of 32)");
 }
 
 TEST(CudaW8a8, BertBaseShapes) {
@@ -261,16 +368,6 @@ TEST(CudaW8a8, FusedGemmIsTheCublasLtPathToTheBit) {
     for (int64_t i = 0; i < ref.numel(); ++i) differ += fused.data_as<float>()[i] != ref.data_as<float>()[i];
     EXPECT_EQ(differ, 0u) << "t=" << s.t << " k=" << s.k << " n=" << s.n << " " << s.act
                           << (s.dynamic ? " per-token" : " static");
-  }
-}
-
-void expect_compile_error(const ir::Graph& g, const std::string& dtype, const std::string& needle) {
-  auto gpu = create_backend("cuda");
-  try {
-    gpu->compile(g, {.weight_dtype = dtype});
-    ADD_FAILURE() << "expected an error mentioning '" << needle << "'";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
   }
 }
 

@@ -19,6 +19,7 @@
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops/attention.h"
 #include "backends/cuda/ops/mma_util.cuh"
+#include "backends/cuda/smem_attr.cuh"
 
 namespace kiln::cuda {
 namespace {
@@ -249,24 +250,6 @@ __device__ __forceinline__ void attn_init_items(int (&lo)[R], int (&lim)[R], flo
 #pragma unroll
     for (int i = 0; i < DPL; ++i) acc[r][i] = 0.0f;
   }
-}
-
-// The kernel `Kernel` with its dynamic shared-memory attribute set to `Bytes` on the
-// current device (a host-side attribute per device, set on a step's eager first run
-// before any capture): a kernel of more than 48 KiB of dynamic shared memory needs it.
-// Every launch asks, so the check is one atomic load (setting it twice is harmless).
-template <auto Kernel, size_t Bytes>
-auto smem_kernel_ready() {
-  constexpr int kMaxDevices = 64;
-  static std::atomic<bool> done[kMaxDevices];
-  int dev = 0;
-  KILN_CUDA_CHECK(cudaGetDevice(&dev));
-  KILN_CHECK(dev >= 0 && dev < kMaxDevices, "cuda: device ", dev, " out of range");
-  if (!done[dev].load(std::memory_order_acquire)) {
-    KILN_CUDA_CHECK(cudaFuncSetAttribute(Kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(Bytes)));
-    done[dev].store(true, std::memory_order_release);
-  }
-  return Kernel;
 }
 
 // A score s (q.k times scale) soft-capped: softcap * tanh(s / softcap) (Gemma 2); 0: as is.

@@ -9,6 +9,7 @@
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops/int8.h"
 #include "backends/cuda/ops/int8_codes.cuh"
+#include "backends/cuda/smem_attr.cuh"
 
 namespace kiln::cuda {
 namespace {
@@ -49,6 +50,61 @@ __global__ void quantize_rows_kernel(const T* __restrict__ x, int64_t k, float i
     qr[i] = make_char4(char(quantize_one(to_f32(v.v[0]), inv)), char(quantize_one(to_f32(v.v[1]), inv)),
                        char(quantize_one(to_f32(v.v[2]), inv)), char(quantize_one(to_f32(v.v[3]), inv)));
   }
+}
+
+// The rows of x through core/hadamard.h's transform (blocks of b = 2^log2b values), then
+// quantized as quantize_rows_kernel quantizes: one block per row, the row in f32 in
+// dynamic shared memory. Pass h (1, 2, 4, ... < b) pairs j and j + h for every j whose bit
+// h is clear, as the host's loops do; each pair is independent within a pass, so only
+// the order of the passes shapes the f32 sums, and it is the host's. The passes h < 32 run
+// in registers as the row is read (lane l of a warp holding element 32 c + l of chunk c;
+// its partner is lane l ^ h), the others in shared memory.
+constexpr int kHadamardMaxBytes = int(kInt8HadamardMaxK * sizeof(float));
+
+template <typename T, bool kDynamic>
+__global__ void quantize_rows_hadamard_kernel(const T* __restrict__ x, int k, int log2b, float inv,
+                                              int8_t* __restrict__ q, float* __restrict__ row_scale) {
+  extern __shared__ float row[];
+  const int64_t r = blockIdx.x;
+  const T* xr = x + r * k;
+  const int lane = int(threadIdx.x) & 31, warps = int(blockDim.x) >> 5, k4 = k / 4;
+  const int in_warp = min(log2b, 5);
+  // Chunks past k (k % 32 != 0, so b <= 16) hold zeros whose results are dropped: a pair
+  // never leaves its block of b, which lies inside the row.
+  for (int c = int(threadIdx.x) >> 5; c < (k + 31) / 32; c += warps) {
+    const int e = c * 32 + lane;
+    float v = e < k ? to_f32(xr[e]) : 0.0f;
+    for (int s = 0; s < in_warp; ++s) {
+      const float o = __shfl_xor_sync(0xffffffffu, v, 1 << s);
+      v = lane & (1 << s) ? __fsub_rn(o, v) : __fadd_rn(v, o);  // x[j] + x[j + h] / x[j] - x[j + h]
+    }
+    if (e < k) row[e] = v;
+  }
+  __syncthreads();
+  const int pairs = k / 2;
+  for (int s = in_warp; s < log2b; ++s) {
+    const int h = 1 << s;
+    for (int p = threadIdx.x; p < pairs; p += blockDim.x) {
+      const int j = ((p >> s) << (s + 1)) | (p & (h - 1));
+      const float a = row[j], c = row[j + h];
+      row[j] = __fadd_rn(a, c);
+      row[j + h] = __fsub_rn(a, c);
+    }
+    __syncthreads();
+  }
+  if constexpr (kDynamic) {
+    __shared__ float scratch[32];
+    float m = 0.0f;
+    for (int i = threadIdx.x; i < k; i += blockDim.x) m = fmaxf(m, fabsf(row[i]));
+    m = block_max(m, scratch);
+    const float scale = int8_row_scale_of(m);
+    inv = int8_inv_of(scale);
+    if (threadIdx.x == 0) row_scale[r] = scale;
+  }
+  auto* qr = reinterpret_cast<char4*>(q + r * k);
+  for (int i = threadIdx.x; i < k4; i += blockDim.x)
+    qr[i] = make_char4(char(quantize_one(row[4 * i], inv)), char(quantize_one(row[4 * i + 1], inv)),
+                       char(quantize_one(row[4 * i + 2], inv)), char(quantize_one(row[4 * i + 3], inv)));
 }
 
 // float(a) * (xs * w_scale[j]) + bias[j], then the activation: linear_int8's epilogue.
@@ -226,6 +282,32 @@ void launch_int8_quantize(DType dtype, const void* x, int64_t t, int64_t k, floa
       quantize_rows_kernel<T, true><<<unsigned(t), threads, 0, s>>>(xt, k, inv, q, row_scale);
     else
       quantize_rows_kernel<T, false><<<unsigned(t), threads, 0, s>>>(xt, k, inv, q, nullptr);
+  });
+  KILN_CUDA_CHECK_LAUNCH();
+}
+
+void launch_int8_quantize_hadamard(DType dtype, const void* x, int64_t t, int64_t k, int64_t b, float inv, int8_t* q,
+                                   float* row_scale, cudaStream_t s) {
+  KILN_THROW_IF(k % 4 != 0, kInternal, "cuda int8 quantize (rotated): k=", k, " is not a multiple of 4");
+  KILN_THROW_IF(b < 2 || (b & (b - 1)) != 0 || k % b != 0, kInternal, "cuda int8 quantize (rotated): block ", b,
+                " for rows of ", k, " (a power of two >= 2 dividing k)");
+  KILN_THROW_IF(k * int64_t(sizeof(float)) > kHadamardMaxBytes, kUnsupported, "cuda int8 quantize (rotated): rows of ",
+                k, " values; the kernel holds a row in shared memory, at most ", kHadamardMaxBytes / 4);
+  if (t == 0) return;
+  KILN_THROW_IF(t > 0x7fffffff, kInternal, "cuda int8 quantize (rotated): ", t, " rows");
+  int log2b = 0;
+  while ((int64_t(1) << log2b) < b) ++log2b;
+  const int threads = k >= 4096 ? 1024 : k >= 1024 ? 512 : 128;
+  const size_t smem = size_t(k) * sizeof(float);
+  KILN_CUDA_DISPATCH_FLOAT(dtype, T, {
+    auto* xt = static_cast<const T*>(x);
+    if (row_scale) {
+      auto* kernel = smem_kernel_ready<quantize_rows_hadamard_kernel<T, true>, kHadamardMaxBytes>();
+      kernel<<<unsigned(t), threads, smem, s>>>(xt, int(k), log2b, inv, q, row_scale);
+    } else {
+      auto* kernel = smem_kernel_ready<quantize_rows_hadamard_kernel<T, false>, kHadamardMaxBytes>();
+      kernel<<<unsigned(t), threads, smem, s>>>(xt, int(k), log2b, inv, q, nullptr);
+    }
   });
   KILN_CUDA_CHECK_LAUNCH();
 }

@@ -34,6 +34,14 @@ struct Int8Epilogue {
 // (1 for an all-zero row) is written to row_scale[r] and used in place of inv.
 void launch_int8_quantize(DType dtype, const void* x, int64_t t, int64_t k, float inv, int8_t* q, float* row_scale,
                           cudaStream_t s);
+// The same of each row of x through core/hadamard.h's transform in blocks of b (a power of
+// two dividing k; the host's f32 butterflies in the host's pass order, so the codes and
+// row scales are the host's hadamard_transform + int8_quantize of the same f32 values, bit
+// for bit): a W8A8 Linear built with --hadamard (quant/w8a8.h, attr act_hadamard = b).
+// The row is held in shared memory: k up to kInt8HadamardMaxK (else kUnsupported, naming k).
+constexpr int64_t kInt8HadamardMaxK = 51200;
+void launch_int8_quantize_hadamard(DType dtype, const void* x, int64_t t, int64_t k, int64_t b, float inv, int8_t* q,
+                                   float* row_scale, cudaStream_t s);
 
 // y [t, n_out] in `dtype` from the sums acc [t, ld] (ld >= n_out, >= 2 * n_out with
 // kSwiGlu: gate j at column j, up at n_out + j; columns past those are padding).
