@@ -555,7 +555,9 @@ class SchemaCompiler {
       if (!a.states[i].moves.empty()) names[i] = unique_name(hint);
     auto body = [&](const grammar_detail::TextAutomaton::State& state) {
       std::vector<std::pair<int, std::string>> groups;  // target, characters
-      for (auto [c, to] : state.moves) {
+      for (const auto& move : state.moves) {
+        const char c = move.c;
+        const int to = move.to;  // a plain local: clang's lambdas do not capture bindings
         auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == to; });
         if (it == groups.end()) groups.push_back({to, std::string(1, c)});
         else it->second += c;
