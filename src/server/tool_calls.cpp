@@ -1,6 +1,7 @@
 // Tool calls in chat output (see tool_calls.h).
 #include "server/tool_calls.h"
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <stdexcept>
@@ -125,6 +126,13 @@ Head call_head(std::string_view s, std::string& name, size_t& args_at) {
 constexpr std::string_view kPyStart = "<|python_start|>", kPyEnd = "<|python_end|>";
 constexpr int kMaxPyDepth = 64;
 
+bool py_ident_char(char c, bool first) {
+  return c == '_' || std::isalpha(static_cast<unsigned char>(c)) || (!first && std::isdigit(static_cast<unsigned char>(c)));
+}
+
+// The JSON text of a value as a call's arguments hold it (what dump() writes there).
+std::string arg_json(const Json& v) { return v.dump(-1, ' ', false, Json::error_handler_t::replace); }
+
 class PythonCalls {
  public:
   explicit PythonCalls(std::string_view s) : s_(s) {}
@@ -143,13 +151,14 @@ class PythonCalls {
       Json args = Json::object();
       while (!eat(')')) {
         std::optional<std::string> key = ident();
-        if (!key || !eat('=')) return std::nullopt;
+        // A repeated keyword is a SyntaxError in Python.
+        if (!key || args.contains(*key) || !eat('=')) return std::nullopt;
         std::optional<Json> v = value(0);
         if (!v) return std::nullopt;
         args[*key] = std::move(*v);
         if (!eat(',') && !peek(')')) return std::nullopt;
       }
-      c.arguments = args.dump(-1, ' ', false, Json::error_handler_t::replace);
+      c.arguments = arg_json(args);
       calls.push_back(std::move(c));
       if (!eat(',') && !peek(']')) return std::nullopt;
     }
@@ -175,6 +184,14 @@ class PythonCalls {
     return peek('(') ? Head::kYes : Head::kNo;
   }
 
+  // The text as one literal (whitespace around it allowed), or nullopt.
+  std::optional<Json> literal() {
+    std::optional<Json> v = value(0);
+    ws();
+    if (at_ != s_.size()) return std::nullopt;
+    return v;
+  }
+
  private:
   void ws() {
     while (at_ < s_.size() && is_space(s_[at_])) ++at_;
@@ -192,13 +209,10 @@ class PythonCalls {
     ws();
     if (s_.substr(at_).starts_with(tag)) at_ += tag.size();
   }
-  static bool ident_char(char c, bool first) {
-    return c == '_' || std::isalpha(static_cast<unsigned char>(c)) || (!first && std::isdigit(static_cast<unsigned char>(c)));
-  }
   std::optional<std::string> ident() {
     ws();
     const size_t from = at_;
-    while (at_ < s_.size() && ident_char(s_[at_], at_ == from)) ++at_;
+    while (at_ < s_.size() && py_ident_char(s_[at_], at_ == from)) ++at_;
     if (at_ == from) return std::nullopt;
     return std::string(s_.substr(from, at_ - from));
   }
@@ -235,7 +249,7 @@ class PythonCalls {
       return dict;
     }
     for (auto [word, v] : {std::pair<std::string_view, Json>{"True", true}, {"False", false}, {"None", nullptr}})
-      if (s_.substr(at_).starts_with(word) && !(at_ + word.size() < s_.size() && ident_char(s_[at_ + word.size()], false))) {
+      if (s_.substr(at_).starts_with(word) && !(at_ + word.size() < s_.size() && py_ident_char(s_[at_ + word.size()], false))) {
         at_ += word.size();
         return v;
       }
@@ -474,14 +488,17 @@ ToolCallDelta ToolCallSplitter::drain(bool final) {
       if (!final && undecided(parser_, rest)) return out;
       decided_ = true;
       calls_body_ = opens_calls(parser_, rest);
-      if (calls_body_ && parser_ != ToolParser::kPythonic) {
-        // JSON calls stream as they are written, from after the tag when it is there.
-        const std::string_view tag = parser_ == ToolParser::kMistral   ? kMistralTag
-                                     : parser_ == ToolParser::kGranite ? kGraniteTag
-                                                                       : std::string_view();
+      if (calls_body_) {
+        // Calls stream as they are written, from after the tag when it is there.
+        const std::string_view tag = parser_ == ToolParser::kMistral    ? kMistralTag
+                                     : parser_ == ToolParser::kGranite  ? kGraniteTag
+                                     : parser_ == ToolParser::kPythonic ? kPyStart
+                                                                        : std::string_view();
         body_fed_ = i + (!tag.empty() && rest.starts_with(tag) ? tag.size() : 0);
-        body_.emplace(parser_ == ToolParser::kLlama3Json ? CallArrayStreamer::Form::kSemicolons
-                                                         : CallArrayStreamer::Form::kArray);
+        if (parser_ == ToolParser::kPythonic) py_body_.emplace();
+        else
+          body_.emplace(parser_ == ToolParser::kLlama3Json ? CallArrayStreamer::Form::kSemicolons
+                                                           : CallArrayStreamer::Form::kArray);
       }
     }
     if (!calls_body_) {
@@ -489,8 +506,9 @@ ToolCallDelta ToolCallSplitter::drain(bool final) {
       held_.clear();
       return out;
     }
-    if (body_ && body_fed_ < held_.size()) {
-      out.fragments = body_->feed(std::string_view(held_).substr(body_fed_));
+    if (body_fed_ < held_.size()) {
+      const std::string_view more = std::string_view(held_).substr(body_fed_);
+      out.fragments = body_ ? body_->feed(more) : py_body_->feed(more);
       body_fed_ = held_.size();
     }
     if (!final) return out;
@@ -499,7 +517,7 @@ ToolCallDelta ToolCallSplitter::drain(bool final) {
     else if (parser_ == ToolParser::kGranite) calls = array_calls(held_, kGraniteTag);
     else if (parser_ == ToolParser::kPythonic) calls = PythonCalls(held_).read().value_or(std::vector<ToolCall>{});
     else calls = llama3_calls(held_);
-    if (body_) calls = body_->released(std::move(calls));
+    calls = body_ ? body_->released(std::move(calls)) : py_body_->released(std::move(calls));
     if (!calls.empty()) {
       calls_ += int(calls.size());
       out.calls = std::move(calls);
@@ -648,16 +666,168 @@ std::vector<ToolCallFragment> CallArrayStreamer::feed(std::string_view text) {
   return out;
 }
 
-std::vector<ToolCall> CallArrayStreamer::released(std::vector<ToolCall> parsed) const {
-  if (streamed_.empty()) return parsed;
+namespace {
+
+// The streamed calls as their fragments said (arguments compact once they parse), then the
+// parsed calls past them; with nothing streamed, the parsed calls.
+std::vector<ToolCall> released_calls(const std::vector<ToolCall>& streamed, std::vector<ToolCall> parsed) {
+  if (streamed.empty()) return parsed;
   std::vector<ToolCall> out;
-  for (ToolCall c : streamed_) {
+  for (ToolCall c : streamed) {
     const Json a = Json::parse(c.arguments, nullptr, /*allow_exceptions=*/false);
     if (a.is_object()) c.arguments = a.dump();
     out.push_back(std::move(c));
   }
   for (size_t k = out.size(); k < parsed.size(); ++k) out.push_back(std::move(parsed[k]));
   return out;
+}
+
+}  // namespace
+
+std::vector<ToolCall> CallArrayStreamer::released(std::vector<ToolCall> parsed) const {
+  return released_calls(streamed_, std::move(parsed));
+}
+
+size_t PythonCallStreamer::LiteralScan::scan(std::string_view s) {
+  // An opening or closing quote at pos_ that may begin a triple quote waits until the two
+  // after it are read.
+  auto undecided_triple = [&](char q) {
+    return pos_ + 3 > s.size() && s.substr(pos_).find_first_not_of(q) == std::string_view::npos;
+  };
+  for (; pos_ < s.size(); ++pos_) {
+    const char c = s[pos_];
+    if (quote_) {
+      if (escape_) {
+        escape_ = false;  // the rest of a valid escape (hex digits, a name) holds no quote
+      } else if (c == '\\') {
+        escape_ = true;
+      } else if (c == quote_) {
+        if (!triple_) {
+          quote_ = 0;
+        } else {
+          if (undecided_triple(c)) return std::string_view::npos;
+          if (s.substr(pos_, 3) == std::string(3, c)) {
+            pos_ += 2;
+            quote_ = 0;
+          }
+        }
+      }
+    } else if (c == '"' || c == '\'') {
+      if (undecided_triple(c)) return std::string_view::npos;
+      quote_ = c;
+      triple_ = s.substr(pos_, 3) == std::string(3, c);
+      if (triple_) pos_ += 2;
+    } else if (c == '[' || c == '(' || c == '{') {
+      ++depth_;
+    } else if (c == ']' || c == ')' || c == '}' || c == ',') {
+      if (depth_ == 0) return pos_;
+      if (c != ',') --depth_;
+    }
+  }
+  return std::string_view::npos;
+}
+
+std::vector<ToolCallFragment> PythonCallStreamer::feed(std::string_view text) {
+  text_ += text;
+  std::vector<ToolCallFragment> out;
+  const std::string_view s = text_;
+  auto emit = [&](std::string piece) {
+    streamed_.back().arguments += piece;
+    if (!out.empty() && out.back().call == streamed_.size() - 1) out.back().arguments += piece;
+    else out.push_back({streamed_.size() - 1, "", std::move(piece)});
+  };
+  // An identifier at pos_: false while it may still grow (it reaches the end of the text);
+  // `id` is empty when none is there.
+  auto ident = [&](std::string& id) {
+    size_t end = pos_;
+    while (end < s.size() && py_ident_char(s[end], end == pos_)) ++end;
+    if (end == s.size()) return false;
+    id = std::string(s.substr(pos_, end - pos_));
+    pos_ = end;
+    return true;
+  };
+  for (;;) {
+    if (at_ == At::kStopped) break;
+    if (at_ != At::kValue) {
+      while (pos_ < s.size() && is_space(s[pos_])) ++pos_;
+      if (pos_ == s.size()) break;
+    }
+    const char c = pos_ < s.size() ? s[pos_] : '\0';  // kValue reads its own text
+    switch (at_) {
+      case At::kList:
+        at_ = c == '[' ? At::kName : At::kStopped;
+        ++pos_;
+        break;
+      case At::kName:  // a call's name, or the list's end
+        if (c == ']') {
+          at_ = At::kStopped;
+          break;
+        }
+        if (!ident(name_)) return out;
+        at_ = name_.empty() ? At::kStopped : At::kParen;
+        break;
+      case At::kParen:
+        if (c != '(') {
+          at_ = At::kStopped;
+          break;
+        }
+        ++pos_;
+        out.push_back({streamed_.size(), name_, "{"});
+        streamed_.push_back({name_, "{", "", true});
+        keys_.clear();
+        at_ = At::kKey;
+        break;
+      case At::kKey:  // a keyword, or the call's end
+        if (c == ')') {
+          ++pos_;
+          emit("}");
+          at_ = At::kAfterCall;
+          break;
+        }
+        if (!ident(key_)) return out;
+        at_ = key_.empty() ? At::kStopped : At::kEquals;
+        break;
+      case At::kEquals:
+        if (c != '=') {
+          at_ = At::kStopped;
+          break;
+        }
+        value_at_ = ++pos_;
+        value_scan_ = LiteralScan(value_at_);
+        at_ = At::kValue;
+        break;
+      case At::kValue: {
+        const size_t end = value_scan_.scan(s);
+        if (end == std::string_view::npos) return out;
+        std::optional<Json> v;
+        if (s[end] == ',' || s[end] == ')') v = PythonCalls(s.substr(value_at_, end - value_at_)).literal();
+        if (!v || std::find(keys_.begin(), keys_.end(), key_) != keys_.end()) {
+          at_ = At::kStopped;
+          break;
+        }
+        emit((keys_.empty() ? "" : ",") + arg_json(key_) + ":" + arg_json(*v));
+        keys_.push_back(key_);
+        pos_ = end + 1;
+        if (s[end] == ',') {
+          at_ = At::kKey;
+        } else {
+          emit("}");
+          at_ = At::kAfterCall;
+        }
+        break;
+      }
+      case At::kAfterCall:
+        at_ = c == ',' ? At::kName : At::kStopped;  // ']' ends the list
+        ++pos_;
+        break;
+      case At::kStopped: break;
+    }
+  }
+  return out;
+}
+
+std::vector<ToolCall> PythonCallStreamer::released(std::vector<ToolCall> parsed) const {
+  return released_calls(streamed_, std::move(parsed));
 }
 
 ToolCallDelta parse_tool_calls(ToolParser parser, std::string_view text, const nlohmann::ordered_json& tools) {

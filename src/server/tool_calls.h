@@ -17,7 +17,8 @@
 //   pythonic     the whole output is a Python list of keyword calls, [f(a=1, b="x"), g()],
 //                with Python literals as values (Llama 3.2, Llama 4: within <|python_start|>
 //                ... <|python_end|> when those are in the text); positional arguments, or
-//                anything but literals, make it text, as in vLLM's parser
+//                anything but literals, make it text, as in vLLM's parser (unless a call's
+//                name went out already: see ToolCallSplitter)
 // A call whose JSON does not parse stays text, as vLLM leaves it. Tested in
 // tests/server/tool_calls_test.cpp.
 #pragma once
@@ -112,12 +113,56 @@ class CallArrayStreamer {
   std::vector<ToolCall> streamed_;
 };
 
+// pythonic's list of keyword calls, [f(a=1, b="x"), g()], streamed as it is written: a call's
+// name (with its arguments' '{') once `name(` is read, then each keyword argument's JSON,
+// "key":value, once its literal is closed by ',' or ')', and '}' as the call closes. Nothing
+// that could still change goes out, so each call's pieces put together are exactly the
+// arguments the whole-output parse gives it. Text that does not read so (a positional
+// argument, an expression, a repeated keyword) stops the streaming; the text is parsed
+// whole at the end either way.
+class PythonCallStreamer {
+ public:
+  std::vector<ToolCallFragment> feed(std::string_view text);
+  // The calls streamed so far: their names and their arguments' JSON as streamed.
+  const std::vector<ToolCall>& streamed() const { return streamed_; }
+  // As CallArrayStreamer::released.
+  std::vector<ToolCall> released(std::vector<ToolCall> parsed) const;
+
+  // Where a Python literal that starts at `at` ends, found resumably (each scan() reads only
+  // the text added since the last): the ',' or closing bracket after it outside any string
+  // and bracket, as the whole-output parser reads strings (quotes, triple quotes, escapes).
+  class LiteralScan {
+   public:
+    explicit LiteralScan(size_t at = 0) : pos_(at) {}
+    // The delimiter's position within `s`, or npos while none is read yet.
+    size_t scan(std::string_view s);
+
+   private:
+    size_t pos_;
+    int depth_ = 0;
+    char quote_ = 0;  // inside a string opened by this quote
+    bool triple_ = false, escape_ = false;
+  };
+
+ private:
+  enum class At { kList, kName, kParen, kKey, kEquals, kValue, kAfterCall, kStopped };
+  std::string text_;
+  size_t pos_ = 0;  // where the next token is read
+  At at_ = At::kList;
+  std::string name_, key_;          // the call's name and the keyword being read
+  std::vector<std::string> keys_;   // the call's keywords so far
+  size_t value_at_ = 0;             // where the keyword's value starts
+  LiteralScan value_scan_;
+  std::vector<ToolCall> streamed_;
+};
+
 // Splits one choice's output, fed in pieces as it streams, into content and tool calls.
 // Text that might begin a call is held back until the next piece decides it; a hermes call
 // that opens as {"name": ..., "arguments": { streams as fragments (its name, then its
 // arguments as they are written) and is released as a call, marked streamed, once it
 // closes; the calls of mistral, granite and llama3_json bodies stream the same way
-// (CallArrayStreamer) and are released at the end; other calls are released whole; finish()
+// (CallArrayStreamer), pythonic's as PythonCallStreamer reads them, and are released at the
+// end; other calls are released whole; finish()
 // parses what is held (an unclosed hermes call, the whole-output bodies) and releases the
 // rest as content. A streamed call is
 // released as its fragments said, even when the rest of its text does not parse (cut off,
@@ -147,9 +192,10 @@ class ToolCallSplitter {
   bool calls_body_ = false;
   bool in_call_ = false;    // hermes: inside <tool_call>
   int calls_ = 0;
-  // mistral, granite and llama3_json bodies: their calls streamed as written, and how much
-  // of held_ the streamer has read.
+  // mistral, granite and llama3_json bodies (body_) and pythonic's (py_body_): their calls
+  // streamed as written, and how much of held_ the streamer has read.
   std::optional<CallArrayStreamer> body_;
+  std::optional<PythonCallStreamer> py_body_;
   size_t body_fed_ = 0;
   bool after_call_ = false;  // hermes: a call closed and no text has come since
   // hermes, inside a call: where its arguments object starts in held_ (npos: the call's

@@ -1,6 +1,6 @@
-// Tool-call parsing (server/tool_calls.h): hermes and llama3_json outputs as whole texts
-// and streamed in every split, text before and between calls, malformed calls left as
-// text, and held-back partial tags.
+// Tool-call parsing (server/tool_calls.h): each format's outputs as whole texts and
+// streamed in every split, text before and between calls, malformed calls left as text (or
+// released as streamed), and held-back partial tags.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -327,8 +327,8 @@ TEST(ToolCalls, MistralCallArrays) {
 
 // Llama 3.2 / Llama 4: a Python list of keyword calls with literal values, read as
 // ast.literal_eval would (quotes, escapes, triple quotes, tuples, dicts with non-string keys,
-// True/False/None); anything else - positional arguments, expressions, text after the list -
-// is content, as vLLM's pythonic parser leaves it.
+// True/False/None); text that does not open as a call list is content, as vLLM's pythonic
+// parser leaves it (what goes wrong after a call's name went out: PythonicCallsStream).
 TEST(ToolCalls, PythonicCallLists) {
   const std::string out = R"([get_weather(city='San Francisco', metric="celsius"), get_time()])";
   ToolCallDelta d = parse_tool_calls(ToolParser::kPythonic, out);
@@ -343,7 +343,11 @@ TEST(ToolCalls, PythonicCallLists) {
   const std::string values =
       "<|python_start|>[f(a=1, b=-2.5, c=True, d=None, e=[1, 'x', (2, 3)], g={'k': {\"n\": 1e3}, 2: 'two'},\n"
       "  h='it\\'s \\u00e9\\n', i=\"\"\"tri\"ple\"\"\", j=0x1F if False else 0) ]<|python_end|>";
-  EXPECT_TRUE(parse_tool_calls(ToolParser::kPythonic, values).calls.empty()) << "an expression is not a literal";
+  d = parse_tool_calls(ToolParser::kPythonic, values);
+  ASSERT_EQ(d.calls.size(), 1u) << "streamed up to the expression, which is not a literal";
+  EXPECT_EQ(d.calls[0].arguments.substr(0, 20), R"({"a":1,"b":-2.5,"c":)");
+  EXPECT_TRUE(nlohmann::json::parse(d.calls[0].arguments, nullptr, false).is_discarded());
+  EXPECT_EQ(d.content, "");
   const std::string literals =
       "<|python_start|>[f(a=1, b=-2.5, c=True, d=None, e=[1, 'x', (2, 3)], g={'k': {\"n\": 1e3}, 2: 'two'},\n"
       "  h='it\\'s \\u00e9\\n', i=\"\"\"tri\"ple\"\"\", k='a\\qb\\a',), g2(),]<|python_end|>";
@@ -355,8 +359,8 @@ TEST(ToolCalls, PythonicCallLists) {
   EXPECT_EQ(d.calls[1].name, "g2");
   expect_any_split_agrees(ToolParser::kPythonic, literals);
 
-  expect_text(ToolParser::kPythonic, {"The answer is 4.", "[1] A footnote", "[f(1)]", "[f(x=1)] and more",
-                                      "[f(x=open('a'))]", "[]", "[f(x='unclosed)]", "[f(x=1)", "[ f (x = 1) ]x"});
+  expect_text(ToolParser::kPythonic, {"The answer is 4.", "[1] A footnote", "[]", "[f.g(x=1)]", "[ f [x=1] ]",
+                                      "<|python_start|>Sure"});
   // Text is content as it comes once it cannot open a call list.
   ToolCallSplitter s(ToolParser::kPythonic);
   EXPECT_EQ(s.feed("[").content, "");
@@ -366,6 +370,148 @@ TEST(ToolCalls, PythonicCallLists) {
   EXPECT_EQ(t.feed("time(").content, "") << "a call list is held to the end";
   EXPECT_EQ(t.feed(")]").content, "");
   ASSERT_EQ(t.finish().calls.size(), 1u);
+}
+
+// Feeds `text` to a pythonic splitter in the pieces `cuts` marks and checks the result is
+// the whole-output parse's, with each call streamed: its first fragment, and only it, names
+// it, and its fragments put together are exactly its arguments.
+void expect_pythonic_split_agrees(const std::string& text, const std::vector<size_t>& cuts, const ToolCallDelta& whole,
+                                  const std::string& where) {
+  const ToolCallDelta d = streamed(ToolParser::kPythonic, text, cuts);
+  EXPECT_EQ(d.content, whole.content) << where;
+  ASSERT_EQ(d.calls.size(), whole.calls.size()) << where;
+  std::vector<std::string> args(d.calls.size());
+  std::vector<int> named(d.calls.size());
+  size_t last = 0;
+  for (const ToolCallFragment& f : d.fragments) {
+    ASSERT_LT(f.call, d.calls.size()) << where << ": a fragment of no call";
+    EXPECT_GE(f.call, last) << where << ": calls stream in order";
+    last = f.call;
+    if (!f.name.empty()) {
+      EXPECT_TRUE(args[f.call].empty()) << where << ": the name comes first";
+      EXPECT_EQ(f.name, d.calls[f.call].name) << where;
+      ++named[f.call];
+    }
+    args[f.call] += f.arguments;
+  }
+  for (size_t k = 0; k < d.calls.size(); ++k) {
+    EXPECT_EQ(d.calls[k].name, whole.calls[k].name) << where;
+    EXPECT_EQ(d.calls[k].arguments, whole.calls[k].arguments) << where;
+    EXPECT_TRUE(d.calls[k].streamed) << where;
+    EXPECT_EQ(named[k], 1) << where;
+    EXPECT_EQ(args[k], d.calls[k].arguments) << where;
+  }
+}
+
+// Every single split, and pieces of every size, give the whole-output result.
+void expect_pythonic_streams(const std::string& text) {
+  const ToolCallDelta whole = parse_tool_calls(ToolParser::kPythonic, text);
+  for (size_t cut = 0; cut <= text.size(); ++cut)
+    expect_pythonic_split_agrees(text, {cut}, whole, text + " split at " + std::to_string(cut));
+  for (size_t step = 1; step <= text.size(); ++step) {
+    std::vector<size_t> cuts;
+    for (size_t at = step; at < text.size(); at += step) cuts.push_back(at);
+    expect_pythonic_split_agrees(text, cuts, whole, text + " in pieces of " + std::to_string(step));
+  }
+}
+
+// pythonic calls stream as they are written: the name (with the arguments' '{') once
+// `name(` is read, each keyword's "key":value once its literal is closed by ',' or ')', and
+// '}' as the call closes - nothing that could still change, so the pieces put together are
+// the arguments the whole-output parse gives. A call list that goes wrong after a name went
+// out releases the calls as streamed, as the JSON formats do.
+TEST(ToolCalls, PythonicCallsStream) {
+  ToolCallSplitter s(ToolParser::kPythonic);
+  ToolCallDelta d = s.feed("<|python_start|>[get_wea");
+  EXPECT_TRUE(d.fragments.empty());
+  d = s.feed("ther(city=\"Paris, ');");
+  ASSERT_EQ(d.fragments.size(), 1u);
+  EXPECT_EQ(d.fragments[0].call, 0u);
+  EXPECT_EQ(d.fragments[0].name, "get_weather");
+  EXPECT_EQ(d.fragments[0].arguments, "{") << "the string is still open";
+  d = s.feed("FR\", days=[1, (2, 3)]");
+  ASSERT_EQ(d.fragments.size(), 1u);
+  EXPECT_EQ(d.fragments[0].name, "");
+  EXPECT_EQ(d.fragments[0].arguments, R"("city":"Paris, ');FR")");
+  d = s.feed(", metric=Tr");
+  ASSERT_EQ(d.fragments.size(), 1u);
+  EXPECT_EQ(d.fragments[0].arguments, R"(,"days":[1,[2,3]])");
+  d = s.feed("ue), get_time(), g(x=None");
+  ASSERT_EQ(d.fragments.size(), 3u);
+  EXPECT_EQ(d.fragments[0].arguments, R"(,"metric":true})");
+  EXPECT_EQ(d.fragments[1].call, 1u);
+  EXPECT_EQ(d.fragments[1].name, "get_time");
+  EXPECT_EQ(d.fragments[1].arguments, "{}");
+  EXPECT_EQ(d.fragments[2].call, 2u);
+  EXPECT_EQ(d.fragments[2].arguments, "{");
+  d = s.feed(")]<|python_end|>");
+  ASSERT_EQ(d.fragments.size(), 1u);
+  EXPECT_EQ(d.fragments[0].arguments, R"("x":null})");
+  EXPECT_TRUE(d.calls.empty()) << "calls are released at the end";
+  d = s.finish();
+  EXPECT_EQ(d.content, "");
+  ASSERT_EQ(d.calls.size(), 3u);
+  EXPECT_EQ(d.calls[0].arguments, R"({"city":"Paris, ');FR","days":[1,[2,3]],"metric":true})");
+  EXPECT_EQ(d.calls[1].arguments, "{}");
+  EXPECT_EQ(d.calls[2].arguments, R"({"x":null})");
+  for (const ToolCall& c : d.calls) EXPECT_TRUE(c.streamed);
+
+  for (const std::string out : {
+           R"([get_weather(city='San Francisco', metric="celsius"), get_time()])",
+           R"([f(a='x, y) z=w', b="it's", c='say "hi"', d='a\'b\\', e="q\"", g=True, h=False, i=None)])",
+           R"([f(n=[1, [2, {'k': (3, 4)}], {}], m={'a': {'b': [None]}, 1: 'one', 'c': ()}, e=-1.5e-3, z=0)])",
+           R"(<|python_start|>[ f ( a = '' , b = "" , c = '''tri''ple''' , d = """x""" ) , g2 ( ) , ]<|python_end|>)",
+           "\n[f(s='\\u00e9\\n\\x41\\\\', t='''line\nline''', u=\"\\\"\", v=('a',), w=[],)]\n",
+       }) {
+    const ToolCallDelta whole = parse_tool_calls(ToolParser::kPythonic, out);
+    EXPECT_EQ(whole.content, "") << out;
+    EXPECT_FALSE(whole.calls.empty()) << out;
+    for (const ToolCall& c : whole.calls)  // streamed to the end, not stopped part way
+      EXPECT_TRUE(nlohmann::json::parse(c.arguments, nullptr, false).is_object()) << out << ": " << c.arguments;
+    expect_pythonic_streams(out);
+  }
+  d = parse_tool_calls(ToolParser::kPythonic, R"([f(n=[1, [2, {'k': (3, 4)}], {}], m={'a': {'b': [None]}, 1: 'one'},
+      e=-1.5e-3, z=0)])");
+  ASSERT_EQ(d.calls.size(), 1u);
+  EXPECT_EQ(d.calls[0].arguments, R"({"n":[1,[2,{"k":[3,4]}],{}],"m":{"a":{"b":[null]},"1":"one"},"e":-0.0015,"z":0})");
+  d = parse_tool_calls(ToolParser::kPythonic,
+                       R"(<|python_start|>[ f ( a = '' , b = "" , c = '''tri''ple''' , d = """x""" ) , g2 ( ) , ]<|python_end|>)");
+  ASSERT_EQ(d.calls.size(), 2u);
+  EXPECT_EQ(d.calls[0].arguments, R"({"a":"","b":"","c":"tri''ple","d":"x"})");
+  EXPECT_EQ(d.calls[1].name, "g2");
+  d = parse_tool_calls(ToolParser::kPythonic, R"([f(a='x, y) z=w', b="it's", c='say "hi"', d='a\'b\\', e="q\""),g()])");
+  ASSERT_EQ(d.calls.size(), 2u);
+  EXPECT_EQ(d.calls[0].arguments, R"({"a":"x, y) z=w","b":"it's","c":"say \"hi\"","d":"a'b\\","e":"q\""})");
+
+  // Gone wrong after a name went out (a positional argument, an expression, a repeated
+  // keyword, an unclosed string or list, text after the list): the calls as streamed.
+  const std::pair<std::string, std::vector<std::pair<std::string, std::string>>> broken[] = {
+      {"[f(1)]", {{"f", "{"}}},
+      {"[f(x=1)] and more", {{"f", R"({"x":1})"}}},
+      {"[f(x=open('a'))]", {{"f", "{"}}},
+      {"[f(x='unclosed)]", {{"f", "{"}}},
+      {"[f(x=1)", {{"f", R"({"x":1})"}}},
+      {"[ f (x = 1) ]x", {{"f", R"({"x":1})"}}},
+      {"[f(a=1, a=2)]", {{"f", R"({"a":1)"}}},
+      {"[f(a=1), g(b=[1, 2)]", {{"f", R"({"a":1})"}, {"g", "{"}}},
+      {"[f(a=1), 2]", {{"f", R"({"a":1})"}}},
+      {"[f(a='x'\n", {{"f", "{"}}},
+  };
+  for (const auto& [out, want] : broken) {
+    d = parse_tool_calls(ToolParser::kPythonic, out);
+    EXPECT_EQ(d.content, "") << out;
+    ASSERT_EQ(d.calls.size(), want.size()) << out;
+    for (size_t k = 0; k < want.size(); ++k) {
+      EXPECT_EQ(d.calls[k].name, want[k].first) << out;
+      EXPECT_EQ(d.calls[k].arguments, want[k].second) << out;
+    }
+    expect_pythonic_streams(out);
+  }
+  // A repeated keyword is not a call list (Python: "keyword argument repeated").
+  PythonCallStreamer repeated;
+  for (char c : std::string("[f(a=1, a=2), g()]")) (void)repeated.feed(std::string(1, c));
+  ASSERT_EQ(repeated.streamed().size(), 1u);
+  EXPECT_EQ(repeated.streamed()[0].arguments, R"({"a":1)");
 }
 
 // Qwen3-Coder: XML-style calls after text, each value typed by the tool's schema (a value
