@@ -1,10 +1,12 @@
 // libFuzzer target for the tool-call parsers (server/tool_calls.h), which read what a
 // model writes: any output, whole or fed in pieces, must split into the same content and
 // calls (names, arguments, whether streamed), and a streamed call's fragments must name it
-// first and put together the text of its arguments (the same JSON value once it parses).
+// first and put together the text of its arguments (the same JSON value once it parses;
+// pythonic's: exactly its arguments, which its pieces are written as).
 // The first byte picks the parser and the piece sizes; the rest is the output. Any crash,
 // sanitizer report or disagreement (a trap) is a bug. Seed the corpus with calls, e.g.
-// printf '\0<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>' > seeds/hermes.
+// printf '\0<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>' > seeds/hermes,
+// printf '\3[f(a=1, b="x, )"), g(c=[None, (True,)], d={1: 2})]' > seeds/pythonic.
 #include <cstddef>
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -63,6 +65,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       }
     check(c.streamed == (pieces > 0));
     if (!c.streamed) continue;
+    if (p == ToolParser::kPythonic) check(args == c.arguments);
     const auto parsed = nlohmann::json::parse(c.arguments, nullptr, false);
     if (parsed.is_discarded()) check(args == c.arguments);
     else check(nlohmann::json::parse(args, nullptr, false) == parsed);
