@@ -2,7 +2,11 @@
 // steps use the _rn intrinsics so nvcc cannot contract them into FMAs the CPU kernel does
 // not use. The GEMV follows fp8.cu: a warp per output feature, lane j reading 16-byte
 // chunks j, j+32, ... of the weight row (16 codes each, kUnroll in flight, streaming
-// hint), x codes through the read-only cache, four dp4a per chunk and x row.
+// hint), x codes through the read-only cache, four dp4a per chunk and x row. The GEMV and
+// the quantize kernels take part in programmatic dependent launch (common.cuh): the GEMV
+// requests its first weights before the wait and triggers after its main loop; the
+// quantize kernels wait first and, in decode steps, trigger at their start so the GEMV
+// after them streams its weights meanwhile.
 #include <algorithm>
 #include <cstdlib>
 
@@ -27,7 +31,9 @@ struct alignas(4 * sizeof(T)) Vec4 {
 // One block per row; four elements per thread and step.
 template <typename T, bool kDynamic>
 __global__ void quantize_rows_kernel(const T* __restrict__ x, int64_t k, float inv, int8_t* __restrict__ q,
-                                     float* __restrict__ row_scale) {
+                                     float* __restrict__ row_scale, bool early) {
+  if (early) pdl_trigger();  // a decode step: the GEMV after this launches and streams its weights
+  pdl_wait();                // programmatic dependent launch: the previous kernel's writes are visible
   const int64_t r = blockIdx.x;
   const auto* xr = reinterpret_cast<const Vec4<T>*>(x + r * k);
   auto* qr = reinterpret_cast<char4*>(q + r * k);
@@ -63,7 +69,9 @@ constexpr int kHadamardMaxBytes = int(kInt8HadamardMaxK * sizeof(float));
 
 template <typename T, bool kDynamic>
 __global__ void quantize_rows_hadamard_kernel(const T* __restrict__ x, int k, int log2b, float inv,
-                                              int8_t* __restrict__ q, float* __restrict__ row_scale) {
+                                              int8_t* __restrict__ q, float* __restrict__ row_scale, bool early) {
+  if (early) pdl_trigger();  // as quantize_rows_kernel
+  pdl_wait();
   extern __shared__ float row[];
   const int64_t r = blockIdx.x;
   const T* xr = x + r * k;
@@ -197,6 +205,8 @@ int8_gemv_kernel(const int8_t* __restrict__ x, const int8_t* __restrict__ w, int
   constexpr int R = E == GemvEpilogue::kSwiGlu ? 2 : 1;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t row = int64_t(blockIdx.x) * kWarps + warp;
+  // Returning before pdl_wait() is safe: the warps that store wait, so this grid still
+  // completes only after the one before it.
   if (row >= n_out) return;
   const int64_t kv = k / 16;
   const uint4* wr[R];
@@ -204,8 +214,8 @@ int8_gemv_kernel(const int8_t* __restrict__ x, const int8_t* __restrict__ w, int
   for (int r = 0; r < R; ++r) wr[r] = reinterpret_cast<const uint4*>(w + (row + r * n_out) * k);
   const uint4* xr = reinterpret_cast<const uint4*>(x);
   int acc[R][M] = {};
-  for (int64_t i0 = lane; i0 < kv; i0 += 32 * kUnroll) {
-    uint4 wv[R][kUnroll];
+  uint4 wv[R][kUnroll];
+  auto load_weights = [&](int64_t i0) {
 #pragma unroll
     for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -213,6 +223,13 @@ int8_gemv_kernel(const int8_t* __restrict__ x, const int8_t* __restrict__ w, int
         const int64_t i = i0 + u * 32;
         wv[r][u] = i < kv ? __ldcs(wr[r] + i) : make_uint4(0, 0, 0, 0);
       }
+  };
+  // The first weights are requested before the wait (no kernel writes them), so they
+  // stream while the kernel before this one finishes.
+  load_weights(lane);
+  pdl_wait();  // programmatic dependent launch: the previous kernel's writes (x) are visible
+  for (int64_t i0 = lane; i0 < kv; i0 += 32 * kUnroll) {
+    if (i0 != lane) load_weights(i0);
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) {
       const int64_t i = i0 + u * 32;
@@ -226,6 +243,7 @@ int8_gemv_kernel(const int8_t* __restrict__ x, const int8_t* __restrict__ w, int
       }
     }
   }
+  pdl_trigger();  // the weights are read: the next kernel may launch (it waits for our writes)
 #pragma unroll
   for (int m = 0; m < M; ++m) {
     int32_t sums[R];
@@ -249,10 +267,10 @@ void gemv_launch(const int8_t* x, const int8_t* w, int64_t m, int64_t n_out, int
                  cudaStream_t s) {
   const dim3 grid(unsigned((n_out + kWarps - 1) / kWarps));
   switch (m) {
-    case 1: int8_gemv_kernel<T, 1, E><<<grid, kWarps * 32, 0, s>>>(x, w, n_out, k, e, y); break;
-    case 2: int8_gemv_kernel<T, 2, E><<<grid, kWarps * 32, 0, s>>>(x, w, n_out, k, e, y); break;
-    case 3: int8_gemv_kernel<T, 3, E><<<grid, kWarps * 32, 0, s>>>(x, w, n_out, k, e, y); break;
-    default: int8_gemv_kernel<T, 4, E><<<grid, kWarps * 32, 0, s>>>(x, w, n_out, k, e, y); break;
+    case 1: launch_k(int8_gemv_kernel<T, 1, E>, grid, kWarps * 32, 0, s, x, w, n_out, k, e, y); break;
+    case 2: launch_k(int8_gemv_kernel<T, 2, E>, grid, kWarps * 32, 0, s, x, w, n_out, k, e, y); break;
+    case 3: launch_k(int8_gemv_kernel<T, 3, E>, grid, kWarps * 32, 0, s, x, w, n_out, k, e, y); break;
+    default: launch_k(int8_gemv_kernel<T, 4, E>, grid, kWarps * 32, 0, s, x, w, n_out, k, e, y); break;
   }
 }
 
@@ -278,10 +296,11 @@ void launch_int8_quantize(DType dtype, const void* x, int64_t t, int64_t k, floa
   const int threads = k >= 1024 ? 256 : 128;
   KILN_CUDA_DISPATCH_FLOAT(dtype, T, {
     auto* xt = static_cast<const T*>(x);
+    const bool early = t <= kGemvMaxRows;
     if (row_scale)
-      quantize_rows_kernel<T, true><<<unsigned(t), threads, 0, s>>>(xt, k, inv, q, row_scale);
+      launch_k(quantize_rows_kernel<T, true>, unsigned(t), threads, 0, s, xt, k, inv, q, row_scale, early);
     else
-      quantize_rows_kernel<T, false><<<unsigned(t), threads, 0, s>>>(xt, k, inv, q, nullptr);
+      launch_k(quantize_rows_kernel<T, false>, unsigned(t), threads, 0, s, xt, k, inv, q, nullptr, early);
   });
   KILN_CUDA_CHECK_LAUNCH();
 }
@@ -299,15 +318,15 @@ void launch_int8_quantize_hadamard(DType dtype, const void* x, int64_t t, int64_
   while ((int64_t(1) << log2b) < b) ++log2b;
   const int threads = k >= 4096 ? 1024 : k >= 1024 ? 512 : 128;
   const size_t smem = size_t(k) * sizeof(float);
+  const bool early = t <= kGemvMaxRows;
   KILN_CUDA_DISPATCH_FLOAT(dtype, T, {
     auto* xt = static_cast<const T*>(x);
-    if (row_scale) {
-      auto* kernel = smem_kernel_ready<quantize_rows_hadamard_kernel<T, true>, kHadamardMaxBytes>();
-      kernel<<<unsigned(t), threads, smem, s>>>(xt, int(k), log2b, inv, q, row_scale);
-    } else {
-      auto* kernel = smem_kernel_ready<quantize_rows_hadamard_kernel<T, false>, kHadamardMaxBytes>();
-      kernel<<<unsigned(t), threads, smem, s>>>(xt, int(k), log2b, inv, q, nullptr);
-    }
+    if (row_scale)
+      launch_k(smem_kernel_ready<quantize_rows_hadamard_kernel<T, true>, kHadamardMaxBytes>(), unsigned(t), threads,
+               smem, s, xt, int(k), log2b, inv, q, row_scale, early);
+    else
+      launch_k(smem_kernel_ready<quantize_rows_hadamard_kernel<T, false>, kHadamardMaxBytes>(), unsigned(t), threads,
+               smem, s, xt, int(k), log2b, inv, q, static_cast<float*>(nullptr), early);
   });
   KILN_CUDA_CHECK_LAUNCH();
 }
