@@ -6,18 +6,18 @@
 #include <optional>
 #include <stdexcept>
 
+#include "server/tool_calls_detail.h"
 #include "tokenizer/unicode.h"
 
 namespace kiln::server {
 
-namespace {
+using namespace tool_detail;
 
-using Json = nlohmann::ordered_json;
+namespace {
 
 constexpr std::string_view kOpen = "<tool_call>", kClose = "</tool_call>", kMistralTag = "[TOOL_CALLS]",
                            kGraniteTag = "<|tool_call|>";
 
-bool is_space(char c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
 bool all_space(std::string_view s) {
   for (char c : s)
     if (!is_space(c)) return false;
@@ -68,8 +68,6 @@ std::optional<ToolCall> parse_call(std::string_view text, std::initializer_list<
 size_t object_end(std::string_view s, size_t at) { return JsonCloseScan(at).scan(s); }
 
 // Reading a hermes call's head, {"name": "<name>", "arguments" (or "parameters"): {.
-enum class Head { kIncomplete, kNo, kYes };
-
 // The head in `s` (a call's text so far): kYes with the name and where the arguments
 // object starts; kIncomplete while the text is a prefix of a head; kNo otherwise (another
 // key order, the arguments as a string: such calls are released whole).
@@ -118,178 +116,6 @@ Head call_head(std::string_view s, std::string& name, size_t& args_at) {
   args_at = i;
   return Head::kYes;
 }
-
-// pythonic: a Python list of keyword-argument calls, [f(a=1, b="x"), g()], as Llama 3.2 and
-// Llama 4 write them (ast.literal_eval's literals: strings, numbers, True/False/None, lists,
-// tuples, dicts), within Llama 4's <|python_start|> ... <|python_end|> when those are still in
-// the text. As vLLM's pythonic parser, positional arguments make the output text.
-constexpr std::string_view kPyStart = "<|python_start|>", kPyEnd = "<|python_end|>";
-constexpr int kMaxPyDepth = 64;
-
-bool py_ident_char(char c, bool first) {
-  return c == '_' || std::isalpha(static_cast<unsigned char>(c)) || (!first && std::isdigit(static_cast<unsigned char>(c)));
-}
-
-// The JSON text of a value as a call's arguments hold it (what dump() writes there).
-std::string arg_json(const Json& v) { return v.dump(-1, ' ', false, Json::error_handler_t::replace); }
-
-class PythonCalls {
- public:
-  explicit PythonCalls(std::string_view s) : s_(s) {}
-
-  // The calls, or nullopt unless the whole text is a list of them.
-  std::optional<std::vector<ToolCall>> read() {
-    ws();
-    eat_tag(kPyStart);
-    if (!eat('[')) return std::nullopt;
-    std::vector<ToolCall> calls;
-    while (!eat(']')) {
-      ToolCall c;
-      std::optional<std::string> name = ident();
-      if (!name || !eat('(')) return std::nullopt;
-      c.name = std::move(*name);
-      Json args = Json::object();
-      while (!eat(')')) {
-        std::optional<std::string> key = ident();
-        // A repeated keyword is a SyntaxError in Python.
-        if (!key || args.contains(*key) || !eat('=')) return std::nullopt;
-        std::optional<Json> v = value(0);
-        if (!v) return std::nullopt;
-        args[*key] = std::move(*v);
-        if (!eat(',') && !peek(')')) return std::nullopt;
-      }
-      c.arguments = arg_json(args);
-      calls.push_back(std::move(c));
-      if (!eat(',') && !peek(']')) return std::nullopt;
-    }
-    eat_tag(kPyEnd);
-    ws();
-    if (at_ != s_.size() || calls.empty()) return std::nullopt;
-    return calls;
-  }
-
-  // Whether the text so far opens such a list: [ and a name and ( (kIncomplete while it may).
-  Head opening() {
-    ws();
-    const std::string_view rest = s_.substr(at_);
-    if (rest.size() < kPyStart.size() && kPyStart.starts_with(rest)) return Head::kIncomplete;
-    eat_tag(kPyStart);
-    if (at_ == s_.size()) return Head::kIncomplete;
-    if (!eat('[')) return Head::kNo;
-    ws();
-    if (at_ == s_.size()) return Head::kIncomplete;
-    if (!ident()) return Head::kNo;
-    ws();
-    if (at_ == s_.size()) return Head::kIncomplete;
-    return peek('(') ? Head::kYes : Head::kNo;
-  }
-
-  // The text as one literal (whitespace around it allowed), or nullopt.
-  std::optional<Json> literal() {
-    std::optional<Json> v = value(0);
-    ws();
-    if (at_ != s_.size()) return std::nullopt;
-    return v;
-  }
-
- private:
-  void ws() {
-    while (at_ < s_.size() && is_space(s_[at_])) ++at_;
-  }
-  bool peek(char c) {
-    ws();
-    return at_ < s_.size() && s_[at_] == c;
-  }
-  bool eat(char c) {
-    if (!peek(c)) return false;
-    ++at_;
-    return true;
-  }
-  void eat_tag(std::string_view tag) {
-    ws();
-    if (s_.substr(at_).starts_with(tag)) at_ += tag.size();
-  }
-  std::optional<std::string> ident() {
-    ws();
-    const size_t from = at_;
-    while (at_ < s_.size() && py_ident_char(s_[at_], at_ == from)) ++at_;
-    if (at_ == from) return std::nullopt;
-    return std::string(s_.substr(from, at_ - from));
-  }
-
-  std::optional<Json> value(int depth) {
-    if (depth > kMaxPyDepth) return std::nullopt;
-    ws();
-    if (at_ == s_.size()) return std::nullopt;
-    const char c = s_[at_];
-    if (c == '"' || c == '\'') return string_literal();
-    if (c == '[' || c == '(') {
-      const char close = c == '[' ? ']' : ')';
-      ++at_;
-      Json list = Json::array();
-      while (!eat(close)) {
-        std::optional<Json> v = value(depth + 1);
-        if (!v) return std::nullopt;
-        list.push_back(std::move(*v));
-        if (!eat(',') && !peek(close)) return std::nullopt;
-      }
-      return list;
-    }
-    if (c == '{') {
-      ++at_;
-      Json dict = Json::object();
-      while (!eat('}')) {
-        std::optional<Json> k = value(depth + 1);
-        if (!k || !(k->is_string() || k->is_number()) || !eat(':')) return std::nullopt;
-        std::optional<Json> v = value(depth + 1);
-        if (!v) return std::nullopt;
-        dict[k->is_string() ? k->get<std::string>() : k->dump()] = std::move(*v);
-        if (!eat(',') && !peek('}')) return std::nullopt;
-      }
-      return dict;
-    }
-    for (auto [word, v] : {std::pair<std::string_view, Json>{"True", true}, {"False", false}, {"None", nullptr}})
-      if (s_.substr(at_).starts_with(word) && !(at_ + word.size() < s_.size() && py_ident_char(s_[at_ + word.size()], false))) {
-        at_ += word.size();
-        return v;
-      }
-    // A number: JSON's grammar covers Python's decimal literals but a leading '+' or '.'.
-    size_t end = at_;
-    while (end < s_.size() && (std::isalnum(static_cast<unsigned char>(s_[end])) || s_[end] == '.' || s_[end] == '-' ||
-                               s_[end] == '+'))
-      ++end;
-    Json n = Json::parse(s_.substr(at_, end - at_), nullptr, /*allow_exceptions=*/false);
-    if (!n.is_number()) return std::nullopt;
-    at_ = end;
-    return n;
-  }
-
-  // A Python string literal ('...', "...", or tripled), its escapes decoded to UTF-8.
-  std::optional<Json> string_literal() {
-    const char q = s_[at_];
-    const bool triple = s_.substr(at_, 3) == std::string(3, q);
-    at_ += triple ? 3 : 1;
-    std::string out;
-    for (;;) {
-      if (at_ >= s_.size()) return std::nullopt;
-      const char c = s_[at_];
-      if (c == q && (!triple || s_.substr(at_, 3) == std::string(3, q))) {
-        at_ += triple ? 3 : 1;
-        return Json(std::move(out));
-      }
-      if (c == '\n' && !triple) return std::nullopt;
-      ++at_;
-      if (c != '\\') {
-        out += c;
-        continue;
-      }
-      if (!tok::python_unescape(s_, at_, out)) return std::nullopt;
-    }
-  }
-
-  std::string_view s_;
-  size_t at_ = 0;
-};
 
 // qwen3_xml: a call's body, <function=NAME> then <parameter=KEY>value</parameter>s and
 // </function>; nullopt unless it is exactly that. A value loses one line break at each end
@@ -666,7 +492,7 @@ std::vector<ToolCallFragment> CallArrayStreamer::feed(std::string_view text) {
   return out;
 }
 
-namespace {
+namespace tool_detail {
 
 // The streamed calls as their fragments said (arguments compact once they parse), then the
 // parsed calls past them; with nothing streamed, the parsed calls.
@@ -682,153 +508,13 @@ std::vector<ToolCall> released_calls(const std::vector<ToolCall>& streamed, std:
   return out;
 }
 
-}  // namespace
+}  // namespace tool_detail
+
 
 std::vector<ToolCall> CallArrayStreamer::released(std::vector<ToolCall> parsed) const {
   return released_calls(streamed_, std::move(parsed));
 }
 
-size_t PythonCallStreamer::LiteralScan::scan(std::string_view s) {
-  // An opening or closing quote at pos_ that may begin a triple quote waits until the two
-  // after it are read.
-  auto undecided_triple = [&](char q) {
-    return pos_ + 3 > s.size() && s.substr(pos_).find_first_not_of(q) == std::string_view::npos;
-  };
-  for (; pos_ < s.size(); ++pos_) {
-    const char c = s[pos_];
-    if (quote_) {
-      if (escape_) {
-        escape_ = false;  // the rest of a valid escape (hex digits, a name) holds no quote
-      } else if (c == '\\') {
-        escape_ = true;
-      } else if (c == quote_) {
-        if (!triple_) {
-          quote_ = 0;
-        } else {
-          if (undecided_triple(c)) return std::string_view::npos;
-          if (s.substr(pos_, 3) == std::string(3, c)) {
-            pos_ += 2;
-            quote_ = 0;
-          }
-        }
-      }
-    } else if (c == '"' || c == '\'') {
-      if (undecided_triple(c)) return std::string_view::npos;
-      quote_ = c;
-      triple_ = s.substr(pos_, 3) == std::string(3, c);
-      if (triple_) pos_ += 2;
-    } else if (c == '[' || c == '(' || c == '{') {
-      ++depth_;
-    } else if (c == ']' || c == ')' || c == '}' || c == ',') {
-      if (depth_ == 0) return pos_;
-      if (c != ',') --depth_;
-    }
-  }
-  return std::string_view::npos;
-}
-
-std::vector<ToolCallFragment> PythonCallStreamer::feed(std::string_view text) {
-  text_ += text;
-  std::vector<ToolCallFragment> out;
-  const std::string_view s = text_;
-  auto emit = [&](std::string piece) {
-    streamed_.back().arguments += piece;
-    if (!out.empty() && out.back().call == streamed_.size() - 1) out.back().arguments += piece;
-    else out.push_back({streamed_.size() - 1, "", std::move(piece)});
-  };
-  // An identifier at pos_: false while it may still grow (it reaches the end of the text);
-  // `id` is empty when none is there.
-  auto ident = [&](std::string& id) {
-    size_t end = pos_;
-    while (end < s.size() && py_ident_char(s[end], end == pos_)) ++end;
-    if (end == s.size()) return false;
-    id = std::string(s.substr(pos_, end - pos_));
-    pos_ = end;
-    return true;
-  };
-  for (;;) {
-    if (at_ == At::kStopped) break;
-    if (at_ != At::kValue) {
-      while (pos_ < s.size() && is_space(s[pos_])) ++pos_;
-      if (pos_ == s.size()) break;
-    }
-    const char c = pos_ < s.size() ? s[pos_] : '\0';  // kValue reads its own text
-    switch (at_) {
-      case At::kList:
-        at_ = c == '[' ? At::kName : At::kStopped;
-        ++pos_;
-        break;
-      case At::kName:  // a call's name, or the list's end
-        if (c == ']') {
-          at_ = At::kStopped;
-          break;
-        }
-        if (!ident(name_)) return out;
-        at_ = name_.empty() ? At::kStopped : At::kParen;
-        break;
-      case At::kParen:
-        if (c != '(') {
-          at_ = At::kStopped;
-          break;
-        }
-        ++pos_;
-        out.push_back({streamed_.size(), name_, "{"});
-        streamed_.push_back({name_, "{", "", true});
-        keys_.clear();
-        at_ = At::kKey;
-        break;
-      case At::kKey:  // a keyword, or the call's end
-        if (c == ')') {
-          ++pos_;
-          emit("}");
-          at_ = At::kAfterCall;
-          break;
-        }
-        if (!ident(key_)) return out;
-        at_ = key_.empty() ? At::kStopped : At::kEquals;
-        break;
-      case At::kEquals:
-        if (c != '=') {
-          at_ = At::kStopped;
-          break;
-        }
-        value_at_ = ++pos_;
-        value_scan_ = LiteralScan(value_at_);
-        at_ = At::kValue;
-        break;
-      case At::kValue: {
-        const size_t end = value_scan_.scan(s);
-        if (end == std::string_view::npos) return out;
-        std::optional<Json> v;
-        if (s[end] == ',' || s[end] == ')') v = PythonCalls(s.substr(value_at_, end - value_at_)).literal();
-        if (!v || std::find(keys_.begin(), keys_.end(), key_) != keys_.end()) {
-          at_ = At::kStopped;
-          break;
-        }
-        emit((keys_.empty() ? "" : ",") + arg_json(key_) + ":" + arg_json(*v));
-        keys_.push_back(key_);
-        pos_ = end + 1;
-        if (s[end] == ',') {
-          at_ = At::kKey;
-        } else {
-          emit("}");
-          at_ = At::kAfterCall;
-        }
-        break;
-      }
-      case At::kAfterCall:
-        at_ = c == ',' ? At::kName : At::kStopped;  // ']' ends the list
-        ++pos_;
-        break;
-      case At::kStopped: break;
-    }
-  }
-  return out;
-}
-
-std::vector<ToolCall> PythonCallStreamer::released(std::vector<ToolCall> parsed) const {
-  return released_calls(streamed_, std::move(parsed));
-}
 
 ToolCallDelta parse_tool_calls(ToolParser parser, std::string_view text, const nlohmann::ordered_json& tools) {
   ToolCallSplitter s(parser, tools);

@@ -1,0 +1,159 @@
+// pythonic tool calls streamed as they are written (PythonCallStreamer, tool_calls.h).
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "server/tool_calls.h"
+#include "server/tool_calls_detail.h"
+
+namespace kiln::server {
+
+using namespace tool_detail;
+
+size_t PythonCallStreamer::LiteralScan::scan(std::string_view s) {
+  // An opening or closing quote at pos_ that may begin a triple quote waits until the two
+  // after it are read.
+  auto undecided_triple = [&](char q) {
+    return pos_ + 3 > s.size() && s.substr(pos_).find_first_not_of(q) == std::string_view::npos;
+  };
+  for (; pos_ < s.size(); ++pos_) {
+    const char c = s[pos_];
+    if (quote_) {
+      if (escape_) {
+        escape_ = false;  // the rest of a valid escape (hex digits, a name) holds no quote
+      } else if (c == '\\') {
+        escape_ = true;
+      } else if (c == quote_) {
+        if (!triple_) {
+          quote_ = 0;
+        } else {
+          if (undecided_triple(c)) return std::string_view::npos;
+          if (s.substr(pos_, 3) == std::string(3, c)) {
+            pos_ += 2;
+            quote_ = 0;
+          }
+        }
+      }
+    } else if (c == '"' || c == '\'') {
+      if (undecided_triple(c)) return std::string_view::npos;
+      quote_ = c;
+      triple_ = s.substr(pos_, 3) == std::string(3, c);
+      if (triple_) pos_ += 2;
+    } else if (c == '[' || c == '(' || c == '{') {
+      ++depth_;
+    } else if (c == ']' || c == ')' || c == '}' || c == ',') {
+      if (depth_ == 0) return pos_;
+      if (c != ',') --depth_;
+    }
+  }
+  return std::string_view::npos;
+}
+
+std::vector<ToolCallFragment> PythonCallStreamer::feed(std::string_view text) {
+  text_ += text;
+  std::vector<ToolCallFragment> out;
+  const std::string_view s = text_;
+  auto emit = [&](std::string piece) {
+    streamed_.back().arguments += piece;
+    if (!out.empty() && out.back().call == streamed_.size() - 1) out.back().arguments += piece;
+    else out.push_back({streamed_.size() - 1, "", std::move(piece)});
+  };
+  // An identifier at pos_: false while it may still grow (it reaches the end of the text);
+  // `id` is empty when none is there.
+  auto ident = [&](std::string& id) {
+    size_t end = pos_;
+    while (end < s.size() && py_ident_char(s[end], end == pos_)) ++end;
+    if (end == s.size()) return false;
+    id = std::string(s.substr(pos_, end - pos_));
+    pos_ = end;
+    return true;
+  };
+  for (;;) {
+    if (at_ == At::kStopped) break;
+    if (at_ != At::kValue) {
+      while (pos_ < s.size() && is_space(s[pos_])) ++pos_;
+      if (pos_ == s.size()) break;
+    }
+    const char c = pos_ < s.size() ? s[pos_] : '\0';  // kValue reads its own text
+    switch (at_) {
+      case At::kList:
+        at_ = c == '[' ? At::kName : At::kStopped;
+        ++pos_;
+        break;
+      case At::kName:  // a call's name, or the list's end
+        if (c == ']') {
+          at_ = At::kStopped;
+          break;
+        }
+        if (!ident(name_)) return out;
+        at_ = name_.empty() ? At::kStopped : At::kParen;
+        break;
+      case At::kParen:
+        if (c != '(') {
+          at_ = At::kStopped;
+          break;
+        }
+        ++pos_;
+        out.push_back({streamed_.size(), name_, "{"});
+        streamed_.push_back({name_, "{", "", true});
+        keys_.clear();
+        at_ = At::kKey;
+        break;
+      case At::kKey:  // a keyword, or the call's end
+        if (c == ')') {
+          ++pos_;
+          emit("}");
+          at_ = At::kAfterCall;
+          break;
+        }
+        if (!ident(key_)) return out;
+        at_ = key_.empty() ? At::kStopped : At::kEquals;
+        break;
+      case At::kEquals:
+        if (c != '=') {
+          at_ = At::kStopped;
+          break;
+        }
+        value_at_ = ++pos_;
+        value_scan_ = LiteralScan(value_at_);
+        at_ = At::kValue;
+        break;
+      case At::kValue: {
+        const size_t end = value_scan_.scan(s);
+        if (end == std::string_view::npos) return out;
+        std::optional<Json> v;
+        if (s[end] == ',' || s[end] == ')') v = PythonCalls(s.substr(value_at_, end - value_at_)).literal();
+        if (!v || std::find(keys_.begin(), keys_.end(), key_) != keys_.end()) {
+          at_ = At::kStopped;
+          break;
+        }
+        std::string pair = keys_.empty() ? "" : ",";  // appended piece by piece: GCC 12 warns
+        pair += arg_json(key_);                        // (-Wrestrict) on a chain of operator+
+        pair += ':';
+        pair += arg_json(*v);
+        emit(pair);
+        keys_.push_back(key_);
+        pos_ = end + 1;
+        if (s[end] == ',') {
+          at_ = At::kKey;
+        } else {
+          emit("}");
+          at_ = At::kAfterCall;
+        }
+        break;
+      }
+      case At::kAfterCall:
+        at_ = c == ',' ? At::kName : At::kStopped;  // ']' ends the list
+        ++pos_;
+        break;
+      case At::kStopped: break;
+    }
+  }
+  return out;
+}
+
+std::vector<ToolCall> PythonCallStreamer::released(std::vector<ToolCall> parsed) const {
+  return released_calls(streamed_, std::move(parsed));
+}
+
+}  // namespace kiln::server
