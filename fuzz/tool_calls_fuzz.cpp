@@ -72,6 +72,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   for (const auto& f : all.fragments) check(f.call < all.calls.size());
 
+  // A response sent whole (stream = false): no fragments, no call marked streamed, the same
+  // result in pieces as whole, and every call's arguments parse (a call that does not parse
+  // stays content).
+  kiln::server::ToolCallSplitter w_whole(p, nlohmann::ordered_json::array(), false),
+      w_pieces(p, nlohmann::ordered_json::array(), false);
+  ToolCallDelta ww, wp;
+  append(ww, w_whole.feed(text));
+  append(ww, w_whole.finish());
+  for (size_t at = 0, n = 1; at < text.size(); at += n, n = n % step + 1) append(wp, w_pieces.feed(text.substr(at, n)));
+  append(wp, w_pieces.finish());
+  check(ww.fragments.empty() && wp.fragments.empty() && ww.content == wp.content && ww.calls.size() == wp.calls.size());
+  for (size_t k = 0; k < wp.calls.size(); ++k) {
+    check(!wp.calls[k].streamed && wp.calls[k].name == ww.calls[k].name && wp.calls[k].arguments == ww.calls[k].arguments);
+    if (p != ToolParser::kQwen3Xml) check(nlohmann::json::parse(wp.calls[k].arguments, nullptr, false).is_object());
+  }
+
   // tool_choice "required"'s array streamer: the same calls in pieces as whole, and each
   // call's fragments (its name first) put together are its streamed arguments.
   kiln::server::CallArrayStreamer whole_array, pieces;

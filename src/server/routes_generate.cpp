@@ -770,7 +770,7 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
     }
     for (ChoiceState& st : call->choices) {
       if (chat && opt.reasoning_parser) st.splitter.emplace(ReasoningSplitter::prompt_opens_reasoning(chat_text));
-      if (chat && p.tool_choice == "auto") st.tools.emplace(tool_parser, p.tools);
+      if (chat && p.tool_choice == "auto") st.tools.emplace(tool_parser, p.tools, p.stream);
       if (chat && p.tool_choice == "required") st.forced = ChoiceState::Forced::kRequired;
       if (chat && p.tool_choice == "function") st.forced = ChoiceState::Forced::kNamed;
     }

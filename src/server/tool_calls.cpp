@@ -321,10 +321,14 @@ ToolCallDelta ToolCallSplitter::drain(bool final) {
                                      : parser_ == ToolParser::kPythonic ? kPyStart
                                                                         : std::string_view();
         body_fed_ = i + (!tag.empty() && rest.starts_with(tag) ? tag.size() : 0);
-        if (parser_ == ToolParser::kPythonic) py_body_.emplace();
-        else
+        if (!stream_) {
+          // Nothing streams: the body is parsed whole at the end.
+        } else if (parser_ == ToolParser::kPythonic) {
+          py_body_.emplace();
+        } else {
           body_.emplace(parser_ == ToolParser::kLlama3Json ? CallArrayStreamer::Form::kSemicolons
                                                            : CallArrayStreamer::Form::kArray);
+        }
       }
     }
     if (!calls_body_) {
@@ -332,7 +336,7 @@ ToolCallDelta ToolCallSplitter::drain(bool final) {
       held_.clear();
       return out;
     }
-    if (body_fed_ < held_.size()) {
+    if (stream_ && body_fed_ < held_.size()) {
       const std::string_view more = std::string_view(held_).substr(body_fed_);
       out.fragments = body_ ? body_->feed(more) : py_body_->feed(more);
       body_fed_ = held_.size();
@@ -343,7 +347,8 @@ ToolCallDelta ToolCallSplitter::drain(bool final) {
     else if (parser_ == ToolParser::kGranite) calls = array_calls(held_, kGraniteTag);
     else if (parser_ == ToolParser::kPythonic) calls = PythonCalls(held_).read().value_or(std::vector<ToolCall>{});
     else calls = llama3_calls(held_);
-    calls = body_ ? body_->released(std::move(calls)) : py_body_->released(std::move(calls));
+    if (body_) calls = body_->released(std::move(calls));
+    else if (py_body_) calls = py_body_->released(std::move(calls));
     if (!calls.empty()) {
       calls_ += int(calls.size());
       out.calls = std::move(calls);
@@ -379,7 +384,7 @@ ToolCallDelta ToolCallSplitter::drain(bool final) {
     const size_t end = held_.find(kClose);
     // The call's text so far: a tail that may be the start of </tool_call> waits.
     const size_t visible = end != std::string::npos ? end : final ? held_.size() : held_.size() - partial_tag(held_, kClose);
-    if (parser_ == ToolParser::kHermes) stream_call(out, visible);
+    if (parser_ == ToolParser::kHermes && stream_) stream_call(out, visible);
     if (end == std::string::npos && !final) return out;
     const std::string body = held_.substr(0, visible);
     std::optional<ToolCall> c;

@@ -167,13 +167,16 @@ class PythonCallStreamer {
 // rest as content. A streamed call is
 // released as its fragments said, even when the rest of its text does not parse (cut off,
 // or junk after the arguments): its name and arguments (compact when they parse, else as
-// streamed) are out already.
+// streamed) are out already. Built with stream = false (a response sent whole), nothing
+// streams: every call is released as the whole text of it parses, and a call that does
+// not parse stays content, as vLLM's whole-output parse leaves it.
 class ToolCallSplitter {
  public:
   // `tools`: the request's tools (OpenAI's array), whose parameter schemas type qwen3_xml's
   // values.
-  explicit ToolCallSplitter(ToolParser parser, nlohmann::ordered_json tools = nlohmann::ordered_json::array())
-      : parser_(parser), tools_(std::move(tools)) {}
+  explicit ToolCallSplitter(ToolParser parser, nlohmann::ordered_json tools = nlohmann::ordered_json::array(),
+                            bool stream = true)
+      : parser_(parser), tools_(std::move(tools)), stream_(stream) {}
   ToolCallDelta feed(std::string_view text);
   ToolCallDelta finish();
   bool saw_calls() const { return calls_ > 0; }
@@ -185,6 +188,7 @@ class ToolCallSplitter {
   void stream_call(ToolCallDelta& out, size_t visible);
   ToolParser parser_;
   nlohmann::ordered_json tools_;
+  bool stream_;  // fragments go out as calls are written (else calls come whole)
   std::string held_;
   // Whole-output formats (all but hermes): whether the output is tool calls was decided,
   // and whether it is (then its calls are parsed at the end).

@@ -11,9 +11,10 @@
 namespace kiln::server {
 namespace {
 
-// Streams `text` split at `cuts` and collects the deltas.
-ToolCallDelta streamed(ToolParser p, const std::string& text, std::vector<size_t> cuts) {
-  ToolCallSplitter s(p);
+// Streams `text` split at `cuts` and collects the deltas (stream = false: a response sent
+// whole, fed the same way).
+ToolCallDelta streamed(ToolParser p, const std::string& text, std::vector<size_t> cuts, bool stream = true) {
+  ToolCallSplitter s(p, nlohmann::ordered_json::array(), stream);
   ToolCallDelta all;
   size_t at = 0;
   cuts.push_back(text.size());
@@ -516,6 +517,53 @@ TEST(ToolCalls, PythonicCallsStream) {
 
 // Qwen3-Coder: XML-style calls after text, each value typed by the tool's schema (a value
 // that does not fit its type stays a string; a key the schema lacks is a string).
+// A response sent whole (stream: false) streams nothing: every format's calls are those
+// the whole text parses into, fed in any pieces, and an output whose calls break after
+// their names (cut off, positional arguments, junk) stays content, as vLLM leaves it,
+// where a streamed response releases what went out.
+TEST(ToolCalls, WholeResponsesReleaseOnlyParsedCalls) {
+  struct Case {
+    ToolParser p;
+    std::string text;
+  };
+  const std::vector<Case> parsed = {
+      {ToolParser::kHermes, "Sure.\n<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": [1, 2]}}</tool_call>"},
+      {ToolParser::kLlama3Json, R"({"name": "f", "parameters": {"a": 1}}; {"name": "g", "parameters": {}})"},
+      {ToolParser::kMistral, R"([TOOL_CALLS][{"name": "f", "arguments": {"a": "x"}}])"},
+      {ToolParser::kGranite, R"(<|tool_call|>[{"name": "f", "arguments": {"a": 2}}])"},
+      {ToolParser::kPythonic, R"py([f(a=1, b="x, )"), g()])py"}};
+  for (const Case& c : parsed) {
+    const ToolCallDelta whole = parse_tool_calls(c.p, c.text);
+    ASSERT_FALSE(whole.calls.empty()) << c.text;
+    for (size_t cut = 0; cut <= c.text.size(); ++cut) {
+      const ToolCallDelta d = streamed(c.p, c.text, {cut}, /*stream=*/false);
+      EXPECT_TRUE(d.fragments.empty()) << c.text;
+      EXPECT_EQ(d.content, whole.content) << c.text << " split at " << cut;
+      ASSERT_EQ(d.calls.size(), whole.calls.size()) << c.text << " split at " << cut;
+      for (size_t i = 0; i < d.calls.size(); ++i) {
+        EXPECT_EQ(d.calls[i].name, whole.calls[i].name);
+        EXPECT_EQ(nlohmann::json::parse(d.calls[i].arguments), nlohmann::json::parse(whole.calls[i].arguments));
+        EXPECT_FALSE(d.calls[i].streamed);
+      }
+    }
+  }
+  const std::vector<Case> broken = {
+      {ToolParser::kHermes, "<tool_call>{\"name\": \"f\", \"arguments\": {\"x\": [1, 2"},
+      {ToolParser::kMistral, R"([TOOL_CALLS][{"name": "f", "arguments": {"a": 1}} junk)"},
+      {ToolParser::kPythonic, "[f(1)]"},
+      {ToolParser::kPythonic, "[f(x=1)] and more"}};
+  for (const Case& c : broken) {
+    // Streamed, the call whose name went out comes back as a call.
+    EXPECT_FALSE(parse_tool_calls(c.p, c.text).calls.empty()) << c.text;
+    for (size_t cut : {size_t(0), size_t(3), c.text.size() / 2}) {
+      const ToolCallDelta d = streamed(c.p, c.text, {cut}, /*stream=*/false);
+      EXPECT_TRUE(d.calls.empty()) << c.text;
+      EXPECT_TRUE(d.fragments.empty()) << c.text;
+      EXPECT_EQ(d.content, c.text) << "split at " << cut;
+    }
+  }
+}
+
 TEST(ToolCalls, Qwen3XmlCalls) {
   const auto tools = nlohmann::ordered_json::parse(R"([{"type": "function", "function": {"name": "get_weather",
       "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
