@@ -314,6 +314,7 @@ BuildReport build_engine(const BuildOptions& o) {
   mo.tensor_parallel = o.tensor_parallel;
   mo.kv_calib = o.kv_calib;
   check_effective_bits(o.quant);
+  check_hadamard_has_quant(o.quant);
   if (quantized && o.tensor_parallel > 1)
     throw_error(ErrorCode::kUnsupported, "build: --quant ", o.quant.mode, " with --tp ", o.tensor_parallel,
                 " is not supported (calibration and smoothing run on the unsharded model); build with --tp 1, "

@@ -752,8 +752,14 @@ quant::CalibrationTable synthetic_calibration(const ir::Graph& g, double amax, c
   return t;
 }
 
+void check_hadamard_has_quant(const QuantOptions& q) {
+  if (!q.hadamard.empty() && q.mode.empty())
+    throw_error(ErrorCode::kInvalidArgument, "--hadamard applies to --quant w8a8 only (got no --quant)");
+}
+
 std::unique_ptr<Model> load_random_model(const std::string& config, const ModelOptions& base, const QuantOptions& q) {
   check_effective_bits(q);
+  check_hadamard_has_quant(q);
   if (q.mode.empty()) return Model::load_random(config, base);
   quant_mode_check(q);
   if (q.mode == "awq" || gptq_mode(q.mode))
@@ -766,9 +772,8 @@ std::unique_ptr<Model> load_random_model(const std::string& config, const ModelO
   // The Linear names exist once the graph does: the table is made inside the rewrite.
   ModelOptions o = quant_model_options(base, quant::CalibrationTable{}, unsmoothed);
   o.rewrite = [base, unsmoothed](ir::Graph& g) {
-    ModelOptions inner = quant_model_options(
-        base, synthetic_calibration(g, 8.0, unsmoothed.mode == "w8a8" ? unsmoothed.hadamard : std::vector<std::string>{}),
-        unsmoothed);
+    // quant_mode_check above refused --hadamard beside any mode but w8a8.
+    ModelOptions inner = quant_model_options(base, synthetic_calibration(g, 8.0, unsmoothed.hadamard), unsmoothed);
     inner.rewrite(g);
   };
   return Model::load_random(config, o);
@@ -787,6 +792,7 @@ void check_effective_bits(const QuantOptions& q) {
 
 std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& base, const QuantOptions& q) {
   check_effective_bits(q);
+  check_hadamard_has_quant(q);
   if (q.mode.empty()) return Model::load(path, base);
   quant_mode_check(q);  // fail before calibrating
   if (std::filesystem::is_regular_file(path) && is_engine_file(path))

@@ -152,6 +152,9 @@ ModelOptions quant_model_options(const ModelOptions& base, const quant::Calibrat
 // Throws kInvalidArgument naming the problem when q's --effective-bits is set without a
 // weight-only --quant mode (awq, gptq, awq-gptq), outside [5, 8.5], or with --mix-tokens < 1.
 void check_effective_bits(const QuantOptions& q);
+// --hadamard names Linears of --quant w8a8: without a --quant it is an error, not ignored
+// (quant_mode_check refuses it beside the other modes).
+void check_hadamard_has_quant(const QuantOptions& q);
 
 // Model::load, quantized as q says (q.mode empty: plain load).
 std::unique_ptr<Model> load_model(const std::string& path, const ModelOptions& base, const QuantOptions& q);

@@ -149,6 +149,10 @@ check generate-kv-shift 0 "keys stored less the engine's key shift" -- \
   env KILN_LOG=info "$kiln" generate -m "$tmp/llama-tok.kiln" --kv-cache-dtype fp8 -p "hello world" -n 4
 check hadamard-not-w8a8 1 "--hadamard applies to --quant w8a8 only" -- \
   "$kiln" generate -m "$tmp/llama-tok" --quant fp8 --hadamard down_proj -p "hello" -n 1
+check hadamard-no-quant 1 "--hadamard applies to --quant w8a8 only (got no --quant)" -- \
+  "$kiln" generate -m "$tmp/llama-tok" --hadamard down_proj -p "hello" -n 1
+check build-hadamard-no-quant 1 "--hadamard applies to --quant w8a8 only (got no --quant)" -- \
+  "$kiln" build -m "$tmp/llama-tok" -o "$tmp/unused.kiln" --no-tune --hadamard down_proj
 # --kv-rotate: keys through a Walsh-Hadamard transform (the default) or as they are.
 check generate-kv-rotate-off 0 "4 generated" -- \
   "$kiln" generate -m "$tmp/llama-tok.kiln" --kv-cache-dtype int8 --kv-rotate off -p "hello world" -n 4

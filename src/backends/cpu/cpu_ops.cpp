@@ -359,11 +359,15 @@ LinearGemm w8a8_gemm(const ir::Node& n, const Tensor& w, const Tensor& bias, con
     if (had) {
       rotated.resize(size_t(t * k));
       float* dst = rotated.data();
-      // Rows apart on the pool (a prompt's rows: the copy and 9-10 butterfly passes each).
-      ThreadPool::global().parallel_for(t, [&](int64_t r0, int64_t r1, int) {
-        std::copy(x + r0 * k, x + r1 * k, dst + r0 * k);
-        for (int64_t r = r0; r < r1; ++r) hadamard_transform(dst + r * k, k);
-      });
+      // Rows apart on the pool (a prompt's rows: the copy and 9-10 butterfly passes each);
+      // a decode step's few rows (under ~64 K values a chunk) stay on this thread.
+      ThreadPool::global().parallel_for(
+          t,
+          [&](int64_t r0, int64_t r1, int) {
+            std::copy(x + r0 * k, x + r1 * k, dst + r0 * k);
+            for (int64_t r = r0; r < r1; ++r) hadamard_transform(dst + r * k, k);
+          },
+          std::max<int64_t>(1, (int64_t(1) << 16) / k));
       x = rotated.data();
     }
     linear_int8(x, t, k, *packed, x_scale, b, y);

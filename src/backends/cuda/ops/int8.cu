@@ -310,8 +310,8 @@ void launch_int8_quantize_hadamard(DType dtype, const void* x, int64_t t, int64_
   KILN_THROW_IF(k % 4 != 0, kInternal, "cuda int8 quantize (rotated): k=", k, " is not a multiple of 4");
   KILN_THROW_IF(b < 2 || (b & (b - 1)) != 0 || k % b != 0, kInternal, "cuda int8 quantize (rotated): block ", b,
                 " for rows of ", k, " (a power of two >= 2 dividing k)");
-  KILN_THROW_IF(k * int64_t(sizeof(float)) > kHadamardMaxBytes, kUnsupported, "cuda int8 quantize (rotated): rows of ",
-                k, " values; the kernel holds a row in shared memory, at most ", kHadamardMaxBytes / 4);
+  KILN_THROW_IF(k > kInt8HadamardMaxK, kUnsupported, "cuda int8 quantize (rotated): rows of ", k,
+                " values; the kernel holds a row in shared memory, at most ", kInt8HadamardMaxK);
   if (t == 0) return;
   KILN_THROW_IF(t > 0x7fffffff, kInternal, "cuda int8 quantize (rotated): ", t, " rows");
   int log2b = 0;
