@@ -82,14 +82,14 @@ int codes_only() {
   e.bias = static_cast<const float*>(bias.get());
   int sms = 0;
   KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  int8_gemm_sm90_prepare_codes_epilogue(DType::kBF16, nullptr);
+  const GeluTables tables(1.0f / 0.03f);
   for (int ci = 0; ci < kInt8GemmConfigs; ++ci) {
     const auto c = Int8GemmConfig(ci);
-    const size_t wsb = int8_gemm_sm90_workspace(c, DType::kBF16, m, n, k, e.act, 1.0f / 0.03f);
+    const size_t wsb = int8_gemm_sm90_workspace(c, DType::kBF16, m, n, k, e.act, true);
     DeviceBuffer wsp(wsb);
     for (int r = 0; r < 3; ++r)
       launch_int8_gemm_sm90(c, DType::kBF16, static_cast<const int8_t*>(xq.get()), static_cast<const int8_t*>(wq.get()),
-                            m, n, k, e, q.get(), wsp.get(), wsb, sms, nullptr, 1.0f / 0.03f);
+                            m, n, k, e, q.get(), wsp.get(), wsb, sms, nullptr, tables.lut.codes);
     KILN_CUDA_CHECK(cudaDeviceSynchronize());
     std::printf("codes epilogue, %s: 3 launches\n", int8_gemm_config_name(c));
   }
@@ -256,8 +256,7 @@ int main(int argc, char** argv) {
                         {"GEMM + GELU pass to codes, per token", GemvEpilogue::kNone, 5, 0},
                         {"GEMM + GELU pass to codes, per token, table (smem)", GemvEpilogue::kNone, 5, 1},
                         {"GEMM + GELU pass to codes, per token, table (L1)", GemvEpilogue::kNone, 5, 2},
-                        {"GEMM writing the codes (GELU table in the epilogue), static", GemvEpilogue::kGeluErf, 6, 2}};
-    int8_gemm_sm90_prepare_codes_epilogue(DType::kBF16, nullptr);
+                        {"GEMM writing the codes (codes table in the epilogue), static", GemvEpilogue::kGeluErf, 6, 2}};
     for (const int64_t m : {m_max, int64_t(128)}) {
       std::printf("\nFFN up %lldx%lld at %lld rows (CUDA graphs; best configuration each):\n\n| way | us | GEMM config |"
                   "\n|---|---|---|\n", (long long)n, (long long)k, (long long)m);
@@ -267,12 +266,12 @@ int main(int argc, char** argv) {
         const char* best_cfg = "-";
         for (int ci = 0; ci < kInt8GemmConfigs; ++ci) {
           const auto c = Int8GemmConfig(ci);
-          const float code_inv = w.after == 6 ? inv : 0.0f;
-          const size_t wsb = int8_gemm_sm90_workspace(c, DType::kBF16, m, n, k, e.act, code_inv);
+          const int8_t* code_table = w.after == 6 ? lut.codes : nullptr;
+          const size_t wsb = int8_gemm_sm90_workspace(c, DType::kBF16, m, n, k, e.act, code_table != nullptr);
           DeviceBuffer wsp(wsb);
           auto run = [&] {
-            launch_int8_gemm_sm90(c, DType::kBF16, xq8, wq8, m, n, k, e, code_inv > 0 ? q.get() : y.get(), wsp.get(),
-                                  wsb, sms, gs, code_inv);
+            launch_int8_gemm_sm90(c, DType::kBF16, xq8, wq8, m, n, k, e, code_table ? q.get() : y.get(), wsp.get(),
+                                  wsb, sms, gs, code_table);
             const UnaryLutRead read = w.table == 1 ? UnaryLutRead::kShared : UnaryLutRead::kGlobal;
             switch (w.after) {
               case 1: launch_int8_quantize(DType::kBF16, y.get(), m, n, inv, q8, nullptr, gs); break;

@@ -227,24 +227,20 @@ OpRun prepare_w8a8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext&
   if (x_codes || y_codes)
     log_debug("cuda: w8a8 Linear '", n.name, "'", x_codes ? " reads int8 codes" : "", y_codes ? " writes int8 codes" : "");
 
-  // Static codes of a gelu_erf output straight from the fused GEMM's epilogue (the table's
-  // values: int8_gemm_sm90.h): no T output in scratch, no pass. Its GELU table is the
-  // process's own (int8_gemm_sm90_prepare_codes_epilogue), and no pass of this Linear reads
-  // a static codes table then (a GEMV's output is quantized by launch_int8_quantize).
-  const bool codes_epilogue = split && fused && gelu_lut_mode() != GeluLutMode::kOff && y_codes &&
-                              !y_codes->per_token && *unary == UnaryOp::kGeluErf && out_n % 16 == 0 &&
-                              w8a8_codes_epilogue_from_env();
   // The activation pass after the fused GEMM through tables (KILN_CUDA_GELU_LUT): T values,
-  // and the codes of a static y_codes written by the pass.
-  const bool static_codes_table = y_codes && !y_codes->per_token && !codes_epilogue;
+  // and the codes of a static y_codes, by T bits.
+  const bool static_codes_table = y_codes && !y_codes->per_token;
   std::optional<UnaryLut> lut;
   if (split && fused)
     lut = gelu_lut(*pc.cx, *unary, pc.act, y_codes ? GeluPass::kCodes : GeluPass::kValues,
                    static_codes_table ? std::optional<float>(y_codes->inv) : std::nullopt);
-  if (codes_epilogue) {
-    int8_gemm_sm90_prepare_codes_epilogue(pc.act, pc.cx->stream);
+  // Static codes of a gelu_erf output straight from the fused GEMM's epilogue, which looks
+  // each code up in that codes table (int8_gemm_sm90.h): no T output in scratch, no pass.
+  const int8_t* code_table = lut && static_codes_table ? lut->codes : nullptr;
+  const bool codes_epilogue = split && fused && code_table && *unary == UnaryOp::kGeluErf && out_n % 16 == 0 &&
+                              w8a8_codes_epilogue_from_env();
+  if (codes_epilogue)
     log_debug("cuda: w8a8 Linear '", n.name, "' writes its GELU's int8 codes from the GEMM epilogue");
-  }
   Int8Epilogue codes_base = gemm_base;
   codes_base.act = GemvEpilogue::kGeluErf;
 
@@ -256,7 +252,7 @@ OpRun prepare_w8a8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext&
     // that kernel's (KILN_CUDA_W8A8_TUNE_CODES=0: the plain GEMM's, as before).
     if (codes_epilogue && w8a8_tune_codes_from_env())
       plan = int8_gemm_sm90_tune(pc.act, dw->codes(), out_n, k, codes_base, dynamic, sms, pc.cx->stream, &times,
-                                 y_codes->inv);
+                                 code_table);
     else
       plan = int8_gemm_sm90_tune(pc.act, dw->codes(), out_n, k, gemm_base, dynamic, sms, pc.cx->stream, &times);
     std::string line;
@@ -310,7 +306,7 @@ OpRun prepare_w8a8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext&
     const int64_t tile = gemv || gemm_fused ? t : int8_tile_rows(t, n_pad);
     const size_t acc_bytes =
         gemv         ? 0
-        : codes_out  ? int8_gemm_sm90_workspace(cfg, ot, t, out_n, k, codes_base.act, y_codes->inv)
+        : codes_out  ? int8_gemm_sm90_workspace(cfg, ot, t, out_n, k, codes_base.act, true)
         : gemm_fused ? int8_gemm_sm90_workspace(cfg, ot, t, out_n, k, gemm_base.act)
                      : size_t(tile * n_pad) * 4;
     auto* scratch = static_cast<char*>(c.scratch(q_bytes + rs_bytes + mid_bytes + acc_bytes));
@@ -331,7 +327,7 @@ OpRun prepare_w8a8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext&
     if (codes_out) {
       Int8Epilogue ce = codes_base;
       ce.row_scale = rs;
-      launch_int8_gemm_sm90(cfg, ot, xq, dw->codes(), t, out_n, k, ce, yq.q, acc, acc_bytes, sms, s, y_codes->inv);
+      launch_int8_gemm_sm90(cfg, ot, xq, dw->codes(), t, out_n, k, ce, yq.q, acc, acc_bytes, sms, s, code_table);
       return;
     }
     if (gemm_fused) {

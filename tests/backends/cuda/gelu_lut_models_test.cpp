@@ -109,8 +109,9 @@ TEST(CudaGeluLutModel, TinyBertW8a8BitIdenticalWithTables) {
 }
 
 // With the codes epilogue (the default), a W8A8 FFN up whose static codes come from the
-// GEMM builds no codes table of its own: only the values table of its gelu_lut.
-TEST(CudaGeluLutModel, CodesEpilogueBuildsNoCodesTables) {
+// GEMM reads the codes tables the GELU-to-codes pass would read (one per reader scale,
+// beside the values table), and builds no other.
+TEST(CudaGeluLutModel, CodesEpilogueReadsThePassCodesTables) {
   KILN_SKIP_WITHOUT_CUDA();
   std::string why;
   if (!int8_gemm_sm90_available(&why)) GTEST_SKIP() << "the codes epilogue is the fused CUTLASS GEMM's: " << why;
@@ -123,9 +124,15 @@ TEST(CudaGeluLutModel, CodesEpilogueBuildsNoCodesTables) {
   const auto calib = random_tokens(std::vector<int>(8, 48), 4);
   const quant::CalibrationTable table = calibrate_model(dir, {}, q, &calib);
   ScopedEnv lut("KILN_CUDA_GELU_LUT", "1");
-  const int64_t before = gelu_lut_tables_built();
-  auto model = Model::load(dir, w8a8_model_options({.backend = "cuda"}, table, q));
-  EXPECT_EQ(gelu_lut_tables_built() - before, 1) << "the values table only";
+  auto tables_built = [&](const char* epilogue) {
+    ScopedEnv on("KILN_CUDA_W8A8_CODES_EPILOGUE", epilogue);
+    const int64_t before = gelu_lut_tables_built();
+    auto model = Model::load(dir, w8a8_model_options({.backend = "cuda"}, table, q));
+    return gelu_lut_tables_built() - before;
+  };
+  const int64_t with_pass = tables_built("0"), with_epilogue = tables_built("1");
+  EXPECT_GE(with_pass, 2) << "the values table and at least one codes table";
+  EXPECT_EQ(with_epilogue, with_pass);
 }
 
 }  // namespace

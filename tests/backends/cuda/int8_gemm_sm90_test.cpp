@@ -24,6 +24,7 @@
 #include "backends/cuda/ops/gemm.h"
 #include "backends/cuda/ops/elementwise_int8.h"
 #include "backends/cuda/ops/int8.h"
+#include "backends/cuda/ops/unary_lut.h"
 #include "core/dtype.h"
 #include "core/thread_pool.h"
 #include "cuda_test_util.h"
@@ -207,9 +208,10 @@ TEST(CudaInt8GemmSm90, MatchesExactReferenceAndCublasLtPath) {
   }
 }
 
-// The codes epilogue: int8 codes of gelu_erf(T(v)) with a static scale, from the table of
-// the GELU pass, equal to the byte to the T output followed by that pass (arithmetic), for
-// every configuration (the big shapes rotate), static and per-token x scales.
+// The codes epilogue: int8 codes of gelu_erf(T(v)) with a static scale, looked up in the
+// GELU pass's codes table, equal to the byte to the T output followed by that pass
+// (arithmetic), for every configuration (the big shapes rotate), static and per-token x
+// scales.
 TEST(CudaInt8GemmSm90, CodesEpilogueMatchesTheGeluPass) {
   KILN_SKIP_WITHOUT_INT8_SM90();
   int sms = 0;
@@ -224,26 +226,28 @@ TEST(CudaInt8GemmSm90, CodesEpilogueMatchesTheGeluPass) {
     const float inv = 127.0f / (1.5f * std::sqrt(float(c.k)));
     const auto* dx = static_cast<const int8_t*>(p.dx.get());
     const auto* dw = static_cast<const int8_t*>(p.dw.get());
-    DeviceBuffer dt(size_t(c.m * c.n) * 2), dref(size_t(c.m * c.n)), dq(size_t(c.m * c.n));
+    DeviceBuffer dt(size_t(c.m * c.n) * 2), dref(size_t(c.m * c.n)), dq(size_t(c.m * c.n)),
+        table{size_t(kUnaryLutEntries)};
     for (DType out : {DType::kBF16, DType::kF16}) {
-      int8_gemm_sm90_prepare_codes_epilogue(out, nullptr);
+      const auto* codes = static_cast<const int8_t*>(table.get());
+      launch_unary_lut_fill_codes(UnaryOp::kGeluErf, out, inv, static_cast<int8_t*>(table.get()), nullptr);
       for (bool per_token : {false, true}) {
         const Variant plain{out, GemvEpilogue::kNone, per_token, true};
         Int8Epilogue e = epilogue_of(p, plain, x_scale), ec = e;
         ec.act = GemvEpilogue::kGeluErf;
-        ASSERT_EQ(int8_gemm_sm90_check(out, dx, dw, dq.get(), c.m, c.n, c.k, ec, inv), "");
+        ASSERT_EQ(int8_gemm_sm90_check(out, dx, dw, dq.get(), c.m, c.n, c.k, ec, true), "");
         for (int ci = 0; ci < kInt8GemmConfigs; ++ci) {
           if (c.m * c.n > (int64_t(1) << 21) && ci != combo++ % kInt8GemmConfigs) continue;
           const auto cfg = Int8GemmConfig(ci);
           const std::string what = variant_name(c, plain, int8_gemm_config_name(cfg));
           DeviceBuffer ws(std::max(int8_gemm_sm90_workspace(cfg, out, c.m, c.n, c.k, e.act),
-                                   int8_gemm_sm90_workspace(cfg, out, c.m, c.n, c.k, ec.act, inv)));
+                                   int8_gemm_sm90_workspace(cfg, out, c.m, c.n, c.k, ec.act, true)));
           launch_int8_gemm_sm90(cfg, out, dx, dw, c.m, c.n, c.k, e, dt.get(), ws.get(), ws.size(), sms, nullptr);
           launch_unary_int8(UnaryOp::kGeluErf, out, dt.get(), c.m, c.n, inv, static_cast<int8_t*>(dref.get()),
                             nullptr, nullptr);
           KILN_CUDA_CHECK(cudaMemset(dq.get(), 0x80, size_t(c.m * c.n)));  // -128: no code, unwritten shows
           launch_int8_gemm_sm90(cfg, out, dx, dw, c.m, c.n, c.k, ec, dq.get(), ws.get(), ws.size(), sms, nullptr,
-                                inv);
+                                codes);
           KILN_CUDA_CHECK(cudaDeviceSynchronize());
           std::vector<int8_t> want(size_t(c.m * c.n)), got(want.size());
           KILN_CUDA_CHECK(cudaMemcpy(want.data(), dref.get(), want.size(), cudaMemcpyDeviceToHost));

@@ -7,7 +7,6 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
-#include <set>
 #include <tuple>
 
 #include "backends/cuda/cuda_check.h"
@@ -15,7 +14,6 @@
 #include "backends/cuda/event_timing.h"
 #include "backends/cuda/ops/convert.h"
 #include "backends/cuda/ops/int8_gemm_sm90_impl.h"
-#include "backends/cuda/ops/unary_lut.h"
 #include "core/status.h"
 
 namespace kiln::cuda {
@@ -63,14 +61,10 @@ namespace {
 bool aligned16(const void* p) { return p && reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 #if KILN_HAVE_CUTLASS
-// The devices whose codes-epilogue table is set, per activation dtype (bf16, f16).
-std::mutex g_tables_mu;
-std::set<std::pair<int, DType>> g_tables_set;
-
 int8_sm90::Problem problem(const int8_t* x, const int8_t* w, void* y, int64_t m, int64_t n,
-                           int64_t k, const Int8Epilogue& e, int sm_count, float code_inv = 0.0f) {
+                           int64_t k, const Int8Epilogue& e, int sm_count, const int8_t* code_table = nullptr) {
   int8_sm90::Problem p;
-  p.code_inv = code_inv;
+  p.code_table = code_table;
   p.x = x;
   p.w = w;
   p.y = y;
@@ -87,12 +81,12 @@ int8_sm90::Problem problem(const int8_t* x, const int8_t* w, void* y, int64_t m,
 
 std::string int8_gemm_sm90_check(DType out, const int8_t* x, const int8_t* w, const void* y,
                                  int64_t m, int64_t n, int64_t k, const Int8Epilogue& e,
-                                 float code_inv) {
+                                 bool codes) {
   if (out != DType::kBF16 && out != DType::kF16)
     return str_cat("output dtype ", dtype_name(out), " (bf16 or f16)");
-  if (code_inv > 0 && e.act != GemvEpilogue::kGeluErf)
+  if (codes && e.act != GemvEpilogue::kGeluErf)
     return "the codes epilogue is compiled for gelu_erf only";
-  if (code_inv > 0 && n % 16 != 0) return str_cat("n=", n, " (16-byte rows of int8 codes: n % 16 == 0)");
+  if (codes && n % 16 != 0) return str_cat("n=", n, " (16-byte rows of int8 codes: n % 16 == 0)");
   if (e.act != GemvEpilogue::kNone && e.act != GemvEpilogue::kGeluErf)
     return "activation (only none and gelu_erf are compiled; gelu_tanh, silu and swiglu take "
            "cuBLASLt)";
@@ -107,7 +101,9 @@ std::string int8_gemm_sm90_check(DType out, const int8_t* x, const int8_t* w, co
       (e.bias && !aligned16(e.bias)))
     return "w_scale, row_scale and bias must be 16-byte aligned";
 #if KILN_HAVE_CUTLASS
-  const int8_sm90::Problem p = problem(x, w, const_cast<void*>(y), m, n, k, e, 1, code_inv);
+  // Any non-null table asks for the codes kernel (can_implement does not read it).
+  static const int8_t kNoTable = 0;
+  const int8_sm90::Problem p = problem(x, w, const_cast<void*>(y), m, n, k, e, 1, codes ? &kNoTable : nullptr);
   const std::string st = out == DType::kBF16
                              ? int8_sm90::Ops<DType::kBF16>::check(Int8GemmConfig{}, p)
                              : int8_sm90::Ops<DType::kF16>::check(Int8GemmConfig{}, p);
@@ -119,11 +115,12 @@ std::string int8_gemm_sm90_check(DType out, const int8_t* x, const int8_t* w, co
 }
 
 size_t int8_gemm_sm90_workspace(Int8GemmConfig c, DType out, int64_t m, int64_t n, int64_t k,
-                                GemvEpilogue act, float code_inv) {
+                                GemvEpilogue act, bool codes) {
 #if KILN_HAVE_CUTLASS
   Int8Epilogue e;
   e.act = act;
-  const int8_sm90::Problem p = problem(nullptr, nullptr, nullptr, m, n, k, e, 1, code_inv);
+  static const int8_t kNoTable = 0;
+  const int8_sm90::Problem p = problem(nullptr, nullptr, nullptr, m, n, k, e, 1, codes ? &kNoTable : nullptr);
   return out == DType::kBF16 ? int8_sm90::Ops<DType::kBF16>::workspace(c, p)
                              : int8_sm90::Ops<DType::kF16>::workspace(c, p);
 #else
@@ -133,17 +130,11 @@ size_t int8_gemm_sm90_workspace(Int8GemmConfig c, DType out, int64_t m, int64_t 
 
 void launch_int8_gemm_sm90(Int8GemmConfig c, DType out, const int8_t* x, const int8_t* w, int64_t m,
                            int64_t n, int64_t k, const Int8Epilogue& e, void* y, void* workspace,
-                           size_t workspace_bytes, int sm_count, cudaStream_t s, float code_inv) {
+                           size_t workspace_bytes, int sm_count, cudaStream_t s, const int8_t* code_table) {
 #if KILN_HAVE_CUTLASS
-  const int8_sm90::Problem p = problem(x, w, y, m, n, k, e, sm_count, code_inv);
-  if (code_inv > 0) {
-    int dev = 0;
-    KILN_CUDA_CHECK(cudaGetDevice(&dev));
-    std::lock_guard<std::mutex> lock(g_tables_mu);
-    KILN_THROW_IF(!g_tables_set.count({dev, out}), kInternal, "cuda int8 gemm (sm90): the codes epilogue's ",
-                  dtype_name(out), " GELU table is not prepared on device ", dev,
-                  " (int8_gemm_sm90_prepare_codes_epilogue)");
-  }
+  KILN_THROW_IF(code_table && !aligned16(code_table), kInternal,
+                "cuda int8 gemm (sm90): the codes table must be 16-byte aligned");
+  const int8_sm90::Problem p = problem(x, w, y, m, n, k, e, sm_count, code_table);
   if (out == DType::kBF16) {
     KILN_THROW_IF(int8_sm90::Ops<DType::kBF16>::workspace(c, p) > workspace_bytes, kInternal,
                   "cuda int8 gemm (sm90): workspace of ", workspace_bytes, " bytes is too small");
@@ -160,31 +151,6 @@ void launch_int8_gemm_sm90(Int8GemmConfig c, DType out, const int8_t* x, const i
 #endif
 }
 
-void int8_gemm_sm90_prepare_codes_epilogue(DType t, cudaStream_t s) {
-#if KILN_HAVE_CUTLASS
-  KILN_THROW_IF(t != DType::kBF16 && t != DType::kF16, kInternal, "cuda int8 gemm (sm90): a GELU table for ",
-                dtype_name(t));
-  int dev = 0;
-  KILN_CUDA_CHECK(cudaGetDevice(&dev));
-  std::lock_guard<std::mutex> lock(g_tables_mu);
-  if (g_tables_set.count({dev, t})) return;
-  // Process lifetime on purpose: every engine on this device reads the table through the
-  // one __device__ pointer, so no engine may free it (128 KB per dtype and device).
-  void* table = nullptr;
-  KILN_CUDA_CHECK(cudaMalloc(&table, size_t(kUnaryLutEntries) * sizeof(uint16_t)));
-  launch_unary_lut_fill(UnaryOp::kGeluErf, t, static_cast<uint16_t*>(table), s);
-  KILN_CUDA_CHECK(cudaStreamSynchronize(s));
-  const auto* values = static_cast<const uint16_t*>(table);
-  if (t == DType::kBF16) int8_sm90::Ops<DType::kBF16>::set_act_table(values);
-  else int8_sm90::Ops<DType::kF16>::set_act_table(values);
-  g_tables_set.insert({dev, t});
-#else
-  (void)t;
-  (void)s;
-  throw_error(ErrorCode::kInternal, "cuda int8 gemm (sm90): built without CUTLASS");
-#endif
-}
-
 Int8GemmConfig int8_gemm_sm90_default(int64_t m, int64_t n, int sm_count) {
   const int64_t tiles = (m + 127) / 128 * ((n + 127) / 128);
   if (m <= 64 || tiles < 2 * int64_t(std::max(sm_count, 1))) return Int8GemmConfig::kPingpong64x128;
@@ -194,13 +160,13 @@ Int8GemmConfig int8_gemm_sm90_default(int64_t m, int64_t n, int sm_count) {
 Int8GemmPlan int8_gemm_sm90_tune(DType out, const int8_t* w, int64_t n, int64_t k,
                                  const Int8Epilogue& e, bool per_token, int sm_count,
                                  cudaStream_t s, std::vector<Int8GemmTiming>* timings,
-                                 float code_inv) {
+                                 const int8_t* code_table) {
   using Key = std::tuple<int, DType, int64_t, int64_t, GemvEpilogue, bool, bool>;
   static std::mutex mu;
   static std::map<Key, std::pair<Int8GemmPlan, std::vector<Int8GemmTiming>>> cache;
   int dev = 0;
   KILN_CUDA_CHECK(cudaGetDevice(&dev));
-  const bool codes = code_inv > 0;
+  const bool codes = code_table != nullptr;
   KILN_THROW_IF(codes && e.act != GemvEpilogue::kGeluErf, kInternal,
                 "cuda int8 gemm (sm90): the codes epilogue is timed with gelu_erf only");
   const Key key{dev, out, n, k, e.act, per_token, codes};
@@ -239,11 +205,11 @@ Int8GemmPlan int8_gemm_sm90_tune(DType out, const int8_t* w, int64_t n, int64_t 
       // Linears get 4-12 such CTAs for 132 SMs, and 5 eager launches of ~5 us each should
       // not decide between near-equal times there.
       if (c == Int8GemmConfig::kCooperative128x192 && m < 1024) continue;
-      const size_t ws_bytes = int8_gemm_sm90_workspace(c, out, m, n, k, e.act, code_inv);
+      const size_t ws_bytes = int8_gemm_sm90_workspace(c, out, m, n, k, e.act, codes);
       DeviceBuffer ws(ws_bytes);
       auto run = [&] {
         launch_int8_gemm_sm90(c, out, static_cast<const int8_t*>(xb.get()), w, m, n, k, te,
-                              yb.get(), ws.get(), ws_bytes, sm_count, s, code_inv);
+                              yb.get(), ws.get(), ws_bytes, sm_count, s, code_table);
       };
       const float ms = median_launch_ms(s, 5, run);
       all.push_back({m, c, ms});

@@ -8,14 +8,13 @@
 // store. The compute node does int8.cu's dequant_one in the same order with _rn
 // intrinsics (no FMA contraction), and the activation with the same unary_f32, so the
 // outputs are the cuBLASLt path's to the bit.
-// The codes epilogue (Problem::code_inv > 0) writes int8 instead: the f32 result rounded
-// to the activation dtype T (as the T output is stored), its GELU looked up in a table of
-// T bits (the GELU pass's own values, ops/unary_lut.h), and int8_code of that with the
-// reader's static scale: the T output + the GELU-to-codes pass, bit for bit, with no T
-// tensor in memory. The table's address is a __device__ variable of this translation
-// unit (one per T), set once per device (int8_gemm_sm90_prepare_codes_epilogue, through
-// Ops::set_act_table; the table lives as long as the process): an epilogue functor has no
-// arguments, and every W8A8 layer shares the table.
+// The codes epilogue (Problem::code_table set) writes int8 instead: the f32 result rounded
+// to the activation dtype T (as the T output is stored), then that T's bits index the
+// reader's codes table (ops/unary_lut.h: int8_code(T(gelu(x)), inv) for every T bits x,
+// filled by the GELU pass's own device code), whose byte is the code: the T output + the
+// GELU-to-codes pass, bit for bit, with no T tensor in memory. The compute node returns
+// the int8 codes itself, so the epilogue stores them with no conversion; the table's
+// address is the node's argument (one table per reader scale).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -64,25 +63,27 @@ struct Dequant {
   };
 };
 
-// The codes epilogue's table: T bits -> T(gelu) bits (see the top).
-static __device__ const uint16_t* g_act_table = nullptr;
-
-// code = int8_code(T(gelu(T(v))), inv) with v as Dequant computes it; T is __nv_bfloat16
-// or __half.
+// code = table[bits of T(v)] = int8_code(T(gelu(T(v))), inv) with v as Dequant computes
+// it; T is __nv_bfloat16 or __half. Sm90Compute hands the node's Arguments to the functor
+// and stores its int8 result as is (an int8 -> int8 conversion is the identity).
+struct CodesArguments {
+  const int8_t* table = nullptr;  // [65536] the reader's codes, by T bits
+};
 template <typename T>
 struct DequantCodes {
   template <class Frag>
   struct Fn {
-    CUTLASS_DEVICE Frag operator()(Frag const& acc, Frag const& xs, Frag const& ws, Frag const& bias,
-                                   Frag const& inv) const {
-      const uint16_t* table = g_act_table;
-      Frag y;
+    using Arguments = CodesArguments;  // one type for every Frag: Sm90Compute's Params
+    template <class F>
+    CUTLASS_DEVICE cutlass::Array<int8_t, F::kElements> operator()(F const& acc, F const& xs, F const& ws,
+                                                                   F const& bias, Arguments const& a) const {
+      const int8_t* table = a.table;
+      cutlass::Array<int8_t, F::kElements> y;
       CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < int(Frag::kElements); ++i) {
+      for (int i = 0; i < int(F::kElements); ++i) {
         const float v = __fadd_rn(__fmul_rn(acc[i], __fmul_rn(xs[i], ws[i])), bias[i]);
         const T h = from_f32<T>(v);
-        const uint16_t g = __ldg(table + *reinterpret_cast<const uint16_t*>(&h));
-        y[i] = float(int8_code(to_f32(*reinterpret_cast<const T*>(&g)), inv[i]));
+        y[i] = __ldg(table + *reinterpret_cast<const uint16_t*>(&h));
       }
       return y;
     }
@@ -130,12 +131,8 @@ struct Kernel {
                                 typename Dequant<kAct>::template Fn<Frag>>;
   using Compute = cutlass::epilogue::fusion::Sm90Compute<Fn, ElementD, float,
                                                          cutlass::FloatRoundStyle::round_to_nearest>;
-  // The codes epilogue's fifth input: the reader's 1 / scale (a row broadcast of one value).
-  using Evt = std::conditional_t<
-      kCodes,
-      cutlass::epilogue::fusion::Sm90EVT<Compute, cutlass::epilogue::fusion::Sm90AccFetch, XScale, RowVec, RowVec,
-                                         RowVec>,
-      cutlass::epilogue::fusion::Sm90EVT<Compute, cutlass::epilogue::fusion::Sm90AccFetch, XScale, RowVec, RowVec>>;
+  using Evt =
+      cutlass::epilogue::fusion::Sm90EVT<Compute, cutlass::epilogue::fusion::Sm90AccFetch, XScale, RowVec, RowVec>;
 
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, typename Cfg::Cluster,
@@ -168,8 +165,7 @@ struct Kernel {
              {p.e.row_scale, p.e.x_scale, {}},  // xs: per token, else the static scale
              {p.e.w_scale, 0.0f, {}},           // w_scale[j]
              {p.e.bias, 0.0f, {}},              // bias[j], 0 without one
-             {nullptr, p.code_inv, {}},         // the codes' 1 / scale
-             {}};                               // the compute node
+             {p.code_table}};                   // the compute node: the reader's codes table
     else
       evt = {{}, {p.e.row_scale, p.e.x_scale, {}}, {p.e.w_scale, 0.0f, {}}, {p.e.bias, 0.0f, {}}, {}};
     typename Gemm::Arguments args{cutlass::gemm::GemmUniversalMode::kGemm,
@@ -228,25 +224,21 @@ struct ElementOf<DType::kF16> {
 };
 
 template <DType kOut>
-void Ops<kOut>::set_act_table(const uint16_t* table) {
-  KILN_CUDA_CHECK(cudaMemcpyToSymbol(g_act_table, &table, sizeof table));
-}
-template <DType kOut>
 std::string Ops<kOut>::check(Int8GemmConfig c, const Problem& p) {
   using E = ElementOf<kOut>;
-  return dispatch<typename E::type, typename E::native>(c, p.e.act, p.code_inv > 0,
+  return dispatch<typename E::type, typename E::native>(c, p.e.act, p.code_table != nullptr,
                                                         [&](auto k) { return decltype(k)::check(p); });
 }
 template <DType kOut>
 size_t Ops<kOut>::workspace(Int8GemmConfig c, const Problem& p) {
   using E = ElementOf<kOut>;
-  return dispatch<typename E::type, typename E::native>(c, p.e.act, p.code_inv > 0,
+  return dispatch<typename E::type, typename E::native>(c, p.e.act, p.code_table != nullptr,
                                                         [&](auto k) { return decltype(k)::workspace(p); });
 }
 template <DType kOut>
 void Ops<kOut>::run(Int8GemmConfig c, const Problem& p, void* workspace, cudaStream_t s) {
   using E = ElementOf<kOut>;
-  dispatch<typename E::type, typename E::native>(c, p.e.act, p.code_inv > 0, [&](auto k) {
+  dispatch<typename E::type, typename E::native>(c, p.e.act, p.code_table != nullptr, [&](auto k) {
     decltype(k)::run(p, workspace, s);
     return 0;
   });

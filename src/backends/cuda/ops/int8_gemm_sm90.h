@@ -42,32 +42,28 @@ bool int8_gemm_sm90_available(std::string* why = nullptr);
 // Whether the kernel handles this problem (out bf16/f16, act none or gelu_erf, k % 16 ==
 // 0, n % 8 == 0, x/w/y and the scale vectors 16-byte aligned, m, n, k < 2^31); an empty
 // string when it does, else what is wrong. Does not check int8_gemm_sm90_available.
-// code_inv > 0 asks for the codes epilogue (below): act gelu_erf, n % 16 == 0.
+// `codes` asks for the codes epilogue (below): act gelu_erf, n % 16 == 0.
 std::string int8_gemm_sm90_check(DType out, const int8_t* x, const int8_t* w, const void* y,
                                  int64_t m, int64_t n, int64_t k, const Int8Epilogue& e,
-                                 float code_inv = 0.0f);
+                                 bool codes = false);
 
 // Device workspace the configuration needs for this shape (often 0).
 size_t int8_gemm_sm90_workspace(Int8GemmConfig c, DType out, int64_t m, int64_t n, int64_t k,
-                                GemvEpilogue act, float code_inv = 0.0f);
+                                GemvEpilogue act, bool codes = false);
 
 // y [m, n] (row stride n) = epilogue(x · wᵀ) through configuration c; w has at least n
 // rows. The problem must pass int8_gemm_sm90_check; `workspace` holds at least
 // int8_gemm_sm90_workspace bytes (may be null when that is 0). sm_count: the device's
 // SMs (the persistent grid's size). Throws kInternal when CUTLASS refuses or the launch fails.
-// The codes epilogue (code_inv > 0, e.act gelu_erf): y is int8 [m, n] instead, the codes
-// int8_code(T(gelu(T(v))), code_inv) that the T output (`out` = T) followed by the
-// GELU-to-static-codes pass would write, bit for bit; the GELU is looked up in the table
-// int8_gemm_sm90_prepare_codes_epilogue made on this device for T.
+// The codes epilogue (code_table set, e.act gelu_erf): y is int8 [m, n] instead, the codes
+// int8_code(T(gelu(T(v))), inv) that the T output (`out` = T) followed by the
+// GELU-to-static-codes pass would write, bit for bit: code_table is the reader's codes
+// table for T and inv (launch_unary_lut_fill_codes: kUnaryLutEntries codes by T bits,
+// 16-byte aligned), read by the kernel while it runs.
 void launch_int8_gemm_sm90(Int8GemmConfig c, DType out, const int8_t* x, const int8_t* w, int64_t m,
                            int64_t n, int64_t k, const Int8Epilogue& e, void* y, void* workspace,
-                           size_t workspace_bytes, int sm_count, cudaStream_t s, float code_inv = 0.0f);
-
-// Makes the codes epilogue's GELU table for activations in t (bf16/f16) on the current
-// device, once per process: kUnaryLutEntries T bits, gelu_erf of each T bits, filled by
-// launch_unary_lut_fill on s (waited for) and never freed, so no engine's teardown can
-// leave another engine's kernels reading freed memory. Later calls return at once.
-void int8_gemm_sm90_prepare_codes_epilogue(DType t, cudaStream_t s);
+                           size_t workspace_bytes, int sm_count, cudaStream_t s,
+                           const int8_t* code_table = nullptr);
 
 // The configuration for m rows when nothing was timed: 64x128 ping-pong for few rows or
 // few 128x128 tiles (under two waves on sm_count SMs), else 128x128 ping-pong.
@@ -92,12 +88,12 @@ struct Int8GemmTiming {
 // place of e.row_scale), keeping the fastest per bucket; `timings` (optional) receives
 // every measurement. Allocates its own buffers (row counts whose output passes 256 MiB
 // keep the default, untimed, except the first) and synchronizes s. Cached per device and
-// shape: the layers of a model share a few shapes. code_inv > 0 times the codes epilogue
-// (e.act kGeluErf, its table prepared) with that 1 / scale, the kernel such a Linear runs:
-// its configuration can differ from the plain GEMM's (cached apart).
+// shape: the layers of a model share a few shapes. code_table set times the codes
+// epilogue (e.act kGeluErf) with that table, the kernel such a Linear runs: its
+// configuration can differ from the plain GEMM's (cached apart).
 Int8GemmPlan int8_gemm_sm90_tune(DType out, const int8_t* w, int64_t n, int64_t k,
                                  const Int8Epilogue& e, bool per_token, int sm_count,
                                  cudaStream_t s, std::vector<Int8GemmTiming>* timings = nullptr,
-                                 float code_inv = 0.0f);
+                                 const int8_t* code_table = nullptr);
 
 }  // namespace kiln::cuda

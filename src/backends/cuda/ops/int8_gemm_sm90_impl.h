@@ -20,18 +20,15 @@ struct Problem {
   int m = 0, n = 0, k = 0;
   Int8Epilogue e;
   int sm_count = 0;
-  // > 0: the codes epilogue (e.act kGeluErf): y is int8 [m, n], the codes with this 1 /
-  // scale of the activation looked up in the table set_act_table set on the device
-  // (int8_gemm_sm90_prepare_codes_epilogue).
-  float code_inv = 0.0f;
+  // Set: the codes epilogue (e.act kGeluErf): y is int8 [m, n], each code looked up in
+  // this table of the reader's codes by T bits (ops/unary_lut.h's codes table).
+  const int8_t* code_table = nullptr;
 };
 
 // Explicitly instantiated for DType::kBF16 and kF16 only (the output dtype, or with
-// code_inv the activation dtype whose rounding the codes follow); act none or gelu_erf.
+// code_table the activation dtype whose rounding the codes follow); act none or gelu_erf.
 template <DType kOut>
 struct Ops {
-  // The codes epilogue's GELU table on the current device (kUnaryLutEntries T bits).
-  static void set_act_table(const uint16_t* table);
   // Empty when CUTLASS's can_implement accepts the problem, else its status.
   static std::string check(Int8GemmConfig c, const Problem& p);
   static size_t workspace(Int8GemmConfig c, const Problem& p);
