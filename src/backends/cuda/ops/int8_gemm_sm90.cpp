@@ -132,8 +132,6 @@ void launch_int8_gemm_sm90(Int8GemmConfig c, DType out, const int8_t* x, const i
                            int64_t n, int64_t k, const Int8Epilogue& e, void* y, void* workspace,
                            size_t workspace_bytes, int sm_count, cudaStream_t s, const int8_t* code_table) {
 #if KILN_HAVE_CUTLASS
-  KILN_THROW_IF(code_table && !aligned16(code_table), kInternal,
-                "cuda int8 gemm (sm90): the codes table must be 16-byte aligned");
   const int8_sm90::Problem p = problem(x, w, y, m, n, k, e, sm_count, code_table);
   if (out == DType::kBF16) {
     KILN_THROW_IF(int8_sm90::Ops<DType::kBF16>::workspace(c, p) > workspace_bytes, kInternal,

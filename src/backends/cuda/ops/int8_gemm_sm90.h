@@ -58,8 +58,8 @@ size_t int8_gemm_sm90_workspace(Int8GemmConfig c, DType out, int64_t m, int64_t 
 // The codes epilogue (code_table set, e.act gelu_erf): y is int8 [m, n] instead, the codes
 // int8_code(T(gelu(T(v))), inv) that the T output (`out` = T) followed by the
 // GELU-to-static-codes pass would write, bit for bit: code_table is the reader's codes
-// table for T and inv (launch_unary_lut_fill_codes: kUnaryLutEntries codes by T bits,
-// 16-byte aligned), read by the kernel while it runs.
+// table for T and inv (launch_unary_lut_fill_codes: kUnaryLutEntries codes by T bits),
+// read by the kernel while it runs.
 void launch_int8_gemm_sm90(Int8GemmConfig c, DType out, const int8_t* x, const int8_t* w, int64_t m,
                            int64_t n, int64_t k, const Int8Epilogue& e, void* y, void* workspace,
                            size_t workspace_bytes, int sm_count, cudaStream_t s,
