@@ -6,7 +6,8 @@
 // The first byte picks the parser and the piece sizes; the rest is the output. Any crash,
 // sanitizer report or disagreement (a trap) is a bug. Seed the corpus with calls, e.g.
 // printf '\0<tool_call>{"name": "f", "arguments": {"x": 1}}</tool_call>' > seeds/hermes,
-// printf '\3[f(a=1, b="x, )"), g(c=[None, (True,)], d={1: 2})]' > seeds/pythonic.
+// printf '\3[f(a=1, b="x, )"), g(c=[None, (True,)], d={1: 2})]' > seeds/pythonic,
+// printf '\3[f(s=\x27a\\n\\u00e9\xc3\xa9\x27, t=\x27\x27\x27q\\x41\x27\x27\x27)]' > seeds/pystrings.
 #include <cstddef>
 #include <cstdint>
 #include <nlohmann/json.hpp>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "server/tool_calls.h"
+#include "tokenizer/unicode.h"
 
 namespace {
 
@@ -71,6 +73,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     else check(nlohmann::json::parse(args, nullptr, false) == parsed);
   }
   for (const auto& f : all.fragments) check(f.call < all.calls.size());
+  // pythonic strings stream a character at a time: no piece splits one (or an escape).
+  if (p == ToolParser::kPythonic && kiln::tok::utf8_find_invalid(text) == std::string_view::npos)
+    for (const auto& f : all.fragments) check(kiln::tok::utf8_find_invalid(f.arguments) == std::string_view::npos);
 
   // A response sent whole (stream = false): no fragments, no call marked streamed, the same
   // result in pieces as whole, and every call's arguments parse (a call that does not parse

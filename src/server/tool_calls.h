@@ -114,12 +114,14 @@ class CallArrayStreamer {
 };
 
 // pythonic's list of keyword calls, [f(a=1, b="x"), g()], streamed as it is written: a call's
-// name (with its arguments' '{') once `name(` is read, then each keyword argument's JSON,
-// "key":value, once its literal is closed by ',' or ')', and '}' as the call closes. Nothing
-// that could still change goes out, so each call's pieces put together are exactly the
-// arguments the whole-output parse gives it. Text that does not read so (a positional
-// argument, an expression, a repeated keyword) stops the streaming; the text is parsed
-// whole at the end either way.
+// name (with its arguments' '{') once `name(` is read, then each keyword argument's JSON:
+// a string value as it is read ("key":" at its opening quote, then its characters,
+// escapes decoded, as far as they are whole, then its closing quote), any other value,
+// "key":value, once its literal is closed by ',' or ')', and '}' as the call closes. So each
+// call's pieces put together are exactly the arguments the whole-output parse gives it.
+// Text that does not read so (a positional argument, an expression, a repeated keyword)
+// stops the streaming; the text is parsed whole at the end either way, and a call whose
+// pieces went out is released as they said (ToolCallSplitter).
 class PythonCallStreamer {
  public:
   std::vector<ToolCallFragment> feed(std::string_view text);
@@ -144,8 +146,29 @@ class PythonCallStreamer {
     bool triple_ = false, escape_ = false;
   };
 
+  // A Python string literal ('...', "...", '''...''', """...""") that starts at `at`,
+  // read resumably: each read() decodes the text added since the last into `out` (escapes
+  // decoded to UTF-8; the caller may take bytes off out's front) and says whether the
+  // literal closed, needs more text, or cannot be one. With `final` the text ends there:
+  // what would wait for more (a quote that may open or close a triple quote, an escape's
+  // missing digits) decides on what is there.
+  class StringRead {
+   public:
+    enum Read { kDone, kMore, kBad };
+    explicit StringRead(size_t at = 0) : at_(at) {}
+    Read read(std::string_view s, bool final);
+    // Where the text after the literal starts (after kDone).
+    size_t end() const { return at_; }
+    std::string out;
+
+   private:
+    size_t at_;
+    char q_ = 0;  // the quote, once read
+    bool triple_ = false;
+  };
+
  private:
-  enum class At { kList, kName, kParen, kKey, kEquals, kValue, kAfterCall, kStopped };
+  enum class At { kList, kName, kParen, kKey, kEquals, kValueStart, kValue, kString, kAfterString, kAfterCall, kStopped };
   std::string text_;
   size_t pos_ = 0;  // where the next token is read
   At at_ = At::kList;
@@ -153,6 +176,7 @@ class PythonCallStreamer {
   std::vector<std::string> keys_;   // the call's keywords so far
   size_t value_at_ = 0;             // where the keyword's value starts
   LiteralScan value_scan_;
+  StringRead string_;  // a string value, streamed as it is read
   std::vector<ToolCall> streamed_;
 };
 

@@ -174,25 +174,10 @@ class PythonCalls {
 
   // A Python string literal ('...', "...", or tripled), its escapes decoded to UTF-8.
   std::optional<Json> string_literal() {
-    const char q = s_[at_];
-    const bool triple = s_.substr(at_, 3) == std::string(3, q);
-    at_ += triple ? 3 : 1;
-    std::string out;
-    for (;;) {
-      if (at_ >= s_.size()) return std::nullopt;
-      const char c = s_[at_];
-      if (c == q && (!triple || s_.substr(at_, 3) == std::string(3, q))) {
-        at_ += triple ? 3 : 1;
-        return Json(std::move(out));
-      }
-      if (c == '\n' && !triple) return std::nullopt;
-      ++at_;
-      if (c != '\\') {
-        out += c;
-        continue;
-      }
-      if (!tok::python_unescape(s_, at_, out)) return std::nullopt;
-    }
+    PythonCallStreamer::StringRead r(at_);
+    if (r.read(s_, /*final=*/true) != PythonCallStreamer::StringRead::kDone) return std::nullopt;
+    at_ = r.end();
+    return Json(std::move(r.out));
   }
 
   std::string_view s_;

@@ -1,4 +1,5 @@
 // pythonic tool calls streamed as they are written (PythonCallStreamer, tool_calls.h).
+#include <algorithm>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -49,6 +50,52 @@ size_t PythonCallStreamer::LiteralScan::scan(std::string_view s) {
   return std::string_view::npos;
 }
 
+PythonCallStreamer::StringRead::Read PythonCallStreamer::StringRead::read(std::string_view s, bool final) {
+  // The quotes from `at` to the text's end, when there are fewer than three of q and
+  // nothing else: a triple quote may still come.
+  auto open_triple = [&](size_t at, char q) {
+    return !final && at + 3 > s.size() && s.substr(at).find_first_not_of(q) == std::string_view::npos;
+  };
+  if (!q_) {
+    if (at_ >= s.size()) return final ? kBad : kMore;
+    const char q = s[at_];
+    if (q != '\'' && q != '"') return kBad;
+    if (open_triple(at_, q)) return kMore;
+    q_ = q;
+    triple_ = s.substr(at_, 3) == std::string(3, q);
+    at_ += triple_ ? 3 : 1;
+  }
+  for (;;) {
+    if (at_ >= s.size()) return final ? kBad : kMore;
+    const char c = s[at_];
+    if (c == q_) {
+      if (!triple_) {
+        ++at_;
+        return kDone;
+      }
+      if (open_triple(at_, c)) return kMore;
+      if (s.substr(at_, 3) == std::string(3, c)) {
+        at_ += 3;
+        return kDone;
+      }
+    }
+    if (c == '\n' && !triple_) return kBad;
+    if (c != '\\') {
+      out += c;
+      ++at_;
+      continue;
+    }
+    // An escape: its letter, then the digits \x, \u and \U take.
+    if (!final && at_ + 1 >= s.size()) return kMore;
+    const char e = at_ + 1 < s.size() ? s[at_ + 1] : '\0';
+    const size_t digits = e == 'x' ? 2 : e == 'u' ? 4 : e == 'U' ? 8 : 0;
+    if (!final && at_ + 2 + digits > s.size()) return kMore;
+    size_t pos = at_ + 1;
+    if (!tok::python_unescape(s, pos, out)) return kBad;
+    at_ = pos;
+  }
+}
+
 std::vector<ToolCallFragment> PythonCallStreamer::feed(std::string_view text) {
   text_ += text;
   std::vector<ToolCallFragment> out;
@@ -70,7 +117,7 @@ std::vector<ToolCallFragment> PythonCallStreamer::feed(std::string_view text) {
   };
   for (;;) {
     if (at_ == At::kStopped) break;
-    if (at_ != At::kValue) {
+    if (at_ != At::kValue && at_ != At::kString) {  // those read their own text
       while (pos_ < s.size() && is_space(s[pos_])) ++pos_;
       if (pos_ == s.size()) break;
     }
@@ -114,9 +161,61 @@ std::vector<ToolCallFragment> PythonCallStreamer::feed(std::string_view text) {
           at_ = At::kStopped;
           break;
         }
-        value_at_ = ++pos_;
+        ++pos_;
+        at_ = At::kValueStart;
+        break;
+      case At::kValueStart:  // a string streams as it is read; any other literal once closed
+        if (c == '"' || c == '\'') {
+          if (std::find(keys_.begin(), keys_.end(), key_) != keys_.end()) {
+            at_ = At::kStopped;
+            break;
+          }
+          std::string open = keys_.empty() ? "" : ",";
+          open += arg_json(key_);
+          open += ":\"";
+          emit(open);
+          string_ = StringRead(pos_);
+          at_ = At::kString;
+          break;
+        }
+        value_at_ = pos_;
         value_scan_ = LiteralScan(value_at_);
         at_ = At::kValue;
+        break;
+      case At::kString: {
+        const StringRead::Read r = string_.read(s, /*final=*/false);
+        // What is decoded so far, up to a whole character (all of it once closed), as the
+        // string's JSON writes it: escaping goes character by character, so the pieces put
+        // together are the whole string's JSON. Text that cannot be a string stops the
+        // stream after what came before it, wherever the pieces were cut.
+        const size_t n = r == StringRead::kDone ? string_.out.size() : tok::utf8_complete_prefix(string_.out);
+        if (n > 0) {
+          const std::string j = arg_json(Json(string_.out.substr(0, n)));
+          emit(j.substr(1, j.size() - 2));
+          string_.out.erase(0, n);
+        }
+        if (r == StringRead::kBad) {
+          at_ = At::kStopped;
+          break;
+        }
+        if (r == StringRead::kMore) return out;
+        emit("\"");
+        keys_.push_back(key_);
+        pos_ = string_.end();
+        at_ = At::kAfterString;
+        break;
+      }
+      case At::kAfterString:
+        if (c == ',') {
+          ++pos_;
+          at_ = At::kKey;
+        } else if (c == ')') {
+          ++pos_;
+          emit("}");
+          at_ = At::kAfterCall;
+        } else {
+          at_ = At::kStopped;
+        }
         break;
       case At::kValue: {
         const size_t end = value_scan_.scan(s);

@@ -7,6 +7,7 @@
 #include <random>
 
 #include "server/tool_calls.h"
+#include "tokenizer/unicode.h"
 
 namespace kiln::server {
 namespace {
@@ -417,10 +418,11 @@ void expect_pythonic_streams(const std::string& text) {
 }
 
 // pythonic calls stream as they are written: the name (with the arguments' '{') once
-// `name(` is read, each keyword's "key":value once its literal is closed by ',' or ')', and
-// '}' as the call closes - nothing that could still change, so the pieces put together are
-// the arguments the whole-output parse gives. A call list that goes wrong after a name went
-// out releases the calls as streamed, as the JSON formats do.
+// `name(` is read, a string value's "key":" and its characters as they are read, any other
+// keyword's "key":value once its literal is closed by ',' or ')', and '}' as the call
+// closes, so the pieces put together are the arguments the whole-output parse gives. A call
+// list that goes wrong after a name went out releases the calls as streamed, as the JSON
+// formats do.
 TEST(ToolCalls, PythonicCallsStream) {
   ToolCallSplitter s(ToolParser::kPythonic);
   ToolCallDelta d = s.feed("<|python_start|>[get_wea");
@@ -429,11 +431,11 @@ TEST(ToolCalls, PythonicCallsStream) {
   ASSERT_EQ(d.fragments.size(), 1u);
   EXPECT_EQ(d.fragments[0].call, 0u);
   EXPECT_EQ(d.fragments[0].name, "get_weather");
-  EXPECT_EQ(d.fragments[0].arguments, "{") << "the string is still open";
+  EXPECT_EQ(d.fragments[0].arguments, R"({"city":"Paris, ');)") << "the open string streams";
   d = s.feed("FR\", days=[1, (2, 3)]");
   ASSERT_EQ(d.fragments.size(), 1u);
   EXPECT_EQ(d.fragments[0].name, "");
-  EXPECT_EQ(d.fragments[0].arguments, R"("city":"Paris, ');FR")");
+  EXPECT_EQ(d.fragments[0].arguments, R"(FR")") << "the list is still open";
   d = s.feed(", metric=Tr");
   ASSERT_EQ(d.fragments.size(), 1u);
   EXPECT_EQ(d.fragments[0].arguments, R"(,"days":[1,[2,3]])");
@@ -490,13 +492,16 @@ TEST(ToolCalls, PythonicCallsStream) {
       {"[f(1)]", {{"f", "{"}}},
       {"[f(x=1)] and more", {{"f", R"({"x":1})"}}},
       {"[f(x=open('a'))]", {{"f", "{"}}},
-      {"[f(x='unclosed)]", {{"f", "{"}}},
+      {"[f(x='unclosed)]", {{"f", R"({"x":"unclosed)])"}}},
+      {"[f(x='a' 'b')]", {{"f", R"({"x":"a")"}}},
       {"[f(x=1)", {{"f", R"({"x":1})"}}},
       {"[ f (x = 1) ]x", {{"f", R"({"x":1})"}}},
       {"[f(a=1, a=2)]", {{"f", R"({"a":1)"}}},
       {"[f(a=1), g(b=[1, 2)]", {{"f", R"({"a":1})"}, {"g", "{"}}},
       {"[f(a=1), 2]", {{"f", R"({"a":1})"}}},
-      {"[f(a='x'\n", {{"f", "{"}}},
+      {"[f(a='x'\n", {{"f", R"({"a":"x")"}}},
+      {"[f(a=1, a='x')]", {{"f", R"({"a":1)"}}},
+      {"[f(a='x\ny')]", {{"f", R"({"a":"x)"}}},
   };
   for (const auto& [out, want] : broken) {
     d = parse_tool_calls(ToolParser::kPythonic, out);
@@ -513,6 +518,38 @@ TEST(ToolCalls, PythonicCallsStream) {
   for (char c : std::string("[f(a=1, a=2), g()]")) (void)repeated.feed(std::string(1, c));
   ASSERT_EQ(repeated.streamed().size(), 1u);
   EXPECT_EQ(repeated.streamed()[0].arguments, R"({"a":1)");
+}
+
+// A long string argument (a file's body, code) streams as it is written, one piece per byte
+// fed, escapes decoded once whole and a UTF-8 character once all its bytes are there, so no
+// piece is invalid UTF-8 or half an escape.
+TEST(ToolCalls, PythonicStringsStreamAsTheyAreRead) {
+  const std::string out =
+      "[write_file(path='/tmp/a.py', body='def f():\\n    return \"\xc3\xa9\\u00e9\\\\\"  # \xe2\x82\xac\\n', "
+      "mode=\"\"\"w\"\"\")]";
+  const ToolCallDelta whole = parse_tool_calls(ToolParser::kPythonic, out);
+  ASSERT_EQ(whole.calls.size(), 1u);
+  EXPECT_EQ(whole.calls[0].arguments,
+            "{\"path\":\"/tmp/a.py\",\"body\":\"def f():\\n    return \\\"\xc3\xa9\xc3\xa9\\\\\\\"  # \xe2\x82\xac\\n\",\"mode\":\"w\"}");
+  ToolCallSplitter s(ToolParser::kPythonic);
+  std::string args;
+  int pieces = 0;
+  for (char c : out) {
+    const ToolCallDelta piece = s.feed(std::string(1, c));
+    for (const ToolCallFragment& f : piece.fragments) {
+      EXPECT_EQ(tok::utf8_find_invalid(f.arguments), std::string::npos) << f.arguments;
+      args += f.arguments;
+      ++pieces;
+    }
+  }
+  const ToolCallDelta d = s.finish();
+  ASSERT_EQ(d.calls.size(), 1u);
+  EXPECT_EQ(d.calls[0].arguments, whole.calls[0].arguments);
+  EXPECT_EQ(args, whole.calls[0].arguments);
+  // Every byte of the strings' text that is not part of an escape or a character's first
+  // bytes gave a piece of its own: far more pieces than the three arguments.
+  EXPECT_GT(pieces, 40);
+  expect_pythonic_streams(out);
 }
 
 // Qwen3-Coder: XML-style calls after text, each value typed by the tool's schema (a value
