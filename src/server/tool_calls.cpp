@@ -122,30 +122,64 @@ Head call_head(std::string_view s, std::string& name, size_t& args_at) {
 // and is typed by the tool's schema for KEY: string as written, integer / number / boolean
 // parsed (a value that does not parse stays a string), anything else parsed as JSON when it
 // parses (vLLM's qwen3_coder parser's rules).
+std::string_view trim(std::string_view s) {
+  while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
+  while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
+  return s;
+}
+constexpr std::string_view kFn = "<function=", kFnEnd = "</function>", kPar = "<parameter=", kParEnd = "</parameter>";
+
+// The `properties` of the parameter schema of the tool named `name`, or null.
+const Json* tool_properties(const Json& tools, const std::string& name) {
+  const Json* properties = nullptr;
+  for (const Json& t : tools)
+    if (t.is_object() && t.contains("function") && t["function"].value("name", "") == name) {
+      const Json& fn = t["function"];
+      if (fn.contains("parameters") && fn["parameters"].is_object() && fn["parameters"].contains("properties") &&
+          fn["parameters"]["properties"].is_object())
+        properties = &fn["parameters"]["properties"];
+    }
+  return properties;
+}
+
+// A call's name from the text between <function= and '>', or empty when it is none.
+std::string xml_name(std::string_view text) {
+  const std::string_view name = trim(text);
+  return name.find_first_of("<\n") == std::string_view::npos ? std::string(name) : std::string();
+}
+
+// A parameter's value from its text between '>' and </parameter>, typed by the schema.
+Json xml_value(std::string_view raw, const Json* properties, const std::string& key) {
+  if (raw.starts_with('\n')) raw.remove_prefix(1);
+  if (raw.ends_with('\n')) raw.remove_suffix(1);
+  std::string type;
+  if (properties && properties->contains(key) && (*properties)[key].is_object()) {
+    const Json& t = (*properties)[key].value("type", Json());
+    if (t.is_string()) type = t.get<std::string>();
+  }
+  Json value = std::string(raw);
+  if (type != "string" && !type.empty()) {
+    const Json parsed = Json::parse(trim(raw), nullptr, /*allow_exceptions=*/false);
+    const bool fits = type == "integer"   ? parsed.is_number_integer()
+                      : type == "number"  ? parsed.is_number()
+                      : type == "boolean" ? parsed.is_boolean()
+                                          : !parsed.is_discarded();
+    if (fits) value = parsed;
+  }
+  return value;
+}
+
 std::optional<ToolCall> xml_call(std::string_view body, const Json& tools) {
-  auto trim = [](std::string_view s) {
-    while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
-    while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
-    return s;
-  };
   body = trim(body);
-  constexpr std::string_view kFn = "<function=", kFnEnd = "</function>", kPar = "<parameter=", kParEnd = "</parameter>";
   if (!body.starts_with(kFn) || !body.ends_with(kFnEnd)) return std::nullopt;
   body.remove_prefix(kFn.size());
   body.remove_suffix(kFnEnd.size());
   const size_t gt = body.find('>');
   if (gt == std::string_view::npos) return std::nullopt;
   ToolCall call;
-  call.name = std::string(trim(body.substr(0, gt)));
-  if (call.name.empty() || call.name.find_first_of("<\n") != std::string::npos) return std::nullopt;
-  const Json* properties = nullptr;
-  for (const Json& t : tools)
-    if (t.is_object() && t.contains("function") && t["function"].value("name", "") == call.name) {
-      const Json& fn = t["function"];
-      if (fn.contains("parameters") && fn["parameters"].is_object() && fn["parameters"].contains("properties") &&
-          fn["parameters"]["properties"].is_object())
-        properties = &fn["parameters"]["properties"];
-    }
+  call.name = xml_name(body.substr(0, gt));
+  if (call.name.empty()) return std::nullopt;
+  const Json* properties = tool_properties(tools, call.name);
   Json args = Json::object();
   std::string_view rest = trim(body.substr(gt + 1));
   while (!rest.empty()) {
@@ -155,28 +189,11 @@ std::optional<ToolCall> xml_call(std::string_view body, const Json& tools) {
     if (key_end == std::string_view::npos || value_end == std::string_view::npos || key_end > value_end)
       return std::nullopt;
     const std::string key(trim(rest.substr(0, key_end)));
-    std::string_view raw = rest.substr(key_end + 1, value_end - key_end - 1);
-    if (raw.starts_with('\n')) raw.remove_prefix(1);
-    if (raw.ends_with('\n')) raw.remove_suffix(1);
     if (key.empty()) return std::nullopt;
-    std::string type;
-    if (properties && properties->contains(key) && (*properties)[key].is_object()) {
-      const Json& t = (*properties)[key].value("type", Json());
-      if (t.is_string()) type = t.get<std::string>();
-    }
-    Json value = std::string(raw);
-    if (type != "string" && !type.empty()) {
-      const Json parsed = Json::parse(trim(raw), nullptr, /*allow_exceptions=*/false);
-      const bool fits = type == "integer"   ? parsed.is_number_integer()
-                        : type == "number"  ? parsed.is_number()
-                        : type == "boolean" ? parsed.is_boolean()
-                                            : !parsed.is_discarded();
-      if (fits) value = parsed;
-    }
-    args[key] = std::move(value);
+    args[key] = xml_value(rest.substr(key_end + 1, value_end - key_end - 1), properties, key);
     rest = trim(rest.substr(value_end + kParEnd.size()));
   }
-  call.arguments = args.dump(-1, ' ', false, Json::error_handler_t::replace);
+  call.arguments = arg_json(args);
   return call;
 }
 
@@ -385,6 +402,7 @@ ToolCallDelta ToolCallSplitter::drain(bool final) {
     // The call's text so far: a tail that may be the start of </tool_call> waits.
     const size_t visible = end != std::string::npos ? end : final ? held_.size() : held_.size() - partial_tag(held_, kClose);
     if (parser_ == ToolParser::kHermes && stream_) stream_call(out, visible);
+    if (parser_ == ToolParser::kQwen3Xml && stream_) stream_xml(out, visible);
     if (end == std::string::npos && !final) return out;
     const std::string body = held_.substr(0, visible);
     std::optional<ToolCall> c;
@@ -394,6 +412,9 @@ ToolCallDelta ToolCallSplitter::drain(bool final) {
       std::string args = held_.substr(args_at_, args_sent_);
       const Json a = Json::parse(args, nullptr, /*allow_exceptions=*/false);
       c = ToolCall{streaming_name_, a.is_object() ? a.dump() : std::move(args), "", true};
+    } else if (!xml_args_.empty()) {
+      // A qwen3_xml call whose fragments are out, as they said (compact JSON already).
+      c = ToolCall{streaming_name_, xml_args_, "", true};
     } else if (parser_ == ToolParser::kQwen3Xml) {
       c = xml_call(body, tools_);
     } else {
@@ -412,7 +433,78 @@ ToolCallDelta ToolCallSplitter::drain(bool final) {
     streaming_name_.clear();
     args_sent_ = 0;
     args_done_ = head_checked_ = false;
+    xml_ = Xml::kHead;
+    xml_at_ = 0;
+    xml_props_ = nullptr;
+    xml_keys_.clear();
+    xml_args_.clear();
     if (final && held_.empty()) return out;
+  }
+}
+
+void ToolCallSplitter::stream_xml(ToolCallDelta& out, size_t visible) {
+  const std::string_view text = std::string_view(held_).substr(0, visible);
+  auto emit = [&](std::string piece) {
+    xml_args_ += piece;
+    if (!out.fragments.empty() && out.fragments.back().call == size_t(calls_)) out.fragments.back().arguments += piece;
+    else out.fragments.push_back({size_t(calls_), "", std::move(piece)});
+  };
+  // Whether `rest` may still grow into `tag`.
+  auto partial = [](std::string_view rest, std::string_view tag) {
+    return rest.size() < tag.size() && tag.starts_with(rest);
+  };
+  while (xml_ != Xml::kDone) {
+    size_t p = xml_at_;
+    while (p < text.size() && is_space(text[p])) ++p;
+    const std::string_view rest = text.substr(p);
+    if (rest.empty() || partial(rest, kFn) || partial(rest, kFnEnd) || partial(rest, kPar)) return;
+    if (xml_ == Xml::kHead) {
+      // Not <function=: nothing streams, the call is parsed whole as it closes.
+      if (!rest.starts_with(kFn)) {
+        xml_ = Xml::kDone;
+        return;
+      }
+      const size_t gt = text.find('>', p + kFn.size());
+      if (gt == std::string_view::npos) return;
+      const std::string name = xml_name(text.substr(p + kFn.size(), gt - p - kFn.size()));
+      if (name.empty()) {
+        xml_ = Xml::kDone;
+        return;
+      }
+      streaming_name_ = name;
+      xml_props_ = tool_properties(tools_, name);
+      out.fragments.push_back({size_t(calls_), name, ""});
+      emit("{");
+      xml_at_ = gt + 1;
+      xml_ = Xml::kParams;
+      continue;
+    }
+    if (rest.starts_with(kFnEnd)) {
+      emit("}");
+      xml_ = Xml::kDone;
+      return;
+    }
+    // Anything but a parameter (or a repeated one) stops the stream: the call is then
+    // released as its fragments said.
+    if (!rest.starts_with(kPar)) {
+      xml_ = Xml::kDone;
+      return;
+    }
+    const size_t key_at = p + kPar.size(), value_end = text.find(kParEnd, key_at);
+    if (value_end == std::string_view::npos) return;
+    const size_t key_end = text.find('>', key_at);
+    const std::string key = key_end < value_end ? std::string(trim(text.substr(key_at, key_end - key_at))) : "";
+    if (key.empty() || std::find(xml_keys_.begin(), xml_keys_.end(), key) != xml_keys_.end()) {
+      xml_ = Xml::kDone;
+      return;
+    }
+    std::string pair = xml_keys_.empty() ? "" : ",";
+    pair += arg_json(key);
+    pair += ':';
+    pair += arg_json(xml_value(text.substr(key_end + 1, value_end - key_end - 1), xml_props_, key));
+    emit(std::move(pair));
+    xml_keys_.push_back(key);
+    xml_at_ = value_end + kParEnd.size();
   }
 }
 

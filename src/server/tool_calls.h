@@ -184,11 +184,12 @@ class PythonCallStreamer {
 // Text that might begin a call is held back until the next piece decides it; a hermes call
 // that opens as {"name": ..., "arguments": { streams as fragments (its name, then its
 // arguments as they are written) and is released as a call, marked streamed, once it
-// closes; the calls of mistral, granite and llama3_json bodies stream the same way
-// (CallArrayStreamer), pythonic's as PythonCallStreamer reads them, and are released at the
-// end; other calls are released whole; finish()
-// parses what is held (an unclosed hermes call, the whole-output bodies) and releases the
-// rest as content. A streamed call is
+// closes, and so does a qwen3_xml call that opens as <function=NAME> (its name, then each
+// parameter once closed: stream_xml); the calls of mistral, granite and llama3_json bodies
+// stream the same way (CallArrayStreamer), pythonic's as PythonCallStreamer reads them, and
+// are released at the end; other calls are released whole; finish() parses what is held
+// (an unclosed hermes call, the whole-output bodies) and releases the rest as content. A
+// streamed call is
 // released as its fragments said, even when the rest of its text does not parse (cut off,
 // or junk after the arguments): its name and arguments (compact when they parse, else as
 // streamed) are out already. Built with stream = false (a response sent whole), nothing
@@ -235,6 +236,17 @@ class ToolCallSplitter {
   size_t args_sent_ = 0;
   bool args_done_ = false;
   bool head_checked_ = false;  // the head was read and does not stream
+  // qwen3_xml, inside a call: its name (streaming_name_) once <function=NAME> is read, then
+  // each parameter as "key":value once </parameter> closes it (typed as the whole parse
+  // types it), then '}' at </function>. xml_at_: where the unread text starts in held_;
+  // xml_args_: the arguments as streamed (empty: nothing went out).
+  enum class Xml : uint8_t { kHead, kParams, kDone };
+  void stream_xml(ToolCallDelta& out, size_t visible);
+  Xml xml_ = Xml::kHead;
+  size_t xml_at_ = 0;
+  const nlohmann::ordered_json* xml_props_ = nullptr;  // the tool's parameter properties
+  std::vector<std::string> xml_keys_;
+  std::string xml_args_;
 };
 
 // Whole-output convenience: feed(text) + finish().

@@ -14,8 +14,9 @@ namespace {
 
 // Streams `text` split at `cuts` and collects the deltas (stream = false: a response sent
 // whole, fed the same way).
-ToolCallDelta streamed(ToolParser p, const std::string& text, std::vector<size_t> cuts, bool stream = true) {
-  ToolCallSplitter s(p, nlohmann::ordered_json::array(), stream);
+ToolCallDelta streamed(ToolParser p, const std::string& text, std::vector<size_t> cuts, bool stream = true,
+                       const nlohmann::ordered_json& tools = nlohmann::ordered_json::array()) {
+  ToolCallSplitter s(p, tools, stream);
   ToolCallDelta all;
   size_t at = 0;
   cuts.push_back(text.size());
@@ -55,8 +56,11 @@ void expect_fragments_agree(const ToolCallDelta& d, const std::string& where) {
       continue;
     }
     EXPECT_EQ(named, 1) << where;
+    // The same JSON value, or (a call released broken, as streamed) the same text.
     const auto streamed = nlohmann::json::parse(args, nullptr, false);
-    EXPECT_EQ(streamed, nlohmann::json::parse(d.calls[k].arguments)) << where << ": " << args;
+    const auto released = nlohmann::json::parse(d.calls[k].arguments, nullptr, false);
+    if (released.is_discarded()) EXPECT_EQ(args, d.calls[k].arguments) << where;
+    else EXPECT_EQ(streamed, released) << where << ": " << args;
   }
   for (const ToolCallFragment& f : d.fragments) EXPECT_LT(f.call, d.calls.size()) << where << ": a fragment of no call";
 }
@@ -617,17 +621,73 @@ TEST(ToolCalls, Qwen3XmlCalls) {
   EXPECT_EQ(nlohmann::json::parse(d.calls[0].arguments),
             nlohmann::json::parse(R"({"city": "New York", "days": 3, "metric": true, "opts": {"a": [1, 2]},
                 "zip": "01234", "note": "line one\nline two"})"));
-  EXPECT_FALSE(d.calls[0].streamed);
+  EXPECT_TRUE(d.calls[0].streamed);
   EXPECT_EQ(d.calls[1].name, "get_time");
   EXPECT_EQ(d.calls[1].arguments, "{}");
   expect_any_split_agrees(ToolParser::kQwen3Xml, out);
+  // Typed by the tools, streamed: the same calls for every split, and each call's pieces
+  // put together are exactly its arguments.
+  for (size_t cut = 0; cut <= out.size(); ++cut) {
+    const ToolCallDelta s = streamed(ToolParser::kQwen3Xml, out, {cut}, true, tools);
+    ASSERT_EQ(s.calls.size(), 2u) << cut;
+    for (size_t k = 0; k < 2; ++k) {
+      EXPECT_EQ(s.calls[k].arguments, d.calls[k].arguments) << cut;
+      std::string args;
+      for (const ToolCallFragment& f : s.fragments)
+        if (f.call == k) args += f.arguments;
+      EXPECT_EQ(args, d.calls[k].arguments) << cut;
+    }
+  }
   // A value that does not fit its type stays a string.
   d = parse_tool_calls(ToolParser::kQwen3Xml,
                        "<tool_call><function=get_weather><parameter=days>three</parameter></function></tool_call>", tools);
   ASSERT_EQ(d.calls.size(), 1u);
   EXPECT_EQ(d.calls[0].arguments, R"({"days":"three"})");
-  expect_text(ToolParser::kQwen3Xml, {"Plain text.", "<tool_call>\n<function=f>\n<parameter=x>1</function>\n</tool_call>",
-                                      "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>"});
+  expect_text(ToolParser::kQwen3Xml, {"Plain text.", "<tool_call>{\"name\": \"f\", \"arguments\": {}}</tool_call>",
+                                      "<tool_call>\n<function=\n</tool_call>"});
+}
+
+// qwen3_xml calls stream as vLLM's qwen3_coder parser streams them: the name once
+// <function=NAME> is read, each parameter's "key":value once its </parameter> is (typed by
+// the tool's schema, as the whole parse types it), '}' at </function>. A call that goes
+// wrong after its name went out is released as streamed, as the other formats' are.
+TEST(ToolCalls, Qwen3XmlCallsStream) {
+  const auto tools = nlohmann::ordered_json::parse(
+      R"([{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+          "properties": {"n": {"type": "integer"}}}}}])");
+  ToolCallSplitter s(ToolParser::kQwen3Xml, tools);
+  ToolCallDelta d = s.feed("Sure.\n<tool_call>\n<function=f");
+  EXPECT_EQ(d.content, "Sure.\n");
+  EXPECT_TRUE(d.fragments.empty());
+  d = s.feed(">\n<parameter=n>\n4");
+  ASSERT_EQ(d.fragments.size(), 1u);
+  EXPECT_EQ(d.fragments[0].name, "f");
+  EXPECT_EQ(d.fragments[0].arguments, "{");
+  d = s.feed("2\n</parameter>\n<parameter=s>\nhi\n</param");
+  ASSERT_EQ(d.fragments.size(), 1u);
+  EXPECT_EQ(d.fragments[0].arguments, R"("n":42)");
+  d = s.feed("eter>\n</function>\n</tool_call>");
+  ASSERT_EQ(d.fragments.size(), 1u);
+  EXPECT_EQ(d.fragments[0].arguments, R"(,"s":"hi"})");
+  ASSERT_EQ(d.calls.size(), 1u);
+  EXPECT_EQ(d.calls[0].arguments, R"({"n":42,"s":"hi"})");
+  EXPECT_TRUE(d.calls[0].streamed);
+
+  const std::pair<std::string, std::string> broken[] = {
+      {"<tool_call>\n<function=f>\n<parameter=x>1</function>\n</tool_call>", "{"},
+      {"<tool_call>\n<function=f>\n<parameter=x>1</parameter>\njunk</function>\n</tool_call>", R"({"x":"1")"},
+      {"<tool_call>\n<function=f>\n<parameter=x>1</parameter><parameter=x>2</parameter></function></tool_call>",
+       R"({"x":"1")"},
+      {"<tool_call>\n<function=f>\n<parameter=x>1</parameter>", R"({"x":"1")"},
+  };
+  for (const auto& [out, args] : broken) {
+    d = parse_tool_calls(ToolParser::kQwen3Xml, out);
+    EXPECT_EQ(d.content, "") << out;
+    ASSERT_EQ(d.calls.size(), 1u) << out;
+    EXPECT_EQ(d.calls[0].name, "f") << out;
+    EXPECT_EQ(d.calls[0].arguments, args) << out;
+    expect_any_split_agrees(ToolParser::kQwen3Xml, out);
+  }
 }
 
 TEST(ToolCalls, GraniteCallArrays) {
