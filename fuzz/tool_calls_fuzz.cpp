@@ -39,9 +39,9 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using kiln::server::ToolParser;
   const ToolParser parsers[] = {ToolParser::kHermes,  ToolParser::kLlama3Json, ToolParser::kMistral,
                                 ToolParser::kPythonic, ToolParser::kGranite,   ToolParser::kQwen3Xml,
-                                ToolParser::kNone};
-  const ToolParser p = parsers[data[0] % 7];
-  const size_t step = 1 + data[0] / 7 % 13;  // piece sizes cycle 1..step
+                                ToolParser::kNone,     ToolParser::kPhi4MiniJson};
+  const ToolParser p = parsers[data[0] % 8];
+  const size_t step = 1 + data[0] / 8 % 13;  // piece sizes cycle 1..step
   const std::string_view text(reinterpret_cast<const char*>(data + 1), size - 1);
 
   const ToolCallDelta whole = kiln::server::parse_tool_calls(p, text);

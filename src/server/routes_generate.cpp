@@ -710,7 +710,7 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
                          (opt.tool_parser == ToolParser::kAuto
                               ? "its chat template shows no format kiln reads; start the server with "
                               : "start the server with ") +
-                         "--tool-call-parser (hermes, llama3_json, mistral, pythonic, granite, qwen3_xml), or send "
+                         "--tool-call-parser (hermes, llama3_json, mistral, pythonic, granite, qwen3_xml, phi4_mini_json), or send "
                          "tool_choice "
                          "\"required\" or a function",
                      "tool_choice");

@@ -16,7 +16,7 @@ using namespace tool_detail;
 namespace {
 
 constexpr std::string_view kOpen = "<tool_call>", kClose = "</tool_call>", kMistralTag = "[TOOL_CALLS]",
-                           kGraniteTag = "<|tool_call|>";
+                           kGraniteTag = "<|tool_call|>", kPhi4Tag = "functools";
 
 bool all_space(std::string_view s) {
   for (char c : s)
@@ -203,6 +203,7 @@ bool undecided(ToolParser p, std::string_view rest) {
   if (p == ToolParser::kPythonic) return PythonCalls(rest).opening() == Head::kIncomplete;
   if (p == ToolParser::kGranite)
     return rest.empty() || rest == "[" || (rest.size() < kGraniteTag.size() && kGraniteTag.starts_with(rest));
+  if (p == ToolParser::kPhi4MiniJson) return rest.size() <= kPhi4Tag.size() && kPhi4Tag.starts_with(rest);
   if (p == ToolParser::kMistral)
     return rest.empty() || rest == "[" || (rest.size() < kMistralTag.size() && kMistralTag.starts_with(rest));
   return rest.empty();
@@ -211,6 +212,7 @@ bool opens_calls(ToolParser p, std::string_view rest) {
   if (p == ToolParser::kPythonic) return PythonCalls(rest).opening() == Head::kYes;
   if (p == ToolParser::kGranite)
     return rest.starts_with(kGraniteTag) || rest.starts_with("[{") || rest.starts_with("[ ") || rest.starts_with("[\n");
+  if (p == ToolParser::kPhi4MiniJson) return rest.starts_with(kPhi4Tag) && rest.substr(kPhi4Tag.size()).starts_with('[');
   if (p == ToolParser::kMistral)
     return rest.starts_with(kMistralTag) || rest.starts_with("[{") || rest.starts_with("[ ") || rest.starts_with("[\n");
   return rest.starts_with("{");
@@ -233,7 +235,7 @@ std::vector<ToolCall> llama3_calls(std::string_view text) {
   }
 }
 
-// mistral and granite: the tag ([TOOL_CALLS], <|tool_call|>) when still in the text and a JSON
+// mistral, granite and phi4_mini_json: the tag ([TOOL_CALLS], <|tool_call|>, functools) when still in the text and a JSON
 // array of calls; none unless every element is a call.
 std::vector<ToolCall> array_calls(std::string_view text, std::string_view tag) {
   while (!text.empty() && is_space(text.front())) text.remove_prefix(1);
@@ -276,10 +278,11 @@ ToolParser tool_parser_from_name(std::string_view name) {
   if (name == "pythonic") return ToolParser::kPythonic;
   if (name == "granite") return ToolParser::kGranite;
   if (name == "qwen3_xml") return ToolParser::kQwen3Xml;
+  if (name == "phi4_mini_json") return ToolParser::kPhi4MiniJson;
   if (name == "auto") return ToolParser::kAuto;
   if (name == "none" || name.empty()) return ToolParser::kNone;
   throw std::invalid_argument("unknown tool-call parser '" + std::string(name) +
-                              "' (hermes, llama3_json, mistral, pythonic, granite, qwen3_xml, auto, none)");
+                              "' (hermes, llama3_json, mistral, pythonic, granite, qwen3_xml, phi4_mini_json, auto, none)");
 }
 
 const char* tool_parser_name(ToolParser p) {
@@ -290,6 +293,7 @@ const char* tool_parser_name(ToolParser p) {
     case ToolParser::kPythonic: return "pythonic";
     case ToolParser::kGranite: return "granite";
     case ToolParser::kQwen3Xml: return "qwen3_xml";
+    case ToolParser::kPhi4MiniJson: return "phi4_mini_json";
     case ToolParser::kAuto: return "auto";
     default: return "none";
   }
@@ -333,10 +337,11 @@ ToolCallDelta ToolCallSplitter::drain(bool final) {
       calls_body_ = opens_calls(parser_, rest);
       if (calls_body_) {
         // Calls stream as they are written, from after the tag when it is there.
-        const std::string_view tag = parser_ == ToolParser::kMistral    ? kMistralTag
-                                     : parser_ == ToolParser::kGranite  ? kGraniteTag
-                                     : parser_ == ToolParser::kPythonic ? kPyStart
-                                                                        : std::string_view();
+        const std::string_view tag = parser_ == ToolParser::kMistral        ? kMistralTag
+                                     : parser_ == ToolParser::kGranite      ? kGraniteTag
+                                     : parser_ == ToolParser::kPhi4MiniJson ? kPhi4Tag
+                                     : parser_ == ToolParser::kPythonic     ? kPyStart
+                                                                            : std::string_view();
         body_fed_ = i + (!tag.empty() && rest.starts_with(tag) ? tag.size() : 0);
         if (!stream_) {
           // Nothing streams: the body is parsed whole at the end.
@@ -362,6 +367,7 @@ ToolCallDelta ToolCallSplitter::drain(bool final) {
     std::vector<ToolCall> calls;
     if (parser_ == ToolParser::kMistral) calls = array_calls(held_, kMistralTag);
     else if (parser_ == ToolParser::kGranite) calls = array_calls(held_, kGraniteTag);
+    else if (parser_ == ToolParser::kPhi4MiniJson) calls = array_calls(held_, kPhi4Tag);
     else if (parser_ == ToolParser::kPythonic) calls = PythonCalls(held_).read().value_or(std::vector<ToolCall>{});
     else calls = llama3_calls(held_);
     if (body_) calls = body_->released(std::move(calls));

@@ -10,6 +10,7 @@
 //                [TOOL_CALLS] control token (Mistral 7B v0.3, Nemo, Small; the token itself
 //                is skipped from the text, or taken off when it is there)
 //   granite      the same array after <|tool_call|> (IBM Granite 3.x)
+//   phi4_mini_json  the same array after functools (Phi-4-mini; vLLM's phi4_mini_json)
 //   qwen3_xml    <tool_call><function=NAME><parameter=KEY>value</parameter>...</function>
 //                </tool_call>, after optional text (Qwen3-Coder); each value is typed by the
 //                tool's JSON Schema (string as written; integer, number, boolean; other
@@ -47,8 +48,8 @@ class JsonCloseScan {
 };
 
 // kAuto: each model's parser is read from its chat template (tool_parser_for_template).
-enum class ToolParser { kNone, kHermes, kLlama3Json, kMistral, kPythonic, kGranite, kQwen3Xml, kAuto };
-// "hermes", "llama3_json", "mistral", "pythonic", "granite", "qwen3_xml", "auto" (and "none");
+enum class ToolParser { kNone, kHermes, kLlama3Json, kMistral, kPythonic, kGranite, kQwen3Xml, kPhi4MiniJson, kAuto };
+// "hermes", "llama3_json", "mistral", "pythonic", "granite", "qwen3_xml", "phi4_mini_json", "auto" (and "none");
 // throws std::invalid_argument naming the choices.
 ToolParser tool_parser_from_name(std::string_view name);
 const char* tool_parser_name(ToolParser p);
@@ -185,7 +186,7 @@ class PythonCallStreamer {
 // that opens as {"name": ..., "arguments": { streams as fragments (its name, then its
 // arguments as they are written) and is released as a call, marked streamed, once it
 // closes, and so does a qwen3_xml call that opens as <function=NAME> (its name, then each
-// parameter once closed: stream_xml); the calls of mistral, granite and llama3_json bodies
+// parameter once closed: stream_xml); the calls of mistral, granite, phi4_mini_json and llama3_json bodies
 // stream the same way (CallArrayStreamer), pythonic's as PythonCallStreamer reads them, and
 // are released at the end; other calls are released whole; finish() parses what is held
 // (an unclosed hermes call, the whole-output bodies) and releases the rest as content. A
@@ -221,7 +222,7 @@ class ToolCallSplitter {
   bool calls_body_ = false;
   bool in_call_ = false;    // hermes: inside <tool_call>
   int calls_ = 0;
-  // mistral, granite and llama3_json bodies (body_) and pythonic's (py_body_): their calls
+  // mistral, granite, phi4_mini_json and llama3_json bodies (body_) and pythonic's (py_body_): their calls
   // streamed as written, and how much of held_ the streamer has read.
   std::optional<CallArrayStreamer> body_;
   std::optional<PythonCallStreamer> py_body_;

@@ -702,6 +702,25 @@ TEST(ToolCalls, GraniteCallArrays) {
   expect_text(ToolParser::kGranite, {"Paris is sunny.", "<|tool_call|> not json", "<|tool_"});
 }
 
+// phi4_mini_json (Phi-4-mini, vLLM's parser of that name): the mistral array after
+// `functools`, "arguments" or "parameters"; streamed call by call as the other arrays are.
+TEST(ToolCalls, Phi4MiniJsonCallArrays) {
+  const std::string out =
+      R"(functools[{"name": "get_weather", "arguments": {"city": "Paris", "days": [1, 2]}}, {"name": "now", "parameters": {}}])";
+  ToolCallDelta d = parse_tool_calls(ToolParser::kPhi4MiniJson, out);
+  EXPECT_EQ(d.content, "");
+  ASSERT_EQ(d.calls.size(), 2u);
+  EXPECT_EQ(d.calls[0].name, "get_weather");
+  EXPECT_EQ(d.calls[0].arguments, R"({"city":"Paris","days":[1,2]})");
+  EXPECT_TRUE(d.calls[0].streamed);
+  EXPECT_EQ(d.calls[1].name, "now");
+  EXPECT_EQ(d.calls[1].arguments, "{}");
+  expect_any_split_agrees(ToolParser::kPhi4MiniJson, out);
+  expect_any_split_agrees(ToolParser::kPhi4MiniJson, "\n functools[{\"name\": \"f\", \"arguments\": {\"x\": \"]\"}}]");
+  expect_text(ToolParser::kPhi4MiniJson, {"The weather is fine.", "functools are handy", "functools [1]", "func",
+                                          R"([{"name": "f", "arguments": {}}])", "functools[1, 2]"});
+}
+
 // --tool-call-parser auto: the format a chat template renders or names.
 TEST(ToolCalls, ParserFromTheChatTemplate) {
   const std::pair<const char*, ToolParser> cases[] = {
@@ -738,11 +757,13 @@ TEST(ToolCalls, ParserNames) {
   EXPECT_EQ(tool_parser_from_name("auto"), ToolParser::kAuto);
   EXPECT_EQ(tool_parser_from_name("qwen3_xml"), ToolParser::kQwen3Xml);
   EXPECT_STREQ(tool_parser_name(ToolParser::kQwen3Xml), "qwen3_xml");
+  EXPECT_EQ(tool_parser_from_name("phi4_mini_json"), ToolParser::kPhi4MiniJson);
+  EXPECT_STREQ(tool_parser_name(ToolParser::kPhi4MiniJson), "phi4_mini_json");
   try {
     tool_parser_from_name("kimi_k2");
     ADD_FAILURE();
   } catch (const std::invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("hermes, llama3_json, mistral, pythonic, granite, qwen3_xml, auto"),
+    EXPECT_NE(std::string(e.what()).find("hermes, llama3_json, mistral, pythonic, granite, qwen3_xml, phi4_mini_json, auto"),
               std::string::npos);
   }
 }

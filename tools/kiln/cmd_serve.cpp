@@ -249,9 +249,10 @@ Runner add_serve(CLI::App& app) {
                   "format each model's chat template shows), hermes "
                   "(<tool_call>{...}</tool_call>: Qwen2.5/3, Hermes, SmolLM3), llama3_json (Llama 3.1-3.3), mistral "
                   "([TOOL_CALLS] [...]: Mistral 7B v0.3, Nemo, Small), pythonic ([f(a=1), g()]: Llama 3.2, Llama 4) "
-                  "granite (<|tool_call|> [...]: Granite 3.x) or qwen3_xml (<function=...><parameter=...>: "
-                  "Qwen3-Coder); none refuses tool_choice \"auto\"")
-      ->check(CLI::IsMember({"auto", "none", "hermes", "llama3_json", "mistral", "pythonic", "granite", "qwen3_xml"}))
+                  "granite (<|tool_call|> [...]: Granite 3.x), phi4_mini_json (functools[...]: Phi-4-mini) or "
+                  "qwen3_xml (<function=...><parameter=...>: Qwen3-Coder); none refuses tool_choice \"auto\"")
+      ->check(CLI::IsMember(
+          {"auto", "none", "hermes", "llama3_json", "mistral", "pythonic", "granite", "phi4_mini_json", "qwen3_xml"}))
       ->capture_default_str();
 
   // `kiln serve bench` (also `kiln bench serve`): load-test a running server.
