@@ -452,8 +452,7 @@ void ToolCallSplitter::stream_xml(ToolCallDelta& out, size_t visible) {
   const std::string_view text = std::string_view(held_).substr(0, visible);
   auto emit = [&](std::string piece) {
     xml_args_ += piece;
-    if (!out.fragments.empty() && out.fragments.back().call == size_t(calls_)) out.fragments.back().arguments += piece;
-    else out.fragments.push_back({size_t(calls_), "", std::move(piece)});
+    append_piece(out.fragments, size_t(calls_), piece);
   };
   // Whether `rest` may still grow into `tag`.
   auto partial = [](std::string_view rest, std::string_view tag) {
@@ -532,10 +531,9 @@ void ToolCallSplitter::stream_call(ToolCallDelta& out, size_t visible) {
   const size_t upto = close == std::string_view::npos ? text.size() : close;
   args_done_ = close != std::string_view::npos;
   if (upto <= args_at_ + args_sent_) return;
-  std::string piece(text.substr(args_at_ + args_sent_, upto - args_at_ - args_sent_));
+  const std::string_view piece = text.substr(args_at_ + args_sent_, upto - args_at_ - args_sent_);
   args_sent_ += piece.size();
-  if (!out.fragments.empty() && out.fragments.back().call == size_t(calls_)) out.fragments.back().arguments += piece;
-  else out.fragments.push_back({size_t(calls_), "", std::move(piece)});
+  append_piece(out.fragments, size_t(calls_), piece);
 }
 
 std::vector<ToolCallFragment> CallArrayStreamer::feed(std::string_view text) {
@@ -580,8 +578,7 @@ std::vector<ToolCallFragment> CallArrayStreamer::feed(std::string_view text) {
       if (upto > sent) {
         const std::string_view piece = s.substr(sent, upto - sent);
         call.arguments += piece;
-        if (!out.empty() && out.back().call == streamed_.size() - 1) out.back().arguments += piece;
-        else out.push_back({streamed_.size() - 1, "", std::string(piece)});
+        append_piece(out, streamed_.size() - 1, piece);
       }
       if (close == std::string_view::npos) break;
       args_done_ = true;

@@ -169,7 +169,7 @@ class PythonCallStreamer {
   };
 
  private:
-  enum class At { kList, kName, kParen, kKey, kEquals, kValueStart, kValue, kString, kAfterString, kAfterCall, kStopped };
+  enum class At { kList, kName, kParen, kKey, kEquals, kValueStart, kValue, kString, kAfterValue, kAfterCall, kStopped };
   std::string text_;
   size_t pos_ = 0;  // where the next token is read
   At at_ = At::kList;

@@ -38,6 +38,13 @@ inline bool py_ident_char(char c, bool first) {
   return c == '_' || std::isalpha(static_cast<unsigned char>(c)) || (!first && std::isdigit(static_cast<unsigned char>(c)));
 }
 
+// A piece of call `call`'s arguments: added to the last fragment when that is the same
+// call's, else a fragment of its own (unnamed: the name went out with the first).
+inline void append_piece(std::vector<ToolCallFragment>& out, size_t call, std::string_view piece) {
+  if (!out.empty() && out.back().call == call) out.back().arguments += piece;
+  else out.push_back({call, "", std::string(piece)});
+}
+
 // The JSON text of a value as a call's arguments hold it (what dump() writes there).
 inline std::string arg_json(const Json& v) { return v.dump(-1, ' ', false, Json::error_handler_t::replace); }
 

@@ -11,12 +11,17 @@ namespace kiln::server {
 
 using namespace tool_detail;
 
+namespace {
+
+// Whether the quote q at `at` may still be part of a triple quote: fewer than three chars
+// are left and all are q, so it waits until the two after it are read.
+bool undecided_triple(std::string_view s, size_t at, char q) {
+  return at + 3 > s.size() && s.substr(at).find_first_not_of(q) == std::string_view::npos;
+}
+
+}  // namespace
+
 size_t PythonCallStreamer::LiteralScan::scan(std::string_view s) {
-  // An opening or closing quote at pos_ that may begin a triple quote waits until the two
-  // after it are read.
-  auto undecided_triple = [&](char q) {
-    return pos_ + 3 > s.size() && s.substr(pos_).find_first_not_of(q) == std::string_view::npos;
-  };
   for (; pos_ < s.size(); ++pos_) {
     const char c = s[pos_];
     if (quote_) {
@@ -28,7 +33,7 @@ size_t PythonCallStreamer::LiteralScan::scan(std::string_view s) {
         if (!triple_) {
           quote_ = 0;
         } else {
-          if (undecided_triple(c)) return std::string_view::npos;
+          if (undecided_triple(s, pos_, c)) return std::string_view::npos;
           if (s.substr(pos_, 3) == std::string(3, c)) {
             pos_ += 2;
             quote_ = 0;
@@ -36,7 +41,7 @@ size_t PythonCallStreamer::LiteralScan::scan(std::string_view s) {
         }
       }
     } else if (c == '"' || c == '\'') {
-      if (undecided_triple(c)) return std::string_view::npos;
+      if (undecided_triple(s, pos_, c)) return std::string_view::npos;
       quote_ = c;
       triple_ = s.substr(pos_, 3) == std::string(3, c);
       if (triple_) pos_ += 2;
@@ -51,11 +56,7 @@ size_t PythonCallStreamer::LiteralScan::scan(std::string_view s) {
 }
 
 PythonCallStreamer::StringRead::Read PythonCallStreamer::StringRead::read(std::string_view s, bool final) {
-  // The quotes from `at` to the text's end, when there are fewer than three of q and
-  // nothing else: a triple quote may still come.
-  auto open_triple = [&](size_t at, char q) {
-    return !final && at + 3 > s.size() && s.substr(at).find_first_not_of(q) == std::string_view::npos;
-  };
+  auto open_triple = [&](size_t at, char q) { return !final && undecided_triple(s, at, q); };
   if (!q_) {
     if (at_ >= s.size()) return final ? kBad : kMore;
     const char q = s[at_];
@@ -100,10 +101,16 @@ std::vector<ToolCallFragment> PythonCallStreamer::feed(std::string_view text) {
   text_ += text;
   std::vector<ToolCallFragment> out;
   const std::string_view s = text_;
-  auto emit = [&](std::string piece) {
+  auto emit = [&](std::string_view piece) {
     streamed_.back().arguments += piece;
-    if (!out.empty() && out.back().call == streamed_.size() - 1) out.back().arguments += piece;
-    else out.push_back({streamed_.size() - 1, "", std::move(piece)});
+    append_piece(out, streamed_.size() - 1, piece);
+  };
+  // "key": for the keyword being read, after a ',' unless it is the call's first.
+  auto key_json = [&] {
+    std::string k = keys_.empty() ? "" : ",";  // appended piece by piece: GCC 12 warns
+    k += arg_json(key_);                       // (-Wrestrict) on a chain of operator+
+    k += ':';
+    return k;
   };
   // An identifier at pos_: false while it may still grow (it reaches the end of the text);
   // `id` is empty when none is there.
@@ -156,8 +163,8 @@ std::vector<ToolCallFragment> PythonCallStreamer::feed(std::string_view text) {
         if (!ident(key_)) return out;
         at_ = key_.empty() ? At::kStopped : At::kEquals;
         break;
-      case At::kEquals:
-        if (c != '=') {
+      case At::kEquals:  // a repeated keyword stops the stream (Python: a SyntaxError)
+        if (c != '=' || std::find(keys_.begin(), keys_.end(), key_) != keys_.end()) {
           at_ = At::kStopped;
           break;
         }
@@ -166,14 +173,7 @@ std::vector<ToolCallFragment> PythonCallStreamer::feed(std::string_view text) {
         break;
       case At::kValueStart:  // a string streams as it is read; any other literal once closed
         if (c == '"' || c == '\'') {
-          if (std::find(keys_.begin(), keys_.end(), key_) != keys_.end()) {
-            at_ = At::kStopped;
-            break;
-          }
-          std::string open = keys_.empty() ? "" : ",";
-          open += arg_json(key_);
-          open += ":\"";
-          emit(open);
+          emit(key_json() + '"');
           string_ = StringRead(pos_);
           at_ = At::kString;
           break;
@@ -202,10 +202,10 @@ std::vector<ToolCallFragment> PythonCallStreamer::feed(std::string_view text) {
         emit("\"");
         keys_.push_back(key_);
         pos_ = string_.end();
-        at_ = At::kAfterString;
+        at_ = At::kAfterValue;
         break;
       }
-      case At::kAfterString:
+      case At::kAfterValue:  // the next keyword, or the call's end
         if (c == ',') {
           ++pos_;
           at_ = At::kKey;
@@ -222,23 +222,14 @@ std::vector<ToolCallFragment> PythonCallStreamer::feed(std::string_view text) {
         if (end == std::string_view::npos) return out;
         std::optional<Json> v;
         if (s[end] == ',' || s[end] == ')') v = PythonCalls(s.substr(value_at_, end - value_at_)).literal();
-        if (!v || std::find(keys_.begin(), keys_.end(), key_) != keys_.end()) {
+        if (!v) {
           at_ = At::kStopped;
           break;
         }
-        std::string pair = keys_.empty() ? "" : ",";  // appended piece by piece: GCC 12 warns
-        pair += arg_json(key_);                        // (-Wrestrict) on a chain of operator+
-        pair += ':';
-        pair += arg_json(*v);
-        emit(pair);
+        emit(key_json() + arg_json(*v));
         keys_.push_back(key_);
-        pos_ = end + 1;
-        if (s[end] == ',') {
-          at_ = At::kKey;
-        } else {
-          emit("}");
-          at_ = At::kAfterCall;
-        }
+        pos_ = end;  // the ',' or ')' that closed it
+        at_ = At::kAfterValue;
         break;
       }
       case At::kAfterCall:

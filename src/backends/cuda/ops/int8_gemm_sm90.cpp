@@ -61,6 +61,10 @@ namespace {
 bool aligned16(const void* p) { return p && reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 #if KILN_HAVE_CUTLASS
+// A stand-in codes table: the checks and the workspace query only ask which kernel runs
+// (any non-null table picks the codes kernel); nothing reads it.
+constexpr int8_t kAnyTable = 0;
+
 int8_sm90::Problem problem(const int8_t* x, const int8_t* w, void* y, int64_t m, int64_t n,
                            int64_t k, const Int8Epilogue& e, int sm_count, const int8_t* code_table = nullptr) {
   int8_sm90::Problem p;
@@ -101,9 +105,7 @@ std::string int8_gemm_sm90_check(DType out, const int8_t* x, const int8_t* w, co
       (e.bias && !aligned16(e.bias)))
     return "w_scale, row_scale and bias must be 16-byte aligned";
 #if KILN_HAVE_CUTLASS
-  // Any non-null table asks for the codes kernel (can_implement does not read it).
-  static const int8_t kNoTable = 0;
-  const int8_sm90::Problem p = problem(x, w, const_cast<void*>(y), m, n, k, e, 1, codes ? &kNoTable : nullptr);
+  const int8_sm90::Problem p = problem(x, w, const_cast<void*>(y), m, n, k, e, 1, codes ? &kAnyTable : nullptr);
   const std::string st = out == DType::kBF16
                              ? int8_sm90::Ops<DType::kBF16>::check(Int8GemmConfig{}, p)
                              : int8_sm90::Ops<DType::kF16>::check(Int8GemmConfig{}, p);
@@ -119,8 +121,7 @@ size_t int8_gemm_sm90_workspace(Int8GemmConfig c, DType out, int64_t m, int64_t 
 #if KILN_HAVE_CUTLASS
   Int8Epilogue e;
   e.act = act;
-  static const int8_t kNoTable = 0;
-  const int8_sm90::Problem p = problem(nullptr, nullptr, nullptr, m, n, k, e, 1, codes ? &kNoTable : nullptr);
+  const int8_sm90::Problem p = problem(nullptr, nullptr, nullptr, m, n, k, e, 1, codes ? &kAnyTable : nullptr);
   return out == DType::kBF16 ? int8_sm90::Ops<DType::kBF16>::workspace(c, p)
                              : int8_sm90::Ops<DType::kF16>::workspace(c, p);
 #else
