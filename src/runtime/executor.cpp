@@ -165,6 +165,7 @@ struct Executor::Impl {
   std::vector<Choice*> waiting, running;
   int64_t next_key = 0;
   int64_t preemptions = 0, steps = 0, step_tokens = 0, generated = 0, last_batch = 0, top_steps = 0;
+  int64_t running_peak = 0;    // the most sequences in `running` at once
   int64_t swap_fallbacks = 0;  // swap-mode preemptions that recomputed
   int64_t finished = 0, cancelled = 0, failed = 0;
   double schedule_s = 0, engine_s = 0, sample_s = 0;
@@ -331,7 +332,25 @@ struct Executor::Impl {
     s.arrival = c.req->arrival;
     s.pending = c.pending();
     s.decoding = c.generated > 0 && c.pending() == 1;
+    s.slots = slots_of(c);
     return s;
+  }
+
+  // Running slots a sequence takes against max_running: n for the choice of an n > 1
+  // request that has not forked yet (its other choices join it once the prompt is
+  // prefilled, so they are counted when it is admitted, as vLLM counts a sequence group's
+  // n sequences against max_num_seqs), else 1.
+  static int32_t slots_of(const Choice& c) { return c.req->forked ? 1 : c.req->req.n; }
+
+  int32_t running_slots() const {
+    int32_t taken = 0;
+    for (const Choice* c : running) taken += slots_of(*c);
+    return taken;
+  }
+
+  void start_running(Choice* c) {
+    running.push_back(c);
+    running_peak = std::max(running_peak, int64_t(running.size()));
   }
 
   Choice* by_key(const std::vector<Choice*>& v, int64_t key) const {
@@ -402,10 +421,10 @@ struct Executor::Impl {
     for (Choice* c : running) reserved += kv.blocks_needed(c->kv, c->pending());
     int64_t avail = int64_t(kv.allocator().num_free()) + prefix.num_evictable() +
                     sessions.num_reclaimable() - reserved;
-    int32_t slots = opt.max_running - int32_t(running.size());
-    std::vector<int64_t> keys = capacity_admit(w, avail, slots);
+    std::vector<int64_t> keys = capacity_admit(w, avail, opt.max_running - running_slots());
     // Nothing running and the head still does not fit: admit it anyway; submit() made
-    // sure it fits the pool alone, and planning reclaims caches for it.
+    // sure it fits the pool alone (and that its n is within max_running), and planning
+    // reclaims caches for it.
     if (keys.empty() && running.empty()) keys.push_back(w.front().key);
     for (int64_t key : keys) {
       Choice* c = by_key(waiting, key);
@@ -420,7 +439,7 @@ struct Executor::Impl {
       }
       drop_from(waiting, c);
       attach_kv(*c);
-      running.push_back(c);
+      start_running(c);
     }
   }
 
@@ -634,7 +653,8 @@ struct Executor::Impl {
     return c.sampler->sample(r.full);
   }
 
-  // n > 1: the other choices share the prompt's blocks, forked once it is prefilled.
+  // n > 1: the other choices share the prompt's blocks, forked once it is prefilled. Their
+  // running slots were taken when the parent was admitted (slots_of).
   void fork_choices(Choice& parent, const Row& row) {
     Request& r = *parent.req;
     r.forked = true;
@@ -649,7 +669,7 @@ struct Executor::Impl {
       Choice* raw = c.get();
       r.choices.push_back(std::move(c));
       ++r.unfinished;
-      running.push_back(raw);
+      start_running(raw);
       if (row.full.empty()) {
         take_token(*raw, sample(*raw, row));
       } else {
@@ -754,6 +774,10 @@ uint64_t Executor::submit(GenerationRequest request, UpdateCallback on_update) {
                   info.vocab_size, " tokens)");
   if (request.n < 1 || request.n > 16)
     throw_error(ErrorCode::kInvalidArgument, "n must be in [1, 16], got ", request.n);
+  if (request.n > opt_.max_running)
+    throw_error(ErrorCode::kInvalidArgument, "n (", request.n, ") exceeds max_running (",
+                opt_.max_running, "): a request's n choices run at once, and at most max_running ",
+                "sequences do (lower n or raise --max-running)");
   if (request.max_tokens < 0 || (request.max_tokens == 0 && request.n != 1))
     throw_error(ErrorCode::kInvalidArgument, "max_tokens must be at least ", request.n == 1 ? 0 : 1,
                 request.n == 1 ? "" : " with n > 1", ", got ", request.max_tokens);
@@ -948,6 +972,7 @@ void Executor::loop() {
     ExecutorStats& s = stats_;
     s.waiting = int64_t(im.waiting.size()) + int64_t(inbox_.size());
     s.running = int64_t(im.running.size());
+    s.running_peak = im.running_peak;
     s.kv_blocks_total = im.kv.allocator().num_blocks();
     s.kv_blocks_free = im.kv.allocator().num_free();
     s.kv_blocks_cached = im.prefix.num_cached();

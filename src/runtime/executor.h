@@ -102,7 +102,7 @@ struct ExecutorOptions {
   // kSwap: host memory for swapped-out blocks. When it is full a preemption recomputes.
   int64_t swap_space_bytes = int64_t(4) << 30;
   int64_t max_step_tokens = 512;  // token budget of one step
-  int32_t max_running = 64;       // sequences decoding at once
+  int32_t max_running = 64;       // sequences running at once (an n > 1 request counts n)
   SchedulePolicy policy = SchedulePolicy::kFcfs;
   bool prefix_caching = true;
   std::chrono::milliseconds session_idle_timeout{30000};
@@ -142,6 +142,7 @@ struct ExecutorStats {
   int64_t swap_blocks_total = 0, swap_blocks_used = 0;
   int64_t top_logits_steps = 0;  // steps that sampled from TopKLogits candidates
   int64_t last_batch_seqs = 0;
+  int64_t running_peak = 0;  // the most sequences running at once so far (<= max_running)
   // Executor-thread time by phase (where a step's time goes): scheduling (admit, plan,
   // preempt), the engine step, sampling + stop checks; and the emitter thread's time in
   // consumers' update callbacks (overlapping the next step, not part of it).

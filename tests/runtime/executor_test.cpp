@@ -1,7 +1,8 @@
 // Executor end to end on the tiny Llama fixture: concurrent greedy requests (submitted
 // from several threads, chunked prefill, preemption under a small KV pool) produce
-// exactly the tokens each produces alone; seeds, n > 1, stop ids, cancellation, prefix
-// cache and session reuse, expiry, bad requests; and no KV block leaks afterwards.
+// exactly the tokens each produces alone; seeds, n > 1 (its choices counted against
+// max_running), stop ids, cancellation, prefix cache and session reuse, expiry, bad
+// requests; and no KV block leaks afterwards.
 // Steps that sample from the TopKLogits candidates give the whole-row steps' outputs.
 // Pool sizing from (faked) free memory; preemption by swapping to host memory (exact
 // outputs, swap-space exhaustion falling back to recompute, cancellation while swapped).
@@ -270,6 +271,64 @@ TEST_F(ExecutorTest, BadRequestsAreRejectedWithClearErrors) {
   expect_error(r, "logit_bias: token id 600 is outside the vocabulary");
   // Still healthy afterwards.
   EXPECT_EQ(ex.generate(greedy({5, 6, 7}, 3)).choices[0].tokens.size(), 3u);
+}
+
+// max_running bounds every running sequence, an n > 1 request's forked choices included
+// (vLLM counts a group's n sequences against max_num_seqs): with two slots, a request with
+// n = 2 and a plain one queued together never run three sequences at once, whichever
+// comes first (the n = 2 one waits for both slots, the plain one for a free one), and
+// every choice gives its prompt's greedy tokens alone.
+TEST_F(ExecutorTest, MaxRunningCountsTheChoicesAnNRequestWillFork) {
+  auto ps = prompts(2, 31, 10, 30);
+  const auto want_two = alone(ps[0], 12), want_plain = alone(ps[1], 20);
+  for (bool plain_first : {true, false}) {
+    SCOPED_TRACE(plain_first ? "plain request first" : "n = 2 request first");
+    ExecutorOptions opt;
+    opt.max_running = 2;
+    Executor ex(*model_, nullptr, opt);
+    GenerationRequest two = greedy(ps[0], 12);
+    two.n = 2;
+    GenerationRequest plain = greedy(ps[1], 20);
+    auto got = run_all_at_once(ex, plain_first ? std::vector{plain, two} : std::vector{two, plain});
+    const GenerationResult& got_two = got[plain_first ? 1 : 0];
+    const GenerationResult& got_plain = got[plain_first ? 0 : 1];
+    ASSERT_EQ(got_two.error, "");
+    ASSERT_EQ(got_plain.error, "");
+    ASSERT_EQ(got_two.choices.size(), 2u);
+    for (size_t i = 0; i < 2; ++i) {
+      EXPECT_EQ(got_two.choices[i].tokens, want_two) << "choice " << i;
+      EXPECT_EQ(got_two.choices[i].finish, FinishReason::kLength) << "choice " << i;
+    }
+    EXPECT_EQ(got_plain.choices[0].tokens, want_plain);
+    EXPECT_EQ(got_plain.choices[0].finish, FinishReason::kLength);
+    ExecutorStats s = settled_stats(ex);
+    EXPECT_EQ(s.running_peak, 2) << "sequences running at once with max_running 2";
+    EXPECT_EQ(s.requests_finished, 2);
+    EXPECT_EQ(s.kv_blocks_free + s.kv_blocks_cached, s.kv_blocks_total) << "blocks leaked";
+  }
+}
+
+// An n above max_running could never run within the bound: refused at submit, naming both.
+TEST_F(ExecutorTest, NAboveMaxRunningIsRefused) {
+  ExecutorOptions opt;
+  opt.max_running = 2;
+  Executor ex(*model_, nullptr, opt);
+  auto r = greedy({5, 6, 7}, 4);
+  r.n = 3;
+  try {
+    ex.submit(r, [](RequestUpdate&&) {});
+    ADD_FAILURE() << "accepted n = 3 with max_running 2";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("n (3) exceeds max_running (2)"), std::string::npos)
+        << e.what();
+  }
+  r.n = 2;  // at the bound: runs
+  auto got = ex.generate(r);
+  ASSERT_EQ(got.choices.size(), 2u);
+  EXPECT_EQ(got.choices[0].tokens, alone(r.prompt, 4));
+  EXPECT_EQ(got.choices[1].tokens, got.choices[0].tokens);
+  EXPECT_EQ(settled_stats(ex).running_peak, 2);
 }
 
 TEST_F(ExecutorTest, DrainWaitsForInFlightRequestsThenRefusesNewOnes) {

@@ -14,7 +14,8 @@ namespace kiln::test_exec {
 
 // Every request queued before the executor's next turn: the first one's first update
 // (sent on the executor thread) waits until the others are submitted, so a small pool
-// is oversubscribed however the client threads happen to be scheduled. Greedy, n = 1.
+// is oversubscribed however the client threads happen to be scheduled. Greedy; a
+// request's n choices come back at their indices, with their tokens and finish reasons.
 inline std::vector<GenerationResult> run_all_at_once(Executor& ex, const std::vector<GenerationRequest>& reqs) {
   std::vector<GenerationResult> out(reqs.size());
   std::atomic<bool> queued{false};
@@ -22,12 +23,13 @@ inline std::vector<GenerationResult> run_all_at_once(Executor& ex, const std::ve
   std::condition_variable cv;
   size_t done = 0;
   for (size_t i = 0; i < reqs.size(); ++i) {
-    out[i].choices.resize(1);
+    out[i].choices.resize(size_t(reqs[i].n));
     ex.submit(reqs[i], [&, i](RequestUpdate&& u) {
       while (i == 0 && !queued) std::this_thread::yield();
       for (auto& c : u.choices) {
-        auto& t = out[i].choices[0].tokens;
-        t.insert(t.end(), c.tokens.begin(), c.tokens.end());
+        auto& choice = out[i].choices.at(size_t(c.index));
+        choice.tokens.insert(choice.tokens.end(), c.tokens.begin(), c.tokens.end());
+        if (c.finish != FinishReason::kNone) choice.finish = c.finish;
       }
       if (u.done) {
         std::lock_guard lk(mu);

@@ -49,6 +49,23 @@ TEST(CapacityScheduler, AdmitsInOrderWhileBlocksAndSlotsLastWithoutOvertaking) {
   EXPECT_TRUE(capacity_admit(w, 2, 8).empty());
 }
 
+// An unforked n > 1 sequence takes n slots; one that does not fit stops admission even
+// where a one-slot sequence behind it would fit.
+TEST(CapacityScheduler, CountsEachSequencesSlotsWithoutOvertaking) {
+  std::vector<SchedSeq> w = {seq(1, 0, 0, false, 0, 1), seq(2, 1, 0, false, 0, 1),
+                             seq(3, 2, 0, false, 0, 1)};
+  w[1].slots = 3;
+  EXPECT_EQ(capacity_admit(w, 10, 5), (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_EQ(capacity_admit(w, 10, 4), (std::vector<int64_t>{1, 2}));  // none left for 3
+  EXPECT_EQ(capacity_admit(w, 10, 3), (std::vector<int64_t>{1}));     // 3 fits, not past 2
+  w[0].slots = 2;
+  EXPECT_TRUE(capacity_admit(w, 10, 1).empty());
+  EXPECT_EQ(capacity_admit(w, 10, 2), (std::vector<int64_t>{1}));
+  EXPECT_EQ(capacity_admit(w, 10, 6), (std::vector<int64_t>{1, 2, 3}));
+  EXPECT_TRUE(capacity_admit(w, 10, 0).empty());
+  EXPECT_EQ(capacity_admit(w, 1, 6), (std::vector<int64_t>{1}));  // blocks still bound it
+}
+
 TEST(MicroBatchScheduler, DecodesFirstThenPrefillChunksWithinTheBudget) {
   std::vector<SchedSeq> r = {seq(1, 0, 100), seq(2, 1, 1, true), seq(3, 2, 30), seq(4, 3, 1, true)};
   auto plan = micro_batch(r, 64);

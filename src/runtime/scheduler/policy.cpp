@@ -22,8 +22,9 @@ std::vector<int64_t> capacity_admit(const std::vector<SchedSeq>& waiting, int64_
                                     int32_t free_slots) {
   std::vector<int64_t> admitted;
   for (const SchedSeq& s : waiting) {
-    if (int32_t(admitted.size()) >= free_slots || s.blocks_needed > available_blocks) break;
+    if (s.slots > free_slots || s.blocks_needed > available_blocks) break;
     available_blocks -= s.blocks_needed;
+    free_slots -= s.slots;
     admitted.push_back(s.key);
   }
   return admitted;

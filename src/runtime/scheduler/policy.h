@@ -20,6 +20,9 @@ struct SchedSeq {
   int32_t pending = 0;    // tokens to feed: the rest of the prompt, or 1 when decoding
   bool decoding = false;  // has produced a token (its pending token is a sampled one)
   int32_t blocks_needed = 0;  // capacity: new KV blocks to hold all its pending tokens
+  // capacity: running slots it takes once admitted; n for the one sequence of an n > 1
+  // request that has not forked yet, since its other choices join it after the prefill.
+  int32_t slots = 1;
 };
 
 // True when `a` should be served before `b`.
@@ -27,9 +30,9 @@ bool sched_before(const SchedSeq& a, const SchedSeq& b, SchedulePolicy policy);
 void sched_sort(std::vector<SchedSeq>& seqs, SchedulePolicy policy);
 
 // Capacity scheduler: the keys of the waiting sequences (sorted by sched_sort) to admit,
-// in order, while their blocks fit in `available_blocks` and fewer than `free_slots`
-// are taken. Stops at the first that does not fit (no overtaking: a large request at
-// the head is not starved by small ones behind it).
+// in order, while their blocks fit in `available_blocks` and their slots in `free_slots`.
+// Stops at the first that does not fit either (no overtaking: a large request at the
+// head, or an n > 1 one waiting for n slots, is not starved by small ones behind it).
 std::vector<int64_t> capacity_admit(const std::vector<SchedSeq>& waiting, int64_t available_blocks,
                                     int32_t free_slots);
 
