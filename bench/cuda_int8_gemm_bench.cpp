@@ -242,6 +242,11 @@ int main(int argc, char** argv) {
       int after;  // 0 nothing, 1 quantize static, 2 quantize per token, 3 GELU bf16, 4 GELU codes static, 5 per token,
                   // 6 none: the codes epilogue (the GEMM writes the static codes, GELU from the table)
       int table;  // the GELU pass: 0 arithmetic, 1 table in shared memory, 2 table through L1
+      // The codes epilogue's inputs (after 6): 0 as the other rows (x_scale 0.02, bias: |v| in the
+      // thousands, ~10 binades of the table a warp), 1 every v 0 (x_scale 0, no bias: one table
+      // entry, one line a warp's gather), 2 v ~ N(0, 2) (x_scale 2.3e-5, no bias: GELU's
+      // working range, ~16 binades).
+      int inputs = 0;
     };
     const Way ways[] = {{"GELU in the epilogue", GemvEpilogue::kGeluErf, 0, 0},
                         {"GELU in the epilogue + down's quantize, static", GemvEpilogue::kGeluErf, 1, 0},
@@ -256,12 +261,16 @@ int main(int argc, char** argv) {
                         {"GEMM + GELU pass to codes, per token", GemvEpilogue::kNone, 5, 0},
                         {"GEMM + GELU pass to codes, per token, table (smem)", GemvEpilogue::kNone, 5, 1},
                         {"GEMM + GELU pass to codes, per token, table (L1)", GemvEpilogue::kNone, 5, 2},
-                        {"GEMM writing the codes (codes table in the epilogue), static", GemvEpilogue::kGeluErf, 6, 2}};
+                        {"GEMM writing the codes (codes table in the epilogue), static", GemvEpilogue::kGeluErf, 6, 2},
+                        {"same, every v 0 (one table entry)", GemvEpilogue::kGeluErf, 6, 2, 1},
+                        {"same, v ~ N(0, 2)", GemvEpilogue::kGeluErf, 6, 2, 2}};
     for (const int64_t m : {m_max, int64_t(128)}) {
       std::printf("\nFFN up %lldx%lld at %lld rows (CUDA graphs; best configuration each):\n\n| way | us | GEMM config |"
                   "\n|---|---|---|\n", (long long)n, (long long)k, (long long)m);
       for (const Way& w : ways) {
         e.act = w.act;
+        e.x_scale = w.inputs == 1 ? 0.0f : w.inputs == 2 ? 2.3e-5f : 0.02f;
+        e.bias = w.inputs ? nullptr : static_cast<const float*>(bias.get());
         float best = 0;
         const char* best_cfg = "-";
         for (int ci = 0; ci < kInt8GemmConfigs; ++ci) {
