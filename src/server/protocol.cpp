@@ -10,6 +10,7 @@
 
 #include "core/status.h"
 #include "runtime/grammar.h"
+#include "server/protocol_fields.h"
 
 namespace kiln::server {
 
@@ -34,8 +35,6 @@ Json parse_json_body(const std::string& body) {
   if (!j.is_object()) throw ApiError(400, "the request body must be a JSON object");
   return j;
 }
-
-namespace {
 
 [[noreturn]] void bad_type(const std::string& key, const char* want) {
   throw ApiError(400, "'" + key + "' must be " + want, key);
@@ -97,6 +96,8 @@ std::string get_string(const Json& j, const std::string& key, bool required) {
   if (!v->is_string()) bad_type(key, "a string");
   return v->get<std::string>();
 }
+
+namespace {
 
 std::vector<int32_t> token_ids(const Json& a, const std::string& key) {
   std::vector<int32_t> ids;

@@ -96,6 +96,20 @@ struct CompletionParams {
 Json parse_json_body(const std::string& body);
 CompletionParams parse_completion(const Json& body, bool chat, const RequestLimits& limits);
 
+// /v1/responses (OpenAI's Responses API), served without state as vLLM serves it with
+// store=false: the request as the chat completion it runs (instructions and input items as
+// messages, function_call / function_call_output items as assistant tool_calls and tool
+// messages, tools in chat's shape, text.format as response_format), and the request fields
+// a response object echoes back (instructions, max_output_tokens, temperature, top_p, tools,
+// tool_choice, parallel_tool_calls, text, reasoning), normalized. Refuses what needs stored
+// state (previous_response_id, conversation, background) or that a text model cannot take
+// (non-function tools, image and file inputs), naming the field.
+struct ResponsesParams {
+  CompletionParams chat;
+  Json echo = Json::object();
+};
+ResponsesParams parse_responses(const Json& body, const RequestLimits& limits);
+
 // /tokenize (vLLM's): a completions prompt or chat messages of `model`, with
 // add_special_tokens (default: true for a prompt, false for messages, which the chat
 // template renders with its own special tokens); /detokenize: token ids.

@@ -1,154 +1,18 @@
 // /v1/completions and /v1/chat/completions: parse -> tokenize (chat template) -> check
-// the context -> submit to the model's Executor -> stream SSE chunks, or one JSON body.
-// Both kinds of response are written by a chunked content provider that waits on the
-// request's update queue; a failed write (the client went away) cancels the request.
-// Non-streaming responses send a space every second while waiting (JSON allows leading
-// whitespace) so that a vanished client is noticed too.
-#include <condition_variable>
-#include <deque>
-#include <mutex>
-#include <optional>
+// the context -> submit to the model's Executor (submit_call, which /v1/responses shares)
+// -> stream SSE chunks, or one JSON body. Both kinds of response are written by serve_call's
+// chunked content provider, which waits on the request's update queue; a failed write (the
+// client went away) cancels the request. Non-streaming responses send a space every second
+// while waiting (JSON allows leading whitespace) so that a vanished client is noticed too.
 #include <random>
 
 #include "core/status.h"
-#include "server/reasoning.h"
-#include "server/server_internal.h"
+#include "server/generate_call.h"
 #include "tokenizer/chat_template.h"
 
 namespace kiln::server {
 
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-// Updates from the executor thread to the HTTP thread writing the response.
-struct Channel {
-  std::mutex mu;
-  std::condition_variable cv;
-  std::deque<RequestUpdate> q;
-  Clock::time_point start = Clock::now();
-  Clock::time_point first_token, end;
-  bool got_first = false;
-
-  void push(RequestUpdate&& u) {
-    {
-      std::lock_guard lk(mu);
-      auto now = Clock::now();
-      for (auto& c : u.choices)
-        if (!c.tokens.empty() && !got_first) {
-          got_first = true;
-          first_token = now;
-        }
-      if (u.done) end = now;
-      q.push_back(std::move(u));
-    }
-    cv.notify_all();  // after unlocking: the woken writer does not block on mu at once
-  }
-  bool pop(RequestUpdate& u, std::chrono::milliseconds timeout) {
-    std::unique_lock lk(mu);
-    if (!cv.wait_for(lk, timeout, [&] { return !q.empty(); })) return false;
-    u = std::move(q.front());
-    q.pop_front();
-    return true;
-  }
-};
-
-struct ChoiceState {
-  std::string text;  // chat with a reasoning parser: the answer (content) only
-  std::optional<ReasoningSplitter> splitter;  // chat with --reasoning-parser
-  std::string reasoning;                      // what the splitter took as reasoning
-  ReasoningSplitter::Delta last;              // chat: the latest update's share of each
-  std::optional<ToolCallSplitter> tools;      // chat with tools, tool_choice "auto"
-  // tool_choice "required" (a JSON array of calls) or one function (its arguments): the
-  // output, constrained to that JSON, is read back into calls as it ends.
-  enum class Forced : uint8_t { kNone, kRequired, kNamed } forced = Forced::kNone;
-  std::string forced_text;
-  CallArrayStreamer required_calls;  // kRequired: the array's calls streamed as written
-  std::vector<ToolCall> calls;                // the tool calls read so far ...
-  size_t calls_sent = 0;                      // ... and how many a stream has sent (or streamed)
-  std::vector<ToolCallFragment> fragments;    // the latest update's pieces of calls being written
-  std::vector<std::string> call_ids;          // call k's id, given when its first piece or it appears
-  std::vector<int32_t> tokens;
-  Json logprobs;  // accumulated (non-streaming)
-  std::string finish;
-  bool role_sent = false;
-};
-
-// One prompt of a request (a completion may batch several): its executor request, its
-// token counts, and for echo / prompt_logprobs its ids, text and tokens' logprobs (from the
-// second token on).
-struct PromptState {
-  uint64_t request_id = 0;
-  std::vector<int32_t> ids;
-  std::string echo_text;
-  std::vector<SampledToken> logprobs;
-  bool echo_sent = false;  // streaming: its choices' echo chunks went out
-  bool done = false;
-  int32_t prompt_tokens = 0, cached_tokens = 0, completion_tokens = 0;
-};
-
-// Everything the response writer needs, shared by the provider and its releaser.
-struct Call {
-  Server::Impl* srv = nullptr;
-  ServedModel* model = nullptr;
-  CompletionParams params;
-  std::shared_ptr<Channel> channel = std::make_shared<Channel>();
-  std::string id;
-  int64_t created = 0;
-  std::vector<PromptState> prompts;
-  std::vector<ChoiceState> choices;  // n per prompt: choice i of prompt p is choices[p * n + i]
-  std::string error;                 // the first failed prompt's
-  bool finished = false;  // metrics and the active count are settled
-  bool cancelled = false;
-  std::mutex settle_mu;
-
-  const char* endpoint() const { return params.chat ? "/v1/chat/completions" : "/v1/completions"; }
-  size_t prompt_of(uint64_t request_id) const {
-    for (size_t p = 0; p < prompts.size(); ++p)
-      if (prompts[p].request_id == request_id) return p;
-    return 0;
-  }
-  bool all_done() const {
-    for (const PromptState& p : prompts)
-      if (!p.done) return false;
-    return true;
-  }
-  int32_t total(int32_t PromptState::*count) const {
-    int32_t sum = 0;
-    for (const PromptState& p : prompts) sum += p.*count;
-    return sum;
-  }
-  void cancel_requests() {
-    for (const PromptState& p : prompts)
-      if (p.request_id && !p.done) model->executor->cancel(p.request_id);
-  }
-  void cancel() {
-    cancel_requests();
-    settle(499);
-  }
-  // Once per request: metrics and the server's count of active responses.
-  void settle(int status) {
-    std::lock_guard lk(settle_mu);
-    if (finished) return;
-    finished = true;
-    srv->metrics.count_request(model->name, endpoint(), status);
-    if (status == 200) {
-      Channel& ch = *channel;
-      std::lock_guard clk(ch.mu);
-      double e2e = std::chrono::duration<double>(ch.end - ch.start).count();
-      srv->metrics.observe_e2e(model->name, e2e);
-      if (ch.got_first) {
-        double ttft = std::chrono::duration<double>(ch.first_token - ch.start).count();
-        srv->metrics.observe_ttft(model->name, ttft);
-        int32_t most = 0;
-        for (auto& c : choices) most = std::max<int32_t>(most, int32_t(c.tokens.size()));
-        if (most > 1) srv->metrics.observe_tpot(model->name, (e2e - ttft) / double(most - 1));
-      }
-      srv->metrics.add_tokens(model->name, total(&PromptState::prompt_tokens), total(&PromptState::completion_tokens));
-    }
-    --srv->active;
-  }
-};
 
 std::string piece_of(const ServedModel& m, int32_t id) {
   return m.tokenizer ? m.tokenizer->token_to_piece(id) : std::to_string(id);
@@ -259,20 +123,22 @@ Json tool_call_json(const ChoiceState& st, size_t k) {
               {"function", {{"name", st.calls[k].name}, {"arguments", st.calls[k].arguments}}}};
 }
 
-// OpenAI-style tool call ids: "call_" and 24 random letters and digits.
-std::string new_call_id() {
+}  // namespace
+
+std::string random_id(const char* prefix) {
   static constexpr char kAlnum[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
   thread_local std::mt19937_64 rng(std::random_device{}());
-  std::string id = "call_";
+  std::string id = prefix;
   for (int i = 0; i < 24; ++i) id += kAlnum[rng() % 62];
   return id;
 }
 
-// Call k's id: made when its first fragment or the call itself is read, the same after.
 const std::string& call_id(ChoiceState& st, size_t k) {
-  while (st.call_ids.size() <= k) st.call_ids.push_back(new_call_id());
+  while (st.call_ids.size() <= k) st.call_ids.push_back(random_id("call_"));
   return st.call_ids[k];
 }
+
+namespace {
 
 Json usage_json(const Call& c) {
   const int32_t prompt = c.total(&PromptState::prompt_tokens), completion = c.total(&PromptState::completion_tokens);
@@ -486,8 +352,8 @@ Json forced_tool_schema(const CompletionParams& p) {
   return array;
 }
 
-// Takes one prompt's update into the response's state; returns the prompt's index. A failed
-// prompt cancels the others (the response is an error).
+}  // namespace
+
 size_t absorb(Call& c, const RequestUpdate& u) {
   const size_t p = c.prompt_of(u.id);
   PromptState& ps = c.prompts[p];
@@ -574,6 +440,8 @@ size_t absorb(Call& c, const RequestUpdate& u) {
   }
   return p;
 }
+
+namespace {
 
 bool write(httplib::DataSink& sink, const std::string& s) { return sink.write(s.data(), s.size()); }
 
@@ -681,128 +549,122 @@ std::shared_ptr<const Grammar> Server::Impl::request_grammar(const CompletionPar
   return g;
 }
 
-void Server::Impl::handle_completion(const httplib::Request& req, httplib::Response& res, bool chat) {
-  const char* endpoint = chat ? "/v1/chat/completions" : "/v1/completions";
-  auto call = std::make_shared<Call>();
-  std::string model_name;
-  try {
-    if (draining) throw ApiError(503, "the server is shutting down", {}, "server_error");
-    Json body = parse_json_body(req.body);
-    call->params = parse_completion(body, chat, opt.limits);
-    CompletionParams& p = call->params;
-    model_name = p.model;
-    ServedModel* m = repo.find(p.model);
-    if (!m) throw ApiError(404, "model '" + p.model + "' does not exist", "model", "invalid_request_error", "model_not_found");
-    if (!m->is_decoder())
-      throw ApiError(400, "model '" + p.model + "' is " + (m->model->info().is_decoder ? "an embedding model" : "an encoder") +
-                              "; use /v1/embeddings, /v1/rerank or /v2/models/" + p.model + "/infer", "model");
-    if (p.session_id.empty()) p.session_id = req.get_header_value("X-Session-Id");
-    if (!p.session_id.empty() && !p.more_prompts.empty())
-      throw ApiError(400, "a session holds one conversation: a batch of prompts cannot carry a session id", "prompt");
-    // --tool-call-parser auto: the format the model's chat template shows.
-    const ToolParser tool_parser = opt.tool_parser != ToolParser::kAuto ? opt.tool_parser
-                                   : m->chat_template ? tool_parser_for_template(m->chat_template->source())
-                                                      : ToolParser::kNone;
-    if (p.tool_choice == "auto" && tool_parser == ToolParser::kNone)
-      throw ApiError(400,
-                     std::string("tool_choice \"auto\" (the default with 'tools') needs to know how the model writes "
-                                 "tool calls: ") +
-                         (opt.tool_parser == ToolParser::kAuto
-                              ? "its chat template shows no format kiln reads; start the server with "
-                              : "start the server with ") +
-                         "--tool-call-parser (hermes, llama3_json, mistral, pythonic, granite, qwen3_xml, phi4_mini_json), or send "
-                         "tool_choice "
-                         "\"required\" or a function",
-                     "tool_choice");
-    const bool forced = p.tool_choice == "required" || p.tool_choice == "function";
-    if (forced && (p.json_object || !p.json_schema.is_null() || !p.grammar.empty() || !p.guided_choice.empty()))
-      throw ApiError(400, "tool_choice \"" + p.tool_choice + "\" constrains the output itself; drop the response format",
-                     "tool_choice");
-    if (!m->tokenizer) p.return_token_ids = true;  // no text to return: the ids are the output
-    call->model = m;
-    // The prompts: chat's rendered messages, or a completion's prompt and its batch.
-    std::string chat_text;
-    std::vector<std::vector<int32_t>> prompts = {build_prompt(*m, p, &chat_text)};
-    std::vector<std::string> texts = {p.prompt_text};
-    for (const CompletionParams::Prompt& more : p.more_prompts) {
-      CompletionParams one;
-      one.prompt_text = more.text;
-      one.prompt_ids = more.ids;
-      prompts.push_back(build_prompt(*m, one, nullptr));
-      texts.push_back(more.text);
-    }
-    const int64_t ctx = m->executor->max_context();
-    int64_t max_tokens = p.max_tokens;
-    for (size_t k = 0; k < prompts.size(); ++k) {
-      const std::vector<int32_t>& prompt = prompts[k];
-      const std::string where = prompts.size() > 1 ? "prompt " + std::to_string(k) + ": " : "";
-      if (prompt.empty()) throw ApiError(400, where + "the prompt encodes to no tokens", chat ? "messages" : "prompt");
-      if (p.max_tokens < 0) max_tokens = std::min<int64_t>(opt.limits.max_tokens, ctx - int64_t(prompt.size()));
-      if (max_tokens < (p.echo ? 0 : 1) || int64_t(prompt.size()) + max_tokens > ctx)
-        throw ApiError(400, where + "this model's maximum context length is " + std::to_string(ctx) +
-                                " tokens; you requested " +
-                                std::to_string(int64_t(prompt.size()) + std::max<int64_t>(max_tokens, 0)) + " (" +
-                                std::to_string(prompt.size()) + " in the prompt, " +
-                                std::to_string(std::max<int64_t>(max_tokens, 0)) +
-                                " for the completion); shorten the prompt or lower max_tokens",
-                       chat ? "messages" : "prompt", "invalid_request_error", "context_length_exceeded");
-    }
-    GenerationRequest g;
-    g.prompt_logprobs = std::max(p.prompt_logprobs, p.echo && p.logprobs ? p.sampling.logprobs : -1);
-    g.sampling = p.sampling;
-    g.max_tokens = int32_t(max_tokens);
-    g.n = p.n;
-    g.stop_ids = p.stop_token_ids;
-    g.stop = p.stop;
-    g.ignore_eos = p.ignore_eos;
-    g.json_object = p.json_object;
-    g.grammar = request_grammar(p);
-    g.priority = p.priority;
-    g.session_id = p.session_id;
-    call->srv = this;
-    call->prompts.resize(prompts.size());
-    call->choices.resize(prompts.size() * size_t(p.n));
-    for (size_t k = 0; k < prompts.size(); ++k) {
-      PromptState& ps = call->prompts[k];
-      if (p.echo) ps.echo_text = texts[k].empty() && m->tokenizer ? m->tokenizer->decode(prompts[k]) : texts[k];
-      if (p.echo || p.prompt_logprobs >= 0) ps.ids = prompts[k];
-      for (size_t i = 0; i < size_t(p.n); ++i) call->choices[k * size_t(p.n) + i].text = ps.echo_text;  // offsets count it
-    }
-    for (ChoiceState& st : call->choices) {
-      if (chat && opt.reasoning_parser) st.splitter.emplace(ReasoningSplitter::prompt_opens_reasoning(chat_text));
-      if (chat && p.tool_choice == "auto") st.tools.emplace(tool_parser, p.tools, p.stream);
-      if (chat && p.tool_choice == "required") st.forced = ChoiceState::Forced::kRequired;
-      if (chat && p.tool_choice == "function") st.forced = ChoiceState::Forced::kNamed;
-    }
-    call->created = unix_now();
-    call->id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id++);
-    auto ch = call->channel;
-    ++active;
-    try {
-      for (size_t k = 0; k < prompts.size(); ++k) {
-        GenerationRequest one = g;
-        one.prompt = std::move(prompts[k]);
-        call->prompts[k].request_id = m->executor->submit(std::move(one), [ch](RequestUpdate&& u) { ch->push(std::move(u)); });
-      }
-    } catch (...) {
-      call->cancel_requests();  // those already submitted
-      --active;
-      throw;
-    }
-  } catch (const ApiError& e) {
-    metrics.count_request(model_name, endpoint, e.status);
-    return send_error(res, e);
-  } catch (const Error& e) {
-    int status = status_of(e);
-    metrics.count_request(model_name, endpoint, status);
-    return send_error(res, ApiError(status, e.what(), {}, status >= 500 ? "server_error" : "invalid_request_error"));
+void Server::Impl::submit_call(const std::shared_ptr<Call>& call, const httplib::Request& req) {
+  CompletionParams& p = call->params;
+  const bool chat = p.chat;
+  ServedModel* m = repo.find(p.model);
+  if (!m) throw ApiError(404, "model '" + p.model + "' does not exist", "model", "invalid_request_error", "model_not_found");
+  if (!m->is_decoder())
+    throw ApiError(400, "model '" + p.model + "' is " + (m->model->info().is_decoder ? "an embedding model" : "an encoder") +
+                            "; use /v1/embeddings, /v1/rerank or /v2/models/" + p.model + "/infer", "model");
+  if (p.session_id.empty()) p.session_id = req.get_header_value("X-Session-Id");
+  if (!p.session_id.empty() && !p.more_prompts.empty())
+    throw ApiError(400, "a session holds one conversation: a batch of prompts cannot carry a session id", "prompt");
+  // --tool-call-parser auto: the format the model's chat template shows.
+  const ToolParser tool_parser = opt.tool_parser != ToolParser::kAuto ? opt.tool_parser
+                                 : m->chat_template ? tool_parser_for_template(m->chat_template->source())
+                                                    : ToolParser::kNone;
+  if (p.tool_choice == "auto" && tool_parser == ToolParser::kNone)
+    throw ApiError(400,
+                   std::string("tool_choice \"auto\" (the default with 'tools') needs to know how the model writes "
+                               "tool calls: ") +
+                       (opt.tool_parser == ToolParser::kAuto
+                            ? "its chat template shows no format kiln reads; start the server with "
+                            : "start the server with ") +
+                       "--tool-call-parser (hermes, llama3_json, mistral, pythonic, granite, qwen3_xml, phi4_mini_json), or send "
+                       "tool_choice "
+                       "\"required\" or a function",
+                   "tool_choice");
+  const bool forced = p.tool_choice == "required" || p.tool_choice == "function";
+  if (forced && (p.json_object || !p.json_schema.is_null() || !p.grammar.empty() || !p.guided_choice.empty()))
+    throw ApiError(400, "tool_choice \"" + p.tool_choice + "\" constrains the output itself; drop the response format",
+                   "tool_choice");
+  if (!m->tokenizer) p.return_token_ids = true;  // no text to return: the ids are the output
+  call->model = m;
+  // The prompts: chat's rendered messages, or a completion's prompt and its batch.
+  std::string chat_text;
+  std::vector<std::vector<int32_t>> prompts = {build_prompt(*m, p, &chat_text)};
+  std::vector<std::string> texts = {p.prompt_text};
+  for (const CompletionParams::Prompt& more : p.more_prompts) {
+    CompletionParams one;
+    one.prompt_text = more.text;
+    one.prompt_ids = more.ids;
+    prompts.push_back(build_prompt(*m, one, nullptr));
+    texts.push_back(more.text);
   }
+  const int64_t ctx = m->executor->max_context();
+  int64_t max_tokens = p.max_tokens;
+  for (size_t k = 0; k < prompts.size(); ++k) {
+    const std::vector<int32_t>& prompt = prompts[k];
+    const std::string where = prompts.size() > 1 ? "prompt " + std::to_string(k) + ": " : "";
+    if (prompt.empty()) throw ApiError(400, where + "the prompt encodes to no tokens", chat ? "messages" : "prompt");
+    if (p.max_tokens < 0) max_tokens = std::min<int64_t>(opt.limits.max_tokens, ctx - int64_t(prompt.size()));
+    if (max_tokens < (p.echo ? 0 : 1) || int64_t(prompt.size()) + max_tokens > ctx)
+      throw ApiError(400, where + "this model's maximum context length is " + std::to_string(ctx) +
+                              " tokens; you requested " +
+                              std::to_string(int64_t(prompt.size()) + std::max<int64_t>(max_tokens, 0)) + " (" +
+                              std::to_string(prompt.size()) + " in the prompt, " +
+                              std::to_string(std::max<int64_t>(max_tokens, 0)) +
+                              " for the completion); shorten the prompt or lower max_tokens",
+                     chat ? "messages" : "prompt", "invalid_request_error", "context_length_exceeded");
+  }
+  GenerationRequest g;
+  g.prompt_logprobs = std::max(p.prompt_logprobs, p.echo && p.logprobs ? p.sampling.logprobs : -1);
+  g.sampling = p.sampling;
+  g.max_tokens = int32_t(max_tokens);
+  g.n = p.n;
+  g.stop_ids = p.stop_token_ids;
+  g.stop = p.stop;
+  g.ignore_eos = p.ignore_eos;
+  g.json_object = p.json_object;
+  g.grammar = request_grammar(p);
+  g.priority = p.priority;
+  g.session_id = p.session_id;
+  call->srv = this;
+  call->prompts.resize(prompts.size());
+  call->choices.resize(prompts.size() * size_t(p.n));
+  for (size_t k = 0; k < prompts.size(); ++k) {
+    PromptState& ps = call->prompts[k];
+    if (p.echo) ps.echo_text = texts[k].empty() && m->tokenizer ? m->tokenizer->decode(prompts[k]) : texts[k];
+    if (p.echo || p.prompt_logprobs >= 0) ps.ids = prompts[k];
+    for (size_t i = 0; i < size_t(p.n); ++i) call->choices[k * size_t(p.n) + i].text = ps.echo_text;  // offsets count it
+  }
+  for (ChoiceState& st : call->choices) {
+    if (chat && opt.reasoning_parser) st.splitter.emplace(ReasoningSplitter::prompt_opens_reasoning(chat_text));
+    if (chat && p.tool_choice == "auto") st.tools.emplace(tool_parser, p.tools, p.stream);
+    if (chat && p.tool_choice == "required") st.forced = ChoiceState::Forced::kRequired;
+    if (chat && p.tool_choice == "function") st.forced = ChoiceState::Forced::kNamed;
+  }
+  call->created = unix_now();
+  call->id = (chat ? "chatcmpl-" : "cmpl-") + std::to_string(next_id++);
+  auto ch = call->channel;
+  ++active;
+  try {
+    for (size_t k = 0; k < prompts.size(); ++k) {
+      GenerationRequest one = g;
+      one.prompt = std::move(prompts[k]);
+      call->prompts[k].request_id = m->executor->submit(std::move(one), [ch](RequestUpdate&& u) { ch->push(std::move(u)); });
+    }
+  } catch (...) {
+    call->cancel_requests();  // those already submitted
+    --active;
+    throw;
+  }
+}
 
+void serve_call(const std::shared_ptr<Call>& call, httplib::Response& res, CallWriter writer) {
   if (call->params.stream) {
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
         "text/event-stream",
-        [call](size_t, httplib::DataSink& sink) {
+        [call, writer](size_t, httplib::DataSink& sink) {
+          if (!call->head_sent) {
+            call->head_sent = true;
+            if (!writer.head.empty() && !write(sink, writer.head)) {
+              call->cancel();
+              return false;
+            }
+          }
           RequestUpdate u;
           if (!call->channel->pop(u, std::chrono::milliseconds(1000))) {
             if (write(sink, ": keep-alive\n\n")) return true;
@@ -811,21 +673,8 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
           }
           const size_t prompt = absorb(*call, u);
           const bool all_done = call->all_done();
-          std::string out;
-          if (!call->prompts[prompt].echo_sent && (!u.choices.empty() || u.done)) out += echo_chunks(*call, prompt);
-          for (auto& cu : u.choices)
-            out += "data: " + dump(stream_chunk(*call, cu, prompt * size_t(call->params.n) + size_t(cu.index))) + "\n\n";
-          if (all_done) {
-            if (!call->error.empty())
-              out += "data: " + dump(error_body(500, call->error, "server_error")) + "\n\n";
-            if (call->params.include_usage) {
-              Json j = envelope(*call, true);
-              j["choices"] = Json::array();
-              j["usage"] = usage_json(*call);
-              out += "data: " + dump(j) + "\n\n";
-            }
-            out += "data: [DONE]\n\n";
-          }
+          std::string out = writer.event(*call, prompt, u);
+          if (all_done) out += writer.end(*call);
           if (!out.empty() && !write(sink, out)) {
             call->cancel();
             return false;
@@ -843,17 +692,17 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
   }
   res.set_chunked_content_provider(
       "application/json",
-      [call](size_t, httplib::DataSink& sink) {
+      [call, writer](size_t, httplib::DataSink& sink) {
         RequestUpdate u;
         if (!call->channel->pop(u, std::chrono::milliseconds(1000))) {
           if (write(sink, " ")) return true;
           call->cancel();
           return false;
         }
-        absorb(*call, u);
+        const size_t prompt = absorb(*call, u);
+        if (writer.event) writer.event(*call, prompt, u);  // its state only: nothing streams
         if (!call->all_done()) return true;
-        const std::string body =
-            call->error.empty() ? dump(final_body(*call)) : dump(error_body(500, call->error, "server_error"));
+        const std::string body = writer.body(*call);
         if (!write(sink, body)) {
           call->cancel();
           return false;
@@ -865,6 +714,49 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
       [call](bool success) {
         if (!success) call->cancel();
       });
+}
+
+void Server::Impl::handle_completion(const httplib::Request& req, httplib::Response& res, bool chat) {
+  const char* endpoint = chat ? "/v1/chat/completions" : "/v1/completions";
+  auto call = std::make_shared<Call>();
+  std::string model_name;
+  try {
+    if (draining) throw ApiError(503, "the server is shutting down", {}, "server_error");
+    Json body = parse_json_body(req.body);
+    call->params = parse_completion(body, chat, opt.limits);
+    model_name = call->params.model;
+    submit_call(call, req);
+  } catch (const ApiError& e) {
+    metrics.count_request(model_name, endpoint, e.status);
+    return send_error(res, e);
+  } catch (const Error& e) {
+    int status = status_of(e);
+    metrics.count_request(model_name, endpoint, status);
+    return send_error(res, ApiError(status, e.what(), {}, status >= 500 ? "server_error" : "invalid_request_error"));
+  }
+  CallWriter writer;
+  if (call->params.stream) writer.event = [](Call& c, size_t prompt, const RequestUpdate& u) {
+    std::string out;
+    if (!c.prompts[prompt].echo_sent && (!u.choices.empty() || u.done)) out += echo_chunks(c, prompt);
+    for (auto& cu : u.choices)
+      out += "data: " + dump(stream_chunk(c, cu, prompt * size_t(c.params.n) + size_t(cu.index))) + "\n\n";
+    return out;
+  };
+  writer.end = [](Call& c) {
+    std::string out;
+    if (!c.error.empty()) out += "data: " + dump(error_body(500, c.error, "server_error")) + "\n\n";
+    if (c.params.include_usage) {
+      Json j = envelope(c, true);
+      j["choices"] = Json::array();
+      j["usage"] = usage_json(c);
+      out += "data: " + dump(j) + "\n\n";
+    }
+    return out + "data: [DONE]\n\n";
+  };
+  writer.body = [](Call& c) {
+    return c.error.empty() ? dump(final_body(c)) : dump(error_body(500, c.error, "server_error"));
+  };
+  serve_call(call, res, std::move(writer));
 }
 
 }  // namespace kiln::server

@@ -157,6 +157,7 @@ void Server::Impl::install_routes() {
   http.Post("/v1/chat/completions", [this](const httplib::Request& req, httplib::Response& res) {
     handle_completion(req, res, true);
   });
+  http.Post("/v1/responses", [this](const httplib::Request& req, httplib::Response& res) { handle_responses(req, res); });
   for (const bool detokenize : {false, true})
     http.Post(detokenize ? "/detokenize" : "/tokenize",
               [this, detokenize](const httplib::Request& req, httplib::Response& res) {

@@ -38,6 +38,8 @@ class ActiveScope {
   std::atomic<int64_t>& n_;
 };
 
+struct Call;  // one generation request's response state (generate_call.h)
+
 struct Server::Impl {
   ModelRepository& repo;
   ServerOptions opt;
@@ -58,6 +60,12 @@ struct Server::Impl {
   void install_routes();
   void handle_completion(const httplib::Request& req, httplib::Response& res, bool chat);
   void handle_tokenize(const httplib::Request& req, httplib::Response& res, bool detokenize);
+  // OpenAI's Responses API (routes_responses.cpp), run as the chat completion it translates to.
+  void handle_responses(const httplib::Request& req, httplib::Response& res);
+  // A parsed completion or chat request (call->params) checked against its model, its prompts
+  // rendered, tokenized and submitted to the model's executor, whose updates reach
+  // call->channel; throws ApiError (or kiln::Error) for what the request got wrong.
+  void submit_call(const std::shared_ptr<Call>& call, const httplib::Request& req);
   // The request's constrained decoding (json_schema, grammar, guided_choice, a forced tool
   // choice) compiled, or null; throws ApiError for a schema or grammar it cannot compile.
   std::shared_ptr<const Grammar> request_grammar(const CompletionParams& p);

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The official `openai` Python package against `kiln serve` on loopback: models,
 completions (with echo and logprobs), chat (plain and streamed, structured outputs, a forced tool
-call), embeddings (the client's default base64
-encoding), and a bad request surfacing as openai.BadRequestError. Exits 77 (CTest: skipped)
+call), responses (plain, streamed, a forced function call and its output sent back), embeddings
+(the client's default base64 encoding), and a bad request surfacing as openai.BadRequestError. Exits 77 (CTest: skipped)
 when the package or the real models are missing.
 Usage: openai_client_test.py KILN_BINARY MODELS_DIR"""
 import json
@@ -95,6 +95,53 @@ try:
             parts.append(ch.delta.content or "")
     assert "".join(parts) == text, ("".join(parts), text)
     assert usage and usage.completion_tokens == chat.usage.completion_tokens, usage
+
+    # The Responses API (stateless, as vLLM's store=false): plain, streamed, function tools.
+    r = client.responses.create(model="smollm2", input="What is the capital of France?", max_output_tokens=8,
+                                temperature=0)
+    assert r.object == "response" and r.id.startswith("resp_"), r
+    assert r.output_text == text, (r.output_text, text)
+    assert r.status == ("incomplete" if chat.choices[0].finish_reason == "length" else "completed"), r.status
+    assert r.usage.input_tokens == chat.usage.prompt_tokens, (r.usage, chat.usage)
+    assert r.usage.output_tokens == chat.usage.completion_tokens, (r.usage, chat.usage)
+    ri = client.responses.create(model="smollm2", instructions="Answer in one word.", max_output_tokens=4,
+                                 input=[{"role": "user", "content": [{"type": "input_text", "text": "Capital of France?"}]}])
+    assert ri.instructions == "Answer in one word." and ri.output[0].type == "message", ri
+    events = list(client.responses.create(model="smollm2", input="What is the capital of France?",
+                                          max_output_tokens=8, temperature=0, stream=True))
+    types = [e.type for e in events]
+    assert types[:2] == ["response.created", "response.in_progress"], types
+    assert types[-1] == "response." + r.status, types
+    assert [e.sequence_number for e in events] == list(range(len(events))), events
+    deltas = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert deltas == r.output_text, (deltas, r.output_text)
+    assert events[-1].response.output_text == r.output_text and events[-1].response.usage.output_tokens == \
+        r.usage.output_tokens, events[-1]
+    js = client.responses.create(
+        model="smollm2", input="Which city is the capital of France? Answer in JSON.", max_output_tokens=60,
+        temperature=0, text={"format": {"type": "json_schema", "name": "answer", "strict": True, "schema": {
+            "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}},
+            "required": ["city"], "additionalProperties": False}}})
+    assert set(json.loads(js.output_text)) == {"city"} and js.text.format.type == "json_schema", js
+    rtools = [{"type": "function", "name": "get_weather", "strict": True, "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 20}}, "required": ["city"],
+        "additionalProperties": False}}]
+    rc = client.responses.create(model="smollm2", input="What is the weather in Paris?", max_output_tokens=40,
+                                 temperature=0, tools=rtools, tool_choice={"type": "function", "name": "get_weather"})
+    fc = [o for o in rc.output if o.type == "function_call"]
+    assert len(fc) == 1 and fc[0].name == "get_weather" and fc[0].call_id.startswith("call_"), rc.output
+    assert isinstance(json.loads(fc[0].arguments)["city"], str), fc[0]
+    # The call and its output sent back as input items: the conversation goes on.
+    follow = client.responses.create(model="smollm2", max_output_tokens=8, temperature=0, tools=rtools,
+                                     tool_choice="none", input=[
+                                         {"role": "user", "content": "What is the weather in Paris?"}, fc[0],
+                                         {"type": "function_call_output", "call_id": fc[0].call_id, "output": "18C"}])
+    assert follow.usage.input_tokens > rc.usage.input_tokens and follow.output[0].type == "message", follow
+    try:
+        client.responses.create(model="smollm2", input="hi", previous_response_id="resp_123")
+        raise AssertionError("previous_response_id was accepted")
+    except openai.BadRequestError as e:
+        assert "previous_response_id" in str(e), e
 
     emb = client.embeddings.create(model="minilm", input=["a cat sits on the mat", "a dog runs"])
     vecs = [d.embedding for d in emb.data]

@@ -69,10 +69,22 @@ SseResult post_sse(int port, const std::string& path, const Json& body, int hang
     while ((pos = buf.find("\n\n")) != std::string::npos) {
       std::string ev = buf.substr(0, pos);
       buf.erase(0, pos + 2);
-      if (ev.rfind("data: ", 0) != 0) continue;  // comments (keep-alives)
+      // An optional "event: NAME" line (the Responses API's), then "data: ..."; comment
+      // blocks (keep-alives) have neither.
+      std::string name;
+      if (ev.rfind("event: ", 0) == 0) {
+        const size_t nl = ev.find('\n');
+        name = ev.substr(7, nl == std::string::npos ? std::string::npos : nl - 7);
+        ev = nl == std::string::npos ? "" : ev.substr(nl + 1);
+      }
+      if (ev.rfind("data: ", 0) != 0) continue;
       std::string payload = ev.substr(6);
-      if (payload == "[DONE]") out.done = true;
-      else out.events.push_back(payload);
+      if (payload == "[DONE]") {
+        out.done = true;
+      } else {
+        out.events.push_back(payload);
+        out.names.push_back(name);
+      }
       if (hang_up_after > 0 && int(out.events.size()) >= hang_up_after) return false;
     }
     return true;

@@ -48,6 +48,7 @@ inline HttpResult post(int port, const std::string& path, const Json& body) { re
 struct SseResult {
   int status = 0;
   std::vector<std::string> events;
+  std::vector<std::string> names;  // each event's "event:" name ("" when it had none)
   bool done = false;  // saw [DONE]
   std::string raw;
 };
