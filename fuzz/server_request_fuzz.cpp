@@ -1,8 +1,8 @@
-// libFuzzer target: the server's request parsers (OpenAI completions, chat, embeddings, rerank,
-// KServe v2 infer) on arbitrary bytes. Any crash, sanitizer report or exception other
+// libFuzzer target: the server's request parsers (OpenAI completions, chat, responses,
+// embeddings, rerank, KServe v2 infer, tokenize) on arbitrary bytes. Any crash, sanitizer report or exception other
 // than server::ApiError (the 4xx path) is a bug.
 // Build: see fuzz/CMakeLists.txt, or directly:
-//   clang++ -std=c++20 -fsanitize=fuzzer,address,undefined -Isrc fuzz/server_request_fuzz.cpp src/server/protocol.cpp
+//   clang++ -std=c++20 -fsanitize=fuzzer,address,undefined -Isrc fuzz/server_request_fuzz.cpp src/server/protocol.cpp src/server/protocol_responses.cpp
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -29,6 +29,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   };
   guarded([&] { (void)parse_completion(j, false, limits); });
   guarded([&] { (void)parse_completion(j, true, limits); });
+  guarded([&] { (void)parse_responses(j, limits); });
   guarded([&] { (void)parse_embeddings(j, limits); });
   guarded([&] { (void)parse_kserve_infer(j, limits); });
   guarded([&] { (void)parse_rerank(j, limits); });
