@@ -130,32 +130,7 @@ TEST(ResponsesProtocol, RefusalsNameTheirField) {
   }
 }
 
-class ResponsesTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    std::string path = real_model("smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if (path.empty()) return;
-    ExecutorOptions eo;
-    eo.kv_tokens = 4096;
-    repo_ = new ModelRepository({}, eo);
-    repo_->add(path, "smollm2");
-    srv_ = new TestServer(*repo_);
-  }
-  static void TearDownTestSuite() {
-    delete srv_;
-    delete repo_;
-    srv_ = nullptr;
-    repo_ = nullptr;
-  }
-  void SetUp() override {
-    if (!srv_) GTEST_SKIP() << "SmolLM2 not fetched (scripts/fetch_models.sh)";
-  }
-  static int port() { return srv_->port(); }
-  static ModelRepository* repo_;
-  static TestServer* srv_;
-};
-ModelRepository* ResponsesTest::repo_ = nullptr;
-TestServer* ResponsesTest::srv_ = nullptr;
+class ResponsesTest : public SmolLm2ServerSuite<ResponsesTest> {};
 
 // What the openai client's response.output_text is: the output_text parts of the message items.
 std::string output_text(const Json& r) {

@@ -797,31 +797,7 @@ TEST(RerankServer, RanksDocumentsAsTheLibraryDoes) {
 
 // ---- with the real SmolLM2-135M-Instruct (text, chat template, stop strings) ----
 
-class RealModelServerTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    std::string path = real_model("smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
-    if (path.empty()) return;
-    ExecutorOptions eo;
-    eo.kv_tokens = 4096;
-    repo_ = new ModelRepository({}, eo);
-    repo_->add(path, "smollm2");
-    srv_ = new TestServer(*repo_);
-  }
-  static void TearDownTestSuite() {
-    delete srv_;
-    delete repo_;
-    srv_ = nullptr;
-    repo_ = nullptr;
-  }
-  void SetUp() override {
-    if (!srv_) GTEST_SKIP() << "SmolLM2 not fetched (scripts/fetch_models.sh)";
-  }
-  static ModelRepository* repo_;
-  static TestServer* srv_;
-};
-ModelRepository* RealModelServerTest::repo_ = nullptr;
-TestServer* RealModelServerTest::srv_ = nullptr;
+class RealModelServerTest : public SmolLm2ServerSuite<RealModelServerTest> {};
 
 // chat_template_kwargs (vLLM's extension; Qwen3's enable_thinking) reach the template as
 // variables: a template that reads one renders a longer prompt with it set.

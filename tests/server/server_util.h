@@ -2,12 +2,15 @@
 // cpp-httplib's client, and an SSE reader that can hang up midway (a disconnect).
 #pragma once
 
+#include <gtest/gtest.h>
 #include <httplib.h>
 
 #include <memory>
 #include <string>
 #include <thread>
 
+#include "runtime/executor.h"
+#include "server/model_repository.h"
 #include "server/server.h"
 
 namespace kiln::server::testing {
@@ -31,6 +34,35 @@ class TestServer {
   std::thread thread_;
   int port_ = 0;
   bool stopped_ = false;
+};
+
+// A test suite's server over the real SmolLM2-135M-Instruct (model "smollm2"), started
+// once for the suite; its tests skip when the model was not fetched. Suite: the deriving
+// fixture, so that each suite has its own server.
+template <class Suite>
+class SmolLm2ServerSuite : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    std::string path = real_model("smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
+    if (path.empty()) return;
+    ExecutorOptions eo;
+    eo.kv_tokens = 4096;
+    repo_ = new ModelRepository({}, eo);
+    repo_->add(path, "smollm2");
+    srv_ = new TestServer(*repo_);
+  }
+  static void TearDownTestSuite() {
+    delete srv_;
+    delete repo_;
+    srv_ = nullptr;
+    repo_ = nullptr;
+  }
+  void SetUp() override {
+    if (!srv_) GTEST_SKIP() << "SmolLM2 not fetched (scripts/fetch_models.sh)";
+  }
+  static int port() { return srv_->port(); }
+  static inline ModelRepository* repo_ = nullptr;
+  static inline TestServer* srv_ = nullptr;
 };
 
 struct HttpResult {
