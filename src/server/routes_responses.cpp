@@ -5,6 +5,8 @@
 // reasoning, message, function_call - are built from each update the chat route's absorb()
 // has split, the same way streamed or not, so a stream's deltas add up to the body's items.
 // Tested in tests/server/responses_test.cpp and tests/server/openai_client_test.py.
+#include <string>
+#include <string_view>
 #include <utility>
 
 #include "server/generate_call.h"
@@ -285,6 +287,12 @@ void Server::Impl::handle_responses(const httplib::Request& req, httplib::Respon
   } catch (ApiError& e) {
     if (e.param == "messages") e.param = "input";  // the chat request's name for it
     if (e.param == "response_format") e.param = "text.format";
+    if (e.code == "context_length_exceeded") {  // its advice names the chat field
+      std::string message = e.what();
+      if (const size_t at = message.rfind("max_tokens"); at != std::string::npos)
+        message.replace(at, std::string_view("max_tokens").size(), "max_output_tokens");
+      e = ApiError(e.status, std::move(message), e.param, e.type, e.code);
+    }
     metrics.count_request(model_name, endpoint, e.status);
     return send_error(res, e);
   } catch (const Error& e) {

@@ -456,6 +456,17 @@ TEST_F(ResponsesTest, RefusalsAreA400NamingTheField) {
     EXPECT_EQ(e["error"]["param"], param) << r.body;
     EXPECT_TRUE(e["error"]["message"].is_string());
   }
+  // A prompt past the context: the chat route's 400, its param and advice in this API's names.
+  std::string long_input;
+  for (int i = 0; i < 3000; ++i) long_input += "word ";
+  auto too_long = post(port(), "/v1/responses",
+                       Json{{"model", "smollm2"}, {"input", long_input}, {"max_output_tokens", 4000}});
+  EXPECT_EQ(too_long.status, 400) << too_long.body;
+  const Json tl = Json::parse(too_long.body, nullptr, false);
+  EXPECT_EQ(tl["error"]["param"], "input") << too_long.body;
+  EXPECT_EQ(tl["error"]["code"], "context_length_exceeded") << too_long.body;
+  const std::string advice = tl["error"]["message"].is_string() ? tl["error"]["message"].get<std::string>() : "";
+  EXPECT_NE(advice.find("lower max_output_tokens"), std::string::npos) << advice;
   // store: false is what is served; a missing store or store: true (the client's default
   // meaning) is answered the same way, nothing being stored.
   for (const Json& store : {Json(false), Json(true)}) {
