@@ -593,6 +593,10 @@ void Server::Impl::submit_call(const std::shared_ptr<Call>& call, const httplib:
     texts.push_back(more.text);
   }
   const int64_t ctx = m->executor->max_context();
+  if (const int32_t most = m->executor->options().max_running; p.n > most)
+    throw ApiError(400, "n is " + std::to_string(p.n) + ", but this server runs at most " + std::to_string(most) +
+                            " sequences at once (--max-running) and a request's n choices run together",
+                   "n");
   int64_t max_tokens = p.max_tokens;
   for (size_t k = 0; k < prompts.size(); ++k) {
     const std::vector<int32_t>& prompt = prompts[k];

@@ -647,6 +647,26 @@ TEST(ServerSwap, SwapPreemptionIsExactAndCountedInMetrics) {
   EXPECT_GE(value(body, "kiln_preemptions_total"), value(body, "kiln_kv_swapped_out_total"));
 }
 
+// n above --max-running: a 400 naming n (a request's choices run together), and n up to it runs.
+TEST(ServerMaxRunning, NAboveMaxRunningIsA400NamingN) {
+  ExecutorOptions eo;
+  eo.max_running = 2;
+  ModelRepository repo({}, eo);
+  repo.add(fixture("llama"), "llama");
+  TestServer srv(repo);
+  Json body = greedy_ids({3, 4, 5}, 4);
+  body["n"] = 3;
+  const HttpResult refused = post(srv.port(), "/v1/completions", body);
+  EXPECT_EQ(refused.status, 400) << refused.body;
+  const Json e = Json::parse(refused.body, nullptr, false);
+  EXPECT_EQ(e["error"]["param"], "n") << refused.body;
+  EXPECT_NE(refused.body.find("--max-running"), std::string::npos) << refused.body;
+  body["n"] = 2;
+  const HttpResult ok = post(srv.port(), "/v1/completions", body);
+  ASSERT_EQ(ok.status, 200) << ok.body;
+  EXPECT_EQ(ok.json()["choices"].size(), 2u);
+}
+
 TEST(ServerAuth, ApiKeysGuardTheApiButNotHealth) {
   ModelRepository repo({}, {});
   repo.add(fixture("llama"), "llama");
