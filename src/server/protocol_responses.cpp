@@ -211,11 +211,14 @@ ResponsesParams parse_responses(const Json& j, const RequestLimits& limits) {
   const int64_t max_output = get_int(j, "max_output_tokens", -1, 1, limits.max_tokens);
   if (max_output > 0) chat["max_completion_tokens"] = max_output;
   echo["max_output_tokens"] = max_output > 0 ? Json(max_output) : Json(nullptr);
-  // Sampling and kiln's (vLLM's) extensions, read as the chat route reads them.
+  // Sampling and kiln's (vLLM's, llama.cpp's) extensions, constrained decoding's among them,
+  // read as the chat route reads them.
   for (const char* key :
        {"temperature", "top_p", "seed", "stop", "top_k", "min_p", "repetition_penalty",
         "presence_penalty", "frequency_penalty", "logit_bias", "stop_token_ids", "ignore_eos",
-        "priority", "session_id", "chat_template_kwargs", "parallel_tool_calls", "stream"})
+        "priority", "session_id", "chat_template_kwargs", "parallel_tool_calls", "stream",
+        "structured_outputs", "guided_json", "guided_grammar", "guided_regex", "guided_choice",
+        "grammar", "json_schema"})
     if (const Json* v = field(j, key)) chat[key] = *v;
   echo["tools"] = Json::array();
   if (const Json* tools = field(j, "tools")) chat["tools"] = chat_tools(*tools, echo["tools"]);

@@ -343,6 +343,31 @@ TEST_F(ResponsesTest, ForcedToolChoiceGivesFunctionCallItems) {
   EXPECT_EQ(done_item["arguments"], named["output"][0]["arguments"]);
 }
 
+// A request the engine fails after the stream began (a GBNF grammar too ambiguous to mask
+// within the mask's work budget, passed as the chat route's `grammar` extension): the stream
+// ends with response.failed carrying the error; the server goes on serving.
+TEST_F(ResponsesTest, EngineFailureEndsTheStreamWithResponseFailed) {
+  Json body = {{"model", "smollm2"},
+               {"input", "Say a letter."},
+               {"max_output_tokens", 8},
+               {"grammar", R"(root ::= ("" | [a-y]){0,300} "z")"},
+               {"stream", true}};
+  auto s = post_sse(port(), "/v1/responses", body);
+  ASSERT_EQ(s.status, 200) << s.raw;
+  ASSERT_GE(s.events.size(), 3u) << s.raw;
+  EXPECT_FALSE(s.done) << "no [DONE] line";
+  EXPECT_EQ(Json::parse(s.events.front())["type"], "response.created");
+  const Json last = Json::parse(s.events.back());
+  EXPECT_EQ(last["type"], "response.failed") << s.events.back();
+  EXPECT_EQ(last["response"]["status"], "failed");
+  EXPECT_EQ(last["response"]["error"]["code"], "server_error");
+  EXPECT_NE(last["response"]["error"]["message"].get<std::string>().find("too ambiguous"), std::string::npos)
+      << s.events.back();
+  for (size_t i = 0; i < s.events.size(); ++i) EXPECT_EQ(Json::parse(s.events[i])["sequence_number"], int(i));
+  const Json after = post_json(port(), "/v1/responses", Json{{"model", "smollm2"}, {"input", "hi"}, {"max_output_tokens", 2}});
+  EXPECT_EQ(after["status"], "incomplete") << after.dump();
+}
+
 // function_call and function_call_output items reach the template as the chat route's
 // assistant tool_calls and tool messages: the same prompt as that chat request, longer than
 // the question alone.
