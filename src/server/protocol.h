@@ -109,6 +109,10 @@ struct ResponsesParams {
   Json echo = Json::object();
 };
 ResponsesParams parse_responses(const Json& body, const RequestLimits& limits);
+// An error of the chat request a Responses request runs as, in the Responses API's names:
+// param messages -> input, response_format -> text.format, and a context-length error's
+// advice max_tokens -> max_output_tokens (parse_responses and the route's submission).
+void rename_for_responses(ApiError& e);
 
 // /tokenize (vLLM's): a completions prompt or chat messages of `model`, with
 // add_special_tokens (default: true for a prompt, false for messages, which the chat

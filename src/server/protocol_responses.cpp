@@ -4,6 +4,8 @@
 // Responses fields (input, text.format, max_output_tokens). Tested in
 // tests/server/responses_test.cpp.
 #include <map>
+#include <string>
+#include <string_view>
 
 #include "server/protocol_fields.h"
 
@@ -163,6 +165,17 @@ Json response_format(const Json& text, Json& echo) {
 
 }  // namespace
 
+void rename_for_responses(ApiError& e) {
+  if (e.param == "messages") e.param = "input";
+  if (e.param == "response_format") e.param = "text.format";
+  if (e.code == "context_length_exceeded") {
+    std::string message = e.what();
+    if (const size_t at = message.rfind("max_tokens"); at != std::string::npos)
+      message.replace(at, std::string_view("max_tokens").size(), "max_output_tokens");
+    e = ApiError(e.status, std::move(message), e.param, e.type, e.code);
+  }
+}
+
 ResponsesParams parse_responses(const Json& j, const RequestLimits& limits) {
   if (field(j, "previous_response_id"))
     throw ApiError(
@@ -249,10 +262,8 @@ ResponsesParams parse_responses(const Json& j, const RequestLimits& limits) {
 
   try {
     r.chat = parse_completion(chat, /*chat=*/true, limits);
-  } catch (
-      ApiError& e) {  // the chat request's names for what the Responses request calls otherwise
-    if (e.param == "messages") e.param = "input";
-    if (e.param == "response_format") e.param = "text.format";
+  } catch (ApiError& e) {
+    rename_for_responses(e);
     throw;
   }
   echo["temperature"] = field(j, "temperature") ? j["temperature"] : Json(1.0);

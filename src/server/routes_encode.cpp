@@ -244,7 +244,9 @@ void Server::Impl::reply_error(httplib::Response& res, const std::string& model,
 }
 
 void Server::Impl::reply_error(httplib::Response& res, const std::string& model, const char* endpoint, const Error& e) {
-  reply_error(res, model, endpoint, ApiError(status_of(e), e.what()));
+  const int status = status_of(e);
+  reply_error(res, model, endpoint,
+              ApiError(status, e.what(), {}, status >= 500 ? "server_error" : "invalid_request_error"));
 }
 
 void Server::Impl::handle_kserve_model(const httplib::Request& req, httplib::Response& res) {

@@ -731,12 +731,9 @@ void Server::Impl::handle_completion(const httplib::Request& req, httplib::Respo
     model_name = call->params.model;
     submit_call(call, req);
   } catch (const ApiError& e) {
-    metrics.count_request(model_name, endpoint, e.status);
-    return send_error(res, e);
+    return reply_error(res, model_name, endpoint, e);
   } catch (const Error& e) {
-    int status = status_of(e);
-    metrics.count_request(model_name, endpoint, status);
-    return send_error(res, ApiError(status, e.what(), {}, status >= 500 ? "server_error" : "invalid_request_error"));
+    return reply_error(res, model_name, endpoint, e);
   }
   CallWriter writer;
   if (call->params.stream) writer.event = [](Call& c, size_t prompt, const RequestUpdate& u) {

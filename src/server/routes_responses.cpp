@@ -6,7 +6,6 @@
 // has split, the same way streamed or not, so a stream's deltas add up to the body's items.
 // Tested in tests/server/responses_test.cpp and tests/server/openai_client_test.py.
 #include <string>
-#include <string_view>
 #include <utility>
 
 #include "server/generate_call.h"
@@ -285,21 +284,10 @@ void Server::Impl::handle_responses(const httplib::Request& req, httplib::Respon
     model_name = call->params.model;
     submit_call(call, req);
   } catch (ApiError& e) {
-    if (e.param == "messages") e.param = "input";  // the chat request's name for it
-    if (e.param == "response_format") e.param = "text.format";
-    if (e.code == "context_length_exceeded") {  // its advice names the chat field
-      std::string message = e.what();
-      if (const size_t at = message.rfind("max_tokens"); at != std::string::npos)
-        message.replace(at, std::string_view("max_tokens").size(), "max_output_tokens");
-      e = ApiError(e.status, std::move(message), e.param, e.type, e.code);
-    }
-    metrics.count_request(model_name, endpoint, e.status);
-    return send_error(res, e);
+    rename_for_responses(e);  // submission's errors (parse_responses renames its own)
+    return reply_error(res, model_name, endpoint, e);
   } catch (const Error& e) {
-    const int status = status_of(e);
-    metrics.count_request(model_name, endpoint, status);
-    return send_error(res, ApiError(status, e.what(), {},
-                                    status >= 500 ? "server_error" : "invalid_request_error"));
+    return reply_error(res, model_name, endpoint, e);
   }
   call->id = random_id("resp_");
   rs->stream = call->params.stream;
@@ -317,12 +305,8 @@ void Server::Impl::handle_responses(const httplib::Request& req, httplib::Respon
     return std::exchange(rs->out, {});
   };
   writer.end = [rs](Call& c) {
-    const std::string status = final_status(c);
-    emit(*rs,
-         "response." + std::string(status == "incomplete" ? "incomplete"
-                                   : status == "failed"   ? "failed"
-                                                          : "completed"),
-         {{"response", response_json(c, *rs, status)}});
+    const std::string status = final_status(c);  // completed, incomplete or failed: the event's name
+    emit(*rs, "response." + status, {{"response", response_json(c, *rs, status)}});
     return std::exchange(rs->out, {});
   };
   writer.body = [rs](Call& c) {

@@ -197,7 +197,7 @@ Runner add_serve(CLI::App& app) {
   cmd->add_option("--max-step-tokens", a->max_step_tokens, "token budget of one engine step")
       ->check(CLI::Range(int64_t(1), int64_t(1) << 20))
       ->capture_default_str();
-  cmd->add_option("--max-running", a->max_running, "sequences running at once")->check(CLI::Range(1, 1 << 16))->capture_default_str();
+  cmd->add_option("--max-running", a->max_running, "sequences running at once (an n > 1 request counts n; a larger n is refused)")->check(CLI::Range(1, 1 << 16))->capture_default_str();
   cmd->add_flag("--tune-batch-sizes", a->tune_batch_sizes,
                 "cuda: time GEMM tactics at each decode batch size the first time a step of that size runs, as "
                 "`kiln bench` does (~50-70 ms a new size, during which every stream waits; off by default: batch "
