@@ -42,17 +42,21 @@ struct Shape {
   int64_t rows, dim;
 };
 
-enum class Op { kLayer, kRms, kAddLayer, kAddRms };
+// kAddLayerPost: a post-norm block's AddLayerNorm, whose residual sum is not stored.
+enum class Op { kLayer, kRms, kAddLayer, kAddRms, kAddLayerPost };
 const char* op_name(Op op) {
   switch (op) {
     case Op::kLayer: return "LayerNorm+bias";
     case Op::kRms: return "RMSNorm";
     case Op::kAddLayer: return "AddLayerNorm";
     case Op::kAddRms: return "AddRMSNorm";
+    case Op::kAddLayerPost: return "AddLayerNorm, no sum";
   }
   return "";
 }
-bool has_res(Op op) { return op == Op::kAddLayer || op == Op::kAddRms; }
+bool has_res(Op op) { return op == Op::kAddLayer || op == Op::kAddRms || op == Op::kAddLayerPost; }
+// Bytes moved per element: x, y (and res, sum).
+int elem_moves(Op op) { return op == Op::kAddLayerPost ? 3 : has_res(op) ? 4 : 2; }
 bool is_rms(Op op) { return op == Op::kRms || op == Op::kAddRms; }
 
 // Sets of x, residual, sum and y buffers ([rows, dim] bf16 each), int8 codes and row scales.
@@ -106,6 +110,10 @@ void launch_op(Op op, const Buffers& bf, int s) {
       launch_add_layer_norm(DType::kBF16, bf.at(bf.x, s), bf.at(bf.res, s), bf.g(), bf.b(), 1e-5f, r, d,
                             bf.at(bf.sum, s), bf.at(bf.y, s), nullptr);
       break;
+    case Op::kAddLayerPost:
+      launch_add_layer_norm(DType::kBF16, bf.at(bf.x, s), bf.at(bf.res, s), bf.g(), bf.b(), 1e-5f, r, d, nullptr,
+                            bf.at(bf.y, s), nullptr);
+      break;
     case Op::kAddRms:
       launch_add_rms_norm(DType::kBF16, bf.at(bf.x, s), bf.at(bf.res, s), bf.g(), 1e-5f, r, d, bf.at(bf.sum, s),
                           bf.at(bf.y, s), nullptr);
@@ -124,7 +132,7 @@ int main() {
                           {"BERT-base b1 x 128", 128, 768},
                           {"decode 64 rows", 64, 4096},
                           {"decode 1 row", 1, 4096}};
-  const Op ops[] = {Op::kLayer, Op::kRms, Op::kAddLayer, Op::kAddRms};
+  const Op ops[] = {Op::kLayer, Op::kRms, Op::kAddLayer, Op::kAddLayerPost, Op::kAddRms};
 
   std::printf("| shape | op | bytes | us (HBM) | GB/s | of copy | us (warm) | GB/s warm | warp us (HBM) | warp GB/s | "
               "warp of copy | warp us (warm) | warp GB/s warm | block / warp |\n"
@@ -133,7 +141,7 @@ int main() {
     Buffers bf(sh.rows, sh.dim);
     const bool warp = norm_kernel_for(DType::kBF16, sh.dim, NormShort::kWarp) == NormKernel::kWarp;
     for (Op op : ops) {
-      const double bytes = double(sh.rows * sh.dim) * 2.0 * (has_res(op) ? 4 : 2);
+      const double bytes = double(sh.rows * sh.dim) * 2.0 * elem_moves(op);
       set_norm_short_mode(NormShort::kBlock);
       const float cold = time_us(bf, false, [&](int s) { launch_op(op, bf, s); });
       const float warm = time_us(bf, true, [&](int s) { launch_op(op, bf, s); });
@@ -196,8 +204,8 @@ int main() {
   // The W8A8 input: norm then quantize vs the norm writing the codes, or y and the codes.
   std::printf("\nW8A8 input (AddLayerNorm, bf16 -> int8), us from HBM:\n"
               "| shape | scales | AddLayerNorm | + int8 quantize | pair | fused | pair / fused | dual | pair / dual |"
-              " pair (warp) | fused (warp) | dual (warp) | pair / dual (warp) |\n"
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
+              " pair (warp) | fused (warp) | dual (warp) | pair / dual (warp) | dual, no sum (warp) |\n"
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const Shape& sh : shapes) {
     Buffers bf(sh.rows, sh.dim);
     const int64_t r = sh.rows, d = sh.dim;
@@ -217,6 +225,10 @@ int main() {
                                    bf.at(bf.sum, s), bf.at(bf.y, s), bf.q_at(s), 1.0f / 0.05f,
                                    per_token ? bf.rs_at(s) : nullptr, nullptr);
       };
+      auto dual_no_sum = [&](int s) {  // a post-norm block's: the residual sum not stored
+        launch_add_layer_norm_dual(DType::kBF16, bf.at(bf.x, s), bf.at(bf.res, s), bf.g(), bf.b(), 1e-5f, r, d, nullptr,
+                                   bf.at(bf.y, s), bf.q_at(s), 1.0f / 0.05f, per_token ? bf.rs_at(s) : nullptr, nullptr);
+      };
       auto pair = [&](int s) {
         norm(s);
         quant(s);
@@ -229,9 +241,9 @@ int main() {
       set_norm_short_mode(NormShort::kWarp);
       if (norm_kernel_for(DType::kBF16, d, NormShort::kWarp) == NormKernel::kWarp) {
         const float wp = time_us(bf, false, pair), wf = time_us(bf, false, fused), wd = time_us(bf, false, dual);
-        std::printf(" %.2f | %.2f | %.2f | %.2fx |\n", wp, wf, wd, wp / wd);
+        std::printf(" %.2f | %.2f | %.2f | %.2fx | %.2f |\n", wp, wf, wd, wp / wd, time_us(bf, false, dual_no_sum));
       } else {
-        std::printf(" - | - | - | - |\n");
+        std::printf(" - | - | - | - | - |\n");
       }
       set_norm_short_mode(std::nullopt);
     }

@@ -29,6 +29,7 @@
 #include "core/log.h"
 #include "core/status.h"
 #include "core/thread_pool.h"
+#include "ir/rewrite.h"
 #include "core/weight_quant.h"
 #include "ir/plugin.h"
 
@@ -227,10 +228,13 @@ OpRun prepare_norm(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) {
     void* sum;
     int64_t rows, dim;
   };
-  auto rows_of = [add](OpContext& c) {
+  // A post-norm block's sum (BERT's x + sublayer(x)) has no reader: it is not stored.
+  const bool keep_sum = add && ir::compute_uses(g).count(n.outputs[0]) > 0;
+  auto rows_of = [add, keep_sum](OpContext& c) {
     const DevTensor& x = *c.inputs[0];
     const int64_t dim = x.dim(-1);
-    return Rows{x, add ? c.inputs[1]->data : nullptr, add ? c.out(0, x.shape).data : nullptr, x.numel() / dim, dim};
+    return Rows{x, add ? c.inputs[1]->data : nullptr, keep_sum ? c.out(0, x.shape).data : nullptr, x.numel() / dim,
+                dim};
   };
   if (const auto q = int8_dual_codes(n, g, pc.act))
     return [=, codes = *q](OpContext& c) {

@@ -3,8 +3,9 @@
 // without bias), RMSNorm and the fused AddLayerNorm / AddRMSNorm against the CPU backend
 // for 1 to 4100 rows of 64 to 1024 elements in f16 and bf16 (and f32 rows of up to 512);
 // its forced launch shapes against the block kernel; longer rows left to the block kernel,
-// bit for bit. Its E4M3 / int8 outputs against norm -> quantize: fp8_fuse_test.cpp and
-// int8_fuse_test.cpp. Skips the device parts without a GPU.
+// bit for bit; a residual sum not stored leaves every kernel's norm unchanged. Its E4M3 /
+// int8 outputs against norm -> quantize: fp8_fuse_test.cpp and int8_fuse_test.cpp. Skips
+// the device parts without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -190,6 +191,57 @@ TEST(CudaNormShort, ForcedWarpShapesAgreeWithTheBlockKernel) {
   EXPECT_TRUE(launch_add_norm_shaped(DType::kBF16, true, static_cast<char*>(x.get()) + 16, nullptr, g.as<float>(), nullptr,
                                      1e-5f, 1, 1024, nullptr, y.get(), {.warps = 8}, nullptr));
   KILN_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+// A residual sum that no node reads (a post-norm block's) is not stored: the norm of
+// every kernel (block, warp, multi-pass) and output form (T, int8, the dual T + int8) is
+// the same, bit for bit, as with the sum stored.
+TEST(CudaNormShort, UnstoredSumLeavesTheNormUnchanged) {
+  KILN_SKIP_WITHOUT_CUDA();
+  for (NormShort mode : {NormShort::kBlock, NormShort::kWarp})
+    for (int64_t dim : {100, 768, 4096})  // 100: not whole 16-byte vectors, the multi-pass kernel
+      for (int64_t rows : {1, 300}) {
+        const int64_t n = rows * dim;
+        std::mt19937_64 rng(uint64_t(rows * 31 + dim));
+        const auto x = random_bf16(n, rng), r = random_bf16(n, rng);
+        const auto gamma = random_f32(dim, rng, 0.5f, 1.5f), beta = random_f32(dim, rng, -0.5f, 0.5f);
+        Dev dx(x.data(), size_t(n) * 2), dr(r.data(), size_t(n) * 2), dg(gamma.data(), size_t(dim) * 4),
+            db(beta.data(), size_t(dim) * 4), sum{size_t(n) * 2}, y_a{size_t(n) * 2}, y_b{size_t(n) * 2}, q_a{size_t(n)},
+            q_b{size_t(n)};
+        const ScopedNormShort scoped(mode);
+        const std::string what = str_cat(mode == NormShort::kWarp ? "warp" : "block", " rows=", rows, " dim=", dim);
+        for (bool rms : {true, false}) {
+          auto run = [&](void* s, const Dev& y) {
+            if (rms) launch_add_rms_norm(DType::kBF16, dx.get(), dr.get(), dg.as<float>(), 1e-5f, rows, dim, s, y.get(), nullptr);
+            else launch_add_layer_norm(DType::kBF16, dx.get(), dr.get(), dg.as<float>(), db.as<float>(), 1e-5f, rows, dim, s, y.get(), nullptr);
+          };
+          auto run_dual = [&](void* s, const Dev& y, const Dev& q) {
+            if (rms) launch_add_rms_norm_dual(DType::kBF16, dx.get(), dr.get(), dg.as<float>(), 1e-5f, rows, dim, s, y.get(), q.as<int8_t>(), 0.1f, nullptr, nullptr);
+            else launch_add_layer_norm_dual(DType::kBF16, dx.get(), dr.get(), dg.as<float>(), db.as<float>(), 1e-5f, rows, dim, s, y.get(), q.as<int8_t>(), 0.1f, nullptr, nullptr);
+          };
+          auto run_int8 = [&](void* s, const Dev& q) {
+            if (rms) launch_add_rms_norm_int8(DType::kBF16, dx.get(), dr.get(), dg.as<float>(), 1e-5f, rows, dim, s, q.as<int8_t>(), 0.1f, nullptr, nullptr);
+            else launch_add_layer_norm_int8(DType::kBF16, dx.get(), dr.get(), dg.as<float>(), db.as<float>(), 1e-5f, rows, dim, s, q.as<int8_t>(), 0.1f, nullptr, nullptr);
+          };
+          const std::string op = str_cat(rms ? "AddRMSNorm " : "AddLayerNorm ", what);
+          KILN_CUDA_CHECK(cudaMemset(y_b.get(), 0xff, size_t(n) * 2));
+          run(sum.get(), y_a);
+          run(nullptr, y_b);
+          KILN_CUDA_CHECK(cudaDeviceSynchronize());
+          EXPECT_EQ(y_b.host<uint16_t>(size_t(n)), y_a.host<uint16_t>(size_t(n))) << op;
+          if (dim % 8 != 0) continue;  // the int8 forms take whole 16-byte vectors (the fused graphs')
+          KILN_CUDA_CHECK(cudaMemset(y_b.get(), 0xff, size_t(n) * 2));
+          run_dual(sum.get(), y_a, q_a);
+          run_dual(nullptr, y_b, q_b);
+          KILN_CUDA_CHECK(cudaDeviceSynchronize());
+          EXPECT_EQ(y_b.host<uint16_t>(size_t(n)), y_a.host<uint16_t>(size_t(n))) << op << " dual";
+          EXPECT_EQ(q_b.host<int8_t>(size_t(n)), q_a.host<int8_t>(size_t(n))) << op << " dual codes";
+          KILN_CUDA_CHECK(cudaMemset(q_b.get(), 0x7f, size_t(n)));
+          run_int8(nullptr, q_b);
+          KILN_CUDA_CHECK(cudaDeviceSynchronize());
+          EXPECT_EQ(q_b.host<int8_t>(size_t(n)), q_a.host<int8_t>(size_t(n))) << op << " int8";
+        }
+      }
 }
 
 }  // namespace

@@ -56,7 +56,7 @@ template <typename T, NormOut O>
 using NormY = std::conditional_t<O == NormOut::kT || norm_dual(O), T,
                                  std::conditional_t<O == NormOut::kFp8, uint8_t, int8_t>>;
 
-// A norm launch: sum = x + res when res is set (sum must be then), y = norm(sum or x).
+// A norm launch: sum = x + res when res is set (stored where sum is set), y = norm(sum or x).
 template <typename T, typename Y>
 struct NormArgs {
   const T* x;
@@ -89,10 +89,12 @@ __device__ __forceinline__ int8_t dual_code(T y, float inv) {
 
 // With a residual (the fused AddLayerNorm/AddRMSNorm), the row is first x + res,
 // rounded to T and written to `sum` — exactly what the unfused Add would have stored —
-// and the norm reads that; each thread reads back only elements it wrote itself.
+// and the norm reads that; each thread reads back only elements it wrote itself. With
+// no sum to store (null), the row is null and the kernel adds at each read instead.
 template <typename T>
 __device__ const T* add_residual(const T* xr, const T* res, T* sum, int64_t dim) {
   if (!res) return xr;
+  if (!sum) return nullptr;
   for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) sum[j] = from_f32<T>(to_f32(xr[j]) + to_f32(res[j]));
   return sum;
 }
@@ -115,28 +117,32 @@ __global__ void norm_rows_kernel(NormArgs<T, NormY<T, O>> a) {
   norm_prologue(a.early, a.gamma, a.beta, threadIdx.x, dim);
   __shared__ float scratch[32];
   const T* xr = add_residual(a.x + off, a.res ? a.res + off : nullptr, a.sum ? a.sum + off : nullptr, dim);
+  // Element j of the row (x + res rounded to T where the sum is not stored).
+  auto xat = [&](int64_t j) {
+    return xr ? to_f32(xr[j]) : to_f32(from_f32<T>(to_f32(a.x[off + j]) + to_f32(a.res[off + j])));
+  };
   float mean = 0.0f, r;
   if constexpr (kRms) {
     float ss = 0.0f;
     for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
-      const float v = to_f32(xr[j]);
+      const float v = xat(j);
       ss += v * v;
     }
     r = rsqrtf(block_sum(ss, scratch) / float(dim) + a.eps);
   } else {
     float sum = 0.0f;
-    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) sum += to_f32(xr[j]);
+    for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) sum += xat(j);
     mean = block_sum(sum, scratch) / float(dim);
     float var = 0.0f;
     for (int64_t j = threadIdx.x; j < dim; j += blockDim.x) {
-      const float d = to_f32(xr[j]) - mean;
+      const float d = xat(j) - mean;
       var += d * d;
     }
     r = rsqrtf(block_sum(var, scratch) / float(dim) + a.eps);
   }
   auto value = [&](int64_t j) {
-    if constexpr (kRms) return to_f32(xr[j]) * r * a.gamma[j];
-    else return (to_f32(xr[j]) - mean) * r * a.gamma[j] + (a.beta ? a.beta[j] : 0.0f);
+    if constexpr (kRms) return xat(j) * r * a.gamma[j];
+    else return (xat(j) - mean) * r * a.gamma[j] + (a.beta ? a.beta[j] : 0.0f);
   };
   float inv = a.inv;
   if constexpr (norm_row_scaled(O)) {  // the row's max over its T-rounded outputs
@@ -232,7 +238,7 @@ __global__ void __launch_bounds__(1024) norm_regs_kernel(NormArgs<T, NormY<T, O>
       const T* re = reinterpret_cast<const T*>(&rv[i]);
 #pragma unroll
       for (int u = 0; u < VEC; ++u) xe[u] = from_f32<T>(to_f32(xe[u]) + to_f32(re[u]));
-      if (live && vi < nvec) *reinterpret_cast<uint4*>(a.sum + base + int64_t(vi) * VEC) = xv[i];
+      if (live && vi < nvec && a.sum) *reinterpret_cast<uint4*>(a.sum + base + int64_t(vi) * VEC) = xv[i];
     }
   }
   auto elem = [&](int i, int u) { return to_f32(reinterpret_cast<const T*>(&xv[i])[u]); };
@@ -359,7 +365,7 @@ __global__ void __launch_bounds__(32 * kWarpMaxWarps) norm_warp_kernel(NormArgs<
         const T* re = reinterpret_cast<const T*>(&rv[i]);
 #pragma unroll
         for (int u = 0; u < VEC; ++u) xe[u] = from_f32<T>(to_f32(xe[u]) + to_f32(re[u]));
-        if (vi < nvec) *reinterpret_cast<uint4*>(a.sum + base + int64_t(vi) * VEC) = cv[i];
+        if (vi < nvec && a.sum) *reinterpret_cast<uint4*>(a.sum + base + int64_t(vi) * VEC) = cv[i];
       }
     }
     load(row + step);  // in flight while this row reduces and stores
@@ -508,7 +514,6 @@ template <typename T, NormOut O, bool kRms>
 bool launch_norm(const void* x, const void* res, const float* gamma, const float* beta, float eps, int64_t rows,
                  int64_t dim, void* sum, void* y, float inv, float* row_scale, int8_t* q, cudaStream_t s,
                  NormShape forced = {}) {
-  KILN_THROW_IF(res && !sum, kInternal, "cuda norm: a residual without a sum output");
   KILN_THROW_IF(norm_dual(O) != (q != nullptr) || norm_row_scaled(O) != (row_scale != nullptr), kInternal,
                 "cuda norm: the codes or row scales do not match the output mode");
   KILN_THROW_IF(rows > 0x7fffffff, kInternal, "cuda norm: ", rows, " rows");

@@ -25,7 +25,8 @@ void launch_rms_norm(DType t, const void* x, const float* w, float eps, int64_t 
 void launch_head_rms_norm(DType t, const void* x, const float* w, int64_t w_stride, float eps, int64_t rows,
                           int64_t width, int64_t groups, int64_t d, void* y, cudaStream_t s);
 // Fused residual add (AddLayerNorm / AddRMSNorm): sum = x + res (in T), y = norm(sum).
-// sum and y must not alias x or res.
+// sum and y must not alias x or res. sum may be null with res set: the sum is then not
+// stored (a post-norm block's, which no node reads), y the same.
 void launch_add_layer_norm(DType t, const void* x, const void* res, const float* gamma, const float* beta,
                            float eps, int64_t rows, int64_t dim, void* sum, void* y, cudaStream_t s);
 void launch_add_rms_norm(DType t, const void* x, const void* res, const float* w, float eps, int64_t rows,
