@@ -1,6 +1,7 @@
 // `kiln generate`: greedy continuation of a prompt (text through the model's own
 // tokenizer, or raw token ids), streamed as it decodes, with timing on stderr; optionally
-// constrained to a JSON Schema, a GBNF grammar or a regex (runtime/grammar.h).
+// constrained to a JSON Schema, a GBNF grammar or a regex (runtime/grammar.h), or sped up
+// by prompt-lookup drafts (--lookup, runtime/ngram_draft.h) with the same output.
 #include <chrono>
 #include <cstdio>
 
@@ -10,11 +11,15 @@
 #include "runtime/grammar.h"
 #include "runtime/llm_runner.h"
 #include "runtime/model_tokenizer.h"
+#include "runtime/ngram_draft.h"
 #include "tokenizer/chat_template.h"
 
 namespace kiln::cli {
 
 namespace {
+
+// Past a few dozen, drafts that are wrong cost more than the ones that hold save.
+constexpr int kMaxLookup = 64;
 
 struct GenerateArgs {
   ModelArgs model;
@@ -31,6 +36,7 @@ struct GenerateArgs {
   std::string json_schema;  // a schema's JSON text, or @FILE
   std::string grammar;      // GBNF text, or @FILE
   std::string regex;        // a regex the whole output matches
+  int lookup = 0;           // prompt-lookup drafts per step; 0: off
 };
 
 // "@path" reads the file; anything else is the text itself.
@@ -80,7 +86,6 @@ int run_generate(const GenerateArgs& a) {
   ro.max_total_tokens = int64_t(prompt.size()) + a.max_tokens + 16;
   ro.kv_cache_fraction = a.kv_fraction;  // then max_total_tokens caps the pool
   LlmRunner runner(*model, ro);
-  int32_t seq = runner.add_sequence(prompt);
   std::optional<tok::StreamDecoder> stream;
   if (tokenizer && !a.print_ids) {
     stream.emplace(*tokenizer);
@@ -111,7 +116,25 @@ int run_generate(const GenerateArgs& a) {
   std::vector<int32_t> out;
   auto t_start = std::chrono::steady_clock::now();
   double prefill_s = 0;
-  while (int(out.size()) < a.max_tokens) {
+  // Prints the token just pushed to `out` as it comes.
+  auto print_token = [&](int32_t next) {
+    if (stream) std::fputs(stream->put(next).c_str(), stdout);
+    else std::printf("%s%d", out.size() > 1 ? " " : "", next);
+    std::fflush(stdout);
+  };
+  std::optional<LookupDecodeStats> lookup;
+  if (a.lookup > 0) {
+    LookupDecodeOptions lo;
+    lo.num_draft = a.lookup;
+    lo.max_step_tokens = ro.max_step_tokens;
+    lookup = generate_greedy_lookup(runner, prompt, a.max_tokens, stops, lo, [&](int32_t next) {
+      out.push_back(next);
+      if (out.size() == 1) prefill_s = seconds_since(t_start);
+      if (std::find(stops.begin(), stops.end(), next) == stops.end()) print_token(next);
+    }).stats;
+  }
+  const int32_t seq = lookup ? -1 : runner.add_sequence(prompt);
+  while (!lookup && int(out.size()) < a.max_tokens) {
     auto res = runner.step();
     if (out.empty()) prefill_s = seconds_since(t_start);
     std::vector<float>& row = res.at(0).logits;
@@ -126,9 +149,7 @@ int run_generate(const GenerateArgs& a) {
     out.push_back(next);
     if (std::find(stops.begin(), stops.end(), next) != stops.end()) break;
     if (doc && !doc->accept(trie->piece(next))) break;
-    if (stream) std::fputs(stream->put(next).c_str(), stdout);
-    else std::printf("%s%d", out.size() > 1 ? " " : "", next);
-    std::fflush(stdout);
+    print_token(next);
     if (doc && doc->complete() && !doc->can_continue()) break;
     runner.append_tokens(seq, {next});
   }
@@ -145,6 +166,11 @@ int run_generate(const GenerateArgs& a) {
                  load_s, prompt.size(), prefill_s * 1e3, double(prompt.size()) / prefill_s,
                  out.size(), decoded ? decode_s * 1e3 / double(decoded) : 0.0,
                  decoded ? double(decoded) / decode_s : 0.0);
+    if (lookup)
+      std::fprintf(stderr,
+                   "[kiln] lookup %d: drafted %lld, accepted %lld (%.1f%%) | %lld decode steps (%.2f tokens/step)\n",
+                   a.lookup, (long long)lookup->drafted, (long long)lookup->accepted, 100 * lookup->acceptance(),
+                   (long long)lookup->steps, lookup->steps ? double(decoded) / double(lookup->steps) : 0.0);
   }
   return 0;
 }
@@ -181,9 +207,21 @@ Runner add_generate(CLI::App& app) {
                   "classes, groups, '|', quantifiers; '.' is any character but a line break)")
       ->excludes(js)
       ->excludes(gr);
+  cmd->add_option("--lookup", a->lookup,
+                  "prompt-lookup speculative decoding: up to K draft tokens a step, copied from where the last "
+                  "1-3 tokens occurred before in the prompt or output, verified in one step (the output is "
+                  "greedy decoding's); 0: off")
+      ->capture_default_str();
   return [a, cmd] {
     if (a->prompt.empty() && a->ids.empty())
       throw_error(ErrorCode::kInvalidArgument, "generate needs --prompt TEXT or --ids IDS");
+    if (a->lookup < 0 || a->lookup > kMaxLookup)
+      throw_error(ErrorCode::kInvalidArgument, "--lookup takes 0 (off) to ", kMaxLookup, " draft tokens a step, got ",
+                  a->lookup, " (4-8 is typical)");
+    if (a->lookup > 0 && (!a->json_schema.empty() || !a->grammar.empty() || !a->regex.empty()))
+      throw_error(ErrorCode::kInvalidArgument, "--lookup cannot be combined with ",
+                  !a->json_schema.empty() ? "--json-schema" : !a->grammar.empty() ? "--grammar" : "--regex",
+                  ": constrained decoding takes one token a step (drop --lookup or the constraint)");
     (void)cmd;
     return run_generate(*a);
   };
