@@ -62,11 +62,11 @@ std::vector<int32_t> NgramDrafter::draft(int32_t k) const {
 
 namespace {
 
-// The greedy token of every logit row of a step: with TopKLogits in the graph only the top
-// ids cross from the device (as LlmRunner::step_greedy; ties go to the lowest id either way).
-std::vector<int32_t> step_argmax(LlmRunner& runner, std::span<const StepChunk> chunks) {
+// The greedy token of every logit row of a step: from TopKLogits' ids (as
+// LlmRunner::step_greedy) or whole rows; ties go to the lowest id either way.
+std::vector<int32_t> step_argmax(LlmRunner& runner, std::span<const StepChunk> chunks, bool top_logits) {
   std::vector<int32_t> best;
-  if (runner.top_logits_k() > 0) {
+  if (top_logits && runner.top_logits_k() > 0) {
     const StepTopLogits top = runner.run_chunks_top(chunks, 1);
     for (int64_t r = 0; r < top.ids.dim(0); ++r) best.push_back(top.ids.data_as<int32_t>()[r * top.k()]);
   } else {
@@ -114,7 +114,7 @@ LookupDecodeResult generate_greedy_lookup(LlmRunner& runner, std::span<const int
     const size_t n = size_t(std::min<int64_t>(options.max_step_tokens, int64_t(prompt.size() - at)));
     const bool last = at + n == prompt.size();
     const StepChunk chunk{&kv, prompt.subspan(at, n), last};
-    if (last) next = step_argmax(runner, {&chunk, 1}).at(0);
+    if (last) next = step_argmax(runner, {&chunk, 1}, options.top_logits).at(0);
     else runner.run_chunks_logits({&chunk, 1});
     ++res.stats.prefill_steps;
     at += n;
@@ -123,20 +123,23 @@ LookupDecodeResult generate_greedy_lookup(LlmRunner& runner, std::span<const int
 
   const int32_t max_positions = int32_t(runner.model().info().max_positions);
   std::vector<int32_t> fed;
+  int32_t k = options.num_draft;  // this step's draft length (LookupDecodeOptions::adaptive)
   while (true) {
     // A step emits at most drafts + 1 tokens, and past the model's positions none at all
     // (the step then throws as plain decoding's would).
     const int32_t room = std::min(max_tokens - int32_t(res.tokens.size()) - 1, max_positions - kv.length - 1);
-    const std::vector<int32_t> drafts = drafter.draft(std::min(options.num_draft, room));
+    const std::vector<int32_t> drafts = drafter.draft(std::min(k, room));
     fed.assign(1, next);
     fed.insert(fed.end(), drafts.begin(), drafts.end());
     const StepChunk chunk{&kv, fed, true, !drafts.empty()};
-    const std::vector<int32_t> best = step_argmax(runner, {&chunk, 1});
+    const std::vector<int32_t> best = step_argmax(runner, {&chunk, 1}, options.top_logits);
     KILN_CHECK(best.size() == fed.size(), "a verification step of ", fed.size(), " tokens gave ", best.size(),
                " rows");
     size_t kept = 0;
     while (kept < drafts.size() && best[kept] == drafts[kept]) ++kept;
     ++res.stats.steps;
+    if (options.adaptive && !drafts.empty())
+      k = kept == drafts.size() ? std::min(options.num_draft, k + 2) : std::max(1, k - 1);
     res.stats.drafted += int64_t(drafts.size());
     res.stats.accepted += int64_t(kept);
     // The K/V of the rejected drafts go; that of `next` and the kept drafts is what plain

@@ -27,15 +27,15 @@ std::string real_model(const std::string& rel) {
   return (env ? std::string(env) : std::string(KILN_SOURCE_DIR) + "/.cache/models") + "/" + rel;
 }
 
-// Decodes with lookup and checks it against `want`, the callback's tokens and the pool.
+// Decodes with lookup (`base` with k drafts) and checks it against `want`, the callback's
+// tokens and the pool.
 LookupDecodeStats expect_lookup_equals(LlmRunner& runner, const Ids& prompt, int32_t max_tokens, const Ids& stops,
                                        int32_t k, const Ids& want, const std::string& what,
-                                       int64_t max_step_tokens = 2048) {
+                                       const LookupDecodeOptions& base = {}) {
   const int32_t free_before = runner.kv().allocator().num_free();
   Ids streamed;
-  LookupDecodeOptions opt;
+  LookupDecodeOptions opt = base;
   opt.num_draft = k;
-  opt.max_step_tokens = max_step_tokens;
   const LookupDecodeResult got =
       generate_greedy_lookup(runner, prompt, max_tokens, stops, opt, [&](int32_t t) { streamed.push_back(t); });
   EXPECT_EQ(got.tokens, want) << what << ", K " << k;
@@ -70,19 +70,34 @@ TEST(LookupDecode, TinyLlamaEqualsGreedy) {
     const std::string what = p == &repeating ? "tiny llama, repeating prompt" : "tiny llama, plain prompt";
     const Ids want = runner.generate_greedy({prompt}, max_tokens)[0];
     ASSERT_EQ(int32_t(want.size()), max_tokens);
-    int64_t accepted = 0;
-    for (int32_t k : {0, 1, 2, 4, 8})
-      accepted += expect_lookup_equals(runner, prompt, max_tokens, {}, k, want, what, /*max_step_tokens=*/7).accepted;
-    // A random tiny model settles into loops, which the drafts then follow.
-    EXPECT_GT(accepted, 0) << what;
+    // The defaults; llama.cpp's n-gram sizes (1-3) with a fixed k, so that the one-token
+    // matches draft often; whole logits rows; the prompt prefilled 7 tokens a step.
+    LookupDecodeOptions fixed;
+    fixed.min_n = 1;
+    fixed.adaptive = false;
+    LookupDecodeOptions rows_chunked;
+    rows_chunked.top_logits = false;
+    rows_chunked.max_step_tokens = 7;
+    const std::pair<const char*, LookupDecodeOptions> variants[] = {
+        {"", {}}, {" (n 1-3, fixed k)", fixed}, {" (whole rows, prefill by 7)", rows_chunked}};
+    for (const auto& [name, base] : variants) {
+      int64_t accepted = 0;
+      for (int32_t k : {0, 1, 2, 4, 8})
+        accepted += expect_lookup_equals(runner, prompt, max_tokens, {}, k, want, what + name, base).accepted;
+      // A random tiny model settles into loops, which the drafts then follow.
+      if (p == &repeating || base.min_n == 1) {
+        EXPECT_GT(accepted, 0) << what << name;
+      }
 
-    // A stop token and max_tokens met in the middle of a step of drafts.
-    const Ids want_stop = runner.generate_greedy({prompt}, max_tokens, want[40])[0];
-    for (int32_t k : {1, 3, 8}) {
-      expect_lookup_equals(runner, prompt, max_tokens, {want[40]}, k, want_stop, what + ", stop " + std::to_string(want[40]));
-      for (int32_t n : {1, 2, 5, 33})
-        expect_lookup_equals(runner, prompt, n, {}, k, Ids(want.begin(), want.begin() + n),
-                             what + ", max_tokens " + std::to_string(n));
+      // A stop token and max_tokens met in the middle of a step of drafts.
+      const Ids want_stop = runner.generate_greedy({prompt}, max_tokens, want[40])[0];
+      for (int32_t k : {1, 3, 8}) {
+        expect_lookup_equals(runner, prompt, max_tokens, {want[40]}, k, want_stop,
+                             what + name + ", stop " + std::to_string(want[40]), base);
+        for (int32_t n : {1, 2, 5, 33})
+          expect_lookup_equals(runner, prompt, n, {}, k, Ids(want.begin(), want.begin() + n),
+                               what + name + ", max_tokens " + std::to_string(n), base);
+      }
     }
   }
   EXPECT_EQ(runner.kv().allocator().num_free(), free_start);
@@ -103,11 +118,15 @@ TEST(LookupDecode, RejectsBadArguments) {
   EXPECT_EQ(runner.kv().allocator().num_free(), runner.kv().allocator().num_blocks());
 }
 
-TEST(LookupDecode, SmolLM2EqualsGreedy) {
+// weight_dtype "f32" (the library's default) and "auto" (the CLI's: q4 blocks through the
+// int8-activation GEMV, a verification step's rows and a decode step's row alike).
+class LookupDecodeSmolLM2 : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(LookupDecodeSmolLM2, EqualsGreedy) {
   const std::string path = real_model("smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf");
   if (!std::filesystem::exists(path))
     GTEST_SKIP() << "real model not found at " << path << " (run .ci/fetch_models.sh)";
-  auto model = Model::load(path);
+  auto model = Model::load(path, {.weight_dtype = GetParam()});
   auto tokenizer = load_model_tokenizer(*model);
   ASSERT_TRUE(tokenizer);
   const std::string paragraph =
@@ -120,17 +139,26 @@ TEST(LookupDecode, SmolLM2EqualsGreedy) {
   LlmRunner runner(*model, {.max_total_tokens = 1024});
   for (const Ids* p : {&repeating, &plain}) {
     const Ids& prompt = *p;
-    const std::string what = p == &repeating ? "smollm2, repeating prompt" : "smollm2, plain prompt";
+    const std::string what =
+        "smollm2 " + GetParam() + (p == &repeating ? ", repeating prompt" : ", plain prompt");
     const Ids want = runner.generate_greedy({prompt}, max_tokens, eos)[0];
     EXPECT_GT(want.size(), 20u) << what << ": a longer continuation is wanted";
     int64_t accepted = 0;
-    for (int32_t k : {1, 4, 8})
-      accepted += expect_lookup_equals(runner, prompt, max_tokens, {eos}, k, want, what).accepted;
+    LookupDecodeOptions rows;
+    rows.top_logits = false;
+    LookupDecodeOptions fixed;  // one-token matches draft on the plain prompt too: rejections
+    fixed.min_n = 1;
+    fixed.adaptive = false;
+    for (int32_t k : {1, 4, 8}) accepted += expect_lookup_equals(runner, prompt, max_tokens, {eos}, k, want, what).accepted;
+    expect_lookup_equals(runner, prompt, max_tokens, {eos}, 8, want, what + " (whole rows)", rows);
+    expect_lookup_equals(runner, prompt, max_tokens, {eos}, 4, want, what + " (n 1-3, fixed k)", fixed);
     if (p == &repeating) {
       EXPECT_GT(accepted, 10) << "the model copies the paragraph: drafts should hold";
     }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(WeightDtypes, LookupDecodeSmolLM2, ::testing::Values("f32", "auto"));
 
 }  // namespace
 }  // namespace kiln

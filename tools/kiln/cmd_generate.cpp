@@ -37,6 +37,7 @@ struct GenerateArgs {
   std::string grammar;      // GBNF text, or @FILE
   std::string regex;        // a regex the whole output matches
   int lookup = 0;           // prompt-lookup drafts per step; 0: off
+  int lookup_min_n = LookupDecodeOptions{}.min_n, lookup_max_n = LookupDecodeOptions{}.max_n;
 };
 
 // "@path" reads the file; anything else is the text itself.
@@ -126,6 +127,9 @@ int run_generate(const GenerateArgs& a) {
   if (a.lookup > 0) {
     LookupDecodeOptions lo;
     lo.num_draft = a.lookup;
+    lo.min_n = a.lookup_min_n;
+    lo.max_n = a.lookup_max_n;
+    lo.top_logits = model->backend().name() != "cpu";  // whole rows are already in host memory there
     lo.max_step_tokens = ro.max_step_tokens;
     lookup = generate_greedy_lookup(runner, prompt, a.max_tokens, stops, lo, [&](int32_t next) {
       out.push_back(next);
@@ -209,8 +213,13 @@ Runner add_generate(CLI::App& app) {
       ->excludes(gr);
   cmd->add_option("--lookup", a->lookup,
                   "prompt-lookup speculative decoding: up to K draft tokens a step, copied from where the last "
-                  "1-3 tokens occurred before in the prompt or output, verified in one step (the output is "
+                  "few tokens occurred before in the prompt or output, verified in one step (the output is "
                   "greedy decoding's); 0: off")
+      ->capture_default_str();
+  cmd->add_option("--lookup-min-n", a->lookup_min_n,
+                  "with --lookup: the shortest n-gram matched (1 drafts on free text too, where few drafts hold)")
+      ->capture_default_str();
+  cmd->add_option("--lookup-max-n", a->lookup_max_n, "with --lookup: the longest n-gram matched (tried first)")
       ->capture_default_str();
   return [a, cmd] {
     if (a->prompt.empty() && a->ids.empty())
@@ -218,6 +227,9 @@ Runner add_generate(CLI::App& app) {
     if (a->lookup < 0 || a->lookup > kMaxLookup)
       throw_error(ErrorCode::kInvalidArgument, "--lookup takes 0 (off) to ", kMaxLookup, " draft tokens a step, got ",
                   a->lookup, " (4-8 is typical)");
+    if (a->lookup_min_n < 1 || a->lookup_max_n < a->lookup_min_n || a->lookup_max_n > NgramDrafter::kMaxN)
+      throw_error(ErrorCode::kInvalidArgument, "--lookup-min-n and --lookup-max-n need 1 <= min <= max <= ",
+                  NgramDrafter::kMaxN, ", got ", a->lookup_min_n, " and ", a->lookup_max_n);
     if (a->lookup > 0 && (!a->json_schema.empty() || !a->grammar.empty() || !a->regex.empty()))
       throw_error(ErrorCode::kInvalidArgument, "--lookup cannot be combined with ",
                   !a->json_schema.empty() ? "--json-schema" : !a->grammar.empty() ? "--grammar" : "--regex",
