@@ -99,8 +99,9 @@ LookupDecodeResult generate_greedy_lookup(LlmRunner& runner, std::span<const int
   LookupDecodeResult res;
   if (max_tokens <= 0) return res;
 
+  KvCacheManager& kvm = runner.kv_manager();
   KvSequence kv;
-  KvRelease release{runner.kv_manager(), kv};
+  KvRelease release{kvm, kv};
   // Emits one token; true when decoding ends with it.
   auto emit = [&](int32_t token) {
     res.tokens.push_back(token);
@@ -128,7 +129,11 @@ LookupDecodeResult generate_greedy_lookup(LlmRunner& runner, std::span<const int
     // A step emits at most drafts + 1 tokens, and past the model's positions none at all
     // (the step then throws as plain decoding's would).
     const int32_t room = std::min(max_tokens - int32_t(res.tokens.size()) - 1, max_positions - kv.length - 1);
-    const std::vector<int32_t> drafts = drafter.draft(std::min(k, room));
+    std::vector<int32_t> drafts = drafter.draft(std::min(k, room));
+    // Nor more KV blocks than are free: plain decoding, which may stop sooner, needs none
+    // of those that drafts past its end would take.
+    while (!drafts.empty() && kvm.blocks_needed(kv, int32_t(drafts.size()) + 1) > kvm.allocator().num_free())
+      drafts.pop_back();
     fed.assign(1, next);
     fed.insert(fed.end(), drafts.begin(), drafts.end());
     const StepChunk chunk{&kv, fed, true, !drafts.empty()};
@@ -144,7 +149,7 @@ LookupDecodeResult generate_greedy_lookup(LlmRunner& runner, std::span<const int
     res.stats.accepted += int64_t(kept);
     // The K/V of the rejected drafts go; that of `next` and the kept drafts is what plain
     // decoding would have written.
-    runner.kv_manager().truncate(kv, kv.length - int32_t(drafts.size() - kept));
+    kvm.truncate(kv, kv.length - int32_t(drafts.size() - kept));
     for (size_t i = 0; i <= kept; ++i)
       if (emit(best[i])) return res;
     next = best[kept];

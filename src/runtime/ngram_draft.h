@@ -88,7 +88,8 @@ struct LookupDecodeResult {
 // alone). Each step feeds [last token] + drafts, takes every row's argmax, keeps the drafts
 // up to the first that differs, emits that row's argmax (or the bonus row's when all were
 // kept) and truncates the KV cache to what was kept. Drafts are clipped so that a step never
-// emits past max_tokens (nor feeds past the model's positions). on_token (may be empty) sees each token as it is emitted, the stop
+// emits past max_tokens, feeds past the model's positions or takes more KV blocks than
+// are free. on_token (may be empty) sees each token as it is emitted, the stop
 // token included. Throws as LlmRunner::run_chunks does (kOutOfMemory, kOutOfRange).
 LookupDecodeResult generate_greedy_lookup(LlmRunner& runner, std::span<const int32_t> prompt, int32_t max_tokens,
                                           std::span<const int32_t> stops, const LookupDecodeOptions& options,

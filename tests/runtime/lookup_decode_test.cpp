@@ -5,6 +5,7 @@
 // no KV block left behind.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -101,6 +102,36 @@ TEST(LookupDecode, TinyLlamaEqualsGreedy) {
     }
   }
   EXPECT_EQ(runner.kv().allocator().num_free(), free_start);
+}
+
+// A pool with just the blocks that plain decoding up to a stop token needs: drafts past
+// the stop must not make a step run out of blocks (they are clipped to the free ones).
+TEST(LookupDecode, DraftsFitTheFreeBlocks) {
+  auto model = Model::load(fixture_model("llama"));
+  LlmRunner runner(*model, {.block_size = 16, .num_blocks = 16});
+  Ids prompt;
+  for (int rep = 0; rep < 3; ++rep)
+    for (int32_t t = 5; t < 17; ++t) prompt.push_back(t * 7 % 500);
+  const int32_t max_tokens = 80;
+  const Ids want_all = runner.generate_greedy({prompt}, max_tokens)[0];
+  // The stop: the latest token of the first 40 that did not occur before it.
+  size_t at = 0;
+  for (size_t i = 0; i < 40; ++i)
+    if (std::find(want_all.begin(), want_all.begin() + int64_t(i), want_all[i]) == want_all.begin() + int64_t(i)) at = i;
+  const int32_t stop = want_all[at];
+  const Ids want = runner.generate_greedy({prompt}, max_tokens, stop)[0];
+  ASSERT_EQ(want.size(), at + 1);
+  // Plain decoding to the stop writes positions 0 .. prompt + at - 1.
+  const int32_t blocks = int32_t((prompt.size() + at + 15) / 16);
+  KvCacheManager& kvm = runner.kv_manager();
+  std::vector<int32_t> held;
+  while (kvm.allocator().num_free() > blocks) held.push_back(kvm.allocator().allocate());
+  LookupDecodeOptions fixed;
+  fixed.min_n = 1;
+  fixed.adaptive = false;
+  for (int32_t k : {4, 8, 16}) expect_lookup_equals(runner, prompt, max_tokens, {stop}, k, want,
+                                                     std::to_string(blocks) + " free blocks", fixed);
+  for (int32_t b : held) kvm.allocator().release(b);
 }
 
 TEST(LookupDecode, RejectsBadArguments) {
