@@ -422,11 +422,14 @@ __global__ void __launch_bounds__(flash2_threads<W, MT>(), I / W)
     // scale) or E4M3 (an FP8 Linear's). Uniform across the grid; after the main loop, so
     // it costs neither registers nor a template instantiation.
     if (out_codes && code_int8) {
+      // The pair rounded to T as the plain output stores it (one packed conversion), then
+      // its two codes (int8_code_pair: no float-to-int conversions).
 #pragma unroll
-      for (int i = 0; i < DT; ++i)
+      for (int i = 0; i < DT; ++i) {
+        const uint32_t p = pack2<T>(o[mt][i][2 * h] * inv, o[mt][i][2 * h + 1] * inv);
         *reinterpret_cast<uint16_t*>(out_codes + at + i * 8) =
-            uint16_t(uint8_t(int8_code(stored_as<T>(o[mt][i][2 * h] * inv), code_inv)) |
-                     uint16_t(uint8_t(int8_code(stored_as<T>(o[mt][i][2 * h + 1] * inv), code_inv))) << 8);
+            uint16_t(int8_code_pair(low_as_f32<T>(p), high_as_f32<T>(p), code_inv));
+      }
       continue;
     }
     if (out_codes) {

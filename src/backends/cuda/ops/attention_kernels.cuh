@@ -676,6 +676,17 @@ template <> __device__ __forceinline__ uint32_t pack2<__half>(float a, float b) 
   __half2 v = __floats2half2_rn(a, b);
   return *reinterpret_cast<uint32_t*>(&v);
 }
+// The low (a) and high (b) value of a pack2 as f32.
+template <typename T>
+__device__ __forceinline__ float low_as_f32(uint32_t p) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __uint_as_float(p << 16);
+  else return __half2float(__ushort_as_half(uint16_t(p & 0xffffu)));
+}
+template <typename T>
+__device__ __forceinline__ float high_as_f32(uint32_t p) {
+  if constexpr (std::is_same_v<T, __nv_bfloat16>) return __uint_as_float(p & 0xffff0000u);
+  else return __half2float(__ushort_as_half(uint16_t(p >> 16)));
+}
 
 
 // One step of the online softmax for row half h of an m16n8 S fragment per n-tile (the

@@ -53,8 +53,11 @@ __global__ void quantize_rows_kernel(const T* __restrict__ x, int64_t k, float i
   }
   for (int64_t i = threadIdx.x; i < k4; i += blockDim.x) {
     const Vec4<T> v = xr[i];
-    qr[i] = make_char4(char(quantize_one(to_f32(v.v[0]), inv)), char(quantize_one(to_f32(v.v[1]), inv)),
-                       char(quantize_one(to_f32(v.v[2]), inv)), char(quantize_one(to_f32(v.v[3]), inv)));
+    // int8_code_pair: int8_code's codes without float-to-int conversions (this kernel's
+    // test, over every bf16 value, ties and specials, checks the two against core/int8.h).
+    const uint32_t lo = int8_code_pair(to_f32(v.v[0]), to_f32(v.v[1]), inv),
+                   hi = int8_code_pair(to_f32(v.v[2]), to_f32(v.v[3]), inv);
+    reinterpret_cast<uint32_t*>(qr)[i] = lo | hi << 16;
   }
 }
 

@@ -19,6 +19,19 @@ __device__ __forceinline__ int int8_code(float x, float inv) {
   return __float2int_rn(v);
 }
 
+// int8_code of two values, as the low and high byte, without the float-to-int
+// conversions (a quarter-rate pipe): once clamped to [-127, 127], adding 1.5 * 2^23 leaves
+// one unit per ulp, so the f32 add rounds to the nearest integer, ties to even (as
+// __float2int_rn), and the sum's low byte is that integer's two's-complement byte. The
+// same codes as int8_code, bit for bit: the quantize kernel (int8.cu) uses it, and its test
+// (w8a8_test.cpp) covers every bf16 value, the ties between codes and the specials.
+__device__ __forceinline__ uint32_t int8_code_pair(float a, float b, float inv) {
+  constexpr float kMagic = 12582912.0f;  // 1.5 * 2^23
+  const float va = __fadd_rn(fminf(fmaxf(__fmul_rn(a, inv), -127.0f), 127.0f), kMagic);
+  const float vb = __fadd_rn(fminf(fmaxf(__fmul_rn(b, inv), -127.0f), 127.0f), kMagic);
+  return __byte_perm(__float_as_uint(va), __float_as_uint(vb), 0x0040) & 0xffffu;
+}
+
 // A row's scale from its max |x| (NaNs dropped by fmaxf): max / 127, or 1 for a row of
 // zeros.
 __device__ __forceinline__ float int8_row_scale_of(float amax) {
