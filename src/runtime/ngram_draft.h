@@ -91,6 +91,10 @@ struct LookupDecodeResult {
 // emits past max_tokens, feeds past the model's positions or takes more KV blocks than
 // are free. on_token (may be empty) sees each token as it is emitted, the stop
 // token included. Throws as LlmRunner::run_chunks does (kOutOfMemory, kOutOfRange).
+// The tokens are generate_greedy's where a step's rows do not depend on its row count (the
+// CPU backend, tested); on CUDA a verify step of more than one row runs other GEMM kernels
+// than a one-token step, whose rounding can turn a near-tie (measured on random-weight
+// GPT-2 and TinyLlama shapes: the outputs part after a few dozen tokens).
 LookupDecodeResult generate_greedy_lookup(LlmRunner& runner, std::span<const int32_t> prompt, int32_t max_tokens,
                                           std::span<const int32_t> stops, const LookupDecodeOptions& options,
                                           const std::function<void(int32_t)>& on_token = {});

@@ -1,7 +1,8 @@
 // `kiln generate`: greedy continuation of a prompt (text through the model's own
 // tokenizer, or raw token ids), streamed as it decodes, with timing on stderr; optionally
 // constrained to a JSON Schema, a GBNF grammar or a regex (runtime/grammar.h), or sped up
-// by prompt-lookup drafts (--lookup, runtime/ngram_draft.h) with the same output.
+// by prompt-lookup drafts (--lookup, runtime/ngram_draft.h): the same output on the CPU
+// backend, whose rows do not depend on the step's row count.
 #include <chrono>
 #include <cstdio>
 
@@ -214,7 +215,8 @@ Runner add_generate(CLI::App& app) {
   cmd->add_option("--lookup", a->lookup,
                   "prompt-lookup speculative decoding: up to K draft tokens a step, copied from where the last "
                   "few tokens occurred before in the prompt or output, verified in one step (the output is "
-                  "greedy decoding's); 0: off")
+                  "greedy decoding's on the cpu backend; on cuda a verify step's GEMMs round differently from a "
+                  "one-token step's, so a near-tie may go the other way); 0: off")
       ->capture_default_str();
   cmd->add_option("--lookup-min-n", a->lookup_min_n,
                   "with --lookup: the shortest n-gram matched (1 drafts on free text too, where few drafts hold)")
