@@ -23,6 +23,7 @@
 #include "runtime/kv_cache/session_store.h"
 #include "runtime/kv_cache/swap_space.h"
 #include "runtime/model_tokenizer.h"
+#include "runtime/ngram_draft.h"
 #include "runtime/sampling_stop.h"
 #include "tokenizer/tokenizer.h"
 
@@ -57,6 +58,9 @@ struct Executor::Choice {
   std::optional<GrammarState> grammar;  // GenerationRequest::grammar: the document so far ...
   std::shared_ptr<GrammarTokenMask> grammar_mask;  // ... and its grammar's mask
   bool grammar_too_costly = false;  // a mask went past GrammarTokenMask::kMaxMaskWork
+  // ExecutorOptions::lookup_drafts: the n-gram index of `tokens`, made at the first draft
+  // and brought up to date before each (tokens only ever grow between steps).
+  std::unique_ptr<NgramDrafter> drafter;
   bool finished = false;
   FinishReason reason = FinishReason::kNone;
   int32_t pending() const { return int32_t(tokens.size()) - kv.length; }
@@ -167,6 +171,7 @@ struct Executor::Impl {
   int64_t preemptions = 0, steps = 0, step_tokens = 0, generated = 0, last_batch = 0, top_steps = 0;
   int64_t running_peak = 0;    // the most sequences in `running` at once
   int64_t swap_fallbacks = 0;  // swap-mode preemptions that recomputed
+  int64_t spec_drafted = 0, spec_accepted = 0;  // ExecutorOptions::lookup_drafts
   int64_t finished = 0, cancelled = 0, failed = 0;
   double schedule_s = 0, engine_s = 0, sample_s = 0;
   using Clock = std::chrono::steady_clock;
@@ -524,25 +529,31 @@ struct Executor::Impl {
     std::vector<ChunkPlan> plan = plan_step();
     if (plan.empty()) return;
     std::vector<Choice*> seqs;
+    for (auto& p : plan) seqs.push_back(by_key(running, p.key));
+    // Drafts sit in their choices' token vectors, after the pending token, from here until
+    // the engine step has run (drop_drafts), so that each chunk's tokens are one span.
+    const std::vector<std::vector<int32_t>> drafts = add_drafts(plan, seqs);
     std::vector<StepChunk> chunks;
-    for (auto& p : plan) {
-      Choice* c = by_key(running, p.key);
-      seqs.push_back(c);
+    for (size_t i = 0; i < plan.size(); ++i) {
+      Choice* c = seqs[i];
       StepChunk ch;
       ch.kv = &c->kv;
-      ch.tokens = std::span<const int32_t>(c->tokens.data() + c->kv.length, size_t(p.tokens));
-      ch.want_logits = p.tokens == c->pending();
-      ch.all_logits = c->index == 0 && c->req->prompt_lp_due();
+      ch.tokens = std::span<const int32_t>(c->tokens.data() + c->kv.length, size_t(plan[i].tokens));
+      ch.want_logits = plan[i].tokens == c->pending();
+      // A draft chunk takes a row per token: each verifies the token fed after it.
+      ch.all_logits = !drafts[i].empty() || (c->index == 0 && c->req->prompt_lp_due());
       chunks.push_back(ch);
     }
     // Whole logits rows cross to the host only when some row's sampling needs them.
     // They then bring only as many candidates as the step's samplers need: one (the
     // argmax) when every row is greedy without alternatives, else the model's k (two
-    // widths, so two graph variants per batch size at most).
+    // widths, so two graph variants per batch size at most). Prompt logprobs need whole
+    // rows (a token's rank is over the vocabulary); draft chunks, greedy, do not:
+    // run_chunks_top gives a row of candidates for every token of an all_logits chunk.
     bool use_top = opt.top_logits && runner.top_logits_k() > 0;
     int32_t need = 1;
     for (size_t i = 0; use_top && i < seqs.size(); ++i) {
-      if (chunks[i].all_logits) use_top = false;
+      if (chunks[i].all_logits && drafts[i].empty()) use_top = false;
       if (use_top && chunks[i].want_logits && !seqs[i]->finished) {
         use_top = !seqs[i]->grammar && seqs[i]->sampler->samples_from_top(runner.top_logits_k(), runner.vocab());
         need = std::max(need, seqs[i]->sampler->top_candidates_needed());
@@ -557,9 +568,11 @@ struct Executor::Impl {
       if (use_top) top = runner.run_chunks_top(chunks, need);
       else logits = runner.run_chunks_logits(chunks);
     } catch (const std::exception& e) {
+      drop_drafts(seqs, drafts, /*failed=*/true);
       for (Choice* c : seqs) fail_request(*c->req, str_cat("engine step failed: ", e.what()));
       return;
     }
+    drop_drafts(seqs, drafts, /*failed=*/false);
     auto t2 = Clock::now();
     engine_s += std::chrono::duration<double>(t2 - t1).count();
     ++steps;
@@ -568,10 +581,22 @@ struct Executor::Impl {
     for (auto& ch : chunks) step_tokens += int64_t(ch.tokens.size());
     // Rows of the step's outputs, in chunk order, for the chunks that asked for them.
     const int64_t vocab = use_top ? runner.vocab() : logits.dim(1);
+    auto row_at = [&](int64_t r) {
+      Row x;
+      if (use_top) x.top = top.row(r);
+      else x.full = std::span<float>(logits.data_as<float>() + r * vocab, size_t(vocab));
+      return x;
+    };
     std::vector<std::pair<Choice*, Row>> rows;
+    std::vector<std::pair<size_t, int64_t>> draft_runs;  // (chunk, its first row)
     int64_t row = 0;
     for (size_t i = 0; i < seqs.size(); ++i) {
       Choice& c = *seqs[i];
+      if (!drafts[i].empty()) {  // its KV is cut to what it keeps first (take_drafted)
+        draft_runs.emplace_back(i, row);
+        row += int64_t(chunks[i].tokens.size());
+        continue;
+      }
       if (opt.prefix_caching) c.cached_blocks = prefix.insert(c.kv, c.tokens, c.cached_blocks);
       if (chunks[i].all_logits) {
         const int64_t n = int64_t(chunks[i].tokens.size());
@@ -582,9 +607,7 @@ struct Executor::Impl {
         row += chunks[i].all_logits;
         continue;
       }
-      Row r;
-      if (use_top) r.top = top.row(row++);
-      else r.full = std::span<float>(logits.data_as<float>() + row++ * vocab, size_t(vocab));
+      Row r = row_at(row++);
       if (c.finished) continue;
       if (c.req->req.max_tokens == 0) {  // the prompt alone (its logprobs)
         finish_choice(c, FinishReason::kLength);
@@ -607,7 +630,97 @@ struct Executor::Impl {
       ThreadPool::global().parallel_for(int64_t(rows.size()), draw);
     else draw(0, int64_t(rows.size()), 0);
     for (size_t k = 0; k < rows.size(); ++k) take_token(*rows[k].first, std::move(drawn[k]));
+    for (const auto& [i, first] : draft_runs) take_drafted(*seqs[i], drafts[i], row_at, first);
     sample_s += since(t2);
+  }
+
+  // ---- prompt-lookup drafts (ExecutorOptions::lookup_drafts) ----------------------
+
+  // Greedy argmax sampling, the only kind whose output drafts cannot change.
+  bool drafts_eligible(const Choice& c) const {
+    const SamplingParams& s = c.req->req.sampling;
+    return s.greedy() && s.logprobs < 0 && s.logit_bias.empty() && s.repetition_penalty == 1.0f &&
+           s.presence_penalty == 0.0f && s.frequency_penalty == 0.0f && !c.grammar && c.req->forked &&
+           !c.req->prompt_lp_due();
+  }
+
+  // Each decoding choice of the planned step (one pending token) that is eligible gets up
+  // to lookup_drafts drafts, appended to its tokens and its chunk; returns them per chunk.
+  // Drafts only use what the plan leaves: they never emit past max_tokens nor feed past
+  // the model's positions, keep the step within max_step_tokens and take only blocks that
+  // are free now (plain decoding, which may stop sooner, never needs those).
+  std::vector<std::vector<int32_t>> add_drafts(std::vector<ChunkPlan>& plan, const std::vector<Choice*>& seqs) {
+    std::vector<std::vector<int32_t>> out(plan.size());
+    if (opt.lookup_drafts <= 0) return out;
+    int64_t tokens = 0, spare = kv.allocator().num_free();
+    for (size_t i = 0; i < plan.size(); ++i) {
+      tokens += plan[i].tokens;
+      spare -= kv.blocks_needed(seqs[i]->kv, plan[i].tokens);
+    }
+    const int64_t max_positions = model.info().max_positions;
+    for (size_t i = 0; i < plan.size() && tokens < opt.max_step_tokens && spare >= 0; ++i) {
+      Choice& c = *seqs[i];
+      if (plan[i].tokens != 1 || c.pending() != 1 || c.finished || !drafts_eligible(c)) continue;
+      const int64_t room = std::min({int64_t(opt.lookup_drafts), int64_t(c.req->req.max_tokens) - c.generated - 1,
+                                     max_positions - c.kv.length - 1, opt.max_step_tokens - tokens});
+      if (room <= 0) continue;
+      if (!c.drafter) c.drafter = std::make_unique<NgramDrafter>(opt.lookup_min_n, opt.lookup_max_n);
+      for (size_t h = c.drafter->history().size(); h < c.tokens.size(); ++h) c.drafter->append(c.tokens[h]);
+      std::vector<int32_t> d = c.drafter->draft(int32_t(room));
+      const int32_t plain = kv.blocks_needed(c.kv, 1);
+      auto extra = [&] { return kv.blocks_needed(c.kv, 1 + int32_t(d.size())) - plain; };
+      while (!d.empty() && extra() > spare) d.pop_back();
+      if (d.empty()) continue;
+      spare -= extra();
+      tokens += int64_t(d.size());
+      plan[i].tokens += int32_t(d.size());
+      c.tokens.insert(c.tokens.end(), d.begin(), d.end());
+      out[i] = std::move(d);
+    }
+    return out;
+  }
+
+  // Takes the drafts back out of the token vectors once the step has read them. A step
+  // that failed may have grown a sequence past its tokens: its KV is cut back too (after a
+  // step that ran, take_drafted cuts it to the drafts kept).
+  void drop_drafts(const std::vector<Choice*>& seqs, const std::vector<std::vector<int32_t>>& drafts, bool failed) {
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      if (drafts[i].empty()) continue;
+      Choice& c = *seqs[i];
+      c.tokens.resize(c.tokens.size() - drafts[i].size());
+      if (failed && c.kv.length > int32_t(c.tokens.size())) kv.truncate(c.kv, int32_t(c.tokens.size()));
+    }
+  }
+
+  // A draft chunk's rows, in order, each through the usual sampling, up to the first whose
+  // token is not the draft fed after it (that token is still plain decoding's next one), or
+  // the bonus row after the last draft; then their tokens through take_token (stop ids and
+  // strings, max_tokens, streaming) until the choice ends. Only the K/V of tokens the
+  // sequence holds stays: the KV is cut to the drafts kept before any token is taken, and
+  // again before each so that a token which ends the choice hands on (to the prefix cache, a
+  // session) no position past it. One token is pending again afterwards.
+  template <typename RowAt>
+  void take_drafted(Choice& c, std::span<const int32_t> d, const RowAt& row_at, int64_t first_row) {
+    if (c.finished) return;
+    const int32_t fed_at = int32_t(c.tokens.size()) - 1;  // the position of the token fed before them
+    KILN_CHECK(c.kv.length == fed_at + 1 + int32_t(d.size()), "a draft chunk grew its sequence to ", c.kv.length,
+               " positions, expected ", fed_at + 1 + int32_t(d.size()));
+    // Sampling is free of side effects for the argmax samplers that drafts are for.
+    std::vector<SampledToken> out;
+    for (size_t j = 0; j <= d.size(); ++j) {
+      out.push_back(sample(c, row_at(first_row + int64_t(j))));
+      if (j == d.size() || out.back().token != d[j]) break;
+    }
+    const int32_t kept = int32_t(out.size()) - 1;
+    kv.truncate(c.kv, fed_at + 1 + kept);
+    spec_drafted += int64_t(d.size());
+    int32_t taken = 0;
+    for (; taken < int32_t(out.size()) && !c.finished; ++taken) {
+      if (c.kv.length > fed_at + 2 + taken) kv.truncate(c.kv, fed_at + 2 + taken);
+      take_token(c, std::move(out[size_t(taken)]));
+    }
+    spec_accepted += std::min(kept, taken);
+    if (!c.finished && opt.prefix_caching) c.cached_blocks = prefix.insert(c.kv, c.tokens, c.cached_blocks);
   }
 
   // GenerationRequest::prompt_logprobs of a chunk's rows: `n` rows from `row` of `logits`
@@ -740,6 +853,11 @@ Executor::Executor(Model& model, const tok::Tokenizer* tokenizer, const Executor
     throw_error(ErrorCode::kInvalidArgument,
                 "kv_cache_fraction must be in (0, 1] (0: size the pool by kv_tokens), got ",
                 opt_.kv_cache_fraction);
+  if (opt_.lookup_drafts < 0 || opt_.lookup_min_n < 1 || opt_.lookup_max_n < opt_.lookup_min_n ||
+      opt_.lookup_max_n > NgramDrafter::kMaxN)
+    throw_error(ErrorCode::kInvalidArgument, "executor options: lookup_drafts ", opt_.lookup_drafts,
+                " must be >= 0 and the n-gram sizes need 1 <= lookup_min_n <= lookup_max_n <= ", NgramDrafter::kMaxN,
+                ", got ", opt_.lookup_min_n, " and ", opt_.lookup_max_n);
   if (opt_.swap_space_bytes < 0)
     throw_error(ErrorCode::kInvalidArgument, "swap_space_bytes must not be negative, got ",
                 opt_.swap_space_bytes);
@@ -999,6 +1117,8 @@ void Executor::loop() {
     s.step_tokens = im.step_tokens;
     s.generated_tokens = im.generated;
     s.top_logits_steps = im.top_steps;
+    s.spec_draft_tokens = im.spec_drafted;
+    s.spec_accepted_tokens = im.spec_accepted;
     s.last_batch_seqs = im.last_batch;
     s.requests_finished = im.finished;
     s.requests_cancelled = im.cancelled;

@@ -125,6 +125,15 @@ struct ExecutorOptions {
   // max_step_tokens, once the model is loaded, before the first request
   // (LlmRunner::warm_decode_buckets, warm_prefill_sizes).
   bool warm_decode = true;
+  // Prompt-lookup speculative decoding (vLLM's speculative method "ngram"): each step, a
+  // decoding choice whose sampling is a plain argmax (greedy; no logprobs, logit_bias,
+  // penalties or grammar) feeds up to lookup_drafts tokens copied from where its last
+  // n-gram (n from lookup_max_n down to lookup_min_n) occurred before in its prompt and
+  // output (runtime/ngram_draft.h), and keeps those that equal the model's own argmax:
+  // the output is plain greedy decoding's. Drafts only take step tokens and KV blocks
+  // that are left over: they never preempt or evict. 0: off.
+  int32_t lookup_drafts = 0;
+  int32_t lookup_min_n = 2, lookup_max_n = 3;
 };
 
 struct ExecutorStats {
@@ -141,6 +150,9 @@ struct ExecutorStats {
   int64_t swapped_out = 0, swapped_in = 0, swap_out_bytes = 0, swap_in_bytes = 0, swap_fallbacks = 0;
   int64_t swap_blocks_total = 0, swap_blocks_used = 0;
   int64_t top_logits_steps = 0;  // steps that sampled from TopKLogits candidates
+  // ExecutorOptions::lookup_drafts: draft tokens fed to steps, and those kept (equal to
+  // the model's argmax at their position, and emitted: not past the end of their choice).
+  int64_t spec_draft_tokens = 0, spec_accepted_tokens = 0;
   int64_t last_batch_seqs = 0;
   int64_t running_peak = 0;  // the most sequences running at once so far (<= max_running)
   // Executor-thread time by phase (where a step's time goes): scheduling (admit, plan,

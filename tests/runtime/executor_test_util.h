@@ -5,6 +5,8 @@
 #include <chrono>
 #include <condition_variable>
 #include <mutex>
+#include <nlohmann/json.hpp>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -52,6 +54,41 @@ inline ExecutorStats settled_stats(Executor& ex) {
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   std::this_thread::sleep_for(std::chrono::milliseconds(30));
   return ex.stats();
+}
+
+// A byte-level BPE tokenizer.json for the fixtures' 512-token vocabulary (GPT-2's
+// bytes-to-unicode alphabet, ids 0-255 the bytes, 256-511 merges of two of them): enough for
+// the pieces a JSON-constrained choice is masked by.
+inline std::string json_test_tokenizer() {
+  std::vector<std::string> byte_char(256);
+  int extra = 0;
+  for (int b = 0; b < 256; ++b) {
+    const bool printable = (b >= '!' && b <= '~') || (b >= 0xA1 && b <= 0xAC) || (b >= 0xAE && b <= 0xFF);
+    const uint32_t cp = printable ? uint32_t(b) : uint32_t(256 + extra++);
+    std::string u;
+    if (cp < 0x80) u += char(cp);
+    else u += char(0xC0 | (cp >> 6)), u += char(0x80 | (cp & 0x3F));
+    byte_char[size_t(b)] = u;
+  }
+  nlohmann::json vocab = nlohmann::json::object(), merges = nlohmann::json::array();
+  for (int b = 0; b < 256; ++b) vocab[byte_char[size_t(b)]] = b;
+  // JSON-ish pairs first, then arbitrary ones, 256 in all.
+  std::vector<std::pair<uint8_t, uint8_t>> pairs = {{'{', '"'}, {'"', ':'}, {'"', ','}, {'"', '}'}, {':', ' '},
+                                                     {',', ' '}, {' ', '"'}, {'t', 'r'}, {'u', 'e'}, {'n', 'u'},
+                                                     {'1', '2'}, {'[', ']'}, {'{', '}'}, {'\\', 'n'}};
+  for (int a = 'a'; pairs.size() < 256; ++a)
+    for (int b = 'a'; b <= 'z' && pairs.size() < 256; ++b) pairs.push_back({uint8_t(a), uint8_t(b)});
+  int id = 256;
+  for (auto [a, b] : pairs) {
+    const std::string merged = byte_char[a] + byte_char[b];
+    if (vocab.contains(merged)) continue;
+    vocab[merged] = id++;
+    merges.push_back(byte_char[a] + " " + byte_char[b]);
+  }
+  return nlohmann::json{{"model", {{"type", "BPE"}, {"vocab", vocab}, {"merges", merges}}},
+                        {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}}},
+                        {"decoder", {{"type", "ByteLevel"}}}}
+      .dump();
 }
 
 }  // namespace kiln::test_exec
