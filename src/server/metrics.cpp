@@ -134,6 +134,8 @@ std::string Metrics::render(const ModelRepository& repo) const {
       {"kiln_engine_steps_total", "counter", "Engine steps run.", [](const ExecutorStats& s) { return double(s.steps); }},
       {"kiln_top_logits_steps_total", "counter", "Engine steps that sampled from the top-k candidates (only [rows, k] left the device).", [](const ExecutorStats& s) { return double(s.top_logits_steps); }},
       {"kiln_engine_step_tokens_total", "counter", "Tokens fed through engine steps (prefill + decode).", [](const ExecutorStats& s) { return double(s.step_tokens); }},
+      {"kiln_spec_decode_draft_tokens_total", "counter", "Prompt-lookup draft tokens fed to engine steps (serve --lookup).", [](const ExecutorStats& s) { return double(s.spec_draft_tokens); }},
+      {"kiln_spec_decode_accepted_tokens_total", "counter", "Draft tokens that equalled the model's own next token and were emitted.", [](const ExecutorStats& s) { return double(s.spec_accepted_tokens); }},
   };
   std::vector<std::pair<std::string, ExecutorStats>> stats;
   for (auto& m : repo.models())

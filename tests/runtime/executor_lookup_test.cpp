@@ -283,8 +283,9 @@ TEST_F(ExecutorLookupTest, APoolTooSmallForDraftsStillCompletesEveryRequest) {
 
 // Blocks of 4 tokens, so that the K/V of a rejected draft would land in blocks that fill up and
 // go to the prefix cache if it were not cut first. A request whose drafts are mostly rejected,
-// then requests whose prompts are its whole sequence (sharing every full block of it): their
-// outputs are those of running them alone.
+// then requests whose prompts are its whole sequence (sharing every full block of it) and the
+// next turn of its session (reusing all of its KV): their outputs are those of running them
+// alone.
 TEST_F(ExecutorLookupTest, ThePrefixCacheNeverKeepsARejectedDraft) {
   ExecutorOptions opt;
   opt.block_size = 4;
@@ -292,11 +293,14 @@ TEST_F(ExecutorLookupTest, ThePrefixCacheNeverKeepsARejectedDraft) {
   opt.lookup_drafts = 6;
   opt.lookup_min_n = 1;  // one-token matches: many drafts, most of them wrong
   opt.lookup_max_n = 2;
+  opt.session_idle_timeout = std::chrono::milliseconds(200);
   Executor ex(*model_, nullptr, opt);
   int64_t rejected = 0;
   for (uint32_t seed = 0; seed < 4; ++seed) {
     const Ids prompt = random_prompt(70 + seed, 20);
-    const Outcome first = run_all(ex, {greedy(prompt, 40)}).at(0);
+    GenerationRequest turn1 = greedy(prompt, 40);
+    turn1.session_id = "s" + std::to_string(seed);
+    const Outcome first = run_all(ex, {turn1}).at(0);
     ASSERT_EQ(first.error, "");
     ASSERT_EQ(first.choices[0].tokens, alone(prompt, 40));
     const ExecutorStats s = test_exec::settled_stats(ex);
@@ -304,14 +308,23 @@ TEST_F(ExecutorLookupTest, ThePrefixCacheNeverKeepsARejectedDraft) {
     Ids whole = prompt;
     whole.insert(whole.end(), first.choices[0].tokens.begin(), first.choices[0].tokens.end());
     std::vector<GenerationRequest> next;
-    for (size_t cut : {whole.size(), whole.size() - 3, prompt.size() + 9}) next.push_back(greedy(Ids(whole.begin(), whole.begin() + int64_t(cut)), 12));
+    for (size_t cut : {whole.size(), whole.size() - 3, prompt.size() + 9})
+      next.push_back(greedy(Ids(whole.begin(), whole.begin() + int64_t(cut)), 12));
+    Ids turn2_prompt = whole;
+    turn2_prompt.insert(turn2_prompt.end(), {5, 6, 7});
+    next.push_back(greedy(turn2_prompt, 12));
+    next.back().session_id = turn1.session_id;
     const std::vector<Outcome> got = run_all(ex, next);
     for (size_t i = 0; i < next.size(); ++i)
       EXPECT_EQ(got[i].choices[0].tokens, alone(next[i].prompt, 12)) << "seed " << seed << ", request " << i;
   }
   EXPECT_GT(rejected, 0) << "the test needs drafts that the model rejects";
-  const ExecutorStats s = test_exec::settled_stats(ex);
+  ExecutorStats s = test_exec::settled_stats(ex);
   EXPECT_GT(s.prefix_hit_blocks, 0);
+  EXPECT_EQ(s.session_hits, 4);
+  // The sessions hold blocks until they expire (the idle loop looks once a second).
+  for (int i = 0; i < 100 && ex.stats().sessions > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_EQ(ex.stats().sessions, 0);
   expect_no_leak(ex);
 }
 

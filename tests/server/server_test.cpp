@@ -67,7 +67,9 @@ TEST_F(ServerTest, HealthModelsAndMetrics) {
   auto metrics = get(port(), "/metrics");
   ASSERT_EQ(metrics.status, 200);
   for (const char* name : {"kiln_kv_blocks_total{model=\"llama\"} 128", "kiln_num_requests_waiting",
-                           "kiln_prefix_cache_hit_rate", "kiln_preemptions_total", "kiln_session_expiries_total"})
+                           "kiln_prefix_cache_hit_rate", "kiln_preemptions_total", "kiln_session_expiries_total",
+                           "kiln_spec_decode_draft_tokens_total{model=\"llama\"} 0",
+                           "kiln_spec_decode_accepted_tokens_total{model=\"llama\"} 0"})
     EXPECT_NE(metrics.body.find(name), std::string::npos) << name;
   // The process's host memory (Linux: the resident size holds at least its anonymous part),
   // CPU time and start time.

@@ -53,6 +53,8 @@ struct ServeArgs {
   int tp = 0;  // not given: an engine's own ranks, else 1
   bool tune_batch_sizes = false;  // ModelOptions::step_tuning
   std::string decode_padding = "auto";  // ExecutorOptions::decode_padding
+  int lookup = 0;                        // ExecutorOptions::lookup_drafts
+  int lookup_min_n = ExecutorOptions{}.lookup_min_n, lookup_max_n = ExecutorOptions{}.lookup_max_n;
   EncoderBatcherOptions encoder;         // encoders' dynamic batching
   int64_t encoder_delay_us = 0;
 };
@@ -79,6 +81,9 @@ int run_serve(const ServeArgs& a) {
   eo.decode_padding = a.decode_padding == "on"    ? DecodePadding::kOn
                       : a.decode_padding == "off" ? DecodePadding::kOff
                                                   : DecodePadding::kAuto;
+  eo.lookup_drafts = a.lookup;
+  eo.lookup_min_n = a.lookup_min_n;
+  eo.lookup_max_n = a.lookup_max_n;
   ModelOptions mo{a.backend, a.weight_dtype};
   mo.tensor_parallel = a.tp;
   mo.kv_cache_dtype = a.kv_cache_dtype;
@@ -207,6 +212,21 @@ Runner add_serve(CLI::App& app) {
                   "auto (where steps are captured: cuda), on, off")
       ->check(CLI::IsMember({"auto", "on", "off"}))
       ->capture_default_str();
+  // As `kiln generate --lookup`; vLLM's --speculative-config '{"method": "ngram",
+  // "num_speculative_tokens": K, "prompt_lookup_min": 2, "prompt_lookup_max": 3}'.
+  cmd->add_option("--lookup", a->lookup,
+                  "prompt-lookup speculative decoding: greedy requests (temperature 0, no logprobs, penalties, "
+                  "logit_bias or constraints) feed up to K draft tokens a step, copied from where their last few "
+                  "tokens occurred before in the prompt or output, and keep those equal to the model's own; 0: off")
+      ->check(CLI::Range(0, 64))
+      ->capture_default_str();
+  cmd->add_option("--lookup-min-n", a->lookup_min_n,
+                  "with --lookup: the shortest n-gram matched (1 drafts on free text too, where few drafts hold)")
+      ->check(CLI::Range(1, 16))
+      ->capture_default_str();
+  cmd->add_option("--lookup-max-n", a->lookup_max_n, "with --lookup: the longest n-gram matched (tried first)")
+      ->check(CLI::Range(1, 16))
+      ->capture_default_str();
   cmd->add_option("--encoder-max-batch-tokens", a->encoder.max_batch_tokens,
                   "encoders: tokens per forward; concurrent requests' sequences share forwards up to this (a longer "
                   "sequence runs alone)")
@@ -260,6 +280,9 @@ Runner add_serve(CLI::App& app) {
   return [a, bench, kv_tokens] {
     if (bench.app->parsed()) return bench.run();
     a->kv_tokens_given = kv_tokens->count() > 0;
+    if (a->lookup_max_n < a->lookup_min_n)
+      throw_error(ErrorCode::kInvalidArgument, "--lookup-min-n (", a->lookup_min_n, ") must not exceed --lookup-max-n (",
+                  a->lookup_max_n, ")");
     return run_serve(*a);
   };
 }
