@@ -2,7 +2,8 @@
 // pool, caches); other threads only reach the inbox, the cancel list and the stats
 // snapshot under mu_. One loop turn: take the inbox -> cancel -> expire sessions ->
 // admit (capacity; swapped-out sequences come back in) -> plan (micro-batch, reclaim or
-// preempt until it fits) -> run -> sample -> stream updates.
+// preempt until it fits; then prompt-lookup drafts from the tokens and blocks left) -> run
+// -> sample (a draft chunk's rows in order, its KV cut to the drafts kept) -> stream updates.
 #include "runtime/executor.h"
 
 #include <algorithm>

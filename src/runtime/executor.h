@@ -2,8 +2,10 @@
 // submitted from any thread; one executor thread loops schedule -> one ragged engine
 // step (decodes + chunked prefills) -> sample -> stream updates through callbacks.
 // KV reuse through the prefix cache and sessions; when blocks run out, preemption by
-// recompute or by swapping the victim's KV to a bounded host swap space. Tested in
-// tests/runtime/executor_test.cpp (tiny fixture models) and through the server tests.
+// recompute or by swapping the victim's KV to a bounded host swap space. Optional
+// prompt-lookup drafts for greedy choices (ExecutorOptions::lookup_drafts). Tested in
+// tests/runtime/executor_test.cpp (tiny fixture models), executor_lookup_test.cpp (drafts)
+// and through the server tests.
 #pragma once
 
 #include <chrono>
