@@ -652,7 +652,8 @@ struct Executor::Impl {
   // are free now (plain decoding, which may stop sooner, never needs those).
   std::vector<std::vector<int32_t>> add_drafts(std::vector<ChunkPlan>& plan, const std::vector<Choice*>& seqs) {
     std::vector<std::vector<int32_t>> out(plan.size());
-    if (opt.lookup_drafts <= 0) return out;
+    if (opt.lookup_drafts <= 0 || (opt.lookup_max_batch > 0 && int64_t(plan.size()) > opt.lookup_max_batch))
+      return out;
     int64_t tokens = 0, spare = kv.allocator().num_free();
     for (size_t i = 0; i < plan.size(); ++i) {
       tokens += plan[i].tokens;
@@ -854,9 +855,10 @@ Executor::Executor(Model& model, const tok::Tokenizer* tokenizer, const Executor
     throw_error(ErrorCode::kInvalidArgument,
                 "kv_cache_fraction must be in (0, 1] (0: size the pool by kv_tokens), got ",
                 opt_.kv_cache_fraction);
-  if (opt_.lookup_drafts < 0 || opt_.lookup_min_n < 1 || opt_.lookup_max_n < opt_.lookup_min_n ||
-      opt_.lookup_max_n > NgramDrafter::kMaxN)
+  if (opt_.lookup_drafts < 0 || opt_.lookup_max_batch < 0 || opt_.lookup_min_n < 1 ||
+      opt_.lookup_max_n < opt_.lookup_min_n || opt_.lookup_max_n > NgramDrafter::kMaxN)
     throw_error(ErrorCode::kInvalidArgument, "executor options: lookup_drafts ", opt_.lookup_drafts,
+                " and lookup_max_batch ", opt_.lookup_max_batch,
                 " must be >= 0 and the n-gram sizes need 1 <= lookup_min_n <= lookup_max_n <= ", NgramDrafter::kMaxN,
                 ", got ", opt_.lookup_min_n, " and ", opt_.lookup_max_n);
   if (opt_.swap_space_bytes < 0)

@@ -384,6 +384,30 @@ TEST(ExecutorLookupSmolLM2, CopiedTextIsDraftedWithTheSameOutputs) {
   EXPECT_LT(s.steps, plain_steps);
 }
 
+// lookup_max_batch: no drafts in a step of more sequences than that. Three requests of the
+// same length run their every step together: none is drafted at a limit of 2, at 3 they
+// are, and the outputs are the same either way.
+TEST_F(ExecutorLookupTest, NoDraftsInStepsPastTheBatchLimit) {
+  std::vector<GenerationRequest> reqs;
+  for (uint32_t i = 0; i < 3; ++i) reqs.push_back(greedy(repeating(70 + i, 10, 3), 24));
+  std::vector<Outcome> want;
+  {
+    Executor ex(*model_, tokenizer_, {});
+    want = run_all(ex, reqs);
+  }
+  for (int32_t limit : {2, 3}) {
+    ExecutorOptions opt;
+    opt.lookup_drafts = 4;
+    opt.lookup_max_batch = limit;
+    Executor ex(*model_, tokenizer_, opt);
+    const std::vector<Outcome> got = run_all(ex, reqs);
+    for (size_t i = 0; i < reqs.size(); ++i) expect_same(want[i], got[i], "limit " + std::to_string(limit));
+    if (limit == 2) EXPECT_EQ(ex.stats().spec_draft_tokens, 0);
+    else EXPECT_GT(ex.stats().spec_draft_tokens, 0);
+    expect_no_leak(ex);
+  }
+}
+
 TEST_F(ExecutorLookupTest, BadOptionsAreRefused) {
   for (auto [k, lo, hi] : {std::tuple{-1, 2, 3}, {4, 0, 3}, {4, 3, 2}, {4, 1, 17}}) {
     ExecutorOptions opt;
@@ -392,6 +416,10 @@ TEST_F(ExecutorLookupTest, BadOptionsAreRefused) {
     opt.lookup_max_n = hi;
     EXPECT_THROW(Executor(*model_, nullptr, opt), Error) << k << " " << lo << " " << hi;
   }
+  ExecutorOptions opt;
+  opt.lookup_drafts = 4;
+  opt.lookup_max_batch = -1;
+  EXPECT_THROW(Executor(*model_, nullptr, opt), Error);
 }
 
 }  // namespace

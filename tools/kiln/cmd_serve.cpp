@@ -55,6 +55,7 @@ struct ServeArgs {
   std::string decode_padding = "auto";  // ExecutorOptions::decode_padding
   int lookup = 0;                        // ExecutorOptions::lookup_drafts
   int lookup_min_n = ExecutorOptions{}.lookup_min_n, lookup_max_n = ExecutorOptions{}.lookup_max_n;
+  int lookup_max_batch = 0;  // ExecutorOptions::lookup_max_batch
   EncoderBatcherOptions encoder;         // encoders' dynamic batching
   int64_t encoder_delay_us = 0;
 };
@@ -84,6 +85,7 @@ int run_serve(const ServeArgs& a) {
   eo.lookup_drafts = a.lookup;
   eo.lookup_min_n = a.lookup_min_n;
   eo.lookup_max_n = a.lookup_max_n;
+  eo.lookup_max_batch = a.lookup_max_batch;
   ModelOptions mo{a.backend, a.weight_dtype};
   mo.tensor_parallel = a.tp;
   mo.kv_cache_dtype = a.kv_cache_dtype;
@@ -226,6 +228,11 @@ Runner add_serve(CLI::App& app) {
       ->capture_default_str();
   cmd->add_option("--lookup-max-n", a->lookup_max_n, "with --lookup: the longest n-gram matched (tried first)")
       ->check(CLI::Range(1, 16))
+      ->capture_default_str();
+  cmd->add_option("--lookup-max-batch", a->lookup_max_batch,
+                  "with --lookup: no drafts in a step of more sequences than this (vLLM's disable_by_batch_size; "
+                  "on 2 CPU cores drafts beside 4 or more streams cost more than they save); 0: no limit")
+      ->check(CLI::NonNegativeNumber)
       ->capture_default_str();
   cmd->add_option("--encoder-max-batch-tokens", a->encoder.max_batch_tokens,
                   "encoders: tokens per forward; concurrent requests' sequences share forwards up to this (a longer "
