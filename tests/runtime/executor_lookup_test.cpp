@@ -7,12 +7,9 @@
 // of a rejected draft. With the real SmolLM2-135M (when fetched), copied text is drafted.
 #include <gtest/gtest.h>
 
-#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
-#include <condition_variable>
-#include <mutex>
 #include <random>
 #include <thread>
 
@@ -42,39 +39,25 @@ struct Outcome {
   int32_t completion_tokens = 0;
 };
 
-// As test_exec::run_all_at_once (every request queued before the executor's next turn), keeping
-// text and logprobs too.
+// As test_exec::run_all_at_once, keeping text and logprobs too.
 std::vector<Outcome> run_all(Executor& ex, const std::vector<GenerationRequest>& reqs) {
   std::vector<Outcome> out(reqs.size());
-  std::atomic<bool> queued{false};
-  std::mutex mu;
-  std::condition_variable cv;
-  size_t done = 0;
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    out[i].choices.resize(size_t(reqs[i].n));
-    ex.submit(reqs[i], [&, i](RequestUpdate&& u) {
-      while (i == 0 && !queued) std::this_thread::yield();
-      Outcome& o = out[i];
-      o.prompt_logprobs.insert(o.prompt_logprobs.end(), u.prompt_logprobs.begin(), u.prompt_logprobs.end());
-      for (auto& c : u.choices) {
-        auto& ch = o.choices.at(size_t(c.index));
-        ch.tokens.insert(ch.tokens.end(), c.tokens.begin(), c.tokens.end());
-        ch.text += c.text;
-        ch.logprobs.insert(ch.logprobs.end(), c.logprobs.begin(), c.logprobs.end());
-        if (c.finish != FinishReason::kNone) ch.finish = c.finish;
-      }
-      if (u.done) {
-        std::lock_guard lk(mu);
-        o.error = u.error;
-        o.completion_tokens = u.completion_tokens;
-        ++done;
-        cv.notify_all();
-      }
-    });
-  }
-  queued = true;
-  std::unique_lock lk(mu);
-  cv.wait(lk, [&] { return done == reqs.size(); });
+  for (size_t i = 0; i < reqs.size(); ++i) out[i].choices.resize(size_t(reqs[i].n));
+  test_exec::submit_all_at_once(ex, reqs, [&](size_t i, RequestUpdate& u) {
+    Outcome& o = out[i];
+    o.prompt_logprobs.insert(o.prompt_logprobs.end(), u.prompt_logprobs.begin(), u.prompt_logprobs.end());
+    for (auto& c : u.choices) {
+      auto& ch = o.choices.at(size_t(c.index));
+      ch.tokens.insert(ch.tokens.end(), c.tokens.begin(), c.tokens.end());
+      ch.text += c.text;
+      ch.logprobs.insert(ch.logprobs.end(), c.logprobs.begin(), c.logprobs.end());
+      if (c.finish != FinishReason::kNone) ch.finish = c.finish;
+    }
+    if (u.done) {
+      o.error = u.error;
+      o.completion_tokens = u.completion_tokens;
+    }
+  });
   return out;
 }
 
@@ -129,12 +112,7 @@ class ExecutorLookupTest : public ::testing::Test {
   }
   static Ids random_prompt(uint32_t seed, int len) { return repeating(seed, len, 1); }
   static GenerationRequest greedy(const Ids& prompt, int32_t max_tokens) {
-    GenerationRequest r;
-    r.prompt = prompt;
-    r.max_tokens = max_tokens;
-    r.sampling.temperature = 0;
-    r.ignore_eos = true;
-    return r;
+    return test_exec::greedy_request(prompt, max_tokens);
   }
   static Ids alone(const Ids& prompt, int32_t max_tokens) {
     LlmRunner runner(*model_);

@@ -53,12 +53,7 @@ class ExecutorTest : public ::testing::Test {
     return runner.generate_greedy({prompt}, max_tokens).at(0);
   }
   static GenerationRequest greedy(const std::vector<int32_t>& prompt, int32_t max_tokens) {
-    GenerationRequest r;
-    r.prompt = prompt;
-    r.max_tokens = max_tokens;
-    r.sampling.temperature = 0;
-    r.ignore_eos = true;
-    return r;
+    return test_exec::greedy_request(prompt, max_tokens);
   }
   static void expect_no_leak(Executor& ex) {
     // Updates are sent before the stats of that loop turn are published.

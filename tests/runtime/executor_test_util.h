@@ -4,6 +4,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <functional>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -14,37 +15,55 @@
 
 namespace kiln::test_exec {
 
-// Every request queued before the executor's next turn: the first one's first update
-// (sent on the executor thread) waits until the others are submitted, so a small pool
-// is oversubscribed however the client threads happen to be scheduled. Greedy; a
-// request's n choices come back at their indices, with their tokens and finish reasons.
-inline std::vector<GenerationResult> run_all_at_once(Executor& ex, const std::vector<GenerationRequest>& reqs) {
-  std::vector<GenerationResult> out(reqs.size());
+// Submits every request before the executor's next turn (the first one's first update,
+// sent on the executor thread, waits until the others are submitted, so a small pool is
+// oversubscribed however the client threads happen to be scheduled) and returns when all
+// are done. on_update(i, u) sees each update of request i on the executor thread.
+inline void submit_all_at_once(Executor& ex, const std::vector<GenerationRequest>& reqs,
+                               const std::function<void(size_t, RequestUpdate&)>& on_update) {
   std::atomic<bool> queued{false};
   std::mutex mu;
   std::condition_variable cv;
   size_t done = 0;
-  for (size_t i = 0; i < reqs.size(); ++i) {
-    out[i].choices.resize(size_t(reqs[i].n));
+  for (size_t i = 0; i < reqs.size(); ++i)
     ex.submit(reqs[i], [&, i](RequestUpdate&& u) {
       while (i == 0 && !queued) std::this_thread::yield();
-      for (auto& c : u.choices) {
-        auto& choice = out[i].choices.at(size_t(c.index));
-        choice.tokens.insert(choice.tokens.end(), c.tokens.begin(), c.tokens.end());
-        if (c.finish != FinishReason::kNone) choice.finish = c.finish;
-      }
+      on_update(i, u);
       if (u.done) {
         std::lock_guard lk(mu);
-        out[i].error = u.error;
         ++done;
         cv.notify_all();
       }
     });
-  }
   queued = true;
   std::unique_lock lk(mu);
   cv.wait(lk, [&] { return done == reqs.size(); });
+}
+
+// submit_all_at_once, collecting each request's n choices at their indices, with their
+// tokens and finish reasons.
+inline std::vector<GenerationResult> run_all_at_once(Executor& ex, const std::vector<GenerationRequest>& reqs) {
+  std::vector<GenerationResult> out(reqs.size());
+  for (size_t i = 0; i < reqs.size(); ++i) out[i].choices.resize(size_t(reqs[i].n));
+  submit_all_at_once(ex, reqs, [&](size_t i, RequestUpdate& u) {
+    for (auto& c : u.choices) {
+      auto& choice = out[i].choices.at(size_t(c.index));
+      choice.tokens.insert(choice.tokens.end(), c.tokens.begin(), c.tokens.end());
+      if (c.finish != FinishReason::kNone) choice.finish = c.finish;
+    }
+    if (u.done) out[i].error = u.error;
+  });
   return out;
+}
+
+// A greedy request that runs to max_tokens (end tokens ignored).
+inline GenerationRequest greedy_request(const std::vector<int32_t>& prompt, int32_t max_tokens) {
+  GenerationRequest r;
+  r.prompt = prompt;
+  r.max_tokens = max_tokens;
+  r.sampling.temperature = 0;
+  r.ignore_eos = true;
+  return r;
 }
 
 // The executor publishes its stats after each loop turn, after the done callbacks: waits
