@@ -379,9 +379,12 @@ TEST_F(ExecutorLookupTest, NoDraftsInStepsPastTheBatchLimit) {
     opt.lookup_max_batch = limit;
     Executor ex(*model_, tokenizer_, opt);
     const std::vector<Outcome> got = run_all(ex, reqs);
-    for (size_t i = 0; i < reqs.size(); ++i) expect_same(want[i], got[i], "limit " + std::to_string(limit));
-    if (limit == 2) EXPECT_EQ(ex.stats().spec_draft_tokens, 0);
-    else EXPECT_GT(ex.stats().spec_draft_tokens, 0);
+    for (size_t i = 0; i < reqs.size(); ++i)
+      expect_same(want[i], got[i], "limit " + std::to_string(limit));
+    if (limit == 2)
+      EXPECT_EQ(ex.stats().spec_draft_tokens, 0);
+    else
+      EXPECT_GT(ex.stats().spec_draft_tokens, 0);
     expect_no_leak(ex);
   }
 }

@@ -323,12 +323,14 @@ TEST(CudaExecutor, LookupDraftsCompleteWithoutLeaks) {
   auto run_all = [&](Executor& ex) {
     std::vector<GenerationResult> out(reqs.size());
     std::vector<std::thread> threads;
-    for (size_t i = 0; i < reqs.size(); ++i) threads.emplace_back([&, i] { out[i] = ex.generate(reqs[i]); });
+    for (size_t i = 0; i < reqs.size(); ++i)
+      threads.emplace_back([&, i] { out[i] = ex.generate(reqs[i]); });
     for (auto& t : threads) t.join();
     return out;
   };
   for (std::string dtype : {"f32", "bf16"}) {
-    auto model = Model::load(fixtures_dir() + "/models/llama", {.backend = "cuda", .weight_dtype = dtype});
+    auto model =
+        Model::load(fixtures_dir() + "/models/llama", {.backend = "cuda", .weight_dtype = dtype});
     std::vector<GenerationResult> plain, drafted;
     {
       Executor ex(*model, nullptr, {});
@@ -353,10 +355,14 @@ TEST(CudaExecutor, LookupDraftsCompleteWithoutLeaks) {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     std::this_thread::sleep_for(std::chrono::milliseconds(30));
     const ExecutorStats s = ex.stats();
-    std::printf("  %s: drafted %lld, accepted %lld; tokens before the first difference from plain decoding %zu of %zu\n",
-                dtype.c_str(), (long long)s.spec_draft_tokens, (long long)s.spec_accepted_tokens, same, total);
+    std::printf(
+        "  %s: drafted %lld, accepted %lld; tokens before the first difference from plain decoding "
+        "%zu of %zu\n",
+        dtype.c_str(), (long long)s.spec_draft_tokens, (long long)s.spec_accepted_tokens, same,
+        total);
     EXPECT_GT(s.spec_accepted_tokens, 0) << dtype;
-    EXPECT_EQ(s.kv_blocks_free + s.kv_blocks_cached, s.kv_blocks_total) << dtype << ": blocks left held";
+    EXPECT_EQ(s.kv_blocks_free + s.kv_blocks_cached, s.kv_blocks_total)
+        << dtype << ": blocks left held";
   }
 }
 

@@ -204,24 +204,41 @@ TEST(CudaNormShort, UnstoredSumLeavesTheNormUnchanged) {
         const int64_t n = rows * dim;
         std::mt19937_64 rng(uint64_t(rows * 31 + dim));
         const auto x = random_bf16(n, rng), r = random_bf16(n, rng);
-        const auto gamma = random_f32(dim, rng, 0.5f, 1.5f), beta = random_f32(dim, rng, -0.5f, 0.5f);
-        Dev dx(x.data(), size_t(n) * 2), dr(r.data(), size_t(n) * 2), dg(gamma.data(), size_t(dim) * 4),
-            db(beta.data(), size_t(dim) * 4), sum{size_t(n) * 2}, y_a{size_t(n) * 2}, y_b{size_t(n) * 2}, q_a{size_t(n)},
-            q_b{size_t(n)};
+        const auto gamma = random_f32(dim, rng, 0.5f, 1.5f),
+                   beta = random_f32(dim, rng, -0.5f, 0.5f);
+        Dev dx(x.data(), size_t(n) * 2), dr(r.data(), size_t(n) * 2),
+            dg(gamma.data(), size_t(dim) * 4), db(beta.data(), size_t(dim) * 4), sum{size_t(n) * 2},
+            y_a{size_t(n) * 2}, y_b{size_t(n) * 2}, q_a{size_t(n)}, q_b{size_t(n)};
         const ScopedNormShort scoped(mode);
-        const std::string what = str_cat(mode == NormShort::kWarp ? "warp" : "block", " rows=", rows, " dim=", dim);
+        const std::string what =
+            str_cat(mode == NormShort::kWarp ? "warp" : "block", " rows=", rows, " dim=", dim);
         for (bool rms : {true, false}) {
           auto run = [&](void* s, const Dev& y) {
-            if (rms) launch_add_rms_norm(DType::kBF16, dx.get(), dr.get(), dg.as<float>(), 1e-5f, rows, dim, s, y.get(), nullptr);
-            else launch_add_layer_norm(DType::kBF16, dx.get(), dr.get(), dg.as<float>(), db.as<float>(), 1e-5f, rows, dim, s, y.get(), nullptr);
+            if (rms)
+              launch_add_rms_norm(DType::kBF16, dx.get(), dr.get(), dg.as<float>(), 1e-5f, rows,
+                                  dim, s, y.get(), nullptr);
+            else
+              launch_add_layer_norm(DType::kBF16, dx.get(), dr.get(), dg.as<float>(),
+                                    db.as<float>(), 1e-5f, rows, dim, s, y.get(), nullptr);
           };
           auto run_dual = [&](void* s, const Dev& y, const Dev& q) {
-            if (rms) launch_add_rms_norm_dual(DType::kBF16, dx.get(), dr.get(), dg.as<float>(), 1e-5f, rows, dim, s, y.get(), q.as<int8_t>(), 0.1f, nullptr, nullptr);
-            else launch_add_layer_norm_dual(DType::kBF16, dx.get(), dr.get(), dg.as<float>(), db.as<float>(), 1e-5f, rows, dim, s, y.get(), q.as<int8_t>(), 0.1f, nullptr, nullptr);
+            if (rms)
+              launch_add_rms_norm_dual(DType::kBF16, dx.get(), dr.get(), dg.as<float>(), 1e-5f,
+                                       rows, dim, s, y.get(), q.as<int8_t>(), 0.1f, nullptr,
+                                       nullptr);
+            else
+              launch_add_layer_norm_dual(DType::kBF16, dx.get(), dr.get(), dg.as<float>(),
+                                         db.as<float>(), 1e-5f, rows, dim, s, y.get(),
+                                         q.as<int8_t>(), 0.1f, nullptr, nullptr);
           };
           auto run_int8 = [&](void* s, const Dev& q) {
-            if (rms) launch_add_rms_norm_int8(DType::kBF16, dx.get(), dr.get(), dg.as<float>(), 1e-5f, rows, dim, s, q.as<int8_t>(), 0.1f, nullptr, nullptr);
-            else launch_add_layer_norm_int8(DType::kBF16, dx.get(), dr.get(), dg.as<float>(), db.as<float>(), 1e-5f, rows, dim, s, q.as<int8_t>(), 0.1f, nullptr, nullptr);
+            if (rms)
+              launch_add_rms_norm_int8(DType::kBF16, dx.get(), dr.get(), dg.as<float>(), 1e-5f,
+                                       rows, dim, s, q.as<int8_t>(), 0.1f, nullptr, nullptr);
+            else
+              launch_add_layer_norm_int8(DType::kBF16, dx.get(), dr.get(), dg.as<float>(),
+                                         db.as<float>(), 1e-5f, rows, dim, s, q.as<int8_t>(), 0.1f,
+                                         nullptr, nullptr);
           };
           const std::string op = str_cat(rms ? "AddRMSNorm " : "AddLayerNorm ", what);
           KILN_CUDA_CHECK(cudaMemset(y_b.get(), 0xff, size_t(n) * 2));
@@ -229,13 +246,15 @@ TEST(CudaNormShort, UnstoredSumLeavesTheNormUnchanged) {
           run(nullptr, y_b);
           KILN_CUDA_CHECK(cudaDeviceSynchronize());
           EXPECT_EQ(y_b.host<uint16_t>(size_t(n)), y_a.host<uint16_t>(size_t(n))) << op;
-          if (dim % 8 != 0) continue;  // the int8 forms take whole 16-byte vectors (the fused graphs')
+          if (dim % 8 != 0)
+            continue;  // the int8 forms take whole 16-byte vectors (the fused graphs')
           KILN_CUDA_CHECK(cudaMemset(y_b.get(), 0xff, size_t(n) * 2));
           run_dual(sum.get(), y_a, q_a);
           run_dual(nullptr, y_b, q_b);
           KILN_CUDA_CHECK(cudaDeviceSynchronize());
           EXPECT_EQ(y_b.host<uint16_t>(size_t(n)), y_a.host<uint16_t>(size_t(n))) << op << " dual";
-          EXPECT_EQ(q_b.host<int8_t>(size_t(n)), q_a.host<int8_t>(size_t(n))) << op << " dual codes";
+          EXPECT_EQ(q_b.host<int8_t>(size_t(n)), q_a.host<int8_t>(size_t(n)))
+              << op << " dual codes";
           KILN_CUDA_CHECK(cudaMemset(q_b.get(), 0x7f, size_t(n)));
           run_int8(nullptr, q_b);
           KILN_CUDA_CHECK(cudaDeviceSynchronize());
