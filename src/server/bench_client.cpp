@@ -151,6 +151,16 @@ std::vector<int32_t> random_ids(std::mt19937_64& rng, int n, int vocab) {
 
 int uniform(std::mt19937_64& rng, int lo, int hi) { return lo + int(rng() % uint64_t(std::max(1, hi - lo + 1))); }
 
+// A prompt of n ids: random, or (repeats > 1) one random run repeated, cut to n.
+std::vector<int32_t> prompt_ids(std::mt19937_64& rng, int n, int vocab, int repeats) {
+  if (repeats <= 1) return random_ids(rng, n, vocab);
+  const std::vector<int32_t> run = random_ids(rng, std::max(1, (n + repeats - 1) / repeats), vocab);
+  std::vector<int32_t> v;
+  while (int(v.size()) < n) v.insert(v.end(), run.begin(), run.end());
+  v.resize(size_t(n));
+  return v;
+}
+
 }  // namespace
 
 BenchReport run_serve_bench(const BenchOptions& o) {
@@ -181,7 +191,7 @@ BenchReport run_serve_bench(const BenchOptions& o) {
       results.push_back(std::move(r));
       return;
     }
-    std::vector<int32_t> prompt = random_ids(rng, uniform(rng, o.input_min, o.input_max), o.vocab);
+    std::vector<int32_t> prompt = prompt_ids(rng, uniform(rng, o.input_min, o.input_max), o.vocab, o.prompt_repeats);
     std::string session = o.sessions ? "bench-" + std::to_string(o.seed) + "-" + std::to_string(c) : "";
     for (int turn = 0; turn < o.turns; ++turn) {
       if (turn > 0) {

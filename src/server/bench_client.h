@@ -26,6 +26,9 @@ struct BenchOptions {
   int input_min = 32, input_max = 256;
   int output_min = 32, output_max = 128;
   int vocab = 1000;       // prompt ids are drawn from [10, vocab)
+  // > 1: each prompt is one random run of ids repeated this many times (cut to its
+  // length): text the model copies, the workload of prompt-lookup drafts (serve --lookup).
+  int prompt_repeats = 1;
   int turns = 1;          // > 1: multi-turn conversations
   int turn_tokens = 16;   // new user tokens per later turn
   bool sessions = false;  // send a session id per conversation

@@ -312,6 +312,7 @@ SubRunner add_serve_bench(CLI::App* parent) {
   bench->add_option("--output-min", b->output_min, "generated tokens, lower bound")->check(CLI::Range(1, 1 << 20))->capture_default_str();
   bench->add_option("--output-max", b->output_max, "generated tokens, upper bound")->check(CLI::Range(1, 1 << 20))->capture_default_str();
   bench->add_option("--vocab", b->vocab, "prompt ids are drawn from [10, vocab)")->check(CLI::Range(11, 1 << 24))->capture_default_str();
+  bench->add_option("--prompt-repeats", b->prompt_repeats, "> 1: each prompt is one random run of ids repeated this many times (text to copy: the workload of serve --lookup)")->check(CLI::Range(1, 1000))->capture_default_str();
   bench->add_option("--turns", b->turns, "turns per conversation (each extends the last prompt + answer)")->check(CLI::Range(1, 1000))->capture_default_str();
   bench->add_option("--turn-tokens", b->turn_tokens, "new tokens per later turn")->check(CLI::Range(1, 1 << 20))->capture_default_str();
   bench->add_flag("--sessions", b->sessions, "send a session id per conversation (KV reuse across turns)");
