@@ -42,6 +42,14 @@ check bad-ids 1 "not a token id" -- "$kiln" generate -m "$fixtures/models/gpt2" 
 check oov-id 1 "outside the vocabulary" -- "$kiln" generate -m "$fixtures/models/gpt2" --ids 999999
 check no-tokenizer 1 "has no tokenizer" -- "$kiln" generate -m "$fixtures/models/gpt2" -p hello
 check encoder-generate 1 "encoder" -- "$kiln" generate -m "$fixtures/models/bert" --ids 1,2
+# --lookup: the same greedy ids as without (CPU), the counts on stderr; refused beside a grammar.
+ids=$(seq -s, 5 20),$(seq -s, 5 20)
+plain=$("$kiln" generate -m "$fixtures/models/llama" --ids "$ids" -n 24 --print-ids --ignore-eos -q 2>/dev/null)
+drafted=$("$kiln" generate -m "$fixtures/models/llama" --ids "$ids" -n 24 --print-ids --ignore-eos -q --lookup 4 2>/dev/null)
+if [ -n "$plain" ] && [ "$plain" = "$drafted" ]; then echo "ok   lookup-same-ids"; else echo "FAIL lookup-same-ids: '$plain' vs '$drafted'"; fail=1; fi
+check lookup-counts 0 "drafted" -- "$kiln" generate -m "$fixtures/models/llama" --ids "$ids" -n 24 --print-ids --ignore-eos --lookup 4
+check lookup-range 1 "takes 0 (off) to 64 draft tokens" -- "$kiln" generate -m "$fixtures/models/llama" --ids 1 --lookup 65
+check bench-serve-repeats 105 "--prompt-repeats" -- "$kiln" bench serve --model m --prompt-repeats 0
 check grammar-no-tokenizer 1 "need a model with a tokenizer" -- "$kiln" generate -m "$fixtures/models/gpt2" --ids 5 --grammar 'root ::= "a"'
 smollm2="$fixtures/../../.cache/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"
 if [ -f "$smollm2" ]; then  # constrained generation with a real tokenizer (scripts/fetch_models.sh)
