@@ -65,14 +65,8 @@ class ExecutorTest : public ::testing::Test {
         << "blocks held by neither a sequence nor the cache";
   }
 
-  // Submits every request from its own thread and waits for all of them.
-  static std::vector<GenerationResult> run_concurrently(Executor& ex, std::vector<GenerationRequest> reqs) {
-    std::vector<GenerationResult> out(reqs.size());
-    std::vector<std::thread> threads;
-    for (size_t i = 0; i < reqs.size(); ++i)
-      threads.emplace_back([&, i] { out[i] = ex.generate(reqs[i]); });
-    for (auto& t : threads) t.join();
-    return out;
+  static std::vector<GenerationResult> run_concurrently(Executor& ex, const std::vector<GenerationRequest>& reqs) {
+    return test_exec::run_concurrently(ex, reqs);
   }
 
   static Model* model_;

@@ -56,6 +56,15 @@ inline std::vector<GenerationResult> run_all_at_once(Executor& ex, const std::ve
   return out;
 }
 
+// Submits every request from its own thread and waits for all of them.
+inline std::vector<GenerationResult> run_concurrently(Executor& ex, const std::vector<GenerationRequest>& reqs) {
+  std::vector<GenerationResult> out(reqs.size());
+  std::vector<std::thread> threads;
+  for (size_t i = 0; i < reqs.size(); ++i) threads.emplace_back([&, i] { out[i] = ex.generate(reqs[i]); });
+  for (auto& t : threads) t.join();
+  return out;
+}
+
 // A greedy request that runs to max_tokens (end tokens ignored).
 inline GenerationRequest greedy_request(const std::vector<int32_t>& prompt, int32_t max_tokens) {
   GenerationRequest r;

@@ -18,6 +18,7 @@
 #include <thread>
 
 #include "../../models/golden_util.h"
+#include "../../runtime/executor_test_util.h"
 #include "cuda_model_test_util.h"
 #include "cuda_test_util.h"
 #include "frontends/weight_source.h"
@@ -320,26 +321,18 @@ TEST(CudaExecutor, LookupDraftsCompleteWithoutLeaks) {
     r.sampling.temperature = 0;
     reqs.push_back(r);
   }
-  auto run_all = [&](Executor& ex) {
-    std::vector<GenerationResult> out(reqs.size());
-    std::vector<std::thread> threads;
-    for (size_t i = 0; i < reqs.size(); ++i)
-      threads.emplace_back([&, i] { out[i] = ex.generate(reqs[i]); });
-    for (auto& t : threads) t.join();
-    return out;
-  };
   for (std::string dtype : {"f32", "bf16"}) {
     auto model =
         Model::load(fixtures_dir() + "/models/llama", {.backend = "cuda", .weight_dtype = dtype});
     std::vector<GenerationResult> plain, drafted;
     {
       Executor ex(*model, nullptr, {});
-      plain = run_all(ex);
+      plain = test_exec::run_concurrently(ex, reqs);
     }
     ExecutorOptions opt;
     opt.lookup_drafts = 4;
     Executor ex(*model, nullptr, opt);
-    drafted = run_all(ex);
+    drafted = test_exec::run_concurrently(ex, reqs);
     size_t same = 0, total = 0;
     for (size_t i = 0; i < reqs.size(); ++i) {
       ASSERT_EQ(plain[i].error, "") << dtype;
@@ -351,10 +344,7 @@ TEST(CudaExecutor, LookupDraftsCompleteWithoutLeaks) {
       same += k;
       total += a.size();
     }
-    for (int i = 0; i < 400 && ex.stats().running + ex.stats().waiting > 0; ++i)
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-    std::this_thread::sleep_for(std::chrono::milliseconds(30));
-    const ExecutorStats s = ex.stats();
+    const ExecutorStats s = test_exec::settled_stats(ex);
     std::printf(
         "  %s: drafted %lld, accepted %lld; tokens before the first difference from plain decoding "
         "%zu of %zu\n",
