@@ -637,12 +637,10 @@ struct Executor::Impl {
 
   // ---- prompt-lookup drafts (ExecutorOptions::lookup_drafts) ----------------------
 
-  // Greedy argmax sampling, the only kind whose output drafts cannot change.
+  // Plain argmax sampling (SamplingParams::plain_argmax), the only kind whose output drafts
+  // cannot change, without a grammar, once forked and past its prompt logprobs.
   bool drafts_eligible(const Choice& c) const {
-    const SamplingParams& s = c.req->req.sampling;
-    return s.greedy() && s.logprobs < 0 && s.logit_bias.empty() && s.repetition_penalty == 1.0f &&
-           s.presence_penalty == 0.0f && s.frequency_penalty == 0.0f && !c.grammar && c.req->forked &&
-           !c.req->prompt_lp_due();
+    return c.req->req.sampling.plain_argmax() && !c.grammar && c.req->forked && !c.req->prompt_lp_due();
   }
 
   // Each decoding choice of the planned step (one pending token) that is eligible gets up

@@ -35,6 +35,13 @@ struct SamplingParams {
   std::vector<std::pair<int32_t, float>> logit_bias;
 
   bool greedy() const { return temperature <= 0.0f; }
+  // Greedy with nothing beside the argmax: no logprobs, logit biases or penalties (their
+  // state or output depends on more than the chosen token). Speculative drafts verified
+  // against such a sampler cannot change its output (executor, ExecutorOptions::lookup_drafts).
+  bool plain_argmax() const {
+    return greedy() && logprobs < 0 && logit_bias.empty() && repetition_penalty == 1.0f && presence_penalty == 0.0f &&
+           frequency_penalty == 0.0f;
+  }
 };
 
 // "" when the parameters are usable, else a message naming the bad one (for 4xx errors).

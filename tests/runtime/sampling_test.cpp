@@ -58,6 +58,26 @@ void expect_distribution(const std::vector<int64_t>& counts, const std::vector<d
 
 const std::vector<double> kProbs = {0.5, 0.3, 0.15, 0.05};
 
+// plain_argmax: greedy with nothing beside the argmax; each extra turns it off.
+TEST(Sampling, PlainArgmaxIsGreedyWithoutExtras) {
+  SamplingParams p;
+  p.temperature = 0;
+  EXPECT_TRUE(p.plain_argmax());
+  p.top_k = 5;  // ignored by greedy
+  EXPECT_TRUE(p.plain_argmax());
+  auto with = [&](auto set) {
+    SamplingParams q = p;
+    set(q);
+    return q.plain_argmax();
+  };
+  EXPECT_FALSE(with([](SamplingParams& q) { q.temperature = 0.7f; }));
+  EXPECT_FALSE(with([](SamplingParams& q) { q.logprobs = 0; }));
+  EXPECT_FALSE(with([](SamplingParams& q) { q.logit_bias = {{3, 1.0f}}; }));
+  EXPECT_FALSE(with([](SamplingParams& q) { q.repetition_penalty = 1.1f; }));
+  EXPECT_FALSE(with([](SamplingParams& q) { q.presence_penalty = 0.5f; }));
+  EXPECT_FALSE(with([](SamplingParams& q) { q.frequency_penalty = 0.5f; }));
+}
+
 TEST(Sampling, TemperatureOneFollowsTheModel) {
   SamplingParams p;
   expect_distribution(draw(p, logits_of(kProbs), 20000), kProbs);
