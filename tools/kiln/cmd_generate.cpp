@@ -19,7 +19,7 @@ namespace kiln::cli {
 
 namespace {
 
-// Past a few dozen, drafts that are wrong cost more than the ones that hold save.
+// The most drafts a step takes (as `kiln serve --lookup`'s range); 4-8 is typical.
 constexpr int kMaxLookup = 64;
 
 struct GenerateArgs {
