@@ -232,6 +232,16 @@ TEST(CudaOps, GatherRowsAndSeqMeanPool) {
       step.seqs = {{0, 3, 3, {}}, {3, 16, 16, {}}, {19, 1, 1, {}}};
       o.check(dt, "SeqMeanPool 3 sequences", step);
     }
+    {
+      // Rows a multiple of 16 bytes (the kernel's vector loads), two column slices (the
+      // second partly used), sequences long enough for its unrolled row loop and its tail.
+      OneNode o;
+      o.input("x", random_tensor({300, 264}, rng, dt), Shape{"T", 264});
+      o.node("SeqMeanPool");
+      StepInfo step;
+      step.seqs = {{0, 130, 130, {}}, {130, 37, 37, {}}, {167, 1, 1, {}}, {168, 132, 132, {}}};
+      o.check(dt, "SeqMeanPool 4 sequences of 264 columns", step);
+    }
   }
 }
 
