@@ -52,14 +52,17 @@ TEST(CudaAttentionInt8, FlashEpilogueWritesTheQuantizeKernelsCodes) {
   for (const Case& c : {Case{8, 2, 64, {200, 37, 130}, true}, Case{8, 2, 64, {200, 37, 130}, false},
                         Case{4, 4, 128, {150, 1, 64}, false}, Case{4, 2, 128, {300}, true}, Case{12, 12, 64, {128, 77}, false}})
     for (int width : kFlashCtaWidths)
+    for (int rows : {16, 32})
     for (DType dt : {DType::kBF16, DType::kF16})
     for (int items : {256, 384}) {
       // 384 items per SM: the kernel's form for short CTAs at head dim 64 (32-key softmax
-      // steps); its T output must also match the 256 form's within rounding.
+      // steps); its T output must also match the 256 form's within rounding. 32-row warps
+      // exist in 128-item CTAs at 256 items per SM only.
       if (items == 384 && c.d != 64) continue;
+      if (rows == 32 && (width != 128 || items == 384)) continue;
       const std::string what = str_cat(dtype_name(dt), " hq=", c.hq, " hkv=", c.hkv, " d=", c.d,
                                        c.causal ? " causal" : " bidirectional", " seqs=", c.lens.size(), " width=", width,
-                                       " items/SM=", items);
+                                       " rows=", rows, " items/SM=", items);
       ASSERT_TRUE(attention_flash_supported(dt, c.d)) << what;
       std::vector<AttnSeq> seqs;
       std::vector<int32_t> tables;  // without a cache each sequence's keys are its own rows
@@ -100,6 +103,7 @@ TEST(CudaAttentionInt8, FlashEpilogueWritesTheQuantizeKernelsCodes) {
       a.num_work = int32_t(plan.work.size());
       a.flash_width = plan.flash_width;
       a.flash_items_per_sm = items;
+      a.flash_warp_rows = rows;
       a.out = out.get();
       launch_attention(a, nullptr);
       // The T output on the host, as f32: it sets the clip, and core/int8.h quantizes it.

@@ -25,9 +25,11 @@
 // reused as A fragments) times V (ldmatrix.trans). Causal: a warp skips the tiles none of
 // its items sees and masks only tiles that cross the diagonal of one of its items.
 // Quantized caches are decoded to T while staging the next tile (synchronous loads).
-// With out_codes set, the epilogue rounds each output to T (as the plain output is
-// stored) and writes the next Linear's one-byte codes instead: E4M3 (FP8 Linear) or int8
-// with one static scale (W8A8), the codes of the T output's quantize pass, bit for bit.
+// The epilogue stages each warp's output rows in its own rows of the Q buffer and stores
+// them as 16-byte chunks of whole rows. With out_codes set, it rounds each output to T (as
+// the plain output is stored) and writes the next Linear's one-byte codes instead: E4M3
+// (FP8 Linear) or int8 with one static scale (W8A8), the codes of the T output's quantize
+// pass, bit for bit.
 // Rows are D + 8 elements apart in shared memory: the eight 16-byte rows an ldmatrix
 // reads fall in distinct bank groups.
 // Sliding windows (each item sees only its last `window` keys) and soft-capped scores
@@ -147,18 +149,6 @@ __global__ void __launch_bounds__(flash2_threads<W, MT>(), I / W)
   // An item's first visible key: its window's start (0 without one; non-decreasing too).
   auto item_lo = [&](int item) { return kWin ? attn_window_start(ctx0 + item / group, window) : 0; };
 
-  for (int e = threadIdx.x; e < W * CPR; e += kF2Threads) {
-    const int li = e / CPR, c = (e % CPR) * 8, item = w.item_begin + li;
-    const bool valid = item < n_items;
-    const T* src = valid ? q + int64_t(sq.q_start + item / group) * q_stride +
-                               int64_t(kvh * group + item % group) * D + c
-                         : q;
-    cp_async16(qs + li * LD + c, src, valid);
-  }
-  // Keys stored rotated (quantized caches): the q rows are rotated too, once they land
-  // (below, while tile 0's copies are in flight); they go as a copy group of their own.
-  const bool rotate_q = Q != KvCode::kNone && k_rotate;
-  if (rotate_q) cp_async_commit();
   const int last = min(n_items, w.item_begin + W) - 1;
   // The CTA reads keys [begin, hi): from its first item's window start (kv_begin without one).
   const int begin = kWin ? max(w.kv_begin, item_lo(w.item_begin)) : w.kv_begin;
@@ -363,6 +353,22 @@ __global__ void __launch_bounds__(flash2_threads<W, MT>(), I / W)
     slot_buf[0][threadIdx.x] = key_slot(begin + int(threadIdx.x));
     slot_buf[1][threadIdx.x] = key_slot(begin + kF2Keys + int(threadIdx.x));
   }
+  // Up to here the CTA read only the step's tables (work items, sequences, block tables),
+  // which the host uploads before the graph's first kernel: with dependent launch their
+  // round trips overlap the previous kernel's tail. Q, K and V are its writes.
+  pdl_wait();
+  for (int e = threadIdx.x; e < W * CPR; e += kF2Threads) {
+    const int li = e / CPR, c = (e % CPR) * 8, item = w.item_begin + li;
+    const bool valid = item < n_items;
+    const T* src = valid ? q + int64_t(sq.q_start + item / group) * q_stride +
+                               int64_t(kvh * group + item % group) * D + c
+                         : q;
+    cp_async16(qs + li * LD + c, src, valid);
+  }
+  // Keys stored rotated (quantized caches): the q rows are rotated too, once they land
+  // (below, while tile 0's copies are in flight); they go as a copy group of their own.
+  const bool rotate_q = Q != KvCode::kNone && k_rotate;
+  if (rotate_q) cp_async_commit();
   __syncthreads();
   if (n_tiles > 0) load_tile(0, 0);
   cp_async_commit();  // Q and tile 0 (rotate_q: tile 0 only)
@@ -392,17 +398,17 @@ __global__ void __launch_bounds__(flash2_threads<W, MT>(), I / W)
   // from the thread's own indices, rather than keeping the work item's fields live through
   // the main loop (that raised the d 128 forms' spills from 12 to 28-32 bytes, -Xptxas -v).
   const int32_t partial = works[blockIdx.x / unsigned(hkv)].partial;
+  if (!warp_on) return;
+  if (partial >= 0) {
+    // A key split: the unnormalized partials for the combine kernel, m in natural-log
+    // units (the tile kernels' partials; a row that saw no key keeps m = -inf, l = 0).
 #pragma unroll
-  for (int mh = 0; mh < 2 * MT; ++mh) {
-    const int mt = mh >> 1, h = mh & 1;
-    float den = l[mt][h];
-    den += __shfl_xor_sync(0xffffffffu, den, 1);
-    den += __shfl_xor_sync(0xffffffffu, den, 2);
-    const int item = first_w + 16 * mt + g + 8 * h;
-    if (item >= n_items) continue;
-    if (partial >= 0) {
-      // A key split: the unnormalized partial for the combine kernel, m in natural-log
-      // units (the tile kernels' partials; a row that saw no key keeps m = -inf, l = 0).
+    for (int mh = 0; mh < 2 * MT; ++mh) {
+      const int mt = mh >> 1, h = mh & 1;
+      float den = l[mt][h];
+      den += __shfl_xor_sync(0xffffffffu, den, 1);
+      den += __shfl_xor_sync(0xffffffffu, den, 2);
+      if (first_w + 16 * mt + g + 8 * h >= n_items) continue;
       const int li = warp * 16 * MT + 16 * mt + g + 8 * h;  // item - the work item's first
       const int64_t base = (int64_t(partial) * hkv + kvh) * W + li;
 #pragma unroll
@@ -413,37 +419,54 @@ __global__ void __launch_bounds__(flash2_threads<W, MT>(), I / W)
         part_ml[base * 2] = m[mt][h] * kLn2;
         part_ml[base * 2 + 1] = den;
       }
-      continue;
     }
-    const int64_t row = sq.q_start + item / group, head = kvh * group + item % group;
-    const int64_t at = (row * hq + head) * D + 2 * t;
+    return;
+  }
+  // The warp's output rows go through its own rows of the Q stage (only this warp read
+  // them), then leave as 16-byte stores of whole rows: storing each lane's pairs straight
+  // from the MMA layout (2-4 bytes a lane over 8 rows a store) made the W8A8 BERT-base
+  // forward at batch 32 6% slower (H100, bench/RESULTS.md session 47).
+  // Out: T, or the codes of the T output (the o-projection's input): int8 (a W8A8
+  // Linear's static scale) or E4M3 (an FP8 Linear's). Uniform across the grid; after the
+  // main loop, so it costs neither registers nor a template instantiation.
+  unsigned char* st = reinterpret_cast<unsigned char*>(qs + warp * 16 * MT * LD);
+  constexpr int kRowBytes = LD * int(sizeof(T));
+  const int esz = out_codes ? 1 : int(sizeof(T));
+#pragma unroll
+  for (int mh = 0; mh < 2 * MT; ++mh) {
+    const int mt = mh >> 1, h = mh & 1;
+    float den = l[mt][h];
+    den += __shfl_xor_sync(0xffffffffu, den, 1);
+    den += __shfl_xor_sync(0xffffffffu, den, 2);
     const float inv = den > 0.0f ? 1.0f / den : 0.0f;
-    // The codes of the T output (the o-projection's input): int8 (a W8A8 Linear's static
-    // scale) or E4M3 (an FP8 Linear's). Uniform across the grid; after the main loop, so
-    // it costs neither registers nor a template instantiation.
-    if (out_codes && code_int8) {
-      // The pair rounded to T as the plain output stores it (one packed conversion), then
-      // its two codes (int8_code_pair: no float-to-int conversions).
+    unsigned char* r = st + (16 * mt + g + 8 * h) * kRowBytes;
 #pragma unroll
-      for (int i = 0; i < DT; ++i) {
-        const uint32_t p = pack2<T>(o[mt][i][2 * h] * inv, o[mt][i][2 * h + 1] * inv);
-        *reinterpret_cast<uint16_t*>(out_codes + at + i * 8) =
+    for (int i = 0; i < DT; ++i) {
+      const float x0 = o[mt][i][2 * h] * inv, x1 = o[mt][i][2 * h + 1] * inv;
+      const int col = i * 8 + 2 * t;
+      if (!out_codes) {
+        *reinterpret_cast<uint32_t*>(r + col * 2) = pack2<T>(x0, x1);
+      } else if (code_int8) {
+        // The pair rounded to T as the plain output stores it (one packed conversion),
+        // then its two codes (int8_code_pair: no float-to-int conversions).
+        const uint32_t p = pack2<T>(x0, x1);
+        *reinterpret_cast<uint16_t*>(r + col) =
             uint16_t(int8_code_pair(low_as_f32<T>(p), high_as_f32<T>(p), code_inv));
+      } else {
+        *reinterpret_cast<uint16_t*>(r + col) =
+            uint16_t(fp8_code_via<T>(x0, code_inv) | uint16_t(fp8_code_via<T>(x1, code_inv)) << 8);
       }
-      continue;
     }
-    if (out_codes) {
-#pragma unroll
-      for (int i = 0; i < DT; ++i)
-        *reinterpret_cast<uint16_t*>(out_codes + at + i * 8) =
-            uint16_t(fp8_code_via<T>(o[mt][i][2 * h] * inv, code_inv) |
-                     uint16_t(fp8_code_via<T>(o[mt][i][2 * h + 1] * inv, code_inv)) << 8);
-      continue;
-    }
-#pragma unroll
-    for (int i = 0; i < DT; ++i)
-      *reinterpret_cast<uint32_t*>(out + at + i * 8) =
-          pack2<T>(o[mt][i][2 * h] * inv, o[mt][i][2 * h + 1] * inv);
+  }
+  __syncwarp();
+  const int chunks = D * esz / 16;  // 16-byte chunks of a row
+  unsigned char* dst = out_codes ? out_codes : reinterpret_cast<unsigned char*>(out);
+  for (int e = lane; e < 16 * MT * chunks; e += 32) {
+    const int lr = e / chunks, c = e % chunks, item = first_w + lr;
+    if (item >= n_items) continue;
+    const int64_t row = sq.q_start + item / group, head = kvh * group + item % group;
+    *reinterpret_cast<uint4*>(dst + (row * hq + head) * D * esz + c * 16) =
+        *reinterpret_cast<const uint4*>(st + lr * kRowBytes + c * 16);
   }
 }
 
