@@ -62,6 +62,7 @@ struct Executor::Choice {
   // ExecutorOptions::lookup_drafts: the n-gram index of `tokens`, made at the first draft
   // and brought up to date before each (tokens only ever grow between steps).
   std::unique_ptr<NgramDrafter> drafter;
+  int32_t draft_len = 0;  // the next step's draft length (next_draft_length); 0: lookup_drafts
   bool finished = false;
   FinishReason reason = FinishReason::kNone;
   int32_t pending() const { return int32_t(tokens.size()) - kv.length; }
@@ -644,7 +645,9 @@ struct Executor::Impl {
   }
 
   // Each decoding choice of the planned step (one pending token) that is eligible gets up
-  // to lookup_drafts drafts, appended to its tokens and its chunk; returns them per chunk.
+  // to its draft length (lookup_drafts at first, then next_draft_length after each verify
+  // step, as `kiln generate --lookup`) of drafts, appended to its tokens and its chunk;
+  // returns them per chunk.
   // Drafts only use what the plan leaves: they never emit past max_tokens nor feed past
   // the model's positions, keep the step within max_step_tokens and take only blocks that
   // are free now (plain decoding, which may stop sooner, never needs those).
@@ -661,7 +664,8 @@ struct Executor::Impl {
     for (size_t i = 0; i < plan.size() && tokens < opt.max_step_tokens && spare >= 0; ++i) {
       Choice& c = *seqs[i];
       if (plan[i].tokens != 1 || c.pending() != 1 || c.finished || !drafts_eligible(c)) continue;
-      const int64_t room = std::min({int64_t(opt.lookup_drafts), int64_t(c.req->req.max_tokens) - c.generated - 1,
+      if (c.draft_len == 0) c.draft_len = opt.lookup_drafts;
+      const int64_t room = std::min({int64_t(c.draft_len), int64_t(c.req->req.max_tokens) - c.generated - 1,
                                      max_positions - c.kv.length - 1, opt.max_step_tokens - tokens});
       if (room <= 0) continue;
       if (!c.drafter) c.drafter = std::make_unique<NgramDrafter>(opt.lookup_min_n, opt.lookup_max_n);
@@ -714,6 +718,7 @@ struct Executor::Impl {
     const int32_t kept = int32_t(out.size()) - 1;
     kv.truncate(c.kv, fed_at + 1 + kept);
     spec_drafted += int64_t(d.size());
+    if (opt.lookup_adaptive) c.draft_len = next_draft_length(c.draft_len, opt.lookup_drafts, kept == int32_t(d.size()));
     int32_t taken = 0;
     for (; taken < int32_t(out.size()) && !c.finished; ++taken) {
       if (c.kv.length > fed_at + 2 + taken) kv.truncate(c.kv, fed_at + 2 + taken);

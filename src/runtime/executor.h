@@ -131,12 +131,16 @@ struct ExecutorOptions {
   // decoding choice whose sampling is a plain argmax (greedy; no logprobs, logit_bias,
   // penalties or grammar) feeds up to lookup_drafts tokens copied from where its last
   // n-gram (n from lookup_max_n down to lookup_min_n) occurred before in its prompt and
-  // output (runtime/ngram_draft.h), and keeps those that equal the model's own argmax:
-  // the output is plain greedy decoding's (on the CPU backend; CUDA's GEMM rounding
+  // output (runtime/ngram_draft.h), and keeps those that equal the model's own argmax;
+  // each choice's draft length then follows next_draft_length (down by 1 after a step that
+  // rejected a draft, back up by 2 to lookup_drafts after one that kept all). The output
+  // is plain greedy decoding's (on the CPU backend; CUDA's GEMM rounding
   // depends on a step's row count). Drafts only take step tokens and KV blocks that are
   // left over: they never preempt or evict. 0: off.
   int32_t lookup_drafts = 0;
   int32_t lookup_min_n = 2, lookup_max_n = 3;
+  // false: every step drafts up to lookup_drafts (no next_draft_length schedule).
+  bool lookup_adaptive = true;
   // > 0: no drafts in a step of more sequences than this (vLLM's disable_by_batch_size):
   // where a verify row costs about what a decode row does (a CPU), drafts beside other
   // sequences cost more than they save. 0: no limit.

@@ -143,8 +143,7 @@ LookupDecodeResult generate_greedy_lookup(LlmRunner& runner, std::span<const int
     size_t kept = 0;
     while (kept < drafts.size() && best[kept] == drafts[kept]) ++kept;
     ++res.stats.steps;
-    if (options.adaptive && !drafts.empty())
-      k = kept == drafts.size() ? std::min(options.num_draft, k + 2) : std::max(1, k - 1);
+    if (options.adaptive && !drafts.empty()) k = next_draft_length(k, options.num_draft, kept == drafts.size());
     res.stats.drafted += int64_t(drafts.size());
     res.stats.accepted += int64_t(kept);
     // The K/V of the rejected drafts go; that of `next` and the kept drafts is what plain

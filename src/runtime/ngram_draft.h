@@ -52,15 +52,20 @@ class NgramDrafter {
   mutable int32_t last_n_ = 0;
 };
 
+// Transformers' assisted-generation "heuristic" schedule for the next step's draft length:
+// back up to max_k (by 2) after a step that kept all of its drafts, down by 1 (to 1)
+// otherwise, so that text which is not being copied wastes fewer draft rows.
+inline int32_t next_draft_length(int32_t k, int32_t max_k, bool kept_all) {
+  return kept_all ? (k + 2 < max_k ? k + 2 : max_k) : (k > 1 ? k - 1 : 1);
+}
+
 struct LookupDecodeOptions {
   int32_t num_draft = 4;  // at most k drafts a step; 0: one token a step, plain greedy
   // The n-gram sizes matched (NgramDrafter). Why not from 1: a one-token match drafts on
   // free text too, where few hold, and on the CPU backend each draft row costs ~30% of a
   // one-token step (SmolLM2-135M: free text 3.9 -> 5.4-7.2 ms/token at min_n 1, ~3.9 at 2).
   int32_t min_n = 2, max_n = 3;
-  // Transformers' assisted-generation "heuristic" schedule: the draft length starts at
-  // num_draft, grows by 2 after a step that kept all its drafts and shrinks by 1 (to 1)
-  // otherwise, so that text which is not being copied wastes fewer draft rows.
+  // The draft length starts at num_draft and follows next_draft_length.
   bool adaptive = true;
   // Each row's argmax from the model's TopKLogits outputs when it has them (only ids cross
   // from a GPU), else from whole logits rows; where rows are already in host memory (the

@@ -306,6 +306,38 @@ TEST_F(ExecutorLookupTest, ThePrefixCacheNeverKeepsARejectedDraft) {
   expect_no_leak(ex);
 }
 
+// The draft length schedule (ExecutorOptions::lookup_adaptive): where most one-token matches
+// are wrong, shrinking after each rejection feeds fewer draft rows than drafting up to
+// lookup_drafts every step, and both give plain decoding's tokens.
+TEST_F(ExecutorLookupTest, AdaptiveDraftLengthFeedsFewerRejectedRows) {
+  std::vector<GenerationRequest> reqs;
+  for (uint32_t seed = 0; seed < 4; ++seed) reqs.push_back(greedy(random_prompt(90 + seed, 24), 40));
+  int64_t drafted[2] = {}, accepted[2] = {};
+  for (bool adaptive : {false, true}) {
+    ExecutorOptions opt;
+    opt.kv_tokens = 1024;
+    opt.lookup_drafts = 6;
+    opt.lookup_min_n = 1;  // one-token matches: many drafts, most of them wrong
+    opt.lookup_max_n = 2;
+    opt.lookup_adaptive = adaptive;
+    Executor ex(*model_, nullptr, opt);
+    const std::vector<Outcome> got = run_all(ex, reqs);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      ASSERT_EQ(got[i].error, "");
+      EXPECT_EQ(got[i].choices[0].tokens, alone(reqs[i].prompt, 40)) << "request " << i << " adaptive " << adaptive;
+    }
+    const ExecutorStats s = test_exec::settled_stats(ex);
+    drafted[adaptive] = s.spec_draft_tokens;
+    accepted[adaptive] = s.spec_accepted_tokens;
+    expect_no_leak(ex);
+  }
+  std::printf("  fixed: drafted %lld, accepted %lld; adaptive: drafted %lld, accepted %lld\n", (long long)drafted[0],
+              (long long)accepted[0], (long long)drafted[1], (long long)accepted[1]);
+  ASSERT_GT(drafted[0] - accepted[0], 20) << "the test needs drafts that the model rejects";
+  EXPECT_LT(drafted[1], drafted[0]);
+  EXPECT_LT(drafted[1] - accepted[1], drafted[0] - accepted[0]);
+}
+
 // The real SmolLM2-135M-Instruct (when fetched: .ci/fetch_models.sh) copying paragraphs, beside
 // free-text requests: the same outputs as without drafts, most of the copied text from drafts,
 // in fewer steps.

@@ -101,6 +101,24 @@ TEST(NgramDrafter, RejectsBadSizes) {
   EXPECT_THROW(NgramDrafter(1, NgramDrafter::kMaxN + 1), Error);
 }
 
+// Transformers' schedule: down by one to 1 after a rejected draft, up by two to the cap
+// after a step that kept all.
+TEST(NextDraftLength, ShrinksByOneGrowsByTwoWithinBounds) {
+  EXPECT_EQ(next_draft_length(8, 8, false), 7);
+  EXPECT_EQ(next_draft_length(2, 8, false), 1);
+  EXPECT_EQ(next_draft_length(1, 8, false), 1);
+  EXPECT_EQ(next_draft_length(1, 8, true), 3);
+  EXPECT_EQ(next_draft_length(7, 8, true), 8);
+  EXPECT_EQ(next_draft_length(8, 8, true), 8);
+  EXPECT_EQ(next_draft_length(1, 1, true), 1);
+  // From the cap, three rejections then two full steps come back to it.
+  int32_t k = 8;
+  for (bool kept : {false, false, false}) k = next_draft_length(k, 8, kept);
+  EXPECT_EQ(k, 5);
+  for (bool kept : {true, true}) k = next_draft_length(k, 8, kept);
+  EXPECT_EQ(k, 8);
+}
+
 // The definition, by a rescan: for n = max_n..min_n the latest start s < size - n with
 // history[s, s + n) == the last n tokens.
 Ids brute_force_draft(const Ids& h, int32_t k, int32_t min_n, int32_t max_n) {

@@ -218,8 +218,9 @@ Runner add_serve(CLI::App& app) {
   // "num_speculative_tokens": K, "prompt_lookup_min": 2, "prompt_lookup_max": 3}'.
   cmd->add_option("--lookup", a->lookup,
                   "prompt-lookup speculative decoding: greedy requests (temperature 0, no logprobs, penalties, "
-                  "logit_bias or constraints) feed up to K draft tokens a step, copied from where their last few "
-                  "tokens occurred before in the prompt or output, and keep those equal to the model's own; 0: off")
+                  "logit_bias or constraints) feed up to K draft tokens a step (fewer after rejected drafts), copied from "
+                  "where their last few tokens occurred before in the prompt or output, and keep those equal to the "
+                  "model's own; 0: off")
       ->check(CLI::Range(0, 64))
       ->capture_default_str();
   cmd->add_option("--lookup-min-n", a->lookup_min_n,
