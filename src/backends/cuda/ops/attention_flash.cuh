@@ -399,15 +399,20 @@ __global__ void __launch_bounds__(flash2_threads<W, MT>(), I / W)
   // the main loop (that raised the d 128 forms' spills from 12 to 28-32 bytes, -Xptxas -v).
   const int32_t partial = works[blockIdx.x / unsigned(hkv)].partial;
   if (!warp_on) return;
+  // Each row's softmax denominator: the sum over the quad of lanes that share the row.
+  float den[MT][2];
+#pragma unroll
+  for (int mh = 0; mh < 2 * MT; ++mh) {
+    float d = l[mh >> 1][mh & 1];
+    d += __shfl_xor_sync(0xffffffffu, d, 1);
+    den[mh >> 1][mh & 1] = d + __shfl_xor_sync(0xffffffffu, d, 2);
+  }
   if (partial >= 0) {
     // A key split: the unnormalized partials for the combine kernel, m in natural-log
     // units (the tile kernels' partials; a row that saw no key keeps m = -inf, l = 0).
 #pragma unroll
     for (int mh = 0; mh < 2 * MT; ++mh) {
       const int mt = mh >> 1, h = mh & 1;
-      float den = l[mt][h];
-      den += __shfl_xor_sync(0xffffffffu, den, 1);
-      den += __shfl_xor_sync(0xffffffffu, den, 2);
       if (first_w + 16 * mt + g + 8 * h >= n_items) continue;
       const int li = warp * 16 * MT + 16 * mt + g + 8 * h;  // item - the work item's first
       const int64_t base = (int64_t(partial) * hkv + kvh) * W + li;
@@ -417,7 +422,7 @@ __global__ void __launch_bounds__(flash2_threads<W, MT>(), I / W)
             make_float2(o[mt][i][2 * h], o[mt][i][2 * h + 1]);
       if (t == 0) {
         part_ml[base * 2] = m[mt][h] * kLn2;
-        part_ml[base * 2 + 1] = den;
+        part_ml[base * 2 + 1] = den[mt][h];
       }
     }
     return;
@@ -435,10 +440,7 @@ __global__ void __launch_bounds__(flash2_threads<W, MT>(), I / W)
 #pragma unroll
   for (int mh = 0; mh < 2 * MT; ++mh) {
     const int mt = mh >> 1, h = mh & 1;
-    float den = l[mt][h];
-    den += __shfl_xor_sync(0xffffffffu, den, 1);
-    den += __shfl_xor_sync(0xffffffffu, den, 2);
-    const float inv = den > 0.0f ? 1.0f / den : 0.0f;
+    const float inv = den[mt][h] > 0.0f ? 1.0f / den[mt][h] : 0.0f;
     unsigned char* r = st + (16 * mt + g + 8 * h) * kRowBytes;
 #pragma unroll
     for (int i = 0; i < DT; ++i) {
