@@ -134,9 +134,9 @@ struct ExecutorOptions {
   // output (runtime/ngram_draft.h), and keeps those that equal the model's own argmax;
   // each choice's draft length then follows next_draft_length (down by 1 after a step that
   // rejected a draft, back up by 2 to lookup_drafts after one that kept all). The output
-  // is plain greedy decoding's (on the CPU backend; CUDA's GEMM rounding
-  // depends on a step's row count). Drafts only take step tokens and KV blocks that are
-  // left over: they never preempt or evict. 0: off.
+  // is plain greedy decoding's (on the CPU backend; CUDA's GEMM rounding depends on a
+  // step's row count). Drafts only take step tokens and KV blocks that are left over: they
+  // never preempt or evict. 0: off.
   int32_t lookup_drafts = 0;
   int32_t lookup_min_n = 2, lookup_max_n = 3;
   // false: every step drafts up to lookup_drafts (no next_draft_length schedule).

@@ -2,8 +2,7 @@
 // slice of kPoolCols vectors of V columns, its kPoolGroups warps' rows summed apart (a
 // thread's rows in flight four at a time), then across the warps in shared memory; with
 // one block per sequence and a thread per column, BERT-base's pooling took 52 us at 1 and
-// at 32 sequences of 128 rows (128 dependent loads a thread; ncu, H100), 8-9 us with 32 x 8
-// threads a block.
+// at 32 sequences of 128 rows (128 dependent loads a thread; ncu, H100); 7-8 us so (H200).
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops/rows.h"
 
