@@ -6,7 +6,8 @@
 
 namespace kiln {
 
-std::vector<std::vector<int32_t>> Executor::Impl::add_drafts(std::vector<ChunkPlan>& plan, const std::vector<Choice*>& seqs) {
+std::vector<std::vector<int32_t>> Executor::Impl::add_drafts(std::vector<ChunkPlan>& plan,
+                                                             const std::vector<Choice*>& seqs) {
   std::vector<std::vector<int32_t>> out(plan.size());
   if (opt.lookup_drafts <= 0 || (opt.lookup_max_batch > 0 && int64_t(plan.size()) > opt.lookup_max_batch))
     return out;
@@ -39,7 +40,8 @@ std::vector<std::vector<int32_t>> Executor::Impl::add_drafts(std::vector<ChunkPl
   return out;
 }
 
-void Executor::Impl::drop_drafts(const std::vector<Choice*>& seqs, const std::vector<std::vector<int32_t>>& drafts, bool failed) {
+void Executor::Impl::drop_drafts(const std::vector<Choice*>& seqs,
+                                 const std::vector<std::vector<int32_t>>& drafts, bool failed) {
   for (size_t i = 0; i < seqs.size(); ++i) {
     if (drafts[i].empty()) continue;
     Choice& c = *seqs[i];
