@@ -570,7 +570,7 @@ struct Executor::Impl {
     for (auto& ch : chunks) step_tokens += int64_t(ch.tokens.size());
     // Rows of the step's outputs, in chunk order, for the chunks that asked for them.
     const int64_t vocab = use_top ? runner.vocab() : logits.dim(1);
-    auto row_at = [&](int64_t r) {
+    const std::function<Row(int64_t)> row_at = [&](int64_t r) {
       Row x;
       if (use_top) x.top = top.row(r);
       else x.full = std::span<float>(logits.data_as<float>() + r * vocab, size_t(vocab));

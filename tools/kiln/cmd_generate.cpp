@@ -19,9 +19,6 @@ namespace kiln::cli {
 
 namespace {
 
-// The most drafts a step takes (as `kiln serve --lookup`'s range); 4-8 is typical.
-constexpr int kMaxLookup = 64;
-
 struct GenerateArgs {
   ModelArgs model;
   std::string prompt;
@@ -226,8 +223,8 @@ Runner add_generate(CLI::App& app) {
   return [a, cmd] {
     if (a->prompt.empty() && a->ids.empty())
       throw_error(ErrorCode::kInvalidArgument, "generate needs --prompt TEXT or --ids IDS");
-    if (a->lookup < 0 || a->lookup > kMaxLookup)
-      throw_error(ErrorCode::kInvalidArgument, "--lookup takes 0 (off) to ", kMaxLookup, " draft tokens a step, got ",
+    if (a->lookup < 0 || a->lookup > kMaxLookupDrafts)
+      throw_error(ErrorCode::kInvalidArgument, "--lookup takes 0 (off) to ", kMaxLookupDrafts, " draft tokens a step, got ",
                   a->lookup, " (4-8 is typical)");
     if (a->lookup_min_n < 1 || a->lookup_max_n < a->lookup_min_n || a->lookup_max_n > NgramDrafter::kMaxN)
       throw_error(ErrorCode::kInvalidArgument, "--lookup-min-n and --lookup-max-n need 1 <= min <= max <= ",

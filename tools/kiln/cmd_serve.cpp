@@ -11,6 +11,7 @@
 #include "commands.h"
 #include "core/mapped_file.h"
 #include "core/status.h"
+#include "runtime/ngram_draft.h"
 #include "server/bench_client.h"
 #include "server/server.h"
 
@@ -221,7 +222,7 @@ Runner add_serve(CLI::App& app) {
                   "logit_bias or constraints) feed up to K draft tokens a step (fewer after rejected drafts), copied from "
                   "where their last few tokens occurred before in the prompt or output, and keep those equal to the "
                   "model's own; 0: off")
-      ->check(CLI::Range(0, 64))
+      ->check(CLI::Range(0, int(kMaxLookupDrafts)))
       ->capture_default_str();
   cmd->add_option("--lookup-min-n", a->lookup_min_n,
                   "with --lookup: the shortest n-gram matched (1 drafts on free text too, where few drafts hold)")
