@@ -5,8 +5,10 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <mutex>
+#include <string_view>
 #include <tuple>
 
 #include "backends/cuda/cuda_check.h"
@@ -59,6 +61,23 @@ bool int8_gemm_sm90_available(std::string* why) {
 namespace {
 
 bool aligned16(const void* p) { return p && reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// KILN_CUDA_INT8_TUNE_GRAPH=1 times each configuration inside a CUDA graph of 10 launches
+// (median_graph_ms), as the engine's forwards run them: 5 eager back-to-back launches, the
+// default, measure mostly CUTLASS's host work at BERT-base's sizes (28-43 us against graph
+// times of 15-26 us at 4096 rows) and settle near-ties on it (bench/RESULTS.md, session
+// 48). Not yet the default: written when that session had no device time left to run it.
+bool tune_in_graphs() {
+  static const bool on = [] {
+    const char* v = std::getenv("KILN_CUDA_INT8_TUNE_GRAPH");
+    if (!v || !*v || std::string_view(v) == "0") return false;
+    if (std::string_view(v) == "1") return true;
+    throw_error(ErrorCode::kInvalidArgument, "KILN_CUDA_INT8_TUNE_GRAPH='", v,
+                "' (expected 0, the default: eager launches timed, or 1: each configuration timed "
+                "inside a CUDA graph)");
+  }();
+  return on;
+}
 
 #if KILN_HAVE_CUTLASS
 // A stand-in codes table: the checks and the workspace query only ask which kernel runs
@@ -201,16 +220,17 @@ Int8GemmPlan int8_gemm_sm90_tune(DType out, const int8_t* w, int64_t n, int64_t 
     for (int ci = 0; ci < kInt8GemmConfigs; ++ci) {
       const auto c = Int8GemmConfig(ci);
       // The 128 x 192 tiles only from the 1024-row bucket on: at 128 rows BERT-base's
-      // Linears get 4-12 such CTAs for 132 SMs, and 5 eager launches of ~5 us each should
-      // not decide between near-equal times there.
+      // Linears get 4-12 such CTAs for 132 SMs, 1.5-2x the 64 x 128 tiles' time in graphs
+      // (cuda_int8_gemm_bench, H200, session 48).
       if (c == Int8GemmConfig::kCooperative128x192 && m < 1024) continue;
       const size_t ws_bytes = int8_gemm_sm90_workspace(c, out, m, n, k, e.act, codes);
       DeviceBuffer ws(ws_bytes);
-      auto run = [&] {
+      auto run = [&](cudaStream_t st) {
         launch_int8_gemm_sm90(c, out, static_cast<const int8_t*>(xb.get()), w, m, n, k, te,
-                              yb.get(), ws.get(), ws_bytes, sm_count, s, code_table);
+                              yb.get(), ws.get(), ws_bytes, sm_count, st, code_table);
       };
-      const float ms = median_launch_ms(s, 5, run);
+      const float ms = tune_in_graphs() ? median_graph_ms(s, 5, 10, run)
+                                        : median_launch_ms(s, 5, [&] { run(s); });
       all.push_back({m, c, ms});
       if (ci == 0 || ms < best) {
         best = ms;
