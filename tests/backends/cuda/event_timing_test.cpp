@@ -43,9 +43,13 @@ TEST(CudaEventTiming, ACallThatThrowsMidCaptureLeavesNoCapture) {
                                  launch_fill_random(b.get(), DType::kF32, 1024, 1, st);
                                }),
                std::runtime_error);
-  cudaStreamCaptureStatus status = cudaStreamCaptureStatusActive;
-  KILN_CUDA_CHECK(cudaStreamIsCapturing(nullptr, &status));
-  EXPECT_EQ(status, cudaStreamCaptureStatusNone);
+  // The thread can allocate (an unsafe call while a thread-local capture is open) and time
+  // again.
+  DeviceBuffer more(4096);
+  EXPECT_GT(median_graph_ms(
+                nullptr, 2, 2,
+                [&](cudaStream_t st) { launch_fill_random(more.get(), DType::kF32, 1024, 3, st); }),
+            0.0f);
   launch_fill_random(b.get(), DType::kF32, 1024, 2, nullptr);
   KILN_CUDA_CHECK(cudaDeviceSynchronize());
   EXPECT_EQ(cudaGetLastError(), cudaSuccess);
