@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/status.h"
 #include "core/thread_pool.h"
 
 namespace kiln {
@@ -27,6 +28,20 @@ Fp8Scale fp8_scale_for_amax(double amax) {
   s.scale = float(amax / double(kFp8E4M3Max));
   s.inv = float(double(kFp8E4M3Max) / amax);
   return s;
+}
+
+float fp8_stored_weight_scale(double weight_scale, const std::string& who) {
+  if (!(weight_scale > 0) || !std::isfinite(weight_scale))
+    throw_error(ErrorCode::kInvalidFile, who, " stores E4M3 weights but its weight_scale is ", weight_scale,
+                " (expected a finite value > 0)");
+  return float(weight_scale);
+}
+
+Fp8Scale fp8_out_scale(double out_amax, const std::string& who) {
+  if (!(out_amax > 0) || !std::isfinite(out_amax))
+    throw_error(ErrorCode::kInvalidArgument, who, " has out_amax ", out_amax,
+                " (expected a finite value > 0: the calibrated max |output|)");
+  return fp8_scale_for_amax(out_amax);
 }
 
 namespace {

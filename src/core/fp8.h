@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 namespace kiln {
 
@@ -22,6 +23,13 @@ struct Fp8Scale {
 };
 // amax / 448; an amax of 0 (a tensor that is all zeros) or a non-finite one gives 1.
 Fp8Scale fp8_scale_for_amax(double amax);
+
+// The weight_scale attribute of a Linear that stores E4M3 weights, checked: a finite value
+// > 0, else kInvalidFile naming `who` (e.g. "cpu: fp8 Linear 'x'") and the value.
+float fp8_stored_weight_scale(double weight_scale, const std::string& who);
+// The scale of a Linear's E4M3 output from its calibrated out_amax attribute, checked the
+// same way (kInvalidArgument).
+Fp8Scale fp8_out_scale(double out_amax, const std::string& who);
 
 // Quantizes n values with `inv` (saturating at +-448).
 void fp8_quantize(const float* x, size_t n, float inv, uint8_t* q);

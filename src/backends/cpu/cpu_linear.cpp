@@ -105,13 +105,7 @@ LinearGemm fp8_gemm(const ir::Node& n, const ir::Graph& g, const Tensor& bias, c
   const Fp8Scale xs = fp8_scale_for_amax(amax);
   const bool round_out = n.has_attr("out_amax");
   Fp8Scale os;
-  if (round_out) {
-    const double oa = n.attr_float("out_amax");
-    if (!(oa > 0) || !std::isfinite(oa))
-      throw_error(ErrorCode::kInvalidArgument, "cpu: fp8 Linear '", n.name, "' has out_amax ", oa,
-                  " (expected a finite value > 0: the calibrated max |output|)");
-    os = fp8_scale_for_amax(oa);
-  }
+  if (round_out) os = fp8_out_scale(n.attr_float("out_amax"), "cpu: fp8 Linear '" + n.name + "'");
   const ir::ValueId wv = n.inputs[1];
   if (!g.is_weight(wv))
     throw_error(ErrorCode::kUnsupported, "cpu: fp8 Linear '", n.name, "' needs its weight to be a weight");
@@ -121,12 +115,8 @@ LinearGemm fp8_gemm(const ir::Node& n, const ir::Graph& g, const Tensor& bias, c
   float w_scale = 1.0f;
   Tensor ref_w;  // f32 weights of the observer's reference GEMM
   if (wt.dtype() == DType::kFP8E4M3) {
-    const double ws = n.attr_float("weight_scale", -1.0);
-    if (!(ws > 0) || !std::isfinite(ws))
-      throw_error(ErrorCode::kInvalidFile, "cpu: fp8 Linear '", n.name, "' stores E4M3 weights but its weight_scale is ",
-                  ws, " (expected a finite value > 0)");
+    w_scale = fp8_stored_weight_scale(n.attr_float("weight_scale", -1.0), "cpu: fp8 Linear '" + n.name + "'");
     codes = wt;
-    w_scale = float(ws);
   } else {
     Tensor wf = weight_f32(g, wv, n, "weight");
     codes = Tensor(DType::kFP8E4M3, wf.shape());

@@ -121,25 +121,15 @@ OpRun prepare_fp8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& 
   // out_amax (quant/fp8.h): the GEMM's output leaves as E4M3 with this scale (prefill).
   Fp8Scale os;
   const bool has_out_amax = n.has_attr("out_amax");
-  if (has_out_amax) {
-    const double oa = n.attr_float("out_amax");
-    if (!(oa > 0) || !std::isfinite(oa))
-      throw_error(ErrorCode::kInvalidArgument, "cuda: fp8 Linear '", n.name, "' has out_amax ", oa,
-                  " (expected a finite value > 0: the calibrated max |output|)");
-    os = fp8_scale_for_amax(oa);
-  }
+  if (has_out_amax) os = fp8_out_scale(n.attr_float("out_amax"), "cuda: fp8 Linear '" + n.name + "'");
   const Tensor& wt = g.weight(n.inputs[1]);
   const int64_t nn = wt.dim(0), k = wt.dim(1);
   // The codes on the host: the engine's, or the f32 weights quantized as the CPU does.
   Tensor codes;
   float w_scale = 1.0f;
   if (wt.dtype() == DType::kFP8E4M3) {
-    const double ws = n.attr_float("weight_scale", -1.0);
-    if (!(ws > 0) || !std::isfinite(ws))
-      throw_error(ErrorCode::kInvalidFile, "cuda: fp8 Linear '", n.name, "' stores E4M3 weights but its weight_scale is ",
-                  ws, " (expected a finite value > 0)");
+    w_scale = fp8_stored_weight_scale(n.attr_float("weight_scale", -1.0), "cuda: fp8 Linear '" + n.name + "'");
     codes = wt;
-    w_scale = float(ws);
   } else {
     Tensor wf = wt.dtype() == DType::kF32 ? wt : wt.to(DType::kF32);
     codes = Tensor(DType::kFP8E4M3, wf.shape());
