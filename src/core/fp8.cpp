@@ -32,8 +32,8 @@ Fp8Scale fp8_scale_for_amax(double amax) {
 
 float fp8_stored_weight_scale(double weight_scale, const std::string& who) {
   if (!(weight_scale > 0) || !std::isfinite(weight_scale))
-    throw_error(ErrorCode::kInvalidFile, who, " stores E4M3 weights but its weight_scale is ", weight_scale,
-                " (expected a finite value > 0)");
+    throw_error(ErrorCode::kInvalidFile, who, " stores E4M3 weights but its weight_scale is ",
+                weight_scale, " (expected a finite value > 0)");
   return float(weight_scale);
 }
 

@@ -115,7 +115,8 @@ LinearGemm fp8_gemm(const ir::Node& n, const ir::Graph& g, const Tensor& bias, c
   float w_scale = 1.0f;
   Tensor ref_w;  // f32 weights of the observer's reference GEMM
   if (wt.dtype() == DType::kFP8E4M3) {
-    w_scale = fp8_stored_weight_scale(n.attr_float("weight_scale", -1.0), "cpu: fp8 Linear '" + n.name + "'");
+    w_scale = fp8_stored_weight_scale(n.attr_float("weight_scale", -1.0),
+                                      "cpu: fp8 Linear '" + n.name + "'");
     codes = wt;
   } else {
     Tensor wf = weight_f32(g, wv, n, "weight");

@@ -121,14 +121,16 @@ OpRun prepare_fp8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext& 
   // out_amax (quant/fp8.h): the GEMM's output leaves as E4M3 with this scale (prefill).
   Fp8Scale os;
   const bool has_out_amax = n.has_attr("out_amax");
-  if (has_out_amax) os = fp8_out_scale(n.attr_float("out_amax"), "cuda: fp8 Linear '" + n.name + "'");
+  if (has_out_amax)
+    os = fp8_out_scale(n.attr_float("out_amax"), "cuda: fp8 Linear '" + n.name + "'");
   const Tensor& wt = g.weight(n.inputs[1]);
   const int64_t nn = wt.dim(0), k = wt.dim(1);
   // The codes on the host: the engine's, or the f32 weights quantized as the CPU does.
   Tensor codes;
   float w_scale = 1.0f;
   if (wt.dtype() == DType::kFP8E4M3) {
-    w_scale = fp8_stored_weight_scale(n.attr_float("weight_scale", -1.0), "cuda: fp8 Linear '" + n.name + "'");
+    w_scale = fp8_stored_weight_scale(n.attr_float("weight_scale", -1.0),
+                                      "cuda: fp8 Linear '" + n.name + "'");
     codes = wt;
   } else {
     Tensor wf = wt.dtype() == DType::kF32 ? wt : wt.to(DType::kF32);
