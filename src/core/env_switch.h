@@ -19,6 +19,16 @@ inline bool env_switch_value(const char* name, const char* value, const char* on
               ", or 0: ", off_means, ")");
 }
 
+// A switch that is off by default: unset, empty or "0" is off, "1" is on; anything else
+// throws kInvalidArgument as above.
+inline bool env_switch_off_value(const char* name, const char* value, const char* off_means,
+                                 const char* on_means) {
+  if (!value || !*value || std::strcmp(value, "0") == 0) return false;
+  if (std::strcmp(value, "1") == 0) return true;
+  throw_error(ErrorCode::kInvalidArgument, name, "='", value,
+              "' (expected 0, the default: ", off_means, ", or 1: ", on_means, ")");
+}
+
 // The switch as the environment sets it now.
 inline bool env_switch(const char* name, const char* on_means, const char* off_means) {
   return env_switch_value(name, std::getenv(name), on_means, off_means);

@@ -52,12 +52,12 @@ class NgramDrafter {
   mutable int32_t last_n_ = 0;
 };
 
-// Transformers' assisted-generation "heuristic" schedule for the next step's draft length:
-// back up to max_k (by 2) after a step that kept all of its drafts, down by 1 (to 1)
-// otherwise, so that text which is not being copied wastes fewer draft rows.
 // The most drafts a step takes in `kiln generate --lookup` and `kiln serve --lookup`.
 constexpr int32_t kMaxLookupDrafts = 64;
 
+// Transformers' assisted-generation "heuristic" schedule for the next step's draft length:
+// back up to max_k (by 2) after a step that kept all of its drafts, down by 1 (to 1)
+// otherwise, so that text which is not being copied wastes fewer draft rows.
 inline int32_t next_draft_length(int32_t k, int32_t max_k, bool kept_all) {
   return kept_all ? (k + 2 < max_k ? k + 2 : max_k) : (k > 1 ? k - 1 : 1);
 }

@@ -32,5 +32,17 @@ TEST(EnvSwitch, DefaultOnSwitch) {
   EXPECT_NE(e.find("expected 1, the default: the fast way, or 0: the slow way"), std::string::npos) << e;
 }
 
+TEST(EnvSwitch, DefaultOffSwitch) {
+  EXPECT_FALSE(env_switch_off_value("KILN_X", nullptr, "off", "on"));
+  EXPECT_FALSE(env_switch_off_value("KILN_X", "", "off", "on"));
+  EXPECT_FALSE(env_switch_off_value("KILN_X", "0", "off", "on"));
+  EXPECT_TRUE(env_switch_off_value("KILN_X", "1", "off", "on"));
+  const std::string e = error_of(
+      [] { return env_switch_off_value("KILN_X", "yes", "the slow way", "the fast way"); });
+  EXPECT_NE(e.find("KILN_X='yes'"), std::string::npos) << e;
+  EXPECT_NE(e.find("expected 0, the default: the slow way, or 1: the fast way"), std::string::npos)
+      << e;
+}
+
 }  // namespace
 }  // namespace kiln

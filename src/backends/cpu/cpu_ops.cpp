@@ -22,7 +22,6 @@
 
 namespace kiln::cpu {
 
-// A weight input as contiguous f32 (converted once at compile time when stored otherwise).
 QuantizedRows weight_image_rows(const ir::Node& n, const Tensor& img) {
   const QuantFormat f = quant_format_from_name(n.attr_str("weight_quant"), "cpu: node '" + n.name + "'");
   const int64_t k = n.attr_int("weight_k", -1);
@@ -245,16 +244,16 @@ OpRun prepare_add_norm(const ir::Node& n, const ir::Graph& g, const CompileOptio
 // the kernel threads within a call.
 void swiglu_rows(const float* in, int64_t t, int64_t inter, float* out) {
   if (t == 1) return swiglu(in, in + inter, inter, out);  // the kernel threads the row
-    // Threads own rows; each call stays below the kernel's threading grain (nested
-    // parallel_for calls would serialize on the pool).
-    constexpr int64_t kSeg = 4096;
-    ThreadPool::global().parallel_for(t, [&](int64_t b, int64_t e, int) {
-      for (int64_t r = b; r < e; ++r)
-        for (int64_t s = 0; s < inter; s += kSeg) {
-          const float* row = in + r * 2 * inter;
-          swiglu(row + s, row + inter + s, std::min(kSeg, inter - s), out + r * inter + s);
-        }
-    });
+  // Threads own rows; each call stays below the kernel's threading grain (nested
+  // parallel_for calls would serialize on the pool).
+  constexpr int64_t kSeg = 4096;
+  ThreadPool::global().parallel_for(t, [&](int64_t b, int64_t e, int) {
+    for (int64_t r = b; r < e; ++r)
+      for (int64_t s = 0; s < inter; s += kSeg) {
+        const float* row = in + r * 2 * inter;
+        swiglu(row + s, row + inter + s, std::min(kSeg, inter - s), out + r * inter + s);
+      }
+  });
 }
 
 namespace {

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "core/dtype.h"
+#include "core/env_switch.h"
 #include "core/log.h"
 #include "core/mapped_file.h"
 #include "core/status.h"
@@ -71,11 +72,8 @@ std::optional<GemmAlgoConfig> GemmAlgoConfig::parse(std::string_view s) {
 }
 
 bool gemm_search_from_value(const char* v) {
-  if (!v || !*v || std::string_view(v) == "0") return false;
-  if (std::string_view(v) == "1") return true;
-  throw_error(ErrorCode::kInvalidArgument, "KILN_CUDA_GEMM_SEARCH='", v,
-              "' (expected 0, the default: the heuristic's candidates only, or 1: a search of cuBLASLt's "
-              "configurations timed beside them)");
+  return env_switch_off_value("KILN_CUDA_GEMM_SEARCH", v, "the heuristic's candidates only",
+                              "a search of cuBLASLt's configurations timed beside them");
 }
 
 std::string gemm_cache_key(const GemmShape& shape, int64_t m, bool fp8_fast_accum) {

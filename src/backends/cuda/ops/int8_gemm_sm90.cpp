@@ -8,7 +8,6 @@
 #include <cstdlib>
 #include <map>
 #include <mutex>
-#include <string_view>
 #include <tuple>
 
 #include "backends/cuda/cuda_check.h"
@@ -16,6 +15,7 @@
 #include "backends/cuda/event_timing.h"
 #include "backends/cuda/ops/convert.h"
 #include "backends/cuda/ops/int8_gemm_sm90_impl.h"
+#include "core/env_switch.h"
 #include "core/status.h"
 
 namespace kiln::cuda {
@@ -68,14 +68,9 @@ bool aligned16(const void* p) { return p && reinterpret_cast<uintptr_t>(p) % 16 
 // times of 15-26 us at 4096 rows) and settle near-ties on it (bench/RESULTS.md, session
 // 48). Not yet the default: written when that session had no device time left to run it.
 bool tune_in_graphs() {
-  static const bool on = [] {
-    const char* v = std::getenv("KILN_CUDA_INT8_TUNE_GRAPH");
-    if (!v || !*v || std::string_view(v) == "0") return false;
-    if (std::string_view(v) == "1") return true;
-    throw_error(ErrorCode::kInvalidArgument, "KILN_CUDA_INT8_TUNE_GRAPH='", v,
-                "' (expected 0, the default: eager launches timed, or 1: each configuration timed "
-                "inside a CUDA graph)");
-  }();
+  static const bool on =
+      env_switch_off_value("KILN_CUDA_INT8_TUNE_GRAPH", std::getenv("KILN_CUDA_INT8_TUNE_GRAPH"),
+                           "eager launches timed", "each configuration timed inside a CUDA graph");
   return on;
 }
 
