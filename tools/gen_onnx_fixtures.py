@@ -15,7 +15,13 @@ What it makes (under --out, default tests/fixtures/onnx/):
          [batch, heads, past + seq, head_dim]. Its reference is a prompt's logits and
          presents, the logits of one step on that past, and HF generate()'s greedy
          continuation (checked against greedy decoding of the export in onnxruntime).
-Each dir holds model.onnx (< 1 MB), reference.safetensors (the padded input batch and
+  llama/  LlamaForCausalLM (tiny, random, GQA: 4 query heads and 2 KV heads of 16,
+         rope_theta 5000, rms_norm_eps 1e-3, untied LM head) exported as gpt2/ is:
+         input_ids / attention_mask -> logits.
+  llama_past/  LlamaForCausalLM (the same shape, tied LM head) exported with its cache
+         as gpt2_past/ is (past_key_values.{i}.key/value [batch, 2, past, 16]), with
+         the same kind of reference.
+Each dir holds model.onnx (< 600 KB), reference.safetensors (the padded input batch and
 the PyTorch outputs, float32 / int64) and reference.json (tensor list, versions, the
 onnxruntime-vs-PyTorch max error measured here, and the ONNX op histogram).
 
@@ -227,8 +233,6 @@ PAST_NEW_TOKENS = 12
 
 
 def make_gpt2_past(root):
-    out = root / "gpt2_past"
-    out.mkdir(parents=True, exist_ok=True)
     # initializer_range 0.5: at 0.2 this tiny model's greedy continuation settles into
     # repeating one token after a few steps, which would test little.
     cfg = transformers.GPT2Config(vocab_size=VOCAB, n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS,
@@ -238,9 +242,17 @@ def make_gpt2_past(root):
     torch.manual_seed(4001)
     model = transformers.GPT2LMHeadModel(cfg).eval()
     randomize(model, 4002)
-    head_dim = HIDDEN // HEADS
-    past_names = [f"past_key_values.{i}.{kv}" for i in range(LAYERS) for kv in ("key", "value")]
-    present_names = [f"present.{i}.{kv}" for i in range(LAYERS) for kv in ("key", "value")]
+    export_with_past(root / "gpt2_past", "gpt2_past", model, cfg, "gpt2", "GPT2LMHeadModel",
+                     LAYERS, HEADS, HIDDEN // HEADS, VOCAB, 4003)
+
+
+def export_with_past(out, name, model, cfg, family, cls, layers, kv_heads, head_dim, vocab, seed):
+    """Exports `model` with its cache flattened to per-layer tensors as optimum's
+    text-generation-with-past lays it out, checks it in onnxruntime for several past
+    lengths, and writes the prompt / step / greedy reference."""
+    out.mkdir(parents=True, exist_ok=True)
+    past_names = [f"past_key_values.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
+    present_names = [f"present.{i}.{kv}" for i in range(layers) for kv in ("key", "value")]
     names = ["input_ids", "attention_mask", "position_ids"] + past_names
 
     class Wrap(torch.nn.Module):
@@ -252,7 +264,7 @@ def make_gpt2_past(root):
             self.m = m
 
         def forward(self, input_ids, attention_mask, position_ids, *past):
-            cache = transformers.DynamicCache([(past[2 * i], past[2 * i + 1]) for i in range(LAYERS)])
+            cache = transformers.DynamicCache([(past[2 * i], past[2 * i + 1]) for i in range(layers)])
             o = self.m(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                        cache=cache, use_cache=True, return_dict=True)
             outs = [o.logits]
@@ -269,9 +281,9 @@ def make_gpt2_past(root):
 
     w = Wrap(model).eval()
     # Traced on a batch of 2 with a past of 3 and 4 new tokens, so that no dim is 0 or 1.
-    g = torch.Generator().manual_seed(4003)
-    trace_ids = torch.randint(3, VOCAB, (2, 4), generator=g)
-    trace_past = [torch.randn((2, HEADS, 3, head_dim), generator=g) for _ in past_names]
+    g = torch.Generator().manual_seed(seed)
+    trace_ids = torch.randint(3, vocab, (2, 4), generator=g)
+    trace_past = [torch.randn((2, kv_heads, 3, head_dim), generator=g) for _ in past_names]
     dyn = {"input_ids": {0: "batch_size", 1: "sequence_length"},
            "position_ids": {0: "batch_size", 1: "sequence_length"},
            "attention_mask": {0: "batch_size", 1: "past_sequence_length + sequence_length"},
@@ -287,22 +299,22 @@ def make_gpt2_past(root):
 
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     for b, p, s in [(1, 0, 5), (1, 6, 1), (3, 7, 2)]:
-        ids = torch.randint(3, VOCAB, (b, s), generator=g)
-        past = [torch.randn((b, HEADS, p, head_dim), generator=g) for _ in past_names]
+        ids = torch.randint(3, vocab, (b, s), generator=g)
+        past = [torch.randn((b, kv_heads, p, head_dim), generator=g) for _ in past_names]
         f = feeds_for(ids, past)
         with torch.no_grad():
             ref = w(*(f[k] for k in names))
         got = sess.run(None, {k: v.numpy() for k, v in f.items()})
         err = max(float(np.abs(r.numpy() - o).max()) for r, o in zip(ref, got))
-        log(f"  [{'OK' if err <= ORT_TOL else 'FAIL'}] gpt2_past batch {b} past {p} new {s}: "
+        log(f"  [{'OK' if err <= ORT_TOL else 'FAIL'}] {name} batch {b} past {p} new {s}: "
             f"onnxruntime vs torch max|diff| = {err:.3e}")
         if err > ORT_TOL:
-            raise SystemExit("check failed: gpt2_past")
+            raise SystemExit(f"check failed: {name}")
 
     # The reference: a prompt (empty past), one greedy step on its presents, and HF
     # generate()'s greedy continuation.
-    prompt = torch.randint(3, VOCAB, (1, PAST_PROMPT_LEN), generator=g)
-    empty = [torch.zeros((1, HEADS, 0, head_dim)) for _ in past_names]
+    prompt = torch.randint(3, vocab, (1, PAST_PROMPT_LEN), generator=g)
+    empty = [torch.zeros((1, kv_heads, 0, head_dim)) for _ in past_names]
     with torch.no_grad():
         plain = model(input_ids=prompt, use_cache=False).logits
         first = w(*(feeds_for(prompt, empty)[k] for k in names))
@@ -337,7 +349,7 @@ def make_gpt2_past(root):
     tensors.update({f"prompt_{k}": v.contiguous() for k, v in zip(present_names, first[1:])})
     tensors.update({f"step_{k}": v.contiguous() for k, v in zip(present_names, step[1:])})
     save_file(tensors, str(out / "reference.safetensors"))
-    meta = {"model": "gpt2", "class": "GPT2LMHeadModel", "config": cfg.to_diff_dict(),
+    meta = {"model": family, "class": cls, "config": cfg.to_diff_dict(),
             "export": "optimum-style with past: input_ids, attention_mask, position_ids, "
                       "past_key_values.{i}.key/value -> logits, present.{i}.key/value",
             "prompt_ids": prompt[0].tolist(), "greedy_ids": greedy.tolist(), "greedy_margin": margin,
@@ -351,16 +363,77 @@ def make_gpt2_past(root):
     log(f"  wrote {out} ({path.stat().st_size} bytes of ONNX)")
 
 
+# The Llama fixtures: GQA (4 query heads, 2 KV heads of 16), and a rope_theta and an
+# rms_norm_eps away from the defaults (10000, 1e-6), so that a value not read from the
+# graph shows.
+LLAMA_VOCAB = 320
+LLAMA_HIDDEN = 64
+LLAMA_HEADS = 4
+LLAMA_KV_HEADS = 2
+LLAMA_INTER = 128
+LLAMA_THETA = 5000.0
+LLAMA_EPS = 1e-3
+
+
+def llama_model(seed, tied, init):
+    cfg = transformers.LlamaConfig(vocab_size=LLAMA_VOCAB, hidden_size=LLAMA_HIDDEN, num_hidden_layers=LAYERS,
+                                   num_attention_heads=LLAMA_HEADS, num_key_value_heads=LLAMA_KV_HEADS,
+                                   intermediate_size=LLAMA_INTER, max_position_embeddings=MAX_POS,
+                                   rope_theta=LLAMA_THETA, rms_norm_eps=LLAMA_EPS, tie_word_embeddings=tied,
+                                   initializer_range=init, use_cache=True, bos_token_id=None, eos_token_id=None,
+                                   attn_implementation="eager")
+    torch.manual_seed(seed)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    randomize(model, seed + 1)
+    return cfg, model
+
+
+def make_llama(root):
+    out = root / "llama"
+    out.mkdir(parents=True, exist_ok=True)
+    cfg, model = llama_model(5001, tied=False, init=0.2)
+    ids, mask = padded_batch(5003, LLAMA_VOCAB)
+    feeds = {"input_ids": ids, "attention_mask": mask}
+
+    class Wrap(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, input_ids, attention_mask):
+            return self.m(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
+                          return_dict=True).logits
+
+    w = Wrap(model).eval()
+    with torch.no_grad():
+        logits = w(ids, mask)
+    dyn = {k: {0: "batch", 1: "sequence"} for k in feeds}
+    dyn["logits"] = {0: "batch", 1: "sequence"}
+    path = out / "model.onnx"
+    export(w, (ids, mask), list(feeds), ["logits"], dyn, path)
+    finish(out, "llama", path, feeds, {"logits": logits},
+           {"model": "llama", "class": "LlamaForCausalLM", "config": cfg.to_diff_dict(),
+            "padding": "right, pad id 0, attention_mask 0 on padding; logits past a row's "
+                       "length are not meaningful"})
+
+
+def make_llama_past(root):
+    cfg, model = llama_model(6001, tied=True, init=0.5)
+    export_with_past(root / "llama_past", "llama_past", model, cfg, "llama", "LlamaForCausalLM", LAYERS,
+                     LLAMA_KV_HEADS, LLAMA_HIDDEN // LLAMA_HEADS, LLAMA_VOCAB, 6003)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="tests/fixtures/onnx")
-    ap.add_argument("--only", default="bert,bert_opset17,gpt2,gpt2_past")
+    ap.add_argument("--only", default="bert,bert_opset17,gpt2,gpt2_past,llama,llama_past")
     a = ap.parse_args()
     root = Path(a.out)
     for name in a.only.split(","):
         log(f"== {name}")
         {"bert": make_bert, "bert_opset17": lambda r: make_bert(r, 17, "bert_opset17"),
-         "gpt2": make_gpt2, "gpt2_past": make_gpt2_past}[name](root)
+         "gpt2": make_gpt2, "gpt2_past": make_gpt2_past, "llama": make_llama,
+         "llama_past": make_llama_past}[name](root)
 
 
 if __name__ == "__main__":
