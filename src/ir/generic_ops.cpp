@@ -452,7 +452,8 @@ void add_generic_op_schemas(std::map<std::string, OpSchema>& r) {
                          "Or", "Xor"})
     add({op, 2, 2, {}, "elementwise with numpy broadcasting (comparisons give bool as u8)", infer_broadcast});
   add({"Where", 3, 3, {}, "cond ? x : y with numpy broadcasting", infer_where});
-  for (const char* op : {"Sqrt", "Erf", "Exp", "Log", "Sigmoid", "Relu", "Reciprocal"})
+  for (const char* op :
+       {"Sqrt", "Erf", "Exp", "Log", "Sigmoid", "Relu", "Reciprocal", "Cos", "Sin"})
     add({op, 1, 1, {}, "elementwise float function", infer_float_unary});
   for (const char* op : {"Neg", "Abs", "Not", "Identity"})
     add({op, 1, 1, {}, "elementwise (Not: bool as u8; Identity: a copy)", infer_same});

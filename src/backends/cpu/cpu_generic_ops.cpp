@@ -255,6 +255,8 @@ OpRun prepare_unary(const ir::Node& n, const ir::Graph&, const CompileOptions&) 
   if (op == "Sigmoid") return float_unary(n, [](float v) { return 1.0f / (1.0f + std::exp(-v)); });
   if (op == "Relu") return float_unary(n, [](float v) { return v > 0 ? v : 0.0f; });
   if (op == "Reciprocal") return float_unary(n, [](float v) { return 1.0f / v; });
+  if (op == "Cos") return float_unary(n, [](float v) { return std::cos(v); });
+  if (op == "Sin") return float_unary(n, [](float v) { return std::sin(v); });
   // Neg, Abs, Not, Identity: any dtype.
   return [name = n.name, op](OpContext& c) {
     const Tensor& x = *c.inputs[0];
@@ -760,7 +762,8 @@ const std::map<std::string, OpPrepare>& generic_cpu_ops() {
     for (const char* op : {"Add", "Sub", "Mul", "Div", "Pow", "Equal", "Less", "LessOrEqual", "Greater",
                            "GreaterOrEqual", "And", "Or", "Xor"})
       t[op] = prepare_binary;
-    for (const char* op : {"Sqrt", "Erf", "Exp", "Log", "Sigmoid", "Relu", "Reciprocal", "Neg", "Abs", "Not", "Identity"})
+    for (const char* op : {"Sqrt", "Erf", "Exp", "Log", "Sigmoid", "Relu", "Reciprocal", "Cos",
+                           "Sin", "Neg", "Abs", "Not", "Identity"})
       t[op] = prepare_unary;
     for (const char* op : {"ReduceMean", "ReduceSum", "ReduceMax"}) t[op] = prepare_reduce;
     t["Where"] = prepare_where;

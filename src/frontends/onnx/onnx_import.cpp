@@ -403,9 +403,12 @@ void split(Importer& im, const OnnxNode& n) {
 const std::map<std::string, Handler>& handlers() {
   static const std::map<std::string, Handler> h = [] {
     std::map<std::string, Handler> m;
-    for (const char* op : {"Add", "Sub", "Mul", "Div", "Pow", "Equal", "Less", "LessOrEqual", "Greater",
-                           "GreaterOrEqual", "And", "Or", "Xor", "Where", "Not", "Sqrt", "Erf", "Exp", "Log", "Tanh",
-                           "Sigmoid", "Relu", "Neg", "Abs", "Reciprocal", "MatMul", "Range"})
+    for (const char* op : {"Add",     "Sub",  "Mul",         "Div",     "Pow",
+                           "Equal",   "Less", "LessOrEqual", "Greater", "GreaterOrEqual",
+                           "And",     "Or",   "Xor",         "Where",   "Not",
+                           "Sqrt",    "Erf",  "Exp",         "Log",     "Tanh",
+                           "Sigmoid", "Relu", "Neg",         "Abs",     "Reciprocal",
+                           "Cos",     "Sin",  "MatMul",      "Range"})
       m[op] = direct;
     m["Constant"] = constant;
     m["Identity"] = identity;
