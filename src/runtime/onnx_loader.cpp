@@ -246,12 +246,15 @@ std::unique_ptr<Model> Model::from_onnx(const onnx::OnnxModel& file, const std::
     // The op-by-op graph of such an export keeps its cache as plain inputs and outputs,
     // which kiln's decoding runtime does not drive: say so here rather than fall back.
     if (kv_io)
-      throw_error(ErrorCode::kUnsupported, "onnx: '", path, "' is a decoder exported with a KV cache (",
-                  onnx::onnx_kv_io_names(file), "); kiln runs such an export only as a recognised family (GPT-2 with "
-                  "past_key_values.{i}.key/value inputs and present.{i}.key/value outputs) whose past and present "
-                  "tensors become kiln's paged KV cache, and this one cannot be: ", reason,
-                  ". To run the graph as it is, with its past/present tensors as plain inputs and outputs (no "
-                  "generate), import it op by op: --onnx-import graph");
+      throw_error(ErrorCode::kUnsupported, "onnx: '", path,
+                  "' is a decoder exported with a KV cache (", onnx::onnx_kv_io_names(file),
+                  "); kiln runs such an export only as a recognised family (GPT-2 or Llama "
+                  "with past_key_values.{i}.key/value inputs and present.{i}.key/value outputs) "
+                  "whose past and present tensors become kiln's paged KV cache, and this one "
+                  "cannot be: ",
+                  reason,
+                  ". To run the graph as it is, with its past/present tensors as plain inputs and "
+                  "outputs (no generate), import it op by op: --onnx-import graph");
     if (mode == "family")
       throw_error(ErrorCode::kUnsupported, "onnx: '", path, "' is not a recognised HF export: ", reason,
                   " (use the op-by-op import, --onnx-import graph)");

@@ -1,9 +1,9 @@
-// ONNX frontend tests: tiny BERT and GPT-2 exported by torch.onnx.export (opset 14,
-// dynamic batch/sequence; tools/gen_onnx_fixtures.py) imported op by op and run on the
-// CPU backend against the PyTorch outputs; the recognised ones (GPT-2 also exported
-// with past_key_values) through kiln's family graphs and paged KV cache against the
-// same outputs and HF generate()'s tokens; plus hand-made corrupt and unsupported
-// files that must give a clear kiln::Error.
+// ONNX frontend tests: tiny BERT, GPT-2 and Llama exported by torch.onnx.export (opset
+// 14, dynamic batch/sequence; tools/gen_onnx_fixtures.py) imported op by op and run on
+// the CPU backend against the PyTorch outputs; the recognised ones (GPT-2 and Llama also
+// exported with past_key_values) through kiln's family graphs and paged KV cache against
+// the same outputs and HF generate()'s tokens; plus edited copies and hand-made corrupt
+// and unsupported files that must give a clear kiln::Error.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -151,9 +151,48 @@ TEST(OnnxImport, Gpt2MatchesPyTorch) {
   }
 }
 
-// ---- GPT-2 exported with past_key_values (gpt2_past) ----------------------------------
+// Llama (GQA, RoPE from the graph's inv_freq, RMSNorm spelled out op by op).
+TEST(OnnxImport, LlamaMatchesPyTorch) {
+  for (int opt : {0, 2}) {
+    ModelOptions mo;
+    mo.opt_level = opt;
+    mo.onnx_import = "graph";
+    auto m = Model::load(fixture("llama/model.onnx"), mo);
+    EXPECT_EQ(m->info().family, "onnx");
+    Reference ref("llama");
+    TensorMap in = {{"input_ids", ref.get("input_ids", DType::kI64)},
+                    {"attention_mask", ref.get("attention_mask", DType::kI64)}};
+    TensorMap out = run(*m, in);
+    std::string tag = "llama O" + std::to_string(opt) + " ";
+    if (opt) std::printf("%s", passes::format_pass_report(m->pass_report()).c_str());
+    EXPECT_LE(rel_error(out.at("logits"), ref.get("logits", DType::kF32), tag + "logits"), kTol);
+    TensorMap two;
+    for (auto& [k, v] : in) two[k] = crop(v, 2, 5);
+    TensorMap o2 = run(*m, two);
+    EXPECT_LE(rel_error(o2.at("logits"), crop(ref.get("logits", DType::kF32), 2, 5),
+                        tag + "batch 2, seq 5"),
+              kTol);
+  }
+}
+
+// ---- decoders exported with past_key_values (gpt2_past, llama_past) -------------------
 
 constexpr int kPastLayers = 2;
+
+// The two exports: GPT-2 with 4 heads of 8; Llama with 4 query heads sharing 2 KV heads
+// of 16 (GQA), so its past/present tensors are [batch, 2, sequence, 16].
+struct PastExport {
+  const char* dir;
+  const char* family;
+  int64_t kv_heads, head_dim;
+};
+const PastExport kPastExports[] = {{"gpt2_past", "gpt2", 4, 8}, {"llama_past", "llama", 2, 16}};
+std::string past_export_name(const ::testing::TestParamInfo<PastExport>& p) {
+  return p.param.family;
+}
+void PrintTo(const PastExport& x, std::ostream* os) { *os << x.dir; }
+
+class OnnxPast : public ::testing::TestWithParam<PastExport> {};
 
 // The file's own inputs for `ids` [1, s] after a past of `past` (tensors [1, heads, p,
 // head_dim], in past_key_values.{i}.key/value order): the optimum layout.
@@ -178,16 +217,17 @@ std::vector<Tensor> presents(const TensorMap& out) {
 
 // The op-by-op import runs the export as it is: a prompt with an empty past, then one
 // step on the presents it returned, each against PyTorch.
-TEST(OnnxImport, Gpt2WithPastMatchesPyTorch) {
-  Reference ref("gpt2_past");
+TEST_P(OnnxPast, OpByOpMatchesPyTorch) {
+  const PastExport& x = GetParam();
+  Reference ref(x.dir);
   for (int opt : {0, 2}) {
     ModelOptions mo;
     mo.opt_level = opt;
     mo.onnx_import = "graph";
-    auto m = Model::load(fixture("gpt2_past/model.onnx"), mo);
+    auto m = Model::load(fixture(std::string(x.dir) + "/model.onnx"), mo);
     EXPECT_EQ(m->info().family, "onnx");
-    const std::string tag = "gpt2_past O" + std::to_string(opt) + " ";
-    std::vector<Tensor> empty(2 * kPastLayers, Tensor(DType::kF32, {1, 4, 0, 8}));
+    const std::string tag = std::string(x.dir) + " O" + std::to_string(opt) + " ";
+    std::vector<Tensor> empty(2 * kPastLayers, Tensor(DType::kF32, {1, x.kv_heads, 0, x.head_dim}));
     TensorMap a = run(*m, past_feeds(ref.get("prompt_ids", DType::kI64), empty));
     EXPECT_LE(rel_error(a.at("logits"), ref.get("prompt_logits", DType::kF32), tag + "prompt logits"), kTol);
     std::vector<Tensor> past = presents(a);
@@ -205,6 +245,8 @@ TEST(OnnxImport, Gpt2WithPastMatchesPyTorch) {
       }
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Exports, OnnxPast, ::testing::ValuesIn(kPastExports), past_export_name);
 
 // ---- recognised HF exports through kiln's own family graphs ----------------------------
 
@@ -257,20 +299,19 @@ TEST(OnnxFamily, BertExportPoolsAsItsSentenceTransformersDirectory) {
   EXPECT_EQ(Model::load(fixture("bert/model.onnx"))->info().pooling, "mean") << "no modules.json beside it";
 }
 
-TEST(OnnxFamily, Gpt2ReachesTheDecoderPath) {
-  auto m = Model::load(fixture("gpt2/model.onnx"));
-  ASSERT_EQ(m->info().family, "gpt2");
-  ASSERT_TRUE(m->info().is_decoder);
-  Reference ref("gpt2");
+// One prefill step per padded row of fixture `dir` through the paged KV cache, logits for
+// every position, against PyTorch's.
+void expect_padded_logits(Model& m, const std::string& dir) {
+  ASSERT_TRUE(m.info().is_decoder);
+  Reference ref(dir);
   Tensor ids = ref.get("input_ids", DType::kI32), lengths = ref.get("lengths", DType::kI64),
          logits = ref.get("logits", DType::kF32);
-  const int64_t s = ids.dim(1), v = m->info().vocab_size;
-  const ModelInfo& info = m->info();
+  const int64_t s = ids.dim(1), v = m.info().vocab_size;
+  const ModelInfo& info = m.info();
   for (int64_t i = 0; i < ids.dim(0); ++i) {
-    // One prefill step through the paged KV cache, logits for every position.
     const int64_t n = lengths.data_as<int64_t>()[i];
     KvLayout layout{info.num_layers, (n + 15) / 16, 16, info.num_kv_heads, info.head_dim};
-    auto kv = m->backend().allocate_kv(layout);
+    auto kv = m.backend().allocate_kv(layout);
     StepInfo step;
     step.seqs.push_back({0, int32_t(n), int32_t(n), {}});
     for (int32_t blk = 0; blk < layout.num_blocks; ++blk) step.seqs[0].block_table.push_back(blk);
@@ -280,12 +321,45 @@ TEST(OnnxFamily, Gpt2ReachesTheDecoderPath) {
       tokens.data_as<int32_t>()[t] = ids.data_as<int32_t>()[i * s + t];
       positions.data_as<int32_t>()[t] = rows.data_as<int32_t>()[t] = int32_t(t);
     }
-    Tensor got = m->compiled().run({{"tokens", tokens}, {"positions", positions}, {"logit_rows", rows}}, step, kv.get())
-                     .at("logits").clone();
+    Tensor got = m.compiled()
+                     .run({{"tokens", tokens}, {"positions", positions}, {"logit_rows", rows}},
+                          step, kv.get())
+                     .at("logits")
+                     .clone();
     Tensor want(DType::kF32, {n, v});
     std::memcpy(want.data(), logits.data_as<float>() + i * s * v, want.nbytes());
-    EXPECT_LE(rel_error(got, want, "gpt2 as gpt2, seq " + std::to_string(i) + " logits"), kTol);
+    EXPECT_LE(
+        rel_error(got, want, dir + " as " + info.family + ", seq " + std::to_string(i) + " logits"),
+        kTol);
   }
+}
+
+TEST(OnnxFamily, Gpt2ReachesTheDecoderPath) {
+  auto m = Model::load(fixture("gpt2/model.onnx"));
+  ASSERT_EQ(m->info().family, "gpt2");
+  expect_padded_logits(*m, "gpt2");
+}
+
+// What the llama view reads off the graph: GQA heads from q_proj's / k_proj's widths and
+// the head reshape, theta from RoPE's inv_freq constant, eps from the RMSNorms, an
+// untied LM head (the fixture's theta and eps are not transformers' defaults).
+TEST(OnnxFamily, LlamaReachesTheDecoderPath) {
+  auto m = Model::load(fixture("llama/model.onnx"));
+  const ModelInfo& info = m->info();
+  ASSERT_EQ(info.family, "llama");
+  EXPECT_EQ(info.num_layers, 2);
+  EXPECT_EQ(info.num_heads, 4);
+  EXPECT_EQ(info.num_kv_heads, 2);
+  EXPECT_EQ(info.head_dim, 16);
+  EXPECT_EQ(info.hidden_size, 64);
+  EXPECT_EQ(info.vocab_size, 320);
+  const nlohmann::json& c = m->config();
+  EXPECT_EQ(c.at("rope_theta").get<double>(), 5000.0);
+  EXPECT_EQ(c.at("rms_norm_eps").get<double>(), 1e-3);
+  EXPECT_EQ(c.at("intermediate_size").get<int64_t>(), 128);
+  EXPECT_FALSE(c.at("tie_word_embeddings").get<bool>());
+  EXPECT_FALSE(c.contains("rope_scaling"));
+  expect_padded_logits(*m, "llama");
 }
 
 std::vector<int32_t> ints(const Tensor& t) {
@@ -294,23 +368,27 @@ std::vector<int32_t> ints(const Tensor& t) {
 }
 
 // The export's past/present tensors become kiln's paged KV cache: the model is kiln's
-// gpt2 graph (no past inputs to copy in and out), its prompt and step logits are
-// PyTorch's and its greedy continuation HF generate()'s.
-TEST(OnnxFamily, Gpt2WithPastGeneratesLikeHf) {
-  auto m = Model::load(fixture("gpt2_past/model.onnx"));
+// gpt2 or llama graph (no past inputs to copy in and out), its prompt and step logits
+// are PyTorch's and its greedy continuation HF generate()'s.
+TEST_P(OnnxPast, FamilyGeneratesLikeHf) {
+  const PastExport& x = GetParam();
+  const std::string tag = std::string(x.dir) + " as " + x.family;
+  auto m = Model::load(fixture(std::string(x.dir) + "/model.onnx"));
   const ModelInfo& info = m->info();
-  ASSERT_EQ(info.family, "gpt2");
+  ASSERT_EQ(info.family, x.family);
   ASSERT_TRUE(info.is_decoder);
   EXPECT_EQ(info.num_layers, kPastLayers);
-  EXPECT_EQ(info.num_kv_heads, 4);
-  EXPECT_EQ(info.head_dim, 8);
+  EXPECT_EQ(info.num_heads, 4);
+  EXPECT_EQ(info.num_kv_heads, x.kv_heads);
+  EXPECT_EQ(info.head_dim, x.head_dim);
+  if (info.family == "llama") EXPECT_TRUE(m->config().at("tie_word_embeddings").get<bool>());
   for (ir::ValueId id : m->graph().inputs())
     EXPECT_EQ(m->graph().value(id).name.find("past"), std::string::npos) << m->graph().value(id).name;
   size_t attention = 0;
   for (auto& n : m->graph().nodes()) attention += n.op == "Attention";
   EXPECT_EQ(attention, size_t(kPastLayers));
 
-  Reference ref("gpt2_past");
+  Reference ref(x.dir);
   const std::vector<int32_t> prompt = ints(ref.get("prompt_ids", DType::kI64));
   const std::vector<int32_t> want = ints(ref.get("greedy_ids", DType::kI64));
   LlmRunner runner(*m);
@@ -320,14 +398,15 @@ TEST(OnnxFamily, Gpt2WithPastGeneratesLikeHf) {
   Tensor got(DType::kF32, {1, int64_t(prompt.size()), info.vocab_size});
   ASSERT_EQ(out[0].logits.size(), size_t(got.numel()));
   std::memcpy(got.data(), out[0].logits.data(), got.nbytes());
-  EXPECT_LE(rel_error(got, ref.get("prompt_logits", DType::kF32), "gpt2_past as gpt2 prompt logits"), kTol);
+  EXPECT_LE(rel_error(got, ref.get("prompt_logits", DType::kF32), tag + " prompt logits"), kTol);
   runner.append_tokens(seq, ints(ref.get("step_ids", DType::kI64)));
   out = runner.step();
   ASSERT_EQ(out.size(), 1u);
   Tensor step(DType::kF32, {1, 1, info.vocab_size});
   ASSERT_EQ(out[0].logits.size(), size_t(step.numel()));
   std::memcpy(step.data(), out[0].logits.data(), step.nbytes());
-  EXPECT_LE(rel_error(step, ref.get("step_logits", DType::kF32), "gpt2_past as gpt2 step logits (paged KV)"), kTol);
+  EXPECT_LE(rel_error(step, ref.get("step_logits", DType::kF32), tag + " step logits (paged KV)"),
+            kTol);
 
   // Greedy, alone and in a ragged batch with a shorter prompt: HF generate()'s tokens.
   LlmRunner greedy(*m);
@@ -339,13 +418,16 @@ TEST(OnnxFamily, Gpt2WithPastGeneratesLikeHf) {
 }
 
 // An export with present outputs but no past inputs (optimum's first-step
-// decoder_model.onnx): here gpt2_past with each past input made an empty constant.
+// decoder_model.onnx): here the export with each past input made an empty constant.
 // Its presents map onto the cache the same way; the probe is the prompt alone.
-TEST(OnnxFamily, Gpt2WithPresentsOnlyGeneratesLikeHf) {
-  onnx::OnnxModel file = onnx::load_onnx_model(fixture("gpt2_past/model.onnx"));
+TEST_P(OnnxPast, PresentsOnlyGeneratesLikeHf) {
+  const PastExport& x = GetParam();
+  onnx::OnnxModel file = onnx::load_onnx_model(fixture(std::string(x.dir) + "/model.onnx"));
   std::erase_if(file.graph.inputs, [&](const onnx::OnnxValueInfo& v) {
     if (v.name.rfind("past_key_values.", 0) != 0) return false;
-    file.graph.initializers.push_back({v.name, onnx::kOnnxFloat, {1, 4, 0, 8}, Tensor(DType::kF32, {1, 4, 0, 8})});
+    const std::vector<int64_t> shape = {1, x.kv_heads, 0, x.head_dim};
+    file.graph.initializers.push_back(
+        {v.name, onnx::kOnnxFloat, shape, Tensor(DType::kF32, shape)});
     return true;
   });
   std::string why;
@@ -353,11 +435,62 @@ TEST(OnnxFamily, Gpt2WithPresentsOnlyGeneratesLikeHf) {
   ASSERT_TRUE(view) << why;
   EXPECT_EQ(view->kv.describe(), "present.{0..1}.key/value (no past inputs)");
   auto m = Model::from_onnx(file, "presents.onnx");
-  ASSERT_EQ(m->info().family, "gpt2");
-  Reference ref("gpt2_past");
+  ASSERT_EQ(m->info().family, x.family);
+  Reference ref(x.dir);
   LlmRunner runner(*m);
   EXPECT_EQ(runner.generate_greedy({ints(ref.get("prompt_ids", DType::kI64))}, 12).at(0),
             ints(ref.get("greedy_ids", DType::kI64)));
+}
+
+// ---- edited copies of an export -------------------------------------------------------
+
+onnx::OnnxValueInfo& find_io(std::vector<onnx::OnnxValueInfo>& v, const std::string& name) {
+  for (auto& x : v)
+    if (x.name == name) return x;
+  throw std::runtime_error("no " + name);
+}
+void erase_io(std::vector<onnx::OnnxValueInfo>& v, const std::string& name) {
+  std::erase_if(v, [&](const onnx::OnnxValueInfo& x) { return x.name == name; });
+}
+::testing::AssertionResult has_parts(const std::string& msg,
+                                     const std::vector<std::string>& parts) {
+  for (auto& p : parts)
+    if (msg.find(p) == std::string::npos)
+      return ::testing::AssertionFailure() << "'" << p << "' missing in: " << msg;
+  return ::testing::AssertionSuccess();
+}
+// onnx_hf_view on `good` edited by `edit`: its error, or "no error (why)" when it does
+// not recognise the copy (why says what it could not read), or "recognised".
+std::string view_error(const onnx::OnnxModel& good,
+                       const std::function<void(onnx::OnnxModel&)>& edit) {
+  onnx::OnnxModel m = good;
+  edit(m);
+  try {
+    std::string why;
+    auto view = onnx::onnx_hf_view(m, "p.onnx", &why);
+    return view ? "recognised" : "no error (" + why + ")";
+  } catch (const Error& e) {
+    return std::string(e.what());
+  }
+}
+// The node named `name` (torch.onnx.export's scope path).
+onnx::OnnxNode& find_node(onnx::OnnxModel& m, const std::string& name) {
+  for (auto& n : m.graph.nodes)
+    if (n.name == name) return n;
+  throw std::runtime_error("no node " + name);
+}
+// The tensor a Constant node producing `output` holds, made the copy's own (the
+// attribute is shared with the model it was copied from).
+Tensor& constant_value(onnx::OnnxModel& m, const std::string& output) {
+  for (auto& n : m.graph.nodes)
+    if (n.op_type == "Constant" && n.outputs.at(0) == output)
+      for (auto& a : n.attrs)
+        if (a.name == "value" && a.t) {
+          a.t = std::make_shared<onnx::OnnxTensor>(*a.t);
+          a.t->value = a.t->value.clone();
+          return a.t->value;
+        }
+  throw std::runtime_error("no Constant for " + output);
 }
 
 // The export's KV-cache tensors, edited one way or another: each is an error that names
@@ -373,29 +506,11 @@ TEST(OnnxFamily, BadPastKeyValuesSayWhat) {
     EXPECT_EQ(view->kv.head_dim, 8);
   }
   auto error = [&](const std::function<void(onnx::OnnxModel&)>& edit) {
-    onnx::OnnxModel m = good;
-    edit(m);
-    try {
-      std::string why;
-      auto view = onnx::onnx_hf_view(m, "p.onnx", &why);
-      return "no error (" + why + ")";
-    } catch (const Error& e) {
-      return std::string(e.what());
-    }
+    return view_error(good, edit);
   };
-  auto find = [](std::vector<onnx::OnnxValueInfo>& v, const std::string& name) -> onnx::OnnxValueInfo& {
-    for (auto& x : v)
-      if (x.name == name) return x;
-    throw std::runtime_error("no " + name);
-  };
-  auto erase = [](std::vector<onnx::OnnxValueInfo>& v, const std::string& name) {
-    std::erase_if(v, [&](const onnx::OnnxValueInfo& x) { return x.name == name; });
-  };
-  auto has = [](const std::string& msg, std::vector<std::string> parts) {
-    for (auto& p : parts)
-      if (msg.find(p) == std::string::npos) return ::testing::AssertionFailure() << "'" << p << "' missing in: " << msg;
-    return ::testing::AssertionSuccess();
-  };
+  auto& find = find_io;
+  auto& erase = erase_io;
+  auto& has = has_parts;
   // A layer without its value input, or without its present output.
   EXPECT_TRUE(has(error([&](auto& m) { erase(m.graph.inputs, "past_key_values.1.value"); }),
                   {"p.onnx", "no input past_key_values.1.value for layer 1"}));
@@ -436,6 +551,172 @@ TEST(OnnxFamily, BadPastKeyValuesSayWhat) {
                   {"'past_key_values.0.key' holds", "float32"}));
 }
 
+// Llama's KV-cache tensors against its GQA graph (2 KV heads of 16 for 4 query heads).
+TEST(OnnxFamily, LlamaBadPastKeyValuesSayWhat) {
+  const onnx::OnnxModel good = onnx::load_onnx_model(fixture("llama_past/model.onnx"));
+  {
+    std::string why;
+    auto view = onnx::onnx_hf_view(good, "p.onnx", &why);
+    ASSERT_TRUE(view) << why;
+    EXPECT_EQ(view->family, "llama");
+    EXPECT_EQ(view->kv.describe(), "past_key_values.{0..1}.key/value -> present.{0..1}.key/value");
+    EXPECT_EQ(view->kv.kv_heads, 2);
+    EXPECT_EQ(view->kv.head_dim, 16);
+    EXPECT_EQ(view->config.at("num_key_value_heads"), 2);
+    EXPECT_EQ(view->config.at("num_attention_heads"), 4);
+  }
+  auto every_kv = [](onnx::OnnxModel& m, int axis, int64_t value) {
+    for (auto& v : m.graph.inputs)
+      if (v.name.rfind("past", 0) == 0) v.shape[size_t(axis)] = Dim(value);
+    for (auto& v : m.graph.outputs)
+      if (v.name.rfind("present", 0) == 0) v.shape[size_t(axis)] = Dim(value);
+  };
+  // The query heads' count where the KV heads' belongs, or another head size.
+  EXPECT_TRUE(has_parts(view_error(good, [&](auto& m) { every_kv(m, 1, 4); }),
+                        {"p.onnx: 'past_key_values.0.key' has 4 KV heads (dim 1)",
+                         "the llama graph has 2 KV heads of 16 (4 query heads)",
+                         "expected [batch, 2, sequence, 16]"}));
+  EXPECT_TRUE(has_parts(
+      view_error(good, [&](auto& m) { every_kv(m, 3, 8); }),
+      {"'past_key_values.0.key' has head_dim 8 (dim 3)", "the llama graph has 2 KV heads of 16"}));
+  EXPECT_TRUE(has_parts(
+      view_error(
+          good,
+          [&](auto& m) { find_io(m.graph.inputs, "past_key_values.1.key").shape[1] = Dim(4); }),
+      {"'past_key_values.1.key'", "with 4 KV heads", "'past_key_values.0.key'", "with 2"}));
+  // A missing present; a layer dropped.
+  EXPECT_TRUE(
+      has_parts(view_error(good, [&](auto& m) { erase_io(m.graph.outputs, "present.1.value"); }),
+                {"no output present.1.value for layer 1"}));
+  EXPECT_TRUE(
+      has_parts(view_error(good,
+                           [&](auto& m) {
+                             for (auto n : {"past_key_values.1.key", "past_key_values.1.value"})
+                               erase_io(m.graph.inputs, n);
+                             for (auto n : {"present.1.key", "present.1.value"})
+                               erase_io(m.graph.outputs, n);
+                           }),
+                {"are for 1 layers, but the llama graph has 2 (model.layers.0..1)"}));
+}
+
+// What the llama view reads off the graph, edited: each copy is not recognised, and the
+// reason names the tensor or node.
+TEST(OnnxFamily, LlamaViewSaysWhatItCannotRead) {
+  const onnx::OnnxModel good = onnx::load_onnx_model(fixture("llama/model.onnx"));
+  EXPECT_EQ(view_error(good, [](auto&) {}), "recognised");
+  // A projection whose node name no longer says which module it is.
+  EXPECT_TRUE(has_parts(
+      view_error(
+          good,
+          [](auto& m) { find_node(m, "/m/model/layers.1/self_attn/q_proj/MatMul").name = "mm"; }),
+      {"no error (llama: no weight for model.layers.1.self_attn.q_proj.weight"}));
+  // RoPE's inverse frequencies no longer one theta's.
+  auto inv_freq = [](onnx::OnnxModel& m) -> Tensor& {
+    return constant_value(m, find_node(m, "/m/model/rotary_emb/Mul").inputs.at(1));
+  };
+  EXPECT_TRUE(has_parts(
+      view_error(good, [&](auto& m) { inv_freq(m).template data_as<float>()[3] *= 1.5f; }),
+      {"RoPE's inverse frequencies '/m/model/rotary_emb/Constant_1_output_0' are not",
+       "theta^(2i / 16)"}));
+  // Another eps in one norm.
+  EXPECT_TRUE(has_parts(
+      view_error(good,
+                 [&](auto& m) {
+                   constant_value(
+                       m,
+                       find_node(m, "/m/model/layers.1/post_attention_layernorm/Add").inputs.at(1))
+                       .template data_as<float>()[0] = 1e-5f;
+                 }),
+      {"RMSNorm eps 1e-05 at model.layers.1.post_attention_layernorm.weight", "but 0.001"}));
+  // No SiLU.
+  EXPECT_TRUE(has_parts(view_error(good,
+                                   [](auto& m) {
+                                     find_node(m, "/m/model/layers.0/mlp/act_fn/Sigmoid").op_type =
+                                         "Tanh";
+                                   }),
+                        {"the MLP of layer 0 has no Sigmoid"}));
+  // A bias added to gate_proj (Qwen2-like linears are not Llama's).
+  EXPECT_TRUE(has_parts(
+      view_error(good,
+                 [](auto& m) {
+                   onnx::OnnxNode& mm = find_node(m, "/m/model/layers.0/mlp/gate_proj/MatMul");
+                   const std::string out = mm.outputs[0];
+                   mm.outputs[0] = out + "_mm";
+                   m.graph.initializers.push_back(
+                       {"gate_bias", onnx::kOnnxFloat, {128}, Tensor(DType::kF32, {128})});
+                   m.graph.nodes.push_back({"/m/model/layers.0/mlp/gate_proj/Add",
+                                            "Add",
+                                            "",
+                                            {out + "_mm", "gate_bias"},
+                                            {out},
+                                            {}});
+                 }),
+      {"model.layers.0.mlp.gate_proj adds a bias ('gate_bias'"}));
+}
+
+// Not recognised, a plain export falls back to the op-by-op graph (PyTorch's logits
+// still), and --onnx-import family says why; an export with a KV cache is an error naming
+// its past/present tensors and the reason.
+TEST(OnnxFamily, LlamaNotRecognisedFallsBackOrSaysWhy) {
+  onnx::OnnxModel plain = onnx::load_onnx_model(fixture("llama/model.onnx"));
+  find_node(plain, "/m/model/layers.0/self_attn/k_proj/MatMul").name = "anonymous";
+  auto m = Model::from_onnx(plain, "plain.onnx");
+  EXPECT_EQ(m->info().family, "onnx");
+  Reference ref("llama");
+  TensorMap out = run(*m, {{"input_ids", ref.get("input_ids", DType::kI64)},
+                           {"attention_mask", ref.get("attention_mask", DType::kI64)}});
+  EXPECT_LE(rel_error(out.at("logits"), ref.get("logits", DType::kF32),
+                      "llama (not recognised) op by op logits"),
+            kTol);
+  ModelOptions family;
+  family.onnx_import = "family";
+  try {
+    Model::from_onnx(plain, "plain.onnx", family);
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_TRUE(has_parts(e.what(), {"not a recognised HF export: llama: no weight for "
+                                     "model.layers.0.self_attn.k_proj.weight"}));
+  }
+  onnx::OnnxModel past = onnx::load_onnx_model(fixture("llama_past/model.onnx"));
+  constant_value(past, find_node(past, "/m/model/rotary_emb/Mul").inputs.at(1))
+      .data_as<float>()[2] *= 0.5f;
+  try {
+    Model::from_onnx(past, "past.onnx");
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+    EXPECT_TRUE(
+        has_parts(e.what(), {"a decoder exported with a KV cache", "inputs past_key_values.0.key",
+                             "RoPE's inverse frequencies", "--onnx-import graph"}));
+  }
+}
+
+// A graph the llama view reads but whose numbers kiln's llama graph does not reproduce
+// (here the attention's 1/sqrt(head_dim) scale changed): the probe against the op-by-op
+// import refuses it.
+TEST(OnnxFamily, LlamaProbeRefusesAnotherGraph) {
+  onnx::OnnxModel past = onnx::load_onnx_model(fixture("llama_past/model.onnx"));
+  int edited = 0;
+  for (auto& n : past.graph.nodes)
+    if (n.op_type == "Constant" && n.name.find("/layers.0/self_attn/") != std::string::npos) {
+      const onnx::OnnxAttribute* a = n.attr("value");
+      if (a && a->t && a->t->value.dtype() == DType::kF32 && a->t->value.numel() == 1 &&
+          a->t->value.data_as<float>()[0] == 0.25f)
+        constant_value(past, n.outputs[0]).data_as<float>()[0] = 0.5f, ++edited;
+    }
+  ASSERT_EQ(edited, 1);
+  std::string why;
+  ASSERT_TRUE(onnx::onnx_hf_view(past, "scaled.onnx", &why)) << why;
+  try {
+    Model::from_onnx(past, "scaled.onnx");
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_TRUE(has_parts(
+        e.what(), {"kiln's llama graph differs from the op-by-op import on a probe of 8 tokens, "
+                   "then 1 token on its past_key_values"}));
+  }
+}
+
 // An export with a KV cache that kiln does not recognise is an error naming those
 // tensors (the op-by-op graph could not generate); --onnx-import graph imports it as
 // it is, and decoding that says why it cannot.
@@ -456,9 +737,10 @@ TEST(OnnxFamily, UnrecognisedExportWithPastSaysWhy) {
     ADD_FAILURE() << "expected an error";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
-    for (const char* part : {"a decoder exported with a KV cache", "inputs past_key_values.0.key, past_key_values.0.value",
-                             "outputs present.0.key, present.0.value", "no HF BERT or GPT-2 tensor names",
-                             "--onnx-import graph"})
+    for (const char* part : {"a decoder exported with a KV cache",
+                             "inputs past_key_values.0.key, past_key_values.0.value",
+                             "outputs present.0.key, present.0.value",
+                             "no HF BERT, GPT-2 or Llama tensor names", "--onnx-import graph"})
       EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << part << " missing in: " << e.what();
   }
   ModelOptions mo;
@@ -647,8 +929,10 @@ TEST(OnnxFamily, UnrecognisedFallsBackOrSaysWhy) {
     Model::load(dir.file("m.onnx"), mo);
     ADD_FAILURE() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("not a recognised HF export: no HF BERT or GPT-2 tensor names"),
-              std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(
+                  "not a recognised HF export: no HF BERT, GPT-2 or Llama tensor names"),
+              std::string::npos)
+        << e.what();
   }
 }
 

@@ -235,7 +235,7 @@ check build-onnx-family 0 "fuse_qkv_attention" -- "$kiln" build -m "$fixtures/on
 # GPT-2 exported with past_key_values: its KV cache becomes kiln's paged one, and the
 # greedy tokens are HF generate()'s (recorded in the fixture's reference.json).
 past="$fixtures/onnx/gpt2_past"
-json_ids() { tr -d ' \n' < "$past/reference.json" | grep -o "\"$1\":\\[[0-9,]*\\]" | grep -o '[0-9][0-9,]*'; }
+json_ids() { tr -d ' \n' < "${2:-$past}/reference.json" | grep -o "\"$1\":\\[[0-9,]*\\]" | grep -o '[0-9][0-9,]*'; }
 past_prompt=$(json_ids prompt_ids)
 past_want=$(json_ids greedy_ids | tr ',' ' ')
 [ -n "$past_prompt" ] && [ -n "$past_want" ] || { echo "FAIL onnx-past: no prompt_ids/greedy_ids in $past/reference.json"; fail=1; }
@@ -243,6 +243,17 @@ check generate-onnx-past 0 "$past_want" -- "$kiln" generate -m "$past/model.onnx
 check build-onnx-past 0 "fuse_qkv_attention" -- "$kiln" build -m "$past/model.onnx" -o "$tmp/onnx-gpt2-past.kiln" --profile T:1,8,16
 check generate-onnx-past-engine 0 "$past_want" -- "$kiln" generate -m "$tmp/onnx-gpt2-past.kiln" --ids $past_prompt -n 12 -q --print-ids
 check generate-onnx-past-graph 1 "imported op by op (inputs input_ids, attention_mask, position_ids, past_key_values.0.key" -- "$kiln" generate -m "$past/model.onnx" --onnx-import graph --ids 1,2
+# Llama exported with past_key_values (GQA: 2 KV heads for 4 query heads): kiln's llama
+# graph, theta and eps read off the graph, against HF generate()'s tokens.
+lpast="$fixtures/onnx/llama_past"
+lpast_prompt=$(json_ids prompt_ids "$lpast")
+lpast_want=$(json_ids greedy_ids "$lpast" | tr ',' ' ')
+[ -n "$lpast_prompt" ] && [ -n "$lpast_want" ] || { echo "FAIL onnx-llama-past: no prompt_ids/greedy_ids in $lpast/reference.json"; fail=1; }
+check generate-onnx-llama-past 0 "$lpast_want" -- "$kiln" generate -m "$lpast/model.onnx" --ids $lpast_prompt -n 12 -q --print-ids
+check inspect-onnx-llama-past 0 "heads 4 (kv 2) x 16" -- "$kiln" inspect -m "$lpast/model.onnx"
+check build-onnx-llama-past 0 "fuse_qkv_attention" -- "$kiln" build -m "$lpast/model.onnx" -o "$tmp/onnx-llama-past.kiln" --profile T:1,8,16
+check generate-onnx-llama-past-engine 0 "$lpast_want" -- "$kiln" generate -m "$tmp/onnx-llama-past.kiln" --ids $lpast_prompt -n 12 -q --print-ids
+check generate-onnx-llama 0 "" -- "$kiln" generate -m "$fixtures/onnx/llama/model.onnx" --ids 5,6,7 -n 4 -q
 head -c 3000 "$fixtures/onnx/bert/model.onnx" > "$tmp/cut.onnx"
 check truncated-onnx 1 "runs past the end" -- "$kiln" inspect -m "$tmp/cut.onnx"
 head -c 5000 "$tmp/gpt2.kiln" > "$tmp/cut.kiln"

@@ -116,8 +116,9 @@ void add_tp_option(CLI::App* cmd, int& tp) {
 
 void add_onnx_option(CLI::App* cmd, std::string& mode) {
   cmd->add_option("--onnx-import", mode,
-                  ".onnx models: auto (a recognised BERT/GPT-2 export runs as kiln's own family graph once it "
-                  "agrees with the op-by-op import on a probe), graph (always op by op), family (must be recognised)")
+                  ".onnx models: auto (a recognised BERT/GPT-2/Llama export runs as kiln's own "
+                  "family graph once it agrees with the op-by-op import on a probe), graph "
+                  "(always op by op), family (must be recognised)")
       ->check(CLI::IsMember({"auto", "graph", "family"}))
       ->capture_default_str();
 }

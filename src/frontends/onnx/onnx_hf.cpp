@@ -1,7 +1,12 @@
 // Recognising HF families in ONNX exports (see onnx_hf.h).
 #include "frontends/onnx/onnx_hf.h"
 
+#include <algorithm>
+#include <cctype>
+#include <charconv>
 #include <cmath>
+#include <cstring>
+#include <iomanip>
 #include <map>
 #include <set>
 
@@ -69,19 +74,28 @@ struct Index {
   }
 };
 
+// The target of a Reshape as far as it is constant: a constant, or a Concat of scalars
+// (the leading dims computed, the trailing ones constants), nullopt for computed dims.
+std::vector<std::optional<double>> reshape_target(const Index& ix, const OnnxNode& n) {
+  std::vector<std::optional<double>> dims;
+  if (n.op_type != "Reshape" || n.inputs.size() < 2) return dims;
+  auto c = ix.consts.find(n.inputs[1]);
+  if (c != ix.consts.end() && c->second->dtype() == DType::kI64) {
+    for (int64_t i = 0; i < c->second->numel(); ++i)
+      dims.push_back(double(c->second->data_as<int64_t>()[i]));
+  } else if (auto p = ix.producer.find(n.inputs[1]);
+             p != ix.producer.end() && p->second->op_type == "Concat") {
+    for (auto& in : p->second->inputs) dims.push_back(ix.scalar(in));
+  }
+  return dims;
+}
+
 // Heads from the attention's Reshape target [.., .., heads or -1, head_dim] (a Concat
 // of the leading dims and two constants, or a constant). A wrong guess cannot slip
 // through: the runtime compares the rebuilt model with the op-by-op import.
 int64_t find_heads(const OnnxModel& m, const Index& ix, int64_t hidden) {
   for (auto& n : m.graph.nodes) {
-    if (n.op_type != "Reshape" || n.inputs.size() < 2) continue;
-    std::vector<std::optional<double>> dims;
-    auto c = ix.consts.find(n.inputs[1]);
-    if (c != ix.consts.end() && c->second->dtype() == DType::kI64) {
-      for (int64_t i = 0; i < c->second->numel(); ++i) dims.push_back(double(c->second->data_as<int64_t>()[i]));
-    } else if (auto p = ix.producer.find(n.inputs[1]); p != ix.producer.end() && p->second->op_type == "Concat") {
-      for (auto& in : p->second->inputs) dims.push_back(ix.scalar(in));
-    }
+    std::vector<std::optional<double>> dims = reshape_target(ix, n);
     if (dims.size() != 4 || !dims[2] || !dims[3] || !(*dims[3] > 0 && *dims[3] <= double(hidden)) ||
         !(*dims[2] >= -1 && *dims[2] <= double(hidden)) || hidden % int64_t(*dims[3]))
       continue;
@@ -215,22 +229,273 @@ std::optional<OnnxHfView> gpt2_view(const OnnxModel& m, const Index& ix, const s
   return v;
 }
 
+// ---- Llama ---------------------------------------------------------------------------
+// Its linears have no bias, so their weights are anonymous MatMul initializers
+// (onnx::MatMul_N, [in, out]); torch.onnx.export names each node after the module that
+// made it ("/model/layers.0/self_attn/q_proj/MatMul"), which is what maps them.
+
+// "/m/model/layers.3/mlp/up_proj/MatMul" -> {3, "mlp/up_proj"}; {-1, ""} outside the
+// decoder layers.
+std::pair<int64_t, std::string> layer_module(const std::string& node_name) {
+  const size_t at = node_name.find("/layers."), end = node_name.rfind('/');
+  if (at == std::string::npos || end <= at) return {-1, ""};
+  size_t i = at + 8, j = i;
+  while (j < node_name.size() && j - i < 6 &&
+         std::isdigit(static_cast<unsigned char>(node_name[j])))
+    ++j;
+  if (j == i || j >= end || node_name[j] != '/') return {-1, ""};
+  return {std::atoll(node_name.c_str() + i), node_name.substr(j + 1, end - j - 1)};
+}
+
+// The module path of a node outside the layers: "/m/model/norm/Mul_1" -> "/m/model/norm".
+std::string node_scope(const std::string& node_name) {
+  const size_t end = node_name.rfind('/');
+  return end == std::string::npos ? "" : node_name.substr(0, end);
+}
+
+// A float's shortest decimal, as a double ("0.001" for the float nearest 1e-3): the value
+// the export's config held.
+double shortest(float f) {
+  char buf[32];
+  auto r = std::to_chars(buf, buf + sizeof buf, f);
+  return std::strtod(std::string(buf, r.ptr).c_str(), nullptr);
+}
+
+// "mlp/up_proj" -> "mlp.up_proj".
+std::string dotted(std::string module) {
+  std::replace(module.begin(), module.end(), '/', '.');
+  return module;
+}
+
+const char* const kLlamaProjections[] = {"self_attn/q_proj", "self_attn/k_proj", "self_attn/v_proj",
+                                         "self_attn/o_proj", "mlp/gate_proj",    "mlp/up_proj",
+                                         "mlp/down_proj"};
+
+// RoPE's inverse frequencies: the float constant of head_dim / 2 values among the
+// producers of the rotary Cos (positions x inv_freq, concatenated with itself).
+const Tensor* find_inv_freq(const OnnxModel& m, const Index& ix, int64_t half, std::string* name) {
+  for (auto& n : m.graph.nodes) {
+    if (n.op_type != "Cos" || n.inputs.empty()) continue;
+    std::vector<std::string> frontier = {n.inputs[0]};
+    std::set<std::string> seen;
+    for (int depth = 0; depth < 6 && !frontier.empty(); ++depth) {
+      std::vector<std::string> next;
+      for (auto& v : frontier) {
+        if (!seen.insert(v).second) continue;
+        if (auto c = ix.consts.find(v); c != ix.consts.end()) {
+          if (c->second->dtype() == DType::kF32 && c->second->numel() == half)
+            return *name = v, c->second;
+          continue;
+        }
+        if (auto p = ix.producer.find(v); p != ix.producer.end())
+          for (auto& in : p->second->inputs) next.push_back(in);
+      }
+      frontier = std::move(next);
+    }
+  }
+  return nullptr;
+}
+
+std::optional<OnnxHfView> llama_view(const OnnxModel& m, const Index& ix, const OnnxTensor& embed,
+                                     std::string* why) {
+  std::map<std::string, Tensor> w;
+  std::map<std::string, std::string> from;  // HF name -> the ONNX node it was read at
+  const int64_t vocab = embed.value.dim(0), hidden = embed.value.dim(1);
+  w["model.embed_tokens.weight"] = embed.value.to(DType::kF32);
+  auto fail = [&](const std::string& what) { return *why = "llama: " + what, std::nullopt; };
+  auto put = [&](const std::string& hf, Tensor t, const OnnxNode& n) {
+    if (from.count(hf))
+      return fail("two nodes read " + hf + " ('" + from[hf] + "' and '" + n.name + "')"), false;
+    w[hf] = std::move(t), from[hf] = n.name;
+    return true;
+  };
+  int64_t layers = 0;
+  std::map<std::string, double> eps;  // norm scope -> the constant added to its mean square
+  bool silu = false;
+  const Tensor* lm_head = nullptr;
+  for (auto& n : m.graph.nodes) {
+    auto [layer, module] = layer_module(n.name);
+    const std::string scope = node_scope(n.name);
+    if (layer >= 4096) return fail("node '" + n.name + "' is in layer " + std::to_string(layer));
+    if (layer >= 0) layers = std::max(layers, layer + 1);
+    const std::string hf = layer >= 0 ? str_cat("model.layers.", layer, ".") : "model.";
+    if (n.op_type == "MatMul" || n.op_type == "Gemm") {
+      const bool is_head = ends_with(scope, "/lm_head");
+      const char* proj = nullptr;
+      for (const char* p : kLlamaProjections)
+        if (layer >= 0 && module == p) proj = p;
+      if (!proj && !is_head) continue;
+      const std::string what = is_head ? std::string("lm_head") : hf + dotted(proj);
+      auto b = n.inputs.size() >= 2 ? ix.consts.find(n.inputs[1]) : ix.consts.end();
+      if (b == ix.consts.end() || b->second->rank() != 2)
+        return fail(
+            str_cat("node '", n.name, "' (", what, ") does not multiply by a constant matrix"));
+      if (auto c = ix.consumers.find(n.outputs.at(0)); c != ix.consumers.end())
+        for (const OnnxNode* add : c->second)
+          if (add->op_type == "Add")
+            for (auto& in : add->inputs)
+              if (ix.consts.count(in))
+                return fail(str_cat(what, " adds a bias ('", in, "' at node '", add->name,
+                                    "'); kiln maps Llama's bias-free projections"));
+      const bool trans_b = n.op_type == "Gemm" && n.attr("transB") && n.attr("transB")->i;
+      if (is_head) {
+        lm_head = b->second;
+        if (!put("lm_head.weight", trans_b ? b->second->to(DType::kF32) : transpose2d(*b->second),
+                 n))
+          return std::nullopt;
+      } else if (!put(what + ".weight",
+                      trans_b ? b->second->to(DType::kF32) : transpose2d(*b->second), n)) {
+        return std::nullopt;
+      }
+      continue;
+    }
+    const bool layer_norm =
+        layer >= 0 && (module == "input_layernorm" || module == "post_attention_layernorm");
+    const bool final_norm = layer < 0 && ends_with(scope, "/model/norm");
+    if (layer_norm || final_norm) {
+      const std::string name = final_norm ? "model.norm.weight" : hf + module + ".weight";
+      if (n.op_type == "Mul")
+        for (auto& in : n.inputs)
+          if (auto c = ix.consts.find(in);
+              c != ix.consts.end() && c->second->rank() == 1 && c->second->dim(0) == hidden)
+            if (!put(name, c->second->to(DType::kF32), n)) return std::nullopt;
+      if (n.op_type == "Add" && n.inputs.size() == 2)
+        if (auto e = ix.scalar(n.inputs[1]); e && ix.consts.at(n.inputs[1])->dtype() == DType::kF32)
+          eps[name] = *e;
+      continue;
+    }
+    if (n.op_type == "Sigmoid" && layer == 0 && module.rfind("mlp", 0) == 0) silu = true;
+  }
+  // Every tensor of every layer, and the norms' eps (one value throughout).
+  if (layers <= 0)
+    return fail("no nodes under /model/layers.N/ (the node names torch.onnx.export writes)");
+  std::vector<std::string> need = {"model.norm.weight"};
+  for (int64_t l = 0; l < layers; ++l) {
+    for (const char* p : kLlamaProjections)
+      need.push_back(str_cat("model.layers.", l, ".", dotted(p), ".weight"));
+    for (const char* norm : {"input_layernorm", "post_attention_layernorm"})
+      need.push_back(str_cat("model.layers.", l, ".", norm, ".weight"));
+  }
+  for (auto& name : need) {
+    if (!w.count(name))
+      return fail("no weight for " + name + " (a MatMul or RMSNorm Mul node under its module)");
+    const bool norm = name.find("norm.weight") != std::string::npos;
+    if (norm && !eps.count(name))
+      return fail("cannot read the RMSNorm eps of " + name + " (no constant Add)");
+    if (norm && eps.at(name) != eps.begin()->second)
+      return fail(str_cat("RMSNorm eps ", eps.at(name), " at ", name, " but ", eps.begin()->second,
+                          " at ", eps.begin()->first, " (kiln's llama graph has one eps)"));
+  }
+  if (!lm_head) return fail("no lm_head MatMul (a node under /lm_head/)");
+  if (!silu) return fail("the MLP of layer 0 has no Sigmoid (kiln's llama graph has a SiLU MLP)");
+  // Heads: head_dim from q_proj's Reshape to [batch, seq, heads or -1, head_dim]; query
+  // and KV heads from q_proj's and k_proj's widths.
+  int64_t hd = 0;
+  const std::string q_out = [&] {
+    for (auto& n : m.graph.nodes)
+      if (n.name == from.at("model.layers.0.self_attn.q_proj.weight")) return n.outputs.at(0);
+    return std::string();
+  }();
+  if (auto c = ix.consumers.find(q_out); c != ix.consumers.end())
+    for (const OnnxNode* r : c->second)
+      if (auto dims = reshape_target(ix, *r); dims.size() == 4 && dims[3] && *dims[3] > 0)
+        hd = int64_t(*dims[3]);
+  const int64_t q_width = w.at("model.layers.0.self_attn.q_proj.weight").dim(0);
+  const int64_t kv_width = w.at("model.layers.0.self_attn.k_proj.weight").dim(0);
+  if (hd <= 0 || q_width % hd || kv_width % hd || (q_width / hd) % (kv_width / hd))
+    return fail(
+        str_cat("cannot tell the heads: q_proj of layer 0 ('",
+                from.at("model.layers.0.self_attn.q_proj.weight"),
+                "') is not reshaped to [.., .., heads, head_dim] with head_dim dividing its ",
+                q_width, " columns and k_proj's ", kv_width));
+  // RoPE: inv_freq[i] = 1 / (factor * theta^(2i / head_dim)); theta from the last entry
+  // (the best conditioned), factor (linear scaling) from the first.
+  std::string freq_name;
+  const Tensor* freq = find_inv_freq(m, ix, hd / 2, &freq_name);
+  if (!freq || hd < 4)
+    return fail(str_cat(
+        "cannot find RoPE's inverse frequencies (a float constant of head_dim / 2 = ", hd / 2,
+        " values feeding the rotary Cos)"));
+  const float* f = freq->data_as<float>();
+  const int64_t half = hd / 2;
+  const double factor = 1.0 / double(f[0]);
+  double theta = std::pow(double(f[half - 1]) * factor, -double(hd) / double(2 * (half - 1)));
+  auto fits = [&](double t, double tol) {
+    for (int64_t i = 0; i < half; ++i)
+      if (std::fabs(1.0 / (factor * std::pow(t, double(2 * i) / double(hd))) - f[i]) > tol * f[i])
+        return false;
+    return true;
+  };
+  if (!(theta > 1.0) || !std::isfinite(theta) || !(factor >= 1.0) || !fits(theta, 1e-4))
+    return fail(str_cat(
+        "RoPE's inverse frequencies '", freq_name, "' are not 1 / (factor * theta^(2i / ", hd,
+        ")) for one theta and factor (a rope scaling kiln does not read from an ONNX graph)"));
+  if (const double nice = std::stod(str_cat(std::setprecision(6), theta)); fits(nice, 1e-6))
+    theta = nice;
+  // The llama graph's cos / sin are unscaled (rope_type default or linear).
+  for (auto& n : m.graph.nodes)
+    if ((n.op_type == "Cos" || n.op_type == "Sin") && ix.consumers.count(n.outputs.at(0)))
+      for (const OnnxNode* mul : ix.consumers.at(n.outputs[0]))
+        if (mul->op_type == "Mul")
+          for (auto& in : mul->inputs)
+            if (auto s = ix.scalar(in); s && std::fabs(*s - 1.0) > 1e-6)
+              return fail(str_cat("RoPE's ", n.op_type, " is scaled by ", *s, " ('", in,
+                                  "': an attention factor kiln does not read from an ONNX graph)"));
+  // Tied: the LM head is the embedding's transpose, bit for bit.
+  const Tensor& head = w.at("lm_head.weight");
+  const bool tied =
+      head.shape() == w.at("model.embed_tokens.weight").shape() &&
+      std::memcmp(head.data(), w.at("model.embed_tokens.weight").data(), head.nbytes()) == 0;
+  if (head.dim(0) != vocab || head.dim(1) != hidden)
+    return fail(str_cat("lm_head ('", from.at("lm_head.weight"), "') is [", head.dim(1), ", ",
+                        head.dim(0), "], expected [", hidden, ", ", vocab, "]"));
+  if (tied) w.erase("lm_head.weight");
+  OnnxHfView v;
+  v.family = "llama";
+  v.config = {{"model_type", "llama"},
+              {"vocab_size", vocab},
+              {"hidden_size", hidden},
+              {"num_hidden_layers", layers},
+              {"num_attention_heads", q_width / hd},
+              {"num_key_value_heads", kv_width / hd},
+              {"head_dim", hd},
+              {"intermediate_size", w.at("model.layers.0.mlp.gate_proj.weight").dim(0)},
+              {"rms_norm_eps", shortest(float(eps.begin()->second))},
+              {"rope_theta", theta},
+              {"hidden_act", "silu"},
+              {"tie_word_embeddings", tied}};
+  if (std::fabs(factor - 1.0) > 1e-6)
+    v.config["rope_scaling"] = {{"rope_type", "linear"}, {"factor", factor}};
+  v.weights = std::make_unique<MapWeightSource>(std::move(w), "llama");
+  return v;
+}
+
 // The export's KV-cache tensors must be exactly the family's cache: one key/value pair
-// per layer, [batch, heads, sequence, hidden / heads] (GPT-2 has no GQA).
-void check_kv(const OnnxKvCache& kv, const nlohmann::json& config, const std::string& label) {
+// per layer, [batch, kv_heads, sequence, head_dim] with the graph's KV heads and head
+// size (GPT-2 has no GQA: its KV heads are its heads).
+void check_kv(const OnnxKvCache& kv, const OnnxHfView& v, const std::string& label) {
   if (kv.empty()) return;
-  const int64_t layers = config.at("n_layer"), heads = config.at("n_head"), hd = int64_t(config.at("n_embd")) / heads;
+  const nlohmann::json& c = v.config;
+  const bool gpt2 = v.family == "gpt2";
+  const int64_t layers = c.at(gpt2 ? "n_layer" : "num_hidden_layers");
+  const int64_t heads = c.at(gpt2 ? "n_head" : "num_attention_heads");
+  const int64_t kv_heads = gpt2 ? heads : int64_t(c.at("num_key_value_heads"));
+  const int64_t hd = gpt2 ? int64_t(c.at("n_embd")) / heads : int64_t(c.at("head_dim"));
   const std::string& first = kv.layers[0].past_key.empty() ? kv.layers[0].present_key : kv.layers[0].past_key;
-  const std::string want = str_cat(" (expected [batch, ", heads, ", sequence, ", hd, "])");
+  const std::string graph = gpt2 ? str_cat("the gpt2 graph has ", heads, " attention heads of ", hd)
+                                 : str_cat("the llama graph has ", kv_heads, " KV heads of ", hd,
+                                           " (", heads, " query heads)");
+  const std::string want = str_cat(" (expected [batch, ", kv_heads, ", sequence, ", hd, "])");
   if (int64_t(kv.layers.size()) != layers)
-    throw_error(ErrorCode::kInvalidFile, label, ": the KV-cache tensors (", kv.describe(), ") are for ", kv.layers.size(),
-                " layers, but the gpt2 graph has ", layers, " (transformer.h.0..", layers - 1, ")");
-  if (kv.kv_heads && kv.kv_heads != heads)
+    throw_error(ErrorCode::kInvalidFile, label, ": the KV-cache tensors (", kv.describe(),
+                ") are for ", kv.layers.size(), " layers, but the ", v.family, " graph has ",
+                layers, gpt2 ? " (transformer.h.0.." : " (model.layers.0..", layers - 1, ")");
+  if (kv.kv_heads && kv.kv_heads != kv_heads)
     throw_error(ErrorCode::kInvalidFile, label, ": '", first, "' has ", kv.kv_heads,
-                " KV heads (dim 1), but the gpt2 graph has ", heads, " attention heads of ", hd, want);
+                " KV heads (dim 1), but ", graph, want);
   if (kv.head_dim && kv.head_dim != hd)
     throw_error(ErrorCode::kInvalidFile, label, ": '", first, "' has head_dim ", kv.head_dim,
-                " (dim 3), but the gpt2 graph has ", heads, " attention heads of ", hd, want);
+                " (dim 3), but ", graph, want);
 }
 
 }  // namespace
@@ -245,11 +510,16 @@ std::optional<OnnxHfView> onnx_hf_view(const OnnxModel& m, const std::string& la
     }
     if (ends_with(t.name, "wte.weight") && t.value.rank() == 2) {
       auto v = gpt2_view(m, ix, t.name.substr(0, t.name.size() - 10), why);
-      if (v) check_kv(kv, v->config, label), v->kv = std::move(kv);
+      if (v) check_kv(kv, *v, label), v->kv = std::move(kv);
+      return v;
+    }
+    if (ends_with(t.name, "model.embed_tokens.weight") && t.value.rank() == 2) {
+      auto v = llama_view(m, ix, t, why);
+      if (v) check_kv(kv, *v, label), v->kv = std::move(kv);
       return v;
     }
   }
-  *why = "no HF BERT or GPT-2 tensor names among the initializers";
+  *why = "no HF BERT, GPT-2 or Llama tensor names among the initializers";
   return std::nullopt;
 }
 
