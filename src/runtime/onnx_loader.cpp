@@ -182,6 +182,27 @@ Probe probe_with_past(Model& m, const ir::Graph& g, const onnx::OnnxKvCache& kv,
   return p;
 }
 
+// A Llama export holds no context length or special token ids (its RoPE is computed
+// for any position); optimum writes the model's config.json beside it. Those keys are
+// taken from there when its shape is the graph's; else kiln's llama defaults hold
+// (max_position_embeddings 2048, no BOS/EOS).
+void take_config_beside(nlohmann::json& config, const std::string& path) {
+  namespace fs = std::filesystem;
+  const fs::path file = fs::path(path).parent_path() / "config.json";
+  if (!fs::exists(file)) return;
+  const nlohmann::json c = read_json_file(file.string());
+  if (!c.is_object()) return;
+  for (const char* key : {"vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"})
+    if (!c.contains(key) || c[key] != config.at(key)) {
+      log_info("onnx: ", file.string(), " is not this export's config (its ", key, " is ",
+               c.contains(key) ? c[key].dump() : std::string("absent"), ", the graph's ",
+               config.at(key).dump(), "): not read");
+      return;
+    }
+  for (const char* key : {"max_position_embeddings", "bos_token_id", "eos_token_id"})
+    if (c.contains(key)) config[key] = c[key];
+}
+
 }  // namespace
 
 std::unique_ptr<Model> Model::load_onnx(const std::string& path, const ModelOptions& options) {
@@ -219,6 +240,7 @@ std::unique_ptr<Model> Model::from_onnx(const onnx::OnnxModel& file, const std::
               if (auto pooling = sentence_transformers_pooling(dir.string())) view->config[kPoolingConfigKey] = *pooling;
               break;
             }
+        if (view->family == "llama") take_config_beside(view->config, path);
         auto m = from_built(build_model(view->config, *view->weights), options);
         m->path_ = path;
         m->config_ = view->config;

@@ -442,6 +442,30 @@ TEST_P(OnnxPast, PresentsOnlyGeneratesLikeHf) {
             ints(ref.get("greedy_ids", DType::kI64)));
 }
 
+// The graph holds no context length or special token ids: a config.json beside the
+// export (optimum writes one) gives them when its shape is the graph's; else kiln's llama
+// defaults hold.
+TEST(OnnxFamily, LlamaReadsContextAndTokenIdsFromTheConfigBesideIt) {
+  EXPECT_EQ(Model::load(fixture("llama_past/model.onnx"))->info().max_positions, 2048);
+  test::TempDir dir;
+  std::filesystem::copy_file(fixture("llama_past/model.onnx"), dir.file("model.onnx"));
+  const std::string shape = R"("vocab_size": 320, "hidden_size": 64, "num_hidden_layers": 2)";
+  test::write_file(dir.file("config.json"),
+                   "{" + shape + R"(, "num_attention_heads": 4, "max_position_embeddings": 96,
+                   "bos_token_id": 3, "eos_token_id": [5, 6]})");
+  {
+    auto m = Model::load(dir.file("model.onnx"));
+    ASSERT_EQ(m->info().family, "llama");
+    EXPECT_EQ(m->info().max_positions, 96);
+    EXPECT_EQ(m->info().bos_token_id, 3);
+    EXPECT_EQ(m->info().eos_token_id, 5);
+  }
+  // Another model's config (8 heads) is not read.
+  test::write_file(dir.file("config.json"),
+                   "{" + shape + R"(, "num_attention_heads": 8, "max_position_embeddings": 96})");
+  EXPECT_EQ(Model::load(dir.file("model.onnx"))->info().max_positions, 2048);
+}
+
 // ---- edited copies of an export -------------------------------------------------------
 
 onnx::OnnxValueInfo& find_io(std::vector<onnx::OnnxValueInfo>& v, const std::string& name) {
