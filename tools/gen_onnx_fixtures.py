@@ -33,8 +33,9 @@ below) shows the exported graph itself is faithful.
 Usage (torch/transformers as for tools/gen_fixtures.py; plus onnx and onnxruntime):
   python3 -m venv --system-site-packages /tmp/onnxvenv && /tmp/onnxvenv/bin/pip install onnx onnxruntime
   /tmp/onnxvenv/bin/python tools/gen_onnx_fixtures.py --out tests/fixtures/onnx
-Generated with torch 2.15.0, transformers 5.24.0, onnx 1.23.2, onnxruntime 1.32.0,
-numpy 2.4.6, Python 3.11.7 (recorded in each reference.json).
+Generated with torch 2.15.0, transformers 5.24.0 (llama/ and llama_past/: 5.25.0),
+onnx 1.23.2, onnxruntime 1.32.0, numpy 2.4.6, Python 3.11.7 (recorded in each
+reference.json). `--only llama,llama_past` regenerates just those.
 """
 
 import argparse
