@@ -381,7 +381,9 @@ TEST_P(OnnxPast, FamilyGeneratesLikeHf) {
   EXPECT_EQ(info.num_heads, 4);
   EXPECT_EQ(info.num_kv_heads, x.kv_heads);
   EXPECT_EQ(info.head_dim, x.head_dim);
-  if (info.family == "llama") EXPECT_TRUE(m->config().at("tie_word_embeddings").get<bool>());
+  if (info.family == "llama") {
+    EXPECT_TRUE(m->config().at("tie_word_embeddings").get<bool>());
+  }
   for (ir::ValueId id : m->graph().inputs())
     EXPECT_EQ(m->graph().value(id).name.find("past"), std::string::npos) << m->graph().value(id).name;
   size_t attention = 0;
@@ -573,6 +575,60 @@ TEST(OnnxFamily, BadPastKeyValuesSayWhat) {
                    "expected [batch, kv_heads, sequence, head_dim]"}));
   EXPECT_TRUE(has(error([&](auto& m) { find(m.graph.inputs, "past_key_values.0.key").elem_type = onnx::kOnnxFloat16; }),
                   {"'past_key_values.0.key' holds", "float32"}));
+}
+
+// Exported with do_constant_folding=False a projection multiplies by the Transpose of
+// its named [out, in] parameter, parameters still equal at init are shared through
+// Identity nodes, and reshape targets concatenate Unsqueezed scalars: here layer 0's
+// q_proj, the final norm's weight and q_proj's head reshape, edited that way.
+TEST(OnnxFamily, LlamaReadsUnfoldedWeights) {
+  onnx::OnnxModel file = onnx::load_onnx_model(fixture("llama/model.onnx"));
+  onnx::OnnxNode& q = find_node(file, "/m/model/layers.0/self_attn/q_proj/MatMul");
+  Tensor w_in_out;
+  for (auto& t : file.graph.initializers)
+    if (t.name == q.inputs[1]) w_in_out = t.value;
+  ASSERT_EQ(w_in_out.shape(), (std::vector<int64_t>{64, 64}));
+  Tensor w_out_in(DType::kF32, {64, 64});
+  for (int64_t i = 0; i < 64; ++i)
+    for (int64_t j = 0; j < 64; ++j)
+      w_out_in.data_as<float>()[j * 64 + i] = w_in_out.data_as<float>()[i * 64 + j];
+  file.graph.initializers.push_back({"q.weight", onnx::kOnnxFloat, {64, 64}, w_out_in});
+  onnx::OnnxAttribute perm;
+  perm.name = "perm";
+  perm.type = onnx::AttrType::kInts;
+  perm.ints = {1, 0};
+  q.inputs[1] = "q_t";
+  onnx::OnnxNode& norm = find_node(file, "/m/model/norm/Mul_1");
+  for (auto& in : norm.inputs)
+    if (in == "m.model.norm.weight") in = "norm_shared";
+  onnx::OnnxNode& concat = find_node(file, "/m/model/layers.0/self_attn/Concat");  // [b, s, -1, 16]
+  ASSERT_EQ(concat.inputs.size(), 4u);
+  concat.inputs[3] = "head_dim_1d";
+  Tensor head_dim(DType::kI64, {}), axes(DType::kI64, {1});
+  head_dim.data_as<int64_t>()[0] = 16;
+  axes.data_as<int64_t>()[0] = 0;
+  file.graph.initializers.push_back({"head_dim", onnx::kOnnxInt64, {}, head_dim});
+  file.graph.initializers.push_back({"axes_0", onnx::kOnnxInt64, {1}, axes});
+  file.graph.nodes.insert(
+      file.graph.nodes.begin(),
+      {{"/m/model/layers.0/self_attn/q_proj/Transpose",
+        "Transpose",
+        "",
+        {"q.weight"},
+        {"q_t"},
+        {perm}},
+       {"/m/model/norm/Identity", "Identity", "", {"m.model.norm.weight"}, {"norm_shared"}, {}},
+       {"/m/model/layers.0/self_attn/Unsqueeze_hd",
+        "Unsqueeze",
+        "",
+        {"head_dim", "axes_0"},
+        {"head_dim_1d"},
+        {}}});
+  std::string why;
+  ASSERT_TRUE(onnx::onnx_hf_view(file, "unfolded.onnx", &why)) << why;
+  auto m = Model::from_onnx(file, "unfolded.onnx");
+  ASSERT_EQ(m->info().family, "llama");
+  expect_padded_logits(*m, "llama");
 }
 
 // Llama's KV-cache tensors against its GQA graph (2 KV heads of 16 for 4 query heads).

@@ -61,12 +61,23 @@ struct Index {
     for (auto& t : m.graph.initializers) consts[t.name] = &t.value;
     for (auto& n : m.graph.nodes) {
       if (n.op_type == "Constant" && n.attr("value") && n.attr("value")->t) consts[n.outputs.at(0)] = &n.attr("value")->t->value;
+      // The exporter shares equal parameters (norm weights still at their init) through
+      // Identity nodes: their outputs are the constant too.
+      if (n.op_type == "Identity" && !n.inputs.empty() && !n.outputs.empty())
+        if (auto c = consts.find(n.inputs[0]); c != consts.end()) consts[n.outputs[0]] = c->second;
       for (auto& o : n.outputs) producer[o] = &n;
       for (auto& i : n.inputs) consumers[i].push_back(&n);
     }
   }
+  // A one-element constant, also behind Unsqueeze/Squeeze (an export without constant
+  // folding builds a Reshape target of Unsqueezed scalars).
   std::optional<double> scalar(const std::string& name) const {
     auto it = consts.find(name);
+    if (it == consts.end())
+      if (auto p = producer.find(name);
+          p != producer.end() && !p->second->inputs.empty() &&
+          (p->second->op_type == "Unsqueeze" || p->second->op_type == "Squeeze"))
+        it = consts.find(p->second->inputs[0]);
     if (it == consts.end() || it->second->numel() != 1) return std::nullopt;
     const Tensor& t = *it->second;
     if (t.dtype() == DType::kI64) return double(t.data_as<int64_t>()[0]);
@@ -271,6 +282,28 @@ const char* const kLlamaProjections[] = {"self_attn/q_proj", "self_attn/k_proj",
                                          "self_attn/o_proj", "mlp/gate_proj",    "mlp/up_proj",
                                          "mlp/down_proj"};
 
+// A projection's weight [out, in]: the MatMul's constant [in, out] operand (what
+// constant folding leaves), a Gemm's (transB: [out, in]), or the Transpose of a constant
+// [out, in] (the named parameter, exported with do_constant_folding=False).
+std::optional<Tensor> linear_weight(const Index& ix, const OnnxNode& n) {
+  if (n.inputs.size() < 2) return std::nullopt;
+  const bool trans_b = n.op_type == "Gemm" && n.attr("transB") && n.attr("transB")->i;
+  if (auto b = ix.consts.find(n.inputs[1]); b != ix.consts.end())
+    return b->second->rank() == 2 ? std::optional<Tensor>(trans_b ? b->second->to(DType::kF32)
+                                                                  : transpose2d(*b->second))
+                                  : std::nullopt;
+  auto p = ix.producer.find(n.inputs[1]);
+  if (n.op_type != "MatMul" || p == ix.producer.end() || p->second->op_type != "Transpose" ||
+      p->second->inputs.empty())
+    return std::nullopt;
+  const OnnxAttribute* perm = p->second->attr("perm");
+  auto c = ix.consts.find(p->second->inputs[0]);
+  if ((perm && perm->ints != std::vector<int64_t>{1, 0}) || c == ix.consts.end() ||
+      c->second->rank() != 2)
+    return std::nullopt;
+  return c->second->to(DType::kF32);
+}
+
 // RoPE's inverse frequencies: the float constant of head_dim / 2 values among the
 // producers of the rotary Cos (positions x inv_freq, concatenated with itself).
 const Tensor* find_inv_freq(const OnnxModel& m, const Index& ix, int64_t half, std::string* name) {
@@ -312,7 +345,7 @@ std::optional<OnnxHfView> llama_view(const OnnxModel& m, const Index& ix, const 
   int64_t layers = 0;
   std::map<std::string, double> eps;  // norm scope -> the constant added to its mean square
   bool silu = false;
-  const Tensor* lm_head = nullptr;
+  bool has_head = false;
   for (auto& n : m.graph.nodes) {
     auto [layer, module] = layer_module(n.name);
     const std::string scope = node_scope(n.name);
@@ -326,10 +359,10 @@ std::optional<OnnxHfView> llama_view(const OnnxModel& m, const Index& ix, const 
         if (layer >= 0 && module == p) proj = p;
       if (!proj && !is_head) continue;
       const std::string what = is_head ? std::string("lm_head") : hf + dotted(proj);
-      auto b = n.inputs.size() >= 2 ? ix.consts.find(n.inputs[1]) : ix.consts.end();
-      if (b == ix.consts.end() || b->second->rank() != 2)
-        return fail(
-            str_cat("node '", n.name, "' (", what, ") does not multiply by a constant matrix"));
+      std::optional<Tensor> weight = linear_weight(ix, n);
+      if (!weight)
+        return fail(str_cat("node '", n.name, "' (", what,
+                            ") does not multiply by a constant matrix (or its transpose)"));
       if (auto c = ix.consumers.find(n.outputs.at(0)); c != ix.consumers.end())
         for (const OnnxNode* add : c->second)
           if (add->op_type == "Add")
@@ -337,16 +370,9 @@ std::optional<OnnxHfView> llama_view(const OnnxModel& m, const Index& ix, const 
               if (ix.consts.count(in))
                 return fail(str_cat(what, " adds a bias ('", in, "' at node '", add->name,
                                     "'); kiln maps Llama's bias-free projections"));
-      const bool trans_b = n.op_type == "Gemm" && n.attr("transB") && n.attr("transB")->i;
-      if (is_head) {
-        lm_head = b->second;
-        if (!put("lm_head.weight", trans_b ? b->second->to(DType::kF32) : transpose2d(*b->second),
-                 n))
-          return std::nullopt;
-      } else if (!put(what + ".weight",
-                      trans_b ? b->second->to(DType::kF32) : transpose2d(*b->second), n)) {
+      has_head |= is_head;
+      if (!put(is_head ? "lm_head.weight" : what + ".weight", std::move(*weight), n))
         return std::nullopt;
-      }
       continue;
     }
     const bool layer_norm =
@@ -386,7 +412,7 @@ std::optional<OnnxHfView> llama_view(const OnnxModel& m, const Index& ix, const 
       return fail(str_cat("RMSNorm eps ", eps.at(name), " at ", name, " but ", eps.begin()->second,
                           " at ", eps.begin()->first, " (kiln's llama graph has one eps)"));
   }
-  if (!lm_head) return fail("no lm_head MatMul (a node under /lm_head/)");
+  if (!has_head) return fail("no lm_head MatMul (a node under /lm_head/)");
   if (!silu) return fail("the MLP of layer 0 has no Sigmoid (kiln's llama graph has a SiLU MLP)");
   // Heads: head_dim from q_proj's Reshape to [batch, seq, heads or -1, head_dim]; query
   // and KV heads from q_proj's and k_proj's widths.
