@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstdlib>
 #include <map>
 #include <mutex>
 #include <tuple>
@@ -15,7 +14,6 @@
 #include "backends/cuda/event_timing.h"
 #include "backends/cuda/ops/convert.h"
 #include "backends/cuda/ops/int8_gemm_sm90_impl.h"
-#include "core/env_switch.h"
 #include "core/status.h"
 
 namespace kiln::cuda {
@@ -61,18 +59,6 @@ bool int8_gemm_sm90_available(std::string* why) {
 namespace {
 
 bool aligned16(const void* p) { return p && reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-// KILN_CUDA_INT8_TUNE_GRAPH=1 times each configuration inside a CUDA graph of 10 launches
-// (median_graph_ms), as the engine's forwards run them: 5 eager back-to-back launches, the
-// default, measure mostly CUTLASS's host work at BERT-base's sizes (28-43 us against graph
-// times of 15-26 us at 4096 rows) and settle near-ties on it (bench/RESULTS.md, session
-// 48). Not yet the default: written when that session had no device time left to run it.
-bool tune_in_graphs() {
-  static const bool on =
-      env_switch_off_value("KILN_CUDA_INT8_TUNE_GRAPH", std::getenv("KILN_CUDA_INT8_TUNE_GRAPH"),
-                           "eager launches timed", "each configuration timed inside a CUDA graph");
-  return on;
-}
 
 #if KILN_HAVE_CUTLASS
 // A stand-in codes table: the checks and the workspace query only ask which kernel runs
@@ -220,12 +206,14 @@ Int8GemmPlan int8_gemm_sm90_tune(DType out, const int8_t* w, int64_t n, int64_t 
       if (c == Int8GemmConfig::kCooperative128x192 && m < 1024) continue;
       const size_t ws_bytes = int8_gemm_sm90_workspace(c, out, m, n, k, e.act, codes);
       DeviceBuffer ws(ws_bytes);
-      auto run = [&](cudaStream_t st) {
+      auto run = [&] {
         launch_int8_gemm_sm90(c, out, static_cast<const int8_t*>(xb.get()), w, m, n, k, te,
-                              yb.get(), ws.get(), ws_bytes, sm_count, st, code_table);
+                              yb.get(), ws.get(), ws_bytes, sm_count, s, code_table);
       };
-      const float ms = tune_in_graphs() ? median_graph_ms(s, 5, 10, run)
-                                        : median_launch_ms(s, 5, [&] { run(s); });
+      // Eager launches: at 4096 rows they read ~2x the graph times (CUTLASS's host work is
+      // in them), yet the configurations timed inside CUDA graphs of 10 launches ran BERT-base
+      // W8A8 b32 3.5% slower end to end (bench/RESULTS.md, session 49).
+      const float ms = median_launch_ms(s, 5, run);
       all.push_back({m, c, ms});
       if (ci == 0 || ms < best) {
         best = ms;

@@ -85,13 +85,12 @@ struct Int8GemmTiming {
 };
 // Times every configuration at each kInt8GemmTuneRows row count on random int8 inputs,
 // the real weights w [>= n, k] and epilogue e (with per_token, random per-token scales in
-// place of e.row_scale) - 5 eager launches each, or with KILN_CUDA_INT8_TUNE_GRAPH=1 a CUDA
-// graph of 10 launches (the median of 5 replays: event_timing.h's median_graph_ms) -
-// keeping the fastest per bucket; `timings` (optional) receives every measurement. Allocates its
-// own buffers (row counts whose output passes 256 MiB keep the default, untimed, except the first)
-// and synchronizes s. Cached per device and shape: the layers of a model share a few shapes.
-// code_table set times the codes epilogue (e.act kGeluErf) with that table, the kernel such a
-// Linear runs: its configuration can differ from the plain GEMM's (cached apart).
+// place of e.row_scale), keeping the fastest per bucket; `timings` (optional) receives
+// every measurement. Allocates its own buffers (row counts whose output passes 256 MiB
+// keep the default, untimed, except the first) and synchronizes s. Cached per device and
+// shape: the layers of a model share a few shapes. code_table set times the codes
+// epilogue (e.act kGeluErf) with that table, the kernel such a Linear runs: its
+// configuration can differ from the plain GEMM's (cached apart).
 Int8GemmPlan int8_gemm_sm90_tune(DType out, const int8_t* w, int64_t n, int64_t k,
                                  const Int8Epilogue& e, bool per_token, int sm_count,
                                  cudaStream_t s, std::vector<Int8GemmTiming>* timings = nullptr,
