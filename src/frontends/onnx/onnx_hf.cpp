@@ -334,8 +334,9 @@ std::optional<OnnxHfView> llama_view(const OnnxModel& m, const Index& ix, const 
   std::map<std::string, Tensor> w;
   std::map<std::string, std::string> from;  // HF name -> the ONNX node it was read at
   const int64_t vocab = embed.value.dim(0), hidden = embed.value.dim(1);
-  w["model.embed_tokens.weight"] = embed.value.to(DType::kF32);
   auto fail = [&](const std::string& what) { return *why = "llama: " + what, std::nullopt; };
+  if (vocab <= 0 || hidden <= 0) return fail(str_cat("'", embed.name, "' is empty"));
+  w["model.embed_tokens.weight"] = embed.value.to(DType::kF32);
   auto put = [&](const std::string& hf, Tensor t, const OnnxNode& n) {
     if (from.count(hf))
       return fail("two nodes read " + hf + " ('" + from[hf] + "' and '" + n.name + "')"), false;
@@ -343,10 +344,11 @@ std::optional<OnnxHfView> llama_view(const OnnxModel& m, const Index& ix, const 
     return true;
   };
   int64_t layers = 0;
-  std::map<std::string, double> eps;  // norm scope -> the constant added to its mean square
+  std::map<std::string, double> eps;  // norm weight -> the constant added to its mean square
   bool silu = false;
   bool has_head = false;
   for (auto& n : m.graph.nodes) {
+    if (n.outputs.empty()) continue;
     auto [layer, module] = layer_module(n.name);
     const std::string scope = node_scope(n.name);
     if (layer >= 4096) return fail("node '" + n.name + "' is in layer " + std::to_string(layer));
@@ -363,7 +365,7 @@ std::optional<OnnxHfView> llama_view(const OnnxModel& m, const Index& ix, const 
       if (!weight)
         return fail(str_cat("node '", n.name, "' (", what,
                             ") does not multiply by a constant matrix (or its transpose)"));
-      if (auto c = ix.consumers.find(n.outputs.at(0)); c != ix.consumers.end())
+      if (auto c = ix.consumers.find(n.outputs[0]); c != ix.consumers.end())
         for (const OnnxNode* add : c->second)
           if (add->op_type == "Add")
             for (auto& in : add->inputs)
@@ -385,9 +387,11 @@ std::optional<OnnxHfView> llama_view(const OnnxModel& m, const Index& ix, const 
           if (auto c = ix.consts.find(in);
               c != ix.consts.end() && c->second->rank() == 1 && c->second->dim(0) == hidden)
             if (!put(name, c->second->to(DType::kF32), n)) return std::nullopt;
-      if (n.op_type == "Add" && n.inputs.size() == 2)
-        if (auto e = ix.scalar(n.inputs[1]); e && ix.consts.at(n.inputs[1])->dtype() == DType::kF32)
-          eps[name] = *e;
+      if (n.op_type == "Add")
+        for (auto& in : n.inputs)
+          if (auto c = ix.consts.find(in);
+              c != ix.consts.end() && c->second->numel() == 1 && c->second->dtype() == DType::kF32)
+            eps[name] = double(c->second->data_as<float>()[0]);
       continue;
     }
     if (n.op_type == "Sigmoid" && layer == 0 && module.rfind("mlp", 0) == 0) silu = true;
@@ -419,7 +423,7 @@ std::optional<OnnxHfView> llama_view(const OnnxModel& m, const Index& ix, const 
   int64_t hd = 0;
   const std::string q_out = [&] {
     for (auto& n : m.graph.nodes)
-      if (n.name == from.at("model.layers.0.self_attn.q_proj.weight")) return n.outputs.at(0);
+      if (n.name == from.at("model.layers.0.self_attn.q_proj.weight")) return n.outputs[0];
     return std::string();
   }();
   if (auto c = ix.consumers.find(q_out); c != ix.consumers.end())
@@ -428,7 +432,7 @@ std::optional<OnnxHfView> llama_view(const OnnxModel& m, const Index& ix, const 
         hd = int64_t(*dims[3]);
   const int64_t q_width = w.at("model.layers.0.self_attn.q_proj.weight").dim(0);
   const int64_t kv_width = w.at("model.layers.0.self_attn.k_proj.weight").dim(0);
-  if (hd <= 0 || q_width % hd || kv_width % hd || (q_width / hd) % (kv_width / hd))
+  if (hd <= 0 || q_width % hd || kv_width % hd || kv_width < hd || (q_width / hd) % (kv_width / hd))
     return fail(
         str_cat("cannot tell the heads: q_proj of layer 0 ('",
                 from.at("model.layers.0.self_attn.q_proj.weight"),
@@ -460,7 +464,8 @@ std::optional<OnnxHfView> llama_view(const OnnxModel& m, const Index& ix, const 
     theta = nice;
   // The llama graph's cos / sin are unscaled (rope_type default or linear).
   for (auto& n : m.graph.nodes)
-    if ((n.op_type == "Cos" || n.op_type == "Sin") && ix.consumers.count(n.outputs.at(0)))
+    if ((n.op_type == "Cos" || n.op_type == "Sin") && !n.outputs.empty() &&
+        ix.consumers.count(n.outputs[0]))
       for (const OnnxNode* mul : ix.consumers.at(n.outputs[0]))
         if (mul->op_type == "Mul")
           for (auto& in : mul->inputs)
