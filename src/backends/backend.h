@@ -288,6 +288,11 @@ class Backend {
   // 3's local layers, ...) is implemented. A backend without it attends fully; Model caps
   // the sequences it runs at the smallest window, where both agree.
   virtual bool supports_sliding_window() const { return false; }
+  // Whether W8A8 Linears' attr weight_amax is implemented: a row-parallel shard's int8
+  // weight scales, one per output row, taken from the unsharded rows
+  // (parallel/tensor_parallel.h). A backend without it is refused such a graph (Model)
+  // rather than rounding each rank's slice on the slice's own maxima.
+  virtual bool supports_w8a8_weight_amax() const { return false; }
   // Build time (`kiln build --pack-weights`): rewrites GEMM weights in `graph` into this
   // backend's run-time layout, so that loading the engine packs nothing; returns how
   // many nodes it rewrote (0: the backend has no such layout). Rewritten nodes carry

@@ -29,14 +29,22 @@ inline float int8_act_scale(double amax) { return amax > 0 ? float(amax / 127.0)
 // all-zero row.
 inline float int8_row_scale(float amax) { return amax > 0.0f ? amax / kInt8Max : 1.0f; }
 
+// One output channel of a weight with its max |w| given (>= that of w[0, k)): codes of
+// w[0, k) into q and the scale amax / 127. A row-parallel shard of a weight
+// (parallel/tensor_parallel.h) holds part of a row and rounds it on the whole row's max,
+// so its codes are the unsharded row's.
+inline float int8_quantize_channel_amax(const float* w, int64_t k, float amax, int8_t* q) {
+  const float scale = amax / kInt8Max;
+  for (int64_t i = 0; i < k; ++i)
+    q[i] = scale == 0.0f ? int8_t(0) : int8_quantize(w[i], 1.0f / scale);
+  return scale;
+}
 // One output channel of a weight: codes of w[0, k) into q (all 0 for a zero row) and
 // the channel's scale max|w| / 127 (0 for a zero row), so w ≈ scale * q.
 inline float int8_quantize_channel(const float* w, int64_t k, int8_t* q) {
   float amax = 0.0f;
   for (int64_t i = 0; i < k; ++i) amax = std::fmax(amax, std::fabs(w[i]));
-  const float scale = amax / kInt8Max;
-  for (int64_t i = 0; i < k; ++i) q[i] = scale == 0.0f ? int8_t(0) : int8_quantize(w[i], 1.0f / scale);
-  return scale;
+  return int8_quantize_channel_amax(w, k, amax, q);
 }
 
 }  // namespace kiln

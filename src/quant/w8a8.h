@@ -2,8 +2,10 @@
 // max|W_j|^(1-α); X/s, W·s) folded into the preceding norm's gamma/beta when the Linear
 // input is a norm output read only by the Linears being smoothed, else applied by a Mul
 // node; then each quantized Linear gets attrs quant="w8a8" and act_amax (the calibrated
-// clip of its smoothed input; act_dynamic=1 for per-token scales). Backends implement the attrs (CPU: per-channel int8
-// weights, per-tensor int8 activations). Tested in tests/quant/w8a8_test.cpp.
+// clip of its smoothed input; act_dynamic=1 for per-token scales). Backends implement the attrs
+// (CPU: per-channel int8 weights, per-tensor int8 activations). A tensor-parallel shard of a
+// row-parallel Linear also carries weight_amax, its rows' max |w| over the unsharded rows
+// (parallel/tensor_parallel.h). Tested in tests/quant/w8a8_test.cpp.
 #pragma once
 
 #include <map>

@@ -303,6 +303,7 @@ class CpuBackend final : public Backend {
 
   bool supports_fusion(const std::string&) const override { return true; }  // all of them
   bool supports_sliding_window() const override { return true; }
+  bool supports_w8a8_weight_amax() const override { return true; }
   // Norm prologues and residual epilogues save the CPU nothing (its Linear runs the norm
   // and the add as separate loops anyway): its graphs keep their norm nodes.
   bool wants_fusion(const std::string& pass) const override { return pass != "fuse_norm_linear"; }

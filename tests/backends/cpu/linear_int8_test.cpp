@@ -142,6 +142,43 @@ TEST(LinearInt8, LinearMatchesEpilogueExactlyAndFloatWithinBound) {
   });
 }
 
+// A row-parallel shard (parallel/tensor_parallel.h) packs part of each row on the whole
+// row's max |w|: its scales and codes are the unsharded row's, so the shards' integer
+// sums add up to the unsharded ones exactly.
+TEST(LinearInt8, GivenRowMaximaGiveTheWholeRowsCodes) {
+  const int64_t t = 5, n = 21, k = 96, half = 48;
+  auto x = random_floats(size_t(t * k), 7);
+  auto w = random_floats(size_t(n * k), 8);
+  PackedInt8Weight full = pack_weight_int8(w.data(), n, k);
+  std::vector<float> row_amax(static_cast<size_t>(n), 0.0f);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t i = 0; i < k; ++i)
+      row_amax[size_t(r)] = std::max(row_amax[size_t(r)], std::fabs(w[size_t(r * k + i)]));
+  std::vector<std::vector<float>> parts(2), xs(2);
+  for (int64_t r = 0; r < n; ++r)
+    for (int64_t i = 0; i < k; ++i) parts[size_t(i / half)].push_back(w[size_t(r * k + i)]);
+  for (int64_t r = 0; r < t; ++r)
+    for (int64_t i = 0; i < k; ++i) xs[size_t(i / half)].push_back(x[size_t(r * k + i)]);
+  // Quantized rows of x: the static per-tensor scale of the whole x rounds each slice alike.
+  const float x_scale = 1.0f / 127.0f;
+  std::vector<int8_t> qx(size_t(t * 4 * full.k4));
+  quantize_rows_int8(x.data(), t, k, 127.0f, qx.data(), 4 * full.k4);
+  std::vector<int32_t> want(size_t(t * n));
+  gemm_int8_acc(qx.data(), t, full, want.data());
+  std::vector<int32_t> sum(want.size(), 0);
+  for (int p = 0; p < 2; ++p) {
+    PackedInt8Weight pw = pack_weight_int8(parts[size_t(p)].data(), n, half, row_amax.data());
+    for (int64_t r = 0; r < n; ++r)
+      EXPECT_EQ(pw.scale[size_t(r)], full.scale[size_t(r)]) << "row " << r;
+    std::vector<int8_t> qp(size_t(t * 4 * pw.k4));
+    quantize_rows_int8(xs[size_t(p)].data(), t, half, 1.0f / x_scale, qp.data(), 4 * pw.k4);
+    std::vector<int32_t> acc(want.size());
+    gemm_int8_acc(qp.data(), t, pw, acc.data());
+    for (size_t i = 0; i < acc.size(); ++i) sum[i] += acc[i];
+  }
+  EXPECT_EQ(sum, want);
+}
+
 TEST(LinearInt8, PerTokenScalesMatchDefinition) {
   const int64_t t = 5, n = 20, k = 48;
   auto x = random_floats(size_t(t * k), 10, -2.0f, 2.0f);

@@ -203,8 +203,10 @@ struct PackedInt8Weight {
   const int8_t* panel(int64_t p) const { return data.get() + size_t(p * k4 * 64); }
   size_t bytes() const { return size_t(panels() * k4 * 64) + size_t(panels() * 16 * 8); }
 };
-// w: [N, K] f32. Per-channel scale = max|w[n,:]| / 127 (a zero row gets scale 0).
-PackedInt8Weight pack_weight_int8(const float* w, int64_t n, int64_t k);
+// w: [N, K] f32. Per-channel scale = max|w[n,:]| / 127 (a zero row gets scale 0), or
+// row_amax[n] / 127 when given (each >= max|w[n,:]|: a row-parallel shard's rows).
+PackedInt8Weight pack_weight_int8(const float* w, int64_t n, int64_t k,
+                                  const float* row_amax = nullptr);
 // Activation quantization of rows of x [t, k] into q [t, ldq] (ldq >= k; the padding
 // columns are zeroed): q = clamp(round(x * inv_scale), -127, 127); NaN -> -127.
 void quantize_rows_int8(const float* x, int64_t t, int64_t k, float inv_scale, int8_t* q, int64_t ldq);

@@ -42,7 +42,7 @@ inline int8_t quantize_one(float x, float inv_scale) { return int8_quantize(x, i
 
 }  // namespace
 
-PackedInt8Weight pack_weight_int8(const float* w, int64_t n, int64_t k) {
+PackedInt8Weight pack_weight_int8(const float* w, int64_t n, int64_t k, const float* row_amax) {
   KILN_THROW_IF(n <= 0 || k <= 0, kInvalidArgument, "pack_weight_int8: expected N, K > 0, got N=", n, " K=", k);
   PackedInt8Weight pw;
   pw.n = n;
@@ -60,7 +60,9 @@ PackedInt8Weight pack_weight_int8(const float* w, int64_t n, int64_t k) {
         const int64_t row = p * kNr + c;
         if (row >= n) continue;
         std::vector<int8_t> q(static_cast<size_t>(k));
-        pw.scale[size_t(row)] = int8_quantize_channel(w + row * k, k, q.data());
+        pw.scale[size_t(row)] =
+            row_amax ? int8_quantize_channel_amax(w + row * k, k, row_amax[row], q.data())
+                     : int8_quantize_channel(w + row * k, k, q.data());
         int8_t* dst = pw.data.get() + p * pw.k4 * 64 + c * 4;
         int32_t sum = 0;
         for (int64_t i = 0; i < k; ++i) {
