@@ -315,10 +315,6 @@ BuildReport build_engine(const BuildOptions& o) {
   mo.kv_calib = o.kv_calib;
   check_effective_bits(o.quant);
   check_hadamard_has_quant(o.quant);
-  if (quantized && o.tensor_parallel > 1)
-    throw_error(ErrorCode::kUnsupported, "build: --quant ", o.quant.mode, " with --tp ", o.tensor_parallel,
-                " is not supported (calibration and smoothing run on the unsharded model); build with --tp 1, "
-                "or without --quant");
   if (quantized && o.random_weights)
     throw_error(ErrorCode::kInvalidArgument, "build: --quant needs real weights to calibrate (not --random-weights)");
   auto w8a8_report = std::make_shared<quant::W8A8Report>();

@@ -21,6 +21,15 @@ void Model::compile(const std::string& backend, CompileOptions options, int devi
 }
 
 void Model::compile(std::unique_ptr<Backend> backend, CompileOptions options) {
+  if (!backend->supports_w8a8_weight_amax())
+    for (const ir::Node& n : built_.graph.nodes())
+      if (n.op == "Linear" && n.has_attr("weight_amax"))
+        throw_error(ErrorCode::kUnsupported, "'", n.name, "' is a row-parallel W8A8 Linear whose ",
+                    "int8 weight scales are the unsharded rows' (tensor parallelism with --quant ",
+                    "w8a8), which the ", backend->name(),
+                    " backend does not implement yet; run it ",
+                    "with --backend cpu, use --quant fp8 (per-tensor scales every backend reads), ",
+                    "or keep the row-parallel Linears in float (--keep o_proj,down_proj)");
   backend_ = std::move(backend);
   compile_options_ = std::move(options);
   compiled_ = backend_->compile(built_.graph, compile_options_);
@@ -113,16 +122,15 @@ void apply_max_context(BuiltModel& built, int64_t n) {
 
 std::unique_ptr<Model> Model::from_built(BuiltModel built, const ModelOptions& options) {
   apply_max_context(built, options.max_context);
-  if (options.tensor_parallel != 0 && options.tensor_parallel != 1)
-    return from_built_sharded(std::move(built), options);
   if (!options.profile.empty())
     throw_error(ErrorCode::kInvalidArgument, "optimization profile '", options.profile,
                 "' was asked for, but only engine files have profiles (build one with `kiln build --profile`)");
-  std::unique_ptr<Model> m(new Model());
-  m->kv_dtype_ = kv_dtype_parse(options.kv_cache_dtype);
-  m->kv_calib_ = options.kv_calib;
-  m->kv_rotate_ = options.kv_rotate;
-  m->built_ = std::move(built);
+  if (options.tensor_parallel != 0 && options.tensor_parallel != 1)
+    return from_built_sharded(std::move(built), options);
+  return from_optimized(std::move(built), options, /*optimized=*/false);
+}
+
+void Model::optimize(const ModelOptions& options) {
   // Fusions the backend does not implement (or does not gain from) are skipped for it.
   passes::PassOptions po{options.opt_level, options.disabled_passes, options.precision, options.pin_precision};
   auto backend = create_backend(options.backend);
@@ -134,21 +142,32 @@ std::unique_ptr<Model> Model::from_built(BuiltModel built, const ModelOptions& o
   // Quantized GEMMs keep their norm nodes: the quantization rewrites (SmoothQuant, AWQ)
   // fold scales into the norm in front of a Linear, and the q8/q4/FP8/W8A8 kernels have
   // no norm prologue.
-  auto quantized = [](const std::string& p) { return p == "q8" || p == "q4" || p == "fp8" || p == "w8a8"; };
-  const bool native = options.weight_dtype == "auto";
+  auto quantized = [](const std::string& p) {
+    return p == "q8" || p == "q4" || p == "fp8" || p == "w8a8";
+  };
   bool kept = false;  // a Linear keeps a file's q8/q4 codes (auto): a quantized GEMM too
-  for (const ir::Node& n : m->built_.graph.nodes()) kept = kept || n.has_attr("weight_quant");
+  for (const ir::Node& n : built_.graph.nodes()) kept = kept || n.has_attr("weight_quant");
   if (options.rewrite || kept || quantized(options.weight_dtype) || quantized(options.precision)) {
     log_debug("quantized GEMMs: skipping fuse_norm_linear");
     po.disabled.push_back("fuse_norm_linear");
   }
   auto t0 = Clock::now();
-  m->pass_report_ = passes::run_passes(m->built_.graph, po);
-  m->load_times_.passes = since(t0);
-  if (options.opt_level > 0)
-    log_debug("passes:\n", passes::format_pass_report(m->pass_report_));
-  m->add_top_logits(options.top_logits_k);
-  if (options.rewrite) options.rewrite(m->built_.graph);
+  pass_report_ = passes::run_passes(built_.graph, po);
+  load_times_.passes = since(t0);
+  if (options.opt_level > 0) log_debug("passes:\n", passes::format_pass_report(pass_report_));
+  add_top_logits(options.top_logits_k);
+  if (options.rewrite) options.rewrite(built_.graph);
+}
+
+std::unique_ptr<Model> Model::from_optimized(BuiltModel built, const ModelOptions& options,
+                                             bool optimized) {
+  std::unique_ptr<Model> m(new Model());
+  m->kv_dtype_ = kv_dtype_parse(options.kv_cache_dtype);
+  m->kv_calib_ = options.kv_calib;
+  m->kv_rotate_ = options.kv_rotate;
+  m->built_ = std::move(built);
+  if (!optimized) m->optimize(options);
+  const bool native = options.weight_dtype == "auto";
   CompileOptions co;
   // auto: Linears kept in their file's format carry it as their precision; the rest take
   // the backend's auto dtype (a 16-bit checkpoint's own dtype on the CPU, unless a rewrite
@@ -161,9 +180,9 @@ std::unique_ptr<Model> Model::from_built(BuiltModel built, const ModelOptions& o
   co.step_tuning = options.step_tuning;
   co.tactic_cache = options.tactic_cache;
   const bool lean = options.lean_host_weights && !options.linear_observer;
+  auto t0 = Clock::now();
   if (lean) {
-    t0 = Clock::now();
-    const size_t packed = backend->pack_weights(m->built_.graph, co);
+    const size_t packed = create_backend(options.backend)->pack_weights(m->built_.graph, co);
     if (packed) log_debug("packed ", packed, " Linear weights into the graph before compiling");
     m->load_times_.pack = since(t0);
   }
@@ -192,10 +211,28 @@ std::unique_ptr<Model> Model::from_built_sharded(BuiltModel built, const ModelOp
   if (!built.info.is_decoder)
     throw_error(ErrorCode::kUnsupported, "tensor parallelism runs decoders only; '", built.info.family,
                 "' is an encoder (run it with --tp 1)");
+  // A rewrite (quantization) sees the unsharded model: the passes and the rewrite run
+  // once on the unsharded graph and its optimized, rewritten form is sharded, so every
+  // rank keeps the unsharded model's calibration, smoothing and scales
+  // (parallel/tensor_parallel.h). Without one, the faithful graph is sharded and each
+  // rank runs the passes.
+  const bool optimized = bool(options.rewrite);
+  std::vector<passes::PassResult> pass_report;
+  double passes_s = 0;
+  ShardOptions so;
+  if (optimized) {
+    std::unique_ptr<Model> full(new Model());
+    full->built_ = std::move(built);
+    full->optimize(options);
+    built = std::move(full->built_);
+    pass_report = std::move(full->pass_report_);
+    passes_s = full->load_times_.passes;
+    so.weight_dtype = options.weight_dtype;
+  }
   // Shards first: an indivisible split is the user's error, before any device is touched.
   std::vector<BuiltModel> shards;
   for (int r = 0; r < world; ++r) {
-    shards.push_back(shard_tensor_parallel(built, r, world));
+    shards.push_back(shard_tensor_parallel(built, r, world, so));
     shards.back().stored_dtype = built.stored_dtype;
   }
   ModelInfo unsharded_info = built.info;
@@ -206,11 +243,15 @@ std::unique_ptr<Model> Model::from_built_sharded(BuiltModel built, const ModelOp
   ModelOptions ro = options;
   ro.tensor_parallel = 1;
   ro.communicator = comms[0];
-  auto m = from_built(std::move(shards[0]), ro);
+  auto m = from_optimized(std::move(shards[0]), ro, optimized);
   for (int r = 1; r < world; ++r) {
     ro.communicator = comms[size_t(r)];
     ro.device = options.device + r;
-    m->tp_peers_.push_back(from_built(std::move(shards[size_t(r)]), ro));
+    m->tp_peers_.push_back(from_optimized(std::move(shards[size_t(r)]), ro, optimized));
+  }
+  if (optimized) {
+    m->pass_report_ = std::move(pass_report);
+    m->load_times_.passes = passes_s;
   }
   m->unsharded_info_ = std::move(unsharded_info);
   m->unsharded_info_.max_positions = m->info().max_positions;  // a backend's window cap (compile)

@@ -50,7 +50,10 @@ struct ModelOptions {
   // imports op by op; "family" requires recognition (an error says why not).
   std::string onnx_import = "auto";
   // Applied to the optimized graph before it is compiled (quantization rewrites such as
-  // quant::apply_w8a8); not applied to engine files, which carry their rewrites.
+  // quant::apply_w8a8); not applied to engine files, which carry their rewrites. With
+  // tensor_parallel > 1 it rewrites the unsharded optimized graph, which is then sharded
+  // (parallel/tensor_parallel.h): calibration, smoothing and scales are the unsharded
+  // model's on every rank.
   std::function<void(ir::Graph&)> rewrite;
   // Instrumentation of Linear nodes (calibration, per-layer error); CPU backend only.
   std::shared_ptr<const LinearObserver> linear_observer;
@@ -235,6 +238,12 @@ class Model {
   int64_t declared_max_positions_ = 0;
 
   static std::unique_ptr<Model> from_built_sharded(BuiltModel built, const ModelOptions& options);
+  // from_built's halves: the passes, the top-logits node and options.rewrite on built_;
+  // then compiling it (a tensor-parallel rank of a rewritten model is optimized unsharded
+  // and compiled sharded).
+  void optimize(const ModelOptions& options);
+  static std::unique_ptr<Model> from_optimized(BuiltModel built, const ModelOptions& options,
+                                               bool optimized);
   static std::unique_ptr<Model> load_engine(const std::string& path, const ModelOptions& options);
   // One rank of a loaded engine (its whole graph for tp_world 1), compiled with `comm`.
   static std::unique_ptr<Model> load_engine_rank(const std::shared_ptr<EngineContents>& e, int rank,

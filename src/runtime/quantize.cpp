@@ -108,6 +108,8 @@ ModelOptions on_cpu(ModelOptions base) {
   base.backend = "cpu";
   base.device = 0;
   base.communicator = nullptr;
+  // Calibration observes the unsharded model (--tp shards the rewritten one afterwards).
+  base.tensor_parallel = 1;
   return base;
 }
 

@@ -14,6 +14,7 @@
 #include "engine_generated.h"
 #include "engine_test_util.h"
 #include "runtime/llm_runner.h"
+#include "runtime/quantize.h"
 
 namespace kiln {
 namespace {
@@ -118,6 +119,88 @@ TEST_P(TpEngine, RunsShardedWithTheUnshardedModelsTokens) {
 
 INSTANTIATE_TEST_SUITE_P(Decoders, TpEngine, ::testing::Values("gpt2", "llama", "qwen2", "qwen3", "phi3", "gemma3", "mistral", "gemma2"));
 
+// `kiln build --tp 2 --quant`: the model is calibrated and quantized unsharded, then
+// sharded (docs/tensor_parallel.md). The engine runs over its two ranks with the greedy
+// tokens of the unsharded quantized model and of the --tp 2 checkpoint load under the same
+// calibration, and the unsharded quantized model's logits within tp_quant_test.cpp's
+// bounds (f32 summation order; 2e-4, or 1e-2 where the q4 GEMV rounds its activations
+// at run time); the file keeps each rank's unsharded scales (W8A8 weight_amax, E4M3 codes
+// under the tensor's weight_scale, q4 row images).
+class TpQuantEngine : public ::testing::TestWithParam<std::tuple<std::string, std::string>> {};
+
+TEST_P(TpQuantEngine, RunsWithTheUnshardedQuantizedModelsTokens) {
+  const auto [name, mode] = GetParam();
+  const std::string model = testing::fixture_dir(name);
+  auto dir = scratch_dir();
+  QuantOptions q;
+  q.mode = mode;
+  q.method = "max";
+  ModelOptions base;
+  if (mode == "awq") base.weight_dtype = "q4";
+  std::vector<std::vector<int32_t>> seqs(4);
+  std::mt19937 rng(3);
+  for (auto& sq : seqs)
+    for (int i = 0; i < 24; ++i) sq.push_back(int32_t(3 + rng() % 500));
+  // The fixtures have no tokenizer: the calibration is made here and handed over as a cache.
+  const std::string calib = (dir / "calib.json").string();
+  (mode == "awq" ? calibrate_awq(model, base, q, QuantFormat::kQ4, &seqs)
+                 : calibrate_model(model, base, q, &seqs))
+      .save(calib);
+  q.calib = calib;
+  BuildOptions o;
+  o.model = model;
+  o.output = (dir / "q.kiln").string();
+  o.tune = false;
+  o.tensor_parallel = 2;
+  o.quant = q;
+  EXPECT_EQ(build_engine(o).tp_world, 2);
+
+  auto engine = Model::load(o.output);  // no --tp
+  ASSERT_EQ(engine->tp_world(), 2);
+  ModelOptions mo = quant_model_options(base, quant::CalibrationTable::load(calib), q);
+  auto unsharded = Model::load(model, mo);
+  mo.tensor_parallel = 2;
+  auto runtime_tp = Model::load(model, mo);
+  for (int r = 0; r < 2; ++r) {
+    int scaled = 0;
+    for (const ir::Node& n : engine->tp_rank(r).graph().nodes()) {
+      if (n.op != "Linear") continue;
+      scaled += n.has_attr("weight_amax");
+      if (n.attr_str("quant", "") == "fp8") {
+        EXPECT_EQ(engine->tp_rank(r).graph().weight(n.inputs[1]).dtype(), DType::kFP8E4M3)
+            << n.name;
+        EXPECT_TRUE(n.has_attr("weight_scale")) << n.name;
+      }
+      if (mode == "awq" && n.name.find("down_proj") != std::string::npos)
+        EXPECT_EQ(n.attr_str("weight_quant", ""), "q4");
+    }
+    EXPECT_EQ(scaled, mode == "w8a8" ? 2 * int(unsharded->info().num_layers) : 0) << "rank " << r;
+  }
+  auto prompts = testing::Reference(name).prompts();
+  {
+    LlmRunner single(*unsharded), sharded(*engine);
+    for (auto& p : prompts) {
+      single.add_sequence(p);
+      sharded.add_sequence(p);
+    }
+    auto want = single.step(true), got = sharded.step(true);
+    ASSERT_EQ(got.size(), want.size());
+    for (size_t s = 0; s < got.size(); ++s)
+      for (size_t i = 0; i < want[s].logits.size(); ++i)
+        ASSERT_NEAR(got[s].logits[i], want[s].logits[i], mode == "awq" ? 1e-2 : 2e-4)
+            << name << " " << mode << " TP=2 engine prefill logits, seq " << s << " logit " << i;
+  }
+  const auto want = LlmRunner(*unsharded).generate_greedy(prompts, 16);
+  EXPECT_EQ(LlmRunner(*engine).generate_greedy(prompts, 16), want)
+      << name << " " << mode << ": engine";
+  EXPECT_EQ(LlmRunner(*runtime_tp).generate_greedy(prompts, 16), want)
+      << name << " " << mode << ": --tp 2 load";
+}
+
+INSTANTIATE_TEST_SUITE_P(Decoders, TpQuantEngine,
+                         ::testing::Combine(::testing::Values("gpt2", "llama", "qwen2"),
+                                            ::testing::Values("w8a8", "fp8", "awq")));
+
 TEST(TpEngineFile, ReplicatedWeightsAreStoredOnceEvenWhenConvertedPerRank) {
   // A bf16-pinned LM head (Llama's is tied to the f32 embedding) and packed weights:
   // every rank converts or packs its copy of a replicated tensor into a buffer of its
@@ -181,7 +264,27 @@ TEST(TpEngineFile, BuildErrorsAreNamed) {
   };
   expect_has(build_error("llama", 3), "4 attention heads do not split over 3 ranks");
   expect_has(build_error("bert", 2), "decoders only");
-  expect_has(build_error("llama", 2, "w8a8"), "--quant w8a8 with --tp 2 is not supported");
+  // Quantized builds shard the unsharded quantized model; what that cannot keep exact is
+  // refused (tests/parallel/tp_quant_test.cpp has every case).
+  {
+    BuildOptions o;
+    o.model = testing::fixture_dir("llama");
+    o.output = (dir / "x.kiln").string();
+    o.tune = false;
+    o.tensor_parallel = 2;
+    o.quant.mode = "w8a8";
+    o.quant.act_scale = "per-token";
+    const std::vector<std::vector<int32_t>> seqs = {{5, 6, 7, 8, 9, 10}, {11, 12, 13, 14}};
+    o.quant.calib = (dir / "calib.json").string();
+    calibrate_model(o.model, {}, o.quant, &seqs).save(o.quant.calib);
+    try {
+      build_engine(o);
+      ADD_FAILURE() << "per-token scales on row-parallel Linears were built";
+    } catch (const Error& e) {
+      expect_has(e.what(),
+                 "row-parallel W8A8 Linear 'layers.0.o_proj' uses per-token activation scales");
+    }
+  }
   expect_has(build_error("llama", 0), "--tp must be in [1, 64], got 0");
   EXPECT_FALSE(std::filesystem::exists(dir / "x.kiln"));
   // An engine is not rebuilt (with or without --tp).

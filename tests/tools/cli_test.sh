@@ -170,6 +170,24 @@ check build-kv-shift-none 0 "kv shift    none (--kv-calib none)" -- \
   "$kiln" build -m "$tmp/llama-tok" -o "$tmp/llama-none.kiln" --no-tune --kv-calib none
 check build-kv-shift-missing 1 "--kv-calib: no text file" -- \
   "$kiln" build -m "$tmp/llama-tok" -o "$tmp/x.kiln" --no-tune --kv-calib "$tmp/nope.txt"
+# --tp with --quant: calibrated and quantized unsharded, then sharded. `generate --tp 2` and a
+# `build --tp 2` engine print the unsharded quantized model's tokens; what would round
+# differently per rank is refused, naming the Linear.
+for q in w8a8 fp8; do
+  want=$("$kiln" generate -m "$tmp/llama-tok" --quant $q --ids 5,6,7,300 -n 8 -q --print-ids --ignore-eos 2>/dev/null)
+  check generate-tp2-$q 0 "$want" -- \
+    "$kiln" generate -m "$tmp/llama-tok" --quant $q --tp 2 --ids 5,6,7,300 -n 8 -q --print-ids --ignore-eos
+  check build-tp2-$q 0 "ranks" -- "$kiln" build -m "$tmp/llama-tok" --quant $q --tp 2 -o "$tmp/llama-$q-tp2.kiln" --no-tune
+  check engine-tp2-$q 0 "$want" -- \
+    "$kiln" generate -m "$tmp/llama-$q-tp2.kiln" --ids 5,6,7,300 -n 8 -q --print-ids --ignore-eos
+  [ -n "$want" ] || { echo "FAIL generate-$q: no tokens"; fail=1; }
+done
+check tp-quant-per-token 1 "row-parallel W8A8 Linear 'layers.0.o_proj' uses per-token activation scales" -- \
+  "$kiln" generate -m "$tmp/llama-tok" --quant w8a8 --act-scale per-token --tp 2 --ids 5 -n 1
+check tp-quant-hadamard 1 "would cut; drop it from --hadamard" -- \
+  "$kiln" build -m "$tmp/llama-tok" --quant w8a8 --hadamard down_proj --tp 2 -o "$tmp/x.kiln" --no-tune
+check tp-quant-q4-groups 1 "has input width 64 in groups of 32; over 4 ranks (--tp 4)" -- \
+  "$kiln" generate -m "$tmp/llama-tok" --quant awq --tp 4 --ids 5 -n 1
 # `kiln serve --chat-template` replaces a model's template (a file or its text); the tool-call
 # format is then read from it (--tool-call-parser auto).
 printf '{%% for m in messages %%}{{ m.content }}{%% endfor %%}<tool_call>' > "$tmp/tools.jinja"
