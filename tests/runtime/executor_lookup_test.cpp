@@ -271,7 +271,9 @@ TEST_F(ExecutorLookupTest, ThePrefixCacheNeverKeepsARejectedDraft) {
   opt.lookup_drafts = 6;
   opt.lookup_min_n = 1;  // one-token matches: many drafts, most of them wrong
   opt.lookup_max_n = 2;
-  opt.session_idle_timeout = std::chrono::milliseconds(200);
+  // Long enough that a loaded machine (CI's 2 cores running tests side by side) does not
+  // expire a session between its two turns; short enough to wait out below.
+  opt.session_idle_timeout = std::chrono::milliseconds(3000);
   Executor ex(*model_, nullptr, opt);
   int64_t rejected = 0;
   for (uint32_t seed = 0; seed < 4; ++seed) {
@@ -301,7 +303,7 @@ TEST_F(ExecutorLookupTest, ThePrefixCacheNeverKeepsARejectedDraft) {
   EXPECT_GT(s.prefix_hit_blocks, 0);
   EXPECT_EQ(s.session_hits, 4);
   // The sessions hold blocks until they expire (the idle loop looks once a second).
-  for (int i = 0; i < 100 && ex.stats().sessions > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  for (int i = 0; i < 300 && ex.stats().sessions > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   EXPECT_EQ(ex.stats().sessions, 0);
   expect_no_leak(ex);
 }
