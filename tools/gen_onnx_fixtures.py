@@ -194,17 +194,10 @@ def make_bert(root, opset=OPSET, dirname="bert"):
             "padding": "right, pad id 0, attention_mask 0 on padding"}, opset)
 
 
-def make_gpt2(root):
-    out = root / "gpt2"
-    out.mkdir(parents=True, exist_ok=True)
-    cfg = transformers.GPT2Config(vocab_size=VOCAB, n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS,
-                                  n_positions=MAX_POS, initializer_range=0.2, resid_pdrop=0.0,
-                                  embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False,
-                                  attn_implementation="eager")
-    torch.manual_seed(3001)
-    model = transformers.GPT2LMHeadModel(cfg).eval()
-    randomize(model, 3002)
-    ids, mask = padded_batch(3003, VOCAB)
+def export_logits(out, family, cls, cfg, model, batch):
+    """A causal LM exported without a cache: inputs input_ids / attention_mask [batch, seq],
+    output logits; the reference is PyTorch's logits on the padded batch."""
+    ids, mask = batch
     feeds = {"input_ids": ids, "attention_mask": mask}
 
     class Wrap(torch.nn.Module):
@@ -223,10 +216,23 @@ def make_gpt2(root):
     dyn["logits"] = {0: "batch", 1: "sequence"}
     path = out / "model.onnx"
     export(w, (ids, mask), list(feeds), ["logits"], dyn, path)
-    finish(out, "gpt2", path, feeds, {"logits": logits},
-           {"model": "gpt2", "class": "GPT2LMHeadModel", "config": cfg.to_diff_dict(),
+    finish(out, family, path, feeds, {"logits": logits},
+           {"model": family, "class": cls, "config": cfg.to_diff_dict(),
             "padding": "right, pad id 0, attention_mask 0 on padding; logits past a row's "
                        "length are not meaningful"})
+
+
+def make_gpt2(root):
+    out = root / "gpt2"
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = transformers.GPT2Config(vocab_size=VOCAB, n_embd=HIDDEN, n_layer=LAYERS, n_head=HEADS,
+                                  n_positions=MAX_POS, initializer_range=0.2, resid_pdrop=0.0,
+                                  embd_pdrop=0.0, attn_pdrop=0.0, use_cache=False,
+                                  attn_implementation="eager")
+    torch.manual_seed(3001)
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    randomize(model, 3002)
+    export_logits(out, "gpt2", "GPT2LMHeadModel", cfg, model, padded_batch(3003, VOCAB))
 
 
 PAST_PROMPT_LEN = 7
@@ -393,29 +399,7 @@ def make_llama(root):
     out = root / "llama"
     out.mkdir(parents=True, exist_ok=True)
     cfg, model = llama_model(5001, tied=False, init=0.2)
-    ids, mask = padded_batch(5003, LLAMA_VOCAB)
-    feeds = {"input_ids": ids, "attention_mask": mask}
-
-    class Wrap(torch.nn.Module):
-        def __init__(self, m):
-            super().__init__()
-            self.m = m
-
-        def forward(self, input_ids, attention_mask):
-            return self.m(input_ids=input_ids, attention_mask=attention_mask, use_cache=False,
-                          return_dict=True).logits
-
-    w = Wrap(model).eval()
-    with torch.no_grad():
-        logits = w(ids, mask)
-    dyn = {k: {0: "batch", 1: "sequence"} for k in feeds}
-    dyn["logits"] = {0: "batch", 1: "sequence"}
-    path = out / "model.onnx"
-    export(w, (ids, mask), list(feeds), ["logits"], dyn, path)
-    finish(out, "llama", path, feeds, {"logits": logits},
-           {"model": "llama", "class": "LlamaForCausalLM", "config": cfg.to_diff_dict(),
-            "padding": "right, pad id 0, attention_mask 0 on padding; logits past a row's "
-                       "length are not meaningful"})
+    export_logits(out, "llama", "LlamaForCausalLM", cfg, model, padded_batch(5003, LLAMA_VOCAB))
 
 
 def make_llama_past(root):
