@@ -269,6 +269,30 @@ TEST(TpQuantShards, RowParallelQ4SplitsTheUnshardedRowImageByGroups) {
   }
 }
 
+// A backend that hands everything to the CPU backend (which implements weight_amax) but
+// answers supports_w8a8_weight_amax() false unless a test's subclass says otherwise.
+class CpuForwarding : public Backend {
+ public:
+  CpuForwarding() : cpu_(create_backend("cpu")) {}
+  bool supports(const ir::Node& n, const ir::Graph& g) const override {
+    return cpu_->supports(n, g);
+  }
+  std::unique_ptr<CompiledGraph> compile(const ir::Graph& g, const CompileOptions& o) override {
+    return cpu_->compile(g, o);
+  }
+  std::unique_ptr<KvStorage> allocate_kv(const KvLayout& l) override {
+    return cpu_->allocate_kv(l);
+  }
+  DeviceMemory memory_info() override { return cpu_->memory_info(); }
+  bool supports_fusion(const std::string& p) const override { return cpu_->supports_fusion(p); }
+  std::vector<std::shared_ptr<Communicator>> make_communicators(int world, int first) override {
+    return cpu_->make_communicators(world, first);
+  }
+
+ protected:
+  std::unique_ptr<Backend> cpu_;
+};
+
 // The bound of ShardsGiveTheUnshardedQuantizedModel is tight enough to see a shard that
 // rounds its slice on its own rows' scales (what a backend ignoring weight_amax would do).
 TEST(TpQuantShards, WrongScalesAreCaught) {
@@ -281,30 +305,18 @@ TEST(TpQuantShards, WrongScalesAreCaught) {
   mo.tensor_parallel = 2;
   // The ranks compile through a backend that erases the attr the sharder adds.
   static int dropped = 0;
-  class SliceScaleCpu : public Backend {
+  class SliceScaleCpu : public CpuForwarding {
    public:
-    explicit SliceScaleCpu(int* dropped) : cpu_(create_backend("cpu")), dropped_(dropped) {}
+    explicit SliceScaleCpu(int* dropped) : dropped_(dropped) {}
     std::string name() const override { return "slice-scale cpu"; }
-    bool supports(const ir::Node& n, const ir::Graph& g) const override {
-      return cpu_->supports(n, g);
-    }
     bool supports_w8a8_weight_amax() const override { return true; }
     std::unique_ptr<CompiledGraph> compile(const ir::Graph& g, const CompileOptions& o) override {
       graphs_.push_back(std::make_unique<ir::Graph>(g));
       for (ir::Node& n : graphs_.back()->nodes()) *dropped_ += int(n.attrs.erase("weight_amax"));
       return cpu_->compile(*graphs_.back(), o);
     }
-    std::unique_ptr<KvStorage> allocate_kv(const KvLayout& l) override {
-      return cpu_->allocate_kv(l);
-    }
-    DeviceMemory memory_info() override { return cpu_->memory_info(); }
-    bool supports_fusion(const std::string& p) const override { return cpu_->supports_fusion(p); }
-    std::vector<std::shared_ptr<Communicator>> make_communicators(int world, int first) override {
-      return cpu_->make_communicators(world, first);
-    }
 
    private:
-    std::unique_ptr<Backend> cpu_;
     int* dropped_;
     std::vector<std::unique_ptr<ir::Graph>> graphs_;
   };
@@ -364,27 +376,9 @@ TEST(TpQuantErrors, RefusalsNameTheLinearAndTheWayOut) {
   expect_has(e, "(--tp 4)");
   expect_has(e, "16 columns would cut a group");
   // A backend that does not implement weight_amax refuses the W8A8 shards.
-  class NoAmaxCpu : public Backend {
+  class NoAmaxCpu : public CpuForwarding {
    public:
-    NoAmaxCpu() : cpu_(create_backend("cpu")) {}
     std::string name() const override { return "no-amax"; }
-    bool supports(const ir::Node& n, const ir::Graph& g) const override {
-      return cpu_->supports(n, g);
-    }
-    std::unique_ptr<CompiledGraph> compile(const ir::Graph& g, const CompileOptions& o) override {
-      return cpu_->compile(g, o);
-    }
-    std::unique_ptr<KvStorage> allocate_kv(const KvLayout& l) override {
-      return cpu_->allocate_kv(l);
-    }
-    DeviceMemory memory_info() override { return cpu_->memory_info(); }
-    bool supports_fusion(const std::string& p) const override { return cpu_->supports_fusion(p); }
-    std::vector<std::shared_ptr<Communicator>> make_communicators(int world, int first) override {
-      return cpu_->make_communicators(world, first);
-    }
-
-   private:
-    std::unique_ptr<Backend> cpu_;
   };
   register_backend("no-amax-cpu", [](int) { return std::make_unique<NoAmaxCpu>(); });
   e = load_error("llama", {"w8a8", ""}, 2, "no-amax-cpu");
