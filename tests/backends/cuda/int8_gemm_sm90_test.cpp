@@ -335,5 +335,31 @@ TEST(CudaInt8GemmSm90, ChecksNameWhatIsWrong) {
   }
 }
 
+// KILN_CUDA_INT8_CONFIG's parser (no GPU needed): entries, and each malformed form named.
+TEST(CudaInt8GemmSm90Config, OverridesParseAndMalformedOnesAreNamed) {
+  EXPECT_TRUE(parse_int8_config_overrides(nullptr).empty());
+  EXPECT_TRUE(parse_int8_config_overrides("").empty());
+  const auto o = parse_int8_config_overrides("2304x768=coop192,768x3072=pp64");
+  ASSERT_EQ(o.size(), 2u);
+  EXPECT_EQ(o[0].n, 2304);
+  EXPECT_EQ(o[0].k, 768);
+  EXPECT_EQ(o[0].config, Int8GemmConfig::kCooperative128x192);
+  EXPECT_EQ(o[1].n, 768);
+  EXPECT_EQ(o[1].k, 3072);
+  EXPECT_EQ(o[1].config, Int8GemmConfig::kPingpong64x128);
+  EXPECT_EQ(parse_int8_config_overrides("1x1=pp2x1")[0].config, Int8GemmConfig::kPingpong128x128);
+  EXPECT_EQ(parse_int8_config_overrides("1x1=coop128")[0].config, Int8GemmConfig::kCooperative128x128);
+  for (const char* bad : {"2304x768", "2304=pp64", "x768=pp64", "2304x=pp64", "0x768=pp64", "-1x768=pp64",
+                          "2304x768=fast", "2304x768=pp64,", "99999999999x1=pp64", "2304x768=pp64,,1x1=pp64"}) {
+    try {
+      parse_int8_config_overrides(bad);
+      ADD_FAILURE() << "accepted " << bad;
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << bad;
+      EXPECT_NE(std::string(e.what()).find("KILN_CUDA_INT8_CONFIG"), std::string::npos) << e.what();
+    }
+  }
+}
+
 }  // namespace
 }  // namespace kiln::cuda

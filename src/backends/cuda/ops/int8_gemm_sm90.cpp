@@ -5,8 +5,11 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <map>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <tuple>
 
 #include "backends/cuda/cuda_check.h"
@@ -14,6 +17,7 @@
 #include "backends/cuda/event_timing.h"
 #include "backends/cuda/ops/convert.h"
 #include "backends/cuda/ops/int8_gemm_sm90_impl.h"
+#include "core/log.h"
 #include "core/status.h"
 
 namespace kiln::cuda {
@@ -56,9 +60,51 @@ bool int8_gemm_sm90_available(std::string* why) {
 #endif
 }
 
+std::vector<Int8ConfigOverride> parse_int8_config_overrides(const char* value) {
+  static constexpr const char* kNames[kInt8GemmConfigs] = {"pp2x1", "coop128", "pp64", "coop192"};
+  std::vector<Int8ConfigOverride> out;
+  const std::string v = value ? value : "";
+  for (size_t pos = 0; !v.empty() && pos <= v.size();) {
+    size_t end = v.find(',', pos);
+    if (end == std::string::npos) end = v.size();
+    const std::string entry = v.substr(pos, end - pos);
+    pos = end + 1;
+    auto bad = [&](const char* why) {
+      return Error(ErrorCode::kInvalidArgument,
+                   str_cat("KILN_CUDA_INT8_CONFIG: entry '", entry, "' ", why,
+                           " (expected NxK=NAME, NAME one of pp2x1, coop128, pp64, coop192)"));
+    };
+    const size_t x = entry.find('x'), eq = entry.find('=');
+    if (x == std::string::npos || eq == std::string::npos || eq < x) throw bad("is not NxK=NAME");
+    Int8ConfigOverride o;
+    const std::string ns = entry.substr(0, x), ks = entry.substr(x + 1, eq - x - 1), name = entry.substr(eq + 1);
+    auto number = [&](const std::string& s, int64_t& to) {
+      if (s.empty() || s.size() > 9 || s.find_first_not_of("0123456789") != std::string::npos || std::stoll(s) <= 0)
+        throw bad("has a shape that is not two positive integers");
+      to = std::stoll(s);
+    };
+    number(ns, o.n);
+    number(ks, o.k);
+    const auto it = std::find(std::begin(kNames), std::end(kNames), name);
+    if (it == std::end(kNames)) throw bad("names no configuration");
+    o.config = Int8GemmConfig(it - std::begin(kNames));
+    out.push_back(o);
+  }
+  return out;
+}
+
 namespace {
 
 bool aligned16(const void* p) { return p && reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// KILN_CUDA_INT8_CONFIG's configuration for the shape n x k, if it names one.
+std::optional<Int8GemmConfig> forced_config(int64_t n, int64_t k) {
+  static const std::vector<Int8ConfigOverride> overrides =
+      parse_int8_config_overrides(std::getenv("KILN_CUDA_INT8_CONFIG"));
+  for (const Int8ConfigOverride& o : overrides)
+    if (o.n == n && o.k == k) return o.config;
+  return std::nullopt;
+}
 
 #if KILN_HAVE_CUTLASS
 // A stand-in codes table: the checks and the workspace query only ask which kernel runs
@@ -222,6 +268,11 @@ Int8GemmPlan int8_gemm_sm90_tune(DType out, const int8_t* w, int64_t n, int64_t 
     }
   }
   KILN_CUDA_CHECK(cudaStreamSynchronize(s));
+  if (const auto forced = forced_config(n, k)) {
+    plan.by_bucket.fill(*forced);
+    log_info("cuda: int8 gemm (sm90) n=", n, " k=", k, ": ", int8_gemm_config_name(*forced),
+             " at every row count (KILN_CUDA_INT8_CONFIG)");
+  }
   std::lock_guard<std::mutex> lock(mu);
   cache[key] = {plan, all};
   if (timings) *timings = std::move(all);

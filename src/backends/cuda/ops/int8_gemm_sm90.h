@@ -91,9 +91,22 @@ struct Int8GemmTiming {
 // shape: the layers of a model share a few shapes. code_table set times the codes
 // epilogue (e.act kGeluErf) with that table, the kernel such a Linear runs: its
 // configuration can differ from the plain GEMM's (cached apart).
+// KILN_CUDA_INT8_CONFIG=NxK=NAME[,NxK=NAME...] overrides the timed choice for every row
+// bucket of the Linears of that shape (n output channels, k inputs), NAME one of pp2x1,
+// coop128, pp64, coop192 (the Int8GemmConfig order): a tool for measuring configurations
+// inside a model's forward (bench/ab.py), where a kernel timed alone can rank them otherwise
+// (bench/RESULTS.md, session 49).
 Int8GemmPlan int8_gemm_sm90_tune(DType out, const int8_t* w, int64_t n, int64_t k,
                                  const Int8Epilogue& e, bool per_token, int sm_count,
                                  cudaStream_t s, std::vector<Int8GemmTiming>* timings = nullptr,
                                  const int8_t* code_table = nullptr);
+
+// KILN_CUDA_INT8_CONFIG's value parsed: {n, k, configuration} per entry; empty or null: none.
+// A malformed entry or an unknown name throws kInvalidArgument naming it.
+struct Int8ConfigOverride {
+  int64_t n = 0, k = 0;
+  Int8GemmConfig config{};
+};
+std::vector<Int8ConfigOverride> parse_int8_config_overrides(const char* value);
 
 }  // namespace kiln::cuda
