@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <limits>
 #include <string>
 
 #include "backends/backend.h"
@@ -19,11 +20,11 @@
 #include "frontends/onnx/onnx_kv.h"
 #include "frontends/onnx/onnx_model.h"
 #include "frontends/weight_source.h"
+#include "onnx_writer.h"
 #include "passes/pass_manager.h"
 #include "runtime/encoder_runner.h"
 #include "runtime/llm_runner.h"
 #include "runtime/model.h"
-#include "onnx_writer.h"
 #include "test_util.h"
 
 namespace kiln {
@@ -732,6 +733,45 @@ TEST(OnnxFamily, LlamaViewSaysWhatItCannotRead) {
                                             {}});
                  }),
       {"model.layers.0.mlp.gate_proj adds a bias ('gate_bias'"}));
+}
+
+// Crafted copies the view must read without faulting: nodes without outputs (a Constant,
+// and one named as layer 0's q_proj ahead of the real one), a head_dim no int64 holds, a
+// q_proj narrower than k_proj (0 query heads).
+TEST(OnnxFamily, LlamaViewReadsCraftedFilesSafely) {
+  const onnx::OnnxModel good = onnx::load_onnx_model(fixture("llama/model.onnx"));
+  EXPECT_EQ(
+      view_error(good,
+                 [](auto& m) {
+                   onnx::OnnxAttribute value;
+                   value.name = "value";
+                   value.type = onnx::AttrType::kTensor;
+                   value.t = std::make_shared<onnx::OnnxTensor>(
+                       onnx::OnnxTensor{"c", onnx::kOnnxFloat, {1}, Tensor(DType::kF32, {1})});
+                   m.graph.nodes.insert(
+                       m.graph.nodes.begin(),
+                       {{"c", "Constant", "", {}, {}, {value}},
+                        {"/m/model/layers.0/self_attn/q_proj/MatMul", "MatMul", "", {}, {}, {}}});
+                 }),
+      "recognised");
+  EXPECT_TRUE(has_parts(
+      view_error(good,
+                 [](auto& m) {
+                   Tensor huge(DType::kI64, {1});
+                   huge.data_as<int64_t>()[0] = std::numeric_limits<int64_t>::max();
+                   m.graph.initializers.push_back({"huge", onnx::kOnnxInt64, {1}, huge});
+                   find_node(m, "/m/model/layers.0/self_attn/Concat").inputs.at(3) = "huge";
+                 }),
+      {"no error (llama: cannot tell the heads"}));
+  EXPECT_TRUE(has_parts(
+      view_error(good,
+                 [](auto& m) {
+                   onnx::OnnxNode& q = find_node(m, "/m/model/layers.0/self_attn/q_proj/MatMul");
+                   m.graph.initializers.push_back(
+                       {"q_empty", onnx::kOnnxFloat, {64, 0}, Tensor(DType::kF32, {64, 0})});
+                   q.inputs.at(1) = "q_empty";
+                 }),
+      {"no error (llama: cannot tell the heads", "its 0 columns and k_proj's 32"}));
 }
 
 // Not recognised, a plain export falls back to the op-by-op graph (PyTorch's logits

@@ -60,7 +60,8 @@ struct Index {
   explicit Index(const OnnxModel& m) {
     for (auto& t : m.graph.initializers) consts[t.name] = &t.value;
     for (auto& n : m.graph.nodes) {
-      if (n.op_type == "Constant" && n.attr("value") && n.attr("value")->t) consts[n.outputs.at(0)] = &n.attr("value")->t->value;
+      if (n.op_type == "Constant" && !n.outputs.empty() && n.attr("value") && n.attr("value")->t)
+        consts[n.outputs[0]] = &n.attr("value")->t->value;
       // The exporter shares equal parameters (norm weights still at their init) through
       // Identity nodes: their outputs are the constant too.
       if (n.op_type == "Identity" && !n.inputs.empty() && !n.outputs.empty())
@@ -120,8 +121,8 @@ int64_t find_heads(const OnnxModel& m, const Index& ix, int64_t hidden) {
 std::optional<double> find_eps(const OnnxModel& m, const Index& ix) {
   for (auto& n : m.graph.nodes) {
     if (n.op_type == "LayerNormalization") return n.attr("epsilon") ? double(n.attr("epsilon")->f) : 1e-5;
-    if (n.op_type != "Sqrt") continue;
-    auto p = ix.producer.find(n.inputs.at(0));
+    if (n.op_type != "Sqrt" || n.inputs.empty()) continue;
+    auto p = ix.producer.find(n.inputs[0]);
     if (p != ix.producer.end() && p->second->op_type == "Add" && p->second->inputs.size() == 2)
       if (auto e = ix.scalar(p->second->inputs[1])) return *e;
   }
@@ -146,12 +147,13 @@ bool has_op(const OnnxModel& m, const char* op) {
 void name_projections(const OnnxModel& m, const Index& ix, const std::string& prefix,
                       std::map<std::string, Tensor>& w) {
   for (auto& n : m.graph.nodes) {
-    if ((n.op_type != "MatMul" && n.op_type != "Gemm") || n.inputs.size() < 2) continue;
+    if ((n.op_type != "MatMul" && n.op_type != "Gemm") || n.inputs.size() < 2 || n.outputs.empty())
+      continue;
     auto b = ix.consts.find(n.inputs[1]);
     if (b == ix.consts.end() || b->second->rank() != 2 || n.inputs[1].rfind(prefix, 0) == 0) continue;
     std::string bias;
     if (n.op_type == "Gemm" && n.inputs.size() > 2) bias = n.inputs[2];
-    auto cons = ix.consumers.find(n.outputs.at(0));
+    auto cons = ix.consumers.find(n.outputs[0]);
     if (bias.empty() && cons != ix.consumers.end() && cons->second.size() == 1 && cons->second[0]->op_type == "Add")
       for (auto& in : cons->second[0]->inputs)
         if (in != n.outputs[0]) bias = in;
@@ -333,6 +335,7 @@ std::optional<OnnxHfView> llama_view(const OnnxModel& m, const Index& ix, const 
                                      std::string* why) {
   std::map<std::string, Tensor> w;
   std::map<std::string, std::string> from;  // HF name -> the ONNX node it was read at
+  std::string q_out;                        // layer 0's q_proj output
   const int64_t vocab = embed.value.dim(0), hidden = embed.value.dim(1);
   auto fail = [&](const std::string& what) { return *why = "llama: " + what, std::nullopt; };
   if (vocab <= 0 || hidden <= 0) return fail(str_cat("'", embed.name, "' is empty"));
@@ -373,6 +376,7 @@ std::optional<OnnxHfView> llama_view(const OnnxModel& m, const Index& ix, const 
                 return fail(str_cat(what, " adds a bias ('", in, "' at node '", add->name,
                                     "'); kiln maps Llama's bias-free projections"));
       has_head |= is_head;
+      if (what == "model.layers.0.self_attn.q_proj") q_out = n.outputs[0];
       if (!put(is_head ? "lm_head.weight" : what + ".weight", std::move(*weight), n))
         return std::nullopt;
       continue;
@@ -421,23 +425,21 @@ std::optional<OnnxHfView> llama_view(const OnnxModel& m, const Index& ix, const 
   // Heads: head_dim from q_proj's Reshape to [batch, seq, heads or -1, head_dim]; query
   // and KV heads from q_proj's and k_proj's widths.
   int64_t hd = 0;
-  const std::string q_out = [&] {
-    for (auto& n : m.graph.nodes)
-      if (n.name == from.at("model.layers.0.self_attn.q_proj.weight")) return n.outputs[0];
-    return std::string();
-  }();
-  if (auto c = ix.consumers.find(q_out); c != ix.consumers.end())
-    for (const OnnxNode* r : c->second)
-      if (auto dims = reshape_target(ix, *r); dims.size() == 4 && dims[3] && *dims[3] > 0)
-        hd = int64_t(*dims[3]);
   const int64_t q_width = w.at("model.layers.0.self_attn.q_proj.weight").dim(0);
   const int64_t kv_width = w.at("model.layers.0.self_attn.k_proj.weight").dim(0);
-  if (hd <= 0 || q_width % hd || kv_width % hd || kv_width < hd || (q_width / hd) % (kv_width / hd))
+  // Bounded by q's width before the cast: a crafted target may hold any double.
+  if (auto c = ix.consumers.find(q_out); c != ix.consumers.end())
+    for (const OnnxNode* r : c->second)
+      if (auto dims = reshape_target(ix, *r);
+          dims.size() == 4 && dims[3] && *dims[3] >= 1 && *dims[3] <= double(q_width))
+        hd = int64_t(*dims[3]);
+  if (hd <= 0 || q_width % hd || kv_width % hd || kv_width < hd || q_width < kv_width ||
+      (q_width / hd) % (kv_width / hd))
     return fail(
         str_cat("cannot tell the heads: q_proj of layer 0 ('",
                 from.at("model.layers.0.self_attn.q_proj.weight"),
                 "') is not reshaped to [.., .., heads, head_dim] with head_dim dividing its ",
-                q_width, " columns and k_proj's ", kv_width));
+                q_width, " columns and k_proj's ", kv_width, " (no wider than q_proj's)"));
   // RoPE: inv_freq[i] = 1 / (factor * theta^(2i / head_dim)); theta from the last entry
   // (the best conditioned), factor (linear scaling) from the first.
   std::string freq_name;
