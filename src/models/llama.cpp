@@ -181,6 +181,9 @@ void read_decoder_info(const nlohmann::json& c, int64_t default_max_positions, M
   if (info.num_layers < 1 || info.num_layers > 4096)
     throw_error(ErrorCode::kInvalidFile, "config.json: num_hidden_layers ", info.num_layers, " (expected 1 to 4096)");
   info.num_heads = config_int(c, "num_attention_heads");
+  if (info.num_heads < 1)
+    throw_error(ErrorCode::kInvalidFile, "config.json: num_attention_heads ", info.num_heads,
+                " (expected >= 1)");
   info.num_kv_heads = config_int(c, "num_key_value_heads", info.num_heads);
   info.head_dim = config_int(c, "head_dim", info.hidden_size / info.num_heads);
   info.max_positions = config_int(c, "max_position_embeddings", default_max_positions);
