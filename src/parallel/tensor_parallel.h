@@ -11,8 +11,9 @@
 // epilogue or a SwiGLU/GeGLU node, SmoothQuant Muls, W8A8/FP8/q4/q8 Linears): a quantized
 // model is quantized unsharded and then sharded, so that every rank rounds exactly as
 // the unsharded model does (docs/tensor_parallel.md):
-//  - per-output-channel things (W8A8 weight scales, out_amax, q4/q8 rows) follow the
-//    rows of a column-parallel Linear; a row-parallel Linear keeps its rows' scales whole
+//  - per-output-channel things (W8A8 weight scales, q4/q8 rows) follow the rows of a
+//    column-parallel Linear, per-tensor clips (act_amax, FP8 out_amax) stay the unsharded
+//    tensor's; a row-parallel Linear keeps its rows' scales whole
 //    (W8A8: attr weight_amax, the unsharded rows' max |w|; q4/q8: the row image quantized
 //    whole, then split by groups of 32) and its static activation clip;
 //  - FP8's per-tensor weight scale is the unsharded tensor's (E4M3 codes stored first,

@@ -185,10 +185,12 @@ TEST_P(TpQuantEngine, RunsWithTheUnshardedQuantizedModelsTokens) {
     }
     auto want = single.step(true), got = sharded.step(true);
     ASSERT_EQ(got.size(), want.size());
-    for (size_t s = 0; s < got.size(); ++s)
+    for (size_t s = 0; s < got.size(); ++s) {
+      ASSERT_EQ(got[s].logits.size(), want[s].logits.size()) << name << " " << mode << " seq " << s;
       for (size_t i = 0; i < want[s].logits.size(); ++i)
         ASSERT_NEAR(got[s].logits[i], want[s].logits[i], mode == "awq" ? 1e-2 : 2e-4)
             << name << " " << mode << " TP=2 engine prefill logits, seq " << s << " logit " << i;
+    }
   }
   const auto want = LlmRunner(*unsharded).generate_greedy(prompts, 16);
   EXPECT_EQ(LlmRunner(*engine).generate_greedy(prompts, 16), want)
