@@ -160,9 +160,9 @@ TEST(LinearInt8, GivenRowMaximaGiveTheWholeRowsCodes) {
   for (int64_t r = 0; r < t; ++r)
     for (int64_t i = 0; i < k; ++i) xs[size_t(i / half)].push_back(x[size_t(r * k + i)]);
   // Quantized rows of x: the static per-tensor scale of the whole x rounds each slice alike.
-  const float x_scale = 1.0f / 127.0f;
+  const float x_inv_scale = 127.0f;
   std::vector<int8_t> qx(size_t(t * 4 * full.k4));
-  quantize_rows_int8(x.data(), t, k, 127.0f, qx.data(), 4 * full.k4);
+  quantize_rows_int8(x.data(), t, k, x_inv_scale, qx.data(), 4 * full.k4);
   std::vector<int32_t> want(size_t(t * n));
   gemm_int8_acc(qx.data(), t, full, want.data());
   std::vector<int32_t> sum(want.size(), 0);
@@ -171,7 +171,7 @@ TEST(LinearInt8, GivenRowMaximaGiveTheWholeRowsCodes) {
     for (int64_t r = 0; r < n; ++r)
       EXPECT_EQ(pw.scale[size_t(r)], full.scale[size_t(r)]) << "row " << r;
     std::vector<int8_t> qp(size_t(t * 4 * pw.k4));
-    quantize_rows_int8(xs[size_t(p)].data(), t, half, 1.0f / x_scale, qp.data(), 4 * pw.k4);
+    quantize_rows_int8(xs[size_t(p)].data(), t, half, x_inv_scale, qp.data(), 4 * pw.k4);
     std::vector<int32_t> acc(want.size());
     gemm_int8_acc(qp.data(), t, pw, acc.data());
     for (size_t i = 0; i < acc.size(); ++i) sum[i] += acc[i];
