@@ -9,6 +9,10 @@
 
 #include <cmath>
 #include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/status.h"
 
 namespace kiln {
 
@@ -45,6 +49,27 @@ inline float int8_quantize_channel(const float* w, int64_t k, int8_t* q) {
   float amax = 0.0f;
   for (int64_t i = 0; i < k; ++i) amax = std::fmax(amax, std::fabs(w[i]));
   return int8_quantize_channel_amax(w, k, amax, q);
+}
+
+// A row-parallel shard's weight_amax attribute (parallel/tensor_parallel.h) checked against
+// its rows w [rows, k]: one finite value per row, each >= the row's own max |w| (the
+// unsharded row's max covers its slice). Returns them as floats for
+// int8_quantize_channel_amax; `who` names the Linear in the errors.
+inline std::vector<float> int8_weight_amax(const std::vector<double>& a, const float* w,
+                                           int64_t rows, int64_t k, const std::string& who) {
+  if (int64_t(a.size()) != rows)
+    throw_error(ErrorCode::kInvalidArgument, who, " has ", a.size(), " weight_amax values for ",
+                rows, " output rows");
+  std::vector<float> out(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) {
+    float own = 0.0f;
+    for (int64_t j = 0; j < k; ++j) own = std::fmax(own, std::fabs(w[r * k + j]));
+    if (!(a[size_t(r)] >= double(own)) || !std::isfinite(a[size_t(r)]))
+      throw_error(ErrorCode::kInvalidArgument, who, " has weight_amax ", a[size_t(r)], " for row ",
+                  r, ", whose own max |w| is ", own, " (expected a finite value >= it)");
+    out[size_t(r)] = float(a[size_t(r)]);
+  }
+  return out;
 }
 
 }  // namespace kiln

@@ -65,20 +65,8 @@ LinearGemm w8a8_gemm(const ir::Node& n, const Tensor& w, const Tensor& bias, con
     if (!list)
       throw_error(ErrorCode::kInvalidArgument, "cpu: Linear '", n.name,
                   "' has a weight_amax that is not a list of numbers");
-    const std::vector<double>& a = *list;
-    if (int64_t(a.size()) != w.dim(0))
-      throw_error(ErrorCode::kInvalidArgument, "cpu: Linear '", n.name, "' has ", a.size(),
-                  " weight_amax values for ", w.dim(0), " output rows");
-    for (int64_t r = 0; r < w.dim(0); ++r) {
-      float own = 0.0f;
-      for (int64_t j = 0; j < w.dim(1); ++j)
-        own = std::fmax(own, std::fabs(w.data_as<float>()[r * w.dim(1) + j]));
-      if (!(a[size_t(r)] >= double(own)) || !std::isfinite(a[size_t(r)]))
-        throw_error(ErrorCode::kInvalidArgument, "cpu: Linear '", n.name, "' has weight_amax ",
-                    a[size_t(r)], " for row ", r, ", whose own max |w| is ", own,
-                    " (expected a finite value >= it)");
-      row_amax.push_back(float(a[size_t(r)]));
-    }
+    row_amax = int8_weight_amax(*list, w.data_as<float>(), w.dim(0), w.dim(1),
+                                "cpu: Linear '" + n.name + "'");
   }
   auto packed = std::make_shared<PackedInt8Weight>(pack_weight_int8(
       w.data_as<float>(), w.dim(0), w.dim(1), row_amax.empty() ? nullptr : row_amax.data()));

@@ -823,6 +823,7 @@ class CudaBackend final : public Backend {
   // Sliding windows and soft caps: the tile, cluster decode and (head dim 256) tensor-core
   // kernels, planned per step (AttnPlanKey, AttnWindows).
   bool supports_sliding_window() const override { return true; }
+  bool supports_w8a8_weight_amax() const override { return true; }
   std::unique_ptr<CompiledGraph> compile(const ir::Graph& graph, const CompileOptions& opt) override {
     auto g = std::make_unique<CudaCompiledGraph>(graph, opt, context());
     act_ = g->act();

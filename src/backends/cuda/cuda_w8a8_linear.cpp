@@ -171,13 +171,25 @@ OpRun prepare_w8a8_linear(const ir::Node& n, const ir::Graph& g, PrepareContext&
   // classifier, GPT-2's 50257-token head); the epilogue never reads their sums.
   const int64_t n_pad = (nn + 3) / 4 * 4;
 
-  // Per-channel codes on the host, exactly as the CPU backend packs them.
+  // Per-channel codes on the host, exactly as the CPU backend packs them; a row-parallel
+  // shard's weight_amax (parallel/tensor_parallel.h) gives each row the unsharded row's scale.
   Tensor wf = wt.dtype() == DType::kF32 ? wt : wt.to(DType::kF32);
+  std::vector<float> row_amax;
+  if (n.has_attr("weight_amax")) {
+    const auto* list = std::get_if<std::vector<double>>(&n.attrs.at("weight_amax"));
+    KILN_THROW_IF(!list, kInvalidArgument, "cuda: Linear '", n.name,
+                  "' has a weight_amax that is not a list of numbers");
+    row_amax = int8_weight_amax(*list, wf.data_as<float>(), nn, k, "cuda: Linear '" + n.name + "'");
+  }
   std::vector<int8_t> codes(static_cast<size_t>(n_pad * k), 0);
   std::vector<float> scales(static_cast<size_t>(n_pad), 0.0f);
   ThreadPool::global().parallel_for(nn, [&](int64_t r0, int64_t r1, int) {
-    for (int64_t r = r0; r < r1; ++r)
-      scales[size_t(r)] = int8_quantize_channel(wf.data_as<float>() + r * k, k, codes.data() + r * k);
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* row = wf.data_as<float>() + r * k;
+      scales[size_t(r)] = row_amax.empty() ? int8_quantize_channel(row, k, codes.data() + r * k)
+                                           : int8_quantize_channel_amax(row, k, row_amax[size_t(r)],
+                                                                        codes.data() + r * k);
+    }
   });
   auto dw = std::make_shared<Int8Weights>();
   dw->scales_off = align256(codes.size());

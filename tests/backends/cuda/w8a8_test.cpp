@@ -293,6 +293,50 @@ TEST(CudaW8a8, LinearWithRotatedInputMatchesCpu) {
                        "act_hadamard 64 (its K = 96 rotates in blocks of 32)");
 }
 
+// A row-parallel shard's weight_amax (parallel/tensor_parallel.h): each row rounds on the
+// given max (the unsharded row's, >= its own), as the CPU does, for the GEMV (<= 4 rows) and
+// the GEMMs; the attribute changes the output (rows whose given max exceeds their own take
+// coarser codes), and a max below a row's own or a count that is not the rows' is refused.
+TEST(CudaW8a8, WeightAmaxRoundsEachRowOnTheGivenMax) {
+  KILN_SKIP_WITHOUT_CUDA();
+  for (Shape3 s : {Shape3{64, 40, true}, Shape3{768, 256, false}})
+    for (int64_t t : {1, 4, 5, 130}) {
+      std::mt19937_64 rng(uint64_t(s.k * 5 + s.n + t));
+      ir::Graph plain = w8a8_linear_graph(s.k, s.n, s.bias, "", 0.8, false, rng);
+      ir::Graph g = plain;
+      const Tensor& w = g.weight(g.nodes().back().inputs[1]);
+      std::vector<double> amax(size_t(s.n));
+      for (int64_t r = 0; r < s.n; ++r) {
+        float own = 0.0f;
+        for (int64_t i = 0; i < s.k; ++i)
+          own = std::max(own, std::fabs(w.data_as<float>()[r * s.k + i]));
+        amax[size_t(r)] = double(own) * (1.0 + 0.75 * double(r % 3));
+      }
+      g.nodes().back().attrs["weight_amax"] = amax;
+      TensorMap in = {{"x", random_tensor({t, s.k}, rng, "bf16")}};
+      for (const char* dt : {"f32", "bf16"}) {
+        auto [got, want] = run_both(g, in, dt);
+        expect_close(got, want, dt,
+                     str_cat("w8a8 Linear weight_amax t=", t, " k=", s.k, " n=", s.n));
+        auto [own_rows, unused] = run_both(plain, in, dt);
+        double diff = 0;
+        for (int64_t i = 0; i < got.numel(); ++i)
+          diff = std::max(
+              diff, double(std::fabs(got.data_as<float>()[i] - own_rows.data_as<float>()[i])));
+        EXPECT_GT(diff, 0.0) << "weight_amax changed nothing (t=" << t << ", " << dt << ")";
+      }
+      if (t == 1) {
+        ir::Graph low = g;
+        low.nodes().back().attrs["weight_amax"] = std::vector<double>(size_t(s.n), 1e-6);
+        expect_compile_error(low, "w8a8", "whose own max |w| is");
+        ir::Graph few = g;
+        few.nodes().back().attrs["weight_amax"] = std::vector<double>(size_t(s.n - 1), 1.0);
+        expect_compile_error(few, "w8a8",
+                             str_cat(s.n - 1, " weight_amax values for ", s.n, " output rows"));
+      }
+    }
+}
+
 TEST(CudaW8a8, BertBaseShapes) {
   KILN_SKIP_WITHOUT_CUDA();
   // BERT-base's Linears (QKV merged, attention out, FFN up with GELU, FFN down) up to
