@@ -320,8 +320,13 @@ TEST(TpQuantShards, WrongScalesAreCaught) {
     int* dropped_;
     std::vector<std::unique_ptr<ir::Graph>> graphs_;
   };
-  register_backend("slice-scale-cpu",
-                   [](int) { return std::make_unique<SliceScaleCpu>(&dropped); });
+  dropped = 0;
+  // Registered once per process (--gtest_repeat runs the test again).
+  static const bool registered =
+      (register_backend("slice-scale-cpu",
+                        [](int) { return std::make_unique<SliceScaleCpu>(&dropped); }),
+       true);
+  (void)registered;
   mo.backend = "slice-scale-cpu";
   auto tp = Model::load(path, mo);
   EXPECT_EQ(dropped, 2 * 2 * 2) << "o_proj and down_proj of 2 layers on 2 ranks";
@@ -380,7 +385,9 @@ TEST(TpQuantErrors, RefusalsNameTheLinearAndTheWayOut) {
    public:
     std::string name() const override { return "no-amax"; }
   };
-  register_backend("no-amax-cpu", [](int) { return std::make_unique<NoAmaxCpu>(); });
+  static const bool registered =
+      (register_backend("no-amax-cpu", [](int) { return std::make_unique<NoAmaxCpu>(); }), true);
+  (void)registered;
   e = load_error("llama", {"w8a8", ""}, 2, "no-amax-cpu");
   expect_has(e,
              "'layers.0.o_proj' is a row-parallel W8A8 Linear whose int8 weight scales are the "
