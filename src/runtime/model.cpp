@@ -130,7 +130,7 @@ std::unique_ptr<Model> Model::from_built(BuiltModel built, const ModelOptions& o
   return from_optimized(std::move(built), options, /*optimized=*/false);
 }
 
-void Model::optimize(const ModelOptions& options) {
+std::unique_ptr<Backend> Model::optimize(const ModelOptions& options) {
   // Fusions the backend does not implement (or does not gain from) are skipped for it.
   passes::PassOptions po{options.opt_level, options.disabled_passes, options.precision, options.pin_precision};
   auto backend = create_backend(options.backend);
@@ -157,6 +157,7 @@ void Model::optimize(const ModelOptions& options) {
   if (options.opt_level > 0) log_debug("passes:\n", passes::format_pass_report(pass_report_));
   add_top_logits(options.top_logits_k);
   if (options.rewrite) options.rewrite(built_.graph);
+  return backend;
 }
 
 std::unique_ptr<Model> Model::from_optimized(BuiltModel built, const ModelOptions& options,
@@ -166,7 +167,7 @@ std::unique_ptr<Model> Model::from_optimized(BuiltModel built, const ModelOption
   m->kv_calib_ = options.kv_calib;
   m->kv_rotate_ = options.kv_rotate;
   m->built_ = std::move(built);
-  if (!optimized) m->optimize(options);
+  std::unique_ptr<Backend> backend = optimized ? nullptr : m->optimize(options);
   const bool native = options.weight_dtype == "auto";
   CompileOptions co;
   // auto: Linears kept in their file's format carry it as their precision; the rest take
@@ -182,7 +183,8 @@ std::unique_ptr<Model> Model::from_optimized(BuiltModel built, const ModelOption
   const bool lean = options.lean_host_weights && !options.linear_observer;
   auto t0 = Clock::now();
   if (lean) {
-    const size_t packed = create_backend(options.backend)->pack_weights(m->built_.graph, co);
+    if (!backend) backend = create_backend(options.backend);
+    const size_t packed = backend->pack_weights(m->built_.graph, co);
     if (packed) log_debug("packed ", packed, " Linear weights into the graph before compiling");
     m->load_times_.pack = since(t0);
   }

@@ -241,7 +241,8 @@ class Model {
   // from_built's halves: the passes, the top-logits node and options.rewrite on built_;
   // then compiling it (a tensor-parallel rank of a rewritten model is optimized unsharded
   // and compiled sharded).
-  void optimize(const ModelOptions& options);
+  // Returns the backend it asked which fusions to run (from_optimized packs weights with it).
+  std::unique_ptr<Backend> optimize(const ModelOptions& options);
   static std::unique_ptr<Model> from_optimized(BuiltModel built, const ModelOptions& options,
                                                bool optimized);
   static std::unique_ptr<Model> load_engine(const std::string& path, const ModelOptions& options);
