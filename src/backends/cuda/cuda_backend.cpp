@@ -23,6 +23,12 @@
 // {+e4m3 quantize} a node (norm, SwiGLU, GELU, FP8 Linear) that writes its readers' E4M3
 // codes itself (cuda_fp8_linear.h: the quantize fused into the producer); {int8 in} and
 // {+int8 quantize} likewise for W8A8 Linears (cuda_int8_fuse.h).
+// KILN_CUDA_PROFILE=graph is the in-graph profiler: the first graph-replayed step of each
+// kind (decode, other) is followed by graphs of its launch sequence cut after each node,
+// every one timed by replays (as the step runs: CUDA graph, dependent launch), and a node's
+// cost is how much it lengthens the graph it ends - what removing it would save, overlap
+// with its neighbours included (the eager profile above times each node alone). The costs
+// sum to the step's graph time; printed per op and shape, and node by node with KILN_LOG=debug.
 // Where a norm's output is read by W8A8 Linears and by other nodes, the compiled graph
 // runs its own copy of the graph in which the norm has one more output, the Linears'
 // codes (int8_add_dual_outputs); every other graph is run as given.
@@ -235,6 +241,11 @@ class CudaCompiledGraph final : public CompiledGraph {
     // The first step of a shape creates cuBLASLt plans and sizes buffers on the host
     // between launches: a warm-up, left out of the profile.
     if (profile_ && !profiled_shapes_.insert(graph_key_).second) collect_profile(decode);
+    // A replay (so the shape's warm-up and capture are done) of a kind not yet profiled.
+    if (graph_profile_ && graphable && !enqueued && !(graph_profiled_ & (decode ? 1 : 2))) {
+      graph_profiled_ |= decode ? 1 : 2;
+      profile_graph_prefixes(step, cuda_kv, host_vals, decode);
+    }
     if (step_times_) {
       float ms = 0;
       KILN_CUDA_CHECK(cudaEventElapsedTime(&ms, step_ev_[0], step_ev_[1]));
@@ -299,7 +310,9 @@ class CudaCompiledGraph final : public CompiledGraph {
   }
 
  private:
-  void run_nodes(const StepInfo& step, CudaKv* cuda_kv, const std::vector<const Tensor*>& host_vals) {
+  // Enqueues nodes [0, limit) of the step (those needed).
+  void run_nodes(const StepInfo& step, CudaKv* cuda_kv, const std::vector<const Tensor*>& host_vals,
+                 size_t limit = std::numeric_limits<size_t>::max()) {
     cudaStream_t s = cx_->stream;
     const auto& nodes = graph_.nodes();
     if (profile_) {
@@ -311,7 +324,7 @@ class CudaCompiledGraph final : public CompiledGraph {
       KILN_CUDA_CHECK(cudaEventRecord(prof_ev_[0], s));
     }
     const bool stack = stack_ && stack_->takes(step, cuda_kv);
-    for (size_t i = 0; i < nodes.size(); ++i) {
+    for (size_t i = 0; i < std::min(nodes.size(), limit); ++i) {
       if (profile_ && i > 0) KILN_CUDA_CHECK(cudaEventRecord(prof_ev_[i], s));  // skipped nodes time 0
       if (stack && i >= stack_->first() && i < stack_->last()) continue;  // run with node last()
       if (!node_needed_[i]) continue;
@@ -345,6 +358,70 @@ class CudaCompiledGraph final : public CompiledGraph {
         runners_[i](ctx);
     }
     if (profile_) KILN_CUDA_CHECK(cudaEventRecord(prof_ev_[nodes.size()], s));
+  }
+
+  // KILN_CUDA_PROFILE=graph (see the top of the file): graphs of a spin kernel and the
+  // step's first c launches for every c, each timed as the median of 7 runs of 8 replays;
+  // node c's cost is T(c) - T(c - 1).
+  void profile_graph_prefixes(const StepInfo& step, CudaKv* cuda_kv, const std::vector<const Tensor*>& host_vals,
+                              bool decode) {
+    cudaStream_t s = cx_->stream;
+    const auto& nodes = graph_.nodes();
+    std::vector<size_t> cuts{0};  // prefix lengths: none, then up to each launched node
+    for (size_t i = 0; i < nodes.size(); ++i)
+      if (node_needed_[i] && !(stack_ && stack_->takes(step, cuda_kv) && i >= stack_->first() && i < stack_->last()))
+        cuts.push_back(i + 1);
+    std::vector<double> us(cuts.size(), 0.0);
+    for (size_t c = 0; c < cuts.size(); ++c) {
+      cudaGraph_t g = nullptr;
+      KILN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+      try {
+        set_pdl_allowed(decode || pdl_in_step(gemms_pdl_, step.num_tokens()));
+        launch_spin(0, s);  // every prefix starts with it: the empty prefix's graph is not empty
+        run_nodes(step, cuda_kv, host_vals, cuts[c]);
+        set_pdl_allowed(false);
+      } catch (...) {
+        set_pdl_allowed(false);
+        (void)cudaStreamEndCapture(s, &g);
+        if (g) cudaGraphDestroy(g);
+        (void)cudaGetLastError();
+        throw;
+      }
+      KILN_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+      cudaGraphExec_t exec = nullptr;
+      const cudaError_t st = cudaGraphInstantiate(&exec, g, 0);
+      cudaGraphDestroy(g);
+      KILN_CUDA_CHECK(st);
+      struct Destroy {
+        cudaGraphExec_t e;
+        ~Destroy() { cudaGraphExecDestroy(e); }
+      } destroy{exec};
+      constexpr int kReplays = 8;
+      us[c] = 1000.0 / kReplays * double(median_launch_ms(s, 7, [&] {
+                for (int r = 0; r < kReplays; ++r) KILN_CUDA_CHECK(cudaGraphLaunch(exec, s));
+              }));
+    }
+    std::map<std::string, std::pair<double, int>> by_key;
+    std::string order;
+    for (size_t c = 1; c < cuts.size(); ++c) {
+      const double d = us[c] - us[c - 1];
+      auto& e = by_key[prof_keys_[cuts[c] - 1]];
+      e.first += d;
+      ++e.second;
+      order += str_cat("\n  ", c, " ", nodes[cuts[c] - 1].name, " (", prof_keys_[cuts[c] - 1], "): ", d, " us");
+    }
+    std::vector<std::pair<double, std::string>> rows;
+    for (auto& [key, e] : by_key) rows.push_back({e.first, key});
+    std::sort(rows.rbegin(), rows.rend());
+    const double total = us.back() - us.front();
+    std::string table = str_cat("cuda graph profile of a ", decode ? "decode" : "other", " step of ",
+                                step.num_tokens(), " tokens (us each node lengthens the step's graph by, summed per op "
+                                "and shape; graph with every node ", us.back(), " us, without ", us.front(), " us):");
+    for (auto& [d, key] : rows)
+      table += str_cat("\n  ", key, ": ", d, " us (", by_key.at(key).second, " nodes, ", 100.0 * d / total, "%)");
+    table += str_cat("\n  total: ", total, " us");
+    log_write(LogLevel::kInfo, table);  // asked for: printed at every KILN_LOG level
+    log_debug("cuda graph profile, node by node:", order);
   }
 
   // Adds the last step's per-node times (its events have completed) to the profile.
@@ -783,6 +860,11 @@ class CudaCompiledGraph final : public CompiledGraph {
     const char* e = std::getenv("KILN_CUDA_PROFILE");
     return e && std::string(e) == "1";
   }();
+  bool graph_profile_ = [] {
+    const char* e = std::getenv("KILN_CUDA_PROFILE");
+    return e && std::string(e) == "graph";
+  }();
+  int graph_profiled_ = 0;  // kinds profiled in graphs: 1 decode, 2 other
   std::vector<cudaEvent_t> prof_ev_;
   std::vector<std::string> prof_keys_;  // per node (plan_profile_keys)
   struct Profile {

@@ -101,13 +101,17 @@ TEST_P(CudaDecoderGolden, LogitsGreedyAndDecodeMatchTransformers) {
 // Decode as CUDA graphs vs eager (KILN_CUDA_GRAPHS=0), bit for bit: a batch of two that
 // shrinks to one (two graph shapes), a longer prefill between decodes (buffers may move,
 // so graphs are recaptured), and a second runner with a new KV pool (new addresses).
-std::vector<std::vector<float>> decode_trace(const std::string& family, const std::string& dtype, bool graphs) {
+// `profile`: KILN_CUDA_PROFILE's value while the model compiles (empty: unset).
+std::vector<std::vector<float>> decode_trace(const std::string& family, const std::string& dtype, bool graphs,
+                                             const std::string& profile = "") {
   if (graphs)
     unsetenv("KILN_CUDA_GRAPHS");
   else
     setenv("KILN_CUDA_GRAPHS", "0", 1);
+  if (!profile.empty()) setenv("KILN_CUDA_PROFILE", profile.c_str(), 1);
   auto model = Model::load(fixtures_dir() + "/models/" + family, {.backend = "cuda", .weight_dtype = dtype});
   unsetenv("KILN_CUDA_GRAPHS");
+  unsetenv("KILN_CUDA_PROFILE");
   std::mt19937 rng(3);
   std::uniform_int_distribution<int32_t> tok(0, int32_t(model->info().vocab_size - 1));
   auto prompt = [&](int n) {
@@ -153,6 +157,27 @@ TEST(CudaGraphs, DecodeReplayIsBitIdenticalToEager) {
                   dtype.c_str(), differ, eager.size());
       EXPECT_EQ(differ, 0u) << family << " " << dtype;
     }
+}
+
+// The in-graph profiler (KILN_CUDA_PROFILE=graph) replays graphs of every prefix of a
+// step after it: the steps' logits stay those of plain graph replays, bit for bit, and
+// the profile is logged.
+TEST(CudaGraphs, GraphProfileLeavesTheStepsBitIdentical) {
+  KILN_SKIP_WITHOUT_CUDA();
+  for (std::string family : {"llama", "gpt2"}) {
+    auto plain = decode_trace(family, "bf16", true);
+    ::testing::internal::CaptureStderr();
+    auto profiled = decode_trace(family, "bf16", true, "graph");
+    const std::string log = ::testing::internal::GetCapturedStderr();
+    ASSERT_EQ(plain.size(), profiled.size());
+    size_t differ = 0;
+    for (size_t i = 0; i < plain.size(); ++i)
+      differ += plain[i].size() != profiled[i].size() ||
+                std::memcmp(plain[i].data(), profiled[i].data(), plain[i].size() * sizeof(float)) != 0;
+    EXPECT_EQ(differ, 0u) << family;
+    EXPECT_NE(log.find("cuda graph profile of a decode step"), std::string::npos) << family << ": " << log;
+    EXPECT_NE(log.find("Linear"), std::string::npos) << family << ": " << log;
+  }
 }
 
 // Decode steps padded to buckets (LlmRunnerOptions::decode_buckets, the server's
