@@ -18,6 +18,7 @@
 #include "backends/cuda/ops/gemv.h"
 #include "backends/cuda/ops/gemv_norm.cuh"
 #include "backends/cuda/ops/linear_common.cuh"
+#include "core/env_switch.h"
 
 namespace kiln::cuda {
 namespace {
@@ -89,7 +90,7 @@ __global__ void __launch_bounds__(kWarps * 32)
 gemv_kernel(const typename F::X* __restrict__ x, const typename F::W* __restrict__ w, float scale,
             const typename F::Y* __restrict__ bias, typename F::Y* y, int n, int k, GemvNorm norm,
             const float* __restrict__ gamma, const float* __restrict__ beta, float eps,
-            const typename F::Y* residual) {
+            const typename F::Y* residual, bool bias_early) {
   using T = typename F::Y;
   constexpr int R = E == GemvEpilogue::kSwiGlu ? 2 : 1;
   extern __shared__ uint4 gemv_xs[];  // kNorm: the M normalized rows
@@ -131,6 +132,10 @@ gemv_kernel(const typename F::X* __restrict__ x, const typename F::W* __restrict
   // written by a kernel, so they may stream in while the previous kernel finishes
   // (dependent launch) and, with a norm prologue, while the block normalizes x.
   load_w(first);
+  // So is the bias (a weight): read here, it is not an L2 round trip after the reduction.
+  float bv[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) bv[r] = bias_early && bias && live ? to_f32(bias[row + r * n]) : 0.0f;
   pdl_wait();  // programmatic dependent launch: the previous kernel's writes (x) are visible
   if constexpr (kNorm) {
     gemv_norm_rows<T, M, kWarps>(xr, gemv_xs, k / F::kPerChunk, k, norm, gamma, beta, eps);
@@ -181,7 +186,7 @@ gemv_kernel(const typename F::X* __restrict__ x, const typename F::W* __restrict
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       v[r] = warp_sum(acc[r][m]) * scale;
-      if (bias) v[r] += to_f32(bias[row + r * n]);
+      if (bias) v[r] += bias_early ? bv[r] : to_f32(bias[row + r * n]);
     }
     if (lane != 0) continue;
     // Rounded as the unfused kernels would (linear_common.cuh).
@@ -213,7 +218,7 @@ void launch_split_norm(const typename F::X* x, const typename F::W* w, float sca
   const size_t smem = kNorm ? size_t(m * k) * sizeof(typename F::X) : 0;
 #define KILN_GEMV_LAUNCH(M_)                                                                                   \
   launch_k(gemv_kernel<F, M_, E, S, kNorm>, grid, kWarps * 32, smem, s, x, w, scale, b, y, int(n), int(k), f.norm, \
-           f.gamma, f.beta, f.eps, f.residual)
+           f.gamma, f.beta, f.eps, f.residual, gemv_bias_early())
   switch (m) {
     case 1: KILN_GEMV_LAUNCH(1); break;
     case 2: KILN_GEMV_LAUNCH(2); break;
@@ -280,6 +285,12 @@ void launch_format(const void* x, const void* w, float scale, const void* bias, 
 }
 
 }  // namespace
+
+bool gemv_bias_early() {
+  static const bool on = env_switch("KILN_CUDA_GEMV_BIAS_EARLY", "the GEMVs read bias and row factors before the wait",
+                                    "after their main loop");
+  return on;
+}
 
 bool gemv_enabled_from_env() {
   const char* e = std::getenv("KILN_CUDA_GEMV");

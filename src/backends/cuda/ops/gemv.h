@@ -51,6 +51,12 @@ constexpr int64_t kGemvNormSmemBytes = int64_t(32) << 10;
 // default; 0: cuBLASLt only). Anything else is a kiln::Error naming the variable.
 bool gemv_enabled_from_env();
 
+// Whether the GEMVs (16-bit, FP8, dp4a q8/q4) read their per-row epilogue parameters
+// (bias, the q8/q4 row factors: weights) before the dependent-launch wait instead of after
+// their main loop, where each is one more L2 round trip on the kernel's critical path.
+// KILN_CUDA_GEMV_BIAS_EARLY=0 keeps the late reads (A/B); read once per process.
+bool gemv_bias_early();
+
 // Whether launch_gemv handles this shape (16-bit dtype, m <= kGemvMaxRows, k % 8 == 0).
 bool gemv_supports(DType dtype, int64_t m, int64_t k);
 // Whether it also takes a norm prologue for it (the rows fit kGemvNormSmemBytes).

@@ -66,7 +66,8 @@ struct DArgs {
   int m, k, n_out, groups, chunks, steps, units;
   int splits, sps;  // split-K: S warps per output unit, each ceil(steps / S) = sps steps
   GemvEpilogue epi;
-  int skip_x;  // timing ablation (QGemvDp4aTuning::skip_x)
+  int skip_x;      // timing ablation (QGemvDp4aTuning::skip_x)
+  int epi_early;   // gemv_bias_early(): each unit's row factors and bias read as it starts
 };
 
 // Outputs per warp (RL) for MAXM token rows; 32 / RL lanes share an output along K.
@@ -246,6 +247,16 @@ constexpr int red_per_warp() {
   return outs_per_warp<MAXM>() * (kSwiGlu ? 2 : 1) * MAXM;
 }
 
+// The row factors and bias of output o read where they are used (KILN_CUDA_GEMV_BIAS_EARLY=0).
+template <typename T, int RU>
+__device__ __forceinline__ void load_epi_late(const DArgs& a, const T* bias, int o, float (&ef)[2 * RU]) {
+#pragma unroll
+  for (int r = 0; r < RU; ++r) {
+    ef[r] = __ldg(a.row_factor + r * a.n_out + o);
+    ef[RU + r] = bias ? to_f32(bias[r * a.n_out + o]) : 0.0f;
+  }
+}
+
 // Named barrier `id` (1..15; 0 is __syncthreads) over `threads` threads of the CTA.
 __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
@@ -288,6 +299,21 @@ __global__ void __launch_bounds__(dp4a_warps<kSwiGlu>() * 32, 1) qgemv_dp4a_kern
   };
 #pragma unroll
   for (int p = 0; p < P; ++p) issue_and_advance(cw[p], sw[p]);
+  const T* bias = static_cast<const T*>(a.bias);
+  // The row factors (ef[r]) and bias (ef[RU + r]) of the output this lane stores for unit
+  // u (weights: the first unit's are read before the wait, each next one's as its unit
+  // starts, so none is an L2 round trip between the reduction and the store).
+  float ef[2 * RU];
+  auto load_epi = [&](int u) {
+    const int o = u * RL + rs;
+    const bool on = a.epi_early && split == 0 && u < a.units && o < a.n_out;
+#pragma unroll
+    for (int r = 0; r < RU; ++r) {
+      ef[r] = on ? __ldg(a.row_factor + r * a.n_out + o) : 0.0f;
+      ef[RU + r] = on && bias ? to_f32(bias[r * a.n_out + o]) : 0.0f;
+    }
+  };
+  load_epi(first);
 
   pdl_wait();  // x is the previous kernel's output
   // x's loads in flight per thread: 3 (24 warps: k <= 18K in one round trip at one row),
@@ -297,7 +323,6 @@ __global__ void __launch_bounds__(dp4a_warps<kSwiGlu>() * 32, 1) qgemv_dp4a_kern
     quantize_x<T, kQ4, kXBatch, kThreads, MAXM>(static_cast<const T*>(a.x), a.m, a.k, a.groups, xq, xd);
   __syncthreads();
 
-  const T* bias = static_cast<const T*>(a.bias);
   T* y = static_cast<T*>(a.y);
   float acc[RU][MAXM];
 #pragma unroll
@@ -345,13 +370,14 @@ __global__ void __launch_bounds__(dp4a_warps<kSwiGlu>() * 32, 1) qgemv_dp4a_kern
             for (int j = 1; j < S; ++j) acc[r][m] += slot[j * kRed + r * MAXM + m];
           }
           if (kl == m && o < a.n_out) {  // lane kl == m stores token row m
+            if (!a.epi_early) load_epi_late<T, RU>(a, bias, o, ef);
             if constexpr (kSwiGlu) {
-              float gate = acc[0][m] * __ldg(a.row_factor + o), up = acc[1][m] * __ldg(a.row_factor + a.n_out + o);
-              if (bias) gate += to_f32(bias[o]), up += to_f32(bias[a.n_out + o]);
+              float gate = acc[0][m] * ef[0], up = acc[1][m] * ef[1];
+              if (bias) gate += ef[2], up += ef[3];
               y[int64_t(m) * a.n_out + o] = linear_swiglu_out<T>(gate, up);
             } else {
-              float v = acc[0][m] * __ldg(a.row_factor + o);
-              if (bias) v += to_f32(bias[o]);
+              float v = acc[0][m] * ef[0];
+              if (bias) v += ef[1];
               y[int64_t(m) * a.n_out + o] = linear_epilogue_out<T>(a.epi, v);
             }
           }
@@ -363,6 +389,7 @@ __global__ void __launch_bounds__(dp4a_warps<kSwiGlu>() * 32, 1) qgemv_dp4a_kern
         for (int m = 0; m < MAXM; ++m) acc[r][m] = 0.0f;
       cci = 0;
       cu += stride;
+      load_epi(cu);
     }
   }
   pdl_trigger();  // this CTA's weights are read
@@ -526,7 +553,8 @@ void launch_qgemv_dp4a(DType dtype, const void* x, const QuantWeightView& w, con
   if (n_out == 0) return;
   const int groups = int(w.k / kQuantGroup);
   DArgs a{x, w.codes, w.scales, w.row_factor, bias, y, int(m), int(w.k), int(n_out),
-          groups, w.format == QuantFormat::kQ4 ? groups : 2 * groups, 0, 0, 1, 0, epi, tune.skip_x ? 1 : 0};
+          groups, w.format == QuantFormat::kQ4 ? groups : 2 * groups, 0, 0, 1, 0, epi, tune.skip_x ? 1 : 0,
+          gemv_bias_early() ? 1 : 0};
   if (dtype == DType::kBF16) launch_typed<__nv_bfloat16>(a, w.format, tune, s, plan_only);
   else launch_typed<__half>(a, w.format, tune, s, plan_only);
 }
