@@ -363,13 +363,14 @@ class CudaCompiledGraph final : public CompiledGraph {
   // KILN_CUDA_PROFILE=graph (see the top of the file): graphs of a spin kernel and the
   // step's first c launches for every c, each timed as the median of 7 runs of 8 replays;
   // node c's cost is T(c) - T(c - 1).
-  void profile_graph_prefixes(const StepInfo& step, CudaKv* cuda_kv, const std::vector<const Tensor*>& host_vals,
-                              bool decode) {
+  void profile_graph_prefixes(const StepInfo& step, CudaKv* cuda_kv,
+                              const std::vector<const Tensor*>& host_vals, bool decode) {
     cudaStream_t s = cx_->stream;
     const auto& nodes = graph_.nodes();
     std::vector<size_t> cuts{0};  // prefix lengths: none, then up to each launched node
     for (size_t i = 0; i < nodes.size(); ++i)
-      if (node_needed_[i] && !(stack_ && stack_->takes(step, cuda_kv) && i >= stack_->first() && i < stack_->last()))
+      if (node_needed_[i] &&
+          !(stack_ && stack_->takes(step, cuda_kv) && i >= stack_->first() && i < stack_->last()))
         cuts.push_back(i + 1);
     std::vector<double> us(cuts.size(), 0.0);
     for (size_t c = 0; c < cuts.size(); ++c) {
@@ -408,17 +409,21 @@ class CudaCompiledGraph final : public CompiledGraph {
       auto& e = by_key[prof_keys_[cuts[c] - 1]];
       e.first += d;
       ++e.second;
-      order += str_cat("\n  ", c, " ", nodes[cuts[c] - 1].name, " (", prof_keys_[cuts[c] - 1], "): ", d, " us");
+      order += str_cat("\n  ", c, " ", nodes[cuts[c] - 1].name, " (", prof_keys_[cuts[c] - 1],
+                       "): ", d, " us");
     }
     std::vector<std::pair<double, std::string>> rows;
     for (auto& [key, e] : by_key) rows.push_back({e.first, key});
     std::sort(rows.rbegin(), rows.rend());
     const double total = us.back() - us.front();
-    std::string table = str_cat("cuda graph profile of a ", decode ? "decode" : "other", " step of ",
-                                step.num_tokens(), " tokens (us each node lengthens the step's graph by, summed per op "
-                                "and shape; graph with every node ", us.back(), " us, without ", us.front(), " us):");
+    std::string table = str_cat(
+        "cuda graph profile of a ", decode ? "decode" : "other", " step of ", step.num_tokens(),
+        " tokens (us each node lengthens the step's graph by, summed per op "
+        "and shape; graph with every node ",
+        us.back(), " us, without ", us.front(), " us):");
     for (auto& [d, key] : rows)
-      table += str_cat("\n  ", key, ": ", d, " us (", by_key.at(key).second, " nodes, ", 100.0 * d / total, "%)");
+      table += str_cat("\n  ", key, ": ", d, " us (", by_key.at(key).second, " nodes, ",
+                       100.0 * d / total, "%)");
     table += str_cat("\n  total: ", total, " us");
     log_write(LogLevel::kInfo, table);  // asked for: printed at every KILN_LOG level
     log_debug("cuda graph profile, node by node:", order);

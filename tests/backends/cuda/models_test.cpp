@@ -102,8 +102,8 @@ TEST_P(CudaDecoderGolden, LogitsGreedyAndDecodeMatchTransformers) {
 // shrinks to one (two graph shapes), a longer prefill between decodes (buffers may move,
 // so graphs are recaptured), and a second runner with a new KV pool (new addresses).
 // `profile`: KILN_CUDA_PROFILE's value while the model compiles (empty: unset).
-std::vector<std::vector<float>> decode_trace(const std::string& family, const std::string& dtype, bool graphs,
-                                             const std::string& profile = "") {
+std::vector<std::vector<float>> decode_trace(const std::string& family, const std::string& dtype,
+                                             bool graphs, const std::string& profile = "") {
   if (graphs)
     unsetenv("KILN_CUDA_GRAPHS");
   else
@@ -172,10 +172,12 @@ TEST(CudaGraphs, GraphProfileLeavesTheStepsBitIdentical) {
     ASSERT_EQ(plain.size(), profiled.size());
     size_t differ = 0;
     for (size_t i = 0; i < plain.size(); ++i)
-      differ += plain[i].size() != profiled[i].size() ||
-                std::memcmp(plain[i].data(), profiled[i].data(), plain[i].size() * sizeof(float)) != 0;
+      differ +=
+          plain[i].size() != profiled[i].size() ||
+          std::memcmp(plain[i].data(), profiled[i].data(), plain[i].size() * sizeof(float)) != 0;
     EXPECT_EQ(differ, 0u) << family;
-    EXPECT_NE(log.find("cuda graph profile of a decode step"), std::string::npos) << family << ": " << log;
+    EXPECT_NE(log.find("cuda graph profile of a decode step"), std::string::npos)
+        << family << ": " << log;
     EXPECT_NE(log.find("Linear"), std::string::npos) << family << ": " << log;
   }
 }

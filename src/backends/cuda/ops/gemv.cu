@@ -87,10 +87,10 @@ struct E4M3 {
 // The residual (may alias y) is added to each stored output when not null.
 template <typename F, int M, GemvEpilogue E, int S, bool kNorm>
 __global__ void __launch_bounds__(kWarps * 32)
-gemv_kernel(const typename F::X* __restrict__ x, const typename F::W* __restrict__ w, float scale,
-            const typename F::Y* __restrict__ bias, typename F::Y* y, int n, int k, GemvNorm norm,
-            const float* __restrict__ gamma, const float* __restrict__ beta, float eps,
-            const typename F::Y* residual, bool bias_early) {
+    gemv_kernel(const typename F::X* __restrict__ x, const typename F::W* __restrict__ w,
+                float scale, const typename F::Y* __restrict__ bias, typename F::Y* y, int n, int k,
+                GemvNorm norm, const float* __restrict__ gamma, const float* __restrict__ beta,
+                float eps, const typename F::Y* residual, bool bias_early) {
   using T = typename F::Y;
   constexpr int R = E == GemvEpilogue::kSwiGlu ? 2 : 1;
   extern __shared__ uint4 gemv_xs[];  // kNorm: the M normalized rows
@@ -216,9 +216,9 @@ void launch_split_norm(const typename F::X* x, const typename F::W* w, float sca
                        typename F::Y* y, int64_t m, int64_t n, int64_t k, cudaStream_t s, const Fused<F>& f) {
   const dim3 grid(unsigned((n * S + kWarps - 1) / kWarps));
   const size_t smem = kNorm ? size_t(m * k) * sizeof(typename F::X) : 0;
-#define KILN_GEMV_LAUNCH(M_)                                                                                   \
-  launch_k(gemv_kernel<F, M_, E, S, kNorm>, grid, kWarps * 32, smem, s, x, w, scale, b, y, int(n), int(k), f.norm, \
-           f.gamma, f.beta, f.eps, f.residual, gemv_bias_early())
+#define KILN_GEMV_LAUNCH(M_)                                                                       \
+  launch_k(gemv_kernel<F, M_, E, S, kNorm>, grid, kWarps * 32, smem, s, x, w, scale, b, y, int(n), \
+           int(k), f.norm, f.gamma, f.beta, f.eps, f.residual, gemv_bias_early())
   switch (m) {
     case 1: KILN_GEMV_LAUNCH(1); break;
     case 2: KILN_GEMV_LAUNCH(2); break;
@@ -287,8 +287,9 @@ void launch_format(const void* x, const void* w, float scale, const void* bias, 
 }  // namespace
 
 bool gemv_bias_early() {
-  static const bool on = env_switch("KILN_CUDA_GEMV_BIAS_EARLY", "the GEMVs read bias and row factors before the wait",
-                                    "after their main loop");
+  static const bool on =
+      env_switch("KILN_CUDA_GEMV_BIAS_EARLY", "the GEMVs read bias and row factors before the wait",
+                 "after their main loop");
   return on;
 }
 

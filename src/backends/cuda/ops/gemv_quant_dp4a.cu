@@ -66,8 +66,8 @@ struct DArgs {
   int m, k, n_out, groups, chunks, steps, units;
   int splits, sps;  // split-K: S warps per output unit, each ceil(steps / S) = sps steps
   GemvEpilogue epi;
-  int skip_x;      // timing ablation (QGemvDp4aTuning::skip_x)
-  int epi_early;   // gemv_bias_early(): each unit's row factors and bias read as it starts
+  int skip_x;     // timing ablation (QGemvDp4aTuning::skip_x)
+  int epi_early;  // gemv_bias_early(): each unit's row factors and bias read as it starts
 };
 
 // Outputs per warp (RL) for MAXM token rows; 32 / RL lanes share an output along K.
@@ -249,7 +249,8 @@ constexpr int red_per_warp() {
 
 // The row factors and bias of output o read where they are used (KILN_CUDA_GEMV_BIAS_EARLY=0).
 template <typename T, int RU>
-__device__ __forceinline__ void load_epi_late(const DArgs& a, const T* bias, int o, float (&ef)[2 * RU]) {
+__device__ __forceinline__ void load_epi_late(const DArgs& a, const T* bias, int o,
+                                              float (&ef)[2 * RU]) {
 #pragma unroll
   for (int r = 0; r < RU; ++r) {
     ef[r] = __ldg(a.row_factor + r * a.n_out + o);
@@ -552,8 +553,23 @@ void launch_qgemv_dp4a(DType dtype, const void* x, const QuantWeightView& w, con
                 " m=", m, " k=", w.k);
   if (n_out == 0) return;
   const int groups = int(w.k / kQuantGroup);
-  DArgs a{x, w.codes, w.scales, w.row_factor, bias, y, int(m), int(w.k), int(n_out),
-          groups, w.format == QuantFormat::kQ4 ? groups : 2 * groups, 0, 0, 1, 0, epi, tune.skip_x ? 1 : 0,
+  DArgs a{x,
+          w.codes,
+          w.scales,
+          w.row_factor,
+          bias,
+          y,
+          int(m),
+          int(w.k),
+          int(n_out),
+          groups,
+          w.format == QuantFormat::kQ4 ? groups : 2 * groups,
+          0,
+          0,
+          1,
+          0,
+          epi,
+          tune.skip_x ? 1 : 0,
           gemv_bias_early() ? 1 : 0};
   if (dtype == DType::kBF16) launch_typed<__nv_bfloat16>(a, w.format, tune, s, plan_only);
   else launch_typed<__half>(a, w.format, tune, s, plan_only);
