@@ -21,6 +21,11 @@ What it makes (under --out, default tests/fixtures/onnx/):
   llama_past/  LlamaForCausalLM (the same shape, tied LM head) exported with its cache
          as gpt2_past/ is (past_key_values.{i}.key/value [batch, 2, past, 16]), with
          the same kind of reference.
+  qwen2/  Qwen2ForCausalLM (the llama/ shape: GQA 4/2 heads of 16, rope_theta 5000,
+         rms_norm_eps 1e-3, untied LM head; plus Qwen2's biases on q_proj, k_proj and
+         v_proj, random and non-zero, none on o_proj or the MLP) exported as llama/ is.
+  qwen2_past/  Qwen2ForCausalLM (the same shape, tied LM head) exported with its cache as
+         llama_past/ is, with the same kind of reference.
 Each dir holds model.onnx (< 600 KB), reference.safetensors (the padded input batch and
 the PyTorch outputs, float32 / int64) and reference.json (tensor list, versions, the
 onnxruntime-vs-PyTorch max error measured here, and the ONNX op histogram).
@@ -33,9 +38,9 @@ below) shows the exported graph itself is faithful.
 Usage (torch/transformers as for tools/gen_fixtures.py; plus onnx and onnxruntime):
   python3 -m venv --system-site-packages /tmp/onnxvenv && /tmp/onnxvenv/bin/pip install onnx onnxruntime
   /tmp/onnxvenv/bin/python tools/gen_onnx_fixtures.py --out tests/fixtures/onnx
-Generated with torch 2.15.0, transformers 5.24.0 (llama/ and llama_past/: 5.25.0),
-onnx 1.23.2, onnxruntime 1.32.0, numpy 2.4.6, Python 3.11.7 (recorded in each
-reference.json). `--only llama,llama_past` regenerates just those.
+Generated with torch 2.15.0, transformers 5.24.0 (llama/, llama_past/, qwen2/ and
+qwen2_past/: 5.25.0), onnx 1.23.2, onnxruntime 1.32.0, numpy 2.4.6, Python 3.11.7
+(recorded in each reference.json). `--only qwen2,qwen2_past` regenerates just those.
 """
 
 import argparse
@@ -408,17 +413,49 @@ def make_llama_past(root):
                      LLAMA_KV_HEADS, LLAMA_HIDDEN // LLAMA_HEADS, LLAMA_VOCAB, 6003)
 
 
+# The Qwen2 fixtures: the Llama fixtures' shape (GQA, theta, eps) plus Qwen2's biases on
+# q_proj, k_proj and v_proj (none on o_proj or the MLP), random (randomize() above) so
+# that a dropped or misplaced bias shows.
+def qwen2_model(seed, tied, init):
+    cfg = transformers.Qwen2Config(vocab_size=LLAMA_VOCAB, hidden_size=LLAMA_HIDDEN, num_hidden_layers=LAYERS,
+                                   num_attention_heads=LLAMA_HEADS, num_key_value_heads=LLAMA_KV_HEADS,
+                                   intermediate_size=LLAMA_INTER, max_position_embeddings=MAX_POS,
+                                   rope_theta=LLAMA_THETA, rms_norm_eps=LLAMA_EPS, tie_word_embeddings=tied,
+                                   initializer_range=init, use_cache=True, use_sliding_window=False,
+                                   bos_token_id=None, eos_token_id=None, attn_implementation="eager")
+    torch.manual_seed(seed)
+    model = transformers.Qwen2ForCausalLM(cfg).eval()
+    randomize(model, seed + 1)
+    biases = sorted(n for n, _ in model.named_parameters() if n.endswith("bias"))
+    if biases != sorted(f"model.layers.{i}.self_attn.{p}_proj.bias" for i in range(LAYERS) for p in "qkv"):
+        raise SystemExit(f"check failed: Qwen2's biases are {biases}, expected q/k/v_proj's only")
+    return cfg, model
+
+
+def make_qwen2(root):
+    out = root / "qwen2"
+    out.mkdir(parents=True, exist_ok=True)
+    cfg, model = qwen2_model(7001, tied=False, init=0.2)
+    export_logits(out, "qwen2", "Qwen2ForCausalLM", cfg, model, padded_batch(7003, LLAMA_VOCAB))
+
+
+def make_qwen2_past(root):
+    cfg, model = qwen2_model(8001, tied=True, init=0.5)
+    export_with_past(root / "qwen2_past", "qwen2_past", model, cfg, "qwen2", "Qwen2ForCausalLM", LAYERS,
+                     LLAMA_KV_HEADS, LLAMA_HIDDEN // LLAMA_HEADS, LLAMA_VOCAB, 8003)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default="tests/fixtures/onnx")
-    ap.add_argument("--only", default="bert,bert_opset17,gpt2,gpt2_past,llama,llama_past")
+    ap.add_argument("--only", default="bert,bert_opset17,gpt2,gpt2_past,llama,llama_past,qwen2,qwen2_past")
     a = ap.parse_args()
     root = Path(a.out)
     for name in a.only.split(","):
         log(f"== {name}")
         {"bert": make_bert, "bert_opset17": lambda r: make_bert(r, 17, "bert_opset17"),
          "gpt2": make_gpt2, "gpt2_past": make_gpt2_past, "llama": make_llama,
-         "llama_past": make_llama_past}[name](root)
+         "llama_past": make_llama_past, "qwen2": make_qwen2, "qwen2_past": make_qwen2_past}[name](root)
 
 
 if __name__ == "__main__":
