@@ -87,11 +87,11 @@ void llm_require_decoder(Model& model) {
   if (!info.is_decoder && info.family == "onnx") {
     std::string inputs;
     for (ir::ValueId id : model.graph().inputs()) inputs += (inputs.empty() ? "" : ", ") + model.graph().value(id).name;
-    throw_error(ErrorCode::kInvalidArgument, "'", model.path(), "' was imported op by op (inputs ",
-                inputs,
-                "): kiln decodes an ONNX file only as a recognised family export (GPT-2 or Llama, "
-                "with or without past_key_values), which runs through its paged KV cache; leave "
-                "--onnx-import at auto (the log says why a file was not recognised)");
+    throw_error(
+        ErrorCode::kInvalidArgument, "'", model.path(), "' was imported op by op (inputs ", inputs,
+        "): kiln decodes an ONNX file only as a recognised family export (GPT-2, Llama or Qwen2, "
+        "with or without past_key_values), which runs through its paged KV cache; leave "
+        "--onnx-import at auto (the log says why a file was not recognised)");
   }
   if (!info.is_decoder)
     throw_error(ErrorCode::kInvalidArgument, "LlmRunner needs a decoder model; '", info.family,

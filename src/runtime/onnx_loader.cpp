@@ -185,7 +185,8 @@ Probe probe_with_past(Model& m, const ir::Graph& g, const onnx::OnnxKvCache& kv,
 // A Llama export holds no context length or special token ids (its RoPE is computed
 // for any position); optimum writes the model's config.json beside it. Those keys are
 // taken from there when its shape is the graph's; else kiln's llama defaults hold
-// (max_position_embeddings 2048, no BOS/EOS).
+// (max_position_embeddings 2048, no BOS/EOS). A Qwen2's sliding window is read there too:
+// its mask in the graph is not (the probe sees only a window shorter than its 8 tokens).
 void take_config_beside(nlohmann::json& config, const std::string& path) {
   namespace fs = std::filesystem;
   const fs::path file = fs::path(path).parent_path() / "config.json";
@@ -201,6 +202,10 @@ void take_config_beside(nlohmann::json& config, const std::string& path) {
     }
   for (const char* key : {"max_position_embeddings", "bos_token_id", "eos_token_id"})
     if (c.contains(key)) config[key] = c[key];
+  if (config.at("model_type") == "qwen2")
+    for (const char* key :
+         {"use_sliding_window", "sliding_window", "max_window_layers", "layer_types"})
+      if (c.contains(key)) config[key] = c[key];
 }
 
 }  // namespace
@@ -249,14 +254,18 @@ std::unique_ptr<Model> Model::from_onnx(const onnx::OnnxModel& file, const std::
                             ? probe_plain(*m, op_by_op.graph, std::min<int64_t>(8, info.max_positions))
                             : probe_with_past(*m, op_by_op.graph, view->kv,
                                               std::max<int64_t>(1, std::min<int64_t>(8, info.max_positions - 1)));
+        const std::string type = view->config.value("model_type", view->family);
         if (p.diff <= kProbeTol) {
           if (view->kv.empty())
-            log_info("onnx: ", path, " is a ", view->family, " export: running kiln's ", view->family,
-                     " graph (agrees with the op-by-op import on a probe of ", p.what, ": rel diff ", p.diff, ")");
+            log_info("onnx: ", path, " is a ", type, " export: running kiln's ", view->family,
+                     " graph (agrees with the op-by-op import on a probe of ", p.what,
+                     ": rel diff ", p.diff, ")");
           else
-            log_info("onnx: ", path, " is a ", view->family, " export with a KV cache (", view->kv.describe(),
-                     "): running kiln's ", view->family, " graph, its paged KV cache in place of those tensors "
-                     "(agrees with the op-by-op import on a probe of ", p.what, ": rel diff ", p.diff, ")");
+            log_info("onnx: ", path, " is a ", type, " export with a KV cache (",
+                     view->kv.describe(), "): running kiln's ", view->family,
+                     " graph, its paged KV cache in place of those tensors "
+                     "(agrees with the op-by-op import on a probe of ",
+                     p.what, ": rel diff ", p.diff, ")");
           return m;
         }
         reason = str_cat("kiln's ", view->family, " graph differs from the op-by-op import on a probe of ", p.what,
@@ -270,7 +279,7 @@ std::unique_ptr<Model> Model::from_onnx(const onnx::OnnxModel& file, const std::
     if (kv_io)
       throw_error(ErrorCode::kUnsupported, "onnx: '", path,
                   "' is a decoder exported with a KV cache (", onnx::onnx_kv_io_names(file),
-                  "); kiln runs such an export only as a recognised family (GPT-2 or Llama "
+                  "); kiln runs such an export only as a recognised family (GPT-2, Llama or Qwen2 "
                   "with past_key_values.{i}.key/value inputs and present.{i}.key/value outputs) "
                   "whose past and present tensors become kiln's paged KV cache, and this one "
                   "cannot be: ",

@@ -1,11 +1,12 @@
-// ONNX frontend tests: tiny BERT, GPT-2 and Llama exported by torch.onnx.export (opset
-// 14, dynamic batch/sequence; tools/gen_onnx_fixtures.py) imported op by op and run on
-// the CPU backend against the PyTorch outputs; the recognised ones (GPT-2 and Llama also
-// exported with past_key_values) through kiln's family graphs and paged KV cache against
+// ONNX frontend tests: tiny BERT, GPT-2, Llama and Qwen2 exported by torch.onnx.export
+// (opset 14, dynamic batch/sequence; tools/gen_onnx_fixtures.py) imported op by op and run
+// on the CPU backend against the PyTorch outputs; the recognised ones (GPT-2, Llama and
+// Qwen2 also exported with past_key_values) through kiln's family graphs and paged KV cache against
 // the same outputs and HF generate()'s tokens; plus edited copies and hand-made corrupt
 // and unsupported files that must give a clear kiln::Error.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -152,19 +153,20 @@ TEST(OnnxImport, Gpt2MatchesPyTorch) {
   }
 }
 
-// Llama (GQA, RoPE from the graph's inv_freq, RMSNorm spelled out op by op).
-TEST(OnnxImport, LlamaMatchesPyTorch) {
+// Llama (GQA, RoPE from the graph's inv_freq, RMSNorm spelled out op by op) and Qwen2
+// (the same with q/k/v biases): fixture `dir`'s padded batch op by op.
+void expect_op_by_op_logits(const std::string& dir) {
   for (int opt : {0, 2}) {
     ModelOptions mo;
     mo.opt_level = opt;
     mo.onnx_import = "graph";
-    auto m = Model::load(fixture("llama/model.onnx"), mo);
+    auto m = Model::load(fixture(dir + "/model.onnx"), mo);
     EXPECT_EQ(m->info().family, "onnx");
-    Reference ref("llama");
+    Reference ref(dir);
     TensorMap in = {{"input_ids", ref.get("input_ids", DType::kI64)},
                     {"attention_mask", ref.get("attention_mask", DType::kI64)}};
     TensorMap out = run(*m, in);
-    std::string tag = "llama O" + std::to_string(opt) + " ";
+    std::string tag = dir + " O" + std::to_string(opt) + " ";
     if (opt) std::printf("%s", passes::format_pass_report(m->pass_report()).c_str());
     EXPECT_LE(rel_error(out.at("logits"), ref.get("logits", DType::kF32), tag + "logits"), kTol);
     TensorMap two;
@@ -176,20 +178,27 @@ TEST(OnnxImport, LlamaMatchesPyTorch) {
   }
 }
 
-// ---- decoders exported with past_key_values (gpt2_past, llama_past) -------------------
+TEST(OnnxImport, LlamaMatchesPyTorch) { expect_op_by_op_logits("llama"); }
+TEST(OnnxImport, Qwen2MatchesPyTorch) { expect_op_by_op_logits("qwen2"); }
+
+// ---- decoders exported with past_key_values (gpt2_past, llama_past, qwen2_past) ------
 
 constexpr int kPastLayers = 2;
 
-// The two exports: GPT-2 with 4 heads of 8; Llama with 4 query heads sharing 2 KV heads
-// of 16 (GQA), so its past/present tensors are [batch, 2, sequence, 16].
+// The exports: GPT-2 with 4 heads of 8; Llama with 4 query heads sharing 2 KV heads of 16
+// (GQA), so its past/present tensors are [batch, 2, sequence, 16]; Qwen2 likewise, run as
+// kiln's llama graph with q/k/v biases (model_type qwen2).
 struct PastExport {
   const char* dir;
   const char* family;
+  const char* model_type;
   int64_t kv_heads, head_dim;
 };
-const PastExport kPastExports[] = {{"gpt2_past", "gpt2", 4, 8}, {"llama_past", "llama", 2, 16}};
+const PastExport kPastExports[] = {{"gpt2_past", "gpt2", "gpt2", 4, 8},
+                                   {"llama_past", "llama", "llama", 2, 16},
+                                   {"qwen2_past", "llama", "qwen2", 2, 16}};
 std::string past_export_name(const ::testing::TestParamInfo<PastExport>& p) {
-  return p.param.family;
+  return p.param.model_type;
 }
 void PrintTo(const PastExport& x, std::ostream* os) { *os << x.dir; }
 
@@ -363,6 +372,48 @@ TEST(OnnxFamily, LlamaReachesTheDecoderPath) {
   expect_padded_logits(*m, "llama");
 }
 
+// Qwen2: the llama view plus the bias Added to q_proj, k_proj and v_proj in each layer,
+// read as they are (the initializers keep their HF names), the config a qwen2 one.
+TEST(OnnxFamily, Qwen2ReachesTheDecoderPath) {
+  const onnx::OnnxModel file = onnx::load_onnx_model(fixture("qwen2/model.onnx"));
+  std::string why;
+  auto view = onnx::onnx_hf_view(file, "qwen2.onnx", &why);
+  ASSERT_TRUE(view) << why;
+  EXPECT_EQ(view->family, "llama");
+  EXPECT_EQ(view->config.at("model_type"), "qwen2");
+  int biases = 0;
+  for (auto& t : file.graph.initializers)
+    if (t.name.size() > 5 && t.name.compare(t.name.size() - 5, 5, ".bias") == 0) {
+      const std::string hf = t.name.substr(2);  // "m.model.layers..." -> "model.layers..."
+      ASSERT_TRUE(view->weights->has(hf)) << hf;
+      Tensor got = view->weights->load(hf, DType::kF32);
+      ASSERT_EQ(got.shape(), t.value.shape()) << hf;
+      EXPECT_EQ(std::memcmp(got.data(), t.value.data(), got.nbytes()), 0) << hf;
+      ++biases;
+    }
+  EXPECT_EQ(biases, 6) << "q/k/v_proj of 2 layers";
+  for (auto& name : view->weights->names()) {
+    EXPECT_EQ(name.find("o_proj.bias"), std::string::npos) << name;
+    if (name.find("mlp.") != std::string::npos) {
+      EXPECT_EQ(name.find(".bias"), std::string::npos) << name;
+    }
+  }
+
+  auto m = Model::load(fixture("qwen2/model.onnx"));
+  const ModelInfo& info = m->info();
+  ASSERT_EQ(info.family, "llama");
+  EXPECT_EQ(info.model_type, "qwen2");
+  EXPECT_EQ(info.num_layers, 2);
+  EXPECT_EQ(info.num_heads, 4);
+  EXPECT_EQ(info.num_kv_heads, 2);
+  EXPECT_EQ(info.head_dim, 16);
+  const nlohmann::json& c = m->config();
+  EXPECT_EQ(c.at("rope_theta").get<double>(), 5000.0);
+  EXPECT_EQ(c.at("rms_norm_eps").get<double>(), 1e-3);
+  EXPECT_FALSE(c.at("tie_word_embeddings").get<bool>());
+  expect_padded_logits(*m, "qwen2");
+}
+
 std::vector<int32_t> ints(const Tensor& t) {
   Tensor i = t.to(DType::kI32);
   return {i.data_as<int32_t>(), i.data_as<int32_t>() + i.numel()};
@@ -377,6 +428,7 @@ TEST_P(OnnxPast, FamilyGeneratesLikeHf) {
   auto m = Model::load(fixture(std::string(x.dir) + "/model.onnx"));
   const ModelInfo& info = m->info();
   ASSERT_EQ(info.family, x.family);
+  EXPECT_EQ(info.model_type, x.model_type);
   ASSERT_TRUE(info.is_decoder);
   EXPECT_EQ(info.num_layers, kPastLayers);
   EXPECT_EQ(info.num_heads, 4);
@@ -467,6 +519,41 @@ TEST(OnnxFamily, LlamaReadsContextAndTokenIdsFromTheConfigBesideIt) {
   test::write_file(dir.file("config.json"),
                    "{" + shape + R"(, "num_attention_heads": 8, "max_position_embeddings": 96})");
   EXPECT_EQ(Model::load(dir.file("model.onnx"))->info().max_positions, 2048);
+}
+
+// A Qwen2's config.json beside the export also gives its sliding window (the graph's mask
+// is not read): all full-attention layers load; a window of 4 the export does not have is
+// refused by the probe, which shows that it was read.
+TEST(OnnxFamily, Qwen2ReadsItsSlidingWindowFromTheConfigBesideIt) {
+  test::TempDir dir;
+  std::filesystem::copy_file(fixture("qwen2_past/model.onnx"), dir.file("model.onnx"));
+  const std::string shape = R"("model_type": "qwen2", "vocab_size": 320, "hidden_size": 64,
+                               "num_hidden_layers": 2, "num_attention_heads": 4,
+                               "max_position_embeddings": 96, "sliding_window": 4,
+                               "max_window_layers": 0)";
+  test::write_file(dir.file("config.json"), "{" + shape + R"(, "use_sliding_window": false,
+                   "layer_types": ["full_attention", "full_attention"]})");
+  {
+    auto m = Model::load(dir.file("model.onnx"));
+    EXPECT_EQ(m->info().model_type, "qwen2");
+    EXPECT_EQ(m->info().max_positions, 96);
+    EXPECT_EQ(m->config().at("sliding_window"), 4);
+    Reference ref("qwen2_past");
+    LlmRunner runner(*m);
+    EXPECT_EQ(runner.generate_greedy({ints(ref.get("prompt_ids", DType::kI64))}, 12).at(0),
+              ints(ref.get("greedy_ids", DType::kI64)));
+  }
+  test::write_file(dir.file("config.json"), "{" + shape + R"(, "use_sliding_window": true,
+                   "layer_types": ["sliding_attention", "sliding_attention"]})");
+  try {
+    Model::load(dir.file("model.onnx"));
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(
+                  "kiln's llama graph differs from the op-by-op import on a probe"),
+              std::string::npos)
+        << e.what();
+  }
 }
 
 // ---- edited copies of an export -------------------------------------------------------
@@ -716,7 +803,7 @@ TEST(OnnxFamily, LlamaViewSaysWhatItCannotRead) {
                                          "Tanh";
                                    }),
                         {"the MLP of layer 0 has no Sigmoid"}));
-  // A bias added to gate_proj (Qwen2-like linears are not Llama's).
+  // A bias added to gate_proj (no Llama or Qwen2 has one there).
   EXPECT_TRUE(has_parts(
       view_error(good,
                  [](auto& m) {
@@ -733,6 +820,102 @@ TEST(OnnxFamily, LlamaViewSaysWhatItCannotRead) {
                                             {}});
                  }),
       {"model.layers.0.mlp.gate_proj adds a bias ('gate_bias'"}));
+}
+
+// A constant bias of `width` values `value` Added to the output of the projection whose
+// node is `module`/MatMul, as torch.onnx.export writes it (the Add right after).
+void add_bias(onnx::OnnxModel& m, const std::string& module, int64_t width, float value) {
+  auto mm = std::find_if(m.graph.nodes.begin(), m.graph.nodes.end(),
+                         [&](const onnx::OnnxNode& n) { return n.name == module + "/MatMul"; });
+  ASSERT_NE(mm, m.graph.nodes.end()) << module;
+  const std::string out = mm->outputs.at(0), bias = module + ".bias";
+  mm->outputs[0] = out + "_mm";
+  Tensor b(DType::kF32, {width});
+  for (int64_t i = 0; i < width; ++i) b.data_as<float>()[i] = value;
+  m.graph.initializers.push_back({bias, onnx::kOnnxFloat, {width}, b});
+  m.graph.nodes.insert(mm + 1, {module + "/Add", "Add", "", {bias, out + "_mm"}, {out}, {}});
+}
+
+// Qwen2's biases are q_proj's, k_proj's and v_proj's, in every layer: a bias on o_proj or
+// in the MLP, a layer's k_proj without one, or one of another shape is not recognised,
+// the reason naming the projection and the node.
+TEST(OnnxFamily, Qwen2ViewRefusesBiasesWhereQwen2HasNone) {
+  const onnx::OnnxModel good = onnx::load_onnx_model(fixture("qwen2/model.onnx"));
+  EXPECT_EQ(view_error(good, [](auto&) {}), "recognised");
+  const std::string only = "; kiln's llama graph takes a bias on q_proj, k_proj and v_proj only";
+  EXPECT_TRUE(has_parts(
+      view_error(good,
+                 [](auto& m) { add_bias(m, "/m/model/layers.1/self_attn/o_proj", 64, 0.1f); }),
+      {"no error (llama: model.layers.1.self_attn.o_proj adds a bias "
+       "('/m/model/layers.1/self_attn/o_proj.bias' "
+       "at node '/m/model/layers.1/self_attn/o_proj/Add')",
+       only, "not on o_proj, the MLP or lm_head"}));
+  EXPECT_TRUE(has_parts(
+      view_error(good, [](auto& m) { add_bias(m, "/m/model/layers.0/mlp/down_proj", 64, 0.1f); }),
+      {"no error (llama: model.layers.0.mlp.down_proj adds a bias", only}));
+  EXPECT_TRUE(has_parts(
+      view_error(good, [](auto& m) { add_bias(m, "/m/model/layers.0/mlp/up_proj", 128, 0.1f); }),
+      {"no error (llama: model.layers.0.mlp.up_proj adds a bias", only}));
+  // Layer 1's k_proj without its bias (the Add made an Identity of the product).
+  EXPECT_TRUE(has_parts(
+      view_error(good,
+                 [](auto& m) {
+                   onnx::OnnxNode& add = find_node(m, "/m/model/layers.1/self_attn/k_proj/Add");
+                   add.op_type = "Identity";
+                   add.inputs = {"/m/model/layers.1/self_attn/k_proj/MatMul_output_0"};
+                 }),
+      {"no error (llama: model.layers.1.self_attn.v_proj adds a bias but "
+       "model.layers.1.self_attn.k_proj "
+       "('/m/model/layers.1/self_attn/k_proj/MatMul') has none"}));
+  // A bias of one value (broadcast) where q_proj's 64 belong.
+  EXPECT_TRUE(has_parts(
+      view_error(good,
+                 [](auto& m) {
+                   for (auto& t : m.graph.initializers)
+                     if (t.name == "m.model.layers.0.self_attn.q_proj.bias")
+                       t.value = Tensor(DType::kF32, {1}), t.dims = {1};
+                 }),
+      {"no error (llama: model.layers.0.self_attn.q_proj's bias "
+       "'m.model.layers.0.self_attn.q_proj.bias' at "
+       "node '/m/model/layers.0/self_attn/q_proj/Add' is [1], expected a constant [64]"}));
+}
+
+// Not recognised for an o_proj or MLP bias: the plain export (a zero bias, so PyTorch's
+// logits still hold) falls back to the op-by-op graph, --onnx-import family says why, and
+// the export with a KV cache is an error naming its tensors and the bias.
+TEST(OnnxFamily, Qwen2WithBiasesWhereQwen2HasNoneFallsBackOrSaysWhy) {
+  onnx::OnnxModel plain = onnx::load_onnx_model(fixture("qwen2/model.onnx"));
+  add_bias(plain, "/m/model/layers.0/self_attn/o_proj", 64, 0.0f);
+  auto m = Model::from_onnx(plain, "plain.onnx");
+  EXPECT_EQ(m->info().family, "onnx");
+  Reference ref("qwen2");
+  TensorMap out = run(*m, {{"input_ids", ref.get("input_ids", DType::kI64)},
+                           {"attention_mask", ref.get("attention_mask", DType::kI64)}});
+  EXPECT_LE(rel_error(out.at("logits"), ref.get("logits", DType::kF32),
+                      "qwen2 + o_proj bias (not recognised) op by op logits"),
+            kTol);
+  ModelOptions family;
+  family.onnx_import = "family";
+  try {
+    Model::from_onnx(plain, "plain.onnx", family);
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_TRUE(
+        has_parts(e.what(), {"not a recognised HF export: llama: model.layers.0.self_attn.o_proj "
+                             "adds a bias",
+                             "q_proj, k_proj and v_proj only"}));
+  }
+  onnx::OnnxModel past = onnx::load_onnx_model(fixture("qwen2_past/model.onnx"));
+  add_bias(past, "/m/model/layers.1/mlp/gate_proj", 128, 0.1f);
+  try {
+    Model::from_onnx(past, "past.onnx");
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
+    EXPECT_TRUE(
+        has_parts(e.what(), {"a decoder exported with a KV cache", "inputs past_key_values.0.key",
+                             "model.layers.1.mlp.gate_proj adds a bias", "--onnx-import graph"}));
+  }
 }
 
 // Crafted copies the view must read without faulting: nodes without outputs (a Constant,

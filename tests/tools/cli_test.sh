@@ -272,6 +272,14 @@ check inspect-onnx-llama-past 0 "heads 4 (kv 2) x 16" -- "$kiln" inspect -m "$lp
 check build-onnx-llama-past 0 "fuse_qkv_attention" -- "$kiln" build -m "$lpast/model.onnx" -o "$tmp/onnx-llama-past.kiln" --profile T:1,8,16
 check generate-onnx-llama-past-engine 0 "$lpast_want" -- "$kiln" generate -m "$tmp/onnx-llama-past.kiln" --ids $lpast_prompt -n 12 -q --print-ids
 check generate-onnx-llama 0 "" -- "$kiln" generate -m "$fixtures/onnx/llama/model.onnx" --ids 5,6,7 -n 4 -q
+# Qwen2 exported with past_key_values: kiln's llama graph with its q/k/v biases (qwen2).
+qpast="$fixtures/onnx/qwen2_past"
+qpast_prompt=$(json_ids prompt_ids "$qpast")
+qpast_want=$(json_ids greedy_ids "$qpast" | tr ',' ' ')
+[ -n "$qpast_prompt" ] && [ -n "$qpast_want" ] || { echo "FAIL onnx-qwen2-past: no prompt_ids/greedy_ids in $qpast/reference.json"; fail=1; }
+check generate-onnx-qwen2-past 0 "$qpast_want" -- "$kiln" generate -m "$qpast/model.onnx" --ids $qpast_prompt -n 12 -q --print-ids
+check build-onnx-qwen2-past 0 "fuse_qkv_attention" -- "$kiln" build -m "$qpast/model.onnx" -o "$tmp/onnx-qwen2-past.kiln" --profile T:1,8,16
+check generate-onnx-qwen2-past-engine 0 "$qpast_want" -- "$kiln" generate -m "$tmp/onnx-qwen2-past.kiln" --ids $qpast_prompt -n 12 -q --print-ids
 head -c 3000 "$fixtures/onnx/bert/model.onnx" > "$tmp/cut.onnx"
 check truncated-onnx 1 "runs past the end" -- "$kiln" inspect -m "$tmp/cut.onnx"
 head -c 5000 "$tmp/gpt2.kiln" > "$tmp/cut.kiln"

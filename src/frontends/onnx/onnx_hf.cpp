@@ -242,10 +242,12 @@ std::optional<OnnxHfView> gpt2_view(const OnnxModel& m, const Index& ix, const s
   return v;
 }
 
-// ---- Llama ---------------------------------------------------------------------------
+// ---- Llama (and Qwen2) ----------------------------------------------------------------
 // Its linears have no bias, so their weights are anonymous MatMul initializers
 // (onnx::MatMul_N, [in, out]); torch.onnx.export names each node after the module that
-// made it ("/model/layers.0/self_attn/q_proj/MatMul"), which is what maps them.
+// made it ("/model/layers.0/self_attn/q_proj/MatMul"), which is what maps them. Qwen2 is
+// the same graph plus a bias Added to q_proj, k_proj and v_proj: read at those Adds, it
+// makes the config a qwen2 one (kiln's llama graph with those biases).
 
 // "/m/model/layers.3/mlp/up_proj/MatMul" -> {3, "mlp/up_proj"}; {-1, ""} outside the
 // decoder layers.
@@ -368,15 +370,33 @@ std::optional<OnnxHfView> llama_view(const OnnxModel& m, const Index& ix, const 
       if (!weight)
         return fail(str_cat("node '", n.name, "' (", what,
                             ") does not multiply by a constant matrix (or its transpose)"));
-      if (auto c = ix.consumers.find(n.outputs[0]); c != ix.consumers.end())
+      // The bias: a Gemm's C, or the constant of an Add on the product. Qwen2 has one on
+      // q_proj, k_proj and v_proj (kiln's qwen2 graph); no other projection takes one.
+      std::string bias, at = n.name, out = n.outputs[0];
+      if (n.op_type == "Gemm" && n.inputs.size() > 2 && !n.inputs[2].empty()) bias = n.inputs[2];
+      if (auto c = ix.consumers.find(n.outputs[0]); bias.empty() && c != ix.consumers.end())
         for (const OnnxNode* add : c->second)
-          if (add->op_type == "Add")
+          if (add->op_type == "Add" && !add->outputs.empty())
             for (auto& in : add->inputs)
-              if (ix.consts.count(in))
-                return fail(str_cat(what, " adds a bias ('", in, "' at node '", add->name,
-                                    "'); kiln maps Llama's bias-free projections"));
+              if (ix.consts.count(in)) bias = in, at = add->name, out = add->outputs[0];
+      if (!bias.empty()) {
+        const bool qkv =
+            !is_head && module.rfind("self_attn/", 0) == 0 && module != "self_attn/o_proj";
+        if (!qkv)
+          return fail(
+              str_cat(what, " adds a bias ('", bias, "' at node '", at,
+                      "'); kiln's llama graph takes a bias on q_proj, k_proj and v_proj only "
+                      "(Qwen2's), not on o_proj, the MLP or lm_head"));
+        auto b = ix.consts.find(bias);
+        if (b == ix.consts.end() || b->second->rank() != 1 || b->second->dim(0) != weight->dim(0))
+          return fail(
+              str_cat(what, "'s bias '", bias, "' at node '", at, "' is ",
+                      b == ix.consts.end() ? std::string("computed") : b->second->shape_str(),
+                      ", expected a constant [", weight->dim(0), "]"));
+        if (!put(what + ".bias", b->second->to(DType::kF32), n)) return std::nullopt;
+      }
       has_head |= is_head;
-      if (what == "model.layers.0.self_attn.q_proj") q_out = n.outputs[0];
+      if (what == "model.layers.0.self_attn.q_proj") q_out = out;
       if (!put(is_head ? "lm_head.weight" : what + ".weight", std::move(*weight), n))
         return std::nullopt;
       continue;
@@ -420,6 +440,19 @@ std::optional<OnnxHfView> llama_view(const OnnxModel& m, const Index& ix, const 
       return fail(str_cat("RMSNorm eps ", eps.at(name), " at ", name, " but ", eps.begin()->second,
                           " at ", eps.begin()->first, " (kiln's llama graph has one eps)"));
   }
+  // Qwen2: a bias on q_proj, k_proj and v_proj of every layer, or on none.
+  std::string biased;
+  for (auto& [name, t] : w)
+    if (ends_with(name, ".bias")) biased = name;
+  for (int64_t l = 0; !biased.empty() && l < layers; ++l)
+    for (const char* p : {"q_proj", "k_proj", "v_proj"})
+      if (const std::string proj = str_cat("model.layers.", l, ".self_attn.", p);
+          !w.count(proj + ".bias"))
+        return fail(
+            str_cat(biased.substr(0, biased.size() - 5), " adds a bias but ", proj, " ('",
+                    from.at(proj + ".weight"),
+                    "') has none (kiln's qwen2 graph has a bias on q_proj, k_proj and v_proj of "
+                    "every layer)"));
   if (!has_head) return fail("no lm_head MatMul (a node under /lm_head/)");
   if (!silu) return fail("the MLP of layer 0 has no Sigmoid (kiln's llama graph has a SiLU MLP)");
   // Heads: head_dim from q_proj's Reshape to [batch, seq, heads or -1, head_dim]; query
@@ -483,9 +516,10 @@ std::optional<OnnxHfView> llama_view(const OnnxModel& m, const Index& ix, const 
     return fail(str_cat("lm_head ('", from.at("lm_head.weight"), "') is [", head.dim(1), ", ",
                         head.dim(0), "], expected [", hidden, ", ", vocab, "]"));
   if (tied) w.erase("lm_head.weight");
+  const std::string model_type = biased.empty() ? "llama" : "qwen2";
   OnnxHfView v;
   v.family = "llama";
-  v.config = {{"model_type", "llama"},
+  v.config = {{"model_type", model_type},
               {"vocab_size", vocab},
               {"hidden_size", hidden},
               {"num_hidden_layers", layers},
@@ -499,7 +533,7 @@ std::optional<OnnxHfView> llama_view(const OnnxModel& m, const Index& ix, const 
               {"tie_word_embeddings", tied}};
   if (std::fabs(factor - 1.0) > 1e-6)
     v.config["rope_scaling"] = {{"rope_type", "linear"}, {"factor", factor}};
-  v.weights = std::make_unique<MapWeightSource>(std::move(w), "llama");
+  v.weights = std::make_unique<MapWeightSource>(std::move(w), model_type);
   return v;
 }
 

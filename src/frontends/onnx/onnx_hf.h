@@ -1,11 +1,12 @@
 // An HF view of an ONNX export (as gguf_hf.h is for GGUF): when the file is a known
-// HuggingFace family exported by torch.onnx.export (BERT, GPT-2, Llama), this recognises
-// it from its initializer names (HF names survive export, under the wrapper's prefix)
-// and graph structure (anonymous MatMul weights are named after the bias Added to
-// their output, or for Llama's bias-free linears after the module in the MatMul node's
-// name; heads from the [.., .., heads, head_dim] Reshape targets; eps, activation and
-// RoPE's theta from the exported norms, GELU/SiLU and inverse frequencies), and gives
-// kiln's family builder an HF config.json and HF tensor names. A GPT-2 or Llama exported
+// HuggingFace family exported by torch.onnx.export (BERT, GPT-2, Llama, Qwen2), this
+// recognises it from its initializer names (HF names survive export, under the wrapper's
+// prefix) and graph structure (anonymous MatMul weights are named after the bias Added to
+// their output, or for Llama's and Qwen2's linears after the module in the MatMul node's
+// name, Qwen2's q/k/v biases read at the Add after each; heads from the
+// [.., .., heads, head_dim] Reshape targets; eps, activation and RoPE's theta from the
+// exported norms, GELU/SiLU and inverse frequencies), and gives kiln's family builder an
+// HF config.json and HF tensor names. A GPT-2, Llama or Qwen2 exported
 // with past_key_values also gets its KV-cache inputs/outputs (onnx_kv.h), checked
 // against the family's layers, KV heads and head size: the runtime's paged KV cache
 // takes their place. The runtime checks the rebuilt model against the op-by-op import
@@ -25,7 +26,7 @@
 namespace kiln::onnx {
 
 struct OnnxHfView {
-  std::string family;  // "bert" | "gpt2" | "llama"
+  std::string family;  // "bert" | "gpt2" | "llama" (config model_type "llama" or "qwen2")
   nlohmann::json config;
   std::unique_ptr<WeightSource> weights;
   OnnxKvCache kv;  // empty for an export without past_key_values / present tensors
