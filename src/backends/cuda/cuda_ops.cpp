@@ -280,14 +280,44 @@ struct LinearFusion {
   const float* beta = nullptr;
   float eps = 0.0f;
   bool residual = false;
+  bool feeds_attention = false;  // every reader of the output is an Attention node
   GemvFusion gemv(const void* res, bool with_norm) const {
-    return with_norm ? GemvFusion{norm, gamma, beta, eps, res} : GemvFusion{GemvNorm::kNone, nullptr, nullptr, 0, res};
+    GemvFusion f = with_norm ? GemvFusion{norm, gamma, beta, eps, res}
+                             : GemvFusion{GemvNorm::kNone, nullptr, nullptr, 0, res};
+    f.trigger_early = feeds_attention && gemv_trigger_early_from_env();
+    return f;
+  }
+  // KILN_CUDA_GEMV_TRIGGER_EARLY=1: a GEMV read only by the decode attention releases its
+  // dependent launch at its start (GemvFusion::trigger_early; off until measured).
+  static bool gemv_trigger_early_from_env() {
+    static const bool on = env_switch_off_value(
+        "KILN_CUDA_GEMV_TRIGGER_EARLY", std::getenv("KILN_CUDA_GEMV_TRIGGER_EARLY"),
+        "after its main loop",
+        "a GEMV read only by the decode attention lets it launch at its start");
+    return on;
   }
 };
+
+// Whether every reader of n's first output is an Attention node (at least one, and the
+// value is not a graph output).
+bool read_only_by_attention(const ir::Node& n, const ir::Graph& g) {
+  const ir::ValueId out = n.outputs.at(0);
+  for (auto& [name, id] : g.outputs())
+    if (id == out) return false;
+  int readers = 0;
+  for (const ir::Node& m : g.nodes())
+    for (ir::ValueId in : m.inputs)
+      if (in == out) {
+        if (m.op != "Attention") return false;
+        ++readers;
+      }
+  return readers > 0;
+}
 
 LinearFusion linear_fusion(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) {
   LinearFusion f;
   f.residual = n.input(3) != ir::kNoValue;
+  f.feeds_attention = read_only_by_attention(n, g);
   const std::string norm = n.attr_str("norm", "");
   if (norm.empty()) return f;
   if (norm != "rms" && norm != "layer")
@@ -399,6 +429,12 @@ OpRun prepare_linear_quant(const ir::Node& n, const ir::Graph& g, PrepareContext
   const LinearFusion fu = linear_fusion(n, g, pc);
   // The activation's pass after cuBLASLt through tables (KILN_CUDA_GELU_LUT), if any.
   const std::optional<UnaryLut> lut = gelu_lut(*pc.cx, epi.unary, pc.act, GeluPass::kValues);
+  // KILN_CUDA_QGEMV_BESIDE_ATTN=1: a q|k|v GEMV read only by the decode attention runs
+  // QGemvDp4aTuning::beside_attention (measured before it becomes a default).
+  const bool beside_attn =
+      fu.feeds_attention && env_switch_off_value("KILN_CUDA_QGEMV_BESIDE_ATTN",
+                                                 std::getenv("KILN_CUDA_QGEMV_BESIDE_ATTN"),
+                                                 "24-warp CTAs", "16 warps, early trigger");
   return [=](OpContext& c) {
     const auto [x, y, t] = linear_io(c, name, k, out_n);
     cudaStream_t s = c.cx->stream;
@@ -409,7 +445,7 @@ OpRun prepare_linear_quant(const ir::Node& n, const ir::Graph& g, PrepareContext
         linear_scratch(c, fu, fu.norm != GemvNorm::kNone, y.dtype, x.data, t, k, !gemv && swiglu ? nn : 0);
     const void* xin = scr.x;
     if (gemv) {
-      launch_gemv_quant(y.dtype, xin, w, bias, y.data, t, out_n, s, epi.gemv, qk);
+      launch_gemv_quant(y.dtype, xin, w, bias, y.data, t, out_n, s, epi.gemv, qk, beside_attn);
     } else {
       const int64_t tile_rows = dequant_tile_rows(nn, k, es, t, sms, wide);
       KILN_CHECK(ws->size() >= size_t(tile_rows * k) * es, "cuda: dequantization workspace too small");

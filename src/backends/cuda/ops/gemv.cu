@@ -90,12 +90,13 @@ __global__ void __launch_bounds__(kWarps * 32)
     gemv_kernel(const typename F::X* __restrict__ x, const typename F::W* __restrict__ w,
                 float scale, const typename F::Y* __restrict__ bias, typename F::Y* y, int n, int k,
                 GemvNorm norm, const float* __restrict__ gamma, const float* __restrict__ beta,
-                float eps, const typename F::Y* residual, bool bias_early) {
+                float eps, const typename F::Y* residual, bool bias_early, bool trigger_early) {
   using T = typename F::Y;
   constexpr int R = E == GemvEpilogue::kSwiGlu ? 2 : 1;
   extern __shared__ uint4 gemv_xs[];  // kNorm: the M normalized rows
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, part = warp % S;
   const int row = blockIdx.x * (kWarps / S) + warp / S;
+  if (trigger_early) pdl_trigger();  // GemvFusion::trigger_early
   // A warp without a row is done unless it joins a barrier below (split-K, norm prologue).
   // Returning before pdl_wait() is safe: the warps that store wait, so this grid still
   // completes only after the previous one.
@@ -209,6 +210,7 @@ struct Fused {
   float eps = 0.0f;
   const typename F::Y* residual = nullptr;
   int splits = 0;  // GemvFusion::splits
+  bool trigger_early = false;
 };
 
 template <typename F, GemvEpilogue E, int S, bool kNorm>
@@ -218,7 +220,7 @@ void launch_split_norm(const typename F::X* x, const typename F::W* w, float sca
   const size_t smem = kNorm ? size_t(m * k) * sizeof(typename F::X) : 0;
 #define KILN_GEMV_LAUNCH(M_)                                                                       \
   launch_k(gemv_kernel<F, M_, E, S, kNorm>, grid, kWarps * 32, smem, s, x, w, scale, b, y, int(n), \
-           int(k), f.norm, f.gamma, f.beta, f.eps, f.residual, gemv_bias_early())
+           int(k), f.norm, f.gamma, f.beta, f.eps, f.residual, gemv_bias_early(), f.trigger_early)
   switch (m) {
     case 1: KILN_GEMV_LAUNCH(1); break;
     case 2: KILN_GEMV_LAUNCH(2); break;
@@ -272,8 +274,13 @@ void launch_format(const void* x, const void* w, float scale, const void* bias, 
   auto* wt = static_cast<const typename F::W*>(w);
   auto* bt = static_cast<const typename F::Y*>(bias);
   auto* yt = static_cast<typename F::Y*>(y);
-  const Fused<F> f{fusion.norm, fusion.gamma, fusion.beta, fusion.eps,
-                   static_cast<const typename F::Y*>(fusion.residual), fusion.splits};
+  const Fused<F> f{fusion.norm,
+                   fusion.gamma,
+                   fusion.beta,
+                   fusion.eps,
+                   static_cast<const typename F::Y*>(fusion.residual),
+                   fusion.splits,
+                   fusion.trigger_early};
   switch (epi) {
     case GemvEpilogue::kNone: launch_rows<F, GemvEpilogue::kNone>(xt, wt, scale, bt, yt, m, n, k, s, f); break;
     case GemvEpilogue::kGeluErf: launch_rows<F, GemvEpilogue::kGeluErf>(xt, wt, scale, bt, yt, m, n, k, s, f); break;

@@ -42,6 +42,10 @@ struct GemvFusion {
   // Warps per output row (split-K): 0 the launcher's rule (gemv.cu: split_for); 1, 2 or 4
   // forces it (cuda_gemv_bench compares them).
   int splits = 0;
+  // The dependent launch released at the kernel's start instead of after its main loop:
+  // for a GEMV read only by the decode attention, whose few CTAs then read their tables
+  // and issue their cache copies while this GEMV streams (cuda_ops.cpp sets it).
+  bool trigger_early = false;
 };
 // Shared memory the norm prologue may take per block: the m normalized rows (m·k·2 bytes)
 // must fit, so that enough blocks stay resident per SM to keep the weight stream going.

@@ -490,8 +490,9 @@ void launch_gemv_quant(DType dtype, const void* x, const QuantWeightView& w, con
                     w.layout == QuantLayout::kMma ? QGemvKernel::kMma : QGemvKernel::kRows);
 }
 
-void launch_gemv_quant(DType dtype, const void* x, const QuantWeightView& w, const void* bias, void* y, int64_t m,
-                       int64_t n_out, cudaStream_t s, GemvEpilogue epi, QGemvKernel kernel) {
+void launch_gemv_quant(DType dtype, const void* x, const QuantWeightView& w, const void* bias,
+                       void* y, int64_t m, int64_t n_out, cudaStream_t s, GemvEpilogue epi,
+                       QGemvKernel kernel, bool beside_attention) {
   KILN_THROW_IF(qgemv_kernel_layout(kernel) != w.layout, kInternal, "cuda quantized gemv: the ",
                 qgemv_kernel_name(kernel), " kernel does not read a weight of the other layout");
   KILN_THROW_IF(!gemv_quant_supports(dtype, m), kInternal, "cuda quantized gemv: unsupported ", dtype_name(dtype),
@@ -511,7 +512,9 @@ void launch_gemv_quant(DType dtype, const void* x, const QuantWeightView& w, con
     return;
   }
   if (kernel == QGemvKernel::kDp4a && qgemv_dp4a_supports(dtype, m, w.k)) {
-    launch_qgemv_dp4a(dtype, x, w, bias, y, m, n_out, s, epi);
+    QGemvDp4aTuning tune;
+    tune.beside_attention = beside_attention;
+    launch_qgemv_dp4a(dtype, x, w, bias, y, m, n_out, s, epi, tune);
     return;
   }
   KILN_CUDA_DISPATCH_FLOAT(dtype, T, launch_typed<T>(x, w, bias, y, m, n_out, s, epi));

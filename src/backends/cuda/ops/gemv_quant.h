@@ -100,8 +100,10 @@ void launch_gemv_quant(DType dtype, const void* x, const QuantWeightView& w, con
                        int64_t n_out, cudaStream_t s, GemvEpilogue epi = GemvEpilogue::kNone);
 // The same through `kernel`, which must read w's layout (qgemv_kernel_layout). kDp4a runs
 // the kRows kernel where qgemv_dp4a_supports says no (f32, or x too large for shared memory).
-void launch_gemv_quant(DType dtype, const void* x, const QuantWeightView& w, const void* bias, void* y, int64_t m,
-                       int64_t n_out, cudaStream_t s, GemvEpilogue epi, QGemvKernel kernel);
+// beside_attention: QGemvDp4aTuning::beside_attention for the dp4a kernel.
+void launch_gemv_quant(DType dtype, const void* x, const QuantWeightView& w, const void* bias,
+                       void* y, int64_t m, int64_t n_out, cudaStream_t s, GemvEpilogue epi,
+                       QGemvKernel kernel, bool beside_attention = false);
 // Rows [r0, r0 + rows) of w (either layout), dequantized (w = factor * (scale * q + min),
 // rounded once to `dtype`) into out [rows, k] (256-byte aligned for cuBLASLt).
 void launch_dequant_rows(DType dtype, const QuantWeightView& w, int64_t r0, int64_t rows, void* out, cudaStream_t s);
@@ -129,6 +131,10 @@ struct QGemvDp4aTuning {
   int depth = 0;
   int splits = 0;
   bool skip_x = false;
+  // A one-row GEMV whose output only the decode attention reads: 16 warps instead of 24 at
+  // the same register cap, and the dependent launch released at the kernel's start, so
+  // the attention's CTAs fit beside it and read their tables and cache while it streams.
+  bool beside_attention = false;
 };
 // The default split count for `units` output units of `steps` steps each (a step: one
 // 16-byte chunk per lane) over `resident_warps` warps: the fewest serial steps of the

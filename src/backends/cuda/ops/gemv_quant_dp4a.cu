@@ -55,6 +55,9 @@ constexpr int dp4a_warps() {
   return kSwiGlu ? 16 : 24;
 }
 constexpr int kDefaultDepth = 4;  // steps of loads in flight per lane
+// Warps of a one-row CTA launched beside a decode attention (QGemvDp4aTuning::beside_attention):
+// at the 24-warp kernel's 80 registers, 16 warps leave 24K registers for an attention CTA.
+constexpr int kBesideAttnWarps = 16;
 
 struct DArgs {
   const void* x;
@@ -68,6 +71,7 @@ struct DArgs {
   GemvEpilogue epi;
   int skip_x;     // timing ablation (QGemvDp4aTuning::skip_x)
   int epi_early;  // gemv_bias_early(): each unit's row factors and bias read as it starts
+  int trigger_early;  // the dependent launch released at the start (beside_attention)
 };
 
 // Outputs per warp (RL) for MAXM token rows; 32 / RL lanes share an output along K.
@@ -265,9 +269,13 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
 
 // One CTA of dp4a_warps() warps per SM: the compiler caps registers at 80 (24 warps; the
 // one-row depth-8 kernel spills 20-24 bytes there) or 128 (16 warps; -Xptxas -v).
-template <typename T, QuantFormat F, int MAXM, bool kSwiGlu, int P>
+// KW: the warps launched, dp4a_warps() or fewer under the same register cap (kBesideAttnWarps:
+// room left on the SM for a decode attention CTA launched beside it).
+template <typename T, QuantFormat F, int MAXM, bool kSwiGlu, int P, int KW>
 __global__ void __launch_bounds__(dp4a_warps<kSwiGlu>() * 32, 1) qgemv_dp4a_kernel(const DArgs a) {
-  constexpr int kWarps = dp4a_warps<kSwiGlu>(), kThreads = kWarps * 32;
+  constexpr int kWarps = KW, kThreads = kWarps * 32;
+  static_assert(KW <= dp4a_warps<kSwiGlu>());
+  if (a.trigger_early) pdl_trigger();  // QGemvDp4aTuning::beside_attention
   constexpr bool kQ4 = F == QuantFormat::kQ4;
   constexpr int RL = outs_per_warp<MAXM>(), KL = 32 / RL, RU = kSwiGlu ? 2 : 1, kRed = red_per_warp<MAXM, kSwiGlu>();
   extern __shared__ __align__(16) uint8_t smem[];
@@ -445,10 +453,10 @@ int occupancy(const void* kernel, int threads, size_t smem) {
   return n;
 }
 
-template <typename T, QuantFormat F, int MAXM, bool kSwiGlu, int P>
+template <typename T, QuantFormat F, int MAXM, bool kSwiGlu, int P, int KW = dp4a_warps<kSwiGlu>()>
 void launch_depth(DArgs a, const QGemvDp4aTuning& tune, cudaStream_t s, QGemvDp4aPlan* plan) {
-  auto* kernel = qgemv_dp4a_kernel<T, F, MAXM, kSwiGlu, P>;
-  constexpr int kWarps = dp4a_warps<kSwiGlu>(), kThreads = kWarps * 32;
+  auto* kernel = qgemv_dp4a_kernel<T, F, MAXM, kSwiGlu, P, KW>;
+  constexpr int kWarps = KW, kThreads = kWarps * 32;
   constexpr int RL = outs_per_warp<MAXM>();
   a.steps = (a.chunks + 32 / RL - 1) / (32 / RL);
   a.units = (a.n_out + RL - 1) / RL;
@@ -482,6 +490,15 @@ void launch_depth(DArgs a, const QGemvDp4aTuning& tune, cudaStream_t s, QGemvDp4
 
 template <typename T, QuantFormat F, int MAXM, bool kSwiGlu>
 void launch_rows(const DArgs& a, const QGemvDp4aTuning& tune, cudaStream_t s, QGemvDp4aPlan* plan) {
+  // A one-row GEMV read by the decode attention: fewer warps (the attention CTAs fit beside
+  // them), the dependent launch released at the start.
+  if constexpr (MAXM == 1 && !kSwiGlu) {
+    if (tune.beside_attention) {
+      DArgs b = a;
+      b.trigger_early = 1;
+      return launch_depth<T, F, MAXM, kSwiGlu, kDefaultDepth, kBesideAttnWarps>(b, tune, s, plan);
+    }
+  }
   // Other depths at one row only (the bench's sweep; each is a kernel to compile).
   if constexpr (MAXM == 1) {
     if (tune.depth == 2) return launch_depth<T, F, MAXM, kSwiGlu, 2>(a, tune, s, plan);
@@ -570,7 +587,8 @@ void launch_qgemv_dp4a(DType dtype, const void* x, const QuantWeightView& w, con
           0,
           epi,
           tune.skip_x ? 1 : 0,
-          gemv_bias_early() ? 1 : 0};
+          gemv_bias_early() ? 1 : 0,
+          0};
   if (dtype == DType::kBF16) launch_typed<__nv_bfloat16>(a, w.format, tune, s, plan_only);
   else launch_typed<__half>(a, w.format, tune, s, plan_only);
 }
