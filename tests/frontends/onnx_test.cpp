@@ -880,19 +880,20 @@ TEST(OnnxFamily, Qwen2ViewRefusesBiasesWhereQwen2HasNone) {
        "node '/m/model/layers.0/self_attn/q_proj/Add' is [1], expected a constant [64]"}));
 }
 
-// Not recognised for an o_proj or MLP bias: the plain export (a zero bias, so PyTorch's
-// logits still hold) falls back to the op-by-op graph, --onnx-import family says why, and
-// the export with a KV cache is an error naming its tensors and the bias.
-TEST(OnnxFamily, Qwen2WithBiasesWhereQwen2HasNoneFallsBackOrSaysWhy) {
-  onnx::OnnxModel plain = onnx::load_onnx_model(fixture("qwen2/model.onnx"));
-  add_bias(plain, "/m/model/layers.0/self_attn/o_proj", 64, 0.0f);
+// An export the llama view does not recognise: `plain` runs op by op (the `ref` fixture's
+// PyTorch logits still) and --onnx-import family fails with `family_parts`; `past`, an export
+// with a KV cache, is an error naming its tensors and `past_parts`.
+void expect_op_by_op_or_error(const onnx::OnnxModel& plain, const std::string& ref,
+                              const std::vector<std::string>& family_parts,
+                              const onnx::OnnxModel& past,
+                              const std::vector<std::string>& past_parts) {
   auto m = Model::from_onnx(plain, "plain.onnx");
   EXPECT_EQ(m->info().family, "onnx");
-  Reference ref("qwen2");
-  TensorMap out = run(*m, {{"input_ids", ref.get("input_ids", DType::kI64)},
-                           {"attention_mask", ref.get("attention_mask", DType::kI64)}});
-  EXPECT_LE(rel_error(out.at("logits"), ref.get("logits", DType::kF32),
-                      "qwen2 + o_proj bias (not recognised) op by op logits"),
+  Reference r(ref);
+  TensorMap out = run(*m, {{"input_ids", r.get("input_ids", DType::kI64)},
+                           {"attention_mask", r.get("attention_mask", DType::kI64)}});
+  EXPECT_LE(rel_error(out.at("logits"), r.get("logits", DType::kF32),
+                      ref + " (not recognised) op by op logits"),
             kTol);
   ModelOptions family;
   family.onnx_import = "family";
@@ -900,22 +901,33 @@ TEST(OnnxFamily, Qwen2WithBiasesWhereQwen2HasNoneFallsBackOrSaysWhy) {
     Model::from_onnx(plain, "plain.onnx", family);
     ADD_FAILURE() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_TRUE(
-        has_parts(e.what(), {"not a recognised HF export: llama: model.layers.0.self_attn.o_proj "
-                             "adds a bias",
-                             "q_proj, k_proj and v_proj only"}));
+    EXPECT_TRUE(has_parts(e.what(), family_parts)) << e.what();
   }
-  onnx::OnnxModel past = onnx::load_onnx_model(fixture("qwen2_past/model.onnx"));
-  add_bias(past, "/m/model/layers.1/mlp/gate_proj", 128, 0.1f);
   try {
     Model::from_onnx(past, "past.onnx");
     ADD_FAILURE() << "expected an error";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
-    EXPECT_TRUE(
-        has_parts(e.what(), {"a decoder exported with a KV cache", "inputs past_key_values.0.key",
-                             "model.layers.1.mlp.gate_proj adds a bias", "--onnx-import graph"}));
+    std::vector<std::string> parts{"a decoder exported with a KV cache",
+                                   "inputs past_key_values.0.key", "--onnx-import graph"};
+    parts.insert(parts.end(), past_parts.begin(), past_parts.end());
+    EXPECT_TRUE(has_parts(e.what(), parts)) << e.what();
   }
+}
+
+// Not recognised for an o_proj or MLP bias: the plain export (a zero bias, so PyTorch's
+// logits still hold) falls back to the op-by-op graph, --onnx-import family says why, and
+// the export with a KV cache is an error naming its tensors and the bias.
+TEST(OnnxFamily, Qwen2WithBiasesWhereQwen2HasNoneFallsBackOrSaysWhy) {
+  onnx::OnnxModel plain = onnx::load_onnx_model(fixture("qwen2/model.onnx"));
+  add_bias(plain, "/m/model/layers.0/self_attn/o_proj", 64, 0.0f);
+  onnx::OnnxModel past = onnx::load_onnx_model(fixture("qwen2_past/model.onnx"));
+  add_bias(past, "/m/model/layers.1/mlp/gate_proj", 128, 0.1f);
+  expect_op_by_op_or_error(plain, "qwen2",
+                           {"not a recognised HF export: llama: model.layers.0.self_attn.o_proj "
+                            "adds a bias",
+                            "q_proj, k_proj and v_proj only"},
+                           past, {"model.layers.1.mlp.gate_proj adds a bias"});
 }
 
 // Crafted copies the view must read without faulting: nodes without outputs (a Constant,
@@ -963,35 +975,13 @@ TEST(OnnxFamily, LlamaViewReadsCraftedFilesSafely) {
 TEST(OnnxFamily, LlamaNotRecognisedFallsBackOrSaysWhy) {
   onnx::OnnxModel plain = onnx::load_onnx_model(fixture("llama/model.onnx"));
   find_node(plain, "/m/model/layers.0/self_attn/k_proj/MatMul").name = "anonymous";
-  auto m = Model::from_onnx(plain, "plain.onnx");
-  EXPECT_EQ(m->info().family, "onnx");
-  Reference ref("llama");
-  TensorMap out = run(*m, {{"input_ids", ref.get("input_ids", DType::kI64)},
-                           {"attention_mask", ref.get("attention_mask", DType::kI64)}});
-  EXPECT_LE(rel_error(out.at("logits"), ref.get("logits", DType::kF32),
-                      "llama (not recognised) op by op logits"),
-            kTol);
-  ModelOptions family;
-  family.onnx_import = "family";
-  try {
-    Model::from_onnx(plain, "plain.onnx", family);
-    ADD_FAILURE() << "expected an error";
-  } catch (const Error& e) {
-    EXPECT_TRUE(has_parts(e.what(), {"not a recognised HF export: llama: no weight for "
-                                     "model.layers.0.self_attn.k_proj.weight"}));
-  }
   onnx::OnnxModel past = onnx::load_onnx_model(fixture("llama_past/model.onnx"));
   constant_value(past, find_node(past, "/m/model/rotary_emb/Mul").inputs.at(1))
       .data_as<float>()[2] *= 0.5f;
-  try {
-    Model::from_onnx(past, "past.onnx");
-    ADD_FAILURE() << "expected an error";
-  } catch (const Error& e) {
-    EXPECT_EQ(e.code(), ErrorCode::kUnsupported);
-    EXPECT_TRUE(
-        has_parts(e.what(), {"a decoder exported with a KV cache", "inputs past_key_values.0.key",
-                             "RoPE's inverse frequencies", "--onnx-import graph"}));
-  }
+  expect_op_by_op_or_error(plain, "llama",
+                           {"not a recognised HF export: llama: no weight for "
+                            "model.layers.0.self_attn.k_proj.weight"},
+                           past, {"RoPE's inverse frequencies"});
 }
 
 // A graph the llama view reads but whose numbers kiln's llama graph does not reproduce
