@@ -202,10 +202,28 @@ void take_config_beside(nlohmann::json& config, const std::string& path) {
     }
   for (const char* key : {"max_position_embeddings", "bos_token_id", "eos_token_id"})
     if (c.contains(key)) config[key] = c[key];
-  if (config.at("model_type") == "qwen2")
-    for (const char* key :
-         {"use_sliding_window", "sliding_window", "max_window_layers", "layer_types"})
-      if (c.contains(key)) config[key] = c[key];
+  if (config.at("model_type") != "qwen2") return;
+  // Each of a Qwen2's window keys is taken only with the JSON type transformers writes, so
+  // the llama builder never meets another (a null window: none).
+  auto strings = [](const nlohmann::json& v) {
+    if (!v.is_array()) return false;
+    for (const auto& e : v)
+      if (!e.is_string()) return false;
+    return true;
+  };
+  const std::pair<const char*, bool (*)(const nlohmann::json&)> typed[] = {
+      {"use_sliding_window", [](const nlohmann::json& v) { return v.is_boolean(); }},
+      {"sliding_window",
+       [](const nlohmann::json& v) { return v.is_number_integer() || v.is_null(); }},
+      {"max_window_layers", [](const nlohmann::json& v) { return v.is_number_integer(); }},
+      {"layer_types", +strings}};
+  for (const auto& [key, ok] : typed) {
+    if (!c.contains(key)) continue;
+    if (!ok(c[key]))
+      throw_error(ErrorCode::kInvalidFile, "onnx: ", file.string(), ": '", key, "' is ",
+                  c[key].dump(), ", not the type a Qwen2 config gives it");
+    config[key] = c[key];
+  }
 }
 
 }  // namespace

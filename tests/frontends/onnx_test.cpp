@@ -550,6 +550,16 @@ TEST(OnnxFamily, Qwen2ReadsItsSlidingWindowFromTheConfigBesideIt) {
               std::string::npos)
         << e.what();
   }
+  // A window key of another type than transformers writes is an error naming it (the
+  // export has a KV cache, so the view's reason is the load's error).
+  test::write_file(dir.file("config.json"), "{" + shape + R"(, "use_sliding_window": "yes"})");
+  try {
+    Model::load(dir.file("model.onnx"));
+    ADD_FAILURE() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'use_sliding_window' is \"yes\""), std::string::npos)
+        << e.what();
+  }
 }
 
 // ---- edited copies of an export -------------------------------------------------------

@@ -280,26 +280,21 @@ struct LinearFusion {
   const float* beta = nullptr;
   float eps = 0.0f;
   bool residual = false;
-  bool feeds_attention = false;  // every reader of the output is an Attention node
+  // The output is read only by packed q|k|v Attention nodes (the kernel launched next).
+  bool feeds_attention = false;
+  // KILN_CUDA_GEMV_TRIGGER_EARLY=1, read when the Linear is prepared: such a GEMV releases
+  // its dependent launch at its start (GemvFusion::trigger_early; off until measured).
+  bool trigger_early = false;
   GemvFusion gemv(const void* res, bool with_norm) const {
     GemvFusion f = with_norm ? GemvFusion{norm, gamma, beta, eps, res}
                              : GemvFusion{GemvNorm::kNone, nullptr, nullptr, 0, res};
-    f.trigger_early = feeds_attention && gemv_trigger_early_from_env();
+    f.trigger_early = feeds_attention && trigger_early;
     return f;
-  }
-  // KILN_CUDA_GEMV_TRIGGER_EARLY=1: a GEMV read only by the decode attention releases its
-  // dependent launch at its start (GemvFusion::trigger_early; off until measured).
-  static bool gemv_trigger_early_from_env() {
-    static const bool on = env_switch_off_value(
-        "KILN_CUDA_GEMV_TRIGGER_EARLY", std::getenv("KILN_CUDA_GEMV_TRIGGER_EARLY"),
-        "after its main loop",
-        "a GEMV read only by the decode attention lets it launch at its start");
-    return on;
   }
 };
 
-// Whether every reader of n's first output is an Attention node (at least one, and the
-// value is not a graph output).
+// Whether every reader of n's first output is an Attention node taking packed q|k|v (at
+// least one, and the value is not a graph output): the node launched right after it.
 bool read_only_by_attention(const ir::Node& n, const ir::Graph& g) {
   const ir::ValueId out = n.outputs.at(0);
   for (auto& [name, id] : g.outputs())
@@ -308,7 +303,7 @@ bool read_only_by_attention(const ir::Node& n, const ir::Graph& g) {
   for (const ir::Node& m : g.nodes())
     for (ir::ValueId in : m.inputs)
       if (in == out) {
-        if (m.op != "Attention") return false;
+        if (m.op != "Attention" || m.attr_int("packed_qkv", 0) == 0) return false;
         ++readers;
       }
   return readers > 0;
@@ -318,6 +313,10 @@ LinearFusion linear_fusion(const ir::Node& n, const ir::Graph& g, PrepareContext
   LinearFusion f;
   f.residual = n.input(3) != ir::kNoValue;
   f.feeds_attention = read_only_by_attention(n, g);
+  f.trigger_early =
+      env_switch_off_value("KILN_CUDA_GEMV_TRIGGER_EARLY",
+                           std::getenv("KILN_CUDA_GEMV_TRIGGER_EARLY"), "after its main loop",
+                           "a GEMV read only by the decode attention lets it launch at its start");
   const std::string norm = n.attr_str("norm", "");
   if (norm.empty()) return f;
   if (norm != "rms" && norm != "layer")

@@ -111,7 +111,7 @@ std::vector<std::vector<float>> decode_trace(const std::string& family, const st
   if (!profile.empty()) setenv("KILN_CUDA_PROFILE", profile.c_str(), 1);
   auto model = Model::load(fixtures_dir() + "/models/" + family, {.backend = "cuda", .weight_dtype = dtype});
   unsetenv("KILN_CUDA_GRAPHS");
-  unsetenv("KILN_CUDA_PROFILE");
+  if (!profile.empty()) unsetenv("KILN_CUDA_PROFILE");
   std::mt19937 rng(3);
   std::uniform_int_distribution<int32_t> tok(0, int32_t(model->info().vocab_size - 1));
   auto prompt = [&](int n) {
@@ -179,6 +179,34 @@ TEST(CudaGraphs, GraphProfileLeavesTheStepsBitIdentical) {
     EXPECT_NE(log.find("cuda graph profile of a decode step"), std::string::npos)
         << family << ": " << log;
     EXPECT_NE(log.find("Linear"), std::string::npos) << family << ": " << log;
+  }
+}
+
+// The opt-in launch orders that start the decode attention beside the GEMV before it
+// (KILN_CUDA_GEMV_TRIGGER_EARLY, KILN_CUDA_QGEMV_BESIDE_ATTN: read when the model compiles)
+// move launches only: graph replays with dependent launch give the default order's logits
+// bit for bit.
+TEST(CudaGraphs, AttentionLaunchedBesideItsGemvKeepsTheBits) {
+  KILN_SKIP_WITHOUT_CUDA();
+  struct Case {
+    const char* family;
+    const char* dtype;
+    const char* env;
+  };
+  for (const Case& c : {Case{"llama", "bf16", "KILN_CUDA_GEMV_TRIGGER_EARLY"},
+                        Case{"gpt2", "f16", "KILN_CUDA_GEMV_TRIGGER_EARLY"},
+                        Case{"llama", "q4", "KILN_CUDA_QGEMV_BESIDE_ATTN"}}) {
+    auto plain = decode_trace(c.family, c.dtype, true);
+    setenv(c.env, "1", 1);
+    auto beside = decode_trace(c.family, c.dtype, true);
+    unsetenv(c.env);
+    ASSERT_EQ(plain.size(), beside.size());
+    size_t differ = 0;
+    for (size_t i = 0; i < plain.size(); ++i)
+      differ +=
+          plain[i].size() != beside[i].size() ||
+          std::memcmp(plain[i].data(), beside[i].data(), plain[i].size() * sizeof(float)) != 0;
+    EXPECT_EQ(differ, 0u) << c.family << " " << c.dtype << " " << c.env;
   }
 }
 
