@@ -371,32 +371,21 @@ class CudaCompiledGraph final : public CompiledGraph {
                               const std::vector<const Tensor*>& host_vals, bool decode) {
     cudaStream_t s = cx_->stream;
     const auto& nodes = graph_.nodes();
+    const bool stack = stack_ && stack_->takes(step, cuda_kv);
     std::vector<size_t> cuts{0};  // prefix lengths: none, then up to each launched node
     for (size_t i = 0; i < nodes.size(); ++i)
-      if (node_needed_[i] &&
-          !(stack_ && stack_->takes(step, cuda_kv) && i >= stack_->first() && i < stack_->last()))
+      if (node_needed_[i] && !(stack && i >= stack_->first() && i < stack_->last()))
         cuts.push_back(i + 1);
     std::vector<double> us(cuts.size(), 0.0);
     for (size_t c = 0; c < cuts.size(); ++c) {
-      cudaGraph_t g = nullptr;
-      KILN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-      try {
+      const cudaGraphExec_t exec = capture_graph(s, [&] {
         set_pdl_allowed(decode || pdl_in_step(gemms_pdl_, step.num_tokens()));
+        struct Reset {
+          ~Reset() { set_pdl_allowed(false); }
+        } reset;
         launch_spin(0, s);  // every prefix starts with it: the empty prefix's graph is not empty
         run_nodes(step, cuda_kv, host_vals, cuts[c]);
-        set_pdl_allowed(false);
-      } catch (...) {
-        set_pdl_allowed(false);
-        (void)cudaStreamEndCapture(s, &g);
-        if (g) cudaGraphDestroy(g);
-        (void)cudaGetLastError();
-        throw;
-      }
-      KILN_CUDA_CHECK(cudaStreamEndCapture(s, &g));
-      cudaGraphExec_t exec = nullptr;
-      const cudaError_t st = cudaGraphInstantiate(&exec, g, 0);
-      cudaGraphDestroy(g);
-      KILN_CUDA_CHECK(st);
+      });
       struct Destroy {
         cudaGraphExec_t e;
         ~Destroy() { cudaGraphExecDestroy(e); }
@@ -406,7 +395,7 @@ class CudaCompiledGraph final : public CompiledGraph {
                 for (int r = 0; r < kReplays; ++r) KILN_CUDA_CHECK(cudaGraphLaunch(exec, s));
               }));
     }
-    std::map<std::string, std::pair<double, int>> by_key;
+    std::map<std::string, std::pair<double, int64_t>> by_key;  // us, nodes
     std::string order;
     for (size_t c = 1; c < cuts.size(); ++c) {
       const double d = us[c] - us[c - 1];
@@ -416,19 +405,14 @@ class CudaCompiledGraph final : public CompiledGraph {
       order += str_cat("\n  ", c, " ", nodes[cuts[c] - 1].name, " (", prof_keys_[cuts[c] - 1],
                        "): ", d, " us");
     }
-    std::vector<std::pair<double, std::string>> rows;
-    for (auto& [key, e] : by_key) rows.push_back({e.first, key});
-    std::sort(rows.rbegin(), rows.rend());
-    const double total = us.back() - us.front();
-    std::string table = str_cat(
-        "cuda graph profile of a ", decode ? "decode" : "other", " step of ", step.num_tokens(),
-        " tokens (us each node lengthens the step's graph by, summed per op "
-        "and shape; graph with every node ",
-        us.back(), " us, without ", us.front(), " us):");
-    for (auto& [d, key] : rows)
-      table += str_cat("\n  ", key, ": ", d, " us (", by_key.at(key).second, " nodes, ",
-                       100.0 * d / total, "%)");
-    table += str_cat("\n  total: ", total, " us");
+    const std::string table =
+        profile_table(str_cat("cuda graph profile of a ", decode ? "decode" : "other", " step of ",
+                              step.num_tokens(),
+                              " tokens (us each node lengthens the step's graph by, summed per op "
+                              "and shape; graph with every "
+                              "node ",
+                              us.back(), " us, without ", us.front(), " us):"),
+                      by_key, 1.0, 1);
     log_write(LogLevel::kInfo, table);  // asked for: printed at every KILN_LOG level
     log_debug("cuda graph profile, node by node:", order);
   }
@@ -450,23 +434,30 @@ class CudaCompiledGraph final : public CompiledGraph {
     for (int k = 0; k < 2; ++k) {
       const auto& prof = profile_steps_[k];
       if (prof.steps == 0) continue;
-      double total = 0;
-      std::vector<std::pair<double, std::string>> rows;
-      for (auto& [key, e] : prof.by_key) {
-        total += e.first;
-        rows.push_back({e.first, key});
-      }
-      std::sort(rows.rbegin(), rows.rend());
-      std::string table = str_cat("cuda profile of ", prof.steps, k == 0 ? " decode" : " other",
-                                  " steps (device us per step; nodes per step; the first step of each shape, a warm-up, left out):");
-      for (auto& [ms, key] : rows) {
-        const auto& e = prof.by_key.at(key);
-        table += str_cat("\n  ", key, ": ", ms * 1000.0 / double(prof.steps), " us (",
-                         e.second / prof.steps, " nodes, ", 100.0 * ms / total, "%)");
-      }
-      table += str_cat("\n  total: ", total * 1000.0 / double(prof.steps), " us");
-      log_info(table);
+      log_info(profile_table(
+          str_cat("cuda profile of ", prof.steps, k == 0 ? " decode" : " other",
+                  " steps (device us per step; nodes per step; the first step of each shape, a "
+                  "warm-up, left out):"),
+          prof.by_key, 1000.0 / double(prof.steps), prof.steps));
     }
+  }
+
+  // A profile's rows, largest first: "key: us (nodes, share)" and the total, from the time
+  // and node count summed per key over `steps` steps (times x `to_us` are us per step).
+  static std::string profile_table(std::string title,
+                                   const std::map<std::string, std::pair<double, int64_t>>& by_key,
+                                   double to_us, int64_t steps) {
+    double total = 0;
+    std::vector<std::pair<double, std::string>> rows;
+    for (auto& [key, e] : by_key) {
+      total += e.first;
+      rows.push_back({e.first, key});
+    }
+    std::sort(rows.rbegin(), rows.rend());
+    for (auto& [t, key] : rows)
+      title += str_cat("\n  ", key, ": ", t * to_us, " us (", by_key.at(key).second / steps,
+                       " nodes, ", 100.0 * t / total, "%)");
+    return title + str_cat("\n  total: ", total * to_us, " us");
   }
 
   // Every device address a captured step bakes in: if one moved, the graph is stale.

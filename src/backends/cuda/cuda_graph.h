@@ -15,6 +15,27 @@
 
 namespace kiln::cuda {
 
+// The launches `enqueue` puts on s, captured (thread-local mode) and instantiated; on an
+// error the capture is ended and the stream left usable, and the error propagates.
+inline cudaGraphExec_t capture_graph(cudaStream_t s, const std::function<void()>& enqueue) {
+  KILN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  cudaGraph_t g = nullptr;
+  try {
+    enqueue();
+  } catch (...) {
+    (void)cudaStreamEndCapture(s, &g);  // leave the stream usable; the step's error wins
+    if (g) cudaGraphDestroy(g);
+    (void)cudaGetLastError();
+    throw;
+  }
+  KILN_CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t st = cudaGraphInstantiate(&exec, g, 0);
+  cudaGraphDestroy(g);
+  KILN_CUDA_CHECK(st);
+  return exec;
+}
+
 class StepGraphs {
  public:
   using Key = std::vector<int64_t>;
@@ -45,20 +66,7 @@ class StepGraphs {
     }
     if (e.exec) KILN_CUDA_CHECK(cudaGraphExecDestroy(e.exec));
     e.exec = nullptr;
-    KILN_CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
-    cudaGraph_t g = nullptr;
-    try {
-      enqueue();
-    } catch (...) {
-      (void)cudaStreamEndCapture(s, &g);  // leave the stream usable; the step's error wins
-      if (g) cudaGraphDestroy(g);
-      (void)cudaGetLastError();
-      throw;
-    }
-    KILN_CUDA_CHECK(cudaStreamEndCapture(s, &g));
-    const cudaError_t st = cudaGraphInstantiate(&e.exec, g, 0);
-    cudaGraphDestroy(g);
-    KILN_CUDA_CHECK(st);
+    e.exec = capture_graph(s, enqueue);
     e.buffers = buffers;
     ++captures_;
     KILN_CUDA_CHECK(cudaGraphLaunch(e.exec, s));

@@ -280,15 +280,17 @@ struct LinearFusion {
   const float* beta = nullptr;
   float eps = 0.0f;
   bool residual = false;
-  // The output is read only by packed q|k|v Attention nodes (the kernel launched next).
-  bool feeds_attention = false;
-  // KILN_CUDA_GEMV_TRIGGER_EARLY=1, read when the Linear is prepared: such a GEMV releases
-  // its dependent launch at its start (GemvFusion::trigger_early; off until measured).
+  // Launch order beside the decode attention, for a Linear whose output only packed q|k|v
+  // Attention nodes read (the kernel launched next); opt-in until measured, read when the
+  // Linear is prepared. KILN_CUDA_GEMV_TRIGGER_EARLY=1: the 16-bit GEMV releases its
+  // dependent launch at its start (GemvFusion::trigger_early). KILN_CUDA_QGEMV_BESIDE_ATTN=1:
+  // the dp4a q8/q4 GEMV runs QGemvDp4aTuning::beside_attention.
   bool trigger_early = false;
+  bool beside_attention = false;
   GemvFusion gemv(const void* res, bool with_norm) const {
     GemvFusion f = with_norm ? GemvFusion{norm, gamma, beta, eps, res}
                              : GemvFusion{GemvNorm::kNone, nullptr, nullptr, 0, res};
-    f.trigger_early = feeds_attention && trigger_early;
+    f.trigger_early = trigger_early;
     return f;
   }
 };
@@ -312,11 +314,17 @@ bool read_only_by_attention(const ir::Node& n, const ir::Graph& g) {
 LinearFusion linear_fusion(const ir::Node& n, const ir::Graph& g, PrepareContext& pc) {
   LinearFusion f;
   f.residual = n.input(3) != ir::kNoValue;
-  f.feeds_attention = read_only_by_attention(n, g);
-  f.trigger_early =
+  const bool trigger =
       env_switch_off_value("KILN_CUDA_GEMV_TRIGGER_EARLY",
                            std::getenv("KILN_CUDA_GEMV_TRIGGER_EARLY"), "after its main loop",
                            "a GEMV read only by the decode attention lets it launch at its start");
+  const bool beside = env_switch_off_value("KILN_CUDA_QGEMV_BESIDE_ATTN",
+                                           std::getenv("KILN_CUDA_QGEMV_BESIDE_ATTN"),
+                                           "24-warp CTAs", "16 warps, early trigger");
+  if ((trigger || beside) && read_only_by_attention(n, g)) {  // the graph scan only when asked for
+    f.trigger_early = trigger;
+    f.beside_attention = beside;
+  }
   const std::string norm = n.attr_str("norm", "");
   if (norm.empty()) return f;
   if (norm != "rms" && norm != "layer")
@@ -428,12 +436,6 @@ OpRun prepare_linear_quant(const ir::Node& n, const ir::Graph& g, PrepareContext
   const LinearFusion fu = linear_fusion(n, g, pc);
   // The activation's pass after cuBLASLt through tables (KILN_CUDA_GELU_LUT), if any.
   const std::optional<UnaryLut> lut = gelu_lut(*pc.cx, epi.unary, pc.act, GeluPass::kValues);
-  // KILN_CUDA_QGEMV_BESIDE_ATTN=1: a q|k|v GEMV read only by the decode attention runs
-  // QGemvDp4aTuning::beside_attention (measured before it becomes a default).
-  const bool beside_attn =
-      fu.feeds_attention && env_switch_off_value("KILN_CUDA_QGEMV_BESIDE_ATTN",
-                                                 std::getenv("KILN_CUDA_QGEMV_BESIDE_ATTN"),
-                                                 "24-warp CTAs", "16 warps, early trigger");
   return [=](OpContext& c) {
     const auto [x, y, t] = linear_io(c, name, k, out_n);
     cudaStream_t s = c.cx->stream;
@@ -444,7 +446,8 @@ OpRun prepare_linear_quant(const ir::Node& n, const ir::Graph& g, PrepareContext
         linear_scratch(c, fu, fu.norm != GemvNorm::kNone, y.dtype, x.data, t, k, !gemv && swiglu ? nn : 0);
     const void* xin = scr.x;
     if (gemv) {
-      launch_gemv_quant(y.dtype, xin, w, bias, y.data, t, out_n, s, epi.gemv, qk, beside_attn);
+      launch_gemv_quant(y.dtype, xin, w, bias, y.data, t, out_n, s, epi.gemv, qk,
+                        fu.beside_attention);
     } else {
       const int64_t tile_rows = dequant_tile_rows(nn, k, es, t, sms, wide);
       KILN_CHECK(ws->size() >= size_t(tile_rows * k) * es, "cuda: dequantization workspace too small");

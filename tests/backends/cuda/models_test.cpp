@@ -142,6 +142,16 @@ std::vector<std::vector<float>> decode_trace(const std::string& family, const st
   return trace;
 }
 
+// Rows of two traces of the same length that differ in any bit.
+size_t differing_rows(const std::vector<std::vector<float>>& a,
+                      const std::vector<std::vector<float>>& b) {
+  size_t differ = 0;
+  for (size_t i = 0; i < a.size(); ++i)
+    differ += a[i].size() != b[i].size() ||
+              std::memcmp(a[i].data(), b[i].data(), a[i].size() * sizeof(float)) != 0;
+  return differ;
+}
+
 TEST(CudaGraphs, DecodeReplayIsBitIdenticalToEager) {
   KILN_SKIP_WITHOUT_CUDA();
   for (std::string family : {"llama", "gpt2"})
@@ -149,10 +159,7 @@ TEST(CudaGraphs, DecodeReplayIsBitIdenticalToEager) {
       auto eager = decode_trace(family, dtype, false);
       auto graph = decode_trace(family, dtype, true);
       ASSERT_EQ(eager.size(), graph.size());
-      size_t differ = 0;
-      for (size_t i = 0; i < eager.size(); ++i)
-        differ += eager[i].size() != graph[i].size() ||
-                  std::memcmp(eager[i].data(), graph[i].data(), eager[i].size() * sizeof(float)) != 0;
+      const size_t differ = differing_rows(eager, graph);
       std::printf("  %s %s: %zu of %zu decoded logit rows differ between graphs and eager\n", family.c_str(),
                   dtype.c_str(), differ, eager.size());
       EXPECT_EQ(differ, 0u) << family << " " << dtype;
@@ -170,12 +177,7 @@ TEST(CudaGraphs, GraphProfileLeavesTheStepsBitIdentical) {
     auto profiled = decode_trace(family, "bf16", true, "graph");
     const std::string log = ::testing::internal::GetCapturedStderr();
     ASSERT_EQ(plain.size(), profiled.size());
-    size_t differ = 0;
-    for (size_t i = 0; i < plain.size(); ++i)
-      differ +=
-          plain[i].size() != profiled[i].size() ||
-          std::memcmp(plain[i].data(), profiled[i].data(), plain[i].size() * sizeof(float)) != 0;
-    EXPECT_EQ(differ, 0u) << family;
+    EXPECT_EQ(differing_rows(plain, profiled), 0u) << family;
     EXPECT_NE(log.find("cuda graph profile of a decode step"), std::string::npos)
         << family << ": " << log;
     EXPECT_NE(log.find("Linear"), std::string::npos) << family << ": " << log;
@@ -201,12 +203,7 @@ TEST(CudaGraphs, AttentionLaunchedBesideItsGemvKeepsTheBits) {
     auto beside = decode_trace(c.family, c.dtype, true);
     unsetenv(c.env);
     ASSERT_EQ(plain.size(), beside.size());
-    size_t differ = 0;
-    for (size_t i = 0; i < plain.size(); ++i)
-      differ +=
-          plain[i].size() != beside[i].size() ||
-          std::memcmp(plain[i].data(), beside[i].data(), plain[i].size() * sizeof(float)) != 0;
-    EXPECT_EQ(differ, 0u) << c.family << " " << c.dtype << " " << c.env;
+    EXPECT_EQ(differing_rows(plain, beside), 0u) << c.family << " " << c.dtype << " " << c.env;
   }
 }
 

@@ -251,14 +251,14 @@ constexpr int red_per_warp() {
   return outs_per_warp<MAXM>() * (kSwiGlu ? 2 : 1) * MAXM;
 }
 
-// The row factors and bias of output o read where they are used (KILN_CUDA_GEMV_BIAS_EARLY=0).
+// The row factors (ef[r]) and bias (ef[RU + r]) of output o, or zeros where !on.
 template <typename T, int RU>
-__device__ __forceinline__ void load_epi_late(const DArgs& a, const T* bias, int o,
-                                              float (&ef)[2 * RU]) {
+__device__ __forceinline__ void load_epi(const DArgs& a, const T* bias, int o, bool on,
+                                         float (&ef)[2 * RU]) {
 #pragma unroll
   for (int r = 0; r < RU; ++r) {
-    ef[r] = __ldg(a.row_factor + r * a.n_out + o);
-    ef[RU + r] = bias ? to_f32(bias[r * a.n_out + o]) : 0.0f;
+    ef[r] = on ? __ldg(a.row_factor + r * a.n_out + o) : 0.0f;
+    ef[RU + r] = on && bias ? to_f32(bias[r * a.n_out + o]) : 0.0f;
   }
 }
 
@@ -313,16 +313,11 @@ __global__ void __launch_bounds__(dp4a_warps<kSwiGlu>() * 32, 1) qgemv_dp4a_kern
   // u (weights: the first unit's are read before the wait, each next one's as its unit
   // starts, so none is an L2 round trip between the reduction and the store).
   float ef[2 * RU];
-  auto load_epi = [&](int u) {
+  auto load_unit_epi = [&](int u) {
     const int o = u * RL + rs;
-    const bool on = a.epi_early && split == 0 && u < a.units && o < a.n_out;
-#pragma unroll
-    for (int r = 0; r < RU; ++r) {
-      ef[r] = on ? __ldg(a.row_factor + r * a.n_out + o) : 0.0f;
-      ef[RU + r] = on && bias ? to_f32(bias[r * a.n_out + o]) : 0.0f;
-    }
+    load_epi<T, RU>(a, bias, o, a.epi_early && split == 0 && u < a.units && o < a.n_out, ef);
   };
-  load_epi(first);
+  load_unit_epi(first);
 
   pdl_wait();  // x is the previous kernel's output
   // x's loads in flight per thread: 3 (24 warps: k <= 18K in one round trip at one row),
@@ -379,7 +374,7 @@ __global__ void __launch_bounds__(dp4a_warps<kSwiGlu>() * 32, 1) qgemv_dp4a_kern
             for (int j = 1; j < S; ++j) acc[r][m] += slot[j * kRed + r * MAXM + m];
           }
           if (kl == m && o < a.n_out) {  // lane kl == m stores token row m
-            if (!a.epi_early) load_epi_late<T, RU>(a, bias, o, ef);
+            if (!a.epi_early) load_epi<T, RU>(a, bias, o, true, ef);
             if constexpr (kSwiGlu) {
               float gate = acc[0][m] * ef[0], up = acc[1][m] * ef[1];
               if (bias) gate += ef[2], up += ef[3];
@@ -398,7 +393,7 @@ __global__ void __launch_bounds__(dp4a_warps<kSwiGlu>() * 32, 1) qgemv_dp4a_kern
         for (int m = 0; m < MAXM; ++m) acc[r][m] = 0.0f;
       cci = 0;
       cu += stride;
-      load_epi(cu);
+      load_unit_epi(cu);
     }
   }
   pdl_trigger();  // this CTA's weights are read
