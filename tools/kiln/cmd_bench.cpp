@@ -277,11 +277,11 @@ int run_bench(const BenchArgs& a) {
               on_cpu ? "triad" : "copy");
   std::printf("|---|---|---|---|---|---|---|---|---|\n");
   const double tflops = pp_flops / pp_s / 1e12;
-  std::printf("| pp%d | %d | %.1f | %.1f | %.1f-%.1f | | | %.1f | %s |\n", a.prompt_len, a.batch,
+  std::printf("| pp%d | %d | %.1f | %.2f | %.2f-%.2f | | | %.1f | %s |\n", a.prompt_len, a.batch,
               a.batch * a.prompt_len / pp_s, pp_s * 1e3, *pp_min * 1e3, *pp_max * 1e3, tflops,
               share(tflops, ceil.gemm_tflops).c_str());
   const double gbs = step_bytes / tg_s / 1e9;
-  std::printf("| tg%d | %d | %.1f | %.2f /token | %.2f-%.2f | %.2f | %s | | |\n", a.gen_len, a.batch,
+  std::printf("| tg%d | %d | %.1f | %.3f /token | %.3f-%.3f | %.2f | %s | | |\n", a.gen_len, a.batch,
               a.batch / tg_s, tg_s * 1e3, *tg_min * 1e3, *tg_max * 1e3, gbs, share(gbs, mem_ceiling).c_str());
   std::printf("\nmedian of %d repeats after one warm-up; tg GB/s = (weights read per decode step + KV read) / step time;"
               " greedy: the top id per sequence comes back;\npp TFLOP/s = (2 x Linear weights (LM head excluded) x"
