@@ -274,6 +274,26 @@ LinearEpilogue linear_epilogue(const ir::Node& n) {
 // an activation epilogue and in the quantized paths (the pass is off for quantized
 // models; a q8/q4 pin can still meet it) the residual is one elementwise add, rounded as
 // the unfused add: one launch more than the unfused AddNorm there.
+// A one-row q8/q4 GEMV read only by the decode attention runs 16 warps and releases the
+// attention's launch at its start (QGemvDp4aTuning::beside_attention) where it streams at
+// most this many bytes. Measured on an H100 (bench/RESULTS.md, session 51): decode 1.02-1.05x
+// faster with q|k|v GEMVs of 2.6-6.7 MB (TinyLlama and Llama-3.2-1B, q4 and q8), 0.98x with
+// the 15.7 MB of Llama-3.1-8B q4, whose stream needs the 24 warps.
+constexpr size_t kBesideAttnMaxBytes = size_t(8) << 20;
+enum class BesideAttn : uint8_t { kOff, kAuto, kOn };
+
+// KILN_CUDA_QGEMV_BESIDE_ATTN: unset, empty or "auto" (by size), "0" or "1".
+BesideAttn beside_attn_from_env() {
+  const char* e = std::getenv("KILN_CUDA_QGEMV_BESIDE_ATTN");
+  if (!e || !*e || std::strcmp(e, "auto") == 0) return BesideAttn::kAuto;
+  if (std::strcmp(e, "0") == 0) return BesideAttn::kOff;
+  if (std::strcmp(e, "1") == 0) return BesideAttn::kOn;
+  throw_error(ErrorCode::kInvalidArgument, "KILN_CUDA_QGEMV_BESIDE_ATTN='", e,
+              "' (expected auto, the default: a one-row q8/q4 GEMV read only by the decode "
+              "attention runs 16 "
+              "warps beside it where its weights are at most 8 MiB; 1: at every size; 0: never)");
+}
+
 struct LinearFusion {
   GemvNorm norm = GemvNorm::kNone;
   const float* gamma = nullptr;
@@ -281,12 +301,19 @@ struct LinearFusion {
   float eps = 0.0f;
   bool residual = false;
   // Launch order beside the decode attention, for a Linear whose output only packed q|k|v
-  // Attention nodes read (the kernel launched next); opt-in until measured, read when the
-  // Linear is prepared. KILN_CUDA_GEMV_TRIGGER_EARLY=1: the 16-bit GEMV releases its
-  // dependent launch at its start (GemvFusion::trigger_early). KILN_CUDA_QGEMV_BESIDE_ATTN=1:
-  // the dp4a q8/q4 GEMV runs QGemvDp4aTuning::beside_attention.
+  // Attention nodes read (the kernel launched next), read when the Linear is prepared.
+  // KILN_CUDA_GEMV_TRIGGER_EARLY=1 (opt-in: no faster on GPT-2 or TinyLlama, H100): the
+  // 16-bit GEMV releases its dependent launch at its start (GemvFusion::trigger_early).
+  // The dp4a q8/q4 GEMV runs QGemvDp4aTuning::beside_attention (beside_attention_for).
   bool trigger_early = false;
-  bool beside_attention = false;
+  BesideAttn beside = BesideAttn::kOff;
+  // Whether a q8/q4 GEMV streaming weight_bytes runs beside the attention: by default
+  // (KILN_CUDA_QGEMV_BESIDE_ATTN unset) where its weights are at most kBesideAttnMaxBytes,
+  // always with =1, never with =0.
+  bool beside_attention_for(size_t weight_bytes) const {
+    return beside == BesideAttn::kOn ||
+           (beside == BesideAttn::kAuto && weight_bytes <= kBesideAttnMaxBytes);
+  }
   GemvFusion gemv(const void* res, bool with_norm) const {
     GemvFusion f = with_norm ? GemvFusion{norm, gamma, beta, eps, res}
                              : GemvFusion{GemvNorm::kNone, nullptr, nullptr, 0, res};
@@ -318,12 +345,11 @@ LinearFusion linear_fusion(const ir::Node& n, const ir::Graph& g, PrepareContext
       env_switch_off_value("KILN_CUDA_GEMV_TRIGGER_EARLY",
                            std::getenv("KILN_CUDA_GEMV_TRIGGER_EARLY"), "after its main loop",
                            "a GEMV read only by the decode attention lets it launch at its start");
-  const bool beside = env_switch_off_value("KILN_CUDA_QGEMV_BESIDE_ATTN",
-                                           std::getenv("KILN_CUDA_QGEMV_BESIDE_ATTN"),
-                                           "24-warp CTAs", "16 warps, early trigger");
-  if ((trigger || beside) && read_only_by_attention(n, g)) {  // the graph scan only when asked for
+  const BesideAttn beside = beside_attn_from_env();
+  if ((trigger || beside != BesideAttn::kOff) &&
+      read_only_by_attention(n, g)) {  // the scan only when asked for
     f.trigger_early = trigger;
-    f.beside_attention = beside;
+    f.beside = beside;
   }
   const std::string norm = n.attr_str("norm", "");
   if (norm.empty()) return f;
@@ -447,7 +473,7 @@ OpRun prepare_linear_quant(const ir::Node& n, const ir::Graph& g, PrepareContext
     const void* xin = scr.x;
     if (gemv) {
       launch_gemv_quant(y.dtype, xin, w, bias, y.data, t, out_n, s, epi.gemv, qk,
-                        fu.beside_attention);
+                        fu.beside_attention_for(w.bytes()));
     } else {
       const int64_t tile_rows = dequant_tile_rows(nn, k, es, t, sms, wide);
       KILN_CHECK(ws->size() >= size_t(tile_rows * k) * es, "cuda: dequantization workspace too small");

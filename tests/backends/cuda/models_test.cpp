@@ -184,10 +184,11 @@ TEST(CudaGraphs, GraphProfileLeavesTheStepsBitIdentical) {
   }
 }
 
-// The opt-in launch orders that start the decode attention beside the GEMV before it
+// The launch orders that start the decode attention beside the GEMV before it
 // (KILN_CUDA_GEMV_TRIGGER_EARLY, KILN_CUDA_QGEMV_BESIDE_ATTN: read when the model compiles)
-// move launches only: graph replays with dependent launch give the default order's logits
-// bit for bit.
+// move launches only: graph replays with dependent launch give the same logits bit for bit
+// with the switch at 0, at 1 and unset (the default; for q8/q4 the size rule, which puts
+// the fixture's small q|k|v GEMV beside the attention).
 TEST(CudaGraphs, AttentionLaunchedBesideItsGemvKeepsTheBits) {
   KILN_SKIP_WITHOUT_CUDA();
   struct Case {
@@ -198,13 +199,28 @@ TEST(CudaGraphs, AttentionLaunchedBesideItsGemvKeepsTheBits) {
   for (const Case& c : {Case{"llama", "bf16", "KILN_CUDA_GEMV_TRIGGER_EARLY"},
                         Case{"gpt2", "f16", "KILN_CUDA_GEMV_TRIGGER_EARLY"},
                         Case{"llama", "q4", "KILN_CUDA_QGEMV_BESIDE_ATTN"}}) {
+    setenv(c.env, "0", 1);
     auto plain = decode_trace(c.family, c.dtype, true);
     setenv(c.env, "1", 1);
     auto beside = decode_trace(c.family, c.dtype, true);
     unsetenv(c.env);
+    auto by_default = decode_trace(c.family, c.dtype, true);
     ASSERT_EQ(plain.size(), beside.size());
+    ASSERT_EQ(plain.size(), by_default.size());
     EXPECT_EQ(differing_rows(plain, beside), 0u) << c.family << " " << c.dtype << " " << c.env;
+    EXPECT_EQ(differing_rows(plain, by_default), 0u)
+        << c.family << " " << c.dtype << " " << c.env << " unset";
   }
+  // A value other than auto, 0 or 1 is an error that names the variable.
+  setenv("KILN_CUDA_QGEMV_BESIDE_ATTN", "2", 1);
+  try {
+    (void)Model::load(fixtures_dir() + "/models/llama", {.backend = "cuda", .weight_dtype = "q4"});
+    ADD_FAILURE() << "KILN_CUDA_QGEMV_BESIDE_ATTN=2 was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("KILN_CUDA_QGEMV_BESIDE_ATTN='2'"), std::string::npos)
+        << e.what();
+  }
+  unsetenv("KILN_CUDA_QGEMV_BESIDE_ATTN");
 }
 
 // Decode steps padded to buckets (LlmRunnerOptions::decode_buckets, the server's
