@@ -265,20 +265,11 @@ LinearEpilogue linear_epilogue(const ir::Node& n) {
               "' (expected gelu_erf, gelu_tanh, silu or swiglu)");
 }
 
-// A Linear's norm prologue and residual epilogue (pass fuse_norm_linear). In the 16-bit
-// GEMV (few rows) both run inside the kernel, so no norm kernel launches and the
-// normalized rows are never stored. Elsewhere (more rows, f32, q8/q4, rows too long for
-// the GEMV's shared memory) the norm runs first into scratch with the unfused norm node's
-// kernel, and the residual is cuBLASLt's C (beta = 1: added before the one rounding), so
-// a block's launches there are the unfused graph's (its AddNorm becomes the norm). After
-// an activation epilogue and in the quantized paths (the pass is off for quantized
-// models; a q8/q4 pin can still meet it) the residual is one elementwise add, rounded as
-// the unfused add: one launch more than the unfused AddNorm there.
 // A one-row q8/q4 GEMV read only by the decode attention runs 16 warps and releases the
 // attention's launch at its start (QGemvDp4aTuning::beside_attention) where it streams at
 // most this many bytes. Measured on an H100 (bench/RESULTS.md, session 51): decode 1.02-1.05x
-// faster with q|k|v GEMVs of 2.6-6.7 MB (TinyLlama and Llama-3.2-1B, q4 and q8), 0.98x with
-// the 15.7 MB of Llama-3.1-8B q4, whose stream needs the 24 warps.
+// faster with q|k|v GEMVs of 3.3-6.7 MB (TinyLlama and Llama-3.2-1B, q4 and q8), 0.98x with
+// the 15.8 MB of Llama-3.1-8B q4, whose stream needs the 24 warps.
 constexpr size_t kBesideAttnMaxBytes = size_t(8) << 20;
 enum class BesideAttn : uint8_t { kOff, kAuto, kOn };
 
@@ -289,11 +280,19 @@ BesideAttn beside_attn_from_env() {
   if (std::strcmp(e, "0") == 0) return BesideAttn::kOff;
   if (std::strcmp(e, "1") == 0) return BesideAttn::kOn;
   throw_error(ErrorCode::kInvalidArgument, "KILN_CUDA_QGEMV_BESIDE_ATTN='", e,
-              "' (expected auto, the default: a one-row q8/q4 GEMV read only by the decode "
-              "attention runs 16 "
-              "warps beside it where its weights are at most 8 MiB; 1: at every size; 0: never)");
+              "' (expected auto, the default: a one-row q8/q4 GEMV read only by the decode attention "
+              "runs 16 warps beside it where its weights are at most 8 MiB; 1: at every size; 0: never)");
 }
 
+// A Linear's norm prologue and residual epilogue (pass fuse_norm_linear). In the 16-bit
+// GEMV (few rows) both run inside the kernel, so no norm kernel launches and the
+// normalized rows are never stored. Elsewhere (more rows, f32, q8/q4, rows too long for
+// the GEMV's shared memory) the norm runs first into scratch with the unfused norm node's
+// kernel, and the residual is cuBLASLt's C (beta = 1: added before the one rounding), so
+// a block's launches there are the unfused graph's (its AddNorm becomes the norm). After
+// an activation epilogue and in the quantized paths (the pass is off for quantized
+// models; a q8/q4 pin can still meet it) the residual is one elementwise add, rounded as
+// the unfused add: one launch more than the unfused AddNorm there.
 struct LinearFusion {
   GemvNorm norm = GemvNorm::kNone;
   const float* gamma = nullptr;
@@ -346,8 +345,7 @@ LinearFusion linear_fusion(const ir::Node& n, const ir::Graph& g, PrepareContext
                            std::getenv("KILN_CUDA_GEMV_TRIGGER_EARLY"), "after its main loop",
                            "a GEMV read only by the decode attention lets it launch at its start");
   const BesideAttn beside = beside_attn_from_env();
-  if ((trigger || beside != BesideAttn::kOff) &&
-      read_only_by_attention(n, g)) {  // the scan only when asked for
+  if ((trigger || beside != BesideAttn::kOff) && read_only_by_attention(n, g)) {
     f.trigger_early = trigger;
     f.beside = beside;
   }
