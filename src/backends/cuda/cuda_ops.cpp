@@ -426,6 +426,18 @@ int64_t dequant_tile_rows(int64_t n, int64_t k, size_t elem_bytes, int64_t t, in
 
 namespace {
 
+// KILN_CUDA_QGEMM: unset, empty or "dequant" (the default: weight tiles dequantized into a
+// workspace, then cuBLASLt) or "fused" (launch_qgemm). Opt-in until measured on a GPU.
+bool qgemm_fused_from_env() {
+  const char* e = std::getenv("KILN_CUDA_QGEMM");
+  if (!e || !*e || std::strcmp(e, "dequant") == 0) return false;
+  if (std::strcmp(e, "fused") == 0) return true;
+  throw_error(ErrorCode::kInvalidArgument, "KILN_CUDA_QGEMM='", e,
+              "' (expected dequant, the default: q8/q4 prompt GEMMs dequantize weight tiles for "
+              "cuBLASLt; or fused: "
+              "the GEMM that decodes the weight in shared memory)");
+}
+
 // A q8/q4 Linear: the quantized GEMV for up to kQGemvMaxRows rows; beyond, tiles of whole
 // rows (dequant_tile_rows: multiples of 128, so each tile's slice of y and of the bias
 // keeps cuBLASLt's 256-byte alignment) dequantized into the workspace, each multiplied by
@@ -450,9 +462,14 @@ OpRun prepare_linear_quant(const ir::Node& n, const ir::Graph& g, PrepareContext
   const bool wide = env_switch("KILN_CUDA_DEQUANT_WIDE", "prompts' tiles fill the device",
                                "every tile sized for L2");
   const int sms = pc.cx->num_sms;
+  // KILN_CUDA_QGEMM=fused: prompt rows through the GEMM that decodes the weight in shared
+  // memory (launch_qgemm; 16-bit activations, kRows weights), no workspace.
+  const bool fused = qgemm_fused_from_env() && qgemm_supports(pc.act, w, 1);
   const int64_t max_tile_rows = dequant_tile_rows(nn, k, es, kDequantWideFromRows, sms, wide);
   KILN_CHECK(pc.dequant_ws, "cuda: no dequantization workspace");
-  pc.dequant_ws->grow(size_t(max_tile_rows * k) * es, nullptr);  // nothing runs yet: no stream to drain
+  if (!fused)
+    pc.dequant_ws->grow(size_t(max_tile_rows * k) * es,
+                        nullptr);  // nothing runs yet: no stream to drain
   DeviceBuffer* ws = pc.dequant_ws;
   const std::string name = n.name;
   // Norm and residual (pass fuse_norm_linear, for a Linear pinned to q8/q4): the norm
@@ -472,6 +489,12 @@ OpRun prepare_linear_quant(const ir::Node& n, const ir::Graph& g, PrepareContext
     if (gemv) {
       launch_gemv_quant(y.dtype, xin, w, bias, y.data, t, out_n, s, epi.gemv, qk,
                         fu.beside_attention_for(w.bytes()));
+    } else if (fused && y.dtype == pc.act) {
+      launch_qgemm(y.dtype, xin, w, bias, swiglu ? scr.gu : y.data, t, nn, s);
+      if (swiglu)
+        launch_swiglu(y.dtype, scr.gu, t, out_n, y.data, s);
+      else if (epi.gemv != GemvEpilogue::kNone)
+        launch_unary_or_lut(lut, epi.unary, y.dtype, y.data, y.numel(), y.data, s);
     } else {
       const int64_t tile_rows = dequant_tile_rows(nn, k, es, t, sms, wide);
       KILN_CHECK(ws->size() >= size_t(tile_rows * k) * es, "cuda: dequantization workspace too small");

@@ -254,6 +254,136 @@ TEST(CudaQuant, MmaGemvShapesInBf16AndF16) {
       }
 }
 
+// The prompt GEMM that decodes the weight in shared memory (launch_qgemm) against f64 sums
+// over the weights the tile dequantizer gives (launch_dequant_rows, the path it replaces):
+// the same weights, only the f32 summation order differs, so each output is within its
+// rounding (2^-8 of |y| in bf16, 2^-11 in f16) plus 1e-4 of max|y|. Token rows around its
+// 64-row tiles, weight rows around its 128-row tiles, k from one group to 129, rows of y
+// wider than n (the columns past n untouched), with and without bias; a rerun gives the
+// same bits.
+TEST(CudaQuant, FusedPromptGemmMatchesTheDequantizedWeights) {
+  KILN_SKIP_WITHOUT_CUDA();
+  std::mt19937_64 rng(41);
+  struct S {
+    int64_t m, n, k, ldy;
+    bool bias;
+  };
+  const S cases[] = {{9, 2, 32, 2, true},
+                     {64, 128, 256, 128, false},
+                     {65, 130, 96, 136, true},
+                     {130, 384, 4128, 384, true},
+                     {300, 1000, 2048, 1000, false}};
+  auto bits_of = [](DType t, float v) {
+    return t == DType::kBF16 ? f32_to_bf16(v) : f32_to_f16(v);
+  };
+  auto value_of = [](DType t, uint16_t b) {
+    return double(t == DType::kBF16 ? bf16_to_f32(b) : f16_to_f32(b));
+  };
+  for (DType t : {DType::kBF16, DType::kF16})
+    for (QuantFormat f : {QuantFormat::kQ8, QuantFormat::kQ4})
+      for (const S& c : cases) {
+        const std::string what =
+            str_cat(dtype_name(t), " ", quant_format_name(f), " m=", c.m, " n=", c.n, " k=", c.k,
+                    " ldy=", c.ldy, c.bias ? " +bias" : "");
+        std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+        std::vector<float> wf(size_t(c.n * c.k));
+        for (float& v : wf) v = 0.1f * u(rng);
+        const QuantImage img =
+            quant_image(quantize_rows(wf.data(), c.n, c.k, f), QuantLayout::kRows);
+        const Dev wdev(img.bytes.data(), img.bytes.size());
+        const QuantWeightView w = img.view_at(wdev.get());
+        ASSERT_TRUE(qgemm_supports(t, w, c.m)) << what;
+        std::vector<uint16_t> xb(size_t(c.m * c.k)), bb(size_t(c.n)),
+            y0(size_t(c.m * c.ldy), bits_of(t, 7.0f));
+        for (uint16_t& b : xb) b = bits_of(t, u(rng));
+        for (uint16_t& b : bb) b = bits_of(t, u(rng));
+        const Dev x(xb.data(), xb.size() * 2), bias(bb.data(), bb.size() * 2),
+            y(y0.data(), y0.size() * 2), wd(size_t(c.n * c.k) * 2);
+        launch_dequant_rows(t, w, 0, c.n, wd.get(), nullptr);
+        launch_qgemm(t, x.get(), w, c.bias ? bias.get() : nullptr, y.get(), c.m, c.ldy, nullptr);
+        KILN_CUDA_CHECK(cudaDeviceSynchronize());
+        const auto wb = wd.host<uint16_t>(size_t(c.n * c.k));
+        const auto got = y.host<uint16_t>(y0.size());
+        std::vector<double> ref(size_t(c.m * c.n));
+        double mx = 0;
+        for (int64_t i = 0; i < c.m; ++i)
+          for (int64_t j = 0; j < c.n; ++j) {
+            double acc = c.bias ? value_of(t, bb[size_t(j)]) : 0.0;
+            for (int64_t q = 0; q < c.k; ++q)
+              acc += value_of(t, xb[size_t(i * c.k + q)]) * value_of(t, wb[size_t(j * c.k + q)]);
+            ref[size_t(i * c.n + j)] = acc;
+            mx = std::max(mx, std::fabs(acc));
+          }
+        const double rel = t == DType::kBF16 ? 0x1p-8 : 0x1p-11;
+        double worst = 0;  // the largest error in units of the element's bound
+        for (int64_t i = 0; i < c.m; ++i)
+          for (int64_t j = 0; j < c.ldy; ++j) {
+            const size_t at = size_t(i * c.ldy + j);
+            if (j >= c.n) {
+              ASSERT_EQ(got[at], y0[at])
+                  << what << ": column " << j << " past n written, row " << i;
+              continue;
+            }
+            const double r = ref[size_t(i * c.n + j)], e = std::fabs(value_of(t, got[at]) - r);
+            const double bound = rel * std::fabs(r) + 1e-4 * mx;
+            worst = std::max(worst, std::isnan(e) ? INFINITY : e / bound);
+            ASSERT_LE(e, bound) << what << " y[" << i << "][" << j << "] = " << value_of(t, got[at])
+                                << ", f64 " << r;
+          }
+        std::printf("  %-48s worst %.2f of the bound\n", what.c_str(), worst);
+        launch_qgemm(t, x.get(), w, c.bias ? bias.get() : nullptr, y.get(), c.m, c.ldy, nullptr);
+        KILN_CUDA_CHECK(cudaDeviceSynchronize());
+        EXPECT_EQ(y.host<uint16_t>(y0.size()), got) << what << ": a rerun differs";
+      }
+  // Outside its shapes: odd n, the kMma layout, f32.
+  const QuantImage odd =
+      quant_image(quantize_rows(std::vector<float>(3 * 64, 0.5f).data(), 3, 64, QuantFormat::kQ4),
+                  QuantLayout::kRows);
+  EXPECT_FALSE(qgemm_supports(DType::kBF16, odd.shape, 16));
+  const QuantImage mma =
+      quant_image(quantize_rows(std::vector<float>(4 * 64, 0.5f).data(), 4, 64, QuantFormat::kQ4),
+                  QuantLayout::kMma);
+  EXPECT_FALSE(qgemm_supports(DType::kBF16, mma.shape, 16));
+  EXPECT_FALSE(qgemm_supports(DType::kF32, odd.shape, 16));
+}
+
+// The fused prompt GEMM inside the Linear op (KILN_CUDA_QGEMM=fused, read when the op is
+// prepared) against the CPU backend's q8/q4 kernels, with the 16-bit bound of the path it
+// replaces: every epilogue and SwiGLU behind it, prompt rows (9+), odd n on the dequantize
+// path beside it; a bad value of the switch is an error naming it.
+TEST(CudaQuant, FusedPromptGemmInTheLinear) {
+  KILN_SKIP_WITHOUT_CUDA();
+  {
+    ScopedEnv env("KILN_CUDA_QGEMM", "fused");
+    struct S {
+      int64_t n, k;
+      bool bias;
+      const char* act;
+    };
+    for (const std::string dt : {"bf16", "f16"})
+      for (const char* q : {"q8", "q4"})
+        for (S s : {S{130, 256, true, ""}, S{37, 96, true, ""}, S{2 * 161, 224, true, "swiglu"},
+                    S{256, 4128, false, "gelu_tanh"}, S{200, 64, false, "silu"}}) {
+          std::map<std::string, ir::Attr> attrs{{"precision", std::string(q)}};
+          if (*s.act) attrs["activation"] = std::string(s.act);
+          QuantCase c = linear_case(s.n, s.k, s.bias, attrs, {9, 64, 65, 130}, dt,
+                                    uint64_t(s.n * 3 + s.k + q[1]));
+          expect_backends_match_opts(
+              c.g, c.steps, {.weight_dtype = "f32"}, {.weight_dtype = dt}, op_tolerance(dt),
+              str_cat("Linear fused ", dt, " ", q, *s.act ? "+" : "", s.act, " n=", s.n, " k=", s.k,
+                      s.bias ? " +bias" : "", " t=9,64,65,130"));
+        }
+  }
+  ScopedEnv bad("KILN_CUDA_QGEMM", "maybe");
+  QuantCase c = linear_case(8, 64, false, {{"precision", std::string("q4")}}, {9}, "bf16", 1);
+  try {
+    (void)create_backend("cuda")->compile(c.g, {.weight_dtype = "bf16"});
+    ADD_FAILURE() << "KILN_CUDA_QGEMM=maybe was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("KILN_CUDA_QGEMM='maybe'"), std::string::npos) << e.what();
+  }
+}
+
 // KILN_CUDA_QGEMV=old keeps the kRows layout and kernel for bf16/f16 (read when a graph
 // is compiled); unset, the default dp4a kernel reads the same kRows layout.
 TEST(CudaQuant, OldKernelStaysSelectable) {

@@ -7,14 +7,14 @@
 // one row are 512 contiguous bytes, and each x value it converts to f32 serves the four
 // rows. Per chunk it forms dot = Σ q·x and (q4) Σ x in f32, then acc += scale·dot
 // (+ min·Σx): the CPU kernels' math (linear.cpp), in another summation order.
-#include "backends/cuda/common.cuh"
-#include "backends/cuda/ops/gemv_quant.h"
-
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <type_traits>
 
+#include "backends/cuda/common.cuh"
+#include "backends/cuda/ops/gemv_quant.h"
+#include "backends/cuda/ops/quant_codes.cuh"
 #include "core/thread_pool.h"
 
 namespace kiln::cuda {
@@ -22,41 +22,6 @@ namespace {
 
 constexpr int kWarps = 4;
 constexpr int kRows = 4;  // weight rows per warp
-
-template <QuantFormat F>
-struct QTraits {
-  static constexpr int kPerChunk = F == QuantFormat::kQ4 ? 32 : 16;  // codes per 16 bytes
-  static constexpr int kPerWord = kPerChunk / 4;                       // codes per 32 bits
-  static constexpr int kRowDiv = F == QuantFormat::kQ4 ? 2 : 1;         // k / row bytes
-};
-
-__device__ __forceinline__ float magic(uint32_t bits) { return __uint_as_float(bits | 0x4B000000u); }
-
-// The codes of one 32-bit word as exact floats, without int-to-float conversions (a
-// quarter-rate instruction): a code's bits OR-ed under the exponent of 2^23 make the
-// float 2^23 + code·2^p exactly; one FMA scales it back by 2^-p and removes the offset.
-// q4: code i of the word is nibble i (bits 4i..4i+3). q8: byte i holds an int8 code,
-// XOR 0x80 turns it into code + 128 in [1, 255].
-template <QuantFormat F>
-__device__ __forceinline__ void decode_word(uint32_t v, float (&q)[QTraits<F>::kPerWord]) {
-  if constexpr (F == QuantFormat::kQ4) {
-    const uint32_t h = v >> 16;
-    q[0] = magic(v & 0xFu) - 0x1p23f;
-    q[1] = fmaf(magic(v & 0xF0u), 0x1p-4f, -0x1p19f);
-    q[2] = fmaf(magic(v & 0xF00u), 0x1p-8f, -0x1p15f);
-    q[3] = fmaf(magic(v & 0xF000u), 0x1p-12f, -0x1p11f);
-    q[4] = magic(h & 0xFu) - 0x1p23f;
-    q[5] = fmaf(magic(h & 0xF0u), 0x1p-4f, -0x1p19f);
-    q[6] = fmaf(magic(h & 0xF00u), 0x1p-8f, -0x1p15f);
-    q[7] = fmaf(magic(h & 0xF000u), 0x1p-12f, -0x1p11f);
-  } else {
-    const uint32_t u = v ^ 0x80808080u, h = u >> 16;
-    q[0] = magic(u & 0xFFu) - (0x1p23f + 128.0f);
-    q[1] = fmaf(magic(u & 0xFF00u), 0x1p-8f, -(0x1p15f + 128.0f));
-    q[2] = magic(h & 0xFFu) - (0x1p23f + 128.0f);
-    q[3] = fmaf(magic(h & 0xFF00u), 0x1p-8f, -(0x1p15f + 128.0f));
-  }
-}
 
 __device__ __forceinline__ void bf16x2_to_f32(uint32_t w, float& lo, float& hi) {
   lo = __uint_as_float(w << 16);
@@ -90,19 +55,6 @@ __device__ __forceinline__ void load_x(const T* p, float (&f)[N]) {
         f[2 * j] = t.x, f[2 * j + 1] = t.y;
       }
     }
-  }
-}
-
-// The scale (and q4 min) that chunk c of weight row `row` uses.
-template <QuantFormat F>
-__device__ __forceinline__ void load_scale(const void* scales, int64_t row, int groups, int c, float& s, float& mn) {
-  if constexpr (F == QuantFormat::kQ4) {
-    const uint32_t sm = __ldg(static_cast<const unsigned int*>(scales) + row * groups + c);
-    s = __half2float(__ushort_as_half(uint16_t(sm & 0xFFFFu)));
-    mn = __half2float(__ushort_as_half(uint16_t(sm >> 16)));
-  } else {
-    s = __half2float(__ushort_as_half(__ldg(static_cast<const unsigned short*>(scales) + row * groups + c / 2)));
-    mn = 0.0f;
   }
 }
 

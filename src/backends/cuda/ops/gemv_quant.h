@@ -104,6 +104,13 @@ void launch_gemv_quant(DType dtype, const void* x, const QuantWeightView& w, con
 void launch_gemv_quant(DType dtype, const void* x, const QuantWeightView& w, const void* bias,
                        void* y, int64_t m, int64_t n_out, cudaStream_t s, GemvEpilogue epi,
                        QGemvKernel kernel, bool beside_attention = false);
+// The prompt GEMM over a kRows weight (qgemm.cu): y[m, w.n] (rows ldy apart) = x[m, k]·wᵀ
+// (+ bias), the weight decoded group by group in shared memory with launch_dequant_rows'
+// formula and rounding, so it matches the dequantize + cuBLASLt path up to summation order.
+// Supported: bf16/f16, the kRows layout, k % 32 == 0, even n (x, y, bias 16-byte aligned).
+bool qgemm_supports(DType dtype, const QuantWeightView& w, int64_t m);
+void launch_qgemm(DType dtype, const void* x, const QuantWeightView& w, const void* bias, void* y,
+                  int64_t m, int64_t ldy, cudaStream_t s);
 // Rows [r0, r0 + rows) of w (either layout), dequantized (w = factor * (scale * q + min),
 // rounded once to `dtype`) into out [rows, k] (256-byte aligned for cuBLASLt).
 void launch_dequant_rows(DType dtype, const QuantWeightView& w, int64_t r0, int64_t rows, void* out, cudaStream_t s);
