@@ -1,0 +1,105 @@
+// q8/q4 prompt GEMMs at prefill row counts: the GEMM that decodes the weight in shared
+// memory (launch_qgemm, KILN_CUDA_QGEMM=fused) against the path it would replace (weight
+// tiles dequantized into a workspace, each multiplied by cuBLASLt: the tile rows the Linear
+// op takes, dequant_tile_rows) and against cuBLASLt on a bf16 copy of the weight (what the
+// same model runs in bf16), on the Llama-3.1-8B and TinyLlama-1.1B layer shapes. Each time
+// is the median of 10 replays of a CUDA graph of 5 calls; cuBLASLt's algorithms are timed
+// first (Gemm::tune) for every shape it meets. TFLOP/s = 2·m·n·k / time.
+//   cuda_qgemm_bench [shape filter, e.g. 8B] [rows, e.g. 128]
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "backends/cuda/cuda_ops.h"
+#include "backends/cuda/ops/convert.h"
+#include "backends/cuda/ops/gemm.h"
+#include "backends/cuda/ops/gemv_quant.h"
+#include "core/weight_quant.h"
+#include "cuda_bench_util.h"
+
+using namespace kiln;
+using namespace kiln::cuda;
+
+namespace {
+
+struct QShape {
+  const char* what;
+  int64_t n, k;
+};
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const char* filter = argc > 1 ? argv[1] : "";
+  const int64_t only_m = argc > 2 ? std::atoll(argv[2]) : 0;
+  const QShape shapes[] = {{"8B qkv", 6144, 4096},      {"8B o", 4096, 4096},
+                           {"8B gate|up", 28672, 4096}, {"8B down", 4096, 14336},
+                           {"1.1B qkv", 2560, 2048},    {"1.1B gate|up", 11264, 2048},
+                           {"1.1B down", 2048, 5632}};
+  const std::vector<int64_t> rows{128, 512, 2048};
+  int dev = 0, sms = 0;
+  KILN_CUDA_CHECK(cudaGetDevice(&dev));
+  KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  const DType t = DType::kBF16;
+  cudaStream_t s = nullptr;
+  KILN_CUDA_CHECK(cudaStreamCreate(&s));
+  std::printf(
+      "| shape (n x k) | format | rows | bf16 cuBLASLt us | tiles + cuBLASLt us | fused us | fused "
+      "TFLOP/s |"
+      " tiles / fused | bf16 / fused |\n|---|---|---|---|---|---|---|---|---|\n");
+  std::mt19937_64 rng(11);
+  for (const QShape& sh : shapes) {
+    if (!std::strstr(sh.what, filter)) continue;
+    std::vector<float> wf(size_t(sh.n * sh.k));
+    std::uniform_real_distribution<float> u(-0.05f, 0.05f);
+    for (float& v : wf) v = u(rng);
+    DeviceBuffer w16(size_t(sh.n * sh.k) * 2);
+    launch_fill_random(w16.get(), t, sh.n * sh.k, 5, s);
+    for (QuantFormat f : {QuantFormat::kQ4, QuantFormat::kQ8}) {
+      const QuantImage img =
+          quant_image(quantize_rows(wf.data(), sh.n, sh.k, f), QuantLayout::kRows);
+      DeviceBuffer wq(img.bytes.size());
+      KILN_CUDA_CHECK(
+          cudaMemcpy(wq.get(), img.bytes.data(), img.bytes.size(), cudaMemcpyHostToDevice));
+      const QuantWeightView w = img.view_at(wq.get());
+      for (const int64_t m : rows) {
+        if (only_m && m != only_m) continue;
+        DeviceBuffer x(size_t(m * sh.k) * 2), y(size_t(m * sh.n) * 2);
+        launch_fill_random(x.get(), t, m * sh.k, 3, s);
+        Gemm g;
+        g.tune(t, x.get(), w16.get(), nullptr, y.get(), m, sh.n, sh.k, s);
+        const float bf16 = bench::graph_ms(
+            [&] { g.run(t, x.get(), w16.get(), nullptr, y.get(), m, sh.n, sh.k, s); }, s, 5, 10);
+        // The Linear op's tile path: tiles of tile_rows weight rows (the wide rule on).
+        const int64_t tile = dequant_tile_rows(sh.n, sh.k, 2, m, sms, true);
+        DeviceBuffer ws(size_t(tile * sh.k) * 2);
+        for (int64_t r0 = 0; r0 < sh.n; r0 += tile)
+          g.tune(t, x.get(), ws.get(), nullptr, y.get(), m, std::min(tile, sh.n - r0), sh.k, s);
+        const float tiles = bench::graph_ms(
+            [&] {
+              for (int64_t r0 = 0; r0 < sh.n; r0 += tile) {
+                const int64_t rr = std::min(tile, sh.n - r0);
+                launch_dequant_rows(t, w, r0, rr, ws.get(), s);
+                g.run(t, x.get(), ws.get(), nullptr, static_cast<char*>(y.get()) + size_t(r0) * 2,
+                      m, rr, sh.k, s, sh.n);
+              }
+            },
+            s, 5, 10);
+        const float fused = bench::graph_ms(
+            [&] { launch_qgemm(t, x.get(), w, nullptr, y.get(), m, sh.n, s); }, s, 5, 10);
+        std::printf(
+            "| %s (%lld x %lld) | %s | %lld | %.1f | %.1f | %.1f | %.0f | %.2fx | %.2fx |\n",
+            sh.what, (long long)sh.n, (long long)sh.k, quant_format_name(f), (long long)m,
+            bf16 * 1e3, tiles * 1e3, fused * 1e3,
+            2.0 * double(m) * double(sh.n) * double(sh.k) / (fused * 1e-3) / 1e12, tiles / fused,
+            bf16 / fused);
+        std::fflush(stdout);
+      }
+    }
+  }
+  return 0;
+}
