@@ -58,13 +58,7 @@ __device__ __forceinline__ void load_x(const T* p, float (&f)[N]) {
   }
 }
 
-struct QArgs {
-  const void* x;
-  const uint8_t* codes;
-  const void* scales;
-  const float* row_factor;
-  const void* bias;
-  void* y;
+struct QArgs : QOperands {
   int m, k, n_out, split;
   GemvEpilogue epi;
 };

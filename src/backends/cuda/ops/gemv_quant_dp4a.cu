@@ -27,15 +27,16 @@
 // without a global reduction or a second pass. A group's outputs are g, g + G, ... of the
 // grid's G groups, and the loads of the next P steps (one 16-byte chunk per lane and weight
 // row) are always in flight, across output boundaries too.
-#include "backends/cuda/ops/gemv_quant.h"
-#include "backends/cuda/ops/linear_common.cuh"
-
 #include <algorithm>
 #include <atomic>
 #include <map>
 #include <mutex>
 #include <tuple>
 #include <type_traits>
+
+#include "backends/cuda/ops/gemv_quant.h"
+#include "backends/cuda/ops/linear_common.cuh"
+#include "backends/cuda/ops/quant_codes.cuh"
 
 namespace kiln::cuda {
 namespace {
@@ -59,13 +60,7 @@ constexpr int kDefaultDepth = 4;  // steps of loads in flight per lane
 // at the 24-warp kernel's 80 registers, 16 warps leave 24K registers for an attention CTA.
 constexpr int kBesideAttnWarps = 16;
 
-struct DArgs {
-  const void* x;
-  const uint8_t* codes;
-  const void* scales;
-  const float* row_factor;
-  const void* bias;
-  void* y;
+struct DArgs : QOperands {
   int m, k, n_out, groups, chunks, steps, units;
   int splits, sps;  // split-K: S warps per output unit, each ceil(steps / S) = sps steps
   GemvEpilogue epi;

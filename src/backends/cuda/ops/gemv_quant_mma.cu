@@ -12,23 +12,18 @@
 // load per row and block gives a lane its codes, one per group its x, with no shuffles.
 // Split-K over S warps of the CTA. Tested with the q8/q4 cases of
 // tests/backends/cuda/quant_test.cpp; timed by bench/cuda_gemv_bench.
+#include <type_traits>
+
 #include "backends/cuda/ops/gemv_quant.h"
 #include "backends/cuda/ops/linear_common.cuh"
-
-#include <type_traits>
+#include "backends/cuda/ops/quant_codes.cuh"
 
 namespace kiln::cuda {
 namespace {
 
 constexpr int kWarps = 4;
 
-struct MArgs {
-  const void* x;
-  const uint8_t* codes;
-  const void* scales;
-  const float* row_factor;
-  const void* bias;
-  void* y;
+struct MArgs : QOperands {
   int m, k, n_out, split, blocks, groups;
   int64_t code_stride, scale_stride;
   GemvEpilogue epi;

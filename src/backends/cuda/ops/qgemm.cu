@@ -37,13 +37,7 @@ struct QmLayout {
   static constexpr int kBytes = kQmStages * kStage + kW;
 };
 
-struct QmArgs {
-  const void* x;
-  const uint8_t* codes;
-  const void* scales;
-  const float* row_factor;
-  const void* bias;
-  void* y;
+struct QmArgs : QOperands {
   int m, n, k, ldy;
 };
 

@@ -13,6 +13,17 @@
 namespace kiln::cuda {
 namespace {
 
+// The operands every q8/q4 kernel's parameters start with: x, the weight's codes, scales and
+// row factors, the bias (may be null) and y.
+struct QOperands {
+  const void* x;
+  const uint8_t* codes;
+  const void* scales;
+  const float* row_factor;
+  const void* bias;
+  void* y;
+};
+
 template <QuantFormat F>
 struct QTraits {
   static constexpr int kPerChunk = F == QuantFormat::kQ4 ? 32 : 16;  // codes per 16 bytes
