@@ -464,7 +464,7 @@ OpRun prepare_linear_quant(const ir::Node& n, const ir::Graph& g, PrepareContext
   const int sms = pc.cx->num_sms;
   // KILN_CUDA_QGEMM=fused: prompt rows through the GEMM that decodes the weight in shared
   // memory (launch_qgemm; 16-bit activations, kRows weights), no workspace.
-  const bool fused = qgemm_fused_from_env() && qgemm_supports(pc.act, w, 1);
+  const bool fused = qgemm_fused_from_env() && qgemm_supports(pc.act, w);
   const int64_t max_tile_rows = dequant_tile_rows(nn, k, es, kDequantWideFromRows, sms, wide);
   KILN_CHECK(pc.dequant_ws, "cuda: no dequantization workspace");
   if (!fused)
@@ -489,7 +489,7 @@ OpRun prepare_linear_quant(const ir::Node& n, const ir::Graph& g, PrepareContext
     if (gemv) {
       launch_gemv_quant(y.dtype, xin, w, bias, y.data, t, out_n, s, epi.gemv, qk,
                         fu.beside_attention_for(w.bytes()));
-    } else if (fused && y.dtype == pc.act) {
+    } else if (fused) {
       launch_qgemm(y.dtype, xin, w, bias, swiglu ? scr.gu : y.data, t, nn, s);
       if (swiglu)
         launch_swiglu(y.dtype, scr.gu, t, out_n, y.data, s);

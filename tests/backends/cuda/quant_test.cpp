@@ -292,7 +292,7 @@ TEST(CudaQuant, FusedPromptGemmMatchesTheDequantizedWeights) {
             quant_image(quantize_rows(wf.data(), c.n, c.k, f), QuantLayout::kRows);
         const Dev wdev(img.bytes.data(), img.bytes.size());
         const QuantWeightView w = img.view_at(wdev.get());
-        ASSERT_TRUE(qgemm_supports(t, w, c.m)) << what;
+        ASSERT_TRUE(qgemm_supports(t, w)) << what;
         std::vector<uint16_t> xb(size_t(c.m * c.k)), bb(size_t(c.n)),
             y0(size_t(c.m * c.ldy), bits_of(t, 7.0f));
         for (uint16_t& b : xb) b = bits_of(t, u(rng));
@@ -339,12 +339,50 @@ TEST(CudaQuant, FusedPromptGemmMatchesTheDequantizedWeights) {
   const QuantImage odd =
       quant_image(quantize_rows(std::vector<float>(3 * 64, 0.5f).data(), 3, 64, QuantFormat::kQ4),
                   QuantLayout::kRows);
-  EXPECT_FALSE(qgemm_supports(DType::kBF16, odd.shape, 16));
+  EXPECT_FALSE(qgemm_supports(DType::kBF16, odd.shape));
   const QuantImage mma =
       quant_image(quantize_rows(std::vector<float>(4 * 64, 0.5f).data(), 4, 64, QuantFormat::kQ4),
                   QuantLayout::kMma);
-  EXPECT_FALSE(qgemm_supports(DType::kBF16, mma.shape, 16));
-  EXPECT_FALSE(qgemm_supports(DType::kF32, odd.shape, 16));
+  EXPECT_FALSE(qgemm_supports(DType::kBF16, mma.shape));
+  EXPECT_FALSE(qgemm_supports(DType::kF32, odd.shape));
+  QuantWeightView strided = quant_view_shape(QuantFormat::kQ4, 4, 64, QuantLayout::kRows);
+  EXPECT_TRUE(qgemm_supports(DType::kBF16, strided));
+  strided.code_stride += 16;  // rows further apart than the kRows layout's
+  EXPECT_FALSE(qgemm_supports(DType::kBF16, strided));
+}
+
+// The weight the prompt GEMM decodes is the tile dequantizer's bit for bit: with x the
+// k x k identity every output is one weight times one (the other terms exact zeros), so
+// y[i][j] must be the dequantized w[j][i] exactly, in both dtypes and formats, over
+// several k steps and a partial tile of weight rows.
+TEST(CudaQuant, FusedPromptGemmDecodesTheTileDequantizersWeights) {
+  KILN_SKIP_WITHOUT_CUDA();
+  std::mt19937_64 rng(43);
+  for (DType t : {DType::kBF16, DType::kF16})
+    for (QuantFormat f : {QuantFormat::kQ8, QuantFormat::kQ4})
+      for (const int64_t k : {32, 96}) {
+        const int64_t n = 130;
+        std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+        std::vector<float> wf(size_t(n * k));
+        for (float& v : wf) v = u(rng);
+        const QuantImage img = quant_image(quantize_rows(wf.data(), n, k, f), QuantLayout::kRows);
+        const Dev wdev(img.bytes.data(), img.bytes.size());
+        const QuantWeightView w = img.view_at(wdev.get());
+        std::vector<uint16_t> eye(size_t(k * k),
+                                  t == DType::kBF16 ? f32_to_bf16(0.0f) : f32_to_f16(0.0f));
+        for (int64_t i = 0; i < k; ++i)
+          eye[size_t(i * k + i)] = t == DType::kBF16 ? f32_to_bf16(1.0f) : f32_to_f16(1.0f);
+        const Dev x(eye.data(), eye.size() * 2), y(size_t(k * n) * 2), wd(size_t(n * k) * 2);
+        launch_dequant_rows(t, w, 0, n, wd.get(), nullptr);
+        launch_qgemm(t, x.get(), w, nullptr, y.get(), k, n, nullptr);
+        KILN_CUDA_CHECK(cudaDeviceSynchronize());
+        const auto wb = wd.host<uint16_t>(size_t(n * k)), got = y.host<uint16_t>(size_t(k * n));
+        for (int64_t i = 0; i < k; ++i)
+          for (int64_t j = 0; j < n; ++j)
+            ASSERT_EQ(got[size_t(i * n + j)], wb[size_t(j * k + i)])
+                << dtype_name(t) << " " << quant_format_name(f) << " k=" << k << ": y[" << i << "]["
+                << j << "]";
+      }
 }
 
 // The fused prompt GEMM inside the Linear op (KILN_CUDA_QGEMM=fused, read when the op is
@@ -355,6 +393,7 @@ TEST(CudaQuant, FusedPromptGemmInTheLinear) {
   KILN_SKIP_WITHOUT_CUDA();
   {
     ScopedEnv env("KILN_CUDA_QGEMM", "fused");
+    ScopedQGemv layout("");  // the default GEMV, whose kRows layout the fused GEMM reads
     struct S {
       int64_t n, k;
       bool bias;

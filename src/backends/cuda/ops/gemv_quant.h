@@ -107,8 +107,9 @@ void launch_gemv_quant(DType dtype, const void* x, const QuantWeightView& w, con
 // The prompt GEMM over a kRows weight (qgemm.cu): y[m, w.n] (rows ldy apart) = x[m, k]·wᵀ
 // (+ bias), the weight decoded group by group in shared memory with launch_dequant_rows'
 // formula and rounding, so it matches the dequantize + cuBLASLt path up to summation order.
-// Supported: bf16/f16, the kRows layout, k % 32 == 0, even n (x, y, bias 16-byte aligned).
-bool qgemm_supports(DType dtype, const QuantWeightView& w, int64_t m);
+// Supported: bf16/f16, the kRows layout (its strides), k % 32 == 0, even n; any m (x, y,
+// bias 16-byte aligned; ldy even).
+bool qgemm_supports(DType dtype, const QuantWeightView& w);
 void launch_qgemm(DType dtype, const void* x, const QuantWeightView& w, const void* bias, void* y,
                   int64_t m, int64_t ldy, cudaStream_t s);
 // Rows [r0, r0 + rows) of w (either layout), dequantized (w = factor * (scale * q + min),

@@ -8,8 +8,10 @@
 // warps (2 x 2, 32 x 64 each) multiply the tiles with mma.sync m16n8k16 (ldmatrix
 // fragments, f32 accumulators). So its output differs from the dequantize + cuBLASLt path
 // only in summation order. The epilogue adds the bias in f32 and rounds once.
-// Tested against the CPU backend through the Linear op (tests/backends/cuda/quant_test.cpp,
-// KILN_CUDA_QGEMM=fused).
+// Tested in tests/backends/cuda/quant_test.cpp: bit for bit against the tile dequantizer's
+// weights (x the identity), against f64 sums over them, and through the Linear op
+// (KILN_CUDA_QGEMM=fused) against the CPU backend.
+#include <algorithm>
 #include <cstring>
 
 #include "backends/cuda/common.cuh"
@@ -173,7 +175,8 @@ __global__ void __launch_bounds__(kQmThreads) qgemm_kernel(const QmArgs a) {
     }
   }
   cp_async_wait<0>();
-  pdl_trigger();
+  // No early trigger: a prompt GEMM's grid takes several waves, and dependents launched now
+  // would hold SM slots its later CTAs need (common.cuh); the launch is released at exit.
 
   // Epilogue: thread (g, t) of a warp holds rows g and g + 8, columns 2t and 2t + 1 of each
   // m16n8 tile; bias in f32, one rounding, pairs stored as 32 bits (n is even).
@@ -208,32 +211,50 @@ void launch_qgemm_typed(const QmArgs& a, cudaStream_t s) {
 
 }  // namespace
 
-bool qgemm_supports(DType dtype, const QuantWeightView& w, int64_t m) {
+bool qgemm_supports(DType dtype, const QuantWeightView& w) {
+  const bool q4 = w.format == QuantFormat::kQ4;
   return (dtype == DType::kBF16 || dtype == DType::kF16) && w.layout == QuantLayout::kRows &&
-         m >= 1 && m <= int64_t(65535) * kQmBM && w.k > 0 && w.k % kQuantGroup == 0 &&
-         w.n % 2 == 0 && w.n <= INT32_MAX && w.k <= INT32_MAX;
+         w.k > 0 && w.k % kQuantGroup == 0 && w.n % 2 == 0 && w.n <= INT32_MAX &&
+         w.k <= INT32_MAX && w.code_stride == (q4 ? w.k / 2 : w.k) &&
+         w.scale_stride == w.k / kQuantGroup;
 }
 
 void launch_qgemm(DType dtype, const void* x, const QuantWeightView& w, const void* bias, void* y,
                   int64_t m, int64_t ldy, cudaStream_t s) {
-  KILN_THROW_IF(!qgemm_supports(dtype, w, m) || ldy < w.n || ldy % 2 != 0, kInternal,
-                "cuda q8/q4 GEMM: ", dtype_name(dtype), " x [", m, ", ", w.k, "] by a [", w.n, ", ",
-                w.k, "] ", w.layout == QuantLayout::kRows ? "kRows" : "kMma",
-                " weight into rows of ", ldy,
-                " (needs bf16/f16, the kRows layout, k % 32 == 0, even n and ldy >= n)");
+  KILN_THROW_IF(!qgemm_supports(dtype, w) || m < 0 || ldy < w.n || ldy % 2 != 0 || ldy > INT32_MAX,
+                kInternal, "cuda q8/q4 GEMM: ", dtype_name(dtype), " x [", m, ", ", w.k, "] by a [",
+                w.n, ", ", w.k, "] ", w.layout == QuantLayout::kRows ? "kRows" : "kMma",
+                " weight (code stride ", w.code_stride, ", scale stride ", w.scale_stride,
+                ") into rows of ", ldy,
+                " (needs bf16/f16, the kRows layout's strides, k % 32 == 0, even n and ldy >= n)");
   if (m == 0 || w.n == 0) return;
-  QmArgs a{x, w.codes, w.scales, w.row_factor, bias, y, int(m), int(w.n), int(w.k), int(ldy)};
   const bool q4 = w.format == QuantFormat::kQ4;
-  if (dtype == DType::kBF16) {
-    if (q4)
-      launch_qgemm_typed<__nv_bfloat16, QuantFormat::kQ4>(a, s);
-    else
-      launch_qgemm_typed<__nv_bfloat16, QuantFormat::kQ8>(a, s);
-  } else {
-    if (q4)
-      launch_qgemm_typed<__half, QuantFormat::kQ4>(a, s);
-    else
-      launch_qgemm_typed<__half, QuantFormat::kQ8>(a, s);
+  const size_t es = dtype_size(dtype);
+  // Row chunks within the grid's y limit (65535 tiles of kQmBM rows).
+  constexpr int64_t kMaxRows = int64_t(65535) * kQmBM;
+  for (int64_t r0 = 0; r0 < m; r0 += kMaxRows) {
+    const int64_t rows = std::min(kMaxRows, m - r0);
+    QmArgs a{static_cast<const char*>(x) + size_t(r0 * w.k) * es,
+             w.codes,
+             w.scales,
+             w.row_factor,
+             bias,
+             static_cast<char*>(y) + size_t(r0 * ldy) * es,
+             int(rows),
+             int(w.n),
+             int(w.k),
+             int(ldy)};
+    if (dtype == DType::kBF16) {
+      if (q4)
+        launch_qgemm_typed<__nv_bfloat16, QuantFormat::kQ4>(a, s);
+      else
+        launch_qgemm_typed<__nv_bfloat16, QuantFormat::kQ8>(a, s);
+    } else {
+      if (q4)
+        launch_qgemm_typed<__half, QuantFormat::kQ4>(a, s);
+      else
+        launch_qgemm_typed<__half, QuantFormat::kQ8>(a, s);
+    }
   }
 }
 
