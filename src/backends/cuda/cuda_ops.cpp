@@ -432,10 +432,10 @@ bool qgemm_fused_from_env() {
   const char* e = std::getenv("KILN_CUDA_QGEMM");
   if (!e || !*e || std::strcmp(e, "dequant") == 0) return false;
   if (std::strcmp(e, "fused") == 0) return true;
-  throw_error(ErrorCode::kInvalidArgument, "KILN_CUDA_QGEMM='", e,
-              "' (expected dequant, the default: q8/q4 prompt GEMMs dequantize weight tiles for "
-              "cuBLASLt; or fused: "
-              "the GEMM that decodes the weight in shared memory)");
+  throw_error(
+      ErrorCode::kInvalidArgument, "KILN_CUDA_QGEMM='", e,
+      "' (expected dequant, the default: q8/q4 prompt GEMMs dequantize weight tiles for cuBLASLt; "
+      "or fused: the GEMM that decodes the weight in shared memory)");
 }
 
 // A q8/q4 Linear: the quantized GEMV for up to kQGemvMaxRows rows; beyond, tiles of whole
@@ -467,9 +467,8 @@ OpRun prepare_linear_quant(const ir::Node& n, const ir::Graph& g, PrepareContext
   const bool fused = qgemm_fused_from_env() && qgemm_supports(pc.act, w);
   const int64_t max_tile_rows = dequant_tile_rows(nn, k, es, kDequantWideFromRows, sms, wide);
   KILN_CHECK(pc.dequant_ws, "cuda: no dequantization workspace");
-  if (!fused)
-    pc.dequant_ws->grow(size_t(max_tile_rows * k) * es,
-                        nullptr);  // nothing runs yet: no stream to drain
+  // Nothing runs yet: no stream to drain.
+  if (!fused) pc.dequant_ws->grow(size_t(max_tile_rows * k) * es, nullptr);
   DeviceBuffer* ws = pc.dequant_ws;
   const std::string name = n.name;
   // Norm and residual (pass fuse_norm_linear, for a Linear pinned to q8/q4): the norm
