@@ -427,15 +427,17 @@ int64_t dequant_tile_rows(int64_t n, int64_t k, size_t elem_bytes, int64_t t, in
 namespace {
 
 // KILN_CUDA_QGEMM: unset, empty or "dequant" (the default: weight tiles dequantized into a
-// workspace, then cuBLASLt) or "fused" (launch_qgemm). Opt-in until measured on a GPU.
-bool qgemm_fused_from_env() {
+// workspace, then cuBLASLt; 0), "fused" or "fused8" (launch_qgemm with CTAs of 4 or 8 warps;
+// the warps returned). Opt-in until measured on a GPU.
+int qgemm_fused_from_env() {
   const char* e = std::getenv("KILN_CUDA_QGEMM");
-  if (!e || !*e || std::strcmp(e, "dequant") == 0) return false;
-  if (std::strcmp(e, "fused") == 0) return true;
+  if (!e || !*e || std::strcmp(e, "dequant") == 0) return 0;
+  if (std::strcmp(e, "fused") == 0) return 4;
+  if (std::strcmp(e, "fused8") == 0) return 8;
   throw_error(
       ErrorCode::kInvalidArgument, "KILN_CUDA_QGEMM='", e,
       "' (expected dequant, the default: q8/q4 prompt GEMMs dequantize weight tiles for cuBLASLt; "
-      "or fused: the GEMM that decodes the weight in shared memory)");
+      "or fused / fused8: the GEMM that decodes the weight in shared memory, CTAs of 4 / 8 warps)");
 }
 
 // A q8/q4 Linear: the quantized GEMV for up to kQGemvMaxRows rows; beyond, tiles of whole
@@ -464,7 +466,8 @@ OpRun prepare_linear_quant(const ir::Node& n, const ir::Graph& g, PrepareContext
   const int sms = pc.cx->num_sms;
   // KILN_CUDA_QGEMM=fused: prompt rows through the GEMM that decodes the weight in shared
   // memory (launch_qgemm; 16-bit activations, kRows weights), no workspace.
-  const bool fused = qgemm_fused_from_env() && qgemm_supports(pc.act, w);
+  const int fused_warps = qgemm_fused_from_env();
+  const int fused = qgemm_supports(pc.act, w) ? fused_warps : 0;
   const int64_t max_tile_rows = dequant_tile_rows(nn, k, es, kDequantWideFromRows, sms, wide);
   KILN_CHECK(pc.dequant_ws, "cuda: no dequantization workspace");
   // Nothing runs yet: no stream to drain.
@@ -489,7 +492,7 @@ OpRun prepare_linear_quant(const ir::Node& n, const ir::Graph& g, PrepareContext
       launch_gemv_quant(y.dtype, xin, w, bias, y.data, t, out_n, s, epi.gemv, qk,
                         fu.beside_attention_for(w.bytes()));
     } else if (fused) {
-      launch_qgemm(y.dtype, xin, w, bias, swiglu ? scr.gu : y.data, t, nn, s);
+      launch_qgemm(y.dtype, xin, w, bias, swiglu ? scr.gu : y.data, t, nn, s, fused);
       if (swiglu)
         launch_swiglu(y.dtype, scr.gu, t, out_n, y.data, s);
       else if (epi.gemv != GemvEpilogue::kNone)

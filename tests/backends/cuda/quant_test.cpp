@@ -259,8 +259,8 @@ TEST(CudaQuant, MmaGemvShapesInBf16AndF16) {
 // the same weights, only the f32 summation order differs, so each output is within its
 // rounding (2^-8 of |y| in bf16, 2^-11 in f16) plus 1e-4 of max|y|. Token rows around its
 // 64-row tiles, weight rows around its 128-row tiles, k from one group to 129, rows of y
-// wider than n (the columns past n untouched), with and without bias; a rerun gives the
-// same bits.
+// wider than n (the columns past n untouched), with and without bias; a rerun, and CTAs of 8
+// warps instead of 4, give the same bits.
 TEST(CudaQuant, FusedPromptGemmMatchesTheDequantizedWeights) {
   KILN_SKIP_WITHOUT_CUDA();
   std::mt19937_64 rng(41);
@@ -334,6 +334,10 @@ TEST(CudaQuant, FusedPromptGemmMatchesTheDequantizedWeights) {
         launch_qgemm(t, x.get(), w, c.bias ? bias.get() : nullptr, y.get(), c.m, c.ldy, nullptr);
         KILN_CUDA_CHECK(cudaDeviceSynchronize());
         EXPECT_EQ(y.host<uint16_t>(y0.size()), got) << what << ": a rerun differs";
+        // CTAs of 8 warps: the same k order into every output, so the same bits.
+        launch_qgemm(t, x.get(), w, c.bias ? bias.get() : nullptr, y.get(), c.m, c.ldy, nullptr, 8);
+        KILN_CUDA_CHECK(cudaDeviceSynchronize());
+        EXPECT_EQ(y.host<uint16_t>(y0.size()), got) << what << ": 8 warps differ from 4";
       }
   // Outside its shapes: odd n, the kMma layout, f32.
   const QuantImage odd =
@@ -374,25 +378,28 @@ TEST(CudaQuant, FusedPromptGemmDecodesTheTileDequantizersWeights) {
           eye[size_t(i * k + i)] = t == DType::kBF16 ? f32_to_bf16(1.0f) : f32_to_f16(1.0f);
         const Dev x(eye.data(), eye.size() * 2), y(size_t(k * n) * 2), wd(size_t(n * k) * 2);
         launch_dequant_rows(t, w, 0, n, wd.get(), nullptr);
-        launch_qgemm(t, x.get(), w, nullptr, y.get(), k, n, nullptr);
-        KILN_CUDA_CHECK(cudaDeviceSynchronize());
-        const auto wb = wd.host<uint16_t>(size_t(n * k)), got = y.host<uint16_t>(size_t(k * n));
-        for (int64_t i = 0; i < k; ++i)
-          for (int64_t j = 0; j < n; ++j)
-            ASSERT_EQ(got[size_t(i * n + j)], wb[size_t(j * k + i)])
-                << dtype_name(t) << " " << quant_format_name(f) << " k=" << k << ": y[" << i << "]["
-                << j << "]";
+        const auto wb = wd.host<uint16_t>(size_t(n * k));
+        for (int warps : {4, 8}) {
+          launch_qgemm(t, x.get(), w, nullptr, y.get(), k, n, nullptr, warps);
+          KILN_CUDA_CHECK(cudaDeviceSynchronize());
+          const auto got = y.host<uint16_t>(size_t(k * n));
+          for (int64_t i = 0; i < k; ++i)
+            for (int64_t j = 0; j < n; ++j)
+              ASSERT_EQ(got[size_t(i * n + j)], wb[size_t(j * k + i)])
+                  << dtype_name(t) << " " << quant_format_name(f) << " k=" << k << " " << warps
+                  << " warps: y[" << i << "][" << j << "]";
+        }
       }
 }
 
-// The fused prompt GEMM inside the Linear op (KILN_CUDA_QGEMM=fused, read when the op is
-// prepared) against the CPU backend's q8/q4 kernels, with the 16-bit bound of the path it
+// The fused prompt GEMM inside the Linear op (KILN_CUDA_QGEMM=fused|fused8, read when the op
+// is prepared) against the CPU backend's q8/q4 kernels, with the 16-bit bound of the path it
 // replaces: every epilogue and SwiGLU behind it, prompt rows (9+), odd n on the dequantize
 // path beside it; a bad value of the switch is an error naming it.
 TEST(CudaQuant, FusedPromptGemmInTheLinear) {
   KILN_SKIP_WITHOUT_CUDA();
-  {
-    ScopedEnv env("KILN_CUDA_QGEMM", "fused");
+  for (const char* mode : {"fused", "fused8"}) {
+    ScopedEnv env("KILN_CUDA_QGEMM", mode);
     ScopedQGemv layout("");  // the default GEMV, whose kRows layout the fused GEMM reads
     struct S {
       int64_t n, k;
@@ -409,8 +416,8 @@ TEST(CudaQuant, FusedPromptGemmInTheLinear) {
                                     uint64_t(s.n * 3 + s.k + q[1]));
           expect_backends_match_opts(
               c.g, c.steps, {.weight_dtype = "f32"}, {.weight_dtype = dt}, op_tolerance(dt),
-              str_cat("Linear fused ", dt, " ", q, *s.act ? "+" : "", s.act, " n=", s.n, " k=", s.k,
-                      s.bias ? " +bias" : "", " t=9,64,65,130"));
+              str_cat("Linear ", mode, " ", dt, " ", q, *s.act ? "+" : "", s.act, " n=", s.n,
+                      " k=", s.k, s.bias ? " +bias" : "", " t=9,64,65,130"));
         }
   }
   ScopedEnv bad("KILN_CUDA_QGEMM", "maybe");

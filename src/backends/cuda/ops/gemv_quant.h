@@ -110,8 +110,10 @@ void launch_gemv_quant(DType dtype, const void* x, const QuantWeightView& w, con
 // Supported: bf16/f16, the kRows layout (its strides), k % 32 == 0, even n; any m (x, y,
 // bias 16-byte aligned; ldy even).
 bool qgemm_supports(DType dtype, const QuantWeightView& w);
+// warps: a CTA's, 4 or 8 (8: two threads decode each weight row, half the serial decoding
+// per CTA; which is faster is for cuda_qgemm_bench to say).
 void launch_qgemm(DType dtype, const void* x, const QuantWeightView& w, const void* bias, void* y,
-                  int64_t m, int64_t ldy, cudaStream_t s);
+                  int64_t m, int64_t ldy, cudaStream_t s, int warps = 4);
 // Rows [r0, r0 + rows) of w (either layout), dequantized (w = factor * (scale * q + min),
 // rounded once to `dtype`) into out [rows, k] (256-byte aligned for cuBLASLt).
 void launch_dequant_rows(DType dtype, const QuantWeightView& w, int64_t r0, int64_t rows, void* out, cudaStream_t s);
