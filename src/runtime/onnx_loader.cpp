@@ -211,17 +211,24 @@ void take_config_beside(nlohmann::json& config, const std::string& path) {
       if (!e.is_string()) return false;
     return true;
   };
-  const std::pair<const char*, bool (*)(const nlohmann::json&)> typed[] = {
-      {"use_sliding_window", [](const nlohmann::json& v) { return v.is_boolean(); }},
+  struct Typed {
+    const char* key;
+    bool (*ok)(const nlohmann::json&);
+    const char* expected;
+  };
+  const Typed typed[] = {
+      {"use_sliding_window", [](const nlohmann::json& v) { return v.is_boolean(); }, "a boolean"},
       {"sliding_window",
-       [](const nlohmann::json& v) { return v.is_number_integer() || v.is_null(); }},
-      {"max_window_layers", [](const nlohmann::json& v) { return v.is_number_integer(); }},
-      {"layer_types", +strings}};
-  for (const auto& [key, ok] : typed) {
+       [](const nlohmann::json& v) { return v.is_number_integer() || v.is_null(); },
+       "an integer or null"},
+      {"max_window_layers", [](const nlohmann::json& v) { return v.is_number_integer(); },
+       "an integer"},
+      {"layer_types", +strings, "an array of strings"}};
+  for (const auto& [key, ok, expected] : typed) {
     if (!c.contains(key)) continue;
     if (!ok(c[key]))
       throw_error(ErrorCode::kInvalidFile, "onnx: ", file.string(), ": '", key, "' is ",
-                  c[key].dump(), ", not the type a Qwen2 config gives it");
+                  c[key].dump(), ", expected ", expected, " (as a Qwen2 config gives it)");
     config[key] = c[key];
   }
 }

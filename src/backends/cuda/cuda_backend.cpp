@@ -409,8 +409,7 @@ class CudaCompiledGraph final : public CompiledGraph {
         profile_table(str_cat("cuda graph profile of a ", decode ? "decode" : "other", " step of ",
                               step.num_tokens(),
                               " tokens (us each node lengthens the step's graph by, summed per op "
-                              "and shape; graph with every "
-                              "node ",
+                              "and shape; graph with every node ",
                               us.back(), " us, without ", us.front(), " us):"),
                       by_key, 1.0, 1);
     log_write(LogLevel::kInfo, table);  // asked for: printed at every KILN_LOG level
