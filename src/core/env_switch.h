@@ -3,6 +3,8 @@
 // rejects the rest with the same kind of message. Tested in tests/core/env_switch_test.cpp.
 #pragma once
 
+#include <charconv>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
@@ -27,6 +29,26 @@ inline bool env_switch_off_value(const char* name, const char* value, const char
   if (std::strcmp(value, "1") == 0) return true;
   throw_error(ErrorCode::kInvalidArgument, name, "='", value,
               "' (expected 0, the default: ", off_means, ", or 1: ", on_means, ")");
+}
+
+// `value` of count `name` in [lo, hi]: unset or empty is `def`; anything else that is not
+// a decimal integer in the range throws kInvalidArgument naming the variable, the value,
+// the range and what the count means.
+inline int64_t env_count_value(const char* name, const char* value, int64_t def, int64_t lo,
+                               int64_t hi, const char* means) {
+  if (!value || !*value) return def;
+  int64_t v = 0;
+  const char* end = value + std::strlen(value);
+  const auto [p, ec] = std::from_chars(value, end, v);
+  if (ec != std::errc() || p != end || v < lo || v > hi)
+    throw_error(ErrorCode::kInvalidArgument, name, "='", value, "' (expected an integer in [", lo,
+                ", ", hi, "]: ", means, "; unset: ", def, ")");
+  return v;
+}
+
+// The count as the environment sets it now.
+inline int64_t env_count(const char* name, int64_t def, int64_t lo, int64_t hi, const char* means) {
+  return env_count_value(name, std::getenv(name), def, lo, hi, means);
 }
 
 // The switch as the environment sets it now.

@@ -44,5 +44,19 @@ TEST(EnvSwitch, DefaultOffSwitch) {
       << e;
 }
 
+TEST(EnvSwitch, Count) {
+  EXPECT_EQ(env_count_value("KILN_N", nullptr, 32, 0, 64, "rows"), 32);
+  EXPECT_EQ(env_count_value("KILN_N", "", 32, 0, 64, "rows"), 32);
+  EXPECT_EQ(env_count_value("KILN_N", "0", 32, 0, 64, "rows"), 0);
+  EXPECT_EQ(env_count_value("KILN_N", "64", 32, 0, 64, "rows"), 64);
+  for (const char* bad : {"65", "-1", "8x", "x", " 8", "1e3", "99999999999999999999"}) {
+    const std::string e =
+        error_of([&] { return env_count_value("KILN_N", bad, 32, 0, 64, "token rows"); });
+    EXPECT_NE(e.find(std::string("KILN_N='") + bad + "'"), std::string::npos) << e;
+    EXPECT_NE(e.find("expected an integer in [0, 64]: token rows; unset: 32"), std::string::npos)
+        << e;
+  }
+}
+
 }  // namespace
 }  // namespace kiln
