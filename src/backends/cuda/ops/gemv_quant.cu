@@ -7,6 +7,7 @@
 // one row are 512 contiguous bytes, and each x value it converts to f32 serves the four
 // rows. Per chunk it forms dot = Σ q·x and (q4) Σ x in f32, then acc += scale·dot
 // (+ min·Σx): the CPU kernels' math (linear.cpp), in another summation order.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -15,6 +16,7 @@
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops/gemv_quant.h"
 #include "backends/cuda/ops/quant_codes.cuh"
+#include "core/env_switch.h"
 #include "core/thread_pool.h"
 
 namespace kiln::cuda {
@@ -227,10 +229,20 @@ void launch_qgemv(const QArgs& a, cudaStream_t s) {
   KILN_CUDA_CHECK_LAUNCH();
 }
 
+// kRows layout: one thread per 32-bit code word (q4: 8 values, one 16-byte store of
+// 16-bit values; q8: 4, one 8-byte store), so a warp reads 128 contiguous code bytes and
+// writes 256-512 contiguous output bytes: whole sectors on both sides (one thread per
+// 16-byte chunk wrote 4 stores 64 bytes apart, each half a sector: the tile path's
+// dequantize ran at ~1.2 TB/s of output on an H100). Grid: (words of a row / 256 threads,
+// rows of this launch); row r of the launch is weight row r0 + r.
+// KILN_CUDA_DEQUANT_WORDS=0 runs the earlier kernel (dequant_chunk_kernel) for A/B timing.
+constexpr int kDequantThreads = 256;
+
 template <typename T, QuantFormat F>
-__global__ void dequant_kernel(const uint8_t* __restrict__ codes, const void* __restrict__ scales,
-                               const float* __restrict__ row_factor, int k, int64_t r0, int64_t rows,
-                               T* __restrict__ out) {
+__global__ void dequant_chunk_kernel(const uint8_t* __restrict__ codes,
+                                     const void* __restrict__ scales,
+                                     const float* __restrict__ row_factor, int k, int64_t r0,
+                                     int64_t rows, T* __restrict__ out) {
   using Tr = QTraits<F>;
   const int chunks = k / Tr::kPerChunk;
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -258,6 +270,38 @@ __global__ void dequant_kernel(const uint8_t* __restrict__ codes, const void* __
     } else {
       *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(v);
     }
+  }
+}
+
+template <typename T, QuantFormat F>
+__global__ void __launch_bounds__(kDequantThreads)
+    dequant_kernel(const uint8_t* __restrict__ codes, const void* __restrict__ scales,
+                   const float* __restrict__ row_factor, int k, int64_t r0, T* __restrict__ out) {
+  using Tr = QTraits<F>;
+  const int words = k / Tr::kPerWord, wi = int(blockIdx.x) * kDequantThreads + int(threadIdx.x);
+  if (wi >= words) return;
+  const int64_t r = blockIdx.y, row = r0 + r;
+  const uint32_t cw = __ldcs(
+      reinterpret_cast<const unsigned int*>(codes + size_t(row) * size_t(k / Tr::kRowDiv)) + wi);
+  float s, mn;
+  load_scale<F>(scales, row, k / kQuantGroup, wi / 4, s, mn);
+  const float f = __ldg(row_factor + row);
+  s *= f;
+  mn *= f;
+  float q[Tr::kPerWord];
+  decode_word<F>(cw, q);
+  alignas(16) T v[Tr::kPerWord];
+#pragma unroll
+  for (int e = 0; e < Tr::kPerWord; ++e) v[e] = from_f32<T>(fmaf(q[e], s, mn));
+  T* dst = out + r * k + int64_t(wi) * Tr::kPerWord;
+  if constexpr (sizeof(v) == 16)
+    *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(v);
+  else if constexpr (sizeof(v) == 8)
+    *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(v);
+  else {  // f32 q4: two 16-byte stores
+#pragma unroll
+    for (int j = 0; j < int(sizeof(v) / 16); ++j)
+      reinterpret_cast<uint4*>(dst)[j] = reinterpret_cast<const uint4*>(v)[j];
   }
 }
 
@@ -485,18 +529,41 @@ void launch_dequant_rows(DType dtype, const QuantWeightView& w, int64_t r0, int6
     });
     return;
   }
-  const int64_t total = rows * (w.k / (q4 ? 32 : 16));
-  if (total == 0) return;
-  const unsigned blocks = unsigned((total + 255) / 256);
-  KILN_CUDA_DISPATCH_FLOAT(dtype, T, {
-    if (q4)
-      dequant_kernel<T, QuantFormat::kQ4><<<blocks, 256, 0, s>>>(w.codes, w.scales, w.row_factor, int(w.k), r0, rows,
-                                                                  static_cast<T*>(out));
-    else
-      dequant_kernel<T, QuantFormat::kQ8><<<blocks, 256, 0, s>>>(w.codes, w.scales, w.row_factor, int(w.k), r0, rows,
-                                                                  static_cast<T*>(out));
-    KILN_CUDA_CHECK_LAUNCH();
-  });
+  static const bool words_kernel = env_switch("KILN_CUDA_DEQUANT_WORDS", "one thread per code word",
+                                              "one thread per 16-byte chunk (the earlier kernel)");
+  if (!words_kernel) {
+    const int64_t total = rows * (w.k / (q4 ? 32 : 16));
+    if (total == 0) return;
+    const unsigned blocks = unsigned((total + 255) / 256);
+    KILN_CUDA_DISPATCH_FLOAT(dtype, T, {
+      if (q4)
+        dequant_chunk_kernel<T, QuantFormat::kQ4><<<blocks, 256, 0, s>>>(
+            w.codes, w.scales, w.row_factor, int(w.k), r0, rows, static_cast<T*>(out));
+      else
+        dequant_chunk_kernel<T, QuantFormat::kQ8><<<blocks, 256, 0, s>>>(
+            w.codes, w.scales, w.row_factor, int(w.k), r0, rows, static_cast<T*>(out));
+      KILN_CUDA_CHECK_LAUNCH();
+    });
+    return;
+  }
+  const int64_t words = w.k / (q4 ? 8 : 4);
+  if (rows == 0 || words == 0) return;
+  KILN_THROW_IF(words >= (int64_t(1) << 30), kInternal, "cuda dequantize: k=", w.k, " too long");
+  constexpr int64_t kMaxGridRows = 65535;  // gridDim.y
+  const unsigned bx = unsigned((words + kDequantThreads - 1) / kDequantThreads);
+  for (int64_t rb = 0; rb < rows; rb += kMaxGridRows) {
+    const dim3 grid(bx, unsigned(std::min(kMaxGridRows, rows - rb)));
+    KILN_CUDA_DISPATCH_FLOAT(dtype, T, {
+      T* o = static_cast<T*>(out) + rb * w.k;
+      if (q4)
+        dequant_kernel<T, QuantFormat::kQ4><<<grid, kDequantThreads, 0, s>>>(
+            w.codes, w.scales, w.row_factor, int(w.k), r0 + rb, o);
+      else
+        dequant_kernel<T, QuantFormat::kQ8><<<grid, kDequantThreads, 0, s>>>(
+            w.codes, w.scales, w.row_factor, int(w.k), r0 + rb, o);
+      KILN_CUDA_CHECK_LAUNCH();
+    });
+  }
 }
 
 }  // namespace kiln::cuda
