@@ -3,7 +3,9 @@
 // tiles dequantized into a workspace, each multiplied by cuBLASLt: the tile rows the Linear
 // op takes, dequant_tile_rows) and against cuBLASLt on a bf16 copy of the weight (what the
 // same model runs in bf16), on the Llama-3.1-8B and TinyLlama-1.1B layer shapes; the fused
-// GEMM with CTAs of 4 and of 8 warps. Each time
+// GEMM with CTAs of 4 and of 8 warps; up to 128 rows also the dp4a GEMV over even chunks
+// of at most 8 rows (KILN_CUDA_QGEMV_CHUNK_ROWS: each chunk streams the codes), and the
+// dequantize kernel alone over the whole weight in tiles (its output's GB/s). Each time
 // is the median of 10 replays of a CUDA graph of 5 calls; cuBLASLt's algorithms are timed
 // first (Gemm::tune) for every shape it meets. TFLOP/s = 2·m·n·k / time.
 //   cuda_qgemm_bench [shape filter, e.g. 8B] [rows, e.g. 128]
@@ -42,7 +44,7 @@ int main(int argc, char** argv) {
                            {"8B gate|up", 28672, 4096}, {"8B down", 4096, 14336},
                            {"1.1B qkv", 2560, 2048},    {"1.1B gate|up", 11264, 2048},
                            {"1.1B down", 2048, 5632}};
-  const std::vector<int64_t> rows{128, 512, 2048};
+  const std::vector<int64_t> rows{16, 32, 64, 128, 512, 2048};
   int dev = 0, sms = 0;
   KILN_CUDA_CHECK(cudaGetDevice(&dev));
   KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
@@ -50,9 +52,10 @@ int main(int argc, char** argv) {
   cudaStream_t s = nullptr;
   KILN_CUDA_CHECK(cudaStreamCreate(&s));
   std::printf(
-      "| shape (n x k) | format | rows | bf16 cuBLASLt us | tiles + cuBLASLt us | fused us, 4 / 8 "
-      "warps | fused TFLOP/s (faster) |"
-      " tiles / fused | bf16 / fused |\n|---|---|---|---|---|---|---|---|---|\n");
+      "| shape (n x k) | format | rows | bf16 cuBLASLt us | tiles + cuBLASLt us | dequantize us "
+      "(GB/s out) | "
+      "GEMV chunks us | fused us, 4 / 8 warps | fused TFLOP/s (faster) |"
+      " tiles / fused | bf16 / fused |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::mt19937_64 rng(11);
   for (const QShape& sh : shapes) {
     if (!std::strstr(sh.what, filter)) continue;
@@ -68,8 +71,7 @@ int main(int argc, char** argv) {
       KILN_CUDA_CHECK(
           cudaMemcpy(wq.get(), img.bytes.data(), img.bytes.size(), cudaMemcpyHostToDevice));
       const QuantWeightView w = img.view_at(wq.get());
-      for (const int64_t m : rows) {
-        if (only_m && m != only_m) continue;
+      for (const int64_t m : only_m ? std::vector<int64_t>{only_m} : rows) {
         DeviceBuffer x(size_t(m * sh.k) * 2), y(size_t(m * sh.n) * 2);
         launch_fill_random(x.get(), t, m * sh.k, 3, s);
         Gemm g;
@@ -91,6 +93,29 @@ int main(int argc, char** argv) {
               }
             },
             s, 5, 10);
+        const float deq = bench::graph_ms(
+            [&] {
+              for (int64_t r0 = 0; r0 < sh.n; r0 += tile)
+                launch_dequant_rows(t, w, r0, std::min(tile, sh.n - r0), ws.get(), s);
+            },
+            s, 5, 10);
+        // The default (dp4a) GEMV over even chunks of at most kQGemvMaxRows rows.
+        float chunked = 0.0f;
+        if (m <= 128) {
+          const int64_t chunks = (m + kQGemvMaxRows - 1) / kQGemvMaxRows,
+                        per = (m + chunks - 1) / chunks;
+          chunked = bench::graph_ms(
+              [&] {
+                for (int64_t r0 = 0; r0 < m; r0 += per)
+                  launch_gemv_quant(t, static_cast<const char*>(x.get()) + size_t(r0 * sh.k) * 2, w,
+                                    nullptr, static_cast<char*>(y.get()) + size_t(r0 * sh.n) * 2,
+                                    std::min(per, m - r0), sh.n, s, GemvEpilogue::kNone,
+                                    QGemvKernel::kDp4a, false);
+              },
+              s, 5, 10);
+        }
+        char chunked_us[32] = "-";
+        if (chunked > 0.0f) std::snprintf(chunked_us, sizeof chunked_us, "%.1f", chunked * 1e3);
         // The fused GEMM with CTAs of 4 and of 8 warps; the faster one in the ratios.
         const float f4 = bench::graph_ms(
             [&] { launch_qgemm(t, x.get(), w, nullptr, y.get(), m, sh.n, s, 4); }, s, 5, 10);
@@ -98,9 +123,11 @@ int main(int argc, char** argv) {
             [&] { launch_qgemm(t, x.get(), w, nullptr, y.get(), m, sh.n, s, 8); }, s, 5, 10);
         const float fused = std::min(f4, f8);
         std::printf(
-            "| %s (%lld x %lld) | %s | %lld | %.1f | %.1f | %.1f / %.1f | %.0f | %.2fx | %.2fx |\n",
+            "| %s (%lld x %lld) | %s | %lld | %.1f | %.1f | %.1f (%.0f) | %s | %.1f / %.1f | %.0f "
+            "| %.2fx | %.2fx |\n",
             sh.what, (long long)sh.n, (long long)sh.k, quant_format_name(f), (long long)m,
-            bf16 * 1e3, tiles * 1e3, f4 * 1e3, f8 * 1e3,
+            bf16 * 1e3, tiles * 1e3, deq * 1e3, double(sh.n * sh.k) * 2 / (deq * 1e-3) / 1e9,
+            chunked_us, f4 * 1e3, f8 * 1e3,
             2.0 * double(m) * double(sh.n) * double(sh.k) / (fused * 1e-3) / 1e12, tiles / fused,
             bf16 / fused);
         std::fflush(stdout);

@@ -440,8 +440,29 @@ int qgemm_fused_from_env() {
       "or fused / fused8: the GEMM that decodes the weight in shared memory, CTAs of 4 / 8 warps)");
 }
 
-// A q8/q4 Linear: the quantized GEMV for up to kQGemvMaxRows rows; beyond, tiles of whole
-// rows (dequant_tile_rows: multiples of 128, so each tile's slice of y and of the bias
+// KILN_CUDA_QGEMV_CHUNK_ROWS: up to this many token rows (batch decode, short prompts) a
+// q8/q4 Linear whose weight streams at least KILN_CUDA_QGEMV_CHUNK_MIN_MIB runs its GEMV
+// over even chunks of at most kQGemvMaxRows rows, each chunk streaming the codes once,
+// instead of dequantizing every weight tile for cuBLASLt. From an H100 (bench/RESULTS.md,
+// session 52; the 8-row dp4a GEMV costs ~2x the one-row one): at 16 rows
+// `cuda_qgemm_bench` timed two chunks 28% faster than the tiles on the 8B gate|up weight
+// (59 MB of q4) but 7-50% slower on every weight of 30 MB or less; end to end at batch 16
+// chunks on the weights >= 16 MiB took 8B q4 from 12.25 (tiles) to 9.56 ms a step, while
+// TinyLlama q4 (no weight over 36 MB) ran fastest on tiles alone (1.85 ms; 1.93 with its
+// LM head chunked, 2.58 with every weight). Three chunks on the big weights at 24 rows:
+// 0.974x.
+constexpr int64_t kQGemvChunkRowsDefault = 16;
+constexpr int64_t kQGemvChunkMinMiBDefault = 40;
+
+int64_t qgemv_chunk_rows_from_env() {
+  return env_count("KILN_CUDA_QGEMV_CHUNK_ROWS", kQGemvChunkRowsDefault, 0, int64_t(1) << 20,
+                   "q8/q4 Linears of up to this many token rows run the GEMV in chunks of 8 rows "
+                   "rather than dequantized tiles + cuBLASLt; 0: never");
+}
+
+// A q8/q4 Linear: the quantized GEMV for up to kQGemvMaxRows rows, and in chunks of as
+// many up to KILN_CUDA_QGEMV_CHUNK_ROWS (large weights); beyond, tiles of whole rows
+// (dequant_tile_rows: multiples of 128, so each tile's slice of y and of the bias
 // keeps cuBLASLt's 256-byte alignment) dequantized into the workspace, each multiplied by
 // cuBLASLt into its column slice of y (or of the [gate | up] scratch).
 OpRun prepare_linear_quant(const ir::Node& n, const ir::Graph& g, PrepareContext& pc, QuantFormat f,
@@ -468,6 +489,13 @@ OpRun prepare_linear_quant(const ir::Node& n, const ir::Graph& g, PrepareContext
   // memory (launch_qgemm; 16-bit activations, kRows weights), no workspace.
   const int fused_warps = qgemm_fused_from_env();
   const int fused = qgemm_supports(pc.act, w) ? fused_warps : 0;
+  // KILN_CUDA_QGEMV_CHUNK_MIN_MIB: only weights of at least this many MiB take the chunks.
+  const int64_t chunk_min_mib =
+      env_count("KILN_CUDA_QGEMV_CHUNK_MIN_MIB", kQGemvChunkMinMiBDefault, 0, int64_t(1) << 20,
+                "the chunked GEMV only for q8/q4 weights of at least this many MiB");
+  const int64_t chunk_rows_env =
+      qgemv_chunk_rows_from_env();  // read (and checked) for every weight
+  const int64_t chunk_rows = int64_t(w.bytes() >> 20) >= chunk_min_mib ? chunk_rows_env : 0;
   const int64_t max_tile_rows = dequant_tile_rows(nn, k, es, kDequantWideFromRows, sms, wide);
   KILN_CHECK(pc.dequant_ws, "cuda: no dequantization workspace");
   // Nothing runs yet: no stream to drain.
@@ -485,12 +513,22 @@ OpRun prepare_linear_quant(const ir::Node& n, const ir::Graph& g, PrepareContext
     if (t == 0) return;
     const void* res = linear_residual(c, fu, y, name);
     const bool gemv = gemv_quant_supports(y.dtype, t);
-    const LinearScratch scr =
-        linear_scratch(c, fu, fu.norm != GemvNorm::kNone, y.dtype, x.data, t, k, !gemv && swiglu ? nn : 0);
+    const bool chunked = !gemv && t <= chunk_rows && gemv_quant_supports(y.dtype, 1);
+    const LinearScratch scr = linear_scratch(c, fu, fu.norm != GemvNorm::kNone, y.dtype, x.data, t,
+                                             k, !gemv && !chunked && swiglu ? nn : 0);
     const void* xin = scr.x;
     if (gemv) {
       launch_gemv_quant(y.dtype, xin, w, bias, y.data, t, out_n, s, epi.gemv, qk,
                         fu.beside_attention_for(w.bytes()));
+    } else if (chunked) {
+      // Even chunks (20 rows: 7, 7, 6), each row of x and y contiguous.
+      const size_t ys = dtype_size(y.dtype);
+      const int64_t chunks = (t + kQGemvMaxRows - 1) / kQGemvMaxRows,
+                    per = (t + chunks - 1) / chunks;
+      for (int64_t r0 = 0; r0 < t; r0 += per)
+        launch_gemv_quant(y.dtype, static_cast<const char*>(xin) + size_t(r0 * k) * ys, w, bias,
+                          static_cast<char*>(y.data) + size_t(r0 * out_n) * ys,
+                          std::min(per, t - r0), out_n, s, epi.gemv, qk, false);
     } else if (fused) {
       launch_qgemm(y.dtype, xin, w, bias, swiglu ? scr.gu : y.data, t, nn, s, fused);
       if (swiglu)

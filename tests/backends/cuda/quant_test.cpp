@@ -398,6 +398,7 @@ TEST(CudaQuant, FusedPromptGemmDecodesTheTileDequantizersWeights) {
 // path beside it; a bad value of the switch is an error naming it.
 TEST(CudaQuant, FusedPromptGemmInTheLinear) {
   KILN_SKIP_WITHOUT_CUDA();
+  ScopedEnv tiles("KILN_CUDA_QGEMV_CHUNK_ROWS", "0");  // 9 and 64 rows through the GEMM too
   for (const char* mode : {"fused", "fused8"}) {
     ScopedEnv env("KILN_CUDA_QGEMM", mode);
     ScopedQGemv layout("");  // the default GEMV, whose kRows layout the fused GEMM reads
@@ -427,6 +428,56 @@ TEST(CudaQuant, FusedPromptGemmInTheLinear) {
     ADD_FAILURE() << "KILN_CUDA_QGEMM=maybe was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("KILN_CUDA_QGEMM='maybe'"), std::string::npos) << e.what();
+  }
+}
+
+// Token rows past kQGemvMaxRows up to KILN_CUDA_QGEMV_CHUNK_ROWS run the GEMV in even
+// chunks (9 rows: 5 + 4; 20: 7 + 7 + 6; 64: 8 x 8), each its rows of x and y: the CPU
+// backend's outputs with the epilogues, for each GEMV layout (the dp4a kernel within its
+// x rounding's bound), and the same against the tiles path (the count 0). A count that
+// is not an integer in range is an error.
+TEST(CudaQuant, ChunkedGemvInTheLinear) {
+  KILN_SKIP_WITHOUT_CUDA();
+  struct S {
+    int64_t n, k;
+    bool bias;
+    const char* act;
+  };
+  ScopedEnv any_size("KILN_CUDA_QGEMV_CHUNK_MIN_MIB", "0");  // these weights are all small
+  for (const char* rows : {"64", "0"})
+    for (const char* kernel : {"", "mma", "old"}) {
+      ScopedEnv env("KILN_CUDA_QGEMV_CHUNK_ROWS", rows);
+      ScopedQGemv layout(kernel);
+      for (const std::string dt : {"bf16", "f16", "f32"}) {
+        if (dt == "f32" && *kernel) continue;  // f32 activations always take the kRows kernel
+        for (const char* q : {"q8", "q4"})
+          for (S s : {S{130, 256, true, ""}, S{2 * 161, 224, true, "swiglu"},
+                      S{256, 4128, false, "gelu_tanh"}}) {
+            std::map<std::string, ir::Attr> attrs{{"precision", std::string(q)}};
+            if (*s.act) attrs["activation"] = std::string(s.act);
+            QuantCase c = linear_case(s.n, s.k, s.bias, attrs, {9, 20, 64, 3}, dt,
+                                      uint64_t(s.n * 5 + s.k + q[1]));
+            // dp4a rounds x to int8 (f32 activations take the kRows f32 kernel)
+            const double extra = !*kernel && dt != "f32" ? kDp4aExtraTol : 0.0;
+            expect_backends_match_opts(
+                c.g, c.steps, {.weight_dtype = "f32"}, {.weight_dtype = dt},
+                op_tolerance(dt) + extra,
+                str_cat("Linear chunk rows '", rows, "' kernel '", kernel, "' ", dt, " ", q,
+                        *s.act ? "+" : "", s.act, " n=", s.n, " k=", s.k, s.bias ? " +bias" : "",
+                        " t=9,20,64,3"));
+          }
+      }
+    }
+  for (const char* var : {"KILN_CUDA_QGEMV_CHUNK_ROWS", "KILN_CUDA_QGEMV_CHUNK_MIN_MIB"}) {
+    ScopedEnv bad(var, "8x");
+    QuantCase c = linear_case(8, 64, false, {{"precision", std::string("q4")}}, {9}, "bf16", 1);
+    try {
+      (void)create_backend("cuda")->compile(c.g, {.weight_dtype = "bf16"});
+      ADD_FAILURE() << var << "=8x was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string(var) + "='8x'"), std::string::npos)
+          << e.what();
+    }
   }
 }
 
