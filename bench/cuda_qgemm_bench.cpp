@@ -22,6 +22,7 @@
 #include "backends/cuda/ops/convert.h"
 #include "backends/cuda/ops/gemm.h"
 #include "backends/cuda/ops/gemv_quant.h"
+#include "core/env_switch.h"
 #include "core/weight_quant.h"
 #include "cuda_bench_util.h"
 
@@ -49,6 +50,9 @@ int main(int argc, char** argv) {
   KILN_CUDA_CHECK(cudaGetDevice(&dev));
   KILN_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   const DType t = DType::kBF16;
+  // KILN_CUDA_DEQUANT_WORDS=0: the tiles through the earlier dequantize kernel.
+  const bool words = env_switch("KILN_CUDA_DEQUANT_WORDS", "one thread per code word",
+                                "one thread per 16-byte chunk (the earlier kernel)");
   cudaStream_t s = nullptr;
   KILN_CUDA_CHECK(cudaStreamCreate(&s));
   std::printf(
@@ -87,7 +91,7 @@ int main(int argc, char** argv) {
             [&] {
               for (int64_t r0 = 0; r0 < sh.n; r0 += tile) {
                 const int64_t rr = std::min(tile, sh.n - r0);
-                launch_dequant_rows(t, w, r0, rr, ws.get(), s);
+                launch_dequant_rows(t, w, r0, rr, ws.get(), s, words);
                 g.run(t, x.get(), ws.get(), nullptr, static_cast<char*>(y.get()) + size_t(r0) * 2,
                       m, rr, sh.k, s, sh.n);
               }
@@ -96,7 +100,7 @@ int main(int argc, char** argv) {
         const float deq = bench::graph_ms(
             [&] {
               for (int64_t r0 = 0; r0 < sh.n; r0 += tile)
-                launch_dequant_rows(t, w, r0, std::min(tile, sh.n - r0), ws.get(), s);
+                launch_dequant_rows(t, w, r0, std::min(tile, sh.n - r0), ws.get(), s, words);
             },
             s, 5, 10);
         // The default (dp4a) GEMV over even chunks of at most kQGemvMaxRows rows.

@@ -440,25 +440,25 @@ int qgemm_fused_from_env() {
       "or fused / fused8: the GEMM that decodes the weight in shared memory, CTAs of 4 / 8 warps)");
 }
 
-// KILN_CUDA_QGEMV_CHUNK_ROWS: up to this many token rows (batch decode, short prompts) a
-// q8/q4 Linear whose weight streams at least KILN_CUDA_QGEMV_CHUNK_MIN_MIB runs its GEMV
-// over even chunks of at most kQGemvMaxRows rows, each chunk streaming the codes once,
-// instead of dequantizing every weight tile for cuBLASLt. From an H100 (bench/RESULTS.md,
-// session 52; the 8-row dp4a GEMV costs ~2x the one-row one): at 16 rows
-// `cuda_qgemm_bench` timed two chunks 28% faster than the tiles on the 8B gate|up weight
-// (59 MB of q4) but 7-50% slower on every weight of 30 MB or less; end to end at batch 16
-// chunks on the weights >= 16 MiB took 8B q4 from 12.25 (tiles) to 9.56 ms a step, while
-// TinyLlama q4 (no weight over 36 MB) ran fastest on tiles alone (1.85 ms; 1.93 with its
-// LM head chunked, 2.58 with every weight). Three chunks on the big weights at 24 rows:
-// 0.974x.
+// The chunked GEMV's defaults (qgemv_chunk_rows). From an H100 (bench/RESULTS.md, session
+// 52; the 8-row dp4a GEMV costs ~2x the one-row one): at 16 rows `cuda_qgemm_bench` timed
+// two chunks 28% (q4) and 38% (q8) faster than the tiles on the 8B gate|up weight (117M
+// values) but 2-7% slower on its down projection (59M) and 7-50% slower on every smaller
+// weight. End to end at batch 16, q4: the 8B shape 12.25 ms a step on tiles, 9.57 with every
+// weight chunked, 9.38 with its gate|up and LM head chunked (the default's choice); TinyLlama (its
+// largest weight the 66M-value LM head) 1.85 on tiles, 1.93 with the LM head chunked, 2.58
+// with every weight. Three chunks on the big weights at 24 rows: 0.974x.
 constexpr int64_t kQGemvChunkRowsDefault = 16;
-constexpr int64_t kQGemvChunkMinMiBDefault = 40;
+constexpr int64_t kQGemvChunkMinWeightsDefault = 80'000'000;
 
-int64_t qgemv_chunk_rows_from_env() {
-  return env_count("KILN_CUDA_QGEMV_CHUNK_ROWS", kQGemvChunkRowsDefault, 0, int64_t(1) << 20,
-                   "q8/q4 Linears of up to this many token rows run the GEMV in chunks of 8 rows "
-                   "rather than dequantized tiles + cuBLASLt; 0: never");
+}  // namespace
+
+int64_t qgemv_chunk_rows(int64_t weights, int64_t chunk_rows, int64_t min_weights,
+                         bool kernel_fits) {
+  return kernel_fits && weights >= min_weights ? chunk_rows : 0;
 }
+
+namespace {
 
 // A q8/q4 Linear: the quantized GEMV for up to kQGemvMaxRows rows, and in chunks of as
 // many up to KILN_CUDA_QGEMV_CHUNK_ROWS (large weights); beyond, tiles of whole rows
@@ -489,13 +489,22 @@ OpRun prepare_linear_quant(const ir::Node& n, const ir::Graph& g, PrepareContext
   // memory (launch_qgemm; 16-bit activations, kRows weights), no workspace.
   const int fused_warps = qgemm_fused_from_env();
   const int fused = qgemm_supports(pc.act, w) ? fused_warps : 0;
-  // KILN_CUDA_QGEMV_CHUNK_MIN_MIB: only weights of at least this many MiB take the chunks.
-  const int64_t chunk_min_mib =
-      env_count("KILN_CUDA_QGEMV_CHUNK_MIN_MIB", kQGemvChunkMinMiBDefault, 0, int64_t(1) << 20,
-                "the chunked GEMV only for q8/q4 weights of at least this many MiB");
-  const int64_t chunk_rows_env =
-      qgemv_chunk_rows_from_env();  // read (and checked) for every weight
-  const int64_t chunk_rows = int64_t(w.bytes() >> 20) >= chunk_min_mib ? chunk_rows_env : 0;
+  // The chunked GEMV (qgemv_chunk_rows): both settings read (and checked) for every weight.
+  const int64_t chunk_rows_env = env_count(
+      "KILN_CUDA_QGEMV_CHUNK_ROWS", kQGemvChunkRowsDefault, 0, int64_t(1) << 20,
+      "q8/q4 Linears of up to this many token rows run the GEMV in chunks of at most 8 rows "
+      "rather than dequantized tiles + cuBLASLt; 0: never");
+  const int64_t chunk_min_weights = env_count(
+      "KILN_CUDA_QGEMV_CHUNK_MIN_WEIGHTS", kQGemvChunkMinWeightsDefault, 0, int64_t(1) << 40,
+      "the chunked GEMV only for q8/q4 weights of at least this many values (rows x k)");
+  const bool chunk_fits =
+      qk == QGemvKernel::kMma ||
+      (qk == QGemvKernel::kDp4a && qgemv_dp4a_supports(pc.act, kQGemvMaxRows, k));
+  const int64_t chunk_rows =
+      qgemv_chunk_rows(nn * k, chunk_rows_env, chunk_min_weights, chunk_fits);
+  // KILN_CUDA_DEQUANT_WORDS=0: the tiles through the earlier dequantize kernel (A/B timing).
+  const bool deq_words = env_switch("KILN_CUDA_DEQUANT_WORDS", "one thread per code word",
+                                    "one thread per 16-byte chunk (the earlier kernel)");
   const int64_t max_tile_rows = dequant_tile_rows(nn, k, es, kDequantWideFromRows, sms, wide);
   KILN_CHECK(pc.dequant_ws, "cuda: no dequantization workspace");
   // Nothing runs yet: no stream to drain.
@@ -513,7 +522,7 @@ OpRun prepare_linear_quant(const ir::Node& n, const ir::Graph& g, PrepareContext
     if (t == 0) return;
     const void* res = linear_residual(c, fu, y, name);
     const bool gemv = gemv_quant_supports(y.dtype, t);
-    const bool chunked = !gemv && t <= chunk_rows && gemv_quant_supports(y.dtype, 1);
+    const bool chunked = !gemv && t <= chunk_rows;
     const LinearScratch scr = linear_scratch(c, fu, fu.norm != GemvNorm::kNone, y.dtype, x.data, t,
                                              k, !gemv && !chunked && swiglu ? nn : 0);
     const void* xin = scr.x;
@@ -541,7 +550,7 @@ OpRun prepare_linear_quant(const ir::Node& n, const ir::Graph& g, PrepareContext
       auto* dst = swiglu ? scr.gu : static_cast<char*>(y.data);
       for (int64_t r0 = 0; r0 < nn; r0 += tile_rows) {
         const int64_t rows = std::min(tile_rows, nn - r0);
-        launch_dequant_rows(y.dtype, w, r0, rows, ws->get(), s);
+        launch_dequant_rows(y.dtype, w, r0, rows, ws->get(), s, deq_words);
         c.cx->gemm->run(y.dtype, xin, ws->get(), bias ? static_cast<const char*>(bias) + size_t(r0) * es : nullptr,
                         dst + size_t(r0) * es, t, rows, k, s, nn);
       }

@@ -237,6 +237,15 @@ std::optional<QuantFormat> cuda_linear_quant_format(const ir::Node& n, const ir:
 // (up to 256 MB), since an L2-sized tile leaves most SMs idle (at 512 rows, 48 of 132).
 // Tiles are even multiples of 128 rows (cuBLASLt's 256-byte alignment of y's slices) or n.
 int64_t dequant_tile_rows(int64_t n, int64_t k, size_t elem_bytes, int64_t t, int sms, bool wide);
+// Token rows up to which a q8/q4 Linear of `weights` values (n x k) runs its GEMV over even
+// chunks of at most kQGemvMaxRows rows instead of dequantized tiles (each chunk streams
+// the codes once: a gain only where tiles of that many values cost more than two passes):
+// `chunk_rows` (KILN_CUDA_QGEMV_CHUNK_ROWS, default 16) for weights of at least
+// `min_weights` values (KILN_CUDA_QGEMV_CHUNK_MIN_WEIGHTS, default 80M) when `kernel_fits`
+// (the GEMV takes 8 rows at this k: the dp4a kernel's x fits its shared memory, or the
+// mma kernel; not the f32 kRows kernel), else 0.
+int64_t qgemv_chunk_rows(int64_t weights, int64_t chunk_rows, int64_t min_weights,
+                         bool kernel_fits);
 // The node producing value v and v's position among its outputs; null for inputs and
 // weights (the fused quantizes ask what produced a Linear's input).
 std::pair<const ir::Node*, size_t> value_producer(const ir::Graph& g, ir::ValueId v);

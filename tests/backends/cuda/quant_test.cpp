@@ -137,6 +137,52 @@ TEST(CudaQuant, GemmTilesAndResidentSize) {
       }
 }
 
+// The chunked GEMV's rule alone (no GPU): the row count where the weight is large enough
+// and the kernel takes 8 rows, else 0 (tiles); the defaults on the measured shapes.
+TEST(CudaQuant, ChunkedGemvOnlyForLargeWeights) {
+  EXPECT_EQ(qgemv_chunk_rows(28672 * 4096, 16, 80'000'000, true), 16);   // 8B gate|up: 117M values
+  EXPECT_EQ(qgemv_chunk_rows(128256 * 4096, 16, 80'000'000, true), 16);  // 8B LM head
+  EXPECT_EQ(qgemv_chunk_rows(int64_t(4096) * 14336, 16, 80'000'000, true), 0);  // 8B down: 59M
+  EXPECT_EQ(qgemv_chunk_rows(32000 * 2048, 16, 80'000'000, true), 0);   // TinyLlama LM head: 66M
+  EXPECT_EQ(qgemv_chunk_rows(28672 * 4096, 16, 80'000'000, false), 0);  // no 8-row kernel at this k
+  EXPECT_EQ(qgemv_chunk_rows(100, 64, 0, true), 64);
+  EXPECT_EQ(qgemv_chunk_rows(100, 0, 0, true), 0);
+}
+
+// The two tile dequantizers give the same bits (one thread per code word, and the earlier
+// one per 16-byte chunk: KILN_CUDA_DEQUANT_WORDS=0), over row ranges that start inside the
+// weight, a k of an odd group count, and more than 65535 rows in one call (the new
+// kernel's grid takes rows in launches of 65535).
+TEST(CudaQuant, DequantKernelsGiveTheSameBits) {
+  KILN_SKIP_WITHOUT_CUDA();
+  struct S {
+    int64_t n, k, r0, rows;
+  };
+  for (const DType t : {DType::kBF16, DType::kF16, DType::kF32})
+    for (const QuantFormat f : {QuantFormat::kQ4, QuantFormat::kQ8})
+      for (const S s : {S{300, 4128, 37, 250}, S{70000, 64, 0, 70000}, S{70000, 96, 3, 65537}}) {
+        std::mt19937_64 rng(uint64_t(s.n + s.k));
+        std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+        std::vector<float> wf(size_t(s.n * s.k));
+        for (float& v : wf) v = u(rng);
+        const QuantImage img =
+            quant_image(quantize_rows(wf.data(), s.n, s.k, f), QuantLayout::kRows);
+        DeviceBuffer wq(img.bytes.size());
+        KILN_CUDA_CHECK(
+            cudaMemcpy(wq.get(), img.bytes.data(), img.bytes.size(), cudaMemcpyHostToDevice));
+        const QuantWeightView w = img.view_at(wq.get());
+        const size_t bytes = size_t(s.rows * s.k) * dtype_size(t);
+        DeviceBuffer a(bytes), b(bytes);
+        launch_dequant_rows(t, w, s.r0, s.rows, a.get(), nullptr, true);
+        launch_dequant_rows(t, w, s.r0, s.rows, b.get(), nullptr, false);
+        std::vector<uint8_t> ha(bytes), hb(bytes);
+        KILN_CUDA_CHECK(cudaMemcpy(ha.data(), a.get(), bytes, cudaMemcpyDeviceToHost));
+        KILN_CUDA_CHECK(cudaMemcpy(hb.data(), b.get(), bytes, cudaMemcpyDeviceToHost));
+        EXPECT_TRUE(ha == hb) << dtype_name(t) << " " << quant_format_name(f) << " n=" << s.n
+                              << " k=" << s.k << " rows [" << s.r0 << ", +" << s.rows << ")";
+      }
+}
+
 // The tile rule alone (no GPU): L2-sized even tiles below 256 token rows; from 256 rows,
 // enough rows for four waves of 128 x 256 output tiles, capped at 256 MB.
 TEST(CudaQuant, DequantTilesFillTheDeviceAtPromptRows) {
@@ -398,7 +444,8 @@ TEST(CudaQuant, FusedPromptGemmDecodesTheTileDequantizersWeights) {
 // path beside it; a bad value of the switch is an error naming it.
 TEST(CudaQuant, FusedPromptGemmInTheLinear) {
   KILN_SKIP_WITHOUT_CUDA();
-  ScopedEnv tiles("KILN_CUDA_QGEMV_CHUNK_ROWS", "0");  // 9 and 64 rows through the GEMM too
+  ScopedEnv tiles("KILN_CUDA_QGEMV_CHUNK_ROWS",
+                  "0");  // never the chunked GEMV, whatever the environment
   for (const char* mode : {"fused", "fused8"}) {
     ScopedEnv env("KILN_CUDA_QGEMM", mode);
     ScopedQGemv layout("");  // the default GEMV, whose kRows layout the fused GEMM reads
@@ -433,9 +480,9 @@ TEST(CudaQuant, FusedPromptGemmInTheLinear) {
 
 // Token rows past kQGemvMaxRows up to KILN_CUDA_QGEMV_CHUNK_ROWS run the GEMV in even
 // chunks (9 rows: 5 + 4; 20: 7 + 7 + 6; 64: 8 x 8), each its rows of x and y: the CPU
-// backend's outputs with the epilogues, for each GEMV layout (the dp4a kernel within its
-// x rounding's bound), and the same against the tiles path (the count 0). A count that
-// is not an integer in range is an error.
+// backend's outputs with the epilogues, for the dp4a kernel (within its x rounding's
+// bound) and the mma one ("old", the kRows f32-path kernel, keeps the tiles), and the same
+// against the tiles path (the count 0). A count that is not an integer in range is an error.
 TEST(CudaQuant, ChunkedGemvInTheLinear) {
   KILN_SKIP_WITHOUT_CUDA();
   struct S {
@@ -443,7 +490,7 @@ TEST(CudaQuant, ChunkedGemvInTheLinear) {
     bool bias;
     const char* act;
   };
-  ScopedEnv any_size("KILN_CUDA_QGEMV_CHUNK_MIN_MIB", "0");  // these weights are all small
+  ScopedEnv any_size("KILN_CUDA_QGEMV_CHUNK_MIN_WEIGHTS", "0");  // these weights are all small
   for (const char* rows : {"64", "0"})
     for (const char* kernel : {"", "mma", "old"}) {
       ScopedEnv env("KILN_CUDA_QGEMV_CHUNK_ROWS", rows);
@@ -468,7 +515,8 @@ TEST(CudaQuant, ChunkedGemvInTheLinear) {
           }
       }
     }
-  for (const char* var : {"KILN_CUDA_QGEMV_CHUNK_ROWS", "KILN_CUDA_QGEMV_CHUNK_MIN_MIB"}) {
+  for (const char* var : {"KILN_CUDA_QGEMV_CHUNK_ROWS", "KILN_CUDA_QGEMV_CHUNK_MIN_WEIGHTS",
+                          "KILN_CUDA_DEQUANT_WORDS"}) {
     ScopedEnv bad(var, "8x");
     QuantCase c = linear_case(8, 64, false, {{"precision", std::string("q4")}}, {9}, "bf16", 1);
     try {

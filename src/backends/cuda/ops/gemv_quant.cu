@@ -16,7 +16,6 @@
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops/gemv_quant.h"
 #include "backends/cuda/ops/quant_codes.cuh"
-#include "core/env_switch.h"
 #include "core/thread_pool.h"
 
 namespace kiln::cuda {
@@ -235,7 +234,8 @@ void launch_qgemv(const QArgs& a, cudaStream_t s) {
 // 16-byte chunk wrote 4 stores 64 bytes apart, each half a sector: the tile path's
 // dequantize ran at ~1.2 TB/s of output on an H100). Grid: (words of a row / 256 threads,
 // rows of this launch); row r of the launch is weight row r0 + r.
-// KILN_CUDA_DEQUANT_WORDS=0 runs the earlier kernel (dequant_chunk_kernel) for A/B timing.
+// launch_dequant_rows(..., words = false) runs the earlier kernel (dequant_chunk_kernel)
+// for A/B timing.
 constexpr int kDequantThreads = 256;
 
 template <typename T, QuantFormat F>
@@ -510,7 +510,8 @@ void launch_gemv_quant(DType dtype, const void* x, const QuantWeightView& w, con
   KILN_CUDA_DISPATCH_FLOAT(dtype, T, launch_typed<T>(x, w, bias, y, m, n_out, s, epi));
 }
 
-void launch_dequant_rows(DType dtype, const QuantWeightView& w, int64_t r0, int64_t rows, void* out, cudaStream_t s) {
+void launch_dequant_rows(DType dtype, const QuantWeightView& w, int64_t r0, int64_t rows, void* out,
+                         cudaStream_t s, bool words) {
   KILN_THROW_IF(r0 < 0 || rows < 0 || r0 + rows > w.n || w.k % kQuantGroup != 0, kInternal,
                 "cuda dequantize: rows [", r0, ", +", rows, ") of a [", w.n, ", ", w.k, "] weight");
   const bool q4 = w.format == QuantFormat::kQ4;
@@ -529,9 +530,8 @@ void launch_dequant_rows(DType dtype, const QuantWeightView& w, int64_t r0, int6
     });
     return;
   }
-  static const bool words_kernel = env_switch("KILN_CUDA_DEQUANT_WORDS", "one thread per code word",
-                                              "one thread per 16-byte chunk (the earlier kernel)");
-  if (!words_kernel) {
+  KILN_THROW_IF(w.k >= (int64_t(1) << 30), kInternal, "cuda dequantize: k=", w.k, " too long");
+  if (!words) {
     const int64_t total = rows * (w.k / (q4 ? 32 : 16));
     if (total == 0) return;
     const unsigned blocks = unsigned((total + 255) / 256);
@@ -546,11 +546,10 @@ void launch_dequant_rows(DType dtype, const QuantWeightView& w, int64_t r0, int6
     });
     return;
   }
-  const int64_t words = w.k / (q4 ? 8 : 4);
-  if (rows == 0 || words == 0) return;
-  KILN_THROW_IF(words >= (int64_t(1) << 30), kInternal, "cuda dequantize: k=", w.k, " too long");
+  const int64_t row_words = w.k / (q4 ? 8 : 4);
+  if (rows == 0 || row_words == 0) return;
   constexpr int64_t kMaxGridRows = 65535;  // gridDim.y
-  const unsigned bx = unsigned((words + kDequantThreads - 1) / kDequantThreads);
+  const unsigned bx = unsigned((row_words + kDequantThreads - 1) / kDequantThreads);
   for (int64_t rb = 0; rb < rows; rb += kMaxGridRows) {
     const dim3 grid(bx, unsigned(std::min(kMaxGridRows, rows - rb)));
     KILN_CUDA_DISPATCH_FLOAT(dtype, T, {

@@ -115,8 +115,11 @@ bool qgemm_supports(DType dtype, const QuantWeightView& w);
 void launch_qgemm(DType dtype, const void* x, const QuantWeightView& w, const void* bias, void* y,
                   int64_t m, int64_t ldy, cudaStream_t s, int warps = 4);
 // Rows [r0, r0 + rows) of w (either layout), dequantized (w = factor * (scale * q + min),
-// rounded once to `dtype`) into out [rows, k] (256-byte aligned for cuBLASLt).
-void launch_dequant_rows(DType dtype, const QuantWeightView& w, int64_t r0, int64_t rows, void* out, cudaStream_t s);
+// rounded once to `dtype`) into out [rows, k] (256-byte aligned for cuBLASLt). kRows
+// weights: `words` (the default) one thread per 32-bit code word, else the earlier kernel
+// of one thread per 16-byte chunk (KILN_CUDA_DEQUANT_WORDS=0, for A/B timing); the same bits.
+void launch_dequant_rows(DType dtype, const QuantWeightView& w, int64_t r0, int64_t rows, void* out,
+                         cudaStream_t s, bool words = true);
 
 // The kMma GEMV (gemv_quant_mma.cu), called by launch_gemv_quant after its checks.
 void launch_qgemv_mma(DType dtype, const void* x, const QuantWeightView& w, const void* bias, void* y, int64_t m,
