@@ -1,6 +1,7 @@
-// On/off switches read from the environment (KILN_CUDA_FP8_FUSE, KILN_CUDA_INT8_FUSE,
-// KILN_CUDA_GEMM_TUNE_M, ...): one parser, so every switch accepts the same values and
-// rejects the rest with the same kind of message. Tested in tests/core/env_switch_test.cpp.
+// On/off switches and integer counts read from the environment (KILN_CUDA_FP8_FUSE,
+// KILN_CUDA_GEMM_TUNE_M, KILN_CUDA_QGEMV_CHUNK_ROWS, ...): one parser each, so every switch
+// accepts the same values and rejects the rest with the same kind of message. Tested in
+// tests/core/env_switch_test.cpp.
 #pragma once
 
 #include <charconv>
