@@ -5,7 +5,8 @@
 // same model runs in bf16), on the Llama-3.1-8B and TinyLlama-1.1B layer shapes; the fused
 // GEMM with CTAs of 4 and of 8 warps; up to 128 rows also the dp4a GEMV over even chunks
 // of at most 8 rows (KILN_CUDA_QGEMV_CHUNK_ROWS: each chunk streams the codes), and the
-// dequantize kernel alone over the whole weight in tiles (its output's GB/s). Each time
+// dequantize kernel alone over the whole weight in tiles (its output's GB/s), and up to 64
+// rows the skinny GEMM (launch_qgemm_skinny: weights dequantized in registers). Each time
 // is the median of 10 replays of a CUDA graph of 5 calls; cuBLASLt's algorithms are timed
 // first (Gemm::tune) for every shape it meets. TFLOP/s = 2·m·n·k / time.
 //   cuda_qgemm_bench [shape filter, e.g. 8B] [rows, e.g. 128]
@@ -58,8 +59,9 @@ int main(int argc, char** argv) {
   std::printf(
       "| shape (n x k) | format | rows | bf16 cuBLASLt us | tiles + cuBLASLt us | dequantize us "
       "(GB/s out) | "
-      "GEMV chunks us | fused us, 4 / 8 warps | fused TFLOP/s (faster) |"
-      " tiles / fused | bf16 / fused |\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "GEMV chunks us | skinny us (GB/s of codes) | fused us, 4 / 8 warps | fused TFLOP/s (faster) "
+      "|"
+      " tiles / fused | bf16 / fused |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::mt19937_64 rng(11);
   for (const QShape& sh : shapes) {
     if (!std::strstr(sh.what, filter)) continue;
@@ -120,6 +122,13 @@ int main(int argc, char** argv) {
         }
         char chunked_us[32] = "-";
         if (chunked > 0.0f) std::snprintf(chunked_us, sizeof chunked_us, "%.1f", chunked * 1e3);
+        char skinny_us[48] = "-";
+        if (m <= kQGemmSkinnyMaxRows) {
+          const float sk = bench::graph_ms(
+              [&] { launch_qgemm_skinny(t, x.get(), w, nullptr, y.get(), m, sh.n, s); }, s, 5, 10);
+          std::snprintf(skinny_us, sizeof skinny_us, "%.1f (%.0f)", sk * 1e3,
+                        double(w.bytes()) / (sk * 1e-3) / 1e9);
+        }
         // The fused GEMM with CTAs of 4 and of 8 warps; the faster one in the ratios.
         const float f4 = bench::graph_ms(
             [&] { launch_qgemm(t, x.get(), w, nullptr, y.get(), m, sh.n, s, 4); }, s, 5, 10);
@@ -127,11 +136,11 @@ int main(int argc, char** argv) {
             [&] { launch_qgemm(t, x.get(), w, nullptr, y.get(), m, sh.n, s, 8); }, s, 5, 10);
         const float fused = std::min(f4, f8);
         std::printf(
-            "| %s (%lld x %lld) | %s | %lld | %.1f | %.1f | %.1f (%.0f) | %s | %.1f / %.1f | %.0f "
-            "| %.2fx | %.2fx |\n",
+            "| %s (%lld x %lld) | %s | %lld | %.1f | %.1f | %.1f (%.0f) | %s | %s | %.1f / %.1f | "
+            "%.0f | %.2fx | %.2fx |\n",
             sh.what, (long long)sh.n, (long long)sh.k, quant_format_name(f), (long long)m,
             bf16 * 1e3, tiles * 1e3, deq * 1e3, double(sh.n * sh.k) * 2 / (deq * 1e-3) / 1e9,
-            chunked_us, f4 * 1e3, f8 * 1e3,
+            chunked_us, skinny_us, f4 * 1e3, f8 * 1e3,
             2.0 * double(m) * double(sh.n) * double(sh.k) / (fused * 1e-3) / 1e12, tiles / fused,
             bf16 / fused);
         std::fflush(stdout);

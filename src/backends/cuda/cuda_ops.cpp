@@ -427,17 +427,25 @@ int64_t dequant_tile_rows(int64_t n, int64_t k, size_t elem_bytes, int64_t t, in
 namespace {
 
 // KILN_CUDA_QGEMM: unset, empty or "dequant" (the default: weight tiles dequantized into a
-// workspace, then cuBLASLt; 0), "fused" or "fused8" (launch_qgemm with CTAs of 4 or 8 warps;
-// the warps returned). Opt-in until measured on a GPU.
-int qgemm_fused_from_env() {
+// workspace, then cuBLASLt), "fused" or "fused8" (launch_qgemm with CTAs of 4 or 8 warps
+// for every row count past the GEMV's; measured slower, session 52), or "skinny"
+// (launch_qgemm_skinny for 9..kQGemmSkinnyMaxRows rows, before the chunked GEMV; tiles
+// beyond; built in session 52, not yet run on a GPU).
+struct QGemmMode {
+  int fused_warps = 0;
+  bool skinny = false;
+};
+QGemmMode qgemm_mode_from_env() {
   const char* e = std::getenv("KILN_CUDA_QGEMM");
-  if (!e || !*e || std::strcmp(e, "dequant") == 0) return 0;
-  if (std::strcmp(e, "fused") == 0) return 4;
-  if (std::strcmp(e, "fused8") == 0) return 8;
+  if (!e || !*e || std::strcmp(e, "dequant") == 0) return {};
+  if (std::strcmp(e, "fused") == 0) return {4, false};
+  if (std::strcmp(e, "fused8") == 0) return {8, false};
+  if (std::strcmp(e, "skinny") == 0) return {0, true};
   throw_error(
       ErrorCode::kInvalidArgument, "KILN_CUDA_QGEMM='", e,
       "' (expected dequant, the default: q8/q4 prompt GEMMs dequantize weight tiles for cuBLASLt; "
-      "or fused / fused8: the GEMM that decodes the weight in shared memory, CTAs of 4 / 8 warps)");
+      "fused / fused8: the GEMM that decodes the weight in shared memory, CTAs of 4 / 8 warps; or "
+      "skinny: up to 64 token rows through the GEMM that dequantizes in registers)");
 }
 
 // The chunked GEMV's defaults (qgemv_chunk_rows). From an H100 (bench/RESULTS.md, session
@@ -486,9 +494,12 @@ OpRun prepare_linear_quant(const ir::Node& n, const ir::Graph& g, PrepareContext
                                "every tile sized for L2");
   const int sms = pc.cx->num_sms;
   // KILN_CUDA_QGEMM=fused: prompt rows through the GEMM that decodes the weight in shared
-  // memory (launch_qgemm; 16-bit activations, kRows weights), no workspace.
-  const int fused_warps = qgemm_fused_from_env();
-  const int fused = qgemm_supports(pc.act, w) ? fused_warps : 0;
+  // memory (launch_qgemm; 16-bit activations, kRows weights), no workspace; =skinny: up to
+  // kQGemmSkinnyMaxRows rows through launch_qgemm_skinny.
+  const QGemmMode mode = qgemm_mode_from_env();
+  const bool qgemm_ok = qgemm_supports(pc.act, w);
+  const int fused = qgemm_ok ? mode.fused_warps : 0;
+  const bool skinny = qgemm_ok && mode.skinny;
   // The chunked GEMV (qgemv_chunk_rows): both settings read (and checked) for every weight.
   const int64_t chunk_rows_env = env_count(
       "KILN_CUDA_QGEMV_CHUNK_ROWS", kQGemvChunkRowsDefault, 0, int64_t(1) << 20,
@@ -522,7 +533,8 @@ OpRun prepare_linear_quant(const ir::Node& n, const ir::Graph& g, PrepareContext
     if (t == 0) return;
     const void* res = linear_residual(c, fu, y, name);
     const bool gemv = gemv_quant_supports(y.dtype, t);
-    const bool chunked = !gemv && t <= chunk_rows;
+    const bool skinny_now = !gemv && skinny && t <= kQGemmSkinnyMaxRows;
+    const bool chunked = !gemv && !skinny_now && t <= chunk_rows;
     const LinearScratch scr = linear_scratch(c, fu, fu.norm != GemvNorm::kNone, y.dtype, x.data, t,
                                              k, !gemv && !chunked && swiglu ? nn : 0);
     const void* xin = scr.x;
@@ -538,8 +550,11 @@ OpRun prepare_linear_quant(const ir::Node& n, const ir::Graph& g, PrepareContext
         launch_gemv_quant(y.dtype, static_cast<const char*>(xin) + size_t(r0 * k) * ys, w, bias,
                           static_cast<char*>(y.data) + size_t(r0 * out_n) * ys,
                           std::min(per, t - r0), out_n, s, epi.gemv, qk, false);
-    } else if (fused) {
-      launch_qgemm(y.dtype, xin, w, bias, swiglu ? scr.gu : y.data, t, nn, s, fused);
+    } else if (fused || skinny_now) {
+      if (skinny_now)
+        launch_qgemm_skinny(y.dtype, xin, w, bias, swiglu ? scr.gu : y.data, t, nn, s);
+      else
+        launch_qgemm(y.dtype, xin, w, bias, swiglu ? scr.gu : y.data, t, nn, s, fused);
       if (swiglu)
         launch_swiglu(y.dtype, scr.gu, t, out_n, y.data, s);
       else if (epi.gemv != GemvEpilogue::kNone)

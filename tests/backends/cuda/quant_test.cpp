@@ -306,7 +306,9 @@ TEST(CudaQuant, MmaGemvShapesInBf16AndF16) {
 // rounding (2^-8 of |y| in bf16, 2^-11 in f16) plus 1e-4 of max|y|. Token rows around its
 // 64-row tiles, weight rows around its 128-row tiles, k from one group to 129, rows of y
 // wider than n (the columns past n untouched), with and without bias; a rerun, and CTAs of 8
-// warps instead of 4, give the same bits.
+// warps instead of 4, give the same bits. The skinny GEMM (launch_qgemm_skinny, up to 64
+// token rows: 1, 9, 16, 33 and 64 here, weight rows around its 64-row CTAs, k blocks of 128 /
+// 64 with partial last ones) within the same bound.
 TEST(CudaQuant, FusedPromptGemmMatchesTheDequantizedWeights) {
   KILN_SKIP_WITHOUT_CUDA();
   std::mt19937_64 rng(41);
@@ -314,11 +316,10 @@ TEST(CudaQuant, FusedPromptGemmMatchesTheDequantizedWeights) {
     int64_t m, n, k, ldy;
     bool bias;
   };
-  const S cases[] = {{9, 2, 32, 2, true},
-                     {64, 128, 256, 128, false},
-                     {65, 130, 96, 136, true},
-                     {130, 384, 4128, 384, true},
-                     {300, 1000, 2048, 1000, false}};
+  const S cases[] = {
+      {9, 2, 32, 2, true},         {64, 128, 256, 128, false},     {65, 130, 96, 136, true},
+      {130, 384, 4128, 384, true}, {300, 1000, 2048, 1000, false}, {1, 64, 64, 64, false},
+      {16, 130, 96, 136, true},    {33, 200, 4128, 200, false},    {20, 1000, 2048, 1000, true}};
   auto bits_of = [](DType t, float v) {
     return t == DType::kBF16 ? f32_to_bf16(v) : f32_to_f16(v);
   };
@@ -361,21 +362,43 @@ TEST(CudaQuant, FusedPromptGemmMatchesTheDequantizedWeights) {
             mx = std::max(mx, std::fabs(acc));
           }
         const double rel = t == DType::kBF16 ? 0x1p-8 : 0x1p-11;
-        double worst = 0;  // the largest error in units of the element's bound
-        for (int64_t i = 0; i < c.m; ++i)
-          for (int64_t j = 0; j < c.ldy; ++j) {
-            const size_t at = size_t(i * c.ldy + j);
-            if (j >= c.n) {
-              ASSERT_EQ(got[at], y0[at])
-                  << what << ": column " << j << " past n written, row " << i;
-              continue;
+        // The largest error in units of the element's bound (failures counted, not thrown).
+        auto worst_of = [&](const std::vector<uint16_t>& out, const std::string& which) {
+          double worst = 0;
+          int bad = 0;
+          for (int64_t i = 0; i < c.m; ++i)
+            for (int64_t j = 0; j < c.ldy; ++j) {
+              const size_t at = size_t(i * c.ldy + j);
+              if (j >= c.n) {
+                if (out[at] != y0[at] && bad++ < 3)
+                  ADD_FAILURE() << which << ": column " << j << " past n written, row " << i;
+                continue;
+              }
+              const double r = ref[size_t(i * c.n + j)], e = std::fabs(value_of(t, out[at]) - r);
+              const double bound = rel * std::fabs(r) + 1e-4 * mx;
+              worst = std::max(worst, std::isnan(e) ? INFINITY : e / bound);
+              if (!(e <= bound) && bad++ < 3)
+                ADD_FAILURE() << which << " y[" << i << "][" << j << "] = " << value_of(t, out[at])
+                              << ", f64 " << r;
             }
-            const double r = ref[size_t(i * c.n + j)], e = std::fabs(value_of(t, got[at]) - r);
-            const double bound = rel * std::fabs(r) + 1e-4 * mx;
-            worst = std::max(worst, std::isnan(e) ? INFINITY : e / bound);
-            ASSERT_LE(e, bound) << what << " y[" << i << "][" << j << "] = " << value_of(t, got[at])
-                                << ", f64 " << r;
-          }
+          return worst;
+        };
+        if (c.m <= kQGemmSkinnyMaxRows) {
+          const Dev ys(y0.data(), y0.size() * 2);
+          launch_qgemm_skinny(t, x.get(), w, c.bias ? bias.get() : nullptr, ys.get(), c.m, c.ldy,
+                              nullptr);
+          KILN_CUDA_CHECK(cudaDeviceSynchronize());
+          const auto sk = ys.host<uint16_t>(y0.size());
+          std::printf("  %-48s skinny: worst %.2f of the bound\n", what.c_str(),
+                      worst_of(sk, what + " (skinny)"));
+          launch_qgemm_skinny(t, x.get(), w, c.bias ? bias.get() : nullptr, ys.get(), c.m, c.ldy,
+                              nullptr);
+          KILN_CUDA_CHECK(cudaDeviceSynchronize());
+          EXPECT_EQ(ys.host<uint16_t>(y0.size()), sk)
+              << what << ": a rerun of the skinny GEMM differs";
+        }
+        const double worst = worst_of(got, what);
+        ASSERT_FALSE(HasFailure()) << what;
         std::printf("  %-48s worst %.2f of the bound\n", what.c_str(), worst);
         launch_qgemm(t, x.get(), w, c.bias ? bias.get() : nullptr, y.get(), c.m, c.ldy, nullptr);
         KILN_CUDA_CHECK(cudaDeviceSynchronize());
@@ -404,13 +427,13 @@ TEST(CudaQuant, FusedPromptGemmMatchesTheDequantizedWeights) {
 // The weight the prompt GEMM decodes is the tile dequantizer's bit for bit: with x the
 // k x k identity every output is one weight times one (the other terms exact zeros), so
 // y[i][j] must be the dequantized w[j][i] exactly, in both dtypes and formats, over
-// several k steps and a partial tile of weight rows.
+// several k steps and a partial tile of weight rows; the skinny GEMM too (k <= 64: m = k).
 TEST(CudaQuant, FusedPromptGemmDecodesTheTileDequantizersWeights) {
   KILN_SKIP_WITHOUT_CUDA();
   std::mt19937_64 rng(43);
   for (DType t : {DType::kBF16, DType::kF16})
     for (QuantFormat f : {QuantFormat::kQ8, QuantFormat::kQ4})
-      for (const int64_t k : {32, 96}) {
+      for (const int64_t k : {32, 64, 96}) {
         const int64_t n = 130;
         std::uniform_real_distribution<float> u(-1.0f, 1.0f);
         std::vector<float> wf(size_t(n * k));
@@ -435,6 +458,15 @@ TEST(CudaQuant, FusedPromptGemmDecodesTheTileDequantizersWeights) {
                   << dtype_name(t) << " " << quant_format_name(f) << " k=" << k << " " << warps
                   << " warps: y[" << i << "][" << j << "]";
         }
+        if (k > kQGemmSkinnyMaxRows) continue;
+        launch_qgemm_skinny(t, x.get(), w, nullptr, y.get(), k, n, nullptr);
+        KILN_CUDA_CHECK(cudaDeviceSynchronize());
+        const auto got = y.host<uint16_t>(size_t(k * n));
+        for (int64_t i = 0; i < k; ++i)
+          for (int64_t j = 0; j < n; ++j)
+            ASSERT_EQ(got[size_t(i * n + j)], wb[size_t(j * k + i)])
+                << dtype_name(t) << " " << quant_format_name(f) << " k=" << k << " skinny: y[" << i
+                << "][" << j << "]";
       }
 }
 
@@ -446,7 +478,7 @@ TEST(CudaQuant, FusedPromptGemmInTheLinear) {
   KILN_SKIP_WITHOUT_CUDA();
   ScopedEnv tiles("KILN_CUDA_QGEMV_CHUNK_ROWS",
                   "0");  // never the chunked GEMV, whatever the environment
-  for (const char* mode : {"fused", "fused8"}) {
+  for (const char* mode : {"fused", "fused8", "skinny"}) {  // skinny: 9 and 64 rows; tiles past
     ScopedEnv env("KILN_CUDA_QGEMM", mode);
     ScopedQGemv layout("");  // the default GEMV, whose kRows layout the fused GEMM reads
     struct S {

@@ -114,6 +114,13 @@ bool qgemm_supports(DType dtype, const QuantWeightView& w);
 // per CTA; which is faster is for cuda_qgemm_bench to say).
 void launch_qgemm(DType dtype, const void* x, const QuantWeightView& w, const void* bias, void* y,
                   int64_t m, int64_t ldy, cudaStream_t s, int warps = 4);
+// The skinny prompt / batch-decode GEMM over a kRows weight (qgemm.cu): the same product and
+// support (qgemm_supports, ldy >= n) for m <= kQGemmSkinnyMaxRows token rows, each
+// weight read once and dequantized in registers into the mma fragments (the tile
+// dequantizer's formula and rounding), x through shared memory; f32 sums, one rounding.
+constexpr int64_t kQGemmSkinnyMaxRows = 64;
+void launch_qgemm_skinny(DType dtype, const void* x, const QuantWeightView& w, const void* bias,
+                         void* y, int64_t m, int64_t ldy, cudaStream_t s);
 // Rows [r0, r0 + rows) of w (either layout), dequantized (w = factor * (scale * q + min),
 // rounded once to `dtype`) into out [rows, k] (256-byte aligned for cuBLASLt). kRows
 // weights: `words` (the default) one thread per 32-bit code word, else the earlier kernel

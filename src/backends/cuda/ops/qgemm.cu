@@ -212,6 +212,164 @@ __global__ void __launch_bounds__(64 * WN) qgemm_kernel(const QmArgs a) {
   }
 }
 
+// ---- The skinny q8/q4 GEMM (launch_qgemm_skinny): up to kQGemmSkinnyMaxRows token rows ----
+// Each warp owns 16 weight rows and all the token rows (NT mma n-tiles of 8), a CTA four
+// warps (64 weight rows) sharing x through shared memory. A k block is 4 code chunks of 16
+// bytes a row (q4: 4 groups, 128 k; q8: 2 groups, 64 k). Lane (g, t) loads chunk t of the
+// block for weight rows g and g + 8 straight from global memory into registers (one block
+// ahead), and dequantizes it there with the tile dequantizer's formula and rounding
+// (T(fma(q, scale·factor, min·factor))), so the A fragments hold the very weights the tile
+// path multiplies. A dot product does not care which k a slot of the mma stands for, so the
+// 4 k slots lane t holds in each m16n8k16 step stand for 4 consecutive values of its own
+// chunk, and the x fragments are read at those k: 16 bytes of token row 8j + g for two steps
+// from the block's x slice in shared memory (cp.async, double-buffered; each chunk's slice
+// padded to 80 / 48 bytes so the 8 lanes of a phase hit 32 distinct banks). The weights are
+// thus read once from memory and decoded once, in registers, with no shared-memory trip
+// (session 51's fused GEMM decoded into shared memory behind a barrier each step and
+// reached a quarter of mma.sync's rate). f32 accumulation; the epilogue adds the bias and
+// rounds once. Meant for batch decode and short prompts (9-64 rows), where the tile path
+// writes every weight as 16 bits per step.
+constexpr int kQsWarps = 4;
+
+template <QuantFormat F>
+struct QsLayout {
+  static constexpr int kChunkVals = QTraits<F>::kPerChunk;  // values of one 16-byte code chunk
+  static constexpr int kP = kChunkVals * 2 + 16;  // a token row's x slice of one chunk (padded)
+  static constexpr int kRow = 4 * kP;             // a token row's x of one k block
+  static constexpr int kSteps = kChunkVals / 4;   // m16n8k16 steps a block
+  static constexpr int kPieces = kChunkVals * 2 / 16;  // 16-byte copies of a slice
+};
+
+// NT: mma n-tiles of 8 token rows (m <= 8 NT).
+template <typename T, QuantFormat F, int NT>
+__global__ void __launch_bounds__(kQsWarps * 32) qgemm_skinny_kernel(const QmArgs a) {
+  using L = QsLayout<F>;
+  using Tr = QTraits<F>;
+  constexpr int kTok = 8 * NT;
+  __shared__ __align__(16) unsigned char xs[2][kTok * L::kRow];
+  const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
+  const int chunks = a.k / L::kChunkVals, blocks = (chunks + 3) / 4, groups = a.k / kQuantGroup;
+  const int row0 = (int(blockIdx.x) * kQsWarps + warp) * 16;
+  // Rows past n read row 0 (valid memory) and are not stored.
+  const int r_lo = row0 + g < a.n ? row0 + g : 0, r_hi = row0 + g + 8 < a.n ? row0 + g + 8 : 0;
+  const size_t row_bytes = size_t(a.k / Tr::kRowDiv);
+  const uint4* c_lo = reinterpret_cast<const uint4*>(a.codes + size_t(r_lo) * row_bytes);
+  const uint4* c_hi = reinterpret_cast<const uint4*>(a.codes + size_t(r_hi) * row_bytes);
+  const float f_lo = __ldg(a.row_factor + r_lo), f_hi = __ldg(a.row_factor + r_hi);
+  const T* x = static_cast<const T*>(a.x);
+
+  // Block b's x slices into stage b & 1 (token rows past m and chunks past k: zeros).
+  auto issue_x = [&](int b) {
+    if (b < blocks) {
+      unsigned char* st = xs[b & 1];
+      for (int p = tid; p < kTok * 4 * L::kPieces; p += kQsWarps * 32) {
+        const int r = p / (4 * L::kPieces), ch = (p / L::kPieces) % 4, i = p % L::kPieces,
+                  c = b * 4 + ch;
+        const bool in = r < a.m && c < chunks;
+        cp_async16(st + r * L::kRow + ch * L::kP + i * 16,
+                   in ? x + int64_t(r) * a.k + int64_t(c) * L::kChunkVals + i * 8 : x, in);
+      }
+    }
+    cp_async_commit();
+  };
+  // Block b's codes and (scale, min) of this lane's chunk for both rows; zeros past k.
+  auto load_codes = [&](int b, uint4& lo, uint4& hi, float(&sc)[4]) {
+    const int c = b * 4 + t;
+    if (b < blocks && c < chunks) {
+      lo = __ldcs(c_lo + c);
+      hi = __ldcs(c_hi + c);
+      load_scale<F>(a.scales, r_lo, groups, c, sc[0], sc[1]);
+      load_scale<F>(a.scales, r_hi, groups, c, sc[2], sc[3]);
+    } else {
+      lo = hi = make_uint4(0, 0, 0, 0);
+      sc[0] = sc[1] = sc[2] = sc[3] = 0.0f;
+    }
+  };
+  // A chunk's values as 16-bit pairs (pr[p]: values 2p, 2p + 1).
+  auto decode = [&](const uint4& cw, float s, float mn, uint32_t(&pr)[L::kChunkVals / 2]) {
+    const uint32_t w[4] = {cw.x, cw.y, cw.z, cw.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float q[Tr::kPerWord];
+      decode_word<F>(w[i], q);
+#pragma unroll
+      for (int e = 0; e < Tr::kPerWord; e += 2)
+        pr[(i * Tr::kPerWord + e) / 2] = qm_pack<T>(fmaf(q[e], s, mn), fmaf(q[e + 1], s, mn));
+    }
+  };
+
+  // Weights and scales are never written by a kernel: requested before the dependent-launch
+  // wait. x comes from the previous kernel.
+  uint4 nlo, nhi;
+  float nsc[4];
+  load_codes(0, nlo, nhi, nsc);
+  pdl_wait();
+  issue_x(0);
+  float acc[NT][4];
+#pragma unroll
+  for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
+
+  for (int b = 0; b < blocks; ++b) {
+    const uint4 lo = nlo, hi = nhi;
+    const float s_lo = nsc[0] * f_lo, m_lo = nsc[1] * f_lo, s_hi = nsc[2] * f_hi,
+                m_hi = nsc[3] * f_hi;
+    load_codes(b + 1, nlo, nhi, nsc);  // in flight during this block
+    issue_x(b + 1);  // into the stage block b - 1 used (free: its closing barrier)
+    uint32_t plo[L::kChunkVals / 2], phi[L::kChunkVals / 2];
+    decode(lo, s_lo, m_lo, plo);
+    decode(hi, s_hi, m_hi, phi);
+    cp_async_wait<1>();  // block b's copies (this thread's) have landed...
+    __syncthreads();     // ...and everyone's
+    const unsigned char* st = xs[b & 1];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      const uint4* xr = reinterpret_cast<const uint4*>(st + (8 * j + g) * L::kRow + t * L::kP);
+#pragma unroll
+      for (int s2 = 0; s2 < L::kSteps / 2; ++s2) {
+        const uint4 xv = xr[s2];  // values 8 s2 .. 8 s2 + 7 of the chunk: steps 2 s2 and 2 s2 + 1
+        const uint32_t a0[4] = {plo[4 * s2], phi[4 * s2], plo[4 * s2 + 1], phi[4 * s2 + 1]};
+        mma16816<T>(acc[j], a0, xv.x, xv.y);
+        const uint32_t a1[4] = {plo[4 * s2 + 2], phi[4 * s2 + 2], plo[4 * s2 + 3], phi[4 * s2 + 3]};
+        mma16816<T>(acc[j], a1, xv.z, xv.w);
+      }
+    }
+    __syncthreads();  // every warp is done with stage b & 1 before block b + 2's copies land in it
+  }
+  cp_async_wait<0>();
+
+  // acc[j]: rows g (0, 1) and g + 8 (2, 3), token rows 8j + 2t (0, 2) and 8j + 2t + 1.
+  T* y = static_cast<T*>(a.y);
+  const T* bias = static_cast<const T*>(a.bias);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = row0 + g + 8 * h;
+    if (row >= a.n) continue;
+    const float bv = bias ? to_f32(bias[row]) : 0.0f;
+#pragma unroll
+    for (int j = 0; j < NT; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int tok = 8 * j + 2 * t + e;
+        if (tok < a.m) y[int64_t(tok) * a.ldy + row] = from_f32<T>(acc[j][2 * h + e] + bv);
+      }
+  }
+}
+
+template <typename T, QuantFormat F>
+void launch_qgemm_skinny_typed(const QmArgs& a, cudaStream_t s) {
+  const dim3 grid(unsigned((a.n + kQsWarps * 16 - 1) / (kQsWarps * 16)));
+  const dim3 block(kQsWarps * 32);
+  if (a.m <= 8)
+    launch_k(qgemm_skinny_kernel<T, F, 1>, grid, block, 0, s, a);
+  else if (a.m <= 16)
+    launch_k(qgemm_skinny_kernel<T, F, 2>, grid, block, 0, s, a);
+  else if (a.m <= 32)
+    launch_k(qgemm_skinny_kernel<T, F, 4>, grid, block, 0, s, a);
+  else
+    launch_k(qgemm_skinny_kernel<T, F, 8>, grid, block, 0, s, a);
+  KILN_CUDA_CHECK_LAUNCH();
+}
+
 template <typename T, QuantFormat F>
 void launch_qgemm_typed(const QmArgs& a, int warps, cudaStream_t s) {
   constexpr int bytes = QmLayout<F>::kBytes;
@@ -232,6 +390,31 @@ bool qgemm_supports(DType dtype, const QuantWeightView& w) {
          w.k > 0 && w.k % kQuantGroup == 0 && w.n % 2 == 0 && w.n <= INT32_MAX &&
          w.k <= INT32_MAX && w.code_stride == (q4 ? w.k / 2 : w.k) &&
          w.scale_stride == w.k / kQuantGroup;
+}
+
+void launch_qgemm_skinny(DType dtype, const void* x, const QuantWeightView& w, const void* bias,
+                         void* y, int64_t m, int64_t ldy, cudaStream_t s) {
+  KILN_THROW_IF(
+      !qgemm_supports(dtype, w) || m < 0 || m > kQGemmSkinnyMaxRows || ldy < w.n || ldy > INT32_MAX,
+      kInternal, "cuda skinny q8/q4 GEMM: ", dtype_name(dtype), " x [", m, ", ", w.k, "] by a [",
+      w.n, ", ", w.k, "] ", w.layout == QuantLayout::kRows ? "kRows" : "kMma",
+      " weight into rows of ", ldy,
+      " (needs bf16/f16, the kRows layout's strides, k % 32 == 0, m <= ", kQGemmSkinnyMaxRows,
+      " and ldy >= n)");
+  if (m == 0 || w.n == 0) return;
+  const QmArgs a{x, w.codes, w.scales, w.row_factor, bias, y, int(m), int(w.n), int(w.k), int(ldy)};
+  const bool q4 = w.format == QuantFormat::kQ4;
+  if (dtype == DType::kBF16) {
+    if (q4)
+      launch_qgemm_skinny_typed<__nv_bfloat16, QuantFormat::kQ4>(a, s);
+    else
+      launch_qgemm_skinny_typed<__nv_bfloat16, QuantFormat::kQ8>(a, s);
+  } else {
+    if (q4)
+      launch_qgemm_skinny_typed<__half, QuantFormat::kQ4>(a, s);
+    else
+      launch_qgemm_skinny_typed<__half, QuantFormat::kQ8>(a, s);
+  }
 }
 
 void launch_qgemm(DType dtype, const void* x, const QuantWeightView& w, const void* bias, void* y,
