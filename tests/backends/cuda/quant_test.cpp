@@ -459,6 +459,8 @@ TEST(CudaQuant, FusedPromptGemmDecodesTheTileDequantizersWeights) {
                   << " warps: y[" << i << "][" << j << "]";
         }
         if (k > kQGemmSkinnyMaxRows) continue;
+        KILN_CUDA_CHECK(
+            cudaMemset(y.get(), 0xFF, size_t(k * n) * 2));  // NaN: an unwritten output fails
         launch_qgemm_skinny(t, x.get(), w, nullptr, y.get(), k, n, nullptr);
         KILN_CUDA_CHECK(cudaDeviceSynchronize());
         const auto got = y.host<uint16_t>(size_t(k * n));
@@ -468,6 +470,48 @@ TEST(CudaQuant, FusedPromptGemmDecodesTheTileDequantizersWeights) {
                 << dtype_name(t) << " " << quant_format_name(f) << " k=" << k << " skinny: y[" << i
                 << "][" << j << "]";
       }
+}
+
+// The skinny GEMM's weights bit for bit over many k blocks: x's 64 rows are unit vectors
+// e_p at positions spread over every block, every chunk of a block (lane t) and the partial
+// last block (k = 4128: 33 q4 blocks of 128, 65 q8 blocks of 64), so y[i][j] must be the
+// dequantized w[j][p_i] exactly; every token-tile count (m = 8, 16, 32, 64), n around the
+// 64-row CTAs, outputs preset to NaN.
+TEST(CudaQuant, SkinnyGemmSelectsTheTileDequantizersWeights) {
+  KILN_SKIP_WITHOUT_CUDA();
+  std::mt19937_64 rng(47);
+  const int64_t k = 4128, n = 70;
+  for (DType t : {DType::kBF16, DType::kF16})
+    for (QuantFormat f : {QuantFormat::kQ8, QuantFormat::kQ4}) {
+      std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+      std::vector<float> wf(size_t(n * k));
+      for (float& v : wf) v = u(rng);
+      const QuantImage img = quant_image(quantize_rows(wf.data(), n, k, f), QuantLayout::kRows);
+      const Dev wdev(img.bytes.data(), img.bytes.size());
+      const QuantWeightView w = img.view_at(wdev.get());
+      const Dev wd(size_t(n * k) * 2);
+      launch_dequant_rows(t, w, 0, n, wd.get(), nullptr);
+      const auto wb = wd.host<uint16_t>(size_t(n * k));
+      const uint16_t zero = t == DType::kBF16 ? f32_to_bf16(0.0f) : f32_to_f16(0.0f);
+      const uint16_t one = t == DType::kBF16 ? f32_to_bf16(1.0f) : f32_to_f16(1.0f);
+      for (const int64_t m : {8, 16, 32, 64}) {
+        std::vector<int64_t> at_k(static_cast<size_t>(m));
+        for (int64_t i = 0; i < m; ++i)
+          at_k[size_t(i)] = i == m - 1 ? k - 1 : (i * 997 + 13 * (i % 4)) % k;
+        std::vector<uint16_t> xb(size_t(m * k), zero);
+        for (int64_t i = 0; i < m; ++i) xb[size_t(i * k + at_k[size_t(i)])] = one;
+        const Dev x(xb.data(), xb.size() * 2), y(size_t(m * n) * 2);
+        KILN_CUDA_CHECK(cudaMemset(y.get(), 0xFF, size_t(m * n) * 2));
+        launch_qgemm_skinny(t, x.get(), w, nullptr, y.get(), m, n, nullptr);
+        KILN_CUDA_CHECK(cudaDeviceSynchronize());
+        const auto got = y.host<uint16_t>(size_t(m * n));
+        for (int64_t i = 0; i < m; ++i)
+          for (int64_t j = 0; j < n; ++j)
+            ASSERT_EQ(got[size_t(i * n + j)], wb[size_t(j * k + at_k[size_t(i)])])
+                << dtype_name(t) << " " << quant_format_name(f) << " m=" << m << ": y[" << i << "]["
+                << j << "], k position " << at_k[size_t(i)];
+      }
+    }
 }
 
 // The fused prompt GEMM inside the Linear op (KILN_CUDA_QGEMM=fused|fused8, read when the op

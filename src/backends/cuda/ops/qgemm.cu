@@ -387,7 +387,7 @@ void launch_qgemm_typed(const QmArgs& a, int warps, cudaStream_t s) {
 bool qgemm_supports(DType dtype, const QuantWeightView& w) {
   const bool q4 = w.format == QuantFormat::kQ4;
   return (dtype == DType::kBF16 || dtype == DType::kF16) && w.layout == QuantLayout::kRows &&
-         w.k > 0 && w.k % kQuantGroup == 0 && w.n % 2 == 0 && w.n <= INT32_MAX &&
+         w.k > 0 && w.k % kQuantGroup == 0 && w.n % 2 == 0 && w.n <= INT32_MAX - 128 &&
          w.k <= INT32_MAX && w.code_stride == (q4 ? w.k / 2 : w.k) &&
          w.scale_stride == w.k / kQuantGroup;
 }
