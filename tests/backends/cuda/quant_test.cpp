@@ -448,27 +448,24 @@ TEST(CudaQuant, FusedPromptGemmDecodesTheTileDequantizersWeights) {
         const Dev x(eye.data(), eye.size() * 2), y(size_t(k * n) * 2), wd(size_t(n * k) * 2);
         launch_dequant_rows(t, w, 0, n, wd.get(), nullptr);
         const auto wb = wd.host<uint16_t>(size_t(n * k));
-        for (int warps : {4, 8}) {
-          launch_qgemm(t, x.get(), w, nullptr, y.get(), k, n, nullptr, warps);
+        // CTAs of 4 and 8 warps, then (0) the skinny GEMM where k = m fits it.
+        for (int warps : {4, 8, 0}) {
+          if (warps == 0 && k > kQGemmSkinnyMaxRows) continue;
+          KILN_CUDA_CHECK(
+              cudaMemset(y.get(), 0xFF, size_t(k * n) * 2));  // NaN: an unwritten output fails
+          if (warps == 0)
+            launch_qgemm_skinny(t, x.get(), w, nullptr, y.get(), k, n, nullptr);
+          else
+            launch_qgemm(t, x.get(), w, nullptr, y.get(), k, n, nullptr, warps);
           KILN_CUDA_CHECK(cudaDeviceSynchronize());
           const auto got = y.host<uint16_t>(size_t(k * n));
           for (int64_t i = 0; i < k; ++i)
             for (int64_t j = 0; j < n; ++j)
               ASSERT_EQ(got[size_t(i * n + j)], wb[size_t(j * k + i)])
-                  << dtype_name(t) << " " << quant_format_name(f) << " k=" << k << " " << warps
-                  << " warps: y[" << i << "][" << j << "]";
+                  << dtype_name(t) << " " << quant_format_name(f) << " k=" << k << " "
+                  << (warps ? str_cat(warps, " warps") : std::string("skinny")) << ": y[" << i
+                  << "][" << j << "]";
         }
-        if (k > kQGemmSkinnyMaxRows) continue;
-        KILN_CUDA_CHECK(
-            cudaMemset(y.get(), 0xFF, size_t(k * n) * 2));  // NaN: an unwritten output fails
-        launch_qgemm_skinny(t, x.get(), w, nullptr, y.get(), k, n, nullptr);
-        KILN_CUDA_CHECK(cudaDeviceSynchronize());
-        const auto got = y.host<uint16_t>(size_t(k * n));
-        for (int64_t i = 0; i < k; ++i)
-          for (int64_t j = 0; j < n; ++j)
-            ASSERT_EQ(got[size_t(i * n + j)], wb[size_t(j * k + i)])
-                << dtype_name(t) << " " << quant_format_name(f) << " k=" << k << " skinny: y[" << i
-                << "][" << j << "]";
       }
 }
 
