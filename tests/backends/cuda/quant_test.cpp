@@ -57,6 +57,27 @@ struct QuantCase {
   std::vector<StepCase> steps;
 };
 
+// A random [n, k] weight (values uniform in [-scale, scale]) quantized to f in the kRows
+// layout, on the device.
+struct DeviceQuantWeight {
+  QuantImage img;
+  Dev dev;
+  QuantWeightView w;
+  DeviceQuantWeight(int64_t n, int64_t k, QuantFormat f, std::mt19937_64& rng, float scale = 1.0f)
+      : img(random_image(n, k, f, rng, scale)),
+        dev(img.bytes.data(), img.bytes.size()),
+        w(img.view_at(dev.get())) {}
+
+ private:
+  static QuantImage random_image(int64_t n, int64_t k, QuantFormat f, std::mt19937_64& rng,
+                                 float scale) {
+    std::uniform_real_distribution<float> u(-scale, scale);
+    std::vector<float> wf(size_t(n * k));
+    for (float& v : wf) v = u(rng);
+    return quant_image(quantize_rows(wf.data(), n, k, f), QuantLayout::kRows);
+  }
+};
+
 // One Linear node [n, k] with the given attributes, run at each token count of `ts`.
 QuantCase linear_case(int64_t n, int64_t k, bool bias, std::map<std::string, ir::Attr> attrs,
                       const std::vector<int64_t>& ts, const std::string& act_dtype, uint64_t seed) {
@@ -162,15 +183,8 @@ TEST(CudaQuant, DequantKernelsGiveTheSameBits) {
     for (const QuantFormat f : {QuantFormat::kQ4, QuantFormat::kQ8})
       for (const S s : {S{300, 4128, 37, 250}, S{70000, 64, 0, 70000}, S{70000, 96, 3, 65537}}) {
         std::mt19937_64 rng(uint64_t(s.n + s.k));
-        std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-        std::vector<float> wf(size_t(s.n * s.k));
-        for (float& v : wf) v = u(rng);
-        const QuantImage img =
-            quant_image(quantize_rows(wf.data(), s.n, s.k, f), QuantLayout::kRows);
-        DeviceBuffer wq(img.bytes.size());
-        KILN_CUDA_CHECK(
-            cudaMemcpy(wq.get(), img.bytes.data(), img.bytes.size(), cudaMemcpyHostToDevice));
-        const QuantWeightView w = img.view_at(wq.get());
+        const DeviceQuantWeight dw(s.n, s.k, f, rng);
+        const QuantWeightView& w = dw.w;
         const size_t bytes = size_t(s.rows * s.k) * dtype_size(t);
         DeviceBuffer a(bytes), b(bytes);
         launch_dequant_rows(t, w, s.r0, s.rows, a.get(), nullptr, true);
@@ -333,12 +347,8 @@ TEST(CudaQuant, FusedPromptGemmMatchesTheDequantizedWeights) {
             str_cat(dtype_name(t), " ", quant_format_name(f), " m=", c.m, " n=", c.n, " k=", c.k,
                     " ldy=", c.ldy, c.bias ? " +bias" : "");
         std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-        std::vector<float> wf(size_t(c.n * c.k));
-        for (float& v : wf) v = 0.1f * u(rng);
-        const QuantImage img =
-            quant_image(quantize_rows(wf.data(), c.n, c.k, f), QuantLayout::kRows);
-        const Dev wdev(img.bytes.data(), img.bytes.size());
-        const QuantWeightView w = img.view_at(wdev.get());
+        const DeviceQuantWeight dw(c.n, c.k, f, rng, 0.1f);
+        const QuantWeightView& w = dw.w;
         ASSERT_TRUE(qgemm_supports(t, w)) << what;
         std::vector<uint16_t> xb(size_t(c.m * c.k)), bb(size_t(c.n)),
             y0(size_t(c.m * c.ldy), bits_of(t, 7.0f));
@@ -435,12 +445,8 @@ TEST(CudaQuant, FusedPromptGemmDecodesTheTileDequantizersWeights) {
     for (QuantFormat f : {QuantFormat::kQ8, QuantFormat::kQ4})
       for (const int64_t k : {32, 64, 96}) {
         const int64_t n = 130;
-        std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-        std::vector<float> wf(size_t(n * k));
-        for (float& v : wf) v = u(rng);
-        const QuantImage img = quant_image(quantize_rows(wf.data(), n, k, f), QuantLayout::kRows);
-        const Dev wdev(img.bytes.data(), img.bytes.size());
-        const QuantWeightView w = img.view_at(wdev.get());
+        const DeviceQuantWeight dw(n, k, f, rng);
+        const QuantWeightView& w = dw.w;
         std::vector<uint16_t> eye(size_t(k * k),
                                   t == DType::kBF16 ? f32_to_bf16(0.0f) : f32_to_f16(0.0f));
         for (int64_t i = 0; i < k; ++i)
@@ -480,12 +486,8 @@ TEST(CudaQuant, SkinnyGemmSelectsTheTileDequantizersWeights) {
   const int64_t k = 4128, n = 70;
   for (DType t : {DType::kBF16, DType::kF16})
     for (QuantFormat f : {QuantFormat::kQ8, QuantFormat::kQ4}) {
-      std::uniform_real_distribution<float> u(-1.0f, 1.0f);
-      std::vector<float> wf(size_t(n * k));
-      for (float& v : wf) v = u(rng);
-      const QuantImage img = quant_image(quantize_rows(wf.data(), n, k, f), QuantLayout::kRows);
-      const Dev wdev(img.bytes.data(), img.bytes.size());
-      const QuantWeightView w = img.view_at(wdev.get());
+      const DeviceQuantWeight dw(n, k, f, rng);
+      const QuantWeightView& w = dw.w;
       const Dev wd(size_t(n * k) * 2);
       launch_dequant_rows(t, w, 0, n, wd.get(), nullptr);
       const auto wb = wd.host<uint16_t>(size_t(n * k));
