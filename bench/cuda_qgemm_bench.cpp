@@ -124,8 +124,14 @@ int main(int argc, char** argv) {
         if (chunked > 0.0f) std::snprintf(chunked_us, sizeof chunked_us, "%.1f", chunked * 1e3);
         char skinny_us[48] = "-";
         if (m <= kQGemmSkinnyMaxRows) {
+          const int splits = qgemm_skinny_splits(sh.n, sh.k, f, sms);
+          DeviceBuffer part(size_t(splits * m * sh.n) * sizeof(float));
           const float sk = bench::graph_ms(
-              [&] { launch_qgemm_skinny(t, x.get(), w, nullptr, y.get(), m, sh.n, s); }, s, 5, 10);
+              [&] {
+                launch_qgemm_skinny(t, x.get(), w, nullptr, y.get(), m, sh.n, s, splits, part.get(),
+                                    part.size());
+              },
+              s, 5, 10);
           std::snprintf(skinny_us, sizeof skinny_us, "%.1f (%.0f)", sk * 1e3,
                         double(w.bytes()) / (sk * 1e-3) / 1e9);
         }

@@ -500,6 +500,14 @@ OpRun prepare_linear_quant(const ir::Node& n, const ir::Graph& g, PrepareContext
   const bool qgemm_ok = qgemm_supports(pc.act, w);
   const int fused = qgemm_ok ? mode.fused_warps : 0;
   const bool skinny = qgemm_ok && mode.skinny;
+  // Its split-K (KILN_CUDA_QGEMM_SKINNY_SPLITS, 0: qgemm_skinny_splits' rule), the partial
+  // sums in the dequantization workspace.
+  const int skinny_splits =
+      skinny ? int(env_count("KILN_CUDA_QGEMM_SKINNY_SPLITS", 0, 0, kQGemmSkinnyMaxSplits,
+                             "k splits of the skinny q8/q4 GEMM (0: by its rule)"))
+             : 1;
+  const int splits =
+      skinny_splits ? skinny_splits : qgemm_skinny_splits(nn, k, w.format, pc.cx->num_sms);
   // The chunked GEMV (qgemv_chunk_rows): both settings read (and checked) for every weight.
   const int64_t chunk_rows_env = env_count(
       "KILN_CUDA_QGEMV_CHUNK_ROWS", kQGemvChunkRowsDefault, 0, int64_t(1) << 20,
@@ -519,7 +527,11 @@ OpRun prepare_linear_quant(const ir::Node& n, const ir::Graph& g, PrepareContext
   const int64_t max_tile_rows = dequant_tile_rows(nn, k, es, kDequantWideFromRows, sms, wide);
   KILN_CHECK(pc.dequant_ws, "cuda: no dequantization workspace");
   // Nothing runs yet: no stream to drain.
-  if (!fused) pc.dequant_ws->grow(size_t(max_tile_rows * k) * es, nullptr);
+  if (!fused)
+    pc.dequant_ws->grow(
+        std::max(size_t(max_tile_rows * k) * es,
+                 skinny ? size_t(splits * kQGemmSkinnyMaxRows * nn) * sizeof(float) : 0),
+        nullptr);
   DeviceBuffer* ws = pc.dequant_ws;
   const std::string name = n.name;
   // Norm and residual (pass fuse_norm_linear, for a Linear pinned to q8/q4): the norm
@@ -552,7 +564,8 @@ OpRun prepare_linear_quant(const ir::Node& n, const ir::Graph& g, PrepareContext
                           std::min(per, t - r0), out_n, s, epi.gemv, qk, false);
     } else if (fused || skinny_now) {
       if (skinny_now)
-        launch_qgemm_skinny(y.dtype, xin, w, bias, swiglu ? scr.gu : y.data, t, nn, s);
+        launch_qgemm_skinny(y.dtype, xin, w, bias, swiglu ? scr.gu : y.data, t, nn, s, splits,
+                            ws->get(), ws->size());
       else
         launch_qgemm(y.dtype, xin, w, bias, swiglu ? scr.gu : y.data, t, nn, s, fused);
       if (swiglu)

@@ -158,6 +158,18 @@ TEST(CudaQuant, GemmTilesAndResidentSize) {
       }
 }
 
+// The skinny GEMM's split-K rule alone (no GPU): split until the CTAs (64 weight rows each)
+// fill two a SM, keeping at least 8 k blocks (q4: 128 values, q8: 64) a split.
+TEST(CudaQuant, SkinnyGemmSplitsSmallGrids) {
+  EXPECT_EQ(qgemm_skinny_splits(28672, 4096, QuantFormat::kQ4, 132), 1);  // 448 CTAs
+  EXPECT_EQ(qgemm_skinny_splits(4096, 4096, QuantFormat::kQ4, 132), 4);   // 64 CTAs, 32 blocks
+  EXPECT_EQ(qgemm_skinny_splits(4096, 14336, QuantFormat::kQ4, 132), 8);  // 64 CTAs, 112 blocks
+  EXPECT_EQ(qgemm_skinny_splits(6144, 4096, QuantFormat::kQ4, 132), 4);   // 96 CTAs: 192 < 264
+  EXPECT_EQ(qgemm_skinny_splits(2048, 5632, QuantFormat::kQ8, 132), 8);   // 32 CTAs, 88 blocks
+  EXPECT_EQ(qgemm_skinny_splits(130, 256, QuantFormat::kQ4, 132), 1);     // 2 blocks
+  EXPECT_EQ(qgemm_skinny_splits(4096, 4096, QuantFormat::kQ4, 0), 1);
+}
+
 // The chunked GEMV's rule alone (no GPU): the row count where the weight is large enough
 // and the kernel takes 8 rows, else 0 (tiles); the defaults on the measured shapes.
 TEST(CudaQuant, ChunkedGemvOnlyForLargeWeights) {
@@ -393,19 +405,23 @@ TEST(CudaQuant, FusedPromptGemmMatchesTheDequantizedWeights) {
             }
           return worst;
         };
-        if (c.m <= kQGemmSkinnyMaxRows) {
-          const Dev ys(y0.data(), y0.size() * 2);
+        // The skinny GEMM in one k split and in its rule's splits for 132 SMs (partial sums
+        // in a workspace), each rerun.
+        const int rule = qgemm_skinny_splits(c.n, c.k, f, 132);
+        for (const int splits : {1, rule, kQGemmSkinnyMaxSplits}) {
+          if (c.m > kQGemmSkinnyMaxRows) break;
+          const size_t ws_bytes = size_t(splits * c.m * c.n) * sizeof(float);
+          const Dev ys(y0.data(), y0.size() * 2), ws(ws_bytes);
+          const std::string which = str_cat(what, " (skinny, ", splits, " splits)");
           launch_qgemm_skinny(t, x.get(), w, c.bias ? bias.get() : nullptr, ys.get(), c.m, c.ldy,
-                              nullptr);
+                              nullptr, splits, ws.get(), ws_bytes);
           KILN_CUDA_CHECK(cudaDeviceSynchronize());
           const auto sk = ys.host<uint16_t>(y0.size());
-          std::printf("  %-48s skinny: worst %.2f of the bound\n", what.c_str(),
-                      worst_of(sk, what + " (skinny)"));
+          std::printf("  %-48s worst %.2f of the bound\n", which.c_str(), worst_of(sk, which));
           launch_qgemm_skinny(t, x.get(), w, c.bias ? bias.get() : nullptr, ys.get(), c.m, c.ldy,
-                              nullptr);
+                              nullptr, splits, ws.get(), ws_bytes);
           KILN_CUDA_CHECK(cudaDeviceSynchronize());
-          EXPECT_EQ(ys.host<uint16_t>(y0.size()), sk)
-              << what << ": a rerun of the skinny GEMM differs";
+          EXPECT_EQ(ys.host<uint16_t>(y0.size()), sk) << which << ": a rerun differs";
         }
         const double worst = worst_of(got, what);
         ASSERT_FALSE(HasFailure()) << what;
@@ -499,16 +515,20 @@ TEST(CudaQuant, SkinnyGemmSelectsTheTileDequantizersWeights) {
           at_k[size_t(i)] = i == m - 1 ? k - 1 : (i * 997 + 13 * (i % 4)) % k;
         std::vector<uint16_t> xb(size_t(m * k), zero);
         for (int64_t i = 0; i < m; ++i) xb[size_t(i * k + at_k[size_t(i)])] = one;
-        const Dev x(xb.data(), xb.size() * 2), y(size_t(m * n) * 2);
-        KILN_CUDA_CHECK(cudaMemset(y.get(), 0xFF, size_t(m * n) * 2));
-        launch_qgemm_skinny(t, x.get(), w, nullptr, y.get(), m, n, nullptr);
-        KILN_CUDA_CHECK(cudaDeviceSynchronize());
-        const auto got = y.host<uint16_t>(size_t(m * n));
-        for (int64_t i = 0; i < m; ++i)
-          for (int64_t j = 0; j < n; ++j)
-            ASSERT_EQ(got[size_t(i * n + j)], wb[size_t(j * k + at_k[size_t(i)])])
-                << dtype_name(t) << " " << quant_format_name(f) << " m=" << m << ": y[" << i << "]["
-                << j << "], k position " << at_k[size_t(i)];
+        const size_t ws_bytes = size_t(kQGemmSkinnyMaxSplits * m * n) * sizeof(float);
+        const Dev x(xb.data(), xb.size() * 2), y(size_t(m * n) * 2), ws(ws_bytes);
+        for (const int splits : {1, 3, kQGemmSkinnyMaxSplits}) {  // k split or not: exact sums
+          KILN_CUDA_CHECK(cudaMemset(y.get(), 0xFF, size_t(m * n) * 2));
+          launch_qgemm_skinny(t, x.get(), w, nullptr, y.get(), m, n, nullptr, splits, ws.get(),
+                              ws_bytes);
+          KILN_CUDA_CHECK(cudaDeviceSynchronize());
+          const auto got = y.host<uint16_t>(size_t(m * n));
+          for (int64_t i = 0; i < m; ++i)
+            for (int64_t j = 0; j < n; ++j)
+              ASSERT_EQ(got[size_t(i * n + j)], wb[size_t(j * k + at_k[size_t(i)])])
+                  << dtype_name(t) << " " << quant_format_name(f) << " m=" << m << " splits "
+                  << splits << ": y[" << i << "][" << j << "], k position " << at_k[size_t(i)];
+        }
       }
     }
 }

@@ -118,9 +118,17 @@ void launch_qgemm(DType dtype, const void* x, const QuantWeightView& w, const vo
 // support (qgemm_supports, ldy >= n) for m <= kQGemmSkinnyMaxRows token rows, each
 // weight read once and dequantized in registers into the mma fragments (the tile
 // dequantizer's formula and rounding), x through shared memory; f32 sums, one rounding.
+// Split-K over `splits` (1..kQGemmSkinnyMaxSplits) slices of whole k blocks (q4: 128 k,
+// q8: 64), each CTA's f32 partial sums in ws (splits x m x n floats; with less, one split)
+// added in split order by a second kernel with the bias: the same bits on every run.
+// qgemm_skinny_splits: the rule's count for an [n, k] weight on `sms` SMs (until the CTAs
+// fill two a SM, keeping at least 8 k blocks a split).
 constexpr int64_t kQGemmSkinnyMaxRows = 64;
+constexpr int kQGemmSkinnyMaxSplits = 8;
+int qgemm_skinny_splits(int64_t n, int64_t k, QuantFormat f, int sms);
 void launch_qgemm_skinny(DType dtype, const void* x, const QuantWeightView& w, const void* bias,
-                         void* y, int64_t m, int64_t ldy, cudaStream_t s);
+                         void* y, int64_t m, int64_t ldy, cudaStream_t s, int splits = 1,
+                         void* ws = nullptr, size_t ws_bytes = 0);
 // Rows [r0, r0 + rows) of w (either layout), dequantized (w = factor * (scale * q + min),
 // rounded once to `dtype`) into out [rows, k] (256-byte aligned for cuBLASLt). kRows
 // weights: `words` (the default) one thread per 32-bit code word, else the earlier kernel

@@ -240,15 +240,23 @@ struct QsLayout {
   static constexpr int kPieces = kChunkVals * 2 / 16;  // 16-byte copies of a slice
 };
 
+// Split-K: CTA (x, y) takes k blocks [y·bps, (y + 1)·bps) and, with more than one split,
+// stores its f32 partial sums to part[y][m][n] for qgemm_skinny_sum_kernel (bias, rounding).
+struct QsArgs : QmArgs {
+  float* part;
+  int splits, bps;  // bps: k blocks a split
+};
+
 // NT: mma n-tiles of 8 token rows (m <= 8 NT).
 template <typename T, QuantFormat F, int NT>
-__global__ void __launch_bounds__(kQsWarps * 32) qgemm_skinny_kernel(const QmArgs a) {
+__global__ void __launch_bounds__(kQsWarps * 32) qgemm_skinny_kernel(const QsArgs a) {
   using L = QsLayout<F>;
   using Tr = QTraits<F>;
   constexpr int kTok = 8 * NT;
   __shared__ __align__(16) unsigned char xs[2][kTok * L::kRow];
   const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, g = lane >> 2, t = lane & 3;
-  const int chunks = a.k / L::kChunkVals, blocks = (chunks + 3) / 4, groups = a.k / kQuantGroup;
+  const int chunks = a.k / L::kChunkVals, groups = a.k / kQuantGroup;
+  const int split = int(blockIdx.y), b0 = split * a.bps, blocks = min((chunks + 3) / 4, b0 + a.bps);
   const int row0 = (int(blockIdx.x) * kQsWarps + warp) * 16;
   // Rows past n read row 0 (valid memory) and are not stored.
   const int r_lo = row0 + g < a.n ? row0 + g : 0, r_hi = row0 + g + 8 < a.n ? row0 + g + 8 : 0;
@@ -302,14 +310,14 @@ __global__ void __launch_bounds__(kQsWarps * 32) qgemm_skinny_kernel(const QmArg
   // wait. x comes from the previous kernel.
   uint4 nlo, nhi;
   float nsc[4];
-  load_codes(0, nlo, nhi, nsc);
+  load_codes(b0, nlo, nhi, nsc);
   pdl_wait();
-  issue_x(0);
+  issue_x(b0);
   float acc[NT][4];
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 
-  for (int b = 0; b < blocks; ++b) {
+  for (int b = b0; b < blocks; ++b) {
     const uint4 lo = nlo, hi = nhi;
     const float s_lo = nsc[0] * f_lo, m_lo = nsc[1] * f_lo, s_hi = nsc[2] * f_hi,
                 m_hi = nsc[3] * f_hi;
@@ -340,24 +348,43 @@ __global__ void __launch_bounds__(kQsWarps * 32) qgemm_skinny_kernel(const QmArg
   // acc[j]: rows g (0, 1) and g + 8 (2, 3), token rows 8j + 2t (0, 2) and 8j + 2t + 1.
   T* y = static_cast<T*>(a.y);
   const T* bias = static_cast<const T*>(a.bias);
+  float* part = a.splits > 1 ? a.part + int64_t(split) * a.m * a.n : nullptr;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = row0 + g + 8 * h;
     if (row >= a.n) continue;
-    const float bv = bias ? to_f32(bias[row]) : 0.0f;
+    const float bv = bias && !part ? to_f32(bias[row]) : 0.0f;
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
         const int tok = 8 * j + 2 * t + e;
-        if (tok < a.m) y[int64_t(tok) * a.ldy + row] = from_f32<T>(acc[j][2 * h + e] + bv);
+        if (tok >= a.m) continue;
+        if (part)
+          part[int64_t(tok) * a.n + row] = acc[j][2 * h + e];
+        else
+          y[int64_t(tok) * a.ldy + row] = from_f32<T>(acc[j][2 * h + e] + bv);
       }
   }
 }
 
+// The splits' partial sums added in split order (the same bits on every run), plus the
+// bias, rounded once.
+template <typename T>
+__global__ void qgemm_skinny_sum_kernel(const QsArgs a) {
+  pdl_wait();
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= int64_t(a.m) * a.n) return;
+  const int64_t tok = i / a.n, row = i % a.n;
+  float v = 0.0f;
+  for (int p = 0; p < a.splits; ++p) v += a.part[int64_t(p) * a.m * a.n + i];
+  if (a.bias) v += to_f32(static_cast<const T*>(a.bias)[row]);
+  static_cast<T*>(a.y)[tok * a.ldy + row] = from_f32<T>(v);
+}
+
 template <typename T, QuantFormat F>
-void launch_qgemm_skinny_typed(const QmArgs& a, cudaStream_t s) {
-  const dim3 grid(unsigned((a.n + kQsWarps * 16 - 1) / (kQsWarps * 16)));
+void launch_qgemm_skinny_typed(const QsArgs& a, cudaStream_t s) {
+  const dim3 grid(unsigned((a.n + kQsWarps * 16 - 1) / (kQsWarps * 16)), unsigned(a.splits));
   const dim3 block(kQsWarps * 32);
   if (a.m <= 8)
     launch_k(qgemm_skinny_kernel<T, F, 1>, grid, block, 0, s, a);
@@ -368,6 +395,11 @@ void launch_qgemm_skinny_typed(const QmArgs& a, cudaStream_t s) {
   else
     launch_k(qgemm_skinny_kernel<T, F, 8>, grid, block, 0, s, a);
   KILN_CUDA_CHECK_LAUNCH();
+  if (a.splits > 1) {
+    const int64_t outs = int64_t(a.m) * a.n;
+    launch_k(qgemm_skinny_sum_kernel<T>, dim3(unsigned((outs + 255) / 256)), dim3(256), 0, s, a);
+    KILN_CUDA_CHECK_LAUNCH();
+  }
 }
 
 template <typename T, QuantFormat F>
@@ -392,8 +424,26 @@ bool qgemm_supports(DType dtype, const QuantWeightView& w) {
          w.scale_stride == w.k / kQuantGroup;
 }
 
+namespace {
+
+// k blocks of 4 code chunks (q4: 128 values, q8: 64).
+int64_t skinny_blocks(int64_t k, QuantFormat f) {
+  return (k / QTraits<QuantFormat::kQ8>::kPerChunk / (f == QuantFormat::kQ4 ? 2 : 1) + 3) / 4;
+}
+
+}  // namespace
+
+int qgemm_skinny_splits(int64_t n, int64_t k, QuantFormat f, int sms) {
+  const int64_t ctas = (n + kQsWarps * 16 - 1) / (kQsWarps * 16), blocks = skinny_blocks(k, f);
+  int s = 1;
+  while (s < kQGemmSkinnyMaxSplits && ctas * s < 2 * int64_t(sms) && blocks >= int64_t(16) * s)
+    s *= 2;
+  return s;
+}
+
 void launch_qgemm_skinny(DType dtype, const void* x, const QuantWeightView& w, const void* bias,
-                         void* y, int64_t m, int64_t ldy, cudaStream_t s) {
+                         void* y, int64_t m, int64_t ldy, cudaStream_t s, int splits, void* ws,
+                         size_t ws_bytes) {
   KILN_THROW_IF(
       !qgemm_supports(dtype, w) || m < 0 || m > kQGemmSkinnyMaxRows || ldy < w.n || ldy > INT32_MAX,
       kInternal, "cuda skinny q8/q4 GEMM: ", dtype_name(dtype), " x [", m, ", ", w.k, "] by a [",
@@ -401,8 +451,20 @@ void launch_qgemm_skinny(DType dtype, const void* x, const QuantWeightView& w, c
       " weight into rows of ", ldy,
       " (needs bf16/f16, the kRows layout's strides, k % 32 == 0, m <= ", kQGemmSkinnyMaxRows,
       " and ldy >= n)");
+  KILN_THROW_IF(splits < 1 || splits > kQGemmSkinnyMaxSplits, kInternal,
+                "cuda skinny q8/q4 GEMM: ", splits, " splits (1..", kQGemmSkinnyMaxSplits, ")");
   if (m == 0 || w.n == 0) return;
-  const QmArgs a{x, w.codes, w.scales, w.row_factor, bias, y, int(m), int(w.n), int(w.k), int(ldy)};
+  // Even splits of whole k blocks, none empty; one where the workspace is short.
+  const int64_t blocks = skinny_blocks(w.k, w.format);
+  int64_t bps = (blocks + splits - 1) / splits, used = (blocks + bps - 1) / bps;
+  if (used > 1 && (!ws || ws_bytes < size_t(used * m * w.n) * sizeof(float)))
+    used = 1, bps = blocks;
+  QsArgs a;
+  static_cast<QmArgs&>(a) =
+      QmArgs{x, w.codes, w.scales, w.row_factor, bias, y, int(m), int(w.n), int(w.k), int(ldy)};
+  a.part = static_cast<float*>(ws);
+  a.splits = int(used);
+  a.bps = int(bps);
   const bool q4 = w.format == QuantFormat::kQ4;
   if (dtype == DType::kBF16) {
     if (q4)
