@@ -32,6 +32,27 @@ inline bool env_switch_off_value(const char* name, const char* value, const char
               "' (expected 0, the default: ", off_means, ", or 1: ", on_means, ")");
 }
 
+// A three-way setting: unset, empty or "auto" (the default), "1" or "0".
+enum class EnvAuto : uint8_t { kAuto, kOn, kOff };
+
+// `value` of three-way setting `name`; anything else throws kInvalidArgument naming the
+// variable, the value and what each setting does.
+inline EnvAuto env_auto_value(const char* name, const char* value, const char* auto_means,
+                              const char* on_means, const char* off_means) {
+  if (!value || !*value || std::strcmp(value, "auto") == 0) return EnvAuto::kAuto;
+  if (std::strcmp(value, "1") == 0) return EnvAuto::kOn;
+  if (std::strcmp(value, "0") == 0) return EnvAuto::kOff;
+  throw_error(ErrorCode::kInvalidArgument, name, "='", value,
+              "' (expected auto, the default: ", auto_means, "; 1: ", on_means, "; 0: ", off_means,
+              ")");
+}
+
+// The three-way setting as the environment sets it now.
+inline EnvAuto env_auto(const char* name, const char* auto_means, const char* on_means,
+                        const char* off_means) {
+  return env_auto_value(name, std::getenv(name), auto_means, on_means, off_means);
+}
+
 // `value` of count `name` in [lo, hi]: unset or empty is `def`; anything else that is not
 // a decimal integer in the range throws kInvalidArgument naming the variable, the value,
 // the range and what the count means.

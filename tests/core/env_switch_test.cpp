@@ -44,6 +44,19 @@ TEST(EnvSwitch, DefaultOffSwitch) {
       << e;
 }
 
+TEST(EnvSwitch, AutoSetting) {
+  EXPECT_EQ(env_auto_value("KILN_X", nullptr, "a", "on", "off"), EnvAuto::kAuto);
+  EXPECT_EQ(env_auto_value("KILN_X", "", "a", "on", "off"), EnvAuto::kAuto);
+  EXPECT_EQ(env_auto_value("KILN_X", "auto", "a", "on", "off"), EnvAuto::kAuto);
+  EXPECT_EQ(env_auto_value("KILN_X", "1", "a", "on", "off"), EnvAuto::kOn);
+  EXPECT_EQ(env_auto_value("KILN_X", "0", "a", "on", "off"), EnvAuto::kOff);
+  const std::string e =
+      error_of([] { return env_auto_value("KILN_X", "2", "by size", "always", "never"); });
+  EXPECT_NE(e.find("KILN_X='2'"), std::string::npos) << e;
+  EXPECT_NE(e.find("expected auto, the default: by size; 1: always; 0: never"), std::string::npos)
+      << e;
+}
+
 TEST(EnvSwitch, Count) {
   EXPECT_EQ(env_count_value("KILN_N", nullptr, 32, 0, 64, "rows"), 32);
   EXPECT_EQ(env_count_value("KILN_N", "", 32, 0, 64, "rows"), 32);

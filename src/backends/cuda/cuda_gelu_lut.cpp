@@ -2,10 +2,9 @@
 #include "backends/cuda/cuda_gelu_lut.h"
 
 #include <atomic>
-#include <cstdlib>
-#include <cstring>
 
 #include "backends/cuda/ops/elementwise_int8.h"
+#include "core/env_switch.h"
 #include "core/status.h"
 
 namespace kiln::cuda {
@@ -45,13 +44,16 @@ const void* lut_table(CudaContext& cx, UnaryOp op, DType t, std::optional<float>
 }  // namespace
 
 GeluLutMode gelu_lut_mode() {
-  const char* v = std::getenv("KILN_CUDA_GELU_LUT");
-  if (!v || !*v || std::strcmp(v, "auto") == 0) return GeluLutMode::kCodes;
-  if (std::strcmp(v, "0") == 0) return GeluLutMode::kOff;
-  if (std::strcmp(v, "1") == 0) return GeluLutMode::kAll;
-  throw_error(ErrorCode::kInvalidArgument, "KILN_CUDA_GELU_LUT='", v,
-              "' (expected auto, the default: the erf GELU passes that write int8 codes look them up in "
-              "tables; 1: every erf GELU pass does; or 0: they all compute)");
+  switch (env_auto("KILN_CUDA_GELU_LUT",
+                   "the erf GELU passes that write int8 codes look them up in tables",
+                   "every erf GELU pass does", "they all compute")) {
+    case EnvAuto::kOn:
+      return GeluLutMode::kAll;
+    case EnvAuto::kOff:
+      return GeluLutMode::kOff;
+    default:
+      return GeluLutMode::kCodes;
+  }
 }
 
 std::optional<UnaryLut> gelu_lut(CudaContext& cx, UnaryOp op, DType t, GeluPass pass, std::optional<float> inv) {

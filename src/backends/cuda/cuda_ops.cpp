@@ -271,17 +271,14 @@ LinearEpilogue linear_epilogue(const ir::Node& n) {
 // faster with q|k|v GEMVs of 3.3-6.7 MB (TinyLlama and Llama-3.2-1B, q4 and q8), 0.98x with
 // the 15.8 MB of Llama-3.1-8B q4, whose stream needs the 24 warps.
 constexpr size_t kBesideAttnMaxBytes = size_t(8) << 20;
-enum class BesideAttn : uint8_t { kOff, kAuto, kOn };
 
-// KILN_CUDA_QGEMV_BESIDE_ATTN: unset, empty or "auto" (by size), "0" or "1".
-BesideAttn beside_attn_from_env() {
-  const char* e = std::getenv("KILN_CUDA_QGEMV_BESIDE_ATTN");
-  if (!e || !*e || std::strcmp(e, "auto") == 0) return BesideAttn::kAuto;
-  if (std::strcmp(e, "0") == 0) return BesideAttn::kOff;
-  if (std::strcmp(e, "1") == 0) return BesideAttn::kOn;
-  throw_error(ErrorCode::kInvalidArgument, "KILN_CUDA_QGEMV_BESIDE_ATTN='", e,
-              "' (expected auto, the default: a one-row q8/q4 GEMV read only by the decode attention "
-              "runs 16 warps beside it where its weights are at most 8 MiB; 1: at every size; 0: never)");
+// KILN_CUDA_QGEMV_BESIDE_ATTN: unset, empty or "auto" (by size), "1" or "0".
+EnvAuto beside_attn_from_env() {
+  return env_auto(
+      "KILN_CUDA_QGEMV_BESIDE_ATTN",
+      "a one-row q8/q4 GEMV read only by the decode attention runs 16 warps beside it where its "
+      "weights are at most 8 MiB",
+      "at every size", "never");
 }
 
 // A Linear's norm prologue and residual epilogue (pass fuse_norm_linear). In the 16-bit
@@ -305,13 +302,13 @@ struct LinearFusion {
   // 16-bit GEMV releases its dependent launch at its start (GemvFusion::trigger_early).
   // The dp4a q8/q4 GEMV runs QGemvDp4aTuning::beside_attention (beside_attention_for).
   bool trigger_early = false;
-  BesideAttn beside = BesideAttn::kOff;
+  EnvAuto beside = EnvAuto::kOff;
   // Whether a q8/q4 GEMV streaming weight_bytes runs beside the attention: by default
   // (KILN_CUDA_QGEMV_BESIDE_ATTN unset) where its weights are at most kBesideAttnMaxBytes,
   // always with =1, never with =0.
   bool beside_attention_for(size_t weight_bytes) const {
-    return beside == BesideAttn::kOn ||
-           (beside == BesideAttn::kAuto && weight_bytes <= kBesideAttnMaxBytes);
+    return beside == EnvAuto::kOn ||
+           (beside == EnvAuto::kAuto && weight_bytes <= kBesideAttnMaxBytes);
   }
   GemvFusion gemv(const void* res, bool with_norm) const {
     GemvFusion f = with_norm ? GemvFusion{norm, gamma, beta, eps, res}
@@ -344,8 +341,8 @@ LinearFusion linear_fusion(const ir::Node& n, const ir::Graph& g, PrepareContext
       env_switch_off_value("KILN_CUDA_GEMV_TRIGGER_EARLY",
                            std::getenv("KILN_CUDA_GEMV_TRIGGER_EARLY"), "after its main loop",
                            "a GEMV read only by the decode attention lets it launch at its start");
-  const BesideAttn beside = beside_attn_from_env();
-  if ((trigger || beside != BesideAttn::kOff) && read_only_by_attention(n, g)) {
+  const EnvAuto beside = beside_attn_from_env();
+  if ((trigger || beside != EnvAuto::kOff) && read_only_by_attention(n, g)) {
     f.trigger_early = trigger;
     f.beside = beside;
   }

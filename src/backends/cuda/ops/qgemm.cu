@@ -428,7 +428,9 @@ namespace {
 
 // k blocks of 4 code chunks (q4: 128 values, q8: 64).
 int64_t skinny_blocks(int64_t k, QuantFormat f) {
-  return (k / QTraits<QuantFormat::kQ8>::kPerChunk / (f == QuantFormat::kQ4 ? 2 : 1) + 3) / 4;
+  const int64_t chunk = f == QuantFormat::kQ4 ? QTraits<QuantFormat::kQ4>::kPerChunk
+                                              : QTraits<QuantFormat::kQ8>::kPerChunk;
+  return (k / chunk + 3) / 4;
 }
 
 }  // namespace
