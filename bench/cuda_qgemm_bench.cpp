@@ -59,7 +59,8 @@ int main(int argc, char** argv) {
   std::printf(
       "| shape (n x k) | format | rows | bf16 cuBLASLt us | tiles + cuBLASLt us | dequantize us "
       "(GB/s out) | "
-      "GEMV chunks us | skinny us (GB/s of codes) | fused us, 4 / 8 warps | fused TFLOP/s (faster) "
+      "GEMV chunks us | skinny us at 1 / 2 / 4 / 8 splits (the rule's: GB/s of codes) | fused us, "
+      "4 / 8 warps | fused TFLOP/s (faster) "
       "|"
       " tiles / fused | bf16 / fused |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   std::mt19937_64 rng(11);
@@ -122,18 +123,24 @@ int main(int argc, char** argv) {
         }
         char chunked_us[32] = "-";
         if (chunked > 0.0f) std::snprintf(chunked_us, sizeof chunked_us, "%.1f", chunked * 1e3);
-        char skinny_us[48] = "-";
+        char skinny_us[64] = "-";
         if (m <= kQGemmSkinnyMaxRows) {
-          const int splits = qgemm_skinny_splits(sh.n, sh.k, f, sms);
-          DeviceBuffer part(size_t(splits * m * sh.n) * sizeof(float));
-          const float sk = bench::graph_ms(
-              [&] {
-                launch_qgemm_skinny(t, x.get(), w, nullptr, y.get(), m, sh.n, s, splits, part.get(),
-                                    part.size());
-              },
-              s, 5, 10);
-          std::snprintf(skinny_us, sizeof skinny_us, "%.1f (%.0f)", sk * 1e3,
-                        double(w.bytes()) / (sk * 1e-3) / 1e9);
+          // 1, 2, 4 and 8 k splits; the rule's count and its GB/s of codes.
+          const int rule = qgemm_skinny_splits(sh.n, sh.k, f, sms);
+          DeviceBuffer part(size_t(kQGemmSkinnyMaxSplits * m * sh.n) * sizeof(float));
+          float sk[4], at_rule = 0.0f;
+          for (int i = 0; i < 4; ++i) {
+            sk[i] = bench::graph_ms(
+                [&] {
+                  launch_qgemm_skinny(t, x.get(), w, nullptr, y.get(), m, sh.n, s, 1 << i,
+                                      part.get(), part.size());
+                },
+                s, 5, 10);
+            if (1 << i == rule) at_rule = sk[i];
+          }
+          std::snprintf(skinny_us, sizeof skinny_us, "%.1f / %.1f / %.1f / %.1f (%d: %.0f)",
+                        sk[0] * 1e3, sk[1] * 1e3, sk[2] * 1e3, sk[3] * 1e3, rule,
+                        double(w.bytes()) / (at_rule * 1e-3) / 1e9);
         }
         // The fused GEMM with CTAs of 4 and of 8 warps; the faster one in the ratios.
         const float f4 = bench::graph_ms(

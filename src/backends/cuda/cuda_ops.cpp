@@ -423,29 +423,33 @@ int64_t dequant_tile_rows(int64_t n, int64_t k, size_t elem_bytes, int64_t t, in
 
 namespace {
 
-// KILN_CUDA_QGEMM: unset, empty or "dequant" (the default: weight tiles dequantized into a
-// workspace, then cuBLASLt), "fused" or "fused8" (launch_qgemm with CTAs of 4 or 8 warps
-// for every row count past the GEMV's; measured slower, session 52), or "skinny"
-// (launch_qgemm_skinny for 9..kQGemmSkinnyMaxRows rows, before the chunked GEMV; tiles
-// beyond; built in session 52, not yet run on a GPU).
+// KILN_CUDA_QGEMM: unset, empty or "skinny" (the default: launch_qgemm_skinny for
+// 9..kQGemmSkinnyMaxRows rows, weight tiles dequantized into a workspace for cuBLASLt
+// beyond; session 53 on an H100: Llama-3.1-8B q4 batch-16 decode 2.10x, q8 batch-32
+// 2.11x, TinyLlama q4 batch-32 1.13x the tiles / chunked GEMV), "dequant" (tiles at every
+// row count, 9-16 rows of big weights through the chunked GEMV), or "fused" / "fused8"
+// (launch_qgemm with CTAs of 4 or 8 warps for every row count past the GEMV's; measured
+// slower, session 52).
 struct QGemmMode {
   int fused_warps = 0;
-  bool skinny = false;
+  bool skinny = true;
 };
 QGemmMode qgemm_mode_from_env() {
   const char* e = std::getenv("KILN_CUDA_QGEMM");
-  if (!e || !*e || std::strcmp(e, "dequant") == 0) return {};
+  if (!e || !*e || std::strcmp(e, "skinny") == 0) return {};
+  if (std::strcmp(e, "dequant") == 0) return {0, false};
   if (std::strcmp(e, "fused") == 0) return {4, false};
   if (std::strcmp(e, "fused8") == 0) return {8, false};
-  if (std::strcmp(e, "skinny") == 0) return {0, true};
   throw_error(
       ErrorCode::kInvalidArgument, "KILN_CUDA_QGEMM='", e,
-      "' (expected dequant, the default: q8/q4 prompt GEMMs dequantize weight tiles for cuBLASLt; "
-      "fused / fused8: the GEMM that decodes the weight in shared memory, CTAs of 4 / 8 warps; or "
-      "skinny: up to 64 token rows through the GEMM that dequantizes in registers)");
+      "' (expected skinny, the default: q8/q4 GEMMs of up to 64 token rows dequantize in "
+      "registers, longer ones dequantize weight tiles for cuBLASLt; dequant: the tiles at every "
+      "row count; or fused / fused8: the GEMM that decodes the weight in shared memory, CTAs of "
+      "4 / 8 warps)");
 }
 
-// The chunked GEMV's defaults (qgemv_chunk_rows). From an H100 (bench/RESULTS.md, session
+// The chunked GEMV's defaults (qgemv_chunk_rows), for the rows the skinny GEMM does not take
+// (KILN_CUDA_QGEMM=dequant, or weights it cannot read). From an H100 (bench/RESULTS.md, session
 // 52; the 8-row dp4a GEMV costs ~2x the one-row one): at 16 rows `cuda_qgemm_bench` timed
 // two chunks 28% (q4) and 38% (q8) faster than the tiles on the 8B gate|up weight (117M
 // values) but 2-7% slower on its down projection (59M) and 7-50% slower on every smaller
@@ -490,9 +494,9 @@ OpRun prepare_linear_quant(const ir::Node& n, const ir::Graph& g, PrepareContext
   const bool wide = env_switch("KILN_CUDA_DEQUANT_WIDE", "prompts' tiles fill the device",
                                "every tile sized for L2");
   const int sms = pc.cx->num_sms;
-  // KILN_CUDA_QGEMM=fused: prompt rows through the GEMM that decodes the weight in shared
-  // memory (launch_qgemm; 16-bit activations, kRows weights), no workspace; =skinny: up to
-  // kQGemmSkinnyMaxRows rows through launch_qgemm_skinny.
+  // KILN_CUDA_QGEMM unset or =skinny: up to kQGemmSkinnyMaxRows rows through
+  // launch_qgemm_skinny (16-bit activations, kRows weights); =fused: prompt rows through the
+  // GEMM that decodes the weight in shared memory (launch_qgemm), no workspace.
   const QGemmMode mode = qgemm_mode_from_env();
   const bool qgemm_ok = qgemm_supports(pc.act, w);
   const int fused = qgemm_ok ? mode.fused_warps : 0;
@@ -503,6 +507,17 @@ OpRun prepare_linear_quant(const ir::Node& n, const ir::Graph& g, PrepareContext
       skinny ? int(env_count("KILN_CUDA_QGEMM_SKINNY_SPLITS", 0, 0, kQGemmSkinnyMaxSplits,
                              "k splits of the skinny q8/q4 GEMM (0: by its rule)"))
              : 1;
+  // The k blocks of codes each of its lanes has in flight (KILN_CUDA_QGEMM_SKINNY_DEPTH),
+  // and the fewest token rows it takes (KILN_CUDA_QGEMM_SKINNY_MIN_ROWS; fewer: the GEMV).
+  const int skinny_depth =
+      skinny ? int(env_count("KILN_CUDA_QGEMM_SKINNY_DEPTH", 1, 1, 2,
+                             "k blocks of codes in flight a lane of the skinny q8/q4 GEMM"))
+             : 1;
+  const int64_t skinny_min_rows =
+      skinny
+          ? env_count("KILN_CUDA_QGEMM_SKINNY_MIN_ROWS", kQGemvMaxRows + 1, 1, kQGemmSkinnyMaxRows,
+                      "the fewest token rows of the skinny q8/q4 GEMM (fewer: the GEMV)")
+          : kQGemmSkinnyMaxRows + 1;
   const int splits =
       skinny_splits ? skinny_splits : qgemm_skinny_splits(nn, k, w.format, pc.cx->num_sms);
   // The chunked GEMV (qgemv_chunk_rows): both settings read (and checked) for every weight.
@@ -541,8 +556,8 @@ OpRun prepare_linear_quant(const ir::Node& n, const ir::Graph& g, PrepareContext
     cudaStream_t s = c.cx->stream;
     if (t == 0) return;
     const void* res = linear_residual(c, fu, y, name);
-    const bool gemv = gemv_quant_supports(y.dtype, t);
-    const bool skinny_now = !gemv && skinny && t <= kQGemmSkinnyMaxRows;
+    const bool skinny_now = skinny && t >= skinny_min_rows && t <= kQGemmSkinnyMaxRows;
+    const bool gemv = !skinny_now && gemv_quant_supports(y.dtype, t);
     const bool chunked = !gemv && !skinny_now && t <= chunk_rows;
     const LinearScratch scr = linear_scratch(c, fu, fu.norm != GemvNorm::kNone, y.dtype, x.data, t,
                                              k, !gemv && !chunked && swiglu ? nn : 0);
@@ -562,7 +577,7 @@ OpRun prepare_linear_quant(const ir::Node& n, const ir::Graph& g, PrepareContext
     } else if (fused || skinny_now) {
       if (skinny_now)
         launch_qgemm_skinny(y.dtype, xin, w, bias, swiglu ? scr.gu : y.data, t, nn, s, splits,
-                            ws->get(), ws->size());
+                            ws->get(), ws->size(), skinny_depth);
       else
         launch_qgemm(y.dtype, xin, w, bias, swiglu ? scr.gu : y.data, t, nn, s, fused);
       if (swiglu)

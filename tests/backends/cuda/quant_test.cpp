@@ -162,10 +162,11 @@ TEST(CudaQuant, GemmTilesAndResidentSize) {
 // fill two a SM, keeping at least 8 k blocks (q4: 128 values, q8: 64) a split.
 TEST(CudaQuant, SkinnyGemmSplitsSmallGrids) {
   EXPECT_EQ(qgemm_skinny_splits(28672, 4096, QuantFormat::kQ4, 132), 1);  // 448 CTAs
-  EXPECT_EQ(qgemm_skinny_splits(4096, 4096, QuantFormat::kQ4, 132), 4);   // 64 CTAs, 32 blocks
+  EXPECT_EQ(qgemm_skinny_splits(4096, 4096, QuantFormat::kQ4, 132), 8);   // 64 CTAs, 32 blocks
   EXPECT_EQ(qgemm_skinny_splits(4096, 14336, QuantFormat::kQ4, 132), 8);  // 64 CTAs, 112 blocks
   EXPECT_EQ(qgemm_skinny_splits(6144, 4096, QuantFormat::kQ4, 132), 4);   // 96 CTAs: 192 < 264
   EXPECT_EQ(qgemm_skinny_splits(2048, 5632, QuantFormat::kQ8, 132), 8);   // 32 CTAs, 88 blocks
+  EXPECT_EQ(qgemm_skinny_splits(2560, 2048, QuantFormat::kQ4, 132), 4);   // 40 CTAs, 16 blocks
   EXPECT_EQ(qgemm_skinny_splits(130, 256, QuantFormat::kQ4, 132), 1);     // 2 blocks
   EXPECT_EQ(qgemm_skinny_splits(4096, 4096, QuantFormat::kQ4, 0), 1);
 }
@@ -406,7 +407,7 @@ TEST(CudaQuant, FusedPromptGemmMatchesTheDequantizedWeights) {
           return worst;
         };
         // The skinny GEMM in one k split and in its rule's splits for 132 SMs (partial sums
-        // in a workspace), each rerun.
+        // in a workspace), each rerun; two k blocks in flight: the same bits as one.
         const int rule = qgemm_skinny_splits(c.n, c.k, f, 132);
         for (const int splits : {1, rule, kQGemmSkinnyMaxSplits}) {
           if (c.m > kQGemmSkinnyMaxRows) break;
@@ -418,10 +419,13 @@ TEST(CudaQuant, FusedPromptGemmMatchesTheDequantizedWeights) {
           KILN_CUDA_CHECK(cudaDeviceSynchronize());
           const auto sk = ys.host<uint16_t>(y0.size());
           std::printf("  %-48s worst %.2f of the bound\n", which.c_str(), worst_of(sk, which));
-          launch_qgemm_skinny(t, x.get(), w, c.bias ? bias.get() : nullptr, ys.get(), c.m, c.ldy,
-                              nullptr, splits, ws.get(), ws_bytes);
-          KILN_CUDA_CHECK(cudaDeviceSynchronize());
-          EXPECT_EQ(ys.host<uint16_t>(y0.size()), sk) << which << ": a rerun differs";
+          for (const int depth : {1, 2}) {
+            launch_qgemm_skinny(t, x.get(), w, c.bias ? bias.get() : nullptr, ys.get(), c.m, c.ldy,
+                                nullptr, splits, ws.get(), ws_bytes, depth);
+            KILN_CUDA_CHECK(cudaDeviceSynchronize());
+            EXPECT_EQ(ys.host<uint16_t>(y0.size()), sk)
+                << which << ": a rerun at depth " << depth << " differs";
+          }
         }
         const double worst = worst_of(got, what);
         ASSERT_FALSE(HasFailure()) << what;
@@ -520,7 +524,7 @@ TEST(CudaQuant, SkinnyGemmSelectsTheTileDequantizersWeights) {
         for (const int splits : {1, 3, kQGemmSkinnyMaxSplits}) {  // k split or not: exact sums
           KILN_CUDA_CHECK(cudaMemset(y.get(), 0xFF, size_t(m * n) * 2));
           launch_qgemm_skinny(t, x.get(), w, nullptr, y.get(), m, n, nullptr, splits, ws.get(),
-                              ws_bytes);
+                              ws_bytes, splits == 3 ? 2 : 1);
           KILN_CUDA_CHECK(cudaDeviceSynchronize());
           const auto got = y.host<uint16_t>(size_t(m * n));
           for (int64_t i = 0; i < m; ++i)
@@ -541,7 +545,8 @@ TEST(CudaQuant, FusedPromptGemmInTheLinear) {
   KILN_SKIP_WITHOUT_CUDA();
   ScopedEnv tiles("KILN_CUDA_QGEMV_CHUNK_ROWS",
                   "0");  // never the chunked GEMV, whatever the environment
-  for (const char* mode : {"fused", "fused8", "skinny"}) {  // skinny: 9 and 64 rows; tiles past
+  // skinny (the default, also unset): 9 and 64 rows, tiles past; dequant: tiles throughout
+  for (const char* mode : {"fused", "fused8", "skinny", "", "dequant"}) {
     ScopedEnv env("KILN_CUDA_QGEMM", mode);
     ScopedQGemv layout("");  // the default GEMV, whose kRows layout the fused GEMM reads
     struct S {
@@ -561,6 +566,20 @@ TEST(CudaQuant, FusedPromptGemmInTheLinear) {
               c.g, c.steps, {.weight_dtype = "f32"}, {.weight_dtype = dt}, op_tolerance(dt),
               str_cat("Linear ", mode, " ", dt, " ", q, *s.act ? "+" : "", s.act, " n=", s.n,
                       " k=", s.k, s.bias ? " +bias" : "", " t=9,64,65,130"));
+        }
+  }
+  {  // the skinny GEMM from one token row (KILN_CUDA_QGEMM_SKINNY_MIN_ROWS), the GEMV's rows
+    ScopedEnv from_one("KILN_CUDA_QGEMM_SKINNY_MIN_ROWS", "1");
+    for (const std::string dt : {"bf16", "f16"})
+      for (const char* q : {"q8", "q4"})
+        for (const char* act : {"", "swiglu"}) {
+          std::map<std::string, ir::Attr> attrs{{"precision", std::string(q)}};
+          if (*act) attrs["activation"] = std::string(act);
+          QuantCase c = linear_case(2 * 161, 224, true, attrs, {1, 3, 8}, dt, uint64_t(q[1]) + 7);
+          expect_backends_match_opts(c.g, c.steps, {.weight_dtype = "f32"}, {.weight_dtype = dt},
+                                     op_tolerance(dt),
+                                     str_cat("Linear skinny from 1 row ", dt, " ", q,
+                                             *act ? "+" : "", act, " n=322 k=224 t=1,3,8"));
         }
   }
   ScopedEnv bad("KILN_CUDA_QGEMM", "maybe");
@@ -586,6 +605,7 @@ TEST(CudaQuant, ChunkedGemvInTheLinear) {
     const char* act;
   };
   ScopedEnv any_size("KILN_CUDA_QGEMV_CHUNK_MIN_WEIGHTS", "0");  // these weights are all small
+  ScopedEnv no_skinny("KILN_CUDA_QGEMM", "dequant");  // rows past 8: the chunks or the tiles
   for (const char* rows : {"64", "0"})
     for (const char* kernel : {"", "mma", "old"}) {
       ScopedEnv env("KILN_CUDA_QGEMV_CHUNK_ROWS", rows);
@@ -611,7 +631,9 @@ TEST(CudaQuant, ChunkedGemvInTheLinear) {
       }
     }
   for (const char* var : {"KILN_CUDA_QGEMV_CHUNK_ROWS", "KILN_CUDA_QGEMV_CHUNK_MIN_WEIGHTS",
-                          "KILN_CUDA_DEQUANT_WORDS"}) {
+                          "KILN_CUDA_DEQUANT_WORDS", "KILN_CUDA_QGEMM_SKINNY_SPLITS",
+                          "KILN_CUDA_QGEMM_SKINNY_DEPTH", "KILN_CUDA_QGEMM_SKINNY_MIN_ROWS"}) {
+    ScopedEnv skinny("KILN_CUDA_QGEMM", "");  // the skinny GEMM's settings are read too
     ScopedEnv bad(var, "8x");
     QuantCase c = linear_case(8, 64, false, {{"precision", std::string("q4")}}, {9}, "bf16", 1);
     try {

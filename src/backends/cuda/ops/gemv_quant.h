@@ -122,13 +122,14 @@ void launch_qgemm(DType dtype, const void* x, const QuantWeightView& w, const vo
 // q8: 64), each CTA's f32 partial sums in ws (splits x m x n floats; with less, one split)
 // added in split order by a second kernel with the bias: the same bits on every run.
 // qgemm_skinny_splits: the rule's count for an [n, k] weight on `sms` SMs (until the CTAs
-// fill two a SM, keeping at least 8 k blocks a split).
+// fill two a SM, keeping at least 4 k blocks a split). `depth`: k blocks of codes a lane
+// has in flight (1 or 2; KILN_CUDA_QGEMM_SKINNY_DEPTH), the same bits.
 constexpr int64_t kQGemmSkinnyMaxRows = 64;
 constexpr int kQGemmSkinnyMaxSplits = 8;
 int qgemm_skinny_splits(int64_t n, int64_t k, QuantFormat f, int sms);
 void launch_qgemm_skinny(DType dtype, const void* x, const QuantWeightView& w, const void* bias,
                          void* y, int64_t m, int64_t ldy, cudaStream_t s, int splits = 1,
-                         void* ws = nullptr, size_t ws_bytes = 0);
+                         void* ws = nullptr, size_t ws_bytes = 0, int depth = 1);
 // Rows [r0, r0 + rows) of w (either layout), dequantized (w = factor * (scale * q + min),
 // rounded once to `dtype`) into out [rows, k] (256-byte aligned for cuBLASLt). kRows
 // weights: `words` (the default) one thread per 32-bit code word, else the earlier kernel

@@ -247,8 +247,9 @@ struct QsArgs : QmArgs {
   int splits, bps;  // bps: k blocks a split
 };
 
-// NT: mma n-tiles of 8 token rows (m <= 8 NT).
-template <typename T, QuantFormat F, int NT>
+// NT: mma n-tiles of 8 token rows (m <= 8 NT); D: k blocks of codes in flight a lane (1
+// or 2, KILN_CUDA_QGEMM_SKINNY_DEPTH), two register sets taken in turn at D = 2.
+template <typename T, QuantFormat F, int NT, int D>
 __global__ void __launch_bounds__(kQsWarps * 32) qgemm_skinny_kernel(const QsArgs a) {
   using L = QsLayout<F>;
   using Tr = QTraits<F>;
@@ -308,20 +309,22 @@ __global__ void __launch_bounds__(kQsWarps * 32) qgemm_skinny_kernel(const QsArg
 
   // Weights and scales are never written by a kernel: requested before the dependent-launch
   // wait. x comes from the previous kernel.
-  uint4 nlo, nhi;
-  float nsc[4];
-  load_codes(b0, nlo, nhi, nsc);
+  uint4 alo, ahi, blo, bhi;
+  float asc[4], bsc[4];
+  load_codes(b0, alo, ahi, asc);
+  if constexpr (D == 2) load_codes(b0 + 1, blo, bhi, bsc);
   pdl_wait();
   issue_x(b0);
   float acc[NT][4];
 #pragma unroll
   for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.0f;
 
-  for (int b = b0; b < blocks; ++b) {
+  // Block b from the register set (nlo, nhi, nsc), which then takes block b + D.
+  auto step = [&](int b, uint4& nlo, uint4& nhi, float(&nsc)[4]) {
     const uint4 lo = nlo, hi = nhi;
     const float s_lo = nsc[0] * f_lo, m_lo = nsc[1] * f_lo, s_hi = nsc[2] * f_hi,
                 m_hi = nsc[3] * f_hi;
-    load_codes(b + 1, nlo, nhi, nsc);  // in flight during this block
+    load_codes(b + D, nlo, nhi, nsc);  // in flight during the next D blocks
     issue_x(b + 1);  // into the stage block b - 1 used (free: its closing barrier)
     uint32_t plo[L::kChunkVals / 2], phi[L::kChunkVals / 2];
     decode(lo, s_lo, m_lo, plo);
@@ -342,6 +345,14 @@ __global__ void __launch_bounds__(kQsWarps * 32) qgemm_skinny_kernel(const QsArg
       }
     }
     __syncthreads();  // every warp is done with stage b & 1 before block b + 2's copies land in it
+  };
+  if constexpr (D == 1) {
+    for (int b = b0; b < blocks; ++b) step(b, alo, ahi, asc);
+  } else {
+    for (int b = b0; b < blocks; b += 2) {
+      step(b, alo, ahi, asc);
+      if (b + 1 < blocks) step(b + 1, blo, bhi, bsc);
+    }
   }
   cp_async_wait<0>();
 
@@ -382,18 +393,26 @@ __global__ void qgemm_skinny_sum_kernel(const QsArgs a) {
   static_cast<T*>(a.y)[tok * a.ldy + row] = from_f32<T>(v);
 }
 
-template <typename T, QuantFormat F>
-void launch_qgemm_skinny_typed(const QsArgs& a, cudaStream_t s) {
+template <typename T, QuantFormat F, int D>
+void launch_qgemm_skinny_depth(const QsArgs& a, cudaStream_t s) {
   const dim3 grid(unsigned((a.n + kQsWarps * 16 - 1) / (kQsWarps * 16)), unsigned(a.splits));
   const dim3 block(kQsWarps * 32);
   if (a.m <= 8)
-    launch_k(qgemm_skinny_kernel<T, F, 1>, grid, block, 0, s, a);
+    launch_k(qgemm_skinny_kernel<T, F, 1, D>, grid, block, 0, s, a);
   else if (a.m <= 16)
-    launch_k(qgemm_skinny_kernel<T, F, 2>, grid, block, 0, s, a);
+    launch_k(qgemm_skinny_kernel<T, F, 2, D>, grid, block, 0, s, a);
   else if (a.m <= 32)
-    launch_k(qgemm_skinny_kernel<T, F, 4>, grid, block, 0, s, a);
+    launch_k(qgemm_skinny_kernel<T, F, 4, D>, grid, block, 0, s, a);
   else
-    launch_k(qgemm_skinny_kernel<T, F, 8>, grid, block, 0, s, a);
+    launch_k(qgemm_skinny_kernel<T, F, 8, D>, grid, block, 0, s, a);
+}
+
+template <typename T, QuantFormat F>
+void launch_qgemm_skinny_typed(const QsArgs& a, int depth, cudaStream_t s) {
+  if (depth == 2)
+    launch_qgemm_skinny_depth<T, F, 2>(a, s);
+  else
+    launch_qgemm_skinny_depth<T, F, 1>(a, s);
   KILN_CUDA_CHECK_LAUNCH();
   if (a.splits > 1) {
     const int64_t outs = int64_t(a.m) * a.n;
@@ -438,14 +457,14 @@ int64_t skinny_blocks(int64_t k, QuantFormat f) {
 int qgemm_skinny_splits(int64_t n, int64_t k, QuantFormat f, int sms) {
   const int64_t ctas = (n + kQsWarps * 16 - 1) / (kQsWarps * 16), blocks = skinny_blocks(k, f);
   int s = 1;
-  while (s < kQGemmSkinnyMaxSplits && ctas * s < 2 * int64_t(sms) && blocks >= int64_t(16) * s)
+  while (s < kQGemmSkinnyMaxSplits && ctas * s < 2 * int64_t(sms) && blocks >= int64_t(8) * s)
     s *= 2;
   return s;
 }
 
 void launch_qgemm_skinny(DType dtype, const void* x, const QuantWeightView& w, const void* bias,
                          void* y, int64_t m, int64_t ldy, cudaStream_t s, int splits, void* ws,
-                         size_t ws_bytes) {
+                         size_t ws_bytes, int depth) {
   KILN_THROW_IF(
       !qgemm_supports(dtype, w) || m < 0 || m > kQGemmSkinnyMaxRows || ldy < w.n || ldy > INT32_MAX,
       kInternal, "cuda skinny q8/q4 GEMM: ", dtype_name(dtype), " x [", m, ", ", w.k, "] by a [",
@@ -455,6 +474,8 @@ void launch_qgemm_skinny(DType dtype, const void* x, const QuantWeightView& w, c
       " and ldy >= n)");
   KILN_THROW_IF(splits < 1 || splits > kQGemmSkinnyMaxSplits, kInternal,
                 "cuda skinny q8/q4 GEMM: ", splits, " splits (1..", kQGemmSkinnyMaxSplits, ")");
+  KILN_THROW_IF(depth != 1 && depth != 2, kInternal, "cuda skinny q8/q4 GEMM: ", depth,
+                " k blocks in flight (1 or 2)");
   if (m == 0 || w.n == 0) return;
   // Even splits of whole k blocks, none empty; one where the workspace is short.
   const int64_t blocks = skinny_blocks(w.k, w.format);
@@ -470,14 +491,14 @@ void launch_qgemm_skinny(DType dtype, const void* x, const QuantWeightView& w, c
   const bool q4 = w.format == QuantFormat::kQ4;
   if (dtype == DType::kBF16) {
     if (q4)
-      launch_qgemm_skinny_typed<__nv_bfloat16, QuantFormat::kQ4>(a, s);
+      launch_qgemm_skinny_typed<__nv_bfloat16, QuantFormat::kQ4>(a, depth, s);
     else
-      launch_qgemm_skinny_typed<__nv_bfloat16, QuantFormat::kQ8>(a, s);
+      launch_qgemm_skinny_typed<__nv_bfloat16, QuantFormat::kQ8>(a, depth, s);
   } else {
     if (q4)
-      launch_qgemm_skinny_typed<__half, QuantFormat::kQ4>(a, s);
+      launch_qgemm_skinny_typed<__half, QuantFormat::kQ4>(a, depth, s);
     else
-      launch_qgemm_skinny_typed<__half, QuantFormat::kQ8>(a, s);
+      launch_qgemm_skinny_typed<__half, QuantFormat::kQ8>(a, depth, s);
   }
 }
 
