@@ -6,7 +6,8 @@
 // GEMM with CTAs of 4 and of 8 warps; up to 128 rows also the dp4a GEMV over even chunks
 // of at most 8 rows (KILN_CUDA_QGEMV_CHUNK_ROWS: each chunk streams the codes), and the
 // dequantize kernel alone over the whole weight in tiles (its output's GB/s), and up to 64
-// rows the skinny GEMM (launch_qgemm_skinny: weights dequantized in registers). Each time
+// rows the skinny GEMM (launch_qgemm_skinny: weights dequantized in registers) at 1, 2, 4
+// and 8 k splits (and its rule's count's GB/s of codes). Each time
 // is the median of 10 replays of a CUDA graph of 5 calls; cuBLASLt's algorithms are timed
 // first (Gemm::tune) for every shape it meets. TFLOP/s = 2·m·n·k / time.
 //   cuda_qgemm_bench [shape filter, e.g. 8B] [rows, e.g. 128]

@@ -454,8 +454,8 @@ QGemmMode qgemm_mode_from_env() {
 // two chunks 28% (q4) and 38% (q8) faster than the tiles on the 8B gate|up weight (117M
 // values) but 2-7% slower on its down projection (59M) and 7-50% slower on every smaller
 // weight. End to end at batch 16, q4: the 8B shape 12.25 ms a step on tiles, 9.57 with every
-// weight chunked, 9.38 with its gate|up and LM head chunked (the default's choice); TinyLlama (its
-// largest weight the 66M-value LM head) 1.85 on tiles, 1.93 with the LM head chunked, 2.58
+// weight chunked, 9.38 with its gate|up and LM head chunked (these defaults' choice); TinyLlama
+// (its largest weight the 66M-value LM head) 1.85 on tiles, 1.93 with the LM head chunked, 2.58
 // with every weight. Three chunks on the big weights at 24 rows: 0.974x.
 constexpr int64_t kQGemvChunkRowsDefault = 16;
 constexpr int64_t kQGemvChunkMinWeightsDefault = 80'000'000;
@@ -469,8 +469,10 @@ int64_t qgemv_chunk_rows(int64_t weights, int64_t chunk_rows, int64_t min_weight
 
 namespace {
 
-// A q8/q4 Linear: the quantized GEMV for up to kQGemvMaxRows rows, and in chunks of as
-// many up to KILN_CUDA_QGEMV_CHUNK_ROWS (large weights); beyond, tiles of whole rows
+// A q8/q4 Linear: the quantized GEMV for up to kQGemvMaxRows rows; then, by default, the
+// skinny GEMM up to kQGemmSkinnyMaxRows (16-bit activations, kRows weights), else (or with
+// KILN_CUDA_QGEMM=dequant) the GEMV in chunks of as many up to KILN_CUDA_QGEMV_CHUNK_ROWS
+// (large weights); beyond, tiles of whole rows
 // (dequant_tile_rows: multiples of 128, so each tile's slice of y and of the bias
 // keeps cuBLASLt's 256-byte alignment) dequantized into the workspace, each multiplied by
 // cuBLASLt into its column slice of y (or of the [gate | up] scratch).
@@ -541,8 +543,9 @@ OpRun prepare_linear_quant(const ir::Node& n, const ir::Graph& g, PrepareContext
   // Nothing runs yet: no stream to drain.
   if (!fused)
     pc.dequant_ws->grow(
-        std::max(size_t(max_tile_rows * k) * es,
-                 skinny ? size_t(splits * kQGemmSkinnyMaxRows * nn) * sizeof(float) : 0),
+        std::max(
+            size_t(max_tile_rows * k) * es,
+            skinny && splits > 1 ? size_t(splits * kQGemmSkinnyMaxRows * nn) * sizeof(float) : 0),
         nullptr);
   DeviceBuffer* ws = pc.dequant_ws;
   const std::string name = n.name;

@@ -238,7 +238,8 @@ std::optional<QuantFormat> cuda_linear_quant_format(const ir::Node& n, const ir:
 // Tiles are even multiples of 128 rows (cuBLASLt's 256-byte alignment of y's slices) or n.
 int64_t dequant_tile_rows(int64_t n, int64_t k, size_t elem_bytes, int64_t t, int sms, bool wide);
 // Token rows up to which a q8/q4 Linear of `weights` values (n x k) runs its GEMV over even
-// chunks of at most kQGemvMaxRows rows instead of dequantized tiles (each chunk streams
+// chunks of at most kQGemvMaxRows rows instead of dequantized tiles, where the skinny GEMM
+// does not take them (KILN_CUDA_QGEMM=dequant, or a weight it cannot read) (each chunk streams
 // the codes once: a gain only where tiles of that many values cost more than two passes):
 // `chunk_rows` (KILN_CUDA_QGEMV_CHUNK_ROWS, default 16) for weights of at least
 // `min_weights` values (KILN_CUDA_QGEMV_CHUNK_MIN_WEIGHTS, default 80M) when `kernel_fits`

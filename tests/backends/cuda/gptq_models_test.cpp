@@ -1,7 +1,7 @@
 // GPTQ models on the device: the tiny Llama fixture calibrated on the CPU and quantized
 // with --quant gptq (q4 row images chosen by the Hessian sweep, stored as kept-quantized
-// Linears), run on the CUDA backend (bf16 activations, the q4 GEMVs and dequantizing
-// prefill GEMMs) against the same GPTQ model on the CPU; and the real all-MiniLM-L6-v2
+// Linears), run on the CUDA backend (bf16 activations, the q4 GEMVs and the skinny GEMM
+// for its 20-token prompt) against the same GPTQ model on the CPU; and the real all-MiniLM-L6-v2
 // (when fetched) gives the CPU's GPTQ embeddings on the GPU, directly and from an engine
 // built on the CPU. Skips without a GPU.
 #include <gtest/gtest.h>

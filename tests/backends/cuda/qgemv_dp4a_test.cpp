@@ -212,7 +212,7 @@ TEST(CudaQGemvDp4a, ExactOnTheInt8Grid) {
 }
 
 // KILN_CUDA_QGEMV=dp4a through a compiled graph: bias, every epilogue, SwiGLU, token rows
-// 1..8 (GEMV) and 9, 20 (dequantized tiles), against the CPU backend's q8/q4 kernels (f32
+// 1..8 (GEMV) and 9, 20 (the skinny GEMM), against the CPU backend's q8/q4 kernels (f32
 // x). Bound: the 16-bit op bound plus x's int8 rounding (worst case ~F Σ s|q| max|x| / 254,
 // about 6% of max|y| on these random rows; the bound test above checks it per output).
 TEST(CudaQGemvDp4a, GraphEpiloguesAndSwiGlu) {

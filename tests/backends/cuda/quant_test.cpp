@@ -159,7 +159,7 @@ TEST(CudaQuant, GemmTilesAndResidentSize) {
 }
 
 // The skinny GEMM's split-K rule alone (no GPU): split until the CTAs (64 weight rows each)
-// fill two a SM, keeping at least 8 k blocks (q4: 128 values, q8: 64) a split.
+// fill two a SM, keeping at least 4 k blocks (q4: 128 values, q8: 64) a split.
 TEST(CudaQuant, SkinnyGemmSplitsSmallGrids) {
   EXPECT_EQ(qgemm_skinny_splits(28672, 4096, QuantFormat::kQ4, 132), 1);  // 448 CTAs
   EXPECT_EQ(qgemm_skinny_splits(4096, 4096, QuantFormat::kQ4, 132), 8);   // 64 CTAs, 32 blocks
@@ -537,10 +537,12 @@ TEST(CudaQuant, SkinnyGemmSelectsTheTileDequantizersWeights) {
     }
 }
 
-// The fused prompt GEMM inside the Linear op (KILN_CUDA_QGEMM=fused|fused8, read when the op
-// is prepared) against the CPU backend's q8/q4 kernels, with the 16-bit bound of the path it
-// replaces: every epilogue and SwiGLU behind it, prompt rows (9+), odd n on the dequantize
-// path beside it; a bad value of the switch is an error naming it.
+// The q8/q4 GEMMs inside the Linear op (KILN_CUDA_QGEMM=fused|fused8|skinny|dequant or unset:
+// skinny, read when the op is prepared) against the CPU backend's q8/q4 kernels, with the
+// 16-bit bound of the path each replaces: every epilogue and SwiGLU behind it, prompt rows
+// (9+), odd n on the dequantize path beside it; the skinny GEMM also at 1-8 rows
+// (KILN_CUDA_QGEMM_SKINNY_MIN_ROWS=1) and at depth 2; a bad value of the switch is an error
+// naming it.
 TEST(CudaQuant, FusedPromptGemmInTheLinear) {
   KILN_SKIP_WITHOUT_CUDA();
   ScopedEnv tiles("KILN_CUDA_QGEMV_CHUNK_ROWS",
@@ -569,7 +571,9 @@ TEST(CudaQuant, FusedPromptGemmInTheLinear) {
         }
   }
   {  // the skinny GEMM from one token row (KILN_CUDA_QGEMM_SKINNY_MIN_ROWS), the GEMV's rows
+    ScopedEnv mode("KILN_CUDA_QGEMM", "skinny");
     ScopedEnv from_one("KILN_CUDA_QGEMM_SKINNY_MIN_ROWS", "1");
+    ScopedEnv depth("KILN_CUDA_QGEMM_SKINNY_DEPTH", "2");
     for (const std::string dt : {"bf16", "f16"})
       for (const char* q : {"q8", "q4"})
         for (const char* act : {"", "swiglu"}) {
@@ -578,7 +582,7 @@ TEST(CudaQuant, FusedPromptGemmInTheLinear) {
           QuantCase c = linear_case(2 * 161, 224, true, attrs, {1, 3, 8}, dt, uint64_t(q[1]) + 7);
           expect_backends_match_opts(c.g, c.steps, {.weight_dtype = "f32"}, {.weight_dtype = dt},
                                      op_tolerance(dt),
-                                     str_cat("Linear skinny from 1 row ", dt, " ", q,
+                                     str_cat("Linear skinny from 1 row, depth 2 ", dt, " ", q,
                                              *act ? "+" : "", act, " n=322 k=224 t=1,3,8"));
         }
   }

@@ -216,7 +216,7 @@ __global__ void __launch_bounds__(64 * WN) qgemm_kernel(const QmArgs a) {
 // Each warp owns 16 weight rows and all the token rows (NT mma n-tiles of 8), a CTA four
 // warps (64 weight rows) sharing x through shared memory. A k block is 4 code chunks of 16
 // bytes a row (q4: 4 groups, 128 k; q8: 2 groups, 64 k). Lane (g, t) loads chunk t of the
-// block for weight rows g and g + 8 straight from global memory into registers (one block
+// block for weight rows g and g + 8 straight from global memory into registers (D blocks
 // ahead), and dequantizes it there with the tile dequantizer's formula and rounding
 // (T(fma(q, scale·factor, min·factor))), so the A fragments hold the very weights the tile
 // path multiplies. A dot product does not care which k a slot of the mma stands for, so the
