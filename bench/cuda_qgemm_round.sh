@@ -2,7 +2,8 @@
 # On a GPU machine: the fused q8/q4 prompt GEMM (KILN_CUDA_QGEMM=fused) - its tests, the
 # kernel alone against the dequantized tiles + cuBLASLt and bf16 cuBLASLt, then end to end
 # against the tile path (KILN_CUDA_QGEMM=dequant; alternating, bench/ab.py) with bf16
-# prefill beside it, and q4 batch decode of 16 and 64 sequences (more than 8 token rows: the prompt GEMM's path).
+# prefill beside it, and q4 batch decode of 16 and 64 sequences (more than 8 token rows:
+# the prompt GEMM's path).
 #   bench/cuda_qgemm_round.sh BUILD_DIR OUT_DIR
 # BUILD_DIR holds tools/kiln/kiln, tests/backends/cuda/cuda_device_test and
 # bench/cuda_qgemm_bench (a CUDA build).
