@@ -13,6 +13,7 @@
 // (KILN_CUDA_QGEMM=fused) against the CPU backend.
 #include <algorithm>
 #include <cstring>
+#include <type_traits>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops/gemv_quant.h"
@@ -445,6 +446,26 @@ bool qgemm_supports(DType dtype, const QuantWeightView& w) {
 
 namespace {
 
+// fn(std::type_identity<T>, std::integral_constant<QuantFormat, F>) for the 16-bit
+// activation type T of `dtype` (bf16, else f16) and the weight format F.
+template <typename Fn>
+void with_qgemm_types(DType dtype, QuantFormat f, Fn&& fn) {
+  using Q4 = std::integral_constant<QuantFormat, QuantFormat::kQ4>;
+  using Q8 = std::integral_constant<QuantFormat, QuantFormat::kQ8>;
+  const bool q4 = f == QuantFormat::kQ4;
+  if (dtype == DType::kBF16) {
+    if (q4)
+      fn(std::type_identity<__nv_bfloat16>{}, Q4{});
+    else
+      fn(std::type_identity<__nv_bfloat16>{}, Q8{});
+  } else {
+    if (q4)
+      fn(std::type_identity<__half>{}, Q4{});
+    else
+      fn(std::type_identity<__half>{}, Q8{});
+  }
+}
+
 // k blocks of 4 code chunks (q4: 128 values, q8: 64).
 int64_t skinny_blocks(int64_t k, QuantFormat f) {
   const int64_t chunk = f == QuantFormat::kQ4 ? QTraits<QuantFormat::kQ4>::kPerChunk
@@ -488,18 +509,9 @@ void launch_qgemm_skinny(DType dtype, const void* x, const QuantWeightView& w, c
   a.part = static_cast<float*>(ws);
   a.splits = int(used);
   a.bps = int(bps);
-  const bool q4 = w.format == QuantFormat::kQ4;
-  if (dtype == DType::kBF16) {
-    if (q4)
-      launch_qgemm_skinny_typed<__nv_bfloat16, QuantFormat::kQ4>(a, depth, s);
-    else
-      launch_qgemm_skinny_typed<__nv_bfloat16, QuantFormat::kQ8>(a, depth, s);
-  } else {
-    if (q4)
-      launch_qgemm_skinny_typed<__half, QuantFormat::kQ4>(a, depth, s);
-    else
-      launch_qgemm_skinny_typed<__half, QuantFormat::kQ8>(a, depth, s);
-  }
+  with_qgemm_types(dtype, w.format, [&](auto t, auto f) {
+    launch_qgemm_skinny_typed<typename decltype(t)::type, decltype(f)::value>(a, depth, s);
+  });
 }
 
 void launch_qgemm(DType dtype, const void* x, const QuantWeightView& w, const void* bias, void* y,
@@ -513,7 +525,6 @@ void launch_qgemm(DType dtype, const void* x, const QuantWeightView& w, const vo
                 ") into rows of ", ldy,
                 " (needs bf16/f16, the kRows layout's strides, k % 32 == 0, even n and ldy >= n)");
   if (m == 0 || w.n == 0) return;
-  const bool q4 = w.format == QuantFormat::kQ4;
   const size_t es = dtype_size(dtype);
   // Row chunks within the grid's y limit (65535 tiles of kQmBM rows).
   constexpr int64_t kMaxRows = int64_t(65535) * kQmBM;
@@ -529,17 +540,9 @@ void launch_qgemm(DType dtype, const void* x, const QuantWeightView& w, const vo
              int(w.n),
              int(w.k),
              int(ldy)};
-    if (dtype == DType::kBF16) {
-      if (q4)
-        launch_qgemm_typed<__nv_bfloat16, QuantFormat::kQ4>(a, warps, s);
-      else
-        launch_qgemm_typed<__nv_bfloat16, QuantFormat::kQ8>(a, warps, s);
-    } else {
-      if (q4)
-        launch_qgemm_typed<__half, QuantFormat::kQ4>(a, warps, s);
-      else
-        launch_qgemm_typed<__half, QuantFormat::kQ8>(a, warps, s);
-    }
+    with_qgemm_types(dtype, w.format, [&](auto t, auto f) {
+      launch_qgemm_typed<typename decltype(t)::type, decltype(f)::value>(a, warps, s);
+    });
   }
 }
 
