@@ -469,13 +469,13 @@ int64_t qgemv_chunk_rows(int64_t weights, int64_t chunk_rows, int64_t min_weight
 
 namespace {
 
-// A q8/q4 Linear: the quantized GEMV for up to kQGemvMaxRows rows; then, by default, the
-// skinny GEMM up to kQGemmSkinnyMaxRows (16-bit activations, kRows weights), else (or with
-// KILN_CUDA_QGEMM=dequant) the GEMV in chunks of as many up to KILN_CUDA_QGEMV_CHUNK_ROWS
-// (large weights); beyond, tiles of whole rows
-// (dequant_tile_rows: multiples of 128, so each tile's slice of y and of the bias
-// keeps cuBLASLt's 256-byte alignment) dequantized into the workspace, each multiplied by
-// cuBLASLt into its column slice of y (or of the [gate | up] scratch).
+// A q8/q4 Linear: the quantized GEMV for up to kQGemvMaxRows rows; by default from
+// kQGemmSkinnyMinRowsDefault (KILN_CUDA_QGEMM_SKINNY_MIN_ROWS) the skinny GEMM up to
+// kQGemmSkinnyMaxRows (16-bit activations, kRows weights), else (or with KILN_CUDA_QGEMM=dequant)
+// the GEMV in chunks of as many up to KILN_CUDA_QGEMV_CHUNK_ROWS (large weights); beyond, tiles of
+// whole rows (dequant_tile_rows: multiples of 128, so each tile's slice of y and of the bias keeps
+// cuBLASLt's 256-byte alignment) dequantized into the workspace, each multiplied by cuBLASLt into
+// its column slice of y (or of the [gate | up] scratch).
 OpRun prepare_linear_quant(const ir::Node& n, const ir::Graph& g, PrepareContext& pc, QuantFormat f,
                            LinearEpilogue epi) {
   ir::ValueId wv = need_weight(n, g, 1, "weight");
@@ -516,10 +516,10 @@ OpRun prepare_linear_quant(const ir::Node& n, const ir::Graph& g, PrepareContext
                              "k blocks of codes in flight a lane of the skinny q8/q4 GEMM"))
              : 1;
   const int64_t skinny_min_rows =
-      skinny
-          ? env_count("KILN_CUDA_QGEMM_SKINNY_MIN_ROWS", kQGemvMaxRows + 1, 1, kQGemmSkinnyMaxRows,
-                      "the fewest token rows of the skinny q8/q4 GEMM (fewer: the GEMV)")
-          : kQGemmSkinnyMaxRows + 1;
+      skinny ? env_count("KILN_CUDA_QGEMM_SKINNY_MIN_ROWS", kQGemmSkinnyMinRowsDefault, 1,
+                         kQGemmSkinnyMaxRows,
+                         "the fewest token rows of the skinny q8/q4 GEMM (fewer: the GEMV)")
+             : kQGemmSkinnyMaxRows + 1;
   const int splits =
       skinny_splits ? skinny_splits : qgemm_skinny_splits(nn, k, w.format, pc.cx->num_sms);
   // The chunked GEMV (qgemv_chunk_rows): both settings read (and checked) for every weight.

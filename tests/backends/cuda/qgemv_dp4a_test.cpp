@@ -212,12 +212,14 @@ TEST(CudaQGemvDp4a, ExactOnTheInt8Grid) {
 }
 
 // KILN_CUDA_QGEMV=dp4a through a compiled graph: bias, every epilogue, SwiGLU, token rows
-// 1..8 (GEMV) and 9, 20 (the skinny GEMM), against the CPU backend's q8/q4 kernels (f32
-// x). Bound: the 16-bit op bound plus x's int8 rounding (worst case ~F Σ s|q| max|x| / 254,
-// about 6% of max|y| on these random rows; the bound test above checks it per output).
+// 1..8 (GEMV: the skinny GEMM's default from 6 rows moved to 9) and 9, 20 (the skinny GEMM),
+// against the CPU backend's q8/q4 kernels (f32 x). Bound: the 16-bit op bound plus x's int8
+// rounding (worst case ~F Σ s|q| max|x| / 254, about 6% of max|y| on these random rows; the bound
+// test above checks it per output).
 TEST(CudaQGemvDp4a, GraphEpiloguesAndSwiGlu) {
   KILN_SKIP_WITHOUT_CUDA();
   ::setenv("KILN_CUDA_QGEMV", "dp4a", 1);
+  ScopedEnv gemv_to_eight("KILN_CUDA_QGEMM_SKINNY_MIN_ROWS", "9");
   EXPECT_EQ(qgemv_kernel(DType::kBF16), QGemvKernel::kDp4a);
   EXPECT_EQ(qgemv_kernel(DType::kF32), QGemvKernel::kRows);
   for (const std::string dt : {"bf16", "f16"})

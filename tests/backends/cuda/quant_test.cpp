@@ -540,14 +540,15 @@ TEST(CudaQuant, SkinnyGemmSelectsTheTileDequantizersWeights) {
 // The q8/q4 GEMMs inside the Linear op (KILN_CUDA_QGEMM=fused|fused8|skinny|dequant or unset:
 // skinny, read when the op is prepared) against the CPU backend's q8/q4 kernels, with the
 // 16-bit bound of the path each replaces: every epilogue and SwiGLU behind it, prompt rows
-// (9+), odd n on the dequantize path beside it; the skinny GEMM also at 1-8 rows
-// (KILN_CUDA_QGEMM_SKINNY_MIN_ROWS=1) and at depth 2; a bad value of the switch is an error
-// naming it.
+// (7 rows: the skinny GEMM by default, the GEMV otherwise; 9+), odd n on the dequantize path
+// beside it; the skinny GEMM also at 1-8 rows (KILN_CUDA_QGEMM_SKINNY_MIN_ROWS=1) and at depth 2; a
+// bad value of the switch is an error naming it.
 TEST(CudaQuant, FusedPromptGemmInTheLinear) {
   KILN_SKIP_WITHOUT_CUDA();
   ScopedEnv tiles("KILN_CUDA_QGEMV_CHUNK_ROWS",
                   "0");  // never the chunked GEMV, whatever the environment
-  // skinny (the default, also unset): 9 and 64 rows, tiles past; dequant: tiles throughout
+  // skinny (the default, also unset): 7, 9 and 64 rows, tiles past; the others: tiles from 9
+  // (7 rows would take the dp4a GEMV there, whose bound the test below has)
   for (const char* mode : {"fused", "fused8", "skinny", "", "dequant"}) {
     ScopedEnv env("KILN_CUDA_QGEMM", mode);
     ScopedQGemv layout("");  // the default GEMV, whose kRows layout the fused GEMM reads
@@ -562,12 +563,16 @@ TEST(CudaQuant, FusedPromptGemmInTheLinear) {
                     S{256, 4128, false, "gelu_tanh"}, S{200, 64, false, "silu"}}) {
           std::map<std::string, ir::Attr> attrs{{"precision", std::string(q)}};
           if (*s.act) attrs["activation"] = std::string(s.act);
-          QuantCase c = linear_case(s.n, s.k, s.bias, attrs, {9, 64, 65, 130}, dt,
-                                    uint64_t(s.n * 3 + s.k + q[1]));
-          expect_backends_match_opts(
-              c.g, c.steps, {.weight_dtype = "f32"}, {.weight_dtype = dt}, op_tolerance(dt),
-              str_cat("Linear ", mode, " ", dt, " ", q, *s.act ? "+" : "", s.act, " n=", s.n,
-                      " k=", s.k, s.bias ? " +bias" : "", " t=9,64,65,130"));
+          const bool skinny_7 = !*mode || std::string(mode) == "skinny";
+          QuantCase c = linear_case(s.n, s.k, s.bias, attrs,
+                                    skinny_7 ? std::vector<int64_t>{7, 9, 64, 65, 130}
+                                             : std::vector<int64_t>{9, 64, 65, 130},
+                                    dt, uint64_t(s.n * 3 + s.k + q[1]));
+          expect_backends_match_opts(c.g, c.steps, {.weight_dtype = "f32"}, {.weight_dtype = dt},
+                                     op_tolerance(dt),
+                                     str_cat("Linear ", mode, " ", dt, " ", q, *s.act ? "+" : "",
+                                             s.act, " n=", s.n, " k=", s.k, s.bias ? " +bias" : "",
+                                             skinny_7 ? " t=7,9,64,65,130" : " t=9,64,65,130"));
         }
   }
   {  // the skinny GEMM from one token row (KILN_CUDA_QGEMM_SKINNY_MIN_ROWS), the GEMV's rows
