@@ -548,7 +548,8 @@ TEST(CudaQuant, FusedPromptGemmInTheLinear) {
   ScopedEnv tiles("KILN_CUDA_QGEMV_CHUNK_ROWS",
                   "0");  // never the chunked GEMV, whatever the environment
   // skinny (the default, also unset): 7, 9 and 64 rows, tiles past; the others: tiles from 9
-  // (7 rows would take the dp4a GEMV there, whose bound the test below has)
+  // (7 rows would take the dp4a GEMV there). Odd n (37) has no skinny GEMM: its 7 rows take
+  // the dp4a GEMV, within the bound of its x rounding.
   for (const char* mode : {"fused", "fused8", "skinny", "", "dequant"}) {
     ScopedEnv env("KILN_CUDA_QGEMM", mode);
     ScopedQGemv layout("");  // the default GEMV, whose kRows layout the fused GEMM reads
@@ -568,8 +569,9 @@ TEST(CudaQuant, FusedPromptGemmInTheLinear) {
                                     skinny_7 ? std::vector<int64_t>{7, 9, 64, 65, 130}
                                              : std::vector<int64_t>{9, 64, 65, 130},
                                     dt, uint64_t(s.n * 3 + s.k + q[1]));
+          const double gemv_7 = skinny_7 && s.n % 2 != 0 ? kDp4aExtraTol : 0.0;
           expect_backends_match_opts(c.g, c.steps, {.weight_dtype = "f32"}, {.weight_dtype = dt},
-                                     op_tolerance(dt),
+                                     op_tolerance(dt) + gemv_7,
                                      str_cat("Linear ", mode, " ", dt, " ", q, *s.act ? "+" : "",
                                              s.act, " n=", s.n, " k=", s.k, s.bias ? " +bias" : "",
                                              skinny_7 ? " t=7,9,64,65,130" : " t=9,64,65,130"));
