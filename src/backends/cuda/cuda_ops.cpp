@@ -423,12 +423,12 @@ int64_t dequant_tile_rows(int64_t n, int64_t k, size_t elem_bytes, int64_t t, in
 
 namespace {
 
-// KILN_CUDA_QGEMM: unset, empty or "skinny" (the default: launch_qgemm_skinny for
-// 9..kQGemmSkinnyMaxRows rows, weight tiles dequantized into a workspace for cuBLASLt
-// beyond; session 53 on an H100: Llama-3.1-8B q4 batch-16 decode 2.10x, q8 batch-32
-// 2.11x, TinyLlama q4 batch-32 1.13x the tiles / chunked GEMV), "dequant" (tiles at every
-// row count, 9-16 rows of big weights through the chunked GEMV), or "fused" / "fused8"
-// (launch_qgemm with CTAs of 4 or 8 warps for every row count past the GEMV's; measured
+// KILN_CUDA_QGEMM: unset, empty or "skinny" (the default: launch_qgemm_skinny from
+// KILN_CUDA_QGEMM_SKINNY_MIN_ROWS (default 6) to kQGemmSkinnyMaxRows rows, weight tiles dequantized
+// into a workspace for cuBLASLt beyond; session 53 on an H100: Llama-3.1-8B q4 batch-16
+// decode 2.10x, q8 batch-32 2.11x, TinyLlama q4 batch-32 1.13x the tiles / chunked GEMV), "dequant"
+// (tiles at every row count, 9-16 rows of big weights through the chunked GEMV), or "fused" /
+// "fused8" (launch_qgemm with CTAs of 4 or 8 warps for every row count past the GEMV's; measured
 // slower, session 52).
 struct QGemmMode {
   int fused_warps = 0;

@@ -229,13 +229,14 @@ LinearIo linear_io(OpContext& c, const std::string& name, int64_t k, int64_t out
 // CPU keeps such layers in bf16).
 std::optional<QuantFormat> cuda_linear_quant_format(const ir::Node& n, const ir::Graph& g,
                                                     const std::string& weight_dtype);
-// Rows of each weight tile that a q8/q4 Linear with more than kQGemvMaxRows token rows
-// dequantizes for cuBLASLt, for an [n, k] weight of elem_bytes-wide values and t rows, on
-// a device of `sms` SMs: ~24 MB, so the tile stays in L2 between the dequantize kernel and
-// the GEMM; with `wide` (KILN_CUDA_DEQUANT_WIDE, on by default) and 256+ rows, where the
-// GEMM is bound by its arithmetic, enough rows for four waves of 128 x 256 output tiles
-// (up to 256 MB), since an L2-sized tile leaves most SMs idle (at 512 rows, 48 of 132).
-// Tiles are even multiples of 128 rows (cuBLASLt's 256-byte alignment of y's slices) or n.
+// Rows of each weight tile that a q8/q4 Linear dequantizes for cuBLASLt where neither the
+// GEMV nor the skinny GEMM takes its token rows (past kQGemmSkinnyMaxRows by default), for an [n,
+// k] weight of elem_bytes-wide values and t rows, on a device of `sms` SMs: ~24 MB, so the tile
+// stays in L2 between the dequantize kernel and the GEMM; with `wide` (KILN_CUDA_DEQUANT_WIDE, on
+// by default) and 256+ rows, where the GEMM is bound by its arithmetic, enough rows for four waves
+// of 128 x 256 output tiles (up to 256 MB), since an L2-sized tile leaves most SMs idle (at 512
+// rows, 48 of 132). Tiles are even multiples of 128 rows (cuBLASLt's 256-byte alignment of y's
+// slices) or n.
 int64_t dequant_tile_rows(int64_t n, int64_t k, size_t elem_bytes, int64_t t, int sms, bool wide);
 // Token rows up to which a q8/q4 Linear of `weights` values (n x k) runs its GEMV over even
 // chunks of at most kQGemvMaxRows rows instead of dequantized tiles, where the skinny GEMM

@@ -5,9 +5,9 @@
 // exact Σx) plus f32 summation and the output's rounding to bf16/f16; the old kernel's is
 // the last two alone. Also: x exactly on the int8 grid leaves only the f32 and output
 // rounding (a wrong code/x pairing would not); KILN_CUDA_QGEMV=dp4a through the graph with
-// every epilogue, SwiGLU, bias and the dequantized tiles past 8 rows; the fallback to the
-// kRows kernel where x does not fit shared memory; the variable's errors. Every launch
-// variant (split-K 1/2/4/8 inside the CTA, load depth 2/4/8, 1 or 4 CTAs per SM) within the
+// every epilogue, SwiGLU, bias and the skinny GEMM past 8 rows (its default 6 pinned to 9); the
+// fallback to the kRows kernel where x does not fit shared memory; the variable's errors. Every
+// launch variant (split-K 1/2/4/8 inside the CTA, load depth 2/4/8, 1 or 4 CTAs per SM) within the
 // same bound, with bias, GELU, SiLU and SwiGLU epilogues propagated through the bound (they
 // must apply once, after the splits meet), odd shapes, splits with no K left, a packed-QKV-
 // like and a long-K (down) shape. Skips without a GPU, except the checks that fail before

@@ -5,8 +5,9 @@
 // with bf16/f16 activations the 16-bit bound of the other op tests applies to the kernels
 // that multiply x as given (mma, old), and the dp4a GEMV (the default: x rounded to int8 per
 // group of 32) adds its rounding's bound (kDp4aExtraTol). Covers the
-// GEMV (1..8 rows: odd K and N, split-K, every epilogue, SwiGLU) and the dequantized
-// tiles + cuBLASLt (9+ rows, weights of several tiles), both device layouts (the
+// GEMV (1..8 rows: odd K and N, split-K, every epilogue, SwiGLU), the skinny GEMM (by
+// default from 6 rows, where it takes over from the GEMV) and the dequantized tiles +
+// cuBLASLt (weights of several tiles), both device layouts (the
 // tensor-core GEMV's kMma through KILN_CUDA_QGEMV=mma with K not a multiple of its
 // 128-wide blocks and N not of its 16-row tiles; kRows through the default dp4a and
 // KILN_CUDA_QGEMV=old), the resident size
@@ -238,7 +239,7 @@ TEST(CudaQuant, WeightDtypeOptionAndTheKFallback) {
   KILN_SKIP_WITHOUT_CUDA();
   for (const char* q : {"q8", "q4"}) {
     QuantCase c = linear_case(96, 512, true, {}, {1, 4, 8, 12}, "bf16", q[1]);
-    // t = 1, 4, 8 run the default GEMV (dp4a): its bound.
+    // t = 1, 4 run the default GEMV (dp4a; t = 8 the skinny GEMM): its bound.
     expect_backends_match_opts(c.g, c.steps, {.weight_dtype = q}, {.weight_dtype = q},
                                op_tolerance("bf16") + kDp4aExtraTol, str_cat("Linear --weight-dtype ", q, " n=96 k=512"));
     std::mt19937_64 rng(9);
@@ -552,6 +553,7 @@ TEST(CudaQuant, FusedPromptGemmInTheLinear) {
   // the dp4a GEMV, within the bound of its x rounding.
   for (const char* mode : {"fused", "fused8", "skinny", "", "dequant"}) {
     ScopedEnv env("KILN_CUDA_QGEMM", mode);
+    ScopedEnv min_rows("KILN_CUDA_QGEMM_SKINNY_MIN_ROWS", "");  // its default: 7 rows skinny
     ScopedQGemv layout("");  // the default GEMV, whose kRows layout the fused GEMM reads
     struct S {
       int64_t n, k;
@@ -664,6 +666,8 @@ TEST(CudaQuant, OldKernelStaysSelectable) {
   EXPECT_EQ(qgemv_layout(DType::kF32), QuantLayout::kRows);
   ::setenv("KILN_CUDA_QGEMV", "old", 1);
   EXPECT_EQ(qgemv_layout(DType::kBF16), QuantLayout::kRows);
+  // The kRows layout suits the skinny GEMM too: keep it off 8 rows, so the old kernel runs.
+  ScopedEnv gemv_to_eight("KILN_CUDA_QGEMM_SKINNY_MIN_ROWS", "9");
   for (const std::string dt : {"bf16", "f16"})
     for (const char* q : {"q8", "q4"}) {
       QuantCase c = linear_case(130, 4128, true, {{"precision", std::string(q)}, {"activation", std::string("swiglu")}},

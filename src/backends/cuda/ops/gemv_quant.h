@@ -8,16 +8,18 @@
 //    group's scale and min applied in f32 (gemv_quant_dp4a.cu; x's rounding bounds its
 //    extra error, no measurable perplexity cost on the real SmolLM2: bench/RESULTS.md).
 //    Every row count 1..8 runs it where x fits a CTA's shared memory (at 8 rows up to
-//    k = 23K on an H100/H200), else the kRows kernel below. The mma kernel cannot stand in
-//    at 4-8 rows: it reads the other layout, and a second copy of the weights would undo
-//    the point of q4.
+//    k = 23K on an H100/H200), else the kRows kernel below; in the Linear op 1-5 rows by
+//    default where the skinny GEMM below applies (kQGemmSkinnyMinRowsDefault). The mma kernel
+//    cannot stand in at 4-8 rows: it reads the other layout, and a second copy of the weights would
+//    undo the point of q4.
 //  - kMma (bf16/f16, KILN_CUDA_QGEMV=mma): 16 weight rows x 8 token rows per warp
 //    through tensor-core mma.sync (codes decoded exactly to 16-bit integers, products
 //    summed in f32 per group, then scale·dot + min·Σx in f32), from a layout reordered at
 //    upload so each lane's 16-byte load holds exactly its fragment (see QuantLayout).
 //  - kRows (f32 activations, or KILN_CUDA_QGEMV=old): the row-major CPU layout, f32 math
 //    on the CUDA cores, 4 weight rows per warp.
-// More rows: tiles of the weight are dequantized into a workspace and multiplied by
+// More rows: the skinny GEMM (launch_qgemm_skinny, by default 6-64 rows of 16-bit
+// activations), else tiles of the weight dequantized into a workspace and multiplied by
 // cuBLASLt. Tested against the CPU backend's q8/q4 kernels (the same quantized weights)
 // in tests/backends/cuda/quant_test.cpp; timed by bench/cuda_gemv_bench.
 #pragma once

@@ -228,7 +228,7 @@ __global__ void __launch_bounds__(64 * WN) qgemm_kernel(const QmArgs a) {
 // thus read once from memory and decoded once, in registers, with no shared-memory trip
 // (session 51's fused GEMM decoded into shared memory behind a barrier each step and
 // reached a quarter of mma.sync's rate). f32 accumulation; the epilogue adds the bias and
-// rounds once. Meant for batch decode and short prompts (9-64 rows), where the tile path
+// rounds once. Meant for batch decode and short prompts (6-64 rows by default), where the tile path
 // writes every weight as 16 bits per step.
 constexpr int kQsWarps = 4;
 
