@@ -10,6 +10,14 @@ Compare each copy with the original through kiln:
   kiln eval embeddings -m /tmp/g/g128 --weight-dtype f32 \
       --reference .cache/models/all-minilm-l6-v2 --text sentences.txt
 
+A GGUF source (F32/F16/Q8_0/Q4_0/Q4_1 tensors) is expanded to an all-F32 GGUF (ref.gguf, its
+own values: the reference) and one copy per group size (gG.gguf) whose quantized block
+Linears (every 2-D tensor but the token table) are requantized from those values:
+
+  python3 bench/q4_group_study.py SmolLM2-135M-Instruct.Q4_1.gguf /tmp/s 32 32s16 64 128
+  kiln eval perplexity -m /tmp/s/g128.gguf --weight-dtype f32 --reference /tmp/s/ref.gguf \
+      --reference-dtype f32 --text /usr/share/common-licenses/GPL-3 --max-tokens 1500
+
 G = 32 must reproduce `--weight-dtype q4`'s numbers to about 5 digits (the same weights;
 kiln's q4 kernels also round x), which checks this emulation. For checkpoints whose
 Linears are stored [out, in] (not GPT-2's Conv1D); token and position tables stay as they are. Only numpy; safetensors files read and written directly (f32/f16/bf16 tensors).
@@ -74,22 +82,44 @@ def f16(x):
 
 
 def q4_roundtrip(w, group):
-    """Rows of w [n, k] on kiln's q4 grid with groups of `group` values."""
+    """Rows of w [n, k] on kiln's q4 grid with groups of `group` values (k not a multiple of
+    it: a last, shorter group, e.g. 576 = 4 x 128 + 64)."""
     n, k = w.shape
-    assert k % group == 0, (k, group)
-    g = w.reshape(n, k // group, group).astype(np.float32)
-    lo, hi = g.min(axis=2), g.max(axis=2)
-    scale = (hi - lo) / 15.0
+    w = w.astype(np.float32)
+    whole = k // group * group
+    parts = [w[:, :whole].reshape(n, whole // group, group)] if whole else []
+    if whole != k:
+        parts.append(w[:, whole:].reshape(n, 1, k - whole))
+    stats = [(p.min(axis=2), (p.max(axis=2) - p.min(axis=2)) / 15.0) for p in parts]
     # The row factor: a power of two putting the row's largest scale or |min| in [2^14, 2^15].
-    big = np.maximum(scale.max(axis=1), np.abs(lo).max(axis=1)).astype(np.float64)
-    e = np.where(big > 0, 15 - np.frexp(np.where(big > 0, big, 1.0))[1], 0)  # big * 2^e in [2^14, 2^15)
+    big = np.max([np.maximum(sc.max(axis=1), np.abs(lo).max(axis=1)) for lo, sc in stats], axis=0)
+    big = big.astype(np.float64)
+    e = np.where(big > 0, 15 - np.frexp(np.where(big > 0, big, 1.0))[1], 0)
     factor = np.exp2(np.maximum(e, -126)).astype(np.float32)[:, None]
-    s16 = f16(scale * factor) / factor
-    m16 = f16(lo * factor) / factor
-    safe = np.where(s16 > 0, s16, 1.0)
-    q = np.where(s16[..., None] > 0, np.rint((g - m16[..., None]) / safe[..., None]), 0.0)
-    q = np.clip(q, 0, 15)
-    return (s16[..., None] * q + m16[..., None]).reshape(n, k).astype(np.float32)
+    out = []
+    for p, (lo, scale) in zip(parts, stats):
+        s16 = f16(scale * factor) / factor
+        m16 = f16(lo * factor) / factor
+        safe = np.where(s16 > 0, s16, 1.0)
+        q = np.where(s16[..., None] > 0, np.rint((p - m16[..., None]) / safe[..., None]), 0.0)
+        q = np.clip(q, 0, 15)
+        out.append((s16[..., None] * q + m16[..., None]).reshape(n, -1))
+    return np.concatenate(out, axis=1).astype(np.float32)
+
+
+def requantize(w, spec):
+    """spec "G": groups of G from column 0; "GsS": groups of G starting S columns in (the
+    row rotated by S first and back after: a second rounding on a grid offset from a
+    checkpoint's own, for a checkpoint that is already quantized)."""
+    group, _, shift = spec.partition("s")
+    group, shift = int(group), int(shift or 0)
+    if not shift:
+        return q4_roundtrip(w, group)
+    return np.roll(q4_roundtrip(np.roll(w, -shift, axis=1), group), shift, axis=1)
+
+
+def bits(spec):
+    return 4 + 32 / int(spec.partition("s")[0])
 
 
 def is_linear_weight(name, arr):
@@ -99,10 +129,130 @@ def is_linear_weight(name, arr):
             and not any(t in name for t in tables))
 
 
+# ---- GGUF (version 2/3): metadata copied as its bytes, tensors rewritten as F32 ----
+GGUF_SCALAR = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}  # type: bytes
+GGML_F32, GGML_F16, GGML_Q4_0, GGML_Q4_1, GGML_Q8_0 = 0, 1, 2, 3, 8
+
+
+class Reader:
+    def __init__(self, buf):
+        self.buf, self.pos = buf, 0
+
+    def take(self, fmt):
+        v = struct.unpack_from("<" + fmt, self.buf, self.pos)
+        self.pos += struct.calcsize("<" + fmt)
+        return v[0]
+
+    def string(self):
+        n = self.take("Q")
+        s = self.buf[self.pos:self.pos + n].decode("utf-8")
+        self.pos += n
+        return s
+
+    def skip_value(self, t):
+        if t == 8:
+            self.string()
+        elif t == 9:
+            et, count = self.take("I"), self.take("Q")
+            for _ in range(count):
+                self.skip_value(et)
+        else:
+            self.pos += GGUF_SCALAR[t]
+
+
+def dequantize(raw, ggml_type, count):
+    if ggml_type == GGML_F32:
+        return np.frombuffer(raw, dtype=np.float32, count=count).copy()
+    if ggml_type == GGML_F16:
+        return np.frombuffer(raw, dtype=np.float16, count=count).astype(np.float32)
+    blocks = count // 32
+    if ggml_type == GGML_Q8_0:  # f16 d, 32 int8
+        b = np.frombuffer(raw, dtype=np.uint8, count=blocks * 34).reshape(blocks, 34)
+        d = b[:, :2].copy().view(np.float16).astype(np.float32)
+        return (d * b[:, 2:].view(np.int8).astype(np.float32)).reshape(-1)
+    if ggml_type in (GGML_Q4_0, GGML_Q4_1):  # f16 d (, f16 m), 16 bytes: j low, j + 16 high
+        size = 18 if ggml_type == GGML_Q4_0 else 20
+        b = np.frombuffer(raw, dtype=np.uint8, count=blocks * size).reshape(blocks, size)
+        d = b[:, :2].copy().view(np.float16).astype(np.float32)
+        qs = b[:, size - 16:]
+        q = np.concatenate([qs & 15, qs >> 4], axis=1).astype(np.float32)
+        if ggml_type == GGML_Q4_0:
+            return (d * (q - 8.0)).reshape(-1)
+        m = b[:, 2:4].copy().view(np.float16).astype(np.float32)
+        return (d * q + m).reshape(-1)
+    raise SystemExit(f"tensor type {ggml_type}: not handled by this script")
+
+
+def read_gguf(path):
+    buf = open(path, "rb").read()
+    r = Reader(buf)
+    if buf[:4] != b"GGUF":
+        raise SystemExit(f"{path}: not a GGUF file")
+    r.pos = 4
+    version, n_tensors, n_kv = r.take("I"), r.take("Q"), r.take("Q")
+    kv_start, align = r.pos, 32
+    for _ in range(n_kv):
+        key, t = r.string(), r.take("I")
+        if key == "general.alignment":
+            align = r.take("I")
+        else:
+            r.skip_value(t)
+    kv = buf[kv_start:r.pos]
+    infos = []
+    for _ in range(n_tensors):
+        name, nd = r.string(), r.take("I")
+        dims = [r.take("Q") for _ in range(nd)]
+        infos.append((name, dims, r.take("I"), r.take("Q")))
+    data = (r.pos + align - 1) // align * align
+    tensors = []
+    for name, dims, t, off in infos:
+        count = int(np.prod(dims))
+        arr = dequantize(buf[data + off:], t, count).reshape(list(reversed(dims)))
+        tensors.append((name, arr, t))
+    return version, n_kv, kv, align, tensors
+
+
+def write_gguf(path, version, n_kv, kv, align, tensors):
+    infos, blobs, off = b"", [], 0
+    for name, arr, _ in tensors:
+        nb = name.encode()
+        dims = list(reversed(arr.shape))
+        infos += struct.pack("<Q", len(nb)) + nb + struct.pack("<I", len(dims))
+        infos += b"".join(struct.pack("<Q", d) for d in dims) + struct.pack("<IQ", GGML_F32, off)
+        b = np.ascontiguousarray(arr, dtype=np.float32).tobytes()
+        blobs.append(b)
+        off += (len(b) + align - 1) // align * align
+    head = b"GGUF" + struct.pack("<IQQ", version, len(tensors), n_kv) + kv + infos
+    with open(path, "wb") as f:
+        f.write(head + b"\0" * ((align - len(head) % align) % align))
+        for b in blobs:
+            f.write(b + b"\0" * ((align - len(b) % align) % align))
+
+
+def gguf_main(src, out, groups):
+    version, n_kv, kv, align, tensors = read_gguf(src)
+    os.makedirs(out, exist_ok=True)
+    write_gguf(os.path.join(out, "ref.gguf"), version, n_kv, kv, align, tensors)
+    print(f"{out}/ref.gguf: {len(tensors)} tensors as F32")
+    quantized = (GGML_Q4_0, GGML_Q4_1, GGML_Q8_0)
+    for group in groups:
+        done, copy = 0, []
+        for name, arr, t in tensors:
+            if arr.ndim == 2 and t in quantized and "token_embd" not in name:
+                arr = requantize(arr, group)
+                done += 1
+            copy.append((name, arr, t))
+        write_gguf(os.path.join(out, f"g{group}.gguf"), version, n_kv, kv, align, copy)
+        print(f"{out}/g{group}.gguf: {done} block Linears on the q4 grid with groups of {group} "
+              f"({bits(group):.2f} bits a weight)")
+
+
 def main():
     if len(sys.argv) < 4:
         sys.exit(__doc__)
-    src, out, groups = sys.argv[1], sys.argv[2], [int(g) for g in sys.argv[3:]]
+    src, out, groups = sys.argv[1], sys.argv[2], sys.argv[3:]
+    if src.endswith(".gguf"):
+        return gguf_main(src, out, groups)
     files = [f for f in os.listdir(src) if f.endswith(".safetensors")]
     for group in groups:
         dst = os.path.join(out, f"g{group}")
@@ -112,12 +262,12 @@ def main():
         for f in files:
             tensors, meta = read_safetensors(os.path.join(src, f))
             for name, arr in tensors.items():
-                if is_linear_weight(name, arr) and arr.shape[1] % group == 0:
-                    tensors[name] = q4_roundtrip(arr, group)
+                if is_linear_weight(name, arr):
+                    tensors[name] = requantize(arr, group)
                     done += 1
             write_safetensors(os.path.join(dst, f), tensors, meta)
         print(f"{dst}: {done} Linear weights on the q4 grid with groups of {group} "
-              f"({4 + 32 / group:.2f} bits a weight)")
+              f"({bits(group):.2f} bits a weight)")
 
 
 if __name__ == "__main__":
