@@ -3,7 +3,9 @@
 weights are rounded to kiln's q4 grid (core/weight_quant.h: per group of G values along K,
 scale = (max - min) / 15 and min stored as f16 under a power-of-two row factor, codes
 rounded to nearest, ties to even) and expanded back to f32, for G = 32 (kiln's q4 today, 5
-bits a weight with its scale and min) and larger groups (64: 4.5 bits, 128: 4.25 bits).
+bits a weight with its scale and min), larger groups (64: 4.5 bits, 128: 4.25 bits) and "k",
+groups of 32 with 6-bit scales and mins under f16 super-scales per 256 values (4.5 bits, as
+GGUF's Q4_K).
 Compare each copy with the original through kiln:
 
   python3 bench/q4_group_study.py .cache/models/all-minilm-l6-v2 /tmp/g 32 64 128
@@ -14,7 +16,7 @@ A GGUF source (F32/F16/Q8_0/Q4_0/Q4_1 tensors) is expanded to an all-F32 GGUF (r
 own values: the reference) and one copy per group size (gG.gguf) whose quantized block
 Linears (every 2-D tensor but the token table) are requantized from those values:
 
-  python3 bench/q4_group_study.py SmolLM2-135M-Instruct.Q4_1.gguf /tmp/s 32 32s16 64 128
+  python3 bench/q4_group_study.py SmolLM2-135M-Instruct.Q4_1.gguf /tmp/s 32 32s16 64 128 k ks16
   kiln eval perplexity -m /tmp/s/g128.gguf --weight-dtype f32 --reference /tmp/s/ref.gguf \
       --reference-dtype f32 --text /usr/share/common-licenses/GPL-3 --max-tokens 1500
 
@@ -107,19 +109,42 @@ def q4_roundtrip(w, group):
     return np.concatenate(out, axis=1).astype(np.float32)
 
 
+def q4_superblocks(w):
+    """Rows of w [n, k] on a 4.5-bit grid like GGUF's Q4_K: groups of 32 whose scale and min
+    are 6-bit codes (scale 0..63, min -32..31) times f16 super-scales shared by 256 values
+    (8 groups; a shorter last super-block where k is not a multiple of 256)."""
+    n, k = w.shape
+    g = w.astype(np.float32).reshape(n, k // 32, 32)
+    lo, scale = g.min(axis=2), (g.max(axis=2) - g.min(axis=2)) / 15.0
+    out_s, out_m = np.zeros_like(scale), np.zeros_like(lo)
+    for b0 in range(0, k // 32, 8):
+        sl = slice(b0, min(b0 + 8, k // 32))
+        d = f16(scale[:, sl].max(axis=1) / 63.0)[:, None]
+        dm = f16(np.abs(lo[:, sl]).max(axis=1) / 31.0)[:, None]
+        sc = np.clip(np.rint(scale[:, sl] / np.where(d > 0, d, 1.0)), 0, 63)
+        mc = np.clip(np.rint(lo[:, sl] / np.where(dm > 0, dm, 1.0)), -32, 31)
+        out_s[:, sl], out_m[:, sl] = d * sc, dm * mc
+    safe = np.where(out_s > 0, out_s, 1.0)
+    q = np.where(out_s[..., None] > 0, np.rint((g - out_m[..., None]) / safe[..., None]), 0.0)
+    return (out_s[..., None] * np.clip(q, 0, 15) + out_m[..., None]).reshape(n, k)
+
+
 def requantize(w, spec):
     """spec "G": groups of G from column 0; "GsS": groups of G starting S columns in (the
     row rotated by S first and back after: a second rounding on a grid offset from a
-    checkpoint's own, for a checkpoint that is already quantized)."""
+    checkpoint's own, for a checkpoint that is already quantized); "k" (and "ksS"):
+    q4_superblocks."""
     group, _, shift = spec.partition("s")
-    group, shift = int(group), int(shift or 0)
+    shift = int(shift or 0)
+    fn = q4_superblocks if group == "k" else lambda v: q4_roundtrip(v, int(group))
     if not shift:
-        return q4_roundtrip(w, group)
-    return np.roll(q4_roundtrip(np.roll(w, -shift, axis=1), group), shift, axis=1)
+        return fn(w)
+    return np.roll(fn(np.roll(w, -shift, axis=1)), shift, axis=1)
 
 
 def bits(spec):
-    return 4 + 32 / int(spec.partition("s")[0])
+    group = spec.partition("s")[0]
+    return 4.5 if group == "k" else 4 + 32 / int(group)
 
 
 def is_linear_weight(name, arr):
