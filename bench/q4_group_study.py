@@ -22,7 +22,9 @@ Linears (every 2-D tensor but the token table) are requantized from those values
 
 G = 32 must reproduce `--weight-dtype q4`'s numbers to about 5 digits (the same weights;
 kiln's q4 kernels also round x), which checks this emulation. For checkpoints whose
-Linears are stored [out, in] (not GPT-2's Conv1D); token and position tables stay as they are. Only numpy; safetensors files read and written directly (f32/f16/bf16 tensors).
+Linears are stored [out, in] (not GPT-2's Conv1D); token and position tables stay as they
+are. Only numpy (no `gguf` package): safetensors (f32/f16/bf16) and GGUF files are read and
+written directly.
 """
 import json
 import os
@@ -170,7 +172,7 @@ class Reader:
 
     def string(self):
         n = self.take("Q")
-        s = self.buf[self.pos:self.pos + n].decode("utf-8")
+        s = bytes(self.buf[self.pos:self.pos + n]).decode("utf-8")
         self.pos += n
         return s
 
@@ -209,7 +211,7 @@ def dequantize(raw, ggml_type, count):
 
 
 def read_gguf(path):
-    buf = open(path, "rb").read()
+    buf = memoryview(open(path, "rb").read())  # tensors below are views, not copies
     r = Reader(buf)
     if buf[:4] != b"GGUF":
         raise SystemExit(f"{path}: not a GGUF file")
@@ -222,7 +224,7 @@ def read_gguf(path):
             align = r.take("I")
         else:
             r.skip_value(t)
-    kv = buf[kv_start:r.pos]
+    kv = bytes(buf[kv_start:r.pos])
     infos = []
     for _ in range(n_tensors):
         name, nd = r.string(), r.take("I")

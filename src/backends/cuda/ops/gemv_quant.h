@@ -128,8 +128,8 @@ void launch_qgemm(DType dtype, const void* x, const QuantWeightView& w, const vo
 // has in flight (1 or 2; KILN_CUDA_QGEMM_SKINNY_DEPTH), the same bits.
 constexpr int64_t kQGemmSkinnyMaxRows = 64;
 // The fewest token rows the Linear op gives it by default (KILN_CUDA_QGEMM_SKINNY_MIN_ROWS;
-// fewer: the dp4a GEMV, whose time grows with each row while this GEMM's stays flat below
-// 16). H100, session 54: at 6 rows 8B q4 decode 1.09x the GEMV's, at 8 rows 1.28x (TinyLlama
+// fewer: the dp4a GEMV, whose time grows with each row while this GEMM's stays flat up to
+// 8, one mma n-tile). H100, session 54: at 6 rows 8B q4 decode 1.09x the GEMV's, at 8 rows 1.28x (TinyLlama
 // 1.38x); at 4 rows 0.82x / 0.94x.
 constexpr int64_t kQGemmSkinnyMinRowsDefault = 6;
 constexpr int kQGemmSkinnyMaxSplits = 8;
