@@ -12,6 +12,18 @@
 // Why F: it keeps the f16 scales of a row of tiny weights out of f16's subnormal range
 // (F is chosen so the row's largest scale or |min| lands in [2^14, 2^15]). Codes are
 // rounded against the stored (f16-rounded) scale and min, to nearest, ties to even.
+//
+// q4's 8-bit scales. quantize_row does not store free f16 values for q4: along a row, per
+// super-group of kQ4SuperGroups groups (256 values; the row's last one may be shorter),
+// every scale is an integer 0..255 times 2^Es and every min an integer -127..127 times 2^Em
+// (relative to F), Es and Em the super-group's (QuantSuperExp: the smallest powers of two
+// that hold its largest scale and |min|), both rounded to nearest. Those values are exact
+// f16, so the format and every CPU kernel are unchanged; the CUDA backend stores such a
+// weight in 4.5625 bits a weight instead of 5 (an 8-bit scale and min code per group, two
+// exponent bytes per super-group: q4_super_exps finds them). Measured (bench/RESULTS.md,
+// session 55, bench/q4_group_study.py "u8"): all-MiniLM-L6-v2 embeddings and SmolLM2
+// perplexity as with free f16 scales, within the run-to-run spread of the grids. GGUF
+// Q4_0 / Q4_1 / Q4_K weights keep their own f16 values (and the 5-bit device layout).
 #pragma once
 
 #include <algorithm>
@@ -37,24 +49,52 @@ inline size_t quant_row_code_bytes(QuantFormat f, int64_t k) {
 // codes (q8: k int8 as bytes; q4: element 2j in the low nibble of byte j, 2j+1 in the
 // high nibble), k / 32 f16 scales, for q4 k / 32 f16 mins (`mins` may be null for q8),
 // and the row factor.
-void quantize_row(const float* w, int64_t k, QuantFormat f, uint8_t* codes, uint16_t* scales, uint16_t* mins,
-                  float* row_factor);
+void quantize_row(const float* w, int64_t k, QuantFormat f, uint8_t* codes, uint16_t* scales,
+                  uint16_t* mins, float* row_factor);
 
 // The pieces of quantize_row, for quantizers that choose codes themselves (quant/gptq.h).
 // The row factor F quantize_row picks for w (a power of two; 1 for an all-zero row).
 float quant_row_factor(const float* w, int64_t k, QuantFormat f);
-// One group's stored scale and min (f16 relative to F, saturating at f16's range) and
-// the values they stand for; code(v) rounds v to the nearest code (ties to even), clamped.
+// q4's super-groups: kQ4SuperGroups groups of a row share the exponents of their scale and
+// min codes (see the top of the file). Es in [-24, 8] holds 255 * 2^Es <= 65280 and every
+// multiple of 2^Es exact in f16; Em likewise with 127.
+constexpr int64_t kQ4SuperGroups = 8;
+constexpr int kQ4ExpMin = -24, kQ4ExpMax = 8;
+struct QuantSuperExp {
+  int scale = kQ4ExpMin, min = kQ4ExpMin;
+};
+// The exponents of the super-group of `count` values at v (a multiple of kQuantGroup, at
+// most kQ4SuperGroups groups) for the row factor F.
+QuantSuperExp quant_super_exp(const float* v, int64_t count, float row_factor);
+// Super-group s of a row of k values: values [s * 256, min(k, (s + 1) * 256)).
+inline int64_t quant_super_groups(int64_t k) {
+  return (k / kQuantGroup + kQ4SuperGroups - 1) / kQ4SuperGroups;
+}
+// Whether a q4 row's stored scales and mins (f16, `groups` of each) lie on the 8-bit grid;
+// if so out[s] (quant_super_groups(32 * groups) entries) gets each super-group's exponents
+// (the smallest that hold its values). Free f16 values (GGUF's) give false.
+bool q4_super_exps(const uint16_t* scales, const uint16_t* mins, int64_t groups,
+                   QuantSuperExp* out);
+// One group's stored scale and min (f16 relative to F; q8: saturating at f16's range; q4:
+// on the 8-bit grid of its super-group's exponents `e`) and the values they stand for;
+// code(v) rounds v to the nearest code (ties to even), clamped.
 struct QuantGroup {
   uint16_t scale16 = 0, min16 = 0;  // min16: q4 only
   float scale = 0, min = 0;
   int code(float v, QuantFormat f) const {
     const float q = scale > 0.0f ? std::nearbyint((v - min) / scale) : 0.0f;
-    return f == QuantFormat::kQ8 ? int(std::clamp(q, -127.0f, 127.0f)) : int(std::clamp(q, 0.0f, 15.0f));
+    return f == QuantFormat::kQ8 ? int(std::clamp(q, -127.0f, 127.0f))
+                                 : int(std::clamp(q, 0.0f, 15.0f));
   }
   float value(int code) const { return scale * float(code) + min; }
 };
-QuantGroup quant_group(const float* v, QuantFormat f, float row_factor);  // v: kQuantGroup values
+QuantGroup quant_group(const float* v, QuantFormat f, float row_factor,
+                       const QuantSuperExp& e);  // v: 32 values
+// KILN_Q4_SCALES=f16: q4 groups get free f16 scales and mins as before the 8-bit grid (for
+// accuracy comparisons; such weights take the 5-bit device layout); "8bit" or unset: the
+// grid. Read once; another value is a kInvalidArgument error naming the variable.
+bool q4_free_scales();
+void q4_free_scales_set(bool free);  // for tests: as if KILN_Q4_SCALES were f16 (true) or 8bit
 // Stores code (q8: -127..127; q4: 0..15) as element i of a quantized row.
 void set_quant_code(QuantFormat f, uint8_t* codes, int64_t i, int code);
 
@@ -68,8 +108,8 @@ inline int quant_code(QuantFormat f, const uint8_t* codes, int64_t i) {
 // The values a quantized row stands for: out[i] = F * (scale[g] * q[i] + min[g]) (q8: no
 // min), the inverse of quantize_row up to its rounding. Used to measure quantization
 // error (quant/awq.h) and by tests.
-void dequantize_row(const uint8_t* codes, const uint16_t* scales, const uint16_t* mins, float row_factor, int64_t k,
-                    QuantFormat f, float* out);
+void dequantize_row(const uint8_t* codes, const uint16_t* scales, const uint16_t* mins,
+                    float row_factor, int64_t k, QuantFormat f, float* out);
 
 // A whole [n, k] weight in row-major form, rows quantized in parallel on the global
 // thread pool: codes [n][quant_row_code_bytes], scales and (q4) mins [n][k / 32],
