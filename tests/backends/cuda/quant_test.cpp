@@ -17,11 +17,11 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 
 #include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/ops/gemv_quant.h"
 #include "core/weight_quant.h"
-
 #include "cuda_test_util.h"
 
 namespace kiln::cuda {
@@ -47,8 +47,10 @@ constexpr QGemvCase kQGemvCases[] = {{"mma", 0.0}, {"", kDp4aExtraTol}};
 
 struct ScopedQGemv {
   explicit ScopedQGemv(const char* v) {
-    if (*v) ::setenv("KILN_CUDA_QGEMV", v, 1);
-    else ::unsetenv("KILN_CUDA_QGEMV");
+    if (*v)
+      ::setenv("KILN_CUDA_QGEMV", v, 1);
+    else
+      ::unsetenv("KILN_CUDA_QGEMV");
   }
   ~ScopedQGemv() { ::unsetenv("KILN_CUDA_QGEMV"); }
 };
@@ -97,21 +99,26 @@ QuantCase linear_case(int64_t n, int64_t k, bool bias, std::map<std::string, ir:
 }
 
 const std::vector<int64_t>& all_row_counts() {
-  static const std::vector<int64_t> v = {1, 2, 3, 4, 5, 6, 7, 8, 9, 33};  // GEMV up to 8, then tiles
+  static const std::vector<int64_t> v = {1, 2, 3, 4, 5,
+                                         6, 7, 8, 9, 33};  // GEMV up to 8, then tiles
   return v;
 }
 
 // f32 activations: the node's precision attribute quantizes it on both backends.
 TEST(CudaQuant, LinearMatchesCpuQuantizedKernelsInF32) {
   KILN_SKIP_WITHOUT_CUDA();
-  struct S { int64_t n, k; bool bias; };
+  struct S {
+    int64_t n, k;
+    bool bias;
+  };
   for (const char* q : {"q8", "q4"})
-    for (S s : {S{1, 32, false}, S{37, 96, true}, S{130, 256, false}, S{70, 4128, true}, S{4097, 2048, true},
-                S{6, 14336, false}}) {
-      QuantCase c = linear_case(s.n, s.k, s.bias, {{"precision", std::string(q)}}, all_row_counts(), "f32",
-                                uint64_t(s.n * 7 + s.k + q[1]));
-      expect_backends_match_opts(c.g, c.steps, {.weight_dtype = "f32"}, {.weight_dtype = "f32"}, kQuantF32Tol,
-                                 str_cat("Linear ", q, " n=", s.n, " k=", s.k, s.bias ? " +bias" : "", " t=1..9,33"));
+    for (S s : {S{1, 32, false}, S{37, 96, true}, S{130, 256, false}, S{70, 4128, true},
+                S{4097, 2048, true}, S{6, 14336, false}}) {
+      QuantCase c = linear_case(s.n, s.k, s.bias, {{"precision", std::string(q)}}, all_row_counts(),
+                                "f32", uint64_t(s.n * 7 + s.k + q[1]));
+      expect_backends_match_opts(
+          c.g, c.steps, {.weight_dtype = "f32"}, {.weight_dtype = "f32"}, kQuantF32Tol,
+          str_cat("Linear ", q, " n=", s.n, " k=", s.k, s.bias ? " +bias" : "", " t=1..9,33"));
     }
 }
 
@@ -123,12 +130,14 @@ TEST(CudaQuant, EpiloguesAndSwiGluInEveryActivationDtype) {
       ScopedQGemv env(kc.env);
       for (const char* q : {"q8", "q4"})
         for (const char* act : {"gelu_erf", "gelu_tanh", "silu", "swiglu"}) {
-          QuantCase c = linear_case(322, 256, true, {{"precision", std::string(q)}, {"activation", std::string(act)}},
-                                    {1, 3, 8, 9, 20}, dt, uint64_t(act[0] + act[5] + q[1]));
-          expect_backends_match_opts(c.g, c.steps, {.weight_dtype = "f32"}, {.weight_dtype = dt},
-                                     dt == "f32" ? kQuantF32Tol : op_tolerance(dt) + kc.extra_tol,
-                                     str_cat("Linear ", q, "+", act, " n=322 k=256 t=1,3,8,9,20 qgemv ",
-                                             *kc.env ? kc.env : "default"));
+          QuantCase c = linear_case(
+              322, 256, true, {{"precision", std::string(q)}, {"activation", std::string(act)}},
+              {1, 3, 8, 9, 20}, dt, uint64_t(act[0] + act[5] + q[1]));
+          expect_backends_match_opts(
+              c.g, c.steps, {.weight_dtype = "f32"}, {.weight_dtype = dt},
+              dt == "f32" ? kQuantF32Tol : op_tolerance(dt) + kc.extra_tol,
+              str_cat("Linear ", q, "+", act, " n=322 k=256 t=1,3,8,9,20 qgemv ",
+                      *kc.env ? kc.env : "default"));
         }
     }
 }
@@ -147,15 +156,19 @@ TEST(CudaQuant, GemmTilesAndResidentSize) {
         // 300 rows: one tile the width of the device (dequant_tile_rows); 40: L2-sized tiles.
         QuantCase c = linear_case(n, k, true, attrs, {300, 40, 1}, dt, uint64_t(swiglu) + q[1]);
         // The default kernel (dp4a for bf16) at t=1: its bound.
-        expect_backends_match_opts(c.g, c.steps, {.weight_dtype = "f32"}, {.weight_dtype = dt},
-                                   dt == "f32" ? kQuantF32Tol : op_tolerance(dt) + kDp4aExtraTol,
-                                   str_cat("Linear ", q, swiglu ? "+swiglu" : "", " n=4000 k=4096 t=300,40,1"));
+        expect_backends_match_opts(
+            c.g, c.steps, {.weight_dtype = "f32"}, {.weight_dtype = dt},
+            dt == "f32" ? kQuantF32Tol : op_tolerance(dt) + kDp4aExtraTol,
+            str_cat("Linear ", q, swiglu ? "+swiglu" : "", " n=4000 k=4096 t=300,40,1"));
         auto gg = create_backend("cuda")->compile(c.g, {.weight_dtype = dt});
         const double bf16_bytes = double(n * k) * 2, got = double(gg->weight_bytes());
-        const double want = std::string(q) == "q8" ? double(n) * (k + k / 32 * 2 + 4) : double(n) * (k / 2 + k / 32 * 4 + 4);
-        std::printf("  %s resident: %.2f MiB (bf16 would be %.2f MiB)\n", q, got / (1 << 20), bf16_bytes / (1 << 20));
+        const double want = std::string(q) == "q8" ? double(n) * (k + k / 32 * 2 + 4)
+                                                   : double(n) * (k / 2 + k / 32 * 4 + 4);
+        std::printf("  %s resident: %.2f MiB (bf16 would be %.2f MiB)\n", q, got / (1 << 20),
+                    bf16_bytes / (1 << 20));
         EXPECT_GE(got, want) << q;
-        EXPECT_LE(got, want + double(n) * 4 + 4096) << q << ": more than the quantized weight and the bias";
+        EXPECT_LE(got, want + double(n) * 4 + 4096)
+            << q << ": more than the quantized weight and the bias";
       }
 }
 
@@ -211,15 +224,112 @@ TEST(CudaQuant, DequantKernelsGiveTheSameBits) {
       }
 }
 
+// q4 weights on the 8-bit grid (every quantize_rows weight) are stored in the grid8 form,
+// 16-bit words for the f16 (scale, min) pairs; every kRows kernel must read them as the same
+// values: the same bits as the f16 pairs of the same QuantizedRows, for the tile
+// dequantizers (both), the dp4a GEMV at 1-8 rows (plain, SwiGLU, split-K over a long K), the
+// old kernel (f32 activations), the skinny GEMM (split and not) and the fused prompt GEMM;
+// k of a shorter last super-group (320 = 8 + 2 groups, 4128 = 16 + 1 groups).
+TEST(CudaQuant, Grid8ScalesGiveTheF16PairsBits) {
+  KILN_SKIP_WITHOUT_CUDA();
+  std::mt19937_64 rng(61);
+  struct S {
+    int64_t n, k;
+  };
+  for (const S sh : {S{64, 320}, S{130, 4128}, S{512, 14336}}) {
+    std::normal_distribution<float> nd(0.0f, 0.02f);
+    std::vector<float> wf(size_t(sh.n * sh.k));
+    for (float& v : wf) v = nd(rng);
+    const QuantizedRows q = quantize_rows(wf.data(), sh.n, sh.k, QuantFormat::kQ4);
+    const QuantImage i8 = quant_image(q, QuantLayout::kRows, true),
+                     i16 = quant_image(q, QuantLayout::kRows, false);
+    ASSERT_TRUE(i8.shape.grid8);
+    ASSERT_FALSE(i16.shape.grid8);
+    EXPECT_LT(i8.bytes.size(), i16.bytes.size());
+    EXPECT_EQ(i8.shape.bytes(),
+              size_t(sh.n) * (size_t(sh.k) / 2 + size_t(sh.k / 32 + (sh.k / 32 + 7) / 8) * 2 + 4));
+    const Dev d8(i8.bytes.data(), i8.bytes.size()), d16(i16.bytes.data(), i16.bytes.size());
+    const QuantWeightView w8 = i8.view_at(d8.get()), w16 = i16.view_at(d16.get());
+    const std::string what = "n=" + std::to_string(sh.n) + " k=" + std::to_string(sh.k);
+    // Runs fn(view, out) on both views and compares `bytes` of the outputs.
+    auto same = [&](const std::string& name, size_t bytes,
+                    const std::function<void(const QuantWeightView&, void*)>& fn) {
+      const Dev a(bytes), b(bytes);
+      KILN_CUDA_CHECK(cudaMemset(a.get(), 0x7F, bytes));
+      KILN_CUDA_CHECK(cudaMemset(b.get(), 0x7F, bytes));
+      fn(w8, a.get());
+      fn(w16, b.get());
+      KILN_CUDA_CHECK(cudaDeviceSynchronize());
+      EXPECT_TRUE(a.host<uint8_t>(bytes) == b.host<uint8_t>(bytes)) << name << " " << what;
+    };
+    for (const DType t : {DType::kBF16, DType::kF16}) {
+      const size_t es = dtype_size(t);
+      same("dequant words", size_t(sh.n * sh.k) * es, [&](const QuantWeightView& w, void* o) {
+        launch_dequant_rows(t, w, 0, sh.n, o, nullptr, true);
+      });
+      same("dequant chunks", size_t(sh.n * sh.k) * es, [&](const QuantWeightView& w, void* o) {
+        launch_dequant_rows(t, w, 0, sh.n, o, nullptr, false);
+      });
+      const Tensor xt = random_tensor({64, sh.k}, rng, t == DType::kBF16 ? "bf16" : "f16");
+      const Dev x(xt.data(), xt.nbytes());
+      for (const int64_t m : {1, 2, 3, 8}) {
+        if (!qgemv_dp4a_supports(t, m, sh.k)) continue;
+        same("dp4a m=" + std::to_string(m), size_t(m * sh.n) * es,
+             [&](const QuantWeightView& w, void* o) {
+               launch_gemv_quant(t, x.get(), w, nullptr, o, m, sh.n, nullptr, GemvEpilogue::kNone,
+                                 QGemvKernel::kDp4a);
+             });
+        same("dp4a swiglu m=" + std::to_string(m), size_t(m * sh.n / 2) * es,
+             [&](const QuantWeightView& w, void* o) {
+               launch_gemv_quant(t, x.get(), w, nullptr, o, m, sh.n / 2, nullptr,
+                                 GemvEpilogue::kSwiGlu, QGemvKernel::kDp4a);
+             });
+      }
+      for (const int64_t m : {6, 16, 64}) {
+        const size_t ws_bytes = size_t(kQGemmSkinnyMaxSplits * m * sh.n) * sizeof(float);
+        const Dev ws(ws_bytes);
+        for (const int splits : {1, 4})
+          same("skinny m=" + std::to_string(m) + " splits " + std::to_string(splits),
+               size_t(m * sh.n) * es, [&](const QuantWeightView& w, void* o) {
+                 launch_qgemm_skinny(t, x.get(), w, nullptr, o, m, sh.n, nullptr, splits, ws.get(),
+                                     ws_bytes);
+               });
+      }
+      same("fused prompt GEMM", size_t(64 * sh.n) * es, [&](const QuantWeightView& w, void* o) {
+        launch_qgemm(t, x.get(), w, nullptr, o, 64, sh.n, nullptr, 4);
+      });
+    }
+    const Tensor x32 = random_tensor({4, sh.k}, rng, "f32");
+    const Dev x(x32.data(), x32.nbytes());
+    same("old kernel f32", size_t(4 * sh.n) * 4, [&](const QuantWeightView& w, void* o) {
+      launch_gemv_quant(DType::kF32, x.get(), w, nullptr, o, 4, sh.n, nullptr, GemvEpilogue::kNone,
+                        QGemvKernel::kRows);
+    });
+  }
+  // Free f16 values (a GGUF's) keep the pairs; KILN_CUDA_Q4_GRID8 is 0 or 1.
+  std::vector<float> wf(size_t(4 * 64));
+  for (size_t i = 0; i < wf.size(); ++i) wf[i] = float(i % 7) / 3.0f;
+  QuantizedRows q = quantize_rows(wf.data(), 4, 64, QuantFormat::kQ4);
+  q.scales[0] = f32_to_f16(1.0f / 3.0f);
+  EXPECT_FALSE(quant_image(q, QuantLayout::kRows, true).shape.grid8);
+  ::setenv("KILN_CUDA_Q4_GRID8", "2", 1);
+  EXPECT_THROW(quant_grid8_enabled(), Error);
+  ::setenv("KILN_CUDA_Q4_GRID8", "0", 1);
+  EXPECT_FALSE(quant_grid8_enabled());
+  ::unsetenv("KILN_CUDA_Q4_GRID8");
+  EXPECT_TRUE(quant_grid8_enabled());
+}
+
 // The tile rule alone (no GPU): L2-sized even tiles below 256 token rows; from 256 rows,
 // enough rows for four waves of 128 x 256 output tiles, capped at 256 MB.
 TEST(CudaQuant, DequantTilesFillTheDeviceAtPromptRows) {
   const int sms = 132;
   // Llama-3.1-8B's gate|up [28672, 4096], bf16 tiles: 24 MB is 3072 rows.
-  EXPECT_EQ(dequant_tile_rows(28672, 4096, 2, 64, sms, true), 2944);     // 10 even tiles
-  EXPECT_EQ(dequant_tile_rows(28672, 4096, 2, 512, sms, false), 2944);   // KILN_CUDA_DEQUANT_WIDE=0
-  EXPECT_EQ(dequant_tile_rows(28672, 4096, 2, 512, sms, true), 28672);   // one tile: 4 x 112 CTAs
-  EXPECT_EQ(dequant_tile_rows(28672, 4096, 2, 2048, sms, true), 7168);   // 33 x 256 rows -> 4 even tiles
+  EXPECT_EQ(dequant_tile_rows(28672, 4096, 2, 64, sms, true), 2944);    // 10 even tiles
+  EXPECT_EQ(dequant_tile_rows(28672, 4096, 2, 512, sms, false), 2944);  // KILN_CUDA_DEQUANT_WIDE=0
+  EXPECT_EQ(dequant_tile_rows(28672, 4096, 2, 512, sms, true), 28672);  // one tile: 4 x 112 CTAs
+  EXPECT_EQ(dequant_tile_rows(28672, 4096, 2, 2048, sms, true),
+            7168);  // 33 x 256 rows -> 4 even tiles
   // The LM head [128256, 4096] at 512 rows: 256 MB caps a tile at 32768 rows.
   EXPECT_EQ(dequant_tile_rows(128256, 4096, 2, 512, sms, true), 32128);
   // Small weights are one tile; tiles are multiples of 128 rows or the whole weight.
@@ -241,16 +351,18 @@ TEST(CudaQuant, WeightDtypeOptionAndTheKFallback) {
     QuantCase c = linear_case(96, 512, true, {}, {1, 4, 8, 12}, "bf16", q[1]);
     // t = 1, 4 run the default GEMV (dp4a; t = 8 the skinny GEMM): its bound.
     expect_backends_match_opts(c.g, c.steps, {.weight_dtype = q}, {.weight_dtype = q},
-                               op_tolerance("bf16") + kDp4aExtraTol, str_cat("Linear --weight-dtype ", q, " n=96 k=512"));
+                               op_tolerance("bf16") + kDp4aExtraTol,
+                               str_cat("Linear --weight-dtype ", q, " n=96 k=512"));
     std::mt19937_64 rng(9);
     ir::Graph g;
     ir::ValueId x = g.add_input("x", DType::kF32, Shape{"T", 100});
     ir::ValueId w = g.add_weight("w", random_tensor({50, 100}, rng, "bf16", -0.1f, 0.1f));
-    g.add_output("y", g.add("Linear", {x, w, ir::kNoValue}, {{"precision", std::string(q)}}, "linear"));
+    g.add_output("y",
+                 g.add("Linear", {x, w, ir::kNoValue}, {{"precision", std::string(q)}}, "linear"));
     StepCase s;
     s.inputs["x"] = random_tensor({3, 100}, rng, "f32");
-    expect_backends_match_opts(g, {s}, {.weight_dtype = "f32"}, {.weight_dtype = "f32"}, op_tolerance("f32"),
-                               str_cat("Linear ", q, " k=100 (stays 16-bit)"));
+    expect_backends_match_opts(g, {s}, {.weight_dtype = "f32"}, {.weight_dtype = "f32"},
+                               op_tolerance("f32"), str_cat("Linear ", q, " k=100 (stays 16-bit)"));
   }
 }
 
@@ -268,7 +380,8 @@ TEST(CudaQuant, MmaImageFollowsTheLayout) {
       const QuantImage img = quant_image(q, QuantLayout::kMma);
       const QuantWeightView v = img.view_at(img.bytes.data());
       const bool q4 = f == QuantFormat::kQ4;
-      const int64_t per_block = q4 ? 4 : 2, groups = k / 32, blocks = (groups + per_block - 1) / per_block;
+      const int64_t per_block = q4 ? 4 : 2, groups = k / 32,
+                    blocks = (groups + per_block - 1) / per_block;
       ASSERT_EQ(v.code_stride, 64 * blocks);
       ASSERT_EQ(v.scale_stride, per_block * blocks);
       for (int64_t r = 0; r < n; ++r) {
@@ -276,7 +389,8 @@ TEST(CudaQuant, MmaImageFollowsTheLayout) {
         for (int64_t g = 0; g < per_block * blocks; ++g)
           for (int64_t t = 0; t < 4; ++t)
             for (int64_t e = 0; e < 8; ++e) {
-              const uint8_t* slice = row + (g / per_block) * 64 + t * 16 + (g % per_block) * (q4 ? 4 : 8);
+              const uint8_t* slice =
+                  row + (g / per_block) * 64 + t * 16 + (g % per_block) * (q4 ? 4 : 8);
               int got;
               if (q4) {
                 uint32_t word;
@@ -285,20 +399,25 @@ TEST(CudaQuant, MmaImageFollowsTheLayout) {
               } else {
                 got = int(int8_t(slice[e]));
               }
-              const int want = g < groups ? quant_code(f, q.codes.get() + r * int64_t(quant_row_code_bytes(f, k)),
-                                                       g * 32 + t * 8 + e)
-                                          : 0;
-              ASSERT_EQ(got, want) << quant_format_name(f) << " k=" << k << " row " << r << " group " << g
-                                   << " slice " << t << " code " << e;
+              const int want =
+                  g < groups
+                      ? quant_code(f, q.codes.get() + r * int64_t(quant_row_code_bytes(f, k)),
+                                   g * 32 + t * 8 + e)
+                      : 0;
+              ASSERT_EQ(got, want) << quant_format_name(f) << " k=" << k << " row " << r
+                                   << " group " << g << " slice " << t << " code " << e;
             }
         for (int64_t g = 0; g < per_block * blocks; ++g) {
-          const auto* sc = static_cast<const uint8_t*>(v.scales) + (r * v.scale_stride + g) * (q4 ? 4 : 2);
+          const auto* sc =
+              static_cast<const uint8_t*>(v.scales) + (r * v.scale_stride + g) * (q4 ? 4 : 2);
           uint16_t s16 = 0, m16 = 0;
           std::memcpy(&s16, sc, 2);
           if (q4) std::memcpy(&m16, sc + 2, 2);
-          EXPECT_EQ(s16, g < groups ? q.scales[size_t(r * groups + g)] : 0) << "scale " << r << "," << g;
+          EXPECT_EQ(s16, g < groups ? q.scales[size_t(r * groups + g)] : 0)
+              << "scale " << r << "," << g;
           if (q4) {
-            EXPECT_EQ(m16, g < groups ? q.mins[size_t(r * groups + g)] : 0) << "min " << r << "," << g;
+            EXPECT_EQ(m16, g < groups ? q.mins[size_t(r * groups + g)] : 0)
+                << "min " << r << "," << g;
           }
         }
         EXPECT_EQ(v.row_factor[r], q.row_factor[size_t(r)]);
@@ -312,19 +431,24 @@ TEST(CudaQuant, MmaImageFollowsTheLayout) {
 TEST(CudaQuant, MmaGemvShapesInBf16AndF16) {
   KILN_SKIP_WITHOUT_CUDA();
   ScopedQGemv env("mma");  // not the default since dp4a is
-  struct S { int64_t n, k; bool bias; const char* act; };
+  struct S {
+    int64_t n, k;
+    bool bias;
+    const char* act;
+  };
   for (const std::string dt : {"bf16", "f16"})
     for (const char* q : {"q8", "q4"})
-      for (S s : {S{1, 32, false, ""}, S{37, 96, true, ""}, S{130, 160, false, "gelu_tanh"}, S{70, 4128, true, ""},
-                  S{4097, 2048, true, ""}, S{6, 14336, false, ""}, S{2 * 21, 224, true, "swiglu"},
-                  S{2 * 600, 4096, false, "swiglu"}}) {
+      for (S s : {S{1, 32, false, ""}, S{37, 96, true, ""}, S{130, 160, false, "gelu_tanh"},
+                  S{70, 4128, true, ""}, S{4097, 2048, true, ""}, S{6, 14336, false, ""},
+                  S{2 * 21, 224, true, "swiglu"}, S{2 * 600, 4096, false, "swiglu"}}) {
         std::map<std::string, ir::Attr> attrs{{"precision", std::string(q)}};
         if (*s.act) attrs["activation"] = std::string(s.act);
         QuantCase c = linear_case(s.n, s.k, s.bias, attrs, {1, 2, 3, 4, 5, 6, 7, 8, 9}, dt,
                                   uint64_t(s.n * 5 + s.k + q[1]));
-        expect_backends_match_opts(c.g, c.steps, {.weight_dtype = "f32"}, {.weight_dtype = dt}, op_tolerance(dt),
-                                   str_cat("Linear ", dt, " ", q, *s.act ? "+" : "", s.act, " n=", s.n, " k=", s.k,
-                                           s.bias ? " +bias" : "", " t=1..9"));
+        expect_backends_match_opts(
+            c.g, c.steps, {.weight_dtype = "f32"}, {.weight_dtype = dt}, op_tolerance(dt),
+            str_cat("Linear ", dt, " ", q, *s.act ? "+" : "", s.act, " n=", s.n, " k=", s.k,
+                    s.bias ? " +bias" : "", " t=1..9"));
       }
 }
 
@@ -670,10 +794,12 @@ TEST(CudaQuant, OldKernelStaysSelectable) {
   ScopedEnv gemv_to_eight("KILN_CUDA_QGEMM_SKINNY_MIN_ROWS", "9");
   for (const std::string dt : {"bf16", "f16"})
     for (const char* q : {"q8", "q4"}) {
-      QuantCase c = linear_case(130, 4128, true, {{"precision", std::string(q)}, {"activation", std::string("swiglu")}},
-                                {1, 4, 8, 9}, dt, q[1]);
-      expect_backends_match_opts(c.g, c.steps, {.weight_dtype = "f32"}, {.weight_dtype = dt}, op_tolerance(dt),
-                                 str_cat("Linear ", dt, " ", q, "+swiglu (old kernel) n=130 k=4128"));
+      QuantCase c = linear_case(
+          130, 4128, true, {{"precision", std::string(q)}, {"activation", std::string("swiglu")}},
+          {1, 4, 8, 9}, dt, q[1]);
+      expect_backends_match_opts(
+          c.g, c.steps, {.weight_dtype = "f32"}, {.weight_dtype = dt}, op_tolerance(dt),
+          str_cat("Linear ", dt, " ", q, "+swiglu (old kernel) n=130 k=4128"));
     }
   ::unsetenv("KILN_CUDA_QGEMV");
   EXPECT_EQ(qgemv_kernel(DType::kBF16), QGemvKernel::kDp4a);
@@ -696,9 +822,9 @@ TEST(CudaQuant, BadOptionsAreErrors) {
   // An odd gate|up row count: refused when the graph is built (shape inference) or compiled.
   EXPECT_THROW(
       {
-        QuantCase odd = linear_case(7, 64, false,
-                                    {{"precision", std::string("q4")}, {"activation", std::string("swiglu")}}, {1},
-                                    "f32", 2);
+        QuantCase odd = linear_case(
+            7, 64, false, {{"precision", std::string("q4")}, {"activation", std::string("swiglu")}},
+            {1}, "f32", 2);
         create_backend("cuda")->compile(odd.g, {.weight_dtype = "f32"});
       },
       Error);

@@ -1,21 +1,25 @@
 // Weight-only q8/q4 GEMV over the kRows layout, tile dequantization of both layouts,
 // and the host side of the layouts (see gemv_quant.h). The kMma GEMV is in
-// gemv_quant_mma.cu. In the kRows GEMV, a lane's unit of work is one 16-byte chunk of a row's codes: 32 q4 codes (a whole
-// group: one scale, one min) or 16 q8 codes (half a group). A warp owns 4 weight rows
-// (4 outputs, or 2 outputs' gate and up rows for SwiGLU); lane j of the warp's split
+// gemv_quant_mma.cu. In the kRows GEMV, a lane's unit of work is one 16-byte chunk of a row's
+// codes: 32 q4 codes (a whole group: one scale, one min) or 16 q8 codes (half a group). A warp owns
+// 4 weight rows (4 outputs, or 2 outputs' gate and up rows for SwiGLU); lane j of the warp's split
 // part p reads chunks p*32 + j, p*32 + j + S*32, ... of all four, so a warp's loads of
 // one row are 512 contiguous bytes, and each x value it converts to f32 serves the four
 // rows. Per chunk it forms dot = Σ q·x and (q4) Σ x in f32, then acc += scale·dot
 // (+ min·Σx): the CPU kernels' math (linear.cpp), in another summation order.
 #include <algorithm>
+#include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops/gemv_quant.h"
 #include "backends/cuda/ops/quant_codes.cuh"
+#include "core/dtype.h"
 #include "core/thread_pool.h"
 
 namespace kiln::cuda {
@@ -62,6 +66,7 @@ __device__ __forceinline__ void load_x(const T* p, float (&f)[N]) {
 struct QArgs : QOperands {
   int m, k, n_out, split;
   GemvEpilogue epi;
+  int grid8 = 0;  // QuantWeightView::grid8
 };
 
 // MAXM: x rows the kernel is compiled for (a.m <= MAXM; rows past a.m are skipped by
@@ -100,8 +105,9 @@ __global__ void __launch_bounds__(kWarps * 32) qgemv_kernel(const QArgs a) {
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         if (c < chunks) {
-          cw[u][r] = __ldcs(reinterpret_cast<const uint4*>(a.codes + size_t(wrow[r]) * row_bytes) + c);
-          load_scale<F>(a.scales, wrow[r], groups, c, sc[u][r], mn[u][r]);
+          cw[u][r] =
+              __ldcs(reinterpret_cast<const uint4*>(a.codes + size_t(wrow[r]) * row_bytes) + c);
+          load_scale<F>(a.scales, wrow[r], groups, c, sc[u][r], mn[u][r], a.grid8);
         } else {
           cw[u][r] = make_uint4(0, 0, 0, 0);
           sc[u][r] = mn[u][r] = 0.0f;
@@ -124,14 +130,18 @@ __global__ void __launch_bounds__(kWarps * 32) qgemv_kernel(const QArgs a) {
         float q[kRows][Tr::kPerWord];
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
-          const uint32_t word = i == 0 ? cw[u][r].x : i == 1 ? cw[u][r].y : i == 2 ? cw[u][r].z : cw[u][r].w;
+          const uint32_t word = i == 0   ? cw[u][r].x
+                                : i == 1 ? cw[u][r].y
+                                : i == 2 ? cw[u][r].z
+                                         : cw[u][r].w;
           decode_word<F>(word, q[r]);
         }
 #pragma unroll
         for (int m = 0; m < MAXM; ++m) {
           if (MAXM > 1 && m >= a.m) break;
           float xf[Tr::kPerWord];
-          load_x<T, Tr::kPerWord>(x + int64_t(m) * a.k + int64_t(c) * Tr::kPerChunk + i * Tr::kPerWord, xf);
+          load_x<T, Tr::kPerWord>(
+              x + int64_t(m) * a.k + int64_t(c) * Tr::kPerChunk + i * Tr::kPerWord, xf);
 #pragma unroll
           for (int e = 0; e < Tr::kPerWord; ++e) {
             if constexpr (F == QuantFormat::kQ4) xs[m] += xf[e];
@@ -221,10 +231,14 @@ void launch_qgemv(const QArgs& a, cudaStream_t s) {
   constexpr int R = kSwiGlu ? kRows / 2 : kRows;
   const int64_t row_blocks = (int64_t(a.n_out) + R - 1) / R;
   const dim3 grid(unsigned((row_blocks * a.split + kWarps - 1) / kWarps));
-  if (a.m == 1) launch_k(qgemv_kernel<T, F, 1, kSwiGlu, 2>, grid, kWarps * 32, 0, s, a);
-  else if (a.m == 2) launch_k(qgemv_kernel<T, F, 2, kSwiGlu, 2>, grid, kWarps * 32, 0, s, a);
-  else if (a.m <= 4) launch_k(qgemv_kernel<T, F, 4, kSwiGlu, 1>, grid, kWarps * 32, 0, s, a);
-  else launch_k(qgemv_kernel<T, F, 8, kSwiGlu, 1>, grid, kWarps * 32, 0, s, a);
+  if (a.m == 1)
+    launch_k(qgemv_kernel<T, F, 1, kSwiGlu, 2>, grid, kWarps * 32, 0, s, a);
+  else if (a.m == 2)
+    launch_k(qgemv_kernel<T, F, 2, kSwiGlu, 2>, grid, kWarps * 32, 0, s, a);
+  else if (a.m <= 4)
+    launch_k(qgemv_kernel<T, F, 4, kSwiGlu, 1>, grid, kWarps * 32, 0, s, a);
+  else
+    launch_k(qgemv_kernel<T, F, 8, kSwiGlu, 1>, grid, kWarps * 32, 0, s, a);
   KILN_CUDA_CHECK_LAUNCH();
 }
 
@@ -242,16 +256,17 @@ template <typename T, QuantFormat F>
 __global__ void dequant_chunk_kernel(const uint8_t* __restrict__ codes,
                                      const void* __restrict__ scales,
                                      const float* __restrict__ row_factor, int k, int64_t r0,
-                                     int64_t rows, T* __restrict__ out) {
+                                     int64_t rows, T* __restrict__ out, bool grid8) {
   using Tr = QTraits<F>;
   const int chunks = k / Tr::kPerChunk;
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= rows * chunks) return;
   const int64_t r = idx / chunks, row = r0 + r;
   const int c = int(idx % chunks);
-  const uint4 cw = __ldcs(reinterpret_cast<const uint4*>(codes + size_t(row) * size_t(k / Tr::kRowDiv)) + c);
+  const uint4 cw =
+      __ldcs(reinterpret_cast<const uint4*>(codes + size_t(row) * size_t(k / Tr::kRowDiv)) + c);
   float s, mn;
-  load_scale<F>(scales, row, k / kQuantGroup, c, s, mn);
+  load_scale<F>(scales, row, k / kQuantGroup, c, s, mn, grid8);
   const float f = row_factor[row];
   s *= f;
   mn *= f;
@@ -266,7 +281,8 @@ __global__ void dequant_chunk_kernel(const uint8_t* __restrict__ codes,
     T* dst = o + i * Tr::kPerWord;
     if constexpr (sizeof(v) % 16 == 0) {
 #pragma unroll
-      for (int j = 0; j < int(sizeof(v) / 16); ++j) reinterpret_cast<uint4*>(dst)[j] = reinterpret_cast<const uint4*>(v)[j];
+      for (int j = 0; j < int(sizeof(v) / 16); ++j)
+        reinterpret_cast<uint4*>(dst)[j] = reinterpret_cast<const uint4*>(v)[j];
     } else {
       *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(v);
     }
@@ -276,7 +292,8 @@ __global__ void dequant_chunk_kernel(const uint8_t* __restrict__ codes,
 template <typename T, QuantFormat F>
 __global__ void __launch_bounds__(kDequantThreads)
     dequant_kernel(const uint8_t* __restrict__ codes, const void* __restrict__ scales,
-                   const float* __restrict__ row_factor, int k, int64_t r0, T* __restrict__ out) {
+                   const float* __restrict__ row_factor, int k, int64_t r0, T* __restrict__ out,
+                   bool grid8) {
   using Tr = QTraits<F>;
   const int words = k / Tr::kPerWord, wi = int(blockIdx.x) * kDequantThreads + int(threadIdx.x);
   if (wi >= words) return;
@@ -284,7 +301,7 @@ __global__ void __launch_bounds__(kDequantThreads)
   const uint32_t cw = __ldcs(
       reinterpret_cast<const unsigned int*>(codes + size_t(row) * size_t(k / Tr::kRowDiv)) + wi);
   float s, mn;
-  load_scale<F>(scales, row, k / kQuantGroup, wi / 4, s, mn);
+  load_scale<F>(scales, row, k / kQuantGroup, wi / 4, s, mn, grid8);
   const float f = __ldg(row_factor + row);
   s *= f;
   mn *= f;
@@ -308,16 +325,19 @@ __global__ void __launch_bounds__(kDequantThreads)
 // kMma layout: one thread per 16-byte lane slice (row, block, quarter t), writing the
 // slice's 8 values of each group of the block; the same f32 formula as dequant_kernel.
 template <typename T, QuantFormat F>
-__global__ void dequant_mma_kernel(const uint8_t* __restrict__ codes, const void* __restrict__ scales,
+__global__ void dequant_mma_kernel(const uint8_t* __restrict__ codes,
+                                   const void* __restrict__ scales,
                                    const float* __restrict__ row_factor, int k, int64_t code_stride,
-                                   int64_t scale_stride, int64_t r0, int64_t rows, T* __restrict__ out) {
+                                   int64_t scale_stride, int64_t r0, int64_t rows,
+                                   T* __restrict__ out) {
   constexpr int kGroupsPerBlock = F == QuantFormat::kQ4 ? 4 : 2;
   const int64_t slices = code_stride / 16, groups = k / kQuantGroup;
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= rows * slices) return;
   const int64_t r = idx / slices, row = r0 + r, b = (idx % slices) / 4;
   const int t = int(idx % 4);
-  const uint4 cw = __ldcs(reinterpret_cast<const uint4*>(codes + size_t(row) * size_t(code_stride)) + (idx % slices));
+  const uint4 cw = __ldcs(
+      reinterpret_cast<const uint4*>(codes + size_t(row) * size_t(code_stride)) + (idx % slices));
   const uint32_t words[4] = {cw.x, cw.y, cw.z, cw.w};
   const float f = row_factor[row];
 #pragma unroll
@@ -330,7 +350,8 @@ __global__ void dequant_mma_kernel(const uint8_t* __restrict__ codes, const void
       s = __half2float(__ushort_as_half(uint16_t(sm & 0xFFFFu)));
       mn = __half2float(__ushort_as_half(uint16_t(sm >> 16)));
     } else {
-      s = __half2float(__ushort_as_half(static_cast<const unsigned short*>(scales)[row * scale_stride + g]));
+      s = __half2float(
+          __ushort_as_half(static_cast<const unsigned short*>(scales)[row * scale_stride + g]));
       mn = 0.0f;
     }
     s *= f;
@@ -351,24 +372,31 @@ __global__ void dequant_mma_kernel(const uint8_t* __restrict__ codes, const void
     for (int e = 0; e < 8; ++e) v[e] = from_f32<T>(fmaf(q[e], s, mn));
     T* dst = out + r * k + g * kQuantGroup + 8 * t;
 #pragma unroll
-    for (int j = 0; j < int(sizeof(v) / 16); ++j) reinterpret_cast<uint4*>(dst)[j] = reinterpret_cast<const uint4*>(v)[j];
+    for (int j = 0; j < int(sizeof(v) / 16); ++j)
+      reinterpret_cast<uint4*>(dst)[j] = reinterpret_cast<const uint4*>(v)[j];
   }
 }
 
 template <typename T>
-void launch_typed(const void* x, const QuantWeightView& w, const void* bias, void* y, int64_t m, int64_t n_out,
-                  cudaStream_t s, GemvEpilogue epi) {
+void launch_typed(const void* x, const QuantWeightView& w, const void* bias, void* y, int64_t m,
+                  int64_t n_out, cudaStream_t s, GemvEpilogue epi) {
   const bool swiglu = epi == GemvEpilogue::kSwiGlu;
   const int64_t chunks = w.k / (w.format == QuantFormat::kQ4 ? 32 : 16);
   const int64_t row_blocks = (n_out + (swiglu ? 1 : 3)) / (swiglu ? 2 : 4);
-  QArgs a{x, w.codes, w.scales, w.row_factor, bias, y, int(m), int(w.k), int(n_out),
-          qsplit_for(row_blocks, chunks), epi};
+  QArgs a{x,  w.codes, w.scales, w.row_factor, bias,
+          y,  int(m),  int(w.k), int(n_out),   qsplit_for(row_blocks, chunks),
+          epi};
+  a.grid8 = w.grid8;
   if (w.format == QuantFormat::kQ4) {
-    if (swiglu) launch_qgemv<T, QuantFormat::kQ4, true>(a, s);
-    else launch_qgemv<T, QuantFormat::kQ4, false>(a, s);
+    if (swiglu)
+      launch_qgemv<T, QuantFormat::kQ4, true>(a, s);
+    else
+      launch_qgemv<T, QuantFormat::kQ4, false>(a, s);
   } else {
-    if (swiglu) launch_qgemv<T, QuantFormat::kQ8, true>(a, s);
-    else launch_qgemv<T, QuantFormat::kQ8, false>(a, s);
+    if (swiglu)
+      launch_qgemv<T, QuantFormat::kQ8, true>(a, s);
+    else
+      launch_qgemv<T, QuantFormat::kQ8, false>(a, s);
   }
 }
 
@@ -385,7 +413,8 @@ QuantWeightView quant_view_shape(QuantFormat f, int64_t n, int64_t k, QuantLayou
     v.code_stride = int64_t(quant_row_code_bytes(f, k));
     v.scale_stride = groups;
   } else {
-    const int64_t per_block = f == QuantFormat::kQ4 ? 4 : 2, blocks = (groups + per_block - 1) / per_block;
+    const int64_t per_block = f == QuantFormat::kQ4 ? 4 : 2,
+                  blocks = (groups + per_block - 1) / per_block;
     v.code_stride = 64 * blocks;
     v.scale_stride = per_block * blocks;
   }
@@ -401,11 +430,40 @@ QuantWeightView QuantImage::view_at(const void* base) const {
   return v;
 }
 
-QuantImage quant_image(const QuantizedRows& q, QuantLayout layout) {
+bool quant_grid8_enabled() {
+  const char* e = std::getenv("KILN_CUDA_Q4_GRID8");
+  const std::string v = e ? e : "";
+  KILN_THROW_IF(!v.empty() && v != "0" && v != "1", kInvalidArgument, "KILN_CUDA_Q4_GRID8='", v,
+                "': expected 0 or 1 (or unset: 1)");
+  return v != "0";
+}
+
+QuantImage quant_image(const QuantizedRows& q, QuantLayout layout, bool grid8) {
   QuantImage img;
   img.shape = quant_view_shape(q.format, q.n, q.k, layout);
   const bool q4 = q.format == QuantFormat::kQ4;
-  const size_t n = size_t(q.n), groups = size_t(q.groups()), row_bytes = quant_row_code_bytes(q.format, q.k);
+  const size_t n = size_t(q.n), groups = size_t(q.groups()),
+               row_bytes = quant_row_code_bytes(q.format, q.k);
+  // grid8 where every row lies on the 8-bit grid: its exponents, found per row.
+  const size_t supers = size_t(quant_super_groups(q.k));
+  std::vector<QuantSuperExp> exps;
+  if (grid8 && q4 && layout == QuantLayout::kRows) {
+    exps.resize(n * supers);
+    std::atomic<bool> all{true};
+    ThreadPool::global().parallel_for(int64_t(n), [&](int64_t r0, int64_t r1, int) {
+      for (int64_t r = r0; r < r1 && all.load(std::memory_order_relaxed); ++r)
+        if (!q4_super_exps(q.scales.get() + size_t(r) * groups, q.mins.get() + size_t(r) * groups,
+                           int64_t(groups), exps.data() + size_t(r) * supers))
+          all.store(false);
+    });
+    grid8 = all.load();
+  } else {
+    grid8 = false;
+  }
+  if (grid8) {
+    img.shape.grid8 = true;
+    img.shape.scale_stride = grid8_row_words(int(groups));
+  }
   const size_t cs = size_t(img.shape.code_stride), ss = size_t(img.shape.scale_stride);
   auto up = [](size_t b) { return (b + 255) / 256 * 256; };
   img.scales_off = up(n * cs);
@@ -425,14 +483,26 @@ QuantImage quant_image(const QuantizedRows& q, QuantLayout layout) {
             if (q4) {  // codes 32g + 8t + 2j (low nibble of source byte j) and + 2j + 1 (high)
               const uint8_t* sb = src + g * 16 + t * 4;
               uint32_t w = 0;
-              for (int j = 0; j < 4; ++j) w |= uint32_t(sb[j] & 15u) << (4 * j) | uint32_t(sb[j] >> 4) << (16 + 4 * j);
+              for (int j = 0; j < 4; ++j)
+                w |= uint32_t(sb[j] & 15u) << (4 * j) | uint32_t(sb[j] >> 4) << (16 + 4 * j);
               std::memcpy(dst + (g / 4) * 64 + t * 16 + (g % 4) * 4, &w, 4);
             } else {
               std::memcpy(dst + (g / 2) * 64 + t * 16 + (g % 2) * 8, src + g * 32 + t * 8, 8);
             }
           }
       }
-      for (size_t g = 0; g < groups; ++g) {
+      for (size_t g = 0; g < groups && grid8; ++g) {
+        // Codes (scale, min + 128) and, ahead of each super-group, its biased exponents.
+        const size_t at = r * groups + g;
+        const QuantSuperExp& e = exps[r * supers + g / 8];
+        const int sc = int(std::ldexp(f16_to_f32(q.scales[at]), -e.scale));
+        const int mc = int(std::ldexp(f16_to_f32(q.mins[at]), -e.min));
+        const uint16_t code = uint16_t(sc | (mc + 128) << 8);
+        const uint16_t ew = uint16_t((e.scale + 127) | (e.min + 127) << 8);
+        std::memcpy(scales + (r * ss + g + g / 8 + 1) * 2, &code, 2);
+        if (g % 8 == 0) std::memcpy(scales + (r * ss + g / 8 * 9) * 2, &ew, 2);
+      }
+      for (size_t g = 0; g < groups && !grid8; ++g) {
         const size_t at = r * groups + g;
         if (q4) {
           const uint32_t sm = uint32_t(q.scales[at]) | (uint32_t(q.mins[at]) << 16);
@@ -454,28 +524,32 @@ const char* qgemv_kernel_name(QGemvKernel k) {
 QGemvKernel qgemv_kernel(DType dtype) {
   const char* e = std::getenv("KILN_CUDA_QGEMV");
   const std::string v = e ? e : "";
-  KILN_THROW_IF(!v.empty() && v != "old" && v != "mma" && v != "dp4a", kInvalidArgument, "KILN_CUDA_QGEMV='", v,
-                "': expected old, mma or dp4a (or unset: dp4a)");
+  KILN_THROW_IF(!v.empty() && v != "old" && v != "mma" && v != "dp4a", kInvalidArgument,
+                "KILN_CUDA_QGEMV='", v, "': expected old, mma or dp4a (or unset: dp4a)");
   if (dtype != DType::kBF16 && dtype != DType::kF16) return QGemvKernel::kRows;
   if (v == "old") return QGemvKernel::kRows;
   int device = 0, major = 0, minor = 0;
   KILN_CUDA_CHECK(cudaGetDevice(&device));
   KILN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   KILN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  if (v == "mma") return major >= 8 ? QGemvKernel::kMma : QGemvKernel::kRows;  // mma.sync with bf16: sm_80+
-  return 10 * major + minor >= 61 ? QGemvKernel::kDp4a : QGemvKernel::kRows;   // dp4a: sm_61+
+  if (v == "mma")
+    return major >= 8 ? QGemvKernel::kMma : QGemvKernel::kRows;  // mma.sync with bf16: sm_80+
+  return 10 * major + minor >= 61 ? QGemvKernel::kDp4a : QGemvKernel::kRows;  // dp4a: sm_61+
 }
 
-QuantLayout qgemv_kernel_layout(QGemvKernel k) { return k == QGemvKernel::kMma ? QuantLayout::kMma : QuantLayout::kRows; }
+QuantLayout qgemv_kernel_layout(QGemvKernel k) {
+  return k == QGemvKernel::kMma ? QuantLayout::kMma : QuantLayout::kRows;
+}
 
 QuantLayout qgemv_layout(DType dtype) { return qgemv_kernel_layout(qgemv_kernel(dtype)); }
 
 bool gemv_quant_supports(DType dtype, int64_t m) {
-  return (dtype == DType::kBF16 || dtype == DType::kF16 || dtype == DType::kF32) && m >= 1 && m <= kQGemvMaxRows;
+  return (dtype == DType::kBF16 || dtype == DType::kF16 || dtype == DType::kF32) && m >= 1 &&
+         m <= kQGemvMaxRows;
 }
 
-void launch_gemv_quant(DType dtype, const void* x, const QuantWeightView& w, const void* bias, void* y, int64_t m,
-                       int64_t n_out, cudaStream_t s, GemvEpilogue epi) {
+void launch_gemv_quant(DType dtype, const void* x, const QuantWeightView& w, const void* bias,
+                       void* y, int64_t m, int64_t n_out, cudaStream_t s, GemvEpilogue epi) {
   launch_gemv_quant(dtype, x, w, bias, y, m, n_out, s, epi,
                     w.layout == QuantLayout::kMma ? QGemvKernel::kMma : QGemvKernel::kRows);
 }
@@ -485,19 +559,24 @@ void launch_gemv_quant(DType dtype, const void* x, const QuantWeightView& w, con
                        QGemvKernel kernel, bool beside_attention) {
   KILN_THROW_IF(qgemv_kernel_layout(kernel) != w.layout, kInternal, "cuda quantized gemv: the ",
                 qgemv_kernel_name(kernel), " kernel does not read a weight of the other layout");
-  KILN_THROW_IF(!gemv_quant_supports(dtype, m), kInternal, "cuda quantized gemv: unsupported ", dtype_name(dtype),
-                " m=", m);
+  KILN_THROW_IF(!gemv_quant_supports(dtype, m), kInternal, "cuda quantized gemv: unsupported ",
+                dtype_name(dtype), " m=", m);
   const int64_t want_rows = epi == GemvEpilogue::kSwiGlu ? 2 * n_out : n_out;
-  KILN_THROW_IF(w.k % kQuantGroup != 0 || w.k <= 0 || w.k >= (int64_t(1) << 30) || w.n != want_rows ||
-                    n_out >= (int64_t(1) << 30),
-                kInternal, "cuda quantized gemv: weight [", w.n, ", ", w.k, "] for ", n_out, " outputs");
-  const QuantWeightView want = quant_view_shape(w.format, w.n, w.k, w.layout);
+  KILN_THROW_IF(w.k % kQuantGroup != 0 || w.k <= 0 || w.k >= (int64_t(1) << 30) ||
+                    w.n != want_rows || n_out >= (int64_t(1) << 30),
+                kInternal, "cuda quantized gemv: weight [", w.n, ", ", w.k, "] for ", n_out,
+                " outputs");
+  QuantWeightView want = quant_view_shape(w.format, w.n, w.k, w.layout);
+  KILN_THROW_IF(w.grid8 && (w.format != QuantFormat::kQ4 || w.layout != QuantLayout::kRows),
+                kInternal, "cuda quantized gemv: grid8 scales need a q4 kRows weight");
+  if (w.grid8) want.scale_stride = grid8_row_words(int(w.k / kQuantGroup));
   KILN_THROW_IF(w.code_stride != want.code_stride || w.scale_stride != want.scale_stride, kInternal,
-                "cuda quantized gemv: strides ", w.code_stride, "/", w.scale_stride, " of a [", w.n, ", ", w.k,
-                "] weight, expected ", want.code_stride, "/", want.scale_stride);
+                "cuda quantized gemv: strides ", w.code_stride, "/", w.scale_stride, " of a [", w.n,
+                ", ", w.k, "] weight, expected ", want.code_stride, "/", want.scale_stride);
   if (n_out == 0) return;
   if (w.layout == QuantLayout::kMma) {
-    KILN_THROW_IF(dtype == DType::kF32, kInternal, "cuda quantized gemv: the mma layout needs bf16/f16 activations");
+    KILN_THROW_IF(dtype == DType::kF32, kInternal,
+                  "cuda quantized gemv: the mma layout needs bf16/f16 activations");
     launch_qgemv_mma(dtype, x, w, bias, y, m, n_out, s, epi);
     return;
   }
@@ -521,11 +600,13 @@ void launch_dequant_rows(DType dtype, const QuantWeightView& w, int64_t r0, int6
     const unsigned blocks = unsigned((total + 255) / 256);
     KILN_CUDA_DISPATCH_FLOAT(dtype, T, {
       if (q4)
-        dequant_mma_kernel<T, QuantFormat::kQ4><<<blocks, 256, 0, s>>>(
-            w.codes, w.scales, w.row_factor, int(w.k), w.code_stride, w.scale_stride, r0, rows, static_cast<T*>(out));
+        dequant_mma_kernel<T, QuantFormat::kQ4>
+            <<<blocks, 256, 0, s>>>(w.codes, w.scales, w.row_factor, int(w.k), w.code_stride,
+                                    w.scale_stride, r0, rows, static_cast<T*>(out));
       else
-        dequant_mma_kernel<T, QuantFormat::kQ8><<<blocks, 256, 0, s>>>(
-            w.codes, w.scales, w.row_factor, int(w.k), w.code_stride, w.scale_stride, r0, rows, static_cast<T*>(out));
+        dequant_mma_kernel<T, QuantFormat::kQ8>
+            <<<blocks, 256, 0, s>>>(w.codes, w.scales, w.row_factor, int(w.k), w.code_stride,
+                                    w.scale_stride, r0, rows, static_cast<T*>(out));
       KILN_CUDA_CHECK_LAUNCH();
     });
     return;
@@ -538,10 +619,10 @@ void launch_dequant_rows(DType dtype, const QuantWeightView& w, int64_t r0, int6
     KILN_CUDA_DISPATCH_FLOAT(dtype, T, {
       if (q4)
         dequant_chunk_kernel<T, QuantFormat::kQ4><<<blocks, 256, 0, s>>>(
-            w.codes, w.scales, w.row_factor, int(w.k), r0, rows, static_cast<T*>(out));
+            w.codes, w.scales, w.row_factor, int(w.k), r0, rows, static_cast<T*>(out), w.grid8);
       else
         dequant_chunk_kernel<T, QuantFormat::kQ8><<<blocks, 256, 0, s>>>(
-            w.codes, w.scales, w.row_factor, int(w.k), r0, rows, static_cast<T*>(out));
+            w.codes, w.scales, w.row_factor, int(w.k), r0, rows, static_cast<T*>(out), false);
       KILN_CUDA_CHECK_LAUNCH();
     });
     return;
@@ -556,10 +637,10 @@ void launch_dequant_rows(DType dtype, const QuantWeightView& w, int64_t r0, int6
       T* o = static_cast<T*>(out) + rb * w.k;
       if (q4)
         dequant_kernel<T, QuantFormat::kQ4><<<grid, kDequantThreads, 0, s>>>(
-            w.codes, w.scales, w.row_factor, int(w.k), r0 + rb, o);
+            w.codes, w.scales, w.row_factor, int(w.k), r0 + rb, o, w.grid8);
       else
         dequant_kernel<T, QuantFormat::kQ8><<<grid, kDequantThreads, 0, s>>>(
-            w.codes, w.scales, w.row_factor, int(w.k), r0 + rb, o);
+            w.codes, w.scales, w.row_factor, int(w.k), r0 + rb, o, false);
       KILN_CUDA_CHECK_LAUNCH();
     });
   }

@@ -49,6 +49,12 @@ constexpr int64_t kQGemvMaxRows = 8;
 //    word, codes 2j and 2j+1 sit in nibbles j and j + 4, so one mask pulls both into the
 //    two halves of a 16-bit pair. Scales as kRows with scale_stride rounded up to the
 //    padded group count (zeros past k), so a block's scales are one aligned load.
+// A kRows q4 weight whose scales and mins lie on core/weight_quant.h's 8-bit grid (every
+// weight quantize_rows makes, not a GGUF's free f16 values) is stored with grid8: per
+// group a 16-bit word (scale code, min code + 128) instead of the f16 pair, per
+// super-group of 8 groups one word of exponents ahead of its groups' words (9 words a
+// super-group, scale_stride = grid8_row_words(groups)): 4.56 bits a weight instead of 5.
+// Every kRows kernel reads both forms and gets the same values, so the same bits.
 enum class QuantLayout : uint8_t { kRows, kMma };
 
 // A quantized [n, k] weight on the device, with its power-of-two factor at row_factor[r].
@@ -61,7 +67,8 @@ struct QuantWeightView {
   QuantLayout layout = QuantLayout::kRows;
   int64_t code_stride = 0;   // bytes between rows' codes
   int64_t scale_stride = 0;  // scale entries (16 or 32 bits) between rows' scales
-  size_t scale_bytes() const { return format == QuantFormat::kQ4 ? 4 : 2; }
+  bool grid8 = false;        // q4 kRows only: 16-bit scale words (see QuantLayout)
+  size_t scale_bytes() const { return format == QuantFormat::kQ4 && !grid8 ? 4 : 2; }
   size_t bytes() const {  // what a forward streams (codes incl. padding, scales, factors)
     return size_t(n) * (size_t(code_stride) + size_t(scale_stride) * scale_bytes() + 4);
   }
@@ -78,7 +85,13 @@ struct QuantImage {
   size_t scales_off = 0, factor_off = 0;
   QuantWeightView view_at(const void* base) const;
 };
-QuantImage quant_image(const QuantizedRows& q, QuantLayout layout);
+// grid8: store a q4 kRows weight whose every row lies on the 8-bit grid (q4_super_exps)
+// in the grid8 form; otherwise, and with grid8 false, the f16 pairs.
+QuantImage quant_image(const QuantizedRows& q, QuantLayout layout, bool grid8 = true);
+// KILN_CUDA_Q4_GRID8: "0" stores every q4 weight with f16 pairs (for A/B timing: the same
+// values, 5 bits a weight); unset or "1": grid8 where the weight allows. Read when a
+// weight is uploaded; another value is a kInvalidArgument error naming the variable.
+bool quant_grid8_enabled();
 
 // The GEMV kernels of a decode-sized quantized Linear (see the file comment).
 enum class QGemvKernel : uint8_t { kRows, kMma, kDp4a };
@@ -98,8 +111,9 @@ bool gemv_quant_supports(DType dtype, int64_t m);
 // y[m, n_out] = x[m, k] · wᵀ (+ bias), x/bias/y in `dtype`, 16-byte aligned; bias may be
 // null. With kSwiGlu, w holds 2 n_out rows ([gate; up], bias 2 n_out) and
 // y = silu(gate) * up; otherwise w.n == n_out. A kMma weight needs bf16/f16.
-void launch_gemv_quant(DType dtype, const void* x, const QuantWeightView& w, const void* bias, void* y, int64_t m,
-                       int64_t n_out, cudaStream_t s, GemvEpilogue epi = GemvEpilogue::kNone);
+void launch_gemv_quant(DType dtype, const void* x, const QuantWeightView& w, const void* bias,
+                       void* y, int64_t m, int64_t n_out, cudaStream_t s,
+                       GemvEpilogue epi = GemvEpilogue::kNone);
 // The same through `kernel`, which must read w's layout (qgemv_kernel_layout). kDp4a runs
 // the kRows kernel where qgemv_dp4a_supports says no (f32, or x too large for shared memory).
 // beside_attention: QGemvDp4aTuning::beside_attention for the dp4a kernel.
@@ -129,8 +143,8 @@ void launch_qgemm(DType dtype, const void* x, const QuantWeightView& w, const vo
 constexpr int64_t kQGemmSkinnyMaxRows = 64;
 // The fewest token rows the Linear op gives it by default (KILN_CUDA_QGEMM_SKINNY_MIN_ROWS;
 // fewer: the dp4a GEMV, whose time grows with each row while this GEMM's stays flat up to
-// 8, one mma n-tile). H100, session 54: at 6 rows 8B q4 decode 1.09x the GEMV's, at 8 rows 1.28x (TinyLlama
-// 1.38x); at 4 rows 0.82x / 0.94x.
+// 8, one mma n-tile). H100, session 54: at 6 rows 8B q4 decode 1.09x the GEMV's, at 8 rows 1.28x
+// (TinyLlama 1.38x); at 4 rows 0.82x / 0.94x.
 constexpr int64_t kQGemmSkinnyMinRowsDefault = 6;
 constexpr int kQGemmSkinnyMaxSplits = 8;
 int qgemm_skinny_splits(int64_t n, int64_t k, QuantFormat f, int sms);
@@ -145,8 +159,8 @@ void launch_dequant_rows(DType dtype, const QuantWeightView& w, int64_t r0, int6
                          cudaStream_t s, bool words = true);
 
 // The kMma GEMV (gemv_quant_mma.cu), called by launch_gemv_quant after its checks.
-void launch_qgemv_mma(DType dtype, const void* x, const QuantWeightView& w, const void* bias, void* y, int64_t m,
-                      int64_t n_out, cudaStream_t s, GemvEpilogue epi);
+void launch_qgemv_mma(DType dtype, const void* x, const QuantWeightView& w, const void* bias,
+                      void* y, int64_t m, int64_t n_out, cudaStream_t s, GemvEpilogue epi);
 
 // The dp4a GEMV (gemv_quant_dp4a.cu) over a kRows weight. Each CTA keeps x rounded to int8
 // in shared memory, m * k * 1.25 bytes: supported for bf16/f16, 1 <= m <= 8, k % 32 == 0,
@@ -182,8 +196,9 @@ int qgemv_dp4a_default_splits(int64_t units, int64_t steps, int64_t resident_war
 struct QGemvDp4aPlan {
   int ctas_per_sm = 0, depth = 0, splits = 0, ctas = 0;
 };
-void launch_qgemv_dp4a(DType dtype, const void* x, const QuantWeightView& w, const void* bias, void* y, int64_t m,
-                       int64_t n_out, cudaStream_t s, GemvEpilogue epi, const QGemvDp4aTuning& tune = {},
+void launch_qgemv_dp4a(DType dtype, const void* x, const QuantWeightView& w, const void* bias,
+                       void* y, int64_t m, int64_t n_out, cudaStream_t s, GemvEpilogue epi,
+                       const QGemvDp4aTuning& tune = {},
                        QGemvDp4aPlan* plan_only = nullptr);  // plan_only: fill it, launch nothing
 
 }  // namespace kiln::cuda

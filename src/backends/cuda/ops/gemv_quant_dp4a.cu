@@ -64,9 +64,10 @@ struct DArgs : QOperands {
   int m, k, n_out, groups, chunks, steps, units;
   int splits, sps;  // split-K: S warps per output unit, each ceil(steps / S) = sps steps
   GemvEpilogue epi;
-  int skip_x;     // timing ablation (QGemvDp4aTuning::skip_x)
-  int epi_early;  // gemv_bias_early(): each unit's row factors and bias read as it starts
+  int skip_x;         // timing ablation (QGemvDp4aTuning::skip_x)
+  int epi_early;      // gemv_bias_early(): each unit's row factors and bias read as it starts
   int trigger_early;  // the dependent launch released at the start (beside_attention)
+  int grid8 = 0;      // QuantWeightView::grid8
 };
 
 // Outputs per warp (RL) for MAXM token rows; 32 / RL lanes share an output along K.
@@ -94,8 +95,10 @@ __device__ __forceinline__ void to_f32x8(const uint4 u, float (&v)[8]) {
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     float2 f;
-    if constexpr (std::is_same_v<T, __nv_bfloat16>) f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[j]));
-    else f = __half22float2(*reinterpret_cast<const __half2*>(&w[j]));
+    if constexpr (std::is_same_v<T, __nv_bfloat16>)
+      f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[j]));
+    else
+      f = __half22float2(*reinterpret_cast<const __half2*>(&w[j]));
     v[2 * j] = f.x, v[2 * j + 1] = f.y;
   }
 }
@@ -112,7 +115,8 @@ __device__ __forceinline__ void to_f32x8(const uint4 u, float (&v)[8]) {
 // bits (|.| <= 127), ties to even, its low byte the int8 code.
 // kXBatch: x chunks a thread loads before rounding any; kThreads: the CTA's threads.
 template <typename T, bool kQ4, int kXBatch, int kThreads, int MAXM>
-__device__ void quantize_x(const T* __restrict__ x, int m, int k, int groups, uint8_t* xq, float2* xd) {
+__device__ void quantize_x(const T* __restrict__ x, int m, int k, int groups, uint8_t* xq,
+                           float2* xd) {
   const int tasks = m * groups * 4;
   // Uniform trip count (the shuffles see every lane); kXBatch loads in flight per thread.
   for (int base = 0; base < tasks; base += kThreads * kXBatch) {
@@ -122,17 +126,20 @@ __device__ void quantize_x(const T* __restrict__ x, int m, int k, int groups, ui
       const int task = base + b * kThreads + int(threadIdx.x);
       if (task < tasks) {
         const int row = MAXM == 1 ? 0 : task / (groups * 4), rem = task - row * groups * 4;
-        raw[b] = __ldg(reinterpret_cast<const uint4*>(x + int64_t(row) * k + (rem >> 2) * 32 + (rem & 3) * 8));
+        raw[b] = __ldg(
+            reinterpret_cast<const uint4*>(x + int64_t(row) * k + (rem >> 2) * 32 + (rem & 3) * 8));
       } else {
         raw[b] = make_uint4(0, 0, 0, 0);
       }
     }
 #pragma unroll
     for (int b = 0; b < kXBatch; ++b) {
-      if (base + b * kThreads >= tasks) break;  // uniform: no lane of this or later rounds has a task
+      if (base + b * kThreads >= tasks)
+        break;  // uniform: no lane of this or later rounds has a task
       const int task = base + b * kThreads + int(threadIdx.x);
       const bool on = task < tasks;
-      const int row = on && MAXM > 1 ? task / (groups * 4) : 0, rem = on ? task - row * groups * 4 : 0;
+      const int row = on && MAXM > 1 ? task / (groups * 4) : 0,
+                rem = on ? task - row * groups * 4 : 0;
       const int g = rem >> 2, sub = rem & 3;
       float v[8];
       to_f32x8<T>(raw[b], v);
@@ -162,32 +169,48 @@ __device__ void quantize_x(const T* __restrict__ x, int m, int k, int groups, ui
   }
 }
 
-// The scale words of a format: q4 (scale, min) f16 pairs, q8 f16 scales.
-template <bool kQ4>
-using ScaleWord = std::conditional_t<kQ4, unsigned int, unsigned short>;
+// A lane's cursor into the scale words, 16-bit units: q4 an f16 (scale, min) pair per
+// chunk (read as 32 bits) or, grid8, the chunk's code word (its super-group's exponents
+// `eo` words before it); q8 an f16 scale per two chunks.
+using ScalePtr = const unsigned short*;
 
 // One step's loads for the RU weight rows of a lane (16 code bytes and the chunk's scale
-// word each, at the cursor's pointers), or zeros.
+// word each, at the cursor's pointers; grid8: the code word and the exponents above it), or
+// zeros.
 template <bool kQ4, int RU>
-__device__ __forceinline__ void issue_step(uint4 (&cw)[RU], uint32_t (&sw)[RU], const uint4* const (&cp)[RU],
-                                           const ScaleWord<kQ4>* const (&sp)[RU], bool on) {
+__device__ __forceinline__ void issue_step(uint4 (&cw)[RU], uint32_t (&sw)[RU],
+                                           const uint4* const (&cp)[RU], const ScalePtr (&sp)[RU],
+                                           bool on, bool grid8, int eo) {
 #pragma unroll
   for (int r = 0; r < RU; ++r) {
     cw[r] = on ? __ldcs(cp[r]) : make_uint4(0, 0, 0, 0);
-    sw[r] = on ? uint32_t(__ldcs(sp[r])) : 0u;
+    if (!on) {
+      sw[r] = 0u;
+    } else if (kQ4 && grid8) {
+      sw[r] = uint32_t(__ldcs(sp[r])) | uint32_t(__ldg(sp[r] - eo)) << 16;
+    } else if (kQ4) {
+      sw[r] = __ldcs(reinterpret_cast<const unsigned int*>(sp[r]));
+    } else {
+      sw[r] = __ldcs(sp[r]);
+    }
   }
 }
 
 // acc[r][m] += this chunk's share of row r's dot product with token row m.
 template <bool kQ4, int RU, int MAXM>
-__device__ __forceinline__ void consume_step(float (&acc)[RU][MAXM], const uint4 (&cw)[RU], const uint32_t (&sw)[RU],
-                                             const uint8_t* xq, const float2* xd, const DArgs& a, int c) {
+__device__ __forceinline__ void consume_step(float (&acc)[RU][MAXM], const uint4 (&cw)[RU],
+                                             const uint32_t (&sw)[RU], const uint8_t* xq,
+                                             const float2* xd, const DArgs& a, int c) {
   float s[RU], mn[RU];
 #pragma unroll
   for (int r = 0; r < RU; ++r) {
     if constexpr (kQ4) {
-      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&sw[r]));
-      s[r] = f.x, mn[r] = f.y;
+      if (a.grid8) {
+        grid8_scale_min(sw[r], s[r], mn[r]);
+      } else {
+        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&sw[r]));
+        s[r] = f.x, mn[r] = f.y;
+      }
     } else {
       s[r] = __half2float(__ushort_as_half(uint16_t(sw[r]))), mn[r] = 0.0f;
     }
@@ -197,7 +220,8 @@ __device__ __forceinline__ void consume_step(float (&acc)[RU][MAXM], const uint4
     if (MAXM > 1 && m >= a.m) break;
     const uint8_t* xr = xq + int64_t(m) * a.k;
     if constexpr (kQ4) {
-      const uint4 xa = reinterpret_cast<const uint4*>(xr)[c], xb = reinterpret_cast<const uint4*>(xr + a.k / 2)[c];
+      const uint4 xa = reinterpret_cast<const uint4*>(xr)[c],
+                  xb = reinterpret_cast<const uint4*>(xr + a.k / 2)[c];
       const float2 ds = xd[m * a.groups + c];
 #pragma unroll
       for (int r = 0; r < RU; ++r) {
@@ -227,16 +251,19 @@ __device__ __forceinline__ void consume_step(float (&acc)[RU][MAXM], const uint4
 // The load pointers of a lane for output o's RU weight rows (row 0 for outputs past the
 // end: valid memory, never stored) at chunk `c0` (this lane's first chunk).
 template <bool kQ4, bool kSwiGlu, int RU>
-__device__ __forceinline__ void rows_at(int o, bool live, const DArgs& a, int c0, const uint4* (&cp)[RU],
-                                        const ScaleWord<kQ4>* (&sp)[RU]) {
+__device__ __forceinline__ void rows_at(int o, bool live, const DArgs& a, int c0,
+                                        const uint4* (&cp)[RU], ScalePtr (&sp)[RU]) {
   const int64_t r0 = live && o < a.n_out ? o : 0;
   const size_t row_bytes = kQ4 ? size_t(a.k / 2) : size_t(a.k);
-  const auto* scales = static_cast<const ScaleWord<kQ4>*>(a.scales);
+  const auto* scales = static_cast<ScalePtr>(a.scales);
 #pragma unroll
   for (int r = 0; r < RU; ++r) {
     const int64_t row = r0 + (r ? a.n_out : 0);
     cp[r] = reinterpret_cast<const uint4*>(a.codes + size_t(row) * row_bytes) + c0;
-    sp[r] = scales + row * a.groups + (kQ4 ? c0 : c0 / 2);
+    if (kQ4 && a.grid8)
+      sp[r] = scales + row * grid8_row_words(a.groups) + grid8_code_at(c0);
+    else
+      sp[r] = scales + (kQ4 ? 2 * (row * a.groups + c0) : row * a.groups + c0 / 2);
   }
 }
 
@@ -272,12 +299,14 @@ __global__ void __launch_bounds__(dp4a_warps<kSwiGlu>() * 32, 1) qgemv_dp4a_kern
   static_assert(KW <= dp4a_warps<kSwiGlu>());
   if (a.trigger_early) pdl_trigger();  // QGemvDp4aTuning::beside_attention
   constexpr bool kQ4 = F == QuantFormat::kQ4;
-  constexpr int RL = outs_per_warp<MAXM>(), KL = 32 / RL, RU = kSwiGlu ? 2 : 1, kRed = red_per_warp<MAXM, kSwiGlu>();
+  constexpr int RL = outs_per_warp<MAXM>(), KL = 32 / RL, RU = kSwiGlu ? 2 : 1,
+                kRed = red_per_warp<MAXM, kSwiGlu>();
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* xq = smem;
   float2* xd = reinterpret_cast<float2*>(smem + size_t(a.m) * size_t(a.k));
   float* red = reinterpret_cast<float*>(xd + a.m * a.groups);  // [2][kWarps][kRed], only when S > 1
-  const int lane = int(threadIdx.x) & 31, rs = lane / KL, kl = lane % KL, warp = int(threadIdx.x) >> 5;
+  const int lane = int(threadIdx.x) & 31, rs = lane / KL, kl = lane % KL,
+            warp = int(threadIdx.x) >> 5;
   const int S = a.splits, split = warp % S, group = warp / S, per_cta = kWarps / S;
   const int stride = int(gridDim.x) * per_cta, first = int(blockIdx.x) * per_cta + group;
   const int kbase = split * a.sps * KL + kl;  // this lane's first chunk of every output unit
@@ -286,19 +315,25 @@ __global__ void __launch_bounds__(dp4a_warps<kSwiGlu>() * 32, 1) qgemv_dp4a_kern
   // of the compute cursor; its pointers advance by KL chunks a step.
   int lu = first, lci = 0;
   const uint4* cp[RU];
-  const ScaleWord<kQ4>* sp[RU];
+  ScalePtr sp[RU];
   rows_at<kQ4, kSwiGlu, RU>(lu * RL + rs, lu < a.units, a, kbase, cp, sp);
+  // grid8: a lane's chunks are kbase + j KL (KL a multiple of 8), all at the same place in
+  // their super-groups, so its exponents lie eo words before each code word and a step
+  // advances KL + KL / 8 words.
+  const bool grid8 = kQ4 && a.grid8;
+  const int eo = grid8_code_at(kbase) - grid8_exps_at(kbase);
+  const int sstep = grid8 ? KL + KL / 8 : kQ4 ? 2 * KL : KL / 2;
   uint4 cw[P][RU];
   uint32_t sw[P][RU];
   auto issue_and_advance = [&](uint4(&c)[RU], uint32_t(&w)[RU]) {
-    issue_step<kQ4, RU>(c, w, cp, sp, lu < a.units && kbase + lci * KL < a.chunks);
+    issue_step<kQ4, RU>(c, w, cp, sp, lu < a.units && kbase + lci * KL < a.chunks, grid8, eo);
     if (++lci == a.sps) {
       lci = 0;
       lu += stride;
       rows_at<kQ4, kSwiGlu, RU>(lu * RL + rs, lu < a.units, a, kbase, cp, sp);
     } else {
 #pragma unroll
-      for (int r = 0; r < RU; ++r) cp[r] += KL, sp[r] += kQ4 ? KL : KL / 2;
+      for (int r = 0; r < RU; ++r) cp[r] += KL, sp[r] += sstep;
     }
   };
 #pragma unroll
@@ -319,7 +354,8 @@ __global__ void __launch_bounds__(dp4a_warps<kSwiGlu>() * 32, 1) qgemv_dp4a_kern
   // 4 (16 warps: k <= 16K), 2 where the depth-8 kernel's registers are short.
   constexpr int kXBatch = P == 8 ? 2 : kSwiGlu ? 4 : 3;
   if (!a.skip_x)
-    quantize_x<T, kQ4, kXBatch, kThreads, MAXM>(static_cast<const T*>(a.x), a.m, a.k, a.groups, xq, xd);
+    quantize_x<T, kQ4, kXBatch, kThreads, MAXM>(static_cast<const T*>(a.x), a.m, a.k, a.groups, xq,
+                                                xd);
   __syncthreads();
 
   T* y = static_cast<T*>(a.y);
@@ -350,7 +386,8 @@ __global__ void __launch_bounds__(dp4a_warps<kSwiGlu>() * 32, 1) qgemv_dp4a_kern
 #pragma unroll
             for (int r = 0; r < RU; ++r) {
 #pragma unroll
-              for (int off = KL / 2; off > 0; off >>= 1) acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], off);
+              for (int off = KL / 2; off > 0; off >>= 1)
+                acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], off);
               if (kl == 0) slot[r * MAXM + m] = acc[r][m];
             }
           }
@@ -365,7 +402,8 @@ __global__ void __launch_bounds__(dp4a_warps<kSwiGlu>() * 32, 1) qgemv_dp4a_kern
 #pragma unroll
           for (int r = 0; r < RU; ++r) {
 #pragma unroll
-            for (int off = KL / 2; off > 0; off >>= 1) acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], off);
+            for (int off = KL / 2; off > 0; off >>= 1)
+              acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], off);
             for (int j = 1; j < S; ++j) acc[r][m] += slot[j * kRed + r * MAXM + m];
           }
           if (kl == m && o < a.n_out) {  // lane kl == m stores token row m
@@ -418,7 +456,8 @@ DeviceInfo device_info() {
 
 // x's codes and (d, Σx) pairs; then, with split-K, the [2][warps][red floats] exchange.
 size_t smem_bytes(int64_t m, int64_t k, size_t red_floats = 0, int warps = 0) {
-  return size_t(m * k) + size_t(m * (k / kQuantGroup)) * sizeof(float2) + 2 * size_t(warps) * red_floats * sizeof(float);
+  return size_t(m * k) + size_t(m * (k / kQuantGroup)) * sizeof(float2) +
+         2 * size_t(warps) * red_floats * sizeof(float);
 }
 
 // CTAs of `kernel` resident per SM with `smem` bytes each; the kernel's dynamic shared
@@ -433,7 +472,8 @@ int occupancy(const void* kernel, int threads, size_t smem) {
   auto it = seen.find({kernel, dev, smem});
   if (it != seen.end()) return it->second;
   if (!seen.count({kernel, dev, size_t(0)})) {
-    KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, device_info().smem_optin));
+    KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         device_info().smem_optin));
     seen[{kernel, dev, size_t(0)}] = 0;  // marks the attribute as set (smem 0 is never asked for)
   }
   int n = 0;
@@ -454,16 +494,18 @@ void launch_depth(DArgs a, const QGemvDp4aTuning& tune, cudaStream_t s, QGemvDp4
   const int cap = tune.ctas_per_sm > 0 ? tune.ctas_per_sm : kDefaultCtasPerSm;
   // The split-K exchange needs shared memory; where x leaves too little, no split.
   int splits = tune.splits > 0 ? tune.splits : 0;
-  if (smem_bytes(a.m, a.k, red_per_warp<MAXM, kSwiGlu>(), kWarps) > size_t(d.smem_optin)) splits = 1;
+  if (smem_bytes(a.m, a.k, red_per_warp<MAXM, kSwiGlu>(), kWarps) > size_t(d.smem_optin))
+    splits = 1;
   if (splits == 0) {
-    const int per_sm =
-        std::min(occupancy(reinterpret_cast<const void*>(kernel), kThreads, smem_bytes(a.m, a.k)), cap);
+    const int per_sm = std::min(
+        occupancy(reinterpret_cast<const void*>(kernel), kThreads, smem_bytes(a.m, a.k)), cap);
     splits = qgemv_dp4a_default_splits(a.units, a.steps, int64_t(d.sms) * per_sm * kWarps);
   }
   a.splits = splits;
   a.sps = (a.steps + splits - 1) / splits;
   const size_t smem = smem_bytes(a.m, a.k, splits > 1 ? red_per_warp<MAXM, kSwiGlu>() : 0, kWarps);
-  const int per_sm = std::min(occupancy(reinterpret_cast<const void*>(kernel), kThreads, smem), cap);
+  const int per_sm =
+      std::min(occupancy(reinterpret_cast<const void*>(kernel), kThreads, smem), cap);
   // As many rounds of output units per split-K group as the resident groups need, spread
   // evenly over the groups.
   const int64_t per_cta = kWarps / splits, resident = int64_t(d.sms) * per_sm * per_cta;
@@ -498,22 +540,32 @@ void launch_rows(const DArgs& a, const QGemvDp4aTuning& tune, cudaStream_t s, QG
 }
 
 template <typename T, QuantFormat F, bool kSwiGlu>
-void launch_format(const DArgs& a, const QGemvDp4aTuning& tune, cudaStream_t s, QGemvDp4aPlan* plan) {
-  if (a.m == 1) launch_rows<T, F, 1, kSwiGlu>(a, tune, s, plan);
-  else if (a.m == 2) launch_rows<T, F, 2, kSwiGlu>(a, tune, s, plan);
-  else if (a.m <= 4) launch_rows<T, F, 4, kSwiGlu>(a, tune, s, plan);
-  else launch_rows<T, F, 8, kSwiGlu>(a, tune, s, plan);
+void launch_format(const DArgs& a, const QGemvDp4aTuning& tune, cudaStream_t s,
+                   QGemvDp4aPlan* plan) {
+  if (a.m == 1)
+    launch_rows<T, F, 1, kSwiGlu>(a, tune, s, plan);
+  else if (a.m == 2)
+    launch_rows<T, F, 2, kSwiGlu>(a, tune, s, plan);
+  else if (a.m <= 4)
+    launch_rows<T, F, 4, kSwiGlu>(a, tune, s, plan);
+  else
+    launch_rows<T, F, 8, kSwiGlu>(a, tune, s, plan);
 }
 
 template <typename T>
-void launch_typed(const DArgs& a, QuantFormat f, const QGemvDp4aTuning& tune, cudaStream_t s, QGemvDp4aPlan* plan) {
+void launch_typed(const DArgs& a, QuantFormat f, const QGemvDp4aTuning& tune, cudaStream_t s,
+                  QGemvDp4aPlan* plan) {
   const bool swiglu = a.epi == GemvEpilogue::kSwiGlu;
   if (f == QuantFormat::kQ4) {
-    if (swiglu) launch_format<T, QuantFormat::kQ4, true>(a, tune, s, plan);
-    else launch_format<T, QuantFormat::kQ4, false>(a, tune, s, plan);
+    if (swiglu)
+      launch_format<T, QuantFormat::kQ4, true>(a, tune, s, plan);
+    else
+      launch_format<T, QuantFormat::kQ4, false>(a, tune, s, plan);
   } else {
-    if (swiglu) launch_format<T, QuantFormat::kQ8, true>(a, tune, s, plan);
-    else launch_format<T, QuantFormat::kQ8, false>(a, tune, s, plan);
+    if (swiglu)
+      launch_format<T, QuantFormat::kQ8, true>(a, tune, s, plan);
+    else
+      launch_format<T, QuantFormat::kQ8, false>(a, tune, s, plan);
   }
 }
 
@@ -547,17 +599,19 @@ bool qgemv_dp4a_supports(DType dtype, int64_t m, int64_t k) {
   return d.cc >= 61 && smem_bytes(m, k) <= size_t(d.smem_optin);
 }
 
-void launch_qgemv_dp4a(DType dtype, const void* x, const QuantWeightView& w, const void* bias, void* y, int64_t m,
-                       int64_t n_out, cudaStream_t s, GemvEpilogue epi, const QGemvDp4aTuning& tune,
-                       QGemvDp4aPlan* plan_only) {
-  KILN_THROW_IF(w.layout != QuantLayout::kRows, kInternal, "cuda dp4a gemv: needs the kRows layout");
+void launch_qgemv_dp4a(DType dtype, const void* x, const QuantWeightView& w, const void* bias,
+                       void* y, int64_t m, int64_t n_out, cudaStream_t s, GemvEpilogue epi,
+                       const QGemvDp4aTuning& tune, QGemvDp4aPlan* plan_only) {
+  KILN_THROW_IF(w.layout != QuantLayout::kRows, kInternal,
+                "cuda dp4a gemv: needs the kRows layout");
   KILN_THROW_IF(tune.depth != 0 && tune.depth != 2 && tune.depth != 4 && tune.depth != 8, kInternal,
                 "cuda dp4a gemv: depth ", tune.depth, " (expected 2, 4 or 8)");
-  KILN_THROW_IF(tune.splits != 0 && tune.splits != 1 && tune.splits != 2 && tune.splits != 4 && tune.splits != 8,
+  KILN_THROW_IF(tune.splits != 0 && tune.splits != 1 && tune.splits != 2 && tune.splits != 4 &&
+                    tune.splits != 8,
                 kInternal, "cuda dp4a gemv: splits ", tune.splits, " (expected 1, 2, 4 or 8)");
   KILN_THROW_IF(tune.ctas_per_sm < 0, kInternal, "cuda dp4a gemv: ctas_per_sm ", tune.ctas_per_sm);
-  KILN_THROW_IF(!qgemv_dp4a_supports(dtype, m, w.k), kInternal, "cuda dp4a gemv: unsupported ", dtype_name(dtype),
-                " m=", m, " k=", w.k);
+  KILN_THROW_IF(!qgemv_dp4a_supports(dtype, m, w.k), kInternal, "cuda dp4a gemv: unsupported ",
+                dtype_name(dtype), " m=", m, " k=", w.k);
   if (n_out == 0) return;
   const int groups = int(w.k / kQuantGroup);
   DArgs a{x,
@@ -579,8 +633,11 @@ void launch_qgemv_dp4a(DType dtype, const void* x, const QuantWeightView& w, con
           tune.skip_x ? 1 : 0,
           gemv_bias_early() ? 1 : 0,
           0};
-  if (dtype == DType::kBF16) launch_typed<__nv_bfloat16>(a, w.format, tune, s, plan_only);
-  else launch_typed<__half>(a, w.format, tune, s, plan_only);
+  a.grid8 = w.grid8;
+  if (dtype == DType::kBF16)
+    launch_typed<__nv_bfloat16>(a, w.format, tune, s, plan_only);
+  else
+    launch_typed<__half>(a, w.format, tune, s, plan_only);
 }
 
 }  // namespace kiln::cuda
