@@ -52,20 +52,23 @@ float quant_row_factor(const float* w, int64_t k, QuantFormat f) {
 
 namespace {
 
-// The smallest E in [kQ4ExpMin, kQ4ExpMax] with big <= top * 2^E (kQ4ExpMin for 0 or NaN).
-int super_exp(float big, int top) {
+// The smallest E in [kQ4ExpMin, emax] with big <= top * 2^E (kQ4ExpMin for 0 or NaN,
+// emax for infinity).
+int super_exp(float big, int top, int emax) {
   if (!(big > 0.0f)) return kQ4ExpMin;
+  if (!std::isfinite(big)) return emax;
   int e = 0;
   std::frexp(double(big) / top, &e);  // big / top in [2^(e-1), 2^e)
-  e = std::clamp(e, kQ4ExpMin, kQ4ExpMax);
+  e = std::clamp(e, kQ4ExpMin, emax);
   while (e > kQ4ExpMin && std::ldexp(double(top), e - 1) >= double(big)) --e;
   return e;
 }
 
-// v / 2^e rounded to nearest (ties to even), clamped to [-top, top] (0 for NaN), times 2^e as f16.
+// v / 2^e rounded to nearest (ties to even), clamped to [-top, top], times 2^e as f16 (NaN
+// stays NaN, so such a weight's outputs show it, as with free f16 scales).
 uint16_t on_grid(float v, int e, int top) {
-  float c = std::nearbyint(std::ldexp(v, -e));
-  c = c == c ? std::clamp(c, float(-top), float(top)) : 0.0f;
+  if (std::isnan(v)) return f32_to_f16(v);
+  const float c = std::clamp(std::nearbyint(std::ldexp(v, -e)), float(-top), float(top));
   return f32_to_f16(std::ldexp(c, e));
 }
 
@@ -125,7 +128,7 @@ QuantSuperExp quant_super_exp(const float* v, int64_t count, float row_factor) {
     big_s = std::max(big_s, scale / row_factor);
     big_m = std::max(big_m, std::fabs(lo / row_factor));
   }
-  return {super_exp(big_s, 255), super_exp(big_m, 127)};
+  return {super_exp(big_s, 255, kQ4ScaleExpMax), super_exp(big_m, 127, kQ4MinExpMax)};
 }
 
 QuantGroup quant_group(const float* v, QuantFormat f, float row_factor, const QuantSuperExp& e) {
@@ -163,7 +166,8 @@ bool q4_super_exps(const uint16_t* scales, const uint16_t* mins, int64_t groups,
       big_s = std::max(big_s, sv);
       big_m = std::max(big_m, std::fabs(mv));
     }
-    const QuantSuperExp e{super_exp(big_s, 255), super_exp(big_m, 127)};
+    const QuantSuperExp e{super_exp(big_s, 255, kQ4ScaleExpMax),
+                          super_exp(big_m, 127, kQ4MinExpMax)};
     for (int64_t g = g0; g < g1; ++g)
       if (!fits(f16_to_f32(scales[g]), e.scale, 255) || !fits(f16_to_f32(mins[g]), e.min, 127))
         return false;
@@ -227,6 +231,7 @@ QuantizedRows quantize_rows(const float* w, int64_t n, int64_t k, QuantFormat f)
   KILN_THROW_IF(n <= 0 || k <= 0 || k % kQuantGroup != 0, kInvalidArgument, quant_format_name(f),
                 " quantization needs N > 0 and K a positive multiple of ", kQuantGroup,
                 ", got N=", n, " K=", k);
+  q4_free_scales();  // its switch read here, not first in a pool thread
   QuantizedRows q;
   q.format = f;
   q.n = n;

@@ -56,10 +56,11 @@ void quantize_row(const float* w, int64_t k, QuantFormat f, uint8_t* codes, uint
 // The row factor F quantize_row picks for w (a power of two; 1 for an all-zero row).
 float quant_row_factor(const float* w, int64_t k, QuantFormat f);
 // q4's super-groups: kQ4SuperGroups groups of a row share the exponents of their scale and
-// min codes (see the top of the file). Es in [-24, 8] holds 255 * 2^Es <= 65280 and every
-// multiple of 2^Es exact in f16; Em likewise with 127.
+// min codes (see the top of the file). Es in [-24, 8] keeps 255 * 2^Es <= 65280 and every
+// multiple of 2^Es exact in f16, Em in [-24, 9] keeps 127 * 2^Em <= 65024: F puts every
+// scale and |min| below 2^15, inside both ranges.
 constexpr int64_t kQ4SuperGroups = 8;
-constexpr int kQ4ExpMin = -24, kQ4ExpMax = 8;
+constexpr int kQ4ExpMin = -24, kQ4ScaleExpMax = 8, kQ4MinExpMax = 9;
 struct QuantSuperExp {
   int scale = kQ4ExpMin, min = kQ4ExpMin;
 };
@@ -92,7 +93,9 @@ QuantGroup quant_group(const float* v, QuantFormat f, float row_factor,
                        const QuantSuperExp& e);  // v: 32 values
 // KILN_Q4_SCALES=f16: q4 groups get free f16 scales and mins as before the 8-bit grid (for
 // accuracy comparisons; such weights take the 5-bit device layout); "8bit" or unset: the
-// grid. Read once; another value is a kInvalidArgument error naming the variable.
+// grid. Read once, on the first call: the quantizers call it on their calling thread
+// before their parallel loops, so another value is a kInvalidArgument error naming the
+// variable there (not in a pool thread).
 bool q4_free_scales();
 void q4_free_scales_set(bool free);  // for tests: as if KILN_Q4_SCALES were f16 (true) or 8bit
 // Stores code (q8: -127..127; q4: 0..15) as element i of a quantized row.

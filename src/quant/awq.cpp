@@ -217,6 +217,7 @@ std::vector<float> AwqCollector::channel_absmean() const {
 double awq_output_error(const std::vector<AwqLayer>& layers, int64_t k, const float* x, int64_t rows,
                         const std::vector<float>& s, kiln::QuantFormat f, int64_t max_out_rows) {
   KILN_CHECK(s.empty() || int64_t(s.size()) == k, "awq: scales width");
+  q4_free_scales();  // its switch read here, not first in a pool thread
   // The output rows measured, over all layers.
   std::vector<const float*> wrows;
   for (const AwqLayer& l : layers) {

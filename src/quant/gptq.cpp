@@ -228,6 +228,7 @@ kiln::QuantizedRows gptq_quantize(const float* w, int64_t n, int64_t k,
                 " values for K=", k);
   KILN_THROW_IF(!order.empty() && int64_t(order.size()) != k, kInvalidArgument,
                 "gptq: column order of ", order.size(), " for K=", k);
+  q4_free_scales();  // its switch read here, not first in a pool thread
   kiln::QuantizedRows q;
   q.format = format;
   q.n = n;
@@ -246,7 +247,8 @@ kiln::QuantizedRows gptq_quantize(const float* w, int64_t n, int64_t k,
     // update is one contiguous axpy over the steps still to come.
     std::vector<float> rows(static_cast<size_t>(kRowBlock * k)), row(static_cast<size_t>(k));
     std::vector<QuantGroup> grid(size_t(kRowBlock) * groups);
-    // q4: each row's super-group exponents, from the unmodified row like its factor.
+    // q4: each row's super-group exponents, from the unmodified row like its factor (act
+    // order's static groups); column order takes them from the updated values (below).
     const size_t supers = size_t(quant_super_groups(k));
     std::vector<QuantSuperExp> sexp(size_t(kRowBlock) * supers);
     for (int64_t blk = b0; blk < b1; ++blk) {
@@ -256,8 +258,8 @@ kiln::QuantizedRows gptq_quantize(const float* w, int64_t n, int64_t k,
         std::copy(w + r * k, w + (r + 1) * k, row.begin());
         for (int64_t j : dead) row[size_t(j)] = 0.0f;
         // The row factor of the unmodified row: the sweep moves values by about one step
-        // of the grid, far inside f16's 2x headroom above the largest scale (quant_group
-        // saturates).
+        // of the grid, far inside f16's 2x headroom above the largest scale (q8's
+        // quant_group saturates; q4's 8-bit codes clamp at the super-group's exponents).
         const float factor = quant_row_factor(row.data(), k, format);
         q.row_factor[size_t(r)] = factor;
         for (size_t sg = 0; sg < supers; ++sg) {
@@ -282,9 +284,15 @@ kiln::QuantizedRows gptq_quantize(const float* w, int64_t n, int64_t k,
         for (int64_t i = 0; i < nb; ++i) {
           float* ri = rows.data() + i * k;
           QuantGroup& qg = grid[size_t(i) * groups + size_t(j / kQuantGroup)];
+          // Column order: a super-group's exponents, like each group's grid, from the updated
+          // values when the sweep reaches it (its later groups may still grow past them by
+          // the time they are reached: their codes then clamp at 255 / +-127).
+          QuantSuperExp& se = sexp[size_t(i) * supers + size_t(j / kQuantGroup / kQ4SuperGroups)];
+          if (order.empty() && j % (kQ4SuperGroups * kQuantGroup) == 0)
+            se = quant_super_exp(ri + s, std::min(k - s, kQ4SuperGroups * kQuantGroup),
+                                 q.row_factor[size_t(r0 + i)]);
           if (order.empty() && j % kQuantGroup == 0)
-            qg = quant_group(ri + s, format, q.row_factor[size_t(r0 + i)],
-                             sexp[size_t(i) * supers + size_t(j / kQuantGroup / kQ4SuperGroups)]);
+            qg = quant_group(ri + s, format, q.row_factor[size_t(r0 + i)], se);
           const int c = qg.code(ri[s], format);
           set_quant_code(format, q.codes.get() + size_t(r0 + i) * cb, j, c);
           const float err = float((double(ri[s]) - double(qg.value(c))) / u[size_t(s * k + s)]);

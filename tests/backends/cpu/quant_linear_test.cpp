@@ -27,8 +27,8 @@ using testing::random_floats;
 // q8: symmetric, scale = max|w| / 127. q4: asymmetric, scale = (max - min) / 15. Scales
 // and mins are stored as f16 relative to a power-of-two row factor F that puts the row's
 // largest scale or |min| in [2^14, 2^15]; q4's are then rounded to integers times powers of
-// two 2^E, per 8 groups the smallest E with the largest scale <= 255 * 2^E (|min|: 127);
-// codes round against the stored values.
+// two 2^E, per 8 groups the smallest E <= 8 with the largest scale <= 255 * 2^E (|min|: 127, E <=
+// 9); codes round against the stored values.
 std::vector<double> dequantized(const std::vector<float>& w, int64_t n, int64_t k, bool q8,
                                 std::vector<double>* mins = nullptr) {
   std::vector<double> d(w.size());
@@ -49,13 +49,13 @@ std::vector<double> dequantized(const std::vector<float>& w, int64_t n, int64_t 
     while (big > 0 && big / f > 32768.0f) f *= 2;
     while (big > 0 && big / f <= 16384.0f) f /= 2;
     // q4's exponents of each 8 groups: 2^E >= largest / top, E in [-24, 8].
-    auto grid = [&](const std::vector<float>& v, int64_t g, int top) {
+    auto grid = [&](const std::vector<float>& v, int64_t g, int top, int emax) {
       const int64_t g0 = g / 8 * 8, g1 = std::min<int64_t>(g0 + 8, int64_t(v.size()));
       double big_v = 0;
       for (int64_t j = g0; j < g1; ++j)
         big_v = std::max(big_v, std::fabs(double(v[size_t(j)]) / f));
       int e = -24;
-      while (e < 8 && big_v > double(top) * std::ldexp(1.0, e)) ++e;
+      while (e < emax && big_v > double(top) * std::ldexp(1.0, e)) ++e;
       const double c = std::clamp(std::nearbyint(double(v[size_t(g)]) / f / std::ldexp(1.0, e)),
                                   -double(top), double(top));
       return float(c * std::ldexp(1.0, e)) * f;
@@ -63,8 +63,8 @@ std::vector<double> dequantized(const std::vector<float>& w, int64_t n, int64_t 
     for (int64_t g = 0; g < k; g += 32) {
       const float* v = w.data() + r * k + g;
       const float s =
-          q8 ? f16_to_f32(f32_to_f16(scale[size_t(g / 32)] / f)) * f : grid(scale, g / 32, 255);
-      const float m = q8 ? 0.0f : grid(offset, g / 32, 127);
+          q8 ? f16_to_f32(f32_to_f16(scale[size_t(g / 32)] / f)) * f : grid(scale, g / 32, 255, 8);
+      const float m = q8 ? 0.0f : grid(offset, g / 32, 127, 9);
       if (mins) (*mins)[size_t(r * (k / 32) + g / 32)] = m;
       for (int64_t i = 0; i < 32; ++i) {
         float q = s > 0 ? std::nearbyint((v[i] - m) / s) : 0.0f;

@@ -408,6 +408,7 @@ size_t weight_storage_size(WeightStorage s) {
 PackedWeight pack_weight(const void* w, DType dtype, int64_t n, int64_t k, WeightStorage storage) {
   KILN_THROW_IF(n <= 0 || k <= 0, kInvalidArgument, "pack_weight: expected N, K > 0, got N=", n,
                 " K=", k);
+  q4_free_scales();  // its switch read here, not first in a pool thread
   KILN_THROW_IF(weight_storage_quantized(storage) && k % kQuantGroup != 0, kInvalidArgument,
                 "pack_weight: ", weight_storage_name(storage), " needs K to be a multiple of ",
                 kQuantGroup, ", got K=", k);
