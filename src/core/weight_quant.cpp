@@ -19,8 +19,7 @@ const char* quant_format_name(QuantFormat f) { return f == QuantFormat::kQ8 ? "q
 
 namespace {
 
-// A group's f32 scale and min by the format's rule (q8: max|v| / 127 and 0; q4: (max - min) / 15
-// and min).
+// A group's f32 scale and min by the format's rule (q8: max|v| / 127 and 0; q4: (max - min) / 15 and min).
 void group_range(const float* v, QuantFormat f, float* scale, float* lo) {
   float mn = v[0], mx = v[0], amax = 0.0f;
   for (int64_t i = 0; i < kQuantGroup; ++i) {
@@ -185,8 +184,8 @@ void set_quant_code(QuantFormat f, uint8_t* codes, int64_t i, int code) {
   }
 }
 
-void quantize_row(const float* w, int64_t k, QuantFormat f, uint8_t* codes, uint16_t* scales,
-                  uint16_t* mins, float* row_factor) {
+void quantize_row(const float* w, int64_t k, QuantFormat f, uint8_t* codes, uint16_t* scales, uint16_t* mins,
+                  float* row_factor) {
   const float factor = quant_row_factor(w, k, f);
   *row_factor = factor;
   // f16 scale/min relative to the factor (q4: on its super-group's 8-bit grid), then codes
@@ -208,14 +207,12 @@ void quantize_row(const float* w, int64_t k, QuantFormat f, uint8_t* codes, uint
   }
 }
 
-void dequantize_row(const uint8_t* codes, const uint16_t* scales, const uint16_t* mins,
-                    float row_factor, int64_t k, QuantFormat f, float* out) {
+void dequantize_row(const uint8_t* codes, const uint16_t* scales, const uint16_t* mins, float row_factor, int64_t k,
+                    QuantFormat f, float* out) {
   const bool q8 = f == QuantFormat::kQ8;
   for (int64_t g = 0; g < k / kQuantGroup; ++g) {
-    const float s = f16_to_f32(scales[g]) * row_factor,
-                m = q8 ? 0.0f : f16_to_f32(mins[g]) * row_factor;
-    for (int64_t i = g * kQuantGroup; i < (g + 1) * kQuantGroup; ++i)
-      out[i] = s * float(quant_code(f, codes, i)) + m;
+    const float s = f16_to_f32(scales[g]) * row_factor, m = q8 ? 0.0f : f16_to_f32(mins[g]) * row_factor;
+    for (int64_t i = g * kQuantGroup; i < (g + 1) * kQuantGroup; ++i) out[i] = s * float(quant_code(f, codes, i)) + m;
   }
 }
 
@@ -223,8 +220,8 @@ void dequantize_rows(const QuantizedRows& q, int64_t r0, int64_t r1, float* out)
   const size_t cb = quant_row_code_bytes(q.format, q.k);
   for (int64_t r = r0; r < r1; ++r)
     dequantize_row(q.codes.get() + size_t(r) * cb, q.scales.get() + r * q.groups(),
-                   q.mins ? q.mins.get() + r * q.groups() : nullptr, q.row_factor[size_t(r)], q.k,
-                   q.format, out + (r - r0) * q.k);
+                   q.mins ? q.mins.get() + r * q.groups() : nullptr, q.row_factor[size_t(r)], q.k, q.format,
+                   out + (r - r0) * q.k);
 }
 
 QuantizedRows quantize_rows(const float* w, int64_t n, int64_t k, QuantFormat f) {
@@ -244,8 +241,7 @@ QuantizedRows quantize_rows(const float* w, int64_t n, int64_t k, QuantFormat f)
   q.row_factor.reset(new float[size_t(n)]);
   ThreadPool::global().parallel_for(n, [&](int64_t r0, int64_t r1, int) {
     for (int64_t r = r0; r < r1; ++r)
-      quantize_row(w + r * k, k, f, q.codes.get() + size_t(r) * row_bytes,
-                   q.scales.get() + size_t(r) * groups,
+      quantize_row(w + r * k, k, f, q.codes.get() + size_t(r) * row_bytes, q.scales.get() + size_t(r) * groups,
                    q.mins ? q.mins.get() + size_t(r) * groups : nullptr, q.row_factor.get() + r);
   });
   return q;
@@ -284,8 +280,7 @@ void dequantize_image_row(const uint8_t* row, int64_t k, QuantFormat f, float* o
 
 QuantizedRows quant_rows_from_image(const uint8_t* src, int64_t n, int64_t k, QuantFormat f) {
   KILN_THROW_IF(n <= 0 || k <= 0 || k % kQuantGroup != 0, kInvalidArgument, quant_format_name(f),
-                " weight image needs N > 0 and K a positive multiple of ", kQuantGroup,
-                ", got N=", n, " K=", k);
+                " weight image needs N > 0 and K a positive multiple of ", kQuantGroup, ", got N=", n, " K=", k);
   QuantizedRows q;
   q.format = f;
   q.n = n;
@@ -313,8 +308,7 @@ QuantizedRows quant_rows_from_image(const uint8_t* src, int64_t n, int64_t k, Qu
 QuantFormat quant_format_from_name(const std::string& name, const std::string& what) {
   if (name == "q8") return QuantFormat::kQ8;
   if (name == "q4") return QuantFormat::kQ4;
-  throw_error(ErrorCode::kInvalidArgument, what, ": unknown quantized weight format '", name,
-              "' (expected q8 or q4)");
+  throw_error(ErrorCode::kInvalidArgument, what, ": unknown quantized weight format '", name, "' (expected q8 or q4)");
 }
 
 }  // namespace kiln

@@ -49,8 +49,8 @@ inline size_t quant_row_code_bytes(QuantFormat f, int64_t k) {
 // codes (q8: k int8 as bytes; q4: element 2j in the low nibble of byte j, 2j+1 in the
 // high nibble), k / 32 f16 scales, for q4 k / 32 f16 mins (`mins` may be null for q8),
 // and the row factor.
-void quantize_row(const float* w, int64_t k, QuantFormat f, uint8_t* codes, uint16_t* scales,
-                  uint16_t* mins, float* row_factor);
+void quantize_row(const float* w, int64_t k, QuantFormat f, uint8_t* codes, uint16_t* scales, uint16_t* mins,
+                  float* row_factor);
 
 // The pieces of quantize_row, for quantizers that choose codes themselves (quant/gptq.h).
 // The row factor F quantize_row picks for w (a power of two; 1 for an all-zero row).
@@ -84,8 +84,7 @@ struct QuantGroup {
   float scale = 0, min = 0;
   int code(float v, QuantFormat f) const {
     const float q = scale > 0.0f ? std::nearbyint((v - min) / scale) : 0.0f;
-    return f == QuantFormat::kQ8 ? int(std::clamp(q, -127.0f, 127.0f))
-                                 : int(std::clamp(q, 0.0f, 15.0f));
+    return f == QuantFormat::kQ8 ? int(std::clamp(q, -127.0f, 127.0f)) : int(std::clamp(q, 0.0f, 15.0f));
   }
   float value(int code) const { return scale * float(code) + min; }
 };
@@ -111,8 +110,8 @@ inline int quant_code(QuantFormat f, const uint8_t* codes, int64_t i) {
 // The values a quantized row stands for: out[i] = F * (scale[g] * q[i] + min[g]) (q8: no
 // min), the inverse of quantize_row up to its rounding. Used to measure quantization
 // error (quant/awq.h) and by tests.
-void dequantize_row(const uint8_t* codes, const uint16_t* scales, const uint16_t* mins,
-                    float row_factor, int64_t k, QuantFormat f, float* out);
+void dequantize_row(const uint8_t* codes, const uint16_t* scales, const uint16_t* mins, float row_factor, int64_t k,
+                    QuantFormat f, float* out);
 
 // A whole [n, k] weight in row-major form, rows quantized in parallel on the global
 // thread pool: codes [n][quant_row_code_bytes], scales and (q4) mins [n][k / 32],

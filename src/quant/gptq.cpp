@@ -68,15 +68,12 @@ bool cholesky_lower(std::vector<double>& a, int64_t k) {
     if (!(d > 0.0) || !std::isfinite(d)) return false;
     const double ljj = std::sqrt(d);
     a[size_t(j * k + j)] = ljj;
-    pool().parallel_for(
-        k - j - 1,
-        [&](int64_t b, int64_t e, int) {
-          for (int64_t i = j + 1 + b; i < j + 1 + e; ++i) {
-            double* ai = a.data() + i * k;
-            ai[j] = (ai[j] - dot_lanes(ai, aj, j)) / ljj;
-          }
-        },
-        16);
+    pool().parallel_for(k - j - 1, [&](int64_t b, int64_t e, int) {
+      for (int64_t i = j + 1 + b; i < j + 1 + e; ++i) {
+        double* ai = a.data() + i * k;
+        ai[j] = (ai[j] - dot_lanes(ai, aj, j)) / ljj;
+      }
+    }, 16);
   }
   return true;
 }
@@ -89,9 +86,8 @@ void GptqCollector::observe(const float* x, int64_t rows, int64_t k) {
   for (int64_t r = 0; r < rows; ++r)
     for (int64_t j = 0; j < k; ++j)
       if (!std::isfinite(x[r * k + j]))
-        throw_error(ErrorCode::kInvalidArgument, "gptq calibration: non-finite activation ",
-                    x[r * k + j], " entering Linear '", name_, "' (row ", rows_ + r, ", channel ",
-                    j, ")");
+        throw_error(ErrorCode::kInvalidArgument, "gptq calibration: non-finite activation ", x[r * k + j],
+                    " entering Linear '", name_, "' (row ", rows_ + r, ", channel ", j, ")");
   std::vector<float> xt(size_t(k * kRowChunk));
   for (int64_t r0 = 0; r0 < rows; r0 += kRowChunk) {
     const int64_t nr = std::min(kRowChunk, rows - r0);
@@ -110,8 +106,7 @@ void GptqCollector::observe(const float* x, int64_t rows, int64_t k) {
           const int64_t i = pair[c];
           const float* xi = xt.data() + i * kRowChunk;
           double* hi = h_.data() + i * k;
-          for (int64_t j = i; j < k; ++j)
-            hi[j] += double(dot_lanes(xi, xt.data() + j * kRowChunk, padded));
+          for (int64_t j = i; j < k; ++j) hi[j] += double(dot_lanes(xi, xt.data() + j * kRowChunk, padded));
         }
       }
     });
@@ -129,16 +124,13 @@ std::shared_ptr<const GptqHessian> GptqCollector::finish() const {
   return h;
 }
 
-std::vector<double> gptq_inverse_factor(const std::vector<double>& sum, int64_t rows, int64_t k,
-                                        double damp, std::vector<int64_t>* dead) {
-  if (rows <= 0)
-    throw_error(ErrorCode::kInvalidArgument, "gptq: the Hessian saw no calibration rows");
+std::vector<double> gptq_inverse_factor(const std::vector<double>& sum, int64_t rows, int64_t k, double damp,
+                                        std::vector<int64_t>* dead) {
+  if (rows <= 0) throw_error(ErrorCode::kInvalidArgument, "gptq: the Hessian saw no calibration rows");
   if (k <= 0 || int64_t(sum.size()) != k * k)
-    throw_error(ErrorCode::kInvalidArgument, "gptq: Hessian of ", sum.size(), " values is not [", k,
-                ", ", k, "]");
+    throw_error(ErrorCode::kInvalidArgument, "gptq: Hessian of ", sum.size(), " values is not [", k, ", ", k, "]");
   if (!(damp >= 0.0) || !std::isfinite(damp))
-    throw_error(ErrorCode::kInvalidArgument, "gptq: damping must be a finite value >= 0, got ",
-                damp);
+    throw_error(ErrorCode::kInvalidArgument, "gptq: damping must be a finite value >= 0, got ", damp);
   std::vector<double> h(sum.size());
   for (size_t i = 0; i < sum.size(); ++i) h[i] = sum[i] / double(rows);
   if (dead) dead->clear();
@@ -159,8 +151,7 @@ std::vector<double> gptq_inverse_factor(const std::vector<double>& sum, int64_t 
     if (cholesky_lower(l, k)) break;
     if (attempt == 4)
       throw_error(ErrorCode::kInvalidArgument, "gptq: the input Hessian (K=", k,
-                  ") is not positive definite even with damping ", add / mean_diag,
-                  " of its mean diagonal");
+                  ") is not positive definite even with damping ", add / mean_diag, " of its mean diagonal");
     add = add > 0 ? add * 10 : 1e-6 * mean_diag;
   }
   // (H + damp I)^-1 = L^-T L^-1, column by column: forward then backward substitution.
@@ -190,8 +181,7 @@ std::vector<double> gptq_inverse_factor(const std::vector<double>& sum, int64_t 
       inv[size_t(i * k + j)] = inv[size_t(j * k + i)] = v;
     }
   if (!cholesky_lower(inv, k))
-    throw_error(ErrorCode::kInvalidArgument, "gptq: the inverse Hessian (K=", k,
-                ") lost positive definiteness");
+    throw_error(ErrorCode::kInvalidArgument, "gptq: the inverse Hessian (K=", k, ") lost positive definiteness");
   std::vector<double> u(size_t(k * k), 0.0);
   for (int64_t i = 0; i < k; ++i)
     for (int64_t j = 0; j <= i; ++j) u[size_t(j * k + i)] = inv[size_t(i * k + j)];
@@ -199,31 +189,27 @@ std::vector<double> gptq_inverse_factor(const std::vector<double>& sum, int64_t 
 }
 
 std::vector<int64_t> gptq_act_order(const std::vector<double>& sum, int64_t k) {
-  KILN_THROW_IF(k <= 0 || int64_t(sum.size()) != k * k, kInvalidArgument, "gptq: Hessian of ",
-                sum.size(), " values is not [", k, ", ", k, "]");
+  KILN_THROW_IF(k <= 0 || int64_t(sum.size()) != k * k, kInvalidArgument, "gptq: Hessian of ", sum.size(),
+                " values is not [", k, ", ", k, "]");
   std::vector<int64_t> order(static_cast<size_t>(k));
   for (int64_t j = 0; j < k; ++j) order[size_t(j)] = j;
-  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
-    return sum[size_t(a * k + a)] > sum[size_t(b * k + b)];
-  });
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return sum[size_t(a * k + a)] > sum[size_t(b * k + b)]; });
   return order;
 }
 
-std::vector<double> gptq_permute(const std::vector<double>& sum, int64_t k,
-                                 const std::vector<int64_t>& order) {
+std::vector<double> gptq_permute(const std::vector<double>& sum, int64_t k, const std::vector<int64_t>& order) {
   std::vector<double> p(sum.size());
   for (int64_t i = 0; i < k; ++i)
-    for (int64_t j = 0; j < k; ++j)
-      p[size_t(i * k + j)] = sum[size_t(order[size_t(i)] * k + order[size_t(j)])];
+    for (int64_t j = 0; j < k; ++j) p[size_t(i * k + j)] = sum[size_t(order[size_t(i)] * k + order[size_t(j)])];
   return p;
 }
 
-kiln::QuantizedRows gptq_quantize(const float* w, int64_t n, int64_t k,
-                                  const std::vector<double>& u, const std::vector<int64_t>& dead,
-                                  kiln::QuantFormat format, const std::vector<int64_t>& order) {
+kiln::QuantizedRows gptq_quantize(const float* w, int64_t n, int64_t k, const std::vector<double>& u,
+                                  const std::vector<int64_t>& dead, kiln::QuantFormat format,
+                                  const std::vector<int64_t>& order) {
   KILN_THROW_IF(n <= 0 || k <= 0 || k % kQuantGroup != 0, kInvalidArgument,
-                "gptq needs N > 0 and K a positive multiple of ", kQuantGroup, ", got N=", n,
-                " K=", k);
+                "gptq needs N > 0 and K a positive multiple of ", kQuantGroup, ", got N=", n, " K=", k);
   KILN_THROW_IF(int64_t(u.size()) != k * k, kInvalidArgument, "gptq: inverse factor of ", u.size(),
                 " values for K=", k);
   KILN_THROW_IF(!order.empty() && int64_t(order.size()) != k, kInvalidArgument,
@@ -309,11 +295,9 @@ kiln::QuantizedRows gptq_quantize(const float* w, int64_t n, int64_t k,
   return q;
 }
 
-double gptq_output_error(const float* w, const kiln::QuantizedRows& q,
-                         const std::vector<double>& sum, int64_t rows) {
+double gptq_output_error(const float* w, const kiln::QuantizedRows& q, const std::vector<double>& sum, int64_t rows) {
   const int64_t n = q.n, k = q.k;
-  KILN_THROW_IF(int64_t(sum.size()) != k * k || rows <= 0, kInvalidArgument,
-                "gptq: Hessian does not match K=", k);
+  KILN_THROW_IF(int64_t(sum.size()) != k * k || rows <= 0, kInvalidArgument, "gptq: Hessian does not match K=", k);
   std::vector<double> part(size_t(pool().num_threads()), 0.0);
   const int64_t blocks = (n + kRowBlock - 1) / kRowBlock;
   pool().parallel_for(blocks, [&](int64_t b0, int64_t b1, int t) {
@@ -324,14 +308,12 @@ double gptq_output_error(const float* w, const kiln::QuantizedRows& q,
       for (int64_t i = 0; i < nb; ++i) {
         const int64_t r = r0 + i;
         dequantize_rows(q, r, r + 1, deq.data());
-        for (int64_t j = 0; j < k; ++j)
-          d[size_t(i * k + j)] = double(w[r * k + j]) - double(deq[size_t(j)]);
+        for (int64_t j = 0; j < k; ++j) d[size_t(i * k + j)] = double(w[r * k + j]) - double(deq[size_t(j)]);
       }
       double e = 0;
       for (int64_t row = 0; row < k; ++row) {  // H's row, shared by the block's rows
         const double* hr = sum.data() + row * k;
-        for (int64_t i = 0; i < nb; ++i)
-          e += d[size_t(i * k + row)] * dot_lanes(hr, d.data() + i * k, k);
+        for (int64_t i = 0; i < nb; ++i) e += d[size_t(i * k + row)] * dot_lanes(hr, d.data() + i * k, k);
       }
       part[size_t(t)] += e;
     }
@@ -364,31 +346,28 @@ GptqReport apply_gptq(ir::Graph& g, const CalibrationTable& table, const GptqOpt
     auto it = table.gptq.find(n.name);
     if ((it == table.gptq.end() || !it->second) && o.partial) continue;
     if (it == table.gptq.end() || !it->second)
-      throw_error(ErrorCode::kNotFound, "calibration table has no GPTQ Hessian for Linear '",
-                  n.name, "' (calibrated on a different model or opt level?)");
+      throw_error(ErrorCode::kNotFound, "calibration table has no GPTQ Hessian for Linear '", n.name,
+                  "' (calibrated on a different model or opt level?)");
     const GptqHessian& h = *it->second;
     // The node's own q4/q8 precision (a --pin-precision), else the options' format.
     const std::string pinned = n.attr_str("precision", "");
-    const kiln::QuantFormat f = pinned == "q8"   ? kiln::QuantFormat::kQ8
+    const kiln::QuantFormat f = pinned == "q8" ? kiln::QuantFormat::kQ8
                                 : pinned == "q4" ? kiln::QuantFormat::kQ4
                                                  : o.format;
     const std::string fmt = quant_format_name(f);
     const Tensor& wt = g.weight(n.inputs[1]);
     const int64_t rows = wt.dim(0), k = wt.dim(1);
     if (h.k != k)
-      throw_error(ErrorCode::kInvalidArgument, "calibration table: GPTQ Hessian of '", n.name,
-                  "' is ", h.k, " wide, the Linear reads ", k);
+      throw_error(ErrorCode::kInvalidArgument, "calibration table: GPTQ Hessian of '", n.name, "' is ", h.k, " wide, the Linear reads ", k);
     Tensor w = wt.dtype() == DType::kF32 ? wt : wt.to(DType::kF32);
     std::vector<double> sum = h.sum;
     if (o.awq_scaled) {  // the input is x / s: H_ij / (s_i s_j)
       auto a = table.awq.find(n.name);
       if (a == table.awq.end() || int64_t(a->second.scales.size()) != k)
-        throw_error(ErrorCode::kNotFound, "calibration table has no AWQ scales of width ", k,
-                    " for Linear '", n.name, "'");
+        throw_error(ErrorCode::kNotFound, "calibration table has no AWQ scales of width ", k, " for Linear '", n.name, "'");
       const std::vector<float>& s = a->second.scales;
       for (int64_t i = 0; i < k; ++i)
-        for (int64_t j = 0; j < k; ++j)
-          sum[size_t(i * k + j)] /= double(s[size_t(i)]) * double(s[size_t(j)]);
+        for (int64_t j = 0; j < k; ++j) sum[size_t(i * k + j)] /= double(s[size_t(i)]) * double(s[size_t(j)]);
     }
     GptqResult res;
     const auto memo = o.memo ? o.memo->find(n.name) : std::map<std::string, GptqResult>::iterator{};
@@ -400,10 +379,9 @@ GptqReport apply_gptq(ir::Graph& g, const CalibrationTable& table, const GptqOpt
       if (o.awq_scaled || fa.u.empty()) {
         fa = Factor{};
         if (o.act_order) fa.order = gptq_act_order(sum, k);
-        fa.u = gptq_inverse_factor(fa.order.empty() ? sum : gptq_permute(sum, k, fa.order), h.rows,
-                                   k, o.damp, &fa.dead);
-        for (int64_t& d : fa.dead)
-          d = fa.order.empty() ? d : fa.order[size_t(d)];  // u's indices -> columns
+        fa.u = gptq_inverse_factor(fa.order.empty() ? sum : gptq_permute(sum, k, fa.order), h.rows, k, o.damp,
+                                   &fa.dead);
+        for (int64_t& d : fa.dead) d = fa.order.empty() ? d : fa.order[size_t(d)];  // u's indices -> columns
       }
       const float* wp = w.data_as<float>();
       kiln::QuantizedRows q = gptq_quantize(wp, rows, k, fa.u, fa.dead, f, fa.order);

@@ -2,8 +2,6 @@
 // step of the weights, values already on the grid come back exactly (codes, f16 scales,
 // row factor), rows of tiny weights keep their precision through the row factor, and
 // bad shapes are kiln::Errors.
-#include "core/weight_quant.h"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,6 +11,7 @@
 
 #include "core/dtype.h"
 #include "core/status.h"
+#include "core/weight_quant.h"
 
 namespace kiln {
 namespace {
@@ -20,8 +19,7 @@ namespace {
 float dequant(const QuantizedRows& q, int64_t r, int64_t i) {
   const int64_t g = i / kQuantGroup, gi = r * q.groups() + g;
   const uint8_t* codes = q.codes.get() + size_t(r) * quant_row_code_bytes(q.format, q.k);
-  const float s = f16_to_f32(q.scales[size_t(gi)]),
-              m = q.mins ? f16_to_f32(q.mins[size_t(gi)]) : 0.0f;
+  const float s = f16_to_f32(q.scales[size_t(gi)]), m = q.mins ? f16_to_f32(q.mins[size_t(gi)]) : 0.0f;
   return q.row_factor[r] * (s * float(quant_code(q.format, codes, i)) + m);
 }
 
@@ -34,8 +32,7 @@ void expect_within_half_step(const std::vector<float>& w, int64_t n, int64_t k, 
       const double want = w[size_t(r * k + i)], got = dequant(q, r, i);
       // Half a step, plus the f16 rounding of the min (q4) and of the scale at the extreme code.
       const double tol = 0.5 * step * (1 + 1e-3) + std::fabs(want) * 1e-3;
-      ASSERT_LE(std::fabs(got - want), tol)
-          << quant_format_name(f) << " row " << r << " element " << i;
+      ASSERT_LE(std::fabs(got - want), tol) << quant_format_name(f) << " row " << r << " element " << i;
     }
 }
 
@@ -70,8 +67,7 @@ TEST(WeightQuant, GridValuesRoundTripExactly) {
     }
     QuantizedRows q = quantize_rows(w.data(), 1, k, f);
     for (int64_t i = 0; i < k; ++i) {
-      EXPECT_EQ(quant_code(f, q.codes.get(), i), codes[size_t(i)])
-          << quant_format_name(f) << " element " << i;
+      EXPECT_EQ(quant_code(f, q.codes.get(), i), codes[size_t(i)]) << quant_format_name(f) << " element " << i;
       EXPECT_EQ(dequant(q, 0, i), w[size_t(i)]) << quant_format_name(f) << " element " << i;
     }
   }
@@ -104,18 +100,15 @@ TEST(WeightQuant, RowImageRoundTripsAndStacks) {
   for (QuantFormat f : {QuantFormat::kQ8, QuantFormat::kQ4}) {
     const QuantizedRows q = quantize_rows(w.data(), n, k, f);
     const size_t row = quant_image_row_bytes(f, k);
-    EXPECT_EQ(row,
-              quant_row_code_bytes(f, k) + size_t(k / 32) * (f == QuantFormat::kQ4 ? 4 : 2) + 4);
+    EXPECT_EQ(row, quant_row_code_bytes(f, k) + size_t(k / 32) * (f == QuantFormat::kQ4 ? 4 : 2) + 4);
     std::vector<uint8_t> img(size_t(n) * row);
     quant_rows_to_image(q, img.data());
     // Rows 2..4 alone: the image's tail is their image.
-    const QuantizedRows back = quant_rows_from_image(img.data(), n, k, f),
-                        tail = quant_rows_from_image(img.data() + 2 * row, 3, k, f);
+    const QuantizedRows back = quant_rows_from_image(img.data(), n, k, f), tail = quant_rows_from_image(img.data() + 2 * row, 3, k, f);
     const size_t cb = quant_row_code_bytes(f, k), g = size_t(k / 32);
     EXPECT_EQ(0, std::memcmp(back.codes.get(), q.codes.get(), size_t(n) * cb));
     EXPECT_EQ(0, std::memcmp(back.scales.get(), q.scales.get(), size_t(n) * g * 2));
-    if (f == QuantFormat::kQ4)
-      EXPECT_EQ(0, std::memcmp(back.mins.get(), q.mins.get(), size_t(n) * g * 2));
+    if (f == QuantFormat::kQ4) EXPECT_EQ(0, std::memcmp(back.mins.get(), q.mins.get(), size_t(n) * g * 2));
     EXPECT_EQ(0, std::memcmp(back.row_factor.get(), q.row_factor.get(), size_t(n) * 4));
     EXPECT_EQ(0, std::memcmp(tail.codes.get(), q.codes.get() + 2 * cb, 3 * cb));
     EXPECT_EQ(0, std::memcmp(tail.row_factor.get(), q.row_factor.get() + 2, 3 * 4));

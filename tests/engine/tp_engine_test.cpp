@@ -23,8 +23,8 @@ using testing::read_bytes;
 using testing::scratch_dir;
 using testing::write_bytes;
 
-BuildReport build_tp(const std::string& model, const std::filesystem::path& out, int world,
-                     bool tune = false, const std::string& precision = "f32") {
+BuildReport build_tp(const std::string& model, const std::filesystem::path& out, int world, bool tune = false,
+                     const std::string& precision = "f32") {
   BuildOptions o;
   o.model = testing::fixture_dir(model);
   o.output = out.string();
@@ -76,12 +76,10 @@ TEST_P(TpEngine, RunsShardedWithTheUnshardedModelsTokens) {
   EXPECT_EQ(engine->config(), direct->config());
   for (int r = 0; r < 2; ++r) {
     EXPECT_TRUE(engine->tp_rank(r).engine());
-    EXPECT_EQ(engine->tp_rank(r).graph().nodes().size(),
-              checkpoint_tp->tp_rank(r).graph().nodes().size());
+    EXPECT_EQ(engine->tp_rank(r).graph().nodes().size(), checkpoint_tp->tp_rank(r).graph().nodes().size());
     size_t allreduce = 0;
     for (auto& n : engine->tp_rank(r).graph().nodes()) allreduce += n.op == "AllReduce";
-    EXPECT_EQ(allreduce, size_t(2 * direct->info().num_layers))
-        << "rank " << r << ": attention and MLP sums";
+    EXPECT_EQ(allreduce, size_t(2 * direct->info().num_layers)) << "rank " << r << ": attention and MLP sums";
     if (name == "llama") {
       EXPECT_FALSE(engine->tp_rank(r).compile_options().tactics.empty()) << "rank " << r;
     }
@@ -113,15 +111,13 @@ TEST_P(TpEngine, RunsShardedWithTheUnshardedModelsTokens) {
   for (size_t b = 0; b < prompts.size(); ++b) {
     EXPECT_EQ(from_engine[b], from_direct[b]) << name << " prompt " << b;
     EXPECT_EQ(from_engine[b], from_checkpoint_tp[b]) << name << " prompt " << b;
-    EXPECT_EQ(from_engine[b], std::vector<int32_t>(greedy.begin() + int64_t(b) * 20,
-                                                   greedy.begin() + int64_t(b + 1) * 20))
+    EXPECT_EQ(from_engine[b],
+              std::vector<int32_t>(greedy.begin() + int64_t(b) * 20, greedy.begin() + int64_t(b + 1) * 20))
         << name << " prompt " << b << " vs transformers";
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Decoders, TpEngine,
-                         ::testing::Values("gpt2", "llama", "qwen2", "qwen3", "phi3", "gemma3",
-                                           "mistral", "gemma2"));
+INSTANTIATE_TEST_SUITE_P(Decoders, TpEngine, ::testing::Values("gpt2", "llama", "qwen2", "qwen3", "phi3", "gemma3", "mistral", "gemma2"));
 
 // `kiln build --tp 2 --quant`: the model is calibrated and quantized unsharded, then
 // sharded (docs/tensor_parallel.md). The engine runs over its two ranks with the greedy
@@ -350,8 +346,7 @@ class TpEngineCorruption : public ::testing::Test {
   }
   std::string parse_error(const std::string& bytes) {
     // An aligned copy, as an mmap'd file would be.
-    std::shared_ptr<uint8_t> buf(static_cast<uint8_t*>(aligned_alloc_bytes(bytes.size())),
-                                 std::free);
+    std::shared_ptr<uint8_t> buf(static_cast<uint8_t*>(aligned_alloc_bytes(bytes.size())), std::free);
     std::memcpy(buf.get(), bytes.data(), bytes.size());
     try {
       engine_parse(buf.get(), bytes.size(), buf, "bad.kiln", {/*verify_checksum=*/false});
@@ -366,8 +361,7 @@ class TpEngineCorruption : public ::testing::Test {
     const uint8_t* meta = reinterpret_cast<const uint8_t*>(bytes.data()) + kEngineHeaderSize;
     const fb::Engine* e = fb::GetEngine(meta);
     // Engine derives privately from flatbuffers::Table (as FlatBuffers' reflection reads it).
-    const uint8_t* field =
-        reinterpret_cast<const flatbuffers::Table*>(e)->GetAddressOf(fb::Engine::VT_TP_WORLD);
+    const uint8_t* field = reinterpret_cast<const flatbuffers::Table*>(e)->GetAddressOf(fb::Engine::VT_TP_WORLD);
     EXPECT_NE(field, nullptr);
     EXPECT_EQ(e->tp_world(), 2u);
     std::memcpy(bytes.data() + (field - reinterpret_cast<const uint8_t*>(bytes.data())), &world, 4);
@@ -386,10 +380,8 @@ class TpEngineCorruption : public ::testing::Test {
 
 TEST_F(TpEngineCorruption, RankCountsThatDisagreeAreRefused) {
   EXPECT_EQ(parse_error(good_), "");
-  expect_has(parse_error(with_tp_world(3)),
-             "records tensor parallelism over 3 ranks but holds 2 rank graphs");
-  expect_has(parse_error(with_tp_world(1)),
-             "holds 2 rank graphs but records no tensor parallelism");
+  expect_has(parse_error(with_tp_world(3)), "records tensor parallelism over 3 ranks but holds 2 rank graphs");
+  expect_has(parse_error(with_tp_world(1)), "holds 2 rank graphs but records no tensor parallelism");
   expect_has(parse_error(with_tp_world(0)), "tensor parallelism over 0 ranks");
   expect_has(parse_error(with_tp_world(1000)), "tensor parallelism over 1000 ranks");
   // With the checksum on, any patch is caught first.
@@ -398,9 +390,8 @@ TEST_F(TpEngineCorruption, RankCountsThatDisagreeAreRefused) {
 }
 
 TEST_F(TpEngineCorruption, RanksThatAreNotAShareOfTheModelAreRefused) {
-  expect_has(
-      load_error(rewritten([](EngineContents& e) { e.ranks[1].info.num_heads = 4; }), 0),
-      "rank 1 of 2 holds 4 attention and 1 K/V heads, not a 1/2 share of the model's 4 and 2");
+  expect_has(load_error(rewritten([](EngineContents& e) { e.ranks[1].info.num_heads = 4; }), 0),
+             "rank 1 of 2 holds 4 attention and 1 K/V heads, not a 1/2 share of the model's 4 and 2");
   expect_has(load_error(rewritten([](EngineContents& e) { e.ranks[0].info.num_layers += 1; }), 0),
              "rank 0 of 2 is a shard of another model");
   // The info agrees with the model but not with the rank's own Attention nodes.

@@ -10,11 +10,11 @@
 #include <fstream>
 #include <random>
 
-#include "../models/golden_util.h"
 #include "core/status.h"
-#include "quant_test_util.h"
 #include "runtime/encoder_runner.h"
 #include "runtime/quantize.h"
+#include "../models/golden_util.h"
+#include "quant_test_util.h"
 
 namespace kiln {
 namespace {
@@ -23,9 +23,8 @@ using quant_test::all_logits;
 using quant_test::random_sequences;
 
 // Σ_r ||(dequant(quant(W·s))/s - W) x_r||² with every output row, by plain loops.
-double reference_error(const std::vector<float>& w, int64_t n, int64_t k,
-                       const std::vector<float>& x, int64_t rows, const std::vector<float>& s,
-                       QuantFormat f) {
+double reference_error(const std::vector<float>& w, int64_t n, int64_t k, const std::vector<float>& x, int64_t rows,
+                       const std::vector<float>& s, QuantFormat f) {
   std::vector<float> ws(w.size());
   for (int64_t i = 0; i < n; ++i)
     for (int64_t j = 0; j < k; ++j) ws[size_t(i * k + j)] = w[size_t(i * k + j)] * s[size_t(j)];
@@ -37,8 +36,7 @@ double reference_error(const std::vector<float>& w, int64_t n, int64_t k,
     for (int64_t i = 0; i < n; ++i) {
       double y = 0;
       for (int64_t j = 0; j < k; ++j)
-        y += (double(deq[size_t(i * k + j)]) / s[size_t(j)] - w[size_t(i * k + j)]) *
-             x[size_t(r * k + j)];
+        y += (double(deq[size_t(i * k + j)]) / s[size_t(j)] - w[size_t(i * k + j)]) * x[size_t(r * k + j)];
       err += y * y;
     }
   return err;
@@ -53,8 +51,7 @@ struct OutlierLayer {
     std::normal_distribution<float> d(0.0f, 1.0f);
     for (int64_t i = 0; i < n * k; ++i) w.push_back(0.05f * d(rng));
     for (int64_t r = 0; r < rows; ++r)
-      for (int64_t j = 0; j < k; ++j)
-        x.push_back(d(rng) * (j % 37 == 5 ? 30.0f + float(j % 3) * 15.0f : 1.0f));
+      for (int64_t j = 0; j < k; ++j) x.push_back(d(rng) * (j % 37 == 5 ? 30.0f + float(j % 3) * 15.0f : 1.0f));
   }
   std::vector<float> absmean() const {
     std::vector<float> m(size_t(k), 0.0f);
@@ -68,17 +65,13 @@ TEST(Awq, OutputErrorMatchesAPlainLoopReference) {
   OutlierLayer l;
   const std::vector<float> s = quant::awq_scales_for(l.absmean(), {}, 0.5);
   for (QuantFormat f : {QuantFormat::kQ4, QuantFormat::kQ8}) {
-    const double got =
-        quant::awq_output_error({{l.w.data(), l.n}}, l.k, l.x.data(), l.rows, s, f, 1 << 20);
+    const double got = quant::awq_output_error({{l.w.data(), l.n}}, l.k, l.x.data(), l.rows, s, f, 1 << 20);
     const double want = reference_error(l.w, l.n, l.k, l.x, l.rows, s, f);
     EXPECT_NEAR(got, want, 1e-4 * want) << quant_format_name(f);
     // Empty scales mean all ones.
-    const double plain =
-        quant::awq_output_error({{l.w.data(), l.n}}, l.k, l.x.data(), l.rows, {}, f, 1 << 20);
-    EXPECT_NEAR(
-        plain,
-        reference_error(l.w, l.n, l.k, l.x, l.rows, std::vector<float>(size_t(l.k), 1.0f), f),
-        1e-4 * plain);
+    const double plain = quant::awq_output_error({{l.w.data(), l.n}}, l.k, l.x.data(), l.rows, {}, f, 1 << 20);
+    EXPECT_NEAR(plain, reference_error(l.w, l.n, l.k, l.x, l.rows, std::vector<float>(size_t(l.k), 1.0f), f),
+                1e-4 * plain);
   }
 }
 
@@ -88,27 +81,22 @@ TEST(Awq, SearchCutsTheErrorOfOutlierChannels) {
   std::vector<float> w2(l.w.rbegin(), l.w.rend());
   const std::vector<quant::AwqLayer> layers = {{l.w.data(), l.n}, {w2.data(), l.n}};
   quant::AwqOptions o;
-  const quant::AwqSearchResult r =
-      quant::awq_search(layers, l.k, l.x.data(), l.rows, l.absmean(), {}, o);
+  const quant::AwqSearchResult r = quant::awq_search(layers, l.k, l.x.data(), l.rows, l.absmean(), {}, o);
   EXPECT_GT(r.alpha, 0.0);
   // Measured: the best alpha keeps about a third of the plain q4 error here.
   EXPECT_LT(r.error, 0.6 * r.error_plain) << "alpha " << r.alpha;
-  EXPECT_NEAR(r.error_plain,
-              reference_error(l.w, l.n, l.k, l.x, l.rows, std::vector<float>(size_t(l.k), 1.0f),
-                              QuantFormat::kQ4) +
-                  reference_error(w2, l.n, l.k, l.x, l.rows, std::vector<float>(size_t(l.k), 1.0f),
-                                  QuantFormat::kQ4),
+  EXPECT_NEAR(r.error_plain, reference_error(l.w, l.n, l.k, l.x, l.rows, std::vector<float>(size_t(l.k), 1.0f),
+                                             QuantFormat::kQ4) +
+                                 reference_error(w2, l.n, l.k, l.x, l.rows, std::vector<float>(size_t(l.k), 1.0f),
+                                                 QuantFormat::kQ4),
               1e-4 * r.error_plain);
-  EXPECT_NEAR(
-      r.error,
-      quant::awq_output_error(layers, l.k, l.x.data(), l.rows, r.scales, o.format, o.max_out_rows),
-      1e-9 * r.error);
+  EXPECT_NEAR(r.error, quant::awq_output_error(layers, l.k, l.x.data(), l.rows, r.scales, o.format, o.max_out_rows),
+              1e-9 * r.error);
   // The outlier channels get the large scales.
   EXPECT_GT(r.scales[5], 4.0f * r.scales[6]);
   // With q8 the plain error is already small; the search still never does worse.
   o.format = QuantFormat::kQ8;
-  const quant::AwqSearchResult r8 =
-      quant::awq_search(layers, l.k, l.x.data(), l.rows, l.absmean(), {}, o);
+  const quant::AwqSearchResult r8 = quant::awq_search(layers, l.k, l.x.data(), l.rows, l.absmean(), {}, o);
   EXPECT_LE(r8.error, r8.error_plain);
   EXPECT_LT(r8.error_plain, 0.05 * r.error_plain);
 }
@@ -200,8 +188,7 @@ TEST(Awq, FoldingPreservesTheFloatEncoder) {
   auto got = encode(*scaled, batch);
   for (size_t b = 0; b < batch.size(); ++b) {
     const double scale = max_abs(ref[b].hidden);
-    for (size_t i = 0; i < ref[b].hidden.size(); ++i)
-      ASSERT_NEAR(got[b].hidden[i], ref[b].hidden[i], 2e-5 * scale);
+    for (size_t i = 0; i < ref[b].hidden.size(); ++i) ASSERT_NEAR(got[b].hidden[i], ref[b].hidden[i], 2e-5 * scale);
   }
 }
 
@@ -221,8 +208,7 @@ TEST(Awq, UntiedScalesFallBackToAMul) {
   EXPECT_EQ(rep.muls, 2 + 1);
   auto got = all_logits(*scaled, toks);
   const double scale = max_abs(ref);
-  for (size_t i = 0; i < ref.size(); ++i)
-    ASSERT_NEAR(got[i], ref[i], 2e-5 * scale + 1e-6) << "logit " << i;
+  for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(got[i], ref[i], 2e-5 * scale + 1e-6) << "logit " << i;
 }
 
 TEST(Awq, CalibratedTinyDecoderCacheRoundTripsAndRuns) {
@@ -247,8 +233,7 @@ TEST(Awq, CalibratedTinyDecoderCacheRoundTripsAndRuns) {
     EXPECT_LE(e.error, e.error_plain) << name;
     EXPECT_EQ(e.scales.size(), table.tensors.at(name).channel_absmax.size()) << name;
   }
-  const std::string path =
-      (std::filesystem::temp_directory_path() / "kiln_awq_cache_test.json").string();
+  const std::string path = (std::filesystem::temp_directory_path() / "kiln_awq_cache_test.json").string();
   table.save(path);
   const quant::CalibrationTable back = quant::CalibrationTable::load(path);
   EXPECT_EQ(back.awq_format, "q4");
@@ -264,13 +249,12 @@ TEST(Awq, CalibratedTinyDecoderCacheRoundTripsAndRuns) {
   auto ref = all_logits(*f32, toks), got = all_logits(*m, toks);
   ASSERT_EQ(got.size(), ref.size());
   double err2 = 0, ref2 = 0;
-  for (size_t i = 0; i < ref.size(); ++i)
-    err2 += double(got[i] - ref[i]) * (got[i] - ref[i]), ref2 += double(ref[i]) * ref[i];
+  for (size_t i = 0; i < ref.size(); ++i) err2 += double(got[i] - ref[i]) * (got[i] - ref[i]), ref2 += double(ref[i]) * ref[i];
   auto plain = all_logits(*Model::load(dir, {.weight_dtype = "q4"}), toks);
   double plain2 = 0;
   for (size_t i = 0; i < ref.size(); ++i) plain2 += double(plain[i] - ref[i]) * (plain[i] - ref[i]);
-  std::printf("tiny llama logits RMS error vs f32: q4 %.4f, q4 + awq %.4f\n",
-              std::sqrt(plain2 / ref2), std::sqrt(err2 / ref2));
+  std::printf("tiny llama logits RMS error vs f32: q4 %.4f, q4 + awq %.4f\n", std::sqrt(plain2 / ref2),
+              std::sqrt(err2 / ref2));
   EXPECT_GT(err2, 0.0);  // it really ran q4
   // Measured 0.33 vs 0.40 RMS: the scales help the whole model, not only each Linear.
   EXPECT_LT(err2, 0.9 * plain2);
@@ -294,31 +278,26 @@ using quant_test::expect_error;
 TEST(Awq, BadCalibrationInputIsAClearError) {
   quant::AwqCollector c("layers.0.qkv_proj", 1);
   std::vector<float> x = {1, 2, NAN, 4};
-  expect_error([&] { c.observe(x.data(), 2, 2); }, ErrorCode::kInvalidArgument,
-               "layers.0.qkv_proj");
+  expect_error([&] { c.observe(x.data(), 2, 2); }, ErrorCode::kInvalidArgument, "layers.0.qkv_proj");
   OutlierLayer l;
   const std::vector<quant::AwqLayer> layers = {{l.w.data(), l.n}};
-  expect_error([&] { quant::awq_search(layers, l.k, l.x.data(), 0, l.absmean(), {}, {}); },
-               ErrorCode::kInvalidArgument, "no calibration rows");
-  expect_error(
-      [&] {
-        quant::awq_search(layers, l.k, l.x.data(), l.rows, {1.0f, 2.0f}, {}, {});
-      },
-      ErrorCode::kInvalidArgument, "2 channel means");
+  expect_error([&] { quant::awq_search(layers, l.k, l.x.data(), 0, l.absmean(), {}, {}); }, ErrorCode::kInvalidArgument,
+               "no calibration rows");
+  expect_error([&] { quant::awq_search(layers, l.k, l.x.data(), l.rows, {1.0f, 2.0f}, {}, {}); },
+               ErrorCode::kInvalidArgument, "2 channel means");
   auto neg = l.absmean();
   neg[3] = -1;
-  expect_error([&] { quant::awq_search(layers, l.k, l.x.data(), l.rows, neg, {}, {}); },
-               ErrorCode::kInvalidArgument, "channel 3");
-  expect_error([&] { quant::awq_search(layers, 100, l.x.data(), l.rows, neg, {}, {}); },
-               ErrorCode::kInvalidArgument, "multiple of 32");
+  expect_error([&] { quant::awq_search(layers, l.k, l.x.data(), l.rows, neg, {}, {}); }, ErrorCode::kInvalidArgument,
+               "channel 3");
+  expect_error([&] { quant::awq_search(layers, 100, l.x.data(), l.rows, neg, {}, {}); }, ErrorCode::kInvalidArgument,
+               "multiple of 32");
 
   // A calibration text that tokenizes to nothing, and an engine path.
   const std::string dir = testing::fixture_dir("llama");
   QuantOptions q;
   q.mode = "awq";
   std::vector<std::vector<int32_t>> none = {{}};
-  expect_error([&] { calibrate_awq(dir, {}, q, QuantFormat::kQ4, &none); },
-               ErrorCode::kInvalidArgument, "empty");
+  expect_error([&] { calibrate_awq(dir, {}, q, QuantFormat::kQ4, &none); }, ErrorCode::kInvalidArgument, "empty");
 
   // Tables: missing Linears, the wrong format, malformed cache entries.
   auto f32 = Model::load(dir);
@@ -326,8 +305,7 @@ TEST(Awq, BadCalibrationInputIsAClearError) {
   ir::Graph g = f32->graph();
   quant::CalibrationTable missing = t;
   missing.awq.erase(missing.awq.begin());
-  expect_error([&] { quant::apply_awq(g, missing, {}); }, ErrorCode::kNotFound,
-               "no AWQ scales for Linear");
+  expect_error([&] { quant::apply_awq(g, missing, {}); }, ErrorCode::kNotFound, "no AWQ scales for Linear");
   quant::AwqOptions q8;
   q8.format = QuantFormat::kQ8;
   expect_error([&] { quant::apply_awq(g, t, q8); }, ErrorCode::kInvalidArgument, "not for q8");
@@ -337,30 +315,24 @@ TEST(Awq, BadCalibrationInputIsAClearError) {
 
   const std::string head = R"({"format": "kiln-calibration-1", "smooth_alpha": -1,
     "tensors": {"a": {"channel_absmax": [1, 2]}}, "awq": )";
+  expect_error([&] { quant::CalibrationTable::parse(head + R"({"format": "q3", "linears": {}}})", "c.json"); },
+               ErrorCode::kInvalidArgument, "q3");
   expect_error(
       [&] {
-        quant::CalibrationTable::parse(head + R"({"format": "q3", "linears": {}}})", "c.json");
-      },
-      ErrorCode::kInvalidArgument, "q3");
-  expect_error(
-      [&] {
-        quant::CalibrationTable::parse(
-            head + R"({"format": "q4", "linears": {"a": {"alpha": 0.5, "scales": [1, -2]}}}})",
-            "c.json");
+        quant::CalibrationTable::parse(head + R"({"format": "q4", "linears": {"a": {"alpha": 0.5, "scales": [1, -2]}}}})",
+                                       "c.json");
       },
       ErrorCode::kInvalidArgument, "scale of -2");
   expect_error(
       [&] {
-        quant::CalibrationTable::parse(
-            head + R"({"format": "q4", "linears": {"a": {"alpha": 3, "scales": [1, 2]}}}})",
-            "c.json");
+        quant::CalibrationTable::parse(head + R"({"format": "q4", "linears": {"a": {"alpha": 3, "scales": [1, 2]}}}})",
+                                       "c.json");
       },
       ErrorCode::kInvalidArgument, "alpha 3");
   expect_error([&] { quant::CalibrationTable::parse(head + R"({"format": "q4"}})", "c.json"); },
                ErrorCode::kInvalidArgument, "c.json");
   // A W8A8 mode reading an AWQ-only cache says so.
-  const std::string path =
-      (std::filesystem::temp_directory_path() / "kiln_awq_only_cache.json").string();
+  const std::string path = (std::filesystem::temp_directory_path() / "kiln_awq_only_cache.json").string();
   t.tensors["x"].channel_absmax = {1.0f};
   t.save(path);
   QuantOptions w;

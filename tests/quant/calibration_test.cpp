@@ -1,8 +1,6 @@
 // Calibration thresholds on synthetic distributions with known answers (max, percentile
 // of a uniform histogram, KL clipping a Gaussian's outliers, the MSE clip against a brute
 // force search over the raw samples), NaN/Inf rejection, and the cache round trip.
-#include "quant/calibration.h"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,6 +9,7 @@
 #include <random>
 
 #include "core/status.h"
+#include "quant/calibration.h"
 
 namespace kiln::quant {
 namespace {
@@ -102,8 +101,7 @@ TEST(Calibration, MseMatchesBruteForceOnTheSamples) {
     if (e < best) best = e, best_amax = a;
   }
   const double got = fake_quant_mse(v, t.amax["mse"]);
-  EXPECT_LE(got, best * 1.03) << "histogram MSE clip " << t.amax["mse"] << " vs brute force "
-                              << best_amax;
+  EXPECT_LE(got, best * 1.03) << "histogram MSE clip " << t.amax["mse"] << " vs brute force " << best_amax;
   EXPECT_NEAR(t.amax["mse"], best_amax, 0.15 * best_amax);
 }
 
@@ -141,9 +139,7 @@ TEST(Calibration, OutputMaxIsRecorded) {
     c.observe_output(bad.data(), 1, 3);
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("output of Linear 'layers.0.mlp.gate_up'"),
-              std::string::npos)
-        << e.what();
+    EXPECT_NE(std::string(e.what()).find("output of Linear 'layers.0.mlp.gate_up'"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("column 2"), std::string::npos) << e.what();
   }
   bad[2] = -INFINITY;
@@ -159,12 +155,9 @@ TEST(Calibration, OutputMaxIsRecorded) {
       t.out_amax(n);
       FAIL() << "expected an error for " << n;
     } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find(std::string("'") + n + "'"), std::string::npos)
-          << e.what();
-      if (std::string(n) == "b")
-        EXPECT_NE(std::string(e.what()).find("recalibrate"), std::string::npos) << e.what();
-      if (std::string(n) == "z")
-        EXPECT_NE(std::string(e.what()).find("> 0"), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(std::string("'") + n + "'"), std::string::npos) << e.what();
+      if (std::string(n) == "b") EXPECT_NE(std::string(e.what()).find("recalibrate"), std::string::npos) << e.what();
+      if (std::string(n) == "z") EXPECT_NE(std::string(e.what()).find("> 0"), std::string::npos) << e.what();
     }
   }
   const std::string path = ::testing::TempDir() + "/kiln_calib_out_test.json";
@@ -174,11 +167,10 @@ TEST(Calibration, OutputMaxIsRecorded) {
   EXPECT_EQ(u.tensors["b"].out_amax, -1.0);
   std::filesystem::remove(path);
   for (const char* v : {"-1", "\"x\"", "1e999"})
-    EXPECT_THROW(CalibrationTable::parse(
-                     std::string("{\"format\": \"kiln-calibration-1\", \"smooth_alpha\": 0.5, "
-                                 "\"tensors\": {\"a\": {\"channel_absmax\": [1], \"out_amax\": ") +
-                         v + "}}}",
-                     "inline"),
+    EXPECT_THROW(CalibrationTable::parse(std::string("{\"format\": \"kiln-calibration-1\", \"smooth_alpha\": 0.5, "
+                                                     "\"tensors\": {\"a\": {\"channel_absmax\": [1], \"out_amax\": ") +
+                                             v + "}}}",
+                                         "inline"),
                  Error)
         << v;
 }
@@ -190,10 +182,8 @@ TEST(Calibration, CacheRoundTripAndBadFiles) {
   t.smooth_alpha = 0.5;
   t.sequences = 3;
   t.tokens = 700;
-  t.tensors["a"] = {
-      {1.0f, 2.5f}, {{"max", 2.5}, {"kl", 1.25}, {"mse", 1.5}, {"percentile", 2.0}}, 700};
-  t.tensors["b"] = {
-      {0.125f}, {{"max", 0.125}, {"kl", 0.1}, {"mse", 0.11}, {"percentile", 0.12}}, 700};
+  t.tensors["a"] = {{1.0f, 2.5f}, {{"max", 2.5}, {"kl", 1.25}, {"mse", 1.5}, {"percentile", 2.0}}, 700};
+  t.tensors["b"] = {{0.125f}, {{"max", 0.125}, {"kl", 0.1}, {"mse", 0.11}, {"percentile", 0.12}}, 700};
   const std::string dir = ::testing::TempDir();
   const std::string path = dir + "/kiln_calib_test.json";
   t.save(path);
@@ -213,21 +203,17 @@ TEST(Calibration, CacheRoundTripAndBadFiles) {
   };
   EXPECT_THROW(CalibrationTable::load(write("not json")), Error);
   EXPECT_THROW(CalibrationTable::load(write("{\"format\": \"other\"}")), Error);
-  EXPECT_THROW(CalibrationTable::load(write(
-                   "{\"format\": \"kiln-calibration-1\", \"smooth_alpha\": 0.5, \"tensors\": {}}")),
+  EXPECT_THROW(CalibrationTable::load(write("{\"format\": \"kiln-calibration-1\", \"smooth_alpha\": 0.5, \"tensors\": {}}")),
                Error);
-  EXPECT_THROW(CalibrationTable::load(
-                   write("{\"format\": \"kiln-calibration-1\", \"smooth_alpha\": 0.5, \"tensors\": "
-                         "{\"a\": {\"amax\": {\"kl\": -1}, \"channel_absmax\": [1]}}}")),
+  EXPECT_THROW(CalibrationTable::load(write("{\"format\": \"kiln-calibration-1\", \"smooth_alpha\": 0.5, \"tensors\": "
+                                            "{\"a\": {\"amax\": {\"kl\": -1}, \"channel_absmax\": [1]}}}")),
                Error);
-  EXPECT_THROW(CalibrationTable::parse(
-                   "{\"format\": \"kiln-calibration-1\", \"smooth_alpha\": 0.5, \"tensors\": "
-                   "{\"a\": {\"amax\": {\"kl\": 1}, \"channel_absmax\": [-1]}}}",
-                   "inline"),
+  EXPECT_THROW(CalibrationTable::parse("{\"format\": \"kiln-calibration-1\", \"smooth_alpha\": 0.5, \"tensors\": "
+                                       "{\"a\": {\"amax\": {\"kl\": 1}, \"channel_absmax\": [-1]}}}",
+                                       "inline"),
                Error);
-  EXPECT_THROW(CalibrationTable::parse(
-                   "{\"format\": \"kiln-calibration-1\", \"smooth_alpha\": 0.5, \"tensors\": [1]}",
-                   "inline"),
+  EXPECT_THROW(CalibrationTable::parse("{\"format\": \"kiln-calibration-1\", \"smooth_alpha\": 0.5, \"tensors\": [1]}",
+                                       "inline"),
                Error);
   EXPECT_THROW(CalibrationTable::load(dir + "/does_not_exist.json"), Error);
   EXPECT_THROW(calib_method_parse("entropyy"), Error);

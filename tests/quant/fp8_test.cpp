@@ -5,26 +5,25 @@
 // in the file, load, the same logits and the same generated tokens as the direct
 // load), and bad input (no calibration data, a cache without FP8 clips, per-token
 // scales, stored codes without a scale) as clear errors.
-#include "core/fp8.h"
-
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <unistd.h>
 
-#include "../models/golden_util.h"
 #include "backends/backend.h"
 #include "builder/builder.h"
 #include "core/dtype.h"
+#include "core/fp8.h"
 #include "core/status.h"
 #include "engine/engine.h"
-#include "quant_test_util.h"
 #include "runtime/encoder_runner.h"
 #include "runtime/llm_runner.h"
 #include "runtime/quantize.h"
+#include "../models/golden_util.h"
+#include "quant_test_util.h"
 
 namespace kiln {
 namespace {
@@ -39,8 +38,7 @@ std::vector<int32_t> greedy(Model& m, const std::vector<int32_t>& prompt, int n)
 
 double rel_rms(const std::vector<float>& got, const std::vector<float>& ref) {
   double e = 0, r = 0;
-  for (size_t i = 0; i < ref.size(); ++i)
-    e += double(got[i] - ref[i]) * (got[i] - ref[i]), r += double(ref[i]) * ref[i];
+  for (size_t i = 0; i < ref.size(); ++i) e += double(got[i] - ref[i]) * (got[i] - ref[i]), r += double(ref[i]) * ref[i];
   return std::sqrt(e / r);
 }
 
@@ -86,8 +84,7 @@ TEST(Fp8Calibration, ClipsMatchTheirDefinitions) {
     return e;
   };
   double best = INFINITY;
-  for (int i = 128; i <= quant::kHistogramBins; i += 64)
-    best = std::min(best, mse(mx * i / quant::kHistogramBins));
+  for (int i = 128; i <= quant::kHistogramBins; i += 64) best = std::min(best, mse(mx * i / quant::kHistogramBins));
   EXPECT_LE(mse(t.amax["mse_fp8"]), best * 1.05);
   // E4M3 is relative precision: clipping buys much less than on int8's even grid, so
   // the FP8 clips sit at or above the int8 ones.
@@ -96,10 +93,8 @@ TEST(Fp8Calibration, ClipsMatchTheirDefinitions) {
   // The table serves the FP8 keys for mse/kl and the shared ones for max/percentile.
   quant::CalibrationTable table;
   table.tensors["t"] = t;
-  EXPECT_EQ(table.amax("t", quant::CalibMethod::kMse, quant::QuantFormat::kFp8E4M3),
-            t.amax["mse_fp8"]);
-  EXPECT_EQ(table.amax("t", quant::CalibMethod::kKl, quant::QuantFormat::kFp8E4M3),
-            t.amax["kl_fp8"]);
+  EXPECT_EQ(table.amax("t", quant::CalibMethod::kMse, quant::QuantFormat::kFp8E4M3), t.amax["mse_fp8"]);
+  EXPECT_EQ(table.amax("t", quant::CalibMethod::kKl, quant::QuantFormat::kFp8E4M3), t.amax["kl_fp8"]);
   EXPECT_EQ(table.amax("t", quant::CalibMethod::kMax, quant::QuantFormat::kFp8E4M3), mx);
 }
 
@@ -110,15 +105,13 @@ TEST(Fp8Rewrite, ShapeRuleAndKeep) {
   for (Tensor* w : {&w1, &w2, &w3})
     for (int64_t i = 0; i < w->numel(); ++i) w->data_as<float>()[i] = float(i % 7) * 0.1f - 0.3f;
   auto y1 = g.add("Linear", {x, g.add_weight("a.weight", w1)}, {}, "a");
-  auto y2 =
-      g.add("Linear", {x, g.add_weight("b.weight", w2)}, {}, "b");  // N = 40: not a multiple of 16
+  auto y2 = g.add("Linear", {x, g.add_weight("b.weight", w2)}, {}, "b");  // N = 40: not a multiple of 16
   auto y3 = g.add("Linear", {x, g.add_weight("lm_head.weight", w3)}, {}, "lm_head");
   g.add_output("y1", y1);
   g.add_output("y2", y2);
   g.add_output("y3", y3);
   quant::CalibrationTable t;
-  for (const char* n : {"a", "b", "lm_head"})
-    t.tensors[n] = {std::vector<float>(64, 1.0f), {{"max", 3.0}}, 1};
+  for (const char* n : {"a", "b", "lm_head"}) t.tensors[n] = {std::vector<float>(64, 1.0f), {{"max", 3.0}}, 1};
   quant::Fp8Options o;
   o.keep = {"lm_head"};
   quant::Fp8Report r = quant::apply_fp8(g, t, o);
@@ -160,8 +153,7 @@ TEST(Fp8Rewrite, ShapeRuleAndKeep) {
 
 // One FP8 Linear [T, 64] x [64, 64]ᵀ on the CPU with the given extra attrs; its output
 // copied out (the compiled graph owns the one it returns).
-std::vector<float> run_fp8_linear(const Tensor& x, const Tensor& w,
-                                  std::map<std::string, ir::Attr> extra, bool swiglu) {
+std::vector<float> run_fp8_linear(const Tensor& x, const Tensor& w, std::map<std::string, ir::Attr> extra, bool swiglu) {
   ir::Graph g;
   auto xi = g.add_input("x", DType::kF32, Shape{"T", 64});
   std::map<std::string, ir::Attr> attrs = {{"quant", std::string("fp8")}, {"act_amax", 3.0}};
@@ -229,8 +221,7 @@ TEST(Fp8GateUpOut, RewriteSetsOutAmaxOnSwigluLinears) {
     auto x = g.add_input("x", DType::kF32, Shape{"T", 64});
     Tensor w(DType::kF32, {64, 64});
     for (int64_t i = 0; i < w.numel(); ++i) w.data_as<float>()[i] = float(i % 5) * 0.1f - 0.2f;
-    auto h = g.add("Linear", {x, g.add_weight("gu.weight", w)},
-                   {{"activation", std::string("swiglu")}}, "gu");
+    auto h = g.add("Linear", {x, g.add_weight("gu.weight", w)}, {{"activation", std::string("swiglu")}}, "gu");
     g.value(h).shape = Shape{"T", 32};
     Tensor w2(DType::kF32, {64, 32});
     for (int64_t i = 0; i < w2.numel(); ++i) w2.data_as<float>()[i] = float(i % 3) * 0.1f;
@@ -251,8 +242,7 @@ TEST(Fp8GateUpOut, RewriteSetsOutAmaxOnSwigluLinears) {
   EXPECT_EQ(g.nodes()[0].attr_float("out_amax"), 7.5);
   EXPECT_FALSE(g.nodes()[1].has_attr("out_amax"));
   g = make();
-  r = quant::apply_fp8(g, t,
-                       {.keep = {"gu"}, .gate_up_out = true});  // kept float: no rounding either
+  r = quant::apply_fp8(g, t, {.keep = {"gu"}, .gate_up_out = true});  // kept float: no rounding either
   EXPECT_EQ(r.gate_up_out, 0);
   EXPECT_FALSE(g.nodes()[0].has_attr("out_amax"));
   t.tensors["gu"].out_amax = -1;
@@ -392,8 +382,7 @@ TEST(Fp8, TinyEncoderNearF32) {
   q.method = "max";
   q.smooth_alpha = -1;
   quant::CalibrationTable table = calibrate_model(dir, {}, q, &calib);
-  std::vector<EncoderInput> batch = {{random_sequences(1, 12, v, 7)[0], {}},
-                                     {random_sequences(1, 9, v, 8)[0], {}}};
+  std::vector<EncoderInput> batch = {{random_sequences(1, 12, v, 7)[0], {}}, {random_sequences(1, 9, v, 8)[0], {}}};
   auto ref = encode(*f32, batch);
   auto report = std::make_shared<quant::Fp8Report>();
   auto m = Model::load(dir, fp8_model_options({}, table, q, report));
@@ -425,10 +414,8 @@ TEST(Fp8, BadInputIsAClearError) {
   t.smooth_alpha = 0.5;
   for (auto& n : f32->graph().nodes())
     if (n.op == "Linear")
-      t.tensors[n.name] = {
-          std::vector<float>(size_t(f32->graph().weight(n.inputs[1]).dim(1)), 1.0f),
-          {{"max", 2.0}, {"kl", 1.0}, {"mse", 1.0}, {"percentile", 1.5}},
-          10};
+      t.tensors[n.name] = {std::vector<float>(size_t(f32->graph().weight(n.inputs[1]).dim(1)), 1.0f),
+                           {{"max", 2.0}, {"kl", 1.0}, {"mse", 1.0}, {"percentile", 1.5}}, 10};
   q.calib = ::testing::TempDir() + "/kiln_fp8_int8_only_" + std::to_string(::getpid()) + ".json";
   t.save(q.calib);
   q.method = "kl";
@@ -481,8 +468,7 @@ TEST(Fp8, BadInputIsAClearError) {
   auto x = g.add_input("x", DType::kF32, Shape{"T", 16});
   Tensor w(DType::kFP8E4M3, {16, 16});
   for (int64_t i = 0; i < w.numel(); ++i) w.data_as<uint8_t>()[i] = 0x38;
-  g.add_output("y", g.add("Linear", {x, g.add_weight("w", w)},
-                          {{"quant", std::string("fp8")}, {"act_amax", 1.0}}, "l"));
+  g.add_output("y", g.add("Linear", {x, g.add_weight("w", w)}, {{"quant", std::string("fp8")}, {"act_amax", 1.0}}, "l"));
   auto cpu = create_backend("cpu");
   try {
     cpu->compile(g, {});
@@ -491,6 +477,7 @@ TEST(Fp8, BadInputIsAClearError) {
     EXPECT_NE(std::string(e.what()).find("weight_scale"), std::string::npos) << e.what();
   }
 }
+
 
 // Random-weight models (kiln bench --random-weights --quant ...): a placeholder table
 // quantizes every eligible Linear, and the model runs.

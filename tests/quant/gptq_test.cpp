@@ -4,21 +4,21 @@
 // that a tiny decoder and encoder run closer to f32 than plain q4, and bad input is a
 // clear error.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <cmath>
 #include <cstring>
 #include <functional>
 #include <random>
+#include <unistd.h>
 
-#include "../models/gguf_quant_llama.h"
-#include "../models/golden_util.h"
 #include "core/status.h"
-#include "passes/pass.h"
-#include "quant_test_util.h"
 #include "runtime/encoder_runner.h"
 #include "runtime/model_tokenizer.h"
+#include "passes/pass.h"
 #include "runtime/quantize.h"
+#include "../models/gguf_quant_llama.h"
+#include "../models/golden_util.h"
+#include "quant_test_util.h"
 
 namespace kiln {
 namespace {
@@ -33,8 +33,7 @@ using quant_test::expect_error;
 struct CorrelatedLayer {
   int64_t n, k, rows;
   std::vector<float> w, x;
-  CorrelatedLayer(int64_t n_, int64_t k_, int64_t rows_, uint64_t seed)
-      : n(n_), k(k_), rows(rows_) {
+  CorrelatedLayer(int64_t n_, int64_t k_, int64_t rows_, uint64_t seed) : n(n_), k(k_), rows(rows_) {
     std::mt19937_64 rng(seed);
     std::normal_distribution<float> d(0.0f, 1.0f);
     for (int64_t i = 0; i < n * k; ++i) w.push_back(0.05f * d(rng));
@@ -68,10 +67,8 @@ TEST(Gptq, CollectorSumsXTransposeX) {
   for (int64_t i = 0; i < l.k; ++i)
     for (int64_t j = 0; j < l.k; ++j) {
       double ref = 0;
-      for (int64_t r = 0; r < l.rows; ++r)
-        ref += double(l.x[size_t(r * l.k + i)]) * l.x[size_t(r * l.k + j)];
-      worst =
-          std::max(worst, std::fabs(h->sum[size_t(i * l.k + j)] - ref) / (1.0 + std::fabs(ref)));
+      for (int64_t r = 0; r < l.rows; ++r) ref += double(l.x[size_t(r * l.k + i)]) * l.x[size_t(r * l.k + j)];
+      worst = std::max(worst, std::fabs(h->sum[size_t(i * l.k + j)] - ref) / (1.0 + std::fabs(ref)));
     }
   EXPECT_LT(worst, 1e-4);
 }
@@ -93,8 +90,7 @@ TEST(Gptq, InverseFactorInvertsTheDampedHessian) {
       double s = 0;
       for (int64_t m = 0; m < k; ++m) {
         double inv = 0;
-        for (int64_t p = 0; p <= std::min(i, m); ++p)
-          inv += u[size_t(p * k + i)] * u[size_t(p * k + m)];
+        for (int64_t p = 0; p <= std::min(i, m); ++p) inv += u[size_t(p * k + i)] * u[size_t(p * k + m)];
         s += inv * (h->sum[size_t(m * k + j)] / double(h->rows) + (m == j ? damp * mean : 0.0));
       }
       worst = std::max(worst, std::fabs(s - (i == j ? 1.0 : 0.0)));
@@ -114,8 +110,7 @@ TEST(Gptq, UncorrelatedInputsGivePlainRounding) {
   CorrelatedLayer l(24, 128, 1, 5);
   const int64_t k = l.k;
   std::vector<double> diag(size_t(k * k), 0.0);
-  for (int64_t j = 0; j < k; ++j)
-    diag[size_t(j * k + j)] = 1.0 + double(j % 7);  // no off-diagonal terms
+  for (int64_t j = 0; j < k; ++j) diag[size_t(j * k + j)] = 1.0 + double(j % 7);  // no off-diagonal terms
   const std::vector<double> u = quant::gptq_inverse_factor(diag, 1, k, 0.01);
   for (QuantFormat f : {QuantFormat::kQ4, QuantFormat::kQ8}) {
     QuantizedRows g = quant::gptq_quantize(l.w.data(), l.n, k, u, {}, f);
@@ -131,12 +126,10 @@ TEST(Gptq, CorrelatedInputsCutTheOutputError) {
   const std::vector<double> u = quant::gptq_inverse_factor(h->sum, h->rows, l.k, 0.01, &dead);
   EXPECT_TRUE(dead.empty());
   for (QuantFormat f : {QuantFormat::kQ4, QuantFormat::kQ8}) {
-    const double e = quant::gptq_output_error(
-        l.w.data(), quant::gptq_quantize(l.w.data(), l.n, l.k, u, dead, f), h->sum, h->rows);
-    const double rtn = quant::gptq_output_error(l.w.data(), quantize_rows(l.w.data(), l.n, l.k, f),
-                                                h->sum, h->rows);
-    std::printf("%s output error: gptq %.4g, plain rounding %.4g (%.2f)\n", quant_format_name(f), e,
-                rtn, e / rtn);
+    const double e = quant::gptq_output_error(l.w.data(), quant::gptq_quantize(l.w.data(), l.n, l.k, u, dead, f),
+                                              h->sum, h->rows);
+    const double rtn = quant::gptq_output_error(l.w.data(), quantize_rows(l.w.data(), l.n, l.k, f), h->sum, h->rows);
+    std::printf("%s output error: gptq %.4g, plain rounding %.4g (%.2f)\n", quant_format_name(f), e, rtn, e / rtn);
     EXPECT_GT(e, 0.0);
     EXPECT_LT(e, 0.7 * rtn) << quant_format_name(f);
   }
@@ -155,18 +148,16 @@ TEST(Gptq, ActOrderCutsTheOutputErrorAndMapsDeadChannels) {
   EXPECT_EQ(order.front(), 3);
   EXPECT_EQ(order.back(), 70);
   std::vector<int64_t> dead;
-  const std::vector<double> u = quant::gptq_inverse_factor(quant::gptq_permute(h->sum, l.k, order),
-                                                           h->rows, l.k, 0.01, &dead);
+  const std::vector<double> u =
+      quant::gptq_inverse_factor(quant::gptq_permute(h->sum, l.k, order), h->rows, l.k, 0.01, &dead);
   ASSERT_EQ(dead, std::vector<int64_t>{l.k - 1});  // the permuted index of channel 70
   for (int64_t& d : dead) d = order[size_t(d)];
   for (QuantFormat f : {QuantFormat::kQ4, QuantFormat::kQ8}) {
     QuantizedRows q = quant::gptq_quantize(l.w.data(), l.n, l.k, u, dead, f, order);
     std::vector<float> row(static_cast<size_t>(l.k));
     for (int64_t r = 0; r < l.n; ++r) {
-      dequantize_row(q.codes.get() + size_t(r) * quant_row_code_bytes(f, l.k),
-                     q.scales.get() + r * q.groups(),
-                     q.mins ? q.mins.get() + r * q.groups() : nullptr, q.row_factor[size_t(r)], l.k,
-                     f, row.data());
+      dequantize_row(q.codes.get() + size_t(r) * quant_row_code_bytes(f, l.k), q.scales.get() + r * q.groups(),
+                     q.mins ? q.mins.get() + r * q.groups() : nullptr, q.row_factor[size_t(r)], l.k, f, row.data());
       // q8's grid holds 0 exactly; q4's (scale and min) only within half a step, which does
       // not matter: the channel's input is always 0.
       if (f == QuantFormat::kQ8) ASSERT_EQ(row[70], 0.0f) << "row " << r;
@@ -174,26 +165,21 @@ TEST(Gptq, ActOrderCutsTheOutputErrorAndMapsDeadChannels) {
     std::vector<float> w0 = l.w;
     for (int64_t r = 0; r < l.n; ++r) w0[size_t(r * l.k + 70)] = 0.0f;
     const double e = quant::gptq_output_error(w0.data(), q, h->sum, h->rows);
-    const double rtn =
-        quant::gptq_output_error(w0.data(), quantize_rows(w0.data(), l.n, l.k, f), h->sum, h->rows);
-    std::printf("%s act-order output error: gptq %.4g, plain rounding %.4g (%.2f)\n",
-                quant_format_name(f), e, rtn, e / rtn);
+    const double rtn = quant::gptq_output_error(w0.data(), quantize_rows(w0.data(), l.n, l.k, f), h->sum, h->rows);
+    std::printf("%s act-order output error: gptq %.4g, plain rounding %.4g (%.2f)\n", quant_format_name(f), e, rtn,
+                e / rtn);
     EXPECT_LT(e, 0.7 * rtn) << quant_format_name(f);
   }
   std::vector<double> diag(size_t(l.k * l.k), 0.0);
   for (int64_t j = 0; j < l.k; ++j) diag[size_t(j * l.k + j)] = 1.0 + double(j % 7);
   const std::vector<int64_t> dorder = quant::gptq_act_order(diag, l.k);
-  const std::vector<double> du =
-      quant::gptq_inverse_factor(quant::gptq_permute(diag, l.k, dorder), 1, l.k, 0.01);
+  const std::vector<double> du = quant::gptq_inverse_factor(quant::gptq_permute(diag, l.k, dorder), 1, l.k, 0.01);
   for (QuantFormat f : {QuantFormat::kQ4, QuantFormat::kQ8})
     EXPECT_TRUE(same_rows(quant::gptq_quantize(l.w.data(), l.n, l.k, du, {}, f, dorder),
                           quantize_rows(l.w.data(), l.n, l.k, f)))
         << quant_format_name(f);
-  expect_error(
-      [&] {
-        quant::gptq_quantize(l.w.data(), l.n, l.k, du, {}, QuantFormat::kQ4, {0, 1});
-      },
-      ErrorCode::kInvalidArgument, "column order");
+  expect_error([&] { quant::gptq_quantize(l.w.data(), l.n, l.k, du, {}, QuantFormat::kQ4, {0, 1}); },
+               ErrorCode::kInvalidArgument, "column order");
 }
 
 TEST(Gptq, DeadChannelsAreZeroed) {
@@ -206,8 +192,8 @@ TEST(Gptq, DeadChannelsAreZeroed) {
   QuantizedRows q = quant::gptq_quantize(l.w.data(), l.n, l.k, u, dead, QuantFormat::kQ8);
   std::vector<float> row(size_t(l.k));
   for (int64_t r = 0; r < l.n; ++r) {
-    dequantize_row(q.codes.get() + size_t(r * l.k), q.scales.get() + r * q.groups(), nullptr,
-                   q.row_factor[size_t(r)], l.k, QuantFormat::kQ8, row.data());
+    dequantize_row(q.codes.get() + size_t(r * l.k), q.scales.get() + r * q.groups(), nullptr, q.row_factor[size_t(r)],
+                   l.k, QuantFormat::kQ8, row.data());
     EXPECT_EQ(row[5], 0.0f) << "row " << r;
     for (float v : row) ASSERT_TRUE(std::isfinite(v));
   }
@@ -215,8 +201,7 @@ TEST(Gptq, DeadChannelsAreZeroed) {
 
 double rel_error(const std::vector<float>& got, const std::vector<float>& ref) {
   double e = 0, r = 0;
-  for (size_t i = 0; i < ref.size(); ++i)
-    e += double(got[i] - ref[i]) * (got[i] - ref[i]), r += double(ref[i]) * ref[i];
+  for (size_t i = 0; i < ref.size(); ++i) e += double(got[i] - ref[i]) * (got[i] - ref[i]), r += double(ref[i]) * ref[i];
   return std::sqrt(e / r);
 }
 
@@ -265,12 +250,9 @@ TEST(Gptq, TinyDecoderRunsCloserToF32ThanPlainQ4) {
     int images = 0;
     for (const ir::Node& n : m->graph().nodes()) images += n.attr_str("weight_quant", "") == "q4";
     EXPECT_GE(images, 8) << mode;
-    const double e = rel_error(all_logits(*m, toks), ref),
-                 e_held = rel_error(all_logits(*m, held_out), ref_held);
-    std::printf(
-        "tiny llama logits RMS error vs f32 (calibration / held-out tokens): q4 %.4f / %.4f, q4 + "
-        "%s %.4f / %.4f\n",
-        plain, plain_held, mode.c_str(), e, e_held);
+    const double e = rel_error(all_logits(*m, toks), ref), e_held = rel_error(all_logits(*m, held_out), ref_held);
+    std::printf("tiny llama logits RMS error vs f32 (calibration / held-out tokens): q4 %.4f / %.4f, q4 + %s %.4f / %.4f\n",
+                plain, plain_held, mode.c_str(), e, e_held);
     EXPECT_GT(e, 0.0);
     // Column order gains most here (0.79x); act order's static groups (two a row at K = 64)
     // leave it 0.88-0.92x on these tokens, and better on the held-out ones.
@@ -319,8 +301,7 @@ TEST(Gptq, CudaBuildsCalibrateOnTheCpu) {
   q.mode = "gptq";
   q.gptq_sequential = true;
   const quant::CalibrationTable cpu = calibrate_gptq(dir, {}, q, QuantFormat::kQ4, &calib);
-  const quant::CalibrationTable cuda =
-      calibrate_gptq(dir, {.backend = "cuda", .device = 3}, q, QuantFormat::kQ4, &calib);
+  const quant::CalibrationTable cuda = calibrate_gptq(dir, {.backend = "cuda", .device = 3}, q, QuantFormat::kQ4, &calib);
   ASSERT_EQ(cpu.gptq.size(), cuda.gptq.size());
   ASSERT_FALSE(cpu.gptq.empty());
   for (const auto& [name, h] : cpu.gptq) {
@@ -353,19 +334,16 @@ TEST(Gptq, PinnedLinearsTakeTheirOwnFormat) {
   EXPECT_EQ(q8, 4);
   EXPECT_EQ(q4, 4);
   auto f32 = Model::load(dir);
-  auto all_q4 =
-      Model::load(dir, gptq_model_options({.weight_dtype = "q4", .precision = "q4"}, table, q));
+  auto all_q4 = Model::load(dir, gptq_model_options({.weight_dtype = "q4", .precision = "q4"}, table, q));
   const auto ref = all_logits(*f32, calib[0]);
-  EXPECT_LT(rel_error(all_logits(*m, calib[0]), ref),
-            rel_error(all_logits(*all_q4, calib[0]), ref));
+  EXPECT_LT(rel_error(all_logits(*m, calib[0]), ref), rel_error(all_logits(*all_q4, calib[0]), ref));
 }
 
 // A GGUF whose attention Linears are Q4_1 and MLP Linears Q8_0, quantized to q4 with GPTQ:
 // the Q4_1 ones keep the file's codes (no Hessian is collected for them, and the rewrite
 // leaves them), the Q8_0 ones and the head are GPTQ's.
 TEST(Gptq, GgufLinearsKeepTheirOwnCodes) {
-  const std::string path =
-      ::testing::TempDir() + "/kiln_gptq_" + std::to_string(::getpid()) + ".gguf";
+  const std::string path = ::testing::TempDir() + "/kiln_gptq_" + std::to_string(::getpid()) + ".gguf";
   test::write_file(path, test::quant_llama(GgmlType::kQ4_1, GgmlType::kQ8_0));
   auto calib = random_sequences(4, 16, 16, 29);
   QuantOptions q;
@@ -391,9 +369,7 @@ TEST(Gptq, GgufLinearsKeepTheirOwnCodes) {
     EXPECT_EQ(n.attr_str("weight_quant", ""), "q4") << n.name;
     const bool gptq = m->graph().value(n.inputs[1]).name.ends_with(".gptq");
     (gptq ? gptq_rows : file_codes) += 1;
-    EXPECT_EQ(gptq,
-              n.name.find("qkv") == std::string::npos && n.name.find("o_proj") == std::string::npos)
-        << n.name;
+    EXPECT_EQ(gptq, n.name.find("qkv") == std::string::npos && n.name.find("o_proj") == std::string::npos) << n.name;
   }
   EXPECT_EQ(head, 1);
   EXPECT_EQ(file_codes, 4);
@@ -406,8 +382,7 @@ TEST(Gptq, GgufLinearsKeepTheirOwnCodes) {
 // Measured over 300 GPL-3 sentences: 1 - mean cosine 2.96e-2 plain, 1.50e-2 GPTQ.
 TEST(Gptq, RealMiniLmEmbeddingsCloserToF32ThanPlainQ4) {
   const std::string dir = testing::models_dir() + "/all-minilm-l6-v2";
-  if (!std::filesystem::exists(dir + "/config.json"))
-    GTEST_SKIP() << "real model not found at " << dir;
+  if (!std::filesystem::exists(dir + "/config.json")) GTEST_SKIP() << "real model not found at " << dir;
   auto f32 = Model::load(dir);
   auto tokenizer = load_model_tokenizer(*f32);
   ASSERT_TRUE(tokenizer);
@@ -431,8 +406,7 @@ TEST(Gptq, RealMiniLmEmbeddingsCloserToF32ThanPlainQ4) {
   auto distance = [&](Model& m) {  // 1 - mean cosine of the mean-pooled embeddings
     const auto out = encode(m, batch);
     double sum = 0;
-    for (size_t i = 0; i < out.size(); ++i)
-      sum += kiln::cosine(out[i].mean_pooled, ref[i].mean_pooled);
+    for (size_t i = 0; i < out.size(); ++i) sum += kiln::cosine(out[i].mean_pooled, ref[i].mean_pooled);
     return 1.0 - sum / double(out.size());
   };
   const double plain = distance(*Model::load(dir, {.weight_dtype = "q4"}));
@@ -452,53 +426,36 @@ TEST(Gptq, RealMiniLmEmbeddingsCloserToF32ThanPlainQ4) {
 TEST(Gptq, BadInputIsAClearError) {
   quant::GptqCollector c("layers.0.qkv_proj");
   std::vector<float> x = {1, 2, NAN, 4};
-  expect_error([&] { c.observe(x.data(), 2, 2); }, ErrorCode::kInvalidArgument,
-               "layers.0.qkv_proj");
-  expect_error(
-      [&] {
-        quant::gptq_inverse_factor({1, 0, 0, 1}, 0, 2, 0.01);
-      },
-      ErrorCode::kInvalidArgument, "no calibration rows");
-  expect_error(
-      [&] {
-        quant::gptq_inverse_factor({1, 0, 0}, 4, 2, 0.01);
-      },
-      ErrorCode::kInvalidArgument, "not [2, 2]");
-  expect_error(
-      [&] {
-        quant::gptq_inverse_factor({1, 2, 2, 1}, 1, 2, 0.0);
-      },
-      ErrorCode::kInvalidArgument, "not positive definite");
-  expect_error(
-      [&] {
-        quant::gptq_inverse_factor({1, 0, 0, 1}, 1, 2, -1.0);
-      },
-      ErrorCode::kInvalidArgument, "damping");
+  expect_error([&] { c.observe(x.data(), 2, 2); }, ErrorCode::kInvalidArgument, "layers.0.qkv_proj");
+  expect_error([&] { quant::gptq_inverse_factor({1, 0, 0, 1}, 0, 2, 0.01); }, ErrorCode::kInvalidArgument,
+               "no calibration rows");
+  expect_error([&] { quant::gptq_inverse_factor({1, 0, 0}, 4, 2, 0.01); }, ErrorCode::kInvalidArgument, "not [2, 2]");
+  expect_error([&] { quant::gptq_inverse_factor({1, 2, 2, 1}, 1, 2, 0.0); }, ErrorCode::kInvalidArgument,
+               "not positive definite");
+  expect_error([&] { quant::gptq_inverse_factor({1, 0, 0, 1}, 1, 2, -1.0); }, ErrorCode::kInvalidArgument, "damping");
   const std::vector<double> u = quant::gptq_inverse_factor({2, 0, 0, 2}, 1, 2, 0.0);
   std::vector<float> w(2 * 40, 0.5f);
-  expect_error([&] { quant::gptq_quantize(w.data(), 2, 40, u, {}, QuantFormat::kQ4); },
-               ErrorCode::kInvalidArgument, "multiple of 32");
+  expect_error([&] { quant::gptq_quantize(w.data(), 2, 40, u, {}, QuantFormat::kQ4); }, ErrorCode::kInvalidArgument,
+               "multiple of 32");
 
   const std::string dir = testing::fixture_dir("llama");
   QuantOptions q;
   q.mode = "gptq";
   std::vector<std::vector<int32_t>> none = {{}};
-  expect_error([&] { calibrate_gptq(dir, {}, q, QuantFormat::kQ4, &none); },
-               ErrorCode::kInvalidArgument, "empty");
+  expect_error([&] { calibrate_gptq(dir, {}, q, QuantFormat::kQ4, &none); }, ErrorCode::kInvalidArgument, "empty");
   q.cache = "gptq.json";
   expect_error([&] { calibration_for(dir, {}, q); }, ErrorCode::kInvalidArgument, "not cached");
   q.cache.clear();
   q.gptq_damp = -0.5;
   expect_error([&] { quant_mode_check(q); }, ErrorCode::kInvalidArgument, "--gptq-damp");
   q.gptq_damp = 0.01;
-  expect_error([&] { load_random_model("unused.json", {}, q); }, ErrorCode::kInvalidArgument,
-               "real activations");
+  expect_error([&] { load_random_model("unused.json", {}, q); }, ErrorCode::kInvalidArgument, "real activations");
   QuantOptions seq_awq;
   seq_awq.mode = "awq-gptq";
   seq_awq.gptq_sequential = true;
   std::vector<std::vector<int32_t>> one = {{1, 2, 3, 4}};
-  expect_error([&] { calibrate_gptq(dir, {}, seq_awq, QuantFormat::kQ4, &one); },
-               ErrorCode::kInvalidArgument, "--gptq-sequential");
+  expect_error([&] { calibrate_gptq(dir, {}, seq_awq, QuantFormat::kQ4, &one); }, ErrorCode::kInvalidArgument,
+               "--gptq-sequential");
 
   // A table without the Hessian of a Linear, or of the wrong width.
   auto f32 = Model::load(dir);

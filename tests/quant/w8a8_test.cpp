@@ -10,13 +10,13 @@
 #include <fstream>
 #include <random>
 
-#include "../models/golden_util.h"
 #include "builder/builder.h"
 #include "core/status.h"
-#include "quant_test_util.h"
 #include "runtime/encoder_runner.h"
 #include "runtime/llm_runner.h"
 #include "runtime/quantize.h"
+#include "../models/golden_util.h"
+#include "quant_test_util.h"
 
 namespace kiln {
 namespace {
@@ -48,8 +48,7 @@ struct TinyDecoder {
 };
 
 // An engine of `dir` built with `q` (its calibration read from q.calib) at `path`, loaded.
-std::unique_ptr<Model> built_engine(const std::string& dir, const QuantOptions& q,
-                                    const std::string& path) {
+std::unique_ptr<Model> built_engine(const std::string& dir, const QuantOptions& q, const std::string& path) {
   BuildOptions bo;
   bo.model = dir;
   bo.output = path;
@@ -73,9 +72,7 @@ TEST(W8A8, SmoothingPreservesTheFloatDecoder) {
   quant::CalibrationTable t = synthetic_table(*f32);
   quant::W8A8Report rep;
   ModelOptions mo;
-  mo.rewrite = [&](ir::Graph& g) {
-    rep = quant::apply_w8a8(g, t, {.smooth_alpha = 0.5, .quantize = false});
-  };
+  mo.rewrite = [&](ir::Graph& g) { rep = quant::apply_w8a8(g, t, {.smooth_alpha = 0.5, .quantize = false}); };
   auto smoothed = Model::load(dir, mo);
   EXPECT_GT(rep.folded_into_norm, 0);  // qkv and gate|up after their norms
   EXPECT_GT(rep.smoothing_muls, 0);    // o_proj and down after attention / SwiGLU
@@ -83,8 +80,7 @@ TEST(W8A8, SmoothingPreservesTheFloatDecoder) {
   auto got = all_logits(*smoothed, toks);
   ASSERT_EQ(got.size(), ref.size());
   const double scale = max_abs(ref);
-  for (size_t i = 0; i < ref.size(); ++i)
-    ASSERT_NEAR(got[i], ref[i], 2e-5 * scale + 1e-6) << "logit " << i;
+  for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(got[i], ref[i], 2e-5 * scale + 1e-6) << "logit " << i;
 }
 
 TEST(W8A8, SmoothingPreservesTheFloatEncoder) {
@@ -96,9 +92,7 @@ TEST(W8A8, SmoothingPreservesTheFloatEncoder) {
   quant::CalibrationTable t = synthetic_table(*f32);
   quant::W8A8Report rep;
   ModelOptions mo;
-  mo.rewrite = [&](ir::Graph& g) {
-    rep = quant::apply_w8a8(g, t, {.smooth_alpha = 0.5, .quantize = false});
-  };
+  mo.rewrite = [&](ir::Graph& g) { rep = quant::apply_w8a8(g, t, {.smooth_alpha = 0.5, .quantize = false}); };
   auto smoothed = Model::load(dir, mo);
   // Post-LN BERT: every LayerNorm output also feeds the residual Add, so the divisors
   // go through Mul nodes (the fold would change the residual stream).
@@ -107,8 +101,7 @@ TEST(W8A8, SmoothingPreservesTheFloatEncoder) {
   auto got = encode(*smoothed, batch);
   for (size_t b = 0; b < batch.size(); ++b) {
     const double scale = max_abs(ref[b].hidden);
-    for (size_t i = 0; i < ref[b].hidden.size(); ++i)
-      ASSERT_NEAR(got[b].hidden[i], ref[b].hidden[i], 2e-5 * scale);
+    for (size_t i = 0; i < ref[b].hidden.size(); ++i) ASSERT_NEAR(got[b].hidden[i], ref[b].hidden[i], 2e-5 * scale);
   }
 }
 
@@ -164,8 +157,7 @@ TEST(W8A8, TinyDecoderStaysNearF32AndEngineMatches) {
     auto m = Model::load(dir, w8a8_model_options({}, table, q, report));
     auto got = all_logits(*m, toks);
     double err2 = 0, ref2 = 0;
-    for (size_t i = 0; i < ref.size(); ++i)
-      err2 += double(got[i] - ref[i]) * (got[i] - ref[i]), ref2 += double(ref[i]) * ref[i];
+    for (size_t i = 0; i < ref.size(); ++i) err2 += double(got[i] - ref[i]) * (got[i] - ref[i]), ref2 += double(ref[i]) * ref[i];
     EXPECT_LT(std::sqrt(err2 / ref2), 0.15);
     EXPECT_GT(err2, 0.0);
     q.act_scale = "static";
@@ -212,8 +204,7 @@ TEST(W8A8, HadamardRotatedInputs) {
   for (auto& [name, e] : table.tensors)
     if (name.find("#hadamard") != std::string::npos) {
       ++rotated_entries;
-      EXPECT_NE(name.find("down_proj#hadamard128"), std::string::npos)
-          << name;  // K = 128: one block
+      EXPECT_NE(name.find("down_proj#hadamard128"), std::string::npos) << name;  // K = 128: one block
       EXPECT_GT(e.amax.at("max"), 0.0);
       EXPECT_LE(e.amax.at("kl"), e.amax.at("max"));
     }
@@ -222,8 +213,7 @@ TEST(W8A8, HadamardRotatedInputs) {
   auto ref = all_logits(*f32, toks);
   auto rel_rms = [&](const std::vector<float>& got) {
     double err2 = 0, ref2 = 0;
-    for (size_t i = 0; i < ref.size(); ++i)
-      err2 += double(got[i] - ref[i]) * (got[i] - ref[i]), ref2 += double(ref[i]) * ref[i];
+    for (size_t i = 0; i < ref.size(); ++i) err2 += double(got[i] - ref[i]) * (got[i] - ref[i]), ref2 += double(ref[i]) * ref[i];
     return std::sqrt(err2 / ref2);
   };
   for (const char* scale : {"static", "per-token"}) {
@@ -256,8 +246,7 @@ TEST(W8A8, HadamardRotatedInputs) {
   plain.calib = "default";
   quant::CalibrationTable unrotated = calibrate_model(dir, {}, plain, &td.calib);
   quant_test::expect_error([&] { Model::load(dir, w8a8_model_options({}, unrotated, q, nullptr)); },
-                           ErrorCode::kNotFound,
-                           "#hadamard128): the table was calibrated without --hadamard");
+                           ErrorCode::kNotFound, "#hadamard128): the table was calibrated without --hadamard");
   std::filesystem::remove(q.calib);
 }
 
@@ -290,8 +279,7 @@ TEST(W8A8, BadCalibrationInputIsAClearError) {
 
 // With the real decoder (skipped when absent): text-level errors name the problem.
 TEST(W8A8, RealDecoderCalibrationTextErrors) {
-  const std::string path =
-      testing::models_dir() + "/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf";
+  const std::string path = testing::models_dir() + "/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf";
   if (!std::filesystem::exists(path)) GTEST_SKIP() << "no " << path;
   const std::string tmp = ::testing::TempDir() + "/kiln_empty_calib.txt";
   { std::ofstream(tmp) << "  \n\n"; }

@@ -39,8 +39,7 @@ std::vector<double> dequantized(const std::vector<float>& w, int64_t n, int64_t 
     for (int64_t g = 0; g < k; g += 32) {
       const float* v = w.data() + r * k + g;
       float lo = v[0], hi = v[0], amax = 0;
-      for (int64_t i = 0; i < 32; ++i)
-        lo = std::min(lo, v[i]), hi = std::max(hi, v[i]), amax = std::max(amax, std::fabs(v[i]));
+      for (int64_t i = 0; i < 32; ++i) lo = std::min(lo, v[i]), hi = std::max(hi, v[i]), amax = std::max(amax, std::fabs(v[i]));
       scale.push_back(q8 ? amax / 127.0f : (hi - lo) / 15.0f);
       offset.push_back(q8 ? 0.0f : lo);
       big = std::max({big, scale.back(), std::fabs(offset.back())});
@@ -79,20 +78,17 @@ std::vector<double> dequantized(const std::vector<float>& w, int64_t n, int64_t 
 // The most x's rounding moves a value, in units of its group's d: half a step of d with one
 // int8 digit, half a step of d / 254 with two (a 1e-3 margin for the f32 products, the
 // residual's ulp and the digit weight's rounding).
-double rounding_step(QGemvActs acts) {
-  return acts == QGemvActs::kInt16 ? 1.001 / 508.0 : 0.5 * 1.001;
-}
+double rounding_step(QGemvActs acts) { return acts == QGemvActs::kInt16 ? 1.001 / 508.0 : 0.5 * 1.001; }
 
 void check(int64_t t, int64_t n, int64_t k, WeightStorage s, uint64_t seed) {
-  SCOPED_TRACE(std::string(weight_storage_name(s)) + " T=" + std::to_string(t) +
-               " N=" + std::to_string(n) + " K=" + std::to_string(k));
+  SCOPED_TRACE(std::string(weight_storage_name(s)) + " T=" + std::to_string(t) + " N=" +
+               std::to_string(n) + " K=" + std::to_string(k));
   auto x = random_floats(size_t(t * k), seed);
   auto w = random_floats(size_t(n * k), seed + 1);
   auto bias = random_floats(size_t(n), seed + 2);
   std::vector<double> mins;
   auto dq = dequantized(w, n, k, s == WeightStorage::kQ8, &mins);
-  std::vector<double> ref(size_t(t * n)), exact(size_t(t * n)), tol(size_t(t * n)),
-      qtol(size_t(t * n));
+  std::vector<double> ref(size_t(t * n)), exact(size_t(t * n)), tol(size_t(t * n)), qtol(size_t(t * n));
   for (int64_t i = 0; i < t; ++i)
     for (int64_t j = 0; j < n; ++j) {
       double acc = bias[j], ex = bias[j], mag = std::fabs(bias[j]), qerr = 0;
@@ -123,8 +119,7 @@ void check(int64_t t, int64_t n, int64_t k, WeightStorage s, uint64_t seed) {
     std::vector<float> dx(size_t(t * groups)), sx(size_t(t * groups));
     quantize_rows_groups(x.data(), t, k, qx.data(), dx.data(), sx.data(),
                          acts == QGemvActs::kInt16 ? qlo.data() : nullptr);
-    std::vector<double> ref8(size_t(t * n)), tol8(size_t(t * n)), qtol8(size_t(t * n)),
-        xtol8(size_t(t * n));
+    std::vector<double> ref8(size_t(t * n)), tol8(size_t(t * n)), qtol8(size_t(t * n)), xtol8(size_t(t * n));
     for (int64_t i = 0; i < t; ++i)
       for (int64_t j = 0; j < n; ++j) {
         double acc = bias[j], mag = std::fabs(bias[j]), qerr = 0, xerr = 0;
@@ -132,8 +127,7 @@ void check(int64_t t, int64_t n, int64_t k, WeightStorage s, uint64_t seed) {
           const double m = mins[size_t(j * groups + g)], d = dx[size_t(i * groups + g)];
           double xs = 0;
           for (int64_t kk = g * 32; kk < g * 32 + 32; ++kk) {
-            const double xr =
-                d * (qx[size_t(i * k + kk)] + double(kQGemvLoDigit) * qlo[size_t(i * k + kk)]);
+            const double xr = d * (qx[size_t(i * k + kk)] + double(kQGemvLoDigit) * qlo[size_t(i * k + kk)]);
             acc += xr * (dq[j * k + kk] - m);
             xs += x[i * k + kk];
             mag += std::fabs(xr * (dq[j * k + kk] - m)) + std::fabs(x[i * k + kk] * m);
@@ -155,8 +149,7 @@ void check(int64_t t, int64_t n, int64_t k, WeightStorage s, uint64_t seed) {
         SCOPED_TRACE("int8-activation GEMV");
         expect_within(y, ref8, tol8, "vs dequantized reference on the rounded x");
         expect_within(y, ref, xtol8, "vs dequantized reference on x within x's rounding bound");
-        expect_within(y, exact, qtol8,
-                      "vs exact weights within the quantization and rounding errors");
+        expect_within(y, exact, qtol8, "vs exact weights within the quantization and rounding errors");
         return;
       }
       expect_within(y, ref, tol, "vs dequantized reference");
@@ -211,10 +204,8 @@ TEST(QuantLinear, Int8GroupRounding) {
   auto x = random_floats(3 * 96, 5);
   for (int i = 32; i < 64; ++i) x[size_t(i)] = 0.0f;  // row 0's second group
   x[70] = 3.5f;                                       // a group whose max is one outlier
-  for (int i = 0; i < 32; ++i)
-    x[size_t(96 + i)] = float(i - 16) / 32.0f;  // row 1: exact steps and ties
-  x[96 + 31] =
-      127.0f / 64.0f;  // d = 1/64: values k/128 are ties of the first digit, k/32512 of the second
+  for (int i = 0; i < 32; ++i) x[size_t(96 + i)] = float(i - 16) / 32.0f;  // row 1: exact steps and ties
+  x[96 + 31] = 127.0f / 64.0f;  // d = 1/64: values k/128 are ties of the first digit, k/32512 of the second
   x[96 + 5] = 1.0f / 128.0f;    // residual exactly d / 2
   x[96 + 6] = -3.0f / 128.0f;   // -1.5 d: a tie (rint -> -2, residual +d / 2)
   x[96 + 7] = 1.0f / 32512.0f;  // a tie of the second digit (0.5 steps of d / 254)
@@ -225,8 +216,7 @@ TEST(QuantLinear, Int8GroupRounding) {
   for (int64_t r = 0; r < 3; ++r)
     for (int64_t g = 0; g < 3; ++g) {
       float amax = 0, sum = 0;
-      for (int64_t i = 0; i < 32; ++i)
-        amax = std::max(amax, std::fabs(x[size_t(r * 96 + g * 32 + i)]));
+      for (int64_t i = 0; i < 32; ++i) amax = std::max(amax, std::fabs(x[size_t(r * 96 + g * 32 + i)]));
       for (int64_t i = 0; i < 32; ++i) sum += x[size_t(r * 96 + g * 32 + i)];
       const float dg = amax / 127.0f;
       EXPECT_EQ(d[size_t(r * 3 + g)], dg);
@@ -241,11 +231,9 @@ TEST(QuantLinear, Int8GroupRounding) {
         EXPECT_EQ(int(q1[size_t(at)]), want) << "row " << r << " group " << g << " element " << i;
         const float res = std::fma(-dg, float(want), xv);
         const int want_lo = amax > 0 ? int(std::nearbyint(res * (127.0f / amax * 254.0f))) : 0;
-        EXPECT_EQ(int(ql[size_t(at)]), want_lo)
-            << "row " << r << " group " << g << " element " << i;
+        EXPECT_EQ(int(ql[size_t(at)]), want_lo) << "row " << r << " group " << g << " element " << i;
         EXPECT_LE(std::abs(int(ql[size_t(at)])), 127);
-        const double xr1 = double(dg) * want,
-                     xr2 = double(dg) * (want + double(kQGemvLoDigit) * want_lo);
+        const double xr1 = double(dg) * want, xr2 = double(dg) * (want + double(kQGemvLoDigit) * want_lo);
         EXPECT_LE(std::fabs(xv - xr1), rounding_step(QGemvActs::kInt8) * dg) << "at " << at;
         EXPECT_LE(std::fabs(xv - xr2), rounding_step(QGemvActs::kInt16) * dg) << "at " << at;
       }
@@ -283,8 +271,7 @@ TEST(QuantLinear, Int8GroupRounding) {
         PackedWeight pw = pack_weight(w.data(), 16, 96, st);
         std::vector<float> y(16);
         linear(x.data(), 1, 96, pw, nullptr, y.data());
-        for (float v : y)
-          EXPECT_TRUE(std::isnan(v)) << weight_storage_name(st) << " x holding " << bad;
+        for (float v : y) EXPECT_TRUE(std::isnan(v)) << weight_storage_name(st) << " x holding " << bad;
       }
     }
   }
@@ -305,14 +292,13 @@ TEST(QuantLinear, Int8GroupRoundingAvx512Bits) {
     for (int64_t i = 0; i < k; ++i) x[size_t(r * k + i)] *= std::pow(10.0f, float(r * 7 - 30));
   for (int i = 0; i < 32; ++i) x[size_t(32 + i)] = 0.0f;                  // a group of zeros
   for (int i = 0; i < 32; ++i) x[size_t(64 + i)] = float(i - 16) * 0.5f;  // ties at 127 / 16 steps
-  x[100] = 1e6f;                                                          // an outlier
+  x[100] = 1e6f;                                                           // an outlier
   x[k + 3] = INFINITY;
   x[k + 40] = -INFINITY;
   x[k + 41] = INFINITY;  // inf + -inf in one group: a NaN sum
   x[2 * k + 5] = NAN;
   x[2 * k + 70] = -0.0f;
-  for (int i = 0; i < 32; ++i)
-    x[size_t(3 * k + 96 + i)] = float(i - 16) / 32.0f;  // d = 1/64: ties of both digits
+  for (int i = 0; i < 32; ++i) x[size_t(3 * k + 96 + i)] = float(i - 16) / 32.0f;  // d = 1/64: ties of both digits
   x[3 * k + 96 + 31] = 127.0f / 64.0f;
   x[3 * k + 96 + 5] = 1.0f / 128.0f;
   x[3 * k + 96 + 7] = 1.0f / 32512.0f;
@@ -323,8 +309,8 @@ TEST(QuantLinear, Int8GroupRoundingAvx512Bits) {
     ql[v].assign(size_t(t * k), 99);
     d[v].assign(size_t(t * groups), -1.0f);
     sx[v].assign(size_t(t * groups), -1.0f);
-    (v ? avx512::quantize_rows_groups : quantize_rows_groups)(
-        x.data(), t, k, q[v].data(), d[v].data(), sx[v].data(), ql[v].data());
+    (v ? avx512::quantize_rows_groups : quantize_rows_groups)(x.data(), t, k, q[v].data(), d[v].data(), sx[v].data(),
+                                                             ql[v].data());
   }
   for (size_t i = 0; i < q[0].size(); ++i) {
     EXPECT_EQ(int(q[0][i]), int(q[1][i])) << "code " << i;
@@ -360,53 +346,48 @@ TEST(QuantLinear, Int8RowsAreBatchInvariant) {
   }
   const int64_t t = 37;
   for (QGemvActs acts : {QGemvActs::kInt16, QGemvActs::kInt8}) {
-    cpu_qgemv_acts_set(acts);
-    uint64_t seed = 700;
-    for (WeightStorage s : {WeightStorage::kQ8, WeightStorage::kQ4})
-      for (auto [n, k] : {std::pair<int64_t, int64_t>{50, 96}, {33, 5120}, {200, 320}})
-        for (bool with_bias : {false, true}) {
-          SCOPED_TRACE(std::string(weight_storage_name(s)) + " N=" + std::to_string(n) +
-                       " K=" + std::to_string(k) + (with_bias ? " bias" : "") +
-                       (acts == QGemvActs::kInt16 ? " int16" : " int8"));
-          auto x = random_floats(size_t(t * k), seed += 3);
-          for (int64_t r = 0; r < t; ++r)  // rows of different magnitudes
-            for (int64_t i = 0; i < k; ++i)
-              x[size_t(r * k + i)] *= float(1 + r % 5) * (r % 3 ? 1.0f : 1e-3f);
-          auto w = random_floats(size_t(n * k), seed + 1);
-          auto b = random_floats(size_t(n), seed + 2);
-          const float* bias = with_bias ? b.data() : nullptr;
-          PackedWeight pw = pack_weight(w.data(), n, k, s);
-          std::vector<float> alone(size_t(t * n), NAN);
-          for (int64_t r = 0; r < t; ++r)
-            linear(x.data() + r * k, 1, k, pw, bias, alone.data() + r * n,
-                   LinearTactic{.threads = 1});
-          const LinearTactic tactics[] = {
-              {.threads = 1}, {}, {.split = LinearSplit::kPanels}, {.split = LinearSplit::kRows}};
-          for (const LinearTactic& tac : tactics)
-            for (int64_t rows : {t, int64_t(13), int64_t(8), int64_t(2)}) {
-              std::vector<float> y(size_t(rows * n), NAN);
-              linear(x.data() + (t - rows) * k, rows, k, pw, bias, y.data(), tac);
-              size_t differ = 0, first = 0;
-              for (size_t i = 0; i < y.size(); ++i)
-                if (f32_bits(y[i]) != f32_bits(alone[size_t((t - rows) * n) + i]) && !differ++)
-                  first = i;
-              EXPECT_EQ(differ, 0u) << rows << " rows (the last of the 37), threads " << tac.threads
-                                    << " split " << int(tac.split) << ": first at row "
-                                    << first / size_t(n) << " column " << first % size_t(n);
-            }
-          // int8_x = false: the f32 kernels, as with the path switched off.
-          std::vector<float> f32_off(size_t(t * n)), f32_tactic(size_t(t * n));
-          LinearTactic logits;
-          logits.int8_x = false;
-          linear(x.data(), t, k, pw, bias, f32_tactic.data(), logits);
-          cpu_qgemv_acts_set(QGemvActs::kF32);
-          linear(x.data(), t, k, pw, bias, f32_off.data());
-          cpu_qgemv_acts_set(acts);
-          size_t differ = 0;
-          for (size_t i = 0; i < f32_off.size(); ++i)
-            differ += f32_bits(f32_off[i]) != f32_bits(f32_tactic[i]);
-          EXPECT_EQ(differ, 0u) << "int8_x = false against KILN_CPU_QGEMV=f32";
-        }
+  cpu_qgemv_acts_set(acts);
+  uint64_t seed = 700;
+  for (WeightStorage s : {WeightStorage::kQ8, WeightStorage::kQ4})
+    for (auto [n, k] : {std::pair<int64_t, int64_t>{50, 96}, {33, 5120}, {200, 320}})
+      for (bool with_bias : {false, true}) {
+        SCOPED_TRACE(std::string(weight_storage_name(s)) + " N=" + std::to_string(n) + " K=" + std::to_string(k) +
+                     (with_bias ? " bias" : "") + (acts == QGemvActs::kInt16 ? " int16" : " int8"));
+        auto x = random_floats(size_t(t * k), seed += 3);
+        for (int64_t r = 0; r < t; ++r)  // rows of different magnitudes
+          for (int64_t i = 0; i < k; ++i) x[size_t(r * k + i)] *= float(1 + r % 5) * (r % 3 ? 1.0f : 1e-3f);
+        auto w = random_floats(size_t(n * k), seed + 1);
+        auto b = random_floats(size_t(n), seed + 2);
+        const float* bias = with_bias ? b.data() : nullptr;
+        PackedWeight pw = pack_weight(w.data(), n, k, s);
+        std::vector<float> alone(size_t(t * n), NAN);
+        for (int64_t r = 0; r < t; ++r)
+          linear(x.data() + r * k, 1, k, pw, bias, alone.data() + r * n, LinearTactic{.threads = 1});
+        const LinearTactic tactics[] = {{.threads = 1}, {}, {.split = LinearSplit::kPanels},
+                                        {.split = LinearSplit::kRows}};
+        for (const LinearTactic& tac : tactics)
+          for (int64_t rows : {t, int64_t(13), int64_t(8), int64_t(2)}) {
+            std::vector<float> y(size_t(rows * n), NAN);
+            linear(x.data() + (t - rows) * k, rows, k, pw, bias, y.data(), tac);
+            size_t differ = 0, first = 0;
+            for (size_t i = 0; i < y.size(); ++i)
+              if (f32_bits(y[i]) != f32_bits(alone[size_t((t - rows) * n) + i]) && !differ++) first = i;
+            EXPECT_EQ(differ, 0u) << rows << " rows (the last of the 37), threads " << tac.threads << " split "
+                                  << int(tac.split) << ": first at row " << first / size_t(n) << " column "
+                                  << first % size_t(n);
+          }
+        // int8_x = false: the f32 kernels, as with the path switched off.
+        std::vector<float> f32_off(size_t(t * n)), f32_tactic(size_t(t * n));
+        LinearTactic logits;
+        logits.int8_x = false;
+        linear(x.data(), t, k, pw, bias, f32_tactic.data(), logits);
+        cpu_qgemv_acts_set(QGemvActs::kF32);
+        linear(x.data(), t, k, pw, bias, f32_off.data());
+        cpu_qgemv_acts_set(acts);
+        size_t differ = 0;
+        for (size_t i = 0; i < f32_off.size(); ++i) differ += f32_bits(f32_off[i]) != f32_bits(f32_tactic[i]);
+        EXPECT_EQ(differ, 0u) << "int8_x = false against KILN_CPU_QGEMV=f32";
+      }
   }
   cpu_qgemv_acts_set(saved);
 }
@@ -427,15 +408,14 @@ TEST(QuantLinear, WidenedPanelsAreTheF32KernelsOnTheDequantizedWeights) {
         const QuantizedRows q = quantize_rows(w.data(), n, k, f);
         std::vector<float> dq(size_t(n * k));
         dequantize_rows(q, 0, n, dq.data());
-        const PackedWeight pq = pack_quantized_weight(q),
-                           pf = pack_weight(dq.data(), n, k, WeightStorage::kF32);
+        const PackedWeight pq = pack_quantized_weight(q), pf = pack_weight(dq.data(), n, k, WeightStorage::kF32);
         auto b = random_floats(size_t(n), seed + 1);
         for (int64_t t : {1, 5, 37})
-          for (const LinearTactic& base : {LinearTactic{}, LinearTactic{.threads = 1},
-                                           LinearTactic{.split = LinearSplit::kRows}})
+          for (const LinearTactic& base :
+               {LinearTactic{}, LinearTactic{.threads = 1}, LinearTactic{.split = LinearSplit::kRows}})
             for (bool with_bias : {false, true}) {
-              SCOPED_TRACE(std::string(weight_storage_name(s)) + " T=" + std::to_string(t) +
-                           " N=" + std::to_string(n) + " K=" + std::to_string(k) + " split " +
+              SCOPED_TRACE(std::string(weight_storage_name(s)) + " T=" + std::to_string(t) + " N=" +
+                           std::to_string(n) + " K=" + std::to_string(k) + " split " +
                            std::to_string(int(base.split)) + (with_bias ? " bias" : ""));
               auto x = random_floats(size_t(t * k), seed + 2);
               LinearTactic widen = base;
@@ -444,8 +424,7 @@ TEST(QuantLinear, WidenedPanelsAreTheF32KernelsOnTheDequantizedWeights) {
               linear(x.data(), t, k, pq, with_bias ? b.data() : nullptr, got.data(), widen);
               linear(x.data(), t, k, pf, with_bias ? b.data() : nullptr, want.data(), base);
               size_t differ = 0;
-              for (size_t i = 0; i < got.size(); ++i)
-                differ += f32_bits(got[i]) != f32_bits(want[i]);
+              for (size_t i = 0; i < got.size(); ++i) differ += f32_bits(got[i]) != f32_bits(want[i]);
               EXPECT_EQ(differ, 0u);
               ++compared;
             }
@@ -503,9 +482,7 @@ TEST(QuantLinear, PackingLayoutAndErrors) {
       ADD_FAILURE() << "a row factor of 3 was packed";
     } catch (const Error& e) {
       EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument);
-      EXPECT_NE(std::string(e.what()).find("row 5's row factor 3 is not a power of two"),
-                std::string::npos)
-          << e.what();
+      EXPECT_NE(std::string(e.what()).find("row 5's row factor 3 is not a power of two"), std::string::npos) << e.what();
     }
   }
   EXPECT_THROW(pack_weight(w.data(), 64, 48, WeightStorage::kQ4), Error);  // K % 32 != 0

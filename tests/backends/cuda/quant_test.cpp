@@ -22,6 +22,7 @@
 #include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/ops/gemv_quant.h"
 #include "core/weight_quant.h"
+
 #include "cuda_test_util.h"
 
 namespace kiln::cuda {
@@ -47,10 +48,8 @@ constexpr QGemvCase kQGemvCases[] = {{"mma", 0.0}, {"", kDp4aExtraTol}};
 
 struct ScopedQGemv {
   explicit ScopedQGemv(const char* v) {
-    if (*v)
-      ::setenv("KILN_CUDA_QGEMV", v, 1);
-    else
-      ::unsetenv("KILN_CUDA_QGEMV");
+    if (*v) ::setenv("KILN_CUDA_QGEMV", v, 1);
+    else ::unsetenv("KILN_CUDA_QGEMV");
   }
   ~ScopedQGemv() { ::unsetenv("KILN_CUDA_QGEMV"); }
 };
@@ -99,26 +98,21 @@ QuantCase linear_case(int64_t n, int64_t k, bool bias, std::map<std::string, ir:
 }
 
 const std::vector<int64_t>& all_row_counts() {
-  static const std::vector<int64_t> v = {1, 2, 3, 4, 5,
-                                         6, 7, 8, 9, 33};  // GEMV up to 8, then tiles
+  static const std::vector<int64_t> v = {1, 2, 3, 4, 5, 6, 7, 8, 9, 33};  // GEMV up to 8, then tiles
   return v;
 }
 
 // f32 activations: the node's precision attribute quantizes it on both backends.
 TEST(CudaQuant, LinearMatchesCpuQuantizedKernelsInF32) {
   KILN_SKIP_WITHOUT_CUDA();
-  struct S {
-    int64_t n, k;
-    bool bias;
-  };
+  struct S { int64_t n, k; bool bias; };
   for (const char* q : {"q8", "q4"})
-    for (S s : {S{1, 32, false}, S{37, 96, true}, S{130, 256, false}, S{70, 4128, true},
-                S{4097, 2048, true}, S{6, 14336, false}}) {
-      QuantCase c = linear_case(s.n, s.k, s.bias, {{"precision", std::string(q)}}, all_row_counts(),
-                                "f32", uint64_t(s.n * 7 + s.k + q[1]));
-      expect_backends_match_opts(
-          c.g, c.steps, {.weight_dtype = "f32"}, {.weight_dtype = "f32"}, kQuantF32Tol,
-          str_cat("Linear ", q, " n=", s.n, " k=", s.k, s.bias ? " +bias" : "", " t=1..9,33"));
+    for (S s : {S{1, 32, false}, S{37, 96, true}, S{130, 256, false}, S{70, 4128, true}, S{4097, 2048, true},
+                S{6, 14336, false}}) {
+      QuantCase c = linear_case(s.n, s.k, s.bias, {{"precision", std::string(q)}}, all_row_counts(), "f32",
+                                uint64_t(s.n * 7 + s.k + q[1]));
+      expect_backends_match_opts(c.g, c.steps, {.weight_dtype = "f32"}, {.weight_dtype = "f32"}, kQuantF32Tol,
+                                 str_cat("Linear ", q, " n=", s.n, " k=", s.k, s.bias ? " +bias" : "", " t=1..9,33"));
     }
 }
 
@@ -130,14 +124,12 @@ TEST(CudaQuant, EpiloguesAndSwiGluInEveryActivationDtype) {
       ScopedQGemv env(kc.env);
       for (const char* q : {"q8", "q4"})
         for (const char* act : {"gelu_erf", "gelu_tanh", "silu", "swiglu"}) {
-          QuantCase c = linear_case(
-              322, 256, true, {{"precision", std::string(q)}, {"activation", std::string(act)}},
-              {1, 3, 8, 9, 20}, dt, uint64_t(act[0] + act[5] + q[1]));
-          expect_backends_match_opts(
-              c.g, c.steps, {.weight_dtype = "f32"}, {.weight_dtype = dt},
-              dt == "f32" ? kQuantF32Tol : op_tolerance(dt) + kc.extra_tol,
-              str_cat("Linear ", q, "+", act, " n=322 k=256 t=1,3,8,9,20 qgemv ",
-                      *kc.env ? kc.env : "default"));
+          QuantCase c = linear_case(322, 256, true, {{"precision", std::string(q)}, {"activation", std::string(act)}},
+                                    {1, 3, 8, 9, 20}, dt, uint64_t(act[0] + act[5] + q[1]));
+          expect_backends_match_opts(c.g, c.steps, {.weight_dtype = "f32"}, {.weight_dtype = dt},
+                                     dt == "f32" ? kQuantF32Tol : op_tolerance(dt) + kc.extra_tol,
+                                     str_cat("Linear ", q, "+", act, " n=322 k=256 t=1,3,8,9,20 qgemv ",
+                                             *kc.env ? kc.env : "default"));
         }
     }
 }
@@ -156,10 +148,9 @@ TEST(CudaQuant, GemmTilesAndResidentSize) {
         // 300 rows: one tile the width of the device (dequant_tile_rows); 40: L2-sized tiles.
         QuantCase c = linear_case(n, k, true, attrs, {300, 40, 1}, dt, uint64_t(swiglu) + q[1]);
         // The default kernel (dp4a for bf16) at t=1: its bound.
-        expect_backends_match_opts(
-            c.g, c.steps, {.weight_dtype = "f32"}, {.weight_dtype = dt},
-            dt == "f32" ? kQuantF32Tol : op_tolerance(dt) + kDp4aExtraTol,
-            str_cat("Linear ", q, swiglu ? "+swiglu" : "", " n=4000 k=4096 t=300,40,1"));
+        expect_backends_match_opts(c.g, c.steps, {.weight_dtype = "f32"}, {.weight_dtype = dt},
+                                   dt == "f32" ? kQuantF32Tol : op_tolerance(dt) + kDp4aExtraTol,
+                                   str_cat("Linear ", q, swiglu ? "+swiglu" : "", " n=4000 k=4096 t=300,40,1"));
         auto gg = create_backend("cuda")->compile(c.g, {.weight_dtype = dt});
         const double bf16_bytes = double(n * k) * 2, got = double(gg->weight_bytes());
         // q4 as grid8 (quantize_rows' weights are on the 8-bit grid): a 16-bit word a group
@@ -170,8 +161,7 @@ TEST(CudaQuant, GemmTilesAndResidentSize) {
         std::printf("  %s resident: %.2f MiB (bf16 would be %.2f MiB)\n", q, got / (1 << 20),
                     bf16_bytes / (1 << 20));
         EXPECT_GE(got, want) << q;
-        EXPECT_LE(got, want + double(n) * 4 + 4096)
-            << q << ": more than the quantized weight and the bias";
+        EXPECT_LE(got, want + double(n) * 4 + 4096) << q << ": more than the quantized weight and the bias";
       }
 }
 
@@ -328,11 +318,10 @@ TEST(CudaQuant, Grid8ScalesGiveTheF16PairsBits) {
 TEST(CudaQuant, DequantTilesFillTheDeviceAtPromptRows) {
   const int sms = 132;
   // Llama-3.1-8B's gate|up [28672, 4096], bf16 tiles: 24 MB is 3072 rows.
-  EXPECT_EQ(dequant_tile_rows(28672, 4096, 2, 64, sms, true), 2944);    // 10 even tiles
-  EXPECT_EQ(dequant_tile_rows(28672, 4096, 2, 512, sms, false), 2944);  // KILN_CUDA_DEQUANT_WIDE=0
-  EXPECT_EQ(dequant_tile_rows(28672, 4096, 2, 512, sms, true), 28672);  // one tile: 4 x 112 CTAs
-  EXPECT_EQ(dequant_tile_rows(28672, 4096, 2, 2048, sms, true),
-            7168);  // 33 x 256 rows -> 4 even tiles
+  EXPECT_EQ(dequant_tile_rows(28672, 4096, 2, 64, sms, true), 2944);     // 10 even tiles
+  EXPECT_EQ(dequant_tile_rows(28672, 4096, 2, 512, sms, false), 2944);   // KILN_CUDA_DEQUANT_WIDE=0
+  EXPECT_EQ(dequant_tile_rows(28672, 4096, 2, 512, sms, true), 28672);   // one tile: 4 x 112 CTAs
+  EXPECT_EQ(dequant_tile_rows(28672, 4096, 2, 2048, sms, true), 7168);   // 33 x 256 rows -> 4 even tiles
   // The LM head [128256, 4096] at 512 rows: 256 MB caps a tile at 32768 rows.
   EXPECT_EQ(dequant_tile_rows(128256, 4096, 2, 512, sms, true), 32128);
   // Small weights are one tile; tiles are multiples of 128 rows or the whole weight.
@@ -354,18 +343,16 @@ TEST(CudaQuant, WeightDtypeOptionAndTheKFallback) {
     QuantCase c = linear_case(96, 512, true, {}, {1, 4, 8, 12}, "bf16", q[1]);
     // t = 1, 4 run the default GEMV (dp4a; t = 8 the skinny GEMM): its bound.
     expect_backends_match_opts(c.g, c.steps, {.weight_dtype = q}, {.weight_dtype = q},
-                               op_tolerance("bf16") + kDp4aExtraTol,
-                               str_cat("Linear --weight-dtype ", q, " n=96 k=512"));
+                               op_tolerance("bf16") + kDp4aExtraTol, str_cat("Linear --weight-dtype ", q, " n=96 k=512"));
     std::mt19937_64 rng(9);
     ir::Graph g;
     ir::ValueId x = g.add_input("x", DType::kF32, Shape{"T", 100});
     ir::ValueId w = g.add_weight("w", random_tensor({50, 100}, rng, "bf16", -0.1f, 0.1f));
-    g.add_output("y",
-                 g.add("Linear", {x, w, ir::kNoValue}, {{"precision", std::string(q)}}, "linear"));
+    g.add_output("y", g.add("Linear", {x, w, ir::kNoValue}, {{"precision", std::string(q)}}, "linear"));
     StepCase s;
     s.inputs["x"] = random_tensor({3, 100}, rng, "f32");
-    expect_backends_match_opts(g, {s}, {.weight_dtype = "f32"}, {.weight_dtype = "f32"},
-                               op_tolerance("f32"), str_cat("Linear ", q, " k=100 (stays 16-bit)"));
+    expect_backends_match_opts(g, {s}, {.weight_dtype = "f32"}, {.weight_dtype = "f32"}, op_tolerance("f32"),
+                               str_cat("Linear ", q, " k=100 (stays 16-bit)"));
   }
 }
 
@@ -383,8 +370,7 @@ TEST(CudaQuant, MmaImageFollowsTheLayout) {
       const QuantImage img = quant_image(q, QuantLayout::kMma);
       const QuantWeightView v = img.view_at(img.bytes.data());
       const bool q4 = f == QuantFormat::kQ4;
-      const int64_t per_block = q4 ? 4 : 2, groups = k / 32,
-                    blocks = (groups + per_block - 1) / per_block;
+      const int64_t per_block = q4 ? 4 : 2, groups = k / 32, blocks = (groups + per_block - 1) / per_block;
       ASSERT_EQ(v.code_stride, 64 * blocks);
       ASSERT_EQ(v.scale_stride, per_block * blocks);
       for (int64_t r = 0; r < n; ++r) {
@@ -392,8 +378,7 @@ TEST(CudaQuant, MmaImageFollowsTheLayout) {
         for (int64_t g = 0; g < per_block * blocks; ++g)
           for (int64_t t = 0; t < 4; ++t)
             for (int64_t e = 0; e < 8; ++e) {
-              const uint8_t* slice =
-                  row + (g / per_block) * 64 + t * 16 + (g % per_block) * (q4 ? 4 : 8);
+              const uint8_t* slice = row + (g / per_block) * 64 + t * 16 + (g % per_block) * (q4 ? 4 : 8);
               int got;
               if (q4) {
                 uint32_t word;
@@ -402,25 +387,20 @@ TEST(CudaQuant, MmaImageFollowsTheLayout) {
               } else {
                 got = int(int8_t(slice[e]));
               }
-              const int want =
-                  g < groups
-                      ? quant_code(f, q.codes.get() + r * int64_t(quant_row_code_bytes(f, k)),
-                                   g * 32 + t * 8 + e)
-                      : 0;
-              ASSERT_EQ(got, want) << quant_format_name(f) << " k=" << k << " row " << r
-                                   << " group " << g << " slice " << t << " code " << e;
+              const int want = g < groups ? quant_code(f, q.codes.get() + r * int64_t(quant_row_code_bytes(f, k)),
+                                                       g * 32 + t * 8 + e)
+                                          : 0;
+              ASSERT_EQ(got, want) << quant_format_name(f) << " k=" << k << " row " << r << " group " << g
+                                   << " slice " << t << " code " << e;
             }
         for (int64_t g = 0; g < per_block * blocks; ++g) {
-          const auto* sc =
-              static_cast<const uint8_t*>(v.scales) + (r * v.scale_stride + g) * (q4 ? 4 : 2);
+          const auto* sc = static_cast<const uint8_t*>(v.scales) + (r * v.scale_stride + g) * (q4 ? 4 : 2);
           uint16_t s16 = 0, m16 = 0;
           std::memcpy(&s16, sc, 2);
           if (q4) std::memcpy(&m16, sc + 2, 2);
-          EXPECT_EQ(s16, g < groups ? q.scales[size_t(r * groups + g)] : 0)
-              << "scale " << r << "," << g;
+          EXPECT_EQ(s16, g < groups ? q.scales[size_t(r * groups + g)] : 0) << "scale " << r << "," << g;
           if (q4) {
-            EXPECT_EQ(m16, g < groups ? q.mins[size_t(r * groups + g)] : 0)
-                << "min " << r << "," << g;
+            EXPECT_EQ(m16, g < groups ? q.mins[size_t(r * groups + g)] : 0) << "min " << r << "," << g;
           }
         }
         EXPECT_EQ(v.row_factor[r], q.row_factor[size_t(r)]);
@@ -434,24 +414,19 @@ TEST(CudaQuant, MmaImageFollowsTheLayout) {
 TEST(CudaQuant, MmaGemvShapesInBf16AndF16) {
   KILN_SKIP_WITHOUT_CUDA();
   ScopedQGemv env("mma");  // not the default since dp4a is
-  struct S {
-    int64_t n, k;
-    bool bias;
-    const char* act;
-  };
+  struct S { int64_t n, k; bool bias; const char* act; };
   for (const std::string dt : {"bf16", "f16"})
     for (const char* q : {"q8", "q4"})
-      for (S s : {S{1, 32, false, ""}, S{37, 96, true, ""}, S{130, 160, false, "gelu_tanh"},
-                  S{70, 4128, true, ""}, S{4097, 2048, true, ""}, S{6, 14336, false, ""},
-                  S{2 * 21, 224, true, "swiglu"}, S{2 * 600, 4096, false, "swiglu"}}) {
+      for (S s : {S{1, 32, false, ""}, S{37, 96, true, ""}, S{130, 160, false, "gelu_tanh"}, S{70, 4128, true, ""},
+                  S{4097, 2048, true, ""}, S{6, 14336, false, ""}, S{2 * 21, 224, true, "swiglu"},
+                  S{2 * 600, 4096, false, "swiglu"}}) {
         std::map<std::string, ir::Attr> attrs{{"precision", std::string(q)}};
         if (*s.act) attrs["activation"] = std::string(s.act);
         QuantCase c = linear_case(s.n, s.k, s.bias, attrs, {1, 2, 3, 4, 5, 6, 7, 8, 9}, dt,
                                   uint64_t(s.n * 5 + s.k + q[1]));
-        expect_backends_match_opts(
-            c.g, c.steps, {.weight_dtype = "f32"}, {.weight_dtype = dt}, op_tolerance(dt),
-            str_cat("Linear ", dt, " ", q, *s.act ? "+" : "", s.act, " n=", s.n, " k=", s.k,
-                    s.bias ? " +bias" : "", " t=1..9"));
+        expect_backends_match_opts(c.g, c.steps, {.weight_dtype = "f32"}, {.weight_dtype = dt}, op_tolerance(dt),
+                                   str_cat("Linear ", dt, " ", q, *s.act ? "+" : "", s.act, " n=", s.n, " k=", s.k,
+                                           s.bias ? " +bias" : "", " t=1..9"));
       }
 }
 
@@ -797,12 +772,10 @@ TEST(CudaQuant, OldKernelStaysSelectable) {
   ScopedEnv gemv_to_eight("KILN_CUDA_QGEMM_SKINNY_MIN_ROWS", "9");
   for (const std::string dt : {"bf16", "f16"})
     for (const char* q : {"q8", "q4"}) {
-      QuantCase c = linear_case(
-          130, 4128, true, {{"precision", std::string(q)}, {"activation", std::string("swiglu")}},
-          {1, 4, 8, 9}, dt, q[1]);
-      expect_backends_match_opts(
-          c.g, c.steps, {.weight_dtype = "f32"}, {.weight_dtype = dt}, op_tolerance(dt),
-          str_cat("Linear ", dt, " ", q, "+swiglu (old kernel) n=130 k=4128"));
+      QuantCase c = linear_case(130, 4128, true, {{"precision", std::string(q)}, {"activation", std::string("swiglu")}},
+                                {1, 4, 8, 9}, dt, q[1]);
+      expect_backends_match_opts(c.g, c.steps, {.weight_dtype = "f32"}, {.weight_dtype = dt}, op_tolerance(dt),
+                                 str_cat("Linear ", dt, " ", q, "+swiglu (old kernel) n=130 k=4128"));
     }
   ::unsetenv("KILN_CUDA_QGEMV");
   EXPECT_EQ(qgemv_kernel(DType::kBF16), QGemvKernel::kDp4a);
@@ -825,9 +798,9 @@ TEST(CudaQuant, BadOptionsAreErrors) {
   // An odd gate|up row count: refused when the graph is built (shape inference) or compiled.
   EXPECT_THROW(
       {
-        QuantCase odd = linear_case(
-            7, 64, false, {{"precision", std::string("q4")}, {"activation", std::string("swiglu")}},
-            {1}, "f32", 2);
+        QuantCase odd = linear_case(7, 64, false,
+                                    {{"precision", std::string("q4")}, {"activation", std::string("swiglu")}}, {1},
+                                    "f32", 2);
         create_backend("cuda")->compile(odd.g, {.weight_dtype = "f32"});
       },
       Error);

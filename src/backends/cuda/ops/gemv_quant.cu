@@ -1,8 +1,8 @@
 // Weight-only q8/q4 GEMV over the kRows layout, tile dequantization of both layouts,
 // and the host side of the layouts (see gemv_quant.h). The kMma GEMV is in
-// gemv_quant_mma.cu. In the kRows GEMV, a lane's unit of work is one 16-byte chunk of a row's
-// codes: 32 q4 codes (a whole group: one scale, one min) or 16 q8 codes (half a group). A warp owns
-// 4 weight rows (4 outputs, or 2 outputs' gate and up rows for SwiGLU); lane j of the warp's split
+// gemv_quant_mma.cu. In the kRows GEMV, a lane's unit of work is one 16-byte chunk of a row's codes: 32 q4 codes (a whole
+// group: one scale, one min) or 16 q8 codes (half a group). A warp owns 4 weight rows
+// (4 outputs, or 2 outputs' gate and up rows for SwiGLU); lane j of the warp's split
 // part p reads chunks p*32 + j, p*32 + j + S*32, ... of all four, so a warp's loads of
 // one row are 512 contiguous bytes, and each x value it converts to f32 serves the four
 // rows. Per chunk it forms dot = Σ q·x and (q4) Σ x in f32, then acc += scale·dot
@@ -130,18 +130,14 @@ __global__ void __launch_bounds__(kWarps * 32) qgemv_kernel(const QArgs a) {
         float q[kRows][Tr::kPerWord];
 #pragma unroll
         for (int r = 0; r < kRows; ++r) {
-          const uint32_t word = i == 0   ? cw[u][r].x
-                                : i == 1 ? cw[u][r].y
-                                : i == 2 ? cw[u][r].z
-                                         : cw[u][r].w;
+          const uint32_t word = i == 0 ? cw[u][r].x : i == 1 ? cw[u][r].y : i == 2 ? cw[u][r].z : cw[u][r].w;
           decode_word<F>(word, q[r]);
         }
 #pragma unroll
         for (int m = 0; m < MAXM; ++m) {
           if (MAXM > 1 && m >= a.m) break;
           float xf[Tr::kPerWord];
-          load_x<T, Tr::kPerWord>(
-              x + int64_t(m) * a.k + int64_t(c) * Tr::kPerChunk + i * Tr::kPerWord, xf);
+          load_x<T, Tr::kPerWord>(x + int64_t(m) * a.k + int64_t(c) * Tr::kPerChunk + i * Tr::kPerWord, xf);
 #pragma unroll
           for (int e = 0; e < Tr::kPerWord; ++e) {
             if constexpr (F == QuantFormat::kQ4) xs[m] += xf[e];
@@ -231,14 +227,10 @@ void launch_qgemv(const QArgs& a, cudaStream_t s) {
   constexpr int R = kSwiGlu ? kRows / 2 : kRows;
   const int64_t row_blocks = (int64_t(a.n_out) + R - 1) / R;
   const dim3 grid(unsigned((row_blocks * a.split + kWarps - 1) / kWarps));
-  if (a.m == 1)
-    launch_k(qgemv_kernel<T, F, 1, kSwiGlu, 2>, grid, kWarps * 32, 0, s, a);
-  else if (a.m == 2)
-    launch_k(qgemv_kernel<T, F, 2, kSwiGlu, 2>, grid, kWarps * 32, 0, s, a);
-  else if (a.m <= 4)
-    launch_k(qgemv_kernel<T, F, 4, kSwiGlu, 1>, grid, kWarps * 32, 0, s, a);
-  else
-    launch_k(qgemv_kernel<T, F, 8, kSwiGlu, 1>, grid, kWarps * 32, 0, s, a);
+  if (a.m == 1) launch_k(qgemv_kernel<T, F, 1, kSwiGlu, 2>, grid, kWarps * 32, 0, s, a);
+  else if (a.m == 2) launch_k(qgemv_kernel<T, F, 2, kSwiGlu, 2>, grid, kWarps * 32, 0, s, a);
+  else if (a.m <= 4) launch_k(qgemv_kernel<T, F, 4, kSwiGlu, 1>, grid, kWarps * 32, 0, s, a);
+  else launch_k(qgemv_kernel<T, F, 8, kSwiGlu, 1>, grid, kWarps * 32, 0, s, a);
   KILN_CUDA_CHECK_LAUNCH();
 }
 
@@ -263,8 +255,7 @@ __global__ void dequant_chunk_kernel(const uint8_t* __restrict__ codes,
   if (idx >= rows * chunks) return;
   const int64_t r = idx / chunks, row = r0 + r;
   const int c = int(idx % chunks);
-  const uint4 cw =
-      __ldcs(reinterpret_cast<const uint4*>(codes + size_t(row) * size_t(k / Tr::kRowDiv)) + c);
+  const uint4 cw = __ldcs(reinterpret_cast<const uint4*>(codes + size_t(row) * size_t(k / Tr::kRowDiv)) + c);
   float s, mn;
   load_scale<F>(scales, row, k / kQuantGroup, c, s, mn, grid8);
   const float f = row_factor[row];
@@ -281,8 +272,7 @@ __global__ void dequant_chunk_kernel(const uint8_t* __restrict__ codes,
     T* dst = o + i * Tr::kPerWord;
     if constexpr (sizeof(v) % 16 == 0) {
 #pragma unroll
-      for (int j = 0; j < int(sizeof(v) / 16); ++j)
-        reinterpret_cast<uint4*>(dst)[j] = reinterpret_cast<const uint4*>(v)[j];
+      for (int j = 0; j < int(sizeof(v) / 16); ++j) reinterpret_cast<uint4*>(dst)[j] = reinterpret_cast<const uint4*>(v)[j];
     } else {
       *reinterpret_cast<uint2*>(dst) = *reinterpret_cast<const uint2*>(v);
     }
@@ -325,19 +315,16 @@ __global__ void __launch_bounds__(kDequantThreads)
 // kMma layout: one thread per 16-byte lane slice (row, block, quarter t), writing the
 // slice's 8 values of each group of the block; the same f32 formula as dequant_kernel.
 template <typename T, QuantFormat F>
-__global__ void dequant_mma_kernel(const uint8_t* __restrict__ codes,
-                                   const void* __restrict__ scales,
+__global__ void dequant_mma_kernel(const uint8_t* __restrict__ codes, const void* __restrict__ scales,
                                    const float* __restrict__ row_factor, int k, int64_t code_stride,
-                                   int64_t scale_stride, int64_t r0, int64_t rows,
-                                   T* __restrict__ out) {
+                                   int64_t scale_stride, int64_t r0, int64_t rows, T* __restrict__ out) {
   constexpr int kGroupsPerBlock = F == QuantFormat::kQ4 ? 4 : 2;
   const int64_t slices = code_stride / 16, groups = k / kQuantGroup;
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= rows * slices) return;
   const int64_t r = idx / slices, row = r0 + r, b = (idx % slices) / 4;
   const int t = int(idx % 4);
-  const uint4 cw = __ldcs(
-      reinterpret_cast<const uint4*>(codes + size_t(row) * size_t(code_stride)) + (idx % slices));
+  const uint4 cw = __ldcs(reinterpret_cast<const uint4*>(codes + size_t(row) * size_t(code_stride)) + (idx % slices));
   const uint32_t words[4] = {cw.x, cw.y, cw.z, cw.w};
   const float f = row_factor[row];
 #pragma unroll
@@ -350,8 +337,7 @@ __global__ void dequant_mma_kernel(const uint8_t* __restrict__ codes,
       s = __half2float(__ushort_as_half(uint16_t(sm & 0xFFFFu)));
       mn = __half2float(__ushort_as_half(uint16_t(sm >> 16)));
     } else {
-      s = __half2float(
-          __ushort_as_half(static_cast<const unsigned short*>(scales)[row * scale_stride + g]));
+      s = __half2float(__ushort_as_half(static_cast<const unsigned short*>(scales)[row * scale_stride + g]));
       mn = 0.0f;
     }
     s *= f;
@@ -372,14 +358,13 @@ __global__ void dequant_mma_kernel(const uint8_t* __restrict__ codes,
     for (int e = 0; e < 8; ++e) v[e] = from_f32<T>(fmaf(q[e], s, mn));
     T* dst = out + r * k + g * kQuantGroup + 8 * t;
 #pragma unroll
-    for (int j = 0; j < int(sizeof(v) / 16); ++j)
-      reinterpret_cast<uint4*>(dst)[j] = reinterpret_cast<const uint4*>(v)[j];
+    for (int j = 0; j < int(sizeof(v) / 16); ++j) reinterpret_cast<uint4*>(dst)[j] = reinterpret_cast<const uint4*>(v)[j];
   }
 }
 
 template <typename T>
-void launch_typed(const void* x, const QuantWeightView& w, const void* bias, void* y, int64_t m,
-                  int64_t n_out, cudaStream_t s, GemvEpilogue epi) {
+void launch_typed(const void* x, const QuantWeightView& w, const void* bias, void* y, int64_t m, int64_t n_out,
+                  cudaStream_t s, GemvEpilogue epi) {
   const bool swiglu = epi == GemvEpilogue::kSwiGlu;
   const int64_t chunks = w.k / (w.format == QuantFormat::kQ4 ? 32 : 16);
   const int64_t row_blocks = (n_out + (swiglu ? 1 : 3)) / (swiglu ? 2 : 4);
@@ -388,15 +373,11 @@ void launch_typed(const void* x, const QuantWeightView& w, const void* bias, voi
           epi};
   a.grid8 = w.grid8;
   if (w.format == QuantFormat::kQ4) {
-    if (swiglu)
-      launch_qgemv<T, QuantFormat::kQ4, true>(a, s);
-    else
-      launch_qgemv<T, QuantFormat::kQ4, false>(a, s);
+    if (swiglu) launch_qgemv<T, QuantFormat::kQ4, true>(a, s);
+    else launch_qgemv<T, QuantFormat::kQ4, false>(a, s);
   } else {
-    if (swiglu)
-      launch_qgemv<T, QuantFormat::kQ8, true>(a, s);
-    else
-      launch_qgemv<T, QuantFormat::kQ8, false>(a, s);
+    if (swiglu) launch_qgemv<T, QuantFormat::kQ8, true>(a, s);
+    else launch_qgemv<T, QuantFormat::kQ8, false>(a, s);
   }
 }
 
@@ -413,8 +394,7 @@ QuantWeightView quant_view_shape(QuantFormat f, int64_t n, int64_t k, QuantLayou
     v.code_stride = int64_t(quant_row_code_bytes(f, k));
     v.scale_stride = groups;
   } else {
-    const int64_t per_block = f == QuantFormat::kQ4 ? 4 : 2,
-                  blocks = (groups + per_block - 1) / per_block;
+    const int64_t per_block = f == QuantFormat::kQ4 ? 4 : 2, blocks = (groups + per_block - 1) / per_block;
     v.code_stride = 64 * blocks;
     v.scale_stride = per_block * blocks;
   }
@@ -483,8 +463,7 @@ QuantImage quant_image(const QuantizedRows& q, QuantLayout layout, bool grid8) {
             if (q4) {  // codes 32g + 8t + 2j (low nibble of source byte j) and + 2j + 1 (high)
               const uint8_t* sb = src + g * 16 + t * 4;
               uint32_t w = 0;
-              for (int j = 0; j < 4; ++j)
-                w |= uint32_t(sb[j] & 15u) << (4 * j) | uint32_t(sb[j] >> 4) << (16 + 4 * j);
+              for (int j = 0; j < 4; ++j) w |= uint32_t(sb[j] & 15u) << (4 * j) | uint32_t(sb[j] >> 4) << (16 + 4 * j);
               std::memcpy(dst + (g / 4) * 64 + t * 16 + (g % 4) * 4, &w, 4);
             } else {
               std::memcpy(dst + (g / 2) * 64 + t * 16 + (g % 2) * 8, src + g * 32 + t * 8, 8);
@@ -524,32 +503,28 @@ const char* qgemv_kernel_name(QGemvKernel k) {
 QGemvKernel qgemv_kernel(DType dtype) {
   const char* e = std::getenv("KILN_CUDA_QGEMV");
   const std::string v = e ? e : "";
-  KILN_THROW_IF(!v.empty() && v != "old" && v != "mma" && v != "dp4a", kInvalidArgument,
-                "KILN_CUDA_QGEMV='", v, "': expected old, mma or dp4a (or unset: dp4a)");
+  KILN_THROW_IF(!v.empty() && v != "old" && v != "mma" && v != "dp4a", kInvalidArgument, "KILN_CUDA_QGEMV='", v,
+                "': expected old, mma or dp4a (or unset: dp4a)");
   if (dtype != DType::kBF16 && dtype != DType::kF16) return QGemvKernel::kRows;
   if (v == "old") return QGemvKernel::kRows;
   int device = 0, major = 0, minor = 0;
   KILN_CUDA_CHECK(cudaGetDevice(&device));
   KILN_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
   KILN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
-  if (v == "mma")
-    return major >= 8 ? QGemvKernel::kMma : QGemvKernel::kRows;  // mma.sync with bf16: sm_80+
-  return 10 * major + minor >= 61 ? QGemvKernel::kDp4a : QGemvKernel::kRows;  // dp4a: sm_61+
+  if (v == "mma") return major >= 8 ? QGemvKernel::kMma : QGemvKernel::kRows;  // mma.sync with bf16: sm_80+
+  return 10 * major + minor >= 61 ? QGemvKernel::kDp4a : QGemvKernel::kRows;   // dp4a: sm_61+
 }
 
-QuantLayout qgemv_kernel_layout(QGemvKernel k) {
-  return k == QGemvKernel::kMma ? QuantLayout::kMma : QuantLayout::kRows;
-}
+QuantLayout qgemv_kernel_layout(QGemvKernel k) { return k == QGemvKernel::kMma ? QuantLayout::kMma : QuantLayout::kRows; }
 
 QuantLayout qgemv_layout(DType dtype) { return qgemv_kernel_layout(qgemv_kernel(dtype)); }
 
 bool gemv_quant_supports(DType dtype, int64_t m) {
-  return (dtype == DType::kBF16 || dtype == DType::kF16 || dtype == DType::kF32) && m >= 1 &&
-         m <= kQGemvMaxRows;
+  return (dtype == DType::kBF16 || dtype == DType::kF16 || dtype == DType::kF32) && m >= 1 && m <= kQGemvMaxRows;
 }
 
-void launch_gemv_quant(DType dtype, const void* x, const QuantWeightView& w, const void* bias,
-                       void* y, int64_t m, int64_t n_out, cudaStream_t s, GemvEpilogue epi) {
+void launch_gemv_quant(DType dtype, const void* x, const QuantWeightView& w, const void* bias, void* y, int64_t m,
+                       int64_t n_out, cudaStream_t s, GemvEpilogue epi) {
   launch_gemv_quant(dtype, x, w, bias, y, m, n_out, s, epi,
                     w.layout == QuantLayout::kMma ? QGemvKernel::kMma : QGemvKernel::kRows);
 }
@@ -559,8 +534,8 @@ void launch_gemv_quant(DType dtype, const void* x, const QuantWeightView& w, con
                        QGemvKernel kernel, bool beside_attention) {
   KILN_THROW_IF(qgemv_kernel_layout(kernel) != w.layout, kInternal, "cuda quantized gemv: the ",
                 qgemv_kernel_name(kernel), " kernel does not read a weight of the other layout");
-  KILN_THROW_IF(!gemv_quant_supports(dtype, m), kInternal, "cuda quantized gemv: unsupported ",
-                dtype_name(dtype), " m=", m);
+  KILN_THROW_IF(!gemv_quant_supports(dtype, m), kInternal, "cuda quantized gemv: unsupported ", dtype_name(dtype),
+                " m=", m);
   const int64_t want_rows = epi == GemvEpilogue::kSwiGlu ? 2 * n_out : n_out;
   KILN_THROW_IF(w.k % kQuantGroup != 0 || w.k <= 0 || w.k >= (int64_t(1) << 30) ||
                     w.n != want_rows || n_out >= (int64_t(1) << 30),
@@ -571,12 +546,11 @@ void launch_gemv_quant(DType dtype, const void* x, const QuantWeightView& w, con
                 kInternal, "cuda quantized gemv: grid8 scales need a q4 kRows weight");
   if (w.grid8) want.scale_stride = grid8_row_words(int(w.k / kQuantGroup));
   KILN_THROW_IF(w.code_stride != want.code_stride || w.scale_stride != want.scale_stride, kInternal,
-                "cuda quantized gemv: strides ", w.code_stride, "/", w.scale_stride, " of a [", w.n,
-                ", ", w.k, "] weight, expected ", want.code_stride, "/", want.scale_stride);
+                "cuda quantized gemv: strides ", w.code_stride, "/", w.scale_stride, " of a [", w.n, ", ", w.k,
+                "] weight, expected ", want.code_stride, "/", want.scale_stride);
   if (n_out == 0) return;
   if (w.layout == QuantLayout::kMma) {
-    KILN_THROW_IF(dtype == DType::kF32, kInternal,
-                  "cuda quantized gemv: the mma layout needs bf16/f16 activations");
+    KILN_THROW_IF(dtype == DType::kF32, kInternal, "cuda quantized gemv: the mma layout needs bf16/f16 activations");
     launch_qgemv_mma(dtype, x, w, bias, y, m, n_out, s, epi);
     return;
   }
@@ -600,13 +574,11 @@ void launch_dequant_rows(DType dtype, const QuantWeightView& w, int64_t r0, int6
     const unsigned blocks = unsigned((total + 255) / 256);
     KILN_CUDA_DISPATCH_FLOAT(dtype, T, {
       if (q4)
-        dequant_mma_kernel<T, QuantFormat::kQ4>
-            <<<blocks, 256, 0, s>>>(w.codes, w.scales, w.row_factor, int(w.k), w.code_stride,
-                                    w.scale_stride, r0, rows, static_cast<T*>(out));
+        dequant_mma_kernel<T, QuantFormat::kQ4><<<blocks, 256, 0, s>>>(
+            w.codes, w.scales, w.row_factor, int(w.k), w.code_stride, w.scale_stride, r0, rows, static_cast<T*>(out));
       else
-        dequant_mma_kernel<T, QuantFormat::kQ8>
-            <<<blocks, 256, 0, s>>>(w.codes, w.scales, w.row_factor, int(w.k), w.code_stride,
-                                    w.scale_stride, r0, rows, static_cast<T*>(out));
+        dequant_mma_kernel<T, QuantFormat::kQ8><<<blocks, 256, 0, s>>>(
+            w.codes, w.scales, w.row_factor, int(w.k), w.code_stride, w.scale_stride, r0, rows, static_cast<T*>(out));
       KILN_CUDA_CHECK_LAUNCH();
     });
     return;

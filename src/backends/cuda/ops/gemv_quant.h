@@ -111,9 +111,8 @@ bool gemv_quant_supports(DType dtype, int64_t m);
 // y[m, n_out] = x[m, k] · wᵀ (+ bias), x/bias/y in `dtype`, 16-byte aligned; bias may be
 // null. With kSwiGlu, w holds 2 n_out rows ([gate; up], bias 2 n_out) and
 // y = silu(gate) * up; otherwise w.n == n_out. A kMma weight needs bf16/f16.
-void launch_gemv_quant(DType dtype, const void* x, const QuantWeightView& w, const void* bias,
-                       void* y, int64_t m, int64_t n_out, cudaStream_t s,
-                       GemvEpilogue epi = GemvEpilogue::kNone);
+void launch_gemv_quant(DType dtype, const void* x, const QuantWeightView& w, const void* bias, void* y, int64_t m,
+                       int64_t n_out, cudaStream_t s, GemvEpilogue epi = GemvEpilogue::kNone);
 // The same through `kernel`, which must read w's layout (qgemv_kernel_layout). kDp4a runs
 // the kRows kernel where qgemv_dp4a_supports says no (f32, or x too large for shared memory).
 // beside_attention: QGemvDp4aTuning::beside_attention for the dp4a kernel.
@@ -143,8 +142,8 @@ void launch_qgemm(DType dtype, const void* x, const QuantWeightView& w, const vo
 constexpr int64_t kQGemmSkinnyMaxRows = 64;
 // The fewest token rows the Linear op gives it by default (KILN_CUDA_QGEMM_SKINNY_MIN_ROWS;
 // fewer: the dp4a GEMV, whose time grows with each row while this GEMM's stays flat up to
-// 8, one mma n-tile). H100, session 54: at 6 rows 8B q4 decode 1.09x the GEMV's, at 8 rows 1.28x
-// (TinyLlama 1.38x); at 4 rows 0.82x / 0.94x.
+// 8, one mma n-tile). H100, session 54: at 6 rows 8B q4 decode 1.09x the GEMV's, at 8 rows 1.28x (TinyLlama
+// 1.38x); at 4 rows 0.82x / 0.94x.
 constexpr int64_t kQGemmSkinnyMinRowsDefault = 6;
 constexpr int kQGemmSkinnyMaxSplits = 8;
 int qgemm_skinny_splits(int64_t n, int64_t k, QuantFormat f, int sms);
@@ -159,8 +158,8 @@ void launch_dequant_rows(DType dtype, const QuantWeightView& w, int64_t r0, int6
                          cudaStream_t s, bool words = true);
 
 // The kMma GEMV (gemv_quant_mma.cu), called by launch_gemv_quant after its checks.
-void launch_qgemv_mma(DType dtype, const void* x, const QuantWeightView& w, const void* bias,
-                      void* y, int64_t m, int64_t n_out, cudaStream_t s, GemvEpilogue epi);
+void launch_qgemv_mma(DType dtype, const void* x, const QuantWeightView& w, const void* bias, void* y, int64_t m,
+                      int64_t n_out, cudaStream_t s, GemvEpilogue epi);
 
 // The dp4a GEMV (gemv_quant_dp4a.cu) over a kRows weight. Each CTA keeps x rounded to int8
 // in shared memory, m * k * 1.25 bytes: supported for bf16/f16, 1 <= m <= 8, k % 32 == 0,
@@ -196,9 +195,8 @@ int qgemv_dp4a_default_splits(int64_t units, int64_t steps, int64_t resident_war
 struct QGemvDp4aPlan {
   int ctas_per_sm = 0, depth = 0, splits = 0, ctas = 0;
 };
-void launch_qgemv_dp4a(DType dtype, const void* x, const QuantWeightView& w, const void* bias,
-                       void* y, int64_t m, int64_t n_out, cudaStream_t s, GemvEpilogue epi,
-                       const QGemvDp4aTuning& tune = {},
+void launch_qgemv_dp4a(DType dtype, const void* x, const QuantWeightView& w, const void* bias, void* y, int64_t m,
+                       int64_t n_out, cudaStream_t s, GemvEpilogue epi, const QGemvDp4aTuning& tune = {},
                        QGemvDp4aPlan* plan_only = nullptr);  // plan_only: fill it, launch nothing
 
 }  // namespace kiln::cuda

@@ -64,8 +64,8 @@ struct DArgs : QOperands {
   int m, k, n_out, groups, chunks, steps, units;
   int splits, sps;  // split-K: S warps per output unit, each ceil(steps / S) = sps steps
   GemvEpilogue epi;
-  int skip_x;         // timing ablation (QGemvDp4aTuning::skip_x)
-  int epi_early;      // gemv_bias_early(): each unit's row factors and bias read as it starts
+  int skip_x;     // timing ablation (QGemvDp4aTuning::skip_x)
+  int epi_early;  // gemv_bias_early(): each unit's row factors and bias read as it starts
   int trigger_early;  // the dependent launch released at the start (beside_attention)
   int grid8 = 0;      // QuantWeightView::grid8
 };
@@ -95,10 +95,8 @@ __device__ __forceinline__ void to_f32x8(const uint4 u, float (&v)[8]) {
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     float2 f;
-    if constexpr (std::is_same_v<T, __nv_bfloat16>)
-      f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[j]));
-    else
-      f = __half22float2(*reinterpret_cast<const __half2*>(&w[j]));
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) f = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w[j]));
+    else f = __half22float2(*reinterpret_cast<const __half2*>(&w[j]));
     v[2 * j] = f.x, v[2 * j + 1] = f.y;
   }
 }
@@ -115,8 +113,7 @@ __device__ __forceinline__ void to_f32x8(const uint4 u, float (&v)[8]) {
 // bits (|.| <= 127), ties to even, its low byte the int8 code.
 // kXBatch: x chunks a thread loads before rounding any; kThreads: the CTA's threads.
 template <typename T, bool kQ4, int kXBatch, int kThreads, int MAXM>
-__device__ void quantize_x(const T* __restrict__ x, int m, int k, int groups, uint8_t* xq,
-                           float2* xd) {
+__device__ void quantize_x(const T* __restrict__ x, int m, int k, int groups, uint8_t* xq, float2* xd) {
   const int tasks = m * groups * 4;
   // Uniform trip count (the shuffles see every lane); kXBatch loads in flight per thread.
   for (int base = 0; base < tasks; base += kThreads * kXBatch) {
@@ -126,20 +123,17 @@ __device__ void quantize_x(const T* __restrict__ x, int m, int k, int groups, ui
       const int task = base + b * kThreads + int(threadIdx.x);
       if (task < tasks) {
         const int row = MAXM == 1 ? 0 : task / (groups * 4), rem = task - row * groups * 4;
-        raw[b] = __ldg(
-            reinterpret_cast<const uint4*>(x + int64_t(row) * k + (rem >> 2) * 32 + (rem & 3) * 8));
+        raw[b] = __ldg(reinterpret_cast<const uint4*>(x + int64_t(row) * k + (rem >> 2) * 32 + (rem & 3) * 8));
       } else {
         raw[b] = make_uint4(0, 0, 0, 0);
       }
     }
 #pragma unroll
     for (int b = 0; b < kXBatch; ++b) {
-      if (base + b * kThreads >= tasks)
-        break;  // uniform: no lane of this or later rounds has a task
+      if (base + b * kThreads >= tasks) break;  // uniform: no lane of this or later rounds has a task
       const int task = base + b * kThreads + int(threadIdx.x);
       const bool on = task < tasks;
-      const int row = on && MAXM > 1 ? task / (groups * 4) : 0,
-                rem = on ? task - row * groups * 4 : 0;
+      const int row = on && MAXM > 1 ? task / (groups * 4) : 0, rem = on ? task - row * groups * 4 : 0;
       const int g = rem >> 2, sub = rem & 3;
       float v[8];
       to_f32x8<T>(raw[b], v);
@@ -198,9 +192,8 @@ __device__ __forceinline__ void issue_step(uint4 (&cw)[RU], uint32_t (&sw)[RU],
 
 // acc[r][m] += this chunk's share of row r's dot product with token row m.
 template <bool kQ4, int RU, int MAXM>
-__device__ __forceinline__ void consume_step(float (&acc)[RU][MAXM], const uint4 (&cw)[RU],
-                                             const uint32_t (&sw)[RU], const uint8_t* xq,
-                                             const float2* xd, const DArgs& a, int c) {
+__device__ __forceinline__ void consume_step(float (&acc)[RU][MAXM], const uint4 (&cw)[RU], const uint32_t (&sw)[RU],
+                                             const uint8_t* xq, const float2* xd, const DArgs& a, int c) {
   float s[RU], mn[RU];
 #pragma unroll
   for (int r = 0; r < RU; ++r) {
@@ -220,8 +213,7 @@ __device__ __forceinline__ void consume_step(float (&acc)[RU][MAXM], const uint4
     if (MAXM > 1 && m >= a.m) break;
     const uint8_t* xr = xq + int64_t(m) * a.k;
     if constexpr (kQ4) {
-      const uint4 xa = reinterpret_cast<const uint4*>(xr)[c],
-                  xb = reinterpret_cast<const uint4*>(xr + a.k / 2)[c];
+      const uint4 xa = reinterpret_cast<const uint4*>(xr)[c], xb = reinterpret_cast<const uint4*>(xr + a.k / 2)[c];
       const float2 ds = xd[m * a.groups + c];
 #pragma unroll
       for (int r = 0; r < RU; ++r) {
@@ -299,14 +291,12 @@ __global__ void __launch_bounds__(dp4a_warps<kSwiGlu>() * 32, 1) qgemv_dp4a_kern
   static_assert(KW <= dp4a_warps<kSwiGlu>());
   if (a.trigger_early) pdl_trigger();  // QGemvDp4aTuning::beside_attention
   constexpr bool kQ4 = F == QuantFormat::kQ4;
-  constexpr int RL = outs_per_warp<MAXM>(), KL = 32 / RL, RU = kSwiGlu ? 2 : 1,
-                kRed = red_per_warp<MAXM, kSwiGlu>();
+  constexpr int RL = outs_per_warp<MAXM>(), KL = 32 / RL, RU = kSwiGlu ? 2 : 1, kRed = red_per_warp<MAXM, kSwiGlu>();
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* xq = smem;
   float2* xd = reinterpret_cast<float2*>(smem + size_t(a.m) * size_t(a.k));
   float* red = reinterpret_cast<float*>(xd + a.m * a.groups);  // [2][kWarps][kRed], only when S > 1
-  const int lane = int(threadIdx.x) & 31, rs = lane / KL, kl = lane % KL,
-            warp = int(threadIdx.x) >> 5;
+  const int lane = int(threadIdx.x) & 31, rs = lane / KL, kl = lane % KL, warp = int(threadIdx.x) >> 5;
   const int S = a.splits, split = warp % S, group = warp / S, per_cta = kWarps / S;
   const int stride = int(gridDim.x) * per_cta, first = int(blockIdx.x) * per_cta + group;
   const int kbase = split * a.sps * KL + kl;  // this lane's first chunk of every output unit
@@ -354,8 +344,7 @@ __global__ void __launch_bounds__(dp4a_warps<kSwiGlu>() * 32, 1) qgemv_dp4a_kern
   // 4 (16 warps: k <= 16K), 2 where the depth-8 kernel's registers are short.
   constexpr int kXBatch = P == 8 ? 2 : kSwiGlu ? 4 : 3;
   if (!a.skip_x)
-    quantize_x<T, kQ4, kXBatch, kThreads, MAXM>(static_cast<const T*>(a.x), a.m, a.k, a.groups, xq,
-                                                xd);
+    quantize_x<T, kQ4, kXBatch, kThreads, MAXM>(static_cast<const T*>(a.x), a.m, a.k, a.groups, xq, xd);
   __syncthreads();
 
   T* y = static_cast<T*>(a.y);
@@ -386,8 +375,7 @@ __global__ void __launch_bounds__(dp4a_warps<kSwiGlu>() * 32, 1) qgemv_dp4a_kern
 #pragma unroll
             for (int r = 0; r < RU; ++r) {
 #pragma unroll
-              for (int off = KL / 2; off > 0; off >>= 1)
-                acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], off);
+              for (int off = KL / 2; off > 0; off >>= 1) acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], off);
               if (kl == 0) slot[r * MAXM + m] = acc[r][m];
             }
           }
@@ -402,8 +390,7 @@ __global__ void __launch_bounds__(dp4a_warps<kSwiGlu>() * 32, 1) qgemv_dp4a_kern
 #pragma unroll
           for (int r = 0; r < RU; ++r) {
 #pragma unroll
-            for (int off = KL / 2; off > 0; off >>= 1)
-              acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], off);
+            for (int off = KL / 2; off > 0; off >>= 1) acc[r][m] += __shfl_xor_sync(0xffffffffu, acc[r][m], off);
             for (int j = 1; j < S; ++j) acc[r][m] += slot[j * kRed + r * MAXM + m];
           }
           if (kl == m && o < a.n_out) {  // lane kl == m stores token row m
@@ -456,8 +443,7 @@ DeviceInfo device_info() {
 
 // x's codes and (d, Σx) pairs; then, with split-K, the [2][warps][red floats] exchange.
 size_t smem_bytes(int64_t m, int64_t k, size_t red_floats = 0, int warps = 0) {
-  return size_t(m * k) + size_t(m * (k / kQuantGroup)) * sizeof(float2) +
-         2 * size_t(warps) * red_floats * sizeof(float);
+  return size_t(m * k) + size_t(m * (k / kQuantGroup)) * sizeof(float2) + 2 * size_t(warps) * red_floats * sizeof(float);
 }
 
 // CTAs of `kernel` resident per SM with `smem` bytes each; the kernel's dynamic shared
@@ -472,8 +458,7 @@ int occupancy(const void* kernel, int threads, size_t smem) {
   auto it = seen.find({kernel, dev, smem});
   if (it != seen.end()) return it->second;
   if (!seen.count({kernel, dev, size_t(0)})) {
-    KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         device_info().smem_optin));
+    KILN_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, device_info().smem_optin));
     seen[{kernel, dev, size_t(0)}] = 0;  // marks the attribute as set (smem 0 is never asked for)
   }
   int n = 0;
@@ -494,18 +479,16 @@ void launch_depth(DArgs a, const QGemvDp4aTuning& tune, cudaStream_t s, QGemvDp4
   const int cap = tune.ctas_per_sm > 0 ? tune.ctas_per_sm : kDefaultCtasPerSm;
   // The split-K exchange needs shared memory; where x leaves too little, no split.
   int splits = tune.splits > 0 ? tune.splits : 0;
-  if (smem_bytes(a.m, a.k, red_per_warp<MAXM, kSwiGlu>(), kWarps) > size_t(d.smem_optin))
-    splits = 1;
+  if (smem_bytes(a.m, a.k, red_per_warp<MAXM, kSwiGlu>(), kWarps) > size_t(d.smem_optin)) splits = 1;
   if (splits == 0) {
-    const int per_sm = std::min(
-        occupancy(reinterpret_cast<const void*>(kernel), kThreads, smem_bytes(a.m, a.k)), cap);
+    const int per_sm =
+        std::min(occupancy(reinterpret_cast<const void*>(kernel), kThreads, smem_bytes(a.m, a.k)), cap);
     splits = qgemv_dp4a_default_splits(a.units, a.steps, int64_t(d.sms) * per_sm * kWarps);
   }
   a.splits = splits;
   a.sps = (a.steps + splits - 1) / splits;
   const size_t smem = smem_bytes(a.m, a.k, splits > 1 ? red_per_warp<MAXM, kSwiGlu>() : 0, kWarps);
-  const int per_sm =
-      std::min(occupancy(reinterpret_cast<const void*>(kernel), kThreads, smem), cap);
+  const int per_sm = std::min(occupancy(reinterpret_cast<const void*>(kernel), kThreads, smem), cap);
   // As many rounds of output units per split-K group as the resident groups need, spread
   // evenly over the groups.
   const int64_t per_cta = kWarps / splits, resident = int64_t(d.sms) * per_sm * per_cta;
@@ -540,32 +523,22 @@ void launch_rows(const DArgs& a, const QGemvDp4aTuning& tune, cudaStream_t s, QG
 }
 
 template <typename T, QuantFormat F, bool kSwiGlu>
-void launch_format(const DArgs& a, const QGemvDp4aTuning& tune, cudaStream_t s,
-                   QGemvDp4aPlan* plan) {
-  if (a.m == 1)
-    launch_rows<T, F, 1, kSwiGlu>(a, tune, s, plan);
-  else if (a.m == 2)
-    launch_rows<T, F, 2, kSwiGlu>(a, tune, s, plan);
-  else if (a.m <= 4)
-    launch_rows<T, F, 4, kSwiGlu>(a, tune, s, plan);
-  else
-    launch_rows<T, F, 8, kSwiGlu>(a, tune, s, plan);
+void launch_format(const DArgs& a, const QGemvDp4aTuning& tune, cudaStream_t s, QGemvDp4aPlan* plan) {
+  if (a.m == 1) launch_rows<T, F, 1, kSwiGlu>(a, tune, s, plan);
+  else if (a.m == 2) launch_rows<T, F, 2, kSwiGlu>(a, tune, s, plan);
+  else if (a.m <= 4) launch_rows<T, F, 4, kSwiGlu>(a, tune, s, plan);
+  else launch_rows<T, F, 8, kSwiGlu>(a, tune, s, plan);
 }
 
 template <typename T>
-void launch_typed(const DArgs& a, QuantFormat f, const QGemvDp4aTuning& tune, cudaStream_t s,
-                  QGemvDp4aPlan* plan) {
+void launch_typed(const DArgs& a, QuantFormat f, const QGemvDp4aTuning& tune, cudaStream_t s, QGemvDp4aPlan* plan) {
   const bool swiglu = a.epi == GemvEpilogue::kSwiGlu;
   if (f == QuantFormat::kQ4) {
-    if (swiglu)
-      launch_format<T, QuantFormat::kQ4, true>(a, tune, s, plan);
-    else
-      launch_format<T, QuantFormat::kQ4, false>(a, tune, s, plan);
+    if (swiglu) launch_format<T, QuantFormat::kQ4, true>(a, tune, s, plan);
+    else launch_format<T, QuantFormat::kQ4, false>(a, tune, s, plan);
   } else {
-    if (swiglu)
-      launch_format<T, QuantFormat::kQ8, true>(a, tune, s, plan);
-    else
-      launch_format<T, QuantFormat::kQ8, false>(a, tune, s, plan);
+    if (swiglu) launch_format<T, QuantFormat::kQ8, true>(a, tune, s, plan);
+    else launch_format<T, QuantFormat::kQ8, false>(a, tune, s, plan);
   }
 }
 
@@ -599,19 +572,17 @@ bool qgemv_dp4a_supports(DType dtype, int64_t m, int64_t k) {
   return d.cc >= 61 && smem_bytes(m, k) <= size_t(d.smem_optin);
 }
 
-void launch_qgemv_dp4a(DType dtype, const void* x, const QuantWeightView& w, const void* bias,
-                       void* y, int64_t m, int64_t n_out, cudaStream_t s, GemvEpilogue epi,
-                       const QGemvDp4aTuning& tune, QGemvDp4aPlan* plan_only) {
-  KILN_THROW_IF(w.layout != QuantLayout::kRows, kInternal,
-                "cuda dp4a gemv: needs the kRows layout");
+void launch_qgemv_dp4a(DType dtype, const void* x, const QuantWeightView& w, const void* bias, void* y, int64_t m,
+                       int64_t n_out, cudaStream_t s, GemvEpilogue epi, const QGemvDp4aTuning& tune,
+                       QGemvDp4aPlan* plan_only) {
+  KILN_THROW_IF(w.layout != QuantLayout::kRows, kInternal, "cuda dp4a gemv: needs the kRows layout");
   KILN_THROW_IF(tune.depth != 0 && tune.depth != 2 && tune.depth != 4 && tune.depth != 8, kInternal,
                 "cuda dp4a gemv: depth ", tune.depth, " (expected 2, 4 or 8)");
-  KILN_THROW_IF(tune.splits != 0 && tune.splits != 1 && tune.splits != 2 && tune.splits != 4 &&
-                    tune.splits != 8,
+  KILN_THROW_IF(tune.splits != 0 && tune.splits != 1 && tune.splits != 2 && tune.splits != 4 && tune.splits != 8,
                 kInternal, "cuda dp4a gemv: splits ", tune.splits, " (expected 1, 2, 4 or 8)");
   KILN_THROW_IF(tune.ctas_per_sm < 0, kInternal, "cuda dp4a gemv: ctas_per_sm ", tune.ctas_per_sm);
-  KILN_THROW_IF(!qgemv_dp4a_supports(dtype, m, w.k), kInternal, "cuda dp4a gemv: unsupported ",
-                dtype_name(dtype), " m=", m, " k=", w.k);
+  KILN_THROW_IF(!qgemv_dp4a_supports(dtype, m, w.k), kInternal, "cuda dp4a gemv: unsupported ", dtype_name(dtype),
+                " m=", m, " k=", w.k);
   if (n_out == 0) return;
   const int groups = int(w.k / kQuantGroup);
   DArgs a{x,
