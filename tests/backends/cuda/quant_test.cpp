@@ -153,11 +153,11 @@ TEST(CudaQuant, GemmTilesAndResidentSize) {
                                    str_cat("Linear ", q, swiglu ? "+swiglu" : "", " n=4000 k=4096 t=300,40,1"));
         auto gg = create_backend("cuda")->compile(c.g, {.weight_dtype = dt});
         const double bf16_bytes = double(n * k) * 2, got = double(gg->weight_bytes());
-        // q4 as grid8 (quantize_rows' weights are on the 8-bit grid): a 16-bit word a group
-        // and one a super-group of 8.
-        const double want = std::string(q) == "q8"
-                                ? double(n) * (k + k / 32 * 2 + 4)
-                                : double(n) * (k / 2 + (k / 32 + k / 256) * 2 + 4);
+        // q4 as grid8 where switched on (quantize_rows' weights are on the 8-bit grid): a
+        // 16-bit word a group and one a super-group of 8; else the f16 pairs.
+        const double want = std::string(q) == "q8" ? double(n) * (k + k / 32 * 2 + 4)
+                            : quant_grid8_enabled() ? double(n) * (k / 2 + (k / 32 + k / 256) * 2 + 4)
+                                                    : double(n) * (k / 2 + k / 32 * 4 + 4);
         std::printf("  %s resident: %.2f MiB (bf16 would be %.2f MiB)\n", q, got / (1 << 20),
                     bf16_bytes / (1 << 20));
         EXPECT_GE(got, want) << q;
@@ -307,10 +307,10 @@ TEST(CudaQuant, Grid8ScalesGiveTheF16PairsBits) {
   EXPECT_FALSE(quant_image(q, QuantLayout::kRows, true).shape.grid8);
   ::setenv("KILN_CUDA_Q4_GRID8", "2", 1);
   EXPECT_THROW(quant_grid8_enabled(), Error);
-  ::setenv("KILN_CUDA_Q4_GRID8", "0", 1);
-  EXPECT_FALSE(quant_grid8_enabled());
-  ::unsetenv("KILN_CUDA_Q4_GRID8");
+  ::setenv("KILN_CUDA_Q4_GRID8", "1", 1);
   EXPECT_TRUE(quant_grid8_enabled());
+  ::unsetenv("KILN_CUDA_Q4_GRID8");
+  EXPECT_FALSE(quant_grid8_enabled());
 }
 
 // The tile rule alone (no GPU): L2-sized even tiles below 256 token rows; from 256 rows,

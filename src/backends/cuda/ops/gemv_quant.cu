@@ -414,8 +414,8 @@ bool quant_grid8_enabled() {
   const char* e = std::getenv("KILN_CUDA_Q4_GRID8");
   const std::string v = e ? e : "";
   KILN_THROW_IF(!v.empty() && v != "0" && v != "1", kInvalidArgument, "KILN_CUDA_Q4_GRID8='", v,
-                "': expected 0 or 1 (or unset: 1)");
-  return v != "0";
+                "': expected 0 or 1 (or unset: 0)");
+  return v == "1";
 }
 
 QuantImage quant_image(const QuantizedRows& q, QuantLayout layout, bool grid8) {

@@ -88,9 +88,10 @@ struct QuantImage {
 // grid8: store a q4 kRows weight whose every row lies on the 8-bit grid (q4_super_exps)
 // in the grid8 form; otherwise, and with grid8 false, the f16 pairs.
 QuantImage quant_image(const QuantizedRows& q, QuantLayout layout, bool grid8 = true);
-// KILN_CUDA_Q4_GRID8: "0" stores every q4 weight with f16 pairs (for A/B timing: the same
-// values, 5 bits a weight); unset or "1": grid8 where the weight allows. Read when a
-// weight is uploaded; another value is a kInvalidArgument error naming the variable.
+// KILN_CUDA_Q4_GRID8: "1" stores q4 weights as grid8 where the weight allows; unset or "0":
+// f16 pairs (the same values and output bits, 5 bits a weight). Opt-in until its first GPU
+// run (bit identity, then the A/B of bench/RESULTS.md session 55) makes it the default.
+// Read when a weight is uploaded; another value is a kInvalidArgument error naming it.
 bool quant_grid8_enabled();
 
 // The GEMV kernels of a decode-sized quantized Linear (see the file comment).
