@@ -71,10 +71,8 @@ uint16_t on_grid(float v, int e, int top) {
   return f32_to_f16(std::ldexp(c, e));
 }
 
-}  // namespace
+std::atomic<int> g_free_scales{-1};  // KILN_Q4_SCALES: -1 not read yet, 0 the grid, 1 free f16
 
-namespace {
-std::atomic<int> g_free_scales{-1};  // -1: not read yet
 }  // namespace
 
 bool q4_free_scales() {

@@ -248,7 +248,7 @@ kiln::QuantizedRows gptq_quantize(const float* w, int64_t n, int64_t k, const st
         // quant_group saturates; q4's 8-bit codes clamp at the super-group's exponents).
         const float factor = quant_row_factor(row.data(), k, format);
         q.row_factor[size_t(r)] = factor;
-        for (size_t sg = 0; sg < supers; ++sg) {
+        for (size_t sg = 0; sg < supers && !order.empty(); ++sg) {  // column order: at the sweep
           const int64_t at = int64_t(sg) * kQ4SuperGroups * kQuantGroup;
           sexp[size_t(i) * supers + sg] = quant_super_exp(
               row.data() + at, std::min(k - at, kQ4SuperGroups * kQuantGroup), factor);

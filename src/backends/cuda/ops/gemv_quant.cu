@@ -105,8 +105,7 @@ __global__ void __launch_bounds__(kWarps * 32) qgemv_kernel(const QArgs a) {
 #pragma unroll
       for (int r = 0; r < kRows; ++r) {
         if (c < chunks) {
-          cw[u][r] =
-              __ldcs(reinterpret_cast<const uint4*>(a.codes + size_t(wrow[r]) * row_bytes) + c);
+          cw[u][r] = __ldcs(reinterpret_cast<const uint4*>(a.codes + size_t(wrow[r]) * row_bytes) + c);
           load_scale<F>(a.scales, wrow[r], groups, c, sc[u][r], mn[u][r], a.grid8);
         } else {
           cw[u][r] = make_uint4(0, 0, 0, 0);
@@ -368,9 +367,8 @@ void launch_typed(const void* x, const QuantWeightView& w, const void* bias, voi
   const bool swiglu = epi == GemvEpilogue::kSwiGlu;
   const int64_t chunks = w.k / (w.format == QuantFormat::kQ4 ? 32 : 16);
   const int64_t row_blocks = (n_out + (swiglu ? 1 : 3)) / (swiglu ? 2 : 4);
-  QArgs a{x,  w.codes, w.scales, w.row_factor, bias,
-          y,  int(m),  int(w.k), int(n_out),   qsplit_for(row_blocks, chunks),
-          epi};
+  QArgs a{x, w.codes, w.scales, w.row_factor, bias, y, int(m), int(w.k), int(n_out),
+          qsplit_for(row_blocks, chunks), epi};
   a.grid8 = w.grid8;
   if (w.format == QuantFormat::kQ4) {
     if (swiglu) launch_qgemv<T, QuantFormat::kQ4, true>(a, s);
@@ -422,8 +420,7 @@ QuantImage quant_image(const QuantizedRows& q, QuantLayout layout, bool grid8) {
   QuantImage img;
   img.shape = quant_view_shape(q.format, q.n, q.k, layout);
   const bool q4 = q.format == QuantFormat::kQ4;
-  const size_t n = size_t(q.n), groups = size_t(q.groups()),
-               row_bytes = quant_row_code_bytes(q.format, q.k);
+  const size_t n = size_t(q.n), groups = size_t(q.groups()), row_bytes = quant_row_code_bytes(q.format, q.k);
   // grid8 where every row lies on the 8-bit grid: its exponents, found per row.
   const size_t supers = size_t(quant_super_groups(q.k));
   std::vector<QuantSuperExp> exps;
@@ -473,13 +470,13 @@ QuantImage quant_image(const QuantizedRows& q, QuantLayout layout, bool grid8) {
       for (size_t g = 0; g < groups && grid8; ++g) {
         // Codes (scale, min + 128) and, ahead of each super-group, its biased exponents.
         const size_t at = r * groups + g;
-        const QuantSuperExp& e = exps[r * supers + g / 8];
+        const QuantSuperExp& e = exps[r * supers + g / kQ4SuperGroups];
         const int sc = int(std::ldexp(f16_to_f32(q.scales[at]), -e.scale));
         const int mc = int(std::ldexp(f16_to_f32(q.mins[at]), -e.min));
         const uint16_t code = uint16_t(sc | (mc + 128) << 8);
         const uint16_t ew = uint16_t((e.scale + 127) | (e.min + 127) << 8);
-        std::memcpy(scales + (r * ss + g + g / 8 + 1) * 2, &code, 2);
-        if (g % 8 == 0) std::memcpy(scales + (r * ss + g / 8 * 9) * 2, &ew, 2);
+        std::memcpy(scales + (r * ss + size_t(grid8_code_at(int(g)))) * 2, &code, 2);
+        if (g % kQ4SuperGroups == 0) std::memcpy(scales + (r * ss + size_t(grid8_exps_at(int(g)))) * 2, &ew, 2);
       }
       for (size_t g = 0; g < groups && !grid8; ++g) {
         const size_t at = r * groups + g;
@@ -537,10 +534,9 @@ void launch_gemv_quant(DType dtype, const void* x, const QuantWeightView& w, con
   KILN_THROW_IF(!gemv_quant_supports(dtype, m), kInternal, "cuda quantized gemv: unsupported ", dtype_name(dtype),
                 " m=", m);
   const int64_t want_rows = epi == GemvEpilogue::kSwiGlu ? 2 * n_out : n_out;
-  KILN_THROW_IF(w.k % kQuantGroup != 0 || w.k <= 0 || w.k >= (int64_t(1) << 30) ||
-                    w.n != want_rows || n_out >= (int64_t(1) << 30),
-                kInternal, "cuda quantized gemv: weight [", w.n, ", ", w.k, "] for ", n_out,
-                " outputs");
+  KILN_THROW_IF(w.k % kQuantGroup != 0 || w.k <= 0 || w.k >= (int64_t(1) << 30) || w.n != want_rows ||
+                    n_out >= (int64_t(1) << 30),
+                kInternal, "cuda quantized gemv: weight [", w.n, ", ", w.k, "] for ", n_out, " outputs");
   QuantWeightView want = quant_view_shape(w.format, w.n, w.k, w.layout);
   KILN_THROW_IF(w.grid8 && (w.format != QuantFormat::kQ4 || w.layout != QuantLayout::kRows),
                 kInternal, "cuda quantized gemv: grid8 scales need a q4 kRows weight");

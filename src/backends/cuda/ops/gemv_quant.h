@@ -50,7 +50,8 @@ constexpr int64_t kQGemvMaxRows = 8;
 //    two halves of a 16-bit pair. Scales as kRows with scale_stride rounded up to the
 //    padded group count (zeros past k), so a block's scales are one aligned load.
 // A kRows q4 weight whose scales and mins lie on core/weight_quant.h's 8-bit grid (every
-// weight quantize_rows makes, not a GGUF's free f16 values) is stored with grid8: per
+// weight quantize_rows makes, not a GGUF's free f16 values) can be stored with grid8
+// (quant_image's grid8; at upload only with KILN_CUDA_Q4_GRID8=1, below): per
 // group a 16-bit word (scale code, min code + 128) instead of the f16 pair, per
 // super-group of 8 groups one word of exponents ahead of its groups' words (9 words a
 // super-group, scale_stride = grid8_row_words(groups)): 4.56 bits a weight instead of 5.

@@ -605,10 +605,8 @@ void launch_qgemv_dp4a(DType dtype, const void* x, const QuantWeightView& w, con
           gemv_bias_early() ? 1 : 0,
           0};
   a.grid8 = w.grid8;
-  if (dtype == DType::kBF16)
-    launch_typed<__nv_bfloat16>(a, w.format, tune, s, plan_only);
-  else
-    launch_typed<__half>(a, w.format, tune, s, plan_only);
+  if (dtype == DType::kBF16) launch_typed<__nv_bfloat16>(a, w.format, tune, s, plan_only);
+  else launch_typed<__half>(a, w.format, tune, s, plan_only);
 }
 
 }  // namespace kiln::cuda

@@ -75,8 +75,10 @@ __device__ __forceinline__ void grid8_scale_min(uint32_t word, float& s, float& 
 
 // Where group g's word and its super-group's lie in a row of a grid8 scale array: 9 words
 // a super-group (its exponents, then its up to 8 groups' codes).
-__device__ __forceinline__ int grid8_code_at(int g) { return g + (g >> 3) + 1; }
-__device__ __forceinline__ int grid8_exps_at(int g) { return (g >> 3) * 9; }
+// (The image builder, gemv_quant.cu, writes the words at these places.)
+static_assert(kQ4SuperGroups == 8, "grid8's word positions assume super-groups of 8 groups");
+__host__ __device__ constexpr int grid8_code_at(int g) { return g + (g >> 3) + 1; }
+__host__ __device__ constexpr int grid8_exps_at(int g) { return (g >> 3) * 9; }
 __host__ __device__ constexpr int grid8_row_words(int groups) { return groups + (groups + 7) / 8; }
 
 // The scale (and q4 min) that chunk c of weight row `row` uses (grid8: a q4 weight on
