@@ -74,7 +74,7 @@ const QuantWeightView& DeviceWeights::get_quant(const ir::Graph& g, ir::ValueId 
     Tensor wf = t.dtype() == DType::kF32 ? t : t.to(DType::kF32);
     rows = quantize_rows(wf.data_as<float>(), t.dim(0), t.dim(1), f);
   }
-  const QuantImage img = quant_image(rows, layout, quant_grid8_enabled());
+  const QuantImage img = quant_image(rows, layout);
   buf = DeviceBuffer(img.bytes.size());
   KILN_CUDA_CHECK(cudaMemcpy(buf.get(), img.bytes.data(), img.bytes.size(), cudaMemcpyHostToDevice));
   bytes_ += img.bytes.size();

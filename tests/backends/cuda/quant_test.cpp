@@ -17,7 +17,6 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <functional>
 
 #include "backends/cuda/cuda_ops.h"
 #include "backends/cuda/ops/gemv_quant.h"
@@ -153,13 +152,8 @@ TEST(CudaQuant, GemmTilesAndResidentSize) {
                                    str_cat("Linear ", q, swiglu ? "+swiglu" : "", " n=4000 k=4096 t=300,40,1"));
         auto gg = create_backend("cuda")->compile(c.g, {.weight_dtype = dt});
         const double bf16_bytes = double(n * k) * 2, got = double(gg->weight_bytes());
-        // q4 as grid8 where switched on (quantize_rows' weights are on the 8-bit grid): a
-        // 16-bit word a group and one a super-group of 8; else the f16 pairs.
-        const double want = std::string(q) == "q8" ? double(n) * (k + k / 32 * 2 + 4)
-                            : quant_grid8_enabled() ? double(n) * (k / 2 + (k / 32 + k / 256) * 2 + 4)
-                                                    : double(n) * (k / 2 + k / 32 * 4 + 4);
-        std::printf("  %s resident: %.2f MiB (bf16 would be %.2f MiB)\n", q, got / (1 << 20),
-                    bf16_bytes / (1 << 20));
+        const double want = std::string(q) == "q8" ? double(n) * (k + k / 32 * 2 + 4) : double(n) * (k / 2 + k / 32 * 4 + 4);
+        std::printf("  %s resident: %.2f MiB (bf16 would be %.2f MiB)\n", q, got / (1 << 20), bf16_bytes / (1 << 20));
         EXPECT_GE(got, want) << q;
         EXPECT_LE(got, want + double(n) * 4 + 4096) << q << ": more than the quantized weight and the bias";
       }
@@ -215,102 +209,6 @@ TEST(CudaQuant, DequantKernelsGiveTheSameBits) {
         EXPECT_TRUE(ha == hb) << dtype_name(t) << " " << quant_format_name(f) << " n=" << s.n
                               << " k=" << s.k << " rows [" << s.r0 << ", +" << s.rows << ")";
       }
-}
-
-// q4 weights on the 8-bit grid (every quantize_rows weight) are stored in the grid8 form,
-// 16-bit words for the f16 (scale, min) pairs; every kRows kernel must read them as the same
-// values: the same bits as the f16 pairs of the same QuantizedRows, for the tile
-// dequantizers (both), the dp4a GEMV at 1-8 rows (plain, SwiGLU, split-K over a long K), the
-// old kernel (f32 activations), the skinny GEMM (split and not) and the fused prompt GEMM;
-// k of a shorter last super-group (320 = 8 + 2 groups, 4128 = 16 + 1 groups).
-TEST(CudaQuant, Grid8ScalesGiveTheF16PairsBits) {
-  KILN_SKIP_WITHOUT_CUDA();
-  std::mt19937_64 rng(61);
-  struct S {
-    int64_t n, k;
-  };
-  for (const S sh : {S{64, 320}, S{130, 4128}, S{512, 14336}}) {
-    std::normal_distribution<float> nd(0.0f, 0.02f);
-    std::vector<float> wf(size_t(sh.n * sh.k));
-    for (float& v : wf) v = nd(rng);
-    const QuantizedRows q = quantize_rows(wf.data(), sh.n, sh.k, QuantFormat::kQ4);
-    const QuantImage i8 = quant_image(q, QuantLayout::kRows, true),
-                     i16 = quant_image(q, QuantLayout::kRows, false);
-    ASSERT_TRUE(i8.shape.grid8);
-    ASSERT_FALSE(i16.shape.grid8);
-    EXPECT_LT(i8.bytes.size(), i16.bytes.size());
-    EXPECT_EQ(i8.shape.bytes(),
-              size_t(sh.n) * (size_t(sh.k) / 2 + size_t(sh.k / 32 + (sh.k / 32 + 7) / 8) * 2 + 4));
-    const Dev d8(i8.bytes.data(), i8.bytes.size()), d16(i16.bytes.data(), i16.bytes.size());
-    const QuantWeightView w8 = i8.view_at(d8.get()), w16 = i16.view_at(d16.get());
-    const std::string what = "n=" + std::to_string(sh.n) + " k=" + std::to_string(sh.k);
-    // Runs fn(view, out) on both views and compares `bytes` of the outputs.
-    auto same = [&](const std::string& name, size_t bytes,
-                    const std::function<void(const QuantWeightView&, void*)>& fn) {
-      const Dev a(bytes), b(bytes);
-      KILN_CUDA_CHECK(cudaMemset(a.get(), 0x7F, bytes));
-      KILN_CUDA_CHECK(cudaMemset(b.get(), 0x7F, bytes));
-      fn(w8, a.get());
-      fn(w16, b.get());
-      KILN_CUDA_CHECK(cudaDeviceSynchronize());
-      EXPECT_TRUE(a.host<uint8_t>(bytes) == b.host<uint8_t>(bytes)) << name << " " << what;
-    };
-    for (const DType t : {DType::kBF16, DType::kF16}) {
-      const size_t es = dtype_size(t);
-      same("dequant words", size_t(sh.n * sh.k) * es, [&](const QuantWeightView& w, void* o) {
-        launch_dequant_rows(t, w, 0, sh.n, o, nullptr, true);
-      });
-      same("dequant chunks", size_t(sh.n * sh.k) * es, [&](const QuantWeightView& w, void* o) {
-        launch_dequant_rows(t, w, 0, sh.n, o, nullptr, false);
-      });
-      const Tensor xt = random_tensor({64, sh.k}, rng, t == DType::kBF16 ? "bf16" : "f16");
-      const Dev x(xt.data(), xt.nbytes());
-      for (const int64_t m : {1, 2, 3, 8}) {
-        if (!qgemv_dp4a_supports(t, m, sh.k)) continue;
-        same("dp4a m=" + std::to_string(m), size_t(m * sh.n) * es,
-             [&](const QuantWeightView& w, void* o) {
-               launch_gemv_quant(t, x.get(), w, nullptr, o, m, sh.n, nullptr, GemvEpilogue::kNone,
-                                 QGemvKernel::kDp4a);
-             });
-        same("dp4a swiglu m=" + std::to_string(m), size_t(m * sh.n / 2) * es,
-             [&](const QuantWeightView& w, void* o) {
-               launch_gemv_quant(t, x.get(), w, nullptr, o, m, sh.n / 2, nullptr,
-                                 GemvEpilogue::kSwiGlu, QGemvKernel::kDp4a);
-             });
-      }
-      for (const int64_t m : {6, 16, 64}) {
-        const size_t ws_bytes = size_t(kQGemmSkinnyMaxSplits * m * sh.n) * sizeof(float);
-        const Dev ws(ws_bytes);
-        for (const int splits : {1, 4})
-          same("skinny m=" + std::to_string(m) + " splits " + std::to_string(splits),
-               size_t(m * sh.n) * es, [&](const QuantWeightView& w, void* o) {
-                 launch_qgemm_skinny(t, x.get(), w, nullptr, o, m, sh.n, nullptr, splits, ws.get(),
-                                     ws_bytes);
-               });
-      }
-      same("fused prompt GEMM", size_t(64 * sh.n) * es, [&](const QuantWeightView& w, void* o) {
-        launch_qgemm(t, x.get(), w, nullptr, o, 64, sh.n, nullptr, 4);
-      });
-    }
-    const Tensor x32 = random_tensor({4, sh.k}, rng, "f32");
-    const Dev x(x32.data(), x32.nbytes());
-    same("old kernel f32", size_t(4 * sh.n) * 4, [&](const QuantWeightView& w, void* o) {
-      launch_gemv_quant(DType::kF32, x.get(), w, nullptr, o, 4, sh.n, nullptr, GemvEpilogue::kNone,
-                        QGemvKernel::kRows);
-    });
-  }
-  // Free f16 values (a GGUF's) keep the pairs; KILN_CUDA_Q4_GRID8 is 0 or 1.
-  std::vector<float> wf(size_t(4 * 64));
-  for (size_t i = 0; i < wf.size(); ++i) wf[i] = float(i % 7) / 3.0f;
-  QuantizedRows q = quantize_rows(wf.data(), 4, 64, QuantFormat::kQ4);
-  q.scales[0] = f32_to_f16(1.0f / 3.0f);
-  EXPECT_FALSE(quant_image(q, QuantLayout::kRows, true).shape.grid8);
-  ::setenv("KILN_CUDA_Q4_GRID8", "2", 1);
-  EXPECT_THROW(quant_grid8_enabled(), Error);
-  ::setenv("KILN_CUDA_Q4_GRID8", "1", 1);
-  EXPECT_TRUE(quant_grid8_enabled());
-  ::unsetenv("KILN_CUDA_Q4_GRID8");
-  EXPECT_FALSE(quant_grid8_enabled());
 }
 
 // The tile rule alone (no GPU): L2-sized even tiles below 256 token rows; from 256 rows,

@@ -8,18 +8,14 @@
 // rows. Per chunk it forms dot = Σ q·x and (q4) Σ x in f32, then acc += scale·dot
 // (+ min·Σx): the CPU kernels' math (linear.cpp), in another summation order.
 #include <algorithm>
-#include <atomic>
-#include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <type_traits>
-#include <vector>
 
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops/gemv_quant.h"
 #include "backends/cuda/ops/quant_codes.cuh"
-#include "core/dtype.h"
 #include "core/thread_pool.h"
 
 namespace kiln::cuda {
@@ -66,7 +62,6 @@ __device__ __forceinline__ void load_x(const T* p, float (&f)[N]) {
 struct QArgs : QOperands {
   int m, k, n_out, split;
   GemvEpilogue epi;
-  int grid8 = 0;  // QuantWeightView::grid8
 };
 
 // MAXM: x rows the kernel is compiled for (a.m <= MAXM; rows past a.m are skipped by
@@ -106,7 +101,7 @@ __global__ void __launch_bounds__(kWarps * 32) qgemv_kernel(const QArgs a) {
       for (int r = 0; r < kRows; ++r) {
         if (c < chunks) {
           cw[u][r] = __ldcs(reinterpret_cast<const uint4*>(a.codes + size_t(wrow[r]) * row_bytes) + c);
-          load_scale<F>(a.scales, wrow[r], groups, c, sc[u][r], mn[u][r], a.grid8);
+          load_scale<F>(a.scales, wrow[r], groups, c, sc[u][r], mn[u][r]);
         } else {
           cw[u][r] = make_uint4(0, 0, 0, 0);
           sc[u][r] = mn[u][r] = 0.0f;
@@ -247,7 +242,7 @@ template <typename T, QuantFormat F>
 __global__ void dequant_chunk_kernel(const uint8_t* __restrict__ codes,
                                      const void* __restrict__ scales,
                                      const float* __restrict__ row_factor, int k, int64_t r0,
-                                     int64_t rows, T* __restrict__ out, bool grid8) {
+                                     int64_t rows, T* __restrict__ out) {
   using Tr = QTraits<F>;
   const int chunks = k / Tr::kPerChunk;
   const int64_t idx = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
@@ -256,7 +251,7 @@ __global__ void dequant_chunk_kernel(const uint8_t* __restrict__ codes,
   const int c = int(idx % chunks);
   const uint4 cw = __ldcs(reinterpret_cast<const uint4*>(codes + size_t(row) * size_t(k / Tr::kRowDiv)) + c);
   float s, mn;
-  load_scale<F>(scales, row, k / kQuantGroup, c, s, mn, grid8);
+  load_scale<F>(scales, row, k / kQuantGroup, c, s, mn);
   const float f = row_factor[row];
   s *= f;
   mn *= f;
@@ -281,8 +276,7 @@ __global__ void dequant_chunk_kernel(const uint8_t* __restrict__ codes,
 template <typename T, QuantFormat F>
 __global__ void __launch_bounds__(kDequantThreads)
     dequant_kernel(const uint8_t* __restrict__ codes, const void* __restrict__ scales,
-                   const float* __restrict__ row_factor, int k, int64_t r0, T* __restrict__ out,
-                   bool grid8) {
+                   const float* __restrict__ row_factor, int k, int64_t r0, T* __restrict__ out) {
   using Tr = QTraits<F>;
   const int words = k / Tr::kPerWord, wi = int(blockIdx.x) * kDequantThreads + int(threadIdx.x);
   if (wi >= words) return;
@@ -290,7 +284,7 @@ __global__ void __launch_bounds__(kDequantThreads)
   const uint32_t cw = __ldcs(
       reinterpret_cast<const unsigned int*>(codes + size_t(row) * size_t(k / Tr::kRowDiv)) + wi);
   float s, mn;
-  load_scale<F>(scales, row, k / kQuantGroup, wi / 4, s, mn, grid8);
+  load_scale<F>(scales, row, k / kQuantGroup, wi / 4, s, mn);
   const float f = __ldg(row_factor + row);
   s *= f;
   mn *= f;
@@ -369,7 +363,6 @@ void launch_typed(const void* x, const QuantWeightView& w, const void* bias, voi
   const int64_t row_blocks = (n_out + (swiglu ? 1 : 3)) / (swiglu ? 2 : 4);
   QArgs a{x, w.codes, w.scales, w.row_factor, bias, y, int(m), int(w.k), int(n_out),
           qsplit_for(row_blocks, chunks), epi};
-  a.grid8 = w.grid8;
   if (w.format == QuantFormat::kQ4) {
     if (swiglu) launch_qgemv<T, QuantFormat::kQ4, true>(a, s);
     else launch_qgemv<T, QuantFormat::kQ4, false>(a, s);
@@ -408,39 +401,11 @@ QuantWeightView QuantImage::view_at(const void* base) const {
   return v;
 }
 
-bool quant_grid8_enabled() {
-  const char* e = std::getenv("KILN_CUDA_Q4_GRID8");
-  const std::string v = e ? e : "";
-  KILN_THROW_IF(!v.empty() && v != "0" && v != "1", kInvalidArgument, "KILN_CUDA_Q4_GRID8='", v,
-                "': expected 0 or 1 (or unset: 0)");
-  return v == "1";
-}
-
-QuantImage quant_image(const QuantizedRows& q, QuantLayout layout, bool grid8) {
+QuantImage quant_image(const QuantizedRows& q, QuantLayout layout) {
   QuantImage img;
   img.shape = quant_view_shape(q.format, q.n, q.k, layout);
   const bool q4 = q.format == QuantFormat::kQ4;
   const size_t n = size_t(q.n), groups = size_t(q.groups()), row_bytes = quant_row_code_bytes(q.format, q.k);
-  // grid8 where every row lies on the 8-bit grid: its exponents, found per row.
-  const size_t supers = size_t(quant_super_groups(q.k));
-  std::vector<QuantSuperExp> exps;
-  if (grid8 && q4 && layout == QuantLayout::kRows) {
-    exps.resize(n * supers);
-    std::atomic<bool> all{true};
-    ThreadPool::global().parallel_for(int64_t(n), [&](int64_t r0, int64_t r1, int) {
-      for (int64_t r = r0; r < r1 && all.load(std::memory_order_relaxed); ++r)
-        if (!q4_super_exps(q.scales.get() + size_t(r) * groups, q.mins.get() + size_t(r) * groups,
-                           int64_t(groups), exps.data() + size_t(r) * supers))
-          all.store(false);
-    });
-    grid8 = all.load();
-  } else {
-    grid8 = false;
-  }
-  if (grid8) {
-    img.shape.grid8 = true;
-    img.shape.scale_stride = grid8_row_words(int(groups));
-  }
   const size_t cs = size_t(img.shape.code_stride), ss = size_t(img.shape.scale_stride);
   auto up = [](size_t b) { return (b + 255) / 256 * 256; };
   img.scales_off = up(n * cs);
@@ -467,18 +432,7 @@ QuantImage quant_image(const QuantizedRows& q, QuantLayout layout, bool grid8) {
             }
           }
       }
-      for (size_t g = 0; g < groups && grid8; ++g) {
-        // Codes (scale, min + 128) and, ahead of each super-group, its biased exponents.
-        const size_t at = r * groups + g;
-        const QuantSuperExp& e = exps[r * supers + g / kQ4SuperGroups];
-        const int sc = int(std::ldexp(f16_to_f32(q.scales[at]), -e.scale));
-        const int mc = int(std::ldexp(f16_to_f32(q.mins[at]), -e.min));
-        const uint16_t code = uint16_t(sc | (mc + 128) << 8);
-        const uint16_t ew = uint16_t((e.scale + 127) | (e.min + 127) << 8);
-        std::memcpy(scales + (r * ss + size_t(grid8_code_at(int(g)))) * 2, &code, 2);
-        if (g % kQ4SuperGroups == 0) std::memcpy(scales + (r * ss + size_t(grid8_exps_at(int(g)))) * 2, &ew, 2);
-      }
-      for (size_t g = 0; g < groups && !grid8; ++g) {
+      for (size_t g = 0; g < groups; ++g) {
         const size_t at = r * groups + g;
         if (q4) {
           const uint32_t sm = uint32_t(q.scales[at]) | (uint32_t(q.mins[at]) << 16);
@@ -537,10 +491,7 @@ void launch_gemv_quant(DType dtype, const void* x, const QuantWeightView& w, con
   KILN_THROW_IF(w.k % kQuantGroup != 0 || w.k <= 0 || w.k >= (int64_t(1) << 30) || w.n != want_rows ||
                     n_out >= (int64_t(1) << 30),
                 kInternal, "cuda quantized gemv: weight [", w.n, ", ", w.k, "] for ", n_out, " outputs");
-  QuantWeightView want = quant_view_shape(w.format, w.n, w.k, w.layout);
-  KILN_THROW_IF(w.grid8 && (w.format != QuantFormat::kQ4 || w.layout != QuantLayout::kRows),
-                kInternal, "cuda quantized gemv: grid8 scales need a q4 kRows weight");
-  if (w.grid8) want.scale_stride = grid8_row_words(int(w.k / kQuantGroup));
+  const QuantWeightView want = quant_view_shape(w.format, w.n, w.k, w.layout);
   KILN_THROW_IF(w.code_stride != want.code_stride || w.scale_stride != want.scale_stride, kInternal,
                 "cuda quantized gemv: strides ", w.code_stride, "/", w.scale_stride, " of a [", w.n, ", ", w.k,
                 "] weight, expected ", want.code_stride, "/", want.scale_stride);
@@ -587,10 +538,10 @@ void launch_dequant_rows(DType dtype, const QuantWeightView& w, int64_t r0, int6
     KILN_CUDA_DISPATCH_FLOAT(dtype, T, {
       if (q4)
         dequant_chunk_kernel<T, QuantFormat::kQ4><<<blocks, 256, 0, s>>>(
-            w.codes, w.scales, w.row_factor, int(w.k), r0, rows, static_cast<T*>(out), w.grid8);
+            w.codes, w.scales, w.row_factor, int(w.k), r0, rows, static_cast<T*>(out));
       else
         dequant_chunk_kernel<T, QuantFormat::kQ8><<<blocks, 256, 0, s>>>(
-            w.codes, w.scales, w.row_factor, int(w.k), r0, rows, static_cast<T*>(out), false);
+            w.codes, w.scales, w.row_factor, int(w.k), r0, rows, static_cast<T*>(out));
       KILN_CUDA_CHECK_LAUNCH();
     });
     return;
@@ -605,10 +556,10 @@ void launch_dequant_rows(DType dtype, const QuantWeightView& w, int64_t r0, int6
       T* o = static_cast<T*>(out) + rb * w.k;
       if (q4)
         dequant_kernel<T, QuantFormat::kQ4><<<grid, kDequantThreads, 0, s>>>(
-            w.codes, w.scales, w.row_factor, int(w.k), r0 + rb, o, w.grid8);
+            w.codes, w.scales, w.row_factor, int(w.k), r0 + rb, o);
       else
         dequant_kernel<T, QuantFormat::kQ8><<<grid, kDequantThreads, 0, s>>>(
-            w.codes, w.scales, w.row_factor, int(w.k), r0 + rb, o, false);
+            w.codes, w.scales, w.row_factor, int(w.k), r0 + rb, o);
       KILN_CUDA_CHECK_LAUNCH();
     });
   }

@@ -49,13 +49,6 @@ constexpr int64_t kQGemvMaxRows = 8;
 //    word, codes 2j and 2j+1 sit in nibbles j and j + 4, so one mask pulls both into the
 //    two halves of a 16-bit pair. Scales as kRows with scale_stride rounded up to the
 //    padded group count (zeros past k), so a block's scales are one aligned load.
-// A kRows q4 weight whose scales and mins lie on core/weight_quant.h's 8-bit grid (every
-// weight quantize_rows makes, not a GGUF's free f16 values) can be stored with grid8
-// (quant_image's grid8; at upload only with KILN_CUDA_Q4_GRID8=1, below): per
-// group a 16-bit word (scale code, min code + 128) instead of the f16 pair, per
-// super-group of 8 groups one word of exponents ahead of its groups' words (9 words a
-// super-group, scale_stride = grid8_row_words(groups)): 4.56 bits a weight instead of 5.
-// Every kRows kernel reads both forms and gets the same values, so the same bits.
 enum class QuantLayout : uint8_t { kRows, kMma };
 
 // A quantized [n, k] weight on the device, with its power-of-two factor at row_factor[r].
@@ -68,8 +61,7 @@ struct QuantWeightView {
   QuantLayout layout = QuantLayout::kRows;
   int64_t code_stride = 0;   // bytes between rows' codes
   int64_t scale_stride = 0;  // scale entries (16 or 32 bits) between rows' scales
-  bool grid8 = false;        // q4 kRows only: 16-bit scale words (see QuantLayout)
-  size_t scale_bytes() const { return format == QuantFormat::kQ4 && !grid8 ? 4 : 2; }
+  size_t scale_bytes() const { return format == QuantFormat::kQ4 ? 4 : 2; }
   size_t bytes() const {  // what a forward streams (codes incl. padding, scales, factors)
     return size_t(n) * (size_t(code_stride) + size_t(scale_stride) * scale_bytes() + 4);
   }
@@ -86,14 +78,7 @@ struct QuantImage {
   size_t scales_off = 0, factor_off = 0;
   QuantWeightView view_at(const void* base) const;
 };
-// grid8: store a q4 kRows weight whose every row lies on the 8-bit grid (q4_super_exps)
-// in the grid8 form; otherwise, and with grid8 false, the f16 pairs.
-QuantImage quant_image(const QuantizedRows& q, QuantLayout layout, bool grid8 = true);
-// KILN_CUDA_Q4_GRID8: "1" stores q4 weights as grid8 where the weight allows; unset or "0":
-// f16 pairs (the same values and output bits, 5 bits a weight). Opt-in until its first GPU
-// run (bit identity, then the A/B of bench/RESULTS.md session 55) makes it the default.
-// Read when a weight is uploaded; another value is a kInvalidArgument error naming it.
-bool quant_grid8_enabled();
+QuantImage quant_image(const QuantizedRows& q, QuantLayout layout);
 
 // The GEMV kernels of a decode-sized quantized Linear (see the file comment).
 enum class QGemvKernel : uint8_t { kRows, kMma, kDp4a };

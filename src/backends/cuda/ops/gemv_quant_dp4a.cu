@@ -67,7 +67,6 @@ struct DArgs : QOperands {
   int skip_x;     // timing ablation (QGemvDp4aTuning::skip_x)
   int epi_early;  // gemv_bias_early(): each unit's row factors and bias read as it starts
   int trigger_early;  // the dependent launch released at the start (beside_attention)
-  int grid8 = 0;      // QuantWeightView::grid8
 };
 
 // Outputs per warp (RL) for MAXM token rows; 32 / RL lanes share an output along K.
@@ -163,30 +162,19 @@ __device__ void quantize_x(const T* __restrict__ x, int m, int k, int groups, ui
   }
 }
 
-// A lane's cursor into the scale words, 16-bit units: q4 an f16 (scale, min) pair per
-// chunk (read as 32 bits) or, grid8, the chunk's code word (its super-group's exponents
-// `eo` words before it); q8 an f16 scale per two chunks.
-using ScalePtr = const unsigned short*;
+// The scale words of a format: q4 (scale, min) f16 pairs, q8 f16 scales.
+template <bool kQ4>
+using ScaleWord = std::conditional_t<kQ4, unsigned int, unsigned short>;
 
 // One step's loads for the RU weight rows of a lane (16 code bytes and the chunk's scale
-// word each, at the cursor's pointers; grid8: the code word and the exponents above it), or
-// zeros.
+// word each, at the cursor's pointers), or zeros.
 template <bool kQ4, int RU>
-__device__ __forceinline__ void issue_step(uint4 (&cw)[RU], uint32_t (&sw)[RU],
-                                           const uint4* const (&cp)[RU], const ScalePtr (&sp)[RU],
-                                           bool on, bool grid8, int eo) {
+__device__ __forceinline__ void issue_step(uint4 (&cw)[RU], uint32_t (&sw)[RU], const uint4* const (&cp)[RU],
+                                           const ScaleWord<kQ4>* const (&sp)[RU], bool on) {
 #pragma unroll
   for (int r = 0; r < RU; ++r) {
     cw[r] = on ? __ldcs(cp[r]) : make_uint4(0, 0, 0, 0);
-    if (!on) {
-      sw[r] = 0u;
-    } else if (kQ4 && grid8) {
-      sw[r] = uint32_t(__ldcs(sp[r])) | uint32_t(__ldg(sp[r] - eo)) << 16;
-    } else if (kQ4) {
-      sw[r] = __ldcs(reinterpret_cast<const unsigned int*>(sp[r]));
-    } else {
-      sw[r] = __ldcs(sp[r]);
-    }
+    sw[r] = on ? uint32_t(__ldcs(sp[r])) : 0u;
   }
 }
 
@@ -198,12 +186,8 @@ __device__ __forceinline__ void consume_step(float (&acc)[RU][MAXM], const uint4
 #pragma unroll
   for (int r = 0; r < RU; ++r) {
     if constexpr (kQ4) {
-      if (a.grid8) {
-        grid8_scale_min(sw[r], s[r], mn[r]);
-      } else {
-        const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&sw[r]));
-        s[r] = f.x, mn[r] = f.y;
-      }
+      const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&sw[r]));
+      s[r] = f.x, mn[r] = f.y;
     } else {
       s[r] = __half2float(__ushort_as_half(uint16_t(sw[r]))), mn[r] = 0.0f;
     }
@@ -243,19 +227,16 @@ __device__ __forceinline__ void consume_step(float (&acc)[RU][MAXM], const uint4
 // The load pointers of a lane for output o's RU weight rows (row 0 for outputs past the
 // end: valid memory, never stored) at chunk `c0` (this lane's first chunk).
 template <bool kQ4, bool kSwiGlu, int RU>
-__device__ __forceinline__ void rows_at(int o, bool live, const DArgs& a, int c0,
-                                        const uint4* (&cp)[RU], ScalePtr (&sp)[RU]) {
+__device__ __forceinline__ void rows_at(int o, bool live, const DArgs& a, int c0, const uint4* (&cp)[RU],
+                                        const ScaleWord<kQ4>* (&sp)[RU]) {
   const int64_t r0 = live && o < a.n_out ? o : 0;
   const size_t row_bytes = kQ4 ? size_t(a.k / 2) : size_t(a.k);
-  const auto* scales = static_cast<ScalePtr>(a.scales);
+  const auto* scales = static_cast<const ScaleWord<kQ4>*>(a.scales);
 #pragma unroll
   for (int r = 0; r < RU; ++r) {
     const int64_t row = r0 + (r ? a.n_out : 0);
     cp[r] = reinterpret_cast<const uint4*>(a.codes + size_t(row) * row_bytes) + c0;
-    if (kQ4 && a.grid8)
-      sp[r] = scales + row * grid8_row_words(a.groups) + grid8_code_at(c0);
-    else
-      sp[r] = scales + (kQ4 ? 2 * (row * a.groups + c0) : row * a.groups + c0 / 2);
+    sp[r] = scales + row * a.groups + (kQ4 ? c0 : c0 / 2);
   }
 }
 
@@ -305,25 +286,19 @@ __global__ void __launch_bounds__(dp4a_warps<kSwiGlu>() * 32, 1) qgemv_dp4a_kern
   // of the compute cursor; its pointers advance by KL chunks a step.
   int lu = first, lci = 0;
   const uint4* cp[RU];
-  ScalePtr sp[RU];
+  const ScaleWord<kQ4>* sp[RU];
   rows_at<kQ4, kSwiGlu, RU>(lu * RL + rs, lu < a.units, a, kbase, cp, sp);
-  // grid8: a lane's chunks are kbase + j KL (KL a multiple of 8), all at the same place in
-  // their super-groups, so its exponents lie eo words before each code word and a step
-  // advances KL + KL / 8 words.
-  const bool grid8 = kQ4 && a.grid8;
-  const int eo = grid8_code_at(kbase) - grid8_exps_at(kbase);
-  const int sstep = grid8 ? KL + KL / 8 : kQ4 ? 2 * KL : KL / 2;
   uint4 cw[P][RU];
   uint32_t sw[P][RU];
   auto issue_and_advance = [&](uint4(&c)[RU], uint32_t(&w)[RU]) {
-    issue_step<kQ4, RU>(c, w, cp, sp, lu < a.units && kbase + lci * KL < a.chunks, grid8, eo);
+    issue_step<kQ4, RU>(c, w, cp, sp, lu < a.units && kbase + lci * KL < a.chunks);
     if (++lci == a.sps) {
       lci = 0;
       lu += stride;
       rows_at<kQ4, kSwiGlu, RU>(lu * RL + rs, lu < a.units, a, kbase, cp, sp);
     } else {
 #pragma unroll
-      for (int r = 0; r < RU; ++r) cp[r] += KL, sp[r] += sstep;
+      for (int r = 0; r < RU; ++r) cp[r] += KL, sp[r] += kQ4 ? KL : KL / 2;
     }
   };
 #pragma unroll
@@ -604,7 +579,6 @@ void launch_qgemv_dp4a(DType dtype, const void* x, const QuantWeightView& w, con
           tune.skip_x ? 1 : 0,
           gemv_bias_early() ? 1 : 0,
           0};
-  a.grid8 = w.grid8;
   if (dtype == DType::kBF16) launch_typed<__nv_bfloat16>(a, w.format, tune, s, plan_only);
   else launch_typed<__half>(a, w.format, tune, s, plan_only);
 }

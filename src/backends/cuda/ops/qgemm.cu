@@ -40,7 +40,6 @@ struct QmLayout {
 
 struct QmArgs : QOperands {
   int m, n, k, ldy;
-  int grid8 = 0;  // QuantWeightView::grid8
 };
 
 template <typename T>
@@ -80,7 +79,7 @@ __global__ void __launch_bounds__(64 * WN) qgemm_kernel(const QmArgs a) {
   const float factor = wlive ? __ldg(a.row_factor + wrow) : 0.0f;
   auto scale_of = [&](int g, float& s, float& mn) {
     if (wlive && g < groups) {
-      load_scale<F>(a.scales, wrow, groups, g * (F == QuantFormat::kQ4 ? 1 : 2), s, mn, a.grid8);
+      load_scale<F>(a.scales, wrow, groups, g * (F == QuantFormat::kQ4 ? 1 : 2), s, mn);
     } else {
       s = 0.0f;
       mn = 0.0f;
@@ -289,8 +288,8 @@ __global__ void __launch_bounds__(kQsWarps * 32) qgemm_skinny_kernel(const QsArg
     if (b < blocks && c < chunks) {
       lo = __ldcs(c_lo + c);
       hi = __ldcs(c_hi + c);
-      load_scale<F>(a.scales, r_lo, groups, c, sc[0], sc[1], a.grid8);
-      load_scale<F>(a.scales, r_hi, groups, c, sc[2], sc[3], a.grid8);
+      load_scale<F>(a.scales, r_lo, groups, c, sc[0], sc[1]);
+      load_scale<F>(a.scales, r_hi, groups, c, sc[2], sc[3]);
     } else {
       lo = hi = make_uint4(0, 0, 0, 0);
       sc[0] = sc[1] = sc[2] = sc[3] = 0.0f;
@@ -442,8 +441,7 @@ bool qgemm_supports(DType dtype, const QuantWeightView& w) {
   return (dtype == DType::kBF16 || dtype == DType::kF16) && w.layout == QuantLayout::kRows &&
          w.k > 0 && w.k % kQuantGroup == 0 && w.n % 2 == 0 && w.n <= INT32_MAX - 128 &&
          w.k <= INT32_MAX && w.code_stride == (q4 ? w.k / 2 : w.k) &&
-         (w.grid8 ? q4 && w.scale_stride == grid8_row_words(int(w.k / kQuantGroup))
-                  : w.scale_stride == w.k / kQuantGroup);
+         w.scale_stride == w.k / kQuantGroup;
 }
 
 namespace {
@@ -508,7 +506,6 @@ void launch_qgemm_skinny(DType dtype, const void* x, const QuantWeightView& w, c
   QsArgs a;
   static_cast<QmArgs&>(a) =
       QmArgs{x, w.codes, w.scales, w.row_factor, bias, y, int(m), int(w.n), int(w.k), int(ldy)};
-  a.grid8 = w.grid8;
   a.part = static_cast<float*>(ws);
   a.splits = int(used);
   a.bps = int(bps);
@@ -543,7 +540,6 @@ void launch_qgemm(DType dtype, const void* x, const QuantWeightView& w, const vo
              int(w.n),
              int(w.k),
              int(ldy)};
-    a.grid8 = w.grid8;
     with_qgemm_types(dtype, w.format, [&](auto t, auto f) {
       launch_qgemm_typed<typename decltype(t)::type, decltype(f)::value>(a, warps, s);
     });

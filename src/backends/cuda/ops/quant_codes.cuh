@@ -61,37 +61,10 @@ __device__ __forceinline__ void decode_word(uint32_t v, float (&q)[QTraits<F>::k
   }
 }
 
-// q4 on the 8-bit grid (gemv_quant.h, QuantWeightView::grid8): a group's 16-bit word holds
-// its scale code (low byte, 0..255) and its min code + 128 (high byte); its super-group's
-// word the exponents Es + 127 (low byte) and Em + 127. The scale and min as floats:
-// code * 2^E, the same values as the f16 ones they stand for. `word`: the group's word in
-// the low half, the super-group's in the high half.
-__device__ __forceinline__ void grid8_scale_min(uint32_t word, float& s, float& mn) {
-  const float sc = __uint_as_float(__byte_perm(word, 0x4B000000u, 0x7650)) - 0x1p23f;
-  const float mc = __uint_as_float(__byte_perm(word, 0x4B000000u, 0x7651)) - (0x1p23f + 128.0f);
-  s = sc * __uint_as_float((word >> 16 & 0xFFu) << 23);
-  mn = mc * __uint_as_float((word >> 24) << 23);
-}
-
-// Where group g's word and its super-group's lie in a row of a grid8 scale array: 9 words
-// a super-group (its exponents, then its up to 8 groups' codes).
-// (The image builder, gemv_quant.cu, writes the words at these places.)
-static_assert(kQ4SuperGroups == 8, "grid8's word positions assume super-groups of 8 groups");
-__host__ __device__ constexpr int grid8_code_at(int g) { return g + (g >> 3) + 1; }
-__host__ __device__ constexpr int grid8_exps_at(int g) { return (g >> 3) * 9; }
-__host__ __device__ constexpr int grid8_row_words(int groups) { return groups + (groups + 7) / 8; }
-
-// The scale (and q4 min) that chunk c of weight row `row` uses (grid8: a q4 weight on
-// the 8-bit grid).
+// The scale (and q4 min) that chunk c of weight row `row` uses.
 template <QuantFormat F>
 __device__ __forceinline__ void load_scale(const void* scales, int64_t row, int groups, int c,
-                                           float& s, float& mn, bool grid8 = false) {
-  if (F == QuantFormat::kQ4 && grid8) {
-    const auto* p = static_cast<const unsigned short*>(scales) + row * grid8_row_words(groups);
-    grid8_scale_min(
-        uint32_t(__ldg(p + grid8_code_at(c))) | uint32_t(__ldg(p + grid8_exps_at(c))) << 16, s, mn);
-    return;
-  }
+                                           float& s, float& mn) {
   if constexpr (F == QuantFormat::kQ4) {
     const uint32_t sm = __ldg(static_cast<const unsigned int*>(scales) + row * groups + c);
     s = __half2float(__ushort_as_half(uint16_t(sm & 0xFFFFu)));
