@@ -61,7 +61,10 @@ TEST_P(EngineRoundTrip, SameOutputsAsTheModelLoadedDirectly) {
   EXPECT_FALSE(engine->compile_options().tactics.empty()) << "tuned on this device, so its tactics apply";
   auto want = run_logits(*direct), got = run_logits(*engine);
   ASSERT_EQ(want.size(), got.size());
-  KILN_EXPECT_CLOSE(got.data(), want.data(), got.size(), 1e-6, GetParam() + " engine vs direct");
+  // The engine runs the tactics tuned (timed) at build, the direct model the defaults: other
+  // K blockings and thread splits reorder f32 sums (gemma2 seen at 3e-6 of max|logit| on a
+  // loaded 2-core machine), while a wrong weight or config moves the logits by O(1).
+  KILN_EXPECT_CLOSE(got.data(), want.data(), got.size(), 1e-5, GetParam() + " engine vs direct");
 }
 
 INSTANTIATE_TEST_SUITE_P(Families, EngineRoundTrip, ::testing::Values("gpt2", "llama", "qwen2", "qwen3", "phi3", "gemma3", "mistral", "gemma2", "bert"));
