@@ -175,17 +175,23 @@ void qgemv_kernels_table(const char* filter, double copy_gbs) {
         const auto [def_ms, def_err] = time_of({});
         float best = def_ms;
         std::string best_name = "default", bad;
-        for (int depth : {2, 4, 8}) {
-          if (m > 1 && depth != 4) continue;
+        // depth 2, 4, 8; then (one row) depth 4 with two outputs a warp ("4, outs 2").
+        for (int depth : {2, 4, 8, -4}) {
+          const int outs = depth < 0 ? 2 : 0;
+          depth = depth < 0 ? -depth : depth;
+          if (m > 1 && (depth != 4 || outs)) continue;
           for (int cps : {1}) {
-            std::string line = str_cat("| ", s.what, " | ", quant_format_name(f), " | ", m, " | ", cps, " | ", depth);
+            std::string line = str_cat("| ", s.what, " | ", quant_format_name(f), " | ", m, " | ",
+                                       cps, " | ", depth, outs ? ", outs 2" : "");
             for (int splits : {1, 2, 4, 8}) {
-              const QGemvDp4aTuning tune{cps, depth, splits};
+              QGemvDp4aTuning tune{cps, depth, splits};
+              tune.outs_one_row = outs;
               QGemvDp4aPlan pl;
               launch_qgemv_dp4a(DType::kBF16, x.get(), r0, nullptr, y.get(), m, s.n, nullptr, s.epi, tune, &pl);
               const auto [ms, err] = time_of(tune);
               if (!(err < 2e-2)) bad += str_cat(" ", cps, "x", depth, "x", splits, "=", err);
-              const std::string name = str_cat(pl.ctas_per_sm, "x", pl.depth, "x", pl.splits);
+              const std::string name =
+                  str_cat(pl.ctas_per_sm, "x", pl.depth, "x", pl.splits, outs ? " outs 2" : "");
               if (ms < best) best = ms, best_name = name;
               line += str_cat(" | ", cell(ms), pl.ctas_per_sm != cps || pl.splits != splits ? " [ran " + name + "]" : "");
             }

@@ -379,13 +379,19 @@ TEST(CudaQGemvDp4a, LaunchVariantsWithinTheInt8Bound) {
               // The 16-warp, early-trigger launch beside a decode attention (one row, no SwiGLU,
               // its own depth; elsewhere the flag is ignored).
               if (depth != 4) continue;
+              if (m == 1) {  // two outputs a warp at one row, 16 lanes along K each
+                QGemvDp4aTuning two = tune;
+                two.outs_one_row = 2;
+                worst = std::max(worst, check_variant(t, W, s.n_out, x, R, m, s.epi, bias, two,
+                                                      what + " outs 2"));
+              }
               QGemvDp4aTuning beside = tune;
               beside.beside_attention = true;
               worst = std::max(worst, check_variant(t, W, s.n_out, x, R, m, s.epi, bias, beside,
                                                     what + " beside"));
             }
         std::printf(
-            "  %s %s %5lldx%-6lld epi %d%s m=%lld: worst err/bound over 32 (m=1) or 16 variants "
+            "  %s %s %5lldx%-6lld epi %d%s m=%lld: worst err/bound over 40 (m=1) or 16 variants "
             "%.3f\n",
             dtype_name(t), quant_format_name(f), (long long)s.n_out, (long long)s.k, int(s.epi),
             s.bias ? " +bias" : "", (long long)m, worst);

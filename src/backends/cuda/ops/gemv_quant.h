@@ -171,6 +171,11 @@ struct QGemvDp4aTuning {
   // the same register cap, and the dependent launch released at the kernel's start, so
   // the attention's CTAs fit beside it and read their tables and cache while it streams.
   bool beside_attention = false;
+  // Outputs a warp owns at one token row: 0 or 1 (the default kernel: 32 lanes along K), or
+  // 2 (16 lanes along K each: the per-output reduction and pointer setup shared by twice
+  // the steps). Depth 4, not beside an attention; for the bench's sweep and the tests until
+  // it is measured (bench/RESULTS.md, session 56).
+  int outs_one_row = 0;
 };
 // The default split count for `units` output units of `steps` steps each (a step: one
 // 16-byte chunk per lane) over `resident_warps` warps: the fewest serial steps of the

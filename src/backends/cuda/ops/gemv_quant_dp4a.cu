@@ -241,9 +241,9 @@ __device__ __forceinline__ void rows_at(int o, bool live, const DArgs& a, int c0
 }
 
 // Floats of the split-K exchange per warp: RL outputs x RU weight rows x MAXM token rows.
-template <int MAXM, bool kSwiGlu>
+template <int MAXM, bool kSwiGlu, int RL = outs_per_warp<MAXM>()>
 constexpr int red_per_warp() {
-  return outs_per_warp<MAXM>() * (kSwiGlu ? 2 : 1) * MAXM;
+  return RL * (kSwiGlu ? 2 : 1) * MAXM;
 }
 
 // The row factors (ef[r]) and bias (ef[RU + r]) of output o, or zeros where !on.
@@ -266,13 +266,15 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
 // one-row depth-8 kernel spills 20-24 bytes there) or 128 (16 warps; -Xptxas -v).
 // KW: the warps launched, dp4a_warps() or fewer under the same register cap (kBesideAttnWarps:
 // room left on the SM for a decode attention CTA launched beside it).
-template <typename T, QuantFormat F, int MAXM, bool kSwiGlu, int P, int KW>
+// RL: outputs a warp owns at a time (outs_per_warp, or 2 at one row:
+// QGemvDp4aTuning::outs_one_row).
+template <typename T, QuantFormat F, int MAXM, bool kSwiGlu, int P, int KW, int RL>
 __global__ void __launch_bounds__(dp4a_warps<kSwiGlu>() * 32, 1) qgemv_dp4a_kernel(const DArgs a) {
   constexpr int kWarps = KW, kThreads = kWarps * 32;
   static_assert(KW <= dp4a_warps<kSwiGlu>());
   if (a.trigger_early) pdl_trigger();  // QGemvDp4aTuning::beside_attention
   constexpr bool kQ4 = F == QuantFormat::kQ4;
-  constexpr int RL = outs_per_warp<MAXM>(), KL = 32 / RL, RU = kSwiGlu ? 2 : 1, kRed = red_per_warp<MAXM, kSwiGlu>();
+  constexpr int KL = 32 / RL, RU = kSwiGlu ? 2 : 1, kRed = red_per_warp<MAXM, kSwiGlu, RL>();
   extern __shared__ __align__(16) uint8_t smem[];
   uint8_t* xq = smem;
   float2* xd = reinterpret_cast<float2*>(smem + size_t(a.m) * size_t(a.k));
@@ -443,18 +445,19 @@ int occupancy(const void* kernel, int threads, size_t smem) {
   return n;
 }
 
-template <typename T, QuantFormat F, int MAXM, bool kSwiGlu, int P, int KW = dp4a_warps<kSwiGlu>()>
+template <typename T, QuantFormat F, int MAXM, bool kSwiGlu, int P, int KW = dp4a_warps<kSwiGlu>(),
+          int RL = outs_per_warp<MAXM>()>
 void launch_depth(DArgs a, const QGemvDp4aTuning& tune, cudaStream_t s, QGemvDp4aPlan* plan) {
-  auto* kernel = qgemv_dp4a_kernel<T, F, MAXM, kSwiGlu, P, KW>;
+  auto* kernel = qgemv_dp4a_kernel<T, F, MAXM, kSwiGlu, P, KW, RL>;
   constexpr int kWarps = KW, kThreads = kWarps * 32;
-  constexpr int RL = outs_per_warp<MAXM>();
   a.steps = (a.chunks + 32 / RL - 1) / (32 / RL);
   a.units = (a.n_out + RL - 1) / RL;
   const DeviceInfo d = device_info();
   const int cap = tune.ctas_per_sm > 0 ? tune.ctas_per_sm : kDefaultCtasPerSm;
   // The split-K exchange needs shared memory; where x leaves too little, no split.
   int splits = tune.splits > 0 ? tune.splits : 0;
-  if (smem_bytes(a.m, a.k, red_per_warp<MAXM, kSwiGlu>(), kWarps) > size_t(d.smem_optin)) splits = 1;
+  if (smem_bytes(a.m, a.k, red_per_warp<MAXM, kSwiGlu, RL>(), kWarps) > size_t(d.smem_optin))
+    splits = 1;
   if (splits == 0) {
     const int per_sm =
         std::min(occupancy(reinterpret_cast<const void*>(kernel), kThreads, smem_bytes(a.m, a.k)), cap);
@@ -462,7 +465,8 @@ void launch_depth(DArgs a, const QGemvDp4aTuning& tune, cudaStream_t s, QGemvDp4
   }
   a.splits = splits;
   a.sps = (a.steps + splits - 1) / splits;
-  const size_t smem = smem_bytes(a.m, a.k, splits > 1 ? red_per_warp<MAXM, kSwiGlu>() : 0, kWarps);
+  const size_t smem =
+      smem_bytes(a.m, a.k, splits > 1 ? red_per_warp<MAXM, kSwiGlu, RL>() : 0, kWarps);
   const int per_sm = std::min(occupancy(reinterpret_cast<const void*>(kernel), kThreads, smem), cap);
   // As many rounds of output units per split-K group as the resident groups need, spread
   // evenly over the groups.
@@ -493,6 +497,10 @@ void launch_rows(const DArgs& a, const QGemvDp4aTuning& tune, cudaStream_t s, QG
   if constexpr (MAXM == 1) {
     if (tune.depth == 2) return launch_depth<T, F, MAXM, kSwiGlu, 2>(a, tune, s, plan);
     if (tune.depth == 8) return launch_depth<T, F, MAXM, kSwiGlu, 8>(a, tune, s, plan);
+    // Two outputs a warp, 16 lanes along K (the bench's sweep and tests; not yet measured).
+    if (tune.outs_one_row == 2)
+      return launch_depth<T, F, MAXM, kSwiGlu, kDefaultDepth, dp4a_warps<kSwiGlu>(), 2>(a, tune, s,
+                                                                                        plan);
   }
   launch_depth<T, F, MAXM, kSwiGlu, kDefaultDepth>(a, tune, s, plan);
 }
@@ -556,6 +564,8 @@ void launch_qgemv_dp4a(DType dtype, const void* x, const QuantWeightView& w, con
   KILN_THROW_IF(tune.splits != 0 && tune.splits != 1 && tune.splits != 2 && tune.splits != 4 && tune.splits != 8,
                 kInternal, "cuda dp4a gemv: splits ", tune.splits, " (expected 1, 2, 4 or 8)");
   KILN_THROW_IF(tune.ctas_per_sm < 0, kInternal, "cuda dp4a gemv: ctas_per_sm ", tune.ctas_per_sm);
+  KILN_THROW_IF(tune.outs_one_row < 0 || tune.outs_one_row > 2, kInternal,
+                "cuda dp4a gemv: outs_one_row ", tune.outs_one_row, " (expected 1 or 2)");
   KILN_THROW_IF(!qgemv_dp4a_supports(dtype, m, w.k), kInternal, "cuda dp4a gemv: unsupported ", dtype_name(dtype),
                 " m=", m, " k=", w.k);
   if (n_out == 0) return;
