@@ -189,7 +189,8 @@ void qgemv_kernels_table(const char* filter, double copy_gbs) {
               QGemvDp4aPlan pl;
               launch_qgemv_dp4a(DType::kBF16, x.get(), r0, nullptr, y.get(), m, s.n, nullptr, s.epi, tune, &pl);
               const auto [ms, err] = time_of(tune);
-              if (!(err < 2e-2)) bad += str_cat(" ", cps, "x", depth, "x", splits, "=", err);
+              if (!(err < 2e-2))
+                bad += str_cat(" ", cps, "x", depth, "x", splits, outs ? " outs 2" : "", "=", err);
               const std::string name =
                   str_cat(pl.ctas_per_sm, "x", pl.depth, "x", pl.splits, outs ? " outs 2" : "");
               if (ms < best) best = ms, best_name = name;

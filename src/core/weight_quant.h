@@ -21,10 +21,11 @@
 // f16, so the format and every CPU kernel are unchanged. Such a weight fits 4.5625 bits a
 // weight instead of 5 (an 8-bit scale and min code per group, two exponent bytes per
 // super-group: q4_super_exps finds them); a CUDA form of those bytes measured slower in the
-// instruction-bound batch-1 GEMV and was removed (bench/RESULTS.md, session 56). Measured (bench/RESULTS.md,
-// session 55, bench/q4_group_study.py "u8"): all-MiniLM-L6-v2 embeddings and SmolLM2
-// perplexity as with free f16 scales, within the run-to-run spread of the grids. GGUF
-// Q4_0 / Q4_1 / Q4_K weights keep their own f16 values (and the 5-bit device layout).
+// instruction-bound batch-1 GEMV and was removed (bench/RESULTS.md, session 56). Measured
+// (bench/RESULTS.md, session 55, bench/q4_group_study.py "u8"): all-MiniLM-L6-v2
+// embeddings and SmolLM2 perplexity as with free f16 scales, within the run-to-run spread
+// of the grids. GGUF Q4_0 / Q4_1 / Q4_K weights keep their own f16 values (and the 5-bit
+// device layout).
 #pragma once
 
 #include <algorithm>

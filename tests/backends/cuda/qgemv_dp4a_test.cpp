@@ -375,9 +375,8 @@ TEST(CudaQGemvDp4a, LaunchVariantsWithinTheInt8Bound) {
                                                swiglu ? " swiglu" : "", s.bias ? " +bias" : "", " epi ",
                                                int(s.epi), " m=", m, " ctas/SM ", cps, " depth ", depth, " splits ",
                                                splits);
-              worst = std::max(worst, check_variant(t, W, s.n_out, x, R, m, s.epi, bias, tune, what));
-              // The 16-warp, early-trigger launch beside a decode attention (one row, no SwiGLU,
-              // its own depth; elsewhere the flag is ignored).
+              worst =
+                  std::max(worst, check_variant(t, W, s.n_out, x, R, m, s.epi, bias, tune, what));
               if (depth != 4) continue;
               if (m == 1) {  // two outputs a warp at one row, 16 lanes along K each
                 QGemvDp4aTuning two = tune;
@@ -385,6 +384,8 @@ TEST(CudaQGemvDp4a, LaunchVariantsWithinTheInt8Bound) {
                 worst = std::max(worst, check_variant(t, W, s.n_out, x, R, m, s.epi, bias, two,
                                                       what + " outs 2"));
               }
+              // The 16-warp, early-trigger launch beside a decode attention (one row, no SwiGLU,
+              // its own depth; elsewhere the flag is ignored).
               QGemvDp4aTuning beside = tune;
               beside.beside_attention = true;
               worst = std::max(worst, check_variant(t, W, s.n_out, x, R, m, s.epi, bias, beside,

@@ -18,15 +18,16 @@
 // precede the PDL wait), then rounds x into shared memory once (mostly two x loads in
 // flight per thread: half the L2 round trips of one at a time), then its warps
 // stream their outputs. A warp owns RL outputs at a time (RL = 1 at one token row, 2 at
-// two, 4 at more: more rows reuse each x load from shared memory), 32 / RL lanes along K
-// of each. Split-K inside the CTA (S = 1, 2, 4 or 8): S consecutive warps form a group that
-// shares RL outputs, warp s of it taking the s-th of S ranges of K; the partial sums meet in
-// shared memory (double-buffered, one named barrier per output unit) and the group's first
-// warp adds them in a fixed order and applies the epilogue (bias, activation, SwiGLU) once.
-// Small or long-K weights so spread over more warps (qkv/o: few outputs; down: k = 14336)
-// without a global reduction or a second pass. A group's outputs are g, g + G, ... of the
-// grid's G groups, and the loads of the next P steps (one 16-byte chunk per lane and weight
-// row) are always in flight, across output boundaries too.
+// two, 4 at more: more rows reuse each x load from shared memory; opt-in, 2 at one row:
+// QGemvDp4aTuning::outs_one_row), 32 / RL lanes along K of each. Split-K inside the CTA
+// (S = 1, 2, 4 or 8): S consecutive warps form a group that shares RL outputs, warp s of it
+// taking the s-th of S ranges of K; the partial sums meet in shared memory (double-buffered,
+// one named barrier per output unit) and the group's first warp adds them in a fixed order
+// and applies the epilogue (bias, activation, SwiGLU) once. Small or long-K weights so
+// spread over more warps (qkv/o: few outputs; down: k = 14336) without a global reduction
+// or a second pass. A group's outputs are g, g + G, ... of the grid's G groups, and the
+// loads of the next P steps (one 16-byte chunk per lane and weight row) are always in
+// flight, across output boundaries too.
 #include <algorithm>
 #include <atomic>
 #include <map>
@@ -565,7 +566,7 @@ void launch_qgemv_dp4a(DType dtype, const void* x, const QuantWeightView& w, con
                 kInternal, "cuda dp4a gemv: splits ", tune.splits, " (expected 1, 2, 4 or 8)");
   KILN_THROW_IF(tune.ctas_per_sm < 0, kInternal, "cuda dp4a gemv: ctas_per_sm ", tune.ctas_per_sm);
   KILN_THROW_IF(tune.outs_one_row < 0 || tune.outs_one_row > 2, kInternal,
-                "cuda dp4a gemv: outs_one_row ", tune.outs_one_row, " (expected 1 or 2)");
+                "cuda dp4a gemv: outs_one_row ", tune.outs_one_row, " (expected 0, 1 or 2)");
   KILN_THROW_IF(!qgemv_dp4a_supports(dtype, m, w.k), kInternal, "cuda dp4a gemv: unsupported ", dtype_name(dtype),
                 " m=", m, " k=", w.k);
   if (n_out == 0) return;
