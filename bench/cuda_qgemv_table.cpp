@@ -176,9 +176,11 @@ void qgemv_kernels_table(const char* filter, double copy_gbs) {
         float best = def_ms;
         std::string best_name = "default", bad;
         // depth 2, 4, 8; then (one row) depth 4 with two outputs a warp ("4, outs 2").
-        for (int depth : {2, 4, 8, -4}) {
-          const int outs = depth < 0 ? 2 : 0;
-          depth = depth < 0 ? -depth : depth;
+        struct Variant {
+          int depth, outs;
+        };
+        for (const auto [depth, outs] :
+             {Variant{2, 0}, Variant{4, 0}, Variant{8, 0}, Variant{4, 2}}) {
           if (m > 1 && (depth != 4 || outs)) continue;
           for (int cps : {1}) {
             std::string line = str_cat("| ", s.what, " | ", quant_format_name(f), " | ", m, " | ",

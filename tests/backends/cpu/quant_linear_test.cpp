@@ -276,7 +276,7 @@ TEST(QuantLinear, Int8GroupRounding) {
         std::vector<float> y(16);
         linear(x.data(), 1, 96, pw, nullptr, y.data());
         for (float v : y)
-          EXPECT_TRUE(std::isnan(bad) || int8_x ? std::isnan(v) : !std::isfinite(v))
+          EXPECT_TRUE((std::isnan(bad) || int8_x) ? std::isnan(v) : !std::isfinite(v))
               << weight_storage_name(st) << " x holding " << bad << ": " << v;
       }
     }
