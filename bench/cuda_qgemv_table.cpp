@@ -175,26 +175,28 @@ void qgemv_kernels_table(const char* filter, double copy_gbs) {
         const auto [def_ms, def_err] = time_of({});
         float best = def_ms;
         std::string best_name = "default", bad;
-        // depth 2, 4, 8; then (one row) depth 4 with two outputs a warp ("4, outs 2").
+        // depth 2, 4, 8; then (one row) two outputs a warp ("outs 2") and / or two chunks a
+        // step at depth 2 ("chunks 2": the same loads in flight as depth 4).
         struct Variant {
-          int depth, outs;
+          int depth, outs, chunks;
         };
-        for (const auto [depth, outs] :
-             {Variant{2, 0}, Variant{4, 0}, Variant{8, 0}, Variant{4, 2}}) {
-          if (m > 1 && (depth != 4 || outs)) continue;
+        for (const auto [depth, outs, chunks] :
+             {Variant{2, 0, 0}, Variant{4, 0, 0}, Variant{8, 0, 0}, Variant{4, 2, 0},
+              Variant{4, 0, 2}, Variant{4, 2, 2}}) {
+          if (m > 1 && (depth != 4 || outs || chunks)) continue;
+          const std::string tag = str_cat(outs ? ", outs 2" : "", chunks ? ", chunks 2" : "");
           for (int cps : {1}) {
             std::string line = str_cat("| ", s.what, " | ", quant_format_name(f), " | ", m, " | ",
-                                       cps, " | ", depth, outs ? ", outs 2" : "");
+                                       cps, " | ", chunks ? depth / 2 : depth, tag);
             for (int splits : {1, 2, 4, 8}) {
               QGemvDp4aTuning tune{cps, depth, splits};
               tune.outs_one_row = outs;
+              tune.chunks_per_step = chunks;
               QGemvDp4aPlan pl;
               launch_qgemv_dp4a(DType::kBF16, x.get(), r0, nullptr, y.get(), m, s.n, nullptr, s.epi, tune, &pl);
               const auto [ms, err] = time_of(tune);
-              if (!(err < 2e-2))
-                bad += str_cat(" ", cps, "x", depth, "x", splits, outs ? " outs 2" : "", "=", err);
-              const std::string name =
-                  str_cat(pl.ctas_per_sm, "x", pl.depth, "x", pl.splits, outs ? " outs 2" : "");
+              if (!(err < 2e-2)) bad += str_cat(" ", cps, "x", depth, "x", splits, tag, "=", err);
+              const std::string name = str_cat(pl.ctas_per_sm, "x", pl.depth, "x", pl.splits, tag);
               if (ms < best) best = ms, best_name = name;
               line += str_cat(" | ", cell(ms), pl.ctas_per_sm != cps || pl.splits != splits ? " [ran " + name + "]" : "");
             }

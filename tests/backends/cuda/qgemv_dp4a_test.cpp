@@ -366,6 +366,7 @@ TEST(CudaQGemvDp4a, LaunchVariantsWithinTheInt8Bound) {
         const std::vector<float> x = make_x(m, s.k, t, false, rng);
         const Reference R = reference(W, x, m);
         double worst = 0;
+        int variants = 0;
         for (int splits : {1, 2, 4, 8})
           for (int depth : {2, 4, 8})
             for (int cps : {1, 4}) {
@@ -377,25 +378,31 @@ TEST(CudaQGemvDp4a, LaunchVariantsWithinTheInt8Bound) {
                                                splits);
               worst =
                   std::max(worst, check_variant(t, W, s.n_out, x, R, m, s.epi, bias, tune, what));
+              ++variants;
               if (depth != 4) continue;
-              if (m == 1) {  // two outputs a warp at one row, 16 lanes along K each
-                QGemvDp4aTuning two = tune;
-                two.outs_one_row = 2;
-                worst = std::max(worst, check_variant(t, W, s.n_out, x, R, m, s.epi, bias, two,
-                                                      what + " outs 2"));
-              }
+              // One row: two outputs a warp (16 lanes along K each) and / or two chunks a step.
+              for (int outs : {0, 2})
+                for (int chunks : {0, 2}) {
+                  if (m > 1 || (outs == 0 && chunks == 0)) continue;
+                  QGemvDp4aTuning two = tune;
+                  two.outs_one_row = outs;
+                  two.chunks_per_step = chunks;
+                  worst = std::max(
+                      worst, check_variant(t, W, s.n_out, x, R, m, s.epi, bias, two,
+                                           str_cat(what, " outs ", outs, " chunks ", chunks)));
+                  ++variants;
+                }
               // The 16-warp, early-trigger launch beside a decode attention (one row, no SwiGLU,
               // its own depth; elsewhere the flag is ignored).
               QGemvDp4aTuning beside = tune;
               beside.beside_attention = true;
               worst = std::max(worst, check_variant(t, W, s.n_out, x, R, m, s.epi, bias, beside,
                                                     what + " beside"));
+              ++variants;
             }
-        std::printf(
-            "  %s %s %5lldx%-6lld epi %d%s m=%lld: worst err/bound over 40 (m=1) or 16 variants "
-            "%.3f\n",
-            dtype_name(t), quant_format_name(f), (long long)s.n_out, (long long)s.k, int(s.epi),
-            s.bias ? " +bias" : "", (long long)m, worst);
+        std::printf("  %s %s %5lldx%-6lld epi %d%s m=%lld: worst err/bound over %d variants %.3f\n",
+                    dtype_name(t), quant_format_name(f), (long long)s.n_out, (long long)s.k,
+                    int(s.epi), s.bias ? " +bias" : "", (long long)m, variants, worst);
       }
     }
 }

@@ -480,6 +480,28 @@ void launch_gemv_quant(DType dtype, const void* x, const QuantWeightView& w, con
                     w.layout == QuantLayout::kMma ? QGemvKernel::kMma : QGemvKernel::kRows);
 }
 
+namespace {
+
+// KILN_CUDA_QGEMV_ONE_ROW: the one-row dp4a launch's form, for A/B runs until one is
+// measured faster (QGemvDp4aTuning::outs_one_row, chunks_per_step): unset (the default
+// kernel), "outs2", "chunks2" or "outs2+chunks2". Read once.
+QGemvDp4aTuning one_row_form_from_env() {
+  static const QGemvDp4aTuning form = [] {
+    const char* e = std::getenv("KILN_CUDA_QGEMV_ONE_ROW");
+    const std::string v = e ? e : "";
+    KILN_THROW_IF(!v.empty() && v != "outs2" && v != "chunks2" && v != "outs2+chunks2",
+                  kInvalidArgument, "KILN_CUDA_QGEMV_ONE_ROW='", v,
+                  "': expected outs2, chunks2 or outs2+chunks2 (or unset)");
+    QGemvDp4aTuning t;
+    t.outs_one_row = v.find("outs2") != std::string::npos ? 2 : 0;
+    t.chunks_per_step = v.find("chunks2") != std::string::npos ? 2 : 0;
+    return t;
+  }();
+  return form;
+}
+
+}  // namespace
+
 void launch_gemv_quant(DType dtype, const void* x, const QuantWeightView& w, const void* bias,
                        void* y, int64_t m, int64_t n_out, cudaStream_t s, GemvEpilogue epi,
                        QGemvKernel kernel, bool beside_attention) {
@@ -502,7 +524,7 @@ void launch_gemv_quant(DType dtype, const void* x, const QuantWeightView& w, con
     return;
   }
   if (kernel == QGemvKernel::kDp4a && qgemv_dp4a_supports(dtype, m, w.k)) {
-    QGemvDp4aTuning tune;
+    QGemvDp4aTuning tune = one_row_form_from_env();
     tune.beside_attention = beside_attention;
     launch_qgemv_dp4a(dtype, x, w, bias, y, m, n_out, s, epi, tune);
     return;

@@ -176,6 +176,11 @@ struct QGemvDp4aTuning {
   // the steps). Depth 4, not beside an attention; for the bench's sweep and the tests until
   // it is measured (bench/RESULTS.md, session 56).
   int outs_one_row = 0;
+  // 16-byte chunks a lane loads and consumes per step of its loop at one token row: 0 or 1
+  // (the default), or 2 (two chunks KL lanes apart, half the loop's bookkeeping per chunk;
+  // depth 2, the same bytes in flight as depth 4). Combines with outs_one_row = 2. For the
+  // bench's sweep and the tests until it is measured (bench/RESULTS.md, session 57).
+  int chunks_per_step = 0;
 };
 // The default split count for `units` output units of `steps` steps each (a step: one
 // 16-byte chunk per lane) over `resident_warps` warps: the fewest serial steps of the

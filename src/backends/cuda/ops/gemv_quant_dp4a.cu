@@ -19,7 +19,8 @@
 // flight per thread: half the L2 round trips of one at a time), then its warps
 // stream their outputs. A warp owns RL outputs at a time (RL = 1 at one token row, 2 at
 // two, 4 at more: more rows reuse each x load from shared memory; opt-in, 2 at one row:
-// QGemvDp4aTuning::outs_one_row), 32 / RL lanes along K of each. Split-K inside the CTA
+// QGemvDp4aTuning::outs_one_row), 32 / RL lanes along K of each; a lane takes SC chunks a
+// step (1; opt-in, 2 at one row: QGemvDp4aTuning::chunks_per_step). Split-K inside the CTA
 // (S = 1, 2, 4 or 8): S consecutive warps form a group that shares RL outputs, warp s of it
 // taking the s-th of S ranges of K; the partial sums meet in shared memory (double-buffered,
 // one named barrier per output unit) and the group's first warp adds them in a fixed order
@@ -169,13 +170,16 @@ using ScaleWord = std::conditional_t<kQ4, unsigned int, unsigned short>;
 
 // One step's loads for the RU weight rows of a lane (16 code bytes and the chunk's scale
 // word each, at the cursor's pointers), or zeros.
+// `ofs`: chunks past the cursor (the second chunk of a two-chunk step).
 template <bool kQ4, int RU>
-__device__ __forceinline__ void issue_step(uint4 (&cw)[RU], uint32_t (&sw)[RU], const uint4* const (&cp)[RU],
-                                           const ScaleWord<kQ4>* const (&sp)[RU], bool on) {
+__device__ __forceinline__ void issue_step(uint4 (&cw)[RU], uint32_t (&sw)[RU],
+                                           const uint4* const (&cp)[RU],
+                                           const ScaleWord<kQ4>* const (&sp)[RU], bool on,
+                                           int ofs) {
 #pragma unroll
   for (int r = 0; r < RU; ++r) {
-    cw[r] = on ? __ldcs(cp[r]) : make_uint4(0, 0, 0, 0);
-    sw[r] = on ? uint32_t(__ldcs(sp[r])) : 0u;
+    cw[r] = on ? __ldcs(cp[r] + ofs) : make_uint4(0, 0, 0, 0);
+    sw[r] = on ? uint32_t(__ldcs(sp[r] + (kQ4 ? ofs : ofs / 2))) : 0u;
   }
 }
 
@@ -268,8 +272,9 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
 // KW: the warps launched, dp4a_warps() or fewer under the same register cap (kBesideAttnWarps:
 // room left on the SM for a decode attention CTA launched beside it).
 // RL: outputs a warp owns at a time (outs_per_warp, or 2 at one row:
-// QGemvDp4aTuning::outs_one_row).
-template <typename T, QuantFormat F, int MAXM, bool kSwiGlu, int P, int KW, int RL>
+// QGemvDp4aTuning::outs_one_row). SC: chunks a lane loads and consumes per step, KL chunks
+// apart (QGemvDp4aTuning::chunks_per_step).
+template <typename T, QuantFormat F, int MAXM, bool kSwiGlu, int P, int KW, int RL, int SC>
 __global__ void __launch_bounds__(dp4a_warps<kSwiGlu>() * 32, 1) qgemv_dp4a_kernel(const DArgs a) {
   constexpr int kWarps = KW, kThreads = kWarps * 32;
   static_assert(KW <= dp4a_warps<kSwiGlu>());
@@ -283,25 +288,28 @@ __global__ void __launch_bounds__(dp4a_warps<kSwiGlu>() * 32, 1) qgemv_dp4a_kern
   const int lane = int(threadIdx.x) & 31, rs = lane / KL, kl = lane % KL, warp = int(threadIdx.x) >> 5;
   const int S = a.splits, split = warp % S, group = warp / S, per_cta = kWarps / S;
   const int stride = int(gridDim.x) * per_cta, first = int(blockIdx.x) * per_cta + group;
-  const int kbase = split * a.sps * KL + kl;  // this lane's first chunk of every output unit
+  const int kbase = split * a.sps * KL * SC + kl;  // this lane's first chunk of every output unit
 
-  // The load cursor (output unit lu, step lci: chunk kbase + lci * KL) runs P steps ahead
-  // of the compute cursor; its pointers advance by KL chunks a step.
+  // The load cursor (output unit lu, step lci: chunks kbase + (lci * SC + j) * KL, j < SC)
+  // runs P steps ahead of the compute cursor; its pointers advance by SC * KL chunks a step.
   int lu = first, lci = 0;
   const uint4* cp[RU];
   const ScaleWord<kQ4>* sp[RU];
   rows_at<kQ4, kSwiGlu, RU>(lu * RL + rs, lu < a.units, a, kbase, cp, sp);
-  uint4 cw[P][RU];
-  uint32_t sw[P][RU];
-  auto issue_and_advance = [&](uint4(&c)[RU], uint32_t(&w)[RU]) {
-    issue_step<kQ4, RU>(c, w, cp, sp, lu < a.units && kbase + lci * KL < a.chunks);
+  uint4 cw[P][SC][RU];
+  uint32_t sw[P][SC][RU];
+  auto issue_and_advance = [&](uint4(&c)[SC][RU], uint32_t(&w)[SC][RU]) {
+#pragma unroll
+    for (int j = 0; j < SC; ++j)
+      issue_step<kQ4, RU>(c[j], w[j], cp, sp,
+                          lu < a.units && kbase + (lci * SC + j) * KL < a.chunks, j * KL);
     if (++lci == a.sps) {
       lci = 0;
       lu += stride;
       rows_at<kQ4, kSwiGlu, RU>(lu * RL + rs, lu < a.units, a, kbase, cp, sp);
     } else {
 #pragma unroll
-      for (int r = 0; r < RU; ++r) cp[r] += KL, sp[r] += kQ4 ? KL : KL / 2;
+      for (int r = 0; r < RU; ++r) cp[r] += SC * KL, sp[r] += SC * (kQ4 ? KL : KL / 2);
     }
   };
 #pragma unroll
@@ -336,8 +344,11 @@ __global__ void __launch_bounds__(dp4a_warps<kSwiGlu>() * 32, 1) qgemv_dp4a_kern
 #pragma unroll
     for (int p = 0; p < P; ++p) {
       if (cu >= a.units) break;  // warp-uniform
-      const int c = kbase + cci * KL;
-      if (c < a.chunks) consume_step<kQ4, RU, MAXM>(acc, cw[p], sw[p], xq, xd, a, c);
+#pragma unroll
+      for (int j = 0; j < SC; ++j) {
+        const int c = kbase + (cci * SC + j) * KL;
+        if (c < a.chunks) consume_step<kQ4, RU, MAXM>(acc, cw[p][j], sw[p][j], xq, xd, a, c);
+      }
       issue_and_advance(cw[p], sw[p]);
       if (++cci < a.sps) continue;
       // Output unit cu done: sum its KL lanes (every lane gets the sum), one token row at a
@@ -447,11 +458,11 @@ int occupancy(const void* kernel, int threads, size_t smem) {
 }
 
 template <typename T, QuantFormat F, int MAXM, bool kSwiGlu, int P, int KW = dp4a_warps<kSwiGlu>(),
-          int RL = outs_per_warp<MAXM>()>
+          int RL = outs_per_warp<MAXM>(), int SC = 1>
 void launch_depth(DArgs a, const QGemvDp4aTuning& tune, cudaStream_t s, QGemvDp4aPlan* plan) {
-  auto* kernel = qgemv_dp4a_kernel<T, F, MAXM, kSwiGlu, P, KW, RL>;
+  auto* kernel = qgemv_dp4a_kernel<T, F, MAXM, kSwiGlu, P, KW, RL, SC>;
   constexpr int kWarps = KW, kThreads = kWarps * 32;
-  a.steps = (a.chunks + 32 / RL - 1) / (32 / RL);
+  a.steps = (a.chunks + SC * 32 / RL - 1) / (SC * 32 / RL);
   a.units = (a.n_out + RL - 1) / RL;
   const DeviceInfo d = device_info();
   const int cap = tune.ctas_per_sm > 0 ? tune.ctas_per_sm : kDefaultCtasPerSm;
@@ -498,10 +509,16 @@ void launch_rows(const DArgs& a, const QGemvDp4aTuning& tune, cudaStream_t s, QG
   if constexpr (MAXM == 1) {
     if (tune.depth == 2) return launch_depth<T, F, MAXM, kSwiGlu, 2>(a, tune, s, plan);
     if (tune.depth == 8) return launch_depth<T, F, MAXM, kSwiGlu, 8>(a, tune, s, plan);
-    // Two outputs a warp, 16 lanes along K (the bench's sweep and tests; not yet measured).
+    // Two outputs a warp, 16 lanes along K, and / or two chunks a step at half the depth
+    // (the bench's sweep and tests; not yet measured).
+    constexpr int kW = dp4a_warps<kSwiGlu>();
+    if (tune.chunks_per_step == 2) {
+      if (tune.outs_one_row == 2)
+        return launch_depth<T, F, MAXM, kSwiGlu, kDefaultDepth / 2, kW, 2, 2>(a, tune, s, plan);
+      return launch_depth<T, F, MAXM, kSwiGlu, kDefaultDepth / 2, kW, 1, 2>(a, tune, s, plan);
+    }
     if (tune.outs_one_row == 2)
-      return launch_depth<T, F, MAXM, kSwiGlu, kDefaultDepth, dp4a_warps<kSwiGlu>(), 2>(a, tune, s,
-                                                                                        plan);
+      return launch_depth<T, F, MAXM, kSwiGlu, kDefaultDepth, kW, 2>(a, tune, s, plan);
   }
   launch_depth<T, F, MAXM, kSwiGlu, kDefaultDepth>(a, tune, s, plan);
 }
@@ -567,6 +584,8 @@ void launch_qgemv_dp4a(DType dtype, const void* x, const QuantWeightView& w, con
   KILN_THROW_IF(tune.ctas_per_sm < 0, kInternal, "cuda dp4a gemv: ctas_per_sm ", tune.ctas_per_sm);
   KILN_THROW_IF(tune.outs_one_row < 0 || tune.outs_one_row > 2, kInternal,
                 "cuda dp4a gemv: outs_one_row ", tune.outs_one_row, " (expected 0, 1 or 2)");
+  KILN_THROW_IF(tune.chunks_per_step < 0 || tune.chunks_per_step > 2, kInternal,
+                "cuda dp4a gemv: chunks_per_step ", tune.chunks_per_step, " (expected 0, 1 or 2)");
   KILN_THROW_IF(!qgemv_dp4a_supports(dtype, m, w.k), kInternal, "cuda dp4a gemv: unsupported ", dtype_name(dtype),
                 " m=", m, " k=", w.k);
   if (n_out == 0) return;
