@@ -175,19 +175,20 @@ void qgemv_kernels_table(const char* filter, double copy_gbs) {
         const auto [def_ms, def_err] = time_of({});
         float best = def_ms;
         std::string best_name = "default", bad;
-        // depth 2, 4, 8; then (one row) two outputs a warp ("outs 2") and / or two chunks a
-        // step at depth 2 ("chunks 2": the same loads in flight as depth 4).
+        // The one-row forms (load depth in chunks; outputs a warp; chunks a step); more rows
+        // run one form at depth 4.
         struct Variant {
           int depth, outs, chunks;
         };
         for (const auto [depth, outs, chunks] :
-             {Variant{2, 0, 0}, Variant{4, 0, 0}, Variant{8, 0, 0}, Variant{4, 2, 0},
-              Variant{4, 0, 2}, Variant{4, 2, 2}}) {
-          if (m > 1 && (depth != 4 || outs || chunks)) continue;
-          const std::string tag = str_cat(outs ? ", outs 2" : "", chunks ? ", chunks 2" : "");
+             {Variant{2, 1, 1}, Variant{4, 1, 1}, Variant{8, 1, 1}, Variant{4, 2, 1}, Variant{4, 1, 2},
+              Variant{2, 2, 2}, Variant{4, 2, 2}}) {
+          if (m > 1 && (depth != 4 || outs != 1 || chunks != 1)) continue;
+          const std::string tag =
+              m > 1 ? std::string() : str_cat(", outs ", outs, ", chunks ", chunks);
           for (int cps : {1}) {
             std::string line = str_cat("| ", s.what, " | ", quant_format_name(f), " | ", m, " | ",
-                                       cps, " | ", chunks ? depth / 2 : depth, tag);
+                                       cps, " | ", depth, tag);
             for (int splits : {1, 2, 4, 8}) {
               QGemvDp4aTuning tune{cps, depth, splits};
               tune.outs_one_row = outs;
@@ -204,7 +205,8 @@ void qgemv_kernels_table(const char* filter, double copy_gbs) {
           }
         }
         sweeps.push_back(str_cat("| ", s.what, " | ", quant_format_name(f), " | ", m, " | default: ", def.ctas_per_sm,
-                                 "x", def.depth, "x", def.splits, " (", def.ctas, " CTAs) | | ", cell(def_ms),
+                                 "x", def.depth, "x", def.splits, m == 1 ? ", outs 2, chunks 2" : "", " (",
+                                 def.ctas, " CTAs) | | ", cell(def_ms),
                                  " | best: ", best_name, " | ", cell(best), " | default / best ",
                                  int(100.0 * def_ms / best + 0.5), "% |"));
         checks.push_back(str_cat(s.what, " ", quant_format_name(f), " dp4a sweep m=", m, ": default max|q - bf16| / "

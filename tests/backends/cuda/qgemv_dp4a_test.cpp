@@ -7,7 +7,8 @@
 // rounding (a wrong code/x pairing would not); KILN_CUDA_QGEMV=dp4a through the graph with
 // every epilogue, SwiGLU, bias and the skinny GEMM past 8 rows (its default 6 pinned to 9); the
 // fallback to the kRows kernel where x does not fit shared memory; the variable's errors. Every
-// launch variant (split-K 1/2/4/8 inside the CTA, load depth 2/4/8, 1 or 4 CTAs per SM) within the
+// launch variant (split-K 1/2/4/8 inside the CTA, each one-row form: load depth 2/4/8, one or two
+// outputs a warp, one or two chunks a step; 1 or 4 CTAs per SM) within the
 // same bound, with bias, GELU, SiLU and SwiGLU epilogues propagated through the bound (they
 // must apply once, after the splits meet), odd shapes, splits with no K left, a packed-QKV-
 // like and a long-K (down) shape. Skips without a GPU, except the checks that fail before
@@ -17,6 +18,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include "backends/cuda/cuda_context.h"
 #include "backends/cuda/ops/gemv_quant.h"
@@ -367,33 +370,30 @@ TEST(CudaQGemvDp4a, LaunchVariantsWithinTheInt8Bound) {
         const Reference R = reference(W, x, m);
         double worst = 0;
         int variants = 0;
+        // The forms (depth, outputs a warp, chunks a step; 0: the default): at one row the
+        // default (2 and 2 at depth 4) and every other built form; more rows have one.
+        struct Form {
+          int depth, outs, chunks;
+        };
+        const std::vector<Form> forms = m == 1 ? std::vector<Form>{{0, 0, 0}, {2, 2, 2}, {4, 2, 1}, {4, 1, 2},
+                                                                   {2, 1, 1}, {4, 1, 1}, {8, 1, 1}}
+                                               : std::vector<Form>{{0, 0, 0}};
         for (int splits : {1, 2, 4, 8})
-          for (int depth : {2, 4, 8})
+          for (const Form& form : forms)
             for (int cps : {1, 4}) {
-              if (m > 1 && depth != 4) continue;  // more rows always run depth 4
-              const QGemvDp4aTuning tune{cps, depth, splits};
-              const std::string what = str_cat(dtype_name(t), " ", quant_format_name(f), " ", s.n_out, "x", s.k,
-                                               swiglu ? " swiglu" : "", s.bias ? " +bias" : "", " epi ",
-                                               int(s.epi), " m=", m, " ctas/SM ", cps, " depth ", depth, " splits ",
-                                               splits);
+              QGemvDp4aTuning tune{cps, form.depth, splits};
+              tune.outs_one_row = form.outs;
+              tune.chunks_per_step = form.chunks;
+              const std::string what =
+                  str_cat(dtype_name(t), " ", quant_format_name(f), " ", s.n_out, "x", s.k, swiglu ? " swiglu" : "",
+                          s.bias ? " +bias" : "", " epi ", int(s.epi), " m=", m, " ctas/SM ", cps, " depth ",
+                          form.depth, " outs ", form.outs, " chunks ", form.chunks, " splits ", splits);
               worst =
                   std::max(worst, check_variant(t, W, s.n_out, x, R, m, s.epi, bias, tune, what));
               ++variants;
-              if (depth != 4) continue;
-              // One row: two outputs a warp (16 lanes along K each) and / or two chunks a step.
-              for (int outs : {0, 2})
-                for (int chunks : {0, 2}) {
-                  if (m > 1 || (outs == 0 && chunks == 0)) continue;
-                  QGemvDp4aTuning two = tune;
-                  two.outs_one_row = outs;
-                  two.chunks_per_step = chunks;
-                  worst = std::max(
-                      worst, check_variant(t, W, s.n_out, x, R, m, s.epi, bias, two,
-                                           str_cat(what, " outs ", outs, " chunks ", chunks)));
-                  ++variants;
-                }
+              if (form.depth != 0) continue;
               // The 16-warp, early-trigger launch beside a decode attention (one row, no SwiGLU,
-              // its own depth; elsewhere the flag is ignored).
+              // its own form; elsewhere the flag is ignored).
               QGemvDp4aTuning beside = tune;
               beside.beside_attention = true;
               worst = std::max(worst, check_variant(t, W, s.n_out, x, R, m, s.epi, bias, beside,
@@ -465,6 +465,14 @@ TEST(CudaQGemvDp4a, DefaultSplitRule) {
   EXPECT_THROW(launch_qgemv_dp4a(DType::kBF16, nullptr, v, nullptr, nullptr, 1, 8, nullptr, GemvEpilogue::kNone,
                                  {0, 3, 0}),
                Error);
+  // A one-row form that is not built (the default outs 2 and chunks 2 at depth 8) is named.
+  try {
+    launch_qgemv_dp4a(DType::kBF16, nullptr, v, nullptr, nullptr, 1, 8, nullptr, GemvEpilogue::kNone, {0, 8, 0});
+    ADD_FAILURE() << "expected an error for depth 8 with two outputs a warp and two chunks a step";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("2 outputs a warp, 2 chunks a step and depth 8"), std::string::npos)
+        << e.what();
+  }
 }
 
 // Errors that need no device: an unknown KILN_CUDA_QGEMV, a kernel for the other layout.

@@ -482,19 +482,27 @@ void launch_gemv_quant(DType dtype, const void* x, const QuantWeightView& w, con
 
 namespace {
 
-// KILN_CUDA_QGEMV_ONE_ROW: the one-row dp4a launch's form, for A/B runs until one is
-// measured faster (QGemvDp4aTuning::outs_one_row, chunks_per_step): unset (the default
-// kernel), "outs2", "chunks2" or "outs2+chunks2". Read once.
+// KILN_CUDA_QGEMV_ONE_ROW: the one-row dp4a launch's form for A/B runs, '+'-separated
+// parts that replace the default's (QGemvDp4aTuning::outs_one_row, chunks_per_step,
+// depth): outs1|outs2, chunks1|chunks2, depth2|depth4|depth8; e.g. "outs1+chunks1" (the
+// kernel before session 57) or "depth2". Unset or empty: the default. Read once; a form
+// that is not built is an error at the first launch.
 QGemvDp4aTuning one_row_form_from_env() {
   static const QGemvDp4aTuning form = [] {
     const char* e = std::getenv("KILN_CUDA_QGEMV_ONE_ROW");
     const std::string v = e ? e : "";
-    KILN_THROW_IF(!v.empty() && v != "outs2" && v != "chunks2" && v != "outs2+chunks2",
-                  kInvalidArgument, "KILN_CUDA_QGEMV_ONE_ROW='", v,
-                  "': expected outs2, chunks2 or outs2+chunks2 (or unset)");
     QGemvDp4aTuning t;
-    t.outs_one_row = v.find("outs2") != std::string::npos ? 2 : 0;
-    t.chunks_per_step = v.find("chunks2") != std::string::npos ? 2 : 0;
+    for (size_t at = 0; at < v.size();) {
+      const size_t end = std::min(v.find('+', at), v.size());
+      const std::string part = v.substr(at, end - at);
+      if (part == "outs1" || part == "outs2") t.outs_one_row = part[4] - '0';
+      else if (part == "chunks1" || part == "chunks2") t.chunks_per_step = part[6] - '0';
+      else if (part == "depth2" || part == "depth4" || part == "depth8") t.depth = part[5] - '0';
+      else
+        KILN_THROW_IF(true, kInvalidArgument, "KILN_CUDA_QGEMV_ONE_ROW='", v, "': '", part,
+                      "' is not one of outs1, outs2, chunks1, chunks2, depth2, depth4, depth8 ('+' between parts)");
+      at = end + 1;
+    }
     return t;
   }();
   return form;

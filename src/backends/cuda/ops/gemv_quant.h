@@ -154,8 +154,8 @@ void launch_qgemv_mma(DType dtype, const void* x, const QuantWeightView& w, cons
 bool qgemv_dp4a_supports(DType dtype, int64_t m, int64_t k);
 // Launch parameters, for the bench's sweep; 0 = the default. ctas_per_sm: resident CTAs
 // per SM, of 24 warps (16 with SwiGLU; capped by occupancy, which allows 1; default 1);
-// depth: steps of 16-byte loads in flight per lane, 2, 4 or 8 at one token row (more rows
-// always run 4; default 4);
+// depth: 16-byte chunks of loads in flight per lane, 2, 4 or 8 at one token row (more rows
+// always run 4; default 4; which one-row forms are built: outs_one_row below);
 // splits: warps of a CTA that share an output unit, each taking 1/splits of K, 1, 2, 4 or
 // 8 (default: qgemv_dp4a_default_splits; 1 where the exchange does not fit shared memory).
 // The defaults are placeholders until `cuda_gemv_bench qgemv` has been run on the target
@@ -171,15 +171,17 @@ struct QGemvDp4aTuning {
   // the same register cap, and the dependent launch released at the kernel's start, so
   // the attention's CTAs fit beside it and read their tables and cache while it streams.
   bool beside_attention = false;
-  // Outputs a warp owns at one token row: 0 or 1 (the default kernel: 32 lanes along K), or
-  // 2 (16 lanes along K each: the per-output reduction and pointer setup shared by twice
-  // the steps). Depth 4, not beside an attention; for the bench's sweep and the tests until
-  // it is measured (bench/RESULTS.md, session 56).
+  // Outputs a warp owns at one token row: 1 (32 lanes along K) or 2 (16 lanes along K each:
+  // the per-output reduction and pointer setup shared by twice the steps); 0: the default, 2.
   int outs_one_row = 0;
-  // 16-byte chunks a lane loads and consumes per step of its loop at one token row: 0 or 1
-  // (the default), or 2 (two chunks KL lanes apart, half the loop's bookkeeping per chunk;
-  // depth 2, the same bytes in flight as depth 4). Combines with outs_one_row = 2. For the
-  // bench's sweep and the tests until it is measured (bench/RESULTS.md, session 57).
+  // 16-byte chunks a lane loads and consumes per step of its loop at one token row: 1, or
+  // 2 (two chunks 32 / outs lanes apart: half the loop's bookkeeping per chunk); 0: the
+  // default, 2. The one-row forms built: outs 1 and chunks 1 at depth 2, 4 or 8; outs 2 and /
+  // or chunks 2 at depth 4; outs 2 with chunks 2 at depth 2 (others are an error). The
+  // default, outs 2 and chunks 2 at depth 4, decoded Llama-3.1-8B q4 1.05x and q8 1.02x
+  // faster than outs 1 and chunks 1 on an H100, and was never slower on 1B-class models
+  // (bench/RESULTS.md, session 57). Beside an attention the one-row kernel stays outs 1,
+  // chunks 1, depth 4.
   int chunks_per_step = 0;
 };
 // The default split count for `units` output units of `steps` steps each (a step: one

@@ -17,17 +17,21 @@
 // issues its first weight loads (the weights are never written by a kernel, so this may
 // precede the PDL wait), then rounds x into shared memory once (mostly two x loads in
 // flight per thread: half the L2 round trips of one at a time), then its warps
-// stream their outputs. A warp owns RL outputs at a time (RL = 1 at one token row, 2 at
-// two, 4 at more: more rows reuse each x load from shared memory; opt-in, 2 at one row:
-// QGemvDp4aTuning::outs_one_row), 32 / RL lanes along K of each; a lane takes SC chunks a
-// step (1; opt-in, 2 at one row: QGemvDp4aTuning::chunks_per_step). Split-K inside the CTA
-// (S = 1, 2, 4 or 8): S consecutive warps form a group that shares RL outputs, warp s of it
-// taking the s-th of S ranges of K; the partial sums meet in shared memory (double-buffered,
-// one named barrier per output unit) and the group's first warp adds them in a fixed order
-// and applies the epilogue (bias, activation, SwiGLU) once. Small or long-K weights so
+// stream their outputs. A warp owns RL outputs at a time (RL = 2 at one or two token rows,
+// 4 at more: more rows reuse each x load from shared memory; QGemvDp4aTuning::outs_one_row;
+// 1 beside a decode attention), 32 / RL lanes along K of each, and a lane takes SC chunks a
+// step (2 at one row, QGemvDp4aTuning::chunks_per_step; 1 at more). At one row the two
+// halve the loop's bookkeeping and the per-output reduction and pointer setup per chunk (by
+// the SASS, ~60 instructions a chunk on the loop's fast path down to ~50, the per-unit ~75
+// shared by twice the chunks): Llama-3.1-8B q4 decode 1.044x on an H100 (bench/RESULTS.md,
+// session 57). Split-K inside the CTA (S = 1, 2, 4 or 8): S consecutive warps form a group
+// that shares RL outputs, warp s of it taking the s-th of S ranges of K; the partial sums
+// meet in shared memory (double-buffered, one named barrier per output unit) and the
+// group's first warp adds them in a fixed order and applies the epilogue (bias,
+// activation, SwiGLU) once. Small or long-K weights so
 // spread over more warps (qkv/o: few outputs; down: k = 14336) without a global reduction
 // or a second pass. A group's outputs are g, g + G, ... of the grid's G groups, and the
-// loads of the next P steps (one 16-byte chunk per lane and weight row) are always in
+// loads of the next P steps (SC 16-byte chunks per lane and weight row each) are always in
 // flight, across output boundaries too.
 #include <algorithm>
 #include <atomic>
@@ -57,7 +61,7 @@ template <bool kSwiGlu>
 constexpr int dp4a_warps() {
   return kSwiGlu ? 16 : 24;
 }
-constexpr int kDefaultDepth = 4;  // steps of loads in flight per lane
+constexpr int kDefaultDepth = 4;  // 16-byte chunks of loads in flight per lane
 // Warps of a one-row CTA launched beside a decode attention (QGemvDp4aTuning::beside_attention):
 // at the 24-warp kernel's 80 registers, 16 warps leave 24K registers for an attention CTA.
 constexpr int kBesideAttnWarps = 16;
@@ -75,6 +79,23 @@ struct DArgs : QOperands {
 template <int MAXM>
 constexpr int outs_per_warp() {
   return MAXM == 1 ? 1 : MAXM == 2 ? 2 : 4;
+}
+
+// The one-row launch a tuning selects, its zeros resolved to the defaults: outputs a warp
+// (RL), chunks a step (SC) and chunks in flight per lane (depth = P x SC).
+struct OneRowForm {
+  int outs, chunks, depth;
+};
+constexpr int kDefaultOutsOneRow = 2, kDefaultChunksOneRow = 2;
+OneRowForm one_row_form(const QGemvDp4aTuning& t) {
+  return {t.outs_one_row ? t.outs_one_row : kDefaultOutsOneRow,
+          t.chunks_per_step ? t.chunks_per_step : kDefaultChunksOneRow, t.depth ? t.depth : kDefaultDepth};
+}
+// The forms launch_rows instantiates: plain at depth 2, 4 or 8; outs 2 and / or chunks 2 at
+// depth 4; outs 2 with chunks 2 at depth 2.
+bool one_row_form_built(const OneRowForm& r) {
+  if (r.outs == 1 && r.chunks == 1) return r.depth == 2 || r.depth == 4 || r.depth == 8;
+  return r.depth == 4 || (r.depth == 2 && r.outs == 2 && r.chunks == 2);
 }
 
 // d = c + Σ a.bytes (unsigned) · b.bytes (signed).
@@ -487,7 +508,7 @@ void launch_depth(DArgs a, const QGemvDp4aTuning& tune, cudaStream_t s, QGemvDp4
   const int64_t groups = (a.units + rounds - 1) / rounds;
   const unsigned ctas = unsigned((groups + per_cta - 1) / per_cta);
   if (plan) {
-    *plan = {per_sm, P, splits, int(ctas)};
+    *plan = {per_sm, P * SC, splits, int(ctas)};
     return;
   }
   launch_k(kernel, dim3(ctas), kThreads, smem, s, a);
@@ -505,20 +526,20 @@ void launch_rows(const DArgs& a, const QGemvDp4aTuning& tune, cudaStream_t s, QG
       return launch_depth<T, F, MAXM, kSwiGlu, kDefaultDepth, kBesideAttnWarps>(b, tune, s, plan);
     }
   }
-  // Other depths at one row only (the bench's sweep; each is a kernel to compile).
+  // One row: the form the tuning resolves to (one_row_form); each is a kernel to compile.
   if constexpr (MAXM == 1) {
-    if (tune.depth == 2) return launch_depth<T, F, MAXM, kSwiGlu, 2>(a, tune, s, plan);
-    if (tune.depth == 8) return launch_depth<T, F, MAXM, kSwiGlu, 8>(a, tune, s, plan);
-    // Two outputs a warp, 16 lanes along K, and / or two chunks a step at half the depth
-    // (the bench's sweep and tests; not yet measured).
     constexpr int kW = dp4a_warps<kSwiGlu>();
-    if (tune.chunks_per_step == 2) {
-      if (tune.outs_one_row == 2)
-        return launch_depth<T, F, MAXM, kSwiGlu, kDefaultDepth / 2, kW, 2, 2>(a, tune, s, plan);
-      return launch_depth<T, F, MAXM, kSwiGlu, kDefaultDepth / 2, kW, 1, 2>(a, tune, s, plan);
-    }
-    if (tune.outs_one_row == 2)
-      return launch_depth<T, F, MAXM, kSwiGlu, kDefaultDepth, kW, 2>(a, tune, s, plan);
+    const OneRowForm r = one_row_form(tune);
+    if (r.outs == 2 && r.chunks == 2 && r.depth == 4)
+      return launch_depth<T, F, MAXM, kSwiGlu, 2, kW, 2, 2>(a, tune, s, plan);
+    if (r.outs == 2 && r.chunks == 2 && r.depth == 2)
+      return launch_depth<T, F, MAXM, kSwiGlu, 1, kW, 2, 2>(a, tune, s, plan);
+    if (r.outs == 2 && r.chunks == 1 && r.depth == 4)
+      return launch_depth<T, F, MAXM, kSwiGlu, 4, kW, 2, 1>(a, tune, s, plan);
+    if (r.outs == 1 && r.chunks == 2 && r.depth == 4)
+      return launch_depth<T, F, MAXM, kSwiGlu, 2, kW, 1, 2>(a, tune, s, plan);
+    if (r.depth == 2) return launch_depth<T, F, MAXM, kSwiGlu, 2>(a, tune, s, plan);
+    if (r.depth == 8) return launch_depth<T, F, MAXM, kSwiGlu, 8>(a, tune, s, plan);
   }
   launch_depth<T, F, MAXM, kSwiGlu, kDefaultDepth>(a, tune, s, plan);
 }
@@ -586,6 +607,12 @@ void launch_qgemv_dp4a(DType dtype, const void* x, const QuantWeightView& w, con
                 "cuda dp4a gemv: outs_one_row ", tune.outs_one_row, " (expected 0, 1 or 2)");
   KILN_THROW_IF(tune.chunks_per_step < 0 || tune.chunks_per_step > 2, kInternal,
                 "cuda dp4a gemv: chunks_per_step ", tune.chunks_per_step, " (expected 0, 1 or 2)");
+  if (m == 1 && !tune.beside_attention) {
+    const OneRowForm r = one_row_form(tune);
+    KILN_THROW_IF(!one_row_form_built(r), kInternal, "cuda dp4a gemv: no one-row kernel with ", r.outs,
+                  " outputs a warp, ", r.chunks, " chunks a step and depth ", r.depth,
+                  " (built: 1 and 1 at depth 2, 4 or 8; 2 and / or 2 at depth 4; 2 and 2 at depth 2)");
+  }
   KILN_THROW_IF(!qgemv_dp4a_supports(dtype, m, w.k), kInternal, "cuda dp4a gemv: unsupported ", dtype_name(dtype),
                 " m=", m, " k=", w.k);
   if (n_out == 0) return;
