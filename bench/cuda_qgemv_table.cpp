@@ -144,8 +144,9 @@ void qgemv_kernels_table(const char* filter, double copy_gbs) {
                       b2b * 1e3, pdl * 1e3, gbs, 100.0 * gbs / copy_gbs);
         }
       }
-      // The dp4a launch sweep (both formats, every row count): CTAs per SM x load depth
-      // (2/4/8 at one row; more rows always run 4) x split-K, us back to back with PDL;
+      // The dp4a launch sweep (both formats, every row count): the one-row forms (load depth,
+      // outputs a warp, chunks a step; more rows always run depth 4) x split-K, and the L2
+      // prefetch, us back to back with PDL;
       // each variant's output checked first against the bf16 GEMV on the dequantized
       // weights (as above).
       const QuantWeightView& r0 = rows.views[0];
@@ -176,16 +177,19 @@ void qgemv_kernels_table(const char* filter, double copy_gbs) {
         float best = def_ms;
         std::string best_name = "default", bad;
         // The one-row forms (load depth in chunks; outputs a warp; chunks a step); more rows
-        // run one form at depth 4.
+        // run one form at depth 4. Then the default form with the L2 prefetch.
         struct Variant {
           int depth, outs, chunks;
+          bool l2;
         };
-        for (const auto [depth, outs, chunks] :
-             {Variant{2, 1, 1}, Variant{4, 1, 1}, Variant{8, 1, 1}, Variant{4, 2, 1}, Variant{4, 1, 2},
-              Variant{2, 2, 2}, Variant{4, 2, 2}}) {
+        for (const auto [depth, outs, chunks, l2] :
+             {Variant{2, 1, 1, false}, Variant{4, 1, 1, false}, Variant{8, 1, 1, false}, Variant{4, 2, 1, false},
+              Variant{4, 1, 2, false}, Variant{2, 2, 2, false}, Variant{4, 2, 2, false}, Variant{4, 2, 2, true},
+              Variant{4, 1, 1, true}}) {
           if (m > 1 && (depth != 4 || outs != 1 || chunks != 1)) continue;
-          const std::string tag =
-              m > 1 ? std::string() : str_cat(", outs ", outs, ", chunks ", chunks);
+          if (m == 1 && l2 && outs == 1) continue;
+          const std::string tag = str_cat(m > 1 ? std::string() : str_cat(", outs ", outs, ", chunks ", chunks),
+                                          l2 ? ", L2 prefetch" : "");
           for (int cps : {1}) {
             std::string line = str_cat("| ", s.what, " | ", quant_format_name(f), " | ", m, " | ",
                                        cps, " | ", depth, tag);
@@ -193,6 +197,7 @@ void qgemv_kernels_table(const char* filter, double copy_gbs) {
               QGemvDp4aTuning tune{cps, depth, splits};
               tune.outs_one_row = outs;
               tune.chunks_per_step = chunks;
+              tune.l2_prefetch = l2;
               QGemvDp4aPlan pl;
               launch_qgemv_dp4a(DType::kBF16, x.get(), r0, nullptr, y.get(), m, s.n, nullptr, s.epi, tune, &pl);
               const auto [ms, err] = time_of(tune);
@@ -286,10 +291,11 @@ void qgemv_prologue_table(const char* filter, double copy_gbs) {
             launch_qgemv_dp4a(DType::kBF16, x.get(), rows.take(), nullptr, y.get(), m, s.n, st, s.epi, tune);
           }, st, 20);
         };
-        for (int depth : {4, 8}) {
+        for (int depth : {4, 8}) {  // at one row: the default form, and depth 8 with one output and one chunk
           if (m > 1 && depth != 4) continue;
           for (int splits : {0, 1, 2, 4}) {
             QGemvDp4aTuning t{0, depth, splits};
+            if (depth == 8) t.outs_one_row = t.chunks_per_step = 1;
             QGemvDp4aPlan pl;
             launch_qgemv_dp4a(DType::kBF16, x.get(), r0, nullptr, y.get(), m, s.n, nullptr, s.epi, t, &pl);
             const float a = time_of(t);

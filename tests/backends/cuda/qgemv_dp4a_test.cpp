@@ -443,10 +443,52 @@ TEST(CudaQGemvDp4a, SplitsAgreeWithTheUnsplitKernel) {
   }
 }
 
+// The L2 prefetch (QGemvDp4aTuning::l2_prefetch) changes only where loads are served from:
+// the same bits as without, for both formats, SwiGLU, splits, one and four token rows and a
+// weight larger than half the L2 (fewer rounds prefetched than run).
+TEST(CudaQGemvDp4a, L2PrefetchKeepsTheBits) {
+  KILN_SKIP_WITHOUT_CUDA();
+  std::mt19937_64 rng(16);
+  struct S {
+    int64_t n_out, k;
+    QuantFormat f;
+    GemvEpilogue epi;
+  };
+  // 16384 x 2048 q8: 35 MB of codes and scales, past half of an H100's or H200's L2.
+  for (const S& s : {S{300, 14336, QuantFormat::kQ4, GemvEpilogue::kNone},
+                     S{1000, 2048, QuantFormat::kQ8, GemvEpilogue::kSwiGlu},
+                     S{37, 96, QuantFormat::kQ4, GemvEpilogue::kNone},
+                     S{16384, 2048, QuantFormat::kQ8, GemvEpilogue::kNone}}) {
+    const bool swiglu = s.epi == GemvEpilogue::kSwiGlu;
+    const Weights W = make_weights(swiglu ? 2 * s.n_out : s.n_out, s.k, s.f, rng);
+    for (int64_t m : {1, 4}) {
+      const std::vector<float> x = make_x(m, s.k, DType::kBF16, false, rng);
+      std::vector<uint16_t> xh(x.size());
+      for (size_t i = 0; i < x.size(); ++i) xh[i] = f32_to_bf16(x[i]);
+      DeviceBuffer xd(xh.size() * 2), yd(size_t(m * s.n_out) * 2);
+      KILN_CUDA_CHECK(cudaMemcpy(xd.get(), xh.data(), xh.size() * 2, cudaMemcpyHostToDevice));
+      for (int splits : {0, 2}) {
+        std::vector<uint16_t> out[2];
+        for (int pf = 0; pf < 2; ++pf) {
+          QGemvDp4aTuning tune{0, 0, splits};
+          tune.l2_prefetch = pf == 1;
+          launch_qgemv_dp4a(DType::kBF16, xd.get(), W.view, nullptr, yd.get(), m, s.n_out, nullptr, s.epi, tune);
+          out[pf].resize(size_t(m * s.n_out));
+          KILN_CUDA_CHECK(cudaMemcpy(out[pf].data(), yd.get(), out[pf].size() * 2, cudaMemcpyDeviceToHost));
+        }
+        EXPECT_EQ(out[0], out[1]) << quant_format_name(s.f) << " " << s.n_out << "x" << s.k << " m=" << m
+                                  << " splits " << splits << ": the L2 prefetch changed the outputs";
+      }
+    }
+  }
+}
+
 // The default split rule (host only): the fewest serial steps per warp, more splits only
 // for a gain of more than 10%, at least 2 steps per split.
 TEST(CudaQGemvDp4a, DefaultSplitRule) {
-  // 8B shapes at one row on 132 SMs x one CTA of 24 warps = 3168 resident warps.
+  // 8B shapes on 132 SMs x one CTA of 24 warps = 3168 resident warps, counted as units of
+  // one output and steps of one chunk (the one-row default since session 57 gives the rule
+  // half the units and the same steps: 2 outputs a warp, 2 chunks a step).
   // Outputs enough to fill half the warps: no split (measured: splits lost 1-50% there).
   EXPECT_EQ(qgemv_dp4a_default_splits(4096, 4, 3168), 1);    // o
   EXPECT_EQ(qgemv_dp4a_default_splits(4096, 14, 3168), 1);   // down
@@ -473,6 +515,40 @@ TEST(CudaQGemvDp4a, DefaultSplitRule) {
     EXPECT_NE(std::string(e.what()).find("2 outputs a warp, 2 chunks a step and depth 8"), std::string::npos)
         << e.what();
   }
+}
+
+// KILN_CUDA_QGEMV_ONE_ROW's parts (host only): each replaces the default's; unknown, empty
+// and repeated parts and forms that are not built are errors naming the variable.
+TEST(CudaQGemvDp4a, OneRowFormParse) {
+  QGemvDp4aTuning t = qgemv_one_row_form_parse(nullptr);
+  EXPECT_EQ(t.outs_one_row, 0);
+  EXPECT_EQ(t.chunks_per_step, 0);
+  EXPECT_EQ(t.depth, 0);
+  t = qgemv_one_row_form_parse("outs1+chunks1");
+  EXPECT_EQ(t.outs_one_row, 1);
+  EXPECT_EQ(t.chunks_per_step, 1);
+  EXPECT_EQ(t.depth, 0);
+  t = qgemv_one_row_form_parse("depth2");
+  EXPECT_EQ(t.depth, 2);
+  EXPECT_EQ(t.outs_one_row, 0);
+  t = qgemv_one_row_form_parse("chunks1+depth8+outs1");
+  EXPECT_EQ(t.depth, 8);
+  for (const char* bad : {"outs3", "outs2+", "+depth2", "outs2++depth2", "outs1+outs2", "depth8", "outs1+depth2",
+                          "chunks"}) {
+    try {
+      qgemv_one_row_form_parse(bad);
+      ADD_FAILURE() << "expected an error for '" << bad << "'";
+    } catch (const Error& e) {
+      EXPECT_EQ(e.code(), ErrorCode::kInvalidArgument) << bad;
+      EXPECT_NE(std::string(e.what()).find(std::string("KILN_CUDA_QGEMV_ONE_ROW='") + bad + "'"), std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_TRUE(qgemv_dp4a_one_row_built({}));
+  QGemvDp4aTuning plain8{0, 8, 0};
+  EXPECT_FALSE(qgemv_dp4a_one_row_built(plain8));
+  plain8.outs_one_row = plain8.chunks_per_step = 1;
+  EXPECT_TRUE(qgemv_dp4a_one_row_built(plain8));
 }
 
 // Errors that need no device: an unknown KILN_CUDA_QGEMV, a kernel for the other layout.

@@ -16,6 +16,7 @@
 #include "backends/cuda/common.cuh"
 #include "backends/cuda/ops/gemv_quant.h"
 #include "backends/cuda/ops/quant_codes.cuh"
+#include "core/env_switch.h"
 #include "core/thread_pool.h"
 
 namespace kiln::cuda {
@@ -480,35 +481,30 @@ void launch_gemv_quant(DType dtype, const void* x, const QuantWeightView& w, con
                     w.layout == QuantLayout::kMma ? QGemvKernel::kMma : QGemvKernel::kRows);
 }
 
-namespace {
-
-// KILN_CUDA_QGEMV_ONE_ROW: the one-row dp4a launch's form for A/B runs, '+'-separated
-// parts that replace the default's (QGemvDp4aTuning::outs_one_row, chunks_per_step,
-// depth): outs1|outs2, chunks1|chunks2, depth2|depth4|depth8; e.g. "outs1+chunks1" (the
-// kernel before session 57) or "depth2". Unset or empty: the default. Read once; a form
-// that is not built is an error at the first launch.
-QGemvDp4aTuning one_row_form_from_env() {
-  static const QGemvDp4aTuning form = [] {
-    const char* e = std::getenv("KILN_CUDA_QGEMV_ONE_ROW");
-    const std::string v = e ? e : "";
-    QGemvDp4aTuning t;
-    for (size_t at = 0; at < v.size();) {
-      const size_t end = std::min(v.find('+', at), v.size());
-      const std::string part = v.substr(at, end - at);
-      if (part == "outs1" || part == "outs2") t.outs_one_row = part[4] - '0';
-      else if (part == "chunks1" || part == "chunks2") t.chunks_per_step = part[6] - '0';
-      else if (part == "depth2" || part == "depth4" || part == "depth8") t.depth = part[5] - '0';
-      else
-        KILN_THROW_IF(true, kInvalidArgument, "KILN_CUDA_QGEMV_ONE_ROW='", v, "': '", part,
-                      "' is not one of outs1, outs2, chunks1, chunks2, depth2, depth4, depth8 ('+' between parts)");
-      at = end + 1;
-    }
-    return t;
-  }();
-  return form;
+QGemvDp4aTuning qgemv_one_row_form_parse(const char* value) {
+  const std::string v = value ? value : "";
+  QGemvDp4aTuning t;
+  if (v.empty()) return t;
+  const char* const kParts = "outs1, outs2, chunks1, chunks2, depth2, depth4, depth8, '+' between parts";
+  for (size_t at = 0; at <= v.size();) {
+    const size_t end = std::min(v.find('+', at), v.size());
+    const std::string part = v.substr(at, end - at);
+    const bool known = part == "outs1" || part == "outs2" || part == "chunks1" || part == "chunks2" ||
+                       part == "depth2" || part == "depth4" || part == "depth8";
+    KILN_THROW_IF(!known, kInvalidArgument, "KILN_CUDA_QGEMV_ONE_ROW='", v, "': '", part, "' is not a part (",
+                  kParts, ")");
+    int* field = part[0] == 'o' ? &t.outs_one_row : part[0] == 'c' ? &t.chunks_per_step : &t.depth;
+    KILN_THROW_IF(*field != 0, kInvalidArgument, "KILN_CUDA_QGEMV_ONE_ROW='", v, "': '", part,
+                  "' sets a part already set");
+    *field = part.back() - '0';
+    at = end + 1;
+  }
+  KILN_THROW_IF(!qgemv_dp4a_one_row_built(t), kInvalidArgument, "KILN_CUDA_QGEMV_ONE_ROW='", v,
+                "': no such one-row form is built (1 output and 1 chunk at depth 2, 4 or 8; 2 and / or 2 at depth "
+                "4; 2 and 2 at depth 2; unset parts: outs2, chunks2, depth4)");
+  return t;
 }
 
-}  // namespace
 
 void launch_gemv_quant(DType dtype, const void* x, const QuantWeightView& w, const void* bias,
                        void* y, int64_t m, int64_t n_out, cudaStream_t s, GemvEpilogue epi,
@@ -532,8 +528,14 @@ void launch_gemv_quant(DType dtype, const void* x, const QuantWeightView& w, con
     return;
   }
   if (kernel == QGemvKernel::kDp4a && qgemv_dp4a_supports(dtype, m, w.k)) {
-    QGemvDp4aTuning tune = one_row_form_from_env();
+    static const QGemvDp4aTuning form = qgemv_one_row_form_parse(std::getenv("KILN_CUDA_QGEMV_ONE_ROW"));
+    QGemvDp4aTuning tune = form;
     tune.beside_attention = beside_attention;
+    static const bool l2_prefetch = env_switch_off_value(
+        "KILN_CUDA_QGEMV_L2_PREFETCH", std::getenv("KILN_CUDA_QGEMV_L2_PREFETCH"),
+        "the dp4a GEMV loads its weights from DRAM as it goes",
+        "each warp first asks for its first output units' weight rows in L2");
+    tune.l2_prefetch = l2_prefetch;
     launch_qgemv_dp4a(dtype, x, w, bias, y, m, n_out, s, epi, tune);
     return;
   }

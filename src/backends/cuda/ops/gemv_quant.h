@@ -155,7 +155,7 @@ bool qgemv_dp4a_supports(DType dtype, int64_t m, int64_t k);
 // Launch parameters, for the bench's sweep; 0 = the default. ctas_per_sm: resident CTAs
 // per SM, of 24 warps (16 with SwiGLU; capped by occupancy, which allows 1; default 1);
 // depth: 16-byte chunks of loads in flight per lane, 2, 4 or 8 at one token row (more rows
-// always run 4; default 4; which one-row forms are built: outs_one_row below);
+// always run 4; default 4; the one-row forms built: chunks_per_step below);
 // splits: warps of a CTA that share an output unit, each taking 1/splits of K, 1, 2, 4 or
 // 8 (default: qgemv_dp4a_default_splits; 1 where the exchange does not fit shared memory).
 // The defaults are placeholders until `cuda_gemv_bench qgemv` has been run on the target
@@ -178,14 +178,28 @@ struct QGemvDp4aTuning {
   // 2 (two chunks 32 / outs lanes apart: half the loop's bookkeeping per chunk); 0: the
   // default, 2. The one-row forms built: outs 1 and chunks 1 at depth 2, 4 or 8; outs 2 and /
   // or chunks 2 at depth 4; outs 2 with chunks 2 at depth 2 (others are an error). The
-  // default, outs 2 and chunks 2 at depth 4, decoded Llama-3.1-8B q4 1.05x and q8 1.02x
-  // faster than outs 1 and chunks 1 on an H100, and was never slower on 1B-class models
-  // (bench/RESULTS.md, session 57). Beside an attention the one-row kernel stays outs 1,
-  // chunks 1, depth 4.
+  // default, outs 2 and chunks 2 at depth 4, decoded Llama-3.1-8B q4 1.044x and q8 1.018x
+  // faster than outs 1 and chunks 1 on an H100, and 1B-class models 1.000-1.042x (none
+  // slower beyond the runs' spread; bench/RESULTS.md, session 57). Beside an attention the
+  // one-row kernel without SwiGLU stays outs 1, chunks 1, depth 4.
   int chunks_per_step = 0;
+  // Before its dependent-launch wait, lane 0 of each warp asks for the codes and scales of
+  // its first output units in L2 (cp.async.bulk.prefetch, sm_90+; as many rounds of units
+  // as fit half the L2, at least one), so the loads past the first `depth` chunks find them
+  // there rather than in DRAM. Opt-in (KILN_CUDA_QGEMV_L2_PREFETCH=1); not yet run on a GPU
+  // (session 57). The same bits: only where the loads are served from changes.
+  bool l2_prefetch = false;
 };
-// The default split count for `units` output units of `steps` steps each (a step: one
-// 16-byte chunk per lane) over `resident_warps` warps: the fewest serial steps of the
+// Whether the one-row form `tune` selects (its zeros resolved to the defaults) is built.
+bool qgemv_dp4a_one_row_built(const QGemvDp4aTuning& tune);
+// KILN_CUDA_QGEMV_ONE_ROW's value (read once by launch_gemv_quant): the one-row dp4a form
+// for A/B runs as '+'-separated parts that replace the default's - outs1|outs2,
+// chunks1|chunks2, depth2|depth4|depth8 (e.g. "outs1+chunks1", the kernel before session
+// 57, or "depth2"); null or empty: the default. An unknown, empty or repeated part, or a
+// form that is not built, throws kInvalidArgument naming the variable.
+QGemvDp4aTuning qgemv_one_row_form_parse(const char* value);
+// The default split count for `units` output units of `steps` steps each (a step: a lane's
+// 16-byte chunks of one loop step, chunks_per_step of them) over `resident_warps` warps: the fewest serial steps of the
 // busiest warp (rounds of units x steps per split), more splits only for a gain of more
 // than 10%, at least 2 steps per split.
 int qgemv_dp4a_default_splits(int64_t units, int64_t steps, int64_t resident_warps);

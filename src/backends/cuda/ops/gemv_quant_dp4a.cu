@@ -73,6 +73,7 @@ struct DArgs : QOperands {
   int skip_x;     // timing ablation (QGemvDp4aTuning::skip_x)
   int epi_early;  // gemv_bias_early(): each unit's row factors and bias read as it starts
   int trigger_early;  // the dependent launch released at the start (beside_attention)
+  int l2_units;  // QGemvDp4aTuning::l2_prefetch: units of each warp whose rows it prefetches into L2
 };
 
 // Outputs per warp (RL) for MAXM token rows; 32 / RL lanes share an output along K.
@@ -97,6 +98,12 @@ bool one_row_form_built(const OneRowForm& r) {
   if (r.outs == 1 && r.chunks == 1) return r.depth == 2 || r.depth == 4 || r.depth == 8;
   return r.depth == 4 || (r.depth == 2 && r.outs == 2 && r.chunks == 2);
 }
+
+}  // namespace
+
+bool qgemv_dp4a_one_row_built(const QGemvDp4aTuning& tune) { return one_row_form_built(one_row_form(tune)); }
+
+namespace {
 
 // d = c + Σ a.bytes (unsigned) · b.bytes (signed).
 __device__ __forceinline__ int dp4a_us(uint32_t a, uint32_t b, int c) {
@@ -283,6 +290,36 @@ __device__ __forceinline__ void load_epi(const DArgs& a, const T* bias, int o, b
   }
 }
 
+// Asks for [p, p + bytes) in L2 without waiting (cp.async.bulk.prefetch, sm_90+; a hint:
+// nothing is written). p and bytes: multiples of 16.
+__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#else
+  (void)p, (void)bytes;
+#endif
+}
+
+// The codes and scales of output unit u's weight rows (RL outputs from u * RL, and with
+// SwiGLU the up rows n_out further), prefetched into L2 by one lane. Scale rows are cut to
+// whole 16-byte lines inside them (the hint may miss a line's worth).
+template <bool kQ4, int RL, int RU>
+__device__ __forceinline__ void prefetch_unit(const DArgs& a, int u) {
+  const int o0 = u * RL, outs = min(RL, a.n_out - o0);
+  if (outs <= 0) return;
+  const size_t row_bytes = kQ4 ? size_t(a.k / 2) : size_t(a.k);
+  const size_t scale_row = size_t(a.groups) * sizeof(ScaleWord<kQ4>);
+  const auto* codes = static_cast<const uint8_t*>(a.codes);
+  const auto* scales = static_cast<const uint8_t*>(a.scales);
+#pragma unroll
+  for (int r = 0; r < RU; ++r) {
+    const size_t row = size_t(o0) + (r ? size_t(a.n_out) : 0);
+    prefetch_l2(codes + row * row_bytes, uint32_t(outs * row_bytes));
+    const size_t s0 = (row * scale_row + 15) & ~size_t(15), s1 = ((row + outs) * scale_row) & ~size_t(15);
+    if (s1 > s0) prefetch_l2(scales + s0, uint32_t(s1 - s0));
+  }
+}
+
 // Named barrier `id` (1..15; 0 is __syncthreads) over `threads` threads of the CTA.
 __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
@@ -292,9 +329,9 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
 // one-row depth-8 kernel spills 20-24 bytes there) or 128 (16 warps; -Xptxas -v).
 // KW: the warps launched, dp4a_warps() or fewer under the same register cap (kBesideAttnWarps:
 // room left on the SM for a decode attention CTA launched beside it).
-// RL: outputs a warp owns at a time (outs_per_warp, or 2 at one row:
-// QGemvDp4aTuning::outs_one_row). SC: chunks a lane loads and consumes per step, KL chunks
-// apart (QGemvDp4aTuning::chunks_per_step).
+// RL: outputs a warp owns at a time (outs_per_warp at more rows; at one row 2 by default,
+// 1 on request: QGemvDp4aTuning::outs_one_row). SC: chunks a lane loads and consumes per
+// step, KL chunks apart (QGemvDp4aTuning::chunks_per_step).
 template <typename T, QuantFormat F, int MAXM, bool kSwiGlu, int P, int KW, int RL, int SC>
 __global__ void __launch_bounds__(dp4a_warps<kSwiGlu>() * 32, 1) qgemv_dp4a_kernel(const DArgs a) {
   constexpr int kWarps = KW, kThreads = kWarps * 32;
@@ -335,6 +372,11 @@ __global__ void __launch_bounds__(dp4a_warps<kSwiGlu>() * 32, 1) qgemv_dp4a_kern
   };
 #pragma unroll
   for (int p = 0; p < P; ++p) issue_and_advance(cw[p], sw[p]);
+  // QGemvDp4aTuning::l2_prefetch: the rows of this warp's first l2_units units asked for
+  // in L2 before the wait (weights are never written), so the loads after the first P
+  // steps find them there.
+  if (a.l2_units > 0 && split == 0 && lane == 0)
+    for (int i = 0, u = first; i < a.l2_units && u < a.units; ++i, u += stride) prefetch_unit<kQ4, RL, RU>(a, u);
   const T* bias = static_cast<const T*>(a.bias);
   // The row factors (ef[r]) and bias (ef[RU + r]) of the output this lane stores for unit
   // u (weights: the first unit's are read before the wait, each next one's as its unit
@@ -430,11 +472,11 @@ __global__ void __launch_bounds__(dp4a_warps<kSwiGlu>() * 32, 1) qgemv_dp4a_kern
 }
 
 struct DeviceInfo {
-  int sms = 0, smem_optin = 0, cc = 0;
+  int sms = 0, smem_optin = 0, cc = 0, l2 = 0;
 };
 
 DeviceInfo device_info() {
-  static std::atomic<int> sms[kMaxDevices], smem[kMaxDevices], cc[kMaxDevices];
+  static std::atomic<int> sms[kMaxDevices], smem[kMaxDevices], cc[kMaxDevices], l2[kMaxDevices];
   int dev = 0;
   KILN_CUDA_CHECK(cudaGetDevice(&dev));
   KILN_CHECK(dev >= 0 && dev < kMaxDevices, "cuda dp4a gemv: device ", dev, " out of range");
@@ -445,10 +487,12 @@ DeviceInfo device_info() {
     KILN_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrComputeCapabilityMajor, dev));
     KILN_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, dev));
     cc[dev].store(10 * v + minor);
+    KILN_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrL2CacheSize, dev));
+    l2[dev].store(v);
     KILN_CUDA_CHECK(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev));
-    sms[dev].store(v);
+    sms[dev].store(v);  // last: the flag the others are read under
   }
-  return {sms[dev].load(), smem[dev].load(), cc[dev].load()};
+  return {sms[dev].load(), smem[dev].load(), cc[dev].load(), l2[dev].load()};
 }
 
 // x's codes and (d, Σx) pairs; then, with split-K, the [2][warps][red floats] exchange.
@@ -507,6 +551,16 @@ void launch_depth(DArgs a, const QGemvDp4aTuning& tune, cudaStream_t s, QGemvDp4
   const int64_t rounds = (a.units + resident - 1) / resident;
   const int64_t groups = (a.units + rounds - 1) / rounds;
   const unsigned ctas = unsigned((groups + per_cta - 1) / per_cta);
+  // L2 prefetch: each warp's first units, as many rounds as fit half the L2 (at least one).
+  a.l2_units = 0;
+  // (prefetch_unit rounds offsets from the codes and scales, which must then be 16-byte
+  // aligned, as quant images place them.)
+  if (tune.l2_prefetch && d.cc >= 90 && reinterpret_cast<uintptr_t>(a.codes) % 16 == 0 &&
+      reinterpret_cast<uintptr_t>(a.scales) % 16 == 0) {
+    const int64_t rows = int64_t(a.n_out) * (kSwiGlu ? 2 : 1);
+    const int64_t bytes = rows * ((F == QuantFormat::kQ4 ? a.k / 2 : a.k) + int64_t(a.groups) * (F == QuantFormat::kQ4 ? 4 : 2));
+    a.l2_units = int(std::clamp<int64_t>(int64_t(d.l2 / 2) * rounds / std::max<int64_t>(bytes, 1), 1, rounds));
+  }
   if (plan) {
     *plan = {per_sm, P * SC, splits, int(ctas)};
     return;
@@ -607,7 +661,8 @@ void launch_qgemv_dp4a(DType dtype, const void* x, const QuantWeightView& w, con
                 "cuda dp4a gemv: outs_one_row ", tune.outs_one_row, " (expected 0, 1 or 2)");
   KILN_THROW_IF(tune.chunks_per_step < 0 || tune.chunks_per_step > 2, kInternal,
                 "cuda dp4a gemv: chunks_per_step ", tune.chunks_per_step, " (expected 0, 1 or 2)");
-  if (m == 1 && !tune.beside_attention) {
+  // (Beside a decode attention, a one-row GEMV without SwiGLU has its own form.)
+  if (m == 1 && !(tune.beside_attention && epi != GemvEpilogue::kSwiGlu)) {
     const OneRowForm r = one_row_form(tune);
     KILN_THROW_IF(!one_row_form_built(r), kInternal, "cuda dp4a gemv: no one-row kernel with ", r.outs,
                   " outputs a warp, ", r.chunks, " chunks a step and depth ", r.depth,
@@ -635,6 +690,7 @@ void launch_qgemv_dp4a(DType dtype, const void* x, const QuantWeightView& w, con
           epi,
           tune.skip_x ? 1 : 0,
           gemv_bias_early() ? 1 : 0,
+          0,
           0};
   if (dtype == DType::kBF16) launch_typed<__nv_bfloat16>(a, w.format, tune, s, plan_only);
   else launch_typed<__half>(a, w.format, tune, s, plan_only);
