@@ -364,8 +364,11 @@ TEST(CudaAttentionPlan, FlashKeySplitsTileEachCtasKeys) {
     for (const AttnCombine& cb : p.combine) EXPECT_GE(cb.num_splits, 2) << what;
     check_tiling(p, seqs, hq / hkv, what);
     // Chunks of at least kFlashMinSplitKeys, but the last of a CTA's.
-    for (const AttnWork& w : p.work)
-      if (w.partial >= 0 && w.kv_begin == 0) EXPECT_GE(w.kv_end, kFlashMinSplitKeys) << what;
+    for (const AttnWork& w : p.work) {
+      if (w.partial >= 0 && w.kv_begin == 0) {
+        EXPECT_GE(w.kv_end, kFlashMinSplitKeys) << what;
+      }
+    }
     EXPECT_EQ(attention_plan(seqs, hq, hkv, true, 132, -1, 1).num_partials, 0) << what << ": never split";
   }
   // Forced chunks (tests): 64 keys over two sequences with cached tokens.
