@@ -505,7 +505,6 @@ QGemvDp4aTuning qgemv_one_row_form_parse(const char* value) {
   return t;
 }
 
-
 void launch_gemv_quant(DType dtype, const void* x, const QuantWeightView& w, const void* bias,
                        void* y, int64_t m, int64_t n_out, cudaStream_t s, GemvEpilogue epi,
                        QGemvKernel kernel, bool beside_attention) {

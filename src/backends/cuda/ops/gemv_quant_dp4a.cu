@@ -28,11 +28,10 @@
 // that shares RL outputs, warp s of it taking the s-th of S ranges of K; the partial sums
 // meet in shared memory (double-buffered, one named barrier per output unit) and the
 // group's first warp adds them in a fixed order and applies the epilogue (bias,
-// activation, SwiGLU) once. Small or long-K weights so
-// spread over more warps (qkv/o: few outputs; down: k = 14336) without a global reduction
-// or a second pass. A group's outputs are g, g + G, ... of the grid's G groups, and the
-// loads of the next P steps (SC 16-byte chunks per lane and weight row each) are always in
-// flight, across output boundaries too.
+// activation, SwiGLU) once. Small or long-K weights so spread over more warps (qkv/o: few
+// outputs; down: k = 14336) without a global reduction or a second pass. A group's outputs
+// are g, g + G, ... of the grid's G groups, and the loads of the next P steps (SC 16-byte
+// chunks per lane and weight row each) are always in flight, across output boundaries too.
 #include <algorithm>
 #include <atomic>
 #include <map>
@@ -74,6 +73,7 @@ struct DArgs : QOperands {
   int epi_early;  // gemv_bias_early(): each unit's row factors and bias read as it starts
   int trigger_early;  // the dependent launch released at the start (beside_attention)
   int l2_units;  // QGemvDp4aTuning::l2_prefetch: units of each warp whose rows it prefetches into L2
+  int64_t weight_bytes;  // host side: QuantWeightView::bytes(), what the launch streams
 };
 
 // Outputs per warp (RL) for MAXM token rows; 32 / RL lanes share an output along K.
@@ -557,9 +557,8 @@ void launch_depth(DArgs a, const QGemvDp4aTuning& tune, cudaStream_t s, QGemvDp4
   // aligned, as quant images place them.)
   if (tune.l2_prefetch && d.cc >= 90 && reinterpret_cast<uintptr_t>(a.codes) % 16 == 0 &&
       reinterpret_cast<uintptr_t>(a.scales) % 16 == 0) {
-    const int64_t rows = int64_t(a.n_out) * (kSwiGlu ? 2 : 1);
-    const int64_t bytes = rows * ((F == QuantFormat::kQ4 ? a.k / 2 : a.k) + int64_t(a.groups) * (F == QuantFormat::kQ4 ? 4 : 2));
-    a.l2_units = int(std::clamp<int64_t>(int64_t(d.l2 / 2) * rounds / std::max<int64_t>(bytes, 1), 1, rounds));
+    a.l2_units =
+        int(std::clamp<int64_t>(int64_t(d.l2 / 2) * rounds / std::max<int64_t>(a.weight_bytes, 1), 1, rounds));
   }
   if (plan) {
     *plan = {per_sm, P * SC, splits, int(ctas)};
@@ -691,7 +690,8 @@ void launch_qgemv_dp4a(DType dtype, const void* x, const QuantWeightView& w, con
           tune.skip_x ? 1 : 0,
           gemv_bias_early() ? 1 : 0,
           0,
-          0};
+          0,
+          int64_t(w.bytes())};
   if (dtype == DType::kBF16) launch_typed<__nv_bfloat16>(a, w.format, tune, s, plan_only);
   else launch_typed<__half>(a, w.format, tune, s, plan_only);
 }
